@@ -1,0 +1,43 @@
+"""The Tracer protocol every level's tracer implements.
+
+Threading contract: ``start`` and ``stop`` are called on the session's thread; the tracer's
+own callbacks may run on any thread and must only append to the :class:`~xsp.recording.Recording`
+(or the tracer's own buffers) without locks or allocation beyond one tuple. ``collect`` runs
+after ``stop`` on the session's thread and turns what was recorded into span rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from xsp.recording import Recording
+    from xsp.schema import Level
+
+
+@runtime_checkable
+class Tracer(Protocol):
+    """A source of spans at one level.
+
+    ``collect`` returns a DataFrame whose columns are a subset of
+    :data:`xsp.schema.COLUMNS` (at least level, kind, name, start_ns, end_ns, thread_id),
+    with times on xsp's host clock (:func:`xsp.clock.now_ns`). Ids, parents, steps and
+    paths are assigned afterwards by the session, so tracers never have to agree on them.
+    """
+
+    name: ClassVar[str]
+    level: ClassVar[Level]
+
+    def available(self) -> str | None:
+        """None when the tracer can run here, else the reason it cannot."""
+
+    def start(self, recording: Recording) -> None:
+        """Begin recording into ``recording``."""
+
+    def stop(self) -> None:
+        """Stop recording; must not raise."""
+
+    def collect(self) -> pd.DataFrame:
+        """Span rows for everything recorded since ``start``."""

@@ -1,0 +1,85 @@
+"""The model-level tracer: predict calls, user spans and explicit steps."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from xsp import schema as col
+from xsp.recording import MARK_STEP, Recording
+from xsp.schema import Level, SpanKind, Status
+from xsp.tracers._module_calls import INTERCEPTOR, Mode
+from xsp.tracers._module_rows import as_numpy, module_call_rows
+
+
+class ModelTracer:
+    """Records each call of a top-level nn.Module as a ``predict`` span, plus user spans."""
+
+    name: ClassVar[str] = "model"
+    level: ClassVar[Level] = Level.MODEL
+
+    def __init__(self) -> None:
+        self._recording: Recording | None = None
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, recording: Recording) -> None:
+        self._recording = recording
+        INTERCEPTOR.acquire(self.name, recording, Mode.ROOTS)
+
+    def stop(self) -> None:
+        INTERCEPTOR.release(self.name)
+
+    def collect(self) -> pd.DataFrame:
+        assert self._recording is not None
+        return pd.concat([self._predict_rows(), mark_rows(self._recording)], ignore_index=True)
+
+    def _predict_rows(self) -> pd.DataFrame:
+        assert self._recording is not None
+        calls = module_call_rows(self._recording)
+        if calls.empty:
+            return calls
+        roots = calls[calls[col.CALL_DEPTH] == 0].copy()
+        roots[col.LEVEL] = Level.MODEL.value
+        roots[col.KIND] = SpanKind.PREDICT.value
+        return roots
+
+
+def _attributes_json(attributes: dict[str, Any] | None) -> str | None:
+    if not attributes:
+        return None
+    return json.dumps({key: _attribute_value(value) for key, value in attributes.items()})
+
+
+def _attribute_value(value: Any) -> Any:
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, bool, int, float)) for v in value):
+        return list(value)
+    return str(value)
+
+
+def mark_rows(recording: Recording) -> pd.DataFrame:
+    """User spans and explicit steps of every thread."""
+    frames = []
+    for buffer in recording.buffers:
+        cols = buffer.mark_columns
+        if not len(cols):
+            continue
+        errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
+        frames.append(pd.DataFrame({
+            col.START_NS: as_numpy(cols.start),
+            col.END_NS: as_numpy(cols.end),
+            col.THREAD_ID: buffer.thread_id,
+            col.LEVEL: Level.MODEL.value,
+            col.KIND: [SpanKind.STEP.value if k == MARK_STEP else SpanKind.USER.value
+                       for k in as_numpy(cols.kind).tolist()],
+            col.NAME: [buffer.strings.values[i] for i in as_numpy(cols.name).tolist()],
+            col.ATTRIBUTES: [_attributes_json(a) for a in cols.attributes],
+            col.STATUS: [Status.OK.value if e is None else Status.ERROR.value for e in errors],
+            col.STATUS_MESSAGE: errors,
+        }))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

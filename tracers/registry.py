@@ -1,0 +1,57 @@
+"""Finding tracers: built-ins plus third-party ones under the ``xsp.tracers`` entry-point group."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import entry_points
+
+from xsp.schema import Level
+from xsp.tracers.base import Tracer
+
+ENTRY_POINT_GROUP = "xsp.tracers"
+BUILTIN_TRACERS: dict[str, str] = {
+    "model": "xsp.tracers.model:ModelTracer",
+    "layer": "xsp.tracers.layer:LayerTracer",
+}
+
+
+def _load(target: str) -> type[Tracer]:
+    module_name, _, attribute = target.partition(":")
+    return getattr(import_module(module_name), attribute)  # type: ignore[no-any-return]
+
+
+def tracer_classes() -> dict[str, type[Tracer] | str]:
+    """Every known tracer by name: its class, or why it could not be loaded."""
+    targets = dict(BUILTIN_TRACERS)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        targets.setdefault(entry.name, entry.value)
+    found: dict[str, type[Tracer] | str] = {}
+    for name, target in targets.items():
+        try:
+            found[name] = _load(target)
+        except Exception as exc:  # a broken plugin must not break xsp
+            found[name] = f"cannot load {target}: {type(exc).__name__}: {exc}"
+    return found
+
+
+def tracers_for(levels: tuple[Level, ...]) -> tuple[list[Tracer], dict[Level, str]]:
+    """Instances of the tracers recording ``levels``, and why any level has none that can run."""
+    chosen: list[Tracer] = []
+    reasons: dict[Level, list[str]] = {level: [] for level in levels}
+    for name, cls in tracer_classes().items():
+        if isinstance(cls, str):
+            continue
+        if cls.level not in reasons:
+            continue
+        tracer = cls()
+        reason = tracer.available()
+        if reason is None:
+            chosen.append(tracer)
+        else:
+            reasons[cls.level].append(f"{name}: {reason}")
+    covered = {tracer.level for tracer in chosen}
+    missing = {
+        level: "; ".join(why) if why else "no tracer records this level yet"
+        for level, why in reasons.items() if level not in covered
+    }
+    return chosen, missing

@@ -1,0 +1,18 @@
+"""xsp: across-stack profiling of PyTorch models.
+
+``with xsp.trace():`` around inference or training code records the model, layer (and,
+where tracers exist, operator, CUDA API and kernel) levels as one span tree, writes it to a
+``.xsp.parquet`` file and optionally sends it to an OpenTelemetry collector such as Jaeger.
+"""
+
+from xsp._version import __version__
+from xsp.errors import SchemaVersionError, TraceFormatError, UnknownLevelError, XspError
+from xsp.schema import Level, SpanKind, Status
+from xsp.session import Session, XspWarning, trace
+from xsp.trace import Trace, load
+from xsp.user_spans import span, step
+
+__all__ = [
+    "__version__", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
+    "Status", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError", "SchemaVersionError",
+]

@@ -1,0 +1,15 @@
+"""Process-wide state: the one active session and its recording.
+
+Kept in a tiny module so that :func:`xsp.span` reads one global on its hot path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xsp.recording import Recording
+    from xsp.session import Session
+
+session: Session | None = None
+recording: Recording | None = None

@@ -1,0 +1,37 @@
+"""Parsing the ``levels`` argument."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from xsp.errors import UnknownLevelError
+from xsp.schema import LEVELS, Level
+
+LevelsArg = str | Level | Iterable[str | Level]
+
+
+def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
+    """Turn ``"model,layer"``, ``("model", "layer")`` or ``Level`` values into sorted Levels.
+
+    The model level is always included: its spans (the session, steps and predict calls)
+    are the roots every deeper span hangs from.
+
+    Raises:
+        UnknownLevelError: a name that is not a level.
+    """
+    if isinstance(levels, (str, Level)):
+        items: list[str | Level] = [levels]
+    else:
+        items = list(levels)
+    names: list[str] = []
+    for item in items:
+        text = item.value if isinstance(item, Level) else str(item)
+        names.extend(part.strip() for part in text.split(",") if part.strip())
+    parsed = {Level.MODEL}
+    valid = ", ".join(level.value for level in LEVELS)
+    for name in names:
+        try:
+            parsed.add(Level(name.lower()))
+        except ValueError:
+            raise UnknownLevelError(f"unknown level {name!r} (valid levels: {valid})") from None
+    return tuple(level for level in LEVELS if level in parsed)

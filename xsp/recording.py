@@ -1,0 +1,226 @@
+"""Recording buffers: what tracers append to while the user's code runs.
+
+The hot path appends one plain tuple per finished span to a list owned by the calling
+thread (no locks, no OpenTelemetry objects, no strings built). Every few thousand records,
+and at collection, a thread's tuples are compacted into typed arrays with their objects
+(modules, names, shape descriptors) interned, so a recorded span costs tens of bytes.
+Spans are interpreted (names, paths, parents) only after the session, in
+:mod:`xsp.spans`.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import Counter
+from collections.abc import Hashable
+from typing import Any, Final
+
+COMPACT_AT: Final = 8192
+"""Raw records a thread keeps before compacting them into arrays."""
+
+DEFAULT_MAX_EVENTS: Final = 50_000_000
+"""Records kept per session; past it, records are dropped and counted."""
+
+# kind codes of the "mark" records (user spans, explicit steps, nested sessions)
+MARK_USER: Final = 0
+MARK_STEP: Final = 1
+
+
+class _Interner:
+    """Maps hashable values (or objects by identity) to dense ids, keeping the values."""
+
+    __slots__ = ("ids", "values", "by_identity")
+
+    def __init__(self, by_identity: bool = False) -> None:
+        self.ids: dict[Any, int] = {}
+        self.values: list[Any] = []
+        self.by_identity = by_identity
+
+    def intern(self, value: Any) -> int:
+        key = id(value) if self.by_identity else value
+        index = self.ids.get(key)
+        if index is None:
+            index = self.ids[key] = len(self.values)
+            self.values.append(value)
+        return index
+
+
+class CallColumns:
+    """Compacted module-call records of one thread (one row per finished call)."""
+
+    __slots__ = ("start", "end", "module", "depth", "inputs", "outputs", "error")
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.end = array("q")
+        self.module = array("l")
+        self.depth = array("l")
+        self.inputs = array("l")
+        self.outputs = array("l")
+        self.error = array("l")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class MarkColumns:
+    """Compacted user-span and step records of one thread."""
+
+    __slots__ = ("kind", "start", "end", "name", "attributes", "error")
+
+    def __init__(self) -> None:
+        self.kind = array("b")
+        self.start = array("q")
+        self.end = array("q")
+        self.name = array("l")
+        self.attributes: list[dict[str, Any] | None] = []
+        self.error = array("l")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class BackwardColumns:
+    """Compacted backward-hook events of one thread: begin (phase 0) and end (phase 1)."""
+
+    __slots__ = ("module", "time", "phase")
+
+    def __init__(self) -> None:
+        self.module = array("l")
+        self.time = array("q")
+        self.phase = array("b")
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+
+class ThreadBuffer:
+    """Everything one thread recorded. Only its own thread appends to the raw lists."""
+
+    __slots__ = (
+        "recording", "thread_id", "thread_name", "depth", "calls", "marks", "backward",
+        "call_columns", "mark_columns", "backward_columns", "modules", "descriptors", "strings",
+        "_lock",
+    )
+
+    def __init__(self, recording: Recording) -> None:
+        current = threading.current_thread()
+        self.recording = recording
+        self.thread_id = threading.get_native_id()
+        self.thread_name = current.name
+        self.depth = 0
+        """Module calls open on this thread right now (0 outside any module)."""
+        # raw records, appended on the hot path:
+        self.calls: list[tuple[Any, ...]] = []  # (start, end, module, depth, in_desc, out_desc, error)
+        self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
+        self.backward: list[tuple[Any, ...]] = []  # (module, time, phase)
+        self.call_columns = CallColumns()
+        self.mark_columns = MarkColumns()
+        self.backward_columns = BackwardColumns()
+        self.modules = _Interner(by_identity=True)
+        self.descriptors = _Interner()
+        self.strings = _Interner()
+        self._lock = threading.Lock()
+
+    def compact(self) -> None:
+        """Move raw records into the typed columns. Safe to call from any thread."""
+        with self._lock:
+            calls, self.calls = self.calls, []
+            marks, self.marks = self.marks, []
+            backward, self.backward = self.backward, []
+            kept = self.recording.admit("module_calls", len(calls))
+            self._compact_calls(calls[:kept])
+            kept = self.recording.admit("spans", len(marks))
+            self._compact_marks(marks[:kept])
+            kept = self.recording.admit("backward_events", len(backward))
+            self._compact_backward(backward[:kept])
+
+    def _compact_calls(self, calls: list[tuple[Any, ...]]) -> None:
+        if not calls:
+            return
+        cols = self.call_columns
+        module_id, descriptor_id, string_id = (
+            self.modules.intern, self.descriptors.intern, self.strings.intern)
+        starts, ends, modules, depths, inputs, outputs, errors = zip(*calls)
+        cols.start.extend(starts)
+        cols.end.extend(ends)
+        cols.depth.extend(depths)
+        cols.module.extend([module_id(m) for m in modules])
+        cols.inputs.extend([descriptor_id(d) for d in inputs])
+        cols.outputs.extend([descriptor_id(d) for d in outputs])
+        cols.error.extend([-1 if e is None else string_id(e) for e in errors])
+
+    def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
+        cols = self.mark_columns
+        for kind, start, end, name, attributes, error in marks:
+            cols.kind.append(kind)
+            cols.start.append(start)
+            cols.end.append(end)
+            cols.name.append(self.strings.intern(name))
+            cols.attributes.append(attributes)
+            cols.error.append(-1 if error is None else self.strings.intern(error))
+
+    def _compact_backward(self, events: list[tuple[Any, ...]]) -> None:
+        cols = self.backward_columns
+        for module, time_ns, phase in events:
+            cols.module.append(self.modules.intern(module))
+            cols.time.append(time_ns)
+            cols.phase.append(phase)
+
+    def string(self, index: int) -> str | None:
+        return None if index < 0 else self.strings.values[index]
+
+
+class Recording:
+    """The per-thread buffers of one session, with counts of anything dropped."""
+
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self.local = threading.local()
+        """Holds attribute ``b``, the calling thread's :class:`ThreadBuffer`."""
+        self.buffers: list[ThreadBuffer] = []
+        self.max_events = max_events
+        self.kept_events = 0
+        self.dropped: Counter[str] = Counter()
+        self.derived: dict[str, Any] = {}
+        """Results of interpreting the records, shared between tracers during collection."""
+        self._lock = threading.Lock()
+
+    def buffer(self) -> ThreadBuffer:
+        """The calling thread's buffer, created on its first record."""
+        try:
+            return self.local.b  # type: ignore[no-any-return]
+        except AttributeError:
+            pass
+        buffer = ThreadBuffer(self)
+        with self._lock:
+            self.buffers.append(buffer)
+        self.local.b = buffer
+        return buffer
+
+    def admit(self, what: str, count: int) -> int:
+        """How many of ``count`` new records fit under ``max_events``; the rest are counted dropped."""
+        with self._lock:
+            room = max(self.max_events - self.kept_events, 0)
+            kept = min(room, count)
+            self.kept_events += kept
+            if count > kept:
+                self.dropped[what] += count - kept
+        return kept
+
+    def compact(self) -> None:
+        for buffer in list(self.buffers):
+            buffer.compact()
+
+    def open_module_calls(self) -> int:
+        """Module calls still running on some thread (they end after the session and are lost)."""
+        return sum(buffer.depth for buffer in self.buffers)
+
+
+def add_mark(kind: int, start: int, end: int, name: str, attributes: dict[str, Hashable] | None,
+             error: str | None, recording: Recording) -> None:
+    """Record a finished user span or step on the calling thread."""
+    buffer = recording.buffer()
+    buffer.marks.append((kind, start, end, name, attributes, error))
+    if len(buffer.marks) >= COMPACT_AT:
+        buffer.compact()

@@ -1,0 +1,194 @@
+"""The canonical span table: levels, kinds, column names and dtypes, attribute keys.
+
+Every source of spans (live tracers, imported traces) produces a pandas DataFrame with
+exactly these columns and dtypes; every consumer (file writer, OTLP exporter, analyses,
+reports) reads them through the constants below, never through string literals.
+
+Times are integer nanoseconds since the Unix epoch (the clock OpenTelemetry expects);
+``duration_ns == end_ns - start_ns``.
+
+``path`` is a structural key that names "the same span" across steps and runs. It is the
+path of the span's anchor, a ``/`` and ``name[k]``, where ``k`` counts earlier siblings of
+the same name under the same anchor. The anchor is the parent, except that a layer skips
+over enclosing layers (a layer's name is already its dotted module path), so a ResNet
+convolution is ``predict[0]/layer1.0.conv1[0]`` rather than repeating ``layer1`` and
+``layer1.0``. Roots are ``name[k]`` counted within their OTel trace (their step).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+SCHEMA_VERSION: Final = 1
+"""Version of the span table layout; bumped on any incompatible change."""
+
+FILE_SUFFIX: Final = ".xsp.parquet"
+METADATA_KEY: Final = b"xsp"
+"""Parquet key-value metadata key that holds the trace's metadata as JSON."""
+
+
+class Level(str, enum.Enum):
+    """Depth of the stack a span was recorded at, shallowest first."""
+
+    MODEL = "model"
+    LAYER = "layer"
+    OPERATOR = "operator"
+    CUDA_API = "cuda_api"
+    KERNEL = "kernel"
+
+    @property
+    def rank(self) -> int:
+        """0 for the model level, growing with depth."""
+        return _LEVEL_ORDER.index(self)
+
+
+_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.CUDA_API, Level.KERNEL)
+LEVELS: Final = _LEVEL_ORDER
+
+
+class SpanKind(str, enum.Enum):
+    """What a span stands for, finer than its level."""
+
+    SESSION = "session"  # the whole xsp.trace() block (model level, its own OTel trace)
+    STEP = "step"  # an explicit xsp.step() (model level)
+    PREDICT = "predict"  # one call of a top-level nn.Module (model level)
+    USER = "user"  # xsp.span() (model level)
+    FORWARD = "forward"  # one nn.Module forward call (layer level)
+    BACKWARD = "backward"  # one nn.Module backward (layer level)
+    OPERATOR = "operator"  # one framework operator (operator level)
+    RUNTIME = "runtime"  # CUDA runtime API call (cuda_api level)
+    DRIVER = "driver"  # CUDA driver API call (cuda_api level)
+    KERNEL = "kernel"  # GPU kernel (kernel level)
+    MEMCPY = "memcpy"  # GPU memory copy (kernel level)
+    MEMSET = "memset"  # GPU memory set (kernel level)
+    SYNC = "sync"  # GPU synchronisation (kernel level)
+
+
+STEP_KINDS: Final = frozenset({SpanKind.STEP, SpanKind.PREDICT})
+"""Kinds whose outermost occurrence starts a step."""
+
+
+class Status(str, enum.Enum):
+    """Outcome of a span: ERROR when an exception passed through it."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
+# Column names ---------------------------------------------------------------------------
+TRACE_ID: Final = "trace_id"
+SPAN_ID: Final = "span_id"
+PARENT_ID: Final = "parent_id"
+LEVEL: Final = "level"
+KIND: Final = "kind"
+NAME: Final = "name"
+START_NS: Final = "start_ns"
+END_NS: Final = "end_ns"
+DURATION_NS: Final = "duration_ns"
+THREAD_ID: Final = "thread_id"
+DEVICE_ID: Final = "device_id"
+STREAM_ID: Final = "stream_id"
+CORRELATION_ID: Final = "correlation_id"
+STEP: Final = "step"
+PATH: Final = "path"
+STATUS: Final = "status"
+STATUS_MESSAGE: Final = "status_message"
+# typed attributes read by analyses
+MODULE_TYPE: Final = "module_type"
+INPUT_SHAPES: Final = "input_shapes"
+OUTPUT_SHAPES: Final = "output_shapes"
+PARAM_COUNT: Final = "param_count"
+CALL_DEPTH: Final = "call_depth"
+EXEC_INDEX: Final = "exec_index"
+SOURCE: Final = "source"
+BATCH_SIZE: Final = "batch_size"
+GRID: Final = "grid"
+BLOCK: Final = "block"
+REGISTERS_PER_THREAD: Final = "registers_per_thread"
+SHARED_MEMORY_BYTES: Final = "shared_memory_bytes"
+BYTES: Final = "bytes"
+COPY_KIND: Final = "copy_kind"
+FLOPS: Final = "flops"
+ATTRIBUTES: Final = "attributes"
+"""JSON object with every attribute that has no typed column (user attributes among them)."""
+
+# pandas dtypes, in column order. Nullable integer dtypes keep "not recorded" apart from 0.
+COLUMNS: Final[dict[str, str]] = {
+    TRACE_ID: "string",
+    SPAN_ID: "int64",
+    PARENT_ID: "Int64",
+    LEVEL: "string",
+    KIND: "string",
+    NAME: "string",
+    START_NS: "int64",
+    END_NS: "int64",
+    DURATION_NS: "int64",
+    THREAD_ID: "Int64",
+    DEVICE_ID: "Int64",
+    STREAM_ID: "Int64",
+    CORRELATION_ID: "Int64",
+    STEP: "Int64",
+    PATH: "string",
+    STATUS: "string",
+    STATUS_MESSAGE: "string",
+    MODULE_TYPE: "string",
+    INPUT_SHAPES: "string",
+    OUTPUT_SHAPES: "string",
+    PARAM_COUNT: "Int64",
+    CALL_DEPTH: "Int64",
+    EXEC_INDEX: "Int64",
+    SOURCE: "string",
+    BATCH_SIZE: "Int64",
+    GRID: "string",
+    BLOCK: "string",
+    REGISTERS_PER_THREAD: "Int64",
+    SHARED_MEMORY_BYTES: "Int64",
+    BYTES: "Int64",
+    COPY_KIND: "string",
+    FLOPS: "Int64",
+    ATTRIBUTES: "string",
+}
+REQUIRED_COLUMNS: Final = (
+    TRACE_ID, SPAN_ID, PARENT_ID, LEVEL, KIND, NAME, START_NS, END_NS, DURATION_NS,
+    THREAD_ID, DEVICE_ID, STREAM_ID, CORRELATION_ID, STEP, PATH,
+)
+
+# OpenTelemetry attribute keys (all xsp-owned keys carry the xsp. prefix) -----------------
+ATTR_LEVEL: Final = "xsp.level"
+ATTR_KIND: Final = "xsp.kind"
+ATTR_STEP: Final = "xsp.step"
+ATTR_PATH: Final = "xsp.path"
+ATTR_THREAD_ID: Final = "xsp.thread_id"
+ATTR_DEVICE_ID: Final = "xsp.device_id"
+ATTR_STREAM_ID: Final = "xsp.stream_id"
+ATTR_CORRELATION_ID: Final = "xsp.correlation_id"
+ATTR_SESSION_LINK: Final = "xsp.link"
+ATTR_VERSION: Final = "xsp.version"
+ATTR_TORCH_VERSION: Final = "xsp.torch.version"
+ATTR_DEVICE: Final = "xsp.device"
+
+COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
+    THREAD_ID: ATTR_THREAD_ID,
+    DEVICE_ID: ATTR_DEVICE_ID,
+    STREAM_ID: ATTR_STREAM_ID,
+    CORRELATION_ID: ATTR_CORRELATION_ID,
+    STEP: ATTR_STEP,
+    PATH: ATTR_PATH,
+    MODULE_TYPE: "xsp.layer.type",
+    INPUT_SHAPES: "xsp.layer.input_shapes",
+    OUTPUT_SHAPES: "xsp.layer.output_shapes",
+    PARAM_COUNT: "xsp.layer.param_count",
+    CALL_DEPTH: "xsp.layer.call_depth",
+    EXEC_INDEX: "xsp.layer.exec_index",
+    SOURCE: "xsp.layer.source",
+    BATCH_SIZE: "xsp.batch_size",
+    GRID: "xsp.kernel.grid",
+    BLOCK: "xsp.kernel.block",
+    REGISTERS_PER_THREAD: "xsp.kernel.registers_per_thread",
+    SHARED_MEMORY_BYTES: "xsp.kernel.shared_memory_bytes",
+    BYTES: "xsp.memory.bytes",
+    COPY_KIND: "xsp.memory.copy_kind",
+    FLOPS: "xsp.flops",
+}
+"""Typed columns exported as span attributes, and the key each one gets."""

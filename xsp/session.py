@@ -1,0 +1,234 @@
+"""``xsp.trace()``: one profiling session around the user's code."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from xsp import _state
+from xsp import schema as col
+from xsp.clock import ClockSync, now_ns
+from xsp.export.otlp import OtlpExport, OtlpTarget, probe, start_export
+from xsp.levels import LevelsArg, parse_levels
+from xsp.metadata import default_service_name, environment
+from xsp.recording import DEFAULT_MAX_EVENTS, Recording
+from xsp.schema import Level, SpanKind, Status
+from xsp.spans import build_table
+from xsp.trace import Trace
+from xsp.tracers.base import Tracer
+from xsp.tracers.registry import tracers_for
+from xsp.user_spans import span
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_OUTPUT = "run.xsp.parquet"
+EXIT_WAIT_S = 8.0
+"""At interpreter exit, how long to wait for an OTLP export still running."""
+
+
+class XspWarning(UserWarning):
+    """Something xsp could not do; the user's program carries on regardless."""
+
+
+_pending_exports: list[OtlpExport] = []
+
+
+@atexit.register
+def _wait_for_exports() -> None:
+    deadline = now_ns() + int(EXIT_WAIT_S * 1e9)
+    for export in list(_pending_exports):
+        export.wait(max(deadline - now_ns(), 0) / 1e9)
+
+
+class Session:
+    """A profiling session: a context manager, or a decorator that profiles each call.
+
+    After the block, :attr:`trace` holds the :class:`xsp.Trace`, the trace file has been
+    written (unless ``output=None``), and an OTLP export, if one was asked for, is running in
+    the background (:attr:`export`; ``wait_for_export()`` waits for it).
+    """
+
+    def __init__(self, levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None =
+                 DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
+                 otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self.levels = parse_levels(levels)
+        self.output = None if output is None else Path(output)
+        self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
+        self.service_name = service_name or default_service_name()
+        self.max_events = max_events
+        self.trace: Trace | None = None
+        self.export: OtlpExport | None = None
+        self.warnings: list[str] = []
+        self._arguments = dict(levels=levels, output=output, otlp_endpoint=otlp_endpoint,
+                               service_name=service_name, otlp_protocol=otlp_protocol,
+                               max_events=max_events)
+        self._tracers: list[Tracer] = []
+        self._unavailable: dict[Level, str] = {}
+        self._recording: Recording | None = None
+        self._nested: span | None = None
+        self._start_ns = 0
+        self._clock: ClockSync | None = None
+        self._thread_id = 0
+
+    # context manager -----------------------------------------------------------------
+    def __enter__(self) -> Session:
+        if _state.session is not None:
+            self._warn("xsp.trace() is already active; this nested block is recorded as a span "
+                       "of the outer session")
+            self._nested = span("xsp.trace")
+            self._nested.__enter__()
+            return self
+        self._recording = Recording(self.max_events)
+        self._clock = ClockSync.measure()
+        tracers, self._unavailable = tracers_for(self.levels)
+        for level, reason in self._unavailable.items():
+            self._warn(f"level {level.value} is not recorded: {reason}")
+        for tracer in tracers:
+            try:
+                tracer.start(self._recording)
+                self._tracers.append(tracer)
+            except Exception as exc:
+                self._warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
+                self._stop_quietly(tracer)
+        _state.session, _state.recording = self, self._recording
+        self._thread_id = threading.get_native_id()
+        self._start_ns = now_ns()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        end_ns = now_ns()
+        if self._nested is not None:
+            self._nested.__exit__(exc_type, exc, traceback)
+            return
+        _state.session = _state.recording = None
+        for tracer in self._tracers:
+            self._stop_quietly(tracer)
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        try:
+            self._finish(end_ns, error)
+        except Exception as failure:  # xsp must never turn the user's success into a failure
+            self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+
+    def __call__(self, function: F) -> F:
+        """Use as a decorator: each call of ``function`` is one session."""
+
+        @functools.wraps(function)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            session = Session(**self._arguments)
+            try:
+                with session:
+                    return function(*args, **kwargs)
+            finally:
+                self.trace, self.export = session.trace, session.export
+
+        return traced  # type: ignore[return-value]
+
+    def wait_for_export(self, timeout_s: float | None = None) -> Any:
+        """Wait for the background OTLP export; returns its report, or None if none ran."""
+        return None if self.export is None else self.export.wait(timeout_s)
+
+    # after the block ------------------------------------------------------------------
+    def _stop_quietly(self, tracer: Tracer) -> None:
+        try:
+            tracer.stop()
+        except Exception as exc:
+            self._warn(f"tracer {tracer.name} failed to stop: {exc}")
+
+    def _finish(self, end_ns: int, error: str | None) -> None:
+        recording = self._recording
+        assert recording is not None and self._clock is not None
+        open_calls = recording.open_module_calls()
+        if open_calls:
+            recording.dropped["open_at_stop"] += open_calls
+        recording.compact()
+        frames = []
+        for tracer in self._tracers:
+            try:
+                frames.append(tracer.collect())
+            except Exception as exc:
+                self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+        session_row = {
+            col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: "session",
+            col.START_NS: self._start_ns, col.END_NS: end_ns, col.THREAD_ID: self._thread_id,
+            col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
+            col.STATUS_MESSAGE: error,
+        }
+        spans, diagnostics = build_table(frames, self._clock.host_to_epoch_ns, session_row)
+        clock = self._clock.remeasured()
+        if recording.dropped:
+            self._warn("some records were dropped: " + ", ".join(
+                f"{count} {what}" for what, count in sorted(recording.dropped.items())))
+        metadata = {
+            **environment(),
+            "service_name": self.service_name,
+            "levels": [level.value for level in self.levels],
+            "tracers": [tracer.name for tracer in self._tracers],
+            "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
+            "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
+                      "drift_ns": clock.drift_ns},
+            "dropped": dict(recording.dropped),
+            "hierarchy": diagnostics,
+            "warnings": list(self.warnings),
+            "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
+                                                      "protocol": self.target.protocol.value},
+        }
+        self.trace = Trace(spans=spans, metadata=metadata)
+        if self.output is not None:
+            try:
+                self.trace.save(self.output)
+            except OSError as exc:
+                self._warn(f"could not write the trace file {self.output}: {exc}")
+        self._start_export()
+
+    def _start_export(self) -> None:
+        if self.target is None or self.trace is None:
+            return
+        unreachable = probe(self.target)
+        if unreachable is not None:
+            where = f" ({self.output})" if self.output else ""
+            self._warn(f"OTLP endpoint {self.target.endpoint} not used: {unreachable}; "
+                       f"the spans are in the trace file only{where}")
+            return
+        self.export = start_export(self.trace.spans, self.trace.metadata, self.target, self.service_name)
+        _pending_exports.append(self.export)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
+
+
+def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
+          otlp_endpoint: str | None = None, service_name: str | None = None,
+          otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> Session:
+    """Profile the code in a ``with`` block (or each call of a decorated function).
+
+    Args:
+        levels: levels to record, as ``("model", "layer")`` or ``"model,layer"``. The model
+            level is always recorded. Levels no tracer can record here are warned about once.
+        output: the ``.xsp.parquet`` file to write after the block; None to write none.
+        otlp_endpoint: OTLP collector URL (``http://localhost:4317``); default from
+            ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, else none.
+        service_name: OTel ``service.name``; default ``OTEL_SERVICE_NAME``, else the script name.
+        otlp_protocol: ``grpc`` or ``http/protobuf``; default ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc.
+        max_events: records kept before further ones are dropped (and counted).
+
+    Raises:
+        xsp.UnknownLevelError: a level name that does not exist.
+
+    Example:
+        >>> import torch, xsp
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> with xsp.trace(levels="model,layer", output=None) as session:
+        ...     _ = model(torch.randn(2, 4))
+        >>> session.trace.spans["name"].tolist()[:3]
+        ['session', 'predict', '0']
+    """
+    return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
+                   otlp_protocol=otlp_protocol, max_events=max_events)

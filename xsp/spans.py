@@ -1,0 +1,96 @@
+"""Building the canonical span table from the rows tracers collected."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp.analysis import hierarchy, structure
+
+
+def empty_table() -> pd.DataFrame:
+    """A span table with no rows and every column typed."""
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with exactly the schema's columns, in order, with the schema's dtypes."""
+    out = {}
+    for name, dtype in col.COLUMNS.items():
+        if name in frame:
+            series = frame[name]
+            if dtype == "string":
+                series = series.astype(object).where(series.notna(), None).astype("string")
+            else:
+                series = series.astype(dtype)
+            out[name] = series.reset_index(drop=True)
+        elif dtype == "int64":  # only ids and times, which build_table fills in
+            out[name] = pd.Series(0, index=range(len(frame)), dtype=dtype)
+        else:
+            out[name] = pd.Series(pd.array([pd.NA] * len(frame), dtype=dtype))
+    return pd.DataFrame(out)
+
+
+def new_span_ids(count: int) -> np.ndarray:
+    """``count`` distinct positive 63-bit span ids (OTel forbids 0)."""
+    return secrets.randbits(62) + np.arange(1, count + 1, dtype=np.int64)
+
+
+def new_trace_ids(count: int) -> list[str]:
+    return [secrets.token_hex(16) for _ in range(count)]
+
+
+def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int,
+                session_row: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Concatenate tracer rows, move them onto epoch time and derive the tree.
+
+    Args:
+        frames: rows from tracers, times on xsp's host clock.
+        host_to_epoch_ns: offset from the host clock to epoch nanoseconds.
+        session_row: the session span, if any (its own OTel trace; the steps link to it).
+
+    Returns:
+        The span table sorted by start time, and the hierarchy diagnostics.
+    """
+    parts = [frame for frame in frames if len(frame)]
+    if session_row is not None:
+        parts.append(pd.DataFrame([session_row]))
+    if not parts:
+        return empty_table(), hierarchy.HierarchyDiagnostics().as_dict()
+    table = conform(pd.concat(parts, ignore_index=True))
+    table[col.START_NS] += host_to_epoch_ns
+    table[col.END_NS] += host_to_epoch_ns
+    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
+    table = table.sort_values([col.START_NS, col.CALL_DEPTH], kind="stable",
+                              na_position="first").reset_index(drop=True)
+    table[col.SPAN_ID] = new_span_ids(len(table))
+    is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
+    session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
+    host = table[~is_session]
+    host_rows = np.flatnonzero(~is_session)
+    sub_parents, diagnostics = hierarchy.parent_positions(host)
+    parents = np.full(len(table), -1, dtype=np.int64)
+    parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
+    shape = structure.assign_steps(table, parents, session_position)
+    ids = table[col.SPAN_ID].to_numpy(dtype=np.int64)
+    table[col.PARENT_ID] = pd.array(np.where(shape.parents >= 0, ids[np.maximum(shape.parents, 0)], 0),
+                                    dtype="Int64")
+    table.loc[shape.parents < 0, col.PARENT_ID] = pd.NA
+    table[col.STEP] = pd.array(shape.step, dtype="Int64")
+    table.loc[shape.step < 0, col.STEP] = pd.NA
+    trace_ids = np.array(new_trace_ids(int(shape.trace_index.max()) + 1), dtype=object)
+    table[col.TRACE_ID] = pd.array(trace_ids[shape.trace_index], dtype="string")
+    table[col.PATH] = pd.array(structure.assign_paths(table, shape.parents, shape.trace_index),
+                               dtype="string")
+    exec_index = structure.execution_index(table, shape.step)
+    table[col.EXEC_INDEX] = pd.array(exec_index, dtype="Int64")
+    table.loc[exec_index < 0, col.EXEC_INDEX] = pd.NA
+    table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
+    diagnostics.spans = len(table)
+    diagnostics.roots = int((shape.parents < 0).sum())
+    return conform(table), diagnostics.as_dict()
