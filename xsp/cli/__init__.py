@@ -1,0 +1,1 @@
+"""The ``xsp`` command line."""

@@ -1,0 +1,47 @@
+"""Helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+from rich.console import Console
+
+
+class CliError(Exception):
+    """A user error the CLI reports in one line with exit status 2."""
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def error_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def xsp_warnings_to_stderr() -> Iterator[list[str]]:
+    """Show each xsp warning once, as one plain line on stderr, and collect them."""
+    from xsp.session import XspWarning
+
+    seen: list[str] = []
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, XspWarning):
+            text = str(message)
+            if text not in seen:
+                seen.append(text)
+                error_console().print(f"warning: {text}", markup=False)
+            return
+        original(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", XspWarning)
+        warnings.showwarning = show
+        try:
+            yield seen
+        finally:
+            warnings.showwarning = original

@@ -1,0 +1,140 @@
+"""``xsp run``: profile an unmodified Python script."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from xsp import schema as col
+from xsp.cli._common import CliError, console, error_console, xsp_warnings_to_stderr
+from xsp.export.otlp import Protocol
+from xsp.levels import parse_levels
+from xsp.schema import SpanKind
+from xsp.session import DEFAULT_OUTPUT, EXIT_WAIT_S, Session
+
+NOTHING_PROFILED = 3
+"""Exit status when the script ran but called no nn.Module (and itself succeeded)."""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "run", help="profile a Python script without changing it",
+        description="Run SCRIPT under xsp and write its trace. Everything after -- goes to the script.",
+        usage="xsp run [options] -- SCRIPT [ARGS...]")
+    parser.add_argument("--levels", default="model,layer",
+                        help="levels to record, comma separated (default: model,layer)")
+    parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
+                        help=f"trace file to write (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--otlp", metavar="URL", default=None,
+                        help="also send spans to this OTLP endpoint, e.g. http://localhost:4317")
+    parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
+                        help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    parser.add_argument("--service-name", default=None, help="OTel service.name (default: script name)")
+    parser.add_argument("--report", action="store_true", help="print the report after the run")
+    parser.add_argument("--top", type=int, default=10, help="layers in the report's top list")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]")
+    parser.set_defaults(handler=run)
+
+
+def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
+    script = Path(command[0])
+    if not script.is_file():
+        raise CliError(f"no such script: {script}")
+    try:
+        source = script.read_bytes()
+        compile(source, str(script), "exec")
+    except SyntaxError as exc:
+        raise CliError(f"{script} is not a Python script (line {exc.lineno}: {exc.msg})") from None
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {script}: {exc}") from None
+    return script, command[1:]
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    error_console().print(str(code), markup=False)
+    return 1
+
+
+def _print_script_error(error: BaseException) -> None:
+    """The script's own traceback, as python would print it, without runpy and xsp frames."""
+    frames = traceback.extract_tb(error.__traceback__)
+    here = str(Path(__file__).resolve().parent.parent)
+    kept = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename]
+    stream = sys.stderr
+    stream.write("Traceback (most recent call last):\n")
+    stream.write("".join(traceback.format_list(kept)))
+    stream.write("".join(traceback.format_exception_only(type(error), error)))
+
+
+def run(options: argparse.Namespace) -> int:
+    levels = parse_levels(options.levels)
+    script, script_args = _script_and_args(options.command)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.resolve().parent))
+    status = 0
+    failure: BaseException | None = None
+    with xsp_warnings_to_stderr():
+        session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
+                          service_name=options.service_name or script.stem,
+                          otlp_protocol=options.otlp_protocol)
+        try:
+            with session:
+                runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as stop:
+            status = _exit_status(stop.code)
+        except BaseException as error:  # the script's own failure: report it like python does
+            failure = error
+            status = 1
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+        if failure is not None and not isinstance(failure, KeyboardInterrupt):
+            _print_script_error(failure)
+        elif isinstance(failure, KeyboardInterrupt):
+            status = 130
+        status = _summarise(session, script, options, status)
+    return status
+
+
+def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int) -> int:
+    trace = session.trace
+    out = error_console()
+    if trace is None:
+        return status or 1
+    predicts = int((trace.spans[col.KIND] == SpanKind.PREDICT.value).sum())
+    steps = len(trace.steps)
+    where = f" -> {options.output}" if options.output else ""
+    out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)
+    export = session.export
+    if export is not None:
+        report = export.wait(EXIT_WAIT_S)
+        if not report.done:
+            out.print(f"xsp: OTLP export to {report.target} still running after {EXIT_WAIT_S:.0f} s",
+                      markup=False)
+        elif report.error:
+            out.print(f"warning: OTLP export to {report.target}: {report.exported} of {report.submitted} "
+                      f"spans sent; {report.error}", markup=False)
+        else:
+            out.print(f"xsp: {report.exported} spans sent to {report.target}", markup=False)
+    if predicts == 0:
+        out.print(f"xsp: error: {script} called no torch.nn.Module, so there was nothing to profile "
+                  "(is it a PyTorch script?)", markup=False)
+        return status or NOTHING_PROFILED
+    if options.report:
+        from xsp.reports.terminal import render_report
+
+        render_report(trace, console(), top=options.top)
+    return status
+

@@ -1,0 +1,1 @@
+"""Presenting analyses: terminal tables (and, later, HTML). The only place that formats output."""
