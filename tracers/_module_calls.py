@@ -18,6 +18,7 @@ to its thread's buffer; a descriptor is a ``torch.Size`` (one tensor) or a tuple
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import Any
@@ -30,6 +31,9 @@ from xsp.clock import now_ns
 from xsp.recording import COMPACT_AT, Recording
 
 _TENSOR = torch.Tensor
+_OWN_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
+"""PyTorch's warning for modules whose inputs need no gradient: caused by xsp's hooks, so
+hidden from the user while they are installed."""
 Descriptor = tuple[Any, ...] | None
 
 
@@ -153,6 +157,7 @@ class ModuleCallInterceptor:
         self._original: Callable[..., Any] | None = None
         self._wrapper: Callable[..., Any] | None = None
         self._backward_handles: list[Any] = []
+        self._warning_filter: Any = None
         self.foreign_patch = False
         """True when something else replaced ``nn.Module.__call__`` while xsp was installed."""
 
@@ -219,6 +224,8 @@ class ModuleCallInterceptor:
                 torch_module.register_module_full_backward_pre_hook(record_begin),
                 torch_module.register_module_full_backward_hook(record_end),
             ]
+            warnings.filterwarnings("ignore", message=_OWN_HOOK_WARNING, category=UserWarning)
+            self._warning_filter = warnings.filters[0]
         elif not wanted and self._backward_handles:
             self._remove_backward_hooks()
 
@@ -226,6 +233,12 @@ class ModuleCallInterceptor:
         for handle in self._backward_handles:
             handle.remove()
         self._backward_handles = []
+        if self._warning_filter is not None:
+            try:
+                warnings.filters.remove(self._warning_filter)
+            except ValueError:  # someone reset the filters meanwhile
+                pass
+            self._warning_filter = None
 
 
 def _backward_hooks(recording: Recording) -> tuple[Callable[..., None], Callable[..., None]]:

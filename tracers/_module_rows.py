@@ -196,7 +196,7 @@ def backward_rows(recording: Recording) -> pd.DataFrame:
             recording.dropped["unpaired_backward_events"] += unpaired
         modules = buffer.modules.values
         facts = [_module_facts(modules[i]) for i in which]
-        frames.append(pd.DataFrame({
+        frames.append(_cover_submodules(pd.DataFrame({
             col.START_NS: np.array(starts, dtype=np.int64),
             col.END_NS: np.array(ends, dtype=np.int64),
             col.THREAD_ID: buffer.thread_id,
@@ -205,8 +205,45 @@ def backward_rows(recording: Recording) -> pd.DataFrame:
             col.PARAM_COUNT: [f[1] for f in facts],
             col.SOURCE: [f[2] for f in facts],
             col.STATUS: col.Status.OK.value,
-        }))
+        })))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
+    """Stretch each module's backward over its submodules' backward in the same pass.
+
+    PyTorch fires a module's full backward hook as soon as the gradient of its *output* is
+    known when none of its inputs needs a gradient (the first layers, the whole model), so
+    that span would end before its submodules' backward runs. A module's backward contains
+    its submodules' by construction, so its end is moved to theirs; such rows are marked
+    ``{"xsp.backward_end": "submodules"}`` in ``attributes``.
+    """
+    if rows.empty:
+        return rows
+    rows = rows.sort_values(col.START_NS, kind="stable").reset_index(drop=True)
+    names = rows[col.NAME].str.slice(stop=-len(BACKWARD_SUFFIX)).to_numpy(dtype=object)
+    starts = rows[col.START_NS].to_numpy(dtype=np.int64)
+    ends = rows[col.END_NS].to_numpy(dtype=np.int64).copy()
+    extended = np.zeros(len(rows), dtype=bool)
+    for name in pd.unique(names):
+        own = np.flatnonzero(names == name)
+        if name == PREDICT_NAME:
+            inside = np.flatnonzero(names != name)
+        else:
+            inside = np.flatnonzero(pd.Series(names).str.startswith(name + ".").to_numpy())
+        if not len(inside):
+            continue
+        inside_starts = starts[inside]
+        window_ends = np.append(starts[own][1:], np.iinfo(np.int64).max)
+        for row, window_end in zip(own.tolist(), window_ends.tolist()):
+            lo, hi = np.searchsorted(inside_starts, [starts[row], window_end], side="left")
+            if hi > lo:
+                latest = int(ends[inside[lo:hi]].max())
+                if latest > ends[row]:
+                    ends[row], extended[row] = latest, True
+    rows[col.END_NS] = ends
+    rows[col.ATTRIBUTES] = np.where(extended, '{"xsp.backward_end": "submodules"}', None)
+    return rows
 
 
 def _backward_name(module: nn.Module, names: _Names) -> str:

@@ -1,0 +1,56 @@
+"""Shared fixtures: a guard that no xsp state leaks between tests, the shared real traces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from xsp import _state
+from xsp.tracers._module_calls import INTERCEPTOR
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+_ORIGINAL_CALL = nn.Module.__call__
+
+
+@pytest.fixture(autouse=True)
+def no_tracer_left_active():
+    """Every test must leave no session, no patched nn.Module.__call__ and no backward hook."""
+    yield
+    leaked = []
+    if _state.session is not None or _state.recording is not None:
+        leaked.append("an xsp session is still active")
+    if nn.Module.__call__ is not _ORIGINAL_CALL:
+        leaked.append("nn.Module.__call__ is still patched")
+    if INTERCEPTOR.mode is not None:
+        leaked.append("the module-call interceptor still has users")
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks:
+        leaked.append("global backward hooks are still registered")
+    _state.session = _state.recording = None
+    nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
+    assert not leaked, "; ".join(leaked)
+
+
+@pytest.fixture
+def shared_traces() -> Path:
+    """``../shared/traces``; skipped when absent, an error in CI (XSP_REQUIRE_SHARED=1)."""
+    if not SHARED_TRACES.is_dir():
+        message = f"the shared real traces are not at {SHARED_TRACES}"
+        if os.environ.get("XSP_REQUIRE_SHARED"):
+            pytest.fail(message + " (XSP_REQUIRE_SHARED is set)")
+        pytest.skip(message)
+    return SHARED_TRACES
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,116 @@
+"""The tree builder on hand-made spans and on random nested intervals (property tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xsp import schema as col
+from xsp.analysis import hierarchy
+from xsp.analysis.hierarchy import inclusion_parents
+from xsp.spans import conform
+
+
+def spans(rows):
+    frame = pd.DataFrame(rows, columns=["name", "level", "start_ns", "end_ns", "thread_id"])
+    frame[col.SPAN_ID] = np.arange(1, len(frame) + 1)
+    frame[col.DURATION_NS] = frame["end_ns"] - frame["start_ns"]
+    return conform(frame)
+
+
+def parents_by_name(table):
+    built = hierarchy.build(table)
+    by_id = dict(zip(built[col.SPAN_ID], built[col.NAME]))
+    return {name: (None if pd.isna(p) else by_id[p]) for name, p in zip(built[col.NAME], built[col.PARENT_ID])}
+
+
+def test_innermost_enclosing_span_of_same_or_shallower_level_is_the_parent():
+    table = spans([
+        ("predict", "model", 0, 100, 1),
+        ("encoder", "layer", 10, 90, 1),
+        ("encoder.0", "layer", 20, 40, 1),
+        ("encoder.1", "layer", 40, 80, 1),  # touches encoder.0's end: a sibling, not a child
+        ("user", "model", 50, 60, 1),  # a model-level span inside a layer hangs from the model span
+        ("after", "layer", 95, 100, 1),
+    ])
+    assert parents_by_name(table) == {
+        "predict": None, "encoder": "predict", "encoder.0": "encoder", "encoder.1": "encoder",
+        "user": "predict", "after": "predict"}
+
+
+def test_a_deeper_level_never_parents_a_shallower_one():
+    table = spans([("layer", "layer", 0, 100, 1), ("op", "operator", 10, 90, 1), ("inner", "layer", 20, 30, 1)])
+    assert parents_by_name(table)["inner"] == "layer"
+
+
+def test_spans_on_other_threads_never_parent_each_other():
+    table = spans([("a", "model", 0, 100, 1), ("b", "layer", 10, 20, 2)])
+    assert parents_by_name(table) == {"a": None, "b": None}
+
+
+def test_overlap_without_nesting_and_equal_twins_are_reported():
+    table = spans([("a", "layer", 0, 50, 1), ("b", "layer", 40, 90, 1),
+                   ("c", "layer", 100, 110, 1), ("d", "layer", 100, 110, 1)])
+    built = hierarchy.build(table)
+    assert built.attrs["hierarchy"]["overlapping"] == 1
+    assert built.attrs["hierarchy"]["ambiguous"] == 1
+
+
+def test_call_depth_breaks_ties_between_identical_intervals():
+    table = spans([("inner", "layer", 0, 10, 1), ("outer", "layer", 0, 10, 1)])
+    table[col.CALL_DEPTH] = pd.array([2, 1], dtype="Int64")
+    built = hierarchy.build(table)
+    assert parents_by_name(table) == {"inner": "outer", "outer": None}
+    assert built.attrs["hierarchy"]["ambiguous"] == 0
+
+
+def test_spans_without_thread_are_left_for_launch_correlation():
+    table = spans([("a", "model", 0, 100, 1), ("kernel", "kernel", 10, 20, None)])
+    built = hierarchy.build(table)
+    assert built[col.PARENT_ID].isna().all()
+    assert built.attrs["hierarchy"]["without_thread"] == 1
+
+
+@st.composite
+def random_forest(draw):
+    """Random trees of strictly nested intervals on a few threads, with their true parents."""
+    rows, parents = [], []
+
+    def grow(start, end, parent, depth, thread):
+        count = draw(st.integers(0, 3 if depth < 4 else 0))
+        if count == 0 or end - start < 4 * count + 2:
+            return
+        cuts = sorted(draw(st.lists(st.integers(start + 1, end - 1), min_size=2 * count, max_size=2 * count,
+                                    unique=True)))
+        for i in range(count):
+            a, b = cuts[2 * i], cuts[2 * i + 1]
+            index = len(rows)
+            rows.append((thread, a, b, min(depth, 4)))
+            parents.append(parent)
+            grow(a, b, index, depth + 1, thread)
+
+    for thread in range(draw(st.integers(1, 3))):
+        index = len(rows)
+        rows.append((thread, 0, 10_000, 0))
+        parents.append(-1)
+        grow(0, 10_000, index, 1, thread)
+    return rows, parents
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_forest(), st.randoms(use_true_random=False))
+def test_random_nested_intervals_are_rebuilt_exactly_in_any_input_order(forest, random):
+    rows, true_parents = forest
+    order = list(range(len(rows)))
+    random.shuffle(order)
+    thread = np.array([rows[i][0] for i in order])
+    start = np.array([rows[i][1] for i in order])
+    end = np.array([rows[i][2] for i in order])
+    rank = np.array([min(rows[i][3], 1) for i in order])  # model roots, layers below
+    parents, diagnostics = inclusion_parents(thread, start, end, rank, np.zeros(len(rows), dtype=np.int64))
+    position_of = {original: shuffled for shuffled, original in enumerate(order)}
+    expected = [-1 if true_parents[i] < 0 else position_of[true_parents[i]] for i in order]
+    assert parents.tolist() == expected
+    assert diagnostics.overlapping == 0 and diagnostics.ambiguous == 0

@@ -1,0 +1,321 @@
+"""xsp.trace / xsp.span / xsp.step on small real models."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import xsp
+from xsp import schema as col
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(x) * scale
+        return self.head(h), h
+
+
+def trace_of(fn, **options):
+    options.setdefault("output", None)
+    with xsp.trace(**options) as session:
+        fn()
+    return session.trace
+
+
+def by_name(trace):
+    return {name: group for name, group in trace.spans.groupby(col.NAME)}
+
+
+def test_predict_spans_start_steps_and_layers_hang_below_them():
+    model = Net()
+    with torch.no_grad():
+        trace = trace_of(lambda: [model(torch.randn(3, 4)) for _ in range(3)])
+    spans = trace.spans
+    predicts = spans[spans[col.KIND] == "predict"].sort_values(col.START_NS)
+    assert predicts[col.STEP].tolist() == [0, 1, 2]
+    assert predicts[col.BATCH_SIZE].tolist() == [3, 3, 3]
+    assert predicts[col.MODULE_TYPE].tolist() == ["Net"] * 3
+    assert predicts[col.PARENT_ID].isna().all()
+    assert predicts[col.TRACE_ID].nunique() == 3
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert sorted(layers[col.NAME].unique()) == sorted(
+        ["encoder", "encoder.0", "encoder.0.fc", "encoder.0.act", "encoder.1", "encoder.1.fc", "encoder.1.act",
+         "head"])
+    assert len(layers) == 8 * 3
+    ids = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
+    step0 = layers[layers[col.STEP] == 0].set_index(col.NAME)
+    assert ids[step0.loc["encoder.0.fc", col.PARENT_ID]] == "encoder.0"
+    assert ids[step0.loc["encoder", col.PARENT_ID]] == "predict"
+    assert ids[step0.loc["head", col.PARENT_ID]] == "predict"
+    # the step's spans all share the predict's trace id
+    assert (layers.groupby(col.STEP)[col.TRACE_ID].nunique() == 1).all()
+
+
+def test_layer_attributes():
+    model = Net()
+    with torch.no_grad():
+        trace = trace_of(lambda: model(torch.randn(3, 4)))
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"].set_index(col.NAME)
+    fc = layers.loc["encoder.0.fc"]
+    assert fc[col.MODULE_TYPE] == "Linear"
+    assert json.loads(fc[col.INPUT_SHAPES]) == [[3, 4]]
+    assert json.loads(fc[col.OUTPUT_SHAPES]) == [[3, 4]]
+    assert fc[col.PARAM_COUNT] == 20
+    assert fc[col.CALL_DEPTH] == 3
+    assert layers.loc["encoder", col.PARAM_COUNT] == 40
+    assert fc[col.SOURCE].endswith(".py:" + fc[col.SOURCE].rsplit(":", 1)[1])
+    assert "linear.py" in fc[col.SOURCE]
+    assert layers.loc["encoder.0", col.SOURCE].startswith(__file__)
+    order = layers.sort_values(col.EXEC_INDEX).index.tolist()
+    assert order == ["encoder", "encoder.0", "encoder.0.fc", "encoder.0.act", "encoder.1", "encoder.1.fc",
+                     "encoder.1.act", "head"]
+    assert fc[col.PATH] == "predict[0]/encoder.0.fc[0]"
+    predict = trace.spans[trace.spans[col.KIND] == "predict"].iloc[0]
+    assert json.loads(predict[col.OUTPUT_SHAPES]) == [[3, 2], [3, 4]]  # tuple output
+
+
+def test_batch_size_comes_from_keyword_inputs_too():
+    model = Net()
+    with torch.no_grad():
+        trace = trace_of(lambda: model(x=torch.randn(5, 4), scale=2.0))
+    predict = trace.spans[trace.spans[col.KIND] == "predict"].iloc[0]
+    assert predict[col.BATCH_SIZE] == 5
+
+
+def test_paths_are_stable_across_steps_and_count_repeated_calls():
+    shared = nn.Linear(4, 4)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = shared
+
+        def forward(self, x):
+            return self.shared(self.shared(x))
+
+    model = Twice()
+    with torch.no_grad():
+        trace = trace_of(lambda: [model(torch.randn(1, 4)) for _ in range(2)])
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"]
+    per_step = layers.groupby(col.STEP)[col.PATH].apply(sorted).tolist()
+    assert per_step[0] == per_step[1] == ["predict[0]/shared[0]", "predict[0]/shared[1]"]
+
+
+def test_user_spans_and_explicit_steps():
+    model = Net()
+
+    @xsp.span("postprocess", kind="argmax")
+    def postprocess(logits):
+        return logits.argmax(-1)
+
+    def work():
+        with xsp.span("preprocess", images=2):
+            x = torch.randn(2, 4)
+        with xsp.step("request"):
+            with torch.no_grad():
+                logits, _ = model(x)
+                model(x)
+            postprocess(logits)
+
+    trace = trace_of(work)
+    spans = trace.spans.set_index(col.NAME)
+    assert spans.loc["preprocess", col.LEVEL] == "model"
+    assert pd.isna(spans.loc["preprocess", col.STEP])
+    assert json.loads(spans.loc["preprocess", col.ATTRIBUTES]) == {"images": 2}
+    session = spans.loc["session"]
+    assert spans.loc["preprocess", col.PARENT_ID] == session[col.SPAN_ID]
+    assert spans.loc["preprocess", col.TRACE_ID] == session[col.TRACE_ID]
+    step = spans.loc["request"]
+    assert step[col.KIND] == "step" and step[col.STEP] == 0 and pd.isna(step[col.PARENT_ID])
+    predicts = trace.spans[trace.spans[col.KIND] == "predict"]
+    assert predicts[col.STEP].tolist() == [0, 0]  # inside an explicit step: no steps of their own
+    assert (predicts[col.PARENT_ID] == step[col.SPAN_ID]).all()
+    assert predicts[col.PATH].tolist() == ["request[0]/predict[0]", "request[0]/predict[1]"]
+    assert spans.loc["postprocess", col.PARENT_ID] == step[col.SPAN_ID]
+    assert json.loads(spans.loc["postprocess", col.ATTRIBUTES]) == {"kind": "argmax"}
+
+
+def test_span_outside_a_session_records_nothing():
+    with xsp.span("alone"):
+        pass
+    with xsp.trace(output=None) as session:
+        pass
+    assert session.trace.spans[col.NAME].tolist() == ["session"]
+
+
+def test_model_level_only_records_no_layers():
+    model = Net()
+    with torch.no_grad():
+        trace = trace_of(lambda: model(torch.randn(1, 4)), levels="model")
+    assert set(trace.spans[col.LEVEL]) == {"model"}
+    assert (trace.spans[col.KIND] == "predict").sum() == 1
+
+
+def test_exception_marks_open_spans_as_errors_writes_the_trace_and_reraises(tmp_path):
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("bad input")
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ok = nn.Linear(4, 4)
+            self.boom = Boom()
+
+        def forward(self, x):
+            return self.boom(self.ok(x))
+
+    output = tmp_path / "failed.xsp.parquet"
+    session = xsp.trace(output=output)
+    with pytest.raises(RuntimeError, match="bad input"):
+        with session:
+            with xsp.span("request"):
+                Outer()(torch.randn(1, 4))
+    spans = xsp.load(output).spans.set_index(col.NAME)
+    for name in ("boom", "predict", "request", "session"):
+        assert spans.loc[name, col.STATUS] == "error", name
+        assert spans.loc[name, col.STATUS_MESSAGE] == "RuntimeError: bad input"
+    assert spans.loc["ok", col.STATUS] == "ok"
+
+
+def test_training_step_records_backward_spans():
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train():
+        for _ in range(2):
+            with xsp.step("train"):
+                logits, _ = model(torch.randn(4, 4))
+                loss = logits.sum()
+                loss.backward()
+                with xsp.span("optimizer"):
+                    optimizer.step()
+                optimizer.zero_grad()
+
+    trace = trace_of(train)
+    spans = trace.spans
+    backward = spans[spans[col.KIND] == "backward"]
+    assert set(backward[col.NAME]) >= {"head.backward", "encoder.0.fc.backward", "predict.backward"}
+    assert set(backward[col.STEP]) == {0, 1}
+    forward_end = spans[(spans[col.KIND] == "predict")].groupby(col.STEP)[col.END_NS].max()
+    assert (backward[col.START_NS].to_numpy() >= backward[col.STEP].map(forward_end).to_numpy()).all()
+    ids = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
+    fc0 = backward[(backward[col.NAME] == "encoder.0.fc.backward") & (backward[col.STEP] == 0)].iloc[0]
+    assert ids[fc0[col.PARENT_ID]] in {"encoder.0.backward", "encoder.backward"}
+
+
+def test_inference_under_no_grad_installs_no_backward_hooks():
+    from torch.nn.modules import module as torch_module
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(bool(torch_module._global_backward_hooks))
+            return x
+
+    with xsp.trace(output=None), torch.no_grad():
+        Probe()(torch.randn(1))
+    assert seen == [False]
+
+
+def test_four_threads_running_models_at_once_keep_their_spans_apart():
+    models = [Net() for _ in range(4)]
+    barrier = threading.Barrier(4)
+    thread_ids = {}
+
+    def worker(i):
+        barrier.wait()
+        thread_ids[i] = threading.get_native_id()
+        with torch.no_grad():
+            for _ in range(5):
+                models[i](torch.randn(i + 1, 4))
+
+    def run_threads():
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    trace = trace_of(run_threads)
+    spans = trace.spans
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert len(predicts) == 20 and sorted(predicts[col.STEP]) == list(range(20))
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert len(layers) == 20 * 8
+    by_id = spans.set_index(col.SPAN_ID)
+    parent_threads = by_id.loc[layers[col.PARENT_ID].astype("int64"), col.THREAD_ID].to_numpy()
+    assert (parent_threads == layers[col.THREAD_ID].to_numpy()).all()
+    for i, native in thread_ids.items():
+        mine = predicts[predicts[col.THREAD_ID] == native]
+        assert len(mine) == 5 and set(mine[col.BATCH_SIZE]) == {i + 1}
+        steps = set(mine[col.STEP])
+        assert set(layers[layers[col.THREAD_ID] == native][col.STEP]) == steps
+    assert trace.metadata["dropped"] == {}
+
+
+def test_nested_trace_is_a_span_of_the_outer_session():
+    model = Net()
+    with pytest.warns(xsp.XspWarning, match="already active"):
+        with xsp.trace(output=None) as outer:
+            with xsp.trace(output=None) as inner, torch.no_grad():
+                model(torch.randn(1, 4))
+    assert inner.trace is None
+    assert "xsp.trace" in set(outer.trace.spans[col.NAME])
+
+
+def test_decorator_profiles_each_call(tmp_path):
+    model = Net()
+    output = tmp_path / "deco.xsp.parquet"
+
+    @xsp.trace(levels="model", output=output)
+    def infer(n):
+        with torch.no_grad():
+            return [model(torch.randn(1, 4)) for _ in range(n)]
+
+    infer(2)
+    assert len(xsp.load(output).steps) == 2
+    infer(3)
+    assert len(xsp.load(output).steps) == 3
+
+
+def test_levels_without_a_tracer_are_warned_about_once():
+    with pytest.warns(xsp.XspWarning, match="level kernel is not recorded"):
+        with xsp.trace(levels="model,kernel", output=None) as session:
+            pass
+    assert "kernel" in session.trace.metadata["unavailable"]
+
+
+def test_unknown_level_is_an_error_before_anything_runs():
+    with pytest.raises(xsp.UnknownLevelError):
+        xsp.trace(levels="model,layers")
+
+
+def test_records_past_the_limit_are_dropped_and_counted():
+    model = nn.Sequential(*[nn.Identity() for _ in range(10)])
+    with pytest.warns(xsp.XspWarning, match="dropped"):
+        with xsp.trace(output=None, max_events=15) as session, torch.no_grad():
+            for _ in range(3):
+                model(torch.randn(1))
+    assert session.trace.metadata["dropped"]["module_calls"] == 3 * 11 - 15
