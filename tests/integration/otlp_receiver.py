@@ -1,0 +1,125 @@
+"""Real OTLP receivers on loopback (gRPC and HTTP/protobuf) that keep what they receive."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pbg
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+def plain(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [plain(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class ReceivedSpan:
+    resource: dict[str, Any]
+    scope: str
+    trace_id: str
+    span_id: int
+    parent_id: int | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    links: list[tuple[str, int]]
+    status_code: int
+    status_message: str
+
+
+@dataclass
+class Sink:
+    spans: list[ReceivedSpan] = field(default_factory=list)
+    requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, request: pb.ExportTraceServiceRequest) -> None:
+        with self.lock:
+            self.requests += 1
+            for resource_spans in request.resource_spans:
+                resource = {kv.key: plain(kv.value) for kv in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append(ReceivedSpan(
+                            resource=resource, scope=scope_spans.scope.name, trace_id=span.trace_id.hex(),
+                            span_id=int.from_bytes(span.span_id, "big"),
+                            parent_id=int.from_bytes(span.parent_span_id, "big") if span.parent_span_id else None,
+                            name=span.name, start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+                            attributes={kv.key: plain(kv.value) for kv in span.attributes},
+                            links=[(link.trace_id.hex(), int.from_bytes(link.span_id, "big")) for link in span.links],
+                            status_code=span.status.code, status_message=span.status.message))
+
+
+class _Servicer(pbg.TraceServiceServicer):
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+        self.sink.take(request)
+        return pb.ExportTraceServiceResponse()
+
+
+class GrpcReceiver:
+    def __init__(self) -> None:
+        self.sink = Sink()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pbg.add_TraceServiceServicer_to_server(_Servicer(self.sink), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.endpoint = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> GrpcReceiver:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(0)
+
+
+class HttpReceiver:
+    def __init__(self) -> None:
+        self.sink = sink = Sink()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path != "/v1/traces":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request = pb.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                sink.take(request)
+                reply = pb.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> HttpReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,119 @@
+"""The real ``xsp`` CLI in a subprocess, and ``main(argv)`` in process for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import xsp
+from xsp import schema as col
+from xsp.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_SCRIPT = """
+import sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+with torch.no_grad():
+    for _ in range(int(sys.argv[1])):
+        model(torch.randn(2, 4))
+print("args", sys.argv[1:])
+sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+"""
+
+
+def xsp_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "xsp", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_SCRIPT)
+    return script
+
+
+def test_run_profiles_an_unmodified_script_with_its_arguments(tiny, tmp_path):
+    result = xsp_cli("run", "-o", "out.xsp.parquet", "--", str(tiny), "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "args ['3']" in result.stdout
+    trace = xsp.load(tmp_path / "out.xsp.parquet")
+    assert len(trace.steps) == 3
+    assert trace.metadata["service_name"] == "tiny"
+    assert "Traceback" not in result.stderr
+
+
+def test_run_keeps_the_scripts_exit_code_and_still_writes_the_trace(tiny, tmp_path):
+    result = xsp_cli("run", "--", str(tiny), "1", "7", cwd=tmp_path)
+    assert result.returncode == 7
+    assert len(xsp.load(tmp_path / "run.xsp.parquet").steps) == 1
+
+
+def test_run_shows_the_scripts_own_traceback_when_it_fails(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\nraise KeyError('missing')\n")
+    result = xsp_cli("run", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "KeyError: 'missing'" in result.stderr and "fails.py" in result.stderr
+    assert "runpy" not in result.stderr
+    assert xsp.load(tmp_path / "run.xsp.parquet").spans[col.STATUS].eq("error").any()
+
+
+def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
+    assert xsp_cli("run", "--report", "--", str(tiny), "2", cwd=tmp_path).returncode == 0
+    report = xsp_cli("report", "run.xsp.parquet", "--top", "3", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    for title in ("Model latency over steps", "Latency per step", "Top 2 layers", "Time per layer type"):
+        assert title in report.stdout
+    exported = xsp_cli("export", "run.xsp.parquet", "--format", "chrome", "-o", "trace.json", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(xsp.load(tmp_path / "run.xsp.parquet").spans)
+    assert {"name", "ts", "dur", "pid", "tid", "args"} <= set(complete[0])
+    doctor = xsp_cli("doctor", cwd=tmp_path)
+    assert doctor.returncode == 0 and "model" in doctor.stdout and "available" in doctor.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--levels", "model,lyer", "--", "x.py"], "unknown level 'lyer'"),
+    (["run", "--", "does-not-exist.py"], "no such script: does-not-exist.py"),
+    (["run"], "no script given"),
+    (["report", "missing.xsp.parquet"], "no such trace file"),
+    (["export", "missing.xsp.parquet", "-o", "x.json"], "no such trace file"),
+])
+def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unreadable_trace_and_non_python_script(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.xsp.parquet").write_bytes(b"PAR1 but not really")
+    assert main(["report", "bad.xsp.parquet"]) == 2
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi && exit 0\n")
+    assert main(["run", "--", "run.sh"]) == 2
+    err = capsys.readouterr().err
+    assert "truncated" in err and "run.sh is not a Python script" in err and "Traceback" not in err
+
+
+def test_script_that_uses_no_pytorch_is_reported(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('no torch here')\n")
+    result = xsp_cli("run", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 3
+    assert "called no torch.nn.Module" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
+    result = xsp_cli("run", "--otlp", "http://127.0.0.1:9", "--", str(tiny), "1", cwd=tmp_path)
+    assert result.returncode == 0
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "unreachable" in warnings[0]
+    assert (tmp_path / "run.xsp.parquet").is_file()

@@ -1,0 +1,176 @@
+"""Spans received by real OTLP receivers on loopback match the trace file span for span."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import xsp
+from xsp import schema as col
+from xsp.export.otlp import OtlpTarget, Protocol, span_attributes
+
+from .otlp_receiver import GrpcReceiver, HttpReceiver
+
+
+class Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def workload():
+    model = Small()
+    with xsp.span("preprocess", images=3):
+        x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+
+
+def trace_into(receiver, protocol, tmp_path):
+    output = tmp_path / "run.xsp.parquet"
+    with xsp.trace(output=output, otlp_endpoint=receiver.endpoint, otlp_protocol=protocol,
+                   service_name="xsp-test") as session:
+        workload()
+    report = session.wait_for_export(30)
+    assert report is not None and report.done and report.error is None, report
+    return xsp.load(output), report
+
+
+def assert_same_spans(trace, received):
+    spans = trace.spans
+    assert len(received) == len(spans)
+    got = {span.span_id: span for span in received}
+    session = spans[spans[col.KIND] == "session"].iloc[0]
+    for row in spans.astype(object).where(spans.notna(), None).to_dict("records"):
+        span = got[row[col.SPAN_ID]]
+        assert span.name == row[col.NAME]
+        assert span.trace_id == row[col.TRACE_ID]
+        assert span.parent_id == row[col.PARENT_ID]
+        assert (span.start_ns, span.end_ns) == (row[col.START_NS], row[col.END_NS])
+        expected = json.loads(json.dumps(span_attributes(row)))
+        assert span.attributes == expected
+        assert span.scope == "xsp"
+        if row[col.KIND] in ("predict", "step"):
+            assert span.links == [(session[col.TRACE_ID], session[col.SPAN_ID])]
+    resource = received[0].resource
+    assert resource["service.name"] == "xsp-test"
+    assert resource["xsp.version"] == xsp.__version__
+    assert resource["xsp.torch.version"] == torch.__version__
+    assert resource["process.pid"] == trace.metadata["pid"]
+    assert resource["host.name"] == trace.metadata["host"]
+    assert resource["xsp.device"] == trace.metadata["device"]
+
+
+@pytest.mark.parametrize("receiver_type, protocol", [(GrpcReceiver, "grpc"), (HttpReceiver, "http/protobuf")])
+def test_received_spans_match_the_file(receiver_type, protocol, tmp_path):
+    with receiver_type() as receiver:
+        trace, report = trace_into(receiver, protocol, tmp_path)
+    assert report.exported == len(trace.spans) and report.failed == 0
+    assert_same_spans(trace, receiver.sink.spans)
+    steps = trace.spans[trace.spans[col.STEP].notna()][col.TRACE_ID].nunique()
+    assert steps == 3
+    assert {span.trace_id for span in receiver.sink.spans} == set(trace.spans[col.TRACE_ID])
+
+
+def test_layer_attributes_reach_the_collector(tmp_path):
+    with GrpcReceiver() as receiver:
+        trace, _ = trace_into(receiver, "grpc", tmp_path)
+    layer = next(span for span in receiver.sink.spans if span.name == "body.0")
+    assert layer.attributes["xsp.level"] == "layer"
+    assert layer.attributes["xsp.layer.type"] == "Linear"
+    assert json.loads(layer.attributes["xsp.layer.input_shapes"]) == [[3, 4]]
+    assert layer.attributes["xsp.layer.param_count"] == 40
+    user = next(span for span in receiver.sink.spans if span.name == "preprocess")
+    assert user.attributes["images"] == 3
+
+
+def test_error_spans_carry_error_status(tmp_path):
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("broken")
+
+    with GrpcReceiver() as receiver:
+        with pytest.raises(ValueError):
+            with xsp.trace(output=None, otlp_endpoint=receiver.endpoint) as session:
+                Boom()(torch.randn(1))
+        session.wait_for_export(30)
+    predict = next(span for span in receiver.sink.spans if span.name == "predict")
+    assert predict.status_code == 2 and predict.status_message == "ValueError: broken"
+
+
+def test_environment_variables_choose_endpoint_and_protocol(monkeypatch, tmp_path):
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+        with xsp.trace(output=None) as session:
+            workload()
+        session.wait_for_export(30)
+    assert receiver.sink.spans and receiver.sink.spans[0].resource["service.name"] == "from-env"
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_unreachable_endpoint_warns_once_keeps_the_file_and_costs_little(tmp_path):
+    output = tmp_path / "run.xsp.parquet"
+    began = time.perf_counter()
+    with pytest.warns(xsp.XspWarning, match="unreachable") as caught:
+        with xsp.trace(output=output, otlp_endpoint=f"http://127.0.0.1:{closed_port()}") as session:
+            workload()
+    elapsed = time.perf_counter() - began
+    assert len([w for w in caught if issubclass(w.category, xsp.XspWarning)]) == 1
+    assert session.export is None
+    assert len(xsp.load(output).spans) > 0
+    assert elapsed < 5
+
+
+def test_target_resolution_follows_the_otel_variables():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    assert OtlpTarget.resolve(environ=env) == OtlpTarget("http://collector:4318/v1/traces", Protocol.HTTP)
+    env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = "http://other:4318/custom"
+    assert OtlpTarget.resolve(environ=env).endpoint == "http://other:4318/custom"
+    assert OtlpTarget.resolve(environ={}) is None
+    assert OtlpTarget.resolve("localhost:4317", environ={}) == OtlpTarget("localhost:4317", Protocol.GRPC)
+    assert OtlpTarget.resolve("http://h:4318", "http", environ={}).endpoint == "http://h:4318/v1/traces"
+    assert OtlpTarget("localhost:4317", Protocol.GRPC).host_port == ("localhost", 4317)
+    with pytest.raises(ValueError, match="unknown OTLP protocol"):
+        OtlpTarget.resolve("http://h:1", "thrift", environ={})
+
+
+def test_spans_dataframe_is_untouched_by_export(tmp_path):
+    with GrpcReceiver() as receiver:
+        trace, _ = trace_into(receiver, "grpc", tmp_path)
+    pd.testing.assert_frame_equal(trace.spans, xsp.load(tmp_path / "run.xsp.parquet").spans)
+
+
+def test_silent_collector_fails_the_export_within_its_timeout(monkeypatch, tmp_path):
+    """A port that accepts connections but never answers: counted as failed, never hangs."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    try:
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=endpoint,
+                       otlp_protocol="http/protobuf") as session:
+            workload()
+        began = time.perf_counter()
+        report = session.wait_for_export(15)
+        assert time.perf_counter() - began < 10
+    finally:
+        listener.close()
+    assert report.done and report.error is not None
+    assert report.exported == 0 and report.failed == report.submitted == len(session.trace.spans)

@@ -1,0 +1,115 @@
+"""The canonical .xsp.parquet file: round trip, metadata, and refusing bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import xsp
+from xsp import schema as col
+from xsp.fileio import write_trace
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
+    path = tmp_path / "run.xsp.parquet"
+    with xsp.trace(output=path) as session, torch.no_grad():
+        with xsp.span("pre", note="x"):
+            pass
+        model(torch.randn(2, 3))
+    return path, session.trace
+
+
+def test_round_trip_keeps_every_column_dtype_and_value(recorded):
+    path, trace = recorded
+    loaded = xsp.load(path)
+    assert list(loaded.spans.columns) == list(col.COLUMNS)
+    for name, dtype in col.COLUMNS.items():
+        assert str(loaded.spans[name].dtype) == dtype, name
+    pd.testing.assert_frame_equal(loaded.spans, trace.spans)
+    assert loaded.metadata == json.loads(json.dumps(trace.metadata, default=str))
+
+
+def test_metadata_describes_the_run(recorded):
+    meta = xsp.load(recorded[0]).metadata
+    for key in ("xsp_version", "schema_version", "torch_version", "python_version", "host", "device", "levels",
+                "clock", "dropped", "hierarchy", "service_name"):
+        assert key in meta, key
+    assert meta["schema_version"] == col.SCHEMA_VERSION
+    assert meta["levels"] == ["model", "layer"]
+    assert set(meta["clock"]) == {"host_to_epoch_ns", "uncertainty_ns", "drift_ns"}
+
+
+def test_pandas_reads_the_file_directly(recorded):
+    frame = pd.read_parquet(recorded[0])
+    assert set(col.REQUIRED_COLUMNS) <= set(frame.columns)
+    assert frame[col.PARENT_ID].isna().sum() >= 2  # session and predict are roots
+
+
+def test_every_parent_is_a_span_of_the_same_table(recorded):
+    spans = xsp.load(recorded[0]).spans
+    parents = spans[col.PARENT_ID].dropna()
+    assert parents.isin(spans[col.SPAN_ID]).all()
+    assert spans[col.SPAN_ID].is_unique
+    assert (spans[col.DURATION_NS] == spans[col.END_NS] - spans[col.START_NS]).all()
+    assert set(spans[col.LEVEL]) <= {level.value for level in xsp.Level}
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such trace file"):
+        xsp.load(tmp_path / "nothing.xsp.parquet")
+
+
+def test_not_parquet(tmp_path):
+    path = tmp_path / "text.xsp.parquet"
+    path.write_text("hello")
+    with pytest.raises(xsp.TraceFormatError, match="not a Parquet file"):
+        xsp.load(path)
+
+
+def test_parquet_without_xsp_metadata(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), path)
+    with pytest.raises(xsp.TraceFormatError, match="not an xsp trace"):
+        xsp.load(path)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_truncated_file(recorded, tmp_path, keep):
+    data = recorded[0].read_bytes()
+    path = tmp_path / "cut.xsp.parquet"
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(xsp.TraceFormatError, match="truncated"):
+        xsp.load(path)
+
+
+def test_corrupt_middle(recorded, tmp_path):
+    data = bytearray(recorded[0].read_bytes())
+    data[len(data) // 3: len(data) // 3 + 64] = b"\xff" * 64
+    path = tmp_path / "corrupt.xsp.parquet"
+    path.write_bytes(bytes(data))
+    with pytest.raises(xsp.TraceFormatError):
+        xsp.load(path).spans.to_dict()
+
+
+def test_newer_schema_is_refused(recorded, tmp_path):
+    trace = xsp.load(recorded[0])
+    path = tmp_path / "future.xsp.parquet"
+    write_trace(path, trace.spans, {**trace.metadata, "schema_version": col.SCHEMA_VERSION + 1})
+    with pytest.raises(xsp.SchemaVersionError, match="upgrade xsp"):
+        xsp.load(path)
+
+
+def test_unwritable_output_warns_but_the_trace_is_kept(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(xsp.XspWarning, match="could not write the trace file"):
+        with xsp.trace(output=blocker / "sub" / "run.xsp.parquet") as session:
+            pass
+    assert session.trace is not None and len(session.trace.spans) == 1
