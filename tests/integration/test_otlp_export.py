@@ -50,13 +50,14 @@ def assert_same_spans(trace, received):
     assert len(received) == len(spans)
     got = {span.span_id: span for span in received}
     session = spans[spans[col.KIND] == "session"].iloc[0]
-    for row in spans.astype(object).where(spans.notna(), None).to_dict("records"):
+    attributes = span_attributes(spans)
+    for index, row in enumerate(spans.astype(object).where(spans.notna(), None).to_dict("records")):
         span = got[row[col.SPAN_ID]]
         assert span.name == row[col.NAME]
         assert span.trace_id == row[col.TRACE_ID]
         assert span.parent_id == row[col.PARENT_ID]
         assert (span.start_ns, span.end_ns) == (row[col.START_NS], row[col.END_NS])
-        expected = json.loads(json.dumps(span_attributes(row)))
+        expected = json.loads(json.dumps(attributes[index]))
         assert span.attributes == expected
         assert span.scope == "xsp"
         if row[col.KIND] in ("predict", "step"):

@@ -18,8 +18,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 from urllib.parse import urlparse
@@ -132,12 +132,24 @@ class PresetIdGenerator(IdGenerator):
         return self.trace_id
 
 
-class _Collect(SpanProcessor):
-    def __init__(self) -> None:
-        self.finished: list[ReadableSpan] = []
+class _Batcher(SpanProcessor):
+    """Hands finished spans on in batches as they end, so few are alive at once (a growing
+    heap of finished spans makes Python's cyclic GC rescan it over and over)."""
+
+    def __init__(self, sink: Callable[[list[ReadableSpan]], None], batch_size: int) -> None:
+        self.sink = sink
+        self.batch_size = batch_size
+        self.batch: list[ReadableSpan] = []
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.finished.append(span)
+        self.batch.append(span)
+        if len(self.batch) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.sink(batch)
 
 
 def resource_for(service_name: str, metadata: Mapping[str, Any]) -> Resource:
@@ -152,75 +164,86 @@ def resource_for(service_name: str, metadata: Mapping[str, Any]) -> Resource:
     })
 
 
-def span_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
-    """OTel attributes of one table row: level, kind, typed columns, then user attributes."""
-    attributes: dict[str, Any] = {col.ATTR_LEVEL: row[col.LEVEL], col.ATTR_KIND: row[col.KIND]}
+def span_attributes(spans: pd.DataFrame) -> list[dict[str, Any]]:
+    """OTel attributes of every row: level, kind, the typed columns that are set, then the
+    row's own attributes (user attributes keep their keys)."""
+    result = [{col.ATTR_LEVEL: level, col.ATTR_KIND: kind}
+              for level, kind in zip(spans[col.LEVEL].tolist(), spans[col.KIND].tolist())]
     for column, key in col.COLUMN_ATTRIBUTE_KEYS.items():
-        value = row.get(column)
-        if value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value)):
-            attributes[key] = value.item() if isinstance(value, np.generic) else value
-    extra = row.get(col.ATTRIBUTES)
-    if isinstance(extra, str) and extra:
-        for key, value in json.loads(extra).items():
-            attributes.setdefault(key, value)
-    return attributes
+        values = spans[column]
+        present = values.notna().to_numpy()
+        for row, value in zip(np.flatnonzero(present).tolist(), values[present].tolist()):
+            result[row][key] = value
+    extra = spans[col.ATTRIBUTES]
+    present = extra.notna().to_numpy()
+    for row, text in zip(np.flatnonzero(present).tolist(), extra[present].tolist()):
+        for key, value in json.loads(text).items():
+            result[row].setdefault(key, value)
+    return result
 
 
-def _tree_depth(parent_pos: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent_pos), dtype=np.int64)
+def _parents_first(spans: pd.DataFrame) -> np.ndarray:
+    """Row order in which every parent comes before its children."""
+    ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
+    parent_ids = spans[col.PARENT_ID]
+    has_parent = parent_ids.notna().to_numpy()
+    parent_pos = np.full(len(spans), -1, dtype=np.int64)
+    sorter = np.argsort(ids)
+    found = sorter[np.searchsorted(ids, parent_ids[has_parent].to_numpy(dtype=np.int64), sorter=sorter)]
+    parent_pos[has_parent] = found
+    depth = np.zeros(len(spans), dtype=np.int64)
     current = parent_pos.copy()
     while (current >= 0).any():
         alive = current >= 0
         depth[alive] += 1
         current[alive] = parent_pos[current[alive]]
-    return depth
+    return np.lexsort((spans[col.START_NS].to_numpy(dtype=np.int64), depth))
 
 
-def _rows_parents_first(spans: pd.DataFrame) -> Iterator[tuple[dict[str, Any], int | None]]:
-    ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
-    position = {int(span_id): i for i, span_id in enumerate(ids)}
-    parent_ids = spans[col.PARENT_ID]
-    parent_pos = np.array([position.get(int(p), -1) if p is not pd.NA else -1
-                           for p in parent_ids.astype(object)], dtype=np.int64)
-    order = np.lexsort((spans[col.START_NS].to_numpy(dtype=np.int64), _tree_depth(parent_pos)))
-    records = spans.astype(object).where(spans.notna(), None).to_dict("records")
-    for i in order.tolist():
-        record = records[i]
-        yield record, record[col.PARENT_ID]
-
-
-def build_sdk_spans(spans: pd.DataFrame, resource: Resource) -> list[ReadableSpan]:
-    """One finished SDK span per table row, with the table's ids, parents and times."""
+def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[list[ReadableSpan]], None],
+                    batch_size: int = BATCH_SIZE) -> None:
+    """One finished SDK span per table row, with the table's ids, parents and times, handed to
+    ``sink`` in batches of ``batch_size`` (parents before children)."""
     ids = PresetIdGenerator()
-    collector = _Collect()
+    batcher = _Batcher(sink, batch_size)
     provider = TracerProvider(resource=resource, id_generator=ids)
-    provider.add_span_processor(collector)
+    provider.add_span_processor(batcher)
     tracer = provider.get_tracer(SCOPE_NAME, __version__)
     sampled = TraceFlags(TraceFlags.SAMPLED)
-    session = spans[spans[col.KIND] == col.SpanKind.SESSION.value]
+    kinds = spans[col.KIND].tolist()
+    session_rows = [i for i, kind in enumerate(kinds) if kind == col.SpanKind.SESSION.value]
     session_link: list[Link] = []
-    if len(session):
-        context = SpanContext(int(session[col.TRACE_ID].iloc[0], 16), int(session[col.SPAN_ID].iloc[0]),
+    if session_rows:
+        row = session_rows[0]
+        context = SpanContext(int(spans[col.TRACE_ID].iloc[row], 16), int(spans[col.SPAN_ID].iloc[row]),
                               is_remote=False, trace_flags=sampled)
         session_link = [Link(context, {col.ATTR_SESSION_LINK: "session"})]
-    for row, parent_id in _rows_parents_first(spans):
-        trace_id = int(row[col.TRACE_ID], 16)
-        ids.trace_id, ids.span_id = trace_id, int(row[col.SPAN_ID])
-        links: list[Link] = []
+    attributes = span_attributes(spans)
+    names, trace_ids = spans[col.NAME].tolist(), spans[col.TRACE_ID].tolist()
+    span_ids, starts, ends = spans[col.SPAN_ID].tolist(), spans[col.START_NS].tolist(), spans[col.END_NS].tolist()
+    parent_ids = spans[col.PARENT_ID].astype(object).where(spans[col.PARENT_ID].notna(), None).tolist()
+    errors = (spans[col.STATUS] == col.Status.ERROR.value).fillna(False).tolist()
+    messages = spans[col.STATUS_MESSAGE].astype(object).where(spans[col.STATUS_MESSAGE].notna(), None).tolist()
+    contexts: dict[int, Any] = {}
+    for i in _parents_first(spans).tolist():
+        trace_id = int(trace_ids[i], 16)
+        ids.trace_id, ids.span_id = trace_id, span_ids[i]
+        parent_id = parent_ids[i]
         if parent_id is None:
-            parent_context = None
-            if row[col.KIND] != col.SpanKind.SESSION.value:
-                links = session_link
+            parent_context, links = None, ([] if kinds[i] == col.SpanKind.SESSION.value else session_link)
         else:
-            parent = SpanContext(trace_id, int(parent_id), is_remote=False, trace_flags=sampled)
-            parent_context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
-        span = tracer.start_span(row[col.NAME], context=parent_context, links=links,
-                                 start_time=int(row[col.START_NS]), attributes=span_attributes(row))
-        if row.get(col.STATUS) == col.Status.ERROR.value:
-            span.set_status(Status(StatusCode.ERROR, row.get(col.STATUS_MESSAGE) or None))
-        span.end(end_time=int(row[col.END_NS]))
+            parent_context, links = contexts.get(parent_id), []
+            if parent_context is None:
+                parent = SpanContext(trace_id, int(parent_id), is_remote=False, trace_flags=sampled)
+                parent_context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
+                contexts[parent_id] = parent_context
+        span = tracer.start_span(names[i], context=parent_context, links=links, start_time=starts[i],
+                                 attributes=attributes[i])
+        if errors[i]:
+            span.set_status(Status(StatusCode.ERROR, messages[i]))
+        span.end(end_time=ends[i])
+    batcher.flush()
     provider.shutdown()
-    return collector.finished
 
 
 @dataclass
@@ -236,22 +259,25 @@ class ExportReport:
     done: bool = False
 
 
-def export_spans(finished: list[ReadableSpan], exporter: SpanExporter, report: ExportReport,
-                 batch_size: int = BATCH_SIZE) -> ExportReport:
-    """Send ``finished`` in batches; after the first failed batch the rest count as failed."""
-    report.submitted += len(finished)
-    for begin in range(0, len(finished), batch_size):
-        batch = finished[begin:begin + batch_size]
-        if report.error is None:
-            try:
-                result = exporter.export(batch)
-            except Exception as exc:  # exporters should not raise; a broken one must not escape
-                result, report.error = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
-            if result is SpanExportResult.SUCCESS:
-                report.exported += len(batch)
-                continue
-            report.error = report.error or "the collector rejected or did not acknowledge a batch"
-        report.failed += len(batch)
+def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: ExportReport) -> None:
+    """Send one batch; after the first failed batch the rest count as failed unsent."""
+    report.submitted += len(batch)
+    if report.error is None:
+        try:
+            result = exporter.export(batch)
+        except Exception as exc:  # exporters should not raise; a broken one must not escape
+            result, report.error = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        if result is SpanExportResult.SUCCESS:
+            report.exported += len(batch)
+            return
+        report.error = report.error or "the collector rejected or did not acknowledge a batch"
+    report.failed += len(batch)
+
+
+def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter,
+                 report: ExportReport) -> ExportReport:
+    """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly."""
+    build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report))
     return report
 
 
@@ -261,7 +287,6 @@ class OtlpExport:
 
     report: ExportReport
     thread: threading.Thread | None = None
-    _on_done: list[Callable[[ExportReport], None]] = field(default_factory=list)
 
     def wait(self, timeout_s: float | None = None) -> ExportReport:
         if self.thread is not None:
@@ -279,8 +304,7 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         began = time.perf_counter()
         try:
             sink = exporter or make_exporter(target)
-            finished = build_sdk_spans(spans, resource_for(service_name, metadata))
-            export_spans(finished, sink, report)
+            export_table(spans, resource_for(service_name, metadata), sink, report)
             sink.shutdown()
         except Exception as exc:
             report.error = report.error or f"{type(exc).__name__}: {exc}"
