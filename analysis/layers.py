@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from xsp.analysis.model import _spans
 
 from xsp import schema as col
-from xsp.analysis.model import _spans
 from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from xsp.tracers._module_calls import INTERCEPTOR
 
 from xsp import _state
-from xsp.tracers._module_calls import INTERCEPTOR
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__

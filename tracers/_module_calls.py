@@ -235,7 +235,7 @@ class ModuleCallInterceptor:
         self._backward_handles = []
         if self._warning_filter is not None:
             try:
-                warnings.filters.remove(self._warning_filter)
+                warnings.filters.remove(self._warning_filter)  # type: ignore[attr-defined]
             except ValueError:  # someone reset the filters meanwhile
                 pass
             self._warning_filter = None

@@ -160,7 +160,7 @@ def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: _Nam
 
 def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
     cls = type(module)
-    return cls.__name__, parameter_count(module), class_source(cls)
+    return cls.__name__, parameter_count(module), class_source(cls)  # type: ignore[arg-type]
 
 
 def backward_rows(recording: Recording) -> pd.DataFrame:
@@ -242,7 +242,7 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
                 if latest > ends[row]:
                     ends[row], extended[row] = latest, True
     rows[col.END_NS] = ends
-    rows[col.ATTRIBUTES] = np.where(extended, '{"xsp.backward_end": "submodules"}', None)
+    rows[col.ATTRIBUTES] = ['{"xsp.backward_end": "submodules"}' if e else None for e in extended.tolist()]
     return rows
 
 

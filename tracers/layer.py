@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pandas as pd
+from xsp.tracers._module_calls import INTERCEPTOR, Mode
+from xsp.tracers._module_rows import backward_rows, module_call_rows
 
 from xsp import schema as col
 from xsp.recording import Recording
 from xsp.schema import Level, SpanKind
-from xsp.tracers._module_calls import INTERCEPTOR, Mode
-from xsp.tracers._module_rows import backward_rows, module_call_rows
 
 
 class LayerTracer:

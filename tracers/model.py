@@ -6,12 +6,12 @@ import json
 from typing import Any, ClassVar
 
 import pandas as pd
+from xsp.tracers._module_calls import INTERCEPTOR, Mode
+from xsp.tracers._module_rows import as_numpy, module_call_rows
 
 from xsp import schema as col
 from xsp.recording import MARK_STEP, Recording
 from xsp.schema import Level, SpanKind, Status
-from xsp.tracers._module_calls import INTERCEPTOR, Mode
-from xsp.tracers._module_rows import as_numpy, module_call_rows
 
 
 class ModelTracer:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from importlib import import_module
 from importlib.metadata import entry_points
 
-from xsp.schema import Level
 from xsp.tracers.base import Tracer
+
+from xsp.schema import Level
 
 ENTRY_POINT_GROUP = "xsp.tracers"
 BUILTIN_TRACERS: dict[str, str] = {

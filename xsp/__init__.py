@@ -5,6 +5,7 @@ where tracers exist, operator, CUDA API and kernel) levels as one span tree, wri
 ``.xsp.parquet`` file and optionally sends it to an OpenTelemetry collector such as Jaeger.
 """
 
+from xsp import analysis
 from xsp._version import __version__
 from xsp.errors import SchemaVersionError, TraceFormatError, UnknownLevelError, XspError
 from xsp.schema import Level, SpanKind, Status
@@ -13,6 +14,6 @@ from xsp.trace import Trace, load
 from xsp.user_spans import span, step
 
 __all__ = [
-    "__version__", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
+    "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
     "Status", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError", "SchemaVersionError",
 ]

@@ -65,7 +65,7 @@ class Session:
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
-        self._arguments = dict(levels=levels, output=output, otlp_endpoint=otlp_endpoint,
+        self._arguments: dict[str, Any] = dict(levels=levels, output=output, otlp_endpoint=otlp_endpoint,
                                service_name=service_name, otlp_protocol=otlp_protocol,
                                max_events=max_events)
         self._tracers: list[Tracer] = []

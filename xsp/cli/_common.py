@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 

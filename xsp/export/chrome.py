@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-
 from xsp import schema as col
 from xsp.trace import Trace
 

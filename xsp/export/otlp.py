@@ -114,7 +114,7 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
         return Grpc(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-    return Http(endpoint=target.endpoint, **timeout)  # type: ignore[arg-type]
+    return Http(endpoint=target.endpoint, **timeout)  # type: ignore[call-overload,no-any-return]
 
 
 # building SDK spans from the table ----------------------------------------------------

@@ -1,0 +1,37 @@
+"""The Python examples in the README and docs run as written (files written to a temp dir)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def python_blocks():
+    for doc in DOCS:
+        for number, block in enumerate(BLOCK.findall(doc.read_text())):
+            if "localhost" in block:  # needs a running collector: covered by the OTLP tests
+                continue
+            yield pytest.param(block, id=f"{doc.name}-{number}")
+
+
+@pytest.mark.parametrize("code", list(python_blocks()))
+def test_example_runs(code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_example__"})
+
+
+def test_docstring_examples():
+    import doctest
+
+    import xsp.session
+    import xsp.user_spans
+
+    for module in (xsp.session, xsp.user_spans):
+        failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert failures == 0, module.__name__
