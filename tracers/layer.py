@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pandas as pd
-from xsp.tracers._module_calls import INTERCEPTOR, Mode
+from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import backward_rows, module_call_rows
+from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
-from xsp.recording import Recording
 from xsp.schema import Level, SpanKind
 
 
-class LayerTracer:
+class LayerTracer(ModuleCallTracer):
     """Records every nn.Module call below the top-level one, with shapes and module facts.
 
     While autograd records a graph, each module's backward is recorded as
@@ -22,23 +22,10 @@ class LayerTracer:
 
     name: ClassVar[str] = "layer"
     level: ClassVar[Level] = Level.LAYER
-
-    def __init__(self) -> None:
-        self._recording: Recording | None = None
-
-    def available(self) -> str | None:
-        return None
-
-    def start(self, recording: Recording) -> None:
-        self._recording = recording
-        INTERCEPTOR.acquire(self.name, recording, Mode.ALL)
-
-    def stop(self) -> None:
-        INTERCEPTOR.release(self.name)
+    mode: ClassVar[Mode] = Mode.ALL
 
     def collect(self) -> pd.DataFrame:
-        assert self._recording is not None
-        calls = module_call_rows(self._recording)
+        calls = module_call_rows(self.recording)
         frames = []
         if not calls.empty:
             layers = calls[calls[col.CALL_DEPTH] > 0].copy()
@@ -46,7 +33,7 @@ class LayerTracer:
             layers[col.KIND] = SpanKind.FORWARD.value
             layers = layers.drop(columns=[col.BATCH_SIZE])
             frames.append(layers)
-        backward = backward_rows(self._recording)
+        backward = backward_rows(self.recording)
         if not backward.empty:
             backward[col.LEVEL] = Level.LAYER.value
             backward[col.KIND] = SpanKind.BACKWARD.value

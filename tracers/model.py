@@ -6,40 +6,27 @@ import json
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._module_calls import INTERCEPTOR, Mode
+from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import as_numpy, module_call_rows
+from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
 from xsp.recording import MARK_STEP, Recording
 from xsp.schema import Level, SpanKind, Status
 
 
-class ModelTracer:
+class ModelTracer(ModuleCallTracer):
     """Records each call of a top-level nn.Module as a ``predict`` span, plus user spans."""
 
     name: ClassVar[str] = "model"
     level: ClassVar[Level] = Level.MODEL
-
-    def __init__(self) -> None:
-        self._recording: Recording | None = None
-
-    def available(self) -> str | None:
-        return None
-
-    def start(self, recording: Recording) -> None:
-        self._recording = recording
-        INTERCEPTOR.acquire(self.name, recording, Mode.ROOTS)
-
-    def stop(self) -> None:
-        INTERCEPTOR.release(self.name)
+    mode: ClassVar[Mode] = Mode.ROOTS
 
     def collect(self) -> pd.DataFrame:
-        assert self._recording is not None
-        return pd.concat([self._predict_rows(), mark_rows(self._recording)], ignore_index=True)
+        return pd.concat([self._predict_rows(), mark_rows(self.recording)], ignore_index=True)
 
     def _predict_rows(self) -> pd.DataFrame:
-        assert self._recording is not None
-        calls = module_call_rows(self._recording)
+        calls = module_call_rows(self.recording)
         if calls.empty:
             return calls
         roots = calls[calls[col.CALL_DEPTH] == 0].copy()

@@ -1,0 +1,37 @@
+"""The lifecycle the model and layer tracers share: both record through the interceptor."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xsp.tracers._module_calls import INTERCEPTOR, Mode
+
+from xsp.recording import Recording
+from xsp.schema import Level
+
+
+class ModuleCallTracer:
+    """A tracer that records ``nn.Module`` calls in at least ``mode``."""
+
+    name: ClassVar[str]
+    level: ClassVar[Level]
+    mode: ClassVar[Mode]
+
+    def __init__(self) -> None:
+        self._recording: Recording | None = None
+
+    @property
+    def recording(self) -> Recording:
+        if self._recording is None:
+            raise RuntimeError(f"tracer {self.name} was never started")
+        return self._recording
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, recording: Recording) -> None:
+        self._recording = recording
+        INTERCEPTOR.acquire(self.name, recording, self.mode)
+
+    def stop(self) -> None:
+        INTERCEPTOR.release(self.name)
