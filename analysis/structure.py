@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,8 @@ from xsp import schema as col
 from xsp.schema import STEP_KINDS, Level
 
 NONE = -1
+SESSION_NAME = "session"
+SESSION_PATH = "session[0]"
 
 
 def _climb_until_done(parents: np.ndarray, visit: Callable[[np.ndarray, np.ndarray], None]) -> None:
@@ -59,49 +62,82 @@ def root_of(parents: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class StepState:
+    """What one window of spans hands to the next (see :func:`assign_steps`)."""
+
+    session_trace_id: str
+    session_span_id: int
+    steps: int = 0
+    """Steps numbered so far."""
+    latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    """Per thread, the latest step's (start_ns, step, trace id)."""
+    occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Names seen so far below the session and at the root of each trace, for ``path``."""
+    layers_in_step: dict[int, int] = field(default_factory=dict)
+    """Layer spans numbered so far in steps that a later window may continue."""
+
+
+@dataclass
 class Structure:
-    parents: np.ndarray
+    parents: np.ndarray  # positions; the session (or a virtual row past the end) for session children
     step: np.ndarray  # -1 for no step
-    trace_index: np.ndarray  # 0 = session trace, k + 1 = step k
+    trace_ids: np.ndarray  # object array of 32-hex trace ids
+    session: int  # position of the session row, len(spans) when it is not in this window
 
 
-def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None) -> Structure:
-    """Cut each step out as its own tree and give every span its step and trace."""
+def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
+                 new_trace_id: Callable[[], str]) -> Structure:
+    """Cut each step out as its own tree and give every span its step and trace.
+
+    ``state`` carries step numbers and each thread's latest step from earlier windows of the
+    same session, and is updated for the next one.
+    """
+    count = len(spans)
     parents = parents.copy()
+    session = count if session_row is None else session_row
     kinds = spans[col.KIND].to_numpy(dtype=object)
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     threads = spans[col.THREAD_ID].fillna(-1).to_numpy(dtype=np.int64)
     levels = spans[col.LEVEL].to_numpy(dtype=object)
-    count = len(spans)
-    positions = np.arange(count)
     outer = outermost_step(kinds, parents)
-    step_roots = np.flatnonzero(outer == positions)
+    step_roots = np.flatnonzero(outer == np.arange(count))
     parents[step_roots] = NONE
     step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
-    step_of_root = np.full(count, NONE, dtype=np.int64)
-    step_of_root[step_roots] = np.arange(len(step_roots))
-    roots = np.flatnonzero(parents < 0)
-    for root in roots.tolist():
-        if step_of_root[root] >= 0 or root == session_row:
+    step_of = np.full(count, NONE, dtype=np.int64)
+    trace_of = np.full(count, state.session_trace_id, dtype=object)
+    step_of[step_roots] = state.steps + np.arange(len(step_roots))
+    for root in step_roots.tolist():
+        trace_of[root] = new_trace_id()
+    for root in np.flatnonzero(parents < 0).tolist():
+        if step_of[root] >= 0 or root == session_row:
             continue
         if levels[root] != Level.MODEL.value:
-            step_of_root[root] = _latest_step(step_roots, threads, starts, threads[root], starts[root])
-        if step_of_root[root] < 0 and session_row is not None:
-            parents[root] = session_row
-    top = root_of(parents)
-    step = step_of_root[top]
-    trace_index = np.where(step >= 0, step + 1, 0)
-    return Structure(parents=parents, step=step, trace_index=trace_index)
+            found = _latest_step(step_roots, threads, starts, int(threads[root]), int(starts[root]))
+            if found >= 0:
+                step_of[root], trace_of[root] = step_of[found], trace_of[found]
+                continue
+            prior = state.latest_step.get(int(threads[root]))
+            if prior is not None and prior[0] <= starts[root]:
+                step_of[root], trace_of[root] = prior[1], prior[2]
+                continue
+        parents[root] = session
+    for root in step_roots.tolist():
+        state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]), trace_of[root])
+    state.steps += len(step_roots)
+    inside = parents.copy()
+    inside[inside == count] = NONE
+    top = root_of(inside)
+    return Structure(parents=parents, step=step_of[top], trace_ids=trace_of[top], session=session)
 
 
 def _latest_step(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray, thread: int,
                  start: int) -> int:
+    """Position of the latest step root on ``thread`` that started at or before ``start``, or -1."""
     same_thread = step_roots[threads[step_roots] == thread]
     earlier = same_thread[starts[same_thread] <= start]
     if not len(earlier):
         return NONE
-    latest = earlier[np.argmax(starts[earlier])]
-    return int(np.flatnonzero(step_roots == latest)[0])
+    return int(earlier[np.argmax(starts[earlier])])
 
 
 def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -117,32 +153,57 @@ def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
     return anchor
 
 
-def assign_paths(spans: pd.DataFrame, parents: np.ndarray, trace_index: np.ndarray) -> np.ndarray:
+def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> np.ndarray:
     """``anchor_path/name[k]`` for every span (see :mod:`xsp.schema`)."""
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
-    names = spans[col.NAME].astype(str).to_numpy(dtype=object)
+    count = len(spans)
+    levels = np.append(spans[col.LEVEL].to_numpy(dtype=object), Level.MODEL.value)
+    names = np.append(spans[col.NAME].astype(str).to_numpy(dtype=object), SESSION_NAME)
+    parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
     anchor = anchors(levels, parents)
+    session = shape.session
     depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
-             if col.CALL_DEPTH in spans else np.zeros(len(spans), dtype=np.int64))
-    keys = pd.DataFrame({"trace": trace_index, "anchor": anchor, "name": names,
+             if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
+    keys = pd.DataFrame({"trace": shape.trace_ids, "anchor": anchor[:count], "name": names[:count],
                          "start": spans[col.START_NS].to_numpy(dtype=np.int64), "depth": depth})
     ordered = keys.sort_values(["start", "depth"], kind="stable")
-    occurrence = ordered.groupby(["trace", "anchor", "name"], sort=False).cumcount()
-    own = (names + "[" + occurrence.reindex(keys.index).astype(str).to_numpy(dtype=object) + "]")
-    paths = np.full(len(spans), None, dtype=object)
-    done = anchor < 0
-    paths[done] = own[done]
-    while not done.all():
+    occurrence = ordered.groupby(["trace", "anchor", "name"], sort=False).cumcount().reindex(keys.index)
+    occurrence = occurrence.to_numpy(dtype=np.int64).copy()
+    # names below the session and at trace roots recur across windows: continue their counts
+    carried = (anchor[:count] < 0) | (anchor[:count] == session)
+    if session < count:
+        carried[session] = False
+    for row in np.flatnonzero(carried).tolist():
+        key = ("session" if anchor[row] == session else keys.at[row, "trace"], names[row])
+        occurrence[row] += state.occurrences[key]
+    for row in np.flatnonzero(carried).tolist():
+        key = ("session" if anchor[row] == session else keys.at[row, "trace"], names[row])
+        state.occurrences[key] = max(state.occurrences[key], occurrence[row] + 1)
+    own = names[:count] + "[" + occurrence.astype(str).astype(object) + "]"
+    paths = np.full(count + 1, None, dtype=object)
+    paths[session] = SESSION_PATH
+    if session < count:
+        own[session] = SESSION_PATH
+    done = np.zeros(count + 1, dtype=bool)
+    done[session] = True
+    roots = (anchor[:count] < 0) & ~done[:count]
+    paths[:count][roots] = own[roots]
+    done[:count] |= roots
+    while not done[:count].all():
         ready = ~done & (anchor >= 0) & done[np.maximum(anchor, 0)]
-        if not ready.any():  # a cycle cannot happen in a tree; stop rather than loop forever
+        ready[count] = False
+        if not ready.any():  # cannot happen in a tree; stop rather than loop forever
             break
-        paths[ready] = paths[anchor[ready]] + "/" + own[ready]
-        done |= ready
-    return paths
+        rows = np.flatnonzero(ready)
+        paths[rows] = paths[anchor[rows]] + "/" + own[rows]
+        done[rows] = True
+    return paths[:count]
 
 
-def execution_index(spans: pd.DataFrame, step: np.ndarray) -> np.ndarray:
-    """Order of each layer span within its step (forward and backward), -1 elsewhere."""
+def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | None = None) -> np.ndarray:
+    """Order of each layer span within its step (forward and backward), -1 elsewhere.
+
+    With ``state``, counting goes on from where earlier windows of the same step stopped.
+    """
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     mask = (levels == Level.LAYER.value) & (step >= 0)
     index = np.full(len(spans), NONE, dtype=np.int64)
@@ -153,5 +214,16 @@ def execution_index(spans: pd.DataFrame, step: np.ndarray) -> np.ndarray:
     frame = pd.DataFrame({"step": step[mask], "start": spans[col.START_NS].to_numpy()[mask],
                           "depth": depth[mask]}, index=np.flatnonzero(mask))
     ordered = frame.sort_values(["start", "depth"], kind="stable")
-    index[ordered.index.to_numpy()] = ordered.groupby("step", sort=False).cumcount().to_numpy()
+    order = ordered.groupby("step", sort=False).cumcount().to_numpy()
+    if state is not None:
+        steps = ordered["step"].to_numpy()
+        order = order + np.array([state.layers_in_step.get(int(s), 0) for s in steps.tolist()], dtype=np.int64)
+        open_steps = {latest[1] for latest in state.latest_step.values()}
+        for step_number, last in zip(steps.tolist(), order.tolist()):
+            if step_number in open_steps:
+                state.layers_in_step[int(step_number)] = max(state.layers_in_step.get(int(step_number), 0), last + 1)
+        for step_number in list(state.layers_in_step):
+            if step_number not in open_steps:
+                del state.layers_in_step[step_number]
+    index[ordered.index.to_numpy()] = order
     return index

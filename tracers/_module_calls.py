@@ -75,6 +75,7 @@ def error_text(exc: BaseException) -> str:
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any]) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
+    long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         **kwargs: Any) -> Any:
@@ -103,6 +104,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any]) -> C
         buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
+        if end - start >= long_step_ns and step_ended is not None and not buffer.open_steps:
+            step_ended()
         return out
 
     return xsp_module_call
@@ -111,6 +114,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any]) -> C
 def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
                       at_root: Callable[[], None]) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
+    long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         _tensor: Any = _TENSOR, **kwargs: Any) -> Any:
@@ -140,8 +144,12 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
         calls = buffer.calls
         calls.append((start, end, self, depth, in_desc,
                       out.shape if type(out) is _tensor else describe(out), None))
-        if depth < 2 and len(calls) >= COMPACT_AT:
-            buffer.compact()
+        if depth < 2:
+            if len(calls) >= COMPACT_AT:
+                buffer.compact()
+            if (not depth and end - start >= long_step_ns and step_ended is not None
+                    and not buffer.open_steps):
+                step_ended()
         return out
 
     return xsp_module_call

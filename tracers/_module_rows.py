@@ -13,7 +13,7 @@ import pandas as pd
 from torch import nn
 
 from xsp import schema as col
-from xsp.recording import Recording, ThreadBuffer
+from xsp.recording import Window, WindowBuffer
 
 PREDICT_NAME = "predict"
 BACKWARD_SUFFIX = ".backward"
@@ -82,24 +82,23 @@ class _Names:
         return f"<{type(module).__name__}>"
 
 
-def module_call_rows(recording: Recording) -> pd.DataFrame:
+def module_call_rows(window: Window) -> pd.DataFrame:
     """One row per recorded module call of every thread (roots and layers together).
 
-    Cached on the recording: the model and layer tracers both read it.
+    Cached on the window: the model and layer tracers both read it.
     """
-    cached = recording.derived.get("module_calls")
+    cached = window.derived.get("module_calls")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     names = _Names()
-    frames = [_buffer_call_rows(buffer, names) for buffer in recording.buffers
-              if len(buffer.call_columns)]
+    frames = [_buffer_call_rows(buffer, names) for buffer in window.buffers if len(buffer.call_columns)]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    recording.derived["module_calls"] = rows
-    recording.derived["module_names"] = names
+    window.derived["module_calls"] = rows
+    window.derived["module_names"] = names
     return rows
 
 
-def _buffer_call_rows(buffer: ThreadBuffer, names: _Names) -> pd.DataFrame:
+def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
     cols = buffer.call_columns
     depth = as_numpy(cols.depth)
     module_idx = as_numpy(cols.module)
@@ -163,16 +162,16 @@ def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
     return cls.__name__, parameter_count(module), class_source(cls)  # type: ignore[arg-type]
 
 
-def backward_rows(recording: Recording) -> pd.DataFrame:
+def backward_rows(window: Window) -> pd.DataFrame:
     """One row per module backward, pairing each begin with the next end of the same module.
 
-    Ends without a begin and begins without an end are counted in the recording's dropped
+    Ends without a begin and begins without an end are counted in the window's dropped
     counts (``unpaired_backward_events``) rather than guessed.
     """
-    module_call_rows(recording)  # fills the root-name cache
-    names: _Names = recording.derived["module_names"]
+    module_call_rows(window)  # fills the root-name cache
+    names: _Names = window.derived["module_names"]
     frames = []
-    for buffer in recording.buffers:
+    for buffer in window.buffers:
         cols = buffer.backward_columns
         if not len(cols):
             continue
@@ -193,7 +192,7 @@ def backward_rows(recording: Recording) -> pd.DataFrame:
                 unpaired += 1
         unpaired += sum(len(v) for v in open_begins.values())
         if unpaired:
-            recording.dropped["unpaired_backward_events"] += unpaired
+            window.dropped["unpaired_backward_events"] += unpaired
         modules = buffer.modules.values
         facts = [_module_facts(modules[i]) for i in which]
         frames.append(_cover_submodules(pd.DataFrame({

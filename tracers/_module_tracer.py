@@ -17,20 +17,10 @@ class ModuleCallTracer:
     level: ClassVar[Level]
     mode: ClassVar[Mode]
 
-    def __init__(self) -> None:
-        self._recording: Recording | None = None
-
-    @property
-    def recording(self) -> Recording:
-        if self._recording is None:
-            raise RuntimeError(f"tracer {self.name} was never started")
-        return self._recording
-
     def available(self) -> str | None:
         return None
 
     def start(self, recording: Recording) -> None:
-        self._recording = recording
         INTERCEPTOR.acquire(self.name, recording, self.mode)
 
     def stop(self) -> None:

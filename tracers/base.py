@@ -2,8 +2,10 @@
 
 Threading contract: ``start`` and ``stop`` are called on the session's thread; the tracer's
 own callbacks may run on any thread and must only append to the :class:`~xsp.recording.Recording`
-(or the tracer's own buffers) without locks or allocation beyond one tuple. ``collect`` runs
-after ``stop`` on the session's thread and turns what was recorded into span rows.
+(or the tracer's own buffers) without locks or allocation beyond one tuple. ``collect`` is
+called once per *window*: on a background thread while the session runs (when a long step
+ends and spans are exported early) and once after ``stop``. Each call returns the spans
+recorded since the previous one.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import pandas as pd
 
-    from xsp.recording import Recording
+    from xsp.recording import Recording, Window
     from xsp.schema import Level
 
 
@@ -39,5 +41,9 @@ class Tracer(Protocol):
     def stop(self) -> None:
         """Stop recording; must not raise."""
 
-    def collect(self) -> pd.DataFrame:
-        """Span rows for everything recorded since ``start``."""
+    def collect(self, window: Window) -> pd.DataFrame:
+        """Span rows for what was recorded since the previous ``collect``.
+
+        ``window`` holds what the shared :class:`~xsp.recording.Recording` drained from each
+        thread; a tracer with buffers of its own drains those instead.
+        """

@@ -10,6 +10,7 @@ from xsp.tracers._module_rows import backward_rows, module_call_rows
 from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
+from xsp.recording import Window
 from xsp.schema import Level, SpanKind
 
 
@@ -24,8 +25,8 @@ class LayerTracer(ModuleCallTracer):
     level: ClassVar[Level] = Level.LAYER
     mode: ClassVar[Mode] = Mode.ALL
 
-    def collect(self) -> pd.DataFrame:
-        calls = module_call_rows(self.recording)
+    def collect(self, window: Window) -> pd.DataFrame:
+        calls = module_call_rows(window)
         frames = []
         if not calls.empty:
             layers = calls[calls[col.CALL_DEPTH] > 0].copy()
@@ -33,7 +34,7 @@ class LayerTracer(ModuleCallTracer):
             layers[col.KIND] = SpanKind.FORWARD.value
             layers = layers.drop(columns=[col.BATCH_SIZE])
             frames.append(layers)
-        backward = backward_rows(self.recording)
+        backward = backward_rows(window)
         if not backward.empty:
             backward[col.LEVEL] = Level.LAYER.value
             backward[col.KIND] = SpanKind.BACKWARD.value

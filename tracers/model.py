@@ -11,7 +11,7 @@ from xsp.tracers._module_rows import as_numpy, module_call_rows
 from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
-from xsp.recording import MARK_STEP, Recording
+from xsp.recording import MARK_STEP, Window
 from xsp.schema import Level, SpanKind, Status
 
 
@@ -22,17 +22,18 @@ class ModelTracer(ModuleCallTracer):
     level: ClassVar[Level] = Level.MODEL
     mode: ClassVar[Mode] = Mode.ROOTS
 
-    def collect(self) -> pd.DataFrame:
-        return pd.concat([self._predict_rows(), mark_rows(self.recording)], ignore_index=True)
+    def collect(self, window: Window) -> pd.DataFrame:
+        return pd.concat([_predict_rows(window), mark_rows(window)], ignore_index=True)
 
-    def _predict_rows(self) -> pd.DataFrame:
-        calls = module_call_rows(self.recording)
-        if calls.empty:
-            return calls
-        roots = calls[calls[col.CALL_DEPTH] == 0].copy()
-        roots[col.LEVEL] = Level.MODEL.value
-        roots[col.KIND] = SpanKind.PREDICT.value
-        return roots
+
+def _predict_rows(window: Window) -> pd.DataFrame:
+    calls = module_call_rows(window)
+    if calls.empty:
+        return calls
+    roots = calls[calls[col.CALL_DEPTH] == 0].copy()
+    roots[col.LEVEL] = Level.MODEL.value
+    roots[col.KIND] = SpanKind.PREDICT.value
+    return roots
 
 
 def _attributes_json(attributes: dict[str, Any] | None) -> str | None:
@@ -49,10 +50,10 @@ def _attribute_value(value: Any) -> Any:
     return str(value)
 
 
-def mark_rows(recording: Recording) -> pd.DataFrame:
+def mark_rows(window: Window) -> pd.DataFrame:
     """User spans and explicit steps of every thread."""
     frames = []
-    for buffer in recording.buffers:
+    for buffer in window.buffers:
         cols = buffer.mark_columns
         if not len(cols):
             continue

@@ -10,10 +10,12 @@ Spans are interpreted (names, paths, parents) only after the session, in
 
 from __future__ import annotations
 
+import sys
 import threading
 from array import array
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 COMPACT_AT: Final = 8192
@@ -21,6 +23,9 @@ COMPACT_AT: Final = 8192
 
 DEFAULT_MAX_EVENTS: Final = 50_000_000
 """Records kept per session; past it, records are dropped and counted."""
+
+NEVER: Final = sys.maxsize
+"""A step length no step reaches: windows end only with the session."""
 
 # kind codes of the "mark" records (user spans, explicit steps, nested sessions)
 MARK_USER: Final = 0
@@ -99,7 +104,7 @@ class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
     __slots__ = (
-        "recording", "thread_id", "thread_name", "depth", "calls", "marks", "backward",
+        "recording", "thread_id", "thread_name", "depth", "open_steps", "calls", "marks", "backward",
         "call_columns", "mark_columns", "backward_columns", "modules", "descriptors", "strings",
         "_lock",
     )
@@ -111,6 +116,8 @@ class ThreadBuffer:
         self.thread_name = current.name
         self.depth = 0
         """Module calls open on this thread right now (0 outside any module)."""
+        self.open_steps = 0
+        """``xsp.step()`` blocks open on this thread right now."""
         # raw records, appended on the hot path:
         self.calls: list[tuple[Any, ...]] = []  # (start, end, module, depth, in_desc, out_desc, error)
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
@@ -126,15 +133,28 @@ class ThreadBuffer:
     def compact(self) -> None:
         """Move raw records into the typed columns. Safe to call from any thread."""
         with self._lock:
-            calls, self.calls = self.calls, []
-            marks, self.marks = self.marks, []
-            backward, self.backward = self.backward, []
-            kept = self.recording.admit("module_calls", len(calls))
-            self._compact_calls(calls[:kept])
-            kept = self.recording.admit("spans", len(marks))
-            self._compact_marks(marks[:kept])
-            kept = self.recording.admit("backward_events", len(backward))
-            self._compact_backward(backward[:kept])
+            self._compact_locked()
+
+    def drain(self) -> WindowBuffer:
+        """Everything recorded so far, as a :class:`WindowBuffer`; the thread starts afresh."""
+        with self._lock:
+            self._compact_locked()
+            drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
+                                   self.backward_columns, self.modules, self.descriptors, self.strings)
+            self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
+            self.backward_columns = BackwardColumns()
+        return drained
+
+    def _compact_locked(self) -> None:
+        calls, self.calls = self.calls, []
+        marks, self.marks = self.marks, []
+        backward, self.backward = self.backward, []
+        kept = self.recording.admit("module_calls", len(calls))
+        self._compact_calls(calls[:kept])
+        kept = self.recording.admit("spans", len(marks))
+        self._compact_marks(marks[:kept])
+        kept = self.recording.admit("backward_events", len(backward))
+        self._compact_backward(backward[:kept])
 
     def _compact_calls(self, calls: list[tuple[Any, ...]]) -> None:
         if not calls:
@@ -172,6 +192,36 @@ class ThreadBuffer:
         return None if index < 0 else self.strings.values[index]
 
 
+@dataclass
+class WindowBuffer:
+    """The columns one thread recorded during one window (interners stay shared with the thread)."""
+
+    thread_id: int
+    thread_name: str
+    call_columns: CallColumns
+    mark_columns: MarkColumns
+    backward_columns: BackwardColumns
+    modules: _Interner
+    descriptors: _Interner
+    strings: _Interner
+
+    def string(self, index: int) -> str | None:
+        return None if index < 0 else self.strings.values[index]
+
+
+@dataclass
+class Window:
+    """Records drained from the threads at once: what one round of ``Tracer.collect`` reads."""
+
+    buffers: list[WindowBuffer]
+    final: bool = False
+    """True for the last window of a session (everything left at the end)."""
+    derived: dict[str, Any] = field(default_factory=dict)
+    """Results of interpreting the records, shared between tracers during collection."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Records that could not be interpreted, by what they were."""
+
+
 class Recording:
     """The per-thread buffers of one session, with counts of anything dropped."""
 
@@ -182,8 +232,10 @@ class Recording:
         self.max_events = max_events
         self.kept_events = 0
         self.dropped: Counter[str] = Counter()
-        self.derived: dict[str, Any] = {}
-        """Results of interpreting the records, shared between tracers during collection."""
+        self.long_step_ns = NEVER
+        """A step at least this long ends a window (see ``on_long_step``)."""
+        self.on_long_step: Callable[[], None] | None = None
+        """Called on the recording thread when a step of ``long_step_ns`` or more has ended there."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -212,15 +264,14 @@ class Recording:
         for buffer in list(self.buffers):
             buffer.compact()
 
+    def take_window(self, final: bool = False) -> Window:
+        """Drain every thread; unless ``final``, threads inside a module call or a step are left
+        for a later window, so that no span is separated from the spans inside it."""
+        taken = [buffer.drain() for buffer in list(self.buffers)
+                 if final or (buffer.depth == 0 and buffer.open_steps == 0)]
+        return Window(taken, final=final)
+
     def open_module_calls(self) -> int:
         """Module calls still running on some thread (they end after the session and are lost)."""
         return sum(buffer.depth for buffer in self.buffers)
 
-
-def add_mark(kind: int, start: int, end: int, name: str, attributes: dict[str, Hashable] | None,
-             error: str | None, recording: Recording) -> None:
-    """Record a finished user span or step on the calling thread."""
-    buffer = recording.buffer()
-    buffer.marks.append((kind, start, end, name, attributes, error))
-    if len(buffer.marks) >= COMPACT_AT:
-        buffer.compact()

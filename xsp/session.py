@@ -5,22 +5,36 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import queue
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import pandas as pd
+
 from xsp import _state
 from xsp import schema as col
+from xsp.analysis.structure import SESSION_NAME
 from xsp.clock import ClockSync, now_ns
-from xsp.export.otlp import OtlpExport, OtlpTarget, probe, start_export
+from xsp.export.otlp import (
+    ExportReport,
+    OtlpExport,
+    OtlpTarget,
+    export_table,
+    make_exporter,
+    probe,
+    resource_for,
+    start_export,
+)
 from xsp.levels import LevelsArg, parse_levels
 from xsp.metadata import default_service_name, environment
-from xsp.recording import DEFAULT_MAX_EVENTS, Recording
+from xsp.recording import DEFAULT_MAX_EVENTS, Recording, Window
 from xsp.schema import Level, SpanKind, Status
-from xsp.spans import build_table
+from xsp.spans import build_table, conform, new_step_state
 from xsp.trace import Trace
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for
@@ -28,6 +42,8 @@ from xsp.user_spans import span
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = "run.xsp.parquet"
+DEFAULT_LONG_STEP_S = 1.0
+"""Steps at least this long are exported to OTLP as soon as they end."""
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
 
@@ -51,23 +67,26 @@ class Session:
 
     After the block, :attr:`trace` holds the :class:`xsp.Trace`, the trace file has been
     written (unless ``output=None``), and an OTLP export, if one was asked for, is running in
-    the background (:attr:`export`; ``wait_for_export()`` waits for it).
+    the background (:attr:`export`; ``wait_for_export()`` waits for it). While the block runs,
+    each step that lasts ``long_step_s`` or more is exported as soon as it ends.
     """
 
     def __init__(self, levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None =
                  DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
-                 otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+                 otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+                 long_step_s: float = DEFAULT_LONG_STEP_S) -> None:
         self.levels = parse_levels(levels)
         self.output = None if output is None else Path(output)
         self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
         self.service_name = service_name or default_service_name()
         self.max_events = max_events
+        self.long_step_s = long_step_s
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
-        self._arguments: dict[str, Any] = dict(levels=levels, output=output, otlp_endpoint=otlp_endpoint,
-                               service_name=service_name, otlp_protocol=otlp_protocol,
-                               max_events=max_events)
+        self._arguments: dict[str, Any] = dict(
+            levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
+            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -75,6 +94,11 @@ class Session:
         self._start_ns = 0
         self._clock: ClockSync | None = None
         self._thread_id = 0
+        self._state = new_step_state()
+        self._tables: list[pd.DataFrame] = []
+        self._diagnostics: list[dict[str, int]] = []
+        self._interpreted_dropped: Counter[str] = Counter()
+        self._windows: _WindowWorker | None = None
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -86,6 +110,7 @@ class Session:
             return self
         self._recording = Recording(self.max_events)
         self._clock = ClockSync.measure()
+        self._open_export()
         tracers, self._unavailable = tracers_for(self.levels)
         for level, reason in self._unavailable.items():
             self._warn(f"level {level.value} is not recorded: {reason}")
@@ -130,9 +155,40 @@ class Session:
 
         return traced  # type: ignore[return-value]
 
-    def wait_for_export(self, timeout_s: float | None = None) -> Any:
+    def wait_for_export(self, timeout_s: float | None = None) -> ExportReport | None:
         """Wait for the background OTLP export; returns its report, or None if none ran."""
         return None if self.export is None else self.export.wait(timeout_s)
+
+    # windows: what is interpreted (and exported) together --------------------------------
+    def _open_export(self) -> None:
+        """Probe the OTLP endpoint; if it answers, export long steps as they end."""
+        if self.target is None or self._recording is None:
+            return
+        unreachable = probe(self.target)
+        if unreachable is not None:
+            where = f" ({self.output})" if self.output else ""
+            self._warn(f"OTLP endpoint {self.target.endpoint} not used: {unreachable}; "
+                       f"the spans are in the trace file only{where}")
+            self.target = None
+            return
+        self._windows = _WindowWorker(self)
+        self._recording.long_step_ns = int(self.long_step_s * 1e9)
+        self._recording.on_long_step = self._windows.close_window
+
+    def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
+        """The spans of one window, appended to the session's tables."""
+        assert self._clock is not None
+        frames = []
+        for tracer in self._tracers:
+            try:
+                frames.append(tracer.collect(window))
+            except Exception as exc:
+                self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row)
+        self._tables.append(result.spans)
+        self._diagnostics.append(result.diagnostics)
+        self._interpreted_dropped.update(window.dropped)
+        return result.spans
 
     # after the block ------------------------------------------------------------------
     def _stop_quietly(self, tracer: Tracer) -> None:
@@ -144,27 +200,26 @@ class Session:
     def _finish(self, end_ns: int, error: str | None) -> None:
         recording = self._recording
         assert recording is not None and self._clock is not None
+        recording.on_long_step = None
+        if self._windows is not None:
+            self._windows.finish_windows()
         open_calls = recording.open_module_calls()
         if open_calls:
             recording.dropped["open_at_stop"] += open_calls
-        recording.compact()
-        frames = []
-        for tracer in self._tracers:
-            try:
-                frames.append(tracer.collect())
-            except Exception as exc:
-                self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         session_row = {
-            col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: "session",
+            col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
             col.START_NS: self._start_ns, col.END_NS: end_ns, col.THREAD_ID: self._thread_id,
             col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
             col.STATUS_MESSAGE: error,
         }
-        spans, diagnostics = build_table(frames, self._clock.host_to_epoch_ns, session_row)
-        clock = self._clock.remeasured()
-        if recording.dropped:
+        last = self._interpret(recording.take_window(final=True), session_row)
+        spans = conform(pd.concat(self._tables, ignore_index=True).sort_values(
+            [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
+        dropped = recording.dropped + self._interpreted_dropped
+        if dropped:
             self._warn("some records were dropped: " + ", ".join(
-                f"{count} {what}" for what, count in sorted(recording.dropped.items())))
+                f"{count} {what}" for what, count in sorted(dropped.items())))
+        clock = self._clock.remeasured()
         metadata = {
             **environment(),
             "service_name": self.service_name,
@@ -173,8 +228,9 @@ class Session:
             "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
             "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
                       "drift_ns": clock.drift_ns},
-            "dropped": dict(recording.dropped),
-            "hierarchy": diagnostics,
+            "dropped": dict(dropped),
+            "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},
+            "windows": len(self._tables),
             "warnings": list(self.warnings),
             "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
                                                       "protocol": self.target.protocol.value},
@@ -185,28 +241,71 @@ class Session:
                 self.trace.save(self.output)
             except OSError as exc:
                 self._warn(f"could not write the trace file {self.output}: {exc}")
-        self._start_export()
-
-    def _start_export(self) -> None:
-        if self.target is None or self.trace is None:
-            return
-        unreachable = probe(self.target)
-        if unreachable is not None:
-            where = f" ({self.output})" if self.output else ""
-            self._warn(f"OTLP endpoint {self.target.endpoint} not used: {unreachable}; "
-                       f"the spans are in the trace file only{where}")
-            return
-        self.export = start_export(self.trace.spans, self.trace.metadata, self.target, self.service_name)
-        _pending_exports.append(self.export)
+        if self._windows is not None:
+            self.export = self._windows.export_last(last, metadata)
+            _pending_exports.append(self.export)
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
         warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
 
 
+class _WindowWorker:
+    """Interprets and exports windows on a background thread while the session runs."""
+
+    def __init__(self, session: Session) -> None:
+        assert session.target is not None
+        self.session = session
+        self.target = session.target
+        self.exporter = make_exporter(session.target)
+        self.report = ExportReport(target=f"{session.target.protocol.value} {session.target.endpoint}")
+        self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
+        self.closing = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
+        self.thread.start()
+
+    def close_window(self) -> None:
+        """Called on the recording thread when a long step ends: hand its records over."""
+        recording = self.session._recording
+        if recording is None or not self.closing.acquire(blocking=False):
+            return
+        try:
+            window = recording.take_window()
+            if window.buffers:
+                self.queue.put(window)
+        finally:
+            self.closing.release()
+
+    @property
+    def session_ids(self) -> tuple[str, int]:
+        state = self.session._state
+        return state.session_trace_id, state.session_span_id
+
+    def _run(self) -> None:
+        resource = resource_for(self.session.service_name, environment())
+        while (window := self.queue.get()) is not None:
+            try:
+                spans = self.session._interpret(window)
+            except Exception as exc:  # its records are lost; the file says how many were dropped
+                self.session._warn(f"the spans of a finished step could not be interpreted: {exc}")
+                continue
+            export_table(spans, resource, self.exporter, self.report, self.session_ids)
+
+    def finish_windows(self) -> None:
+        """Wait until every window handed over so far is interpreted and exported."""
+        with self.closing:
+            self.queue.put(None)
+        self.thread.join()
+
+    def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any]) -> OtlpExport:
+        return start_export(spans, metadata, self.target, self.session.service_name,
+                            exporter=self.exporter, report=self.report, session=self.session_ids)
+
+
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
           otlp_endpoint: str | None = None, service_name: str | None = None,
-          otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> Session:
+          otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+          long_step_s: float = DEFAULT_LONG_STEP_S) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -218,6 +317,9 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         service_name: OTel ``service.name``; default ``OTEL_SERVICE_NAME``, else the script name.
         otlp_protocol: ``grpc`` or ``http/protobuf``; default ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc.
         max_events: records kept before further ones are dropped (and counted).
+        long_step_s: when exporting to OTLP, a step that lasts at least this long is exported
+            as soon as it ends (once its thread is outside every module call and step),
+            instead of after the block.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -231,4 +333,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         ['session', 'predict', '0']
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-                   otlp_protocol=otlp_protocol, max_events=max_events)
+                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,23 +46,35 @@ def new_trace_ids(count: int) -> list[str]:
     return [secrets.token_hex(16) for _ in range(count)]
 
 
-def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int,
-                session_row: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Concatenate tracer rows, move them onto epoch time and derive the tree.
+@dataclass
+class TableResult:
+    spans: pd.DataFrame
+    diagnostics: dict[str, int]
+
+
+def new_step_state() -> structure.StepState:
+    """Ids of a session's root span, fixed before any window is built."""
+    return structure.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]))
+
+
+def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
+                session_row: dict[str, Any] | None = None) -> TableResult:
+    """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
 
     Args:
         frames: rows from tracers, times on xsp's host clock.
         host_to_epoch_ns: offset from the host clock to epoch nanoseconds.
-        session_row: the session span, if any (its own OTel trace; the steps link to it).
+        state: the session's ids, step count and latest steps, from earlier windows; updated.
+        session_row: the session span, in the session's last window only.
 
     Returns:
-        The span table sorted by start time, and the hierarchy diagnostics.
+        The window's span table sorted by start time, and the hierarchy diagnostics.
     """
     parts = [frame for frame in frames if len(frame)]
     if session_row is not None:
         parts.append(pd.DataFrame([session_row]))
     if not parts:
-        return empty_table(), hierarchy.HierarchyDiagnostics().as_dict()
+        return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
     table = conform(pd.concat(parts, ignore_index=True))
     table[col.START_NS] += host_to_epoch_ns
     table[col.END_NS] += host_to_epoch_ns
@@ -71,26 +84,25 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int,
     table[col.SPAN_ID] = new_span_ids(len(table))
     is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
     session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
-    host = table[~is_session]
+    if session_position is not None:
+        table.loc[session_position, col.SPAN_ID] = state.session_span_id
     host_rows = np.flatnonzero(~is_session)
-    sub_parents, diagnostics = hierarchy.parent_positions(host)
+    sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
     parents = np.full(len(table), -1, dtype=np.int64)
     parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
-    shape = structure.assign_steps(table, parents, session_position)
-    ids = table[col.SPAN_ID].to_numpy(dtype=np.int64)
-    table[col.PARENT_ID] = pd.array(np.where(shape.parents >= 0, ids[np.maximum(shape.parents, 0)], 0),
-                                    dtype="Int64")
-    table.loc[shape.parents < 0, col.PARENT_ID] = pd.NA
+    shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0])
+    ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
+    has_parent = shape.parents >= 0
+    table[col.PARENT_ID] = pd.array(np.where(has_parent, ids[np.maximum(shape.parents, 0)], 0), dtype="Int64")
+    table.loc[~has_parent, col.PARENT_ID] = pd.NA
     table[col.STEP] = pd.array(shape.step, dtype="Int64")
     table.loc[shape.step < 0, col.STEP] = pd.NA
-    trace_ids = np.array(new_trace_ids(int(shape.trace_index.max()) + 1), dtype=object)
-    table[col.TRACE_ID] = pd.array(trace_ids[shape.trace_index], dtype="string")
-    table[col.PATH] = pd.array(structure.assign_paths(table, shape.parents, shape.trace_index),
-                               dtype="string")
-    exec_index = structure.execution_index(table, shape.step)
+    table[col.TRACE_ID] = pd.array(shape.trace_ids.astype(str), dtype="string")
+    table[col.PATH] = pd.array(structure.assign_paths(table, shape, state), dtype="string")
+    exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = pd.array(exec_index, dtype="Int64")
     table.loc[exec_index < 0, col.EXEC_INDEX] = pd.NA
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
-    diagnostics.roots = int((shape.parents < 0).sum())
-    return conform(table), diagnostics.as_dict()
+    diagnostics.roots = int((~has_parent).sum())
+    return TableResult(conform(table), diagnostics.as_dict())

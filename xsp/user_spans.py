@@ -84,3 +84,21 @@ class step(span):  # noqa: N801
 
     def __init__(self, name: str = "step", **attributes: AttributeValue) -> None:
         super().__init__(name, **attributes)
+
+    def __enter__(self) -> step:
+        super().__enter__()
+        if self._recording is not None:
+            self._recording.buffer().open_steps += 1
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        super().__exit__(exc_type, exc, traceback)
+        recording = self._recording
+        if recording is None:
+            return
+        buffer = recording.buffer()
+        buffer.open_steps -= 1
+        if (not buffer.open_steps and not buffer.depth and recording.on_long_step is not None
+                and now_ns() - self._start >= recording.long_step_ns):
+            recording.on_long_step()

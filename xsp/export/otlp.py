@@ -189,8 +189,10 @@ def _parents_first(spans: pd.DataFrame) -> np.ndarray:
     has_parent = parent_ids.notna().to_numpy()
     parent_pos = np.full(len(spans), -1, dtype=np.int64)
     sorter = np.argsort(ids)
-    found = sorter[np.searchsorted(ids, parent_ids[has_parent].to_numpy(dtype=np.int64), sorter=sorter)]
-    parent_pos[has_parent] = found
+    wanted = parent_ids[has_parent].to_numpy(dtype=np.int64)
+    found = sorter[np.minimum(np.searchsorted(ids, wanted, sorter=sorter), len(ids) - 1)]
+    # a parent outside this table (the session span, exported with a later window) is no row here
+    parent_pos[has_parent] = np.where(ids[found] == wanted, found, -1)
     depth = np.zeros(len(spans), dtype=np.int64)
     current = parent_pos.copy()
     while (current >= 0).any():
@@ -201,9 +203,13 @@ def _parents_first(spans: pd.DataFrame) -> np.ndarray:
 
 
 def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[list[ReadableSpan]], None],
-                    batch_size: int = BATCH_SIZE) -> None:
+                    session: tuple[str, int] | None = None, batch_size: int = BATCH_SIZE) -> None:
     """One finished SDK span per table row, with the table's ids, parents and times, handed to
-    ``sink`` in batches of ``batch_size`` (parents before children)."""
+    ``sink`` in batches of ``batch_size`` (parents before children).
+
+    ``session`` is the (trace id, span id) of the session span that step roots link to; by
+    default the session row of ``spans``.
+    """
     ids = PresetIdGenerator()
     batcher = _Batcher(sink, batch_size)
     provider = TracerProvider(resource=resource, id_generator=ids)
@@ -211,12 +217,13 @@ def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[lis
     tracer = provider.get_tracer(SCOPE_NAME, __version__)
     sampled = TraceFlags(TraceFlags.SAMPLED)
     kinds = spans[col.KIND].tolist()
-    session_rows = [i for i, kind in enumerate(kinds) if kind == col.SpanKind.SESSION.value]
+    if session is None:
+        rows = [i for i, kind in enumerate(kinds) if kind == col.SpanKind.SESSION.value]
+        if rows:
+            session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]]))
     session_link: list[Link] = []
-    if session_rows:
-        row = session_rows[0]
-        context = SpanContext(int(spans[col.TRACE_ID].iloc[row], 16), int(spans[col.SPAN_ID].iloc[row]),
-                              is_remote=False, trace_flags=sampled)
+    if session is not None:
+        context = SpanContext(int(session[0], 16), session[1], is_remote=False, trace_flags=sampled)
         session_link = [Link(context, {col.ATTR_SESSION_LINK: "session"})]
     attributes = span_attributes(spans)
     names, trace_ids = spans[col.NAME].tolist(), spans[col.TRACE_ID].tolist()
@@ -274,10 +281,18 @@ def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: Expo
     report.failed += len(batch)
 
 
-def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter,
-                 report: ExportReport) -> ExportReport:
-    """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly."""
-    build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report))
+def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
+                 session: tuple[str, int] | None = None) -> ExportReport:
+    """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly: spans
+    that could not even be built count as failed."""
+    submitted_before = report.submitted
+    try:
+        build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
+    except Exception as exc:
+        report.error = report.error or f"{type(exc).__name__}: {exc}"
+        unsent = len(spans) - (report.submitted - submitted_before)
+        report.submitted += unsent
+        report.failed += unsent
     return report
 
 
@@ -295,20 +310,25 @@ class OtlpExport:
 
 
 def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpTarget,
-                 service_name: str, exporter: SpanExporter | None = None) -> OtlpExport:
-    """Export ``spans`` to ``target`` in a daemon thread and return at once."""
-    report = ExportReport(target=f"{target.protocol.value} {target.endpoint}")
+                 service_name: str, exporter: SpanExporter | None = None,
+                 report: ExportReport | None = None, session: tuple[str, int] | None = None) -> OtlpExport:
+    """Export ``spans`` to ``target`` in a daemon thread and return at once.
+
+    ``report`` continues the counts of earlier exports of the same session.
+    """
+    report = report or ExportReport(target=f"{target.protocol.value} {target.endpoint}")
     export = OtlpExport(report)
 
     def run() -> None:
         began = time.perf_counter()
         try:
             sink = exporter or make_exporter(target)
-            export_table(spans, resource_for(service_name, metadata), sink, report)
+            export_table(spans, resource_for(service_name, metadata), sink, report, session)
             sink.shutdown()
-        except Exception as exc:
+        except Exception as exc:  # the exporter could not even be made
             report.error = report.error or f"{type(exc).__name__}: {exc}"
-            report.failed = max(report.failed, len(spans) - report.exported)
+            report.failed += len(spans)
+            report.submitted += len(spans)
         finally:
             report.seconds = time.perf_counter() - began
             report.done = True

@@ -1,0 +1,121 @@
+"""Long steps are exported while the session runs, and match the final file exactly."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+import xsp
+from xsp import schema as col
+
+from .otlp_receiver import GrpcReceiver
+from .test_otlp_export import Small, assert_same_spans
+
+
+def wait_for(condition, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_each_long_step_reaches_the_collector_before_the_block_ends(tmp_path):
+    model = Small()
+    arrived_during_block = []
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint, service_name="xsp-test",
+                       long_step_s=0.0) as session:
+            for step in range(3):
+                with xsp.span("preprocess"):
+                    x = torch.randn(2, 4)
+                with torch.no_grad():
+                    model(x)
+                arrived_during_block.append(wait_for(
+                    lambda step=step: sum(s.name == "predict" for s in receiver.sink.spans) == step + 1))
+        report = session.wait_for_export(30)
+    assert arrived_during_block == [True, True, True]
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.metadata["windows"] >= 3
+    assert report.error is None and report.exported == len(trace.spans)
+    assert_same_spans(trace, receiver.sink.spans)
+    spans = trace.spans
+    assert sorted(spans[spans[col.KIND] == "predict"][col.STEP]) == [0, 1, 2]
+    preprocess = spans[spans[col.NAME] == "preprocess"].sort_values(col.START_NS)
+    assert preprocess[col.PATH].tolist() == [f"session[0]/preprocess[{k}]" for k in range(3)]
+    session_id = spans[spans[col.KIND] == "session"][col.SPAN_ID].iloc[0]
+    assert (preprocess[col.PARENT_ID] == session_id).all()
+
+
+def test_backward_after_an_exported_forward_joins_its_step(tmp_path):
+    model = Small()
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=None, otlp_endpoint=receiver.endpoint, service_name="xsp-test",
+                       long_step_s=0.0) as session:
+            for _ in range(2):
+                out = model(torch.randn(3, 4))  # the forward is a step of its own, exported at once
+                out.sum().backward()
+        session.wait_for_export(30)
+    spans = session.trace.spans
+    assert session.trace.metadata["windows"] >= 3
+    predicts = spans[spans[col.KIND] == "predict"].set_index(col.STEP)
+    backward = spans[spans[col.KIND] == "backward"]
+    assert set(backward[col.STEP]) == {0, 1}
+    for step, group in backward.groupby(col.STEP):
+        assert (group[col.TRACE_ID] == predicts.loc[step, col.TRACE_ID]).all()
+        layers = spans[(spans[col.LEVEL] == "layer") & (spans[col.STEP] == step)]
+        assert sorted(layers[col.EXEC_INDEX]) == list(range(len(layers)))  # counting went on
+    assert_same_spans(session.trace, receiver.sink.spans)
+
+
+def test_explicit_steps_with_inner_model_calls_are_not_split(tmp_path):
+    model = Small()
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=None, otlp_endpoint=receiver.endpoint, service_name="xsp-test",
+                       long_step_s=0.0) as session:
+            for _ in range(2):
+                with xsp.step("train"):
+                    model(torch.randn(2, 4)).sum().backward()
+                    model(torch.randn(2, 4))
+        session.wait_for_export(30)
+    spans = session.trace.spans
+    steps = spans[spans[col.KIND] == "step"]
+    assert steps[col.STEP].tolist() == [0, 1]
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert predicts[col.PARENT_ID].isin(steps[col.SPAN_ID]).all()
+    assert sorted(predicts[col.PATH]) == ["train[0]/predict[0]", "train[0]/predict[0]",
+                                          "train[0]/predict[1]", "train[0]/predict[1]"]
+    assert_same_spans(session.trace, receiver.sink.spans)
+
+
+def test_threads_with_windows_keep_a_consistent_tree(tmp_path):
+    models = [Small() for _ in range(4)]
+
+    def worker(i):
+        with torch.no_grad():
+            for _ in range(5):
+                models[i](torch.randn(i + 1, 4))
+
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=None, otlp_endpoint=receiver.endpoint, service_name="xsp-test",
+                       long_step_s=0.0) as session:
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        session.wait_for_export(30)
+    spans = session.trace.spans
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert sorted(predicts[col.STEP]) == list(range(20))
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert len(layers) == 20 * 4 and layers[col.PARENT_ID].notna().all()
+    by_id = spans.set_index(col.SPAN_ID)
+    parents = by_id.loc[layers[col.PARENT_ID].astype("int64")]
+    assert (parents[col.THREAD_ID].to_numpy() == layers[col.THREAD_ID].to_numpy()).all()
+    assert (parents[col.STEP].to_numpy() == layers[col.STEP].to_numpy()).all()
+    assert spans[col.SPAN_ID].is_unique
+    assert_same_spans(session.trace, receiver.sink.spans)
