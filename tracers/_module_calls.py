@@ -183,7 +183,12 @@ class ModuleCallInterceptor:
             self._install()
 
     def release(self, user: str) -> None:
-        """Stop recording for ``user``; uninstall when nobody is left."""
+        """Stop recording for ``user``; uninstall when nobody is left.
+
+        Raises:
+            RuntimeError: something else replaced ``nn.Module.__call__`` meanwhile; xsp leaves
+                that replacement in place (after cleaning up everything of its own).
+        """
         with self._lock:
             self._users.pop(user, None)
             if self._users:
@@ -191,6 +196,11 @@ class ModuleCallInterceptor:
                 return
             self._uninstall()
             self._recording = None
+            if self.foreign_patch:
+                self.foreign_patch = False
+                raise RuntimeError("torch.nn.Module.__call__ was replaced by other code while xsp was "
+                                   "tracing; xsp left that replacement in place, and module calls that "
+                                   "bypassed xsp's wrapper are missing from the trace")
 
     def _install(self) -> None:
         assert self._recording is not None
@@ -198,7 +208,8 @@ class ModuleCallInterceptor:
         if self._original is None:
             self._original = current
         elif current is not self._wrapper:
-            self.foreign_patch = True
+            self.foreign_patch = True  # never overwrite another tool's replacement
+            return
         if self.mode is Mode.ALL:
             wrapper = _make_all_wrapper(self._recording, self._original, self._sync_backward_hooks)
         else:

@@ -319,3 +319,22 @@ def test_records_past_the_limit_are_dropped_and_counted():
             for _ in range(3):
                 model(torch.randn(1))
     assert session.trace.metadata["dropped"]["module_calls"] == 3 * 11 - 15
+
+
+def test_another_tool_replacing_module_call_is_warned_about_and_left_alone():
+    model = Net()
+    original = nn.Module.__call__
+    with pytest.warns(xsp.XspWarning, match="replaced by other code"):
+        with xsp.trace(output=None) as session, torch.no_grad():
+            model(torch.randn(1, 4))
+            wrapped = nn.Module.__call__
+
+            def other_tool(self, *args, **kwargs):
+                return wrapped(self, *args, **kwargs)
+
+            nn.Module.__call__ = other_tool
+    try:
+        assert nn.Module.__call__ is other_tool
+        assert len(session.trace.steps) == 1
+    finally:
+        nn.Module.__call__ = original
