@@ -243,7 +243,7 @@ class Session:
                 self._warn(f"could not write the trace file {self.output}: {exc}")
         if self._windows is not None:
             self.export = self._windows.export_last(last, metadata)
-            _pending_exports.append(self.export)
+            _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
