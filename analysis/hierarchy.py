@@ -5,9 +5,15 @@ innermost span that encloses it in time (``a.start <= b.start and b.end <= a.end
 level is the same or shallower (a layer never hangs below an operator). Spans on different
 threads never parent each other. The sweep sorts once (O(n log n)) and walks a stack.
 
-Spans that two candidates enclose equally (same interval, level and call depth) and spans that
-overlap without nesting are counted in :class:`HierarchyDiagnostics` instead of being
-resolved silently.
+A GPU activity (kernel, memcpy, memset, sync) runs asynchronously, so time says nothing about
+who launched it: its parent is the CUDA API call with the same correlation id, whose own
+parent came from inclusion on its host thread. So a kernel has the operator, layer, step
+and model of its launch as ancestors.
+
+What cannot be placed unambiguously is counted in :class:`HierarchyDiagnostics` (and listed
+by :func:`diagnostics_table`), never guessed: spans that overlap without nesting, spans that
+two candidates enclose equally, activities whose launch is missing, correlation ids that
+more than one API call carries.
 """
 
 from __future__ import annotations
@@ -34,8 +40,18 @@ class HierarchyDiagnostics:
     """Spans that started inside another span on their thread but ended after it."""
     ambiguous: int = 0
     """Spans whose parent had exactly the same interval, level and call depth."""
-    without_thread: int = 0
-    """Spans with no host thread, which inclusion cannot place."""
+    gpu_activities: int = 0
+    """Kernels, copies, sets and syncs, placed by launch correlation."""
+    launched: int = 0
+    """GPU activities whose launching CUDA API call was found."""
+    launch_missing: int = 0
+    """GPU activities whose correlation id no CUDA API call in the trace carries."""
+    without_correlation: int = 0
+    """GPU activities with no correlation id at all."""
+    duplicate_correlation: int = 0
+    """GPU activities whose correlation id several CUDA API calls carry (left unlinked)."""
+    other_without_thread: int = 0
+    """Other spans with no host thread (GPU annotations, counter ranges): roots."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -87,6 +103,36 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
     return parents, diagnostics
 
 
+def launch_parents(spans: pd.DataFrame, diagnostics: HierarchyDiagnostics) -> np.ndarray:
+    """Position of the launching CUDA API call of every GPU activity (-1 elsewhere)."""
+    parents = np.full(len(spans), NO_PARENT, dtype=np.int64)
+    correlation = spans[col.CORRELATION_ID]
+    kinds = spans[col.KIND]
+    activity = (kinds.isin([kind.value for kind in col.GPU_ACTIVITY_KINDS]) & spans[col.THREAD_ID].isna()).to_numpy()
+    api = ((spans[col.LEVEL] == Level.CUDA_API.value) & correlation.notna()).to_numpy()
+    diagnostics.gpu_activities = int(activity.sum())
+    if not activity.any():
+        return parents
+    api_rows = np.flatnonzero(api)
+    api_correlation = correlation.to_numpy(dtype=np.float64, na_value=np.nan)[api_rows].astype(np.int64)
+    repeated = pd.Series(api_correlation).duplicated(keep=False).to_numpy()
+    launcher = pd.Series(api_rows[~repeated], index=api_correlation[~repeated])
+    activity_rows = np.flatnonzero(activity)
+    wanted = correlation.iloc[activity_rows]
+    has_id = wanted.notna().to_numpy()
+    found = pd.Series(np.full(len(activity_rows), NO_PARENT, dtype=np.int64))
+    if has_id.any():
+        ids = wanted[has_id].to_numpy(dtype=np.int64)
+        found[has_id] = launcher.reindex(ids).fillna(NO_PARENT).to_numpy(dtype=np.int64)
+        duplicated = np.isin(ids, api_correlation[repeated])
+        diagnostics.duplicate_correlation = int(duplicated.sum())
+        diagnostics.launch_missing = int(((found[has_id].to_numpy() < 0) & ~duplicated).sum())
+    parents[activity_rows] = found.to_numpy()
+    diagnostics.without_correlation = int((~has_id).sum())
+    diagnostics.launched = int((parents[activity_rows] >= 0).sum())
+    return parents
+
+
 def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position (row number, or -1) of every row of a span table."""
     count = len(spans)
@@ -101,12 +147,38 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
         spans[col.START_NS].to_numpy(dtype=np.int64)[rows],
         spans[col.END_NS].to_numpy(dtype=np.int64)[rows],
         rank[rows], tiebreak[rows])
-    parents = np.full(count, NO_PARENT, dtype=np.int64)
+    parents = launch_parents(spans, diagnostics)
     parents[rows] = np.where(sub_parents >= 0, rows[np.maximum(sub_parents, 0)], NO_PARENT)
     diagnostics.spans = count
-    diagnostics.without_thread = int(count - len(rows))
+    diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities)
     diagnostics.roots = int((parents == NO_PARENT).sum())
     return parents, diagnostics
+
+
+_DIAGNOSTIC_MEANING = {
+    "overlapping": "spans that started inside another span on their thread but ended after it",
+    "ambiguous": "spans whose candidate parent had exactly the same interval, level and depth",
+    "launch_missing": "GPU activities whose correlation id no CUDA API call in the trace carries",
+    "without_correlation": "GPU activities without a correlation id",
+    "duplicate_correlation": "GPU activities whose correlation id several API calls carry (unlinked)",
+    "other_without_thread": "spans with neither a thread nor a launch (GPU annotations, counter ranges)",
+}
+
+
+def diagnostics_table(diagnostics: dict[str, int]) -> pd.DataFrame:
+    """The hierarchy diagnostics of a trace (``trace.metadata["hierarchy"]``) as a table.
+
+    Columns: ``problem``, ``spans`` (how many), ``share`` (of all spans, or of GPU activities
+    for the launch problems), ``meaning``.
+    """
+    total = max(diagnostics.get("spans", 0), 1)
+    activities = max(diagnostics.get("gpu_activities", 0), 1)
+    rows = []
+    for problem, meaning in _DIAGNOSTIC_MEANING.items():
+        count = int(diagnostics.get(problem, 0))
+        base = activities if problem in ("launch_missing", "without_correlation", "duplicate_correlation") else total
+        rows.append({"problem": problem, "spans": count, "share": count / base, "meaning": meaning})
+    return pd.DataFrame(rows, columns=["problem", "spans", "share", "meaning"])
 
 
 def build(spans: pd.DataFrame) -> pd.DataFrame:

@@ -75,6 +75,9 @@ class StepState:
     """Names seen so far below the session and at the root of each trace, for ``path``."""
     layers_in_step: dict[int, int] = field(default_factory=dict)
     """Layer spans numbered so far in steps that a later window may continue."""
+    attach_to_session: bool = True
+    """Hang roots outside every step below the session span (False for imported traces,
+    which have no session span)."""
 
 
 @dataclass
@@ -106,6 +109,10 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     step_of = np.full(count, NONE, dtype=np.int64)
     trace_of = np.full(count, state.session_trace_id, dtype=object)
     step_of[step_roots] = state.steps + np.arange(len(step_roots))
+    if col.STEP in spans:  # numbers the recorder already knew (ProfilerStep#N)
+        preset = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[step_roots]
+        known = ~np.isnan(preset)
+        step_of[step_roots[known]] = preset[known].astype(np.int64)
     for root in step_roots.tolist():
         trace_of[root] = new_trace_id()
     for root in np.flatnonzero(parents < 0).tolist():
@@ -120,10 +127,12 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
             if prior is not None and prior[0] <= starts[root]:
                 step_of[root], trace_of[root] = prior[1], prior[2]
                 continue
-        parents[root] = session
+        if state.attach_to_session:
+            parents[root] = session
     for root in step_roots.tolist():
         state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]), trace_of[root])
-    state.steps += len(step_roots)
+    if len(step_roots):
+        state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
     inside = parents.copy()
     inside[inside == count] = NONE
     top = root_of(inside)

@@ -56,6 +56,7 @@ class SpanKind(str, enum.Enum):
     USER = "user"  # xsp.span() (model level)
     FORWARD = "forward"  # one nn.Module forward call (layer level)
     BACKWARD = "backward"  # one nn.Module backward (layer level)
+    PYTHON = "python"  # a Python function seen by PyTorch's profiler (layer level)
     OPERATOR = "operator"  # one framework operator (operator level)
     RUNTIME = "runtime"  # CUDA runtime API call (cuda_api level)
     DRIVER = "driver"  # CUDA driver API call (cuda_api level)
@@ -63,10 +64,14 @@ class SpanKind(str, enum.Enum):
     MEMCPY = "memcpy"  # GPU memory copy (kernel level)
     MEMSET = "memset"  # GPU memory set (kernel level)
     SYNC = "sync"  # GPU synchronisation (kernel level)
+    COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
+    # its duration is not the kernel's)
 
 
 STEP_KINDS: Final = frozenset({SpanKind.STEP, SpanKind.PREDICT})
 """Kinds whose outermost occurrence starts a step."""
+GPU_ACTIVITY_KINDS: Final = frozenset({SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET, SpanKind.SYNC})
+"""Kernel-level kinds that a CUDA API call launches (linked by correlation id)."""
 
 
 class Status(str, enum.Enum):

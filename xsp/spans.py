@@ -25,6 +25,9 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
     for name, dtype in col.COLUMNS.items():
         if name in frame:
             series = frame[name]
+            if str(series.dtype) == dtype:
+                out[name] = series.reset_index(drop=True)
+                continue
             if dtype == "string":
                 series = series.astype(object).where(series.notna(), None).astype("string")
             else:
@@ -52,9 +55,10 @@ class TableResult:
     diagnostics: dict[str, int]
 
 
-def new_step_state() -> structure.StepState:
+def new_step_state(attach_to_session: bool = True) -> structure.StepState:
     """Ids of a session's root span, fixed before any window is built."""
-    return structure.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]))
+    return structure.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]),
+                               attach_to_session=attach_to_session)
 
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,

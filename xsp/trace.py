@@ -46,12 +46,16 @@ class Trace:
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a ``.xsp.parquet`` trace.
+    """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        xsp.TraceFormatError: the file is not an xsp trace, or is truncated or corrupt.
+        xsp.TraceFormatError: the file is not a trace xsp reads, or is truncated or corrupt.
         xsp.SchemaVersionError: the file was written by a newer xsp.
     """
+    from xsp.analysis.kineto import is_kineto_path, load_kineto
+
+    if is_kineto_path(path):
+        return load_kineto(path)
     spans, metadata = read_trace(path)
     return Trace(spans=spans, metadata=metadata)

@@ -66,11 +66,38 @@ def test_call_depth_breaks_ties_between_identical_intervals():
     assert built.attrs["hierarchy"]["ambiguous"] == 0
 
 
-def test_spans_without_thread_are_left_for_launch_correlation():
-    table = spans([("a", "model", 0, 100, 1), ("kernel", "kernel", 10, 20, None)])
+def test_gpu_activities_hang_below_their_launch_by_correlation_not_time():
+    table = spans([
+        ("op", "operator", 0, 100, 1),
+        ("cudaLaunchKernel", "cuda_api", 10, 20, 1),
+        ("cudaMemcpyAsync", "cuda_api", 30, 40, 1),
+        ("gemm", "kernel", 500, 900, None),  # runs long after its launch returned
+        ("copy", "kernel", 950, 960, None),
+        ("orphan", "kernel", 970, 980, None),
+        ("no id", "kernel", 990, 995, None),
+    ])
+    table[col.KIND] = pd.array(["operator", "runtime", "runtime", "kernel", "memcpy", "kernel", "kernel"],
+                               dtype="string")
+    table[col.CORRELATION_ID] = pd.array([None, 7, 8, 7, 8, 9, None], dtype="Int64")
+    table[col.DEVICE_ID] = pd.array([None, None, None, 0, 0, 0, 0], dtype="Int64")
+    assert parents_by_name(table) == {"op": None, "cudaLaunchKernel": "op", "cudaMemcpyAsync": "op",
+                                      "gemm": "cudaLaunchKernel", "copy": "cudaMemcpyAsync", "orphan": None,
+                                      "no id": None}
+    diagnostics = hierarchy.build(table).attrs["hierarchy"]
+    assert diagnostics["gpu_activities"] == 4 and diagnostics["launched"] == 2
+    assert diagnostics["launch_missing"] == 1 and diagnostics["without_correlation"] == 1
+
+
+def test_a_correlation_id_carried_by_two_launches_is_reported_not_guessed():
+    table = spans([("launch a", "cuda_api", 0, 10, 1), ("launch b", "cuda_api", 20, 30, 2),
+                   ("kernel", "kernel", 40, 50, None)])
+    table[col.KIND] = pd.array(["runtime", "runtime", "kernel"], dtype="string")
+    table[col.CORRELATION_ID] = pd.array([5, 5, 5], dtype="Int64")
     built = hierarchy.build(table)
     assert built[col.PARENT_ID].isna().all()
-    assert built.attrs["hierarchy"]["without_thread"] == 1
+    assert built.attrs["hierarchy"]["duplicate_correlation"] == 1
+    report = hierarchy.diagnostics_table(built.attrs["hierarchy"]).set_index("problem")
+    assert report.loc["duplicate_correlation", "spans"] == 1 and report.loc["duplicate_correlation", "share"] == 1
 
 
 @st.composite

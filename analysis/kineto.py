@@ -1,0 +1,314 @@
+"""Importing PyTorch profiler (Kineto) Chrome-trace files into the canonical span table.
+
+Mapping (``cat`` of complete events):
+
+========================  =========  ===========  ===========================================
+Kineto category           level      kind         notes
+========================  =========  ===========  ===========================================
+``user_annotation``       model      user / step  ``ProfilerStep#N`` is step ``N``
+``python_function``       layer      python       kept when the profile has them
+``cpu_op``                operator   operator     input shapes, sequence number
+``cuda_runtime``          cuda_api   runtime      correlation id, cbid
+``cuda_driver``           cuda_api   driver       correlation id, cbid
+``kernel``                kernel     kernel       device, stream, grid, block, registers, shared memory
+``gpu_memcpy``            kernel     memcpy       bytes, copy kind, bandwidth
+``gpu_memset``            kernel     memset       bytes
+``cuda_sync``             kernel     sync         synchronisation seen on a stream
+``gpu_user_annotation``   kernel     user         record_function ranges on the GPU timeline
+``cuda_profiler_range``   kernel     counters     CUPTI counters per range: FLOPs
+========================  =========  ===========  ===========================================
+
+Times are ``baseTimeNanoseconds`` (when present) plus ``ts`` microseconds; integer
+microseconds are converted exactly and fractional ones to the nanosecond. Flow events
+(``ac2g``) stand in for a missing ``correlation`` argument. Instant events (memory
+allocations) and the profiler's own ``Trace`` spans are counted in the metadata, not imported.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp._version import __version__
+from xsp.errors import TraceFormatError
+from xsp.schema import Level, SpanKind
+from xsp.spans import build_table, new_step_state
+from xsp.trace import Trace
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
+
+CATEGORIES: dict[str, tuple[Level, SpanKind]] = {
+    "user_annotation": (Level.MODEL, SpanKind.USER),
+    "python_function": (Level.LAYER, SpanKind.PYTHON),
+    "cpu_op": (Level.OPERATOR, SpanKind.OPERATOR),
+    "operator": (Level.OPERATOR, SpanKind.OPERATOR),
+    "cuda_runtime": (Level.CUDA_API, SpanKind.RUNTIME),
+    "runtime": (Level.CUDA_API, SpanKind.RUNTIME),
+    "cuda_driver": (Level.CUDA_API, SpanKind.DRIVER),
+    "kernel": (Level.KERNEL, SpanKind.KERNEL),
+    "gpu_memcpy": (Level.KERNEL, SpanKind.MEMCPY),
+    "gpu_memset": (Level.KERNEL, SpanKind.MEMSET),
+    "cuda_sync": (Level.KERNEL, SpanKind.SYNC),
+    "gpu_user_annotation": (Level.KERNEL, SpanKind.USER),
+    "cuda_profiler_range": (Level.KERNEL, SpanKind.COUNTERS),
+}
+"""Kineto category (lower case; old traces write ``Kernel``, ``Runtime``...) -> level and kind."""
+DEVICE_CATEGORIES = frozenset(
+    cat for cat, (level, _) in CATEGORIES.items() if level is Level.KERNEL)
+COPY_KIND = re.compile(r"Memcpy (\w+)")
+FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instruction
+    "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 2,
+    "smsp__sass_thread_inst_executed_op_hadd_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_hmul_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_hfma_pred_on.sum": 2,
+    "smsp__sass_thread_inst_executed_op_dadd_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_dmul_pred_on.sum": 1,
+    "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum": 2,
+}
+_TYPED_ARGS = {"External id", "correlation", "device", "stream", "grid", "block", "registers per thread",
+               "shared memory", "bytes", "Input Dims", "cbid", "context", "Ev Idx", "Record function id"}
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float = 0
+    dur: int | float = 0
+    id: Any = None
+    args: dict[str, Any] = {}
+
+
+class _File(msgspec.Struct):
+    traceEvents: list[_Event] = []  # noqa: N815 - Kineto's key
+    deviceProperties: list[dict[str, Any]] = []  # noqa: N815
+    distributedInfo: dict[str, Any] = {}  # noqa: N815
+    baseTimeNanoseconds: int = 0  # noqa: N815
+    schemaVersion: Any = None  # noqa: N815
+    cupti_version: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    traceName: Any = None  # noqa: N815
+
+
+_DECODER = msgspec.json.Decoder(_File)
+_ENCODE = msgspec.json.Encoder(enc_hook=str)
+
+
+def is_kineto_path(path: str | os.PathLike[str]) -> bool:
+    name = str(path).lower()
+    return name.endswith(KINETO_SUFFIXES)
+
+
+def _read_bytes(source: Path) -> bytes:
+    data = source.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            raw = inflater.decompress(data) + inflater.flush()
+        except zlib.error as exc:
+            raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+        if not inflater.eof:
+            raise TraceFormatError(f"{source} is a truncated gzip file")
+        return raw
+    return data
+
+
+def _decode(source: Path) -> _File:
+    data = _read_bytes(source)
+    collecting = gc.isenabled()
+    gc.disable()  # hundreds of thousands of new objects, none cyclic: scanning them is pure cost
+    try:
+        decoded = _DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
+        raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
+    finally:
+        if collecting:
+            gc.enable()
+    if not decoded.traceEvents and b"traceEvents" not in data[:1 << 20]:
+        raise TraceFormatError(f"{source} is JSON but not a Chrome trace (no traceEvents)")
+    return decoded
+
+
+def _nanoseconds(values: list[int | float]) -> np.ndarray:
+    """Microseconds (integers exactly, fractions to the nanosecond) as int64 nanoseconds."""
+    as_float = np.asarray(values, dtype=np.float64)
+    whole = np.floor(as_float)
+    return whole.astype(np.int64) * 1000 + np.rint((as_float - whole) * 1000).astype(np.int64)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _int_column(values: list[Any]) -> pd.arrays.IntegerArray:
+    """A nullable int64 column; values that are not integers become null."""
+    try:
+        return pd.array(values, dtype="Int64")
+    except (TypeError, ValueError):
+        return pd.array([_int_or_none(value) for value in values], dtype="Int64")
+
+
+def _dims_text(value: Any) -> str | None:
+    if value is None or value == []:
+        return None
+    return _ENCODE.encode(value).decode()
+
+
+def _extra_attributes(args: dict[str, Any]) -> str | None:
+    extra = {key: value for key, value in args.items() if key not in _TYPED_ARGS}
+    return _ENCODE.encode(extra).decode() if extra else None
+
+
+def _flops(args: dict[str, Any]) -> int | None:
+    counted = [args[name] * factor for name, factor in FLOP_COUNTERS.items() if name in args]
+    return int(sum(counted)) if counted else None
+
+
+def _complete_events(events: list[_Event], counts: Counter[str]) -> list[_Event]:
+    kept = []
+    for event in events:
+        if event.ph == "X":
+            cat = event.cat.lower()
+            if cat in CATEGORIES:
+                if cat != event.cat:
+                    event.cat = cat
+                kept.append(event)
+                continue
+            counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
+        elif event.ph not in ("M", "s", "f", "t"):
+            counts[f"ignored {event.cat or event.ph} events"] += 1
+    return kept
+
+
+def _flow_correlations(events: list[_Event]) -> dict[tuple[Any, Any, int], int]:
+    """``ac2g`` flow ends, by (pid, tid, ts in ns): the correlation id a flow carries."""
+    flows = {}
+    for event in events:
+        if event.ph in ("s", "f") and event.cat == "ac2g":
+            flow_id = _int_or_none(event.id)
+            if flow_id is not None:
+                flows[(event.pid, event.tid, int(_nanoseconds([event.ts])[0]))] = flow_id
+    return flows
+
+
+def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Span rows (times in epoch ns, no ids or parents yet) and metadata of a decoded trace."""
+    counts: Counter[str] = Counter()
+    events = _complete_events(decoded.traceEvents, counts)
+    cats = [event.cat for event in events]
+    args = [event.args for event in events]
+    level_kind = [CATEGORIES[cat] for cat in cats]
+    on_device = np.array([cat in DEVICE_CATEGORIES for cat in cats], dtype=bool)
+    names = [event.name for event in events]
+    start = _nanoseconds([event.ts for event in events]) + int(decoded.baseTimeNanoseconds or 0)
+    duration = np.maximum(_nanoseconds([event.dur for event in events]), 0)
+    correlation = list(_int_column([a.get("correlation") for a in args]).to_numpy(dtype=object, na_value=None))
+    if any(c is None for c, cat in zip(correlation, cats) if cat in ("kernel", "gpu_memcpy", "gpu_memset",
+                                                                      "cuda_runtime", "cuda_driver")):
+        flows = _flow_correlations(decoded.traceEvents)
+        for i, event in enumerate(events):
+            if correlation[i] is None and event.cat in ("kernel", "cuda_runtime", "cuda_driver"):
+                correlation[i] = flows.get((event.pid, event.tid, int(start[i] - decoded.baseTimeNanoseconds)))
+    kinds = [kind.value for _, kind in level_kind]
+    steps: list[int | None] = [None] * len(events)
+    for i, (cat, name) in enumerate(zip(cats, names)):
+        if cat == "user_annotation":
+            match = PROFILER_STEP.match(name)
+            if match:
+                kinds[i] = SpanKind.STEP.value
+                steps[i] = int(match.group(1))
+    copy_kinds = [None] * len(events)
+    for i, cat in enumerate(cats):
+        if cat == "gpu_memcpy":
+            match = COPY_KIND.match(names[i])
+            copy_kinds[i] = match.group(1) if match else None
+    rows = pd.DataFrame({
+        col.LEVEL: [level.value for level, _ in level_kind],
+        col.KIND: kinds,
+        col.NAME: names,
+        col.START_NS: start,
+        col.END_NS: start + duration,
+        col.THREAD_ID: _int_column([None if d else e.tid for d, e in zip(on_device, events)]),
+        col.DEVICE_ID: _int_column([a.get("device", e.pid) if d else None
+                                    for d, a, e in zip(on_device, args, events)]),
+        col.STREAM_ID: _int_column([a.get("stream", e.tid) if d else None
+                                    for d, a, e in zip(on_device, args, events)]),
+        col.CORRELATION_ID: pd.array(correlation, dtype="Int64"),
+        col.STEP: pd.array(steps, dtype="Int64"),
+        col.INPUT_SHAPES: [_dims_text(a.get("Input Dims")) for a in args],
+        col.GRID: [_dims_text(a.get("grid")) for a in args],
+        col.BLOCK: [_dims_text(a.get("block")) for a in args],
+        col.REGISTERS_PER_THREAD: _int_column([a.get("registers per thread") for a in args]),
+        col.SHARED_MEMORY_BYTES: _int_column([a.get("shared memory") for a in args]),
+        col.BYTES: _int_column([a.get("bytes") for a in args]),
+        col.COPY_KIND: copy_kinds,
+        col.FLOPS: pd.array([_flops(a) if c == "cuda_profiler_range" else None for a, c in zip(args, cats)],
+                            dtype="Int64"),
+        col.ATTRIBUTES: [_extra_attributes(a) for a in args],
+    })
+    metadata = {
+        "source": "kineto",
+        "kineto": {
+            "schema_version": decoded.schemaVersion, "trace_name": decoded.traceName,
+            "cupti_version": decoded.cupti_version, "cuda_runtime_version": decoded.cuda_runtime_version,
+            "cuda_driver_version": decoded.cuda_driver_version,
+            "base_time_ns": decoded.baseTimeNanoseconds,
+        },
+        "device_properties": decoded.deviceProperties,
+        "rank": decoded.distributedInfo.get("rank"),
+        "world_size": decoded.distributedInfo.get("world_size"),
+        "distributed": decoded.distributedInfo,
+        "not_imported": dict(counts),
+    }
+    return rows, metadata
+
+
+def load_kineto(path: str | os.PathLike[str]) -> Trace:
+    """Read a PyTorch profiler (Kineto) trace into an :class:`xsp.Trace`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TraceFormatError: not a Chrome trace, or truncated or corrupt.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"no such trace file: {source}")
+    rows, metadata = kineto_rows(_decode(source))
+    result = build_table([rows], 0, new_step_state(attach_to_session=False))
+    spans = result.spans
+    levels = [level.value for level in Level if (spans[col.LEVEL] == level.value).any()]
+    metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
+                "imported_from": str(source), "levels": levels, "hierarchy": result.diagnostics,
+                "dropped": {}, "service_name": source.name.split(".")[0],
+                "device": _device_name(metadata["device_properties"])}
+    return Trace(spans=spans, metadata=metadata)
+
+
+def _device_name(properties: list[dict[str, Any]]) -> str:
+    names = sorted({str(p.get("name")) for p in properties if p.get("name")})
+    return ", ".join(names) if names else "unknown"
