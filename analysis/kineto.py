@@ -37,12 +37,13 @@ from typing import Any
 import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from xsp import schema as col
 from xsp._version import __version__
 from xsp.errors import TraceFormatError
 from xsp.schema import Level, SpanKind
-from xsp.spans import build_table, new_step_state
+from xsp.spans import build_table, new_step_state, string_array
 from xsp.trace import Trace
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -78,11 +79,13 @@ FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instr
     "smsp__sass_thread_inst_executed_op_dmul_pred_on.sum": 1,
     "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum": 2,
 }
+_LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 _TYPED_ARGS = {"External id", "correlation", "device", "stream", "grid", "block", "registers per thread",
-               "shared memory", "bytes", "Input Dims", "cbid", "context", "Ev Idx", "Record function id"}
+               "shared memory", "bytes", "Input Dims", "Sequence number", "Ev Idx", "Record function id",
+               *FLOP_COUNTERS}
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -165,12 +168,15 @@ def _int_or_none(value: Any) -> int | None:
     return None
 
 
+_MISSING = -(2**63)
+
+
 def _int_column(values: list[Any]) -> pd.arrays.IntegerArray:
     """A nullable int64 column; values that are not integers become null."""
-    try:
-        return pd.array(values, dtype="Int64")
-    except (TypeError, ValueError):
-        return pd.array([_int_or_none(value) for value in values], dtype="Int64")
+    plain = [v if type(v) is int else _MISSING if v is None else _int_or_none(v) for v in values]
+    data = np.array([_MISSING if v is None else v for v in plain] if None in plain else plain, dtype=np.int64)
+    mask = data == _MISSING
+    return pd.arrays.IntegerArray(np.where(mask, 0, data), mask)
 
 
 def _dims_text(value: Any) -> str | None:
@@ -180,8 +186,9 @@ def _dims_text(value: Any) -> str | None:
 
 
 def _extra_attributes(args: dict[str, Any]) -> str | None:
-    extra = {key: value for key, value in args.items() if key not in _TYPED_ARGS}
-    return _ENCODE.encode(extra).decode() if extra else None
+    if args.keys() <= _TYPED_ARGS:
+        return None
+    return _ENCODE.encode({key: value for key, value in args.items() if key not in _TYPED_ARGS}).decode()
 
 
 def _flops(args: dict[str, Any]) -> int | None:
@@ -216,60 +223,88 @@ def _flow_correlations(events: list[_Event]) -> dict[tuple[Any, Any, int], int]:
     return flows
 
 
+def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
+    """A full column of ``count`` nulls with ``values`` placed at ``rows``."""
+    if isinstance(values, pd.arrays.IntegerArray):
+        data, mask = np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)
+        data[rows], mask[rows] = values.to_numpy(dtype=np.int64, na_value=0), values.isna()
+        return pd.arrays.IntegerArray(data, mask)
+    full = np.full(count, None, dtype=object)
+    full[rows] = values
+    return full
+
+
+def _codes_to_strings(codes: np.ndarray, categories: list[str]) -> pd.api.extensions.ExtensionArray:
+    """Strings for integer codes, expanded by Arrow (no Python string per row)."""
+    dictionary = pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(categories))
+    return pd.array(dictionary.cast(pa.large_string()), dtype="string")
+
+
+_CATEGORY_NAMES = list(CATEGORIES)
+_CATEGORY_INDEX = {cat: i for i, cat in enumerate(_CATEGORY_NAMES)}
+_LEVEL_NAMES = [level.value for level in Level]
+_KIND_NAMES = [kind.value for kind in SpanKind]
+_LEVEL_OF_CATEGORY = np.array([_LEVEL_NAMES.index(CATEGORIES[c][0].value) for c in _CATEGORY_NAMES])
+_KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in _CATEGORY_NAMES])
+_DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in _CATEGORY_NAMES])
+
+
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows (times in epoch ns, no ids or parents yet) and metadata of a decoded trace."""
     counts: Counter[str] = Counter()
     events = _complete_events(decoded.traceEvents, counts)
-    cats = [event.cat for event in events]
+    count = len(events)
+    category = np.array([_CATEGORY_INDEX[event.cat] for event in events], dtype=np.int64)
     args = [event.args for event in events]
-    level_kind = [CATEGORIES[cat] for cat in cats]
-    on_device = np.array([cat in DEVICE_CATEGORIES for cat in cats], dtype=bool)
     names = [event.name for event in events]
+    device_rows = np.flatnonzero(_DEVICE_CATEGORY[category]) if count else np.zeros(0, dtype=np.int64)
+    host_rows = np.flatnonzero(~_DEVICE_CATEGORY[category]) if count else np.zeros(0, dtype=np.int64)
+    device_events = [events[i] for i in device_rows.tolist()]
+    device_args = [args[i] for i in device_rows.tolist()]
     start = _nanoseconds([event.ts for event in events]) + int(decoded.baseTimeNanoseconds or 0)
     duration = np.maximum(_nanoseconds([event.dur for event in events]), 0)
-    correlation = list(_int_column([a.get("correlation") for a in args]).to_numpy(dtype=object, na_value=None))
-    if any(c is None for c, cat in zip(correlation, cats) if cat in ("kernel", "gpu_memcpy", "gpu_memset",
-                                                                      "cuda_runtime", "cuda_driver")):
+    correlation = [a.get("correlation") for a in args]
+    if any(correlation[i] is None for i in np.flatnonzero(np.isin(category, [
+            _CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])).tolist()):
         flows = _flow_correlations(decoded.traceEvents)
         for i, event in enumerate(events):
-            if correlation[i] is None and event.cat in ("kernel", "cuda_runtime", "cuda_driver"):
+            if correlation[i] is None and event.cat in _LAUNCH_LINKED:
                 correlation[i] = flows.get((event.pid, event.tid, int(start[i] - decoded.baseTimeNanoseconds)))
-    kinds = [kind.value for _, kind in level_kind]
-    steps: list[int | None] = [None] * len(events)
-    for i, (cat, name) in enumerate(zip(cats, names)):
-        if cat == "user_annotation":
-            match = PROFILER_STEP.match(name)
-            if match:
-                kinds[i] = SpanKind.STEP.value
-                steps[i] = int(match.group(1))
-    copy_kinds = [None] * len(events)
-    for i, cat in enumerate(cats):
-        if cat == "gpu_memcpy":
-            match = COPY_KIND.match(names[i])
-            copy_kinds[i] = match.group(1) if match else None
+    kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
+    steps: list[int | None] = [None] * count
+    for i in np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"]).tolist():
+        match = PROFILER_STEP.match(names[i])
+        if match:
+            kind_codes[i] = _KIND_NAMES.index(SpanKind.STEP.value)
+            steps[i] = int(match.group(1))
+    copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
+    copy_kinds = [m.group(1) if (m := COPY_KIND.match(names[i])) else None for i in copy_rows.tolist()]
+    counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
     rows = pd.DataFrame({
-        col.LEVEL: [level.value for level, _ in level_kind],
-        col.KIND: kinds,
-        col.NAME: names,
+        col.LEVEL: _codes_to_strings(_LEVEL_OF_CATEGORY[category] if count else category, _LEVEL_NAMES),
+        col.KIND: _codes_to_strings(kind_codes, _KIND_NAMES),
+        col.NAME: string_array(names),
         col.START_NS: start,
         col.END_NS: start + duration,
-        col.THREAD_ID: _int_column([None if d else e.tid for d, e in zip(on_device, events)]),
-        col.DEVICE_ID: _int_column([a.get("device", e.pid) if d else None
-                                    for d, a, e in zip(on_device, args, events)]),
-        col.STREAM_ID: _int_column([a.get("stream", e.tid) if d else None
-                                    for d, a, e in zip(on_device, args, events)]),
-        col.CORRELATION_ID: pd.array(correlation, dtype="Int64"),
-        col.STEP: pd.array(steps, dtype="Int64"),
+        col.THREAD_ID: _scatter(count, host_rows, _int_column([events[i].tid for i in host_rows.tolist()])),
+        col.DEVICE_ID: _scatter(count, device_rows, _int_column(
+            [a.get("device", e.pid) for a, e in zip(device_args, device_events)])),
+        col.STREAM_ID: _scatter(count, device_rows, _int_column(
+            [a.get("stream", e.tid) for a, e in zip(device_args, device_events)])),
+        col.CORRELATION_ID: _int_column(correlation),
+        col.STEP: _int_column(steps),
         col.INPUT_SHAPES: [_dims_text(a.get("Input Dims")) for a in args],
-        col.GRID: [_dims_text(a.get("grid")) for a in args],
-        col.BLOCK: [_dims_text(a.get("block")) for a in args],
-        col.REGISTERS_PER_THREAD: _int_column([a.get("registers per thread") for a in args]),
-        col.SHARED_MEMORY_BYTES: _int_column([a.get("shared memory") for a in args]),
-        col.BYTES: _int_column([a.get("bytes") for a in args]),
-        col.COPY_KIND: copy_kinds,
-        col.FLOPS: pd.array([_flops(a) if c == "cuda_profiler_range" else None for a, c in zip(args, cats)],
-                            dtype="Int64"),
-        col.ATTRIBUTES: [_extra_attributes(a) for a in args],
+        col.GRID: _scatter(count, device_rows, [_dims_text(a.get("grid")) for a in device_args]),
+        col.BLOCK: _scatter(count, device_rows, [_dims_text(a.get("block")) for a in device_args]),
+        col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column(
+            [a.get("registers per thread") for a in device_args])),
+        col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column(
+            [a.get("shared memory") for a in device_args])),
+        col.BYTES: _scatter(count, device_rows, _int_column([a.get("bytes") for a in device_args])),
+        col.COPY_KIND: _scatter(count, copy_rows, copy_kinds),
+        col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(args[i]) for i in counter_rows.tolist()])),
+        col.SEQUENCE_NUMBER: _int_column([a.get("Sequence number") for a in args]),
+        col.ATTRIBUTES: string_array([_extra_attributes(a) for a in args]),
     })
     metadata = {
         "source": "kineto",

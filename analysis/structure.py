@@ -181,13 +181,13 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> np.
     carried = (anchor[:count] < 0) | (anchor[:count] == session)
     if session < count:
         carried[session] = False
+    traces = shape.trace_ids
     for row in np.flatnonzero(carried).tolist():
-        key = ("session" if anchor[row] == session else keys.at[row, "trace"], names[row])
+        key = ("session" if anchor[row] == session else traces[row], names[row])
         occurrence[row] += state.occurrences[key]
-    for row in np.flatnonzero(carried).tolist():
-        key = ("session" if anchor[row] == session else keys.at[row, "trace"], names[row])
-        state.occurrences[key] = max(state.occurrences[key], occurrence[row] + 1)
-    own = names[:count] + "[" + occurrence.astype(str).astype(object) + "]"
+        state.occurrences[key] = max(state.occurrences[key], int(occurrence[row]) + 1)
+    own = np.array([f"{name}[{k}]" for name, k in zip(names[:count].tolist(), occurrence.tolist())] + [""],
+                   dtype=object)[:count]
     paths = np.full(count + 1, None, dtype=object)
     paths[session] = SESSION_PATH
     if session < count:

@@ -115,6 +115,8 @@ SHARED_MEMORY_BYTES: Final = "shared_memory_bytes"
 BYTES: Final = "bytes"
 COPY_KIND: Final = "copy_kind"
 FLOPS: Final = "flops"
+SEQUENCE_NUMBER: Final = "sequence_number"
+"""Autograd sequence number of an operator: a backward operator carries its forward's."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
@@ -152,6 +154,7 @@ COLUMNS: Final[dict[str, str]] = {
     BYTES: "Int64",
     COPY_KIND: "string",
     FLOPS: "Int64",
+    SEQUENCE_NUMBER: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -195,5 +198,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     BYTES: "xsp.memory.bytes",
     COPY_KIND: "xsp.memory.copy_kind",
     FLOPS: "xsp.flops",
+    SEQUENCE_NUMBER: "xsp.operator.sequence_number",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from xsp import schema as col
 from xsp.analysis import hierarchy, structure
@@ -17,6 +18,14 @@ from xsp.analysis import hierarchy, structure
 def empty_table() -> pd.DataFrame:
     """A span table with no rows and every column typed."""
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
+
+
+def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
+    """Python strings (or None) as pandas' "string" dtype, converted by Arrow in one go."""
+    try:
+        return pd.array(pa.array(values, type=pa.large_string()), dtype="string")
+    except (pa.ArrowException, TypeError):
+        return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:
@@ -29,7 +38,8 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
                 out[name] = series.reset_index(drop=True)
                 continue
             if dtype == "string":
-                series = series.astype(object).where(series.notna(), None).astype("string")
+                values = series.astype(object).where(series.notna(), None).tolist()
+                series = pd.Series(string_array(values), index=series.index)
             else:
                 series = series.astype(dtype)
             out[name] = series.reset_index(drop=True)
@@ -101,8 +111,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table.loc[~has_parent, col.PARENT_ID] = pd.NA
     table[col.STEP] = pd.array(shape.step, dtype="Int64")
     table.loc[shape.step < 0, col.STEP] = pd.NA
-    table[col.TRACE_ID] = pd.array(shape.trace_ids.astype(str), dtype="string")
-    table[col.PATH] = pd.array(structure.assign_paths(table, shape, state), dtype="string")
+    table[col.TRACE_ID] = string_array(shape.trace_ids.tolist())
+    table[col.PATH] = string_array(structure.assign_paths(table, shape, state).tolist())
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = pd.array(exec_index, dtype="Int64")
     table.loc[exec_index < 0, col.EXEC_INDEX] = pd.NA
