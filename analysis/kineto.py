@@ -5,7 +5,8 @@ Mapping (``cat`` of complete events):
 ========================  =========  ===========  ===========================================
 Kineto category           level      kind         notes
 ========================  =========  ===========  ===========================================
-``user_annotation``       model      user / step  ``ProfilerStep#N`` is step ``N``
+``user_annotation``       model      user / step  ``ProfilerStep#N`` is step ``N``; inside an
+                                                  operator: operator level
 ``python_function``       layer      python       kept when the profile has them
 ``cpu_op``                operator   operator     input shapes, sequence number
 ``cuda_runtime``          cuda_api   runtime      correlation id, cbid
@@ -20,8 +21,11 @@ Kineto category           level      kind         notes
 
 Times are ``baseTimeNanoseconds`` (when present) plus ``ts`` microseconds; integer
 microseconds are converted exactly and fractional ones to the nanosecond. Flow events
-(``ac2g``) stand in for a missing ``correlation`` argument. Instant events (memory
-allocations) and the profiler's own ``Trace`` spans are counted in the metadata, not imported.
+(``ac2g``) stand in for a missing ``correlation`` argument. Arguments without a column of
+their own (``External id``, ``cbid``, occupancy, collective sizes...) are kept in
+``attributes``, except Kineto's internal event indexes (``Ev Idx``, ``Record function id``).
+Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
+the metadata (``not_imported``), not imported.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from xsp.analysis.hierarchy import inclusion_parents
 
 from xsp import schema as col
 from xsp._version import __version__
@@ -80,7 +85,7 @@ FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instr
     "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum": 2,
 }
 _LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
-_TYPED_ARGS = {"External id", "correlation", "device", "stream", "grid", "block", "registers per thread",
+_TYPED_ARGS = {"correlation", "device", "stream", "grid", "block", "registers per thread",
                "shared memory", "bytes", "Input Dims", "Sequence number", "Ev Idx", "Record function id",
                *FLOP_COUNTERS}
 
@@ -249,6 +254,35 @@ _KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in
 _DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in _CATEGORY_NAMES])
 
 
+def _annotations_inside_operators(events: list[_Event], category: np.ndarray, start: np.ndarray, end: np.ndarray,
+                                  kind_codes: np.ndarray, level_codes: np.ndarray) -> None:
+    """Give ``record_function`` annotations that run inside an operator the operator level.
+
+    Kineto writes every ``record_function`` range as ``user_annotation``: at the top of a
+    step it is a model-level span, but inside an operator (``nccl:all_reduce`` in
+    ``c10d::allreduce_``) it is part of that operator, and the kernels launched below it
+    belong to the operator too.
+    """
+    annotation = category == _CATEGORY_INDEX["user_annotation"]
+    operator = np.isin(category, [_CATEGORY_INDEX["cpu_op"], _CATEGORY_INDEX["operator"]])
+    rows = np.flatnonzero(annotation | operator)
+    if not annotation.any() or not operator.any():
+        return
+    step_kind = _KIND_NAMES.index(SpanKind.STEP.value)
+    threads = np.array([hash((events[i].pid, events[i].tid)) for i in rows.tolist()], dtype=np.int64)
+    parents, _ = inclusion_parents(threads, start[rows], end[rows], np.zeros(len(rows), dtype=np.int64),
+                                   (~operator[rows]).astype(np.int64))
+    is_operator = operator[rows]
+    for position in np.flatnonzero(annotation[rows]).tolist():
+        if kind_codes[rows[position]] == step_kind:
+            continue
+        ancestor = parents[position]
+        while ancestor >= 0 and not is_operator[ancestor]:
+            ancestor = parents[ancestor]
+        if ancestor >= 0:
+            level_codes[rows[position]] = _LEVEL_NAMES.index(Level.OPERATOR.value)
+
+
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows (times in epoch ns, no ids or parents yet) and metadata of a decoded trace."""
     counts: Counter[str] = Counter()
@@ -277,11 +311,13 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         if match:
             kind_codes[i] = _KIND_NAMES.index(SpanKind.STEP.value)
             steps[i] = int(match.group(1))
+    level_codes = _LEVEL_OF_CATEGORY[category] if count else category
+    _annotations_inside_operators(events, category, start, start + duration, kind_codes, level_codes)
     copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
     copy_kinds = [m.group(1) if (m := COPY_KIND.match(names[i])) else None for i in copy_rows.tolist()]
     counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
     rows = pd.DataFrame({
-        col.LEVEL: _codes_to_strings(_LEVEL_OF_CATEGORY[category] if count else category, _LEVEL_NAMES),
+        col.LEVEL: _codes_to_strings(level_codes, _LEVEL_NAMES),
         col.KIND: _codes_to_strings(kind_codes, _KIND_NAMES),
         col.NAME: string_array(names),
         col.START_NS: start,

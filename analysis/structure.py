@@ -3,7 +3,8 @@
 * A **step** starts at every outermost ``xsp.step()`` or top-level module call (``predict``).
   Steps are numbered 0, 1, 2... in start order, and each is the root of its own OTel trace.
 * A span belongs to the step of its root. A root that is not a step (a backward pass
-  after a forward, on the same thread) joins the latest step its thread started before it;
+  after a forward, on the same thread) joins the latest step its thread started before it,
+  else the step running on another thread when it started (autograd and NCCL threads);
   model-level roots outside every step (``xsp.span("preprocess")`` before the model call)
   hang from the session span in the session's own trace, with no step.
 * ``path`` is described in :mod:`xsp.schema`.
@@ -100,6 +101,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     session = count if session_row is None else session_row
     kinds = spans[col.KIND].to_numpy(dtype=object)
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
     threads = spans[col.THREAD_ID].fillna(-1).to_numpy(dtype=np.int64)
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     outer = outermost_step(kinds, parents)
@@ -127,6 +129,10 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
             if prior is not None and prior[0] <= starts[root]:
                 step_of[root], trace_of[root] = prior[1], prior[2]
                 continue
+            found = _running_step(step_roots, starts, ends, int(starts[root]))
+            if found >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
+                step_of[root], trace_of[root] = step_of[found], trace_of[found]
+                continue
         if state.attach_to_session:
             parents[root] = session
     for root in step_roots.tolist():
@@ -137,6 +143,14 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     inside[inside == count] = NONE
     top = root_of(inside)
     return Structure(parents=parents, step=step_of[top], trace_ids=trace_of[top], session=session)
+
+
+def _running_step(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, start: int) -> int:
+    """Position of the latest-starting step root, on any thread, running at ``start``, or -1."""
+    running = step_roots[(starts[step_roots] <= start) & (ends[step_roots] >= start)]
+    if not len(running):
+        return NONE
+    return int(running[np.argmax(starts[running])])
 
 
 def _latest_step(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray, thread: int,

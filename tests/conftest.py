@@ -36,7 +36,7 @@ def no_tracer_left_active():
     assert not leaked, "; ".join(leaked)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_traces() -> Path:
     """``../shared/traces``; skipped when absent, an error in CI (XSP_REQUIRE_SHARED=1)."""
     if not SHARED_TRACES.is_dir():

@@ -141,3 +141,50 @@ def test_random_nested_intervals_are_rebuilt_exactly_in_any_input_order(forest, 
     expected = [-1 if true_parents[i] < 0 else position_of[true_parents[i]] for i in order]
     assert parents.tolist() == expected
     assert diagnostics.overlapping == 0 and diagnostics.ambiguous == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_forest(), st.randoms(use_true_random=False), st.integers(1, 30))
+def test_random_trees_with_gpu_activities_are_rebuilt_exactly(forest, random, kernels):
+    """Host spans nest by time; each kernel hangs below the launch carrying its correlation id,
+    whatever its own time (kernels run long after their launch returned)."""
+    rows, true_parents = forest
+    table_rows = [(f"span{i}", "model" if depth == 0 else "operator", start, end, thread)
+                  for i, (thread, start, end, depth) in enumerate(rows)]
+    # a launch (cuda_api) inside a random host span, and a kernel far later on the GPU
+    launches = []
+    for k in range(kernels):
+        host = random.randrange(len(rows))
+        thread, start, end, _ = rows[host]
+        if end - start < 2:
+            continue
+        at = random.randrange(start + 1, end - 1) if end - start > 2 else start
+        touches_child = any(true_parents[i] == host and rows[i][1] <= at + 1 and at <= rows[i][2]
+                            for i in range(len(rows)))
+        touches_launch = any(rows[other][0] == thread and abs(other_at - at) <= 2 for other, other_at in launches)
+        if touches_child or touches_launch or not (start < at and at + 1 < end):
+            continue
+        launches.append((host, at))
+    for number, (host, at) in enumerate(launches):
+        table_rows.append((f"launch{number}", "cuda_api", at, at + 1, rows[host][0]))
+        true_parents.append(host)
+    for number in range(len(launches)):
+        start = 20_000 + random.randrange(10_000)
+        table_rows.append((f"kernel{number}", "kernel", start, start + random.randrange(1, 500), None))
+        true_parents.append(len(rows) + number)
+    order = list(range(len(table_rows)))
+    random.shuffle(order)
+    table = spans([table_rows[i] for i in order])
+    kinds = ["runtime" if r[0].startswith("launch") else "kernel" if r[0].startswith("kernel") else "operator"
+             for r in (table_rows[i] for i in order)]
+    table[col.KIND] = pd.array(kinds, dtype="string")
+    correlation = [int(r[0][6:]) if r[0].startswith("launch") else int(r[0][6:]) if r[0].startswith("kernel")
+                   else None for r in (table_rows[i] for i in order)]
+    table[col.CORRELATION_ID] = pd.array(correlation, dtype="Int64")
+    built = hierarchy.build(table)
+    by_id = dict(zip(built[col.SPAN_ID], built[col.NAME]))
+    got = {name: (None if pd.isna(p) else by_id[p]) for name, p in zip(built[col.NAME], built[col.PARENT_ID])}
+    expected = {table_rows[i][0]: (None if true_parents[i] < 0 else table_rows[true_parents[i]][0])
+                for i in range(len(table_rows))}
+    assert got == expected
+    assert built.attrs["hierarchy"]["launched"] == len(launches)

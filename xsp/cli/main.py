@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from xsp._version import __version__
-from xsp.cli import doctor, export, report, run
+from xsp.cli import doctor, export, import_, report, run
 from xsp.cli._common import CliError, error_console
 from xsp.errors import XspError
 
-SUBCOMMANDS = (run, report, export, doctor)
+SUBCOMMANDS = (run, report, import_, export, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,244 @@
+"""GPU analyses: kernels, their attribution to layers and operators, copies, syncs, idle time
+and launch overhead. Each function takes a Trace (or span table) and returns a DataFrame.
+
+Durations are in microseconds (``_us``) unless a column says otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans
+from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions, union_length
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
+              "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
+_ACTIVITY_KINDS = [SpanKind.KERNEL.value, SpanKind.MEMCPY.value, SpanKind.MEMSET.value]
+
+
+def _kind_mask(spans: pd.DataFrame, *kinds: SpanKind) -> np.ndarray:
+    return (spans[col.LEVEL] == Level.KERNEL.value).to_numpy() & spans[col.KIND].isin(
+        [k.value for k in kinds]).to_numpy()
+
+
+def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
+    names = spans[col.NAME].to_numpy(dtype=object)
+    return np.where(positions >= 0, names[np.maximum(positions, 0)], None)
+
+
+def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """One row per kernel, with where it came from.
+
+    Columns: ``step``, ``name``, ``start_ns``, ``duration_us``, ``device_id``, ``stream_id``,
+    ``correlation_id``, ``grid``, ``block``, ``registers_per_thread``, ``shared_memory_bytes``,
+    ``launch`` (the CUDA API call), ``launch_duration_us``, ``launch_delay_us`` (kernel start
+    minus launch start), ``operator`` (innermost operator above the launch), ``layer``
+    (innermost layer), ``span_id``.
+    """
+    spans = _spans(source)
+    parents = parent_positions(spans)
+    kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
+    launch = parents[kernels]
+    operator = nearest_ancestor(spans, of_level(spans, Level.OPERATOR), parents)[kernels]
+    layer = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels]
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    has_launch = launch >= 0
+    rows = spans.iloc[kernels]
+    return pd.DataFrame({
+        "step": rows[col.STEP].to_numpy(), "name": rows[col.NAME].to_numpy(),
+        "start_ns": starts[kernels], "duration_us": durations[kernels] / 1e3,
+        "device_id": rows[col.DEVICE_ID].to_numpy(), "stream_id": rows[col.STREAM_ID].to_numpy(),
+        "correlation_id": rows[col.CORRELATION_ID].to_numpy(), "grid": rows[col.GRID].to_numpy(),
+        "block": rows[col.BLOCK].to_numpy(), "registers_per_thread": rows[col.REGISTERS_PER_THREAD].to_numpy(),
+        "shared_memory_bytes": rows[col.SHARED_MEMORY_BYTES].to_numpy(),
+        "launch": _name_at(spans, launch),
+        "launch_duration_us": np.where(has_launch, durations[np.maximum(launch, 0)] / 1e3, np.nan),
+        "launch_delay_us": np.where(has_launch, (starts[kernels] - starts[np.maximum(launch, 0)]) / 1e3, np.nan),
+        "operator": _name_at(spans, operator), "layer": _name_at(spans, layer),
+        "span_id": rows[col.SPAN_ID].to_numpy(),
+    })
+
+
+def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Kernels aggregated by name, most time first.
+
+    Columns: ``name``, ``count``, ``total_us``, ``mean_us``, ``min_us``, ``max_us``,
+    ``share`` (of all kernel time).
+    """
+    kernels = kernel_table(source)
+    grouped = kernels.groupby("name", sort=False)["duration_us"].agg(
+        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index()
+    total = grouped["total_us"].sum()
+    grouped["share"] = grouped["total_us"] / total if total else np.nan
+    return grouped.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _kernel_time_by(source: Trace | pd.DataFrame, level: Level, key: str) -> pd.DataFrame:
+    kernels = kernel_table(source)
+    attributed = kernels[kernels[key].notna()]
+    grouped = attributed.groupby(key, sort=False)["duration_us"].agg(
+        kernels="size", kernel_us="sum", mean_kernel_us="mean").reset_index()
+    total = kernels["duration_us"].sum()
+    grouped["share"] = grouped["kernel_us"] / total if total else np.nan
+    return grouped.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def kernel_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Kernel time attributed to the innermost layer above each launch, over all steps.
+
+    Columns: ``layer``, ``kernels``, ``kernel_us``, ``mean_kernel_us``, ``share`` (of all kernel time).
+    """
+    return _kernel_time_by(source, Level.LAYER, "layer")
+
+
+def kernel_time_per_operator(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Kernel time attributed to the innermost operator above each launch, over all steps.
+
+    Columns: ``operator``, ``kernels``, ``kernel_us``, ``mean_kernel_us``, ``share``.
+    """
+    return _kernel_time_by(source, Level.OPERATOR, "operator")
+
+
+def gpu_vs_cpu_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per layer span: wall time, the time its kernels keep the GPU busy, and the rest.
+
+    ``gpu_us`` is the union of the intervals of the kernels, copies and sets launched inside
+    the layer (concurrent kernels counted once); ``cpu_us`` is ``duration_us - gpu_us``, at
+    least 0: XSP's "layer non-GPU time". Kernels may run after their layer returned, so
+    ``gpu_us`` can exceed ``duration_us``.
+
+    Columns: ``step``, ``name``, ``module_type``, ``duration_us``, ``gpu_us``, ``cpu_us``, ``kernels``.
+    """
+    spans = _spans(source)
+    parents = parent_positions(spans)
+    layers_mask = of_level(spans, Level.LAYER)
+    activities = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    owners: dict[int, list[int]] = {}
+    for activity in activities.tolist():
+        ancestor = parents[activity]
+        while ancestor >= 0:
+            if layers_mask[ancestor]:
+                owners.setdefault(int(ancestor), []).append(activity)
+            ancestor = parents[ancestor]
+    layer_rows = np.flatnonzero(layers_mask)
+    gpu_ns = np.array([union_length(starts[owners[r]], ends[owners[r]]) if r in owners else 0
+                       for r in layer_rows.tolist()], dtype=np.float64)
+    duration = (ends[layer_rows] - starts[layer_rows]).astype(np.float64)
+    rows = spans.iloc[layer_rows]
+    return pd.DataFrame({
+        "step": rows[col.STEP].to_numpy(), "name": rows[col.NAME].to_numpy(),
+        "module_type": rows[col.MODULE_TYPE].to_numpy(), "duration_us": duration / 1e3,
+        "gpu_us": gpu_ns / 1e3, "cpu_us": np.maximum(duration - gpu_ns, 0) / 1e3,
+        "kernels": [len(owners.get(r, ())) for r in layer_rows.tolist()],
+    })
+
+
+def memory_operations(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Copies by direction and sets: count, time, bytes and achieved bandwidth.
+
+    Columns: ``kind`` (memcpy/memset), ``direction`` (HtoD, DtoH, DtoD, ... ; empty for sets),
+    ``count``, ``total_us``, ``bytes``, ``bandwidth_gb_s`` (bytes over busy time).
+    """
+    spans = _spans(source)
+    rows = spans[_kind_mask(spans, SpanKind.MEMCPY, SpanKind.MEMSET)]
+    frame = pd.DataFrame({
+        "kind": rows[col.KIND].to_numpy(), "direction": rows[col.COPY_KIND].fillna("").to_numpy(),
+        "duration_us": rows[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e3,
+        "bytes": rows[col.BYTES].fillna(0).to_numpy(dtype=np.float64)})
+    grouped = frame.groupby(["kind", "direction"], sort=True).agg(
+        count=("duration_us", "size"), total_us=("duration_us", "sum"), bytes=("bytes", "sum")).reset_index()
+    grouped["bandwidth_gb_s"] = np.where(grouped["total_us"] > 0, grouped["bytes"] / (grouped["total_us"] * 1e3),
+                                         np.nan)
+    return grouped
+
+
+def synchronization(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Time the host spent blocked in CUDA synchronisation calls, and sync events on streams.
+
+    Columns: ``where`` (host/device), ``name``, ``count``, ``total_us``, ``mean_us``.
+    """
+    spans = _spans(source)
+    host = spans[(spans[col.LEVEL] == Level.CUDA_API.value)
+                 & spans[col.NAME].str.startswith(SYNC_CALLS).fillna(False)]
+    device = spans[_kind_mask(spans, SpanKind.SYNC)]
+    frames = []
+    for where, rows in (("host", host), ("device", device)):
+        if len(rows):
+            grouped = (rows[col.DURATION_NS].astype("float64") / 1e3).groupby(rows[col.NAME]).agg(
+                count="size", total_us="sum", mean_us="mean").reset_index().rename(columns={col.NAME: "name"})
+            grouped.insert(0, "where", where)
+            frames.append(grouped)
+    if not frames:
+        return pd.DataFrame(columns=["where", "name", "count", "total_us", "mean_us"])
+    return pd.concat(frames, ignore_index=True).sort_values("total_us", ascending=False).reset_index(drop=True)
+
+
+def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -> tuple[int, int, int]:
+    """Busy time, host-bound idle and other idle between the activities of one stream."""
+    order = np.argsort(starts, kind="stable")
+    starts, ends, launches = starts[order], ends[order], launches[order]
+    covered_end = np.maximum.accumulate(ends)
+    gaps = starts[1:] - covered_end[:-1]
+    idle = gaps > 0
+    # the next activity was launched after the stream went idle: the GPU waited for the host
+    host_bound = idle & (launches[1:] >= covered_end[:-1])
+    return (union_length(starts, ends), int(gaps[host_bound].sum()), int(gaps[idle & ~host_bound].sum()))
+
+
+def gpu_utilization(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Busy and idle GPU time per step and stream.
+
+    Within each (step, device, stream), the window runs from the first activity's start to
+    the last one's end. Idle gaps are split into ``host_bound_idle_us`` (the next activity's
+    launch call began after the stream went idle: the GPU waited for the CPU) and
+    ``other_idle_us`` (it was launched earlier and waited on something else).
+
+    Columns: ``step``, ``device_id``, ``stream_id``, ``activities``, ``window_us``, ``busy_us``,
+    ``host_bound_idle_us``, ``other_idle_us``, ``utilization`` (busy over window).
+    """
+    spans = _spans(source)
+    parents = parent_positions(spans)
+    rows = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    launch = parents[rows]
+    launch_start = np.where(launch >= 0, starts[np.maximum(launch, 0)], np.iinfo(np.int64).min)
+    frame = pd.DataFrame({"step": spans[col.STEP].to_numpy()[rows], "device_id": spans[col.DEVICE_ID].to_numpy()[rows],
+                          "stream_id": spans[col.STREAM_ID].to_numpy()[rows], "start": starts[rows],
+                          "end": ends[rows], "launch": launch_start})
+    out = []
+    for (step, device, stream), group in frame.groupby(["step", "device_id", "stream_id"], dropna=False, sort=True):
+        busy, host_bound, other = _busy_and_gaps(group["start"].to_numpy(), group["end"].to_numpy(),
+                                                 group["launch"].to_numpy())
+        window = int(group["end"].max() - group["start"].min())
+        out.append({"step": step, "device_id": device, "stream_id": stream, "activities": len(group),
+                    "window_us": window / 1e3, "busy_us": busy / 1e3, "host_bound_idle_us": host_bound / 1e3,
+                    "other_idle_us": other / 1e3, "utilization": busy / window if window else np.nan})
+    return pd.DataFrame(out, columns=["step", "device_id", "stream_id", "activities", "window_us", "busy_us",
+                                      "host_bound_idle_us", "other_idle_us", "utilization"])
+
+
+def launch_overhead(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Launch cost against kernel time, per step.
+
+    Columns: ``step``, ``kernels``, ``launch_us`` (time in the launching API calls),
+    ``kernel_us``, ``launch_to_kernel`` (ratio), ``kernels_shorter_than_launch``,
+    ``mean_launch_delay_us`` (kernel start minus launch start).
+    """
+    kernels = kernel_table(source)
+    kernels = kernels.assign(shorter=kernels["duration_us"] < kernels["launch_duration_us"])
+    grouped = kernels.groupby("step", dropna=False, sort=True).agg(
+        kernels=("duration_us", "size"), launch_us=("launch_duration_us", "sum"), kernel_us=("duration_us", "sum"),
+        kernels_shorter_than_launch=("shorter", "sum"), mean_launch_delay_us=("launch_delay_us", "mean"),
+    ).reset_index()
+    grouped["launch_to_kernel"] = np.where(grouped["kernel_us"] > 0, grouped["launch_us"] / grouped["kernel_us"],
+                                           np.nan)
+    return grouped[["step", "kernels", "launch_us", "kernel_us", "launch_to_kernel", "kernels_shorter_than_launch",
+                    "mean_launch_delay_us"]]

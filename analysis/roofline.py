@@ -1,0 +1,164 @@
+"""FLOPs, DRAM bytes, arithmetic intensity and the roofline, per kernel, layer and model.
+
+Peak figures are the vendors' datasheet numbers (dense, no structured sparsity):
+
+* V100 SXM2: NVIDIA Tesla V100 datasheet (2020): 15.7 TFLOP/s FP32, 125 TFLOP/s tensor, 900 GB/s.
+* A100 40 GB / 80 GB SXM: NVIDIA A100 datasheet (2021): 19.5 TFLOP/s FP32, 312 TFLOP/s FP16/BF16
+  tensor; 1,555 GB/s (40 GB HBM2) and 2,039 GB/s (80 GB HBM2e).
+* H100 SXM: NVIDIA H100 datasheet (2023): 67 TFLOP/s FP32, 989 TFLOP/s FP16/BF16 tensor, 3.35 TB/s.
+* H200 SXM: NVIDIA H200 datasheet (2024): 67 TFLOP/s FP32, 989 TFLOP/s FP16/BF16 tensor, 4.8 TB/s.
+* L4: NVIDIA L4 datasheet (2023): 30.3 TFLOP/s FP32, 121 TFLOP/s FP16 tensor, 300 GB/s.
+* T4: NVIDIA T4 datasheet (2019): 8.1 TFLOP/s FP32, 65 TFLOP/s FP16 tensor, 320 GB/s.
+* A10: NVIDIA A10 datasheet (2021): 31.2 TFLOP/s FP32, 125 TFLOP/s FP16 tensor, 600 GB/s.
+* RTX 3090: NVIDIA Ampere GA102 whitepaper: 35.6 TFLOP/s FP32, 71 TFLOP/s FP16 tensor
+  (FP32 accumulate), 936 GB/s.
+* RTX 4090: NVIDIA Ada Lovelace architecture whitepaper: 82.6 TFLOP/s FP32, 165.2 TFLOP/s FP16
+  tensor (FP32 accumulate), 1,008 GB/s.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans, model_latency
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    name: str
+    fp32_tflops: float
+    tensor_tflops: float
+    memory_gb_s: float
+
+    def ridge_point(self, tensor: bool = False) -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns from memory to compute bound."""
+        return (self.tensor_tflops if tensor else self.fp32_tflops) * 1e12 / (self.memory_gb_s * 1e9)
+
+
+GPU_PEAKS: dict[str, GpuPeak] = {peak.name: peak for peak in (
+    GpuPeak("V100", 15.7, 125.0, 900.0),
+    GpuPeak("A100-40GB", 19.5, 312.0, 1555.0),
+    GpuPeak("A100-80GB", 19.5, 312.0, 2039.0),
+    GpuPeak("H100", 67.0, 989.0, 3350.0),
+    GpuPeak("H200", 67.0, 989.0, 4800.0),
+    GpuPeak("L4", 30.3, 121.0, 300.0),
+    GpuPeak("T4", 8.1, 65.0, 320.0),
+    GpuPeak("A10", 31.2, 125.0, 600.0),
+    GpuPeak("RTX 3090", 35.6, 71.0, 936.0),
+    GpuPeak("RTX 4090", 82.6, 165.2, 1008.0),
+)}
+
+
+def peak_for(device: str, memory_bytes: int | None = None) -> GpuPeak | None:
+    """The peak figures of a device name as CUDA reports it (``Tesla V100-SXM2-32GB``...)."""
+    text = device.upper()
+    if "A100" in text:
+        large = (memory_bytes or 0) > 60e9 or "80GB" in text
+        return GPU_PEAKS["A100-80GB" if large else "A100-40GB"]
+    for key, name in _NAME_KEYS.items():
+        if re.search(rf"(^|[^0-9A-Z]){key}([^0-9A-Z]|$)", text):
+            return GPU_PEAKS[name]
+    return None
+
+
+_NAME_KEYS = {"H200": "H200", "H100": "H100", "V100": "V100", "L4": "L4", "T4": "T4", "A10": "A10",
+              "3090": "RTX 3090", "4090": "RTX 4090"}
+
+
+def trace_peak(trace: Trace) -> GpuPeak | None:
+    """The peak of the (first) GPU a trace was recorded on, when it is in the table."""
+    for properties in trace.metadata.get("device_properties") or []:
+        peak = peak_for(str(properties.get("name", "")), properties.get("totalGlobalMem"))
+        if peak is not None:
+            return peak
+    return peak_for(str(trace.metadata.get("device", "")))
+
+
+def _extra(text: Any, key: str) -> float:
+    if not isinstance(text, str) or key not in text:
+        return np.nan
+    import json
+
+    value = json.loads(text).get(key)
+    return float(value) if isinstance(value, (int, float)) else np.nan
+
+
+def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
+    """FLOPs, DRAM bytes, intensity and achieved FLOP/s per kernel name.
+
+    FLOPs come from hardware-counter ranges (``counters`` spans, matched to kernels by name)
+    or from the ``flops`` column of kernels; DRAM bytes from the ``bytes`` column or the
+    ``dram_bytes`` attribute. Durations always come from kernel spans, never from counter
+    ranges (counter collection replays kernels, which distorts their time).
+
+    Columns: ``name``, ``count``, ``flops``, ``dram_bytes``, ``kernel_us``,
+    ``arithmetic_intensity``, ``achieved_tflops``, ``bound`` (memory/compute by the ridge point,
+    empty when unknown), ``ridge_point``.
+    """
+    spans = trace.spans
+    peak = peak or trace_peak(trace)
+    counters = spans[(spans[col.KIND] == SpanKind.COUNTERS.value) & spans[col.FLOPS].notna()]
+    kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
+    counted = counters.groupby(col.NAME)[col.FLOPS].agg(["sum", "size"])
+    per_name = kernels.groupby(col.NAME).agg(count=(col.DURATION_NS, "size"), kernel_ns=(col.DURATION_NS, "sum"),
+                                             flops=(col.FLOPS, "sum"), dram_bytes=(col.BYTES, "sum"))
+    names = sorted(set(per_name.index) | set(counted.index))
+    table = pd.DataFrame(index=pd.Index(names, name="name"))
+    table["count"] = per_name["count"].reindex(names).fillna(counted["size"].reindex(names)).astype("Int64")
+    flops = per_name["flops"].reindex(names).astype("float64").replace(0, np.nan)
+    table["flops"] = flops.fillna(counted["sum"].reindex(names).astype("float64"))
+    table["dram_bytes"] = per_name["dram_bytes"].reindex(names).astype("float64").replace(0, np.nan)
+    table["kernel_us"] = per_name["kernel_ns"].reindex(names).astype("float64") / 1e3
+    table["arithmetic_intensity"] = table["flops"] / table["dram_bytes"]
+    table["achieved_tflops"] = table["flops"] / (table["kernel_us"] * 1e6)
+    ridge = peak.ridge_point() if peak else np.nan
+    table["ridge_point"] = ridge
+    bound = np.where(table["arithmetic_intensity"] < ridge, "memory", "compute")
+    table["bound"] = np.where(table["arithmetic_intensity"].notna() & np.isfinite(ridge), bound, "")
+    return table.reset_index()
+
+
+def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """FLOPs and bytes per layer, from the ``flops``/``bytes`` of the layer spans or of the
+    operators and kernels below them.
+
+    Columns: ``name``, ``calls``, ``flops``, ``bytes``, ``duration_us``, ``achieved_tflops``,
+    ``arithmetic_intensity``.
+    """
+    spans = _spans(source)
+    layers = spans[spans[col.LEVEL] == Level.LAYER.value]
+    grouped = layers.groupby(col.NAME).agg(calls=(col.DURATION_NS, "size"), flops=(col.FLOPS, "sum"),
+                                           bytes=(col.BYTES, "sum"), duration_ns=(col.DURATION_NS, "sum"))
+    grouped = grouped.reset_index().rename(columns={col.NAME: "name"})
+    grouped["flops"] = grouped["flops"].astype("float64").replace(0, np.nan)
+    grouped["bytes"] = grouped["bytes"].astype("float64").replace(0, np.nan)
+    grouped["duration_us"] = grouped.pop("duration_ns").astype("float64") / 1e3
+    grouped["achieved_tflops"] = grouped["flops"] / (grouped["duration_us"] * 1e6)
+    grouped["arithmetic_intensity"] = grouped["flops"] / grouped["bytes"]
+    return grouped.sort_values("flops", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def model_flops(trace: Trace) -> pd.DataFrame:
+    """FLOPs per step from kernels (or counter ranges), with achieved FLOP/s over the step.
+
+    Columns: ``step``, ``flops``, ``latency_ms``, ``achieved_tflops``, ``peak_tflops``,
+    ``fraction_of_peak``.
+    """
+    spans = trace.spans
+    peak = trace_peak(trace)
+    counted = spans[spans[col.FLOPS].notna() & (spans[col.LEVEL] == Level.KERNEL.value)]
+    per_step = counted.groupby(col.STEP)[col.FLOPS].sum().astype("float64")
+    latency = model_latency(trace).set_index("step")["latency_ms"]
+    out = pd.DataFrame({"flops": per_step}).join(latency, how="outer").reset_index().rename(columns={"index": "step"})
+    out["achieved_tflops"] = out["flops"] / (out["latency_ms"] * 1e9)
+    out["peak_tflops"] = peak.fp32_tflops if peak else np.nan
+    out["fraction_of_peak"] = out["achieved_tflops"] / out["peak_tflops"]
+    return out

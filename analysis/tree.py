@@ -1,0 +1,64 @@
+"""Walking the span tree: parent positions and nearest ancestors, vectorised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp.schema import Level
+
+NONE = -1
+
+
+def parent_positions(spans: pd.DataFrame) -> np.ndarray:
+    """Row position of each span's parent (-1 for roots and parents outside the table)."""
+    ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
+    parent = spans[col.PARENT_ID]
+    has_parent = parent.notna().to_numpy()
+    positions = np.full(len(spans), NONE, dtype=np.int64)
+    if not has_parent.any():
+        return positions
+    sorter = np.argsort(ids)
+    wanted = parent[has_parent].to_numpy(dtype=np.int64)
+    found = sorter[np.minimum(np.searchsorted(ids, wanted, sorter=sorter), len(ids) - 1)]
+    positions[has_parent] = np.where(ids[found] == wanted, found, NONE)
+    return positions
+
+
+def nearest_ancestor(spans: pd.DataFrame, matches: np.ndarray, parents: np.ndarray | None = None,
+                     include_self: bool = False) -> np.ndarray:
+    """Position of the nearest ancestor for which ``matches`` is true, or -1.
+
+    Args:
+        spans: a span table.
+        matches: boolean per row: which spans count as the ancestor wanted.
+        parents: :func:`parent_positions` of ``spans``, if already computed.
+        include_self: a matching span is its own answer.
+    """
+    parents = parent_positions(spans) if parents is None else parents
+    count = len(spans)
+    found = np.where(matches, np.arange(count), NONE) if include_self else np.full(count, NONE, dtype=np.int64)
+    pending = np.flatnonzero(found < 0)
+    current = parents[pending]
+    while len(pending):
+        alive = current >= 0
+        pending, current = pending[alive], current[alive]
+        hit = matches[current]
+        found[pending[hit]] = current[hit]
+        pending, current = pending[~hit], parents[current[~hit]]
+    return found
+
+
+def of_level(spans: pd.DataFrame, level: Level) -> np.ndarray:
+    return (spans[col.LEVEL] == level.value).to_numpy()
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Total length covered by the intervals (overlaps counted once)."""
+    if len(starts) == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    gaps = np.maximum(starts[1:] - ends[:-1], 0)
+    return int(ends[-1] - starts[0] - gaps.sum())

@@ -1,0 +1,141 @@
+"""Importing the real Kineto traces in ../shared/traces (recorded on V100 and A100 GPUs)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pandas as pd
+import pytest
+from xsp.analysis import gpu
+
+import xsp
+from xsp import schema as col
+
+KERNEL_COUNTS = {  # from the traces' README and their raw events
+    "v100_2rank_train_rank1": {"kernel": 19370, "memcpy": 2040, "memset": 880, "runtime": 42373},
+    "a100_alexnet": {"kernel": 79, "memcpy": 16, "memset": 3, "runtime": 361, "sync": 41},
+    "a100_nccl_rank0": {"kernel": 2700, "memcpy": 960, "memset": 114},
+    "a100_triton": {"kernel": 1, "driver": 1, "runtime": 1},
+    "a100_event_sync_multistream": {"kernel": 3, "memset": 3, "sync": 5},
+    "sampled_rank0": {"kernel": 1154, "memcpy": 40, "memset": 10},
+    "cpu_only_rank34": {},
+}
+# (share of kernels linked to a launch, share with an operator ancestor) each file reaches.
+# sampled_rank0 is a sampled trace: 16 optimizer kernels were launched under a record_function
+# with no aten operator recorded around them (their External ids match no operator).
+ATTRIBUTION = {"v100_2rank_train_rank1": (1.0, 1.0), "a100_alexnet": (1.0, 1.0), "a100_nccl_rank0": (1.0, 1.0),
+               "a100_triton": (1.0, 1.0), "a100_event_sync_multistream": (1.0, 1.0),
+               "sampled_rank0": (1.0, 1138 / 1154)}
+
+
+@pytest.fixture(scope="module")
+def traces(shared_traces):
+    return {name: xsp.load(shared_traces / "kineto" / f"{name}.json.gz") for name in KERNEL_COUNTS}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_COUNTS))
+def test_activity_counts_match_the_raw_events(traces, name):
+    spans = traces[name].spans
+    kinds = spans[col.KIND].value_counts().to_dict()
+    for kind, count in KERNEL_COUNTS[name].items():
+        assert kinds.get(kind, 0) == count, kind
+
+
+@pytest.mark.parametrize("name", sorted(ATTRIBUTION))
+def test_kernels_are_linked_to_their_launch_and_an_operator(traces, name):
+    kernels = gpu.kernel_table(traces[name])
+    launched, with_operator = ATTRIBUTION[name]
+    assert kernels["launch"].notna().mean() == pytest.approx(launched)
+    assert kernels["operator"].notna().mean() == pytest.approx(with_operator)
+    assert kernels["launch"].dropna().str.match(r"cu(da)?(LaunchKernel|LaunchKernelEx|Launch)").all()
+    diagnostics = traces[name].metadata["hierarchy"]
+    assert diagnostics["launch_missing"] == 0 and diagnostics["duplicate_correlation"] == 0
+    assert diagnostics["overlapping"] == 0
+
+
+def test_every_parent_is_in_the_table_and_encloses_host_children(traces):
+    for name, trace in traces.items():
+        spans = trace.spans.set_index(col.SPAN_ID)
+        children = spans[spans[col.PARENT_ID].notna()]
+        assert children[col.PARENT_ID].isin(spans.index).all(), name
+        host = children[children[col.THREAD_ID].notna()]
+        parents = spans.loc[host[col.PARENT_ID].astype("int64")]
+        assert (parents[col.START_NS].to_numpy() <= host[col.START_NS].to_numpy()).all(), name
+        assert (parents[col.END_NS].to_numpy() >= host[col.END_NS].to_numpy()).all(), name
+
+
+def test_timestamps_keep_nanoseconds(traces, shared_traces):
+    raw = json.loads(gzip.open(shared_traces / "kineto" / "a100_nccl_rank0.json.gz").read())
+    base = raw["baseTimeNanoseconds"]
+    first = next(e for e in raw["traceEvents"] if e.get("cat") == "cpu_op")
+    assert first["ts"] == 4458676522690.655 and first["dur"] == 156.777
+    spans = traces["a100_nccl_rank0"].spans
+    row = spans[(spans[col.NAME] == first["name"]) & (spans[col.START_NS] == base + 4458676522690655)]
+    assert len(row) == 1 and row[col.DURATION_NS].iloc[0] == 156777
+
+
+def test_profiler_steps_set_the_step_number(traces):
+    spans = traces["sampled_rank0"].spans
+    steps = spans[spans[col.KIND] == "step"]
+    assert steps[col.NAME].str.startswith("ProfilerStep#").all()
+    assert (steps[col.STEP] == steps[col.NAME].str.slice(len("ProfilerStep#")).astype(int)).all()
+    kernels = spans[spans[col.KIND] == "kernel"]
+    assert kernels[col.STEP].notna().mean() > 0.9
+
+
+def test_kernel_and_copy_attributes(traces):
+    spans = traces["a100_alexnet"].spans
+    kernel = spans[spans[col.KIND] == "kernel"].iloc[0]
+    assert json.loads(kernel[col.GRID]) and json.loads(kernel[col.BLOCK])
+    assert kernel[col.REGISTERS_PER_THREAD] > 0 and pd.notna(kernel[col.DEVICE_ID]) and pd.notna(kernel[col.STREAM_ID])
+    assert pd.isna(kernel[col.THREAD_ID]) and pd.notna(kernel[col.CORRELATION_ID])
+    assert "est. achieved occupancy %" in json.loads(kernel[col.ATTRIBUTES])
+    copies = spans[spans[col.KIND] == "memcpy"]
+    assert set(copies[col.COPY_KIND]) == {"HtoD"} and (copies[col.BYTES] > 0).all()
+
+
+def test_metadata_has_rank_devices_and_what_was_not_imported(traces):
+    v100 = traces["v100_2rank_train_rank1"].metadata
+    assert v100["rank"] == 1 and v100["source"] == "kineto"
+    assert "V100" in v100["device"] and v100["device_properties"]
+    assert v100["not_imported"]["ignored cpu_instant_event events"] == 28010
+    assert traces["a100_nccl_rank0"].metadata["rank"] == 0
+
+
+def test_cpu_only_trace_has_no_gpu_spans(traces):
+    spans = traces["cpu_only_rank34"].spans
+    assert len(spans) == 15 and set(spans[col.LEVEL]) <= {"model", "operator"}
+    assert gpu.kernel_table(traces["cpu_only_rank34"]).empty
+
+
+def test_counter_ranges_carry_flops(shared_traces):
+    trace = xsp.load(shared_traces / "kineto" / "a100_cupti_counters.json.gz")
+    ranges = trace.spans[trace.spans[col.KIND] == "counters"]
+    assert len(ranges) == 77 and ranges[col.FLOPS].notna().all()
+    first = ranges.sort_values(col.START_NS)
+    assert (first[col.FLOPS] >= 0).all() and first[col.FLOPS].sum() > 0
+
+
+def test_import_cli_round_trips(shared_traces, tmp_path):
+    from xsp.cli.main import main
+
+    output = tmp_path / "alexnet.xsp.parquet"
+    assert main(["import", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "-o", str(output)]) == 0
+    loaded = xsp.load(output)
+    direct = xsp.load(shared_traces / "kineto" / "a100_alexnet.json.gz")
+    assert len(loaded.spans) == len(direct.spans)
+    assert loaded.metadata["hierarchy"] == direct.metadata["hierarchy"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "du', "truncated"),
+    (b'{"hello": 1}', "not a Chrome trace"),
+    (b"\x1f\x8b\x08\x00broken", "gzip"),
+    (b"not json at all", "not valid"),
+])
+def test_bad_kineto_files_are_refused_clearly(tmp_path, content, message):
+    path = tmp_path / ("bad.json.gz" if content.startswith(b"\x1f\x8b") else "bad.json")
+    path.write_bytes(content)
+    with pytest.raises(xsp.TraceFormatError, match=message):
+        xsp.load(path)

@@ -1,0 +1,35 @@
+"""``xsp import``: convert a PyTorch profiler (Kineto) trace into a ``.xsp.parquet`` file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from xsp.analysis.kineto import is_kineto_path, load_kineto
+from xsp.cli._common import CliError, error_console
+from xsp.schema import FILE_SUFFIX
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("import", help="convert a PyTorch profiler trace to .xsp.parquet",
+                                 description="Read a PyTorch profiler (Kineto) Chrome trace (.json or .json.gz), "
+                                             "rebuild its tree and write it as an xsp trace.")
+    parser.add_argument("trace", help="a Kineto trace: .json or .json.gz")
+    parser.add_argument("-o", "--output", default=None,
+                        help=f"file to write (default: the trace's name with {FILE_SUFFIX})")
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    source = Path(options.trace)
+    if not is_kineto_path(source):
+        raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")
+    trace = load_kineto(source)
+    output = Path(options.output) if options.output else source.with_name(source.name.split(".")[0] + FILE_SUFFIX)
+    trace.save(output)
+    hierarchy = trace.metadata["hierarchy"]
+    error_console().print(
+        f"xsp: {len(trace.spans)} spans, {len(trace.steps)} steps, {hierarchy['launched']} of "
+        f"{hierarchy['gpu_activities']} GPU activities linked to their launch -> {output}", markup=False)
+    return 0
