@@ -27,7 +27,8 @@ def _kind_mask(spans: pd.DataFrame, *kinds: SpanKind) -> np.ndarray:
 
 def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
     names = spans[col.NAME].to_numpy(dtype=object)
-    return np.where(positions >= 0, names[np.maximum(positions, 0)], None)
+    found: np.ndarray = np.where(positions >= 0, names[np.maximum(positions, 0)], None)
+    return found
 
 
 def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -153,7 +153,7 @@ def test_random_trees_with_gpu_activities_are_rebuilt_exactly(forest, random, ke
                   for i, (thread, start, end, depth) in enumerate(rows)]
     # a launch (cuda_api) inside a random host span, and a kernel far later on the GPU
     launches = []
-    for k in range(kernels):
+    for _ in range(kernels):
         host = random.randrange(len(rows))
         thread, start, end, _ = rows[host]
         if end - start < 2:
