@@ -27,7 +27,9 @@ def _kind_mask(spans: pd.DataFrame, *kinds: SpanKind) -> np.ndarray:
 
 def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
     names = spans[col.NAME].to_numpy(dtype=object)
-    found: np.ndarray = np.where(positions >= 0, names[np.maximum(positions, 0)], None)
+    found = np.full(len(positions), None, dtype=object)
+    hit = positions >= 0
+    found[hit] = names[positions[hit]]
     return found
 
 
