@@ -5,10 +5,25 @@ and returns a pandas DataFrame with documented columns. Nothing here plots or pr
 """
 
 from xsp.analysis import hierarchy, structure
+from xsp.analysis.gpu import (
+    gpu_utilization,
+    gpu_vs_cpu_per_layer,
+    kernel_table,
+    kernel_time_per_layer,
+    kernel_time_per_operator,
+    kernels_by_name,
+    launch_overhead,
+    memory_operations,
+    synchronization,
+)
+from xsp.analysis.hierarchy import diagnostics_table
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.model import model_latency, model_summary
+from xsp.analysis.roofline import GPU_PEAKS, kernel_roofline, layer_flops, model_flops, peak_for, trace_peak
 
 __all__ = [
-    "hierarchy", "structure", "layer_table", "layer_type_summary", "top_layers",
-    "model_latency", "model_summary",
+    "hierarchy", "structure", "diagnostics_table", "layer_table", "layer_type_summary", "top_layers",
+    "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
+    "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
+    "launch_overhead", "GPU_PEAKS", "kernel_roofline", "layer_flops", "model_flops", "peak_for", "trace_peak",
 ]

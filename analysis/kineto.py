@@ -48,7 +48,7 @@ from xsp import schema as col
 from xsp._version import __version__
 from xsp.errors import TraceFormatError
 from xsp.schema import Level, SpanKind
-from xsp.spans import build_table, new_step_state, string_array
+from xsp.spans import arrow_strings, build_table, new_step_state, string_array
 from xsp.trace import Trace
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -242,7 +242,7 @@ def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
 def _codes_to_strings(codes: np.ndarray, categories: list[str]) -> pd.api.extensions.ExtensionArray:
     """Strings for integer codes, expanded by Arrow (no Python string per row)."""
     dictionary = pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(categories))
-    return pd.array(dictionary.cast(pa.large_string()), dtype="string")
+    return arrow_strings(dictionary.cast(pa.large_string()))
 
 
 _CATEGORY_NAMES = list(CATEGORIES)

@@ -20,12 +20,26 @@ def empty_table() -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
 
 
+def arrow_strings(array: pa.Array) -> pd.api.extensions.ExtensionArray:
+    """Wrap an Arrow string array as pandas' "string" dtype without converting element by element."""
+    return pd.arrays.ArrowStringArray(array.cast(pa.large_string()))
+
+
 def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
     """Python strings (or None) as pandas' "string" dtype, converted by Arrow in one go."""
     try:
-        return pd.array(pa.array(values, type=pa.large_string()), dtype="string")
+        return arrow_strings(pa.array(values, type=pa.large_string()))
     except (pa.ArrowException, TypeError):
         return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
+
+
+def null_column(dtype: str, count: int) -> Any:
+    """A column of ``count`` nulls of a schema dtype."""
+    if dtype == "string":
+        return arrow_strings(pa.nulls(count, pa.large_string()))
+    if dtype == "int64":  # only ids and times, which build_table fills in
+        return np.zeros(count, dtype=np.int64)
+    return pd.arrays.IntegerArray(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool))
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:
@@ -43,10 +57,8 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
             else:
                 series = series.astype(dtype)
             out[name] = series.reset_index(drop=True)
-        elif dtype == "int64":  # only ids and times, which build_table fills in
-            out[name] = pd.Series(0, index=range(len(frame)), dtype=dtype)
         else:
-            out[name] = pd.Series(pd.array([pd.NA] * len(frame), dtype=dtype))
+            out[name] = pd.Series(null_column(dtype, len(frame)))
     return pd.DataFrame(out)
 
 
