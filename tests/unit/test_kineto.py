@@ -139,3 +139,16 @@ def test_bad_kineto_files_are_refused_clearly(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(xsp.TraceFormatError, match=message):
         xsp.load(path)
+
+
+def test_report_prints_gpu_sections_only_for_traces_with_gpu_activity(shared_traces, capsys):
+    from xsp.cli.main import main
+
+    assert main(["report", str(shared_traces / "kineto" / "sampled_rank0.json.gz"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    for title in ("Latency per step", "Top 3 kernels by total time", "Kernel time per operator",
+                  "Memory copies and sets", "Launch overhead per step", "GPU:"):
+        assert title in out, title
+    assert main(["report", str(shared_traces / "kineto" / "cpu_only_rank34.json.gz")]) == 0
+    out = capsys.readouterr().out
+    assert "kernels by total time" not in out and "GPU:" not in out

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -12,20 +15,52 @@ from xsp.schema import Level
 from xsp.trace import Trace
 
 STEPS_SHOWN = 20
+Format = Callable[[object], str]
 
 
-def _ms(value: float) -> str:
-    return "-" if pd.isna(value) else f"{value:,.3f}"
+def number(digits: int = 3) -> Format:
+    def render(value: object) -> str:
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+            return "-"
+        return f"{float(value):,.{digits}f}"  # type: ignore[arg-type]
+    return render
 
 
-def _share(value: float) -> str:
-    return "-" if pd.isna(value) else f"{100 * value:.1f}%"
+def share(value: object) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    return f"{100 * float(value):.1f}%"  # type: ignore[arg-type]
+
+
+def text(value: object) -> str:
+    return "-" if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) else str(value)
+
+
+def short(limit: int) -> Format:
+    def render(value: object) -> str:
+        rendered = text(value)
+        return rendered if len(rendered) <= limit else rendered[: limit - 1] + "…"
+    return render
+
+
+def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]]) -> Table:
+    """A rich table of ``frame``: (column, heading, formatter) per shown column."""
+    table = Table(title=title)
+    for name, heading, render in columns:
+        numeric = pd.api.types.is_numeric_dtype(frame[name]) if name in frame else False
+        table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
+    for row in frame.itertuples(index=False):
+        values = row._asdict()
+        table.add_row(*(render(values[name]) for name, _, render in columns))
+    return table
 
 
 def _header(trace: Trace, console: Console) -> None:
     meta = trace.metadata
+    origin = f"imported from {meta['imported_from']}" if meta.get("imported_from") else \
+        f"torch={meta.get('torch_version', '?')}"
     console.print(f"[bold]xsp report[/bold]  service={meta.get('service_name', '?')}  "
-                  f"device={meta.get('device', '?')}  torch={meta.get('torch_version', '?')}")
+                  f"device={meta.get('device', '?')}  {origin}")
     levels = trace.spans[col.LEVEL].value_counts().to_dict()
     console.print(f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
                   f"{len(trace.steps)} steps, levels recorded: {', '.join(meta.get('levels', []))}")
@@ -34,62 +69,112 @@ def _header(trace: Trace, console: Console) -> None:
     dropped = meta.get("dropped") or {}
     if dropped:
         console.print(f"[yellow]dropped: {', '.join(f'{v} {k}' for k, v in dropped.items())}[/yellow]")
-    hierarchy = meta.get("hierarchy") or {}
-    if hierarchy.get("overlapping") or hierarchy.get("ambiguous"):
-        console.print(f"[yellow]hierarchy: {hierarchy.get('overlapping', 0)} overlapping, "
-                      f"{hierarchy.get('ambiguous', 0)} ambiguous spans[/yellow]")
 
 
 def _latency_tables(trace: Trace, console: Console) -> None:
     latency = analysis.model_latency(trace)
     if latency.empty:
-        console.print("no steps: the traced code called no top-level nn.Module")
+        console.print("no steps in this trace (no top-level model call, xsp.step() or ProfilerStep)")
         return
-    summary = analysis.model_summary(trace)
-    table = Table(title="Model latency over steps (ms)")
-    for name in ("step name", "steps", "mean", "p50", "p90", "p99", "trimmed mean", "throughput/s"):
-        table.add_column(name, justify="right" if name != "step name" else "left")
-    for row in summary.itertuples():
-        table.add_row(str(row.name), str(row.steps), _ms(row.mean_ms), _ms(row.p50_ms), _ms(row.p90_ms),
-                      _ms(row.p99_ms), _ms(row.trimmed_mean_ms), _ms(row.throughput_per_s))
-    console.print(table)
-    shown = latency if len(latency) <= STEPS_SHOWN else pd.concat(
-        [latency.head(STEPS_SHOWN // 2), latency.tail(STEPS_SHOWN // 2)])
-    table = Table(title=f"Latency per step ({len(latency)} steps"
-                  + (f", first and last {STEPS_SHOWN // 2})" if len(latency) > STEPS_SHOWN else ")"))
-    for name in ("step", "name", "latency ms", "batch", "throughput/s", "status"):
-        table.add_column(name, justify="right" if name not in ("name", "status") else "left")
-    for row in shown.itertuples():
-        table.add_row(str(row.step), str(row.name), _ms(row.latency_ms),
-                      "-" if pd.isna(row.batch_size) else str(row.batch_size),
-                      _ms(row.throughput_per_s), str(row.status))
-    console.print(table)
+    console.print(frame_table(analysis.model_summary(trace), "Model latency over steps (ms)", [
+        ("name", "step name", text), ("steps", "steps", number(0)), ("mean_ms", "mean", number()),
+        ("p50_ms", "p50", number()), ("p90_ms", "p90", number()), ("p99_ms", "p99", number()),
+        ("trimmed_mean_ms", "trimmed mean", number()), ("throughput_per_s", "throughput/s", number(1))]))
+    many = len(latency) > STEPS_SHOWN
+    shown = pd.concat([latency.head(STEPS_SHOWN // 2), latency.tail(STEPS_SHOWN // 2)]) if many else latency
+    console.print(frame_table(shown, f"Latency per step ({len(latency)} steps"
+                              + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), [
+        ("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number()),
+        ("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
+        ("status", "status", text)]))
 
 
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
-    if not (trace.spans[col.LEVEL] == Level.LAYER.value).any():
+    layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
+    if layers.empty:
         return
-    layers = analysis.top_layers(trace, k=top)
-    table = Table(title=f"Top {len(layers)} layers by self time (all steps)")
-    table.add_column("layer", overflow="fold")
-    for name in ("kind", "type", "calls", "self ms", "mean ms", "share"):
-        table.add_column(name, justify="left" if name in ("kind", "type") else "right", no_wrap=True)
-    for row in layers.itertuples():
-        table.add_row(str(row.name), str(row.kind), str(row.module_type), str(row.calls),
-                      _ms(row.total_self_ms), _ms(row.mean_ms), _share(row.share))
-    console.print(table)
-    types = analysis.layer_type_summary(trace)
-    table = Table(title="Time per layer type (self time, all steps)")
-    for name in ("type", "layers", "calls", "self ms", "mean ms", "share"):
-        table.add_column(name, justify="left" if name == "type" else "right")
-    for row in types.itertuples():
-        table.add_row(str(row.module_type), str(row.layers), str(row.calls), _ms(row.total_self_ms),
-                      _ms(row.mean_ms), _share(row.share))
-    console.print(table)
+    best = analysis.top_layers(trace, k=top)
+    console.print(frame_table(best, f"Top {len(best)} layers by self time (all steps)", [
+        ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)]))
+    console.print(frame_table(analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
+        ("module_type", "type", text), ("layers", "layers", number(0)), ("calls", "calls", number(0)),
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)]))
+
+
+def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
+    kernels = analysis.kernels_by_name(trace)
+    if kernels.empty:
+        return
+    utilization = analysis.gpu_utilization(trace)
+    busy, window = utilization["busy_us"].sum(), utilization["window_us"].sum()
+    console.print(f"[bold]GPU[/bold]: {int(kernels['count'].sum()):,} kernels, "
+                  f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; streams busy "
+                  f"{100 * busy / window if window else 0:.1f}% of their active windows, idle "
+                  f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
+                  f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
+    console.print(frame_table(kernels.head(top), f"Top {min(top, len(kernels))} kernels by total time", [
+        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", "total us", number(1)),
+        ("mean_us", "mean us", number(1)), ("share", "share", share)]))
+    per_operator = analysis.kernel_time_per_operator(trace)
+    if not per_operator.empty:
+        console.print(frame_table(per_operator.head(top), "Kernel time per operator", [
+            ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
+            ("kernel_us", "kernel us", number(1)), ("share", "share", share)]))
+    per_layer = analysis.gpu_vs_cpu_per_layer(trace)
+    if not per_layer.empty and (per_layer["kernels"] > 0).any():
+        grouped = per_layer.groupby("name", sort=False)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
+        grouped = grouped.sort_values("duration_us", ascending=False).head(top).reset_index()
+        console.print(frame_table(grouped, "GPU vs CPU time per layer (all steps)", [
+            ("name", "layer", text), ("duration_us", "wall us", number(1)), ("gpu_us", "GPU busy us", number(1)),
+            ("cpu_us", "non-GPU us", number(1)), ("kernels", "kernels", number(0))]))
+    memory = analysis.memory_operations(trace)
+    if not memory.empty:
+        console.print(frame_table(memory, "Memory copies and sets", [
+            ("kind", "kind", text), ("direction", "direction", text), ("count", "count", number(0)),
+            ("total_us", "total us", number(1)), ("bytes", "bytes", number(0)),
+            ("bandwidth_gb_s", "GB/s", number(2))]))
+    sync = analysis.synchronization(trace)
+    if not sync.empty:
+        console.print(frame_table(sync.head(top), "Synchronisation", [
+            ("where", "where", text), ("name", "name", text), ("count", "count", number(0)),
+            ("total_us", "total us", number(1)), ("mean_us", "mean us", number(2))]))
+    launch = analysis.launch_overhead(trace)
+    console.print(frame_table(launch.head(STEPS_SHOWN), "Launch overhead per step", [
+        ("step", "step", number(0)), ("kernels", "kernels", number(0)), ("launch_us", "launch us", number(1)),
+        ("kernel_us", "kernel us", number(1)), ("launch_to_kernel", "launch/kernel", number(2)),
+        ("kernels_shorter_than_launch", "kernels < launch", number(0)),
+        ("mean_launch_delay_us", "mean delay us", number(1))]))
+    _roofline_table(trace, console, top)
+
+
+def _roofline_table(trace: Trace, console: Console, top: int) -> None:
+    roof = analysis.kernel_roofline(trace).dropna(subset=["flops"])
+    if roof.empty:
+        return
+    peak = analysis.trace_peak(trace)
+    title = "FLOPs per kernel" + (f" (roofline ridge {peak.ridge_point():.1f} FLOP/byte on {peak.name})"
+                                  if peak else "")
+    console.print(frame_table(roof.sort_values("flops", ascending=False).head(top), title, [
+        ("name", "kernel", short(60)), ("count", "count", number(0)), ("flops", "FLOPs", number(0)),
+        ("arithmetic_intensity", "FLOP/byte", number(1)), ("achieved_tflops", "TFLOP/s", number(2)),
+        ("bound", "bound", text)]))
+
+
+def _diagnostics(trace: Trace, console: Console) -> None:
+    table = analysis.diagnostics_table(trace.metadata.get("hierarchy") or {})
+    problems = table[table["spans"] > 0]
+    if problems.empty:
+        return
+    console.print(frame_table(problems, "Hierarchy diagnostics (what the tree builder could not place)", [
+        ("problem", "problem", text), ("spans", "spans", number(0)), ("share", "share", share),
+        ("meaning", "meaning", text)]))
 
 
 def render_report(trace: Trace, console: Console, top: int = 10) -> None:
-    """Print every analysis that applies to ``trace``."""
+    """Print every analysis that applies to ``trace``: GPU sections only when it has GPU activity."""
     _header(trace, console)
     _latency_tables(trace, console)
     _layer_tables(trace, console, top)
+    _gpu_tables(trace, console, top)
+    _diagnostics(trace, console)
