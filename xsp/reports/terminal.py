@@ -46,7 +46,7 @@ def short(limit: int) -> Format:
 def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]]) -> Table:
     """A rich table of ``frame``: (column, heading, formatter) per shown column."""
     table = Table(title=title)
-    for name, heading, render in columns:
+    for name, heading, _ in columns:
         numeric = pd.api.types.is_numeric_dtype(frame[name]) if name in frame else False
         table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
     for row in frame.itertuples(index=False):
