@@ -5,22 +5,31 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xsp.cli._common import CliError, console
+from xsp.cli._common import CliError, console, error_console
 from xsp.reports.terminal import render_report
 from xsp.trace import load
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("report", help="print the analyses of a trace",
-                                 description="Print model latency per step, the top layers and the time "
-                                             "per layer type of a trace file.")
-    parser.add_argument("file", help="a .xsp.parquet trace")
-    parser.add_argument("--top", type=int, default=10, help="layers in the top list (default: 10)")
+                                 description="Print the analyses that apply to a trace (an .xsp.parquet file or a "
+                                             "PyTorch profiler .json/.json.gz): model latency per step, layers, "
+                                             "kernels, copies, syncs, idle time, launch overhead, FLOPs.")
+    parser.add_argument("file", help="a .xsp.parquet trace, or a PyTorch profiler trace (.json, .json.gz)")
+    parser.add_argument("--top", type=int, default=10, help="rows in the top lists (default: 10)")
+    parser.add_argument("--html", metavar="FILE", default=None,
+                        help="also write a self-contained HTML report with charts (works offline)")
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
     if options.top < 1:
         raise CliError("--top must be at least 1")
-    render_report(load(options.file), console(), top=options.top)
+    trace = load(options.file)
+    render_report(trace, console(), top=options.top)
+    if options.html:
+        from xsp.reports.html import write_html
+
+        target = write_html(trace, options.html)
+        error_console().print(f"xsp: wrote the HTML report to {target}", markup=False)
     return 0

@@ -1,0 +1,98 @@
+"""The HTML report opened in headless Chromium: loads without console errors, charts render."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import xsp
+from xsp.reports.html import write_html
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000", "--window-size=1300,4000"]
+CHART_IDS = ["chart-latency", "chart-kernels", "chart-roofline", "chart-timeline"]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def open_page(chromium: str, page: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, page.as_uri()],
+                          capture_output=True, text=True, timeout=180)
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if "CONSOLE" in line and re.search(r"Uncaught|Error|error", line.split("CONSOLE", 1)[1])]
+
+
+def test_console_error_detection_works(chromium, tmp_path):
+    page = tmp_path / "broken.html"
+    page.write_text("<html><body><script>throw new Error('deliberately broken page')</script></body></html>")
+    result = open_page(chromium, page, tmp_path, "--dump-dom")
+    assert any("deliberately broken page" in line for line in console_errors(result.stderr)), result.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory, shared_traces) -> Path:
+    trace = xsp.load(shared_traces / "kineto" / "sampled_rank0.json.gz")
+    return write_html(trace, tmp_path_factory.mktemp("html") / "gpu.html")
+
+
+@pytest.fixture(scope="module")
+def layer_report(tmp_path_factory) -> Path:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with xsp.trace(output=None) as session, torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(2, 8))
+    return write_html(session.trace, tmp_path_factory.mktemp("html") / "layers.html")
+
+
+@pytest.mark.parametrize("report, charts", [("gpu_report", CHART_IDS),
+                                            ("layer_report", ["chart-latency", "chart-top-layers",
+                                                              "chart-layer-types", "chart-timeline"])])
+def test_report_loads_without_errors_and_renders_its_charts(chromium, tmp_path, request, report, charts):
+    page = request.getfixturevalue(report)
+    assert "cdn.plot.ly" not in page.read_text()[:2000]  # plotly is inlined: the page works offline
+    dom = open_page(chromium, page, tmp_path, "--dump-dom")
+    assert console_errors(dom.stderr) == []
+    for chart in charts:
+        rendered = re.search(rf'id="{chart}"[^>]*class="[^"]*plotly-graph-div[^"]*js-plotly-plot', dom.stdout) or \
+            re.search(rf'id="{chart}".{{0,400}}main-svg', dom.stdout, re.S)
+        assert rendered, f"{chart} was not rendered by plotly"
+
+
+def test_screenshot_is_not_blank(chromium, tmp_path, gpu_report):
+    from PIL import Image, ImageStat
+
+    shot = tmp_path / "report.png"
+    result = open_page(chromium, gpu_report, tmp_path, f"--screenshot={shot}")
+    assert shot.is_file(), result.stderr[-2000:]
+    image = Image.open(shot).convert("L")
+    assert image.size == (1300, 4000)
+    assert ImageStat.Stat(image).stddev[0] > 10  # a blank page has no variation at all
+    assert len(image.getcolors(maxcolors=1 << 16) or []) > 20
+
+
+def test_cli_writes_the_html_report(shared_traces, tmp_path):
+    from xsp.cli.main import main
+
+    target = tmp_path / "report.html"
+    assert main(["report", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "--html", str(target)]) == 0
+    text = target.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "chart-kernels" in text and "Hierarchy diagnostics" in text
