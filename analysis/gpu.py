@@ -73,9 +73,12 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``name``, ``count``, ``total_us``, ``mean_us``, ``min_us``, ``max_us``,
     ``share`` (of all kernel time).
     """
-    kernels = kernel_table(source)
-    grouped = kernels.groupby("name", sort=False)["duration_us"].agg(
-        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index()
+    spans = _spans(source)
+    kernels = spans[_kind_mask(spans, SpanKind.KERNEL)]
+    durations = pd.Series(kernels[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e3,
+                          index=kernels[col.NAME].to_numpy(dtype=object), name="duration_us")
+    grouped = durations.groupby(level=0, sort=False).agg(
+        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index(names="name")
     total = grouped["total_us"].sum()
     grouped["share"] = grouped["total_us"] / total if total else np.nan
     return grouped.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)

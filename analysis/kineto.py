@@ -21,9 +21,9 @@ Kineto category           level      kind         notes
 
 Times are ``baseTimeNanoseconds`` (when present) plus ``ts`` microseconds; integer
 microseconds are converted exactly and fractional ones to the nanosecond. Flow events
-(``ac2g``) stand in for a missing ``correlation`` argument. Arguments without a column of
-their own (``External id``, ``cbid``, occupancy, collective sizes...) are kept in
-``attributes``, except Kineto's internal event indexes (``Ev Idx``, ``Record function id``).
+(``ac2g``) stand in for a missing ``correlation`` argument. Each event's arguments are kept
+whole, as recorded, in ``attributes`` (``External id``, ``cbid``, occupancy, collective
+sizes... as well as those copied into typed columns), so nothing is lost.
 Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
 the metadata (``not_imported``), not imported.
 """
@@ -42,7 +42,6 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from xsp.analysis.hierarchy import inclusion_parents
 
 from xsp import schema as col
 from xsp._version import __version__
@@ -85,9 +84,6 @@ FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instr
     "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum": 2,
 }
 _LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
-_TYPED_ARGS = {"correlation", "device", "stream", "grid", "block", "registers per thread",
-               "shared memory", "bytes", "Input Dims", "Sequence number", "Ev Idx", "Record function id",
-               *FLOP_COUNTERS}
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -99,7 +95,28 @@ class _Event(msgspec.Struct, gc=False):
     ts: int | float = 0
     dur: int | float = 0
     id: Any = None
-    args: dict[str, Any] = {}
+    args: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The arguments xsp has columns for; everything else stays in the raw JSON."""
+
+    correlation: Any = None
+    device: Any = None
+    stream: Any = None
+    grid: Any = None
+    block: Any = None
+    registers: Any = msgspec.field(name="registers per thread", default=None)
+    shared_memory: Any = msgspec.field(name="shared memory", default=None)
+    nbytes: Any = msgspec.field(name="bytes", default=None)
+    input_dims: Any = msgspec.field(name="Input Dims", default=None)
+    sequence: Any = msgspec.field(name="Sequence number", default=None)
+
+
+_NO_ARGS = _Args()
+_ARGS_DECODER = msgspec.json.Decoder(_Args)
+_DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
 class _File(msgspec.Struct):
@@ -190,29 +207,26 @@ def _dims_text(value: Any) -> str | None:
     return _ENCODE.encode(value).decode()
 
 
-def _extra_attributes(args: dict[str, Any]) -> str | None:
-    if args.keys() <= _TYPED_ARGS:
-        return None
-    return _ENCODE.encode({key: value for key, value in args.items() if key not in _TYPED_ARGS}).decode()
-
-
-def _flops(args: dict[str, Any]) -> int | None:
+def _flops(raw: msgspec.Raw) -> int | None:
+    args = _DICT_DECODER.decode(raw) if raw else {}
     counted = [args[name] * factor for name, factor in FLOP_COUNTERS.items() if name in args]
     return int(sum(counted)) if counted else None
 
 
 def _complete_events(events: list[_Event], counts: Counter[str]) -> list[_Event]:
-    kept = []
+    """The complete ("X") events of an imported category; the others are counted."""
+    kept = [event for event in events if event.ph == "X" and event.cat in CATEGORIES]
+    if len(kept) == len(events):
+        return kept
     for event in events:
-        if event.ph == "X":
+        if event.ph == "X" and event.cat not in CATEGORIES:
             cat = event.cat.lower()
-            if cat in CATEGORIES:
-                if cat != event.cat:
-                    event.cat = cat
+            if cat in CATEGORIES:  # old traces write Kernel, Runtime...
+                event.cat = cat
                 kept.append(event)
                 continue
             counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
-        elif event.ph not in ("M", "s", "f", "t"):
+        elif event.ph not in ("X", "M", "s", "f", "t"):
             counts[f"ignored {event.cat or event.ph} events"] += 1
     return kept
 
@@ -230,6 +244,11 @@ def _flow_correlations(events: list[_Event]) -> dict[tuple[Any, Any, int], int]:
 
 def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
     """A full column of ``count`` nulls with ``values`` placed at ``rows``."""
+    if isinstance(values, pd.arrays.ArrowStringArray):
+        positions = np.full(count, -1, dtype=np.int64)
+        positions[rows] = np.arange(len(rows))
+        taken = pa.array(values._pa_array).take(pa.array(positions, mask=positions < 0))
+        return arrow_strings(taken)
     if isinstance(values, pd.arrays.IntegerArray):
         data, mask = np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)
         data[rows], mask[rows] = values.to_numpy(dtype=np.int64, na_value=0), values.isna()
@@ -252,67 +271,76 @@ _KIND_NAMES = [kind.value for kind in SpanKind]
 _LEVEL_OF_CATEGORY = np.array([_LEVEL_NAMES.index(CATEGORIES[c][0].value) for c in _CATEGORY_NAMES])
 _KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in _CATEGORY_NAMES])
 _DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in _CATEGORY_NAMES])
+_STEP_CODE = _KIND_NAMES.index(SpanKind.STEP.value)
+_OPERATOR_LEVEL = _LEVEL_NAMES.index(Level.OPERATOR.value)
 
 
-def _annotations_inside_operators(events: list[_Event], category: np.ndarray, start: np.ndarray, end: np.ndarray,
+def _start_of(event: _Event) -> int | float:
+    return event.ts
+
+
+def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, start: np.ndarray, end: np.ndarray,
                                   kind_codes: np.ndarray, level_codes: np.ndarray) -> None:
     """Give ``record_function`` annotations that run inside an operator the operator level.
 
     Kineto writes every ``record_function`` range as ``user_annotation``: at the top of a
     step it is a model-level span, but inside an operator (``nccl:all_reduce`` in
     ``c10d::allreduce_``) it is part of that operator, and the kernels launched below it
-    belong to the operator too.
+    belong to the operator too. An operator encloses an annotation exactly when, among the
+    operators of its thread that started no later, the latest end is no earlier than its end.
     """
-    annotation = category == _CATEGORY_INDEX["user_annotation"]
+    annotation = (category == _CATEGORY_INDEX["user_annotation"]) & (kind_codes != _STEP_CODE)
     operator = np.isin(category, [_CATEGORY_INDEX["cpu_op"], _CATEGORY_INDEX["operator"]])
-    rows = np.flatnonzero(annotation | operator)
     if not annotation.any() or not operator.any():
         return
-    step_kind = _KIND_NAMES.index(SpanKind.STEP.value)
-    threads = np.array([hash((events[i].pid, events[i].tid)) for i in rows.tolist()], dtype=np.int64)
-    parents, _ = inclusion_parents(threads, start[rows], end[rows], np.zeros(len(rows), dtype=np.int64),
-                                   (~operator[rows]).astype(np.int64))
-    is_operator = operator[rows]
-    for position in np.flatnonzero(annotation[rows]).tolist():
-        if kind_codes[rows[position]] == step_kind:
+    for thread in np.unique(threads[annotation]).tolist():
+        ops = np.flatnonzero(operator & (threads == thread))
+        if not len(ops):
             continue
-        ancestor = parents[position]
-        while ancestor >= 0 and not is_operator[ancestor]:
-            ancestor = parents[ancestor]
-        if ancestor >= 0:
-            level_codes[rows[position]] = _LEVEL_NAMES.index(Level.OPERATOR.value)
+        ops = ops[np.argsort(start[ops], kind="stable")]
+        latest_end = np.maximum.accumulate(end[ops])
+        notes = np.flatnonzero(annotation & (threads == thread))
+        before = np.searchsorted(start[ops], start[notes], side="right") - 1
+        inside = (before >= 0) & (latest_end[np.maximum(before, 0)] >= end[notes])
+        level_codes[notes[inside]] = _OPERATOR_LEVEL
 
 
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Span rows (times in epoch ns, no ids or parents yet) and metadata of a decoded trace."""
+    """Span rows (times in epoch ns, sorted by start; no ids or parents yet) and metadata."""
     counts: Counter[str] = Counter()
     events = _complete_events(decoded.traceEvents, counts)
+    events.sort(key=_start_of)
     count = len(events)
     category = np.array([_CATEGORY_INDEX[event.cat] for event in events], dtype=np.int64)
-    args = [event.args for event in events]
+    raw_args = [event.args for event in events]
+    args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
     names = [event.name for event in events]
-    device_rows = np.flatnonzero(_DEVICE_CATEGORY[category]) if count else np.zeros(0, dtype=np.int64)
-    host_rows = np.flatnonzero(~_DEVICE_CATEGORY[category]) if count else np.zeros(0, dtype=np.int64)
+    on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
+    device_rows = np.flatnonzero(on_device)
     device_events = [events[i] for i in device_rows.tolist()]
     device_args = [args[i] for i in device_rows.tolist()]
-    start = _nanoseconds([event.ts for event in events]) + int(decoded.baseTimeNanoseconds or 0)
-    duration = np.maximum(_nanoseconds([event.dur for event in events]), 0)
-    correlation = [a.get("correlation") for a in args]
-    if any(correlation[i] is None for i in np.flatnonzero(np.isin(category, [
-            _CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])).tolist()):
+    base = int(decoded.baseTimeNanoseconds or 0)
+    start = _nanoseconds([event.ts for event in events]) + base
+    end = start + np.maximum(_nanoseconds([event.dur for event in events]), 0)
+    correlation = [a.correlation for a in args]
+    linked = np.isin(category, [_CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])
+    if any(correlation[i] is None for i in np.flatnonzero(linked).tolist()):
         flows = _flow_correlations(decoded.traceEvents)
-        for i, event in enumerate(events):
-            if correlation[i] is None and event.cat in _LAUNCH_LINKED:
-                correlation[i] = flows.get((event.pid, event.tid, int(start[i] - decoded.baseTimeNanoseconds)))
+        for i in np.flatnonzero(linked).tolist():
+            if correlation[i] is None:
+                correlation[i] = flows.get((events[i].pid, events[i].tid, int(start[i] - base)))
     kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     steps: list[int | None] = [None] * count
     for i in np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"]).tolist():
         match = PROFILER_STEP.match(names[i])
         if match:
-            kind_codes[i] = _KIND_NAMES.index(SpanKind.STEP.value)
+            kind_codes[i] = _STEP_CODE
             steps[i] = int(match.group(1))
-    level_codes = _LEVEL_OF_CATEGORY[category] if count else category
-    _annotations_inside_operators(events, category, start, start + duration, kind_codes, level_codes)
+    level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
+    thread_ids = _int_column([None if device else event.tid for device, event in zip(on_device.tolist(), events)])
+    process_of = np.array([hash(event.pid) for event in events], dtype=np.int64)
+    threads = process_of * 1_000_003 + thread_ids.to_numpy(dtype=np.int64, na_value=-1)
+    _annotations_inside_operators(threads, category, start, end, kind_codes, level_codes)
     copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
     copy_kinds = [m.group(1) if (m := COPY_KIND.match(names[i])) else None for i in copy_rows.tolist()]
     counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
@@ -321,26 +349,24 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.KIND: _codes_to_strings(kind_codes, _KIND_NAMES),
         col.NAME: string_array(names),
         col.START_NS: start,
-        col.END_NS: start + duration,
-        col.THREAD_ID: _scatter(count, host_rows, _int_column([events[i].tid for i in host_rows.tolist()])),
+        col.END_NS: end,
+        col.THREAD_ID: thread_ids,
         col.DEVICE_ID: _scatter(count, device_rows, _int_column(
-            [a.get("device", e.pid) for a, e in zip(device_args, device_events)])),
+            [e.pid if a.device is None else a.device for a, e in zip(device_args, device_events)])),
         col.STREAM_ID: _scatter(count, device_rows, _int_column(
-            [a.get("stream", e.tid) for a, e in zip(device_args, device_events)])),
+            [e.tid if a.stream is None else a.stream for a, e in zip(device_args, device_events)])),
         col.CORRELATION_ID: _int_column(correlation),
         col.STEP: _int_column(steps),
-        col.INPUT_SHAPES: [_dims_text(a.get("Input Dims")) for a in args],
-        col.GRID: _scatter(count, device_rows, [_dims_text(a.get("grid")) for a in device_args]),
-        col.BLOCK: _scatter(count, device_rows, [_dims_text(a.get("block")) for a in device_args]),
-        col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column(
-            [a.get("registers per thread") for a in device_args])),
-        col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column(
-            [a.get("shared memory") for a in device_args])),
-        col.BYTES: _scatter(count, device_rows, _int_column([a.get("bytes") for a in device_args])),
-        col.COPY_KIND: _scatter(count, copy_rows, copy_kinds),
-        col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(args[i]) for i in counter_rows.tolist()])),
-        col.SEQUENCE_NUMBER: _int_column([a.get("Sequence number") for a in args]),
-        col.ATTRIBUTES: string_array([_extra_attributes(a) for a in args]),
+        col.INPUT_SHAPES: string_array([_dims_text(a.input_dims) for a in args]),
+        col.GRID: _scatter(count, device_rows, string_array([_dims_text(a.grid) for a in device_args])),
+        col.BLOCK: _scatter(count, device_rows, string_array([_dims_text(a.block) for a in device_args])),
+        col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column([a.registers for a in device_args])),
+        col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column([a.shared_memory for a in device_args])),
+        col.BYTES: _scatter(count, device_rows, _int_column([a.nbytes for a in device_args])),
+        col.COPY_KIND: _scatter(count, copy_rows, string_array(copy_kinds)),
+        col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(raw_args[i]) for i in counter_rows.tolist()])),
+        col.SEQUENCE_NUMBER: _int_column([a.sequence for a in args]),
+        col.ATTRIBUTES: string_array([bytes(raw).decode() if raw else None for raw in raw_args]),
     })
     metadata = {
         "source": "kineto",

@@ -176,6 +176,26 @@ def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
     return anchor
 
 
+def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray]) -> np.ndarray:
+    """For each row, how many rows of its group (equal ``group_keys``) come before it in
+    the order of ``order_keys`` (ties keep row order)."""
+    count = len(group_keys[0])
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort([*reversed(order_keys), *reversed(group_keys)])
+    new_group = np.ones(count, dtype=bool)
+    for key in group_keys:
+        sorted_key = key[order]
+        new_group[1:] &= sorted_key[1:] == sorted_key[:-1]
+    new_group = ~new_group
+    new_group[0] = True
+    position = np.arange(count)
+    first = np.maximum.accumulate(np.where(new_group, position, 0))
+    occurrence = np.empty(count, dtype=np.int64)
+    occurrence[order] = position - first
+    return occurrence
+
+
 def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> np.ndarray:
     """``anchor_path/name[k]`` for every span (see :mod:`xsp.schema`)."""
     count = len(spans)
@@ -186,11 +206,8 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> np.
     session = shape.session
     depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
              if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
-    keys = pd.DataFrame({"trace": shape.trace_ids, "anchor": anchor[:count], "name": names[:count],
-                         "start": spans[col.START_NS].to_numpy(dtype=np.int64), "depth": depth})
-    ordered = keys.sort_values(["start", "depth"], kind="stable")
-    occurrence = ordered.groupby(["trace", "anchor", "name"], sort=False).cumcount().reindex(keys.index)
-    occurrence = occurrence.to_numpy(dtype=np.int64).copy()
+    occurrence = occurrence_index([pd.factorize(shape.trace_ids)[0], anchor[:count], pd.factorize(names[:count])[0]],
+                                  [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
     # names below the session and at trace roots recur across windows: continue their counts
     carried = (anchor[:count] < 0) | (anchor[:count] == session)
     if session < count:

@@ -105,8 +105,10 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.START_NS] += host_to_epoch_ns
     table[col.END_NS] += host_to_epoch_ns
     table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
-    table = table.sort_values([col.START_NS, col.CALL_DEPTH], kind="stable",
-                              na_position="first").reset_index(drop=True)
+    order = np.lexsort((table[col.CALL_DEPTH].to_numpy(dtype=np.int64, na_value=-1),
+                        table[col.START_NS].to_numpy(dtype=np.int64)))
+    if not (order == np.arange(len(order))).all():  # importers hand rows over already in order
+        table = table.take(order).reset_index(drop=True)
     table[col.SPAN_ID] = new_span_ids(len(table))
     is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
     session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
