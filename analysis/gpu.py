@@ -38,7 +38,7 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``step``, ``name``, ``start_ns``, ``duration_us``, ``device_id``, ``stream_id``,
     ``correlation_id``, ``grid``, ``block``, ``registers_per_thread``, ``shared_memory_bytes``,
-    ``launch`` (the CUDA API call), ``launch_duration_us``, ``launch_delay_us`` (kernel start
+    ``bytes`` (memory the kernel moved, when recorded), ``launch`` (the CUDA API call), ``launch_duration_us``, ``launch_delay_us`` (kernel start
     minus launch start), ``operator`` (innermost operator above the launch), ``layer``
     (innermost layer), ``span_id``.
     """
@@ -58,7 +58,7 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "device_id": rows[col.DEVICE_ID].to_numpy(), "stream_id": rows[col.STREAM_ID].to_numpy(),
         "correlation_id": rows[col.CORRELATION_ID].to_numpy(), "grid": rows[col.GRID].to_numpy(),
         "block": rows[col.BLOCK].to_numpy(), "registers_per_thread": rows[col.REGISTERS_PER_THREAD].to_numpy(),
-        "shared_memory_bytes": rows[col.SHARED_MEMORY_BYTES].to_numpy(),
+        "shared_memory_bytes": rows[col.SHARED_MEMORY_BYTES].to_numpy(), "bytes": rows[col.BYTES].to_numpy(),
         "launch": _name_at(spans, launch),
         "launch_duration_us": np.where(has_launch, durations[np.maximum(launch, 0)] / 1e3, np.nan),
         "launch_delay_us": np.where(has_launch, (starts[kernels] - starts[np.maximum(launch, 0)]) / 1e3, np.nan),
