@@ -38,9 +38,9 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``step``, ``name``, ``start_ns``, ``duration_us``, ``device_id``, ``stream_id``,
     ``correlation_id``, ``grid``, ``block``, ``registers_per_thread``, ``shared_memory_bytes``,
-    ``bytes`` (memory the kernel moved, when recorded), ``launch`` (the CUDA API call), ``launch_duration_us``, ``launch_delay_us`` (kernel start
-    minus launch start), ``operator`` (innermost operator above the launch), ``layer``
-    (innermost layer), ``span_id``.
+    ``bytes`` (memory the kernel moved, when recorded), ``launch`` (the CUDA API call),
+    ``launch_duration_us``, ``launch_delay_us`` (kernel start minus launch start), ``operator``
+    (innermost operator above the launch), ``layer`` (innermost layer), ``span_id``.
     """
     spans = _spans(source)
     parents = parent_positions(spans)
