@@ -27,6 +27,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _results import record
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "kineto" / "v100_2rank_train_rank1.json.gz"
 RESULTS = ROOT / "benchmarks" / "results" / "kineto_import.md"
@@ -112,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "All runs (total s): xsp " + ", ".join(f"{r['total_s']:.2f}" for r in xsp_runs)
         + "; HTA " + ", ".join(f"{r['total_s']:.2f}" for r in hta_runs) + ".",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
+    record(lines, RESULTS)
     return 0
 
 

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from _results import record
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from torch import nn
@@ -237,10 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"| export rate ratio xsp / SDK plain | {xsp_rate / sdk_rate:.2f}x | |",
         f"| export rate ratio xsp / SDK with the same attributes | {xsp_rate / sdk_same_rate:.2f}x | |",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
+    record(lines, RESULTS)
     return 0
 
 
