@@ -35,6 +35,8 @@ import os
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,24 +156,36 @@ def _read_bytes(source: Path) -> bytes:
     return data
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a trace is imported.
+
+    An import makes hundreds of thousands of objects, none of them cyclic; with the collector
+    running, each batch of new objects triggers a scan of everything alive, which costs more
+    than the import itself. The collector's previous state is restored afterwards.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _decode(source: Path) -> _File:
     data = _read_bytes(source)
-    collecting = gc.isenabled()
-    gc.disable()  # hundreds of thousands of new objects, none cyclic: scanning them is pure cost
     try:
         decoded = _DECODER.decode(data)
     except msgspec.DecodeError as exc:
         kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
         raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
-    finally:
-        if collecting:
-            gc.enable()
     if not decoded.traceEvents and b"traceEvents" not in data[:1 << 20]:
         raise TraceFormatError(f"{source} is JSON but not a Chrome trace (no traceEvents)")
     return decoded
 
 
-def _nanoseconds(values: list[int | float]) -> np.ndarray:
+def _nanoseconds(values: Sequence[int | float]) -> np.ndarray:
     """Microseconds (integers exactly, fractions to the nanosecond) as int64 nanoseconds."""
     as_float = np.asarray(values, dtype=np.float64)
     whole = np.floor(as_float)
@@ -311,17 +325,21 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     events = _complete_events(decoded.traceEvents, counts)
     events.sort(key=_start_of)
     count = len(events)
-    category = np.array([_CATEGORY_INDEX[event.cat] for event in events], dtype=np.int64)
-    raw_args = [event.args for event in events]
+    index = _CATEGORY_INDEX
+    # one pass over the events, transposed into columns
+    cats, name_tuple, times, durations, tids, pids, raw_args = (
+        zip(*[(index[e.cat], e.name, e.ts, e.dur, e.tid, e.pid, e.args) for e in events]) if count
+        else ((),) * 7)
+    category = np.array(cats, dtype=np.int64)
+    names = list(name_tuple)
     args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
-    names = [event.name for event in events]
     on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
     device_rows = np.flatnonzero(on_device)
     device_events = [events[i] for i in device_rows.tolist()]
     device_args = [args[i] for i in device_rows.tolist()]
     base = int(decoded.baseTimeNanoseconds or 0)
-    start = _nanoseconds([event.ts for event in events]) + base
-    end = start + np.maximum(_nanoseconds([event.dur for event in events]), 0)
+    start = _nanoseconds(times) + base
+    end = start + np.maximum(_nanoseconds(durations), 0)
     correlation = [a.correlation for a in args]
     linked = np.isin(category, [_CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])
     if any(correlation[i] is None for i in np.flatnonzero(linked).tolist()):
@@ -337,8 +355,8 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
             kind_codes[i] = _STEP_CODE
             steps[i] = int(match.group(1))
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
-    thread_ids = _int_column([None if device else event.tid for device, event in zip(on_device.tolist(), events)])
-    process_of = np.array([hash(event.pid) for event in events], dtype=np.int64)
+    thread_ids = _int_column([None if device else tid for device, tid in zip(on_device.tolist(), tids)])
+    process_of = pd.factorize(np.array(pids, dtype=object))[0].astype(np.int64)
     threads = process_of * 1_000_003 + thread_ids.to_numpy(dtype=np.int64, na_value=-1)
     _annotations_inside_operators(threads, category, start, end, kind_codes, level_codes)
     copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
@@ -357,7 +375,7 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
             [e.tid if a.stream is None else a.stream for a, e in zip(device_args, device_events)])),
         col.CORRELATION_ID: _int_column(correlation),
         col.STEP: _int_column(steps),
-        col.INPUT_SHAPES: string_array([_dims_text(a.input_dims) for a in args]),
+        col.INPUT_SHAPES: string_array([None if a.input_dims is None else _dims_text(a.input_dims) for a in args]),
         col.GRID: _scatter(count, device_rows, string_array([_dims_text(a.grid) for a in device_args])),
         col.BLOCK: _scatter(count, device_rows, string_array([_dims_text(a.block) for a in device_args])),
         col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column([a.registers for a in device_args])),
@@ -395,10 +413,12 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"no such trace file: {source}")
-    rows, metadata = kineto_rows(_decode(source))
-    result = build_table([rows], 0, new_step_state(attach_to_session=False))
+    with _collector_paused():
+        rows, metadata = kineto_rows(_decode(source))
+        result = build_table([rows], 0, new_step_state(attach_to_session=False))
     spans = result.spans
-    levels = [level.value for level in Level if (spans[col.LEVEL] == level.value).any()]
+    present = set(spans[col.LEVEL].unique())
+    levels = [level.value for level in Level if level.value in present]
     metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
                 "imported_from": str(source), "levels": levels, "hierarchy": result.diagnostics,
                 "dropped": {}, "service_name": source.name.split(".")[0],

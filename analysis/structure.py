@@ -117,24 +117,25 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         step_of[step_roots[known]] = preset[known].astype(np.int64)
     for root in step_roots.tolist():
         trace_of[root] = new_trace_id()
-    for root in np.flatnonzero(parents < 0).tolist():
-        if step_of[root] >= 0 or root == session_row:
+    loose = np.flatnonzero((parents < 0) & (step_of < 0))
+    if session_row is not None:
+        loose = loose[loose != session_row]
+    below_model = loose[levels[loose] != Level.MODEL.value]
+    found = _latest_step_on_thread(step_roots, threads, starts, below_model)
+    hit = found >= 0
+    step_of[below_model[hit]] = step_of[found[hit]]
+    trace_of[below_model[hit]] = trace_of[found[hit]]
+    for root in below_model[~hit].tolist():
+        prior = state.latest_step.get(int(threads[root]))
+        if prior is not None and prior[0] <= starts[root]:
+            step_of[root], trace_of[root] = prior[1], prior[2]
             continue
-        if levels[root] != Level.MODEL.value:
-            found = _latest_step(step_roots, threads, starts, int(threads[root]), int(starts[root]))
-            if found >= 0:
-                step_of[root], trace_of[root] = step_of[found], trace_of[found]
-                continue
-            prior = state.latest_step.get(int(threads[root]))
-            if prior is not None and prior[0] <= starts[root]:
-                step_of[root], trace_of[root] = prior[1], prior[2]
-                continue
-            found = _running_step(step_roots, starts, ends, int(starts[root]))
-            if found >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
-                step_of[root], trace_of[root] = step_of[found], trace_of[found]
-                continue
-        if state.attach_to_session:
-            parents[root] = session
+        running = _running_step(step_roots, starts, ends, int(starts[root]))
+        if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
+            step_of[root], trace_of[root] = step_of[running], trace_of[running]
+    if state.attach_to_session:
+        unplaced = loose[step_of[loose] < 0]
+        parents[unplaced] = session
     for root in step_roots.tolist():
         state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]), trace_of[root])
     if len(step_roots):
@@ -153,23 +154,32 @@ def _running_step(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, 
     return int(running[np.argmax(starts[running])])
 
 
-def _latest_step(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray, thread: int,
-                 start: int) -> int:
-    """Position of the latest step root on ``thread`` that started at or before ``start``, or -1."""
-    same_thread = step_roots[threads[step_roots] == thread]
-    earlier = same_thread[starts[same_thread] <= start]
-    if not len(earlier):
-        return NONE
-    return int(earlier[np.argmax(starts[earlier])])
+def _latest_step_on_thread(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray,
+                           rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows``, the latest step root on its thread that started at or before it, or -1."""
+    found = np.full(len(rows), NONE, dtype=np.int64)
+    for thread in np.unique(threads[rows]).tolist():
+        mine = threads[rows] == thread
+        candidates = step_roots[threads[step_roots] == thread]
+        if not len(candidates):
+            continue
+        candidates = candidates[np.argsort(starts[candidates], kind="stable")]
+        before = np.searchsorted(starts[candidates], starts[rows[mine]], side="right") - 1
+        found[mine] = np.where(before >= 0, candidates[np.maximum(before, 0)], NONE)
+    return found
+
+
+SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
+"""Levels whose spans skip enclosing spans of their own level when anchoring their path."""
 
 
 def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """The parent, except that a layer skips over enclosing layers."""
-    is_layer = levels == Level.LAYER.value
+    """The parent, except that a layer (operator) skips over enclosing layers (operators)."""
+    skipping = np.isin(levels, SKIPPING_LEVELS)
     anchor = parents.copy()
-    pending = np.flatnonzero(is_layer & (anchor >= 0))
+    pending = np.flatnonzero(skipping & (anchor >= 0))
     while len(pending):
-        climb = is_layer[anchor[pending]]
+        climb = levels[anchor[pending]] == levels[pending]
         pending = pending[climb]
         anchor[pending] = parents[anchor[pending]]
         pending = pending[anchor[pending] >= 0]

@@ -8,11 +8,13 @@ Times are integer nanoseconds since the Unix epoch (the clock OpenTelemetry expe
 ``duration_ns == end_ns - start_ns``.
 
 ``path`` is a structural key that names "the same span" across steps and runs. It is the
-path of the span's anchor, a ``/`` and ``name[k]``, where ``k`` counts earlier siblings of
-the same name under the same anchor. The anchor is the parent, except that a layer skips
-over enclosing layers (a layer's name is already its dotted module path), so a ResNet
-convolution is ``predict[0]/layer1.0.conv1[0]`` rather than repeating ``layer1`` and
-``layer1.0``. Roots are ``name[k]`` counted within their OTel trace (their step).
+path of the span's anchor, a ``/`` and ``name[k]``, where ``k`` counts earlier spans of the
+same name under the same anchor. The anchor is the parent, except that a layer skips over
+enclosing layers (a layer's name is already its dotted module path) and an operator over
+enclosing operators, so a ResNet convolution is ``predict[0]/layer1.0.conv1[0]`` rather than
+repeating ``layer1`` and ``layer1.0``, and ``aten::addmm`` inside ``aten::linear`` in that
+layer is ``.../fc[0]/aten::addmm[0]``. Roots are ``name[k]`` counted within their OTel trace
+(their step).
 """
 
 from __future__ import annotations

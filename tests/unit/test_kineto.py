@@ -152,3 +152,14 @@ def test_report_prints_gpu_sections_only_for_traces_with_gpu_activity(shared_tra
     assert main(["report", str(shared_traces / "kineto" / "cpu_only_rank34.json.gz")]) == 0
     out = capsys.readouterr().out
     assert "kernels by total time" not in out and "GPU:" not in out
+
+
+def test_operator_paths_skip_enclosing_operators_and_are_unique_per_step(traces):
+    spans = traces["a100_alexnet"].spans
+    operators = spans[spans[col.LEVEL] == "operator"]
+    # an operator anchors at the nearest enclosing span of another level, so no path has two
+    # operator components in a row
+    for path in operators[col.PATH]:
+        components = path.split("/")
+        assert not any(a.startswith("aten::") and b.startswith("aten::") for a, b in zip(components, components[1:]))
+    assert not spans.duplicated([col.TRACE_ID, col.PATH]).any()
