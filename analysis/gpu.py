@@ -84,7 +84,7 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return grouped.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def _kernel_time_by(source: Trace | pd.DataFrame, level: Level, key: str) -> pd.DataFrame:
+def _kernel_time_by(source: Trace | pd.DataFrame, key: str) -> pd.DataFrame:
     kernels = kernel_table(source)
     attributed = kernels[kernels[key].notna()]
     grouped = attributed.groupby(key, sort=False)["duration_us"].agg(
@@ -99,7 +99,7 @@ def kernel_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``layer``, ``kernels``, ``kernel_us``, ``mean_kernel_us``, ``share`` (of all kernel time).
     """
-    return _kernel_time_by(source, Level.LAYER, "layer")
+    return _kernel_time_by(source, "layer")
 
 
 def kernel_time_per_operator(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +107,7 @@ def kernel_time_per_operator(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``operator``, ``kernels``, ``kernel_us``, ``mean_kernel_us``, ``share``.
     """
-    return _kernel_time_by(source, Level.OPERATOR, "operator")
+    return _kernel_time_by(source, "operator")
 
 
 def gpu_vs_cpu_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:

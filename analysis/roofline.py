@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -82,22 +81,13 @@ def trace_peak(trace: Trace) -> GpuPeak | None:
     return peak_for(str(trace.metadata.get("device", "")))
 
 
-def _extra(text: Any, key: str) -> float:
-    if not isinstance(text, str) or key not in text:
-        return np.nan
-    import json
-
-    value = json.loads(text).get(key)
-    return float(value) if isinstance(value, (int, float)) else np.nan
-
-
 def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     """FLOPs, DRAM bytes, intensity and achieved FLOP/s per kernel name.
 
     FLOPs come from hardware-counter ranges (``counters`` spans, matched to kernels by name)
-    or from the ``flops`` column of kernels; DRAM bytes from the ``bytes`` column or the
-    ``dram_bytes`` attribute. Durations always come from kernel spans, never from counter
-    ranges (counter collection replays kernels, which distorts their time).
+    or from the ``flops`` column of kernels; DRAM bytes from the ``bytes`` column. Durations
+    always come from kernel spans, never from counter ranges (counter collection replays
+    kernels, which distorts their time).
 
     Columns: ``name``, ``count``, ``flops``, ``dram_bytes``, ``kernel_us``,
     ``arithmetic_intensity``, ``achieved_tflops``, ``bound`` (memory/compute by the ridge point,

@@ -26,6 +26,17 @@ def parent_positions(spans: pd.DataFrame) -> np.ndarray:
     return positions
 
 
+def depth_of(parents: np.ndarray) -> np.ndarray:
+    """Number of ancestors of each span, from :func:`parent_positions`."""
+    depth = np.zeros(len(parents), dtype=np.int64)
+    current = parents.copy()
+    while (current >= 0).any():
+        alive = current >= 0
+        depth[alive] += 1
+        current[alive] = parents[current[alive]]
+    return depth
+
+
 def nearest_ancestor(spans: pd.DataFrame, matches: np.ndarray, parents: np.ndarray | None = None,
                      include_self: bool = False) -> np.ndarray:
     """Position of the nearest ancestor for which ``matches`` is true, or -1.

@@ -35,6 +35,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp import schema as col
 from xsp._version import __version__
+from xsp.analysis.tree import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""
@@ -183,22 +184,11 @@ def span_attributes(spans: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _parents_first(spans: pd.DataFrame) -> np.ndarray:
-    """Row order in which every parent comes before its children."""
-    ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
-    parent_ids = spans[col.PARENT_ID]
-    has_parent = parent_ids.notna().to_numpy()
-    parent_pos = np.full(len(spans), -1, dtype=np.int64)
-    sorter = np.argsort(ids)
-    wanted = parent_ids[has_parent].to_numpy(dtype=np.int64)
-    found = sorter[np.minimum(np.searchsorted(ids, wanted, sorter=sorter), len(ids) - 1)]
-    # a parent outside this table (the session span, exported with a later window) is no row here
-    parent_pos[has_parent] = np.where(ids[found] == wanted, found, -1)
-    depth = np.zeros(len(spans), dtype=np.int64)
-    current = parent_pos.copy()
-    while (current >= 0).any():
-        alive = current >= 0
-        depth[alive] += 1
-        current[alive] = parent_pos[current[alive]]
+    """Row order in which every parent comes before its children.
+
+    A parent outside the table (the session span, exported with a later window) counts as none.
+    """
+    depth = depth_of(parent_positions(spans))
     return np.lexsort((spans[col.START_NS].to_numpy(dtype=np.int64), depth))
 
 
