@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+from xsp.analysis.tree import ids_at
 
 from xsp import schema as col
 from xsp.schema import Level
@@ -185,9 +186,6 @@ def build(spans: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``spans`` with ``parent_id`` rebuilt; diagnostics in ``.attrs["hierarchy"]``."""
     parents, diagnostics = parent_positions(spans)
     out = spans.copy()
-    ids = out[col.SPAN_ID].to_numpy(dtype=np.int64)
-    out[col.PARENT_ID] = pd.array(np.where(parents >= 0, ids[np.maximum(parents, 0)], 0),
-                                  dtype="Int64")
-    out.loc[parents < 0, col.PARENT_ID] = pd.NA
+    out[col.PARENT_ID] = ids_at(out[col.SPAN_ID].to_numpy(dtype=np.int64), parents)
     out.attrs["hierarchy"] = diagnostics.as_dict()
     return out

@@ -26,6 +26,16 @@ def parent_positions(spans: pd.DataFrame) -> np.ndarray:
     return positions
 
 
+def nullable_ints(values: np.ndarray, missing: np.ndarray) -> pd.arrays.IntegerArray:
+    """An Int64 column of ``values`` in which the ``missing`` rows are null."""
+    return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int64), np.asarray(missing, dtype=bool))
+
+
+def ids_at(ids: np.ndarray, positions: np.ndarray) -> pd.arrays.IntegerArray:
+    """The span id at each position (a parent column), null where the position is -1."""
+    return nullable_ints(ids[np.maximum(positions, 0)], positions < 0)
+
+
 def depth_of(parents: np.ndarray) -> np.ndarray:
     """Number of ancestors of each span, from :func:`parent_positions`."""
     depth = np.zeros(len(parents), dtype=np.int64)

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from xsp import schema as col
 from xsp.analysis import hierarchy, structure
+from xsp.analysis.tree import ids_at, nullable_ints
 
 
 def empty_table() -> pd.DataFrame:
@@ -121,15 +122,12 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0])
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     has_parent = shape.parents >= 0
-    table[col.PARENT_ID] = pd.array(np.where(has_parent, ids[np.maximum(shape.parents, 0)], 0), dtype="Int64")
-    table.loc[~has_parent, col.PARENT_ID] = pd.NA
-    table[col.STEP] = pd.array(shape.step, dtype="Int64")
-    table.loc[shape.step < 0, col.STEP] = pd.NA
+    table[col.PARENT_ID] = ids_at(ids, shape.parents)
+    table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
     table[col.TRACE_ID] = string_array(shape.trace_ids.tolist())
     table[col.PATH] = string_array(structure.assign_paths(table, shape, state).tolist())
     exec_index = structure.execution_index(table, shape.step, state)
-    table[col.EXEC_INDEX] = pd.array(exec_index, dtype="Int64")
-    table.loc[exec_index < 0, col.EXEC_INDEX] = pd.NA
+    table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
     diagnostics.roots = int((~has_parent).sum())
