@@ -261,7 +261,7 @@ def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
     if isinstance(values, pd.arrays.ArrowStringArray):
         positions = np.full(count, -1, dtype=np.int64)
         positions[rows] = np.arange(len(rows))
-        taken = pa.array(values._pa_array).take(pa.array(positions, mask=positions < 0))
+        taken = pa.array(values).take(pa.array(positions, mask=positions < 0))
         return arrow_strings(taken)
     if isinstance(values, pd.arrays.IntegerArray):
         data, mask = np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)
