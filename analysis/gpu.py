@@ -74,9 +74,10 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``share`` (of all kernel time).
     """
     spans = _spans(source)
-    kernels = spans[_kind_mask(spans, SpanKind.KERNEL)]
-    durations = pd.Series(kernels[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e3,
-                          index=kernels[col.NAME].to_numpy(dtype=object), name="duration_us")
+    kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
+    # positions into two columns, not a boolean mask over the whole table: that copies every column
+    durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels] / 1e3,
+                          index=spans[col.NAME].array.take(kernels).to_numpy(dtype=object), name="duration_us")
     grouped = durations.groupby(level=0, sort=False).agg(
         count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index(names="name")
     total = grouped["total_us"].sum()

@@ -44,12 +44,14 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+from xsp.analysis.tree import MEMORY_POOL, arrow_strings
 
 from xsp import schema as col
 from xsp._version import __version__
 from xsp.errors import TraceFormatError
 from xsp.schema import Level, SpanKind
-from xsp.spans import arrow_strings, build_table, new_step_state, string_array
+from xsp.spans import build_table, new_step_state, string_array
 from xsp.trace import Trace
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -88,6 +90,10 @@ FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instr
 _LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 
 
+_MISSING = -(2**63)
+"""Stands for an absent integer until a column's null mask is made."""
+
+
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
@@ -104,16 +110,16 @@ class _Event(msgspec.Struct, gc=False):
 class _Args(msgspec.Struct, gc=False):
     """The arguments xsp has columns for; everything else stays in the raw JSON."""
 
-    correlation: Any = None
+    correlation: Any = _MISSING
     device: Any = None
     stream: Any = None
     grid: Any = None
     block: Any = None
-    registers: Any = msgspec.field(name="registers per thread", default=None)
-    shared_memory: Any = msgspec.field(name="shared memory", default=None)
-    nbytes: Any = msgspec.field(name="bytes", default=None)
+    registers: Any = msgspec.field(name="registers per thread", default=_MISSING)
+    shared_memory: Any = msgspec.field(name="shared memory", default=_MISSING)
+    nbytes: Any = msgspec.field(name="bytes", default=_MISSING)
     input_dims: Any = msgspec.field(name="Input Dims", default=None)
-    sequence: Any = msgspec.field(name="Sequence number", default=None)
+    sequence: Any = msgspec.field(name="Sequence number", default=_MISSING)
 
 
 _NO_ARGS = _Args()
@@ -204,13 +210,15 @@ def _int_or_none(value: Any) -> int | None:
     return None
 
 
-_MISSING = -(2**63)
-
-
 def _int_column(values: list[Any]) -> pd.arrays.IntegerArray:
-    """A nullable int64 column; values that are not integers become null."""
-    plain = [v if type(v) is int else _MISSING if v is None else _int_or_none(v) for v in values]
-    data = np.array([_MISSING if v is None else v for v in plain] if None in plain else plain, dtype=np.int64)
+    """A nullable int64 column; ``None``, ``_MISSING`` and values that are not integers become null."""
+    types = set(map(type, values))
+    if types <= {int, type(None)}:  # the usual case, converted by numpy in one go
+        plain = [_MISSING if v is None else v for v in values] if type(None) in types else values
+    else:
+        plain = [v if type(v) is int else _MISSING if v is None else _int_or_none(v) for v in values]
+        plain = [_MISSING if v is None else v for v in plain]
+    data = np.array(plain, dtype=np.int64)
     mask = data == _MISSING
     return pd.arrays.IntegerArray(np.where(mask, 0, data), mask)
 
@@ -219,6 +227,23 @@ def _dims_text(value: Any) -> str | None:
     if value is None or value == []:
         return None
     return _ENCODE.encode(value).decode()
+
+
+def _raw_strings(raws: Sequence[msgspec.Raw]) -> pd.api.extensions.ExtensionArray:
+    """The raw JSON texts as a string column (null where empty), built from one joined buffer.
+
+    The texts are slices of the decoded file, already UTF-8: Arrow takes their bytes and
+    offsets as they are, with no Python string made per row.
+    """
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = lengths > 0
+    texts = pa.LargeStringArray.from_buffers(
+        len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)),
+        pa.py_buffer(np.packbits(valid, bitorder="little")), int((~valid).sum()))
+    texts.validate(full=True)  # a file that is not UTF-8 fails here, as it would in a decode
+    return arrow_strings(texts)
 
 
 def _flops(raw: msgspec.Raw) -> int | None:
@@ -261,7 +286,7 @@ def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
     if isinstance(values, pd.arrays.ArrowStringArray):
         positions = np.full(count, -1, dtype=np.int64)
         positions[rows] = np.arange(len(rows))
-        taken = pa.array(values).take(pa.array(positions, mask=positions < 0))
+        taken = pc.take(pa.array(values), pa.array(positions, mask=positions < 0), memory_pool=MEMORY_POOL)
         return arrow_strings(taken)
     if isinstance(values, pd.arrays.IntegerArray):
         data, mask = np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)
@@ -274,8 +299,8 @@ def _scatter(count: int, rows: np.ndarray, values: Any) -> Any:
 
 def _codes_to_strings(codes: np.ndarray, categories: list[str]) -> pd.api.extensions.ExtensionArray:
     """Strings for integer codes, expanded by Arrow (no Python string per row)."""
-    dictionary = pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(categories))
-    return arrow_strings(dictionary.cast(pa.large_string()))
+    names = pa.array(categories, type=pa.large_string())
+    return arrow_strings(pc.take(names, pa.array(codes), memory_pool=MEMORY_POOL))
 
 
 _CATEGORY_NAMES = list(CATEGORIES)
@@ -327,11 +352,14 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     count = len(events)
     index = _CATEGORY_INDEX
     # one pass over the events, transposed into columns
-    cats, name_tuple, times, durations, tids, pids, raw_args = (
-        zip(*[(index[e.cat], e.name, e.ts, e.dur, e.tid, e.pid, e.args) for e in events]) if count
-        else ((),) * 7)
-    category = np.array(cats, dtype=np.int64)
-    names = list(name_tuple)
+    # one pass per field: cheaper than one pass building tuples and transposing them
+    category = np.fromiter([index[e.cat] for e in events], dtype=np.int64, count=count)
+    names = [e.name for e in events]
+    times = [e.ts for e in events]
+    durations = [e.dur for e in events]
+    tids = [e.tid for e in events]
+    pids = [e.pid for e in events]
+    raw_args = [e.args for e in events]
     args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
     on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
     device_rows = np.flatnonzero(on_device)
@@ -342,20 +370,22 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     end = start + np.maximum(_nanoseconds(durations), 0)
     correlation = [a.correlation for a in args]
     linked = np.isin(category, [_CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])
-    if any(correlation[i] is None for i in np.flatnonzero(linked).tolist()):
+    if any(correlation[i] in (None, _MISSING) for i in np.flatnonzero(linked).tolist()):
         flows = _flow_correlations(decoded.traceEvents)
         for i in np.flatnonzero(linked).tolist():
-            if correlation[i] is None:
+            if correlation[i] in (None, _MISSING):
                 correlation[i] = flows.get((events[i].pid, events[i].tid, int(start[i] - base)))
     kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
-    steps: list[int | None] = [None] * count
+    steps = np.zeros(count, dtype=np.int64)
     for i in np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"]).tolist():
         match = PROFILER_STEP.match(names[i])
         if match:
             kind_codes[i] = _STEP_CODE
             steps[i] = int(match.group(1))
+    is_step = kind_codes == _STEP_CODE
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
-    thread_ids = _int_column([None if device else tid for device, tid in zip(on_device.tolist(), tids)])
+    thread_ids = _int_column(tids)
+    thread_ids[on_device] = pd.NA  # a device row's tid is its stream
     process_of = pd.factorize(np.array(pids, dtype=object))[0].astype(np.int64)
     threads = process_of * 1_000_003 + thread_ids.to_numpy(dtype=np.int64, na_value=-1)
     _annotations_inside_operators(threads, category, start, end, kind_codes, level_codes)
@@ -374,7 +404,7 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.STREAM_ID: _scatter(count, device_rows, _int_column(
             [e.tid if a.stream is None else a.stream for a, e in zip(device_args, device_events)])),
         col.CORRELATION_ID: _int_column(correlation),
-        col.STEP: _int_column(steps),
+        col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
         col.INPUT_SHAPES: string_array([None if a.input_dims is None else _dims_text(a.input_dims) for a in args]),
         col.GRID: _scatter(count, device_rows, string_array([_dims_text(a.grid) for a in device_args])),
         col.BLOCK: _scatter(count, device_rows, string_array([_dims_text(a.block) for a in device_args])),
@@ -384,7 +414,7 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.COPY_KIND: _scatter(count, copy_rows, string_array(copy_kinds)),
         col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(raw_args[i]) for i in counter_rows.tolist()])),
         col.SEQUENCE_NUMBER: _int_column([a.sequence for a in args]),
-        col.ATTRIBUTES: string_array([bytes(raw).decode() if raw else None for raw in raw_args]),
+        col.ATTRIBUTES: _raw_strings(raw_args),
     })
     metadata = {
         "source": "kineto",

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from xsp.analysis.tree import MEMORY_POOL, arrow_strings, plain_strings
 
 from xsp import schema as col
 from xsp.schema import STEP_KINDS, Level
 
 NONE = -1
 SESSION_NAME = "session"
-SESSION_PATH = "session[0]"
+SESSION_PATH = f"{SESSION_NAME}[0]"
 
 
 def _climb_until_done(parents: np.ndarray, visit: Callable[[np.ndarray, np.ndarray], None]) -> None:
@@ -206,47 +209,91 @@ def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray])
     return occurrence
 
 
-def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> np.ndarray:
-    """``anchor_path/name[k]`` for every span (see :mod:`xsp.schema`)."""
+def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, names: np.ndarray,
+                       state: StepState) -> None:
+    """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them."""
+    if not len(rows):
+        return
+    scope_codes, scope_values = pd.factorize(scopes)
+    name_codes, name_values = pd.factorize(names)
+    groups, first, inverse = np.unique(scope_codes.astype(np.int64) * (len(name_values) + 1) + name_codes,
+                                       return_index=True, return_inverse=True)
+    keys = [(scope_values[scope_codes[i]], name_values[name_codes[i]]) for i in first.tolist()]
+    occurrence[rows] += np.array([state.occurrences[key] for key in keys], dtype=np.int64)[inverse]
+    highest = np.full(len(groups), -1, dtype=np.int64)
+    np.maximum.at(highest, inverse, occurrence[rows])
+    for key, value in zip(keys, highest.tolist()):
+        state.occurrences[key] = max(state.occurrences[key], value + 1)
+
+
+def _text(value: str) -> pa.Scalar:
+    return pa.scalar(value, pa.large_string())
+
+
+def _take(array: pa.Array | pa.ChunkedArray, positions: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    return pc.take(array, pa.array(positions), memory_pool=MEMORY_POOL)
+
+
+def _tree_layers(anchor: np.ndarray) -> np.ndarray:
+    """Distance of each row from its root along ``anchor`` (-1 where no root is reached)."""
+    layer = np.where(anchor < 0, 0, NONE)
+    pending = np.flatnonzero(anchor >= 0)
+    while len(pending):
+        ready = layer[anchor[pending]] >= 0
+        if not ready.any():  # cannot happen in a tree; stop rather than loop forever
+            break
+        layer[pending[ready]] = layer[anchor[pending[ready]]] + 1
+        pending = pending[~ready]
+    return layer
+
+
+def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.api.extensions.ExtensionArray:
+    """``anchor_path/name[k]`` for every span (see :mod:`xsp.schema`), as a string column.
+
+    Paths are joined in Arrow one tree layer at a time: a trace of 100k spans has paths of
+    80 characters on average, and building them as Python strings cost more than the tree.
+    """
     count = len(spans)
     levels = np.append(spans[col.LEVEL].to_numpy(dtype=object), Level.MODEL.value)
-    names = np.append(spans[col.NAME].astype(str).to_numpy(dtype=object), SESSION_NAME)
+    name_column = plain_strings(spans[col.NAME]).fill_null("")
     parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
     anchor = anchors(levels, parents)
     session = shape.session
     depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
              if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
-    occurrence = occurrence_index([pd.factorize(shape.trace_ids)[0], anchor[:count], pd.factorize(names[:count])[0]],
+    name_codes = pd.factorize(name_column.dictionary_encode().indices.to_numpy(zero_copy_only=False))[0]
+    occurrence = occurrence_index([pd.factorize(shape.trace_ids)[0], anchor[:count], name_codes],
                                   [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
     # names below the session and at trace roots recur across windows: continue their counts
     carried = (anchor[:count] < 0) | (anchor[:count] == session)
     if session < count:
         carried[session] = False
-    traces = shape.trace_ids
-    for row in np.flatnonzero(carried).tolist():
-        key = ("session" if anchor[row] == session else traces[row], names[row])
-        occurrence[row] += state.occurrences[key]
-        state.occurrences[key] = max(state.occurrences[key], int(occurrence[row]) + 1)
-    own = np.array([f"{name}[{k}]" for name, k in zip(names[:count].tolist(), occurrence.tolist())] + [""],
-                   dtype=object)[:count]
-    paths = np.full(count + 1, None, dtype=object)
-    paths[session] = SESSION_PATH
-    if session < count:
-        own[session] = SESSION_PATH
-    done = np.zeros(count + 1, dtype=bool)
-    done[session] = True
-    roots = (anchor[:count] < 0) & ~done[:count]
-    paths[:count][roots] = own[roots]
-    done[:count] |= roots
-    while not done[:count].all():
-        ready = ~done & (anchor >= 0) & done[np.maximum(anchor, 0)]
-        ready[count] = False
-        if not ready.any():  # cannot happen in a tree; stop rather than loop forever
-            break
-        rows = np.flatnonzero(ready)
-        paths[rows] = paths[anchor[rows]] + "/" + own[rows]
-        done[rows] = True
-    return paths[:count]
+    rows = np.flatnonzero(carried)
+    scopes = np.where(anchor[rows] == session, "session", shape.trace_ids[rows].astype(object))
+    _carry_occurrences(occurrence, rows, scopes, name_column.take(pa.array(rows)).to_numpy(zero_copy_only=False),
+                       state)
+    occurrence = np.append(occurrence, 0)
+    occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
+    own = pc.binary_join_element_wise(
+        pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())], memory_pool=MEMORY_POOL),
+        _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
+        memory_pool=MEMORY_POOL)
+    anchor[session] = NONE
+    layer = _tree_layers(anchor)
+    order = np.argsort(layer, kind="stable")
+    position = np.empty(count + 1, dtype=np.int64)
+    position[order] = np.arange(count + 1)
+    bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
+    unplaced = int(bounds[0])  # rows on a cycle (layer -1) get no path
+    chunks = [pa.nulls(unplaced, pa.large_string()), _take(own, order[unplaced:bounds[1]])]
+    for current in range(1, len(bounds) - 1):
+        members = order[bounds[current]:bounds[current + 1]]
+        above = position[anchor[members]] - bounds[current - 1]
+        chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
+                                                  memory_pool=MEMORY_POOL))
+    # one take from the layers as chunks: concatenating them first would copy every path once more
+    joined = _take(pa.chunked_array(chunks, type=pa.large_string()), position[:count])
+    return arrow_strings(joined)
 
 
 def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | None = None) -> np.ndarray:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from xsp import schema as col
 from xsp.schema import Level
 
 NONE = -1
+
+MEMORY_POOL = pa.system_memory_pool()
+"""Where xsp's own Arrow columns are allocated. Arrow's default (mimalloc) hands out fresh
+pages that fault on first touch; on the virtual machines we measured, taking 10 MB of paths
+cost 60-110 ms from it and 23 ms from the system allocator, which reuses memory Python freed.
+Passed explicitly to each call, so the process's default pool is left alone."""
 
 
 def parent_positions(spans: pd.DataFrame) -> np.ndarray:
@@ -29,6 +37,19 @@ def parent_positions(spans: pd.DataFrame) -> np.ndarray:
 def nullable_ints(values: np.ndarray, missing: np.ndarray) -> pd.arrays.IntegerArray:
     """An Int64 column of ``values`` in which the ``missing`` rows are null."""
     return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int64), np.asarray(missing, dtype=bool))
+
+
+def arrow_strings(array: pa.Array | pa.ChunkedArray) -> pd.api.extensions.ExtensionArray:
+    """Wrap an Arrow string array as pandas' "string" dtype without converting element by element."""
+    if array.type != pa.large_string():
+        array = pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
+    return pd.arrays.ArrowStringArray(array)
+
+
+def plain_strings(column: pd.Series) -> pa.LargeStringArray:
+    """A string column as one contiguous Arrow array (no Python string per row for Arrow-backed columns)."""
+    array = pa.array(column.array, type=pa.large_string(), from_pandas=True)
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
 def ids_at(ids: np.ndarray, positions: np.ndarray) -> pd.arrays.IntegerArray:

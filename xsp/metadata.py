@@ -10,14 +10,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from xsp._version import __version__
 from xsp.schema import SCHEMA_VERSION
 
 
 def device_description() -> str:
     """The accelerator in use, or the CPU model: ``cuda:0 NVIDIA H100 80GB HBM3`` / ``cpu ...``."""
+    import torch  # here, not at the top: reading and reporting traces must not pay torch's import
+
     try:
         if torch.cuda.is_available():
             index = torch.cuda.current_device()
@@ -48,6 +48,8 @@ def default_service_name() -> str:
 
 def environment() -> dict[str, Any]:
     """Versions, host and process of this run."""
+    import torch
+
     return {
         "xsp_version": __version__,
         "schema_version": SCHEMA_VERSION,

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from xsp import schema as col
 from xsp.analysis import hierarchy, structure
-from xsp.analysis.tree import ids_at, nullable_ints
+from xsp.analysis.tree import MEMORY_POOL, arrow_strings, ids_at, nullable_ints
 
 
 def empty_table() -> pd.DataFrame:
@@ -21,15 +21,10 @@ def empty_table() -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
 
 
-def arrow_strings(array: pa.Array) -> pd.api.extensions.ExtensionArray:
-    """Wrap an Arrow string array as pandas' "string" dtype without converting element by element."""
-    return pd.arrays.ArrowStringArray(array.cast(pa.large_string()))
-
-
 def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
     """Python strings (or None) as pandas' "string" dtype, converted by Arrow in one go."""
     try:
-        return arrow_strings(pa.array(values, type=pa.large_string()))
+        return arrow_strings(pa.array(values, type=pa.large_string(), memory_pool=MEMORY_POOL))
     except (pa.ArrowException, TypeError):
         return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
 
@@ -115,17 +110,20 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
     if session_position is not None:
         table.loc[session_position, col.SPAN_ID] = state.session_span_id
-    host_rows = np.flatnonzero(~is_session)
-    sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
-    parents = np.full(len(table), -1, dtype=np.int64)
-    parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
+    if session_position is None:  # an import: no row to leave out, so no copy of the table
+        parents, diagnostics = hierarchy.parent_positions(table)
+    else:
+        host_rows = np.flatnonzero(~is_session)
+        sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
+        parents = np.full(len(table), -1, dtype=np.int64)
+        parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0])
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     has_parent = shape.parents >= 0
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
     table[col.TRACE_ID] = string_array(shape.trace_ids.tolist())
-    table[col.PATH] = string_array(structure.assign_paths(table, shape, state).tolist())
+    table[col.PATH] = structure.assign_paths(table, shape, state)
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
