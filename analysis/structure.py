@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from xsp.analysis.tree import MEMORY_POOL, arrow_strings, plain_strings
+from xsp.analysis.tree import MEMORY_POOL, arrow_strings, chain_ends, nearest_marked, plain_strings
 
 from xsp import schema as col
 from xsp.schema import STEP_KINDS, Level
@@ -30,39 +30,18 @@ SESSION_NAME = "session"
 SESSION_PATH = f"{SESSION_NAME}[0]"
 
 
-def _climb_until_done(parents: np.ndarray, visit: Callable[[np.ndarray, np.ndarray], None]) -> None:
-    """Call ``visit(rows, ancestor)`` for every (row, proper ancestor) pair, nearest first."""
-    rows = np.flatnonzero(parents >= 0)
-    ancestor = parents[rows]
-    while len(rows):
-        visit(rows, ancestor)
-        ancestor = parents[ancestor]
-        keep = ancestor >= 0
-        rows, ancestor = rows[keep], ancestor[keep]
-
-
 def outermost_step(kinds: np.ndarray, parents: np.ndarray) -> np.ndarray:
     """Position of the outermost step-kind span among each span and its ancestors, or -1."""
     is_step = np.isin(kinds, [kind.value for kind in STEP_KINDS])
-    outer = np.where(is_step, np.arange(len(kinds)), NONE)
-
-    def visit(rows: np.ndarray, ancestor: np.ndarray) -> None:
-        hit = is_step[ancestor]
-        outer[rows[hit]] = ancestor[hit]
-
-    _climb_until_done(parents, visit)
-    return outer
+    nearest = nearest_marked(parents, is_step, include_self=True)
+    step_above = np.where(is_step, nearest_marked(parents, is_step), NONE)
+    outermost = chain_ends(step_above)
+    return np.where(nearest >= 0, outermost[np.maximum(nearest, 0)], NONE)
 
 
 def root_of(parents: np.ndarray) -> np.ndarray:
     """Position of each span's root (itself for roots)."""
-    root = np.arange(len(parents))
-
-    def visit(rows: np.ndarray, ancestor: np.ndarray) -> None:
-        root[rows] = ancestor
-
-    _climb_until_done(parents, visit)
-    return root
+    return chain_ends(parents)
 
 
 @dataclass
@@ -179,14 +158,9 @@ SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
 def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
     """The parent, except that a layer (operator) skips over enclosing layers (operators)."""
     skipping = np.isin(levels, SKIPPING_LEVELS)
-    anchor = parents.copy()
-    pending = np.flatnonzero(skipping & (anchor >= 0))
-    while len(pending):
-        climb = levels[anchor[pending]] == levels[pending]
-        pending = pending[climb]
-        anchor[pending] = parents[anchor[pending]]
-        pending = pending[anchor[pending] >= 0]
-    return anchor
+    same_level_parent = skipping & (parents >= 0) & (levels[np.maximum(parents, 0)] == levels)
+    top_of_run = chain_ends(np.where(same_level_parent, parents, NONE))
+    return np.where(skipping, parents[top_of_run], parents)
 
 
 def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray]) -> np.ndarray:

@@ -141,6 +141,38 @@ def test_bad_kineto_files_are_refused_clearly(tmp_path, content, message):
         xsp.load(path)
 
 
+_SMALL_TRACE = json.dumps({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+    for i in range(200)]}).encode()
+
+
+def test_a_cut_gzip_file_is_called_truncated(tmp_path):
+    packed = gzip.compress(_SMALL_TRACE)
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(xsp.TraceFormatError, match="truncated gzip"):
+        xsp.load(path)
+
+
+def test_a_gzip_trailer_with_a_wrong_size_is_corrupt(tmp_path):
+    packed = gzip.compress(_SMALL_TRACE)
+    path = tmp_path / "odd.json.gz"
+    path.write_bytes(packed[:-4] + (1).to_bytes(4, "little"))
+    with pytest.raises(xsp.TraceFormatError, match="corrupt gzip.*length"):
+        xsp.load(path)
+
+
+def test_a_file_compressed_beyond_the_size_hint_cap_loads(tmp_path):
+    # identical events compress ~300x: the buffer starts at the capped hint and grows
+    event = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10, "dur": 5}
+    raw = json.dumps({"traceEvents": [event] * 20000}).encode()
+    packed = gzip.compress(raw)
+    assert len(raw) > 64 * len(packed)
+    path = tmp_path / "flat.json.gz"
+    path.write_bytes(packed)
+    assert len(xsp.load(path).spans) == 20000
+
+
 def test_report_prints_gpu_sections_only_for_traces_with_gpu_activity(shared_traces, capsys):
     from xsp.cli.main import main
 

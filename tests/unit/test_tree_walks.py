@@ -1,0 +1,67 @@
+"""Pointer-jumping tree walks against the obvious step-by-step climb, on random forests."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from xsp.analysis.structure import SKIPPING_LEVELS, anchors, outermost_step, root_of
+from xsp.analysis.tree import chain_ends, depth_of, nearest_marked
+
+from xsp.schema import STEP_KINDS, Level, SpanKind
+
+LEVELS = [level.value for level in Level]
+KINDS = [SpanKind.STEP.value, SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.OPERATOR.value]
+
+
+@st.composite
+def forests(draw):
+    """Parents (each row's parent is an earlier row, or -1), shuffled so order says nothing."""
+    count = draw(st.integers(1, 60))
+    parents = [-1] + [draw(st.integers(-1, i - 1)) for i in range(1, count)]
+    permutation = draw(st.permutations(range(count)))
+    inverse = {old: new for new, old in enumerate(permutation)}
+    shuffled = [-1] * count
+    for old, parent in enumerate(parents):
+        shuffled[inverse[old]] = -1 if parent < 0 else inverse[parent]
+    levels = draw(st.lists(st.sampled_from(LEVELS), min_size=count, max_size=count))
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=count, max_size=count))
+    return np.array(shuffled, dtype=np.int64), np.array(levels, dtype=object), np.array(kinds, dtype=object)
+
+
+def ancestors(parents, row):
+    while parents[row] >= 0:
+        row = parents[row]
+        yield row
+
+
+@settings(max_examples=200, deadline=None)
+@given(forests())
+def test_walks_match_a_step_by_step_climb(forest):
+    parents, levels, kinds = forest
+    count = len(parents)
+    marked = np.array([kind == SpanKind.STEP.value for kind in kinds])
+    is_step = np.isin(kinds, [kind.value for kind in STEP_KINDS])
+    for row in range(count):
+        chain = list(ancestors(parents, row))
+        assert depth_of(parents)[row] == len(chain)
+        assert root_of(parents)[row] == (chain[-1] if chain else row)
+        assert chain_ends(parents)[row] == (chain[-1] if chain else row)
+        nearest = next((a for a in chain if marked[a]), -1)
+        assert nearest_marked(parents, marked)[row] == nearest
+        assert nearest_marked(parents, marked, include_self=True)[row] == (row if marked[row] else nearest)
+        steps = [a for a in [row, *chain] if is_step[a]]
+        assert outermost_step(kinds, parents)[row] == (steps[-1] if steps else -1)
+        expected_anchor = parents[row]
+        if levels[row] in SKIPPING_LEVELS:
+            expected_anchor = next((a for a in chain if levels[a] != levels[row]), -1)
+        assert anchors(levels, parents)[row] == expected_anchor
+
+
+def test_a_chain_twenty_thousand_deep_is_walked_in_logarithmic_passes():
+    count = 20_000
+    parents = np.arange(-1, count - 1, dtype=np.int64)
+    levels = np.full(count, Level.OPERATOR.value, dtype=object)
+    assert depth_of(parents)[-1] == count - 1
+    assert (root_of(parents) == 0).all()
+    assert (anchors(levels, parents) == -1).all()
