@@ -33,12 +33,14 @@ from __future__ import annotations
 import gc
 import os
 import re
+import types
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -94,7 +96,63 @@ _MISSING = -(2**63)
 """Stands for an absent integer until a column's null mask is made."""
 
 
-class _Event(msgspec.Struct, gc=False):
+_NO_RAW = msgspec.Raw()
+"""One shared empty raw value, the default of absent JSON fields."""
+
+
+class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """A complete event: the only phase that becomes a span."""
+
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float = 0
+    dur: int | float = 0
+    args: msgspec.Raw = _NO_RAW
+    """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
+
+
+class _Flow(msgspec.Struct, tag_field="ph", tag="s", gc=False):
+    """A flow event (``ac2g`` flows stand in for a missing correlation id)."""
+
+    cat: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float = 0
+    id: Any = None
+
+
+class _FlowEnd(_Flow, tag="f"):
+    pass
+
+
+class _FlowStep(_Flow, tag="t"):
+    pass
+
+
+class _Skipped(msgspec.Struct, tag_field="ph", gc=False):
+    """Any other phase of the Chrome trace format: only its category is read, to count it."""
+
+    cat: str = ""
+
+
+def _skipped_phase(code: str) -> type[_Skipped]:
+    return types.new_class(f"_Skipped{ord(code)}", (_Skipped,), {"tag": code})
+
+
+_SKIPPED_PHASES = {code: _skipped_phase(code) for code in "BEiICbneMPNODVvRc()="}
+_QUIET_PHASES = frozenset({_FlowEnd, _Flow, _FlowStep, _SKIPPED_PHASES["M"]})
+"""Phases read but not worth reporting as ignored: flows and metadata."""
+
+
+def _phase(event: Any) -> str:
+    return str(getattr(event, "phase", "") or type(event).__struct_config__.tag)
+
+
+class _AnyEvent(msgspec.Struct, gc=False):
+    """An event of any phase, for files the tagged decoding refuses (an unknown or missing ``ph``)."""
+
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -103,8 +161,26 @@ class _Event(msgspec.Struct, gc=False):
     ts: int | float = 0
     dur: int | float = 0
     id: Any = None
-    args: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
-    """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
+    args: msgspec.Raw = _NO_RAW
+
+    def tagged(self) -> Any:
+        if self.ph == "X":
+            return _Complete(self.cat, self.name, self.pid, self.tid, self.ts, self.dur, self.args)
+        flow = {"s": _Flow, "f": _FlowEnd, "t": _FlowStep}.get(self.ph)
+        if flow is not None:
+            return flow(self.cat, self.pid, self.tid, self.ts, self.id)
+        skipped = _SKIPPED_PHASES.get(self.ph)
+        return skipped(self.cat) if skipped is not None else _Unknown(self.cat, self.ph or "unphased")
+
+
+class _Unknown(_Skipped, tag=""):
+    """A phase the Chrome trace format does not define (or none)."""
+
+    phase: str = ""
+
+
+_EVENT_TYPES = (_Complete, _Flow, _FlowEnd, _FlowStep, *_SKIPPED_PHASES.values())
+_Event: Any = Union[_EVENT_TYPES]  # noqa: UP007 - a union built from a tuple, which `|` cannot spell
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -113,12 +189,12 @@ class _Args(msgspec.Struct, gc=False):
     correlation: Any = _MISSING
     device: Any = None
     stream: Any = None
-    grid: Any = None
-    block: Any = None
+    grid: msgspec.Raw = _NO_RAW
+    block: msgspec.Raw = _NO_RAW
     registers: Any = msgspec.field(name="registers per thread", default=_MISSING)
     shared_memory: Any = msgspec.field(name="shared memory", default=_MISSING)
     nbytes: Any = msgspec.field(name="bytes", default=_MISSING)
-    input_dims: Any = msgspec.field(name="Input Dims", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_RAW)
     sequence: Any = msgspec.field(name="Sequence number", default=_MISSING)
 
 
@@ -127,9 +203,8 @@ _ARGS_DECODER = msgspec.json.Decoder(_Args)
 _DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
-class _File(msgspec.Struct):
-    traceEvents: list[_Event] = []  # noqa: N815 - Kineto's key
-    deviceProperties: list[dict[str, Any]] = []  # noqa: N815
+class _FileFields(msgspec.Struct):
+    deviceProperties: list[dict[str, Any]] = []  # noqa: N815 - Kineto's keys
     distributedInfo: dict[str, Any] = {}  # noqa: N815
     baseTimeNanoseconds: int = 0  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
@@ -139,8 +214,17 @@ class _File(msgspec.Struct):
     traceName: Any = None  # noqa: N815
 
 
+class _File(_FileFields):
+    # decoded by phase: only complete events get every field, the rest are small
+    traceEvents: list[_Event] = []  # type: ignore[valid-type]  # noqa: N815
+
+
+class _AnyFile(_FileFields):
+    traceEvents: list[_AnyEvent] = []  # noqa: N815
+
+
 _DECODER = msgspec.json.Decoder(_File)
-_ENCODE = msgspec.json.Encoder(enc_hook=str)
+_ANY_DECODER = msgspec.json.Decoder(_AnyFile)
 
 
 def is_kineto_path(path: str | os.PathLike[str]) -> bool:
@@ -183,7 +267,12 @@ def _collector_paused() -> Iterator[None]:
 def _decode(source: Path) -> _File:
     data = _read_bytes(source)
     try:
-        decoded = _DECODER.decode(data)
+        try:
+            decoded = _DECODER.decode(data)
+        except msgspec.ValidationError:  # an odd phase: decode every event in full, then sort them out
+            generic = _ANY_DECODER.decode(data)
+            decoded = _File(**{name: getattr(generic, name) for name in _FileFields.__struct_fields__},
+                            traceEvents=[event.tagged() for event in generic.traceEvents])
     except msgspec.DecodeError as exc:
         kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
         raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
@@ -224,10 +313,11 @@ def _int_column(values: list[Any]) -> pd.arrays.IntegerArray:
     return pd.arrays.IntegerArray(np.where(mask, 0, data), mask)
 
 
-def _dims_text(value: Any) -> str | None:
-    if value is None or value == []:
-        return None
-    return _ENCODE.encode(value).decode()
+def _dims_texts(raws: Sequence[msgspec.Raw]) -> pd.api.extensions.ExtensionArray:
+    """Shapes, grids and blocks as compact JSON text (``[24,1,1]``); null where absent or empty."""
+    texts = pc.replace_substring(pa.array(_raw_strings(raws)), " ", "", memory_pool=MEMORY_POOL)
+    return arrow_strings(pc.if_else(pc.equal(texts, "[]"), pa.scalar(None, texts.type), texts,
+                                    memory_pool=MEMORY_POOL))
 
 
 def _raw_strings(raws: Sequence[msgspec.Raw]) -> pd.api.extensions.ExtensionArray:
@@ -253,29 +343,31 @@ def _flops(raw: msgspec.Raw) -> int | None:
     return int(sum(counted)) if counted else None
 
 
-def _complete_events(events: list[_Event], counts: Counter[str]) -> list[_Event]:
+def _complete_events(events: list[Any], counts: Counter[str]) -> list[_Complete]:
     """The complete ("X") events of an imported category; the others are counted."""
-    kept = [event for event in events if event.ph == "X" and event.cat in CATEGORIES]
-    if len(kept) == len(events):
-        return kept
-    for event in events:
-        if event.ph == "X" and event.cat not in CATEGORIES:
-            cat = event.cat.lower()
-            if cat in CATEGORIES:  # old traces write Kernel, Runtime...
-                event.cat = cat
-                kept.append(event)
-                continue
-            counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
-        elif event.ph not in ("X", "M", "s", "f", "t"):
-            counts[f"ignored {event.cat or event.ph} events"] += 1
+    complete = [event for event in events if type(event) is _Complete]
+    kept = [event for event in complete if event.cat in CATEGORIES]
+    if len(kept) < len(complete):
+        for event in complete:
+            if event.cat not in CATEGORIES:
+                cat = event.cat.lower()
+                if cat in CATEGORIES:  # old traces write Kernel, Runtime...
+                    event.cat = cat
+                    kept.append(event)
+                else:
+                    counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
+    if len(complete) < len(events):
+        skipped = Counter(event.cat or _phase(event) for event in events
+                          if type(event) is not _Complete and type(event) not in _QUIET_PHASES)
+        counts.update({f"ignored {what} events": count for what, count in skipped.items()})
     return kept
 
 
-def _flow_correlations(events: list[_Event]) -> dict[tuple[Any, Any, int], int]:
+def _flow_correlations(events: list[Any]) -> dict[tuple[Any, Any, int], int]:
     """``ac2g`` flow ends, by (pid, tid, ts in ns): the correlation id a flow carries."""
     flows = {}
     for event in events:
-        if event.ph in ("s", "f") and event.cat == "ac2g":
+        if type(event) in (_Flow, _FlowEnd) and event.cat == "ac2g":
             flow_id = _int_or_none(event.id)
             if flow_id is not None:
                 flows[(event.pid, event.tid, int(_nanoseconds([event.ts])[0]))] = flow_id
@@ -315,8 +407,7 @@ _STEP_CODE = _KIND_NAMES.index(SpanKind.STEP.value)
 _OPERATOR_LEVEL = _LEVEL_NAMES.index(Level.OPERATOR.value)
 
 
-def _start_of(event: _Event) -> int | float:
-    return event.ts
+_start_of = attrgetter("ts")
 
 
 def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -406,9 +497,9 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
             [e.tid if a.stream is None else a.stream for a, e in zip(device_args, device_events)])),
         col.CORRELATION_ID: _int_column(correlation),
         col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
-        col.INPUT_SHAPES: string_array([None if a.input_dims is None else _dims_text(a.input_dims) for a in args]),
-        col.GRID: _scatter(count, device_rows, string_array([_dims_text(a.grid) for a in device_args])),
-        col.BLOCK: _scatter(count, device_rows, string_array([_dims_text(a.block) for a in device_args])),
+        col.INPUT_SHAPES: _dims_texts([a.input_dims for a in args]),
+        col.GRID: _scatter(count, device_rows, _dims_texts([a.grid for a in device_args])),
+        col.BLOCK: _scatter(count, device_rows, _dims_texts([a.block for a in device_args])),
         col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column([a.registers for a in device_args])),
         col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column([a.shared_memory for a in device_args])),
         col.BYTES: _scatter(count, device_rows, _int_column([a.nbytes for a in device_args])),

@@ -195,3 +195,19 @@ def test_operator_paths_skip_enclosing_operators_and_are_unique_per_step(traces)
         components = path.split("/")
         assert not any(a.startswith("aten::") and b.startswith("aten::") for a, b in zip(components, components[1:]))
     assert not spans.duplicated([col.TRACE_ID, col.PATH]).any()
+
+
+def test_events_of_odd_phases_are_counted_not_fatal(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 1, "tid": 1, "ts": 5},
+        {"ph": "Z", "cat": "", "name": "from a newer tool", "pid": 1, "tid": 1, "ts": 6},
+        {"cat": "cpu_op", "name": "no phase", "pid": 1, "tid": 1, "ts": 7},
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+    ]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = xsp.load(path)
+    assert trace.spans[col.NAME].tolist() == ["aten::mm"]
+    assert trace.metadata["not_imported"] == {
+        "ignored cpu_instant_event events": 1, "ignored Z events": 1, "ignored cpu_op events": 1}
