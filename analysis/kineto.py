@@ -356,9 +356,9 @@ def _complete_events(events: list[Any], counts: Counter[str]) -> list[_Complete]
                     kept.append(event)
                 else:
                     counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
-    if len(complete) < len(events):
-        skipped = Counter(event.cat or _phase(event) for event in events
-                          if type(event) is not _Complete and type(event) not in _QUIET_PHASES)
+    noisy = {kind for kind in Counter(map(type, events)) if kind is not _Complete and kind not in _QUIET_PHASES}
+    if noisy:
+        skipped = Counter(event.cat or _phase(event) for event in events if type(event) in noisy)
         counts.update({f"ignored {what} events": count for what, count in skipped.items()})
     return kept
 
@@ -478,7 +478,8 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     thread_ids = _int_column(tids)
     thread_ids[on_device] = pd.NA  # a device row's tid is its stream
-    process_of = pd.factorize(np.array(pids, dtype=object))[0].astype(np.int64)
+    process_of = pd.factorize(np.array(pids, dtype=np.int64 if set(map(type, pids)) == {int} else object))[0]
+    process_of = process_of.astype(np.int64)
     threads = process_of * 1_000_003 + thread_ids.to_numpy(dtype=np.int64, na_value=-1)
     _annotations_inside_operators(threads, category, start, end, kind_codes, level_codes)
     copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
