@@ -53,6 +53,11 @@ class HierarchyDiagnostics:
     """GPU activities whose correlation id several CUDA API calls carry (left unlinked)."""
     other_without_thread: int = 0
     """Other spans with no host thread (GPU annotations, counter ranges): roots."""
+    external_linked: int = 0
+    """CUDA API calls whose external correlation id names the span that made them."""
+    external_reparented: int = 0
+    """Of those, calls whose interval put them outside that span (clocks disagreeing by more
+    than the gap between calls): placed under the span their id names."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -134,6 +139,40 @@ def launch_parents(spans: pd.DataFrame, diagnostics: HierarchyDiagnostics) -> np
     return parents
 
 
+def external_parents(spans: pd.DataFrame, parents: np.ndarray, diagnostics: HierarchyDiagnostics) -> None:
+    """Check (and where needed correct) the parents of CUDA API calls by external correlation id.
+
+    A call whose ``external_id`` is the ``external_id`` of a span on its thread was made inside
+    that span. Its parent by inclusion is kept when it is that span or lies inside it; else the
+    clocks disagree, and the call is moved under the span its id names (and counted).
+    """
+    external = spans[col.EXTERNAL_ID]
+    if not external.notna().any():
+        return
+    is_api = (spans[col.LEVEL] == Level.CUDA_API.value).to_numpy()
+    known = external.notna().to_numpy() & spans[col.THREAD_ID].notna().to_numpy()
+    calls, owners = np.flatnonzero(is_api & known), np.flatnonzero(~is_api & known)
+    if not len(calls) or not len(owners):
+        return
+    ids = external.to_numpy(dtype=np.float64, na_value=np.nan)
+    threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
+    owner_of = pd.Series(owners, index=pd.MultiIndex.from_arrays([threads[owners], ids[owners]]))
+    owner_of = owner_of[~owner_of.index.duplicated(keep=False)]
+    found = owner_of.reindex(pd.MultiIndex.from_arrays([threads[calls], ids[calls]])).to_numpy()
+    linked = ~np.isnan(found)
+    calls, owner = calls[linked], found[linked].astype(np.int64)
+    diagnostics.external_linked = int(len(calls))
+    start = spans[col.START_NS].to_numpy(dtype=np.int64)
+    end = spans[col.END_NS].to_numpy(dtype=np.int64)
+    parent = parents[calls]
+    safe = np.maximum(parent, 0)
+    inside_owner = (parent >= 0) & (start[owner] <= start[safe]) & (end[safe] <= end[owner]) & (
+        threads[safe] == threads[owner])
+    wrong = ~inside_owner
+    parents[calls[wrong]] = owner[wrong]
+    diagnostics.external_reparented = int(wrong.sum())
+
+
 def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position (row number, or -1) of every row of a span table."""
     count = len(spans)
@@ -150,6 +189,8 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
         rank[rows], tiebreak[rows])
     parents = launch_parents(spans, diagnostics)
     parents[rows] = np.where(sub_parents >= 0, rows[np.maximum(sub_parents, 0)], NO_PARENT)
+    if col.EXTERNAL_ID in spans:
+        external_parents(spans, parents, diagnostics)
     diagnostics.spans = count
     diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities)
     diagnostics.roots = int((parents == NO_PARENT).sum())
@@ -163,6 +204,8 @@ _DIAGNOSTIC_MEANING = {
     "without_correlation": "GPU activities without a correlation id",
     "duplicate_correlation": "GPU activities whose correlation id several API calls carry (unlinked)",
     "other_without_thread": "spans with neither a thread nor a launch (GPU annotations, counter ranges)",
+    "external_reparented": "CUDA API calls outside the layer their external correlation id names (clock "
+                           "disagreement); placed under that layer",
 }
 
 

@@ -13,6 +13,9 @@ hooks so that each module's backward becomes a span too.
 
 Each finished call appends one tuple ``(start, end, module, depth, in_desc, out_desc, error)``
 to its thread's buffer; a descriptor is a ``torch.Size`` (one tensor) or a tuple of them.
+
+While the CUDA levels run, each recorded call also pushes its start onto CUPTI's external
+correlation stack (and pops it on return), so that every CUDA call made inside it names it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ _OWN_HOOK_WARNING = "Full backward hook is firing when gradients are computed wi
 """PyTorch's warning for modules whose inputs need no gradient: caused by xsp's hooks, so
 hidden from the user while they are installed."""
 Descriptor = tuple[Any, ...] | None
+Correlation = tuple[Callable[[int], Any], Callable[[], Any]]
+"""``(push, pop)`` of CUPTI external correlation ids around each module call."""
 
 
 class Mode(IntEnum):
@@ -73,9 +78,11 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _make_roots_wrapper(recording: Recording, original: Callable[..., Any]) -> Callable[..., Any]:
+def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
+                        correlation: Correlation | None = None) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
     long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
+    push, pop = correlation if correlation is not None else (None, None)
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         **kwargs: Any) -> Any:
@@ -92,29 +99,36 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any]) -> C
                 buffer.depth = depth
         buffer.depth = 1
         start = _now()
+        if push is not None:
+            push(start)
         try:
             out = _orig(self, *args, **kwargs)
         except BaseException as exc:
             end = _now()
+            if pop is not None:
+                pop()
             buffer.depth = 0
             buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc)))
             raise
         end = _now()
+        if pop is not None:
+            pop()
         buffer.depth = 0
         buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
         if end - start >= long_step_ns and step_ended is not None and not buffer.open_steps:
-            step_ended()
+            step_ended(end - start)
         return out
 
     return xsp_module_call
 
 
-def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
-                      at_root: Callable[[], None]) -> Callable[..., Any]:
+def _make_all_wrapper(recording: Recording, original: Callable[..., Any], at_root: Callable[[], None],
+                      correlation: Correlation | None = None) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
     long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
+    push, pop = correlation if correlation is not None else (None, None)
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         _tensor: Any = _TENSOR, **kwargs: Any) -> Any:
@@ -127,15 +141,21 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             at_root()
         buffer.depth = depth + 1
         start = _now()
+        if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
+            push(start)
         try:
             out = _orig(self, *args, **kwargs)
         except BaseException as exc:
             end = _now()
+            if pop is not None:
+                pop()
             buffer.depth = depth
             buffer.calls.append((start, end, self, depth, describe_inputs(args, kwargs), None,
                                  error_text(exc)))
             raise
         end = _now()
+        if pop is not None:
+            pop()
         buffer.depth = depth
         if kwargs or len(args) != 1 or type(args[0]) is not _tensor:
             in_desc = describe_inputs(args, kwargs)
@@ -149,7 +169,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
                 buffer.compact()
             if (not depth and end - start >= long_step_ns and step_ended is not None
                     and not buffer.open_steps):
-                step_ended()
+                step_ended(end - start)
         return out
 
     return xsp_module_call
@@ -166,6 +186,7 @@ class ModuleCallInterceptor:
         self._wrapper: Callable[..., Any] | None = None
         self._backward_handles: list[Any] = []
         self._warning_filter: Any = None
+        self._correlation: Correlation | None = None
         self.foreign_patch = False
         """True when something else replaced ``nn.Module.__call__`` while xsp was installed."""
 
@@ -202,6 +223,15 @@ class ModuleCallInterceptor:
                                    "tracing; xsp left that replacement in place, and module calls that "
                                    "bypassed xsp's wrapper are missing from the trace")
 
+    def correlate(self, correlation: Correlation | None) -> None:
+        """Push and pop CUPTI external correlation ids around layer calls (None: stop)."""
+        with self._lock:
+            self._correlation = correlation
+            if self._recording is not None:
+                if correlation is not None:
+                    self._recording.external_ids = True
+                self._install()
+
     def _install(self) -> None:
         assert self._recording is not None
         current = nn.Module.__call__
@@ -211,9 +241,10 @@ class ModuleCallInterceptor:
             self.foreign_patch = True  # never overwrite another tool's replacement
             return
         if self.mode is Mode.ALL:
-            wrapper = _make_all_wrapper(self._recording, self._original, self._sync_backward_hooks)
+            wrapper = _make_all_wrapper(self._recording, self._original, self._sync_backward_hooks,
+                                        self._correlation)
         else:
-            wrapper = _make_roots_wrapper(self._recording, self._original)
+            wrapper = _make_roots_wrapper(self._recording, self._original, self._correlation)
         self._wrapper = wrapper
         nn.Module.__call__ = wrapper  # type: ignore[method-assign]
 

@@ -93,6 +93,8 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     names = _Names()
     frames = [_buffer_call_rows(buffer, names) for buffer in window.buffers if len(buffer.call_columns)]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
+        rows[col.EXTERNAL_ID] = rows[col.START_NS].astype("Int64")
     window.derived["module_calls"] = rows
     window.derived["module_names"] = names
     return rows

@@ -13,6 +13,8 @@ ENTRY_POINT_GROUP = "xsp.tracers"
 BUILTIN_TRACERS: dict[str, str] = {
     "model": "xsp.tracers.model:ModelTracer",
     "layer": "xsp.tracers.layer:LayerTracer",
+    "cuda_api": "xsp.tracers.cuda_api:CudaApiTracer",
+    "kernel": "xsp.tracers.kernel:KernelTracer",
 }
 
 
@@ -52,7 +54,8 @@ def tracers_for(levels: tuple[Level, ...]) -> tuple[list[Tracer], dict[Level, st
             reasons[cls.level].append(f"{name}: {reason}")
     covered = {tracer.level for tracer in chosen}
     missing = {
-        level: "; ".join(why) if why else "no tracer records this level yet"
+        level: (why[0].partition(": ")[2] if len(why) == 1 else "; ".join(why)) if why
+        else "no tracer records this level yet"
         for level, why in reasons.items() if level not in covered
     }
     return chosen, missing

@@ -14,7 +14,8 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
     """Turn ``"model,layer"``, ``("model", "layer")`` or ``Level`` values into sorted Levels.
 
     The model level is always included: its spans (the session, steps and predict calls)
-    are the roots every deeper span hangs from.
+    are the roots every deeper span hangs from. The kernel level brings the cuda_api level
+    with it: a kernel's parent is the CUDA call that launched it.
 
     Raises:
         UnknownLevelError: a name that is not a level.
@@ -34,4 +35,6 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
             parsed.add(Level(name.lower()))
         except ValueError:
             raise UnknownLevelError(f"unknown level {name!r} (valid levels: {valid})") from None
+    if Level.KERNEL in parsed:
+        parsed.add(Level.CUDA_API)
     return tuple(level for level in LEVELS if level in parsed)

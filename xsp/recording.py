@@ -220,6 +220,8 @@ class Window:
     """Results of interpreting the records, shared between tracers during collection."""
     dropped: Counter[str] = field(default_factory=Counter)
     """Records that could not be interpreted, by what they were."""
+    external_ids: bool = False
+    """Module calls pushed their start as a CUPTI external correlation id (CUDA levels on)."""
 
 
 class Recording:
@@ -233,9 +235,12 @@ class Recording:
         self.kept_events = 0
         self.dropped: Counter[str] = Counter()
         self.long_step_ns = NEVER
-        """A step at least this long ends a window (see ``on_long_step``)."""
-        self.on_long_step: Callable[[], None] | None = None
-        """Called on the recording thread when a step of ``long_step_ns`` or more has ended there."""
+        """Steps at least this long are reported to ``on_long_step``."""
+        self.external_ids = False
+        """Set once module calls push their start as CUPTI external correlation ids."""
+        self.on_long_step: Callable[[int], None] | None = None
+        """Called on the recording thread, with the step's duration, when a step of
+        ``long_step_ns`` or more has ended there (outside every other step and module call)."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -269,7 +274,7 @@ class Recording:
         for a later window, so that no span is separated from the spans inside it."""
         taken = [buffer.drain() for buffer in list(self.buffers)
                  if final or (buffer.depth == 0 and buffer.open_steps == 0)]
-        return Window(taken, final=final)
+        return Window(taken, final=final, external_ids=self.external_ids)
 
     def open_module_calls(self) -> int:
         """Module calls still running on some thread (they end after the session and are lost)."""

@@ -119,6 +119,10 @@ COPY_KIND: Final = "copy_kind"
 FLOPS: Final = "flops"
 SEQUENCE_NUMBER: Final = "sequence_number"
 """Autograd sequence number of an operator: a backward operator carries its forward's."""
+EXTERNAL_ID: Final = "external_id"
+"""CUPTI external correlation id. On a layer span recorded with the CUDA levels on, the id xsp
+pushed around the call (its start on the host clock); on a CUDA API call, the id on top of
+CUPTI's stack when the call was made, which names the layer span that made it."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
@@ -157,6 +161,7 @@ COLUMNS: Final[dict[str, str]] = {
     COPY_KIND: "string",
     FLOPS: "Int64",
     SEQUENCE_NUMBER: "Int64",
+    EXTERNAL_ID: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -201,5 +206,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     COPY_KIND: "xsp.memory.copy_kind",
     FLOPS: "xsp.flops",
     SEQUENCE_NUMBER: "xsp.operator.sequence_number",
+    EXTERNAL_ID: "xsp.external_id",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -112,8 +112,14 @@ class Session:
         self._clock = ClockSync.measure()
         self._open_export()
         tracers, self._unavailable = tracers_for(self.levels)
+        by_reason: dict[str, list[str]] = {}
         for level, reason in self._unavailable.items():
-            self._warn(f"level {level.value} is not recorded: {reason}")
+            by_reason.setdefault(reason, []).append(level.value)
+        for reason, levels in by_reason.items():  # one warning per cause (cuda_api and kernel share CUPTI's)
+            plural = "s" if len(levels) > 1 else ""
+            verb = "are" if len(levels) > 1 else "is"
+            self._warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
+        self._watch_step_ends(tracers)
         for tracer in tracers:
             try:
                 tracer.start(self._recording)
@@ -172,8 +178,28 @@ class Session:
             self.target = None
             return
         self._windows = _WindowWorker(self)
-        self._recording.long_step_ns = int(self.long_step_s * 1e9)
-        self._recording.on_long_step = self._windows.close_window
+
+    def _watch_step_ends(self, tracers: list[Tracer]) -> None:
+        """Tell the recording who hears of step ends: tracers that flush at each step (every
+        step), and the export of long steps (steps of ``long_step_s`` or more)."""
+        assert self._recording is not None
+        flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
+        windows = self._windows
+        long_step_ns = int(self.long_step_s * 1e9)
+        if not flushers and windows is None:
+            return
+
+        def step_ended(duration_ns: int) -> None:
+            for flush in flushers:
+                try:
+                    flush()
+                except Exception:  # a flush is an optimisation; the final one still runs
+                    pass
+            if windows is not None and duration_ns >= long_step_ns:
+                windows.close_window()
+
+        self._recording.long_step_ns = 0 if flushers else long_step_ns
+        self._recording.on_long_step = step_ended
 
     def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
         """The spans of one window, appended to the session's tables."""
@@ -225,6 +251,7 @@ class Session:
             "service_name": self.service_name,
             "levels": [level.value for level in self.levels],
             "tracers": [tracer.name for tracer in self._tracers],
+            "tracer_details": self._tracer_details(),
             "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
             "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
                       "drift_ns": clock.drift_ns},
@@ -244,6 +271,18 @@ class Session:
         if self._windows is not None:
             self.export = self._windows.export_last(last, metadata)
             _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]
+
+    def _tracer_details(self) -> dict[str, Any]:
+        """What tracers report about themselves (a CUPTI clock offset, say), by tracer name."""
+        details = {}
+        for tracer in self._tracers:
+            report = getattr(tracer, "metadata", None)
+            if callable(report):
+                try:
+                    details[tracer.name] = report()
+                except Exception as exc:
+                    self._warn(f"tracer {tracer.name} could not describe itself: {exc}")
+        return details
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)

@@ -99,6 +99,7 @@ class step(span):  # noqa: N801
             return
         buffer = recording.buffer()
         buffer.open_steps -= 1
+        duration_ns = now_ns() - self._start
         if (not buffer.open_steps and not buffer.depth and recording.on_long_step is not None
-                and now_ns() - self._start >= recording.long_step_ns):
-            recording.on_long_step()
+                and duration_ns >= recording.long_step_ns):
+            recording.on_long_step(duration_ns)

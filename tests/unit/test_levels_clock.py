@@ -17,7 +17,11 @@ def test_levels_accept_strings_sequences_and_enums_and_always_include_model(give
 
 
 def test_levels_are_ordered_shallowest_first():
-    assert parse_levels("kernel,model,operator") == (Level.MODEL, Level.OPERATOR, Level.KERNEL)
+    assert parse_levels("operator,model,layer") == (Level.MODEL, Level.LAYER, Level.OPERATOR)
+
+
+def test_the_kernel_level_brings_the_cuda_api_level_that_launches_kernels():
+    assert parse_levels("kernel,model,operator") == (Level.MODEL, Level.OPERATOR, Level.CUDA_API, Level.KERNEL)
 
 
 def test_unknown_level_names_the_valid_ones():

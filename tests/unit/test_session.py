@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 
 import pandas as pd
 import pytest
@@ -300,11 +301,16 @@ def test_decorator_profiles_each_call(tmp_path):
     assert len(xsp.load(output).steps) == 3
 
 
-def test_levels_without_a_tracer_are_warned_about_once():
-    with pytest.warns(xsp.XspWarning, match="level kernel is not recorded"):
+def test_levels_without_a_tracer_are_warned_about_once(monkeypatch):
+    monkeypatch.setattr("xsp.tracers._cupti.SOURCE.available", lambda: "no CUDA driver: test")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         with xsp.trace(levels="model,kernel", output=None) as session:
             pass
-    assert "kernel" in session.trace.metadata["unavailable"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    assert messages == ["xsp: levels cuda_api, kernel are not recorded: no CUDA driver: test"]
+    assert session.trace.metadata["unavailable"] == {"cuda_api": "no CUDA driver: test",
+                                                     "kernel": "no CUDA driver: test"}
 
 
 def test_unknown_level_is_an_error_before_anything_runs():

@@ -1,0 +1,287 @@
+"""The CUDA API and kernel tracers without a GPU: real cupti-python records, a stand-in CUPTI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("cupti", reason="cupti-python is not installed (Linux x86_64/aarch64 only)")
+
+from cupti import cupti as real  # noqa: E402
+from xsp.analysis import gpu  # noqa: E402
+from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions  # noqa: E402
+from xsp.tracers import _cupti  # noqa: E402
+from xsp.tracers._cupti import CuptiSource, RecordStore, activity_rows, api_rows, demangle  # noqa: E402
+from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
+from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
+
+import xsp  # noqa: E402
+from xsp import schema as col  # noqa: E402
+from xsp.cli.doctor import tracer_rows  # noqa: E402
+from xsp.schema import Level, SpanKind  # noqa: E402
+
+from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
+
+
+def _api(correlation: int, start: int, end: int, cbid: int = 211, kind: int = 5, thread: int = 42) -> object:
+    record = real.ActivityAPI()
+    record.kind, record.start, record.end, record.correlation_id = kind, start, end, correlation
+    record.cbid, record.thread_id, record.process_id, record.return_value = cbid, thread, 1, 0
+    return record
+
+
+def _memcpy(correlation: int, start: int, end: int, nbytes: int, copy_kind: int) -> object:
+    record = real.ActivityMemcpy6()
+    record.kind, record.start, record.end, record.correlation_id = 1, start, end, correlation
+    record.bytes, record.copy_kind, record.stream_id, record.device_id = nbytes, copy_kind, 7, 0
+    return record
+
+
+def _memset(correlation: int, start: int, end: int) -> object:
+    record = real.ActivityMemset4()
+    record.kind, record.start, record.end, record.correlation_id = 2, start, end, correlation
+    record.bytes, record.value, record.stream_id, record.device_id = 4096, 0, 7, 0
+    return record
+
+
+def _sync(correlation: int, start: int, end: int) -> object:
+    record = real.ActivitySynchronization2()
+    record.kind, record.start, record.end, record.correlation_id = 38, start, end, correlation
+    record.type, record.stream_id, record.cuda_event_id = 3, 7, 0
+    return record
+
+
+def _external(correlation: int, external_id: int) -> object:
+    record = real.ActivityExternalCorrelation()
+    record.kind, record.external_kind = 39, int(real.ExternalCorrelationKind.CUSTOM0)
+    record.external_id, record.correlation_id = external_id, correlation
+    return record
+
+
+def _stored(records: list[object]) -> list[tuple]:
+    store = RecordStore()
+    store.on_completed(records)
+    kept, dropped = store.drain()
+    assert not dropped
+    return kept
+
+
+# conversion --------------------------------------------------------------------------------
+def test_records_become_spans_with_names_launch_geometry_and_memory_facts():
+    offset = 1_000_000
+    records = _stored([
+        _api(1, 2_000_000, 2_010_000), _external(1, 555),
+        kernel_record("_Z6vecAddPfS_S_i", 2_020_000, 2_050_000, 1),
+        _api(2, 2_100_000, 2_110_000, cbid=int(real.RuntimeApiTraceCbid.cudaMemcpyAsync_v3020)),
+        _memcpy(2, 2_120_000, 2_130_000, nbytes=1_000_000, copy_kind=1),
+        _memset(3, 2_140_000, 2_141_000), _sync(4, 2_150_000, 2_160_000),
+        _api(5, 2_200_000, 2_201_000, cbid=int(real.DriverApiTraceCbid.cuLaunchKernel), kind=4),
+    ])
+    api = api_rows(records, offset)
+    assert api[col.NAME].tolist() == ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel"]
+    assert api[col.KIND].tolist() == [SpanKind.RUNTIME.value, SpanKind.RUNTIME.value, SpanKind.DRIVER.value]
+    assert api[col.START_NS].tolist() == [1_000_000, 1_100_000, 1_200_000]
+    assert api[col.EXTERNAL_ID].tolist()[0] == 555 and api[col.THREAD_ID].tolist() == [42, 42, 42]
+    assert set(api[col.LEVEL]) == {Level.CUDA_API.value}
+
+    activities = activity_rows(records, offset).set_index(col.KIND)
+    kernel = activities.loc[SpanKind.KERNEL.value]
+    assert kernel[col.NAME] == "vecAdd(float*, float*, float*, int)"
+    assert (kernel[col.GRID], kernel[col.BLOCK]) == ("[128,2,1]", "[256,1,1]")
+    assert (kernel[col.REGISTERS_PER_THREAD], kernel[col.SHARED_MEMORY_BYTES]) == (32, 1024 + 4096)
+    assert (kernel[col.STREAM_ID], kernel[col.DEVICE_ID], kernel[col.CORRELATION_ID]) == (7, 0, 1)
+    details = json.loads(kernel[col.ATTRIBUTES])
+    assert (details["static_shared_memory"], details["dynamic_shared_memory"]) == (1024, 4096)
+    assert details["mangled_name"] == "_Z6vecAddPfS_S_i"
+    copy = activities.loc[SpanKind.MEMCPY.value]
+    assert (copy[col.NAME], copy[col.COPY_KIND], copy[col.BYTES]) == ("Memcpy HtoD", "HtoD", 1_000_000)
+    assert json.loads(copy[col.ATTRIBUTES])["bandwidth_gb_s"] == pytest.approx(100.0)  # 1 MB in 10 us
+    assert activities.loc[SpanKind.MEMSET.value][col.BYTES] == 4096
+    assert activities.loc[SpanKind.SYNC.value][col.NAME] == "Stream Sync"
+    assert (activities[col.START_NS] >= 1_000_000).all()
+
+
+def test_demangling_leaves_plain_and_broken_names_alone():
+    assert demangle("_ZN2at6native18elementwise_kernelILi128ELi2EZNS0_3addEvEUliE_EEviT1_") == (
+        "void at::native::elementwise_kernel<128, 2, at::native::add()::{lambda(int)#1}>"
+        "(int, at::native::add()::{lambda(int)#1})")
+    assert demangle("volta_sgemm_128x64_nn") == "volta_sgemm_128x64_nn"
+    assert demangle("_Znot-a-symbol") == "_Znot-a-symbol"
+
+
+def test_unreadable_records_are_counted_not_fatal():
+    class Odd:
+        kind = 10  # a kernel without the fields
+
+    store = RecordStore()
+    store.on_completed([Odd(), _api(1, 10, 20)])
+    kept, dropped = store.drain()
+    assert len(kept) == 1 and dropped == {"unreadable CUPTI records": 1}
+
+
+def test_the_cupti_offset_is_measured_against_the_host_clock():
+    fake = FakeCupti(clock_offset_ns=123_456_789_000)
+    offset, uncertainty = _cupti.measure_cupti_offset(fake.get_timestamp)
+    assert abs(offset - 123_456_789_000) <= uncertainty + 1_000
+    shifted = api_rows(_stored([_api(1, 123_456_789_000 + 5_000, 123_456_789_000 + 6_000)]), offset)
+    assert abs(int(shifted[col.START_NS].iloc[0]) - 5_000) <= uncertainty + 1_000
+
+
+# a session with the stand-in CUPTI -------------------------------------------------------------
+class Launching(torch.nn.Module):
+    """A layer whose forward makes CUDA calls (played by the stand-in)."""
+
+    def __init__(self, fake: FakeCupti, launches: int) -> None:
+        super().__init__()
+        self.fake, self.launches = fake, launches
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.launches):
+            self.fake.launch()
+        return self.linear(x)
+
+
+def _model(fake: FakeCupti) -> torch.nn.Module:
+    return torch.nn.Sequential(Launching(fake, 2), torch.nn.ReLU(), Launching(fake, 3)).eval()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    fake = FakeCupti()
+    source = CuptiSource(module=lambda: fake)
+    monkeypatch.setattr(_cupti, "SOURCE", source)
+    monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return fake
+
+
+def _trace(fake: FakeCupti, levels: str = "model,layer,kernel", steps: int = 3) -> xsp.Trace:
+    model = _model(fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        with xsp.trace(levels=levels, output=None) as session, torch.no_grad():
+            for _ in range(steps):
+                model(torch.randn(2, 8))
+    assert session.trace is not None
+    return session.trace
+
+
+def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
+    trace = _trace(fake)
+    spans = trace.spans
+    kernels = spans[spans[col.KIND] == SpanKind.KERNEL.value]
+    launches = spans[spans[col.LEVEL] == Level.CUDA_API.value]
+    assert len(kernels) == len(launches) == 3 * (2 + 3)
+    parents = parent_positions(spans)
+    kernel_rows = np.flatnonzero((spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
+    assert (spans[col.LEVEL].to_numpy()[parents[kernel_rows]] == Level.CUDA_API.value).all()
+    layer = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernel_rows]
+    assert sorted(spans[col.NAME].to_numpy()[layer].tolist()) == ["0"] * 6 + ["2"] * 9
+    assert set(kernels[col.STEP].tolist()) == {0, 1, 2}
+    # launches lie inside their layer on the shared clock, and their external id names it
+    api_rows_ = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
+    owner = parents[api_rows_]
+    start, end = spans[col.START_NS].to_numpy(), spans[col.END_NS].to_numpy()
+    assert ((start[owner] <= start[api_rows_]) & (end[api_rows_] <= end[owner])).all()
+    assert (spans[col.EXTERNAL_ID].to_numpy()[owner] == spans[col.EXTERNAL_ID].to_numpy()[api_rows_]).all()
+    hierarchy = trace.metadata["hierarchy"]
+    assert hierarchy["launched"] == 15 and hierarchy["external_linked"] == 15
+    assert hierarchy["external_reparented"] == 0
+    details = trace.metadata["tracer_details"]["kernel"]
+    assert abs(details["cupti_to_host_offset_ns"] - fake.clock_offset_ns) <= details["uncertainty_ns"] + 1_000
+    by_layer = gpu.kernel_time_per_layer(trace)
+    assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"0": 6, "2": 9}
+
+
+def test_a_clock_the_measurement_missed_is_corrected_by_the_external_ids(fake):
+    fake.skew_ns = 10_000_000  # records 10 ms late: their intervals fall outside their layers
+    trace = _trace(fake)
+    spans = trace.spans
+    hierarchy = trace.metadata["hierarchy"]
+    assert hierarchy["external_linked"] == 15 and hierarchy["external_reparented"] > 0
+    parents = parent_positions(spans)
+    api = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
+    assert set(spans[col.NAME].to_numpy()[parents[api]]) == {"0", "2"}
+
+
+def test_cupti_is_set_up_once_flushed_at_step_ends_and_left_clean(fake, monkeypatch):
+    source = _cupti.SOURCE
+    requests = []
+    flush_on_thread = source.step_ended
+    monkeypatch.setattr(source, "step_ended", lambda: (requests.append(1), flush_on_thread()))
+    _trace(fake, steps=4)
+    assert len(requests) == 4 * 2  # each step end, heard by both tracers (the flusher's event coalesces them)
+    assert fake.subscribers == 0 and fake.enabled == set() and fake.stack == []
+    assert fake.flushes[-1] == 1  # forced at the end
+    assert fake.pushes == 4 * 6  # the model, its three children and the two Linear inside, every step
+    assert INTERCEPTOR._correlation is None and not _cupti.SOURCE.running
+
+
+def test_without_the_cuda_levels_nothing_is_pushed(fake):
+    _trace(fake, levels="model,layer")
+    assert fake.pushes == 0 and fake.subscribers == 0
+
+
+def test_another_subscriber_makes_the_levels_unavailable_with_one_warning(fake):
+    fake.held_by_other = True
+    reason = _cupti.SOURCE.available()
+    assert reason is not None and "another CUPTI client" in reason and "MULTIPLE_SUBSCRIBERS" in reason
+    rows = {name: status for name, _, status in tracer_rows()}
+    assert rows["cuda_api"] == reason and rows["kernel"] == reason
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    assert len(messages) == 1 and "levels cuda_api, kernel are not recorded" in messages[0]
+    assert set(session.trace.spans[col.LEVEL]) == {Level.MODEL.value, Level.LAYER.value}
+
+
+def test_pytorchs_profiler_and_the_cuda_levels_exclude_each_other(fake, monkeypatch):
+    monkeypatch.setattr(torch.autograd.profiler, "_is_profiler_enabled", True)
+    assert "PyTorch's profiler in CUDA mode cannot run at once" in _cupti.SOURCE.available()
+
+
+def test_missing_driver_and_missing_package_are_reasons(monkeypatch):
+    def no_driver() -> object:
+        class Module:
+            def get_timestamp(self) -> int:
+                raise RuntimeError("CUDA driver is not found (libcuda.so.1: ...)")
+        return Module()
+
+    def not_installed() -> object:
+        raise ImportError("No module named 'cupti'")
+
+    assert CuptiSource(module=no_driver).available().startswith("no CUDA driver: CUDA driver is not found")
+    assert "pip install cupti-python" in CuptiSource(module=not_installed).available()
+
+
+def test_a_refused_activity_kind_disables_the_tracer_and_releases_cupti(fake):
+    def refuse(kind: int) -> None:
+        raise CuptiError(int(real.Result.ERROR_INSUFFICIENT_PRIVILEGES))
+
+    fake.activity_enable = refuse
+    with pytest.warns(xsp.XspWarning, match="ERROR_INSUFFICIENT_PRIVILEGES"):
+        with xsp.trace(levels="model,kernel", output=None):
+            pass
+    assert fake.subscribers == 0
+
+
+def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fake):
+    model = _model(fake)
+    with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+        worker = threading.Thread(target=lambda: model(torch.randn(2, 8)))
+        worker.start()
+        worker.join()
+        model(torch.randn(2, 8))
+    spans = session.trace.spans
+    api = spans[spans[col.LEVEL] == Level.CUDA_API.value]
+    assert api[col.THREAD_ID].nunique() == 2
+    assert session.trace.metadata["hierarchy"]["external_linked"] == 10

@@ -1,0 +1,73 @@
+"""The ``cuda_api`` level: every CUDA runtime and driver call, from CUPTI's activity records.
+
+Each call becomes a span on the host thread that made it (its parent found by interval
+inclusion, or by the external correlation id of the layer that made it), carrying the
+correlation id that links it to the kernels, copies and sets it launched.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import pandas as pd
+from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource, api_rows
+from xsp.tracers._module_calls import INTERCEPTOR
+
+from xsp.recording import Recording, Window
+from xsp.schema import Level
+
+
+class CuptiTracer(ABC):
+    """A tracer reading some CUPTI activity kinds through the shared source."""
+
+    name: ClassVar[str]
+    level: ClassVar[Level]
+    kinds: ClassVar[tuple[Any, ...]]
+
+    def __init__(self, source: CuptiSource = SOURCE) -> None:
+        self.source = source
+
+    def available(self) -> str | None:
+        return self.source.available()
+
+    def start(self, recording: Recording) -> None:
+        self.source.acquire(self.name, self.kinds)
+        INTERCEPTOR.correlate(self.source.correlation_pair())
+
+    def stop(self) -> None:
+        """Flush and release CUPTI; problems on the way are raised together, after cleaning up."""
+        self.source.release(self.name)
+        if not self.source.running:
+            INTERCEPTOR.correlate(None)
+        if self.source.warnings:
+            problems, self.source.warnings = self.source.warnings, []
+            raise RuntimeError("; ".join(problems))
+
+    def on_step_end(self) -> None:
+        """Flush CUPTI's completed buffers (on a background thread)."""
+        self.source.step_ended()
+
+    def metadata(self) -> dict[str, Any]:
+        """The CUPTI clock offset used, for the trace's metadata."""
+        return self.source.metadata()
+
+    @abstractmethod
+    def rows(self, records: list[tuple[Any, ...]]) -> pd.DataFrame:
+        """Span rows for this tracer's kinds among ``records``."""
+
+    def collect(self, window: Window) -> pd.DataFrame:
+        records, dropped = self.source.records_for(id(window))
+        window.dropped.update(dropped)
+        return self.rows(records)
+
+
+class CudaApiTracer(CuptiTracer):
+    """CUDA runtime and driver API calls."""
+
+    name: ClassVar[str] = "cuda_api"
+    level: ClassVar[Level] = Level.CUDA_API
+    kinds: ClassVar[tuple[Any, ...]] = API_KINDS
+
+    def rows(self, records: list[tuple[Any, ...]]) -> pd.DataFrame:
+        return api_rows(records, self.source.offset_ns)
