@@ -19,11 +19,20 @@ from xsp.analysis.gpu import (
 from xsp.analysis.hierarchy import diagnostics_table
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.model import model_latency, model_summary
-from xsp.analysis.roofline import GPU_PEAKS, kernel_roofline, layer_flops, model_flops, peak_for, trace_peak
+from xsp.analysis.roofline import (
+    GPU_PEAKS,
+    counters_per_kernel,
+    kernel_roofline,
+    layer_flops,
+    model_flops,
+    peak_for,
+    trace_peak,
+)
 
 __all__ = [
     "hierarchy", "structure", "diagnostics_table", "layer_table", "layer_type_summary", "top_layers",
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
-    "launch_overhead", "GPU_PEAKS", "kernel_roofline", "layer_flops", "model_flops", "peak_for", "trace_peak",
+    "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
+    "peak_for", "trace_peak",
 ]

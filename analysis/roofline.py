@@ -81,11 +81,63 @@ def trace_peak(trace: Trace) -> GpuPeak | None:
     return peak_for(str(trace.metadata.get("device", "")))
 
 
+def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """FLOPs and DRAM bytes of each kernel, shared out of the GPU's sampled counters.
+
+    Each ``gpu_metrics`` sample (a ``counters`` span covering one sampling interval on one
+    device) is divided among the kernels that ran on that device during it, in proportion
+    to the time each ran inside the interval; a sample during which no kernel ran is left
+    out (its counts are not any kernel's).
+
+    Columns: ``span_id``, ``name``, ``flops``, ``dram_bytes`` (floats; one row per kernel
+    that overlapped a sample).
+    """
+    spans = _spans(source)
+    samples = spans[(spans[col.LEVEL] == Level.GPU_METRICS.value) & (spans[col.KIND] == SpanKind.COUNTERS.value)]
+    kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
+    empty = pd.DataFrame({"span_id": pd.Series(dtype="int64"), "name": pd.Series(dtype="object"),
+                          "flops": pd.Series(dtype="float64"), "dram_bytes": pd.Series(dtype="float64")})
+    if samples.empty or kernels.empty:
+        return empty
+    pieces = []
+    sample_device = samples[col.DEVICE_ID].fillna(-1).to_numpy(dtype=np.int64)
+    kernel_device = kernels[col.DEVICE_ID].fillna(-1).to_numpy(dtype=np.int64)
+    for device in np.unique(sample_device).tolist():
+        mine = samples[sample_device == device].sort_values(col.START_NS)
+        runs = kernels[kernel_device == device]
+        if runs.empty:
+            continue
+        s_start, s_end = mine[col.START_NS].to_numpy(np.int64), mine[col.END_NS].to_numpy(np.int64)
+        k_start, k_end = runs[col.START_NS].to_numpy(np.int64), runs[col.END_NS].to_numpy(np.int64)
+        # samples are consecutive, non-overlapping intervals: each kernel meets a contiguous run of them
+        first = np.searchsorted(s_end, k_start, side="right")
+        last = np.searchsorted(s_start, k_end, side="left")
+        count = np.maximum(last - first, 0)
+        kernel_of = np.repeat(np.arange(len(runs)), count)
+        sample_of = np.repeat(first, count) + (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count))
+        overlap = (np.minimum(k_end[kernel_of], s_end[sample_of])
+                   - np.maximum(k_start[kernel_of], s_start[sample_of])).clip(min=0).astype(np.float64)
+        busy = np.bincount(sample_of, weights=overlap, minlength=len(mine))
+        share = np.divide(overlap, busy[sample_of], out=np.zeros_like(overlap), where=busy[sample_of] > 0)
+        flops = mine[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
+        dram = mine[col.BYTES].astype("float64").to_numpy(na_value=np.nan)
+        pieces.append(pd.DataFrame({
+            "row": kernel_of, "flops": flops[sample_of] * share, "dram_bytes": dram[sample_of] * share,
+        }).groupby("row", sort=True).sum(min_count=1).assign(
+            span_id=lambda f, r=runs: r[col.SPAN_ID].to_numpy()[f.index],
+            name=lambda f, r=runs: r[col.NAME].to_numpy(dtype=object)[f.index]))
+    if not pieces:
+        return empty
+    return pd.concat(pieces, ignore_index=True)[["span_id", "name", "flops", "dram_bytes"]]
+
+
 def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     """FLOPs, DRAM bytes, intensity and achieved FLOP/s per kernel name.
 
-    FLOPs come from hardware-counter ranges (``counters`` spans, matched to kernels by name)
-    or from the ``flops`` column of kernels; DRAM bytes from the ``bytes`` column. Durations
+    FLOPs come from hardware-counter ranges (``counters`` spans, matched to kernels by name),
+    from the ``flops`` column of kernels, or from sampled GPU counters (the ``gpu_metrics``
+    level, shared among kernels by :func:`counters_per_kernel`); DRAM bytes from the
+    ``bytes`` column or the sampled counters. Durations
     always come from kernel spans, never from counter ranges (counter collection replays
     kernels, which distorts their time).
 
@@ -102,10 +154,16 @@ def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
                                              flops=(col.FLOPS, "sum"), dram_bytes=(col.BYTES, "sum"))
     names = sorted(set(per_name.index) | set(counted.index))
     table = pd.DataFrame(index=pd.Index(names, name="name"))
-    table["count"] = per_name["count"].reindex(names).fillna(counted["size"].reindex(names)).astype("Int64")
+    table["count"] = per_name["count"].reindex(names).astype("float64").fillna(
+        counted["size"].reindex(names).astype("float64")).astype("Int64")
     flops = per_name["flops"].reindex(names).astype("float64").replace(0, np.nan)
     table["flops"] = flops.fillna(counted["sum"].reindex(names).astype("float64"))
     table["dram_bytes"] = per_name["dram_bytes"].reindex(names).astype("float64").replace(0, np.nan)
+    sampled = counters_per_kernel(spans)
+    if not sampled.empty:
+        by_name = sampled.groupby("name")[["flops", "dram_bytes"]].sum(min_count=1).reindex(names)
+        table["flops"] = table["flops"].fillna(by_name["flops"].replace(0, np.nan))
+        table["dram_bytes"] = table["dram_bytes"].fillna(by_name["dram_bytes"].replace(0, np.nan))
     table["kernel_us"] = per_name["kernel_ns"].reindex(names).astype("float64") / 1e3
     table["arithmetic_intensity"] = table["flops"] / table["dram_bytes"]
     table["achieved_tflops"] = table["flops"] / (table["kernel_us"] * 1e6)

@@ -15,6 +15,7 @@ BUILTIN_TRACERS: dict[str, str] = {
     "layer": "xsp.tracers.layer:LayerTracer",
     "cuda_api": "xsp.tracers.cuda_api:CudaApiTracer",
     "kernel": "xsp.tracers.kernel:KernelTracer",
+    "gpu_metrics": "xsp.tracers.gpu_metrics:GpuMetricsTracer",
 }
 
 

@@ -38,6 +38,8 @@ class Level(str, enum.Enum):
     OPERATOR = "operator"
     CUDA_API = "cuda_api"
     KERNEL = "kernel"
+    GPU_METRICS = "gpu_metrics"
+    """Hardware counters sampled on the GPU (``counters`` spans); perturbs timings."""
 
     @property
     def rank(self) -> int:
@@ -45,7 +47,7 @@ class Level(str, enum.Enum):
         return _LEVEL_ORDER.index(self)
 
 
-_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.CUDA_API, Level.KERNEL)
+_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.CUDA_API, Level.KERNEL, Level.GPU_METRICS)
 LEVELS: Final = _LEVEL_ORDER
 
 

@@ -47,4 +47,5 @@ def test_clock_sync_maps_host_time_to_epoch():
 
 
 def test_levels_rank_matches_depth():
-    assert [level.rank for level in Level] == list(itertools.islice(itertools.count(), 5))
+    assert [level.rank for level in Level] == list(itertools.islice(itertools.count(), len(Level)))
+    assert Level.MODEL.rank == 0 and Level.KERNEL.rank == 4 and Level.GPU_METRICS.rank == 5

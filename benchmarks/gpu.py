@@ -1,0 +1,153 @@
+"""The CUDA API and kernel levels on a GPU: linking, agreement with PyTorch's profiler, overhead.
+
+ResNet-50 inference (random weights, from its config) at batch 1 and 32, on one CUDA device:
+
+* one run with every level (model, layer, cuda_api, kernel): the share of kernels linked to
+  a launching CUDA call and to a layer;
+* a separate run of the same iterations under PyTorch's profiler (CPU + CUDA): its kernel
+  count and total kernel time against xsp's (goal: equal counts, time within 5%);
+* model latency (mean of the timed iterations, synchronised) with no tracing, the model
+  level, model+layer, and model+layer+cuda_api+kernel, measured side by side in one
+  process, and the overhead of each against the untraced run.
+
+Needs a CUDA GPU and cupti-python; without them it says so and exits 2. Results go to
+benchmarks/results/gpu.md with the device name.
+
+Usage: python benchmarks/gpu.py [--iterations N] [--warmup N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from _results import record
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+RESULTS = ROOT / "benchmarks" / "results" / "gpu.md"
+LEVEL_SETS = {"none": None, "model": "model", "model+layer": "model,layer",
+              "model+layer+cuda_api+kernel": "model,layer,kernel"}
+
+
+def _synchronised_latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
+                             context: contextlib.AbstractContextManager[Any]) -> float:
+    times = []
+    with context:
+        for _ in range(iterations):
+            torch.cuda.synchronize()
+            start = time.perf_counter_ns()
+            model(x)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter_ns() - start) / 1e6)
+    return statistics.fmean(times)
+
+
+@contextlib.contextmanager
+def _levels(levels: str | None) -> Iterator[None]:
+    import xsp
+
+    if levels is None:
+        yield
+        return
+    with xsp.trace(levels=levels, output=None):
+        yield
+
+
+def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: int) -> dict[str, Any]:
+    from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
+
+    import xsp
+    from xsp import schema as col
+    from xsp.schema import Level, SpanKind
+
+    with xsp.trace(levels="model,layer,kernel", output=None) as session:
+        for _ in range(iterations):
+            model(x)
+        torch.cuda.synchronize()
+    spans = session.trace.spans
+    kernels = np.flatnonzero((spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
+    parents = parent_positions(spans)
+    launched = spans[col.LEVEL].to_numpy()[parents[kernels]] == Level.CUDA_API.value
+    layered = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels] >= 0
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            model(x)
+        torch.cuda.synchronize()
+    theirs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and not e.name.startswith(("Memcpy", "Memset"))]
+    ours_us = spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e3
+    theirs_us = sum(e.device_time for e in theirs)
+    return {"batch": batch, "kernels": len(kernels), "launched": launched.mean(), "layered": layered.mean(),
+            "profiler_kernels": len(theirs), "kernel_ms": ours_us / 1e3, "profiler_kernel_ms": theirs_us / 1e3,
+            "hierarchy": session.trace.metadata["hierarchy"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py needs a CUDA GPU; none is visible here", file=sys.stderr)
+        return 2
+    from xsp.tracers._cupti import probe
+
+    reason = probe()
+    if reason is not None:
+        print(f"the CUDA levels cannot run here: {reason}", file=sys.stderr)
+        return 2
+    from resnet50_inference import build_model
+
+    device = torch.cuda.get_device_name(0)
+    model = build_model().cuda()
+    linking, latency = [], []
+    with torch.no_grad():
+        for batch in (1, 32):
+            x = torch.randn(batch, 3, 224, 224, device="cuda")
+            for _ in range(args.warmup):
+                model(x)
+            torch.cuda.synchronize()
+            linking.append(_linking(batch, model, x, args.iterations))
+            row = {"batch": batch}
+            for label, levels in LEVEL_SETS.items():  # side by side, in one process
+                row[label] = _synchronised_latency_ms(model, x, args.iterations, _levels(levels))
+            latency.append(row)
+    lines = [
+        "# CUDA levels on a GPU", "",
+        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, device **{device}**, torch {torch.__version__}, "
+        f"Python {platform.python_version()}; `python benchmarks/gpu.py --iterations {args.iterations}`.", "",
+        "## Linking and agreement with PyTorch's profiler (ResNet-50 inference, separate runs)", "",
+        "| batch | kernels (xsp) | kernels (profiler) | linked to a launch | linked to a layer | kernel ms (xsp) "
+        "| kernel ms (profiler) | difference |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in linking:
+        difference = (r["kernel_ms"] - r["profiler_kernel_ms"]) / r["profiler_kernel_ms"]
+        lines.append(f"| {r['batch']} | {r['kernels']} | {r['profiler_kernels']} | {r['launched']:.1%} | "
+                     f"{r['layered']:.1%} | {r['kernel_ms']:.2f} | {r['profiler_kernel_ms']:.2f} | {difference:+.1%} |")
+    lines += ["", "## Model latency by levels traced (mean ms, synchronised; overhead against no tracing)", "",
+              "| batch | " + " | ".join(LEVEL_SETS) + " |", "| ---: |" + " ---: |" * len(LEVEL_SETS)]
+    for row in latency:
+        base = row["none"]
+        cells = [f"{row[label]:.2f}" + ("" if label == "none" else f" ({row[label] / base - 1:+.0%})")
+                 for label in LEVEL_SETS]
+        lines.append(f"| {row['batch']} | " + " | ".join(cells) + " |")
+    record(lines, RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The CUDA API and kernel levels on a real GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
+
+import xsp
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+
+pytestmark = pytest.mark.gpu
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(16 * 30 * 30, 10)).cuda().eval()
+
+
+@pytest.fixture(scope="module")
+def traced():
+    pytest.importorskip("cupti")
+    model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        model(x)
+        torch.cuda.synchronize()
+        with xsp.trace(levels="model,layer,kernel", output=None) as session:
+            for _ in range(3):
+                model(x)
+            torch.cuda.synchronize()
+    return session.trace
+
+
+def test_every_kernel_has_a_launch_and_a_layer(traced):
+    spans = traced.spans
+    kernels = np.flatnonzero((spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
+    assert len(kernels) >= 3 * 4
+    parents = parent_positions(spans)
+    assert (spans[col.LEVEL].to_numpy()[parents[kernels]] == Level.CUDA_API.value).all()
+    layers = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels]
+    assert (layers >= 0).all()
+    assert traced.metadata["hierarchy"]["launch_missing"] == 0
+
+
+def test_each_launch_lies_inside_its_layer_on_the_shared_clock(traced):
+    spans = traced.spans
+    parents = parent_positions(spans)
+    api = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
+    owner = parents[api]
+    assert (owner >= 0).all()
+    start, end = spans[col.START_NS].to_numpy(), spans[col.END_NS].to_numpy()
+    assert ((start[owner] <= start[api]) & (end[api] <= end[owner])).all()
+    assert traced.metadata["hierarchy"]["external_reparented"] == 0
+
+
+def test_kernels_carry_names_geometry_and_device(traced):
+    kernels = traced.spans[traced.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert not kernels[col.NAME].str.startswith("_Z").any()  # demangled
+    assert kernels[col.GRID].str.match(r"^\[\d+,\d+,\d+\]$").all()
+    assert kernels[col.REGISTERS_PER_THREAD].notna().all() and kernels[col.DEVICE_ID].notna().all()
+    assert "cupti_to_host_offset_ns" in traced.metadata["tracer_details"]["kernel"]
+
+
+def test_kernel_count_and_time_match_pytorchs_profiler_in_a_separate_run():
+    pytest.importorskip("cupti")
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        model(x)
+        torch.cuda.synchronize()
+        with xsp.trace(levels="model,layer,kernel", output=None) as session:
+            for _ in range(5):
+                model(x)
+            torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                model(x)
+            torch.cuda.synchronize()
+    spans = session.trace.spans
+    ours = spans[spans[col.KIND] == SpanKind.KERNEL.value]
+    theirs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and not e.name.startswith(("Memcpy", "Memset"))]
+    assert len(ours) == len(theirs)
+    our_us = ours[col.DURATION_NS].sum() / 1e3
+    their_us = sum(e.device_time for e in theirs)
+    assert abs(our_us - their_us) <= 0.05 * their_us
