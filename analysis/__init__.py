@@ -19,6 +19,7 @@ from xsp.analysis.gpu import (
 from xsp.analysis.hierarchy import diagnostics_table
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.model import model_latency, model_summary
+from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
 from xsp.analysis.roofline import (
     GPU_PEAKS,
     counters_per_kernel,
@@ -30,6 +31,7 @@ from xsp.analysis.roofline import (
 )
 
 __all__ = [
+    "operator_table", "backward_attribution", "backward_time_per_layer",
     "hierarchy", "structure", "diagnostics_table", "layer_table", "layer_type_summary", "top_layers",
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, model_latency
+from xsp.analysis.tree import parent_positions
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
@@ -174,35 +175,70 @@ def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     return table.reset_index()
 
 
-def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """FLOPs and bytes per layer, from the ``flops``/``bytes`` of the layer spans or of the
-    operators and kernels below them.
+def counted_spans(spans: pd.DataFrame) -> np.ndarray:
+    """Rows whose ``flops``/``bytes`` are counted, from one source only (no double counting):
+    the ``flops`` level's operators if the trace has them, else kernels and counter ranges, else
+    operators (a PyTorch profiler trace recorded ``with_flops``)."""
+    has = spans[col.FLOPS].notna().to_numpy() | spans[col.BYTES].notna().to_numpy()
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    for mask in (levels == Level.FLOPS.value, levels == Level.KERNEL.value, levels == Level.OPERATOR.value):
+        if (has & mask).any():
+            return np.flatnonzero(has & mask)
+    return np.zeros(0, dtype=np.int64)
 
-    Columns: ``name``, ``calls``, ``flops``, ``bytes``, ``duration_us``, ``achieved_tflops``,
-    ``arithmetic_intensity``.
+
+def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """FLOPs and bytes per layer: the layer span's own figures, or those of the operators
+    (the ``flops`` level) or kernels below it, each counted in every layer that encloses it.
+
+    Columns: ``name``, ``calls``, ``flops`` (all calls), ``flops_per_call``, ``bytes``,
+    ``duration_us``, ``achieved_tflops``, ``arithmetic_intensity``.
     """
     spans = _spans(source)
-    layers = spans[spans[col.LEVEL] == Level.LAYER.value]
-    grouped = layers.groupby(col.NAME).agg(calls=(col.DURATION_NS, "size"), flops=(col.FLOPS, "sum"),
-                                           bytes=(col.BYTES, "sum"), duration_ns=(col.DURATION_NS, "sum"))
-    grouped = grouped.reset_index().rename(columns={col.NAME: "name"})
-    grouped["flops"] = grouped["flops"].astype("float64").replace(0, np.nan)
-    grouped["bytes"] = grouped["bytes"].astype("float64").replace(0, np.nan)
+    layers = np.flatnonzero((spans[col.LEVEL] == Level.LAYER.value).to_numpy())
+    flops = spans[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
+    moved = spans[col.BYTES].astype("float64").to_numpy(na_value=np.nan)
+    own = ~np.isnan(flops[layers])
+    total_flops, total_bytes = np.zeros(len(spans)), np.zeros(len(spans))
+    rows = counted_spans(spans)
+    if len(rows) and not own.all():
+        parents = parent_positions(spans)
+        is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
+        ancestor = parents[rows]
+        while len(rows):  # add each counted span to every layer above it
+            hit = is_layer[ancestor]
+            np.add.at(total_flops, ancestor[hit], np.nan_to_num(flops[rows[hit]]))
+            np.add.at(total_bytes, ancestor[hit], np.nan_to_num(moved[rows[hit]]))
+            ancestor = parents[ancestor]
+            keep = ancestor >= 0
+            rows, ancestor = rows[keep], ancestor[keep]
+    layer_flops_ = np.where(own, flops[layers], total_flops[layers])
+    layer_bytes = np.where(~np.isnan(moved[layers]), moved[layers], total_bytes[layers])
+    frame = pd.DataFrame({"name": spans[col.NAME].to_numpy(dtype=object)[layers], "flops": layer_flops_,
+                          "bytes": layer_bytes, "duration_ns": spans[col.DURATION_NS].to_numpy()[layers]})
+    grouped = frame.groupby("name").agg(calls=("duration_ns", "size"), flops=("flops", "sum"),
+                                        bytes=("bytes", "sum"), duration_ns=("duration_ns", "sum")).reset_index()
+    grouped["flops"] = grouped["flops"].replace(0, np.nan)
+    grouped["bytes"] = grouped["bytes"].replace(0, np.nan)
+    grouped["flops_per_call"] = grouped["flops"] / grouped["calls"]
     grouped["duration_us"] = grouped.pop("duration_ns").astype("float64") / 1e3
     grouped["achieved_tflops"] = grouped["flops"] / (grouped["duration_us"] * 1e6)
     grouped["arithmetic_intensity"] = grouped["flops"] / grouped["bytes"]
-    return grouped.sort_values("flops", ascending=False, na_position="last").reset_index(drop=True)
+    columns = ["name", "calls", "flops", "flops_per_call", "bytes", "duration_us", "achieved_tflops",
+               "arithmetic_intensity"]
+    return grouped[columns].sort_values("flops", ascending=False, na_position="last").reset_index(drop=True)
 
 
 def model_flops(trace: Trace) -> pd.DataFrame:
-    """FLOPs per step from kernels (or counter ranges), with achieved FLOP/s over the step.
+    """FLOPs per step (from :func:`counted_spans`), with achieved FLOP/s over the step.
 
     Columns: ``step``, ``flops``, ``latency_ms``, ``achieved_tflops``, ``peak_tflops``,
     ``fraction_of_peak``.
     """
     spans = trace.spans
     peak = trace_peak(trace)
-    counted = spans[spans[col.FLOPS].notna() & (spans[col.LEVEL] == Level.KERNEL.value)]
+    counted = spans.iloc[counted_spans(spans)]
+    counted = counted[counted[col.FLOPS].notna()]
     per_step = counted.groupby(col.STEP)[col.FLOPS].sum().astype("float64")
     latency = model_latency(trace).set_index("step")["latency_ms"]
     out = pd.DataFrame({"flops": per_step}).join(latency, how="outer").reset_index().rename(columns={"index": "step"})

@@ -298,11 +298,13 @@ def cupti_error_text(exc: BaseException) -> str:
 
 
 def torch_profiler_active() -> bool:
-    """True while PyTorch's profiler (Kineto) is recording in this process."""
+    """True while PyTorch's profiler (Kineto) is recording in this process, other than the
+    operator level's own CPU-only one (which leaves CUPTI alone)."""
     try:
         import torch
+        from xsp.tracers.operator import own_profiler_active
 
-        return bool(torch.autograd.profiler._is_profiler_enabled)
+        return bool(torch.autograd.profiler._is_profiler_enabled) and not own_profiler_active()
     except Exception:
         return False
 

@@ -13,6 +13,8 @@ ENTRY_POINT_GROUP = "xsp.tracers"
 BUILTIN_TRACERS: dict[str, str] = {
     "model": "xsp.tracers.model:ModelTracer",
     "layer": "xsp.tracers.layer:LayerTracer",
+    "operator": "xsp.tracers.operator:OperatorTracer",
+    "flops": "xsp.tracers.flops:FlopsTracer",
     "cuda_api": "xsp.tracers.cuda_api:CudaApiTracer",
     "kernel": "xsp.tracers.kernel:KernelTracer",
     "gpu_metrics": "xsp.tracers.gpu_metrics:GpuMetricsTracer",

@@ -241,6 +241,8 @@ class Recording:
         self.on_long_step: Callable[[int], None] | None = None
         """Called on the recording thread, with the step's duration, when a step of
         ``long_step_ns`` or more has ended there (outside every other step and module call)."""
+        self.on_new_thread: list[Callable[[], None]] = []
+        """Called on a thread when it records for the first time (once per thread)."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -253,6 +255,11 @@ class Recording:
         with self._lock:
             self.buffers.append(buffer)
         self.local.b = buffer
+        for hello in list(self.on_new_thread):
+            try:
+                hello()
+            except Exception:  # a tracer's bookkeeping must not break the user's thread
+                pass
         return buffer
 
     def admit(self, what: str, count: int) -> int:

@@ -36,6 +36,8 @@ class Level(str, enum.Enum):
     MODEL = "model"
     LAYER = "layer"
     OPERATOR = "operator"
+    FLOPS = "flops"
+    """Analytic FLOPs and bytes per operator (``operator`` spans); perturbs timings."""
     CUDA_API = "cuda_api"
     KERNEL = "kernel"
     GPU_METRICS = "gpu_metrics"
@@ -47,7 +49,11 @@ class Level(str, enum.Enum):
         return _LEVEL_ORDER.index(self)
 
 
-_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.CUDA_API, Level.KERNEL, Level.GPU_METRICS)
+_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS, Level.CUDA_API, Level.KERNEL,
+                       Level.GPU_METRICS)
+METRIC_LEVELS: Final = frozenset({Level.FLOPS, Level.GPU_METRICS})
+"""Levels that measure counts, not time: their runs perturb timings, so leveled
+experimentation never takes durations from them."""
 LEVELS: Final = _LEVEL_ORDER
 
 

@@ -48,4 +48,4 @@ def test_clock_sync_maps_host_time_to_epoch():
 
 def test_levels_rank_matches_depth():
     assert [level.rank for level in Level] == list(itertools.islice(itertools.count(), len(Level)))
-    assert Level.MODEL.rank == 0 and Level.KERNEL.rank == 4 and Level.GPU_METRICS.rank == 5
+    assert Level.MODEL.rank == 0 and Level.FLOPS.rank == 3 and Level.GPU_METRICS.rank == 6

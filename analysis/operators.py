@@ -1,0 +1,112 @@
+"""Operator-level analyses: time per operator, and the backward pass attributed to forward layers.
+
+In a training step the backward pass runs operators that no forward layer encloses in time.
+Autograd ties them to the forward pass: a backward node (``AddmmBackward0``, and
+``autograd::engine::evaluate_function: AddmmBackward0`` around it) carries the sequence number
+of the forward operator that created it (``aten::addmm``). :func:`backward_attribution`
+follows that number back to the forward operator and its layer; backward layer spans
+(``<path>.backward``) name their forward layer already.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans
+from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+
+BACKWARD_NODE = re.compile(r"Backward\d*$")
+"""Autograd node names: ``AddmmBackward0`` (``BackwardHookFunction`` is a forward operator)."""
+ENGINE_PREFIX = "autograd::engine::evaluate_function: "
+"""The outermost span of one backward node: summing these counts each node's time once."""
+
+
+def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Operators aggregated by name, most time first.
+
+    Columns: ``name``, ``count``, ``total_us`` (inclusive), ``self_us`` (minus the operators
+    directly inside), ``mean_us``, ``share`` (of all self time, which adds up once).
+    """
+    spans = _spans(source)
+    ops = spans[(spans[col.LEVEL] == Level.OPERATOR.value) & (spans[col.KIND] == SpanKind.OPERATOR.value)]
+    inner = ops.groupby(col.PARENT_ID)[col.DURATION_NS].sum()
+    duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
+    self_ns = np.maximum(duration - ops[col.SPAN_ID].map(inner).fillna(0).to_numpy(dtype=np.float64), 0)
+    frame = pd.DataFrame({"name": ops[col.NAME].to_numpy(dtype=object), "total_us": duration / 1e3,
+                          "self_us": self_ns / 1e3})
+    table = frame.groupby("name", sort=False).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
+                                                  self_us=("self_us", "sum")).reset_index()
+    table["mean_us"] = table["total_us"] / table["count"]
+    total = table["self_us"].sum()
+    table["share"] = table["self_us"] / total if total else np.nan
+    return table.sort_values("self_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Every backward span with the forward layer (and operator) that produced it.
+
+    Rows: backward layer spans (``kind`` = layer) and backward operators (``kind`` =
+    operator: autograd nodes and the engine spans around them).
+
+    Columns: ``span_id``, ``step``, ``kind``, ``name``, ``duration_us``, ``sequence_number``,
+    ``forward_operator`` (the forward operator with the same sequence number in the step),
+    ``forward_layer`` (its innermost layer; for a backward layer span, the layer it is the
+    backward of), ``outermost`` (an engine span, or a node without one: sum these).
+    """
+    spans = _spans(source)
+    parents = parent_positions(spans)
+    layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
+    names = spans[col.NAME].to_numpy(dtype=object)
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    kinds = spans[col.KIND].to_numpy(dtype=object)
+    steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
+    sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
+    duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(sequence)
+    is_backward_op = is_op & np.array([BACKWARD_NODE.search(str(n)) is not None for n in names], dtype=bool)
+    forward_ops = np.flatnonzero(is_op & ~is_backward_op)
+    first_forward = (pd.DataFrame({"step": steps[forward_ops], "seq": sequence[forward_ops], "row": forward_ops})
+                     .groupby(["step", "seq"], dropna=False)["row"].min())
+    rows = []
+    for row in np.flatnonzero(is_backward_op).tolist():
+        forward = first_forward.get((steps[row], sequence[row]))
+        forward_layer = names[layer_of[forward]] if forward is not None and layer_of[forward] >= 0 else None
+        engine_parent = parents[row] >= 0 and str(names[parents[row]]).startswith(ENGINE_PREFIX)
+        rows.append({"span_id": int(spans[col.SPAN_ID].iat[row]), "step": steps[row], "kind": "operator",
+                     "name": names[row], "duration_us": duration[row] / 1e3, "sequence_number": sequence[row],
+                     "forward_operator": None if forward is None else names[forward],
+                     "forward_layer": forward_layer, "outermost": not engine_parent})
+    backward_layers = np.flatnonzero((levels == Level.LAYER.value) & (kinds == SpanKind.BACKWARD.value))
+    for row in backward_layers.tolist():
+        rows.append({"span_id": int(spans[col.SPAN_ID].iat[row]), "step": steps[row], "kind": "layer",
+                     "name": names[row], "duration_us": duration[row] / 1e3, "sequence_number": np.nan,
+                     "forward_operator": None, "forward_layer": str(names[row]).removesuffix(".backward"),
+                     "outermost": True})
+    columns = ["span_id", "step", "kind", "name", "duration_us", "sequence_number", "forward_operator",
+               "forward_layer", "outermost"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def backward_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Backward time per forward layer, over all steps.
+
+    Columns: ``forward_layer``, ``backward_layer_us`` (its ``.backward`` spans),
+    ``backward_operator_us`` (outermost backward operators attributed to it, by sequence
+    number), ``backward_operators``.
+    """
+    table = backward_attribution(source)
+    table = table[table["forward_layer"].notna() & table["outermost"]]
+    layers = table[table["kind"] == "layer"].groupby("forward_layer")["duration_us"].sum()
+    ops = table[table["kind"] == "operator"].groupby("forward_layer")["duration_us"].agg(["sum", "size"])
+    out = pd.DataFrame({"backward_layer_us": layers, "backward_operator_us": ops["sum"],
+                        "backward_operators": ops["size"]}).fillna({"backward_operator_us": 0.0,
+                                                                   "backward_operators": 0})
+    out["backward_operators"] = out["backward_operators"].astype("int64")
+    return out.rename_axis("forward_layer").reset_index().sort_values(
+        "backward_operator_us", ascending=False, kind="stable").reset_index(drop=True)

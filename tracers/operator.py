@@ -1,0 +1,196 @@
+"""The ``operator`` level: every framework (aten) operator, read from PyTorch's profiler in process.
+
+PyTorch's profiler runs in CPU-only mode (no CUDA activities, so it never holds CUPTI, which
+the cuda_api and kernel levels need) with shapes recorded and every thread profiled. When the
+session ends, its events are read directly (``kineto_results.events()``: no JSON round trip)
+and become spans: the operator's name, input shapes and dtypes, thread and autograd sequence
+number (a backward operator carries the sequence number of the forward operator it
+differentiates). Nested operators (``aten::linear`` > ``aten::addmm``) nest by time like every
+other span; ``Optimizer.step#...`` annotations become model-level spans of their own.
+
+Two things are matched up with markers the tracer records through the profiler itself:
+
+* **Clock.** The profiler stamps events in epoch nanoseconds from its own approximate clock.
+  At start the tracer brackets a marker between readings of xsp's host clock; the tightest
+  bracket gives the offset (and its uncertainty, kept in the metadata).
+* **Threads.** The profiler numbers threads in the order they first record (1, 2, ...). Each
+  thread that records a module call leaves a marker naming its OS thread id, so operators
+  land on the same ``thread_id`` as the layers around them. Threads that never record a
+  module call (autograd's device threads) keep the profiler's number, negated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from xsp import schema as col
+from xsp.clock import now_ns
+from xsp.recording import Recording, Window
+from xsp.schema import Level, SpanKind
+
+CLOCK_MARKER = "xsp::clock"
+THREAD_MARKER = "xsp::thread#"
+OPTIMIZER_PREFIX = "Optimizer."
+_THREAD = re.compile(re.escape(THREAD_MARKER) + r"(\d+)$")
+
+_active = threading.Event()
+"""Set while xsp's own CPU-only profiler runs (so the CUDA levels know it is not a rival)."""
+
+
+def own_profiler_active() -> bool:
+    """True while the operator tracer's CPU-only profiler is the one running."""
+    return _active.is_set()
+
+
+def _mark(name: str) -> None:
+    from torch.autograd.profiler import record_function
+
+    with record_function(name):
+        pass
+
+
+def mark_thread() -> None:
+    """Leave a marker naming this thread's OS id in the profiler's events."""
+    _mark(f"{THREAD_MARKER}{threading.get_native_id()}")
+
+
+def measure_profiler_offset(tries: int = 5) -> tuple[int, list[tuple[int, int]]]:
+    """Bracket markers between host-clock readings; returns the number of markers and the brackets."""
+    brackets = []
+    for _ in range(tries):
+        before = now_ns()
+        _mark(CLOCK_MARKER)
+        brackets.append((before, now_ns()))
+    return tries, brackets
+
+
+def clock_offset(marker_starts: list[int], brackets: list[tuple[int, int]]) -> tuple[int, int]:
+    """``(offset_ns, uncertainty_ns)`` with host time = profiler time - offset, from the
+    tightest bracket (markers and brackets in the same order)."""
+    best = min(zip(marker_starts, brackets), key=lambda pair: pair[1][1] - pair[1][0])
+    start, (before, after) = best
+    return start - (before + after) // 2, (after - before) // 2
+
+
+def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Span rows from PyTorch profiler events (``_KinetoEvent``-like objects), and the clock
+    and thread facts used."""
+    events = [e for e in events if str(e.device_type()).endswith("CPU")]
+    clock_starts = [e.start_ns() for e in events if e.name() == CLOCK_MARKER]
+    offset, uncertainty = clock_offset(clock_starts, brackets) if clock_starts and brackets else (0, -1)
+    native_of: dict[int, int] = {}
+    for e in events:
+        found = _THREAD.match(e.name())
+        if found:
+            native_of[e.start_thread_id()] = int(found.group(1))
+
+    def thread(profiler_thread: int) -> int:
+        return native_of.get(profiler_thread, -profiler_thread)
+
+    rows = []
+    for e in events:
+        name = e.name()
+        if name.startswith(("xsp::", "ProfilerStep#")):
+            continue
+        annotation = e.is_user_annotation()
+        if annotation and name.startswith(OPTIMIZER_PREFIX):
+            level, kind = Level.MODEL, SpanKind.USER
+        else:
+            level, kind = Level.OPERATOR, SpanKind.USER if annotation else SpanKind.OPERATOR
+        start = e.start_ns() - offset
+        shapes = e.shapes()
+        sequence = e.sequence_nr()
+        attributes: dict[str, Any] = {}
+        dtypes = e.dtypes()
+        if any(dtypes):
+            attributes["input_dtypes"] = list(dtypes)
+        if sequence >= 0 and e.fwd_thread_id() > 0:
+            attributes["forward_thread_id"] = thread(e.fwd_thread_id())
+        rows.append({
+            col.LEVEL: level.value, col.KIND: kind.value, col.NAME: name,
+            col.START_NS: start, col.END_NS: start + max(e.duration_ns(), 0),
+            col.THREAD_ID: thread(e.start_thread_id()),
+            col.INPUT_SHAPES: json.dumps(shapes) if any(shapes) else None,
+            col.SEQUENCE_NUMBER: sequence if sequence >= 0 else None,
+            col.ATTRIBUTES: json.dumps(attributes) if attributes else None,
+        })
+    facts = {"profiler_to_host_offset_ns": offset, "uncertainty_ns": uncertainty,
+             "threads": {str(k): v for k, v in sorted(native_of.items())}}
+    return (pd.DataFrame(rows) if rows else pd.DataFrame()), facts
+
+
+def profiler_conflict() -> str | None:
+    """Why PyTorch's profiler cannot be started here, or None."""
+    try:
+        import torch
+
+        if not torch.autograd.profiler.kineto_available():
+            return "this PyTorch build has no Kineto profiler"
+        if torch.autograd.profiler._is_profiler_enabled:
+            return "PyTorch's profiler is already running in this process (one profiler at a time)"
+    except Exception as exc:
+        return f"PyTorch's profiler cannot be queried: {exc}"
+    return None
+
+
+class OperatorTracer:
+    """aten operators from PyTorch's profiler in CPU-only mode."""
+
+    name: ClassVar[str] = "operator"
+    level: ClassVar[Level] = Level.OPERATOR
+
+    def __init__(self) -> None:
+        self._profiler: Any = None
+        self._recording: Recording | None = None
+        self._brackets: list[tuple[int, int]] = []
+        self._events: list[Any] = []
+        self._facts: dict[str, Any] = {}
+
+    def available(self) -> str | None:
+        return profiler_conflict()
+
+    def start(self, recording: Recording) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        options: dict[str, Any] = {"activities": [ProfilerActivity.CPU], "record_shapes": True}
+        try:
+            from torch._C._profiler import _ExperimentalConfig
+
+            options["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+        except (ImportError, TypeError):  # older torch: the session's threads only
+            pass
+        profiler = profile(**options)
+        profiler.start()
+        _active.set()
+        self._profiler, self._recording = profiler, recording
+        mark_thread()
+        _, self._brackets = measure_profiler_offset()
+        recording.on_new_thread.append(mark_thread)
+
+    def stop(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        if self._recording is not None and mark_thread in self._recording.on_new_thread:
+            self._recording.on_new_thread.remove(mark_thread)
+        if profiler is None:
+            return
+        try:
+            profiler.stop()
+            self._events = list(profiler.profiler.kineto_results.events())
+        finally:
+            _active.clear()
+
+    def metadata(self) -> dict[str, Any]:
+        return self._facts
+
+    def collect(self, window: Window) -> pd.DataFrame:
+        if not window.final:  # the profiler's events are read when it stops
+            return pd.DataFrame()
+        events, self._events = self._events, []
+        rows, self._facts = operator_rows(events, self._brackets)
+        return rows
