@@ -11,7 +11,8 @@ Counting runs Python for every operator, which slows the model down: durations f
 with this level are not the model's (leveled experimentation takes them from other runs).
 
 FLOPs: PyTorch's own formulas (``torch.utils.flop_counter``: matrix multiplies, convolutions
-and their backward, attention) where it has one; else one operation per output element for
+and their backward, attention on GPUs) where it has one; :func:`attention_flops` for the CPU
+attention kernels; else one operation per output element for
 elementwise and activation operators, ``NORM_FLOPS_PER_ELEMENT`` per element for
 normalisations and softmax, one per input element for reductions, none for views, copies and
 indexing. Bytes: the sizes of the input and output tensors (what the operator would move if
@@ -74,6 +75,8 @@ def operator_flops(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str
     packet = getattr(func, "_overloadpacket", None)
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    if "scaled_dot_product" in name and "attention" in name:  # CPU kernels PyTorch has no formula for
+        return attention_flops(*_tensors(args)[:3], backward=name.endswith("_backward"))
     outputs = _tensors([out])
     if name in ELEMENTWISE:
         return _numel(outputs)
@@ -82,6 +85,18 @@ def operator_flops(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str
     if name in REDUCTIONS:
         return _numel(_tensors(args)[:1])
     return 0
+
+
+def attention_flops(query: Any, key: Any, value: Any, backward: bool = False) -> int:
+    """Scaled dot-product attention on (batch, heads, length, dim) tensors: ``Q @ K^T`` and
+    ``scores @ V`` (2 * B * H * L * S * E each); the backward pass does twice the forward's."""
+    *batch, length, dim = query.shape
+    source = key.shape[-2]
+    heads_batch = 1
+    for size in batch:
+        heads_batch *= int(size)
+    forward = 2 * heads_batch * int(length) * int(source) * (int(dim) + int(value.shape[-1]))
+    return 2 * forward if backward else forward
 
 
 def operator_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
