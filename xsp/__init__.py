@@ -8,6 +8,7 @@ where tracers exist, operator, CUDA API and kernel) levels as one span tree, wri
 from xsp import analysis
 from xsp._version import __version__
 from xsp.errors import SchemaVersionError, TraceFormatError, UnknownLevelError, XspError
+from xsp.leveled import LeveledResult, leveled
 from xsp.schema import Level, SpanKind, Status
 from xsp.session import Session, XspWarning, trace
 from xsp.trace import Trace, load
@@ -15,5 +16,6 @@ from xsp.user_spans import span, step
 
 __all__ = [
     "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
-    "Status", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError", "SchemaVersionError",
+    "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
+    "SchemaVersionError",
 ]

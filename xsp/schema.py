@@ -131,6 +131,8 @@ EXTERNAL_ID: Final = "external_id"
 """CUPTI external correlation id. On a layer span recorded with the CUDA levels on, the id xsp
 pushed around the call (its start on the host clock); on a CUDA API call, the id on top of
 CUPTI's stack when the call was made, which names the layer span that made it."""
+LEVELED_RUN: Final = "leveled_run"
+"""In a leveled result: the run (``model+layer``) the span's duration came from."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
@@ -170,6 +172,7 @@ COLUMNS: Final[dict[str, str]] = {
     FLOPS: "Int64",
     SEQUENCE_NUMBER: "Int64",
     EXTERNAL_ID: "Int64",
+    LEVELED_RUN: "string",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -215,5 +218,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     FLOPS: "xsp.flops",
     SEQUENCE_NUMBER: "xsp.operator.sequence_number",
     EXTERNAL_ID: "xsp.external_id",
+    LEVELED_RUN: "xsp.leveled.run",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -47,10 +47,11 @@ def test_profiler_events_become_operator_spans_on_xsp_clock_and_threads():
         Event("my_region", offset + 50_000, 1_000, annotation=True),
     ]
     rows, facts = operator_rows(events, brackets)
-    assert facts["profiler_to_host_offset_ns"] == offset + 10 and facts["uncertainty_ns"] == 50
+    # markers (1150, 1160) in (1000, 1400) and (2060, 2070) in (2000, 2100): offset in [-30, 60]
+    assert facts["profiler_to_host_offset_ns"] == offset + 15 and facts["uncertainty_ns"] == 45
     assert rows[col.NAME].tolist() == ["aten::linear", "aten::addmm", "AddmmBackward0", "Optimizer.step#SGD.step",
                                        "my_region"]
-    assert rows[col.START_NS].tolist()[:2] == [9_990, 10_990] and rows[col.END_NS].tolist()[0] == 14_990
+    assert rows[col.START_NS].tolist()[:2] == [9_985, 10_985] and rows[col.END_NS].tolist()[0] == 14_985
     assert rows[col.THREAD_ID].tolist() == [4242, 4242, -2, 4242, 4242]  # thread 2 left no marker
     assert rows[col.LEVEL].tolist() == ["operator", "operator", "operator", "model", "operator"]
     assert rows[col.KIND].tolist() == ["operator", "operator", "operator", "user", "user"]
@@ -59,8 +60,10 @@ def test_profiler_events_become_operator_spans_on_xsp_clock_and_threads():
     assert json.loads(rows[col.ATTRIBUTES].iloc[2]) == {"forward_thread_id": 4242}
 
 
-def test_the_tightest_bracket_sets_the_clock_offset():
-    assert clock_offset([150, 1_060], [(0, 400), (1_000, 1_100)]) == (10, 50)
+def test_the_clock_offset_is_where_every_marker_fits_its_bracket():
+    assert clock_offset([(150, 160), (1_060, 1_070)], [(0, 400), (1_000, 1_100)]) == (15, 45)
+    # brackets no single offset satisfies (a clock stepped): the tightest bracket's midpoints
+    assert clock_offset([(100, 110), (1_000, 1_010)], [(0, 20), (990, 1_000)]) == (10, 5)
 
 
 def _train(levels: str, steps: int = 2):

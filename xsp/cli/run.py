@@ -34,6 +34,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None, help="OTel service.name (default: script name)")
+    parser.add_argument("--leveled", action="store_true",
+                        help="run the script once per level prefix (model; model,layer; ...) and merge the "
+                             "runs so that each span's time comes from the run that traced nothing deeper")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
     parser.add_argument("--report", action="store_true", help="print the report after the run")
     parser.add_argument("--top", type=int, default=10, help="layers in the report's top list")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]")
@@ -78,34 +83,94 @@ def _print_script_error(error: BaseException) -> None:
     stream.write("".join(traceback.format_exception_only(type(error), error)))
 
 
-def run(options: argparse.Namespace) -> int:
-    levels = parse_levels(options.levels)
-    script, script_args = _script_and_args(options.command)
+def _run_script(script: Path, script_args: list[str], session: Session) -> int:
+    """Run the script once inside ``session``; its exit status (its traceback printed as python would)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.resolve().parent))
     status = 0
     failure: BaseException | None = None
+    try:
+        with session:
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as stop:
+        status = _exit_status(stop.code)
+    except BaseException as error:  # the script's own failure: report it like python does
+        failure = error
+        status = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if isinstance(failure, KeyboardInterrupt):
+        status = 130
+    elif failure is not None:
+        _print_script_error(failure)
+    return status
+
+
+def run(options: argparse.Namespace) -> int:
+    levels = parse_levels(options.levels)
+    script, script_args = _script_and_args(options.command)
+    if options.leveled:
+        return _run_leveled(options, script, script_args)
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
                           otlp_protocol=options.otlp_protocol)
-        try:
-            with session:
-                runpy.run_path(str(script), run_name="__main__")
-        except SystemExit as stop:
-            status = _exit_status(stop.code)
-        except BaseException as error:  # the script's own failure: report it like python does
-            failure = error
-            status = 1
-        finally:
-            sys.argv, sys.path[:] = saved_argv, saved_path
-        if failure is not None and not isinstance(failure, KeyboardInterrupt):
-            _print_script_error(failure)
-        elif isinstance(failure, KeyboardInterrupt):
-            status = 130
+        status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status)
     return status
+
+
+def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[str]) -> int:
+    """``--leveled``: one run of the script per level prefix, merged into one trace."""
+    from rich.table import Table
+
+    from xsp.leveled import LeveledRun, level_runs, merge_runs, run_label
+    from xsp.tracers.registry import tracers_for
+
+    if options.warmup < 0:
+        raise CliError("--warmup must be 0 or more")
+    if options.otlp:
+        raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
+    out = error_console()
+    _, unavailable = tracers_for(parse_levels(options.levels))
+    for level, reason in unavailable.items():
+        out.print(f"xsp: level {level.value} left out of the leveled runs: {reason}", markup=False)
+    wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
+    runs = []
+    with xsp_warnings_to_stderr():
+        for levels in level_runs(wanted):
+            out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
+            session = Session(levels=levels, output=None, service_name=options.service_name or script.stem)
+            status = _run_script(script, script_args, session)
+            if status != 0:
+                return status
+            if session.trace is None or not session.trace.steps:
+                raise CliError(f"{script} called no torch.nn.Module in the {run_label(levels)} run, so there "
+                               "was nothing to profile (is it a PyTorch script?)")
+            runs.append(LeveledRun(levels, session.trace))
+    try:
+        result = merge_runs(runs, warmup_steps=options.warmup)
+    except ValueError as exc:
+        raise CliError(f"the runs cannot be merged: {exc}") from None
+    if options.output:
+        result.save(options.output)
+    table = Table(title="Leveled runs (model latency: trimmed mean over the measured steps)")
+    for name in ("run", "steps", "model latency ms", "overhead vs model"):
+        table.add_column(name, justify="left" if name == "run" else "right")
+    for row in result.overhead.itertuples():
+        note = " (metrics: durations not used)" if row.metric else ""
+        table.add_row(f"{row.run}{note}", str(row.steps), f"{row.model_latency_ms:.3f}", f"{row.overhead:+.1%}")
+    console().print(table)
+    where = f" -> {options.output}" if options.output else ""
+    out.print(f"xsp: merged {len(result.trace.spans)} spans of step {result.trace.metadata['leveled']['merged_step']}"
+              f"{where}; {len(result.unmatched)} spans did not repeat identically and keep the deepest run's time",
+              markup=False)
+    if options.report:
+        from xsp.reports.terminal import render_report
+
+        render_report(result.trace, console(), top=options.top)
+    return 0
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int) -> int:
