@@ -76,7 +76,8 @@ def operator_flops(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     if "scaled_dot_product" in name and "attention" in name:  # CPU kernels PyTorch has no formula for
-        return attention_flops(*_tensors(args)[:3], backward=name.endswith("_backward"))
+        query, key, value = _tensors(args)[:3]
+        return attention_flops(query, key, value, backward=name.endswith("_backward"))
     outputs = _tensors([out])
     if name in ELEMENTWISE:
         return _numel(outputs)
