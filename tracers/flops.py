@@ -76,8 +76,10 @@ def operator_flops(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     if "scaled_dot_product" in name and "attention" in name:  # CPU kernels PyTorch has no formula for
-        query, key, value = _tensors(args)[:3]
-        return attention_flops(query, key, value, backward=name.endswith("_backward"))
+        backward = name.endswith("_backward")
+        tensors = _tensors(args)
+        query, key, value = tensors[1:4] if backward else tensors[:3]  # a backward's first is grad_out
+        return attention_flops(query, key, value, backward=backward)
     outputs = _tensors([out])
     if name in ELEMENTWISE:
         return _numel(outputs)

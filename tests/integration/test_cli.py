@@ -117,3 +117,25 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "unreachable" in warnings[0]
     assert (tmp_path / "run.xsp.parquet").is_file()
+
+
+def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
+    result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "-o", "lv.xsp.parquet",
+                     "--", str(tiny), "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("args ['5']") == 3  # the script ran once per run
+    for run in ("model", "model+layer", "model+layer+operator"):
+        assert run in result.stdout
+    trace = xsp.load(tmp_path / "lv.xsp.parquet")
+    assert trace.metadata["leveled"]["runs"] == ["model", "model+layer", "model+layer+operator"]
+    assert trace.metadata["leveled"]["warmup_steps"] == 1
+    assert set(trace.spans[col.LEVELED_RUN]) >= {"model", "model+layer", "model+layer+operator"}
+    assert "Traceback" not in result.stderr
+
+
+def test_run_leveled_refuses_otlp_and_a_negative_warmup(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--leveled", "--warmup", "-1", "--", str(tiny), "1"]) == 2
+    assert "--warmup must be 0 or more" in capsys.readouterr().err
+    assert main(["run", "--leveled", "--otlp", "http://localhost:4317", "--", str(tiny), "1"]) == 2
+    assert "not --otlp" in capsys.readouterr().err

@@ -151,16 +151,19 @@ def test_flops_formulas_for_convolution_attention_norms_and_views():
 
     x = torch.randn(2, 3, 16, 16)
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-    q = torch.randn(1, 2, 8, 16)
-    with Spy(), torch.no_grad():
-        conv(x)
-        torch.nn.functional.layer_norm(torch.randn(4, 32), (32,))
-        torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        torch.randn(4, 4).t()
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    with Spy():
+        with torch.no_grad():
+            conv(x)
+            torch.nn.functional.layer_norm(torch.randn(4, 32), (32,))
+            torch.randn(4, 4).t()
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
     assert seen["aten::convolution"][0] == 2 * (2 * 8 * 16 * 16) * (3 * 3 * 3)
     assert seen["aten::native_layer_norm"][0] == NORM_FLOPS_PER_ELEMENT * 4 * 32
-    attention = [flops for name, (flops, _) in seen.items() if "attention" in name]
-    assert attention and attention[0] == 4 * 1 * 2 * 8 * 8 * 16  # two matmuls of 2*B*H*L*L*D
+    forward = [flops for name, (flops, _) in seen.items() if "attention" in name and "backward" not in name]
+    backward = [flops for name, (flops, _) in seen.items() if "attention" in name and "backward" in name]
+    assert forward == [4 * 1 * 2 * 8 * 8 * 16]  # two matmuls of 2*B*H*L*L*D
+    assert backward == [2 * forward[0]]
     assert seen["aten::t"] == (0, 0)  # a view moves nothing
 
 

@@ -1,0 +1,133 @@
+"""Leveled experimentation: the merge on constructed runs, and xsp.leveled on a real model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from xsp.analysis.tree import parent_positions
+
+import xsp
+from xsp import schema as col
+from xsp.leveled import LeveledRun, level_runs, merge_runs
+from xsp.schema import Level, SpanKind
+from xsp.spans import conform
+
+M, L, OP, F = Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS
+STEP, PREDICT, A, B, MM = "leveled[0]", "leveled[0]/predict[0]", "leveled[0]/predict[0]/a[0]", \
+    "leveled[0]/predict[0]/b[0]", "leveled[0]/predict[0]/a[0]/aten::mm[0]"
+KINDS = {Level.MODEL: SpanKind.PREDICT, Level.LAYER: SpanKind.FORWARD, Level.OPERATOR: SpanKind.OPERATOR,
+         Level.FLOPS: SpanKind.OPERATOR}
+
+
+def _run(levels: tuple[Level, ...], figures: dict[str, list[float]], flops: dict[str, int] | None = None) -> LeveledRun:
+    """A traced run: ``figures`` maps a path to its duration in each step (None: absent in that step)."""
+    rows = []
+    steps = len(next(iter(figures.values())))
+    next_id = 1
+    for step in range(steps):
+        ids: dict[str, int] = {}
+        start = step * 10_000
+        for path, durations in figures.items():
+            duration = durations[step]
+            if duration is None:
+                continue
+            parent = path.rsplit("/", 1)[0] if "/" in path else None
+            level = M if path in (STEP, PREDICT) else (OP if "aten::" in path and F not in levels else
+                                                      F if "aten::" in path else L)
+            kind = SpanKind.STEP if path == STEP else KINDS[level]
+            ids[path] = next_id
+            rows.append({col.SPAN_ID: next_id, col.PARENT_ID: ids.get(parent), col.STEP: step, col.PATH: path,
+                         col.LEVEL: level.value, col.KIND: kind.value, col.NAME: path.rsplit("/", 1)[-1][:-3],
+                         col.START_NS: start, col.END_NS: start + int(duration), col.DURATION_NS: int(duration),
+                         col.FLOPS: (flops or {}).get(path)})
+            next_id += 1
+    return LeveledRun(levels, xsp.Trace(spans=conform(pd.DataFrame(rows)), metadata={"device": "test"}))
+
+
+def test_the_runs_are_the_level_prefixes_then_one_per_metric():
+    assert level_runs("model,layer,operator,flops") == [(M,), (M, L), (M, L, OP), (M, L, F)]
+    assert level_runs("model,kernel") == [(M,), (M, Level.CUDA_API), (M, Level.CUDA_API, Level.KERNEL)]
+
+
+def test_each_span_takes_the_trimmed_mean_of_the_run_where_its_level_was_deepest():
+    runs = [
+        _run((M,), {STEP: [100, 101, 102, 103, 500], PREDICT: [90] * 5}),
+        _run((M, L), {STEP: [120] * 5, PREDICT: [110] * 5, A: [40, 41, 42, 43, 900], B: [30] * 5}),
+        _run((M, L, OP), {STEP: [200] * 5, PREDICT: [190] * 5, A: [80] * 5, B: [50] * 5, MM: [25] * 5}),
+        _run((M, L, F), {STEP: [900] * 5, PREDICT: [800] * 5, A: [400] * 5, B: [300] * 5, MM: [200] * 5},
+             flops={MM: 1_000}),
+    ]
+    result = merge_runs(runs)
+    merged = result.trace.spans.set_index(col.PATH)
+    assert merged.loc[STEP, col.DURATION_NS] == 102  # 20% trimmed: 101, 102, 103
+    assert merged.loc[PREDICT, col.DURATION_NS] == 90
+    assert merged.loc[A, col.DURATION_NS] == 42 and merged.loc[B, col.DURATION_NS] == 30
+    assert merged.loc[MM, col.DURATION_NS] == 25
+    assert merged.loc[A, col.LEVELED_RUN] == "model+layer" and merged.loc[MM, col.LEVELED_RUN] == "model+layer+operator"
+    assert (merged[col.END_NS] - merged[col.START_NS] == merged[col.DURATION_NS]).all()
+    # FLOPs from the metric run: the operator's own, and every span above it
+    assert merged.loc[MM, col.FLOPS] == 1_000 and merged.loc[A, col.FLOPS] == 1_000
+    assert merged.loc[PREDICT, col.FLOPS] == 1_000 and pd.isna(merged.loc[B, col.FLOPS])
+    # the tree is the deepest timing run's last step, never the metric run's
+    assert set(merged[col.STEP]) == {4} and len(merged) == 5
+    overhead = result.overhead.set_index("run")
+    assert overhead.loc["model", "model_latency_ms"] == pytest.approx(102e-6)
+    assert overhead.loc["model+layer", "overhead"] == pytest.approx(120 / 102 - 1)
+    assert overhead.loc["model+layer+flops", "metric"] and not overhead.loc["model+layer", "metric"]
+    assert result.unmatched.empty
+
+
+def test_spans_that_do_not_repeat_are_reported_and_keep_the_deepest_runs_figure():
+    runs = [
+        _run((M,), {STEP: [100] * 4, PREDICT: [90] * 4}),
+        _run((M, L), {STEP: [120] * 4, PREDICT: [110] * 4, A: [40, None, 40, None], B: [30] * 4}),
+        _run((M, L, OP), {STEP: [200] * 4, PREDICT: [190] * 4, A: [70, 70, 70, 70], B: [50] * 4, MM: [25] * 4}),
+    ]
+    result = merge_runs(runs)
+    merged = result.trace.spans.set_index(col.PATH)
+    assert merged.loc[A, col.DURATION_NS] == 70 and merged.loc[A, col.LEVELED_RUN] == "model+layer+operator"
+    assert merged.loc[B, col.DURATION_NS] == 30
+    assert result.unmatched[["path", "run", "reason"]].values.tolist() == [
+        [A, "model+layer", "not once in every step of the run"]]
+
+
+def test_warmup_steps_are_left_out():
+    runs = [_run((M,), {STEP: [1_000, 1_000, 100, 100], PREDICT: [900, 900, 90, 90]})]
+    result = merge_runs(runs, warmup_steps=2)
+    assert result.overhead["steps"].tolist() == [2]
+    assert result.trace.spans.set_index(col.PATH).loc[STEP, col.DURATION_NS] == 100
+
+
+def test_leveled_on_a_real_model_returns_one_consistent_tree(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        result = xsp.leveled(lambda: model(x), levels="model,layer,operator,flops", repeat=5, warmup=1,
+                             output=tmp_path / "leveled.xsp.parquet")
+    assert result.overhead["run"].tolist() == ["model", "model+layer", "model+layer+operator", "model+layer+flops"]
+    spans = result.trace.spans
+    assert spans[col.PATH].is_unique and spans[col.STEP].nunique() == 1
+    parents = parent_positions(spans)
+    assert (parents[1:] >= 0).all()  # one root: the step
+    levels = spans[col.LEVEL].to_numpy()
+    runs = spans[col.LEVELED_RUN].to_numpy()
+    expected = {"model": "model", "layer": "model+layer", "operator": "model+layer+operator"}
+    matched = ~spans[col.PATH].isin(result.unmatched["path"]).to_numpy()
+    assert all(runs[i] == expected[levels[i]] for i in np.flatnonzero(matched))
+    addmm = spans[spans[col.NAME] == "aten::addmm"]
+    assert addmm[col.FLOPS].tolist() == [2 * 8 * 16 * 32, 2 * 8 * 32 * 4]
+    loaded = xsp.load(tmp_path / "leveled.xsp.parquet")
+    assert loaded.metadata["leveled"]["runs"] == result.overhead["run"].tolist()
+    assert len(loaded.spans) == len(spans)
+
+
+def test_levels_that_cannot_run_are_left_out_with_the_reason(monkeypatch):
+    monkeypatch.setattr("xsp.tracers._cupti.SOURCE.available", lambda: "no CUDA driver: test")
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        result = xsp.leveled(lambda: model(torch.randn(2, 4)), levels="model,layer,kernel", repeat=2, warmup=0)
+    assert result.overhead["run"].tolist() == ["model", "model+layer"]
+    assert result.trace.metadata["leveled"]["skipped"] == {"cuda_api": "no CUDA driver: test",
+                                                            "kernel": "no CUDA driver: test"}
