@@ -29,9 +29,10 @@ def test_example_runs(code, tmp_path, monkeypatch):
 def test_docstring_examples():
     import doctest
 
+    import xsp.leveled
     import xsp.session
     import xsp.user_spans
 
-    for module in (xsp.session, xsp.user_spans):
+    for module in (xsp.session, xsp.user_spans, xsp.leveled):
         failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert failures == 0, module.__name__

@@ -1,0 +1,194 @@
+"""How accurate leveled experimentation is, on ResNet-50 and BERT-base on this CPU.
+
+For each model at batch 1 and a larger batch, in one process, side by side:
+
+* the model's latency untraced, under PyTorch's profiler (CPU, shapes recorded), and in each
+  leveled run (model; model+layer; model+layer+operator; the flops metric run);
+* the sum of the top-level layers' leveled latencies against the model-only run's model
+  latency (goal: within 3%);
+* the inflation a naive run with every level at once (model, layer, operator, flops) shows
+  against the leveled figures, for layers and for operators (median of per-span ratios, and
+  of the total).
+
+Models are built from their configs with random weights (nothing downloaded). Results go to
+benchmarks/results/leveled.md.
+
+Usage: python benchmarks/leveled.py [--repeat N] [--warmup N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from _results import record
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+RESULTS = ROOT / "benchmarks" / "results" / "leveled.md"
+ALL_LEVELS = "model,layer,operator,flops"
+
+
+def _latency_ms(fn: Callable[[], Any], repeat: int, context: Any = None) -> float:
+    from xsp.analysis.model import trimmed_mean
+
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - start) / 1e6)
+    return trimmed_mean(np.array(times))
+
+
+def _profiler_latency_ms(fn: Callable[[], Any], repeat: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+        return _latency_ms(fn, repeat)
+
+
+def _naive(fn: Callable[[], Any], repeat: int, warmup: int) -> pd.DataFrame:
+    """Per-path trimmed-mean durations of one run with every level at once."""
+    from xsp.analysis.model import trimmed_mean
+
+    import xsp
+    from xsp import schema as col
+
+    for _ in range(warmup):
+        fn()
+    with xsp.trace(levels=ALL_LEVELS, output=None) as session:
+        for _ in range(repeat):
+            with xsp.step("leveled"):
+                fn()
+    spans = session.trace.spans
+    spans = spans[spans[col.LEVEL].isin(["layer", "operator"])]
+    return spans.groupby(col.PATH)[col.DURATION_NS].agg(lambda v: trimmed_mean(v.to_numpy()))
+
+
+def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[float, float]:
+    from xsp import schema as col
+
+    mine = merged[(merged[col.LEVEL] == level) & merged[col.PATH].isin(naive.index)]
+    if mine.empty:
+        return float("nan"), float("nan")
+    leveled = mine[col.DURATION_NS].to_numpy(dtype=np.float64)
+    inflated = naive.reindex(mine[col.PATH]).to_numpy(dtype=np.float64)
+    ok = leveled > 0
+    return float(np.median(inflated[ok] / leveled[ok])), float(inflated[ok].sum() / leveled[ok].sum())
+
+
+def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: int) -> dict[str, Any]:
+    from xsp.analysis.tree import parent_positions
+
+    import xsp
+    from xsp import schema as col
+
+    for _ in range(warmup):
+        fn()
+    untraced = _latency_ms(fn, repeat)
+    profiled = _profiler_latency_ms(fn, repeat)
+    result = xsp.leveled(fn, levels=ALL_LEVELS, repeat=repeat, warmup=warmup)
+    naive = _naive(fn, repeat, warmup)
+    spans = result.trace.spans
+    parents = parent_positions(spans)
+    kinds = spans[col.KIND].to_numpy()
+    is_top_layer = (spans[col.LEVEL] == "layer").to_numpy() & (parents >= 0)
+    is_top_layer &= kinds[np.maximum(parents, 0)] == "predict"
+    top_layers_ms = spans[col.DURATION_NS].to_numpy()[is_top_layer].sum() / 1e6
+    overhead = result.overhead.set_index("run")
+    model_ms = float(overhead.loc["model", "model_latency_ms"])
+    layer_median, layer_total = _inflation(spans, naive, "layer")
+    op_median, op_total = _inflation(spans, naive, "operator")
+    return {
+        "model": name, "batch": batch, "untraced_ms": untraced, "profiler_ms": profiled,
+        "runs": {run: float(row["model_latency_ms"]) for run, row in overhead.iterrows()},
+        "model_ms": model_ms, "top_layers_ms": top_layers_ms, "top_layers": int(is_top_layer.sum()),
+        "layer_inflation": (layer_median, layer_total), "operator_inflation": (op_median, op_total),
+        "unmatched": len(result.unmatched), "spans": len(spans),
+    }
+
+
+def _workloads(quick: bool) -> list[tuple[str, int, Callable[[], Any]]]:
+    from bert_inference import build_model as build_bert
+    from bert_inference import make_batch
+    from resnet50_inference import build_model as build_resnet
+    from resnet50_inference import preprocess
+
+    resnet, bert = build_resnet(), build_bert(layers=2 if quick else 12)
+    image = 64 if quick else 224
+    large = 2 if quick else 8
+    work = []
+    for batch in (1, large):
+        images = preprocess(batch, image)
+        work.append((f"ResNet-50 {image}x{image}", batch, lambda x=images: resnet(x)))
+    for batch in (1, large):
+        tokens = make_batch(batch, 128, bert.config.vocab_size)
+        work.append((f"BERT-base seq 128{' (2 layers)' if quick else ''}", batch, lambda t=tokens: bert(**t)))
+    return work
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="small inputs, for a smoke test")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    with torch.no_grad():
+        for name, batch, fn in _workloads(args.quick):
+            print(f"measuring {name}, batch {batch} ...", file=sys.stderr)
+            rows.append(measure(name, batch, fn, args.repeat, args.warmup))
+    runs = list(rows[0]["runs"])
+    lines = [
+        "# Leveled experimentation: accuracy on CPU", "",
+        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, 1 torch thread; "
+        f"`python benchmarks/leveled.py --repeat {args.repeat} --warmup {args.warmup}"
+        f"{' --quick' if args.quick else ''}`. Random weights, no_grad. Latencies are trimmed means (20% off each "
+        "end) of the measured calls; every figure of one row comes from the same process, measured one after "
+        "the other.", "",
+        "## Overhead each level adds to the model latency (ms; in brackets, against the untraced model)", "",
+        "| model | batch | untraced | PyTorch profiler (CPU) | " + " | ".join(runs) + " |",
+        "| --- | ---: | ---: | ---: |" + " ---: |" * len(runs),
+    ]
+    for r in rows:
+        base = r["untraced_ms"]
+        cells = [f"{r['runs'][run]:.2f} ({r['runs'][run] / base - 1:+.0%})" for run in runs]
+        lines.append(f"| {r['model']} | {r['batch']} | {base:.2f} | {r['profiler_ms']:.2f} "
+                     f"({r['profiler_ms'] / base - 1:+.0%}) | " + " | ".join(cells) + " |")
+    lines += [
+        "", "## Top-level layers in the merged result against the model-only run (goal: within 3%)", "",
+        "| model | batch | top-level layers | their leveled sum ms | model latency (model-only run) ms | difference |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        difference = r["top_layers_ms"] / r["model_ms"] - 1
+        lines.append(f"| {r['model']} | {r['batch']} | {r['top_layers']} | {r['top_layers_ms']:.2f} | "
+                     f"{r['model_ms']:.2f} | {difference:+.1%} |")
+    lines += [
+        "", f"## Inflation of a naive run with every level at once ({ALL_LEVELS}) against the leveled figures", "",
+        "Median over spans of naive / leveled duration, and total naive time / total leveled time.", "",
+        "| model | batch | layers: median | layers: total | operators: median | operators: total | "
+        "spans not repeating |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        (lm, lt), (om, ot) = r["layer_inflation"], r["operator_inflation"]
+        lines.append(f"| {r['model']} | {r['batch']} | {lm:.2f}x | {lt:.2f}x | {om:.2f}x | {ot:.2f}x | "
+                     f"{r['unmatched']} of {r['spans']} |")
+    record(lines, RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
