@@ -148,6 +148,43 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
     _roofline_table(trace, console, top)
 
 
+def _operator_tables(trace: Trace, console: Console, top: int) -> None:
+    ops = analysis.operator_table(trace)
+    if ops.empty:
+        return
+    console.print(frame_table(ops.head(top), f"Top {min(top, len(ops))} operators by self time (all steps)", [
+        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", "self us", number(1)),
+        ("total_us", "total us", number(1)), ("share", "share", share)]))
+    backward = analysis.backward_time_per_layer(trace)
+    if not backward.empty and backward["backward_operators"].sum() > 0:
+        console.print(frame_table(backward.head(top), "Backward time per forward layer (by autograd sequence number)", [
+            ("forward_layer", "forward layer", text), ("backward_layer_us", "backward span us", number(1)),
+            ("backward_operator_us", "backward operators us", number(1)),
+            ("backward_operators", "operators", number(0))]))
+
+
+def _flops_table(trace: Trace, console: Console, top: int) -> None:
+    flops = analysis.layer_flops(trace).dropna(subset=["flops"])
+    if flops.empty:
+        return
+    console.print(frame_table(flops.head(top), "FLOPs per layer (each layer includes the layers inside it)", [
+        ("name", "layer", text), ("calls", "calls", number(0)), ("flops_per_call", "FLOPs per call", number(0)),
+        ("bytes", "bytes (all calls)", number(0)), ("arithmetic_intensity", "FLOP/byte", number(2))]))
+
+
+def _leveled_table(trace: Trace, console: Console) -> None:
+    leveled = trace.metadata.get("leveled")
+    if not leveled:
+        return
+    runs = pd.DataFrame(leveled.get("overhead") or [])
+    if runs.empty:
+        return
+    console.print(frame_table(runs, f"Leveled runs (durations merged from each span's own run; "
+                                    f"{leveled.get('unmatched', 0)} spans did not repeat)", [
+        ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
+        ("overhead", "overhead vs model", share), ("metric", "metric run", text)]))
+
+
 def _roofline_table(trace: Trace, console: Console, top: int) -> None:
     roof = analysis.kernel_roofline(trace).dropna(subset=["flops"])
     if roof.empty:
@@ -175,6 +212,9 @@ def render_report(trace: Trace, console: Console, top: int = 10) -> None:
     """Print every analysis that applies to ``trace``: GPU sections only when it has GPU activity."""
     _header(trace, console)
     _latency_tables(trace, console)
+    _leveled_table(trace, console)
     _layer_tables(trace, console, top)
+    _operator_tables(trace, console, top)
+    _flops_table(trace, console, top)
     _gpu_tables(trace, console, top)
     _diagnostics(trace, console)
