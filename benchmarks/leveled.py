@@ -38,28 +38,24 @@ RESULTS = ROOT / "benchmarks" / "results" / "leveled.md"
 ALL_LEVELS = "model,layer,operator,flops"
 
 
-def _latency_ms(fn: Callable[[], Any], repeat: int, context: Any = None) -> float:
-    from xsp.analysis.model import trimmed_mean
-
+def _call_times_ms(fn: Callable[[], Any], repeat: int) -> list[float]:
     times = []
     for _ in range(repeat):
         start = time.perf_counter_ns()
         fn()
         times.append((time.perf_counter_ns() - start) / 1e6)
-    return trimmed_mean(np.array(times))
+    return times
 
 
-def _profiler_latency_ms(fn: Callable[[], Any], repeat: int) -> float:
+def _profiler_times_ms(fn: Callable[[], Any], repeat: int) -> list[float]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
-        return _latency_ms(fn, repeat)
+        return _call_times_ms(fn, repeat)
 
 
 def _naive(fn: Callable[[], Any], repeat: int, warmup: int) -> pd.DataFrame:
-    """Per-path trimmed-mean durations of one run with every level at once."""
-    from xsp.analysis.model import trimmed_mean
-
+    """Spans of one run with every level at once."""
     import xsp
     from xsp import schema as col
 
@@ -70,8 +66,7 @@ def _naive(fn: Callable[[], Any], repeat: int, warmup: int) -> pd.DataFrame:
             with xsp.step("leveled"):
                 fn()
     spans = session.trace.spans
-    spans = spans[spans[col.LEVEL].isin(["layer", "operator"])]
-    return spans.groupby(col.PATH)[col.DURATION_NS].agg(lambda v: trimmed_mean(v.to_numpy()))
+    return spans[spans[col.LEVEL].isin(["layer", "operator"])]
 
 
 def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[float, float]:
@@ -86,18 +81,35 @@ def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[floa
     return float(np.median(inflated[ok] / leveled[ok])), float(inflated[ok].sum() / leveled[ok].sum())
 
 
-def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: int) -> dict[str, Any]:
+def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: int, rounds: int) -> dict[str, Any]:
+    """Every configuration once per round, interleaved; figures pooled over the rounds."""
+    from xsp.analysis.model import trimmed_mean
     from xsp.analysis.tree import parent_positions
 
     import xsp
     from xsp import schema as col
+    from xsp.leveled import LeveledRun, merge_runs, pooled
 
     for _ in range(warmup):
         fn()
-    untraced = _latency_ms(fn, repeat)
-    profiled = _profiler_latency_ms(fn, repeat)
-    result = xsp.leveled(fn, levels=ALL_LEVELS, repeat=repeat, warmup=warmup)
-    naive = _naive(fn, repeat, warmup)
+    # one untimed pass under the profiler and under every xsp level first: on these machines a
+    # process's first profiling session pays for faulting in fresh memory for its event buffers,
+    # which would otherwise land on whichever measurement happens to come first
+    _profiler_times_ms(fn, 1)
+    xsp.leveled(fn, levels=ALL_LEVELS, repeat=1, warmup=0)
+    untraced: list[float] = []
+    profiled: list[float] = []
+    runs: dict[tuple, list[Any]] = {}
+    naive_frames = []
+    for _ in range(rounds):
+        untraced += _call_times_ms(fn, repeat)
+        profiled += _profiler_times_ms(fn, repeat)
+        for run in xsp.leveled(fn, levels=ALL_LEVELS, repeat=repeat, warmup=warmup).runs:
+            runs.setdefault(run.levels, []).append(run.trace)
+        naive_frames.append(_naive(fn, repeat, warmup))
+    result = merge_runs([LeveledRun(levels, pooled(traces)) for levels, traces in runs.items()])
+    naive_spans = pd.concat(naive_frames, ignore_index=True)
+    naive = naive_spans.groupby(col.PATH)[col.DURATION_NS].agg(lambda v: trimmed_mean(v.to_numpy()))
     spans = result.trace.spans
     parents = parent_positions(spans)
     kinds = spans[col.KIND].to_numpy()
@@ -109,11 +121,12 @@ def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: i
     layer_median, layer_total = _inflation(spans, naive, "layer")
     op_median, op_total = _inflation(spans, naive, "operator")
     return {
-        "model": name, "batch": batch, "untraced_ms": untraced, "profiler_ms": profiled,
+        "model": name, "batch": batch, "untraced_ms": trimmed_mean(np.array(untraced)),
+        "profiler_ms": trimmed_mean(np.array(profiled)),
         "runs": {run: float(row["model_latency_ms"]) for run, row in overhead.iterrows()},
         "model_ms": model_ms, "top_layers_ms": top_layers_ms, "top_layers": int(is_top_layer.sum()),
         "layer_inflation": (layer_median, layer_total), "operator_inflation": (op_median, op_total),
-        "unmatched": len(result.unmatched), "spans": len(spans),
+        "unmatched": len(result.unmatched), "spans": len(spans), "steps": int(overhead["steps"].iloc[0]),
     }
 
 
@@ -138,8 +151,9 @@ def _workloads(quick: bool) -> list[tuple[str, int, Callable[[], Any]]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=5, help="measured calls per run and round")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--quick", action="store_true", help="small inputs, for a smoke test")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -147,16 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for name, batch, fn in _workloads(args.quick):
             print(f"measuring {name}, batch {batch} ...", file=sys.stderr)
-            rows.append(measure(name, batch, fn, args.repeat, args.warmup))
+            rows.append(measure(name, batch, fn, args.repeat, args.warmup, args.rounds))
     runs = list(rows[0]["runs"])
     lines = [
         "# Leveled experimentation: accuracy on CPU", "",
         f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, Python {platform.python_version()}, 1 torch thread; "
-        f"`python benchmarks/leveled.py --repeat {args.repeat} --warmup {args.warmup}"
-        f"{' --quick' if args.quick else ''}`. Random weights, no_grad. Latencies are trimmed means (20% off each "
-        "end) of the measured calls; every figure of one row comes from the same process, measured one after "
-        "the other.", "",
+        f"`python benchmarks/leveled.py --repeat {args.repeat} --warmup {args.warmup} --rounds {args.rounds}"
+        f"{' --quick' if args.quick else ''}`. Random weights, no_grad. Every figure of one row comes from the same "
+        f"process: {args.rounds} interleaved rounds of untraced calls, calls under PyTorch's profiler, the leveled "
+        f"runs and the naive all-levels run, {args.repeat} measured calls each, pooled over the rounds; latencies "
+        "are trimmed means (20% off each end). Before measuring, one untimed pass under the profiler and every "
+        "level (a process's first profiling session pays for faulting in memory for its buffers, which on these "
+        "virtual machines costs more than the tracing itself).", "",
         "## Overhead each level adds to the model latency (ms; in brackets, against the untraced model)", "",
         "| model | batch | untraced | PyTorch profiler (CPU) | " + " | ".join(runs) + " |",
         "| --- | ---: | ---: | ---: |" + " ---: |" * len(runs),

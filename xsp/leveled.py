@@ -236,14 +236,28 @@ def _overhead_table(runs: Sequence[LeveledRun], measured: dict[str, pd.DataFrame
     return table[["run", "levels", "steps", "model_latency_ms", "overhead", "metric"]]
 
 
+def pooled(traces: Sequence[Trace]) -> Trace:
+    """One trace holding the steps of several runs with the same levels, renumbered in order."""
+    frames, offset = [], 0
+    for trace in traces:
+        spans = trace.spans.copy()
+        spans[col.STEP] = spans[col.STEP] + offset
+        offset = int(spans[col.STEP].max()) + 1 if spans[col.STEP].notna().any() else offset
+        frames.append(spans)
+    return Trace(spans=pd.concat(frames, ignore_index=True), metadata=traces[-1].metadata)
+
+
 def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int = 5,
             warmup: int = 2, output: str | os.PathLike[str] | None = None, trim: float = TRIM_FRACTION,
-            **trace_options: Any) -> LeveledResult:
+            rounds: int = 1, **trace_options: Any) -> LeveledResult:
     """Run ``fn`` under each level prefix and merge the runs (see the module's docstring).
 
     Each run calls ``fn`` ``warmup`` times untraced, then ``repeat`` times traced, each call
-    one step. Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the
-    reason in ``trace.metadata["leveled"]["skipped"]``.
+    one step. With ``rounds`` above 1 the whole sequence of runs is repeated, interleaved
+    (model, model+layer, ..., model, model+layer, ...), and each run's steps are pooled over
+    the rounds: slow drifts of the machine then spread over every run instead of landing on
+    one. Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
+    in ``trace.metadata["leveled"]["skipped"]``.
 
     Args:
         fn: the work to measure, called with no arguments (a closure over model and inputs).
@@ -253,6 +267,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         warmup: untraced calls before each run.
         output: write the merged trace here (``.xsp.parquet``); None writes nothing.
         trim: fraction dropped at each end of the trimmed means.
+        rounds: how many times the sequence of runs is repeated (interleaved, then pooled).
         trace_options: passed to each run's :func:`xsp.trace` (``max_events``, ...).
 
     Returns:
@@ -271,22 +286,26 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     from xsp.tracers.registry import tracers_for
     from xsp.user_spans import step
 
-    if repeat < 1:
-        raise ValueError("repeat must be at least 1")
+    if repeat < 1 or rounds < 1:
+        raise ValueError("repeat and rounds must be at least 1")
     _, unavailable = tracers_for(parse_levels(levels))
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
-    runs: list[LeveledRun] = []
-    for run_levels in level_runs(wanted):
-        for _ in range(warmup):
-            fn()
-        with trace(levels=run_levels, output=None, **trace_options) as session:
-            for _ in range(repeat):
-                with step(STEP_NAME):
-                    fn()
-        if session.trace is None:
-            raise RuntimeError(f"the {run_label(run_levels)} run produced no trace: {session.warnings}")
-        runs.append(LeveledRun(run_levels, session.trace))
+    plan = level_runs(wanted)
+    traces: dict[tuple[Level, ...], list[Trace]] = {run_levels: [] for run_levels in plan}
+    for _ in range(rounds):
+        for run_levels in plan:
+            for _ in range(warmup):
+                fn()
+            with trace(levels=run_levels, output=None, **trace_options) as session:
+                for _ in range(repeat):
+                    with step(STEP_NAME):
+                        fn()
+            if session.trace is None:
+                raise RuntimeError(f"the {run_label(run_levels)} run produced no trace: {session.warnings}")
+            traces[run_levels].append(session.trace)
+    runs = [LeveledRun(run_levels, pooled(traces[run_levels])) for run_levels in plan]
     result = merge_runs(runs, warmup_steps=0, trim=trim)
+    result.trace.metadata["leveled"]["rounds"] = rounds
     result.trace.metadata["leveled"]["skipped"] = {level.value: reason for level, reason in unavailable.items()}
     if output is not None:
         result.save(output)

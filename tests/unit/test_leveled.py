@@ -123,6 +123,17 @@ def test_leveled_on_a_real_model_returns_one_consistent_tree(tmp_path):
     assert len(loaded.spans) == len(spans)
 
 
+def test_rounds_interleave_the_runs_and_pool_their_steps():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    order = []
+    with torch.no_grad():
+        result = xsp.leveled(lambda: order.append(model(torch.randn(2, 4))), levels="model,layer", repeat=3,
+                             warmup=0, rounds=2)
+    assert result.overhead["steps"].tolist() == [6, 6]
+    assert result.trace.metadata["leveled"]["rounds"] == 2 and len(order) == 12
+    assert result.unmatched.empty
+
+
 def test_levels_that_cannot_run_are_left_out_with_the_reason(monkeypatch):
     monkeypatch.setattr("xsp.tracers._cupti.SOURCE.available", lambda: "no CUDA driver: test")
     model = torch.nn.Linear(4, 4)
