@@ -88,7 +88,6 @@ def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: i
 
     import xsp
     from xsp import schema as col
-    from xsp.leveled import LeveledRun, merge_runs, pooled
 
     for _ in range(warmup):
         fn()
@@ -99,15 +98,12 @@ def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: i
     xsp.leveled(fn, levels=ALL_LEVELS, repeat=1, warmup=0)
     untraced: list[float] = []
     profiled: list[float] = []
-    runs: dict[tuple, list[Any]] = {}
     naive_frames = []
     for _ in range(rounds):
         untraced += _call_times_ms(fn, repeat)
         profiled += _profiler_times_ms(fn, repeat)
-        for run in xsp.leveled(fn, levels=ALL_LEVELS, repeat=repeat, warmup=warmup).runs:
-            runs.setdefault(run.levels, []).append(run.trace)
         naive_frames.append(_naive(fn, repeat, warmup))
-    result = merge_runs([LeveledRun(levels, pooled(traces)) for levels, traces in runs.items()])
+    result = xsp.leveled(fn, levels=ALL_LEVELS, repeat=repeat, warmup=warmup, rounds=rounds)
     naive_spans = pd.concat(naive_frames, ignore_index=True)
     naive = naive_spans.groupby(col.PATH)[col.DURATION_NS].agg(lambda v: trimmed_mean(v.to_numpy()))
     spans = result.trace.spans
@@ -169,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, Python {platform.python_version()}, 1 torch thread; "
         f"`python benchmarks/leveled.py --repeat {args.repeat} --warmup {args.warmup} --rounds {args.rounds}"
         f"{' --quick' if args.quick else ''}`. Random weights, no_grad. Every figure of one row comes from the same "
-        f"process: {args.rounds} interleaved rounds of untraced calls, calls under PyTorch's profiler, the leveled "
-        f"runs and the naive all-levels run, {args.repeat} measured calls each, pooled over the rounds; latencies "
+        f"process: {args.rounds} interleaved rounds of untraced calls, calls under PyTorch's profiler and the naive "
+        f"all-levels run, then `xsp.leveled(rounds={args.rounds})` (its runs interleaved, each round starting one "
+        f"run later), {args.repeat} measured calls each, pooled over the rounds; latencies "
         "are trimmed means (20% off each end). Before measuring, one untimed pass under the profiler and every "
         "level (a process's first profiling session pays for faulting in memory for its buffers, which on these "
         "virtual machines costs more than the tracing itself).", "",

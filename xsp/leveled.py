@@ -253,10 +253,11 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     """Run ``fn`` under each level prefix and merge the runs (see the module's docstring).
 
     Each run calls ``fn`` ``warmup`` times untraced, then ``repeat`` times traced, each call
-    one step. With ``rounds`` above 1 the whole sequence of runs is repeated, interleaved
-    (model, model+layer, ..., model, model+layer, ...), and each run's steps are pooled over
-    the rounds: slow drifts of the machine then spread over every run instead of landing on
-    one. Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
+    one step. With ``rounds`` above 1 the whole sequence of runs is repeated, interleaved, each
+    round starting one run later than the one before (model, model+layer, ...; model+layer,
+    ..., model; ...), and each run's steps are pooled over the rounds: slow drifts of the
+    machine, and whatever running first costs, then spread over every run instead of landing
+    on one. Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
     in ``trace.metadata["leveled"]["skipped"]``.
 
     Args:
@@ -292,8 +293,9 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
     plan = level_runs(wanted)
     traces: dict[tuple[Level, ...], list[Trace]] = {run_levels: [] for run_levels in plan}
-    for _ in range(rounds):
-        for run_levels in plan:
+    for round_number in range(rounds):
+        turn = round_number % len(plan)  # each round starts one run later: no run always goes first
+        for run_levels in plan[turn:] + plan[:turn]:
             for _ in range(warmup):
                 fn()
             with trace(levels=run_levels, output=None, **trace_options) as session:
