@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, model_latency
-from xsp.analysis.tree import parent_positions
+from xsp.analysis.tree import parent_positions, sum_into_ancestors
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
@@ -202,16 +202,8 @@ def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
     total_flops, total_bytes = np.zeros(len(spans)), np.zeros(len(spans))
     rows = counted_spans(spans)
     if len(rows) and not own.all():
-        parents = parent_positions(spans)
         is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
-        ancestor = parents[rows]
-        while len(rows):  # add each counted span to every layer above it
-            hit = is_layer[ancestor]
-            np.add.at(total_flops, ancestor[hit], np.nan_to_num(flops[rows[hit]]))
-            np.add.at(total_bytes, ancestor[hit], np.nan_to_num(moved[rows[hit]]))
-            ancestor = parents[ancestor]
-            keep = ancestor >= 0
-            rows, ancestor = rows[keep], ancestor[keep]
+        total_flops, total_bytes = sum_into_ancestors(parent_positions(spans), rows, flops, moved, only=is_layer)
     layer_flops_ = np.where(own, flops[layers], total_flops[layers])
     layer_bytes = np.where(~np.isnan(moved[layers]), moved[layers], total_bytes[layers])
     frame = pd.DataFrame({"name": spans[col.NAME].to_numpy(dtype=object)[layers], "flops": layer_flops_,

@@ -86,6 +86,27 @@ def depth_of(parents: np.ndarray) -> np.ndarray:
     return depth
 
 
+def sum_into_ancestors(parents: np.ndarray, rows: np.ndarray, *weights: np.ndarray,
+                       only: np.ndarray | None = None) -> list[np.ndarray]:
+    """For each weight array, every position's sum of the weights of ``rows`` below it.
+
+    Each of ``rows`` adds its weight (NaN counts as 0) to every proper ancestor, or only to
+    the ancestors for which ``only`` is true.
+    """
+    totals = [np.zeros(len(parents)) for _ in weights]
+    ancestor = parents[rows]
+    keep = ancestor >= 0
+    rows, ancestor = rows[keep], ancestor[keep]
+    while len(rows):
+        hit = np.ones(len(rows), dtype=bool) if only is None else only[ancestor]
+        for total, weight in zip(totals, weights):
+            np.add.at(total, ancestor[hit], np.nan_to_num(weight[rows[hit]]))
+        ancestor = parents[ancestor]
+        keep = ancestor >= 0
+        rows, ancestor = rows[keep], ancestor[keep]
+    return totals
+
+
 def nearest_marked(parents: np.ndarray, marked: np.ndarray, include_self: bool = False) -> np.ndarray:
     """Position of the nearest (proper, or with ``include_self`` also the span itself) ancestor
     for which ``marked`` is true, or -1."""

@@ -32,7 +32,7 @@ import pandas as pd
 
 from xsp import schema as col
 from xsp.analysis.model import TRIM_FRACTION, trimmed_mean
-from xsp.analysis.tree import parent_positions
+from xsp.analysis.tree import parent_positions, sum_into_ancestors
 from xsp.levels import LevelsArg, parse_levels
 from xsp.schema import LEVELS, METRIC_LEVELS, Level, SpanKind
 from xsp.trace import Trace
@@ -126,18 +126,8 @@ def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
     flops = spans[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
     moved = spans[col.BYTES].astype("float64").to_numpy(na_value=np.nan)
     counted = np.flatnonzero(~np.isnan(flops) | ~np.isnan(moved))
-    total_flops, total_bytes = np.nan_to_num(flops).copy(), np.nan_to_num(moved).copy()
-    if len(counted):
-        parents = parent_positions(spans)
-        rows, ancestor = counted, parents[counted]
-        keep = ancestor >= 0
-        rows, ancestor = rows[keep], ancestor[keep]
-        while len(rows):
-            np.add.at(total_flops, ancestor, np.nan_to_num(flops[rows]))
-            np.add.at(total_bytes, ancestor, np.nan_to_num(moved[rows]))
-            ancestor = parents[ancestor]
-            keep = ancestor >= 0
-            rows, ancestor = rows[keep], ancestor[keep]
+    below_flops, below_bytes = sum_into_ancestors(parent_positions(spans), counted, flops, moved)
+    total_flops, total_bytes = np.nan_to_num(flops) + below_flops, np.nan_to_num(moved) + below_bytes
     frame = pd.DataFrame({col.PATH: spans[col.PATH].to_numpy(dtype=object), "flops": total_flops,
                           "bytes": total_bytes})
     sums = frame.groupby(col.PATH, sort=False)[["flops", "bytes"]].mean()

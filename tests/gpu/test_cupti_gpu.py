@@ -19,18 +19,22 @@ def _model() -> torch.nn.Module:
                                torch.nn.Linear(16 * 30 * 30, 10)).cuda().eval()
 
 
-@pytest.fixture(scope="module")
-def traced():
-    pytest.importorskip("cupti")
-    model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
+def _traced(model: torch.nn.Module, x: torch.Tensor, iterations: int) -> xsp.Trace:
+    """``iterations`` calls of ``model`` with every host and CUDA level on (after one untraced call)."""
     with torch.no_grad():
         model(x)
         torch.cuda.synchronize()
         with xsp.trace(levels="model,layer,kernel", output=None) as session:
-            for _ in range(3):
+            for _ in range(iterations):
                 model(x)
             torch.cuda.synchronize()
     return session.trace
+
+
+@pytest.fixture(scope="module")
+def traced():
+    pytest.importorskip("cupti")
+    return _traced(_model(), torch.randn(8, 3, 32, 32, device="cuda"), iterations=3)
 
 
 def test_every_kernel_has_a_launch_and_a_layer(traced):
@@ -68,18 +72,11 @@ def test_kernel_count_and_time_match_pytorchs_profiler_in_a_separate_run():
     from torch.profiler import ProfilerActivity, profile
 
     model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
-    with torch.no_grad():
-        model(x)
+    spans = _traced(model, x, iterations=5).spans
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            model(x)
         torch.cuda.synchronize()
-        with xsp.trace(levels="model,layer,kernel", output=None) as session:
-            for _ in range(5):
-                model(x)
-            torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                model(x)
-            torch.cuda.synchronize()
-    spans = session.trace.spans
     ours = spans[spans[col.KIND] == SpanKind.KERNEL.value]
     theirs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
               and not e.name.startswith(("Memcpy", "Memset"))]
