@@ -38,6 +38,7 @@ import pandas as pd
 
 from xsp import schema as col
 from xsp.clock import measure_offset_ns, now_ns
+from xsp.recording import Window
 from xsp.schema import Level, SpanKind, Status
 
 BUFFER_BYTES = 8 << 20
@@ -400,7 +401,6 @@ class CuptiSource:
         self.uncertainty_ns = 0
         self.drift_ns = 0
         self.warnings: list[str] = []
-        self._windows: dict[int, tuple[list[tuple[Any, ...]], Counter[str]]] = {}
 
     @property
     def running(self) -> bool:
@@ -503,11 +503,14 @@ class CuptiSource:
                 self.warnings.append(f"CUPTI unsubscribe failed: {cupti_error_text(exc)}")
             self._subscriber = None
 
-    def records_for(self, window_key: int) -> tuple[list[tuple[Any, ...]], Counter[str]]:
-        """The records of one collection round: drained once, shared by every tracer of the round."""
-        if window_key not in self._windows:
-            self._windows = {window_key: self.store.drain()}
-        return self._windows[window_key]
+    def records_for(self, window: Window) -> list[tuple[Any, ...]]:
+        """The records of one collection round: drained once (what was dropped counted in the
+        window), shared by every tracer of the round."""
+        if "cupti_records" not in window.derived:
+            records, dropped = self.store.drain()
+            window.derived["cupti_records"] = records
+            window.dropped.update(dropped)
+        return window.derived["cupti_records"]  # type: ignore[no-any-return]
 
     def metadata(self) -> dict[str, Any]:
         return {"cupti_to_host_offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns,

@@ -57,9 +57,7 @@ class CuptiTracer(ABC):
         """Span rows for this tracer's kinds among ``records``."""
 
     def collect(self, window: Window) -> pd.DataFrame:
-        records, dropped = self.source.records_for(id(window))
-        window.dropped.update(dropped)
-        return self.rows(records)
+        return self.rows(self.source.records_for(window))
 
 
 class CudaApiTracer(CuptiTracer):

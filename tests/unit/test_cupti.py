@@ -19,6 +19,7 @@ from xsp.tracers import _cupti  # noqa: E402
 from xsp.tracers._cupti import CuptiSource, RecordStore, activity_rows, api_rows, demangle  # noqa: E402
 from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
 from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
+from xsp.tracers.kernel import KernelTracer  # noqa: E402
 
 import xsp  # noqa: E402
 from xsp import schema as col  # noqa: E402
@@ -285,3 +286,20 @@ def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fa
     api = spans[spans[col.LEVEL] == Level.CUDA_API.value]
     assert api[col.THREAD_ID].nunique() == 2
     assert session.trace.metadata["hierarchy"]["external_linked"] == 10
+
+
+def test_both_tracers_share_one_drain_per_window_and_drops_count_once():
+    from xsp.recording import Window
+
+    source = CuptiSource(module=lambda: FakeCupti())
+
+    class Odd:
+        kind = 10
+
+    source.store.on_completed([_api(1, 10, 20), kernel_record("k", 30, 40, 1), Odd()])
+    first = Window([])
+    api, kernels = CudaApiTracer(source).collect(first), KernelTracer(source).collect(first)
+    assert len(api) == 1 and len(kernels) == 1
+    assert first.dropped == {"unreadable CUPTI records": 1}
+    second = Window([])  # a new round drains anew: nothing is handed out twice
+    assert CudaApiTracer(source).collect(second).empty and KernelTracer(source).collect(second).empty
