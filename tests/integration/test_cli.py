@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import xsp
@@ -120,15 +121,17 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
 
 
 def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
-    result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "-o", "lv.xsp.parquet",
-                     "--", str(tiny), "5", cwd=tmp_path)
+    result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "--rounds", "2",
+                     "-o", "lv.xsp.parquet", "--", str(tiny), "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("args ['5']") == 3  # the script ran once per run
+    assert result.stdout.count("args ['5']") == 3 * 2  # the script ran once per run and round
     for run in ("model", "model+layer", "model+layer+operator"):
         assert run in result.stdout
     trace = xsp.load(tmp_path / "lv.xsp.parquet")
     assert trace.metadata["leveled"]["runs"] == ["model", "model+layer", "model+layer+operator"]
-    assert trace.metadata["leveled"]["warmup_steps"] == 1
+    assert trace.metadata["leveled"]["warmup_steps"] == 1 and trace.metadata["leveled"]["rounds"] == 2
+    overhead = pd.DataFrame(trace.metadata["leveled"]["overhead"])
+    assert overhead["steps"].tolist() == [2 * 4] * 3  # five calls, one warm-up, two rounds
     assert set(trace.spans[col.LEVELED_RUN]) >= {"model", "model+layer", "model+layer+operator"}
     assert "Traceback" not in result.stderr
 
@@ -139,3 +142,7 @@ def test_run_leveled_refuses_otlp_and_a_negative_warmup(tiny, tmp_path, capsys, 
     assert "--warmup must be 0 or more" in capsys.readouterr().err
     assert main(["run", "--leveled", "--otlp", "http://localhost:4317", "--", str(tiny), "1"]) == 2
     assert "not --otlp" in capsys.readouterr().err
+    assert main(["run", "--leveled", "--rounds", "0", "--", str(tiny), "1"]) == 2
+    assert "--rounds must be 1 or more" in capsys.readouterr().err
+    assert main(["run", "--leveled", "--warmup", "3", "--", str(tiny), "2"]) == 2  # nothing left after warm-up
+    assert "made no steps after the 3 warm-up steps" in capsys.readouterr().err

@@ -39,6 +39,8 @@ def register(commands: Any) -> None:
                              "runs so that each span's time comes from the run that traced nothing deeper")
     parser.add_argument("--warmup", type=int, default=2,
                         help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --leveled: repeat the runs this many times, interleaved, and pool them (default: 1)")
     parser.add_argument("--report", action="store_true", help="print the report after the run")
     parser.add_argument("--top", type=int, default=10, help="layers in the report's top list")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]")
@@ -125,11 +127,15 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     """``--leveled``: one run of the script per level prefix, merged into one trace."""
     from rich.table import Table
 
-    from xsp.leveled import LeveledRun, level_runs, merge_runs, run_label
+    from xsp.leveled import LeveledRun, level_runs, merge_runs, pooled, run_label
+    from xsp.schema import Level
+    from xsp.trace import Trace
     from xsp.tracers.registry import tracers_for
 
     if options.warmup < 0:
         raise CliError("--warmup must be 0 or more")
+    if options.rounds < 1:
+        raise CliError("--rounds must be 1 or more")
     if options.otlp:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
     out = error_console()
@@ -137,22 +143,28 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     for level, reason in unavailable.items():
         out.print(f"xsp: level {level.value} left out of the leveled runs: {reason}", markup=False)
     wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
-    runs = []
+    plan = level_runs(wanted)
+    traces: dict[tuple[Level, ...], list[Trace]] = {levels: [] for levels in plan}
     with xsp_warnings_to_stderr():
-        for levels in level_runs(wanted):
-            out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
-            session = Session(levels=levels, output=None, service_name=options.service_name or script.stem)
-            status = _run_script(script, script_args, session)
-            if status != 0:
-                return status
-            if session.trace is None or not session.trace.steps:
-                raise CliError(f"{script} called no torch.nn.Module in the {run_label(levels)} run, so there "
-                               "was nothing to profile (is it a PyTorch script?)")
-            runs.append(LeveledRun(levels, session.trace))
+        for round_number in range(options.rounds):
+            turn = round_number % len(plan)  # as xsp.leveled: each round starts one run later
+            for levels in plan[turn:] + plan[:turn]:
+                out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
+                session = Session(levels=levels, output=None, service_name=options.service_name or script.stem)
+                status = _run_script(script, script_args, session)
+                if status != 0:
+                    return status
+                if session.trace is None or len(session.trace.steps) <= options.warmup:
+                    raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
+                                   f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
+                                   "script that calls its model more than --warmup times?)")
+                traces[levels].append(_without_warmup(session.trace, options.warmup))
+    runs = [LeveledRun(levels, pooled(traces[levels])) for levels in plan]
     try:
-        result = merge_runs(runs, warmup_steps=options.warmup)
+        result = merge_runs(runs)
     except ValueError as exc:
         raise CliError(f"the runs cannot be merged: {exc}") from None
+    result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=options.rounds)
     if options.output:
         result.save(options.output)
     table = Table(title="Leveled runs (model latency: trimmed mean over the measured steps)")
@@ -171,6 +183,15 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
 
         render_report(result.trace, console(), top=options.top)
     return 0
+
+
+def _without_warmup(trace: Any, warmup: int) -> Any:
+    """``trace`` without its first ``warmup`` steps (each run warms up on its own)."""
+    from xsp.trace import Trace
+
+    spans = trace.spans
+    kept = set(sorted(int(s) for s in spans[col.STEP].dropna().unique())[warmup:])
+    return Trace(spans=spans[spans[col.STEP].isin(kept)], metadata=trace.metadata)
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int) -> int:
