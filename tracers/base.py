@@ -41,6 +41,12 @@ class Tracer(Protocol):
     def stop(self) -> None:
         """Stop recording; must not raise."""
 
+    # Optional members a tracer may have:
+    #   collects_at_end: ClassVar[bool] -- True when its records only exist after ``stop``
+    #       (the session then exports no step early, so no step leaves without its spans);
+    #   on_step_end() -- called (on the recording thread) when a step ends: a cheap hint to flush;
+    #   metadata() -> dict -- facts for ``trace.metadata["tracer_details"][name]`` (clock offsets).
+
     def collect(self, window: Window) -> pd.DataFrame:
         """Span rows for what was recorded since the previous ``collect``.
 

@@ -80,6 +80,8 @@ class GpuMetricsTracer:
 
     name: ClassVar[str] = "gpu_metrics"
     level: ClassVar[Level] = Level.GPU_METRICS
+    collects_at_end: ClassVar[bool] = True
+    """Its records are read when it stops, so steps are not exported before the session ends."""
 
     def __init__(self) -> None:
         self._collector: Any = None

@@ -151,6 +151,8 @@ class OperatorTracer:
 
     name: ClassVar[str] = "operator"
     level: ClassVar[Level] = Level.OPERATOR
+    collects_at_end: ClassVar[bool] = True
+    """Its records are read when it stops, so steps are not exported before the session ends."""
 
     def __init__(self) -> None:
         self._profiler: Any = None

@@ -185,6 +185,9 @@ class Session:
         assert self._recording is not None
         flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
         windows = self._windows
+        at_end = [tracer.name for tracer in tracers if getattr(tracer, "collects_at_end", False)]
+        if at_end:  # their spans of a step come only after the session: never export a step without them
+            windows = None
         long_step_ns = int(self.long_step_s * 1e9)
         if not flushers and windows is None:
             return

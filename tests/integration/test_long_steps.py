@@ -119,3 +119,25 @@ def test_threads_with_windows_keep_a_consistent_tree(tmp_path):
     assert (parents[col.STEP].to_numpy() == layers[col.STEP].to_numpy()).all()
     assert spans[col.SPAN_ID].is_unique
     assert_same_spans(session.trace, receiver.sink.spans)
+
+
+def test_with_the_operator_level_no_step_leaves_before_its_operators(tmp_path):
+    model = Small()
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=tmp_path / "ops.xsp.parquet", levels="model,layer,operator",
+                       otlp_endpoint=receiver.endpoint, service_name="xsp-test", long_step_s=0.0) as session:
+            for _ in range(3):
+                with torch.no_grad():
+                    model(torch.randn(2, 4))
+            assert not receiver.sink.spans  # the profiler's operators only exist once it stops
+        report = session.wait_for_export(30)
+    trace = xsp.load(tmp_path / "ops.xsp.parquet")
+    assert trace.metadata["windows"] == 1
+    assert report.error is None and report.exported == len(trace.spans)
+    spans = trace.spans
+    operators = spans[(spans[col.LEVEL] == "operator") & spans[col.PATH].str.startswith("predict[0]/")]
+    predicts = spans[spans[col.KIND] == "predict"].set_index(col.STEP)
+    # every operator of a model call inside its own step's model call
+    inside = [predicts.loc[step, col.START_NS] <= start and end <= predicts.loc[step, col.END_NS]
+              for step, start, end in zip(operators[col.STEP], operators[col.START_NS], operators[col.END_NS])]
+    assert len(operators) and all(inside)
