@@ -17,7 +17,7 @@ from xsp.reports.html import write_html
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000", "--window-size=1300,4000"]
-CHART_IDS = ["chart-latency", "chart-kernels", "chart-roofline", "chart-timeline"]
+CHART_IDS = ["chart-latency", "chart-operators", "chart-kernels", "chart-roofline", "chart-timeline"]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +63,20 @@ def layer_report(tmp_path_factory) -> Path:
     return write_html(session.trace, tmp_path_factory.mktemp("html") / "layers.html")
 
 
+@pytest.fixture(scope="module")
+def leveled_report(tmp_path_factory) -> Path:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        result = xsp.leveled(lambda: model(x), levels="model,layer,operator", repeat=3, warmup=1)
+    return write_html(result.trace, tmp_path_factory.mktemp("html") / "leveled.html")
+
+
 @pytest.mark.parametrize("report, charts", [("gpu_report", CHART_IDS),
                                             ("layer_report", ["chart-latency", "chart-top-layers",
-                                                              "chart-layer-types", "chart-timeline"])])
+                                                              "chart-layer-types", "chart-timeline"]),
+                                            ("leveled_report", ["chart-leveled", "chart-top-layers",
+                                                                "chart-operators", "chart-timeline"])])
 def test_report_loads_without_errors_and_renders_its_charts(chromium, tmp_path, request, report, charts):
     page = request.getfixturevalue(report)
     assert "cdn.plot.ly" not in page.read_text()[:2000]  # plotly is inlined: the page works offline

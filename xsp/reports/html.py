@@ -60,6 +60,32 @@ def layers_section(trace: Trace) -> str:
     return _figure_html(bars, "chart-top-layers") + _figure_html(pie, "chart-layer-types")
 
 
+def operators_section(trace: Trace) -> str:
+    ops = analysis.operator_table(trace).head(TOP)
+    if ops.empty:
+        return _note("No operator spans in this trace (record it with the operator level).")
+    ops = ops.iloc[::-1]
+    figure = go.Figure(go.Bar(x=ops["self_us"] / 1e3, y=ops["name"].str.slice(0, 80), orientation="h",
+                              customdata=ops[["count", "share"]].to_numpy(),
+                              hovertemplate="%{y}<br>%{x:.3f} ms self, %{customdata[0]} calls, "
+                                            "%{customdata[1]:.1%} of operator time<extra></extra>"))
+    figure.update_layout(title=f"Top {len(ops)} operators by self time", xaxis_title="ms (all steps)",
+                         height=max(420, 28 * len(ops)))
+    return _figure_html(figure, "chart-operators")
+
+
+def leveled_section(trace: Trace) -> str:
+    runs = (trace.metadata.get("leveled") or {}).get("overhead") or []
+    if not runs:
+        return _note("Not a leveled result (see xsp.leveled and xsp run --leveled).")
+    names = [run["run"] + (" (metrics)" if run.get("metric") else "") for run in runs]
+    figure = go.Figure(go.Bar(x=names, y=[run["model_latency_ms"] for run in runs],
+                              text=[f"{run['overhead']:+.1%}" for run in runs], textposition="outside"))
+    figure.update_layout(title="Model latency per leveled run (overhead against the model-only run)",
+                         yaxis_title="ms (trimmed mean)")
+    return _figure_html(figure, "chart-leveled")
+
+
 def kernels_section(trace: Trace) -> str:
     kernels = analysis.kernels_by_name(trace).head(TOP)
     if kernels.empty:
@@ -165,7 +191,8 @@ def render_html(trace: Trace) -> str:
     """The whole report as one HTML document (plotly's JavaScript inlined; works offline)."""
     meta = trace.metadata
     sections = [
-        ("Model latency", latency_section(trace)), ("Layers", layers_section(trace)),
+        ("Model latency", latency_section(trace)), ("Leveled runs", leveled_section(trace)),
+        ("Layers", layers_section(trace)), ("Operators", operators_section(trace)),
         ("Kernels", kernels_section(trace)), ("GPU vs CPU time per layer", gpu_cpu_section(trace)),
         ("Roofline", roofline_section(trace)), ("Timeline", timeline_section(trace)),
         ("Hierarchy diagnostics", diagnostics_section(trace)),
