@@ -5,8 +5,10 @@ the cuda_api and kernel levels need) with shapes recorded and every thread profi
 session ends, its events are read directly (``kineto_results.events()``: no JSON round trip)
 and become spans: the operator's name, input shapes and dtypes, thread and autograd sequence
 number (a backward operator carries the sequence number of the forward operator it
-differentiates). Nested operators (``aten::linear`` > ``aten::addmm``) nest by time like every
-other span; ``Optimizer.step#...`` annotations become model-level spans of their own.
+differentiates). The operators PyTorch runs for the layer level's own backward hooks
+(``BackwardHookFunction`` and what runs inside it) are left out, and counted. Nested
+operators (``aten::linear`` > ``aten::addmm``) nest by time like every other span;
+``Optimizer.step#...`` annotations become model-level spans of their own.
 
 Two things are matched up with markers the tracer records through the profiler itself:
 
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from xsp import schema as col
@@ -85,6 +88,34 @@ def clock_offset(markers: list[tuple[int, int]], brackets: list[tuple[int, int]]
     return (low + high) // 2, (high - low) // 2
 
 
+OWN_HOOK_OPERATORS = frozenset({"BackwardHookFunction", "BackwardHookFunctionBackward",
+                                "autograd::engine::evaluate_function: BackwardHookFunctionBackward"})
+"""Operators PyTorch runs for the layer level's own backward hooks (not the model's)."""
+
+
+def _inside_own_hooks(events: list[Any]) -> np.ndarray:
+    """Which events are the layer level's hook operators or run inside one (per thread).
+
+    They are xsp's instrumentation, not the model: left in, they would also straddle the
+    backward layer spans, whose hooks fire inside them.
+    """
+    hooked = np.zeros(len(events), dtype=bool)
+    is_hook = np.array([e.name() in OWN_HOOK_OPERATORS for e in events], dtype=bool)
+    if not is_hook.any():
+        return hooked
+    threads = np.array([e.start_thread_id() for e in events], dtype=np.int64)
+    starts = np.array([e.start_ns() for e in events], dtype=np.int64)
+    ends = starts + np.array([max(e.duration_ns(), 0) for e in events], dtype=np.int64)
+    for thread in np.unique(threads[is_hook]).tolist():
+        hooks = np.flatnonzero(is_hook & (threads == thread))
+        hooks = hooks[np.argsort(starts[hooks], kind="stable")]
+        latest_end = np.maximum.accumulate(ends[hooks])
+        mine = np.flatnonzero(threads == thread)
+        before = np.searchsorted(starts[hooks], starts[mine], side="right") - 1
+        hooked[mine] = (before >= 0) & (latest_end[np.maximum(before, 0)] >= ends[mine])
+    return hooked
+
+
 def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows from PyTorch profiler events (``_KinetoEvent``-like objects), and the clock
     and thread facts used."""
@@ -100,10 +131,11 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tup
     def thread(profiler_thread: int) -> int:
         return native_of.get(profiler_thread, -profiler_thread)
 
+    hooks = _inside_own_hooks(events)
     rows = []
-    for e in events:
+    for e, hook in zip(events, hooks):
         name = e.name()
-        if name.startswith(("xsp::", "ProfilerStep#")):
+        if hook or name.startswith(("xsp::", "ProfilerStep#")):
             continue
         annotation = e.is_user_annotation()
         if annotation and name.startswith(OPTIMIZER_PREFIX):
@@ -128,7 +160,8 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tup
             col.ATTRIBUTES: json.dumps(attributes) if attributes else None,
         })
     facts = {"profiler_to_host_offset_ns": offset, "uncertainty_ns": uncertainty,
-             "threads": {str(k): v for k, v in sorted(native_of.items())}}
+             "threads": {str(k): v for k, v in sorted(native_of.items())},
+             "own_hook_operators_left_out": int(hooks.sum())}
     return (pd.DataFrame(rows) if rows else pd.DataFrame()), facts
 
 

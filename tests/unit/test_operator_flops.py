@@ -98,6 +98,21 @@ def test_operators_nest_under_their_layers_and_inside_each_other(trained):
     assert abs(trained.metadata["tracer_details"]["operator"]["uncertainty_ns"]) < 1_000_000
 
 
+def test_the_layer_levels_own_hook_operators_are_left_out_and_nothing_straddles(trained):
+    spans = trained.spans
+    assert not spans[col.NAME].str.contains("BackwardHookFunction").any()
+    assert trained.metadata["tracer_details"]["operator"]["own_hook_operators_left_out"] > 0
+    assert trained.metadata["hierarchy"]["overlapping"] == 0  # backward layer spans no longer cut operators
+
+
+def test_hook_operators_and_what_runs_inside_them_are_recognised():
+    from xsp.tracers.operator import _inside_own_hooks
+
+    events = [Event("aten::mm", 0, 100), Event("BackwardHookFunction", 200, 50), Event("aten::view", 210, 10),
+              Event("aten::view", 210, 10, thread=2), Event("aten::add", 300, 10)]
+    assert _inside_own_hooks(events).tolist() == [False, True, True, False, False]
+
+
 def test_the_optimizer_step_is_a_span_of_its_own(trained):
     spans = trained.spans
     optimizer = spans[spans[col.NAME].str.startswith("Optimizer.step")]
