@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from xsp.analysis.tree import MEMORY_POOL, arrow_strings
+from xsp.analysis.tree import MEMORY_POOL, arrow_strings, inside_any
 
 from xsp import schema as col
 from xsp._version import __version__
@@ -422,18 +422,7 @@ def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, sta
     """
     annotation = (category == _CATEGORY_INDEX["user_annotation"]) & (kind_codes != _STEP_CODE)
     operator = np.isin(category, [_CATEGORY_INDEX["cpu_op"], _CATEGORY_INDEX["operator"]])
-    if not annotation.any() or not operator.any():
-        return
-    for thread in np.unique(threads[annotation]).tolist():
-        ops = np.flatnonzero(operator & (threads == thread))
-        if not len(ops):
-            continue
-        ops = ops[np.argsort(start[ops], kind="stable")]
-        latest_end = np.maximum.accumulate(end[ops])
-        notes = np.flatnonzero(annotation & (threads == thread))
-        before = np.searchsorted(start[ops], start[notes], side="right") - 1
-        inside = (before >= 0) & (latest_end[np.maximum(before, 0)] >= end[notes])
-        level_codes[notes[inside]] = _OPERATOR_LEVEL
+    level_codes[inside_any(threads, start, end, operator, annotation)] = _OPERATOR_LEVEL
 
 
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:

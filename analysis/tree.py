@@ -107,6 +107,24 @@ def sum_into_ancestors(parents: np.ndarray, rows: np.ndarray, *weights: np.ndarr
     return totals
 
 
+def inside_any(threads: np.ndarray, starts: np.ndarray, ends: np.ndarray, containers: np.ndarray,
+               candidates: np.ndarray) -> np.ndarray:
+    """Which ``candidates`` lie inside some ``containers`` span of their own thread (a span
+    lies inside itself). A span is enclosed exactly when, among the containers of its thread
+    that started no later, the latest end is no earlier than its end."""
+    inside = np.zeros(len(threads), dtype=bool)
+    if not containers.any() or not candidates.any():
+        return inside
+    for thread in np.unique(threads[candidates & np.isin(threads, threads[containers])]).tolist():
+        mine = np.flatnonzero(containers & (threads == thread))
+        mine = mine[np.argsort(starts[mine], kind="stable")]
+        latest_end = np.maximum.accumulate(ends[mine])
+        rows = np.flatnonzero(candidates & (threads == thread))
+        before = np.searchsorted(starts[mine], starts[rows], side="right") - 1
+        inside[rows] = (before >= 0) & (latest_end[np.maximum(before, 0)] >= ends[rows])
+    return inside
+
+
 def nearest_marked(parents: np.ndarray, marked: np.ndarray, include_self: bool = False) -> np.ndarray:
     """Position of the nearest (proper, or with ``include_self`` also the span itself) ancestor
     for which ``marked`` is true, or -1."""

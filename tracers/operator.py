@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from xsp.analysis.tree import inside_any
 
 from xsp import schema as col
 from xsp.clock import now_ns
@@ -99,21 +100,13 @@ def _inside_own_hooks(events: list[Any]) -> np.ndarray:
     They are xsp's instrumentation, not the model: left in, they would also straddle the
     backward layer spans, whose hooks fire inside them.
     """
-    hooked = np.zeros(len(events), dtype=bool)
     is_hook = np.array([e.name() in OWN_HOOK_OPERATORS for e in events], dtype=bool)
     if not is_hook.any():
-        return hooked
+        return np.zeros(len(events), dtype=bool)
     threads = np.array([e.start_thread_id() for e in events], dtype=np.int64)
     starts = np.array([e.start_ns() for e in events], dtype=np.int64)
     ends = starts + np.array([max(e.duration_ns(), 0) for e in events], dtype=np.int64)
-    for thread in np.unique(threads[is_hook]).tolist():
-        hooks = np.flatnonzero(is_hook & (threads == thread))
-        hooks = hooks[np.argsort(starts[hooks], kind="stable")]
-        latest_end = np.maximum.accumulate(ends[hooks])
-        mine = np.flatnonzero(threads == thread)
-        before = np.searchsorted(starts[hooks], starts[mine], side="right") - 1
-        hooked[mine] = (before >= 0) & (latest_end[np.maximum(before, 0)] >= ends[mine])
-    return hooked
+    return inside_any(threads, starts, ends, is_hook, np.ones(len(events), dtype=bool))
 
 
 def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tuple[pd.DataFrame, dict[str, Any]]:

@@ -105,7 +105,7 @@ class LeveledResult:
         return self.trace.save(path)
 
 
-def _measured(spans: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+def measured_steps(spans: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Spans of the steps after the first ``warmup_steps``."""
     steps = sorted(int(s) for s in spans[col.STEP].dropna().unique())
     kept = set(steps[warmup_steps:])
@@ -157,7 +157,7 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     for run in timing:  # a level's figures come from the first (shallowest) run that traced it
         for level in run.levels:
             source_of.setdefault(level, run)
-    measured = {run.label: _measured(run.trace.spans, warmup_steps) for run in runs}
+    measured = {run.label: measured_steps(run.trace.spans, warmup_steps) for run in runs}
     by_path = {run.label: _durations_by_path(measured[run.label], trim) for run in timing}
 
     deep = measured[deepest.label]

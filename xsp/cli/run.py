@@ -127,7 +127,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     """``--leveled``: one run of the script per level prefix, merged into one trace."""
     from rich.table import Table
 
-    from xsp.leveled import LeveledRun, level_runs, merge_runs, pooled, run_label
+    from xsp.leveled import LeveledRun, level_runs, measured_steps, merge_runs, pooled, run_label
     from xsp.schema import Level
     from xsp.trace import Trace
     from xsp.tracers.registry import tracers_for
@@ -158,7 +158,8 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
                     raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
                                    f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
                                    "script that calls its model more than --warmup times?)")
-                traces[levels].append(_without_warmup(session.trace, options.warmup))
+                traces[levels].append(Trace(spans=measured_steps(session.trace.spans, options.warmup),
+                                                 metadata=session.trace.metadata))
     runs = [LeveledRun(levels, pooled(traces[levels])) for levels in plan]
     try:
         result = merge_runs(runs)
@@ -183,15 +184,6 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
 
         render_report(result.trace, console(), top=options.top)
     return 0
-
-
-def _without_warmup(trace: Any, warmup: int) -> Any:
-    """``trace`` without its first ``warmup`` steps (each run warms up on its own)."""
-    from xsp.trace import Trace
-
-    spans = trace.spans
-    kept = set(sorted(int(s) for s in spans[col.STEP].dropna().unique())[warmup:])
-    return Trace(spans=spans[spans[col.STEP].isin(kept)], metadata=trace.metadata)
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int) -> int:

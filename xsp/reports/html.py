@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
@@ -60,18 +61,23 @@ def layers_section(trace: Trace) -> str:
     return _figure_html(bars, "chart-top-layers") + _figure_html(pie, "chart-layer-types")
 
 
+def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: str, chart_id: str) -> str:
+    """Horizontal bars of the rows' ``value_us`` (shown in ms), with calls and share on hover."""
+    table = table.iloc[::-1]
+    figure = go.Figure(go.Bar(x=table[value_us] / 1e3, y=table["name"].str.slice(0, 80), orientation="h",
+                              customdata=table[["count", "share"]].to_numpy(),
+                              hovertemplate="%{y}<br>%{x:.3f} ms, %{customdata[0]} calls, "
+                                            f"%{{customdata[1]:.1%}} of {share_of}<extra></extra>"))
+    figure.update_layout(title=f"Top {len(table)} {what}", xaxis_title="ms (all steps)",
+                         height=max(420, 28 * len(table)))
+    return _figure_html(figure, chart_id)
+
+
 def operators_section(trace: Trace) -> str:
     ops = analysis.operator_table(trace).head(TOP)
     if ops.empty:
         return _note("No operator spans in this trace (record it with the operator level).")
-    ops = ops.iloc[::-1]
-    figure = go.Figure(go.Bar(x=ops["self_us"] / 1e3, y=ops["name"].str.slice(0, 80), orientation="h",
-                              customdata=ops[["count", "share"]].to_numpy(),
-                              hovertemplate="%{y}<br>%{x:.3f} ms self, %{customdata[0]} calls, "
-                                            "%{customdata[1]:.1%} of operator time<extra></extra>"))
-    figure.update_layout(title=f"Top {len(ops)} operators by self time", xaxis_title="ms (all steps)",
-                         height=max(420, 28 * len(ops)))
-    return _figure_html(figure, "chart-operators")
+    return _top_names_chart(ops, "self_us", "operators by self time", "operator time", "chart-operators")
 
 
 def leveled_section(trace: Trace) -> str:
@@ -90,15 +96,7 @@ def kernels_section(trace: Trace) -> str:
     kernels = analysis.kernels_by_name(trace).head(TOP)
     if kernels.empty:
         return _note("No GPU kernels in this trace.")
-    kernels = kernels.iloc[::-1]
-    labels = kernels["name"].str.slice(0, 80)
-    figure = go.Figure(go.Bar(x=kernels["total_us"] / 1e3, y=labels, orientation="h",
-                              customdata=kernels[["count", "share"]].to_numpy(),
-                              hovertemplate="%{y}<br>%{x:.3f} ms, %{customdata[0]} calls, "
-                                            "%{customdata[1]:.1%} of GPU time<extra></extra>"))
-    figure.update_layout(title=f"Top {len(kernels)} kernels by total time", xaxis_title="ms",
-                         height=max(420, 28 * len(kernels)))
-    return _figure_html(figure, "chart-kernels")
+    return _top_names_chart(kernels, "total_us", "kernels by total time", "GPU time", "chart-kernels")
 
 
 def gpu_cpu_section(trace: Trace) -> str:
