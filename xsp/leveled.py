@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
-from xsp.analysis.model import TRIM_FRACTION, trimmed_mean
+from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean
 from xsp.analysis.tree import parent_positions, sum_into_ancestors
 from xsp.levels import LevelsArg, parse_levels
-from xsp.schema import LEVELS, METRIC_LEVELS, Level, SpanKind
+from xsp.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.trace import Trace
 
 STEP_NAME = "leveled"
@@ -135,9 +135,7 @@ def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def _latency_ms(spans: pd.DataFrame, trim: float) -> float:
-    roots = spans[spans[col.KIND].isin([SpanKind.STEP.value, SpanKind.PREDICT.value])]
-    first = roots.sort_values(col.START_NS).groupby(col.STEP).head(1)  # the step's own root
-    return trimmed_mean(first[col.DURATION_NS].to_numpy(dtype=np.float64), trim) / 1e6
+    return trimmed_mean(model_latency(spans)["latency_ms"].to_numpy(dtype=np.float64), trim)
 
 
 def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION) -> LeveledResult:
