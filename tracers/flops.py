@@ -126,6 +126,7 @@ def count_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
 def _make_mode(records: list[tuple[Any, ...]]) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
 
     class FlopCounting(TorchDispatchMode):
         """Times each operator and appends ``(start, end, thread, name, flops, bytes)``."""
@@ -133,6 +134,15 @@ def _make_mode(records: list[tuple[Any, ...]]) -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
             kwargs = kwargs or {}
+            if func._overloadpacket not in flop_registry:
+                # Under inference_mode (and for any op autograd did not already decompose) a
+                # composite such as aten::conv2d or aten::linear reaches the mode whole, and
+                # calling it would hide the convolution or matmul inside from this mode:
+                # decompose it, as FlopCounterMode does, so that its parts are counted.
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+                if decomposed is not NotImplemented:
+                    return decomposed
             start = now_ns()
             out = func(*args, **kwargs)
             end = now_ns()
