@@ -104,12 +104,65 @@ def test_unreadable_trace_and_non_python_script(tmp_path, capsys, monkeypatch):
     assert "truncated" in err and "run.sh is not a Python script" in err and "Traceback" not in err
 
 
-def test_script_that_uses_no_pytorch_is_reported(tmp_path):
+def test_script_that_uses_no_pytorch_is_a_warning_and_keeps_its_exit_code(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("print('no torch here')\n")
     result = xsp_cli("run", "--", str(script), cwd=tmp_path)
-    assert result.returncode == 3
-    assert "called no torch.nn.Module" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 0 and result.stdout == "no torch here\n"
+    assert "warning:" in result.stderr and "called no torch.nn.Module" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def plain_and_profiled(script, *args, cwd):
+    plain = subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True,
+                           timeout=300)
+    return plain, xsp_cli("run", "-o", "out.xsp.parquet", "--", str(script), *args, cwd=cwd)
+
+
+def own_lines(stderr: str) -> list[str]:
+    """stderr without xsp's own lines (its summary and warnings)."""
+    return [line for line in stderr.splitlines() if not line.startswith(("xsp: ", "warning: "))]
+
+
+@pytest.mark.parametrize("body, args", [
+    ("import argparse\nargparse.ArgumentParser(description='demo').parse_args()\n", ["--help"]),
+    ("import sys\nsys.exit('fatal: bad config')\n", []),
+    ("import sys\nsys.exit(4)\n", []),
+    ("raise SystemExit\n", []),
+])
+def test_exit_codes_and_output_are_the_scripts_own(tmp_path, body, args):
+    script = tmp_path / "script.py"
+    script.write_text("import torch\n" + body)
+    plain, profiled = plain_and_profiled(script, *args, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode
+    assert profiled.stdout == plain.stdout
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)
+
+
+def test_a_failing_model_shows_pythons_traceback_without_xsp_frames(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import torch\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        try:\n"
+        "            return x @ x\n"
+        "        except RuntimeError as error:\n"
+        "            raise ValueError('shapes do not fit') from error\n"
+        "Broken()(torch.randn(2, 3))\n")
+    plain, profiled = plain_and_profiled(script, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == 1
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)  # the chained traceback, frame for frame
+    assert "direct cause" in profiled.stderr and "_module_calls" not in profiled.stderr
+
+
+def test_ctrl_c_ends_the_run_as_python_ends_it_and_keeps_the_trace(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\nraise KeyboardInterrupt\n")
+    plain, profiled = plain_and_profiled(script, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == -2  # killed by SIGINT
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)
+    assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 1
 
 
 def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):

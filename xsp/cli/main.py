@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from xsp._version import __version__
 from xsp.cli import doctor, export, import_, report, run
 from xsp.cli._common import CliError, error_console
+from xsp.cli.run import ScriptInterrupted
 from xsp.errors import XspError
 
 SUBCOMMANDS = (run, report, import_, export, doctor)
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), where the process cannot end by the signal itself."""
+SCRIPT_INTERRUPTED = -2
+"""What ``main`` returns when the profiled script was interrupted: the entry point then ends
+the process by SIGINT, as python does."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +47,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         error_console().print("xsp: interrupted", markup=False)
-        return 130
+        return INTERRUPTED
+    except ScriptInterrupted:  # the script's traceback is printed; its trace file written
+        return SCRIPT_INTERRUPTED
 
 
 def entry_point() -> None:
-    sys.exit(main())
+    status = main()
+    if status == SCRIPT_INTERRUPTED:  # end as python ends on Ctrl-C: killed by SIGINT
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(INTERRUPTED if status == SCRIPT_INTERRUPTED else status)

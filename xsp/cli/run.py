@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
-import traceback
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from xsp import schema as col
@@ -15,9 +16,6 @@ from xsp.export.otlp import Protocol
 from xsp.levels import parse_levels
 from xsp.schema import SpanKind
 from xsp.session import DEFAULT_OUTPUT, EXIT_WAIT_S, Session
-
-NOTHING_PROFILED = 3
-"""Exit status when the script ran but called no nn.Module (and itself succeeded)."""
 
 
 def register(commands: Any) -> None:
@@ -66,27 +64,62 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
 
 
 def _exit_status(code: Any) -> int:
+    """The status python exits with for ``SystemExit(code)`` (printing a non-integer code, as it does)."""
     if code is None:
         return 0
     if isinstance(code, int):
         return code
-    error_console().print(str(code), markup=False)
+    sys.stderr.write(f"{code}\n")
     return 1
 
 
+def _own_code() -> tuple[str, ...]:
+    """Where xsp's code (and runpy's, which runs the script) lives: prefixes of file names."""
+    import xsp
+    import xsp.analysis
+    import xsp.tracers
+
+    folders = {str(Path(module.__file__).resolve().parent) + os.sep for module in (xsp, xsp.tracers, xsp.analysis)
+               if module.__file__}
+    return (*folders, str(Path(runpy.__file__).resolve()), "<frozen runpy>")
+
+
+def _without_own_frames(tb: TracebackType | None, own: tuple[str, ...]) -> TracebackType | None:
+    """The traceback without the frames of xsp (its CLI, its wrappers) and runpy."""
+    kept: list[TracebackType] = []
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (filename.startswith(own) or str(Path(filename).resolve()).startswith(own)):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
 def _print_script_error(error: BaseException) -> None:
-    """The script's own traceback, as python would print it, without runpy and xsp frames."""
-    frames = traceback.extract_tb(error.__traceback__)
-    here = str(Path(__file__).resolve().parent.parent)
-    kept = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename]
-    stream = sys.stderr
-    stream.write("Traceback (most recent call last):\n")
-    stream.write("".join(traceback.format_list(kept)))
-    stream.write("".join(traceback.format_exception_only(type(error), error)))
+    """Report the script's uncaught exception as python would: through ``sys.excepthook``, with
+    the frames of xsp and runpy left out of it and of the exceptions chained to it."""
+    own, seen = _own_code(), set()
+    chained: BaseException | None = error
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        chained.__traceback__ = _without_own_frames(chained.__traceback__, own)
+        chained = chained.__cause__ or chained.__context__
+    sys.excepthook(type(error), error, error.__traceback__)
+
+
+class ScriptInterrupted(Exception):
+    """The script was interrupted (Ctrl-C): the CLI exits as python would, by SIGINT."""
 
 
 def _run_script(script: Path, script_args: list[str], session: Session) -> int:
-    """Run the script once inside ``session``; its exit status (its traceback printed as python would)."""
+    """Run the script once inside ``session``; its exit status (its traceback printed as python would).
+
+    Raises:
+        ScriptInterrupted: a KeyboardInterrupt ended the script (after the trace was written).
+    """
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.resolve().parent))
@@ -102,10 +135,10 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
         status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    if isinstance(failure, KeyboardInterrupt):
-        status = 130
-    elif failure is not None:
+    if failure is not None:
         _print_script_error(failure)
+        if isinstance(failure, KeyboardInterrupt):
+            raise ScriptInterrupted() from None
     return status
 
 
@@ -207,9 +240,9 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         else:
             out.print(f"xsp: {report.exported} spans sent to {report.target}", markup=False)
     if predicts == 0:
-        out.print(f"xsp: error: {script} called no torch.nn.Module, so there was nothing to profile "
+        out.print(f"warning: {script} called no torch.nn.Module, so there was nothing to profile "
                   "(is it a PyTorch script?)", markup=False)
-        return status or NOTHING_PROFILED
+        return status
     if options.report:
         from xsp.reports.terminal import render_report
 
