@@ -29,6 +29,7 @@ from xsp.analysis.roofline import (
     peak_for,
     trace_peak,
 )
+from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
 
 __all__ = [
     "operator_table", "backward_attribution", "backward_time_per_layer",
@@ -36,5 +37,5 @@ __all__ = [
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
-    "peak_for", "trace_peak",
+    "peak_for", "trace_peak", "step_breakdown", "step_summary", "step_coverage", "user_spans",
 ]

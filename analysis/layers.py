@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans
+from xsp.analysis.model import _spans, step_roots
 
 from xsp import schema as col
-from xsp.schema import Level, SpanKind
+from xsp.schema import Level
 from xsp.trace import Trace
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
@@ -45,9 +45,7 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
 
 def _step_time_ms(spans: pd.DataFrame) -> float:
-    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()
-                  & spans[col.KIND].isin([SpanKind.PREDICT.value, SpanKind.STEP.value])]
-    return float(roots[col.DURATION_NS].sum()) / 1e6
+    return float(step_roots(spans)[col.DURATION_NS].sum()) / 1e6
 
 
 def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -> pd.DataFrame:

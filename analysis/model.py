@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
-from xsp.schema import SpanKind
+from xsp.schema import STEP_KINDS, SpanKind
 from xsp.trace import Trace
 
 TRIM_FRACTION = 0.2
@@ -17,28 +17,39 @@ def _spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return source.spans if isinstance(source, Trace) else source
 
 
+def step_roots(spans: pd.DataFrame) -> pd.DataFrame:
+    """The root span of each step: a model call that is its own step, an automatic or explicit
+    ``step`` span, or an imported ``ProfilerStep#N``."""
+    return spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()
+                 & spans[col.KIND].isin([k.value for k in STEP_KINDS])]
+
+
 def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """One row per step: the step's latency, batch size and throughput.
 
-    Columns: ``step``, ``name`` (``predict`` or the explicit step's name), ``latency_ms``,
-    ``batch_size`` (from the step's first predict call, null when unknown),
-    ``throughput_per_s`` (``batch_size / latency``), ``status``.
+    Columns: ``step``, ``name`` (the model's name for a step that is one model call, else the
+    step's: ``train_step``, ``inference_step``, ``<model>.generate``, an ``xsp.step()`` name or
+    ``ProfilerStep#N``), ``latency_ms`` (the step's duration less the time torch.compile spent
+    compiling inside it), ``compile_ms``, ``batch_size`` (from the step's first model call,
+    null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
     """
     spans = _spans(source)
-    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()
-                  & spans[col.KIND].isin([k.value for k in (SpanKind.PREDICT, SpanKind.STEP)])]
+    roots = step_roots(spans)
     predicts = spans[spans[col.KIND] == SpanKind.PREDICT.value].sort_values(col.START_NS)
     batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value].groupby(col.STEP)[col.DURATION_NS].sum()
     out = pd.DataFrame({
         "step": roots[col.STEP].astype("Int64").to_numpy(),
         "name": roots[col.NAME].to_numpy(),
         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6,
         "status": roots[col.STATUS].to_numpy(),
     })
+    out["compile_ms"] = out["step"].map(compiles).fillna(0).astype("float64").to_numpy() / 1e6
+    out["latency_ms"] = out["latency_ms"] - out["compile_ms"]
     out["batch_size"] = out["step"].map(batch).astype("Int64")
     out["throughput_per_s"] = (out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3))
     return out.sort_values("step").reset_index(drop=True)[
-        ["step", "name", "latency_ms", "batch_size", "throughput_per_s", "status"]]
+        ["step", "name", "latency_ms", "compile_ms", "batch_size", "throughput_per_s", "status"]]
 
 
 def trimmed_mean(values: np.ndarray, fraction: float = TRIM_FRACTION) -> float:

@@ -2,17 +2,27 @@
 
 xsp wraps ``torch.nn.Module.__call__`` instead of registering global forward hooks. Global
 hooks push *every* module call onto the slow path of ``Module._call_impl`` (about 1.2 µs per
-call on a 2-core x86 machine, before any hook body runs); the wrapper keeps ``_call_impl`` on
-its fast path, sees keyword arguments (Hugging Face models are called with ``input_ids=...``)
-and sees exceptions. benchmarks/overhead.py measures both side by side.
+call on a 2-core x86 machine, before any hook body runs) and make ``torch.compile`` warn; the
+wrapper keeps ``_call_impl`` on its fast path, sees keyword arguments (Hugging Face models
+are called with ``input_ids=...``) and sees exceptions. benchmarks/overhead.py measures both.
 
 Two wrappers exist. In ``ROOTS`` mode (model level only) the wrapper only counts call depth
 and records top-level calls. In ``ALL`` mode (layer level) it records every call with its
-input and output shapes, and while autograd is recording it installs global full backward
-hooks so that each module's backward becomes a span too.
+input and output shapes, and while autograd records a graph it hooks the graph node that
+produced each call's output, so that the module's backward becomes a span too. Node hooks
+live and die with that one graph: nothing global is registered, so ``torch.compile`` and
+``torch.jit`` see no hooks at all.
+
+xsp steps aside (calls the original and records nothing) while dynamo traces a function (the
+compiled graph then runs without any module call, so a compiled call is one span) and while
+``torch.jit.trace`` traces one, or checks its trace by running the model again (so no xsp
+node enters a TorchScript graph, and tracing is no step of the user's loop). The dynamo check
+comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
 Each finished call appends one tuple ``(start, end, module, depth, in_desc, out_desc, error)``
 to its thread's buffer; a descriptor is a ``torch.Size`` (one tensor) or a tuple of them.
+A top-level call also names its model (once per model) and tells the thread's automatic
+steps (:mod:`xsp.auto_steps`) that it begins and ends.
 
 While the CUDA levels run, each recorded call also pushes its start onto CUPTI's external
 correlation stack (and pops it on return), so that every CUDA call made inside it names it.
@@ -20,26 +30,32 @@ correlation stack (and pops it on return), so that every CUDA call made inside i
 
 from __future__ import annotations
 
+import sys
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from enum import IntEnum
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as torch_module
+from xsp.tracers._model_names import binding_names
 
 from xsp.clock import now_ns
-from xsp.recording import COMPACT_AT, Recording
+from xsp.recording import COMPACT_AT, ROOT_GRAD, ROOT_TRAINING, Recording, ThreadBuffer
 
 _TENSOR = torch.Tensor
-_OWN_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
-"""PyTorch's warning for modules whose inputs need no gradient: caused by xsp's hooks, so
-hidden from the user while they are installed."""
 Descriptor = tuple[Any, ...] | None
 Correlation = tuple[Callable[[int], Any], Callable[[], Any]]
 """``(push, pop)`` of CUPTI external correlation ids around each module call."""
+
+dynamo_compiling: Callable[[], bool] = (getattr(torch.compiler, "is_dynamo_compiling", None)
+                                        or getattr(torch.compiler, "is_compiling", None) or (lambda: False))
+"""True while dynamo traces (a constant to dynamo, a plain ``return False`` when eager). Not
+``torch.compiler.is_compiling``: when eager, that one is True while *any* thread compiles."""
+jit_tracing: Callable[[], Any] = torch._C._get_tracing_state
+"""Truthy while ``torch.jit.trace`` traces on this thread."""
+_grad_enabled = torch.is_grad_enabled
 
 
 class Mode(IntEnum):
@@ -78,14 +94,46 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _output_nodes(out: Any) -> set[Any]:
+    """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
+    if isinstance(out, _TENSOR):
+        tensors: Any = (out,)
+    elif isinstance(out, Mapping):
+        tensors = out.values()
+    elif isinstance(out, (tuple, list)):
+        tensors = out
+    else:
+        return set()
+    return {t.grad_fn for t in tensors if isinstance(t, _TENSOR) and t.grad_fn is not None}
+
+
+def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]:
+    """What a top-level call does before it starts: name its model (once), tell the thread's
+    automatic steps, note its mode. Returns the call's start."""
+    names, name_model = recording.model_names, recording.name_model
+
+    def begin_root(buffer: ThreadBuffer, module: nn.Module) -> int:
+        if id(module) not in names:
+            name_model(module, binding_names(module, sys._getframe(2)))
+        training = _grad_enabled()
+        buffer.steps.call_begins(id(module), now_ns(), training)
+        start = now_ns()
+        buffer.roots.append((start, (ROOT_TRAINING if module.training else 0) | (ROOT_GRAD if training else 0)))
+        return start
+
+    return begin_root
+
+
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                         correlation: Correlation | None = None) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
-    long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
+    begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         **kwargs: Any) -> Any:
+        if dynamo_compiling():
+            return _orig(self, *args, **kwargs)
         try:
             buffer = local.b
         except AttributeError:
@@ -97,8 +145,10 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                 return _orig(self, *args, **kwargs)
             finally:
                 buffer.depth = depth
+        if jit_tracing() or buffer.aside:
+            return _orig(self, *args, **kwargs)
+        start = begin_root(buffer, self)
         buffer.depth = 1
-        start = _now()
         if push is not None:
             push(start)
         try:
@@ -109,6 +159,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                 pop()
             buffer.depth = 0
             buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc)))
+            buffer.steps.call_ends(end)
             raise
         end = _now()
         if pop is not None:
@@ -117,30 +168,35 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
-        if end - start >= long_step_ns and step_ended is not None and not buffer.open_steps:
-            step_ended(end - start)
+        buffer.steps.call_ends(end)
         return out
 
     return xsp_module_call
 
 
-def _make_all_wrapper(recording: Recording, original: Callable[..., Any], at_root: Callable[[], None],
+def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
                       correlation: Correlation | None = None) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
-    long_step_ns, step_ended = recording.long_step_ns, recording.on_long_step
+    begin_root = _root_call(recording)
+    hook_backward = _backward_hooks(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         _tensor: Any = _TENSOR, **kwargs: Any) -> Any:
+        if dynamo_compiling():
+            return _orig(self, *args, **kwargs)
         try:
             buffer = local.b
         except AttributeError:
             buffer = new_buffer()
         depth = buffer.depth
         if not depth:
-            at_root()
+            if jit_tracing() or buffer.aside:
+                return _orig(self, *args, **kwargs)
+            start = begin_root(buffer, self)
+        else:
+            start = _now()
         buffer.depth = depth + 1
-        start = _now()
         if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
             push(start)
         try:
@@ -152,6 +208,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], at_roo
             buffer.depth = depth
             buffer.calls.append((start, end, self, depth, describe_inputs(args, kwargs), None,
                                  error_text(exc)))
+            if not depth:
+                buffer.steps.call_ends(end)
             raise
         end = _now()
         if pop is not None:
@@ -164,19 +222,46 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], at_roo
         calls = buffer.calls
         calls.append((start, end, self, depth, in_desc,
                       out.shape if type(out) is _tensor else describe(out), None))
+        if _grad_enabled():
+            hook_backward(out, self, start)
         if depth < 2:
             if len(calls) >= COMPACT_AT:
                 buffer.compact()
-            if (not depth and end - start >= long_step_ns and step_ended is not None
-                    and not buffer.open_steps):
-                step_ended(end - start)
+            if not depth:
+                buffer.steps.call_ends(end)
         return out
 
     return xsp_module_call
 
 
+def _backward_hooks(recording: Recording) -> Callable[[Any, nn.Module, int], None]:
+    """``hook(out, module, call_start)``: record the begin and end of the backward of one call.
+
+    The backward of a module call begins when the node that produced its output is about to
+    run (its gradient is complete) and ends when that node has run; a module with submodules
+    is stretched over their backward when the layer spans are built. Events go to the buffer
+    of the thread that runs the backward (an autograd device thread on GPUs).
+    """
+    buffer_of = recording.buffer
+
+    def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
+        buffer_of().backward.append((module, now_ns(), 0, call))
+
+    def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().backward.append((module, now_ns(), 1, call))
+
+    def hook(out: Any, module: nn.Module, call: int) -> None:
+        node = out.grad_fn if type(out) is _TENSOR else None
+        nodes: Any = (node,) if node is not None else _output_nodes(out)
+        for node in nodes:
+            node.register_prehook(partial(begin, module, call))
+            node.register_hook(partial(end, module, call))
+
+    return hook
+
+
 class ModuleCallInterceptor:
-    """Installs the ``nn.Module.__call__`` wrapper (and backward hooks) for one recording."""
+    """Installs the ``nn.Module.__call__`` wrapper for one recording."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -184,8 +269,6 @@ class ModuleCallInterceptor:
         self._users: dict[str, Mode] = {}
         self._original: Callable[..., Any] | None = None
         self._wrapper: Callable[..., Any] | None = None
-        self._backward_handles: list[Any] = []
-        self._warning_filter: Any = None
         self._correlation: Correlation | None = None
         self.foreign_patch = False
         """True when something else replaced ``nn.Module.__call__`` while xsp was installed."""
@@ -240,67 +323,17 @@ class ModuleCallInterceptor:
         elif current is not self._wrapper:
             self.foreign_patch = True  # never overwrite another tool's replacement
             return
-        if self.mode is Mode.ALL:
-            wrapper = _make_all_wrapper(self._recording, self._original, self._sync_backward_hooks,
-                                        self._correlation)
-        else:
-            wrapper = _make_roots_wrapper(self._recording, self._original, self._correlation)
-        self._wrapper = wrapper
-        nn.Module.__call__ = wrapper  # type: ignore[method-assign]
+        make = _make_all_wrapper if self.mode is Mode.ALL else _make_roots_wrapper
+        self._wrapper = make(self._recording, self._original, self._correlation)
+        nn.Module.__call__ = self._wrapper  # type: ignore[method-assign]
 
     def _uninstall(self) -> None:
-        self._remove_backward_hooks()
         if self._original is not None:
             if nn.Module.__call__ is self._wrapper:
                 nn.Module.__call__ = self._original  # type: ignore[method-assign]
             else:
                 self.foreign_patch = True
         self._original = self._wrapper = None
-
-    # backward spans ------------------------------------------------------------------
-    def _sync_backward_hooks(self) -> None:
-        """At each top-level call: backward hooks on exactly while autograd records a graph.
-
-        Global backward hooks make every module call build a ``BackwardHook``, so they are
-        never left on for inference under ``torch.no_grad()``.
-        """
-        wanted = torch.is_grad_enabled()
-        if wanted and not self._backward_handles:
-            recording = self._recording
-            if recording is None:
-                return
-            record_begin, record_end = _backward_hooks(recording)
-            self._backward_handles = [
-                torch_module.register_module_full_backward_pre_hook(record_begin),
-                torch_module.register_module_full_backward_hook(record_end),
-            ]
-            warnings.filterwarnings("ignore", message=_OWN_HOOK_WARNING, category=UserWarning)
-            self._warning_filter = warnings.filters[0]
-        elif not wanted and self._backward_handles:
-            self._remove_backward_hooks()
-
-    def _remove_backward_hooks(self) -> None:
-        for handle in self._backward_handles:
-            handle.remove()
-        self._backward_handles = []
-        if self._warning_filter is not None:
-            try:
-                warnings.filters.remove(self._warning_filter)  # type: ignore[attr-defined]
-            except ValueError:  # someone reset the filters meanwhile
-                pass
-            self._warning_filter = None
-
-
-def _backward_hooks(recording: Recording) -> tuple[Callable[..., None], Callable[..., None]]:
-    buffer_of = recording.buffer
-
-    def record_begin(module: nn.Module, grad_output: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), 0))
-
-    def record_end(module: nn.Module, grad_input: Any, grad_output: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), 1))
-
-    return record_begin, record_end
 
 
 INTERCEPTOR = ModuleCallInterceptor()

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import nn
 
 from xsp import schema as col
-from xsp.recording import Window, WindowBuffer
+from xsp.recording import ROOT_GRAD, ROOT_TRAINING, Window, WindowBuffer
 
-PREDICT_NAME = "predict"
 BACKWARD_SUFFIX = ".backward"
 
 
@@ -41,45 +41,66 @@ def parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _shapes(descriptor: Any) -> Sequence[Any]:
+    """The shapes in a descriptor: one ``torch.Size`` or a tuple of them."""
+    return [descriptor] if all(isinstance(dim, int) for dim in descriptor) else descriptor
+
+
+def _dims(shape: Any) -> list[Any]:
+    """A shape as a list of ints (a symbolic or traced size as its text, never an error)."""
+    dims = []
+    for dim in shape:
+        try:
+            dims.append(int(dim))
+        except (TypeError, ValueError, RuntimeError):
+            dims.append(str(dim))
+    return dims
+
+
 def shapes_text(descriptor: Any) -> str | None:
     """``[[1, 3, 224, 224]]``: a descriptor recorded by the wrapper, as JSON."""
     if descriptor is None:
         return None
-    if all(isinstance(dim, int) for dim in descriptor):
-        return json.dumps([list(descriptor)])
-    return json.dumps([list(shape) for shape in descriptor])
+    return json.dumps([_dims(shape) for shape in _shapes(descriptor)])
 
 
 def batch_size_of(descriptor: Any) -> int | None:
     """First dimension of the first tensor with one."""
     if descriptor is None:
         return None
-    shapes: Sequence[Any] = [descriptor] if all(isinstance(d, int) for d in descriptor) else descriptor
-    for shape in shapes:
-        if len(shape):
-            return int(shape[0])
+    for shape in _shapes(descriptor):
+        dims = _dims(shape)
+        if dims and isinstance(dims[0], int):
+            return dims[0]
     return None
 
 
 class _Names:
-    """Module paths as seen from each root module, cached per root."""
+    """Layer names as seen from each top-level model: ``<model name>.<module path>``, the
+    model's own name for the model itself. Cached per model."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_names: dict[int, str]) -> None:
+        self._model_names = model_names
         self._by_root: dict[int, dict[int, str]] = {}
         self.any_root: dict[int, str] = {}
+
+    def model(self, root: nn.Module) -> str:
+        return self._model_names.get(id(root)) or type(root).__name__
 
     def of_root(self, root: nn.Module) -> dict[int, str]:
         names = self._by_root.get(id(root))
         if names is None:
-            names = {id(module): name for name, module in root.named_modules()}
+            model = self.model(root)
+            names = {id(module): f"{model}.{path}" if path else model for path, module in root.named_modules()}
             self._by_root[id(root)] = names
             for module_id, name in names.items():
                 self.any_root.setdefault(module_id, name)
         return names
 
-    @staticmethod
-    def fallback(module: nn.Module) -> str:
-        return f"<{type(module).__name__}>"
+    def fallback(self, module: nn.Module, root: nn.Module | None = None) -> str:
+        """A module called inside a model it does not belong to."""
+        prefix = f"{self.model(root)}." if root is not None else ""
+        return f"{prefix}<{type(module).__name__}>"
 
 
 def module_call_rows(window: Window) -> pd.DataFrame:
@@ -90,7 +111,7 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     cached = window.derived.get("module_calls")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    names = _Names()
+    names = _Names(window.model_names)
     frames = [_buffer_call_rows(buffer, names) for buffer in window.buffers if len(buffer.call_columns)]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
@@ -132,11 +153,13 @@ def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
     batch_sizes = np.array([batch_size_of(d) for d in descriptors] + [None], dtype=object)
     inputs, outputs = as_numpy(cols.inputs), as_numpy(cols.outputs)
     errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
+    starts = as_numpy(cols.start)
     return pd.DataFrame({
-        col.START_NS: as_numpy(cols.start),
+        col.START_NS: starts,
         col.END_NS: as_numpy(cols.end),
         col.THREAD_ID: buffer.thread_id,
         col.CALL_DEPTH: depth,
+        col.ATTRIBUTES: _root_attributes(buffer, starts, depth),
         col.NAME: call_names,
         col.MODULE_TYPE: [facts[i][0] for i in module_idx.tolist()],
         col.PARAM_COUNT: [facts[i][1] for i in module_idx.tolist()],
@@ -149,59 +172,79 @@ def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
     })
 
 
+_ROOT_ATTRIBUTES = {flags: json.dumps({col.ATTR_MODEL_TRAINING: bool(flags & ROOT_TRAINING),
+                                        col.ATTR_MODEL_GRAD: bool(flags & ROOT_GRAD)})
+                    for flags in range(4)}
+
+
+def _root_attributes(buffer: WindowBuffer, starts: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """For top-level calls, their mode (training, autograd recording) as attributes JSON."""
+    attributes = np.full(len(starts), None, dtype=object)
+    roots = buffer.root_columns
+    if not len(roots):
+        return attributes
+    flags_at = dict(zip(as_numpy(roots.start).tolist(), as_numpy(roots.flags).tolist()))
+    for row in np.flatnonzero(depth == 0).tolist():
+        flags = flags_at.get(int(starts[row]))
+        if flags is not None:
+            attributes[row] = _ROOT_ATTRIBUTES[flags]
+    return attributes
+
+
 def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: _Names) -> str:
-    if root_i == module_i:
-        return PREDICT_NAME
     module = modules[module_i]
+    if root_i == module_i:
+        return names.model(module)
     if root_i < 0:
         return names.any_root.get(id(module)) or names.fallback(module)
     name = names.of_root(modules[root_i]).get(id(module))
-    return name if name else names.fallback(module)
+    return name if name else names.fallback(module, modules[root_i])
 
 
 def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
     cls = type(module)
-    return cls.__name__, parameter_count(module), class_source(cls)  # type: ignore[arg-type]
+    name = getattr(module, "original_name", None) if isinstance(module, torch.jit.ScriptModule) else None
+    return name or cls.__name__, parameter_count(module), class_source(cls)  # type: ignore[arg-type]
 
 
 def backward_rows(window: Window) -> pd.DataFrame:
-    """One row per module backward, pairing each begin with the next end of the same module.
+    """One row per module call's backward: from the first begin to the last end recorded for
+    that call (a call whose outputs came from several graph nodes has several of each).
 
-    Ends without a begin and begins without an end are counted in the window's dropped
-    counts (``unpaired_backward_events``) rather than guessed.
+    A call with a begin but no end, or an end but no begin (its output was changed in place
+    after the call, so the hooked node never ran), is counted in the window's dropped counts
+    (``unpaired_backward_events``) rather than guessed.
     """
-    module_call_rows(window)  # fills the root-name cache
+    calls = module_call_rows(window)
     names: _Names = window.derived["module_names"]
+    # a call's backward is named as its forward was (a module made inside forward() has no
+    # path of its own); forward calls of earlier windows fall back to the module's path
+    forward_names: dict[int, str] = dict(zip(calls[col.START_NS].tolist(), calls[col.NAME])) if len(calls) else {}
     frames = []
     for buffer in window.buffers:
         cols = buffer.backward_columns
         if not len(cols):
             continue
-        times, modules_idx, phases = as_numpy(cols.time), as_numpy(cols.module), as_numpy(cols.phase)
-        order = np.argsort(times, kind="stable")
-        open_begins: dict[int, list[int]] = {}
-        starts, ends, which = [], [], []
-        unpaired = 0
-        for i in order.tolist():
-            module_i = int(modules_idx[i])
-            if phases[i] == 0:
-                open_begins.setdefault(module_i, []).append(int(times[i]))
-            elif open_begins.get(module_i):
-                starts.append(open_begins[module_i].pop())
-                ends.append(int(times[i]))
-                which.append(module_i)
-            else:
-                unpaired += 1
-        unpaired += sum(len(v) for v in open_begins.values())
+        events = pd.DataFrame({"module": as_numpy(cols.module), "call": as_numpy(cols.call),
+                               "time": as_numpy(cols.time), "phase": as_numpy(cols.phase)})
+        keys = ["module", "call"]
+        begins = events[events["phase"] == 0].groupby(keys)["time"].min().rename(col.START_NS)
+        ends = events[events["phase"] == 1].groupby(keys)["time"].max().rename(col.END_NS)
+        paired = pd.concat([begins, ends], axis=1, join="inner").reset_index()
+        unpaired = len(begins) + len(ends) - 2 * len(paired)
         if unpaired:
             window.dropped["unpaired_backward_events"] += unpaired
         modules = buffer.modules.values
+        which = paired["module"].tolist()
         facts = [_module_facts(modules[i]) for i in which]
+        backward_names = [_backward_name(modules[i], call, names, forward_names)
+                          for i, call in zip(which, paired["call"].tolist())]
         frames.append(_cover_submodules(pd.DataFrame({
-            col.START_NS: np.array(starts, dtype=np.int64),
-            col.END_NS: np.array(ends, dtype=np.int64),
+            "call": paired["call"].to_numpy(dtype=np.int64),
+            col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
+            col.END_NS: paired[col.END_NS].to_numpy(dtype=np.int64),
             col.THREAD_ID: buffer.thread_id,
-            col.NAME: [_backward_name(modules[i], names) for i in which],
+            col.NAME: backward_names,
             col.MODULE_TYPE: [f[0] for f in facts],
             col.PARAM_COUNT: [f[1] for f in facts],
             col.SOURCE: [f[2] for f in facts],
@@ -211,46 +254,43 @@ def backward_rows(window: Window) -> pd.DataFrame:
 
 
 def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
-    """Stretch each module's backward over its submodules' backward in the same pass.
+    """Stretch each module's backward over its submodules' backward of the same call.
 
-    PyTorch fires a module's full backward hook as soon as the gradient of its *output* is
-    known when none of its inputs needs a gradient (the first layers, the whole model), so
-    that span would end before its submodules' backward runs. A module's backward contains
-    its submodules' by construction, so its end is moved to theirs; such rows are marked
-    ``{"xsp.backward_end": "submodules"}`` in ``attributes``.
+    A module's backward is timed on the graph node that produced its output. That node runs
+    first, and its hooks fire just after those of a submodule that produced the same output;
+    the nodes of its other submodules (and of its first operators) run after it. A module's
+    backward contains its submodules' by construction, so it is stretched to cover theirs:
+    those whose forward call lay inside its forward call (between its ``call`` start and the
+    next call of the same module). Stretched rows are marked ``{"xsp.backward_end":
+    "submodules"}`` in ``attributes``; the ``call`` column is dropped.
     """
     if rows.empty:
-        return rows
-    rows = rows.sort_values(col.START_NS, kind="stable").reset_index(drop=True)
+        return rows.drop(columns=["call"])
+    rows = rows.sort_values("call", kind="stable").reset_index(drop=True)
     names = rows[col.NAME].str.slice(stop=-len(BACKWARD_SUFFIX)).to_numpy(dtype=object)
-    starts = rows[col.START_NS].to_numpy(dtype=np.int64)
+    calls = rows["call"].to_numpy(dtype=np.int64)
+    starts = rows[col.START_NS].to_numpy(dtype=np.int64).copy()
     ends = rows[col.END_NS].to_numpy(dtype=np.int64).copy()
     extended = np.zeros(len(rows), dtype=bool)
     for name in pd.unique(names):
         own = np.flatnonzero(names == name)
-        if name == PREDICT_NAME:
-            inside = np.flatnonzero(names != name)
-        else:
-            inside = np.flatnonzero(pd.Series(names).str.startswith(name + ".").to_numpy())
+        inside = np.flatnonzero(pd.Series(names).str.startswith(name + ".").to_numpy())
         if not len(inside):
             continue
-        inside_starts = starts[inside]
-        window_ends = np.append(starts[own][1:], np.iinfo(np.int64).max)
-        for row, window_end in zip(own.tolist(), window_ends.tolist()):
-            lo, hi = np.searchsorted(inside_starts, [starts[row], window_end], side="left")
+        window_ends = np.append(calls[own][1:], np.iinfo(np.int64).max)
+        bounds = np.searchsorted(calls[inside], np.stack([calls[own], window_ends]), side="left")
+        for row, lo, hi in zip(own.tolist(), bounds[0].tolist(), bounds[1].tolist()):
             if hi > lo:
-                latest = int(ends[inside[lo:hi]].max())
+                earliest, latest = int(starts[inside[lo:hi]].min()), int(ends[inside[lo:hi]].max())
                 if latest > ends[row]:
                     ends[row], extended[row] = latest, True
-    rows[col.END_NS] = ends
+                starts[row] = min(starts[row], earliest)
+    rows[col.START_NS], rows[col.END_NS] = starts, ends
     rows[col.ATTRIBUTES] = ['{"xsp.backward_end": "submodules"}' if e else None for e in extended.tolist()]
-    return rows
+    return rows.drop(columns=["call"])
 
 
-def _backward_name(module: nn.Module, names: _Names) -> str:
-    name = names.any_root.get(id(module))
-    if name is None:
-        name = names.fallback(module)
-    elif name == "":
-        name = PREDICT_NAME
+def _backward_name(module: nn.Module, call: int, names: _Names, forward_names: dict[int, str]) -> str:
+    """``<forward call's name>.backward`` (``call`` is the forward call's start)."""
+    name = forward_names.get(call) or names.any_root.get(id(module)) or names.fallback(module)
     return name + BACKWARD_SUFFIX

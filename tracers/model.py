@@ -1,29 +1,58 @@
-"""The model-level tracer: predict calls, user spans and explicit steps."""
+"""The model-level tracer: top-level model calls, the loop's events, user spans and steps."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
+from xsp.tracers._loop_events import LoopEvents
 from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import as_numpy, module_call_rows
 from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
-from xsp.recording import MARK_STEP, Window
+from xsp.auto_steps import GENERATE_SUFFIX
+from xsp.marks import SPAN_KIND_OF_MARK
+from xsp.recording import Recording, Window
 from xsp.schema import Level, SpanKind, Status
 
 
 class ModelTracer(ModuleCallTracer):
-    """Records each call of a top-level nn.Module as a ``predict`` span, plus user spans."""
+    """Records each call of a top-level nn.Module as a ``predict`` span named by its model;
+    the loop's input waits, optimizer steps, backward passes and compilations; user spans;
+    and the steps, explicit and automatic."""
 
     name: ClassVar[str] = "model"
     level: ClassVar[Level] = Level.MODEL
     mode: ClassVar[Mode] = Mode.ROOTS
 
+    def __init__(self) -> None:
+        self._events: LoopEvents | None = None
+
+    def start(self, recording: Recording) -> None:
+        super().start(recording)
+        self._events = LoopEvents(recording)
+        try:
+            self._events.install()
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        events, self._events = self._events, None
+        try:
+            if events is not None:
+                events.uninstall()
+        finally:
+            super().stop()
+
     def collect(self, window: Window) -> pd.DataFrame:
-        return pd.concat([_predict_rows(window), mark_rows(window)], ignore_index=True)
+        predicts, marks = _predict_rows(window), mark_rows(window)
+        if len(predicts) and len(marks):
+            _mark_generate_phases(predicts, marks)
+        return pd.concat([predicts, marks], ignore_index=True)
 
 
 def _predict_rows(window: Window) -> pd.DataFrame:
@@ -33,7 +62,22 @@ def _predict_rows(window: Window) -> pd.DataFrame:
     roots = calls[calls[col.CALL_DEPTH] == 0].copy()
     roots[col.LEVEL] = Level.MODEL.value
     roots[col.KIND] = SpanKind.PREDICT.value
-    return roots
+    return roots.reset_index(drop=True)
+
+
+def _mark_generate_phases(predicts: pd.DataFrame, marks: pd.DataFrame) -> None:
+    """Model calls inside a ``generate()`` step: the first is the prefill, the rest decode
+    steps, each with the index of the token it produces."""
+    generates = marks[(marks[col.KIND] == SpanKind.STEP.value) & marks[col.NAME].str.endswith(GENERATE_SUFFIX)]
+    for step in generates.itertuples(index=False):
+        start, end, thread = getattr(step, col.START_NS), getattr(step, col.END_NS), getattr(step, col.THREAD_ID)
+        inside = predicts[(predicts[col.THREAD_ID] == thread) & (predicts[col.START_NS] >= start)
+                          & (predicts[col.END_NS] <= end)].sort_values(col.START_NS)
+        for token, row in enumerate(inside.index.tolist()):
+            attributes = json.loads(predicts.at[row, col.ATTRIBUTES] or "{}")
+            attributes[col.ATTR_GENERATE_PHASE] = "prefill" if token == 0 else "decode"
+            attributes[col.ATTR_GENERATE_TOKEN] = token
+            predicts.at[row, col.ATTRIBUTES] = json.dumps(attributes)
 
 
 def _attributes_json(attributes: dict[str, Any] | None) -> str | None:
@@ -43,7 +87,7 @@ def _attributes_json(attributes: dict[str, Any] | None) -> str | None:
 
 
 def _attribute_value(value: Any) -> Any:
-    if isinstance(value, (str, bool, int, float)):
+    if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (str, bool, int, float)) for v in value):
         return list(value)
@@ -51,20 +95,21 @@ def _attribute_value(value: Any) -> Any:
 
 
 def mark_rows(window: Window) -> pd.DataFrame:
-    """User spans and explicit steps of every thread."""
+    """The model-level records of every thread: user spans, steps, input waits, optimizer
+    steps, backward passes and compilations."""
     frames = []
     for buffer in window.buffers:
         cols = buffer.mark_columns
         if not len(cols):
             continue
         errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
+        kinds = np.array([SPAN_KIND_OF_MARK[k] for k in as_numpy(cols.kind).tolist()], dtype=object)
         frames.append(pd.DataFrame({
             col.START_NS: as_numpy(cols.start),
             col.END_NS: as_numpy(cols.end),
             col.THREAD_ID: buffer.thread_id,
             col.LEVEL: Level.MODEL.value,
-            col.KIND: [SpanKind.STEP.value if k == MARK_STEP else SpanKind.USER.value
-                       for k in as_numpy(cols.kind).tolist()],
+            col.KIND: kinds,
             col.NAME: [buffer.strings.values[i] for i in as_numpy(cols.name).tolist()],
             col.ATTRIBUTES: [_attributes_json(a) for a in cols.attributes],
             col.STATUS: [Status.OK.value if e is None else Status.ERROR.value for e in errors],

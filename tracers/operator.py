@@ -5,10 +5,9 @@ the cuda_api and kernel levels need) with shapes recorded and every thread profi
 session ends, its events are read directly (``kineto_results.events()``: no JSON round trip)
 and become spans: the operator's name, input shapes and dtypes, thread and autograd sequence
 number (a backward operator carries the sequence number of the forward operator it
-differentiates). The operators PyTorch runs for the layer level's own backward hooks
-(``BackwardHookFunction`` and what runs inside it) are left out, and counted. Nested
-operators (``aten::linear`` > ``aten::addmm``) nest by time like every other span;
-``Optimizer.step#...`` annotations become model-level spans of their own.
+differentiates). Nested operators (``aten::linear`` > ``aten::addmm``) nest by time like every
+other span; they run inside the model level's own optimizer-step spans, so PyTorch's
+``Optimizer.step#...`` annotations are left out.
 
 Two things are matched up with markers the tracer records through the profiler itself:
 
@@ -29,9 +28,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-import numpy as np
 import pandas as pd
-from xsp.analysis.tree import inside_any
 
 from xsp import schema as col
 from xsp.clock import now_ns
@@ -40,7 +37,8 @@ from xsp.schema import Level, SpanKind
 
 CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"
-OPTIMIZER_PREFIX = "Optimizer."
+SKIPPED_PREFIXES = ("xsp::", "ProfilerStep#", "Optimizer.step#", "Optimizer.zero_grad#")
+"""xsp's own markers, and annotations the model level records itself (steps, optimizer steps)."""
 _THREAD = re.compile(re.escape(THREAD_MARKER) + r"(\d+)$")
 
 _active = threading.Event()
@@ -89,26 +87,6 @@ def clock_offset(markers: list[tuple[int, int]], brackets: list[tuple[int, int]]
     return (low + high) // 2, (high - low) // 2
 
 
-OWN_HOOK_OPERATORS = frozenset({"BackwardHookFunction", "BackwardHookFunctionBackward",
-                                "autograd::engine::evaluate_function: BackwardHookFunctionBackward"})
-"""Operators PyTorch runs for the layer level's own backward hooks (not the model's)."""
-
-
-def _inside_own_hooks(events: list[Any]) -> np.ndarray:
-    """Which events are the layer level's hook operators or run inside one (per thread).
-
-    They are xsp's instrumentation, not the model: left in, they would also straddle the
-    backward layer spans, whose hooks fire inside them.
-    """
-    is_hook = np.array([e.name() in OWN_HOOK_OPERATORS for e in events], dtype=bool)
-    if not is_hook.any():
-        return np.zeros(len(events), dtype=bool)
-    threads = np.array([e.start_thread_id() for e in events], dtype=np.int64)
-    starts = np.array([e.start_ns() for e in events], dtype=np.int64)
-    ends = starts + np.array([max(e.duration_ns(), 0) for e in events], dtype=np.int64)
-    return inside_any(threads, starts, ends, is_hook, np.ones(len(events), dtype=bool))
-
-
 def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows from PyTorch profiler events (``_KinetoEvent``-like objects), and the clock
     and thread facts used."""
@@ -124,17 +102,12 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tup
     def thread(profiler_thread: int) -> int:
         return native_of.get(profiler_thread, -profiler_thread)
 
-    hooks = _inside_own_hooks(events)
     rows = []
-    for e, hook in zip(events, hooks):
+    for e in events:
         name = e.name()
-        if hook or name.startswith(("xsp::", "ProfilerStep#")):
+        if name.startswith(SKIPPED_PREFIXES):
             continue
-        annotation = e.is_user_annotation()
-        if annotation and name.startswith(OPTIMIZER_PREFIX):
-            level, kind = Level.MODEL, SpanKind.USER
-        else:
-            level, kind = Level.OPERATOR, SpanKind.USER if annotation else SpanKind.OPERATOR
+        level, kind = Level.OPERATOR, SpanKind.USER if e.is_user_annotation() else SpanKind.OPERATOR
         start = e.start_ns() - offset
         shapes = e.shapes()
         sequence = e.sequence_nr()
@@ -153,8 +126,7 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tup
             col.ATTRIBUTES: json.dumps(attributes) if attributes else None,
         })
     facts = {"profiler_to_host_offset_ns": offset, "uncertainty_ns": uncertainty,
-             "threads": {str(k): v for k, v in sorted(native_of.items())},
-             "own_hook_operators_left_out": int(hooks.sum())}
+             "threads": {str(k): v for k, v in sorted(native_of.items())}}
     return (pd.DataFrame(rows) if rows else pd.DataFrame()), facts
 
 

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from xsp.auto_steps import AutoSteps
+from xsp.marks import MarkKind
+
 COMPACT_AT: Final = 8192
 """Raw records a thread keeps before compacting them into arrays."""
 
@@ -28,8 +31,12 @@ NEVER: Final = sys.maxsize
 """A step length no step reaches: windows end only with the session."""
 
 # kind codes of the "mark" records (user spans, explicit steps, nested sessions)
-MARK_USER: Final = 0
-MARK_STEP: Final = 1
+MARK_USER: Final = MarkKind.USER
+MARK_STEP: Final = MarkKind.STEP
+ROOT_TRAINING: Final = 1
+"""Flag of a top-level call: the module was in training mode."""
+ROOT_GRAD: Final = 2
+"""Flag of a top-level call: autograd was recording a graph."""
 
 
 class _Interner:
@@ -87,26 +94,41 @@ class MarkColumns:
 
 
 class BackwardColumns:
-    """Compacted backward-hook events of one thread: begin (phase 0) and end (phase 1)."""
+    """Compacted backward events of one thread: begin (phase 0) and end (phase 1) of the
+    backward of the module call that started at ``call`` (its start on the host clock)."""
 
-    __slots__ = ("module", "time", "phase")
+    __slots__ = ("module", "time", "phase", "call")
 
     def __init__(self) -> None:
         self.module = array("l")
         self.time = array("q")
         self.phase = array("b")
+        self.call = array("q")
 
     def __len__(self) -> int:
         return len(self.time)
+
+
+class RootColumns:
+    """Compacted facts of one thread's top-level model calls: start and ``ROOT_*`` flags."""
+
+    __slots__ = ("start", "flags")
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.flags = array("b")
+
+    def __len__(self) -> int:
+        return len(self.start)
 
 
 class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
     __slots__ = (
-        "recording", "thread_id", "thread_name", "depth", "open_steps", "calls", "marks", "backward",
-        "call_columns", "mark_columns", "backward_columns", "modules", "descriptors", "strings",
-        "_lock",
+        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "steps", "calls", "marks", "backward",
+        "roots", "call_columns", "mark_columns", "backward_columns", "root_columns", "modules", "descriptors",
+        "strings", "_lock",
     )
 
     def __init__(self, recording: Recording) -> None:
@@ -118,13 +140,19 @@ class ThreadBuffer:
         """Module calls open on this thread right now (0 outside any module)."""
         self.open_steps = 0
         """``xsp.step()`` blocks open on this thread right now."""
+        self.aside = 0
+        """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
+        self.steps = AutoSteps(self)
+        """This thread's automatic steps (see :mod:`xsp.auto_steps`)."""
         # raw records, appended on the hot path:
         self.calls: list[tuple[Any, ...]] = []  # (start, end, module, depth, in_desc, out_desc, error)
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
-        self.backward: list[tuple[Any, ...]] = []  # (module, time, phase)
+        self.backward: list[tuple[Any, ...]] = []  # (module, time, phase, call start)
+        self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
         self.call_columns = CallColumns()
         self.mark_columns = MarkColumns()
         self.backward_columns = BackwardColumns()
+        self.root_columns = RootColumns()
         self.modules = _Interner(by_identity=True)
         self.descriptors = _Interner()
         self.strings = _Interner()
@@ -140,9 +168,10 @@ class ThreadBuffer:
         with self._lock:
             self._compact_locked()
             drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
-                                   self.backward_columns, self.modules, self.descriptors, self.strings)
+                                   self.backward_columns, self.root_columns, self.modules, self.descriptors,
+                                   self.strings)
             self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
-            self.backward_columns = BackwardColumns()
+            self.backward_columns, self.root_columns = BackwardColumns(), RootColumns()
         return drained
 
     def _compact_locked(self) -> None:
@@ -155,6 +184,11 @@ class ThreadBuffer:
         self._compact_marks(marks[:kept])
         kept = self.recording.admit("backward_events", len(backward))
         self._compact_backward(backward[:kept])
+        roots, self.roots = self.roots, []
+        if roots:
+            starts, flags = zip(*roots)
+            self.root_columns.start.extend(starts)
+            self.root_columns.flags.extend(flags)
 
     def _compact_calls(self, calls: list[tuple[Any, ...]]) -> None:
         if not calls:
@@ -183,10 +217,11 @@ class ThreadBuffer:
 
     def _compact_backward(self, events: list[tuple[Any, ...]]) -> None:
         cols = self.backward_columns
-        for module, time_ns, phase in events:
+        for module, time_ns, phase, call in events:
             cols.module.append(self.modules.intern(module))
             cols.time.append(time_ns)
             cols.phase.append(phase)
+            cols.call.append(call)
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
@@ -201,6 +236,7 @@ class WindowBuffer:
     call_columns: CallColumns
     mark_columns: MarkColumns
     backward_columns: BackwardColumns
+    root_columns: RootColumns
     modules: _Interner
     descriptors: _Interner
     strings: _Interner
@@ -222,6 +258,8 @@ class Window:
     """Records that could not be interpreted, by what they were."""
     external_ids: bool = False
     """Module calls pushed their start as a CUPTI external correlation id (CUDA levels on)."""
+    model_names: dict[int, str] = field(default_factory=dict)
+    """The name of each top-level model (by ``id``) recorded so far in the session."""
 
 
 class Recording:
@@ -243,6 +281,8 @@ class Recording:
         ``long_step_ns`` or more has ended there (outside every other step and module call)."""
         self.on_new_thread: list[Callable[[], None]] = []
         """Called on a thread when it records for the first time (once per thread)."""
+        self.model_names: dict[int, str] = {}
+        """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -277,11 +317,34 @@ class Recording:
             buffer.compact()
 
     def take_window(self, final: bool = False) -> Window:
-        """Drain every thread; unless ``final``, threads inside a module call or a step are left
-        for a later window, so that no span is separated from the spans inside it."""
+        """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
+        or automatic and not yet decided) are left for a later window, so that no span is
+        separated from the spans inside it or from its step."""
         taken = [buffer.drain() for buffer in list(self.buffers)
-                 if final or (buffer.depth == 0 and buffer.open_steps == 0)]
-        return Window(taken, final=final, external_ids=self.external_ids)
+                 if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
+        return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names))
+
+    def name_model(self, module: Any, candidates: list[str]) -> str:
+        """Name the top-level model ``module``: the first of ``candidates`` (names it is bound
+        to in the calling code) that no other model of the session has, else its class name
+        with the lowest free index (``Sequential_0``)."""
+        with self._lock:
+            known = self.model_names.get(id(module))
+            if known is not None:
+                return known
+            taken = set(self.model_names.values())
+            name = next((c for c in candidates if c not in taken), None)
+            index = 0
+            while name is None:
+                name = f"{type(module).__name__}_{index}"
+                name, index = (None if name in taken else name), index + 1
+            self.model_names[id(module)] = name
+            return name
+
+    def finish_steps(self) -> None:
+        """Decide every thread's open automatic step (the session is ending)."""
+        for buffer in list(self.buffers):
+            buffer.steps.finish()
 
     def open_module_calls(self) -> int:
         """Module calls still running on some thread (they end after the session and are lost)."""

@@ -64,8 +64,11 @@ class SpanKind(str, enum.Enum):
     STEP = "step"  # an explicit xsp.step() (model level)
     PREDICT = "predict"  # one call of a top-level nn.Module (model level)
     USER = "user"  # xsp.span() (model level)
+    INPUT = "input"  # the loop waiting for a DataLoader batch (model level)
+    OPTIMIZER = "optimizer"  # one optimizer.step() (model level)
+    COMPILE = "compile"  # torch.compile compiling a frame (model level); not model latency
     FORWARD = "forward"  # one nn.Module forward call (layer level)
-    BACKWARD = "backward"  # one nn.Module backward (layer level)
+    BACKWARD = "backward"  # one nn.Module backward (layer level); one backward pass (model level)
     PYTHON = "python"  # a Python function seen by PyTorch's profiler (layer level)
     OPERATOR = "operator"  # one framework operator (operator level)
     RUNTIME = "runtime"  # CUDA runtime API call (cuda_api level)
@@ -193,6 +196,16 @@ ATTR_SESSION_LINK: Final = "xsp.link"
 ATTR_VERSION: Final = "xsp.version"
 ATTR_TORCH_VERSION: Final = "xsp.torch.version"
 ATTR_DEVICE: Final = "xsp.device"
+ATTR_STEP_TYPE: Final = "xsp.step.type"
+"""On an automatic step: ``train``, ``inference`` or ``generate``."""
+ATTR_MODEL_TRAINING: Final = "xsp.model.training"
+"""On a top-level model call: the module was in training mode (``model.train()``)."""
+ATTR_MODEL_GRAD: Final = "xsp.model.grad"
+"""On a top-level model call: autograd was recording a graph (a backward may follow)."""
+ATTR_GENERATE_PHASE: Final = "xsp.generate.phase"
+"""On a model call inside ``generate()``: ``prefill`` (the first) or ``decode``."""
+ATTR_GENERATE_TOKEN: Final = "xsp.generate.token_index"
+"""On a model call inside ``generate()``: the index of the token it produces (0 for prefill)."""
 
 COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     THREAD_ID: ATTR_THREAD_ID,

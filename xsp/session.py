@@ -141,7 +141,8 @@ class Session:
         _state.session = _state.recording = None
         for tracer in self._tracers:
             self._stop_quietly(tracer)
-        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        error = None if succeeded else f"{type(exc).__name__}: {exc}"
         try:
             self._finish(end_ns, error)
         except Exception as failure:  # xsp must never turn the user's success into a failure
@@ -235,6 +236,7 @@ class Session:
         open_calls = recording.open_module_calls()
         if open_calls:
             recording.dropped["open_at_stop"] += open_calls
+        recording.finish_steps()
         session_row = {
             col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
             col.START_NS: self._start_ns, col.END_NS: end_ns, col.THREAD_ID: self._thread_id,
@@ -372,7 +374,7 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         >>> with xsp.trace(levels="model,layer", output=None) as session:
         ...     _ = model(torch.randn(2, 4))
         >>> session.trace.spans["name"].tolist()[:3]
-        ['session', 'predict', '0']
+        ['session', 'model', 'model.0']
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)

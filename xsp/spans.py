@@ -67,6 +67,39 @@ def new_trace_ids(count: int) -> list[str]:
     return [secrets.token_hex(16) for _ in range(count)]
 
 
+def widen_backward_layers(table: pd.DataFrame) -> None:
+    """Widen each backward layer span to the outermost operators it cuts, in place.
+
+    A module's backward is timed by hooks on autograd graph nodes, and the autograd engine
+    runs those hooks inside its ``evaluate_function`` operator for the node: with the
+    operator level on, a backward layer span would begin (or end) inside that operator and
+    end (begin) outside it, and could neither contain it nor sit inside it. Its bounds move
+    out to the operator's. Outermost operators on one thread never overlap, so a span that
+    contained another still does.
+    """
+    levels, kinds = table[col.LEVEL].to_numpy(dtype=object), table[col.KIND].to_numpy(dtype=object)
+    backward = np.flatnonzero((levels == col.Level.LAYER.value) & (kinds == col.SpanKind.BACKWARD.value))
+    operators = np.flatnonzero(levels == col.Level.OPERATOR.value)
+    if not len(backward) or not len(operators):
+        return
+    threads = table[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=0)
+    starts = table[col.START_NS].to_numpy(dtype=np.int64).copy()
+    ends = table[col.END_NS].to_numpy(dtype=np.int64).copy()
+    for thread in np.unique(threads[backward]).tolist():
+        ops = operators[threads[operators] == thread]
+        ops = ops[np.lexsort((-ends[ops], starts[ops]))]
+        outermost = ops[ends[ops] > np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], ends[ops][:-1]]))]
+        op_starts, op_ends = starts[outermost], ends[outermost]
+        for row in backward[threads[backward] == thread].tolist():
+            before = np.searchsorted(op_starts, starts[row], side="right") - 1
+            if before >= 0 and op_ends[before] > starts[row]:
+                starts[row] = op_starts[before]
+            before = np.searchsorted(op_starts, ends[row], side="left") - 1
+            if before >= 0 and op_ends[before] > ends[row]:
+                ends[row] = op_ends[before]
+    table[col.START_NS], table[col.END_NS] = starts, ends
+
+
 @dataclass
 class TableResult:
     spans: pd.DataFrame
@@ -100,6 +133,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table = conform(pd.concat(parts, ignore_index=True))
     table[col.START_NS] += host_to_epoch_ns
     table[col.END_NS] += host_to_epoch_ns
+    widen_backward_layers(table)
     table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
     order = np.lexsort((table[col.CALL_DEPTH].to_numpy(dtype=np.int64, na_value=-1),
                         table[col.START_NS].to_numpy(dtype=np.int64)))

@@ -70,8 +70,9 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
 class step(span):  # noqa: N801
     """An explicit step: one training iteration or one request, with everything inside it.
 
-    Model calls inside an explicit step do not start steps of their own, so a training
-    iteration (forward, backward, optimizer) is one step and one OTel trace.
+    Everything inside an explicit step belongs to it: model calls, input waits and optimizer
+    steps start or end no steps of their own (see :mod:`xsp.auto_steps` for the automatic
+    steps it overrides). A training iteration, a request: one step, one OTel trace.
 
     Example:
         >>> import xsp
@@ -88,7 +89,9 @@ class step(span):  # noqa: N801
     def __enter__(self) -> step:
         super().__enter__()
         if self._recording is not None:
-            self._recording.buffer().open_steps += 1
+            buffer = self._recording.buffer()
+            buffer.steps.finish()  # the automatic step before it ends here
+            buffer.open_steps += 1
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -47,11 +47,11 @@ def test_resnet50_steps_layers_and_shapes(resnet_trace):
     assert set(predicts[col.MODULE_TYPE]) == {"ResNetForImageClassification"}
     layers = spans[(spans[col.LEVEL] == "layer") & (spans[col.STEP] == 0)]
     assert (layers[col.MODULE_TYPE] == "Conv2d").sum() == 53  # ResNet-50's convolutions
-    stem = layers[layers[col.NAME] == "resnet.embedder.embedder.convolution"].iloc[0]
+    stem = layers[layers[col.NAME] == "model.resnet.embedder.embedder.convolution"].iloc[0]
     assert json.loads(stem[col.INPUT_SHAPES]) == [[2, 3, 64, 64]]
     assert json.loads(stem[col.OUTPUT_SHAPES]) == [[2, 64, 32, 32]]
     assert stem[col.PARAM_COUNT] == 64 * 3 * 7 * 7
-    assert stem[col.PATH] == "predict[0]/resnet.embedder.embedder.convolution[0]"
+    assert stem[col.PATH] == "model[0]/model.resnet.embedder.embedder.convolution[0]"
     assert "modeling_resnet.py" in layers[layers[col.MODULE_TYPE] == "ResNetConvLayer"][col.SOURCE].iloc[0]
     # both steps have exactly the same structure
     paths = spans[spans[col.LEVEL] == "layer"].groupby(col.STEP)[col.PATH].apply(frozenset)
@@ -86,13 +86,14 @@ def test_bert_is_traced_with_keyword_inputs(bert_trace):
     assert len(predicts) == 2 and set(predicts[col.BATCH_SIZE]) == {3}
     assert json.loads(predicts[col.INPUT_SHAPES].iloc[0]) == [[3, 16], [3, 16]]
     names = set(spans[spans[col.LEVEL] == "layer"][col.NAME])
-    assert {"bert.embeddings", "bert.encoder.layer.11.attention", "bert.pooler", "classifier"} <= names
-    attention = spans[spans[col.NAME] == "bert.encoder.layer.3.attention.self.query"].iloc[0]
+    assert {"model.bert.embeddings", "model.bert.encoder.layer.11.attention", "model.bert.pooler",
+            "model.classifier"} <= names
+    attention = spans[spans[col.NAME] == "model.bert.encoder.layer.3.attention.self.query"].iloc[0]
     assert attention[col.MODULE_TYPE] == "Linear"
     assert json.loads(attention[col.OUTPUT_SHAPES]) == [[3, 16, 768]]
     assert attention[col.PARAM_COUNT] == 768 * 768 + 768
     ids = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
-    assert ids[attention[col.PARENT_ID]] == "bert.encoder.layer.3.attention.self"
+    assert ids[attention[col.PARENT_ID]] == "model.bert.encoder.layer.3.attention.self"
 
 
 def test_cli_report_on_the_bert_trace_runs(bert_trace, tmp_path, capsys):

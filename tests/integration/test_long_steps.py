@@ -34,10 +34,12 @@ def test_each_long_step_reaches_the_collector_before_the_block_ends(tmp_path):
                     x = torch.randn(2, 4)
                 with torch.no_grad():
                     model(x)
+                # a step is decided when the next one begins: the one before this call is exported now
                 arrived_during_block.append(wait_for(
-                    lambda step=step: sum(s.name == "predict" for s in receiver.sink.spans) == step + 1))
+                    lambda step=step: sum(s.name == "model" for s in receiver.sink.spans) == step))
         report = session.wait_for_export(30)
     assert arrived_during_block == [True, True, True]
+    assert sum(s.name == "model" for s in receiver.sink.spans) == 3
     trace = xsp.load(tmp_path / "run.xsp.parquet")
     assert trace.metadata["windows"] >= 3
     assert report.error is None and report.exported == len(trace.spans)
@@ -56,11 +58,12 @@ def test_backward_after_an_exported_forward_joins_its_step(tmp_path):
         with xsp.trace(output=None, otlp_endpoint=receiver.endpoint, service_name="xsp-test",
                        long_step_s=0.0) as session:
             for _ in range(2):
-                out = model(torch.randn(3, 4))  # the forward is a step of its own, exported at once
+                out = model(torch.randn(3, 4))  # with its backward, one step: exported as the next begins
                 out.sum().backward()
         session.wait_for_export(30)
     spans = session.trace.spans
-    assert session.trace.metadata["windows"] >= 3
+    assert session.trace.metadata["windows"] >= 2
+    assert spans[spans[col.KIND] == "step"][col.NAME].tolist() == ["train_step", "train_step"]
     predicts = spans[spans[col.KIND] == "predict"].set_index(col.STEP)
     backward = spans[spans[col.KIND] == "backward"]
     assert set(backward[col.STEP]) == {0, 1}
@@ -86,8 +89,8 @@ def test_explicit_steps_with_inner_model_calls_are_not_split(tmp_path):
     assert steps[col.STEP].tolist() == [0, 1]
     predicts = spans[spans[col.KIND] == "predict"]
     assert predicts[col.PARENT_ID].isin(steps[col.SPAN_ID]).all()
-    assert sorted(predicts[col.PATH]) == ["train[0]/predict[0]", "train[0]/predict[0]",
-                                          "train[0]/predict[1]", "train[0]/predict[1]"]
+    assert sorted(predicts[col.PATH]) == ["train[0]/model[0]", "train[0]/model[0]",
+                                          "train[0]/model[1]", "train[0]/model[1]"]
     assert_same_spans(session.trace, receiver.sink.spans)
 
 
@@ -135,7 +138,7 @@ def test_with_the_operator_level_no_step_leaves_before_its_operators(tmp_path):
     assert trace.metadata["windows"] == 1
     assert report.error is None and report.exported == len(trace.spans)
     spans = trace.spans
-    operators = spans[(spans[col.LEVEL] == "operator") & spans[col.PATH].str.startswith("predict[0]/")]
+    operators = spans[(spans[col.LEVEL] == "operator") & spans[col.PATH].str.startswith("model[0]/")]
     predicts = spans[spans[col.KIND] == "predict"].set_index(col.STEP)
     # every operator of a model call inside its own step's model call
     inside = [predicts.loc[step, col.START_NS] <= start and end <= predicts.loc[step, col.END_NS]

@@ -85,7 +85,7 @@ def test_received_spans_match_the_file(receiver_type, protocol, tmp_path):
 def test_layer_attributes_reach_the_collector(tmp_path):
     with GrpcReceiver() as receiver:
         trace, _ = trace_into(receiver, "grpc", tmp_path)
-    layer = next(span for span in receiver.sink.spans if span.name == "body.0")
+    layer = next(span for span in receiver.sink.spans if span.name == "model.body.0")
     assert layer.attributes["xsp.level"] == "layer"
     assert layer.attributes["xsp.layer.type"] == "Linear"
     assert json.loads(layer.attributes["xsp.layer.input_shapes"]) == [[3, 4]]
@@ -104,7 +104,7 @@ def test_error_spans_carry_error_status(tmp_path):
             with xsp.trace(output=None, otlp_endpoint=receiver.endpoint) as session:
                 Boom()(torch.randn(1))
         session.wait_for_export(30)
-    predict = next(span for span in receiver.sink.spans if span.name == "predict")
+    predict = next(span for span in receiver.sink.spans if span.name == "Boom_0")
     assert predict.status_code == 2 and predict.status_message == "ValueError: broken"
 
 

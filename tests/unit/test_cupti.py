@@ -183,7 +183,7 @@ def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
     kernel_rows = np.flatnonzero((spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
     assert (spans[col.LEVEL].to_numpy()[parents[kernel_rows]] == Level.CUDA_API.value).all()
     layer = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernel_rows]
-    assert sorted(spans[col.NAME].to_numpy()[layer].tolist()) == ["0"] * 6 + ["2"] * 9
+    assert sorted(spans[col.NAME].to_numpy()[layer].tolist()) == ["model.0"] * 6 + ["model.2"] * 9
     assert set(kernels[col.STEP].tolist()) == {0, 1, 2}
     # launches lie inside their layer on the shared clock, and their external id names it
     api_rows_ = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
@@ -197,7 +197,7 @@ def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
     details = trace.metadata["tracer_details"]["kernel"]
     assert abs(details["cupti_to_host_offset_ns"] - fake.clock_offset_ns) <= details["uncertainty_ns"] + 1_000
     by_layer = gpu.kernel_time_per_layer(trace)
-    assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"0": 6, "2": 9}
+    assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"model.0": 6, "model.2": 9}
 
 
 def test_a_clock_the_measurement_missed_is_corrected_by_the_external_ids(fake):
@@ -208,7 +208,7 @@ def test_a_clock_the_measurement_missed_is_corrected_by_the_external_ids(fake):
     assert hierarchy["external_linked"] == 15 and hierarchy["external_reparented"] > 0
     parents = parent_positions(spans)
     api = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
-    assert set(spans[col.NAME].to_numpy()[parents[api]]) == {"0", "2"}
+    assert set(spans[col.NAME].to_numpy()[parents[api]]) == {"model.0", "model.2"}
 
 
 def test_cupti_is_set_up_once_flushed_at_step_ends_and_left_clean(fake, monkeypatch):
@@ -217,7 +217,9 @@ def test_cupti_is_set_up_once_flushed_at_step_ends_and_left_clean(fake, monkeypa
     flush_on_thread = source.step_ended
     monkeypatch.setattr(source, "step_ended", lambda: (requests.append(1), flush_on_thread()))
     _trace(fake, steps=4)
-    assert len(requests) == 4 * 2  # each step end, heard by both tracers (the flusher's event coalesces them)
+    # each step end heard while the session runs, by both tracers (the flusher's event coalesces them);
+    # the last step ends with the session, whose final flush is forced
+    assert len(requests) == 3 * 2
     assert fake.subscribers == 0 and fake.enabled == set() and fake.stack == []
     assert fake.flushes[-1] == 1  # forced at the end
     assert fake.pushes == 4 * 6  # the model, its three children and the two Linear inside, every step

@@ -49,12 +49,12 @@ def test_profiler_events_become_operator_spans_on_xsp_clock_and_threads():
     rows, facts = operator_rows(events, brackets)
     # markers (1150, 1160) in (1000, 1400) and (2060, 2070) in (2000, 2100): offset in [-30, 60]
     assert facts["profiler_to_host_offset_ns"] == offset + 15 and facts["uncertainty_ns"] == 45
-    assert rows[col.NAME].tolist() == ["aten::linear", "aten::addmm", "AddmmBackward0", "Optimizer.step#SGD.step",
-                                       "my_region"]
+    # the optimizer's annotation is left out: the model level records optimizer steps itself
+    assert rows[col.NAME].tolist() == ["aten::linear", "aten::addmm", "AddmmBackward0", "my_region"]
     assert rows[col.START_NS].tolist()[:2] == [9_985, 10_985] and rows[col.END_NS].tolist()[0] == 14_985
-    assert rows[col.THREAD_ID].tolist() == [4242, 4242, -2, 4242, 4242]  # thread 2 left no marker
-    assert rows[col.LEVEL].tolist() == ["operator", "operator", "operator", "model", "operator"]
-    assert rows[col.KIND].tolist() == ["operator", "operator", "operator", "user", "user"]
+    assert rows[col.THREAD_ID].tolist() == [4242, 4242, -2, 4242]  # thread 2 left no marker
+    assert rows[col.LEVEL].tolist() == ["operator"] * 4
+    assert rows[col.KIND].tolist() == ["operator", "operator", "operator", "user"]
     assert json.loads(rows[col.INPUT_SHAPES].iloc[0]) == [[2, 4], [3, 4]]
     assert rows[col.SEQUENCE_NUMBER].tolist()[:3] == [7, 8, 8]
     assert json.loads(rows[col.ATTRIBUTES].iloc[2]) == {"forward_thread_id": 4242}
@@ -92,32 +92,27 @@ def test_operators_nest_under_their_layers_and_inside_each_other(trained):
     assert len(addmm) == 2 * 2  # two Linear layers, two steps (forward only: backward uses mm)
     assert set(names[parents[addmm]]) == {"aten::linear"}  # nested operators keep their nesting
     layer = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[addmm]
-    assert sorted(set(names[layer])) == ["0", "2"]
+    assert sorted(set(names[layer])) == ["model.0", "model.2"]
     assert set(spans[col.THREAD_ID].to_numpy()[addmm]) == {threading.get_native_id()}
     assert spans[col.STEP].to_numpy()[addmm].tolist() == [0, 0, 1, 1]
     assert abs(trained.metadata["tracer_details"]["operator"]["uncertainty_ns"]) < 1_000_000
 
 
-def test_the_layer_levels_own_hook_operators_are_left_out_and_nothing_straddles(trained):
+def test_backward_layer_spans_add_no_operators_and_cut_none(trained):
     spans = trained.spans
-    assert not spans[col.NAME].str.contains("BackwardHookFunction").any()
-    assert trained.metadata["tracer_details"]["operator"]["own_hook_operators_left_out"] > 0
-    assert trained.metadata["hierarchy"]["overlapping"] == 0  # backward layer spans no longer cut operators
-
-
-def test_hook_operators_and_what_runs_inside_them_are_recognised():
-    from xsp.tracers.operator import _inside_own_hooks
-
-    events = [Event("aten::mm", 0, 100), Event("BackwardHookFunction", 200, 50), Event("aten::view", 210, 10),
-              Event("aten::view", 210, 10, thread=2), Event("aten::add", 300, 10)]
-    assert _inside_own_hooks(events).tolist() == [False, True, True, False, False]
+    assert not spans[col.NAME].str.contains("BackwardHook").any()  # node hooks run no operator
+    assert trained.metadata["hierarchy"]["overlapping"] == 0
 
 
 def test_the_optimizer_step_is_a_span_of_its_own(trained):
     spans = trained.spans
-    optimizer = spans[spans[col.NAME].str.startswith("Optimizer.step")]
+    optimizer = spans[spans[col.KIND] == SpanKind.OPTIMIZER.value]
     assert len(optimizer) == 2 and set(optimizer[col.LEVEL]) == {Level.MODEL.value}
-    assert optimizer[col.PATH].tolist() == ["train[0]/Optimizer.step#SGD.step[0]"] * 2
+    assert optimizer[col.PATH].tolist() == ["train[0]/SGD.step[0]"] * 2
+    assert not spans[col.NAME].str.startswith("Optimizer.step#").any()  # PyTorch's annotation of the same
+    parents = parent_positions(spans)
+    inside = np.flatnonzero((spans[col.NAME] == "aten::add_").to_numpy())
+    assert len(inside) and set(spans[col.KIND].to_numpy()[parents[inside]]) <= {SpanKind.OPTIMIZER.value}
 
 
 def test_backward_operators_are_attributed_to_the_forward_layer_that_made_them(trained):
@@ -125,11 +120,11 @@ def test_backward_operators_are_attributed_to_the_forward_layer_that_made_them(t
     addmm_backward = table[table["name"] == "AddmmBackward0"]
     assert len(addmm_backward) == 4
     assert set(addmm_backward["forward_operator"]) == {"aten::addmm"}
-    assert sorted(addmm_backward["forward_layer"]) == ["0", "0", "2", "2"]
+    assert sorted(addmm_backward["forward_layer"]) == ["model.0", "model.0", "model.2", "model.2"]
     layers = table[table["kind"] == "layer"]
-    assert set(layers["forward_layer"]) >= {"0", "1", "2"}
+    assert set(layers["forward_layer"]) >= {"model.0", "model.1", "model.2"}
     per_layer = backward_time_per_layer(trained).set_index("forward_layer")
-    assert per_layer.loc["0", "backward_operators"] >= 2 and per_layer.loc["2", "backward_operator_us"] > 0
+    assert per_layer.loc["model.0", "backward_operators"] >= 2 and per_layer.loc["model.2", "backward_operator_us"] > 0
     ops = operator_table(trained)
     assert ops["share"].sum() == pytest.approx(1.0)
     assert (ops["self_us"] <= ops["total_us"] + 1e-9).all()
@@ -144,10 +139,10 @@ def test_flops_level_counts_linear_layers_exactly_and_rolls_up():
     ops = trace.spans[trace.spans[col.LEVEL] == Level.FLOPS.value]
     assert set(ops[col.KIND]) == {SpanKind.OPERATOR.value}
     per_layer = layer_flops(trace).set_index("name")
-    assert per_layer.loc["0", "flops_per_call"] == 2 * 32 * 64 * 128
-    assert per_layer.loc["2", "flops_per_call"] == 2 * 32 * 128 * 10
-    assert per_layer.loc["1", "flops_per_call"] == 32 * 128  # relu: one per element
-    assert per_layer.loc["0", "bytes"] == 3 * 4 * (128 + 32 * 64 + 64 * 128 + 32 * 128)  # bias, x, W, out
+    assert per_layer.loc["model.0", "flops_per_call"] == 2 * 32 * 64 * 128
+    assert per_layer.loc["model.2", "flops_per_call"] == 2 * 32 * 128 * 10
+    assert per_layer.loc["model.1", "flops_per_call"] == 32 * 128  # relu: one per element
+    assert per_layer.loc["model.0", "bytes"] == 3 * 4 * (128 + 32 * 64 + 64 * 128 + 32 * 128)  # bias, x, W, out
     steps = model_flops(trace)
     assert steps["flops"].tolist() == [2 * 32 * 64 * 128 + 32 * 128 + 2 * 32 * 128 * 10] * 3
 

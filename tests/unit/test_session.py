@@ -59,15 +59,16 @@ def test_predict_spans_start_steps_and_layers_hang_below_them():
     assert predicts[col.PARENT_ID].isna().all()
     assert predicts[col.TRACE_ID].nunique() == 3
     layers = spans[spans[col.LEVEL] == "layer"]
+    assert predicts[col.NAME].tolist() == ["model"] * 3  # named as the calling code names it
     assert sorted(layers[col.NAME].unique()) == sorted(
-        ["encoder", "encoder.0", "encoder.0.fc", "encoder.0.act", "encoder.1", "encoder.1.fc", "encoder.1.act",
-         "head"])
+        ["model.encoder", "model.encoder.0", "model.encoder.0.fc", "model.encoder.0.act", "model.encoder.1",
+         "model.encoder.1.fc", "model.encoder.1.act", "model.head"])
     assert len(layers) == 8 * 3
     ids = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
     step0 = layers[layers[col.STEP] == 0].set_index(col.NAME)
-    assert ids[step0.loc["encoder.0.fc", col.PARENT_ID]] == "encoder.0"
-    assert ids[step0.loc["encoder", col.PARENT_ID]] == "predict"
-    assert ids[step0.loc["head", col.PARENT_ID]] == "predict"
+    assert ids[step0.loc["model.encoder.0.fc", col.PARENT_ID]] == "model.encoder.0"
+    assert ids[step0.loc["model.encoder", col.PARENT_ID]] == "model"
+    assert ids[step0.loc["model.head", col.PARENT_ID]] == "model"
     # the step's spans all share the predict's trace id
     assert (layers.groupby(col.STEP)[col.TRACE_ID].nunique() == 1).all()
 
@@ -77,20 +78,20 @@ def test_layer_attributes():
     with torch.no_grad():
         trace = trace_of(lambda: model(torch.randn(3, 4)))
     layers = trace.spans[trace.spans[col.LEVEL] == "layer"].set_index(col.NAME)
-    fc = layers.loc["encoder.0.fc"]
+    fc = layers.loc["model.encoder.0.fc"]
     assert fc[col.MODULE_TYPE] == "Linear"
     assert json.loads(fc[col.INPUT_SHAPES]) == [[3, 4]]
     assert json.loads(fc[col.OUTPUT_SHAPES]) == [[3, 4]]
     assert fc[col.PARAM_COUNT] == 20
     assert fc[col.CALL_DEPTH] == 3
-    assert layers.loc["encoder", col.PARAM_COUNT] == 40
+    assert layers.loc["model.encoder", col.PARAM_COUNT] == 40
     assert fc[col.SOURCE].endswith(".py:" + fc[col.SOURCE].rsplit(":", 1)[1])
     assert "linear.py" in fc[col.SOURCE]
-    assert layers.loc["encoder.0", col.SOURCE].startswith(__file__)
+    assert layers.loc["model.encoder.0", col.SOURCE].startswith(__file__)
     order = layers.sort_values(col.EXEC_INDEX).index.tolist()
-    assert order == ["encoder", "encoder.0", "encoder.0.fc", "encoder.0.act", "encoder.1", "encoder.1.fc",
-                     "encoder.1.act", "head"]
-    assert fc[col.PATH] == "predict[0]/encoder.0.fc[0]"
+    assert order == ["model.encoder", "model.encoder.0", "model.encoder.0.fc", "model.encoder.0.act",
+                     "model.encoder.1", "model.encoder.1.fc", "model.encoder.1.act", "model.head"]
+    assert fc[col.PATH] == "model[0]/model.encoder.0.fc[0]"
     predict = trace.spans[trace.spans[col.KIND] == "predict"].iloc[0]
     assert json.loads(predict[col.OUTPUT_SHAPES]) == [[3, 2], [3, 4]]  # tuple output
 
@@ -119,7 +120,7 @@ def test_paths_are_stable_across_steps_and_count_repeated_calls():
         trace = trace_of(lambda: [model(torch.randn(1, 4)) for _ in range(2)])
     layers = trace.spans[trace.spans[col.LEVEL] == "layer"]
     per_step = layers.groupby(col.STEP)[col.PATH].apply(sorted).tolist()
-    assert per_step[0] == per_step[1] == ["predict[0]/shared[0]", "predict[0]/shared[1]"]
+    assert per_step[0] == per_step[1] == ["model[0]/model.shared[0]", "model[0]/model.shared[1]"]
 
 
 def test_user_spans_and_explicit_steps():
@@ -151,7 +152,7 @@ def test_user_spans_and_explicit_steps():
     predicts = trace.spans[trace.spans[col.KIND] == "predict"]
     assert predicts[col.STEP].tolist() == [0, 0]  # inside an explicit step: no steps of their own
     assert (predicts[col.PARENT_ID] == step[col.SPAN_ID]).all()
-    assert predicts[col.PATH].tolist() == ["request[0]/predict[0]", "request[0]/predict[1]"]
+    assert predicts[col.PATH].tolist() == ["request[0]/model[0]", "request[0]/model[1]"]
     assert spans.loc["postprocess", col.PARENT_ID] == step[col.SPAN_ID]
     assert json.loads(spans.loc["postprocess", col.ATTRIBUTES]) == {"kind": "argmax"}
 
@@ -193,10 +194,10 @@ def test_exception_marks_open_spans_as_errors_writes_the_trace_and_reraises(tmp_
             with xsp.span("request"):
                 Outer()(torch.randn(1, 4))
     spans = xsp.load(output).spans.set_index(col.NAME)
-    for name in ("boom", "predict", "request", "session"):
+    for name in ("Outer_0.boom", "Outer_0", "request", "session"):
         assert spans.loc[name, col.STATUS] == "error", name
         assert spans.loc[name, col.STATUS_MESSAGE] == "RuntimeError: bad input"
-    assert spans.loc["ok", col.STATUS] == "ok"
+    assert spans.loc["Outer_0.ok", col.STATUS] == "ok"  # a model bound to no name: its class and an index
 
 
 def test_training_step_records_backward_spans():
@@ -216,13 +217,13 @@ def test_training_step_records_backward_spans():
     trace = trace_of(train)
     spans = trace.spans
     backward = spans[spans[col.KIND] == "backward"]
-    assert set(backward[col.NAME]) >= {"head.backward", "encoder.0.fc.backward", "predict.backward"}
+    assert set(backward[col.NAME]) >= {"model.head.backward", "model.encoder.0.fc.backward", "model.backward"}
     assert set(backward[col.STEP]) == {0, 1}
     forward_end = spans[(spans[col.KIND] == "predict")].groupby(col.STEP)[col.END_NS].max()
     assert (backward[col.START_NS].to_numpy() >= backward[col.STEP].map(forward_end).to_numpy()).all()
     ids = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
-    fc0 = backward[(backward[col.NAME] == "encoder.0.fc.backward") & (backward[col.STEP] == 0)].iloc[0]
-    assert ids[fc0[col.PARENT_ID]] in {"encoder.0.backward", "encoder.backward"}
+    fc0 = backward[(backward[col.NAME] == "model.encoder.0.fc.backward") & (backward[col.STEP] == 0)].iloc[0]
+    assert ids[fc0[col.PARENT_ID]] in {"model.encoder.0.backward", "model.encoder.backward"}
 
 
 def test_inference_under_no_grad_installs_no_backward_hooks():

@@ -82,11 +82,35 @@ def _latency_tables(trace: Trace, console: Console) -> None:
         ("trimmed_mean_ms", "trimmed mean", number()), ("throughput_per_s", "throughput/s", number(1))]))
     many = len(latency) > STEPS_SHOWN
     shown = pd.concat([latency.head(STEPS_SHOWN // 2), latency.tail(STEPS_SHOWN // 2)]) if many else latency
+    columns: list[tuple[str, str, Format]] = [
+        ("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number())]
+    if latency["compile_ms"].sum() > 0:
+        columns.append(("compile_ms", "compile ms (not latency)", number()))
+    columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
+                ("status", "status", text)]
     console.print(frame_table(shown, f"Latency per step ({len(latency)} steps"
-                              + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), [
-        ("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number()),
-        ("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
-        ("status", "status", text)]))
+                              + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns))
+
+
+def _step_tables(trace: Trace, console: Console) -> None:
+    """What share of the session the steps cover, where the step time went, the user's spans."""
+    coverage = analysis.step_coverage(trace).iloc[0]
+    if coverage["steps"]:
+        console.print(f"[bold]Steps[/bold] cover {share(coverage['coverage'])} of the session "
+                      f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
+                      f"{coverage['outside_ms']:,.3f} ms ran outside every step")
+        summary = analysis.step_summary(trace)
+        parts = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
+                 if summary[f"{p}_ms"].sum() > 0]
+        columns: list[tuple[str, str, Format]] = [("name", "step name", text), ("steps", "steps", number(0)),
+                                                  ("latency_ms", "mean ms", number())]
+        columns += [(f"{p}_share", p, share) for p in parts]
+        console.print(frame_table(summary, "Where the step time went (share of step time, all steps)", columns))
+    spans = analysis.user_spans(trace)
+    if not spans.empty:
+        console.print(frame_table(spans, "Your spans (xsp.span), share of the session", [
+            ("name", "span", text), ("count", "count", number(0)), ("total_ms", "total ms", number()),
+            ("mean_ms", "mean ms", number()), ("in_steps", "in steps", number(0)), ("share", "share", share)]))
 
 
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
@@ -212,6 +236,7 @@ def render_report(trace: Trace, console: Console, top: int = 10) -> None:
     """Print every analysis that applies to ``trace``: GPU sections only when it has GPU activity."""
     _header(trace, console)
     _latency_tables(trace, console)
+    _step_tables(trace, console)
     _leveled_table(trace, console)
     _layer_tables(trace, console, top)
     _operator_tables(trace, console, top)

@@ -1,0 +1,125 @@
+"""Where a step's time went, how much of the session the steps cover, and the user's spans.
+
+A step (see :mod:`xsp.auto_steps`) holds the model-level spans of one iteration: model calls
+(forward), backward passes, optimizer steps, input waits and compilations. They follow each
+other on the step's thread, so their times add up; what is left of the step is ``other``
+(loss code, logging, Python between the calls).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans, step_roots
+from xsp.analysis.tree import union_length
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+
+PARTS: dict[str, SpanKind] = {
+    "forward": SpanKind.PREDICT,
+    "backward": SpanKind.BACKWARD,
+    "optimizer": SpanKind.OPTIMIZER,
+    "input": SpanKind.INPUT,
+    "compile": SpanKind.COMPILE,
+}
+"""Each part of a step, and the kind of the model-level spans that make it."""
+BREAKDOWN_COLUMNS = ["step", "name", "latency_ms", *(f"{part}_ms" for part in PARTS), "other_ms"]
+
+
+def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """One row per step: its time in forward (model calls, less their compilation), backward,
+    optimizer, input (DataLoader waits) and compile, and the ``other`` rest.
+
+    Columns: ``step``, ``name``, ``latency_ms`` (the step's whole duration), ``forward_ms``,
+    ``backward_ms``, ``optimizer_ms``, ``input_ms``, ``compile_ms``, ``other_ms``. The parts
+    add up to ``latency_ms``.
+    """
+    spans = _spans(source)
+    roots = step_roots(spans)
+    out = pd.DataFrame({"step": roots[col.STEP].astype("int64").to_numpy(), "name": roots[col.NAME].to_numpy(),
+                        "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
+    model = spans[(spans[col.LEVEL] == Level.MODEL.value) & spans[col.STEP].notna()]
+    kinds = model[col.KIND].to_numpy(dtype=object)
+    for part, kind in PARTS.items():
+        chosen = model[kinds == kind.value]
+        per_step = chosen.groupby(col.STEP)[col.DURATION_NS].sum().astype("float64") / 1e6
+        out[f"{part}_ms"] = out["step"].map(per_step).fillna(0.0).to_numpy()
+    out["forward_ms"] = np.maximum(out["forward_ms"] - _compile_inside_calls_ms(model, out["step"]), 0.0)
+    parts = out[[f"{part}_ms" for part in PARTS]].sum(axis=1)
+    out["other_ms"] = np.maximum(out["latency_ms"] - parts, 0.0)
+    return out.sort_values("step").reset_index(drop=True)[BREAKDOWN_COLUMNS]
+
+
+def _compile_inside_calls_ms(model: pd.DataFrame, steps: pd.Series) -> np.ndarray:
+    """Per step, the compile time that fell inside model calls (already in their durations)."""
+    calls = model[model[col.KIND] == SpanKind.PREDICT.value][col.SPAN_ID]
+    compiles = model[(model[col.KIND] == SpanKind.COMPILE.value) & model[col.PARENT_ID].isin(calls)]
+    per_step = compiles.groupby(col.STEP)[col.DURATION_NS].sum().astype("float64") / 1e6
+    return steps.map(per_step).fillna(0.0).to_numpy()
+
+
+def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """:func:`step_breakdown` over all steps of each name: the mean of every part, and its
+    share of the step.
+
+    Columns: ``name``, ``steps``, ``latency_ms`` (mean), then ``<part>_ms`` and
+    ``<part>_share`` for forward, backward, optimizer, input, compile and other.
+    """
+    breakdown = step_breakdown(source)
+    parts = [*PARTS, "other"]
+    rows = []
+    for name, group in breakdown.groupby("name", sort=False):
+        latency = float(group["latency_ms"].sum())
+        row: dict[str, object] = {"name": name, "steps": len(group), "latency_ms": latency / len(group)}
+        for part in parts:
+            total = float(group[f"{part}_ms"].sum())
+            row[f"{part}_ms"] = total / len(group)
+            row[f"{part}_share"] = total / latency if latency else np.nan
+        rows.append(row)
+    columns = ["name", "steps", "latency_ms", *(f"{p}_ms" for p in parts), *(f"{p}_share" for p in parts)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """How much of the session the steps cover: one row.
+
+    Columns: ``session_ms`` (the traced block, or the trace's extent when it has no session
+    span), ``steps``, ``steps_ms`` (time inside at least one step), ``coverage`` (their
+    ratio), ``outside_ms`` (the rest: set-up, evaluation outside steps, the end of the run).
+    """
+    spans = _spans(source)
+    session = spans[spans[col.KIND] == SpanKind.SESSION.value]
+    if len(session):
+        start, end = int(session[col.START_NS].min()), int(session[col.END_NS].max())
+    elif len(spans):
+        start, end = int(spans[col.START_NS].min()), int(spans[col.END_NS].max())
+    else:
+        start = end = 0
+    roots = step_roots(spans)
+    inside = union_length(roots[col.START_NS].to_numpy(dtype=np.int64), roots[col.END_NS].to_numpy(dtype=np.int64))
+    session_ms, steps_ms = (end - start) / 1e6, inside / 1e6
+    return pd.DataFrame([{"session_ms": session_ms, "steps": len(roots), "steps_ms": steps_ms,
+                          "coverage": steps_ms / session_ms if session_ms else np.nan,
+                          "outside_ms": max(session_ms - steps_ms, 0.0)}])
+
+
+def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """The user's own spans (``xsp.span``), by name.
+
+    Columns: ``name``, ``count``, ``total_ms``, ``mean_ms``, ``in_steps`` (how many of them
+    ran inside a step), ``share`` (total time over the session's).
+    """
+    spans = _spans(source)
+    user = spans[(spans[col.KIND] == SpanKind.USER.value) & (spans[col.LEVEL] == Level.MODEL.value)]
+    columns = ["name", "count", "total_ms", "mean_ms", "in_steps", "share"]
+    if user.empty:
+        return pd.DataFrame(columns=columns)
+    session_ms = float(step_coverage(spans)["session_ms"].iloc[0])
+    frame = pd.DataFrame({"name": user[col.NAME].to_numpy(), "ms": user[col.DURATION_NS].to_numpy() / 1e6,
+                          "in_step": user[col.STEP].notna().to_numpy()})
+    table = frame.groupby("name", sort=False).agg(count=("ms", "size"), total_ms=("ms", "sum"), mean_ms=("ms", "mean"),
+                                                  in_steps=("in_step", "sum")).reset_index()
+    table["share"] = table["total_ms"] / session_ms if session_ms else np.nan
+    return table.sort_values("total_ms", ascending=False, kind="stable").reset_index(drop=True)[columns]

@@ -1,0 +1,258 @@
+"""The model-level events of the user's loop, besides model calls: input waits, optimizer steps,
+backward passes, ``generate()`` calls and ``torch.compile`` compilations.
+
+Each becomes a model-level record of its thread and drives that thread's automatic steps
+(:mod:`xsp.auto_steps`): a DataLoader wait may begin a step, an optimizer step ends a training
+step, a ``generate()`` call is a step. All are a handful per iteration, never per layer.
+
+What is patched, and why there:
+
+* ``_next_data`` of each DataLoader iterator class (not ``__next__``, whose warnings name
+  their caller) and ``DataLoader.__iter__`` (starting an epoch's workers blocks the loop too);
+* PyTorch's global optimizer step hooks;
+* ``torch.autograd.backward``, which ``Tensor.backward`` calls;
+* ``torch.jit.trace`` and ``torch.jit.trace_module``: nothing is recorded inside them (the
+  trace check runs the model again, which is no step of the user's loop);
+* ``transformers``' ``GenerationMixin.generate``, once transformers is imported;
+* dynamo's compile start/end callbacks, once ``torch._dynamo`` is imported.
+
+Everything is undone at stop, and nothing is replaced that is no longer xsp's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+import torch
+from xsp.tracers._model_names import binding_names
+from xsp.tracers._module_calls import dynamo_compiling, error_text
+from xsp.tracers._post_import import forget, when_imported
+
+from xsp.clock import now_ns
+from xsp.marks import MarkKind
+from xsp.recording import Recording
+
+NEXT_NAME: Final = "DataLoader.__next__"
+ITER_NAME: Final = "DataLoader.__iter__"
+BACKWARD_NAME: Final = "backward"
+COMPILE_NAME: Final = "torch.compile"
+GENERATION_MODULE: Final = "transformers.generation.utils"
+DYNAMO_CALLBACKS: Final = "torch._dynamo.callback"
+ATTR_WORKERS: Final = "xsp.input.num_workers"
+ATTR_PIN_MEMORY: Final = "xsp.input.pin_memory"
+ATTR_COMPILE_ID: Final = "xsp.compile.id"
+ATTR_COMPILE_TRIGGER: Final = "xsp.compile.trigger"
+
+
+class _Patch:
+    """One attribute replaced on an object, put back only while it is still ours."""
+
+    def __init__(self, owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+        self.owner, self.name, self.replacement = owner, name, replacement
+        self.original = owner.__dict__[name]
+        setattr(owner, name, replacement)
+
+    def undo(self) -> None:
+        if self.owner.__dict__.get(self.name) is self.replacement:
+            setattr(self.owner, self.name, self.original)
+
+
+class LoopEvents:
+    """Installs the patches and hooks above for one recording."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self._patches: list[_Patch] = []
+        self._handles: list[Any] = []
+        self._local = threading.local()
+        self._optimizer_names: dict[type, str] = {}
+        self._compile_callbacks: tuple[Any, Any] | None = None
+
+    def install(self) -> None:
+        self._patch_dataloader()
+        self._hook_optimizers()
+        self._patches.append(_Patch(torch.autograd, "backward", self._backward(torch.autograd.backward)))
+        for name in ("trace", "trace_module"):
+            self._patches.append(_Patch(torch.jit, name, self._aside(torch.jit.__dict__[name])))
+        when_imported(GENERATION_MODULE, self._patch_generate)
+        when_imported(DYNAMO_CALLBACKS, self._watch_compiles)
+
+    def uninstall(self) -> None:
+        forget(GENERATION_MODULE, self._patch_generate)
+        forget(DYNAMO_CALLBACKS, self._watch_compiles)
+        for patch in reversed(self._patches):
+            patch.undo()
+        self._patches = []
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._unwatch_compiles()
+
+    def _stack(self, what: str) -> list[int]:
+        stack = getattr(self._local, what, None)
+        if stack is None:
+            stack = []
+            setattr(self._local, what, stack)
+        return stack
+
+    # input waits ---------------------------------------------------------------------
+    def _patch_dataloader(self) -> None:
+        from torch.utils.data import dataloader
+
+        for cls in dataloader._BaseDataLoaderIter.__subclasses__():
+            if "_next_data" in cls.__dict__:
+                self._patches.append(_Patch(cls, "_next_data", self._input_wait(cls.__dict__["_next_data"], NEXT_NAME)))
+        self._patches.append(_Patch(dataloader.DataLoader, "__iter__",
+                                    self._input_wait(dataloader.DataLoader.__dict__["__iter__"], ITER_NAME)))
+
+    def _input_wait(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        buffer_of = self.recording.buffer
+
+        @functools.wraps(original)
+        def wait(loader: Any) -> Any:
+            buffer = buffer_of()
+            steps = buffer.steps
+            began = now_ns()
+            steps.wait_begins(began)
+            attributes = {ATTR_WORKERS: getattr(loader, "_num_workers", getattr(loader, "num_workers", None)),
+                          ATTR_PIN_MEMORY: getattr(loader, "_pin_memory", getattr(loader, "pin_memory", None))}
+            error = None
+            start = now_ns()
+            try:
+                return original(loader)
+            except StopIteration:  # the loop is over: this wait begins no step
+                steps.forget_wait(began)
+                raise
+            except BaseException as exc:
+                error = error_text(exc)
+                raise
+            finally:
+                end = now_ns()
+                buffer.marks.append((MarkKind.INPUT, start, end, name, attributes, error))
+                steps.piece_ends(end)
+
+        return wait
+
+    # optimizer steps -----------------------------------------------------------------
+    def _hook_optimizers(self) -> None:
+        from torch.optim import optimizer
+
+        buffer_of = self.recording.buffer
+        names = self._optimizer_names
+
+        def before(opt: Any, args: Any, kwargs: Any) -> None:
+            if not dynamo_compiling():
+                self._stack("optimizer").append(now_ns())
+
+        def after(opt: Any, args: Any, kwargs: Any) -> None:
+            if dynamo_compiling():
+                return
+            end = now_ns()
+            starts = self._stack("optimizer")
+            start = starts.pop() if starts else end
+            name = names.get(type(opt))
+            if name is None:
+                name = names[type(opt)] = f"{type(opt).__name__}.step"
+            buffer = buffer_of()
+            buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None))
+            buffer.steps.optimizer_ends(start, end)
+
+        self._handles += [optimizer.register_optimizer_step_pre_hook(before),
+                          optimizer.register_optimizer_step_post_hook(after)]
+
+    # torch.jit.trace -----------------------------------------------------------------
+    def _aside(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        buffer_of = self.recording.buffer
+
+        @functools.wraps(original)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            buffer = buffer_of()
+            buffer.aside += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                buffer.aside -= 1
+
+        return traced
+
+    # backward passes -----------------------------------------------------------------
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        buffer_of = self.recording.buffer
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if dynamo_compiling():
+                return original(*args, **kwargs)
+            buffer = buffer_of()
+            error = None
+            start = now_ns()
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                error = error_text(exc)
+                raise
+            finally:
+                end = now_ns()
+                buffer.marks.append((MarkKind.BACKWARD, start, end, BACKWARD_NAME, None, error))
+                buffer.steps.piece_ends(end, trains=True)
+
+        return backward
+
+    # generate() ----------------------------------------------------------------------
+    def _patch_generate(self, module: ModuleType) -> None:
+        mixin = getattr(module, "GenerationMixin", None)
+        if mixin is None or "generate" not in mixin.__dict__:
+            return
+        recording = self.recording
+        original = mixin.__dict__["generate"]
+
+        @functools.wraps(original)
+        def generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if dynamo_compiling():
+                return original(model, *args, **kwargs)
+            buffer = recording.buffer()
+            name = recording.model_names.get(id(model)) or recording.name_model(
+                model, binding_names(model, sys._getframe(1)))
+            buffer.steps.generate_begins(name, now_ns())
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                buffer.steps.generate_ends(now_ns())
+
+        self._patches.append(_Patch(mixin, "generate", generate))
+
+    # torch.compile -------------------------------------------------------------------
+    def _watch_compiles(self, module: ModuleType) -> None:
+        handler = getattr(module, "callback_handler", None)
+        if handler is None or not hasattr(handler, "register_start_callback"):
+            return
+        buffer_of = self.recording.buffer
+
+        def started(arguments: Any) -> None:
+            self._stack("compile").append(now_ns())
+
+        def ended(arguments: Any) -> None:
+            end = now_ns()
+            starts = self._stack("compile")
+            start = starts.pop() if starts else end
+            trigger = getattr(getattr(arguments, "callback_trigger", None), "name", None)
+            attributes = {ATTR_COMPILE_ID: str(getattr(arguments, "compile_id", "")), ATTR_COMPILE_TRIGGER: trigger}
+            buffer_of().marks.append((MarkKind.COMPILE, start, end, COMPILE_NAME, attributes, None))
+
+        handler.register_start_callback(started)
+        handler.register_end_callback(ended)
+        self._compile_callbacks = (handler, (started, ended))
+
+    def _unwatch_compiles(self) -> None:
+        if self._compile_callbacks is None:
+            return
+        handler, (started, ended) = self._compile_callbacks
+        self._compile_callbacks = None
+        for callbacks, callback in ((handler.start_callbacks, started), (handler.end_callbacks, ended)):
+            if callback in callbacks:  # torch._dynamo.reset() may have cleared them already
+                callbacks.remove(callback)

@@ -1,0 +1,54 @@
+"""Naming top-level models by the name the calling code binds them to (``encoder``, ``head``).
+
+Model-level spans are named by their model and layer names start with it, so that two
+models called in one iteration (even two ``nn.Sequential``) never share names or paths. The
+name is found once per model, at its first top-level call, by looking at the code that made
+the call: its local variables, the attributes of its ``self``, then its module's globals.
+Frames inside PyTorch, and frames of the model's own methods (``generate()`` calling
+``self(...)``), are skipped in favour of the user's code above them.
+"""
+
+from __future__ import annotations
+
+import os
+from types import FrameType
+from typing import Any, Final
+
+import torch
+
+from xsp import recording
+
+_TORCH_DIR: Final = os.path.dirname(torch.__file__) + os.sep
+_XSP_DIRS: Final = (os.path.dirname(__file__) + os.sep, os.path.dirname(recording.__file__) + os.sep)
+FRAMES_SEARCHED: Final = 8
+"""How far up the calling code a binding is looked for."""
+
+
+def _skipped(frame: FrameType, module: Any) -> bool:
+    filename = frame.f_code.co_filename
+    if filename.startswith(_TORCH_DIR) or filename.startswith(_XSP_DIRS):
+        return True
+    return frame.f_locals.get("self") is module
+
+
+def _bound_names(module: Any, frame: FrameType) -> list[str]:
+    names = [name for name, value in frame.f_locals.items() if value is module and name != "self"]
+    owner = frame.f_locals.get("self")
+    if owner is not None:
+        members = owner._modules if isinstance(owner, torch.nn.Module) else getattr(owner, "__dict__", {})
+        names += [name for name, value in members.items() if value is module]
+    names += [name for name, value in frame.f_globals.items() if value is module and not name.startswith("__")]
+    return names
+
+
+def binding_names(module: Any, frame: FrameType | None) -> list[str]:
+    """Names ``module`` is bound to in the first calling frame that binds it (best first)."""
+    for _ in range(FRAMES_SEARCHED):
+        if frame is None:
+            break
+        if not _skipped(frame, module):
+            names = _bound_names(module, frame)
+            if names:
+                return list(dict.fromkeys(names))
+        frame = frame.f_back
+    return []

@@ -1,0 +1,214 @@
+"""Automatic steps: one step per iteration of the user's loop, decided while the loop runs.
+
+Users never call xsp in their loop, yet every latency, throughput and share is counted per
+step, so a step must be what they think of as one iteration:
+
+* **training** (a model called while autograd records a graph, then a backward pass or an
+  optimizer step; without them the step is an inference step all the same): the step ends when
+  ``optimizer.step()`` returns, and the next one begins right there, so the input wait,
+  ``zero_grad``, forward, loss, backward and the optimizer all fall inside one step. Several
+  optimizers in one iteration (a GAN) end one step: the step closes at the last optimizer
+  step before the leading model is called again (or an input wait, an evaluation call, a
+  ``generate()`` or the session's end). Without any optimizer, the leading model's next
+  training call (or the next input wait) ends the step.
+* **inference**: the first model called leads. Each of its calls starts a step; other models
+  called before its next call (a head after its encoder) join that step, and an input wait
+  (a DataLoader's ``next()``) before the leading call belongs to its step.
+* **generate()** (Hugging Face): one step per call; the model calls inside are its children.
+* inside ``xsp.step()`` nothing automatic happens: the user's step is the step.
+
+A step that is one model call and nothing else is that call's own ``predict`` span (the step
+root, as XSP's model level has it); any other step is a ``step`` span (``train_step``,
+``inference_step``, ``<model>.generate``) that covers its pieces.
+
+Only model-level events reach this module (a top-level model call, an input wait, an optimizer
+step, a backward pass, ``generate()``): a handful per iteration, never one per layer. A step
+is decided when the next one begins, so each thread keeps the records of its unfinished step
+until then (:attr:`AutoSteps.holding`), and windows never separate them from their step.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Final
+
+from xsp.marks import MarkKind
+from xsp.schema import ATTR_STEP_TYPE
+
+if TYPE_CHECKING:
+    from xsp.recording import ThreadBuffer
+
+
+class StepType(enum.IntEnum):
+    NONE = 0
+    INFERENCE = 1
+    TRAIN = 2
+    GENERATE = 3
+
+
+TRAIN_STEP_NAME: Final = "train_step"
+INFERENCE_STEP_NAME: Final = "inference_step"
+GENERATE_SUFFIX: Final = ".generate"
+_ATTRIBUTES: Final[dict[StepType, dict[str, Any]]] = {
+    StepType.INFERENCE: {ATTR_STEP_TYPE: "inference"},
+    StepType.TRAIN: {ATTR_STEP_TYPE: "train"},
+    StepType.GENERATE: {ATTR_STEP_TYPE: "generate"},
+}
+
+
+class AutoSteps:
+    """The step state of one thread, driven by that thread's model-level events."""
+
+    __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "calls", "pieces",
+                 "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen")
+
+    def __init__(self, buffer: ThreadBuffer) -> None:
+        self._buffer = buffer
+        self.optimizer_seen = False
+        """An optimizer step has run on this thread: training steps end only at optimizer steps."""
+        self.wait_ns = 0
+        """Start of an input wait seen while no step was open: the next step starts there."""
+        self.resume_ns = 0
+        """Where the last training step ended: the next training step starts there."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self.type = StepType.NONE
+        self.start_ns = self.last_end_ns = self.closed_ns = 0
+        self.leader: int | None = None
+        self.calls = self.pieces = self.nested = 0
+        self.trained = False
+        """A backward pass or an optimizer step ran in the step: it is a training step."""
+        self.name = ""
+
+    @property
+    def holding(self) -> bool:
+        """True while this thread has records that belong to a step not yet decided."""
+        return self.type is not StepType.NONE or self.wait_ns != 0
+
+    def _suspended(self) -> bool:
+        return bool(self._buffer.open_steps or self.nested or self._buffer.depth)
+
+    # events --------------------------------------------------------------------------
+    def call_begins(self, module_id: int, start_ns: int, training: bool) -> None:
+        """A top-level model call starts; ``training``: autograd is recording a graph."""
+        if self._buffer.open_steps or self.nested:
+            return
+        kind = self.type
+        if kind is StepType.TRAIN:
+            leads = module_id == self.leader or self.leader is None
+            if self.closed_ns and (not training or leads):  # the next iteration, or an evaluation
+                self._finish_training()
+            elif training and leads and not self.optimizer_seen:
+                self._finish(self.last_end_ns)
+        elif kind is StepType.INFERENCE and (training or module_id == self.leader):
+            self._finish(self.last_end_ns)
+        if self.type is StepType.NONE:
+            self._open(StepType.TRAIN if training else StepType.INFERENCE, start_ns, module_id)
+        else:
+            self.calls += 1
+            self.pieces += 1
+
+    def call_ends(self, end_ns: int) -> None:
+        if self.type is not StepType.NONE and not self._suspended():
+            self.last_end_ns = max(self.last_end_ns, end_ns)
+
+    def wait_begins(self, start_ns: int) -> None:
+        """An input wait (a DataLoader's ``next()``) starts."""
+        if self._suspended():
+            return
+        if self.type is StepType.INFERENCE and self.calls:
+            self._finish(self.last_end_ns)
+        elif self.type is StepType.TRAIN:
+            if self.closed_ns:
+                self._finish_training()
+            elif not self.optimizer_seen:
+                self._finish(self.last_end_ns)
+        if self.type is StepType.NONE and not self.wait_ns:
+            self.wait_ns = start_ns
+
+    def forget_wait(self, start_ns: int) -> None:
+        """The wait that began at ``start_ns`` ended the loop (StopIteration): it begins no step."""
+        if self.wait_ns == start_ns:
+            self.wait_ns = 0
+
+    def piece_ends(self, end_ns: int, trains: bool = False) -> None:
+        """An input wait (or, with ``trains``, a backward pass) of the open step ended."""
+        if self.type is not StepType.NONE and not self._suspended():
+            self.pieces += 1
+            self.trained |= trains
+            self.last_end_ns = max(self.last_end_ns, end_ns)
+
+    def optimizer_ends(self, start_ns: int, end_ns: int) -> None:
+        self.optimizer_seen = True
+        if self._suspended():
+            return
+        if self.type is StepType.NONE:  # no model call was seen in this iteration
+            self._open(StepType.TRAIN, start_ns, None)
+            self.calls = 0
+        self.type = StepType.TRAIN  # an optimizer after a no-grad call makes it training all the same
+        self.trained = True
+        self.closed_ns = end_ns
+        self.pieces += 1
+        self.last_end_ns = max(self.last_end_ns, end_ns)
+
+    def generate_begins(self, name: str, start_ns: int) -> None:
+        if self._buffer.open_steps:
+            return
+        if self.nested:
+            self.nested += 1
+            return
+        waited_ns = self.wait_ns  # an input wait just before generate() is part of its step
+        self.finish()
+        self.wait_ns = waited_ns
+        self._open(StepType.GENERATE, start_ns, None)
+        self.name = name + GENERATE_SUFFIX
+        self.nested = 1
+
+    def generate_ends(self, end_ns: int) -> None:
+        if self._buffer.open_steps or not self.nested:
+            return
+        self.nested -= 1
+        if not self.nested:
+            self._finish(end_ns)
+
+    def finish(self, now_ns: int = 0) -> None:
+        """Decide the open step now (an explicit step begins, a generate() call, the session ends)."""
+        if self.type is StepType.TRAIN:
+            self._finish(self.closed_ns or self.last_end_ns)
+        elif self.type is StepType.INFERENCE and self.calls:
+            self._finish(self.last_end_ns)
+        elif self.type is StepType.GENERATE:
+            self.nested = 0
+            self._finish(max(now_ns, self.last_end_ns))
+        self._reset()
+        self.wait_ns = self.resume_ns = 0
+
+    # ---------------------------------------------------------------------------------
+    def _open(self, kind: StepType, start_ns: int, leader: int | None) -> None:
+        starts = [t for t in (self.resume_ns if kind is StepType.TRAIN else 0, self.wait_ns) if t]
+        self.type = kind
+        self.start_ns = min(starts) if starts else start_ns
+        self.leader = leader
+        self.calls = 1
+        self.pieces = 1 + (self.wait_ns != 0)
+        self.wait_ns = self.resume_ns = 0
+
+    def _finish_training(self) -> None:
+        closed = self.closed_ns
+        self._finish(closed)
+        self.resume_ns = closed
+
+    def _finish(self, end_ns: int) -> None:
+        kind, start_ns = self.type, self.start_ns
+        buffer = self._buffer
+        if kind is not StepType.GENERATE:  # a model called with autograd on, but never trained
+            kind = StepType.TRAIN if self.trained else StepType.INFERENCE
+        if kind is not StepType.INFERENCE or self.pieces > 1:
+            name = self.name or (TRAIN_STEP_NAME if kind is StepType.TRAIN else INFERENCE_STEP_NAME)
+            buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, _ATTRIBUTES[kind], None))
+        self._reset()
+        self.resume_ns = 0
+        recording = buffer.recording
+        if recording.on_long_step is not None and end_ns - start_ns >= recording.long_step_ns:
+            recording.on_long_step(end_ns - start_ns)
