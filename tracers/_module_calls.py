@@ -30,16 +30,19 @@ correlation stack (and pops it on return), so that every CUDA call made inside i
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from enum import IntEnum
 from functools import partial
-from typing import Any
+from types import ModuleType
+from typing import Any, Final
 
 import torch
 from torch import nn
 from xsp.tracers._model_names import binding_names
+from xsp.tracers._post_import import forget, when_imported
 
 from xsp.clock import now_ns
 from xsp.recording import COMPACT_AT, ROOT_GRAD, ROOT_TRAINING, Recording, ThreadBuffer
@@ -56,6 +59,7 @@ dynamo_compiling: Callable[[], bool] = (getattr(torch.compiler, "is_dynamo_compi
 jit_tracing: Callable[[], Any] = torch._C._get_tracing_state
 """Truthy while ``torch.jit.trace`` traces on this thread."""
 _grad_enabled = torch.is_grad_enabled
+DYNAMO_TRACE_RULES: Final = "torch._dynamo.trace_rules"
 
 
 class Mode(IntEnum):
@@ -107,6 +111,16 @@ def _output_nodes(out: Any) -> set[Any]:
     return {t.grad_fn for t in tensors if isinstance(t, _TENSOR) and t.grad_fn is not None}
 
 
+def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps``: the wrapper keeps ``Module.__call__``'s name, docs and signature.
+
+    Dynamo relies on the name too: ``torch.compile(model)`` compiles ``_orig_mod.__call__``
+    directly only when it is named ``_wrapped_call_impl``; under another name it would add a
+    frame of its own around the wrapper and compile that into an empty graph.
+    """
+    return functools.wraps(original)
+
+
 def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]:
     """What a top-level call does before it starts: name its model (once), tell the thread's
     automatic steps, note its mode. Returns the call's start."""
@@ -130,6 +144,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
     begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
+    @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         **kwargs: Any) -> Any:
         if dynamo_compiling():
@@ -181,6 +196,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
     hook_backward = _backward_hooks(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
+    @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
                         _tensor: Any = _TENSOR, **kwargs: Any) -> Any:
         if dynamo_compiling():
@@ -260,6 +276,26 @@ def _backward_hooks(recording: Recording) -> Callable[[Any, nn.Module, int], Non
     return hook
 
 
+def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
+    """Give the wrapper the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
+    calls a module, skipped where it would be a compiled frame of its own.
+
+    A compiled module calls ``_orig_mod.__call__``, which is the wrapper while xsp runs; left
+    to the default rule, dynamo would compile the wrapper's frame into an empty graph and count
+    a graph break where the model breaks its graph, one frame further than without xsp. Dynamo
+    keeps such rules for the process; so does xsp (they concern this file only).
+    """
+    skip_dirs = getattr(trace_rules, "SKIP_DIRS", None)
+    inline_when_called = getattr(trace_rules, "BUILTIN_INLINE_WHEN_CALLED", None)
+    recompile = getattr(trace_rules, "_recompile_re", None)
+    if not isinstance(skip_dirs, list) or not isinstance(inline_when_called, set) or recompile is None:
+        return  # another PyTorch: compiled frames of the wrapper cost an empty graph, nothing worse
+    if __file__ not in skip_dirs:
+        inline_when_called.add(__file__)
+        skip_dirs.append(__file__)
+        recompile()
+
+
 class ModuleCallInterceptor:
     """Installs the ``nn.Module.__call__`` wrapper for one recording."""
 
@@ -285,6 +321,7 @@ class ModuleCallInterceptor:
             self._recording = recording
             self._users[user] = mode
             self._install()
+        when_imported(DYNAMO_TRACE_RULES, _let_dynamo_start_past_the_wrapper)
 
     def release(self, user: str) -> None:
         """Stop recording for ``user``; uninstall when nobody is left.
@@ -298,6 +335,7 @@ class ModuleCallInterceptor:
             if self._users:
                 self._install()
                 return
+            forget(DYNAMO_TRACE_RULES, _let_dynamo_start_past_the_wrapper)
             self._uninstall()
             self._recording = None
             if self.foreign_patch:

@@ -48,7 +48,7 @@ def _shapes(descriptor: Any) -> Sequence[Any]:
 
 def _dims(shape: Any) -> list[Any]:
     """A shape as a list of ints (a symbolic or traced size as its text, never an error)."""
-    dims = []
+    dims: list[Any] = []
     for dim in shape:
         try:
             dims.append(int(dim))
@@ -91,7 +91,7 @@ class _Names:
         names = self._by_root.get(id(root))
         if names is None:
             model = self.model(root)
-            names = {id(module): f"{model}.{path}" if path else model for path, module in root.named_modules()}
+            names = {id(module): _layer_name(model, path, root) for path, module in root.named_modules()}
             self._by_root[id(root)] = names
             for module_id, name in names.items():
                 self.any_root.setdefault(module_id, name)
@@ -101,6 +101,22 @@ class _Names:
         """A module called inside a model it does not belong to."""
         prefix = f"{self.model(root)}." if root is not None else ""
         return f"{prefix}<{type(module).__name__}>"
+
+
+COMPILED_INNER = "_orig_mod"
+"""The model inside a ``torch.compile``d one (an ``OptimizedModule``)."""
+HIDDEN = ""
+"""The name of calls left out of the layers: a compiled model's call of the model inside it."""
+
+
+def _layer_name(model: str, path: str, root: nn.Module) -> str:
+    """``<model>.<path>``; a compiled model's layers are named as the model's own, and its call
+    of the model inside is no layer (a compiled call is one span)."""
+    if path and hasattr(root, COMPILED_INNER) and type(root).__name__ == "OptimizedModule":
+        if path == COMPILED_INNER:
+            return HIDDEN
+        path = path.removeprefix(COMPILED_INNER + ".")
+    return f"{model}.{path}" if path else model
 
 
 def module_call_rows(window: Window) -> pd.DataFrame:
@@ -114,6 +130,8 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     names = _Names(window.model_names)
     frames = [_buffer_call_rows(buffer, names) for buffer in window.buffers if len(buffer.call_columns)]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(rows):
+        rows = rows[rows[col.NAME] != HIDDEN].reset_index(drop=True)
     if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
         rows[col.EXTERNAL_ID] = rows[col.START_NS].astype("Int64")
     window.derived["module_calls"] = rows
@@ -239,6 +257,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
         facts = [_module_facts(modules[i]) for i in which]
         backward_names = [_backward_name(modules[i], call, names, forward_names)
                           for i, call in zip(which, paired["call"].tolist())]
+        shown = [name is not None for name in backward_names]
         frames.append(_cover_submodules(pd.DataFrame({
             "call": paired["call"].to_numpy(dtype=np.int64),
             col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
@@ -249,7 +268,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
             col.PARAM_COUNT: [f[1] for f in facts],
             col.SOURCE: [f[2] for f in facts],
             col.STATUS: col.Status.OK.value,
-        })))
+        })[shown]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -290,7 +309,12 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.drop(columns=["call"])
 
 
-def _backward_name(module: nn.Module, call: int, names: _Names, forward_names: dict[int, str]) -> str:
-    """``<forward call's name>.backward`` (``call`` is the forward call's start)."""
-    name = forward_names.get(call) or names.any_root.get(id(module)) or names.fallback(module)
-    return name + BACKWARD_SUFFIX
+def _backward_name(module: nn.Module, call: int, names: _Names, forward_names: dict[int, str]) -> str | None:
+    """``<forward call's name>.backward`` (``call`` is the forward call's start); None for the
+    backward of a call that is no layer (a compiled model's call of the model inside it)."""
+    name = forward_names.get(call)
+    if name is None:
+        name = names.any_root.get(id(module))
+        if name == HIDDEN:
+            return None
+    return (name or names.fallback(module)) + BACKWARD_SUFFIX

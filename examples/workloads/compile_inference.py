@@ -1,7 +1,9 @@
 """Inference with a small MLP wrapped in torch.compile (default inductor backend).
 
-One profiler "step" is one eval-mode forward of the compiled model on a 64 x 128 batch
-under torch.no_grad(). The first call (compilation) happens in build() as warm-up.
+The model has a data-dependent branch, so dynamo breaks its graph there (one graph break,
+two graphs), as real models often do. One profiler "step" is one eval-mode forward of the
+compiled model on a 64 x 128 batch under torch.no_grad(); the first call, in build(),
+compiles it (a compile span, not model latency).
 """
 from __future__ import annotations
 
@@ -13,14 +15,21 @@ import torch.nn as nn
 DEFAULT_STEPS = 20
 
 
+class GatedMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU())
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if h.mean() > 0:  # data-dependent: a graph break
+            h = h * 0.5
+        return self.head(h)
+
+
 def make_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(128, 256),
-        nn.GELU(),
-        nn.Linear(256, 256),
-        nn.GELU(),
-        nn.Linear(256, 10),
-    )
+    return GatedMLP()
 
 
 def build(steps: int | None = None):
