@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 from xsp.tracers._module_calls import INTERCEPTOR
 
 from xsp import _state
@@ -31,9 +33,41 @@ def no_tracer_left_active():
 
     if torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks:
         leaked.append("global backward hooks are still registered")
+    leaked += _loop_patches_left()
     _state.session = _state.recording = None
     nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
     assert not leaked, "; ".join(leaked)
+
+
+_ORIGINALS = {
+    "torch.autograd.backward": torch.autograd.backward,
+    "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
+    "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
+    **{f"{cls.__name__}._next_data": cls.__dict__["_next_data"] for cls in _BaseDataLoaderIter.__subclasses__()
+       if "_next_data" in cls.__dict__},
+}
+
+
+def _loop_patches_left() -> list[str]:
+    """What the model level patches for the loop's events, if any of it is still in place."""
+    from torch.optim import optimizer
+
+    current = {
+        "torch.autograd.backward": torch.autograd.backward,
+        "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
+        "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
+        **{f"{cls.__name__}._next_data": cls.__dict__["_next_data"] for cls in _BaseDataLoaderIter.__subclasses__()
+           if "_next_data" in cls.__dict__},
+    }
+    left = [f"{name} is still patched" for name, value in current.items() if value is not _ORIGINALS.get(name)]
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and dynamo.reset.__name__ == "reset_keeping_xsp":
+        left.append("torch._dynamo.reset is still patched")
+    if optimizer._global_optimizer_pre_hooks or optimizer._global_optimizer_post_hooks:
+        left.append("global optimizer hooks are still registered")
+    if any(type(finder).__module__.startswith("xsp.") for finder in sys.meta_path):
+        left.append("xsp's import watcher is still on sys.meta_path")
+    return left
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,12 @@ What is patched, and why there:
   their caller) and ``DataLoader.__iter__`` (starting an epoch's workers blocks the loop too);
 * PyTorch's global optimizer step hooks;
 * ``torch.autograd.backward``, which ``Tensor.backward`` calls;
-* ``torch.jit.trace`` and ``torch.jit.trace_module``: nothing is recorded inside them (the
-  trace check runs the model again, which is no step of the user's loop);
+* ``torch.jit``'s trace check, which runs the model again once it is traced: no step of the
+  user's loop, so nothing is recorded inside it (not ``torch.jit.trace`` itself, which dynamo
+  wraps for good the first time it compiles);
 * ``transformers``' ``GenerationMixin.generate``, once transformers is imported;
-* dynamo's compile start/end callbacks, once ``torch._dynamo`` is imported.
+* dynamo's compile start/end callbacks, once ``torch._dynamo`` is imported (and
+  ``torch._dynamo.reset``, which would clear them).
 
 Everything is undone at stop, and nothing is replaced that is no longer xsp's own.
 """
@@ -77,8 +79,10 @@ class LoopEvents:
         self._patch_dataloader()
         self._hook_optimizers()
         self._patches.append(_Patch(torch.autograd, "backward", self._backward(torch.autograd.backward)))
-        for name in ("trace", "trace_module"):
-            self._patches.append(_Patch(torch.jit, name, self._aside(torch.jit.__dict__[name])))
+        from torch.jit import _trace
+
+        if "_check_trace" in _trace.__dict__:
+            self._patches.append(_Patch(_trace, "_check_trace", self._aside(_trace.__dict__["_check_trace"])))
         when_imported(GENERATION_MODULE, self._patch_generate)
         when_imported(DYNAMO_CALLBACKS, self._watch_compiles)
 
@@ -165,7 +169,7 @@ class LoopEvents:
         self._handles += [optimizer.register_optimizer_step_pre_hook(before),
                           optimizer.register_optimizer_step_post_hook(after)]
 
-    # torch.jit.trace -----------------------------------------------------------------
+    # torch.jit.trace's check ---------------------------------------------------------
     def _aside(self, original: Callable[..., Any]) -> Callable[..., Any]:
         buffer_of = self.recording.buffer
 
@@ -247,6 +251,23 @@ class LoopEvents:
         handler.register_start_callback(started)
         handler.register_end_callback(ended)
         self._compile_callbacks = (handler, (started, ended))
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and "reset" in dynamo.__dict__:  # reset() clears every callback: put ours back
+            self._patches.append(_Patch(dynamo, "reset", self._keeping_callbacks(dynamo.__dict__["reset"])))
+
+    def _keeping_callbacks(self, reset: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(reset)
+        def reset_keeping_xsp(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return reset(*args, **kwargs)
+            finally:
+                if self._compile_callbacks is not None:
+                    handler, (started, ended) = self._compile_callbacks
+                    if started not in handler.start_callbacks:
+                        handler.register_start_callback(started)
+                        handler.register_end_callback(ended)
+
+        return reset_keeping_xsp
 
     def _unwatch_compiles(self) -> None:
         if self._compile_callbacks is None:

@@ -214,9 +214,10 @@ def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: _Nam
     if root_i == module_i:
         return names.model(module)
     if root_i < 0:
-        return names.any_root.get(id(module)) or names.fallback(module)
+        found = names.any_root.get(id(module))
+        return found if found is not None else names.fallback(module)
     name = names.of_root(modules[root_i]).get(id(module))
-    return name if name else names.fallback(module, modules[root_i])
+    return name if name is not None else names.fallback(module, modules[root_i])
 
 
 def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:

@@ -83,13 +83,17 @@ _WATCHER = _Watcher()
 
 
 def when_imported(name: str, callback: Callback) -> None:
-    """Call ``callback(module)`` once module ``name`` is imported: now, if it already is."""
+    """Call ``callback(module)`` once module ``name`` is imported: now, if it already is.
+
+    Asking again for the same callback changes nothing; one :func:`forget` undoes it."""
     module = sys.modules.get(name)
     if module is not None:
         _call(callback, module)
         return
     with _WATCHER._lock:
-        _WATCHER.callbacks.setdefault(name, []).append(callback)
+        waiting = _WATCHER.callbacks.setdefault(name, [])
+        if callback not in waiting:
+            waiting.append(callback)
         if _WATCHER not in sys.meta_path:
             sys.meta_path.insert(0, _WATCHER)
 

@@ -1,0 +1,203 @@
+"""Automatic steps on hand-made event sequences: what a loop's iterations become."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from xsp.auto_steps import AutoSteps
+from xsp.marks import MarkKind
+
+ENCODER, HEAD, MODEL = 1, 2, 3
+
+
+BASE = 1_000_000
+"""The made-up clock's origin (a host clock never reads 0)."""
+
+
+class Loop:
+    """Drives one thread's AutoSteps through a loop's events on a made-up clock (1 unit = 1 ns),
+    and reports times from the clock's origin."""
+
+    def __init__(self) -> None:
+        self.decided: list[int] = []
+        recording = SimpleNamespace(on_long_step=self.decided.append, long_step_ns=0)
+        self.buffer = SimpleNamespace(marks=[], open_steps=0, depth=0, recording=recording)
+        self.steps = AutoSteps(self.buffer)  # type: ignore[arg-type]
+        self.now = BASE
+
+    def tick(self, duration: int) -> tuple[int, int]:
+        start = self.now
+        self.now += duration
+        return start, self.now
+
+    def call(self, model: int, duration: int = 10, training: bool = False) -> None:
+        start, end = self.tick(duration)
+        self.steps.call_begins(model, start, training)
+        self.steps.call_ends(end)
+
+    def wait(self, duration: int = 5, last: bool = False) -> None:
+        start, end = self.tick(duration)
+        self.steps.wait_begins(start)
+        if last:
+            self.steps.forget_wait(start)
+        self.steps.piece_ends(end)
+
+    def backward(self, duration: int = 20) -> None:
+        self.steps.piece_ends(self.tick(duration)[1], trains=True)
+
+    def optimizer(self, duration: int = 4) -> None:
+        self.steps.optimizer_ends(*self.tick(duration))
+
+    def idle(self, duration: int = 3) -> None:
+        self.tick(duration)
+
+    def end(self) -> list[tuple[str, int, int]]:
+        self.steps.finish()
+        return [(name, start - BASE, end - BASE) for kind, start, end, name, _, _ in self.buffer.marks
+                if kind == MarkKind.STEP]
+
+
+def test_one_model_per_iteration_each_call_is_its_own_step():
+    loop = Loop()
+    for _ in range(3):
+        loop.call(MODEL)
+        loop.idle()
+    assert loop.end() == []  # no step spans: each model call is its step
+    assert loop.decided == [10, 10, 10]  # decided as the next began, the last at the end
+
+
+def test_a_second_model_joins_the_step_of_the_first():
+    loop = Loop()
+    for _ in range(2):
+        loop.call(ENCODER)
+        loop.idle(2)
+        loop.call(HEAD, 4)
+        loop.idle(3)
+    assert loop.end() == [("inference_step", 0, 16), ("inference_step", 19, 35)]
+
+
+def test_the_input_wait_before_a_call_begins_its_step_and_the_loops_end_begins_none():
+    loop = Loop()
+    loop.wait()
+    loop.call(MODEL)
+    loop.wait()
+    loop.call(MODEL)
+    loop.wait(last=True)  # StopIteration
+    assert loop.end() == [("inference_step", 0, 15), ("inference_step", 15, 30)]
+    assert not loop.steps.holding
+
+
+def test_a_training_iteration_runs_from_one_optimizer_step_to_the_next():
+    loop = Loop()
+    for _ in range(3):
+        loop.wait()
+        loop.idle(1)  # zero_grad
+        loop.call(MODEL, training=True)
+        loop.call(HEAD, 2, training=True)  # the loss module
+        loop.backward()
+        loop.optimizer()
+        loop.idle(2)  # zero_grad after the optimizer: the next iteration's
+    steps = loop.end()
+    assert [name for name, _, _ in steps] == ["train_step"] * 3
+    assert steps[0] == ("train_step", 0, 42)
+    assert steps[1][1] == 42 and steps[2][1] == steps[1][2]  # back to back: nothing falls between
+    assert steps[2][2] == 42 + 2 * 44  # the last one ends at its optimizer step, not at the session's end
+
+
+def test_two_optimizers_in_one_iteration_end_one_step():
+    loop = Loop()
+    for _ in range(2):
+        loop.call(ENCODER, training=True)  # discriminator
+        loop.backward()
+        loop.optimizer()
+        loop.call(HEAD, training=True)  # generator
+        loop.backward()
+        loop.optimizer()
+    assert [(start, end) for _, start, end in loop.end()] == [(0, 68), (68, 136)]
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_step():
+    loop = Loop()
+    loop.steps.optimizer_seen = True  # a run that has stepped its optimizer before
+    for _ in range(2):
+        for _ in range(4):
+            loop.wait()
+            loop.call(MODEL, training=True)
+            loop.backward()
+        loop.optimizer()
+    steps = loop.end()
+    assert [(start, end) for _, start, end in steps] == [(0, 144), (144, 288)]
+
+
+def test_evaluation_between_training_steps_is_reported_apart():
+    loop = Loop()
+    loop.wait()
+    loop.call(MODEL, training=True)
+    loop.backward()
+    loop.optimizer()  # ends at 39
+    loop.idle(10)  # logging
+    for _ in range(2):  # evaluation: no autograd
+        loop.wait()
+        loop.call(MODEL)
+    loop.idle(10)
+    loop.wait()  # training again
+    loop.call(MODEL, training=True)
+    loop.backward()
+    loop.optimizer()
+    assert loop.end() == [("train_step", 0, 39), ("inference_step", 49, 64), ("inference_step", 64, 79),
+                          ("train_step", 89, 128)]
+
+
+def test_training_calls_without_an_optimizer_end_at_the_leading_models_next_call():
+    loop = Loop()
+    for _ in range(2):
+        loop.call(MODEL, training=True)
+        loop.backward()
+        loop.idle(5)
+    assert loop.end() == [("train_step", 0, 30), ("train_step", 35, 65)]
+
+
+def test_calls_with_autograd_on_but_no_backward_are_inference():
+    loop = Loop()
+    for _ in range(2):
+        loop.call(MODEL, training=True)  # a traced model called with autograd on, as in tutorials
+        loop.call(HEAD)
+    assert loop.end() == [("inference_step", 0, 20), ("inference_step", 20, 40)]
+
+
+def test_generate_is_one_step_with_the_wait_before_it_and_its_calls_inside():
+    loop = Loop()
+    for _ in range(2):
+        loop.wait()
+        start = loop.now
+        loop.steps.generate_begins("lm", start)
+        for _ in range(3):
+            loop.call(MODEL)  # prefill, decode, decode: no steps of their own
+        loop.steps.generate_ends(loop.now)
+    assert loop.end() == [("lm.generate", 0, 35), ("lm.generate", 35, 70)]
+
+
+def test_an_explicit_step_ends_the_automatic_one_and_suspends_the_rules():
+    loop = Loop()
+    loop.call(ENCODER)
+    loop.call(HEAD)
+    loop.steps.finish()  # xsp.step() begins
+    loop.buffer.open_steps = 1
+    loop.wait()
+    loop.call(ENCODER, training=True)
+    loop.backward()
+    loop.optimizer()
+    loop.buffer.open_steps = 0
+    assert loop.end() == [("inference_step", 0, 20)]
+
+
+@pytest.mark.parametrize("event", ["wait", "call"])
+def test_a_thread_holds_its_records_until_its_step_is_decided(event):
+    loop = Loop()
+    assert not loop.steps.holding
+    getattr(loop, event)(MODEL) if event == "call" else loop.wait()
+    assert loop.steps.holding  # a wait (or call) whose step is still open
+    loop.end()
+    assert not loop.steps.holding

@@ -1,0 +1,315 @@
+"""Ordinary PyTorch loops, unchanged, under xsp.trace(): names, steps, and what xsp leaves alone."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import xsp
+from xsp import analysis
+from xsp import schema as col
+from xsp.schema import SpanKind
+
+
+def traced(fn, levels="model,layer"):
+    with xsp.trace(levels=levels, output=None) as session:
+        fn()
+    return session.trace
+
+
+def model_calls(trace):
+    spans = trace.spans
+    return spans[spans[col.KIND] == SpanKind.PREDICT.value]
+
+
+# -- names ------------------------------------------------------------------------------
+encoder_global = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+
+class Pipeline:
+    """Not a module: holds its models as attributes and calls them."""
+
+    def __init__(self) -> None:
+        self.encoder = nn.Sequential(nn.Linear(4, 4))
+        self.head = nn.Sequential(nn.Linear(4, 2))
+
+    def __call__(self, x):
+        return self.head(self.encoder(x))
+
+
+def test_models_are_named_by_the_variables_attributes_and_globals_that_hold_them():
+    local_head = nn.Sequential(nn.Linear(4, 2))
+    pipeline = Pipeline()
+
+    def work():
+        with torch.no_grad():
+            local_head(encoder_global(torch.randn(1, 4)))
+            pipeline(torch.randn(1, 4))
+
+    calls = model_calls(traced(work))
+    assert calls[col.NAME].tolist() == ["encoder_global", "local_head", "encoder", "head"]
+
+
+def test_two_sequentials_never_share_layer_names_or_paths():
+    models = [nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))]
+
+    def work():
+        with torch.no_grad():
+            for _ in range(2):
+                x = torch.randn(1, 4)
+                for model in models:  # bound to the same loop variable: one keeps it
+                    x = model(x)
+
+    trace = traced(work)
+    assert model_calls(trace)[col.NAME].tolist()[:2] == ["model", "Sequential_0"]
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"]
+    assert sorted(layers[col.NAME].unique()) == ["Sequential_0.0", "model.0"]
+    assert sorted(layers[col.PATH].unique()) == ["inference_step[0]/Sequential_0[0]/Sequential_0.0[0]",
+                                                 "inference_step[0]/model[0]/model.0[0]"]
+    assert len(trace.steps) == 2  # the first model called leads; the other joins its step
+
+
+def test_a_model_bound_to_no_name_is_its_class_with_an_index():
+    def work():
+        with torch.no_grad():
+            nn.Sequential(nn.Identity())(torch.randn(1))
+            nn.Sequential(nn.Identity())(torch.randn(1))
+
+    assert model_calls(traced(work))[col.NAME].tolist() == ["Sequential_0", "Sequential_1"]
+
+
+# -- a training loop --------------------------------------------------------------------
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.fixture(scope="module")
+def training():
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(48, 8), torch.randint(0, 3, (48,))), batch_size=8)
+    model, criterion = Net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train():
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()  # after the optimizer: the next step's
+
+    return traced(train)
+
+
+def test_a_training_loop_is_one_step_per_optimizer_step(training):
+    spans = training.spans
+    steps = spans[spans[col.KIND] == SpanKind.STEP.value]
+    assert steps[col.NAME].tolist() == ["train_step"] * 6
+    assert json.loads(steps[col.ATTRIBUTES].iloc[0]) == {"xsp.step.type": "train"}
+    starts, ends = steps[col.START_NS].to_numpy(), steps[col.END_NS].to_numpy()
+    assert (starts[1:] == ends[:-1]).all()  # iterations follow each other with nothing between
+    kinds = spans[spans[col.LEVEL] == "model"].groupby(col.STEP)[col.KIND].apply(lambda k: sorted(k.unique()))
+    assert all(found == ["backward", "input", "optimizer", "predict", "step"] for found in kinds)
+    optimizer = spans[spans[col.KIND] == SpanKind.OPTIMIZER.value]
+    assert optimizer[col.NAME].unique().tolist() == ["SGD.step"]
+    assert (optimizer[col.END_NS].to_numpy() == ends).all()
+    waits = spans[spans[col.KIND] == SpanKind.INPUT.value]
+    assert set(waits[col.NAME]) == {"DataLoader.__iter__", "DataLoader.__next__"}
+    assert json.loads(waits[col.ATTRIBUTES].iloc[-1]) == {"xsp.input.num_workers": 0, "xsp.input.pin_memory": False}
+    assert waits[col.STEP].isna().sum() == 1  # the epoch's last next(), which raised StopIteration
+
+
+def test_backward_layer_spans_sit_in_their_steps_tree(training):
+    spans = training.spans
+    backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == "backward")]
+    assert set(backward[col.NAME]) == {"model.backward", "model.body.backward", "model.body.0.backward",
+                                       "model.body.1.backward", "model.body.2.backward", "model.body.3.backward",
+                                       "model.head.backward", "criterion.backward"}
+    parents = dict(zip(spans[col.SPAN_ID], spans[col.PARENT_ID]))
+    kinds = dict(zip(spans[col.SPAN_ID], spans[col.KIND]))
+    for span_id in backward[col.SPAN_ID]:
+        chain = []
+        while not pd.isna(span_id):
+            chain.append(kinds[span_id])
+            span_id = parents[span_id]
+        assert chain[-1] == "step" and "backward" in chain[1:]  # under the model-level backward pass
+    assert training.metadata["hierarchy"]["overlapping"] == 0
+    assert training.metadata["dropped"] == {}
+
+
+def test_shares_of_a_training_step_add_up_and_none_exceeds_the_whole(training):
+    breakdown = analysis.step_breakdown(training)
+    parts = breakdown[["forward_ms", "backward_ms", "optimizer_ms", "input_ms", "compile_ms", "other_ms"]]
+    assert np.allclose(parts.sum(axis=1), breakdown["latency_ms"])
+    assert (breakdown[["forward_ms", "backward_ms", "optimizer_ms", "input_ms"]] > 0).all().all()
+    for table in (analysis.top_layers(training, k=50), analysis.layer_type_summary(training)):
+        assert table["share"].sum() <= 1.0
+    coverage = analysis.step_coverage(training).iloc[0]
+    assert 0 < coverage["coverage"] < 1 and coverage["steps"] == 6
+
+
+def test_user_spans_have_their_time_and_share():
+    model = Net()
+
+    def work():
+        for _ in range(3):
+            with xsp.span("preprocess"):
+                x = torch.randn(2, 8)
+            with torch.no_grad():
+                model(x)
+
+    table = analysis.user_spans(traced(work))
+    row = table.set_index("name").loc["preprocess"]
+    assert row["count"] == 3 and row["in_steps"] == 0 and 0 < row["share"] < 1
+
+
+# -- what xsp leaves alone --------------------------------------------------------------
+def kinds_of(script_module) -> list[str]:
+    return [node.kind() for node in script_module.inlined_graph.nodes()]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_jit_tracing_sees_no_xsp_and_traced_models_are_still_recorded():
+    model = Net()
+    x = torch.randn(2, 8)
+    plain_kinds = kinds_of(torch.jit.trace(model, x))
+    with xsp.trace(output=None) as session:
+        traced_model = torch.jit.trace(model, x)  # autograd on, check_trace on: the tutorial form
+        with torch.no_grad():
+            frozen = torch.jit.trace(Net(), x)
+            frozen(x)
+        traced_model(x)
+    assert kinds_of(traced_model) == plain_kinds
+    calls = model_calls(session.trace)
+    assert calls[col.NAME].tolist() == ["frozen", "traced_model"]  # tracing itself is no step
+    assert set(calls[col.MODULE_TYPE]) == {"Net"}
+
+
+def test_no_global_hooks_even_while_autograd_records():
+    from torch.nn.modules import module as torch_module
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(bool(torch_module._has_any_global_hook()))
+            return x * 2
+
+    with xsp.trace(output=None):
+        Probe()(torch.randn(2, requires_grad=True)).sum().backward()
+    assert seen == [False]
+
+
+def test_a_hugging_face_model_trains_without_new_warnings():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    model = transformers.BertForSequenceClassification(config)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8)), "labels": torch.tensor([0, 1])}
+
+    def step():
+        model(**inputs).loss.backward()
+
+    def caught(fn):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn()
+        return sorted({(w.category.__name__, str(w.message)) for w in seen})
+
+    plain = caught(step)
+    assert caught(lambda: traced(step)) == plain
+
+
+def test_torch_compile_compiles_the_same_frames_and_its_compile_time_is_no_latency():
+    pytest.importorskip("torch._dynamo")
+    from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
+
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = self.a(x)
+            if x.sum() > 0:  # a graph break of the model's own
+                x = -x
+            return self.b(x)
+
+    def run():
+        torch._dynamo.reset()
+        counters.clear()
+        clear_compilation_metrics()
+        torch.manual_seed(0)  # the same branches taken in both runs
+        compiled = torch.compile(Branchy(), backend="eager")
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(torch.randn(4, 8))
+        return ([m.co_name for m in get_compilation_metrics()], dict(counters["graph_break"]),
+                dict(counters["stats"]))
+
+    plain = run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning about hooks or anything else
+        with xsp.trace(output=None) as session:
+            profiled = run()
+    assert profiled == plain
+    trace = session.trace
+    calls = model_calls(trace)
+    assert calls[col.NAME].tolist() == ["compiled"] * 3
+    assert (trace.spans[col.LEVEL] == "layer").sum() == 0  # a compiled call is one span
+    compiles = trace.spans[trace.spans[col.KIND] == SpanKind.COMPILE.value]
+    assert len(compiles) == len(plain[0]) and set(compiles[col.STEP]) == {0}
+    latency = analysis.model_latency(trace)
+    assert latency["compile_ms"].iloc[0] > 0 and (latency["compile_ms"].iloc[1:] == 0).all()
+    assert latency["latency_ms"].iloc[0] * 1e6 < calls[col.DURATION_NS].iloc[0] - compiles[col.DURATION_NS].sum() + 1
+
+
+def test_generate_is_one_step_with_its_prefill_and_decode_calls():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def work():
+        for _ in range(2):
+            lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False,
+                        pad_token_id=0)
+
+    trace = traced(work, levels="model")
+    steps = trace.spans[trace.spans[col.KIND] == SpanKind.STEP.value]
+    assert steps[col.NAME].tolist() == ["lm.generate"] * 2
+    calls = model_calls(trace)
+    attributes = [json.loads(a) for a in calls[col.ATTRIBUTES]]
+    assert [(a["xsp.generate.phase"], a["xsp.generate.token_index"]) for a in attributes] == [
+        ("prefill", 0), ("decode", 1), ("decode", 2)] * 2
+    assert calls[col.STEP].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_library_imported_during_the_session_is_instrumented(tmp_path, monkeypatch):
+    from xsp.tracers._post_import import forget, when_imported
+
+    (tmp_path / "late_library.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("late_library", seen.append)
+    try:
+        module = importlib.import_module("late_library")
+        assert seen == [module] and module.VALUE == 1
+        assert module.__spec__.loader.get_filename("late_library").endswith("late_library.py")
+    finally:
+        forget("late_library", seen.append)
+        sys.modules.pop("late_library", None)
