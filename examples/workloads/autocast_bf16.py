@@ -1,7 +1,9 @@
 """Mixed precision on CPU: a small MLP under torch.autocast("cpu", dtype=torch.bfloat16).
 
-One profiler "step" is one inference forward (no_grad, autocast) followed by one training
-iteration (zero_grad, autocast forward + loss, backward in fp32 params, AdamW step).
+Each iteration is an evaluation forward (no_grad, autocast) then a training iteration
+(zero_grad, autocast forward + loss, backward in fp32 params, AdamW step): xsp reports them
+apart, as two steps per iteration: the evaluation call (a step of its own) and a train_step
+from the training forward to AdamW's step.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Training a small MLP compiled with torch.compile (default inductor backend).
 
 One profiler "step" is one training iteration: zero_grad, compiled forward, loss,
-backward (compiled backward graph), SGD step (eager, outside the compiled region).
+backward (compiled backward graph), SGD step (eager, outside the compiled region). The
+warm-up forward and backward in build() is a step of its own that holds the compilation.
 """
 from __future__ import annotations
 

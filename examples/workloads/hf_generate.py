@@ -1,7 +1,8 @@
 """Greedy text generation with a tiny randomly initialised GPT2LMHeadModel.
 
 One profiler "step" is one model.generate() call (greedy, 6 new tokens) on a fixed
-batch of 2 prompts: 6 decoder forward passes with KV cache plus token selection.
+batch of 2 prompts: 6 decoder forward passes with KV cache (the prefill, then 5 decode
+steps, each with its token index) plus token selection.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """TorchScript tracing, tutorial form: torch.jit.trace of a small CNN, then calling the trace.
 
 One profiler "step" is one call of the autograd-enabled trace on a 16 x 3x32x32 batch
-followed by one call of a second trace made under torch.no_grad() (called in no_grad).
+followed by one call of a second trace made under torch.no_grad() (called in no_grad): an
+inference step, as nothing calls backward. Tracing (and its check run) is no step.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Toy model server: 3 worker threads take requests from a queue.Queue and run no_grad inference.
 
-One profiler "step" is one request handled by a worker: queue get, forward of a small MLP
-on a 4 x 64 request batch, result stored. run_steps(n) serves n requests (default 24).
+One profiler "step" is one request handled by a worker: the forward of a small MLP on a
+4 x 64 request batch, a step of the worker's thread (the queue get and storing the result
+fall between steps). run_steps(n) serves n requests (default 24).
 """
 from __future__ import annotations
 

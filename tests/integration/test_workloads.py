@@ -1,0 +1,180 @@
+"""Every script of examples/workloads under ``xsp run``, as a user runs it: the same output, exit
+code and warnings as a plain run, and a trace whose steps are the script's iterations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import xsp
+from xsp import analysis
+from xsp import schema as col
+from xsp.schema import SpanKind
+
+pytest.importorskip("transformers")
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+STEPS = {"mnist_train": 6, "hf_train": 3, "hf_generate": 2, "compile_inference": 5, "compile_train": 4,
+         "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12}
+
+
+def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *command], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def own_lines(stderr: str) -> list[str]:
+    """stderr without xsp's own lines (its summary and its warnings)."""
+    return [line for line in stderr.splitlines() if not line.startswith(("xsp: ", "warning: "))]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each workload run plainly and under ``xsp run``, once, on first use."""
+    done: dict[str, tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], xsp.Trace]] = {}
+
+    def get(name: str):
+        if name not in done:
+            where = tmp_path_factory.mktemp(name)
+            script, steps = str(WORKLOADS / f"{name}.py"), str(STEPS[name])
+            plain = run(script, "--steps", steps, cwd=where)
+            profiled = run("-m", "xsp", "run", "-o", "run.xsp.parquet", "--", script, "--steps", steps, cwd=where)
+            done[name] = (plain, profiled, xsp.load(where / "run.xsp.parquet"))
+        return done[name]
+
+    return get
+
+
+def test_every_workload_is_covered():
+    assert sorted(p.stem for p in WORKLOADS.glob("*.py")) == sorted(STEPS)
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_the_program_is_unchanged(runs, name):
+    plain, profiled, _ = runs(name)
+    assert plain.returncode == 0, plain.stderr
+    assert profiled.returncode == plain.returncode, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)  # no new warnings, nothing else
+    assert "warning:" not in profiled.stderr
+
+
+def model_spans(trace: xsp.Trace, kind: SpanKind) -> pd.DataFrame:
+    spans = trace.spans
+    return spans[(spans[col.LEVEL] == "model") & (spans[col.KIND] == kind.value)]
+
+
+def step_names(trace: xsp.Trace) -> list[str]:
+    return analysis.model_latency(trace)["name"].tolist()
+
+
+def parts_per_step(trace: xsp.Trace) -> pd.Series:
+    model = trace.spans[(trace.spans[col.LEVEL] == "model") & trace.spans[col.STEP].notna()]
+    return model.groupby(col.STEP)[col.KIND].apply(lambda kinds: sorted(set(kinds)))
+
+
+def assert_whole_story(trace: xsp.Trace) -> None:
+    """Every step's parts add up; no share exceeds the whole; the tree is consistent."""
+    breakdown = analysis.step_breakdown(trace)
+    parts = [f"{part}_ms" for part in ("forward", "backward", "optimizer", "input", "compile", "other")]
+    assert np.allclose(breakdown[parts].sum(axis=1), breakdown["latency_ms"])
+    if (trace.spans[col.LEVEL] == "layer").any():
+        assert analysis.top_layers(trace, k=1000)["share"].sum() <= 1.0
+    assert 0 < analysis.step_coverage(trace)["coverage"].iloc[0] <= 1.0
+    assert trace.metadata["hierarchy"]["overlapping"] == 0
+    assert trace.metadata["dropped"] == {}
+
+
+def check_mnist_train(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["train_step"] * 6
+    for parts in parts_per_step(trace):
+        assert {"input", "predict", "backward", "optimizer"} <= set(parts)
+    waits = model_spans(trace, SpanKind.INPUT)
+    assert json.loads(waits[col.ATTRIBUTES].iloc[0])["xsp.input.num_workers"] == 2
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert set(calls[col.NAME]) == {"model", "criterion"}
+    backward = trace.spans[(trace.spans[col.LEVEL] == "layer") & (trace.spans[col.KIND] == "backward")]
+    assert backward[col.STEP].notna().all() and "model.conv1.backward" in set(backward[col.NAME])
+
+
+def check_hf_train(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["train_step"] * 3
+    assert set(model_spans(trace, SpanKind.OPTIMIZER)[col.NAME]) == {"AdamW.step"}
+    layers = set(trace.spans[trace.spans[col.LEVEL] == "layer"][col.NAME])
+    assert {"model.bert.encoder.layer.0.attention.self", "model.bert.encoder.layer.0.attention.self.backward"} <= layers
+
+
+def check_hf_generate(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["model.generate"] * 2
+    calls = model_spans(trace, SpanKind.PREDICT)
+    tokens = [json.loads(a)["xsp.generate.token_index"] for a in calls[col.ATTRIBUTES]]
+    assert tokens == list(range(6)) * 2
+    assert calls[col.PARENT_ID].isin(trace.spans[col.SPAN_ID]).all()
+
+
+def check_compile_inference(trace: xsp.Trace) -> None:
+    latency = analysis.model_latency(trace)
+    assert latency["name"].tolist() == ["compiled"] * 6  # the warm-up call, then the loop
+    assert latency["compile_ms"].iloc[0] > 0 and (latency["compile_ms"].iloc[1:] == 0).all()
+    assert not (trace.spans[col.LEVEL] == "layer").any()  # a compiled call is one span
+    assert set(model_spans(trace, SpanKind.COMPILE)[col.STEP]) == {0}
+
+
+def check_compile_train(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["train_step"] * 5  # the warm-up forward and backward, then the loop
+    assert set(model_spans(trace, SpanKind.COMPILE)[col.STEP]) == {0}
+    assert (analysis.model_latency(trace)["compile_ms"].iloc[1:] == 0).all()
+    for parts in parts_per_step(trace).iloc[1:]:
+        assert {"predict", "backward", "optimizer"} <= set(parts)
+
+
+def check_jit_trace(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["inference_step"] * 4
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert calls[col.NAME].tolist() == ["traced", "traced_ng"] * 4
+    assert set(calls[col.MODULE_TYPE]) == {"SmallCNN"}
+
+
+def check_jit_script(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["scripted"] * 4
+    assert not (trace.spans[col.LEVEL] == "layer").any()
+
+
+def check_autocast_bf16(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["model", "train_step"] * 3  # evaluation and training, apart
+    training = [json.loads(a)["xsp.model.training"] for a in model_spans(trace, SpanKind.PREDICT)[col.ATTRIBUTES]
+                if "xsp.model.training" in a]
+    assert training[:2] == [False, True]
+
+
+def check_two_models(trace: xsp.Trace) -> None:
+    assert step_names(trace) == ["inference_step"] * 4
+    assert model_spans(trace, SpanKind.PREDICT)[col.NAME].tolist() == ["encoder", "head"] * 4
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"][col.NAME]
+    assert layers.str.startswith(("encoder.", "head.")).all()
+
+
+def check_threaded_server(trace: xsp.Trace) -> None:
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert len(analysis.model_latency(trace)) == len(calls) == 12
+    assert calls[col.THREAD_ID].nunique() > 1
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"]
+    by_id = trace.spans.set_index(col.SPAN_ID)
+    assert (by_id.loc[layers[col.PARENT_ID].astype("int64"), col.THREAD_ID].to_numpy()
+            == layers[col.THREAD_ID].to_numpy()).all()
+
+
+CHECKS: dict[str, Callable[[xsp.Trace], None]] = {name: globals()[f"check_{name}"] for name in STEPS}
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_the_trace_tells_what_the_script_did(runs, name):
+    _, _, trace = runs(name)
+    CHECKS[name](trace)
+    assert_whole_story(trace)
