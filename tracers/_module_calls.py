@@ -130,8 +130,9 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         if id(module) not in names:
             name_model(module, binding_names(module, sys._getframe(2)))
         training = _grad_enabled()
-        buffer.steps.call_begins(id(module), now_ns(), training)
         start = now_ns()
+        if buffer.steps.call_begins(id(module), start, training):
+            start = now_ns()  # the step before was handed over first: the call starts now
         buffer.roots.append((start, (ROOT_TRAINING if module.training else 0) | (ROOT_GRAD if training else 0)))
         return start
 

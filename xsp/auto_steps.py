@@ -46,13 +46,14 @@ class StepType(enum.IntEnum):
     GENERATE = 3
 
 
+_NONE, _INFERENCE, _TRAIN, _GENERATE = StepType.NONE, StepType.INFERENCE, StepType.TRAIN, StepType.GENERATE
 TRAIN_STEP_NAME: Final = "train_step"
 INFERENCE_STEP_NAME: Final = "inference_step"
 GENERATE_SUFFIX: Final = ".generate"
 _ATTRIBUTES: Final[dict[StepType, dict[str, Any]]] = {
-    StepType.INFERENCE: {ATTR_STEP_TYPE: "inference"},
-    StepType.TRAIN: {ATTR_STEP_TYPE: "train"},
-    StepType.GENERATE: {ATTR_STEP_TYPE: "generate"},
+    _INFERENCE: {ATTR_STEP_TYPE: "inference"},
+    _TRAIN: {ATTR_STEP_TYPE: "train"},
+    _GENERATE: {ATTR_STEP_TYPE: "generate"},
 }
 
 
@@ -73,7 +74,7 @@ class AutoSteps:
         self._reset()
 
     def _reset(self) -> None:
-        self.type = StepType.NONE
+        self.type = _NONE
         self.start_ns = self.last_end_ns = self.closed_ns = 0
         self.leader: int | None = None
         self.calls = self.pieces = self.nested = 0
@@ -84,47 +85,60 @@ class AutoSteps:
     @property
     def holding(self) -> bool:
         """True while this thread has records that belong to a step not yet decided."""
-        return self.type is not StepType.NONE or self.wait_ns != 0
+        return self.type is not _NONE or self.wait_ns != 0
 
     def _suspended(self) -> bool:
         return bool(self._buffer.open_steps or self.nested or self._buffer.depth)
 
     # events --------------------------------------------------------------------------
-    def call_begins(self, module_id: int, start_ns: int, training: bool) -> None:
-        """A top-level model call starts; ``training``: autograd is recording a graph."""
+    def call_begins(self, module_id: int, start_ns: int, training: bool) -> bool:
+        """A top-level model call starts; ``training``: autograd is recording a graph.
+
+        Returns True when deciding the step before it handed its records over (the call's
+        start is worth reading again).
+        """
         if self._buffer.open_steps or self.nested:
-            return
+            return False
         kind = self.type
-        if kind is StepType.TRAIN:
+        if kind is _INFERENCE and self.pieces == 1 and module_id == self.leader and not training:
+            # the most common case by far, one model per iteration: the last step was its one
+            # call (no step span), and this call is the next one
+            self.type = _NONE  # decided: the thread's records can be handed over
+            handed_over = self._decided(self.last_end_ns - self.start_ns)
+            self.type, self.start_ns = _INFERENCE, start_ns
+            return handed_over
+        decided = False
+        if kind is _TRAIN:
             leads = module_id == self.leader or self.leader is None
             if self.closed_ns and (not training or leads):  # the next iteration, or an evaluation
-                self._finish_training()
+                decided = self._finish_training()
             elif training and leads and not self.optimizer_seen:
-                self._finish(self.last_end_ns)
-        elif kind is StepType.INFERENCE and (training or module_id == self.leader):
-            self._finish(self.last_end_ns)
-        if self.type is StepType.NONE:
-            self._open(StepType.TRAIN if training else StepType.INFERENCE, start_ns, module_id)
+                decided = self._finish(self.last_end_ns)
+        elif kind is _INFERENCE and (training or module_id == self.leader):
+            decided = self._finish(self.last_end_ns)
+        if self.type is _NONE:
+            self._open(_TRAIN if training else _INFERENCE, start_ns, module_id)
         else:
             self.calls += 1
             self.pieces += 1
+        return decided
 
     def call_ends(self, end_ns: int) -> None:
-        if self.type is not StepType.NONE and not self._suspended():
-            self.last_end_ns = max(self.last_end_ns, end_ns)
+        if end_ns > self.last_end_ns and self.type is not _NONE and not self.nested and not self._buffer.open_steps:
+            self.last_end_ns = end_ns
 
     def wait_begins(self, start_ns: int) -> None:
         """An input wait (a DataLoader's ``next()``) starts."""
         if self._suspended():
             return
-        if self.type is StepType.INFERENCE and self.calls:
+        if self.type is _INFERENCE and self.calls:
             self._finish(self.last_end_ns)
-        elif self.type is StepType.TRAIN:
+        elif self.type is _TRAIN:
             if self.closed_ns:
                 self._finish_training()
             elif not self.optimizer_seen:
                 self._finish(self.last_end_ns)
-        if self.type is StepType.NONE and not self.wait_ns:
+        if self.type is _NONE and not self.wait_ns:
             self.wait_ns = start_ns
 
     def forget_wait(self, start_ns: int) -> None:
@@ -134,7 +148,7 @@ class AutoSteps:
 
     def piece_ends(self, end_ns: int, trains: bool = False) -> None:
         """An input wait (or, with ``trains``, a backward pass) of the open step ended."""
-        if self.type is not StepType.NONE and not self._suspended():
+        if self.type is not _NONE and not self._suspended():
             self.pieces += 1
             self.trained |= trains
             self.last_end_ns = max(self.last_end_ns, end_ns)
@@ -143,10 +157,10 @@ class AutoSteps:
         self.optimizer_seen = True
         if self._suspended():
             return
-        if self.type is StepType.NONE:  # no model call was seen in this iteration
-            self._open(StepType.TRAIN, start_ns, None)
+        if self.type is _NONE:  # no model call was seen in this iteration
+            self._open(_TRAIN, start_ns, None)
             self.calls = 0
-        self.type = StepType.TRAIN  # an optimizer after a no-grad call makes it training all the same
+        self.type = _TRAIN  # an optimizer after a no-grad call makes it training all the same
         self.trained = True
         self.closed_ns = end_ns
         self.pieces += 1
@@ -161,7 +175,7 @@ class AutoSteps:
         waited_ns = self.wait_ns  # an input wait just before generate() is part of its step
         self.finish()
         self.wait_ns = waited_ns
-        self._open(StepType.GENERATE, start_ns, None)
+        self._open(_GENERATE, start_ns, None)
         self.name = name + GENERATE_SUFFIX
         self.nested = 1
 
@@ -174,11 +188,11 @@ class AutoSteps:
 
     def finish(self, now_ns: int = 0) -> None:
         """Decide the open step now (an explicit step begins, a generate() call, the session ends)."""
-        if self.type is StepType.TRAIN:
+        if self.type is _TRAIN:
             self._finish(self.closed_ns or self.last_end_ns)
-        elif self.type is StepType.INFERENCE and self.calls:
+        elif self.type is _INFERENCE and self.calls:
             self._finish(self.last_end_ns)
-        elif self.type is StepType.GENERATE:
+        elif self.type is _GENERATE:
             self.nested = 0
             self._finish(max(now_ns, self.last_end_ns))
         self._reset()
@@ -186,29 +200,39 @@ class AutoSteps:
 
     # ---------------------------------------------------------------------------------
     def _open(self, kind: StepType, start_ns: int, leader: int | None) -> None:
-        starts = [t for t in (self.resume_ns if kind is StepType.TRAIN else 0, self.wait_ns) if t]
+        waited, resumed = self.wait_ns, (self.resume_ns if kind is _TRAIN else 0)
+        if waited or resumed:
+            start_ns = min(waited, resumed) if waited and resumed else (waited or resumed)
         self.type = kind
-        self.start_ns = min(starts) if starts else start_ns
+        self.start_ns = start_ns
         self.leader = leader
         self.calls = 1
-        self.pieces = 1 + (self.wait_ns != 0)
+        self.pieces = 2 if waited else 1
         self.wait_ns = self.resume_ns = 0
 
-    def _finish_training(self) -> None:
+    def _finish_training(self) -> bool:
         closed = self.closed_ns
-        self._finish(closed)
+        handed_over = self._finish(closed)
         self.resume_ns = closed
+        return handed_over
 
-    def _finish(self, end_ns: int) -> None:
+    def _finish(self, end_ns: int) -> bool:
         kind, start_ns = self.type, self.start_ns
         buffer = self._buffer
-        if kind is not StepType.GENERATE:  # a model called with autograd on, but never trained
-            kind = StepType.TRAIN if self.trained else StepType.INFERENCE
-        if kind is not StepType.INFERENCE or self.pieces > 1:
-            name = self.name or (TRAIN_STEP_NAME if kind is StepType.TRAIN else INFERENCE_STEP_NAME)
+        if kind is not _GENERATE:  # a model called with autograd on, but never trained
+            kind = _TRAIN if self.trained else _INFERENCE
+        if kind is not _INFERENCE or self.pieces > 1:
+            name = self.name or (TRAIN_STEP_NAME if kind is _TRAIN else INFERENCE_STEP_NAME)
             buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, _ATTRIBUTES[kind], None))
         self._reset()
         self.resume_ns = 0
-        recording = buffer.recording
-        if recording.on_long_step is not None and end_ns - start_ns >= recording.long_step_ns:
-            recording.on_long_step(end_ns - start_ns)
+        return self._decided(end_ns - start_ns)
+
+    def _decided(self, duration_ns: int) -> bool:
+        """A step of this thread is decided: tell whoever listens (long-step export, flushes).
+        True when someone was told."""
+        recording = self._buffer.recording
+        if recording.on_long_step is not None and duration_ns >= recording.long_step_ns:
+            recording.on_long_step(duration_ns)
+            return True
+        return False
