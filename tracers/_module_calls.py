@@ -45,7 +45,17 @@ from xsp.tracers._model_names import binding_names
 from xsp.tracers._post_import import forget, when_imported
 
 from xsp.clock import now_ns
-from xsp.recording import COMPACT_AT, ROOT_GRAD, ROOT_TRAINING, Recording, ThreadBuffer
+from xsp.recording import (
+    BACKWARD_ALIAS,
+    BACKWARD_BEGIN,
+    BACKWARD_END,
+    COMPACT_AT,
+    ROOT_GRAD,
+    ROOT_MODE_UNKNOWN,
+    ROOT_TRAINING,
+    Recording,
+    ThreadBuffer,
+)
 
 _TENSOR = torch.Tensor
 Descriptor = tuple[Any, ...] | None
@@ -133,7 +143,10 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         start = now_ns()
         if buffer.steps.call_begins(id(module), start, training):
             start = now_ns()  # the step before was handed over first: the call starts now
-        buffer.roots.append((start, (ROOT_TRAINING if module.training else 0) | (ROOT_GRAD if training else 0)))
+        # from the instance's dict: a TorchScript module answers ``.training`` in a microsecond
+        mode = module.__dict__.get("training")
+        buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
+                             | (ROOT_GRAD if training else 0)))
         return start
 
     return begin_root
@@ -181,7 +194,11 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         if pop is not None:
             pop()
         buffer.depth = 0
-        buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
+        if kwargs or len(args) != 1 or type(args[0]) is not _TENSOR:
+            in_desc = describe_inputs(args, kwargs)
+        else:
+            in_desc = args[0].shape
+        buffer.calls.append((start, end, self, 0, in_desc, describe(out), None))
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
         buffer.steps.call_ends(end)
@@ -240,7 +257,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
         calls.append((start, end, self, depth, in_desc,
                       out.shape if type(out) is _tensor else describe(out), None))
         if _grad_enabled():
-            hook_backward(out, self, start)
+            hook_backward(buffer, out, self, start)
         if depth < 2:
             if len(calls) >= COMPACT_AT:
                 buffer.compact()
@@ -251,25 +268,38 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
     return xsp_module_call
 
 
-def _backward_hooks(recording: Recording) -> Callable[[Any, nn.Module, int], None]:
-    """``hook(out, module, call_start)``: record the begin and end of the backward of one call.
+def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
+    """``hook(buffer, out, module, call_start)``: record the begin and end of the backward of one call.
 
     The backward of a module call begins when the node that produced its output is about to
     run (its gradient is complete) and ends when that node has run; a module with submodules
     is stretched over their backward when the layer spans are built. Events go to the buffer
     of the thread that runs the backward (an autograd device thread on GPUs).
+
+    A module whose output is the very tensor its last submodule returned (an ``nn.Sequential``,
+    a block ending in its norm layer) shares that submodule's node: instead of hooking it again
+    (two hook registrations, a few microseconds), the call is recorded as an alias of the
+    submodule's call (phase 2, with that call's start as its time).
     """
     buffer_of = recording.buffer
 
     def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), 0, call))
+        buffer_of().backward.append((module, now_ns(), BACKWARD_BEGIN, call))
 
     def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), 1, call))
+        buffer_of().backward.append((module, now_ns(), BACKWARD_END, call))
 
-    def hook(out: Any, module: nn.Module, call: int) -> None:
+    def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
         node = out.grad_fn if type(out) is _TENSOR else None
-        nodes: Any = (node,) if node is not None else _output_nodes(out)
+        if node is None:
+            nodes: Any = _output_nodes(out)
+        else:
+            hooked = buffer.last_hooked
+            if hooked is not None and hooked[0] is node:
+                buffer.backward.append((module, hooked[1], BACKWARD_ALIAS, call))
+                return
+            buffer.last_hooked = (node, call)
+            nodes = (node,)
         for node in nodes:
             node.register_prehook(partial(begin, module, call))
             node.register_hook(partial(end, module, call))

@@ -14,7 +14,16 @@ import torch
 from torch import nn
 
 from xsp import schema as col
-from xsp.recording import ROOT_GRAD, ROOT_TRAINING, Window, WindowBuffer
+from xsp.recording import (
+    BACKWARD_ALIAS,
+    BACKWARD_BEGIN,
+    BACKWARD_END,
+    ROOT_GRAD,
+    ROOT_MODE_UNKNOWN,
+    ROOT_TRAINING,
+    Window,
+    WindowBuffer,
+)
 
 BACKWARD_SUFFIX = ".backward"
 
@@ -190,9 +199,10 @@ def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
     })
 
 
-_ROOT_ATTRIBUTES = {flags: json.dumps({col.ATTR_MODEL_TRAINING: bool(flags & ROOT_TRAINING),
+_ROOT_ATTRIBUTES = {flags: json.dumps({**({} if flags & ROOT_MODE_UNKNOWN else
+                                           {col.ATTR_MODEL_TRAINING: bool(flags & ROOT_TRAINING)}),
                                         col.ATTR_MODEL_GRAD: bool(flags & ROOT_GRAD)})
-                    for flags in range(4)}
+                    for flags in range(8)}
 
 
 def _root_attributes(buffer: WindowBuffer, starts: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -247,12 +257,15 @@ def backward_rows(window: Window) -> pd.DataFrame:
         events = pd.DataFrame({"module": as_numpy(cols.module), "call": as_numpy(cols.call),
                                "time": as_numpy(cols.time), "phase": as_numpy(cols.phase)})
         keys = ["module", "call"]
-        begins = events[events["phase"] == 0].groupby(keys)["time"].min().rename(col.START_NS)
-        ends = events[events["phase"] == 1].groupby(keys)["time"].max().rename(col.END_NS)
+        begins = events[events["phase"] == BACKWARD_BEGIN].groupby(keys)["time"].min().rename(col.START_NS)
+        ends = events[events["phase"] == BACKWARD_END].groupby(keys)["time"].max().rename(col.END_NS)
         paired = pd.concat([begins, ends], axis=1, join="inner").reset_index()
         unpaired = len(begins) + len(ends) - 2 * len(paired)
         if unpaired:
             window.dropped["unpaired_backward_events"] += unpaired
+        if paired.empty:  # forward passes whose backward never ran (aliases of them included)
+            continue
+        paired = pd.concat([paired, _aliases(events[events["phase"] == BACKWARD_ALIAS], paired)], ignore_index=True)
         modules = buffer.modules.values
         which = paired["module"].tolist()
         facts = [_module_facts(modules[i]) for i in which]
@@ -271,6 +284,17 @@ def backward_rows(window: Window) -> pd.DataFrame:
             col.STATUS: col.Status.OK.value,
         })[shown]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _aliases(aliases: pd.DataFrame, paired: pd.DataFrame) -> pd.DataFrame:
+    """The backward of calls that share the node of another call (whose start is their ``time``)."""
+    if aliases.empty:
+        return paired.iloc[:0]
+    shared = paired.drop_duplicates("call").set_index("call")[[col.START_NS, col.END_NS]]
+    found = aliases[aliases["time"].isin(shared.index)]
+    times = shared.loc[found["time"].to_numpy()]
+    return pd.DataFrame({"module": found["module"].to_numpy(), "call": found["call"].to_numpy(),
+                         col.START_NS: times[col.START_NS].to_numpy(), col.END_NS: times[col.END_NS].to_numpy()})
 
 
 def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:

@@ -21,8 +21,11 @@ from typing import Any, Final
 from xsp.auto_steps import AutoSteps
 from xsp.marks import MarkKind
 
-COMPACT_AT: Final = 8192
-"""Raw records a thread keeps before compacting them into arrays."""
+COMPACT_AT: Final = 512
+"""Raw records a thread keeps before compacting them into arrays. Small on purpose: records
+compacted before the garbage collector's second generation sees them never reach its oldest
+one, whose growth triggers full collections of the whole heap (which made every module call
+of a training loop 2x dearer at 8192)."""
 
 DEFAULT_MAX_EVENTS: Final = 50_000_000
 """Records kept per session; past it, records are dropped and counted."""
@@ -33,10 +36,16 @@ NEVER: Final = sys.maxsize
 # kind codes of the "mark" records (user spans, explicit steps, nested sessions)
 MARK_USER: Final = MarkKind.USER
 MARK_STEP: Final = MarkKind.STEP
+BACKWARD_BEGIN: Final = 0
+BACKWARD_END: Final = 1
+BACKWARD_ALIAS: Final = 2
+"""Phases of backward events; an alias's time is the start of the call whose backward it shares."""
 ROOT_TRAINING: Final = 1
 """Flag of a top-level call: the module was in training mode."""
 ROOT_GRAD: Final = 2
 """Flag of a top-level call: autograd was recording a graph."""
+ROOT_MODE_UNKNOWN: Final = 4
+"""Flag of a top-level call: whether the module was in training mode is not known (TorchScript)."""
 
 
 class _Interner:
@@ -94,8 +103,10 @@ class MarkColumns:
 
 
 class BackwardColumns:
-    """Compacted backward events of one thread: begin (phase 0) and end (phase 1) of the
-    backward of the module call that started at ``call`` (its start on the host clock)."""
+    """Compacted backward events of one thread: begin (``BACKWARD_BEGIN``) and end
+    (``BACKWARD_END``) of the backward of the module call that started at ``call`` (its start
+    on the host clock), or ``BACKWARD_ALIAS``: that call's backward is the one of the call that
+    started at ``time``."""
 
     __slots__ = ("module", "time", "phase", "call")
 
@@ -126,9 +137,9 @@ class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
     __slots__ = (
-        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "steps", "calls", "marks", "backward",
-        "roots", "call_columns", "mark_columns", "backward_columns", "root_columns", "modules", "descriptors",
-        "strings", "_lock",
+        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "steps", "last_hooked", "calls",
+        "marks", "backward", "roots", "call_columns", "mark_columns", "backward_columns", "root_columns",
+        "modules", "descriptors", "strings", "_lock",
     )
 
     def __init__(self, recording: Recording) -> None:
@@ -142,6 +153,8 @@ class ThreadBuffer:
         """``xsp.step()`` blocks open on this thread right now."""
         self.aside = 0
         """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
+        self.last_hooked: tuple[Any, int] | None = None
+        """The autograd node last hooked for a module call on this thread, and that call's start."""
         self.steps = AutoSteps(self)
         """This thread's automatic steps (see :mod:`xsp.auto_steps`)."""
         # raw records, appended on the hot path:
@@ -216,12 +229,15 @@ class ThreadBuffer:
             cols.error.append(-1 if error is None else self.strings.intern(error))
 
     def _compact_backward(self, events: list[tuple[Any, ...]]) -> None:
+        if not events:
+            return
         cols = self.backward_columns
-        for module, time_ns, phase, call in events:
-            cols.module.append(self.modules.intern(module))
-            cols.time.append(time_ns)
-            cols.phase.append(phase)
-            cols.call.append(call)
+        module_id = self.modules.intern
+        modules, times, phases, calls = zip(*events)
+        cols.module.extend([module_id(m) for m in modules])
+        cols.time.extend(times)
+        cols.phase.extend(phases)
+        cols.call.extend(calls)
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
