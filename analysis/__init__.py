@@ -4,7 +4,6 @@ Every analysis is a plain function that takes an :class:`xsp.Trace` (or its span
 and returns a pandas DataFrame with documented columns. Nothing here plots or prints.
 """
 
-from xsp.analysis import hierarchy, structure
 from xsp.analysis.gpu import (
     gpu_utilization,
     gpu_vs_cpu_per_layer,
@@ -16,7 +15,6 @@ from xsp.analysis.gpu import (
     memory_operations,
     synchronization,
 )
-from xsp.analysis.hierarchy import diagnostics_table
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.model import model_latency, model_summary
 from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
@@ -30,6 +28,9 @@ from xsp.analysis.roofline import (
     trace_peak,
 )
 from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
+
+from xsp import hierarchy, structure
+from xsp.hierarchy import diagnostics_table
 
 __all__ = [
     "operator_table", "backward_attribution", "backward_time_per_layer",

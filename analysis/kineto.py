@@ -47,7 +47,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from xsp.analysis.tree import MEMORY_POOL, arrow_strings, inside_any
 
 from xsp import schema as col
 from xsp._version import __version__
@@ -55,6 +54,7 @@ from xsp.errors import TraceFormatError
 from xsp.schema import Level, SpanKind
 from xsp.spans import build_table, new_step_state, string_array
 from xsp.trace import Trace
+from xsp.tree import MEMORY_POOL, arrow_strings, inside_any
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")

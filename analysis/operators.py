@@ -15,11 +15,11 @@ import re
 import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans
-from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
+from xsp.tree import nearest_ancestor, of_level, parent_positions
 
 BACKWARD_NODE = re.compile(r"Backward\d*$")
 """Autograd node names: ``AddmmBackward0`` (``BackwardHookFunction`` is a forward operator)."""

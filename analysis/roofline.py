@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, model_latency
-from xsp.analysis.tree import parent_positions, sum_into_ancestors
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
+from xsp.tree import parent_positions, sum_into_ancestors
 
 
 @dataclass(frozen=True)

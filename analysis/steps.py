@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_roots
-from xsp.analysis.tree import union_length
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
+from xsp.tree import union_length
 
 PARTS: dict[str, SpanKind] = {
     "forward": SpanKind.PREDICT,

@@ -65,11 +65,10 @@ def _levels(levels: str | None) -> Iterator[None]:
 
 
 def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: int) -> dict[str, Any]:
-    from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
-
     import xsp
     from xsp import schema as col
     from xsp.schema import Level, SpanKind
+    from xsp.tree import nearest_ancestor, of_level, parent_positions
 
     with xsp.trace(levels="model,layer,kernel", output=None) as session:
         for _ in range(iterations):

@@ -84,10 +84,10 @@ def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[floa
 def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: int, rounds: int) -> dict[str, Any]:
     """Every configuration once per round, interleaved; figures pooled over the rounds."""
     from xsp.analysis.model import trimmed_mean
-    from xsp.analysis.tree import parent_positions
 
     import xsp
     from xsp import schema as col
+    from xsp.tree import parent_positions
 
     for _ in range(warmup):
         fn()

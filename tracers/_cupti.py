@@ -15,7 +15,7 @@ for, hands CUPTI 8 MiB buffers and keeps what CUPTI gives back as plain tuples.
   (the layer call's start on the host clock) around every module call. CUPTI reports which
   id was on top when each CUDA API call was made; the API call's ``external_id`` then names
   the layer span that made it, and the hierarchy builder uses it (see
-  :mod:`xsp.analysis.hierarchy`).
+  :mod:`xsp.hierarchy`).
 * **Never fatal.** Every CUPTI failure becomes a reason the tracer is unavailable, or a
   warning; ``cupti.finalize()`` is never called (it tears CUPTI down for everyone).
 """

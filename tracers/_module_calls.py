@@ -276,10 +276,12 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
     is stretched over their backward when the layer spans are built. Events go to the buffer
     of the thread that runs the backward (an autograd device thread on GPUs).
 
-    A module whose output is the very tensor its last submodule returned (an ``nn.Sequential``,
-    a block ending in its norm layer) shares that submodule's node: instead of hooking it again
-    (two hook registrations, a few microseconds), the call is recorded as an alias of the
-    submodule's call (phase 2, with that call's start as its time).
+    Hook registrations cost microseconds each, so they are spared where the span follows
+    from others. A module with submodules gets no end hook: its backward ends with theirs (its
+    span is stretched over them), and it begins at its own output's node. A module whose output
+    is the very tensor its last submodule returned (an ``nn.Sequential``, a block ending in its
+    norm layer) shares that submodule's node: it is recorded as an alias of the submodule's call
+    (phase 2, with that call's start as its time) instead of hooking the node again.
     """
     buffer_of = recording.buffer
 
@@ -300,9 +302,11 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
                 return
             buffer.last_hooked = (node, call)
             nodes = (node,)
+        leaf = not module._modules  # a module with submodules ends with them: cover_submodules stretches it
         for node in nodes:
             node.register_prehook(partial(begin, module, call))
-            node.register_hook(partial(end, module, call))
+            if leaf:
+                node.register_hook(partial(end, module, call))
 
     return hook
 

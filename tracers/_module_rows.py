@@ -259,8 +259,15 @@ def backward_rows(window: Window) -> pd.DataFrame:
         keys = ["module", "call"]
         begins = events[events["phase"] == BACKWARD_BEGIN].groupby(keys)["time"].min().rename(col.START_NS)
         ends = events[events["phase"] == BACKWARD_END].groupby(keys)["time"].max().rename(col.END_NS)
-        paired = pd.concat([begins, ends], axis=1, join="inner").reset_index()
-        unpaired = len(begins) + len(ends) - 2 * len(paired)
+        paired = pd.concat([begins, ends], axis=1, join="outer").reset_index()
+        # a module with submodules has only a begin: it ends with them (see _cover_submodules)
+        has_children = np.array([bool(buffer.modules.values[i]._modules) for i in paired["module"].tolist()],
+                                dtype=bool)
+        complete = paired[col.START_NS].notna() & (paired[col.END_NS].notna() | has_children)
+        unpaired = int((~complete).sum())
+        paired = paired[complete.to_numpy()].copy()
+        paired[col.END_NS] = paired[col.END_NS].fillna(paired[col.START_NS])
+        paired[[col.START_NS, col.END_NS]] = paired[[col.START_NS, col.END_NS]].astype("int64")
         if unpaired:
             window.dropped["unpaired_backward_events"] += unpaired
         if paired.empty:  # forward passes whose backward never ran (aliases of them included)

@@ -9,9 +9,10 @@ from xsp import analysis
 from xsp._version import __version__
 from xsp.errors import SchemaVersionError, TraceFormatError, UnknownLevelError, XspError
 from xsp.leveled import LeveledResult, leveled
+from xsp.loading import load
 from xsp.schema import Level, SpanKind, Status
 from xsp.session import Session, XspWarning, trace
-from xsp.trace import Trace, load
+from xsp.trace import Trace
 from xsp.user_spans import span, step
 
 __all__ = [

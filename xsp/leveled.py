@@ -32,10 +32,10 @@ import pandas as pd
 
 from xsp import schema as col
 from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean
-from xsp.analysis.tree import parent_positions, sum_into_ancestors
 from xsp.levels import LevelsArg, parse_levels
 from xsp.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.trace import Trace
+from xsp.tree import parent_positions, sum_into_ancestors
 
 STEP_NAME = "leveled"
 """Each call of the function under :func:`leveled` is one step of this name."""

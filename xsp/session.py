@@ -18,7 +18,6 @@ import pandas as pd
 
 from xsp import _state
 from xsp import schema as col
-from xsp.analysis.structure import SESSION_NAME
 from xsp.clock import ClockSync, now_ns
 from xsp.export.otlp import (
     ExportReport,
@@ -35,6 +34,7 @@ from xsp.metadata import default_service_name, environment
 from xsp.recording import DEFAULT_MAX_EVENTS, Recording, Window
 from xsp.schema import Level, SpanKind, Status
 from xsp.spans import build_table, conform, new_step_state
+from xsp.structure import SESSION_NAME
 from xsp.trace import Trace
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from xsp import hierarchy, structure
 from xsp import schema as col
-from xsp.analysis import hierarchy, structure
-from xsp.analysis.tree import MEMORY_POOL, arrow_strings, ids_at, nullable_ints
+from xsp.tree import MEMORY_POOL, arrow_strings, ids_at, nullable_ints
 
 
 def empty_table() -> pd.DataFrame:

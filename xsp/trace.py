@@ -1,4 +1,4 @@
-"""``xsp.Trace``: a span table with its metadata, and ``xsp.load``."""
+"""``xsp.Trace``: a span table with its metadata (``xsp.load`` reads one: :mod:`xsp.loading`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from xsp import schema as col
-from xsp.fileio import read_trace, write_trace
+from xsp.fileio import write_trace
 from xsp.schema import Level
 
 
@@ -43,19 +43,3 @@ class Trace:
     def __repr__(self) -> str:
         levels = self.spans[col.LEVEL].value_counts().to_dict() if len(self.spans) else {}
         return f"Trace({len(self.spans)} spans, {len(self.steps)} steps, levels={levels})"
-
-
-def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        xsp.TraceFormatError: the file is not a trace xsp reads, or is truncated or corrupt.
-        xsp.SchemaVersionError: the file was written by a newer xsp.
-    """
-    from xsp.analysis.kineto import is_kineto_path, load_kineto
-
-    if is_kineto_path(path):
-        return load_kineto(path)
-    spans, metadata = read_trace(path)
-    return Trace(spans=spans, metadata=metadata)

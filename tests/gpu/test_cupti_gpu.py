@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions
 
 import xsp
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
+from xsp.tree import nearest_ancestor, of_level, parent_positions
 
 pytestmark = pytest.mark.gpu
 

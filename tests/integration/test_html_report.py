@@ -64,6 +64,20 @@ def layer_report(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def training_report(tmp_path_factory) -> Path:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with xsp.trace(output=None) as session:
+        for _ in range(4):
+            with xsp.span("make_batch"):
+                x = torch.randn(2, 8)
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return write_html(session.trace, tmp_path_factory.mktemp("html") / "training.html")
+
+
+@pytest.fixture(scope="module")
 def leveled_report(tmp_path_factory) -> Path:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
     x = torch.randn(2, 8)
@@ -76,7 +90,9 @@ def leveled_report(tmp_path_factory) -> Path:
                                             ("layer_report", ["chart-latency", "chart-top-layers",
                                                               "chart-layer-types", "chart-timeline"]),
                                             ("leveled_report", ["chart-leveled", "chart-top-layers",
-                                                                "chart-operators", "chart-timeline"])])
+                                                                "chart-operators", "chart-timeline"]),
+                                            ("training_report", ["chart-steps", "chart-top-layers",
+                                                                 "chart-timeline"])])
 def test_report_loads_without_errors_and_renders_its_charts(chromium, tmp_path, request, report, charts):
     page = request.getfixturevalue(report)
     assert "cdn.plot.ly" not in page.read_text()[:2000]  # plotly is inlined: the page works offline
@@ -107,3 +123,9 @@ def test_cli_writes_the_html_report(shared_traces, tmp_path):
     assert main(["report", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "--html", str(target)]) == 0
     text = target.read_text()
     assert text.startswith("<!DOCTYPE html>") and "chart-kernels" in text and "Hierarchy diagnostics" in text
+
+
+def test_the_training_report_tells_where_the_step_time_went(training_report):
+    text = training_report.read_text()
+    assert "Steps cover" in text and 'id="user-spans"' in text and "make_batch" in text
+    assert '"name":"optimizer"' in text.replace(" ", "") and '"name":"backward"' in text.replace(" ", "")

@@ -14,7 +14,6 @@ pytest.importorskip("cupti", reason="cupti-python is not installed (Linux x86_64
 
 from cupti import cupti as real  # noqa: E402
 from xsp.analysis import gpu  # noqa: E402
-from xsp.analysis.tree import nearest_ancestor, of_level, parent_positions  # noqa: E402
 from xsp.tracers import _cupti  # noqa: E402
 from xsp.tracers._cupti import CuptiSource, RecordStore, activity_rows, api_rows, demangle  # noqa: E402
 from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
@@ -25,6 +24,7 @@ import xsp  # noqa: E402
 from xsp import schema as col  # noqa: E402
 from xsp.cli.doctor import tracer_rows  # noqa: E402
 from xsp.schema import Level, SpanKind  # noqa: E402
+from xsp.tree import nearest_ancestor, of_level, parent_positions  # noqa: E402
 
 from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
 

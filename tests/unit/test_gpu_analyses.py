@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from xsp.analysis import gpu, roofline
-from xsp.analysis.tree import union_length
 
 from xsp import schema as col
 from xsp.spans import conform
 from xsp.trace import Trace
+from xsp.tree import union_length
 
 US = 1_000
 

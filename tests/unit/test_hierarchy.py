@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from xsp.analysis import hierarchy
-from xsp.analysis.hierarchy import inclusion_parents
 
+from xsp import hierarchy
 from xsp import schema as col
+from xsp.hierarchy import inclusion_parents
 from xsp.spans import conform
 
 

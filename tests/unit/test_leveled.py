@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from xsp.analysis.tree import parent_positions
 
 import xsp
 from xsp import schema as col
 from xsp.leveled import LeveledRun, level_runs, merge_runs
 from xsp.schema import Level, SpanKind
 from xsp.spans import conform
+from xsp.tree import parent_positions
 
 M, L, OP, F = Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS
 STEP, PREDICT, A, B, MM = "leveled[0]", "leveled[0]/predict[0]", "leveled[0]/predict[0]/a[0]", \

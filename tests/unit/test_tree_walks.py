@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from xsp.analysis.structure import SKIPPING_LEVELS, anchors, outermost_step, root_of
-from xsp.analysis.tree import chain_ends, depth_of, nearest_marked
 
 from xsp.schema import STEP_KINDS, Level, SpanKind
+from xsp.structure import SKIPPING_LEVELS, anchors, outermost_step, root_of
+from xsp.tree import chain_ends, depth_of, nearest_marked
 
 LEVELS = [level.value for level in Level]
 KINDS = [SpanKind.STEP.value, SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.OPERATOR.value]

@@ -8,7 +8,7 @@ from typing import Any
 
 from xsp.cli._common import error_console
 from xsp.export.chrome import write_chrome
-from xsp.trace import load
+from xsp.loading import load
 
 
 class Format(str, Enum):

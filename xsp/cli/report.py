@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, console, error_console
+from xsp.loading import load
 from xsp.reports.terminal import render_report
-from xsp.trace import load
 
 
 def register(commands: Any) -> None:

@@ -35,7 +35,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp import schema as col
 from xsp._version import __version__
-from xsp.analysis.tree import depth_of, parent_positions
+from xsp.tree import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""

@@ -1,7 +1,8 @@
 """The HTML report: one self-contained, offline page of charts (plotly, its JavaScript embedded).
 
-Sections: model latency per step, top layers, time per layer type, top kernels, GPU vs CPU
-time per layer, the roofline, a timeline of one step, and the hierarchy diagnostics. Sections
+Sections: model latency per step, where the step time went (and the steps' share of the
+session, and the user's spans), top layers, time per layer type, top kernels, GPU vs CPU time
+per layer, the roofline, a timeline of one step, and the hierarchy diagnostics. Sections
 whose data the trace lacks say so instead of drawing an empty chart.
 """
 
@@ -46,6 +47,35 @@ def latency_section(trace: Trace) -> str:
     figure.update_layout(title="Model latency per step", xaxis_title="step", yaxis_title="ms")
     figure.update_xaxes(tickformat="d", dtick=max(1, len(latency) // 20))
     return _figure_html(figure, "chart-latency")
+
+
+STEP_PARTS = ("forward", "backward", "optimizer", "input", "compile", "other")
+
+
+def steps_section(trace: Trace) -> str:
+    """How much of the session the steps cover, what each kind of step spent its time on, and
+    the user's own spans."""
+    coverage = analysis.step_coverage(trace).iloc[0]
+    if not coverage["steps"]:
+        return _note("No steps in this trace.")
+    summary = analysis.step_summary(trace)
+    figure = go.Figure([go.Bar(y=summary["name"], x=summary[f"{part}_ms"], name=part, orientation="h",
+                               customdata=summary[f"{part}_share"],
+                               hovertemplate=f"{part}: %{{x:.3f}} ms, %{{customdata:.1%}} of the step<extra></extra>")
+                        for part in STEP_PARTS if summary[f"{part}_ms"].sum() > 0])
+    figure.update_layout(barmode="stack", title="Where the step time went (mean per step)", xaxis_title="ms",
+                         height=max(300, 80 * len(summary)))
+    text = _note(f"Steps cover {100 * coverage['coverage']:.1f}% of the session ({coverage['steps_ms']:,.3f} of "
+                 f"{coverage['session_ms']:,.3f} ms); {coverage['outside_ms']:,.3f} ms ran outside every step.")
+    user = analysis.user_spans(trace)
+    if user.empty:
+        return text + _figure_html(figure, "chart-steps")
+    rows = "".join(f"<tr><td>{html.escape(str(r.name))}</td><td>{r.count:,}</td><td>{r.total_ms:,.3f}</td>"
+                   f"<td>{r.mean_ms:,.3f}</td><td>{r.in_steps:,}</td><td>{100 * r.share:.1f}%</td></tr>"
+                   for r in user.itertuples())
+    table = ('<table id="user-spans"><thead><tr><th>your span</th><th>count</th><th>total ms</th><th>mean ms</th>'
+             f"<th>in steps</th><th>share of the session</th></tr></thead><tbody>{rows}</tbody></table>")
+    return text + _figure_html(figure, "chart-steps") + table
 
 
 def layers_section(trace: Trace) -> str:
@@ -189,7 +219,8 @@ def render_html(trace: Trace) -> str:
     """The whole report as one HTML document (plotly's JavaScript inlined; works offline)."""
     meta = trace.metadata
     sections = [
-        ("Model latency", latency_section(trace)), ("Leveled runs", leveled_section(trace)),
+        ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
+        ("Leveled runs", leveled_section(trace)),
         ("Layers", layers_section(trace)), ("Operators", operators_section(trace)),
         ("Kernels", kernels_section(trace)), ("GPU vs CPU time per layer", gpu_cpu_section(trace)),
         ("Roofline", roofline_section(trace)), ("Timeline", timeline_section(trace)),

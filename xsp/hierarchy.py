@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.tree import ids_at
 
 from xsp import schema as col
 from xsp.schema import Level
+from xsp.tree import ids_at
 
 _RANK = {level.value: level.rank for level in Level}
 NO_PARENT = -1

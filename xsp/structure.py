@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from xsp.analysis.tree import MEMORY_POOL, arrow_strings, chain_ends, nearest_marked, plain_strings
 
 from xsp import schema as col
 from xsp.schema import STEP_KINDS, Level
+from xsp.tree import MEMORY_POOL, arrow_strings, chain_ends, nearest_marked, plain_strings
 
 NONE = -1
 SESSION_NAME = "session"
