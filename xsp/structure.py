@@ -4,7 +4,8 @@
   Steps are numbered 0, 1, 2... in start order, and each is the root of its own OTel trace.
 * A span belongs to the step of its root. A root that is not a step (a backward pass
   after a forward, on the same thread) joins the latest step its thread started before it,
-  else the step running on another thread when it started (autograd and NCCL threads);
+  else the step running on another thread when it started (autograd and NCCL threads), whose
+  root becomes its parent;
   model-level roots outside every step (``xsp.span("preprocess")`` before the model call)
   hang from the session span in the session's own trace, with no step.
 * ``path`` is described in :mod:`xsp.schema`.
@@ -115,6 +116,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         running = _running_step(step_roots, starts, ends, int(starts[root]))
         if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
             step_of[root], trace_of[root] = step_of[running], trace_of[running]
+            parents[root] = running  # in that step's tree: no second root in its OTel trace
     if state.attach_to_session:
         unplaced = loose[step_of[loose] < 0]
         parents[unplaced] = session

@@ -313,3 +313,34 @@ def test_a_library_imported_during_the_session_is_instrumented(tmp_path, monkeyp
     finally:
         forget("late_library", seen.append)
         sys.modules.pop("late_library", None)
+
+
+def test_work_on_a_helper_thread_during_a_step_hangs_from_that_step():
+    import threading
+
+    model = Net()
+    started, release = threading.Event(), threading.Event()
+
+    def helper():
+        started.set()
+        release.wait(5)
+        torch.randn(64, 64) @ torch.randn(64, 64)  # operators of no model call, on another thread
+
+    def work():
+        thread = threading.Thread(target=helper)
+        thread.start()
+        started.wait(5)
+        with xsp.step("request"):
+            model(torch.randn(2, 8))
+            release.set()
+            thread.join()
+
+    trace = traced(work, levels="model,layer,operator")
+    spans = trace.spans
+    step = spans[spans[col.KIND] == SpanKind.STEP.value].iloc[0]
+    helper_ops = spans[(spans[col.LEVEL] == "operator") & (spans[col.THREAD_ID] != step[col.THREAD_ID])
+                       & (spans[col.NAME] == "aten::matmul")]
+    assert len(helper_ops) == 1
+    op = helper_ops.iloc[0]
+    assert op[col.STEP] == step[col.STEP] and op[col.TRACE_ID] == step[col.TRACE_ID]
+    assert op[col.PARENT_ID] == step[col.SPAN_ID]
