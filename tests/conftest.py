@@ -39,27 +39,26 @@ def no_tracer_left_active():
     assert not leaked, "; ".join(leaked)
 
 
-_ORIGINALS = {
-    "torch.autograd.backward": torch.autograd.backward,
-    "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
-    "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
-    **{f"{cls.__name__}._next_data": cls.__dict__["_next_data"] for cls in _BaseDataLoaderIter.__subclasses__()
-       if "_next_data" in cls.__dict__},
-}
-
-
-def _loop_patches_left() -> list[str]:
-    """What the model level patches for the loop's events, if any of it is still in place."""
-    from torch.optim import optimizer
-
-    current = {
+def _loop_attributes() -> dict[str, object]:
+    """What the model level patches for the loop's events, as it stands now."""
+    return {
         "torch.autograd.backward": torch.autograd.backward,
         "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
         "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
         **{f"{cls.__name__}._next_data": cls.__dict__["_next_data"] for cls in _BaseDataLoaderIter.__subclasses__()
            if "_next_data" in cls.__dict__},
     }
-    left = [f"{name} is still patched" for name, value in current.items() if value is not _ORIGINALS.get(name)]
+
+
+_ORIGINALS = _loop_attributes()
+
+
+def _loop_patches_left() -> list[str]:
+    """What the model level patches for the loop's events, if any of it is still in place."""
+    from torch.optim import optimizer
+
+    left = [f"{name} is still patched" for name, value in _loop_attributes().items()
+            if value is not _ORIGINALS.get(name)]
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None and dynamo.reset.__name__ == "reset_keeping_xsp":
         left.append("torch._dynamo.reset is still patched")

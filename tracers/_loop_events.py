@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any, Final
 
 import torch
-from xsp.tracers._model_names import binding_names
+from xsp.tracers._model_names import model_name
 from xsp.tracers._module_calls import dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
@@ -220,8 +220,7 @@ class LoopEvents:
             if dynamo_compiling():
                 return original(model, *args, **kwargs)
             buffer = recording.buffer()
-            name = recording.model_names.get(id(model)) or recording.name_model(
-                model, binding_names(model, sys._getframe(1)))
+            name = model_name(recording, model, sys._getframe(1))
             buffer.steps.generate_begins(name, now_ns())
             try:
                 return original(model, *args, **kwargs)

@@ -17,6 +17,7 @@ from typing import Any, Final
 import torch
 
 from xsp import recording
+from xsp.recording import Recording
 
 _TORCH_DIR: Final = os.path.dirname(torch.__file__) + os.sep
 _XSP_DIRS: Final = (os.path.dirname(__file__) + os.sep, os.path.dirname(recording.__file__) + os.sep)
@@ -52,3 +53,9 @@ def binding_names(module: Any, frame: FrameType | None) -> list[str]:
                 return list(dict.fromkeys(names))
         frame = frame.f_back
     return []
+
+
+def model_name(session_recording: Recording, module: Any, frame: FrameType | None) -> str:
+    """The model's name in this session, found from ``frame`` (the calling code) the first time."""
+    known = session_recording.model_names.get(id(module))
+    return known if known is not None else session_recording.name_model(module, binding_names(module, frame))

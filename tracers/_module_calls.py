@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import torch
 from torch import nn
-from xsp.tracers._model_names import binding_names
+from xsp.tracers._model_names import model_name
 from xsp.tracers._post_import import forget, when_imported
 
 from xsp.clock import now_ns
@@ -79,22 +79,30 @@ class Mode(IntEnum):
     ALL = 2
 
 
-def describe(value: Any) -> Descriptor:
-    """Shapes of the tensors in ``value`` (one level into tuples, lists and dicts)."""
-    if type(value) is _TENSOR or isinstance(value, _TENSOR):
-        return value.shape
+def _top_tensors(value: Any) -> Any:
+    """The tensors of ``value``: itself, or those one level into a tuple, list or dict."""
+    if isinstance(value, _TENSOR):
+        return (value,)
     if isinstance(value, Mapping):
         items: Any = value.values()
     elif isinstance(value, (tuple, list)):
         items = value
     else:
-        return None
-    shapes = tuple(item.shape for item in items if isinstance(item, _TENSOR))
-    return shapes or None
+        return ()
+    return [item for item in items if isinstance(item, _TENSOR)]
+
+
+def describe(value: Any) -> Descriptor:
+    """Shapes of the tensors in ``value`` (one level into tuples, lists and dicts)."""
+    if isinstance(value, _TENSOR):
+        return value.shape
+    return tuple(tensor.shape for tensor in _top_tensors(value)) or None
 
 
 def describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Descriptor:
     """Shapes of the tensor arguments, positional first, one level into containers."""
+    if not kwargs and len(args) == 1 and type(args[0]) is _TENSOR:
+        return args[0].shape
     shapes: list[Any] = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, _TENSOR):
@@ -110,15 +118,7 @@ def error_text(exc: BaseException) -> str:
 
 def _output_nodes(out: Any) -> set[Any]:
     """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
-    if isinstance(out, _TENSOR):
-        tensors: Any = (out,)
-    elif isinstance(out, Mapping):
-        tensors = out.values()
-    elif isinstance(out, (tuple, list)):
-        tensors = out
-    else:
-        return set()
-    return {t.grad_fn for t in tensors if isinstance(t, _TENSOR) and t.grad_fn is not None}
+    return {tensor.grad_fn for tensor in _top_tensors(out) if tensor.grad_fn is not None}
 
 
 def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -134,11 +134,11 @@ def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Ca
 def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]:
     """What a top-level call does before it starts: name its model (once), tell the thread's
     automatic steps, note its mode. Returns the call's start."""
-    names, name_model = recording.model_names, recording.name_model
+    names = recording.model_names
 
     def begin_root(buffer: ThreadBuffer, module: nn.Module) -> int:
         if id(module) not in names:
-            name_model(module, binding_names(module, sys._getframe(2)))
+            model_name(recording, module, sys._getframe(2))
         training = _grad_enabled()
         start = now_ns()
         if buffer.steps.call_begins(id(module), start, training):
@@ -194,11 +194,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         if pop is not None:
             pop()
         buffer.depth = 0
-        if kwargs or len(args) != 1 or type(args[0]) is not _TENSOR:
-            in_desc = describe_inputs(args, kwargs)
-        else:
-            in_desc = args[0].shape
-        buffer.calls.append((start, end, self, 0, in_desc, describe(out), None))
+        buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
         buffer.steps.call_ends(end)

@@ -60,7 +60,7 @@ _ATTRIBUTES: Final[dict[StepType, dict[str, Any]]] = {
 class AutoSteps:
     """The step state of one thread, driven by that thread's model-level events."""
 
-    __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "calls", "pieces",
+    __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
                  "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen")
 
     def __init__(self, buffer: ThreadBuffer) -> None:
@@ -77,7 +77,7 @@ class AutoSteps:
         self.type = _NONE
         self.start_ns = self.last_end_ns = self.closed_ns = 0
         self.leader: int | None = None
-        self.calls = self.pieces = self.nested = 0
+        self.pieces = self.nested = 0
         self.trained = False
         """A backward pass or an optimizer step ran in the step: it is a training step."""
         self.name = ""
@@ -119,7 +119,6 @@ class AutoSteps:
         if self.type is _NONE:
             self._open(_TRAIN if training else _INFERENCE, start_ns, module_id)
         else:
-            self.calls += 1
             self.pieces += 1
         return decided
 
@@ -131,7 +130,7 @@ class AutoSteps:
         """An input wait (a DataLoader's ``next()``) starts."""
         if self._suspended():
             return
-        if self.type is _INFERENCE and self.calls:
+        if self.type is _INFERENCE:
             self._finish(self.last_end_ns)
         elif self.type is _TRAIN:
             if self.closed_ns:
@@ -159,7 +158,6 @@ class AutoSteps:
             return
         if self.type is _NONE:  # no model call was seen in this iteration
             self._open(_TRAIN, start_ns, None)
-            self.calls = 0
         self.type = _TRAIN  # an optimizer after a no-grad call makes it training all the same
         self.trained = True
         self.closed_ns = end_ns
@@ -190,7 +188,7 @@ class AutoSteps:
         """Decide the open step now (an explicit step begins, a generate() call, the session ends)."""
         if self.type is _TRAIN:
             self._finish(self.closed_ns or self.last_end_ns)
-        elif self.type is _INFERENCE and self.calls:
+        elif self.type is _INFERENCE:
             self._finish(self.last_end_ns)
         elif self.type is _GENERATE:
             self.nested = 0
@@ -206,7 +204,6 @@ class AutoSteps:
         self.type = kind
         self.start_ns = start_ns
         self.leader = leader
-        self.calls = 1
         self.pieces = 2 if waited else 1
         self.wait_ns = self.resume_ns = 0
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from xsp.auto_steps import AutoSteps
-from xsp.marks import MarkKind
 
 COMPACT_AT: Final = 512
 """Raw records a thread keeps before compacting them into arrays. Small on purpose: records
@@ -33,9 +32,6 @@ DEFAULT_MAX_EVENTS: Final = 50_000_000
 NEVER: Final = sys.maxsize
 """A step length no step reaches: windows end only with the session."""
 
-# kind codes of the "mark" records (user spans, explicit steps, nested sessions)
-MARK_USER: Final = MarkKind.USER
-MARK_STEP: Final = MarkKind.STEP
 BACKWARD_BEGIN: Final = 0
 BACKWARD_END: Final = 1
 BACKWARD_ALIAS: Final = 2

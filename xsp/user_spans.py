@@ -9,7 +9,8 @@ from typing import Any, ClassVar, TypeVar
 
 from xsp import _state
 from xsp.clock import now_ns
-from xsp.recording import COMPACT_AT, MARK_STEP, MARK_USER
+from xsp.marks import MarkKind
+from xsp.recording import COMPACT_AT
 
 AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,7 +30,7 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
     """
 
     __slots__ = ("name", "attributes", "_start", "_recording")
-    _kind: ClassVar[int] = MARK_USER
+    _kind: ClassVar[int] = MarkKind.USER
 
     def __init__(self, name: str, **attributes: AttributeValue) -> None:
         self.name = name
@@ -81,7 +82,7 @@ class step(span):  # noqa: N801
     """
 
     __slots__ = ()
-    _kind: ClassVar[int] = MARK_STEP
+    _kind: ClassVar[int] = MarkKind.STEP
 
     def __init__(self, name: str = "step", **attributes: AttributeValue) -> None:
         super().__init__(name, **attributes)
