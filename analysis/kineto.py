@@ -25,7 +25,8 @@ microseconds are converted exactly and fractional ones to the nanosecond. Flow e
 whole, as recorded, in ``attributes`` (``External id``, ``cbid``, occupancy, collective
 sizes... as well as those copied into typed columns), so nothing is lost.
 Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
-the metadata (``not_imported``), not imported.
+the metadata (``not_imported``), not imported; so are events with impossible times (not
+finite, negative durations, before the epoch or after 2116: ``impossible_times``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Final, Union
 
 import msgspec
 import numpy as np
@@ -50,7 +51,7 @@ import pyarrow.compute as pc
 
 from xsp import schema as col
 from xsp._version import __version__
-from xsp.errors import TraceFormatError
+from xsp.errors import TraceFormatError, TraceNotFoundError
 from xsp.schema import Level, SpanKind
 from xsp.spans import build_table, new_step_state, string_array
 from xsp.trace import Trace
@@ -232,19 +233,32 @@ def is_kineto_path(path: str | os.PathLike[str]) -> bool:
     return name.endswith(KINETO_SUFFIXES)
 
 
+MAX_INFLATION: Final = 64
+"""A gzip file may inflate to at most this many times its size (or ``MIN_INFLATED_CAP_BYTES``):
+Kineto JSON compresses about 10x, and a file that inflates much further is no trace but a
+decompression bomb that would take the machine's memory."""
+MIN_INFLATED_CAP_BYTES: Final = 256 << 20
+
+
 def _read_bytes(source: Path) -> bytes:
-    data = source.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        # gzip's trailer holds the inflated size (mod 4 GiB): one buffer of that size instead of a
-        # growing one saves a third of the time; capped, since a corrupt trailer can say anything
-        size_hint = min(int.from_bytes(data[-4:], "little"), 64 * len(data)) or zlib.DEF_BUF_SIZE
-        try:
-            return zlib.decompress(data, 16 + zlib.MAX_WBITS, size_hint)
-        except zlib.error as exc:
-            if "incomplete" in str(exc) or "truncated" in str(exc):
-                raise TraceFormatError(f"{source} is a truncated gzip file") from None
-            raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
-    return data
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(f"{source} cannot be read: {exc.strerror or exc}") from None
+    if data[:2] != b"\x1f\x8b":
+        return data
+    cap = max(MAX_INFLATION * len(data), MIN_INFLATED_CAP_BYTES)
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        inflated = inflater.decompress(data, cap + 1)
+    except zlib.error as exc:
+        raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+    if len(inflated) > cap:
+        raise TraceFormatError(f"{source} inflates to more than {cap >> 20} MiB ({MAX_INFLATION}x its size): "
+                               "not a plausible trace, not read")
+    if not inflater.eof:
+        raise TraceFormatError(f"{source} is a truncated gzip file")
+    return inflated
 
 
 @contextmanager
@@ -425,10 +439,30 @@ def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, sta
     level_codes[inside_any(threads, start, end, operator, annotation)] = _OPERATOR_LEVEL
 
 
+LATEST_NS: Final = 1 << 62
+"""No event starts or ends later than this (year 2116) in epoch nanoseconds."""
+
+
+def _plausible(events: list[Any], base_ns: int, counts: Counter[str]) -> list[Any]:
+    """The events whose times are possible: finite, a start and end between the epoch and
+    ``LATEST_NS``, no negative duration. The others are counted as ``impossible_times``."""
+    if not events:
+        return events
+    ts_ns = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)) * 1e3 + base_ns
+    dur_ns = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events)) * 1e3
+    with np.errstate(invalid="ignore", over="ignore"):
+        fine = (ts_ns >= 0) & (dur_ns >= 0) & (ts_ns + dur_ns <= LATEST_NS)  # NaN and inf compare False
+    if fine.all():
+        return events
+    counts["impossible_times"] += int((~fine).sum())
+    return [event for event, ok in zip(events, fine.tolist()) if ok]
+
+
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows (times in epoch ns, sorted by start; no ids or parents yet) and metadata."""
     counts: Counter[str] = Counter()
-    events = _complete_events(decoded.traceEvents, counts)
+    events = _plausible(_complete_events(decoded.traceEvents, counts), int(decoded.baseTimeNanoseconds or 0),
+                        counts)
     events.sort(key=_start_of)
     count = len(events)
     index = _CATEGORY_INDEX
@@ -519,12 +553,14 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     """Read a PyTorch profiler (Kineto) trace into an :class:`xsp.Trace`.
 
     Raises:
-        FileNotFoundError: no such file.
+        TraceNotFoundError: no such file (a ``FileNotFoundError`` too).
         TraceFormatError: not a Chrome trace, or truncated or corrupt.
     """
     source = Path(path)
+    if source.is_dir():
+        raise TraceFormatError(f"{source} is a directory, not a trace file")
     if not source.is_file():
-        raise FileNotFoundError(f"no such trace file: {source}")
+        raise TraceNotFoundError(f"no such trace file: {source}")
     with _collector_paused():
         rows, metadata = kineto_rows(_decode(source))
         result = build_table([rows], 0, new_step_state(attach_to_session=False))

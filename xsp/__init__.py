@@ -7,7 +7,7 @@ where tracers exist, operator, CUDA API and kernel) levels as one span tree, wri
 
 from xsp import analysis
 from xsp._version import __version__
-from xsp.errors import SchemaVersionError, TraceFormatError, UnknownLevelError, XspError
+from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError
 from xsp.leveled import LeveledResult, leveled
 from xsp.loading import load
 from xsp.schema import Level, SpanKind, Status
@@ -18,5 +18,6 @@ from xsp.user_spans import span, step
 __all__ = [
     "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
+    "TraceNotFoundError",
     "SchemaVersionError",
 ]

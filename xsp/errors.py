@@ -17,3 +17,7 @@ class TraceFormatError(XspError):
 
 class SchemaVersionError(TraceFormatError):
     """A trace written by a newer xsp whose span table this version cannot read."""
+
+
+class TraceNotFoundError(XspError, FileNotFoundError):
+    """No trace file at the given path."""

@@ -2,33 +2,132 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xsp import schema as col
-from xsp.errors import SchemaVersionError, TraceFormatError
+from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError
+from xsp.tree import arrow_strings
 
 _PARQUET_MAGIC = b"PAR1"
+CHECKSUM_KEY = b"xsp.checksum"
+"""Parquet key-value metadata key of the footer checksum (see :func:`_footer_checksum`)."""
+
+
+class OutputError(XspError, OSError):
+    """An output file could not be written (nothing was left at its destination)."""
+
+
+def _describe_os_error(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    A failed or interrupted write leaves the destination as it was (no truncated file) and no
+    temporary file behind. The temporary name is unique to the process, so a forked child
+    writing at the same time never mixes its bytes with the parent's.
+
+    Raises:
+        OutputError: the destination is a directory, lies below a file, or cannot be written
+            (full disk, no permission), in one line naming the path.
+    """
+    if not str(path):
+        raise OutputError("cannot write an empty path")
+    target = Path(os.path.realpath(path))  # through a symlink: the file it names is replaced
+    if target.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory")
+    if target.exists() and not target.is_file():  # a device or a pipe (/dev/null): written in place
+        try:
+            yield target
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: cannot create its directory "
+                          f"({_describe_os_error(exc)})") from None
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    try:
+        yield temporary
+        os.replace(temporary, target)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail now, as writing ``path`` later would: a directory, a path below a file, no permission.
+
+    Raises:
+        OutputError: in one line naming the path.
+    """
+    if not str(path):
+        raise OutputError("cannot write an empty path")
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory")
+    if target.exists() and not target.is_file():
+        return  # a device or a pipe, written in place
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        probe = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.probe")
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+
+
+def write_output(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+    """``write(temporary_path)``, then move the result to ``path`` atomically (see :func:`atomic_output`)."""
+    with atomic_output(path) as temporary:
+        write(temporary)
+    return Path(path)
+
+
+def write_text_output(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return write_output(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dict[str, Any]) -> Path:
-    """Write ``spans`` and ``metadata`` atomically (a partial file never replaces a good one)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``spans`` and ``metadata`` atomically (a partial file never replaces a good one),
+    with page checksums that :func:`read_trace` verifies.
+
+    Raises:
+        OutputError: the file could not be written.
+    """
     table = pa.Table.from_pandas(spans, preserve_index=False)
     existing = table.schema.metadata or {}
-    table = table.replace_schema_metadata(
-        {**existing, col.METADATA_KEY: json.dumps(metadata, default=str).encode()})
-    partial = target.with_name(target.name + ".partial")
-    pq.write_table(table, partial, compression="zstd")
-    os.replace(partial, target)
-    return target
+    metadata_json = json.dumps(metadata, default=str).encode()
+    table = table.replace_schema_metadata({**existing, col.METADATA_KEY: metadata_json,
+                                           CHECKSUM_KEY: _footer_checksum(metadata_json, table.schema)})
+    return write_output(path, lambda temporary: pq.write_table(
+        table, temporary, compression="zstd", write_page_checksum=True))
 
 
 def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -40,13 +139,15 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         SchemaVersionError: written by a newer xsp with a newer span schema.
     """
     source = Path(path)
+    if source.is_dir():
+        raise TraceFormatError(f"{source} is a directory, not a trace file")
     if not source.is_file():
-        raise FileNotFoundError(f"no such trace file: {source}")
-    _check_parquet_framing(source)
+        raise TraceNotFoundError(f"no such trace file: {source}")
     try:
-        parquet = pq.ParquetFile(source)
+        _check_parquet_framing(source)
+        parquet = pq.ParquetFile(source, page_checksum_verification=True)
         raw = (parquet.schema_arrow.metadata or {}).get(col.METADATA_KEY)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged footer fails in many ways
         raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     if raw is None:
         raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
@@ -54,26 +155,79 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         metadata = json.loads(raw)
     except ValueError:
         raise TraceFormatError(f"{source} has unreadable xsp metadata") from None
+    if not isinstance(metadata, dict):
+        raise TraceFormatError(f"{source} has xsp metadata that is not a JSON object")
     version = metadata.get("schema_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise TraceFormatError(f"{source} has no schema version in its xsp metadata")
     if version > col.SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{source} uses span schema {version}, newer than this xsp's {col.SCHEMA_VERSION}: "
             "upgrade xsp to read it")
     try:
-        spans = parquet.read().to_pandas()
-    except (pa.ArrowException, OSError) as exc:
+        table = parquet.read()
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise TraceFormatError(f"{source} is corrupt: {exc}") from None
-    missing = [name for name in col.REQUIRED_COLUMNS if name not in spans]
+    _check_columns(source, table.schema)
+    expected = (parquet.schema_arrow.metadata or {}).get(CHECKSUM_KEY)
+    if expected is not None and expected != _footer_checksum(raw, table.schema):
+        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
+    return _to_pandas(source, table), metadata
+
+
+def _footer_checksum(metadata_json: bytes, schema: pa.Schema) -> bytes:
+    """CRC-32 of the xsp metadata and the column names and types: the parts of the footer that
+    Parquet's page checksums do not cover and that xsp reads."""
+    columns = "\n".join(f"{field.name}:{field.type}" for field in schema).encode()
+    return b"%08x" % zlib.crc32(columns, zlib.crc32(metadata_json))
+
+
+def _to_pandas(source: Path, table: pa.Table) -> pd.DataFrame:
+    """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
+    in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed)."""
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        dtype = col.COLUMNS.get(name)
+        if dtype == "string" or (dtype is None and (pa.types.is_string(column.type) or
+                                                    pa.types.is_large_string(column.type))):
+            columns[name] = arrow_strings(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+        elif dtype == "int64":
+            if column.null_count:
+                raise TraceFormatError(f"{source} is corrupt: column {name} has missing values")
+            columns[name] = column.to_numpy().astype(np.int64, copy=False)
+        elif dtype == "Int64":
+            values = column.to_numpy(zero_copy_only=False) if not column.null_count else (
+                column.fill_null(0).to_numpy())
+            columns[name] = pd.arrays.IntegerArray(values.astype(np.int64, copy=False),
+                                                   column.is_null().to_numpy(zero_copy_only=False))
+        else:
+            columns[name] = column.to_pandas()
+    return pd.DataFrame(columns)
+
+
+def _check_columns(source: Path, schema: pa.Schema) -> None:
+    """Every required column present, every known column of its schema type."""
+    missing = [name for name in col.REQUIRED_COLUMNS if name not in schema.names]
     if missing:
         raise TraceFormatError(f"{source} lacks span columns: {', '.join(missing)}")
-    return spans, metadata
+    for name in schema.names:
+        dtype = col.COLUMNS.get(name)
+        if dtype is None:
+            continue
+        kind = schema.field(name).type
+        fits = (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+                if dtype == "string" else pa.types.is_integer(kind) or pa.types.is_null(kind))
+        if not fits:
+            raise TraceFormatError(f"{source} is corrupt: column {name} holds {kind}, not {dtype}")
 
 
 def _check_parquet_framing(source: Path) -> None:
-    size = source.stat().st_size
-    with source.open("rb") as handle:
+    try:
+        size = source.stat().st_size
+        handle = source.open("rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{source} cannot be read: {_describe_os_error(exc)}") from None
+    with handle:
         head = handle.read(4)
         if head != _PARQUET_MAGIC:
             raise TraceFormatError(f"{source} is not an xsp trace (not a Parquet file)")

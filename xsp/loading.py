@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from xsp.errors import TraceFormatError, XspError
 from xsp.fileio import read_trace
 from xsp.trace import Trace
 
@@ -11,14 +12,21 @@ from xsp.trace import Trace
 def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
 
+    Every failure is an :class:`xsp.XspError`.
+
     Raises:
-        FileNotFoundError: the file does not exist.
+        xsp.TraceNotFoundError: the file does not exist (also a ``FileNotFoundError``).
         xsp.TraceFormatError: the file is not a trace xsp reads, or is truncated or corrupt.
         xsp.SchemaVersionError: the file was written by a newer xsp.
     """
     from xsp.analysis.kineto import is_kineto_path, load_kineto  # the importer, only when asked for
 
-    if is_kineto_path(path):
-        return load_kineto(path)
-    spans, metadata = read_trace(path)
+    try:
+        if is_kineto_path(path):
+            return load_kineto(path)
+        spans, metadata = read_trace(path)
+    except XspError:
+        raise
+    except Exception as exc:  # whatever else a damaged file provokes: still the caller's one error type
+        raise TraceFormatError(f"{path} could not be read: {type(exc).__name__}: {exc}") from None
     return Trace(spans=spans, metadata=metadata)

@@ -84,6 +84,8 @@ class Session:
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
+        self.write_error: str | None = None
+        """Why the trace file could not be written (None when it was, or none was asked for)."""
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)
@@ -271,8 +273,9 @@ class Session:
         if self.output is not None:
             try:
                 self.trace.save(self.output)
-            except OSError as exc:
-                self._warn(f"could not write the trace file {self.output}: {exc}")
+            except OSError as exc:  # OutputError names the path and the cause
+                self.write_error = str(exc)
+                self._warn(f"the trace file was not written: {exc}")
         if self._windows is not None:
             self.export = self._windows.export_last(last, metadata)
             _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]

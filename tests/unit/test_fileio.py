@@ -109,7 +109,8 @@ def test_newer_schema_is_refused(recorded, tmp_path):
 def test_unwritable_output_warns_but_the_trace_is_kept(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.warns(xsp.XspWarning, match="could not write the trace file"):
+    with pytest.warns(xsp.XspWarning, match="the trace file was not written: cannot write .*run.xsp.parquet"):
         with xsp.trace(output=blocker / "sub" / "run.xsp.parquet") as session:
             pass
     assert session.trace is not None and len(session.trace.spans) == 1
+    assert session.write_error is not None and "cannot create its directory" in session.write_error

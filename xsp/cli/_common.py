@@ -13,6 +13,16 @@ class CliError(Exception):
     """A user error the CLI reports in one line with exit status 2."""
 
 
+def check_output(output: str, source: str) -> None:
+    """Refuse an output path that is empty or names the input file (it would be overwritten)."""
+    from xsp.fileio import same_file
+
+    if not output:
+        raise CliError("the output path is empty")
+    if same_file(output, source):
+        raise CliError(f"{output} is the input file; choose another output path")
+
+
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
 

@@ -6,7 +6,7 @@ import argparse
 from enum import Enum
 from typing import Any
 
-from xsp.cli._common import error_console
+from xsp.cli._common import check_output, error_console
 from xsp.export.chrome import write_chrome
 from xsp.loading import load
 
@@ -26,6 +26,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    check_output(options.output, options.file)
     trace = load(options.file)
     target = write_chrome(trace, options.output)
     error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}", markup=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.analysis.kineto import is_kineto_path, load_kineto
-from xsp.cli._common import CliError, error_console
+from xsp.cli._common import CliError, check_output, error_console
 from xsp.schema import FILE_SUFFIX
 
 
@@ -25,11 +25,16 @@ def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
     if not is_kineto_path(source):
         raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")
+    output = source.with_name(source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
+    check_output(str(output), str(source))
     trace = load_kineto(source)
-    output = Path(options.output) if options.output else source.with_name(source.name.split(".")[0] + FILE_SUFFIX)
     trace.save(output)
     hierarchy = trace.metadata["hierarchy"]
     error_console().print(
         f"xsp: {len(trace.spans)} spans, {len(trace.steps)} steps, {hierarchy['launched']} of "
         f"{hierarchy['gpu_activities']} GPU activities linked to their launch -> {output}", markup=False)
+    impossible = trace.metadata.get("not_imported", {}).get("impossible_times", 0)
+    if impossible:
+        error_console().print(f"warning: {impossible} events with impossible times (not finite, negative "
+                              "durations, before 1970 or after 2116) were left out", markup=False)
     return 0

@@ -45,11 +45,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, XspError, FileNotFoundError, ValueError) as exc:
         error_console().print(f"xsp: error: {exc}", markup=False, highlight=False)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (| head): nothing left to say
+        _silence_stdout()
+        return 1
+    except OSError as exc:  # writing to the terminal or a file failed (a full disk)
+        _silence_stdout()
+        error_console().print(f"xsp: error: {exc.strerror or exc}", markup=False, highlight=False)
+        return 2
     except KeyboardInterrupt:
         error_console().print("xsp: interrupted", markup=False)
         return INTERRUPTED
     except ScriptInterrupted:  # the script's traceback is printed; its trace file written
         return SCRIPT_INTERRUPTED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def entry_point() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xsp.cli._common import CliError, console, error_console
+from xsp.cli._common import CliError, check_output, console, error_console
 from xsp.loading import load
 from xsp.reports.terminal import render_report
 
@@ -25,6 +25,8 @@ def register(commands: Any) -> None:
 def run(options: argparse.Namespace) -> int:
     if options.top < 1:
         raise CliError("--top must be at least 1")
+    if options.html is not None:
+        check_output(options.html, options.file)
     trace = load(options.file)
     render_report(trace, console(), top=options.top)
     if options.html:

@@ -13,6 +13,7 @@ from typing import Any
 from xsp import schema as col
 from xsp.cli._common import CliError, console, error_console, xsp_warnings_to_stderr
 from xsp.export.otlp import Protocol
+from xsp.fileio import check_writable
 from xsp.levels import parse_levels
 from xsp.schema import SpanKind
 from xsp.session import DEFAULT_OUTPUT, EXIT_WAIT_S, Session
@@ -145,6 +146,8 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 def run(options: argparse.Namespace) -> int:
     levels = parse_levels(options.levels)
     script, script_args = _script_and_args(options.command)
+    if options.output:
+        check_writable(options.output)  # fail before the script runs, not after
     if options.leveled:
         return _run_leveled(options, script, script_args)
     with xsp_warnings_to_stderr():
@@ -226,7 +229,9 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         return status or 1
     predicts = int((trace.spans[col.KIND] == SpanKind.PREDICT.value).sum())
     steps = len(trace.steps)
-    where = f" -> {options.output}" if options.output else ""
+    where = f" -> {options.output}" if options.output and session.write_error is None else ""
+    if session.write_error is not None:
+        status = status or 2  # the file was the point of the run
     out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)
     export = session.export
     if export is not None:

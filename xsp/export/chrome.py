@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp import schema as col
+from xsp.fileio import write_text_output
 from xsp.trace import Trace
 
 _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.INPUT_SHAPES,
@@ -51,10 +52,12 @@ def chrome_events(trace: Trace) -> dict[str, Any]:
 
 
 def write_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(chrome_events(trace)))
-    return target
+    """Write ``trace`` as Chrome/Perfetto JSON, atomically.
+
+    Raises:
+        xsp.fileio.OutputError: the file could not be written (nothing is left at ``path``).
+    """
+    return write_text_output(path, json.dumps(chrome_events(trace)))
 
 
 __all__ = ["chrome_events", "write_chrome"]

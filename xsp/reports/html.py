@@ -20,6 +20,7 @@ from plotly.offline import get_plotlyjs
 
 from xsp import analysis
 from xsp import schema as col
+from xsp.fileio import write_text_output
 from xsp.trace import Trace
 
 TIMELINE_SPANS = 3000
@@ -238,10 +239,12 @@ def render_html(trace: Trace) -> str:
 
 
 def write_html(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_html(trace), encoding="utf-8")
-    return target
+    """Write the self-contained HTML report of ``trace``, atomically.
+
+    Raises:
+        xsp.fileio.OutputError: the file could not be written (nothing is left at ``path``).
+    """
+    return write_text_output(path, render_html(trace))
 
 
 __all__ = ["render_html", "write_html"]

@@ -1,0 +1,222 @@
+"""Faults at the destination and in the input: one line on stderr, a non-zero exit, nothing
+truncated at the destination, every failure of ``xsp.load`` an ``XspError``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import xsp
+from xsp import schema as col
+from xsp.cli.main import main
+from xsp.errors import XspError
+from xsp.fileio import atomic_output
+
+SCRIPT = "import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(3):\n    m(torch.randn(2, 4))\nprint('done')\n"
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faults") / "t.xsp.parquet"
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+    with xsp.trace(output=path):
+        for _ in range(4):
+            model(torch.randn(2, 4))
+    return path
+
+
+def destinations(tmp_path: Path) -> dict[str, Path]:
+    directory = tmp_path / "adir"
+    directory.mkdir()
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    return {"a directory": directory, "below a file": blocker / "x.out"}
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    return [p.name for p in tmp_path.rglob("*") if p.name.endswith((".partial", ".probe"))]
+
+
+@pytest.mark.parametrize("command", ["export", "report --html", "import", "run"])
+@pytest.mark.parametrize("case", ["a directory", "below a file"])
+def test_every_output_fault_is_one_line_and_a_nonzero_exit(command, case, trace_file, shared_traces, tmp_path,
+                                                         capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = str(destinations(tmp_path)[case])
+    if command == "export":
+        argv = ["export", str(trace_file), "-o", target]
+    elif command == "report --html":
+        argv = ["report", str(trace_file), "--html", target]
+    elif command == "import":
+        argv = ["import", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "-o", target]
+    else:
+        script = tmp_path / "s.py"
+        script.write_text(SCRIPT)
+        argv = ["run", "-o", target, "--", str(script)]
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("xsp: error: cannot write"), err
+    assert "Traceback" not in err
+    assert leftovers(tmp_path) == []
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path):
+    target = tmp_path / "report.html"
+    target.write_text("the old report")
+    with pytest.raises(RuntimeError), atomic_output(target) as temporary:
+        temporary.write_text("half of the new one")
+        raise RuntimeError("disk full")
+    assert target.read_text() == "the old report"
+    assert leftovers(tmp_path) == []
+
+
+def test_full_disk_is_one_line(trace_file, tmp_path):
+    """A file-size limit makes the write fail midway, as a full disk does."""
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096));"
+            "from xsp.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", code, "export", str(trace_file), "-o", str(target)],
+                            capture_output=True, text=True, timeout=120,
+                            preexec_fn=lambda: __import__("signal").signal(__import__("signal").SIGXFSZ,
+                                                                           __import__("signal").SIG_IGN))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().startswith("xsp: error: cannot write"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert target.read_text() == "old"
+    assert leftovers(tmp_path) == []
+
+
+def test_writing_over_the_input_is_refused(trace_file, tmp_path, capsys):
+    copy = tmp_path / "t.xsp.parquet"
+    copy.write_bytes(trace_file.read_bytes())
+    for argv in (["export", str(copy), "-o", str(copy)], ["report", str(copy), "--html", str(copy)]):
+        assert main(argv) == 2
+        assert "is the input file" in capsys.readouterr().err
+    assert xsp.load(copy).spans.shape == xsp.load(trace_file).spans.shape
+
+
+def test_a_device_destination_is_written_in_place_not_replaced(trace_file, tmp_path):
+    assert main(["export", str(trace_file), "-o", os.devnull]) == 0
+    assert Path(os.devnull).is_char_device()
+
+
+def test_stdout_that_cannot_be_written_is_one_line(trace_file):
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "xsp", "report", str(trace_file)], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("xsp: error:"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _with_metadata(path: Path, target: Path, metadata: bytes) -> Path:
+    table = pq.read_table(path)
+    table = table.replace_schema_metadata({col.METADATA_KEY: metadata})
+    pq.write_table(table, target)
+    return target
+
+
+@pytest.mark.parametrize("metadata", [b"[1, 2]", b"5", b'"text"', b"null", b'{"schema_version": true}'])
+def test_xsp_metadata_that_is_not_an_object_is_a_format_error(metadata, trace_file, tmp_path, capsys):
+    bad = _with_metadata(trace_file, tmp_path / "bad.xsp.parquet", metadata)
+    with pytest.raises(xsp.TraceFormatError):
+        xsp.load(bad)
+    assert main(["report", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith("xsp: error:")
+
+
+def test_every_load_failure_is_an_xsp_error(trace_file, tmp_path):
+    directory = tmp_path / "d.xsp.parquet"
+    directory.mkdir()
+    empty = tmp_path / "e.xsp.parquet"
+    empty.write_bytes(b"")
+    half = tmp_path / "h.xsp.parquet"
+    half.write_bytes(trace_file.read_bytes()[: trace_file.stat().st_size // 2])
+    typed = tmp_path / "typed.xsp.parquet"
+    table = pq.read_table(trace_file)
+    table = table.set_column(table.column_names.index(col.START_NS), col.START_NS,
+                             pa.array([str(v) for v in table[col.START_NS].to_pylist()]))
+    pq.write_table(table, typed)
+    for path in (tmp_path / "missing.xsp.parquet", directory, empty, half, typed,
+                 tmp_path / "missing.json.gz", directory.with_suffix(".json")):
+        if path.suffix == ".json":
+            path.mkdir()
+        with pytest.raises(XspError):
+            xsp.load(path)
+    with pytest.raises(FileNotFoundError):  # still what callers catching the built-in expect
+        xsp.load(tmp_path / "missing.xsp.parquet")
+
+
+def test_single_byte_flips_never_load_as_changed_data(trace_file, tmp_path):
+    """Page checksums cover the data; a checksum of xsp's own footer entries covers the rest
+    that xsp reads; the pandas metadata is not trusted."""
+    data = trace_file.read_bytes()
+    original = xsp.load(trace_file).spans
+    footer_length = int.from_bytes(data[-8:-4], "little")
+    data_end = len(data) - 8 - footer_length
+    rng = random.Random(7)
+    offsets = rng.sample(range(4, data_end), 60) + rng.sample(range(data_end, len(data) - 8), 60)
+    outcomes = {"same": 0, "refused": 0}
+    for offset in offsets:
+        for flip in (0xFF, 0x01):
+            damaged = bytearray(data)
+            damaged[offset] ^= flip
+            path = tmp_path / "flipped.xsp.parquet"
+            path.write_bytes(bytes(damaged))
+            try:
+                loaded = xsp.load(path).spans
+            except XspError:
+                outcomes["refused"] += 1
+                continue
+            pd.testing.assert_frame_equal(loaded, original)  # loaded: then exactly what was written
+            outcomes["same"] += 1
+    assert outcomes["refused"] > 60
+
+
+def _kineto(tmp_path: Path, events: list[dict[str, object]]) -> Path:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_impossible_kineto_times_are_dropped_and_counted(tmp_path, capsys):
+    good = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0, "dur": 5.0}
+    events = [good, {**good, "ts": 1e300}, {**good, "dur": -5}, {**good, "ts": 200.0, "dur": 1e300},
+              {**good, "ts": -1e300}, {**good, "ts": 300.0}]
+    path = _kineto(tmp_path, events)
+    trace = xsp.load(path)
+    assert sorted(trace.spans[col.START_NS].tolist()) == [100_000, 300_000]
+    assert trace.metadata["not_imported"]["impossible_times"] == 4
+    assert main(["import", str(path), "-o", str(tmp_path / "k.xsp.parquet")]) == 0
+    assert "4 events with impossible times" in capsys.readouterr().err
+
+
+def test_a_gzip_bomb_is_refused_without_taking_the_memory(tmp_path):
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as out:
+        out.write(b'{"traceEvents": [')
+        for _ in range(600):
+            out.write(b" " * (1 << 20))
+    assert bomb.stat().st_size < 2 << 20
+    code = ("import re, sys, xsp\n"
+            "try:\n    xsp.load(sys.argv[1])\nexcept xsp.TraceFormatError as e:\n    print(e)\n"
+            "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
+    result = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=300)
+    message, peak_kib = result.stdout.strip().splitlines()
+    assert "inflates to more than" in message
+    assert int(peak_kib) < 1_000_000  # the inflated 600 MiB never all in memory (import alone: ~120 MB)
+
