@@ -384,6 +384,16 @@ class ModuleCallInterceptor:
                     self._recording.external_ids = True
                 self._install()
 
+    def forget_after_fork(self) -> None:
+        """In a child forked while recording: put ``nn.Module.__call__`` back and forget the
+        recording (the child records nothing; the parent's session is untouched)."""
+        self._lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        if self._original is not None and nn.Module.__call__ is self._wrapper:
+            nn.Module.__call__ = self._original  # type: ignore[method-assign]
+        self._original = self._wrapper = self._recording = self._correlation = None
+        self._users = {}
+        self.foreign_patch = False
+
     def _install(self) -> None:
         assert self._recording is not None
         current = nn.Module.__call__

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 from torch import nn
 
@@ -24,6 +25,7 @@ from xsp.recording import (
     Window,
     WindowBuffer,
 )
+from xsp.tree import arrow_strings
 
 BACKWARD_SUFFIX = ".backward"
 
@@ -165,21 +167,19 @@ def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
     modules = buffer.modules.values
     for root_i in np.unique(module_idx[roots]).tolist():
         names.of_root(modules[root_i])
-    name_of_pair: dict[tuple[int, int], str] = {}
-    call_names = np.empty(count, dtype=object)
-    for i, (root_i, module_i) in enumerate(zip(root_module.tolist(), module_idx.tolist())):
-        key = (root_i, module_i)
-        name = name_of_pair.get(key)
-        if name is None:
-            name = _call_name(modules, root_i, module_i, names)
-            name_of_pair[key] = name
-        call_names[i] = name
+    # names per distinct (model, module) pair, then spread over the rows: no Python per row
+    width = len(modules) + 1
+    pairs, pair_of_row = np.unique((root_module + 1) * width + module_idx, return_inverse=True)
+    pair_names = [_call_name(modules, pair // width - 1, pair % width, names) for pair in pairs.tolist()]
     facts = [_module_facts(module) for module in modules]
     descriptors = buffer.descriptors.values
-    shape_texts = np.array([shapes_text(d) for d in descriptors] + [None], dtype=object)
-    batch_sizes = np.array([batch_size_of(d) for d in descriptors] + [None], dtype=object)
+    shape_texts = pa.array([shapes_text(d) for d in descriptors] + [None], type=pa.large_string())
+    batch_sizes = [batch_size_of(d) for d in descriptors] + [None]
     inputs, outputs = as_numpy(cols.inputs), as_numpy(cols.outputs)
-    errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
+    inputs[inputs < 0], outputs[outputs < 0] = len(descriptors), len(descriptors)
+    error_idx = as_numpy(cols.error)
+    has_error = error_idx >= 0
+    message_texts = pa.array(list(buffer.strings.values) + [None], type=pa.large_string())
     starts = as_numpy(cols.start)
     return pd.DataFrame({
         col.START_NS: starts,
@@ -187,16 +187,29 @@ def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
         col.THREAD_ID: buffer.thread_id,
         col.CALL_DEPTH: depth,
         col.ATTRIBUTES: _root_attributes(buffer, starts, depth),
-        col.NAME: call_names,
-        col.MODULE_TYPE: [facts[i][0] for i in module_idx.tolist()],
-        col.PARAM_COUNT: [facts[i][1] for i in module_idx.tolist()],
-        col.SOURCE: [facts[i][2] for i in module_idx.tolist()],
-        col.INPUT_SHAPES: shape_texts[inputs],
-        col.OUTPUT_SHAPES: shape_texts[outputs],
-        col.BATCH_SIZE: batch_sizes[inputs],
-        col.STATUS: [col.Status.OK.value if e is None else col.Status.ERROR.value for e in errors],
-        col.STATUS_MESSAGE: errors,
+        col.NAME: _spread(pair_names, pair_of_row.reshape(-1)),
+        col.MODULE_TYPE: _spread([f[0] for f in facts], module_idx),
+        col.PARAM_COUNT: _spread_ints([f[1] for f in facts], module_idx),
+        col.SOURCE: _spread([f[2] for f in facts], module_idx),
+        col.INPUT_SHAPES: arrow_strings(shape_texts.take(inputs)),
+        col.OUTPUT_SHAPES: arrow_strings(shape_texts.take(outputs)),
+        col.BATCH_SIZE: _spread_ints(batch_sizes, inputs),
+        col.STATUS: _spread([col.Status.OK.value, col.Status.ERROR.value], has_error.astype(np.int64)),
+        col.STATUS_MESSAGE: arrow_strings(message_texts.take(np.where(has_error, error_idx,
+                                                                       len(buffer.strings.values)))),
     })
+
+
+def _spread(values: Sequence[str | None], index: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``values[index]`` as a string column, built by Arrow from the distinct values."""
+    return arrow_strings(pa.array(values, type=pa.large_string()).take(index))
+
+
+def _spread_ints(values: Sequence[int | None], index: np.ndarray) -> pd.arrays.IntegerArray:
+    """``values[index]`` as a nullable integer column."""
+    missing = np.array([v is None for v in values], dtype=bool)
+    filled = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    return pd.arrays.IntegerArray(filled[index], missing[index])
 
 
 _ROOT_ATTRIBUTES = {flags: json.dumps({**({} if flags & ROOT_MODE_UNKNOWN else
@@ -281,6 +294,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
         shown = [name is not None for name in backward_names]
         frames.append(_cover_submodules(pd.DataFrame({
             "call": paired["call"].to_numpy(dtype=np.int64),
+            "has_children": np.array([bool(modules[i]._modules) for i in which], dtype=bool),
             col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
             col.END_NS: paired[col.END_NS].to_numpy(dtype=np.int64),
             col.THREAD_ID: buffer.thread_id,
@@ -316,14 +330,14 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     "submodules"}`` in ``attributes``; the ``call`` column is dropped.
     """
     if rows.empty:
-        return rows.drop(columns=["call"])
+        return rows.drop(columns=["call", "has_children"])
     rows = rows.sort_values("call", kind="stable").reset_index(drop=True)
     names = rows[col.NAME].str.slice(stop=-len(BACKWARD_SUFFIX)).to_numpy(dtype=object)
     calls = rows["call"].to_numpy(dtype=np.int64)
     starts = rows[col.START_NS].to_numpy(dtype=np.int64).copy()
     ends = rows[col.END_NS].to_numpy(dtype=np.int64).copy()
     extended = np.zeros(len(rows), dtype=bool)
-    for name in pd.unique(names):
+    for name in pd.unique(names[rows["has_children"].to_numpy(dtype=bool)]):  # only those can contain others
         own = np.flatnonzero(names == name)
         inside = np.flatnonzero(pd.Series(names).str.startswith(name + ".").to_numpy())
         if not len(inside):
@@ -338,7 +352,7 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
                 starts[row] = min(starts[row], earliest)
     rows[col.START_NS], rows[col.END_NS] = starts, ends
     rows[col.ATTRIBUTES] = ['{"xsp.backward_end": "submodules"}' if e else None for e in extended.tolist()]
-    return rows.drop(columns=["call"])
+    return rows.drop(columns=["call", "has_children"])
 
 
 def _backward_name(module: nn.Module, call: int, names: _Names, forward_names: dict[int, str]) -> str | None:

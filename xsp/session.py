@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import queue
@@ -18,6 +19,7 @@ import pandas as pd
 
 from xsp import _state
 from xsp import schema as col
+from xsp._signals import StopSignals, Terminated, end_by_signal
 from xsp.clock import ClockSync, now_ns
 from xsp.export.otlp import (
     ExportReport,
@@ -36,6 +38,7 @@ from xsp.schema import Level, SpanKind, Status
 from xsp.spans import build_table, conform, new_step_state
 from xsp.structure import SESSION_NAME
 from xsp.trace import Trace
+from xsp.tracers._module_calls import INTERCEPTOR
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for
 from xsp.user_spans import span
@@ -53,13 +56,49 @@ class XspWarning(UserWarning):
 
 
 _pending_exports: list[OtlpExport] = []
+_claim = threading.Lock()
+"""Held while a session checks for an active one and takes its place (two threads at once)."""
 
 
-@atexit.register
+def _forget_session_in_child() -> None:
+    """After ``os.fork()`` in a session: the child records nothing and writes no file (the
+    parent's session owns the file; a DataLoader worker is forked this way)."""
+    session = _state.session
+    if session is None:
+        return
+    _state.session = _state.recording = None
+    session._forked = True
+    if session._recording is not None:
+        session._recording.max_events = 0
+    INTERCEPTOR.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_session_in_child)
+
+
 def _wait_for_exports() -> None:
+    """At interpreter exit: give running exports one bounded wait (``EXIT_WAIT_S`` in all)."""
     deadline = now_ns() + int(EXIT_WAIT_S * 1e9)
     for export in list(_pending_exports):
-        export.wait(max(deadline - now_ns(), 0) / 1e9)
+        if not export.abandoned:
+            export.wait(max(deadline - now_ns(), 0) / 1e9)
+
+
+def _wait_for_exports_at_exit() -> None:
+    """Have interpreter exit wait for exports *before* ``concurrent.futures`` shuts its pools
+    down (an export still sending then fails with "cannot schedule new futures after
+    shutdown"). Exit runs threading's exit callbacks latest first, before ``atexit``'s, so this
+    is registered again after the exporter's modules are imported."""
+    import concurrent.futures.thread  # noqa: F401  (its exit callback first, so that ours runs before it)
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(_wait_for_exports)
+            return
+    except RuntimeError:  # the interpreter is already shutting down
+        return
+    atexit.register(_wait_for_exports)
 
 
 class Session:
@@ -101,16 +140,35 @@ class Session:
         self._diagnostics: list[dict[str, int]] = []
         self._interpreted_dropped: Counter[str] = Counter()
         self._windows: _WindowWorker | None = None
+        self._signals = StopSignals()
+        self._forked = False
+        """True in a child process forked while this session ran: it leaves the file to the parent."""
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
-        if _state.session is not None:
-            self._warn("xsp.trace() is already active; this nested block is recorded as a span "
-                       "of the outer session")
+        recording = Recording(self.max_events)
+        with _claim:
+            active = _state.session
+            if active is None:  # claimed before any tracer starts: a second session sees it
+                _state.session, _state.recording = self, recording
+                self._recording = recording
+                self._thread_id = threading.get_native_id()
+        if active is not None:
+            where = ("" if active._thread_id == threading.get_native_id() else
+                     f" (started in thread {active._thread_id})")
+            self._warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
+                       "session, which keeps running undisturbed, and writes no file of its own")
             self._nested = span("xsp.trace")
             self._nested.__enter__()
             return self
-        self._recording = Recording(self.max_events)
+        try:
+            self._start()
+        except BaseException:
+            _state.session = _state.recording = None
+            raise
+        return self
+
+    def _start(self) -> None:
         self._clock = ClockSync.measure()
         self._open_export()
         tracers, self._unavailable = tracers_for(self.levels)
@@ -129,10 +187,8 @@ class Session:
             except Exception as exc:
                 self._warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
                 self._stop_quietly(tracer)
-        _state.session, _state.recording = self, self._recording
-        self._thread_id = threading.get_native_id()
+        self._signals.install()
         self._start_ns = now_ns()
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
@@ -140,15 +196,31 @@ class Session:
         if self._nested is not None:
             self._nested.__exit__(exc_type, exc, traceback)
             return
-        _state.session = _state.recording = None
-        for tracer in self._tracers:
-            self._stop_quietly(tracer)
-        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
-        error = None if succeeded else f"{type(exc).__name__}: {exc}"
+        if self._forked:  # a forked child: the parent's session writes the file
+            for tracer in self._tracers:
+                with contextlib.suppress(Exception):
+                    tracer.stop()
+            return
+        self._signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
         try:
-            self._finish(end_ns, error)
-        except Exception as failure:  # xsp must never turn the user's success into a failure
-            self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+            _state.session = _state.recording = None
+            for tracer in self._tracers:
+                self._stop_quietly(tracer)
+            succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+            error = None if succeeded else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, (Terminated, KeyboardInterrupt)):
+                self._warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
+                           "holds what was recorded until then")
+            try:
+                self._finish(end_ns, error)
+            except Exception as failure:  # xsp must never turn the user's success into a failure
+                self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+        finally:
+            self._signals.release(exc)
+        if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
+            if self.export is not None:
+                self.export.wait(EXIT_WAIT_S)
+            end_by_signal(exc.signum)
 
     def __call__(self, function: F) -> F:
         """Use as a decorator: each call of ``function`` is one session."""
@@ -265,9 +337,11 @@ class Session:
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},
             "windows": len(self._tables),
+            "signals": list(self._signals.received),
             "warnings": list(self.warnings),
             "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
                                                       "protocol": self.target.protocol.value},
+            "export": None if self._windows is None else self._windows.report.as_metadata(),
         }
         self.trace = Trace(spans=spans, metadata=metadata)
         if self.output is not None:
@@ -277,8 +351,22 @@ class Session:
                 self.write_error = str(exc)
                 self._warn(f"the trace file was not written: {exc}")
         if self._windows is not None:
-            self.export = self._windows.export_last(last, metadata)
+            self.export = self._windows.export_last(last, metadata, self._export_done)
             _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]
+            _wait_for_exports_at_exit()
+
+    def _export_done(self, report: ExportReport) -> None:
+        """On the export's thread: record its outcome in the trace and its file."""
+        if self.trace is None:
+            return
+        self.trace.metadata["export"] = report.as_metadata()
+        if self.output is not None and self.write_error is None:
+            try:
+                self.trace.save(self.output)
+            except OSError as exc:
+                self.write_error = str(exc)
+        if report.error is not None:
+            self._warn(report.summary())
 
     def _tracer_details(self) -> dict[str, Any]:
         """What tracers report about themselves (a CUPTI clock offset, say), by tracer name."""
@@ -344,9 +432,10 @@ class _WindowWorker:
             self.queue.put(None)
         self.thread.join()
 
-    def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any]) -> OtlpExport:
+    def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
+                    on_done: Callable[[ExportReport], None]) -> OtlpExport:
         return start_export(spans, metadata, self.target, self.session.service_name,
-                            exporter=self.exporter, report=self.report, session=self.session_ids)
+                            exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done)
 
 
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -12,6 +15,7 @@ import torch
 
 import xsp
 from xsp import schema as col
+from xsp.cli.main import main
 from xsp.export.otlp import OtlpTarget, Protocol, span_attributes
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver
@@ -175,3 +179,89 @@ def test_silent_collector_fails_the_export_within_its_timeout(monkeypatch, tmp_p
         listener.close()
     assert report.done and report.error is not None
     assert report.exported == 0 and report.failed == report.submitted == len(session.trace.spans)
+
+
+def test_the_file_records_how_the_export_went(tmp_path):
+    with GrpcReceiver() as receiver:
+        trace, report = trace_into(receiver, "grpc", tmp_path)
+    exported = xsp.load(tmp_path / "run.xsp.parquet").metadata["export"]
+    assert exported["state"] == "done" and exported["error"] is None
+    assert exported["exported"] == exported["submitted"] == len(trace.spans) == len(receiver.sink.spans)
+
+
+def test_a_failed_export_is_one_warning_with_the_sdks_words_and_the_file_says_so(tmp_path):
+    """A collector that accepts connections and never answers: the gRPC exporter retries and
+    logs; all of it becomes xsp's one warning, and the file records the failure."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys, torch, xsp\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "with xsp.trace(output=sys.argv[1], otlp_endpoint=sys.argv[2], otlp_protocol='grpc') as s:\n"
+        "    m(torch.randn(2, 4))\n"
+        "s.wait_for_export(30)\n")
+    try:
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+        result = subprocess.run([sys.executable, str(script), str(tmp_path / "run.xsp.parquet"),
+                                 f"http://127.0.0.1:{listener.getsockname()[1]}"], capture_output=True, text=True,
+                                timeout=120, env=env)
+    finally:
+        listener.close()
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "XspWarning" in line]
+    assert len(warned) == 1 and "0 of 2 spans sent" in warned[0] and "xsp push" in warned[0], result.stderr
+    others = [line for line in result.stderr.splitlines() if line.strip() and "XspWarning" not in line
+              and not line.startswith("  ")]  # the line python's warnings print below
+    assert others == [], result.stderr
+    exported = xsp.load(tmp_path / "run.xsp.parquet").metadata["export"]
+    assert exported["state"] == "done" and exported["failed"] == 2 and exported["error"]
+
+
+def test_export_is_never_lost_at_interpreter_exit(tmp_path):
+    """The script ends right after its block, while the export still runs: exit waits for it."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys, torch, xsp\n"
+        "m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])\n"
+        "with xsp.trace(output=None, otlp_endpoint=sys.argv[1], otlp_protocol='grpc'):\n"
+        "    for _ in range(20):\n"
+        "        m(torch.randn(2, 4))\n")
+    for _ in range(3):
+        with GrpcReceiver() as receiver:
+            result = subprocess.run([sys.executable, str(script), receiver.endpoint], capture_output=True,
+                                    text=True, timeout=120)
+            assert result.returncode == 0 and result.stderr == "", result.stderr
+            assert len(receiver.sink.spans) == 1 + 20 * 31
+
+
+@pytest.mark.parametrize("kind", ["xsp", "kineto"])
+def test_push_sends_any_trace_file_later(kind, tmp_path, shared_traces, capsys, monkeypatch):
+    if kind == "xsp":
+        path = tmp_path / "run.xsp.parquet"
+        with xsp.trace(output=path):
+            workload()
+    else:
+        path = shared_traces / "kineto" / "a100_alexnet.json.gz"
+    expected = xsp.load(path).spans
+    with HttpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        assert main(["push", str(path), "--otlp", receiver.endpoint]) == 0
+    assert f"{len(expected)} spans sent" in capsys.readouterr().err
+    if kind == "xsp":
+        assert sorted(span.span_id for span in receiver.sink.spans) == sorted(expected[col.SPAN_ID].tolist())
+    else:  # an import makes new ids each time it is read
+        assert sorted(span.name for span in receiver.sink.spans) == sorted(expected[col.NAME].tolist())
+
+
+def test_push_without_a_reachable_collector_is_one_line(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "run.xsp.parquet"
+    with xsp.trace(output=path):
+        workload()
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    assert main(["push", str(path)]) == 2
+    assert "no collector to send to" in capsys.readouterr().err
+    assert main(["push", str(path), "--otlp", f"http://127.0.0.1:{closed_port()}"]) == 2
+    assert "unreachable" in capsys.readouterr().err

@@ -236,14 +236,12 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     export = session.export
     if export is not None:
         report = export.wait(EXIT_WAIT_S)
+        export.abandon()  # one bounded wait: exit does not wait again
         if not report.done:
-            out.print(f"xsp: OTLP export to {report.target} still running after {EXIT_WAIT_S:.0f} s",
-                      markup=False)
-        elif report.error:
-            out.print(f"warning: OTLP export to {report.target}: {report.exported} of {report.submitted} "
-                      f"spans sent; {report.error}", markup=False)
-        else:
-            out.print(f"xsp: {report.exported} spans sent to {report.target}", markup=False)
+            out.print(f"warning: OTLP export to {report.target} still running after {EXIT_WAIT_S:.0f} s, left "
+                      f"unfinished; the trace file keeps every span (send it with `xsp push`)", markup=False)
+        elif report.error is None:  # a failure was the session's one warning, already shown
+            out.print(f"xsp: {report.summary()}", markup=False)
     if predicts == 0:
         out.print(f"warning: {script} called no torch.nn.Module, so there was nothing to profile "
                   "(is it a PyTorch script?)", markup=False)

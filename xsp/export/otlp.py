@@ -13,13 +13,15 @@ Configuration follows the standard variables: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOI
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 from urllib.parse import urlparse
@@ -254,6 +256,51 @@ class ExportReport:
     error: str | None = None
     seconds: float = 0.0
     done: bool = False
+    sdk_messages: list[str] = field(default_factory=list)
+    """What the OpenTelemetry SDK logged while exporting (folded into xsp's one warning)."""
+
+    def as_metadata(self) -> dict[str, Any]:
+        """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
+        return {**asdict(self), "state": "done" if self.done else "running"}
+
+    def summary(self) -> str:
+        """One line: what was sent, and why the rest was not."""
+        if self.error is None:
+            return f"{self.exported} spans sent to {self.target}"
+        said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
+        return (f"OTLP export to {self.target}: {self.exported} of {self.submitted} spans sent; {self.error}{said}; "
+                "the trace file keeps every span (send it again with `xsp push FILE`)")
+
+
+class _SdkMessages(logging.Filter):
+    """Keeps what the SDK logs on xsp's export threads (and only there) out of the user's log."""
+
+    def __init__(self, report: ExportReport) -> None:
+        super().__init__()
+        self.report = report
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        if len(self.report.sdk_messages) < 20:
+            self.report.sdk_messages.append(record.getMessage().splitlines()[0][:300])
+        return False
+
+
+@contextlib.contextmanager
+def sdk_messages_into(report: ExportReport) -> Iterator[None]:
+    """While exporting on this thread, what the OpenTelemetry loggers say goes into ``report``."""
+    catcher = _SdkMessages(report)
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.startswith("opentelemetry")]
+    for logger in loggers:
+        logger.addFilter(catcher)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(catcher)
 
 
 def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: ExportReport) -> None:
@@ -277,7 +324,8 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     that could not even be built count as failed."""
     submitted_before = report.submitted
     try:
-        build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
+        with sdk_messages_into(report):
+            build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
     except Exception as exc:
         report.error = report.error or f"{type(exc).__name__}: {exc}"
         unsent = len(spans) - (report.submitted - submitted_before)
@@ -292,19 +340,27 @@ class OtlpExport:
 
     report: ExportReport
     thread: threading.Thread | None = None
+    abandoned: bool = False
+    """Someone already waited as long as exit allows: interpreter exit does not wait again."""
 
     def wait(self, timeout_s: float | None = None) -> ExportReport:
         if self.thread is not None:
             self.thread.join(timeout_s)
         return self.report
 
+    def abandon(self) -> None:
+        """Stop waiting for this export at interpreter exit (one bounded wait is enough)."""
+        self.abandoned = True
+
 
 def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpTarget,
                  service_name: str, exporter: SpanExporter | None = None,
-                 report: ExportReport | None = None, session: tuple[str, int] | None = None) -> OtlpExport:
+                 report: ExportReport | None = None, session: tuple[str, int] | None = None,
+                 on_done: Callable[[ExportReport], None] | None = None) -> OtlpExport:
     """Export ``spans`` to ``target`` in a daemon thread and return at once.
 
-    ``report`` continues the counts of earlier exports of the same session.
+    ``report`` continues the counts of earlier exports of the same session; ``on_done`` is
+    called on the export's thread with the final report.
     """
     report = report or ExportReport(target=f"{target.protocol.value} {target.endpoint}")
     export = OtlpExport(report)
@@ -314,7 +370,8 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         try:
             sink = exporter or make_exporter(target)
             export_table(spans, resource_for(service_name, metadata), sink, report, session)
-            sink.shutdown()
+            with sdk_messages_into(report):
+                sink.shutdown()
         except Exception as exc:  # the exporter could not even be made
             report.error = report.error or f"{type(exc).__name__}: {exc}"
             report.failed += len(spans)
@@ -322,6 +379,9 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         finally:
             report.seconds = time.perf_counter() - began
             report.done = True
+        if on_done is not None:
+            with contextlib.suppress(Exception):  # the outcome is in the report either way
+                on_done(report)
 
     export.thread = threading.Thread(target=run, name="xsp-otlp-export", daemon=True)
     export.thread.start()

@@ -1,0 +1,176 @@
+"""Stopping signals, two sessions at once and fork: the file is finished, the first session
+undisturbed, the parent's file never written over."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import xsp
+from xsp import schema as col
+
+LOOP = """
+import os, signal, sys, time, torch, xsp
+model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(20)])
+{setup}
+with xsp.trace(output=sys.argv[1]):
+    step = 0
+    while {condition}:
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+        step += 1
+        if step == 50:
+            print("ready", flush=True)
+        time.sleep(0.001)
+print("after the block", flush=True)
+"""
+
+
+def start(tmp_path: Path, setup: str = "", condition: str = "True", cli: bool = False) -> subprocess.Popen[str]:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP.format(setup=textwrap.dedent(setup), condition=condition))
+    output = tmp_path / "run.xsp.parquet"
+    if cli:
+        plain = script.read_text().replace("with xsp.trace(output=sys.argv[1]):", "if True:")
+        script.write_text(plain)
+        argv = [sys.executable, "-m", "xsp", "run", "-o", str(output), "--", str(script), str(output)]
+    else:
+        argv = [sys.executable, str(script), str(output)]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready", process.stderr.read() if process.stderr else ""
+    return process
+
+
+def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out, err
+
+
+def no_partial(tmp_path: Path) -> bool:
+    return not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("cli", [False, True], ids=["xsp.trace", "xsp run"])
+def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_path, signum, cli):
+    process = start(tmp_path, cli=cli)
+    process.send_signal(signum)
+    status, out, err = finished(process)
+    assert status == -signum, err
+    assert "after the block" not in out and "Traceback" not in err
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.metadata["signals"] == [signal.Signals(signum).name]
+    assert len(trace.steps) >= 50
+    session = trace.spans[trace.spans[col.KIND] == "session"].iloc[0]
+    assert session[col.STATUS] == "error" and signal.Signals(signum).name in session[col.STATUS_MESSAGE]
+    assert f"interrupted by {signal.Signals(signum).name}" in err
+    assert no_partial(tmp_path)
+
+
+def test_the_programs_own_handler_still_decides(tmp_path):
+    setup = """
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: (stop.append(signum), print("handled", flush=True)))
+    """
+    process = start(tmp_path, setup=setup, condition="not stop")
+    process.send_signal(signal.SIGTERM)
+    status, out, err = finished(process)
+    assert status == 0, err
+    assert "handled" in out and "after the block" in out
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.metadata["signals"] == ["SIGTERM"]
+    session = trace.spans[trace.spans[col.KIND] == "session"].iloc[0]
+    assert session[col.STATUS] == "ok"
+
+
+def test_ctrl_c_twice_still_leaves_a_complete_file(tmp_path):
+    """The second Ctrl-C comes while the file is being written: it is held back."""
+    setup = """
+    big = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(2000)])
+    """
+    script_condition = "True"
+    process = start(tmp_path, setup=setup, condition=script_condition)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    status, out, err = finished(process)
+    assert status == -signal.SIGINT, err  # how python ends on an uncaught KeyboardInterrupt
+    assert "KeyboardInterrupt" in err
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert "SIGINT" in trace.metadata["signals"]
+    assert len(trace.steps) >= 50
+    assert no_partial(tmp_path)
+
+
+def test_a_second_session_in_another_thread_never_disturbs_the_first(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    barrier = threading.Barrier(2)
+    sessions: dict[str, xsp.Session] = {}
+    refused_done = threading.Event()
+
+    def run(name: str) -> None:
+        session = xsp.trace(output=tmp_path / f"{name}.xsp.parquet")
+        barrier.wait()
+        with session:
+            barrier.wait()
+            for _ in range(200):
+                with torch.no_grad():
+                    model(torch.randn(2, 4))
+            refused = session._nested is not None
+            if not refused:  # the first session ends last, so that it holds the refused block's span
+                assert refused_done.wait(60)
+        if refused:
+            refused_done.set()
+        sessions[name] = session
+
+    with pytest.warns(xsp.XspWarning, match="already active .*started in thread"):
+        threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    written = [s for s in sessions.values() if s.trace is not None]
+    assert len(written) == 1  # the other was refused: recorded as a span of the first
+    trace = written[0].trace
+    assert trace is not None
+    predicts = trace.spans[trace.spans[col.KIND] == "predict"]
+    assert len(predicts) == 400  # both threads' calls, none cut short
+    assert trace.metadata["dropped"] == {}
+    assert (trace.spans[col.NAME] == "xsp.trace").sum() == 1
+
+
+def test_a_forked_child_never_writes_over_the_parents_file(tmp_path):
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, torch, xsp
+        model = torch.nn.Linear(4, 4)
+        with xsp.trace(output=sys.argv[1]):
+            for _ in range(5):
+                model(torch.randn(2, 4))
+            pid = os.fork()
+            for _ in range(30 if pid == 0 else 10):
+                model(torch.randn(2, 4))
+        if pid == 0:
+            print("child", flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent", flush=True)
+    """))
+    output = tmp_path / "run.xsp.parquet"
+    for _ in range(3):
+        result = subprocess.run([sys.executable, str(script), str(output)], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "child" in result.stdout and "parent" in result.stdout
+        trace = xsp.load(output)
+        assert len(trace.steps) == 15  # the parent's calls only
+        assert no_partial(tmp_path)

@@ -1,0 +1,114 @@
+"""Ending a session well when the process is told to stop (SIGTERM, SIGHUP, Ctrl-C).
+
+A scheduler stops a job with SIGTERM (or SIGHUP when its terminal goes); left to the default
+action, the process would die on the spot and the trace of a long run would be lost. While a
+session runs in the main thread, xsp handles these signals itself:
+
+* where the program left a signal's default action in place, the handler raises
+  :class:`Terminated` in the main thread: the session's block unwinds, its file is written
+  with everything recorded (the session span marked with the signal), and the session then
+  delivers the signal again with its default action, so the process ends as it would have;
+* where the program installed its own handler, that handler runs, as it would have; the
+  session only notes the signal in its metadata;
+* Ctrl-C keeps Python's behaviour (a ``KeyboardInterrupt``); while the session writes its
+  file, a second Ctrl-C (or SIGTERM, SIGHUP) is held back until the file is complete.
+
+Signals can only be handled in the main thread: a session that runs in another thread leaves
+them alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any, Final
+
+STOPPING_SIGNALS: Final = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT")
+                                if hasattr(signal, name))
+"""The signals a session handles while it runs."""
+
+
+class Terminated(BaseException):
+    """The process received a stopping signal whose default action was to end it.
+
+    Raised in the main thread so that ``with xsp.trace():`` can write its file; the session
+    then ends the process by the same signal. A ``BaseException``, so that the program's
+    ``except Exception`` blocks do not swallow it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class StopSignals:
+    """The stopping-signal handlers of one session (see the module docs)."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        """Names of the stopping signals that arrived while the session ran, in order."""
+        self._saved: dict[int, Any] = {}
+        self._held: list[int] = []
+        self._holding = False
+
+    def install(self) -> None:
+        """Handle the stopping signals (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOPPING_SIGNALS:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                previous = signal.getsignal(signum)
+                if previous is signal.SIG_IGN or previous is None:  # ignored, or set outside Python
+                    continue
+                signal.signal(signum, self._on_signal)
+                self._saved[signum] = previous
+
+    def hold(self) -> None:
+        """From now on, keep stopping signals for :meth:`release` (the file is being written)."""
+        self._holding = True
+
+    def release(self, ending_by: BaseException | None) -> None:
+        """Put the program's own handlers back, then deliver what was held back, unless the
+        process is already ending by that kind of signal (``ending_by``)."""
+        for signum, previous in self._saved.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if signal.getsignal(signum) == self._on_signal:  # the program may have replaced ours
+                    signal.signal(signum, previous)
+        self._saved.clear()
+        held, self._held, self._holding = self._held, [], False
+        for signum in dict.fromkeys(held):
+            if isinstance(ending_by, Terminated) or (
+                    isinstance(ending_by, KeyboardInterrupt) and signum == signal.SIGINT):
+                continue
+            os.kill(os.getpid(), signum)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> Any:
+        self.received.append(signal_name(signum))
+        if self._holding:
+            self._held.append(signum)
+            return None
+        previous = self._saved.get(signum, signal.SIG_DFL)
+        if previous is signal.SIG_DFL:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(signum)
+        if callable(previous):
+            return previous(signum, frame)
+        return None
+
+
+def end_by_signal(signum: int) -> None:
+    """End the process by ``signum`` with its default action (after flushing Python's output)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,50 @@
+"""``xsp push``: send a trace file to an OpenTelemetry collector (Jaeger), now or later."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from xsp.cli._common import CliError, error_console
+from xsp.export.otlp import ExportReport, OtlpTarget, export_table, make_exporter, probe, resource_for
+from xsp.loading import load
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "push", help="send a trace file to an OTLP collector (Jaeger)",
+        description="Send every span of a trace file (an .xsp.parquet file, or a PyTorch profiler "
+                    ".json/.json.gz) to an OpenTelemetry collector: spans a run could not send, or a "
+                    "trace recorded without a collector. The endpoint and protocol come from --otlp and "
+                    "--otlp-protocol, else from OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT and _PROTOCOL; "
+                    "headers, timeout, compression and certificates from the other OTEL_* variables.")
+    parser.add_argument("file", help="a .xsp.parquet trace, or a PyTorch profiler trace (.json, .json.gz)")
+    parser.add_argument("--otlp", metavar="URL", default=None, help="collector endpoint, e.g. http://localhost:4317")
+    parser.add_argument("--otlp-protocol", choices=["grpc", "http/protobuf"], default=None,
+                        help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    parser.add_argument("--service-name", default=None,
+                        help="OTel service.name (default: the one recorded in the trace)")
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    target = OtlpTarget.resolve(options.otlp, options.otlp_protocol)
+    if target is None:
+        raise CliError("no collector to send to: give --otlp URL or set OTEL_EXPORTER_OTLP_ENDPOINT")
+    trace = load(options.file)
+    unreachable = probe(target)
+    if unreachable is not None:
+        raise CliError(f"OTLP endpoint {target.endpoint}: {unreachable}")
+    service_name = options.service_name or str(trace.metadata.get("service_name") or "xsp")
+    report = ExportReport(target=f"{target.protocol.value} {target.endpoint}")
+    exporter = make_exporter(target)
+    try:
+        export_table(trace.spans, resource_for(service_name, trace.metadata), exporter, report)
+    finally:
+        exporter.shutdown()
+    out = error_console()
+    if report.error is not None:
+        out.print(f"xsp: error: {report.summary()}", markup=False)
+        return 1
+    out.print(f"xsp: {report.summary()}", markup=False)
+    return 0
