@@ -130,15 +130,18 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         parts.append(pd.DataFrame([session_row]))
     if not parts:
         return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
-    table = conform(pd.concat(parts, ignore_index=True))
-    table[col.START_NS] += host_to_epoch_ns
-    table[col.END_NS] += host_to_epoch_ns
-    widen_backward_layers(table)
-    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
-    order = np.lexsort((table[col.CALL_DEPTH].to_numpy(dtype=np.int64, na_value=-1),
-                        table[col.START_NS].to_numpy(dtype=np.int64)))
+    raw = pd.concat(parts, ignore_index=True)
+    raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+    raw[col.END_NS] = raw[col.END_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+    if all(name in raw for name in (col.LEVEL, col.KIND, col.THREAD_ID)):
+        widen_backward_layers(raw)
+    depth = (raw[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64) if col.CALL_DEPTH in raw
+             else np.full(len(raw), -1, dtype=np.int64))
+    order = np.lexsort((depth, raw[col.START_NS].to_numpy(dtype=np.int64)))
     if not (order == np.arange(len(order))).all():  # importers hand rows over already in order
-        table = table.take(order).reset_index(drop=True)
+        raw = raw.take(order).reset_index(drop=True)  # before conform: the columns no tracer gave are not taken
+    table = conform(raw)
+    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
     table[col.SPAN_ID] = new_span_ids(len(table))
     is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
     session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
