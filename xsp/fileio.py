@@ -33,6 +33,33 @@ def _describe_os_error(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
+def _destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """The file ``path`` names (through a symlink: the file it names is replaced), with its
+    directory made, and whether it is written in place (a device or a pipe, such as /dev/null).
+
+    Raises:
+        OutputError: an empty path, a directory, or a directory that cannot be made.
+    """
+    if not str(path):
+        raise OutputError("cannot write an empty path")
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory")
+    if target.exists() and not target.is_file():
+        return target, True
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: cannot create its directory "
+                          f"({_describe_os_error(exc)})") from None
+    return target, False
+
+
+def _beside(target: Path, suffix: str) -> Path:
+    """A hidden name beside ``target``, unique to this process and call."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
@@ -45,23 +72,14 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         OutputError: the destination is a directory, lies below a file, or cannot be written
             (full disk, no permission), in one line naming the path.
     """
-    if not str(path):
-        raise OutputError("cannot write an empty path")
-    target = Path(os.path.realpath(path))  # through a symlink: the file it names is replaced
-    if target.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
-    if target.exists() and not target.is_file():  # a device or a pipe (/dev/null): written in place
+    target, in_place = _destination(path)
+    if in_place:
         try:
             yield target
         except OSError as exc:
             raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
         return
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: cannot create its directory "
-                          f"({_describe_os_error(exc)})") from None
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    temporary = _beside(target, "partial")
     try:
         yield temporary
         os.replace(temporary, target)
@@ -78,16 +96,11 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     Raises:
         OutputError: in one line naming the path.
     """
-    if not str(path):
-        raise OutputError("cannot write an empty path")
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
-    if target.exists() and not target.is_file():
-        return  # a device or a pipe, written in place
+    target, in_place = _destination(path)
+    if in_place:
+        return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        probe = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.probe")
+        probe = _beside(target, "probe")
         probe.touch()
         probe.unlink()
     except OSError as exc:
@@ -146,7 +159,8 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     try:
         _check_parquet_framing(source)
         parquet = pq.ParquetFile(source, page_checksum_verification=True)
-        raw = (parquet.schema_arrow.metadata or {}).get(col.METADATA_KEY)
+        footer = parquet.schema_arrow.metadata or {}
+        raw = footer.get(col.METADATA_KEY)
     except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged footer fails in many ways
         raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     if raw is None:
@@ -169,7 +183,7 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     _check_columns(source, table.schema)
-    expected = (parquet.schema_arrow.metadata or {}).get(CHECKSUM_KEY)
+    expected = footer.get(CHECKSUM_KEY)
     if expected is not None and expected != _footer_checksum(raw, table.schema):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
     return _to_pandas(source, table), metadata
@@ -188,8 +202,7 @@ def _to_pandas(source: Path, table: pa.Table) -> pd.DataFrame:
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         dtype = col.COLUMNS.get(name)
-        if dtype == "string" or (dtype is None and (pa.types.is_string(column.type) or
-                                                    pa.types.is_large_string(column.type))):
+        if dtype == "string" or (dtype is None and _is_text(column.type)):
             columns[name] = arrow_strings(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
         elif dtype == "int64":
             if column.null_count:
@@ -205,6 +218,10 @@ def _to_pandas(source: Path, table: pa.Table) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
 def _check_columns(source: Path, schema: pa.Schema) -> None:
     """Every required column present, every known column of its schema type."""
     missing = [name for name in col.REQUIRED_COLUMNS if name not in schema.names]
@@ -215,8 +232,7 @@ def _check_columns(source: Path, schema: pa.Schema) -> None:
         if dtype is None:
             continue
         kind = schema.field(name).type
-        fits = (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
-                if dtype == "string" else pa.types.is_integer(kind) or pa.types.is_null(kind))
+        fits = pa.types.is_null(kind) or (_is_text(kind) if dtype == "string" else pa.types.is_integer(kind))
         if not fits:
             raise TraceFormatError(f"{source} is corrupt: column {name} holds {kind}, not {dtype}")
 

@@ -56,6 +56,7 @@ class XspWarning(UserWarning):
 
 
 _pending_exports: list[OtlpExport] = []
+_exit_wait_registered = False
 _claim = threading.Lock()
 """Held while a session checks for an active one and takes its place (two threads at once)."""
 
@@ -88,7 +89,11 @@ def _wait_for_exports_at_exit() -> None:
     """Have interpreter exit wait for exports *before* ``concurrent.futures`` shuts its pools
     down (an export still sending then fails with "cannot schedule new futures after
     shutdown"). Exit runs threading's exit callbacks latest first, before ``atexit``'s, so this
-    is registered again after the exporter's modules are imported."""
+    is registered (once) after ``concurrent.futures`` has registered its own."""
+    global _exit_wait_registered
+    if _exit_wait_registered:
+        return
+    _exit_wait_registered = True
     import concurrent.futures.thread  # noqa: F401  (its exit callback first, so that ours runs before it)
 
     register = getattr(threading, "_register_atexit", None)
@@ -146,12 +151,11 @@ class Session:
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
-        recording = Recording(self.max_events)
         with _claim:
             active = _state.session
             if active is None:  # claimed before any tracer starts: a second session sees it
-                _state.session, _state.recording = self, recording
-                self._recording = recording
+                self._recording = Recording(self.max_events)
+                _state.session, _state.recording = self, self._recording
                 self._thread_id = threading.get_native_id()
         if active is not None:
             where = ("" if active._thread_id == threading.get_native_id() else
