@@ -19,8 +19,11 @@ compiled graph then runs without any module call, so a compiled call is one span
 node enters a TorchScript graph, and tracing is no step of the user's loop). The dynamo check
 comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
-Each finished call appends one tuple ``(start, end, module, depth, in_desc, out_desc, error)``
-to its thread's buffer; a descriptor is a ``torch.Size`` (one tensor) or a tuple of them.
+Each finished call appends one tuple ``(start, end, module, depth, inputs, outputs, error)``
+to its thread's buffer, with the module and the shape descriptors (a ``torch.Size`` for one
+tensor, a tuple of them for several) given as their index in the thread's interners: a tuple
+of scalars, which the garbage collector stops tracking at its first pass (see
+:mod:`xsp.recording`).
 A top-level call also names its model (once per model) and tells the thread's automatic
 steps (:mod:`xsp.auto_steps`) that it begins and ends.
 
@@ -187,14 +190,14 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
             if pop is not None:
                 pop()
             buffer.depth = 0
-            buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc)))
+            buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc))
             buffer.steps.call_ends(end)
             raise
         end = _now()
         if pop is not None:
             pop()
         buffer.depth = 0
-        buffer.calls.append((start, end, self, 0, describe_inputs(args, kwargs), describe(out), None))
+        buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
         if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
         buffer.steps.call_ends(end)
@@ -212,7 +215,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
 
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
-                        _tensor: Any = _TENSOR, **kwargs: Any) -> Any:
+                        _tensor: Any = _TENSOR, _id: Any = id, **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
         try:
@@ -236,8 +239,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             if pop is not None:
                 pop()
             buffer.depth = depth
-            buffer.calls.append((start, end, self, depth, describe_inputs(args, kwargs), None,
-                                 error_text(exc)))
+            buffer.record_call(start, end, self, depth, describe_inputs(args, kwargs), None, error_text(exc))
             if not depth:
                 buffer.steps.call_ends(end)
             raise
@@ -249,9 +251,20 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             in_desc = describe_inputs(args, kwargs)
         else:
             in_desc = args[0].shape
+        out_desc = out.shape if type(out) is _tensor else describe(out)
+        # buffer.record_call, inlined (a method call costs a tenth of the whole record)
+        ids = buffer.descriptor_ids
+        input_id = ids.get(in_desc)
+        if input_id is None:
+            input_id = buffer.intern_descriptor(in_desc)
+        output_id = ids.get(out_desc)
+        if output_id is None:
+            output_id = buffer.intern_descriptor(out_desc)
+        module_id = buffer.module_ids.get(_id(self))
+        if module_id is None:
+            module_id = buffer.intern_module(self)
         calls = buffer.calls
-        calls.append((start, end, self, depth, in_desc,
-                      out.shape if type(out) is _tensor else describe(out), None))
+        calls.append((start, end, module_id, depth, input_id, output_id, None))
         if _grad_enabled():
             hook_backward(buffer, out, self, start)
         if depth < 2:
@@ -282,10 +295,10 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
     buffer_of = recording.buffer
 
     def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), BACKWARD_BEGIN, call))
+        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
 
     def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().backward.append((module, now_ns(), BACKWARD_END, call))
+        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
 
     def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
         node = out.grad_fn if type(out) is _TENSOR else None
@@ -294,7 +307,7 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
         else:
             hooked = buffer.last_hooked
             if hooked is not None and hooked[0] is node:
-                buffer.backward.append((module, hooked[1], BACKWARD_ALIAS, call))
+                buffer.record_backward(module, hooked[1], BACKWARD_ALIAS, call)
                 return
             buffer.last_hooked = (node, call)
             nodes = (node,)

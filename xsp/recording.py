@@ -1,9 +1,13 @@
 """Recording buffers: what tracers append to while the user's code runs.
 
 The hot path appends one plain tuple per finished span to a list owned by the calling
-thread (no locks, no OpenTelemetry objects, no strings built). Every few thousand records,
-and at collection, a thread's tuples are compacted into typed arrays with their objects
-(modules, names, shape descriptors) interned, so a recorded span costs tens of bytes.
+thread (no locks, no OpenTelemetry objects, no strings built). Module calls and backward
+events hold only scalars: the module and the shape descriptors are interned as they are
+recorded (a dictionary lookup), so the tuple references no container and the garbage collector
+untracks it at its first pass instead of carrying it, and everything it points to, into older
+generations, where each full collection would walk it again (over a long run that made a module
+call 2-3x dearer). Every few hundred records, and at collection, a thread's tuples are
+compacted into typed arrays, so a recorded span costs tens of bytes.
 Spans are interpreted (names, paths, parents) only after the session, in
 :mod:`xsp.spans`.
 """
@@ -135,7 +139,8 @@ class ThreadBuffer:
     __slots__ = (
         "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "steps", "last_hooked", "calls",
         "marks", "backward", "roots", "call_columns", "mark_columns", "backward_columns", "root_columns",
-        "modules", "descriptors", "strings", "_lock",
+        "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
+        "_lock",
     )
 
     def __init__(self, recording: Recording) -> None:
@@ -154,9 +159,10 @@ class ThreadBuffer:
         self.steps = AutoSteps(self)
         """This thread's automatic steps (see :mod:`xsp.auto_steps`)."""
         # raw records, appended on the hot path:
-        self.calls: list[tuple[Any, ...]] = []  # (start, end, module, depth, in_desc, out_desc, error)
+        # (start, end, module index, depth, inputs index, outputs index, error text or None):
+        self.calls: list[tuple[Any, ...]] = []
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
-        self.backward: list[tuple[Any, ...]] = []  # (module, time, phase, call start)
+        self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
         self.call_columns = CallColumns()
         self.mark_columns = MarkColumns()
@@ -165,7 +171,35 @@ class ThreadBuffer:
         self.modules = _Interner(by_identity=True)
         self.descriptors = _Interner()
         self.strings = _Interner()
+        self.module_ids = self.modules.ids
+        """``id(module) -> index``: looked up on the hot path (``intern_module`` on a miss)."""
+        self.descriptor_ids = self.descriptors.ids
+        """``descriptor -> index``: looked up on the hot path (``intern_descriptor`` on a miss)."""
+        self.intern_module = self.modules.intern
+        self.intern_descriptor = self.descriptors.intern
         self._lock = threading.Lock()
+
+    def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
+                    error: str | None) -> None:
+        """Append one finished module call (the layer wrapper inlines this on its fast path)."""
+        ids = self.descriptor_ids
+        input_id = ids.get(inputs)
+        if input_id is None:
+            input_id = self.intern_descriptor(inputs)
+        output_id = ids.get(outputs)
+        if output_id is None:
+            output_id = self.intern_descriptor(outputs)
+        module_id = self.module_ids.get(id(module))
+        if module_id is None:
+            module_id = self.intern_module(module)
+        self.calls.append((start, end, module_id, depth, input_id, output_id, error))
+
+    def record_backward(self, module: Any, time_ns: int, phase: int, call: int) -> None:
+        """Append one backward event of ``module``'s call that started at ``call``."""
+        module_id = self.module_ids.get(id(module))
+        if module_id is None:
+            module_id = self.intern_module(module)
+        self.backward.append((module_id, time_ns, phase, call))
 
     def compact(self) -> None:
         """Move raw records into the typed columns. Safe to call from any thread."""
@@ -203,15 +237,14 @@ class ThreadBuffer:
         if not calls:
             return
         cols = self.call_columns
-        module_id, descriptor_id, string_id = (
-            self.modules.intern, self.descriptors.intern, self.strings.intern)
+        string_id = self.strings.intern
         starts, ends, modules, depths, inputs, outputs, errors = zip(*calls)
         cols.start.extend(starts)
         cols.end.extend(ends)
         cols.depth.extend(depths)
-        cols.module.extend([module_id(m) for m in modules])
-        cols.inputs.extend([descriptor_id(d) for d in inputs])
-        cols.outputs.extend([descriptor_id(d) for d in outputs])
+        cols.module.extend(modules)
+        cols.inputs.extend(inputs)
+        cols.outputs.extend(outputs)
         cols.error.extend([-1 if e is None else string_id(e) for e in errors])
 
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
@@ -228,9 +261,8 @@ class ThreadBuffer:
         if not events:
             return
         cols = self.backward_columns
-        module_id = self.modules.intern
         modules, times, phases, calls = zip(*events)
-        cols.module.extend([module_id(m) for m in modules])
+        cols.module.extend(modules)
         cols.time.extend(times)
         cols.phase.extend(phases)
         cols.call.extend(calls)
