@@ -63,6 +63,29 @@ class HierarchyDiagnostics:
         return asdict(self)
 
 
+def _nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
+    """For each position, the nearest earlier position whose value is >= its own (``> `` when
+    ``strict``), or -1: the classic stack walk, done for all positions at once by pointer jumping.
+
+    Each pointer starts at the position before; while the value it points at is too small, it
+    jumps to that position's own pointer (everything skipped is smaller still). Every round
+    shortens the chains, so the rounds are few (about the nesting depth, at most log n for a
+    long run of growing values), each a handful of numpy operations over the unresolved positions.
+    """
+    count = len(values)
+    pointer = np.arange(-1, count - 1, dtype=np.int64)
+    active = np.arange(1, count, dtype=np.int64)
+    while len(active):
+        target = pointer[active]
+        mine = values[active]
+        too_small = values[target] <= mine if strict else values[target] < mine
+        active = active[too_small]
+        target = pointer[pointer[active]]
+        pointer[active] = target
+        active = active[target >= 0]
+    return pointer
+
+
 def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray,
                       tiebreak: np.ndarray) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position of every span by interval inclusion, per thread.
@@ -76,6 +99,11 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
 
     Returns:
         ``parents`` (position of the parent, or -1) and the diagnostics.
+
+    In order of (thread, start, longest first, rank, tiebreak), the spans that enclose a span
+    are the chain of "nearest earlier span that ends no sooner" from it; its parent is the
+    first of that chain whose rank is not deeper than its own. A span that ends after the next
+    longer span begins, but before that span ends, overlaps it without nesting.
     """
     count = len(start)
     parents = np.full(count, NO_PARENT, dtype=np.int64)
@@ -83,29 +111,32 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
     if count == 0:
         return parents, diagnostics
     order = np.lexsort((tiebreak, -end, rank, start, thread))
-    threads, starts, ends = thread[order].tolist(), start[order].tolist(), end[order].tolist()
-    ranks, ties, positions = rank[order].tolist(), tiebreak[order].tolist(), order.tolist()
-    stack: list[int] = []
-    current_thread = None
-    overlapping = ambiguous = 0
-    for p in range(count):
-        if threads[p] != current_thread:
-            stack.clear()
-            current_thread = threads[p]
-        span_start, span_end, span_rank = starts[p], ends[p], ranks[p]
-        while stack and ends[stack[-1]] < span_end:
-            if ends[stack.pop()] > span_start:
-                overlapping += 1
-        for q in reversed(stack):
-            if ranks[q] <= span_rank:
-                parents[positions[p]] = positions[q]
-                if (starts[q] == span_start and ends[q] == span_end and ranks[q] == span_rank
-                        and ties[q] == ties[p]):
-                    ambiguous += 1
-                break
-        stack.append(p)
-    diagnostics.overlapping = overlapping
-    diagnostics.ambiguous = ambiguous
+    threads, starts, ends = thread[order], start[order], end[order]
+    ranks, ties = rank[order], tiebreak[order]
+    # chains never cross threads: rows of one thread are contiguous, so a link that leaves the
+    # thread means no span of the thread encloses this one
+    enclosing = _nearest_before(ends, strict=False)
+    enclosing[(enclosing >= 0) & (threads[np.maximum(enclosing, 0)] != threads)] = NO_PARENT
+    candidate = enclosing.copy()
+    pending = np.flatnonzero(candidate >= 0)
+    pending = pending[ranks[candidate[pending]] > ranks[pending]]
+    while len(pending):  # a shallower span inside a deeper one: walk further out
+        candidate[pending] = enclosing[candidate[pending]]
+        pending = pending[candidate[pending] >= 0]
+        pending = pending[ranks[candidate[pending]] > ranks[pending]]
+    found = np.flatnonzero(candidate >= 0)
+    outer = candidate[found]
+    parents[order[found]] = order[outer]
+    diagnostics.ambiguous = int(((starts[outer] == starts[found]) & (ends[outer] == ends[found])
+                                 & (ranks[outer] == ranks[found]) & (ties[outer] == ties[found])).sum())
+    # a span is left (popped) by the first later span of its thread that ends after it
+    reversed_next = _nearest_before(ends[::-1], strict=True)
+    following = np.where(reversed_next >= 0, count - 1 - reversed_next, -1)[::-1]
+    has_next = following >= 0
+    rows = np.flatnonzero(has_next)
+    nxt = following[rows]
+    same_thread = threads[nxt] == threads[rows]
+    diagnostics.overlapping = int((same_thread & (ends[rows] > starts[nxt])).sum())
     return parents, diagnostics
 
 
@@ -178,7 +209,8 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
     count = len(spans)
     thread = spans[col.THREAD_ID]
     has_thread = thread.notna().to_numpy()
-    rank = spans[col.LEVEL].map(_RANK).fillna(len(_RANK)).to_numpy(dtype=np.int64)
+    codes, uniques = pd.factorize(spans[col.LEVEL])
+    rank = np.array([*(_RANK.get(level, len(_RANK)) for level in uniques), len(_RANK)], dtype=np.int64)[codes]
     tiebreak = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
                 if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
     rows = np.flatnonzero(has_thread)

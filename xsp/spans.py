@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from xsp import hierarchy, structure
 from xsp import schema as col
-from xsp.tree import MEMORY_POOL, arrow_strings, ids_at, nullable_ints
+from xsp.tree import MEMORY_POOL, arrow_strings, category_values, ids_at, nullable_ints
 
 
 def empty_table() -> pd.DataFrame:
@@ -77,7 +77,7 @@ def widen_backward_layers(table: pd.DataFrame) -> None:
     out to the operator's. Outermost operators on one thread never overlap, so a span that
     contained another still does.
     """
-    levels, kinds = table[col.LEVEL].to_numpy(dtype=object), table[col.KIND].to_numpy(dtype=object)
+    levels, kinds = category_values(table[col.LEVEL]), category_values(table[col.KIND])
     backward = np.flatnonzero((levels == col.Level.LAYER.value) & (kinds == col.SpanKind.BACKWARD.value))
     operators = np.flatnonzero(levels == col.Level.OPERATOR.value)
     if not len(backward) or not len(operators):

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from xsp import schema as col
 from xsp.schema import STEP_KINDS, Level
-from xsp.tree import MEMORY_POOL, arrow_strings, chain_ends, nearest_marked, plain_strings
+from xsp.tree import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
 
 NONE = -1
 SESSION_NAME = "session"
@@ -82,11 +82,11 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     count = len(spans)
     parents = parents.copy()
     session = count if session_row is None else session_row
-    kinds = spans[col.KIND].to_numpy(dtype=object)
+    kinds = category_values(spans[col.KIND])
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)
     threads = spans[col.THREAD_ID].fillna(-1).to_numpy(dtype=np.int64)
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    levels = category_values(spans[col.LEVEL])
     outer = outermost_step(kinds, parents)
     step_roots = np.flatnonzero(outer == np.arange(count))
     parents[step_roots] = NONE
@@ -230,7 +230,7 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     80 characters on average, and building them as Python strings cost more than the tree.
     """
     count = len(spans)
-    levels = np.append(spans[col.LEVEL].to_numpy(dtype=object), Level.MODEL.value)
+    levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
     name_column = plain_strings(spans[col.NAME]).fill_null("")
     parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
     anchor = anchors(levels, parents)
@@ -277,7 +277,7 @@ def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | No
 
     With ``state``, counting goes on from where earlier windows of the same step stopped.
     """
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    levels = category_values(spans[col.LEVEL])
     mask = (levels == Level.LAYER.value) & (step >= 0)
     index = np.full(len(spans), NONE, dtype=np.int64)
     if not mask.any():

@@ -46,6 +46,13 @@ def arrow_strings(array: pa.Array | pa.ChunkedArray) -> pd.api.extensions.Extens
     return pd.arrays.ArrowStringArray(array)
 
 
+def category_values(column: pd.Series) -> np.ndarray:
+    """A column of few distinct strings (levels, kinds) as an object array (None for missing),
+    built from its distinct values: no Python string is made per row."""
+    codes, uniques = pd.factorize(column)
+    return np.array([*uniques, None], dtype=object)[codes]
+
+
 def plain_strings(column: pd.Series) -> pa.LargeStringArray:
     """A string column as one contiguous Arrow array (no Python string per row for Arrow-backed columns)."""
     array = pa.array(column.array, type=pa.large_string(), from_pandas=True)

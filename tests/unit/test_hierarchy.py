@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -188,3 +189,52 @@ def test_random_trees_with_gpu_activities_are_rebuilt_exactly(forest, random, ke
                 for i in range(len(table_rows))}
     assert got == expected
     assert built.attrs["hierarchy"]["launched"] == len(launches)
+
+
+def _stack_walk_parents(thread, start, end, rank, tiebreak):
+    """The plain stack walk that ``inclusion_parents`` does with numpy: the reference."""
+    order = np.lexsort((tiebreak, -end, rank, start, thread))
+    parents = np.full(len(start), -1, dtype=np.int64)
+    stack: list[int] = []
+    current = None
+    overlapping = ambiguous = 0
+    for p in order.tolist():
+        if thread[p] != current:
+            stack.clear()
+            current = thread[p]
+        while stack and end[stack[-1]] < end[p]:
+            if end[stack.pop()] > start[p]:
+                overlapping += 1
+        for q in reversed(stack):
+            if rank[q] <= rank[p]:
+                parents[p] = q
+                ambiguous += int(start[q] == start[p] and end[q] == end[p] and rank[q] == rank[p]
+                                 and tiebreak[q] == tiebreak[p])
+                break
+        stack.append(p)
+    return parents, overlapping, ambiguous
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_inclusion_parents_matches_the_stack_walk_on_random_spans(seed):
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 400))
+    start = rng.integers(0, 60, count)
+    end = start + rng.integers(0, 25, count)  # overlaps, equal intervals and zero lengths included
+    thread = rng.integers(0, 3, count)
+    rank = rng.integers(0, 4, count)
+    tiebreak = rng.integers(0, 3, count)
+    parents, diagnostics = hierarchy.inclusion_parents(thread, start, end, rank, tiebreak)
+    expected, overlapping, ambiguous = _stack_walk_parents(thread, start, end, rank, tiebreak)
+    assert parents.tolist() == expected.tolist()
+    assert (diagnostics.overlapping, diagnostics.ambiguous) == (overlapping, ambiguous)
+
+
+def test_inclusion_parents_of_a_deep_chain_and_a_long_rising_run():
+    count = 3000
+    nested = hierarchy.inclusion_parents(np.zeros(count, np.int64), np.arange(count), 2 * count - np.arange(count),
+                                         np.ones(count, np.int64), np.zeros(count, np.int64))[0]
+    assert nested.tolist() == [-1, *range(count - 1)]
+    rising = hierarchy.inclusion_parents(np.zeros(count, np.int64), np.arange(count), np.arange(count) + 10 ** 6,
+                                         np.ones(count, np.int64), np.zeros(count, np.int64))
+    assert (rising[0] == -1).all() and rising[1].overlapping == count - 1
