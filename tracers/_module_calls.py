@@ -136,7 +136,8 @@ def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Ca
 
 def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]:
     """What a top-level call does before it starts: name its model (once), tell the thread's
-    automatic steps, note its mode. Returns the call's start."""
+    automatic steps, note its mode. Returns the call's start. When the step it belongs to is
+    not recorded (a profiling schedule), it sets ``buffer.skipping`` and records nothing."""
     names = recording.model_names
 
     def begin_root(buffer: ThreadBuffer, module: nn.Module) -> int:
@@ -146,6 +147,10 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         start = now_ns()
         if buffer.steps.call_begins(id(module), start, training):
             start = now_ns()  # the step before was handed over first: the call starts now
+        if recording.paused:
+            buffer.skipping = True
+            return start
+        buffer.skipping = False
         # from the instance's dict: a TorchScript module answers ``.training`` in a microsecond
         mode = module.__dict__.get("training")
         buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
@@ -153,6 +158,17 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         return start
 
     return begin_root
+
+
+def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module: nn.Module, args: Any,
+                     kwargs: Any) -> Any:
+    """A top-level call of a step that is not recorded: only the step bookkeeping runs."""
+    buffer.depth = 1
+    try:
+        return original(module, *args, **kwargs)
+    finally:
+        buffer.depth = 0
+        buffer.steps.call_ends(now_ns())
 
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
@@ -180,6 +196,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         if jit_tracing() or buffer.aside:
             return _orig(self, *args, **kwargs)
         start = begin_root(buffer, self)
+        if buffer.skipping:
+            return _unrecorded_root(_orig, buffer, self, args, kwargs)
         buffer.depth = 1
         if push is not None:
             push(start)
@@ -227,6 +245,14 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             if jit_tracing() or buffer.aside:
                 return _orig(self, *args, **kwargs)
             start = begin_root(buffer, self)
+            if buffer.skipping:
+                return _unrecorded_root(_orig, buffer, self, args, kwargs)
+        elif buffer.skipping:
+            buffer.depth = depth + 1
+            try:
+                return _orig(self, *args, **kwargs)
+            finally:
+                buffer.depth = depth
         else:
             start = _now()
         buffer.depth = depth + 1

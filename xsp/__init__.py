@@ -10,6 +10,7 @@ from xsp._version import __version__
 from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError
 from xsp.leveled import LeveledResult, leveled
 from xsp.loading import load
+from xsp.schedule import Schedule, ScheduleError
 from xsp.schema import Level, SpanKind, Status
 from xsp.session import Session, XspWarning, trace
 from xsp.trace import Trace
@@ -18,6 +19,6 @@ from xsp.user_spans import span, step
 __all__ = [
     "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
-    "TraceNotFoundError",
+    "TraceNotFoundError", "Schedule", "ScheduleError",
     "SchemaVersionError",
 ]

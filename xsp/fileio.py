@@ -127,6 +127,21 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
+def canonical_type(name: str, kind: pa.DataType) -> pa.DataType:
+    """The Arrow type a column of the span schema is stored as (others keep ``kind``)."""
+    dtype = col.COLUMNS.get(name)
+    if dtype is None:
+        return kind
+    return pa.large_string() if dtype == "string" else pa.int64()
+
+
+def arrow_table(spans: pd.DataFrame) -> pa.Table:
+    """``spans`` as an Arrow table with the schema's storage types and no pandas metadata."""
+    table = pa.Table.from_pandas(spans, preserve_index=False)
+    schema = pa.schema([pa.field(f.name, canonical_type(f.name, f.type)) for f in table.schema])
+    return table.replace_schema_metadata(None).cast(schema)
+
+
 def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dict[str, Any]) -> Path:
     """Write ``spans`` and ``metadata`` atomically (a partial file never replaces a good one),
     with page checksums that :func:`read_trace` verifies.
@@ -134,13 +149,70 @@ def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dic
     Raises:
         OutputError: the file could not be written.
     """
-    table = pa.Table.from_pandas(spans, preserve_index=False)
-    existing = table.schema.metadata or {}
+    return write_trace_tables(path, iter([arrow_table(spans)]), metadata)
+
+
+def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table], metadata: dict[str, Any]) -> Path:
+    """Write a trace from Arrow tables of spans, one row group each, holding one table at a time.
+
+    The first table's columns are the file's; later tables are cast to them. Written
+    atomically, with page checksums and the footer checksum, like :func:`write_trace`.
+
+    Raises:
+        OutputError: the file could not be written.
+    """
+    first = next(tables, None)
+    if first is None:
+        from xsp.spans import empty_table  # only for a trace with no span at all
+
+        first = arrow_table(empty_table())
+    columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
     metadata_json = json.dumps(metadata, default=str).encode()
-    table = table.replace_schema_metadata({**existing, col.METADATA_KEY: metadata_json,
-                                           CHECKSUM_KEY: _footer_checksum(metadata_json, table.schema)})
-    return write_output(path, lambda temporary: pq.write_table(
-        table, temporary, compression="zstd", write_page_checksum=True))
+    schema = columns.with_metadata({col.METADATA_KEY: metadata_json,
+                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns)})
+
+    def write(temporary: Path) -> None:
+        with pq.ParquetWriter(temporary, schema, compression="zstd", write_page_checksum=True) as writer:
+            writer.write_table(first.replace_schema_metadata(schema.metadata))
+            for table in tables:
+                if len(table):
+                    writer.write_table(table.select(columns.names).cast(schema))
+
+    return write_output(path, write)
+
+
+def _read_parquet(source: Path) -> tuple[pq.ParquetFile, dict[bytes, bytes]]:
+    if source.is_dir():
+        raise TraceFormatError(f"{source} is a directory, not a trace file")
+    if not source.is_file():
+        raise TraceNotFoundError(f"no such trace file: {source}")
+    try:
+        _check_parquet_framing(source)
+        parquet = pq.ParquetFile(source, page_checksum_verification=True)
+        return parquet, parquet.schema_arrow.metadata or {}
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged footer fails in many ways
+        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
+
+
+def _read_table(source: Path, parquet: pq.ParquetFile) -> pa.Table:
+    try:
+        table = parquet.read()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
+    _check_columns(source, table.schema)
+    return table
+
+
+def read_arrow_trace(path: str | os.PathLike[str]) -> pa.Table:
+    """The spans of a Parquet file of spans (a trace, or a session's segment) as Arrow, checked.
+
+    Raises:
+        TraceNotFoundError: no such file.
+        TraceFormatError: truncated, corrupt, or not a table of spans.
+    """
+    source = Path(path)
+    parquet, _ = _read_parquet(source)
+    return _read_table(source, parquet)
 
 
 def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -152,17 +224,8 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         SchemaVersionError: written by a newer xsp with a newer span schema.
     """
     source = Path(path)
-    if source.is_dir():
-        raise TraceFormatError(f"{source} is a directory, not a trace file")
-    if not source.is_file():
-        raise TraceNotFoundError(f"no such trace file: {source}")
-    try:
-        _check_parquet_framing(source)
-        parquet = pq.ParquetFile(source, page_checksum_verification=True)
-        footer = parquet.schema_arrow.metadata or {}
-        raw = footer.get(col.METADATA_KEY)
-    except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged footer fails in many ways
-        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
+    parquet, footer = _read_parquet(source)
+    raw = footer.get(col.METADATA_KEY)
     if raw is None:
         raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
     try:
@@ -178,15 +241,11 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         raise SchemaVersionError(
             f"{source} uses span schema {version}, newer than this xsp's {col.SCHEMA_VERSION}: "
             "upgrade xsp to read it")
-    try:
-        table = parquet.read()
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
-    _check_columns(source, table.schema)
+    table = _read_table(source, parquet)
     expected = footer.get(CHECKSUM_KEY)
     if expected is not None and expected != _footer_checksum(raw, table.schema):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
-    return _to_pandas(source, table), metadata
+    return spans_from_arrow(source, table), metadata
 
 
 def _footer_checksum(metadata_json: bytes, schema: pa.Schema) -> bytes:
@@ -196,9 +255,10 @@ def _footer_checksum(metadata_json: bytes, schema: pa.Schema) -> bytes:
     return b"%08x" % zlib.crc32(columns, zlib.crc32(metadata_json))
 
 
-def _to_pandas(source: Path, table: pa.Table) -> pd.DataFrame:
+def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
-    in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed)."""
+    in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed),
+    sorted by start (a file written window by window is sorted within each window only)."""
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         dtype = col.COLUMNS.get(name)
@@ -215,7 +275,12 @@ def _to_pandas(source: Path, table: pa.Table) -> pd.DataFrame:
                                                    column.is_null().to_numpy(zero_copy_only=False))
         else:
             columns[name] = column.to_pandas()
-    return pd.DataFrame(columns)
+    spans = pd.DataFrame(columns)
+    starts = spans[col.START_NS].to_numpy() if col.START_NS in spans else np.zeros(0)
+    if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
+        spans = spans.sort_values([col.START_NS, col.CALL_DEPTH] if col.CALL_DEPTH in spans else [col.START_NS],
+                                  kind="stable", na_position="first").reset_index(drop=True)
+    return spans
 
 
 def _is_text(kind: pa.DataType) -> bool:

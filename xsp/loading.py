@@ -6,12 +6,15 @@ import os
 
 from xsp.errors import TraceFormatError, XspError
 from xsp.fileio import read_trace
+from xsp.segments import load_unfinished
 from xsp.trace import Trace
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
 
+    Where no file exists but a run writing it was killed before it finished, the windows it
+    closed are read instead (``metadata["recovered"]`` says so; ``xsp recover`` writes the file).
     Every failure is an :class:`xsp.XspError`.
 
     Raises:
@@ -24,6 +27,10 @@ def load(path: str | os.PathLike[str]) -> Trace:
     try:
         if is_kineto_path(path):
             return load_kineto(path)
+        if not os.path.lexists(path):
+            unfinished = load_unfinished(path)
+            if unfinished is not None:
+                return Trace(spans=unfinished[0], metadata=unfinished[1])
         spans, metadata = read_trace(path)
     except XspError:
         raise

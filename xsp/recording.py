@@ -137,8 +137,8 @@ class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
     __slots__ = (
-        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "steps", "last_hooked", "calls",
-        "marks", "backward", "roots", "call_columns", "mark_columns", "backward_columns", "root_columns",
+        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps", "last_hooked",
+        "calls", "marks", "backward", "roots", "call_columns", "mark_columns", "backward_columns", "root_columns",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
         "_lock",
     )
@@ -154,6 +154,8 @@ class ThreadBuffer:
         """``xsp.step()`` blocks open on this thread right now."""
         self.aside = 0
         """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
+        self.skipping = False
+        """The running top-level call belongs to a step the schedule does not record."""
         self.last_hooked: tuple[Any, int] | None = None
         """The autograd node last hooked for a module call on this thread, and that call's start."""
         self.steps = AutoSteps(self)
@@ -205,6 +207,18 @@ class ThreadBuffer:
         """Move raw records into the typed columns. Safe to call from any thread."""
         with self._lock:
             self._compact_locked()
+
+    def discard(self) -> int:
+        """Forget everything recorded so far (a step the schedule does not keep); returns how
+        many records that was."""
+        with self._lock:
+            count = (len(self.calls) + len(self.marks) + len(self.backward) + len(self.call_columns)
+                     + len(self.mark_columns) + len(self.backward_columns))
+            self.calls, self.marks, self.backward, self.roots = [], [], [], []
+            self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
+            self.backward_columns, self.root_columns = BackwardColumns(), RootColumns()
+            self.last_hooked = None
+        return count
 
     def drain(self) -> WindowBuffer:
         """Everything recorded so far, as a :class:`WindowBuffer`; the thread starts afresh."""
@@ -304,6 +318,8 @@ class Window:
     """Module calls pushed their start as a CUPTI external correlation id (CUDA levels on)."""
     model_names: dict[int, str] = field(default_factory=dict)
     """The name of each top-level model (by ``id``) recorded so far in the session."""
+    first_step: int | None = None
+    """The number of the first step in the window, when the session numbers it (a schedule)."""
 
 
 class Recording:
@@ -320,6 +336,9 @@ class Recording:
         """Steps at least this long are reported to ``on_long_step``."""
         self.external_ids = False
         """Set once module calls push their start as CUPTI external correlation ids."""
+        self.paused = False
+        """True while the steps that begin are not recorded (a profiling schedule): top-level
+        calls then only keep the step bookkeeping going, and nothing below them is recorded."""
         self.on_long_step: Callable[[int], None] | None = None
         """Called on the recording thread, with the step's duration, when a step of
         ``long_step_ns`` or more has ended there (outside every other step and module call)."""
@@ -360,11 +379,11 @@ class Recording:
         for buffer in list(self.buffers):
             buffer.compact()
 
-    def take_window(self, final: bool = False) -> Window:
-        """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
-        or automatic and not yet decided) are left for a later window, so that no span is
-        separated from the spans inside it or from its step."""
-        taken = [buffer.drain() for buffer in list(self.buffers)
+    def take_window(self, final: bool = False, only: ThreadBuffer | None = None) -> Window:
+        """Drain every thread (or ``only`` one); unless ``final``, threads inside a module call or
+        a step (explicit, or automatic and not yet decided) are left for a later window, so that
+        no span is separated from the spans inside it or from its step."""
+        taken = [buffer.drain() for buffer in ([only] if only is not None else list(self.buffers))
                  if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import itertools
 import os
 import queue
 import threading
@@ -16,6 +17,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 
 from xsp import _state
 from xsp import schema as col
@@ -31,10 +33,13 @@ from xsp.export.otlp import (
     resource_for,
     start_export,
 )
+from xsp.fileio import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.levels import LevelsArg, parse_levels
 from xsp.metadata import default_service_name, environment
-from xsp.recording import DEFAULT_MAX_EVENTS, Recording, Window
+from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
+from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
+from xsp.segments import SegmentWriter, segment_tables
 from xsp.spans import build_table, conform, new_step_state
 from xsp.structure import SESSION_NAME
 from xsp.trace import Trace
@@ -47,6 +52,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = "run.xsp.parquet"
 DEFAULT_LONG_STEP_S = 1.0
 """Steps at least this long are exported to OTLP as soon as they end."""
+WINDOW_S = 1.0
+"""A window closes at the first step end this long after the last one closed: its spans are
+then interpreted and written to disk (and exported) while the program runs on."""
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
 
@@ -118,8 +126,10 @@ class Session:
     def __init__(self, levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None =
                  DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-                 long_step_s: float = DEFAULT_LONG_STEP_S) -> None:
+                 long_step_s: float = DEFAULT_LONG_STEP_S,
+                 schedule: Schedule | str | dict[str, int] | None = None) -> None:
         self.levels = parse_levels(levels)
+        self.schedule = schedule_of(schedule)
         self.output = None if output is None else Path(output)
         self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
         self.service_name = service_name or default_service_name()
@@ -132,7 +142,7 @@ class Session:
         """Why the trace file could not be written (None when it was, or none was asked for)."""
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)
+            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -142,12 +152,20 @@ class Session:
         self._thread_id = 0
         self._state = new_step_state()
         self._tables: list[pd.DataFrame] = []
+        """Interpreted windows kept in memory (those not written as segments)."""
+        self._segments: SegmentWriter | None = None
+        self._window_count = 0
         self._diagnostics: list[dict[str, int]] = []
         self._interpreted_dropped: Counter[str] = Counter()
         self._windows: _WindowWorker | None = None
         self._signals = StopSignals()
         self._forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
+        self._steps_seen = 0
+        self._last_step: int | None = None
+        self._step_actions: Counter[StepAction] = Counter()
+        self._recorded_steps: list[list[int]] = []
+        """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -183,6 +201,11 @@ class Session:
             plural = "s" if len(levels) > 1 else ""
             verb = "are" if len(levels) > 1 else "is"
             self._warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
+        self._open_segments(tracers)
+        if self.schedule is not None and self._recording is not None:
+            self._recording.paused = self.schedule.action(0) is StepAction.SKIP
+            if self._windows is None:
+                self._windows = _WindowWorker(self)
         self._watch_step_ends(tracers)
         for tracer in tracers:
             try:
@@ -193,6 +216,13 @@ class Session:
                 self._stop_quietly(tracer)
         self._signals.install()
         self._start_ns = now_ns()
+        if self._segments is not None:
+            try:
+                self._segments.start(self._start_metadata())
+            except OSError as exc:
+                folder = self._segments.directory.parent
+                if folder.is_dir() and os.access(folder, os.W_OK):  # else the file fails too, and says so
+                    self._warn(f"windows are kept in memory, not streamed to disk: {exc}")
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
@@ -258,9 +288,35 @@ class Session:
             return
         self._windows = _WindowWorker(self)
 
+    def _open_segments(self, tracers: list[Tracer]) -> None:
+        """Stream closed windows to segments beside the output, unless a tracer's spans of a
+        step only come at the session's end (then windows stay open and spans in memory)."""
+        if self.output is None or any(getattr(tracer, "collects_at_end", False) for tracer in tracers):
+            return
+        self._segments = SegmentWriter(self.output)
+        if self._windows is None:
+            self._windows = _WindowWorker(self)
+
+    def _start_metadata(self) -> dict[str, Any]:
+        """What a recovery of this session needs to know, and what is known at its start."""
+        assert self._clock is not None
+        return {
+            **environment(),
+            "service_name": self.service_name,
+            "levels": [level.value for level in self.levels],
+            "tracers": [tracer.name for tracer in self._tracers],
+            "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
+            "clock": {"host_to_epoch_ns": self._clock.host_to_epoch_ns,
+                      "uncertainty_ns": self._clock.uncertainty_ns},
+            "session_ids": {"trace_id": self._state.session_trace_id, "span_id": self._state.session_span_id},
+            "session_start_ns": self._start_ns + self._clock.host_to_epoch_ns,
+            "session_thread_id": self._thread_id,
+        }
+
     def _watch_step_ends(self, tracers: list[Tracer]) -> None:
         """Tell the recording who hears of step ends: tracers that flush at each step (every
-        step), and the export of long steps (steps of ``long_step_s`` or more)."""
+        step), and the window worker (a step of ``long_step_s`` or more, or the first step end
+        ``WINDOW_S`` after the last window closed)."""
         assert self._recording is not None
         flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
         windows = self._windows
@@ -268,23 +324,52 @@ class Session:
         if at_end:  # their spans of a step come only after the session: never export a step without them
             windows = None
         long_step_ns = int(self.long_step_s * 1e9)
-        if not flushers and windows is None:
+        scheduled = self.schedule is not None
+        if not flushers and windows is None and not scheduled:
             return
+        window_ns = int(WINDOW_S * 1e9) if self._segments is not None else NEVER
+        every_step = bool(flushers) or window_ns != NEVER or scheduled
 
         def step_ended(duration_ns: int) -> None:
+            if scheduled:
+                self._scheduled_step_ended(duration_ns)
             for flush in flushers:
                 try:
                     flush()
                 except Exception:  # a flush is an optimisation; the final one still runs
                     pass
-            if windows is not None and duration_ns >= long_step_ns:
+            if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns):
                 windows.close_window()
 
-        self._recording.long_step_ns = 0 if flushers else long_step_ns
+        self._recording.long_step_ns = 0 if every_step else long_step_ns
         self._recording.on_long_step = step_ended
 
+    def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
+        """On the thread whose step was just decided: keep or forget its records as the schedule
+        says, and pause or resume recording for the step that begins."""
+        assert self.schedule is not None and self._recording is not None
+        step, self._steps_seen = self._steps_seen, self._steps_seen + 1
+        action = self.schedule.action(step)
+        self._step_actions[action] += 1
+        buffer = buffer or self._recording.buffer()
+        if action is StepAction.RECORD:  # handed over now: a later unrecorded step forgets only its own
+            runs = self._recorded_steps
+            if runs and runs[-1][1] == step - 1:
+                runs[-1][1] = step
+            else:
+                runs.append([step, step])
+            if self._windows is not None and not self._windows.finished:
+                window = self._recording.take_window(only=buffer)
+                window.first_step = step
+                self._windows.hand_over(window)
+            else:  # the session is ending: its last window takes them
+                self._last_step = step
+        else:
+            buffer.discard()
+        self._recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
+
     def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
-        """The spans of one window, appended to the session's tables."""
+        """The spans of one window: written as a segment when the session streams, else kept."""
         assert self._clock is not None
         frames = []
         for tracer in self._tracers:
@@ -292,11 +377,26 @@ class Session:
                 frames.append(tracer.collect(window))
             except Exception as exc:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+        if window.first_step is not None:  # a scheduled step: numbered as the session counted it
+            self._state.steps = window.first_step
         result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row)
-        self._tables.append(result.spans)
+        self._window_count += 1
+        self._keep(result.spans)
         self._diagnostics.append(result.diagnostics)
         self._interpreted_dropped.update(window.dropped)
         return result.spans
+
+    def _keep(self, spans: pd.DataFrame) -> None:
+        segments = self._segments
+        if segments is not None and segments.started:
+            try:
+                segments.write(spans)
+                return
+            except OSError as exc:
+                segments.started = False
+                self._warn(f"windows can no longer be written to {segments.directory} ({exc}); the rest of "
+                           "the run is kept in memory until the trace file is written")
+        self._tables.append(spans)
 
     # after the block ------------------------------------------------------------------
     def _stop_quietly(self, tracer: Tracer) -> None:
@@ -314,6 +414,12 @@ class Session:
         open_calls = recording.open_module_calls()
         if open_calls:
             recording.dropped["open_at_stop"] += open_calls
+        if self.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
+            recording.long_step_ns = 0
+            for buffer in list(recording.buffers):
+                recording.on_long_step = functools.partial(self._scheduled_step_ended, buffer=buffer)
+                buffer.steps.finish()
+            recording.on_long_step = None
         recording.finish_steps()
         session_row = {
             col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
@@ -321,15 +427,39 @@ class Session:
             col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
             col.STATUS_MESSAGE: error,
         }
-        last = self._interpret(recording.take_window(final=True), session_row)
-        spans = conform(pd.concat(self._tables, ignore_index=True).sort_values(
-            [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
+        final = recording.take_window(final=True)
+        final.first_step = self._last_step
+        last = self._interpret(final, session_row)
         dropped = recording.dropped + self._interpreted_dropped
         if dropped:
             self._warn("some records were dropped: " + ", ".join(
                 f"{count} {what}" for what, count in sorted(dropped.items())))
+        metadata = self._final_metadata(dropped)
+        segments = self._segments
+        if segments is not None and segments.count:
+            self._write_from_segments(segments, metadata)
+        else:
+            spans = conform(pd.concat(self._tables, ignore_index=True).sort_values(
+                [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
+            self._tables = []
+            self.trace = Trace(spans=spans, metadata=metadata)
+            if self.output is not None:
+                try:
+                    self.trace.save(self.output)
+                except OSError as exc:  # OutputError names the path and the cause
+                    self.write_error = str(exc)
+                    self._warn(f"the trace file was not written: {exc}")
+            if segments is not None:
+                segments.discard()
+        if self._windows is not None and self._windows.exporter is not None:
+            self.export = self._windows.export_last(last, metadata, self._export_done)
+            _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]
+            _wait_for_exports_at_exit()
+
+    def _final_metadata(self, dropped: Counter[str]) -> dict[str, Any]:
+        assert self._clock is not None
         clock = self._clock.remeasured()
-        metadata = {
+        return {
             **environment(),
             "service_name": self.service_name,
             "levels": [level.value for level in self.levels],
@@ -340,24 +470,40 @@ class Session:
                       "drift_ns": clock.drift_ns},
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},
-            "windows": len(self._tables),
+            "windows": self._window_count,
+            "schedule": None if self.schedule is None else {
+                **self.schedule.as_metadata(), "steps_seen": self._steps_seen,
+                "recorded_steps": self._recorded_steps,
+                "warmup_steps": self._step_actions[StepAction.WARMUP],
+                "skipped_steps": self._step_actions[StepAction.SKIP]},
+            "streamed_windows": 0 if self._segments is None else self._segments.count,
             "signals": list(self._signals.received),
             "warnings": list(self.warnings),
             "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
                                                       "protocol": self.target.protocol.value},
-            "export": None if self._windows is None else self._windows.report.as_metadata(),
+            "export": (None if self._windows is None or self._windows.exporter is None
+                       else self._windows.report.as_metadata()),
         }
-        self.trace = Trace(spans=spans, metadata=metadata)
-        if self.output is not None:
-            try:
-                self.trace.save(self.output)
-            except OSError as exc:  # OutputError names the path and the cause
-                self.write_error = str(exc)
-                self._warn(f"the trace file was not written: {exc}")
-        if self._windows is not None:
-            self.export = self._windows.export_last(last, metadata, self._export_done)
-            _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [self.export]
-            _wait_for_exports_at_exit()
+
+    def _write_from_segments(self, segments: SegmentWriter, metadata: dict[str, Any]) -> None:
+        """The trace file from the segments (and any window kept in memory), a window at a time;
+        the spans are read back from it only when asked for."""
+        assert self.output is not None
+        kept = [arrow_table(table) for table in self._tables]
+        self._tables = []
+        try:
+            written = write_trace_tables(self.output, itertools.chain(segment_tables(segments.directory), kept),
+                                         metadata)
+        except OSError as exc:
+            self.write_error = str(exc)
+            self._warn(f"the trace file was not written: {exc}; its windows are kept in {segments.directory} "
+                       f"(`xsp recover {self.output}` writes it once the cause is fixed)")
+            tables = list(itertools.chain(segment_tables(segments.directory), kept))
+            self.trace = Trace(spans=spans_from_arrow(segments.directory, pa.concat_tables(tables)),
+                               metadata=metadata)
+            return
+        segments.discard()
+        self.trace = Trace(source=written, metadata=metadata)
 
     def _export_done(self, report: ExportReport) -> None:
         """On the export's thread: record its outcome in the trace and its file."""
@@ -390,30 +536,39 @@ class Session:
 
 
 class _WindowWorker:
-    """Interprets and exports windows on a background thread while the session runs."""
+    """Interprets closed windows on a background thread while the session runs: writes each as
+    a segment (when the session streams to its file) and exports it (when it exports to OTLP)."""
 
     def __init__(self, session: Session) -> None:
-        assert session.target is not None
         self.session = session
         self.target = session.target
-        self.exporter = make_exporter(session.target)
-        self.report = ExportReport(target=f"{session.target.protocol.value} {session.target.endpoint}")
+        self.exporter = None if session.target is None else make_exporter(session.target)
+        self.report = ExportReport(target="" if session.target is None else
+                                   f"{session.target.protocol.value} {session.target.endpoint}")
         self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
+        self.closed_ns = now_ns()
+        """When the last window closed (on the host clock)."""
+        self.finished = False
+        """True once the worker has stopped: the session's last window takes what is left."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
     def close_window(self) -> None:
-        """Called on the recording thread when a long step ends: hand its records over."""
+        """Called on a recording thread at a step end: hand the idle threads' records over."""
         recording = self.session._recording
         if recording is None or not self.closing.acquire(blocking=False):
             return
         try:
-            window = recording.take_window()
-            if window.buffers:
-                self.queue.put(window)
+            self.closed_ns = now_ns()
+            self.hand_over(recording.take_window())
         finally:
             self.closing.release()
+
+    def hand_over(self, window: Window) -> None:
+        """Interpret ``window`` on the worker's thread."""
+        if window.buffers:
+            self.queue.put(window)
 
     @property
     def session_ids(self) -> tuple[str, int]:
@@ -421,23 +576,26 @@ class _WindowWorker:
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
-        resource = resource_for(self.session.service_name, environment())
+        resource = None if self.exporter is None else resource_for(self.session.service_name, environment())
         while (window := self.queue.get()) is not None:
             try:
                 spans = self.session._interpret(window)
             except Exception as exc:  # its records are lost; the file says how many were dropped
                 self.session._warn(f"the spans of a finished step could not be interpreted: {exc}")
                 continue
-            export_table(spans, resource, self.exporter, self.report, self.session_ids)
+            if self.exporter is not None and resource is not None:
+                export_table(spans, resource, self.exporter, self.report, self.session_ids)
 
     def finish_windows(self) -> None:
-        """Wait until every window handed over so far is interpreted and exported."""
+        """Wait until every window handed over so far is interpreted, written and exported."""
         with self.closing:
             self.queue.put(None)
+            self.finished = True
         self.thread.join()
 
     def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
                     on_done: Callable[[ExportReport], None]) -> OtlpExport:
+        assert self.target is not None and self.exporter is not None
         return start_export(spans, metadata, self.target, self.session.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done)
 
@@ -445,7 +603,8 @@ class _WindowWorker:
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
           otlp_endpoint: str | None = None, service_name: str | None = None,
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-          long_step_s: float = DEFAULT_LONG_STEP_S) -> Session:
+          long_step_s: float = DEFAULT_LONG_STEP_S,
+          schedule: Schedule | str | dict[str, int] | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -460,9 +619,13 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         long_step_s: when exporting to OTLP, a step that lasts at least this long is exported
             as soon as it ends (once its thread is outside every module call and step),
             instead of after the block.
+        schedule: record only some steps, as torch.profiler's schedule: an
+            :class:`xsp.Schedule`, a dict of its fields, or ``"skip_first=10,wait=1,warmup=1,active=3,repeat=2"``.
+            Steps are counted from the block's start; steps not recorded cost almost nothing.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
+        xsp.ScheduleError: a schedule that cannot be followed.
 
     Example:
         >>> import torch, xsp
@@ -473,4 +636,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         ['session', 'model', 'model.0']
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s)
+                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule)

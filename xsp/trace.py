@@ -3,28 +3,45 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from xsp import schema as col
-from xsp.fileio import write_trace
+from xsp.fileio import read_trace, write_trace, write_trace_tables
 from xsp.schema import Level
 
 
-@dataclass
 class Trace:
     """One profiling session: ``spans`` (the canonical span table) and ``metadata``.
 
     Attributes:
-        spans: one row per span, columns as in :mod:`xsp.schema`.
+        spans: one row per span, columns as in :mod:`xsp.schema`. A session that streamed its
+            windows to its file reads them from there the first time they are asked for, so a
+            long run's spans take memory only when used.
         metadata: versions, host, device, levels, clock offsets, dropped counts, warnings.
     """
 
-    spans: pd.DataFrame
-    metadata: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, spans: pd.DataFrame | None = None, metadata: dict[str, Any] | None = None, *,
+                 source: str | os.PathLike[str] | None = None) -> None:
+        if spans is None and source is None:
+            raise ValueError("a Trace needs its spans or the file that holds them")
+        self._spans = spans
+        self.source = None if source is None else Path(source)
+        """The file the spans are read from when first asked for (None: they are in memory)."""
+        self.metadata: dict[str, Any] = {} if metadata is None else metadata
+
+    @property
+    def spans(self) -> pd.DataFrame:
+        if self._spans is None:
+            assert self.source is not None
+            self._spans = read_trace(self.source)[0]
+        return self._spans
+
+    @spans.setter
+    def spans(self, value: pd.DataFrame) -> None:
+        self._spans = value
 
     def level(self, level: Level | str) -> pd.DataFrame:
         """The spans of one level."""
@@ -38,6 +55,13 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the canonical ``.xsp.parquet`` file."""
+        if self._spans is None and self.source is not None:  # rewrite from the file, a row group at a time
+            import pyarrow.parquet as pq
+
+            parquet = pq.ParquetFile(self.source)
+            # the source stays readable while its replacement is written under a temporary name
+            return write_trace_tables(path, (parquet.read_row_group(i) for i in range(parquet.num_row_groups)),
+                                      self.metadata)
         return write_trace(path, self.spans, self.metadata)
 
     def __repr__(self) -> str:

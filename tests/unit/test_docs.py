@@ -34,6 +34,8 @@ def test_docstring_examples():
     import xsp.user_spans
 
     leveled_module = importlib.import_module("xsp.leveled")  # xsp.leveled is the function
-    for module in (xsp.session, xsp.user_spans, leveled_module):
+    import xsp.schedule
+
+    for module in (xsp.session, xsp.user_spans, xsp.schedule, leveled_module):
         failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert failures == 0, module.__name__

@@ -345,3 +345,19 @@ def test_another_tool_replacing_module_call_is_warned_about_and_left_alone():
         assert len(session.trace.steps) == 1
     finally:
         nn.Module.__call__ = original
+
+
+def test_recorded_calls_hold_no_object_the_garbage_collector_must_walk():
+    """Each record is a tuple of scalars (module and shapes interned), which the GC stops
+    tracking at its first pass: a long run's records never reach the older generations."""
+    import gc
+
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])
+    with torch.no_grad(), xsp.trace(output=None):
+        model(torch.randn(2, 4))
+        model(torch.randn(2, 4))
+        buffer = xsp._state.recording.buffer()
+        records = list(buffer.calls)
+        gc.collect(0)
+        assert records and all(isinstance(value, (int, str, type(None))) for record in records for value in record)
+        assert not any(gc.is_tracked(record) for record in records)

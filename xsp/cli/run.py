@@ -15,6 +15,7 @@ from xsp.cli._common import CliError, console, error_console, xsp_warnings_to_st
 from xsp.export.otlp import Protocol
 from xsp.fileio import check_writable
 from xsp.levels import parse_levels
+from xsp.schedule import Schedule
 from xsp.schema import SpanKind
 from xsp.session import DEFAULT_OUTPUT, EXIT_WAIT_S, Session
 
@@ -33,6 +34,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None, help="OTel service.name (default: script name)")
+    parser.add_argument("--schedule", metavar="SPEC", default=None,
+                        help="record only some steps, as torch.profiler's schedule: "
+                             "skip_first=N,wait=N,warmup=N,active=N,repeat=N (any of them; repeat=0: until the end)")
     parser.add_argument("--leveled", action="store_true",
                         help="run the script once per level prefix (model; model,layer; ...) and merge the "
                              "runs so that each span's time comes from the run that traced nothing deeper")
@@ -145,6 +149,9 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 def run(options: argparse.Namespace) -> int:
     levels = parse_levels(options.levels)
+    schedule = None if options.schedule is None else Schedule.parse(options.schedule)
+    if schedule is not None and options.leveled:
+        raise CliError("--schedule and --leveled cannot be combined (--leveled chooses its own steps: --warmup)")
     script, script_args = _script_and_args(options.command)
     if options.output:
         check_writable(options.output)  # fail before the script runs, not after
@@ -153,7 +160,7 @@ def run(options: argparse.Namespace) -> int:
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
-                          otlp_protocol=options.otlp_protocol)
+                          otlp_protocol=options.otlp_protocol, schedule=schedule)
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status)
     return status

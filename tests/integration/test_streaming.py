@@ -1,0 +1,141 @@
+"""Streaming windows to disk: bounded memory on long runs, and files recovered after SIGKILL."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import xsp
+import xsp.session
+from xsp import schema as col
+from xsp.segments import KILLED_MESSAGE, unfinished_sessions
+
+KILLED = """
+import os, signal, sys, time, torch, xsp
+model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(20)])
+with torch.no_grad(), xsp.trace(output=sys.argv[1]):
+    began = time.monotonic()
+    while time.monotonic() - began < float(sys.argv[2]):
+        model(torch.randn(2, 8))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if ".xsp-segments." in p.name or p.name.endswith(".partial")]
+
+
+def _loop(model: nn.Module, steps: int) -> None:
+    with torch.no_grad():
+        for _ in range(steps):
+            model(torch.randn(2, 8))
+
+
+@pytest.fixture
+def short_windows(monkeypatch):
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+
+
+def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, short_windows):
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as streamed:
+        _loop(model, 30)
+    with xsp.trace(output=None) as kept:
+        _loop(model, 30)
+    assert streamed.trace.metadata["streamed_windows"] >= 10
+    assert kept.trace.metadata["streamed_windows"] == 0
+    assert streamed.trace.source == tmp_path / "run.xsp.parquet"
+    assert streamed.trace._spans is None  # read from the file only when asked for
+    columns = [col.LEVEL, col.KIND, col.NAME, col.PATH, col.STEP, col.EXEC_INDEX, col.CALL_DEPTH]
+    a, b = streamed.trace.spans, kept.trace.spans
+    assert a[col.START_NS].is_monotonic_increasing
+    pd.testing.assert_frame_equal(a[columns], b[columns])
+    ids = set(a[col.SPAN_ID])
+    parents = a[col.PARENT_ID].dropna()
+    assert parents.isin(ids).all()  # windows link to spans of earlier windows (the session span)
+    assert leftovers(tmp_path) == []
+
+
+def test_memory_holds_a_window_not_the_run(tmp_path, short_windows):
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(50)])
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        _loop(model, 200)
+        gc.collect()
+        held = sum(len(t) for t in session._tables)
+    assert held == 0  # every window went to disk
+    assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(200))
+
+
+def test_a_killed_run_is_recovered_with_its_closed_windows(tmp_path):
+    script, output = tmp_path / "killed.py", tmp_path / "run.xsp.parquet"
+    script.write_text(KILLED)
+    done = subprocess.run([sys.executable, str(script), str(output), "4"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert not output.exists()
+    assert len(unfinished_sessions(output)) == 1
+    unfinished = xsp.load(output)  # read from the windows while no file exists
+    assert unfinished.metadata["recovered"]["windows"] >= 1
+    assert len(unfinished.steps) > 100
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True,
+                               text=True, timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    assert "recovered" in recovered.stderr and recovered.stderr.count("\n") == 1
+    trace = xsp.load(output)
+    assert trace.metadata["interrupted"] == "killed"
+    session = trace.spans[trace.spans[col.KIND] == "session"]
+    assert session[col.STATUS].tolist() == ["error"] and session[col.STATUS_MESSAGE].tolist() == [KILLED_MESSAGE]
+    assert trace.spans[col.PARENT_ID].dropna().isin(set(trace.spans[col.SPAN_ID])).all()
+    assert len(trace.steps) == len(unfinished.steps)
+    assert leftovers(tmp_path) == []
+    again = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True, text=True)
+    assert again.returncode == 2 and again.stderr.startswith("xsp: error: nothing to recover")
+
+
+def test_a_damaged_window_is_left_out_and_said(tmp_path):
+    script, output = tmp_path / "killed.py", tmp_path / "run.xsp.parquet"
+    script.write_text(KILLED)
+    subprocess.run([sys.executable, str(script), str(output), "3"], capture_output=True, timeout=120)
+    folder = unfinished_sessions(output)[0]
+    first = sorted(folder.glob("window-*.parquet"))[0]
+    first.write_bytes(first.read_bytes()[:100])
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output), "-o",
+                                str(tmp_path / "other.xsp.parquet")], capture_output=True, text=True)
+    assert recovered.returncode == 0 and "1 damaged window(s) left out" in recovered.stderr
+    assert xsp.load(tmp_path / "other.xsp.parquet").metadata["recovered"]["unreadable_segments"]
+
+
+def test_a_folder_that_cannot_hold_windows_keeps_them_in_memory(tmp_path, short_windows, monkeypatch):
+    def refuse(self, metadata):
+        raise PermissionError("no room for windows")
+
+    monkeypatch.setattr(xsp.session.SegmentWriter, "start", refuse)
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.warns(xsp.XspWarning, match="windows are kept in memory"):
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            _loop(model, 20)
+    assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(20))
+    assert session.trace.metadata["streamed_windows"] == 0
+
+
+def test_the_cli_records_only_scheduled_steps(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(4, 4)\nfor _ in range(12):\n"
+                      "    model(torch.randn(2, 4))\nprint('done')\n")
+    output = tmp_path / "run.xsp.parquet"
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", str(output), "--schedule",
+                           "wait=2,active=2,repeat=2", "--", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("done")
+    assert xsp.load(output).steps == [2, 3, 6, 7]
+    bad = subprocess.run([sys.executable, "-m", "xsp", "run", "--schedule", "active=0", "--", str(script)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "active" in bad.stderr
