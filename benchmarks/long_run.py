@@ -6,7 +6,9 @@ loop over a model of 500 small Linear layers (inference, GC on, as a user's job 
 
 * ``baseline``: nothing installed;
 * ``empty hooks``: an empty pair of global forward hooks (the floor of hook-based tracers);
-* ``xsp model+layer``: ``xsp.trace(levels="model,layer")`` writing its trace file;
+* ``xsp model+layer``: ``xsp.trace(levels="model,layer")`` writing its trace file (closed
+  windows are written to disk as the loop runs);
+* ``xsp schedule 1/10``: the same with ``schedule="wait=9,active=1"`` (one step in ten recorded);
 * ``torch.profiler``: ``torch.profiler.profile`` (CPU activity), then ``export_chrome_trace``.
 
 Reported per configuration: ns per module call, the overhead's ratio to the empty hooks'
@@ -35,7 +37,7 @@ from pathlib import Path
 from _results import record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_run.md"
-CONFIGS = ("baseline", "empty hooks", "xsp model+layer", "torch.profiler")
+CONFIGS = ("baseline", "empty hooks", "xsp model+layer", "xsp schedule 1/10", "torch.profiler")
 LAYERS = 500
 
 CHILD = r"""
@@ -64,7 +66,7 @@ with torch.no_grad():  # warm up
         model(x)
 gc.collect()
 before = rss_bytes()
-events, stall = calls, 0.0
+events, stall, windows = calls, 0.0, 0
 began = time.perf_counter_ns()
 if config == "baseline":
     loop(); ended = time.perf_counter_ns()
@@ -73,14 +75,17 @@ elif config == "empty hooks":
     post = torch_module.register_module_forward_hook(lambda m, a, o: None)
     loop(); ended = time.perf_counter_ns()
     pre.remove(); post.remove()
-elif config == "xsp model+layer":
+elif config.startswith("xsp"):
     import xsp
-    session = xsp.trace(levels="model,layer", output=os.path.join(out, "run.xsp.parquet"))
+    schedule = "wait=9,active=1" if config == "xsp schedule 1/10" else None
+    session = xsp.trace(levels="model,layer", output=os.path.join(out, "run.xsp.parquet"), schedule=schedule)
     session.__enter__()
     loop(); ended = time.perf_counter_ns()
     session.__exit__(None, None, None)
     stall = (time.perf_counter_ns() - ended) / 1e9
     assert os.path.getsize(os.path.join(out, "run.xsp.parquet")) > 0
+    events = session.trace.metadata["hierarchy"]["spans"] - 1  # not the session span; spans stay on disk
+    windows = session.trace.metadata["streamed_windows"]
 else:
     from torch.profiler import ProfilerActivity, profile
     prof = profile(activities=[ProfilerActivity.CPU])
@@ -93,7 +98,7 @@ else:
 with open("/proc/self/status") as f:  # the peak of this process alone (ru_maxrss keeps the parent's)
     peak = int(next(line for line in f if line.startswith("VmHWM")).split()[1]) * 1024
 print(json.dumps({"loop_ns_per_call": (ended - began) / calls, "stall_s": stall, "events": events,
-                  "peak_growth_bytes": max(peak - before, 0)}))
+                  "peak_growth_bytes": max(peak - before, 0), "windows": windows}))
 """
 
 
@@ -147,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "so it runs only at the smallest size.",
         "",
         "| module calls | configuration | ns per call | overhead ns | ratio to hooks | stall s | "
-        "stall µs/call | peak MB | peak B/call | events recorded | stall µs/event | peak B/event |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "stall µs/call | peak MB | peak B/call | events recorded | stall µs/event | peak B/event | windows on disk |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in sizes:
         calls = max(size // (LAYERS + 1), 1) * (LAYERS + 1)
@@ -163,12 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             events = median(size, config, "events")
             overhead = per_call - base
             ratio = f"{overhead / hooks:.2f}x" if config not in ("baseline", "empty hooks") and hooks > 0 else ""
-            recorded = config in ("xsp model+layer", "torch.profiler")
+            recorded = config in ("xsp model+layer", "xsp schedule 1/10", "torch.profiler")
             lines.append(
                 f"| {calls:,} | {config} | {per_call:,.0f} | {overhead:,.0f} | {ratio} | "
                 + (f"{stall:.2f} | {stall / calls * 1e6:.2f} | {peak / 1e6:,.0f} | {peak / calls:,.0f} | "
-                   f"{events:,.0f} | {stall / events * 1e6:.2f} | {peak / events:,.0f} |" if recorded else
-                   "| | | | | | |"))
+                   f"{events:,.0f} | {stall / events * 1e6:.2f} | {peak / events:,.0f} | "
+                   f"{median(size, config, 'windows'):.0f} |" if recorded else "| | | | | | | |"))
     record(lines, RESULTS)
     return 0
 

@@ -261,7 +261,9 @@ def backward_rows(window: Window) -> pd.DataFrame:
     names: _Names = window.derived["module_names"]
     # a call's backward is named as its forward was (a module made inside forward() has no
     # path of its own); forward calls of earlier windows fall back to the module's path
-    forward_names: dict[int, str] = dict(zip(calls[col.START_NS].tolist(), calls[col.NAME])) if len(calls) else {}
+    forward_names: dict[int, str] = {}
+    if len(calls) and any(len(buffer.backward_columns) for buffer in window.buffers):
+        forward_names = dict(zip(calls[col.START_NS].tolist(), calls[col.NAME].tolist()))
     frames = []
     for buffer in window.buffers:
         cols = buffer.backward_columns

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp import schema as col
@@ -140,6 +141,13 @@ def arrow_table(spans: pd.DataFrame) -> pa.Table:
     table = pa.Table.from_pandas(spans, preserve_index=False)
     schema = pa.schema([pa.field(f.name, canonical_type(f.name, f.type)) for f in table.schema])
     return table.replace_schema_metadata(None).cast(schema)
+
+
+def in_start_order(table: pa.Table) -> pa.Table:
+    """Spans sorted by start, outer module calls first (sorted in Arrow, without Python's lock)."""
+    keys = {name: pc.fill_null(table[name], -1)  # spans without a call depth first
+            for name in (col.START_NS, col.CALL_DEPTH) if name in table.column_names}
+    return table.take(pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys]))
 
 
 def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dict[str, Any]) -> Path:

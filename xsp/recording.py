@@ -138,7 +138,8 @@ class ThreadBuffer:
 
     __slots__ = (
         "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps", "last_hooked",
-        "calls", "marks", "backward", "roots", "call_columns", "mark_columns", "backward_columns", "root_columns",
+        "calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns", "mark_columns",
+        "backward_columns", "root_columns",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
         "_lock",
     )
@@ -156,6 +157,10 @@ class ThreadBuffer:
         """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
         self.skipping = False
         """The running top-level call belongs to a step the schedule does not record."""
+        self.kept_lengths = (0, 0, 0, 0)
+        """Lengths of the call, mark, backward and root columns when a step was last kept (a schedule)."""
+        self.kept_steps: list[int] = []
+        """Numbers of the steps kept in the columns (a schedule), in order."""
         self.last_hooked: tuple[Any, int] | None = None
         """The autograd node last hooked for a module call on this thread, and that call's start."""
         self.steps = AutoSteps(self)
@@ -208,17 +213,26 @@ class ThreadBuffer:
         with self._lock:
             self._compact_locked()
 
-    def discard(self) -> int:
-        """Forget everything recorded so far (a step the schedule does not keep); returns how
-        many records that was."""
+    def keep(self, step: int) -> None:
+        """Keep what was recorded so far: the step ``step`` just ended and the schedule keeps it."""
         with self._lock:
-            count = (len(self.calls) + len(self.marks) + len(self.backward) + len(self.call_columns)
-                     + len(self.mark_columns) + len(self.backward_columns))
+            self._compact_locked()
+            self.kept_lengths = self._lengths()
+            self.kept_steps.append(step)
+
+    def discard(self) -> None:
+        """Forget what was recorded since the last kept step (a step the schedule does not keep)."""
+        with self._lock:
             self.calls, self.marks, self.backward, self.roots = [], [], [], []
-            self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
-            self.backward_columns, self.root_columns = BackwardColumns(), RootColumns()
+            calls, marks, backward, roots = self.kept_lengths
+            for columns, length in ((self.call_columns, calls), (self.mark_columns, marks),
+                                    (self.backward_columns, backward), (self.root_columns, roots)):
+                for name in columns.__slots__:
+                    del getattr(columns, name)[length:]
             self.last_hooked = None
-        return count
+
+    def _lengths(self) -> tuple[int, int, int, int]:
+        return (len(self.call_columns), len(self.mark_columns), len(self.backward_columns), len(self.root_columns))
 
     def drain(self) -> WindowBuffer:
         """Everything recorded so far, as a :class:`WindowBuffer`; the thread starts afresh."""
@@ -226,9 +240,10 @@ class ThreadBuffer:
             self._compact_locked()
             drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
                                    self.backward_columns, self.root_columns, self.modules, self.descriptors,
-                                   self.strings)
+                                   self.strings, self.kept_steps)
             self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
             self.backward_columns, self.root_columns = BackwardColumns(), RootColumns()
+            self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
         return drained
 
     def _compact_locked(self) -> None:
@@ -298,6 +313,8 @@ class WindowBuffer:
     modules: _Interner
     descriptors: _Interner
     strings: _Interner
+    kept_steps: list[int] = field(default_factory=list)
+    """Numbers of the scheduled steps in these columns, in order."""
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
@@ -318,8 +335,9 @@ class Window:
     """Module calls pushed their start as a CUPTI external correlation id (CUDA levels on)."""
     model_names: dict[int, str] = field(default_factory=dict)
     """The name of each top-level model (by ``id``) recorded so far in the session."""
-    first_step: int | None = None
-    """The number of the first step in the window, when the session numbers it (a schedule)."""
+    step_numbers: list[int] | None = None
+    """The numbers of the window's steps in order of their start, when the session numbers
+    them itself (a schedule keeps only some steps)."""
 
 
 class Recording:
@@ -385,7 +403,9 @@ class Recording:
         no span is separated from the spans inside it or from its step."""
         taken = [buffer.drain() for buffer in ([only] if only is not None else list(self.buffers))
                  if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
-        return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names))
+        kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
+        return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
+                      step_numbers=kept_steps or None)
 
     def name_model(self, module: Any, candidates: list[str]) -> str:
         """Name the top-level model ``module``: the first of ``candidates`` (names it is bound

@@ -24,11 +24,19 @@ from typing import Any, Final
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp import schema as col
 from xsp.errors import TraceFormatError, TraceNotFoundError
-from xsp.fileio import arrow_table, atomic_output, read_arrow_trace, spans_from_arrow, write_trace_tables
+from xsp.fileio import (
+    arrow_table,
+    atomic_output,
+    in_start_order,
+    read_arrow_trace,
+    spans_from_arrow,
+    write_trace_tables,
+)
 
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
@@ -79,7 +87,7 @@ class SegmentWriter:
         """Write one window's spans as the next segment (whole, or not at all)."""
         if not len(spans):
             return
-        table = arrow_table(spans)
+        table = in_start_order(arrow_table(spans))
         self.count += 1
         with atomic_output(self.directory / f"window-{self.count:06d}.parquet") as temporary:
             pq.write_table(table, temporary, compression="zstd", write_page_checksum=True)
@@ -136,7 +144,7 @@ def _recovered(directory: Path) -> tuple[list[pa.Table], dict[str, Any]]:
     metadata = _start_metadata(directory)
     skipped: list[str] = []
     tables = list(segment_tables(directory, skipped))
-    last_end_ns = max((int(pa.compute.max(t[col.END_NS]).as_py() or 0) for t in tables if len(t)), default=0)
+    last_end_ns = max((int(pc.max(t[col.END_NS]).as_py() or 0) for t in tables if len(t)), default=0)
     tables.append(_session_row(metadata, last_end_ns))
     metadata.pop("session_ids", None)
     metadata["recovered"] = {"from": str(directory), "windows": len(tables) - 1, "unreadable_segments": skipped,

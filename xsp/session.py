@@ -33,7 +33,7 @@ from xsp.export.otlp import (
     resource_for,
     start_export,
 )
-from xsp.fileio import arrow_table, spans_from_arrow, write_trace_tables
+from xsp.fileio import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
 from xsp.levels import LevelsArg, parse_levels
 from xsp.metadata import default_service_name, environment
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
@@ -55,6 +55,9 @@ DEFAULT_LONG_STEP_S = 1.0
 WINDOW_S = 1.0
 """A window closes at the first step end this long after the last one closed: its spans are
 then interpreted and written to disk (and exported) while the program runs on."""
+WINDOW_EVENTS = 50_000
+"""A window also closes at the first step end after this many records: interpreting a window
+takes memory in proportion to its records, so this bounds the session's memory."""
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
 
@@ -162,7 +165,6 @@ class Session:
         self._forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
         self._steps_seen = 0
-        self._last_step: int | None = None
         self._step_actions: Counter[StepAction] = Counter()
         self._recorded_steps: list[list[int]] = []
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
@@ -204,8 +206,6 @@ class Session:
         self._open_segments(tracers)
         if self.schedule is not None and self._recording is not None:
             self._recording.paused = self.schedule.action(0) is StepAction.SKIP
-            if self._windows is None:
-                self._windows = _WindowWorker(self)
         self._watch_step_ends(tracers)
         for tracer in tracers:
             try:
@@ -328,6 +328,8 @@ class Session:
         if not flushers and windows is None and not scheduled:
             return
         window_ns = int(WINDOW_S * 1e9) if self._segments is not None else NEVER
+        window_events = WINDOW_EVENTS if self._segments is not None else NEVER
+        recording = self._recording
         every_step = bool(flushers) or window_ns != NEVER or scheduled
 
         def step_ended(duration_ns: int) -> None:
@@ -338,7 +340,8 @@ class Session:
                     flush()
                 except Exception:  # a flush is an optimisation; the final one still runs
                     pass
-            if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns):
+            if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns
+                                        or recording.kept_events - windows.closed_events >= window_events):
                 windows.close_window()
 
         self._recording.long_step_ns = 0 if every_step else long_step_ns
@@ -352,18 +355,13 @@ class Session:
         action = self.schedule.action(step)
         self._step_actions[action] += 1
         buffer = buffer or self._recording.buffer()
-        if action is StepAction.RECORD:  # handed over now: a later unrecorded step forgets only its own
+        if action is StepAction.RECORD:
             runs = self._recorded_steps
             if runs and runs[-1][1] == step - 1:
                 runs[-1][1] = step
             else:
                 runs.append([step, step])
-            if self._windows is not None and not self._windows.finished:
-                window = self._recording.take_window(only=buffer)
-                window.first_step = step
-                self._windows.hand_over(window)
-            else:  # the session is ending: its last window takes them
-                self._last_step = step
+            buffer.keep(step)
         else:
             buffer.discard()
         self._recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
@@ -377,9 +375,8 @@ class Session:
                 frames.append(tracer.collect(window))
             except Exception as exc:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
-        if window.first_step is not None:  # a scheduled step: numbered as the session counted it
-            self._state.steps = window.first_step
-        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row)
+        self._state.step_numbers = window.step_numbers  # scheduled steps: numbered as the session counted them
+        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False)
         self._window_count += 1
         self._keep(result.spans)
         self._diagnostics.append(result.diagnostics)
@@ -427,9 +424,7 @@ class Session:
             col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
             col.STATUS_MESSAGE: error,
         }
-        final = recording.take_window(final=True)
-        final.first_step = self._last_step
-        last = self._interpret(final, session_row)
+        last = self._interpret(recording.take_window(final=True), session_row)
         dropped = recording.dropped + self._interpreted_dropped
         if dropped:
             self._warn("some records were dropped: " + ", ".join(
@@ -489,7 +484,7 @@ class Session:
         """The trace file from the segments (and any window kept in memory), a window at a time;
         the spans are read back from it only when asked for."""
         assert self.output is not None
-        kept = [arrow_table(table) for table in self._tables]
+        kept = [in_start_order(arrow_table(table)) for table in self._tables]
         self._tables = []
         try:
             written = write_trace_tables(self.output, itertools.chain(segment_tables(segments.directory), kept),
@@ -549,6 +544,8 @@ class _WindowWorker:
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
         """When the last window closed (on the host clock)."""
+        self.closed_events = 0
+        """The session's records kept when the last window closed."""
         self.finished = False
         """True once the worker has stopped: the session's last window takes what is left."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
@@ -560,7 +557,7 @@ class _WindowWorker:
         if recording is None or not self.closing.acquire(blocking=False):
             return
         try:
-            self.closed_ns = now_ns()
+            self.closed_ns, self.closed_events = now_ns(), recording.kept_events
             self.hand_over(recording.take_window())
         finally:
             self.closing.release()

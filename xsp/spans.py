@@ -113,7 +113,7 @@ def new_step_state(attach_to_session: bool = True) -> structure.StepState:
 
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
-                session_row: dict[str, Any] | None = None) -> TableResult:
+                session_row: dict[str, Any] | None = None, sort: bool = True) -> TableResult:
     """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
 
     Args:
@@ -121,9 +121,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         host_to_epoch_ns: offset from the host clock to epoch nanoseconds.
         state: the session's ids, step count and latest steps, from earlier windows; updated.
         session_row: the session span, in the session's last window only.
+        sort: sort the rows by start time (nothing below needs them sorted; a session sorts
+            its windows in Arrow as it writes them, where sorting holds no lock of Python's).
 
     Returns:
-        The window's span table sorted by start time, and the hierarchy diagnostics.
+        The window's span table (sorted by start time, if asked), and the hierarchy diagnostics.
     """
     parts = [frame for frame in frames if len(frame)]
     if session_row is not None:
@@ -138,7 +140,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     depth = (raw[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64) if col.CALL_DEPTH in raw
              else np.full(len(raw), -1, dtype=np.int64))
     order = np.lexsort((depth, raw[col.START_NS].to_numpy(dtype=np.int64)))
-    if not (order == np.arange(len(order))).all():  # importers hand rows over already in order
+    if sort and not (order == np.arange(len(order))).all():  # importers hand rows over already in order
         raw = raw.take(order).reset_index(drop=True)  # before conform: the columns no tracer gave are not taken
     table = conform(raw)
     table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]

@@ -59,6 +59,8 @@ class StepState:
     """Names seen so far below the session and at the root of each trace, for ``path``."""
     layers_in_step: dict[int, int] = field(default_factory=dict)
     """Layer spans numbered so far in steps that a later window may continue."""
+    step_numbers: list[int] | None = None
+    """Numbers of the next window's steps in order of start (None: counted on from ``steps``)."""
     attach_to_session: bool = True
     """Hang roots outside every step below the session span (False for imported traces,
     which have no session span)."""
@@ -93,7 +95,11 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
     step_of = np.full(count, NONE, dtype=np.int64)
     trace_of = np.full(count, state.session_trace_id, dtype=object)
-    step_of[step_roots] = state.steps + np.arange(len(step_roots))
+    numbers = state.step_numbers
+    if numbers is not None and len(numbers) == len(step_roots):
+        step_of[step_roots] = numbers
+    else:
+        step_of[step_roots] = state.steps + np.arange(len(step_roots))
     if col.STEP in spans:  # numbers the recorder already knew (ProfilerStep#N)
         preset = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[step_roots]
         known = ~np.isnan(preset)

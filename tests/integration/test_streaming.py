@@ -139,3 +139,13 @@ def test_the_cli_records_only_scheduled_steps(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "xsp", "run", "--schedule", "active=0", "--", str(script)],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "active" in bad.stderr
+
+
+def test_a_window_closes_after_so_many_records_however_fast_they_come(tmp_path, monkeypatch):
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 3600.0)
+    monkeypatch.setattr(xsp.session, "WINDOW_EVENTS", 1000)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(99)])
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        _loop(model, 60)  # 6000 records
+    assert 5 <= session.trace.metadata["streamed_windows"] <= 7
+    assert session.trace.steps == list(range(60))

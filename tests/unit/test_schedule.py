@@ -73,3 +73,13 @@ def test_unrecorded_steps_leave_no_records_behind():
         assert not buffer.calls and not len(buffer.call_columns)  # nothing recorded below a skipped call
     assert session.trace.steps == []
     assert session.trace.metadata["schedule"]["skipped_steps"] == 50
+
+
+def test_steps_longer_than_a_compaction_are_kept_or_forgotten_whole():
+    model = nn.Sequential(*[nn.Identity() for _ in range(700)])  # records are compacted inside each step
+    with torch.no_grad(), xsp.trace(output=None, schedule="wait=1,active=1") as session:
+        for _ in range(6):
+            model(torch.randn(2, 4))
+    spans = session.trace.spans
+    assert session.trace.steps == [1, 3, 5]
+    assert spans[spans[col.LEVEL] == "layer"].groupby(col.STEP).size().tolist() == [700, 700, 700]
