@@ -397,11 +397,11 @@ class Recording:
         for buffer in list(self.buffers):
             buffer.compact()
 
-    def take_window(self, final: bool = False, only: ThreadBuffer | None = None) -> Window:
-        """Drain every thread (or ``only`` one); unless ``final``, threads inside a module call or
-        a step (explicit, or automatic and not yet decided) are left for a later window, so that
-        no span is separated from the spans inside it or from its step."""
-        taken = [buffer.drain() for buffer in ([only] if only is not None else list(self.buffers))
+    def take_window(self, final: bool = False) -> Window:
+        """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
+        or automatic and not yet decided) are left for a later window, so that no span is
+        separated from the spans inside it or from its step."""
+        taken = [buffer.drain() for buffer in list(self.buffers)
                  if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),

@@ -66,7 +66,6 @@ class SegmentWriter:
         self.output = output
         self.directory = segment_dir(output, os.getpid())
         self.count = 0
-        self.rows = 0
         self.started = False
         """True once the folder exists: windows are written to it."""
 
@@ -91,20 +90,15 @@ class SegmentWriter:
         self.count += 1
         with atomic_output(self.directory / f"window-{self.count:06d}.parquet") as temporary:
             pq.write_table(table, temporary, compression="zstd", write_page_checksum=True)
-        self.rows += len(spans)
 
     def discard(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _segment_paths(directory: Path) -> list[Path]:
-    return sorted(directory.glob(SEGMENT_PATTERN))
-
-
 def segment_tables(directory: Path, skipped: list[str] | None = None) -> Iterator[pa.Table]:
     """The segments of ``directory`` in order, one at a time; unreadable ones are listed in
     ``skipped`` (or raise, when it is None)."""
-    for path in _segment_paths(directory):
+    for path in sorted(directory.glob(SEGMENT_PATTERN)):
         try:
             yield read_arrow_trace(path)
         except (TraceFormatError, OSError) as exc:

@@ -164,7 +164,6 @@ class Session:
         self._signals = StopSignals()
         self._forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
-        self._steps_seen = 0
         self._step_actions: Counter[StepAction] = Counter()
         self._recorded_steps: list[list[int]] = []
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
@@ -297,17 +296,23 @@ class Session:
         if self._windows is None:
             self._windows = _WindowWorker(self)
 
-    def _start_metadata(self) -> dict[str, Any]:
-        """What a recovery of this session needs to know, and what is known at its start."""
-        assert self._clock is not None
+    def _described(self, clock: ClockSync) -> dict[str, Any]:
+        """The metadata known from the session's start: host, versions, levels, tracers, clock."""
         return {
             **environment(),
             "service_name": self.service_name,
             "levels": [level.value for level in self.levels],
             "tracers": [tracer.name for tracer in self._tracers],
             "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
-            "clock": {"host_to_epoch_ns": self._clock.host_to_epoch_ns,
-                      "uncertainty_ns": self._clock.uncertainty_ns},
+            "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
+                      "drift_ns": clock.drift_ns},
+        }
+
+    def _start_metadata(self) -> dict[str, Any]:
+        """What a recovery of this session needs to know, and what is known at its start."""
+        assert self._clock is not None
+        return {
+            **self._described(self._clock),
             "session_ids": {"trace_id": self._state.session_trace_id, "span_id": self._state.session_span_id},
             "session_start_ns": self._start_ns + self._clock.host_to_epoch_ns,
             "session_thread_id": self._thread_id,
@@ -351,7 +356,7 @@ class Session:
         """On the thread whose step was just decided: keep or forget its records as the schedule
         says, and pause or resume recording for the step that begins."""
         assert self.schedule is not None and self._recording is not None
-        step, self._steps_seen = self._steps_seen, self._steps_seen + 1
+        step = self._step_actions.total()  # the steps decided so far
         action = self.schedule.action(step)
         self._step_actions[action] += 1
         buffer = buffer or self._recording.buffer()
@@ -417,7 +422,8 @@ class Session:
                 recording.on_long_step = functools.partial(self._scheduled_step_ended, buffer=buffer)
                 buffer.steps.finish()
             recording.on_long_step = None
-        recording.finish_steps()
+        else:
+            recording.finish_steps()
         session_row = {
             col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
             col.START_NS: self._start_ns, col.END_NS: end_ns, col.THREAD_ID: self._thread_id,
@@ -453,21 +459,14 @@ class Session:
 
     def _final_metadata(self, dropped: Counter[str]) -> dict[str, Any]:
         assert self._clock is not None
-        clock = self._clock.remeasured()
         return {
-            **environment(),
-            "service_name": self.service_name,
-            "levels": [level.value for level in self.levels],
-            "tracers": [tracer.name for tracer in self._tracers],
+            **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),
-            "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
-            "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
-                      "drift_ns": clock.drift_ns},
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},
             "windows": self._window_count,
             "schedule": None if self.schedule is None else {
-                **self.schedule.as_metadata(), "steps_seen": self._steps_seen,
+                **self.schedule.as_metadata(), "steps_seen": self._step_actions.total(),
                 "recorded_steps": self._recorded_steps,
                 "warmup_steps": self._step_actions[StepAction.WARMUP],
                 "skipped_steps": self._step_actions[StepAction.SKIP]},
@@ -546,8 +545,6 @@ class _WindowWorker:
         """When the last window closed (on the host clock)."""
         self.closed_events = 0
         """The session's records kept when the last window closed."""
-        self.finished = False
-        """True once the worker has stopped: the session's last window takes what is left."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
@@ -558,14 +555,11 @@ class _WindowWorker:
             return
         try:
             self.closed_ns, self.closed_events = now_ns(), recording.kept_events
-            self.hand_over(recording.take_window())
+            window = recording.take_window()
+            if window.buffers:
+                self.queue.put(window)
         finally:
             self.closing.release()
-
-    def hand_over(self, window: Window) -> None:
-        """Interpret ``window`` on the worker's thread."""
-        if window.buffers:
-            self.queue.put(window)
 
     @property
     def session_ids(self) -> tuple[str, int]:
@@ -587,7 +581,6 @@ class _WindowWorker:
         """Wait until every window handed over so far is interpreted, written and exported."""
         with self.closing:
             self.queue.put(None)
-            self.finished = True
         self.thread.join()
 
     def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
