@@ -267,6 +267,9 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
     in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed),
     sorted by start (a file written window by window is sorted within each window only)."""
+    starts = table[col.START_NS].to_numpy() if col.START_NS in table.column_names else np.zeros(0)
+    if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
+        table = in_start_order(table)
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         dtype = col.COLUMNS.get(name)
@@ -283,12 +286,7 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
                                                    column.is_null().to_numpy(zero_copy_only=False))
         else:
             columns[name] = column.to_pandas()
-    spans = pd.DataFrame(columns)
-    starts = spans[col.START_NS].to_numpy() if col.START_NS in spans else np.zeros(0)
-    if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
-        spans = spans.sort_values([col.START_NS, col.CALL_DEPTH] if col.CALL_DEPTH in spans else [col.START_NS],
-                                  kind="stable", na_position="first").reset_index(drop=True)
-    return spans
+    return pd.DataFrame(columns)
 
 
 def _is_text(kind: pa.DataType) -> bool:

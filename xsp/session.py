@@ -380,8 +380,8 @@ class Session:
                 frames.append(tracer.collect(window))
             except Exception as exc:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
-        self._state.step_numbers = window.step_numbers  # scheduled steps: numbered as the session counted them
-        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False)
+        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
+                             step_numbers=window.step_numbers)
         self._window_count += 1
         self._keep(result.spans)
         self._diagnostics.append(result.diagnostics)

@@ -113,7 +113,8 @@ def new_step_state(attach_to_session: bool = True) -> structure.StepState:
 
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
-                session_row: dict[str, Any] | None = None, sort: bool = True) -> TableResult:
+                session_row: dict[str, Any] | None = None, sort: bool = True,
+                step_numbers: list[int] | None = None) -> TableResult:
     """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
 
     Args:
@@ -123,6 +124,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         session_row: the session span, in the session's last window only.
         sort: sort the rows by start time (nothing below needs them sorted; a session sorts
             its windows in Arrow as it writes them, where sorting holds no lock of Python's).
+        step_numbers: the numbers of the window's steps in order of start, when the session
+            kept only some steps (a schedule).
 
     Returns:
         The window's span table (sorted by start time, if asked), and the hierarchy diagnostics.
@@ -156,7 +159,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
-    shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0])
+    shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
+                                   step_numbers)
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     has_parent = shape.parents >= 0
     table[col.PARENT_ID] = ids_at(ids, shape.parents)

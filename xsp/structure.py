@@ -59,8 +59,6 @@ class StepState:
     """Names seen so far below the session and at the root of each trace, for ``path``."""
     layers_in_step: dict[int, int] = field(default_factory=dict)
     """Layer spans numbered so far in steps that a later window may continue."""
-    step_numbers: list[int] | None = None
-    """Numbers of the next window's steps in order of start (None: counted on from ``steps``)."""
     attach_to_session: bool = True
     """Hang roots outside every step below the session span (False for imported traces,
     which have no session span)."""
@@ -75,8 +73,11 @@ class Structure:
 
 
 def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
-                 new_trace_id: Callable[[], str]) -> Structure:
+                 new_trace_id: Callable[[], str], step_numbers: list[int] | None = None) -> Structure:
     """Cut each step out as its own tree and give every span its step and trace.
+
+    ``step_numbers`` numbers the steps in order of start, when the recorder kept only some of
+    them (a schedule); else steps are counted on from ``state``.
 
     ``state`` carries step numbers and each thread's latest step from earlier windows of the
     same session, and is updated for the next one.
@@ -95,9 +96,8 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
     step_of = np.full(count, NONE, dtype=np.int64)
     trace_of = np.full(count, state.session_trace_id, dtype=object)
-    numbers = state.step_numbers
-    if numbers is not None and len(numbers) == len(step_roots):
-        step_of[step_roots] = numbers
+    if step_numbers is not None and len(step_numbers) == len(step_roots):
+        step_of[step_roots] = step_numbers
     else:
         step_of[step_roots] = state.steps + np.arange(len(step_roots))
     if col.STEP in spans:  # numbers the recorder already knew (ProfilerStep#N)

@@ -36,6 +36,13 @@ def test_round_trip_keeps_every_column_dtype_and_value(recorded):
     assert loaded.metadata == json.loads(json.dumps(trace.metadata, default=str))
 
 
+def test_a_file_out_of_start_order_is_read_in_start_order(recorded, tmp_path):
+    _, trace = recorded
+    spans = trace.spans.iloc[::-1].reset_index(drop=True)  # windows of several threads interleave so
+    write_trace(tmp_path / "reversed.xsp.parquet", spans, trace.metadata)
+    pd.testing.assert_frame_equal(xsp.load(tmp_path / "reversed.xsp.parquet").spans, trace.spans)
+
+
 def test_metadata_describes_the_run(recorded):
     meta = xsp.load(recorded[0]).metadata
     for key in ("xsp_version", "schema_version", "torch_version", "python_version", "host", "device", "levels",
