@@ -37,6 +37,7 @@ from xsp.fileio import (
     spans_from_arrow,
     write_trace_tables,
 )
+from xsp.structure import SESSION_NAME
 
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
@@ -60,7 +61,7 @@ def unfinished_sessions(output: str | os.PathLike[str]) -> list[Path]:
 
 
 class SegmentWriter:
-    """Writes one session's windows as segments, then the trace file from them."""
+    """Writes one session's windows as segments (the session builds the trace file from them)."""
 
     def __init__(self, output: Path) -> None:
         self.output = output
@@ -124,7 +125,7 @@ def _session_row(metadata: dict[str, Any], last_end_ns: int) -> pa.Table:
     end_ns = max(last_end_ns, start_ns)
     row = {
         col.TRACE_ID: ids.get("trace_id"), col.SPAN_ID: int(ids.get("span_id") or 1),
-        col.LEVEL: col.Level.MODEL.value, col.KIND: col.SpanKind.SESSION.value, col.NAME: "session",
+        col.LEVEL: col.Level.MODEL.value, col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME,
         col.START_NS: start_ns, col.END_NS: end_ns, col.DURATION_NS: end_ns - start_ns,
         col.THREAD_ID: metadata.get("session_thread_id"), col.STATUS: col.Status.ERROR.value,
         col.STATUS_MESSAGE: KILLED_MESSAGE,
