@@ -7,6 +7,8 @@ where tracers exist, operator, CUDA API and kernel) levels as one span tree, wri
 
 from xsp import analysis
 from xsp._version import __version__
+from xsp.baseline import Summary, summarize
+from xsp.diff import Diff, diff
 from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError
 from xsp.leveled import LeveledResult, leveled
 from xsp.loading import load
@@ -20,5 +22,5 @@ __all__ = [
     "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
     "TraceNotFoundError", "Schedule", "ScheduleError",
-    "SchemaVersionError",
+    "SchemaVersionError", "diff", "Diff", "Summary", "summarize",
 ]

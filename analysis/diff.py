@@ -1,0 +1,542 @@
+"""Comparing two runs key by key: per-step samples, rank tests under false-discovery control,
+the top-down breakdown of a delta, and the changes of structure between the runs.
+
+A *key* names "the same thing" in both runs: a span's ``path`` (``by=KeyBy.PATH``), or its level
+and name (``by=KeyBy.NAME``, the way HolisticTraceAnalysis compares). A key's *samples* are its
+duration per step (the sum of its spans in that step); spans outside every step are one sample
+each. Functions here take and return DataFrames; :func:`xsp.diff` puts them together.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.tree import nearest_ancestor, parent_positions
+
+
+class KeyBy(str, enum.Enum):
+    """How spans of two runs are matched."""
+
+    PATH = "path"
+    """By ``path``: one key per place in the model (``predict[0]/layer1.0.conv1[0]``)."""
+    NAME = "name"
+    """By level and name: every ``aten::conv2d`` together."""
+
+
+class Verdict(str, enum.Enum):
+    """What happened to a key (and, for the first three, to the whole run)."""
+
+    REGRESSED = "regressed"
+    IMPROVED = "improved"
+    UNCHANGED = "unchanged"
+    ADDED = "added"
+    REMOVED = "removed"
+
+
+class Test(str, enum.Enum):
+    """The statistic behind a key's verdict."""
+
+    RANK = "mann-whitney"
+    """Mann-Whitney U on the per-step samples, Benjamini-Hochberg over all keys tested."""
+    OVERLAP = "interval-overlap"
+    """Too few samples for a rank test: the two sides' ranges must not overlap."""
+    NONE = "none"
+    """One sample on a side: noise cannot be told from change, so no verdict is given."""
+
+
+MIN_RANK_SAMPLES: Final = 5
+"""Samples each side needs for the rank test (with 5 and 5, its smallest p is 0.008)."""
+MIN_OVERLAP_SAMPLES: Final = 2
+"""Samples each side needs for the interval-overlap fallback."""
+
+# columns of a key-samples frame (one row per key of one run)
+KEY: Final = "key"
+PARENT_KEY: Final = "parent_key"
+COUNT: Final = "count"
+TOTAL_NS: Final = "total_ns"
+SAMPLES_NS: Final = "samples_ns"
+"""Sorted per-step durations (an int64 array per key)."""
+SAMPLE_COUNT: Final = "sample_count"
+"""Steps (or lone spans) the samples came from; more than ``len(samples_ns)`` in a summary
+that kept quantiles only."""
+KERNELS_PER_STEP: Final = "kernels_per_step"
+"""Median count of kernel-level spans under a layer per step (NaN: no kernels recorded)."""
+KEY_COLUMNS: Final = (col.LEVEL, col.KIND, col.NAME, KEY, PARENT_KEY, COUNT, TOTAL_NS, SAMPLES_NS, SAMPLE_COUNT,
+                      col.INPUT_SHAPES, KERNELS_PER_STEP)
+
+# columns of a diff table (one row per key of either run)
+BASE_COUNT: Final = "base_count"
+NEW_COUNT: Final = "new_count"
+BASE_TOTAL_NS: Final = "base_total_ns"
+NEW_TOTAL_NS: Final = "new_total_ns"
+BASE_MEDIAN_NS: Final = "base_median_ns"
+NEW_MEDIAN_NS: Final = "new_median_ns"
+DELTA_NS: Final = "delta_ns"
+"""Change of the median per-step duration, new minus base."""
+RATIO: Final = "ratio"
+P_VALUE: Final = "p_value"
+Q_VALUE: Final = "q_value"
+"""``p_value`` adjusted by Benjamini-Hochberg over every key tested."""
+VERDICT: Final = "verdict"
+EXPLAINS: Final = "explains"
+"""Share of the parent key's delta that this key's delta accounts for."""
+TEST: Final = "test"
+BASE_SAMPLES: Final = "base_samples"
+NEW_SAMPLES: Final = "new_samples"
+BASE_CV: Final = "base_cv"
+NEW_CV: Final = "new_cv"
+"""Coefficient of variation (standard deviation over mean) of each side's samples."""
+NOTE: Final = "note"
+ADJUSTED_RATIO: Final = "adjusted_ratio"
+"""``ratio`` over the run's common shift: what the verdict judged."""
+ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
+"""``delta_ns`` with the new run's times divided by the common shift; ``explains`` and the
+breakdown are in these terms."""
+COMMON_SHIFT: Final = "common_shift"
+"""Key of ``table.attrs`` that holds the common shift the new run was divided by."""
+MIN_SHIFT_KEYS: Final = 3
+"""Keys below the model level a common shift needs."""
+DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
+                       NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
+                       TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE)
+
+# columns of a changes frame
+CHANGE: Final = "change"
+BASE_VALUE: Final = "base"
+NEW_VALUE: Final = "new"
+
+
+class Change(str, enum.Enum):
+    """A change of structure between two runs."""
+
+    ADDED = "added"
+    """Spans present only in the new run (the root of an added subtree, with its size)."""
+    REMOVED = "removed"
+    INPUT_SHAPES = "input shapes"
+    KERNEL_COUNT = "kernel count"
+    """A layer launches a different number of kernels per step (a fusion lost or gained)."""
+    MEMORY_COPIES = "memory copies"
+    SYNCHRONISATIONS = "synchronisations"
+
+
+# ---------------------------------------------------------------------------------------------
+# samples
+
+
+def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level, ...] | None = None,
+                steps: slice | list[int] | None = None) -> pd.DataFrame:
+    """One row per key of one run: its spans' count and total, and its per-step samples.
+
+    Args:
+        spans: a canonical span table.
+        by: how keys are made (see :class:`KeyBy`).
+        levels: the levels to keep (all when None). A key's parent is its nearest ancestor at
+            a kept level.
+        steps: the steps to keep, as step numbers or as a slice of the run's steps in order
+            (``slice(5, None)`` leaves out the first five); spans outside steps are kept only
+            when this is None.
+    """
+    if not len(spans):
+        return _empty_keys()
+    parents = parent_positions(spans)
+    kept = np.ones(len(spans), dtype=bool)
+    if levels is not None:
+        kept &= spans[col.LEVEL].isin([level.value for level in levels]).to_numpy()
+    step = spans[col.STEP]
+    if steps is not None:
+        kept &= step.isin(_chosen_steps(step, steps)).fillna(False).to_numpy(dtype=bool)
+    key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
+    kept &= key_text.notna().to_numpy()
+    if not kept.any():
+        return _empty_keys()
+    parents = nearest_ancestor(spans, kept, parents)  # the parent among the kept spans
+    level_codes, level_names = pd.factorize(spans[col.LEVEL])
+    text_codes, texts = pd.factorize(key_text)
+    combined = np.where(kept, text_codes.astype(np.int64) * (len(level_names) + 1) + level_codes, -1)
+    codes, _ = pd.factorize(combined)  # 0 is the first kept key unless row 0 was dropped
+    rows = np.flatnonzero(kept)
+    code = codes[rows]
+    key_count = int(code.max()) + 1 if len(code) else 0
+    duration = spans[col.DURATION_NS].to_numpy(dtype=np.int64)[rows]
+    step_values = step.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    in_step = ~np.isnan(step_values)
+    # a key seen in steps takes its samples from its steps only; others, one sample per span
+    stepped_key = np.zeros(key_count, dtype=bool)
+    stepped_key[code[in_step]] = True
+    counted = in_step | ~stepped_key[code]
+    unit = np.where(in_step, np.nan_to_num(step_values).astype(np.int64), -1 - np.arange(len(rows)))
+    frame = pd.DataFrame({"code": code[counted], "unit": unit[counted], "d": duration[counted]})
+    per_unit = frame.groupby(["code", "unit"], sort=True)["d"].sum()
+    unit_codes = per_unit.index.get_level_values(0).to_numpy()
+    values = per_unit.to_numpy(dtype=np.int64)
+    order = np.lexsort((values, unit_codes))  # by key, then by value: each key's samples sorted
+    values, unit_codes = values[order], unit_codes[order]
+    bounds = np.searchsorted(unit_codes, np.arange(key_count + 1))
+    samples = [values[bounds[i]:bounds[i + 1]] for i in range(key_count)]
+    first = np.full(key_count, -1, dtype=np.int64)
+    first[code[::-1]] = rows[::-1]  # each key's first span
+    parent_row = parents[first]
+    key_of_row = np.full(len(spans), -1, dtype=np.int64)
+    key_of_row[rows] = code
+    parent_code = np.where(parent_row >= 0, key_of_row[np.maximum(parent_row, 0)], -1)
+    key_strings = texts.to_numpy(dtype=object)[text_codes[first]]
+    table = pd.DataFrame({
+        col.LEVEL: spans[col.LEVEL].to_numpy(dtype=object)[first],
+        col.KIND: spans[col.KIND].to_numpy(dtype=object)[first],
+        col.NAME: spans[col.NAME].to_numpy(dtype=object)[first],
+        KEY: key_strings,
+        PARENT_KEY: np.where(parent_code >= 0, key_strings[np.maximum(parent_code, 0)], None),
+        COUNT: np.bincount(code, minlength=key_count),
+        TOTAL_NS: np.bincount(code, weights=duration, minlength=key_count).astype(np.int64),
+        SAMPLES_NS: samples,
+        SAMPLE_COUNT: np.diff(bounds),
+        col.INPUT_SHAPES: _first_values(spans, col.INPUT_SHAPES, rows, code, key_count),
+        KERNELS_PER_STEP: _kernels_per_step(spans, parents, rows, code, unit, key_count),
+    })
+    return table
+
+
+def _empty_keys() -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=object) for name in KEY_COLUMNS})
+
+
+def _chosen_steps(step: pd.Series, steps: slice | list[int]) -> list[int]:
+    if isinstance(steps, slice):
+        return sorted(int(s) for s in step.dropna().unique())[steps]
+    return [int(s) for s in steps]
+
+
+def _first_values(spans: pd.DataFrame, column: str, rows: np.ndarray, code: np.ndarray, count: int) -> np.ndarray:
+    """The first non-null value of ``column`` among each key's spans (None where all are null)."""
+    result = np.full(count, None, dtype=object)
+    if column not in spans:
+        return result
+    values = spans[column].to_numpy(dtype=object, na_value=None)[rows]
+    present = np.flatnonzero(pd.notna(values))
+    result[code[present[::-1]]] = values[present[::-1]]
+    return result
+
+
+def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray, code: np.ndarray,
+                      unit: np.ndarray, count: int) -> np.ndarray:
+    """Median kernels launched per step under each layer key (NaN for other keys, or no kernels)."""
+    result = np.full(count, np.nan)
+    kernels = (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy()
+    if not kernels.any():
+        return result
+    is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
+    owner = nearest_ancestor(spans, is_layer, parents)[kernels]  # the innermost layer of each kernel
+    owner = owner[owner >= 0]
+    position = np.full(len(spans), -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    owner = position[owner]
+    owner = owner[owner >= 0]
+    per_unit = pd.DataFrame({"code": code[owner], "unit": unit[owner]}).value_counts()
+    medians = per_unit.groupby(level=0).median()
+    layer_codes = np.unique(code[is_layer[rows]])
+    result[layer_codes] = 0.0  # a layer whose kernels are all gone launches 0
+    result[medians.index.to_numpy(dtype=np.int64)] = medians.to_numpy(dtype=np.float64)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
+            alpha: float = 0.01, normalize: bool = True) -> pd.DataFrame:
+    """The diff table of two key-samples frames (:func:`key_samples`), one row per key.
+
+    A key present in both is ``regressed`` (or ``improved``) only when its median per-step
+    duration changed by at least ``threshold`` (relative) *and* ``min_delta_ns`` *and* the
+    change is significant: Mann-Whitney U with the Benjamini-Hochberg false-discovery rate at
+    ``alpha`` over every key tested, or, with fewer than :data:`MIN_RANK_SAMPLES` samples on a
+    side, ranges that do not overlap. With one sample on a side no verdict is given.
+
+    With ``normalize`` (the default), the new run's times are first divided by the run's
+    *common shift*: the median ratio over the keys below the model level (see
+    :func:`common_shift`). Two runs of one program on a shared machine differ by a few percent
+    in every key at once; a change in one place moves its keys against the others. The
+    ``ratio`` and ``delta_ns`` columns keep what was measured; ``adjusted_ratio`` is the
+    ratio the verdict judged.
+    """
+    merged = base.merge(new, on=[col.LEVEL, KEY], how="outer", suffixes=("_base", "_new"), sort=False)
+    count = len(merged)
+    in_base = merged[SAMPLES_NS + "_base"].notna().to_numpy()
+    in_new = merged[SAMPLES_NS + "_new"].notna().to_numpy()
+    empty = np.zeros(0, dtype=np.int64)
+    base_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_base"]]
+    new_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_new"]]
+    n_base, base_median, base_cv = _sample_stats(base_samples)
+    n_new, new_median, new_cv = _sample_stats(new_samples)
+    both = in_base & in_new
+    delta = np.where(both, new_median - base_median, np.where(in_new, new_median, -base_median))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(both & (base_median > 0), new_median / base_median, np.nan)
+    p_values = np.full(count, np.nan)
+    ranked = both & (n_base >= MIN_RANK_SAMPLES) & (n_new >= MIN_RANK_SAMPLES)
+    shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked) if normalize else 1.0
+    if shift != 1.0:
+        new_samples = [s / shift for s in new_samples]
+        new_median = new_median / shift
+    adjusted_delta = np.where(both, new_median - base_median, delta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        adjusted_ratio = np.where(both & (base_median > 0), new_median / base_median, np.nan)
+    _rank_tests(base_samples, new_samples, np.flatnonzero(ranked), p_values)
+    q_values = np.full(count, np.nan)
+    q_values[ranked] = benjamini_hochberg(p_values[ranked])
+    overlap = both & ~ranked & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
+    apart = np.zeros(count, dtype=bool)
+    for i in np.flatnonzero(overlap).tolist():
+        b, n = base_samples[i], new_samples[i]
+        apart[i] = n[0] > b[-1] or n[-1] < b[0]
+    significant = (ranked & (q_values <= alpha)) | (overlap & apart)
+    large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
+             & (np.abs(adjusted_delta) >= min_delta_ns))
+    verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
+    verdict[both & large & significant & (adjusted_delta > 0)] = Verdict.REGRESSED.value
+    verdict[both & large & significant & (adjusted_delta < 0)] = Verdict.IMPROVED.value
+    verdict[in_new & ~in_base] = Verdict.ADDED.value
+    verdict[in_base & ~in_new] = Verdict.REMOVED.value
+    test = np.full(count, Test.NONE.value, dtype=object)
+    test[ranked], test[overlap] = Test.RANK.value, Test.OVERLAP.value
+    note = np.full(count, None, dtype=object)
+    note[both & ~ranked & ~overlap] = "one sample on a side: no verdict"
+    note[overlap] = "few samples: ranges compared"
+    table = pd.DataFrame({
+        col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
+        col.KIND: merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object),
+        KEY: merged[KEY].to_numpy(dtype=object),
+        BASE_COUNT: merged[COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_COUNT: merged[COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_TOTAL_NS: merged[TOTAL_NS + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_TOTAL_NS: merged[TOTAL_NS + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_MEDIAN_NS: base_median,
+        NEW_MEDIAN_NS: new_median * shift,
+        DELTA_NS: delta,
+        RATIO: ratio,
+        P_VALUE: p_values,
+        VERDICT: verdict,
+        EXPLAINS: np.nan,
+        col.NAME: merged[col.NAME + "_new"].fillna(merged[col.NAME + "_base"]).to_numpy(dtype=object),
+        PARENT_KEY: merged[PARENT_KEY + "_new"].fillna(merged[PARENT_KEY + "_base"]).to_numpy(dtype=object),
+        Q_VALUE: q_values,
+        TEST: test,
+        BASE_SAMPLES: merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_SAMPLES: merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_CV: base_cv,
+        NEW_CV: new_cv,
+        ADJUSTED_RATIO: adjusted_ratio,
+        ADJUSTED_DELTA_NS: adjusted_delta,
+        NOTE: note,
+    })
+    table.attrs[COMMON_SHIFT] = shift
+    table[EXPLAINS] = _explains(table)
+    return table
+
+
+def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> float:
+    """The ratio by which the whole new run moved: the median ratio of the keys below the
+    model level that were rank-tested (1.0 with fewer than :data:`MIN_SHIFT_KEYS` of them).
+
+    A median over keys, not over time: a change confined to a minority of the keys leaves it
+    alone however much time those keys take, and a change in most keys looks like the whole
+    run moving (which is reported, but is no key's regression).
+    """
+    chosen = tested & (levels != Level.MODEL.value) & np.isfinite(ratio) & (ratio > 0)
+    if int(chosen.sum()) < MIN_SHIFT_KEYS:
+        return 1.0
+    return float(np.exp(np.median(np.log(ratio[chosen]))))
+
+
+def _rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
+    """Two-sided Mann-Whitney U p-values for ``rows``, one vectorised call per pair of sample sizes."""
+    if not len(rows):
+        return
+    sizes = pd.DataFrame({"row": rows, "nb": [len(base[i]) for i in rows], "nn": [len(new[i]) for i in rows]})
+    for _, group in sizes.groupby(["nb", "nn"]):
+        members = group["row"].to_numpy()
+        x = np.stack([base[i] for i in members]).astype(np.float64)
+        y = np.stack([new[i] for i in members]).astype(np.float64)
+        same = (x.min(axis=1) == x.max(axis=1)) & (x.max(axis=1) == y.min(axis=1)) & (y.min(axis=1) == y.max(axis=1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            result = stats.mannwhitneyu(x, y, alternative="two-sided", axis=1)
+        p = np.asarray(result.pvalue, dtype=np.float64)
+        p_values[members] = np.where(same | np.isnan(p), 1.0, p)  # identical constant samples: no change
+
+
+def smallest_p(base_samples: int, new_samples: int) -> float:
+    """The smallest two-sided p-value a Mann-Whitney U test of these sample sizes can give
+    (every sample of one side above every sample of the other)."""
+    from math import comb
+
+    return min(1.0, 2.0 / comb(base_samples + new_samples, base_samples))
+
+
+def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values): reject where ``q <= alpha`` to keep the
+    expected share of false discoveries among the rejected keys at ``alpha``."""
+    p = np.asarray(p_values, dtype=np.float64)
+    count = len(p)
+    if not count:
+        return p.copy()
+    order = np.argsort(p)
+    scaled = p[order] * count / np.arange(1, count + 1)
+    adjusted = np.minimum.accumulate(scaled[::-1])[::-1]
+    result = np.empty(count)
+    result[order] = np.minimum(adjusted, 1.0)
+    return result
+
+
+def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Size, median and coefficient of variation of each (sorted) sample array, vectorised."""
+    sizes = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
+    flat = np.concatenate(samples).astype(np.float64) if len(samples) else np.zeros(0)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(samples) else sizes
+    present = sizes > 0
+    lo = np.minimum(starts + (sizes - 1) // 2, max(len(flat) - 1, 0))
+    hi = np.minimum(starts + sizes // 2, max(len(flat) - 1, 0))
+    median = np.where(present, (flat[lo] + flat[hi]) / 2 if len(flat) else 0.0, np.nan)
+    safe = np.maximum(sizes, 1)
+    total = np.add.reduceat(flat, np.minimum(starts, max(len(flat) - 1, 0))) if len(flat) else np.zeros(len(sizes))
+    mean = np.where(present, total / safe, np.nan)
+    squares = np.add.reduceat(flat ** 2, np.minimum(starts, max(len(flat) - 1, 0))) if len(flat) else total
+    with np.errstate(invalid="ignore", divide="ignore"):
+        variance = np.maximum(squares - safe * mean ** 2, 0.0) / np.maximum(sizes - 1, 1)
+        cv = np.where((sizes >= 2) & (mean > 0), np.sqrt(variance) / mean, np.nan)
+    return sizes, median, cv
+
+
+def _explains(table: pd.DataFrame) -> np.ndarray:
+    """Each key's delta over its parent key's delta (NaN for roots and for parents that did not move)."""
+    position = pd.Series(np.arange(len(table)), index=pd.MultiIndex.from_arrays([table[col.LEVEL], table[KEY]]))
+    by_key = position.groupby(level=1).first()  # a parent is found by its key alone
+    parents = table[PARENT_KEY].map(by_key)
+    has_parent = parents.notna().to_numpy()
+    parent_row = parents.fillna(0).to_numpy(dtype=np.int64)
+    delta = table[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
+    parent_delta = delta[parent_row]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(has_parent & (parent_delta != 0), delta / parent_delta, np.nan)
+    return share
+
+
+def overall_verdict(table: pd.DataFrame) -> Verdict:
+    """``regressed`` if any key regressed, else ``improved`` if any improved, else ``unchanged``."""
+    verdicts = set(table[VERDICT].tolist()) if len(table) else set()
+    if Verdict.REGRESSED.value in verdicts:
+        return Verdict.REGRESSED
+    if Verdict.IMPROVED.value in verdicts:
+        return Verdict.IMPROVED
+    return Verdict.UNCHANGED
+
+
+# ---------------------------------------------------------------------------------------------
+# where it lives, and what changed shape
+
+DEPTH: Final = "depth"
+
+
+def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3, max_depth: int = 4,
+              max_roots: int = 3) -> pd.DataFrame:
+    """The delta broken down top-down: the top-level keys that moved, the child keys that explain
+    most of each one's delta (at least ``min_share`` of it), and so on down to kernels.
+
+    Returns the rows of ``table`` in tree order with a ``depth`` column (0 for top-level keys).
+    """
+    if not len(table):
+        return table.assign(**{DEPTH: pd.Series(dtype=np.int64)})
+    present = table
+    children: dict[object, list[int]] = {}
+    for row, parent in enumerate(present[PARENT_KEY].tolist()):
+        children.setdefault(parent if isinstance(parent, str) else None, []).append(row)
+    delta = present[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
+    moved = (present[VERDICT] != Verdict.UNCHANGED.value).to_numpy()
+    keys = present[KEY].tolist()
+    tested = (present[TEST] != Test.NONE.value).to_numpy()
+    roots = [row for row in children.get(None, []) if moved[row] and tested[row]] or [
+        row for row in children.get(None, []) if tested[row]]
+    roots = sorted(roots, key=lambda row: -abs(delta[row]))[:max_roots]
+    order: list[tuple[int, int]] = []
+
+    def walk(row: int, depth: int) -> None:
+        order.append((row, depth))
+        if depth >= max_depth or delta[row] == 0:
+            return
+        below = [r for r in children.get(keys[row], []) if np.sign(delta[r]) == np.sign(delta[row])
+                 and abs(delta[r]) >= min_share * abs(delta[row])]
+        for child in sorted(below, key=lambda r: -abs(delta[r]))[:max_children]:
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 0)
+    rows = [row for row, _ in order]
+    return present.iloc[rows].assign(**{DEPTH: [depth for _, depth in order]}).reset_index(drop=True)
+
+
+def structure_changes(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Changes of structure between two runs: added and removed subtrees (their root key, with
+    how many keys they hold), changed input shapes, layers whose kernel count per step changed,
+    and more memory copies or synchronisations per step."""
+    rows: list[dict[str, object]] = []
+    for verdict, change in ((Verdict.ADDED, Change.ADDED), (Verdict.REMOVED, Change.REMOVED)):
+        moved = table[table[VERDICT] == verdict.value]
+        moved_keys = set(moved[KEY].tolist())
+        for level, key, parent in zip(moved[col.LEVEL], moved[KEY], moved[PARENT_KEY]):
+            if parent in moved_keys:
+                continue
+            inside = int(sum(1 for k in moved_keys if k != key and str(k).startswith(str(key) + "/")))
+            rows.append({CHANGE: change.value, col.LEVEL: level, KEY: key, BASE_VALUE: None, NEW_VALUE: None,
+                         NOTE: f"with {inside} key(s) below it" if inside else None})
+    both = base.merge(new, on=[col.LEVEL, KEY], suffixes=("_base", "_new"))
+    shapes = both[(both[col.INPUT_SHAPES + "_base"].notna() | both[col.INPUT_SHAPES + "_new"].notna())
+                  & (both[col.INPUT_SHAPES + "_base"].astype(object) != both[col.INPUT_SHAPES + "_new"].astype(object))]
+    for level, key, was, now in zip(shapes[col.LEVEL], shapes[KEY], shapes[col.INPUT_SHAPES + "_base"],
+                                    shapes[col.INPUT_SHAPES + "_new"]):
+        rows.append({CHANGE: Change.INPUT_SHAPES.value, col.LEVEL: level, KEY: key, BASE_VALUE: was, NEW_VALUE: now,
+                     NOTE: None})
+    kernels_before = both[KERNELS_PER_STEP + "_base"].to_numpy(dtype=np.float64)
+    kernels_after = both[KERNELS_PER_STEP + "_new"].to_numpy(dtype=np.float64)
+    changed = ~np.isnan(kernels_before) & ~np.isnan(kernels_after) & (kernels_before != kernels_after)
+    for i in np.flatnonzero(changed).tolist():
+        fewer = kernels_after[i] < kernels_before[i]
+        rows.append({CHANGE: Change.KERNEL_COUNT.value, col.LEVEL: both[col.LEVEL].iat[i], KEY: both[KEY].iat[i],
+                     BASE_VALUE: _number(kernels_before[i]), NEW_VALUE: _number(kernels_after[i]),
+                     NOTE: "fewer kernels per step (more fused)" if fewer else
+                     "more kernels per step (a fusion lost?)"})
+    for kind, change in ((SpanKind.MEMCPY, Change.MEMORY_COPIES), (SpanKind.SYNC, Change.SYNCHRONISATIONS)):
+        before, after = _per_step(base, kind), _per_step(new, kind)
+        if after > before:
+            rows.append({CHANGE: change.value, col.LEVEL: Level.KERNEL.value, KEY: kind.value,
+                         BASE_VALUE: _number(before), NEW_VALUE: _number(after), NOTE: "per step"})
+    return pd.DataFrame(rows, columns=[CHANGE, col.LEVEL, KEY, BASE_VALUE, NEW_VALUE, NOTE])
+
+
+def _per_step(keys: pd.DataFrame, kind: SpanKind) -> float:
+    """Spans of ``kind`` per step in a key-samples frame."""
+    of_kind = keys[keys[col.KIND] == kind.value]
+    if not len(of_kind):
+        return 0.0
+    steps = max(int(keys[SAMPLE_COUNT].max()), 1) if len(keys) else 1
+    return float(of_kind[COUNT].sum()) / steps
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else round(float(value), 2)
+
+
+def noisy_keys(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """The top-level keys (steps, model calls) whose samples vary more than ``threshold`` on either side."""
+    top = table[table[PARENT_KEY].isna() & table[col.KIND].isin([k.value for k in (SpanKind.STEP, SpanKind.PREDICT)])]
+    return top[(top[BASE_CV] > threshold) | (top[NEW_CV] > threshold)]
+
+
+__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "compare", "benjamini_hochberg", "breakdown",
+           "structure_changes", "overall_verdict", "noisy_keys"]

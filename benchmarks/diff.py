@@ -1,0 +1,251 @@
+"""xsp diff on noisy runs: false alarms, detection, attribution, and speed beside HTA.
+
+Prints a table and records it in benchmarks/results/diff.md.
+
+1. A small real model (an MLP of five Linear layers with ReLU, batch 64, CPU, one thread) is
+   profiled at the model and layer levels in separate processes, 40 steps each (after 5
+   warm-up steps that are not recorded). Runs are made in interleaved order: plain runs, and
+   runs whose layer ``body.2`` does +10%, +20% or +50% more work (the same Linear applied
+   again to that share of the batch, inside the layer).
+2. *False alarms*: every A/A pair of plain runs (consecutive runs, each used once) diffed
+   with the defaults; a false alarm is an overall verdict of ``regressed`` or ``improved``.
+3. *Detection*: each slowed run against a plain run made next to it: detected when the
+   verdict is ``regressed``; *attributed* when the slowed layer is the regressed layer
+   with the largest delta.
+4. *Speed*: two 200k-span traces (the 123k-span Kineto trace from ../shared/traces, its
+   spans repeated, one copy's durations scaled) diffed by name, beside HolisticTraceAnalysis's
+   ``TraceDiff.compare_traces`` on the same pair when ``hta`` is installed (it is not a
+   dependency: ``pip install --no-deps holistictraceanalysis==0.5.0``).
+
+Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from _results import record
+
+RESULTS = Path(__file__).resolve().parent / "results" / "diff.md"
+SHARED_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
+                / "v100_2rank_train_rank1.json.gz")
+SLOWED_LAYER = "body.2"
+SLOWDOWNS = (0.1, 0.2, 0.5)
+
+CHILD = r"""
+import sys, torch, xsp
+from torch import nn
+torch.set_num_threads(1)
+extra, steps, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+class Layer(nn.Module):
+    def __init__(self, extra):
+        super().__init__()
+        self.linear, self.extra = nn.Linear(512, 512), extra
+    def forward(self, x):
+        y = self.linear(x)
+        if self.extra:  # the same work again on a share of the batch, inside this layer
+            self.linear(x[: round(self.extra * x.shape[0])])
+        return torch.relu(y)
+
+class Net(nn.Module):
+    def __init__(self, extra):
+        super().__init__()
+        self.body = nn.Sequential(Layer(0), Layer(0), Layer(extra), Layer(0), Layer(0))
+        self.head = nn.Linear(512, 10)
+    def forward(self, x):
+        return self.head(self.body(x))
+
+torch.manual_seed(0)
+model, x = Net(extra).eval(), torch.randn(64, 512)
+with torch.no_grad():
+    for _ in range(5):
+        model(x)
+    with xsp.trace(levels="model,layer", output=out):
+        for _ in range(steps):
+            model(x)
+"""
+
+
+def profile(extra: float, steps: int, out: Path) -> Path:
+    subprocess.run([sys.executable, "-c", CHILD, str(extra), str(steps), str(out)], check=True,
+                   capture_output=True, text=True)
+    return out
+
+
+def attributed_to(result: object, layer: str) -> bool:
+    """Whether the first branch of the breakdown (the largest delta at each depth, from the
+    model down) passes through ``layer``: the place a reader of the report is sent to."""
+    breakdown = result.breakdown  # type: ignore[attr-defined]
+    chain: list[str] = []
+    for depth, name in zip(breakdown["depth"].tolist(), breakdown["name"].tolist()):
+        if depth != len(chain):
+            break
+        chain.append(str(name))
+    return any(name == layer or name.endswith("." + layer) for name in chain)
+
+
+def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str, object]]:
+    from xsp.diff import diff
+
+    plain: list[Path] = []
+    slow: dict[float, list[tuple[Path, Path]]] = {f: [] for f in SLOWDOWNS}
+    count = 0
+    # interleaved: each slowed run has a plain run made just before it
+    for i in range(max(2 * pairs, slowed)):
+        plain.append(profile(0.0, steps, folder / f"plain{i}.xsp.parquet"))
+        if i < slowed:
+            for f in SLOWDOWNS:
+                slow[f].append((plain[-1], profile(f, steps, folder / f"slow{f}_{i}.xsp.parquet")))
+        count += 1
+        print(f"  runs made: {len(plain)} plain, {sum(len(v) for v in slow.values())} slowed", file=sys.stderr)
+    rows: list[dict[str, object]] = []
+    alarms = []
+    for a, b in zip(plain[0::2], plain[1::2]):
+        alarms.append(diff(a, b).verdict.value)
+    false = sum(v != "unchanged" for v in alarms)
+    rows.append({"comparison": "A/A (plain vs plain)", "pairs": len(alarms),
+                 "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms",
+                 "top attribution": "-", "verdicts": ", ".join(alarms)})
+    for f, runs in slow.items():
+        verdicts, attributed = [], 0
+        for base, new in runs:
+            result = diff(base, new)
+            verdicts.append(result.verdict.value)
+            attributed += attributed_to(result, SLOWED_LAYER)
+        found = sum(v == "regressed" for v in verdicts)
+        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}", "pairs": len(runs),
+                     "flagged": f"{found} ({found / len(runs):.0%})",
+                     "goal": ">= 95% detected and attributed" if f == 0.2 else "", "top attribution":
+                     f"{attributed} ({attributed / len(runs):.0%})", "verdicts": ", ".join(verdicts)})
+    return rows
+
+
+def speed(folder: Path, repeats: int) -> list[dict[str, object]]:
+    import pandas as pd
+
+    import xsp
+    from xsp import schema as col
+    from xsp.diff import diff
+
+    if not SHARED_TRACE.exists():
+        return [{"tool": "xsp diff", "seconds": "skipped: ../shared/traces missing"}]
+    spans = xsp.load(SHARED_TRACE).spans
+    copies = max(1, -(-200_000 // len(spans)))
+    span_offset = int(spans[col.SPAN_ID].max()) + 1
+    parts = []
+    for k in range(copies):
+        part = spans.copy()
+        part[col.SPAN_ID] = part[col.SPAN_ID] + k * span_offset
+        part[col.PARENT_ID] = part[col.PARENT_ID] + k * span_offset
+        parts.append(part)
+    base = pd.concat(parts, ignore_index=True).head(200_000)
+    new = base.copy()
+    slower = (new[col.NAME].str.contains("gemm", case=False)).to_numpy()
+    new.loc[slower, col.DURATION_NS] = (new.loc[slower, col.DURATION_NS] * 1.3).astype("int64")
+    new.loc[slower, col.END_NS] = new.loc[slower, col.START_NS] + new.loc[slower, col.DURATION_NS]
+    base_path, new_path = folder / "big_base.xsp.parquet", folder / "big_new.xsp.parquet"
+    metadata = {"schema_version": col.SCHEMA_VERSION}
+    xsp.Trace(spans=base, metadata=metadata).save(base_path)
+    xsp.Trace(spans=new, metadata=dict(metadata)).save(new_path)
+    base_trace, new_trace = xsp.load(base_path), xsp.load(new_path)
+    rows = []
+    for by in ("name", "path"):
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            result = diff(base_trace, new_trace, by=by)
+            times.append(time.perf_counter() - began)
+        rows.append({"tool": f"xsp diff (by {by}, traces in memory)", "spans per trace": len(base),
+                     "keys": len(result.table), "seconds": f"{min(times):.2f}", "goal": "<= 2 s"})
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = diff(base_path, new_path, by="name")
+        times.append(time.perf_counter() - began)
+    rows.append({"tool": "xsp diff (by name, from the files)", "spans per trace": len(base),
+                 "keys": len(result.table), "seconds": f"{min(times):.2f}", "goal": "<= 2 s"})
+    rows.extend(hta_speed(folder, repeats))
+    return rows
+
+
+def hta_speed(folder: Path, repeats: int) -> list[dict[str, object]]:
+    """HTA's TraceDiff.compare_traces beside xsp diff on one real pair: the Kineto trace against
+    a copy of itself, every iteration, both tools reading the files."""
+    import shutil
+
+    from xsp.diff import diff
+
+    try:
+        from hta.common.trace import Trace as HtaTrace
+        from hta.trace_diff import TraceDiff
+    except ImportError:
+        return [{"tool": "HTA TraceDiff.compare_traces", "seconds": "hta not installed"}]
+    dirs = []
+    for side in ("control", "test"):
+        target = folder / side
+        target.mkdir()
+        shutil.copy(SHARED_TRACE, target / SHARED_TRACE.name)
+        dirs.append(target)
+    xsp_times, hta_times = [], []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = diff(dirs[0] / SHARED_TRACE.name, dirs[1] / SHARED_TRACE.name, by="name")
+        xsp_times.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        traces = []
+        for target in dirs:
+            trace = HtaTrace(trace_dir=str(target))
+            trace.parse_traces()
+            trace.decode_symbol_ids()
+            traces.append(trace)
+        frame = next(iter(traces[0].get_all_traces().values()))
+        iterations = sorted(i for i in frame["iteration"].unique().tolist() if i >= 0)
+        TraceDiff.compare_traces(traces[0], traces[1], control_iteration=iterations, test_iteration=iterations)
+        hta_times.append(time.perf_counter() - began)
+    name = SHARED_TRACE.name
+    return [{"tool": f"xsp diff by name ({name} vs a copy, load + diff)", "keys": len(result.table),
+             "seconds": f"{min(xsp_times):.2f}", "goal": ""},
+            {"tool": "HTA 0.5.0 parse + TraceDiff.compare_traces (same pair, no statistics)", "keys": "-",
+             "seconds": f"{min(hta_times):.2f}", "goal": ""}]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=20, help="A/A pairs (default: 20)")
+    parser.add_argument("--slowed", type=int, default=8, help="runs per slowdown (default: 8)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3, help="timings of the speed test (best kept)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        accuracy_rows = accuracy(args.pairs, args.slowed, args.steps, folder)
+        print(*markdown_table(accuracy_rows), sep="\n", file=sys.stderr)
+        speed_rows = speed(folder, args.repeats)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"Last run: {now}, {platform.machine()}, Python {platform.python_version()}; "
+              f"`python benchmarks/diff.py --pairs {args.pairs} --slowed {args.slowed} --steps {args.steps}`.")
+    lines = ["# xsp diff: false alarms, detection, attribution, speed", "", header, "",
+             "## Accuracy: separate processes, default settings (threshold 5%, min delta 20 µs, FDR 0.01)", "",
+             *markdown_table(accuracy_rows), "", "## Speed: two 200k-span traces", "", *markdown_table(speed_rows)]
+    record(lines, RESULTS)
+    return 0
+
+
+def markdown_table(rows: list[dict[str, object]]) -> list[str]:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

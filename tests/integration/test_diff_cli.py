@@ -1,0 +1,134 @@
+"""``xsp diff`` and ``xsp summary`` as CI runs them: real model runs with an injected
+slowdown, the real CLI in a subprocess, every format parsed, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import xsp
+from xsp.cli.main import main
+
+STEPS = 30
+
+
+class Block(nn.Module):
+    def __init__(self, extra: float) -> None:
+        super().__init__()
+        self.linear, self.extra = nn.Linear(256, 256), extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if self.extra:  # the same work again on a share of the batch: this layer gets slower
+            self.linear(x[: round(self.extra * x.shape[0])])
+        return torch.relu(y)
+
+
+def profile(path: Path, extra: float) -> Path:
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(0), Block(extra), Block(0))
+    x = torch.randn(128, 256)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        with xsp.trace(levels="model,layer", output=path):
+            for _ in range(STEPS):
+                model(x)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("diff")
+    return {"base": profile(folder / "base.xsp.parquet", 0.0), "slow": profile(folder / "slow.xsp.parquet", 1.0)}
+
+
+def xsp_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "xsp", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_a_doubled_layer_fails_the_check_and_is_shown_where_it_lives(runs, tmp_path):
+    done = xsp_cli("diff", str(runs["base"]), str(runs["slow"]), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "REGRESSED" in done.stdout
+    assert "model.1[0]" in done.stdout.split("Where it lives")[1].split("\n\n")[0]
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    assert done.stderr == ""
+
+
+def test_a_run_against_itself_passes(runs, tmp_path):
+    done = xsp_cli("diff", str(runs["base"]), str(runs["base"]), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "UNCHANGED" in done.stdout
+
+
+def test_formats_parse_and_markdown_reaches_the_step_summary(runs, tmp_path):
+    base, slow = str(runs["base"]), str(runs["slow"])
+    as_json = xsp_cli("diff", base, slow, "--format", "json", cwd=tmp_path)
+    document = json.loads(as_json.stdout)
+    assert document["verdict"] == "regressed" and as_json.returncode == 1
+    assert {"level", "kind", "key", "delta_ns", "ratio", "p_value", "verdict", "explains"} <= set(document["rows"][0])
+    junit = xsp_cli("diff", base, slow, "--format", "junit", "-o", "report.xml", cwd=tmp_path)
+    assert junit.returncode == 1 and junit.stdout == ""
+    suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
+    assert suite is not None and int(suite.get("failures", "0")) >= 1
+    step_summary = tmp_path / "summary.md"
+    step_summary.write_text("earlier step\n")
+    markdown = xsp_cli("diff", base, slow, "--format", "markdown", "--fail-on", "never", cwd=tmp_path,
+                       env={"GITHUB_STEP_SUMMARY": str(step_summary)})
+    assert markdown.returncode == 0
+    assert markdown.stdout.startswith("## xsp diff: **regressed**")
+    assert step_summary.read_text().startswith("earlier step\n## xsp diff: **regressed**")
+
+
+def test_fail_on_change_and_settings(runs, tmp_path):
+    base, slow = str(runs["base"]), str(runs["slow"])
+    assert main(["diff", base, slow, "--threshold", "500%", "-o", str(tmp_path / "r.txt")]) == 0
+    assert main(["diff", base, slow, "--min-delta", "1s", "-o", str(tmp_path / "r.txt")]) == 0
+    assert main(["diff", base, slow, "--fail-on", "change", "--threshold", "500%",
+                 "-o", str(tmp_path / "r.txt")]) == 1  # the added call of the slowed layer is a change
+    assert main(["diff", base, slow, "--by", "name", "--levels", "model,layer", "--skip-steps", "5",
+                 "-o", str(tmp_path / "r.txt")]) == 1
+
+
+def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
+    done = xsp_cli("summary", str(runs["base"]), "-o", "base.xsp.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "base.xsp.json" in done.stderr
+    summary = tmp_path / "base.xsp.json"
+    assert summary.stat().st_size < runs["base"].stat().st_size
+    assert xsp_cli("diff", str(summary), str(runs["slow"]), cwd=tmp_path).returncode == 1
+    assert xsp_cli("diff", str(summary), str(runs["base"]), cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["diff", "missing.xsp.parquet", "{base}"], "missing.xsp.parquet"),
+    (["diff", "{base}", "corrupt.xsp.parquet"], "corrupt.xsp.parquet"),
+    (["diff", "{base}", "{base}", "--threshold", "lots"], "--threshold"),
+    (["diff", "{base}", "{base}", "--min-delta", "soon"], "--min-delta"),
+    (["diff", "{base}", "{base}", "--alpha", "2"], "alpha"),
+    (["diff", "{base}", "{base}", "--levels", "model,lair"], "lair"),
+    (["diff", "{base}", "{base}", "-o", "{base}"], "input file"),
+    (["diff", "{base}", "{base}", "-o", "."], "directory"),
+    (["diff", "{base}", "bad.xsp.json"], "summary"),
+    (["summary", "missing.xsp.parquet"], "missing.xsp.parquet"),
+    (["summary", "{base}", "-o", "{base}"], "input file"),
+])
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, monkeypatch, arguments, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corrupt.xsp.parquet").write_bytes(b"PAR1" + b"\x00" * 100)
+    (tmp_path / "bad.xsp.json").write_text("{\"format\": \"nope\"}")
+    status = main([a.format(base=runs["base"]) for a in arguments])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("xsp: error:") and err.count("\n") == 1 and message in err

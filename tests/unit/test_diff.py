@@ -1,0 +1,278 @@
+"""xsp diff on constructed runs with known deltas, A/A pairs, summaries, every output format,
+and real Kineto traces from ../shared/traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+from xsp.analysis import diff as d
+
+import xsp
+from xsp import schema as col
+from xsp.baseline import QUANTILES, Summary, summarize
+from xsp.diff import diff
+from xsp.errors import TraceFormatError, TraceNotFoundError
+
+STEP_NS = 1_000_000
+LAYERS = {"net.a": 300_000, "net.b": 200_000, "net.c": 400_000}
+"""Layer name -> its typical duration (ns) in the constructed runs."""
+
+
+def run(seed: int, steps: int = 40, slower: dict[str, float] | None = None, noise: float = 0.02,
+        extra_layer: bool = False, shapes: str = "[[8, 64]]", kernels: int = 0) -> xsp.Trace:
+    """A constructed model+layer run: one ``predict`` per step holding the layers in turn."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    span_id = 1
+    clock = 1_000_000_000
+    names = list(LAYERS) + (["net.d"] if extra_layer else [])
+    for _ in range(steps):
+        durations = {name: int(LAYERS.get(name, 100_000) * (1 + (slower or {}).get(name, 0.0))
+                               * (1 + rng.normal(0, noise))) for name in names}
+        root_id, start = span_id, clock
+        span_id += 1
+        children = []
+        at = start + 1_000
+        for name in names:
+            children.append(dict(span_id=span_id, parent_id=root_id, level="layer", kind="forward", name=name,
+                                 start_ns=at, end_ns=at + durations[name], path=f"net[0]/{name}[0]",
+                                 input_shapes=shapes))
+            layer_id = span_id
+            span_id += 1
+            for k in range(kernels if name == "net.b" else 0):
+                children.append(dict(span_id=span_id, parent_id=layer_id, level="kernel", kind="kernel",
+                                     name=f"gemm{k}", start_ns=at + 10 + k, end_ns=at + 20 + k,
+                                     path=f"net[0]/net.b[0]/gemm{k}[0]", input_shapes=None))
+                span_id += 1
+            at += durations[name] + 1_000
+        rows.append(dict(span_id=root_id, parent_id=None, level="model", kind="predict", name="net", start_ns=start,
+                         end_ns=at, path="net[0]", input_shapes=shapes))
+        rows.extend(children)
+        clock = at + 50_000
+    frame = pd.DataFrame(rows)
+    frame["duration_ns"] = frame["end_ns"] - frame["start_ns"]
+    frame["trace_id"] = "t"
+    frame["step"] = np.repeat(np.arange(steps), len(rows) // steps)
+    frame["thread_id"] = 1
+    spans = pd.DataFrame({
+        name: (pd.array(frame[name].tolist(), dtype=dtype) if name in frame else pd.array([None] * len(frame),
+                                                                                          dtype=dtype))
+        for name, dtype in col.COLUMNS.items()})
+    return xsp.Trace(spans=spans, metadata={"schema_version": col.SCHEMA_VERSION})
+
+
+def row(result: xsp.Diff, key: str) -> pd.Series:
+    found = result.table[result.table[d.KEY] == key]
+    assert len(found) == 1, key
+    return found.iloc[0]
+
+
+def test_a_slowed_layer_is_found_and_explains_the_model_delta():
+    result = diff(run(1), run(2, slower={"net.b": 0.3}))
+    assert result.verdict is d.Verdict.REGRESSED
+    slowed = row(result, "net[0]/net.b[0]")
+    assert slowed[d.VERDICT] == "regressed"
+    assert slowed[d.RATIO] == pytest.approx(1.3, abs=0.03)
+    assert slowed[d.DELTA_NS] == pytest.approx(60_000, rel=0.15)
+    assert slowed[d.EXPLAINS] == pytest.approx(1.0, abs=0.2)
+    assert slowed[d.Q_VALUE] < 0.01 and slowed[d.TEST] == d.Test.RANK.value
+    assert row(result, "net[0]")[d.VERDICT] == "regressed"
+    for other in ("net[0]/net.a[0]", "net[0]/net.c[0]"):
+        assert row(result, other)[d.VERDICT] == "unchanged"
+    chain = result.breakdown[[d.DEPTH, d.KEY]].values.tolist()
+    assert chain[:2] == [[0, "net[0]"], [1, "net[0]/net.b[0]"]]
+    assert list(result.table.columns[:14]) == [
+        "level", "kind", "key", "base_count", "new_count", "base_total_ns", "new_total_ns", "base_median_ns",
+        "new_median_ns", "delta_ns", "ratio", "p_value", "verdict", "explains"]
+
+
+def test_an_improvement_is_improved():
+    result = diff(run(1), run(2, slower={"net.c": -0.2}))
+    assert result.verdict is d.Verdict.IMPROVED
+    assert row(result, "net[0]/net.c[0]")[d.VERDICT] == "improved"
+
+
+def test_a_and_a_pairs_raise_no_alarm():
+    verdicts = [diff(run(seed), run(seed + 100)).verdict for seed in range(20)]
+    assert verdicts.count(d.Verdict.UNCHANGED) >= 19
+
+
+def test_a_significant_change_below_the_threshold_or_min_delta_is_unchanged():
+    base, new = run(1, noise=0.002), run(2, slower={"net.b": 0.03}, noise=0.002)
+    result = diff(base, new, min_delta_us=5)  # 3% < 5%: significant, but not reported
+    assert row(result, "net[0]/net.b[0]")[d.Q_VALUE] < 0.01
+    assert row(result, "net[0]/net.b[0]")[d.VERDICT] == "unchanged"
+    assert diff(base, new, threshold=0.02, min_delta_us=5).verdict is d.Verdict.REGRESSED
+    # 3% of 200 µs is 6 µs: below the default minimum delta of 20 µs
+    assert diff(base, new, threshold=0.02).verdict is d.Verdict.UNCHANGED
+
+
+def test_noise_larger_than_the_change_is_not_a_regression_and_is_warned_about():
+    result = diff(run(1, noise=0.3), run(2, noise=0.3, slower={"net.b": 0.08}))
+    assert row(result, "net[0]/net.b[0]")[d.VERDICT] == "unchanged"
+    assert any("varies" in warning and "threshold" in warning for warning in result.warnings)
+    assert row(result, "net[0]")[d.BASE_CV] > 0.05
+
+
+def test_few_samples_fall_back_to_ranges_and_one_sample_gives_no_verdict():
+    result = diff(run(1, steps=3), run(2, steps=3, slower={"net.b": 0.5}))
+    slowed = row(result, "net[0]/net.b[0]")
+    assert slowed[d.TEST] == d.Test.OVERLAP.value and slowed[d.VERDICT] == "regressed"
+    assert np.isnan(slowed[d.P_VALUE])
+    single = diff(run(1, steps=1), run(2, steps=1, slower={"net.b": 0.5}))
+    assert row(single, "net[0]/net.b[0]")[d.TEST] == d.Test.NONE.value
+    assert single.verdict is d.Verdict.UNCHANGED
+    assert "no verdict" in row(single, "net[0]/net.b[0]")[d.NOTE]
+    assert any("steps" in warning for warning in single.warnings)
+
+
+def test_rank_test_and_false_discovery_control_agree_with_scipy():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(100, 5, 30), rng.normal(104, 5, 25)
+    p = np.full(1, np.nan)
+    d._rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
+    expected = stats.mannwhitneyu(np.sort(x).astype(np.int64), np.sort(y).astype(np.int64)).pvalue
+    assert p[0] == pytest.approx(expected)
+    raw = rng.uniform(0, 0.1, 50)
+    assert d.benjamini_hochberg(raw) == pytest.approx(stats.false_discovery_control(raw))
+
+
+def test_added_removed_and_structure_changes_are_named():
+    result = diff(run(1, kernels=3), run(2, extra_layer=True, shapes="[[16, 64]]", kernels=2),
+                  levels="model,layer,kernel")
+    assert row(result, "net[0]/net.d[0]")[d.VERDICT] == "added"
+    assert row(result, "net[0]/net.b[0]/gemm2[0]")[d.VERDICT] == "removed"
+    changes = result.changes
+    kinds = set(changes[d.CHANGE])
+    assert {"added", "removed", "input shapes", "kernel count"} <= kinds
+    kernel = changes[changes[d.CHANGE] == "kernel count"].iloc[0]
+    assert (kernel[d.KEY], kernel[d.BASE_VALUE], kernel[d.NEW_VALUE]) == ("net[0]/net.b[0]", 3, 2)
+    assert result.changed
+
+
+def test_by_name_adds_up_spans_of_a_name():
+    base = run(1)
+    result = diff(base, run(2, slower={"net.a": 0.4}), by="name")
+    slowed = row(result, "net.a")
+    assert slowed[d.VERDICT] == "regressed"
+    assert slowed[d.BASE_COUNT] == 40
+
+
+def test_steps_select_samples():
+    base = run(1)
+    keys = d.key_samples(base.spans, steps=slice(10, None))
+    assert int(keys[keys[d.KEY] == "net[0]"][d.SAMPLE_COUNT].iloc[0]) == 30
+    keys = d.key_samples(base.spans, steps=[0, 1])
+    assert int(keys[keys[d.KEY] == "net[0]"][d.SAMPLE_COUNT].iloc[0]) == 2
+
+
+def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
+    base, new = run(1), run(2, slower={"net.b": 0.3})
+    path = summarize(base, source="base").save(tmp_path / "base.xsp.json")
+    compressed = summarize(base).save(tmp_path / "base.xsp.json.gz")
+    assert compressed.stat().st_size < path.stat().st_size
+    loaded = Summary.load(path)
+    by_path = loaded.keys[d.KeyBy.PATH]
+    samples = by_path[by_path[d.KEY] == "net[0]/net.b[0]"][d.SAMPLES_NS].iloc[0]
+    assert len(samples) == QUANTILES
+    assert int(by_path[by_path[d.KEY] == "net[0]/net.b[0]"][d.SAMPLE_COUNT].iloc[0]) == 40
+    for source in (path, compressed, loaded):
+        result = diff(source, new)
+        assert result.verdict is d.Verdict.REGRESSED
+        assert row(result, "net[0]/net.b[0]")[d.VERDICT] == "regressed"
+        assert row(result, "net[0]/net.a[0]")[d.VERDICT] == "unchanged"
+        assert row(result, "net[0]/net.b[0]")[d.BASE_MEDIAN_NS] == pytest.approx(
+            row(diff(base, new), "net[0]/net.b[0]")[d.BASE_MEDIAN_NS], rel=0.002)
+    assert diff(path, base).verdict is d.Verdict.UNCHANGED
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"{", b"[]", b'{"format": "other"}', b'{"format": "xsp-summary", "version": 99}',
+    b'{"format": "xsp-summary", "version": 1, "columns": [], "keys": {"path": [[1]]}}',
+    gzip.compress(b" " * 100_000_000)])
+def test_a_damaged_summary_is_a_format_error(tmp_path, content):
+    path = tmp_path / "bad.xsp.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError):
+        Summary.load(path)
+    with pytest.raises(TraceNotFoundError):
+        Summary.load(tmp_path / "missing.xsp.json")
+
+
+def test_bad_settings_are_refused():
+    base = run(1, steps=5)
+    for settings in ({"threshold": -0.1}, {"alpha": 0.0}, {"min_delta_us": -1}, {"by": "color"}):
+        with pytest.raises(ValueError):
+            diff(base, base, **settings)
+    with pytest.raises(xsp.UnknownLevelError):
+        diff(base, base, levels="model,lair")
+
+
+def test_every_output_format_parses():
+    result = diff(run(1), run(2, slower={"net.b": 0.3}))
+    document = json.loads(result.to_json())
+    assert document["verdict"] == "regressed"
+    assert len(document["rows"]) == len(result.table)
+    assert set(document["rows"][0]) >= set(d.DIFF_COLUMNS)
+    suites = ET.fromstring(result.to_junit())
+    cases = suites.findall(".//testcase")
+    assert len(cases) == len(result.table)
+    failed = [case.get("name") for case in cases if case.find("failure") is not None]
+    assert sorted(failed) == sorted(result.table[result.table[d.VERDICT] == "regressed"][d.KEY])
+    markdown = result.to_markdown()
+    assert "## xsp diff: **regressed**" in markdown and "| `net[0]/net.b[0]` |" in markdown
+    text = result.to_text()
+    assert "REGRESSED" in text and "net.b[0]" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_kineto_trace_against_itself_and_against_slower_kernels(shared_traces):
+    path = shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz"
+    trace = xsp.load(path)
+    same = diff(trace, trace, by="name")
+    assert same.verdict is d.Verdict.UNCHANGED and not same.changed
+    spans = trace.spans.copy()
+    gemm = spans[col.NAME].str.contains("gemm", case=False).to_numpy() & (spans[col.KIND] == "kernel").to_numpy()
+    spans.loc[gemm, col.DURATION_NS] = (spans.loc[gemm, col.DURATION_NS] * 1.5).astype("int64")
+    spans.loc[gemm, col.END_NS] = spans.loc[gemm, col.START_NS] + spans.loc[gemm, col.DURATION_NS]
+    slower = diff(trace, xsp.Trace(spans=spans, metadata=trace.metadata), by="name")
+    # 5 steps a side: the largest changes are the gemm kernels, but no verdict can hold
+    kernels = slower.table[slower.table[col.LEVEL] == "kernel"].head(3)
+    assert kernels[col.NAME].str.contains("gemm", case=False).all()
+    assert kernels[d.RATIO].to_numpy() == pytest.approx([1.5] * 3, abs=0.01)
+    assert slower.verdict is d.Verdict.UNCHANGED
+    assert any("record more steps" in warning for warning in slower.warnings)
+    lenient = diff(trace, xsp.Trace(spans=spans, metadata=trace.metadata), by="name", levels="kernel", alpha=0.2)
+    regressed = lenient.table[lenient.table[d.VERDICT] == "regressed"]
+    assert len(regressed) and set(regressed[col.LEVEL]) == {"kernel"}
+    assert regressed[col.NAME].str.contains("gemm", case=False).all()
+    by_path = diff(path, path)
+    assert by_path.verdict is d.Verdict.UNCHANGED
+
+
+def test_two_kineto_traces_of_different_runs_compare(shared_traces):
+    a = shared_traces / "kineto" / "a100_alexnet.json.gz"
+    b = shared_traces / "kineto" / "cpu_only_rank34.json.gz"
+    result = diff(a, b, by="name")
+    assert len(result.table) and set(result.table[d.VERDICT]) <= {v.value for v in d.Verdict}
+    assert result.to_text()
+
+
+def test_a_machine_that_is_slower_in_every_key_raises_no_alarm_but_one_layer_still_stands_out():
+    uniform = {name: 0.08 for name in LAYERS}
+    result = diff(run(1), run(2, slower=uniform))
+    assert result.verdict is d.Verdict.UNCHANGED
+    assert result.settings["common_shift"] == pytest.approx(1.08, abs=0.01)
+    assert any("common" in warning for warning in result.warnings)
+    assert diff(run(1), run(2, slower=uniform), normalize=False).verdict is d.Verdict.REGRESSED
+    one_more = {**uniform, "net.b": 0.08 + 0.3}
+    found = diff(run(1), run(2, slower=one_more))
+    regressed = set(found.table[found.table[d.VERDICT] == "regressed"][d.KEY])
+    assert regressed == {"net[0]", "net[0]/net.b[0]"}  # the model, by net.b's share of it
+    assert row(found, "net[0]/net.b[0]")[d.ADJUSTED_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)

@@ -1,0 +1,175 @@
+"""Baseline summaries: what ``xsp diff`` needs of a run, small enough to commit to a repository.
+
+``xsp summary TRACE -o baseline.xsp.json`` (or :func:`summarize` and :meth:`Summary.save`)
+keeps, for every key of the run (by path and by name), its level, kind, parent key, count,
+total and per-step samples. A key with more than :data:`QUANTILES` samples keeps that many
+evenly spaced quantiles of them instead (their medians agree; the rank test then sees
+fewer samples, which only makes it more cautious). Samples are written as per-mille offsets
+from the key's median, so a key costs a hundred-odd bytes. A name ending in ``.gz`` is
+gzip-compressed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp.analysis import diff as d
+from xsp.errors import TraceFormatError, TraceNotFoundError
+from xsp.fileio import write_output
+from xsp.schema import Level
+from xsp.trace import Trace
+
+FORMAT: Final = "xsp-summary"
+FORMAT_VERSION: Final = 1
+SUFFIX: Final = ".xsp.json"
+QUANTILES: Final = 16
+"""Samples kept per key at most."""
+MAX_BYTES: Final = 64 * 1024 * 1024
+"""Largest summary read (a baseline is kilobytes; anything bigger is not one)."""
+_ROW: Final = ("level", "kind", "name", "key", "parent", "count", "total_ns", "sample_count", "median_ns",
+               "samples_permille", "input_shapes", "kernels_per_step")
+_METADATA_KEPT: Final = ("xsp_version", "torch_version", "python_version", "device", "host", "platform",
+                         "created_at", "levels", "source", "service_name")
+
+
+@dataclass
+class Summary:
+    """Per-key samples of one run, by path and by name (what :func:`xsp.diff` compares)."""
+
+    keys: dict[d.KeyBy, pd.DataFrame]
+    """Key-samples frames (:func:`xsp.analysis.diff.key_samples`) for each way of matching."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """What the run was: versions, device, levels, the trace it came from, its steps."""
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the summary as JSON (gzip-compressed when the name ends in ``.gz``)."""
+        document = {"format": FORMAT, "version": FORMAT_VERSION, "metadata": self.metadata,
+                    "columns": list(_ROW), "keys": {by.value: _rows(frame) for by, frame in self.keys.items()}}
+        text = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+        if str(path).endswith(".gz"):
+            text = gzip.compress(text, mtime=0)
+        return write_output(path, lambda temporary: temporary.write_bytes(text))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Summary:
+        """Read a summary written by :meth:`save`.
+
+        Raises:
+            xsp.TraceNotFoundError: no such file.
+            xsp.TraceFormatError: the file is not an xsp summary (or is damaged).
+        """
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_BYTES + 1)
+        except FileNotFoundError:
+            raise TraceNotFoundError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise TraceFormatError(f"{path} could not be read: {exc.strerror or exc}") from None
+        try:
+            if raw[:2] == b"\x1f\x8b":
+                raw = _gunzip_bounded(raw)
+            if len(raw) > MAX_BYTES:
+                raise ValueError("larger than any summary")
+            document = json.loads(raw)
+            if not isinstance(document, dict) or document.get("format") != FORMAT:
+                raise ValueError("not an xsp summary (no \"format\": \"xsp-summary\")")
+            if int(document.get("version", 0)) > FORMAT_VERSION:
+                raise ValueError(f"written by a newer xsp (summary version {document['version']})")
+            columns = document["columns"]
+            keys = {d.KeyBy(by): _frame(rows, columns) for by, rows in document["keys"].items()}
+            metadata = document.get("metadata") or {}
+            if not isinstance(metadata, dict):
+                raise ValueError("its metadata is not an object")
+        except (ValueError, KeyError, TypeError, IndexError, EOFError, OSError) as exc:
+            raise TraceFormatError(f"{path} is not a readable xsp summary: {exc}") from None
+        return cls(keys=keys, metadata=metadata)
+
+
+def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slice | list[int] | None = None,
+              source: str | None = None, only: d.KeyBy | None = None) -> Summary:
+    """The summary of ``trace`` (keys at ``levels``, samples of ``steps``; see :func:`xsp.diff`),
+    by path and by name, or by ``only`` one of them."""
+    spans = trace.spans
+    keys = {by: d.key_samples(spans, by, levels, steps) for by in d.KeyBy if only is None or by is only}
+    metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
+    metadata["steps"] = len(trace.steps)
+    metadata["spans"] = len(spans)
+    if source is not None:
+        metadata["source"] = source
+    if levels is not None:
+        metadata["levels"] = [level.value for level in levels]
+    return Summary(keys=keys, metadata=metadata)
+
+
+def is_summary_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a summary file (``.xsp.json``, or that gzip-compressed)."""
+    name = str(path)
+    return name.endswith(SUFFIX) or name.endswith(SUFFIX + ".gz")
+
+
+def _rows(frame: pd.DataFrame) -> list[list[Any]]:
+    position = {key: i for i, key in enumerate(frame[d.KEY].tolist())}
+    rows: list[list[Any]] = []
+    for record in frame.itertuples(index=False):
+        values = getattr(record, d.SAMPLES_NS)
+        samples = np.asarray(values, dtype=np.float64)
+        if len(samples) > QUANTILES:
+            samples = np.quantile(samples, (np.arange(QUANTILES) + 0.5) / QUANTILES)
+        median = float(np.median(samples)) if len(samples) else 0.0
+        offsets = np.rint((samples / median - 1.0) * 1000).astype(np.int64).tolist() if median > 0 else [
+            int(v) for v in samples]
+        parent = getattr(record, d.PARENT_KEY)
+        kernels = getattr(record, d.KERNELS_PER_STEP)
+        shapes = getattr(record, col.INPUT_SHAPES)
+        rows.append([getattr(record, col.LEVEL), getattr(record, col.KIND), getattr(record, col.NAME),
+                     getattr(record, d.KEY), -1 if parent is None or pd.isna(parent) else position.get(parent, -1),
+                     int(getattr(record, d.COUNT)), int(getattr(record, d.TOTAL_NS)),
+                     int(getattr(record, d.SAMPLE_COUNT)), round(median), offsets,
+                     None if shapes is None or pd.isna(shapes) else shapes,
+                     None if kernels is None or pd.isna(kernels) else float(kernels)])
+    return rows
+
+
+def _frame(rows: list[list[Any]], columns: list[str]) -> pd.DataFrame:
+    at = {name: columns.index(name) for name in _ROW}
+    keys = [row[at["key"]] for row in rows]
+    samples = []
+    for row in rows:
+        median, offsets = float(row[at["median_ns"]]), row[at["samples_permille"]]
+        values = (np.asarray(offsets, dtype=np.float64) / 1000 + 1.0) * median if median > 0 else np.asarray(
+            offsets, dtype=np.float64)
+        samples.append(np.sort(np.rint(values).astype(np.int64)))
+    parents = [row[at["parent"]] for row in rows]
+    return pd.DataFrame({
+        col.LEVEL: [row[at["level"]] for row in rows],
+        col.KIND: [row[at["kind"]] for row in rows],
+        col.NAME: [row[at["name"]] for row in rows],
+        d.KEY: keys,
+        d.PARENT_KEY: [keys[p] if isinstance(p, int) and 0 <= p < len(keys) else None for p in parents],
+        d.COUNT: np.array([row[at["count"]] for row in rows], dtype=np.int64),
+        d.TOTAL_NS: np.array([row[at["total_ns"]] for row in rows], dtype=np.int64),
+        d.SAMPLES_NS: samples,
+        d.SAMPLE_COUNT: np.array([row[at["sample_count"]] for row in rows], dtype=np.int64),
+        col.INPUT_SHAPES: [row[at["input_shapes"]] for row in rows],
+        d.KERNELS_PER_STEP: np.array([np.nan if row[at["kernels_per_step"]] is None else row[at["kernels_per_step"]]
+                                      for row in rows], dtype=np.float64),
+    }, columns=list(d.KEY_COLUMNS))
+
+
+def _gunzip_bounded(raw: bytes) -> bytes:
+    import zlib
+
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    data = inflater.decompress(raw, MAX_BYTES + 1)
+    if len(data) > MAX_BYTES or inflater.unconsumed_tail:
+        raise ValueError("inflates past any summary's size")
+    return data

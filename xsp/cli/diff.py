@@ -1,0 +1,119 @@
+"""``xsp diff``: compare two runs and fail a CI check when one got slower."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import re
+from typing import Any
+
+from xsp.cli._common import CliError, check_output, console
+from xsp.diff import Diff, diff
+from xsp.fileio import write_text_output
+
+
+class FailOn(str, enum.Enum):
+    REGRESSION = "regression"
+    CHANGE = "change"
+    NEVER = "never"
+
+
+class Format(str, enum.Enum):
+    TEXT = "text"
+    MARKDOWN = "markdown"
+    JSON = "json"
+    JUNIT = "junit"
+
+
+REGRESSION_FOUND = 1
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*$")
+_SCALE_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1.0}
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "diff", help="compare two runs: what got slower, where, and whether it is real",
+        description="Compare a base run with a new one key by key (a span's path, or its level and name). A key "
+                    "is regressed only when its median per-step time changed by at least --threshold and "
+                    "--min-delta and a Mann-Whitney U test says so at a false-discovery rate of --alpha over all "
+                    "keys. Exit 0 when nothing fails, 1 when a regression (or, with --fail-on change, any "
+                    "change) is found, 2 on bad input.")
+    parser.add_argument("base", help="the reference run: a trace (.xsp.parquet, Kineto .json[.gz]) or a summary "
+                                     "(.xsp.json, from xsp summary)")
+    parser.add_argument("new", help="the run under test, the same kinds of file")
+    parser.add_argument("--by", choices=("path", "name"), default="path",
+                        help="match spans by their path in the model (default) or by level and name")
+    parser.add_argument("--levels", default=None, help="levels compared, e.g. model,layer (default: those both "
+                                                       "runs recorded)")
+    parser.add_argument("--threshold", default="5%", help="smallest relative change reported (default: 5%%)")
+    parser.add_argument("--min-delta", default="20us", help="smallest change per step reported (default: 20us)")
+    parser.add_argument("--alpha", type=float, default=0.01, help="false-discovery rate (default: 0.01)")
+    parser.add_argument("--skip-steps", type=int, default=0, metavar="N",
+                        help="leave out each trace's first N steps (warm-up)")
+    parser.add_argument("--absolute", action="store_true",
+                        help="judge raw times; by default each key is judged against the new run's common shift "
+                             "(the median change of all keys), which a shared machine's speed moves")
+    parser.add_argument("--format", choices=[f.value for f in Format], default=Format.TEXT.value)
+    parser.add_argument("-o", "--output", default=None, help="write the report here instead of to stdout")
+    parser.add_argument("--fail-on", choices=[f.value for f in FailOn], default=FailOn.REGRESSION.value,
+                        help="what makes the exit status 1 (default: regression)")
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    if options.output is not None:
+        for source in (options.base, options.new):
+            check_output(options.output, source)
+    if options.skip_steps < 0:
+        raise CliError("--skip-steps must not be negative")
+    result = diff(options.base, options.new, by=options.by, levels=options.levels,
+                  threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),
+                  alpha=options.alpha, steps=slice(options.skip_steps, None) if options.skip_steps else None,
+                  normalize=not options.absolute)
+    form = Format(options.format)
+    text = render(result, form)
+    if options.output is not None:
+        write_text_output(options.output, text)
+    else:
+        console().file.write(text)
+    if form is Format.MARKDOWN and os.environ.get(STEP_SUMMARY):
+        with open(os.environ[STEP_SUMMARY], "a", encoding="utf-8") as summary:
+            summary.write(text if text.endswith("\n") else text + "\n")
+    return REGRESSION_FOUND if fails(result, FailOn(options.fail_on)) else 0
+
+
+def render(result: Diff, form: Format) -> str:
+    if form is Format.MARKDOWN:
+        return result.to_markdown()
+    if form is Format.JSON:
+        return result.to_json()
+    if form is Format.JUNIT:
+        return result.to_junit()
+    return result.to_text()
+
+
+def fails(result: Diff, fail_on: FailOn) -> bool:
+    if fail_on is FailOn.NEVER:
+        return False
+    if fail_on is FailOn.CHANGE:
+        return result.changed
+    return result.verdict.value == "regressed"
+
+
+def parse_share(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05."""
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise CliError(f"--threshold {text!r} is not a share such as 5% or 0.05") from None
+
+
+def parse_duration_us(text: str) -> float:
+    """``20us``, ``0.5ms``, ``20`` (microseconds) -> microseconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise CliError(f"--min-delta {text!r} is not a duration such as 20us or 0.5ms")
+    return float(match.group(1)) * _SCALE_US[match.group(2)]

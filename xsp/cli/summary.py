@@ -1,0 +1,53 @@
+"""``xsp summary``: a run's per-key samples, small enough to commit as a CI baseline."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from xsp.baseline import summarize
+from xsp.cli._common import CliError, check_output, error_console
+from xsp.levels import parse_levels
+from xsp.loading import load
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "summary", help="write a small baseline of a run for xsp diff",
+        description="Keep what xsp diff needs of a run (every key's count, total and per-step samples, at most "
+                    "16 quantiles each) in a JSON file to commit as the baseline of a CI check: "
+                    "xsp diff baseline.xsp.json new.xsp.parquet. A name ending in .gz is compressed.")
+    parser.add_argument("file", help="a trace (.xsp.parquet, or a Kineto .json/.json.gz)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="where to write it (default: FILE with .xsp.json in place of its suffix)")
+    parser.add_argument("--levels", default=None, help="keep only these levels (default: all recorded)")
+    parser.add_argument("--skip-steps", type=int, default=0, metavar="N", help="leave out the first N steps")
+    parser.set_defaults(handler=run)
+
+
+def default_output(path: str) -> str:
+    name = Path(path).name
+    for suffix in (".xsp.parquet", ".json.gz", ".json", ".parquet"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return str(Path(path).with_name(name + ".xsp.json"))
+
+
+def run(options: argparse.Namespace) -> int:
+    output = options.output or default_output(options.file)
+    check_output(output, options.file)
+    if options.skip_steps < 0:
+        raise CliError("--skip-steps must not be negative")
+    trace = load(options.file)
+    levels = parse_levels(options.levels) if options.levels else None
+    summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
+                        source=Path(options.file).name)
+    written = summary.save(output)
+    size, trace_size = os.path.getsize(written), os.path.getsize(options.file)
+    keys = len(next(iter(summary.keys.values())))
+    error_console().print(f"xsp: summary of {keys} keys -> {written} ({size / 1024:.1f} KiB, "
+                          f"{size / max(trace_size, 1):.1%} of the trace)", markup=False)
+    return 0

@@ -1,0 +1,397 @@
+"""``xsp.diff``: did a change make the model slower, where, and by how much.
+
+Two runs (traces, Kineto traces, leveled traces or baseline summaries) are compared key by
+key with the statistics of :mod:`xsp.analysis.diff`; :class:`Diff` holds the result and
+writes it as text, Markdown (pull-request comments), JUnit XML or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp.analysis import diff as d
+from xsp.analysis.diff import KeyBy, Verdict
+from xsp.baseline import Summary, is_summary_path, summarize
+from xsp.errors import TraceFormatError
+from xsp.levels import parse_levels
+from xsp.loading import load
+from xsp.schema import Level
+from xsp.trace import Trace
+
+Source = Trace | Summary | str | os.PathLike[str]
+"""What ``xsp.diff`` compares: a trace, a file ``xsp.load`` reads, or a baseline summary."""
+TEXT_WIDTH: Final = 80
+LISTED: Final = 15
+"""Keys listed per verdict in the text and Markdown reports."""
+MOVED: Final = (Verdict.REGRESSED.value, Verdict.IMPROVED.value)
+
+
+@dataclass
+class Diff:
+    """The comparison of two runs.
+
+    Attributes:
+        table: one row per key of either run; columns ``level, kind, key, base_count,
+            new_count, base_total_ns, new_total_ns, base_median_ns, new_median_ns, delta_ns,
+            ratio, p_value, verdict, explains`` and, after them, ``name, parent_key, q_value
+            (Benjamini-Hochberg), test, base_samples, new_samples, base_cv, new_cv, note``.
+        changes: changes of structure (``change, level, key, base, new, note``).
+        breakdown: the rows of ``table`` that explain the delta, top-down, with a ``depth``.
+        verdict: ``regressed`` if any key regressed, else ``improved`` if any improved, else
+            ``unchanged``.
+        warnings: what makes the comparison less trustworthy (noise above the threshold,
+            levels only one run has, too few steps).
+    """
+
+    table: pd.DataFrame
+    changes: pd.DataFrame
+    breakdown: pd.DataFrame
+    verdict: Verdict
+    warnings: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
+    """What the base run was (its name, steps, device, versions)."""
+    new: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Any key regressed, improved, added or removed."""
+        return bool((self.table[d.VERDICT] != Verdict.UNCHANGED.value).any())
+
+    def rows(self, verdict: Verdict | str) -> pd.DataFrame:
+        """The rows with one verdict, largest change first."""
+        value = Verdict(verdict).value
+        rows = self.table[self.table[d.VERDICT] == value]
+        return rows.iloc[np.argsort(-np.abs(rows[d.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
+
+    def to_text(self, width: int = TEXT_WIDTH) -> str:
+        """A plain-text report that fits ``width`` columns."""
+        lines = [f"xsp diff: {self.verdict.value.upper()}  ({_counts(self.table)})",
+                 _clip(f"base: {_describe(self.base)}", width), _clip(f"new:  {_describe(self.new)}", width),
+                 _wrap(_settings_line(self.settings), width, "  ")]
+        if len(self.breakdown):
+            lines += ["", "Where it lives (change per step, against the common shift):"]
+            lines += [_tree_line(row, width) for row in self.breakdown.itertuples(index=False)]
+        for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+            rows = self.rows(verdict)
+            if len(rows):
+                lines += ["", f"{verdict.value.capitalize()} ({len(rows)}):"]
+                lines += [_key_line(row, width) for row in rows.head(LISTED).itertuples(index=False)]
+                if len(rows) > LISTED:
+                    lines.append(f"  ... and {len(rows) - LISTED} more")
+        if len(self.changes):
+            lines += ["", "Changes of structure:"]
+            listed = self.changes.head(LISTED).itertuples(index=False)
+            lines += [_clip(f"  {_change_text(row)}", width) for row in listed]
+            if len(self.changes) > LISTED:
+                lines.append(f"  ... and {len(self.changes) - LISTED} more")
+        if self.warnings:
+            lines += ["", "Warnings:"] + [_wrap(f"- {w}", width, "  ") for w in self.warnings]
+        return "\n".join(lines) + "\n"
+
+    def to_markdown(self) -> str:
+        """A Markdown report for a pull-request comment or a CI step summary."""
+        moved = self.rows(Verdict.REGRESSED)
+        improved = self.rows(Verdict.IMPROVED)
+        out = [f"## xsp diff: **{self.verdict.value}**", "",
+               f"{_counts(self.table)}. Base: {_describe(self.base)}. New: {_describe(self.new)}.", "",
+               f"_{_settings_line(self.settings)}_", ""]
+        if len(self.breakdown):
+            out += ["### Where it lives (change per step, against the common shift)", "", "```"]
+            out += [_tree_line(row, 100) for row in self.breakdown.itertuples(index=False)]
+            out += ["```", ""]
+        for title, rows in (("Regressed", moved), ("Improved", improved)):
+            if not len(rows):
+                continue
+            out += [f"### {title} ({len(rows)})", "",
+                    "| key | level | base | new | delta | ratio | q | explains |",
+                    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for row in rows.head(LISTED).itertuples(index=False):
+                out.append(f"| `{_md(row.key)}` | {row.level} | {_time(row.base_median_ns)} | "
+                           f"{_time(row.new_median_ns)} | {_signed_time(row.adjusted_delta_ns)} | "
+                           f"{_ratio(row.adjusted_ratio)} | "
+                           f"{_p(row.q_value)} | {_share(row.explains)} |")
+            if len(rows) > LISTED:
+                out.append(f"\n... and {len(rows) - LISTED} more.")
+            out.append("")
+        if len(self.changes):
+            out += ["### Changes of structure", ""]
+            out += [f"- {_md(_change_text(row))}" for row in self.changes.head(LISTED).itertuples(index=False)]
+            out.append("")
+        if self.warnings:
+            out += ["### Warnings", ""] + [f"- {_md(w)}" for w in self.warnings] + [""]
+        return "\n".join(out)
+
+    def to_json(self) -> str:
+        """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table``."""
+        document = {
+            "verdict": self.verdict.value,
+            "rows": _records(self.table),
+            "changes": _records(self.changes),
+            "breakdown": _records(self.breakdown[[d.DEPTH, col.LEVEL, d.KEY, d.DELTA_NS, d.RATIO, d.EXPLAINS,
+                                                  d.VERDICT]] if len(self.breakdown) else self.breakdown),
+            "warnings": self.warnings,
+            "settings": self.settings,
+            "base": self.base,
+            "new": self.new,
+        }
+        return json.dumps(document, indent=1, allow_nan=False, default=str) + "\n"
+
+    def to_junit(self) -> str:
+        """JUnit XML: one testcase per compared key, a failure for each regression."""
+        suite = ET.Element("testsuite", name="xsp diff", tests=str(len(self.table)),
+                           failures=str(int((self.table[d.VERDICT] == Verdict.REGRESSED.value).sum())),
+                           errors="0", skipped="0")
+        properties = ET.SubElement(suite, "properties")
+        for name, value in self.settings.items():
+            shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            ET.SubElement(properties, "property", name=name, value=shown)
+        for row in self.table.itertuples(index=False):
+            case = ET.SubElement(suite, "testcase", classname=f"xsp.{row.level}", name=str(row.key),
+                                 time=f"{_seconds(row.new_median_ns):.6f}")
+            if row.verdict == Verdict.REGRESSED.value:
+                failure = ET.SubElement(case, "failure", type="regression",
+                                        message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
+                                                f"q={_p(row.q_value)}")
+                failure.text = _key_line(row, 200).strip()
+            else:
+                ET.SubElement(case, "system-out").text = f"{row.verdict}: {_signed_time(row.delta_ns)}"
+        suites = ET.Element("testsuites")
+        suites.append(suite)
+        ET.indent(suites)
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,
+         threshold: float = 0.05, min_delta_us: float = 20.0, alpha: float = 0.01,
+         steps: slice | list[int] | None = None, normalize: bool = True) -> Diff:
+    """Compare two runs: which keys got slower or faster, where the delta lives, what changed shape.
+
+    Args:
+        base: the reference run: a :class:`xsp.Trace`, a path ``xsp.load`` reads (xsp,
+            Kineto or leveled traces), or a baseline summary (``xsp summary``, ``.xsp.json``).
+        new: the run under test, the same kinds of things.
+        by: ``"path"`` matches spans by their place in the model; ``"name"`` aggregates
+            by level and name (as HolisticTraceAnalysis compares).
+        levels: the levels compared (default: every level both runs recorded).
+        threshold: the smallest relative change of a key's median per-step time reported.
+        min_delta_us: the smallest absolute change reported, in microseconds per step.
+        alpha: the false-discovery rate of the rank tests over all keys.
+        steps: the steps compared, as step numbers or a slice of each run's steps in order
+            (``slice(5, None)`` leaves out five warm-up steps). Default: every span, in
+            steps or not. Summaries keep the steps they were made from.
+
+    Raises:
+        xsp.XspError: a run could not be read.
+        ValueError: a setting out of range.
+    """
+    key_by = KeyBy(by)
+    if not 0 <= threshold < 10:
+        raise ValueError(f"threshold must be a fraction such as 0.05, not {threshold}")
+    if min_delta_us < 0:
+        raise ValueError("min_delta_us must not be negative")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, not {alpha}")
+    chosen = parse_levels(levels) if levels is not None else None
+    base_summary, new_summary = _summary(base, steps, key_by), _summary(new, steps, key_by)
+    base_keys, new_keys = base_summary.keys[key_by], new_summary.keys[key_by]
+    warnings: list[str] = []
+    recorded = [set(keys[col.LEVEL].dropna().tolist()) for keys in (base_keys, new_keys)]
+    if chosen is None:
+        only = recorded[0] ^ recorded[1]
+        if only:
+            warnings.append(f"level(s) {', '.join(sorted(only))} recorded in one run only: left out "
+                            f"(name them in levels= to compare them anyway)")
+        kept = recorded[0] & recorded[1]
+    else:
+        kept = {level.value for level in chosen}
+    base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
+    new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
+    table = d.compare(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
+                      normalize=normalize)
+    shift = float(table.attrs.get(d.COMMON_SHIFT, 1.0))
+    if abs(shift - 1.0) >= 0.01:
+        warnings.append(f"the new run is {_ratio(shift)} against the base in most keys at once (its common "
+                        f"shift); keys are judged against that shift: a change that moves every key alike "
+                        f"cannot be told from a different machine state in one run per side")
+    rank = table[col.LEVEL].map({level.value: level.rank for level in Level}).fillna(len(Level))
+    order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
+    table = table.iloc[order].reset_index(drop=True)
+    for row in d.noisy_keys(table, threshold).itertuples(index=False):
+        worst = max(v for v in (row.base_cv, row.new_cv) if not math.isnan(v))
+        warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
+                        f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
+                        f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
+    few = table[(table[d.TEST] != d.Test.RANK.value) & table[d.VERDICT].isin([Verdict.UNCHANGED.value])
+                & table[d.PARENT_KEY].isna() & (table[d.BASE_SAMPLES] > 0)]
+    if len(few) and not (table[d.TEST] == d.Test.RANK.value).any():
+        warnings.append(f"fewer than {d.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
+                        "(record more steps for a verdict that holds)")
+    tested = table[table[d.TEST] == d.Test.RANK.value]
+    if len(tested):
+        smallest = d.smallest_p(int(tested[d.BASE_SAMPLES].min()), int(tested[d.NEW_SAMPLES].min()))
+        if smallest * len(tested) > alpha:
+            warnings.append(f"with {int(tested[d.BASE_SAMPLES].min())} and {int(tested[d.NEW_SAMPLES].min())} "
+                            f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
+                            f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
+    settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
+                "levels": sorted(kept, key=lambda v: Level(v).rank if v in Level._value2member_map_ else 99),
+                "keys_tested": int((table[d.TEST] == d.Test.RANK.value).sum()), "normalize": normalize,
+                "common_shift": round(shift, 4)}
+    return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
+                verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
+                base=base_summary.metadata, new=new_summary.metadata)
+
+
+def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summary:
+    if isinstance(source, Summary):
+        summary = source
+    elif isinstance(source, Trace):
+        summary = summarize(source, steps=steps, source=source.source.name if source.source else None, only=by)
+    elif is_summary_path(source):
+        summary = Summary.load(source)
+    else:
+        summary = summarize(load(source), steps=steps, source=Path(source).name, only=by)
+    if by not in summary.keys:
+        raise TraceFormatError(f"the summary of {summary.metadata.get('source', 'a run')} has no keys by {by.value}")
+    return summary
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def _counts(table: pd.DataFrame) -> str:
+    verdicts = table[d.VERDICT].value_counts()
+    parts = [f"{int(verdicts.get(v.value, 0))} {v.value}" for v in Verdict if verdicts.get(v.value, 0)]
+    return f"{len(table)} keys: " + ", ".join(parts) if parts else "no keys"
+
+
+def _describe(info: dict[str, Any]) -> str:
+    parts = [str(info.get("source") or "trace")]
+    if info.get("steps"):
+        parts.append(f"{info['steps']} steps")
+    if info.get("device"):
+        parts.append(str(info["device"]))
+    return ", ".join(parts)
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    shift = settings.get("common_shift", 1.0)
+    relative = f"; vs common shift {_ratio(shift)}" if settings.get("normalize") else "; raw times"
+    return (f"by {settings.get('by')} at {', '.join(settings.get('levels', []))}; threshold "
+            f"{settings.get('threshold', 0):.0%}, min delta {settings.get('min_delta_us'):g} µs, "
+            f"FDR {settings.get('alpha')} ({settings.get('keys_tested')} keys tested){relative}")
+
+
+def _tree_line(row: Any, width: int) -> str:
+    depth = int(row.depth)
+    label = ("  " * (depth - 1) + "└ " if depth else "") + _short_key(str(row.key))
+    share = f"{_share(row.explains)} of parent" if depth else ""
+    tail = f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} {row.verdict:<9}"
+    room = max(width - len(tail) - 3, 10)
+    return f"  {_clip(label, room):<{room}} {tail}".rstrip()
+
+
+def _short_key(key: str) -> str:
+    """A path's last part (the span's name and index); a name as it is."""
+    return key.rsplit("/", 1)[-1]
+
+
+def _key_line(row: Any, width: int) -> str:
+    tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.adjusted_ratio):>7} "
+            f"q={_p(row.q_value)}")
+    room = max(width - len(tail) - 3, 10)
+    return f"  {_clip_left(str(row.key), room):<{room}} {tail}"
+
+
+def _change_text(row: Any) -> str:
+    text = f"{row.change}: {row.key} ({row.level})"
+    if row.base is not None or row.new is not None:
+        text += f" {row.base} -> {row.new}"
+    if isinstance(row.note, str):
+        text += f", {row.note}"
+    return text
+
+
+def _time(ns: float) -> str:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return "-"
+    value = abs(float(ns))
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if value >= scale:
+            return f"{ns / scale:.2f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _signed_time(ns: float) -> str:
+    text = _time(ns)
+    return text if text == "-" or text.startswith("-") else "+" + text
+
+
+def _ratio(ratio: float) -> str:
+    return "-" if ratio is None or math.isnan(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def _share(share: float) -> str:
+    return "-" if share is None or math.isnan(share) else f"{share:.0%}"
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
+def _p(p: float) -> str:
+    return "-" if p is None or math.isnan(p) else f"{p:.2g}"
+
+
+def _seconds(ns: float) -> float:
+    return 0.0 if ns is None or math.isnan(ns) else float(ns) / 1e9
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _clip_left(text: str, width: int) -> str:
+    """The end of ``text`` (a path's end names the span) in ``width`` characters."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _wrap(text: str, width: int, indent: str) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent))
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    records = []
+    for record in frame.to_dict(orient="records"):
+        records.append({key: _plain(value) for key, value in record.items()})
+    return records
+
+
+def _plain(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) else float(value)
+    if value is pd.NA:
+        return None
+    return value
