@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 from xsp import schema as col
 from xsp._version import __version__
 from xsp.errors import TraceFormatError, TraceNotFoundError
+from xsp.fileio import gunzip_bounded
 from xsp.schema import Level, SpanKind
 from xsp.spans import build_table, new_step_state, string_array
 from xsp.trace import Trace
@@ -248,15 +249,14 @@ def _read_bytes(source: Path) -> bytes:
     if data[:2] != b"\x1f\x8b":
         return data
     cap = max(MAX_INFLATION * len(data), MIN_INFLATED_CAP_BYTES)
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        inflated = inflater.decompress(data, cap + 1)
+        inflated, complete = gunzip_bounded(data, cap)
     except zlib.error as exc:
         raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
     if len(inflated) > cap:
         raise TraceFormatError(f"{source} inflates to more than {cap >> 20} MiB ({MAX_INFLATION}x its size): "
                                "not a plausible trace, not read")
-    if not inflater.eof:
+    if not complete:
         raise TraceFormatError(f"{source} is a truncated gzip file")
     return inflated
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -24,7 +25,7 @@ import pandas as pd
 from xsp import schema as col
 from xsp.analysis import diff as d
 from xsp.errors import TraceFormatError, TraceNotFoundError
-from xsp.fileio import write_output
+from xsp.fileio import gunzip_bounded, write_output
 from xsp.schema import Level
 from xsp.trace import Trace
 
@@ -76,7 +77,9 @@ class Summary:
             raise TraceFormatError(f"{path} could not be read: {exc.strerror or exc}") from None
         try:
             if raw[:2] == b"\x1f\x8b":
-                raw = _gunzip_bounded(raw)
+                raw, complete = gunzip_bounded(raw, MAX_BYTES)
+                if len(raw) > MAX_BYTES or not complete:
+                    raise ValueError("a gzip stream that is truncated or inflates past any summary's size")
             if len(raw) > MAX_BYTES:
                 raise ValueError("larger than any summary")
             document = json.loads(raw)
@@ -89,7 +92,7 @@ class Summary:
             metadata = document.get("metadata") or {}
             if not isinstance(metadata, dict):
                 raise ValueError("its metadata is not an object")
-        except (ValueError, KeyError, TypeError, IndexError, EOFError, OSError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, EOFError, OSError, zlib.error) as exc:
             raise TraceFormatError(f"{path} is not a readable xsp summary: {exc}") from None
         return cls(keys=keys, metadata=metadata)
 
@@ -164,12 +167,3 @@ def _frame(rows: list[list[Any]], columns: list[str]) -> pd.DataFrame:
                                       for row in rows], dtype=np.float64),
     }, columns=list(d.KEY_COLUMNS))
 
-
-def _gunzip_bounded(raw: bytes) -> bytes:
-    import zlib
-
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    data = inflater.decompress(raw, MAX_BYTES + 1)
-    if len(data) > MAX_BYTES or inflater.unconsumed_tail:
-        raise ValueError("inflates past any summary's size")
-    return data

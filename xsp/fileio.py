@@ -91,6 +91,15 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
             temporary.unlink()
 
 
+def gunzip_bounded(data: bytes, cap_bytes: int) -> tuple[bytes, bool]:
+    """Inflate gzip ``data``, stopping past ``cap_bytes`` (a decompression bomb never takes the
+    machine's memory). Returns what was inflated (longer than ``cap_bytes`` when stopped there)
+    and whether the gzip stream was complete; a damaged stream raises ``zlib.error``."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    inflated = inflater.decompress(data, cap_bytes + 1)
+    return inflated, inflater.eof
+
+
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail now, as writing ``path`` later would: a directory, a path below a file, no permission.
 

@@ -195,7 +195,8 @@ def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
 @pytest.mark.parametrize("content", [
     b"", b"{", b"[]", b'{"format": "other"}', b'{"format": "xsp-summary", "version": 99}',
     b'{"format": "xsp-summary", "version": 1, "columns": [], "keys": {"path": [[1]]}}',
-    gzip.compress(b" " * 100_000_000)])
+    gzip.compress(b" " * 100_000_000), gzip.compress(b'{"format": "xsp-summary"}')[:-12],
+    b"\x1f\x8b\x08\x00" + b"\xff" * 40])
 def test_a_damaged_summary_is_a_format_error(tmp_path, content):
     path = tmp_path / "bad.xsp.json"
     path.write_bytes(content)
