@@ -277,25 +277,21 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     n_base, base_median, base_cv = _sample_stats(base_samples)
     n_new, new_median, new_cv = _sample_stats(new_samples)
     both = in_base & in_new
-    delta = np.where(both, new_median - base_median, np.where(in_new, new_median, -base_median))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(both & (base_median > 0), new_median / base_median, np.nan)
-    p_values = np.full(count, np.nan)
+    delta, ratio = _change(base_median, new_median, both)
+    delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus
     ranked = both & (n_base >= MIN_RANK_SAMPLES) & (n_new >= MIN_RANK_SAMPLES)
     shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked) if normalize else 1.0
-    if shift != 1.0:
-        new_samples = [s / shift for s in new_samples]
-        new_median = new_median / shift
-    adjusted_delta = np.where(both, new_median - base_median, delta)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        adjusted_ratio = np.where(both & (base_median > 0), new_median / base_median, np.nan)
-    _rank_tests(base_samples, new_samples, np.flatnonzero(ranked), p_values)
+    adjusted_delta, adjusted_ratio = _change(base_median, new_median / shift, both)
+    adjusted_delta = np.where(both, adjusted_delta, delta)
+    judged_samples = new_samples if shift == 1.0 else [s / shift for s in new_samples]
+    p_values = np.full(count, np.nan)
+    _rank_tests(base_samples, judged_samples, np.flatnonzero(ranked), p_values)
     q_values = np.full(count, np.nan)
     q_values[ranked] = benjamini_hochberg(p_values[ranked])
     overlap = both & ~ranked & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
     apart = np.zeros(count, dtype=bool)
     for i in np.flatnonzero(overlap).tolist():
-        b, n = base_samples[i], new_samples[i]
+        b, n = base_samples[i], judged_samples[i]
         apart[i] = n[0] > b[-1] or n[-1] < b[0]
     significant = (ranked & (q_values <= alpha)) | (overlap & apart)
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
@@ -319,7 +315,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
         BASE_TOTAL_NS: merged[TOTAL_NS + "_base"].fillna(0).to_numpy(dtype=np.int64),
         NEW_TOTAL_NS: merged[TOTAL_NS + "_new"].fillna(0).to_numpy(dtype=np.int64),
         BASE_MEDIAN_NS: base_median,
-        NEW_MEDIAN_NS: new_median * shift,
+        NEW_MEDIAN_NS: new_median,
         DELTA_NS: delta,
         RATIO: ratio,
         P_VALUE: p_values,
@@ -340,6 +336,13 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     table.attrs[COMMON_SHIFT] = shift
     table[EXPLAINS] = _explains(table)
     return table
+
+
+def _change(base_median: np.ndarray, new_median: np.ndarray, both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Delta and ratio of the medians where a key is in both runs (NaN elsewhere)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.where(both, new_median - base_median, np.nan),
+                np.where(both & (base_median > 0), new_median / base_median, np.nan))
 
 
 def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> float:

@@ -225,7 +225,8 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
         warnings.append(f"the new run is {_ratio(shift)} against the base in most keys at once (its common "
                         f"shift); keys are judged against that shift: a change that moves every key alike "
                         f"cannot be told from a different machine state in one run per side")
-    rank = table[col.LEVEL].map({level.value: level.rank for level in Level}).fillna(len(Level))
+    level_rank = {level.value: level.rank for level in Level}
+    rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
     table = table.iloc[order].reset_index(drop=True)
     for row in d.noisy_keys(table, threshold).itertuples(index=False):
@@ -233,21 +234,21 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
         warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
                         f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
-    few = table[(table[d.TEST] != d.Test.RANK.value) & table[d.VERDICT].isin([Verdict.UNCHANGED.value])
-                & table[d.PARENT_KEY].isna() & (table[d.BASE_SAMPLES] > 0)]
-    if len(few) and not (table[d.TEST] == d.Test.RANK.value).any():
+    tested = table[table[d.TEST] == d.Test.RANK.value]
+    unjudged_top = ((table[d.VERDICT] == Verdict.UNCHANGED.value) & table[d.PARENT_KEY].isna()
+                    & (table[d.BASE_SAMPLES] > 0))
+    if not len(tested) and unjudged_top.any():
         warnings.append(f"fewer than {d.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
-    tested = table[table[d.TEST] == d.Test.RANK.value]
-    if len(tested):
+    elif len(tested):
         smallest = d.smallest_p(int(tested[d.BASE_SAMPLES].min()), int(tested[d.NEW_SAMPLES].min()))
         if smallest * len(tested) > alpha:
             warnings.append(f"with {int(tested[d.BASE_SAMPLES].min())} and {int(tested[d.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
                             f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
     settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
-                "levels": sorted(kept, key=lambda v: Level(v).rank if v in Level._value2member_map_ else 99),
-                "keys_tested": int((table[d.TEST] == d.Test.RANK.value).sum()), "normalize": normalize,
+                "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
+                "keys_tested": len(tested), "normalize": normalize,
                 "common_shift": round(shift, 4)}
     return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
                 verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
