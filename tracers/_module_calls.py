@@ -6,10 +6,11 @@ call on a 2-core x86 machine, before any hook body runs) and make ``torch.compil
 wrapper keeps ``_call_impl`` on its fast path, sees keyword arguments (Hugging Face models
 are called with ``input_ids=...``) and sees exceptions. benchmarks/overhead.py measures both.
 
-Two wrappers exist. In ``ROOTS`` mode (model level only) the wrapper only counts call depth
-and records top-level calls. In ``ALL`` mode (layer level) it records every call with its
-input and output shapes, and while autograd records a graph it hooks the graph node that
-produced each call's output, so that the module's backward becomes a span too. Node hooks
+Two wrappers exist. In ``ROOTS`` mode (model level only) the wrapper records top-level calls
+and only notes that one is running (calls inside it pass straight through). In ``ALL`` mode
+(layer level) it records every call with its input and output shapes, and while autograd
+records a graph it hooks the graph node that produced each call's output, so that the
+module's backward becomes a span too. Node hooks
 live and die with that one graph: nothing global is registered, so ``torch.compile`` and
 ``torch.jit`` see no hooks at all.
 
@@ -19,7 +20,7 @@ compiled graph then runs without any module call, so a compiled call is one span
 node enters a TorchScript graph, and tracing is no step of the user's loop). The dynamo check
 comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
-Each finished call appends one tuple ``(start, end, module, depth, inputs, outputs, error)``
+Each finished call appends one tuple ``(start, end, module, depth, inputs, outputs, error)`` of ints
 to its thread's buffer, with the module and the shape descriptors (a ``torch.Size`` for one
 tensor, a tuple of them for several) given as their index in the thread's interners: a tuple
 of scalars, which the garbage collector stops tracking at its first pass (see
@@ -53,6 +54,7 @@ from xsp.recording import (
     BACKWARD_BEGIN,
     BACKWARD_END,
     COMPACT_AT,
+    NO_ERROR,
     ROOT_GRAD,
     ROOT_MODE_UNKNOWN,
     ROOT_TRAINING,
@@ -173,31 +175,39 @@ def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module:
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                         correlation: Correlation | None = None) -> Callable[..., Any]:
-    local, new_buffer = recording.local, recording.buffer
-    begin_root = _root_call(recording)
+    local, new_buffer, names = recording.local, recording.buffer, recording.model_names
     push, pop = correlation if correlation is not None else (None, None)
 
+    # A top-level call is the whole cost of the model level, so ``_root_call`` and
+    # ``record_call`` are inlined here: each Python call saved is ~5% of the level's overhead.
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
-                        **kwargs: Any) -> Any:
+                        _tensor: Any = _TENSOR, _id: Any = id, **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
         try:
             buffer = local.b
         except AttributeError:
             buffer = new_buffer()
-        depth = buffer.depth
-        if depth:
-            buffer.depth = depth + 1
-            try:
-                return _orig(self, *args, **kwargs)
-            finally:
-                buffer.depth = depth
+        if buffer.depth:  # inside a top-level call: the model level needs no exact depth
+            return _orig(self, *args, **kwargs)
         if jit_tracing() or buffer.aside:
             return _orig(self, *args, **kwargs)
-        start = begin_root(buffer, self)
-        if buffer.skipping:
+        module_key = _id(self)
+        if module_key not in names:
+            model_name(recording, self, sys._getframe(1))
+        training = _grad_enabled()
+        start = _now()
+        steps = buffer.steps
+        if steps.call_begins(module_key, start, training):
+            start = _now()  # the step before was handed over first: the call starts now
+        if recording.paused:
+            buffer.skipping = True
             return _unrecorded_root(_orig, buffer, self, args, kwargs)
+        buffer.skipping = False
+        mode = self.__dict__.get("training")  # a TorchScript module answers ``.training`` in a µs
+        buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
+                             | (ROOT_GRAD if training else 0)))
         buffer.depth = 1
         if push is not None:
             push(start)
@@ -209,16 +219,33 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                 pop()
             buffer.depth = 0
             buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc))
-            buffer.steps.call_ends(end)
+            steps.call_ends(end)
             raise
         end = _now()
         if pop is not None:
             pop()
         buffer.depth = 0
-        buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
-        if len(buffer.calls) >= COMPACT_AT:
+        if kwargs or len(args) != 1 or type(args[0]) is not _tensor:
+            in_desc = describe_inputs(args, kwargs)
+        else:
+            in_desc = args[0].shape
+        out_desc = out.shape if type(out) is _tensor else describe(out)
+        ids = buffer.descriptor_ids
+        input_id = ids.get(in_desc)
+        if input_id is None:
+            input_id = buffer.intern_descriptor(in_desc)
+        output_id = ids.get(out_desc)
+        if output_id is None:
+            output_id = buffer.intern_descriptor(out_desc)
+        module_id = buffer.module_ids.get(module_key)
+        if module_id is None:
+            module_id = buffer.intern_module(self)
+        calls = buffer.calls
+        calls.append((start, end, module_id, 0, input_id, output_id, NO_ERROR))
+        if len(calls) >= COMPACT_AT:
             buffer.compact()
-        buffer.steps.call_ends(end)
+        if end > steps.last_end_ns:
+            steps.call_ends(end)
         return out
 
     return xsp_module_call
@@ -290,7 +317,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
         if module_id is None:
             module_id = buffer.intern_module(self)
         calls = buffer.calls
-        calls.append((start, end, module_id, depth, input_id, output_id, None))
+        calls.append((start, end, module_id, depth, input_id, output_id, NO_ERROR))
         if _grad_enabled():
             hook_backward(buffer, out, self, start)
         if depth < 2:

@@ -14,12 +14,14 @@ Spans are interpreted (names, paths, parents) only after the session, in
 
 from __future__ import annotations
 
+import struct
 import sys
 import threading
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Final
 
 from xsp.auto_steps import AutoSteps
@@ -44,6 +46,8 @@ ROOT_TRAINING: Final = 1
 """Flag of a top-level call: the module was in training mode."""
 ROOT_GRAD: Final = 2
 """Flag of a top-level call: autograd was recording a graph."""
+NO_ERROR: Final = -1
+"""The error column of a module call that raised nothing (else the index of its error text)."""
 ROOT_MODE_UNKNOWN: Final = 4
 """Flag of a top-level call: whether the module was in training mode is not known (TorchScript)."""
 
@@ -65,6 +69,22 @@ class _Interner:
             index = self.ids[key] = len(self.values)
             self.values.append(value)
         return index
+
+
+def extend_columns(columns: Sequence[array[int]], rows: Sequence[tuple[int, ...]]) -> None:
+    """Append ``rows`` (tuples of 64-bit ints, one value per column) to ``columns``.
+
+    One ``struct.pack`` of all values and a strided copy per column: ``array.extend`` of a
+    tuple converts item by item and cost more than recording the rows did.
+    """
+    width = len(columns)
+    packed = memoryview(struct.pack(f"{len(rows) * width}q", *chain.from_iterable(rows))).cast("q")
+    for index, column in enumerate(columns):
+        strided = packed[index::width]
+        if column.itemsize == 8:
+            column.frombytes(strided.tobytes())
+        else:  # a narrow column (flags, phases): few values per row, converted one by one
+            column.fromlist(strided.tolist())
 
 
 class CallColumns:
@@ -188,7 +208,8 @@ class ThreadBuffer:
 
     def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
                     error: str | None) -> None:
-        """Append one finished module call (the layer wrapper inlines this on its fast path)."""
+        """Append one finished module call (the wrappers inline this on their fast path, with
+        ``NO_ERROR`` for ``error``)."""
         ids = self.descriptor_ids
         input_id = ids.get(inputs)
         if input_id is None:
@@ -199,7 +220,8 @@ class ThreadBuffer:
         module_id = self.module_ids.get(id(module))
         if module_id is None:
             module_id = self.intern_module(module)
-        self.calls.append((start, end, module_id, depth, input_id, output_id, error))
+        self.calls.append((start, end, module_id, depth, input_id, output_id,
+                           NO_ERROR if error is None else self.strings.intern(error)))
 
     def record_backward(self, module: Any, time_ns: int, phase: int, call: int) -> None:
         """Append one backward event of ``module``'s call that started at ``call``."""
@@ -250,31 +272,25 @@ class ThreadBuffer:
         calls, self.calls = self.calls, []
         marks, self.marks = self.marks, []
         backward, self.backward = self.backward, []
-        kept = self.recording.admit("module_calls", len(calls))
-        self._compact_calls(calls[:kept])
-        kept = self.recording.admit("spans", len(marks))
-        self._compact_marks(marks[:kept])
-        kept = self.recording.admit("backward_events", len(backward))
-        self._compact_backward(backward[:kept])
+        if calls:
+            self._compact_calls(self._admitted("module_calls", calls))
+        if marks:
+            self._compact_marks(self._admitted("spans", marks))
+        if backward:
+            self._compact_backward(self._admitted("backward_events", backward))
         roots, self.roots = self.roots, []
         if roots:
-            starts, flags = zip(*roots)
-            self.root_columns.start.extend(starts)
-            self.root_columns.flags.extend(flags)
+            extend_columns((self.root_columns.start, self.root_columns.flags), roots)
 
-    def _compact_calls(self, calls: list[tuple[Any, ...]]) -> None:
-        if not calls:
-            return
-        cols = self.call_columns
-        string_id = self.strings.intern
-        starts, ends, modules, depths, inputs, outputs, errors = zip(*calls)
-        cols.start.extend(starts)
-        cols.end.extend(ends)
-        cols.depth.extend(depths)
-        cols.module.extend(modules)
-        cols.inputs.extend(inputs)
-        cols.outputs.extend(outputs)
-        cols.error.extend([-1 if e is None else string_id(e) for e in errors])
+    def _admitted(self, what: str, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        kept = self.recording.admit(what, len(records))
+        return records if kept == len(records) else records[:kept]
+
+    def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
+        if calls:
+            cols = self.call_columns
+            extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error),
+                           calls)
 
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
         cols = self.mark_columns
@@ -287,14 +303,9 @@ class ThreadBuffer:
             cols.error.append(-1 if error is None else self.strings.intern(error))
 
     def _compact_backward(self, events: list[tuple[Any, ...]]) -> None:
-        if not events:
-            return
-        cols = self.backward_columns
-        modules, times, phases, calls = zip(*events)
-        cols.module.extend(modules)
-        cols.time.extend(times)
-        cols.phase.extend(phases)
-        cols.call.extend(calls)
+        if events:
+            cols = self.backward_columns
+            extend_columns((cols.module, cols.time, cols.phase, cols.call), events)
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
@@ -338,6 +349,11 @@ class Window:
     step_numbers: list[int] | None = None
     """The numbers of the window's steps in order of their start, when the session numbers
     them itself (a schedule keeps only some steps)."""
+
+    @property
+    def records(self) -> int:
+        """Records of every kind in the window."""
+        return sum(len(b.call_columns) + len(b.mark_columns) + len(b.backward_columns) for b in self.buffers)
 
 
 class Recording:
