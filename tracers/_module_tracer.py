@@ -16,6 +16,8 @@ class ModuleCallTracer:
     name: ClassVar[str]
     level: ClassVar[Level]
     mode: ClassVar[Mode]
+    interprets_in_child: ClassVar[bool] = True
+    """``collect`` reads only the window and the modules it names: a forked child can run it."""
 
     def available(self) -> str | None:
         return None

@@ -44,6 +44,9 @@ class Tracer(Protocol):
     # Optional members a tracer may have:
     #   collects_at_end: ClassVar[bool] -- True when its records only exist after ``stop``
     #       (the session then exports no step early, so no step leaves without its spans);
+    #   interprets_in_child: ClassVar[bool] -- True when ``collect`` reads only the window and
+    #       plain Python objects (no CUDA, no profiler state), so that a forked child can run it
+    #       (a streaming session then interprets windows beside the user's loop, see xsp.forked);
     #   on_step_end() -- called (on the recording thread) when a step ends: a cheap hint to flush;
     #   metadata() -> dict -- facts for ``trace.metadata["tracer_details"][name]`` (clock offsets).
 

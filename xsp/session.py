@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -14,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import pandas as pd
 import pyarrow as pa
@@ -34,6 +35,7 @@ from xsp.export.otlp import (
     start_export,
 )
 from xsp.fileio import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
+from xsp.forked import ForkFailed, fork_available, run_forked
 from xsp.levels import LevelsArg, parse_levels
 from xsp.metadata import default_service_name, environment
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
@@ -41,7 +43,7 @@ from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
 from xsp.segments import SegmentWriter, segment_tables
 from xsp.spans import build_table, conform, new_step_state
-from xsp.structure import SESSION_NAME
+from xsp.structure import SESSION_NAME, StepState
 from xsp.trace import Trace
 from xsp.tracers._module_calls import INTERCEPTOR
 from xsp.tracers.base import Tracer
@@ -158,6 +160,8 @@ class Session:
         """Interpreted windows kept in memory (those not written as segments)."""
         self._segments: SegmentWriter | None = None
         self._window_count = 0
+        self._helper_windows = 0
+        """Windows interpreted by helper processes (see :class:`_WindowWorker`)."""
         self._diagnostics: list[dict[str, int]] = []
         self._interpreted_dropped: Counter[str] = Counter()
         self._windows: _WindowWorker | None = None
@@ -388,6 +392,34 @@ class Session:
         self._interpreted_dropped.update(window.dropped)
         return result.spans
 
+    def _interpret_in_helper(self, window: Window) -> _WindowResult:
+        """In a forked helper process: interpret ``window`` as :meth:`_interpret` does, and say
+        what the session must know of it (its warnings are said by the parent)."""
+        said: list[str] = []
+        self._warn = said.append  # type: ignore[method-assign,assignment]
+        self._tables = []
+        spans = self._interpret(window)
+        return _WindowResult(state=self._state, diagnostics=self._diagnostics[-1], dropped=window.dropped,
+                             segments=0 if self._segments is None else self._segments.count,
+                             spans_in_memory=spans if self._tables else None, warnings=said)
+
+    def _adopt(self, result: _WindowResult) -> None:
+        """Take over what a helper process learnt from interpreting one window."""
+        for field in dataclasses.fields(StepState):
+            setattr(self._state, field.name, getattr(result.state, field.name))
+        self._window_count += 1
+        self._helper_windows += 1
+        self._diagnostics.append(result.diagnostics)
+        self._interpreted_dropped.update(result.dropped)
+        if self._segments is not None:
+            self._segments.count = result.segments
+            if result.spans_in_memory is not None:
+                self._segments.started = False
+        if result.spans_in_memory is not None:
+            self._tables.append(result.spans_in_memory)
+        for message in result.warnings:
+            self._warn(message)
+
     def _keep(self, spans: pd.DataFrame) -> None:
         segments = self._segments
         if segments is not None and segments.started:
@@ -471,6 +503,7 @@ class Session:
                 "warmup_steps": self._step_actions[StepAction.WARMUP],
                 "skipped_steps": self._step_actions[StepAction.SKIP]},
             "streamed_windows": 0 if self._segments is None else self._segments.count,
+            "helper_windows": self._helper_windows,
             "signals": list(self._signals.received),
             "warnings": list(self.warnings),
             "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
@@ -529,9 +562,35 @@ class Session:
         warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
 
 
+HELPER_ENV: Final = "XSP_HELPER_PROCESS"
+"""Set to ``0`` to interpret a streaming session's windows in a thread of the user's process."""
+HELPER_DEADLINE_S: Final = 60.0
+HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
+"""A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
+
+
+@dataclasses.dataclass
+class _WindowResult:
+    """What a helper process that interpreted one window hands back to the session."""
+
+    state: StepState
+    diagnostics: dict[str, Any]
+    dropped: Counter[str]
+    segments: int
+    spans_in_memory: pd.DataFrame | None
+    """The window's spans when its segment could not be written (else None: they are on disk)."""
+    warnings: list[str]
+
+
 class _WindowWorker:
     """Interprets closed windows on a background thread while the session runs: writes each as
-    a segment (when the session streams to its file) and exports it (when it exports to OTLP)."""
+    a segment (when the session streams to its file) and exports it (when it exports to OTLP).
+
+    When the session only streams, and every tracer can be interpreted in a forked child
+    (``interprets_in_child``), each window is interpreted in a helper process forked at that
+    moment (:mod:`xsp.forked`): the thread only waits, without the GIL, so the user's loop does
+    not. If a helper fails, the window and those after it are interpreted in the thread.
+    """
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -545,6 +604,8 @@ class _WindowWorker:
         """When the last window closed (on the host clock)."""
         self.closed_events = 0
         """The session's records kept when the last window closed."""
+        self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
+        """Windows are interpreted in forked helper processes (until one fails)."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
@@ -569,6 +630,8 @@ class _WindowWorker:
     def _run(self) -> None:
         resource = None if self.exporter is None else resource_for(self.session.service_name, environment())
         while (window := self.queue.get()) is not None:
+            if self._interpreted_in_helper(window):
+                continue
             try:
                 spans = self.session._interpret(window)
             except Exception as exc:  # its records are lost; the file says how many were dropped
@@ -576,6 +639,22 @@ class _WindowWorker:
                 continue
             if self.exporter is not None and resource is not None:
                 export_table(spans, resource, self.exporter, self.report, self.session_ids)
+
+    def _interpreted_in_helper(self, window: Window) -> bool:
+        """Interpret ``window`` in a forked helper process; False when it must be done here."""
+        session = self.session
+        if not self.forks or not all(getattr(tracer, "interprets_in_child", False) for tracer in session._tracers):
+            return False
+        deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
+        try:
+            result = run_forked(functools.partial(session._interpret_in_helper, window), deadline_s)
+        except ForkFailed as exc:
+            self.forks = False
+            session._warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
+                          "in this process from now on")
+            return False
+        session._adopt(result)
+        return True
 
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""

@@ -12,10 +12,12 @@ import pandas as pd
 import pytest
 import torch
 from torch import nn
+from xsp.tracers.layer import LayerTracer
 
 import xsp
 import xsp.session
 from xsp import schema as col
+from xsp.forked import ForkFailed, fork_available
 from xsp.segments import KILLED_MESSAGE, unfinished_sessions
 
 KILLED = """
@@ -62,6 +64,46 @@ def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, sh
     parents = a[col.PARENT_ID].dropna()
     assert parents.isin(ids).all()  # windows link to spans of earlier windows (the session span)
     assert leftovers(tmp_path) == []
+    if fork_available():  # interpreted beside the loop, by helper processes
+        assert streamed.trace.metadata["helper_windows"] == streamed.trace.metadata["windows"] - 1  # not the last
+
+
+def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fails(tmp_path, short_windows,
+                                                                                  monkeypatch):
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    monkeypatch.setenv(xsp.session.HELPER_ENV, "0")
+    with xsp.trace(output=tmp_path / "thread.xsp.parquet") as asked:
+        _loop(model, 30)
+    monkeypatch.delenv(xsp.session.HELPER_ENV)
+
+    def fails(function, deadline_s):
+        raise ForkFailed("fork failed: no memory")
+
+    monkeypatch.setattr(xsp.session, "run_forked", fails)
+    with pytest.warns(xsp.XspWarning, match="helper process could not interpret a window") as said:
+        with xsp.trace(output=tmp_path / "fallback.xsp.parquet") as fallback:
+            _loop(model, 30)
+    assert len([w for w in said if "helper" in str(w.message)]) <= 1  # said once, not per window
+    for session in (asked, fallback):
+        assert session.trace.metadata["helper_windows"] == 0
+        assert session.trace.metadata["streamed_windows"] >= 10
+        assert session.trace.steps == list(range(30))
+
+
+@pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
+def test_what_a_helper_process_finds_wrong_is_said_by_the_program(tmp_path, short_windows, monkeypatch):
+    def broken(self, window):
+        raise RuntimeError("layer rows broke")
+
+    monkeypatch.setattr(LayerTracer, "collect", broken)  # the forked helpers inherit it
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with pytest.warns(xsp.XspWarning, match="tracer layer failed while collecting its spans.*layer rows broke"):
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            _loop(model, 20)
+    assert session.trace.metadata["helper_windows"] >= 5
+    assert any("layer rows broke" in message for message in session.trace.metadata["warnings"])
+    spans = session.trace.spans
+    assert set(spans[col.LEVEL]) == {"model"} and session.trace.steps == list(range(20))
 
 
 def test_memory_holds_a_window_not_the_run(tmp_path, short_windows):

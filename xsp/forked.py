@@ -1,0 +1,131 @@
+"""Running one function in a forked child process and getting its result back.
+
+A session that streams to its file interprets each closed window of records (names, paths,
+module facts, the span tree, the Parquet segment). In a thread of the user's process that work
+holds the GIL for 7-8 µs per span, and the user's loop waits for it; a child forked at the
+window's close does the same work beside the loop. Forking copies nothing up front (the child
+shares the parent's pages until either writes), costs the parent about 10 ms per 500 MB of
+memory, and gives the child every Python object the window refers to (modules, interned shapes)
+without pickling any of them. Only the result (small: counts, the step state, warnings) comes
+back, pickled through a pipe.
+
+The child runs only the function: it ignores SIGINT (Ctrl-C reaches the whole process group; the
+parent decides what happens), dies of SIGTERM and SIGHUP as a process without handlers does, and
+leaves with ``os._exit`` whatever happens, so that nothing of the parent (``atexit`` handlers,
+buffered output, the rest of the user's program) ever runs in it. The parent waits without the
+GIL and gives up on a child past its deadline (a lock that another thread held at the fork); an
+alarm ends such a child even when its parent is gone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+T = TypeVar("T")
+
+READ_CHUNK: Final = 1 << 20
+
+
+class ForkFailed(Exception):
+    """The child could not run the function to the end; the message says why."""
+
+
+def fork_available() -> bool:
+    """True where a forked child can do the work: Linux (on macOS, system frameworks are unsafe
+    in a child forked without ``exec``; Windows has no fork)."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def run_forked(function: Callable[[], T], deadline_s: float) -> T:
+    """Run ``function()`` in a forked child and return what it returned.
+
+    Raises:
+        ForkFailed: the fork failed, ``function`` raised (the message names the exception), the
+            child died or ran past ``deadline_s`` (it is then killed).
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on any fork of a multi-threaded process; the child below only
+            # runs code that takes no lock another thread of the user's may hold
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise ForkFailed(f"fork failed: {exc}") from None
+    if pid == 0:
+        _child(function, read_fd, write_fd, deadline_s)  # never returns
+    os.close(write_fd)
+    try:
+        payload = _read_until_closed(read_fd, pid, time.monotonic() + deadline_s)
+    finally:
+        os.close(read_fd)
+    _reap(pid)
+    try:
+        succeeded, value = pickle.loads(payload)
+    except Exception:
+        raise ForkFailed("the helper process ended without a result") from None
+    if not succeeded:
+        raise ForkFailed(str(value))
+    return value  # type: ignore[no-any-return]
+
+
+def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline_s: float) -> None:
+    status = 1
+    try:
+        os.close(read_fd)
+        for signum, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL),
+                               (signal.SIGHUP, signal.SIG_DFL), (signal.SIGALRM, signal.SIG_DFL)):
+            signal.signal(signum, action)
+        signal.alarm(math.ceil(deadline_s) + 1)  # ends the child past its deadline even if the parent died
+        try:
+            payload = pickle.dumps((True, function()), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as exc:  # noqa: BLE001 (the parent says what went wrong)
+            payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(write_fd, view):]
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _read_until_closed(read_fd: int, pid: int, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill(pid)
+            raise ForkFailed("the helper process took too long and was stopped")
+        ready, _, _ = select.select([read_fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped by someone else (a SIGCHLD handler of the program's)
+        pass
