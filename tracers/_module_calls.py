@@ -10,9 +10,8 @@ Two wrappers exist. In ``ROOTS`` mode (model level only) the wrapper records top
 and only notes that one is running (calls inside it pass straight through). In ``ALL`` mode
 (layer level) it records every call with its input and output shapes, and while autograd
 records a graph it hooks the graph node that produced each call's output, so that the
-module's backward becomes a span too. Node hooks
-live and die with that one graph: nothing global is registered, so ``torch.compile`` and
-``torch.jit`` see no hooks at all.
+module's backward becomes a span too. Node hooks live and die with that one graph: nothing
+global is registered, so ``torch.compile`` and ``torch.jit`` see no hooks at all.
 
 xsp steps aside (calls the original and records nothing) while dynamo traces a function (the
 compiled graph then runs without any module call, so a compiled call is one span) and while
@@ -20,11 +19,11 @@ compiled graph then runs without any module call, so a compiled call is one span
 node enters a TorchScript graph, and tracing is no step of the user's loop). The dynamo check
 comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
-Each finished call appends one tuple ``(start, end, module, depth, inputs, outputs, error)`` of ints
-to its thread's buffer, with the module and the shape descriptors (a ``torch.Size`` for one
-tensor, a tuple of them for several) given as their index in the thread's interners: a tuple
-of scalars, which the garbage collector stops tracking at its first pass (see
-:mod:`xsp.recording`).
+Each finished call appends one tuple of ints ``(start, end, module, depth, inputs, outputs,
+error)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
+one tensor, a tuple of them for several) and any error text given as their index in the
+thread's interners: a tuple of scalars, which the garbage collector stops tracking at its first
+pass (see :mod:`xsp.recording`).
 A top-level call also names its model (once per model) and tells the thread's automatic
 steps (:mod:`xsp.auto_steps`) that it begins and ends.
 
@@ -175,14 +174,13 @@ def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module:
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                         correlation: Correlation | None = None) -> Callable[..., Any]:
-    local, new_buffer, names = recording.local, recording.buffer, recording.model_names
+    local, new_buffer = recording.local, recording.buffer
+    begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
-    # A top-level call is the whole cost of the model level, so ``_root_call`` and
-    # ``record_call`` are inlined here: each Python call saved is ~5% of the level's overhead.
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
-                        _tensor: Any = _TENSOR, _id: Any = id, **kwargs: Any) -> Any:
+                        **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
         try:
@@ -193,21 +191,9 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
             return _orig(self, *args, **kwargs)
         if jit_tracing() or buffer.aside:
             return _orig(self, *args, **kwargs)
-        module_key = _id(self)
-        if module_key not in names:
-            model_name(recording, self, sys._getframe(1))
-        training = _grad_enabled()
-        start = _now()
-        steps = buffer.steps
-        if steps.call_begins(module_key, start, training):
-            start = _now()  # the step before was handed over first: the call starts now
-        if recording.paused:
-            buffer.skipping = True
+        start = begin_root(buffer, self)
+        if buffer.skipping:
             return _unrecorded_root(_orig, buffer, self, args, kwargs)
-        buffer.skipping = False
-        mode = self.__dict__.get("training")  # a TorchScript module answers ``.training`` in a µs
-        buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
-                             | (ROOT_GRAD if training else 0)))
         buffer.depth = 1
         if push is not None:
             push(start)
@@ -219,33 +205,16 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                 pop()
             buffer.depth = 0
             buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc))
-            steps.call_ends(end)
+            buffer.steps.call_ends(end)
             raise
         end = _now()
         if pop is not None:
             pop()
         buffer.depth = 0
-        if kwargs or len(args) != 1 or type(args[0]) is not _tensor:
-            in_desc = describe_inputs(args, kwargs)
-        else:
-            in_desc = args[0].shape
-        out_desc = out.shape if type(out) is _tensor else describe(out)
-        ids = buffer.descriptor_ids
-        input_id = ids.get(in_desc)
-        if input_id is None:
-            input_id = buffer.intern_descriptor(in_desc)
-        output_id = ids.get(out_desc)
-        if output_id is None:
-            output_id = buffer.intern_descriptor(out_desc)
-        module_id = buffer.module_ids.get(module_key)
-        if module_id is None:
-            module_id = buffer.intern_module(self)
-        calls = buffer.calls
-        calls.append((start, end, module_id, 0, input_id, output_id, NO_ERROR))
-        if len(calls) >= COMPACT_AT:
+        buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
+        if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
-        if end > steps.last_end_ns:
-            steps.call_ends(end)
+        buffer.steps.call_ends(end)
         return out
 
     return xsp_module_call

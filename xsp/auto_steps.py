@@ -103,10 +103,6 @@ class AutoSteps:
         if kind is _INFERENCE and self.pieces == 1 and module_id == self.leader and not training:
             # the most common case by far, one model per iteration: the last step was its one
             # call (no step span), and this call is the next one
-            recording = self._buffer.recording
-            if recording.on_long_step is None:  # nobody to tell that the step is decided
-                self.start_ns = start_ns
-                return False
             self.type = _NONE  # decided: the thread's records can be handed over
             handed_over = self._decided(self.last_end_ns - self.start_ns)
             self.type, self.start_ns = _INFERENCE, start_ns

@@ -42,12 +42,12 @@ BACKWARD_BEGIN: Final = 0
 BACKWARD_END: Final = 1
 BACKWARD_ALIAS: Final = 2
 """Phases of backward events; an alias's time is the start of the call whose backward it shares."""
+NO_ERROR: Final = -1
+"""The error column of a module call that raised nothing (else the index of its error text)."""
 ROOT_TRAINING: Final = 1
 """Flag of a top-level call: the module was in training mode."""
 ROOT_GRAD: Final = 2
 """Flag of a top-level call: autograd was recording a graph."""
-NO_ERROR: Final = -1
-"""The error column of a module call that raised nothing (else the index of its error text)."""
 ROOT_MODE_UNKNOWN: Final = 4
 """Flag of a top-level call: whether the module was in training mode is not known (TorchScript)."""
 
@@ -208,7 +208,7 @@ class ThreadBuffer:
 
     def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
                     error: str | None) -> None:
-        """Append one finished module call (the wrappers inline this on their fast path, with
+        """Append one finished module call (the layer wrapper inlines this on its fast path, with
         ``NO_ERROR`` for ``error``)."""
         ids = self.descriptor_ids
         input_id = ids.get(inputs)
@@ -287,10 +287,8 @@ class ThreadBuffer:
         return records if kept == len(records) else records[:kept]
 
     def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
-        if calls:
-            cols = self.call_columns
-            extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error),
-                           calls)
+        cols = self.call_columns
+        extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error), calls)
 
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
         cols = self.mark_columns
@@ -300,12 +298,11 @@ class ThreadBuffer:
             cols.end.append(end)
             cols.name.append(self.strings.intern(name))
             cols.attributes.append(attributes)
-            cols.error.append(-1 if error is None else self.strings.intern(error))
+            cols.error.append(NO_ERROR if error is None else self.strings.intern(error))
 
-    def _compact_backward(self, events: list[tuple[Any, ...]]) -> None:
-        if events:
-            cols = self.backward_columns
-            extend_columns((cols.module, cols.time, cols.phase, cols.call), events)
+    def _compact_backward(self, events: list[tuple[int, ...]]) -> None:
+        cols = self.backward_columns
+        extend_columns((cols.module, cols.time, cols.phase, cols.call), events)
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]

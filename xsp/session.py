@@ -386,11 +386,14 @@ class Session:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
                              step_numbers=window.step_numbers)
-        self._window_count += 1
         self._keep(result.spans)
-        self._diagnostics.append(result.diagnostics)
-        self._interpreted_dropped.update(window.dropped)
+        self._count_window(result.diagnostics, window.dropped)
         return result.spans
+
+    def _count_window(self, diagnostics: dict[str, int], dropped: Counter[str]) -> None:
+        self._window_count += 1
+        self._diagnostics.append(diagnostics)
+        self._interpreted_dropped.update(dropped)
 
     def _interpret_in_helper(self, window: Window) -> _WindowResult:
         """In a forked helper process: interpret ``window`` as :meth:`_interpret` does, and say
@@ -400,22 +403,18 @@ class Session:
         self._tables = []
         spans = self._interpret(window)
         return _WindowResult(state=self._state, diagnostics=self._diagnostics[-1], dropped=window.dropped,
-                             segments=0 if self._segments is None else self._segments.count,
+                             segments=self._segments.count if self._segments is not None else 0,
                              spans_in_memory=spans if self._tables else None, warnings=said)
 
     def _adopt(self, result: _WindowResult) -> None:
         """Take over what a helper process learnt from interpreting one window."""
-        for field in dataclasses.fields(StepState):
-            setattr(self._state, field.name, getattr(result.state, field.name))
-        self._window_count += 1
+        self._state = result.state
+        self._count_window(result.diagnostics, result.dropped)
         self._helper_windows += 1
-        self._diagnostics.append(result.diagnostics)
-        self._interpreted_dropped.update(result.dropped)
-        if self._segments is not None:
-            self._segments.count = result.segments
-            if result.spans_in_memory is not None:
-                self._segments.started = False
-        if result.spans_in_memory is not None:
+        assert self._segments is not None  # helpers only interpret windows of a streaming session
+        self._segments.count = result.segments
+        if result.spans_in_memory is not None:  # the helper could not write its segment
+            self._segments.started = False
             self._tables.append(result.spans_in_memory)
         for message in result.warnings:
             self._warn(message)
@@ -574,7 +573,7 @@ class _WindowResult:
     """What a helper process that interpreted one window hands back to the session."""
 
     state: StepState
-    diagnostics: dict[str, Any]
+    diagnostics: dict[str, int]
     dropped: Counter[str]
     segments: int
     spans_in_memory: pd.DataFrame | None
