@@ -10,6 +10,7 @@ each. Functions here take and return DataFrames; :func:`xsp.diff` puts them toge
 from __future__ import annotations
 
 import enum
+import json
 from typing import Final
 
 import numpy as np
@@ -68,8 +69,13 @@ SAMPLE_COUNT: Final = "sample_count"
 that kept quantiles only."""
 KERNELS_PER_STEP: Final = "kernels_per_step"
 """Median count of kernel-level spans under a layer per step (NaN: no kernels recorded)."""
+INPUT_DTYPES: Final = "input_dtypes"
+"""The dtypes of a key's tensor inputs, as text (from the operator level: xsp's ``input_dtypes``
+attribute, a Kineto trace's ``Input type``), or None."""
+DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
+"""Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
 KEY_COLUMNS: Final = (col.LEVEL, col.KIND, col.NAME, KEY, PARENT_KEY, COUNT, TOTAL_NS, SAMPLES_NS, SAMPLE_COUNT,
-                      col.INPUT_SHAPES, KERNELS_PER_STEP)
+                      col.INPUT_SHAPES, KERNELS_PER_STEP, INPUT_DTYPES)
 
 # columns of a diff table (one row per key of either run)
 BASE_COUNT: Final = "base_count"
@@ -120,6 +126,8 @@ class Change(str, enum.Enum):
     """Spans present only in the new run (the root of an added subtree, with its size)."""
     REMOVED = "removed"
     INPUT_SHAPES = "input shapes"
+    INPUT_DTYPES = "input dtypes"
+    """An operator's inputs changed dtype (float32 to bfloat16 under autocast, say)."""
     KERNEL_COUNT = "kernel count"
     """A layer launches a different number of kernels per step (a fusion lost or gained)."""
     MEMORY_COPIES = "memory copies"
@@ -199,6 +207,7 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
         SAMPLE_COUNT: np.diff(bounds),
         col.INPUT_SHAPES: _first_values(spans, col.INPUT_SHAPES, rows, code, key_count),
         KERNELS_PER_STEP: _kernels_per_step(spans, parents, rows, code, unit, key_count),
+        INPUT_DTYPES: _input_dtypes(spans, rows, code, key_count),
     })
     return table
 
@@ -221,6 +230,30 @@ def _first_values(spans: pd.DataFrame, column: str, rows: np.ndarray, code: np.n
     values = spans[column].to_numpy(dtype=object, na_value=None)[rows]
     present = np.flatnonzero(pd.notna(values))
     result[code[present[::-1]]] = values[present[::-1]]
+    return result
+
+
+def _input_dtypes(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, count: int) -> np.ndarray:
+    """Each operator key's input dtypes as text (``"float, float"``), from the first of its spans
+    whose attributes name them (None for other keys)."""
+    result = np.full(count, None, dtype=object)
+    if col.ATTRIBUTES not in spans:
+        return result
+    operator = (spans[col.LEVEL].to_numpy(dtype=object)[rows] == Level.OPERATOR.value)
+    if not operator.any():
+        return result
+    attributes = spans[col.ATTRIBUTES].to_numpy(dtype=object, na_value=None)[rows[operator]]
+    codes = code[operator]
+    for key_code, text in zip(codes[::-1].tolist(), attributes[::-1].tolist()):  # the first span wins
+        if not isinstance(text, str) or not any(name in text for name in DTYPE_ATTRIBUTES):
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            continue
+        dtypes = next((found[name] for name in DTYPE_ATTRIBUTES if isinstance(found, dict) and name in found), None)
+        if isinstance(dtypes, list) and any(dtypes):
+            result[key_code] = ", ".join(str(dtype) for dtype in dtypes)
     return result
 
 
@@ -486,8 +519,8 @@ def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3
 
 def structure_changes(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """Changes of structure between two runs: added and removed subtrees (their root key, with
-    how many keys they hold), changed input shapes, layers whose kernel count per step changed,
-    and more memory copies or synchronisations per step."""
+    how many keys they hold), changed input shapes and (operators') input dtypes, layers whose
+    kernel count per step changed, and more memory copies or synchronisations per step."""
     rows: list[dict[str, object]] = []
     for verdict, change in ((Verdict.ADDED, Change.ADDED), (Verdict.REMOVED, Change.REMOVED)):
         moved = table[table[VERDICT] == verdict.value]
@@ -504,6 +537,12 @@ def structure_changes(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame
     for level, key, was, now in zip(shapes[col.LEVEL], shapes[KEY], shapes[col.INPUT_SHAPES + "_base"],
                                     shapes[col.INPUT_SHAPES + "_new"]):
         rows.append({CHANGE: Change.INPUT_SHAPES.value, col.LEVEL: level, KEY: key, BASE_VALUE: was, NEW_VALUE: now,
+                     NOTE: None})
+    dtypes = both[both[INPUT_DTYPES + "_base"].notna() & both[INPUT_DTYPES + "_new"].notna()
+                  & (both[INPUT_DTYPES + "_base"].astype(object) != both[INPUT_DTYPES + "_new"].astype(object))]
+    for level, key, was, now in zip(dtypes[col.LEVEL], dtypes[KEY], dtypes[INPUT_DTYPES + "_base"],
+                                    dtypes[INPUT_DTYPES + "_new"]):
+        rows.append({CHANGE: Change.INPUT_DTYPES.value, col.LEVEL: level, KEY: key, BASE_VALUE: was, NEW_VALUE: now,
                      NOTE: None})
     kernels_before = both[KERNELS_PER_STEP + "_base"].to_numpy(dtype=np.float64)
     kernels_after = both[KERNELS_PER_STEP + "_new"].to_numpy(dtype=np.float64)

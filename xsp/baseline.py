@@ -37,7 +37,9 @@ QUANTILES: Final = 16
 MAX_BYTES: Final = 64 * 1024 * 1024
 """Largest summary read (a baseline is kilobytes; anything bigger is not one)."""
 _ROW: Final = ("level", "kind", "name", "key", "parent", "count", "total_ns", "sample_count", "median_ns",
-               "samples_permille", "input_shapes", "kernels_per_step")
+               "samples_permille", "input_shapes", "kernels_per_step", "input_dtypes")
+_OPTIONAL: Final = ("input_dtypes",)
+"""Columns a summary written by an older xsp may lack (read as None)."""
 _METADATA_KEPT: Final = ("xsp_version", "torch_version", "python_version", "device", "host", "platform",
                          "created_at", "levels", "source", "service_name")
 
@@ -133,17 +135,19 @@ def _rows(frame: pd.DataFrame) -> list[list[Any]]:
         parent = getattr(record, d.PARENT_KEY)
         kernels = getattr(record, d.KERNELS_PER_STEP)
         shapes = getattr(record, col.INPUT_SHAPES)
+        dtypes = getattr(record, d.INPUT_DTYPES)
         rows.append([getattr(record, col.LEVEL), getattr(record, col.KIND), getattr(record, col.NAME),
                      getattr(record, d.KEY), -1 if parent is None or pd.isna(parent) else position.get(parent, -1),
                      int(getattr(record, d.COUNT)), int(getattr(record, d.TOTAL_NS)),
                      int(getattr(record, d.SAMPLE_COUNT)), round(median), offsets,
                      None if shapes is None or pd.isna(shapes) else shapes,
-                     None if kernels is None or pd.isna(kernels) else float(kernels)])
+                     None if kernels is None or pd.isna(kernels) else float(kernels),
+                     None if dtypes is None or pd.isna(dtypes) else dtypes])
     return rows
 
 
 def _frame(rows: list[list[Any]], columns: list[str]) -> pd.DataFrame:
-    at = {name: columns.index(name) for name in _ROW}
+    at = {name: columns.index(name) for name in _ROW if name in columns or name not in _OPTIONAL}
     keys = [row[at["key"]] for row in rows]
     samples = []
     for row in rows:
@@ -165,5 +169,6 @@ def _frame(rows: list[list[Any]], columns: list[str]) -> pd.DataFrame:
         col.INPUT_SHAPES: [row[at["input_shapes"]] for row in rows],
         d.KERNELS_PER_STEP: np.array([np.nan if row[at["kernels_per_step"]] is None else row[at["kernels_per_step"]]
                                       for row in rows], dtype=np.float64),
+        d.INPUT_DTYPES: [row[at["input_dtypes"]] if "input_dtypes" in at else None for row in rows],
     }, columns=list(d.KEY_COLUMNS))
 

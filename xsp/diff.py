@@ -318,11 +318,16 @@ def _key_line(row: Any, width: int) -> str:
 
 def _change_text(row: Any) -> str:
     text = f"{row.change}: {row.key} ({row.level})"
-    if row.base is not None or row.new is not None:
+    if _present(row.base) or _present(row.new):
         text += f" {row.base} -> {row.new}"
     if isinstance(row.note, str):
         text += f", {row.note}"
     return text
+
+
+def _present(value: Any) -> bool:
+    """A value of a changes frame that was given (a merged frame turns None into NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def _time(ns: float) -> str:

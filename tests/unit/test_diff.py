@@ -154,6 +154,58 @@ def test_added_removed_and_structure_changes_are_named():
     kernel = changes[changes[d.CHANGE] == "kernel count"].iloc[0]
     assert (kernel[d.KEY], kernel[d.BASE_VALUE], kernel[d.NEW_VALUE]) == ("net[0]/net.b[0]", 3, 2)
     assert result.changed
+    added = [line for line in result.to_text().splitlines() if "added: net[0]/net.d[0]" in line]
+    assert added and "nan" not in added[0] and "->" not in added[0]
+
+
+def with_operator_dtypes(trace: xsp.Trace, dtypes: list[str], kineto: bool = False) -> xsp.Trace:
+    """``trace`` with one ``aten::linear`` operator span inside each ``net.a`` layer, whose
+    attributes name its input dtypes as xsp's operator tracer does (or as a Kineto trace does)."""
+    spans = trace.spans
+    layers = spans[spans[col.NAME] == "net.a"]
+    name = "Input type" if kineto else "input_dtypes"
+    operators = pd.DataFrame({
+        col.SPAN_ID: layers[col.SPAN_ID] + 1_000_000, col.PARENT_ID: layers[col.SPAN_ID],
+        col.LEVEL: "operator", col.KIND: "operator", col.NAME: "aten::linear",
+        col.START_NS: layers[col.START_NS] + 10, col.END_NS: layers[col.END_NS] - 10,
+        col.PATH: "net[0]/net.a[0]/aten::linear[0]", col.STEP: layers[col.STEP], col.THREAD_ID: 1,
+        col.TRACE_ID: "t", col.ATTRIBUTES: json.dumps({name: dtypes, "other": 1}),
+    })
+    operators[col.DURATION_NS] = operators[col.END_NS] - operators[col.START_NS]
+    both = pd.concat([spans, operators.astype({c: spans[c].dtype for c in operators})], ignore_index=True)
+    return xsp.Trace(spans=both[list(col.COLUMNS)], metadata=trace.metadata)
+
+
+@pytest.mark.parametrize("kineto", [False, True])
+def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
+    base = with_operator_dtypes(run(1), ["float", "float", "float"], kineto)
+    new = with_operator_dtypes(run(2), ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"], kineto)
+    summary = summarize(base).save(tmp_path / "base.xsp.json")
+    for source in (base, summary):
+        changes = diff(source, new).changes
+        dtypes = changes[changes[d.CHANGE] == "input dtypes"]
+        assert len(dtypes) == 1
+        found = dtypes.iloc[0]
+        assert (found[d.KEY], found[d.BASE_VALUE], found[d.NEW_VALUE]) == (
+            "net[0]/net.a[0]/aten::linear[0]", "float, float, float",
+            "c10::BFloat16, c10::BFloat16, c10::BFloat16")
+    assert "input dtypes" in diff(base, new).to_text()
+    unchanged = diff(base, with_operator_dtypes(run(3), ["float", "float", "float"], kineto)).changes
+    assert "input dtypes" not in set(unchanged[d.CHANGE])
+
+
+def test_a_summary_without_dtypes_still_loads(tmp_path):
+    path = summarize(run(1)).save(tmp_path / "old.xsp.json")
+    document = json.loads(path.read_text())
+    at = document["columns"].index("input_dtypes")
+    document["columns"].pop(at)
+    for rows in document["keys"].values():
+        for values in rows:
+            values.pop(at)
+    path.write_text(json.dumps(document))
+    loaded = Summary.load(path)
+    assert loaded.keys[d.KeyBy.PATH][d.INPUT_DTYPES].isna().all()
+    assert diff(path, run(2)).verdict is d.Verdict.UNCHANGED
 
 
 def test_by_name_adds_up_spans_of_a_name():
