@@ -18,6 +18,7 @@ from xsp.analysis.gpu import (
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.model import model_latency, model_summary
 from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
+from xsp.analysis.recommend import recommend
 from xsp.analysis.roofline import (
     GPU_PEAKS,
     counters_per_kernel,
@@ -38,5 +39,5 @@ __all__ = [
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
-    "peak_for", "trace_peak", "step_breakdown", "step_summary", "step_coverage", "user_spans",
+    "peak_for", "trace_peak", "recommend", "step_breakdown", "step_summary", "step_coverage", "user_spans",
 ]

@@ -199,8 +199,9 @@ def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -
     return (union_length(starts, ends), int(gaps[host_bound].sum()), int(gaps[idle & ~host_bound].sum()))
 
 
-def gpu_utilization(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """Busy and idle GPU time per step and stream.
+def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd.DataFrame:
+    """Busy and idle GPU time per step and stream (or, with ``per_stream=False``, per step and
+    device: the device is idle only while all its streams are, and ``stream_id`` is empty).
 
     Within each (step, device, stream), the window runs from the first activity's start to
     the last one's end. Idle gaps are split into ``host_bound_idle_us`` (the next activity's
@@ -220,6 +221,8 @@ def gpu_utilization(source: Trace | pd.DataFrame) -> pd.DataFrame:
     frame = pd.DataFrame({"step": spans[col.STEP].to_numpy()[rows], "device_id": spans[col.DEVICE_ID].to_numpy()[rows],
                           "stream_id": spans[col.STREAM_ID].to_numpy()[rows], "start": starts[rows],
                           "end": ends[rows], "launch": launch_start})
+    if not per_stream:
+        frame["stream_id"] = pd.NA
     out = []
     for (step, device, stream), group in frame.groupby(["step", "device_id", "stream_id"], dropna=False, sort=True):
         busy, host_bound, other = _busy_and_gaps(group["start"].to_numpy(), group["end"].to_numpy(),

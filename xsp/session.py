@@ -37,7 +37,7 @@ from xsp.export.otlp import (
 from xsp.fileio import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
 from xsp.forked import ForkFailed, fork_available, run_forked
 from xsp.levels import LevelsArg, parse_levels
-from xsp.metadata import default_service_name, environment
+from xsp.metadata import default_service_name, environment, memory_peaks
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
 from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
@@ -493,6 +493,7 @@ class Session:
         return {
             **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),
+            "memory": memory_peaks(),
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},
             "windows": self._window_count,

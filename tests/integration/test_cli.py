@@ -85,6 +85,7 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     (["run", "--", "does-not-exist.py"], "no such script: does-not-exist.py"),
     (["run"], "no script given"),
     (["report", "missing.xsp.parquet"], "no such trace file"),
+    (["recommend", "missing.xsp.parquet"], "no such trace file"),
     (["export", "missing.xsp.parquet", "-o", "x.json"], "no such trace file"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsys, tmp_path, monkeypatch):
@@ -92,6 +93,21 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsy
     assert main(argv) != 0
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_recommend_prints_the_rules_that_fire_as_text_and_json(shared_traces, capsys):
+    trace = str(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")
+    assert main(["recommend", trace]) == 0
+    text = capsys.readouterr().out
+    assert "[high] no_amp" in text and "torch.float16" in text and "GradScaler" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert main(["recommend", trace, "--format", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)["recommendations"]
+    no_amp = next(r for r in found if r["rule"] == "no_amp")
+    assert no_amp["source"].startswith("TensorFlow profiler") and 0 < no_amp["share"] < 1
+    assert main(["report", trace, "--top", "2"]) == 0
+    report = capsys.readouterr().out
+    assert report.index("Recommendations") < report.index("no_amp") < report.index("Kernel time per operator")
 
 
 def test_unreadable_trace_and_non_python_script(tmp_path, capsys, monkeypatch):

@@ -123,6 +123,9 @@ def test_cli_writes_the_html_report(shared_traces, tmp_path):
     assert main(["report", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "--html", str(target)]) == 0
     text = target.read_text()
     assert text.startswith("<!DOCTYPE html>") and "chart-kernels" in text and "Hierarchy diagnostics" in text
+    # recommendations come first
+    assert text.index('id="recommendations"') < text.index("chart-kernels")
+    assert "pageable_memcpy" in text and "pin_memory=True" in text
 
 
 def test_the_training_report_tells_where_the_step_time_went(training_report):

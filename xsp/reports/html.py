@@ -1,9 +1,10 @@
 """The HTML report: one self-contained, offline page of charts (plotly, its JavaScript embedded).
 
-Sections: model latency per step, where the step time went (and the steps' share of the
-session, and the user's spans), top layers, time per layer type, top kernels, GPU vs CPU time
-per layer, the roofline, a timeline of one step, and the hierarchy diagnostics. Sections
-whose data the trace lacks say so instead of drawing an empty chart.
+Sections: recommendations (what to change, most at stake first), model latency per step, where
+the step time went (and the steps' share of the session, and the user's spans), top layers,
+time per layer type, top kernels, GPU vs CPU time per layer, the roofline, a timeline of one
+step, and the hierarchy diagnostics. Sections whose data the trace lacks say so instead of
+drawing an empty chart.
 """
 
 from __future__ import annotations
@@ -200,6 +201,20 @@ def timeline_section(trace: Trace) -> str:
     return _figure_html(figure, "chart-timeline")
 
 
+def recommendations_section(trace: Trace) -> str:
+    """What to change, most at stake first: severity, rule, share of step time, evidence, fix."""
+    table = analysis.recommend(trace)
+    if table.empty:
+        return _note("No rule's threshold was passed by what this trace recorded.")
+    items = "".join(
+        f"<li class='{html.escape(r.severity)}'><b>[{html.escape(r.severity)}] {html.escape(r.rule)}</b>: "
+        f"{100 * r.share:.1f}% of step time at stake<br>{html.escape(r.evidence)}<br>"
+        f"<b>fix:</b> <code>{html.escape(r.fix)}</code>"
+        + (f"<br><b>where:</b> {html.escape(', '.join(map(str, r.paths)))}" if len(r.paths) else "") + "</li>"
+        for r in table.itertuples(index=False))
+    return f'<ol id="recommendations">{items}</ol>'
+
+
 def diagnostics_section(trace: Trace) -> str:
     table = analysis.diagnostics_table(trace.metadata.get("hierarchy") or {})
     rows = "".join(f"<tr><td>{html.escape(r.problem)}</td><td>{r.spans:,}</td><td>{100 * r.share:.2f}%</td>"
@@ -213,6 +228,8 @@ body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px;
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 p.meta, p.note { color: #555; } table { border-collapse: collapse; }
 td, th { border: 1px solid #ddd; padding: 4px 8px; text-align: left; }
+#recommendations li { margin-bottom: 0.8em; } li.high b:first-child { color: #b00; }
+li.medium b:first-child { color: #b60; }
 """
 
 
@@ -220,6 +237,7 @@ def render_html(trace: Trace) -> str:
     """The whole report as one HTML document (plotly's JavaScript inlined; works offline)."""
     meta = trace.metadata
     sections = [
+        ("Recommendations", recommendations_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
         ("Leveled runs", leveled_section(trace)),
         ("Layers", layers_section(trace)), ("Operators", operators_section(trace)),

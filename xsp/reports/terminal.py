@@ -11,6 +11,7 @@ from rich.table import Table
 
 from xsp import analysis
 from xsp import schema as col
+from xsp.reports.advice import recommendation_lines
 from xsp.schema import Level
 from xsp.trace import Trace
 
@@ -232,9 +233,20 @@ def _diagnostics(trace: Trace, console: Console) -> None:
         ("meaning", "meaning", text)]))
 
 
+def _recommendations(trace: Trace, console: Console) -> None:
+    table = analysis.recommend(trace)
+    if table.empty:
+        return
+    console.print("[bold]Recommendations[/bold] (most at stake first; details: xsp recommend FILE)")
+    for line in recommendation_lines(table, width=min(console.width, 100)):
+        console.print(line, markup=False)
+
+
 def render_report(trace: Trace, console: Console, top: int = 10) -> None:
-    """Print every analysis that applies to ``trace``: GPU sections only when it has GPU activity."""
+    """Print every analysis that applies to ``trace``, recommendations first: GPU sections only
+    when it has GPU activity."""
     _header(trace, console)
+    _recommendations(trace, console)
     _latency_tables(trace, console)
     _step_tables(trace, console)
     _leveled_table(trace, console)

@@ -1,0 +1,235 @@
+"""Recommendations: every rule on constructed traces that must and must not trigger it, and on
+the real traces of ../shared/traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from xsp.analysis.recommend import COLUMNS, RULES, Rule, recommend
+
+import xsp
+from tests.unit.test_gpu_analyses import make_trace
+from xsp import schema as col
+from xsp.trace import Trace
+
+A100 = {"device_properties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0,
+                               "numSms": 108, "totalGlobalMem": 80 * 2**30}]}
+V100 = {"device_properties": [{"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0,
+                               "numSms": 80}]}
+P100 = {"device_properties": [{"id": 0, "name": "Tesla P100", "computeMajor": 6, "computeMinor": 0, "numSms": 56}]}
+
+
+def fired(trace: Trace) -> dict[str, dict[str, object]]:
+    table = recommend(trace)
+    assert list(table.columns) == list(COLUMNS)
+    return {row["rule"]: row for row in table.to_dict("records")}
+
+
+def step(rows, end_us=100, name="train_step"):
+    return [(1, None, "model", "step", name, 0, end_us, {}), *rows]
+
+
+def kernels_trace(kernel_rows, metadata, step_us=100, launch_us=1):
+    """A step holding one operator that launches each kernel: (name, start, end, extra), each
+    launch taking ``launch_us`` and ending 1 us before its kernel starts."""
+    rows = [(2, 1, "operator", "operator", "aten::mm", 0, step_us, {})]
+    next_id = 3
+    for name, start, end, extra in kernel_rows:
+        rows.append((next_id, 2, "cuda_api", "runtime", "cudaLaunchKernel", start - 1 - launch_us, start - 1, {}))
+        rows.append((next_id + 1, next_id, "kernel", "kernel", name, start, end, dict(extra)))
+        next_id += 2
+    return make_trace(step(rows, step_us), metadata)
+
+
+# input ----------------------------------------------------------------------------------------
+def input_trace(wait_us, workers=None, pin=None, metadata=None):
+    attributes = {}
+    if workers is not None:
+        attributes["xsp.input.num_workers"] = workers
+    if pin is not None:
+        attributes["xsp.input.pin_memory"] = pin
+    rows = step([(2, 1, "model", "input", "DataLoader.__next__", 0, wait_us,
+                  {col.ATTRIBUTES: json.dumps(attributes) if attributes else None}),
+                 (3, 1, "model", "predict", "net", wait_us, 100, {})])
+    return make_trace(rows, metadata or {})
+
+
+def test_input_bound_by_the_tf_thresholds():
+    assert fired(input_trace(25))["input_bound"]["severity"] == "high"
+    moderate = fired(input_trace(10))["input_bound"]
+    assert moderate["severity"] == "medium" and moderate["share"] == pytest.approx(0.10)
+    assert moderate["paths"] == ["DataLoader.__next__"]
+    assert "input_bound" not in fired(input_trace(4))
+
+
+def test_dataloader_workers_when_the_loader_has_fewer_workers_than_cpus():
+    found = fired(input_trace(30, workers=0, pin=False, metadata={"cpus_available": 8}))["dataloader_workers"]
+    assert found["severity"] == "high" and "num_workers=8" in found["fix"]
+    assert "num_workers=0 of 8 CPUs" in found["evidence"]
+    on_gpu = fired(input_trace(30, workers=2, pin=False, metadata={"cpus_available": 16, **A100}))
+    assert "num_workers=4" in on_gpu["dataloader_workers"]["fix"] and "pin_memory=True" in on_gpu[
+        "dataloader_workers"]["fix"]
+    assert "dataloader_workers" not in fired(input_trace(30, workers=8, metadata={"cpus_available": 8}))
+    assert "dataloader_workers" not in fired(input_trace(4, workers=0, metadata={"cpus_available": 8}))
+    assert "dataloader_workers" not in fired(input_trace(30))  # no worker count recorded
+
+
+# GPU time -------------------------------------------------------------------------------------
+def test_gpu_idle_when_kernels_are_launched_after_the_gpu_ran_dry():
+    # k1 30..50; k2 launched at 300 (after the GPU went idle at 50), runs 310..330
+    idle = kernels_trace([("k1", 30, 50, {}), ("k2", 310, 330, {})], A100, step_us=400)
+    found = fired(idle)["gpu_idle"]
+    assert found["severity"] == "high" and found["paths"] == ["device 0"]
+    # k2 launched at 28, queued behind k1: no host-bound gap
+    busy = make_trace(step([(2, 1, "operator", "operator", "aten::mm", 0, 100, {}),
+                            (3, 2, "cuda_api", "runtime", "cudaLaunchKernel", 20, 21, {}),
+                            (4, 3, "kernel", "kernel", "k1", 30, 50, {}),
+                            (5, 2, "cuda_api", "runtime", "cudaLaunchKernel", 28, 29, {}),
+                            (6, 5, "kernel", "kernel", "k2", 50, 70, {})]), A100)
+    assert "gpu_idle" not in fired(busy)
+
+
+def test_gpu_idle_counts_a_gap_only_when_every_stream_is_idle():
+    rows = step([(2, 1, "operator", "operator", "aten::mm", 0, 400, {}),
+                 (3, 2, "cuda_api", "runtime", "cudaLaunchKernel", 20, 21, {}),
+                 (4, 3, "kernel", "kernel", "long", 30, 330, {"stream": 7}),
+                 (5, 2, "cuda_api", "runtime", "cudaLaunchKernel", 300, 301, {}),
+                 (6, 5, "kernel", "kernel", "side", 310, 320, {"stream": 9})], 400)
+    assert "gpu_idle" not in fired(make_trace(rows, A100))  # stream 9 idled, the GPU did not
+
+
+def test_small_kernels_when_launches_outlast_kernels():
+    short = kernels_trace([(f"k{i}", 10 + 9 * i, 12 + 9 * i, {}) for i in range(10)], A100, launch_us=5)
+    found = fired(short)["small_kernels"]
+    assert "10 of 10 kernels" in found["evidence"] and found["paths"] == ["aten::mm"]
+    long = kernels_trace([(f"k{i}", 10 + 30 * i, 35 + 30 * i, {}) for i in range(3)], A100, launch_us=5)
+    assert "small_kernels" not in fired(long)
+
+
+def test_pageable_memcpy_names_the_copies_and_their_operator():
+    def copy_trace(name):
+        rows = step([(2, 1, "operator", "operator", "aten::copy_", 0, 50, {col.PATH: "net[0]/aten::copy_[0]"}),
+                     (3, 2, "cuda_api", "runtime", "cudaMemcpyAsync", 5, 40, {}),
+                     (4, 3, "kernel", "memcpy", name, 10, 40, {col.COPY_KIND: "HtoD", col.BYTES: 4_000_000})])
+        return make_trace(rows, A100)
+
+    found = fired(copy_trace("Memcpy HtoD (Pageable -> Device)"))["pageable_memcpy"]
+    assert found["severity"] == "high" and found["paths"] == ["net[0]/aten::copy_[0]"]
+    assert "HtoD x1" in found["evidence"] and "pin_memory=True" in found["fix"]
+    assert "pageable_memcpy" not in fired(copy_trace("Memcpy HtoD (Pinned -> Device)"))
+
+
+def test_blocking_sync_in_the_loop():
+    def sync_trace(name, us):
+        rows = step([(2, 1, "operator", "operator", "aten::item", 0, 60, {col.PATH: "aten::item[0]"}),
+                     (3, 2, "cuda_api", "runtime", name, 10, 10 + us, {})], 1000)
+        return make_trace(rows, A100)
+
+    found = fired(sync_trace("cudaStreamSynchronize", 40))["blocking_sync"]
+    assert found["severity"] == "medium" and found["share"] == pytest.approx(0.04)
+    assert found["paths"] == ["aten::item[0]"] and ".item()" in found["fix"]
+    assert "blocking_sync" not in fired(sync_trace("cudaStreamSynchronize", 5))  # 0.5% of the step
+    assert "blocking_sync" not in fired(sync_trace("cudaStreamWaitEvent", 40))  # the host does not wait
+
+
+def test_no_tf32_on_ampere_fp32_gemms_only():
+    sgemm = [("ampere_sgemm_128x64_nn", 10, 60, {})]
+    found = fired(kernels_trace(sgemm, {**A100, "tf32_matmul": False}))["no_tf32"]
+    assert "allow_tf32 = True" in found["fix"] and "allow_tf32=False" in found["evidence"]
+    assert "no_tf32" not in fired(kernels_trace(sgemm, V100))  # no TF32 before Ampere
+    tf32 = [("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16", 10, 60, {})]
+    assert "no_tf32" not in fired(kernels_trace(tf32, A100))
+
+
+def test_no_amp_suggests_the_16_bit_type_the_gpu_has():
+    sgemm = [("volta_sgemm_128x64_nn", 10, 60, {})]
+    on_volta = fired(kernels_trace(sgemm, V100))["no_amp"]
+    assert "torch.float16" in on_volta["fix"] and "GradScaler" in on_volta["fix"]
+    assert "torch.bfloat16" in fired(kernels_trace(sgemm, A100))["no_amp"]["fix"]
+    assert "no_amp" not in fired(kernels_trace(sgemm, P100))
+    half = [("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_nn", 10, 60, {})]
+    assert "no_amp" not in fired(kernels_trace(half, A100))
+    elementwise = [("vectorized_elementwise_kernel", 10, 60, {})]
+    assert "no_amp" not in fired(kernels_trace(elementwise, A100))
+
+
+def test_channels_last_when_layouts_are_converted():
+    converting = [("void cudnn::ops::nchwToNhwcKernel<float>", 10, 20, {}), ("implicit_gemm", 22, 60, {})]
+    found = fired(kernels_trace(converting, A100))["channels_last"]
+    assert "channels_last" in found["fix"] and "1 layout conversion kernels" in found["evidence"]
+    assert "channels_last" not in fired(kernels_trace([("implicit_gemm", 10, 60, {})], A100))
+
+
+def optimizer_trace(operator_names):
+    rows = [(2, 1, "model", "predict", "net", 0, 60, {}), (3, 1, "model", "optimizer", "AdamW.step", 70, 95, {})]
+    for index, name in enumerate(operator_names):
+        rows.append((10 + index, 3, "operator", "operator", name, 71 + index, 71 + index + 1, {}))
+    return make_trace(step(rows), {})
+
+
+def test_unfused_optimizer_needs_many_operators_none_fused():
+    found = fired(optimizer_trace(["aten::add_"] * 12))["unfused_optimizer"]
+    assert "torch.optim.AdamW(model.parameters(), ..., fused=True)" in found["fix"]
+    assert found["share"] == pytest.approx(0.25)
+    assert "unfused_optimizer" not in fired(optimizer_trace(["aten::add_"] * 11 + ["aten::_fused_adamw_"]))
+    assert "unfused_optimizer" not in fired(optimizer_trace(["aten::add_"] * 3))
+    assert "unfused_optimizer" not in fired(optimizer_trace([]))  # which implementation ran is unknown
+
+
+def test_gpu_underutilized_by_sm_efficiency():
+    few_blocks = [("k", 10, 60, {col.GRID: "[4, 1, 1]"})]
+    found = fired(kernels_trace(few_blocks, A100))["gpu_underutilized"]
+    assert found["severity"] == "high" and "108 SMs" in found["evidence"]
+    many_blocks = [("k", 10, 60, {col.GRID: "[216, 1, 1]"})]
+    assert "gpu_underutilized" not in fired(kernels_trace(many_blocks, A100))
+
+
+def test_memory_near_capacity_on_a_gpu_or_the_host():
+    def memory(peak, total=100):
+        return make_trace(step([]), {"memory": {"devices": [{"device": 0, "peak_reserved_bytes": peak,
+                                                             "total_bytes": total}]}})
+
+    found = fired(memory(95))["memory_near_capacity"]
+    assert found["paths"] == ["GPU 0"] and "95.0%" in found["evidence"]
+    assert "memory_near_capacity" not in fired(memory(50))
+    host = make_trace(step([]), {"memory": {"devices": [], "host_peak_rss_bytes": 99, "host_total_bytes": 100}})
+    assert fired(host)["memory_near_capacity"]["severity"] == "high"
+
+
+def test_cpu_threads_oversubscribed_or_unused():
+    work = step([(2, 1, "model", "predict", "net", 0, 90, {})])
+    over = fired(make_trace(work, {"torch_num_threads": 8, "cpus_available": 4}))["cpu_threads"]
+    assert "torch.set_num_threads(4)" in over["fix"]
+    one = fired(make_trace(work, {"torch_num_threads": 1, "cpus_available": 8}))["cpu_threads"]
+    assert "torch.set_num_threads(8)" in one["fix"]
+    assert "cpu_threads" not in fired(make_trace(work, {"torch_num_threads": 4, "cpus_available": 4}))
+    assert "cpu_threads" not in fired(make_trace(work, {"torch_num_threads": 1, "cpus_available": 2}))
+
+
+def test_rules_are_sorted_by_severity_then_share_and_all_documented():
+    table = recommend(input_trace(30, workers=0, metadata={"cpus_available": 8, "torch_num_threads": 16}))
+    assert table["rule"].tolist()[:2] == ["input_bound", "dataloader_workers"]
+    ranks = table["severity"].map({"high": 0, "medium": 1, "low": 2}).tolist()
+    assert ranks == sorted(ranks)
+    assert set(RULES) == set(Rule) and len(Rule) == 13
+    assert recommend(make_trace([], {})).empty
+
+
+def test_real_traces(shared_traces):
+    expected = {
+        "a100_alexnet.json.gz": {"pageable_memcpy", "no_tf32", "gpu_idle"},
+        "a100_nccl_rank0.json.gz": {"channels_last", "no_amp"},
+        "v100_2rank_train_rank1.json.gz": {"no_amp", "gpu_idle"},
+        "sampled_rank0.json.gz": {"pageable_memcpy"},
+        "cpu_only_rank34.json.gz": set(),
+    }
+    for name, rules in expected.items():
+        table = recommend(xsp.load(shared_traces / "kineto" / name))
+        found = set(table["rule"])
+        assert rules <= found, name
+        if not rules:
+            assert not found, name
+        assert table["share"].between(0, 1).all()
+    v100 = recommend(xsp.load(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")).set_index("rule")
+    assert "torch.float16" in v100.loc["no_amp", "fix"]  # V100 has no bfloat16 Tensor Cores
