@@ -15,7 +15,9 @@ from xsp.analysis.gpu import (
     memory_operations,
     synchronization,
 )
+from xsp.analysis.inputs import input_per_step, input_waits
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
+from xsp.analysis.memory import layer_memory, memory_by_layer_type, memory_timeline
 from xsp.analysis.model import model_latency, model_summary
 from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
 from xsp.analysis.recommend import recommend
@@ -29,6 +31,7 @@ from xsp.analysis.roofline import (
     trace_peak,
 )
 from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
+from xsp.analysis.system import energy_per_step, system_metrics, system_per_step
 
 from xsp import hierarchy, structure
 from xsp.hierarchy import diagnostics_table
@@ -39,5 +42,7 @@ __all__ = [
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
-    "peak_for", "trace_peak", "recommend", "step_breakdown", "step_summary", "step_coverage", "user_spans",
+    "peak_for", "trace_peak", "input_waits", "input_per_step", "system_metrics", "system_per_step",
+    "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
+    "recommend", "step_breakdown", "step_summary", "step_coverage", "user_spans",
 ]

@@ -386,7 +386,7 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
     alone however much time those keys take, and a change in most keys looks like the whole
     run moving (which is reported, but is no key's regression).
     """
-    chosen = tested & (levels != Level.MODEL.value) & np.isfinite(ratio) & (ratio > 0)
+    chosen = tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
     if int(chosen.sum()) < MIN_SHIFT_KEYS:
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))

@@ -6,7 +6,8 @@ Mapping (``cat`` of complete events):
 Kineto category           level      kind         notes
 ========================  =========  ===========  ===========================================
 ``user_annotation``       model      user / step  ``ProfilerStep#N`` is step ``N``; inside an
-                                                  operator: operator level
+                                                  operator: operator level;
+                                                  ``enumerate(DataLoader)#...``: input level
 ``python_function``       layer      python       kept when the profile has them
 ``cpu_op``                operator   operator     input shapes, sequence number
 ``cuda_runtime``          cuda_api   runtime      correlation id, cbid
@@ -60,6 +61,8 @@ from xsp.tree import MEMORY_POOL, arrow_strings, inside_any
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
+DATALOADER_WAIT = re.compile(r"enumerate\(DataLoader\)#")
+"""The profiler's annotation of one DataLoader ``__next__``: an input-level wait."""
 
 CATEGORIES: dict[str, tuple[Level, SpanKind]] = {
     "user_annotation": (Level.MODEL, SpanKind.USER),
@@ -419,6 +422,8 @@ _KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in
 _DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in _CATEGORY_NAMES])
 _STEP_CODE = _KIND_NAMES.index(SpanKind.STEP.value)
 _OPERATOR_LEVEL = _LEVEL_NAMES.index(Level.OPERATOR.value)
+_INPUT_CODE = _KIND_NAMES.index(SpanKind.INPUT.value)
+_INPUT_LEVEL = _LEVEL_NAMES.index(Level.INPUT.value)
 
 
 _start_of = attrgetter("ts")
@@ -434,7 +439,7 @@ def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, sta
     belong to the operator too. An operator encloses an annotation exactly when, among the
     operators of its thread that started no later, the latest end is no earlier than its end.
     """
-    annotation = (category == _CATEGORY_INDEX["user_annotation"]) & (kind_codes != _STEP_CODE)
+    annotation = (category == _CATEGORY_INDEX["user_annotation"]) & ~np.isin(kind_codes, [_STEP_CODE, _INPUT_CODE])
     operator = np.isin(category, [_CATEGORY_INDEX["cpu_op"], _CATEGORY_INDEX["operator"]])
     level_codes[inside_any(threads, start, end, operator, annotation)] = _OPERATOR_LEVEL
 
@@ -492,13 +497,15 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
                 correlation[i] = flows.get((events[i].pid, events[i].tid, int(start[i] - base)))
     kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     steps = np.zeros(count, dtype=np.int64)
+    level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     for i in np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"]).tolist():
         match = PROFILER_STEP.match(names[i])
         if match:
             kind_codes[i] = _STEP_CODE
             steps[i] = int(match.group(1))
+        elif DATALOADER_WAIT.match(names[i]):
+            kind_codes[i], level_codes[i] = _INPUT_CODE, _INPUT_LEVEL
     is_step = kind_codes == _STEP_CODE
-    level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     thread_ids = _int_column(tids)
     thread_ids[on_device] = pd.NA  # a device row's tid is its stream
     process_of = pd.factorize(np.array(pids, dtype=np.int64 if set(map(type, pids)) == {int} else object))[0]

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from xsp import schema as col
-from xsp.schema import STEP_KINDS, SpanKind
+from xsp.schema import STEP_KINDS, Level, SpanKind
 from xsp.trace import Trace
 
+INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
+"""Where input waits live (the model level in traces recorded before the input level)."""
+NUMBERED_STEP = re.compile(r"^(.*)#\d+$")
+"""Names that number their step (Kineto's ``ProfilerStep#12``): steps of one kind."""
 TRIM_FRACTION = 0.2
 """Trimmed mean drops this fraction at each end (as XSP does)."""
 
@@ -30,7 +36,8 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``step``, ``name`` (the model's name for a step that is one model call, else the
     step's: ``train_step``, ``inference_step``, ``<model>.generate``, an ``xsp.step()`` name or
     ``ProfilerStep#N``), ``latency_ms`` (the step's duration less the time torch.compile spent
-    compiling inside it), ``compile_ms``, ``batch_size`` (from the step's first model call,
+    compiling inside it), ``compile_ms``, ``input_ms`` (the time the step waited for its data,
+    see :func:`xsp.analysis.input_waits`), ``batch_size`` (from the step's first model call,
     null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
     """
     spans = _spans(source)
@@ -46,10 +53,21 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     })
     out["compile_ms"] = out["step"].map(compiles).fillna(0).astype("float64").to_numpy() / 1e6
     out["latency_ms"] = out["latency_ms"] - out["compile_ms"]
+    waits = spans[(spans[col.KIND] == SpanKind.INPUT.value) & spans[col.LEVEL].isin(INPUT_LEVELS)]
+    out["input_ms"] = out["step"].map(waits.groupby(col.STEP)[col.DURATION_NS].sum()).fillna(0).astype(
+        "float64").to_numpy() / 1e6
     out["batch_size"] = out["step"].map(batch).astype("Int64")
     out["throughput_per_s"] = (out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3))
     return out.sort_values("step").reset_index(drop=True)[
-        ["step", "name", "latency_ms", "compile_ms", "batch_size", "throughput_per_s", "status"]]
+        ["step", "name", "latency_ms", "compile_ms", "input_ms", "batch_size", "throughput_per_s", "status"]]
+
+
+def step_kind(name: object) -> str:
+    """The kind of step a step name stands for: ``ProfilerStep#12`` -> ``ProfilerStep``; other
+    names are their own kind."""
+    text = str(name)
+    found = NUMBERED_STEP.match(text)
+    return found.group(1) if found else text
 
 
 def trimmed_mean(values: np.ndarray, fraction: float = TRIM_FRACTION) -> float:
@@ -67,7 +85,8 @@ def trimmed_mean(values: np.ndarray, fraction: float = TRIM_FRACTION) -> float:
 
 
 def model_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """Latency statistics over all steps, one row per step name.
+    """Latency statistics over all steps, one row per kind of step (its name; numbered steps
+    such as Kineto's ``ProfilerStep#N`` together as ``ProfilerStep``).
 
     Columns: ``name``, ``steps``, ``mean_ms``, ``p50_ms``, ``p90_ms``, ``p99_ms``,
     ``trimmed_mean_ms``, ``min_ms``, ``max_ms``, ``throughput_per_s`` (mean batch size over
@@ -75,7 +94,7 @@ def model_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     latency = model_latency(source)
     rows = []
-    for name, group in latency.groupby("name", sort=False):
+    for name, group in latency.groupby(latency["name"].map(step_kind), sort=False):
         values = group["latency_ms"].to_numpy()
         batch = group["batch_size"].dropna()
         trimmed = trimmed_mean(values)

@@ -275,7 +275,8 @@ def _attributes(text: Any) -> dict[str, Any]:
 
 # rules -----------------------------------------------------------------------------------------
 def _input_waits(ctx: _Context) -> pd.DataFrame:
-    return ctx.of(Level.MODEL, SpanKind.INPUT)
+    waits = ctx.of(Level.INPUT, SpanKind.INPUT)
+    return waits if len(waits) else ctx.of(Level.MODEL, SpanKind.INPUT)  # traces from before the input level
 
 
 def input_bound(ctx: _Context) -> Finding | None:

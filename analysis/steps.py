@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans, step_roots
+from xsp.analysis.model import _spans, step_kind, step_roots
 
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
@@ -40,7 +40,7 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
     roots = step_roots(spans)
     out = pd.DataFrame({"step": roots[col.STEP].astype("int64").to_numpy(), "name": roots[col.NAME].to_numpy(),
                         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
-    model = spans[(spans[col.LEVEL] == Level.MODEL.value) & spans[col.STEP].notna()]
+    model = spans[spans[col.LEVEL].isin([Level.MODEL.value, Level.INPUT.value]) & spans[col.STEP].notna()]
     kinds = model[col.KIND].to_numpy(dtype=object)
     for part, kind in PARTS.items():
         chosen = model[kinds == kind.value]
@@ -61,8 +61,8 @@ def _compile_inside_calls_ms(model: pd.DataFrame, steps: pd.Series) -> np.ndarra
 
 
 def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """:func:`step_breakdown` over all steps of each name: the mean of every part, and its
-    share of the step.
+    """:func:`step_breakdown` over all steps of each name (numbered steps such as
+    ``ProfilerStep#N`` together): the mean of every part, and its share of the step.
 
     Columns: ``name``, ``steps``, ``latency_ms`` (mean), then ``<part>_ms`` and
     ``<part>_share`` for forward, backward, optimizer, input, compile and other.
@@ -70,7 +70,7 @@ def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     breakdown = step_breakdown(source)
     parts = [*PARTS, "other"]
     rows = []
-    for name, group in breakdown.groupby("name", sort=False):
+    for name, group in breakdown.groupby(breakdown["name"].map(step_kind), sort=False):
         latency = float(group["latency_ms"].sum())
         row: dict[str, object] = {"name": name, "steps": len(group), "latency_ms": latency / len(group)}
         for part in parts:

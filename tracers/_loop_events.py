@@ -35,6 +35,7 @@ from xsp.tracers._model_names import model_name
 from xsp.tracers._module_calls import dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
+from xsp import schema as col
 from xsp.clock import now_ns
 from xsp.marks import MarkKind
 from xsp.recording import Recording
@@ -45,8 +46,8 @@ BACKWARD_NAME: Final = "backward"
 COMPILE_NAME: Final = "torch.compile"
 GENERATION_MODULE: Final = "transformers.generation.utils"
 DYNAMO_CALLBACKS: Final = "torch._dynamo.callback"
-ATTR_WORKERS: Final = "xsp.input.num_workers"
-ATTR_PIN_MEMORY: Final = "xsp.input.pin_memory"
+ATTR_WORKERS: Final = col.ATTR_INPUT_WORKERS
+ATTR_PIN_MEMORY: Final = col.ATTR_INPUT_PIN_MEMORY
 ATTR_COMPILE_ID: Final = "xsp.compile.id"
 ATTR_COMPILE_TRIGGER: Final = "xsp.compile.trigger"
 

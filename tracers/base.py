@@ -42,6 +42,8 @@ class Tracer(Protocol):
         """Stop recording; must not raise."""
 
     # Optional members a tracer may have:
+    #   also_records: ClassVar[tuple[Level, ...]] -- levels besides ``level`` whose spans it writes
+    #       (the model tracer's input waits);
     #   collects_at_end: ClassVar[bool] -- True when its records only exist after ``stop``
     #       (the session then exports no step early, so no step leaves without its spans);
     #   interprets_in_child: ClassVar[bool] -- True when ``collect`` reads only the window and

@@ -14,7 +14,7 @@ from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp import schema as col
 from xsp.auto_steps import GENERATE_SUFFIX
-from xsp.marks import SPAN_KIND_OF_MARK
+from xsp.marks import SPAN_KIND_OF_MARK, MarkKind
 from xsp.recording import Recording, Window
 from xsp.schema import Level, SpanKind, Status
 
@@ -26,6 +26,8 @@ class ModelTracer(ModuleCallTracer):
 
     name: ClassVar[str] = "model"
     level: ClassVar[Level] = Level.MODEL
+    also_records: ClassVar[tuple[Level, ...]] = (Level.INPUT,)
+    """The loop's waits for data: the input level."""
     mode: ClassVar[Mode] = Mode.ROOTS
 
     def __init__(self) -> None:
@@ -95,20 +97,21 @@ def _attribute_value(value: Any) -> Any:
 
 
 def mark_rows(window: Window) -> pd.DataFrame:
-    """The model-level records of every thread: user spans, steps, input waits, optimizer
-    steps, backward passes and compilations."""
+    """The model-level records of every thread (user spans, steps, optimizer steps, backward
+    passes and compilations) and its input waits (input level)."""
     frames = []
     for buffer in window.buffers:
         cols = buffer.mark_columns
         if not len(cols):
             continue
         errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
-        kinds = np.array([SPAN_KIND_OF_MARK[k] for k in as_numpy(cols.kind).tolist()], dtype=object)
+        mark_kinds = as_numpy(cols.kind)
+        kinds = np.array([SPAN_KIND_OF_MARK[k] for k in mark_kinds.tolist()], dtype=object)
         frames.append(pd.DataFrame({
             col.START_NS: as_numpy(cols.start),
             col.END_NS: as_numpy(cols.end),
             col.THREAD_ID: buffer.thread_id,
-            col.LEVEL: Level.MODEL.value,
+            col.LEVEL: np.where(mark_kinds == MarkKind.INPUT, Level.INPUT.value, Level.MODEL.value).astype(object),
             col.KIND: kinds,
             col.NAME: [buffer.strings.values[i] for i in as_numpy(cols.name).tolist()],
             col.ATTRIBUTES: [_attributes_json(a) for a in cols.attributes],

@@ -1,4 +1,10 @@
-"""The ``operator`` level: every framework (aten) operator, read from PyTorch's profiler in process.
+"""The ``operator`` and ``memory`` levels: every framework (aten) operator, and every allocation
+and free of tensor memory, read from PyTorch's profiler in process.
+
+With both levels on, one profiler records both (``profile_memory``); with the memory level
+alone, :class:`MemoryTracer` runs the profiler for the memory events only. A memory event is
+an instant (``alloc`` or ``free``, ``cuda alloc``/``cuda free`` for CUDA's caching
+allocator) of the thread that made it, so it nests under the operator and layer that allocated.
 
 PyTorch's profiler runs in CPU-only mode (no CUDA activities, so it never holds CUPTI, which
 the cuda_api and kernel levels need) with shapes recorded and every thread profiled. When the
@@ -39,6 +45,8 @@ CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"
 SKIPPED_PREFIXES = ("xsp::", "ProfilerStep#", "Optimizer.step#", "Optimizer.zero_grad#")
 """xsp's own markers, and annotations the model level records itself (steps, optimizer steps)."""
+MEMORY_EVENT = "[memory]"
+MEMORY_NAMES = {False: {True: "alloc", False: "free"}, True: {True: "cuda alloc", False: "cuda free"}}
 _THREAD = re.compile(re.escape(THREAD_MARKER) + r"(\d+)$")
 
 _active = threading.Event()
@@ -87,10 +95,32 @@ def clock_offset(markers: list[tuple[int, int]], brackets: list[tuple[int, int]]
     return (low + high) // 2, (high - low) // 2
 
 
-def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tuple[pd.DataFrame, dict[str, Any]]:
+def memory_rows(events: Iterable[Any], offset: int, thread: Any) -> list[dict[str, Any]]:
+    """``alloc``/``free`` rows (memory level) from the profiler's ``[memory]`` events: an instant
+    each, ``bytes`` its size, ``device_id`` the CUDA device (null for host memory)."""
+    rows = []
+    for e in events:
+        size = int(e.nbytes())
+        if size == 0:
+            continue
+        at = e.start_ns() - offset
+        on_gpu = str(e.device_type()).endswith("CUDA")
+        rows.append({
+            col.LEVEL: Level.MEMORY.value, col.KIND: (SpanKind.ALLOC if size > 0 else SpanKind.FREE).value,
+            col.NAME: MEMORY_NAMES[on_gpu][size > 0], col.START_NS: at, col.END_NS: at,
+            col.THREAD_ID: thread(e.start_thread_id()), col.BYTES: abs(size),
+            col.DEVICE_ID: max(int(e.device_index()), 0) if on_gpu else None,
+        })
+    return rows
+
+
+def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operators: bool = True,
+                  memory: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows from PyTorch profiler events (``_KinetoEvent``-like objects), and the clock
-    and thread facts used."""
-    events = [e for e in events if str(e.device_type()).endswith("CPU")]
+    and thread facts used: the operators, and the memory events when ``memory``."""
+    events = list(events)
+    allocations = [e for e in events if e.name() == MEMORY_EVENT] if memory else []
+    events = [e for e in events if str(e.device_type()).endswith("CPU") and e.name() != MEMORY_EVENT]
     markers = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == CLOCK_MARKER]
     offset, uncertainty = clock_offset(markers, brackets) if markers and brackets else (0, -1)
     native_of: dict[int, int] = {}
@@ -102,8 +132,8 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]]) -> tup
     def thread(profiler_thread: int) -> int:
         return native_of.get(profiler_thread, -profiler_thread)
 
-    rows = []
-    for e in events:
+    rows = memory_rows(allocations, offset, thread)
+    for e in events if operators else ():
         name = e.name()
         if name.startswith(SKIPPED_PREFIXES):
             continue
@@ -151,8 +181,10 @@ class OperatorTracer:
     level: ClassVar[Level] = Level.OPERATOR
     collects_at_end: ClassVar[bool] = True
     """Its records are read when it stops, so steps are not exported before the session ends."""
+    records_operators: ClassVar[bool] = True
 
     def __init__(self) -> None:
+        self._memory = False
         self._profiler: Any = None
         self._recording: Recording | None = None
         self._brackets: list[tuple[int, int]] = []
@@ -165,11 +197,17 @@ class OperatorTracer:
     def start(self, recording: Recording) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        options: dict[str, Any] = {"activities": [ProfilerActivity.CPU], "record_shapes": True}
+        self._memory = Level.MEMORY in recording.levels  # one profiler records both
+        options: dict[str, Any] = {"activities": [ProfilerActivity.CPU], "record_shapes": self.records_operators,
+                                   "profile_memory": self._memory}
         try:
             from torch._C._profiler import _ExperimentalConfig
 
-            options["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+            # all threads: every thread's operators; but then the profiler reports no memory
+            # events (torch 2.13), so with the memory level it follows the session's thread
+            # and the threads it starts (autograd's included)
+            if not self._memory:
+                options["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
         except (ImportError, TypeError):  # older torch: the session's threads only
             pass
         profiler = profile(**options)
@@ -199,5 +237,23 @@ class OperatorTracer:
         if not window.final:  # the profiler's events are read when it stops
             return pd.DataFrame()
         events, self._events = self._events, []
-        rows, self._facts = operator_rows(events, self._brackets)
+        rows, self._facts = operator_rows(events, self._brackets, operators=self.records_operators,
+                                          memory=self._memory)
         return rows
+
+
+class MemoryTracer(OperatorTracer):
+    """Tensor allocations and frees from PyTorch's profiler (``profile_memory``), CPU and CUDA.
+
+    When the operator level is on too, the operator tracer's profiler records them, and this
+    tracer stands aside.
+    """
+
+    name: ClassVar[str] = "memory"
+    level: ClassVar[Level] = Level.MEMORY
+    records_operators: ClassVar[bool] = False
+
+    def start(self, recording: Recording) -> None:
+        if Level.OPERATOR in recording.levels:
+            return
+        super().start(recording)

@@ -14,10 +14,12 @@ BUILTIN_TRACERS: dict[str, str] = {
     "model": "xsp.tracers.model:ModelTracer",
     "layer": "xsp.tracers.layer:LayerTracer",
     "operator": "xsp.tracers.operator:OperatorTracer",
+    "memory": "xsp.tracers.operator:MemoryTracer",
     "flops": "xsp.tracers.flops:FlopsTracer",
     "cuda_api": "xsp.tracers.cuda_api:CudaApiTracer",
     "kernel": "xsp.tracers.kernel:KernelTracer",
     "gpu_metrics": "xsp.tracers.gpu_metrics:GpuMetricsTracer",
+    "system": "xsp.tracers.system:SystemTracer",
 }
 
 
@@ -55,7 +57,7 @@ def tracers_for(levels: tuple[Level, ...]) -> tuple[list[Tracer], dict[Level, st
             chosen.append(tracer)
         else:
             reasons[cls.level].append(f"{name}: {reason}")
-    covered = {tracer.level for tracer in chosen}
+    covered = {level for tracer in chosen for level in (tracer.level, *getattr(tracer, "also_records", ()))}
     missing = {
         level: (why[0].partition(": ")[2] if len(why) == 1 else "; ".join(why)) if why
         else "no tracer records this level yet"

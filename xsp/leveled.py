@@ -42,8 +42,9 @@ STEP_NAME = "leveled"
 
 
 def run_label(levels: Sequence[Level]) -> str:
-    """``model+layer+operator``: how a run is named in tables and in ``leveled_run``."""
-    return "+".join(level.value for level in levels)
+    """``model+layer+operator``: how a run is named in tables and in ``leveled_run`` (the
+    input level, which always comes with the model level, goes unnamed)."""
+    return "+".join(level.value for level in levels if level is not Level.INPUT)
 
 
 def level_runs(levels: LevelsArg) -> list[tuple[Level, ...]]:
@@ -54,9 +55,11 @@ def level_runs(levels: LevelsArg) -> list[tuple[Level, ...]]:
     operator level's profiler, so that their paths match the operators').
     """
     parsed = parse_levels(levels)
-    timing = [level for level in parsed if level not in METRIC_LEVELS]
-    runs = [tuple(timing[: i + 1]) for i in range(len(timing))]
-    base = [level for level in timing if level in (Level.MODEL, Level.LAYER)]
+    # system samples are not spans of a step: they make no run (a leveled trace has none)
+    timing = [level for level in parsed if level not in METRIC_LEVELS and level is not Level.SYSTEM]
+    first = 2 if Level.INPUT in timing else 1  # the input level comes with the model level
+    runs: list[tuple[Level, ...]] = [tuple(timing[: i + 1]) for i in range(first - 1, len(timing))]
+    base = [level for level in timing if level in (Level.MODEL, Level.INPUT, Level.LAYER)]
     if Level.FLOPS in parsed:
         runs.append((*base, Level.FLOPS))
     if Level.GPU_METRICS in parsed:

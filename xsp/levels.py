@@ -14,7 +14,8 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
     """Turn ``"model,layer"``, ``("model", "layer")`` or ``Level`` values into sorted Levels.
 
     The model level is always included: its spans (the session, steps and predict calls)
-    are the roots every deeper span hangs from. The kernel level brings the cuda_api level
+    are the roots every deeper span hangs from. So is the input level, recorded by the same
+    tracer: a wait for a DataLoader batch is where an automatic step begins. The kernel level brings the cuda_api level
     with it: a kernel's parent is the CUDA call that launched it.
 
     Raises:
@@ -28,7 +29,7 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
     for item in items:
         text = item.value if isinstance(item, Level) else str(item)
         names.extend(part.strip() for part in text.split(",") if part.strip())
-    parsed = {Level.MODEL}
+    parsed = {Level.MODEL, Level.INPUT}
     valid = ", ".join(level.value for level in LEVELS)
     for name in names:
         try:

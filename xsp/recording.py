@@ -346,6 +346,8 @@ class Window:
     step_numbers: list[int] | None = None
     """The numbers of the window's steps in order of their start, when the session numbers
     them itself (a schedule keeps only some steps)."""
+    samples: list[Any] = field(default_factory=list)
+    """System samples (:class:`xsp.samples.Sample`) taken since the previous window."""
 
     @property
     def records(self) -> int:
@@ -377,6 +379,15 @@ class Recording:
         """Called on a thread when it records for the first time (once per thread)."""
         self.model_names: dict[int, str] = {}
         """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
+        self.levels: tuple[Any, ...] = ()
+        """The session's levels (:class:`xsp.schema.Level`): a tracer may record more when
+        another level needs what it has (the operator level's profiler records memory events
+        when the memory level is on too)."""
+        self.samples: list[Any] = []
+        """System samples since the last window (appended by the system level's sampler)."""
+        self.samplers: list[Callable[[], None]] = []
+        """Called when a window is taken, to sample up to that moment (so a step that just
+        ended is covered by the samples of its own window)."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -414,11 +425,17 @@ class Recording:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is
         separated from the spans inside it or from its step."""
+        for sample_now in list(self.samplers):
+            try:
+                sample_now()
+            except Exception:  # a failing sampler loses a sample, never the window
+                self.dropped["system_samples"] += 1
         taken = [buffer.drain() for buffer in list(self.buffers)
                  if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
+        samples, self.samples = self.samples, []
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
-                      step_numbers=kept_steps or None)
+                      step_numbers=kept_steps or None, samples=samples)
 
     def name_model(self, module: Any, candidates: list[str]) -> str:
         """Name the top-level model ``module``: the first of ``candidates`` (names it is bound

@@ -34,14 +34,23 @@ class Level(str, enum.Enum):
     """Depth of the stack a span was recorded at, shallowest first."""
 
     MODEL = "model"
+    INPUT = "input"
+    """The loop waiting for its data (DataLoader batches); always recorded with the model level,
+    since a wait for a batch is where an automatic step begins."""
     LAYER = "layer"
     OPERATOR = "operator"
+    MEMORY = "memory"
+    """Each allocation and free of tensor memory (``alloc``/``free`` events, CPU and CUDA),
+    from PyTorch's profiler; perturbs timings."""
     FLOPS = "flops"
     """Analytic FLOPs and bytes per operator (``operator`` spans); perturbs timings."""
     CUDA_API = "cuda_api"
     KERNEL = "kernel"
     GPU_METRICS = "gpu_metrics"
     """Hardware counters sampled on the GPU (``counters`` spans); perturbs timings."""
+    SYSTEM = "system"
+    """CPU, memory, GPU utilisation, power and energy sampled a few times a second
+    (``sample`` spans, see :mod:`xsp.samples`)."""
 
     @property
     def rank(self) -> int:
@@ -49,9 +58,9 @@ class Level(str, enum.Enum):
         return _LEVEL_ORDER.index(self)
 
 
-_LEVEL_ORDER: Final = (Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS, Level.CUDA_API, Level.KERNEL,
-                       Level.GPU_METRICS)
-METRIC_LEVELS: Final = frozenset({Level.FLOPS, Level.GPU_METRICS})
+_LEVEL_ORDER: Final = (Level.MODEL, Level.INPUT, Level.LAYER, Level.OPERATOR, Level.MEMORY, Level.FLOPS,
+                       Level.CUDA_API, Level.KERNEL, Level.GPU_METRICS, Level.SYSTEM)
+METRIC_LEVELS: Final = frozenset({Level.FLOPS, Level.GPU_METRICS, Level.MEMORY})
 """Levels that measure counts, not time: their runs perturb timings, so leveled
 experimentation never takes durations from them."""
 LEVELS: Final = _LEVEL_ORDER
@@ -64,7 +73,7 @@ class SpanKind(str, enum.Enum):
     STEP = "step"  # an explicit xsp.step() (model level)
     PREDICT = "predict"  # one call of a top-level nn.Module (model level)
     USER = "user"  # xsp.span() (model level)
-    INPUT = "input"  # the loop waiting for a DataLoader batch (model level)
+    INPUT = "input"  # the loop waiting for a DataLoader batch (input level)
     OPTIMIZER = "optimizer"  # one optimizer.step() (model level)
     COMPILE = "compile"  # torch.compile compiling a frame (model level); not model latency
     FORWARD = "forward"  # one nn.Module forward call (layer level)
@@ -77,6 +86,9 @@ class SpanKind(str, enum.Enum):
     MEMCPY = "memcpy"  # GPU memory copy (kernel level)
     MEMSET = "memset"  # GPU memory set (kernel level)
     SYNC = "sync"  # GPU synchronisation (kernel level)
+    ALLOC = "alloc"  # tensor memory allocated: an instant, ``bytes`` its size (memory level)
+    FREE = "free"  # tensor memory freed: an instant, ``bytes`` its size (memory level)
+    SAMPLE = "sample"  # one interval of system metrics (system level)
     COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
     # its duration is not the kernel's)
 
@@ -206,6 +218,10 @@ ATTR_GENERATE_PHASE: Final = "xsp.generate.phase"
 """On a model call inside ``generate()``: ``prefill`` (the first) or ``decode``."""
 ATTR_GENERATE_TOKEN: Final = "xsp.generate.token_index"
 """On a model call inside ``generate()``: the index of the token it produces (0 for prefill)."""
+ATTR_INPUT_WORKERS: Final = "xsp.input.num_workers"
+"""On an input wait: the DataLoader's ``num_workers``."""
+ATTR_INPUT_PIN_MEMORY: Final = "xsp.input.pin_memory"
+"""On an input wait: the DataLoader's ``pin_memory``."""
 
 COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     THREAD_ID: ATTR_THREAD_ID,

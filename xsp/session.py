@@ -207,6 +207,8 @@ class Session:
             verb = "are" if len(levels) > 1 else "is"
             self._warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
         self._open_segments(tracers)
+        if self._recording is not None:
+            self._recording.levels = self.levels
         if self.schedule is not None and self._recording is not None:
             self._recording.paused = self.schedule.action(0) is StepAction.SKIP
         self._watch_step_ends(tracers)

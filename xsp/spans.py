@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from xsp import hierarchy, structure
 from xsp import schema as col
+from xsp.samples import annotate_steps
 from xsp.tree import MEMORY_POOL, arrow_strings, category_values, ids_at, nullable_ints
 
 
@@ -172,4 +173,6 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
     diagnostics.roots = int((~has_parent).sum())
-    return TableResult(conform(table), diagnostics.as_dict())
+    table = conform(table)
+    annotate_steps(table)
+    return TableResult(table, diagnostics.as_dict())

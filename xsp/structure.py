@@ -109,7 +109,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]
-    below_model = loose[levels[loose] != Level.MODEL.value]
+    below_model = loose[~np.isin(levels[loose], ROOT_LEVELS)]
     found = _latest_step_on_thread(step_roots, threads, starts, below_model)
     hit = found >= 0
     step_of[below_model[hit]] = step_of[found[hit]]
@@ -160,6 +160,8 @@ def _latest_step_on_thread(step_roots: np.ndarray, threads: np.ndarray, starts: 
 
 
 SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
+ROOT_LEVELS = (Level.MODEL.value, Level.INPUT.value)
+"""Levels whose spans outside every step stay outside (the others join the step before them)."""
 """Levels whose spans skip enclosing spans of their own level when anchoring their path."""
 
 

@@ -67,7 +67,7 @@ def test_the_program_is_unchanged(runs, name):
 
 def model_spans(trace: xsp.Trace, kind: SpanKind) -> pd.DataFrame:
     spans = trace.spans
-    return spans[(spans[col.LEVEL] == "model") & (spans[col.KIND] == kind.value)]
+    return spans[spans[col.LEVEL].isin(["model", "input"]) & (spans[col.KIND] == kind.value)]
 
 
 def step_names(trace: xsp.Trace) -> list[str]:
@@ -75,7 +75,7 @@ def step_names(trace: xsp.Trace) -> list[str]:
 
 
 def parts_per_step(trace: xsp.Trace) -> pd.Series:
-    model = trace.spans[(trace.spans[col.LEVEL] == "model") & trace.spans[col.STEP].notna()]
+    model = trace.spans[trace.spans[col.LEVEL].isin(["model", "input"]) & trace.spans[col.STEP].notna()]
     return model.groupby(col.STEP)[col.KIND].apply(lambda kinds: sorted(set(kinds)))
 
 

@@ -49,7 +49,7 @@ def test_metadata_describes_the_run(recorded):
                 "clock", "dropped", "hierarchy", "service_name"):
         assert key in meta, key
     assert meta["schema_version"] == col.SCHEMA_VERSION
-    assert meta["levels"] == ["model", "layer"]
+    assert meta["levels"] == ["model", "input", "layer"]
     assert set(meta["clock"]) == {"host_to_epoch_ns", "uncertainty_ns", "drift_ns"}
 
 

@@ -9,12 +9,13 @@ import torch
 
 import xsp
 from xsp import schema as col
-from xsp.leveled import LeveledRun, level_runs, merge_runs
+from xsp.leveled import LeveledRun, level_runs, merge_runs, run_label
 from xsp.schema import Level, SpanKind
 from xsp.spans import conform
 from xsp.tree import parent_positions
 
 M, L, OP, F = Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS
+IN = Level.INPUT
 STEP, PREDICT, A, B, MM = "leveled[0]", "leveled[0]/predict[0]", "leveled[0]/predict[0]/a[0]", \
     "leveled[0]/predict[0]/b[0]", "leveled[0]/predict[0]/a[0]/aten::mm[0]"
 KINDS = {Level.MODEL: SpanKind.PREDICT, Level.LAYER: SpanKind.FORWARD, Level.OPERATOR: SpanKind.OPERATOR,
@@ -47,8 +48,10 @@ def _run(levels: tuple[Level, ...], figures: dict[str, list[float]], flops: dict
 
 
 def test_the_runs_are_the_level_prefixes_then_one_per_metric():
-    assert level_runs("model,layer,operator,flops") == [(M,), (M, L), (M, L, OP), (M, L, F)]
-    assert level_runs("model,kernel") == [(M,), (M, Level.CUDA_API), (M, Level.CUDA_API, Level.KERNEL)]
+    # the input level comes with the model level: it never makes a run of its own
+    assert level_runs("model,layer,operator,flops") == [(M, IN), (M, IN, L), (M, IN, L, OP), (M, IN, L, F)]
+    assert level_runs("model,kernel") == [(M, IN), (M, IN, Level.CUDA_API), (M, IN, Level.CUDA_API, Level.KERNEL)]
+    assert [run_label(run) for run in level_runs("model,layer")] == ["model", "model+layer"]
 
 
 def test_each_span_takes_the_trimmed_mean_of_the_run_where_its_level_was_deepest():

@@ -12,20 +12,21 @@ from xsp.schema import Level
 
 @pytest.mark.parametrize("given", ["model,layer", ("model", "layer"), ["layer"], " Layer , model ",
                                    (Level.LAYER,), "layer"])
-def test_levels_accept_strings_sequences_and_enums_and_always_include_model(given):
-    assert parse_levels(given) == (Level.MODEL, Level.LAYER)
+def test_levels_accept_strings_sequences_and_enums_and_always_include_model_and_input(given):
+    assert parse_levels(given) == (Level.MODEL, Level.INPUT, Level.LAYER)
 
 
 def test_levels_are_ordered_shallowest_first():
-    assert parse_levels("operator,model,layer") == (Level.MODEL, Level.LAYER, Level.OPERATOR)
+    assert parse_levels("operator,model,layer") == (Level.MODEL, Level.INPUT, Level.LAYER, Level.OPERATOR)
 
 
 def test_the_kernel_level_brings_the_cuda_api_level_that_launches_kernels():
-    assert parse_levels("kernel,model,operator") == (Level.MODEL, Level.OPERATOR, Level.CUDA_API, Level.KERNEL)
+    assert parse_levels("kernel,model,operator") == (Level.MODEL, Level.INPUT, Level.OPERATOR, Level.CUDA_API,
+                                                     Level.KERNEL)
 
 
 def test_unknown_level_names_the_valid_ones():
-    with pytest.raises(UnknownLevelError, match=r"unknown level 'layers' \(valid levels: model, layer"):
+    with pytest.raises(UnknownLevelError, match=r"unknown level 'layers' \(valid levels: model, input, layer"):
         parse_levels("model,layers")
 
 
@@ -48,4 +49,4 @@ def test_clock_sync_maps_host_time_to_epoch():
 
 def test_levels_rank_matches_depth():
     assert [level.rank for level in Level] == list(itertools.islice(itertools.count(), len(Level)))
-    assert Level.MODEL.rank == 0 and Level.FLOPS.rank == 3 and Level.GPU_METRICS.rank == 6
+    assert Level.MODEL.rank == 0 and Level.INPUT.rank == 1 and Level.FLOPS.rank == 5 and Level.SYSTEM.rank == 9

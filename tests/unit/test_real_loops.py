@@ -122,7 +122,8 @@ def test_a_training_loop_is_one_step_per_optimizer_step(training):
     assert json.loads(steps[col.ATTRIBUTES].iloc[0]) == {"xsp.step.type": "train"}
     starts, ends = steps[col.START_NS].to_numpy(), steps[col.END_NS].to_numpy()
     assert (starts[1:] == ends[:-1]).all()  # iterations follow each other with nothing between
-    kinds = spans[spans[col.LEVEL] == "model"].groupby(col.STEP)[col.KIND].apply(lambda k: sorted(k.unique()))
+    kinds = spans[spans[col.LEVEL].isin(["model", "input"])].groupby(col.STEP)[col.KIND].apply(
+        lambda k: sorted(k.unique()))
     assert all(found == ["backward", "input", "optimizer", "predict", "step"] for found in kinds)
     optimizer = spans[spans[col.KIND] == SpanKind.OPTIMIZER.value]
     assert optimizer[col.NAME].unique().tolist() == ["SGD.step"]
@@ -131,6 +132,20 @@ def test_a_training_loop_is_one_step_per_optimizer_step(training):
     assert set(waits[col.NAME]) == {"DataLoader.__iter__", "DataLoader.__next__"}
     assert json.loads(waits[col.ATTRIBUTES].iloc[-1]) == {"xsp.input.num_workers": 0, "xsp.input.pin_memory": False}
     assert waits[col.STEP].isna().sum() == 1  # the epoch's last next(), which raised StopIteration
+    assert set(waits[col.LEVEL]) == {"input"}
+
+
+def test_input_waits_are_the_input_level_and_each_steps_wait_is_in_its_latency(training):
+    waits = analysis.input_waits(training)
+    spans = training.spans
+    assert len(waits) == (spans[col.KIND] == SpanKind.INPUT.value).sum()
+    assert (waits["num_workers"] == 0).all() and (~waits["pin_memory"]).all()
+    assert (waits["copies"] == 0).all()  # on the CPU no batch is copied
+    latency = analysis.model_latency(training)
+    per_step = waits.dropna(subset=["step"]).groupby("step")["wait_ms"].sum()
+    assert np.allclose(latency.set_index("step")["input_ms"].loc[per_step.index], per_step)
+    assert (latency["input_ms"] > 0).all() and (latency["input_ms"] < latency["latency_ms"]).all()
+    assert np.allclose(analysis.input_per_step(training).set_index("step")["input_ms"], per_step)
 
 
 def test_backward_layer_spans_sit_in_their_steps_tree(training):

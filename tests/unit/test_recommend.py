@@ -49,7 +49,7 @@ def input_trace(wait_us, workers=None, pin=None, metadata=None):
         attributes["xsp.input.num_workers"] = workers
     if pin is not None:
         attributes["xsp.input.pin_memory"] = pin
-    rows = step([(2, 1, "model", "input", "DataLoader.__next__", 0, wait_us,
+    rows = step([(2, 1, "input", "input", "DataLoader.__next__", 0, wait_us,
                   {col.ATTRIBUTES: json.dumps(attributes) if attributes else None}),
                  (3, 1, "model", "predict", "net", wait_us, 100, {})])
     return make_trace(rows, metadata or {})
@@ -61,6 +61,9 @@ def test_input_bound_by_the_tf_thresholds():
     assert moderate["severity"] == "medium" and moderate["share"] == pytest.approx(0.10)
     assert moderate["paths"] == ["DataLoader.__next__"]
     assert "input_bound" not in fired(input_trace(4))
+    older = input_trace(25)  # recorded before the input level: waits at the model level
+    older.spans[col.LEVEL] = older.spans[col.LEVEL].replace("input", "model")
+    assert fired(older)["input_bound"]["severity"] == "high"
 
 
 def test_dataloader_workers_when_the_loader_has_fewer_workers_than_cpus():

@@ -27,7 +27,7 @@ from xsp.trace import Trace
 TIMELINE_SPANS = 3000
 """Spans drawn in the step timeline at most (the longest are kept)."""
 TOP = 15
-_LEVEL_ORDER = ["model", "layer", "operator", "cuda_api", "kernel"]
+_LEVEL_ORDER = ["model", "input", "layer", "operator", "cuda_api", "kernel"]
 
 
 def _figure_html(figure: go.Figure, chart_id: str) -> str:

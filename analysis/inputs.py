@@ -1,0 +1,123 @@
+"""The input level: how long the loop waited for its data, and the copy of each batch to the GPU.
+
+A wait is the time ``next()`` on a DataLoader iterator blocked the loop (``input`` spans, with
+the loader's ``num_workers`` and ``pin_memory``). On a GPU the batch then goes to the device:
+the host-to-device copies the loop's thread launched after the wait ended and before its next
+model call began are that batch's copy (``memcpy`` spans of the kernel level, so they are only
+known when the kernel level was recorded).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import INPUT_LEVELS, _spans
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+
+HOST_TO_DEVICE: Final = "HtoD"
+INPUT_COLUMNS: Final = ["step", "name", "thread_id", "start_ns", "wait_ms", "num_workers", "pin_memory",
+                        "copies", "copy_ms", "copy_bytes"]
+
+
+def input_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """The loop's waits for data (input level; model level in traces recorded before it existed)."""
+    return spans[(spans[col.KIND] == SpanKind.INPUT.value) & spans[col.LEVEL].isin(INPUT_LEVELS)]
+
+
+def _attribute(text: Any, key: str) -> Any:
+    if not isinstance(text, str):
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found.get(key) if isinstance(found, dict) else None
+
+
+def _batch_copies(spans: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
+    """Per wait (by row position): count, duration and bytes of the host-to-device copies its
+    thread launched between the end of the wait and the start of its next model call."""
+    out = pd.DataFrame({"copies": np.zeros(len(waits), dtype=np.int64), "copy_ns": np.zeros(len(waits)),
+                        "copy_bytes": np.zeros(len(waits), dtype=np.int64)})
+    copies = spans[(spans[col.KIND] == SpanKind.MEMCPY.value)
+                   & spans[col.COPY_KIND].fillna("").str.startswith(HOST_TO_DEVICE)]
+    if copies.empty or waits.empty:
+        return out
+    launches = spans[spans[col.LEVEL] == Level.CUDA_API.value].set_index(col.SPAN_ID)
+    launch_of = copies[col.PARENT_ID].astype("float64")
+    found = launch_of.isin(launches.index.astype("float64"))
+    copies, launch_ids = copies[found.to_numpy()], copies[col.PARENT_ID][found.to_numpy()].astype("int64")
+    if copies.empty:
+        return out
+    launched_at = launches.loc[launch_ids, col.START_NS].to_numpy(dtype=np.int64)
+    launched_on = launches.loc[launch_ids, col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
+    calls = spans[spans[col.KIND] == SpanKind.PREDICT.value]
+    wait_threads = waits[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
+    wait_ends = waits[col.END_NS].to_numpy(dtype=np.int64)
+    for thread in np.unique(wait_threads[~np.isnan(wait_threads)]):
+        mine = np.flatnonzero(wait_threads == thread)
+        call_starts = np.sort(calls[calls[col.THREAD_ID] == thread][col.START_NS].to_numpy(dtype=np.int64))
+        wait_order = mine[np.argsort(wait_ends[mine], kind="stable")]
+        ends = wait_ends[wait_order]
+        # a copy belongs to the latest wait that ended before it, if no model call came between
+        on_thread = np.flatnonzero(launched_on == thread)
+        at = launched_at[on_thread]
+        latest = np.searchsorted(ends, at, side="right") - 1
+        keep = latest >= 0
+        owner_end = ends[np.maximum(latest, 0)]
+        next_call = np.searchsorted(call_starts, owner_end, side="left")
+        call_start = np.where(next_call < len(call_starts), call_starts[np.minimum(next_call, len(call_starts) - 1)],
+                              np.iinfo(np.int64).max)
+        keep &= at < call_start
+        for copy, wait in zip(on_thread[keep].tolist(), wait_order[latest[keep]].tolist()):
+            row = copies.iloc[copy]
+            out.iat[wait, 0] += 1
+            out.iat[wait, 1] += float(row[col.DURATION_NS])
+            out.iat[wait, 2] += int(row[col.BYTES]) if pd.notna(row[col.BYTES]) else 0
+    return out
+
+
+def input_waits(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """One row per wait of the loop for a batch, in time order.
+
+    Columns: ``step`` (null outside steps), ``name`` (``DataLoader.__next__``, or
+    ``DataLoader.__iter__`` for starting an epoch's workers), ``thread_id``, ``start_ns``,
+    ``wait_ms``, ``num_workers``, ``pin_memory`` (null when unknown, as in imported traces),
+    ``copies``, ``copy_ms`` and ``copy_bytes`` (the batch's host-to-device copies on a GPU,
+    recorded at the kernel level; 0 otherwise).
+    """
+    spans = _spans(source)
+    waits = input_spans(spans).sort_values(col.START_NS, kind="stable").reset_index(drop=True)
+    if waits.empty:
+        return pd.DataFrame(columns=INPUT_COLUMNS)
+    copies = _batch_copies(spans, waits)
+    attributes = waits[col.ATTRIBUTES] if col.ATTRIBUTES in waits else pd.Series([None] * len(waits))
+    workers = [_attribute(text, col.ATTR_INPUT_WORKERS) for text in attributes.tolist()]
+    pinned = [_attribute(text, col.ATTR_INPUT_PIN_MEMORY) for text in attributes.tolist()]
+    return pd.DataFrame({
+        "step": waits[col.STEP].astype("Int64").to_numpy(),
+        "name": waits[col.NAME].to_numpy(),
+        "thread_id": waits[col.THREAD_ID].astype("Int64").to_numpy(),
+        "start_ns": waits[col.START_NS].to_numpy(dtype=np.int64),
+        "wait_ms": waits[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6,
+        "num_workers": pd.array(workers, dtype="Int64"),
+        "pin_memory": pd.array(pinned, dtype="boolean"),
+        "copies": copies["copies"].to_numpy(),
+        "copy_ms": copies["copy_ns"].to_numpy() / 1e6,
+        "copy_bytes": copies["copy_bytes"].to_numpy(),
+    })[INPUT_COLUMNS]
+
+
+def input_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per step: ``step``, ``waits``, ``input_ms`` (time waiting for data) and ``input_copy_ms``."""
+    waits = input_waits(source)
+    waits = waits[waits["step"].notna()]
+    table = waits.groupby("step").agg(waits=("wait_ms", "size"), input_ms=("wait_ms", "sum"),
+                                      input_copy_ms=("copy_ms", "sum")).reset_index()
+    return table[["step", "waits", "input_ms", "input_copy_ms"]]

@@ -1,0 +1,90 @@
+"""The system level: sampled CPU, memory, GPU utilisation, power and energy, and their share
+of each step.
+
+Samples are intervals (see :mod:`xsp.samples`); a metric's value at ``time_ns`` is its value
+over the interval that ends there (its average for rates such as CPU percent or power, its
+state at that moment for memory).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans, step_roots
+
+from xsp import schema as col
+from xsp.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, SystemMetric, sample_table
+from xsp.trace import Trace
+
+METRIC_COLUMNS = ["time_ns", "source", "device", "metric", "value", "unit"]
+STEP_COLUMNS = ["step", "name", "device", "metric", "value", "unit"]
+ENERGY_COLUMNS = ["step", "name", "device", "energy_j", "method", "batch_size", "energy_per_item_j"]
+_UNIT_OF = {metric.value: unit for metric, unit in UNITS.items()}
+
+
+def system_metrics(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Every sampled value: ``time_ns`` (the end of its interval), ``source`` (process, host,
+    gpu), ``device`` (``gpu0``...; the source's name for the others), ``metric``, ``value``,
+    ``unit``. Empty when the system level was not recorded."""
+    samples = sample_table(_spans(source))
+    if samples.empty:
+        return pd.DataFrame(columns=METRIC_COLUMNS)
+    out = pd.DataFrame({"time_ns": samples["end_ns"].to_numpy(dtype=np.int64), "source": samples["source"],
+                        "device": samples["device"], "metric": samples["metric"],
+                        "value": samples["value"].to_numpy(dtype=np.float64),
+                        "unit": samples["metric"].map(_UNIT_OF).fillna("")})
+    return out.sort_values(["time_ns", "device", "metric"], kind="stable").reset_index(drop=True)[METRIC_COLUMNS]
+
+
+def _step_attributes(spans: pd.DataFrame) -> list[tuple[int, str, dict[str, object]]]:
+    roots = step_roots(spans)
+    found = []
+    for step, name, text in zip(roots[col.STEP].tolist(), roots[col.NAME].tolist(), roots[col.ATTRIBUTES].tolist()):
+        attributes = json.loads(text) if isinstance(text, str) else {}
+        ours = {key[len(STEP_ATTRIBUTE_PREFIX):]: value for key, value in attributes.items()
+                if key.startswith(STEP_ATTRIBUTE_PREFIX)}
+        found.append((int(step), str(name), ours))
+    return found
+
+
+def system_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Each step's averages of the sampled metrics (the step spans' ``xsp.system.*``
+    attributes): ``step``, ``name``, ``device``, ``metric``, ``value``, ``unit``. Energy is the
+    step's total (``energy_j``), see :func:`energy_per_step` for how it was obtained."""
+    rows = []
+    for step, name, values in _step_attributes(_spans(source)):
+        for key, value in values.items():
+            device, _, metric = key.partition(".")
+            if metric == "energy_method" or not isinstance(value, (int, float)):
+                continue
+            rows.append((step, name, device, metric, float(value), _UNIT_OF.get(metric, "")))
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def energy_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Energy each step used on each measured device: ``step``, ``name``, ``device`` (``gpu0``,
+    ``host`` for the CPU packages), ``energy_j`` (null when unavailable), ``method`` (counter,
+    polled, estimated or unavailable, see :class:`xsp.samples.EnergyMethod`), ``batch_size``
+    and ``energy_per_item_j`` (per inference or training sample, when the batch is known)."""
+    spans = _spans(source)
+    predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
+    batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    rows = []
+    for step, name, values in _step_attributes(spans):
+        for key, method in values.items():
+            device, _, what = key.partition(".")
+            if what != "energy_method":
+                continue
+            energy = values.get(f"{device}.{SystemMetric.ENERGY_J.value}")
+            size = batch.get(step)
+            size = None if size is None or pd.isna(size) else int(size)
+            joules = None if method == EnergyMethod.UNAVAILABLE.value or energy is None else float(energy)  # type: ignore[arg-type]
+            rows.append((step, name, device, joules, method, size,
+                         None if joules is None or not size else joules / size))
+    out = pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+    out["energy_j"] = out["energy_j"].astype("Float64")
+    out["energy_per_item_j"] = out["energy_per_item_j"].astype("Float64")
+    out["batch_size"] = out["batch_size"].astype("Int64")
+    return out

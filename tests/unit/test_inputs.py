@@ -1,0 +1,90 @@
+"""The input level: waits for data, the batch's host-to-device copy, and Kineto's DataLoader
+annotations."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+
+import xsp
+from tests.unit.test_gpu_analyses import make_trace
+from xsp import analysis
+from xsp import schema as col
+
+
+def loop_on_a_gpu():
+    """Two steps. Each: a wait (with workers and pinning recorded), the loop's copy of the batch
+    (two HtoD copies launched before the model call), the model call launching a kernel and an
+    HtoD copy of its own (a weight upload: not the batch), then a DtoH copy after the call."""
+    attributes = {col.ATTRIBUTES: json.dumps({col.ATTR_INPUT_WORKERS: 4, col.ATTR_INPUT_PIN_MEMORY: True})}
+    rows, next_id = [], 1
+    for step, base in ((0, 0), (1, 1000)):
+        step_id = next_id
+        rows += [(step_id, None, "model", "step", "train_step", base, base + 900, {"step": step}),
+                 (step_id + 1, step_id, "input", "input", "DataLoader.__next__", base, base + 100,
+                  {"step": step, **attributes}),
+                 (step_id + 2, step_id, "cuda_api", "runtime", "cudaMemcpyAsync", base + 110, base + 115,
+                  {"step": step}),
+                 (step_id + 3, step_id + 2, "kernel", "memcpy", "Memcpy HtoD (Pinned -> Device)", base + 120,
+                  base + 150, {"step": step, col.COPY_KIND: "HtoD", col.BYTES: 4096, col.CORRELATION_ID: step_id}),
+                 (step_id + 4, step_id, "cuda_api", "runtime", "cudaMemcpyAsync", base + 116, base + 118,
+                  {"step": step}),
+                 (step_id + 5, step_id + 4, "kernel", "memcpy", "Memcpy HtoD (Pinned -> Device)", base + 150,
+                  base + 160, {"step": step, col.COPY_KIND: "HtoD", col.BYTES: 1024,
+                               col.CORRELATION_ID: step_id + 100}),
+                 (step_id + 6, step_id, "model", "predict", "net", base + 200, base + 700, {"step": step}),
+                 (step_id + 7, step_id + 6, "cuda_api", "runtime", "cudaMemcpyAsync", base + 210, base + 215,
+                  {"step": step}),
+                 (step_id + 8, step_id + 7, "kernel", "memcpy", "Memcpy HtoD (Pageable -> Device)", base + 220,
+                  base + 300, {"step": step, col.COPY_KIND: "HtoD", col.BYTES: 99, col.CORRELATION_ID: step_id + 200}),
+                 (step_id + 9, step_id, "cuda_api", "runtime", "cudaMemcpyAsync", base + 710, base + 720,
+                  {"step": step}),
+                 (step_id + 10, step_id + 9, "kernel", "memcpy", "Memcpy DtoH (Device -> Pageable)", base + 720,
+                  base + 730, {"step": step, col.COPY_KIND: "DtoH", col.BYTES: 8, col.CORRELATION_ID: step_id + 300})]
+        next_id += 11
+    return make_trace(rows)
+
+
+def test_each_wait_carries_the_loader_settings_and_its_batch_copy():
+    waits = analysis.input_waits(loop_on_a_gpu())
+    assert waits["step"].tolist() == [0, 1]
+    assert np.allclose(waits["wait_ms"], 0.1)
+    assert waits["num_workers"].tolist() == [4, 4] and waits["pin_memory"].tolist() == [True, True]
+    # the two copies launched between the wait and the model call; not the model's own upload
+    # nor the copy back after it
+    assert waits["copies"].tolist() == [2, 2]
+    assert waits["copy_bytes"].tolist() == [5120, 5120]
+    assert np.allclose(waits["copy_ms"], 0.04)
+
+
+def test_the_input_per_step_is_in_the_model_latency():
+    trace = loop_on_a_gpu()
+    latency = analysis.model_latency(trace)
+    assert np.allclose(latency["input_ms"], 0.1)
+    per_step = analysis.input_per_step(trace)
+    assert per_step["waits"].tolist() == [1, 1] and np.allclose(per_step["input_copy_ms"], 0.04)
+
+
+def test_a_trace_without_waits_has_an_empty_table_with_the_columns():
+    rows = [(1, None, "model", "step", "s", 0, 10, {}), (2, 1, "model", "predict", "net", 0, 10, {})]
+    trace = make_trace(rows)
+    assert analysis.input_waits(trace).empty
+    assert list(analysis.input_waits(trace).columns) == list(analysis.inputs.INPUT_COLUMNS)
+    assert analysis.model_latency(trace)["input_ms"].tolist() == [0.0]
+
+
+def test_kineto_dataloader_annotations_are_input_waits(tmp_path):
+    def event(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [event("ProfilerStep#3", 0, 100), event("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                                                     1, 30), event("forward", 40, 50)]
+    path = tmp_path / "loop.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    trace = xsp.load(path)
+    waits = trace.spans[trace.spans[col.KIND] == "input"]
+    assert waits[col.LEVEL].tolist() == ["input"] and waits[col.STEP].tolist() == [3]
+    assert analysis.model_latency(trace)["input_ms"].tolist() == [0.03]
+    assert analysis.input_waits(trace)["num_workers"].isna().all()

@@ -1,0 +1,232 @@
+"""The system level: its readers (on fake RAPL files and a fake NVML), each step's averages
+and energy, and a real session sampling this machine."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from xsp.tracers import system as system_tracer
+from xsp.tracers.system import GpuReader, HostReader, SystemTracer, rapl_counters, sampling_hz, visible_gpus
+
+import xsp
+from xsp import analysis
+from xsp import schema as col
+from xsp.samples import EnergyMethod, step_averages
+
+S = 1_000_000_000
+
+
+def long_samples(*intervals):
+    """(device, metric, start_s, end_s, value, method) -> sample_table's long format."""
+    return pd.DataFrame([{"start_ns": int(a * S), "end_ns": int(b * S), "source": device.rstrip("0123456789"),
+                          "device": device, "metric": metric, "value": value, "energy_method": method}
+                         for device, metric, a, b, value, method in intervals])
+
+
+def test_a_step_gets_time_weighted_averages_and_the_energy_inside_it():
+    samples = long_samples(("gpu0", "power_w", 0, 1, 100.0, "counter"), ("gpu0", "power_w", 1, 2, 300.0, "counter"),
+                           ("gpu0", "energy_j", 0, 1, 100.0, "counter"), ("gpu0", "energy_j", 1, 2, 300.0, "counter"))
+    # a step over the second half of the first interval and all of the second
+    (found,) = step_averages(samples, np.array([int(0.5 * S)]), np.array([2 * S]))
+    assert found["gpu0.power_w"] == pytest.approx((100 * 0.5 + 300 * 1) / 1.5)
+    assert found["gpu0.energy_j"] == pytest.approx(50 + 300)
+    assert found["gpu0.energy_method"] == "counter"
+
+
+def test_a_step_shorter_than_an_interval_gets_its_share_marked_estimated():
+    samples = long_samples(("gpu0", "energy_j", 0, 1, 100.0, "polled"), ("gpu0", "utilization_percent", 0, 1, 40.0,
+                                                                          "polled"))
+    (found,) = step_averages(samples, np.array([int(0.2 * S)]), np.array([int(0.3 * S)]))
+    assert found["gpu0.energy_j"] == pytest.approx(10.0)
+    assert found["gpu0.energy_method"] == EnergyMethod.ESTIMATED.value
+    assert found["gpu0.utilization_percent"] == pytest.approx(40.0)
+
+
+def test_a_step_no_sample_covers_gets_nothing_and_unmeasured_energy_says_so():
+    samples = long_samples(("host", "cpu_percent", 0, 1, 50.0, "unavailable"),
+                           ("process", "cpu_percent", 0, 1, 90.0, "unavailable"))
+    inside, after = step_averages(samples, np.array([0, 5 * S]), np.array([S, 6 * S]))
+    assert inside == {"host.cpu_percent": 50.0, "process.cpu_percent": 90.0, "host.energy_method": "unavailable"}
+    assert after == {}
+
+
+def write_rapl(root, package, energy_uj, limit_uj=1_000_000):
+    zone = root / f"intel-rapl:{package}"
+    zone.mkdir(exist_ok=True)
+    (zone / "energy_uj").write_text(str(energy_uj))
+    (zone / "max_energy_range_uj").write_text(str(limit_uj))
+    return zone
+
+
+def test_host_energy_comes_from_the_rapl_package_counters_across_a_wrap(tmp_path):
+    write_rapl(tmp_path, 0, 900_000)
+    write_rapl(tmp_path, 1, 10_000)
+    (write_rapl(tmp_path, 0, 0).parent / "intel-rapl:0:0").mkdir()  # a subzone (core): inside package 0
+    (tmp_path / "intel-rapl:0:0" / "energy_uj").write_text("5")
+    assert [path.parent.name for path, _ in rapl_counters(tmp_path)] == ["intel-rapl:0", "intel-rapl:1"]
+    write_rapl(tmp_path, 0, 900_000)
+    reader = HostReader(rapl_root=tmp_path)
+    assert reader.sample(0) is None  # the first reading starts the first interval
+    write_rapl(tmp_path, 0, 100_000)  # wrapped: 100k past the 1M range
+    write_rapl(tmp_path, 1, 60_000)
+    sample = reader.sample(S // 2)
+    assert sample is not None and sample.energy_method == "counter"
+    assert sample.metrics["energy_j"] == pytest.approx(0.2 + 0.05)
+    assert sample.metrics["power_w"] == pytest.approx(0.5)
+    assert 0 <= sample.metrics["cpu_percent"] <= 100 and sample.metrics["memory_used_bytes"] > 0
+
+
+def test_unreadable_rapl_means_no_host_energy(tmp_path):
+    assert rapl_counters(tmp_path / "absent") == []
+    reader = HostReader(rapl_root=tmp_path / "absent")
+    reader.sample(0)
+    sample = reader.sample(S)
+    assert sample is not None and sample.energy_method == "unavailable" and "energy_j" not in sample.metrics
+
+
+class FakeNvml:
+    """Just what the GPU reader calls, for two GPUs: GPU 0 has an energy counter, GPU 1 not."""
+
+    NVML_CLOCK_SM = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        self.energy_mj = {0: 1_000_000}
+        self.power_mw = {0: 200_000, 1: 100_000}
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}aaaa-bbbb"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=75)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=2**30)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self.power_mw[handle]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 1410
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        if handle not in self.energy_mj:
+            raise self.NVMLError("Not Supported")
+        return self.energy_mj[handle]
+
+
+def test_gpu_energy_from_the_counter_or_else_from_polled_power():
+    nvml = FakeNvml()
+    with_counter, without = GpuReader(nvml, 0, 0), GpuReader(nvml, 1, 1)
+    assert with_counter.has_counter and not without.has_counter
+    for reader in (with_counter, without):
+        reader.sample(0)
+    nvml.energy_mj[0] += 50_000  # 50 J in 0.5 s
+    nvml.power_mw[1] = 300_000
+    counted, polled = with_counter.sample(S // 2), without.sample(S // 2)
+    assert counted is not None and counted.energy_method == "counter" and counted.metrics["energy_j"] == 50.0
+    assert counted.metrics == {"utilization_percent": 75, "memory_used_bytes": 2**30, "power_w": 200.0,
+                               "sm_clock_mhz": 1410, "energy_j": 50.0}
+    assert polled is not None and polled.energy_method == "polled"
+    assert polled.metrics["energy_j"] == pytest.approx((100 + 300) / 2 * 0.5)  # trapezoid
+    assert polled.device_id == 1 and polled.source == "gpu"
+
+
+@pytest.mark.parametrize(("visible", "expected"), [(None, [(0, 0), (1, 1)]), ("1", [(0, 1)]), ("1,0", [(0, 1), (1, 0)]),
+                                                    ("GPU-1aaaa", [(0, 1)]), ("0,7,1", [(0, 0)]), ("", [])])
+def test_the_gpus_sampled_are_those_cuda_shows_numbered_as_cuda_numbers_them(monkeypatch, visible, expected):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert visible_gpus(FakeNvml()) == expected
+
+
+@pytest.mark.parametrize(("given", "hz"), [(None, 10.0), ("50", 50.0), ("0", 10.0), ("fast", 10.0)])
+def test_the_sampling_rate_comes_from_the_environment(monkeypatch, given, hz):
+    if given is None:
+        monkeypatch.delenv(system_tracer.HZ_ENV, raising=False)
+    else:
+        monkeypatch.setenv(system_tracer.HZ_ENV, given)
+    assert sampling_hz() == hz
+
+
+def test_a_session_samples_this_machine_and_each_step_carries_its_averages(tmp_path, monkeypatch):
+    monkeypatch.setenv(system_tracer.HZ_ENV, "50")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    with xsp.trace(levels="model,system", output=tmp_path / "s.xsp.parquet") as session:
+        for _ in range(10):
+            model(torch.randn(32, 64))
+            time.sleep(0.03)
+    assert session.warnings == []
+    trace = xsp.load(tmp_path / "s.xsp.parquet")
+    metrics = analysis.system_metrics(trace)
+    assert list(metrics.columns) == ["time_ns", "source", "device", "metric", "value", "unit"]
+    assert {"process", "host"} <= set(metrics["source"])
+    assert set(metrics[metrics["source"] == "process"]["metric"]) == {"cpu_percent", "rss_bytes"}
+    rss = metrics[metrics["metric"] == "rss_bytes"]
+    assert (rss["unit"] == "B").all() and (rss["value"] > 10 * 2**20).all()
+    per_step = analysis.system_per_step(trace)
+    assert set(per_step["step"]) == set(range(10))  # every step, even one shorter than an interval
+    details = trace.metadata["tracer_details"]["system"]
+    assert details["interval_s"] == pytest.approx(0.02) and details["readings"] >= 15
+    assert details["reading_cost_us"] > 0
+    energy = analysis.energy_per_step(trace)
+    host = energy[energy["device"] == "host"]
+    assert len(host) == 10
+    expected = {"unavailable"} if details["cpu_energy"] == "unavailable" else {"counter", "estimated"}
+    assert set(host["method"]) <= expected
+    # samples are intervals that follow one another, none twice
+    for _, group in trace.spans[trace.spans[col.LEVEL] == "system"].groupby(col.NAME):
+        starts, ends = group[col.START_NS].to_numpy(), group[col.END_NS].to_numpy()
+        order = np.argsort(starts)
+        assert (starts[order][1:] == ends[order][:-1]).all()
+
+
+def test_samples_survive_streamed_windows(tmp_path, monkeypatch):
+    """A long session writes windows as it goes: each window's samples come once, in order."""
+    monkeypatch.setenv(system_tracer.HZ_ENV, "40")
+    model = torch.nn.Linear(8, 8)
+    with xsp.trace(levels="model,system", output=tmp_path / "long.xsp.parquet") as session:
+        ended = time.monotonic() + 2.5
+        while time.monotonic() < ended:
+            model(torch.randn(4, 8))
+            time.sleep(0.005)
+    trace = xsp.load(tmp_path / "long.xsp.parquet")
+    assert trace.metadata["windows"] >= 2
+    process = trace.spans[(trace.spans[col.LEVEL] == "system") & (trace.spans[col.NAME] == "process")]
+    starts = np.sort(process[col.START_NS].to_numpy())
+    ends = np.sort(process[col.END_NS].to_numpy())
+    assert len(process) >= 60 and (starts[1:] == ends[:-1]).all()
+    steps = trace.spans[trace.spans[col.KIND] == "predict"]
+    annotated = [json.loads(text) for text in steps[col.ATTRIBUTES].tolist() if isinstance(text, str)]
+    assert sum("xsp.system.process.cpu_percent" in a for a in annotated) >= 0.9 * len(steps)
+    assert session.warnings == []
+
+
+def test_without_psutil_the_level_is_unavailable_with_the_reason(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_psutil(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psutil)
+    assert SystemTracer().available() == "psutil is not installed (pip install psutil)"
