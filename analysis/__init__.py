@@ -20,6 +20,7 @@ from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.memory import layer_memory, memory_by_layer_type, memory_timeline
 from xsp.analysis.model import model_latency, model_summary
 from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
+from xsp.analysis.overview import aggregated_tree, level_summary
 from xsp.analysis.recommend import recommend
 from xsp.analysis.roofline import (
     GPU_PEAKS,
@@ -44,5 +45,5 @@ __all__ = [
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
     "peak_for", "trace_peak", "input_waits", "input_per_step", "system_metrics", "system_per_step",
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
-    "recommend", "step_breakdown", "step_summary", "step_coverage", "user_spans",
+    "recommend", "level_summary", "aggregated_tree", "step_breakdown", "step_summary", "step_coverage", "user_spans",
 ]

@@ -52,7 +52,8 @@ class HierarchyDiagnostics:
     duplicate_correlation: int = 0
     """GPU activities whose correlation id several CUDA API calls carry (left unlinked)."""
     other_without_thread: int = 0
-    """Other spans with no host thread (GPU annotations, counter ranges): roots."""
+    """Other spans with no host thread (GPU annotations, counter ranges): roots. System samples,
+    which have none by design, are not counted."""
     external_linked: int = 0
     """CUDA API calls whose external correlation id names the span that made them."""
     external_reparented: int = 0
@@ -224,7 +225,8 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
     if col.EXTERNAL_ID in spans:
         external_parents(spans, parents, diagnostics)
     diagnostics.spans = count
-    diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities)
+    samples = int((spans[col.LEVEL] == Level.SYSTEM.value).sum())  # roots by design: no thread, no step
+    diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities - samples)
     diagnostics.roots = int((parents == NO_PARENT).sum())
     return parents, diagnostics
 

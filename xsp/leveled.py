@@ -35,7 +35,7 @@ from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean
 from xsp.levels import LevelsArg, parse_levels
 from xsp.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.trace import Trace
-from xsp.tree import parent_positions, sum_into_ancestors
+from xsp.tree import depth_of, parent_positions, sum_into_ancestors
 
 STEP_NAME = "leveled"
 """Each call of the function under :func:`leveled` is one step of this name."""
@@ -141,6 +141,40 @@ def _latency_ms(spans: pd.DataFrame, trim: float) -> float:
     return trimmed_mean(model_latency(spans)["latency_ms"].to_numpy(dtype=np.float64), trim)
 
 
+def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray,
+                    on_host: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Place host spans with their leveled ``durations`` so that every child lies inside its
+    parent: top-down, a child keeps its relative position in the parent (the gaps of the
+    deepest run shrink or grow with the parent), moves earlier if it would end after the
+    parent, and in the rare case it is longer than its parent (figures from two runs), is
+    cut to the parent's length (counted). Returns new starts, durations and that count.
+
+    Args:
+        parents: parent positions (-1 for roots); starts/ends: the deepest run's times;
+        durations: the leveled durations; on_host: spans with a host thread (GPU activities
+        run asynchronously and keep their times).
+    """
+    new_starts, new_durations = starts.copy(), durations.astype(np.int64).copy()
+    depth = depth_of(parents)
+    clamped = 0
+    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
+        rows = np.flatnonzero((depth == level) & on_host & (parents >= 0))
+        rows = rows[on_host[parents[rows]]]
+        if not len(rows):
+            continue
+        parent = parents[rows]
+        old_length = np.maximum(ends[parent] - starts[parent], 1).astype(np.float64)
+        scale = new_durations[parent] / old_length
+        placed = new_starts[parent] + np.round((starts[rows] - starts[parent]) * scale).astype(np.int64)
+        parent_end = new_starts[parent] + new_durations[parent]
+        too_long = new_durations[rows] > new_durations[parent]
+        clamped += int(too_long.sum())
+        new_durations[rows] = np.minimum(new_durations[rows], new_durations[parent])
+        placed = np.minimum(placed, parent_end - new_durations[rows])
+        new_starts[rows] = np.maximum(placed, new_starts[parent])
+    return new_starts, new_durations, clamped
+
+
 def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION) -> LeveledResult:
     """Merge the runs of a leveled experiment (see the module's docstring).
 
@@ -190,8 +224,13 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             if path in own.index:
                 durations[i] = int(round(own.at[path, "duration_ns"]))
             sources[i] = deepest.label
+    merged = merged.reset_index(drop=True)
+    starts, durations, clamped = nest_in_parents(parent_positions(merged), merged[col.START_NS].to_numpy(
+        dtype=np.int64), merged[col.END_NS].to_numpy(dtype=np.int64), durations,
+        merged[col.THREAD_ID].notna().to_numpy())
+    merged[col.START_NS] = starts
     merged[col.DURATION_NS] = durations
-    merged[col.END_NS] = merged[col.START_NS] + durations
+    merged[col.END_NS] = starts + durations
     merged[col.LEVELED_RUN] = pd.array(sources.tolist(), dtype="string")
     for run in runs:
         if run.is_metric:
@@ -208,6 +247,7 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
             "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
             "unmatched": len(unmatched_table),
+            "clamped": clamped,
         },
     }
     trace = Trace(spans=merged.reset_index(drop=True), metadata=metadata)

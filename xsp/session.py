@@ -495,6 +495,8 @@ class Session:
         return {
             **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),
+            "threads": {} if self._recording is None else {
+                str(buffer.thread_id): buffer.thread_name for buffer in list(self._recording.buffers)},
             "memory": memory_peaks(),
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},

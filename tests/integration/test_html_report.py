@@ -17,7 +17,7 @@ from xsp.reports.html import write_html
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000", "--window-size=1300,4000"]
-CHART_IDS = ["chart-latency", "chart-operators", "chart-kernels", "chart-roofline", "chart-timeline"]
+CHART_IDS = ["chart-latency", "chart-operators", "chart-kernels", "chart-timeline", "chart-icicle"]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,23 @@ def leveled_report(tmp_path_factory) -> Path:
     return write_html(result.trace, tmp_path_factory.mktemp("html") / "leveled.html")
 
 
+@pytest.fixture(scope="module")
+def memory_system_report(tmp_path_factory) -> Path:
+    os.environ["XSP_SYSTEM_HZ"] = "100"
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        with xsp.trace(levels="model,layer,memory,system", output=None) as session, torch.no_grad():
+            for _ in range(20):
+                model(torch.randn(32, 64))
+    finally:
+        del os.environ["XSP_SYSTEM_HZ"]
+    return write_html(session.trace, tmp_path_factory.mktemp("html") / "memory_system.html")
+
+
 @pytest.mark.parametrize("report, charts", [("gpu_report", CHART_IDS),
+                                            ("memory_system_report", ["chart-icicle", "chart-memory",
+                                                                      "chart-memory-types", "chart-system",
+                                                                      "chart-timeline"]),
                                             ("layer_report", ["chart-latency", "chart-top-layers",
                                                               "chart-layer-types", "chart-timeline"]),
                                             ("leveled_report", ["chart-leveled", "chart-top-layers",
@@ -132,3 +148,22 @@ def test_the_training_report_tells_where_the_step_time_went(training_report):
     text = training_report.read_text()
     assert "Steps cover" in text and 'id="user-spans"' in text and "make_batch" in text
     assert '"name":"optimizer"' in text.replace(" ", "") and '"name":"backward"' in text.replace(" ", "")
+
+
+def test_the_report_opens_with_a_summary_and_leaves_out_what_was_not_recorded(gpu_report, layer_report):
+    gpu = gpu_report.read_text()
+    assert gpu.index('id="summary"') < gpu.index('id="recommendations"') < gpu.index("chart-icicle")
+    assert 'id="levels"' in gpu and "kernel" in gpu and 'id="top-recommendations"' in gpu
+    assert "chart-roofline" not in gpu and "chart-memory" not in gpu  # nothing to draw: no empty chart
+    absent = re.search(r"Not in this trace \(nothing recorded for them\): ([^<]*)", gpu)
+    assert absent and "Roofline" in absent.group(1) and "Memory" in absent.group(1)
+    layers = layer_report.read_text()
+    assert "Kernels" in re.search(r"Not in this trace[^<]*", layers).group(0)
+    assert "<h2>Kernels</h2>" not in layers
+
+
+def test_the_flame_chart_has_a_row_per_thread_and_depth(layer_report):
+    text = layer_report.read_text()
+    lanes = set(re.findall(r"thread \d+ \\u00b7 depth (\d+)|thread \d+ · depth (\d+)", text))
+    depths = {int(a or b) for a, b in lanes}
+    assert depths == {0, 1}  # the model call (the step), its layers

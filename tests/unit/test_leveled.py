@@ -9,7 +9,7 @@ import torch
 
 import xsp
 from xsp import schema as col
-from xsp.leveled import LeveledRun, level_runs, merge_runs, run_label
+from xsp.leveled import LeveledRun, level_runs, merge_runs, nest_in_parents, run_label
 from xsp.schema import Level, SpanKind
 from xsp.spans import conform
 from xsp.tree import parent_positions
@@ -124,6 +124,28 @@ def test_leveled_on_a_real_model_returns_one_consistent_tree(tmp_path):
     loaded = xsp.load(tmp_path / "leveled.xsp.parquet")
     assert loaded.metadata["leveled"]["runs"] == result.overhead["run"].tolist()
     assert len(loaded.spans) == len(spans)
+    # every child lies inside its parent, whichever run each figure came from
+    starts, ends = spans[col.START_NS].to_numpy(), spans[col.END_NS].to_numpy()
+    child = np.flatnonzero(parents >= 0)
+    assert (starts[child] >= starts[parents[child]]).all() and (ends[child] <= ends[parents[child]]).all()
+    assert (spans[col.DURATION_NS] == ends - starts).all()
+
+
+def test_children_are_placed_inside_their_parents_leveled_interval():
+    # deepest run: parent 0..100 with children at 10..40 and 60..90; leveled: parent 50 long,
+    # children 20 and 30 long (the deeper run's overhead stretched the parent)
+    parents = np.array([-1, 0, 0, 2])
+    starts, ends = np.array([0, 10, 60, 65]), np.array([100, 40, 90, 85])
+    durations = np.array([50, 20, 30, 40])  # the grandchild measured longer than its parent
+    host = np.ones(4, dtype=bool)
+    new_starts, new_durations, clamped = nest_in_parents(parents, starts, ends, durations, host)
+    assert new_starts[:3].tolist() == [0, 5, 20] and new_durations[:3].tolist() == [50, 20, 30]
+    assert clamped == 1 and new_durations[3] == 30 and new_starts[3] == 20
+    new_ends = new_starts + new_durations
+    assert (new_ends[1:] <= new_ends[parents[1:]]).all() and (new_starts[1:] >= new_starts[parents[1:]]).all()
+    gpu = np.array([True, True, False, True])  # a GPU activity keeps its own times
+    kept, _, _ = nest_in_parents(parents, starts, ends, durations, gpu)
+    assert kept[2] == 60
 
 
 def test_rounds_interleave_the_runs_and_pool_their_steps():

@@ -1,10 +1,11 @@
 """The HTML report: one self-contained, offline page of charts (plotly, its JavaScript embedded).
 
-Sections: recommendations (what to change, most at stake first), model latency per step, where
-the step time went (and the steps' share of the session, and the user's spans), top layers,
-time per layer type, top kernels, GPU vs CPU time per layer, the roofline, a timeline of one
-step, and the hierarchy diagnostics. Sections whose data the trace lacks say so instead of
-drawing an empty chart.
+Sections: a summary (latency, throughput, coverage, the share of step time per level, the top
+recommendations), the recommendations, an icicle of a typical step's hierarchy, model latency
+per step, where the step time went (and the steps' share of the session, and the user's
+spans), top layers, time per layer type, operators, kernels, GPU vs CPU time per layer, the
+roofline, a flame chart of one step, memory, system metrics and the hierarchy diagnostics.
+A section the trace has nothing for is left out, and named in one line at the end.
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
 
 from xsp import analysis
 from xsp import schema as col
 from xsp.fileio import write_text_output
 from xsp.trace import Trace
+from xsp.tree import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
 """Spans drawn in the step timeline at most (the longest are kept)."""
+ICICLE_NODES = 2000
+"""Nodes of the aggregated hierarchy drawn at most (the largest, with their ancestors)."""
 TOP = 15
 _LEVEL_ORDER = ["model", "input", "layer", "operator", "cuda_api", "kernel"]
 
@@ -43,7 +48,7 @@ def _note(text: str) -> str:
 def latency_section(trace: Trace) -> str:
     latency = analysis.model_latency(trace)
     if latency.empty:
-        return _note("No steps in this trace.")
+        return ""
     figure = go.Figure(go.Scatter(x=latency["step"].astype(float), y=latency["latency_ms"], mode="lines+markers",
                                   name="latency"))
     figure.update_layout(title="Model latency per step", xaxis_title="step", yaxis_title="ms")
@@ -59,7 +64,7 @@ def steps_section(trace: Trace) -> str:
     the user's own spans."""
     coverage = analysis.step_coverage(trace).iloc[0]
     if not coverage["steps"]:
-        return _note("No steps in this trace.")
+        return ""
     summary = analysis.step_summary(trace)
     figure = go.Figure([go.Bar(y=summary["name"], x=summary[f"{part}_ms"], name=part, orientation="h",
                                customdata=summary[f"{part}_share"],
@@ -83,7 +88,7 @@ def steps_section(trace: Trace) -> str:
 def layers_section(trace: Trace) -> str:
     top = analysis.top_layers(trace, k=TOP)
     if top.empty:
-        return _note("No layer spans in this trace (record it with the layer level).")
+        return ""
     top = top.iloc[::-1]
     bars = go.Figure(go.Bar(x=top["total_self_ms"], y=top["name"] + " (" + top["kind"] + ")", orientation="h"))
     bars.update_layout(title=f"Top {len(top)} layers by self time", xaxis_title="ms (all steps)")
@@ -108,14 +113,14 @@ def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: st
 def operators_section(trace: Trace) -> str:
     ops = analysis.operator_table(trace).head(TOP)
     if ops.empty:
-        return _note("No operator spans in this trace (record it with the operator level).")
+        return ""
     return _top_names_chart(ops, "self_us", "operators by self time", "operator time", "chart-operators")
 
 
 def leveled_section(trace: Trace) -> str:
     runs = (trace.metadata.get("leveled") or {}).get("overhead") or []
     if not runs:
-        return _note("Not a leveled result (see xsp.leveled and xsp run --leveled).")
+        return ""
     names = [run["run"] + (" (metrics)" if run.get("metric") else "") for run in runs]
     figure = go.Figure(go.Bar(x=names, y=[run["model_latency_ms"] for run in runs],
                               text=[f"{run['overhead']:+.1%}" for run in runs], textposition="outside"))
@@ -127,14 +132,14 @@ def leveled_section(trace: Trace) -> str:
 def kernels_section(trace: Trace) -> str:
     kernels = analysis.kernels_by_name(trace).head(TOP)
     if kernels.empty:
-        return _note("No GPU kernels in this trace.")
+        return ""
     return _top_names_chart(kernels, "total_us", "kernels by total time", "GPU time", "chart-kernels")
 
 
 def gpu_cpu_section(trace: Trace) -> str:
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if per_layer.empty or not (per_layer["kernels"] > 0).any():
-        return _note("No layer launched GPU work in this trace, so there is no GPU/CPU split per layer.")
+        return ""
     grouped = per_layer.groupby("name", sort=False)[["duration_us", "gpu_us", "cpu_us"]].sum()
     grouped = grouped.sort_values("duration_us", ascending=False).head(TOP).iloc[::-1]
     figure = go.Figure([
@@ -148,6 +153,8 @@ def roofline_section(trace: Trace) -> str:
     peak = analysis.trace_peak(trace)
     roof = analysis.kernel_roofline(trace, peak)
     points = roof.dropna(subset=["arithmetic_intensity", "achieved_tflops"])
+    if points.empty:
+        return ""
     figure = go.Figure()
     if peak is not None:
         intensity = np.logspace(-2, 4, 200)
@@ -161,31 +168,46 @@ def roofline_section(trace: Trace) -> str:
                                              if peak else ""),
                          xaxis={"type": "log", "title": "arithmetic intensity (FLOP/byte)"},
                          yaxis={"type": "log", "title": "TFLOP/s"})
-    note = "" if len(points) else _note(
-        "No kernel in this trace has both FLOPs and DRAM bytes, so no kernel can be placed on the roofline "
-        "(FLOPs come from hardware counters or analytic FLOPs; see docs/analyses.md).")
-    return note + _figure_html(figure, "chart-roofline")
+    return _figure_html(figure, "chart-roofline")
 
 
-def timeline_section(trace: Trace) -> str:
+def _texts(column: pd.Series) -> list[str]:
+    """An integer column as text, "?" where null."""
+    return ["?" if value is None or value is pd.NA else str(int(value)) for value in column.astype("Int64").tolist()]
+
+
+def _median_step(trace: Trace) -> tuple[pd.DataFrame, str]:
+    """The spans of the step with the median latency (all spans when there are no steps)."""
     spans = trace.spans
     latency = analysis.model_latency(trace)
     if latency.empty:
-        chosen = spans
-        title = "Timeline"
-    else:
-        median = latency.iloc[(latency["latency_ms"] - latency["latency_ms"].median()).abs().argmin()]
-        chosen = spans[spans[col.STEP] == median["step"]]
-        title = f"Timeline of step {median['step']} (the median latency, {median['latency_ms']:.3f} ms)"
+        return spans, "Timeline"
+    median = latency.iloc[(latency["latency_ms"] - latency["latency_ms"].median()).abs().argmin()]
+    return (spans[spans[col.STEP] == median["step"]],
+            f"Step {median['step']} (the median latency, {median['latency_ms']:.3f} ms)")
+
+
+def timeline_section(trace: Trace) -> str:
+    """A flame chart of one step: a row per host thread and depth (depth 0 at the top), a row
+    per GPU stream, each span a bar from its start."""
+    chosen, title = _median_step(trace)
+    chosen = chosen[chosen[col.LEVEL].isin(_LEVEL_ORDER)]
     if chosen.empty:
-        return _note("No spans to draw.")
+        return ""
     if len(chosen) > TIMELINE_SPANS:
         chosen = chosen.nlargest(TIMELINE_SPANS, col.DURATION_NS)
         title += f", longest {TIMELINE_SPANS} spans"
+    chosen = chosen.reset_index(drop=True)
+    depth = depth_of(parent_positions(chosen))
+    host = chosen[col.THREAD_ID].notna().to_numpy()
+    threads = _texts(chosen[col.THREAD_ID])
+    lanes = np.array([f"thread {thread} · depth {d}" if on_host else f"GPU {device} · stream {stream}"
+                      for on_host, thread, d, device, stream in zip(host, threads, depth.tolist(),
+                                                                    _texts(chosen[col.DEVICE_ID]),
+                                                                    _texts(chosen[col.STREAM_ID]))], dtype=object)
+    order = pd.DataFrame({"lane": lanes, "gpu": ~host, "thread": threads, "depth": depth}).drop_duplicates("lane")
+    order = order.sort_values(["gpu", "thread", "depth"], kind="stable")["lane"].tolist()
     origin = int(chosen[col.START_NS].min())
-    lane = np.where(chosen[col.THREAD_ID].notna(),
-                    chosen[col.LEVEL].astype(str) + " · thread " + chosen[col.THREAD_ID].astype(str),
-                    "GPU " + chosen[col.DEVICE_ID].astype(str) + " · stream " + chosen[col.STREAM_ID].astype(str))
     figure = go.Figure()
     for level in _LEVEL_ORDER:
         rows = (chosen[col.LEVEL] == level).to_numpy()
@@ -194,11 +216,75 @@ def timeline_section(trace: Trace) -> str:
         part = chosen[rows]
         figure.add_trace(go.Bar(
             base=(part[col.START_NS] - origin).to_numpy(dtype=float) / 1e3,
-            x=part[col.DURATION_NS].to_numpy(dtype=float) / 1e3, y=lane[rows], orientation="h", name=level,
-            text=part[col.NAME].astype(str), hovertemplate="%{text}<br>%{x:.1f} us<extra></extra>"))
-    figure.update_layout(title=title, barmode="overlay", xaxis_title="us from the step's start",
-                         height=max(420, 60 * len(set(lane))))
+            x=part[col.DURATION_NS].to_numpy(dtype=float) / 1e3, y=lanes[rows], orientation="h", name=level,
+            text=part[col.NAME].astype(str), textposition="inside", insidetextanchor="start",
+            hovertemplate="%{text}<br>%{base:.1f} us + %{x:.1f} us<extra>" + level + "</extra>"))
+    figure.update_layout(title="Flame chart of " + title[0].lower() + title[1:], barmode="overlay",
+                         xaxis_title="us from the step's start", height=max(420, 26 * len(order) + 120),
+                         yaxis={"categoryorder": "array", "categoryarray": order[::-1]}, bargap=0.05)
     return _figure_html(figure, "chart-timeline")
+
+
+def icicle_section(trace: Trace) -> str:
+    """The hierarchy of a typical step: step -> model -> layers -> operators -> kernels, each
+    node sized by its mean time per step."""
+    tree = analysis.aggregated_tree(trace, max_nodes=ICICLE_NODES)
+    if tree.empty or len(tree) < 2:
+        return ""
+    figure = go.Figure(go.Icicle(
+        ids=tree["path"], parents=tree["parent_path"], labels=tree["name"].astype(str).str.slice(0, 60),
+        values=tree["self_ms"], branchvalues="remainder", customdata=tree[["level", "total_ms", "calls"]],
+        hovertemplate="%{label}<br>%{customdata[0]}: %{customdata[1]:.3f} ms per step, "
+                      "%{customdata[2]:.1f} calls<extra></extra>", maxdepth=5))
+    figure.update_layout(title="Where a step's time goes (mean per step; click a box to zoom)", height=560)
+    return _figure_html(figure, "chart-icicle")
+
+
+def system_section(trace: Trace) -> str:
+    """Sampled CPU, memory, GPU utilisation and power over the session, one panel per unit."""
+    metrics = analysis.system_metrics(trace)
+    if metrics.empty:
+        return ""
+    units = list(dict.fromkeys(metrics["unit"]))
+    figure = make_subplots(rows=len(units), cols=1, shared_xaxes=True, subplot_titles=units, vertical_spacing=0.08)
+    origin = int(metrics["time_ns"].min())
+    for row, unit in enumerate(units, start=1):
+        for (device, metric), part in metrics[metrics["unit"] == unit].groupby(["device", "metric"], sort=False):
+            figure.add_trace(go.Scatter(x=(part["time_ns"] - origin) / 1e9, y=part["value"],
+                                        mode="lines+markers" if len(part) < 30 else "lines",
+                                        name=f"{device} {metric}", line_shape="hv"), row=row, col=1)
+    figure.update_layout(title="System metrics (system level)", height=220 * len(units) + 120)
+    figure.update_xaxes(title_text="s from the first sample", row=len(units), col=1)
+    energy = analysis.energy_per_step(trace)
+    measured = energy[energy["energy_j"].notna()]
+    text = ""
+    if not measured.empty:
+        per_device = measured.groupby("device").agg(joules=("energy_j", "mean"),
+                                                    how=("method", lambda m: ", ".join(sorted(set(m)))))
+        text = _note("Energy per step: " + "; ".join(f"{device} {row.joules:.3f} J ({row.how})"
+                                                     for device, row in per_device.iterrows()))
+    return text + _figure_html(figure, "chart-system")
+
+
+def memory_section(trace: Trace) -> str:
+    """Live tensor memory over time per device, and what each layer type allocates."""
+    timeline = analysis.memory_timeline(trace)
+    if timeline.empty:
+        return ""
+    origin = int(timeline["time_ns"].min())
+    figure = go.Figure([go.Scatter(x=(part["time_ns"] - origin) / 1e6, y=part["live_bytes"] / 2**20, mode="lines",
+                                   line_shape="hv", name=str(device))
+                        for device, part in timeline.groupby("device", sort=False)])
+    figure.update_layout(title="Tensor memory allocated since the session began (memory level)",
+                         xaxis_title="ms", yaxis_title="MiB")
+    html_text = _figure_html(figure, "chart-memory")
+    by_type = analysis.memory_by_layer_type(trace).head(TOP)
+    if not by_type.empty:
+        bars = go.Figure(go.Bar(x=by_type["module_type"] + " (" + by_type["device"] + ")",
+                                y=by_type["mean_allocated_bytes"] / 2**20))
+        bars.update_layout(title="Memory allocated per call, by layer type", yaxis_title="MiB per call")
+        html_text += _figure_html(bars, "chart-memory-types")
+    return html_text
 
 
 def recommendations_section(trace: Trace) -> str:
@@ -217,6 +303,9 @@ def recommendations_section(trace: Trace) -> str:
 
 def diagnostics_section(trace: Trace) -> str:
     table = analysis.diagnostics_table(trace.metadata.get("hierarchy") or {})
+    table = table[table["spans"] > 0]
+    if table.empty:
+        return ""
     rows = "".join(f"<tr><td>{html.escape(r.problem)}</td><td>{r.spans:,}</td><td>{100 * r.share:.2f}%</td>"
                    f"<td>{html.escape(r.meaning)}</td></tr>" for r in table.itertuples())
     return ('<table id="diagnostics"><thead><tr><th>problem</th><th>spans</th><th>share</th><th>meaning</th></tr>'
@@ -233,19 +322,61 @@ li.medium b:first-child { color: #b60; }
 """
 
 
+def summary_section(trace: Trace) -> str:
+    """The answer first: latency, throughput, how much of the session the steps cover, the
+    share of the step time each level accounts for, and the top recommendations."""
+    meta = trace.metadata
+    facts: list[tuple[str, str]] = []
+    summary = analysis.model_summary(trace)
+    if not summary.empty:
+        main = summary.sort_values("steps", ascending=False).iloc[0]
+        facts.append(("latency", f"{main['trimmed_mean_ms']:,.3f} ms per {main['name']} (trimmed mean of "
+                                 f"{int(main['steps'])} steps; p50 {main['p50_ms']:,.3f}, p90 {main['p90_ms']:,.3f})"))
+        if pd.notna(main["throughput_per_s"]):
+            facts.append(("throughput", f"{main['throughput_per_s']:,.1f} items/s"))
+        coverage = analysis.step_coverage(trace).iloc[0]
+        facts.append(("coverage", f"steps cover {100 * coverage['coverage']:.1f}% of the session "
+                                  f"({coverage['session_ms']:,.3f} ms)"))
+    facts.append(("device", str(meta.get("device", "?"))))
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
+    out = f'<table id="summary">{rows}</table>'
+    levels = analysis.level_summary(trace)
+    if len(levels) > 1:
+        cells = "".join(f"<tr><td>{html.escape(str(r.level))}</td><td>{r.spans:,}</td><td>{r.time_ms:,.3f}</td>"
+                        f"<td>{100 * r.share:.1f}%</td></tr>" for r in levels.itertuples())
+        out += ('<h3>Where the time went, per level (inside steps)</h3><table id="levels"><thead><tr><th>level</th>'
+                "<th>spans</th><th>ms covered</th><th>share of step time</th></tr></thead>"
+                f"<tbody>{cells}</tbody></table>")
+    advice = analysis.recommend(trace).head(3)
+    if not advice.empty:
+        items = "".join(f"<li><b>{html.escape(r.rule)}</b> ({html.escape(r.severity)}, {100 * r.share:.1f}% of "
+                        f"step time): <code>{html.escape(r.fix)}</code></li>" for r in advice.itertuples())
+        out += f'<h3>Top recommendations</h3><ol id="top-recommendations">{items}</ol>'
+    return out
+
+
 def render_html(trace: Trace) -> str:
-    """The whole report as one HTML document (plotly's JavaScript inlined; works offline)."""
+    """The whole report as one HTML document (plotly's JavaScript inlined; works offline).
+
+    A section with nothing to show is left out; one line at the end names them."""
     meta = trace.metadata
     sections = [
+        ("Summary", summary_section(trace)),
         ("Recommendations", recommendations_section(trace)),
+        ("Where a step's time goes", icicle_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
         ("Leveled runs", leveled_section(trace)),
         ("Layers", layers_section(trace)), ("Operators", operators_section(trace)),
         ("Kernels", kernels_section(trace)), ("GPU vs CPU time per layer", gpu_cpu_section(trace)),
         ("Roofline", roofline_section(trace)), ("Timeline", timeline_section(trace)),
+        ("Memory", memory_section(trace)), ("System", system_section(trace)),
         ("Hierarchy diagnostics", diagnostics_section(trace)),
     ]
-    body = "".join(f"<section><h2>{html.escape(title)}</h2>{content}</section>" for title, content in sections)
+    body = "".join(f"<section><h2>{html.escape(title)}</h2>{content}</section>"
+                   for title, content in sections if content)
+    absent = [title for title, content in sections if not content]
+    if absent:
+        body += _note("Not in this trace (nothing recorded for them): " + ", ".join(absent) + ".")
     summary = (f"{len(trace.spans):,} spans, {len(trace.steps)} steps; device {meta.get('device', '?')}; "
                f"levels {', '.join(meta.get('levels', []))}; made {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
                f"by xsp {meta.get('xsp_version', '')}")

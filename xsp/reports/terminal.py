@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from xsp import analysis
 from xsp import schema as col
@@ -37,39 +40,99 @@ def text(value: object) -> str:
     return "-" if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) else str(value)
 
 
+def middle(value: str, limit: int) -> str:
+    """``value`` shortened to ``limit`` characters by replacing its middle with "…" (the start
+    and the end of a layer path or kernel name say the most)."""
+    if len(value) <= limit:
+        return value
+    if limit <= 1:
+        return "…"[:limit]
+    head = (limit - 1 + 1) // 2
+    return value[:head] + "…" + value[len(value) - (limit - 1 - head):]
+
+
 def short(limit: int) -> Format:
     def render(value: object) -> str:
-        rendered = text(value)
-        return rendered if len(rendered) <= limit else rendered[: limit - 1] + "…"
+        return middle(text(value), limit)
     return render
 
 
-def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]]) -> Table:
-    """A rich table of ``frame``: (column, heading, formatter) per shown column."""
-    table = Table(title=title)
-    for name, heading, _ in columns:
-        numeric = pd.api.types.is_numeric_dtype(frame[name]) if name in frame else False
-        table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
-    for row in frame.itertuples(index=False):
-        values = row._asdict()
-        table.add_row(*(render(values[name]) for name, _, render in columns))
+MIN_TEXT_WIDTH = 12
+"""A text column is never shortened below this many characters."""
+WIDTH = 80
+"""Tables fit this many columns unless the console is wider (a terminal wraps nothing)."""
+
+
+COLUMN_GAP = 2
+"""Spaces between two columns (the tables have no vertical rules)."""
+
+
+def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width: int) -> list[int]:
+    """Column widths that fit ``width``: numbers keep their width (their headings wrap at
+    spaces); text columns give up characters, the widest first, down to ``MIN_TEXT_WIDTH``."""
+    widths = [max([*(len(word) for word in heading.split()), *(len(row[i]) for row in cells)])
+              for i, heading in enumerate(headings)]
+    widths = [found if is_number else max(found, min(len(heading), MIN_TEXT_WIDTH))
+              for found, heading, is_number in zip(widths, headings, numeric)]
+    room = width - COLUMN_GAP * (len(headings) - 1)
+    while (excess := sum(widths) - room) > 0:
+        shrinkable = [i for i, is_number in enumerate(numeric) if not is_number and widths[i] > MIN_TEXT_WIDTH]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=widths.__getitem__)
+        second = max((widths[i] for i in shrinkable if i != widest), default=MIN_TEXT_WIDTH)
+        floor = max(MIN_TEXT_WIDTH, min(second, widths[widest] - 1))
+        widths[widest] = max(widths[widest] - excess, floor)
+    return widths
+
+
+def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]],
+                width: int = WIDTH) -> Table:
+    """A rich table of ``frame``: (column, heading, formatter) per shown column, fitted to
+    ``width``: long text is shortened in the middle, so no row wraps onto a second line."""
+    numeric = [pd.api.types.is_numeric_dtype(frame[name]) if name in frame else False for name, _, _ in columns]
+    cells = [[render(values[name]) for name, _, render in columns]
+             for values in (row._asdict() for row in frame.itertuples(index=False))]
+    headings = [heading for _, heading, _ in columns]
+    widths = _fit(cells, headings, numeric, width)
+    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for heading, is_number, column_width in zip(headings, numeric, widths):
+        label = "\n".join(textwrap.wrap(heading, column_width, break_long_words=False)) or heading
+        table.add_column(label, justify="right" if is_number else "left", no_wrap=True, overflow="ellipsis",
+                         min_width=column_width, max_width=column_width)
+    for row in cells:  # Text: a name such as "[param|cuda]" is not rich markup
+        table.add_row(*(Text(value if is_number else middle(value, column_width))
+                        for value, is_number, column_width in zip(row, numeric, widths)))
     return table
+
+
+def _show(console: Console, frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]]) -> None:
+    _say(console, title, "bold")  # above the table: a table's title wraps at the table's width
+    console.print(frame_table(frame, "", columns, width=console.width))
+
+
+def _say(console: Console, line: str, style: str | None = None) -> None:
+    """A line of prose, wrapped at the console's width with an indented continuation."""
+    for part in textwrap.wrap(line, width=console.width, subsequent_indent="  ", break_on_hyphens=False) or [""]:
+        console.print(Text(part, style=style or ""), no_wrap=True, overflow="ellipsis")
 
 
 def _header(trace: Trace, console: Console) -> None:
     meta = trace.metadata
-    origin = f"imported from {meta['imported_from']}" if meta.get("imported_from") else \
-        f"torch={meta.get('torch_version', '?')}"
-    console.print(f"[bold]xsp report[/bold]  service={meta.get('service_name', '?')}  "
-                  f"device={meta.get('device', '?')}  {origin}")
+    console.print(Text("xsp report", style="bold"), no_wrap=True)
+    _say(console, f"service={meta.get('service_name', '?')}  device={meta.get('device', '?')}  "
+                  f"torch={meta.get('torch_version', '?')}")
+    if meta.get("imported_from"):
+        _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
     levels = trace.spans[col.LEVEL].value_counts().to_dict()
-    console.print(f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
+    _say(console, f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
                   f"{len(trace.steps)} steps, levels recorded: {', '.join(meta.get('levels', []))}")
     for level, reason in (meta.get("unavailable") or {}).items():
-        console.print(f"[yellow]level {level} not recorded: {reason}[/yellow]")
+        _say(console, f"level {level} not recorded: {reason}", "yellow")
     dropped = meta.get("dropped") or {}
     if dropped:
-        console.print(f"[yellow]dropped: {', '.join(f'{v} {k}' for k, v in dropped.items())}[/yellow]")
+        _say(console, f"dropped: {', '.join(f'{v} {k}' for k, v in dropped.items())}", "yellow")
 
 
 def _latency_tables(trace: Trace, console: Console) -> None:
@@ -77,10 +140,10 @@ def _latency_tables(trace: Trace, console: Console) -> None:
     if latency.empty:
         console.print("no steps in this trace (no top-level model call, xsp.step() or ProfilerStep)")
         return
-    console.print(frame_table(analysis.model_summary(trace), "Model latency over steps (ms)", [
+    _show(console, analysis.model_summary(trace), "Model latency over steps (ms)", [
         ("name", "step name", text), ("steps", "steps", number(0)), ("mean_ms", "mean", number()),
         ("p50_ms", "p50", number()), ("p90_ms", "p90", number()), ("p99_ms", "p99", number()),
-        ("trimmed_mean_ms", "trimmed mean", number()), ("throughput_per_s", "throughput/s", number(1))]))
+        ("trimmed_mean_ms", "trimmed mean", number()), ("throughput_per_s", "throughput/s", number(1))])
     many = len(latency) > STEPS_SHOWN
     shown = pd.concat([latency.head(STEPS_SHOWN // 2), latency.tail(STEPS_SHOWN // 2)]) if many else latency
     columns: list[tuple[str, str, Format]] = [
@@ -89,29 +152,29 @@ def _latency_tables(trace: Trace, console: Console) -> None:
         columns.append(("compile_ms", "compile ms (not latency)", number()))
     columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
                 ("status", "status", text)]
-    console.print(frame_table(shown, f"Latency per step ({len(latency)} steps"
-                              + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns))
+    _show(console, shown, f"Latency per step ({len(latency)} steps"
+          + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns)
 
 
 def _step_tables(trace: Trace, console: Console) -> None:
     """What share of the session the steps cover, where the step time went, the user's spans."""
     coverage = analysis.step_coverage(trace).iloc[0]
     if coverage["steps"]:
-        console.print(f"[bold]Steps[/bold] cover {share(coverage['coverage'])} of the session "
-                      f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
-                      f"{coverage['outside_ms']:,.3f} ms ran outside every step")
+        _say(console, f"Steps cover {share(coverage['coverage'])} of the session "
+              f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
+              f"{coverage['outside_ms']:,.3f} ms ran outside every step")
         summary = analysis.step_summary(trace)
         parts = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
                  if summary[f"{p}_ms"].sum() > 0]
         columns: list[tuple[str, str, Format]] = [("name", "step name", text), ("steps", "steps", number(0)),
                                                   ("latency_ms", "mean ms", number())]
         columns += [(f"{p}_share", p, share) for p in parts]
-        console.print(frame_table(summary, "Where the step time went (share of step time, all steps)", columns))
+        _show(console, summary, "Where the step time went (share of step time, all steps)", columns)
     spans = analysis.user_spans(trace)
     if not spans.empty:
-        console.print(frame_table(spans, "Your spans (xsp.span), share of the session", [
+        _show(console, spans, "Your spans (xsp.span), share of the session", [
             ("name", "span", text), ("count", "count", number(0)), ("total_ms", "total ms", number()),
-            ("mean_ms", "mean ms", number()), ("in_steps", "in steps", number(0)), ("share", "share", share)]))
+            ("mean_ms", "mean ms", number()), ("in_steps", "in steps", number(0)), ("share", "share", share)])
 
 
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
@@ -119,12 +182,12 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     if layers.empty:
         return
     best = analysis.top_layers(trace, k=top)
-    console.print(frame_table(best, f"Top {len(best)} layers by self time (all steps)", [
+    _show(console, best, f"Top {len(best)} layers by self time (all steps)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)]))
-    console.print(frame_table(analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)])
+    _show(console, analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
         ("module_type", "type", text), ("layers", "layers", number(0)), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)]))
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)])
 
 
 def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
@@ -133,43 +196,43 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
         return
     utilization = analysis.gpu_utilization(trace)
     busy, window = utilization["busy_us"].sum(), utilization["window_us"].sum()
-    console.print(f"[bold]GPU[/bold]: {int(kernels['count'].sum()):,} kernels, "
+    _say(console, f"GPU: {int(kernels['count'].sum()):,} kernels, "
                   f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; streams busy "
                   f"{100 * busy / window if window else 0:.1f}% of their active windows, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
-    console.print(frame_table(kernels.head(top), f"Top {min(top, len(kernels))} kernels by total time", [
+    _show(console, kernels.head(top), f"Top {min(top, len(kernels))} kernels by total time", [
         ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", "total us", number(1)),
-        ("mean_us", "mean us", number(1)), ("share", "share", share)]))
+        ("mean_us", "mean us", number(1)), ("share", "share", share)])
     per_operator = analysis.kernel_time_per_operator(trace)
     if not per_operator.empty:
-        console.print(frame_table(per_operator.head(top), "Kernel time per operator", [
+        _show(console, per_operator.head(top), "Kernel time per operator", [
             ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
-            ("kernel_us", "kernel us", number(1)), ("share", "share", share)]))
+            ("kernel_us", "kernel us", number(1)), ("share", "share", share)])
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if not per_layer.empty and (per_layer["kernels"] > 0).any():
         grouped = per_layer.groupby("name", sort=False)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
         grouped = grouped.sort_values("duration_us", ascending=False).head(top).reset_index()
-        console.print(frame_table(grouped, "GPU vs CPU time per layer (all steps)", [
+        _show(console, grouped, "GPU vs CPU time per layer (all steps)", [
             ("name", "layer", text), ("duration_us", "wall us", number(1)), ("gpu_us", "GPU busy us", number(1)),
-            ("cpu_us", "non-GPU us", number(1)), ("kernels", "kernels", number(0))]))
+            ("cpu_us", "non-GPU us", number(1)), ("kernels", "kernels", number(0))])
     memory = analysis.memory_operations(trace)
     if not memory.empty:
-        console.print(frame_table(memory, "Memory copies and sets", [
+        _show(console, memory, "Memory copies and sets", [
             ("kind", "kind", text), ("direction", "direction", text), ("count", "count", number(0)),
             ("total_us", "total us", number(1)), ("bytes", "bytes", number(0)),
-            ("bandwidth_gb_s", "GB/s", number(2))]))
+            ("bandwidth_gb_s", "GB/s", number(2))])
     sync = analysis.synchronization(trace)
     if not sync.empty:
-        console.print(frame_table(sync.head(top), "Synchronisation", [
+        _show(console, sync.head(top), "Synchronisation", [
             ("where", "where", text), ("name", "name", text), ("count", "count", number(0)),
-            ("total_us", "total us", number(1)), ("mean_us", "mean us", number(2))]))
+            ("total_us", "total us", number(1)), ("mean_us", "mean us", number(2))])
     launch = analysis.launch_overhead(trace)
-    console.print(frame_table(launch.head(STEPS_SHOWN), "Launch overhead per step", [
+    _show(console, launch.head(STEPS_SHOWN), "Launch overhead per step", [
         ("step", "step", number(0)), ("kernels", "kernels", number(0)), ("launch_us", "launch us", number(1)),
         ("kernel_us", "kernel us", number(1)), ("launch_to_kernel", "launch/kernel", number(2)),
         ("kernels_shorter_than_launch", "kernels < launch", number(0)),
-        ("mean_launch_delay_us", "mean delay us", number(1))]))
+        ("mean_launch_delay_us", "mean delay us", number(1))])
     _roofline_table(trace, console, top)
 
 
@@ -177,24 +240,24 @@ def _operator_tables(trace: Trace, console: Console, top: int) -> None:
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    console.print(frame_table(ops.head(top), f"Top {min(top, len(ops))} operators by self time (all steps)", [
+    _show(console, ops.head(top), f"Top {min(top, len(ops))} operators by self time (all steps)", [
         ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", "self us", number(1)),
-        ("total_us", "total us", number(1)), ("share", "share", share)]))
+        ("total_us", "total us", number(1)), ("share", "share", share)])
     backward = analysis.backward_time_per_layer(trace)
     if not backward.empty and backward["backward_operators"].sum() > 0:
-        console.print(frame_table(backward.head(top), "Backward time per forward layer (by autograd sequence number)", [
+        _show(console, backward.head(top), "Backward time per forward layer (by autograd sequence number)", [
             ("forward_layer", "forward layer", text), ("backward_layer_us", "backward span us", number(1)),
             ("backward_operator_us", "backward operators us", number(1)),
-            ("backward_operators", "operators", number(0))]))
+            ("backward_operators", "operators", number(0))])
 
 
 def _flops_table(trace: Trace, console: Console, top: int) -> None:
     flops = analysis.layer_flops(trace).dropna(subset=["flops"])
     if flops.empty:
         return
-    console.print(frame_table(flops.head(top), "FLOPs per layer (each layer includes the layers inside it)", [
+    _show(console, flops.head(top), "FLOPs per layer (each layer includes the layers inside it)", [
         ("name", "layer", text), ("calls", "calls", number(0)), ("flops_per_call", "FLOPs per call", number(0)),
-        ("bytes", "bytes (all calls)", number(0)), ("arithmetic_intensity", "FLOP/byte", number(2))]))
+        ("bytes", "bytes (all calls)", number(0)), ("arithmetic_intensity", "FLOP/byte", number(2))])
 
 
 def _leveled_table(trace: Trace, console: Console) -> None:
@@ -204,10 +267,10 @@ def _leveled_table(trace: Trace, console: Console) -> None:
     runs = pd.DataFrame(leveled.get("overhead") or [])
     if runs.empty:
         return
-    console.print(frame_table(runs, f"Leveled runs (durations merged from each span's own run; "
+    _show(console, runs, f"Leveled runs (durations merged from each span's own run; "
                                     f"{leveled.get('unmatched', 0)} spans did not repeat)", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
-        ("overhead", "overhead vs model", share), ("metric", "metric run", text)]))
+        ("overhead", "overhead vs model", share), ("metric", "metric run", text)])
 
 
 def _roofline_table(trace: Trace, console: Console, top: int) -> None:
@@ -217,10 +280,38 @@ def _roofline_table(trace: Trace, console: Console, top: int) -> None:
     peak = analysis.trace_peak(trace)
     title = "FLOPs per kernel" + (f" (roofline ridge {peak.ridge_point():.1f} FLOP/byte on {peak.name})"
                                   if peak else "")
-    console.print(frame_table(roof.sort_values("flops", ascending=False).head(top), title, [
+    _show(console, roof.sort_values("flops", ascending=False).head(top), title, [
         ("name", "kernel", short(60)), ("count", "count", number(0)), ("flops", "FLOPs", number(0)),
         ("arithmetic_intensity", "FLOP/byte", number(1)), ("achieved_tflops", "TFLOP/s", number(2)),
-        ("bound", "bound", text)]))
+        ("bound", "bound", text)])
+
+
+def _memory_tables(trace: Trace, console: Console, top: int) -> None:
+    by_type = analysis.memory_by_layer_type(trace)
+    if by_type.empty:
+        return
+    _show(console, by_type.head(top), "Memory allocated per layer type (forward calls, all steps)", [
+        ("module_type", "type", text), ("device", "device", text), ("layers", "calls", number(0)),
+        ("mean_allocated_bytes", "bytes per call", number(0)), ("max_peak_bytes", "max peak bytes", number(0))])
+
+
+def _system_tables(trace: Trace, console: Console) -> None:
+    metrics = analysis.system_metrics(trace)
+    if metrics.empty:
+        return
+    summary = metrics.groupby(["device", "metric", "unit"], sort=False)["value"].agg(["mean", "max"]).reset_index()
+    _show(console, summary, "System metrics over the session (system level)", [
+        ("device", "device", text), ("metric", "metric", text), ("unit", "unit", text),
+        ("mean", "mean", number(1)), ("max", "max", number(1))])
+    energy = analysis.energy_per_step(trace)
+    measured = energy[energy["energy_j"].notna()]
+    if not measured.empty:
+        per_device = measured.groupby("device").agg(steps=("step", "size"), energy_j=("energy_j", "mean"),
+                                                    per_item_j=("energy_per_item_j", "mean"),
+                                                    method=("method", lambda m: ", ".join(sorted(set(m)))))
+        _show(console, per_device.reset_index(), "Energy per step", [
+            ("device", "device", text), ("steps", "steps", number(0)), ("energy_j", "J per step", number(3)),
+            ("per_item_j", "J per item", number(4)), ("method", "how", text)])
 
 
 def _diagnostics(trace: Trace, console: Console) -> None:
@@ -228,9 +319,9 @@ def _diagnostics(trace: Trace, console: Console) -> None:
     problems = table[table["spans"] > 0]
     if problems.empty:
         return
-    console.print(frame_table(problems, "Hierarchy diagnostics (what the tree builder could not place)", [
+    _show(console, problems, "Hierarchy diagnostics (what the tree builder could not place)", [
         ("problem", "problem", text), ("spans", "spans", number(0)), ("share", "share", share),
-        ("meaning", "meaning", text)]))
+        ("meaning", "meaning", text)])
 
 
 def _recommendations(trace: Trace, console: Console) -> None:
@@ -254,4 +345,6 @@ def render_report(trace: Trace, console: Console, top: int = 10) -> None:
     _operator_tables(trace, console, top)
     _flops_table(trace, console, top)
     _gpu_tables(trace, console, top)
+    _memory_tables(trace, console, top)
+    _system_tables(trace, console)
     _diagnostics(trace, console)

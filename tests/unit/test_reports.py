@@ -1,0 +1,93 @@
+"""The terminal report fits 80 columns, numbered steps are one kind, and the Chrome export names
+its processes and threads and carries system metrics and memory as counter tracks."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from rich.console import Console
+
+import xsp
+from tests.unit.test_gpu_analyses import make_trace
+from xsp import analysis
+from xsp.export.chrome import chrome_events
+from xsp.reports.terminal import middle, render_report
+
+LONG = "encoder.layer.11.attention.output.dense_projection_with_a_very_long_name"
+
+
+def long_named_trace():
+    rows = [(1, None, "model", "step", "inference_step", 0, 1000, {}),
+            (2, 1, "model", "predict", "model", 0, 1000, {"module_type": "VeryLongModelClassNameForTesting"})]
+    for i in range(12):
+        rows.append((3 + i, 2, "layer", "forward", f"model.{LONG}_{i}", i * 80, i * 80 + 70,
+                     {"module_type": f"SomeQuiteLongModuleTypeName{i}"}))
+    return make_trace(rows)
+
+
+def test_middle_keeps_both_ends():
+    assert middle("abcdefghij", 10) == "abcdefghij"
+    assert middle("abcdefghij", 7) == "abc…hij"
+    assert len(middle(LONG, 20)) == 20 and middle(LONG, 20).startswith("encoder.l") and middle(LONG, 20).endswith(
+        "long_name")
+
+
+def test_the_terminal_report_fits_80_columns_and_no_row_wraps():
+    console = Console(width=80, record=True, color_system=None)
+    render_report(long_named_trace(), console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = lines.index(next(line for line in lines if line.startswith("Top 10 layers")))
+    end = lines.index(next(line for line in lines[start + 1:] if line.startswith("Time per")))
+    rule = next(i for i in range(start, end) if set(lines[i]) == {"─"})
+    rows = lines[rule + 1:end]
+    # ten rows, one line each (no continuation line), names shortened in the middle
+    assert len(rows) == 10 and all(row.startswith("model.enc") and "…" in row.split()[0] for row in rows)
+    assert [row.split()[0][-2:] for row in rows] == [f"_{i}" for i in range(10)]
+
+
+def test_names_that_look_like_markup_are_printed_as_they_are():
+    rows = [(1, None, "model", "step", "s", 0, 100, {}), (2, 1, "model", "user", "[param|cuda]", 0, 50, {})]
+    console = Console(width=80, record=True, color_system=None)
+    render_report(make_trace(rows), console)
+    assert "[param|cuda]" in console.export_text()
+
+
+def test_numbered_kineto_steps_are_one_kind(shared_traces):
+    trace = xsp.load(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")
+    summary = analysis.model_summary(trace)
+    assert summary["name"].tolist() == ["ProfilerStep"] and summary["steps"].tolist() == [5]
+    assert analysis.step_summary(trace)["name"].tolist() == ["ProfilerStep"]
+    tree = analysis.aggregated_tree(trace, max_nodes=200)
+    assert tree["path"].iloc[0] == "ProfilerStep[0]" and tree["name"].iloc[0] == "ProfilerStep"
+    assert len(tree) <= 200 and set(tree["parent_path"]) - {""} <= set(tree["path"])
+
+
+def test_the_aggregated_tree_folds_steps_and_nests_totals():
+    trace = long_named_trace()
+    tree = analysis.aggregated_tree(trace).set_index("path")
+    root = tree.loc["inference_step"]
+    assert root["total_ms"] >= tree.loc["model", "total_ms"] >= tree.loc[f"model.{LONG}_0", "total_ms"]
+    children = tree[tree["parent_path"] == "model"]
+    assert children["total_ms"].sum() <= tree.loc["model", "total_ms"] + 1e-9
+    levels = analysis.level_summary(trace).set_index("level")
+    assert levels.loc["steps", "share"] == 1.0 and 0.8 < levels.loc["layer", "share"] < 0.9
+
+
+def test_chrome_export_names_threads_and_carries_counters(tmp_path, monkeypatch):
+    monkeypatch.setenv("XSP_SYSTEM_HZ", "100")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU())
+    with xsp.trace(levels="model,layer,memory,system", output=tmp_path / "t.xsp.parquet"), torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(8, 16))
+    trace = xsp.load(tmp_path / "t.xsp.parquet")
+    events = json.loads(json.dumps(chrome_events(trace)))["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "MainThread" in names
+    assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert "process cpu_percent (%)" in counters and "process rss_bytes (B)" in counters
+    assert "live tensor memory (cpu)" in counters
+    assert any(e["ph"] == "i" and e["name"] == "alloc" for e in events)
+    assert not any(e["ph"] == "X" and e["cat"] in ("system", "memory") for e in events)
