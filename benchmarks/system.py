@@ -95,7 +95,8 @@ def main() -> None:
         "# System level: what the sampler costs a training loop",
         "",
         f"Recorded {datetime.now(timezone.utc):%Y-%m-%d} on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.processor() or platform.machine()}), Python {platform.python_version()}, torch {torch.__version__}; "
+        f"{platform.processor() or platform.machine()}), Python {platform.python_version()}, "
+        f"torch {torch.__version__}; "
         f"`python benchmarks/system.py --block-s {args.block_s:g} --rounds {args.rounds}`.",
         "Training loop of an MLP (4 x Linear(512, 512), batch 64, 1 torch thread) under `xsp.trace(levels=\"model\")`;"
         " blocks with the sampler off, at 10 Hz and at 100 Hz rotate round by round; medians over the rounds.",
