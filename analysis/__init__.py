@@ -4,6 +4,7 @@ Every analysis is a plain function that takes an :class:`xsp.Trace` (or its span
 and returns a pandas DataFrame with documented columns. Nothing here plots or prints.
 """
 
+from xsp.analysis.compensate import compensated
 from xsp.analysis.gpu import (
     gpu_utilization,
     gpu_vs_cpu_per_layer,
@@ -45,5 +46,6 @@ __all__ = [
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
     "peak_for", "trace_peak", "input_waits", "input_per_step", "system_metrics", "system_per_step",
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
-    "recommend", "level_summary", "aggregated_tree", "step_breakdown", "step_summary", "step_coverage", "user_spans",
+    "recommend", "level_summary", "aggregated_tree", "compensated",
+    "step_breakdown", "step_summary", "step_coverage", "user_spans",
 ]

@@ -84,6 +84,26 @@ def trimmed_mean(values: np.ndarray, fraction: float = TRIM_FRACTION) -> float:
     return float(data[cut:len(data) - cut].mean())
 
 
+def trimmed_mean_ci(values: np.ndarray, fraction: float = TRIM_FRACTION, confidence: float = 0.95) -> float:
+    """Half-width of the ``confidence`` interval of :func:`trimmed_mean` (Tukey and McLaughlin:
+    the winsorized variance, and Student's t with the trimmed sample's degrees of freedom);
+    NaN below 3 values."""
+    from scipy import stats
+
+    data = np.sort(np.asarray(values, dtype=np.float64))
+    count = len(data)
+    if count < 3:
+        return float("nan")
+    cut = int(count * fraction) if count > 3 else 0
+    kept = count - 2 * cut
+    winsorized = data.copy()
+    if cut:
+        winsorized[:cut], winsorized[count - cut:] = data[cut], data[count - cut - 1]
+    spread = float(np.std(winsorized, ddof=1))
+    error = spread / ((kept / count) * np.sqrt(count))
+    return float(stats.t.ppf(0.5 + confidence / 2, max(kept - 1, 1)) * error)
+
+
 def model_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Latency statistics over all steps, one row per kind of step (its name; numbered steps
     such as Kineto's ``ProfilerStep#N`` together as ``ProfilerStep``).

@@ -10,10 +10,19 @@ For each model at batch 1 and a larger batch, in one process, side by side:
   against the leveled figures, for layers and for operators (median of per-span ratios, and
   of the total).
 
+Then repeatability: ``xsp.leveled(fn)`` with its default arguments (levels model, layer,
+operator; calibrated compensation; rounds until the intervals are within ±2% or the budget
+runs out), invoked ``--invocations`` times (default 10) on the small-layer model (40 x
+``Linear(64, 64)`` + ``ReLU``, batch 8) and, unless ``--repeatability small``, on ResNet-50
+and BERT-base at batch 1 and the larger batch: the error of the top-level layers' sum against
+the model call's leveled latency in each invocation (goal: within 3% in 10 of 10), the rounds
+each took, and the calibration figures per level.
+
 Models are built from their configs with random weights (nothing downloaded). Results go to
 benchmarks/results/leveled.md.
 
-Usage: python benchmarks/leveled.py [--repeat N] [--warmup N] [--quick]
+Usage: python benchmarks/leveled.py [--repeat N] [--warmup N] [--quick] [--invocations N]
+       [--repeatability small|all] [--skip-accuracy]
 """
 
 from __future__ import annotations
@@ -126,6 +135,79 @@ def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: i
     }
 
 
+SMALL_LAYERS = 40
+
+
+def small_layer_model() -> Callable[[], Any]:
+    """40 x Linear(64, 64) + ReLU at batch 8: layers of a few microseconds, where a layer's own
+    tracing cost is a large share of it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(SMALL_LAYERS) for m in (torch.nn.Linear(64, 64),
+                                                                            torch.nn.ReLU())]).eval()
+    x = torch.randn(8, 64)
+    return lambda: model(x)
+
+
+def top_layer_error(result: Any) -> float:
+    """Sum of the top-level layers over the model call's leveled latency, minus one."""
+    from xsp import schema as col
+    from xsp.tree import parent_positions
+
+    spans = result.trace.spans
+    parents = parent_positions(spans)
+    kinds = spans[col.KIND].to_numpy()
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    top = (spans[col.LEVEL] == "layer").to_numpy() & (parents >= 0)
+    top &= kinds[np.maximum(parents, 0)] == "predict"
+    model_call = durations[kinds == "predict"].sum()
+    return float(durations[top].sum() / model_call - 1)
+
+
+def repeatability(name: str, batch: int, fn: Callable[[], Any], invocations: int) -> dict[str, Any]:
+    """``xsp.leveled(fn)`` with default arguments, ``invocations`` times."""
+    import xsp
+
+    errors, rounds, seconds, precise = [], [], [], []
+    calibration: dict[str, Any] = {}
+    for _ in range(invocations):
+        began = time.perf_counter()
+        result = xsp.leveled(fn)
+        seconds.append(time.perf_counter() - began)
+        details = result.trace.metadata["leveled"]
+        errors.append(top_layer_error(result))
+        rounds.append(details["rounds"])
+        precise.append(bool(details["precise"]))
+        calibration = details["calibration"]
+    return {"model": name, "batch": batch, "errors": errors, "rounds": rounds, "seconds": seconds,
+            "precise": precise, "calibration": calibration}
+
+
+def _repeatability_lines(rows: list[dict[str, Any]], invocations: int) -> list[str]:
+    lines = [
+        "", f"## Repeatability with default arguments ({invocations} separate `xsp.leveled(fn)` calls; "
+        "goal: top-level layers within 3% of the model call in every one)", "",
+        "Error: sum of the top-level layers' leveled latencies over the model call's (both compensated), minus one.",
+        "", "| model | batch | within 3% | worst error | errors (min / median / max) | rounds (min-max) | "
+        "precise (±2%) | seconds per call |",
+        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        errors = np.array(r["errors"])
+        within = int((np.abs(errors) <= 0.03).sum())
+        worst = errors[np.argmax(np.abs(errors))]
+        lines.append(f"| {r['model']} | {r['batch']} | {within} of {len(errors)} | {worst:+.1%} | "
+                     f"{errors.min():+.1%} / {np.median(errors):+.1%} / {errors.max():+.1%} | "
+                     f"{min(r['rounds'])}-{max(r['rounds'])} | {sum(r['precise'])} of {len(errors)} | "
+                     f"{np.median(r['seconds']):.1f} |")
+    lines += ["", "## Calibration: what one span costs per level, measured at the start of each call (last call)", "",
+              "| model | level | inside its own span ns | seen by its parent ns |", "| --- | --- | ---: | ---: |"]
+    for r in rows:
+        for level, cost in r["calibration"].items():
+            lines.append(f"| {r['model']} (batch {r['batch']}) | {level} | {cost['inside_ns']:.0f} | "
+                         f"{cost['parent_ns']:.0f} |")
+    return lines
+
+
 def _workloads(quick: bool) -> list[tuple[str, int, Callable[[], Any]]]:
     from bert_inference import build_model as build_bert
     from bert_inference import make_batch
@@ -151,13 +233,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--quick", action="store_true", help="small inputs, for a smoke test")
+    parser.add_argument("--invocations", type=int, default=10, help="xsp.leveled calls per repeatability row")
+    parser.add_argument("--repeatability", choices=("small", "all"), default="all",
+                        help="the small-layer model only, or ResNet-50 and BERT-base too")
+    parser.add_argument("--skip-accuracy", action="store_true",
+                        help="only the repeatability rows (the accuracy tables are not rewritten)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
+    repeats = []
     with torch.no_grad():
-        for name, batch, fn in _workloads(args.quick):
-            print(f"measuring {name}, batch {batch} ...", file=sys.stderr)
-            rows.append(measure(name, batch, fn, args.repeat, args.warmup, args.rounds))
+        workloads = _workloads(args.quick)
+        if not args.skip_accuracy:
+            for name, batch, fn in workloads:
+                print(f"measuring {name}, batch {batch} ...", file=sys.stderr)
+                rows.append(measure(name, batch, fn, args.repeat, args.warmup, args.rounds))
+        chosen = [(f"{SMALL_LAYERS} x Linear(64, 64) + ReLU", 8, small_layer_model())]
+        if args.repeatability == "all":
+            chosen += workloads
+        for name, batch, fn in chosen:
+            print(f"repeatability of {name}, batch {batch} ...", file=sys.stderr)
+            repeats.append(repeatability(name, batch, fn, args.invocations))
+    if args.skip_accuracy:
+        previous = RESULTS.read_text().split("\n## Repeatability")[0].rstrip("\n").splitlines() \
+            if RESULTS.is_file() else ["# Leveled experimentation: accuracy on CPU"]
+        record(previous + _repeatability_lines(repeats, args.invocations), RESULTS)
+        return 0
     runs = list(rows[0]["runs"])
     lines = [
         "# Leveled experimentation: accuracy on CPU", "",
@@ -200,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         (lm, lt), (om, ot) = r["layer_inflation"], r["operator_inflation"]
         lines.append(f"| {r['model']} | {r['batch']} | {lm:.2f}x | {lt:.2f}x | {om:.2f}x | {ot:.2f}x | "
                      f"{r['unmatched']} of {r['spans']} |")
-    record(lines, RESULTS)
+    record(lines + _repeatability_lines(repeats, args.invocations), RESULTS)
     return 0
 
 

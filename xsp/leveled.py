@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
-from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean
+from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
+from xsp.compensation import LevelCost, compensation_ns
 from xsp.levels import LevelsArg, parse_levels
 from xsp.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.trace import Trace
@@ -91,8 +92,9 @@ class LeveledResult:
     Attributes:
         trace: the merged trace (one step: the deepest run's tree with leveled durations).
         overhead: one row per run: ``run``, ``levels``, ``steps``, ``model_latency_ms``
-            (trimmed mean over the measured steps), ``overhead`` (against the model-only run),
-            ``metric`` (a metric run, whose durations are never used).
+            (trimmed mean over the measured steps), ``model_latency_ci_ms`` (the half-width of
+            its 95% interval), ``overhead`` (against the model-only run), ``metric`` (a metric
+            run, whose durations are never used).
         unmatched: spans that did not repeat identically: ``path``, ``level``, ``name``,
             ``run`` (where its duration should have come from), ``reason``.
         runs: every traced run.
@@ -116,12 +118,15 @@ def measured_steps(spans: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
 
 
 def _durations_by_path(spans: pd.DataFrame, trim: float) -> pd.DataFrame:
-    """Per path: the trimmed mean duration, and whether it appears once in every step."""
+    """Per path: the trimmed mean duration, its 95% interval's half-width, and whether it
+    appears once in every step."""
     steps = spans[col.STEP].nunique()
     grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
     counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
     means = grouped.agg(lambda values: trimmed_mean(values.to_numpy(), trim))
-    return pd.DataFrame({"duration_ns": means, "regular": (counts["size"] == steps) & (counts["nunique"] == steps)})
+    intervals = grouped.agg(lambda values: trimmed_mean_ci(values.to_numpy(), trim))
+    return pd.DataFrame({"duration_ns": means, "ci_ns": intervals,
+                         "regular": (counts["size"] == steps) & (counts["nunique"] == steps)})
 
 
 def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
@@ -137,8 +142,24 @@ def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
     return sums[(sums["flops"] > 0) | (sums["bytes"] > 0)]
 
 
-def _latency_ms(spans: pd.DataFrame, trim: float) -> float:
-    return trimmed_mean(model_latency(spans)["latency_ms"].to_numpy(dtype=np.float64), trim)
+def _latency_ms(spans: pd.DataFrame, trim: float) -> tuple[float, float]:
+    """The trimmed mean of the steps' latencies and its 95% interval's half-width."""
+    values = model_latency(spans)["latency_ms"].to_numpy(dtype=np.float64)
+    return trimmed_mean(values, trim), trimmed_mean_ci(values, trim)
+
+
+DEFAULT_TARGET = 0.02
+"""A leveled figure is precise enough when its 95% interval is within ±2% of it."""
+
+
+def imprecise_paths(spans: pd.DataFrame, target: float) -> list[str]:
+    """Paths of the leveled figures whose 95% interval is wider than ``target`` of the figure
+    (or unknown: too few steps)."""
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    intervals = spans[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    host = spans[col.THREAD_ID].notna().to_numpy()
+    wide = host & (np.isnan(intervals) | (intervals > target * np.maximum(durations, 1.0)))
+    return [str(path) for path in spans[col.PATH].to_numpy(dtype=object)[wide]]
 
 
 def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray,
@@ -175,7 +196,8 @@ def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, d
     return new_starts, new_durations, clamped
 
 
-def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION) -> LeveledResult:
+def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION,
+               costs: dict[Level, LevelCost] | None = None, target: float = DEFAULT_TARGET) -> LeveledResult:
     """Merge the runs of a leveled experiment (see the module's docstring).
 
     Args:
@@ -183,6 +205,9 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         warmup_steps: steps at the start of each run that are left out (``xsp run --leveled``;
             :func:`leveled` warms up outside its runs).
         trim: fraction dropped at each end for the trimmed means.
+        costs: the calibrated cost of one span per level (:func:`xsp.calibration.calibrate`):
+            taken out of each figure (``overhead_ns``); None leaves the figures raw.
+        target: the relative half-width of a 95% interval above which a figure is flagged.
     """
     timing = sorted((r for r in runs if not r.is_metric), key=lambda r: len(r.levels))
     if not timing:
@@ -202,6 +227,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     last_step = int(deep[col.STEP].max())
     merged = deep[deep[col.STEP] == last_step].copy()
     durations = merged[col.DURATION_NS].to_numpy(dtype=np.int64).copy()
+    intervals = np.full(len(merged), np.nan)
+    own_run = np.zeros(len(merged), dtype=bool)
     sources = np.empty(len(merged), dtype=object)
     unmatched = []
     for i, (path, level_name, name) in enumerate(zip(merged[col.PATH], merged[col.LEVEL], merged[col.NAME])):
@@ -218,13 +245,19 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             reason = "not once in every step of the deepest run"
         if reason is None:
             durations[i] = int(round(figures.at[path, "duration_ns"]))
+            intervals[i] = figures.at[path, "ci_ns"]
+            own_run[i] = True
             sources[i] = run.label
         else:
             unmatched.append({"path": path, "level": level_name, "name": name, "run": run.label, "reason": reason})
             if path in own.index:
                 durations[i] = int(round(own.at[path, "duration_ns"]))
+                intervals[i] = own.at[path, "ci_ns"]
             sources[i] = deepest.label
     merged = merged.reset_index(drop=True)
+    taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True)
+    taken = np.minimum(taken, durations)  # never a negative duration
+    durations = durations - taken
     starts, durations, clamped = nest_in_parents(parent_positions(merged), merged[col.START_NS].to_numpy(
         dtype=np.int64), merged[col.END_NS].to_numpy(dtype=np.int64), durations,
         merged[col.THREAD_ID].notna().to_numpy())
@@ -232,6 +265,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     merged[col.DURATION_NS] = durations
     merged[col.END_NS] = starts + durations
     merged[col.LEVELED_RUN] = pd.array(sources.tolist(), dtype="string")
+    merged[col.DURATION_CI_NS] = pd.array([None if np.isnan(v) else int(round(v)) for v in intervals], dtype="Int64")
+    merged[col.OVERHEAD_NS] = pd.array([int(v) if own else None for v, own in zip(taken, own_run)], dtype="Int64")
     for run in runs:
         if run.is_metric:
             counts = _inclusive_counts(measured[run.label])
@@ -248,6 +283,9 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
             "unmatched": len(unmatched_table),
             "clamped": clamped,
+            "calibration": {level.value: cost.as_dict() for level, cost in (costs or {}).items()},
+            "target": target,
+            "imprecise": imprecise_paths(merged, target),
         },
     }
     trace = Trace(spans=merged.reset_index(drop=True), metadata=metadata)
@@ -258,13 +296,14 @@ def _overhead_table(runs: Sequence[LeveledRun], measured: dict[str, pd.DataFrame
     rows = []
     for run in runs:
         spans = measured[run.label]
+        latency, interval = _latency_ms(spans, trim)
         rows.append({"run": run.label, "levels": [level.value for level in run.levels],
-                     "steps": int(spans[col.STEP].nunique()), "model_latency_ms": _latency_ms(spans, trim),
-                     "metric": run.is_metric})
-    table = pd.DataFrame(rows, columns=["run", "levels", "steps", "model_latency_ms", "metric"])
+                     "steps": int(spans[col.STEP].nunique()), "model_latency_ms": latency,
+                     "model_latency_ci_ms": interval, "metric": run.is_metric})
+    table = pd.DataFrame(rows, columns=["run", "levels", "steps", "model_latency_ms", "model_latency_ci_ms", "metric"])
     base = table[table["run"] == Level.MODEL.value]["model_latency_ms"]
     table["overhead"] = table["model_latency_ms"] / float(base.iloc[0]) - 1 if len(base) else np.nan
-    return table[["run", "levels", "steps", "model_latency_ms", "overhead", "metric"]]
+    return table[["run", "levels", "steps", "model_latency_ms", "model_latency_ci_ms", "overhead", "metric"]]
 
 
 def pooled(traces: Sequence[Trace]) -> Trace:
@@ -278,28 +317,66 @@ def pooled(traces: Sequence[Trace]) -> Trace:
     return Trace(spans=pd.concat(frames, ignore_index=True), metadata=traces[-1].metadata)
 
 
+MAX_ROUNDS = 30
+"""Adaptive repetition stops after this many rounds whatever the intervals say."""
+DEFAULT_BUDGET_S = 3.0
+"""Adaptive repetition goes on for at most this long past the first round."""
+
+
+def precise_enough(result: LeveledResult, target: float) -> bool:
+    """True when the model latency (model run) and every top-level layer of the merged trace
+    have a 95% interval within ``target`` of their figure."""
+    overhead = result.overhead
+    model = overhead[overhead["run"] == Level.MODEL.value]
+    if model.empty or not (model["model_latency_ci_ms"] <= target * model["model_latency_ms"]).all():
+        return False
+    spans = result.trace.spans
+    parents = parent_positions(spans)
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    layer = levels == Level.LAYER.value
+    top = layer & ~((parents >= 0) & layer[np.maximum(parents, 0)])
+    if not top.any():
+        return True
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)[top]
+    intervals = spans[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)[top]
+    return bool((intervals <= target * np.maximum(durations, 1.0)).all())
+
+
 def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int = 5,
             warmup: int = 2, output: str | os.PathLike[str] | None = None, trim: float = TRIM_FRACTION,
-            rounds: int = 1, **trace_options: Any) -> LeveledResult:
+            rounds: int | None = None, target: float = DEFAULT_TARGET, budget_s: float = DEFAULT_BUDGET_S,
+            compensate: bool = True, **trace_options: Any) -> LeveledResult:
     """Run ``fn`` under each level prefix and merge the runs (see the module's docstring).
 
-    Each run calls ``fn`` ``warmup`` times untraced, then ``repeat`` times traced, each call
-    one step. With ``rounds`` above 1 the whole sequence of runs is repeated, interleaved, each
-    round starting one run later than the one before (model, model+layer, ...; model+layer,
-    ..., model; ...), and each run's steps are pooled over the rounds: slow drifts of the
-    machine, and whatever running first costs, then spread over every run instead of landing
-    on one. Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
+    Each run calls ``fn`` ``warmup + repeat`` times, each call one step; the first ``warmup``
+    steps of each run are left out (right after a session starts, its buffers and hooks are
+    cold, and the first steps run 20-80% slower). The whole sequence of runs is a round;
+    rounds are interleaved, each starting one run later than the one before (model,
+    model+layer, ...; model+layer, ..., model; ...), and each run's steps are pooled over
+    the rounds: slow drifts of the machine, and whatever running first costs, then spread
+    over every run instead of landing on one.
+
+    By default the rounds go on until the model latency and every top-level layer have a 95%
+    confidence interval within ``target`` (±2%) of their figure, or ``budget_s`` seconds past
+    the first round have gone by (at least two rounds, at most ``MAX_ROUNDS``); ``rounds=``
+    forces a count. Before the runs, each level's own cost per span is calibrated
+    (:mod:`xsp.calibration`) and taken out of every figure (``compensate=False`` keeps them
+    raw). Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
     in ``trace.metadata["leveled"]["skipped"]``.
 
     Args:
         fn: the work to measure, called with no arguments (a closure over model and inputs).
         levels: the deepest set of levels; every prefix of it is run (and each metric level
             once, under model and layer).
-        repeat: measured calls per run.
-        warmup: untraced calls before each run.
+        repeat: measured calls per run and round.
+        warmup: steps at the start of each run that are traced and left out.
         output: write the merged trace here (``.xsp.parquet``); None writes nothing.
         trim: fraction dropped at each end of the trimmed means.
-        rounds: how many times the sequence of runs is repeated (interleaved, then pooled).
+        rounds: how many rounds to run; None repeats until the figures are precise enough.
+        target: the relative half-width of the 95% intervals that stops the rounds, and above
+            which a figure is flagged (``metadata["leveled"]["imprecise"]``).
+        budget_s: seconds past the first round that adaptive repetition may take.
+        compensate: take each level's calibrated cost out of the figures.
         trace_options: passed to each run's :func:`xsp.trace` (``max_events``, ...).
 
     Returns:
@@ -310,36 +387,63 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
         >>> x = torch.randn(4, 8)
         >>> with torch.no_grad():
-        ...     result = xsp.leveled(lambda: model(x), levels="model,layer", repeat=3, warmup=1)
+        ...     result = xsp.leveled(lambda: model(x), levels="model,layer", repeat=3, warmup=1, rounds=2)
         >>> list(result.overhead["run"])
         ['model', 'model+layer']
     """
+    import time
+
+    from xsp.calibration import calibrate
     from xsp.session import trace
     from xsp.tracers.registry import tracers_for
     from xsp.user_spans import step
 
-    if repeat < 1 or rounds < 1:
+    if repeat < 1 or (rounds is not None and rounds < 1):
         raise ValueError("repeat and rounds must be at least 1")
     _, unavailable = tracers_for(parse_levels(levels))
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
     plan = level_runs(wanted)
+    costs = calibrate(wanted) if compensate else {}
     traces: dict[tuple[Level, ...], list[Trace]] = {run_levels: [] for run_levels in plan}
-    for round_number in range(rounds):
+    result: LeveledResult | None = None
+    first_round_end = None
+    round_number = 0
+    while True:
         turn = round_number % len(plan)  # each round starts one run later: no run always goes first
         for run_levels in plan[turn:] + plan[:turn]:
-            for _ in range(warmup):
-                fn()
             with trace(levels=run_levels, output=None, **trace_options) as session:
-                for _ in range(repeat):
+                # the first steps after a session starts run cold (its buffers and hooks are
+                # fresh): they are traced like the others and left out
+                for _ in range(warmup + repeat):
                     with step(STEP_NAME):
                         fn()
             if session.trace is None:
                 raise RuntimeError(f"the {run_label(run_levels)} run produced no trace: {session.warnings}")
-            traces[run_levels].append(session.trace)
-    runs = [LeveledRun(run_levels, pooled(traces[run_levels])) for run_levels in plan]
-    result = merge_runs(runs, warmup_steps=0, trim=trim)
-    result.trace.metadata["leveled"]["rounds"] = rounds
-    result.trace.metadata["leveled"]["skipped"] = {level.value: reason for level, reason in unavailable.items()}
+            traces[run_levels].append(Trace(spans=measured_steps(session.trace.spans, warmup),
+                                            metadata=session.trace.metadata))
+        round_number += 1
+        first_round_end = first_round_end or time.monotonic()
+        if rounds is not None:
+            if round_number >= rounds:
+                break
+            continue
+        if round_number < 2:
+            continue
+        result = merge_runs([LeveledRun(r, pooled(traces[r])) for r in plan], warmup_steps=0, trim=trim,
+                            costs=costs, target=target)
+        if (precise_enough(result, target) or round_number >= MAX_ROUNDS
+                or time.monotonic() - first_round_end > budget_s):
+            break
+        result = None
+    if result is None:
+        result = merge_runs([LeveledRun(r, pooled(traces[r])) for r in plan], warmup_steps=0, trim=trim,
+                            costs=costs, target=target)
+    result.runs = [LeveledRun(r, pooled(traces[r])) for r in plan]
+    details = result.trace.metadata["leveled"]
+    details["rounds"] = round_number
+    details["adaptive"] = rounds is None
+    details["precise"] = precise_enough(result, target)
+    details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
     if output is not None:
         result.save(output)
     return result

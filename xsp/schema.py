@@ -148,6 +148,11 @@ pushed around the call (its start on the host clock); on a CUDA API call, the id
 CUPTI's stack when the call was made, which names the layer span that made it."""
 LEVELED_RUN: Final = "leveled_run"
 """In a leveled result: the run (``model+layer``) the span's duration came from."""
+DURATION_CI_NS: Final = "duration_ci_ns"
+"""In a leveled result: the half-width of the 95% confidence interval of ``duration_ns``."""
+OVERHEAD_NS: Final = "overhead_ns"
+"""In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
+is their sum)."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
@@ -188,6 +193,8 @@ COLUMNS: Final[dict[str, str]] = {
     SEQUENCE_NUMBER: "Int64",
     EXTERNAL_ID: "Int64",
     LEVELED_RUN: "string",
+    DURATION_CI_NS: "Int64",
+    OVERHEAD_NS: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -248,5 +255,7 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     SEQUENCE_NUMBER: "xsp.operator.sequence_number",
     EXTERNAL_ID: "xsp.external_id",
     LEVELED_RUN: "xsp.leveled.run",
+    DURATION_CI_NS: "xsp.leveled.ci_ns",
+    OVERHEAD_NS: "xsp.leveled.overhead_ns",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -132,8 +132,10 @@ class Session:
                  DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
                  long_step_s: float = DEFAULT_LONG_STEP_S,
-                 schedule: Schedule | str | dict[str, int] | None = None) -> None:
+                 schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False) -> None:
         self.levels = parse_levels(levels)
+        self.calibrate = calibrate
+        self._costs: dict[str, Any] | None = None
         self.schedule = schedule_of(schedule)
         self.output = None if output is None else Path(output)
         self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
@@ -147,7 +149,8 @@ class Session:
         """Why the trace file could not be written (None when it was, or none was asked for)."""
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule)
+            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
+            calibrate=calibrate)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -174,6 +177,13 @@ class Session:
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
+        if self.calibrate and _state.session is None:  # before this session claims the process: it traces
+            from xsp.calibration import calibrate
+
+            try:
+                self._costs = {level.value: cost.as_dict() for level, cost in calibrate(self.levels).items()}
+            except Exception as exc:  # a failed calibration costs the figures, never the program
+                self._warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
             active = _state.session
             if active is None:  # claimed before any tracer starts: a second session sees it
@@ -495,6 +505,7 @@ class Session:
         return {
             **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),
+            "calibration": self._costs,
             "threads": {} if self._recording is None else {
                 str(buffer.thread_id): buffer.thread_name for buffer in list(self._recording.buffers)},
             "memory": memory_peaks(),
@@ -677,7 +688,7 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
           otlp_endpoint: str | None = None, service_name: str | None = None,
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
           long_step_s: float = DEFAULT_LONG_STEP_S,
-          schedule: Schedule | str | dict[str, int] | None = None) -> Session:
+          schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -695,6 +706,9 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         schedule: record only some steps, as torch.profiler's schedule: an
             :class:`xsp.Schedule`, a dict of its fields, or ``"skip_first=10,wait=1,warmup=1,active=3,repeat=2"``.
             Steps are counted from the block's start; steps not recorded cost almost nothing.
+        calibrate: before the block, measure what one span of each host level costs here
+            (about a second; :mod:`xsp.calibration`) and keep it in ``metadata["calibration"]``,
+            so that :func:`xsp.analysis.compensated` can take xsp's own cost out of the figures.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -709,4 +723,5 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         ['session', 'model', 'model.0']
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule)
+                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
+                   calibrate=calibrate)

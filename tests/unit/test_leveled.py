@@ -6,10 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 
 import xsp
+from tests.unit.test_gpu_analyses import make_trace
 from xsp import schema as col
-from xsp.leveled import LeveledRun, level_runs, merge_runs, nest_in_parents, run_label
+from xsp.calibration import LevelCost, calibrate
+from xsp.leveled import LeveledRun, level_runs, merge_runs, nest_in_parents, precise_enough, run_label
 from xsp.schema import Level, SpanKind
 from xsp.spans import conform
 from xsp.tree import parent_positions
@@ -167,3 +170,125 @@ def test_levels_that_cannot_run_are_left_out_with_the_reason(monkeypatch):
     assert result.overhead["run"].tolist() == ["model", "model+layer"]
     assert result.trace.metadata["leveled"]["skipped"] == {"cuda_api": "no CUDA driver: test",
                                                             "kernel": "no CUDA driver: test"}
+
+
+def test_calibrated_costs_come_out_of_each_figure_and_its_ancestors():
+    # a (layer) holds b's child c (layer): a has one layer below it; b none
+    nested = "leveled[0]/predict[0]/a[0]/c[0]"
+    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
+            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    costs = {Level.MODEL: LevelCost("model", inside_ns=50, parent_ns=120, events=1),
+             Level.LAYER: LevelCost("layer", inside_ns=30, parent_ns=70, events=1)}
+    result = merge_runs(runs, costs=costs)
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.OVERHEAD_NS] == 30 + 70 and spans.loc[A, col.DURATION_NS] == 500 - 100
+    assert spans.loc[nested, col.OVERHEAD_NS] == 30 and spans.loc[B, col.DURATION_NS] == 40 - 30
+    assert spans.loc[PREDICT, col.DURATION_NS] == 900 - 50  # its own recording; no model call below it
+    assert spans.loc[STEP, col.DURATION_NS] == 1000 - 120  # a step costs nothing itself; its model call does
+    assert set(result.trace.metadata["leveled"]["calibration"]) == {"model", "layer"}
+    raw = merge_runs(runs)
+    assert raw.trace.spans.set_index(col.PATH).loc[A, col.DURATION_NS] == 500
+    assert raw.trace.spans[col.OVERHEAD_NS].fillna(0).eq(0).all()
+
+
+def test_compensation_never_makes_a_duration_negative_and_skips_unmatched_spans():
+    runs = [_run((M,), {STEP: [100] * 5, PREDICT: [90] * 5}),
+            _run((M, L), {STEP: [120] * 5, PREDICT: [110] * 5, A: [40] * 5, B: [30, 30, None, 30, 30]})]
+    costs = {Level.LAYER: LevelCost("layer", inside_ns=1000, parent_ns=1000, events=1)}
+    spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_NS] == 0 and spans.loc[A, col.OVERHEAD_NS] == 40
+    assert (spans[col.DURATION_NS] >= 0).all()
+    assert spans.loc[B, col.DURATION_NS] == 30 and pd.isna(spans.loc[B, col.OVERHEAD_NS])  # not its own run's figure
+
+
+def test_every_figure_carries_its_95_percent_interval():
+    noisy = [100, 104, 96, 102, 98, 101, 99, 103, 97, 100]
+    runs = [_run((M,), {STEP: [1000 + 10 * i for i in range(10)], PREDICT: [900] * 10}),
+            _run((M, L), {STEP: [1200] * 10, PREDICT: [1100] * 10, A: noisy, B: [30] * 10})]
+    result = merge_runs(runs, target=0.02)
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[B, col.DURATION_CI_NS] == 0
+    assert 1 <= spans.loc[A, col.DURATION_CI_NS] <= 4
+    model = result.overhead.set_index("run").loc["model"]
+    assert 0 < model["model_latency_ci_ms"] < 0.05
+    assert "leveled[0]/predict[0]/a[0]" not in result.trace.metadata["leveled"]["imprecise"]  # no thread: not drawn
+
+
+def test_trimmed_mean_interval_covers_the_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(400):
+        sample = rng.normal(100.0, 5.0, size=12)
+        half = trimmed_mean_ci(sample, 0.2)
+        covered += abs(trimmed_mean(sample, 0.2) - 100.0) <= half
+    assert 0.9 <= covered / 400 <= 0.99
+    assert np.isnan(trimmed_mean_ci(np.array([1.0, 2.0]))) and trimmed_mean_ci(np.full(8, 5.0)) == 0
+
+
+def test_calibration_measures_each_host_level():
+    costs = calibrate((Level.MODEL, Level.LAYER, Level.OPERATOR))
+    assert set(costs) == {Level.MODEL, Level.LAYER, Level.OPERATOR}
+    for cost in costs.values():
+        assert cost.events > 0 and 0 <= cost.inside_ns < 100_000 and 0 < cost.parent_ns < 100_000
+    assert costs[Level.LAYER].parent_ns >= costs[Level.LAYER].inside_ns * 0.5  # the parent sees at least the inside
+
+
+def test_leveled_repeats_until_precise_or_out_of_budget_and_says_which():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        adaptive = xsp.leveled(lambda: model(x), levels="model,layer", repeat=5, warmup=1, budget_s=1.0)
+        forced = xsp.leveled(lambda: model(x), levels="model,layer", repeat=5, warmup=1, rounds=3,
+                             compensate=False)
+    details = adaptive.trace.metadata["leveled"]
+    assert details["adaptive"] and 2 <= details["rounds"] <= 30 and isinstance(details["precise"], bool)
+    assert details["precise"] == precise_enough(adaptive, 0.02)
+    assert set(details["calibration"]) == {"model", "layer"}
+    assert adaptive.trace.spans[col.DURATION_CI_NS].notna().all()
+    assert forced.trace.metadata["leveled"]["rounds"] == 3 and not forced.trace.metadata["leveled"]["adaptive"]
+    assert forced.trace.metadata["leveled"]["calibration"] == {}
+    assert forced.overhead["steps"].tolist() == [15, 15]
+
+
+def test_a_plain_trace_is_compensated_in_columns_of_its_own():
+    # model call M holds layer A, which holds layer B and two operators; costs per level
+    rows = [(1, None, "model", "predict", "M", 0, 1000, {}), (2, 1, "layer", "forward", "A", 100, 900, {}),
+            (3, 2, "layer", "forward", "B", 200, 400, {}), (4, 3, "operator", "operator", "op1", 250, 300, {}),
+            (5, 2, "operator", "operator", "op2", 500, 600, {})]
+    trace = make_trace(rows, {"calibration": {
+        "model": {"level": "model", "inside_ns": 10, "parent_ns": 20, "events": 1},
+        "layer": {"level": "layer", "inside_ns": 30, "parent_ns": 50, "events": 1},
+        "operator": {"level": "operator", "inside_ns": 100, "parent_ns": 200, "events": 1}}})
+    table = xsp.analysis.compensated(trace).set_index(col.NAME)
+    us = 1000
+    assert table.loc["op1", col.OVERHEAD_NS] == 100
+    assert table.loc["B", col.OVERHEAD_NS] == 30 + 200  # itself, and op1 below it
+    assert table.loc["A", col.OVERHEAD_NS] == 30 + 50 + 2 * 200  # itself, B, op1 and op2
+    assert table.loc["M", col.OVERHEAD_NS] == 10 + 2 * 50 + 2 * 200
+    assert (table["compensated_ns"] == table[col.DURATION_NS] - table[col.OVERHEAD_NS]).all()
+    assert table.loc["A", col.DURATION_NS] == 800 * us  # the raw times stay
+    with pytest.raises(ValueError, match="no calibration"):
+        xsp.analysis.compensated(make_trace(rows))
+
+
+def test_a_session_can_calibrate_first_and_keep_it(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with xsp.trace(levels="model,layer", output=tmp_path / "c.xsp.parquet", calibrate=True) as session:
+        model(torch.randn(2, 8))
+    assert session.warnings == []
+    trace = xsp.load(tmp_path / "c.xsp.parquet")
+    assert set(trace.metadata["calibration"]) == {"model", "layer"}
+    table = xsp.analysis.compensated(trace)
+    assert (table["compensated_ns"] >= 0).all() and (table[col.OVERHEAD_NS] > 0).any()
+    assert len(trace.steps) == 1  # calibration's own sessions leave nothing in the trace
+
+
+def test_a_model_figure_loses_the_pass_through_cost_of_each_module_call_inside_it():
+    # the model-only run recorded no layers, but every nested module call passed through xsp
+    nested = "leveled[0]/predict[0]/a[0]/c[0]"
+    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
+            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    costs = {Level.MODEL: LevelCost("model", inside_ns=50, parent_ns=120, events=1, nested_ns=5)}
+    spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
+    assert spans.loc[PREDICT, col.OVERHEAD_NS] == 50 + 3 * 5  # itself, and a, c and b passing through
+    assert spans.loc[A, col.OVERHEAD_NS] == 0  # no layer cost calibrated

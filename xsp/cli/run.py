@@ -42,8 +42,19 @@ def register(commands: Any) -> None:
                              "runs so that each span's time comes from the run that traced nothing deeper")
     parser.add_argument("--warmup", type=int, default=2,
                         help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="with --leveled: repeat the runs this many times, interleaved, and pool them (default: 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="with --leveled: repeat the runs this many times, interleaved, and pool them (default: "
+                             "until the model latency and top-level layers are within --target, at least 2 rounds)")
+    parser.add_argument("--target", type=float, default=2.0, metavar="PERCENT",
+                        help="with --leveled: the 95%% interval's half-width, in percent of a figure, that is precise "
+                             "enough (default: 2)")
+    parser.add_argument("--budget", type=float, default=3.0, metavar="SECONDS",
+                        help="with --leveled: how long past the first round more rounds may run (default: 3)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure what one span of each level costs here first (about a second) and keep it "
+                             "in the trace, for xsp.analysis.compensated")
+    parser.add_argument("--no-compensate", action="store_true",
+                        help="with --leveled: keep xsp's own calibrated cost in the figures")
     parser.add_argument("--report", action="store_true", help="print the report after the run")
     parser.add_argument("--top", type=int, default=10, help="layers in the report's top list")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]")
@@ -160,7 +171,7 @@ def run(options: argparse.Namespace) -> int:
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
-                          otlp_protocol=options.otlp_protocol, schedule=schedule)
+                          otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate)
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status)
     return status
@@ -168,17 +179,30 @@ def run(options: argparse.Namespace) -> int:
 
 def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[str]) -> int:
     """``--leveled``: one run of the script per level prefix, merged into one trace."""
-    from rich.table import Table
+    import time
 
-    from xsp.leveled import LeveledRun, level_runs, measured_steps, merge_runs, pooled, run_label
+    from xsp.calibration import calibrate
+    from xsp.leveled import (
+        MAX_ROUNDS,
+        LeveledRun,
+        level_runs,
+        measured_steps,
+        merge_runs,
+        pooled,
+        precise_enough,
+        run_label,
+    )
+    from xsp.reports.terminal import frame_table, number, share, text
     from xsp.schema import Level
     from xsp.trace import Trace
     from xsp.tracers.registry import tracers_for
 
     if options.warmup < 0:
         raise CliError("--warmup must be 0 or more")
-    if options.rounds < 1:
+    if options.rounds is not None and options.rounds < 1:
         raise CliError("--rounds must be 1 or more")
+    if not 0 < options.target < 100:
+        raise CliError("--target must be a percentage between 0 and 100")
     if options.otlp:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
     out = error_console()
@@ -188,8 +212,12 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
     plan = level_runs(wanted)
     traces: dict[tuple[Level, ...], list[Trace]] = {levels: [] for levels in plan}
+    target = options.target / 100
+    costs = {} if options.no_compensate else calibrate(wanted)
+    first_round_end: float | None = None
+    round_number = 0
     with xsp_warnings_to_stderr():
-        for round_number in range(options.rounds):
+        while True:
             turn = round_number % len(plan)  # as xsp.leveled: each round starts one run later
             for levels in plan[turn:] + plan[:turn]:
                 out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
@@ -203,21 +231,33 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
                                    "script that calls its model more than --warmup times?)")
                 traces[levels].append(Trace(spans=measured_steps(session.trace.spans, options.warmup),
                                                  metadata=session.trace.metadata))
-    runs = [LeveledRun(levels, pooled(traces[levels])) for levels in plan]
-    try:
-        result = merge_runs(runs)
-    except ValueError as exc:
-        raise CliError(f"the runs cannot be merged: {exc}") from None
-    result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=options.rounds)
+            round_number += 1
+            first_round_end = first_round_end or time.monotonic()
+            try:
+                result = merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan], costs=costs,
+                                    target=target)
+            except ValueError as exc:
+                raise CliError(f"the runs cannot be merged: {exc}") from None
+            if options.rounds is not None:
+                if round_number >= options.rounds:
+                    break
+            elif round_number >= 2 and (precise_enough(result, target) or round_number >= MAX_ROUNDS
+                                        or time.monotonic() - first_round_end > options.budget):
+                break
+    result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=round_number,
+                                            adaptive=options.rounds is None,
+                                            precise=precise_enough(result, target))
     if options.output:
         result.save(options.output)
-    table = Table(title="Leveled runs (model latency: trimmed mean over the measured steps)")
-    for name in ("run", "steps", "model latency ms", "overhead vs model"):
-        table.add_column(name, justify="left" if name == "run" else "right")
-    for row in result.overhead.itertuples():
-        note = " (metrics: durations not used)" if row.metric else ""
-        table.add_row(f"{row.run}{note}", str(row.steps), f"{row.model_latency_ms:.3f}", f"{row.overhead:+.1%}")
-    console().print(table)
+    shown = console()
+    runs = result.overhead.assign(run=[f"{r.run} (metrics)" if r.metric else r.run
+                                       for r in result.overhead.itertuples()])
+    shown.print(f"Leveled runs, {round_number} rounds (model latency: trimmed mean over the measured steps, with "
+                "its 95% interval; a metrics run's durations are not used)", markup=False)
+    shown.print(frame_table(runs, "", [("run", "run", text), ("steps", "steps", number(0)),
+                                       ("model_latency_ms", "model latency ms", number()),
+                                       ("model_latency_ci_ms", "± 95% ms", number()),
+                                       ("overhead", "overhead vs model", share)], width=shown.width))
     where = f" -> {options.output}" if options.output else ""
     out.print(f"xsp: merged {len(result.trace.spans)} spans of step {result.trace.metadata['leveled']['merged_step']}"
               f"{where}; {len(result.unmatched)} spans did not repeat identically and keep the deepest run's time",

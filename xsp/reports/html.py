@@ -122,9 +122,13 @@ def leveled_section(trace: Trace) -> str:
     if not runs:
         return ""
     names = [run["run"] + (" (metrics)" if run.get("metric") else "") for run in runs]
+    errors = [run.get("model_latency_ci_ms") for run in runs]
     figure = go.Figure(go.Bar(x=names, y=[run["model_latency_ms"] for run in runs],
+                              error_y={"type": "data", "array": [e if e == e and e is not None else 0 for e in errors],
+                                       "visible": True},
                               text=[f"{run['overhead']:+.1%}" for run in runs], textposition="outside"))
-    figure.update_layout(title="Model latency per leveled run (overhead against the model-only run)",
+    figure.update_layout(title="Model latency per leveled run, with 95% intervals (overhead against the model-only "
+                               "run)",
                          yaxis_title="ms (trimmed mean)")
     return _figure_html(figure, "chart-leveled")
 

@@ -267,10 +267,23 @@ def _leveled_table(trace: Trace, console: Console) -> None:
     runs = pd.DataFrame(leveled.get("overhead") or [])
     if runs.empty:
         return
+    if "model_latency_ci_ms" not in runs:  # results from before the intervals
+        runs["model_latency_ci_ms"] = np.nan
     _show(console, runs, f"Leveled runs (durations merged from each span's own run; "
-                                    f"{leveled.get('unmatched', 0)} spans did not repeat)", [
+                         f"{leveled.get('unmatched', 0)} spans did not repeat; {leveled.get('rounds', 1)} rounds)", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
-        ("overhead", "overhead vs model", share), ("metric", "metric run", text)])
+        ("model_latency_ci_ms", "± 95%", number()), ("overhead", "overhead vs model", share),
+        ("metric", "metric run", text)])
+    target = float(leveled.get("target") or 0.02)
+    imprecise = leveled.get("imprecise") or []
+    if imprecise:
+        _say(console, f"{len(imprecise)} leveled figures have a 95% interval wider than ±{target:.0%} (more rounds "
+                      f"would narrow them), e.g. {middle(str(imprecise[0]), 50)}", "yellow")
+    costs = leveled.get("calibration") or {}
+    if costs:
+        _say(console, "xsp's own cost per span, taken out of the figures: " + ", ".join(
+            f"{level} {cost['inside_ns'] / 1e3:.2f} µs inside, {cost['parent_ns'] / 1e3:.2f} µs to its parent"
+            for level, cost in costs.items()))
 
 
 def _roofline_table(trace: Trace, console: Console, top: int) -> None:

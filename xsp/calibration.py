@@ -1,0 +1,141 @@
+"""What recording one span costs, per level: measured here, now, to take it back out.
+
+Profilers that time code from inside it (TAU, Score-P) compensate their own overhead: they
+measure what one event costs and subtract it. xsp does the same for the levels it times on
+the host. Each level's cost has two parts:
+
+* ``inside_ns``: the part that falls inside the span it records (the hook work between the
+  two clock readings), which lengthens that span;
+* ``parent_ns``: everything one recorded span adds to its parent's duration (the inside part
+  plus the work before the first and after the last clock reading).
+
+Both are measured in a tight loop over a module (or operator) that does almost nothing, traced
+and untraced, so they are the floor of what tracing costs: in a real model, colder caches
+make each event somewhat dearer, and compensation leaves that part in.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from xsp import schema as col
+from xsp.compensation import LevelCost
+from xsp.schema import Level
+
+CHILDREN = 32
+"""Leaf modules under the calibration model: their costs are what the parent sees."""
+CALLS = 200
+"""Calls of the calibration model per measurement (CHILDREN times as many leaf calls)."""
+REPEATS = 5
+"""Measurements of each kind; the median is kept."""
+
+
+class _Leaf(torch.nn.Module):
+    """A layer doing one tiny operator: xsp's code then runs between PyTorch's, as in a real
+    model, whose caches and branch predictors it disturbs (a leaf doing nothing hides that)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.neg(x)
+
+
+class _Fan(torch.nn.Module):
+    """A model whose forward calls ``CHILDREN`` leaf modules (or operators) in turn."""
+
+    def __init__(self, operator: bool = False) -> None:
+        super().__init__()
+        self.leaves = torch.nn.ModuleList(_Leaf() for _ in range(CHILDREN))
+        self.operator = operator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.operator:
+            for _ in range(CHILDREN):
+                x = torch.neg(x)
+            return x
+        for leaf in self.leaves:
+            x = leaf(x)
+        return x
+
+
+def _per_call_ns(function: Callable[[], Any], calls: int = CALLS) -> float:
+    began = time.perf_counter_ns()
+    for _ in range(calls):
+        function()
+    return (time.perf_counter_ns() - began) / calls
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _traced(levels: tuple[str, ...], function: Callable[[], Any]) -> tuple[float, Any]:
+    """Per-call time of ``function`` under a session of ``levels``, and the session's trace."""
+    from xsp.session import trace
+
+    with trace(levels=levels, output=None, schedule=None) as session:
+        per_call = _per_call_ns(function)
+    return per_call, session.trace
+
+
+def _durations_ns(found: Any, level: Level) -> list[float]:
+    spans = found.spans if found is not None else None
+    if spans is None:
+        return []
+    mine = spans[(spans[col.LEVEL] == level.value) & (spans[col.KIND] != col.SpanKind.PREDICT.value)]
+    return mine[col.DURATION_NS].astype("float64").tolist()
+
+
+def calibrate(levels: Sequence[Level]) -> dict[Level, LevelCost]:
+    """The cost of one span of each host-timed level among ``levels`` (model, layer, operator).
+
+    Runs in a fraction of a second per level, outside any session (it opens its own); the
+    CUDA levels are not calibrated (their records come from the GPU's own buffers).
+    """
+    found: dict[Level, LevelCost] = {}
+    x = torch.zeros(1)
+    leaf = _Leaf()
+    fan = _Fan()
+    with torch.no_grad():
+        for _ in range(20):
+            fan(x)
+        # an untraced module call: what a span around it would measure without xsp
+        call_ns = _median([_per_call_ns(lambda: leaf(x), CALLS * CHILDREN) for _ in range(REPEATS)])
+        if Level.MODEL in levels:
+            timings = [_traced(("model",), lambda: leaf(x)) for _ in range(REPEATS)]
+            traced = _median([t for t, _ in timings])
+            predicts = [d for _, trace in timings for d in _model_calls(trace)]
+            plain_fan = _median([_per_call_ns(lambda: fan(x)) for _ in range(REPEATS)])
+            fan_traced = _median([_traced(("model",), lambda: fan(x))[0] for _ in range(REPEATS)])
+            found[Level.MODEL] = LevelCost(Level.MODEL.value, max(_median(predicts) - call_ns, 0.0) if predicts
+                                           else 0.0, max(traced - call_ns, 0.0), len(predicts),
+                                           nested_ns=max((fan_traced - plain_fan - (traced - call_ns)) / CHILDREN, 0.0))
+        if Level.LAYER in levels:
+            model_only = _median([_traced(("model",), lambda: fan(x))[0] for _ in range(REPEATS)])
+            timings = [_traced(("model", "layer"), lambda: fan(x)) for _ in range(REPEATS)]
+            layered = _median([t for t, _ in timings])
+            durations = [d for _, trace in timings for d in _durations_ns(trace, Level.LAYER)]
+            found[Level.LAYER] = LevelCost(Level.LAYER.value, max(_median(durations) - call_ns, 0.0)
+                                           if durations else 0.0, max((layered - model_only) / CHILDREN, 0.0),
+                                           len(durations))
+        if Level.OPERATOR in levels:
+            ops = _Fan(operator=True)
+            plain_op = _median([_per_call_ns(lambda: torch.neg(x), CALLS * CHILDREN) for _ in range(REPEATS)])
+            without = _median([_traced(("model",), lambda: ops(x))[0] for _ in range(REPEATS)])
+            timings = [_traced(("model", "operator"), lambda: ops(x)) for _ in range(REPEATS)]
+            with_ops = _median([t for t, _ in timings])
+            durations = [d for _, trace in timings for d in _durations_ns(trace, Level.OPERATOR)]
+            found[Level.OPERATOR] = LevelCost(Level.OPERATOR.value, max(_median(durations) - plain_op, 0.0)
+                                              if durations else 0.0, max((with_ops - without) / CHILDREN, 0.0),
+                                              len(durations))
+    return found
+
+
+def _model_calls(found: Any) -> list[float]:
+    if found is None:
+        return []
+    spans = found.spans
+    return spans[spans[col.KIND] == col.SpanKind.PREDICT.value][col.DURATION_NS].astype("float64").tolist()
