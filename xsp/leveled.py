@@ -318,6 +318,8 @@ def pooled(traces: Sequence[Trace]) -> Trace:
 
 
 MAX_ROUNDS = 30
+MIN_ROUNDS = 3
+"""Adaptive repetition runs at least this many rounds: interleaving is what cancels the machine's drift."""
 """Adaptive repetition stops after this many rounds whatever the intervals say."""
 DEFAULT_BUDGET_S = 3.0
 """Adaptive repetition goes on for at most this long past the first round."""
@@ -342,7 +344,27 @@ def precise_enough(result: LeveledResult, target: float) -> bool:
     return bool((intervals <= target * np.maximum(durations, 1.0)).all())
 
 
-def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int = 5,
+RUN_S = 0.03
+"""With ``repeat=None``, each run measures about this long (at least MIN_REPEAT, at most
+MAX_REPEAT calls): a run's fixed costs (starting and stopping a session) then no longer
+outweigh its steps, and short functions get enough samples for tight intervals."""
+MIN_REPEAT, MAX_REPEAT = 5, 200
+
+
+def steps_per_run(fn: Callable[[], Any], run_s: float = RUN_S) -> int:
+    """How many calls of ``fn`` (untraced, after one warm call) fill ``run_s``."""
+    import math
+    import time
+
+    fn()
+    began = time.perf_counter()
+    for _ in range(3):
+        fn()
+    per_call = max((time.perf_counter() - began) / 3, 1e-9)
+    return int(min(max(math.ceil(run_s / per_call), MIN_REPEAT), MAX_REPEAT))
+
+
+def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int | None = None,
             warmup: int = 2, output: str | os.PathLike[str] | None = None, trim: float = TRIM_FRACTION,
             rounds: int | None = None, target: float = DEFAULT_TARGET, budget_s: float = DEFAULT_BUDGET_S,
             compensate: bool = True, **trace_options: Any) -> LeveledResult:
@@ -358,7 +380,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
 
     By default the rounds go on until the model latency and every top-level layer have a 95%
     confidence interval within ``target`` (±2%) of their figure, or ``budget_s`` seconds past
-    the first round have gone by (at least two rounds, at most ``MAX_ROUNDS``); ``rounds=``
+    the first round have gone by (at least ``MIN_ROUNDS``, at most ``MAX_ROUNDS``); ``rounds=``
     forces a count. Before the runs, each level's own cost per span is calibrated
     (:mod:`xsp.calibration`) and taken out of every figure (``compensate=False`` keeps them
     raw). Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
@@ -368,7 +390,8 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         fn: the work to measure, called with no arguments (a closure over model and inputs).
         levels: the deepest set of levels; every prefix of it is run (and each metric level
             once, under model and layer).
-        repeat: measured calls per run and round.
+        repeat: measured calls per run and round; None measures ``fn`` once and takes as many
+            as fill about 0.03 s (5 to 200).
         warmup: steps at the start of each run that are traced and left out.
         output: write the merged trace here (``.xsp.parquet``); None writes nothing.
         trim: fraction dropped at each end of the trimmed means.
@@ -398,8 +421,10 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     from xsp.tracers.registry import tracers_for
     from xsp.user_spans import step
 
-    if repeat < 1 or (rounds is not None and rounds < 1):
+    if (repeat is not None and repeat < 1) or (rounds is not None and rounds < 1):
         raise ValueError("repeat and rounds must be at least 1")
+    if repeat is None:
+        repeat = steps_per_run(fn)
     _, unavailable = tracers_for(parse_levels(levels))
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
     plan = level_runs(wanted)
@@ -427,7 +452,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
             if round_number >= rounds:
                 break
             continue
-        if round_number < 2:
+        if round_number < MIN_ROUNDS:
             continue
         result = merge_runs([LeveledRun(r, pooled(traces[r])) for r in plan], warmup_steps=0, trim=trim,
                             costs=costs, target=target)
@@ -442,6 +467,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     details = result.trace.metadata["leveled"]
     details["rounds"] = round_number
     details["adaptive"] = rounds is None
+    details["repeat"] = repeat
     details["precise"] = precise_enough(result, target)
     details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
     if output is not None:
