@@ -26,6 +26,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization, kernel_table
+from xsp.analysis.inputs import input_spans
 from xsp.analysis.model import step_roots
 
 from xsp import schema as col
@@ -275,8 +276,7 @@ def _attributes(text: Any) -> dict[str, Any]:
 
 # rules -----------------------------------------------------------------------------------------
 def _input_waits(ctx: _Context) -> pd.DataFrame:
-    waits = ctx.of(Level.INPUT, SpanKind.INPUT)
-    return waits if len(waits) else ctx.of(Level.MODEL, SpanKind.INPUT)  # traces from before the input level
+    return input_spans(ctx.spans[ctx.in_steps])  # input level, or model level in older traces
 
 
 def input_bound(ctx: _Context) -> Finding | None:

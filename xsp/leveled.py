@@ -463,7 +463,6 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     if result is None:
         result = merge_runs([LeveledRun(r, pooled(traces[r])) for r in plan], warmup_steps=0, trim=trim,
                             costs=costs, target=target)
-    result.runs = [LeveledRun(r, pooled(traces[r])) for r in plan]
     details = result.trace.metadata["leveled"]
     details["rounds"] = round_number
     details["adaptive"] = rounds is None
