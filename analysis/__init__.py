@@ -5,6 +5,7 @@ and returns a pandas DataFrame with documented columns. Nothing here plots or pr
 """
 
 from xsp.analysis.compensate import compensated
+from xsp.analysis.distributed import clock_offsets, collectives, communication, rank_steps, stragglers
 from xsp.analysis.gpu import (
     gpu_utilization,
     gpu_vs_cpu_per_layer,
@@ -48,4 +49,5 @@ __all__ = [
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
+    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets",
 ]

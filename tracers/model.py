@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from xsp.tracers._collectives import Collectives
 from xsp.tracers._loop_events import LoopEvents
 from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import as_numpy, module_call_rows
@@ -21,8 +22,8 @@ from xsp.schema import Level, SpanKind, Status
 
 class ModelTracer(ModuleCallTracer):
     """Records each call of a top-level nn.Module as a ``predict`` span named by its model;
-    the loop's input waits, optimizer steps, backward passes and compilations; user spans;
-    and the steps, explicit and automatic."""
+    the loop's input waits, optimizer steps, backward passes and compilations; torch.distributed
+    collectives called from Python; user spans; and the steps, explicit and automatic."""
 
     name: ClassVar[str] = "model"
     level: ClassVar[Level] = Level.MODEL
@@ -32,21 +33,27 @@ class ModelTracer(ModuleCallTracer):
 
     def __init__(self) -> None:
         self._events: LoopEvents | None = None
+        self._collectives: Collectives | None = None
 
     def start(self, recording: Recording) -> None:
         super().start(recording)
         self._events = LoopEvents(recording)
+        self._collectives = Collectives(recording)
         try:
             self._events.install()
+            self._collectives.install()
         except Exception:
             self.stop()
             raise
 
     def stop(self) -> None:
         events, self._events = self._events, None
+        collectives, self._collectives = self._collectives, None
         try:
             if events is not None:
                 events.uninstall()
+            if collectives is not None:
+                collectives.uninstall()
         finally:
             super().stop()
 
@@ -105,6 +112,8 @@ def mark_rows(window: Window) -> pd.DataFrame:
         if not len(cols):
             continue
         errors = [buffer.string(i) for i in as_numpy(cols.error).tolist()]
+        # a collective's payload has a typed column
+        payloads = [None if a is None else a.get(col.BYTES) for a in cols.attributes]
         mark_kinds = as_numpy(cols.kind)
         kinds = np.array([SPAN_KIND_OF_MARK[k] for k in mark_kinds.tolist()], dtype=object)
         frames.append(pd.DataFrame({
@@ -114,7 +123,9 @@ def mark_rows(window: Window) -> pd.DataFrame:
             col.LEVEL: np.where(mark_kinds == MarkKind.INPUT, Level.INPUT.value, Level.MODEL.value).astype(object),
             col.KIND: kinds,
             col.NAME: [buffer.strings.values[i] for i in as_numpy(cols.name).tolist()],
-            col.ATTRIBUTES: [_attributes_json(a) for a in cols.attributes],
+            col.ATTRIBUTES: [_attributes_json(a if a is None or col.BYTES not in a else
+                                              {k: v for k, v in a.items() if k != col.BYTES}) for a in cols.attributes],
+            col.BYTES: pd.array(payloads, dtype="Int64"),
             col.STATUS: [Status.OK.value if e is None else Status.ERROR.value for e in errors],
             col.STATUS_MESSAGE: errors,
         }))

@@ -1,7 +1,7 @@
 """Kinds of the model-level records kept as "marks": ``(kind, start, end, name, attributes, error)``.
 
 User spans, explicit and automatic steps, DataLoader waits, optimizer steps, backward
-passes and torch.compile compilations are few per iteration, so they share one record
+passes, torch.compile compilations and torch.distributed collectives are few per iteration, so they share one record
 layout; each kind becomes one :class:`~xsp.schema.SpanKind` at the model level.
 """
 
@@ -20,6 +20,8 @@ class MarkKind(enum.IntEnum):
     OPTIMIZER = 3
     BACKWARD = 4
     COMPILE = 5
+    COLLECTIVE = 6
+    COLLECTIVE_WAIT = 7
 
 
 SPAN_KIND_OF_MARK: Final[dict[int, str]] = {
@@ -29,4 +31,6 @@ SPAN_KIND_OF_MARK: Final[dict[int, str]] = {
     MarkKind.OPTIMIZER: SpanKind.OPTIMIZER.value,
     MarkKind.BACKWARD: SpanKind.BACKWARD.value,
     MarkKind.COMPILE: SpanKind.COMPILE.value,
+    MarkKind.COLLECTIVE: SpanKind.COLLECTIVE.value,
+    MarkKind.COLLECTIVE_WAIT: SpanKind.COLLECTIVE_WAIT.value,
 }

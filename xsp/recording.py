@@ -388,6 +388,9 @@ class Recording:
         self.samplers: list[Callable[[], None]] = []
         """Called when a window is taken, to sample up to that moment (so a step that just
         ended is covered by the samples of its own window)."""
+        self.backend: str | None = None
+        """The process group backend a recorded collective ran on (``gloo``, ``nccl``): the
+        session's metadata keeps it even when the group is destroyed before the session ends."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:

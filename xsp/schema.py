@@ -76,6 +76,8 @@ class SpanKind(str, enum.Enum):
     INPUT = "input"  # the loop waiting for a DataLoader batch (input level)
     OPTIMIZER = "optimizer"  # one optimizer.step() (model level)
     COMPILE = "compile"  # torch.compile compiling a frame (model level); not model latency
+    COLLECTIVE = "collective"  # one torch.distributed collective called from Python (model level)
+    COLLECTIVE_WAIT = "collective_wait"  # waiting for an async collective's Work (model level)
     FORWARD = "forward"  # one nn.Module forward call (layer level)
     BACKWARD = "backward"  # one nn.Module backward (layer level); one backward pass (model level)
     PYTHON = "python"  # a Python function seen by PyTorch's profiler (layer level)
@@ -150,6 +152,8 @@ LEVELED_RUN: Final = "leveled_run"
 """In a leveled result: the run (``model+layer``) the span's duration came from."""
 DURATION_CI_NS: Final = "duration_ci_ns"
 """In a leveled result: the half-width of the 95% confidence interval of ``duration_ns``."""
+RANK: Final = "rank"
+"""In a distributed job: the rank of the process that recorded the span (null otherwise)."""
 OVERHEAD_NS: Final = "overhead_ns"
 """In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
 is their sum)."""
@@ -195,6 +199,7 @@ COLUMNS: Final[dict[str, str]] = {
     LEVELED_RUN: "string",
     DURATION_CI_NS: "Int64",
     OVERHEAD_NS: "Int64",
+    RANK: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -229,6 +234,19 @@ ATTR_INPUT_WORKERS: Final = "xsp.input.num_workers"
 """On an input wait: the DataLoader's ``num_workers``."""
 ATTR_INPUT_PIN_MEMORY: Final = "xsp.input.pin_memory"
 """On an input wait: the DataLoader's ``pin_memory``."""
+ATTR_COLLECTIVE_OP: Final = "xsp.collective.op"
+"""On a collective: the operation (``all_reduce``, ``broadcast``...)."""
+ATTR_COLLECTIVE_GROUP: Final = "xsp.collective.group"
+"""On a collective: the process group's name (``0`` for the default group)."""
+ATTR_COLLECTIVE_GROUP_SIZE: Final = "xsp.collective.group_size"
+ATTR_COLLECTIVE_SEQ: Final = "xsp.collective.seq"
+"""On a collective: its number among this process's collectives on its group (every rank
+calls a group's collectives in the same order, so it matches the same call across ranks)."""
+ATTR_COLLECTIVE_ASYNC: Final = "xsp.collective.async"
+ATTR_COLLECTIVE_BACKEND: Final = "xsp.collective.backend"
+ATTR_COLLECTIVE_DTYPE: Final = "xsp.collective.dtype"
+ATTR_RANK: Final = "xsp.rank"
+"""On every span of a distributed job: the rank that recorded it."""
 
 COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     THREAD_ID: ATTR_THREAD_ID,
@@ -257,5 +275,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     LEVELED_RUN: "xsp.leveled.run",
     DURATION_CI_NS: "xsp.leveled.ci_ns",
     OVERHEAD_NS: "xsp.leveled.overhead_ns",
+    RANK: ATTR_RANK,
 }
 """Typed columns exported as span attributes, and the key each one gets."""

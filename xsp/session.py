@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -24,6 +25,8 @@ from xsp import _state
 from xsp import schema as col
 from xsp._signals import StopSignals, Terminated, end_by_signal
 from xsp.clock import ClockSync, now_ns
+from xsp.distributed import RankInfo, current_backend, rank_info, rank_path, session_trace_id
+from xsp.export.budget import span_budget_from_env
 from xsp.export.otlp import (
     ExportReport,
     OtlpExport,
@@ -132,8 +135,10 @@ class Session:
                  DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
                  long_step_s: float = DEFAULT_LONG_STEP_S,
-                 schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False) -> None:
+                 schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
+                 span_budget: int | None = None) -> None:
         self.levels = parse_levels(levels)
+        self.span_budget = span_budget_from_env() if span_budget is None else span_budget
         self.calibrate = calibrate
         self._costs: dict[str, Any] | None = None
         self.schedule = schedule_of(schedule)
@@ -150,7 +155,7 @@ class Session:
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-            calibrate=calibrate)
+            calibrate=calibrate, span_budget=span_budget)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -174,6 +179,8 @@ class Session:
         self._step_actions: Counter[StepAction] = Counter()
         self._recorded_steps: list[list[int]] = []
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
+        self.rank: RankInfo | None = None
+        """This process's rank when it is one of a distributed job (see :mod:`xsp.distributed`)."""
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -207,6 +214,7 @@ class Session:
 
     def _start(self) -> None:
         self._clock = ClockSync.measure()
+        self._join_job(rank_info())
         self._open_export()
         tracers, self._unavailable = tracers_for(self.levels)
         by_reason: dict[str, list[str]] = {}
@@ -290,6 +298,17 @@ class Session:
         return None if self.export is None else self.export.wait(timeout_s)
 
     # windows: what is interpreted (and exported) together --------------------------------
+    def _join_job(self, rank: RankInfo | None) -> None:
+        """One rank of a distributed job: its own file beside the given name, and trace ids
+        that every rank of the job shares."""
+        if rank is None:
+            return
+        self.rank = rank
+        self._state.job_id = rank.job_id
+        self._state.session_trace_id = session_trace_id(rank.job_id)
+        if self.output is not None:
+            self.output = rank_path(self.output, rank.rank)
+
     def _open_export(self) -> None:
         """Probe the OTLP endpoint; if it answers, export long steps as they end."""
         if self.target is None or self._recording is None:
@@ -322,6 +341,7 @@ class Session:
             "unavailable": {level.value: reason for level, reason in self._unavailable.items()},
             "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
                       "drift_ns": clock.drift_ns},
+            "distributed": None if self.rank is None else self.rank.as_metadata(),
         }
 
     def _start_metadata(self) -> dict[str, Any]:
@@ -398,6 +418,8 @@ class Session:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
                              step_numbers=window.step_numbers)
+        if self.rank is not None:
+            result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
         self._keep(result.spans)
         self._count_window(result.diagnostics, window.dropped)
         return result.spans
@@ -502,6 +524,14 @@ class Session:
 
     def _final_metadata(self, dropped: Counter[str]) -> dict[str, Any]:
         assert self._clock is not None
+        if self.rank is not None:
+            recorded = None if self._recording is None else self._recording.backend
+            self.rank = self.rank.with_backend(current_backend() or recorded)
+        elif self.output is not None and (found := rank_info()) is not None:
+            # the process group was set up inside the block, without a launcher's variables: the file
+            # is still this rank's own (its spans take their rank from the metadata when loaded)
+            self.rank = found
+            self.output = rank_path(self.output, found.rank)
         return {
             **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),
@@ -643,7 +673,8 @@ class _WindowWorker:
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
-        resource = None if self.exporter is None else resource_for(self.session.service_name, environment())
+        resource = None if self.exporter is None else resource_for(self.session.service_name, {
+            **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
         while (window := self.queue.get()) is not None:
             if self._interpreted_in_helper(window):
                 continue
@@ -653,7 +684,7 @@ class _WindowWorker:
                 self.session._warn(f"the spans of a finished step could not be interpreted: {exc}")
                 continue
             if self.exporter is not None and resource is not None:
-                export_table(spans, resource, self.exporter, self.report, self.session_ids)
+                export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
 
     def _interpreted_in_helper(self, window: Window) -> bool:
         """Interpret ``window`` in a forked helper process; False when it must be done here."""
@@ -681,14 +712,16 @@ class _WindowWorker:
                     on_done: Callable[[ExportReport], None]) -> OtlpExport:
         assert self.target is not None and self.exporter is not None
         return start_export(spans, metadata, self.target, self.session.service_name,
-                            exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done)
+                            exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
+                            span_budget=self.session.span_budget)
 
 
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
           otlp_endpoint: str | None = None, service_name: str | None = None,
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
           long_step_s: float = DEFAULT_LONG_STEP_S,
-          schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False) -> Session:
+          schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
+          span_budget: int | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -709,6 +742,9 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         calibrate: before the block, measure what one span of each host level costs here
             (about a second; :mod:`xsp.calibration`) and keep it in ``metadata["calibration"]``,
             so that :func:`xsp.analysis.compensated` can take xsp's own cost out of the figures.
+        span_budget: when exporting to OTLP, the most spans one trace (a step) is sent with;
+            a step over it has its deepest levels folded into aggregate spans, so that Jaeger
+            can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else 2000; 0: no limit.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -724,4 +760,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-                   calibrate=calibrate)
+                   calibrate=calibrate, span_budget=span_budget)

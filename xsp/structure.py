@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp import schema as col
+from xsp.distributed import step_trace_id
 from xsp.schema import STEP_KINDS, Level
 from xsp.tree import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
 
@@ -62,6 +63,9 @@ class StepState:
     attach_to_session: bool = True
     """Hang roots outside every step below the session span (False for imported traces,
     which have no session span)."""
+    job_id: str | None = None
+    """In a distributed job: step ``k``'s trace id is derived from the job and ``k``, the same
+    on every rank (:func:`xsp.distributed.step_trace_id`)."""
 
 
 @dataclass
@@ -104,8 +108,9 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         preset = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[step_roots]
         known = ~np.isnan(preset)
         step_of[step_roots[known]] = preset[known].astype(np.int64)
+    job = state.job_id
     for root in step_roots.tolist():
-        trace_of[root] = new_trace_id()
+        trace_of[root] = new_trace_id() if job is None else step_trace_id(job, int(step_of[root]))
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]

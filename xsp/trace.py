@@ -53,6 +53,26 @@ class Trace:
         """Step numbers present in the trace."""
         return sorted(int(s) for s in self.spans[col.STEP].dropna().unique())
 
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks of a distributed job whose spans the trace holds (empty for one process)."""
+        spans = self.spans
+        if col.RANK not in spans:
+            return []
+        return sorted(int(r) for r in spans[col.RANK].dropna().unique())
+
+    def for_rank(self, rank: int) -> Trace:
+        """The trace of one rank of a distributed job (as its own file holds it).
+
+        Raises:
+            KeyError: the trace holds no spans of ``rank``.
+        """
+        if rank not in self.ranks:
+            raise KeyError(f"the trace holds no spans of rank {rank} (ranks: {self.ranks or 'none'})")
+        spans = self.spans[self.spans[col.RANK] == rank].reset_index(drop=True)
+        metadata = self.metadata.get("ranks", {}).get(str(rank), self.metadata)
+        return Trace(spans=spans, metadata=metadata)
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the canonical ``.xsp.parquet`` file."""
         if self._spans is None and self.source is not None:  # rewrite from the file, a row group at a time

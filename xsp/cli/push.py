@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, error_console
+from xsp.export.budget import DEFAULT_SPAN_BUDGET, span_budget_from_env
 from xsp.export.otlp import ExportReport, OtlpTarget, export_table, make_exporter, probe, resource_for
 from xsp.loading import load
 
@@ -24,6 +25,10 @@ def register(commands: Any) -> None:
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None,
                         help="OTel service.name (default: the one recorded in the trace)")
+    parser.add_argument("--span-budget", type=int, default=None, metavar="N",
+                        help="most spans per trace (step) sent; a step over it has its deepest levels folded into "
+                             "aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, else "
+                             f"{DEFAULT_SPAN_BUDGET}; 0: no limit)")
     parser.set_defaults(handler=run)
 
 
@@ -35,11 +40,16 @@ def run(options: argparse.Namespace) -> int:
     unreachable = probe(target)
     if unreachable is not None:
         raise CliError(f"OTLP endpoint {target.endpoint}: {unreachable}")
+    if options.span_budget is not None and options.span_budget < 0:
+        raise CliError("--span-budget must be 0 (no limit) or more")
+    budget = span_budget_from_env() if options.span_budget is None else options.span_budget
     service_name = options.service_name or str(trace.metadata.get("service_name") or "xsp")
     report = ExportReport(target=f"{target.protocol.value} {target.endpoint}")
     exporter = make_exporter(target)
-    try:
-        export_table(trace.spans, resource_for(service_name, trace.metadata), exporter, report)
+    try:  # each rank of a distributed job as its own service instance
+        for part in [trace.for_rank(rank) for rank in trace.ranks] or [trace]:
+            export_table(part.spans, resource_for(service_name, part.metadata), exporter, report,
+                         span_budget=budget)
     finally:
         exporter.shutdown()
     out = error_console()

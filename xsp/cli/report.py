@@ -19,6 +19,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--top", type=int, default=10, help="rows in the top lists (default: 10)")
     parser.add_argument("--html", metavar="FILE", default=None,
                         help="also write a self-contained HTML report with charts (works offline)")
+    parser.add_argument("--rank", type=int, default=None,
+                        help="in a trace of several ranks (a distributed job), the rank reported in detail "
+                             "(default: the first)")
     parser.set_defaults(handler=run)
 
 
@@ -28,10 +31,13 @@ def run(options: argparse.Namespace) -> int:
     if options.html is not None:
         check_output(options.html, options.file)
     trace = load(options.file)
-    render_report(trace, console(), top=options.top)
+    if options.rank is not None and options.rank not in trace.ranks:
+        raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
+                       f"{', '.join(map(str, trace.ranks)) or 'none, it is one process'})")
+    render_report(trace, console(), top=options.top, rank=options.rank)
     if options.html:
         from xsp.reports.html import write_html
 
-        target = write_html(trace, options.html)
+        target = write_html(trace, options.html, rank=options.rank)
         error_console().print(f"xsp: wrote the HTML report to {target}", markup=False)
     return 0

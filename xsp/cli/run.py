@@ -34,6 +34,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None, help="OTel service.name (default: script name)")
+    parser.add_argument("--span-budget", type=int, default=None, metavar="N",
+                        help="with --otlp: most spans per trace (step) sent; a step over it has its deepest levels "
+                             "folded into aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, "
+                             "else 2000; 0: no limit)")
     parser.add_argument("--schedule", metavar="SPEC", default=None,
                         help="record only some steps, as torch.profiler's schedule: "
                              "skip_first=N,wait=N,warmup=N,active=N,repeat=N (any of them; repeat=0: until the end)")
@@ -164,6 +168,8 @@ def run(options: argparse.Namespace) -> int:
     if schedule is not None and options.leveled:
         raise CliError("--schedule and --leveled cannot be combined (--leveled chooses its own steps: --warmup)")
     script, script_args = _script_and_args(options.command)
+    if options.span_budget is not None and options.span_budget < 0:
+        raise CliError("--span-budget must be 0 (no limit) or more")
     if options.output:
         check_writable(options.output)  # fail before the script runs, not after
     if options.leveled:
@@ -171,7 +177,8 @@ def run(options: argparse.Namespace) -> int:
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
-                          otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate)
+                          otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
+                          span_budget=options.span_budget)
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status)
     return status
@@ -276,7 +283,7 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         return status or 1
     predicts = int((trace.spans[col.KIND] == SpanKind.PREDICT.value).sum())
     steps = len(trace.steps)
-    where = f" -> {options.output}" if options.output and session.write_error is None else ""
+    where = f" -> {session.output}" if session.output is not None and session.write_error is None else ""
     if session.write_error is not None:
         status = status or 2  # the file was the point of the run
     out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)

@@ -37,6 +37,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp import schema as col
 from xsp._version import __version__
+from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
 from xsp.tree import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -44,6 +45,8 @@ DEFAULT_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 1.0
 BATCH_SIZE = 512
 SCOPE_NAME = "xsp"
+ATTR_WORLD_SIZE = "xsp.world_size"
+ATTR_JOB_ID = "xsp.job_id"
 
 
 class Protocol(str, Enum):
@@ -156,15 +159,26 @@ class _Batcher(SpanProcessor):
 
 
 def resource_for(service_name: str, metadata: Mapping[str, Any]) -> Resource:
-    """service.name, host, process id, xsp and torch versions, device."""
-    return Resource.create({
+    """service.name, host, process id, xsp and torch versions, device; in a distributed job
+    also ``service.instance.id`` (one per rank, so that Jaeger shows each rank as its own
+    instance) with the rank, world size and job id."""
+    attributes: dict[str, Any] = {
         "service.name": service_name,
         "host.name": str(metadata.get("host", "")),
         "process.pid": int(metadata.get("pid", os.getpid())),
         col.ATTR_VERSION: __version__,
         col.ATTR_TORCH_VERSION: str(metadata.get("torch_version", "")),
         col.ATTR_DEVICE: str(metadata.get("device", "")),
-    })
+    }
+    job = metadata.get("distributed")
+    if isinstance(job, Mapping) and "rank" in job:
+        attributes.update({
+            "service.instance.id": f"{job.get('job_id', '')}/rank{job['rank']}",
+            col.ATTR_RANK: int(job["rank"]),
+            ATTR_WORLD_SIZE: int(job.get("world_size", 0)),
+            ATTR_JOB_ID: str(job.get("job_id", "")),
+        })
+    return Resource.create(attributes)
 
 
 def span_attributes(spans: pd.DataFrame) -> list[dict[str, Any]]:
@@ -258,6 +272,13 @@ class ExportReport:
     done: bool = False
     sdk_messages: list[str] = field(default_factory=list)
     """What the OpenTelemetry SDK logged while exporting (folded into xsp's one warning)."""
+    traces_folded: int = 0
+    """Traces over the span budget, sent with their deepest levels folded."""
+    spans_folded: int = 0
+    """Spans sent as part of an aggregate instead of one by one (the trace file keeps them)."""
+    aggregates: int = 0
+    dropped_by_budget: int = 0
+    """Spans not sent at all: a trace over the budget even with its deepest levels folded."""
 
     def as_metadata(self) -> dict[str, Any]:
         """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
@@ -265,8 +286,13 @@ class ExportReport:
 
     def summary(self) -> str:
         """One line: what was sent, and why the rest was not."""
+        folded = ""
+        if self.traces_folded:
+            left_out = f", {self.dropped_by_budget} left out" if self.dropped_by_budget else ""
+            folded = (f" ({self.spans_folded} spans of {self.traces_folded} traces over the span budget sent as "
+                      f"{self.aggregates} aggregates{left_out}; the trace file keeps them all)")
         if self.error is None:
-            return f"{self.exported} spans sent to {self.target}"
+            return f"{self.exported} spans sent to {self.target}{folded}"
         said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
         return (f"OTLP export to {self.target}: {self.exported} of {self.submitted} spans sent; {self.error}{said}; "
                 "the trace file keeps every span (send it again with `xsp push FILE`)")
@@ -319,10 +345,24 @@ def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: Expo
 
 
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
-                 session: tuple[str, int] | None = None) -> ExportReport:
+                 session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET) -> ExportReport:
     """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly: spans
-    that could not even be built count as failed."""
+    that could not even be built count as failed.
+
+    A trace (a step) of more than ``span_budget`` spans is sent with its deepest levels folded
+    into aggregate spans (:mod:`xsp.export.budget`; 0: no budget); the report counts them.
+    """
     submitted_before = report.submitted
+    try:
+        folded = within_budget(spans, span_budget)
+    except Exception as exc:  # folding is for the viewer's sake: send the raw spans rather than none
+        report.sdk_messages.append(f"the span budget could not be applied: {type(exc).__name__}: {exc}")
+    else:
+        spans = folded.spans
+        report.traces_folded += folded.traces_folded
+        report.spans_folded += folded.raw_spans_folded
+        report.aggregates += folded.aggregates
+        report.dropped_by_budget += folded.dropped
     try:
         with sdk_messages_into(report):
             build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
@@ -356,7 +396,8 @@ class OtlpExport:
 def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpTarget,
                  service_name: str, exporter: SpanExporter | None = None,
                  report: ExportReport | None = None, session: tuple[str, int] | None = None,
-                 on_done: Callable[[ExportReport], None] | None = None) -> OtlpExport:
+                 on_done: Callable[[ExportReport], None] | None = None,
+                 span_budget: int = DEFAULT_SPAN_BUDGET) -> OtlpExport:
     """Export ``spans`` to ``target`` in a daemon thread and return at once.
 
     ``report`` continues the counts of earlier exports of the same session; ``on_done`` is
@@ -369,7 +410,7 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         began = time.perf_counter()
         try:
             sink = exporter or make_exporter(target)
-            export_table(spans, resource_for(service_name, metadata), sink, report, session)
+            export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget)
             with sdk_messages_into(report):
                 sink.shutdown()
         except Exception as exc:  # the exporter could not even be made

@@ -359,13 +359,44 @@ def summary_section(trace: Trace) -> str:
     return out
 
 
-def render_html(trace: Trace) -> str:
+def ranks_section(trace: Trace) -> str:
+    """A distributed job: per rank, step latency and communication; per step, how late each
+    rank entered the step's collectives."""
+    communication = analysis.communication(trace)
+    if len(trace.ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
+        return ""
+    rows = "".join(
+        f"<tr><td>{r.rank}</td><td>{r.steps}</td><td>{r.step_ms:,.3f}</td><td>{r.comm_ms:,.3f}</td>"
+        f"<td>{100 * r.comm_share:.1f}%</td><td>{'' if pd.isna(r.overlap_share) else f'{100 * r.overlap_share:.1f}%'}"
+        f"</td><td>{r.collectives_per_step:,.0f}</td><td>{'' if pd.isna(r.late_ms) else f'{r.late_ms:,.3f}'}</td></tr>"
+        for r in communication.itertuples())
+    table = ('<table id="ranks"><thead><tr><th>rank</th><th>steps</th><th>step ms</th><th>comm ms</th><th>comm share'
+             "</th><th>overlapped with compute</th><th>collectives per step</th><th>late ms</th></tr></thead>"
+             f"<tbody>{rows}</tbody></table>")
+    per_step = analysis.rank_steps(trace)
+    if per_step.empty or per_step["late_ms"].isna().all():
+        return table
+    figure = go.Figure([go.Bar(x=group["step"], y=group["late_ms"], name=f"rank {rank}")
+                        for rank, group in per_step.groupby("rank")])
+    figure.update_layout(barmode="group", title="How late each rank entered its step's collectives (ms the others "
+                         "waited)", xaxis_title="step", yaxis_title="ms")
+    return _note("Medians over steps; late ms: how much later than the first rank this rank entered its "
+                 "collectives, summed over the step.") + table + _figure_html(figure, "chart-stragglers")
+
+
+def render_html(trace: Trace, rank: int | None = None) -> str:
     """The whole report as one HTML document (plotly's JavaScript inlined; works offline).
 
-    A section with nothing to show is left out; one line at the end names them."""
+    A section with nothing to show is left out; one line at the end names them. A trace of
+    several ranks gets a section comparing them; the other sections show one rank (``rank``,
+    default the first)."""
+    ranks_part = ranks_section(trace)
+    if len(trace.ranks) > 1:
+        trace = trace.for_rank(trace.ranks[0] if rank is None else rank)
     meta = trace.metadata
     sections = [
         ("Summary", summary_section(trace)),
+        ("Ranks and communication", ranks_part),
         ("Recommendations", recommendations_section(trace)),
         ("Where a step's time goes", icicle_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
@@ -391,13 +422,14 @@ def render_html(trace: Trace) -> str:
             f"<p class='meta'>{html.escape(summary)}</p>{body}</body></html>")
 
 
-def write_html(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write the self-contained HTML report of ``trace``, atomically.
+def write_html(trace: Trace, path: str | os.PathLike[str], rank: int | None = None) -> Path:
+    """Write the self-contained HTML report of ``trace`` (of ``rank`` in detail, for a
+    distributed job), atomically.
 
     Raises:
         xsp.fileio.OutputError: the file could not be written (nothing is left at ``path``).
     """
-    return write_text_output(path, render_html(trace))
+    return write_text_output(path, render_html(trace, rank))
 
 
 __all__ = ["render_html", "write_html"]

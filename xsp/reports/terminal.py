@@ -346,9 +346,54 @@ def _recommendations(trace: Trace, console: Console) -> None:
         console.print(line, markup=False)
 
 
-def render_report(trace: Trace, console: Console, top: int = 10) -> None:
+def _ranks_section(trace: Trace, console: Console) -> None:
+    """A distributed job: each rank's step latency, communication and lateness, and the steps'
+    stragglers. With one rank, its communication only (when it made collectives)."""
+    ranks = trace.ranks
+    communication = analysis.communication(trace)
+    if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
+        return
+    job = trace.metadata.get("distributed") or {}
+    if len(ranks) > 1:
+        _say(console, f"Distributed job {job.get('job_id', '?')}: {len(ranks)} ranks of world size "
+                      f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
+    _show(console, communication, "Communication per rank (medians over steps)", [
+        ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
+        ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
+        ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
+        ("late_ms", "late ms", number())])
+    stragglers = analysis.stragglers(trace)
+    if not stragglers.empty:
+        counts = stragglers[stragglers["step"] >= 0]["straggler"].value_counts()
+        if len(counts):
+            _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
+                          f"{int(counts.sum())} steps (late ms: the time the other ranks waited for it)")
+        worst = stragglers.sort_values("late_ms", ascending=False).head(STEPS_SHOWN)
+        _show(console, worst.sort_values("step"), "Stragglers: the latest rank per step (worst steps)", [
+            ("step", "step", number(0)), ("straggler", "rank", number(0)), ("late_ms", "late ms", number()),
+            ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
+
+
+def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None) -> None:
     """Print every analysis that applies to ``trace``, recommendations first: GPU sections only
-    when it has GPU activity."""
+    when it has GPU activity. A trace of several ranks gets the cross-rank tables first, then
+    the report of one rank (``rank``, default the first).
+
+    Raises:
+        KeyError: ``rank`` is not a rank of the trace.
+    """
+    ranks = trace.ranks
+    if rank is not None and rank not in ranks:
+        raise KeyError(f"the trace holds no rank {rank} (ranks: {', '.join(map(str, ranks)) or 'none'})")
+    if len(ranks) > 1:
+        console.print(Text("xsp report of a distributed job", style="bold"), no_wrap=True)
+        _ranks_section(trace, console)
+        chosen = ranks[0] if rank is None else rank
+        console.print()
+        _say(console, f"Rank {chosen} in detail (xsp report --rank N for another)", "bold")
+        trace = trace.for_rank(chosen)
+    elif trace.metadata.get("distributed"):
+        _ranks_section(trace, console)
     _header(trace, console)
     _recommendations(trace, console)
     _latency_tables(trace, console)

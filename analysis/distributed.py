@@ -1,0 +1,305 @@
+"""Distributed jobs: collectives on every rank, stragglers, and communication against computation.
+
+A trace of several ranks (``xsp.load("ddp.xsp.parquet")`` after a torchrun job, or a folder of
+rank files) has a ``rank`` column. Collectives are seen at up to three depths:
+
+* ``python``: torch.distributed calls made from Python (model level, ``collective`` spans: the
+  call as the program made it, waiting included);
+* ``backend``: the process group's own work (operator level, PyTorch's profiler:
+  ``gloo:all_reduce`` on gloo's worker threads, ``nccl:all_reduce``), which includes DDP's
+  gradient all-reduces that Python never sees; ``c10d::allreduce_`` and the like are the calls
+  that enqueue them, on the calling thread;
+* ``gpu``: NCCL kernels (kernel level).
+
+**Stragglers** follow HolisticTraceAnalysis: every rank enters a group's collectives in the same
+order, so the k-th collective of a kind in a step is the same collective on every rank; the rank
+that enters it last holds the others up, and how much later it entered than the first is its
+lateness. Entry is the enqueueing call (``c10d::...``) where the operator level was recorded,
+else the Python call. Ranks on one host share its clock; ranks on several hosts are put on a
+common clock first, by the ends of their blocking collectives (which end together on every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.model import _spans, step_roots
+
+from xsp import schema as col
+from xsp.schema import Level, SpanKind
+from xsp.trace import Trace
+from xsp.tree import union_length
+
+BACKEND_WORK: Final = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)")
+ENQUEUE: Final = re.compile(r"^c10d::(\w+?)_?$")
+NCCL_KERNEL: Final = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+COLLECTIVE_COLUMNS: Final = ["rank", "step", "source", "op", "name", "thread_id", "start_ns", "end_ns",
+                             "duration_ns", "bytes"]
+_ENQUEUED_AS: Final = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
+                       "broadcast": "broadcast", "barrier": "barrier", "alltoall": "all_to_all",
+                       "alltoall_base": "all_to_all", "allgather_into_tensor_coalesced": "all_gather",
+                       "_allgather_base": "all_gather", "_reduce_scatter_base": "reduce_scatter",
+                       "reduce_scatter_tensor_coalesced": "reduce_scatter", "allreduce_coalesced": "all_reduce",
+                       "send": "send", "recv": "recv", "gather": "gather", "scatter": "scatter", "reduce": "reduce"}
+_DTYPE_BYTES: Final = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+                       "c10::BFloat16": 2, "c10::Half": 2, "int": 4, "int32": 4, "long": 8, "int64": 8,
+                       "long int": 8, "signed char": 1, "unsigned char": 1, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _ranked(spans: pd.DataFrame) -> pd.DataFrame:
+    if col.RANK in spans and spans[col.RANK].notna().any():
+        return spans
+    return spans.assign(**{col.RANK: pd.array(np.zeros(len(spans), dtype=np.int64), dtype="Int64")})
+
+
+def _payload_bytes(shapes: Any, attributes: Any) -> int | None:
+    """Bytes of a backend work span from its input dims and dtype (``Input type``)."""
+    try:
+        dims = json.loads(shapes) if isinstance(shapes, str) else None
+        found = json.loads(attributes) if isinstance(attributes, str) else {}
+    except ValueError:
+        return None
+    types = found.get("input_dtypes") or found.get("Input type") or []
+    if not dims or not types:
+        return None
+    size = _DTYPE_BYTES.get(str(types[0]))
+    first = dims[0]
+    while isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0]
+    if size is None or not isinstance(first, list):
+        return None
+    return int(np.prod(first)) * size if first else None
+
+
+def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Every collective span of every rank, one row each, in start order.
+
+    Columns: ``rank``, ``step`` (-1 outside every step), ``source`` (``python``, ``enqueue``,
+    ``backend`` or ``gpu``), ``op`` (``all_reduce``, ``broadcast``...), ``name``, ``thread_id``,
+    ``start_ns``, ``end_ns``, ``duration_ns``, ``bytes`` (this rank's payload, when known).
+    """
+    spans = _ranked(_spans(source))
+    names = spans[col.NAME].astype(str)
+    levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
+    python = (levels == Level.MODEL.value) & (kinds == SpanKind.COLLECTIVE.value)
+    host = levels == Level.OPERATOR.value
+    backend = host & names.str.match(BACKEND_WORK.pattern)
+    enqueue = host & names.str.match(ENQUEUE.pattern)
+    gpu = (levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value) & names.str.match(NCCL_KERNEL.pattern)
+    frames = []
+    for mask, source_name in ((python, "python"), (enqueue, "enqueue"), (backend, "backend"), (gpu, "gpu")):
+        chosen = spans[mask.to_numpy()]
+        if chosen.empty:
+            continue
+        chosen_names = chosen[col.NAME].astype(str).tolist()
+        if source_name == "python":
+            ops = [n.removeprefix("wait ") for n in chosen_names]
+        elif source_name == "enqueue":
+            ops = [_ENQUEUED_AS.get(ENQUEUE.match(n)[1], ENQUEUE.match(n)[1]) for n in chosen_names]  # type: ignore[index]
+        elif source_name == "backend":
+            ops = [BACKEND_WORK.match(n)[2] for n in chosen_names]  # type: ignore[index]
+        else:
+            ops = [_snake(NCCL_KERNEL.match(n)[1]) for n in chosen_names]  # type: ignore[index]
+        payload = chosen[col.BYTES].astype("Int64")
+        if source_name == "backend":
+            computed = [_payload_bytes(s, a) for s, a in zip(chosen[col.INPUT_SHAPES].tolist(),
+                                                            chosen[col.ATTRIBUTES].tolist())]
+            payload = payload.fillna(pd.Series(pd.array(computed, dtype="Int64"), index=payload.index))
+        frames.append(pd.DataFrame({
+            "rank": chosen[col.RANK].fillna(0).astype("int64").to_numpy(),
+            "step": chosen[col.STEP].fillna(-1).astype("int64").to_numpy(),
+            "source": source_name, "op": ops, "name": chosen_names,
+            "thread_id": chosen[col.THREAD_ID].to_numpy(),
+            "start_ns": chosen[col.START_NS].to_numpy(dtype=np.int64),
+            "end_ns": chosen[col.END_NS].to_numpy(dtype=np.int64),
+            "duration_ns": (chosen[col.END_NS] - chosen[col.START_NS]).to_numpy(dtype=np.int64),
+            "bytes": payload.to_numpy(),
+        }))
+    if not frames:
+        return pd.DataFrame({name: pd.Series(dtype="object") for name in COLLECTIVE_COLUMNS})
+    table = pd.concat(frames, ignore_index=True)
+    return table.sort_values(["start_ns", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _timing_source(table: pd.DataFrame) -> str | None:
+    """Where communication time is best seen: NCCL kernels, else the backend's work, else Python."""
+    present = set(table["source"].unique().tolist())
+    return next((s for s in ("gpu", "backend", "python") if s in present), None)
+
+
+def _entry_source(table: pd.DataFrame) -> str | None:
+    present = set(table["source"].unique().tolist())
+    return next((s for s in ("enqueue", "python", "backend", "gpu") if s in present), None)
+
+
+def _occurrences(table: pd.DataFrame) -> pd.DataFrame:
+    """Each collective numbered within its rank, step and op: the same number is the same
+    collective on every rank."""
+    ordered = table.sort_values(["rank", "step", "op", "start_ns"], kind="stable")
+    return ordered.assign(k=ordered.groupby(["rank", "step", "op"]).cumcount().to_numpy())
+
+
+def clock_offsets(source: Trace | pd.DataFrame, metadata: dict[str, Any] | None = None) -> dict[int, int]:
+    """Nanoseconds to subtract from each rank's times to put it on rank 0's clock.
+
+    Zero for ranks on one host (they share its clock). Across hosts, the median difference of
+    the ends of the same blocking collectives (which end together on every rank).
+    """
+    table = collectives(source)
+    if table.empty:
+        return {}
+    ranks = sorted(int(r) for r in table["rank"].unique())
+    meta = metadata if metadata is not None else (source.metadata if isinstance(source, Trace) else {})
+    hosts = {str(v.get("host")) for v in meta.get("ranks", {}).values()} if meta.get("ranks") else set()
+    if len(hosts) <= 1:
+        return dict.fromkeys(ranks, 0)
+    timing = _occurrences(table[table["source"] == _timing_source(table)])
+    reference = ranks[0]
+    base = timing[timing["rank"] == reference].set_index(["step", "op", "k"])["end_ns"]
+    offsets = {reference: 0}
+    for rank in ranks[1:]:
+        mine = timing[timing["rank"] == rank].set_index(["step", "op", "k"])["end_ns"]
+        joined = mine.to_frame("mine").join(base.to_frame("base"), how="inner")
+        offsets[rank] = int(np.median(joined["mine"] - joined["base"])) if len(joined) else 0
+    return offsets
+
+
+def _entries(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Each collective's entry on each rank, on a common clock, with its lateness: how much
+    later than the first rank this rank entered it."""
+    table = collectives(source)
+    if table.empty:
+        return table.assign(k=pd.Series(dtype="int64"), late_ns=pd.Series(dtype="int64"))
+    offsets = clock_offsets(source)
+    entries = _occurrences(table[table["source"] == _entry_source(table)])
+    entries = entries.assign(start_ns=entries["start_ns"] - entries["rank"].map(offsets).fillna(0).astype("int64"))
+    ranks = entries["rank"].nunique()
+    counts = entries.groupby(["step", "op", "k"])["rank"].transform("nunique")
+    entries = entries[counts.to_numpy() == ranks]  # a collective every rank entered
+    first = entries.groupby(["step", "op", "k"])["start_ns"].transform("min")
+    return entries.assign(late_ns=(entries["start_ns"] - first).to_numpy(dtype=np.int64))
+
+
+def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per step, the rank that held the others up in the step's collectives, and by how much.
+
+    A rank's lateness in a step is the sum, over the step's collectives, of how much later it
+    entered each than the first rank did: the time the others waited for it (a delay is
+    absorbed by the first collective after it, so the sum counts it once).
+
+    Columns: ``step`` (-1: collectives outside every step), ``collectives`` (matched on every
+    rank), ``straggler`` (the latest rank), ``late_ms`` (its lateness), ``next_late_ms`` (the
+    next latest rank's: a straggler stands out when this is small), ``ranks``.
+    Empty for a trace of one rank.
+    """
+    columns = ["step", "collectives", "straggler", "late_ms", "next_late_ms", "ranks"]
+    entries = _entries(source)
+    if entries.empty or entries["rank"].nunique() < 2:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+    per_rank = entries.groupby(["step", "rank"])["late_ns"].agg(["sum", "size"]).reset_index()
+    rows = []
+    for step, group in per_rank.groupby("step"):
+        ordered = group.sort_values("sum", ascending=False, kind="stable")
+        rows.append({"step": int(step), "collectives": int(group["size"].min()),
+                     "straggler": int(ordered["rank"].iloc[0]), "late_ms": float(ordered["sum"].iloc[0]) / 1e6,
+                     "next_late_ms": float(ordered["sum"].iloc[1]) / 1e6, "ranks": len(group)})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFrame:
+    """Where a rank computes: GPU kernels other than NCCL's where the kernel level was recorded,
+    else outermost operators other than communication, else model-level forward/backward/optimizer."""
+    levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
+    kernels = (levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value) & ~comm_names
+    if kernels.any():
+        return spans[kernels.to_numpy()]
+    operators = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~comm_names
+    if operators.any():
+        return spans[operators.to_numpy()]
+    model = (levels == Level.MODEL.value) & kinds.isin([SpanKind.PREDICT.value, SpanKind.BACKWARD.value,
+                                                         SpanKind.OPTIMIZER.value])
+    return spans[model.to_numpy()]
+
+
+def _overlap_ns(a: pd.DataFrame, b: pd.DataFrame) -> int:
+    a_starts, a_ends = a[col.START_NS].to_numpy(dtype=np.int64), a[col.END_NS].to_numpy(dtype=np.int64)
+    b_starts, b_ends = b[col.START_NS].to_numpy(dtype=np.int64), b[col.END_NS].to_numpy(dtype=np.int64)
+    both = union_length(np.concatenate([a_starts, b_starts]), np.concatenate([a_ends, b_ends]))
+    return union_length(a_starts, a_ends) + union_length(b_starts, b_ends) - both
+
+
+def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step: the step's latency, its communication time, how much of that
+    overlapped computation, and the rank's lateness into the step's collectives.
+
+    Columns: ``rank``, ``step``, ``step_ms``, ``comm_ms`` (time inside communication, overlaps
+    counted once), ``overlap_ms`` (of it, while computation ran), ``collectives``, ``bytes``,
+    ``late_ms`` (the rank's lateness, as in :func:`stragglers`; NaN with one rank).
+    """
+    spans = _ranked(_spans(source))
+    table = collectives(spans)
+    timing = _timing_source(table) if not table.empty else None
+    entries = _entries(spans)
+    several = not entries.empty and entries["rank"].nunique() > 1
+    late = (entries.groupby(["rank", "step"])["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
+    names = spans[col.NAME].astype(str)
+    comm_names = names.str.match(BACKEND_WORK.pattern) | names.str.match(ENQUEUE.pattern) | names.str.match(
+        NCCL_KERNEL.pattern) | (spans[col.KIND].astype(str) == SpanKind.COLLECTIVE.value)
+    roots = step_roots(spans)
+    rows = []
+    for rank in sorted(int(r) for r in spans[col.RANK].dropna().unique()):
+        on_rank = (spans[col.RANK] == rank).to_numpy()
+        rank_spans, rank_comm = spans[on_rank], comm_names[on_rank]
+        compute = _compute_intervals(rank_spans, rank_comm)
+        comm = table[(table["rank"] == rank) & (table["source"] == timing)] if timing else table.iloc[:0]
+        rank_roots = roots[(roots[col.RANK] == rank).to_numpy()]
+        for step, root in rank_roots.groupby(col.STEP):
+            start, end = int(root[col.START_NS].min()), int(root[col.END_NS].max())
+            in_step = comm[(comm["step"] == int(step)) & (comm["start_ns"] < end) & (comm["end_ns"] > start)]
+            comm_frame = pd.DataFrame({col.START_NS: np.maximum(in_step["start_ns"].to_numpy(dtype=np.int64), start),
+                                       col.END_NS: np.minimum(in_step["end_ns"].to_numpy(dtype=np.int64), end)})
+            busy = compute[(compute[col.START_NS] < end) & (compute[col.END_NS] > start)]
+            comm_ns = union_length(comm_frame[col.START_NS].to_numpy(), comm_frame[col.END_NS].to_numpy())
+            rows.append({
+                "rank": rank, "step": int(step), "step_ms": (end - start) / 1e6, "comm_ms": comm_ns / 1e6,
+                "overlap_ms": _overlap_ns(comm_frame, busy) / 1e6 if comm_ns else 0.0,
+                "collectives": len(in_step), "bytes": int(pd.to_numeric(in_step["bytes"]).fillna(0).sum()),
+                "late_ms": float(late.get((rank, int(step)), np.nan)),
+            })
+    return pd.DataFrame(rows, columns=["rank", "step", "step_ms", "comm_ms", "overlap_ms", "collectives", "bytes",
+                                       "late_ms"])
+
+
+def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per rank, over its steps: median step latency, communication per step and its share of
+    the step, the share of communication that overlapped computation, and its median lateness.
+
+    Columns: ``rank``, ``steps``, ``step_ms``, ``comm_ms``, ``comm_share``, ``overlap_share``,
+    ``collectives_per_step``, ``bytes_per_step``, ``late_ms``.
+    """
+    per_step = rank_steps(source)
+    columns = ["rank", "steps", "step_ms", "comm_ms", "comm_share", "overlap_share", "collectives_per_step",
+               "bytes_per_step", "late_ms"]
+    if per_step.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+    rows = []
+    for rank, group in per_step.groupby("rank"):
+        comm = group["comm_ms"].sum()
+        rows.append({
+            "rank": int(rank), "steps": len(group), "step_ms": float(group["step_ms"].median()),
+            "comm_ms": float(group["comm_ms"].median()),
+            "comm_share": float(comm / group["step_ms"].sum()) if group["step_ms"].sum() else 0.0,
+            "overlap_share": float(group["overlap_ms"].sum() / comm) if comm else float("nan"),
+            "collectives_per_step": float(group["collectives"].median()),
+            "bytes_per_step": float(group["bytes"].median()),
+            "late_ms": float(group["late_ms"].median()),
+        })
+    return pd.DataFrame(rows, columns=columns)

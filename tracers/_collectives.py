@@ -1,0 +1,216 @@
+"""torch.distributed collectives called from Python, as model-level spans.
+
+Every collective function of ``torch.distributed`` (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``broadcast``, ``barrier``, ``all_to_all``, point-to-point sends and receives,
+and DDP's ``_broadcast_coalesced``) is replaced, in ``torch.distributed`` and in
+``torch.distributed.distributed_c10d`` (the same functions; PyTorch's own code calls them through
+the latter), by a wrapper that records one ``collective`` span: bytes of this rank's payload,
+the group, its size, the backend, the dtype, whether it was asynchronous, and its number among
+this process's collectives on that group (every rank calls a group's collectives in the same
+order, which matches the same call across ranks). A collective that calls another (the
+deprecated ``all_gather_into_tensor`` calls ``all_gather_single``) is one span. ``Work.wait()``
+on an asynchronous collective's handle is a ``collective_wait`` span with the same number.
+
+What Python never sees is not here: DDP's gradient all-reduces are issued by its C++ reducer
+during backward, and come from the operator level (PyTorch's profiler records them as
+``gloo:all_reduce`` / ``nccl:all_reduce`` with their real durations, and on GPUs the NCCL
+kernels). A name bound before the session started (``from torch.distributed import
+all_reduce``) keeps calling the original.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+import torch
+from xsp.tracers._module_calls import dynamo_compiling, error_text
+from xsp.tracers._post_import import forget, when_imported
+
+from xsp import schema as col
+from xsp.clock import now_ns
+from xsp.marks import MarkKind
+from xsp.recording import Recording
+
+C10D: Final = "torch.distributed.distributed_c10d"
+DISTRIBUTED: Final = "torch.distributed"
+PAYLOAD_ARGUMENT: Final[dict[str, tuple[int, str]]] = {
+    # the argument that holds what this rank sends (position, keyword)
+    "all_reduce": (0, "tensor"), "broadcast": (0, "tensor"), "reduce": (0, "tensor"),
+    "all_gather": (1, "tensor"), "all_gather_single": (1, "input_tensor"),
+    "all_gather_into_tensor": (1, "input_tensor"), "_all_gather_base": (1, "input_tensor"),
+    "reduce_scatter": (1, "input_list"), "reduce_scatter_single": (1, "input"),
+    "reduce_scatter_tensor": (1, "input"), "_reduce_scatter_base": (1, "input"),
+    "all_to_all": (1, "input_tensor_list"), "all_to_all_single": (1, "input"),
+    "gather": (0, "tensor"), "scatter": (1, "scatter_list"),
+    "send": (0, "tensor"), "isend": (0, "tensor"), "recv": (0, "tensor"), "irecv": (0, "tensor"),
+    "all_reduce_coalesced": (0, "tensors"), "_broadcast_coalesced": (1, "tensors"),
+    "barrier": (-1, ""), "monitored_barrier": (-1, ""), "batch_isend_irecv": (-1, ""),
+}
+"""The collectives recorded."""
+PENDING_LIMIT: Final = 4096
+"""Asynchronous handles remembered until waited for (older ones are forgotten)."""
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item for item in value if isinstance(item, torch.Tensor)]
+    return []
+
+
+def payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors this rank sends (or, for a receive, receives) in collective ``name``."""
+    position, keyword = PAYLOAD_ARGUMENT.get(name, (-1, ""))
+    if position < 0:
+        return []
+    value = kwargs.get(keyword) if keyword in kwargs else args[position] if len(args) > position else None
+    return _tensors(value)
+
+
+def _group_of(args: tuple[Any, ...], kwargs: dict[str, Any], group_type: Any) -> Any:
+    group = kwargs.get("group")
+    if group is None and group_type is not None:
+        group = next((arg for arg in args if isinstance(arg, group_type)), None)
+    return group
+
+
+class Collectives:
+    """Installs the wrappers for one recording; ``uninstall`` puts back what is still xsp's."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self._local = threading.local()
+        self._sequence: dict[str, itertools.count[int]] = {}
+        self._pending: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._pending_lock = threading.Lock()
+        self._patched: list[tuple[ModuleType | type, str, Any, Any]] = []
+
+    def install(self) -> None:
+        when_imported(C10D, self._patch)
+
+    def uninstall(self) -> None:
+        forget(C10D, self._patch)
+        for owner, name, original, replacement in reversed(self._patched):
+            if owner.__dict__.get(name) is replacement:
+                setattr(owner, name, original)
+        self._patched = []
+
+    def _patch(self, c10d: ModuleType) -> None:
+        dist = sys.modules.get(DISTRIBUTED)
+        if not getattr(dist, "is_available", lambda: False)():
+            return
+        wrappers: dict[int, Any] = {}
+        for module in (c10d, dist):
+            for name in PAYLOAD_ARGUMENT:
+                original = module.__dict__.get(name)
+                if original is None or not callable(original):
+                    continue
+                wrapper = wrappers.get(id(original))
+                if wrapper is None:
+                    wrapper = wrappers[id(original)] = self._wrap(name, original, dist)
+                setattr(module, name, wrapper)
+                self._patched.append((module, name, original, wrapper))  # type: ignore[arg-type]
+        work = getattr(dist, "Work", None)
+        if isinstance(work, type) and "wait" in work.__dict__:
+            original_wait = work.__dict__["wait"]
+            replacement = self._wrap_wait(original_wait)
+            try:
+                work.wait = replacement  # type: ignore[attr-defined]
+            except (TypeError, AttributeError):  # a build whose Work refuses new attributes: no wait spans
+                return
+            self._patched.append((work, "wait", original_wait, replacement))
+
+    def _wrap(self, name: str, original: Callable[..., Any], dist: Any) -> Callable[..., Any]:
+        buffer_of = self.recording.buffer
+        local = self._local
+        group_type = getattr(dist, "ProcessGroup", None)
+        work_type = getattr(dist, "Work", None)
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if dynamo_compiling() or getattr(local, "depth", 0):
+                return original(*args, **kwargs)
+            local.depth = 1
+            error = None
+            result = None
+            start = now_ns()
+            try:
+                result = original(*args, **kwargs)
+                return result
+            except BaseException as exc:
+                error = error_text(exc)
+                raise
+            finally:
+                end = now_ns()
+                local.depth = 0
+                try:
+                    attributes = self._describe(name, args, kwargs, dist, group_type)
+                    if work_type is not None and isinstance(result, work_type):
+                        attributes[col.ATTR_COLLECTIVE_ASYNC] = True
+                        self._remember(result, attributes)
+                    buffer_of().marks.append((MarkKind.COLLECTIVE, start, end, name.lstrip("_"), attributes, error))
+                except Exception:  # describing a collective must never break it
+                    self.recording.dropped["collectives"] += 1
+
+        return collective
+
+    def _describe(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], dist: Any,
+                  group_type: Any) -> dict[str, Any]:
+        group = _group_of(args, kwargs, group_type)
+        tensors = payload(name, args, kwargs)
+        group_name = str(getattr(group, "group_name", None) or "0") if group is not None else "0"
+        attributes: dict[str, Any] = {col.ATTR_COLLECTIVE_OP: name.lstrip("_"), col.ATTR_COLLECTIVE_GROUP: group_name}
+        if tensors:
+            attributes[col.BYTES] = sum(t.element_size() * t.numel() for t in tensors)
+            attributes[col.ATTR_COLLECTIVE_DTYPE] = str(tensors[0].dtype).removeprefix("torch.")
+        if dist.is_initialized():
+            attributes[col.ATTR_COLLECTIVE_GROUP_SIZE] = int(dist.get_world_size(group))
+            backend = str(dist.get_backend(group))
+            attributes[col.ATTR_COLLECTIVE_BACKEND] = backend
+            self.recording.backend = backend
+        counter = self._sequence.get(group_name)
+        if counter is None:
+            counter = self._sequence.setdefault(group_name, itertools.count())
+        attributes[col.ATTR_COLLECTIVE_SEQ] = next(counter)
+        return attributes
+
+    def _remember(self, work: Any, attributes: dict[str, Any]) -> None:
+        with self._pending_lock:
+            self._pending[id(work)] = attributes
+            while len(self._pending) > PENDING_LIMIT:
+                self._pending.popitem(last=False)
+
+    def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        buffer_of = self.recording.buffer
+        local = self._local
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "depth", 0):  # a synchronous collective waiting for itself
+                return original(work, *args, **kwargs)
+            with self._pending_lock:
+                attributes = self._pending.pop(id(work), None)
+            if attributes is None:
+                return original(work, *args, **kwargs)
+            error = None
+            start = now_ns()
+            try:
+                return original(work, *args, **kwargs)
+            except BaseException as exc:
+                error = error_text(exc)
+                raise
+            finally:
+                end = now_ns()
+                waited = {key: value for key, value in attributes.items() if key != col.BYTES}
+                buffer_of().marks.append((MarkKind.COLLECTIVE_WAIT, start, end,
+                                          f"wait {attributes[col.ATTR_COLLECTIVE_OP]}", waited, error))
+
+        return wait
