@@ -41,7 +41,13 @@ def no_tracer_left_active():
 
 def _loop_attributes() -> dict[str, object]:
     """What the model level patches for the loop's events, as it stands now."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
     return {
+        **{f"torch.distributed.{name}": getattr(dist, name, None) for name in ("all_reduce", "broadcast", "barrier")},
+        "distributed_c10d.all_gather_single": getattr(distributed_c10d, "all_gather_single", None),
+        "torch.distributed.Work.wait": dist.Work.__dict__.get("wait") if dist.is_available() else None,
         "torch.autograd.backward": torch.autograd.backward,
         "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
         "DataLoader.__iter__": DataLoader.__dict__["__iter__"],

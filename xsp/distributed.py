@@ -21,16 +21,19 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
 from xsp.schema import FILE_SUFFIX
 
 JOB_ID_ENV: Final = "XSP_JOB_ID"
+RUN_ID_ENV: Final = "XSP_RUN_ID"
 RANK_INFIX: Final = ".rank"
 _RANK_FILE = re.compile(r"^(?P<stem>.*)\.rank(?P<rank>\d+)$")
 _UNSET_RUN_IDS: Final = frozenset({"", "none", "default"})
@@ -173,3 +176,26 @@ def step_trace_id(job: str, step: int) -> str:
 def session_trace_id(job: str) -> str:
     """The trace id of the job's session spans (one per rank, in one trace)."""
     return _hex_id("xsp-session", job, digits=32)
+
+
+def run_id(rank: RankInfo | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The id of this run in a dataset of runs: ``XSP_RUN_ID`` when set, else the job's id (every
+    rank of a job is one run), else the time it started and a random suffix."""
+    chosen = environ.get(RUN_ID_ENV, "").strip()
+    if chosen:
+        return chosen
+    if rank is not None:
+        return rank.job_id
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def _partition_value(text: str) -> str:
+    """A value safe as a Hive partition folder (``run=<value>``) for DuckDB, Spark and Trino."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
+
+
+def dataset_path(root: str | os.PathLike[str], run: str, rank: int, name: str) -> Path:
+    """Where a run's rank writes its trace in a dataset of runs:
+    ``<root>/run=<run>/rank=<rank>/<name>.xsp.parquet``, so that every trace under ``root`` is
+    one Parquet dataset with ``run`` and ``rank`` as partition columns."""
+    return Path(root) / f"run={_partition_value(run)}" / f"rank={rank}" / f"{_partition_value(name)}{FILE_SUFFIX}"

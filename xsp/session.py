@@ -25,7 +25,15 @@ from xsp import _state
 from xsp import schema as col
 from xsp._signals import StopSignals, Terminated, end_by_signal
 from xsp.clock import ClockSync, now_ns
-from xsp.distributed import RankInfo, current_backend, rank_info, rank_path, session_trace_id
+from xsp.distributed import (
+    RankInfo,
+    current_backend,
+    dataset_path,
+    rank_info,
+    rank_path,
+    run_id,
+    session_trace_id,
+)
 from xsp.export.budget import span_budget_from_env
 from xsp.export.otlp import (
     ExportReport,
@@ -136,8 +144,11 @@ class Session:
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
-                 span_budget: int | None = None) -> None:
+                 span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None) -> None:
         self.levels = parse_levels(levels)
+        self.dataset = None if dataset is None else Path(dataset)
+        self.run_id: str | None = None
+        """With ``dataset``: this run's id, its ``run=`` partition."""
         self.span_budget = span_budget_from_env() if span_budget is None else span_budget
         self.calibrate = calibrate
         self._costs: dict[str, Any] | None = None
@@ -155,7 +166,7 @@ class Session:
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-            calibrate=calibrate, span_budget=span_budget)
+            calibrate=calibrate, span_budget=span_budget, dataset=dataset)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -301,12 +312,16 @@ class Session:
     def _join_job(self, rank: RankInfo | None) -> None:
         """One rank of a distributed job: its own file beside the given name, and trace ids
         that every rank of the job shares."""
+        if self.dataset is not None:
+            self.run_id = run_id(rank)
+            self.output = dataset_path(self.dataset, self.run_id, 0 if rank is None else rank.rank, self.service_name)
+            self.output.parent.mkdir(parents=True, exist_ok=True)
         if rank is None:
             return
         self.rank = rank
         self._state.job_id = rank.job_id
         self._state.session_trace_id = session_trace_id(rank.job_id)
-        if self.output is not None:
+        if self.output is not None and self.dataset is None:
             self.output = rank_path(self.output, rank.rank)
 
     def _open_export(self) -> None:
@@ -342,6 +357,7 @@ class Session:
             "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
                       "drift_ns": clock.drift_ns},
             "distributed": None if self.rank is None else self.rank.as_metadata(),
+            "run_id": self.run_id,
         }
 
     def _start_metadata(self) -> dict[str, Any]:
@@ -527,7 +543,7 @@ class Session:
         if self.rank is not None:
             recorded = None if self._recording is None else self._recording.backend
             self.rank = self.rank.with_backend(current_backend() or recorded)
-        elif self.output is not None and (found := rank_info()) is not None:
+        elif self.output is not None and self.dataset is None and (found := rank_info()) is not None:
             # the process group was set up inside the block, without a launcher's variables: the file
             # is still this rank's own (its spans take their rank from the metadata when loaded)
             self.rank = found
@@ -721,7 +737,7 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
           long_step_s: float = DEFAULT_LONG_STEP_S,
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
-          span_budget: int | None = None) -> Session:
+          span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -745,6 +761,11 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
         span_budget: when exporting to OTLP, the most spans one trace (a step) is sent with;
             a step over it has its deepest levels folded into aggregate spans, so that Jaeger
             can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else 2000; 0: no limit.
+        dataset: instead of ``output``, write the trace into this folder of runs, as
+            ``<dataset>/run=<run id>/rank=<rank>/<service>.xsp.parquet``: every run's traces then
+            form one Parquet dataset that DuckDB, Spark or Trino query with ``run`` and ``rank``
+            as partition columns. The run id is ``XSP_RUN_ID``, else the distributed job's id,
+            else the start time with a random suffix.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -760,4 +781,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-                   calibrate=calibrate, span_budget=span_budget)
+                   calibrate=calibrate, span_budget=span_budget, dataset=dataset)

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(logged)
         losses.append(logged.item() / world)
         if step % 4 == 3:
-            correct = torch.tensor([float((model(x).argmax(1) == y).float().mean())])
+            with torch.no_grad():
+                correct = torch.tensor([float((model(x).argmax(1) == y).float().mean())])
             gathered = [torch.zeros(1) for _ in range(world)]
             dist.all_gather(gathered, correct)
     dist.barrier()

@@ -29,6 +29,10 @@ def register(commands: Any) -> None:
                         help="levels to record, comma separated (default: model,layer)")
     parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
                         help=f"trace file to write (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--dataset", metavar="DIR", default=None,
+                        help="write the trace into this folder of runs instead, as "
+                             "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
+                             "ID: XSP_RUN_ID, else the job's id)")
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="also send spans to this OTLP endpoint, e.g. http://localhost:4317")
     parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
@@ -170,7 +174,15 @@ def run(options: argparse.Namespace) -> int:
     script, script_args = _script_and_args(options.command)
     if options.span_budget is not None and options.span_budget < 0:
         raise CliError("--span-budget must be 0 (no limit) or more")
-    if options.output:
+    if options.dataset:
+        if options.leveled:
+            raise CliError("--dataset and --leveled cannot be combined (a leveled run writes one merged file: -o)")
+        try:
+            Path(options.dataset).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot write into {options.dataset}: {exc.strerror or exc}") from None
+        check_writable(Path(options.dataset) / "probe.xsp.parquet")
+    elif options.output:
         check_writable(options.output)  # fail before the script runs, not after
     if options.leveled:
         return _run_leveled(options, script, script_args)
@@ -178,7 +190,7 @@ def run(options: argparse.Namespace) -> int:
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
-                          span_budget=options.span_budget)
+                          span_budget=options.span_budget, dataset=options.dataset)
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status)
     return status

@@ -1,0 +1,102 @@
+"""torchrun jobs under ``xsp run`` as users launch them: every rank's file, collectives on every
+rank, stragglers, and one distributed trace per step at a real OTLP receiver."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import xsp
+from xsp import analysis
+from xsp import schema as col
+
+from .otlp_receiver import GrpcReceiver
+
+pytestmark = pytest.mark.skipif(not __import__("torch").distributed.is_available(),
+                                reason="this PyTorch has no torch.distributed")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed" / "ddp_train.py"
+
+
+def torchrun(processes: int, *command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={processes}", *command], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_every_rank_writes_its_own_file_and_the_program_is_unchanged(tmp_path):
+    plain = torchrun(2, str(EXAMPLE), "--steps", "6", cwd=tmp_path)
+    profiled = torchrun(2, "-m", "xsp", "run", "-o", "ddp.xsp.parquet", "--", str(EXAMPLE), "--steps", "6",
+                        cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert profiled.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert "warning:" not in profiled.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.xsp.parquet")) == ["ddp.rank0.xsp.parquet", "ddp.rank1.xsp.parquet"]
+    assert "-> ddp.rank1.xsp.parquet" in profiled.stderr and "-> ddp.rank0.xsp.parquet" in profiled.stderr
+    trace = xsp.load(tmp_path / "ddp.xsp.parquet")
+    assert trace.ranks == [0, 1]
+    jobs = {meta["distributed"]["job_id"] for meta in trace.metadata["ranks"].values()}
+    assert len(jobs) == 1
+    for rank in (0, 1):
+        meta = trace.metadata["ranks"][str(rank)]["distributed"]
+        assert (meta["rank"], meta["world_size"], meta["local_rank"], meta["backend"]) == (rank, 2, rank, "gloo")
+    # the loop's collectives, on every rank: 6 loss all-reduces, one accuracy all_gather, the final barrier,
+    # and DDP's parameter broadcast at construction
+    found = analysis.collectives(trace)
+    python = found[found["source"] == "python"]
+    for rank in (0, 1):
+        ops = python[python["rank"] == rank]["op"].value_counts().to_dict()
+        assert ops == {"all_reduce": 6, "all_gather": 1, "barrier": 1, "broadcast_coalesced": 1}, ops
+    # one trace id per step, shared by both ranks
+    steps = trace.spans[trace.spans[col.KIND] == "step"]
+    assert steps.groupby(col.STEP)[col.RANK].nunique().eq(2).all()
+    assert steps.groupby(col.STEP)[col.TRACE_ID].nunique().eq(1).all()
+    assert steps[col.TRACE_ID].nunique() == 6
+
+
+def test_four_ranks_find_the_one_that_sleeps(tmp_path):
+    result = torchrun(4, "-m", "xsp", "run", "--levels", "model,operator", "-o", "job.xsp.parquet", "--",
+                      str(EXAMPLE), "--steps", "6", "--slow-rank", "2", "--delay-ms", "40", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trace = xsp.load(tmp_path / "job.xsp.parquet")
+    assert trace.ranks == [0, 1, 2, 3]
+    # DDP's gradient all-reduces (issued by its C++ reducer) come from the operator level, on every rank
+    found = analysis.collectives(trace)
+    backend = found[(found["source"] == "backend") & (found["op"] == "all_reduce")]
+    assert backend.groupby("rank").size().to_dict() == {0: 12, 1: 12, 2: 12, 3: 12}
+    stragglers = analysis.stragglers(trace)
+    in_steps = stragglers[stragglers["step"] >= 0]
+    assert (in_steps["straggler"] == 2).mean() >= 0.8, in_steps
+    assert in_steps["late_ms"].median() > 30
+    per_rank = analysis.communication(trace).set_index("rank")
+    assert per_rank.loc[2, "late_ms"] > 30 and per_rank.drop(index=2)["late_ms"].max() < 15
+    # the others wait for rank 2 inside their collectives
+    assert per_rank.drop(index=2)["comm_ms"].min() > per_rank.loc[2, "comm_ms"]
+    report = subprocess.run([sys.executable, "-m", "xsp", "report", "job.xsp.parquet"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "Rank 2 entered the collectives last" in report.stdout
+    assert "Rank 0 in detail" in report.stdout
+
+
+def test_a_step_of_every_rank_is_one_distributed_trace(tmp_path):
+    with GrpcReceiver() as receiver:
+        result = torchrun(2, "-m", "xsp", "run", "--otlp", receiver.endpoint, "-o", "ddp.xsp.parquet", "--",
+                          str(EXAMPLE), "--steps", "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    received = receiver.sink.spans
+    instances = {span.resource["service.instance.id"] for span in received}
+    assert len(instances) == 2 and all("/rank" in i for i in instances)
+    ranks_of_trace: dict[str, set[int]] = defaultdict(set)
+    for span in received:
+        if span.attributes.get("xsp.kind") == "step":
+            ranks_of_trace[span.trace_id].add(span.resource["xsp.rank"])
+    trace = xsp.load(tmp_path / "ddp.xsp.parquet")
+    steps = trace.spans[trace.spans[col.KIND] == "step"]
+    assert len(ranks_of_trace) == steps[col.STEP].nunique() >= 4
+    assert all(ranks == {0, 1} for ranks in ranks_of_trace.values())
+    assert len(received) == len(trace.spans)

@@ -1,0 +1,288 @@
+"""Distributed jobs: rank detection, rank files, joint trace ids, loading every rank, collectives
+recorded from Python, and the cross-rank analyses on constructed collectives."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import xsp
+from xsp import analysis
+from xsp import schema as col
+from xsp.distributed import (
+    job_id,
+    rank_files,
+    rank_info,
+    rank_path,
+    session_trace_id,
+    step_trace_id,
+)
+from xsp.errors import TraceFormatError, TraceNotFoundError
+from xsp.export.otlp import resource_for
+from xsp.spans import conform
+
+TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_RESTART_COUNT": "1"}
+
+
+# rank and job ------------------------------------------------------------------------
+def test_rank_from_the_launchers_variables():
+    info = rank_info(TORCHRUN_ENV)
+    assert info is not None
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.job_id, info.restart) == (
+        1, 4, 1, 2, "job-42", 1)
+    assert info.as_metadata()["host"]
+
+
+@pytest.mark.parametrize("environ", [{}, {"RANK": "0", "WORLD_SIZE": "1"}, {"RANK": "x", "WORLD_SIZE": "2"}])
+def test_one_process_is_no_rank(environ):
+    assert rank_info(environ) is None
+
+
+def test_job_id_prefers_the_users_then_the_launchers():
+    assert job_id({"XSP_JOB_ID": "mine", "TORCHELASTIC_RUN_ID": "run"}) == "mine"
+    assert job_id({"TORCHELASTIC_RUN_ID": "run"}) == "run"
+    # torchrun without a rendezvous id says "none": the agent's folder is shared by its ranks
+    agent = "/tmp/torchelastic_ab12cd/none_xyz/attempt_0/1/error.json"
+    assert job_id({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_ERROR_FILE": agent}) == "torchelastic_ab12cd"
+    assert job_id({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2"}) == "slurm-77.2"
+    assert job_id({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}) == "node1:29500"
+
+
+def test_rank_files_sit_beside_the_given_name(tmp_path):
+    target = tmp_path / "ddp.xsp.parquet"
+    assert rank_path(target, 3) == tmp_path / "ddp.rank3.xsp.parquet"
+    assert rank_path(tmp_path / "trace.parquet", 0) == tmp_path / "trace.rank0.parquet"
+    for rank in (0, 1, 10):
+        rank_path(target, rank).write_bytes(b"")
+    (tmp_path / "ddpx.rank2.xsp.parquet").write_bytes(b"")  # another run's name
+    assert list(rank_files(target)) == [0, 1, 10]
+    assert rank_files(tmp_path / "other.xsp.parquet") == {}
+
+
+def test_trace_ids_are_shared_by_every_rank_of_a_step():
+    assert step_trace_id("job", 3) == step_trace_id("job", 3)
+    ids = {step_trace_id("job", k) for k in range(100)} | {step_trace_id("other", 0), session_trace_id("job")}
+    assert len(ids) == 102
+    assert all(len(i) == 32 and int(i, 16) for i in ids)
+
+
+def test_each_rank_is_its_own_service_instance():
+    resource = resource_for("train", {"host": "h", "pid": 1, "distributed": {"rank": 2, "world_size": 4,
+                                                                              "job_id": "job-42"}})
+    attributes = dict(resource.attributes)
+    assert attributes["service.instance.id"] == "job-42/rank2"
+    assert (attributes["xsp.rank"], attributes["xsp.world_size"], attributes["xsp.job_id"]) == (2, 4, "job-42")
+    single = dict(resource_for("train", {"host": "h", "pid": 1}).attributes)
+    assert "xsp.rank" not in single and "/rank" not in str(single.get("service.instance.id", ""))
+
+
+# sessions of ranks ---------------------------------------------------------------------
+def train(steps: int = 3) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def record_rank(monkeypatch, output, rank: int, world: int = 2, job: str = "job-7") -> xsp.Session:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("XSP_JOB_ID", job)
+    with xsp.trace(levels="model,layer", output=output) as session:
+        train()
+    return session
+
+
+def test_a_rank_writes_its_own_file_with_its_rank_and_the_jobs_trace_ids(monkeypatch, tmp_path):
+    session = record_rank(monkeypatch, tmp_path / "ddp.xsp.parquet", rank=1)
+    assert session.output == tmp_path / "ddp.rank1.xsp.parquet" and session.output.is_file()
+    assert not (tmp_path / "ddp.xsp.parquet").exists()
+    spans = session.trace.spans
+    assert (spans[col.RANK] == 1).all()
+    meta = session.trace.metadata["distributed"]
+    assert (meta["rank"], meta["world_size"], meta["job_id"]) == (1, 2, "job-7")
+    roots = spans[spans[col.KIND] == "step"]
+    assert len(roots) == 3
+    assert roots[col.TRACE_ID].tolist() == [step_trace_id("job-7", int(s)) for s in roots[col.STEP]]
+    session_row = spans[spans[col.KIND] == "session"].iloc[0]
+    assert session_row[col.TRACE_ID] == session_trace_id("job-7")
+
+
+def test_loading_the_given_name_joins_every_rank(monkeypatch, tmp_path):
+    output = tmp_path / "ddp.xsp.parquet"
+    for rank in (0, 1):
+        record_rank(monkeypatch, output, rank)
+    trace = xsp.load(output)
+    assert trace.ranks == [0, 1]
+    assert sorted(trace.metadata["ranks"]) == ["0", "1"] and len(trace.metadata["files"]) == 2
+    assert trace.spans[col.START_NS].is_monotonic_increasing
+    one = trace.for_rank(1)
+    assert (one.spans[col.RANK] == 1).all() and one.metadata["distributed"]["rank"] == 1
+    assert len(one.spans) + len(trace.for_rank(0).spans) == len(trace.spans)
+    # a step of the job is one trace id on every rank
+    steps = trace.spans[trace.spans[col.KIND] == "step"]
+    assert (steps.groupby(col.STEP)[col.TRACE_ID].nunique() == 1).all()
+    assert (steps.groupby(col.STEP)[col.RANK].nunique() == 2).all()
+    # the same from the folder and from a list of files
+    assert xsp.load(tmp_path).ranks == [0, 1]
+    assert xsp.load(sorted(tmp_path.glob("*.rank*.xsp.parquet"))).ranks == [0, 1]
+    with pytest.raises(KeyError, match="no spans of rank 5"):
+        trace.for_rank(5)
+
+
+def test_loading_two_files_of_one_rank_is_an_error(monkeypatch, tmp_path):
+    record_rank(monkeypatch, tmp_path / "a.xsp.parquet", 0)
+    record_rank(monkeypatch, tmp_path / "b.xsp.parquet", 0)
+    with pytest.raises(TraceFormatError, match="both hold rank 0"):
+        xsp.load([tmp_path / "a.rank0.xsp.parquet", tmp_path / "b.rank0.xsp.parquet"])
+
+
+def test_loading_an_empty_folder_or_list_says_so(tmp_path):
+    with pytest.raises(TraceNotFoundError, match="no .xsp.parquet files"):
+        xsp.load(tmp_path)
+    with pytest.raises(TraceNotFoundError):
+        xsp.load([])
+
+
+def test_one_process_has_no_ranks(tmp_path):
+    with xsp.trace(output=tmp_path / "one.xsp.parquet") as session:
+        train(1)
+    assert session.output == tmp_path / "one.xsp.parquet"
+    assert session.trace.ranks == [] and session.trace.metadata["distributed"] is None
+    assert xsp.load(tmp_path / "one.xsp.parquet").ranks == []
+
+
+# collectives from Python -------------------------------------------------------------------
+@pytest.fixture
+def process_group():
+    """A real gloo process group of one process (collectives run for real)."""
+    if not dist.is_available():
+        pytest.skip("this PyTorch has no torch.distributed")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_collectives_called_from_python_are_spans_with_their_payload(process_group):
+    tensor = torch.ones(16)
+    with xsp.trace(levels="model", output=None) as session:
+        dist.all_reduce(tensor)
+        dist.broadcast(tensor, src=0)
+        gathered = [torch.zeros(16)]
+        dist.all_gather(gathered, tensor)
+        work = dist.all_reduce(tensor, async_op=True)
+        work.wait()
+        out = torch.zeros(16)
+        with pytest.warns(FutureWarning):  # PyTorch's own deprecation, unchanged under xsp
+            dist.all_gather_into_tensor(out, tensor)
+        dist.barrier()
+    assert torch.equal(gathered[0], torch.ones(16)) and torch.equal(out, torch.ones(16))
+    spans = session.trace.spans
+    found = spans[spans[col.KIND].isin(["collective", "collective_wait"])]
+    assert found[col.NAME].tolist() == ["all_reduce", "broadcast", "all_gather", "all_reduce", "wait all_reduce",
+                                        "all_gather_into_tensor", "barrier"]
+    attributes = [json.loads(a) for a in found[col.ATTRIBUTES]]
+    assert [a["xsp.collective.seq"] for a in attributes] == [0, 1, 2, 3, 3, 4, 5]
+    assert all(a["xsp.collective.backend"] == "gloo" and a["xsp.collective.group_size"] == 1 for a in attributes)
+    assert attributes[3]["xsp.collective.async"] is True
+    assert found[col.BYTES].tolist()[:4] == [64, 64, 64, 64]
+    assert pd.isna(found[col.BYTES].iloc[4]) and pd.isna(found[col.BYTES].iloc[6])
+    assert (found[col.LEVEL] == "model").all()
+    assert dist.all_reduce.__name__ == "all_reduce" and "xsp" not in dist.all_reduce.__code__.co_filename
+
+
+def test_a_failing_collective_is_an_error_span_and_still_fails(process_group):
+    with xsp.trace(levels="model", output=None) as session, pytest.raises((ValueError, RuntimeError)):
+        dist.broadcast(torch.ones(2), src=5)
+    spans = session.trace.spans
+    failed = spans[spans[col.KIND] == "collective"]
+    assert failed[col.STATUS].tolist() == ["error"]
+
+
+# cross-rank analyses on constructed spans ------------------------------------------------
+def collective_rows(rank: int, step: int, entries_ms: list[tuple[float, float]], host_shift_ms: float = 0.0,
+                    step_start_ms: float = 0.0, step_ms: float = 100.0) -> list[dict]:
+    base = 1_000_000_000_000 + int(host_shift_ms * 1e6)
+    rows = [{col.LEVEL: "model", col.KIND: "step", col.NAME: "train_step", col.STEP: step, col.RANK: rank,
+             col.SPAN_ID: rank * 1000 + step * 100 + 1, col.THREAD_ID: 1,
+             col.START_NS: base + int(step_start_ms * 1e6), col.END_NS: base + int((step_start_ms + step_ms) * 1e6)},
+            {col.LEVEL: "model", col.KIND: "predict", col.NAME: "model", col.STEP: step, col.RANK: rank,
+             col.SPAN_ID: rank * 1000 + step * 100 + 2, col.PARENT_ID: rank * 1000 + step * 100 + 1, col.THREAD_ID: 1,
+             col.START_NS: base + int(step_start_ms * 1e6), col.END_NS: base + int((step_start_ms + 40) * 1e6)}]
+    for k, (entry, duration_ms) in enumerate(entries_ms):
+        start = base + int((step_start_ms + entry) * 1e6)
+        rows.append({col.LEVEL: "model", col.KIND: "collective", col.NAME: "all_reduce", col.STEP: step,
+                     col.RANK: rank, col.SPAN_ID: rank * 1000 + step * 100 + 10 + k,
+                     col.PARENT_ID: rank * 1000 + step * 100 + 1, col.THREAD_ID: 1, col.BYTES: 1024,
+                     col.START_NS: start, col.END_NS: start + int(duration_ms * 1e6)})
+    return rows
+
+
+def job_table(late_rank: int, delay_ms: float, ranks: int = 4, steps: int = 3, shifts: dict | None = None):
+    rows = []
+    for rank in range(ranks):
+        shift = (shifts or {}).get(rank, 0.0)
+        for step in range(steps):
+            first = 50.0 + (delay_ms if rank == late_rank else 0.0)
+            # the collective ends when the late rank has arrived: the same end on every rank
+            end = 50.0 + delay_ms + 5.0
+            rows += collective_rows(rank, step, [(first, end - first), (90.0, 5.0)], shift, step_start_ms=step * 200.0)
+    frame = conform(pd.DataFrame(rows))
+    frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
+    return frame
+
+
+def test_the_rank_that_enters_collectives_last_is_the_straggler():
+    table = analysis.stragglers(job_table(late_rank=2, delay_ms=30.0))
+    assert table["straggler"].tolist() == [2, 2, 2]
+    assert table["late_ms"].round(3).tolist() == [30.0, 30.0, 30.0]
+    assert table["next_late_ms"].max() == pytest.approx(0.0)
+    assert (table["collectives"] == 2).all() and (table["ranks"] == 4).all()
+
+
+def test_communication_per_rank_counts_waiting_inside_collectives():
+    per_rank = analysis.communication(job_table(late_rank=2, delay_ms=30.0))
+    waiting = per_rank.set_index("rank")
+    # the others waited 30 ms for rank 2 inside the first all_reduce (35 + 5 ms); rank 2 spent 5 + 5 ms
+    assert waiting.loc[0, "comm_ms"] == pytest.approx(40.0)
+    assert waiting.loc[2, "comm_ms"] == pytest.approx(10.0)
+    assert waiting.loc[2, "late_ms"] == pytest.approx(30.0) and waiting.loc[0, "late_ms"] == pytest.approx(0.0)
+    # the model call (0-40 ms) never overlaps the collectives (from 50 ms)
+    assert (per_rank["overlap_share"] == 0).all()
+
+
+def test_ranks_on_other_hosts_are_put_on_one_clock_by_their_collectives_ends():
+    table = job_table(late_rank=1, delay_ms=20.0, shifts={3: 250.0})
+    hosts = {"ranks": {str(r): {"host": "a" if r < 2 else "b"} for r in range(4)}}
+    offsets = analysis.clock_offsets(xsp.Trace(spans=table, metadata=hosts))
+    assert offsets[3] == pytest.approx(250e6) and offsets[1] == 0 and offsets[2] == 0
+    found = analysis.stragglers(xsp.Trace(spans=table, metadata=hosts))
+    assert found["straggler"].tolist() == [1, 1, 1]
+    assert found["late_ms"].round(3).tolist() == [20.0, 20.0, 20.0]
+
+
+def test_one_rank_has_no_stragglers_and_no_lateness():
+    table = job_table(late_rank=-1, delay_ms=0.0, ranks=1)
+    assert analysis.stragglers(table).empty
+    assert np.isnan(analysis.communication(table)["late_ms"].iloc[0])
+
+
+def test_backend_work_and_nccl_kernels_are_collectives(shared_traces):
+    trace = xsp.load(shared_traces / "kineto" / "a100_nccl_rank0.json.gz")
+    assert trace.ranks == [0]
+    found = analysis.collectives(trace)
+    assert {"enqueue", "backend", "gpu"} <= set(found["source"])
+    assert set(found[found["source"] == "gpu"]["op"]) == {"all_reduce", "broadcast"}
+    per_rank = analysis.communication(trace)
+    assert per_rank["comm_ms"].iloc[0] > 0 and 0 <= per_rank["overlap_share"].iloc[0] <= 1
