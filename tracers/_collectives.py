@@ -77,8 +77,8 @@ def payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[to
 
 def _group_of(args: tuple[Any, ...], kwargs: dict[str, Any], group_type: Any) -> Any:
     group = kwargs.get("group")
-    if group is None and group_type is not None:
-        group = next((arg for arg in args if isinstance(arg, group_type)), None)
+    if group is None and group_type is not None:  # by type: isinstance on ProcessGroup costs a Python call
+        group = next((arg for arg in args if type(arg) is group_type), None)
     return group
 
 
@@ -89,6 +89,7 @@ class Collectives:
         self.recording = recording
         self._local = threading.local()
         self._sequence: dict[str, itertools.count[int]] = {}
+        self._groups: dict[int, tuple[Any, str, int | None, str | None]] = {}
         self._pending: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._pending_lock = threading.Lock()
         self._patched: list[tuple[ModuleType | type, str, Any, Any]] = []
@@ -162,18 +163,28 @@ class Collectives:
 
         return collective
 
+    def _group_facts(self, group: Any, dist: Any) -> tuple[str, int | None, str | None]:
+        """(name, size, backend) of ``group`` (None: the default group), asked once per group object."""
+        handle = group if group is not None else getattr(getattr(dist, "GroupMember", None), "WORLD", None)
+        facts = self._groups.get(id(handle))
+        if facts is None or facts[0] is not handle:
+            name = str(getattr(handle, "group_name", None) or "0")
+            size = backend = None
+            if dist.is_initialized():
+                size, backend = int(dist.get_world_size(group)), str(dist.get_backend(group))
+            facts = self._groups[id(handle)] = (handle, name, size, backend)
+        return facts[1], facts[2], facts[3]
+
     def _describe(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], dist: Any,
                   group_type: Any) -> dict[str, Any]:
-        group = _group_of(args, kwargs, group_type)
-        tensors = payload(name, args, kwargs)
-        group_name = str(getattr(group, "group_name", None) or "0") if group is not None else "0"
+        group_name, size, backend = self._group_facts(_group_of(args, kwargs, group_type), dist)
         attributes: dict[str, Any] = {col.ATTR_COLLECTIVE_OP: name.lstrip("_"), col.ATTR_COLLECTIVE_GROUP: group_name}
+        tensors = payload(name, args, kwargs)
         if tensors:
             attributes[col.BYTES] = sum(t.element_size() * t.numel() for t in tensors)
             attributes[col.ATTR_COLLECTIVE_DTYPE] = str(tensors[0].dtype).removeprefix("torch.")
-        if dist.is_initialized():
-            attributes[col.ATTR_COLLECTIVE_GROUP_SIZE] = int(dist.get_world_size(group))
-            backend = str(dist.get_backend(group))
+        if size is not None:
+            attributes[col.ATTR_COLLECTIVE_GROUP_SIZE] = size
             attributes[col.ATTR_COLLECTIVE_BACKEND] = backend
             self.recording.backend = backend
         counter = self._sequence.get(group_name)

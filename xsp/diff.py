@@ -255,15 +255,24 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
                 base=base_summary.metadata, new=new_summary.metadata)
 
 
+def _one_rank(trace: Trace, name: object) -> Trace:
+    """A trace of one process: the steps of several ranks would pool into one sample."""
+    if len(trace.ranks) > 1:
+        raise ValueError(f"{name} holds {len(trace.ranks)} ranks of a distributed job: compare one rank's file "
+                         "(ddp.rank0.xsp.parquet) or trace.for_rank(r)")
+    return trace
+
+
 def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summary:
     if isinstance(source, Summary):
         summary = source
     elif isinstance(source, Trace):
-        summary = summarize(source, steps=steps, source=source.source.name if source.source else None, only=by)
+        summary = summarize(_one_rank(source, "the trace"), steps=steps,
+                            source=source.source.name if source.source else None, only=by)
     elif is_summary_path(source):
         summary = Summary.load(source)
     else:
-        summary = summarize(load(source), steps=steps, source=Path(source).name, only=by)
+        summary = summarize(_one_rank(load(source), source), steps=steps, source=Path(source).name, only=by)
     if by not in summary.keys:
         raise TraceFormatError(f"the summary of {summary.metadata.get('source', 'a run')} has no keys by {by.value}")
     return summary

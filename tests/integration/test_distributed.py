@@ -100,3 +100,31 @@ def test_a_step_of_every_rank_is_one_distributed_trace(tmp_path):
     assert len(ranks_of_trace) == steps[col.STEP].nunique() >= 4
     assert all(ranks == {0, 1} for ranks in ranks_of_trace.values())
     assert len(received) == len(trace.spans)
+
+
+def test_push_sends_every_rank_as_its_own_instance_within_the_budget(monkeypatch, tmp_path):
+    import torch
+
+    from xsp.cli.main import main
+
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("XSP_JOB_ID", "pushed-job")
+        with xsp.trace(levels="model,layer", output=tmp_path / "job.xsp.parquet"):
+            model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])
+            for _ in range(2):
+                model(torch.ones(1, 4))
+    with GrpcReceiver() as receiver:
+        assert main(["push", str(tmp_path / "job.xsp.parquet"), "--otlp", receiver.endpoint,
+                     "--span-budget", "10"]) == 0
+    received = receiver.sink.spans
+    assert {span.resource["service.instance.id"] for span in received} == {"pushed-job/rank0", "pushed-job/rank1"}
+    per_trace: dict[tuple[str, int], int] = defaultdict(int)
+    for span in received:
+        per_trace[(span.trace_id, span.resource["xsp.rank"])] += 1
+    steps = [key for key in per_trace if any(s.trace_id == key[0] and s.attributes.get("xsp.kind") == "predict"
+                                             for s in received)]
+    assert steps and all(per_trace[key] <= 10 for key in steps)
+    folded = [s for s in received if "xsp.aggregated.count" in s.attributes]
+    assert folded and sum(s.attributes["xsp.aggregated.count"] for s in folded) >= 2 * 2 * 29

@@ -286,3 +286,40 @@ def test_backend_work_and_nccl_kernels_are_collectives(shared_traces):
     assert set(found[found["source"] == "gpu"]["op"]) == {"all_reduce", "broadcast"}
     per_rank = analysis.communication(trace)
     assert per_rank["comm_ms"].iloc[0] > 0 and 0 <= per_rank["overlap_share"].iloc[0] <= 1
+
+
+# reports and diffs of a job -------------------------------------------------------------------
+def test_reports_compare_the_ranks_then_show_one(monkeypatch, tmp_path):
+    from rich.console import Console
+
+    from xsp.reports.html import render_html
+    from xsp.reports.terminal import render_report
+
+    output = tmp_path / "ddp.xsp.parquet"
+    for rank in (0, 1):
+        record_rank(monkeypatch, output, rank)
+    trace = xsp.load(output)
+    spans = conform(pd.concat([trace.spans, job_table(late_rank=1, delay_ms=25.0, ranks=2, steps=3)],
+                              ignore_index=True))
+    job = xsp.Trace(spans=spans, metadata=trace.metadata)
+    console = Console(width=80, record=True)
+    render_report(job, console, rank=1)
+    text = console.export_text()
+    assert "Communication per rank" in text and "Rank 1 entered the collectives last in 3 of 3 steps" in text
+    assert "Rank 1 in detail" in text
+    with pytest.raises(KeyError, match="no rank 7"):
+        render_report(job, Console(width=80, record=True), rank=7)
+    page = render_html(job)
+    assert 'id="ranks"' in page and "chart-stragglers" in page
+
+
+def test_two_ranks_are_compared_as_two_traces_and_a_job_is_not_one_sample(monkeypatch, tmp_path):
+    output = tmp_path / "ddp.xsp.parquet"
+    for rank in (0, 1):
+        record_rank(monkeypatch, output, rank)
+    result = xsp.diff(tmp_path / "ddp.rank0.xsp.parquet", tmp_path / "ddp.rank1.xsp.parquet", by="name")
+    assert len(result.table) > 0
+    job = xsp.load(output)
+    assert len(xsp.diff(job.for_rank(0), job.for_rank(1), by="name").table) == len(result.table)
+    with pytest.raises(ValueError, match="holds 2 ranks"):
+        xsp.diff(output, tmp_path / "ddp.rank1.xsp.parquet")
