@@ -197,26 +197,30 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``step`` (-1: collectives outside every step), ``collectives`` (matched on every
     rank), ``straggler`` (the latest rank), ``late_ms`` (its lateness), ``next_late_ms`` (the
-    next latest rank's: a straggler stands out when this is small), ``ranks``.
+    next latest rank's: a straggler stands out when this is small), ``ranks``, ``entry`` (what
+    entering a collective was read from: ``enqueue`` with the operator level, else ``python``,
+    which misses DDP's gradient all-reduces).
     Empty for a trace of one rank.
     """
-    columns = ["step", "collectives", "straggler", "late_ms", "next_late_ms", "ranks"]
+    columns = ["step", "collectives", "straggler", "late_ms", "next_late_ms", "ranks", "entry"]
     entries = _entries(source)
     if entries.empty or entries["rank"].nunique() < 2:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
     per_rank = entries.groupby(["step", "rank"])["late_ns"].agg(["sum", "size"]).reset_index()
+    entry = str(entries["source"].iloc[0])
     rows = []
     for step, group in per_rank.groupby("step"):
         ordered = group.sort_values("sum", ascending=False, kind="stable")
         rows.append({"step": int(step), "collectives": int(group["size"].min()),
                      "straggler": int(ordered["rank"].iloc[0]), "late_ms": float(ordered["sum"].iloc[0]) / 1e6,
-                     "next_late_ms": float(ordered["sum"].iloc[1]) / 1e6, "ranks": len(group)})
+                     "next_late_ms": float(ordered["sum"].iloc[1]) / 1e6, "ranks": len(group), "entry": entry})
     return pd.DataFrame(rows, columns=columns)
 
 
-def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFrame:
+def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFrame | None:
     """Where a rank computes: GPU kernels other than NCCL's where the kernel level was recorded,
-    else outermost operators other than communication, else model-level forward/backward/optimizer."""
+    else operators other than communication; None with neither (a model-level forward or
+    backward span holds its collectives: it cannot say whether they overlapped computation)."""
     levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
     kernels = (levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value) & ~comm_names
     if kernels.any():
@@ -224,9 +228,7 @@ def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFra
     operators = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~comm_names
     if operators.any():
         return spans[operators.to_numpy()]
-    model = (levels == Level.MODEL.value) & kinds.isin([SpanKind.PREDICT.value, SpanKind.BACKWARD.value,
-                                                         SpanKind.OPTIMIZER.value])
-    return spans[model.to_numpy()]
+    return None
 
 
 def _overlap_ns(a: pd.DataFrame, b: pd.DataFrame) -> int:
@@ -241,7 +243,8 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     overlapped computation, and the rank's lateness into the step's collectives.
 
     Columns: ``rank``, ``step``, ``step_ms``, ``comm_ms`` (time inside communication, overlaps
-    counted once), ``overlap_ms`` (of it, while computation ran), ``collectives``, ``bytes``,
+    counted once), ``overlap_ms`` (of it, while computation ran: NaN without the operator or
+    kernel level, which alone show it), ``collectives``, ``bytes``,
     ``late_ms`` (the rank's lateness, as in :func:`stragglers`; NaN with one rank).
     """
     spans = _ranked(_spans(source))
@@ -266,11 +269,15 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
             in_step = comm[(comm["step"] == int(step)) & (comm["start_ns"] < end) & (comm["end_ns"] > start)]
             comm_frame = pd.DataFrame({col.START_NS: np.maximum(in_step["start_ns"].to_numpy(dtype=np.int64), start),
                                        col.END_NS: np.minimum(in_step["end_ns"].to_numpy(dtype=np.int64), end)})
-            busy = compute[(compute[col.START_NS] < end) & (compute[col.END_NS] > start)]
             comm_ns = union_length(comm_frame[col.START_NS].to_numpy(), comm_frame[col.END_NS].to_numpy())
+            if compute is None:
+                overlap_ms = float("nan")
+            else:
+                busy = compute[(compute[col.START_NS] < end) & (compute[col.END_NS] > start)]
+                overlap_ms = _overlap_ns(comm_frame, busy) / 1e6 if comm_ns else 0.0
             rows.append({
                 "rank": rank, "step": int(step), "step_ms": (end - start) / 1e6, "comm_ms": comm_ns / 1e6,
-                "overlap_ms": _overlap_ns(comm_frame, busy) / 1e6 if comm_ns else 0.0,
+                "overlap_ms": overlap_ms,
                 "collectives": len(in_step), "bytes": int(pd.to_numeric(in_step["bytes"]).fillna(0).sum()),
                 "late_ms": float(late.get((rank, int(step)), np.nan)),
             })
@@ -297,7 +304,8 @@ def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
             "rank": int(rank), "steps": len(group), "step_ms": float(group["step_ms"].median()),
             "comm_ms": float(group["comm_ms"].median()),
             "comm_share": float(comm / group["step_ms"].sum()) if group["step_ms"].sum() else 0.0,
-            "overlap_share": float(group["overlap_ms"].sum() / comm) if comm else float("nan"),
+            "overlap_share": (float(group["overlap_ms"].sum() / comm) if comm and group["overlap_ms"].notna().all()
+                              else float("nan")),
             "collectives_per_step": float(group["collectives"].median()),
             "bytes_per_step": float(group["bytes"].median()),
             "late_ms": float(group["late_ms"].median()),

@@ -39,6 +39,9 @@ from xsp.marks import MarkKind
 from xsp.recording import Recording
 
 C10D: Final = "torch.distributed.distributed_c10d"
+SPAWN: Final = "torch.multiprocessing.spawn"
+SPAWN_NOTE: Final = ("processes started by torch.multiprocessing.spawn are not profiled (each is a new interpreter): "
+                     "call xsp.trace() in the function they run, or launch the job with torchrun -m xsp run")
 DISTRIBUTED: Final = "torch.distributed"
 PAYLOAD_ARGUMENT: Final[dict[str, tuple[int, str]]] = {
     # the argument that holds what this rank sends (position, keyword)
@@ -52,6 +55,9 @@ PAYLOAD_ARGUMENT: Final[dict[str, tuple[int, str]]] = {
     "send": (0, "tensor"), "isend": (0, "tensor"), "recv": (0, "tensor"), "irecv": (0, "tensor"),
     "all_reduce_coalesced": (0, "tensors"), "_broadcast_coalesced": (1, "tensors"),
     "barrier": (-1, ""), "monitored_barrier": (-1, ""), "batch_isend_irecv": (-1, ""),
+    # Python objects, pickled into tensors inside: one span each (their inner collectives are not)
+    "all_gather_object": (-1, ""), "broadcast_object_list": (-1, ""), "gather_object": (-1, ""),
+    "scatter_object_list": (-1, ""), "send_object_list": (-1, ""), "recv_object_list": (-1, ""),
 }
 """The collectives recorded."""
 PENDING_LIMIT: Final = 4096
@@ -96,9 +102,11 @@ class Collectives:
 
     def install(self) -> None:
         when_imported(C10D, self._patch)
+        when_imported(SPAWN, self._watch_spawn)
 
     def uninstall(self) -> None:
         forget(C10D, self._patch)
+        forget(SPAWN, self._watch_spawn)
         for owner, name, original, replacement in reversed(self._patched):
             if owner.__dict__.get(name) is replacement:
                 setattr(owner, name, original)
@@ -157,11 +165,28 @@ class Collectives:
                     if work_type is not None and isinstance(result, work_type):
                         attributes[col.ATTR_COLLECTIVE_ASYNC] = True
                         self._remember(result, attributes)
-                    buffer_of().marks.append((MarkKind.COLLECTIVE, start, end, name.lstrip("_"), attributes, error))
+                    buffer = buffer_of()
+                    buffer.marks.append((MarkKind.COLLECTIVE, start, end, name.lstrip("_"), attributes, error))
+                    buffer.steps.piece_ends(end)  # a collective between model calls is part of their step
                 except Exception:  # describing a collective must never break it
                     self.recording.dropped["collectives"] += 1
 
         return collective
+
+    def _watch_spawn(self, module: ModuleType) -> None:
+        """Say once that processes started by ``torch.multiprocessing.spawn`` go unprofiled."""
+        original = module.__dict__.get("start_processes")
+        if original is None:
+            return
+        notes = self.recording.notes
+
+        @functools.wraps(original)
+        def start_processes(*args: Any, **kwargs: Any) -> Any:
+            notes.append(SPAWN_NOTE)
+            return original(*args, **kwargs)
+
+        module.start_processes = start_processes  # type: ignore[attr-defined]
+        self._patched.append((module, "start_processes", original, start_processes))
 
     def _group_facts(self, group: Any, dist: Any) -> tuple[str, int | None, str | None]:
         """(name, size, backend) of ``group`` (None: the default group), asked once per group object."""
@@ -172,6 +197,8 @@ class Collectives:
             size = backend = None
             if dist.is_initialized():
                 size, backend = int(dist.get_world_size(group)), str(dist.get_backend(group))
+                if group is None or group is handle:  # the default group: this process's rank in the job
+                    self.recording.process_group = (int(dist.get_rank()), size, backend)
             facts = self._groups[id(handle)] = (handle, name, size, backend)
         return facts[1], facts[2], facts[3]
 
@@ -221,7 +248,9 @@ class Collectives:
             finally:
                 end = now_ns()
                 waited = {key: value for key, value in attributes.items() if key != col.BYTES}
-                buffer_of().marks.append((MarkKind.COLLECTIVE_WAIT, start, end,
-                                          f"wait {attributes[col.ATTR_COLLECTIVE_OP]}", waited, error))
+                buffer = buffer_of()
+                buffer.marks.append((MarkKind.COLLECTIVE_WAIT, start, end,
+                                     f"wait {attributes[col.ATTR_COLLECTIVE_OP]}", waited, error))
+                buffer.steps.piece_ends(end)
 
         return wait

@@ -23,6 +23,7 @@ from xsp import schema as col
 from xsp.analysis import diff as d
 from xsp.analysis.diff import KeyBy, Verdict
 from xsp.baseline import Summary, is_summary_path, summarize
+from xsp.distributed import rank_path
 from xsp.errors import TraceFormatError
 from xsp.levels import parse_levels
 from xsp.loading import load
@@ -258,8 +259,9 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
 def _one_rank(trace: Trace, name: object) -> Trace:
     """A trace of one process: the steps of several ranks would pool into one sample."""
     if len(trace.ranks) > 1:
+        example = rank_path(name, trace.ranks[0]).name if isinstance(name, (str, os.PathLike)) else "a rank's file"
         raise ValueError(f"{name} holds {len(trace.ranks)} ranks of a distributed job: compare one rank's file "
-                         "(ddp.rank0.xsp.parquet) or trace.for_rank(r)")
+                         f"({example}) or trace.for_rank(r)")
     return trace
 
 

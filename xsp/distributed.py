@@ -13,7 +13,8 @@ set, a Kubernetes PyTorchJob) tells each process its rank through ``RANK``, ``WO
 
 The job id is ``XSP_JOB_ID`` when set, else ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``),
 else the launcher's job (``SLURM_JOB_ID``), else the folder torchrun's agent made for this run
-(the same for the ranks it started on one host), else the rendezvous address.
+(the same for the ranks it started on one host), else the rendezvous address and the parent
+process (the processes ``torch.multiprocessing.spawn`` started together share it).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def job_id(environ: Mapping[str, str] = os.environ) -> str:
         agent = next((part for part in parts if part.startswith("torchelastic_")), None)
         if agent is not None:
             return agent
+    # processes started together (torch.multiprocessing.spawn) share their parent, separate runs do not
     master = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
     if all(master):
-        return f"{master[0]}:{master[1]}"
+        return f"{master[0]}:{master[1]}-{os.getppid()}"
     return f"{socket.gethostname()}-{os.getppid()}"
 
 
@@ -104,10 +106,12 @@ def _process_group() -> tuple[int, int, str | None] | None:
         return None
 
 
-def rank_info(environ: Mapping[str, str] = os.environ) -> RankInfo | None:
-    """This process's rank, from the launcher's variables or an initialised process group;
+def rank_info(environ: Mapping[str, str] = os.environ,
+              seen: tuple[int, int, str | None] | None = None) -> RankInfo | None:
+    """This process's rank, from an initialised process group, else one ``seen`` earlier
+    (``(rank, world size, backend)``: a group destroyed since), else the launcher's variables;
     None when it is not one rank of several."""
-    group = _process_group()
+    group = _process_group() or seen
     rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
     backend = None
     if group is not None:

@@ -51,8 +51,8 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
     if not os.path.lexists(path):
         ranks = rank_files(path)
         if ranks:
-            return _joined(list(ranks.values()))
-    return _one(path)
+            return _joined(list(ranks.values()), newest_job=True)
+    return _noting_missing_ranks(_one(path))
 
 
 def _one(path: PathArg) -> Trace:
@@ -92,14 +92,38 @@ def _with_rank(trace: Trace) -> Trace:
     return trace
 
 
-def _joined(files: list[Path]) -> Trace:
+def _job_of(trace: Trace) -> str | None:
+    job = trace.metadata.get("distributed")
+    return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
+
+
+def _joined(files: list[Path], newest_job: bool = False) -> Trace:
     """Several files as one trace: each keeps its rank (from its spans or metadata), else its
-    position in ``files``; every rank's metadata under ``metadata["ranks"]``."""
+    position in ``files``; every rank's metadata under ``metadata["ranks"]``.
+
+    Files of several distributed jobs are refused, or with ``newest_job`` (the rank files found
+    for one name: an earlier job may have left some) only the newest job's are read, and the
+    others named in ``metadata["ignored_files"]``.
+    """
     if len(files) == 1:
-        return _one(files[0])
+        return _noting_missing_ranks(_one(files[0]))
+    traces = [(file, _one(file)) for file in files]
+    jobs = {_job_of(trace) for _, trace in traces}
+    ignored: list[str] = []
+    if len(jobs) > 1:
+        if not newest_job:
+            raise TraceFormatError(f"the files hold {len(jobs)} different jobs ({', '.join(sorted(map(str, jobs)))}): "
+                                   "load the files of one job at a time")
+        newest = max(traces, key=lambda item: item[0].stat().st_mtime)
+        keep = _job_of(newest[1])
+        ignored = [str(file) for file, trace in traces if _job_of(trace) != keep]
+        traces = [(file, trace) for file, trace in traces if _job_of(trace) == keep]
+        if len(traces) == 1:
+            trace = _noting_missing_ranks(traces[0][1])
+            trace.metadata["ignored_files"] = ignored
+            return trace
     by_rank: dict[int, Trace] = {}
-    for position, file in enumerate(files):
-        trace = _one(file)
+    for position, (file, trace) in enumerate(traces):
         spans = trace.spans
         rank = _rank_of(trace.metadata)
         if rank is None:
@@ -116,5 +140,15 @@ def _joined(files: list[Path]) -> Trace:
     spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
     first = by_rank[ranks[0]].metadata
     metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
-                "files": [by_rank[r].metadata["file"] for r in ranks]}
-    return Trace(spans=spans, metadata=metadata)
+                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored}
+    return _noting_missing_ranks(Trace(spans=spans, metadata=metadata), ranks)
+
+
+def _noting_missing_ranks(trace: Trace, ranks: list[int] | None = None) -> Trace:
+    """``metadata["missing_ranks"]``: the ranks of the job (by its world size) with no file."""
+    job = trace.metadata.get("distributed")
+    world = job.get("world_size") if isinstance(job, dict) and job.get("job_id") is not None else None
+    if isinstance(world, int) and world > 1:  # a job xsp recorded (an imported rank knows no job)
+        present = set(ranks if ranks is not None else [r for r in [_rank_of(trace.metadata)] if r is not None])
+        trace.metadata["missing_ranks"] = sorted(set(range(world)) - present)
+    return trace

@@ -391,6 +391,11 @@ class Recording:
         self.backend: str | None = None
         """The process group backend a recorded collective ran on (``gloo``, ``nccl``): the
         session's metadata keeps it even when the group is destroyed before the session ends."""
+        self.process_group: tuple[int, int, str | None] | None = None
+        """``(rank, world size, backend)`` of the default process group, as a recorded
+        collective saw it (a group set up inside the session and destroyed before its end)."""
+        self.notes: list[str] = []
+        """What a tracer noticed that the user should hear once (the session warns with each)."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:

@@ -34,7 +34,7 @@ from xsp.distributed import (
     run_id,
     session_trace_id,
 )
-from xsp.export.budget import span_budget_from_env
+from xsp.export.budget import span_budget_env_problem, span_budget_from_env
 from xsp.export.otlp import (
     ExportReport,
     OtlpExport,
@@ -146,14 +146,15 @@ class Session:
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None) -> None:
         self.levels = parse_levels(levels)
-        self.dataset = None if dataset is None else Path(dataset)
+        # absolute now: the program may change directory before the file is written
+        self.dataset = None if dataset is None else Path(dataset).absolute()
         self.run_id: str | None = None
         """With ``dataset``: this run's id, its ``run=`` partition."""
         self.span_budget = span_budget_from_env() if span_budget is None else span_budget
         self.calibrate = calibrate
         self._costs: dict[str, Any] | None = None
         self.schedule = schedule_of(schedule)
-        self.output = None if output is None else Path(output)
+        self.output = None if output is None else Path(output).absolute()
         self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
         self.service_name = service_name or default_service_name()
         self.max_events = max_events
@@ -315,7 +316,12 @@ class Session:
         if self.dataset is not None:
             self.run_id = run_id(rank)
             self.output = dataset_path(self.dataset, self.run_id, 0 if rank is None else rank.rank, self.service_name)
-            self.output.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.output.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
+                self._warn(f"cannot write into the dataset {self.dataset} ({exc.strerror or exc}): the trace is not "
+                           "written to a file")
+                self.output = None
         if rank is None:
             return
         self.rank = rank
@@ -328,6 +334,9 @@ class Session:
         """Probe the OTLP endpoint; if it answers, export long steps as they end."""
         if self.target is None or self._recording is None:
             return
+        problem = span_budget_env_problem()
+        if problem is not None and self._arguments.get("span_budget") is None:
+            self._warn(problem)
         unreachable = probe(self.target)
         if unreachable is not None:
             where = f" ({self.output})" if self.output else ""
@@ -512,6 +521,8 @@ class Session:
             col.STATUS_MESSAGE: error,
         }
         last = self._interpret(recording.take_window(final=True), session_row)
+        for note in dict.fromkeys(recording.notes):
+            self._warn(note)
         dropped = recording.dropped + self._interpreted_dropped
         if dropped:
             self._warn("some records were dropped: " + ", ".join(
@@ -543,7 +554,8 @@ class Session:
         if self.rank is not None:
             recorded = None if self._recording is None else self._recording.backend
             self.rank = self.rank.with_backend(current_backend() or recorded)
-        elif self.output is not None and self.dataset is None and (found := rank_info()) is not None:
+        elif self.output is not None and self.dataset is None and (found := rank_info(
+                seen=None if self._recording is None else self._recording.process_group)) is not None:
             # the process group was set up inside the block, without a launcher's variables: the file
             # is still this rank's own (its spans take their rank from the metadata when loaded)
             self.rank = found

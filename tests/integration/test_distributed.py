@@ -55,7 +55,8 @@ def test_every_rank_writes_its_own_file_and_the_program_is_unchanged(tmp_path):
     steps = trace.spans[trace.spans[col.KIND] == "step"]
     assert steps.groupby(col.STEP)[col.RANK].nunique().eq(2).all()
     assert steps.groupby(col.STEP)[col.TRACE_ID].nunique().eq(1).all()
-    assert steps[col.TRACE_ID].nunique() == 6
+    assert steps[col.TRACE_ID].nunique() == steps[col.STEP].nunique()
+    assert (steps[col.NAME] == "train_step").sum() == 2 * 6  # and the accuracy check: an inference step
 
 
 def test_four_ranks_find_the_one_that_sleeps(tmp_path):
@@ -128,3 +129,55 @@ def test_push_sends_every_rank_as_its_own_instance_within_the_budget(monkeypatch
     assert steps and all(per_trace[key] <= 10 for key in steps)
     folded = [s for s in received if "xsp.aggregated.count" in s.attributes]
     assert folded and sum(s.attributes["xsp.aggregated.count"] for s in folded) >= 2 * 2 * 29
+
+
+SPAWNED = """
+import os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import xsp
+
+def work(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    with xsp.trace(levels="model", output="api.xsp.parquet"):  # before the process group exists
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = torch.nn.Linear(4, 4)
+        for _ in range(3):
+            out = model(torch.ones(2, 4)).detach()
+            dist.all_reduce(out)
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    mp.spawn(work, args=(2, port), nprocs=2)
+    print("spawned done")
+"""
+
+
+def test_spawned_ranks_each_write_their_file_and_xsp_run_says_it_does_not_follow_them(tmp_path):
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    result = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "parent.xsp.parquet", "--", str(script)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "spawned done\n"
+    assert "torch.multiprocessing.spawn are not profiled" in result.stderr
+    trace = xsp.load(tmp_path / "api.xsp.parquet")  # the children's own sessions
+    assert trace.ranks == [0, 1]
+    assert {m["distributed"]["backend"] for m in trace.metadata["ranks"].values()} == {"gloo"}
+    assert not (tmp_path / "api.xsp.parquet").exists()
+
+
+def test_a_script_that_changes_directory_keeps_its_trace_where_it_was_asked_for(tmp_path):
+    script = tmp_path / "moves.py"
+    script.write_text("import os, torch\nprint(os.path.isabs(__file__))\nos.chdir(os.sep)\n"
+                      "m = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\n")
+    plain = subprocess.run([sys.executable, "moves.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "here.xsp.parquet", "--", "moves.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == plain.stdout == "True\n"
+    assert (tmp_path / "here.xsp.parquet").is_file()
+    assert "-> here.xsp.parquet" in result.stderr
+    assert not list(tmp_path.glob(".here.xsp.parquet.xsp-segments.*"))

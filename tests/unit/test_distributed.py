@@ -4,6 +4,7 @@ recorded from Python, and the cross-rank analyses on constructed collectives."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -52,7 +53,8 @@ def test_job_id_prefers_the_users_then_the_launchers():
     agent = "/tmp/torchelastic_ab12cd/none_xyz/attempt_0/1/error.json"
     assert job_id({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_ERROR_FILE": agent}) == "torchelastic_ab12cd"
     assert job_id({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2"}) == "slurm-77.2"
-    assert job_id({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}) == "node1:29500"
+    # processes spawned together share their parent; another run has another parent
+    assert job_id({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}) == f"node1:29500-{os.getppid()}"
 
 
 def test_rank_files_sit_beside_the_given_name(tmp_path):
@@ -258,8 +260,20 @@ def test_communication_per_rank_counts_waiting_inside_collectives():
     assert waiting.loc[0, "comm_ms"] == pytest.approx(40.0)
     assert waiting.loc[2, "comm_ms"] == pytest.approx(10.0)
     assert waiting.loc[2, "late_ms"] == pytest.approx(30.0) and waiting.loc[0, "late_ms"] == pytest.approx(0.0)
-    # the model call (0-40 ms) never overlaps the collectives (from 50 ms)
-    assert (per_rank["overlap_share"] == 0).all()
+    # a model-level forward span holds its collectives: it cannot tell overlap
+    assert per_rank["overlap_share"].isna().all()
+
+
+def test_overlap_is_communication_time_while_operators_ran():
+    table = job_table(late_rank=2, delay_ms=30.0, ranks=4, steps=1)
+    base = 1_000_000_000_000
+    operator = {col.LEVEL: "operator", col.KIND: "operator", col.NAME: "aten::mm", col.STEP: 0, col.RANK: 0,
+                col.SPAN_ID: 99_999, col.PARENT_ID: 1, col.THREAD_ID: 2,
+                col.START_NS: base + 70_000_000, col.END_NS: base + 95_000_000, col.DURATION_NS: 25_000_000}
+    with_ops = conform(pd.concat([table, pd.DataFrame([operator])], ignore_index=True))
+    per_rank = analysis.communication(with_ops).set_index("rank")
+    # rank 0 communicates 50-85 and 90-95 ms (40 ms); aten::mm runs 70-95: 15 + 5 ms of it overlap
+    assert per_rank.loc[0, "overlap_share"] == pytest.approx(20 / 40)
 
 
 def test_ranks_on_other_hosts_are_put_on_one_clock_by_their_collectives_ends():
@@ -323,3 +337,26 @@ def test_two_ranks_are_compared_as_two_traces_and_a_job_is_not_one_sample(monkey
     assert len(xsp.diff(job.for_rank(0), job.for_rank(1), by="name").table) == len(result.table)
     with pytest.raises(ValueError, match="holds 2 ranks"):
         xsp.diff(output, tmp_path / "ddp.rank1.xsp.parquet")
+
+
+def test_rank_files_of_an_earlier_job_are_left_out_and_a_missing_rank_is_named(monkeypatch, tmp_path):
+    import os as _os
+    import time as _time
+
+    output = tmp_path / "job.xsp.parquet"
+    for rank in (0, 1, 2):
+        record_rank(monkeypatch, output, rank, world=3, job="first")
+    _time.sleep(0.05)
+    for rank in (0, 1):
+        record_rank(monkeypatch, output, rank, world=2, job="second")
+    _os.utime(tmp_path / "job.rank2.xsp.parquet", (1, 1))  # the older job's leftover
+    trace = xsp.load(output)
+    assert trace.ranks == [0, 1] and trace.metadata["distributed"]["job_id"] == "second"
+    assert trace.metadata["ignored_files"] == [str(tmp_path / "job.rank2.xsp.parquet")]
+    assert trace.metadata["missing_ranks"] == []
+    with pytest.raises(TraceFormatError, match="2 different jobs"):
+        xsp.load(sorted(tmp_path.glob("job.rank*.xsp.parquet")))
+    (tmp_path / "job.rank2.xsp.parquet").unlink()
+    (tmp_path / "job.rank1.xsp.parquet").unlink()
+    alone = xsp.load(output)
+    assert alone.ranks == [0] and alone.metadata["missing_ranks"] == [1]

@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
                     "headers, timeout, compression and certificates from the other OTEL_* variables.")
     parser.add_argument("file", help="a .xsp.parquet trace, or a PyTorch profiler trace (.json, .json.gz)")
     parser.add_argument("--otlp", metavar="URL", default=None, help="collector endpoint, e.g. http://localhost:4317")
-    parser.add_argument("--otlp-protocol", choices=["grpc", "http/protobuf"], default=None,
+    parser.add_argument("--otlp-protocol", choices=["grpc", "http/protobuf", "http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None,
                         help="OTel service.name (default: the one recorded in the trace)")

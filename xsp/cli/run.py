@@ -27,7 +27,7 @@ def register(commands: Any) -> None:
         usage="xsp run [options] -- SCRIPT [ARGS...]")
     parser.add_argument("--levels", default="model,layer",
                         help="levels to record, comma separated (default: model,layer)")
-    parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
+    parser.add_argument("-o", "--output", default=None,
                         help=f"trace file to write (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--dataset", metavar="DIR", default=None,
                         help="write the trace into this folder of runs instead, as "
@@ -150,8 +150,8 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     status = 0
     failure: BaseException | None = None
     try:
-        with session:
-            runpy.run_path(str(script), run_name="__main__")
+        with session:  # by its absolute path, as python runs a script (its __file__, its tracebacks)
+            runpy.run_path(os.path.abspath(script), run_name="__main__")
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except BaseException as error:  # the script's own failure: report it like python does
@@ -177,22 +177,30 @@ def run(options: argparse.Namespace) -> int:
     if options.dataset:
         if options.leveled:
             raise CliError("--dataset and --leveled cannot be combined (a leveled run writes one merged file: -o)")
+        if options.output:
+            raise CliError("give -o FILE or --dataset DIR, not both (--dataset names the file itself)")
+        if Path(options.dataset).exists() and not Path(options.dataset).is_dir():
+            raise CliError(f"--dataset {options.dataset} is a file, not a folder")
         try:
             Path(options.dataset).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CliError(f"cannot write into {options.dataset}: {exc.strerror or exc}") from None
+            raise CliError(f"cannot make the folder {options.dataset}: {exc.strerror or exc}") from None
         check_writable(Path(options.dataset) / "probe.xsp.parquet")
+    elif options.output is None:
+        options.output = DEFAULT_OUTPUT
+        check_writable(options.output)
     elif options.output:
         check_writable(options.output)  # fail before the script runs, not after
     if options.leveled:
         return _run_leveled(options, script, script_args)
+    started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
                           span_budget=options.span_budget, dataset=options.dataset)
         status = _run_script(script, script_args, session)
-        status = _summarise(session, script, options, status)
+        status = _summarise(session, script, options, status, started_in)
     return status
 
 
@@ -288,14 +296,21 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     return 0
 
 
-def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int) -> int:
+def _shown(path: Path, started_in: str) -> str:
+    """``path`` as the user gave it: relative to where xsp started, unless it lies elsewhere."""
+    relative = os.path.relpath(path, started_in)
+    return str(path) if relative.startswith(os.pardir) else relative
+
+
+def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int, started_in: str) -> int:
     trace = session.trace
     out = error_console()
     if trace is None:
         return status or 1
     predicts = int((trace.spans[col.KIND] == SpanKind.PREDICT.value).sum())
     steps = len(trace.steps)
-    where = f" -> {session.output}" if session.output is not None and session.write_error is None else ""
+    where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
+             else "")
     if session.write_error is not None:
         status = status or 2  # the file was the point of the run
     out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)

@@ -9,6 +9,7 @@ from typing import Any
 
 from xsp.baseline import summarize
 from xsp.cli._common import CliError, check_output, error_console
+from xsp.distributed import rank_path
 from xsp.levels import parse_levels
 from xsp.loading import load
 
@@ -42,6 +43,9 @@ def run(options: argparse.Namespace) -> int:
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")
     trace = load(options.file)
+    if len(trace.ranks) > 1:
+        raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
+                       f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
     summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
                         source=Path(options.file).name)

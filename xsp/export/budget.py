@@ -46,11 +46,21 @@ _ROOT_RANK: Final = Level.INPUT.rank
 
 def span_budget_from_env(default: int = DEFAULT_SPAN_BUDGET) -> int:
     """``XSP_SPAN_BUDGET`` when set to a whole number (0: no budget), else ``default``."""
+    return default if span_budget_env_problem() else int(os.environ.get(SPAN_BUDGET_ENV, "").strip() or default)
+
+
+def span_budget_env_problem() -> str | None:
+    """Why ``XSP_SPAN_BUDGET`` cannot be used, if it is set to something other than a whole number >= 0."""
     text = os.environ.get(SPAN_BUDGET_ENV, "").strip()
+    if not text:
+        return None
     try:
-        return max(int(text), 0) if text else default
+        value = int(text)
     except ValueError:
-        return default
+        value = -1
+    if value < 0:
+        return f"{SPAN_BUDGET_ENV}={text!r} is not a whole number of spans (0: no limit); {DEFAULT_SPAN_BUDGET} is used"
+    return None
 
 
 @dataclass

@@ -392,7 +392,9 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
     default the first)."""
     ranks_part = ranks_section(trace)
     if len(trace.ranks) > 1:
-        trace = trace.for_rank(trace.ranks[0] if rank is None else rank)
+        chosen = trace.ranks[0] if rank is None else rank
+        trace = trace.for_rank(chosen)
+        ranks_part += _note(f"The sections below show rank {chosen} (xsp report --rank N for another).")
     meta = trace.metadata
     sections = [
         ("Summary", summary_section(trace)),

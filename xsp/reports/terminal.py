@@ -350,6 +350,12 @@ def _ranks_section(trace: Trace, console: Console) -> None:
     """A distributed job: each rank's step latency, communication and lateness, and the steps'
     stragglers. With one rank, its communication only (when it made collectives)."""
     ranks = trace.ranks
+    missing, ignored = trace.metadata.get("missing_ranks") or [], trace.metadata.get("ignored_files") or []
+    if missing:
+        listed = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
+    if ignored:
+        _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
     communication = analysis.communication(trace)
     if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
         return
@@ -363,15 +369,24 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
         ("late_ms", "late ms", number())])
     stragglers = analysis.stragglers(trace)
+    stragglers = stragglers[stragglers["step"] >= 0]
     if not stragglers.empty:
-        counts = stragglers[stragglers["step"] >= 0]["straggler"].value_counts()
-        if len(counts):
-            _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
-                          f"{int(counts.sum())} steps (late ms: the time the other ranks waited for it)")
+        counts = stragglers["straggler"].value_counts()
+        _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
+                      f"{int(counts.sum())} steps (late ms: the time the other ranks waited for it)")
+        if (stragglers["entry"] == "python").all() and _uses_ddp(trace):
+            _say(console, "DDP's gradient all-reduces are issued by its C++ reducer and are not seen at these "
+                          "levels, so the latest rank may be misjudged: record the operator level too "
+                          "(--levels model,layer,operator)", "yellow")
         worst = stragglers.sort_values("late_ms", ascending=False).head(STEPS_SHOWN)
         _show(console, worst.sort_values("step"), "Stragglers: the latest rank per step (worst steps)", [
             ("step", "step", number(0)), ("straggler", "rank", number(0)), ("late_ms", "late ms", number()),
             ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
+
+
+def _uses_ddp(trace: Trace) -> bool:
+    spans = trace.spans
+    return bool((spans[col.MODULE_TYPE] == "DistributedDataParallel").any())
 
 
 def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None) -> None:
