@@ -6,11 +6,13 @@ import argparse
 import enum
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.cli._common import CliError, check_output, console
-from xsp.diff import Diff, diff
 from xsp.fileio import write_text_output
+
+if TYPE_CHECKING:
+    from xsp.diff import Diff
 
 
 class FailOn(str, enum.Enum):
@@ -68,6 +70,8 @@ def run(options: argparse.Namespace) -> int:
             check_output(options.output, source)
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")
+    from xsp.diff import diff  # scipy and the analyses, only for this command
+
     result = diff(options.base, options.new, by=options.by, levels=options.levels,
                   threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),
                   alpha=options.alpha, steps=slice(options.skip_steps, None) if options.skip_steps else None,

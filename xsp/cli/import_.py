@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from xsp.analysis.kineto import is_kineto_path, load_kineto
 from xsp.cli._common import CliError, check_output, error_console
 from xsp.schema import FILE_SUFFIX
 
@@ -23,6 +22,8 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
+    from xsp.analysis.kineto import is_kineto_path, load_kineto  # the importer, only for this command
+
     if not is_kineto_path(source):
         raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")
     output = source.with_name(source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output

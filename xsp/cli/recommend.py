@@ -6,10 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from xsp.analysis.recommend import recommend
 from xsp.cli._common import console
 from xsp.loading import load
-from xsp.reports.advice import recommendation_lines, recommendation_records
 
 
 def register(commands: Any) -> None:
@@ -25,6 +23,9 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.analysis.recommend import recommend  # the analyses, only for this command
+    from xsp.reports.advice import recommendation_lines, recommendation_records
+
     table = recommend(load(options.file))
     out = console()
     if options.format == "json":

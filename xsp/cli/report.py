@@ -7,7 +7,6 @@ from typing import Any
 
 from xsp.cli._common import CliError, check_output, console, error_console
 from xsp.loading import load
-from xsp.reports.terminal import render_report
 
 
 def register(commands: Any) -> None:
@@ -34,6 +33,8 @@ def run(options: argparse.Namespace) -> int:
     if options.rank is not None and options.rank not in trace.ranks:
         raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
                        f"{', '.join(map(str, trace.ranks)) or 'none, it is one process'})")
+    from xsp.reports.terminal import render_report  # the analyses, only for this command
+
     render_report(trace, console(), top=options.top, rank=options.rank)
     if options.html:
         from xsp.reports.html import write_html

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xsp.baseline import summarize
 from xsp.cli._common import CliError, check_output, error_console
 from xsp.distributed import rank_path
 from xsp.levels import parse_levels
@@ -47,6 +46,8 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
                        f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
+    from xsp.baseline import summarize  # the analyses, only for this command
+
     summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
                         source=Path(options.file).name)
     written = summary.save(output)
