@@ -37,6 +37,9 @@ from xsp.tree import union_length
 BACKEND_WORK: Final = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)")
 ENQUEUE: Final = re.compile(r"^c10d::(\w+?)_?$")
 NCCL_KERNEL: Final = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+STRAGGLER_MIN_NS: Final = 50_000
+"""A step's latest rank is only called a straggler when it was at least this late (50 µs): ranks
+that a previous collective just synchronised enter the next within microseconds of each other."""
 COLLECTIVE_COLUMNS: Final = ["rank", "step", "source", "op", "name", "thread_id", "start_ns", "end_ns",
                              "duration_ns", "bytes"]
 _ENQUEUED_AS: Final = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -196,7 +199,8 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     absorbed by the first collective after it, so the sum counts it once).
 
     Columns: ``step`` (-1: collectives outside every step), ``collectives`` (matched on every
-    rank), ``straggler`` (the latest rank), ``late_ms`` (its lateness), ``next_late_ms`` (the
+    rank), ``straggler`` (the latest rank; NA when it was less than 50 µs late: no straggler),
+    ``late_ms`` (its lateness), ``next_late_ms`` (the
     next latest rank's: a straggler stands out when this is small), ``ranks``, ``entry`` (what
     entering a collective was read from: ``enqueue`` with the operator level, else ``python``,
     which misses DDP's gradient all-reduces).
@@ -211,10 +215,14 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     rows = []
     for step, group in per_rank.groupby("step"):
         ordered = group.sort_values("sum", ascending=False, kind="stable")
+        late_ns = float(ordered["sum"].iloc[0])
         rows.append({"step": int(step), "collectives": int(group["size"].min()),
-                     "straggler": int(ordered["rank"].iloc[0]), "late_ms": float(ordered["sum"].iloc[0]) / 1e6,
+                     "straggler": int(ordered["rank"].iloc[0]) if late_ns >= STRAGGLER_MIN_NS else pd.NA,
+                     "late_ms": late_ns / 1e6,
                      "next_late_ms": float(ordered["sum"].iloc[1]) / 1e6, "ranks": len(group), "entry": entry})
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows, columns=columns)
+    table["straggler"] = table["straggler"].astype("Int64")
+    return table
 
 
 def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFrame | None:

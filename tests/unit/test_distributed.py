@@ -360,3 +360,8 @@ def test_rank_files_of_an_earlier_job_are_left_out_and_a_missing_rank_is_named(m
     (tmp_path / "job.rank1.xsp.parquet").unlink()
     alone = xsp.load(output)
     assert alone.ranks == [0] and alone.metadata["missing_ranks"] == [1]
+
+
+def test_ranks_that_enter_together_have_no_straggler():
+    table = analysis.stragglers(job_table(late_rank=-1, delay_ms=0.0, ranks=3))
+    assert table["straggler"].isna().all() and (table["late_ms"] == 0).all()

@@ -394,11 +394,12 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
     if len(trace.ranks) > 1:
         chosen = trace.ranks[0] if rank is None else rank
         trace = trace.for_rank(chosen)
-        ranks_part += _note(f"The sections below show rank {chosen} (xsp report --rank N for another).")
+        ranks_part += _note(f"The sections below show rank {chosen} (xsp report --rank N for another), and so does the "
+                            "line above.")
     meta = trace.metadata
     sections = [
-        ("Summary", summary_section(trace)),
         ("Ranks and communication", ranks_part),
+        ("Summary", summary_section(trace)),
         ("Recommendations", recommendations_section(trace)),
         ("Where a step's time goes", icicle_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),

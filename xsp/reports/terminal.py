@@ -371,9 +371,12 @@ def _ranks_section(trace: Trace, console: Console) -> None:
     stragglers = analysis.stragglers(trace)
     stragglers = stragglers[stragglers["step"] >= 0]
     if not stragglers.empty:
-        counts = stragglers["straggler"].value_counts()
-        _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
-                      f"{int(counts.sum())} steps (late ms: the time the other ranks waited for it)")
+        counts = stragglers["straggler"].dropna().value_counts()
+        if len(counts):
+            _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
+                          f"{len(stragglers)} steps (late ms: the time the other ranks waited for it)")
+        else:
+            _say(console, f"No rank held the others up in any of {len(stragglers)} steps (none was 50 µs late)")
         if (stragglers["entry"] == "python").all() and _uses_ddp(trace):
             _say(console, "DDP's gradient all-reduces are issued by its C++ reducer and are not seen at these "
                           "levels, so the latest rank may be misjudged: record the operator level too "
