@@ -28,10 +28,13 @@ Two things are matched up with markers the tracer records through the profiler i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -49,8 +52,49 @@ MEMORY_EVENT = "[memory]"
 MEMORY_NAMES = {False: {True: "alloc", False: "free"}, True: {True: "cuda alloc", False: "cuda free"}}
 _THREAD = re.compile(re.escape(THREAD_MARKER) + r"(\d+)$")
 
+KINETO_CHATTER = b"USDT:"
+"""What libkineto prints on stderr when the profiler starts and stops (``USDT:... profiler_start``)."""
+
 _active = threading.Event()
 """Set while xsp's own CPU-only profiler runs (so the CUDA levels know it is not a rival)."""
+
+
+@contextlib.contextmanager
+def without_kineto_chatter() -> Iterator[None]:
+    """Keep libkineto's start and stop lines off the program's stderr: while the profiler starts
+    or stops, file descriptor 2 is a pipe, drained by a thread, and everything else written to it
+    meanwhile is passed on to the real stderr afterwards, in order."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        read_end, write_end = os.pipe()
+    except (OSError, ValueError, AttributeError):  # no fd 2 to speak of: nothing to keep clean
+        yield
+        return
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while chunk := os.read(read_end, 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, name="xsp-stderr", daemon=True)
+    reader.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer is gone: the reader sees its end
+        os.close(saved)
+        reader.join(5.0)
+        if not reader.is_alive():
+            os.close(read_end)
+        kept = [line for line in b"".join(chunks).splitlines(keepends=True) if not line.startswith(KINETO_CHATTER)]
+        if kept:
+            with contextlib.suppress(OSError):
+                os.write(2, b"".join(kept))
 
 
 def own_profiler_active() -> bool:
@@ -211,7 +255,8 @@ class OperatorTracer:
         except (ImportError, TypeError):  # older torch: the session's threads only
             pass
         profiler = profile(**options)
-        profiler.start()
+        with without_kineto_chatter():
+            profiler.start()
         _active.set()
         self._profiler, self._recording = profiler, recording
         mark_thread()
@@ -225,7 +270,8 @@ class OperatorTracer:
         if profiler is None:
             return
         try:
-            profiler.stop()
+            with without_kineto_chatter():
+                profiler.stop()
             self._events = list(profiler.profiler.kineto_results.events())
         finally:
             _active.clear()

@@ -215,3 +215,14 @@ def test_run_leveled_refuses_otlp_and_a_negative_warmup(tiny, tmp_path, capsys, 
     assert "--rounds must be 1 or more" in capsys.readouterr().err
     assert main(["run", "--leveled", "--warmup", "3", "--", str(tiny), "2"]) == 2  # nothing left after warm-up
     assert "made no steps after the 3 warm-up steps" in capsys.readouterr().err
+
+
+def test_the_operator_level_keeps_the_profilers_chatter_off_the_scripts_stderr(tmp_path):
+    script = tmp_path / "talks.py"
+    script.write_text("import sys, torch\nprint('before', file=sys.stderr)\nm = torch.nn.Linear(2, 2)\n"
+                      "m(torch.ones(1, 2))\nprint('after', file=sys.stderr)\n")
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    profiled = xsp_cli("run", "--levels", "model,layer,operator", "--", str(script), cwd=tmp_path)
+    assert profiled.returncode == 0, profiled.stderr
+    own = [line for line in profiled.stderr.splitlines() if not line.startswith(("xsp: ", "warning: "))]
+    assert own == plain.stderr.splitlines() == ["before", "after"]
