@@ -239,11 +239,15 @@ def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFra
     return None
 
 
-def _overlap_ns(a: pd.DataFrame, b: pd.DataFrame) -> int:
-    a_starts, a_ends = a[col.START_NS].to_numpy(dtype=np.int64), a[col.END_NS].to_numpy(dtype=np.int64)
-    b_starts, b_ends = b[col.START_NS].to_numpy(dtype=np.int64), b[col.END_NS].to_numpy(dtype=np.int64)
-    both = union_length(np.concatenate([a_starts, b_starts]), np.concatenate([a_ends, b_ends]))
-    return union_length(a_starts, a_ends) + union_length(b_starts, b_ends) - both
+def _by_step(steps: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+             weights: np.ndarray | None = None) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Intervals (and a weight each) grouped by their step: one pass, not one scan per step."""
+    weights = np.zeros(len(steps)) if weights is None else weights
+    order = np.argsort(steps, kind="stable")
+    keys, first = np.unique(steps[order], return_index=True)
+    bounds = list(first[1:]) + [len(order)]
+    return {int(key): (starts[order[a:b]], ends[order[a:b]], weights[order[a:b]])
+            for key, a, b in zip(keys.tolist(), first.tolist(), bounds)}
 
 
 def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -261,6 +265,7 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     entries = _entries(spans)
     several = not entries.empty and entries["rank"].nunique() > 1
     late = (entries.groupby(["rank", "step"])["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
+    lateness = {(int(r), int(s)): float(v) for (r, s), v in late.items()}
     names = spans[col.NAME].astype(str)
     comm_names = names.str.match(BACKEND_WORK.pattern) | names.str.match(ENQUEUE.pattern) | names.str.match(
         NCCL_KERNEL.pattern) | (spans[col.KIND].astype(str) == SpanKind.COLLECTIVE.value)
@@ -270,24 +275,33 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
         on_rank = (spans[col.RANK] == rank).to_numpy()
         rank_spans, rank_comm = spans[on_rank], comm_names[on_rank]
         compute = _compute_intervals(rank_spans, rank_comm)
+        busy_by_step = None if compute is None else _by_step(
+            compute[col.STEP].fillna(-1).to_numpy(dtype=np.int64), compute[col.START_NS].to_numpy(dtype=np.int64),
+            compute[col.END_NS].to_numpy(dtype=np.int64))
         comm = table[(table["rank"] == rank) & (table["source"] == timing)] if timing else table.iloc[:0]
+        comm_by_step = _by_step(comm["step"].to_numpy(dtype=np.int64), comm["start_ns"].to_numpy(dtype=np.int64),
+                                comm["end_ns"].to_numpy(dtype=np.int64), comm["bytes"].fillna(0).to_numpy(
+                                    dtype=np.float64))
+        empty = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros(0),)
         rank_roots = roots[(roots[col.RANK] == rank).to_numpy()]
-        for step, root in rank_roots.groupby(col.STEP):
-            start, end = int(root[col.START_NS].min()), int(root[col.END_NS].max())
-            in_step = comm[(comm["step"] == int(step)) & (comm["start_ns"] < end) & (comm["end_ns"] > start)]
-            comm_frame = pd.DataFrame({col.START_NS: np.maximum(in_step["start_ns"].to_numpy(dtype=np.int64), start),
-                                       col.END_NS: np.minimum(in_step["end_ns"].to_numpy(dtype=np.int64), end)})
-            comm_ns = union_length(comm_frame[col.START_NS].to_numpy(), comm_frame[col.END_NS].to_numpy())
-            if compute is None:
+        bounds = rank_roots.groupby(col.STEP).agg(start=(col.START_NS, "min"), end=(col.END_NS, "max"))
+        for step, start, end in zip(bounds.index.tolist(), bounds["start"].tolist(), bounds["end"].tolist()):
+            comm_starts, comm_ends, payload = comm_by_step.get(int(step), empty)
+            inside = (comm_starts < end) & (comm_ends > start)
+            comm_starts, comm_ends = np.maximum(comm_starts[inside], start), np.minimum(comm_ends[inside], end)
+            comm_ns = union_length(comm_starts, comm_ends)
+            if busy_by_step is None:
                 overlap_ms = float("nan")
+            elif comm_ns:
+                busy_starts, busy_ends, _ = busy_by_step.get(int(step), empty)
+                both = union_length(np.concatenate([comm_starts, busy_starts]), np.concatenate([comm_ends, busy_ends]))
+                overlap_ms = (comm_ns + union_length(busy_starts, busy_ends) - both) / 1e6
             else:
-                busy = compute[(compute[col.START_NS] < end) & (compute[col.END_NS] > start)]
-                overlap_ms = _overlap_ns(comm_frame, busy) / 1e6 if comm_ns else 0.0
+                overlap_ms = 0.0
             rows.append({
                 "rank": rank, "step": int(step), "step_ms": (end - start) / 1e6, "comm_ms": comm_ns / 1e6,
-                "overlap_ms": overlap_ms,
-                "collectives": len(in_step), "bytes": int(pd.to_numeric(in_step["bytes"]).fillna(0).sum()),
-                "late_ms": float(late.get((rank, int(step)), np.nan)),
+                "overlap_ms": overlap_ms, "collectives": int(inside.sum()), "bytes": int(payload[inside].sum()),
+                "late_ms": lateness.get((rank, int(step)), float("nan")),
             })
     return pd.DataFrame(rows, columns=["rank", "step", "step_ms", "comm_ms", "overlap_ms", "collectives", "bytes",
                                        "late_ms"])

@@ -232,7 +232,7 @@ class Collectives:
 
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "depth", 0):  # a synchronous collective waiting for itself
+            if dynamo_compiling() or getattr(local, "depth", 0):  # traced, or a synchronous collective's own wait
                 return original(work, *args, **kwargs)
             with self._pending_lock:
                 attributes = self._pending.pop(id(work), None)
