@@ -150,18 +150,25 @@ def _occurrences(table: pd.DataFrame) -> pd.DataFrame:
     return ordered.assign(k=ordered.groupby(["rank", "step", "op"]).cumcount().to_numpy())
 
 
+def _metadata(source: Trace | pd.DataFrame) -> dict[str, Any]:
+    return source.metadata if isinstance(source, Trace) else {}
+
+
 def clock_offsets(source: Trace | pd.DataFrame, metadata: dict[str, Any] | None = None) -> dict[int, int]:
     """Nanoseconds to subtract from each rank's times to put it on rank 0's clock.
 
     Zero for ranks on one host (they share its clock). Across hosts, the median difference of
     the ends of the same blocking collectives (which end together on every rank).
     """
-    table = collectives(source)
+    return _offsets(collectives(source), metadata if metadata is not None else _metadata(source))
+
+
+def _offsets(table: pd.DataFrame, metadata: dict[str, Any]) -> dict[int, int]:
+    """:func:`clock_offsets` of a :func:`collectives` table."""
     if table.empty:
         return {}
     ranks = sorted(int(r) for r in table["rank"].unique())
-    meta = metadata if metadata is not None else (source.metadata if isinstance(source, Trace) else {})
-    hosts = {str(v.get("host")) for v in meta.get("ranks", {}).values()} if meta.get("ranks") else set()
+    hosts = {str(v.get("host")) for v in metadata.get("ranks", {}).values()} if metadata.get("ranks") else set()
     if len(hosts) <= 1:
         return dict.fromkeys(ranks, 0)
     timing = _occurrences(table[table["source"] == _timing_source(table)])
@@ -175,13 +182,12 @@ def clock_offsets(source: Trace | pd.DataFrame, metadata: dict[str, Any] | None 
     return offsets
 
 
-def _entries(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """Each collective's entry on each rank, on a common clock, with its lateness: how much
-    later than the first rank this rank entered it."""
-    table = collectives(source)
+def _entries(table: pd.DataFrame, metadata: dict[str, Any]) -> pd.DataFrame:
+    """Each collective of a :func:`collectives` table entered on each rank, on a common clock,
+    with its lateness: how much later than the first rank this rank entered it."""
     if table.empty:
         return table.assign(k=pd.Series(dtype="int64"), late_ns=pd.Series(dtype="int64"))
-    offsets = clock_offsets(source)
+    offsets = _offsets(table, metadata)
     entries = _occurrences(table[table["source"] == _entry_source(table)])
     entries = entries.assign(start_ns=entries["start_ns"] - entries["rank"].map(offsets).fillna(0).astype("int64"))
     ranks = entries["rank"].nunique()
@@ -207,7 +213,7 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Empty for a trace of one rank.
     """
     columns = ["step", "collectives", "straggler", "late_ms", "next_late_ms", "ranks", "entry"]
-    entries = _entries(source)
+    entries = _entries(collectives(source), _metadata(source))
     if entries.empty or entries["rank"].nunique() < 2:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
     per_rank = entries.groupby(["step", "rank"])["late_ns"].agg(["sum", "size"]).reset_index()
@@ -262,7 +268,7 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     spans = _ranked(_spans(source))
     table = collectives(spans)
     timing = _timing_source(table) if not table.empty else None
-    entries = _entries(spans)
+    entries = _entries(table, _metadata(source))  # the trace's metadata says which host each rank ran on
     several = not entries.empty and entries["rank"].nunique() > 1
     late = (entries.groupby(["rank", "step"])["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
     lateness = {(int(r), int(s)): float(v) for (r, s), v in late.items()}

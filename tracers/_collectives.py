@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Final
 
 import torch
-from xsp.tracers._module_calls import dynamo_compiling, error_text
+from xsp.tracers._module_calls import _top_tensors, dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
 from xsp import schema as col
@@ -64,21 +64,13 @@ PENDING_LIMIT: Final = 4096
 """Asynchronous handles remembered until waited for (older ones are forgotten)."""
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, torch.Tensor)]
-    return []
-
-
 def payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors this rank sends (or, for a receive, receives) in collective ``name``."""
     position, keyword = PAYLOAD_ARGUMENT.get(name, (-1, ""))
     if position < 0:
         return []
     value = kwargs.get(keyword) if keyword in kwargs else args[position] if len(args) > position else None
-    return _tensors(value)
+    return list(_top_tensors(value))
 
 
 def _group_of(args: tuple[Any, ...], kwargs: dict[str, Any], group_type: Any) -> Any:

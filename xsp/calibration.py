@@ -114,24 +114,24 @@ def calibrate(levels: Sequence[Level]) -> dict[Level, LevelCost]:
                                            else 0.0, max(traced - call_ns, 0.0), len(predicts),
                                            nested_ns=max((fan_traced - plain_fan - (traced - call_ns)) / CHILDREN, 0.0))
         if Level.LAYER in levels:
-            model_only = _median([_traced(("model",), lambda: fan(x))[0] for _ in range(REPEATS)])
-            timings = [_traced(("model", "layer"), lambda: fan(x)) for _ in range(REPEATS)]
-            layered = _median([t for t, _ in timings])
-            durations = [d for _, trace in timings for d in _durations_ns(trace, Level.LAYER)]
-            found[Level.LAYER] = LevelCost(Level.LAYER.value, max(_median(durations) - call_ns, 0.0)
-                                           if durations else 0.0, max((layered - model_only) / CHILDREN, 0.0),
-                                           len(durations))
+            found[Level.LAYER] = _nested_cost(Level.LAYER, lambda: fan(x), call_ns)
         if Level.OPERATOR in levels:
             ops = _Fan(operator=True)
             plain_op = _median([_per_call_ns(lambda: torch.neg(x), CALLS * CHILDREN) for _ in range(REPEATS)])
-            without = _median([_traced(("model",), lambda: ops(x))[0] for _ in range(REPEATS)])
-            timings = [_traced(("model", "operator"), lambda: ops(x)) for _ in range(REPEATS)]
-            with_ops = _median([t for t, _ in timings])
-            durations = [d for _, trace in timings for d in _durations_ns(trace, Level.OPERATOR)]
-            found[Level.OPERATOR] = LevelCost(Level.OPERATOR.value, max(_median(durations) - plain_op, 0.0)
-                                              if durations else 0.0, max((with_ops - without) / CHILDREN, 0.0),
-                                              len(durations))
+            found[Level.OPERATOR] = _nested_cost(Level.OPERATOR, lambda: ops(x), plain_op)
     return found
+
+
+def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: float) -> LevelCost:
+    """The cost of ``level``'s spans around the ``CHILDREN`` calls inside ``work``: what each span
+    measures beyond the untraced call (``untraced_ns``), and what it adds to the model call
+    around them (the model-only run against the run with ``level`` too, per child)."""
+    model_only = _median([_traced(("model",), work)[0] for _ in range(REPEATS)])
+    timings = [_traced(("model", level.value), work) for _ in range(REPEATS)]
+    traced = _median([t for t, _ in timings])
+    durations = [d for _, trace in timings for d in _durations_ns(trace, level)]
+    return LevelCost(level.value, max(_median(durations) - untraced_ns, 0.0) if durations else 0.0,
+                     max((traced - model_only) / CHILDREN, 0.0), len(durations))
 
 
 def _model_calls(found: Any) -> list[float]:

@@ -19,6 +19,7 @@ process (the processes ``torch.multiprocessing.spawn`` started together share it
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -152,7 +153,7 @@ def rank_files(path: str | os.PathLike[str]) -> dict[int, Path]:
     stem, suffix = _split(target)
     found: dict[int, Path] = {}
     try:
-        candidates = list(target.parent.glob(f"{glob_escape(stem)}{RANK_INFIX}*{glob_escape(suffix)}"))
+        candidates = list(target.parent.glob(f"{glob.escape(stem)}{RANK_INFIX}*{glob.escape(suffix)}"))
     except OSError:
         return {}
     for candidate in candidates:
@@ -161,10 +162,6 @@ def rank_files(path: str | os.PathLike[str]) -> dict[int, Path]:
         if match and match["stem"] == stem and candidate_suffix == suffix and candidate.is_file():
             found[int(match["rank"])] = candidate
     return dict(sorted(found.items()))
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _hex_id(*parts: str, digits: int) -> str:

@@ -186,11 +186,11 @@ def run(options: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot make the folder {options.dataset}: {exc.strerror or exc}") from None
         check_writable(Path(options.dataset) / "probe.xsp.parquet")
-    elif options.output is None:
-        options.output = DEFAULT_OUTPUT
-        check_writable(options.output)
-    elif options.output:
-        check_writable(options.output)  # fail before the script runs, not after
+    else:
+        if options.output is None:
+            options.output = DEFAULT_OUTPUT
+        if options.output:
+            check_writable(options.output)  # fail before the script runs, not after
     if options.leveled:
         return _run_leveled(options, script, script_args)
     started_in = os.getcwd()
