@@ -130,7 +130,10 @@ class HostReader(_Reader):
 
     def interval(self, before: Any, after: Any, seconds: float) -> tuple[dict[str, float], EnergyMethod]:
         total = after[1] - before[1]
-        metrics = {M.CPU_PERCENT.value: (after[0] - before[0]) / total * 100 if total > 0 else 0.0,
+        # busy = total - idle is a difference of large float sums: over a short interval it can come
+        # out a few ulps below the previous reading, so the share is clamped to what it can be.
+        busy_share = min(max((after[0] - before[0]) / total, 0.0), 1.0) if total > 0 else 0.0
+        metrics = {M.CPU_PERCENT.value: busy_share * 100,
                    M.MEMORY_USED_BYTES.value: after[2]}
         if before[3] is None or after[3] is None:
             return metrics, EnergyMethod.UNAVAILABLE

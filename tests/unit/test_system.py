@@ -230,3 +230,16 @@ def test_without_psutil_the_level_is_unavailable_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_psutil)
     assert SystemTracer().available() == "psutil is not installed (pip install psutil)"
+
+
+def test_host_cpu_share_stays_within_0_and_100_when_float_sums_jitter(tmp_path):
+    # busy time is total minus idle, two big float sums: over a short interval it can read a few
+    # ulps lower than before (CI saw -3.6e-08 %), and a busy share can never pass the total.
+    reader = HostReader(rapl_root=tmp_path / "absent")
+    big = 123456789.123
+    fell, _ = reader.interval((big, big * 2, 1, None), (big - 1e-7, big * 2 + 0.01, 1, None), 0.01)
+    assert fell["cpu_percent"] == 0.0
+    rose, _ = reader.interval((big, big * 2, 1, None), (big + 0.02, big * 2 + 0.01, 1, None), 0.01)
+    assert rose["cpu_percent"] == 100.0
+    half, _ = reader.interval((big, big * 2, 1, None), (big + 0.005, big * 2 + 0.01, 1, None), 0.01)
+    assert half["cpu_percent"] == pytest.approx(50.0, abs=1e-3)
