@@ -194,18 +194,40 @@ def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
     assert "input dtypes" not in set(unchanged[d.CHANGE])
 
 
-def test_a_summary_without_dtypes_still_loads(tmp_path):
-    path = summarize(run(1)).save(tmp_path / "old.xsp.json")
-    document = json.loads(path.read_text())
-    at = document["columns"].index("input_dtypes")
-    document["columns"].pop(at)
-    for rows in document["keys"].values():
-        for values in rows:
-            values.pop(at)
-    path.write_text(json.dumps(document))
+def version_1_summary(base: xsp.Trace, with_dtypes: bool) -> dict:
+    """What the first xsp summary format wrote for ``base``: JSON rows, 16 quantiles as per-mille
+    offsets from the median (the writer is gone; its files are still read)."""
+    columns = ["level", "kind", "name", "key", "parent", "count", "total_ns", "sample_count", "median_ns",
+               "samples_permille", "input_shapes", "kernels_per_step"] + (["input_dtypes"] if with_dtypes else [])
+    keys = {}
+    for by in d.KeyBy:
+        frame = d.key_samples(base.spans, by)
+        position = {key: i for i, key in enumerate(frame[d.KEY])}
+        rows = []
+        for record in frame.to_dict("records"):
+            samples = np.asarray(record[d.SAMPLES_NS], dtype=np.float64)
+            samples = np.quantile(samples, (np.arange(16) + 0.5) / 16) if len(samples) > 16 else samples
+            median = float(np.median(samples))
+            row_values = [record["level"], record["kind"], record["name"], record[d.KEY],
+                          position.get(record[d.PARENT_KEY], -1), int(record[d.COUNT]), int(record[d.TOTAL_NS]),
+                          int(record[d.SAMPLE_COUNT]), round(median),
+                          np.rint((samples / median - 1) * 1000).astype(int).tolist(), record["input_shapes"], None]
+            rows.append(row_values + ([None] if with_dtypes else []))
+        keys[by.value] = rows
+    return {"format": "xsp-summary", "version": 1, "metadata": {"steps": 40}, "columns": columns, "keys": keys}
+
+
+@pytest.mark.parametrize("with_dtypes", [True, False])
+def test_a_version_1_summary_still_loads(tmp_path, with_dtypes):
+    base = run(1)
+    path = tmp_path / "old.xsp.json"
+    path.write_text(json.dumps(version_1_summary(base, with_dtypes)))
     loaded = Summary.load(path)
+    by_path = loaded.keys[d.KeyBy.PATH]
     assert loaded.keys[d.KeyBy.PATH][d.INPUT_DTYPES].isna().all()
+    assert len(by_path[by_path[d.KEY] == "net[0]/net.b[0]"][d.SAMPLES_NS].iloc[0]) == 16
     assert diff(path, run(2)).verdict is d.Verdict.UNCHANGED
+    assert row(diff(path, run(2, slower={"net.b": 0.3})), "net[0]/net.b[0]")[d.VERDICT] == "regressed"
 
 
 def test_by_name_adds_up_spans_of_a_name():

@@ -1,0 +1,192 @@
+"""The packed keys of a baseline summary: what comes back is what went in (exactly for keys,
+counts, shapes and dtypes; within the stated grids for medians, totals and samples), on
+hand-made key tables and on the real traces in ../shared/traces; damage is a clear error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import lzma
+
+import numpy as np
+import pandas as pd
+import pytest
+from xsp.analysis import diff as d
+
+import xsp
+from xsp import schema as col
+from xsp import summary_codec as codec
+from xsp.baseline import Summary, summarize
+from xsp.errors import TraceFormatError
+
+MAX_BYTES = 64 * 1024 * 1024
+
+
+def key_table(rows: list[dict]) -> pd.DataFrame:
+    filled = []
+    for row in rows:
+        samples = np.sort(np.asarray(row.get("samples", [1000]), dtype=np.int64))
+        filled.append({col.LEVEL: row.get("level", "layer"), col.KIND: row.get("kind", "forward"),
+                       col.NAME: row["name"], d.KEY: row["key"], d.PARENT_KEY: row.get("parent"),
+                       d.COUNT: row.get("count", len(samples)), d.TOTAL_NS: row.get("total", int(samples.sum())),
+                       d.SAMPLES_NS: samples, d.SAMPLE_COUNT: row.get("sample_count", len(samples)),
+                       col.INPUT_SHAPES: row.get("shapes"), d.KERNELS_PER_STEP: row.get("kernels", np.nan),
+                       d.INPUT_DTYPES: row.get("dtypes")})
+    return pd.DataFrame(filled, columns=list(d.KEY_COLUMNS))
+
+
+def noisy(median: float, spread: float, count: int = 40, seed: int = 0) -> np.ndarray:
+    return np.rint(median * np.exp(np.random.default_rng(seed).normal(0, spread, count))).astype(np.int64)
+
+
+HAND_MADE = key_table([
+    {"level": "model", "kind": "predict", "name": "net", "key": "net[0]", "samples": noisy(5e6, 0.05)},
+    {"name": "net.body", "key": "net[0]/net.body[0]", "parent": "net[0]", "samples": noisy(4e6, 0.1, seed=1),
+     "shapes": "[[8, 64]]"},
+    # a path two segments below its parent's (a level between them was left out)
+    {"name": "net.body.conv", "key": "net[0]/net.body[0]/x[0]/net.body.conv[3]", "parent": "net[0]/net.body[0]",
+     "samples": noisy(2e6, 0.3, seed=2), "kernels": 3.5},
+    {"level": "operator", "kind": "operator", "name": "aten::conv2d", "key": "net[0]/net.body[0]/aten::conv2d[12]",
+     "parent": "net[0]/net.body[0]", "samples": noisy(1e6, 0.02, seed=3), "dtypes": "float, float, , ScalarList",
+     "shapes": "[[8, 64], [64, 64]]", "count": 80},
+    # a key that is no path below its parent, a lone span, zero durations, no samples at all
+    {"name": "odd name [x]", "key": "elsewhere", "parent": "net[0]", "samples": [7]},
+    {"level": "model", "kind": "session", "name": "session", "key": "session[0]", "samples": [0, 0, 0]},
+    {"name": "nothing", "key": "nothing[0]", "samples": [], "count": 2, "total": 500, "sample_count": 0},
+    {"name": "few", "key": "few[0]", "samples": [100, 5_000_000, 90_000]},
+    {"name": "bimodal", "key": "bimodal[0]", "samples": np.r_[noisy(1e4, 0.01, 20), noisy(1e7, 0.01, 20, 5)]},
+])
+
+
+def round_trip(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return codec.decode(codec.encode(frames), MAX_BYTES)
+
+
+def assert_faithful(sent: pd.DataFrame, back: pd.DataFrame) -> None:
+    assert list(back.columns) == list(d.KEY_COLUMNS)
+    for column in (col.LEVEL, col.KIND, col.NAME, d.KEY, d.PARENT_KEY, col.INPUT_SHAPES, d.INPUT_DTYPES):
+        assert [None if pd.isna(v) else v for v in back[column]] == [None if pd.isna(v) else v for v in sent[column]], (
+            column)
+    for column in (d.COUNT, d.SAMPLE_COUNT):
+        assert back[column].tolist() == sent[column].tolist(), column
+    np.testing.assert_array_equal(back[d.KERNELS_PER_STEP].to_numpy(float), sent[d.KERNELS_PER_STEP].to_numpy(float))
+    np.testing.assert_allclose(back[d.TOTAL_NS], sent[d.TOTAL_NS], rtol=codec.VALUE_STEP / 2 + 1e-9, atol=1)
+    rows = np.arange(len(sent))
+    if len(rows) > 3000:  # a real trace's hundred thousand keys: a fixed sample of them
+        rows = np.random.default_rng(0).choice(rows, 3000, replace=False)
+    for before, after in zip(sent[d.SAMPLES_NS].to_numpy()[rows], back[d.SAMPLES_NS].to_numpy()[rows]):
+        before = np.sort(np.asarray(before, dtype=np.float64))
+        kept = np.quantile(before, (np.arange(codec.QUANTILES) + 0.5) / codec.QUANTILES) if len(
+            before) > codec.QUANTILES else before
+        assert len(after) == len(kept) and list(after) == sorted(after)
+        if not len(kept):
+            continue
+        assert abs(np.median(after) - np.median(kept)) <= np.median(kept) * codec.VALUE_STEP / 2 + 1
+        logs = np.log1p(kept)
+        spread = np.subtract(*np.quantile(logs, [0.75, 0.25]))
+        # each comes back within a quarter of the key's spread (half its grid, and the rescale to
+        # the median), never worse than the finest grid
+        tolerance = max(spread / codec.UNITS_PER_IQR, codec.FINEST_UNIT) + 2 * codec.VALUE_STEP
+        assert np.abs(np.log1p(after) - logs).max() <= tolerance + 1 / max(kept.min(), 1), (kept, after)
+
+
+def test_hand_made_keys_come_back():
+    back = round_trip({d.KeyBy.PATH.value: HAND_MADE})
+    assert_faithful(HAND_MADE, back[d.KeyBy.PATH.value])
+
+
+def test_keys_by_name_that_stand_for_one_path_come_back_as_themselves():
+    by_name = HAND_MADE.copy()
+    by_name[d.KEY] = by_name[col.NAME]
+    by_name[d.PARENT_KEY] = [None, "net", "net.body", "net.body", "net", None, None, None, None]
+    by_name.loc[1, d.SAMPLES_NS] = np.asarray(by_name.loc[1, d.SAMPLES_NS]) + 1  # no longer the path's samples
+    back = round_trip({d.KeyBy.NAME.value: by_name, d.KeyBy.PATH.value: HAND_MADE})
+    assert list(back) == [d.KeyBy.PATH.value, d.KeyBy.NAME.value]
+    assert_faithful(HAND_MADE, back[d.KeyBy.PATH.value])
+    assert_faithful(by_name, back[d.KeyBy.NAME.value])
+
+
+def test_an_empty_table_comes_back_empty():
+    empty = key_table([])
+    back = round_trip({d.KeyBy.PATH.value: empty, d.KeyBy.NAME.value: empty})
+    assert all(len(frame) == 0 and list(frame.columns) == list(d.KEY_COLUMNS) for frame in back.values())
+
+
+@pytest.mark.parametrize("name", ["a100_alexnet.json.gz", "v100_2rank_train_rank1.json.gz", "cpu_only_rank34.json.gz"])
+def test_real_traces_summaries_come_back(shared_traces, name, tmp_path):
+    trace = xsp.load(shared_traces / "kineto" / name)
+    summary = summarize(trace)
+    path = summary.save(tmp_path / "s.xsp.json")
+    loaded = Summary.load(path)
+    for by, frame in summary.keys.items():
+        assert_faithful(frame, loaded.keys[by])
+
+
+def test_a_run_of_many_steps_costs_a_fraction_of_a_percent_of_its_trace(tmp_path):
+    # 300 layers x 100 steps: each key keeps its shape, not its steps
+    rng = np.random.default_rng(0)
+    rows = []
+    for step in range(100):
+        start = step * 10_000_000
+        rows.append({"level": "model", "kind": "predict", "name": "net", "path": "net[0]", "start_ns": start,
+                     "end_ns": start + 9_000_000, "step": step, "span_id": step * 1000 + 1})
+        at = start + 100
+        for layer in range(300):
+            length = int(20_000 * (1 + layer % 7) * np.exp(rng.normal(0, 0.05)))
+            rows.append({"level": "layer", "kind": "forward", "name": f"net.layer{layer}",
+                         "path": f"net[0]/net.layer{layer}[0]", "start_ns": at, "end_ns": at + length, "step": step,
+                         "span_id": step * 1000 + 2 + layer, "parent_id": step * 1000 + 1,
+                         "input_shapes": f"[[8, {layer % 5 + 1}]]"})
+            at += length // 100
+    frame = pd.DataFrame(rows)
+    frame["duration_ns"] = frame["end_ns"] - frame["start_ns"]
+    frame["trace_id"], frame["thread_id"] = "t", 1
+    spans = pd.DataFrame({name: pd.array(frame[name].tolist() if name in frame else [None] * len(frame), dtype=dtype)
+                          for name, dtype in col.COLUMNS.items()})
+    trace = xsp.Trace(spans=spans, metadata={"schema_version": col.SCHEMA_VERSION})
+    trace_path = trace.save(tmp_path / "run.xsp.parquet")
+    summary_path = summarize(trace).save(tmp_path / "run.xsp.json")
+    assert summary_path.stat().st_size < 0.01 * trace_path.stat().st_size
+
+
+def packed_document(blob: bytes) -> bytes:
+    return json.dumps({"format": "xsp-summary", "version": 2, "metadata": {}, "keys": {"path": 1},
+                       "packed_keys": base64.b85encode(blob).decode()}).encode()
+
+
+GOOD = codec.encode({d.KeyBy.PATH.value: HAND_MADE})
+PAYLOAD = lzma.decompress(GOOD)
+HEADER, BODY = PAYLOAD.split(b"\0", 1)
+
+
+def repacked(header: dict, body: bytes = BODY) -> bytes:
+    return lzma.compress(json.dumps(header).encode() + b"\0" + body)
+
+
+@pytest.mark.parametrize("blob", [
+    GOOD[: len(GOOD) // 2], b"not xz at all", lzma.compress(b"no header"), lzma.compress(b"\0" * 10),
+    repacked({**json.loads(HEADER), "encoding": "xsp-packed-keys-99"}),
+    repacked(json.loads(HEADER), BODY[:-5]),
+    repacked({**json.loads(HEADER), "strings": []}),
+    repacked(json.loads(HEADER), bytes(len(BODY))),
+])
+def test_damaged_packed_keys_are_a_format_error(tmp_path, blob):
+    with pytest.raises(ValueError):
+        codec.decode(blob, MAX_BYTES)
+    path = tmp_path / "bad.xsp.json"
+    path.write_bytes(packed_document(blob))
+    with pytest.raises(TraceFormatError, match="not a readable xsp summary"):
+        Summary.load(path)
+
+
+def test_packed_keys_that_inflate_past_the_limit_are_refused():
+    with pytest.raises(ValueError, match="inflate past"):
+        codec.decode(lzma.compress(PAYLOAD), len(PAYLOAD) - 1)
+    assert len(codec.decode(lzma.compress(PAYLOAD), len(PAYLOAD))["path"]) == len(HAND_MADE)
+
+
+def test_packed_keys_that_are_not_base85_are_a_format_error(tmp_path):
+    path = tmp_path / "bad.xsp.json"
+    path.write_text(json.dumps({"format": "xsp-summary", "version": 2, "packed_keys": "\\"}))
+    with pytest.raises(TraceFormatError):
+        Summary.load(path)

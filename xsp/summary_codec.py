@@ -1,0 +1,441 @@
+"""The packed form of a baseline summary's keys: a few bytes per key.
+
+A summary is committed to a repository for every model a team gates, so its size matters:
+written as JSON rows it was about 40% of the trace it came from. Packed, each key table is a
+set of integer columns, stored as byte planes and compressed together with one string table
+(names, kinds, levels, path segments, shapes and dtypes, each written once):
+
+* a path key is an ancestor's key plus a segment, most often the key's name and an ordinal
+  (``.../aten::conv2d[1]``), so no path or name is written twice;
+* medians and totals are kept on a logarithmic grid of 0.1% (a value comes back within 0.05%);
+* a key keeps at most :data:`QUANTILES` samples (evenly spaced quantiles when it had more), as
+  offsets from its median on a logarithmic grid whose step is a quarter of the key's own
+  interquartile range (never finer than 0.1%): each comes back within an eighth of that range,
+  below the noise a rank test could tell apart, and costs a few bits. They are then scaled so
+  that their median is the stored median exactly.
+
+:func:`encode` turns key-samples frames (:func:`xsp.analysis.diff.key_samples`) into one
+compressed blob; :func:`decode` turns it back.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import lzma
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp import schema as col
+from xsp.analysis import diff as d
+
+QUANTILES: Final = 9
+"""Samples a key keeps at most (its evenly spaced quantiles when it had more). Odd, so that
+the middle one is the key's median."""
+VALUE_STEP: Final = 0.001
+"""Grid of medians and totals: ``log1p(ns)`` in steps of ``log(1 + VALUE_STEP)``."""
+FINEST_UNIT: Final = 0.001
+"""Finest grid of a key's samples around its median, in log units (0.1%)."""
+UNIT_GROWTH: Final = 1.25
+"""Ratio between successive sample grids."""
+UNITS_PER_IQR: Final = 4
+"""A key's sample grid: its interquartile range (in log units) over this, at the finest."""
+ENCODING: Final = "xsp-packed-keys-1"
+
+_LOG_STEP: Final = float(np.log1p(VALUE_STEP))
+_NONE: Final = 0
+"""String id of a missing value."""
+_ROW_COLUMNS: Final = ("level", "kind", "name", "key_base", "key_form", "key_ordinal", "key_segment", "parent",
+                       "same_as", "count",
+                       "sample_count", "median", "total", "unit", "stored", "lowest", "shapes", "dtypes",
+                       "kernels_half")
+
+
+class _KeyForm(enum.IntEnum):
+    """How a key's last part is written (after its base key and a slash, when it has one)."""
+
+    TEXT = 0
+    """As a string of the table."""
+    NAME = 1
+    """It is the key's name (every key by name)."""
+    NAME_ORDINAL = 2
+    """It is ``name[ordinal]`` (a path's segment)."""
+_SAMPLE_COLUMNS: Final = ("gaps",)
+_ORDINAL: Final = re.compile(r"\[(0|[1-9][0-9]*)\]")
+
+
+class _Strings:
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def id(self, value: Any) -> int:
+        if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+            return _NONE
+        return self.ids.setdefault(str(value), len(self.ids) + 1)
+
+    def ids_of(self, values: Iterable[Any]) -> np.ndarray:
+        return np.fromiter((self.id(value) for value in values), dtype=np.int64)
+
+
+def _value_codes(values: np.ndarray) -> np.ndarray:
+    return np.rint(np.log1p(np.maximum(values, 0.0)) / _LOG_STEP).astype(np.int64)
+
+
+def _values(codes: np.ndarray) -> np.ndarray:
+    return np.expm1(codes * _LOG_STEP)
+
+
+class _Ragged:
+    """Rows of different lengths (each key's samples, sorted) as one flat array."""
+
+    def __init__(self, values: np.ndarray, sizes: np.ndarray) -> None:
+        self.values, self.sizes = values, sizes.astype(np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64) if len(sizes) else self.sizes
+        self.row = np.repeat(np.arange(len(sizes)), self.sizes)
+
+    @classmethod
+    def of(cls, samples: Iterable[Any]) -> _Ragged:
+        arrays = [np.asarray(values, dtype=np.float64) for values in samples]
+        sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        return cls(np.concatenate(arrays) if arrays else np.zeros(0), sizes)
+
+    def quantile(self, q: np.ndarray | float) -> np.ndarray:
+        """Each row's ``q`` quantile, interpolated as ``np.quantile`` does (0 for an empty row)."""
+        at = np.broadcast_to(q, self.sizes.shape) * np.maximum(self.sizes - 1, 0)
+        low = np.floor(at).astype(np.int64)
+        high = np.minimum(low + 1, np.maximum(self.sizes - 1, 0))
+        if not len(self.values):
+            return np.zeros(len(self.sizes))
+        last = len(self.values) - 1
+        below = self.values[np.minimum(self.starts + low, last)]
+        above = self.values[np.minimum(self.starts + high, last)]
+        return np.where(self.sizes > 0, below + (at - low) * (above - below), 0.0)
+
+    def mean(self) -> np.ndarray:
+        sums = np.bincount(self.row, weights=self.values, minlength=len(self.sizes))
+        return np.where(self.sizes > 0, sums / np.maximum(self.sizes, 1), 0.0)
+
+    def spread(self) -> np.ndarray:
+        return self.quantile(0.75) - self.quantile(0.25)
+
+
+def _kept_samples(samples: _Ragged) -> _Ragged:
+    """At most :data:`QUANTILES` per row: evenly spaced quantiles of the rows that have more."""
+    many = samples.sizes > QUANTILES
+    if not many.any():
+        return samples
+    kept_sizes = np.where(many, QUANTILES, samples.sizes)
+    kept = _Ragged(np.zeros(int(kept_sizes.sum())), kept_sizes)
+    position = np.arange(len(kept.values)) - kept.starts[kept.row]  # within its row
+    quantile_rows = many[kept.row]
+    q = (position + 0.5) / QUANTILES
+    at = q * (samples.sizes[kept.row] - 1)
+    low = np.floor(at).astype(np.int64)
+    high = np.minimum(low + 1, samples.sizes[kept.row] - 1)
+    base = samples.starts[kept.row]
+    below, above = samples.values[base + low], samples.values[base + np.maximum(high, 0)]
+    interpolated = below + (at - low) * (above - below)
+    kept.values = np.where(quantile_rows, interpolated, samples.values[base + np.minimum(position, np.maximum(
+        samples.sizes[kept.row] - 1, 0))])
+    return kept
+
+
+def _decoded_samples(median_codes: np.ndarray, exponents: np.ndarray, codes: _Ragged) -> _Ragged:
+    """Each key's samples as they come back from their codes (the encoder and decoder both use
+    this, so the encoder knows what the decoder will see)."""
+    medians = _values(median_codes)
+    units = FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64)
+    values = np.expm1(np.log1p(medians)[codes.row] + codes.values * units[codes.row])
+    middle = _Ragged(values, codes.sizes).quantile(0.5)
+    scale = np.where(middle > 0, medians / np.where(middle > 0, middle, 1.0), 1.0)
+    return _Ragged(np.rint(values * scale[codes.row]), codes.sizes)  # the stored median, exactly
+
+
+def _expected_total_codes(samples: _Ragged, sample_counts: np.ndarray) -> np.ndarray:
+    """What each key's total would be if its every sample were the mean of those kept: its total
+    is kept as the (small) difference from this."""
+    return _value_codes(samples.mean() * sample_counts)
+
+
+def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndarray) -> dict[str, np.ndarray]:
+    """The statistics columns of one table: medians, totals, sample grids and codes."""
+    kept = _kept_samples(samples)
+    median_codes = _value_codes(kept.quantile(0.5))
+    logs = np.log1p(np.maximum(kept.values, 0.0)) - np.log1p(_values(median_codes))[kept.row]
+    wanted = np.maximum(_Ragged(logs, kept.sizes).spread() / UNITS_PER_IQR, FINEST_UNIT)
+    exponents = np.maximum(np.floor(np.log(wanted / FINEST_UNIT) / np.log(UNIT_GROWTH) + 1e-9), 0).astype(np.int64)
+    codes = np.rint(logs / (FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64))[kept.row]).astype(np.int64)
+    decoded = _decoded_samples(median_codes, exponents, _Ragged(codes, kept.sizes))
+    first = np.zeros(len(codes), dtype=bool)
+    first[kept.starts[kept.sizes > 0]] = True
+    return {"median": median_codes, "unit": exponents, "stored": kept.sizes,
+            "lowest": np.where(kept.sizes > 0, codes[np.minimum(kept.starts, max(len(codes) - 1, 0))] if len(
+                codes) else 0, 0),
+            "total": _value_codes(totals.astype(np.float64)) - _expected_total_codes(decoded, sample_counts),
+            "gaps": np.diff(codes, prepend=0)[~first]}
+
+
+def _same_statistics(frame: pd.DataFrame, row: int, other: pd.DataFrame, other_row: int) -> bool:
+    if (frame[d.COUNT].iat[row] != other[d.COUNT].iat[other_row]
+            or frame[d.TOTAL_NS].iat[row] != other[d.TOTAL_NS].iat[other_row]
+            or frame[d.SAMPLE_COUNT].iat[row] != other[d.SAMPLE_COUNT].iat[other_row]):
+        return False
+    same = [frame[column].iat[row] == other[column].iat[other_row] or (
+        pd.isna(frame[column].iat[row]) and pd.isna(other[column].iat[other_row]))
+        for column in (col.INPUT_SHAPES, d.INPUT_DTYPES, d.KERNELS_PER_STEP)]
+    return all(same) and np.array_equal(frame[d.SAMPLES_NS].iat[row], other[d.SAMPLES_NS].iat[other_row])
+
+
+def _stand_ins(frame: pd.DataFrame, by_path: pd.DataFrame | None) -> np.ndarray:
+    """For each row by name, the row by path with the very same statistics (-1: none): a name
+    met at one place only (most layers) is that place's key again."""
+    if by_path is None or not len(by_path):
+        return np.full(len(frame), -1, dtype=np.int64)
+    places: dict[tuple[str, str], list[int]] = {}
+    for i, (level, name) in enumerate(zip(by_path[col.LEVEL].tolist(), by_path[col.NAME].tolist())):
+        places.setdefault((level, name), []).append(i)
+    found = []
+    for i, (level, name) in enumerate(zip(frame[col.LEVEL].tolist(), frame[col.NAME].tolist())):
+        at = places.get((level, name), [])
+        found.append(at[0] if len(at) == 1 and _same_statistics(frame, i, by_path, at[0]) else -1)
+    return np.asarray(found, dtype=np.int64)
+
+
+def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray) -> dict[str, np.ndarray]:
+    keys = [str(key) for key in frame[d.KEY].tolist()]
+    names = [str(name) for name in frame[col.NAME].tolist()]
+    position = {key: i for i, key in enumerate(keys)}
+    parent_at = [position.get(parent, -1) if isinstance(parent, str) else -1 for parent in frame[d.PARENT_KEY]]
+    structure: dict[str, list[int]] = {name: [] for name in ("key_base", "key_form", "key_ordinal", "key_segment",
+                                                             "parent")}
+    for i, (key, name) in enumerate(zip(keys, names)):
+        hops, base = _key_base(keys, parent_at, i)
+        segment = key[len(keys[base]) + 1:] if base >= 0 else key
+        ordinal = _ORDINAL.fullmatch(segment, len(name)) if segment.startswith(name) else None
+        form = (_KeyForm.NAME if segment == name else _KeyForm.NAME_ORDINAL if ordinal is not None
+                else _KeyForm.TEXT)
+        structure["key_base"].append(hops)
+        structure["key_form"].append(form)
+        structure["key_ordinal"].append(int(ordinal.group(1)) if ordinal is not None and form is not _KeyForm.NAME
+                                        else 0)
+        structure["key_segment"].append(strings.id(segment) if form is _KeyForm.TEXT else _NONE)
+        structure["parent"].append(_relative(i, parent_at[i]))
+    own = stand_ins < 0  # rows that keep statistics of their own
+    kernels = frame[d.KERNELS_PER_STEP].to_numpy(dtype=np.float64, na_value=np.nan)
+    columns = {
+        "level": strings.ids_of(frame[col.LEVEL]), "kind": strings.ids_of(frame[col.KIND]),
+        "name": strings.ids_of(names),
+        **{name: np.asarray(values, dtype=np.int64) for name, values in structure.items()},
+        "same_as": stand_ins + 1,
+        "count": np.where(own, frame[d.COUNT].to_numpy(dtype=np.int64), 0),
+        "sample_count": np.where(own, frame[d.SAMPLE_COUNT].to_numpy(dtype=np.int64), 0),
+        "shapes": np.where(own, strings.ids_of(frame[col.INPUT_SHAPES]), _NONE),
+        "dtypes": np.where(own, strings.ids_of(frame[d.INPUT_DTYPES]), _NONE),
+        "kernels_half": np.where(own & ~np.isnan(kernels), np.rint(np.nan_to_num(kernels) * 2) + 1, 0).astype(np.int64),
+    }
+    statistics = _sample_columns(_Ragged.of(frame[d.SAMPLES_NS].to_numpy()[own]), columns["sample_count"][own],
+                                 frame[d.TOTAL_NS].to_numpy(dtype=np.int64)[own])
+    for name in ("median", "total", "unit", "stored", "lowest"):
+        full = np.zeros(len(frame), dtype=np.int64)
+        full[own] = statistics[name]
+        columns[name] = full
+    columns["gaps"] = statistics["gaps"]
+    return columns
+
+
+def _relative(row: int, other: int) -> int:
+    """Where ``other`` lies from ``row``, never 0 (0: there is none). A parent most often comes
+    just before its child; by name, it may come after it, or be the key itself."""
+    if other < 0:
+        return 0
+    return row - other + 1 if row >= other else row - other
+
+
+def _absolute(row: int, relative: int) -> int:
+    return -1 if relative == 0 else row - (relative - 1) if relative > 0 else row - relative
+
+
+def _key_base(keys: list[str], parent_at: list[int], row: int) -> tuple[int, int]:
+    """``(hops, row)`` of the nearest ancestor whose key and a slash begin this row's key: hops
+    up the parent chain, 1 for the parent (``(0, -1)``: none)."""
+    key, at, hops = keys[row], parent_at[row], 1
+    seen = {row}
+    while at >= 0 and at not in seen:  # keys by name can be each other's parents
+        if key.startswith(keys[at]) and key[len(keys[at]):len(keys[at]) + 1] == "/":
+            return hops, at
+        seen.add(at)
+        at, hops = parent_at[at], hops + 1
+    return 0, -1
+
+
+def _planes(values: np.ndarray) -> tuple[int, bytes]:
+    """Zigzag-coded integers, narrowest width, most significant byte plane last (the planes of
+    one column lie together, so the compressor sees runs of alike bytes)."""
+    array = np.asarray(values, dtype=np.int64)
+    zigzag = ((array << 1) ^ (array >> 63)).astype(np.uint64)
+    top = int(zigzag.max()) if len(zigzag) else 0
+    width = next(w for w in (1, 2, 4, 8) if top < 1 << (8 * w))
+    narrow = zigzag.astype(f"<u{width}")
+    return width, narrow.view(np.uint8).reshape(-1, width).T.tobytes()
+
+
+def _unplanes(raw: bytes, width: int, length: int) -> np.ndarray:
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, length)
+    zigzag = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(length).astype(np.int64)
+    return (zigzag >> 1) ^ -(zigzag & 1)
+
+
+def encode(frames: Mapping[str, pd.DataFrame]) -> bytes:
+    """The key tables (by their ``KeyBy`` value) packed and xz-compressed."""
+    strings = _Strings()
+    header: dict[str, Any] = {"encoding": ENCODING, "quantiles": QUANTILES, "tables": {}}
+    body: list[bytes] = []
+    by_path = frames.get(d.KeyBy.PATH.value)
+    for by in sorted(frames, key=lambda by: by != d.KeyBy.PATH.value):  # by path first: others refer to it
+        frame = frames[by]
+        stand_ins = (_stand_ins(frame, by_path) if by == d.KeyBy.NAME.value
+                     else np.full(len(frame), -1, dtype=np.int64))
+        described = []
+        for name, values in _table_columns(frame, strings, stand_ins).items():
+            width, raw = _planes(values)
+            described.append([name, width, len(values)])
+            body.append(raw)
+        header["tables"][by] = {"rows": len(frame), "columns": described}
+    header["strings"] = list(strings.ids)
+    payload = json.dumps(header, separators=(",", ":")).encode() + b"\0" + b"".join(body)
+    return lzma.compress(payload, preset=9 | lzma.PRESET_EXTREME)
+
+
+def decode(blob: bytes, max_bytes: int) -> dict[str, pd.DataFrame]:
+    """The key tables packed by :func:`encode`.
+
+    Raises:
+        ValueError: the blob is damaged, truncated, or inflates past ``max_bytes``.
+    """
+    try:
+        inflater = lzma.LZMADecompressor()
+        payload = inflater.decompress(blob, max_length=max_bytes + 1)
+        while not inflater.eof and not inflater.needs_input and len(payload) <= max_bytes:
+            payload += inflater.decompress(b"", max_length=max_bytes + 1 - len(payload))
+    except lzma.LZMAError as exc:
+        raise ValueError(f"its packed keys are damaged ({exc})") from None
+    if len(payload) > max_bytes or not inflater.eof:
+        raise ValueError("its packed keys are truncated or inflate past any summary's size")
+    split = payload.find(b"\0")
+    if split < 0:
+        raise ValueError("its packed keys have no header")
+    header = json.loads(payload[:split])
+    if header.get("encoding") != ENCODING:
+        raise ValueError(f"its keys are packed as {header.get('encoding')!r}, which this xsp cannot read")
+    try:
+        texts = [None, *header["strings"]]
+        at = split + 1
+        frames: dict[str, pd.DataFrame] = {}
+        for by, table in header["tables"].items():
+            columns: dict[str, np.ndarray] = {}
+            for name, width, length in table["columns"]:
+                if width not in (1, 2, 4, 8) or length < 0 or at + width * length > len(payload):
+                    raise ValueError("its packed keys are cut short")
+                columns[name] = _unplanes(payload[at:at + width * length], width, length)
+                at += width * length
+            frames[by] = _frame(int(table["rows"]), columns, texts, frames.get(d.KeyBy.PATH.value))
+    except (KeyError, IndexError, TypeError, OverflowError) as exc:
+        raise ValueError(f"its packed keys are damaged ({type(exc).__name__}: {exc})") from None
+    return frames
+
+
+def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path: pd.DataFrame | None) -> pd.DataFrame:
+    missing = [name for name in (*_ROW_COLUMNS, *_SAMPLE_COLUMNS) if name not in columns]
+    if missing or any(len(columns[name]) != rows for name in _ROW_COLUMNS):
+        raise ValueError("its packed key columns do not match")
+    stored = columns["stored"]
+    if (stored < 0).any() or int(stored.sum()) != len(columns["gaps"]) + int((stored > 0).sum()):
+        raise ValueError("its packed samples do not match their keys")
+
+    def text(name: str) -> list[Any]:
+        return [texts[i] for i in columns[name].tolist()]  # IndexError: a damaged table
+
+    keys, parent_keys = _keys(columns, text("name"), text("key_segment"))
+    sample_count = columns["sample_count"]
+    lowest = columns["lowest"]
+    code_values = np.zeros(int(stored.sum()), dtype=np.int64)
+    codes = _Ragged(code_values, stored)
+    first = np.zeros(len(code_values), dtype=bool)
+    first[codes.starts[stored > 0]] = True
+    steps = np.zeros(len(code_values), dtype=np.int64)
+    steps[first] = lowest[stored > 0]
+    steps[~first] = columns["gaps"]
+    running = np.cumsum(steps)  # over all rows: each row's codes are this less what came before it
+    before_row = np.zeros(len(stored), dtype=np.int64)
+    before_row[stored > 0] = (running - steps)[first]
+    codes.values = running - before_row[codes.row]
+    decoded = _decoded_samples(columns["median"], columns["unit"], codes)
+    flat = decoded.values.astype(np.int64)
+    samples = [flat[start:start + size] for start, size in zip(decoded.starts.tolist(), decoded.sizes.tolist())]
+    total = _values(columns["total"] + _expected_total_codes(decoded, sample_count))
+    kernels = columns["kernels_half"]
+    frame = pd.DataFrame({
+        col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: text("name"), d.KEY: keys,
+        d.PARENT_KEY: parent_keys, d.COUNT: columns["count"], d.TOTAL_NS: np.rint(total).astype(np.int64),
+        d.SAMPLES_NS: samples, d.SAMPLE_COUNT: sample_count, col.INPUT_SHAPES: text("shapes"),
+        d.KERNELS_PER_STEP: np.where(kernels > 0, (kernels - 1) / 2, np.nan),
+        d.INPUT_DTYPES: text("dtypes"),
+    }, columns=list(d.KEY_COLUMNS))
+    same_as = columns["same_as"] - 1
+    standing_in = np.flatnonzero(same_as >= 0)
+    if len(standing_in):
+        if by_path is None or int(same_as.max()) >= len(by_path):
+            raise ValueError("a packed key stands in for a key by path that is not there")
+        statistics = [d.COUNT, d.TOTAL_NS, d.SAMPLES_NS, d.SAMPLE_COUNT, col.INPUT_SHAPES, d.KERNELS_PER_STEP,
+                      d.INPUT_DTYPES]
+        for column in statistics:
+            values = frame[column].to_numpy(dtype=object if column in (d.SAMPLES_NS, col.INPUT_SHAPES,
+                                                                      d.INPUT_DTYPES) else None).copy()
+            values[standing_in] = by_path[column].to_numpy()[same_as[standing_in]]
+            frame[column] = values
+    return frame
+
+
+def _keys(columns: dict[str, np.ndarray], names: list[Any], segments: list[Any]) -> tuple[list[str], list[str | None]]:
+    """Each row's key and parent key, rebuilt along the parent chain."""
+    rows = len(names)
+    parent_at = [_absolute(i, relative) for i, relative in enumerate(columns["parent"].tolist())]
+    if any(not -1 <= at < rows for at in parent_at):
+        raise ValueError("a packed key names a parent that is not there")
+    hops_of = columns["key_base"].tolist()
+    bases = []
+    for i, hops in enumerate(hops_of):
+        base = i
+        for _ in range(hops):
+            base = parent_at[base]
+            if base < 0:
+                raise ValueError("a packed key's base is above its root")
+        bases.append(base if hops else -1)
+    parts = []
+    for i, (form, ordinal, segment) in enumerate(zip(columns["key_form"].tolist(), columns["key_ordinal"].tolist(),
+                                                     segments)):
+        if form == _KeyForm.NAME:
+            segment = names[i]
+        elif form == _KeyForm.NAME_ORDINAL:
+            segment = f"{names[i]}[{ordinal}]"
+        elif form != _KeyForm.TEXT:
+            raise ValueError(f"a packed key has an unknown form {form}")
+        parts.append(str(segment))
+    keys: list[str | None] = [None] * rows
+    for row in range(rows):
+        chain = []  # the rows whose keys this one's is built on, nearest first
+        at = row
+        while at >= 0 and keys[at] is None:
+            chain.append(at)
+            at = bases[at]
+            if len(chain) > rows:
+                raise ValueError("packed keys are built on each other in a circle")
+        for at in reversed(chain):
+            base = bases[at]
+            keys[at] = f"{keys[base]}/{parts[at]}" if base >= 0 else parts[at]
+    built = [str(key) for key in keys]
+    return built, [built[at] if at >= 0 else None for at in parent_at]
