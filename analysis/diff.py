@@ -318,7 +318,10 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     adjusted_delta = np.where(both, adjusted_delta, delta)
     judged_samples = new_samples if shift == 1.0 else [s / shift for s in new_samples]
     p_values = np.full(count, np.nan)
-    _rank_tests(base_samples, judged_samples, np.flatnonzero(ranked), p_values)
+    base_counts = merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64)
+    new_counts = merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64)
+    _rank_tests(_from_quantiles(base_samples, base_counts), _from_quantiles(judged_samples, new_counts),
+                np.flatnonzero(ranked), p_values)
     q_values = np.full(count, np.nan)
     q_values[ranked] = benjamini_hochberg(p_values[ranked])
     overlap = both & ~ranked & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
@@ -390,6 +393,27 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
     if int(chosen.sum()) < MIN_SHIFT_KEYS:
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))
+
+
+MAX_REBUILT_SAMPLES: Final = 200
+"""Samples rebuilt from a summary's quantiles for a rank test, at most."""
+
+
+def _from_quantiles(samples: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
+    """Each key's samples for the rank test: as they are, or, where a baseline summary kept
+    only evenly spaced quantiles of more samples (``counts`` above their number), that many
+    samples (at most :data:`MAX_REBUILT_SAMPLES`) read off the quantiles. A test of the
+    quantiles alone would judge a key of 40 steps as if it had 9, and miss changes the run
+    itself shows; the rebuilt samples rank against the new run's as the originals did."""
+    rebuilt = list(samples)
+    for i in np.flatnonzero(counts > np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))):
+        kept = samples[i]
+        if len(kept) < 2:
+            continue
+        size = int(min(counts[i], MAX_REBUILT_SAMPLES))
+        levels = (np.arange(len(kept)) + 0.5) / len(kept)  # where baseline.summarize took them
+        rebuilt[i] = np.interp(np.arange(size) / (size - 1), levels, kept.astype(np.float64))
+    return rebuilt
 
 
 def _rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:

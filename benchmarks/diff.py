@@ -12,12 +12,15 @@ Prints a table and records it in benchmarks/results/diff.md.
 3. *Detection*: each slowed run against a plain run made next to it: detected when the
    verdict is ``regressed``; *attributed* when the slowed layer is the regressed layer
    with the largest delta.
-4. *Speed*: two 200k-span traces (the 123k-span Kineto trace from ../shared/traces, its
+4. *Baselines*: the same pairs with the base given as its baseline summary (``xsp summary``),
+   and the size of ResNet-50's summaries beside their traces (model,layer and
+   model,layer,operator; 40 and 100 steps).
+5. *Speed*: two 200k-span traces (the 123k-span Kineto trace from ../shared/traces, its
    spans repeated, one copy's durations scaled) diffed by name, beside HolisticTraceAnalysis's
    ``TraceDiff.compare_traces`` on the same pair when ``hta`` is installed (it is not a
    dependency: ``pip install --no-deps holistictraceanalysis==0.5.0``).
 
-Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40]
+Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40] [--size-steps 40 100]
 """
 
 from __future__ import annotations
@@ -126,6 +129,76 @@ def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str
                      "flagged": f"{found} ({found / len(runs):.0%})",
                      "goal": ">= 95% detected and attributed" if f == 0.2 else "", "top attribution":
                      f"{attributed} ({attributed / len(runs):.0%})", "verdicts": ", ".join(verdicts)})
+    rows += against_summaries(plain, slow, folder)
+    return rows
+
+
+def against_summaries(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
+                      folder: Path) -> list[dict[str, object]]:
+    """The same pairs with the base given as its baseline summary (what CI keeps in a repository)."""
+    from xsp.baseline import summarize
+    from xsp.diff import diff
+    from xsp.loading import load
+
+    def baseline(run: Path) -> Path:
+        return summarize(load(run)).save(folder / (run.stem + ".xsp.json"))
+
+    alarms = [diff(baseline(a), b).verdict.value for a, b in zip(plain[0::2], plain[1::2])]
+    false = sum(v != "unchanged" for v in alarms)
+    rows: list[dict[str, object]] = [{
+        "comparison": "A/A, base as its summary", "pairs": len(alarms),
+        "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms", "top attribution": "-",
+        "verdicts": ", ".join(alarms)}]
+    for f, runs in slow.items():
+        results = [diff(baseline(base), new) for base, new in runs]
+        verdicts = [result.verdict.value for result in results]
+        found = sum(v == "regressed" for v in verdicts)
+        attributed = sum(attributed_to(result, SLOWED_LAYER) for result in results)
+        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}, base as its summary", "pairs": len(runs),
+                     "flagged": f"{found} ({found / len(runs):.0%})",
+                     "goal": ">= 95% detected and attributed" if f == 0.2 else "",
+                     "top attribution": f"{attributed} ({attributed / len(runs):.0%})",
+                     "verdicts": ", ".join(verdicts)})
+    return rows
+
+
+RESNET_CHILD = r"""
+import sys, torch, xsp
+from transformers import ResNetConfig, ResNetForImageClassification
+torch.manual_seed(0)
+torch.set_num_threads(1)
+levels, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+model = ResNetForImageClassification(ResNetConfig()).eval()
+x = torch.randn(1, 3, 224, 224)
+with torch.inference_mode():
+    model(pixel_values=x)
+    with xsp.trace(levels=levels, output=out):
+        for _ in range(steps):
+            model(pixel_values=x)
+"""
+
+
+def summary_sizes(folder: Path, step_counts: Sequence[int]) -> list[dict[str, object]]:
+    """ResNet-50 (random weights, from its config) traced for each step count at two depths,
+    and the size of its baseline summary beside the trace's."""
+    from xsp.baseline import summarize
+    from xsp.loading import load
+
+    rows: list[dict[str, object]] = []
+    for levels in ("model,layer", "model,layer,operator"):
+        for steps in step_counts:
+            trace_path = folder / f"resnet50_{levels.replace(',', '_')}_{steps}.xsp.parquet"
+            subprocess.run([sys.executable, "-c", RESNET_CHILD, levels, str(steps), str(trace_path)], check=True,
+                           capture_output=True, text=True)
+            summary = summarize(load(trace_path))
+            plain = summary.save(folder / "resnet50.xsp.json").stat().st_size
+            compressed = summary.save(folder / "resnet50.xsp.json.gz").stat().st_size
+            traced = trace_path.stat().st_size
+            rows.append({"levels": levels, "steps": steps, "keys": len(summary.keys[next(iter(summary.keys))]),
+                         "trace": f"{traced / 1024:,.0f} KiB", "summary .xsp.json": f"{plain / 1024:.1f} KiB",
+                         "share": f"{plain / traced:.2%}", "summary .xsp.json.gz": f"{compressed / 1024:.1f} KiB",
+                         "share (gz)": f"{compressed / traced:.2%}", "goal": "<= 1% of the trace, < 1 MB"})
+            print(f"  summary of resnet50 {levels} x {steps}: {plain} bytes of {traced}", file=sys.stderr)
     return rows
 
 
@@ -224,9 +297,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slowed", type=int, default=8, help="runs per slowdown (default: 8)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="timings of the speed test (best kept)")
+    parser.add_argument("--size-steps", type=int, nargs="+", default=[40, 100],
+                        help="steps of the ResNet-50 runs whose summaries are weighed (default: 40 100)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
+        size_rows = summary_sizes(folder, args.size_steps)
+        print(*markdown_table(size_rows), sep="\n", file=sys.stderr)
         accuracy_rows = accuracy(args.pairs, args.slowed, args.steps, folder)
         print(*markdown_table(accuracy_rows), sep="\n", file=sys.stderr)
         speed_rows = speed(folder, args.repeats)
@@ -235,7 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"`python benchmarks/diff.py --pairs {args.pairs} --slowed {args.slowed} --steps {args.steps}`.")
     lines = ["# xsp diff: false alarms, detection, attribution, speed", "", header, "",
              "## Accuracy: separate processes, default settings (threshold 5%, min delta 20 µs, FDR 0.01)", "",
-             *markdown_table(accuracy_rows), "", "## Speed: two 200k-span traces", "", *markdown_table(speed_rows)]
+             *markdown_table(accuracy_rows), "",
+             "## Baselines: ResNet-50's summary beside its trace", "",
+             "The summary file as `xsp summary TRACE -o baseline.xsp.json` writes it (and gzip-compressed), "
+             "against the trace's Parquet file; a summary grows with the keys, a trace with the steps too.", "",
+             *markdown_table(size_rows), "", "## Speed: two 200k-span traces", "", *markdown_table(speed_rows)]
     record(lines, RESULTS)
     return 0
 

@@ -3,8 +3,8 @@
 ``xsp summary TRACE -o baseline.xsp.json`` (or :func:`summarize` and :meth:`Summary.save`)
 keeps, for every key of the run (by path and by name), its level, kind, parent key, count,
 total, input shapes and dtypes, kernels per step, and per-step samples: at most
-:data:`QUANTILES` of them (evenly spaced quantiles when the key had more; their medians agree,
-and the rank test then sees fewer samples, which only makes it more cautious). The file is
+:data:`QUANTILES` of them (evenly spaced quantiles when the key had more, the middle one its
+median; :func:`xsp.diff` reads as many samples back off them as the key had). The file is
 JSON: the run's metadata as it is, and the keys packed by :mod:`xsp.summary_codec` (a few
 bytes per key; medians and totals within 0.05%, samples within an eighth of the key's
 interquartile range). A name ending in ``.gz`` is gzip-compressed too. Summaries written by

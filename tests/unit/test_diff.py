@@ -246,6 +246,23 @@ def test_steps_select_samples():
     assert int(keys[keys[d.KEY] == "net[0]"][d.SAMPLE_COUNT].iloc[0]) == 2
 
 
+def test_a_summary_judges_as_its_trace_did(tmp_path):
+    # a 10% change in one layer, 2% noise: the 9 quantiles a summary keeps of 40 steps stand for
+    # 40 samples, so the test is as sure as with the trace itself (9 alone would miss some)
+    found, false = 0, 0
+    for seed in range(8):
+        base = run(10 + seed)
+        baseline = summarize(base).save(tmp_path / f"base{seed}.xsp.json")
+        slowed = run(30 + seed, slower={"net.c": 0.1})
+        from_trace = row(diff(base, slowed), "net[0]/net.c[0]")
+        from_summary = row(diff(baseline, slowed), "net[0]/net.c[0]")
+        assert from_summary[d.VERDICT] == from_trace[d.VERDICT]
+        assert from_summary[d.P_VALUE] == pytest.approx(from_trace[d.P_VALUE], rel=0.5, abs=1e-6)
+        found += from_summary[d.VERDICT] == "regressed"
+        false += diff(baseline, run(50 + seed)).verdict is not d.Verdict.UNCHANGED
+    assert found == 8 and false == 0
+
+
 def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
     base, new = run(1), run(2, slower={"net.b": 0.3})
     path = summarize(base, source="base").save(tmp_path / "base.xsp.json")
