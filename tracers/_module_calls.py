@@ -178,9 +178,12 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
     begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
+    # closure constants, not keyword defaults: a keyword argument the model takes could not
+    # then be caught by the wrapper instead of reaching the model
+    _orig, _now, _tensor, _id = original, now_ns, _TENSOR, id
+
     @_named_as(original)
-    def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
-                        **kwargs: Any) -> Any:
+    def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
         try:
@@ -211,8 +214,23 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         if pop is not None:
             pop()
         buffer.depth = 0
-        buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
-        if len(buffer.calls) >= COMPACT_AT:
+        # buffer.record_call, inlined as in the layer wrapper
+        in_desc = args[0].shape if not kwargs and len(args) == 1 and type(args[0]) is _tensor else describe_inputs(
+            args, kwargs)
+        out_desc = out.shape if type(out) is _tensor else describe(out)
+        ids = buffer.descriptor_ids
+        input_id = ids.get(in_desc)
+        if input_id is None:
+            input_id = buffer.intern_descriptor(in_desc)
+        output_id = ids.get(out_desc)
+        if output_id is None:
+            output_id = buffer.intern_descriptor(out_desc)
+        module_id = buffer.module_ids.get(_id(self))
+        if module_id is None:
+            module_id = buffer.intern_module(self)
+        calls = buffer.calls
+        calls.append((start, end, module_id, 0, input_id, output_id, NO_ERROR))
+        if len(calls) >= COMPACT_AT:
             buffer.compact()
         buffer.steps.call_ends(end)
         return out
@@ -227,9 +245,10 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
     hook_backward = _backward_hooks(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
+    _orig, _now, _tensor, _id = original, now_ns, _TENSOR, id  # closure constants (see above)
+
     @_named_as(original)
-    def xsp_module_call(self: nn.Module, *args: Any, _orig: Any = original, _now: Any = now_ns,
-                        _tensor: Any = _TENSOR, _id: Any = id, **kwargs: Any) -> Any:
+    def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
         try:

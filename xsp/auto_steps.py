@@ -104,8 +104,16 @@ class AutoSteps:
             # the most common case by far, one model per iteration: the last step was its one
             # call (no step span), and this call is the next one
             self.type = _NONE  # decided: the thread's records can be handed over
-            handed_over = self._decided(self.last_end_ns - self.start_ns)
+            handed_over = self._decided(self.start_ns, self.last_end_ns)
             self.type, self.start_ns = _INFERENCE, start_ns
+            return handed_over
+        if (kind is _TRAIN and self.pieces == 1 and module_id == self.leader and training and not self.trained
+                and not self.closed_ns and not self.optimizer_seen and not self.wait_ns):
+            # as common: a forward with autograd on and no training (an evaluation without
+            # no_grad), one call per step; what _finish and _open would do, in short
+            self.type = _NONE
+            handed_over = self._decided(self.start_ns, self.last_end_ns)
+            self.type, self.start_ns = _TRAIN, start_ns
             return handed_over
         decided = False
         if kind is _TRAIN:
@@ -223,13 +231,14 @@ class AutoSteps:
             buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, _ATTRIBUTES[kind], None))
         self._reset()
         self.resume_ns = 0
-        return self._decided(end_ns - start_ns)
+        return self._decided(start_ns, end_ns)
 
-    def _decided(self, duration_ns: int) -> bool:
+    def _decided(self, start_ns: int, end_ns: int) -> bool:
         """A step of this thread is decided: tell whoever listens (long-step export, flushes).
         True when someone was told."""
         recording = self._buffer.recording
-        if recording.on_long_step is not None and duration_ns >= recording.long_step_ns:
-            recording.on_long_step(duration_ns)
+        if recording.on_long_step is not None and (end_ns - start_ns >= recording.long_step_ns
+                                                   or end_ns >= recording.report_after_ns):
+            recording.on_long_step(end_ns - start_ns)
             return True
         return False

@@ -367,6 +367,11 @@ class Recording:
         self.dropped: Counter[str] = Counter()
         self.long_step_ns = NEVER
         """Steps at least this long are reported to ``on_long_step``."""
+        self.report_after_ns = NEVER
+        """A step that ends at or after this time is reported to ``on_long_step`` too (the next
+        streaming window is due): one comparison per step instead of a call."""
+        self.report_at_events = NEVER
+        """Once this many events are kept, the next step is reported (``report_after_ns`` drops to 0)."""
         self.external_ids = False
         """Set once module calls push their start as CUPTI external correlation ids."""
         self.paused = False
@@ -421,6 +426,8 @@ class Recording:
             room = max(self.max_events - self.kept_events, 0)
             kept = min(room, count)
             self.kept_events += kept
+            if self.kept_events >= self.report_at_events:
+                self.report_after_ns = 0
             if count > kept:
                 self.dropped[what] += count - kept
         return kept

@@ -396,7 +396,7 @@ class Session:
         window_ns = int(WINDOW_S * 1e9) if self._segments is not None else NEVER
         window_events = WINDOW_EVENTS if self._segments is not None else NEVER
         recording = self._recording
-        every_step = bool(flushers) or window_ns != NEVER or scheduled
+        every_step = bool(flushers) or scheduled
 
         def step_ended(duration_ns: int) -> None:
             if scheduled:
@@ -409,9 +409,14 @@ class Session:
             if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns
                                         or recording.kept_events - windows.closed_events >= window_events):
                 windows.close_window()
+                recording.report_after_ns = windows.closed_ns + window_ns
+                recording.report_at_events = windows.closed_events + window_events
 
-        self._recording.long_step_ns = 0 if every_step else long_step_ns
-        self._recording.on_long_step = step_ended
+        recording.long_step_ns = 0 if every_step else long_step_ns
+        if windows is not None:  # the window after the first is due WINDOW_S or WINDOW_EVENTS from now
+            recording.report_after_ns = windows.closed_ns + window_ns
+            recording.report_at_events = windows.closed_events + window_events
+        recording.on_long_step = step_ended
 
     def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
         """On the thread whose step was just decided: keep or forget its records as the schedule

@@ -103,7 +103,8 @@ class step(span):  # noqa: N801
             return
         buffer = recording.buffer()
         buffer.open_steps -= 1
-        duration_ns = now_ns() - self._start
+        end_ns = now_ns()
+        duration_ns = end_ns - self._start
         if (not buffer.open_steps and not buffer.depth and recording.on_long_step is not None
-                and duration_ns >= recording.long_step_ns):
+                and (duration_ns >= recording.long_step_ns or end_ns >= recording.report_after_ns)):
             recording.on_long_step(duration_ns)

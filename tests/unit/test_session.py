@@ -104,6 +104,21 @@ def test_batch_size_comes_from_keyword_inputs_too():
     assert predict[col.BATCH_SIZE] == 5
 
 
+class TakesUnderscoredKeywords(nn.Module):
+    def forward(self, x, _orig=None, _now=None, _id=None, _tensor=None):
+        return x + sum(v for v in (_orig, _now, _id, _tensor) if v is not None)
+
+
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_every_keyword_argument_reaches_the_model(levels):
+    model = nn.Sequential(TakesUnderscoredKeywords())
+    inner = model[0]
+    with xsp.trace(levels=levels) as session:
+        out = inner(torch.zeros(2), _orig=1, _now=2, _id=3, _tensor=4)
+    assert out.tolist() == [10.0, 10.0]
+    assert (session.trace.spans[col.KIND] == "predict").sum() == 1
+
+
 def test_paths_are_stable_across_steps_and_count_repeated_calls():
     shared = nn.Linear(4, 4)
 
