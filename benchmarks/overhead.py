@@ -2,6 +2,8 @@
 
 Prints a table and records it in benchmarks/results/overhead.md:
 
+* per top-level call of a model that does nothing (each call a step of its own, the trace
+  written as a default session writes it): the fixed cost of a step at each level.
 * per module call: baseline, an empty pair of global module hooks (the floor PyTorch
   imposes on hook-based tracers), xsp's model level and xsp's layer level, on a model of
   500 small Linear layers and on ResNet-50 at batch 1. Goal: layer <= 1.35x the hooks'
@@ -20,6 +22,7 @@ import argparse
 import gc
 import platform
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -70,8 +73,17 @@ def _empty_post(module, args, output):  # type: ignore[no-untyped-def]
     return None
 
 
-def per_call_overheads(model: nn.Module, example: torch.Tensor, iterations: int, rounds: int) -> dict[str, float]:
-    """ns per module call for each configuration, best round of interleaved rounds."""
+class Identity(nn.Module):
+    """A model that does nothing: each call is a whole step, so what xsp adds is all there is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def per_call_overheads(model: nn.Module, example: torch.Tensor, iterations: int, rounds: int,
+                       output: Path | None = None) -> dict[str, float]:
+    """ns per module call for each configuration, best round of interleaved rounds (sessions
+    write to ``output``, streaming as a default session does, when it is given)."""
     modules = sum(1 for _ in model.modules())
 
     def loop() -> None:
@@ -94,7 +106,7 @@ def per_call_overheads(model: nn.Module, example: torch.Tensor, iterations: int,
 
     def xsp_level(levels: str) -> Callable[[], float]:
         def measure() -> float:
-            with xsp.trace(levels=levels, output=None):
+            with xsp.trace(levels=levels, output=output):
                 loop()
                 return best_ns(loop, iterations * modules)
         return measure
@@ -212,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "| model | configuration | ns per module call | overhead ns | ratio to empty hooks | added latency |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
+    with tempfile.TemporaryDirectory() as scratch:  # a top-level call is a step: its fixed cost
+        lines += overhead_rows("one module doing nothing, a step per call (trace written)", per_call_overheads(
+            Identity(), torch.zeros(1), 20_000, args.rounds, Path(scratch) / "steps.xsp.parquet"))
     linear = nn.Sequential(*[nn.Linear(8, 8) for _ in range(500)]).eval()
     lines += overhead_rows("500 x Linear(8, 8), batch 1", per_call_overheads(linear, torch.randn(1, 8), 10,
                                                                                 args.rounds))
