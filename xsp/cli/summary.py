@@ -17,8 +17,8 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "summary", help="write a small baseline of a run for xsp diff",
         description="Keep what xsp diff needs of a run (every key's count, total and per-step samples, at most "
-                    "16 quantiles each) in a JSON file to commit as the baseline of a CI check: "
-                    "xsp diff baseline.xsp.json new.xsp.parquet. A name ending in .gz is compressed.")
+                    "9 quantiles each, packed: a few bytes per key) in a JSON file to commit as the baseline of a "
+                    "CI check: xsp diff baseline.xsp.json new.xsp.parquet. A name ending in .gz is compressed.")
     parser.add_argument("file", help="a trace (.xsp.parquet, or a Kineto .json/.json.gz)")
     parser.add_argument("-o", "--output", default=None,
                         help="where to write it (default: FILE with .xsp.json in place of its suffix)")
