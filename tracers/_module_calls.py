@@ -306,7 +306,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             module_id = buffer.intern_module(self)
         calls = buffer.calls
         calls.append((start, end, module_id, depth, input_id, output_id, NO_ERROR))
-        if _grad_enabled():
+        if _grad_enabled() and recording.backward_hooks:
             hook_backward(buffer, out, self, start)
         if depth < 2:
             if len(calls) >= COMPACT_AT:

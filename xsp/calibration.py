@@ -89,17 +89,21 @@ def _durations_ns(found: Any, level: Level) -> list[float]:
     return mine[col.DURATION_NS].astype("float64").tolist()
 
 
-def calibrate(levels: Sequence[Level]) -> dict[Level, LevelCost]:
+def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelCost]:
     """The cost of one span of each host-timed level among ``levels`` (model, layer, operator).
+
+    With ``grad``, the calls are measured while autograd records a graph, as a model called
+    without ``torch.no_grad`` runs: the layer level then also hooks each call's backward, which
+    costs several times more than the call's own record.
 
     Runs in a fraction of a second per level, outside any session (it opens its own); the
     CUDA levels are not calibrated (their records come from the GPU's own buffers).
     """
     found: dict[Level, LevelCost] = {}
-    x = torch.zeros(1)
+    x = torch.zeros(1, requires_grad=grad)  # so that every leaf's output has a graph node
     leaf = _Leaf()
     fan = _Fan()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for _ in range(20):
             fan(x)
         # an untraced module call: what a span around it would measure without xsp

@@ -21,6 +21,7 @@ traced runs to :func:`merge_runs`, which
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -364,6 +365,41 @@ def steps_per_run(fn: Callable[[], Any], run_s: float = RUN_S) -> int:
     return int(min(max(math.ceil(run_s / per_call), MIN_REPEAT), MAX_REPEAT))
 
 
+@dataclass(frozen=True)
+class Autograd:
+    """What autograd does in one call of the function under study."""
+
+    records: bool
+    """Its models are called while autograd records a graph (no ``torch.no_grad``)."""
+    runs_backward: bool
+    """It runs a backward pass."""
+
+
+def autograd_of(fn: Callable[[], Any]) -> Autograd:
+    """One call of ``fn`` traced at the model level, which notes each model call's grad mode
+    and each backward pass."""
+    from xsp.session import trace
+
+    with trace(levels=("model",), output=None, schedule=None) as session:
+        fn()
+    return autograd_in(session.trace)
+
+
+def autograd_in(found: Trace | None) -> Autograd:
+    """What autograd did in a trace with the model level: grad mode of its model calls, backward passes."""
+    spans = found.spans if found is not None else None
+    if spans is None or not len(spans):
+        return Autograd(records=False, runs_backward=False)
+    records = False
+    for text in spans[spans[col.KIND] == col.SpanKind.PREDICT.value][col.ATTRIBUTES]:
+        try:
+            attributes = json.loads(text) if isinstance(text, str) else {}
+        except ValueError:
+            continue
+        records |= isinstance(attributes, dict) and attributes.get(col.ATTR_MODEL_GRAD) is True
+    return Autograd(records=records, runs_backward=bool((spans[col.KIND] == col.SpanKind.BACKWARD.value).any()))
+
+
 def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int | None = None,
             warmup: int = 2, output: str | os.PathLike[str] | None = None, trim: float = TRIM_FRACTION,
             rounds: int | None = None, target: float = DEFAULT_TARGET, budget_s: float = DEFAULT_BUDGET_S,
@@ -381,7 +417,10 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     By default the rounds go on until the model latency and every top-level layer have a 95%
     confidence interval within ``target`` (±2%) of their figure, or ``budget_s`` seconds past
     the first round have gone by (at least ``MIN_ROUNDS``, at most ``MAX_ROUNDS``); ``rounds=``
-    forces a count. Before the runs, each level's own cost per span is calibrated
+    forces a count. First, one call of ``fn`` traced at the model level finds whether it
+    records an autograd graph and whether it runs backward: a function that records one but
+    never runs backward (inference without ``torch.no_grad``) is traced without backward hooks.
+    Before the runs, each level's own cost per span is calibrated
     (:mod:`xsp.calibration`) and taken out of every figure (``compensate=False`` keeps them
     raw). Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
     in ``trace.metadata["leveled"]["skipped"]``.
@@ -428,7 +467,14 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     _, unavailable = tracers_for(parse_levels(levels))
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
     plan = level_runs(wanted)
-    costs = calibrate(wanted) if compensate else {}
+    # a function that records a graph but never runs backward (inference without no_grad): its
+    # layer runs hook no backward (which would cost each layer call several microseconds and
+    # disturb the figures), and the calibration measures what that costs
+    autograd = autograd_of(fn) if compensate or "backward" not in trace_options else None
+    if autograd is not None:
+        trace_options.setdefault("backward", autograd.runs_backward)
+    costs = calibrate(wanted, grad=autograd is not None and autograd.records and bool(trace_options["backward"])
+                      ) if compensate else {}
     traces: dict[tuple[Level, ...], list[Trace]] = {run_levels: [] for run_levels in plan}
     result: LeveledResult | None = None
     first_round_end = None
@@ -468,6 +514,8 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     details["adaptive"] = rounds is None
     details["repeat"] = repeat
     details["precise"] = precise_enough(result, target)
+    details["backward_hooks"] = bool(trace_options.get("backward", True))
+    details["records_autograd"] = None if autograd is None else autograd.records
     details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
     if output is not None:
         result.save(output)

@@ -372,6 +372,8 @@ class Recording:
         streaming window is due): one comparison per step instead of a call."""
         self.report_at_events = NEVER
         """Once this many events are kept, the next step is reported (``report_after_ns`` drops to 0)."""
+        self.backward_hooks = True
+        """Layer calls hook their graph nodes for backward spans while autograd records."""
         self.external_ids = False
         """Set once module calls push their start as CUPTI external correlation ids."""
         self.paused = False

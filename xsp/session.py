@@ -144,8 +144,10 @@ class Session:
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
-                 span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None) -> None:
+                 span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
+                 backward: bool = True) -> None:
         self.levels = parse_levels(levels)
+        self.backward = backward
         # absolute now: the program may change directory before the file is written
         self.dataset = None if dataset is None else Path(dataset).absolute()
         self.run_id: str | None = None
@@ -167,7 +169,7 @@ class Session:
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-            calibrate=calibrate, span_budget=span_budget, dataset=dataset)
+            calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
         self._tracers: list[Tracer] = []
         self._unavailable: dict[Level, str] = {}
         self._recording: Recording | None = None
@@ -197,16 +199,20 @@ class Session:
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
         if self.calibrate and _state.session is None:  # before this session claims the process: it traces
+            import torch
+
             from xsp.calibration import calibrate
 
             try:
-                self._costs = {level.value: cost.as_dict() for level, cost in calibrate(self.levels).items()}
+                self._costs = {level.value: cost.as_dict() for level, cost in calibrate(
+                    self.levels, grad=torch.is_grad_enabled() and self.backward).items()}
             except Exception as exc:  # a failed calibration costs the figures, never the program
                 self._warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
             active = _state.session
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self._recording = Recording(self.max_events)
+                self._recording.backward_hooks = self.backward
                 _state.session, _state.recording = self, self._recording
                 self._thread_id = threading.get_native_id()
         if active is not None:
@@ -754,7 +760,8 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
           long_step_s: float = DEFAULT_LONG_STEP_S,
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
-          span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None) -> Session:
+          span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
+          backward: bool = True) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -783,6 +790,10 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
             form one Parquet dataset that DuckDB, Spark or Trino query with ``run`` and ``rank``
             as partition columns. The run id is ``XSP_RUN_ID``, else the distributed job's id,
             else the start time with a random suffix.
+        backward: while autograd records a graph, hook each layer call's graph node so that
+            its backward becomes a span (several microseconds per layer call). False for a
+            block that never runs backward, such as inference without ``torch.no_grad``: its
+            layers then cost what they cost under ``no_grad``.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -798,4 +809,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-                   calibrate=calibrate, span_budget=span_budget, dataset=dataset)
+                   calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)

@@ -205,6 +205,24 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("trains", [False, True])
+def test_run_leveled_hooks_backward_only_in_a_script_that_runs_it(tmp_path, trains):
+    script = tmp_path / "grad.py"
+    script.write_text("import torch\n"
+                      "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+                      "for _ in range(3):\n"
+                      "    out = model(torch.randn(4, 8))  # autograd records: no torch.no_grad here\n"
+                      + ("    out.sum().backward()\n" if trains else ""))
+    result = xsp_cli("run", "--leveled", "--levels", "model,layer", "--warmup", "1", "--rounds", "1",
+                     "-o", "lv.xsp.parquet", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trace = xsp.load(tmp_path / "lv.xsp.parquet")
+    layer_backward = trace.spans[(trace.spans[col.LEVEL] == "layer") & (trace.spans[col.KIND] == "backward")]
+    assert (len(layer_backward) > 0) is trains
+    leveled = trace.metadata["leveled"]
+    assert leveled["records_autograd"] is True and leveled["backward_hooks"] is trains
+
+
 def test_run_leveled_refuses_otlp_and_a_negative_warmup(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--leveled", "--warmup", "-1", "--", str(tiny), "1"]) == 2

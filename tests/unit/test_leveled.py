@@ -158,7 +158,8 @@ def test_rounds_interleave_the_runs_and_pool_their_steps():
         result = xsp.leveled(lambda: order.append(model(torch.randn(2, 4))), levels="model,layer", repeat=3,
                              warmup=0, rounds=2)
     assert result.overhead["steps"].tolist() == [6, 6]
-    assert result.trace.metadata["leveled"]["rounds"] == 2 and len(order) == 12
+    # 2 rounds of 2 runs of 3 steps, and the first call that finds what autograd does in it
+    assert result.trace.metadata["leveled"]["rounds"] == 2 and len(order) == 12 + 1
     assert result.unmatched.empty
 
 
@@ -292,3 +293,78 @@ def test_a_model_figure_loses_the_pass_through_cost_of_each_module_call_inside_i
     spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
     assert spans.loc[PREDICT, col.OVERHEAD_NS] == 50 + 3 * 5  # itself, and a, c and b passing through
     assert spans.loc[A, col.OVERHEAD_NS] == 0  # no layer cost calibrated
+
+
+def test_calibration_under_autograd_measures_the_backward_hooks_too():
+    plain, recording = calibrate([Level.LAYER]), calibrate([Level.LAYER], grad=True)
+    # each layer call then also hooks its graph node for the backward span: microseconds more
+    assert recording[Level.LAYER].parent_ns > plain[Level.LAYER].parent_ns + 500
+
+
+def _small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_what_autograd_does_in_a_call_is_found_by_tracing_one():
+    from xsp.leveled import Autograd, autograd_of
+
+    model, x = _small_model(), torch.randn(4, 8)
+
+    def no_grad() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def train() -> None:
+        model(x).sum().backward()
+
+    assert autograd_of(no_grad) == Autograd(records=False, runs_backward=False)
+    assert autograd_of(lambda: model(x)) == Autograd(records=True, runs_backward=False)
+    assert autograd_of(train) == Autograd(records=True, runs_backward=True)
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_a_session_without_backward_hooks_records_no_layer_backward(backward):
+    model, x = _small_model(), torch.randn(4, 8)
+    with xsp.trace(levels="model,layer", output=None, backward=backward) as session:
+        model(x).sum().backward()
+    spans = session.trace.spans
+    layer_backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == SpanKind.BACKWARD.value)]
+    assert (len(layer_backward) > 0) is backward
+    assert (spans[col.LEVEL] == "layer").sum() >= 3  # the forward layers are there either way
+
+
+def test_leveled_inference_without_no_grad_hooks_no_backward_but_training_does():
+    model, x = _small_model(), torch.randn(4, 8)
+    inference = xsp.leveled(lambda: model(x), levels=("model", "layer"), rounds=1, repeat=2)
+    training = xsp.leveled(lambda: model(x).sum().backward(), levels=("model", "layer"), rounds=1, repeat=2)
+    for result, hooked in ((inference, False), (training, True)):
+        spans = result.trace.spans
+        layer_backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == SpanKind.BACKWARD.value)]
+        assert (len(layer_backward) > 0) is hooked
+        details = result.trace.metadata["leveled"]
+        assert details["records_autograd"] is True and details["backward_hooks"] is hooked
+
+
+def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatch):
+    from xsp.tracers import _module_calls
+
+    hooked = []
+    make_hooks = _module_calls._backward_hooks
+
+    def counting(recording):  # type: ignore[no-untyped-def]
+        hook = make_hooks(recording)
+
+        def counted(*args):  # type: ignore[no-untyped-def]
+            hooked.append(args[2])
+            return hook(*args)
+
+        return counted
+
+    monkeypatch.setattr(_module_calls, "_backward_hooks", counting)
+    model, x = _small_model(), torch.randn(4, 8)
+    xsp.leveled(lambda: model(x), levels=("model", "layer"), rounds=1, repeat=2)
+    assert hooked == []
+    with xsp.trace(levels="model,layer", output=None):  # a plain session hooks them, as it cannot know
+        model(x)
+    assert len(hooked) == 4  # the three layers and the Sequential around them

@@ -209,9 +209,11 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     import time
 
     from xsp.calibration import calibrate
+    from xsp.compensation import LevelCost
     from xsp.leveled import (
         MAX_ROUNDS,
         LeveledRun,
+        autograd_in,
         level_runs,
         measured_steps,
         merge_runs,
@@ -240,7 +242,8 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     plan = level_runs(wanted)
     traces: dict[tuple[Level, ...], list[Trace]] = {levels: [] for levels in plan}
     target = options.target / 100
-    costs = {} if options.no_compensate else calibrate(wanted)
+    costs: dict[Level, LevelCost] | None = None  # once the first run has shown what autograd does in the script
+    backward = True
     first_round_end: float | None = None
     round_number = 0
     with xsp_warnings_to_stderr():
@@ -248,10 +251,16 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
             turn = round_number % len(plan)  # as xsp.leveled: each round starts one run later
             for levels in plan[turn:] + plan[:turn]:
                 out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
-                session = Session(levels=levels, output=None, service_name=options.service_name or script.stem)
+                session = Session(levels=levels, output=None, service_name=options.service_name or script.stem,
+                                  backward=backward)
                 status = _run_script(script, script_args, session)
                 if status != 0:
                     return status
+                if costs is None:  # the model level alone runs first: a script that records a graph
+                    # but never runs backward is traced without backward hooks, as xsp.leveled does
+                    autograd = autograd_in(session.trace)
+                    backward = autograd.runs_backward
+                    costs = {} if options.no_compensate else calibrate(wanted, grad=autograd.records and backward)
                 if session.trace is None or len(session.trace.steps) <= options.warmup:
                     raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
                                    f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
@@ -261,8 +270,8 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
             round_number += 1
             first_round_end = first_round_end or time.monotonic()
             try:
-                result = merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan], costs=costs,
-                                    target=target)
+                result = merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan],
+                                    costs=costs or {}, target=target)
             except ValueError as exc:
                 raise CliError(f"the runs cannot be merged: {exc}") from None
             if options.rounds is not None:
@@ -271,6 +280,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
             elif round_number >= 2 and (precise_enough(result, target) or round_number >= MAX_ROUNDS
                                         or time.monotonic() - first_round_end > options.budget):
                 break
+    result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=autograd.records)
     result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=round_number,
                                             adaptive=options.rounds is None,
                                             precise=precise_enough(result, target))
