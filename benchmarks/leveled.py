@@ -148,6 +148,15 @@ def small_layer_model() -> Callable[[], Any]:
     return lambda: model(x)
 
 
+def with_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` called while autograd records a graph (as a plain ``model(x)`` is), never running backward."""
+    def called() -> Any:
+        with torch.enable_grad():
+            return fn()
+
+    return called
+
+
 def top_layer_error(result: Any) -> float:
     """Sum of the top-level layers over the model call's leveled latency, minus one."""
     from xsp import schema as col
@@ -248,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, batch, fn in workloads:
                 print(f"measuring {name}, batch {batch} ...", file=sys.stderr)
                 rows.append(measure(name, batch, fn, args.repeat, args.warmup, args.rounds))
-        chosen = [(f"{SMALL_LAYERS} x Linear(64, 64) + ReLU", 8, small_layer_model())]
+        small = small_layer_model()
+        chosen = [(f"{SMALL_LAYERS} x Linear(64, 64) + ReLU", 8, small),
+                  (f"{SMALL_LAYERS} x Linear(64, 64) + ReLU, without no_grad", 8, with_grad(small))]
         if args.repeatability == "all":
             chosen += workloads
         for name, batch, fn in chosen:
