@@ -103,17 +103,23 @@ class _Ragged:
         sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         return cls(np.concatenate(arrays) if arrays else np.zeros(0), sizes)
 
-    def quantile(self, q: np.ndarray | float) -> np.ndarray:
+    def quantile(self, q: float) -> np.ndarray:
         """Each row's ``q`` quantile, interpolated as ``np.quantile`` does (0 for an empty row)."""
-        at = np.broadcast_to(q, self.sizes.shape) * np.maximum(self.sizes - 1, 0)
+        return self.quantiles_at(np.arange(len(self.sizes)), np.full(len(self.sizes), q))
+
+    def quantiles_at(self, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """The ``q[i]`` quantile of row ``rows[i]``, interpolated as ``np.quantile`` does (0 for an
+        empty row)."""
+        sizes = self.sizes[rows]
+        at = q * np.maximum(sizes - 1, 0)
         low = np.floor(at).astype(np.int64)
-        high = np.minimum(low + 1, np.maximum(self.sizes - 1, 0))
+        high = np.minimum(low + 1, np.maximum(sizes - 1, 0))
         if not len(self.values):
-            return np.zeros(len(self.sizes))
+            return np.zeros(len(rows))
         last = len(self.values) - 1
-        below = self.values[np.minimum(self.starts + low, last)]
-        above = self.values[np.minimum(self.starts + high, last)]
-        return np.where(self.sizes > 0, below + (at - low) * (above - below), 0.0)
+        below = self.values[np.minimum(self.starts[rows] + low, last)]
+        above = self.values[np.minimum(self.starts[rows] + high, last)]
+        return np.where(sizes > 0, below + (at - low) * (above - below), 0.0)
 
     def mean(self) -> np.ndarray:
         sums = np.bincount(self.row, weights=self.values, minlength=len(self.sizes))
@@ -131,16 +137,8 @@ def _kept_samples(samples: _Ragged) -> _Ragged:
     kept_sizes = np.where(many, QUANTILES, samples.sizes)
     kept = _Ragged(np.zeros(int(kept_sizes.sum())), kept_sizes)
     position = np.arange(len(kept.values)) - kept.starts[kept.row]  # within its row
-    quantile_rows = many[kept.row]
-    q = (position + 0.5) / QUANTILES
-    at = q * (samples.sizes[kept.row] - 1)
-    low = np.floor(at).astype(np.int64)
-    high = np.minimum(low + 1, samples.sizes[kept.row] - 1)
-    base = samples.starts[kept.row]
-    below, above = samples.values[base + low], samples.values[base + np.maximum(high, 0)]
-    interpolated = below + (at - low) * (above - below)
-    kept.values = np.where(quantile_rows, interpolated, samples.values[base + np.minimum(position, np.maximum(
-        samples.sizes[kept.row] - 1, 0))])
+    every = samples.values[samples.starts[kept.row] + position]  # a row with few keeps them all
+    kept.values = np.where(many[kept.row], samples.quantiles_at(kept.row, (position + 0.5) / QUANTILES), every)
     return kept
 
 
