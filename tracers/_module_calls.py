@@ -180,7 +180,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
 
     # closure constants, not keyword defaults: a keyword argument the model takes could not
     # then be caught by the wrapper instead of reaching the model
-    _orig, _now, _tensor, _id = original, now_ns, _TENSOR, id
+    _orig, _now = original, now_ns
 
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -214,23 +214,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         if pop is not None:
             pop()
         buffer.depth = 0
-        # buffer.record_call, inlined as in the layer wrapper
-        in_desc = args[0].shape if not kwargs and len(args) == 1 and type(args[0]) is _tensor else describe_inputs(
-            args, kwargs)
-        out_desc = out.shape if type(out) is _tensor else describe(out)
-        ids = buffer.descriptor_ids
-        input_id = ids.get(in_desc)
-        if input_id is None:
-            input_id = buffer.intern_descriptor(in_desc)
-        output_id = ids.get(out_desc)
-        if output_id is None:
-            output_id = buffer.intern_descriptor(out_desc)
-        module_id = buffer.module_ids.get(_id(self))
-        if module_id is None:
-            module_id = buffer.intern_module(self)
-        calls = buffer.calls
-        calls.append((start, end, module_id, 0, input_id, output_id, NO_ERROR))
-        if len(calls) >= COMPACT_AT:
+        buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
+        if len(buffer.calls) >= COMPACT_AT:
             buffer.compact()
         buffer.steps.call_ends(end)
         return out
