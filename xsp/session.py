@@ -404,6 +404,11 @@ class Session:
         recording = self._recording
         every_step = bool(flushers) or scheduled
 
+        def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
+            assert windows is not None
+            recording.report_after_ns = windows.closed_ns + window_ns
+            recording.report_at_events = windows.closed_events + window_events
+
         def step_ended(duration_ns: int) -> None:
             if scheduled:
                 self._scheduled_step_ended(duration_ns)
@@ -415,13 +420,11 @@ class Session:
             if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns
                                         or recording.kept_events - windows.closed_events >= window_events):
                 windows.close_window()
-                recording.report_after_ns = windows.closed_ns + window_ns
-                recording.report_at_events = windows.closed_events + window_events
+                next_window_due()
 
         recording.long_step_ns = 0 if every_step else long_step_ns
-        if windows is not None:  # the window after the first is due WINDOW_S or WINDOW_EVENTS from now
-            recording.report_after_ns = windows.closed_ns + window_ns
-            recording.report_at_events = windows.closed_events + window_events
+        if windows is not None:
+            next_window_due()
         recording.on_long_step = step_ended
 
     def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
