@@ -29,6 +29,12 @@ steps (:mod:`xsp.auto_steps`) that it begins and ends.
 
 While the CUDA levels run, each recorded call also pushes its start onto CUPTI's external
 correlation stack (and pops it on return), so that every CUDA call made inside it names it.
+
+Where xsp's C extension is built (:mod:`xsp.hotpath`), the installed wrapper is a short Python
+function whose dynamo test is followed by a call into C, which records the common cases (a
+call inside a top-level call at the layer level; at the model level, a model's next call of a
+one-call step, :attr:`xsp.auto_steps.AutoSteps.lane`) and hands every other call to the Python
+wrapper below. The C path writes the same records; tests compare the two.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from torch import nn
 from xsp.tracers._model_names import model_name
 from xsp.tracers._post_import import forget, when_imported
 
+from xsp import hotpath
+from xsp.auto_steps import AutoSteps
 from xsp.clock import now_ns
 from xsp.recording import (
     BACKWARD_ALIAS,
@@ -150,6 +158,7 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
             start = now_ns()  # the step before was handed over first: the call starts now
         if recording.paused:
             buffer.skipping = True
+            buffer.steps.lane = 0
             return start
         buffer.skipping = False
         # from the instance's dict: a TorchScript module answers ``.training`` in a microsecond
@@ -172,6 +181,46 @@ def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module:
         buffer.steps.call_ends(now_ns())
 
 
+def _record_failure(buffer: ThreadBuffer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    start: int, end: int | None, exc: BaseException, depth: int) -> None:
+    """What the wrapper records when a call raised (the C path hands this over to Python)."""
+    end = start if end is None else end
+    buffer.record_call(start, end, module, depth, describe_inputs(args, kwargs), None, error_text(exc))
+    if not depth:
+        buffer.steps.call_ends(end)
+
+
+def _no_backward_hooks(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
+    """The model level hooks no backward (its wrapper records no call inside a top-level one)."""
+
+
+def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, original: Callable[..., Any],
+                  correlation: Correlation | None,
+                  hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int], None] = _no_backward_hooks,
+                  ) -> Callable[..., Any]:
+    """The wrapper ``slow`` (in Python), with its common cases done in C where that is built.
+
+    The result is still a Python function, so that dynamo inlines it and folds its first test
+    to a constant; after that test, ``xsp._hotpath.FastCall`` records the calls it knows how to
+    and hands every other one to ``slow``. CUPTI correlation (a push and a pop around each
+    call) stays in Python.
+    """
+    if hotpath.HOTPATH is None or correlation is not None:
+        return slow
+    fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
+                            jit_tracing, _TENSOR, describe_inputs, describe, _record_failure, hook_backward,
+                            ThreadBuffer, AutoSteps, COMPACT_AT)
+    _orig = original
+
+    @_named_as(original)
+    def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if dynamo_compiling():
+            return _orig(self, *args, **kwargs)
+        return fast(self, args, kwargs)
+
+    return xsp_module_call
+
+
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
                         correlation: Correlation | None = None) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
@@ -180,7 +229,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
 
     # closure constants, not keyword defaults: a keyword argument the model takes could not
     # then be caught by the wrapper instead of reaching the model
-    _orig, _now = original, now_ns
+    _orig, _now, _id = original, now_ns, id
 
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -192,9 +241,23 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
             buffer = new_buffer()
         if buffer.depth:  # inside a top-level call: the model level needs no exact depth
             return _orig(self, *args, **kwargs)
-        if jit_tracing() or buffer.aside:
+        steps = buffer.steps
+        if steps.lane == _id(self) and _grad_enabled() is steps.lane_grad and not buffer.aside and not jit_tracing():
+            # the model's next call of a one-call step (see AutoSteps.lane): what begin_root
+            # and call_begins would do, inline, unless the step before is worth telling
+            start = _now()
+            before = steps.last_end_ns
+            if before - steps.start_ns < recording.long_step_ns and before < recording.report_after_ns:
+                steps.start_ns = start
+                mode = self.__dict__.get("training")
+                buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
+                                     | (ROOT_GRAD if steps.lane_grad else 0)))
+            else:
+                start = begin_root(buffer, self)
+        elif jit_tracing() or buffer.aside:
             return _orig(self, *args, **kwargs)
-        start = begin_root(buffer, self)
+        else:
+            start = begin_root(buffer, self)
         if buffer.skipping:
             return _unrecorded_root(_orig, buffer, self, args, kwargs)
         buffer.depth = 1
@@ -220,7 +283,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         buffer.steps.call_ends(end)
         return out
 
-    return xsp_module_call
+    return _with_hotpath(xsp_module_call, Mode.ROOTS, recording, original, correlation)
 
 
 def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
@@ -300,7 +363,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
                 buffer.steps.call_ends(end)
         return out
 
-    return xsp_module_call
+    return _with_hotpath(xsp_module_call, Mode.ALL, recording, original, correlation, hook_backward)
 
 
 def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:

@@ -61,7 +61,7 @@ class AutoSteps:
     """The step state of one thread, driven by that thread's model-level events."""
 
     __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
-                 "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen")
+                 "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad")
 
     def __init__(self, buffer: ThreadBuffer) -> None:
         self._buffer = buffer
@@ -74,6 +74,13 @@ class AutoSteps:
         self._reset()
 
     def _reset(self) -> None:
+        self.lane = 0
+        """``id`` of the model whose next top-level call may take the lane (0: none): the open
+        step is that model's one call and nothing else, so its next call (with autograd as
+        :attr:`lane_grad` says) only decides the step before and opens the next, the same
+        way. The model-level wrapper does that inline (:func:`take_lane`); every other event
+        closes the lane, and :meth:`call_begins` opens it again when the state allows."""
+        self.lane_grad = False
         self.type = _NONE
         self.start_ns = self.last_end_ns = self.closed_ns = 0
         self.leader: int | None = None
@@ -97,6 +104,7 @@ class AutoSteps:
         Returns True when deciding the step before it handed its records over (the call's
         start is worth reading again).
         """
+        self.lane = 0
         if self._buffer.open_steps or self.nested:
             return False
         kind = self.type
@@ -106,6 +114,7 @@ class AutoSteps:
             self.type = _NONE  # decided: the thread's records can be handed over
             handed_over = self._decided(self.start_ns, self.last_end_ns)
             self.type, self.start_ns = _INFERENCE, start_ns
+            self.lane, self.lane_grad = module_id, False
             return handed_over
         if (kind is _TRAIN and self.pieces == 1 and module_id == self.leader and training and not self.trained
                 and not self.closed_ns and not self.optimizer_seen and not self.wait_ns):
@@ -114,6 +123,7 @@ class AutoSteps:
             self.type = _NONE
             handed_over = self._decided(self.start_ns, self.last_end_ns)
             self.type, self.start_ns = _TRAIN, start_ns
+            self.lane, self.lane_grad = module_id, True
             return handed_over
         decided = False
         if kind is _TRAIN:
@@ -126,6 +136,8 @@ class AutoSteps:
             decided = self._finish(self.last_end_ns)
         if self.type is _NONE:
             self._open(_TRAIN if training else _INFERENCE, start_ns, module_id)
+            if self.pieces == 1 and (not training or not self.optimizer_seen):
+                self.lane, self.lane_grad = module_id, training
         else:
             self.pieces += 1
         return decided
@@ -136,6 +148,7 @@ class AutoSteps:
 
     def wait_begins(self, start_ns: int) -> None:
         """An input wait (a DataLoader's ``next()``) starts."""
+        self.lane = 0
         if self._suspended():
             return
         if self.type is _INFERENCE:
@@ -155,12 +168,14 @@ class AutoSteps:
 
     def piece_ends(self, end_ns: int, trains: bool = False) -> None:
         """An input wait (or, with ``trains``, a backward pass) of the open step ended."""
+        self.lane = 0
         if self.type is not _NONE and not self._suspended():
             self.pieces += 1
             self.trained |= trains
             self.last_end_ns = max(self.last_end_ns, end_ns)
 
     def optimizer_ends(self, start_ns: int, end_ns: int) -> None:
+        self.lane = 0
         self.optimizer_seen = True
         if self._suspended():
             return
@@ -173,6 +188,7 @@ class AutoSteps:
         self.last_end_ns = max(self.last_end_ns, end_ns)
 
     def generate_begins(self, name: str, start_ns: int) -> None:
+        self.lane = 0
         if self._buffer.open_steps:
             return
         if self.nested:
@@ -186,6 +202,7 @@ class AutoSteps:
         self.nested = 1
 
     def generate_ends(self, end_ns: int) -> None:
+        self.lane = 0
         if self._buffer.open_steps or not self.nested:
             return
         self.nested -= 1
@@ -194,6 +211,7 @@ class AutoSteps:
 
     def finish(self, now_ns: int = 0) -> None:
         """Decide the open step now (an explicit step begins, a generate() call, the session ends)."""
+        self.lane = 0
         if self.type is _TRAIN:
             self._finish(self.closed_ns or self.last_end_ns)
         elif self.type is _INFERENCE:

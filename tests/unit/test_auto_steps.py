@@ -201,3 +201,31 @@ def test_a_thread_holds_its_records_until_its_step_is_decided(event):
     assert loop.steps.holding  # a wait (or call) whose step is still open
     loop.end()
     assert not loop.steps.holding
+
+
+def test_the_lane_is_open_only_while_the_step_is_one_call_of_its_model():
+    """The wrapper's short path (AutoSteps.lane) may decide a step only where call_begins would
+    decide it the same way: the step is one call of that model, in the same autograd mode."""
+    loop = Loop()
+    steps = loop.steps
+    loop.call(MODEL)
+    assert (steps.lane, steps.lane_grad) == (MODEL, False)
+    loop.call(HEAD)  # joins the step: the step is no longer one call
+    assert steps.lane == 0
+    loop.call(MODEL)
+    assert steps.lane == MODEL
+    loop.wait()
+    assert steps.lane == 0
+    loop.call(MODEL)  # its step holds the wait
+    assert steps.lane == 0
+    loop.call(MODEL)
+    assert steps.lane == MODEL
+    loop.call(MODEL, training=True)  # autograd on, no training (yet)
+    assert (steps.lane, steps.lane_grad) == (MODEL, True)
+    loop.backward()
+    assert steps.lane == 0
+    loop.optimizer()
+    loop.call(MODEL, training=True)  # after an optimizer step, training steps end only at the next one
+    assert steps.lane == 0
+    loop.end()
+    assert steps.lane == 0

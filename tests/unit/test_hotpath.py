@@ -1,0 +1,217 @@
+"""The C part of the module-call wrapper (xsp/_hotpath.c) against its Python twin.
+
+Every program here runs twice, with the extension and with ``hotpath.HOTPATH = None``; the two
+traces must agree on everything but the times. Where the extension is not built these tests
+skip, except under ``XSP_REQUIRE_HOTPATH`` (CI sets it), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from xsp.tracers import _module_calls
+
+import xsp
+from xsp import hotpath
+from xsp import schema as col
+from xsp.recording import extend_columns
+
+BUILT = hotpath.load()
+
+
+def _require_built() -> Any:
+    if BUILT is None:
+        if os.environ.get("XSP_REQUIRE_HOTPATH"):
+            pytest.fail("xsp._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp._hotpath is not built here (no C compiler at install, or XSP_PURE_PYTHON set)")
+    return BUILT
+
+
+@pytest.fixture
+def c_module() -> Any:
+    return _require_built()
+
+
+# packing -----------------------------------------------------------------------------------
+def _python_packed(columns: list[array[int]], rows: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(hotpath, "HOTPATH", None)
+        extend_columns(columns, rows)
+
+
+def test_pack_columns_gives_the_columns_struct_packing_gives(c_module, monkeypatch):
+    rng = random.Random(7)
+    rows = [(rng.randrange(-2**62, 2**62), rng.randrange(0, 2**40), rng.randrange(-1, 500), rng.randrange(0, 8),
+             -1) for _ in range(1000)]
+    typecodes = ("q", "q", "l", "b", "l")
+    by_c = [array(code) for code in typecodes]
+    by_python = [array(code) for code in typecodes]
+    extend_columns(by_c, rows)
+    _python_packed(by_python, rows, monkeypatch)
+    assert by_c == by_python
+    assert list(by_c[0]) == [row[0] for row in rows]
+    assert list(by_c[3]) == [row[3] for row in rows]
+
+
+def test_pack_columns_refuses_what_does_not_fit_or_is_no_row(c_module):
+    with pytest.raises(OverflowError):
+        c_module.pack_columns([(300,)], (1,))
+    with pytest.raises(ValueError):
+        c_module.pack_columns([(1, 2)], (8,))
+    with pytest.raises(TypeError):
+        c_module.pack_columns([("a",)], (8,))
+    with pytest.raises(ValueError):
+        c_module.pack_columns([(1,)], (3,))
+    assert c_module.pack_columns([], (8, 1)) == (b"", b"")
+    assert c_module.pack_columns([(-1, 5)], (8, 1)) == (struct.pack("q", -1), struct.pack("b", 5))
+
+
+# the wrapper -------------------------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.act(self.fc(x)) * scale
+
+
+class Pair(nn.Module):
+    """Two outputs and a keyword argument: the descriptors' slow cases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.block(x, scale=scale)
+        return h, self.head(h)
+
+
+class Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 1e6:
+            raise ValueError("too large")
+        return self.fc(x)
+
+
+def _program() -> None:
+    """One model per iteration, two models, grad on without training, training with an
+    optimizer, a raising layer, keyword arguments and tuples."""
+    torch.manual_seed(0)
+    model, head, pair, fails = Block(), nn.Linear(4, 3), Pair(), nn.Sequential(Fails())
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(5):
+            model(x)
+        for _ in range(3):
+            head(model(x))
+        for _ in range(3):
+            pair(x, scale=2.0)
+    for _ in range(3):  # an evaluation with autograd on
+        model(x)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        fails(x)
+        with pytest.raises(ValueError, match="too large"):
+            fails(x + 1e7)
+        fails(x)
+
+
+def _structure(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Everything of a trace but its times and ids: each span with its parent's name."""
+    names = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
+    rows = []
+    for span in spans.sort_values(col.START_NS).itertuples(index=False):
+        row = span._asdict()
+        rows.append((row[col.NAME], row[col.LEVEL], row[col.KIND], row.get(col.PATH), row.get(col.STEP),
+                     names.get(row[col.PARENT_ID]), str(row.get(col.INPUT_SHAPES)), str(row.get(col.OUTPUT_SHAPES)),
+                     row[col.STATUS], row.get(col.STATUS_MESSAGE)))
+    return rows
+
+
+def _trace(program: Callable[[], None], levels: str, c: bool, monkeypatch: pytest.MonkeyPatch) -> pd.DataFrame:
+    with monkeypatch.context() as patch:
+        if not c:
+            patch.setattr(hotpath, "HOTPATH", None)
+        with xsp.trace(levels=levels, output=None) as session:
+            program()
+    return session.trace.spans
+
+
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeypatch, levels):
+    by_c = _structure(_trace(_program, levels, True, monkeypatch))
+    by_python = _structure(_trace(_program, levels, False, monkeypatch))
+    assert by_c == by_python
+    errors = [row for row in by_c if row[8] == "error"]
+    assert errors and all("too large" in str(row[9]) for row in errors)
+
+
+def test_the_c_wrapper_is_the_one_installed_and_takes_the_lane(c_module, monkeypatch):
+    begun: list[int] = []
+    original = _module_calls._root_call
+
+    def counting(recording: Any) -> Callable[..., int]:
+        begin = original(recording)
+
+        def begin_root(buffer: Any, module: nn.Module) -> int:
+            begun.append(id(module))
+            return begin(buffer, module)
+
+        return begin_root
+
+    monkeypatch.setattr(_module_calls, "_root_call", counting)
+    model, x = Block(), torch.randn(2, 4)
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        for _ in range(50):
+            model(x)
+    predicts = session.trace.spans[session.trace.spans[col.KIND] == "predict"]
+    assert len(predicts) == 50
+    assert len(begun) <= 2, "each call after the first should take the C lane"
+
+
+def test_the_c_wrapper_reads_xsps_clock(c_module):
+    model, x = Block(), torch.randn(2, 4)
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        model(x)  # the thread's buffer and the lane
+        recording = session._recording
+        assert recording is not None
+        buffer = recording.buffer()
+        before = time.perf_counter_ns()
+        model(x)
+        after = time.perf_counter_ns()
+        recorded = list(buffer.calls[-3:])
+    assert [row[3] for row in recorded] == [1, 1, 0]  # fc and act inside the top-level call
+    for start, end, *_ in recorded:
+        assert before <= start <= end <= after
+
+
+def test_an_exception_keeps_its_traceback_through_the_c_wrapper(c_module):
+    fails = nn.Sequential(Fails())
+    with xsp.trace(levels="model,layer", output=None), torch.no_grad():
+        fails(torch.zeros(1, 4))
+        with pytest.raises(ValueError) as raised:
+            fails(torch.full((1, 4), 1e7))
+    frames = [frame.name for frame in raised.traceback]
+    assert "forward" in frames
