@@ -143,6 +143,14 @@ def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Ca
     return functools.wraps(original)
 
 
+def _root_flags(module: nn.Module, grad: bool) -> int:
+    """The ``ROOT_*`` flags of a top-level call of ``module`` (``grad``: autograd records).
+
+    From the instance's dict: a TorchScript module answers ``.training`` in a microsecond."""
+    mode = module.__dict__.get("training")
+    return (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0) | (ROOT_GRAD if grad else 0)
+
+
 def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]:
     """What a top-level call does before it starts: name its model (once), tell the thread's
     automatic steps, note its mode. Returns the call's start. When the step it belongs to is
@@ -161,10 +169,7 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
             buffer.steps.lane = 0
             return start
         buffer.skipping = False
-        # from the instance's dict: a TorchScript module answers ``.training`` in a microsecond
-        mode = module.__dict__.get("training")
-        buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
-                             | (ROOT_GRAD if training else 0)))
+        buffer.roots.append((start, _root_flags(module, training)))
         return start
 
     return begin_root
@@ -183,7 +188,7 @@ def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module:
 
 def _record_failure(buffer: ThreadBuffer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                     start: int, end: int | None, exc: BaseException, depth: int) -> None:
-    """What the wrapper records when a call raised (the C path hands this over to Python)."""
+    """What the wrapper records when a call raised (both wrappers, and the C path through them)."""
     end = start if end is None else end
     buffer.record_call(start, end, module, depth, describe_inputs(args, kwargs), None, error_text(exc))
     if not depth:
@@ -249,9 +254,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
             before = steps.last_end_ns
             if before - steps.start_ns < recording.long_step_ns and before < recording.report_after_ns:
                 steps.start_ns = start
-                mode = self.__dict__.get("training")
-                buffer.roots.append((start, (ROOT_MODE_UNKNOWN if mode is None else ROOT_TRAINING if mode else 0)
-                                     | (ROOT_GRAD if steps.lane_grad else 0)))
+                buffer.roots.append((start, _root_flags(self, steps.lane_grad)))
             else:
                 start = begin_root(buffer, self)
         elif jit_tracing() or buffer.aside:
@@ -270,8 +273,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
             if pop is not None:
                 pop()
             buffer.depth = 0
-            buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), None, error_text(exc))
-            buffer.steps.call_ends(end)
+            _record_failure(buffer, self, args, kwargs, start, end, exc, 0)
             raise
         end = _now()
         if pop is not None:
@@ -328,9 +330,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
             if pop is not None:
                 pop()
             buffer.depth = depth
-            buffer.record_call(start, end, self, depth, describe_inputs(args, kwargs), None, error_text(exc))
-            if not depth:
-                buffer.steps.call_ends(end)
+            _record_failure(buffer, self, args, kwargs, start, end, exc, depth)
             raise
         end = _now()
         if pop is not None:

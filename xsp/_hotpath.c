@@ -120,18 +120,12 @@ static int slot_offset(PyObject *type, const char *name, Py_ssize_t *offset) {
 }
 
 /* helpers ------------------------------------------------------------------------------ */
-/* An int in obj's instance dict (the Recording's deadlines); -1 with an exception set when absent. */
-static long long dict_ll(PyObject *obj, PyObject *name) {
-    PyObject *dict = PyObject_GenericGetDict(obj, NULL);
-    if (dict == NULL) return -1;
+/* An int in an instance dict (the Recording's deadlines); -1 with an exception set when absent. */
+static long long dict_ll(PyObject *dict, PyObject *name) {
     PyObject *value = PyDict_GetItemWithError(dict, name);  /* borrowed */
-    long long result = -1;
-    if (value != NULL)
-        result = as_ll(value);
-    else if (!PyErr_Occurred())
-        PyErr_SetObject(PyExc_AttributeError, name);
-    Py_DECREF(dict);
-    return result;
+    if (value != NULL) return as_ll(value);
+    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_AttributeError, name);
+    return -1;
 }
 
 static PyObject *call_with_module(PyObject *callable, PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -310,6 +304,28 @@ static int compact_if_full(PyObject *buffer, Py_ssize_t length, Py_ssize_t compa
     return 0;
 }
 
+/* Run the module one level deeper than `depth` and record the call that started at `start`:
+ * the depth put back, a failure handed to Python. Returns the output (new reference), with
+ * *end and *calls_length set; NULL on failure. */
+static PyObject *run_and_record(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args,
+                                PyObject *kwargs, long long depth, PyObject *start, PyObject **end,
+                                long long *end_ns, Py_ssize_t *calls_length) {
+    Py_ssize_t depth_slot = self->buffer_slots.depth;
+    if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
+    PyObject *out = call_with_module(self->original, module, args, kwargs);
+    if (out == NULL) {
+        *end = clock_after_failure(self, buffer, depth, end_ns);
+        failed(self, buffer, module, args, kwargs, start, *end, depth);
+        return NULL;
+    }
+    if ((*end = read_clock(self, end_ns)) == NULL || slot_set_ll(buffer, depth_slot, depth) < 0
+        || record_call(self, buffer, module, depth, args, kwargs, out, start, *end, calls_length) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* paths -------------------------------------------------------------------------------- */
 
 /* A top-level call in the lane (ROOTS mode). *declined: the call is not the lane's (then
@@ -338,8 +354,11 @@ static PyObject *lane_call(FastCall *self, PyObject *buffer, PyObject *module, P
     if (traced) return NULL;
     long long before = slot_ll(steps, step_slots->last_end_ns);
     long long step_start = slot_ll(steps, step_slots->start_ns);
-    long long long_step = dict_ll(self->recording, s_long_step_ns);
-    long long report_after = dict_ll(self->recording, s_report_after_ns);
+    PyObject *deadlines = PyObject_GenericGetDict(self->recording, NULL);
+    if (deadlines == NULL) return NULL;
+    long long long_step = dict_ll(deadlines, s_long_step_ns);
+    long long report_after = dict_ll(deadlines, s_report_after_ns);
+    Py_DECREF(deadlines);
     if (PyErr_Occurred()) return NULL;
     if (!(before - step_start < long_step && before < report_after)) return NULL;  /* the step before is worth telling */
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
@@ -359,17 +378,9 @@ static PyObject *lane_call(FastCall *self, PyObject *buffer, PyObject *module, P
     if ((start = read_clock(self, &start_ns)) == NULL) goto done;
     slot_set(steps, step_slots->start_ns, start);
     if ((row = Py_BuildValue("(Ol)", start, flags)) == NULL || PyList_Append(roots, row) < 0) goto done;
-    if (slot_set_ll(buffer, slots->depth, 1) < 0) goto done;
-    out = call_with_module(self->original, module, args, kwargs);
-    if (out == NULL) {
-        end = clock_after_failure(self, buffer, 0, &end_ns);
-        failed(self, buffer, module, args, kwargs, start, end, 0);
-        goto done;
-    }
-    if ((end = read_clock(self, &end_ns)) == NULL) goto done;
-    if (slot_set_ll(buffer, slots->depth, 0) < 0) goto done;
     Py_ssize_t length = 0;
-    if (record_call(self, buffer, module, 0, args, kwargs, out, start, end, &length) < 0) goto done;
+    if ((out = run_and_record(self, buffer, module, args, kwargs, 0, start, &end, &end_ns, &length)) == NULL)
+        goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     if (end_ns > before) slot_set(steps, step_slots->last_end_ns, end);
     result = out;
@@ -387,21 +398,12 @@ done:
 /* A call inside a top-level call, ALL mode: recorded at its depth. */
 static PyObject *nested_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
                              long long depth) {
-    const BufferSlots *slots = &self->buffer_slots;
     PyObject *start = NULL, *end = NULL, *out = NULL, *result = NULL;
     long long start_ns, end_ns;
-    if ((start = read_clock(self, &start_ns)) == NULL) goto done;
-    if (slot_set_ll(buffer, slots->depth, depth + 1) < 0) goto done;
-    out = call_with_module(self->original, module, args, kwargs);
-    if (out == NULL) {
-        end = clock_after_failure(self, buffer, depth, &end_ns);
-        failed(self, buffer, module, args, kwargs, start, end, depth);
-        goto done;
-    }
-    if ((end = read_clock(self, &end_ns)) == NULL) goto done;
-    if (slot_set_ll(buffer, slots->depth, depth) < 0) goto done;
     Py_ssize_t length = 0;
-    if (record_call(self, buffer, module, depth, args, kwargs, out, start, end, &length) < 0) goto done;
+    if ((start = read_clock(self, &start_ns)) == NULL) goto done;
+    if ((out = run_and_record(self, buffer, module, args, kwargs, depth, start, &end, &end_ns, &length)) == NULL)
+        goto done;
     int grad = grad_enabled(self);
     if (grad < 0) goto done;
     if (grad) {
