@@ -35,10 +35,12 @@ from xsp.tracers._model_names import model_name
 from xsp.tracers._module_calls import dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
+from xsp import hotpath
 from xsp import schema as col
+from xsp.auto_steps import AutoSteps, hotpath_constants
 from xsp.clock import now_ns
 from xsp.marks import MarkKind
-from xsp.recording import Recording
+from xsp.recording import Recording, ThreadBuffer
 
 NEXT_NAME: Final = "DataLoader.__next__"
 ITER_NAME: Final = "DataLoader.__iter__"
@@ -75,6 +77,15 @@ class LoopEvents:
         self._local = threading.local()
         self._optimizer_names: dict[type, str] = {}
         self._compile_callbacks: tuple[Any, Any] | None = None
+        self._fast: Any = None
+        """``xsp._hotpath.StepEvents``, where xsp's C extension is built: the bodies of the
+        backward and optimizer hooks in C (the hooks stay Python functions, which dynamo can
+        inline and whose first test it folds, as it does the module-call wrapper's)."""
+        if hotpath.HOTPATH is not None:
+            self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.buffer, now_ns, error_text,
+                                                    self._optimizer_names, ThreadBuffer, AutoSteps,
+                                                    hotpath_constants(), MarkKind.BACKWARD, MarkKind.OPTIMIZER,
+                                                    BACKWARD_NAME)
 
     def install(self) -> None:
         self._patch_dataloader()
@@ -149,21 +160,38 @@ class LoopEvents:
 
         buffer_of = self.recording.buffer
         names = self._optimizer_names
+        fast = self._fast
+        if fast is not None:
+            begins, ends = fast.optimizer_begins, fast.optimizer_ends
+
+            def before_in_c(opt: Any, args: Any, kwargs: Any) -> None:
+                if not dynamo_compiling():
+                    begins()
+
+            def after_in_c(opt: Any, args: Any, kwargs: Any) -> None:
+                if not dynamo_compiling():
+                    no_step_open = ends(opt)
+                    if no_step_open is not None:
+                        buffer_of().steps.optimizer_ends(*no_step_open)
+
+            self._handles += [optimizer.register_optimizer_step_pre_hook(before_in_c),
+                              optimizer.register_optimizer_step_post_hook(after_in_c)]
+            return
 
         def before(opt: Any, args: Any, kwargs: Any) -> None:
             if not dynamo_compiling():
-                self._stack("optimizer").append(now_ns())
+                buffer_of().optimizer_starts.append(now_ns())
 
         def after(opt: Any, args: Any, kwargs: Any) -> None:
             if dynamo_compiling():
                 return
             end = now_ns()
-            starts = self._stack("optimizer")
+            buffer = buffer_of()
+            starts = buffer.optimizer_starts
             start = starts.pop() if starts else end
             name = names.get(type(opt))
             if name is None:
                 name = names[type(opt)] = f"{type(opt).__name__}.step"
-            buffer = buffer_of()
             buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None))
             buffer.steps.optimizer_ends(start, end)
 
@@ -188,6 +216,17 @@ class LoopEvents:
     # backward passes -----------------------------------------------------------------
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         buffer_of = self.recording.buffer
+        fast = self._fast
+        if fast is not None:
+            in_c = fast.backward
+
+            @functools.wraps(original)
+            def backward_in_c(*args: Any, **kwargs: Any) -> Any:
+                if dynamo_compiling():
+                    return original(*args, **kwargs)
+                return in_c(original, args, kwargs)
+
+            return backward_in_c
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:

@@ -32,9 +32,11 @@ correlation stack (and pops it on return), so that every CUDA call made inside i
 
 Where xsp's C extension is built (:mod:`xsp.hotpath`), the installed wrapper is a short Python
 function whose dynamo test is followed by a call into C, which records the common cases (a
-call inside a top-level call at the layer level; at the model level, a model's next call of a
-one-call step, :attr:`xsp.auto_steps.AutoSteps.lane`) and hands every other call to the Python
-wrapper below. The C path writes the same records; tests compare the two.
+call inside a top-level call at the layer level; a top-level call whose step is decided as one
+of :meth:`xsp.auto_steps.AutoSteps.call_begins`'s common cases: a model's next call of a
+one-call step, :attr:`xsp.auto_steps.AutoSteps.lane`, a call that joins the open step such as a
+loss module, and the next training iteration's forward after an optimizer step) and hands every
+other call to the Python wrapper below. The C path writes the same records; tests compare the two.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from xsp.tracers._model_names import model_name
 from xsp.tracers._post_import import forget, when_imported
 
 from xsp import hotpath
-from xsp.auto_steps import AutoSteps
+from xsp.auto_steps import AutoSteps, hotpath_constants
 from xsp.clock import now_ns
 from xsp.recording import (
     BACKWARD_ALIAS,
@@ -214,7 +216,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
         return slow
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
                             jit_tracing, _TENSOR, describe_inputs, describe, _record_failure, hook_backward,
-                            ThreadBuffer, AutoSteps, COMPACT_AT)
+                            ThreadBuffer, AutoSteps, hotpath_constants(), COMPACT_AT)
     _orig = original
 
     @_named_as(original)

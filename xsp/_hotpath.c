@@ -5,8 +5,11 @@
  * hands the call to a `FastCall` object from here, which handles the cases that run thousands
  * of times per second and hands every other one back to the Python wrapper:
  *
- *  - ROOTS mode (model level): a top-level call of the model whose one-call step is open
- *    (`AutoSteps.lane`), and any call inside a top-level call (passed straight through);
+ *  - a top-level call whose step is one of AutoSteps.call_begins's common cases: the next call
+ *    of the model whose one-call step is open (`AutoSteps.lane`), a call that joins the open
+ *    step (a loss module, a head after its encoder), and the leading model's next training call
+ *    after an optimizer step (the step before ends where the optimizer step ended);
+ *  - ROOTS mode (model level): any call inside a top-level call (passed straight through);
  *  - ALL mode (layer level): a call inside a top-level call, when its step is recorded.
  *
  * It records exactly what the Python wrapper records, into the same ThreadBuffer lists.
@@ -33,16 +36,19 @@
 #define ROOT_TRAINING 1
 #define ROOT_GRAD 2
 #define ROOT_MODE_UNKNOWN 4
+#define CONSTANTS 6  /* len(auto_steps.hotpath_constants()) */
 
 static PyObject *s_b, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
-    *s_training, *s_shape, *s_backward_hooks;
+    *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
 
 typedef struct {
-    Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping;
+    Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
+        optimizer_starts;
 } BufferSlots;
 typedef struct {
-    Py_ssize_t lane, lane_grad, start_ns, last_end_ns;
+    Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
+        resume_ns, name, optimizer_seen;
 } StepsSlots;
 
 typedef struct {
@@ -64,6 +70,8 @@ typedef struct {
     PyObject *hook_backward;  /* (buffer, out, module, start), ALL mode */
     PyObject *buffer_type;    /* ThreadBuffer */
     PyObject *steps_type;     /* AutoSteps */
+    /* AutoSteps's constants (auto_steps.hotpath_constants()) */
+    PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes;
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
 } FastCall;
@@ -119,6 +127,26 @@ static int slot_offset(PyObject *type, const char *name, Py_ssize_t *offset) {
     return 0;
 }
 
+/* The offsets of every ThreadBuffer and AutoSteps slot C reads or writes. */
+static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *b, StepsSlots *s) {
+    struct { PyObject *type; const char *name; Py_ssize_t *offset; } slots[] = {
+        {buffer_type, "depth", &b->depth}, {buffer_type, "steps", &b->steps}, {buffer_type, "aside", &b->aside},
+        {buffer_type, "roots", &b->roots}, {buffer_type, "calls", &b->calls},
+        {buffer_type, "descriptor_ids", &b->descriptor_ids}, {buffer_type, "module_ids", &b->module_ids},
+        {buffer_type, "skipping", &b->skipping}, {buffer_type, "open_steps", &b->open_steps},
+        {buffer_type, "marks", &b->marks}, {buffer_type, "optimizer_starts", &b->optimizer_starts},
+        {steps_type, "lane", &s->lane}, {steps_type, "lane_grad", &s->lane_grad},
+        {steps_type, "start_ns", &s->start_ns}, {steps_type, "last_end_ns", &s->last_end_ns},
+        {steps_type, "type", &s->type}, {steps_type, "closed_ns", &s->closed_ns}, {steps_type, "leader", &s->leader},
+        {steps_type, "pieces", &s->pieces}, {steps_type, "nested", &s->nested}, {steps_type, "trained", &s->trained},
+        {steps_type, "wait_ns", &s->wait_ns}, {steps_type, "resume_ns", &s->resume_ns}, {steps_type, "name", &s->name},
+        {steps_type, "optimizer_seen", &s->optimizer_seen},
+    };
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
+        if (slot_offset(slots[i].type, slots[i].name, slots[i].offset) < 0) return -1;
+    return 0;
+}
+
 /* helpers ------------------------------------------------------------------------------ */
 /* An int in an instance dict (the Recording's deadlines); -1 with an exception set when absent. */
 static long long dict_ll(PyObject *dict, PyObject *name) {
@@ -152,7 +180,7 @@ static PyObject *call_with_module(PyObject *callable, PyObject *module, PyObject
 }
 
 /* The clock, as a new reference (also written to *ns): time.perf_counter_ns's own. */
-static PyObject *read_clock(FastCall *self, long long *ns) {
+static PyObject *read_clock(PyObject *now_function, long long *ns) {
 #ifdef __linux__
     struct timespec now;  /* CPython's perf_counter is CLOCK_MONOTONIC on Linux */
     if (clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
@@ -160,7 +188,7 @@ static PyObject *read_clock(FastCall *self, long long *ns) {
         return PyLong_FromLongLong(*ns);
     }
 #endif
-    PyObject *value = PyObject_CallNoArgs(self->now);
+    PyObject *value = PyObject_CallNoArgs(now_function);
     if (value == NULL) return NULL;
     *ns = as_ll(value);
     if (*ns == -1 && PyErr_Occurred()) {
@@ -191,20 +219,78 @@ static PyObject *descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descri
 }
 
 /* Shape descriptor of the inputs, as describe_inputs gives it (new reference). */
-static PyObject *inputs_descriptor(FastCall *self, PyObject *args, PyObject *kwargs) {
-    if ((kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) && PyTuple_GET_SIZE(args) == 1
-        && Py_IS_TYPE(PyTuple_GET_ITEM(args, 0), (PyTypeObject *)self->tensor_type))
-        return PyObject_GetAttr(PyTuple_GET_ITEM(args, 0), s_shape);
-    PyObject *empty = NULL;
-    if (kwargs == NULL && (empty = PyDict_New()) == NULL) return NULL;
-    PyObject *result = PyObject_CallFunctionObjArgs(self->describe_inputs, args, kwargs ? kwargs : empty, NULL);
-    Py_XDECREF(empty);
-    return result;
+/* Append the shapes of `value`'s tensors to `shapes`: itself, or those one level into a tuple or
+ * list (describe_inputs's rule for one argument). */
+static int add_shapes(FastCall *self, PyObject *shapes, PyObject *value) {
+    PyTypeObject *tensor = (PyTypeObject *)self->tensor_type;
+    if (PyObject_TypeCheck(value, tensor)) {
+        PyObject *shape = PyObject_GetAttr(value, s_shape);
+        if (shape == NULL) return -1;
+        int added = PyList_Append(shapes, shape);
+        Py_DECREF(shape);
+        return added;
+    }
+    if (!PyTuple_Check(value) && !PyList_Check(value)) return 0;
+    PyObject *items = PySequence_Fast(value, "");
+    if (items == NULL) return -1;
+    int status = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items) && status == 0; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(items, i);
+        if (PyObject_TypeCheck(item, tensor)) status = add_shapes(self, shapes, item);
+    }
+    Py_DECREF(items);
+    return status;
 }
 
+/* Shape descriptor of the inputs, as describe_inputs gives it (new reference). */
+static PyObject *inputs_descriptor(FastCall *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if ((kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) && nargs == 1
+        && Py_IS_TYPE(PyTuple_GET_ITEM(args, 0), (PyTypeObject *)self->tensor_type))
+        return PyObject_GetAttr(PyTuple_GET_ITEM(args, 0), s_shape);
+    PyObject *shapes = PyList_New(0);
+    if (shapes == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (add_shapes(self, shapes, PyTuple_GET_ITEM(args, i)) < 0) goto failed;
+    if (kwargs != NULL) {
+        Py_ssize_t position = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(kwargs, &position, &key, &value))
+            if (add_shapes(self, shapes, value) < 0) goto failed;
+    }
+    if (PyList_GET_SIZE(shapes) == 0) {
+        Py_DECREF(shapes);
+        Py_RETURN_NONE;
+    }
+    PyObject *descriptor = PyList_AsTuple(shapes);
+    Py_DECREF(shapes);
+    return descriptor;
+failed:
+    Py_DECREF(shapes);
+    return NULL;
+}
+
+/* Shape descriptor of the output, as describe gives it (new reference); mappings in Python. */
 static PyObject *output_descriptor(FastCall *self, PyObject *out) {
     if (Py_IS_TYPE(out, (PyTypeObject *)self->tensor_type)) return PyObject_GetAttr(out, s_shape);
-    return PyObject_CallOneArg(self->describe, out);
+    if (!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) return PyObject_CallOneArg(self->describe, out);
+    PyObject *shapes = PyList_New(0);
+    if (shapes == NULL) return NULL;
+    PyTypeObject *tensor = (PyTypeObject *)self->tensor_type;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(out, i);
+        if (PyObject_TypeCheck(item, tensor) && add_shapes(self, shapes, item) < 0) {
+            Py_DECREF(shapes);
+            return NULL;
+        }
+    }
+    if (PyList_GET_SIZE(shapes) == 0) {
+        Py_DECREF(shapes);
+        Py_RETURN_NONE;
+    }
+    PyObject *descriptor = PyList_AsTuple(shapes);
+    Py_DECREF(shapes);
+    return descriptor;
 }
 
 /* Append (start, end, module index, depth, inputs index, outputs index, NO_ERROR) to
@@ -268,7 +354,7 @@ done:
 static PyObject *clock_after_failure(FastCall *self, PyObject *buffer, long long depth, long long *end_ns) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    PyObject *end = read_clock(self, end_ns);
+    PyObject *end = read_clock(self->now, end_ns);
     if (end == NULL) PyErr_Clear();
     if (slot_set_ll(buffer, self->buffer_slots.depth, depth) < 0) PyErr_Clear();
     PyErr_Restore(type, value, traceback);
@@ -318,7 +404,7 @@ static PyObject *run_and_record(FastCall *self, PyObject *buffer, PyObject *modu
         failed(self, buffer, module, args, kwargs, start, *end, depth);
         return NULL;
     }
-    if ((*end = read_clock(self, end_ns)) == NULL || slot_set_ll(buffer, depth_slot, depth) < 0
+    if ((*end = read_clock(self->now, end_ns)) == NULL || slot_set_ll(buffer, depth_slot, depth) < 0
         || record_call(self, buffer, module, depth, args, kwargs, out, start, *end, calls_length) < 0) {
         Py_DECREF(out);
         return NULL;
@@ -328,61 +414,199 @@ static PyObject *run_and_record(FastCall *self, PyObject *buffer, PyObject *modu
 
 /* paths -------------------------------------------------------------------------------- */
 
-/* A top-level call in the lane (ROOTS mode). *declined: the call is not the lane's (then
- * nothing was done, and the caller takes the Python path). */
-static PyObject *lane_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
-                           int *declined) {
+/* After the module ran with autograd on, at the layer level: hook the graph nodes of its output
+ * for its backward span (a Python function, as the Python wrapper does). */
+static int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *module, PyObject *out,
+                                 PyObject *start) {
+    int grad = grad_enabled(self);
+    if (grad <= 0) return grad;
+    PyObject *hooks = PyObject_GetAttr(self->recording, s_backward_hooks);
+    if (hooks == NULL) return -1;
+    int hooked = PyObject_IsTrue(hooks);
+    Py_DECREF(hooks);
+    if (hooked <= 0) return hooked;
+    PyObject *done_hooking = PyObject_CallFunctionObjArgs(self->hook_backward, buffer, out, module, start, NULL);
+    if (done_hooking == NULL) return -1;
+    Py_DECREF(done_hooking);
+    return 0;
+}
+
+/* How a top-level call's step is decided in C (AutoSteps.call_begins's common cases), or
+ * PATH_DECLINE: the Python wrapper decides it. */
+enum { PATH_DECLINE = 0, PATH_LANE, PATH_LEAD, PATH_JOIN };
+
+typedef struct {
+    PyObject *steps, *recording_dict;
+    long long start_ns, last_end_ns, closed_ns;
+    int grad;
+} TopState;
+
+static int slot_is_zero(PyObject *obj, Py_ssize_t offset) {
+    PyObject *value = SLOT(obj, offset);
+    return value != NULL && PyLong_CheckExact(value) && as_ll(value) == 0;
+}
+
+/* Which path: reads only, so that a decline leaves everything as it was. -1 on error. */
+static int choose_path(FastCall *self, PyObject *buffer, PyObject *module, TopState *state) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *steps = state->steps, *dict = state->recording_dict;
+    PyObject *type = SLOT(steps, ss->type), *lane = SLOT(steps, ss->lane), *lane_grad = SLOT(steps, ss->lane_grad);
+    PyObject *leader = SLOT(steps, ss->leader);
+    if (type == NULL || lane == NULL || lane_grad == NULL || leader == NULL) return PATH_DECLINE;
+    if (!slot_is_zero(buffer, self->buffer_slots.open_steps) || !slot_is_zero(steps, ss->nested)) return PATH_DECLINE;
+    PyObject *paused = PyDict_GetItemWithError(dict, s_paused);
+    if (paused != Py_False) return PyErr_Occurred() ? -1 : PATH_DECLINE;
+    state->start_ns = slot_ll(steps, ss->start_ns);
+    state->last_end_ns = slot_ll(steps, ss->last_end_ns);
+    state->closed_ns = slot_ll(steps, ss->closed_ns);
+    long long long_step = dict_ll(dict, s_long_step_ns), report_after = dict_ll(dict, s_report_after_ns);
+    if (PyErr_Occurred()) return -1;
+    void *lane_module = PyLong_AsVoidPtr(lane);
+    if (lane_module == NULL && PyErr_Occurred()) return -1;
+    if (lane_module == (void *)module) {
+        /* the model's next call of a one-call step; unless the step before is worth telling */
+        if (lane_grad != (state->grad ? Py_True : Py_False)) return PATH_DECLINE;
+        long long length = state->last_end_ns - state->start_ns;
+        return length < long_step && state->last_end_ns < report_after ? PATH_LANE : PATH_DECLINE;
+    }
+    PyObject *names = PyDict_GetItemWithError(dict, s_model_names);
+    if (names == NULL || !PyDict_Check(names)) return PyErr_Occurred() ? -1 : PATH_DECLINE;
+    PyObject *key = PyLong_FromVoidPtr(module);
+    if (key == NULL) return -1;
+    int named = PyDict_Contains(names, key);
+    Py_DECREF(key);
+    if (named <= 0) return named;  /* its first call names the model: Python */
+    void *leader_module = leader == Py_None ? NULL : PyLong_AsVoidPtr(leader);
+    if (leader_module == NULL && PyErr_Occurred()) return -1;
+    int is_leader = leader_module == (void *)module;
+    if (type == self->step_train) {
+        int leads = is_leader || leader == Py_None;
+        if (!state->closed_ns) return leads ? PATH_DECLINE : PATH_JOIN;
+        if (!leads) return state->grad ? PATH_JOIN : PATH_DECLINE;
+        /* the leading model's next training call after the optimizer step: the step ends there */
+        PyObject *name = SLOT(steps, ss->name), *trained = SLOT(steps, ss->trained);
+        if (!state->grad || trained != Py_True || !slot_is_zero(steps, ss->wait_ns) || name == NULL
+            || !PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) != 0)
+            return PATH_DECLINE;
+        PyObject *on_long_step = PyDict_GetItemWithError(dict, s_on_long_step);
+        if (on_long_step == NULL) return PyErr_Occurred() ? -1 : PATH_DECLINE;
+        if (on_long_step != Py_None && (state->closed_ns - state->start_ns >= long_step
+                                        || state->closed_ns >= report_after))
+            return PATH_DECLINE;  /* someone is told of the step: Python tells */
+        return PATH_LEAD;
+    }
+    if (type == self->step_inference && !state->grad && !is_leader) return PATH_JOIN;
+    return PATH_DECLINE;
+}
+
+/* The step bookkeeping of the chosen path, as call_begins does it; the call starts at `start`. */
+static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, int path, TopState *state,
+                      PyObject *start) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *steps = state->steps;
+    if (path == PATH_LANE) {
+        slot_set(steps, ss->start_ns, start);
+        return 0;
+    }
+    if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
+    if (path == PATH_JOIN) {
+        long long pieces = slot_ll(steps, ss->pieces);
+        if (pieces == -1 && PyErr_Occurred()) return -1;
+        return slot_set_ll(steps, ss->pieces, pieces + 1);
+    }
+    /* PATH_LEAD: _finish_training (the step's record), then _open of the next training step,
+     * which starts where the last one closed */
+    PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
+    if (marks == NULL || !PyList_Check(marks)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
+        return -1;
+    }
+    /* the step's start and end: start_ns, max(closed_ns, start_ns) */
+    PyObject *step_start = SLOT(steps, ss->start_ns);
+    PyObject *step_end = state->closed_ns > state->start_ns ? SLOT(steps, ss->closed_ns) : step_start;
+    PyObject *row = PyTuple_Pack(6, self->mark_step, step_start, step_end, self->train_step_name,
+                                 self->train_attributes, Py_None);
+    if (row == NULL) return -1;
+    int appended = PyList_Append(marks, row);
+    Py_DECREF(row);
+    if (appended < 0) return -1;
+    PyObject *leader = PyLong_FromVoidPtr(module);
+    if (leader == NULL) return -1;
+    slot_set(steps, ss->leader, leader);
+    Py_DECREF(leader);
+    slot_set(steps, ss->start_ns, SLOT(steps, ss->closed_ns));
+    slot_set(steps, ss->trained, Py_False);
+    slot_set(steps, ss->lane_grad, Py_False);
+    if (slot_set_ll(steps, ss->pieces, 1) < 0 || slot_set_ll(steps, ss->closed_ns, 0) < 0
+        || slot_set_ll(steps, ss->last_end_ns, 0) < 0 || slot_set_ll(steps, ss->resume_ns, 0) < 0)
+        return -1;
+    return 0;
+}
+
+/* AutoSteps.call_ends */
+static int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyObject *end, long long end_ns) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *type = SLOT(steps, ss->type);
+    if (type == NULL || type == self->step_none || !slot_is_zero(steps, ss->nested)
+        || !slot_is_zero(buffer, self->buffer_slots.open_steps))
+        return 0;
+    long long last_end_ns = slot_ll(steps, ss->last_end_ns);
+    if (last_end_ns == -1 && PyErr_Occurred()) return -1;
+    if (end_ns > last_end_ns) slot_set(steps, ss->last_end_ns, end);
+    return 0;
+}
+
+/* A top-level call whose step C can decide (choose_path). *declined: it cannot (then nothing
+ * was done, and the caller takes the Python path). */
+static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
+                          int *declined) {
     const BufferSlots *slots = &self->buffer_slots;
-    const StepsSlots *step_slots = &self->steps_slots;
     PyObject *steps = SLOT(buffer, slots->steps);
     *declined = 1;
     if (steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type)) return NULL;
-    PyObject *lane = SLOT(steps, step_slots->lane), *lane_grad = SLOT(steps, step_slots->lane_grad);
     PyObject *aside = SLOT(buffer, slots->aside), *roots = SLOT(buffer, slots->roots);
-    if (lane == NULL || lane_grad == NULL || aside == NULL || roots == NULL || !PyList_Check(roots)) return NULL;
-    if (PyLong_AsVoidPtr(lane) != (void *)module) {
-        PyErr_Clear();
-        return NULL;
-    }
-    int grad = grad_enabled(self);
-    if (grad < 0) return NULL;
-    if ((grad ? Py_True : Py_False) != lane_grad || PyObject_IsTrue(aside) != 0) return NULL;
+    if (aside == NULL || roots == NULL || !PyList_Check(roots) || !slot_is_zero(buffer, slots->aside)) return NULL;
+    TopState state = {steps, NULL, 0, 0, 0, 0};
+    if ((state.grad = grad_enabled(self)) < 0) return NULL;
     PyObject *tracing = PyObject_CallNoArgs(self->jit_tracing);
     if (tracing == NULL) return NULL;
     int traced = tracing != Py_None && PyObject_IsTrue(tracing) != 0;
     Py_DECREF(tracing);
     if (traced) return NULL;
-    long long before = slot_ll(steps, step_slots->last_end_ns);
-    long long step_start = slot_ll(steps, step_slots->start_ns);
-    PyObject *deadlines = PyObject_GenericGetDict(self->recording, NULL);
-    if (deadlines == NULL) return NULL;
-    long long long_step = dict_ll(deadlines, s_long_step_ns);
-    long long report_after = dict_ll(deadlines, s_report_after_ns);
-    Py_DECREF(deadlines);
-    if (PyErr_Occurred()) return NULL;
-    if (!(before - step_start < long_step && before < report_after)) return NULL;  /* the step before is worth telling */
+    if ((state.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
+    int path = choose_path(self, buffer, module, &state);
+    Py_DECREF(state.recording_dict);
+    if (path <= 0) return NULL;
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
     if (dict == NULL) return NULL;
-    long flags = grad ? ROOT_GRAD : 0;
+    long flags = state.grad ? ROOT_GRAD : 0;
     PyObject *mode = PyDict_GetItemWithError(dict, s_training);  /* borrowed */
     int training = mode == NULL ? -2 : PyObject_IsTrue(mode);
     Py_DECREF(dict);
     if (PyErr_Occurred()) return NULL;
     flags |= training == -2 ? ROOT_MODE_UNKNOWN : training ? ROOT_TRAINING : 0;
-    /* from here the call is the lane's */
+    /* from here the call is C's */
     *declined = 0;
     PyObject *start = NULL, *end = NULL, *out = NULL, *row = NULL, *result = NULL;
     long long start_ns, end_ns;
     Py_INCREF(roots);
     Py_INCREF(steps);
-    if ((start = read_clock(self, &start_ns)) == NULL) goto done;
-    slot_set(steps, step_slots->start_ns, start);
-    if ((row = Py_BuildValue("(Ol)", start, flags)) == NULL || PyList_Append(roots, row) < 0) goto done;
+    if ((start = read_clock(self->now, &start_ns)) == NULL || begin_step(self, buffer, module, path, &state, start) < 0)
+        goto done;
+    slot_set(buffer, slots->skipping, Py_False);
+    if ((row = PyTuple_New(2)) == NULL) goto done;
+    PyObject *flags_object = PyLong_FromLong(flags);
+    if (flags_object == NULL) goto done;
+    Py_INCREF(start);
+    PyTuple_SET_ITEM(row, 0, start);
+    PyTuple_SET_ITEM(row, 1, flags_object);
+    if (PyList_Append(roots, row) < 0) goto done;
     Py_ssize_t length = 0;
     if ((out = run_and_record(self, buffer, module, args, kwargs, 0, start, &end, &end_ns, &length)) == NULL)
         goto done;
+    if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
-    if (end_ns > before) slot_set(steps, step_slots->last_end_ns, end);
+    if (end_step_piece(self, buffer, steps, end, end_ns) < 0) goto done;
     result = out;
     out = NULL;
 done:
@@ -401,23 +625,10 @@ static PyObject *nested_call(FastCall *self, PyObject *buffer, PyObject *module,
     PyObject *start = NULL, *end = NULL, *out = NULL, *result = NULL;
     long long start_ns, end_ns;
     Py_ssize_t length = 0;
-    if ((start = read_clock(self, &start_ns)) == NULL) goto done;
+    if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
     if ((out = run_and_record(self, buffer, module, args, kwargs, depth, start, &end, &end_ns, &length)) == NULL)
         goto done;
-    int grad = grad_enabled(self);
-    if (grad < 0) goto done;
-    if (grad) {
-        PyObject *hooks = PyObject_GetAttr(self->recording, s_backward_hooks);
-        if (hooks == NULL) goto done;
-        int hooked = PyObject_IsTrue(hooks);
-        Py_DECREF(hooks);
-        if (hooked < 0) goto done;
-        if (hooked) {
-            PyObject *done_hooking = PyObject_CallFunctionObjArgs(self->hook_backward, buffer, out, module, start, NULL);
-            if (done_hooking == NULL) goto done;
-            Py_DECREF(done_hooking);
-        }
-    }
+    if (hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (depth < 2 && compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     result = out;
     out = NULL;
@@ -456,27 +667,282 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
             result = call_with_module(self->original, module, args, kwargs);
             goto done;
         }
-        int declined = 0;
-        result = lane_call(self, buffer, module, args, kwargs, &declined);
-        if (result == NULL && declined) {
-            PyErr_Clear();
-            result = call_with_module(self->slow, module, args, kwargs);
-        }
+    } else if (depth) {
+        PyObject *skipping = SLOT(buffer, self->buffer_slots.skipping);
+        result = skipping == Py_False ? nested_call(self, buffer, module, args, kwargs, depth)
+                                      : call_with_module(self->slow, module, args, kwargs);
         goto done;
     }
-    PyObject *skipping = SLOT(buffer, self->buffer_slots.skipping);
-    if (depth > 0 && skipping == Py_False) {
-        result = nested_call(self, buffer, module, args, kwargs, depth);
-        goto done;
+    int declined = 0;
+    result = top_call(self, buffer, module, args, kwargs, &declined);
+    if (result == NULL && declined) {
+        PyErr_Clear();
+        result = call_with_module(self->slow, module, args, kwargs);
     }
-    result = call_with_module(self->slow, module, args, kwargs);
 done:
     Py_DECREF(buffer);
     return result;
 }
 
-/* pack_columns(rows, itemsizes) -> tuple of bytes: column i of the rows (tuples of ints), each
- * value in itemsizes[i] bytes (1, 2, 4 or 8), native order, for array.frombytes. What
+/* loop events ------------------------------------------------------------------------- */
+/* The model-level events of a training loop besides module calls (tracers/_loop_events.py):
+ * a backward pass and an optimizer step, recorded as marks with their effect on the thread's
+ * automatic steps (AutoSteps.piece_ends and optimizer_ends), as the Python hooks do. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *local;            /* recording.local */
+    PyObject *new_buffer;       /* recording.buffer: the thread's buffer, created on its first record */
+    PyObject *now;
+    PyObject *error_text;       /* (exception) -> str */
+    PyObject *optimizer_names;  /* type -> "<class name>.step" */
+    PyObject *buffer_type, *steps_type;
+    PyObject *step_none, *step_train, *mark_backward, *mark_optimizer, *backward_name;
+    BufferSlots buffer_slots;
+    StepsSlots steps_slots;
+} StepEvents;
+
+/* The calling thread's buffer (new reference), created on its first record. */
+static PyObject *events_buffer(StepEvents *self) {
+    PyObject *buffer = PyObject_GetAttr(self->local, s_b);
+    if (buffer == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        buffer = PyObject_CallNoArgs(self->new_buffer);
+        if (buffer == NULL) return NULL;
+    }
+    if (!Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
+        Py_DECREF(buffer);
+        PyErr_SetString(PyExc_TypeError, "xsp: recording.local.b is no ThreadBuffer");
+        return NULL;
+    }
+    return buffer;
+}
+
+static int append_mark(StepEvents *self, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
+                       PyObject *name, PyObject *error) {
+    PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
+    if (marks == NULL || !PyList_Check(marks)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
+        return -1;
+    }
+    PyObject *row = PyTuple_Pack(6, kind, start, end, name, Py_None, error);
+    if (row == NULL) return -1;
+    int appended = PyList_Append(marks, row);
+    Py_DECREF(row);
+    return appended;
+}
+
+/* A piece of the open step ended at `end` (AutoSteps.piece_ends with trains, and the common
+ * case of optimizer_ends); 1 when `optimizer` and no step is open: the caller asks Python. */
+static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, int optimizer) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *steps = SLOT(buffer, self->buffer_slots.steps);
+    if (steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its steps");
+        return -1;
+    }
+    PyObject *type = SLOT(steps, ss->type);
+    if (type == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "xsp: steps without a type");
+        return -1;
+    }
+    if (optimizer && type == self->step_none) return 1;
+    if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
+    if (optimizer) slot_set(steps, ss->optimizer_seen, Py_True);
+    if (type == self->step_none || !slot_is_zero(buffer, self->buffer_slots.open_steps)
+        || !slot_is_zero(steps, ss->nested) || !slot_is_zero(buffer, self->buffer_slots.depth))
+        return 0;
+    long long pieces = slot_ll(steps, ss->pieces), last_end_ns = slot_ll(steps, ss->last_end_ns);
+    if (PyErr_Occurred()) return -1;
+    if (slot_set_ll(steps, ss->pieces, pieces + 1) < 0) return -1;
+    slot_set(steps, ss->trained, Py_True);
+    if (end_ns > last_end_ns) slot_set(steps, ss->last_end_ns, end);
+    if (optimizer) {
+        slot_set(steps, ss->type, self->step_train);  /* an optimizer after a no-grad call: training */
+        slot_set(steps, ss->closed_ns, end);
+    }
+    return 0;
+}
+
+/* backward(original, args, kwargs): torch.autograd.backward, timed and recorded. */
+static PyObject *events_backward(StepEvents *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(argv[1]) || (argv[2] != Py_None && !PyDict_Check(argv[2]))) {
+        PyErr_SetString(PyExc_TypeError, "backward(original, args: tuple, kwargs: dict | None)");
+        return NULL;
+    }
+    PyObject *original = argv[0], *args = argv[1], *kwargs = argv[2] == Py_None ? NULL : argv[2];
+    PyObject *buffer = events_buffer(self);
+    if (buffer == NULL) return NULL;
+    PyObject *start = NULL, *end = NULL, *error = NULL;
+    long long start_ns, end_ns;
+    if ((start = read_clock(self->now, &start_ns)) == NULL) {
+        Py_DECREF(buffer);
+        return NULL;
+    }
+    PyObject *out = PyObject_Call(original, args, kwargs);
+    PyObject *type = NULL, *value = NULL, *traceback = NULL;
+    if (out == NULL) {
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+        error = PyObject_CallOneArg(self->error_text, value ? value : Py_None);
+        if (error == NULL) PyErr_Clear();
+    }
+    if ((end = read_clock(self->now, &end_ns)) == NULL
+        || append_mark(self, buffer, self->mark_backward, start, end, self->backward_name, error ? error : Py_None) < 0
+        || piece_ended(self, buffer, end, end_ns, 0) < 0) {
+        if (out == NULL) PyErr_Clear();  /* recording the failure must never replace the user's exception */
+        else Py_CLEAR(out);
+    }
+    if (type != NULL) PyErr_Restore(type, value, traceback);
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    Py_XDECREF(error);
+    Py_DECREF(buffer);
+    return out;
+}
+
+/* optimizer_begins(): an optimizer step starts on this thread (the pre-hook). */
+static PyObject *events_optimizer_begins(StepEvents *self, PyObject *unused) {
+    PyObject *buffer = events_buffer(self);
+    if (buffer == NULL) return NULL;
+    PyObject *starts = SLOT(buffer, self->buffer_slots.optimizer_starts), *start = NULL;
+    long long start_ns;
+    int status = -1;
+    if (starts == NULL || !PyList_Check(starts))
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its optimizer starts");
+    else if ((start = read_clock(self->now, &start_ns)) != NULL)
+        status = PyList_Append(starts, start);
+    Py_XDECREF(start);
+    Py_DECREF(buffer);
+    if (status < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* optimizer_ends(optimizer) -> None, or (start, end) when Python must tell the steps (no step
+ * was open: AutoSteps.optimizer_ends opens one). The post-hook. */
+static PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer) {
+    PyObject *buffer = events_buffer(self);
+    if (buffer == NULL) return NULL;
+    PyObject *start = NULL, *end = NULL, *name = NULL, *result = NULL;
+    long long end_ns;
+    if ((end = read_clock(self->now, &end_ns)) == NULL) goto done;
+    PyObject *starts = SLOT(buffer, self->buffer_slots.optimizer_starts);
+    if (starts == NULL || !PyList_Check(starts)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its optimizer starts");
+        goto done;
+    }
+    Py_ssize_t open = PyList_GET_SIZE(starts);
+    if (open) {
+        start = PyList_GET_ITEM(starts, open - 1);
+        Py_INCREF(start);
+        if (PyList_SetSlice(starts, open - 1, open, NULL) < 0) goto done;
+    } else {
+        start = end;
+        Py_INCREF(start);
+    }
+    PyObject *kind = (PyObject *)Py_TYPE(optimizer);
+    name = PyDict_GetItemWithError(self->optimizer_names, kind);
+    if (name != NULL) {
+        Py_INCREF(name);
+    } else {
+        if (PyErr_Occurred()) goto done;
+        PyObject *class_name = PyObject_GetAttrString(kind, "__name__");
+        if (class_name == NULL) goto done;
+        name = PyUnicode_FromFormat("%U.step", class_name);
+        Py_DECREF(class_name);
+        if (name == NULL || PyDict_SetItem(self->optimizer_names, kind, name) < 0) goto done;
+    }
+    if (append_mark(self, buffer, self->mark_optimizer, start, end, name, Py_None) < 0) goto done;
+    int asks = piece_ended(self, buffer, end, end_ns, 1);
+    if (asks < 0) goto done;
+    result = asks ? PyTuple_Pack(2, start, end) : Py_NewRef(Py_None);
+done:
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    Py_XDECREF(name);
+    Py_DECREF(buffer);
+    return result;
+}
+
+static PyMethodDef events_methods[] = {
+    {"backward", (PyCFunction)(void (*)(void))events_backward, METH_FASTCALL,
+     "backward(original, args, kwargs): call torch.autograd.backward and record it."},
+    {"optimizer_begins", (PyCFunction)events_optimizer_begins, METH_NOARGS,
+     "optimizer_begins(): an optimizer step starts on this thread."},
+    {"optimizer_ends", (PyCFunction)events_optimizer_ends, METH_O,
+     "optimizer_ends(optimizer) -> None, or (start, end) for AutoSteps.optimizer_ends when no step is open."},
+    {NULL, NULL, 0, NULL},
+};
+
+static const char *events_kwlist[] = {"local", "new_buffer", "now", "error_text", "optimizer_names", "buffer_type",
+                                      "steps_type", "step_constants", "mark_backward", "mark_optimizer",
+                                      "backward_name", NULL};
+
+static int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
+    PyObject *local, *new_buffer, *now, *error_text, *names, *buffer_type, *steps_type, *constants, *backward,
+        *optimizer, *backward_name;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!O!O!O!OOU", (char **)events_kwlist, &local, &new_buffer, &now,
+                                     &error_text, &PyDict_Type, &names, &PyType_Type, &buffer_type, &PyType_Type,
+                                     &steps_type, &PyTuple_Type, &constants, &backward, &optimizer, &backward_name))
+        return -1;
+    if (PyTuple_GET_SIZE(constants) != CONSTANTS) {
+        PyErr_SetString(PyExc_TypeError, "step_constants: as auto_steps.hotpath_constants() gives them");
+        return -1;
+    }
+    if (find_slots(buffer_type, steps_type, &self->buffer_slots, &self->steps_slots) < 0) return -1;
+    PyObject *values[] = {local, new_buffer, now, error_text, names, buffer_type, steps_type,
+                          PyTuple_GET_ITEM(constants, 0), PyTuple_GET_ITEM(constants, 2), backward, optimizer,
+                          backward_name};
+    PyObject **fields[] = {&self->local, &self->new_buffer, &self->now, &self->error_text, &self->optimizer_names,
+                           &self->buffer_type, &self->steps_type, &self->step_none, &self->step_train,
+                           &self->mark_backward, &self->mark_optimizer, &self->backward_name};
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*fields[i], values[i]);
+    }
+    return 0;
+}
+
+#define EACH_EVENTS_FIELD(DO) \
+    DO(self->local); DO(self->new_buffer); DO(self->now); DO(self->error_text); DO(self->optimizer_names); \
+    DO(self->buffer_type); DO(self->steps_type); DO(self->step_none); DO(self->step_train); \
+    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name)
+
+static int events_traverse(StepEvents *self, visitproc visit, void *arg) {
+    EACH_EVENTS_FIELD(Py_VISIT);
+    return 0;
+}
+
+static int events_clear(StepEvents *self) {
+    EACH_EVENTS_FIELD(Py_CLEAR);
+    return 0;
+}
+
+static void events_dealloc(StepEvents *self) {
+    PyObject_GC_UnTrack(self);
+    events_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject StepEventsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "xsp._hotpath.StepEvents",
+    .tp_doc = PyDoc_STR("StepEvents(local, new_buffer, now, error_text, optimizer_names, buffer_type, steps_type, "
+                        "step_constants, mark_backward, mark_optimizer, backward_name): backward passes and "
+                        "optimizer steps, recorded."),
+    .tp_basicsize = sizeof(StepEvents),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)events_init,
+    .tp_dealloc = (destructor)events_dealloc,
+    .tp_traverse = (traverseproc)events_traverse,
+    .tp_clear = (inquiry)events_clear,
+    .tp_methods = events_methods,
+};
+
+/* pack_columns(rows, itemsizes) -> tuple of bytes: column i of the rows (tuples that start with
+ * len(itemsizes) ints; values after them are left alone), each value in itemsizes[i] bytes (1, 2, 4 or 8), native order, for array.frombytes. What
  * extend_columns does with struct.pack and strided copies, at a tenth of the cost. */
 static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyList_Check(argv[0]) || !PyTuple_Check(argv[1])) {
@@ -511,8 +977,8 @@ static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_
     }
     for (Py_ssize_t r = 0; r < count; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
-            PyErr_Format(PyExc_ValueError, "row %zd is not a tuple of %zd values", r, width);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < width) {
+            PyErr_Format(PyExc_ValueError, "row %zd is not a tuple of at least %zd values", r, width);
             Py_DECREF(columns);
             return NULL;
         }
@@ -546,15 +1012,18 @@ static PyMethodDef hotpath_functions[] = {
 /* the type ----------------------------------------------------------------------------- */
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
-                               "hook_backward", "buffer_type", "steps_type", "compact_at", NULL};
+                               "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at", NULL};
+
+#define FIELDS 14
 
 static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
-    PyObject *items[14] = {NULL};
+    PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOO|n", (char **)kwlist, &mode, &items[0], &items[1],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|n", (char **)kwlist, &mode, &items[0], &items[1],
                                      &items[2], &items[3], &items[4], &items[5], &items[6], &items[7], &items[8],
-                                     &items[9], &items[10], &items[11], &items[12], &items[13], &compact_at))
+                                     &items[9], &items[10], &items[11], &items[12], &items[13], &PyTuple_Type,
+                                     &constants, &compact_at))
         return -1;
     if (mode != MODE_ROOTS && mode != MODE_ALL) {
         PyErr_SetString(PyExc_ValueError, "mode must be 1 (roots) or 2 (all)");
@@ -564,26 +1033,26 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "tensor_type, buffer_type and steps_type must be types");
         return -1;
     }
-    BufferSlots *b = &self->buffer_slots;
-    StepsSlots *s = &self->steps_slots;
-    PyObject *buffer_type = items[12], *steps_type = items[13];
-    if (slot_offset(buffer_type, "depth", &b->depth) < 0 || slot_offset(buffer_type, "steps", &b->steps) < 0
-        || slot_offset(buffer_type, "aside", &b->aside) < 0 || slot_offset(buffer_type, "roots", &b->roots) < 0
-        || slot_offset(buffer_type, "calls", &b->calls) < 0
-        || slot_offset(buffer_type, "descriptor_ids", &b->descriptor_ids) < 0
-        || slot_offset(buffer_type, "module_ids", &b->module_ids) < 0
-        || slot_offset(buffer_type, "skipping", &b->skipping) < 0 || slot_offset(steps_type, "lane", &s->lane) < 0
-        || slot_offset(steps_type, "lane_grad", &s->lane_grad) < 0
-        || slot_offset(steps_type, "start_ns", &s->start_ns) < 0
-        || slot_offset(steps_type, "last_end_ns", &s->last_end_ns) < 0)
+    if (PyTuple_GET_SIZE(constants) != CONSTANTS) {
+        PyErr_SetString(PyExc_TypeError, "step_constants: (none, inference, train, step mark kind, train step "
+                                         "name, train step attributes)");
         return -1;
-    PyObject **fields[14] = {&self->original, &self->slow, &self->local, &self->recording, &self->now,
-                             &self->grad_enabled, &self->jit_tracing, &self->tensor_type, &self->describe_inputs,
-                             &self->describe, &self->on_error, &self->hook_backward, &self->buffer_type,
-                             &self->steps_type};
-    for (int i = 0; i < 14; i++) {
+    }
+    if (find_slots(items[12], items[13], &self->buffer_slots, &self->steps_slots) < 0) return -1;
+    PyObject **fields[FIELDS] = {&self->original, &self->slow, &self->local, &self->recording, &self->now,
+                                 &self->grad_enabled, &self->jit_tracing, &self->tensor_type, &self->describe_inputs,
+                                 &self->describe, &self->on_error, &self->hook_backward, &self->buffer_type,
+                                 &self->steps_type};
+    for (int i = 0; i < FIELDS; i++) {
         Py_INCREF(items[i]);
         Py_XSETREF(*fields[i], items[i]);
+    }
+    PyObject **constant_fields[CONSTANTS] = {&self->step_none, &self->step_inference, &self->step_train,
+                                             &self->mark_step, &self->train_step_name, &self->train_attributes};
+    for (int i = 0; i < CONSTANTS; i++) {
+        PyObject *item = PyTuple_GET_ITEM(constants, i);
+        Py_INCREF(item);
+        Py_XSETREF(*constant_fields[i], item);
     }
     self->mode = mode;
     self->compact_at = compact_at;
@@ -594,7 +1063,9 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
 #define EACH_FIELD(DO) \
     DO(self->original); DO(self->slow); DO(self->local); DO(self->recording); DO(self->now); \
     DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->describe_inputs); \
-    DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type)
+    DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
+    DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
+    DO(self->train_step_name); DO(self->train_attributes)
 
 static int fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     EACH_FIELD(Py_VISIT);
@@ -623,7 +1094,7 @@ static PyTypeObject FastCallType = {
     .tp_name = "xsp._hotpath.FastCall",
     .tp_doc = PyDoc_STR("FastCall(mode, original, slow, local, recording, now, grad_enabled, jit_tracing, "
                         "tensor_type, describe_inputs, describe, on_error, hook_backward, buffer_type, "
-                        "steps_type, compact_at=512), called as fast(module, args, kwargs)."),
+                        "steps_type, step_constants, compact_at=512), called as fast(module, args, kwargs)."),
     .tp_basicsize = sizeof(FastCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = fastcall_new,
@@ -653,13 +1124,15 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_training, "training");
     INTERN(s_shape, "shape");
     INTERN(s_backward_hooks, "backward_hooks");
+    INTERN(s_paused, "paused");
+    INTERN(s_model_names, "model_names");
+    INTERN(s_on_long_step, "on_long_step");
     if ((no_error = PyLong_FromLong(NO_ERROR)) == NULL) return NULL;
-    if (PyType_Ready(&FastCallType) < 0) return NULL;
+    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&StepEventsType) < 0) return NULL;
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL) return NULL;
-    Py_INCREF(&FastCallType);
-    if (PyModule_AddObject(module, "FastCall", (PyObject *)&FastCallType) < 0) {
-        Py_DECREF(&FastCallType);
+    if (PyModule_AddObjectRef(module, "FastCall", (PyObject *)&FastCallType) < 0
+        || PyModule_AddObjectRef(module, "StepEvents", (PyObject *)&StepEventsType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

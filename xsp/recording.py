@@ -72,8 +72,9 @@ class _Interner:
         return index
 
 
-def extend_columns(columns: Sequence[array[int]], rows: Sequence[tuple[int, ...]]) -> None:
-    """Append ``rows`` (tuples of 64-bit ints, one value per column) to ``columns``.
+def extend_columns(columns: Sequence[array[int]], rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``columns``: each row's first ``len(columns)`` values, 64-bit ints, one
+    per column (values after them are left alone).
 
     In C where that is built (``xsp._hotpath.pack_columns``); else one ``struct.pack`` of all
     values and a strided copy per column: ``array.extend`` of a tuple converts item by item and
@@ -87,6 +88,8 @@ def extend_columns(columns: Sequence[array[int]], rows: Sequence[tuple[int, ...]
             column.frombytes(packed_column)
         return
     width = len(columns)
+    if rows and len(rows[0]) != width:
+        rows = [row[:width] for row in rows]
     packed = memoryview(struct.pack(f"{len(rows) * width}q", *chain.from_iterable(rows))).cast("q")
     for index, column in enumerate(columns):
         strided = packed[index::width]
@@ -167,6 +170,7 @@ class ThreadBuffer:
 
     __slots__ = (
         "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps", "last_hooked",
+        "optimizer_starts",
         "calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns", "mark_columns",
         "backward_columns", "root_columns",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
@@ -192,6 +196,8 @@ class ThreadBuffer:
         """Numbers of the steps kept in the columns (a schedule), in order."""
         self.last_hooked: tuple[Any, int] | None = None
         """The autograd node last hooked for a module call on this thread, and that call's start."""
+        self.optimizer_starts: list[int] = []
+        """Starts of the optimizer steps running on this thread (a stack: one step may run another)."""
         self.steps = AutoSteps(self)
         """This thread's automatic steps (see :mod:`xsp.auto_steps`)."""
         # raw records, appended on the hot path:
@@ -301,13 +307,11 @@ class ThreadBuffer:
 
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
         cols = self.mark_columns
-        for kind, start, end, name, attributes, error in marks:
-            cols.kind.append(kind)
-            cols.start.append(start)
-            cols.end.append(end)
-            cols.name.append(self.strings.intern(name))
-            cols.attributes.append(attributes)
-            cols.error.append(NO_ERROR if error is None else self.strings.intern(error))
+        extend_columns((cols.kind, cols.start, cols.end), marks)  # (kind, start, end, name, attributes, error)
+        intern = self.strings.intern
+        cols.name.extend([intern(mark[3]) for mark in marks])
+        cols.attributes.extend([mark[4] for mark in marks])
+        cols.error.extend([NO_ERROR if mark[5] is None else intern(mark[5]) for mark in marks])
 
     def _compact_backward(self, events: list[tuple[int, ...]]) -> None:
         cols = self.backward_columns

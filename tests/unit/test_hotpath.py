@@ -67,7 +67,8 @@ def test_pack_columns_refuses_what_does_not_fit_or_is_no_row(c_module):
     with pytest.raises(OverflowError):
         c_module.pack_columns([(300,)], (1,))
     with pytest.raises(ValueError):
-        c_module.pack_columns([(1, 2)], (8,))
+        c_module.pack_columns([(1,)], (8, 8))
+    assert c_module.pack_columns([(1, 2, "name", None)], (8, 1)) == (struct.pack("q", 1), struct.pack("b", 2))
     with pytest.raises(TypeError):
         c_module.pack_columns([("a",)], (8,))
     with pytest.raises(ValueError):
@@ -138,6 +139,43 @@ def _program() -> None:
         fails(x)
 
 
+def _training_program() -> None:
+    """Training loops: a loss module joining each step, two models with two optimizers (a GAN's
+    shape), input waits, evaluations in between, grad on with no optimizer after; an optimizer
+    step before any model call, a backward pass that fails."""
+    torch.manual_seed(0)
+    model, critic, criterion = Block(), nn.Linear(4, 1), nn.MSELoss()
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    critic_optimizer = torch.optim.SGD(critic.parameters(), lr=0.01)
+    optimizer.step()  # an optimizer step with no model call before it opens a step of its own
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.zeros(2).sum().backward()  # a failing backward pass
+    for _ in range(4):
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        model(x)
+        model(x)
+    for _ in range(3):
+        optimizer.zero_grad()
+        critic(model(x)).sum().backward()
+        optimizer.step()
+        critic_optimizer.zero_grad()
+        critic(model(x).detach()).sum().backward()
+        critic_optimizer.step()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 4), torch.randn(6, 4)),
+                                         batch_size=2)
+    for inputs, targets in loader:
+        optimizer.zero_grad()
+        criterion(model(inputs), targets).backward()
+        optimizer.step()
+    for _ in range(2):
+        model(x)
+
+
 def _structure(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
     """Everything of a trace but its times and ids: each span with its parent's name."""
     names = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
@@ -150,11 +188,12 @@ def _structure(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _trace(program: Callable[[], None], levels: str, c: bool, monkeypatch: pytest.MonkeyPatch) -> pd.DataFrame:
+def _trace(program: Callable[[], None], levels: str, c: bool, monkeypatch: pytest.MonkeyPatch,
+           **options: Any) -> pd.DataFrame:
     with monkeypatch.context() as patch:
         if not c:
             patch.setattr(hotpath, "HOTPATH", None)
-        with xsp.trace(levels=levels, output=None) as session:
+        with xsp.trace(levels=levels, output=None, **options) as session:
             program()
     return session.trace.spans
 
@@ -168,7 +207,17 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert errors and all("too large" in str(row[9]) for row in errors)
 
 
-def test_the_c_wrapper_is_the_one_installed_and_takes_the_lane(c_module, monkeypatch):
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+@pytest.mark.parametrize("schedule", [None, "wait=1,warmup=0,active=2,repeat=3"])
+def test_the_c_wrapper_decides_training_steps_as_the_python_wrapper(c_module, monkeypatch, levels, schedule):
+    by_c = _structure(_trace(_training_program, levels, True, monkeypatch, schedule=schedule))
+    by_python = _structure(_trace(_training_program, levels, False, monkeypatch, schedule=schedule))
+    assert by_c == by_python
+    steps = [row for row in by_c if row[2] == "step"]
+    assert len(steps) >= (4 if schedule else 12)
+
+
+def _counting_begin_root(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     begun: list[int] = []
     original = _module_calls._root_call
 
@@ -182,6 +231,11 @@ def test_the_c_wrapper_is_the_one_installed_and_takes_the_lane(c_module, monkeyp
         return begin_root
 
     monkeypatch.setattr(_module_calls, "_root_call", counting)
+    return begun
+
+
+def test_the_c_wrapper_is_the_one_installed_and_takes_the_lane(c_module, monkeypatch):
+    begun = _counting_begin_root(monkeypatch)
     model, x = Block(), torch.randn(2, 4)
     with xsp.trace(levels="model", output=None) as session, torch.no_grad():
         for _ in range(50):
@@ -189,6 +243,22 @@ def test_the_c_wrapper_is_the_one_installed_and_takes_the_lane(c_module, monkeyp
     predicts = session.trace.spans[session.trace.spans[col.KIND] == "predict"]
     assert len(predicts) == 50
     assert len(begun) <= 2, "each call after the first should take the C lane"
+
+
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_the_c_wrapper_decides_a_training_loops_steps(c_module, monkeypatch, levels):
+    begun = _counting_begin_root(monkeypatch)
+    model, criterion = Block(), nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with xsp.trace(levels=levels, output=None) as session:
+        for _ in range(30):
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+    spans = session.trace.spans
+    assert (spans[col.NAME] == "train_step").sum() == 30
+    assert len(begun) <= 4, "the model's next iteration and its loss module should be decided in C"
 
 
 def test_the_c_wrapper_reads_xsps_clock(c_module):
