@@ -36,7 +36,7 @@
 #define ROOT_TRAINING 1
 #define ROOT_GRAD 2
 #define ROOT_MODE_UNKNOWN 4
-#define CONSTANTS 6  /* len(auto_steps.hotpath_constants()) */
+#define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
 static PyObject *s_b, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
@@ -71,7 +71,8 @@ typedef struct {
     PyObject *buffer_type;    /* ThreadBuffer */
     PyObject *steps_type;     /* AutoSteps */
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */
-    PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes;
+    PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes,
+        *inference_step_name, *inference_attributes;
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
 } FastCall;
@@ -431,116 +432,164 @@ static int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *mod
     return 0;
 }
 
-/* How a top-level call's step is decided in C (AutoSteps.call_begins's common cases), or
- * PATH_DECLINE: the Python wrapper decides it. */
-enum { PATH_DECLINE = 0, PATH_LANE, PATH_LEAD, PATH_JOIN };
-
-typedef struct {
-    PyObject *steps, *recording_dict;
-    long long start_ns, last_end_ns, closed_ns;
-    int grad;
-} TopState;
-
 static int slot_is_zero(PyObject *obj, Py_ssize_t offset) {
     PyObject *value = SLOT(obj, offset);
     return value != NULL && PyLong_CheckExact(value) && as_ll(value) == 0;
 }
 
-/* Which path: reads only, so that a decline leaves everything as it was. -1 on error. */
-static int choose_path(FastCall *self, PyObject *buffer, PyObject *module, TopState *state) {
+/* AutoSteps.call_begins, in C: what a top-level call does to its thread's steps. It is planned
+ * first (reads only), so that a case C leaves to Python (inside xsp.step() or generate(), the
+ * model's first call, a decided step someone must be told of) leaves everything as it was;
+ * then carried out. */
+enum { FINISH_NONE = 0, FINISH_AT_LAST_END, FINISH_TRAINING };
+
+typedef struct {
+    PyObject *steps, *recording_dict;
+    int grad;
+    /* the plan */
+    int finish, marked, opens, lane;
+    PyObject *finished_type;  /* TRAIN or INFERENCE: the decided step's kind */
+    long long step_start_ns, step_end_ns;
+} CallPlan;
+
+/* 1: C carries the call's step out as planned; 0: Python decides it; -1: error. */
+static int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan) {
     const StepsSlots *ss = &self->steps_slots;
-    PyObject *steps = state->steps, *dict = state->recording_dict;
-    PyObject *type = SLOT(steps, ss->type), *lane = SLOT(steps, ss->lane), *lane_grad = SLOT(steps, ss->lane_grad);
-    PyObject *leader = SLOT(steps, ss->leader);
-    if (type == NULL || lane == NULL || lane_grad == NULL || leader == NULL) return PATH_DECLINE;
-    if (!slot_is_zero(buffer, self->buffer_slots.open_steps) || !slot_is_zero(steps, ss->nested)) return PATH_DECLINE;
+    PyObject *steps = plan->steps, *dict = plan->recording_dict;
+    PyObject *type = SLOT(steps, ss->type), *lane = SLOT(steps, ss->lane), *leader = SLOT(steps, ss->leader);
+    PyObject *trained = SLOT(steps, ss->trained), *optimizer_seen = SLOT(steps, ss->optimizer_seen);
+    PyObject *name = SLOT(steps, ss->name);
+    if (type == NULL || lane == NULL || leader == NULL || trained == NULL || optimizer_seen == NULL || name == NULL)
+        return 0;
+    if (!slot_is_zero(buffer, self->buffer_slots.open_steps) || !slot_is_zero(steps, ss->nested)) return 0;
+    if (type != self->step_none && type != self->step_inference && type != self->step_train) return 0;
+    if (!PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) != 0) return 0;
     PyObject *paused = PyDict_GetItemWithError(dict, s_paused);
-    if (paused != Py_False) return PyErr_Occurred() ? -1 : PATH_DECLINE;
-    state->start_ns = slot_ll(steps, ss->start_ns);
-    state->last_end_ns = slot_ll(steps, ss->last_end_ns);
-    state->closed_ns = slot_ll(steps, ss->closed_ns);
-    long long long_step = dict_ll(dict, s_long_step_ns), report_after = dict_ll(dict, s_report_after_ns);
-    if (PyErr_Occurred()) return -1;
+    if (paused != Py_False) return PyErr_Occurred() ? -1 : 0;
     void *lane_module = PyLong_AsVoidPtr(lane);
-    if (lane_module == NULL && PyErr_Occurred()) return -1;
-    if (lane_module == (void *)module) {
-        /* the model's next call of a one-call step; unless the step before is worth telling */
-        if (lane_grad != (state->grad ? Py_True : Py_False)) return PATH_DECLINE;
-        long long length = state->last_end_ns - state->start_ns;
-        return length < long_step && state->last_end_ns < report_after ? PATH_LANE : PATH_DECLINE;
-    }
-    PyObject *names = PyDict_GetItemWithError(dict, s_model_names);
-    if (names == NULL || !PyDict_Check(names)) return PyErr_Occurred() ? -1 : PATH_DECLINE;
-    PyObject *key = PyLong_FromVoidPtr(module);
-    if (key == NULL) return -1;
-    int named = PyDict_Contains(names, key);
-    Py_DECREF(key);
-    if (named <= 0) return named;  /* its first call names the model: Python */
     void *leader_module = leader == Py_None ? NULL : PyLong_AsVoidPtr(leader);
-    if (leader_module == NULL && PyErr_Occurred()) return -1;
-    int is_leader = leader_module == (void *)module;
+    if (PyErr_Occurred()) return -1;
+    int is_leader = leader_module == (void *)module, grad = plan->grad;
+    if (!is_leader && lane_module != (void *)module) {
+        PyObject *names = PyDict_GetItemWithError(dict, s_model_names);
+        if (names == NULL || !PyDict_Check(names)) return PyErr_Occurred() ? -1 : 0;
+        PyObject *key = PyLong_FromVoidPtr(module);
+        if (key == NULL) return -1;
+        int named = PyDict_Contains(names, key);
+        Py_DECREF(key);
+        if (named <= 0) return named;  /* its first call names the model: Python */
+    }
+    long long start_ns = slot_ll(steps, ss->start_ns), last_end_ns = slot_ll(steps, ss->last_end_ns);
+    long long closed_ns = slot_ll(steps, ss->closed_ns), pieces = slot_ll(steps, ss->pieces);
+    if (PyErr_Occurred()) return -1;
+    plan->finish = FINISH_NONE;
     if (type == self->step_train) {
         int leads = is_leader || leader == Py_None;
-        if (!state->closed_ns) return leads ? PATH_DECLINE : PATH_JOIN;
-        if (!leads) return state->grad ? PATH_JOIN : PATH_DECLINE;
-        /* the leading model's next training call after the optimizer step: the step ends there */
-        PyObject *name = SLOT(steps, ss->name), *trained = SLOT(steps, ss->trained);
-        if (!state->grad || trained != Py_True || !slot_is_zero(steps, ss->wait_ns) || name == NULL
-            || !PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) != 0)
-            return PATH_DECLINE;
-        PyObject *on_long_step = PyDict_GetItemWithError(dict, s_on_long_step);
-        if (on_long_step == NULL) return PyErr_Occurred() ? -1 : PATH_DECLINE;
-        if (on_long_step != Py_None && (state->closed_ns - state->start_ns >= long_step
-                                        || state->closed_ns >= report_after))
-            return PATH_DECLINE;  /* someone is told of the step: Python tells */
-        return PATH_LEAD;
+        if (closed_ns && (!grad || leads)) plan->finish = FINISH_TRAINING;  /* the next iteration, or an evaluation */
+        else if (grad && leads && optimizer_seen != Py_True) plan->finish = FINISH_AT_LAST_END;
+    } else if (type == self->step_inference && (grad || is_leader)) {
+        plan->finish = FINISH_AT_LAST_END;
     }
-    if (type == self->step_inference && !state->grad && !is_leader) return PATH_JOIN;
-    return PATH_DECLINE;
+    plan->opens = plan->finish != FINISH_NONE || type == self->step_none;
+    if (plan->finish != FINISH_NONE) {
+        plan->step_start_ns = start_ns;
+        plan->step_end_ns = plan->finish == FINISH_TRAINING ? closed_ns : last_end_ns;
+        plan->finished_type = trained == Py_True ? self->step_train : self->step_inference;
+        plan->marked = plan->finished_type == self->step_train || pieces > 1;
+        PyObject *on_long_step = PyDict_GetItemWithError(dict, s_on_long_step);
+        if (on_long_step == NULL) return PyErr_Occurred() ? -1 : 0;
+        if (on_long_step != Py_None) {
+            long long long_step = dict_ll(dict, s_long_step_ns), report_after = dict_ll(dict, s_report_after_ns);
+            if (PyErr_Occurred()) return -1;
+            if (plan->step_end_ns - plan->step_start_ns >= long_step || plan->step_end_ns >= report_after)
+                return 0;  /* someone is told of the decided step: Python tells */
+        }
+    }
+    if (plan->opens) {
+        long long wait_ns = slot_ll(steps, ss->wait_ns);
+        if (PyErr_Occurred()) return -1;
+        plan->lane = !wait_ns && (!grad || optimizer_seen != Py_True);  /* the new step's pieces == 1 */
+    }
+    return 1;
 }
 
-/* The step bookkeeping of the chosen path, as call_begins does it; the call starts at `start`. */
-static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, int path, TopState *state,
-                      PyObject *start) {
+/* AutoSteps._open: a step of the call's kind starts at `start` (or at the input wait before it,
+ * or, training, where the last training step ended). */
+static int open_step(FastCall *self, PyObject *steps, PyObject *module, CallPlan *plan, PyObject *start,
+                     PyObject *resumed) {
     const StepsSlots *ss = &self->steps_slots;
-    PyObject *steps = state->steps;
-    if (path == PATH_LANE) {
-        slot_set(steps, ss->start_ns, start);
-        return 0;
-    }
-    if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
-    if (path == PATH_JOIN) {
-        long long pieces = slot_ll(steps, ss->pieces);
-        if (pieces == -1 && PyErr_Occurred()) return -1;
-        return slot_set_ll(steps, ss->pieces, pieces + 1);
-    }
-    /* PATH_LEAD: _finish_training (the step's record), then _open of the next training step,
-     * which starts where the last one closed */
-    PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
-    if (marks == NULL || !PyList_Check(marks)) {
-        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
-        return -1;
-    }
-    /* the step's start and end: start_ns, max(closed_ns, start_ns) */
-    PyObject *step_start = SLOT(steps, ss->start_ns);
-    PyObject *step_end = state->closed_ns > state->start_ns ? SLOT(steps, ss->closed_ns) : step_start;
-    PyObject *row = PyTuple_Pack(6, self->mark_step, step_start, step_end, self->train_step_name,
-                                 self->train_attributes, Py_None);
-    if (row == NULL) return -1;
-    int appended = PyList_Append(marks, row);
-    Py_DECREF(row);
-    if (appended < 0) return -1;
+    PyObject *waited = SLOT(steps, ss->wait_ns);
+    long long wait_ns = as_ll(waited), resume_ns = plan->grad ? as_ll(resumed) : 0;
+    if (PyErr_Occurred()) return -1;
+    PyObject *opened = start;
+    if (wait_ns && resume_ns) opened = wait_ns < resume_ns ? waited : resumed;
+    else if (wait_ns) opened = waited;
+    else if (resume_ns) opened = resumed;
     PyObject *leader = PyLong_FromVoidPtr(module);
     if (leader == NULL) return -1;
+    slot_set(steps, ss->type, plan->grad ? self->step_train : self->step_inference);
+    slot_set(steps, ss->start_ns, opened);
     slot_set(steps, ss->leader, leader);
+    int failed = slot_set_ll(steps, ss->pieces, wait_ns ? 2 : 1) < 0;
+    if (!failed && plan->lane) {
+        slot_set(steps, ss->lane, leader);
+        slot_set(steps, ss->lane_grad, plan->grad ? Py_True : Py_False);
+    }
     Py_DECREF(leader);
-    slot_set(steps, ss->start_ns, SLOT(steps, ss->closed_ns));
-    slot_set(steps, ss->trained, Py_False);
-    slot_set(steps, ss->lane_grad, Py_False);
-    if (slot_set_ll(steps, ss->pieces, 1) < 0 || slot_set_ll(steps, ss->closed_ns, 0) < 0
-        || slot_set_ll(steps, ss->last_end_ns, 0) < 0 || slot_set_ll(steps, ss->resume_ns, 0) < 0)
-        return -1;
+    if (failed || slot_set_ll(steps, ss->wait_ns, 0) < 0 || slot_set_ll(steps, ss->resume_ns, 0) < 0) return -1;
     return 0;
+}
+
+/* Carry the plan out (call_begins's writes); the call starts at `start`. */
+static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan, PyObject *start) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *steps = plan->steps, *zero = NULL, *resumed = NULL;
+    int status = -1;
+    if ((zero = PyLong_FromLong(0)) == NULL) return -1;
+    slot_set(steps, ss->lane, zero);
+    if (plan->finish == FINISH_NONE && !plan->opens) {  /* the call joins the open step */
+        long long pieces = slot_ll(steps, ss->pieces);
+        status = pieces == -1 && PyErr_Occurred() ? -1 : slot_set_ll(steps, ss->pieces, pieces + 1);
+        Py_DECREF(zero);
+        return status;
+    }
+    resumed = SLOT(steps, ss->resume_ns);
+    Py_INCREF(resumed);
+    if (plan->finish != FINISH_NONE) {  /* AutoSteps._finish: the decided step's record, the state reset */
+        int training = plan->finished_type == self->step_train;
+        if (plan->marked) {
+            PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
+            if (marks == NULL || !PyList_Check(marks)) {
+                PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
+                goto done;
+            }
+            PyObject *step_start = SLOT(steps, ss->start_ns);
+            PyObject *step_end = plan->finish == FINISH_TRAINING ? SLOT(steps, ss->closed_ns)
+                                                                 : SLOT(steps, ss->last_end_ns);
+            if (plan->step_end_ns < plan->step_start_ns) step_end = step_start;
+            PyObject *row = PyTuple_Pack(6, self->mark_step, step_start, step_end,
+                                         training ? self->train_step_name : self->inference_step_name,
+                                         training ? self->train_attributes : self->inference_attributes, Py_None);
+            if (row == NULL) goto done;
+            int appended = PyList_Append(marks, row);
+            Py_DECREF(row);
+            if (appended < 0) goto done;
+        }
+        Py_SETREF(resumed, plan->finish == FINISH_TRAINING ? Py_NewRef(SLOT(steps, ss->closed_ns)) : Py_NewRef(zero));
+        slot_set(steps, ss->lane_grad, Py_False);
+        slot_set(steps, ss->type, self->step_none);
+        slot_set(steps, ss->start_ns, zero);
+        slot_set(steps, ss->last_end_ns, zero);
+        slot_set(steps, ss->closed_ns, zero);
+        slot_set(steps, ss->leader, Py_None);
+        slot_set(steps, ss->pieces, zero);
+        slot_set(steps, ss->trained, Py_False);
+    }
+    status = open_step(self, steps, module, plan, start, resumed);
+done:
+    Py_XDECREF(resumed);
+    Py_DECREF(zero);
+    return status;
 }
 
 /* AutoSteps.call_ends */
@@ -556,7 +605,7 @@ static int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyO
     return 0;
 }
 
-/* A top-level call whose step C can decide (choose_path). *declined: it cannot (then nothing
+/* A top-level call whose step C can decide (plan_call). *declined: it cannot (then nothing
  * was done, and the caller takes the Python path). */
 static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
                           int *declined) {
@@ -566,20 +615,20 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, Py
     if (steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type)) return NULL;
     PyObject *aside = SLOT(buffer, slots->aside), *roots = SLOT(buffer, slots->roots);
     if (aside == NULL || roots == NULL || !PyList_Check(roots) || !slot_is_zero(buffer, slots->aside)) return NULL;
-    TopState state = {steps, NULL, 0, 0, 0, 0};
-    if ((state.grad = grad_enabled(self)) < 0) return NULL;
+    CallPlan plan = {.steps = steps};
+    if ((plan.grad = grad_enabled(self)) < 0) return NULL;
     PyObject *tracing = PyObject_CallNoArgs(self->jit_tracing);
     if (tracing == NULL) return NULL;
     int traced = tracing != Py_None && PyObject_IsTrue(tracing) != 0;
     Py_DECREF(tracing);
     if (traced) return NULL;
-    if ((state.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
-    int path = choose_path(self, buffer, module, &state);
-    Py_DECREF(state.recording_dict);
-    if (path <= 0) return NULL;
+    if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
+    int planned = plan_call(self, buffer, module, &plan);
+    Py_DECREF(plan.recording_dict);
+    if (planned <= 0) return NULL;
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
     if (dict == NULL) return NULL;
-    long flags = state.grad ? ROOT_GRAD : 0;
+    long flags = plan.grad ? ROOT_GRAD : 0;
     PyObject *mode = PyDict_GetItemWithError(dict, s_training);  /* borrowed */
     int training = mode == NULL ? -2 : PyObject_IsTrue(mode);
     Py_DECREF(dict);
@@ -591,7 +640,7 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, Py
     long long start_ns, end_ns;
     Py_INCREF(roots);
     Py_INCREF(steps);
-    if ((start = read_clock(self->now, &start_ns)) == NULL || begin_step(self, buffer, module, path, &state, start) < 0)
+    if ((start = read_clock(self->now, &start_ns)) == NULL || begin_step(self, buffer, module, &plan, start) < 0)
         goto done;
     slot_set(buffer, slots->skipping, Py_False);
     if ((row = PyTuple_New(2)) == NULL) goto done;
@@ -1034,8 +1083,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     if (PyTuple_GET_SIZE(constants) != CONSTANTS) {
-        PyErr_SetString(PyExc_TypeError, "step_constants: (none, inference, train, step mark kind, train step "
-                                         "name, train step attributes)");
+        PyErr_SetString(PyExc_TypeError, "step_constants: as auto_steps.hotpath_constants() gives them");
         return -1;
     }
     if (find_slots(items[12], items[13], &self->buffer_slots, &self->steps_slots) < 0) return -1;
@@ -1048,7 +1096,8 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
         Py_XSETREF(*fields[i], items[i]);
     }
     PyObject **constant_fields[CONSTANTS] = {&self->step_none, &self->step_inference, &self->step_train,
-                                             &self->mark_step, &self->train_step_name, &self->train_attributes};
+                                             &self->mark_step, &self->train_step_name, &self->train_attributes,
+                                             &self->inference_step_name, &self->inference_attributes};
     for (int i = 0; i < CONSTANTS; i++) {
         PyObject *item = PyTuple_GET_ITEM(constants, i);
         Py_INCREF(item);
@@ -1065,7 +1114,8 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->describe_inputs); \
     DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
-    DO(self->train_step_name); DO(self->train_attributes)
+    DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
+    DO(self->inference_attributes)
 
 static int fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     EACH_FIELD(Py_VISIT);

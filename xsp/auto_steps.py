@@ -61,7 +61,8 @@ def hotpath_constants() -> tuple[Any, ...]:
     """What xsp's C wrapper (``xsp/_hotpath.c``) needs to decide the common steps as
     :meth:`AutoSteps.call_begins` does: the step types it compares and writes, and the record
     of a finished training step."""
-    return (_NONE, _INFERENCE, _TRAIN, MarkKind.STEP, TRAIN_STEP_NAME, _ATTRIBUTES[_TRAIN])
+    return (_NONE, _INFERENCE, _TRAIN, MarkKind.STEP, TRAIN_STEP_NAME, _ATTRIBUTES[_TRAIN], INFERENCE_STEP_NAME,
+            _ATTRIBUTES[_INFERENCE])
 
 
 class AutoSteps:

@@ -172,6 +172,12 @@ def _training_program() -> None:
         optimizer.zero_grad()
         criterion(model(inputs), targets).backward()
         optimizer.step()
+    for _ in range(3):  # an evaluation call, then a training iteration, each iteration
+        with torch.no_grad():
+            model(x)
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
     for _ in range(2):
         model(x)
 
@@ -253,12 +259,15 @@ def test_the_c_wrapper_decides_a_training_loops_steps(c_module, monkeypatch, lev
     x, y = torch.randn(2, 4), torch.randn(2, 4)
     with xsp.trace(levels=levels, output=None) as session:
         for _ in range(30):
+            with torch.no_grad():  # an evaluation call before each training iteration
+                model(x)
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
     spans = session.trace.spans
     assert (spans[col.NAME] == "train_step").sum() == 30
-    assert len(begun) <= 4, "the model's next iteration and its loss module should be decided in C"
+    assert (spans[col.KIND] == "predict").sum() == 90  # the evaluation, the forward and the loss
+    assert len(begun) <= 4, "every step of the loop should be decided in C"
 
 
 def test_the_c_wrapper_reads_xsps_clock(c_module):
