@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Final
 
 import numpy as np
@@ -74,6 +75,7 @@ INPUT_DTYPES: Final = "input_dtypes"
 attribute, a Kineto trace's ``Input type``), or None."""
 DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
 """Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
+_DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
 KEY_COLUMNS: Final = (col.LEVEL, col.KIND, col.NAME, KEY, PARENT_KEY, COUNT, TOTAL_NS, SAMPLES_NS, SAMPLE_COUNT,
                       col.INPUT_SHAPES, KERNELS_PER_STEP, INPUT_DTYPES)
 
@@ -242,10 +244,13 @@ def _input_dtypes(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, count
     operator = (spans[col.LEVEL].to_numpy(dtype=object)[rows] == Level.OPERATOR.value)
     if not operator.any():
         return result
-    attributes = spans[col.ATTRIBUTES].to_numpy(dtype=object, na_value=None)[rows[operator]]
-    codes = code[operator]
-    for key_code, text in zip(codes[::-1].tolist(), attributes[::-1].tolist()):  # the first span wins
-        if not isinstance(text, str) or not any(name in text for name in DTYPE_ATTRIBUTES):
+    texts = spans[col.ATTRIBUTES].iloc[rows[operator]]
+    # only the spans whose attributes name input dtypes are parsed (found by a vectorised search)
+    naming = texts.str.contains(_DTYPE_PATTERN, regex=True).fillna(False).to_numpy(dtype=bool)
+    candidates = np.flatnonzero(naming)
+    codes = code[operator][candidates]
+    for key_code, text in zip(codes.tolist(), texts.iloc[candidates].tolist()):  # the first span wins
+        if result[key_code] is not None or not isinstance(text, str):
             continue
         try:
             found = json.loads(text)
@@ -406,7 +411,7 @@ def _from_quantiles(samples: list[np.ndarray], counts: np.ndarray) -> list[np.nd
     quantiles alone would judge a key of 40 steps as if it had 9, and miss changes the run
     itself shows; the rebuilt samples rank against the new run's as the originals did."""
     rebuilt = list(samples)
-    for i in np.flatnonzero(counts > np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))):
+    for i in np.flatnonzero(counts > np.fromiter(map(len, samples), dtype=np.int64, count=len(samples))):
         kept = samples[i]
         if len(kept) < 2:
             continue
@@ -457,7 +462,7 @@ def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
 
 def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Size, median and coefficient of variation of each (sorted) sample array, vectorised."""
-    sizes = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
+    sizes = np.fromiter(map(len, samples), dtype=np.int64, count=len(samples))
     flat = np.concatenate(samples).astype(np.float64) if len(samples) else np.zeros(0)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(samples) else sizes
     present = sizes > 0
@@ -476,13 +481,16 @@ def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np
 
 def _explains(table: pd.DataFrame) -> np.ndarray:
     """Each key's delta over its parent key's delta (NaN for roots and for parents that did not move)."""
-    position = pd.Series(np.arange(len(table)), index=pd.MultiIndex.from_arrays([table[col.LEVEL], table[KEY]]))
-    by_key = position.groupby(level=1).first()  # a parent is found by its key alone
-    parents = table[PARENT_KEY].map(by_key)
-    has_parent = parents.notna().to_numpy()
-    parent_row = parents.fillna(0).to_numpy(dtype=np.int64)
+    count = len(table)
+    # keys and parent keys factorized together; a parent is found by its key alone (its first row)
+    codes, uniques = pd.factorize(pd.concat([table[KEY], table[PARENT_KEY]], ignore_index=True))
+    key_codes, parent_codes = codes[:count], codes[count:]
+    first_row = np.full(len(uniques), -1, dtype=np.int64)
+    first_row[key_codes[::-1]] = np.arange(count - 1, -1, -1)
+    parent_row = np.where(parent_codes >= 0, first_row[np.maximum(parent_codes, 0)], -1)
+    has_parent = parent_row >= 0
     delta = table[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
-    parent_delta = delta[parent_row]
+    parent_delta = delta[np.maximum(parent_row, 0)]
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(has_parent & (parent_delta != 0), delta / parent_delta, np.nan)
     return share
@@ -514,15 +522,25 @@ def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3
     if not len(table):
         return table.assign(**{DEPTH: pd.Series(dtype=np.int64)})
     present = table
-    children: dict[object, list[int]] = {}
-    for row, parent in enumerate(present[PARENT_KEY].tolist()):
-        children.setdefault(parent if isinstance(parent, str) else None, []).append(row)
+    # each key's child rows, in table order, found through the sorted parent codes when asked
+    parent_codes, parent_keys = pd.factorize(present[PARENT_KEY])
+    parent_index = pd.Index(parent_keys)
+    by_parent = np.argsort(parent_codes, kind="stable")
+    sorted_codes = parent_codes[by_parent]
+
+    def children(key: str | None) -> list[int]:
+        code = -1 if key is None else int(parent_index.get_indexer([key])[0])
+        if key is not None and code < 0:
+            return []
+        lo, hi = np.searchsorted(sorted_codes, [code, code + 1])
+        return by_parent[lo:hi].tolist()
+
     delta = present[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
     moved = (present[VERDICT] != Verdict.UNCHANGED.value).to_numpy()
     keys = present[KEY].tolist()
     tested = (present[TEST] != Test.NONE.value).to_numpy()
-    roots = [row for row in children.get(None, []) if moved[row] and tested[row]] or [
-        row for row in children.get(None, []) if tested[row]]
+    top = children(None)
+    roots = [row for row in top if moved[row] and tested[row]] or [row for row in top if tested[row]]
     roots = sorted(roots, key=lambda row: -abs(delta[row]))[:max_roots]
     order: list[tuple[int, int]] = []
 
@@ -530,7 +548,7 @@ def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3
         order.append((row, depth))
         if depth >= max_depth or delta[row] == 0:
             return
-        below = [r for r in children.get(keys[row], []) if np.sign(delta[r]) == np.sign(delta[row])
+        below = [r for r in children(keys[row]) if np.sign(delta[r]) == np.sign(delta[row])
                  and abs(delta[r]) >= min_share * abs(delta[row])]
         for child in sorted(below, key=lambda r: -abs(delta[r]))[:max_children]:
             walk(child, depth + 1)

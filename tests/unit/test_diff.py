@@ -368,3 +368,22 @@ def test_a_machine_that_is_slower_in_every_key_raises_no_alarm_but_one_layer_sti
     regressed = set(found.table[found.table[d.VERDICT] == "regressed"][d.KEY])
     assert regressed == {"net[0]", "net[0]/net.b[0]"}  # the model, by net.b's share of it
     assert row(found, "net[0]/net.b[0]")[d.ADJUSTED_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
+
+
+def test_breakdown_and_explains_walk_a_hand_made_tree():
+    """Parents are found by key alone; children that move the other way, or explain under
+    min_share of their parent, are left out; a key whose parent is missing from the table
+    explains nothing and is no top-level key either."""
+    keys = ["model", "model/a", "model/b", "model/c", "model/a/x", "model/a/y", "gone/orphan", "model/a/z"]
+    parents = [None, "model", "model", "model", "model/a", "model/a", "gone", "model/a"]
+    deltas = [100.0, 60.0, 30.0, -5.0, 50.0, 10.0, 7.0, 1.0]
+    table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), d.KEY: keys, d.PARENT_KEY: parents,
+                          d.ADJUSTED_DELTA_NS: deltas,
+                          d.VERDICT: ["regressed"] * len(keys), d.TEST: ["rank"] * len(keys)})
+    explains = d._explains(table)
+    assert explains[1] == pytest.approx(0.6) and explains[2] == pytest.approx(0.3)
+    assert explains[4] == pytest.approx(50 / 60) and explains[3] == pytest.approx(-0.05)
+    assert np.isnan(explains[0]) and np.isnan(explains[6])
+    tree = d.breakdown(table)
+    assert tree[[d.KEY, d.DEPTH]].values.tolist() == [
+        ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1]]
