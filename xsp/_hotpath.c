@@ -51,9 +51,18 @@ typedef struct {
         resume_ns, name, optimizer_seen;
 } StepsSlots;
 
+/* A one-entry cache of the calling thread's buffer (recording.local.b: a thread-local lookup
+ * costs hundreds of instructions), keyed by the thread state's id, which is unique for the
+ * interpreter's life (a thread state's address may be reused by a later thread; its id is not). */
+typedef struct {
+    uint64_t thread;
+    PyObject *buffer;
+} BufferCache;
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
+    BufferCache cache;
     int mode;
     Py_ssize_t compact_at;
     PyObject *original;       /* nn.Module.__call__ as it was */
@@ -149,6 +158,23 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
 }
 
 /* helpers ------------------------------------------------------------------------------ */
+/* recording.local.b of the calling thread (new reference), through `cache`; NULL with an
+ * AttributeError set when the thread has no buffer yet. */
+static PyObject *thread_buffer(PyObject *local, BufferCache *cache) {
+    uint64_t thread = PyThreadState_GetID(PyThreadState_Get());
+    if (cache->buffer != NULL && cache->thread == thread) {
+        Py_INCREF(cache->buffer);
+        return cache->buffer;
+    }
+    PyObject *buffer = PyObject_GetAttr(local, s_b);
+    if (buffer != NULL) {
+        Py_INCREF(buffer);
+        Py_XSETREF(cache->buffer, buffer);
+        cache->thread = thread;
+    }
+    return buffer;
+}
+
 /* An int in an instance dict (the Recording's deadlines); -1 with an exception set when absent. */
 static long long dict_ll(PyObject *dict, PyObject *name) {
     PyObject *value = PyDict_GetItemWithError(dict, name);  /* borrowed */
@@ -697,7 +723,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
         return NULL;
     }
     PyObject *module = argv[0], *args = argv[1], *kwargs = argv[2] == Py_None ? NULL : argv[2];
-    PyObject *buffer = PyObject_GetAttr(self->local, s_b);
+    PyObject *buffer = thread_buffer(self->local, &self->cache);
     if (buffer == NULL || !Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
         /* this thread's first record (the Python path creates its buffer), or no ThreadBuffer */
         PyErr_Clear();
@@ -739,6 +765,7 @@ done:
  * automatic steps (AutoSteps.piece_ends and optimizer_ends), as the Python hooks do. */
 typedef struct {
     PyObject_HEAD
+    BufferCache cache;
     PyObject *local;            /* recording.local */
     PyObject *new_buffer;       /* recording.buffer: the thread's buffer, created on its first record */
     PyObject *now;
@@ -752,7 +779,7 @@ typedef struct {
 
 /* The calling thread's buffer (new reference), created on its first record. */
 static PyObject *events_buffer(StepEvents *self) {
-    PyObject *buffer = PyObject_GetAttr(self->local, s_b);
+    PyObject *buffer = thread_buffer(self->local, &self->cache);
     if (buffer == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
         PyErr_Clear();
@@ -956,7 +983,7 @@ static int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
 #define EACH_EVENTS_FIELD(DO) \
     DO(self->local); DO(self->new_buffer); DO(self->now); DO(self->error_text); DO(self->optimizer_names); \
     DO(self->buffer_type); DO(self->steps_type); DO(self->step_none); DO(self->step_train); \
-    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name)
+    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); DO(self->cache.buffer)
 
 static int events_traverse(StepEvents *self, visitproc visit, void *arg) {
     EACH_EVENTS_FIELD(Py_VISIT);
@@ -1115,7 +1142,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
-    DO(self->inference_attributes)
+    DO(self->inference_attributes); DO(self->cache.buffer)
 
 static int fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     EACH_FIELD(Py_VISIT);

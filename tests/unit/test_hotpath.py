@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -182,6 +183,37 @@ def _training_program() -> None:
         model(x)
 
 
+def _threaded_program() -> None:
+    """Threads taking turns on one model (the C wrapper keeps each thread's buffer at hand, so it
+    must notice whose turn it is), then running at once; training on one, inference on another."""
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def infer(count: int) -> None:
+        with torch.no_grad():
+            for _ in range(count):
+                model(x)
+
+    def train(count: int) -> None:
+        for _ in range(count):
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+    for turn in range(6):
+        worker = threading.Thread(target=infer if turn % 2 else train, args=(3,), name=f"turn-{turn}")
+        worker.start()
+        worker.join()
+        infer(2)
+    together = [threading.Thread(target=infer, args=(200,), name="inference"),
+                threading.Thread(target=train, args=(50,), name="training")]
+    for worker in together:
+        worker.start()
+    for worker in together:
+        worker.join()
+
+
 def _structure(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
     """Everything of a trace but its times and ids: each span with its parent's name."""
     names = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
@@ -221,6 +253,25 @@ def test_the_c_wrapper_decides_training_steps_as_the_python_wrapper(c_module, mo
     assert by_c == by_python
     steps = [row for row in by_c if row[2] == "step"]
     assert len(steps) >= (4 if schedule else 12)
+
+
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_the_c_wrapper_records_each_thread_in_its_own_buffer(c_module, monkeypatch, levels):
+    by_c = _trace(_threaded_program, levels, True, monkeypatch)
+    by_python = _trace(_threaded_program, levels, False, monkeypatch)
+    for spans in (by_c, by_python):
+        predicts = spans[spans[col.KIND] == "predict"]
+        assert sorted(predicts.groupby(col.THREAD_ID).size().tolist()) == [3, 3, 3, 3, 3, 3, 12, 50, 200]
+    assert _by_thread(by_c) == _by_thread(by_python)
+
+
+def _by_thread(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """The structure of each thread's spans, threads numbered in the order they first recorded
+    (step numbers left out: threads running at once interleave their steps differently)."""
+    ordered = spans.sort_values(col.START_NS)
+    threads = ordered[col.THREAD_ID].tolist()
+    number = {thread: index for index, thread in enumerate(dict.fromkeys(threads))}
+    return sorted((number[thread], *row[:4], *row[5:]) for thread, row in zip(threads, _structure(spans)))
 
 
 def _counting_begin_root(monkeypatch: pytest.MonkeyPatch) -> list[int]:
