@@ -218,6 +218,35 @@ def _repeatability_lines(rows: list[dict[str, Any]], invocations: int) -> list[s
     return lines
 
 
+def _row_key(line: str) -> str | None:
+    """What a results table row is about: ``model (batch N)``, from either table's first cells."""
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    if len(cells) < 2 or not line.startswith("| ") or set(cells[0]) <= {"-", " "} or cells[0] == "model":
+        return None
+    return cells[0] if cells[0].endswith(")") else f"{cells[0]} (batch {cells[1]})"
+
+
+def _merged_with(lines: list[str], previous: str) -> list[str]:
+    """``lines`` (the repeatability and calibration tables of the rows just measured) with the
+    rows of ``previous`` results that were not measured again kept in place: a run of some
+    rows (``--repeatability small --skip-accuracy``) replaces those rows only."""
+    old_tables = previous.split("\n## Repeatability", 1)[1].split("\n## ") if "\n## Repeatability" in previous else []
+    result: list[str] = []
+    table = -1
+    for index, line in enumerate(lines):
+        if line.startswith("## "):
+            table += 1
+        result.append(line)
+        if not line.startswith("| ---") or table >= len(old_tables):
+            continue
+        new_keys = {_row_key(row) for row in lines[index + 1:] if row.startswith("| ")}
+        for old_line in old_tables[table].splitlines():
+            key = _row_key(old_line)
+            if key is not None and key not in new_keys:
+                result.append(old_line)
+    return result
+
+
 def _workloads(quick: bool) -> list[tuple[str, int, Callable[[], Any]]]:
     from bert_inference import build_model as build_bert
     from bert_inference import make_batch
@@ -269,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"repeatability of {name}, batch {batch} ...", file=sys.stderr)
             repeats.append(repeatability(name, batch, fn, args.invocations))
     if args.skip_accuracy:
-        previous = RESULTS.read_text().split("\n## Repeatability")[0].rstrip("\n").splitlines() \
-            if RESULTS.is_file() else ["# Leveled experimentation: accuracy on CPU"]
-        record(previous + _repeatability_lines(repeats, args.invocations), RESULTS)
+        text = RESULTS.read_text() if RESULTS.is_file() else "# Leveled experimentation: accuracy on CPU"
+        previous = text.split("\n## Repeatability")[0].rstrip("\n").splitlines()
+        record(previous + _merged_with(_repeatability_lines(repeats, args.invocations), text), RESULTS)
         return 0
     runs = list(rows[0]["runs"])
     lines = [
