@@ -118,14 +118,48 @@ def measured_steps(spans: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     return spans[spans[col.STEP].isin(kept)]
 
 
-def _durations_by_path(spans: pd.DataFrame, trim: float) -> pd.DataFrame:
+ROUND_STARTS = "leveled_round_starts"
+"""Metadata of a pooled trace (:func:`pooled`): the first step of each round it pools."""
+
+
+def _between_rounds_ci(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray) -> pd.Series:
+    """Per key: the half-width of a 95% interval from the spread of its per-round medians (NaN
+    below two rounds). Steps of one run share the machine's state while it ran, so the spread
+    between rounds, not between steps, is what tells how far a pooled figure can move."""
+    from scipy import stats
+
+    frame = pd.DataFrame({"key": keys, "round": rounds, "value": values})
+    per_round = frame.groupby(["key", "round"], sort=False)["value"].median()
+    spread = per_round.groupby(level=0, sort=False).agg(["std", "count"])
+    count = spread["count"].to_numpy(dtype=np.float64)
+    t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
+    half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
+    return pd.Series(np.where(count >= 2, half_width, np.nan), index=spread.index)
+
+
+def _rounds_of(steps: pd.Series, round_starts: Sequence[int] | None) -> np.ndarray | None:
+    """The round of each step (None when the steps are not pooled rounds)."""
+    if not round_starts or len(round_starts) < 2:
+        return None
+    return np.searchsorted(np.asarray(round_starts), steps.to_numpy(dtype=np.int64), side="right") - 1
+
+
+def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> pd.DataFrame:
     """Per path: the trimmed mean duration, its 95% interval's half-width, and whether it
-    appears once in every step."""
+    appears once in every step. With the rounds of a pooled trace, the interval is the wider of
+    the one from its steps and the one from its rounds (:func:`_between_rounds_ci`)."""
     steps = spans[col.STEP].nunique()
     grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
     counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
     means = grouped.agg(lambda values: trimmed_mean(values.to_numpy(), trim))
     intervals = grouped.agg(lambda values: trimmed_mean_ci(values.to_numpy(), trim))
+    rounds = _rounds_of(spans[col.STEP], round_starts)
+    if rounds is not None:
+        between = _between_rounds_ci(spans[col.PATH].to_numpy(dtype=object), rounds,
+                                     spans[col.DURATION_NS].to_numpy(dtype=np.float64))
+        intervals = pd.Series(np.fmax(intervals.to_numpy(dtype=np.float64),
+                                      between.reindex(intervals.index).to_numpy(dtype=np.float64)),
+                              index=intervals.index)
     return pd.DataFrame({"duration_ns": means, "ci_ns": intervals,
                          "regular": (counts["size"] == steps) & (counts["nunique"] == steps)})
 
@@ -143,10 +177,17 @@ def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
     return sums[(sums["flops"] > 0) | (sums["bytes"] > 0)]
 
 
-def _latency_ms(spans: pd.DataFrame, trim: float) -> tuple[float, float]:
-    """The trimmed mean of the steps' latencies and its 95% interval's half-width."""
-    values = model_latency(spans)["latency_ms"].to_numpy(dtype=np.float64)
-    return trimmed_mean(values, trim), trimmed_mean_ci(values, trim)
+def _latency_ms(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> tuple[float, float]:
+    """The trimmed mean of the steps' latencies and its 95% interval's half-width (with rounds,
+    the wider of the steps' and the rounds' intervals, as for :func:`_durations_by_path`)."""
+    latencies = model_latency(spans)
+    values = latencies["latency_ms"].to_numpy(dtype=np.float64)
+    interval = trimmed_mean_ci(values, trim)
+    rounds = _rounds_of(latencies["step"], round_starts) if len(latencies) else None
+    if rounds is not None:
+        between = _between_rounds_ci(np.zeros(len(values), dtype=np.int64), rounds, values)
+        interval = float(np.fmax(interval, between.iloc[0]))
+    return trimmed_mean(values, trim), interval
 
 
 DEFAULT_TARGET = 0.02
@@ -219,7 +260,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         for level in run.levels:
             source_of.setdefault(level, run)
     measured = {run.label: measured_steps(run.trace.spans, warmup_steps) for run in runs}
-    by_path = {run.label: _durations_by_path(measured[run.label], trim) for run in timing}
+    by_path = {run.label: _durations_by_path(measured[run.label], trim, run.trace.metadata.get(ROUND_STARTS))
+               for run in timing}
 
     deep = measured[deepest.label]
     if deep.empty:
@@ -277,7 +319,7 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     overhead = _overhead_table(runs, measured, trim)
     unmatched_table = pd.DataFrame(unmatched, columns=["path", "level", "name", "run", "reason"])
     metadata = {
-        **deepest.trace.metadata,
+        **{key: value for key, value in deepest.trace.metadata.items() if key != ROUND_STARTS},
         "levels": sorted({level.value for run in runs for level in run.levels}, key=[v.value for v in LEVELS].index),
         "leveled": {
             "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
@@ -297,7 +339,7 @@ def _overhead_table(runs: Sequence[LeveledRun], measured: dict[str, pd.DataFrame
     rows = []
     for run in runs:
         spans = measured[run.label]
-        latency, interval = _latency_ms(spans, trim)
+        latency, interval = _latency_ms(spans, trim, run.trace.metadata.get(ROUND_STARTS))
         rows.append({"run": run.label, "levels": [level.value for level in run.levels],
                      "steps": int(spans[col.STEP].nunique()), "model_latency_ms": latency,
                      "model_latency_ci_ms": interval, "metric": run.is_metric})
@@ -308,14 +350,18 @@ def _overhead_table(runs: Sequence[LeveledRun], measured: dict[str, pd.DataFrame
 
 
 def pooled(traces: Sequence[Trace]) -> Trace:
-    """One trace holding the steps of several runs with the same levels, renumbered in order."""
-    frames, offset = [], 0
+    """One trace holding the steps of several runs with the same levels, renumbered in order;
+    its metadata notes where each run's steps begin (:data:`ROUND_STARTS`)."""
+    frames, offset, starts = [], 0, []
     for trace in traces:
         spans = trace.spans.copy()
+        first = spans[col.STEP].min() if spans[col.STEP].notna().any() else None
         spans[col.STEP] = spans[col.STEP] + offset
+        if first is not None:
+            starts.append(int(first) + offset)
         offset = int(spans[col.STEP].max()) + 1 if spans[col.STEP].notna().any() else offset
         frames.append(spans)
-    return Trace(spans=pd.concat(frames, ignore_index=True), metadata=traces[-1].metadata)
+    return Trace(spans=pd.concat(frames, ignore_index=True), metadata={**traces[-1].metadata, ROUND_STARTS: starts})
 
 
 MAX_ROUNDS = 30

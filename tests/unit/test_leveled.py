@@ -368,3 +368,32 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
     with xsp.trace(levels="model,layer", output=None):  # a plain session hooks them, as it cannot know
         model(x)
     assert len(hooked) == 4  # the three layers and the Sequential around them
+
+
+def test_a_figure_that_moves_between_rounds_is_not_called_precise():
+    """Each round's steps agree closely, but the rounds do not (the machine ran at another speed
+    in each run): the interval comes from the spread of the rounds, not of the steps."""
+    from xsp.leveled import ROUND_STARTS, pooled
+
+    def rounds(levels: tuple[Level, ...], shifts: list[int]) -> LeveledRun:
+        traces = []
+        for shift in shifts:
+            steady = [100 + shift + (i % 2) for i in range(6)]
+            traces.append(_run(levels, {STEP: [1200 + shift] * 6, PREDICT: [1000 + 10 * shift + (i % 2) for i in
+                                                                                range(6)], A: steady,
+                                        B: [30] * 6}).trace)
+        trace = pooled(traces)
+        assert trace.metadata[ROUND_STARTS] == [0, 6, 12]
+        return LeveledRun(levels, trace)
+
+    result = merge_runs([rounds((M,), [0, 8, -8]), rounds((M, L), [0, 8, -8])], target=0.02)
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_CI_NS] >= 10  # about t(2) x 8 / sqrt(3); the steps alone say 1
+    assert spans.loc[B, col.DURATION_CI_NS] == 0
+    model = result.overhead.set_index("run").loc["model"]
+    # the steps' latencies are 1192, 1200 and 1208 ns by round: t(2) x 8 ns / sqrt(3)
+    assert model["model_latency_ci_ms"] == pytest.approx(4.303 * 8 / 3 ** 0.5 * 1e-6, rel=0.01)
+    assert not precise_enough(result, 0.02)
+    assert ROUND_STARTS not in result.trace.metadata
+    steady = merge_runs([rounds((M,), [0, 0, 0]), rounds((M, L), [0, 0, 0])], target=0.02)
+    assert steady.trace.spans.set_index(col.PATH).loc[A, col.DURATION_CI_NS] <= 2
