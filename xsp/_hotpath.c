@@ -5,12 +5,16 @@
  * hands the call to a `FastCall` object from here, which handles the cases that run thousands
  * of times per second and hands every other one back to the Python wrapper:
  *
- *  - a top-level call whose step is one of AutoSteps.call_begins's common cases: the next call
- *    of the model whose one-call step is open (`AutoSteps.lane`), a call that joins the open
- *    step (a loss module, a head after its encoder), and the leading model's next training call
- *    after an optimizer step (the step before ends where the optimizer step ended);
+ *  - a top-level call, whose step it decides as AutoSteps.call_begins does (the model's next
+ *    call of a one-call step, a loss module or head joining the open step, the next training
+ *    iteration after an optimizer step, an evaluation between training steps...), except
+ *    inside xsp.step() or generate(), at a model's first call, while a schedule pauses, and
+ *    when a decided step must be reported (plan_call);
  *  - ROOTS mode (model level): any call inside a top-level call (passed straight through);
  *  - ALL mode (layer level): a call inside a top-level call, when its step is recorded.
+ *
+ * `StepEvents` does the same for the bodies of the backward and optimizer-step hooks
+ * (tracers/_loop_events.py), and `pack_columns` packs raw records into typed columns.
  *
  * It records exactly what the Python wrapper records, into the same ThreadBuffer lists.
  * Anything unusual (no buffer yet, a step to hand over, jit tracing, a paused schedule, an
@@ -95,6 +99,22 @@ static inline long long as_ll(PyObject *value) {
 #endif
 }
 
+/* tp_traverse, tp_clear and tp_dealloc of a type whose object fields EACH(DO) lists. */
+#define GC_FUNCTIONS(prefix, Type, EACH)                                        \
+    static int prefix##_traverse(Type *self, visitproc visit, void *arg) {     \
+        EACH(Py_VISIT);                                                         \
+        return 0;                                                               \
+    }                                                                           \
+    static int prefix##_clear(Type *self) {                                     \
+        EACH(Py_CLEAR);                                                         \
+        return 0;                                                               \
+    }                                                                           \
+    static void prefix##_dealloc(Type *self) {                                  \
+        PyObject_GC_UnTrack(self);                                              \
+        prefix##_clear(self);                                                   \
+        Py_TYPE(self)->tp_free((PyObject *)self);                               \
+    }
+
 /* slots -------------------------------------------------------------------------------- */
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -173,6 +193,21 @@ static PyObject *thread_buffer(PyObject *local, BufferCache *cache) {
         cache->thread = thread;
     }
     return buffer;
+}
+
+/* Append (kind, start, end, name, attributes, error) to buffer.marks, as the Python side does. */
+static int append_mark(const BufferSlots *slots, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
+                       PyObject *name, PyObject *attributes, PyObject *error) {
+    PyObject *marks = SLOT(buffer, slots->marks);
+    if (marks == NULL || !PyList_Check(marks)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
+        return -1;
+    }
+    PyObject *row = PyTuple_Pack(6, kind, start, end, name, attributes, error);
+    if (row == NULL) return -1;
+    int appended = PyList_Append(marks, row);
+    Py_DECREF(row);
+    return appended;
 }
 
 /* An int in an instance dict (the Recording's deadlines); -1 with an exception set when absent. */
@@ -584,22 +619,14 @@ static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPl
     if (plan->finish != FINISH_NONE) {  /* AutoSteps._finish: the decided step's record, the state reset */
         int training = plan->finished_type == self->step_train;
         if (plan->marked) {
-            PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
-            if (marks == NULL || !PyList_Check(marks)) {
-                PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
-                goto done;
-            }
             PyObject *step_start = SLOT(steps, ss->start_ns);
             PyObject *step_end = plan->finish == FINISH_TRAINING ? SLOT(steps, ss->closed_ns)
                                                                  : SLOT(steps, ss->last_end_ns);
             if (plan->step_end_ns < plan->step_start_ns) step_end = step_start;
-            PyObject *row = PyTuple_Pack(6, self->mark_step, step_start, step_end,
-                                         training ? self->train_step_name : self->inference_step_name,
-                                         training ? self->train_attributes : self->inference_attributes, Py_None);
-            if (row == NULL) goto done;
-            int appended = PyList_Append(marks, row);
-            Py_DECREF(row);
-            if (appended < 0) goto done;
+            if (append_mark(&self->buffer_slots, buffer, self->mark_step, step_start, step_end,
+                            training ? self->train_step_name : self->inference_step_name,
+                            training ? self->train_attributes : self->inference_attributes, Py_None) < 0)
+                goto done;
         }
         Py_SETREF(resumed, plan->finish == FINISH_TRAINING ? Py_NewRef(SLOT(steps, ss->closed_ns)) : Py_NewRef(zero));
         slot_set(steps, ss->lane_grad, Py_False);
@@ -794,20 +821,6 @@ static PyObject *events_buffer(StepEvents *self) {
     return buffer;
 }
 
-static int append_mark(StepEvents *self, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
-                       PyObject *name, PyObject *error) {
-    PyObject *marks = SLOT(buffer, self->buffer_slots.marks);
-    if (marks == NULL || !PyList_Check(marks)) {
-        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
-        return -1;
-    }
-    PyObject *row = PyTuple_Pack(6, kind, start, end, name, Py_None, error);
-    if (row == NULL) return -1;
-    int appended = PyList_Append(marks, row);
-    Py_DECREF(row);
-    return appended;
-}
-
 /* A piece of the open step ended at `end` (AutoSteps.piece_ends with trains, and the common
  * case of optimizer_ends); 1 when `optimizer` and no step is open: the caller asks Python. */
 static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, int optimizer) {
@@ -865,7 +878,8 @@ static PyObject *events_backward(StepEvents *self, PyObject *const *argv, Py_ssi
         if (error == NULL) PyErr_Clear();
     }
     if ((end = read_clock(self->now, &end_ns)) == NULL
-        || append_mark(self, buffer, self->mark_backward, start, end, self->backward_name, error ? error : Py_None) < 0
+        || append_mark(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
+                       error ? error : Py_None) < 0
         || piece_ended(self, buffer, end, end_ns, 0) < 0) {
         if (out == NULL) PyErr_Clear();  /* recording the failure must never replace the user's exception */
         else Py_CLEAR(out);
@@ -929,7 +943,7 @@ static PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer) {
         Py_DECREF(class_name);
         if (name == NULL || PyDict_SetItem(self->optimizer_names, kind, name) < 0) goto done;
     }
-    if (append_mark(self, buffer, self->mark_optimizer, start, end, name, Py_None) < 0) goto done;
+    if (append_mark(&self->buffer_slots, buffer, self->mark_optimizer, start, end, name, Py_None, Py_None) < 0) goto done;
     int asks = piece_ended(self, buffer, end, end_ns, 1);
     if (asks < 0) goto done;
     result = asks ? PyTuple_Pack(2, start, end) : Py_NewRef(Py_None);
@@ -985,21 +999,7 @@ static int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
     DO(self->buffer_type); DO(self->steps_type); DO(self->step_none); DO(self->step_train); \
     DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); DO(self->cache.buffer)
 
-static int events_traverse(StepEvents *self, visitproc visit, void *arg) {
-    EACH_EVENTS_FIELD(Py_VISIT);
-    return 0;
-}
-
-static int events_clear(StepEvents *self) {
-    EACH_EVENTS_FIELD(Py_CLEAR);
-    return 0;
-}
-
-static void events_dealloc(StepEvents *self) {
-    PyObject_GC_UnTrack(self);
-    events_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(events, StepEvents, EACH_EVENTS_FIELD)
 
 static PyTypeObject StepEventsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -1144,21 +1144,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); DO(self->cache.buffer)
 
-static int fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
-    EACH_FIELD(Py_VISIT);
-    return 0;
-}
-
-static int fastcall_clear(FastCall *self) {
-    EACH_FIELD(Py_CLEAR);
-    return 0;
-}
-
-static void fastcall_dealloc(FastCall *self) {
-    PyObject_GC_UnTrack(self);
-    fastcall_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
 static PyObject *fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     FastCall *self = (FastCall *)PyType_GenericNew(type, args, kwds);

@@ -58,9 +58,9 @@ _ATTRIBUTES: Final[dict[StepType, dict[str, Any]]] = {
 
 
 def hotpath_constants() -> tuple[Any, ...]:
-    """What xsp's C wrapper (``xsp/_hotpath.c``) needs to decide the common steps as
-    :meth:`AutoSteps.call_begins` does: the step types it compares and writes, and the record
-    of a finished training step."""
+    """What xsp's C wrapper (``xsp/_hotpath.c``) needs to decide steps as
+    :meth:`AutoSteps.call_begins` does: the step types it compares and writes, and the name and
+    attributes of a finished training or inference step's record."""
     return (_NONE, _INFERENCE, _TRAIN, MarkKind.STEP, TRAIN_STEP_NAME, _ATTRIBUTES[_TRAIN], INFERENCE_STEP_NAME,
             _ATTRIBUTES[_INFERENCE])
 
@@ -87,10 +87,9 @@ class AutoSteps:
         step is that model's one call and nothing else, so its next call (with autograd as
         :attr:`lane_grad` says) only decides the step before and opens the next, the same
         way. The model-level wrapper does that inline; every other event closes the lane, and
-        :meth:`call_begins` opens it again when the state allows. (xsp's C wrapper also decides
-        two more of :meth:`call_begins`'s cases itself, from these slots: a call that joins the
-        open step, and the leading model's next training call after an optimizer step; see
-        :func:`hotpath_constants`.)"""
+        :meth:`call_begins` opens it again when the state allows. (xsp's C wrapper decides every
+        case of :meth:`call_begins` outside ``xsp.step()`` and ``generate()`` itself, from these
+        slots; see :func:`hotpath_constants`.)"""
         self.lane_grad = False
         self.type = _NONE
         self.start_ns = self.last_end_ns = self.closed_ns = 0
