@@ -7,12 +7,22 @@ set of integer columns, stored as byte planes and compressed together with one s
 
 * a path key is an ancestor's key plus a segment, most often the key's name and an ordinal
   (``.../aten::conv2d[1]``), so no path or name is written twice;
-* medians and totals are kept on a logarithmic grid of 0.1% (a value comes back within 0.05%);
+* a layer's name is most often an ancestor's name, a dot and an attribute
+  (``model.encoder.layer.0`` below ``model.encoder``): only the attribute is written;
+* a parent is most often the previous key or one of its ancestors (keys are listed depth
+  first): a small count of steps up;
 * a key keeps at most :data:`QUANTILES` samples (evenly spaced quantiles when it had more), as
-  offsets from its median on a logarithmic grid whose step is a quarter of the key's own
-  interquartile range (never finer than 0.1%): each comes back within an eighth of that range,
+  offsets from its median on a logarithmic grid whose step is a third of the key's own
+  interquartile range (never finer than 0.1%): each comes back within a sixth of that range,
   below the noise a rank test could tell apart, and costs a few bits. They are then scaled so
-  that their median is the stored median exactly.
+  that their median is the stored median exactly;
+* a median is kept on a logarithmic grid of 0.2%, or of a quarter of its key's sample grid
+  where that is coarser (it comes back within half a step: 0.1%, or a 24th of the key's
+  interquartile range), and written as the difference from its *reference*: the same key in
+  an earlier repeated block (a ResNet stage's bottlenecks, a transformer's layers), else its
+  parent (:func:`_references`);
+* a total is kept within 0.25% (it is shown, never tested), as the difference from what its
+  samples' mean makes it.
 
 :func:`encode` turns key-samples frames (:func:`xsp.analysis.diff.key_samples`) into one
 compressed blob; :func:`decode` turns it back.
@@ -33,24 +43,33 @@ import pandas as pd
 from xsp import schema as col
 from xsp.analysis import diff as d
 
-QUANTILES: Final = 9
+QUANTILES: Final = 7
 """Samples a key keeps at most (its evenly spaced quantiles when it had more). Odd, so that
 the middle one is the key's median."""
-VALUE_STEP: Final = 0.001
-"""Grid of medians and totals: ``log1p(ns)`` in steps of ``log(1 + VALUE_STEP)``."""
+VALUE_STEP: Final = 0.002
+"""Grid of medians: ``log1p(ns)`` in steps of ``log(1 + VALUE_STEP)``."""
+TOTAL_STEP: Final = 0.005
+"""Grid of totals, as :data:`VALUE_STEP` is of medians (a total is shown, never tested)."""
 FINEST_UNIT: Final = 0.001
 """Finest grid of a key's samples around its median, in log units (0.1%)."""
 UNIT_GROWTH: Final = 1.25
 """Ratio between successive sample grids."""
-UNITS_PER_IQR: Final = 4
+UNITS_PER_IQR: Final = 3
+MEDIAN_STEPS_PER_UNIT: Final = 4
+"""A key's median grid: its sample grid over this, at the coarsest (never finer than
+:data:`VALUE_STEP`)."""
 """A key's sample grid: its interquartile range (in log units) over this, at the finest."""
-ENCODING: Final = "xsp-packed-keys-1"
+ENCODING: Final = "xsp-packed-keys-2"
+"""2: names built on their ancestors', parents counted up from the previous key, medians
+against references, 7 quantiles; 1 (no longer read: make the summary again): 9 quantiles,
+everything whole."""
 
 _LOG_STEP: Final = float(np.log1p(VALUE_STEP))
+_TOTAL_LOG_STEP: Final = float(np.log1p(TOTAL_STEP))
 _NONE: Final = 0
 """String id of a missing value."""
-_ROW_COLUMNS: Final = ("level", "kind", "name", "key_base", "key_form", "key_ordinal", "key_segment", "parent",
-                       "same_as", "count",
+_ROW_COLUMNS: Final = ("level", "kind", "name", "name_base", "key_base", "key_form", "key_ordinal", "key_segment",
+                       "parent", "parent_far", "same_as", "count",
                        "sample_count", "median", "total", "unit", "stored", "lowest", "shapes", "dtypes",
                        "kernels_half")
 
@@ -66,6 +85,7 @@ class _KeyForm(enum.IntEnum):
     """It is ``name[ordinal]`` (a path's segment)."""
 _SAMPLE_COLUMNS: Final = ("gaps",)
 _ORDINAL: Final = re.compile(r"\[(0|[1-9][0-9]*)\]")
+_DIGITS: Final = re.compile(r"[0-9]+")
 
 
 class _Strings:
@@ -81,12 +101,12 @@ class _Strings:
         return np.fromiter((self.id(value) for value in values), dtype=np.int64)
 
 
-def _value_codes(values: np.ndarray) -> np.ndarray:
-    return np.rint(np.log1p(np.maximum(values, 0.0)) / _LOG_STEP).astype(np.int64)
+def _value_codes(values: np.ndarray, log_step: float = _LOG_STEP) -> np.ndarray:
+    return np.rint(np.log1p(np.maximum(values, 0.0)) / log_step).astype(np.int64)
 
 
-def _values(codes: np.ndarray) -> np.ndarray:
-    return np.expm1(codes * _LOG_STEP)
+def _values(codes: np.ndarray, log_step: float = _LOG_STEP) -> np.ndarray:
+    return np.expm1(codes * log_step)
 
 
 class _Ragged:
@@ -145,7 +165,7 @@ def _kept_samples(samples: _Ragged) -> _Ragged:
 def _decoded_samples(median_codes: np.ndarray, exponents: np.ndarray, codes: _Ragged) -> _Ragged:
     """Each key's samples as they come back from their codes (the encoder and decoder both use
     this, so the encoder knows what the decoder will see)."""
-    medians = _values(median_codes)
+    medians = _medians(median_codes, exponents)
     units = FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64)
     values = np.expm1(np.log1p(medians)[codes.row] + codes.values * units[codes.row])
     middle = _Ragged(values, codes.sizes).quantile(0.5)
@@ -153,19 +173,32 @@ def _decoded_samples(median_codes: np.ndarray, exponents: np.ndarray, codes: _Ra
     return _Ragged(np.rint(values * scale[codes.row]), codes.sizes)  # the stored median, exactly
 
 
+def _median_steps(exponents: np.ndarray) -> np.ndarray:
+    """Each key's grid of its median (in log units): :data:`VALUE_STEP`, or a
+    :data:`MEDIAN_STEPS_PER_UNIT` th of its sample grid where that is coarser (a median known
+    to a few tenths of its key's own spread is known as well as the runs can tell)."""
+    return np.maximum(_LOG_STEP, FINEST_UNIT * UNIT_GROWTH ** np.asarray(exponents, dtype=np.float64)
+                      / MEDIAN_STEPS_PER_UNIT)
+
+
+def _medians(median_codes: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    return np.expm1(median_codes * _median_steps(exponents))
+
+
 def _expected_total_codes(samples: _Ragged, sample_counts: np.ndarray) -> np.ndarray:
     """What each key's total would be if its every sample were the mean of those kept: its total
     is kept as the (small) difference from this."""
-    return _value_codes(samples.mean() * sample_counts)
+    return _value_codes(samples.mean() * sample_counts, _TOTAL_LOG_STEP)
 
 
 def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndarray) -> dict[str, np.ndarray]:
     """The statistics columns of one table: medians, totals, sample grids and codes."""
     kept = _kept_samples(samples)
-    median_codes = _value_codes(kept.quantile(0.5))
-    logs = np.log1p(np.maximum(kept.values, 0.0)) - np.log1p(_values(median_codes))[kept.row]
+    logs = np.log1p(np.maximum(kept.values, 0.0))
     wanted = np.maximum(_Ragged(logs, kept.sizes).spread() / UNITS_PER_IQR, FINEST_UNIT)
     exponents = np.maximum(np.floor(np.log(wanted / FINEST_UNIT) / np.log(UNIT_GROWTH) + 1e-9), 0).astype(np.int64)
+    median_codes = np.rint(np.log1p(np.maximum(kept.quantile(0.5), 0.0)) / _median_steps(exponents)).astype(np.int64)
+    logs = logs - np.log1p(_medians(median_codes, exponents))[kept.row]
     codes = np.rint(logs / (FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64))[kept.row]).astype(np.int64)
     decoded = _decoded_samples(median_codes, exponents, _Ragged(codes, kept.sizes))
     first = np.zeros(len(codes), dtype=bool)
@@ -173,7 +206,8 @@ def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndar
     return {"median": median_codes, "unit": exponents, "stored": kept.sizes,
             "lowest": np.where(kept.sizes > 0, codes[np.minimum(kept.starts, max(len(codes) - 1, 0))] if len(
                 codes) else 0, 0),
-            "total": _value_codes(totals.astype(np.float64)) - _expected_total_codes(decoded, sample_counts),
+            "total": (_value_codes(totals.astype(np.float64), _TOTAL_LOG_STEP)
+                      - _expected_total_codes(decoded, sample_counts)),
             "gaps": np.diff(codes, prepend=0)[~first]}
 
 
@@ -208,10 +242,13 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
     names = [str(name) for name in frame[col.NAME].tolist()]
     position = {key: i for i, key in enumerate(keys)}
     parent_at = [position.get(parent, -1) if isinstance(parent, str) else -1 for parent in frame[d.PARENT_KEY]]
-    structure: dict[str, list[int]] = {name: [] for name in ("key_base", "key_form", "key_ordinal", "key_segment",
-                                                             "parent")}
+    structure: dict[str, list[int]] = {name: [] for name in ("name", "name_base", "key_base", "key_form",
+                                                             "key_ordinal", "key_segment")}
     for i, (key, name) in enumerate(zip(keys, names)):
-        hops, base = _key_base(keys, parent_at, i)
+        hops, base = _built_on(names, parent_at, i, ".")
+        structure["name_base"].append(hops)
+        structure["name"].append(strings.id(name[len(names[base]) + 1:] if base >= 0 else name))
+        hops, base = _built_on(keys, parent_at, i, "/")
         segment = key[len(keys[base]) + 1:] if base >= 0 else key
         ordinal = _ORDINAL.fullmatch(segment, len(name)) if segment.startswith(name) else None
         form = (_KeyForm.NAME if segment == name else _KeyForm.NAME_ORDINAL if ordinal is not None
@@ -221,14 +258,13 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
         structure["key_ordinal"].append(int(ordinal.group(1)) if ordinal is not None and form is not _KeyForm.NAME
                                         else 0)
         structure["key_segment"].append(strings.id(segment) if form is _KeyForm.TEXT else _NONE)
-        structure["parent"].append(_relative(i, parent_at[i]))
     own = stand_ins < 0  # rows that keep statistics of their own
     kernels = frame[d.KERNELS_PER_STEP].to_numpy(dtype=np.float64, na_value=np.nan)
     columns = {
         "level": strings.ids_of(frame[col.LEVEL]), "kind": strings.ids_of(frame[col.KIND]),
-        "name": strings.ids_of(names),
         **{name: np.asarray(values, dtype=np.int64) for name, values in structure.items()},
-        "same_as": stand_ins + 1,
+        **_parent_columns(parent_at),
+        "same_as": _stand_in_steps(stand_ins),
         "count": np.where(own, frame[d.COUNT].to_numpy(dtype=np.int64), 0),
         "sample_count": np.where(own, frame[d.SAMPLE_COUNT].to_numpy(dtype=np.int64), 0),
         "shapes": np.where(own, strings.ids_of(frame[col.INPUT_SHAPES]), _NONE),
@@ -242,7 +278,150 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
         full[own] = statistics[name]
         columns[name] = full
     columns["gaps"] = statistics["gaps"]
-    return columns
+    texts = {id_: text for text, id_ in strings.ids.items()}
+    reference, _ = _references(columns, parent_at, [texts.get(id_, "") for id_ in columns["name"].tolist()])
+    return _against_references(columns, reference)
+
+
+def _against_references(columns: dict[str, np.ndarray], reference: np.ndarray) -> dict[str, np.ndarray]:
+    """A key's sample grid and median written as differences from its reference's (the median
+    on its own grid: its reference's median, rounded to it)."""
+    has = reference >= 0
+    at = np.maximum(reference, 0)
+    unit, median = columns["unit"], columns["median"]
+    steps = _median_steps(unit)
+    return {**columns, "unit": np.where(has, unit - unit[at], unit),
+            "median": np.where(has, median - _rounded_to(median[at], steps[at], steps), median)}
+
+
+def _from_references(columns: dict[str, np.ndarray], reference: np.ndarray, order: list[int]) -> dict[str, np.ndarray]:
+    """What :func:`_against_references` wrote, whole again (in an order that has each key's
+    reference whole before the key)."""
+    unit, median = columns["unit"].copy(), columns["median"].copy()
+    for row in order:
+        at = reference[row]
+        if at >= 0:
+            unit[row] += unit[at]
+            median[row] += _rounded_to(median[at:at + 1], _median_steps(unit[at:at + 1]),
+                                       _median_steps(unit[row:row + 1]))[0]
+    return {**columns, "unit": unit, "median": median}
+
+
+def _rounded_to(codes: np.ndarray, steps: np.ndarray, to_steps: np.ndarray) -> np.ndarray:
+    return np.rint(codes * steps / to_steps).astype(np.int64)
+
+
+def _references(columns: Mapping[str, np.ndarray], parent_at: list[int],
+                name_parts: list[str]) -> tuple[np.ndarray, list[int]]:
+    """For each row that keeps statistics of its own, the row whose median and sample grid its
+    own are written against (-1: none), and an order of the rows in which each row's reference
+    comes before it. Only what the decoder has before the statistics is used.
+
+    A key most often takes about the time of the same key in a repeated block (a ResNet stage's
+    bottlenecks, a transformer's layers), else a little less than its parent (the operators
+    ``aten::conv2d``, ``aten::convolution``, ``aten::_convolution`` each call the next): a
+    difference of a few bits where a median takes thirteen. A row's *shape* is its level,
+    kind, name part (digits aside: ``layers.1`` is shaped as ``layers.2``) and input shapes,
+    with the shapes of its children in order; its *place* is its shape and its parent's place.
+    The reference is the last row before it of the same place, else its parent. (Choosing the
+    nearer of these and the last row of the same shape, and writing the choice, costs more than
+    it saves.)"""
+    rows = len(name_parts)
+    depth = [-1] * rows
+    for row in range(rows):  # depth along the parent chain; a chain that comes round stops there
+        chain, at, seen = [], row, set()
+        while 0 <= at < rows and depth[at] < 0 and at not in seen:
+            seen.add(at)
+            chain.append(at)
+            at = parent_at[at]
+        reached = depth[at] if 0 <= at < rows and depth[at] >= 0 else -1
+        for at in reversed(chain):
+            reached += 1
+            depth[at] = reached
+    parent = [at if 0 <= at < rows and depth[at] == depth[row] - 1 else -1 for row, at in enumerate(parent_at)]
+    children: list[list[int]] = [[] for _ in range(rows)]
+    for row in range(rows):
+        if parent[row] >= 0:
+            children[parent[row]].append(row)
+    own = list(zip(columns["level"].tolist(), columns["kind"].tolist(),
+                   (_DIGITS.sub("#", part) for part in name_parts), columns["shapes"].tolist()))
+    order = sorted(range(rows), key=depth.__getitem__)  # parents before children, rows in order
+    ids: dict[tuple[Any, ...], int] = {}
+    shape = [0] * rows
+    for row in reversed(order):
+        shape[row] = ids.setdefault(("shape", own[row], tuple(shape[child] for child in children[row])), len(ids))
+    place = [0] * rows
+    for row in order:
+        place[row] = ids.setdefault(("place", shape[row], place[parent[row]] if parent[row] >= 0 else -1), len(ids))
+    keeps = (columns["same_as"] == 0).tolist()  # a row standing in for a key by path keeps no statistics
+    last: dict[int, int] = {}
+    found = np.full(rows, -1, dtype=np.int64)
+    for row in order:  # a place's rows are all at one depth: the last earlier one is met first
+        if keeps[row]:
+            found[row] = last.get(place[row], parent[row] if parent[row] >= 0 and keeps[parent[row]] else -1)
+            last[place[row]] = row
+    return found, order
+
+
+def _stand_in_steps(stand_ins: np.ndarray) -> np.ndarray:
+    """Stand-ins (rows by path, -1: none) as steps from the row the last one stood in for, never
+    0 (0: none): names are listed in the order their paths are, so most steps are small."""
+    steps, last = [], 0
+    for at in stand_ins.tolist():
+        steps.append(_relative(at, last) if at >= 0 else 0)
+        last = at if at >= 0 else last
+    return np.asarray(steps, dtype=np.int64)
+
+
+def _stand_ins_from_steps(steps: np.ndarray) -> np.ndarray:
+    found, last = [], 0
+    for step in steps.tolist():
+        at = -1 if step == 0 else last + step - 1 if step > 0 else last + step
+        found.append(at)
+        last = at if step else last
+    return np.asarray(found, dtype=np.int64)
+
+
+_NEAR_PARENT: Final = 64
+"""How far up the previous row's ancestors a parent is looked for."""
+
+
+def _parent_columns(parent_at: list[int]) -> dict[str, np.ndarray]:
+    """Each row's parent (-1: none), as keys listed depth first have it: ``parent`` is 1 for the
+    previous row, 2 for its parent, and so on up (0: no parent); -1 when the parent is none of
+    these, and then ``parent_far`` says where it is (:func:`_relative`)."""
+    near, far = [], []
+    for row, parent in enumerate(parent_at):
+        hops, at = 0, -1
+        if parent >= 0 and row > 0:
+            at, hops = row - 1, 1
+            while at != parent and hops < _NEAR_PARENT:
+                up = parent_at[at]
+                if not 0 <= up < at:  # the decoder walks up through rows it has already read
+                    break
+                at, hops = up, hops + 1
+        found = parent < 0 or at == parent
+        near.append(hops if found else -1)
+        far.append(0 if found else _relative(row, parent))
+    return {"parent": np.asarray(near, dtype=np.int64), "parent_far": np.asarray(far, dtype=np.int64)}
+
+
+def _parents(near: list[int], far: list[int]) -> list[int]:
+    """What :func:`_parent_columns` wrote: each row's parent (-1: none)."""
+    parent_at: list[int] = []
+    for row, (hops, where) in enumerate(zip(near, far)):
+        if hops < 0:
+            at = _absolute(row, where)
+        else:
+            at = row - 1 if hops else -1
+            for _ in range(hops - 1):
+                if at < 0:
+                    raise ValueError("a packed key names a parent that is not there")
+                at = parent_at[at]
+        if not -1 <= at < len(near) or (hops > 0 and at < 0):
+            raise ValueError("a packed key names a parent that is not there")
+        parent_at.append(at)
+    return parent_at
 
 
 def _relative(row: int, other: int) -> int:
@@ -257,13 +436,14 @@ def _absolute(row: int, relative: int) -> int:
     return -1 if relative == 0 else row - (relative - 1) if relative > 0 else row - relative
 
 
-def _key_base(keys: list[str], parent_at: list[int], row: int) -> tuple[int, int]:
-    """``(hops, row)`` of the nearest ancestor whose key and a slash begin this row's key: hops
-    up the parent chain, 1 for the parent (``(0, -1)``: none)."""
-    key, at, hops = keys[row], parent_at[row], 1
+def _built_on(texts: list[str], parent_at: list[int], row: int, separator: str) -> tuple[int, int]:
+    """``(hops, row)`` of the nearest ancestor whose text and ``separator`` begin this row's
+    text (a key and a slash, a name and a dot): hops up the parent chain, 1 for the parent
+    (``(0, -1)``: none)."""
+    text, at, hops = texts[row], parent_at[row], 1
     seen = {row}
     while at >= 0 and at not in seen:  # keys by name can be each other's parents
-        if key.startswith(keys[at]) and key[len(keys[at]):len(keys[at]) + 1] == "/":
+        if text.startswith(texts[at]) and text[len(texts[at]):len(texts[at]) + 1] == separator:
             return hops, at
         seen.add(at)
         at, hops = parent_at[at], hops + 1
@@ -328,7 +508,8 @@ def decode(blob: bytes, max_bytes: int) -> dict[str, pd.DataFrame]:
         raise ValueError("its packed keys have no header")
     header = json.loads(payload[:split])
     if header.get("encoding") != ENCODING:
-        raise ValueError(f"its keys are packed as {header.get('encoding')!r}, which this xsp cannot read")
+        raise ValueError(f"its keys are packed as {header.get('encoding')!r}, which this xsp cannot read"
+                         " (make the summary again with this xsp)")
     try:
         texts = [None, *header["strings"]]
         at = split + 1
@@ -357,7 +538,10 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     def text(name: str) -> list[Any]:
         return [texts[i] for i in columns[name].tolist()]  # IndexError: a damaged table
 
-    keys, parent_keys = _keys(columns, text("name"), text("key_segment"))
+    parent_at = _parents(columns["parent"].tolist(), columns["parent_far"].tolist())
+    reference, order = _references(columns, parent_at, [str(part) if part is not None else "" for part in text("name")])
+    columns = _from_references(columns, reference, order)
+    names, keys, parent_keys = _keys(columns, parent_at, text("name"), text("key_segment"))
     sample_count = columns["sample_count"]
     lowest = columns["lowest"]
     code_values = np.zeros(int(stored.sum()), dtype=np.int64)
@@ -374,16 +558,16 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     decoded = _decoded_samples(columns["median"], columns["unit"], codes)
     flat = decoded.values.astype(np.int64)
     samples = [flat[start:start + size] for start, size in zip(decoded.starts.tolist(), decoded.sizes.tolist())]
-    total = _values(columns["total"] + _expected_total_codes(decoded, sample_count))
+    total = _values(columns["total"] + _expected_total_codes(decoded, sample_count), _TOTAL_LOG_STEP)
     kernels = columns["kernels_half"]
     frame = pd.DataFrame({
-        col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: text("name"), d.KEY: keys,
+        col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: names, d.KEY: keys,
         d.PARENT_KEY: parent_keys, d.COUNT: columns["count"], d.TOTAL_NS: np.rint(total).astype(np.int64),
         d.SAMPLES_NS: samples, d.SAMPLE_COUNT: sample_count, col.INPUT_SHAPES: text("shapes"),
         d.KERNELS_PER_STEP: np.where(kernels > 0, (kernels - 1) / 2, np.nan),
         d.INPUT_DTYPES: text("dtypes"),
     }, columns=list(d.KEY_COLUMNS))
-    same_as = columns["same_as"] - 1
+    same_as = _stand_ins_from_steps(columns["same_as"])
     standing_in = np.flatnonzero(same_as >= 0)
     if len(standing_in):
         if by_path is None or int(same_as.max()) >= len(by_path):
@@ -398,21 +582,10 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     return frame
 
 
-def _keys(columns: dict[str, np.ndarray], names: list[Any], segments: list[Any]) -> tuple[list[str], list[str | None]]:
-    """Each row's key and parent key, rebuilt along the parent chain."""
-    rows = len(names)
-    parent_at = [_absolute(i, relative) for i, relative in enumerate(columns["parent"].tolist())]
-    if any(not -1 <= at < rows for at in parent_at):
-        raise ValueError("a packed key names a parent that is not there")
-    hops_of = columns["key_base"].tolist()
-    bases = []
-    for i, hops in enumerate(hops_of):
-        base = i
-        for _ in range(hops):
-            base = parent_at[base]
-            if base < 0:
-                raise ValueError("a packed key's base is above its root")
-        bases.append(base if hops else -1)
+def _keys(columns: dict[str, np.ndarray], parent_at: list[int], name_parts: list[Any],
+          segments: list[Any]) -> tuple[list[str], list[str], list[str | None]]:
+    """Each row's name, key and parent key, rebuilt along the parent chain."""
+    names = _joined(_bases(columns["name_base"].tolist(), parent_at), [str(part) for part in name_parts], ".")
     parts = []
     for i, (form, ordinal, segment) in enumerate(zip(columns["key_form"].tolist(), columns["key_ordinal"].tolist(),
                                                      segments)):
@@ -423,17 +596,37 @@ def _keys(columns: dict[str, np.ndarray], names: list[Any], segments: list[Any])
         elif form != _KeyForm.TEXT:
             raise ValueError(f"a packed key has an unknown form {form}")
         parts.append(str(segment))
-    keys: list[str | None] = [None] * rows
+    keys = _joined(_bases(columns["key_base"].tolist(), parent_at), parts, "/")
+    return names, keys, [keys[at] if at >= 0 else None for at in parent_at]
+
+
+def _bases(hops_of: list[int], parent_at: list[int]) -> list[int]:
+    """The row each row's text is built on, ``hops`` up its parent chain (-1: none)."""
+    bases = []
+    for i, hops in enumerate(hops_of):
+        base = i
+        for _ in range(hops):
+            base = parent_at[base]
+            if base < 0:
+                raise ValueError("a packed key's base is above its root")
+        bases.append(base if hops else -1)
+    return bases
+
+
+def _joined(bases: list[int], parts: list[str], separator: str) -> list[str]:
+    """Each row's text: its base row's text, ``separator`` and its part (its part alone when it
+    has no base)."""
+    rows = len(parts)
+    texts: list[str | None] = [None] * rows
     for row in range(rows):
-        chain = []  # the rows whose keys this one's is built on, nearest first
+        chain = []  # the rows whose texts this one's is built on, nearest first
         at = row
-        while at >= 0 and keys[at] is None:
+        while at >= 0 and texts[at] is None:
             chain.append(at)
             at = bases[at]
             if len(chain) > rows:
                 raise ValueError("packed keys are built on each other in a circle")
         for at in reversed(chain):
             base = bases[at]
-            keys[at] = f"{keys[base]}/{parts[at]}" if base >= 0 else parts[at]
-    built = [str(key) for key in keys]
-    return built, [built[at] if at >= 0 else None for at in parent_at]
+            texts[at] = f"{texts[base]}{separator}{parts[at]}" if base >= 0 else parts[at]
+    return [str(text) for text in texts]
