@@ -210,11 +210,13 @@ def _repeatability_lines(rows: list[dict[str, Any]], invocations: int) -> list[s
                      f"{min(r['rounds'])}-{max(r['rounds'])} | {sum(r['precise'])} of {len(errors)} | "
                      f"{np.median(r['seconds']):.1f} |")
     lines += ["", "## Calibration: what one span costs per level, measured at the start of each call (last call)", "",
-              "| model | level | inside its own span ns | seen by its parent ns |", "| --- | --- | ---: | ---: |"]
+              "| model | level | inside its own span ns | seen by its parent ns | each nested module call "
+              "(model level) ns | untimed call given back ns |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
         for level, cost in r["calibration"].items():
             lines.append(f"| {r['model']} (batch {r['batch']}) | {level} | {cost['inside_ns']:.0f} | "
-                         f"{cost['parent_ns']:.0f} |")
+                         f"{cost['parent_ns']:.0f} | {cost.get('nested_ns', 0):.0f} | "
+                         f"{cost.get('untimed_ns', 0):.0f} |")
     return lines
 
 

@@ -36,6 +36,11 @@ class LevelCost:
     nested_ns: float = 0.0
     """What a module call inside one of its spans costs when the layer level is not recorded
     (the model level's wrapper lets nested calls pass through, but not for free)."""
+    untimed_ns: float = 0.0
+    """What a caller pays for a call of the level beyond the span's duration, untraced: the
+    Python call into ``nn.Module.__call__`` and back, before the first clock reading and after
+    the last, which no span can time (given back to each span, so that a layer's figure is what
+    calling it costs; its ``inside_ns`` is then 0, since only the difference shows)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,8 +55,8 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
                     own_run: np.ndarray | None = None, same_level_only: bool = False) -> np.ndarray:
     """Per span, the calibrated cost of recording it and what was recorded below it.
 
-    A span of a calibrated level loses its ``inside_ns`` (for kinds whose recording it is:
-    model calls, layers, operators); every span loses ``parent_ns`` of each level for every
+    A span of a calibrated level loses its ``inside_ns`` and gains its ``untimed_ns`` (for
+    kinds whose recording it is: model calls, layers, operators); every span loses ``parent_ns`` of each level for every
     span of that level below it, or, with ``same_level_only`` (a leveled figure, from a run
     that recorded nothing deeper than its own level), only for spans of its own level, and
     then also ``nested_ns`` for each module call (layer span of the merged tree) below it. Zero
@@ -66,7 +71,7 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
         mine = levels == level.value
         if not mine.any():
             continue
-        taken[mine & recorded] += cost.inside_ns
+        taken[mine & recorded] += cost.inside_ns - cost.untimed_ns
         (below,) = sum_into_ancestors(parents, np.flatnonzero(mine & recorded), np.ones(len(spans)),
                                       only=mine if same_level_only else None)
         taken += below * cost.parent_ns

@@ -156,7 +156,7 @@ RANK: Final = "rank"
 """In a distributed job: the rank of the process that recorded the span (null otherwise)."""
 OVERHEAD_NS: Final = "overhead_ns"
 """In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
-is their sum)."""
+is their sum); negative for a layer whose untimed call cost was given back to it."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 

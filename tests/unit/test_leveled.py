@@ -192,6 +192,19 @@ def test_calibrated_costs_come_out_of_each_figure_and_its_ancestors():
     assert raw.trace.spans[col.OVERHEAD_NS].fillna(0).eq(0).all()
 
 
+def test_a_layers_untimed_call_cost_is_given_back_to_it_and_not_to_its_ancestors():
+    nested = "leveled[0]/predict[0]/a[0]/c[0]"
+    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
+            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    costs = {Level.LAYER: LevelCost("layer", inside_ns=0, parent_ns=70, events=1, untimed_ns=25)}
+    spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
+    # each layer gains what calling it costs beyond its clock readings; a loses c's recording
+    assert spans.loc[B, col.DURATION_NS] == 40 + 25 and spans.loc[B, col.OVERHEAD_NS] == -25
+    assert spans.loc[nested, col.DURATION_NS] == 100 + 25
+    assert spans.loc[A, col.DURATION_NS] == 500 + 25 - 70
+    assert spans.loc[PREDICT, col.DURATION_NS] == 900  # the model call's own figure: its run had no layers
+
+
 def test_compensation_never_makes_a_duration_negative_and_skips_unmatched_spans():
     runs = [_run((M,), {STEP: [100] * 5, PREDICT: [90] * 5}),
             _run((M, L), {STEP: [120] * 5, PREDICT: [110] * 5, A: [40] * 5, B: [30, 30, None, 30, 30]})]

@@ -283,6 +283,7 @@ def _leveled_table(trace: Trace, console: Console) -> None:
     if costs:
         _say(console, "xsp's own cost per span, taken out of the figures: " + ", ".join(
             f"{level} {cost['inside_ns'] / 1e3:.2f} µs inside, {cost['parent_ns'] / 1e3:.2f} µs to its parent"
+            + (f", {cost['untimed_ns'] / 1e3:.2f} µs untimed call given back" if cost.get("untimed_ns") else "")
             for level, cost in costs.items()))
 
 
