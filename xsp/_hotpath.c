@@ -280,7 +280,6 @@ static PyObject *descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descri
     return PyObject_CallMethodOneArg(buffer, s_intern_descriptor, descriptor);
 }
 
-/* Shape descriptor of the inputs, as describe_inputs gives it (new reference). */
 /* Append the shapes of `value`'s tensors to `shapes`: itself, or those one level into a tuple or
  * list (describe_inputs's rule for one argument). */
 static int add_shapes(FastCall *self, PyObject *shapes, PyObject *value) {
@@ -304,6 +303,14 @@ static int add_shapes(FastCall *self, PyObject *shapes, PyObject *value) {
     return status;
 }
 
+/* The descriptor of the shapes gathered in `shapes` (consumed): None when there are none, else
+ * their tuple (new reference). */
+static PyObject *shapes_descriptor(PyObject *shapes) {
+    PyObject *descriptor = PyList_GET_SIZE(shapes) ? PyList_AsTuple(shapes) : Py_NewRef(Py_None);
+    Py_DECREF(shapes);
+    return descriptor;
+}
+
 /* Shape descriptor of the inputs, as describe_inputs gives it (new reference). */
 static PyObject *inputs_descriptor(FastCall *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
@@ -320,13 +327,7 @@ static PyObject *inputs_descriptor(FastCall *self, PyObject *args, PyObject *kwa
         while (PyDict_Next(kwargs, &position, &key, &value))
             if (add_shapes(self, shapes, value) < 0) goto failed;
     }
-    if (PyList_GET_SIZE(shapes) == 0) {
-        Py_DECREF(shapes);
-        Py_RETURN_NONE;
-    }
-    PyObject *descriptor = PyList_AsTuple(shapes);
-    Py_DECREF(shapes);
-    return descriptor;
+    return shapes_descriptor(shapes);
 failed:
     Py_DECREF(shapes);
     return NULL;
@@ -338,21 +339,11 @@ static PyObject *output_descriptor(FastCall *self, PyObject *out) {
     if (!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) return PyObject_CallOneArg(self->describe, out);
     PyObject *shapes = PyList_New(0);
     if (shapes == NULL) return NULL;
-    PyTypeObject *tensor = (PyTypeObject *)self->tensor_type;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(out, i);
-        if (PyObject_TypeCheck(item, tensor) && add_shapes(self, shapes, item) < 0) {
-            Py_DECREF(shapes);
-            return NULL;
-        }
-    }
-    if (PyList_GET_SIZE(shapes) == 0) {
+    if (add_shapes(self, shapes, out) < 0) {  /* a tuple or list: its tensors' shapes */
         Py_DECREF(shapes);
-        Py_RETURN_NONE;
+        return NULL;
     }
-    PyObject *descriptor = PyList_AsTuple(shapes);
-    Py_DECREF(shapes);
-    return descriptor;
+    return shapes_descriptor(shapes);
 }
 
 /* Append (start, end, module index, depth, inputs index, outputs index, NO_ERROR) to
