@@ -173,17 +173,25 @@ def test_levels_that_cannot_run_are_left_out_with_the_reason(monkeypatch):
                                                             "kernel": "no CUDA driver: test"}
 
 
+NESTED = "leveled[0]/predict[0]/a[0]/c[0]"
+"""A layer c inside layer a (b beside a holds none)."""
+
+
+def _nested_runs() -> list[LeveledRun]:
+    """A model-only run and a model+layer run whose layer a holds layer c."""
+    return [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
+            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, NESTED: [100] * 5, B: [40] * 5})]
+
+
 def test_calibrated_costs_come_out_of_each_figure_and_its_ancestors():
     # a (layer) holds b's child c (layer): a has one layer below it; b none
-    nested = "leveled[0]/predict[0]/a[0]/c[0]"
-    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
-            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    runs = _nested_runs()
     costs = {Level.MODEL: LevelCost("model", inside_ns=50, parent_ns=120, events=1),
              Level.LAYER: LevelCost("layer", inside_ns=30, parent_ns=70, events=1)}
     result = merge_runs(runs, costs=costs)
     spans = result.trace.spans.set_index(col.PATH)
     assert spans.loc[A, col.OVERHEAD_NS] == 30 + 70 and spans.loc[A, col.DURATION_NS] == 500 - 100
-    assert spans.loc[nested, col.OVERHEAD_NS] == 30 and spans.loc[B, col.DURATION_NS] == 40 - 30
+    assert spans.loc[NESTED, col.OVERHEAD_NS] == 30 and spans.loc[B, col.DURATION_NS] == 40 - 30
     assert spans.loc[PREDICT, col.DURATION_NS] == 900 - 50  # its own recording; no model call below it
     assert spans.loc[STEP, col.DURATION_NS] == 1000 - 120  # a step costs nothing itself; its model call does
     assert set(result.trace.metadata["leveled"]["calibration"]) == {"model", "layer"}
@@ -193,14 +201,12 @@ def test_calibrated_costs_come_out_of_each_figure_and_its_ancestors():
 
 
 def test_a_layers_untimed_call_cost_is_given_back_to_it_and_not_to_its_ancestors():
-    nested = "leveled[0]/predict[0]/a[0]/c[0]"
-    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
-            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    runs = _nested_runs()
     costs = {Level.LAYER: LevelCost("layer", inside_ns=0, parent_ns=70, events=1, untimed_ns=25)}
     spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
     # each layer gains what calling it costs beyond its clock readings; a loses c's recording
     assert spans.loc[B, col.DURATION_NS] == 40 + 25 and spans.loc[B, col.OVERHEAD_NS] == -25
-    assert spans.loc[nested, col.DURATION_NS] == 100 + 25
+    assert spans.loc[NESTED, col.DURATION_NS] == 100 + 25
     assert spans.loc[A, col.DURATION_NS] == 500 + 25 - 70
     assert spans.loc[PREDICT, col.DURATION_NS] == 900  # the model call's own figure: its run had no layers
 
@@ -299,9 +305,7 @@ def test_a_session_can_calibrate_first_and_keep_it(tmp_path):
 
 def test_a_model_figure_loses_the_pass_through_cost_of_each_module_call_inside_it():
     # the model-only run recorded no layers, but every nested module call passed through xsp
-    nested = "leveled[0]/predict[0]/a[0]/c[0]"
-    runs = [_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5}),
-            _run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, nested: [100] * 5, B: [40] * 5})]
+    runs = _nested_runs()
     costs = {Level.MODEL: LevelCost("model", inside_ns=50, parent_ns=120, events=1, nested_ns=5)}
     spans = merge_runs(runs, costs=costs).trace.spans.set_index(col.PATH)
     assert spans.loc[PREDICT, col.OVERHEAD_NS] == 50 + 3 * 5  # itself, and a, c and b passing through
