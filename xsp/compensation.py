@@ -56,11 +56,12 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
     """Per span, the calibrated cost of recording it and what was recorded below it.
 
     A span of a calibrated level loses its ``inside_ns`` and gains its ``untimed_ns`` (for
-    kinds whose recording it is: model calls, layers, operators); every span loses ``parent_ns`` of each level for every
-    span of that level below it, or, with ``same_level_only`` (a leveled figure, from a run
-    that recorded nothing deeper than its own level), only for spans of its own level, and
-    then also ``nested_ns`` for each module call (layer span of the merged tree) below it. Zero
-    where ``own_run`` is false (a figure that did not come from its own run).
+    kinds whose recording it is: model calls, layers, operators); every span loses
+    ``parent_ns`` of each level for every span of that level below it, or, with
+    ``same_level_only`` (a leveled figure, from a run that recorded nothing deeper than its own
+    level), only for spans of its own level, and then also ``nested_ns`` for each module call
+    (layer span of the merged tree) below it. Zero where ``own_run`` is false (a figure that did
+    not come from its own run).
     """
     taken = np.zeros(len(spans))
     if not costs or not len(spans):

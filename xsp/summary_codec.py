@@ -55,10 +55,10 @@ FINEST_UNIT: Final = 0.001
 UNIT_GROWTH: Final = 1.25
 """Ratio between successive sample grids."""
 UNITS_PER_IQR: Final = 3
+"""A key's sample grid: its interquartile range (in log units) over this, at the finest."""
 MEDIAN_STEPS_PER_UNIT: Final = 4
 """A key's median grid: its sample grid over this, at the coarsest (never finer than
 :data:`VALUE_STEP`)."""
-"""A key's sample grid: its interquartile range (in log units) over this, at the finest."""
 ENCODING: Final = "xsp-packed-keys-2"
 """2: names built on their ancestors', parents counted up from the previous key, medians
 against references, 7 quantiles; 1 (no longer read: make the summary again): 9 quantiles,
@@ -101,12 +101,17 @@ class _Strings:
         return np.fromiter((self.id(value) for value in values), dtype=np.int64)
 
 
-def _value_codes(values: np.ndarray, log_step: float = _LOG_STEP) -> np.ndarray:
-    return np.rint(np.log1p(np.maximum(values, 0.0)) / log_step).astype(np.int64)
+def _total_codes(totals: np.ndarray) -> np.ndarray:
+    return np.rint(np.log1p(np.maximum(totals, 0.0)) / _TOTAL_LOG_STEP).astype(np.int64)
 
 
-def _values(codes: np.ndarray, log_step: float = _LOG_STEP) -> np.ndarray:
-    return np.expm1(codes * log_step)
+def _totals(codes: np.ndarray) -> np.ndarray:
+    return np.expm1(codes * _TOTAL_LOG_STEP)
+
+
+def _sample_units(exponents: np.ndarray) -> np.ndarray:
+    """Each key's sample grid (in log units) from its exponent."""
+    return FINEST_UNIT * UNIT_GROWTH ** np.asarray(exponents, dtype=np.float64)
 
 
 class _Ragged:
@@ -166,7 +171,7 @@ def _decoded_samples(median_codes: np.ndarray, exponents: np.ndarray, codes: _Ra
     """Each key's samples as they come back from their codes (the encoder and decoder both use
     this, so the encoder knows what the decoder will see)."""
     medians = _medians(median_codes, exponents)
-    units = FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64)
+    units = _sample_units(exponents)
     values = np.expm1(np.log1p(medians)[codes.row] + codes.values * units[codes.row])
     middle = _Ragged(values, codes.sizes).quantile(0.5)
     scale = np.where(middle > 0, medians / np.where(middle > 0, middle, 1.0), 1.0)
@@ -177,8 +182,7 @@ def _median_steps(exponents: np.ndarray) -> np.ndarray:
     """Each key's grid of its median (in log units): :data:`VALUE_STEP`, or a
     :data:`MEDIAN_STEPS_PER_UNIT` th of its sample grid where that is coarser (a median known
     to a few tenths of its key's own spread is known as well as the runs can tell)."""
-    return np.maximum(_LOG_STEP, FINEST_UNIT * UNIT_GROWTH ** np.asarray(exponents, dtype=np.float64)
-                      / MEDIAN_STEPS_PER_UNIT)
+    return np.maximum(_LOG_STEP, _sample_units(exponents) / MEDIAN_STEPS_PER_UNIT)
 
 
 def _medians(median_codes: np.ndarray, exponents: np.ndarray) -> np.ndarray:
@@ -188,7 +192,7 @@ def _medians(median_codes: np.ndarray, exponents: np.ndarray) -> np.ndarray:
 def _expected_total_codes(samples: _Ragged, sample_counts: np.ndarray) -> np.ndarray:
     """What each key's total would be if its every sample were the mean of those kept: its total
     is kept as the (small) difference from this."""
-    return _value_codes(samples.mean() * sample_counts, _TOTAL_LOG_STEP)
+    return _total_codes(samples.mean() * sample_counts)
 
 
 def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndarray) -> dict[str, np.ndarray]:
@@ -199,15 +203,14 @@ def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndar
     exponents = np.maximum(np.floor(np.log(wanted / FINEST_UNIT) / np.log(UNIT_GROWTH) + 1e-9), 0).astype(np.int64)
     median_codes = np.rint(np.log1p(np.maximum(kept.quantile(0.5), 0.0)) / _median_steps(exponents)).astype(np.int64)
     logs = logs - np.log1p(_medians(median_codes, exponents))[kept.row]
-    codes = np.rint(logs / (FINEST_UNIT * UNIT_GROWTH ** exponents.astype(np.float64))[kept.row]).astype(np.int64)
+    codes = np.rint(logs / _sample_units(exponents)[kept.row]).astype(np.int64)
     decoded = _decoded_samples(median_codes, exponents, _Ragged(codes, kept.sizes))
     first = np.zeros(len(codes), dtype=bool)
     first[kept.starts[kept.sizes > 0]] = True
     return {"median": median_codes, "unit": exponents, "stored": kept.sizes,
             "lowest": np.where(kept.sizes > 0, codes[np.minimum(kept.starts, max(len(codes) - 1, 0))] if len(
                 codes) else 0, 0),
-            "total": (_value_codes(totals.astype(np.float64), _TOTAL_LOG_STEP)
-                      - _expected_total_codes(decoded, sample_counts)),
+            "total": _total_codes(totals.astype(np.float64)) - _expected_total_codes(decoded, sample_counts),
             "gaps": np.diff(codes, prepend=0)[~first]}
 
 
@@ -558,7 +561,7 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     decoded = _decoded_samples(columns["median"], columns["unit"], codes)
     flat = decoded.values.astype(np.int64)
     samples = [flat[start:start + size] for start, size in zip(decoded.starts.tolist(), decoded.sizes.tolist())]
-    total = _values(columns["total"] + _expected_total_codes(decoded, sample_count), _TOTAL_LOG_STEP)
+    total = _totals(columns["total"] + _expected_total_codes(decoded, sample_count))
     kernels = columns["kernels_half"]
     frame = pd.DataFrame({
         col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: names, d.KEY: keys,
