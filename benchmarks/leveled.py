@@ -15,7 +15,8 @@ operator; calibrated compensation; rounds until the intervals are within ±2% or
 runs out), invoked ``--invocations`` times (default 10) on the small-layer model (40 x
 ``Linear(64, 64)`` + ``ReLU``, batch 8, under no_grad and without it) and, unless
 ``--repeatability small``, on ResNet-50 and BERT-base at batch 1 and (unless
-``--repeatability batch1``) the larger batch: the error of the top-level layers' sum against
+``--repeatability batch1``) the larger batch (``--repeatability large``: those two models
+only, every batch): the error of the top-level layers' sum against
 the model call's leveled latency in each invocation (goal: within 3% in 10 of 10), the rounds
 each took, and the calibration figures per level.
 
@@ -23,7 +24,7 @@ Models are built from their configs with random weights (nothing downloaded). Re
 benchmarks/results/leveled.md.
 
 Usage: python benchmarks/leveled.py [--repeat N] [--warmup N] [--quick] [--invocations N]
-       [--repeatability small|batch1|all] [--skip-accuracy]
+       [--repeatability small|batch1|large|all] [--skip-accuracy]
 """
 
 from __future__ import annotations
@@ -275,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--quick", action="store_true", help="small inputs, for a smoke test")
     parser.add_argument("--invocations", type=int, default=10, help="xsp.leveled calls per repeatability row")
-    parser.add_argument("--repeatability", choices=("small", "batch1", "all"), default="all",
-                        help="the small-layer model only, with ResNet-50 and BERT-base at batch 1, or at every batch")
+    parser.add_argument("--repeatability", choices=("small", "batch1", "large", "all"), default="all",
+                        help="the small-layer model only, with ResNet-50 and BERT-base at batch 1, ResNet-50 and "
+                        "BERT-base only (every batch), or all of them")
     parser.add_argument("--skip-accuracy", action="store_true",
                         help="only the repeatability rows (the accuracy tables are not rewritten)")
     args = parser.parse_args(argv)
@@ -292,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         small = small_layer_model()
         chosen = [(f"{SMALL_LAYERS} x Linear(64, 64) + ReLU", 8, small),
                   (f"{SMALL_LAYERS} x Linear(64, 64) + ReLU, without no_grad", 8, with_grad(small))]
-        if args.repeatability == "all":
+        if args.repeatability == "large":
+            chosen = list(workloads)
+        elif args.repeatability == "all":
             chosen += workloads
         elif args.repeatability == "batch1":
             chosen += [work for work in workloads if work[1] == 1]

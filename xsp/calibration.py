@@ -114,22 +114,12 @@ def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelC
         # an untraced module call: what a span around it would measure without xsp
         call_ns = _median([_per_call_ns(lambda: leaf(x), CALLS * CHILDREN) for _ in range(REPEATS)])
         if Level.MODEL in levels:
-            # interleaved, and the least disturbed of each kept for the nested cost (as for the
-            # nested levels): the difference is a few hundred nanoseconds per child, which the
-            # machine's drift between two batches of runs can double or hide
-            timings, plain_fans, traced_fans, plain_leaves = [], [], [], []
-            for _ in range(REPEATS):
-                plain_fans.append(_per_call_ns(lambda: fan(x)))
-                traced_fans.append(_traced(("model",), lambda: fan(x))[0])
-                plain_leaves.append(_per_call_ns(lambda: leaf(x)))
-                timings.append(_traced(("model",), lambda: leaf(x)))
+            timings = [_traced(("model",), lambda: leaf(x)) for _ in range(REPEATS)]
             traced = _median([t for t, _ in timings])
             predicts = [d for _, trace in timings for d in _model_calls(trace)]
-            root_ns = max(min(t for t, _ in timings) - min(plain_leaves), 0.0)
             found[Level.MODEL] = LevelCost(Level.MODEL.value, max(_median(predicts) - call_ns, 0.0) if predicts
                                            else 0.0, max(traced - call_ns, 0.0), len(predicts),
-                                           nested_ns=max((min(traced_fans) - min(plain_fans) - root_ns) / CHILDREN,
-                                                         0.0))
+                                           nested_ns=_nested_pass_through_ns(fan, x))
         if Level.LAYER in levels:
             # what the parent pays per child untraced: a ModuleList loop's step and the call
             child_ns = _median([_per_call_ns(lambda: fan(x)) for _ in range(REPEATS)]) / CHILDREN
@@ -139,6 +129,35 @@ def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelC
             plain_op = _median([_per_call_ns(lambda: torch.neg(x), CALLS * CHILDREN) for _ in range(REPEATS)])
             found[Level.OPERATOR] = _nested_cost(Level.OPERATOR, lambda: ops(x), plain_op)
     return found
+
+
+def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
+    """What the model level's wrapper costs each module call nested in a top-level one.
+
+    Measured in pairs inside one model-level session: a call of ``fan`` (its children pass
+    through the wrapper) right before a call of a twin whose children's class calls the original
+    ``nn.Module.__call__`` (the same slot call, without the wrapper). Both are top-level calls
+    and pay the same root cost, so the difference of each pair is the children's pass-through
+    alone, and the median over pairs drops those a disturbance of the machine spoiled. (Runs
+    of traced and untraced calls apart left a few hundred nanoseconds per child at the mercy
+    of the machine's drift between them: 0 or several microseconds in one calibration of ten.)
+    """
+    from xsp.session import trace
+
+    original = torch.nn.Module.__call__
+    plain_leaf = type("_UnwrappedLeaf", (_Leaf,), {"__call__": original})
+    twin = _Fan()
+    for child in twin.leaves:
+        child.__class__ = plain_leaf
+    differences = []
+    with trace(levels=("model",), output=None, schedule=None):
+        for _ in range(CALLS * 2):
+            began = time.perf_counter_ns()
+            fan(x)
+            between = time.perf_counter_ns()
+            twin(x)
+            differences.append(2 * between - began - time.perf_counter_ns())
+    return max(_median(differences) / CHILDREN, 0.0)
 
 
 ATTEMPTS = 3

@@ -246,11 +246,16 @@ def test_trimmed_mean_interval_covers_the_mean_about_95_percent_of_the_time():
 
 
 def test_calibration_measures_each_host_level():
+    original_call = torch.nn.Module.__call__
     costs = calibrate((Level.MODEL, Level.LAYER, Level.OPERATOR))
     assert set(costs) == {Level.MODEL, Level.LAYER, Level.OPERATOR}
     for cost in costs.values():
         assert cost.events > 0 and 0 <= cost.inside_ns < 100_000 and 0 < cost.parent_ns < 100_000
     assert costs[Level.LAYER].parent_ns >= costs[Level.LAYER].inside_ns * 0.5  # the parent sees at least the inside
+    # a module call passing through the model level's wrapper costs something, and far less
+    # than a recorded top-level call
+    assert 0 < costs[Level.MODEL].nested_ns < costs[Level.MODEL].parent_ns
+    assert torch.nn.Module.__call__ is original_call  # the session's wrapper is gone
 
 
 def test_leveled_repeats_until_precise_or_out_of_budget_and_says_which():
