@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -47,6 +47,13 @@ class Test(str, enum.Enum):
 
     RANK = "mann-whitney"
     """Mann-Whitney U on the per-step samples, Benjamini-Hochberg over all keys tested."""
+    RUNS = "runs"
+    """Several runs on each side but too few steps for a rank test (a span outside steps, one
+    per run): the between-run t test on the runs' values alone."""
+    RANK_AND_RUNS = "mann-whitney+runs"
+    """Several runs on each side: the rank test on the pooled steps *and* a t test on the runs'
+    medians (their logarithms, the variance moderated across keys) must both reject; the
+    larger p-value is the key's."""
     OVERLAP = "interval-overlap"
     """Too few samples for a rank test: the two sides' ranges must not overlap."""
     NONE = "none"
@@ -57,6 +64,8 @@ MIN_RANK_SAMPLES: Final = 5
 """Samples each side needs for the rank test (with 5 and 5, its smallest p is 0.008)."""
 MIN_OVERLAP_SAMPLES: Final = 2
 """Samples each side needs for the interval-overlap fallback."""
+MIN_RUNS: Final = 2
+"""Runs each side needs (a key present in each) for the between-run test."""
 
 # columns of a key-samples frame (one row per key of one run)
 KEY: Final = "key"
@@ -76,6 +85,11 @@ attribute, a Kineto trace's ``Input type``), or None."""
 DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
 """Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
 _DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
+RUN_MEDIANS_NS: Final = "run_medians_ns"
+"""Of a frame pooled from several runs (:func:`pool_runs`): the median of each run the key
+appeared in (a float array); what the between-run test compares."""
+RUNS: Final = "runs"
+"""Of a pooled frame: the runs it was pooled from (the same in every row)."""
 KEY_COLUMNS: Final = (col.LEVEL, col.KIND, col.NAME, KEY, PARENT_KEY, COUNT, TOTAL_NS, SAMPLES_NS, SAMPLE_COUNT,
                       col.INPUT_SHAPES, KERNELS_PER_STEP, INPUT_DTYPES)
 
@@ -102,6 +116,11 @@ BASE_CV: Final = "base_cv"
 NEW_CV: Final = "new_cv"
 """Coefficient of variation (standard deviation over mean) of each side's samples."""
 NOTE: Final = "note"
+RUN_P_VALUE: Final = "run_p_value"
+"""With several runs per side: the t test of the runs' medians (NaN otherwise)."""
+BASE_RUNS: Final = "base_runs"
+NEW_RUNS: Final = "new_runs"
+"""Runs pooled on each side (1 for a single trace or summary)."""
 ADJUSTED_RATIO: Final = "adjusted_ratio"
 """``ratio`` over the run's common shift: what the verdict judged."""
 ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
@@ -113,7 +132,8 @@ MIN_SHIFT_KEYS: Final = 3
 """Keys below the model level a common shift needs."""
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
-                       TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE)
+                       TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,
+                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS)
 
 # columns of a changes frame
 CHANGE: Final = "change"
@@ -214,6 +234,45 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     return table
 
 
+def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One key-samples frame from several runs of the same program (one side of a diff).
+
+    Each key's samples are the steps of every run it appeared in (a summary's quantiles are
+    first read back into samples, as for the rank test); ``count`` and ``total_ns`` are per run
+    (their mean over the runs, a run without the key counting 0), so that a side of three runs
+    reads like one; ``run_medians_ns`` keeps each run's median for the between-run test.
+    Shapes, dtypes and kernel counts come from the first run that has the key (kernel counts:
+    their median over the runs).
+    """
+    if len(frames) == 1:
+        return frames[0]
+    runs = len(frames)
+    rows: dict[tuple[object, object], list[dict[str, Any]]] = {}
+    for frame in frames:
+        rebuilt = _from_quantiles(list(frame[SAMPLES_NS]), frame[SAMPLE_COUNT].to_numpy(dtype=np.int64))
+        for row, samples in zip(frame.to_dict("records"), rebuilt):
+            row[SAMPLES_NS] = np.rint(samples).astype(np.int64)
+            rows.setdefault((row[col.LEVEL], row[KEY]), []).append(row)
+    pooled = []
+    for seen in rows.values():
+        first = dict(seen[0])
+        samples = np.sort(np.concatenate([row[SAMPLES_NS] for row in seen]))
+        first[SAMPLES_NS] = samples
+        first[SAMPLE_COUNT] = len(samples)
+        first[COUNT] = round(sum(int(row[COUNT]) for row in seen) / runs)
+        first[TOTAL_NS] = round(sum(int(row[TOTAL_NS]) for row in seen) / runs)
+        first[RUN_MEDIANS_NS] = np.array([float(np.median(row[SAMPLES_NS])) for row in seen if len(row[SAMPLES_NS])])
+        for column in (col.INPUT_SHAPES, INPUT_DTYPES, PARENT_KEY):
+            present = [row[column] for row in seen if isinstance(row[column], str)]
+            first[column] = present[0] if present else first[column]
+        kernels = [float(row[KERNELS_PER_STEP]) for row in seen if not pd.isna(row[KERNELS_PER_STEP])]
+        first[KERNELS_PER_STEP] = float(np.median(kernels)) if kernels else np.nan
+        pooled.append(first)
+    table = pd.DataFrame(pooled).reset_index(drop=True)
+    table[RUNS] = runs
+    return table
+
+
 def _empty_keys() -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=object) for name in KEY_COLUMNS})
 
@@ -296,7 +355,12 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     duration changed by at least ``threshold`` (relative) *and* ``min_delta_ns`` *and* the
     change is significant: Mann-Whitney U with the Benjamini-Hochberg false-discovery rate at
     ``alpha`` over every key tested, or, with fewer than :data:`MIN_RANK_SAMPLES` samples on a
-    side, ranges that do not overlap. With one sample on a side no verdict is given.
+    side, ranges that do not overlap. With one sample on a side no verdict is given. Where
+    both sides were pooled from several runs (:func:`pool_runs`, at least :data:`MIN_RUNS` with
+    the key on each side), the runs' medians must also differ by a t test: steps of one
+    run share that run's machine state, so only the spread between runs tells a process that
+    ran a little slower from a change. A key is never called regressed when its measured median
+    fell, nor improved when it rose.
 
     With ``normalize`` (the default), the new run's times are first divided by the run's
     *common shift*: the median ratio over the keys below the model level (see
@@ -327,25 +391,38 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     new_counts = merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64)
     _rank_tests(_from_quantiles(base_samples, base_counts), _from_quantiles(judged_samples, new_counts),
                 np.flatnonzero(ranked), p_values)
+    base_runs, base_run_medians = _run_medians(merged, "_base")
+    new_runs, new_run_medians = _run_medians(merged, "_new")
+    between = both & (np.fromiter(map(len, base_run_medians), np.int64, count) >= MIN_RUNS) & (
+        np.fromiter(map(len, new_run_medians), np.int64, count) >= MIN_RUNS)
+    run_p_values = np.full(count, np.nan)
+    _run_tests(base_run_medians, [m / shift for m in new_run_medians], np.flatnonzero(between), run_p_values)
+    # both must reject (an intersection-union test: the larger p-value is a valid one)
+    p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
+    tested = ranked | between
     q_values = np.full(count, np.nan)
-    q_values[ranked] = benjamini_hochberg(p_values[ranked])
-    overlap = both & ~ranked & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
+    q_values[tested] = benjamini_hochberg(p_values[tested])
+    overlap = both & ~tested & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
     apart = np.zeros(count, dtype=bool)
     for i in np.flatnonzero(overlap).tolist():
         b, n = base_samples[i], judged_samples[i]
         apart[i] = n[0] > b[-1] or n[-1] < b[0]
-    significant = (ranked & (q_values <= alpha)) | (overlap & apart)
+    significant = (tested & (q_values <= alpha)) | (overlap & apart)
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
              & (np.abs(adjusted_delta) >= min_delta_ns))
     verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
-    verdict[both & large & significant & (adjusted_delta > 0)] = Verdict.REGRESSED.value
-    verdict[both & large & significant & (adjusted_delta < 0)] = Verdict.IMPROVED.value
+    # judged against the common shift, but never against what was measured: a key whose
+    # median fell is not called slower because the rest of its run slowed down more
+    verdict[both & large & significant & (adjusted_delta > 0) & (delta > 0)] = Verdict.REGRESSED.value
+    verdict[both & large & significant & (adjusted_delta < 0) & (delta < 0)] = Verdict.IMPROVED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
     test = np.full(count, Test.NONE.value, dtype=object)
     test[ranked], test[overlap] = Test.RANK.value, Test.OVERLAP.value
+    test[between] = Test.RUNS.value
+    test[between & ranked] = Test.RANK_AND_RUNS.value
     note = np.full(count, None, dtype=object)
-    note[both & ~ranked & ~overlap] = "one sample on a side: no verdict"
+    note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
     table = pd.DataFrame({
         col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
@@ -373,6 +450,9 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
         ADJUSTED_RATIO: adjusted_ratio,
         ADJUSTED_DELTA_NS: adjusted_delta,
         NOTE: note,
+        RUN_P_VALUE: run_p_values,
+        BASE_RUNS: base_runs,
+        NEW_RUNS: new_runs,
     })
     table.attrs[COMMON_SHIFT] = shift
     table[EXPLAINS] = _explains(table)
@@ -435,6 +515,58 @@ def _rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray,
             result = stats.mannwhitneyu(x, y, alternative="two-sided", axis=1)
         p = np.asarray(result.pvalue, dtype=np.float64)
         p_values[members] = np.where(same | np.isnan(p), 1.0, p)  # identical constant samples: no change
+
+
+def _run_medians(merged: pd.DataFrame, side: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per row of a merged frame: the runs pooled on ``side`` and the key's per-run medians
+    (empty where the side is one run, or lacks the key)."""
+    empty = np.zeros(0)
+    runs_column, medians_column = RUNS + side, RUN_MEDIANS_NS + side
+    if medians_column not in merged:
+        return np.ones(len(merged), dtype=np.int64), [empty] * len(merged)
+    runs = merged[runs_column].fillna(merged[runs_column].max()).to_numpy(dtype=np.int64)
+    return runs, [m if isinstance(m, np.ndarray) else empty for m in merged[medians_column]]
+
+
+PRIOR_DF: Final = 8
+"""Degrees of freedom the between-run test borrows from the other keys' spread (a moderated t
+test): three runs a side leave a key 4 of its own, too few to tell a 20% change from noise
+after the false-discovery correction."""
+
+
+def _run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
+    """A t test of the logarithms of each row's per-run medians (a ratio scale: a run 5% slower
+    is as far from the others on a fast key as on a slow one), its variance moderated towards
+    the typical spread of the keys tested (empirical Bayes, as limma does for gene expression:
+    each key has few runs, but every key of the run shares the machine's noise)."""
+    if not len(rows):
+        return
+    logs = [(np.log(np.maximum(base[i], 1.0)), np.log(np.maximum(new[i], 1.0))) for i in rows.tolist()]
+    df = np.array([len(x) + len(y) - 2 for x, y in logs], dtype=np.float64)
+    variance = np.array([((len(x) - 1) * x.var(ddof=1) if len(x) > 1 else 0.0)
+                         + ((len(y) - 1) * y.var(ddof=1) if len(y) > 1 else 0.0) for x, y in logs])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        variance = np.where(df > 0, variance / np.maximum(df, 1), np.nan)
+    usable = np.isfinite(variance) & (df > 0)
+    prior_df = PRIOR_DF if int(usable.sum()) >= MIN_SHIFT_KEYS else 0
+    if prior_df:
+        typical_df = float(np.median(df[usable]))
+        # the median of a variance estimate with few degrees of freedom lies below its mean
+        prior = float(np.median(variance[usable])) / (stats.chi2.ppf(0.5, typical_df) / typical_df)
+        moderated = np.where(usable, (prior_df * prior + df * variance) / (prior_df + df), prior)
+        # a key clearly noisier than the typical one (beyond what its few runs would make of a
+        # typical spread one time in a hundred) keeps its own spread and degrees of freedom: a
+        # whole model call under a machine's bursts varies far more than its layers' medians
+        own = usable & (variance > prior * stats.chi2.ppf(0.99, np.maximum(df, 1)) / np.maximum(df, 1))
+        variance = np.where(own, variance, moderated)
+        df = np.where(own, df, df + prior_df)
+    for row, (x, y), v, freedom in zip(rows.tolist(), logs, variance, df):
+        gap = float(y.mean() - x.mean())
+        if not np.isfinite(v) or v <= 0 or freedom <= 0:  # no spread to judge by
+            p_values[row] = 1.0 if gap == 0 else 0.0
+            continue
+        t = gap / np.sqrt(v * (1 / len(x) + 1 / len(y)))
+        p_values[row] = float(2 * stats.t.sf(abs(t), freedom))
 
 
 def smallest_p(base_samples: int, new_samples: int) -> float:
@@ -622,5 +754,5 @@ def noisy_keys(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return top[(top[BASE_CV] > threshold) | (top[NEW_CV] > threshold)]
 
 
-__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "compare", "benjamini_hochberg", "breakdown",
-           "structure_changes", "overall_verdict", "noisy_keys"]
+__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "pool_runs", "compare", "benjamini_hochberg",
+           "breakdown", "structure_changes", "overall_verdict", "noisy_keys"]

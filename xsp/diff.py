@@ -11,7 +11,7 @@ import json
 import math
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -24,14 +24,19 @@ from xsp.analysis import diff as d
 from xsp.analysis.diff import KeyBy, Verdict
 from xsp.baseline import Summary, is_summary_path, summarize
 from xsp.distributed import rank_path
-from xsp.errors import TraceFormatError
+from xsp.errors import TraceFormatError, TraceNotFoundError
 from xsp.levels import parse_levels
 from xsp.loading import load
 from xsp.schema import Level
 from xsp.trace import Trace
 
 Source = Trace | Summary | str | os.PathLike[str]
-"""What ``xsp.diff`` compares: a trace, a file ``xsp.load`` reads, or a baseline summary."""
+"""One run ``xsp.diff`` compares: a trace, a file ``xsp.load`` reads, or a baseline summary."""
+Side = Source | Sequence[Source]
+"""One side of a diff: a run, several runs of the same program (a list, or a folder holding
+their files), pooled."""
+RUN_SUFFIXES: Final = (".parquet", ".json", ".json.gz")
+"""Files of a folder given as one side that are taken as its runs (traces and summaries)."""
 TEXT_WIDTH: Final = 80
 LISTED: Final = 15
 """Keys listed per verdict in the text and Markdown reports."""
@@ -174,7 +179,7 @@ class Diff:
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,
+def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,
          threshold: float = 0.05, min_delta_us: float = 20.0, alpha: float = 0.01,
          steps: slice | list[int] | None = None, normalize: bool = True) -> Diff:
     """Compare two runs: which keys got slower or faster, where the delta lives, what changed shape.
@@ -182,7 +187,11 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
     Args:
         base: the reference run: a :class:`xsp.Trace`, a path ``xsp.load`` reads (xsp,
             Kineto or leveled traces), or a baseline summary (``xsp summary``, ``.xsp.json``).
-        new: the run under test, the same kinds of things.
+        new: the run under test, the same kinds of things. Either side may be several runs
+            of the same program (a list, or a folder of their files): their steps are pooled,
+            and a key must then also move between the runs' medians beyond their spread (see
+            :func:`xsp.analysis.diff.compare`), which keeps a process that happened to run
+            slower from failing a check. Three runs a side is a good start on a shared machine.
         by: ``"path"`` matches spans by their place in the model; ``"name"`` aggregates
             by level and name (as HolisticTraceAnalysis compares).
         levels: the levels compared (default: every level both runs recorded).
@@ -205,8 +214,7 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, not {alpha}")
     chosen = parse_levels(levels) if levels is not None else None
-    base_summary, new_summary = _summary(base, steps, key_by), _summary(new, steps, key_by)
-    base_keys, new_keys = base_summary.keys[key_by], new_summary.keys[key_by]
+    (base_keys, base_info), (new_keys, new_info) = _side(base, steps, key_by), _side(new, steps, key_by)
     warnings: list[str] = []
     recorded = [set(keys[col.LEVEL].dropna().tolist()) for keys in (base_keys, new_keys)]
     if chosen is None:
@@ -223,9 +231,11 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
                       normalize=normalize)
     shift = float(table.attrs.get(d.COMMON_SHIFT, 1.0))
     if abs(shift - 1.0) >= 0.01:
+        several = min(int(base_info.get("runs") or 1), int(new_info.get("runs") or 1)) > 1
         warnings.append(f"the new run is {_ratio(shift)} against the base in most keys at once (its common "
                         f"shift); keys are judged against that shift: a change that moves every key alike "
-                        f"cannot be told from a different machine state in one run per side")
+                        f"cannot be told from a different machine state"
+                        + ("" if several else " in one run per side (give each side several runs)"))
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
@@ -235,7 +245,7 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
         warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
                         f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
-    tested = table[table[d.TEST] == d.Test.RANK.value]
+    tested = table[table[d.TEST].isin([d.Test.RANK.value, d.Test.RANK_AND_RUNS.value])]
     unjudged_top = ((table[d.VERDICT] == Verdict.UNCHANGED.value) & table[d.PARENT_KEY].isna()
                     & (table[d.BASE_SAMPLES] > 0))
     if not len(tested) and unjudged_top.any():
@@ -250,10 +260,11 @@ def diff(base: Source, new: Source, by: KeyBy | str = "path", levels: Iterable[s
     settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested), "normalize": normalize,
-                "common_shift": round(shift, 4)}
+                "common_shift": round(shift, 4), "base_runs": int(base_info.get("runs") or 1),
+                "new_runs": int(new_info.get("runs") or 1)}
     return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
                 verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
-                base=base_summary.metadata, new=new_summary.metadata)
+                base=base_info, new=new_info)
 
 
 def _one_rank(trace: Trace, name: object) -> Trace:
@@ -263,6 +274,32 @@ def _one_rank(trace: Trace, name: object) -> Trace:
         raise ValueError(f"{name} holds {len(trace.ranks)} ranks of a distributed job: compare one rank's file "
                          f"({example}) or trace.for_rank(r)")
     return trace
+
+
+def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The key-samples frame of one side (its runs pooled) and what it was."""
+    folder = None
+    if isinstance(side, (str, os.PathLike)) and Path(side).is_dir():
+        folder = Path(side)
+        runs: list[Source] = [path for path in sorted(folder.iterdir()) if path.is_file()
+                              and not path.name.startswith(".") and path.name.endswith(RUN_SUFFIXES)]
+        if not runs:
+            raise TraceNotFoundError(f"{folder} holds no traces or summaries (files ending in "
+                                     f"{', '.join(RUN_SUFFIXES)})")
+    elif isinstance(side, Sequence) and not isinstance(side, (str, Trace)):
+        runs = list(side)
+        if not runs:
+            raise ValueError("a side of the diff given as a list needs at least one run")
+    else:
+        runs = [side]
+    summaries = [_summary(run, steps, by) for run in runs]
+    if len(summaries) == 1:
+        return summaries[0].keys[by], summaries[0].metadata
+    info = dict(summaries[0].metadata)
+    info["runs"] = len(summaries)
+    info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
+    info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
+    return d.pool_runs([summary.keys[by] for summary in summaries]), info
 
 
 def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summary:
@@ -291,6 +328,8 @@ def _counts(table: pd.DataFrame) -> str:
 
 def _describe(info: dict[str, Any]) -> str:
     parts = [str(info.get("source") or "trace")]
+    if info.get("runs"):
+        parts.append(f"{info['runs']} runs")
     if info.get("steps"):
         parts.append(f"{info['steps']} steps")
     if info.get("device"):

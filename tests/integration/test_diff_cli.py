@@ -66,6 +66,24 @@ def test_a_doubled_layer_fails_the_check_and_is_shown_where_it_lives(runs, tmp_p
     assert done.stderr == ""
 
 
+def test_folders_of_several_runs_are_pooled_sides(runs, tmp_path):
+    import shutil
+
+    for side, extra in (("base", 0.0), ("slow", 1.0)):
+        (tmp_path / side).mkdir()
+        shutil.copy(runs[side], tmp_path / side / "run0.xsp.parquet")
+        for k in (1, 2):
+            profile(tmp_path / side / f"run{k}.xsp.parquet", extra)
+    done = xsp_cli("diff", "base", "slow", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {row["key"]: row for row in json.loads(done.stdout)["rows"]}
+    slowed = next(row for key, row in rows.items() if key.endswith("model.1[0]"))
+    assert slowed["verdict"] == "regressed" and slowed["test"] == "mann-whitney+runs"
+    assert slowed["base_runs"] == slowed["new_runs"] == 3
+    same = xsp_cli("diff", "base", "base", cwd=tmp_path)
+    assert same.returncode == 0 and "3 runs" in same.stdout, same.stdout + same.stderr
+
+
 def test_a_run_against_itself_passes(runs, tmp_path):
     done = xsp_cli("diff", str(runs["base"]), str(runs["base"]), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -121,6 +139,7 @@ def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
     (["diff", "{base}", "{base}", "-o", "{base}"], "input file"),
     (["diff", "{base}", "{base}", "-o", "."], "directory"),
     (["diff", "{base}", "bad.xsp.json"], "summary"),
+    (["diff", "emptydir", "{base}"], "holds no traces or summaries"),
     (["summary", "missing.xsp.parquet"], "missing.xsp.parquet"),
     (["summary", "{base}", "-o", "{base}"], "input file"),
 ])
@@ -128,6 +147,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, monkeypatch, a
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corrupt.xsp.parquet").write_bytes(b"PAR1" + b"\x00" * 100)
     (tmp_path / "bad.xsp.json").write_text("{\"format\": \"nope\"}")
+    (tmp_path / "emptydir").mkdir()
     status = main([a.format(base=runs["base"]) for a in arguments])
     err = capsys.readouterr().err
     assert status == 2

@@ -25,15 +25,19 @@ LAYERS = {"net.a": 300_000, "net.b": 200_000, "net.c": 400_000}
 
 
 def run(seed: int, steps: int = 40, slower: dict[str, float] | None = None, noise: float = 0.02,
-        extra_layer: bool = False, shapes: str = "[[8, 64]]", kernels: int = 0) -> xsp.Trace:
-    """A constructed model+layer run: one ``predict`` per step holding the layers in turn."""
+        extra_layer: bool = False, shapes: str = "[[8, 64]]", kernels: int = 0, process: float = 0.0) -> xsp.Trace:
+    """A constructed model+layer run: one ``predict`` per step holding the layers in turn.
+
+    ``noise`` varies each step; ``process`` sets each layer off by a random amount for the
+    whole run (the same code in another process, whose memory and caches fall differently)."""
     rng = np.random.default_rng(seed)
     rows = []
     span_id = 1
     clock = 1_000_000_000
     names = list(LAYERS) + (["net.d"] if extra_layer else [])
+    offsets = {name: 1 + rng.normal(0, process) for name in names}
     for _ in range(steps):
-        durations = {name: int(LAYERS.get(name, 100_000) * (1 + (slower or {}).get(name, 0.0))
+        durations = {name: int(LAYERS.get(name, 100_000) * (1 + (slower or {}).get(name, 0.0)) * offsets[name]
                                * (1 + rng.normal(0, noise))) for name in names}
         root_id, start = span_id, clock
         span_id += 1
@@ -387,3 +391,59 @@ def test_breakdown_and_explains_walk_a_hand_made_tree():
     tree = d.breakdown(table)
     assert tree[[d.KEY, d.DEPTH]].values.tolist() == [
         ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1]]
+
+
+def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
+    # each layer sits a few percent off in each process: the steps of one run cannot tell that
+    # from a change, the spread between runs can
+    def side(first: int, **changes: float) -> list[xsp.Trace]:
+        return [run(first + k, process=0.06, slower=changes or None) for k in range(3)]
+
+    single = [diff(run(seed, process=0.06), run(seed + 100, process=0.06)).verdict for seed in range(20)]
+    assert single.count(d.Verdict.UNCHANGED) <= 15  # one run a side: false alarms
+    pooled = [diff(side(10 * seed), side(10 * seed + 500)) for seed in range(12)]
+    assert [result.verdict for result in pooled].count(d.Verdict.UNCHANGED) >= 11
+    assert all(row(result, "net[0]/net.b[0]")[d.TEST] == d.Test.RANK_AND_RUNS.value for result in pooled)
+    found = diff(side(1000), side(2000, **{"net.b": 0.4}))
+    slowed = row(found, "net[0]/net.b[0]")
+    assert slowed[d.VERDICT] == "regressed" and slowed[d.RUN_P_VALUE] <= slowed[d.P_VALUE] < 0.01
+    assert (slowed[d.BASE_RUNS], slowed[d.NEW_RUNS], slowed[d.BASE_SAMPLES]) == (3, 3, 120)
+    assert slowed[d.BASE_COUNT] == 40  # counts and totals are per run
+    assert found.settings["base_runs"] == found.settings["new_runs"] == 3
+    assert "3 runs" in found.to_text()
+    # summaries pool as their traces do (their quantiles read back into samples)
+    from_summaries = diff([summarize(trace) for trace in side(1000)], side(2000, **{"net.b": 0.4}))
+    assert row(from_summaries, "net[0]/net.b[0]")[d.VERDICT] == "regressed"
+
+
+def test_pooled_runs_keep_each_runs_median_and_judge_lone_spans_between_runs():
+    frames = [d.key_samples(run(seed, steps=5).spans) for seed in range(3)]
+    pooled = d.pool_runs(frames).set_index(d.KEY)
+    medians = [float(np.median(frame.set_index(d.KEY).loc["net[0]/net.a[0]", d.SAMPLES_NS])) for frame in frames]
+    assert pooled.loc["net[0]/net.a[0]", d.RUN_MEDIANS_NS].tolist() == pytest.approx(medians)
+    assert pooled.loc["net[0]/net.a[0]", d.SAMPLE_COUNT] == 15 and pooled.loc["net[0]/net.a[0]", d.COUNT] == 5
+    assert (pooled[d.RUNS] == 3).all()
+    # one span a run (a session outside steps): too few for a rank test, judged between runs
+    lone = [run(seed, steps=4) for seed in range(3)]
+    for trace in lone:
+        trace.spans[col.STEP] = pd.array([None] * len(trace.spans), dtype="Int64")
+    slower = [run(seed + 10, steps=4, slower=dict.fromkeys(LAYERS, 0.5)) for seed in range(3)]
+    for trace in slower:
+        trace.spans[col.STEP] = pd.array([None] * len(trace.spans), dtype="Int64")
+    result = diff(lone, slower, normalize=False)
+    assert row(result, "net[0]")[d.TEST] in (d.Test.RANK_AND_RUNS.value, d.Test.RUNS.value)
+
+
+def test_a_folder_is_a_side_of_several_runs(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "new").mkdir()
+    for k in range(3):
+        run(k).save(tmp_path / "base" / f"run{k}.xsp.parquet")
+        run(10 + k, slower={"net.b": 0.3}).save(tmp_path / "new" / f"run{k}.xsp.parquet")
+    (tmp_path / "new" / "notes.txt").write_text("not a run")
+    result = diff(tmp_path / "base", tmp_path / "new")
+    assert result.settings["base_runs"] == result.settings["new_runs"] == 3
+    assert row(result, "net[0]/net.b[0]")[d.VERDICT] == "regressed"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceNotFoundError, match="holds no traces or summaries"):
+        diff(tmp_path / "empty", tmp_path / "new")
