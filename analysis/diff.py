@@ -673,7 +673,10 @@ def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3
     tested = (present[TEST] != Test.NONE.value).to_numpy()
     top = children(None)
     roots = [row for row in top if moved[row] and tested[row]] or [row for row in top if tested[row]]
-    roots = sorted(roots, key=lambda row: -abs(delta[row]))[:max_roots]
+    # a session's delta is the whole run's (one sample a run), not a step's: it would always
+    # outrank the model call it holds many times, so it comes after the per-step keys
+    whole_run = (present[col.KIND] == SpanKind.SESSION.value).to_numpy()
+    roots = sorted(roots, key=lambda row: (bool(whole_run[row]), -abs(delta[row])))[:max_roots]
     order: list[tuple[int, int]] = []
 
     def walk(row: int, depth: int) -> None:

@@ -12,10 +12,14 @@ Prints a table and records it in benchmarks/results/diff.md.
 3. *Detection*: each slowed run against a plain run made next to it: detected when the
    verdict is ``regressed``; *attributed* when the slowed layer is the regressed layer
    with the largest delta.
-4. *Baselines*: the same pairs with the base given as its baseline summary (``xsp summary``),
+4. *Several runs a side*: the same runs drawn three at a time (seeded, no run on both sides
+   of a draw): 20 A/A draws of plain runs, and for each slowdown draws of three slowed runs
+   against three plain ones, pooled by ``xsp.diff`` (a key must then also move beyond the
+   spread between the runs' medians).
+5. *Baselines*: the same pairs with the base given as its baseline summary (``xsp summary``),
    and the size of ResNet-50's summaries beside their traces (model,layer and
    model,layer,operator; 40 and 100 steps).
-5. *Speed*: two 200k-span traces (the 123k-span Kineto trace from ../shared/traces, its
+6. *Speed*: two 200k-span traces (the 123k-span Kineto trace from ../shared/traces, its
    spans repeated, one copy's durations scaled) diffed by name, beside HolisticTraceAnalysis's
    ``TraceDiff.compare_traces`` on the same pair when ``hta`` is installed (it is not a
    dependency: ``pip install --no-deps holistictraceanalysis==0.5.0``).
@@ -129,7 +133,50 @@ def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str
                      "flagged": f"{found} ({found / len(runs):.0%})",
                      "goal": ">= 95% detected and attributed" if f == 0.2 else "", "top attribution":
                      f"{attributed} ({attributed / len(runs):.0%})", "verdicts": ", ".join(verdicts)})
+    rows += several_runs(plain, slow, pairs)
     rows += against_summaries(plain, slow, folder)
+    return rows
+
+
+RUNS_A_SIDE = 3
+
+
+def several_runs(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
+                 pairs: int) -> list[dict[str, object]]:
+    """Draws of ``RUNS_A_SIDE`` runs a side, pooled (what a CI job that profiles each side
+    three times compares)."""
+    import random
+
+    from xsp.diff import diff
+    from xsp.loading import load
+
+    draw = random.Random(0)
+    traces = {path: load(path) for path in plain}
+    rows: list[dict[str, object]] = []
+    alarms = []
+    for _ in range(pairs):
+        chosen = draw.sample(plain, 2 * RUNS_A_SIDE)
+        alarms.append(diff([traces[p] for p in chosen[:RUNS_A_SIDE]],
+                           [traces[p] for p in chosen[RUNS_A_SIDE:]]).verdict.value)
+    false = sum(v != "unchanged" for v in alarms)
+    rows.append({"comparison": f"A/A, {RUNS_A_SIDE} runs a side", "pairs": len(alarms),
+                 "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms",
+                 "top attribution": "-", "verdicts": ", ".join(alarms)})
+    for f, runs in slow.items():
+        slowed = [load(new) for _, new in runs]
+        if len(slowed) < RUNS_A_SIDE:
+            continue
+        verdicts, attributed = [], 0
+        for _ in range(len(runs)):
+            result = diff([traces[p] for p in draw.sample(plain, RUNS_A_SIDE)], draw.sample(slowed, RUNS_A_SIDE))
+            verdicts.append(result.verdict.value)
+            attributed += attributed_to(result, SLOWED_LAYER)
+        found = sum(v == "regressed" for v in verdicts)
+        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}, {RUNS_A_SIDE} runs a side", "pairs": len(verdicts),
+                     "flagged": f"{found} ({found / len(verdicts):.0%})",
+                     "goal": ">= 95% detected and attributed" if f == 0.2 else "",
+                     "top attribution": f"{attributed} ({attributed / len(verdicts):.0%})",
+                     "verdicts": ", ".join(verdicts)})
     return rows
 
 

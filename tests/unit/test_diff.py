@@ -377,12 +377,13 @@ def test_a_machine_that_is_slower_in_every_key_raises_no_alarm_but_one_layer_sti
 def test_breakdown_and_explains_walk_a_hand_made_tree():
     """Parents are found by key alone; children that move the other way, or explain under
     min_share of their parent, are left out; a key whose parent is missing from the table
-    explains nothing and is no top-level key either."""
-    keys = ["model", "model/a", "model/b", "model/c", "model/a/x", "model/a/y", "gone/orphan", "model/a/z"]
-    parents = [None, "model", "model", "model", "model/a", "model/a", "gone", "model/a"]
-    deltas = [100.0, 60.0, 30.0, -5.0, 50.0, 10.0, 7.0, 1.0]
-    table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), d.KEY: keys, d.PARENT_KEY: parents,
-                          d.ADJUSTED_DELTA_NS: deltas,
+    explains nothing and is no top-level key either. A session (one sample a run, its delta the
+    whole run's) comes after the per-step keys however large its delta."""
+    keys = ["model", "model/a", "model/b", "model/c", "model/a/x", "model/a/y", "gone/orphan", "model/a/z", "session"]
+    parents = [None, "model", "model", "model", "model/a", "model/a", "gone", "model/a", None]
+    deltas = [100.0, 60.0, 30.0, -5.0, 50.0, 10.0, 7.0, 1.0, 4000.0]
+    table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), col.KIND: ["forward"] * 8 + ["session"], d.KEY: keys,
+                          d.PARENT_KEY: parents, d.ADJUSTED_DELTA_NS: deltas,
                           d.VERDICT: ["regressed"] * len(keys), d.TEST: ["rank"] * len(keys)})
     explains = d._explains(table)
     assert explains[1] == pytest.approx(0.6) and explains[2] == pytest.approx(0.3)
@@ -390,7 +391,7 @@ def test_breakdown_and_explains_walk_a_hand_made_tree():
     assert np.isnan(explains[0]) and np.isnan(explains[6])
     tree = d.breakdown(table)
     assert tree[[d.KEY, d.DEPTH]].values.tolist() == [
-        ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1]]
+        ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1], ["session", 0]]
 
 
 def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
