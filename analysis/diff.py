@@ -562,8 +562,10 @@ def _run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, 
         df = np.where(own, df, df + prior_df)
     for row, (x, y), v, freedom in zip(rows.tolist(), logs, variance, df):
         gap = float(y.mean() - x.mean())
-        if not np.isfinite(v) or v <= 0 or freedom <= 0:  # no spread to judge by
-            p_values[row] = 1.0 if gap == 0 else 0.0
+        if not np.isfinite(v) or v <= 0 or freedom <= 0:
+            # runs that agree to the nanosecond are copies of one run, not several: no spread
+            # to judge by, so no evidence of a change either
+            p_values[row] = 1.0
             continue
         t = gap / np.sqrt(v * (1 / len(x) + 1 / len(y)))
         p_values[row] = float(2 * stats.t.sf(abs(t), freedom))

@@ -412,6 +412,9 @@ def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
     assert slowed[d.BASE_COUNT] == 40  # counts and totals are per run
     assert found.settings["base_runs"] == found.settings["new_runs"] == 3
     assert "3 runs" in found.to_text()
+    # copies of one run are not several runs: no spread between them, no evidence either way
+    copies = diff([run(1)] * 3, [run(2, slower={"net.b": 0.4})] * 3)
+    assert row(copies, "net[0]/net.b[0]")[d.VERDICT] == "unchanged"
     # summaries pool as their traces do (their quantiles read back into samples)
     from_summaries = diff([summarize(trace) for trace in side(1000)], side(2000, **{"net.b": 0.4}))
     assert row(from_summaries, "net[0]/net.b[0]")[d.VERDICT] == "regressed"
