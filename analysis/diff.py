@@ -263,12 +263,12 @@ def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
         first[TOTAL_NS] = round(sum(int(row[TOTAL_NS]) for row in seen) / runs)
         first[RUN_MEDIANS_NS] = np.array([float(np.median(row[SAMPLES_NS])) for row in seen if len(row[SAMPLES_NS])])
         for column in (col.INPUT_SHAPES, INPUT_DTYPES, PARENT_KEY):
-            present = [row[column] for row in seen if isinstance(row[column], str)]
-            first[column] = present[0] if present else first[column]
-        kernels = [float(row[KERNELS_PER_STEP]) for row in seen if not pd.isna(row[KERNELS_PER_STEP])]
+            present = [row.get(column) for row in seen if isinstance(row.get(column), str)]
+            first[column] = present[0] if present else first.get(column)
+        kernels = [float(row[KERNELS_PER_STEP]) for row in seen if not pd.isna(row.get(KERNELS_PER_STEP, np.nan))]
         first[KERNELS_PER_STEP] = float(np.median(kernels)) if kernels else np.nan
         pooled.append(first)
-    table = pd.DataFrame(pooled).reset_index(drop=True)
+    table = pd.DataFrame(pooled).reset_index(drop=True) if pooled else _empty_keys()
     table[RUNS] = runs
     return table
 
