@@ -419,3 +419,24 @@ def test_a_figure_that_moves_between_rounds_is_not_called_precise():
     assert ROUND_STARTS not in result.trace.metadata
     steady = merge_runs([rounds((M,), [0, 0, 0]), rounds((M, L), [0, 0, 0])], target=0.02)
     assert steady.trace.spans.set_index(col.PATH).loc[A, col.DURATION_CI_NS] <= 2
+
+
+def test_a_round_disturbed_from_end_to_end_moves_no_figure():
+    """Another process's burst lasting a whole run (seconds, on a big model) slows every step
+    of one round: the figures come from the middle rounds, not from the pooled steps."""
+    from xsp.leveled import pooled
+
+    def rounds(levels: tuple[Level, ...], slowdowns: list[float]) -> LeveledRun:
+        traces = [_run(levels, {STEP: [int(1200 * s)] * 6, PREDICT: [int(1000 * s) + (i % 2) for i in range(6)],
+                                A: [int(100 * s) + (i % 2) for i in range(6)], B: [30] * 6}).trace
+                  for s in slowdowns]
+        return LeveledRun(levels, pooled(traces))
+
+    disturbed = merge_runs([rounds((M,), [1.0, 2.0, 1.0]), rounds((M, L), [1.0, 1.0, 2.5])])
+    spans = disturbed.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_NS] == pytest.approx(100, abs=1)
+    assert spans.loc[PREDICT, col.DURATION_NS] == pytest.approx(1000, abs=1)
+    assert disturbed.overhead.set_index("run").loc["model", "model_latency_ms"] == pytest.approx(1200e-6, rel=0.01)
+    # with two rounds there is no middle: the steps are pooled
+    two = merge_runs([rounds((M,), [1.0, 2.0]), rounds((M, L), [1.0, 1.0])])
+    assert two.trace.spans.set_index(col.PATH).loc[PREDICT, col.DURATION_NS] == pytest.approx(1500, abs=2)
