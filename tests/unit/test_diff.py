@@ -451,3 +451,13 @@ def test_a_folder_is_a_side_of_several_runs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(TraceNotFoundError, match="holds no traces or summaries"):
         diff(tmp_path / "empty", tmp_path / "new")
+
+
+def test_a_summary_keeps_what_ran_where_and_when_to_the_second():
+    trace = run(1, steps=5)
+    trace.metadata.update({"created_at": "2026-11-25T04:03:08.784592+00:00", "platform": "Linux-6.1-x86_64",
+                           "service_name": "python", "device": "cpu", "torch_version": "2.13.0"})
+    metadata = summarize(trace).metadata
+    assert metadata["created_at"] == "2026-11-25T04:03:08+00:00"
+    assert metadata["device"] == "cpu" and metadata["torch_version"] == "2.13.0" and metadata["steps"] == 5
+    assert "platform" not in metadata and "service_name" not in metadata
