@@ -7,7 +7,7 @@ total, input shapes and dtypes, kernels per step, and per-step samples: at most
 median; :func:`xsp.diff` reads as many samples back off them as the key had). The file is
 JSON: the run's metadata as it is, and the keys packed by :mod:`xsp.summary_codec` (a few
 bytes per key; medians within 0.1% or a 24th of the key's interquartile range, totals
-within 0.25%, samples within a sixth of the key's interquartile range). A name ending in
+within 0.5%, samples within a sixth of the key's interquartile range). A name ending in
 ``.gz`` is gzip-compressed too. Summaries written by the first format (rows of JSON) still
 load; those packed by xsp's first packed encoding must be made again.
 """

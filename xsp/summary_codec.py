@@ -21,7 +21,7 @@ set of integer columns, stored as byte planes and compressed together with one s
   interquartile range), and written as the difference from its *reference*: the same key in
   an earlier repeated block (a ResNet stage's bottlenecks, a transformer's layers), else its
   parent (:func:`_references`);
-* a total is kept within 0.25% (it is shown, never tested), as the difference from what its
+* a total is kept within 0.5% (it is shown, never tested), as the difference from what its
   samples' mean makes it.
 
 :func:`encode` turns key-samples frames (:func:`xsp.analysis.diff.key_samples`) into one
@@ -43,12 +43,12 @@ import pandas as pd
 from xsp import schema as col
 from xsp.analysis import diff as d
 
-QUANTILES: Final = 7
+QUANTILES: Final = 5
 """Samples a key keeps at most (its evenly spaced quantiles when it had more). Odd, so that
 the middle one is the key's median."""
 VALUE_STEP: Final = 0.002
 """Grid of medians: ``log1p(ns)`` in steps of ``log(1 + VALUE_STEP)``."""
-TOTAL_STEP: Final = 0.005
+TOTAL_STEP: Final = 0.01
 """Grid of totals, as :data:`VALUE_STEP` is of medians (a total is shown, never tested)."""
 FINEST_UNIT: Final = 0.001
 """Finest grid of a key's samples around its median, in log units (0.1%)."""
@@ -61,7 +61,8 @@ MEDIAN_STEPS_PER_UNIT: Final = 4
 :data:`VALUE_STEP`)."""
 ENCODING: Final = "xsp-packed-keys-2"
 """2: names built on their ancestors', parents counted up from the previous key, medians
-against references, 7 quantiles; 1 (no longer read: make the summary again): 9 quantiles,
+against references, 5 quantiles (7 in summaries made before 2026-11-25, read as they
+are); 1 (no longer read: make the summary again): 9 quantiles,
 everything whole."""
 
 _LOG_STEP: Final = float(np.log1p(VALUE_STEP))
