@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from _results import record
 
@@ -100,39 +101,40 @@ def attributed_to(result: object, layer: str) -> bool:
     return any(name == layer or name.endswith("." + layer) for name in chain)
 
 
+def alarm_row(comparison: str, results: Sequence[Any]) -> dict[str, object]:
+    """A row of A/A diffs: how many gave any verdict but ``unchanged``."""
+    alarms = [result.verdict.value for result in results]
+    false = sum(v != "unchanged" for v in alarms)
+    return {"comparison": comparison, "pairs": len(alarms), "flagged": f"{false} ({false / len(alarms):.0%})",
+            "goal": "<= 5% false alarms", "top attribution": "-", "verdicts": ", ".join(alarms)}
+
+
+def detection_row(comparison: str, slowdown: float, results: Sequence[Any]) -> dict[str, object]:
+    """A row of diffs against runs whose ``SLOWED_LAYER`` was slowed by ``slowdown``: how many
+    found a regression, and how many sent the reader to that layer."""
+    verdicts = [result.verdict.value for result in results]
+    found = sum(v == "regressed" for v in verdicts)
+    attributed = sum(attributed_to(result, SLOWED_LAYER) for result in results)
+    return {"comparison": comparison, "pairs": len(verdicts), "flagged": f"{found} ({found / len(verdicts):.0%})",
+            "goal": ">= 95% detected and attributed" if slowdown == 0.2 else "",
+            "top attribution": f"{attributed} ({attributed / len(verdicts):.0%})", "verdicts": ", ".join(verdicts)}
+
+
 def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str, object]]:
     from xsp.diff import diff
 
     plain: list[Path] = []
     slow: dict[float, list[tuple[Path, Path]]] = {f: [] for f in SLOWDOWNS}
-    count = 0
     # interleaved: each slowed run has a plain run made just before it
     for i in range(max(2 * pairs, slowed)):
         plain.append(profile(0.0, steps, folder / f"plain{i}.xsp.parquet"))
         if i < slowed:
             for f in SLOWDOWNS:
                 slow[f].append((plain[-1], profile(f, steps, folder / f"slow{f}_{i}.xsp.parquet")))
-        count += 1
         print(f"  runs made: {len(plain)} plain, {sum(len(v) for v in slow.values())} slowed", file=sys.stderr)
-    rows: list[dict[str, object]] = []
-    alarms = []
-    for a, b in zip(plain[0::2], plain[1::2]):
-        alarms.append(diff(a, b).verdict.value)
-    false = sum(v != "unchanged" for v in alarms)
-    rows.append({"comparison": "A/A (plain vs plain)", "pairs": len(alarms),
-                 "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms",
-                 "top attribution": "-", "verdicts": ", ".join(alarms)})
-    for f, runs in slow.items():
-        verdicts, attributed = [], 0
-        for base, new in runs:
-            result = diff(base, new)
-            verdicts.append(result.verdict.value)
-            attributed += attributed_to(result, SLOWED_LAYER)
-        found = sum(v == "regressed" for v in verdicts)
-        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}", "pairs": len(runs),
-                     "flagged": f"{found} ({found / len(runs):.0%})",
-                     "goal": ">= 95% detected and attributed" if f == 0.2 else "", "top attribution":
-                     f"{attributed} ({attributed / len(runs):.0%})", "verdicts": ", ".join(verdicts)})
+    rows = [alarm_row("A/A (plain vs plain)", [diff(a, b) for a, b in zip(plain[0::2], plain[1::2])])]
+    rows += [detection_row(f"{SLOWED_LAYER} +{f:.0%}", f, [diff(base, new) for base, new in runs])
+             for f, runs in slow.items()]
     rows += several_runs(plain, slow, pairs)
     rows += against_summaries(plain, slow, folder)
     return rows
@@ -152,31 +154,18 @@ def several_runs(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
 
     draw = random.Random(0)
     traces = {path: load(path) for path in plain}
-    rows: list[dict[str, object]] = []
-    alarms = []
+    results = []
     for _ in range(pairs):
         chosen = draw.sample(plain, 2 * RUNS_A_SIDE)
-        alarms.append(diff([traces[p] for p in chosen[:RUNS_A_SIDE]],
-                           [traces[p] for p in chosen[RUNS_A_SIDE:]]).verdict.value)
-    false = sum(v != "unchanged" for v in alarms)
-    rows.append({"comparison": f"A/A, {RUNS_A_SIDE} runs a side", "pairs": len(alarms),
-                 "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms",
-                 "top attribution": "-", "verdicts": ", ".join(alarms)})
+        results.append(diff([traces[p] for p in chosen[:RUNS_A_SIDE]], [traces[p] for p in chosen[RUNS_A_SIDE:]]))
+    rows = [alarm_row(f"A/A, {RUNS_A_SIDE} runs a side", results)]
     for f, runs in slow.items():
         slowed = [load(new) for _, new in runs]
         if len(slowed) < RUNS_A_SIDE:
             continue
-        verdicts, attributed = [], 0
-        for _ in range(len(runs)):
-            result = diff([traces[p] for p in draw.sample(plain, RUNS_A_SIDE)], draw.sample(slowed, RUNS_A_SIDE))
-            verdicts.append(result.verdict.value)
-            attributed += attributed_to(result, SLOWED_LAYER)
-        found = sum(v == "regressed" for v in verdicts)
-        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}, {RUNS_A_SIDE} runs a side", "pairs": len(verdicts),
-                     "flagged": f"{found} ({found / len(verdicts):.0%})",
-                     "goal": ">= 95% detected and attributed" if f == 0.2 else "",
-                     "top attribution": f"{attributed} ({attributed / len(verdicts):.0%})",
-                     "verdicts": ", ".join(verdicts)})
+        results = [diff([traces[p] for p in draw.sample(plain, RUNS_A_SIDE)], draw.sample(slowed, RUNS_A_SIDE))
+                   for _ in range(len(runs))]
+        rows.append(detection_row(f"{SLOWED_LAYER} +{f:.0%}, {RUNS_A_SIDE} runs a side", f, results))
     return rows
 
 
@@ -190,22 +179,9 @@ def against_summaries(plain: list[Path], slow: dict[float, list[tuple[Path, Path
     def baseline(run: Path) -> Path:
         return summarize(load(run)).save(folder / (run.stem + ".xsp.json"))
 
-    alarms = [diff(baseline(a), b).verdict.value for a, b in zip(plain[0::2], plain[1::2])]
-    false = sum(v != "unchanged" for v in alarms)
-    rows: list[dict[str, object]] = [{
-        "comparison": "A/A, base as its summary", "pairs": len(alarms),
-        "flagged": f"{false} ({false / len(alarms):.0%})", "goal": "<= 5% false alarms", "top attribution": "-",
-        "verdicts": ", ".join(alarms)}]
-    for f, runs in slow.items():
-        results = [diff(baseline(base), new) for base, new in runs]
-        verdicts = [result.verdict.value for result in results]
-        found = sum(v == "regressed" for v in verdicts)
-        attributed = sum(attributed_to(result, SLOWED_LAYER) for result in results)
-        rows.append({"comparison": f"{SLOWED_LAYER} +{f:.0%}, base as its summary", "pairs": len(runs),
-                     "flagged": f"{found} ({found / len(runs):.0%})",
-                     "goal": ">= 95% detected and attributed" if f == 0.2 else "",
-                     "top attribution": f"{attributed} ({attributed / len(runs):.0%})",
-                     "verdicts": ", ".join(verdicts)})
+    rows = [alarm_row("A/A, base as its summary", [diff(baseline(a), b) for a, b in zip(plain[0::2], plain[1::2])])]
+    rows += [detection_row(f"{SLOWED_LAYER} +{f:.0%}, base as its summary", f,
+                           [diff(baseline(base), new) for base, new in runs]) for f, runs in slow.items()]
     return rows
 
 
