@@ -124,21 +124,6 @@ ROUND_STARTS = "leveled_round_starts"
 """Metadata of a pooled trace (:func:`pooled`): the first step of each round it pools."""
 
 
-def _between_rounds_ci(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray) -> pd.Series:
-    """Per key: the half-width of a 95% interval from the spread of its per-round medians (NaN
-    below two rounds). Steps of one run share the machine's state while it ran, so the spread
-    between rounds, not between steps, is what tells how far a pooled figure can move."""
-    from scipy import stats
-
-    frame = pd.DataFrame({"key": keys, "round": rounds, "value": values})
-    per_round = frame.groupby(["key", "round"], sort=False)["value"].median()
-    spread = per_round.groupby(level=0, sort=False).agg(["std", "count"])
-    count = spread["count"].to_numpy(dtype=np.float64)
-    t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
-    half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
-    return pd.Series(np.where(count >= 2, half_width, np.nan), index=spread.index)
-
-
 MIN_ROUNDS_ACROSS = 3
 """Rounds from which a figure is taken across rounds (:func:`_across_rounds`), not pooled."""
 
@@ -154,13 +139,25 @@ def _across_rounds(values: np.ndarray) -> float:
     return float(data[cut:len(data) - cut].mean())
 
 
-def _per_round_figures(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: float) -> pd.Series:
-    """Per key: :func:`_across_rounds` of its per-round trimmed means, where it has at least
-    :data:`MIN_ROUNDS_ACROSS` rounds (NaN where fewer)."""
-    frame = pd.DataFrame({"key": keys, "round": rounds, "value": values})
-    per_round = frame.groupby(["key", "round"], sort=False)["value"].agg(lambda v: trimmed_mean(v.to_numpy(), trim))
-    return per_round.groupby(level=0, sort=False).agg(
+def _by_rounds(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: float) -> pd.DataFrame:
+    """Per key, from its rounds: ``figure``, :func:`_across_rounds` of its per-round trimmed
+    means (NaN below :data:`MIN_ROUNDS_ACROSS` rounds), and ``ci``, the half-width of a 95%
+    interval from the spread of its per-round medians (NaN below two rounds). Steps of one run
+    share the machine's state while it ran, so the spread between rounds, not between steps,
+    is what tells how far a pooled figure can move."""
+    from scipy import stats
+
+    per_round = pd.DataFrame({"key": keys, "round": rounds, "value": values}).groupby(
+        ["key", "round"], sort=False)["value"]
+    medians = per_round.median().groupby(level=0, sort=False)
+    spread = medians.agg(["std", "count"])
+    count = spread["count"].to_numpy(dtype=np.float64)
+    t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
+    half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
+    figures = per_round.agg(lambda v: trimmed_mean(v.to_numpy(), trim)).groupby(level=0, sort=False).agg(
         lambda v: _across_rounds(v.to_numpy()) if len(v) >= MIN_ROUNDS_ACROSS else np.nan)
+    return pd.DataFrame({"figure": figures.reindex(spread.index),
+                         "ci": np.where(count >= 2, half_width, np.nan)}, index=spread.index)
 
 
 def _rounds_of(steps: pd.Series, round_starts: Sequence[int] | None) -> np.ndarray | None:
@@ -173,7 +170,8 @@ def _rounds_of(steps: pd.Series, round_starts: Sequence[int] | None) -> np.ndarr
 def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> pd.DataFrame:
     """Per path: the trimmed mean duration, its 95% interval's half-width, and whether it
     appears once in every step. With the rounds of a pooled trace, the interval is the wider of
-    the one from its steps and the one from its rounds (:func:`_between_rounds_ci`)."""
+    the one from its steps and the one from its rounds, and from three rounds on the figure
+    comes from the rounds (:func:`_by_rounds`)."""
     steps = spans[col.STEP].nunique()
     grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
     counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
@@ -181,13 +179,11 @@ def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[
     intervals = grouped.agg(lambda values: trimmed_mean_ci(values.to_numpy(), trim))
     rounds = _rounds_of(spans[col.STEP], round_starts)
     if rounds is not None:
-        paths, durations = spans[col.PATH].to_numpy(dtype=object), spans[col.DURATION_NS].to_numpy(dtype=np.float64)
-        between = _between_rounds_ci(paths, rounds, durations)
-        intervals = pd.Series(np.fmax(intervals.to_numpy(dtype=np.float64),
-                                      between.reindex(intervals.index).to_numpy(dtype=np.float64)),
+        between = _by_rounds(spans[col.PATH].to_numpy(dtype=object), rounds,
+                             spans[col.DURATION_NS].to_numpy(dtype=np.float64), trim).reindex(means.index)
+        intervals = pd.Series(np.fmax(intervals.to_numpy(dtype=np.float64), between["ci"].to_numpy(dtype=np.float64)),
                               index=intervals.index)
-        across = _per_round_figures(paths, rounds, durations, trim).reindex(means.index)
-        means = across.fillna(means)
+        means = between["figure"].fillna(means)
     return pd.DataFrame({"duration_ns": means, "ci_ns": intervals,
                          "regular": (counts["size"] == steps) & (counts["nunique"] == steps)})
 
@@ -214,11 +210,9 @@ def _latency_ms(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | 
     rounds = _rounds_of(latencies["step"], round_starts) if len(latencies) else None
     figure = trimmed_mean(values, trim)
     if rounds is not None:
-        keys = np.zeros(len(values), dtype=np.int64)
-        between = _between_rounds_ci(keys, rounds, values)
-        interval = float(np.fmax(interval, between.iloc[0]))
-        across = float(_per_round_figures(keys, rounds, values, trim).iloc[0])
-        figure = figure if np.isnan(across) else across
+        between = _by_rounds(np.zeros(len(values), dtype=np.int64), rounds, values, trim).iloc[0]
+        interval = float(np.fmax(interval, between["ci"]))
+        figure = figure if np.isnan(between["figure"]) else float(between["figure"])
     return figure, interval
 
 
