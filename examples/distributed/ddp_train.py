@@ -11,6 +11,7 @@ other ranks wait for inside their collectives.
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -58,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"ddp_train: world={world} steps={len(losses)}")
         print("losses=" + " ".join(f"{loss:.4f}" for loss in losses))
+    # DDP's reducer keeps the gloo process group alive; left to interpreter shutdown, its worker
+    # threads are torn down unjoined and one run in 20-40 aborts ("terminate called without an
+    # active exception", SIGABRT) after main has returned. Releasing it here: 0 in 100.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
