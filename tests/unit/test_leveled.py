@@ -12,7 +12,16 @@ import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import schema as col
 from xsp.calibration import LevelCost, calibrate
-from xsp.leveled import LeveledRun, level_runs, merge_runs, nest_in_parents, precise_enough, run_label
+from xsp.leveled import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    LeveledRun,
+    level_runs,
+    merge_runs,
+    nest_in_parents,
+    precise_enough,
+    run_label,
+)
 from xsp.schema import Level, SpanKind
 from xsp.spans import conform
 from xsp.tree import parent_positions
@@ -266,7 +275,8 @@ def test_leveled_repeats_until_precise_or_out_of_budget_and_says_which():
         forced = xsp.leveled(lambda: model(x), levels="model,layer", repeat=5, warmup=1, rounds=3,
                              compensate=False)
     details = adaptive.trace.metadata["leveled"]
-    assert details["adaptive"] and 2 <= details["rounds"] <= 30 and isinstance(details["precise"], bool)
+    assert details["adaptive"] and MIN_ROUNDS <= details["rounds"] <= MAX_ROUNDS
+    assert isinstance(details["precise"], bool)
     assert details["precise"] == precise_enough(adaptive, 0.02)
     assert set(details["calibration"]) == {"model", "layer"}
     assert adaptive.trace.spans[col.DURATION_CI_NS].notna().all()
