@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeatability", choices=("small", "batch1", "large", "all"), default="all",
                         help="the small-layer model only, with ResNet-50 and BERT-base at batch 1, ResNet-50 and "
                         "BERT-base only (every batch), or all of them")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="only the repeatability rows whose 'model (batch N)' contains TEXT, e.g. "
+                        "'BERT-base seq 128 (batch 1)'")
     parser.add_argument("--skip-accuracy", action="store_true",
                         help="only the repeatability rows (the accuracy tables are not rewritten)")
     args = parser.parse_args(argv)
@@ -300,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             chosen += workloads
         elif args.repeatability == "batch1":
             chosen += [work for work in workloads if work[1] == 1]
+        if args.only:
+            chosen = [work for work in chosen if args.only in f"{work[0]} (batch {work[1]})"]
         for name, batch, fn in chosen:
             print(f"repeatability of {name}, batch {batch} ...", file=sys.stderr)
             repeats.append(repeatability(name, batch, fn, args.invocations))
