@@ -126,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs = {(name, configuration): pool.submit(counted, name, configuration, plan[name][0], Path(scratch))
                 for name in names for configuration in CONFIGURATIONS}
         for (name, configuration), job in jobs.items():
-            rows[name][configuration] = job.result()
+            try:
+                rows[name][configuration] = job.result()
+            except RuntimeError as failed:  # e.g. SIGILL: code valgrind cannot run (inductor's AVX-512 kernels)
+                rows[name]["failed"] = f"{configuration}: {str(failed).splitlines()[0][:200]}"
+                print(f"{name} {configuration}: failed: {failed}", file=sys.stderr, flush=True)
+                continue
             print(f"{name} {configuration}: {rows[name][configuration]:,} instructions per iteration",
                   file=sys.stderr, flush=True)
     record(report(rows, args), RESULTS)
@@ -153,6 +158,8 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[st
     table = {name: f"| {name} | {row['iterations']} | {row['plain_ms']:.3f} | {row['plain']:,} "
                    f"| {row['model'] / row['plain'] - 1:+.2%} | {row['model+layer'] / row['plain'] - 1:+.2%} "
                    f"| {row['model'] - row['plain']:+,} | {row['model+layer'] - row['plain']:+,} |"
+             if "failed" not in row else
+             f"| {name} | {row['iterations']} | {row['plain_ms']:.3f} | not counted: {row['failed']} | | | | |"
              for name, row in rows.items()}
     return lines + [line for _, line in sorted({**previous_rows(), **table}.items())]
 
