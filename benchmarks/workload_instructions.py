@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from _results import record
-from workloads import CONFIGURATIONS, WORKLOADS, load
+from workloads import CONFIGURATIONS, WORKLOADS, load, seconds_per_step
 
 from xsp.metadata import cpu_model
 
@@ -49,11 +49,7 @@ and nothing in torch calls: callgrind dumps its counters on entering and on leav
 
 def iterations_for(name: str, seconds: float) -> tuple[int, float]:
     """How many iterations of the workload take about ``seconds`` natively, and ms per iteration."""
-    run_steps = load(name).build()
-    run_steps(2)
-    began = time.perf_counter()
-    run_steps(3)
-    per_iteration = max((time.perf_counter() - began) / 3, 1e-6)
+    per_iteration = seconds_per_step(load(name).build())
     return max(3, round(seconds / per_iteration)), per_iteration * 1e3
 
 

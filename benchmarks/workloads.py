@@ -58,13 +58,17 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def steps_for(run_steps: Callable[[int], Any], seconds: float) -> int:
-    """How many iterations take about ``seconds`` (after a warm-up)."""
+def seconds_per_step(run_steps: Callable[[int], Any]) -> float:
+    """Seconds one iteration takes, untraced (after a warm-up)."""
     run_steps(2)
     began = time.perf_counter()
     run_steps(4)
-    per_step = max((time.perf_counter() - began) / 4, 1e-6)
-    return max(4, int(seconds / per_step))
+    return max((time.perf_counter() - began) / 4, 1e-6)
+
+
+def steps_for(run_steps: Callable[[int], Any], seconds: float) -> int:
+    """How many iterations take about ``seconds`` (after a warm-up)."""
+    return max(4, int(seconds / seconds_per_step(run_steps)))
 
 
 def timed(run_steps: Callable[[int], Any], steps: int, configuration: str) -> float:

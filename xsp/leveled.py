@@ -395,10 +395,10 @@ MAX_ROUNDS = 30
 MIN_ROUNDS = 5
 """Adaptive repetition runs at least this many rounds: interleaving is what cancels the
 machine's drift, and a figure taken across rounds (:func:`_across_rounds`) then drops a
-disturbed round at each end and averages three. With three rounds (the median of three), two
-rounds disturbed on one side put ResNet-50's top-level layers 3.5% off the model call in one
-call of twelve; the same calls cut to five rounds were all within 0.5%. Models whose round
-outlasts the time budget stop here."""
+disturbed round at each end and averages three. Twelve calls on ResNet-50 (batch 1), merged
+from their first three rounds (the median of three), put the top-level layers 3.5% off the
+model call in one of them; merged from their first five, all were within 0.5%. Models whose
+round outlasts the time budget stop here."""
 DEFAULT_BUDGET_S = 3.0
 """Adaptive repetition goes on for at most this long past the first round."""
 
