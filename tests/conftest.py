@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
-from xsp.tracers._module_calls import INTERCEPTOR
+from xsp.tracers._module_calls import INTERCEPTOR, JIT_TRACE_ENTRIES
 
 from xsp import _state
 
@@ -50,6 +50,8 @@ def _loop_attributes() -> dict[str, object]:
         "torch.distributed.Work.wait": dist.Work.__dict__.get("wait") if dist.is_available() else None,
         "torch.autograd.backward": torch.autograd.backward,
         "torch.jit._trace._check_trace": torch.jit._trace._check_trace,
+        **{f"{getattr(owner, '__name__', owner)}.{name}": owner.__dict__.get(name)
+           for owner, name in JIT_TRACE_ENTRIES},
         "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
         **{f"{cls.__name__}._next_data": cls.__dict__["_next_data"] for cls in _BaseDataLoaderIter.__subclasses__()
            if "_next_data" in cls.__dict__},

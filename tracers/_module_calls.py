@@ -30,13 +30,15 @@ steps (:mod:`xsp.auto_steps`) that it begins and ends.
 While the CUDA levels run, each recorded call also pushes its start onto CUPTI's external
 correlation stack (and pops it on return), so that every CUDA call made inside it names it.
 
-Where xsp's C extension is built (:mod:`xsp.hotpath`), the installed wrapper is a short Python
-function whose dynamo test is followed by a call into C, which records the common cases (a
-call inside a top-level call at the layer level; a top-level call whose step is decided as one
-of :meth:`xsp.auto_steps.AutoSteps.call_begins`'s common cases: a model's next call of a
-one-call step, :attr:`xsp.auto_steps.AutoSteps.lane`, a call that joins the open step such as a
-loss module, and the next training iteration's forward after an optimizer step) and hands every
-other call to the Python wrapper below. The C path writes the same records; tests compare the two.
+Where xsp's C extension is built (:mod:`xsp.hotpath`), what is installed is a C method
+descriptor: ``model(x)`` calls it with no Python frame of xsp's, and it records the common
+cases (any call inside a top-level call; a top-level call whose step is decided as one of
+:meth:`xsp.auto_steps.AutoSteps.call_begins`'s common cases: a model's next call of a one-call
+step, :attr:`xsp.auto_steps.AutoSteps.lane`, a call that joins the open step such as a loss
+module, and the next training iteration's forward after an optimizer step) and hands every
+other call to the Python wrapper below. Read as an attribute it gives a short Python function
+that does the same after the dynamo test, for dynamo and other tools that read
+``nn.Module.__call__``. The C path writes the same records; tests compare the two.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from collections.abc import Callable, Mapping
 from enum import IntEnum
 from functools import partial
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from torch import nn
@@ -82,6 +84,16 @@ dynamo_compiling: Callable[[], bool] = (getattr(torch.compiler, "is_dynamo_compi
 ``torch.compiler.is_compiling``: when eager, that one is True while *any* thread compiles."""
 jit_tracing: Callable[[], Any] = torch._C._get_tracing_state
 """Truthy while ``torch.jit.trace`` traces on this thread."""
+JIT_TRACE_ENTRIES: Final = (
+    (torch._C, "_create_function_from_trace"),
+    (torch._C, "_create_function_from_trace_with_dict"),
+    (torch._C, "_create_graph_by_tracing"),
+    (torch._C.ScriptModule, "_create_method_from_trace"),
+    (torch._C.ScriptModule, "_create_method_from_trace_with_dict"),
+)
+"""Where the jit tracer starts (every caller in ``torch.jit`` and ``torch.onnx`` goes through
+these): while one runs, its thread's buffer is ``aside``, so the C wrapper need not ask the
+tracer (``jit_tracing``, a pybind11 call of about 900 instructions) at every top-level call."""
 _grad_enabled = torch.is_grad_enabled
 DYNAMO_TRACE_RULES: Final = "torch._dynamo.trace_rules"
 
@@ -202,34 +214,47 @@ def _no_backward_hooks(buffer: ThreadBuffer, out: Any, module: nn.Module, call: 
 
 
 def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, original: Callable[..., Any],
-                  correlation: Correlation | None,
+                  correlation: Correlation | None, on_read: Callable[[], None] | None, tracing_known: bool,
                   hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int], None] = _no_backward_hooks,
                   ) -> Callable[..., Any]:
-    """The wrapper ``slow`` (in Python), with its common cases done in C where that is built.
+    """What to install as ``nn.Module.__call__``: the wrapper ``slow`` (in Python), or, where xsp's
+    C extension is built, an ``xsp._hotpath.FastCall`` that records the calls it knows how to and
+    hands every other one to ``slow``.
 
-    The result is still a Python function, so that dynamo inlines it and folds its first test
-    to a constant; after that test, ``xsp._hotpath.FastCall`` records the calls it knows how to
-    and hands every other one to ``slow``. CUPTI correlation (a push and a pop around each
+    ``model(x)`` runs the C object with no Python frame of xsp's. Read as an attribute
+    (``nn.Module.__call__``, ``model.__call__``, ``super().__call__``), it gives a Python function
+    doing the same, ``exposed``, after calling ``on_read``: ``inspect`` and ``torch.fx`` see a
+    function as before, and dynamo inlines that one and folds its first test to a constant. But
+    dynamo also guards on the closure of the class's entry, which must then be a function:
+    ``on_read`` installs ``exposed`` in its place when dynamo traces (see
+    :meth:`ModuleCallInterceptor.read_while_compiling`). Without ``on_read`` the result is
+    ``exposed`` itself. With ``tracing_known`` (every jit tracer entry sets ``aside``), the C
+    object does not ask the jit tracer itself. CUPTI correlation (a push and a pop around each
     call) stays in Python.
     """
     if hotpath.HOTPATH is None or correlation is not None:
         return slow
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
-                            jit_tracing, _TENSOR, describe_inputs, describe, _record_failure, hook_backward,
-                            ThreadBuffer, AutoSteps, hotpath_constants(), COMPACT_AT)
+                                    None if tracing_known else jit_tracing, _TENSOR, describe_inputs, describe,
+                                    _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
+                                    COMPACT_AT)
     _orig = original
 
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if dynamo_compiling():
             return _orig(self, *args, **kwargs)
-        return fast(self, args, kwargs)
+        return fast(self, *args, **kwargs)
 
-    return xsp_module_call
+    if on_read is None:
+        return xsp_module_call
+    fast.exposed = xsp_module_call
+    fast.on_read = on_read
+    return cast(Callable[..., Any], fast)
 
 
-def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
-                        correlation: Correlation | None = None) -> Callable[..., Any]:
+def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
+                        on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
     begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
@@ -287,11 +312,11 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any],
         buffer.steps.call_ends(end)
         return out
 
-    return _with_hotpath(xsp_module_call, Mode.ROOTS, recording, original, correlation)
+    return _with_hotpath(xsp_module_call, Mode.ROOTS, recording, original, correlation, on_read, tracing_known)
 
 
-def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
-                      correlation: Correlation | None = None) -> Callable[..., Any]:
+def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
+                      on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.buffer
     begin_root = _root_call(recording)
     hook_backward = _backward_hooks(recording)
@@ -365,7 +390,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any],
                 buffer.steps.call_ends(end)
         return out
 
-    return _with_hotpath(xsp_module_call, Mode.ALL, recording, original, correlation, hook_backward)
+    return _with_hotpath(xsp_module_call, Mode.ALL, recording, original, correlation, on_read, tracing_known,
+                         hook_backward)
 
 
 def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
@@ -431,18 +457,72 @@ def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
         recompile()
 
 
+def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, Any, Any]]:
+    """Make each of ``JIT_TRACE_ENTRIES`` set its thread's buffer ``aside`` while it runs; the
+    patches made (the entries this PyTorch has)."""
+    buffer_of = recording.buffer
+    patches = []
+    for owner, name in JIT_TRACE_ENTRIES:
+        original = owner.__dict__.get(name)
+        if original is None:
+            continue
+
+        def tracing(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            buffer = buffer_of()
+            buffer.aside += 1
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                buffer.aside -= 1
+
+        tracing.__name__ = tracing.__qualname__ = name
+        try:
+            setattr(owner, name, tracing)
+        except (AttributeError, TypeError):
+            continue
+        patches.append((owner, name, original, tracing))
+    return patches
+
+
+def _dynamo_traces() -> bool:
+    """True while dynamo (or export) traces code, on this thread or any."""
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "TracingContext", None)
+    try_get = getattr(context, "try_get", None)
+    if try_get is not None and try_get() is not None:
+        return True
+    compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(compiling is not None and compiling())
+
+
+def _entry() -> Any:
+    """``nn.Module.__call__`` as the class holds it (reading the attribute would give what xsp's C
+    object gives when read, a Python function, instead of the object)."""
+    return nn.Module.__dict__.get("__call__")
+
+
 class ModuleCallInterceptor:
     """Installs the ``nn.Module.__call__`` wrapper for one recording."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # read_while_compiling may run inside _install, on the same thread
         self._recording: Recording | None = None
         self._users: dict[str, Mode] = {}
         self._original: Callable[..., Any] | None = None
-        self._wrapper: Callable[..., Any] | None = None
+        """``nn.Module.__call__`` as it was, as a function of ``(module, *args, **kwargs)``."""
+        self._original_entry: Any = None
+        """The entry of ``nn.Module``'s dict that ``_original`` was read from, put back as it was."""
+        self._wrapper: Any = None
+        """What xsp put in that entry (a function, or a C method descriptor that gives one when read)."""
+        self._tracing_patches: list[tuple[Any, str, Any, Any]] = []
+        """``(owner, name, original, replacement)`` of each jit tracer entry made to set ``aside``."""
         self._correlation: Correlation | None = None
         self.foreign_patch = False
         """True when something else replaced ``nn.Module.__call__`` while xsp was installed."""
+        self.functions_only = False
+        """True once dynamo has traced code while xsp's C method descriptor was installed: from
+        then on (for the process) xsp installs its Python wrapper, which dynamo's guards can
+        read."""
 
     @property
     def mode(self) -> Mode | None:
@@ -491,32 +571,65 @@ class ModuleCallInterceptor:
     def forget_after_fork(self) -> None:
         """In a child forked while recording: put ``nn.Module.__call__`` back and forget the
         recording (the child records nothing; the parent's session is untouched)."""
-        self._lock = threading.Lock()  # another thread of the parent may have held it at the fork
-        if self._original is not None and nn.Module.__call__ is self._wrapper:
-            nn.Module.__call__ = self._original  # type: ignore[method-assign]
-        self._original = self._wrapper = self._recording = self._correlation = None
+        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
+        self._undo_tracing_patches()
+        if self._original is not None and self._ours(_entry()):
+            nn.Module.__call__ = self._original_entry  # type: ignore[method-assign]
+        self._original = self._original_entry = self._wrapper = self._recording = self._correlation = None
         self._users = {}
         self.foreign_patch = False
 
     def _install(self) -> None:
         assert self._recording is not None
-        current = nn.Module.__call__
+        current = _entry()
         if self._original is None:
-            self._original = current
-        elif current is not self._wrapper:
+            self._original, self._original_entry = nn.Module.__call__, current
+        elif not self._ours(current):
             self.foreign_patch = True  # never overwrite another tool's replacement
             return
+        if not self._tracing_patches:
+            self._tracing_patches = _set_aside_while_jit_traces(self._recording)
         make = _make_all_wrapper if self.mode is Mode.ALL else _make_roots_wrapper
-        self._wrapper = make(self._recording, self._original, self._correlation)
+        on_read = None if self.functions_only else self.read_while_compiling
+        tracing_known = len(self._tracing_patches) == len(JIT_TRACE_ENTRIES)
+        self._wrapper = make(self._recording, self._original, self._correlation, on_read, tracing_known)
         nn.Module.__call__ = self._wrapper  # type: ignore[method-assign]
 
+    def _undo_tracing_patches(self) -> None:
+        for owner, name, original, replacement in self._tracing_patches:
+            if owner.__dict__.get(name) is replacement:
+                setattr(owner, name, original)
+        self._tracing_patches = []
+
+    def _ours(self, entry: Any) -> bool:
+        """Whether ``entry`` is what xsp installed, or the function that gives when read (which a
+        tool that patched ``nn.Module.__call__`` for a while, as ``torch.fx`` does, puts back)."""
+        return entry is not None and (entry is self._wrapper or entry is getattr(self._wrapper, "exposed", None))
+
+    def read_while_compiling(self) -> None:
+        """Called by xsp's C descriptor when ``nn.Module.__call__`` is read: if dynamo traces, put
+        the Python function the read gives in the descriptor's place, for good.
+
+        Dynamo reads the attribute whenever it traces a module call; it then guards on the
+        closure of the class's entry, which must be that function (a guard on anything else
+        fails on the frame it was made for, which dynamo reports as its own bug)."""
+        if not _dynamo_traces():
+            return
+        with self._lock:
+            self.functions_only = True
+            exposed = getattr(self._wrapper, "exposed", None)
+            if exposed is not None and self._ours(_entry()):
+                self._wrapper = exposed
+                nn.Module.__call__ = exposed  # type: ignore[method-assign]
+
     def _uninstall(self) -> None:
+        self._undo_tracing_patches()
         if self._original is not None:
-            if nn.Module.__call__ is self._wrapper:
-                nn.Module.__call__ = self._original  # type: ignore[method-assign]
+            if self._ours(_entry()):
+                nn.Module.__call__ = self._original_entry  # type: ignore[method-assign]
             else:
                 self.foreign_patch = True
-        self._original = self._wrapper = None
+        self._original = self._original_entry = self._wrapper = None
 
 
 INTERCEPTOR = ModuleCallInterceptor()

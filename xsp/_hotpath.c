@@ -1,9 +1,13 @@
 /* The common cases of xsp's nn.Module.__call__ wrapper, in C.
  *
- * The wrapper (tracers/_module_calls.py) stays a Python function, because dynamo must be able
- * to inline it and fold its first test (is dynamo compiling?) to a constant. After that test it
- * hands the call to a `FastCall` object from here, which handles the cases that run thousands
- * of times per second and hands every other one back to the Python wrapper:
+ * A `FastCall` object is what xsp installs as nn.Module.__call__ (tracers/_module_calls.py):
+ * `model(x)` runs its vectorcall directly, with no Python frame of xsp's in between. It is a
+ * method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), so the interpreter calls it with the module
+ * first, as it would a function; read as an attribute (`nn.Module.__call__`, `model.__call__`,
+ * `super().__call__`) it gives a Python function that does the same (`exposed`), so that dynamo
+ * (which inlines it and folds its first test, is dynamo compiling?, to a constant), inspect,
+ * torch.fx and other tools see a function as before. It handles the cases that run thousands
+ * of times per second and hands every other one to the Python wrapper (`slow`):
  *
  *  - a top-level call, whose step it decides as AutoSteps.call_begins does (the model's next
  *    call of a one-call step, a loss module or head joining the open step, the next training
@@ -23,7 +27,8 @@
  * Why C: in Python the wrapper's bookkeeping is most of a top-level call's cost (about 2 µs on
  * a 2-core x86 machine), and getattr through the C API is no cheaper. So the slots of
  * ThreadBuffer and AutoSteps are read and written where their member descriptors would, and
- * the clock is read with clock_gettime where that is what time.perf_counter_ns reads.
+ * the clock is read with clock_gettime where that is what time.perf_counter_ns reads. A module
+ * call's arguments stay in the vectorcall array they came in, and are passed on in it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,7 +53,8 @@ static PyObject *no_error;
 
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
-        optimizer_starts;
+        optimizer_starts, packed_calls, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
+        hot_outputs_id;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -71,11 +77,13 @@ typedef struct {
     Py_ssize_t compact_at;
     PyObject *original;       /* nn.Module.__call__ as it was */
     PyObject *slow;           /* the Python wrapper: (module, *args, **kwargs) */
+    PyObject *exposed;        /* what reading the attribute gives: a Python function calling this */
+    PyObject *on_read;        /* called (no arguments) before the attribute is read */
     PyObject *local;          /* recording.local: .b is the thread's buffer */
     PyObject *recording;
     PyObject *now;            /* time.perf_counter_ns */
     PyObject *grad_enabled;   /* torch.is_grad_enabled */
-    PyObject *jit_tracing;    /* torch._C._get_tracing_state */
+    PyObject *jit_tracing;    /* torch._C._get_tracing_state, or None: jit tracing sets buffer.aside */
     PyObject *tensor_type;    /* torch.Tensor */
     PyObject *describe_inputs;
     PyObject *describe;
@@ -89,6 +97,18 @@ typedef struct {
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
 } FastCall;
+
+/* One module call's arguments, as the vectorcall protocol passes them: argv[0] is the module,
+ * then `nargs` positional arguments, then the values of the keywords named in `kwnames`. */
+typedef struct {
+    PyObject *const *argv;
+    size_t nargsf;  /* as received (PY_VECTORCALL_ARGUMENTS_OFFSET passes on with argv) */
+    Py_ssize_t nargs;
+    PyObject *kwnames;  /* NULL or a tuple */
+} Call;
+
+#define CALL_MODULE(call) ((call)->argv[0])
+#define CALL_NKW(call) ((call)->kwnames == NULL ? 0 : PyTuple_GET_SIZE((call)->kwnames))
 
 /* An int's value; PyLong_AsLongLong goes through a byte array for any value past 2**30. */
 static inline long long as_ll(PyObject *value) {
@@ -165,6 +185,10 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
         {buffer_type, "descriptor_ids", &b->descriptor_ids}, {buffer_type, "module_ids", &b->module_ids},
         {buffer_type, "skipping", &b->skipping}, {buffer_type, "open_steps", &b->open_steps},
         {buffer_type, "marks", &b->marks}, {buffer_type, "optimizer_starts", &b->optimizer_starts},
+        {buffer_type, "packed_calls", &b->packed_calls}, {buffer_type, "hot_module", &b->hot_module},
+        {buffer_type, "hot_module_id", &b->hot_module_id}, {buffer_type, "hot_inputs", &b->hot_inputs},
+        {buffer_type, "hot_inputs_id", &b->hot_inputs_id}, {buffer_type, "hot_outputs", &b->hot_outputs},
+        {buffer_type, "hot_outputs_id", &b->hot_outputs_id},
         {steps_type, "lane", &s->lane}, {steps_type, "lane_grad", &s->lane_grad},
         {steps_type, "start_ns", &s->start_ns}, {steps_type, "last_end_ns", &s->last_end_ns},
         {steps_type, "type", &s->type}, {steps_type, "closed_ns", &s->closed_ns}, {steps_type, "leader", &s->leader},
@@ -218,27 +242,26 @@ static long long dict_ll(PyObject *dict, PyObject *name) {
     return -1;
 }
 
-static PyObject *call_with_module(PyObject *callable, PyObject *module, PyObject *args, PyObject *kwargs) {
-    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    Py_ssize_t nkw = kwargs == NULL ? 0 : PyDict_GET_SIZE(kwargs);
-    if (nkw == 0 && nargs < 8) {
-        PyObject *stack[9];
-        stack[0] = module;
-        for (Py_ssize_t i = 0; i < nargs; i++) stack[i + 1] = PyTuple_GET_ITEM(args, i);
-        return PyObject_Vectorcall(callable, stack, (size_t)(nargs + 1), NULL);
-    }
-    PyObject *full = PyTuple_New(nargs + 1);
-    if (full == NULL) return NULL;
-    Py_INCREF(module);
-    PyTuple_SET_ITEM(full, 0, module);
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        PyObject *item = PyTuple_GET_ITEM(args, i);
-        Py_INCREF(item);
-        PyTuple_SET_ITEM(full, i + 1, item);
-    }
-    PyObject *result = PyObject_Call(callable, full, nkw ? kwargs : NULL);
-    Py_DECREF(full);
-    return result;
+/* callable(module, *args, **kwargs), from the arguments as they came. */
+static inline PyObject *call_with_module(PyObject *callable, const Call *call) {
+    return PyObject_Vectorcall(callable, call->argv, call->nargsf, call->kwnames);
+}
+
+/* The call's (args, kwargs) as a tuple and a dict, for Python (a failure's record); 0 or -1. */
+static int unpacked(const Call *call, PyObject **args, PyObject **kwargs) {
+    Py_ssize_t nkw = CALL_NKW(call);
+    *kwargs = NULL;
+    if ((*args = PyTuple_New(call->nargs)) == NULL) return -1;
+    for (Py_ssize_t i = 0; i < call->nargs; i++) PyTuple_SET_ITEM(*args, i, Py_NewRef(call->argv[i + 1]));
+    if ((*kwargs = PyDict_New()) == NULL) goto failed;
+    for (Py_ssize_t i = 0; i < nkw; i++)
+        if (PyDict_SetItem(*kwargs, PyTuple_GET_ITEM(call->kwnames, i), call->argv[1 + call->nargs + i]) < 0)
+            goto failed;
+    return 0;
+failed:
+    Py_CLEAR(*args);
+    Py_CLEAR(*kwargs);
+    return -1;
 }
 
 /* The clock, as a new reference (also written to *ns): time.perf_counter_ns's own. */
@@ -311,26 +334,21 @@ static PyObject *shapes_descriptor(PyObject *shapes) {
     return descriptor;
 }
 
-/* Shape descriptor of the inputs, as describe_inputs gives it (new reference). */
-static PyObject *inputs_descriptor(FastCall *self, PyObject *args, PyObject *kwargs) {
-    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    if ((kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) && nargs == 1
-        && Py_IS_TYPE(PyTuple_GET_ITEM(args, 0), (PyTypeObject *)self->tensor_type))
-        return PyObject_GetAttr(PyTuple_GET_ITEM(args, 0), s_shape);
+/* Shape descriptor of the inputs, as describe_inputs gives it (new reference): positional
+ * arguments first, then keyword arguments in the order they were given. */
+static PyObject *inputs_descriptor(FastCall *self, const Call *call) {
+    Py_ssize_t count = call->nargs + CALL_NKW(call);
+    PyObject *const *values = call->argv + 1;
+    if (count == 1 && call->nargs == 1 && Py_IS_TYPE(values[0], (PyTypeObject *)self->tensor_type))
+        return PyObject_GetAttr(values[0], s_shape);
     PyObject *shapes = PyList_New(0);
     if (shapes == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        if (add_shapes(self, shapes, PyTuple_GET_ITEM(args, i)) < 0) goto failed;
-    if (kwargs != NULL) {
-        Py_ssize_t position = 0;
-        PyObject *key, *value;
-        while (PyDict_Next(kwargs, &position, &key, &value))
-            if (add_shapes(self, shapes, value) < 0) goto failed;
-    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (add_shapes(self, shapes, values[i]) < 0) {
+            Py_DECREF(shapes);
+            return NULL;
+        }
     return shapes_descriptor(shapes);
-failed:
-    Py_DECREF(shapes);
-    return NULL;
 }
 
 /* Shape descriptor of the output, as describe gives it (new reference); mappings in Python. */
@@ -346,33 +364,105 @@ static PyObject *output_descriptor(FastCall *self, PyObject *out) {
     return shapes_descriptor(shapes);
 }
 
-/* Append (start, end, module index, depth, inputs index, outputs index, NO_ERROR) to
- * buffer.calls, as ThreadBuffer.record_call does; *calls_length: the list's length after. */
-static int record_call(FastCall *self, PyObject *buffer, PyObject *module, long long depth, PyObject *args,
-                       PyObject *kwargs, PyObject *out, PyObject *start, PyObject *end, Py_ssize_t *calls_length) {
+/* A top-level call's descriptor index: from the buffer's one-entry cache (`hot`, `hot_id` slots)
+ * when the shapes equal the last top-level call's, as in a loop over one model and batch size;
+ * else from the interner (new reference). */
+static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descriptor, Py_ssize_t hot,
+                                   Py_ssize_t hot_id) {
+    PyObject *last = SLOT(buffer, hot), *last_id = SLOT(buffer, hot_id);
+    if (last != NULL && last_id != NULL && (last == descriptor || (Py_TYPE(last) == Py_TYPE(descriptor)
+                                                                   && PyObject_RichCompareBool(last, descriptor, Py_EQ) == 1)))
+        return Py_NewRef(last_id);
+    PyErr_Clear();  /* a comparison that failed is a miss */
+    PyObject *found = descriptor_id(buffer, ids, descriptor);
+    if (found != NULL) {
+        slot_set(buffer, hot, descriptor);
+        slot_set(buffer, hot_id, found);
+    }
+    return found;
+}
+
+/* ThreadBuffer.packed_calls: a bytearray made at its full size, an int64 count of the rows in
+ * it, then room for its rows of seven int64s. Appends `values` as the next row and returns the
+ * count after, or 0 when it is full (the row was not added). */
+static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
+    const Py_ssize_t row_bytes = 7 * (Py_ssize_t)sizeof(int64_t), header = (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t size = PyByteArray_GET_SIZE(packed);
+    if (size < header) return 0;
+    char *bytes = PyByteArray_AS_STRING(packed);
+    int64_t count;
+    memcpy(&count, bytes, sizeof(count));
+    if (count < 0 || header + (count + 1) * row_bytes > size) return 0;
+    memcpy(bytes + header + count * row_bytes, values, (size_t)row_bytes);
+    count++;
+    memcpy(bytes, &count, sizeof(count));
+    return (Py_ssize_t)count;
+}
+
+/* Record a finished call: (start, end, module index, depth, inputs index, outputs index,
+ * NO_ERROR), as ThreadBuffer.record_call does. While buffer.calls is empty the row goes into
+ * buffer.packed_calls as seven int64s (no tuple, no int objects to make and free, nothing to
+ * pack later); else it is appended to buffer.calls as a tuple, behind the Python path's rows,
+ * so that compaction (packed rows first, then the list) keeps the order. *calls_length: the
+ * rows waiting for compaction after. */
+static int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,
+                       PyObject *start, PyObject *end, long long start_ns, long long end_ns,
+                       Py_ssize_t *calls_length) {
+    PyObject *module = CALL_MODULE(call);
     const BufferSlots *slots = &self->buffer_slots;
     int status = -1;
     PyObject *inputs = NULL, *outputs = NULL, *input_id = NULL, *output_id = NULL, *key = NULL;
     PyObject *module_id = NULL, *row = NULL;
     PyObject *ids = SLOT(buffer, slots->descriptor_ids), *module_ids = SLOT(buffer, slots->module_ids);
-    PyObject *calls = SLOT(buffer, slots->calls);
-    if (ids == NULL || module_ids == NULL || calls == NULL || !PyDict_Check(ids) || !PyDict_Check(module_ids)
-        || !PyList_Check(calls)) {
+    if (ids == NULL || module_ids == NULL || !PyDict_Check(ids) || !PyDict_Check(module_ids)) {
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its interners");
         return -1;
     }
-    Py_INCREF(calls);
-    if ((inputs = inputs_descriptor(self, args, kwargs)) == NULL) goto done;
+    if ((inputs = inputs_descriptor(self, call)) == NULL) goto done;
     if ((outputs = output_descriptor(self, out)) == NULL) goto done;
-    if ((input_id = descriptor_id(buffer, ids, inputs)) == NULL) goto done;
-    if ((output_id = descriptor_id(buffer, ids, outputs)) == NULL) goto done;
-    if ((key = PyLong_FromVoidPtr(module)) == NULL) goto done;
-    module_id = PyDict_GetItemWithError(module_ids, key);
-    if (module_id != NULL) {
-        Py_INCREF(module_id);
+    if (depth == 0) {
+        if ((input_id = hot_descriptor_id(buffer, ids, inputs, slots->hot_inputs, slots->hot_inputs_id)) == NULL)
+            goto done;
+        if ((output_id = hot_descriptor_id(buffer, ids, outputs, slots->hot_outputs, slots->hot_outputs_id)) == NULL)
+            goto done;
     } else {
+        if ((input_id = descriptor_id(buffer, ids, inputs)) == NULL) goto done;
+        if ((output_id = descriptor_id(buffer, ids, outputs)) == NULL) goto done;
+    }
+    PyObject *hot_module = SLOT(buffer, slots->hot_module), *hot_module_id = SLOT(buffer, slots->hot_module_id);
+    if (depth == 0 && hot_module == module && hot_module_id != NULL) {
+        /* the interner holds every module it indexed, so an address seen there is that module */
+        module_id = Py_NewRef(hot_module_id);
+    } else {
+        if ((key = PyLong_FromVoidPtr(module)) == NULL) goto done;
+        module_id = PyDict_GetItemWithError(module_ids, key);
+        if (module_id != NULL) {
+            Py_INCREF(module_id);
+        } else {
+            if (PyErr_Occurred()) goto done;
+            if ((module_id = PyObject_CallMethodOneArg(buffer, s_intern_module, module)) == NULL) goto done;
+        }
+        if (depth == 0) {
+            slot_set(buffer, slots->hot_module, module);
+            slot_set(buffer, slots->hot_module_id, module_id);
+        }
+    }
+    /* read now: interning runs Python, during which another thread may have compacted the buffer */
+    PyObject *calls = SLOT(buffer, slots->calls), *packed = SLOT(buffer, slots->packed_calls);
+    if (calls == NULL || packed == NULL || !PyList_Check(calls) || !PyByteArray_CheckExact(packed)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its record lists");
+        goto done;
+    }
+    int64_t packed_count = 0;
+    if (PyByteArray_GET_SIZE(packed) >= (Py_ssize_t)sizeof(packed_count))
+        memcpy(&packed_count, PyByteArray_AS_STRING(packed), sizeof(packed_count));
+    if (PyList_GET_SIZE(calls) == 0) {
+        int64_t values[7] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
         if (PyErr_Occurred()) goto done;
-        if ((module_id = PyObject_CallMethodOneArg(buffer, s_intern_module, module)) == NULL) goto done;
+        if ((*calls_length = append_packed(packed, values)) > 0) {
+            status = 0;
+            goto done;
+        }  /* full: the row goes into the list, behind the packed ones */
     }
     if ((row = PyTuple_New(7)) == NULL) goto done;
     PyObject *depth_object = PyLong_FromLongLong(depth);
@@ -389,7 +479,7 @@ static int record_call(FastCall *self, PyObject *buffer, PyObject *module, long 
     PyTuple_SET_ITEM(row, 6, no_error);
     module_id = input_id = output_id = NULL;  /* the row holds them now */
     if (PyList_Append(calls, row) < 0) goto done;
-    *calls_length = PyList_GET_SIZE(calls);
+    *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
     status = 0;
 done:
     Py_XDECREF(inputs);
@@ -399,7 +489,6 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(module_id);
     Py_XDECREF(row);
-    Py_DECREF(calls);
     return status;
 }
 
@@ -415,21 +504,21 @@ static PyObject *clock_after_failure(FastCall *self, PyObject *buffer, long long
 }
 
 /* The call raised: the Python side records it (with its error text); the exception stays. */
-static void failed(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
-                   PyObject *start, PyObject *end, long long depth) {
-    PyObject *type, *value, *traceback;
+static void failed(FastCall *self, PyObject *buffer, const Call *call, PyObject *start, PyObject *end,
+                   long long depth) {
+    PyObject *type, *value, *traceback, *args = NULL, *kwargs = NULL;
     PyErr_Fetch(&type, &value, &traceback);
     PyErr_NormalizeException(&type, &value, &traceback);
     if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
-    PyObject *empty = kwargs == NULL ? PyDict_New() : NULL;
     PyObject *depth_object = PyLong_FromLongLong(depth);
-    if ((kwargs != NULL || empty != NULL) && depth_object != NULL) {
-        PyObject *noted = PyObject_CallFunctionObjArgs(self->on_error, buffer, module, args, kwargs ? kwargs : empty,
+    if (depth_object != NULL && unpacked(call, &args, &kwargs) == 0) {
+        PyObject *noted = PyObject_CallFunctionObjArgs(self->on_error, buffer, CALL_MODULE(call), args, kwargs,
                                                        start, end ? end : Py_None, value ? value : Py_None,
                                                        depth_object, NULL);
         Py_XDECREF(noted);
     }
-    Py_XDECREF(empty);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
     Py_XDECREF(depth_object);
     PyErr_Clear();  /* recording the error must never replace the user's exception */
     PyErr_Restore(type, value, traceback);
@@ -446,19 +535,19 @@ static int compact_if_full(PyObject *buffer, Py_ssize_t length, Py_ssize_t compa
 /* Run the module one level deeper than `depth` and record the call that started at `start`:
  * the depth put back, a failure handed to Python. Returns the output (new reference), with
  * *end and *calls_length set; NULL on failure. */
-static PyObject *run_and_record(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args,
-                                PyObject *kwargs, long long depth, PyObject *start, PyObject **end,
-                                long long *end_ns, Py_ssize_t *calls_length) {
+static PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, long long depth,
+                                PyObject *start, long long start_ns, PyObject **end, long long *end_ns,
+                                Py_ssize_t *calls_length) {
     Py_ssize_t depth_slot = self->buffer_slots.depth;
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
-    PyObject *out = call_with_module(self->original, module, args, kwargs);
+    PyObject *out = call_with_module(self->original, call);
     if (out == NULL) {
         *end = clock_after_failure(self, buffer, depth, end_ns);
-        failed(self, buffer, module, args, kwargs, start, *end, depth);
+        failed(self, buffer, call, start, *end, depth);
         return NULL;
     }
     if ((*end = read_clock(self->now, end_ns)) == NULL || slot_set_ll(buffer, depth_slot, depth) < 0
-        || record_call(self, buffer, module, depth, args, kwargs, out, start, *end, calls_length) < 0) {
+        || record_call(self, buffer, call, depth, out, start, *end, start_ns, *end_ns, calls_length) < 0) {
         Py_DECREF(out);
         return NULL;
     }
@@ -651,9 +740,9 @@ static int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyO
 
 /* A top-level call whose step C can decide (plan_call). *declined: it cannot (then nothing
  * was done, and the caller takes the Python path). */
-static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
-                          int *declined) {
+static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, int *declined) {
     const BufferSlots *slots = &self->buffer_slots;
+    PyObject *module = CALL_MODULE(call);
     PyObject *steps = SLOT(buffer, slots->steps);
     *declined = 1;
     if (steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type)) return NULL;
@@ -661,11 +750,13 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, Py
     if (aside == NULL || roots == NULL || !PyList_Check(roots) || !slot_is_zero(buffer, slots->aside)) return NULL;
     CallPlan plan = {.steps = steps};
     if ((plan.grad = grad_enabled(self)) < 0) return NULL;
-    PyObject *tracing = PyObject_CallNoArgs(self->jit_tracing);
-    if (tracing == NULL) return NULL;
-    int traced = tracing != Py_None && PyObject_IsTrue(tracing) != 0;
-    Py_DECREF(tracing);
-    if (traced) return NULL;
+    if (self->jit_tracing != Py_None) {  /* None: every jit tracer entry sets buffer.aside */
+        PyObject *tracing = PyObject_CallNoArgs(self->jit_tracing);
+        if (tracing == NULL) return NULL;
+        int traced = tracing != Py_None && PyObject_IsTrue(tracing) != 0;
+        Py_DECREF(tracing);
+        if (traced) return NULL;
+    }
     if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
     int planned = plan_call(self, buffer, module, &plan);
     Py_DECREF(plan.recording_dict);
@@ -695,7 +786,7 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, PyObject *module, Py
     PyTuple_SET_ITEM(row, 1, flags_object);
     if (PyList_Append(roots, row) < 0) goto done;
     Py_ssize_t length = 0;
-    if ((out = run_and_record(self, buffer, module, args, kwargs, 0, start, &end, &end_ns, &length)) == NULL)
+    if ((out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length)) == NULL)
         goto done;
     if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
@@ -713,15 +804,14 @@ done:
 }
 
 /* A call inside a top-level call, ALL mode: recorded at its depth. */
-static PyObject *nested_call(FastCall *self, PyObject *buffer, PyObject *module, PyObject *args, PyObject *kwargs,
-                             long long depth) {
+static PyObject *nested_call(FastCall *self, PyObject *buffer, const Call *call, long long depth) {
     PyObject *start = NULL, *end = NULL, *out = NULL, *result = NULL;
     long long start_ns, end_ns;
     Py_ssize_t length = 0;
     if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
-    if ((out = run_and_record(self, buffer, module, args, kwargs, depth, start, &end, &end_ns, &length)) == NULL)
+    if ((out = run_and_record(self, buffer, call, depth, start, start_ns, &end, &end_ns, &length)) == NULL)
         goto done;
-    if (hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
+    if (hook_backward_if_grad(self, buffer, CALL_MODULE(call), out, start) < 0) goto done;
     if (depth < 2 && compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     result = out;
     out = NULL;
@@ -732,50 +822,85 @@ done:
     return result;
 }
 
-/* fast(module, args, kwargs) */
+/* nn.Module.__call__(module, *args, **kwargs) */
 static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     FastCall *self = (FastCall *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 3 || kwnames != NULL || !PyTuple_Check(argv[1]) || (argv[2] != Py_None && !PyDict_Check(argv[2]))) {
-        PyErr_SetString(PyExc_TypeError, "FastCall(module, args: tuple, kwargs: dict | None)");
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "nn.Module.__call__ needs the module as its first argument");
         return NULL;
     }
-    PyObject *module = argv[0], *args = argv[1], *kwargs = argv[2] == Py_None ? NULL : argv[2];
+    const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
     PyObject *buffer = thread_buffer(self->local, &self->cache);
     if (buffer == NULL || !Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
         /* this thread's first record (the Python path creates its buffer), or no ThreadBuffer */
         PyErr_Clear();
         Py_XDECREF(buffer);
-        return call_with_module(self->slow, module, args, kwargs);
+        return call_with_module(self->slow, &call);
     }
     PyObject *result = NULL;
     long long depth = slot_ll(buffer, self->buffer_slots.depth);
     if (depth == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        result = call_with_module(self->slow, module, args, kwargs);
+        result = call_with_module(self->slow, &call);
         goto done;
     }
     if (self->mode == MODE_ROOTS) {
         if (depth) {  /* inside a top-level call: the model level needs no exact depth */
-            result = call_with_module(self->original, module, args, kwargs);
+            result = call_with_module(self->original, &call);
             goto done;
         }
     } else if (depth) {
         PyObject *skipping = SLOT(buffer, self->buffer_slots.skipping);
-        result = skipping == Py_False ? nested_call(self, buffer, module, args, kwargs, depth)
-                                      : call_with_module(self->slow, module, args, kwargs);
+        result = skipping == Py_False ? nested_call(self, buffer, &call, depth) : call_with_module(self->slow, &call);
         goto done;
     }
     int declined = 0;
-    result = top_call(self, buffer, module, args, kwargs, &declined);
+    result = top_call(self, buffer, &call, &declined);
     if (result == NULL && declined) {
         PyErr_Clear();
-        result = call_with_module(self->slow, module, args, kwargs);
+        result = call_with_module(self->slow, &call);
     }
 done:
     Py_DECREF(buffer);
     return result;
 }
+
+/* Read as an attribute, the object gives its `exposed` Python function (bound to the instance
+ * it is read from), which is what tools that look at nn.Module.__call__ can work with. */
+static PyObject *fastcall_descr_get(PyObject *callable, PyObject *instance, PyObject *owner) {
+    FastCall *self = (FastCall *)callable;
+    if (self->on_read != NULL && self->on_read != Py_None) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *done = PyObject_CallNoArgs(self->on_read);
+        Py_XDECREF(done);
+        PyErr_Clear();  /* reading an attribute must not fail because of xsp */
+        PyErr_Restore(type, value, traceback);
+    }
+    PyObject *function = self->exposed != NULL ? self->exposed : callable;
+    if (instance == NULL || instance == Py_None) return Py_NewRef(function);
+    return PyMethod_New(function, instance);
+}
+
+/* Attributes it lacks are `exposed`'s (__code__, __closure__, __wrapped__, __name__...): dynamo
+ * reads the class dict's entry for nn.Module.__call__ and guards on its closure, as it would on
+ * the function it inlined. */
+static PyObject *fastcall_getattro(PyObject *callable, PyObject *name) {
+    PyObject *value = PyObject_GenericGetAttr(callable, name);
+    FastCall *self = (FastCall *)callable;
+    if (value != NULL || self->exposed == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
+    PyErr_Clear();
+    return PyObject_GetAttr(self->exposed, name);
+}
+
+static PyMemberDef fastcall_members[] = {
+    {"exposed", T_OBJECT, offsetof(FastCall, exposed), 0,
+     "What reading the attribute gives (a Python function doing the same); None: the object itself."},
+    {"on_read", T_OBJECT, offsetof(FastCall, on_read), 0, "Called with no arguments before each read."},
+    {"original", T_OBJECT, offsetof(FastCall, original), READONLY, "nn.Module.__call__ as it was."},
+    {NULL},
+};
 
 /* loop events ------------------------------------------------------------------------- */
 /* The model-level events of a training loop besides module calls (tracers/_loop_events.py):
@@ -1133,7 +1258,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
-    DO(self->inference_attributes); DO(self->cache.buffer)
+    DO(self->inference_attributes); DO(self->cache.buffer); DO(self->exposed); DO(self->on_read)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
@@ -1148,10 +1273,14 @@ static PyTypeObject FastCallType = {
     .tp_name = "xsp._hotpath.FastCall",
     .tp_doc = PyDoc_STR("FastCall(mode, original, slow, local, recording, now, grad_enabled, jit_tracing, "
                         "tensor_type, describe_inputs, describe, on_error, hook_backward, buffer_type, "
-                        "steps_type, step_constants, compact_at=512), called as fast(module, args, kwargs)."),
+                        "steps_type, step_constants, compact_at=512): nn.Module.__call__, called as "
+                        "fast(module, *args, **kwargs)."),
     .tp_basicsize = sizeof(FastCall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_new = fastcall_new,
+    .tp_descr_get = fastcall_descr_get,
+    .tp_getattro = fastcall_getattro,
+    .tp_members = fastcall_members,
     .tp_init = (initproc)fastcall_init,
     .tp_dealloc = (destructor)fastcall_dealloc,
     .tp_traverse = (traverseproc)fastcall_traverse,

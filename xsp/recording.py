@@ -99,6 +99,29 @@ def extend_columns(columns: Sequence[array[int]], rows: Sequence[tuple[Any, ...]
             column.fromlist(strided.tolist())
 
 
+def extend_columns_from_packed(columns: Sequence[array[int]], packed: memoryview) -> None:
+    """Append rows of native int64s, ``len(columns)`` values per row (as xsp's C wrapper packs
+    them into ``ThreadBuffer.packed_calls``), to ``columns``."""
+    width = len(columns)
+    values = packed.cast("q")
+    for index, column in enumerate(columns):
+        strided = values[index::width]
+        if column.itemsize == 8:
+            column.frombytes(strided.tobytes())
+        else:
+            column.fromlist(strided.tolist())
+
+
+CALL_FIELDS: Final = 7
+"""Fields of a module-call record (``ThreadBuffer.calls``' tuples and packed rows)."""
+
+
+def _packed_rows() -> bytearray:
+    """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``COMPACT_AT`` rows (made
+    at its full size, so that the C wrapper only writes into it)."""
+    return bytearray(8 + COMPACT_AT * CALL_FIELDS * 8)
+
+
 class CallColumns:
     """Compacted module-call records of one thread (one row per finished call)."""
 
@@ -171,8 +194,9 @@ class ThreadBuffer:
     __slots__ = (
         "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps", "last_hooked",
         "optimizer_starts",
-        "calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns", "mark_columns",
-        "backward_columns", "root_columns",
+        "calls", "packed_calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns",
+        "mark_columns", "backward_columns", "root_columns",
+        "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
         "_lock",
     )
@@ -203,6 +227,17 @@ class ThreadBuffer:
         # raw records, appended on the hot path:
         # (start, end, module index, depth, inputs index, outputs index, error text or None):
         self.calls: list[tuple[Any, ...]] = []
+        self.packed_calls = _packed_rows()
+        """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
+        count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
+        They all precede ``calls``' rows."""
+        # the C wrapper's last top-level call: its module, shapes and their indexes
+        self.hot_module: Any = None
+        self.hot_module_id: int | None = None
+        self.hot_inputs: Any = None
+        self.hot_inputs_id: int | None = None
+        self.hot_outputs: Any = None
+        self.hot_outputs_id: int | None = None
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
         self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
@@ -261,6 +296,7 @@ class ThreadBuffer:
         """Forget what was recorded since the last kept step (a step the schedule does not keep)."""
         with self._lock:
             self.calls, self.marks, self.backward, self.roots = [], [], [], []
+            self.packed_calls = _packed_rows()
             calls, marks, backward, roots = self.kept_lengths
             for columns, length in ((self.call_columns, calls), (self.mark_columns, marks),
                                     (self.backward_columns, backward), (self.root_columns, roots)):
@@ -284,6 +320,8 @@ class ThreadBuffer:
         return drained
 
     def _compact_locked(self) -> None:
+        packed, self.packed_calls = self.packed_calls, _packed_rows()
+        self._compact_packed_calls(packed)
         calls, self.calls = self.calls, []
         marks, self.marks = self.marks, []
         backward, self.backward = self.backward, []
@@ -300,6 +338,15 @@ class ThreadBuffer:
     def _admitted(self, what: str, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         kept = self.recording.admit(what, len(records))
         return records if kept == len(records) else records[:kept]
+
+    def _compact_packed_calls(self, packed: bytearray) -> None:
+        rows = memoryview(packed)[:8].cast("q")[0]
+        if not rows:
+            return
+        kept = self.recording.admit("module_calls", rows)
+        cols = self.call_columns
+        columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error)
+        extend_columns_from_packed(columns, memoryview(packed)[8:8 + kept * CALL_FIELDS * 8])
 
     def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
         cols = self.call_columns

@@ -7,6 +7,7 @@ skip, except under ``XSP_REQUIRE_HOTPATH`` (CI sets it), where that is a failure
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import struct
@@ -345,3 +346,99 @@ def test_an_exception_keeps_its_traceback_through_the_c_wrapper(c_module):
             fails(torch.full((1, 4), 1e7))
     frames = [frame.name for frame in raised.traceback]
     assert "forward" in frames
+
+
+# the installed descriptor ------------------------------------------------------------------
+class Calls(nn.Module):
+    """A module with its own ``__call__`` that goes through ``nn.Module``'s (as OptimizedModule does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Block()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+@pytest.fixture
+def descriptor_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo, for the test, an earlier test's dynamo compile (after which xsp installs functions)."""
+    monkeypatch.setattr(_module_calls.INTERCEPTOR, "functions_only", False)
+
+
+def test_module_call_is_a_c_descriptor_that_reads_as_a_function(c_module, descriptor_allowed):
+    model, calls, x = Block(), Calls(), torch.randn(2, 4)
+    plain_signature = inspect.signature(model)
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        entry = nn.Module.__dict__["__call__"]
+        assert type(entry) is c_module.FastCall
+        read = nn.Module.__call__
+        assert inspect.isfunction(read) and read.__name__ == "_wrapped_call_impl"
+        assert read.__wrapped__ is entry.original
+        assert inspect.signature(model) == plain_signature
+        model(x)
+        model.__call__(x)
+        nn.Module.__call__(model, x, scale=2.0)
+        calls(x)
+        assert nn.Module.__dict__["__call__"] is entry, "reading the attribute outside dynamo changes nothing"
+    spans = session.trace.spans
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert len(predicts) == 4
+    assert nn.Module.__dict__["__call__"] is entry.original
+
+
+def test_a_tool_that_patches_module_call_for_a_while_leaves_xsp_recording(c_module, descriptor_allowed):
+    model, x = Block(), torch.randn(2, 4)
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        model(x)
+        traced = torch.fx.symbolic_trace(Block())  # patches nn.Module.__call__ and puts back what it read
+        assert torch.allclose(traced(x), traced(x))
+        model(x)
+    assert not any("replaced" in str(w) for w in session.warnings)
+    spans = session.trace.spans
+    assert (spans[col.KIND] == "predict").sum() == 4  # the model twice, the traced GraphModule twice
+    assert (spans[col.LEVEL] == "layer").sum() >= 4
+
+
+def test_dynamo_tracing_puts_the_python_wrapper_in_the_descriptors_place(c_module, descriptor_allowed):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model, x = Block(), torch.randn(2, 4)
+    compiled = torch.compile(model, backend="eager")
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        assert type(nn.Module.__dict__["__call__"]) is c_module.FastCall
+        for _ in range(3):
+            compiled(x)
+        entry = nn.Module.__dict__["__call__"]
+        assert inspect.isfunction(entry), "dynamo guards on the closure of a function"
+        assert _module_calls.INTERCEPTOR.functions_only
+        compiled(x)
+        model(x)
+    spans = session.trace.spans
+    assert (spans[col.KIND] == "predict").sum() == 5
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not session.warnings
+
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_jit_tracing_a_model_the_c_wrapper_knows_records_nothing_of_the_trace(c_module, levels):
+    model, frozen, x = Block(), Block().requires_grad_(False), torch.randn(2, 4)
+    with xsp.trace(levels=levels, output=None) as session:
+        for _ in range(3):
+            model(x)  # known to the C wrapper, and its lane
+        frozen(x)
+        traced = torch.jit.trace(model, x)  # calls model(x): the tracer's, not a step of the loop
+        traced_function = torch.jit.trace(lambda inputs: frozen(inputs) * 2, x)  # a function calling a known model
+        assert not any(node.kind().startswith("prim::PythonOp") for node in traced.graph.nodes())
+        for _ in range(2):
+            model(x)
+    assert torch.allclose(traced(x), model(x)) and torch.allclose(traced_function(x), frozen(x) * 2)
+    spans = session.trace.spans
+    assert (spans[col.KIND] == "predict").sum() == 6
+    assert not session.warnings
