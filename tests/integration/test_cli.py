@@ -205,6 +205,17 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_run_leveled_without_rounds_runs_at_least_as_many_as_xsp_leveled(tiny, tmp_path):
+    from xsp.leveled import MIN_ROUNDS
+
+    result = xsp_cli("run", "--leveled", "--levels", "model", "--warmup", "1", "--budget", "0",
+                     "-o", "lv.xsp.parquet", "--", str(tiny), "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("args ['3']") == MIN_ROUNDS  # precise or not, the budget spent: the minimum
+    leveled = xsp.load(tmp_path / "lv.xsp.parquet").metadata["leveled"]
+    assert leveled["rounds"] == MIN_ROUNDS and leveled["adaptive"] is True
+
+
 @pytest.mark.parametrize("trains", [False, True])
 def test_run_leveled_hooks_backward_only_in_a_script_that_runs_it(tmp_path, trains):
     script = tmp_path / "grad.py"

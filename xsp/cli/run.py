@@ -52,7 +52,8 @@ def register(commands: Any) -> None:
                         help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="with --leveled: repeat the runs this many times, interleaved, and pool them (default: "
-                             "until the model latency and top-level layers are within --target, at least 2 rounds)")
+                             "until the model latency and top-level layers are within --target, at least 5 rounds, "
+                             "as xsp.leveled)")
     parser.add_argument("--target", type=float, default=2.0, metavar="PERCENT",
                         help="with --leveled: the 95%% interval's half-width, in percent of a figure, that is precise "
                              "enough (default: 2)")
@@ -212,6 +213,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     from xsp.compensation import LevelCost
     from xsp.leveled import (
         MAX_ROUNDS,
+        MIN_ROUNDS,
         LeveledRun,
         autograd_in,
         level_runs,
@@ -277,8 +279,8 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
             if options.rounds is not None:
                 if round_number >= options.rounds:
                     break
-            elif round_number >= 2 and (precise_enough(result, target) or round_number >= MAX_ROUNDS
-                                        or time.monotonic() - first_round_end > options.budget):
+            elif round_number >= MIN_ROUNDS and (precise_enough(result, target) or round_number >= MAX_ROUNDS
+                                                 or time.monotonic() - first_round_end > options.budget):
                 break
     result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=autograd.records)
     result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=round_number,
