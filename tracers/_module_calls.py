@@ -486,6 +486,9 @@ def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, An
 
 def _dynamo_traces() -> bool:
     """True while dynamo (or export) traces code, on this thread or any."""
+    flag = getattr(torch.compiler, "_is_compiling_flag", None)
+    if flag is not None:  # PyTorch 2.13 on: held True through every dynamo compile and export
+        return bool(flag)
     guards = sys.modules.get("torch._guards")
     context = getattr(guards, "TracingContext", None)
     try_get = getattr(context, "try_get", None)
