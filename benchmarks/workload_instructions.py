@@ -90,7 +90,9 @@ def counted(name: str, configuration: str, iterations: int, folder: Path) -> int
     """Instructions per iteration of the workload in one configuration, under callgrind."""
     prefix = folder / f"{name}.{configuration}.cg"
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--dump-before={LOOP_ENTRY}",
-               f"--dump-after={LOOP_ENTRY}", f"--callgrind-out-file={prefix}", sys.executable,
+               # %p: a process forked in the loop (a DataLoader worker) writes files of its own, and
+               # its counts, dumped when it exits, never carry the trigger loop_instructions reads
+               f"--dump-after={LOOP_ENTRY}", f"--callgrind-out-file={prefix}.%p", sys.executable,
                str(Path(__file__).resolve()), "--child", name, configuration, str(iterations)]
     environment = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     finished = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=folder)

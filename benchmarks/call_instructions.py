@@ -1,0 +1,172 @@
+"""What xsp costs one module call, counted in instructions: a top-level call, a call nested in
+one, and a nested call with a keyword argument, at each level, with xsp's C part and without.
+
+Three toy models, each called in a loop under ``torch.no_grad()``: one whose forward calls no
+module (a top-level call alone), one whose forward calls ten leaf modules, and one that calls
+them with a keyword argument (as Hugging Face models call theirs). Each leaf returns its input,
+so what is counted is the machinery of the call. Every loop runs under valgrind's callgrind
+(as in benchmarks/workload_instructions.py); from the counts per iteration follow xsp's cost
+of a top-level call (the first model, traced minus plain) and of a nested call (the second
+model's extra over the first, per leaf). ``python`` configurations set ``XSP_PURE_PYTHON``.
+
+Prints a table and records it in benchmarks/results/call_instructions.md.
+
+Usage: python benchmarks/call_instructions.py [--calls N] [--jobs J]
+(needs valgrind; about five minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import operator
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from _results import record
+from torch import nn
+from workload_instructions import LOOP_ENTRY, instrument_from_here, loop_instructions
+
+import xsp
+from xsp.metadata import cpu_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "call_instructions.md"
+LEAVES = 10
+MODELS = ("top-level only", "10 nested", "10 nested, keyword")
+CONFIGURATIONS = {  # name: (levels or None, pure Python)
+    "plain": (None, False),
+    "model": ("model", False),
+    "model+layer": ("model,layer", False),
+    "model, python": ("model", True),
+    "model+layer, python": ("model,layer", True),
+}
+
+
+class Leaf(nn.Module):
+    def forward(self, x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        return x
+
+
+class Calls(nn.Module):
+    def __init__(self, leaves: int, keyword: bool) -> None:
+        super().__init__()
+        self.keyword = keyword
+        self.leaves = nn.ModuleList(Leaf() for _ in range(leaves))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for leaf in self.leaves:
+            x = leaf(x, scale=None) if self.keyword else leaf(x)
+        return x
+
+
+def build(model_name: str) -> nn.Module:
+    return {"top-level only": Calls(0, False), "10 nested": Calls(LEAVES, False),
+            "10 nested, keyword": Calls(LEAVES, True)}[model_name]
+
+
+def child(model_name: str, configuration: str, calls: int) -> None:
+    """Run inside callgrind: build, warm up, then the measured loop through operator.call."""
+    torch.set_num_threads(1)
+    model, x = build(model_name), torch.zeros(4, 8)
+
+    def loop(n: int) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                model(x)
+
+    instrument_from_here()
+    loop(50)
+    levels, _ = CONFIGURATIONS[configuration]
+    if levels is None:
+        operator.call(loop, calls)
+        return
+    with xsp.trace(levels=levels, output=None):
+        loop(50)  # the model's first call (naming) and the thread's buffer are not the steady state
+        operator.call(loop, calls)
+
+
+def counted(model_name: str, configuration: str, calls: int, folder: Path) -> int:
+    """Instructions per iteration of the loop, under callgrind."""
+    prefix = folder / f"{MODELS.index(model_name)}.{configuration.replace(', ', '-')}.cg"
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--dump-before={LOOP_ENTRY}",
+               f"--dump-after={LOOP_ENTRY}", f"--callgrind-out-file={prefix}", sys.executable,
+               str(Path(__file__).resolve()), "--child", model_name, configuration, str(calls)]
+    environment = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    environment.pop("XSP_PURE_PYTHON", None)
+    if CONFIGURATIONS[configuration][1]:
+        environment["XSP_PURE_PYTHON"] = "1"
+    finished = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=folder)
+    if finished.returncode != 0:
+        raise RuntimeError(f"{model_name} {configuration} under callgrind exited {finished.returncode}: "
+                           f"{finished.stderr[-2000:]}")
+    return loop_instructions(prefix) // calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="iterations of each measured loop")
+    parser.add_argument("--jobs", type=int, default=2, help="callgrind processes at once (each uses one core)")
+    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("call_instructions: valgrind is not installed", file=sys.stderr)
+        return 2
+    counts: dict[tuple[str, str], int] = {}
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(args.jobs) as pool:
+        jobs = {(model_name, configuration): pool.submit(counted, model_name, configuration, args.calls, Path(scratch))
+                for model_name in MODELS for configuration in CONFIGURATIONS}
+        for key, job in jobs.items():
+            counts[key] = job.result()
+            print(f"{key[0]} {key[1]}: {counts[key]:,} instructions per iteration", file=sys.stderr, flush=True)
+    record(report(counts, args), RESULTS)
+    return 0
+
+
+def report(counts: dict[tuple[str, str], int], args: argparse.Namespace) -> list[str]:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    top, nested, keyword = MODELS
+    lines = [
+        "# What one module call costs, in instructions",
+        "",
+        f"Last run: {stamp}, {cpu_model()}, torch {torch.__version__}, Python {platform.python_version()}; "
+        f"`python benchmarks/call_instructions.py --calls {args.calls}`.",
+        "",
+        "Instructions per iteration of a loop calling a toy model under `torch.no_grad()`, counted by "
+        "callgrind; xsp's cost of a call = traced - plain (a top-level call: the model whose forward "
+        f"calls no module; a nested call: the extra of the model calling {LEAVES} leaves, per leaf). "
+        "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`).",
+        "",
+        "| configuration | top-level only | 10 nested | 10 nested, keyword | top-level call | nested call "
+        "| nested call, keyword |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def extra(configuration: str, model_name: str) -> int:
+        return counts[(model_name, configuration)] - counts[(model_name, "plain")]
+
+    for configuration in CONFIGURATIONS:
+        row = [f"{counts[(model_name, configuration)]:,}" for model_name in MODELS]
+        if configuration == "plain":
+            per_leaf = (counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES
+            per_keyword_leaf = (counts[(keyword, "plain")] - counts[(top, "plain")]) / LEAVES
+            costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})"]
+        else:
+            top_cost = extra(configuration, top)
+            costs = [f"+{top_cost:,}", f"+{(extra(configuration, nested) - top_cost) / LEAVES:,.0f}",
+                     f"+{(extra(configuration, keyword) - top_cost) / LEAVES:,.0f}"]
+        lines.append(f"| {configuration} | " + " | ".join(row + costs) + " |")
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
