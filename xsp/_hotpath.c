@@ -382,17 +382,22 @@ static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *de
     return found;
 }
 
+/* Whether buffer.packed_calls, holding `count` rows, has no room for another. */
+static int packed_is_full(PyObject *packed, int64_t count) {
+    const Py_ssize_t row_bytes = 7 * (Py_ssize_t)sizeof(int64_t), header = (Py_ssize_t)sizeof(int64_t);
+    return header + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed);
+}
+
 /* ThreadBuffer.packed_calls: a bytearray made at its full size, an int64 count of the rows in
  * it, then room for its rows of seven int64s. Appends `values` as the next row and returns the
  * count after, or 0 when it is full (the row was not added). */
 static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
     const Py_ssize_t row_bytes = 7 * (Py_ssize_t)sizeof(int64_t), header = (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t size = PyByteArray_GET_SIZE(packed);
-    if (size < header) return 0;
+    if (PyByteArray_GET_SIZE(packed) < header) return 0;
     char *bytes = PyByteArray_AS_STRING(packed);
     int64_t count;
     memcpy(&count, bytes, sizeof(count));
-    if (count < 0 || header + (count + 1) * row_bytes > size) return 0;
+    if (count < 0 || packed_is_full(packed, count)) return 0;
     memcpy(bytes + header + count * row_bytes, values, (size_t)row_bytes);
     count++;
     memcpy(bytes, &count, sizeof(count));
@@ -480,6 +485,10 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     module_id = input_id = output_id = NULL;  /* the row holds them now */
     if (PyList_Append(calls, row) < 0) goto done;
     *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
+    if (packed_count > 0 && packed_is_full(packed, packed_count))
+        /* a thread's first packed buffer is small (FIRST_PACKED_ROWS): compaction at the caller's
+         * next chance puts a full-size one in its place, so that few rows become tuples */
+        *calls_length = PY_SSIZE_T_MAX;
     status = 0;
 done:
     Py_XDECREF(inputs);

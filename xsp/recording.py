@@ -116,10 +116,16 @@ CALL_FIELDS: Final = 7
 """Fields of a module-call record (``ThreadBuffer.calls``' tuples and packed rows)."""
 
 
-def _packed_rows() -> bytearray:
-    """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``COMPACT_AT`` rows (made
-    at its full size, so that the C wrapper only writes into it)."""
-    return bytearray(8 + COMPACT_AT * CALL_FIELDS * 8)
+FIRST_PACKED_ROWS: Final = 64
+"""Rows of a thread's first ``packed_calls`` (one page). A thread's first buffer is made of fresh
+memory: at full size (28 KiB) it cost ~35 µs of page faults here, on the first call of every new
+thread (a server that starts threads per request paid it per request)."""
+
+
+def _packed_rows(rows: int = COMPACT_AT) -> bytearray:
+    """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``rows`` rows (made at its
+    full size, so that the C wrapper only writes into it; rows after them go to ``calls``)."""
+    return bytearray(8 + rows * CALL_FIELDS * 8)
 
 
 class CallColumns:
@@ -227,7 +233,7 @@ class ThreadBuffer:
         # raw records, appended on the hot path:
         # (start, end, module index, depth, inputs index, outputs index, error text or None):
         self.calls: list[tuple[Any, ...]] = []
-        self.packed_calls = _packed_rows()
+        self.packed_calls = _packed_rows(FIRST_PACKED_ROWS)
         """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
         count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
         They all precede ``calls``' rows."""

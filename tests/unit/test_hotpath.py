@@ -26,7 +26,7 @@ from xsp.tracers import _module_calls
 import xsp
 from xsp import hotpath
 from xsp import schema as col
-from xsp.recording import extend_columns
+from xsp.recording import FIRST_PACKED_ROWS, extend_columns
 
 BUILT = hotpath.load()
 
@@ -244,6 +244,34 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert by_c == by_python
     errors = [row for row in by_c if row[8] == "error"]
     assert errors and all("too large" in str(row[9]) for row in errors)
+
+
+def _many_calls_program() -> None:
+    """More calls than a thread's first packed buffer holds, before any compaction, on a new
+    thread and on the main one; shapes alternate so that each row says which call it was."""
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 4)
+
+    def infer() -> None:
+        with torch.no_grad():
+            for i in range(FIRST_PACKED_ROWS + 40):
+                model(x[: 1 + i % 2])
+
+    worker = threading.Thread(target=infer, name="worker")
+    worker.start()
+    worker.join()
+    infer()
+
+
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_calls_past_a_threads_first_packed_rows_are_all_recorded(c_module, monkeypatch, levels):
+    """A thread's first packed buffer is small (FIRST_PACKED_ROWS): the C wrapper puts the calls
+    after it in the list, and compaction keeps them all, as the Python wrapper records them."""
+    by_c = _trace(_many_calls_program, levels, True, monkeypatch)
+    by_python = _trace(_many_calls_program, levels, False, monkeypatch)
+    predictions = by_c[by_c[col.KIND] == col.SpanKind.PREDICT.value]
+    assert len(predictions) == 2 * (FIRST_PACKED_ROWS + 40)
+    assert _structure(by_c) == _structure(by_python)
 
 
 @pytest.mark.parametrize("levels", ["model", "model,layer"])
