@@ -11,6 +11,7 @@ import inspect
 import os
 import random
 import struct
+import sys
 import threading
 import time
 from array import array
@@ -26,7 +27,7 @@ from xsp.tracers import _module_calls
 import xsp
 from xsp import hotpath
 from xsp import schema as col
-from xsp.recording import FIRST_PACKED_ROWS, extend_columns
+from xsp.recording import CALL_FIELDS, COMPACT_AT, FIRST_PACKED_ROWS, _packed_rows, extend_columns
 
 BUILT = hotpath.load()
 
@@ -272,6 +273,26 @@ def test_calls_past_a_threads_first_packed_rows_are_all_recorded(c_module, monke
     predictions = by_c[by_c[col.KIND] == col.SpanKind.PREDICT.value]
     assert len(predictions) == 2 * (FIRST_PACKED_ROWS + 40)
     assert _structure(by_c) == _structure(by_python)
+
+
+def test_a_full_first_packed_buffer_is_compacted_into_a_full_size_one(c_module):
+    """The C wrapper compacts as soon as a thread's small first buffer is full, so that the calls
+    after it are packed too (not tuples in ``calls``). C packs a call only while ``calls`` is
+    empty, so its first buffer is written where something else made the thread's buffer (a user
+    span, an optimizer step) before its first module call, which takes the Python path."""
+    model, x = Block(), torch.randn(2, 4)
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        model(x)
+        buffer = session._recording.buffer()
+        assert len(buffer.packed_calls) == 8 + FIRST_PACKED_ROWS * CALL_FIELDS * 8
+        buffer.compact()  # the first call's row (a tuple) out of the way
+        buffer.packed_calls = _packed_rows(FIRST_PACKED_ROWS)  # as a thread's first buffer
+        for _ in range(FIRST_PACKED_ROWS + 10):
+            model(x)
+        assert len(buffer.packed_calls) == 8 + COMPACT_AT * CALL_FIELDS * 8
+        assert int.from_bytes(buffer.packed_calls[:8], sys.byteorder) == 9
+        assert len(buffer.calls) == 0
+        assert len(buffer.call_columns) == FIRST_PACKED_ROWS + 2
 
 
 @pytest.mark.parametrize("levels", ["model", "model,layer"])
