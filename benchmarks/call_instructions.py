@@ -18,11 +18,10 @@ Usage: python benchmarks/call_instructions.py [--calls N] [--jobs J]
 from __future__ import annotations
 
 import argparse
-import operator
 import os
 import platform
 import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 from _results import record
 from torch import nn
-from workload_instructions import LOOP_ENTRY, instrument_from_here, loop_instructions
+from workload_instructions import LAYOUT_STRIDE, counted_under_callgrind, instrument_from_here, run_measured
 
 import xsp
 from xsp.metadata import cpu_model
@@ -72,7 +71,7 @@ def build(model_name: str) -> nn.Module:
 
 
 def child(model_name: str, configuration: str, calls: int) -> None:
-    """Run inside callgrind: build, warm up, then the measured loop through operator.call."""
+    """Run inside callgrind: build, warm up, then the measured loop (run_measured)."""
     torch.set_num_threads(1)
     model, x = build(model_name), torch.zeros(4, 8)
 
@@ -85,33 +84,28 @@ def child(model_name: str, configuration: str, calls: int) -> None:
     loop(50)
     levels, _ = CONFIGURATIONS[configuration]
     if levels is None:
-        operator.call(loop, calls)
+        run_measured(loop, calls)
         return
     with xsp.trace(levels=levels, output=None):
         loop(50)  # the model's first call (naming) and the thread's buffer are not the steady state
-        operator.call(loop, calls)
+        run_measured(loop, calls)
 
 
-def counted(model_name: str, configuration: str, calls: int, folder: Path) -> int:
-    """Instructions per iteration of the loop, under callgrind."""
-    prefix = folder / f"{MODELS.index(model_name)}.{configuration.replace(', ', '-')}.cg"
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--dump-before={LOOP_ENTRY}",
-               f"--dump-after={LOOP_ENTRY}", f"--callgrind-out-file={prefix}", sys.executable,
-               str(Path(__file__).resolve()), "--child", model_name, configuration, str(calls)]
-    environment = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+def counted(model_name: str, configuration: str, calls: int, folder: Path, layout: int) -> int:
+    """Instructions per iteration of the loop in one layout, under callgrind."""
+    prefix = folder / f"{MODELS.index(model_name)}.{configuration.replace(', ', '-')}.{layout}.cg"
+    environment = dict(os.environ)
     environment.pop("XSP_PURE_PYTHON", None)
     if CONFIGURATIONS[configuration][1]:
         environment["XSP_PURE_PYTHON"] = "1"
-    finished = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=folder)
-    if finished.returncode != 0:
-        raise RuntimeError(f"{model_name} {configuration} under callgrind exited {finished.returncode}: "
-                           f"{finished.stderr[-2000:]}")
-    return loop_instructions(prefix) // calls
+    return counted_under_callgrind(prefix, Path(__file__).resolve(), [model_name, configuration, str(calls)],
+                                   layout, environment, calls)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="iterations of each measured loop")
+    parser.add_argument("--layouts", type=int, default=3, help="memory layouts each loop runs in (median)")
     parser.add_argument("--jobs", type=int, default=2, help="callgrind processes at once (each uses one core)")
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -121,49 +115,64 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("call_instructions: valgrind is not installed", file=sys.stderr)
         return 2
-    counts: dict[tuple[str, str], int] = {}
+    by_layout: dict[tuple[str, str, int], int] = {}
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(args.jobs) as pool:
-        jobs = {(model_name, configuration): pool.submit(counted, model_name, configuration, args.calls, Path(scratch))
-                for model_name in MODELS for configuration in CONFIGURATIONS}
+        jobs = {(model_name, configuration, layout): pool.submit(counted, model_name, configuration, args.calls,
+                                                                 Path(scratch), layout)
+                for layout in range(args.layouts) for model_name in MODELS for configuration in CONFIGURATIONS}
         for key, job in jobs.items():
-            counts[key] = job.result()
-            print(f"{key[0]} {key[1]}: {counts[key]:,} instructions per iteration", file=sys.stderr, flush=True)
-    record(report(counts, args), RESULTS)
+            by_layout[key] = job.result()
+            print(f"{key[0]} {key[1]} layout {key[2]}: {by_layout[key]:,} instructions per iteration",
+                  file=sys.stderr, flush=True)
+    record(report(by_layout, args), RESULTS)
     return 0
 
 
-def report(counts: dict[tuple[str, str], int], args: argparse.Namespace) -> list[str]:
+def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace) -> list[str]:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     top, nested, keyword = MODELS
+    layouts = range(args.layouts)
+    counts = {(model_name, configuration): round(statistics.median(by_layout[(model_name, configuration, layout)]
+                                                                   for layout in layouts))
+              for model_name in MODELS for configuration in CONFIGURATIONS}
     lines = [
         "# What one module call costs, in instructions",
         "",
         f"Last run: {stamp}, {cpu_model()}, torch {torch.__version__}, Python {platform.python_version()}; "
-        f"`python benchmarks/call_instructions.py --calls {args.calls}`.",
+        f"`python benchmarks/call_instructions.py --calls {args.calls} --layouts {args.layouts}`.",
         "",
         "Instructions per iteration of a loop calling a toy model under `torch.no_grad()`, counted by "
         "callgrind; xsp's cost of a call = traced - plain (a top-level call: the model whose forward "
         f"calls no module; a nested call: the extra of the model calling {LEAVES} leaves, per leaf). "
-        "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`).",
+        "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`). Each loop runs in "
+        f"{args.layouts} memory layouts (0, {LAYOUT_STRIDE}, {2 * LAYOUT_STRIDE}... classes made before anything "
+        "else), since which type attribute lookups collide in CPython's 4096-slot cache changes with the "
+        "layout (one layout of the plain ten-leaf loop missed 22 lookups an iteration, ~7,000 instructions, "
+        "another none); counts are medians over layouts, and the last column is the nested call's cost "
+        "in each layout.",
         "",
         "| configuration | top-level only | 10 nested | 10 nested, keyword | top-level call | nested call "
-        "| nested call, keyword |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| nested call, keyword | nested call, each layout |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
-    def extra(configuration: str, model_name: str) -> int:
-        return counts[(model_name, configuration)] - counts[(model_name, "plain")]
+    def extra(configuration: str, model_name: str, layout: int | None = None) -> int:
+        if layout is None:
+            return counts[(model_name, configuration)] - counts[(model_name, "plain")]
+        return by_layout[(model_name, configuration, layout)] - by_layout[(model_name, "plain", layout)]
 
     for configuration in CONFIGURATIONS:
         row = [f"{counts[(model_name, configuration)]:,}" for model_name in MODELS]
         if configuration == "plain":
             per_leaf = (counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES
             per_keyword_leaf = (counts[(keyword, "plain")] - counts[(top, "plain")]) / LEAVES
-            costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})"]
+            costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})", ""]
         else:
             top_cost = extra(configuration, top)
-            costs = [f"+{top_cost:,}", f"+{(extra(configuration, nested) - top_cost) / LEAVES:,.0f}",
-                     f"+{(extra(configuration, keyword) - top_cost) / LEAVES:,.0f}"]
+            each = " ".join(f"{(extra(configuration, nested, k) - extra(configuration, top, k)) / LEAVES:+,.0f}"
+                            for k in layouts)
+            costs = [f"+{top_cost:,}", f"{(extra(configuration, nested) - top_cost) / LEAVES:+,.0f}",
+                     f"{(extra(configuration, keyword) - top_cost) / LEAVES:+,.0f}", each]
         lines.append(f"| {configuration} | " + " | ".join(row + costs) + " |")
     return lines
 
