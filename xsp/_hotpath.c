@@ -382,23 +382,25 @@ static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *de
     return found;
 }
 
+/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s. */
+#define PACKED_HEADER ((Py_ssize_t)sizeof(int64_t))
+#define PACKED_ROW_BYTES (7 * (Py_ssize_t)sizeof(int64_t))
+
 /* Whether buffer.packed_calls, holding `count` rows, has no room for another. */
 static int packed_is_full(PyObject *packed, int64_t count) {
-    const Py_ssize_t row_bytes = 7 * (Py_ssize_t)sizeof(int64_t), header = (Py_ssize_t)sizeof(int64_t);
-    return header + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed);
+    return PACKED_HEADER + (count + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed);
 }
 
 /* ThreadBuffer.packed_calls: a bytearray made at its full size, an int64 count of the rows in
  * it, then room for its rows of seven int64s. Appends `values` as the next row and returns the
  * count after, or 0 when it is full (the row was not added). */
 static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
-    const Py_ssize_t row_bytes = 7 * (Py_ssize_t)sizeof(int64_t), header = (Py_ssize_t)sizeof(int64_t);
-    if (PyByteArray_GET_SIZE(packed) < header) return 0;
+    if (PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
     char *bytes = PyByteArray_AS_STRING(packed);
     int64_t count;
     memcpy(&count, bytes, sizeof(count));
     if (count < 0 || packed_is_full(packed, count)) return 0;
-    memcpy(bytes + header + count * row_bytes, values, (size_t)row_bytes);
+    memcpy(bytes + PACKED_HEADER + count * PACKED_ROW_BYTES, values, (size_t)PACKED_ROW_BYTES);
     count++;
     memcpy(bytes, &count, sizeof(count));
     return (Py_ssize_t)count;
