@@ -55,6 +55,7 @@ from typing import Any, Final, cast
 import torch
 from torch import nn
 from xsp.tracers._model_names import model_name
+from xsp.tracers._native_torch import grad_mode_address
 from xsp.tracers._post_import import forget, when_imported
 
 from xsp import hotpath
@@ -237,7 +238,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
                                     None if tracing_known else jit_tracing, _TENSOR, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT)
+                                    COMPACT_AT, grad_mode_address())
     _orig = original
 
     @_named_as(original)

@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
+#include <stdbool.h>
 
 #define MODE_ROOTS 1
 #define MODE_ALL 2
@@ -47,7 +48,7 @@
 #define ROOT_MODE_UNKNOWN 4
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
-static PyObject *s_b, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
+static PyObject *s_b, *s_buffer, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
 
@@ -61,18 +62,27 @@ typedef struct {
         resume_ns, name, optimizer_seen;
 } StepsSlots;
 
-/* A one-entry cache of the calling thread's buffer (recording.local.b: a thread-local lookup
- * costs hundreds of instructions), keyed by the thread state's id, which is unique for the
- * interpreter's life (a thread state's address may be reused by a later thread; its id is not). */
+/* A small cache of threads' buffers (recording.local.b: a thread-local lookup costs hundreds of
+ * instructions), keyed by the thread state's id, which is unique for the interpreter's life (a
+ * thread state's address may be reused by a later thread; its id is not). A few entries, replaced
+ * in turn: a server's worker threads take requests in no fixed order, and with one entry nearly
+ * every call would miss. */
+#define CACHED_THREADS 4
 typedef struct {
-    uint64_t thread;
-    PyObject *buffer;
+    uint64_t threads[CACHED_THREADS];
+    PyObject *buffers[CACHED_THREADS];
+    unsigned int next;  /* the entry the next miss replaces */
 } BufferCache;
+
+/* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
+ * returns it as C's bool); found by tracers/_native_torch.py. */
+typedef bool (*grad_mode_function)(void);
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     BufferCache cache;
+    grad_mode_function native_grad_mode;  /* NULL: call grad_enabled */
     int mode;
     Py_ssize_t compact_at;
     PyObject *original;       /* nn.Module.__call__ as it was */
@@ -118,6 +128,11 @@ static inline long long as_ll(PyObject *value) {
     return PyLong_AsLongLong(value);
 #endif
 }
+
+/* The buffers in self->cache, for EACH_FIELD lists. */
+#define EACH_CACHED(DO) \
+    DO(self->cache.buffers[0]); DO(self->cache.buffers[1]); DO(self->cache.buffers[2]); DO(self->cache.buffers[3])
+_Static_assert(CACHED_THREADS == 4, "EACH_CACHED names every entry of a BufferCache");
 
 /* tp_traverse, tp_clear and tp_dealloc of a type whose object fields EACH(DO) lists. */
 #define GC_FUNCTIONS(prefix, Type, EACH)                                        \
@@ -206,15 +221,13 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
  * AttributeError set when the thread has no buffer yet. */
 static PyObject *thread_buffer(PyObject *local, BufferCache *cache) {
     uint64_t thread = PyThreadState_GetID(PyThreadState_Get());
-    if (cache->buffer != NULL && cache->thread == thread) {
-        Py_INCREF(cache->buffer);
-        return cache->buffer;
-    }
+    for (int i = 0; i < CACHED_THREADS; i++)
+        if (cache->buffers[i] != NULL && cache->threads[i] == thread) return Py_NewRef(cache->buffers[i]);
     PyObject *buffer = PyObject_GetAttr(local, s_b);
     if (buffer != NULL) {
-        Py_INCREF(buffer);
-        Py_XSETREF(cache->buffer, buffer);
-        cache->thread = thread;
+        unsigned int entry = cache->next++ % CACHED_THREADS;
+        Py_XSETREF(cache->buffers[entry], Py_NewRef(buffer));
+        cache->threads[entry] = thread;
     }
     return buffer;
 }
@@ -285,6 +298,7 @@ static PyObject *read_clock(PyObject *now_function, long long *ns) {
 
 /* 1 when autograd records a graph, 0 when not, -1 on error. */
 static int grad_enabled(FastCall *self) {
+    if (self->native_grad_mode != NULL) return self->native_grad_mode() ? 1 : 0;
     PyObject *grad = PyObject_CallNoArgs(self->grad_enabled);
     if (grad == NULL) return -1;
     int enabled = grad == Py_True;
@@ -364,14 +378,40 @@ static PyObject *output_descriptor(FastCall *self, PyObject *out) {
     return shapes_descriptor(shapes);
 }
 
+/* Whether two shape descriptors of one type are equal, as == says: 1, 0 or -1. A torch.Size (a
+ * tuple of ints) or a tuple of them is compared item by item here, with no rich comparison for
+ * the ints (those of a shape below 257 are one object each); anything else by ==. */
+static int same_descriptor(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (!PyTuple_Check(a) || Py_TYPE(a) != Py_TYPE(b)) return PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_ssize_t size = PyTuple_GET_SIZE(a);
+    if (size != PyTuple_GET_SIZE(b)) return 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        if (x == y) continue;
+        int same;
+        if (PyLong_CheckExact(x) && PyLong_CheckExact(y)) {
+            int overflow_x, overflow_y;
+            long long value_x = PyLong_AsLongLongAndOverflow(x, &overflow_x);
+            long long value_y = PyLong_AsLongLongAndOverflow(y, &overflow_y);
+            same = overflow_x || overflow_y ? PyObject_RichCompareBool(x, y, Py_EQ)
+                                            : value_x == value_y;
+        } else {
+            same = same_descriptor(x, y);
+        }
+        if (same != 1) return same;
+    }
+    return 1;
+}
+
 /* A top-level call's descriptor index: from the buffer's one-entry cache (`hot`, `hot_id` slots)
  * when the shapes equal the last top-level call's, as in a loop over one model and batch size;
  * else from the interner (new reference). */
 static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descriptor, Py_ssize_t hot,
                                    Py_ssize_t hot_id) {
     PyObject *last = SLOT(buffer, hot), *last_id = SLOT(buffer, hot_id);
-    if (last != NULL && last_id != NULL && (last == descriptor || (Py_TYPE(last) == Py_TYPE(descriptor)
-                                                                   && PyObject_RichCompareBool(last, descriptor, Py_EQ) == 1)))
+    if (last != NULL && last_id != NULL && Py_TYPE(last) == Py_TYPE(descriptor)
+        && same_descriptor(last, descriptor) == 1)
         return Py_NewRef(last_id);
     PyErr_Clear();  /* a comparison that failed is a miss */
     PyObject *found = descriptor_id(buffer, ids, descriptor);
@@ -406,12 +446,40 @@ static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
     return (Py_ssize_t)count;
 }
 
+/* Move buffer.calls' rows (tuples of seven ints that the Python path appended) into
+ * buffer.packed_calls, behind its rows, when they fit with a row to spare: C packs calls only while
+ * `calls` is empty (the packed rows precede the list's), so without this a thread whose first
+ * call took the Python path (every new thread's does) would have every call after it appended as
+ * a tuple until its first compaction. Anything else leaves both as they were. 0, or -1 on error. */
+static int move_rows_to_packed(PyObject *calls, PyObject *packed, int64_t packed_count) {
+    Py_ssize_t rows = PyList_GET_SIZE(calls);
+    if (packed_count < 0 || PACKED_HEADER + (packed_count + rows + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed))
+        return 0;
+    char *into = PyByteArray_AS_STRING(packed) + PACKED_HEADER + packed_count * PACKED_ROW_BYTES;
+    for (Py_ssize_t r = 0; r < rows; r++) {  /* the count is written last: a row left half-way is no row */
+        PyObject *row = PyList_GET_ITEM(calls, r);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 7) return 0;
+        for (Py_ssize_t c = 0; c < 7; c++) {
+            PyObject *item = PyTuple_GET_ITEM(row, c);
+            int overflow;
+            if (!PyLong_CheckExact(item)) return 0;
+            int64_t value = (int64_t)PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow) return 0;
+            memcpy(into + r * PACKED_ROW_BYTES + c * (Py_ssize_t)sizeof(int64_t), &value, sizeof(value));
+        }
+    }
+    if (PyList_SetSlice(calls, 0, rows, NULL) < 0) return -1;
+    packed_count += rows;
+    memcpy(PyByteArray_AS_STRING(packed), &packed_count, sizeof(packed_count));
+    return 0;
+}
+
 /* Record a finished call: (start, end, module index, depth, inputs index, outputs index,
- * NO_ERROR), as ThreadBuffer.record_call does. While buffer.calls is empty the row goes into
- * buffer.packed_calls as seven int64s (no tuple, no int objects to make and free, nothing to
- * pack later); else it is appended to buffer.calls as a tuple, behind the Python path's rows,
- * so that compaction (packed rows first, then the list) keeps the order. *calls_length: the
- * rows waiting for compaction after. */
+ * NO_ERROR), as ThreadBuffer.record_call does. While buffer.calls is empty (after moving the
+ * Python path's rows out of it where they fit) the row goes into buffer.packed_calls as seven
+ * int64s (no tuple, no int objects to make and free, nothing to pack later); else it is appended
+ * to buffer.calls as a tuple, behind the Python path's rows, so that compaction (packed rows
+ * first, then the list) keeps the order. *calls_length: the rows waiting for compaction after. */
 static int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,
                        PyObject *start, PyObject *end, long long start_ns, long long end_ns,
                        Py_ssize_t *calls_length) {
@@ -463,6 +531,10 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     int64_t packed_count = 0;
     if (PyByteArray_GET_SIZE(packed) >= (Py_ssize_t)sizeof(packed_count))
         memcpy(&packed_count, PyByteArray_AS_STRING(packed), sizeof(packed_count));
+    if (PyList_GET_SIZE(calls) > 0) {
+        if (move_rows_to_packed(calls, packed, packed_count) < 0) goto done;
+        memcpy(&packed_count, PyByteArray_AS_STRING(packed), sizeof(packed_count));
+    }
     if (PyList_GET_SIZE(calls) == 0) {
         int64_t values[7] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
         if (PyErr_Occurred()) goto done;
@@ -843,9 +915,12 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
     PyObject *buffer = thread_buffer(self->local, &self->cache);
+    if (buffer == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();  /* this thread's first record: recording.buffer() makes its buffer */
+        buffer = PyObject_CallMethodNoArgs(self->recording, s_buffer);
+    }
     if (buffer == NULL || !Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
-        /* this thread's first record (the Python path creates its buffer), or no ThreadBuffer */
-        PyErr_Clear();
+        PyErr_Clear();  /* no ThreadBuffer: the Python path says what is wrong */
         Py_XDECREF(buffer);
         return call_with_module(self->slow, &call);
     }
@@ -1124,7 +1199,7 @@ static int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
 #define EACH_EVENTS_FIELD(DO) \
     DO(self->local); DO(self->new_buffer); DO(self->now); DO(self->error_text); DO(self->optimizer_names); \
     DO(self->buffer_type); DO(self->steps_type); DO(self->step_none); DO(self->step_train); \
-    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); DO(self->cache.buffer)
+    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); EACH_CACHED(DO)
 
 GC_FUNCTIONS(events, StepEvents, EACH_EVENTS_FIELD)
 
@@ -1206,16 +1281,83 @@ overflow:
     return NULL;
 }
 
+/* split_rows(data, itemsizes) -> tuple of bytes: `data` (any buffer) holds rows of
+ * len(itemsizes) native int64s, as the C wrapper packs module calls; column i of them, each value
+ * in itemsizes[i] bytes (1, 2, 4 or 8), native order, for array.frombytes. A strided memoryview's
+ * tobytes copies a value at a time through memcpy, some ten times dearer. */
+static PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "split_rows(data: buffer, itemsizes: tuple[int, ...])");
+        return NULL;
+    }
+    Py_ssize_t width = PyTuple_GET_SIZE(argv[1]);
+    if (width == 0 || width > 16) {
+        PyErr_SetString(PyExc_ValueError, "1 to 16 columns");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *columns = NULL;
+    Py_ssize_t row_bytes = width * (Py_ssize_t)sizeof(int64_t);
+    if (view.len % row_bytes != 0) {
+        PyErr_SetString(PyExc_ValueError, "the data is not a whole number of rows");
+        goto done;
+    }
+    Py_ssize_t count = view.len / row_bytes;
+    int sizes[16];
+    char *out[16];
+    if ((columns = PyTuple_New(width)) == NULL) goto done;
+    for (Py_ssize_t c = 0; c < width; c++) {
+        long size = PyLong_AsLong(PyTuple_GET_ITEM(argv[1], c));
+        if (size != 1 && size != 2 && size != 4 && size != 8) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "item sizes are 1, 2, 4 or 8");
+            Py_CLEAR(columns);
+            goto done;
+        }
+        sizes[c] = (int)size;
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, count * size);
+        if (bytes == NULL) {
+            Py_CLEAR(columns);
+            goto done;
+        }
+        PyTuple_SET_ITEM(columns, c, bytes);
+        out[c] = PyBytes_AS_STRING(bytes);
+    }
+    const char *in = (const char *)view.buf;
+    for (Py_ssize_t r = 0; r < count; r++) {
+        for (Py_ssize_t c = 0; c < width; c++) {
+            int64_t value;
+            memcpy(&value, in + r * row_bytes + c * (Py_ssize_t)sizeof(int64_t), sizeof(value));
+            switch (sizes[c]) {
+            case 8: memcpy(out[c] + r * 8, &value, 8); break;
+            case 4: { int32_t v = (int32_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 4, &v, 4); break; }
+            case 2: { int16_t v = (int16_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 2, &v, 2); break; }
+            default: { int8_t v = (int8_t)value; if (v != value) goto overflow; out[c][r] = (char)v; break; }
+            }
+        }
+    }
+done:
+    PyBuffer_Release(&view);
+    return columns;
+overflow:
+    PyErr_SetString(PyExc_OverflowError, "a value does not fit its column");
+    Py_CLEAR(columns);
+    goto done;
+}
+
 static PyMethodDef hotpath_functions[] = {
     {"pack_columns", (PyCFunction)(void (*)(void))pack_columns, METH_FASTCALL,
      "pack_columns(rows, itemsizes) -> tuple of bytes, one per column."},
+    {"split_rows", (PyCFunction)(void (*)(void))split_rows, METH_FASTCALL,
+     "split_rows(data, itemsizes) -> tuple of bytes, one per column of data's int64 rows."},
     {NULL, NULL, 0, NULL},
 };
 
 /* the type ----------------------------------------------------------------------------- */
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
-                               "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at", NULL};
+                               "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
+                               "native_grad_mode", NULL};
 
 #define FIELDS 14
 
@@ -1223,11 +1365,14 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|n", (char **)kwlist, &mode, &items[0], &items[1],
-                                     &items[2], &items[3], &items[4], &items[5], &items[6], &items[7], &items[8],
-                                     &items[9], &items[10], &items[11], &items[12], &items[13], &PyTuple_Type,
-                                     &constants, &compact_at))
+    PyObject *native_grad_mode = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!", (char **)kwlist, &mode, &items[0],
+                                     &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
+                                     &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
+                                     &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode))
         return -1;
+    void *grad_mode_address = native_grad_mode == NULL ? NULL : PyLong_AsVoidPtr(native_grad_mode);
+    if (grad_mode_address == NULL && PyErr_Occurred()) return -1;
     if (mode != MODE_ROOTS && mode != MODE_ALL) {
         PyErr_SetString(PyExc_ValueError, "mode must be 1 (roots) or 2 (all)");
         return -1;
@@ -1259,6 +1404,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     }
     self->mode = mode;
     self->compact_at = compact_at;
+    self->native_grad_mode = (grad_mode_function)grad_mode_address;
     self->vectorcall = fastcall_vectorcall;
     return 0;
 }
@@ -1269,7 +1415,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
-    DO(self->inference_attributes); DO(self->cache.buffer); DO(self->exposed); DO(self->on_read)
+    DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
@@ -1284,8 +1430,9 @@ static PyTypeObject FastCallType = {
     .tp_name = "xsp._hotpath.FastCall",
     .tp_doc = PyDoc_STR("FastCall(mode, original, slow, local, recording, now, grad_enabled, jit_tracing, "
                         "tensor_type, describe_inputs, describe, on_error, hook_backward, buffer_type, "
-                        "steps_type, step_constants, compact_at=512): nn.Module.__call__, called as "
-                        "fast(module, *args, **kwargs)."),
+                        "steps_type, step_constants, compact_at=512, native_grad_mode=0): nn.Module.__call__, "
+                        "called as fast(module, *args, **kwargs). native_grad_mode: the address of "
+                        "c10::GradMode::is_enabled, called instead of grad_enabled (0: not)."),
     .tp_basicsize = sizeof(FastCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_new = fastcall_new,
@@ -1310,6 +1457,7 @@ static struct PyModuleDef hotpath_module = {
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_b, "b");
+    INTERN(s_buffer, "buffer");
     INTERN(s_long_step_ns, "long_step_ns");
     INTERN(s_report_after_ns, "report_after_ns");
     INTERN(s_intern_descriptor, "intern_descriptor");

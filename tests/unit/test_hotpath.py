@@ -8,6 +8,7 @@ skip, except under ``XSP_REQUIRE_HOTPATH`` (CI sets it), where that is a failure
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import random
 import struct
@@ -22,12 +23,18 @@ import pandas as pd
 import pytest
 import torch
 from torch import nn
-from xsp.tracers import _module_calls
+from xsp.tracers import _module_calls, _native_torch
 
 import xsp
 from xsp import hotpath
 from xsp import schema as col
-from xsp.recording import CALL_FIELDS, COMPACT_AT, FIRST_PACKED_ROWS, _packed_rows, extend_columns
+from xsp.recording import (
+    CALL_FIELDS,
+    COMPACT_AT,
+    FIRST_PACKED_ROWS,
+    extend_columns,
+    extend_columns_from_packed,
+)
 
 BUILT = hotpath.load()
 
@@ -80,6 +87,36 @@ def test_pack_columns_refuses_what_does_not_fit_or_is_no_row(c_module):
     assert c_module.pack_columns([(-1, 5)], (8, 1)) == (struct.pack("q", -1), struct.pack("b", 5))
 
 
+def test_split_rows_gives_the_columns_strided_copies_give(c_module, monkeypatch):
+    rng = random.Random(11)
+    rows = [(rng.randrange(-2**62, 2**62), rng.randrange(0, 2**40), rng.randrange(-1, 500), rng.randrange(0, 8),
+             -1) for _ in range(700)]
+    packed = bytearray(struct.pack(f"{len(rows) * 5}q", *(value for row in rows for value in row)))
+    typecodes = ("q", "q", "l", "b", "l")
+    by_c = [array(code) for code in typecodes]
+    by_python = [array(code) for code in typecodes]
+    extend_columns_from_packed(by_c, memoryview(packed))
+    with monkeypatch.context() as patch:
+        patch.setattr(hotpath, "HOTPATH", None)
+        extend_columns_from_packed(by_python, memoryview(packed))
+    assert by_c == by_python
+    assert [list(column) for column in by_c] == [list(values) for values in zip(*rows)]
+
+
+def test_split_rows_refuses_what_does_not_fit_or_is_no_whole_row(c_module):
+    with pytest.raises(OverflowError):
+        c_module.split_rows(struct.pack("q", 300), (1,))
+    with pytest.raises(ValueError):
+        c_module.split_rows(struct.pack("3q", 1, 2, 3), (8, 8))
+    with pytest.raises(ValueError):
+        c_module.split_rows(b"", (3,))
+    with pytest.raises(TypeError):
+        c_module.split_rows("not a buffer", (8,))
+    assert c_module.split_rows(b"", (8, 1)) == (b"", b"")
+    assert c_module.split_rows(memoryview(struct.pack("2q", -1, 5)), (8, 1)) == (struct.pack("q", -1),
+                                                                                 struct.pack("b", 5))
+
+
 # the wrapper -------------------------------------------------------------------------------
 class Block(nn.Module):
     def __init__(self) -> None:
@@ -89,6 +126,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return self.act(self.fc(x)) * scale
+
+
+class First(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        return x
 
 
 class Pair(nn.Module):
@@ -247,6 +289,59 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert errors and all("too large" in str(row[9]) for row in errors)
 
 
+def _grad_modes_program() -> None:
+    """Inference mode, no_grad and grad on, on the same model: steps of each kind, and backward
+    layer spans only where autograd recorded a graph."""
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 4)
+    with torch.inference_mode():
+        for _ in range(3):
+            model(x)
+    with torch.no_grad():
+        model(x)
+    with torch.inference_mode(), torch.enable_grad():  # inference mode wins: no graph
+        model(x)
+    for _ in range(2):
+        model(x).sum().backward()
+    with torch.set_grad_enabled(False):
+        model(x)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c10-grad-mode", "python-grad-mode"])
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_the_c_wrapper_reads_each_grad_mode_as_torch_does(c_module, monkeypatch, levels, native):
+    """The C wrapper asks c10::GradMode directly where it is found (Linux, macOS), else through
+    torch.is_grad_enabled; either way it records what the Python wrapper records."""
+    if sys.platform.startswith("linux"):
+        assert _native_torch.grad_mode_address(), "c10::GradMode::is_enabled not found in torch's libc10"
+    if not native:
+        monkeypatch.setattr(_module_calls, "grad_mode_address", lambda: 0)
+    by_c = _trace(_grad_modes_program, levels, True, monkeypatch)
+    by_python = _trace(_grad_modes_program, levels, False, monkeypatch)
+    assert _structure(by_c) == _structure(by_python)
+    if levels == "model,layer":
+        assert (by_c[col.KIND] == col.SpanKind.BACKWARD.value).any()
+
+
+def test_a_top_level_calls_shapes_are_compared_by_value(c_module, monkeypatch):
+    """The C wrapper reuses the last top-level call's shape index when the shapes are equal: dims
+    past 256 are equal ints that are different objects, and a single dim's change is a miss."""
+    model = First()
+    widths = [300, 300, 301, 301, 2**40, 300, 7]
+
+    def program() -> None:
+        with torch.no_grad():
+            for width in widths:
+                model(torch.zeros(1).expand(2, width), torch.zeros(1).expand(width, 1) if width < 2**20 else None)
+
+    spans = _trace(program, "model", True, monkeypatch)
+    calls = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
+    assert [json.loads(shapes) for shapes in calls[col.INPUT_SHAPES]] == [  # a JSON string per span
+        [[2, width], [width, 1]] if width < 2**20 else [[2, width]] for width in widths]
+    assert [json.loads(shapes) for shapes in calls[col.OUTPUT_SHAPES]] == [[[2, width]] for width in widths]
+    assert _structure(spans) == _structure(_trace(program, "model", False, monkeypatch))
+
+
 def _many_calls_program() -> None:
     """More calls than a thread's first packed buffer holds, before any compaction, on a new
     thread and on the main one; shapes alternate so that each row says which call it was."""
@@ -275,24 +370,51 @@ def test_calls_past_a_threads_first_packed_rows_are_all_recorded(c_module, monke
     assert _structure(by_c) == _structure(by_python)
 
 
-def test_a_full_first_packed_buffer_is_compacted_into_a_full_size_one(c_module):
-    """The C wrapper compacts as soon as a thread's small first buffer is full, so that the calls
-    after it are packed too (not tuples in ``calls``). C packs a call only while ``calls`` is
-    empty, so its first buffer is written where something else made the thread's buffer (a user
-    span, an optimizer step) before its first module call, which takes the Python path."""
-    model, x = Block(), torch.randn(2, 4)
-    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
-        model(x)
-        buffer = session._recording.buffer()
-        assert len(buffer.packed_calls) == 8 + FIRST_PACKED_ROWS * CALL_FIELDS * 8
-        buffer.compact()  # the first call's row (a tuple) out of the way
-        buffer.packed_calls = _packed_rows(FIRST_PACKED_ROWS)  # as a thread's first buffer
-        for _ in range(FIRST_PACKED_ROWS + 10):
+def _packed_count(buffer: Any) -> int:
+    return int.from_bytes(buffer.packed_calls[:8], sys.byteorder)
+
+
+def test_a_threads_calls_are_all_packed_and_a_full_first_buffer_is_replaced(c_module):
+    """A new thread's first call of a known model is the C wrapper's, which makes the thread's
+    buffer. A call the Python path records (a model's first call names it) appends a tuple to
+    ``calls``; the C wrapper's next call moves that row into the packed buffer and packs its own,
+    so that the calls after it are packed too. The first packed buffer is small
+    (FIRST_PACKED_ROWS): once full, the C wrapper compacts at once, which puts a full-size one in
+    its place."""
+    model, other, x = Block(), Block(), torch.randn(2, 4)
+    seen: dict[str, tuple[int, ...]] = {}
+
+    def first_call() -> None:
+        with torch.no_grad():
             model(x)
-        assert len(buffer.packed_calls) == 8 + COMPACT_AT * CALL_FIELDS * 8
-        assert int.from_bytes(buffer.packed_calls[:8], sys.byteorder) == 9
-        assert len(buffer.calls) == 0
-        assert len(buffer.call_columns) == FIRST_PACKED_ROWS + 2
+        buffer = session._recording.buffer()
+        seen["new thread"] = (len(buffer.calls), _packed_count(buffer))
+
+    def worker() -> None:
+        with torch.no_grad():
+            other(x)
+            buffer = session._recording.buffer()
+            seen["first"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls))
+            model(x)
+            seen["second"] = (len(buffer.calls), _packed_count(buffer))
+            for _ in range(FIRST_PACKED_ROWS + 8):
+                model(x)
+            seen["after"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls),
+                             len(buffer.call_columns))
+
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        model(x)  # names the model
+        for target in (first_call, worker):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+    assert seen["new thread"] == (0, 1)
+    assert seen["first"] == (1, 0, 8 + FIRST_PACKED_ROWS * CALL_FIELDS * 8)
+    assert seen["second"] == (0, 2)
+    # call FIRST_PACKED_ROWS + 1 found the first buffer full: a tuple, then a compaction of all
+    assert seen["after"] == (0, 9, 8 + COMPACT_AT * CALL_FIELDS * 8, FIRST_PACKED_ROWS + 1)
+    predictions = session.trace.spans[session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value]
+    assert len(predictions) == 1 + 1 + 2 + FIRST_PACKED_ROWS + 8
 
 
 @pytest.mark.parametrize("levels", ["model", "model,layer"])
@@ -381,9 +503,11 @@ def test_the_c_wrapper_reads_xsps_clock(c_module):
         before = time.perf_counter_ns()
         model(x)
         after = time.perf_counter_ns()
-        recorded = list(buffer.calls[-3:])
-    assert [row[3] for row in recorded] == [1, 1, 0]  # fc and act inside the top-level call
-    for start, end, *_ in recorded:
+        buffer.compact()
+        columns = buffer.call_columns
+        recorded = list(zip(columns.start[-3:], columns.end[-3:], columns.depth[-3:]))
+    assert [depth for _, _, depth in recorded] == [1, 1, 0]  # fc and act inside the top-level call
+    for start, end, _ in recorded:
         assert before <= start <= end <= after
 
 
