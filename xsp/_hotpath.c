@@ -676,6 +676,35 @@ typedef struct {
     long long step_start_ns, step_end_ns;
 } CallPlan;
 
+/* Whether a step decided as running from start_ns to end_ns is told to nobody (AutoSteps._decided
+ * tells recording.on_long_step of a long one, or of one that ends past report_after_ns): 1 when
+ * not, 0 when someone is (Python tells), -1 on error. `dict`: the recording's. */
+static int nobody_to_tell(PyObject *dict, long long start_ns, long long end_ns) {
+    PyObject *on_long_step = PyDict_GetItemWithError(dict, s_on_long_step);
+    if (on_long_step == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (on_long_step == Py_None) return 1;
+    long long long_step = dict_ll(dict, s_long_step_ns), report_after = dict_ll(dict, s_report_after_ns);
+    if (PyErr_Occurred()) return -1;
+    return end_ns - start_ns < long_step && end_ns < report_after;
+}
+
+/* The lane (AutoSteps.lane): the open step is this module's one call with autograd as now, so
+ * this call only decides that step, told to nobody, and opens the next the same way, which leaves
+ * every slot but start_ns as it is (what the Python wrapper does inline). 1 when the call takes
+ * it, 0 when not, -1 on error. */
+static int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyObject *recording_dict) {
+    const StepsSlots *ss = &self->steps_slots;
+    PyObject *lane = SLOT(steps, ss->lane), *lane_grad = SLOT(steps, ss->lane_grad);
+    if (lane == NULL || lane_grad == NULL || !PyLong_CheckExact(lane) || (lane_grad == Py_True) != (grad == 1))
+        return 0;
+    void *lane_module = PyLong_AsVoidPtr(lane);
+    if (lane_module == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (lane_module != (void *)module) return 0;
+    long long start_ns = slot_ll(steps, ss->start_ns), last_end_ns = slot_ll(steps, ss->last_end_ns);
+    if (PyErr_Occurred()) return -1;
+    return nobody_to_tell(recording_dict, start_ns, last_end_ns);
+}
+
 /* 1: C carries the call's step out as planned; 0: Python decides it; -1: error. */
 static int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan) {
     const StepsSlots *ss = &self->steps_slots;
@@ -720,14 +749,8 @@ static int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPla
         plan->step_end_ns = plan->finish == FINISH_TRAINING ? closed_ns : last_end_ns;
         plan->finished_type = trained == Py_True ? self->step_train : self->step_inference;
         plan->marked = plan->finished_type == self->step_train || pieces > 1;
-        PyObject *on_long_step = PyDict_GetItemWithError(dict, s_on_long_step);
-        if (on_long_step == NULL) return PyErr_Occurred() ? -1 : 0;
-        if (on_long_step != Py_None) {
-            long long long_step = dict_ll(dict, s_long_step_ns), report_after = dict_ll(dict, s_report_after_ns);
-            if (PyErr_Occurred()) return -1;
-            if (plan->step_end_ns - plan->step_start_ns >= long_step || plan->step_end_ns >= report_after)
-                return 0;  /* someone is told of the decided step: Python tells */
-        }
+        int untold = nobody_to_tell(dict, plan->step_start_ns, plan->step_end_ns);
+        if (untold <= 0) return untold;  /* someone is told of the decided step: Python tells */
     }
     if (plan->opens) {
         long long wait_ns = slot_ll(steps, ss->wait_ns);
@@ -841,7 +864,8 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
         if (traced) return NULL;
     }
     if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
-    int planned = plan_call(self, buffer, module, &plan);
+    int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict);
+    int planned = laned ? laned : plan_call(self, buffer, module, &plan);
     Py_DECREF(plan.recording_dict);
     if (planned <= 0) return NULL;
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
@@ -858,8 +882,9 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
     long long start_ns, end_ns;
     Py_INCREF(roots);
     Py_INCREF(steps);
-    if ((start = read_clock(self->now, &start_ns)) == NULL || begin_step(self, buffer, module, &plan, start) < 0)
-        goto done;
+    if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
+    if (laned) slot_set(steps, self->steps_slots.start_ns, start);
+    else if (begin_step(self, buffer, module, &plan, start) < 0) goto done;
     slot_set(buffer, slots->skipping, Py_False);
     if ((row = PyTuple_New(2)) == NULL) goto done;
     PyObject *flags_object = PyLong_FromLong(flags);
