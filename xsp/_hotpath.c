@@ -39,6 +39,9 @@
 #include <string.h>
 #include <limits.h>
 #include <stdbool.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>  /* Python.h includes it from 3.11 on */
+#endif
 
 #define MODE_ROOTS 1
 #define MODE_ALL 2
@@ -120,8 +123,27 @@ typedef struct {
 #define CALL_MODULE(call) ((call)->argv[0])
 #define CALL_NKW(call) ((call)->kwnames == NULL ? 0 : PyTuple_GET_SIZE((call)->kwnames))
 
-/* An int's value; PyLong_AsLongLong goes through a byte array for any value past 2**30. */
+/* An int's value; PyLong_AsLongLong goes through a byte array for any value past 2**30. An exact
+ * int of one or two digits (every slot, index and clock reading xsp keeps) is read in place: the
+ * call into PyLong_AsLong and its checks cost more than the read, some 30 instructions for each
+ * of the dozen ints a top-level call reads. */
 static inline long long as_ll(PyObject *value) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(value) && PyUnstable_Long_IsCompact((PyLongObject *)value))
+        return (long long)PyUnstable_Long_CompactValue((PyLongObject *)value);
+#elif PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(value)) {
+        const digit *digits = ((PyLongObject *)value)->ob_digit;
+        switch (Py_SIZE(value)) {
+        case 0: return 0;
+        case 1: return (long long)digits[0];
+        case -1: return -(long long)digits[0];
+        case 2: return (long long)digits[0] | ((long long)digits[1] << PyLong_SHIFT);
+        case -2: return -((long long)digits[0] | ((long long)digits[1] << PyLong_SHIFT));
+        default: break;
+        }
+    }
+#endif
 #if LONG_MAX == LLONG_MAX
     return PyLong_AsLong(value);
 #else

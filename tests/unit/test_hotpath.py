@@ -73,6 +73,17 @@ def test_pack_columns_gives_the_columns_struct_packing_gives(c_module, monkeypat
     assert list(by_c[3]) == [row[3] for row in rows]
 
 
+def test_pack_columns_reads_ints_of_every_size(c_module):
+    """Ints of one and two 30-bit digits are read in place, longer ones by CPython: each side of
+    every boundary, both signs, and a bool (an int subclass)."""
+    values = [0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**60 - 1, 2**60, -(2**60) - 1, 2**62, -(2**63), 2**63 - 1,
+              123_456_789_012_345, True]
+    packed = c_module.pack_columns([(value,) for value in values], (8,))[0]
+    assert list(struct.unpack(f"{len(values)}q", packed)) == [int(value) for value in values]
+    with pytest.raises(OverflowError):
+        c_module.pack_columns([(2**63,)], (8,))
+
+
 def test_pack_columns_refuses_what_does_not_fit_or_is_no_row(c_module):
     with pytest.raises(OverflowError):
         c_module.pack_columns([(300,)], (1,))
