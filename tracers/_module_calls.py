@@ -229,7 +229,10 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     dynamo also guards on the closure of the class's entry, which must then be a function:
     ``on_read`` installs ``exposed`` in its place when dynamo traces (see
     :meth:`ModuleCallInterceptor.read_while_compiling`). Without ``on_read`` the result is
-    ``exposed`` itself. With ``tracing_known`` (every jit tracer entry sets ``aside``), the C
+    ``exposed`` itself. Read on an instance while ``torch.compiler`` says nothing compiles (as
+    ``torch.compile``'s ``OptimizedModule`` reads ``super().__call__`` at every call), it gives
+    itself, bound, and skips ``on_read``: such a call runs no Python frame of xsp's either. With
+    ``tracing_known`` (every jit tracer entry sets ``aside``), the C
     object does not ask the jit tracer itself. CUPTI correlation (a push and a pop around each
     call) stays in Python.
     """
@@ -251,6 +254,10 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
         return xsp_module_call
     fast.exposed = xsp_module_call
     fast.on_read = on_read
+    if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool):
+        # read on an instance while nothing compiles (OptimizedModule's super().__call__), the
+        # object gives itself, bound: no Python frame, no on_read (see _dynamo_traces)
+        fast.compiler = torch.compiler
     return cast(Callable[..., Any], fast)
 
 

@@ -51,7 +51,7 @@
 #define ROOT_MODE_UNKNOWN 4
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
-static PyObject *s_b, *s_buffer, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
+static PyObject *s_b, *s_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
 
@@ -92,6 +92,7 @@ typedef struct {
     PyObject *slow;           /* the Python wrapper: (module, *args, **kwargs) */
     PyObject *exposed;        /* what reading the attribute gives: a Python function calling this */
     PyObject *on_read;        /* called (no arguments) before the attribute is read */
+    PyObject *compiler;       /* torch.compiler, whose _is_compiling_flag says whether dynamo traces; or NULL */
     PyObject *local;          /* recording.local: .b is the thread's buffer */
     PyObject *recording;
     PyObject *now;            /* time.perf_counter_ns */
@@ -999,21 +1000,39 @@ done:
     return result;
 }
 
+/* 1 when torch.compiler says nothing is being compiled (dynamo or export, on any thread), 0 when
+ * it says something is or cannot say (no `compiler`, no flag, an error). */
+static int surely_eager(FastCall *self) {
+    if (self->compiler == NULL || self->compiler == Py_None) return 0;
+    PyObject *flag = PyObject_GetAttr(self->compiler, s_is_compiling_flag);
+    if (flag == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int eager = flag == Py_False;
+    Py_DECREF(flag);
+    return eager;
+}
+
 /* Read as an attribute, the object gives its `exposed` Python function (bound to the instance
- * it is read from), which is what tools that look at nn.Module.__call__ can work with. */
+ * it is read from), which is what tools that look at nn.Module.__call__ can work with. Read on an
+ * instance while nothing is compiled (`super().__call__(x)`, as torch.compile's OptimizedModule
+ * calls its module, or `model.__call__`), it gives itself, bound: a call of that runs no Python
+ * frame of xsp's, and no on_read. */
 static PyObject *fastcall_descr_get(PyObject *callable, PyObject *instance, PyObject *owner) {
     FastCall *self = (FastCall *)callable;
-    if (self->on_read != NULL && self->on_read != Py_None) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    int eager = surely_eager(self);
+    if (!eager && self->on_read != NULL && self->on_read != Py_None) {
         PyObject *done = PyObject_CallNoArgs(self->on_read);
         Py_XDECREF(done);
-        PyErr_Clear();  /* reading an attribute must not fail because of xsp */
-        PyErr_Restore(type, value, traceback);
     }
-    PyObject *function = self->exposed != NULL ? self->exposed : callable;
+    PyErr_Clear();  /* reading an attribute must not fail because of xsp */
+    PyErr_Restore(type, value, traceback);
+    PyObject *function = self->exposed != NULL && self->exposed != Py_None ? self->exposed : callable;
     if (instance == NULL || instance == Py_None) return Py_NewRef(function);
-    return PyMethod_New(function, instance);
+    return PyMethod_New(eager ? callable : function, instance);
 }
 
 /* Attributes it lacks are `exposed`'s (__code__, __closure__, __wrapped__, __name__...): dynamo
@@ -1031,6 +1050,9 @@ static PyMemberDef fastcall_members[] = {
     {"exposed", T_OBJECT, offsetof(FastCall, exposed), 0,
      "What reading the attribute gives (a Python function doing the same); None: the object itself."},
     {"on_read", T_OBJECT, offsetof(FastCall, on_read), 0, "Called with no arguments before each read."},
+    {"compiler", T_OBJECT, offsetof(FastCall, compiler), 0,
+     "torch.compiler, when its _is_compiling_flag is False exactly while nothing is compiled: reading the "
+     "attribute on an instance then gives the object itself, bound, and on_read is not called."},
     {"original", T_OBJECT, offsetof(FastCall, original), READONLY, "nn.Module.__call__ as it was."},
     {NULL},
 };
@@ -1462,7 +1484,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
-    DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read)
+    DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
@@ -1505,6 +1527,7 @@ static struct PyModuleDef hotpath_module = {
 PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_b, "b");
     INTERN(s_buffer, "buffer");
+    INTERN(s_is_compiling_flag, "_is_compiling_flag");
     INTERN(s_long_step_ns, "long_step_ns");
     INTERN(s_report_after_ns, "report_after_ns");
     INTERN(s_intern_descriptor, "intern_descriptor");

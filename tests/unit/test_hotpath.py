@@ -563,8 +563,11 @@ def test_module_call_is_a_c_descriptor_that_reads_as_a_function(c_module, descri
         assert inspect.isfunction(read) and read.__name__ == "_wrapped_call_impl"
         assert read.__wrapped__ is entry.original
         assert inspect.signature(model) == plain_signature
+        bound = model.__call__  # on an instance, while nothing compiles: the C object itself, bound
+        assert bound.__self__ is model and bound.__func__ is entry
+        assert inspect.signature(bound) == inspect.signature(Block().__call__)
         model(x)
-        model.__call__(x)
+        bound(x)
         nn.Module.__call__(model, x, scale=2.0)
         calls(x)
         assert nn.Module.__dict__["__call__"] is entry, "reading the attribute outside dynamo changes nothing"
@@ -587,10 +590,42 @@ def test_a_tool_that_patches_module_call_for_a_while_leaves_xsp_recording(c_modu
     assert (spans[col.LEVEL] == "layer").sum() >= 4
 
 
+def test_a_module_compiled_before_tracing_runs_no_python_frame_of_xsps(c_module, descriptor_allowed):
+    """torch.compile's OptimizedModule calls its module through ``super().__call__``: read while
+    nothing compiles, that is xsp's C object, bound, so a compiled call runs no xsp function."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model, x = Block(), torch.randn(2, 4)
+    compiled = torch.compile(model, backend="eager")
+    with torch.no_grad():
+        compiled(x)  # compiled before the trace (as a script that warms up first), for no_grad calls
+    ours: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == _module_calls.__file__:
+            ours.append(frame.f_code.co_name)
+
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        compiled(x)
+        sys.setprofile(profile)
+        try:
+            for _ in range(3):
+                compiled(x)
+        finally:
+            sys.setprofile(None)
+    assert ours == []
+    assert type(nn.Module.__dict__.get("__call__")) is not c_module.FastCall  # put back
+    assert not _module_calls.INTERCEPTOR.functions_only
+    spans = session.trace.spans
+    assert (spans[col.KIND] == "predict").sum() == 4
+
+
 def test_dynamo_tracing_puts_the_python_wrapper_in_the_descriptors_place(c_module, descriptor_allowed):
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     model, x = Block(), torch.randn(2, 4)
     compiled = torch.compile(model, backend="eager")
     with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
