@@ -21,8 +21,8 @@
  * (tracers/_loop_events.py), and `pack_columns` packs raw records into typed columns.
  *
  * It records exactly what the Python wrapper records, into the same ThreadBuffer lists.
- * Anything unusual (no buffer yet, a step to hand over, jit tracing, a paused schedule, an
- * object of another type) takes the Python path, which is the whole wrapper; tests run both.
+ * Anything unusual (a step to hand over, jit tracing, a paused schedule, an object of another
+ * type) takes the Python path, which is the whole wrapper; tests run both.
  *
  * Why C: in Python the wrapper's bookkeeping is most of a top-level call's cost (about 2 µs on
  * a 2-core x86 machine), and getattr through the C API is no cheaper. So the slots of
@@ -51,7 +51,8 @@
 #define ROOT_MODE_UNKNOWN 4
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
-static PyObject *s_b, *s_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor, *s_intern_module, *s_compact,
+static PyObject *s_b, *s_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor,
+    *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
 
@@ -471,9 +472,10 @@ static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
 
 /* Move buffer.calls' rows (tuples of seven ints that the Python path appended) into
  * buffer.packed_calls, behind its rows, when they fit with a row to spare: C packs calls only while
- * `calls` is empty (the packed rows precede the list's), so without this a thread whose first
- * call took the Python path (every new thread's does) would have every call after it appended as
- * a tuple until its first compaction. Anything else leaves both as they were. 0, or -1 on error. */
+ * `calls` is empty (the packed rows precede the list's), so without this every call after one
+ * the Python path took (a model's first call, a call inside xsp.step(), a decided step someone
+ * is told of) would be appended as a tuple until the thread's next compaction. Anything else
+ * leaves both as they were. 0, or -1 on error. */
 static int move_rows_to_packed(PyObject *calls, PyObject *packed, int64_t packed_count) {
     Py_ssize_t rows = PyList_GET_SIZE(calls);
     if (packed_count < 0 || PACKED_HEADER + (packed_count + rows + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed))
