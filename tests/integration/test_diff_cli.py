@@ -26,8 +26,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear(x)
-        if self.extra:  # the same work again on a share of the batch: this layer gets slower
-            self.linear(x[: round(self.extra * x.shape[0])])
+        for _ in range(int(self.extra)):  # the same work again, `extra` times: this layer gets slower
+            self.linear(x)
+        if self.extra % 1:  # and on a share of the batch
+            self.linear(x[: round(self.extra % 1 * x.shape[0])])
         return torch.relu(y)
 
 
@@ -66,13 +68,13 @@ def test_a_doubled_layer_fails_the_check_and_is_shown_where_it_lives(runs, tmp_p
     assert done.stderr == ""
 
 
-def test_folders_of_several_runs_are_pooled_sides(runs, tmp_path):
-    import shutil
-
-    for side, extra in (("base", 0.0), ("slow", 1.0)):
+def test_folders_of_several_runs_are_pooled_sides(tmp_path):
+    # the layer made 4x slower, not 2x: with three runs a side, a noisy base run (a CV of 2.5 on a
+    # shared CI machine) left a doubled layer at q = 0.015, over the default alpha of 0.01; what
+    # is tested here is the pooling of folders (the power of the test is benchmarks/diff.py's)
+    for side, extra in (("base", 0.0), ("slow", 3.0)):
         (tmp_path / side).mkdir()
-        shutil.copy(runs[side], tmp_path / side / "run0.xsp.parquet")
-        for k in (1, 2):
+        for k in (0, 1, 2):
             profile(tmp_path / side / f"run{k}.xsp.parquet", extra)
     done = xsp_cli("diff", "base", "slow", "--format", "json", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
