@@ -1290,26 +1290,19 @@ static PyTypeObject StepEventsType = {
     .tp_methods = events_methods,
 };
 
-/* pack_columns(rows, itemsizes) -> tuple of bytes: column i of the rows (tuples that start with
- * len(itemsizes) ints; values after them are left alone), each value in itemsizes[i] bytes (1, 2, 4 or 8), native order, for array.frombytes. What
- * extend_columns does with struct.pack and strided copies, at a tenth of the cost. */
-static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(argv[0]) || !PyTuple_Check(argv[1])) {
-        PyErr_SetString(PyExc_TypeError, "pack_columns(rows: list[tuple[int, ...]], itemsizes: tuple[int, ...])");
-        return NULL;
-    }
-    PyObject *rows = argv[0];
-    Py_ssize_t count = PyList_GET_SIZE(rows), width = PyTuple_GET_SIZE(argv[1]);
+/* The columns pack_columns and split_rows fill: a tuple of `count`-value bytes objects, column i
+ * of itemsizes[i] bytes a value (1, 2, 4 or 8), with their sizes and data in `sizes` and `out`
+ * (room for 16); NULL with an exception set for any other width or item size. */
+static PyObject *new_columns(PyObject *itemsizes, Py_ssize_t count, int *sizes, char **out) {
+    Py_ssize_t width = PyTuple_GET_SIZE(itemsizes);
     if (width == 0 || width > 16) {
         PyErr_SetString(PyExc_ValueError, "1 to 16 columns");
         return NULL;
     }
-    int sizes[16];
-    char *out[16];
     PyObject *columns = PyTuple_New(width);
     if (columns == NULL) return NULL;
     for (Py_ssize_t c = 0; c < width; c++) {
-        long size = PyLong_AsLong(PyTuple_GET_ITEM(argv[1], c));
+        long size = PyLong_AsLong(PyTuple_GET_ITEM(itemsizes, c));
         if (size != 1 && size != 2 && size != 4 && size != 8) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "item sizes are 1, 2, 4 or 8");
             Py_DECREF(columns);
@@ -1324,6 +1317,36 @@ static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_
         PyTuple_SET_ITEM(columns, c, bytes);
         out[c] = PyBytes_AS_STRING(bytes);
     }
+    return columns;
+}
+
+/* Write `value` as value number `row` of a column of `size`-byte values; -1 with an
+ * OverflowError set when it does not fit. */
+static int store_value(char *column, int size, Py_ssize_t row, long long value) {
+    switch (size) {
+    case 8: { int64_t v = (int64_t)value; memcpy(column + row * 8, &v, 8); return 0; }
+    case 4: { int32_t v = (int32_t)value; if (v != value) break; memcpy(column + row * 4, &v, 4); return 0; }
+    case 2: { int16_t v = (int16_t)value; if (v != value) break; memcpy(column + row * 2, &v, 2); return 0; }
+    default: { int8_t v = (int8_t)value; if (v != value) break; column[row] = (char)v; return 0; }
+    }
+    PyErr_SetString(PyExc_OverflowError, "a value does not fit its column");
+    return -1;
+}
+
+/* pack_columns(rows, itemsizes) -> tuple of bytes: column i of the rows (tuples that start with
+ * len(itemsizes) ints; values after them are left alone), each value in itemsizes[i] bytes (1, 2, 4 or 8), native order, for array.frombytes. What
+ * extend_columns does with struct.pack and strided copies, at a tenth of the cost. */
+static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(argv[0]) || !PyTuple_Check(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "pack_columns(rows: list[tuple[int, ...]], itemsizes: tuple[int, ...])");
+        return NULL;
+    }
+    PyObject *rows = argv[0];
+    Py_ssize_t count = PyList_GET_SIZE(rows), width = PyTuple_GET_SIZE(argv[1]);
+    int sizes[16];
+    char *out[16];
+    PyObject *columns = new_columns(argv[1], count, sizes, out);
+    if (columns == NULL) return NULL;
     for (Py_ssize_t r = 0; r < count; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < width) {
@@ -1333,23 +1356,13 @@ static PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_
         }
         for (Py_ssize_t c = 0; c < width; c++) {
             long long value = as_ll(PyTuple_GET_ITEM(row, c));
-            if (value == -1 && PyErr_Occurred()) {
+            if ((value == -1 && PyErr_Occurred()) || store_value(out[c], sizes[c], r, value) < 0) {
                 Py_DECREF(columns);
                 return NULL;
-            }
-            switch (sizes[c]) {
-            case 8: { int64_t v = (int64_t)value; memcpy(out[c] + r * 8, &v, 8); break; }
-            case 4: { int32_t v = (int32_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 4, &v, 4); break; }
-            case 2: { int16_t v = (int16_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 2, &v, 2); break; }
-            default: { int8_t v = (int8_t)value; if (v != value) goto overflow; out[c][r] = (char)v; break; }
             }
         }
     }
     return columns;
-overflow:
-    PyErr_SetString(PyExc_OverflowError, "a value does not fit its column");
-    Py_DECREF(columns);
-    return NULL;
 }
 
 /* split_rows(data, itemsizes) -> tuple of bytes: `data` (any buffer) holds rows of
@@ -1362,58 +1375,33 @@ static PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t 
         return NULL;
     }
     Py_ssize_t width = PyTuple_GET_SIZE(argv[1]);
-    if (width == 0 || width > 16) {
-        PyErr_SetString(PyExc_ValueError, "1 to 16 columns");
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *columns = NULL;
     Py_ssize_t row_bytes = width * (Py_ssize_t)sizeof(int64_t);
-    if (view.len % row_bytes != 0) {
-        PyErr_SetString(PyExc_ValueError, "the data is not a whole number of rows");
+    if (row_bytes == 0 || view.len % row_bytes != 0) {
+        if (row_bytes == 0) PyErr_SetString(PyExc_ValueError, "1 to 16 columns");
+        else PyErr_SetString(PyExc_ValueError, "the data is not a whole number of rows");
         goto done;
     }
-    Py_ssize_t count = view.len / row_bytes;
     int sizes[16];
     char *out[16];
-    if ((columns = PyTuple_New(width)) == NULL) goto done;
-    for (Py_ssize_t c = 0; c < width; c++) {
-        long size = PyLong_AsLong(PyTuple_GET_ITEM(argv[1], c));
-        if (size != 1 && size != 2 && size != 4 && size != 8) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "item sizes are 1, 2, 4 or 8");
-            Py_CLEAR(columns);
-            goto done;
-        }
-        sizes[c] = (int)size;
-        PyObject *bytes = PyBytes_FromStringAndSize(NULL, count * size);
-        if (bytes == NULL) {
-            Py_CLEAR(columns);
-            goto done;
-        }
-        PyTuple_SET_ITEM(columns, c, bytes);
-        out[c] = PyBytes_AS_STRING(bytes);
-    }
+    Py_ssize_t count = view.len / row_bytes;
+    if ((columns = new_columns(argv[1], count, sizes, out)) == NULL) goto done;
     const char *in = (const char *)view.buf;
     for (Py_ssize_t r = 0; r < count; r++) {
         for (Py_ssize_t c = 0; c < width; c++) {
             int64_t value;
             memcpy(&value, in + r * row_bytes + c * (Py_ssize_t)sizeof(int64_t), sizeof(value));
-            switch (sizes[c]) {
-            case 8: memcpy(out[c] + r * 8, &value, 8); break;
-            case 4: { int32_t v = (int32_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 4, &v, 4); break; }
-            case 2: { int16_t v = (int16_t)value; if (v != value) goto overflow; memcpy(out[c] + r * 2, &v, 2); break; }
-            default: { int8_t v = (int8_t)value; if (v != value) goto overflow; out[c][r] = (char)v; break; }
+            if (store_value(out[c], sizes[c], r, value) < 0) {
+                Py_CLEAR(columns);
+                goto done;
             }
         }
     }
 done:
     PyBuffer_Release(&view);
     return columns;
-overflow:
-    PyErr_SetString(PyExc_OverflowError, "a value does not fit its column");
-    Py_CLEAR(columns);
-    goto done;
 }
 
 static PyMethodDef hotpath_functions[] = {
