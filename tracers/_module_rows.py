@@ -133,14 +133,20 @@ def _layer_name(model: str, path: str, root: nn.Module) -> str:
 def module_call_rows(window: Window) -> pd.DataFrame:
     """One row per recorded module call of every thread (roots and layers together).
 
-    Cached on the window: the model and layer tracers both read it.
+    Cached on the window: the model and layer tracers both read it. Each thread's calls give
+    index arrays into its own tables of names, facts and shape texts; the columns of every
+    thread are made at once (a window of a server that starts a thread per request holds
+    thousands of threads of a call or two each, and a frame per thread cost milliseconds each).
     """
     cached = window.derived.get("module_calls")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     names = _Names(window.model_names)
-    frames = [_buffer_call_rows(buffer, names) for buffer in window.buffers if len(buffer.call_columns)]
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    pieces = _CallPieces()
+    for buffer in window.buffers:
+        if len(buffer.call_columns):
+            pieces.add(buffer, names)
+    rows = pieces.frame()
     if len(rows):
         rows = rows[rows[col.NAME] != HIDDEN].reset_index(drop=True)
     if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
@@ -150,54 +156,90 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     return rows
 
 
-def _buffer_call_rows(buffer: WindowBuffer, names: _Names) -> pd.DataFrame:
-    cols = buffer.call_columns
-    depth = as_numpy(cols.depth)
-    module_idx = as_numpy(cols.module)
-    count = len(depth)
-    roots = np.flatnonzero(depth == 0)
-    # a call belongs to the first top-level call that ends at or after it (records are in end order)
-    position = np.searchsorted(roots, np.arange(count))
-    has_root = position < len(roots)
-    if len(roots):
-        root_row = np.where(has_root, roots[np.minimum(position, len(roots) - 1)], -1)
-    else:
-        root_row = np.full(count, -1)
-    root_module = np.where(has_root, module_idx[np.maximum(root_row, 0)], -1)
-    modules = buffer.modules.values
-    for root_i in np.unique(module_idx[roots]).tolist():
-        names.of_root(modules[root_i])
-    # names per distinct (model, module) pair, then spread over the rows: no Python per row
-    width = len(modules) + 1
-    pairs, pair_of_row = np.unique((root_module + 1) * width + module_idx, return_inverse=True)
-    pair_names = [_call_name(modules, pair // width - 1, pair % width, names) for pair in pairs.tolist()]
-    facts = [_module_facts(module) for module in modules]
-    descriptors = buffer.descriptors.values
-    shape_texts = pa.array([shapes_text(d) for d in descriptors] + [None], type=pa.large_string())
-    batch_sizes = [batch_size_of(d) for d in descriptors] + [None]
-    inputs, outputs = as_numpy(cols.inputs), as_numpy(cols.outputs)
-    inputs[inputs < 0], outputs[outputs < 0] = len(descriptors), len(descriptors)
-    error_idx = as_numpy(cols.error)
-    has_error = error_idx >= 0
-    message_texts = pa.array(list(buffer.strings.values) + [None], type=pa.large_string())
-    starts = as_numpy(cols.start)
-    return pd.DataFrame({
-        col.START_NS: starts,
-        col.END_NS: as_numpy(cols.end),
-        col.THREAD_ID: buffer.thread_id,
-        col.CALL_DEPTH: depth,
-        col.ATTRIBUTES: _root_attributes(buffer, starts, depth),
-        col.NAME: _spread(pair_names, pair_of_row.reshape(-1)),
-        col.MODULE_TYPE: _spread([f[0] for f in facts], module_idx),
-        col.PARAM_COUNT: _spread_ints([f[1] for f in facts], module_idx),
-        col.SOURCE: _spread([f[2] for f in facts], module_idx),
-        col.INPUT_SHAPES: arrow_strings(shape_texts.take(inputs)),
-        col.OUTPUT_SHAPES: arrow_strings(shape_texts.take(outputs)),
-        col.BATCH_SIZE: _spread_ints(batch_sizes, inputs),
-        col.STATUS: _spread([col.Status.OK.value, col.Status.ERROR.value], has_error.astype(np.int64)),
-        col.STATUS_MESSAGE: arrow_strings(message_texts.take(np.where(has_error, error_idx,
-                                                                       len(buffer.strings.values)))),
-    })
+class _CallPieces:
+    """The module calls of several threads, gathered as arrays and indexes into value tables."""
+
+    def __init__(self) -> None:
+        self.ints: dict[str, list[np.ndarray]] = {key: [] for key in (
+            col.START_NS, col.END_NS, col.THREAD_ID, col.CALL_DEPTH, "name", "module", "inputs", "outputs", "error",
+            "has_error")}
+        self.attributes: list[np.ndarray] = []
+        self.names: list[str] = []
+        self.types: list[str] = []
+        self.params: list[int | None] = []
+        self.sources: list[str | None] = []
+        self.shapes: list[str | None] = []
+        self.batch_sizes: list[int | None] = []
+        self.messages: list[str | None] = []
+
+    def add(self, buffer: WindowBuffer, names: _Names) -> None:
+        cols = buffer.call_columns
+        depth = as_numpy(cols.depth)
+        module_idx = as_numpy(cols.module)
+        count = len(depth)
+        roots = np.flatnonzero(depth == 0)
+        # a call belongs to the first top-level call that ends at or after it (records are in end order)
+        position = np.searchsorted(roots, np.arange(count))
+        has_root = position < len(roots)
+        if len(roots):
+            root_row = np.where(has_root, roots[np.minimum(position, len(roots) - 1)], -1)
+        else:
+            root_row = np.full(count, -1)
+        root_module = np.where(has_root, module_idx[np.maximum(root_row, 0)], -1)
+        modules = buffer.modules.values
+        for root_i in np.unique(module_idx[roots]).tolist():
+            names.of_root(modules[root_i])
+        # names per distinct (model, module) pair, then spread over the rows: no Python per row
+        width = len(modules) + 1
+        pairs, pair_of_row = np.unique((root_module + 1) * width + module_idx, return_inverse=True)
+        ints = self.ints
+        ints["name"].append(pair_of_row.reshape(-1) + len(self.names))
+        self.names += [_call_name(modules, pair // width - 1, pair % width, names) for pair in pairs.tolist()]
+        ints["module"].append(module_idx + len(self.types))
+        facts = [_module_facts(module) for module in modules]
+        self.types += [f[0] for f in facts]
+        self.params += [f[1] for f in facts]
+        self.sources += [f[2] for f in facts]
+        descriptors = buffer.descriptors.values
+        inputs, outputs = as_numpy(cols.inputs), as_numpy(cols.outputs)
+        inputs[inputs < 0], outputs[outputs < 0] = len(descriptors), len(descriptors)
+        ints["inputs"].append(inputs + len(self.shapes))
+        ints["outputs"].append(outputs + len(self.shapes))
+        self.shapes += [shapes_text(d) for d in descriptors] + [None]
+        self.batch_sizes += [batch_size_of(d) for d in descriptors] + [None]
+        error_idx = as_numpy(cols.error)
+        ints["error"].append(np.where(error_idx >= 0, error_idx, len(buffer.strings.values)) + len(self.messages))
+        ints["has_error"].append((error_idx >= 0).astype(np.int64))
+        self.messages += list(buffer.strings.values) + [None]
+        starts = as_numpy(cols.start)
+        ints[col.START_NS].append(starts)
+        ints[col.END_NS].append(as_numpy(cols.end))
+        ints[col.THREAD_ID].append(np.full(count, buffer.thread_id, dtype=np.int64))
+        ints[col.CALL_DEPTH].append(depth)
+        self.attributes.append(_root_attributes(buffer, starts, depth))
+
+    def frame(self) -> pd.DataFrame:
+        if not self.attributes:
+            return pd.DataFrame()
+        ints = {key: np.concatenate(arrays) for key, arrays in self.ints.items()}
+        message_texts = pa.array(self.messages, type=pa.large_string())
+        shape_texts = pa.array(self.shapes, type=pa.large_string())
+        return pd.DataFrame({
+            col.START_NS: ints[col.START_NS],
+            col.END_NS: ints[col.END_NS],
+            col.THREAD_ID: ints[col.THREAD_ID],
+            col.CALL_DEPTH: ints[col.CALL_DEPTH],
+            col.ATTRIBUTES: np.concatenate(self.attributes),
+            col.NAME: _spread(self.names, ints["name"]),
+            col.MODULE_TYPE: _spread(self.types, ints["module"]),
+            col.PARAM_COUNT: _spread_ints(self.params, ints["module"]),
+            col.SOURCE: _spread(self.sources, ints["module"]),
+            col.INPUT_SHAPES: arrow_strings(shape_texts.take(ints["inputs"])),
+            col.OUTPUT_SHAPES: arrow_strings(shape_texts.take(ints["outputs"])),
+            col.BATCH_SIZE: _spread_ints(self.batch_sizes, ints["inputs"]),
+            col.STATUS: _spread([col.Status.OK.value, col.Status.ERROR.value], ints["has_error"]),
+            col.STATUS_MESSAGE: arrow_strings(message_texts.take(ints["error"])),
+        })
 
 
 def _spread(values: Sequence[str | None], index: np.ndarray) -> pd.api.extensions.ExtensionArray:

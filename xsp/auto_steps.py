@@ -219,16 +219,21 @@ class AutoSteps:
         if not self.nested:
             self._finish(end_ns)
 
-    def finish(self, now_ns: int = 0) -> None:
-        """Decide the open step now (an explicit step begins, a generate() call, the session ends)."""
+    def finish(self, now_ns: int = 0, *, thread_ended: bool = False) -> None:
+        """Decide the open step now (an explicit step begins, a generate() call, the session ends).
+
+        ``thread_ended``: the thread has ended, and another thread decides its last step (its
+        windows): only ``recording.on_ended_thread_step`` hears of it, since the listeners of
+        ``on_long_step`` work on the thread whose step ended.
+        """
         self.lane = 0
         if self.type is _TRAIN:
-            self._finish(self.closed_ns or self.last_end_ns)
+            self._finish(self.closed_ns or self.last_end_ns, thread_ended)
         elif self.type is _INFERENCE:
-            self._finish(self.last_end_ns)
+            self._finish(self.last_end_ns, thread_ended)
         elif self.type is _GENERATE:
             self.nested = 0
-            self._finish(max(now_ns, self.last_end_ns))
+            self._finish(max(now_ns, self.last_end_ns), thread_ended)
         self._reset()
         self.wait_ns = self.resume_ns = 0
 
@@ -249,7 +254,7 @@ class AutoSteps:
         self.resume_ns = closed
         return handed_over
 
-    def _finish(self, end_ns: int) -> bool:
+    def _finish(self, end_ns: int, thread_ended: bool = False) -> bool:
         kind, start_ns = self.type, self.start_ns
         buffer = self._buffer
         if kind is not _GENERATE:  # a model called with autograd on, but never trained
@@ -259,6 +264,11 @@ class AutoSteps:
             buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, _ATTRIBUTES[kind], None))
         self._reset()
         self.resume_ns = 0
+        if thread_ended:
+            listener = self._buffer.recording.on_ended_thread_step
+            if listener is not None:
+                listener(self._buffer, end_ns - start_ns)
+            return False
         return self._decided(start_ns, end_ns)
 
     def _decided(self, start_ns: int, end_ns: int) -> bool:

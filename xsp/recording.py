@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 import sys
 import threading
+import weakref
 from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -207,8 +208,8 @@ class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
     __slots__ = (
-        "recording", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps", "last_hooked",
-        "optimizer_starts",
+        "recording", "thread", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps",
+        "last_hooked", "optimizer_starts",
         "calls", "packed_calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns",
         "mark_columns", "backward_columns", "root_columns",
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
@@ -219,6 +220,8 @@ class ThreadBuffer:
     def __init__(self, recording: Recording) -> None:
         current = threading.current_thread()
         self.recording = recording
+        self.thread = weakref.ref(current)
+        """The thread that records here (weakly: a thread object outlives its thread)."""
         self.thread_id = threading.get_native_id()
         self.thread_name = current.name
         self.depth = 0
@@ -270,6 +273,16 @@ class ThreadBuffer:
         self.intern_module = self.modules.intern
         self.intern_descriptor = self.descriptors.intern
         self._lock = threading.Lock()
+
+    def thread_ended(self) -> bool:
+        """True once the thread that recorded here has ended: nothing more will be recorded."""
+        thread = self.thread()
+        if thread is None:
+            return True
+        try:
+            return not thread.is_alive()
+        except Exception:  # a thread threading did not start (a _DummyThread) may refuse to say
+            return False
 
     def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
                     error: str | None) -> None:
@@ -459,6 +472,11 @@ class Recording:
         ``long_step_ns`` or more has ended there (outside every other step and module call)."""
         self.on_new_thread: list[Callable[[], None]] = []
         """Called on a thread when it records for the first time (once per thread)."""
+        self.on_ended_thread_step: Callable[[ThreadBuffer, int], None] | None = None
+        """Called with a thread's buffer and the duration of its last step when a window decides
+        that step because the thread has ended (a profiling schedule keeps or forgets it)."""
+        self.ended_threads: dict[int, str] = {}
+        """Name of each thread whose buffer was retired (it ended, and a window took its records)."""
         self.model_names: dict[int, str] = {}
         """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
         self.levels: tuple[Any, ...] = ()
@@ -522,12 +540,30 @@ class Recording:
                 sample_now()
             except Exception:  # a failing sampler loses a sample, never the window
                 self.dropped["system_samples"] += 1
+        ended = [] if final else self._ended_threads()
         taken = [buffer.drain() for buffer in list(self.buffers)
                  if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
+        if ended:
+            with self._lock:
+                retired = set(map(id, ended))
+                self.buffers = [buffer for buffer in self.buffers if id(buffer) not in retired]
+                self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended)
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
         samples, self.samples = self.samples, []
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
                       step_numbers=kept_steps or None, samples=samples)
+
+    def _ended_threads(self) -> list[ThreadBuffer]:
+        """Buffers of the threads that have ended, their last step decided: this window takes
+        their records, and then they are retired (a server that starts a thread per request
+        would otherwise keep a buffer per request, and every window would visit them all)."""
+        ended = [buffer for buffer in list(self.buffers) if buffer.thread_ended()]
+        for buffer in ended:
+            if buffer.depth:  # calls left open by a thread that ended (killed inside a module) never end
+                self.dropped["open_at_thread_end"] += buffer.depth
+            buffer.depth = buffer.open_steps = 0
+            buffer.steps.finish(thread_ended=True)
+        return ended
 
     def name_model(self, module: Any, candidates: list[str]) -> str:
         """Name the top-level model ``module``: the first of ``candidates`` (names it is bound

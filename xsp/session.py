@@ -422,9 +422,23 @@ class Session:
                 windows.close_window()
                 next_window_due()
 
+        if scheduled:
+            recording.on_ended_thread_step = lambda buffer, duration_ns: self._scheduled_step_ended(
+                duration_ns, buffer=buffer)
+        def window_if_due() -> None:
+            # a thread's first record: a server that starts a thread per request decides no step
+            # on any thread (each one's only step is decided when the thread has ended), so
+            # windows come due here too
+            assert windows is not None
+            if (now_ns() - windows.closed_ns >= window_ns
+                    or recording.kept_events - windows.closed_events >= window_events):
+                windows.close_window()
+                next_window_due()
+
         recording.long_step_ns = 0 if every_step else long_step_ns
         if windows is not None:
             next_window_due()
+            recording.on_new_thread.append(window_if_due)
         recording.on_long_step = step_ended
 
     def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
@@ -579,7 +593,9 @@ class Session:
             "tracer_details": self._tracer_details(),
             "calibration": self._costs,
             "threads": {} if self._recording is None else {
-                str(buffer.thread_id): buffer.thread_name for buffer in list(self._recording.buffers)},
+                str(thread_id): name for thread_id, name in itertools.chain(
+                    self._recording.ended_threads.items(),
+                    ((buffer.thread_id, buffer.thread_name) for buffer in list(self._recording.buffers)))},
             "memory": memory_peaks(),
             "dropped": dict(dropped),
             "hierarchy": {key: sum(d.get(key, 0) for d in self._diagnostics) for key in self._diagnostics[-1]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import signal
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -191,3 +192,36 @@ def test_a_window_closes_after_so_many_records_however_fast_they_come(tmp_path, 
         _loop(model, 60)  # 6000 records
     assert 5 <= session.trace.metadata["streamed_windows"] <= 7
     assert session.trace.steps == list(range(60))
+
+
+def _thread_per_request(model: nn.Module, requests: int) -> None:
+    def serve() -> None:
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+
+    for _ in range(requests):
+        thread = threading.Thread(target=serve, name="request")
+        thread.start()
+        thread.join()
+
+
+@pytest.mark.parametrize("schedule", [None, "wait=1,active=1"])
+def test_a_thread_per_request_server_leaves_no_buffer_per_thread_behind(tmp_path, short_windows, schedule):
+    """Each thread's only step is decided once the thread has ended: a window (which a new
+    thread's first record makes due too) takes it, and the thread's buffer is let go."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)])
+    requests = 40
+    with xsp.trace(output=tmp_path / "server.xsp.parquet", schedule=schedule) as session:
+        _thread_per_request(model, requests)
+        recording = session._recording
+        assert recording is not None
+        left = len(recording.buffers)
+    assert left <= 3  # this thread, the last request's, and one a window had not yet seen end
+    spans = session.trace.spans
+    predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value]
+    assert len(predicts) == (requests if schedule is None else requests // 2)
+    assert predicts[col.STEP].is_unique
+    assert (spans[col.LEVEL] == col.Level.LAYER.value).sum() == 3 * len(predicts)
+    threads = session.trace.metadata["threads"]
+    assert "request" in threads.values() and len(threads) >= 2
+    assert not session.trace.metadata["dropped"]
