@@ -79,8 +79,9 @@ class LoopEvents:
         self._compile_callbacks: tuple[Any, Any] | None = None
         self._fast: Any = None
         """``xsp._hotpath.StepEvents``, where xsp's C extension is built: the bodies of the
-        backward and optimizer hooks in C (the hooks stay Python functions, which dynamo can
-        inline and whose first test it folds, as it does the module-call wrapper's)."""
+        optimizer hooks in C (the hooks stay Python functions, which dynamo can inline and whose
+        first test it folds, as it does the module-call wrapper's: a compiled ``optimizer.step``
+        runs them), and ``torch.autograd.backward``'s replacement, all of C."""
         if hotpath.HOTPATH is not None:
             self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.buffer, now_ns, error_text,
                                                     self._optimizer_names, ThreadBuffer, AutoSteps,
@@ -217,16 +218,8 @@ class LoopEvents:
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         buffer_of = self.recording.buffer
         fast = self._fast
-        if fast is not None:
-            in_c = fast.backward
-
-            @functools.wraps(original)
-            def backward_in_c(*args: Any, **kwargs: Any) -> Any:
-                if dynamo_compiling():
-                    return original(*args, **kwargs)
-                return in_c(original, args, kwargs)
-
-            return backward_in_c
+        if fast is not None:  # no Python frame (dynamo never runs it: it rewrites Tensor.backward itself)
+            return hotpath.HOTPATH.BackwardCall(fast, original)  # type: ignore[union-attr, no-any-return]
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:

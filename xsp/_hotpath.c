@@ -1077,6 +1077,8 @@ typedef struct {
     StepsSlots steps_slots;
 } StepEvents;
 
+static PyTypeObject StepEventsType;
+
 /* The calling thread's buffer (new reference), created on its first record. */
 static PyObject *events_buffer(StepEvents *self) {
     PyObject *buffer = thread_buffer(self->local, &self->cache);
@@ -1126,22 +1128,12 @@ static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long l
     return 0;
 }
 
-/* backward(original, args, kwargs): torch.autograd.backward, timed and recorded. */
-static PyObject *events_backward(StepEvents *self, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(argv[1]) || (argv[2] != Py_None && !PyDict_Check(argv[2]))) {
-        PyErr_SetString(PyExc_TypeError, "backward(original, args: tuple, kwargs: dict | None)");
-        return NULL;
-    }
-    PyObject *original = argv[0], *args = argv[1], *kwargs = argv[2] == Py_None ? NULL : argv[2];
-    PyObject *buffer = events_buffer(self);
-    if (buffer == NULL) return NULL;
-    PyObject *start = NULL, *end = NULL, *error = NULL;
-    long long start_ns, end_ns;
-    if ((start = read_clock(self->now, &start_ns)) == NULL) {
-        Py_DECREF(buffer);
-        return NULL;
-    }
-    PyObject *out = PyObject_Call(original, args, kwargs);
+/* torch.autograd.backward ran from `start` and gave `out` (NULL: it raised): its mark and its
+ * effect on the steps recorded; returns `out`, or NULL with the user's exception (recording never
+ * replaces it). Consumes `buffer` and `start`. */
+static PyObject *backward_done(StepEvents *self, PyObject *buffer, PyObject *start, PyObject *out) {
+    PyObject *end = NULL, *error = NULL;
+    long long end_ns;
     PyObject *type = NULL, *value = NULL, *traceback = NULL;
     if (out == NULL) {
         PyErr_Fetch(&type, &value, &traceback);
@@ -1154,16 +1146,95 @@ static PyObject *events_backward(StepEvents *self, PyObject *const *argv, Py_ssi
         || append_mark(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
                        error ? error : Py_None) < 0
         || piece_ended(self, buffer, end, end_ns, 0) < 0) {
-        if (out == NULL) PyErr_Clear();  /* recording the failure must never replace the user's exception */
+        if (out == NULL) PyErr_Clear();
         else Py_CLEAR(out);
     }
     if (type != NULL) PyErr_Restore(type, value, traceback);
-    Py_XDECREF(start);
+    Py_DECREF(start);
     Py_XDECREF(end);
     Py_XDECREF(error);
     Py_DECREF(buffer);
     return out;
 }
+
+/* torch.autograd.backward, timed and recorded: what tracers/_loop_events.py puts in its place
+ * (BackwardCall below), an object of C so that a backward pass runs no Python frame of xsp's.
+ * Dynamo never runs it while tracing: it rewrites Tensor.backward itself, and skips
+ * torch.autograd.backward (a graph break, with or without xsp). */
+typedef struct {
+    PyObject_HEAD
+    StepEvents *events;
+    PyObject *original;
+    vectorcallfunc vectorcall;
+} BackwardCall;
+
+static PyObject *backward_vectorcall(PyObject *callable, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    BackwardCall *self = (BackwardCall *)callable;
+    PyObject *buffer = events_buffer(self->events), *start = NULL;
+    long long start_ns;
+    if (buffer == NULL || (start = read_clock(self->events->now, &start_ns)) == NULL) {
+        PyErr_Clear();  /* nothing can be recorded: the pass runs all the same */
+        Py_XDECREF(buffer);
+        return PyObject_Vectorcall(self->original, argv, nargsf, kwnames);
+    }
+    return backward_done(self->events, buffer, start, PyObject_Vectorcall(self->original, argv, nargsf, kwnames));
+}
+
+/* Attributes it lacks are the original's (__name__, __qualname__, __dict__...), and so are __doc__
+ * and __module__ (its type's otherwise), as functools.wraps would have copied them. */
+static PyObject *backward_getattro(PyObject *callable, PyObject *name) {
+    if (PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "__doc__") == 0
+                                  || PyUnicode_CompareWithASCIIString(name, "__module__") == 0))
+        return PyObject_GetAttr(((BackwardCall *)callable)->original, name);
+    PyObject *value = PyObject_GenericGetAttr(callable, name);
+    if (value != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
+    PyErr_Clear();
+    return PyObject_GetAttr(((BackwardCall *)callable)->original, name);
+}
+
+static PyObject *backward_repr(PyObject *callable) {
+    return PyUnicode_FromFormat("<xsp's timing of %R>", ((BackwardCall *)callable)->original);
+}
+
+static PyObject *backward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *events, *original;
+    static const char *kwlist[] = {"events", "original", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O", (char **)kwlist, &StepEventsType, &events, &original))
+        return NULL;
+    BackwardCall *self = (BackwardCall *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->events = (StepEvents *)Py_NewRef(events);
+    self->original = Py_NewRef(original);
+    self->vectorcall = backward_vectorcall;
+    return (PyObject *)self;
+}
+
+#define EACH_BACKWARD_FIELD(DO) DO(self->events); DO(self->original)
+
+GC_FUNCTIONS(backward_call, BackwardCall, EACH_BACKWARD_FIELD)
+
+static PyMemberDef backward_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(BackwardCall, original), READONLY, "torch.autograd.backward as it was."},
+    {NULL},
+};
+
+static PyTypeObject BackwardCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "xsp._hotpath.BackwardCall",
+    .tp_doc = PyDoc_STR("BackwardCall(events, original): original(*args, **kwargs), timed and recorded as a "
+                        "backward pass by events (a StepEvents)."),
+    .tp_basicsize = sizeof(BackwardCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = backward_new,
+    .tp_getattro = backward_getattro,
+    .tp_repr = backward_repr,
+    .tp_members = backward_members,
+    .tp_dealloc = (destructor)backward_call_dealloc,
+    .tp_traverse = (traverseproc)backward_call_traverse,
+    .tp_clear = (inquiry)backward_call_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(BackwardCall, vectorcall),
+};
 
 /* optimizer_begins(): an optimizer step starts on this thread (the pre-hook). */
 static PyObject *events_optimizer_begins(StepEvents *self, PyObject *unused) {
@@ -1229,8 +1300,6 @@ done:
 }
 
 static PyMethodDef events_methods[] = {
-    {"backward", (PyCFunction)(void (*)(void))events_backward, METH_FASTCALL,
-     "backward(original, args, kwargs): call torch.autograd.backward and record it."},
     {"optimizer_begins", (PyCFunction)events_optimizer_begins, METH_NOARGS,
      "optimizer_begins(): an optimizer step starts on this thread."},
     {"optimizer_ends", (PyCFunction)events_optimizer_ends, METH_O,
@@ -1530,11 +1599,13 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_model_names, "model_names");
     INTERN(s_on_long_step, "on_long_step");
     if ((no_error = PyLong_FromLong(NO_ERROR)) == NULL) return NULL;
-    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&StepEventsType) < 0) return NULL;
+    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&StepEventsType) < 0 || PyType_Ready(&BackwardCallType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "FastCall", (PyObject *)&FastCallType) < 0
-        || PyModule_AddObjectRef(module, "StepEvents", (PyObject *)&StepEventsType) < 0) {
+        || PyModule_AddObjectRef(module, "StepEvents", (PyObject *)&StepEventsType) < 0
+        || PyModule_AddObjectRef(module, "BackwardCall", (PyObject *)&BackwardCallType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

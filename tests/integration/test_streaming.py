@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import signal
 import subprocess
-import threading
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd

@@ -661,3 +661,22 @@ def test_jit_tracing_a_model_the_c_wrapper_knows_records_nothing_of_the_trace(c_
     spans = session.trace.spans
     assert (spans[col.KIND] == "predict").sum() == 6
     assert not session.warnings
+
+
+def test_backward_is_timed_by_an_object_of_c_that_reads_as_torch_autograd_backward(c_module):
+    original = torch.autograd.backward
+    model = nn.Linear(4, 1)
+    with xsp.trace(levels="model", output=None) as session:
+        timed = torch.autograd.backward
+        assert isinstance(timed, c_module.BackwardCall)
+        assert timed.__wrapped__ is original and timed.__name__ == "backward" and timed.__doc__ == original.__doc__
+        assert timed.__module__ == "torch.autograd"
+        assert inspect.signature(timed) == inspect.signature(original)
+        torch.autograd.backward(model(torch.randn(2, 4)).sum(), inputs=[model.weight])  # keywords pass through
+        assert model.weight.grad is not None and model.bias.grad is None
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.autograd.backward(torch.zeros(2).sum())
+    assert torch.autograd.backward is original
+    backward = session.trace.spans[session.trace.spans[col.KIND] == col.SpanKind.BACKWARD.value]
+    assert backward[col.STATUS].tolist() == [col.Status.OK.value, col.Status.ERROR.value]
+    assert "does not require grad" in backward[col.STATUS_MESSAGE].iloc[1]

@@ -293,6 +293,47 @@ def test_torch_compile_compiles_the_same_frames_and_its_compile_time_is_no_laten
     assert latency["latency_ms"].iloc[0] * 1e6 < calls[col.DURATION_NS].iloc[0] - compiles[col.DURATION_NS].sum() + 1
 
 
+@pytest.mark.parametrize("backward", ["Tensor.backward", "torch.autograd.backward"])
+def test_a_compiled_training_step_breaks_where_it_breaks_plainly_and_is_still_recorded(backward):
+    """The backward pass and the optimizer step are xsp's events of a training loop: inside a
+    compiled function, xsp's hooks and its timing of torch.autograd.backward add no graph break
+    and no graph (dynamo rewrites Tensor.backward itself, skips torch.autograd.backward with or
+    without xsp, and inlines the optimizer hooks' Python with their work folded away)."""
+    pytest.importorskip("torch._dynamo")
+    from torch._dynamo.utils import counters
+
+    def run():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def train_step(x):
+            loss = model(x).sum()
+            if backward == "Tensor.backward":
+                loss.backward()
+            else:
+                torch.autograd.backward(loss)
+            return loss * 2
+
+        compiled_step = torch.compile(train_step, backend="eager")
+        compiled_optimizer_step = torch.compile(optimizer.step, backend="eager")
+        for _ in range(3):
+            compiled_step(torch.randn(4, 8))
+            compiled_optimizer_step()
+            optimizer.zero_grad()
+        return sum(counters["graph_break"].values()), dict(counters["stats"])
+
+    plain = run()
+    with xsp.trace(levels="model", output=None) as session:
+        profiled = run()
+    assert profiled == plain and plain[0] >= 1  # the backward call breaks the graph, plainly too
+    # the backward passes run eagerly after the break, and are recorded; the compiled optimizer
+    # step runs as a graph, in which the hooks left nothing
+    assert session.trace.spans[col.KIND].tolist().count(SpanKind.BACKWARD.value) == 3
+
+
 def test_generate_is_one_step_with_its_prefill_and_decode_calls():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
