@@ -59,7 +59,7 @@ static PyObject *no_error;
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
-        hot_outputs_id;
+        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -227,7 +227,10 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
         {buffer_type, "packed_calls", &b->packed_calls}, {buffer_type, "hot_module", &b->hot_module},
         {buffer_type, "hot_module_id", &b->hot_module_id}, {buffer_type, "hot_inputs", &b->hot_inputs},
         {buffer_type, "hot_inputs_id", &b->hot_inputs_id}, {buffer_type, "hot_outputs", &b->hot_outputs},
-        {buffer_type, "hot_outputs_id", &b->hot_outputs_id},
+        {buffer_type, "hot_outputs_id", &b->hot_outputs_id}, {buffer_type, "hot2_module", &b->hot2_module},
+        {buffer_type, "hot2_module_id", &b->hot2_module_id}, {buffer_type, "hot2_inputs", &b->hot2_inputs},
+        {buffer_type, "hot2_inputs_id", &b->hot2_inputs_id}, {buffer_type, "hot2_outputs", &b->hot2_outputs},
+        {buffer_type, "hot2_outputs_id", &b->hot2_outputs_id},
         {steps_type, "lane", &s->lane}, {steps_type, "lane_grad", &s->lane_grad},
         {steps_type, "start_ns", &s->start_ns}, {steps_type, "last_end_ns", &s->last_end_ns},
         {steps_type, "type", &s->type}, {steps_type, "closed_ns", &s->closed_ns}, {steps_type, "leader", &s->leader},
@@ -428,13 +431,13 @@ static int same_descriptor(PyObject *a, PyObject *b) {
     return 1;
 }
 
-/* A top-level call's descriptor index: from the buffer's one-entry cache (`hot`, `hot_id` slots)
- * when the shapes equal the last top-level call's, as in a loop over one model and batch size;
- * else from the interner (new reference). */
+/* A top-level call's descriptor index: from the buffer's cache of its model's last top-level call
+ * (`hot`, `hot_id` slots) when the shapes equal that call's, as in a loop over one batch size;
+ * else from the interner (new reference). An empty entry (None, None) matches nothing. */
 static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descriptor, Py_ssize_t hot,
                                    Py_ssize_t hot_id) {
     PyObject *last = SLOT(buffer, hot), *last_id = SLOT(buffer, hot_id);
-    if (last != NULL && last_id != NULL && Py_TYPE(last) == Py_TYPE(descriptor)
+    if (last != NULL && last_id != NULL && PyLong_CheckExact(last_id) && Py_TYPE(last) == Py_TYPE(descriptor)
         && same_descriptor(last, descriptor) == 1)
         return Py_NewRef(last_id);
     PyErr_Clear();  /* a comparison that failed is a miss */
@@ -444,6 +447,26 @@ static PyObject *hot_descriptor_id(PyObject *buffer, PyObject *ids, PyObject *de
         slot_set(buffer, hot_id, found);
     }
     return found;
+}
+
+/* Make the first of the buffer's two cache entries (hot_*, hot2_*: a top-level call's model, its
+ * index, and its last shapes and their indexes) the one of `module`: the second when it holds
+ * `module` (the entries swap), else an empty one (the first moves to the second). A loop that
+ * calls two models by turns (a forward and its loss, an encoder and a head) then hits the cache
+ * of each. The slots change places only: no reference is taken or dropped but the one cleared. */
+static void hot_entry_for(PyObject *buffer, const BufferSlots *s, PyObject *module) {
+    if (SLOT(buffer, s->hot_module) == module) return;
+    const Py_ssize_t first[] = {s->hot_module, s->hot_module_id, s->hot_inputs, s->hot_inputs_id, s->hot_outputs,
+                                s->hot_outputs_id};
+    const Py_ssize_t second[] = {s->hot2_module, s->hot2_module_id, s->hot2_inputs, s->hot2_inputs_id,
+                                 s->hot2_outputs, s->hot2_outputs_id};
+    int held = SLOT(buffer, s->hot2_module) == module;
+    for (size_t i = 0; i < sizeof(first) / sizeof(first[0]); i++) {
+        PyObject *moved = SLOT(buffer, first[i]);
+        SLOT(buffer, first[i]) = SLOT(buffer, second[i]);
+        SLOT(buffer, second[i]) = moved;
+        if (!held) slot_set(buffer, first[i], Py_None);
+    }
 }
 
 /* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s. */
@@ -521,6 +544,7 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     if ((inputs = inputs_descriptor(self, call)) == NULL) goto done;
     if ((outputs = output_descriptor(self, out)) == NULL) goto done;
     if (depth == 0) {
+        hot_entry_for(buffer, slots, module);
         if ((input_id = hot_descriptor_id(buffer, ids, inputs, slots->hot_inputs, slots->hot_inputs_id)) == NULL)
             goto done;
         if ((output_id = hot_descriptor_id(buffer, ids, outputs, slots->hot_outputs, slots->hot_outputs_id)) == NULL)
@@ -530,7 +554,7 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
         if ((output_id = descriptor_id(buffer, ids, outputs)) == NULL) goto done;
     }
     PyObject *hot_module = SLOT(buffer, slots->hot_module), *hot_module_id = SLOT(buffer, slots->hot_module_id);
-    if (depth == 0 && hot_module == module && hot_module_id != NULL) {
+    if (depth == 0 && hot_module == module && hot_module_id != NULL && PyLong_CheckExact(hot_module_id)) {
         /* the interner holds every module it indexed, so an address seen there is that module */
         module_id = Py_NewRef(hot_module_id);
     } else {

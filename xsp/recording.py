@@ -213,6 +213,7 @@ class ThreadBuffer:
         "calls", "packed_calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns",
         "mark_columns", "backward_columns", "root_columns",
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
+        "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
         "_lock",
     )
@@ -249,13 +250,20 @@ class ThreadBuffer:
         """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
         count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
         They all precede ``calls``' rows."""
-        # the C wrapper's last top-level call: its module, shapes and their indexes
+        # the C wrapper's last top-level call: its module, shapes and their indexes (None: empty);
+        # hot2_*: the same of the last top-level call of another module (a loss, a head)
         self.hot_module: Any = None
         self.hot_module_id: int | None = None
         self.hot_inputs: Any = None
         self.hot_inputs_id: int | None = None
         self.hot_outputs: Any = None
         self.hot_outputs_id: int | None = None
+        self.hot2_module: Any = None
+        self.hot2_module_id: int | None = None
+        self.hot2_inputs: Any = None
+        self.hot2_inputs_id: int | None = None
+        self.hot2_outputs: Any = None
+        self.hot2_outputs_id: int | None = None
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
         self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
@@ -383,10 +391,19 @@ class ThreadBuffer:
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
         cols = self.mark_columns
         extend_columns((cols.kind, cols.start, cols.end), marks)  # (kind, start, end, name, attributes, error)
-        intern = self.strings.intern
-        cols.name.extend([intern(mark[3]) for mark in marks])
+        # a loop's marks have a handful of names (its steps, backward passes, optimizer steps) and
+        # mostly no error: each distinct text is interned once, then looked up by a C call a mark
+        names = [mark[3] for mark in marks]
+        errors = [mark[5] for mark in marks]
+        intern, index_of = self.strings.intern, self.strings.ids.__getitem__
+        for text in dict.fromkeys(names):
+            intern(text)
+        cols.name.fromlist(list(map(index_of, names)))
         cols.attributes.extend([mark[4] for mark in marks])
-        cols.error.extend([NO_ERROR if mark[5] is None else intern(mark[5]) for mark in marks])
+        if errors.count(None) == len(errors):
+            cols.error.fromlist([NO_ERROR] * len(errors))
+        else:
+            cols.error.fromlist([NO_ERROR if error is None else intern(error) for error in errors])
 
     def _compact_backward(self, events: list[tuple[int, ...]]) -> None:
         cols = self.backward_columns

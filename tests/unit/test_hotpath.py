@@ -353,6 +353,49 @@ def test_a_top_level_calls_shapes_are_compared_by_value(c_module, monkeypatch):
     assert _structure(spans) == _structure(_trace(program, "model", False, monkeypatch))
 
 
+class Counted(nn.Module):
+    """A model called without a tensor: its input shapes are none."""
+
+    def forward(self, n: int = 3) -> torch.Tensor:
+        return torch.ones(n)
+
+
+def test_models_called_by_turns_each_keep_their_shapes_and_a_call_without_tensors_has_none(c_module,
+                                                                                           monkeypatch):
+    """The C wrapper keeps the last top-level call's model and shapes of two models (a forward and
+    its loss by turns hit both); a third model, a new shape or a call without tensors is a miss
+    that records the truth. A thread's first top-level call without tensors (inputs None, as the
+    empty cache holds) once failed the user's call."""
+    model, criterion, counted = First(), nn.MSELoss(), Counted()
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+
+    def program() -> None:
+        with torch.no_grad():
+            counted()  # the thread's first call: no tensor at all
+            for step in range(6):
+                out = model(x if step != 3 else torch.randn(3, 4))
+                criterion(out, y if step != 3 else torch.randn(3, 4))
+                if step % 2:
+                    counted(step)
+
+    spans = _trace(program, "model", True, monkeypatch)
+    assert _structure(spans) == _structure(_trace(program, "model", False, monkeypatch))
+    calls = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
+    shapes = [(name, None if pd.isna(i) else json.loads(i), json.loads(o))
+              for name, i, o in zip(calls[col.NAME], calls[col.INPUT_SHAPES], calls[col.OUTPUT_SHAPES])]
+    assert shapes[0] == ("counted", None, [[3]])
+    assert shapes[1:4] == [("model", [[2, 4]], [[2, 4]]), ("criterion", [[2, 4], [2, 4]], [[]]),
+                           ("model", [[2, 4]], [[2, 4]])]
+    assert ("model", [[3, 4]], [[3, 4]]) in shapes and ("criterion", [[3, 4], [3, 4]], [[]]) in shapes
+    assert shapes.count(("criterion", [[2, 4], [2, 4]], [[]])) == 5
+    with xsp.trace(levels="model", output=None) as session, torch.no_grad():
+        for _ in range(3):
+            criterion(model(x), y)
+        buffer = session._recording.buffer()
+        assert (buffer.hot_module, buffer.hot2_module) == (criterion, model)  # each model's own entry
+        assert (buffer.hot_inputs, buffer.hot2_inputs) == ((x.shape, y.shape), x.shape)
+
+
 def _many_calls_program() -> None:
     """More calls than a thread's first packed buffer holds, before any compaction, on a new
     thread and on the main one; shapes alternate so that each row says which call it was."""
