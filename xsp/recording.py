@@ -37,6 +37,10 @@ of a training loop 2x dearer at 8192)."""
 DEFAULT_MAX_EVENTS: Final = 50_000_000
 """Records kept per session; past it, records are dropped and counted."""
 
+MAX_ENDED_THREAD_NAMES: Final = 10_000
+"""Names of ended threads kept for the trace's metadata (a server that starts a thread per
+request would otherwise keep one per request); their spans keep their thread ids all the same."""
+
 NEVER: Final = sys.maxsize
 """A step length no step reaches: windows end only with the session."""
 
@@ -453,6 +457,9 @@ class Window:
     them itself (a schedule keeps only some steps)."""
     samples: list[Any] = field(default_factory=list)
     """System samples (:class:`xsp.samples.Sample`) taken since the previous window."""
+    ended_thread_ids: list[int] = field(default_factory=list)
+    """Threads that have ended and recorded for the last time in this window: what the session
+    keeps per thread for later windows is forgotten for them."""
 
     @property
     def records(self) -> int:
@@ -493,7 +500,8 @@ class Recording:
         """Called with a thread's buffer and the duration of its last step when a window decides
         that step because the thread has ended (a profiling schedule keeps or forgets it)."""
         self.ended_threads: dict[int, str] = {}
-        """Name of each thread whose buffer was retired (it ended, and a window took its records)."""
+        """Name of each thread whose buffer was retired (it ended, and a window took its records),
+        for the first ``MAX_ENDED_THREAD_NAMES`` of them."""
         self.model_names: dict[int, str] = {}
         """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
         self.levels: tuple[Any, ...] = ()
@@ -564,11 +572,13 @@ class Recording:
             with self._lock:
                 retired = set(map(id, ended))
                 self.buffers = [buffer for buffer in self.buffers if id(buffer) not in retired]
-                self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended)
+                room = MAX_ENDED_THREAD_NAMES - len(self.ended_threads)
+                self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended[:max(room, 0)])
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
         samples, self.samples = self.samples, []
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
-                      step_numbers=kept_steps or None, samples=samples)
+                      step_numbers=kept_steps or None, samples=samples,
+                      ended_thread_ids=[buffer.thread_id for buffer in ended])
 
     def _ended_threads(self) -> list[ThreadBuffer]:
         """Buffers of the threads that have ended, their last step decided: this window takes

@@ -471,6 +471,8 @@ class Session:
                 self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
                              step_numbers=window.step_numbers)
+        for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
+            self._state.latest_step.pop(thread_id, None)
         if self.rank is not None:
             result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
         self._keep(result.spans)

@@ -217,6 +217,7 @@ def test_a_thread_per_request_server_leaves_no_buffer_per_thread_behind(tmp_path
         assert recording is not None
         left = len(recording.buffers)
     assert left <= 3  # this thread, the last request's, and one a window had not yet seen end
+    assert len(session._state.latest_step) <= 3  # nor what windows keep per thread for the next
     spans = session.trace.spans
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value]
     assert len(predicts) == (requests if schedule is None else requests // 2)
