@@ -157,6 +157,10 @@ def counted(name: str, configuration: str, iterations: int, folder: Path, layout
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=0.3, help="native length of the measured loop")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="iterations of the measured loop, instead of --seconds' worth timed natively: the "
+                             "timing moves with the machine's load, and a workload with costs per loop (the "
+                             "threaded server starts its three workers in each) counts them per iteration")
     parser.add_argument("--jobs", type=int, default=2, help="callgrind processes at once (each uses one core)")
     parser.add_argument("--layouts", type=int, default=3, help="memory layouts each configuration runs in (median)")
     parser.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all)")
@@ -172,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(WORKLOADS))
     names = args.only or sorted(p.stem for p in WORKLOADS.glob("*.py"))
     plan = {name: iterations_for(name, args.seconds) for name in names}
+    if args.iterations:
+        plan = {name: (args.iterations, ms) for name, (_, ms) in plan.items()}
     rows: dict[str, dict[str, Any]] = {name: {"iterations": n, "plain_ms": ms} for name, (n, ms) in plan.items()}
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(name, configuration, layout): pool.submit(counted, name, configuration, plan[name][0], Path(scratch),
@@ -197,7 +203,8 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[st
         "# Overhead on real workloads, in instructions",
         "",
         f"Last run: {stamp}, {cpu_model()}, torch {torch.__version__}, Python {platform.python_version()}, "
-        f"1 torch thread; `python benchmarks/workload_instructions.py --seconds {args.seconds} "
+        f"1 torch thread; `python benchmarks/workload_instructions.py "
+        f"{f'--iterations {args.iterations}' if args.iterations else f'--seconds {args.seconds}'} "
         f"--layouts {args.layouts}`.",
         "",
         "Instructions executed by every thread of the workload's process during its `run_steps(n)` loop "
