@@ -138,8 +138,11 @@ thread (a server that starts threads per request paid it per request)."""
 
 def _packed_rows(rows: int = COMPACT_AT) -> bytearray:
     """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``rows`` rows (made at its
-    full size, so that the C wrapper only writes into it; rows after them go to ``calls``)."""
-    return bytearray(8 + rows * CALL_FIELDS * 8)
+    full size, so that the C wrapper only writes into it; rows after them go to ``calls``). Only
+    the count is written where the C part is built (rows past the count are never read)."""
+    size = 8 + rows * CALL_FIELDS * 8
+    fast = hotpath.HOTPATH
+    return bytearray(size) if fast is None else fast.empty_packed(size)  # type: ignore[no-any-return]
 
 
 class CallColumns:

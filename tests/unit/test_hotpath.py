@@ -114,6 +114,18 @@ def test_split_rows_gives_the_columns_strided_copies_give(c_module, monkeypatch)
     assert [list(column) for column in by_c] == [list(values) for values in zip(*rows)]
 
 
+def test_empty_packed_writes_only_the_row_count(c_module):
+    """A thread's packed-call buffer is made with its count zero and its rows not written (a
+    bytearray() zeroed 28 KiB at every compaction); rows past the count are never read."""
+    packed = c_module.empty_packed(8 + 3 * 56)
+    assert isinstance(packed, bytearray) and len(packed) == 8 + 3 * 56
+    assert struct.unpack_from("q", packed)[0] == 0
+    with pytest.raises(ValueError, match="row count"):
+        c_module.empty_packed(7)
+    with pytest.raises(TypeError):
+        c_module.empty_packed("8")
+
+
 def test_split_rows_refuses_what_does_not_fit_or_is_no_whole_row(c_module):
     with pytest.raises(OverflowError):
         c_module.split_rows(struct.pack("q", 300), (1,))
