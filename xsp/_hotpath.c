@@ -113,6 +113,18 @@ typedef struct {
     StepsSlots steps_slots;
 } FastCall;
 
+#if defined(_MSC_VER)
+#define THREAD_LOCAL __declspec(thread)
+#else
+#define THREAD_LOCAL _Thread_local
+#endif
+
+/* The FastCall (model level) whose top-level call runs on this thread right now, NULL when none:
+ * a module call while it runs is a pass-through, known without the thread's buffer and its depth
+ * (~50 instructions a layer call). Whenever it is set, that buffer's depth is 1 or more; when it
+ * is not (the Python path runs the top-level call), the buffer says. */
+static THREAD_LOCAL void *running_top_call = NULL;
+
 /* One module call's arguments, as the vectorcall protocol passes them: argv[0] is the module,
  * then `nargs` positional arguments, then the values of the keywords named in `kwnames`. */
 typedef struct {
@@ -943,8 +955,11 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
     PyTuple_SET_ITEM(row, 1, flags_object);
     if (PyList_Append(roots, row) < 0) goto done;
     Py_ssize_t length = 0;
-    if ((out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length)) == NULL)
-        goto done;
+    void *outer = running_top_call;
+    if (self->mode == MODE_ROOTS) running_top_call = self;
+    out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
+    running_top_call = outer;  /* after a failure too */
+    if (out == NULL) goto done;
     if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     if (end_step_piece(self, buffer, steps, end, end_ns) < 0) goto done;
@@ -988,6 +1003,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
         return NULL;
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
+    if (running_top_call == (void *)self) return call_with_module(self->original, &call);  /* MODE_ROOTS */
     PyObject *buffer = thread_buffer(self->local, &self->cache);
     if (buffer == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();  /* this thread's first record: recording.buffer() makes its buffer */
