@@ -1077,15 +1077,20 @@ static PyObject *fastcall_descr_get(PyObject *callable, PyObject *instance, PyOb
     return PyMethod_New(eager ? callable : function, instance);
 }
 
+/* `obj`'s attribute `name`, or, when it has none, `delegate`'s (none when `delegate` is NULL):
+ * what a C object standing in for a Python function answers for the function's attributes. */
+static PyObject *own_or_delegates(PyObject *obj, PyObject *name, PyObject *delegate) {
+    PyObject *value = PyObject_GenericGetAttr(obj, name);
+    if (value != NULL || delegate == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
+    PyErr_Clear();
+    return PyObject_GetAttr(delegate, name);
+}
+
 /* Attributes it lacks are `exposed`'s (__code__, __closure__, __wrapped__, __name__...): dynamo
  * reads the class dict's entry for nn.Module.__call__ and guards on its closure, as it would on
  * the function it inlined. */
 static PyObject *fastcall_getattro(PyObject *callable, PyObject *name) {
-    PyObject *value = PyObject_GenericGetAttr(callable, name);
-    FastCall *self = (FastCall *)callable;
-    if (value != NULL || self->exposed == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
-    PyErr_Clear();
-    return PyObject_GetAttr(self->exposed, name);
+    return own_or_delegates(callable, name, ((FastCall *)callable)->exposed);
 }
 
 static PyMemberDef fastcall_members[] = {
@@ -1226,10 +1231,7 @@ static PyObject *backward_getattro(PyObject *callable, PyObject *name) {
     if (PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "__doc__") == 0
                                   || PyUnicode_CompareWithASCIIString(name, "__module__") == 0))
         return PyObject_GetAttr(((BackwardCall *)callable)->original, name);
-    PyObject *value = PyObject_GenericGetAttr(callable, name);
-    if (value != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
-    PyErr_Clear();
-    return PyObject_GetAttr(((BackwardCall *)callable)->original, name);
+    return own_or_delegates(callable, name, ((BackwardCall *)callable)->original);
 }
 
 static PyObject *backward_repr(PyObject *callable) {

@@ -265,9 +265,9 @@ class AutoSteps:
         self._reset()
         self.resume_ns = 0
         if thread_ended:
-            listener = self._buffer.recording.on_ended_thread_step
+            listener = buffer.recording.on_ended_thread_step
             if listener is not None:
-                listener(self._buffer, end_ns - start_ns)
+                listener(buffer, end_ns - start_ns)
             return False
         return self._decided(start_ns, end_ns)
 

@@ -409,6 +409,16 @@ class Session:
             recording.report_after_ns = windows.closed_ns + window_ns
             recording.report_at_events = windows.closed_events + window_events
 
+        def window_if_due(long_step: bool = False) -> None:
+            # at a step end, and at a thread's first record: a server that starts a thread per
+            # request decides no step on any thread (each one's only step is decided when the
+            # thread has ended), so windows come due there too
+            assert windows is not None
+            if (long_step or now_ns() - windows.closed_ns >= window_ns
+                    or recording.kept_events - windows.closed_events >= window_events):
+                windows.close_window()
+                next_window_due()
+
         def step_ended(duration_ns: int) -> None:
             if scheduled:
                 self._scheduled_step_ended(duration_ns)
@@ -417,24 +427,12 @@ class Session:
                     flush()
                 except Exception:  # a flush is an optimisation; the final one still runs
                     pass
-            if windows is not None and (duration_ns >= long_step_ns or now_ns() - windows.closed_ns >= window_ns
-                                        or recording.kept_events - windows.closed_events >= window_events):
-                windows.close_window()
-                next_window_due()
+            if windows is not None:
+                window_if_due(duration_ns >= long_step_ns)
 
         if scheduled:
             recording.on_ended_thread_step = lambda buffer, duration_ns: self._scheduled_step_ended(
                 duration_ns, buffer=buffer)
-        def window_if_due() -> None:
-            # a thread's first record: a server that starts a thread per request decides no step
-            # on any thread (each one's only step is decided when the thread has ended), so
-            # windows come due here too
-            assert windows is not None
-            if (now_ns() - windows.closed_ns >= window_ns
-                    or recording.kept_events - windows.closed_events >= window_events):
-                windows.close_window()
-                next_window_due()
-
         recording.long_step_ns = 0 if every_step else long_step_ns
         if windows is not None:
             next_window_due()
