@@ -13,6 +13,12 @@ import time
 from typing import Any
 
 from cupti import cupti as real
+from xsp.tracers._cupti import Kind, api_enum
+
+KERNEL_RECORD = max((getattr(real, name) for name in dir(real) if name.startswith("ActivityKernel")
+                     and name[len("ActivityKernel"):].isdigit()),
+                    key=lambda record: int(record.__name__[len("ActivityKernel"):]))
+"""The newest kernel record of this cupti-python (``ActivityKernel13`` in 13.4, ``10`` in 13.0)."""
 
 
 class CuptiError(Exception):
@@ -26,16 +32,20 @@ MULTIPLE_SUBSCRIBERS = int(real.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
 
 class FakeCupti:
     Result = real.Result
-    RuntimeApiTraceCbid = real.RuntimeApiTraceCbid
-    DriverApiTraceCbid = real.DriverApiTraceCbid
+    RuntimeApiTraceCbid = api_enum(real, Kind.RUNTIME)
+    DriverApiTraceCbid = api_enum(real, Kind.DRIVER)
 
     def __init__(self, clock_offset_ns: int = 1_700_000_000_000_000_000, skew_ns: int = 0,
-                 held_by_other: bool = False) -> None:
+                 held_by_other: bool = False, per_call_switch: bool = True) -> None:
         self.clock_offset_ns = clock_offset_ns
         """CUPTI time = xsp host time + this (what the tracer must measure)."""
         self.skew_ns = skew_ns
         """Added to record times only, not to get_timestamp(): a clock the measurement misses."""
         self.held_by_other = held_by_other
+        self.per_call_switch = per_call_switch
+        """Has ``activity_enable_runtime_api``/``_driver_api`` (cupti-python's bindings of 12.6 on do)."""
+        self.silenced: set[tuple[int, int]] = set()
+        """``(kind, cbid)`` of the API calls CUPTI was told to make no records of."""
         self.subscribers = 0
         self.enabled: set[int] = set()
         self.completed: Any = None
@@ -75,6 +85,20 @@ class FakeCupti:
     def activity_disable(self, kind: int) -> None:
         self.enabled.discard(kind)
 
+    def activity_enable_runtime_api(self, cbid: int, enable: int) -> None:
+        self._switch(int(real.ActivityKind.RUNTIME), cbid, enable)
+
+    def activity_enable_driver_api(self, cbid: int, enable: int) -> None:
+        self._switch(int(real.ActivityKind.DRIVER), cbid, enable)
+
+    def _switch(self, kind: int, cbid: int, enable: int) -> None:
+        if not self.per_call_switch:
+            raise AttributeError("module 'cupti.cupti' has no attribute 'activity_enable_runtime_api'")
+        if enable:
+            self.silenced.discard((kind, cbid))
+        else:
+            self.silenced.add((kind, cbid))
+
     def activity_flush_all(self, flag: int) -> None:
         self.flushes.append(flag)
         with self.lock:
@@ -91,6 +115,22 @@ class FakeCupti:
         return self.stack.pop()
 
     # what the GPU would do --------------------------------------------------------------
+    def query(self) -> None:
+        """A cudaGetDevice on this thread, with the driver call it makes (neither runs GPU work)."""
+        calls = ((real.ActivityKind.RUNTIME, self.RuntimeApiTraceCbid.cudaGetDevice_v3020),
+                 (real.ActivityKind.DRIVER, self.DriverApiTraceCbid.cuDevicePrimaryCtxGetState))
+        for kind, cbid in calls:
+            if int(kind) not in self.enabled or (int(kind), int(cbid)) in self.silenced:
+                continue
+            with self.lock:
+                self.correlation += 1
+                api = real.ActivityAPI()
+                api.kind, api.correlation_id, api.cbid = int(kind), self.correlation, int(cbid)
+                api.start = self.get_timestamp() + self.skew_ns
+                api.end = api.start + 300
+                api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
+                self.pending.append(api)
+
     def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000) -> None:
         """A cudaLaunchKernel on this thread, and the kernel it runs."""
         with self.lock:
@@ -103,7 +143,7 @@ class FakeCupti:
         if int(real.ActivityKind.RUNTIME) in self.enabled:
             api = real.ActivityAPI()
             api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
-            api.cbid = int(real.RuntimeApiTraceCbid.cudaLaunchKernel_v7000)
+            api.cbid = int(self.RuntimeApiTraceCbid.cudaLaunchKernel_v7000)
             api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
             records.append(api)
         if self.stack and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
@@ -119,7 +159,7 @@ class FakeCupti:
 
 
 def kernel_record(name: str, start: int, end: int, correlation: int) -> Any:
-    record = real.ActivityKernel13()
+    record = KERNEL_RECORD()
     record.kind = int(real.ActivityKind.CONCURRENT_KERNEL)
     record.start, record.end, record.correlation_id, record.name = start, end, correlation, name
     record.grid_x, record.grid_y, record.grid_z = 128, 2, 1

@@ -25,7 +25,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import os
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -34,6 +36,7 @@ from enum import IntEnum
 from functools import cache, lru_cache
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from xsp import schema as col
@@ -106,53 +109,210 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
     return None
 
 
+# Records as bytes ------------------------------------------------------------------------
+# Reading a record's fields one attribute at a time costs ~1.5 us in cupti-python 13.4 but
+# ~50-100 us in 13.0 (each attribute goes through a numpy record), the version torch's CUDA 13.0
+# builds get; on an H100 that made ResNet-50 inference 5-8x slower while the kernel level ran.
+# So the callback copies each record's bytes (its address and one memcpy) and the fields are
+# read later, a whole drain at once, through the numpy layout cupti-python gives each record type.
+_RAW_FIELDS = {
+    "API": ("kind", "start", "end", "correlation_id", "cbid", "thread_id", "process_id", "return_value"),
+    "Kernel": ("kind", "start", "end", "correlation_id", "name", "grid_x", "grid_y", "grid_z", "block_x",
+               "block_y", "block_z", "registers_per_thread", "static_shared_memory", "dynamic_shared_memory",
+               "stream_id", "device_id", "graph_id"),
+    "Memcpy": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id"),
+    "Memset": ("kind", "start", "end", "correlation_id", "bytes", "value", "stream_id", "device_id"),
+    "Synchronization": ("kind", "start", "end", "correlation_id", "type", "stream_id", "cuda_event_id"),
+    "ExternalCorrelation": ("kind", "external_kind", "external_id", "correlation_id"),
+}
+"""The fields kept of each record family, in the order of the tuples above."""
+_RECORD_CLASS = re.compile(r"Activity(API|Kernel|Memcpy|Memset|Synchronization|ExternalCorrelation)(\d*)$")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class RawLayout:
+    """Where a record type's fields lie in its bytes (its cupti-python numpy dtype)."""
+
+    dtype: Any
+    fields: tuple[str, ...]
+    name_offset: int | None
+    """Kernels: the offset of the pointer to the kernel's name, read while the record is at hand."""
+
+    @property
+    def size(self) -> int:
+        return int(self.dtype.itemsize)
+
+
+_LAYOUTS: dict[type, RawLayout | None] = {}
+
+
+def raw_layout(record_type: type) -> RawLayout | None:
+    """The layout of ``record_type``'s bytes, or None where its fields are read one by one (a
+    record type xsp does not read, or a cupti-python without the numpy layout)."""
+    if record_type in _LAYOUTS:
+        return _LAYOUTS[record_type]
+    layout = None
+    match = _RECORD_CLASS.match(record_type.__name__)
+    module = sys.modules.get(record_type.__module__)
+    if match and module is not None:
+        family, version = match.groups()
+        dtype = getattr(module, f"activity_{_CAMEL.sub('_', family).lower()}{version}_dtype", None)
+        fields = _RAW_FIELDS[family]
+        names = getattr(dtype, "names", None) or ()
+        if dtype is not None and set(fields) <= set(names) and hasattr(record_type, "ptr"):
+            layout = RawLayout(dtype, fields, int(dtype.fields["name"][1]) if family == "Kernel" else None)
+    _LAYOUTS[record_type] = layout
+    return layout
+
+
+def decode(layout: RawLayout, blobs: list[bytes], names: list[str]) -> list[tuple[Any, ...]]:
+    """The tuples of the records whose bytes are ``blobs`` (``names``: their kernels' names)."""
+    values = np.frombuffer(b"".join(blobs), dtype=layout.dtype)
+    columns: list[list[Any]] = [values[name].tolist() for name in layout.fields]
+    if layout.name_offset is not None:
+        columns[0] = [Kind.CONCURRENT_KERNEL] * len(values)
+        columns[4] = names
+    return list(zip(*columns))
+
+
 @dataclass
 class RecordStore:
-    """What CUPTI handed back, as tuples, with what could not be read counted."""
+    """What CUPTI handed back: each record's bytes (or, for a record type without a known layout,
+    its tuple), with what could not be read counted."""
 
     records: list[tuple[Any, ...]] = field(default_factory=list)
+    raw: dict[RawLayout, tuple[list[bytes], list[str]]] = field(default_factory=dict)
     dropped: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    left_out: frozenset[tuple[int, int]] = frozenset()
+    """``(kind, cbid)`` of API calls to leave out here, where CUPTI could not leave them out itself."""
+    left_out_count: int = 0
 
     def on_completed(self, activities: Iterable[Any]) -> None:
-        """CUPTI's buffer-completed callback: one tuple per record, one lock per buffer."""
+        """CUPTI's buffer-completed callback: each record's bytes copied, one lock per buffer."""
         kept = []
+        raw: dict[RawLayout, tuple[list[bytes], list[str]]] = {}
+        kernel_names: dict[int, str] = {}  # one buffer's: a name's memory is CUPTI's
         unread = 0
+        string_at = ctypes.string_at
         for record in activities:
+            layout = _LAYOUTS.get(type(record), _UNSEEN)
+            if layout is _UNSEEN:
+                layout = raw_layout(type(record))
             try:
-                item = record_tuple(record)
+                if layout is None:
+                    item = record_tuple(record)
+                    if item is not None:
+                        kept.append(item)
+                    continue
+                blob = string_at(record.ptr, layout.size)
+                blobs, names = raw.get(layout) or raw.setdefault(layout, ([], []))
+                if layout.name_offset is not None:
+                    pointer = int.from_bytes(blob[layout.name_offset:layout.name_offset + 8], "little")
+                    name = kernel_names.get(pointer)
+                    if name is None:
+                        name = kernel_names[pointer] = string_at(pointer).decode(errors="replace") if pointer else ""
+                    names.append(name)
+                blobs.append(blob)
             except Exception:  # a record of a shape this cupti-python does not have
                 unread += 1
-                continue
-            if item is not None:
-                kept.append(item)
         with self.lock:
             self.records.extend(kept)
+            for layout, (blobs, names) in raw.items():
+                stored = self.raw.setdefault(layout, ([], []))
+                stored[0].extend(blobs)
+                stored[1].extend(names)
             if unread:
                 self.dropped["unreadable CUPTI records"] += unread
 
     def drain(self) -> tuple[list[tuple[Any, ...]], Counter[str]]:
-        """Everything kept so far (and the drop counts), leaving the store empty."""
+        """Everything kept so far as tuples (and the drop counts), leaving the store empty."""
         with self.lock:
             records, self.records = self.records, []
+            raw, self.raw = self.raw, {}
             dropped, self.dropped = self.dropped, Counter()
+        for layout, (blobs, names) in raw.items():
+            try:
+                records.extend(decode(layout, blobs, names))
+            except Exception:
+                dropped["unreadable CUPTI records"] += len(blobs)
+        left_out = self.left_out
+        if left_out:
+            before = len(records)
+            records = [r for r in records
+                       if not ((r[0] == Kind.RUNTIME or r[0] == Kind.DRIVER) and (r[0], r[4]) in left_out)]
+            self.left_out_count += before - len(records)
         return records, dropped
+
+
+_UNSEEN: Any = object()
 
 
 # Interpreting records --------------------------------------------------------------------
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
+
+# cupti-python renamed its callback-id enums: 13.0 has ``runtime_api_trace_cbid``, 13.2 and later
+# ``RuntimeApiTraceCbid`` (torch's CUDA 13.0 builds pin a CUPTI that only 13.0 binds)
+_CBID_ENUMS = {Kind.RUNTIME: ("RuntimeApiTraceCbid", "runtime_api_trace_cbid"),
+               Kind.DRIVER: ("DriverApiTraceCbid", "driver_api_trace_cbid")}
+
+
+def api_enum(cupti: Any, kind: int) -> Any:
+    """The enum of callback ids of ``kind`` (runtime or driver) in this cupti-python.
+
+    Raises:
+        AttributeError: this cupti-python has neither name.
+    """
+    for name in _CBID_ENUMS[Kind(kind)]:
+        enum = getattr(cupti, name, None)
+        if enum is not None:
+            return enum
+    raise AttributeError(f"cupti-python has no enum of {Kind(kind).name.lower()} callback ids")
 
 
 @cache
 def api_name(kind: int, cbid: int) -> str:
     """``cudaLaunchKernel`` for a runtime callback id (``cuLaunchKernel`` for the driver)."""
     try:
-        from cupti import cupti
-
-        enum = cupti.RuntimeApiTraceCbid if kind == Kind.RUNTIME else cupti.DriverApiTraceCbid
-        return _VERSION_SUFFIX.sub("", enum(cbid).name)
+        return _VERSION_SUFFIX.sub("", api_enum(cupti_module(), kind)(cbid).name)
     except Exception:  # an id this cupti-python does not know
         return f"{'cuda' if kind == Kind.RUNTIME else 'cu'}Api#{cbid}"
+
+
+QUERY_CALLS = frozenset({
+    # runtime
+    "cudaGetDevice", "cudaSetDevice", "cudaGetDeviceCount", "cudaDeviceGetAttribute", "cudaGetLastError",
+    "cudaPeekAtLastError", "cudaGetErrorString", "cudaGetErrorName", "cudaFuncGetAttributes",
+    "cudaStreamIsCapturing", "cudaStreamGetCaptureInfo", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+    "cudaOccupancyMaxActiveClusters", "cudaOccupancyAvailableDynamicSMemPerBlock",
+    # driver
+    "cuDevicePrimaryCtxGetState", "cuGetProcAddress", "cuKernelGetName", "cuKernelGetFunction",
+    "cuKernelGetAttribute", "cuLibraryGetKernel", "cuFuncGetAttribute", "cuFuncGetName", "cuDeviceGet",
+    "cuDeviceGetCount", "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxGetLimit",
+    "cuDriverGetVersion", "cuGetErrorString", "cuGetErrorName", "cuPointerGetAttribute",
+    "cuPointerGetAttributes", "cuStreamIsCapturing", "cuStreamGetCaptureInfo", "cuModuleGetLoadingMode",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+    "cuOccupancyMaxActiveClusters", "cuOccupancyAvailableDynamicSMemPerBlock",
+})
+"""CUDA calls that only read the runtime's or driver's state: no GPU work, no wait, no
+allocation. PyTorch makes them by the thousand (ResNet-50 inference on an H100: 48,000 of
+54,000 API calls a 10-step run, ``cudaGetDevice`` alone 28,000), and each one recorded costs a
+record in CUPTI's buffer, a tuple and a span. The ``cuda_api`` level leaves them out unless
+``XSP_CUDA_API_QUERIES=1``."""
+
+RECORD_QUERIES_ENV = "XSP_CUDA_API_QUERIES"
+
+
+def query_cbids(cupti: Any, kind: int) -> tuple[int, ...]:
+    """The callback ids of ``kind`` whose call is one of :data:`QUERY_CALLS` (every version)."""
+    try:
+        enum = api_enum(cupti, kind)
+    except AttributeError:
+        return ()
+    return tuple(sorted({int(member) for member in enum
+                         if _VERSION_SUFFIX.sub("", member.name) in QUERY_CALLS}))
 
 
 class _Demangler:
@@ -397,6 +557,9 @@ class CuptiSource:
         self._subscriber: Any = None
         self._flusher: _Flusher | None = None
         self.store = RecordStore()
+        self.record_queries = False
+        """Record :data:`QUERY_CALLS` too (``XSP_CUDA_API_QUERIES=1`` when the subscription opened)."""
+        self._left_out_by_cupti: dict[Kind, tuple[int, ...]] = {}
         self.offset_ns = 0
         self.uncertainty_ns = 0
         self.drift_ns = 0
@@ -431,10 +594,16 @@ class CuptiSource:
                         raise RuntimeError(f"CUPTI refused activity kind {kind.name}: "
                                            f"{cupti_error_text(exc)}") from None
                     self._enabled.add(kind)
+                    if kind in API_KINDS and not self.record_queries:
+                        self._leave_out_queries(cupti, kind)
 
     def _open(self, cupti: Any) -> None:
         if torch_profiler_active():
             raise RuntimeError(_CONFLICT)
+        self.record_queries = os.environ.get(RECORD_QUERIES_ENV, "") not in ("", "0")
+        # records made before a kind is disabled still arrive with the final flush: what this
+        # subscription leaves out holds until the next one
+        self.store.left_out, self.store.left_out_count = frozenset(), 0
         try:
             # one subscription, held for the session: it fails when another client holds one
             self._subscriber = cupti.subscribe(_ignore_callback, None)
@@ -494,6 +663,27 @@ class CuptiSource:
         except Exception as exc:
             self.warnings.append(f"CUPTI activity kind {kind.name} could not be disabled: {cupti_error_text(exc)}")
         self._enabled.discard(kind)
+        left_out = self._left_out_by_cupti.pop(kind, ())
+        if left_out:  # CUPTI keeps the setting for the process: give the next client its default back
+            enable = _per_call_switch(cupti, kind)
+            try:
+                for cbid in left_out:
+                    enable(cbid, 1)
+            except Exception as exc:
+                self.warnings.append(f"CUPTI's records of {kind.name.lower()} query calls could not be "
+                                     f"switched back on: {cupti_error_text(exc)}")
+
+    def _leave_out_queries(self, cupti: Any, kind: Kind) -> None:
+        """Ask CUPTI to make no records of :data:`QUERY_CALLS`; where it cannot (a cupti-python
+        without the per-call switch), the completed-buffer callback drops them instead."""
+        cbids = query_cbids(cupti, kind)
+        try:
+            enable = _per_call_switch(cupti, kind)
+            for done, cbid in enumerate(cbids):
+                enable(cbid, 0)
+                self._left_out_by_cupti[kind] = cbids[:done + 1]
+        except Exception:
+            self.store.left_out = self.store.left_out | {(int(kind), cbid) for cbid in cbids}
 
     def _unsubscribe(self, cupti: Any) -> None:
         if self._subscriber is not None:
@@ -513,8 +703,12 @@ class CuptiSource:
         return window.derived["cupti_records"]  # type: ignore[no-any-return]
 
     def metadata(self) -> dict[str, Any]:
-        return {"cupti_to_host_offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns,
-                "drift_ns": self.drift_ns}
+        details: dict[str, Any] = {"cupti_to_host_offset_ns": self.offset_ns,
+                                   "uncertainty_ns": self.uncertainty_ns, "drift_ns": self.drift_ns,
+                                   "query_calls": "recorded" if self.record_queries else "left out"}
+        if self.store.left_out_count:
+            details["query_calls_left_out"] = self.store.left_out_count
+        return details
 
     # external correlation around layer calls -------------------------------------------
     def correlation_pair(self) -> tuple[Callable[[int], Any], Callable[[], Any]]:
@@ -539,6 +733,11 @@ class CuptiSource:
                 failures["external correlation ids CUPTI refused"] += 1
 
         return push_id, pop_id
+
+
+def _per_call_switch(cupti: Any, kind: Kind) -> Callable[[int, int], Any]:
+    """``cupti.activity_enable_runtime_api`` (or ``_driver_api``): records of one call on or off."""
+    return cupti.activity_enable_runtime_api if kind == Kind.RUNTIME else cupti.activity_enable_driver_api  # type: ignore[no-any-return]
 
 
 def _buffer_requested() -> tuple[int, int]:

@@ -26,4 +26,4 @@ def test_layers_on_cuda_are_traced_and_nested():
     assert (spans[spans[col.KIND] == "predict"][col.BATCH_SIZE] == 4).all()
     assert session.trace.metadata["device"].startswith("cuda:")
     layers = spans[spans[col.LEVEL] == "layer"]
-    assert set(layers[col.NAME]) == {"0", "1", "2", "3"}
+    assert set(layers[col.NAME]) == {"model.0", "model.1", "model.2", "model.3"}  # named by the binding

@@ -12,6 +12,11 @@ import torch
 
 pytest.importorskip("cupti", reason="cupti-python is not installed (Linux x86_64/aarch64 only)")
 
+# cupti-python 13.0 complains when a record made by hand (not read from a CUPTI buffer) is freed
+# on a machine with a driver: its buffer manager has no buffer to count down
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. 'cupti.cupti.Activity:pytest.PytestUnraisableExceptionWarning")
+
 from cupti import cupti as real  # noqa: E402
 from xsp.analysis import gpu  # noqa: E402
 from xsp.tracers import _cupti  # noqa: E402
@@ -78,10 +83,10 @@ def test_records_become_spans_with_names_launch_geometry_and_memory_facts():
     records = _stored([
         _api(1, 2_000_000, 2_010_000), _external(1, 555),
         kernel_record("_Z6vecAddPfS_S_i", 2_020_000, 2_050_000, 1),
-        _api(2, 2_100_000, 2_110_000, cbid=int(real.RuntimeApiTraceCbid.cudaMemcpyAsync_v3020)),
+        _api(2, 2_100_000, 2_110_000, cbid=int(FakeCupti.RuntimeApiTraceCbid.cudaMemcpyAsync_v3020)),
         _memcpy(2, 2_120_000, 2_130_000, nbytes=1_000_000, copy_kind=1),
         _memset(3, 2_140_000, 2_141_000), _sync(4, 2_150_000, 2_160_000),
-        _api(5, 2_200_000, 2_201_000, cbid=int(real.DriverApiTraceCbid.cuLaunchKernel), kind=4),
+        _api(5, 2_200_000, 2_201_000, cbid=int(FakeCupti.DriverApiTraceCbid.cuLaunchKernel), kind=4),
     ])
     api = api_rows(records, offset)
     assert api[col.NAME].tolist() == ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel"]
@@ -105,6 +110,31 @@ def test_records_become_spans_with_names_launch_geometry_and_memory_facts():
     assert activities.loc[SpanKind.MEMSET.value][col.BYTES] == 4096
     assert activities.loc[SpanKind.SYNC.value][col.NAME] == "Stream Sync"
     assert (activities[col.START_NS] >= 1_000_000).all()
+
+
+def test_records_are_kept_as_bytes_and_read_as_their_attributes_read():
+    records = [_api(1, 2_000_000, 2_010_000, thread=7), _external(1, 555),
+               kernel_record("_Z6vecAddPfS_S_i", 2_020_000, 2_050_000, 1),
+               kernel_record("_Z6vecAddPfS_S_i", 2_060_000, 2_070_000, 2), kernel_record("k2", 1, 2, 3),
+               _api(5, 2_200_000, 2_201_000, cbid=int(FakeCupti.DriverApiTraceCbid.cuLaunchKernel), kind=4),
+               _memcpy(2, 2_120_000, 2_130_000, nbytes=1_000_000, copy_kind=1), _memset(3, 2_140_000, 2_141_000),
+               _sync(4, 2_150_000, 2_160_000)]
+    for record in records:  # every type xsp reads has a layout here: no attribute is read per record
+        assert _cupti.raw_layout(type(record)) is not None, type(record).__name__
+    store = RecordStore()
+    store.on_completed(records)
+    assert not store.records and sum(len(blobs) for blobs, _ in store.raw.values()) == len(records)
+    kept, dropped = store.drain()
+    assert not dropped and not store.raw
+    assert sorted(kept, key=repr) == sorted((_cupti.record_tuple(r) for r in records), key=repr)
+
+
+def test_a_record_type_without_a_layout_is_read_by_its_attributes():
+    class Plain:  # a record of a cupti-python without numpy layouts
+        kind, start, end, correlation_id, cbid, thread_id, process_id, return_value = 5, 10, 20, 1, 211, 3, 1, 0
+
+    assert _cupti.raw_layout(Plain) is None
+    assert _stored([Plain(), _api(2, 30, 40)]) == [(5, 10, 20, 1, 211, 3, 1, 0), (5, 30, 40, 2, 211, 42, 1, 0)]
 
 
 def test_demangling_leaves_plain_and_broken_names_alone():
@@ -144,6 +174,7 @@ class Launching(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.launches):
+            self.fake.query()  # as PyTorch asks cudaGetDevice before its launches
             self.fake.launch()
         return self.linear(x)
 
@@ -198,6 +229,42 @@ def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
     assert abs(details["cupti_to_host_offset_ns"] - fake.clock_offset_ns) <= details["uncertainty_ns"] + 1_000
     by_layer = gpu.kernel_time_per_layer(trace)
     assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"model.0": 6, "model.2": 9}
+
+
+@pytest.mark.parametrize("per_call_switch", [True, False], ids=["cupti-leaves-them-out", "xsp-drops-them"])
+def test_query_calls_are_left_out_and_cuptis_setting_is_given_back(fake, per_call_switch):
+    fake.per_call_switch = per_call_switch
+    trace = _trace(fake)
+    api = trace.spans[trace.spans[col.LEVEL] == Level.CUDA_API.value]
+    assert api[col.NAME].tolist() == ["cudaLaunchKernel"] * 15
+    details = trace.metadata["tracer_details"]["cuda_api"]
+    assert details["query_calls"] == "left out"
+    # 15 cudaGetDevice and 15 cuDevicePrimaryCtxGetState: made by CUPTI and dropped by xsp only without the switch
+    assert details.get("query_calls_left_out", 0) == (0 if per_call_switch else 30)
+    assert fake.silenced == set()  # switched back on for the next CUPTI client of the process
+
+
+def test_query_calls_are_recorded_on_request(fake, monkeypatch):
+    monkeypatch.setenv("XSP_CUDA_API_QUERIES", "1")
+    trace = _trace(fake)
+    names = trace.spans[trace.spans[col.LEVEL] == Level.CUDA_API.value][col.NAME].value_counts().to_dict()
+    assert names == {"cudaLaunchKernel": 15, "cudaGetDevice": 15, "cuDevicePrimaryCtxGetState": 15}
+    assert trace.metadata["tracer_details"]["cuda_api"]["query_calls"] == "recorded"
+
+
+def test_callback_ids_are_named_with_either_enum_name_of_cupti_python():
+    class Cupti130:  # cupti-python 13.0 names the enums in snake case
+        runtime_api_trace_cbid = FakeCupti.RuntimeApiTraceCbid
+        driver_api_trace_cbid = FakeCupti.DriverApiTraceCbid
+
+    assert _cupti.api_enum(Cupti130, _cupti.Kind.RUNTIME)(211).name == "cudaLaunchKernel_v7000"
+    assert _cupti.api_enum(Cupti130, _cupti.Kind.DRIVER) is FakeCupti.DriverApiTraceCbid
+    runtime_queries = _cupti.query_cbids(Cupti130, _cupti.Kind.RUNTIME)
+    assert int(FakeCupti.RuntimeApiTraceCbid.cudaGetDevice_v3020) in runtime_queries
+    assert int(FakeCupti.RuntimeApiTraceCbid.cudaLaunchKernel_v7000) not in runtime_queries
+    with pytest.raises(AttributeError):
+        _cupti.api_enum(object(), _cupti.Kind.RUNTIME)
+    assert _cupti.query_cbids(object(), _cupti.Kind.RUNTIME) == ()
 
 
 def test_a_clock_the_measurement_missed_is_corrected_by_the_external_ids(fake):
