@@ -5,15 +5,19 @@ ResNet-50 inference (random weights, from its config) at batch 1 and 32, on one 
 * one run with every level (model, layer, cuda_api, kernel): the share of kernels linked to
   a launching CUDA call and to a layer;
 * a separate run of the same iterations under PyTorch's profiler (CPU + CUDA): its kernel
-  count and total kernel time against xsp's (goal: equal counts, time within 5%);
-* model latency (mean of the timed iterations, synchronised) with no tracing, the model
-  level, model+layer, and model+layer+cuda_api+kernel, measured side by side in one
-  process, and the overhead of each against the untraced run.
+  count and total kernel time against xsp's (goal: equal counts, time within 5%). The
+  profiler runs after every xsp run: PyTorch's profiler keeps CUPTI's one subscription for
+  the rest of the process once it has traced CUDA, and xsp's CUDA levels cannot start then;
+* model latency (median of the timed iterations, each synchronised) with no tracing, the
+  model level, model+layer, and model+layer+cuda_api+kernel, measured side by side in one
+  process: ``--rounds`` rounds, each running every level set in turn (the order rotated
+  from round to round, so clock ramps and cache warmth fall on each alike), and the
+  overhead of each against the untraced run.
 
 Needs a CUDA GPU and cupti-python; without them it says so and exits 2. Results go to
 benchmarks/results/gpu.md with the device name.
 
-Usage: python benchmarks/gpu.py [--iterations N] [--warmup N]
+Usage: python benchmarks/gpu.py [--iterations N] [--warmup N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ LEVEL_SETS = {"none": None, "model": "model", "model+layer": "model,layer",
               "model+layer+cuda_api+kernel": "model,layer,kernel"}
 
 
-def _synchronised_latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
-                             context: contextlib.AbstractContextManager[Any]) -> float:
+def _synchronised_latencies_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
+                               context: contextlib.AbstractContextManager[Any]) -> list[float]:
     times = []
     with context:
         for _ in range(iterations):
@@ -50,7 +54,18 @@ def _synchronised_latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations
             model(x)
             torch.cuda.synchronize()
             times.append((time.perf_counter_ns() - start) / 1e6)
-    return statistics.fmean(times)
+    return times
+
+
+def _latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int, rounds: int) -> dict[str, float]:
+    """Median latency per level set over ``rounds`` rounds that run every set, in a rotating order."""
+    labels = list(LEVEL_SETS)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for round_index in range(rounds):
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            times[label] += _synchronised_latencies_ms(model, x, iterations, _levels(LEVEL_SETS[label]))
+    return {label: statistics.median(values) for label, values in times.items()}
 
 
 @contextlib.contextmanager
@@ -65,6 +80,7 @@ def _levels(levels: str | None) -> Iterator[None]:
 
 
 def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: int) -> dict[str, Any]:
+    """xsp's kernels of ``iterations`` calls: how many, how many linked to a launch and a layer."""
     import xsp
     from xsp import schema as col
     from xsp.schema import Level, SpanKind
@@ -79,6 +95,15 @@ def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: in
     parents = parent_positions(spans)
     launched = spans[col.LEVEL].to_numpy()[parents[kernels]] == Level.CUDA_API.value
     layered = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels] >= 0
+    api_calls = int((spans[col.LEVEL] == Level.CUDA_API.value).sum())
+    return {"batch": batch, "kernels": len(kernels), "launched": float(launched.mean()) if len(kernels) else 0.0,
+            "layered": float(layered.mean()) if len(kernels) else 0.0, "api_calls": api_calls,
+            "kernel_ms": spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e6,
+            "hierarchy": session.trace.metadata["hierarchy"]}
+
+
+def _profiler_kernels(model: torch.nn.Module, x: torch.Tensor, iterations: int) -> tuple[int, float]:
+    """PyTorch's profiler's kernel count and kernel ms for ``iterations`` calls."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -87,17 +112,14 @@ def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: in
         torch.cuda.synchronize()
     theirs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
               and not e.name.startswith(("Memcpy", "Memset"))]
-    ours_us = spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e3
-    theirs_us = sum(e.device_time for e in theirs)
-    return {"batch": batch, "kernels": len(kernels), "launched": launched.mean(), "layered": layered.mean(),
-            "profiler_kernels": len(theirs), "kernel_ms": ours_us / 1e3, "profiler_kernel_ms": theirs_us / 1e3,
-            "hierarchy": session.trace.metadata["hierarchy"]}
+    return len(theirs), sum(e.device_time for e in theirs) / 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU; none is visible here", file=sys.stderr)
@@ -113,35 +135,39 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name(0)
     model = build_model().cuda()
     linking, latency = [], []
+    inputs = {batch: torch.randn(batch, 3, 224, 224, device="cuda") for batch in (1, 32)}
     with torch.no_grad():
-        for batch in (1, 32):
-            x = torch.randn(batch, 3, 224, 224, device="cuda")
+        for batch, x in inputs.items():
             for _ in range(args.warmup):
                 model(x)
             torch.cuda.synchronize()
             linking.append(_linking(batch, model, x, args.iterations))
-            row = {"batch": batch}
-            for label, levels in LEVEL_SETS.items():  # side by side, in one process
-                row[label] = _synchronised_latency_ms(model, x, args.iterations, _levels(levels))
-            latency.append(row)
+            latency.append({"batch": batch, **_latency_ms(model, x, args.iterations, args.rounds)})
+        for row in linking:  # last: the profiler keeps CUPTI for the rest of the process
+            row["profiler_kernels"], row["profiler_kernel_ms"] = _profiler_kernels(
+                model, inputs[row["batch"]], args.iterations)
     lines = [
         "# CUDA levels on a GPU", "",
         f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, device **{device}**, torch {torch.__version__}, "
-        f"Python {platform.python_version()}; `python benchmarks/gpu.py --iterations {args.iterations}`.", "",
-        "## Linking and agreement with PyTorch's profiler (ResNet-50 inference, separate runs)", "",
+        f"Python {platform.python_version()}; `python benchmarks/gpu.py --iterations {args.iterations} "
+        f"--rounds {args.rounds}`.", "",
+        f"## Linking and agreement with PyTorch's profiler (ResNet-50 inference, {args.iterations} calls, "
+        "separate runs)", "",
         "| batch | kernels (xsp) | kernels (profiler) | linked to a launch | linked to a layer | kernel ms (xsp) "
-        "| kernel ms (profiler) | difference |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| kernel ms (profiler) | difference | CUDA API calls (xsp) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in linking:
         difference = (r["kernel_ms"] - r["profiler_kernel_ms"]) / r["profiler_kernel_ms"]
         lines.append(f"| {r['batch']} | {r['kernels']} | {r['profiler_kernels']} | {r['launched']:.1%} | "
-                     f"{r['layered']:.1%} | {r['kernel_ms']:.2f} | {r['profiler_kernel_ms']:.2f} | {difference:+.1%} |")
-    lines += ["", "## Model latency by levels traced (mean ms, synchronised; overhead against no tracing)", "",
+                     f"{r['layered']:.1%} | {r['kernel_ms']:.2f} | {r['profiler_kernel_ms']:.2f} | {difference:+.1%} "
+                     f"| {r['api_calls']} |")
+    lines += ["", f"## Model latency by levels traced (median ms of {args.rounds} x {args.iterations} synchronised "
+              "calls each; overhead against no tracing)", "",
               "| batch | " + " | ".join(LEVEL_SETS) + " |", "| ---: |" + " ---: |" * len(LEVEL_SETS)]
     for row in latency:
         base = row["none"]
-        cells = [f"{row[label]:.2f}" + ("" if label == "none" else f" ({row[label] / base - 1:+.0%})")
+        cells = [f"{row[label]:.2f}" + ("" if label == "none" else f" ({row[label] / base - 1:+.1%})")
                  for label in LEVEL_SETS]
         lines.append(f"| {row['batch']} | " + " | ".join(cells) + " |")
     record(lines, RESULTS)

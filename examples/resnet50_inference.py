@@ -3,6 +3,10 @@
 Run it plain, or profile it without changing it:
 
     xsp run --report -- examples/resnet50_inference.py --batch-size 1 --iterations 5
+
+On a GPU, with the CUDA API and kernel levels too:
+
+    xsp run --levels model,layer,cuda_api,kernel --report -- examples/resnet50_inference.py --device cuda
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ def build_model() -> torch.nn.Module:
     return ResNetForImageClassification(config).eval()
 
 
-def preprocess(batch_size: int, image_size: int) -> torch.Tensor:
-    """A batch of random images, normalised as ImageNet images would be."""
-    images = torch.rand(batch_size, 3, image_size, image_size)
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+def preprocess(batch_size: int, image_size: int, device: str = "cpu") -> torch.Tensor:
+    """A batch of random images on ``device``, normalised as ImageNet images would be."""
+    images = torch.rand(batch_size, 3, image_size, image_size).to(device)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
     return (images - mean) / std
 
 
@@ -35,12 +39,13 @@ def main(argv: list[str] | None = None) -> list[int]:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda")
     args = parser.parse_args(argv)
-    model = build_model()
+    model = build_model().to(args.device)
     predictions: list[int] = []
     with torch.inference_mode():
         for _ in range(args.iterations):
-            pixels = preprocess(args.batch_size, args.image_size)
+            pixels = preprocess(args.batch_size, args.image_size, args.device)
             logits = model(pixel_values=pixels).logits
             predictions.extend(logits.argmax(-1).tolist())
     print(f"resnet50: {args.iterations} batches of {args.batch_size}, first predictions {predictions[:4]}")

@@ -32,8 +32,8 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
-def build(steps: int | None = None):
-    """Set up model, data and optimizer; return run_steps(n) running n training iterations."""
+def build(steps: int | None = None, device: str = "cpu"):
+    """Set up model, data and optimizer on ``device``; return run_steps(n) running n training iterations."""
     default_n = DEFAULT_STEPS if steps is None else steps
     torch.manual_seed(0)
     images = torch.randn(512, 1, 28, 28)
@@ -46,7 +46,7 @@ def build(steps: int | None = None):
         num_workers=2,
         generator=torch.Generator().manual_seed(0),
     )
-    model = Net()
+    model = Net().to(device)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
@@ -56,6 +56,7 @@ def build(steps: int | None = None):
         losses: list[float] = []
         while len(losses) < n:  # epochs, stopped after n iterations as a max_steps would
             for x, y in loader:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 optimizer.zero_grad()
                 out = model(x)
                 loss = criterion(out, y)
@@ -72,8 +73,9 @@ def build(steps: int | None = None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    parser.add_argument("--device", default="cpu", help="where the model trains, e.g. cuda")
     args = parser.parse_args(argv)
-    run_steps = build(args.steps)
+    run_steps = build(args.steps, args.device)
     losses = run_steps(args.steps)
     print(f"mnist_train: steps={len(losses)}")
     print(f"first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}")

@@ -1,0 +1,161 @@
+"""Where the CUDA levels' host overhead goes: ResNet-50 inference at batch 1 on one GPU, variants side by side.
+
+Each variant runs ``--iterations`` synchronised calls in one process and gives the median
+latency, how often CUPTI's buffers were flushed, the wall time of the flushes and of xsp's
+buffer callback (on the flushing thread: it includes waiting for the GIL) and how many records
+the callback got. The variants: no tracing; model+layer; every level; every level without the
+per-step flush; with a callback that keeps nothing; without external correlation ids; CUPTI
+alone (activity kinds enabled by hand, records only counted, flushed between calls, outside the
+timed call). Needs a CUDA GPU and cupti-python; results go to benchmarks/results/gpu_probe.md.
+
+Usage: python benchmarks/gpu_probe.py [--iterations N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import record
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+RESULTS = ROOT / "benchmarks" / "results" / "gpu_probe.md"
+STATS: dict[str, float] = {}
+
+
+def _timed_flush(flush: Callable[[int], Any]) -> Callable[[int], Any]:
+    def timed(flag: int) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return flush(flag)
+        finally:
+            STATS["flushes"] += 1
+            STATS["flush ms"] += (time.perf_counter_ns() - start) / 1e6
+    return timed
+
+
+def _timed_callback(callback: Callable[[Any, Iterable[Any]], None]) -> Callable[[Any, Iterable[Any]], None]:
+    def timed(store: Any, activities: Iterable[Any]) -> None:
+        start = time.perf_counter_ns()
+        activities = list(activities)
+        callback(store, activities)
+        STATS["callback records"] += len(activities)
+        STATS["callback ms"] += (time.perf_counter_ns() - start) / 1e6
+    return timed
+
+
+def _median_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
+               after_each: Callable[[], Any] | None = None) -> float:
+    times = []
+    for _ in range(iterations):
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        model(x)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter_ns() - start) / 1e6)
+        if after_each is not None:
+            after_each()
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu_probe.py needs a CUDA GPU; none is visible here", file=sys.stderr)
+        return 2
+    from cupti import cupti
+    from resnet50_inference import build_model
+    from xsp.tracers import _cupti
+    from xsp.tracers._module_calls import INTERCEPTOR
+
+    import xsp
+
+    flush = cupti.activity_flush_all
+    cupti.activity_flush_all = _timed_flush(flush)
+    callback = _cupti.RecordStore.on_completed
+    timed_callback = _timed_callback(callback)
+    _cupti.RecordStore.on_completed = timed_callback  # type: ignore[method-assign]
+    request = _cupti._Flusher.request
+    model, x = build_model().cuda(), torch.randn(1, 3, 224, 224, device="cuda")
+    rows = []
+
+    def variant(label: str, levels: str | None, setup: Callable[[], Any] | None = None) -> None:
+        STATS.update({"flushes": 0, "flush ms": 0.0, "callback records": 0, "callback ms": 0.0})
+        with torch.no_grad():
+            if levels is None:
+                median = _median_ms(model, x, args.iterations)
+            else:
+                with xsp.trace(levels=levels, output=None):
+                    if setup is not None:
+                        setup()
+                    median = _median_ms(model, x, args.iterations)
+        rows.append((label, median, dict(STATS)))
+        print(rows[-1], flush=True)
+
+    def cupti_alone(label: str, kinds: list[int]) -> None:
+        seen = [0]
+
+        def completed(activities: Iterable[Any]) -> None:
+            seen[0] += sum(1 for _ in activities)
+
+        cupti.activity_register_callbacks(lambda: (8 << 20, 0), completed)
+        for kind in kinds:
+            cupti.activity_enable(kind)
+        with torch.no_grad():
+            median = _median_ms(model, x, args.iterations, after_each=lambda: flush(0))
+        flush(1)
+        for kind in kinds:
+            cupti.activity_disable(kind)
+        rows.append((label, median, {"callback records": seen[0]}))
+        print(rows[-1], flush=True)
+
+    with torch.no_grad():
+        for _ in range(5):
+            model(x)
+        torch.cuda.synchronize()
+    variant("no tracing", None)
+    variant("model,layer", "model,layer")
+    variant("model,layer,kernel", "model,layer,kernel")
+    variant("model,kernel (no layer pushes its id)", "model,kernel")
+    _cupti._Flusher.request = lambda self: None  # type: ignore[method-assign]
+    variant("model,layer,kernel; no flush at step ends", "model,layer,kernel")
+    _cupti._Flusher.request = request  # type: ignore[method-assign]
+    _cupti.RecordStore.on_completed = lambda self, activities: None  # type: ignore[method-assign]
+    variant("model,layer,kernel; a callback that keeps nothing", "model,layer,kernel")
+    _cupti.RecordStore.on_completed = timed_callback  # type: ignore[method-assign]
+    variant("model,layer,kernel; no external ids", "model,layer,kernel", setup=lambda: INTERCEPTOR.correlate(None))
+    kinds = [int(kind) for kind in (*_cupti.ACTIVITY_KINDS, *_cupti.API_KINDS, _cupti.Kind.EXTERNAL_CORRELATION)]
+    cupti_alone("CUPTI alone: kernels", [int(_cupti.Kind.CONCURRENT_KERNEL)])
+    cupti_alone("CUPTI alone: kernels, runtime", [int(_cupti.Kind.CONCURRENT_KERNEL), int(_cupti.Kind.RUNTIME)])
+    cupti_alone("CUPTI alone: every kind xsp reads", kinds)
+    variant("no tracing, again", None)
+    cupti.activity_flush_all = flush
+    lines = [
+        "# Where the CUDA levels' host overhead goes", "",
+        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, device **{torch.cuda.get_device_name(0)}**, "
+        f"torch {torch.__version__}, Python {platform.python_version()}; `python benchmarks/gpu_probe.py "
+        f"--iterations {args.iterations}` (ResNet-50 inference, batch 1).", "",
+        "| variant | median ms | flushes | flush ms | records to the callback | callback ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, median, stats in rows:
+        cells = [f"{stats[key]:,.0f}" if key in stats else "" for key in
+                 ("flushes", "flush ms", "callback records", "callback ms")]
+        lines.append(f"| {label} | {median:.2f} | " + " | ".join(cells) + " |")
+    record(lines, RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
