@@ -83,7 +83,7 @@ class LoopEvents:
         first test it folds, as it does the module-call wrapper's: a compiled ``optimizer.step``
         runs them), and ``torch.autograd.backward``'s replacement, all of C."""
         if hotpath.HOTPATH is not None:
-            self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.buffer, now_ns, error_text,
+            self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.new_buffer, now_ns, error_text,
                                                     self._optimizer_names, ThreadBuffer, AutoSteps,
                                                     hotpath_constants(), MarkKind.BACKWARD, MarkKind.OPTIMIZER,
                                                     BACKWARD_NAME)

@@ -263,7 +263,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
                         on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
-    local, new_buffer = recording.local, recording.buffer
+    local, new_buffer = recording.local, recording.new_buffer
     begin_root = _root_call(recording)
     push, pop = correlation if correlation is not None else (None, None)
 
@@ -325,7 +325,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
 
 def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
                       on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
-    local, new_buffer = recording.local, recording.buffer
+    local, new_buffer = recording.local, recording.new_buffer
     begin_root = _root_call(recording)
     hook_backward = _backward_hooks(recording)
     push, pop = correlation if correlation is not None else (None, None)

@@ -51,7 +51,7 @@
 #define ROOT_MODE_UNKNOWN 4
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
-static PyObject *s_b, *s_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor,
+static PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor,
     *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
@@ -100,6 +100,9 @@ typedef struct {
     PyObject *grad_enabled;   /* torch.is_grad_enabled */
     PyObject *jit_tracing;    /* torch._C._get_tracing_state, or None: jit tracing sets buffer.aside */
     PyObject *tensor_type;    /* torch.Tensor */
+    PyObject *shape_descriptor;  /* torch.Tensor.shape (a getset descriptor), or NULL */
+    descrgetfunc shape_get;   /* its getter */
+    unsigned int shape_version;  /* torch.Tensor's version tag when it was read */
     PyObject *describe_inputs;
     PyObject *describe;
     PyObject *on_error;       /* (buffer, module, args, kwargs, start, end, exception, depth) */
@@ -111,19 +114,19 @@ typedef struct {
         *inference_step_name, *inference_attributes;
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
+    uint64_t running_thread;
+    /* MODE_ROOTS: the thread (current_thread) whose top-level call this wrapper runs right now, 0
+     * when none: a module call on that thread while it runs is a pass-through, known without the
+     * thread's buffer and its depth (~50 instructions a layer call). Whenever it names a thread,
+     * that thread's buffer's depth is 1 or more; when it does not (another thread's top-level call
+     * took it, or the Python path runs the call), the buffer says. A field, not a thread-local: a
+     * thread-local of a shared library costs a call (__tls_get_addr) at each read. */
 } FastCall;
 
-#if defined(_MSC_VER)
-#define THREAD_LOCAL __declspec(thread)
-#else
-#define THREAD_LOCAL _Thread_local
-#endif
-
-/* The FastCall (model level) whose top-level call runs on this thread right now, NULL when none:
- * a module call while it runs is a pass-through, known without the thread's buffer and its depth
- * (~50 instructions a layer call). Whenever it is set, that buffer's depth is 1 or more; when it
- * is not (the Python path runs the top-level call), the buffer says. */
-static THREAD_LOCAL void *running_top_call = NULL;
+/* The calling thread's id: its thread state's, unique for the interpreter's life and never 0. */
+static inline uint64_t current_thread(void) {
+    return PyThreadState_GetID(PyThreadState_Get());
+}
 
 /* One module call's arguments, as the vectorcall protocol passes them: argv[0] is the module,
  * then `nargs` positional arguments, then the values of the keywords named in `kwnames`. */
@@ -256,13 +259,22 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
 }
 
 /* helpers ------------------------------------------------------------------------------ */
-/* recording.local.b of the calling thread (new reference), through `cache`; NULL with an
- * AttributeError set when the thread has no buffer yet. */
+/* recording.local.b of the calling thread (new reference), through `cache`; NULL and no
+ * exception when the thread has no buffer yet (read from the thread's dict of the local: no
+ * AttributeError is made for a new thread's first call), NULL with an exception on an error. */
 static PyObject *thread_buffer(PyObject *local, BufferCache *cache) {
-    uint64_t thread = PyThreadState_GetID(PyThreadState_Get());
+    uint64_t thread = current_thread();
     for (int i = 0; i < CACHED_THREADS; i++)
         if (cache->buffers[i] != NULL && cache->threads[i] == thread) return Py_NewRef(cache->buffers[i]);
-    PyObject *buffer = PyObject_GetAttr(local, s_b);
+    PyObject *dict = PyObject_GetAttr(local, s___dict__);
+    if (dict == NULL) return NULL;
+    if (!PyDict_Check(dict)) {
+        Py_DECREF(dict);
+        PyErr_SetString(PyExc_TypeError, "xsp: recording.local has no dict");
+        return NULL;
+    }
+    PyObject *buffer = Py_XNewRef(PyDict_GetItemWithError(dict, s_b));
+    Py_DECREF(dict);
     if (buffer != NULL) {
         unsigned int entry = cache->next++ % CACHED_THREADS;
         Py_XSETREF(cache->buffers[entry], Py_NewRef(buffer));
@@ -356,12 +368,23 @@ static PyObject *descriptor_id(PyObject *buffer, PyObject *ids, PyObject *descri
     return PyObject_CallMethodOneArg(buffer, s_intern_descriptor, descriptor);
 }
 
+/* tensor.shape (new reference). A torch.Tensor's is read through the descriptor found when the
+ * wrapper was made, while the class is unchanged (its version tag): what attribute lookup would
+ * find, without the lookup (the type cache is shared, and a miss there costs ~300 instructions). */
+static inline PyObject *tensor_shape(FastCall *self, PyObject *tensor) {
+    PyTypeObject *type = Py_TYPE(tensor);
+    if (self->shape_get != NULL && type == (PyTypeObject *)self->tensor_type
+        && PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == self->shape_version)
+        return self->shape_get(self->shape_descriptor, tensor, (PyObject *)type);
+    return PyObject_GetAttr(tensor, s_shape);
+}
+
 /* Append the shapes of `value`'s tensors to `shapes`: itself, or those one level into a tuple or
  * list (describe_inputs's rule for one argument). */
 static int add_shapes(FastCall *self, PyObject *shapes, PyObject *value) {
     PyTypeObject *tensor = (PyTypeObject *)self->tensor_type;
     if (PyObject_TypeCheck(value, tensor)) {
-        PyObject *shape = PyObject_GetAttr(value, s_shape);
+        PyObject *shape = tensor_shape(self, value);
         if (shape == NULL) return -1;
         int added = PyList_Append(shapes, shape);
         Py_DECREF(shape);
@@ -393,7 +416,7 @@ static PyObject *inputs_descriptor(FastCall *self, const Call *call) {
     Py_ssize_t count = call->nargs + CALL_NKW(call);
     PyObject *const *values = call->argv + 1;
     if (count == 1 && call->nargs == 1 && Py_IS_TYPE(values[0], (PyTypeObject *)self->tensor_type))
-        return PyObject_GetAttr(values[0], s_shape);
+        return tensor_shape(self, values[0]);
     PyObject *shapes = PyList_New(0);
     if (shapes == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++)
@@ -406,7 +429,7 @@ static PyObject *inputs_descriptor(FastCall *self, const Call *call) {
 
 /* Shape descriptor of the output, as describe gives it (new reference); mappings in Python. */
 static PyObject *output_descriptor(FastCall *self, PyObject *out) {
-    if (Py_IS_TYPE(out, (PyTypeObject *)self->tensor_type)) return PyObject_GetAttr(out, s_shape);
+    if (Py_IS_TYPE(out, (PyTypeObject *)self->tensor_type)) return tensor_shape(self, out);
     if (!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) return PyObject_CallOneArg(self->describe, out);
     PyObject *shapes = PyList_New(0);
     if (shapes == NULL) return NULL;
@@ -955,10 +978,10 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
     PyTuple_SET_ITEM(row, 1, flags_object);
     if (PyList_Append(roots, row) < 0) goto done;
     Py_ssize_t length = 0;
-    void *outer = running_top_call;
-    if (self->mode == MODE_ROOTS) running_top_call = self;
+    uint64_t thread = current_thread();
+    if (self->mode == MODE_ROOTS) self->running_thread = thread;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
-    running_top_call = outer;  /* after a failure too */
+    if (self->running_thread == thread) self->running_thread = 0;  /* after a failure too */
     if (out == NULL) goto done;
     if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
@@ -1003,12 +1026,10 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
         return NULL;
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
-    if (running_top_call == (void *)self) return call_with_module(self->original, &call);  /* MODE_ROOTS */
+    if (self->running_thread == current_thread()) return call_with_module(self->original, &call);  /* MODE_ROOTS */
     PyObject *buffer = thread_buffer(self->local, &self->cache);
-    if (buffer == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        PyErr_Clear();  /* this thread's first record: recording.buffer() makes its buffer */
-        buffer = PyObject_CallMethodNoArgs(self->recording, s_buffer);
-    }
+    if (buffer == NULL && !PyErr_Occurred())  /* this thread's first record */
+        buffer = PyObject_CallMethodNoArgs(self->recording, s_new_buffer);
     if (buffer == NULL || !Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
         PyErr_Clear();  /* no ThreadBuffer: the Python path says what is wrong */
         Py_XDECREF(buffer);
@@ -1112,7 +1133,7 @@ typedef struct {
     PyObject_HEAD
     BufferCache cache;
     PyObject *local;            /* recording.local */
-    PyObject *new_buffer;       /* recording.buffer: the thread's buffer, created on its first record */
+    PyObject *new_buffer;       /* recording.new_buffer: makes the buffer of a thread that has none */
     PyObject *now;
     PyObject *error_text;       /* (exception) -> str */
     PyObject *optimizer_names;  /* type -> "<class name>.step" */
@@ -1128,9 +1149,8 @@ static PyTypeObject StepEventsType;
 static PyObject *events_buffer(StepEvents *self) {
     PyObject *buffer = thread_buffer(self->local, &self->cache);
     if (buffer == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
-        PyErr_Clear();
-        buffer = PyObject_CallNoArgs(self->new_buffer);
+        if (PyErr_Occurred()) return NULL;
+        buffer = PyObject_CallNoArgs(self->new_buffer);  /* this thread's first record */
         if (buffer == NULL) return NULL;
     }
     if (!Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
@@ -1548,6 +1568,28 @@ static const char *kwlist[] = {"mode", "original", "slow", "local", "recording",
 
 #define FIELDS 14
 
+/* torch.Tensor.shape's descriptor and getter, for tensor_shape; none (NULL) where it is no
+ * getset descriptor of the class. */
+static int find_shape_descriptor(FastCall *self) {
+    PyTypeObject *type = (PyTypeObject *)self->tensor_type;
+    Py_CLEAR(self->shape_descriptor);
+    self->shape_get = NULL;
+    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, s_shape);  /* the descriptor itself, on a class */
+    if (descriptor == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!Py_IS_TYPE(descriptor, &PyGetSetDescr_Type) || Py_TYPE(descriptor)->tp_descr_get == NULL
+        || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        Py_DECREF(descriptor);
+        return 0;
+    }
+    self->shape_descriptor = descriptor;
+    self->shape_get = Py_TYPE(descriptor)->tp_descr_get;
+    self->shape_version = type->tp_version_tag;
+    return 0;
+}
+
 static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
@@ -1592,14 +1634,15 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     self->mode = mode;
     self->compact_at = compact_at;
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
+    if (find_shape_descriptor(self) < 0) return -1;
     self->vectorcall = fastcall_vectorcall;
     return 0;
 }
 
 #define EACH_FIELD(DO) \
     DO(self->original); DO(self->slow); DO(self->local); DO(self->recording); DO(self->now); \
-    DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->describe_inputs); \
-    DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
+    DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->shape_descriptor); \
+    DO(self->describe_inputs); DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)
@@ -1644,7 +1687,8 @@ static struct PyModuleDef hotpath_module = {
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_b, "b");
-    INTERN(s_buffer, "buffer");
+    INTERN(s_new_buffer, "new_buffer");
+    INTERN(s___dict__, "__dict__");
     INTERN(s_is_compiling_flag, "_is_compiling_flag");
     INTERN(s_long_step_ns, "long_step_ns");
     INTERN(s_report_after_ns, "report_after_ns");

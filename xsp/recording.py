@@ -136,6 +136,13 @@ memory: at full size (28 KiB) it cost ~35 µs of page faults here, on the first 
 thread (a server that starts threads per request paid it per request)."""
 
 
+# Empty arrays are made by copying these: array() parses its type code each time, and a
+# new thread makes 19 of them
+_new_int8 = array("b").__copy__
+_new_int64 = array("q").__copy__
+_new_long = array("l").__copy__
+
+
 def _packed_rows(rows: int = COMPACT_AT) -> bytearray:
     """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``rows`` rows (made at its
     full size, so that the C wrapper only writes into it; rows after them go to ``calls``). Only
@@ -151,13 +158,13 @@ class CallColumns:
     __slots__ = ("start", "end", "module", "depth", "inputs", "outputs", "error")
 
     def __init__(self) -> None:
-        self.start = array("q")
-        self.end = array("q")
-        self.module = array("l")
-        self.depth = array("l")
-        self.inputs = array("l")
-        self.outputs = array("l")
-        self.error = array("l")
+        self.start = _new_int64()
+        self.end = _new_int64()
+        self.module = _new_long()
+        self.depth = _new_long()
+        self.inputs = _new_long()
+        self.outputs = _new_long()
+        self.error = _new_long()
 
     def __len__(self) -> int:
         return len(self.start)
@@ -169,12 +176,12 @@ class MarkColumns:
     __slots__ = ("kind", "start", "end", "name", "attributes", "error")
 
     def __init__(self) -> None:
-        self.kind = array("b")
-        self.start = array("q")
-        self.end = array("q")
-        self.name = array("l")
+        self.kind = _new_int8()
+        self.start = _new_int64()
+        self.end = _new_int64()
+        self.name = _new_long()
         self.attributes: list[dict[str, Any] | None] = []
-        self.error = array("l")
+        self.error = _new_long()
 
     def __len__(self) -> int:
         return len(self.start)
@@ -189,10 +196,10 @@ class BackwardColumns:
     __slots__ = ("module", "time", "phase", "call")
 
     def __init__(self) -> None:
-        self.module = array("l")
-        self.time = array("q")
-        self.phase = array("b")
-        self.call = array("q")
+        self.module = _new_long()
+        self.time = _new_int64()
+        self.phase = _new_int8()
+        self.call = _new_int64()
 
     def __len__(self) -> int:
         return len(self.time)
@@ -204,8 +211,8 @@ class RootColumns:
     __slots__ = ("start", "flags")
 
     def __init__(self) -> None:
-        self.start = array("q")
-        self.flags = array("b")
+        self.start = _new_int64()
+        self.flags = _new_int8()
 
     def __len__(self) -> int:
         return len(self.start)
@@ -531,7 +538,11 @@ class Recording:
         try:
             return self.local.b  # type: ignore[no-any-return]
         except AttributeError:
-            pass
+            return self.new_buffer()
+
+    def new_buffer(self) -> ThreadBuffer:
+        """A buffer for the calling thread, which has none yet (the recording wrappers call this
+        after their own lookup missed: a second miss would make a second AttributeError)."""
         buffer = ThreadBuffer(self)
         with self._lock:
             self.buffers.append(buffer)

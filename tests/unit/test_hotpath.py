@@ -312,6 +312,63 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert errors and all("too large" in str(row[9]) for row in errors)
 
 
+class _Interleaving(nn.Module):
+    """A layer in which two threads' top-level calls overlap, once armed: ``first``'s call waits
+    inside it until ``second``'s has begun, and ``second``'s waits until ``first``'s has ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.first_inside, self.second_inside, self.first_done = threading.Event(), threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = threading.current_thread().name
+        if self.armed and name == "first" and not self.first_inside.is_set():
+            self.first_inside.set()
+            assert self.second_inside.wait(10)
+        elif self.armed and name == "second" and not self.second_inside.is_set():
+            self.second_inside.set()
+            assert self.first_done.wait(10)
+        return x + 1
+
+
+@pytest.mark.parametrize("c", [True, False], ids=["c", "python"])
+def test_top_level_calls_of_two_threads_that_overlap_are_each_recorded(c_module, monkeypatch, c):
+    # the model level's pass-through names the thread whose top-level call runs; here a second
+    # thread's call begins inside the first's and ends after it: neither thread's next call may be
+    # taken for a nested one (each thread calls twice first, so that C runs its calls)
+    layer = _Interleaving()
+    model = nn.Sequential(nn.Linear(4, 4), layer, nn.ReLU())
+    x, second_done = torch.randn(2, 4), threading.Event()
+    warm = threading.Barrier(2, action=lambda: setattr(layer, "armed", True))
+
+    def first() -> None:
+        model(x), model(x), warm.wait()
+        model(x)
+        layer.first_done.set()
+        assert second_done.wait(10)
+        model(x)
+
+    def second() -> None:
+        model(x), model(x), warm.wait()
+        assert layer.first_inside.wait(10)
+        model(x)
+        second_done.set()
+
+    def program() -> None:
+        threads = [threading.Thread(target=first, name="first"), threading.Thread(target=second, name="second")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        model(x)
+
+    spans = _trace(program, "model", c, monkeypatch)
+    calls = spans[(spans[col.LEVEL] == "model") & (spans[col.NAME] == "model")]
+    assert calls[col.THREAD_ID].value_counts().sort_values().tolist() == [1, 3, 4]
+    assert (spans[col.LEVEL] != "layer").all()
+
+
 def _grad_modes_program() -> None:
     """Inference mode, no_grad and grad on, on the same model: steps of each kind, and backward
     layer spans only where autograd recorded a graph."""
@@ -362,6 +419,37 @@ def test_a_top_level_calls_shapes_are_compared_by_value(c_module, monkeypatch):
     assert [json.loads(shapes) for shapes in calls[col.INPUT_SHAPES]] == [  # a JSON string per span
         [[2, width], [width, 1]] if width < 2**20 else [[2, width]] for width in widths]
     assert [json.loads(shapes) for shapes in calls[col.OUTPUT_SHAPES]] == [[[2, width]] for width in widths]
+    assert _structure(spans) == _structure(_trace(program, "model", False, monkeypatch))
+
+
+class _ShapeOfItsOwn(torch.Tensor):
+    """A tensor subclass whose ``shape`` is its own."""
+
+    @property
+    def shape(self) -> torch.Size:  # type: ignore[override]
+        return torch.Size([7, 7])
+
+
+def test_shapes_are_read_as_attribute_lookup_reads_them_when_the_tensor_class_changes(c_module, monkeypatch):
+    # the C wrapper reads torch.Tensor's shape through the descriptor it found at its start, while
+    # the class is unchanged; a subclass, or torch.Tensor changed since, is read by attribute lookup
+    model = nn.Linear(4, 4)
+    plain, own = torch.randn(2, 4), torch.randn(3, 4).as_subclass(_ShapeOfItsOwn)
+
+    def program() -> None:
+        with torch.no_grad():
+            model(plain)
+            model(own)
+            torch.Tensor.xsp_test_marker = 1  # any change to the class gives it a new version tag
+            try:
+                model(plain)
+                model(own)
+            finally:
+                del torch.Tensor.xsp_test_marker
+
+    spans = _trace(program, "model", True, monkeypatch)
+    calls = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
+    assert [json.loads(shapes) for shapes in calls[col.INPUT_SHAPES]] == [[[2, 4]], [[7, 7]]] * 2
     assert _structure(spans) == _structure(_trace(program, "model", False, monkeypatch))
 
 

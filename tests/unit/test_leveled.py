@@ -262,7 +262,7 @@ def test_calibration_measures_each_host_level():
         assert cost.events > 0 and 0 <= cost.inside_ns < 100_000 and 0 < cost.parent_ns < 100_000
     assert costs[Level.LAYER].parent_ns >= costs[Level.LAYER].inside_ns * 0.5  # the parent sees at least the inside
     # a module call passing through the model level's wrapper costs far less than a recorded
-    # top-level call: with the C part, next to nothing (a thread-local flag read before the
+    # top-level call: with the C part, next to nothing (a field of the wrapper read before the
     # original's call), so the median difference may be 0
     assert 0 <= costs[Level.MODEL].nested_ns < costs[Level.MODEL].parent_ns
     assert torch.nn.Module.__call__ is original_call  # the session's wrapper is gone
