@@ -58,7 +58,7 @@ static PyObject *no_error;
 
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
-        optimizer_starts, packed_calls, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
+        optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
         hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id;
 } BufferSlots;
 typedef struct {
@@ -239,7 +239,8 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
         {buffer_type, "descriptor_ids", &b->descriptor_ids}, {buffer_type, "module_ids", &b->module_ids},
         {buffer_type, "skipping", &b->skipping}, {buffer_type, "open_steps", &b->open_steps},
         {buffer_type, "marks", &b->marks}, {buffer_type, "optimizer_starts", &b->optimizer_starts},
-        {buffer_type, "packed_calls", &b->packed_calls}, {buffer_type, "hot_module", &b->hot_module},
+        {buffer_type, "packed_calls", &b->packed_calls},
+        {buffer_type, "packed_roots", &b->packed_roots}, {buffer_type, "hot_module", &b->hot_module},
         {buffer_type, "hot_module_id", &b->hot_module_id}, {buffer_type, "hot_inputs", &b->hot_inputs},
         {buffer_type, "hot_inputs_id", &b->hot_inputs_id}, {buffer_type, "hot_outputs", &b->hot_outputs},
         {buffer_type, "hot_outputs_id", &b->hot_outputs_id}, {buffer_type, "hot2_module", &b->hot2_module},
@@ -504,28 +505,35 @@ static void hot_entry_for(PyObject *buffer, const BufferSlots *s, PyObject *modu
     }
 }
 
-/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s. */
+/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s
+ * (packed_roots': rows of two, ROOT_FIELDS). */
 #define PACKED_HEADER ((Py_ssize_t)sizeof(int64_t))
 #define PACKED_ROW_BYTES (7 * (Py_ssize_t)sizeof(int64_t))
+#define ROOT_FIELDS 2
 
-/* Whether buffer.packed_calls, holding `count` rows, has no room for another. */
-static int packed_is_full(PyObject *packed, int64_t count) {
-    return PACKED_HEADER + (count + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed);
-}
-
-/* ThreadBuffer.packed_calls: a bytearray made at its full size, an int64 count of the rows in
- * it, then room for its rows of seven int64s. Appends `values` as the next row and returns the
- * count after, or 0 when it is full (the row was not added). */
-static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
+/* ThreadBuffer.packed_calls or packed_roots: a bytearray made at its full size, an int64 count of
+ * the rows in it, then room for its rows of `fields` int64s. Appends `values` as the next row and
+ * returns the count after, or 0 when it is full (the row was not added). */
+static Py_ssize_t append_packed_row(PyObject *packed, const int64_t *values, Py_ssize_t fields) {
+    Py_ssize_t row_bytes = fields * (Py_ssize_t)sizeof(int64_t);
     if (PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
     char *bytes = PyByteArray_AS_STRING(packed);
     int64_t count;
     memcpy(&count, bytes, sizeof(count));
-    if (count < 0 || packed_is_full(packed, count)) return 0;
-    memcpy(bytes + PACKED_HEADER + count * PACKED_ROW_BYTES, values, (size_t)PACKED_ROW_BYTES);
+    if (count < 0 || PACKED_HEADER + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed)) return 0;
+    memcpy(bytes + PACKED_HEADER + count * row_bytes, values, (size_t)row_bytes);
     count++;
     memcpy(bytes, &count, sizeof(count));
     return (Py_ssize_t)count;
+}
+
+static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
+    return append_packed_row(packed, values, 7);
+}
+
+/* Whether buffer.packed_calls, holding `count` rows, has no room for another. */
+static int packed_is_full(PyObject *packed, int64_t count) {
+    return PACKED_HEADER + (count + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed);
 }
 
 /* Move buffer.calls' rows (tuples of seven ints that the Python path appended) into
@@ -928,6 +936,31 @@ static int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyO
     return 0;
 }
 
+/* Record a top-level call's (start, flags), as the Python path's buffer.roots.append does: into
+ * buffer.packed_roots as two int64s while buffer.roots is empty (its rows, the Python path's,
+ * would precede; compaction takes the packed rows first), else as a tuple onto buffer.roots. */
+static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *start, long long start_ns, long flags) {
+    /* read now: a step's listeners (Python) ran since the call began, and another thread may have
+     * compacted the buffer meanwhile */
+    PyObject *roots = SLOT(buffer, slots->roots), *packed = SLOT(buffer, slots->packed_roots);
+    if (roots == NULL || !PyList_Check(roots)) {
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its roots");
+        return -1;
+    }
+    if (PyList_GET_SIZE(roots) == 0 && packed != NULL && PyByteArray_CheckExact(packed)) {
+        int64_t values[ROOT_FIELDS] = {start_ns, flags};
+        if (append_packed_row(packed, values, ROOT_FIELDS) > 0) return 0;
+    }
+    PyObject *flags_object = PyLong_FromLong(flags);
+    if (flags_object == NULL) return -1;
+    PyObject *row = PyTuple_Pack(2, start, flags_object);
+    Py_DECREF(flags_object);
+    if (row == NULL) return -1;
+    int appended = PyList_Append(roots, row);
+    Py_DECREF(row);
+    return appended;
+}
+
 /* A top-level call whose step C can decide (plan_call). *declined: it cannot (then nothing
  * was done, and the caller takes the Python path). */
 static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, int *declined) {
@@ -962,21 +995,14 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
     flags |= training == -2 ? ROOT_MODE_UNKNOWN : training ? ROOT_TRAINING : 0;
     /* from here the call is C's */
     *declined = 0;
-    PyObject *start = NULL, *end = NULL, *out = NULL, *row = NULL, *result = NULL;
+    PyObject *start = NULL, *end = NULL, *out = NULL, *result = NULL;
     long long start_ns, end_ns;
-    Py_INCREF(roots);
     Py_INCREF(steps);
     if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
     if (laned) slot_set(steps, self->steps_slots.start_ns, start);
     else if (begin_step(self, buffer, module, &plan, start) < 0) goto done;
     slot_set(buffer, slots->skipping, Py_False);
-    if ((row = PyTuple_New(2)) == NULL) goto done;
-    PyObject *flags_object = PyLong_FromLong(flags);
-    if (flags_object == NULL) goto done;
-    Py_INCREF(start);
-    PyTuple_SET_ITEM(row, 0, start);
-    PyTuple_SET_ITEM(row, 1, flags_object);
-    if (PyList_Append(roots, row) < 0) goto done;
+    if (record_root(slots, buffer, start, start_ns, flags) < 0) goto done;
     Py_ssize_t length = 0;
     uint64_t thread = current_thread();
     if (self->mode == MODE_ROOTS) self->running_thread = thread;
@@ -992,8 +1018,6 @@ done:
     Py_XDECREF(start);
     Py_XDECREF(end);
     Py_XDECREF(out);
-    Py_XDECREF(row);
-    Py_DECREF(roots);
     Py_DECREF(steps);
     return result;
 }

@@ -129,6 +129,9 @@ def extend_columns_from_packed(columns: Sequence[array[int]], packed: memoryview
 CALL_FIELDS: Final = 7
 """Fields of a module-call record (``ThreadBuffer.calls``' tuples and packed rows)."""
 
+ROOT_FIELDS: Final = 2
+"""Fields of a top-level call's record (``ThreadBuffer.roots``' tuples and packed rows)."""
+
 
 FIRST_PACKED_ROWS: Final = 64
 """Rows of a thread's first ``packed_calls`` (one page). A thread's first buffer is made of fresh
@@ -143,11 +146,12 @@ _new_int64 = array("q").__copy__
 _new_long = array("l").__copy__
 
 
-def _packed_rows(rows: int = COMPACT_AT) -> bytearray:
-    """An empty ``ThreadBuffer.packed_calls``: a zero count and room for ``rows`` rows (made at its
-    full size, so that the C wrapper only writes into it; rows after them go to ``calls``). Only
-    the count is written where the C part is built (rows past the count are never read)."""
-    size = 8 + rows * CALL_FIELDS * 8
+def _packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray:
+    """An empty ``ThreadBuffer.packed_calls`` (or ``packed_roots``, ``fields=ROOT_FIELDS``): a zero
+    count and room for ``rows`` rows (made at its full size, so that the C wrapper only writes into
+    it; rows after them go to ``calls``). Only the count is written where the C part is built (rows
+    past the count are never read)."""
+    size = 8 + rows * fields * 8
     fast = hotpath.HOTPATH
     return bytearray(size) if fast is None else fast.empty_packed(size)  # type: ignore[no-any-return]
 
@@ -224,8 +228,8 @@ class ThreadBuffer:
     __slots__ = (
         "recording", "thread", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps",
         "last_hooked", "optimizer_starts",
-        "calls", "packed_calls", "marks", "kept_lengths", "kept_steps", "backward", "roots", "call_columns",
-        "mark_columns", "backward_columns", "root_columns",
+        "calls", "packed_calls", "packed_roots", "marks", "kept_lengths", "kept_steps", "backward", "roots",
+        "call_columns", "mark_columns", "backward_columns", "root_columns",
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
@@ -281,6 +285,9 @@ class ThreadBuffer:
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
         self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
+        self.packed_roots = _packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
+        """Top-level calls recorded by xsp's C wrapper while ``roots`` was empty, packed as
+        ``packed_calls`` is (rows of two int64s: start, flags). They all precede ``roots``' rows."""
         self.call_columns = CallColumns()
         self.mark_columns = MarkColumns()
         self.backward_columns = BackwardColumns()
@@ -347,6 +354,7 @@ class ThreadBuffer:
         with self._lock:
             self.calls, self.marks, self.backward, self.roots = [], [], [], []
             self.packed_calls = _packed_rows()
+            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
             calls, marks, backward, roots = self.kept_lengths
             for columns, length in ((self.call_columns, calls), (self.mark_columns, marks),
                                     (self.backward_columns, backward), (self.root_columns, roots)):
@@ -381,9 +389,15 @@ class ThreadBuffer:
             self._compact_marks(self._admitted("spans", marks))
         if backward:
             self._compact_backward(self._admitted("backward_events", backward))
+        root_columns = (self.root_columns.start, self.root_columns.flags)
+        packed_roots = self.packed_roots
+        packed_count = memoryview(packed_roots)[:8].cast("q")[0]
+        if packed_count:
+            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
+            extend_columns_from_packed(root_columns, memoryview(packed_roots)[8:8 + packed_count * ROOT_FIELDS * 8])
         roots, self.roots = self.roots, []
         if roots:
-            extend_columns((self.root_columns.start, self.root_columns.flags), roots)
+            extend_columns(root_columns, roots)
 
     def _admitted(self, what: str, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         kept = self.recording.admit(what, len(records))

@@ -496,6 +496,32 @@ def test_models_called_by_turns_each_keep_their_shapes_and_a_call_without_tensor
         assert (buffer.hot_inputs, buffer.hot2_inputs) == ((x.shape, y.shape), x.shape)
 
 
+def test_top_level_calls_past_a_threads_first_packed_roots_keep_their_mode_and_order(c_module, monkeypatch):
+    # the C wrapper packs each top-level call's (start, flags) while the thread's roots list is
+    # empty; 150 calls overflow the first packed rows (64), and a call the Python path takes (inside
+    # xsp.step) puts rows in the list between packed ones
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    modes = [(step % 3 != 0, step % 2 == 0) for step in range(150)]  # (grad, training)
+
+    def program() -> None:
+        for step, (grad, training) in enumerate(modes):
+            model.train(training)
+            with torch.set_grad_enabled(grad):
+                if step == 70:
+                    with xsp.step():
+                        model(x)
+                else:
+                    model(x)
+
+    for c in (True, False):
+        spans = _trace(program, "model", c, monkeypatch)
+        calls = spans[(spans[col.LEVEL] == "model") & (spans[col.NAME] == "model")].sort_values(col.START_NS)
+        seen = [(json.loads(a)[col.ATTR_MODEL_GRAD], json.loads(a)[col.ATTR_MODEL_TRAINING])
+                for a in calls[col.ATTRIBUTES]]
+        assert seen == modes, c
+
+
 def _many_calls_program() -> None:
     """More calls than a thread's first packed buffer holds, before any compaction, on a new
     thread and on the main one; shapes alternate so that each row says which call it was."""
