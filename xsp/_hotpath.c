@@ -51,8 +51,8 @@
 #define ROOT_MODE_UNKNOWN 4
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
-static PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns, *s_intern_descriptor,
-    *s_intern_module, *s_compact,
+static PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
+    *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
 static PyObject *no_error;
 
@@ -260,11 +260,11 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
 }
 
 /* helpers ------------------------------------------------------------------------------ */
-/* recording.local.b of the calling thread (new reference), through `cache`; NULL and no
- * exception when the thread has no buffer yet (read from the thread's dict of the local: no
- * AttributeError is made for a new thread's first call), NULL with an exception on an error. */
-static PyObject *thread_buffer(PyObject *local, BufferCache *cache) {
-    uint64_t thread = current_thread();
+/* recording.local.b of the calling thread, `thread` (its current_thread()) (new reference),
+ * through `cache`; NULL and no exception when the thread has no buffer yet (read from the
+ * thread's dict of the local: no AttributeError is made for a new thread's first call), NULL
+ * with an exception on an error. */
+static PyObject *thread_buffer(PyObject *local, BufferCache *cache, uint64_t thread) {
     for (int i = 0; i < CACHED_THREADS; i++)
         if (cache->buffers[i] != NULL && cache->threads[i] == thread) return Py_NewRef(cache->buffers[i]);
     PyObject *dict = PyObject_GetAttr(local, s___dict__);
@@ -511,16 +511,22 @@ static void hot_entry_for(PyObject *buffer, const BufferSlots *s, PyObject *modu
 #define PACKED_ROW_BYTES (7 * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
 
+/* Whether `packed`, holding `count` rows of `row_bytes`, has no room for another. */
+static int packed_is_full(PyObject *packed, int64_t count, Py_ssize_t row_bytes) {
+    return PACKED_HEADER + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed);
+}
+
 /* ThreadBuffer.packed_calls or packed_roots: a bytearray made at its full size, an int64 count of
  * the rows in it, then room for its rows of `fields` int64s. Appends `values` as the next row and
  * returns the count after, or 0 when it is full (the row was not added). */
+
 static Py_ssize_t append_packed_row(PyObject *packed, const int64_t *values, Py_ssize_t fields) {
     Py_ssize_t row_bytes = fields * (Py_ssize_t)sizeof(int64_t);
     if (PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
     char *bytes = PyByteArray_AS_STRING(packed);
     int64_t count;
     memcpy(&count, bytes, sizeof(count));
-    if (count < 0 || PACKED_HEADER + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed)) return 0;
+    if (count < 0 || packed_is_full(packed, count, row_bytes)) return 0;
     memcpy(bytes + PACKED_HEADER + count * row_bytes, values, (size_t)row_bytes);
     count++;
     memcpy(bytes, &count, sizeof(count));
@@ -529,11 +535,6 @@ static Py_ssize_t append_packed_row(PyObject *packed, const int64_t *values, Py_
 
 static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
     return append_packed_row(packed, values, 7);
-}
-
-/* Whether buffer.packed_calls, holding `count` rows, has no room for another. */
-static int packed_is_full(PyObject *packed, int64_t count) {
-    return PACKED_HEADER + (count + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed);
 }
 
 /* Move buffer.calls' rows (tuples of seven ints that the Python path appended) into
@@ -651,7 +652,7 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     module_id = input_id = output_id = NULL;  /* the row holds them now */
     if (PyList_Append(calls, row) < 0) goto done;
     *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
-    if (packed_count > 0 && packed_is_full(packed, packed_count))
+    if (packed_count > 0 && packed_is_full(packed, packed_count, PACKED_ROW_BYTES))
         /* a thread's first packed buffer is small (FIRST_PACKED_ROWS): compaction at the caller's
          * next chance puts a full-size one in its place, so that few rows become tuples */
         *calls_length = PY_SSIZE_T_MAX;
@@ -963,7 +964,7 @@ static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *sta
 
 /* A top-level call whose step C can decide (plan_call). *declined: it cannot (then nothing
  * was done, and the caller takes the Python path). */
-static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, int *declined) {
+static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t thread, int *declined) {
     const BufferSlots *slots = &self->buffer_slots;
     PyObject *module = CALL_MODULE(call);
     PyObject *steps = SLOT(buffer, slots->steps);
@@ -1004,7 +1005,6 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, in
     slot_set(buffer, slots->skipping, Py_False);
     if (record_root(slots, buffer, start, start_ns, flags) < 0) goto done;
     Py_ssize_t length = 0;
-    uint64_t thread = current_thread();
     if (self->mode == MODE_ROOTS) self->running_thread = thread;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
     if (self->running_thread == thread) self->running_thread = 0;  /* after a failure too */
@@ -1050,8 +1050,9 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
         return NULL;
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
-    if (self->running_thread == current_thread()) return call_with_module(self->original, &call);  /* MODE_ROOTS */
-    PyObject *buffer = thread_buffer(self->local, &self->cache);
+    uint64_t thread = current_thread();
+    if (self->running_thread == thread) return call_with_module(self->original, &call);  /* MODE_ROOTS */
+    PyObject *buffer = thread_buffer(self->local, &self->cache, thread);
     if (buffer == NULL && !PyErr_Occurred())  /* this thread's first record */
         buffer = PyObject_CallMethodNoArgs(self->recording, s_new_buffer);
     if (buffer == NULL || !Py_IS_TYPE(buffer, (PyTypeObject *)self->buffer_type)) {
@@ -1077,7 +1078,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
         goto done;
     }
     int declined = 0;
-    result = top_call(self, buffer, &call, &declined);
+    result = top_call(self, buffer, &call, thread, &declined);
     if (result == NULL && declined) {
         PyErr_Clear();
         result = call_with_module(self->slow, &call);
@@ -1171,7 +1172,7 @@ static PyTypeObject StepEventsType;
 
 /* The calling thread's buffer (new reference), created on its first record. */
 static PyObject *events_buffer(StepEvents *self) {
-    PyObject *buffer = thread_buffer(self->local, &self->cache);
+    PyObject *buffer = thread_buffer(self->local, &self->cache, current_thread());
     if (buffer == NULL) {
         if (PyErr_Occurred()) return NULL;
         buffer = PyObject_CallNoArgs(self->new_buffer);  /* this thread's first record */
@@ -1593,25 +1594,24 @@ static const char *kwlist[] = {"mode", "original", "slow", "local", "recording",
 #define FIELDS 14
 
 /* torch.Tensor.shape's descriptor and getter, for tensor_shape; none (NULL) where it is no
- * getset descriptor of the class. */
-static int find_shape_descriptor(FastCall *self) {
+ * getset descriptor of the class (then tensor_shape looks the attribute up). */
+static void find_shape_descriptor(FastCall *self) {
     PyTypeObject *type = (PyTypeObject *)self->tensor_type;
     Py_CLEAR(self->shape_descriptor);
     self->shape_get = NULL;
     PyObject *descriptor = PyObject_GetAttr((PyObject *)type, s_shape);  /* the descriptor itself, on a class */
     if (descriptor == NULL) {
         PyErr_Clear();
-        return 0;
+        return;
     }
     if (!Py_IS_TYPE(descriptor, &PyGetSetDescr_Type) || Py_TYPE(descriptor)->tp_descr_get == NULL
         || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
         Py_DECREF(descriptor);
-        return 0;
+        return;
     }
     self->shape_descriptor = descriptor;
     self->shape_get = Py_TYPE(descriptor)->tp_descr_get;
     self->shape_version = type->tp_version_tag;
-    return 0;
 }
 
 static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
@@ -1658,7 +1658,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     self->mode = mode;
     self->compact_at = compact_at;
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
-    if (find_shape_descriptor(self) < 0) return -1;
+    find_shape_descriptor(self);
     self->vectorcall = fastcall_vectorcall;
     return 0;
 }
@@ -1666,7 +1666,8 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
 #define EACH_FIELD(DO) \
     DO(self->original); DO(self->slow); DO(self->local); DO(self->recording); DO(self->now); \
     DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->shape_descriptor); \
-    DO(self->describe_inputs); DO(self->describe); DO(self->on_error); DO(self->hook_backward); DO(self->buffer_type); DO(self->steps_type); \
+    DO(self->describe_inputs); DO(self->describe); DO(self->on_error); DO(self->hook_backward); \
+    DO(self->buffer_type); DO(self->steps_type); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)

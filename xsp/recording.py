@@ -156,6 +156,17 @@ def _packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray
     return bytearray(size) if fast is None else fast.empty_packed(size)  # type: ignore[no-any-return]
 
 
+def _packed_count(packed: bytearray) -> int:
+    """The row count a ``packed_calls`` or ``packed_roots`` buffer starts with."""
+    return int(memoryview(packed)[:8].cast("q")[0])
+
+
+def _extend_from_packed_rows(columns: Sequence[array[int]], packed: bytearray, rows: int) -> None:
+    """Append the first ``rows`` rows of a ``packed_calls`` or ``packed_roots`` buffer (one value
+    per column a row) to ``columns``."""
+    extend_columns_from_packed(columns, memoryview(packed)[8:8 + rows * len(columns) * 8])
+
+
 class CallColumns:
     """Compacted module-call records of one thread (one row per finished call)."""
 
@@ -391,10 +402,10 @@ class ThreadBuffer:
             self._compact_backward(self._admitted("backward_events", backward))
         root_columns = (self.root_columns.start, self.root_columns.flags)
         packed_roots = self.packed_roots
-        packed_count = memoryview(packed_roots)[:8].cast("q")[0]
+        packed_count = _packed_count(packed_roots)
         if packed_count:
             self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
-            extend_columns_from_packed(root_columns, memoryview(packed_roots)[8:8 + packed_count * ROOT_FIELDS * 8])
+            _extend_from_packed_rows(root_columns, packed_roots, packed_count)
         roots, self.roots = self.roots, []
         if roots:
             extend_columns(root_columns, roots)
@@ -404,13 +415,13 @@ class ThreadBuffer:
         return records if kept == len(records) else records[:kept]
 
     def _compact_packed_calls(self, packed: bytearray) -> None:
-        rows = memoryview(packed)[:8].cast("q")[0]
+        rows = _packed_count(packed)
         if not rows:
             return
         kept = self.recording.admit("module_calls", rows)
         cols = self.call_columns
         columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error)
-        extend_columns_from_packed(columns, memoryview(packed)[8:8 + kept * CALL_FIELDS * 8])
+        _extend_from_packed_rows(columns, packed, kept)
 
     def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
         cols = self.call_columns
