@@ -28,7 +28,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -44,16 +44,19 @@ LEVEL_SETS = {"none": None, "model": "model", "model+layer": "model,layer",
               "model+layer+cuda_api+kernel": "model,layer,kernel"}
 
 
-def _synchronised_latencies_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
-                               context: contextlib.AbstractContextManager[Any]) -> list[float]:
+def synchronised_latencies_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
+                              after_each: Callable[[], Any] | None = None) -> list[float]:
+    """``iterations`` calls of ``model(x)``, each timed between two device synchronisations (ms);
+    ``after_each`` runs after each call, outside its time."""
     times = []
-    with context:
-        for _ in range(iterations):
-            torch.cuda.synchronize()
-            start = time.perf_counter_ns()
-            model(x)
-            torch.cuda.synchronize()
-            times.append((time.perf_counter_ns() - start) / 1e6)
+    for _ in range(iterations):
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        model(x)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter_ns() - start) / 1e6)
+        if after_each is not None:
+            after_each()
     return times
 
 
@@ -64,7 +67,8 @@ def _latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int, rounds
     for round_index in range(rounds):
         shift = round_index % len(labels)
         for label in labels[shift:] + labels[:shift]:
-            times[label] += _synchronised_latencies_ms(model, x, iterations, _levels(LEVEL_SETS[label]))
+            with _levels(LEVEL_SETS[label]):
+                times[label] += synchronised_latencies_ms(model, x, iterations)
     return {label: statistics.median(values) for label, values in times.items()}
 
 

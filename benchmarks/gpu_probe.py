@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from _results import record
+from gpu import synchronised_latencies_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -55,16 +56,7 @@ def _timed_callback(callback: Callable[[Any, Iterable[Any]], None]) -> Callable[
 
 def _median_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
                after_each: Callable[[], Any] | None = None) -> float:
-    times = []
-    for _ in range(iterations):
-        torch.cuda.synchronize()
-        start = time.perf_counter_ns()
-        model(x)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter_ns() - start) / 1e6)
-        if after_each is not None:
-            after_each()
-    return statistics.median(times)
+    return statistics.median(synchronised_latencies_ms(model, x, iterations, after_each))
 
 
 def main(argv: list[str] | None = None) -> int:
