@@ -508,59 +508,82 @@ static void hot_entry_for(PyObject *buffer, const BufferSlots *s, PyObject *modu
 /* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s
  * (packed_roots': rows of two, ROOT_FIELDS). */
 #define PACKED_HEADER ((Py_ssize_t)sizeof(int64_t))
-#define PACKED_ROW_BYTES (7 * (Py_ssize_t)sizeof(int64_t))
+#define CALL_FIELDS 7
+#define PACKED_ROW_BYTES (CALL_FIELDS * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
+
+/* The row count a packed buffer starts with (0 for one too short to hold it). */
+static int64_t packed_count_of(PyObject *packed) {
+    int64_t count = 0;
+    if (PyByteArray_GET_SIZE(packed) >= PACKED_HEADER) memcpy(&count, PyByteArray_AS_STRING(packed), sizeof(count));
+    return count;
+}
 
 /* Whether `packed`, holding `count` rows of `row_bytes`, has no room for another. */
 static int packed_is_full(PyObject *packed, int64_t count, Py_ssize_t row_bytes) {
     return PACKED_HEADER + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed);
 }
 
-/* ThreadBuffer.packed_calls or packed_roots: a bytearray made at its full size, an int64 count of
- * the rows in it, then room for its rows of `fields` int64s. Appends `values` as the next row and
- * returns the count after, or 0 when it is full (the row was not added). */
+/* Whether `packed`, holding `count` rows of `row_bytes`, has room for `more` rows, after growing
+ * it up to `full_rows` rows where it is smaller: a thread's first buffer is one page
+ * (FIRST_PACKED_ROWS), and growing it in place (a copy of that page) costs a hundredth of what
+ * compacting its rows early would (~90,000 instructions, some 1,400 a row of a thread that makes
+ * a hundred calls). A buffer that a view holds cannot grow: then 0, as for a full one. */
+static int packed_has_room(PyObject *packed, int64_t count, Py_ssize_t row_bytes, Py_ssize_t more,
+                           Py_ssize_t full_rows) {
+    if (count < 0) return 0;
+    Py_ssize_t needed = PACKED_HEADER + ((Py_ssize_t)count + more) * row_bytes;
+    if (needed <= PyByteArray_GET_SIZE(packed)) return 1;
+    Py_ssize_t full = PACKED_HEADER + full_rows * row_bytes;
+    if (needed > full) return 0;
+    if (PyByteArray_Resize(packed, full) < 0) {
+        PyErr_Clear();  /* exported (BufferError) or no memory: the rows go to the list */
+        return 0;
+    }
+    return 1;
+}
 
-static Py_ssize_t append_packed_row(PyObject *packed, const int64_t *values, Py_ssize_t fields) {
+/* ThreadBuffer.packed_calls or packed_roots: a bytearray, an int64 count of the rows in it, then
+ * room for its rows of `fields` int64s (grown up to `full_rows` rows as they come). Appends
+ * `values` as the next row and returns the count after, or 0 when it is full (the row was not
+ * added). */
+static Py_ssize_t append_packed_row(PyObject *packed, const int64_t *values, Py_ssize_t fields,
+                                    Py_ssize_t full_rows) {
     Py_ssize_t row_bytes = fields * (Py_ssize_t)sizeof(int64_t);
     if (PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
-    char *bytes = PyByteArray_AS_STRING(packed);
-    int64_t count;
-    memcpy(&count, bytes, sizeof(count));
-    if (count < 0 || packed_is_full(packed, count, row_bytes)) return 0;
+    int64_t count = packed_count_of(packed);
+    if (!packed_has_room(packed, count, row_bytes, 1, full_rows)) return 0;
+    char *bytes = PyByteArray_AS_STRING(packed);  /* after growing: it may have moved */
     memcpy(bytes + PACKED_HEADER + count * row_bytes, values, (size_t)row_bytes);
     count++;
     memcpy(bytes, &count, sizeof(count));
     return (Py_ssize_t)count;
 }
 
-static Py_ssize_t append_packed(PyObject *packed, const int64_t *values) {
-    return append_packed_row(packed, values, 7);
-}
-
-/* Move buffer.calls' rows (tuples of seven ints that the Python path appended) into
- * buffer.packed_calls, behind its rows, when they fit with a row to spare: C packs calls only while
- * `calls` is empty (the packed rows precede the list's), so without this every call after one
- * the Python path took (a model's first call, a call inside xsp.step(), a decided step someone
- * is told of) would be appended as a tuple until the thread's next compaction. Anything else
- * leaves both as they were. 0, or -1 on error. */
-static int move_rows_to_packed(PyObject *calls, PyObject *packed, int64_t packed_count) {
-    Py_ssize_t rows = PyList_GET_SIZE(calls);
-    if (packed_count < 0 || PACKED_HEADER + (packed_count + rows + 1) * PACKED_ROW_BYTES > PyByteArray_GET_SIZE(packed))
-        return 0;
-    char *into = PyByteArray_AS_STRING(packed) + PACKED_HEADER + packed_count * PACKED_ROW_BYTES;
+/* Move the rows of `rows` (tuples of `fields` ints that the Python path appended to buffer.calls
+ * or buffer.roots) into the packed buffer behind its `packed_count` rows, when they fit with a row
+ * to spare: C packs a row only while the list is empty (the packed rows precede the list's), so
+ * without this every record after one the Python path made (a model's first call, a call inside
+ * xsp.step(), a decided step someone is told of) would be appended as a tuple until the thread's
+ * next compaction. Anything else leaves both as they were. 0, or -1 on error. */
+static int move_rows_to_packed(PyObject *list, PyObject *packed, int64_t packed_count, Py_ssize_t fields,
+                               Py_ssize_t full_rows) {
+    Py_ssize_t rows = PyList_GET_SIZE(list), row_bytes = fields * (Py_ssize_t)sizeof(int64_t);
+    if (!packed_has_room(packed, packed_count, row_bytes, rows + 1, full_rows)) return 0;
+    char *into = PyByteArray_AS_STRING(packed) + PACKED_HEADER + packed_count * row_bytes;
     for (Py_ssize_t r = 0; r < rows; r++) {  /* the count is written last: a row left half-way is no row */
-        PyObject *row = PyList_GET_ITEM(calls, r);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 7) return 0;
-        for (Py_ssize_t c = 0; c < 7; c++) {
+        PyObject *row = PyList_GET_ITEM(list, r);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != fields) return 0;
+        for (Py_ssize_t c = 0; c < fields; c++) {
             PyObject *item = PyTuple_GET_ITEM(row, c);
             int overflow;
             if (!PyLong_CheckExact(item)) return 0;
             int64_t value = (int64_t)PyLong_AsLongLongAndOverflow(item, &overflow);
             if (overflow) return 0;
-            memcpy(into + r * PACKED_ROW_BYTES + c * (Py_ssize_t)sizeof(int64_t), &value, sizeof(value));
+            memcpy(into + r * row_bytes + c * (Py_ssize_t)sizeof(int64_t), &value, sizeof(value));
         }
     }
-    if (PyList_SetSlice(calls, 0, rows, NULL) < 0) return -1;
+    if (PyList_SetSlice(list, 0, rows, NULL) < 0) return -1;
     packed_count += rows;
     memcpy(PyByteArray_AS_STRING(packed), &packed_count, sizeof(packed_count));
     return 0;
@@ -621,22 +644,19 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its record lists");
         goto done;
     }
-    int64_t packed_count = 0;
-    if (PyByteArray_GET_SIZE(packed) >= (Py_ssize_t)sizeof(packed_count))
-        memcpy(&packed_count, PyByteArray_AS_STRING(packed), sizeof(packed_count));
-    if (PyList_GET_SIZE(calls) > 0) {
-        if (move_rows_to_packed(calls, packed, packed_count) < 0) goto done;
-        memcpy(&packed_count, PyByteArray_AS_STRING(packed), sizeof(packed_count));
-    }
+    if (PyList_GET_SIZE(calls) > 0
+        && move_rows_to_packed(calls, packed, packed_count_of(packed), CALL_FIELDS, self->compact_at) < 0)
+        goto done;
+    int64_t packed_count = packed_count_of(packed);
     if (PyList_GET_SIZE(calls) == 0) {
-        int64_t values[7] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
+        int64_t values[CALL_FIELDS] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
         if (PyErr_Occurred()) goto done;
-        if ((*calls_length = append_packed(packed, values)) > 0) {
+        if ((*calls_length = append_packed_row(packed, values, CALL_FIELDS, self->compact_at)) > 0) {
             status = 0;
             goto done;
         }  /* full: the row goes into the list, behind the packed ones */
     }
-    if ((row = PyTuple_New(7)) == NULL) goto done;
+    if ((row = PyTuple_New(CALL_FIELDS)) == NULL) goto done;
     PyObject *depth_object = PyLong_FromLongLong(depth);
     if (depth_object == NULL) goto done;
     Py_INCREF(start);
@@ -653,8 +673,8 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     if (PyList_Append(calls, row) < 0) goto done;
     *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
     if (packed_count > 0 && packed_is_full(packed, packed_count, PACKED_ROW_BYTES))
-        /* a thread's first packed buffer is small (FIRST_PACKED_ROWS): compaction at the caller's
-         * next chance puts a full-size one in its place, so that few rows become tuples */
+        /* full below its full size (a view held it, so it could not grow): compaction at the
+         * caller's next chance puts a full-size one in its place, so that few rows become tuples */
         *calls_length = PY_SSIZE_T_MAX;
     status = 0;
 done:
@@ -938,9 +958,11 @@ static int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyO
 }
 
 /* Record a top-level call's (start, flags), as the Python path's buffer.roots.append does: into
- * buffer.packed_roots as two int64s while buffer.roots is empty (its rows, the Python path's,
- * would precede; compaction takes the packed rows first), else as a tuple onto buffer.roots. */
-static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *start, long long start_ns, long flags) {
+ * buffer.packed_roots as two int64s while buffer.roots is empty, after moving the Python path's
+ * rows there where they fit (compaction takes the packed rows first), else as a tuple onto
+ * buffer.roots. */
+static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *start, long long start_ns, long flags,
+                       Py_ssize_t full_rows) {
     /* read now: a step's listeners (Python) ran since the call began, and another thread may have
      * compacted the buffer meanwhile */
     PyObject *roots = SLOT(buffer, slots->roots), *packed = SLOT(buffer, slots->packed_roots);
@@ -948,9 +970,14 @@ static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *sta
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its roots");
         return -1;
     }
-    if (PyList_GET_SIZE(roots) == 0 && packed != NULL && PyByteArray_CheckExact(packed)) {
-        int64_t values[ROOT_FIELDS] = {start_ns, flags};
-        if (append_packed_row(packed, values, ROOT_FIELDS) > 0) return 0;
+    if (packed != NULL && PyByteArray_CheckExact(packed)) {
+        if (PyList_GET_SIZE(roots) > 0
+            && move_rows_to_packed(roots, packed, packed_count_of(packed), ROOT_FIELDS, full_rows) < 0)
+            return -1;
+        if (PyList_GET_SIZE(roots) == 0) {
+            int64_t values[ROOT_FIELDS] = {start_ns, flags};
+            if (append_packed_row(packed, values, ROOT_FIELDS, full_rows) > 0) return 0;
+        }
     }
     PyObject *flags_object = PyLong_FromLong(flags);
     if (flags_object == NULL) return -1;
@@ -1003,7 +1030,7 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, ui
     if (laned) slot_set(steps, self->steps_slots.start_ns, start);
     else if (begin_step(self, buffer, module, &plan, start) < 0) goto done;
     slot_set(buffer, slots->skipping, Py_False);
-    if (record_root(slots, buffer, start, start_ns, flags) < 0) goto done;
+    if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;
     Py_ssize_t length = 0;
     if (self->mode == MODE_ROOTS) self->running_thread = thread;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);

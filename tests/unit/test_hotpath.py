@@ -554,13 +554,14 @@ def _packed_count(buffer: Any) -> int:
     return int.from_bytes(buffer.packed_calls[:8], sys.byteorder)
 
 
-def test_a_threads_calls_are_all_packed_and_a_full_first_buffer_is_replaced(c_module):
-    """A new thread's first call of a known model is the C wrapper's, which makes the thread's
-    buffer. A call the Python path records (a model's first call names it) appends a tuple to
-    ``calls``; the C wrapper's next call moves that row into the packed buffer and packs its own,
-    so that the calls after it are packed too. The first packed buffer is small
-    (FIRST_PACKED_ROWS): once full, the C wrapper compacts at once, which puts a full-size one in
-    its place."""
+def _roots_count(buffer: Any) -> int:
+    return int.from_bytes(buffer.packed_roots[:8], sys.byteorder)
+
+
+def _packed_calls_and_roots_of_a_new_thread(hold_a_view: bool) -> tuple[dict[str, tuple[int, ...]], Any]:
+    """What a new thread's buffer holds after its first calls, after the call that moves the
+    Python path's rows into the packed buffers, and after FIRST_PACKED_ROWS + 8 more calls (with a
+    view of the thread's packed calls held meanwhile where ``hold_a_view``); and the session."""
     model, other, x = Block(), Block(), torch.randn(2, 4)
     seen: dict[str, tuple[int, ...]] = {}
 
@@ -574,13 +575,18 @@ def test_a_threads_calls_are_all_packed_and_a_full_first_buffer_is_replaced(c_mo
         with torch.no_grad():
             other(x)
             buffer = session._recording.buffer()
-            seen["first"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls))
+            seen["first"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls), len(buffer.roots),
+                             _roots_count(buffer))
             model(x)
-            seen["second"] = (len(buffer.calls), _packed_count(buffer))
+            seen["second"] = (len(buffer.calls), _packed_count(buffer), len(buffer.roots), _roots_count(buffer))
+            view = memoryview(buffer.packed_calls) if hold_a_view else None
             for _ in range(FIRST_PACKED_ROWS + 8):
                 model(x)
             seen["after"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls),
-                             len(buffer.call_columns))
+                             len(buffer.call_columns), len(buffer.roots), _roots_count(buffer),
+                             len(buffer.root_columns))
+            if view is not None:
+                view.release()
 
     with xsp.trace(levels="model", output=None) as session, torch.no_grad():
         model(x)  # names the model
@@ -588,13 +594,36 @@ def test_a_threads_calls_are_all_packed_and_a_full_first_buffer_is_replaced(c_mo
             thread = threading.Thread(target=target)
             thread.start()
             thread.join()
+    return seen, session
+
+
+def test_a_threads_calls_are_all_packed_and_a_full_first_buffer_grows(c_module):
+    """A new thread's first call of a known model is the C wrapper's, which makes the thread's
+    buffer. A call the Python path records (a model's first call names it) appends a tuple to
+    ``calls`` and one to ``roots``; the C wrapper's next call moves those rows into the packed
+    buffers and packs its own, so that the calls after it are packed too. The first packed
+    buffers are small (FIRST_PACKED_ROWS): once full, they grow to their full size in place, with
+    no compaction."""
+    seen, session = _packed_calls_and_roots_of_a_new_thread(hold_a_view=False)
     assert seen["new thread"] == (0, 1)
-    assert seen["first"] == (1, 0, 8 + FIRST_PACKED_ROWS * CALL_FIELDS * 8)
-    assert seen["second"] == (0, 2)
-    # call FIRST_PACKED_ROWS + 1 found the first buffer full: a tuple, then a compaction of all
-    assert seen["after"] == (0, 9, 8 + COMPACT_AT * CALL_FIELDS * 8, FIRST_PACKED_ROWS + 1)
+    assert seen["first"] == (1, 0, 8 + FIRST_PACKED_ROWS * CALL_FIELDS * 8, 1, 0)
+    assert seen["second"] == (0, 2, 0, 2)
+    calls = 2 + FIRST_PACKED_ROWS + 8
+    assert seen["after"] == (0, calls, 8 + COMPACT_AT * CALL_FIELDS * 8, 0, 0, calls, 0)
     predictions = session.trace.spans[session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value]
     assert len(predictions) == 1 + 1 + 2 + FIRST_PACKED_ROWS + 8
+
+
+def test_a_full_first_buffer_that_a_view_holds_is_compacted_and_replaced(c_module):
+    """A packed buffer that a view holds cannot grow: the call that finds it full is appended as
+    a tuple, and a compaction at once moves every row into the columns and puts a full-size
+    buffer in its place; no call is lost."""
+    seen, session = _packed_calls_and_roots_of_a_new_thread(hold_a_view=True)
+    calls = 2 + FIRST_PACKED_ROWS + 8
+    assert seen["after"] == (0, 9, 8 + COMPACT_AT * CALL_FIELDS * 8, FIRST_PACKED_ROWS + 1, 0, 9,
+                             FIRST_PACKED_ROWS + 1)
+    predictions = session.trace.spans[session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value]
+    assert len(predictions) == 1 + 1 + calls
 
 
 @pytest.mark.parametrize("levels", ["model", "model,layer"])
