@@ -90,6 +90,7 @@ typedef struct {
     int mode;
     Py_ssize_t compact_at;
     PyObject *original;       /* nn.Module.__call__ as it was */
+    vectorcallfunc original_call;  /* its vectorcall function, or NULL */
     PyObject *slow;           /* the Python wrapper: (module, *args, **kwargs) */
     PyObject *exposed;        /* what reading the attribute gives: a Python function calling this */
     PyObject *on_read;        /* called (no arguments) before the attribute is read */
@@ -310,6 +311,14 @@ static long long dict_ll(PyObject *dict, PyObject *name) {
 /* callable(module, *args, **kwargs), from the arguments as they came. */
 static inline PyObject *call_with_module(PyObject *callable, const Call *call) {
     return PyObject_Vectorcall(callable, call->argv, call->nargsf, call->kwnames);
+}
+
+/* original(module, *args, **kwargs): through its vectorcall function where it has one (a Python
+ * function's), which PyObject_Vectorcall would look up at each call (one call a layer). */
+static inline PyObject *call_original(FastCall *self, const Call *call) {
+    if (self->original_call != NULL)
+        return self->original_call(self->original, call->argv, call->nargsf, call->kwnames);
+    return call_with_module(self->original, call);
 }
 
 /* The call's (args, kwargs) as a tuple and a dict, for Python (a failure's record); 0 or -1. */
@@ -736,7 +745,7 @@ static PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *ca
                                 Py_ssize_t *calls_length) {
     Py_ssize_t depth_slot = self->buffer_slots.depth;
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
-    PyObject *out = call_with_module(self->original, call);
+    PyObject *out = call_original(self, call);
     if (out == NULL) {
         *end = clock_after_failure(self, buffer, depth, end_ns);
         failed(self, buffer, call, start, *end, depth);
@@ -1078,7 +1087,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
     uint64_t thread = current_thread();
-    if (self->running_thread == thread) return call_with_module(self->original, &call);  /* MODE_ROOTS */
+    if (self->running_thread == thread) return call_original(self, &call);  /* MODE_ROOTS */
     PyObject *buffer = thread_buffer(self->local, &self->cache, thread);
     if (buffer == NULL && !PyErr_Occurred())  /* this thread's first record */
         buffer = PyObject_CallMethodNoArgs(self->recording, s_new_buffer);
@@ -1096,7 +1105,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, 
     }
     if (self->mode == MODE_ROOTS) {
         if (depth) {  /* inside a top-level call: the model level needs no exact depth */
-            result = call_with_module(self->original, &call);
+            result = call_original(self, &call);
             goto done;
         }
     } else if (depth) {
@@ -1685,6 +1694,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     self->mode = mode;
     self->compact_at = compact_at;
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
+    self->original_call = PyVectorcall_Function(self->original);
     find_shape_descriptor(self);
     self->vectorcall = fastcall_vectorcall;
     return 0;

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar, overload
 
 from xsp import hotpath
 from xsp.auto_steps import AutoSteps
@@ -235,6 +235,40 @@ class RootColumns:
         return len(self.start)
 
 
+_Columns = TypeVar("_Columns")
+
+
+class _MadeOnFirstUse(Generic[_Columns]):
+    """A :class:`ThreadBuffer`'s columns object, kept in the slot of its name with a leading
+    underscore and made when first read: a new thread's buffer would otherwise make four of them
+    (19 arrays, a third of its making) before its first call, and a thread that ends before its
+    first compaction never reads them."""
+
+    def __init__(self, make: Callable[[], _Columns]) -> None:
+        self.make = make
+        self.slot: Any = None
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = owner.__dict__["_" + name]  # the slot's member descriptor
+
+    @overload
+    def __get__(self, buffer: None, owner: type | None = None) -> _MadeOnFirstUse[_Columns]: ...
+    @overload
+    def __get__(self, buffer: ThreadBuffer, owner: type | None = None) -> _Columns: ...
+
+    def __get__(self, buffer: ThreadBuffer | None, owner: type | None = None) -> Any:
+        if buffer is None:
+            return self
+        columns = self.slot.__get__(buffer, owner)
+        if columns is None:
+            columns = self.make()
+            self.slot.__set__(buffer, columns)
+        return columns
+
+    def __set__(self, buffer: ThreadBuffer, columns: _Columns) -> None:
+        self.slot.__set__(buffer, columns)
+
+
 class ThreadBuffer:
     """Everything one thread recorded. Only its own thread appends to the raw lists."""
 
@@ -242,12 +276,17 @@ class ThreadBuffer:
         "recording", "thread", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps",
         "last_hooked", "optimizer_starts",
         "calls", "packed_calls", "packed_roots", "marks", "kept_lengths", "kept_steps", "backward", "roots",
-        "call_columns", "mark_columns", "backward_columns", "root_columns",
+        "_call_columns", "_mark_columns", "_backward_columns", "_root_columns",
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
         "_lock",
     )
+
+    call_columns = _MadeOnFirstUse(CallColumns)
+    mark_columns = _MadeOnFirstUse(MarkColumns)
+    backward_columns = _MadeOnFirstUse(BackwardColumns)
+    root_columns = _MadeOnFirstUse(RootColumns)
 
     def __init__(self, recording: Recording) -> None:
         current = threading.current_thread()
@@ -301,10 +340,10 @@ class ThreadBuffer:
         self.packed_roots = _packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
         """Top-level calls recorded by xsp's C wrapper while ``roots`` was empty, packed as
         ``packed_calls`` is (rows of two int64s: start, flags). They all precede ``roots``' rows."""
-        self.call_columns = CallColumns()
-        self.mark_columns = MarkColumns()
-        self.backward_columns = BackwardColumns()
-        self.root_columns = RootColumns()
+        self._call_columns: CallColumns | None = None
+        self._mark_columns: MarkColumns | None = None
+        self._backward_columns: BackwardColumns | None = None
+        self._root_columns: RootColumns | None = None
         self.modules = _Interner(by_identity=True)
         self.descriptors = _Interner()
         self.strings = _Interner()
@@ -385,8 +424,7 @@ class ThreadBuffer:
             drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
                                    self.backward_columns, self.root_columns, self.modules, self.descriptors,
                                    self.strings, self.kept_steps)
-            self.call_columns, self.mark_columns = CallColumns(), MarkColumns()
-            self.backward_columns, self.root_columns = BackwardColumns(), RootColumns()
+            self._call_columns = self._mark_columns = self._backward_columns = self._root_columns = None
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
         return drained
 
