@@ -528,9 +528,9 @@ static int64_t packed_count_of(PyObject *packed) {
     return count;
 }
 
-/* Whether `packed`, holding `count` rows of `row_bytes`, has no room for another. */
-static int packed_is_full(PyObject *packed, int64_t count, Py_ssize_t row_bytes) {
-    return PACKED_HEADER + (count + 1) * row_bytes > PyByteArray_GET_SIZE(packed);
+/* Whether `packed`, holding `count` rows of `row_bytes`, has room for `more` rows as it is. */
+static int packed_fits(PyObject *packed, int64_t count, Py_ssize_t row_bytes, Py_ssize_t more) {
+    return PACKED_HEADER + ((Py_ssize_t)count + more) * row_bytes <= PyByteArray_GET_SIZE(packed);
 }
 
 /* Whether `packed`, holding `count` rows of `row_bytes`, has room for `more` rows, after growing
@@ -541,10 +541,9 @@ static int packed_is_full(PyObject *packed, int64_t count, Py_ssize_t row_bytes)
 static int packed_has_room(PyObject *packed, int64_t count, Py_ssize_t row_bytes, Py_ssize_t more,
                            Py_ssize_t full_rows) {
     if (count < 0) return 0;
-    Py_ssize_t needed = PACKED_HEADER + ((Py_ssize_t)count + more) * row_bytes;
-    if (needed <= PyByteArray_GET_SIZE(packed)) return 1;
+    if (packed_fits(packed, count, row_bytes, more)) return 1;
     Py_ssize_t full = PACKED_HEADER + full_rows * row_bytes;
-    if (needed > full) return 0;
+    if ((Py_ssize_t)count + more > full_rows) return 0;
     if (PyByteArray_Resize(packed, full) < 0) {
         PyErr_Clear();  /* exported (BufferError) or no memory: the rows go to the list */
         return 0;
@@ -596,6 +595,16 @@ static int move_rows_to_packed(PyObject *list, PyObject *packed, int64_t packed_
     packed_count += rows;
     memcpy(PyByteArray_AS_STRING(packed), &packed_count, sizeof(packed_count));
     return 0;
+}
+
+/* Pack `values` (one row of `fields`) into `packed` behind the rows the Python path appended to
+ * `list`, which move in first where they fit (move_rows_to_packed): the count after, 0 when the
+ * row belongs in the list instead (rows are left there, or the buffer is full), -1 on error. */
+static Py_ssize_t pack_behind_list(PyObject *list, PyObject *packed, const int64_t *values, Py_ssize_t fields,
+                                   Py_ssize_t full_rows) {
+    if (PyList_GET_SIZE(list) > 0 && move_rows_to_packed(list, packed, packed_count_of(packed), fields, full_rows) < 0)
+        return -1;
+    return PyList_GET_SIZE(list) > 0 ? 0 : append_packed_row(packed, values, fields, full_rows);
 }
 
 /* Record a finished call: (start, end, module index, depth, inputs index, outputs index,
@@ -653,18 +662,14 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its record lists");
         goto done;
     }
-    if (PyList_GET_SIZE(calls) > 0
-        && move_rows_to_packed(calls, packed, packed_count_of(packed), CALL_FIELDS, self->compact_at) < 0)
+    int64_t values[CALL_FIELDS] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
+    if (PyErr_Occurred() || (*calls_length = pack_behind_list(calls, packed, values, CALL_FIELDS, self->compact_at)) < 0)
         goto done;
+    if (*calls_length > 0) {
+        status = 0;
+        goto done;
+    }  /* the row goes into the list, behind the packed ones */
     int64_t packed_count = packed_count_of(packed);
-    if (PyList_GET_SIZE(calls) == 0) {
-        int64_t values[CALL_FIELDS] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
-        if (PyErr_Occurred()) goto done;
-        if ((*calls_length = append_packed_row(packed, values, CALL_FIELDS, self->compact_at)) > 0) {
-            status = 0;
-            goto done;
-        }  /* full: the row goes into the list, behind the packed ones */
-    }
     if ((row = PyTuple_New(CALL_FIELDS)) == NULL) goto done;
     PyObject *depth_object = PyLong_FromLongLong(depth);
     if (depth_object == NULL) goto done;
@@ -681,7 +686,7 @@ static int record_call(FastCall *self, PyObject *buffer, const Call *call, long 
     module_id = input_id = output_id = NULL;  /* the row holds them now */
     if (PyList_Append(calls, row) < 0) goto done;
     *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
-    if (packed_count > 0 && packed_is_full(packed, packed_count, PACKED_ROW_BYTES))
+    if (packed_count > 0 && !packed_fits(packed, packed_count, PACKED_ROW_BYTES, 1))
         /* full below its full size (a view held it, so it could not grow): compaction at the
          * caller's next chance puts a full-size one in its place, so that few rows become tuples */
         *calls_length = PY_SSIZE_T_MAX;
@@ -980,13 +985,9 @@ static int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *sta
         return -1;
     }
     if (packed != NULL && PyByteArray_CheckExact(packed)) {
-        if (PyList_GET_SIZE(roots) > 0
-            && move_rows_to_packed(roots, packed, packed_count_of(packed), ROOT_FIELDS, full_rows) < 0)
-            return -1;
-        if (PyList_GET_SIZE(roots) == 0) {
-            int64_t values[ROOT_FIELDS] = {start_ns, flags};
-            if (append_packed_row(packed, values, ROOT_FIELDS, full_rows) > 0) return 0;
-        }
+        int64_t values[ROOT_FIELDS] = {start_ns, flags};
+        Py_ssize_t packed_rows = pack_behind_list(roots, packed, values, ROOT_FIELDS, full_rows);
+        if (packed_rows != 0) return packed_rows < 0 ? -1 : 0;
     }
     PyObject *flags_object = PyLong_FromLong(flags);
     if (flags_object == NULL) return -1;
