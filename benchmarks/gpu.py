@@ -1,21 +1,24 @@
 """The CUDA API and kernel levels on a GPU: linking, agreement with PyTorch's profiler, overhead.
 
-ResNet-50 inference (random weights, from its config) at batch 1 and 32, on one CUDA device:
+Workloads, on one CUDA device, random weights built from configs (nothing downloaded):
+ResNet-50 inference at batch 1 and 32, a ResNet-50 training step (forward, backward, SGD) at
+batch 32, and BERT-base inference at batch 8, sequence 128. For each:
 
-* one run with every level (model, layer, cuda_api, kernel): the share of kernels linked to
-  a launching CUDA call and to a layer;
-* a separate run of the same iterations under PyTorch's profiler (CPU + CUDA): its kernel
-  count and total kernel time against xsp's (goal: equal counts, time within 5%). The
-  profiler runs after every xsp run: PyTorch's profiler keeps CUPTI's one subscription for
-  the rest of the process once it has traced CUDA, and xsp's CUDA levels cannot start then;
-* model latency (median of the timed iterations, each synchronised) with no tracing, the
-  model level, model+layer, and model+layer+cuda_api+kernel, measured side by side in one
-  process: ``--rounds`` rounds, each running every level set in turn (the order rotated
-  from round to round, so clock ramps and cache warmth fall on each alike), and the
-  overhead of each against the untraced run.
+* one run with every level (model, layer, cuda_api, kernel): kernels recorded, the share linked
+  to a launching CUDA call and to a layer, records CUPTI dropped, the record path (C or Python);
+* latency (median of synchronised calls) with no tracing, the model level, model+layer and
+  model+layer+cuda_api+kernel, measured side by side in one process: ``--rounds`` rounds, each
+  running every level set in turn (the order rotated from round to round, so clock ramps and
+  cache warmth fall on each alike), and the overhead of each against the untraced run;
+* then PyTorch's profiler (CPU + CUDA activities) on the same calls: its kernel count, kernel
+  time and overhead, in rounds interleaved with untraced ones. The profiler comes after every
+  xsp run: once it has traced CUDA it keeps CUPTI's one subscription for the process.
+
+Goals (issue 33): overhead of every level at most +15% at batch 1 and +3% at batch 32, below the
+profiler's, with the profiler's kernel count and no record dropped.
 
 Needs a CUDA GPU and cupti-python; without them it says so and exits 2. Results go to
-benchmarks/results/gpu.md with the device name.
+benchmarks/results/gpu.md and benchmarks/results/gpu.json with the device name.
 
 Usage: python benchmarks/gpu.py [--iterations N] [--warmup N] [--rounds N]
 """
@@ -24,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,36 +46,39 @@ from _results import record
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 RESULTS = ROOT / "benchmarks" / "results" / "gpu.md"
-LEVEL_SETS = {"none": None, "model": "model", "model+layer": "model,layer",
-              "model+layer+cuda_api+kernel": "model,layer,kernel"}
+JSON_RESULTS = ROOT / "benchmarks" / "results" / "gpu.json"
+ALL_LEVELS = "model,layer,cuda_api,kernel"
+LEVEL_SETS = {"none": None, "model": "model", "model+layer": "model,layer", "model+layer+cuda_api+kernel": ALL_LEVELS}
+PROFILER = "torch.profiler"
+
+
+@dataclass
+class Workload:
+    """One call to time (``step()``), and how to tell it in the results."""
+
+    key: str
+    label: str
+    step: Callable[[], Any]
 
 
 def synchronised_latencies_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
                               after_each: Callable[[], Any] | None = None) -> list[float]:
     """``iterations`` calls of ``model(x)``, each timed between two device synchronisations (ms);
     ``after_each`` runs after each call, outside its time."""
+    return _timed(lambda: model(x), iterations, after_each)
+
+
+def _timed(step: Callable[[], Any], iterations: int, after_each: Callable[[], Any] | None = None) -> list[float]:
     times = []
     for _ in range(iterations):
         torch.cuda.synchronize()
         start = time.perf_counter_ns()
-        model(x)
+        step()
         torch.cuda.synchronize()
         times.append((time.perf_counter_ns() - start) / 1e6)
         if after_each is not None:
             after_each()
     return times
-
-
-def _latency_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int, rounds: int) -> dict[str, float]:
-    """Median latency per level set over ``rounds`` rounds that run every set, in a rotating order."""
-    labels = list(LEVEL_SETS)
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for round_index in range(rounds):
-        shift = round_index % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            with _levels(LEVEL_SETS[label]):
-                times[label] += synchronised_latencies_ms(model, x, iterations)
-    return {label: statistics.median(values) for label, values in times.items()}
 
 
 @contextlib.contextmanager
@@ -83,40 +92,99 @@ def _levels(levels: str | None) -> Iterator[None]:
         yield
 
 
-def _linking(batch: int, model: torch.nn.Module, x: torch.Tensor, iterations: int) -> dict[str, Any]:
-    """xsp's kernels of ``iterations`` calls: how many, how many linked to a launch and a layer."""
+@contextlib.contextmanager
+def _profiler() -> Iterator[Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield prof
+
+
+def _rotating_medians(step: Callable[[], Any], labels: list[str], enter: Callable[[str], Any], iterations: int,
+                      rounds: int) -> dict[str, float]:
+    """Median latency (ms) of ``step`` under each label's context, rounds rotating the order."""
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for round_index in range(rounds):
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            with enter(label):
+                times[label] += _timed(step, iterations)
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
+def _linking(workload: Workload, iterations: int) -> dict[str, Any]:
+    """xsp's kernels of ``iterations`` calls with every level: counts, links, losses, record path."""
     import xsp
     from xsp import schema as col
     from xsp.schema import Level, SpanKind
     from xsp.tree import nearest_ancestor, of_level, parent_positions
 
-    with xsp.trace(levels="model,layer,kernel", output=None) as session:
+    with xsp.trace(levels=ALL_LEVELS, output=None) as session:
         for _ in range(iterations):
-            model(x)
+            workload.step()
         torch.cuda.synchronize()
-    spans = session.trace.spans
+    trace = session.trace
+    spans = trace.spans
     kernels = np.flatnonzero((spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
     parents = parent_positions(spans)
     launched = spans[col.LEVEL].to_numpy()[parents[kernels]] == Level.CUDA_API.value
     layered = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels] >= 0
-    api_calls = int((spans[col.LEVEL] == Level.CUDA_API.value).sum())
-    return {"batch": batch, "kernels": len(kernels), "launched": float(launched.mean()) if len(kernels) else 0.0,
-            "layered": float(layered.mean()) if len(kernels) else 0.0, "api_calls": api_calls,
+    details = trace.metadata["tracer_details"].get("kernel", {})
+    dropped = {what: count for what, count in (trace.metadata.get("dropped") or {}).items() if "CUPTI" in what}
+    return {"kernels": len(kernels), "launched": float(launched.mean()) if len(kernels) else 0.0,
+            "layered": float(layered.mean()) if len(kernels) else 0.0,
+            "api_calls": int((spans[col.LEVEL] == Level.CUDA_API.value).sum()),
             "kernel_ms": spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e6,
-            "hierarchy": session.trace.metadata["hierarchy"]}
+            "dropped_records": sum(dropped.values()), "dropped": dropped,
+            "record_path": details.get("record_path"), "cupti_release": details.get("cupti_release"),
+            "why_not_c": details.get("why_not_c"), "warnings": trace.metadata.get("warnings", [])}
 
 
-def _profiler_kernels(model: torch.nn.Module, x: torch.Tensor, iterations: int) -> tuple[int, float]:
+def _profiler_kernels(workload: Workload, iterations: int) -> tuple[int, float]:
     """PyTorch's profiler's kernel count and kernel ms for ``iterations`` calls."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with _profiler() as prof:
         for _ in range(iterations):
-            model(x)
+            workload.step()
         torch.cuda.synchronize()
     theirs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
               and not e.name.startswith(("Memcpy", "Memset"))]
     return len(theirs), sum(e.device_time for e in theirs) / 1e3
+
+
+def _workloads() -> list[Workload]:
+    from bert_inference import build_model as build_bert
+    from resnet50_inference import build_model
+
+    resnet = build_model().cuda()
+    inputs = {batch: torch.randn(batch, 3, 224, 224, device="cuda") for batch in (1, 32)}
+    trained = build_model().cuda().train()
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
+    images, labels = torch.randn(32, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (32,), device="cuda")
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits = trained(images).logits
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        optimizer.step()
+
+    bert = build_bert().cuda()
+    tokens = {"input_ids": torch.randint(0, 30522, (8, 128), device="cuda"),
+              "attention_mask": torch.ones(8, 128, dtype=torch.long, device="cuda")}
+
+    def infer(model: torch.nn.Module, **kwargs: Any) -> Callable[[], Any]:
+        def step() -> Any:
+            with torch.no_grad():
+                return model(**kwargs)
+        return step
+
+    return [Workload("1", "ResNet-50 inference, batch 1", infer(resnet, pixel_values=inputs[1])),
+            Workload("32", "ResNet-50 inference, batch 32", infer(resnet, pixel_values=inputs[32])),
+            Workload("train_32", "ResNet-50 training step (SGD), batch 32", train_step),
+            Workload("bert_8", "BERT-base inference, batch 8 x 128 tokens", infer(bert, **tokens))]
+
+
+def _pct(value: float, base: float) -> float:
+    return round((value / base - 1) * 100, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,48 +202,101 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"the CUDA levels cannot run here: {reason}", file=sys.stderr)
         return 2
-    from resnet50_inference import build_model
-
     device = torch.cuda.get_device_name(0)
-    model = build_model().cuda()
-    linking, latency = [], []
-    inputs = {batch: torch.randn(batch, 3, 224, 224, device="cuda") for batch in (1, 32)}
-    with torch.no_grad():
-        for batch, x in inputs.items():
-            for _ in range(args.warmup):
-                model(x)
-            torch.cuda.synchronize()
-            linking.append(_linking(batch, model, x, args.iterations))
-            latency.append({"batch": batch, **_latency_ms(model, x, args.iterations, args.rounds)})
-        for row in linking:  # last: the profiler keeps CUPTI for the rest of the process
-            row["profiler_kernels"], row["profiler_kernel_ms"] = _profiler_kernels(
-                model, inputs[row["batch"]], args.iterations)
+    workloads = _workloads()
+    results: dict[str, dict[str, Any]] = {}
+    for workload in workloads:
+        for _ in range(args.warmup):
+            workload.step()
+        torch.cuda.synchronize()
+        linking = _linking(workload, args.iterations)
+        latency = _rotating_medians(workload.step, list(LEVEL_SETS), lambda label: _levels(LEVEL_SETS[label]),
+                                    args.iterations, args.rounds)
+        results[workload.key] = {"linking": linking, "latency_ms": latency}
+        print(f"{workload.label}: {latency}", flush=True)
+    for workload in workloads:  # last: the profiler keeps CUPTI for the rest of the process
+        kernels, kernel_ms = _profiler_kernels(workload, args.iterations)
+        profiled = _rotating_medians(workload.step, ["none", PROFILER],
+                                     lambda label: _profiler() if label == PROFILER else contextlib.nullcontext(),
+                                     args.iterations, args.rounds)
+        results[workload.key].update(profiler_kernels=kernels, profiler_kernel_ms=kernel_ms, profiler_ms=profiled)
+    summary = _summary(device, workloads, results, args)
+    JSON_RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    record(_markdown(device, workloads, results, summary, args), RESULTS)
+    return 0
+
+
+def _summary(device: str, workloads: list[Workload], results: dict[str, dict[str, Any]],
+             args: argparse.Namespace) -> dict[str, Any]:
+    """gpu.json: per workload the overhead of every level and of the profiler, kernels, drops."""
+    entries = {}
+    for workload in workloads:
+        r = results[workload.key]
+        latency, profiled, linking = r["latency_ms"], r["profiler_ms"], r["linking"]
+        entries[workload.key] = {
+            "workload": workload.label,
+            "latency_ms": latency["none"],
+            "model_overhead_pct": _pct(latency["model"], latency["none"]),
+            "layer_overhead_pct": _pct(latency["model+layer"], latency["none"]),
+            "kernel_overhead_pct": _pct(latency["model+layer+cuda_api+kernel"], latency["none"]),
+            "profiler_overhead_pct": _pct(profiled[PROFILER], profiled["none"]),
+            "kernels_xsp": linking["kernels"], "kernels_profiler": r["profiler_kernels"],
+            "kernel_ms_xsp": round(linking["kernel_ms"], 3), "kernel_ms_profiler": round(r["profiler_kernel_ms"], 3),
+            "linked_to_launch": round(linking["launched"], 4), "linked_to_layer": round(linking["layered"], 4),
+            "dropped_records": linking["dropped_records"], "record_path": linking["record_path"],
+        }
+    first = results[workloads[0].key]["linking"]
+    return {"device": device, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "cupti": {"cupti_python": _version("cupti-python"),
+                                                  "libcupti": first["cupti_release"],
+                                                  "record_path": first["record_path"],
+                                                  "why_not_c": first["why_not_c"]},
+            "iterations": args.iterations, "rounds": args.rounds,
+            "batches": {key: entries[key] for key in ("1", "32")},
+            "workloads": {key: value for key, value in entries.items() if key not in ("1", "32")}}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _markdown(device: str, workloads: list[Workload], results: dict[str, dict[str, Any]], summary: dict[str, Any],
+              args: argparse.Namespace) -> list[str]:
+    cupti = summary["cupti"]
     lines = [
         "# CUDA levels on a GPU", "",
-        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, device **{device}**, torch {torch.__version__}, "
+        f"Last run: {summary['date']}, device **{device}**, torch {torch.__version__}, cupti-python "
+        f"{cupti['cupti_python']}, libcupti {cupti['libcupti']}, records read by the {cupti['record_path']} path, "
         f"Python {platform.python_version()}; `python benchmarks/gpu.py --iterations {args.iterations} "
-        f"--rounds {args.rounds}`.", "",
-        f"## Linking and agreement with PyTorch's profiler (ResNet-50 inference, {args.iterations} calls, "
-        "separate runs)", "",
-        "| batch | kernels (xsp) | kernels (profiler) | linked to a launch | linked to a layer | kernel ms (xsp) "
-        "| kernel ms (profiler) | difference | CUDA API calls (xsp) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"--rounds {args.rounds}` (also benchmarks/results/gpu.json).", "",
+        f"## Linking and agreement with PyTorch's profiler ({args.iterations} calls, separate runs)", "",
+        "| workload | kernels (xsp) | kernels (profiler) | linked to a launch | linked to a layer | kernel ms (xsp) "
+        "| kernel ms (profiler) | difference | CUDA API calls (xsp) | records dropped |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in linking:
-        difference = (r["kernel_ms"] - r["profiler_kernel_ms"]) / r["profiler_kernel_ms"]
-        lines.append(f"| {r['batch']} | {r['kernels']} | {r['profiler_kernels']} | {r['launched']:.1%} | "
-                     f"{r['layered']:.1%} | {r['kernel_ms']:.2f} | {r['profiler_kernel_ms']:.2f} | {difference:+.1%} "
-                     f"| {r['api_calls']} |")
-    lines += ["", f"## Model latency by levels traced (median ms of {args.rounds} x {args.iterations} synchronised "
-              "calls each; overhead against no tracing)", "",
-              "| batch | " + " | ".join(LEVEL_SETS) + " |", "| ---: |" + " ---: |" * len(LEVEL_SETS)]
-    for row in latency:
-        base = row["none"]
-        cells = [f"{row[label]:.2f}" + ("" if label == "none" else f" ({row[label] / base - 1:+.1%})")
-                 for label in LEVEL_SETS]
-        lines.append(f"| {row['batch']} | " + " | ".join(cells) + " |")
-    record(lines, RESULTS)
-    return 0
+    for workload in workloads:
+        r = results[workload.key]
+        link = r["linking"]
+        difference = (link["kernel_ms"] - r["profiler_kernel_ms"]) / r["profiler_kernel_ms"]
+        lines.append(f"| {workload.label} | {link['kernels']} | {r['profiler_kernels']} | {link['launched']:.1%} | "
+                     f"{link['layered']:.1%} | {link['kernel_ms']:.2f} | {r['profiler_kernel_ms']:.2f} | "
+                     f"{difference:+.1%} | {link['api_calls']} | {link['dropped_records']} |")
+    lines += ["", f"## Latency by levels traced (median ms of {args.rounds} x {args.iterations} synchronised calls "
+              "each; overhead against no tracing in the same rounds)", "",
+              "| workload | none | model | model+layer | model+layer+cuda_api+kernel | torch.profiler (CPU+CUDA) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for workload in workloads:
+        r = results[workload.key]
+        latency, profiled = r["latency_ms"], r["profiler_ms"]
+        cells = [f"{latency['none']:.2f}"] + [
+            f"{latency[label]:.2f} ({_pct(latency[label], latency['none']):+.1f}%)"
+            for label in ("model", "model+layer", "model+layer+cuda_api+kernel")]
+        cells.append(f"{profiled[PROFILER]:.2f} ({_pct(profiled[PROFILER], profiled['none']):+.1f}%)")
+        lines.append(f"| {workload.label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Where the CUDA levels' host overhead goes: ResNet-50 inference at batch 1 on one GPU, variants side by side.
 
 Each variant runs ``--iterations`` synchronised calls in one process and gives the median
-latency, how often CUPTI's buffers were flushed, the wall time of the flushes and of xsp's
-buffer callback (on the flushing thread: it includes waiting for the GIL) and how many records
-the callback got. The variants: no tracing; model+layer; every level; every level without the
-per-step flush; with a callback that keeps nothing; without external correlation ids; CUPTI
-alone (activity kinds enabled by hand, records only counted, flushed between calls, outside the
-timed call). Needs a CUDA GPU and cupti-python; results go to benchmarks/results/gpu_probe.md.
+latency, how often CUPTI's buffers were flushed, the wall time of the flushes, of the C path's
+drains and of the Python path's buffer callback (on the flushing thread: it includes waiting
+for the GIL), and how many records each read. The variants: no tracing; model+layer; every level
+(records read in C); every level with records read through cupti-python (the fall-back); every
+level without the per-step flush; without external correlation ids; CUPTI alone (activity kinds
+enabled by hand, records only counted, flushed between calls, outside the timed call). Needs a
+CUDA GPU and cupti-python; results go to benchmarks/results/gpu_probe.md.
 
 Usage: python benchmarks/gpu_probe.py [--iterations N]
 """
@@ -54,6 +55,16 @@ def _timed_callback(callback: Callable[[Any, Iterable[Any]], None]) -> Callable[
     return timed
 
 
+def _timed_drain(drain: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def timed(records: Any) -> Any:
+        start = time.perf_counter_ns()
+        columns, lost = drain(records)
+        STATS["drained records"] += len(columns)
+        STATS["drain ms"] += (time.perf_counter_ns() - start) / 1e6
+        return columns, lost
+    return timed
+
+
 def _median_ms(model: torch.nn.Module, x: torch.Tensor, iterations: int,
                after_each: Callable[[], Any] | None = None) -> float:
     return statistics.median(synchronised_latencies_ms(model, x, iterations, after_each))
@@ -68,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from cupti import cupti
     from resnet50_inference import build_model
-    from xsp.tracers import _cupti
+    from xsp.tracers import _cupti, _cupti_records
     from xsp.tracers._module_calls import INTERCEPTOR
 
     import xsp
@@ -78,12 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     callback = _cupti.RecordStore.on_completed
     timed_callback = _timed_callback(callback)
     _cupti.RecordStore.on_completed = timed_callback  # type: ignore[method-assign]
+    _cupti_records.NativeRecords.drain = _timed_drain(_cupti_records.NativeRecords.drain)  # type: ignore[method-assign]
     request = _cupti._Flusher.request
+    every = "model,layer,cuda_api,kernel"
     model, x = build_model().cuda(), torch.randn(1, 3, 224, 224, device="cuda")
     rows = []
 
     def variant(label: str, levels: str | None, setup: Callable[[], Any] | None = None) -> None:
-        STATS.update({"flushes": 0, "flush ms": 0.0, "callback records": 0, "callback ms": 0.0})
+        STATS.update({"flushes": 0, "flush ms": 0.0, "callback records": 0, "callback ms": 0.0, "drained records": 0,
+                      "drain ms": 0.0})
         with torch.no_grad():
             if levels is None:
                 median = _median_ms(model, x, args.iterations)
@@ -118,15 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
     variant("no tracing", None)
     variant("model,layer", "model,layer")
-    variant("model,layer,kernel", "model,layer,kernel")
-    variant("model,kernel (no layer pushes its id)", "model,kernel")
+    variant("every level (records read in C)", every)
+    variant("model,cuda_api,kernel (no layer pushes its id)", "model,cuda_api,kernel")
     _cupti._Flusher.request = lambda self: None  # type: ignore[method-assign]
-    variant("model,layer,kernel; no flush at step ends", "model,layer,kernel")
+    variant("every level; no flush at step ends", every)
     _cupti._Flusher.request = request  # type: ignore[method-assign]
+    variant("every level; no external ids", every, setup=lambda: INTERCEPTOR.correlate(None))
+    _cupti.SOURCE._use_native = False
+    variant("every level, records read through cupti-python", every)
     _cupti.RecordStore.on_completed = lambda self, activities: None  # type: ignore[method-assign]
-    variant("model,layer,kernel; a callback that keeps nothing", "model,layer,kernel")
+    variant("every level through cupti-python; a callback that keeps nothing", every)
     _cupti.RecordStore.on_completed = timed_callback  # type: ignore[method-assign]
-    variant("model,layer,kernel; no external ids", "model,layer,kernel", setup=lambda: INTERCEPTOR.correlate(None))
+    _cupti.SOURCE._use_native = True
     kinds = [int(kind) for kind in (*_cupti.ACTIVITY_KINDS, *_cupti.API_KINDS, _cupti.Kind.EXTERNAL_CORRELATION)]
     cupti_alone("CUPTI alone: kernels", [int(_cupti.Kind.CONCURRENT_KERNEL)])
     cupti_alone("CUPTI alone: kernels, runtime", [int(_cupti.Kind.CONCURRENT_KERNEL), int(_cupti.Kind.RUNTIME)])
@@ -138,12 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, device **{torch.cuda.get_device_name(0)}**, "
         f"torch {torch.__version__}, Python {platform.python_version()}; `python benchmarks/gpu_probe.py "
         f"--iterations {args.iterations}` (ResNet-50 inference, batch 1).", "",
-        "| variant | median ms | flushes | flush ms | records to the callback | callback ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| variant | median ms | flushes | flush ms | records drained in C | drain ms | records to the Python "
+        "callback | callback ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, median, stats in rows:
         cells = [f"{stats[key]:,.0f}" if key in stats else "" for key in
-                 ("flushes", "flush ms", "callback records", "callback ms")]
+                 ("flushes", "flush ms", "drained records", "drain ms", "callback records", "callback ms")]
         lines.append(f"| {label} | {median:.2f} | " + " | ".join(cells) + " |")
     record(lines, RESULTS)
     return 0

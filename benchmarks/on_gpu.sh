@@ -24,15 +24,19 @@ part install
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-python3 -c "import xsp, xsp._hotpath, cupti; from xsp.tracers._cupti import probe; print('xsp C path ok; CUPTI:', probe() or 'usable')"
+python3 -c "import xsp, xsp._hotpath, xsp._activity, cupti; from xsp.tracers._cupti import probe; print('xsp C path ok; CUPTI:', probe() or 'usable')"
 
-want tests && part GPU tests && timeout 240 python3 -m pytest -q -rs tests/gpu tests/unit/test_cupti.py tests/unit/test_gpu_metrics.py \
+# the real CUPTI in one process, the fake libcupti's tests in another: never both in one process
+want tests && part GPU tests && timeout 180 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py \
   -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
+want tests && part "C record path on the fake libcupti" && timeout 120 python3 -m pytest -q -rs \
+  tests/unit/test_cupti.py tests/unit/test_cupti_records.py -p no:cacheprovider
 
 want probe && part "benchmarks/gpu_probe.py" && timeout 180 python3 benchmarks/gpu_probe.py \
   && cp benchmarks/results/gpu_probe.md "$OUT/gpu_probe.md"
 
-want benchmark && part "benchmarks/gpu.py" && timeout 240 python3 benchmarks/gpu.py --iterations 20 && cp benchmarks/results/gpu.md "$OUT/gpu.md"
+want benchmark && part "benchmarks/gpu.py" && timeout 300 python3 benchmarks/gpu.py --iterations 20 \
+  && cp benchmarks/results/gpu.md benchmarks/results/gpu.json "$OUT/"
 
 if want examples; then
 part "xsp run: ResNet-50 on cuda, the model level, then every level"

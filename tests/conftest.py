@@ -78,6 +78,16 @@ def _loop_patches_left() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def fake_libcupti(tmp_path_factory):
+    """The fake libcupti (tests/fake_libcupti.c), built and loaded once for the session."""
+    pytest.importorskip("cupti", reason="cupti-python is not installed (Linux x86_64/aarch64 only)")
+    from .native_cupti import FakeLibcupti, activity_module, build
+
+    activity_module()
+    return FakeLibcupti(build(tmp_path_factory.mktemp("fake_libcupti")))
+
+
+@pytest.fixture(scope="session")
 def shared_traces() -> Path:
     """``../shared/traces``; skipped when absent, an error in CI (XSP_REQUIRE_SHARED=1)."""
     if not SHARED_TRACES.is_dir():

@@ -4,6 +4,10 @@ It keeps CUPTI's contract as xsp uses it: one subscriber, activity kinds enabled
 a completed-buffer callback fed on flush, a time base of its own, and a stack of external
 correlation ids. ``launch()`` plays a CUDA runtime call made by the calling thread: an API
 record (with the external id on top of the stack) and the kernel it launches.
+
+With a ``library`` (the fake libcupti of :mod:`tests.native_cupti`) it plays the control plane
+of xsp's C record path: records are staged as bytes in that library, which hands them to xsp's
+C callbacks on flush, and the external-id stack is the library's, pushed from C.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 from cupti import cupti as real
-from xsp.tracers._cupti import Kind, api_enum
+from xsp.tracers._cupti_records import Kind
+from xsp.tracers._cupti_rows import api_enum
 
 KERNEL_RECORD = max((getattr(real, name) for name in dir(real) if name.startswith("ActivityKernel")
                      and name[len("ActivityKernel"):].isdigit()),
@@ -36,7 +42,12 @@ class FakeCupti:
     DriverApiTraceCbid = api_enum(real, Kind.DRIVER)
 
     def __init__(self, clock_offset_ns: int = 1_700_000_000_000_000_000, skew_ns: int = 0,
-                 held_by_other: bool = False, per_call_switch: bool = True) -> None:
+                 held_by_other: bool = False, per_call_switch: bool = True, library: Any = None) -> None:
+        self.library = library
+        """The fake libcupti xsp's C path binds to, or None (records go through the callback)."""
+        self._library_pushes = 0 if library is None else library.pushes()
+        self.python_callbacks = 0
+        """Times xsp registered cupti-python's buffer callbacks (never, on the C path)."""
         self.clock_offset_ns = clock_offset_ns
         """CUPTI time = xsp host time + this (what the tracer must measure)."""
         self.skew_ns = skew_ns
@@ -50,8 +61,8 @@ class FakeCupti:
         self.enabled: set[int] = set()
         self.completed: Any = None
         self.pending: list[Any] = []
-        self.stack: list[int] = []
-        self.pushes = 0
+        self._stack: list[int] = []
+        self._pushes = 0
         self.correlation = 0
         self.flushes: list[int] = []
         self.lock = threading.Lock()
@@ -75,6 +86,7 @@ class FakeCupti:
 
     # activity API -----------------------------------------------------------------------
     def activity_register_callbacks(self, requested: Any, completed: Any) -> None:
+        self.python_callbacks += 1
         size, _ = requested()
         assert size > 0
         self.completed = completed
@@ -101,6 +113,9 @@ class FakeCupti:
 
     def activity_flush_all(self, flag: int) -> None:
         self.flushes.append(flag)
+        if self.library is not None:
+            self.library.flush(flag)
+            return
         with self.lock:
             records, self.pending = self.pending, []
         if records and self.completed is not None:
@@ -108,11 +123,34 @@ class FakeCupti:
 
     def activity_push_external_correlation_id(self, kind: int, external_id: int) -> None:
         assert kind == int(real.ExternalCorrelationKind.CUSTOM0)
-        self.stack.append(external_id)
-        self.pushes += 1
+        assert self.library is None, "xsp pushed through cupti-python while its C path pushes"
+        self._stack.append(external_id)
+        self._pushes += 1
 
     def activity_pop_external_correlation_id(self, kind: int) -> int:
-        return self.stack.pop()
+        return self._stack.pop()
+
+    @property
+    def stack_depth(self) -> int:
+        """The calling thread's external ids on CUPTI's stack."""
+        return self.library.depth() if self.library is not None else len(self._stack)
+
+    @property
+    def pushes(self) -> int:
+        return self.library.pushes() - self._library_pushes if self.library is not None else self._pushes
+
+    def _top_external_id(self) -> int | None:
+        if self.library is not None:
+            return self.library.depth() and self.library.top_external_id()
+        return self._stack[-1] if self._stack else None
+
+    def _emit(self, records: list[Any]) -> None:
+        """What CUPTI would write: record objects for the callback, or bytes in the library."""
+        if self.library is None:
+            with self.lock:
+                self.pending.extend(records)
+            return
+        self.library.stage(b"".join(to_bytes(record, self.library) for record in records))
 
     # what the GPU would do --------------------------------------------------------------
     def query(self) -> None:
@@ -124,12 +162,13 @@ class FakeCupti:
                 continue
             with self.lock:
                 self.correlation += 1
-                api = real.ActivityAPI()
-                api.kind, api.correlation_id, api.cbid = int(kind), self.correlation, int(cbid)
-                api.start = self.get_timestamp() + self.skew_ns
-                api.end = api.start + 300
-                api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
-                self.pending.append(api)
+                correlation = self.correlation
+            api = real.ActivityAPI()
+            api.kind, api.correlation_id, api.cbid = int(kind), correlation, int(cbid)
+            api.start = self.get_timestamp() + self.skew_ns
+            api.end = api.start + 300
+            api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
+            self._emit([api])
 
     def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000) -> None:
         """A cudaLaunchKernel on this thread, and the kernel it runs."""
@@ -146,16 +185,16 @@ class FakeCupti:
             api.cbid = int(self.RuntimeApiTraceCbid.cudaLaunchKernel_v7000)
             api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
             records.append(api)
-        if self.stack and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
+        top = self._top_external_id()
+        if top and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
             external = real.ActivityExternalCorrelation()
             external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
             external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
-            external.external_id, external.correlation_id = self.stack[-1], correlation
+            external.external_id, external.correlation_id = top, correlation
             records.append(external)
         if int(real.ActivityKind.CONCURRENT_KERNEL) in self.enabled:
             records.append(kernel_record(kernel, end + 5_000, end + 5_000 + work_ns, correlation))
-        with self.lock:
-            self.pending.extend(records)
+        self._emit(records)
 
 
 def kernel_record(name: str, start: int, end: int, correlation: int) -> Any:
@@ -167,3 +206,24 @@ def kernel_record(name: str, start: int, end: int, correlation: int) -> Any:
     record.registers_per_thread, record.static_shared_memory, record.dynamic_shared_memory = 32, 1024, 4096
     record.stream_id, record.device_id, record.graph_id = 7, 0, 0
     return record
+
+
+_FIELDS = {"ActivityAPI": ("activity_api_dtype", ("kind", "start", "end", "correlation_id", "cbid", "thread_id",
+                                                  "process_id", "return_value")),
+           "ActivityExternalCorrelation": ("activity_external_correlation_dtype",
+                                           ("kind", "external_kind", "external_id", "correlation_id")),
+           KERNEL_RECORD.__name__: (f"activity_kernel{KERNEL_RECORD.__name__[len('ActivityKernel'):]}_dtype",
+                                    ("kind", "start", "end", "correlation_id", "grid_x", "grid_y", "grid_z",
+                                     "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory",
+                                     "dynamic_shared_memory", "stream_id", "device_id", "graph_id"))}
+
+
+def to_bytes(record: Any, library: Any) -> bytes:
+    """A record object's bytes as CUPTI writes them (its kernel name a pointer into ``library``)."""
+    layout, names = _FIELDS[type(record).__name__]
+    value = np.zeros(1, dtype=getattr(real, layout))
+    for name in names:
+        value[name] = getattr(record, name)
+    if "name" in value.dtype.names and type(record) is KERNEL_RECORD:
+        value["name"] = library.name_pointer(record.name)
+    return value.tobytes()

@@ -47,6 +47,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
 from types import ModuleType
@@ -76,8 +77,18 @@ from xsp.recording import (
 
 _TENSOR = torch.Tensor
 Descriptor = tuple[Any, ...] | None
-Correlation = tuple[Callable[[int], Any], Callable[[], Any]]
-"""``(push, pop)`` of CUPTI external correlation ids around each module call."""
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """How the wrapper names the CUDA calls made inside each module call: ``push(start_ns)``
+    and ``pop()`` bracket the call (they count CUPTI's refusals and never raise). ``capsule``,
+    where the records are read in C (``xsp._activity.correlation``), hands the same two calls
+    to the C wrapper, so that neither costs a Python call; without it the Python wrapper runs."""
+
+    push: Callable[[int], Any]
+    pop: Callable[[], Any]
+    capsule: Any = None
 
 dynamo_compiling: Callable[[], bool] = (getattr(torch.compiler, "is_dynamo_compiling", None)
                                         or getattr(torch.compiler, "is_compiling", None) or (lambda: False))
@@ -234,14 +245,15 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     itself, bound, and skips ``on_read``: such a call runs no Python frame of xsp's either. With
     ``tracing_known`` (every jit tracer entry sets ``aside``), the C
     object does not ask the jit tracer itself. CUPTI correlation (a push and a pop around each
-    call) stays in Python.
+    call) runs in C where ``correlation`` carries a capsule, else only the Python wrapper does it.
     """
-    if hotpath.HOTPATH is None or correlation is not None:
+    capsule = None if correlation is None else correlation.capsule
+    if hotpath.HOTPATH is None or (correlation is not None and capsule is None):
         return slow
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
                                     None if tracing_known else jit_tracing, _TENSOR, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT, grad_mode_address())
+                                    COMPACT_AT, grad_mode_address(), capsule)
     _orig = original
 
     @_named_as(original)
@@ -265,7 +277,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
                         on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
     local, new_buffer = recording.local, recording.new_buffer
     begin_root = _root_call(recording)
-    push, pop = correlation if correlation is not None else (None, None)
+    push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
 
     # closure constants, not keyword defaults: a keyword argument the model takes could not
     # then be caught by the wrapper instead of reaching the model
@@ -328,7 +340,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
     local, new_buffer = recording.local, recording.new_buffer
     begin_root = _root_call(recording)
     hook_backward = _backward_hooks(recording)
-    push, pop = correlation if correlation is not None else (None, None)
+    push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
 
     _orig, _now, _tensor, _id = original, now_ns, _TENSOR, id  # closure constants (see above)
 

@@ -49,6 +49,8 @@ class Tracer(Protocol):
     #   interprets_in_child: ClassVar[bool] -- True when ``collect`` reads only the window and
     #       plain Python objects (no CUDA, no profiler state), so that a forked child can run it
     #       (a streaming session then interprets windows beside the user's loop, see xsp.forked);
+    #   prepare(window) -- called in the session's process before ``collect`` (which may then run
+    #       in a forked helper): take what only this process holds into the window (CUPTI's buffers);
     #   on_step_end() -- called (on the recording thread) when a step ends: a cheap hint to flush;
     #   metadata() -> dict -- facts for ``trace.metadata["tracer_details"][name]`` (clock offsets).
 

@@ -11,7 +11,9 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource, api_rows
+from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource
+from xsp.tracers._cupti_records import ActivityColumns
+from xsp.tracers._cupti_rows import api_rows
 from xsp.tracers._module_calls import INTERCEPTOR
 
 from xsp.recording import Recording, Window
@@ -24,6 +26,9 @@ class CuptiTracer(ABC):
     name: ClassVar[str]
     level: ClassVar[Level]
     kinds: ClassVar[tuple[Any, ...]]
+    interprets_in_child: ClassVar[bool] = True
+    """Its records are drained into the window before a helper process is forked
+    (:meth:`prepare`): the helper only turns columns into rows."""
 
     def __init__(self, source: CuptiSource = SOURCE) -> None:
         self.source = source
@@ -33,7 +38,10 @@ class CuptiTracer(ABC):
 
     def start(self, recording: Recording) -> None:
         self.source.acquire(self.name, self.kinds)
-        INTERCEPTOR.correlate(self.source.correlation_pair())
+        INTERCEPTOR.correlate(self.source.correlation_hooks())
+        note = self.source.path_note
+        if note is not None:
+            recording.notes.append(note)
 
     def stop(self) -> None:
         """Flush and release CUPTI; problems on the way are raised together, after cleaning up."""
@@ -53,8 +61,13 @@ class CuptiTracer(ABC):
         return self.source.metadata()
 
     @abstractmethod
-    def rows(self, records: list[tuple[Any, ...]]) -> pd.DataFrame:
+    def rows(self, records: ActivityColumns) -> pd.DataFrame:
         """Span rows for this tracer's kinds among ``records``."""
+
+    def prepare(self, window: Window) -> None:
+        """In this process, before the window is interpreted (perhaps in a forked helper): take
+        CUPTI's completed buffers into the window."""
+        self.source.records_for(window, flush=True)
 
     def collect(self, window: Window) -> pd.DataFrame:
         return self.rows(self.source.records_for(window))
@@ -67,5 +80,5 @@ class CudaApiTracer(CuptiTracer):
     level: ClassVar[Level] = Level.CUDA_API
     kinds: ClassVar[tuple[Any, ...]] = API_KINDS
 
-    def rows(self, records: list[tuple[Any, ...]]) -> pd.DataFrame:
+    def rows(self, records: ActivityColumns) -> pd.DataFrame:
         return api_rows(records, self.source.offset_ns)

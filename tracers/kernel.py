@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import ACTIVITY_KINDS, activity_rows
+from xsp.tracers._cupti import ACTIVITY_KINDS
+from xsp.tracers._cupti_records import ActivityColumns
+from xsp.tracers._cupti_rows import activity_rows
 from xsp.tracers.cuda_api import CuptiTracer
 
 from xsp.schema import Level
@@ -24,5 +26,5 @@ class KernelTracer(CuptiTracer):
     level: ClassVar[Level] = Level.KERNEL
     kinds: ClassVar[tuple[Any, ...]] = ACTIVITY_KINDS
 
-    def rows(self, records: list[tuple[Any, ...]]) -> pd.DataFrame:
+    def rows(self, records: ActivityColumns) -> pd.DataFrame:
         return activity_rows(records, self.source.offset_ns)

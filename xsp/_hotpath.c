@@ -43,6 +43,8 @@
 #include <longintrepr.h>  /* Python.h includes it from 3.11 on */
 #endif
 
+#include "_correlation.h"
+
 #define MODE_ROOTS 1
 #define MODE_ALL 2
 #define NO_ERROR (-1)
@@ -110,6 +112,8 @@ typedef struct {
     PyObject *hook_backward;  /* (buffer, out, module, start), ALL mode */
     PyObject *buffer_type;    /* ThreadBuffer */
     PyObject *steps_type;     /* AutoSteps */
+    PyObject *correlation_capsule;  /* xsp._activity.correlation, or NULL */
+    const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */
     PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes,
         *inference_step_name, *inference_attributes;
@@ -750,7 +754,10 @@ static PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *ca
                                 Py_ssize_t *calls_length) {
     Py_ssize_t depth_slot = self->buffer_slots.depth;
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
+    const xsp_correlation *correlation = self->correlation;
+    if (correlation != NULL) correlation->push((uint64_t)start_ns);  /* the call's start names it to CUPTI */
     PyObject *out = call_original(self, call);
+    if (correlation != NULL) correlation->pop();
     if (out == NULL) {
         *end = clock_after_failure(self, buffer, depth, end_ns);
         failed(self, buffer, call, start, *end, depth);
@@ -1626,7 +1633,7 @@ static PyMethodDef hotpath_functions[] = {
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
                                "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
-                               "native_grad_mode", NULL};
+                               "native_grad_mode", "correlation", NULL};
 
 #define FIELDS 14
 
@@ -1655,12 +1662,18 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
-    PyObject *native_grad_mode = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!", (char **)kwlist, &mode, &items[0],
+    PyObject *native_grad_mode = NULL, *correlation = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!O", (char **)kwlist, &mode, &items[0],
                                      &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
                                      &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
-                                     &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode))
+                                     &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode,
+                                     &correlation))
         return -1;
+    const xsp_correlation *hooks = NULL;
+    if (correlation != NULL && correlation != Py_None) {
+        hooks = PyCapsule_GetPointer(correlation, XSP_CORRELATION_CAPSULE);
+        if (hooks == NULL) return -1;  /* not xsp._activity's capsule: TypeError or ValueError set */
+    }
     void *grad_mode_address = native_grad_mode == NULL ? NULL : PyLong_AsVoidPtr(native_grad_mode);
     if (grad_mode_address == NULL && PyErr_Occurred()) return -1;
     if (mode != MODE_ROOTS && mode != MODE_ALL) {
@@ -1694,6 +1707,8 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     }
     self->mode = mode;
     self->compact_at = compact_at;
+    Py_XSETREF(self->correlation_capsule, hooks == NULL ? NULL : Py_NewRef(correlation));
+    self->correlation = hooks;
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
     self->original_call = PyVectorcall_Function(self->original);
     find_shape_descriptor(self);
@@ -1705,7 +1720,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->original); DO(self->slow); DO(self->local); DO(self->recording); DO(self->now); \
     DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->shape_descriptor); \
     DO(self->describe_inputs); DO(self->describe); DO(self->on_error); DO(self->hook_backward); \
-    DO(self->buffer_type); DO(self->steps_type); \
+    DO(self->buffer_type); DO(self->steps_type); DO(self->correlation_capsule); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)

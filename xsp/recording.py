@@ -27,6 +27,7 @@ from typing import Any, Final, Generic, TypeVar, overload
 
 from xsp import hotpath
 from xsp.auto_steps import AutoSteps
+from xsp.clock import now_ns
 
 COMPACT_AT: Final = 512
 """Raw records a thread keeps before compacting them into arrays. Small on purpose: records
@@ -535,6 +536,11 @@ class Window:
     ended_thread_ids: list[int] = field(default_factory=list)
     """Threads that have ended and recorded for the last time in this window: what the session
     keeps per thread for later windows is forgotten for them."""
+    closed_ns: int | None = None
+    """When the window was taken (host clock); None for the last one, which takes everything."""
+    held_thread_ids: frozenset[int] = frozenset()
+    """Threads whose records were left for a later window (inside a module call or a step):
+    records made elsewhere (CUPTI's) on those threads belong to a later window too."""
 
     @property
     def records(self) -> int:
@@ -644,9 +650,13 @@ class Recording:
                 sample_now()
             except Exception:  # a failing sampler loses a sample, never the window
                 self.dropped["system_samples"] += 1
+        closed_ns = None if final else now_ns()
         ended = [] if final else self._ended_threads()
-        taken = [buffer.drain() for buffer in list(self.buffers)
-                 if final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)]
+        buffers = list(self.buffers)
+        taking = [final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)
+                  for buffer in buffers]
+        taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
+        held = frozenset(buffer.thread_id for buffer, take in zip(buffers, taking) if not take)
         if ended:
             with self._lock:
                 retired = set(map(id, ended))
@@ -657,7 +667,8 @@ class Recording:
         samples, self.samples = self.samples, []
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
                       step_numbers=kept_steps or None, samples=samples,
-                      ended_thread_ids=[buffer.thread_id for buffer in ended])
+                      ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
+                      held_thread_ids=held)
 
     def _ended_threads(self) -> list[ThreadBuffer]:
         """Buffers of the threads that have ended, their last step decided: this window takes

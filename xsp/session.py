@@ -458,6 +458,17 @@ class Session:
             buffer.discard()
         self._recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
 
+    def _prepare(self, window: Window) -> None:
+        """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
+        what only this process holds."""
+        for tracer in self._tracers:
+            prepare = getattr(tracer, "prepare", None)
+            if callable(prepare):
+                try:
+                    prepare(window)
+                except Exception as exc:
+                    self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+
     def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
         """The spans of one window: written as a segment when the session streams, else kept."""
         assert self._clock is not None
@@ -734,6 +745,7 @@ class _WindowWorker:
         resource = None if self.exporter is None else resource_for(self.session.service_name, {
             **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
         while (window := self.queue.get()) is not None:
+            self.session._prepare(window)
             if self._interpreted_in_helper(window):
                 continue
             try:

@@ -87,3 +87,28 @@ def test_kernel_count_and_time_match_pytorchs_profiler_in_a_separate_run():
     our_us = ours[col.DURATION_NS].sum() / 1e3
     their_us = sum(e.device_time for e in theirs)
     assert abs(our_us - their_us) <= 0.05 * their_us
+
+
+def test_records_are_read_in_c_with_nothing_dropped(traced):
+    details = traced.metadata["tracer_details"]["kernel"]
+    if details.get("record_path") != "C":
+        pytest.fail(f"the CUDA levels read records through cupti-python: {details.get('why_not_c')}")
+    assert details["records_read"] > 0 and details["records_of_unexpected_size"] == 0
+    assert not {what for what in traced.metadata.get("dropped") or {} if "CUPTI" in what}
+
+
+def test_the_c_path_and_the_python_path_see_the_same_kernels(monkeypatch):
+    pytest.importorskip("cupti")
+    from xsp.tracers import _cupti
+
+    model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
+    by_c = _traced(model, x, iterations=3)
+    monkeypatch.setattr(_cupti.SOURCE, "_use_native", False)
+    by_python = _traced(model, x, iterations=3)
+    assert by_python.metadata["tracer_details"]["kernel"]["record_path"] == "Python (cupti-python)"
+
+    def kernels(trace: xsp.Trace) -> list[tuple[str, str, str]]:
+        spans = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+        return sorted(zip(spans[col.NAME], spans[col.GRID], spans[col.BLOCK]))
+
+    assert kernels(by_c) == kernels(by_python)

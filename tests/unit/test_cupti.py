@@ -19,8 +19,10 @@ pytestmark = pytest.mark.filterwarnings(
 
 from cupti import cupti as real  # noqa: E402
 from xsp.analysis import gpu  # noqa: E402
-from xsp.tracers import _cupti  # noqa: E402
-from xsp.tracers._cupti import CuptiSource, RecordStore, activity_rows, api_rows, demangle  # noqa: E402
+from xsp.tracers import _cupti, _cupti_records, _cupti_rows  # noqa: E402
+from xsp.tracers._cupti import CuptiSource  # noqa: E402
+from xsp.tracers._cupti_records import Family, RecordStore, columns_from_tuples  # noqa: E402
+from xsp.tracers._cupti_rows import activity_rows, api_rows, demangle  # noqa: E402
 from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
 from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
 from xsp.tracers.kernel import KernelTracer  # noqa: E402
@@ -32,6 +34,7 @@ from xsp.schema import Level, SpanKind  # noqa: E402
 from xsp.tree import nearest_ancestor, of_level, parent_positions  # noqa: E402
 
 from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
+from ..native_cupti import assert_same_columns  # noqa: E402
 
 
 def _api(correlation: int, start: int, end: int, cbid: int = 211, kind: int = 5, thread: int = 42) -> object:
@@ -69,7 +72,7 @@ def _external(correlation: int, external_id: int) -> object:
     return record
 
 
-def _stored(records: list[object]) -> list[tuple]:
+def _stored(records: list[object]) -> _cupti_records.ActivityColumns:
     store = RecordStore()
     store.on_completed(records)
     kept, dropped = store.drain()
@@ -120,21 +123,23 @@ def test_records_are_kept_as_bytes_and_read_as_their_attributes_read():
                _memcpy(2, 2_120_000, 2_130_000, nbytes=1_000_000, copy_kind=1), _memset(3, 2_140_000, 2_141_000),
                _sync(4, 2_150_000, 2_160_000)]
     for record in records:  # every type xsp reads has a layout here: no attribute is read per record
-        assert _cupti.raw_layout(type(record)) is not None, type(record).__name__
+        assert _cupti_records.raw_layout(type(record)) is not None, type(record).__name__
     store = RecordStore()
     store.on_completed(records)
     assert not store.records and sum(len(blobs) for blobs, _ in store.raw.values()) == len(records)
     kept, dropped = store.drain()
     assert not dropped and not store.raw
-    assert sorted(kept, key=repr) == sorted((_cupti.record_tuple(r) for r in records), key=repr)
+    assert_same_columns(kept, columns_from_tuples(_cupti_records.record_tuple(r) for r in records))
 
 
 def test_a_record_type_without_a_layout_is_read_by_its_attributes():
     class Plain:  # a record of a cupti-python without numpy layouts
         kind, start, end, correlation_id, cbid, thread_id, process_id, return_value = 5, 10, 20, 1, 211, 3, 1, 0
 
-    assert _cupti.raw_layout(Plain) is None
-    assert _stored([Plain(), _api(2, 30, 40)]) == [(5, 10, 20, 1, 211, 3, 1, 0), (5, 30, 40, 2, 211, 42, 1, 0)]
+    assert _cupti_records.raw_layout(Plain) is None
+    api = _stored([Plain(), _api(2, 30, 40)])[Family.API]
+    assert [tuple(values) for values in zip(*(api[name].tolist() for name in api))] == [
+        (5, 10, 20, 1, 211, 3, 1, 0), (5, 30, 40, 2, 211, 42, 1, 0)]
 
 
 def test_demangling_leaves_plain_and_broken_names_alone():
@@ -183,10 +188,17 @@ def _model(fake: FakeCupti) -> torch.nn.Module:
     return torch.nn.Sequential(Launching(fake, 2), torch.nn.ReLU(), Launching(fake, 3)).eval()
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    fake = FakeCupti()
-    source = CuptiSource(module=lambda: fake)
+@pytest.fixture(params=["python", "c"], ids=["python-path", "c-path"])
+def fake(request, monkeypatch):
+    """A stand-in CUPTI, its records read through cupti-python's callback or by xsp's C path (from
+    the fake libcupti, which hands them over on a thread of its own)."""
+    if request.param == "c":
+        library = request.getfixturevalue("fake_libcupti")
+        fake = FakeCupti(library=library)
+        source = CuptiSource(module=lambda: fake, library=str(library.path))
+    else:
+        fake = FakeCupti()
+        source = CuptiSource(module=lambda: fake, native=False)
     monkeypatch.setattr(_cupti, "SOURCE", source)
     monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -257,14 +269,14 @@ def test_callback_ids_are_named_with_either_enum_name_of_cupti_python():
         runtime_api_trace_cbid = FakeCupti.RuntimeApiTraceCbid
         driver_api_trace_cbid = FakeCupti.DriverApiTraceCbid
 
-    assert _cupti.api_enum(Cupti130, _cupti.Kind.RUNTIME)(211).name == "cudaLaunchKernel_v7000"
-    assert _cupti.api_enum(Cupti130, _cupti.Kind.DRIVER) is FakeCupti.DriverApiTraceCbid
-    runtime_queries = _cupti.query_cbids(Cupti130, _cupti.Kind.RUNTIME)
+    assert _cupti_rows.api_enum(Cupti130, _cupti.Kind.RUNTIME)(211).name == "cudaLaunchKernel_v7000"
+    assert _cupti_rows.api_enum(Cupti130, _cupti.Kind.DRIVER) is FakeCupti.DriverApiTraceCbid
+    runtime_queries = _cupti_rows.query_cbids(Cupti130, _cupti.Kind.RUNTIME)
     assert int(FakeCupti.RuntimeApiTraceCbid.cudaGetDevice_v3020) in runtime_queries
     assert int(FakeCupti.RuntimeApiTraceCbid.cudaLaunchKernel_v7000) not in runtime_queries
     with pytest.raises(AttributeError):
-        _cupti.api_enum(object(), _cupti.Kind.RUNTIME)
-    assert _cupti.query_cbids(object(), _cupti.Kind.RUNTIME) == ()
+        _cupti_rows.api_enum(object(), _cupti.Kind.RUNTIME)
+    assert _cupti_rows.query_cbids(object(), _cupti.Kind.RUNTIME) == ()
 
 
 def test_a_clock_the_measurement_missed_is_corrected_by_the_external_ids(fake):
@@ -287,7 +299,7 @@ def test_cupti_is_set_up_once_flushed_at_step_ends_and_left_clean(fake, monkeypa
     # each step end heard while the session runs, by both tracers (the flusher's event coalesces them);
     # the last step ends with the session, whose final flush is forced
     assert len(requests) == 3 * 2
-    assert fake.subscribers == 0 and fake.enabled == set() and fake.stack == []
+    assert fake.subscribers == 0 and fake.enabled == set() and fake.stack_depth == 0
     assert fake.flushes[-1] == 1  # forced at the end
     assert fake.pushes == 4 * 6  # the model, its three children and the two Linear inside, every step
     assert INTERCEPTOR._correlation is None and not _cupti.SOURCE.running
@@ -360,7 +372,7 @@ def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fa
 def test_both_tracers_share_one_drain_per_window_and_drops_count_once():
     from xsp.recording import Window
 
-    source = CuptiSource(module=lambda: FakeCupti())
+    source = CuptiSource(module=lambda: FakeCupti(), native=False)
 
     class Odd:
         kind = 10
@@ -372,3 +384,108 @@ def test_both_tracers_share_one_drain_per_window_and_drops_count_once():
     assert first.dropped == {"unreadable CUPTI records": 1}
     second = Window([])  # a new round drains anew: nothing is handed out twice
     assert CudaApiTracer(source).collect(second).empty and KernelTracer(source).collect(second).empty
+
+
+# the C record path ---------------------------------------------------------------------------
+@pytest.fixture
+def c_path(fake_libcupti, monkeypatch):
+    """A stand-in CUPTI whose records only xsp's C path reads (the fake libcupti hands them over)."""
+    fake = FakeCupti(library=fake_libcupti)
+    source = CuptiSource(module=lambda: fake, library=str(fake_libcupti.path))
+    monkeypatch.setattr(_cupti, "SOURCE", source)
+    monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return fake
+
+
+def test_on_the_c_path_layer_calls_push_their_ids_from_c_and_cupti_python_reads_no_record(c_path):
+    from xsp import hotpath
+
+    if hotpath.HOTPATH is None:
+        pytest.skip("xsp._hotpath is not built here")
+    model = _model(c_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            installed = torch.nn.Module.__dict__["__call__"]
+            for _ in range(3):
+                model(torch.randn(2, 8))
+    assert type(installed).__name__ == "FastCall"  # C wraps every module call: no Python wrapper
+    assert c_path.python_callbacks == 0 and c_path.pushes == 3 * 6
+    details = session.trace.metadata["tracer_details"]["kernel"]
+    assert details["record_path"] == "C" and details["cupti_release"] == "13.4"
+    assert details["buffers_zeroed_by"] == "xsp" and details["records_read"] >= 45
+    assert session.trace.metadata["hierarchy"]["external_linked"] == 15
+
+
+def test_records_cupti_dropped_are_in_the_trace_and_the_report(c_path):
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    model = _model(c_path)
+    with pytest.warns(xsp.XspWarning, match="5 CUDA activity records CUPTI dropped"):
+        with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+            c_path.library.add_dropped(5)
+    trace = session.trace
+    assert trace.metadata["dropped"] == {_cupti_records.Lost.BY_CUPTI.value: 5}
+    assert trace.metadata["tracer_details"]["kernel"]["records_dropped_by_cupti"] == 5
+    console = Console(width=200, record=True, color_system=None)
+    render_report(trace, console)
+    assert "dropped: 5 CUDA activity records CUPTI dropped" in console.export_text()
+
+
+def test_without_the_c_path_records_are_read_through_cupti_python_with_one_warning(monkeypatch, tmp_path):
+    fake = FakeCupti()
+    source = CuptiSource(module=lambda: fake, library=str(tmp_path / "libcupti.so.13"))  # nothing loaded there
+    monkeypatch.setattr(_cupti, "SOURCE", source)
+    monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    assert len(messages) == 1 and "read through cupti-python" in messages[0] and "is not loaded" in messages[0]
+    assert fake.python_callbacks == 1
+    spans = session.trace.spans
+    assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 5
+    details = session.trace.metadata["tracer_details"]["kernel"]
+    assert details["record_path"] == "Python (cupti-python)" and "is not loaded" in details["why_not_c"]
+
+
+def test_a_streamed_session_interprets_cuda_windows_in_helpers_with_every_kernel(fake, monkeypatch, tmp_path):
+    import xsp.session
+
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+    model = _model(fake)
+    with xsp.trace(levels="model,layer,cuda_api,kernel", output=tmp_path / "run.xsp.parquet") as session:
+        with torch.no_grad():
+            for _ in range(6):
+                model(torch.randn(2, 8))
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    spans = trace.spans
+    assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 6 * 5
+    assert trace.metadata["hierarchy"]["external_linked"] == 6 * 5
+    assert session.trace.metadata["helper_windows"] >= 3  # the CUDA levels no longer keep windows in-process
+
+
+def test_a_failing_layer_pops_the_id_it_pushed_from_c(c_path):
+    class Failing(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            c_path.launch()
+            raise ValueError("bad input")
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Failing())
+    with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+        for _ in range(2):
+            with pytest.raises(ValueError, match="bad input"):
+                model(torch.randn(2, 8))
+    assert c_path.stack_depth == 0 and c_path.pushes == 2 * 3
+    spans = session.trace.spans
+    api = spans[spans[col.LEVEL] == Level.CUDA_API.value]
+    assert len(api) == 2 and api[col.EXTERNAL_ID].notna().all()
+    failed = spans[spans[col.NAME] == "model.1"]
+    assert (failed[col.STATUS] == "error").all() and set(failed[col.EXTERNAL_ID]) == set(api[col.EXTERNAL_ID])

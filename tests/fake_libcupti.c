@@ -1,0 +1,252 @@
+/* A stand-in libcupti for machines without a GPU: the calls xsp's C record path makes
+ * (xsp/_activity), behaving as CUPTI documents them, plus controls for the tests.
+ *
+ * Built by the tests (tests/native_cupti.py) into their temporary folder. Records are staged as
+ * bytes (built from cupti-python's numpy layouts); cuptiActivityFlushAll hands them to the
+ * registered callbacks from a thread of its own, as CUPTI's worker thread does, with no Python
+ * involved. Record sizes come from a table the test sets, as a real libcupti knows its own. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*requested_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
+typedef void (*completed_fn)(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid);
+
+#define KINDS 64
+#define OK 0
+#define INVALID_PARAMETER 1
+#define MAX_LIMIT_REACHED 12
+#define INVALID_KIND 21
+#define QUEUE_EMPTY 18
+
+static requested_fn requested;
+static completed_fn completed;
+static uint32_t version = 130401;
+static size_t sizes[KINDS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *staged;
+static size_t staged_bytes, staged_capacity;
+static size_t dropped_pending;
+static int zeroed_attribute = -1;
+static long registrations, flushes, dirty_buffers, refused_requests, pushes;
+static __thread uint64_t external_ids[256];
+static __thread int depth;
+
+/* CUPTI's calls ------------------------------------------------------------------------------ */
+int cuptiGetVersion(uint32_t *out) {
+    *out = version;
+    return OK;
+}
+
+int cuptiActivityRegisterCallbacks(requested_fn on_requested, completed_fn on_completed) {
+    if (on_requested == NULL || on_completed == NULL) return INVALID_PARAMETER;
+    requested = on_requested;
+    completed = on_completed;
+    registrations++;
+    return OK;
+}
+
+int cuptiActivitySetAttribute(int attribute, size_t *value_size, void *value) {
+    if (attribute != 5 || *value_size != 1) return INVALID_PARAMETER;
+    zeroed_attribute = *(uint8_t *)value;
+    return OK;
+}
+
+static size_t size_at(const uint8_t *record) {
+    uint32_t kind;
+    memcpy(&kind, record, sizeof(kind));
+    return kind < KINDS ? sizes[kind] : 0;
+}
+
+int cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, void **record) {
+    if (buffer == NULL) return INVALID_PARAMETER;
+    uint8_t *at = *record == NULL ? buffer : (uint8_t *)*record + size_at(*record);
+    if (at >= buffer + valid) return MAX_LIMIT_REACHED;
+    size_t size = size_at(at);
+    if (size == 0 || at + size > buffer + valid) return INVALID_KIND; /* unknown, or cut short */
+    *record = at;
+    return OK;
+}
+
+int cuptiActivityGetNumDroppedRecords(void *context, uint32_t stream_id, size_t *dropped) {
+    (void)context;
+    (void)stream_id;
+    pthread_mutex_lock(&lock);
+    *dropped = dropped_pending;
+    dropped_pending = 0;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+int cuptiActivityPushExternalCorrelationId(int kind, uint64_t id) {
+    if (kind != 3 || depth == 256) return INVALID_PARAMETER;
+    external_ids[depth++] = id;
+    __atomic_add_fetch(&pushes, 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+int cuptiActivityPopExternalCorrelationId(int kind, uint64_t *last) {
+    if (kind != 3) return INVALID_PARAMETER;
+    if (depth == 0) return QUEUE_EMPTY;
+    *last = external_ids[--depth];
+    return OK;
+}
+
+/* Delivery: buffers filled with whole records, completed from a thread of the library's -------- */
+typedef struct {
+    const uint8_t *bytes;
+    size_t length;
+    size_t valid;  /* raw deliveries: the valid size to report (may cut a record) */
+    int raw;
+    int buffers;   /* raw deliveries: how many times to deliver the bytes */
+    long delivered_records;
+} delivery;
+
+static int all_zero(const uint8_t *buffer, size_t size) {
+    for (size_t i = 0; i < size; i++)
+        if (buffer[i]) return 0;
+    return 1;
+}
+
+static uint8_t *request(size_t *size) {
+    uint8_t *buffer = NULL;
+    size_t max_records = 0;
+    *size = 0;
+    requested(&buffer, size, &max_records);
+    if (buffer == NULL) {
+        pthread_mutex_lock(&lock);
+        refused_requests++;
+        pthread_mutex_unlock(&lock);
+        return NULL;
+    }
+    if (!all_zero(buffer, *size)) {
+        pthread_mutex_lock(&lock);
+        dirty_buffers++;
+        pthread_mutex_unlock(&lock);
+    }
+    return buffer;
+}
+
+static void deliver_records(delivery *job) {
+    size_t at = 0;
+    while (at < job->length) {
+        size_t size;
+        uint8_t *buffer = request(&size);
+        if (buffer == NULL) { /* CUPTI drops what it cannot store, and counts it */
+            size_t lost = 0;
+            for (; at < job->length; at += size_at(job->bytes + at)) lost++;
+            pthread_mutex_lock(&lock);
+            dropped_pending += lost;
+            pthread_mutex_unlock(&lock);
+            return;
+        }
+        size_t used = 0;
+        while (at < job->length) {
+            size_t record = size_at(job->bytes + at);
+            if (record == 0 || used + record > size) break;
+            memcpy(buffer + used, job->bytes + at, record);
+            used += record;
+            at += record;
+            job->delivered_records++;
+        }
+        completed(NULL, 0, buffer, size, used);
+        if (used == 0) return; /* a record larger than a buffer: never delivered */
+    }
+}
+
+static void deliver_raw(delivery *job) {
+    for (int i = 0; i < job->buffers; i++) {
+        size_t size;
+        uint8_t *buffer = request(&size);
+        if (buffer == NULL) continue;
+        size_t length = job->length < size ? job->length : size;
+        memcpy(buffer, job->bytes, length);
+        completed(NULL, 7, buffer, size, job->valid < length ? job->valid : length);
+    }
+}
+
+static void *deliver(void *argument) {
+    delivery *job = argument;
+    if (job->raw)
+        deliver_raw(job);
+    else
+        deliver_records(job);
+    return NULL;
+}
+
+int cuptiActivityFlushAll(uint32_t flag) {
+    (void)flag;
+    if (completed == NULL) return OK;
+    pthread_mutex_lock(&lock);
+    delivery job = {.bytes = staged, .length = staged_bytes};
+    staged = NULL;
+    staged_bytes = staged_capacity = 0;
+    flushes++;
+    pthread_mutex_unlock(&lock);
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, deliver, &job) == 0) pthread_join(thread, NULL);
+    free((void *)job.bytes);
+    return OK;
+}
+
+/* Controls for the tests --------------------------------------------------------------------- */
+void fake_set_version(uint32_t value) { version = value; }
+
+void fake_set_record_size(uint32_t kind, size_t size) {
+    if (kind < KINDS) sizes[kind] = size;
+}
+
+int fake_stage(const uint8_t *bytes, size_t length) {
+    pthread_mutex_lock(&lock);
+    if (staged_bytes + length > staged_capacity) {
+        size_t capacity = (staged_bytes + length) * 2;
+        uint8_t *grown = realloc(staged, capacity);
+        if (grown == NULL) {
+            pthread_mutex_unlock(&lock);
+            return -1;
+        }
+        staged = grown;
+        staged_capacity = capacity;
+    }
+    memcpy(staged + staged_bytes, bytes, length);
+    staged_bytes += length;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* Deliver `bytes` as one buffer's contents with `valid` valid bytes, `buffers` times on each of
+ * `threads` threads at once (none of them Python's). Returns the requests refused. */
+long fake_deliver_raw(const uint8_t *bytes, size_t length, size_t valid, int threads, int buffers) {
+    if (completed == NULL || threads < 1 || threads > 64) return -1;
+    long refused_before = refused_requests;
+    pthread_t ids[64];
+    delivery job = {.bytes = bytes, .length = length, .valid = valid, .raw = 1, .buffers = buffers};
+    int started = 0;
+    for (; started < threads; started++)
+        if (pthread_create(&ids[started], NULL, deliver, &job) != 0) break;
+    for (int i = 0; i < started; i++) pthread_join(ids[i], NULL);
+    return refused_requests - refused_before;
+}
+
+/* Complete a buffer xsp never handed out (as one requested before xsp registered would be). */
+void fake_complete_foreign(void) {
+    static uint8_t foreign[64];
+    if (completed != NULL) completed(NULL, 0, foreign, sizeof(foreign), 0);
+}
+
+void fake_add_dropped(size_t count) {
+    pthread_mutex_lock(&lock);
+    dropped_pending += count;
+    pthread_mutex_unlock(&lock);
+}
+
+/* The calling thread's external id on top of CUPTI's stack (0: none), and the stack's depth. */
+uint64_t fake_top_external_id(void) { return depth ? external_ids[depth - 1] : 0; }
+int fake_depth(void) { return depth; }
+int fake_zeroed_attribute(void) { return zeroed_attribute; }
+long fake_registrations(void) { return registrations; }
+long fake_flushes(void) { return flushes; }
+long fake_dirty_buffers(void) { return dirty_buffers; }
+long fake_refused_requests(void) { return refused_requests; }
+long fake_pushes(void) { return __atomic_load_n(&pushes, __ATOMIC_RELAXED); }

@@ -1,0 +1,104 @@
+/* Binding to the loaded libcupti: dlopen with RTLD_NOLOAD, dlsym, a version check. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dl_iterate_phdr */
+#endif
+#include "binding.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#ifdef __linux__
+#include <link.h>
+#endif
+
+cupti_binding BINDING;
+
+typedef struct {
+    char first[sizeof(BINDING.path)];
+    int count;
+} loaded_cuptis;
+
+#ifdef __linux__
+static int find_loaded_cupti(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    loaded_cuptis *found = data;
+    const char *name = info->dlpi_name;
+    if (name == NULL || name[0] == '\0') return 0;
+    const char *base = strrchr(name, '/');
+    base = base == NULL ? name : base + 1;
+    if (strncmp(base, "libcupti.so", 11) != 0) return 0;
+    if (found->count++ == 0) snprintf(found->first, sizeof(found->first), "%s", name);
+    return 0;
+}
+#endif
+
+static void *symbol(void *handle, const char *name, char *why, size_t why_size) {
+    void *address = dlsym(handle, name);
+    if (address == NULL) snprintf(why, why_size, "libcupti has no %s", name);
+    return address;
+}
+
+int bind_cupti(const char *path, char *why, size_t why_size) {
+    loaded_cuptis found = {.count = 0};
+    if (path == NULL) {
+#ifdef __linux__
+        dl_iterate_phdr(find_loaded_cupti, &found);
+#endif
+        if (found.count == 0) {
+            snprintf(why, why_size, "no libcupti is loaded in this process");
+            return -1;
+        }
+        if (found.count > 1) { /* which one cupti-python calls cannot be told: never guess */
+            snprintf(why, why_size, "%d libcupti libraries are loaded in this process (%s and others)", found.count,
+                     found.first);
+            return -1;
+        }
+        path = found.first;
+    }
+    void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (handle == NULL) {
+        const char *error = dlerror();
+        snprintf(why, why_size, "%s is not loaded in this process%s%s", path, error ? ": " : "", error ? error : "");
+        return -1;
+    }
+    cupti_binding bound = {.handle = handle};
+    get_version_fn get_version = (get_version_fn)symbol(handle, "cuptiGetVersion", why, why_size);
+    if (get_version == NULL
+        || (bound.register_callbacks = (register_callbacks_fn)symbol(handle, "cuptiActivityRegisterCallbacks", why,
+                                                                     why_size)) == NULL
+        || (bound.get_next_record = (get_next_record_fn)symbol(handle, "cuptiActivityGetNextRecord", why,
+                                                               why_size)) == NULL
+        || (bound.set_attribute = (set_attribute_fn)symbol(handle, "cuptiActivitySetAttribute", why, why_size))
+               == NULL
+        || (bound.get_num_dropped = (get_num_dropped_fn)symbol(handle, "cuptiActivityGetNumDroppedRecords", why,
+                                                               why_size)) == NULL
+        || (bound.push_external = (push_external_fn)symbol(handle, "cuptiActivityPushExternalCorrelationId", why,
+                                                           why_size)) == NULL
+        || (bound.pop_external = (pop_external_fn)symbol(handle, "cuptiActivityPopExternalCorrelationId", why,
+                                                         why_size)) == NULL) {
+        dlclose(handle);
+        return -1;
+    }
+    cupti_result status = get_version(&bound.version);
+    if (status != CUPTI_OK) {
+        snprintf(why, why_size, "cuptiGetVersion failed (CUPTI error %d)", status);
+        dlclose(handle);
+        return -1;
+    }
+    if ((bound.release = release_of_version(bound.version)) == NULL) {
+        snprintf(why, why_size, "CUPTI API version %u is not one whose records xsp knows (CUPTI 12.6 to 13.5)",
+                 bound.version);
+        dlclose(handle);
+        return -1;
+    }
+    if (BINDING.handle == handle) { /* bound already: CUPTI's callbacks may be reading BINDING now */
+        BINDING.version = bound.version;
+        BINDING.release = bound.release;
+        dlclose(handle); /* a NOLOAD handle: only a reference count */
+        return 0;
+    }
+    snprintf(bound.path, sizeof(bound.path), "%s", path);
+    if (BINDING.handle != NULL) dlclose(BINDING.handle);
+    BINDING = bound;
+    return 0;
+}

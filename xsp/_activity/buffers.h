@@ -1,0 +1,60 @@
+/* The activity buffers xsp hands CUPTI: pooled, pre-zeroed, queued when CUPTI completes them.
+ *
+ * CUPTI calls the two callbacks on its own threads (or the one flushing), without the GIL:
+ * they take a buffer from the pool or put a completed one in the queue, under one mutex, and
+ * do nothing else. Records are read later, when a drain takes the queue (Kineto's design). */
+#ifndef XSP_BUFFERS_H
+#define XSP_BUFFERS_H
+
+#include <pthread.h>
+
+#include "cupti_abi.h"
+
+typedef struct {
+    uint8_t *data;
+    size_t valid_size;
+} completed_buffer;
+
+typedef struct {
+    pthread_mutex_t lock;
+    size_t buffer_bytes;
+    size_t max_buffers;
+    size_t allocated;    /* buffers that exist: free, with CUPTI, queued or being read */
+    uint8_t **owned;     /* every buffer that exists (allocated of max_buffers slots) */
+    uint8_t **free_list; /* zeroed buffers ready for CUPTI (max_buffers slots) */
+    size_t free_count;
+    completed_buffer *queue; /* completed by CUPTI, not read yet (max_buffers slots) */
+    size_t queued;
+} buffer_pool;
+
+extern buffer_pool POOL;
+
+/* Counts since the last drain, added to from any thread. */
+typedef struct {
+    uint64_t dropped_by_cupti;  /* cuptiActivityGetNumDroppedRecords, summed per completed buffer */
+    uint64_t buffers_refused;   /* requests declined: max_buffers were out (CUPTI drops records then) */
+    uint64_t correlation_failed; /* external-id pushes or pops CUPTI refused */
+    uint64_t foreign_buffers;   /* completed buffers xsp did not hand out (another client's) */
+} pool_counts;
+
+extern pool_counts COUNTS;
+
+/* Size the pool (once: later calls keep the first sizes). Returns 0, -1 when out of memory. */
+int pool_configure(size_t buffer_bytes, size_t max_buffers);
+
+void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);
+void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size);
+
+/* Move the queued buffers into `out` (room for max_buffers); returns how many. */
+size_t pool_take_queue(completed_buffer *out);
+
+/* Give read buffers back, zeroed over what CUPTI wrote. */
+void pool_give_back(completed_buffer *buffers, size_t count);
+
+/* Free the buffers in the free list (none is with CUPTI): memory back between sessions. */
+void pool_trim(void);
+
+static inline uint64_t take_count(uint64_t *count) { return __atomic_exchange_n(count, 0, __ATOMIC_ACQ_REL); }
+static inline void add_count(uint64_t *count, uint64_t value) { __atomic_add_fetch(count, value, __ATOMIC_RELAXED); }
+
+#endif
