@@ -145,6 +145,19 @@ def canonical_type(name: str, kind: pa.DataType) -> pa.DataType:
     return pa.large_string() if dtype == "string" else pa.int64()
 
 
+PANDAS_KEY = b"pandas"
+
+
+def pandas_metadata(columns: pa.Schema) -> bytes:
+    """What ``pandas.read_parquet`` reads the schema's dtypes from: without it a nullable integer
+    column becomes float64, and 63-bit span ids in ``parent_id`` lose their last digits."""
+    from xsp.spans import empty_table
+
+    known = [name for name in columns.names if name in col.COLUMNS]
+    empty = empty_table()[known]
+    return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
+
+
 def arrow_table(spans: pd.DataFrame) -> pa.Table:
     """``spans`` as an Arrow table with the schema's storage types and no pandas metadata."""
     table = pa.Table.from_pandas(spans, preserve_index=False)
@@ -186,7 +199,8 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
     columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
     metadata_json = json.dumps(metadata, default=str).encode()
     schema = columns.with_metadata({col.METADATA_KEY: metadata_json,
-                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns)})
+                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns),
+                                    PANDAS_KEY: pandas_metadata(columns)})
 
     def write(temporary: Path) -> None:
         with pq.ParquetWriter(temporary, schema, compression="zstd", write_page_checksum=True) as writer:

@@ -36,6 +36,8 @@ class ReceivedSpan:
     links: list[tuple[str, int]]
     status_code: int
     status_message: str
+    span_id_hex: str = ""
+    """The span id as Jaeger shows it: its 8 bytes in hex."""
 
 
 @dataclass
@@ -53,7 +55,7 @@ class Sink:
                     for span in scope_spans.spans:
                         self.spans.append(ReceivedSpan(
                             resource=resource, scope=scope_spans.scope.name, trace_id=span.trace_id.hex(),
-                            span_id=int.from_bytes(span.span_id, "big"),
+                            span_id=int.from_bytes(span.span_id, "big"), span_id_hex=span.span_id.hex(),
                             parent_id=int.from_bytes(span.parent_span_id, "big") if span.parent_span_id else None,
                             name=span.name, start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
                             attributes={kv.key: plain(kv.value) for kv in span.attributes},
