@@ -122,18 +122,25 @@ BASE_RUNS: Final = "base_runs"
 NEW_RUNS: Final = "new_runs"
 """Runs pooled on each side (1 for a single trace or summary)."""
 ADJUSTED_RATIO: Final = "adjusted_ratio"
-"""``ratio`` over the run's common shift: what the verdict judged."""
+"""What the verdict judged: ``ratio``, or, where the new run's times were divided by a factor
+(its machine's speed against the base's, or with ``normalize`` the common shift), the ratio
+after that division."""
 ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
-"""``delta_ns`` with the new run's times divided by the common shift; ``explains`` and the
+"""``delta_ns`` as the verdict judged it (see ``adjusted_ratio``); ``explains`` and the
 breakdown are in these terms."""
+RELATIVE_RATIO: Final = "relative_ratio"
+"""``ratio`` over the new run's common shift: a secondary view of which keys moved more (or less)
+than the run as a whole, never what the verdict judged unless ``normalize`` was asked for."""
 COMMON_SHIFT: Final = "common_shift"
-"""Key of ``table.attrs`` that holds the common shift the new run was divided by."""
+"""Key of ``table.attrs`` that holds the new run's common shift."""
+JUDGED_FACTOR: Final = "judged_factor"
+"""Key of ``table.attrs`` that holds what the new run's times were divided by before judging."""
 MIN_SHIFT_KEYS: Final = 3
 """Keys below the model level a common shift needs."""
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
                        TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,
-                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS)
+                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO)
 
 # columns of a changes frame
 CHANGE: Final = "change"
@@ -348,7 +355,7 @@ def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
-            alpha: float = 0.01, normalize: bool = True) -> pd.DataFrame:
+            alpha: float = 0.01, normalize: bool = False, speed: float = 1.0) -> pd.DataFrame:
     """The diff table of two key-samples frames (:func:`key_samples`), one row per key.
 
     A key present in both is ``regressed`` (or ``improved``) only when its median per-step
@@ -362,12 +369,14 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     ran a little slower from a change. A key is never called regressed when its measured median
     fell, nor improved when it rose.
 
-    With ``normalize`` (the default), the new run's times are first divided by the run's
-    *common shift*: the median ratio over the keys below the model level (see
-    :func:`common_shift`). Two runs of one program on a shared machine differ by a few percent
-    in every key at once; a change in one place moves its keys against the others. The
-    ``ratio`` and ``delta_ns`` columns keep what was measured; ``adjusted_ratio`` is the
-    ratio the verdict judged.
+    Times are judged as measured, except that the new run's are first divided by ``speed``:
+    how much longer its machine took for the same fixed work than the base's
+    (:mod:`xsp.machine_speed`), the evidence that the two ran on machines of different speeds.
+    With ``normalize``, they are divided by the run's *common shift* instead: the median ratio
+    over the keys below the model level (see :func:`common_shift`). That hides every change
+    that moves all keys alike (a model moved to float64), so it is a view for attribution, not
+    a check. The ``ratio`` and ``delta_ns`` columns keep what was measured; ``adjusted_ratio``
+    is the ratio the verdict judged; ``relative_ratio`` is the ratio over the common shift.
     """
     merged = base.merge(new, on=[col.LEVEL, KEY], how="outer", suffixes=("_base", "_new"), sort=False)
     count = len(merged)
@@ -382,10 +391,12 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     delta, ratio = _change(base_median, new_median, both)
     delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus
     ranked = both & (n_base >= MIN_RANK_SAMPLES) & (n_new >= MIN_RANK_SAMPLES)
-    shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked) if normalize else 1.0
-    adjusted_delta, adjusted_ratio = _change(base_median, new_median / shift, both)
+    shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked)
+    factor = shift if normalize else speed
+    adjusted_delta, adjusted_ratio = _change(base_median, new_median / factor, both)
     adjusted_delta = np.where(both, adjusted_delta, delta)
-    judged_samples = new_samples if shift == 1.0 else [s / shift for s in new_samples]
+    relative_ratio = _change(base_median, new_median / shift, both)[1]
+    judged_samples = new_samples if factor == 1.0 else [s / factor for s in new_samples]
     p_values = np.full(count, np.nan)
     base_counts = merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64)
     new_counts = merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64)
@@ -396,7 +407,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     between = both & (np.fromiter(map(len, base_run_medians), np.int64, count) >= MIN_RUNS) & (
         np.fromiter(map(len, new_run_medians), np.int64, count) >= MIN_RUNS)
     run_p_values = np.full(count, np.nan)
-    _run_tests(base_run_medians, [m / shift for m in new_run_medians], np.flatnonzero(between), run_p_values)
+    _run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
     # both must reject (an intersection-union test: the larger p-value is a valid one)
     p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
     tested = ranked | between
@@ -411,10 +422,14 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
              & (np.abs(adjusted_delta) >= min_delta_ns))
     verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
-    # judged against the common shift, but never against what was measured: a key whose
-    # median fell is not called slower because the rest of its run slowed down more
-    verdict[both & large & significant & (adjusted_delta > 0) & (delta > 0)] = Verdict.REGRESSED.value
-    verdict[both & large & significant & (adjusted_delta < 0) & (delta < 0)] = Verdict.IMPROVED.value
+    # against the common shift, never against what was measured: a key whose median fell is not
+    # called slower because the rest of its run slowed down more. A machine's measured speed is
+    # evidence: a regression a faster machine hid is still one
+    slower, faster = adjusted_delta > 0, adjusted_delta < 0
+    if normalize:
+        slower, faster = slower & (delta > 0), faster & (delta < 0)
+    verdict[both & large & significant & slower] = Verdict.REGRESSED.value
+    verdict[both & large & significant & faster] = Verdict.IMPROVED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
     test = np.full(count, Test.NONE.value, dtype=object)
@@ -453,8 +468,10 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
         RUN_P_VALUE: run_p_values,
         BASE_RUNS: base_runs,
         NEW_RUNS: new_runs,
+        RELATIVE_RATIO: relative_ratio,
     })
     table.attrs[COMMON_SHIFT] = shift
+    table.attrs[JUDGED_FACTOR] = factor
     table[EXPLAINS] = _explains(table)
     return table
 
@@ -534,6 +551,11 @@ test): three runs a side leave a key 4 of its own, too few to tell a 20% change 
 after the false-discovery correction."""
 
 
+COPIES_VARIANCE: Final = 1e-16
+"""A variance of log run medians at most this is rounding (the mean of equal numbers is not
+always that number in floating point): the runs are copies of one run."""
+
+
 def _run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
     """A t test of the logarithms of each row's per-run medians (a ratio scale: a run 5% slower
     is as far from the others on a fast key as on a slow one), its variance moderated towards
@@ -562,7 +584,7 @@ def _run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, 
         df = np.where(own, df, df + prior_df)
     for row, (x, y), v, freedom in zip(rows.tolist(), logs, variance, df):
         gap = float(y.mean() - x.mean())
-        if not np.isfinite(v) or v <= 0 or freedom <= 0:
+        if not np.isfinite(v) or v <= COPIES_VARIANCE or freedom <= 0:
             # runs that agree to the nanosecond are copies of one run, not several: no spread
             # to judge by, so no evidence of a change either
             p_values[row] = 1.0

@@ -47,7 +47,7 @@ _ROW: Final = ("level", "kind", "name", "key", "parent", "count", "total_ns", "s
 _OPTIONAL: Final = ("input_dtypes",)
 """Columns a summary written by an older xsp may lack (read as None)."""
 _METADATA_KEPT: Final = ("xsp_version", "torch_version", "python_version", "device", "host", "created_at", "levels",
-                         "source")
+                         "source", "machine_speed")
 """What a summary keeps of its trace's metadata: what ran where, and when (to the second); the
 OS's kernel string and the OpenTelemetry service name would cost a baseline 3% of its bytes."""
 

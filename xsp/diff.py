@@ -27,6 +27,8 @@ from xsp.distributed import rank_path
 from xsp.errors import TraceFormatError, TraceNotFoundError
 from xsp.levels import parse_levels
 from xsp.loading import load
+from xsp.machine_speed import METADATA_KEY as MACHINE_SPEED
+from xsp.machine_speed import SAME_SPEED, speed_ratio
 from xsp.schema import Level
 from xsp.trace import Trace
 
@@ -86,8 +88,12 @@ class Diff:
         lines = [f"xsp diff: {self.verdict.value.upper()}  ({_counts(self.table)})",
                  _clip(f"base: {_describe(self.base)}", width), _clip(f"new:  {_describe(self.new)}", width),
                  _wrap(_settings_line(self.settings), width, "  ")]
+        models = self._models()
+        if len(models):
+            lines += ["", "Model (median per step):"] + [_key_line(row, width - 11) + f" {row.verdict:>10}"
+                                                         for row in models.itertuples(index=False)]
         if len(self.breakdown):
-            lines += ["", "Where it lives (change per step, against the common shift):"]
+            lines += ["", f"Where it lives (change per step{_judged_suffix(self.settings)}):"]
             lines += [_tree_line(row, width) for row in self.breakdown.itertuples(index=False)]
         for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
             rows = self.rows(verdict)
@@ -106,6 +112,14 @@ class Diff:
             lines += ["", "Warnings:"] + [_wrap(f"- {w}", width, "  ") for w in self.warnings]
         return "\n".join(lines) + "\n"
 
+    def _models(self) -> pd.DataFrame:
+        """The model-level keys compared in both runs, at most :data:`LISTED`."""
+        table = self.table
+        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[d.PARENT_KEY].isna()
+                       & (table[col.KIND] != col.SpanKind.SESSION.value)
+                       & (table[d.BASE_SAMPLES] > 0) & (table[d.NEW_SAMPLES] > 0)]
+        return chosen.head(LISTED)
+
     def to_markdown(self) -> str:
         """A Markdown report for a pull-request comment or a CI step summary."""
         moved = self.rows(Verdict.REGRESSED)
@@ -113,21 +127,29 @@ class Diff:
         out = [f"## xsp diff: **{self.verdict.value}**", "",
                f"{_counts(self.table)}. Base: {_describe(self.base)}. New: {_describe(self.new)}.", "",
                f"_{_settings_line(self.settings)}_", ""]
+        models = self._models()
+        if len(models):
+            out += ["| model | base | new | ratio | verdict |", "| --- | ---: | ---: | ---: | --- |"]
+            out += [f"| `{_md(row.key)}` | {_time(row.base_median_ns)} | {_time(row.new_median_ns)} | "
+                    f"{_ratio(row.ratio)} | {row.verdict} |" for row in models.itertuples(index=False)]
+            out.append("")
         if len(self.breakdown):
-            out += ["### Where it lives (change per step, against the common shift)", "", "```"]
+            out += [f"### Where it lives (change per step{_judged_suffix(self.settings)})", "", "```"]
             out += [_tree_line(row, 100) for row in self.breakdown.itertuples(index=False)]
             out += ["```", ""]
         for title, rows in (("Regressed", moved), ("Improved", improved)):
             if not len(rows):
                 continue
+            judged = self.settings.get("judged", "raw times") != "raw times"
+            judged_head, judged_rule = (" judged |", " ---: |") if judged else ("", "")
             out += [f"### {title} ({len(rows)})", "",
-                    "| key | level | base | new | delta | ratio | q | explains |",
-                    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                    f"| key | level | base | new | delta | ratio |{judged_head} vs common shift | q | explains |",
+                    f"| --- | --- | ---: | ---: | ---: | ---: |{judged_rule} ---: | ---: | ---: |"]
             for row in rows.head(LISTED).itertuples(index=False):
                 out.append(f"| `{_md(row.key)}` | {row.level} | {_time(row.base_median_ns)} | "
-                           f"{_time(row.new_median_ns)} | {_signed_time(row.adjusted_delta_ns)} | "
-                           f"{_ratio(row.adjusted_ratio)} | "
-                           f"{_p(row.q_value)} | {_share(row.explains)} |")
+                           f"{_time(row.new_median_ns)} | {_signed_time(row.delta_ns)} | {_ratio(row.ratio)} | "
+                           + (f"{_ratio(row.adjusted_ratio)} | " if judged else "")
+                           + f"{_ratio(row.relative_ratio)} | {_p(row.q_value)} | {_share(row.explains)} |")
             if len(rows) > LISTED:
                 out.append(f"\n... and {len(rows) - LISTED} more.")
             out.append("")
@@ -181,7 +203,7 @@ class Diff:
 
 def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,
          threshold: float = 0.05, min_delta_us: float = 20.0, alpha: float = 0.01,
-         steps: slice | list[int] | None = None, normalize: bool = True) -> Diff:
+         steps: slice | list[int] | None = None, normalize: bool = False, machine_speed: bool = True) -> Diff:
     """Compare two runs: which keys got slower or faster, where the delta lives, what changed shape.
 
     Args:
@@ -201,6 +223,16 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         steps: the steps compared, as step numbers or a slice of each run's steps in order
             (``slice(5, None)`` leaves out five warm-up steps). Default: every span, in
             steps or not. Summaries keep the steps they were made from.
+        normalize: judge each key against the new run's common shift (the median change of all
+            keys) instead of absolutely. A view for attribution (which keys moved more than the
+            rest): it cannot see a change that slows every key alike.
+        machine_speed: where both runs timed xsp's fixed work on their machine
+            (:mod:`xsp.machine_speed`) and the times differ by more than 5%, divide the new run's
+            times by their ratio before judging (the output says so); False judges raw times.
+
+    Every key, the model's first, is judged on its own times: a uniform slowdown (every layer
+    slower) is a regression, and only the measured speed of the two machines, not how many
+    keys moved together, tells a slower CI runner from slower code.
 
     Raises:
         xsp.XspError: a run could not be read.
@@ -227,15 +259,13 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         kept = {level.value for level in chosen}
     base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
     new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
+    measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
+    speed = measured_speed if (machine_speed and not normalize and measured_speed is not None
+                               and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
     table = d.compare(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
-                      normalize=normalize)
+                      normalize=normalize, speed=speed)
     shift = float(table.attrs.get(d.COMMON_SHIFT, 1.0))
-    if abs(shift - 1.0) >= 0.01:
-        several = min(int(base_info.get("runs") or 1), int(new_info.get("runs") or 1)) > 1
-        warnings.append(f"the new run is {_ratio(shift)} against the base in most keys at once (its common "
-                        f"shift); keys are judged against that shift: a change that moves every key alike "
-                        f"cannot be told from a different machine state"
-                        + ("" if several else " in one run per side (give each side several runs)"))
+    warnings += _speed_warnings(shift, measured_speed, speed, normalize)
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
@@ -260,11 +290,38 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested), "normalize": normalize,
-                "common_shift": round(shift, 4), "base_runs": int(base_info.get("runs") or 1),
+                "common_shift": round(shift, 4),
+                "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
+                "judged_factor": round(float(table.attrs.get(d.JUDGED_FACTOR, 1.0)), 4),
+                "judged": "against the common shift" if normalize else (
+                    "at equal machine speed" if speed != 1.0 else "raw times"),
+                "base_runs": int(base_info.get("runs") or 1),
                 "new_runs": int(new_info.get("runs") or 1)}
     return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
                 verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
                 base=base_info, new=new_info)
+
+
+def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool) -> list[str]:
+    """What the reader must know of the two machines' speeds and of keys moving together."""
+    said = []
+    if speed != 1.0:
+        said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
+                    f"(machine_speed in each run's metadata): the new run's times were divided by {measured:.2f} "
+                    "before they were judged; the medians shown are as measured")
+    if abs(shift - 1.0) < 0.01:
+        return said
+    moved = f"most keys moved together by {_ratio(shift)} (the new run's common shift)"
+    if normalize:
+        said.append(f"{moved}; keys were judged against that shift, which hides any change that slows every "
+                    "key alike: judge raw times for a check")
+    elif measured is None:
+        said.append(f"{moved}; one run has no machine speed recorded (an older or imported trace), so a slower "
+                    "machine cannot be told from slower code: record both runs with this xsp")
+    elif speed == 1.0:
+        said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
+                    f"{SAME_SPEED:.0%}): the change is the program's")
+    return said
 
 
 def _one_rank(trace: Trace, name: object) -> Trace:
@@ -299,7 +356,22 @@ def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.Da
     info["runs"] = len(summaries)
     info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
     info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
+    info[MACHINE_SPEED] = _pooled_speed([summary.metadata.get(MACHINE_SPEED) for summary in summaries])
     return d.pool_runs([summary.keys[by] for summary in summaries]), info
+
+
+def _pooled_speed(speeds: list[Any]) -> dict[str, Any] | None:
+    """The machine times of several runs: each probe's median, when every run has the same probes."""
+    if not speeds or not all(isinstance(speed, dict) for speed in speeds):
+        return None
+    if len({speed.get("version") for speed in speeds}) != 1:
+        return None
+    pooled: dict[str, Any] = {"version": speeds[0].get("version")}
+    for name in speeds[0]:
+        values = [speed.get(name) for speed in speeds]
+        if name != "version" and all(isinstance(value, (int, float)) for value in values):
+            pooled[name] = float(np.median(values))
+    return pooled
 
 
 def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summary:
@@ -339,10 +411,25 @@ def _describe(info: dict[str, Any]) -> str:
 
 def _settings_line(settings: dict[str, Any]) -> str:
     shift = settings.get("common_shift", 1.0)
-    relative = f"; vs common shift {_ratio(shift)}" if settings.get("normalize") else "; raw times"
+    factor = settings.get("judged_factor", 1.0)
+    if settings.get("normalize"):
+        judged = f"; judged against the common shift {_ratio(shift)}"
+    elif factor != 1.0:
+        judged = f"; judged at equal machine speed (new times / {factor:.2f})"
+    else:
+        judged = "; raw times judged"
+    speed = settings.get("machine_speed_ratio")
+    machines = (f"; new machine {speed:.2f}x the base's time for xsp's fixed work" if speed is not None
+                else "; machine speed not recorded in both runs")
     return (f"by {settings.get('by')} at {', '.join(settings.get('levels', []))}; threshold "
             f"{settings.get('threshold', 0):.0%}, min delta {settings.get('min_delta_us'):g} µs, "
-            f"FDR {settings.get('alpha')} ({settings.get('keys_tested')} keys tested){relative}")
+            f"FDR {settings.get('alpha')} ({settings.get('keys_tested')} keys tested){judged}{machines}")
+
+
+def _judged_suffix(settings: dict[str, Any]) -> str:
+    if settings.get("normalize"):
+        return ", against the common shift"
+    return ", at equal machine speed" if settings.get("judged_factor", 1.0) != 1.0 else ""
 
 
 def _tree_line(row: Any, width: int) -> str:
@@ -360,7 +447,9 @@ def _short_key(key: str) -> str:
 
 
 def _key_line(row: Any, width: int) -> str:
-    tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.adjusted_ratio):>7} "
+    judged = "" if row.adjusted_ratio == row.ratio or math.isnan(row.adjusted_ratio) else (
+        f" ({_ratio(row.adjusted_ratio)} judged)")
+    tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
             f"q={_p(row.q_value)}")
     room = max(width - len(tail) - 3, 10)
     return f"  {_clip_left(str(row.key), room):<{room}} {tail}"

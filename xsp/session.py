@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xsp import _state
+from xsp import _state, machine_speed
 from xsp import schema as col
 from xsp._signals import StopSignals, Terminated, end_by_signal
 from xsp.clock import ClockSync, now_ns
@@ -373,6 +373,7 @@ class Session:
                       "drift_ns": clock.drift_ns},
             "distributed": None if self.rank is None else self.rank.as_metadata(),
             "run_id": self.run_id,
+            "machine_speed": machine_speed.measure(),
         }
 
     def _start_metadata(self) -> dict[str, Any]:

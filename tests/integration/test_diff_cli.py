@@ -86,6 +86,37 @@ def test_folders_of_several_runs_are_pooled_sides(tmp_path):
     assert same.returncode == 0 and "3 runs" in same.stdout, same.stdout + same.stderr
 
 
+def profile_mlp(path: Path, dtype: torch.dtype) -> Path:
+    """A 9-layer MLP's inference loop in ``dtype``: float64 makes every layer slower at once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(384, 384), nn.ReLU())],
+                          nn.Linear(384, 10)).to(dtype).eval()
+    x = torch.randn(64, 384, dtype=dtype)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        with xsp.trace(levels="model,layer", output=path):
+            for _ in range(STEPS):
+                model(x)
+    return path
+
+
+def test_a_uniform_slowdown_fails_the_check(tmp_path):
+    base = profile_mlp(tmp_path / "float32.xsp.parquet", torch.float32)
+    new = profile_mlp(tmp_path / "float64.xsp.parquet", torch.float64)
+    done = xsp_cli("diff", str(base), str(new), "--format", "json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    document = json.loads(done.stdout)
+    rows = {row["key"]: row for row in document["rows"]}
+    model_row = rows["model[0]"]
+    assert model_row["verdict"] == "regressed" and model_row["ratio"] > 1.2
+    layers = [row for row in rows.values() if row["level"] == "layer" and row["key"].count("/") == 1]
+    assert sum(row["verdict"] == "regressed" for row in layers) >= len(layers) - 2
+    assert document["settings"]["judged"] == "raw times"  # one machine: its speed is the same in both runs
+    text = xsp_cli("diff", str(base), str(new), cwd=tmp_path).stdout
+    assert "same speed" in text and "REGRESSED" in text
+
+
 def test_a_run_against_itself_passes(runs, tmp_path):
     done = xsp_cli("diff", str(runs["base"]), str(runs["base"]), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

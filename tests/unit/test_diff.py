@@ -360,18 +360,53 @@ def test_two_kineto_traces_of_different_runs_compare(shared_traces):
     assert result.to_text()
 
 
-def test_a_machine_that_is_slower_in_every_key_raises_no_alarm_but_one_layer_still_stands_out():
+def _on_machine(trace: xsp.Trace, seconds_for_fixed_work: float) -> xsp.Trace:
+    """``trace`` as if made on a machine that took this long for xsp's fixed work."""
+    trace.metadata["machine_speed"] = {"version": 1, "python_loop_ns": int(seconds_for_fixed_work * 1e9),
+                                       "matrix_product_ns": int(seconds_for_fixed_work * 2.5e8)}
+    return trace
+
+
+def test_a_uniform_slowdown_is_a_regression_unless_the_machines_speeds_explain_it():
+    uniform = {name: 0.3 for name in LAYERS}  # every layer 30% slower: float64 instead of float32, say
+    plain = diff(run(1), run(2, slower=uniform))
+    assert plain.verdict is d.Verdict.REGRESSED and row(plain, "net[0]")[d.VERDICT] == "regressed"
+    assert plain.settings["judged"] == "raw times" and plain.settings["machine_speed_ratio"] is None
+    assert any("no machine speed recorded" in warning for warning in plain.warnings)
+    # both machines equally fast at the fixed work: the code is slower, and the output says why it believes so
+    same = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.00202))
+    assert same.verdict is d.Verdict.REGRESSED
+    assert any("same speed" in warning for warning in same.warnings)
+    # the new machine is 30% slower at the fixed work: the evidence explains the slowdown
+    slower_machine = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.0026))
+    assert slower_machine.verdict is d.Verdict.UNCHANGED
+    assert slower_machine.settings["judged"] == "at equal machine speed"
+    assert any("divided by 1.30" in warning for warning in slower_machine.warnings)
+    net = row(slower_machine, "net[0]")
+    assert net[d.RATIO] == pytest.approx(1.3, abs=0.02)  # shown as measured ...
+    assert net[d.ADJUSTED_RATIO] == pytest.approx(1.0, abs=0.02)  # ... and judged at equal speed
+    assert "+30." in slower_machine.to_text() or "+29." in slower_machine.to_text()
+    # a regression a faster machine hid is still one
+    hidden = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=dict.fromkeys(LAYERS, 0.0)), 0.0015))
+    assert hidden.verdict is d.Verdict.REGRESSED
+    assert diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.0026),
+                machine_speed=False).verdict is d.Verdict.REGRESSED
+
+
+def test_the_relative_view_shows_which_key_moved_more_than_the_rest():
     uniform = {name: 0.08 for name in LAYERS}
-    result = diff(run(1), run(2, slower=uniform))
-    assert result.verdict is d.Verdict.UNCHANGED
+    result = diff(run(1), run(2, slower=uniform), normalize=True)
+    assert result.verdict is d.Verdict.UNCHANGED  # what the relative view cannot see
     assert result.settings["common_shift"] == pytest.approx(1.08, abs=0.01)
-    assert any("common" in warning for warning in result.warnings)
-    assert diff(run(1), run(2, slower=uniform), normalize=False).verdict is d.Verdict.REGRESSED
+    assert any("hides any change that slows every key alike" in warning for warning in result.warnings)
     one_more = {**uniform, "net.b": 0.08 + 0.3}
-    found = diff(run(1), run(2, slower=one_more))
+    found = diff(run(1), run(2, slower=one_more), normalize=True)
     regressed = set(found.table[found.table[d.VERDICT] == "regressed"][d.KEY])
     assert regressed == {"net[0]", "net[0]/net.b[0]"}  # the model, by net.b's share of it
     assert row(found, "net[0]/net.b[0]")[d.ADJUSTED_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
+    absolute = diff(run(1), run(2, slower=one_more))  # judged on their own times, every layer moved
+    assert set(absolute.table[absolute.table[d.VERDICT] == "regressed"][d.KEY]) >= regressed
+    assert row(absolute, "net[0]/net.b[0]")[d.RELATIVE_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
 
 
 def test_breakdown_and_explains_walk_a_hand_made_tree():
@@ -434,7 +469,7 @@ def test_pooled_runs_keep_each_runs_median_and_judge_lone_spans_between_runs():
     slower = [run(seed + 10, steps=4, slower=dict.fromkeys(LAYERS, 0.5)) for seed in range(3)]
     for trace in slower:
         trace.spans[col.STEP] = pd.array([None] * len(trace.spans), dtype="Int64")
-    result = diff(lone, slower, normalize=False)
+    result = diff(lone, slower)
     assert row(result, "net[0]")[d.TEST] in (d.Test.RANK_AND_RUNS.value, d.Test.RUNS.value)
 
 

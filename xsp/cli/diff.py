@@ -55,9 +55,14 @@ def register(commands: Any) -> None:
     parser.add_argument("--alpha", type=float, default=0.01, help="false-discovery rate (default: 0.01)")
     parser.add_argument("--skip-steps", type=int, default=0, metavar="N",
                         help="leave out each trace's first N steps (warm-up)")
-    parser.add_argument("--absolute", action="store_true",
-                        help="judge raw times; by default each key is judged against the new run's common shift "
-                             "(the median change of all keys), which a shared machine's speed moves")
+    parser.add_argument("--relative", action="store_true",
+                        help="judge each key against the new run's common shift (the median change of all keys) "
+                             "instead of its own times: shows which keys moved more than the rest, and cannot see a "
+                             "change that slows every key alike, so it is no check")
+    parser.add_argument("--raw", action="store_true",
+                        help="judge raw times even where the two machines' speeds differ (by default the new "
+                             "run's times are divided by how much slower its machine ran xsp's fixed work)")
+    parser.add_argument("--absolute", action="store_true", help=argparse.SUPPRESS)  # the default since 0.1
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.TEXT.value)
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of to stdout")
     parser.add_argument("--fail-on", choices=[f.value for f in FailOn], default=FailOn.REGRESSION.value,
@@ -76,7 +81,7 @@ def run(options: argparse.Namespace) -> int:
     result = diff(options.base, options.new, by=options.by, levels=options.levels,
                   threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),
                   alpha=options.alpha, steps=slice(options.skip_steps, None) if options.skip_steps else None,
-                  normalize=not options.absolute)
+                  normalize=options.relative, machine_speed=not options.raw)
     form = Format(options.format)
     text = render(result, form)
     if options.output is not None:

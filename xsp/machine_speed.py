@@ -1,0 +1,73 @@
+"""How fast the machine of a run was: a fixed piece of work, timed once per process.
+
+``xsp diff`` compares runs that CI may have made on different machines. A slower runner slows
+every key of a run at once, and so does a uniform regression (a model moved to float64): the
+two cannot be told apart from the traces themselves. So every session times the same small
+work at its start (a Python loop and a NumPy matrix product, best of several tries) and keeps
+the times in its metadata; the diff compares the two runs' times, and only that evidence, not
+how many keys moved together, makes it say the runners differ.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any, Final
+
+METADATA_KEY: Final = "machine_speed"
+PROBE_VERSION: Final = 1
+"""Bumped when the work changes: times of different versions are never compared."""
+TRIES: Final = 7
+SAME_SPEED: Final = 0.05
+"""Runs whose machines' times differ by less than this share ran on machines of one speed."""
+
+
+def _python_loop() -> int:
+    total = 0
+    for i in range(20_000):
+        total += (i * i) % 7
+    return total
+
+
+def _matrix_product() -> float:
+    import numpy as np
+
+    a = np.full((96, 96), 1.0001)
+    for _ in range(10):
+        a = a @ a / 96.0
+    return float(a[0, 0])
+
+
+PROBES: Final[dict[str, Callable[[], object]]] = {"python_loop_ns": _python_loop, "matrix_product_ns": _matrix_product}
+
+
+def _best_ns(work: Callable[[], object]) -> int:
+    work()  # warm: first-call costs are not the machine's speed
+    best = math.inf
+    for _ in range(TRIES):
+        start = time.perf_counter_ns()
+        work()
+        best = min(best, time.perf_counter_ns() - start)
+    return int(best)
+
+
+@cache
+def measure() -> dict[str, Any]:
+    """This process's machine times (ns) of each probe, measured on first use (~15 ms)."""
+    return {"version": PROBE_VERSION, **{name: _best_ns(work) for name, work in PROBES.items()}}
+
+
+def speed_ratio(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | None:
+    """How much longer the new run's machine took for the same work than the base run's (the
+    geometric mean over the probes both have; 1.25: the new machine is 25% slower), or None
+    when a run has no such times (an older trace, an imported one)."""
+    if not isinstance(base, dict) or not isinstance(new, dict) or base.get("version") != new.get("version"):
+        return None
+    ratios = [new[name] / base[name] for name in PROBES
+              if isinstance(base.get(name), (int, float)) and isinstance(new.get(name), (int, float))
+              and base[name] > 0 and new[name] > 0]
+    if not ratios:
+        return None
+    return math.exp(sum(math.log(ratio) for ratio in ratios) / len(ratios))
