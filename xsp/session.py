@@ -52,7 +52,7 @@ from xsp.metadata import default_service_name, environment, memory_peaks
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
 from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
-from xsp.segments import SegmentWriter, segment_tables
+from xsp.segments import SegmentWriter
 from xsp.spans import build_table, conform, new_step_state
 from xsp.structure import SESSION_NAME, StepState
 from xsp.trace import Trace
@@ -264,6 +264,8 @@ class Session:
                 folder = self._segments.directory.parent
                 if folder.is_dir() and os.access(folder, os.W_OK):  # else the file fails too, and says so
                     self._warn(f"windows are kept in memory, not streamed to disk: {exc}")
+            for note in self._segments.take_notes():
+                self._warn(note)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
@@ -503,7 +505,8 @@ class Session:
         spans = self._interpret(window)
         return _WindowResult(state=self._state, diagnostics=self._diagnostics[-1], dropped=window.dropped,
                              segments=self._segments.count if self._segments is not None else 0,
-                             spans_in_memory=spans if self._tables else None, warnings=said)
+                             spans_in_memory=spans if self._tables else None,
+                             pending=self._segments.pending if self._segments is not None else [], warnings=said)
 
     def _adopt(self, result: _WindowResult) -> None:
         """Take over what a helper process learnt from interpreting one window."""
@@ -512,22 +515,22 @@ class Session:
         self._helper_windows += 1
         assert self._segments is not None  # helpers only interpret windows of a streaming session
         self._segments.count = result.segments
-        if result.spans_in_memory is not None:  # the helper could not write its segment
-            self._segments.started = False
+        if result.spans_in_memory is not None:
             self._tables.append(result.spans_in_memory)
+        if result.pending:  # the helper's folder took no writes: the session's writer keeps them
+            self._segments.keep(result.pending)
+            for note in self._segments.take_notes():
+                self._warn(note)
         for message in result.warnings:
             self._warn(message)
 
     def _keep(self, spans: pd.DataFrame) -> None:
         segments = self._segments
         if segments is not None and segments.started:
-            try:
-                segments.write(spans)
-                return
-            except OSError as exc:
-                segments.started = False
-                self._warn(f"windows can no longer be written to {segments.directory} ({exc}); the rest of "
-                           "the run is kept in memory until the trace file is written")
+            segments.write(spans)  # to its folder, else memory, else the spool: never lost unsaid
+            for note in segments.take_notes():
+                self._warn(note)
+            return
         self._tables.append(spans)
 
     # after the block ------------------------------------------------------------------
@@ -564,6 +567,8 @@ class Session:
         for note in dict.fromkeys(recording.notes):
             self._warn(note)
         dropped = recording.dropped + self._interpreted_dropped
+        if self._segments is not None and self._segments.dropped_spans:
+            dropped[DROPPED_WINDOWS] += self._segments.dropped_spans
         if dropped:
             self._warn("some records were dropped: " + ", ".join(
                 f"{count} {what}" for what, count in sorted(dropped.items())))
@@ -629,20 +634,25 @@ class Session:
 
     def _write_from_segments(self, segments: SegmentWriter, metadata: dict[str, Any]) -> None:
         """The trace file from the segments (and any window kept in memory), a window at a time;
-        the spans are read back from it only when asked for."""
+        the spans are read back from it only when asked for. Where it cannot be written, every
+        window and the final metadata are left for ``xsp recover``."""
         assert self.output is not None
         kept = [in_start_order(arrow_table(table)) for table in self._tables]
         self._tables = []
         try:
-            written = write_trace_tables(self.output, itertools.chain(segment_tables(segments.directory), kept),
-                                         metadata)
+            written = write_trace_tables(self.output, itertools.chain(segments.tables(), kept), metadata)
         except OSError as exc:
             self.write_error = str(exc)
-            self._warn(f"the trace file was not written: {exc}; its windows are kept in {segments.directory} "
+            segments.keep([(segments.count + 1 + i, table) for i, table in enumerate(kept)])
+            folders = segments.keep_finished(metadata)
+            where = " and ".join(str(folder) for folder in folders) or "no folder (none could be written)"
+            self._warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
                        f"(`xsp recover {self.output}` writes it once the cause is fixed)")
-            tables = list(itertools.chain(segment_tables(segments.directory), kept))
-            self.trace = Trace(spans=spans_from_arrow(segments.directory, pa.concat_tables(tables)),
-                               metadata=metadata)
+            for note in segments.take_notes():
+                self._warn(note)
+            tables = list(segments.tables())
+            self.trace = Trace(spans=spans_from_arrow(self.output, pa.concat_tables(tables)) if tables
+                               else conform(pd.DataFrame()), metadata=metadata)
             return
         segments.discard()
         self.trace = Trace(source=written, metadata=metadata)
@@ -679,6 +689,7 @@ class Session:
 
 HELPER_ENV: Final = "XSP_HELPER_PROCESS"
 """Set to ``0`` to interpret a streaming session's windows in a thread of the user's process."""
+DROPPED_WINDOWS: Final = "spans of windows no folder could take and memory could not hold"
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
@@ -693,7 +704,9 @@ class _WindowResult:
     dropped: Counter[str]
     segments: int
     spans_in_memory: pd.DataFrame | None
-    """The window's spans when its segment could not be written (else None: they are on disk)."""
+    """The window's spans when the session streams no more (else None: they are in a segment)."""
+    pending: list[tuple[int, pa.Table]]
+    """Windows the helper could not write (its folder full): the session's writer keeps them."""
     warnings: list[str]
 
 
@@ -761,6 +774,8 @@ class _WindowWorker:
         """Interpret ``window`` in a forked helper process; False when it must be done here."""
         session = self.session
         if not self.forks or not all(getattr(tracer, "interprets_in_child", False) for tracer in session._tracers):
+            return False
+        if session._segments is not None and session._segments.pending:  # a helper would write them twice
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         try:

@@ -147,7 +147,7 @@ def test_a_damaged_window_is_left_out_and_said(tmp_path):
     script, output = tmp_path / "killed.py", tmp_path / "run.xsp.parquet"
     script.write_text(KILLED)
     subprocess.run([sys.executable, str(script), str(output), "3"], capture_output=True, timeout=120)
-    folder = unfinished_sessions(output)[0]
+    folder = unfinished_sessions(output)[0][0]
     first = sorted(folder.glob("window-*.parquet"))[0]
     first.write_bytes(first.read_bytes()[:100])
     recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output), "-o",

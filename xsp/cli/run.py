@@ -323,8 +323,6 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     steps = len(trace.steps)
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
-    if session.write_error is not None:
-        status = status or 2  # the file was the point of the run
     out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)
     export = session.export
     if export is not None:

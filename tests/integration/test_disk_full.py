@@ -1,0 +1,125 @@
+"""A disk that fills during a run: the script's exit status stays its own, no closed window is
+lost (kept in memory, then spooled elsewhere), and ``xsp recover`` brings every step back."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import xsp
+import xsp.session
+from xsp import schema as col
+from xsp import segments
+from xsp.segments import recover
+
+STEPS = 20
+SCRIPT = """
+import sys, time, torch
+model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(40)])
+for _ in range({steps}):
+    model(torch.randn(4, 32))
+    time.sleep(0.12)  # windows close about once a second: several small ones
+print("done")
+sys.exit(3)
+"""
+
+
+def _no_space(*_: object, **__: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _steps(path: Path) -> int:
+    spans = xsp.load(path).spans
+    return int((spans[col.KIND] == col.SpanKind.PREDICT.value).sum())
+
+
+@pytest.fixture
+def full_disk(tmp_path, monkeypatch):
+    """Windows written as segments until ``fill()``; from then the output's folder takes no writes,
+    and the trace file cannot be written at the end."""
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setenv(segments.SPOOL_ENV, str(tmp_path / "spool"))
+    output = tmp_path / "out" / "run.xsp.parquet"
+    output.parent.mkdir()
+    state = {"full": False}
+    write_table = segments.pq.write_table
+
+    def write_unless_full(table: object, where: object, **options: object) -> None:
+        if state["full"] and str(output.parent) in str(where):
+            _no_space()
+        write_table(table, where, **options)
+
+    monkeypatch.setattr(segments.pq, "write_table", write_unless_full)
+    monkeypatch.setattr(xsp.session, "write_trace_tables", _no_space)
+
+    def fill() -> None:
+        state["full"] = True
+
+    return output, fill
+
+
+def _run(output: Path, fill, fill_at: int) -> xsp.Session:
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(10)])
+    with pytest.warns(xsp.XspWarning) as said, xsp.trace(levels="model,layer", output=output) as session:
+        for step in range(STEPS):
+            model(torch.randn(2, 16))
+            if step == fill_at:
+                fill()
+    messages = [str(w.message) for w in said]
+    assert any("windows can no longer be written" in m for m in messages), messages
+    assert any("the trace file was not written" in m and "xsp recover" in m for m in messages), messages
+    return session
+
+
+def test_windows_kept_in_memory_come_back_with_recover(full_disk):
+    output, fill = full_disk
+    session = _run(output, fill, fill_at=5)
+    assert session.write_error is not None and not output.exists()
+    assert (session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value).sum() == STEPS  # in hand
+    written, metadata = recover(output)  # the disk has room again
+    assert _steps(written) == STEPS
+    assert metadata.get("interrupted") is None and not metadata.get("dropped")  # it ended; nothing lost
+    assert "could not be written when the run ended" in metadata["warnings"][-1]
+    assert segments.unfinished_sessions(output) == []
+
+
+def test_windows_past_the_memory_bound_are_spooled_and_recovered(full_disk, monkeypatch, tmp_path):
+    monkeypatch.setattr(segments, "MEMORY_BOUND_BYTES", 1)  # every window that waits goes to the spool
+    output, fill = full_disk
+    _run(output, fill, fill_at=3)
+    spooled = list((tmp_path / "spool" / "xsp-spool").iterdir())
+    assert len(spooled) == 1 and any(spooled[0].glob("window-*.parquet"))
+    assert (spooled[0] / segments.FINAL_FILE).exists()
+    assert [len(folders) for folders in segments.unfinished_sessions(output)] == [2]  # beside it, and spooled
+    written, metadata = recover(output)
+    assert _steps(written) == STEPS and metadata.get("interrupted") is None
+    assert not spooled[0].exists()
+
+
+def test_the_script_keeps_its_exit_status_when_the_file_cannot_be_written(tmp_path):
+    """A file-size limit lets the small windows through and stops the trace file, as a disk that
+    fills up at the end would."""
+    script = tmp_path / "loop.py"
+    script.write_text(SCRIPT.format(steps=STEPS))
+    output = tmp_path / "run.xsp.parquet"
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000));"
+            "from xsp.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "run", "-o", str(output), "--", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
+    assert done.returncode == 3, done.stderr  # the script's, not xsp's
+    assert done.stdout == "done\n"
+    assert "the trace file was not written" in done.stderr and "Traceback" not in done.stderr
+    assert not output.exists()
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True, text=True,
+                               timeout=300, cwd=tmp_path)
+    assert recovered.returncode == 0, recovered.stderr
+    assert "could not write its file" in recovered.stderr
+    assert _steps(output) == STEPS
