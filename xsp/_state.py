@@ -13,3 +13,6 @@ if TYPE_CHECKING:
 
 session: Session | None = None
 recording: Recording | None = None
+waiting: list[Session] = []
+"""Sessions refused while another ran, still inside their blocks: the first of them takes over
+when the active one ends."""

@@ -49,6 +49,7 @@ from xsp.fileio import arrow_table, in_start_order, spans_from_arrow, write_trac
 from xsp.forked import ForkFailed, fork_available, run_forked
 from xsp.levels import LevelsArg, parse_levels
 from xsp.metadata import default_service_name, environment, memory_peaks
+from xsp.output_claim import Claim, claim
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
 from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
@@ -107,6 +108,19 @@ def _wait_for_exports() -> None:
     for export in list(_pending_exports):
         if not export.abandoned:
             export.wait(max(deadline - now_ns(), 0) / 1e9)
+
+
+def _take_over() -> None:
+    """After a session ended: the first session refused while it ran that is still inside its
+    block takes over (its calls from now on are recorded, never lost unsaid)."""
+    with _claim:
+        if _state.session is not None or not _state.waiting:
+            return
+        successor = _state.waiting.pop(0)
+        try:
+            successor._take_over()
+        except Exception as exc:  # it stays a block without a trace, and says why
+            successor._warn(f"could not take over recording: {type(exc).__name__}: {exc}")
 
 
 def _wait_for_exports_at_exit() -> None:
@@ -181,6 +195,7 @@ class Session:
         self._tables: list[pd.DataFrame] = []
         """Interpreted windows kept in memory (those not written as segments)."""
         self._segments: SegmentWriter | None = None
+        self._output_claim: Claim | None = None
         self._window_count = 0
         self._helper_windows = 0
         """Windows interpreted by helper processes (see :class:`_WindowWorker`)."""
@@ -219,20 +234,26 @@ class Session:
             where = ("" if active._thread_id == threading.get_native_id() else
                      f" (started in thread {active._thread_id})")
             self._warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
-                       "session, which keeps running undisturbed, and writes no file of its own")
+                       "session, which keeps running undisturbed, and writes no file of its own unless it "
+                       "outlives that session")
+            self._thread_id = threading.get_native_id()
             self._nested = span("xsp.trace")
             self._nested.__enter__()
+            with _claim:
+                _state.waiting.append(self)
             return self
         try:
             self._start()
         except BaseException:
             _state.session = _state.recording = None
+            self._release_output()
             raise
         return self
 
     def _start(self) -> None:
         self._clock = ClockSync.measure()
         self._join_job(rank_info())
+        self._claim_output()
         self._open_export()
         tracers, self._unavailable = tracers_for(self.levels)
         by_reason: dict[str, list[str]] = {}
@@ -271,6 +292,9 @@ class Session:
                  traceback: TracebackType | None) -> None:
         end_ns = now_ns()
         if self._nested is not None:
+            with _claim:
+                if self in _state.waiting:
+                    _state.waiting.remove(self)
             self._nested.__exit__(exc_type, exc, traceback)
             return
         if self._forked:  # a forked child: the parent's session writes the file
@@ -293,7 +317,9 @@ class Session:
             except Exception as failure:  # xsp must never turn the user's success into a failure
                 self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
         finally:
+            self._release_output()
             self._signals.release(exc)
+            _take_over()
         if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
             if self.export is not None:
                 self.export.wait(EXIT_WAIT_S)
@@ -316,6 +342,38 @@ class Session:
     def wait_for_export(self, timeout_s: float | None = None) -> ExportReport | None:
         """Wait for the background OTLP export; returns its report, or None if none ran."""
         return None if self.export is None else self.export.wait(timeout_s)
+
+    def _take_over(self) -> None:
+        """A session refused while another ran, still inside its block when that one ended:
+        from now on it records, and writes its own file."""
+        self._nested = None  # its span ended with the session it was part of
+        self._recording = Recording(self.max_events)
+        self._recording.backward_hooks = self.backward
+        _state.session, _state.recording = self, self._recording
+        self._warn("the xsp session this block was refused for has ended: this one records from now on, and its "
+                   "trace holds what ran after that")
+        try:
+            self._start()
+        except BaseException:
+            _state.session = _state.recording = None
+            self._release_output()
+            raise
+
+    def _claim_output(self) -> None:
+        """Claim the output's name for this run: a second run writing the same name at once gets
+        a numbered name of its own, and says so (at the end, one file would replace the other)."""
+        if self.output is None:
+            return
+        self._output_claim = claim(self.output)
+        if self._output_claim.path != self.output:
+            self._warn(f"another xsp session (process {self._output_claim.other_pid}) is writing {self.output}; "
+                       f"this one writes {self._output_claim.path} instead")
+            self.output = self._output_claim.path
+
+    def _release_output(self) -> None:
+        if self._output_claim is not None:
+            self._output_claim.release()
+            self._output_claim = None
 
     # windows: what is interpreted (and exported) together --------------------------------
     def _join_job(self, rank: RankInfo | None) -> None:

@@ -174,3 +174,71 @@ def test_a_forked_child_never_writes_over_the_parents_file(tmp_path):
         trace = xsp.load(output)
         assert len(trace.steps) == 15  # the parent's calls only
         assert no_partial(tmp_path)
+
+
+def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    first_done, second_inside = threading.Event(), threading.Event()
+    sessions: dict[str, xsp.Session] = {}
+
+    def second() -> None:
+        with xsp.trace(output=tmp_path / "second.xsp.parquet") as session:
+            second_inside.set()
+            for _ in range(5):
+                model(torch.randn(2, 4))
+            assert first_done.wait(60)
+            for _ in range(7):  # after the first session ended: recorded by this one, not lost
+                model(torch.randn(2, 4))
+        sessions["second"] = session
+
+    with pytest.warns(xsp.XspWarning) as said:
+        with xsp.trace(output=tmp_path / "first.xsp.parquet") as first:
+            worker = threading.Thread(target=second)
+            worker.start()
+            assert second_inside.wait(60)
+            model(torch.randn(2, 4))
+        first_done.set()
+        worker.join()
+    messages = [str(w.message) for w in said]
+    assert any("already active" in m for m in messages) and any("records from now on" in m for m in messages)
+    first_predicts = first.trace.spans[first.trace.spans[col.KIND] == "predict"]
+    assert len(first_predicts) == 1 + 5
+    second_trace = xsp.load(tmp_path / "second.xsp.parquet")
+    assert (second_trace.spans[col.KIND] == "predict").sum() == 7
+
+
+SAME_OUTPUT = """
+import sys, time, torch, xsp
+model = torch.nn.Linear(4, 4)
+with xsp.trace(output=sys.argv[1]) as session:
+    for _ in range(int(sys.argv[2])):
+        model(torch.randn(2, 4))
+        time.sleep(0.05)
+print(session.output)
+"""
+
+
+def test_two_runs_writing_one_name_at_once_both_keep_their_trace(tmp_path):
+    script = tmp_path / "same.py"
+    script.write_text(SAME_OUTPUT)
+    runs = [subprocess.Popen([sys.executable, str(script), "run.xsp.parquet", str(steps)], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for steps in (40, 30)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    written = sorted(Path(out.strip()).name for out, _ in outputs)
+    assert written == ["run-2.xsp.parquet", "run.xsp.parquet"], outputs
+    said = "".join(err for _, err in outputs)
+    assert "run.xsp.parquet; this one writes" in said and "run-2.xsp.parquet instead" in said
+    steps = sorted(int((xsp.load(tmp_path / name).spans[col.KIND] == "predict").sum()) for name in written)
+    assert steps == [30, 40]
+    assert not list(tmp_path.glob(".*xsp-writer"))  # claims given back
+
+
+def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
+    from xsp.output_claim import writer_file
+
+    output = tmp_path / "run.xsp.parquet"
+    writer_file(output).write_text(f"{__import__('socket').gethostname()}\n999999999\n")
+    with xsp.trace(output=output) as session:
+        torch.nn.Linear(4, 4)(torch.randn(2, 4))
+    assert session.output == output and output.exists() and not writer_file(output).exists()
