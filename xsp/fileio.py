@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,25 +36,39 @@ def _describe_os_error(exc: OSError) -> str:
 
 
 def _destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
-    """The file ``path`` names (through a symlink: the file it names is replaced), with its
-    directory made, and whether it is written in place (a device or a pipe, such as /dev/null).
+    """The file ``path`` names, with its directory made, and whether it is written in place (a
+    device or a pipe, such as /dev/null or /dev/stdout).
+
+    A symbolic link is never written through: replacing a regular file it points at would
+    turn someone's file (a text file, a config) into a trace. Only a link to a device or a pipe
+    (/dev/stdout) is followed, and written in place.
 
     Raises:
-        OutputError: an empty path, a directory, or a directory that cannot be made.
+        OutputError: an empty path, a directory, a link to a file, or a directory that cannot
+            be made.
     """
     if not str(path):
         raise OutputError("cannot write an empty path")
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
+    given = Path(os.path.abspath(path))
+    if given.is_symlink():
+        try:
+            mode = os.stat(given).st_mode  # what the link leads to, through /proc/self/fd/N too
+        except OSError:
+            mode = 0
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+            return given, True  # /dev/stdout and the like: written in place
+        raise OutputError(f"cannot write {path}: it is a symbolic link (to {os.readlink(given)}), and xsp never "
+                          "writes through one; give the path of the file itself, or remove the link")
+    if given.is_dir():
         raise OutputError(f"cannot write {path}: it is a directory")
-    if target.exists() and not target.is_file():
-        return target, True
+    if given.exists() and not given.is_file():
+        return given, True
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        given.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: cannot create its directory "
                           f"({_describe_os_error(exc)})") from None
-    return target, False
+    return given, False
 
 
 def _beside(target: Path, suffix: str) -> Path:
@@ -82,13 +97,19 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         return
     temporary = _beside(target, "partial")
     try:
+        _create_new(temporary)  # a file of its own, never a link someone put there
         yield temporary
-        os.replace(temporary, target)
+        os.replace(temporary, target)  # replaces the name: a link put there meanwhile, not what it points at
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink()
+
+
+def _create_new(path: Path) -> None:
+    descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    os.close(descriptor)
 
 
 def gunzip_bounded(data: bytes, cap_bytes: int) -> tuple[bytes, bool]:
@@ -182,6 +203,12 @@ def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dic
     return write_trace_tables(path, iter([arrow_table(spans)]), metadata)
 
 
+def statistics_columns(schema: pa.Schema) -> list[str]:
+    """The columns whose min and max are kept in the footer: numbers (times, ids), which readers
+    filter on; the min and max of JSON and path text would only swell the footer."""
+    return [field.name for field in schema if not _is_text(field.type)]
+
+
 def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table], metadata: dict[str, Any]) -> Path:
     """Write a trace from Arrow tables of spans, one row group each, holding one table at a time.
 
@@ -198,12 +225,14 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
         first = arrow_table(empty_table())
     columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
     metadata_json = json.dumps(metadata, default=str).encode()
+    pandas_json = pandas_metadata(columns)
     schema = columns.with_metadata({col.METADATA_KEY: metadata_json,
-                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns),
-                                    PANDAS_KEY: pandas_metadata(columns)})
+                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns, pandas_json),
+                                    PANDAS_KEY: pandas_json})
 
     def write(temporary: Path) -> None:
-        with pq.ParquetWriter(temporary, schema, compression="zstd", write_page_checksum=True) as writer:
+        with pq.ParquetWriter(temporary, schema, compression="zstd", write_page_checksum=True,
+                              write_statistics=statistics_columns(schema)) as writer:
             writer.write_table(first.replace_schema_metadata(schema.metadata))
             for table in tables:
                 if len(table):
@@ -274,16 +303,17 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
             "upgrade xsp to read it")
     table = _read_table(source, parquet)
     expected = footer.get(CHECKSUM_KEY)
-    if expected is not None and expected != _footer_checksum(raw, table.schema):
+    if expected is not None and expected != _footer_checksum(raw, table.schema, footer.get(PANDAS_KEY, b"")):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
     return spans_from_arrow(source, table), metadata
 
 
-def _footer_checksum(metadata_json: bytes, schema: pa.Schema) -> bytes:
-    """CRC-32 of the xsp metadata and the column names and types: the parts of the footer that
-    Parquet's page checksums do not cover and that xsp reads."""
+def _footer_checksum(metadata_json: bytes, schema: pa.Schema, pandas_json: bytes = b"") -> bytes:
+    """CRC-32 of the xsp metadata, the column names and types and the pandas metadata (files
+    written before it had none): the parts of the footer that Parquet's page checksums do not
+    cover and that readers rely on."""
     columns = "\n".join(f"{field.name}:{field.type}" for field in schema).encode()
-    return b"%08x" % zlib.crc32(columns, zlib.crc32(metadata_json))
+    return b"%08x" % zlib.crc32(pandas_json, zlib.crc32(columns, zlib.crc32(metadata_json)))
 
 
 def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:

@@ -37,6 +37,7 @@ from xsp.fileio import (
     in_start_order,
     read_arrow_trace,
     spans_from_arrow,
+    statistics_columns,
     write_trace_tables,
 )
 from xsp.structure import SESSION_NAME
@@ -216,7 +217,8 @@ class SegmentWriter:
     def _write(self, folder: Path, number: int, table: pa.Table) -> bool:
         try:
             with atomic_output(folder / f"window-{number:06d}.parquet") as temporary:
-                pq.write_table(table, temporary, compression="zstd", write_page_checksum=True)
+                pq.write_table(table, temporary, compression="zstd", write_page_checksum=True,
+                               write_statistics=statistics_columns(table.schema))
         except OSError as exc:
             if not self._folder_failed:
                 self._folder_failed = True

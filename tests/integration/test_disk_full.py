@@ -4,7 +4,6 @@ lost (kept in memory, then spooled elsewhere), and ``xsp recover`` brings every 
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import subprocess
 import sys

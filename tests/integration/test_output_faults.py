@@ -221,3 +221,45 @@ def test_a_gzip_bomb_is_refused_without_taking_the_memory(tmp_path):
     assert "inflates to more than" in message
     assert int(peak_kib) < 1_000_000  # the inflated 600 MiB never all in memory (import alone: ~120 MB)
 
+
+
+@pytest.mark.parametrize("command", ["run", "export", "report --html"])
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
+def test_a_symbolic_link_is_never_written_through(command, dangling, trace_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "notes.txt"
+    if not dangling:
+        target.write_text("my notes")
+    link = tmp_path / "out.link"
+    link.symlink_to(target)
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    argv = {"run": ["run", "-o", str(link), "--", str(script)],
+            "export": ["export", str(trace_file), "-o", str(link)],
+            "report --html": ["report", str(trace_file), "--html", str(link)]}[command]
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert status == 2
+    assert "is a symbolic link" in captured.err and "Traceback" not in captured.err
+    assert "done" not in captured.out  # refused before the script ran
+    assert link.is_symlink()
+    assert target.read_text() == "my notes" if not dangling else not target.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_the_python_api_never_writes_through_a_link_either(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("my notes")
+    link = tmp_path / "run.xsp.parquet"
+    link.symlink_to(target)
+    with pytest.warns(xsp.XspWarning, match="symbolic link"), xsp.trace(output=link) as session:
+        torch.nn.Linear(4, 4)(torch.randn(2, 4))
+    assert session.trace is not None and len(session.trace.spans)  # kept in memory
+    assert target.read_text() == "my notes" and link.is_symlink()
+
+
+def test_a_link_to_a_pipe_such_as_dev_stdout_is_still_written(trace_file, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "xsp", "export", str(trace_file), "--format", "chrome", "-o",
+                           "/dev/stdout"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["traceEvents"]

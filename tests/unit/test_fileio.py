@@ -98,7 +98,9 @@ def test_truncated_file(recorded, tmp_path, keep):
 
 def test_corrupt_middle(recorded, tmp_path):
     data = bytearray(recorded[0].read_bytes())
-    data[len(data) // 3: len(data) // 3 + 64] = b"\xff" * 64
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    middle = (4 + footer_start) // 2  # the middle of the data pages (the footer's own bytes are checked apart)
+    data[middle: middle + 64] = b"\xff" * 64
     path = tmp_path / "corrupt.xsp.parquet"
     path.write_bytes(bytes(data))
     with pytest.raises(xsp.TraceFormatError):
