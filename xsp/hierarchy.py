@@ -25,10 +25,13 @@ import pandas as pd
 
 from xsp import schema as col
 from xsp.schema import Level
-from xsp.tree import ids_at
+from xsp.tree import chain_ends, depth_of, ids_at
 
 _RANK = {level.value: level.rank for level in Level}
 NO_PARENT = -1
+MAX_DEPTH = 128
+"""The deepest a span hangs in the tree (ancestors above it). A model's tree is a few tens deep;
+a trace of intervals nested 30,000 deep is no program's call tree."""
 
 
 @dataclass
@@ -56,6 +59,10 @@ class HierarchyDiagnostics:
     which have none by design, are not counted."""
     external_linked: int = 0
     """CUDA API calls whose external correlation id names the span that made them."""
+    flattened: int = 0
+    """Spans nested deeper than :data:`MAX_DEPTH` levels: hung from their ancestor at that level
+    (their own parent would have made paths and every walk of the tree grow with the square of
+    the nesting)."""
     external_reparented: int = 0
     """Of those, calls whose interval put them outside that span (clocks disagreeing by more
     than the gap between calls): placed under the span their id names."""
@@ -205,6 +212,18 @@ def external_parents(spans: pd.DataFrame, parents: np.ndarray, diagnostics: Hier
     diagnostics.external_reparented = int(wrong.sum())
 
 
+def cap_depth(parents: np.ndarray, max_depth: int = MAX_DEPTH) -> int:
+    """Hang every span deeper than ``max_depth`` from its ancestor at depth ``max_depth - 1``
+    (in place); returns how many moved."""
+    depth = depth_of(parents)
+    too_deep = np.flatnonzero(depth > max_depth)
+    if not len(too_deep):
+        return 0
+    pointer = np.where(depth <= max_depth - 1, NO_PARENT, parents)
+    parents[too_deep] = chain_ends(pointer)[too_deep]
+    return int(len(too_deep))
+
+
 def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position (row number, or -1) of every row of a span table."""
     count = len(spans)
@@ -224,6 +243,7 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
     parents[rows] = np.where(sub_parents >= 0, rows[np.maximum(sub_parents, 0)], NO_PARENT)
     if col.EXTERNAL_ID in spans:
         external_parents(spans, parents, diagnostics)
+    diagnostics.flattened = cap_depth(parents)
     diagnostics.spans = count
     samples = int((spans[col.LEVEL] == Level.SYSTEM.value).sum())  # roots by design: no thread, no step
     diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities - samples)
@@ -238,6 +258,7 @@ _DIAGNOSTIC_MEANING = {
     "without_correlation": "GPU activities without a correlation id",
     "duplicate_correlation": "GPU activities whose correlation id several API calls carry (unlinked)",
     "other_without_thread": "spans with neither a thread nor a launch (GPU annotations, counter ranges)",
+    "flattened": f"spans nested deeper than {MAX_DEPTH} levels, hung from their ancestor at that depth",
     "external_reparented": "CUDA API calls outside the layer their external correlation id names (clock "
                            "disagreement); placed under that layer",
 }

@@ -792,6 +792,14 @@ class _WindowWorker:
         """The session's records kept when the last window closed."""
         self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
         """Windows are interpreted in forked helper processes (until one fails)."""
+        self.warmed = False
+        """The first window was interpreted here: what helpers run has set up its C++ statics.
+
+        A helper that sets one up itself registers its destructor with glibc (``__cxa_atexit``),
+        under a lock that ``fork`` copies as it stands: if another thread of the program held it
+        at that moment (PyTorch sets up statics of its own at an op's first use), the helper waits
+        for it forever. Interpreting the first window here makes Arrow's, pandas's and Parquet's
+        statics the parent's, and the helpers then register none."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
@@ -834,6 +842,9 @@ class _WindowWorker:
         if not self.forks or not all(getattr(tracer, "interprets_in_child", False) for tracer in session._tracers):
             return False
         if session._segments is not None and session._segments.pending:  # a helper would write them twice
+            return False
+        if not self.warmed:
+            self.warmed = True
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         try:

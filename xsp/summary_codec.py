@@ -215,15 +215,14 @@ def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndar
             "gaps": np.diff(codes, prepend=0)[~first]}
 
 
-def _same_statistics(frame: pd.DataFrame, row: int, other: pd.DataFrame, other_row: int) -> bool:
-    if (frame[d.COUNT].iat[row] != other[d.COUNT].iat[other_row]
-            or frame[d.TOTAL_NS].iat[row] != other[d.TOTAL_NS].iat[other_row]
-            or frame[d.SAMPLE_COUNT].iat[row] != other[d.SAMPLE_COUNT].iat[other_row]):
-        return False
-    same = [frame[column].iat[row] == other[column].iat[other_row] or (
-        pd.isna(frame[column].iat[row]) and pd.isna(other[column].iat[other_row]))
-        for column in (col.INPUT_SHAPES, d.INPUT_DTYPES, d.KERNELS_PER_STEP)]
-    return all(same) and np.array_equal(frame[d.SAMPLES_NS].iat[row], other[d.SAMPLES_NS].iat[other_row])
+_STATISTICS: Final = (d.COUNT, d.TOTAL_NS, d.SAMPLE_COUNT, col.INPUT_SHAPES, d.INPUT_DTYPES, d.KERNELS_PER_STEP)
+
+
+def _statistics(frame: pd.DataFrame) -> list[list[Any]]:
+    """Per row, what two keys must share to stand for each other (one pass over the columns)."""
+    columns = [[None if pd.isna(value) else value for value in frame[name].tolist()] if name in frame
+               else [None] * len(frame) for name in _STATISTICS]
+    return [list(row) for row in zip(*columns)]
 
 
 def _stand_ins(frame: pd.DataFrame, by_path: pd.DataFrame | None) -> np.ndarray:
@@ -234,10 +233,14 @@ def _stand_ins(frame: pd.DataFrame, by_path: pd.DataFrame | None) -> np.ndarray:
     places: dict[tuple[str, str], list[int]] = {}
     for i, (level, name) in enumerate(zip(by_path[col.LEVEL].tolist(), by_path[col.NAME].tolist())):
         places.setdefault((level, name), []).append(i)
+    mine, theirs = _statistics(frame), _statistics(by_path)
+    my_samples, their_samples = frame[d.SAMPLES_NS].tolist(), by_path[d.SAMPLES_NS].tolist()
     found = []
     for i, (level, name) in enumerate(zip(frame[col.LEVEL].tolist(), frame[col.NAME].tolist())):
         at = places.get((level, name), [])
-        found.append(at[0] if len(at) == 1 and _same_statistics(frame, i, by_path, at[0]) else -1)
+        same = (len(at) == 1 and mine[i] == theirs[at[0]]
+                and np.array_equal(my_samples[i], their_samples[at[0]]))
+        found.append(at[0] if same else -1)
     return np.asarray(found, dtype=np.int64)
 
 
@@ -440,13 +443,18 @@ def _absolute(row: int, relative: int) -> int:
     return -1 if relative == 0 else row - (relative - 1) if relative > 0 else row - relative
 
 
+_BASE_HOPS: Final = 8
+"""How far up the parent chain a row's text looks for the text it extends: further bases only
+save bytes in rare trees, and looking further costs every row of a deep one."""
+
+
 def _built_on(texts: list[str], parent_at: list[int], row: int, separator: str) -> tuple[int, int]:
-    """``(hops, row)`` of the nearest ancestor whose text and ``separator`` begin this row's
-    text (a key and a slash, a name and a dot): hops up the parent chain, 1 for the parent
-    (``(0, -1)``: none)."""
+    """``(hops, row)`` of the nearest ancestor (at most :data:`_BASE_HOPS` up) whose text and
+    ``separator`` begin this row's text (a key and a slash, a name and a dot): hops up the
+    parent chain, 1 for the parent (``(0, -1)``: none)."""
     text, at, hops = texts[row], parent_at[row], 1
     seen = {row}
-    while at >= 0 and at not in seen:  # keys by name can be each other's parents
+    while at >= 0 and at not in seen and hops <= _BASE_HOPS:  # keys by name can be each other's parents
         if text.startswith(texts[at]) and text[len(texts[at]):len(texts[at]) + 1] == separator:
             return hops, at
         seen.add(at)
