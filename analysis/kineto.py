@@ -244,9 +244,37 @@ decompression bomb that would take the machine's memory."""
 MIN_INFLATED_CAP_BYTES: Final = 256 << 20
 
 
+SNIFF_BYTES: Final = 4096
+
+
+def _first_text(head: bytes) -> bytes:
+    """The first non-blank bytes of JSON text (after a UTF-8 byte-order mark)."""
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:16]
+
+
+def _sniff(source: Path, head: bytes) -> None:
+    """Refuse, from its first bytes, a file that cannot be a Chrome trace (a JSON object): a file
+    of zeros named .json is not read whole first."""
+    first = _first_text(head)
+    if first[:1] == b"{" or (not first and len(head) < SNIFF_BYTES):
+        return
+    shown = first or head[:16]
+    raise TraceFormatError(f"{source} is not Kineto JSON: a trace begins with '{{', this file with {shown!r}")
+
+
 def _read_bytes(source: Path) -> bytes:
     try:
-        data = source.read_bytes()
+        with source.open("rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+            if head[:2] == b"\x1f\x8b":
+                try:
+                    inflated, _ = gunzip_bounded(head, SNIFF_BYTES)  # a truncated stream is fine here
+                except zlib.error as exc:
+                    raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+                _sniff(source, inflated)
+            else:
+                _sniff(source, head)
+            data = head + handle.read()
     except OSError as exc:
         raise TraceFormatError(f"{source} cannot be read: {exc.strerror or exc}") from None
     if data[:2] != b"\x1f\x8b":
@@ -293,6 +321,9 @@ def _decode(source: Path) -> _File:
     except msgspec.DecodeError as exc:
         kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
         raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(f"{source} is not a plausible Kineto trace: its JSON is nested too deeply to "
+                               "read") from None
     if not decoded.traceEvents and b"traceEvents" not in data[:1 << 20]:
         raise TraceFormatError(f"{source} is JSON but not a Chrome trace (no traceEvents)")
     return decoded

@@ -120,6 +120,8 @@ class Summary:
                 raise ValueError("its metadata is not an object")
         except (ValueError, KeyError, TypeError, IndexError, EOFError, OSError, zlib.error, binascii.Error) as exc:
             raise TraceFormatError(f"{path} is not a readable xsp summary: {exc}") from None
+        except RecursionError:
+            raise TraceFormatError(f"{path} is not a readable xsp summary: its JSON is nested too deeply") from None
         return cls(keys=keys, metadata=metadata)
 
 

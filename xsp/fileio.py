@@ -290,7 +290,7 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
     try:
         metadata = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise TraceFormatError(f"{source} has unreadable xsp metadata") from None
     if not isinstance(metadata, dict):
         raise TraceFormatError(f"{source} has xsp metadata that is not a JSON object")

@@ -98,7 +98,7 @@ def _belongs_to(folder: Path, output: Path) -> bool:
         return True
     try:
         recorded = json.loads((folder / START_FILE).read_text()).get("output")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
     return recorded == str(output.absolute())
 
@@ -314,7 +314,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         metadata = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise TraceFormatError(f"{path} is unreadable: {exc}") from None
     if not isinstance(metadata, dict):
         raise TraceFormatError(f"{path} is not a session's metadata")

@@ -72,3 +72,32 @@ def test_a_span_id_as_jaeger_shows_it_finds_its_row(tmp_path):
         assert len(span.span_id_hex) == 16
         row = spans[spans[col.SPAN_ID] == int(span.span_id_hex, 16)]  # as docs/jaeger.md says to look it up
         assert row[col.NAME].tolist() == [span.name]
+
+
+def test_events_nested_thirty_thousand_deep_stay_linear_and_are_flattened_and_said(tmp_path):
+    """Kineto events each inside the one before (30,000 levels) took xsp summary 11 minutes and
+    hung xsp push: paths and walks of the tree grew with the square of the nesting."""
+    import json
+    import subprocess
+    import sys
+
+    from xsp.hierarchy import MAX_DEPTH
+
+    depth = 30_000
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 2 * depth - 2 * i}
+              for i in range(depth)]
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"traceEvents": events}))
+    trace = xsp.load(nested)
+    assert trace.metadata["hierarchy"]["flattened"] == depth - MAX_DEPTH - 1
+    from xsp.tree import depth_of, parent_positions
+
+    assert depth_of(parent_positions(trace.spans)).max() == MAX_DEPTH
+    for argv in (["summary", str(nested), "-o", str(tmp_path / "s.xsp.json")], ["report", str(nested)]):
+        done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    with GrpcReceiver() as receiver:
+        done = subprocess.run([sys.executable, "-m", "xsp", "push", str(nested), "--otlp", receiver.endpoint],
+                              capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert receiver.sink.spans

@@ -263,3 +263,30 @@ def test_a_link_to_a_pipe_such_as_dev_stdout_is_still_written(trace_file, tmp_pa
                            "/dev/stdout"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["traceEvents"]
+
+
+def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
+    import resource
+
+    zeros = tmp_path / "zeros.json"
+    with zeros.open("wb") as handle:
+        handle.truncate(4 << 30)  # 4 GiB of zeros, sparse: nothing on disk
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    done = subprocess.run([sys.executable, "-m", "xsp", "import", str(zeros), "-o", str(tmp_path / "o.xsp.parquet")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "is not Kineto JSON: a trace begins with '{'" in done.stderr and "Traceback" not in done.stderr
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert max(peak_kib, before) < 2 << 20  # far from the 4 GiB it would take to read it whole
+
+
+def test_json_nested_too_deeply_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    depth = 100_000
+    deep.write_text('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 1, "args": '
+                    + '{"a": ' * depth + "1" + "}" * depth + "}]}")
+    for command in ("import", "summary", "report"):
+        argv = [command, str(deep)] + (["-o", str(tmp_path / f"o{command}")] if command != "report" else [])
+        done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and "nested too deeply" in done.stderr, done.stderr
