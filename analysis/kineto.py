@@ -259,7 +259,7 @@ def _sniff(source: Path, head: bytes) -> None:
     if first[:1] == b"{" or (not first and len(head) < SNIFF_BYTES):
         return
     shown = first or head[:16]
-    raise TraceFormatError(f"{source} is not Kineto JSON: a trace begins with '{{', this file with {shown!r}")
+    raise TraceFormatError(f"{source} is not valid Kineto JSON: a trace begins with '{{', this file with {shown!r}")
 
 
 def _read_bytes(source: Path) -> bytes:

@@ -275,7 +275,7 @@ def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
     done = subprocess.run([sys.executable, "-m", "xsp", "import", str(zeros), "-o", str(tmp_path / "o.xsp.parquet")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
-    assert "is not Kineto JSON: a trace begins with '{'" in done.stderr and "Traceback" not in done.stderr
+    assert "is not valid Kineto JSON: a trace begins with '{'" in done.stderr and "Traceback" not in done.stderr
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert max(peak_kib, before) < 2 << 20  # far from the 4 GiB it would take to read it whole
 
