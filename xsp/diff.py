@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from xsp.levels import parse_levels
 from xsp.loading import load
 from xsp.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.machine_speed import SAME_SPEED, speed_ratio
+from xsp.safe_text import markdown_code, markdown_text, one_line, within, xml_text
 from xsp.schema import Level
 from xsp.trace import Trace
 
@@ -109,7 +111,7 @@ class Diff:
             if len(self.changes) > LISTED:
                 lines.append(f"  ... and {len(self.changes) - LISTED} more")
         if self.warnings:
-            lines += ["", "Warnings:"] + [_wrap(f"- {w}", width, "  ") for w in self.warnings]
+            lines += ["", "Warnings:"] + [_wrap(f"- {one_line(w)}", width, "  ") for w in self.warnings]
         return "\n".join(lines) + "\n"
 
     def _models(self) -> pd.DataFrame:
@@ -125,18 +127,20 @@ class Diff:
         moved = self.rows(Verdict.REGRESSED)
         improved = self.rows(Verdict.IMPROVED)
         out = [f"## xsp diff: **{self.verdict.value}**", "",
-               f"{_counts(self.table)}. Base: {_describe(self.base)}. New: {_describe(self.new)}.", "",
-               f"_{_settings_line(self.settings)}_", ""]
+               f"{_counts(self.table)}. Base: {markdown_text(_describe(self.base))}. "
+               f"New: {markdown_text(_describe(self.new))}.", "",
+               f"_{markdown_text(_settings_line(self.settings))}_", ""]
         models = self._models()
         if len(models):
             out += ["| model | base | new | ratio | verdict |", "| --- | ---: | ---: | ---: | --- |"]
-            out += [f"| `{_md(row.key)}` | {_time(row.base_median_ns)} | {_time(row.new_median_ns)} | "
+            out += [f"| {markdown_code(row.key)} | {_time(row.base_median_ns)} | {_time(row.new_median_ns)} | "
                     f"{_ratio(row.ratio)} | {row.verdict} |" for row in models.itertuples(index=False)]
             out.append("")
         if len(self.breakdown):
-            out += [f"### Where it lives (change per step{_judged_suffix(self.settings)})", "", "```"]
-            out += [_tree_line(row, 100) for row in self.breakdown.itertuples(index=False)]
-            out += ["```", ""]
+            tree = [_tree_line(row, 100) for row in self.breakdown.itertuples(index=False)]
+            fence = "`" * max(3, 1 + max((len(run) for line in tree for run in re.findall("`+", line)), default=0))
+            out += [f"### Where it lives (change per step{_judged_suffix(self.settings)})", "", fence]
+            out += [*tree, fence, ""]
         for title, rows in (("Regressed", moved), ("Improved", improved)):
             if not len(rows):
                 continue
@@ -146,7 +150,7 @@ class Diff:
                     f"| key | level | base | new | delta | ratio |{judged_head} vs common shift | q | explains |",
                     f"| --- | --- | ---: | ---: | ---: | ---: |{judged_rule} ---: | ---: | ---: |"]
             for row in rows.head(LISTED).itertuples(index=False):
-                out.append(f"| `{_md(row.key)}` | {row.level} | {_time(row.base_median_ns)} | "
+                out.append(f"| {markdown_code(row.key)} | {row.level} | {_time(row.base_median_ns)} | "
                            f"{_time(row.new_median_ns)} | {_signed_time(row.delta_ns)} | {_ratio(row.ratio)} | "
                            + (f"{_ratio(row.adjusted_ratio)} | " if judged else "")
                            + f"{_ratio(row.relative_ratio)} | {_p(row.q_value)} | {_share(row.explains)} |")
@@ -155,11 +159,12 @@ class Diff:
             out.append("")
         if len(self.changes):
             out += ["### Changes of structure", ""]
-            out += [f"- {_md(_change_text(row))}" for row in self.changes.head(LISTED).itertuples(index=False)]
+            out += [f"- {markdown_text(_change_text(row))}"
+                    for row in self.changes.head(LISTED).itertuples(index=False)]
             out.append("")
         if self.warnings:
-            out += ["### Warnings", ""] + [f"- {_md(w)}" for w in self.warnings] + [""]
-        return "\n".join(out)
+            out += ["### Warnings", ""] + [f"- {markdown_text(w, 2000)}" for w in self.warnings] + [""]
+        return "\n".join(within(out))
 
     def to_json(self) -> str:
         """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table``."""
@@ -184,15 +189,15 @@ class Diff:
         properties = ET.SubElement(suite, "properties")
         for name, value in self.settings.items():
             shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            ET.SubElement(properties, "property", name=name, value=shown)
+            ET.SubElement(properties, "property", name=name, value=xml_text(shown))
         for row in self.table.itertuples(index=False):
-            case = ET.SubElement(suite, "testcase", classname=f"xsp.{row.level}", name=str(row.key),
-                                 time=f"{_seconds(row.new_median_ns):.6f}")
+            case = ET.SubElement(suite, "testcase", classname=f"xsp.{xml_text(str(row.level))}",
+                                 name=xml_text(str(row.key)), time=f"{_seconds(row.new_median_ns):.6f}")
             if row.verdict == Verdict.REGRESSED.value:
                 failure = ET.SubElement(case, "failure", type="regression",
                                         message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
                                                 f"q={_p(row.q_value)}")
-                failure.text = _key_line(row, 200).strip()
+                failure.text = xml_text(_key_line(row, 200).strip())
             else:
                 ET.SubElement(case, "system-out").text = f"{row.verdict}: {_signed_time(row.delta_ns)}"
         suites = ET.Element("testsuites")
@@ -399,7 +404,7 @@ def _counts(table: pd.DataFrame) -> str:
 
 
 def _describe(info: dict[str, Any]) -> str:
-    parts = [str(info.get("source") or "trace")]
+    parts = [one_line(str(info.get("source") or "trace"))]
     if info.get("runs"):
         parts.append(f"{info['runs']} runs")
     if info.get("steps"):
@@ -434,7 +439,7 @@ def _judged_suffix(settings: dict[str, Any]) -> str:
 
 def _tree_line(row: Any, width: int) -> str:
     depth = int(row.depth)
-    label = ("  " * (depth - 1) + "└ " if depth else "") + _short_key(str(row.key))
+    label = ("  " * (depth - 1) + "└ " if depth else "") + one_line(_short_key(str(row.key)))
     share = f"{_share(row.explains)} of parent" if depth else ""
     tail = f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} {row.verdict:<9}"
     room = max(width - len(tail) - 3, 10)
@@ -452,7 +457,7 @@ def _key_line(row: Any, width: int) -> str:
     tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
             f"q={_p(row.q_value)}")
     room = max(width - len(tail) - 3, 10)
-    return f"  {_clip_left(str(row.key), room):<{room}} {tail}"
+    return f"  {_clip_left(one_line(str(row.key)), room):<{room}} {tail}"
 
 
 def _change_text(row: Any) -> str:
@@ -461,7 +466,7 @@ def _change_text(row: Any) -> str:
         text += f" {row.base} -> {row.new}"
     if isinstance(row.note, str):
         text += f", {row.note}"
-    return text
+    return one_line(text)
 
 
 def _present(value: Any) -> bool:
@@ -517,10 +522,6 @@ def _wrap(text: str, width: int, indent: str) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent))
-
-
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|")
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

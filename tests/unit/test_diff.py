@@ -496,3 +496,47 @@ def test_a_summary_keeps_what_ran_where_and_when_to_the_second():
     assert metadata["created_at"] == "2026-11-25T04:03:08+00:00"
     assert metadata["device"] == "cpu" and metadata["torch_version"] == "2.13.0" and metadata["steps"] == 5
     assert "platform" not in metadata and "service_name" not in metadata
+
+
+HOSTILE_NAMES = {
+    "net.a": "net.\x1b[31mred\x1b[0m\x07\x00",  # colour codes, a bell, NUL
+    "net.b": "net.b\nnext line | with `backticks` and <b>html</b>",
+    "net.c": "net.\x1b]0;pwned\x07" + "x" * 1_000_000,  # sets the terminal's title; a 1 MB name
+}
+
+
+def _hostile_run(seed: int, slower: dict[str, float] | None = None) -> xsp.Trace:
+    trace = run(seed, slower=slower)
+    spans = trace.spans
+    for plain, hostile in HOSTILE_NAMES.items():
+        spans[col.NAME] = spans[col.NAME].replace(plain, hostile)
+        spans[col.PATH] = spans[col.PATH].str.replace(f"{plain}[0]", f"{hostile}[0]", regex=False)
+    return trace
+
+
+def test_every_format_survives_names_with_control_characters_newlines_backticks_and_a_megabyte():
+    result = diff(_hostile_run(1), _hostile_run(2, slower=dict.fromkeys(LAYERS, 0.4)))
+    assert result.verdict is d.Verdict.REGRESSED
+    suites = ET.fromstring(result.to_junit())  # valid XML
+    names = [case.get("name") for case in suites.findall(".//testcase")]
+    assert any("\\x1b[31mred" in name for name in names)
+    for text in (result.to_text(), result.to_markdown()):
+        assert not any(char in text for char in "\x1b\x07\x00"), "a control character reached the output"
+    markdown = result.to_markdown()
+    assert len(markdown) <= 65_536  # a pull-request comment holds it
+    for line in markdown.splitlines():
+        if line.startswith("| "):
+            assert line.count(" | ") >= 4  # a table row stays one row
+            assert line.count("`") % 2 == 0  # every code span closed
+    assert "next line" in markdown and "\\n" in markdown  # the newline shown, not taken
+    assert max(len(line) for line in result.to_text().splitlines()) <= 80
+    document = json.loads(result.to_json())  # JSON keeps the names exactly
+    assert any(row["key"].startswith("net[0]/net.b\nnext") for row in document["rows"])
+
+
+def test_a_long_report_is_cut_to_what_a_pull_request_comment_holds():
+    from xsp.safe_text import within
+
+    lines = [f"| `key{i}` | {'x' * 500} |" for i in range(1000)]
+    kept = within(lines)
+    assert len("\n".join(kept)) <= 65_536 and "more lines cut" in kept[-1]

@@ -91,3 +91,15 @@ def test_chrome_export_names_threads_and_carries_counters(tmp_path, monkeypatch)
     assert "live tensor memory (cpu)" in counters
     assert any(e["ph"] == "i" and e["name"] == "alloc" for e in events)
     assert not any(e["ph"] == "X" and e["cat"] in ("system", "memory") for e in events)
+
+
+def test_escape_sequences_in_names_never_reach_the_terminal():
+    hostile = "model.\x1b]0;pwned\x07\x1b[2J\x00\nsecond line"
+    rows = [(1, None, "model", "step", "s", 0, 1000, {}), (2, 1, "model", "predict", "model", 0, 1000, {}),
+            (3, 2, "layer", "forward", hostile, 10, 900, {"module_type": "Evil\x1b[31m"})]
+    console = Console(width=80, record=True, color_system=None)
+    render_report(make_trace(rows), console)
+    shown = console.export_text()
+    assert not any(char in shown for char in "\x1b\x07\x00")
+    assert "\\x1b" in shown  # shown, visibly
+    assert max(len(line) for line in shown.splitlines()) <= 80

@@ -8,6 +8,7 @@ from typing import Any
 
 from xsp.cli._common import console
 from xsp.loading import load
+from xsp.safe_text import one_line
 
 
 def register(commands: Any) -> None:
@@ -33,5 +34,5 @@ def run(options: argparse.Namespace) -> int:
                   markup=False, soft_wrap=True)
     else:
         for line in recommendation_lines(table):
-            out.print(line, markup=False)
+            out.print(one_line(line), markup=False)
     return 0

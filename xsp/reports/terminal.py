@@ -15,6 +15,7 @@ from rich.text import Text
 from xsp import analysis
 from xsp import schema as col
 from xsp.reports.advice import recommendation_lines
+from xsp.safe_text import one_line
 from xsp.schema import Level
 from xsp.trace import Trace
 
@@ -37,7 +38,10 @@ def share(value: object) -> str:
 
 
 def text(value: object) -> str:
-    return "-" if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) else str(value)
+    """A cell's text: on one line, with no control character a terminal would act on."""
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    return one_line(str(value))
 
 
 def middle(value: str, limit: int) -> str:
@@ -102,7 +106,7 @@ def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, st
         table.add_column(label, justify="right" if is_number else "left", no_wrap=True, overflow="ellipsis",
                          min_width=column_width, max_width=column_width)
     for row in cells:  # Text: a name such as "[param|cuda]" is not rich markup
-        table.add_row(*(Text(value if is_number else middle(value, column_width))
+        table.add_row(*(Text(one_line(value) if is_number else middle(one_line(value), column_width))
                         for value, is_number, column_width in zip(row, numeric, widths)))
     return table
 
@@ -114,6 +118,7 @@ def _show(console: Console, frame: pd.DataFrame, title: str, columns: Sequence[t
 
 def _say(console: Console, line: str, style: str | None = None) -> None:
     """A line of prose, wrapped at the console's width with an indented continuation."""
+    line = one_line(line)  # names from the trace: no escape sequence reaches the terminal
     for part in textwrap.wrap(line, width=console.width, subsequent_indent="  ", break_on_hyphens=False) or [""]:
         console.print(Text(part, style=style or ""), no_wrap=True, overflow="ellipsis")
 
@@ -344,7 +349,7 @@ def _recommendations(trace: Trace, console: Console) -> None:
         return
     console.print("[bold]Recommendations[/bold] (most at stake first; details: xsp recommend FILE)")
     for line in recommendation_lines(table, width=min(console.width, 100)):
-        console.print(line, markup=False)
+        console.print(one_line(line), markup=False)
 
 
 def _ranks_section(trace: Trace, console: Console) -> None:
