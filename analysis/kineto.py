@@ -36,6 +36,7 @@ import gc
 import os
 import re
 import types
+import warnings
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -52,7 +53,7 @@ import pyarrow.compute as pc
 
 from xsp import schema as col
 from xsp._version import __version__
-from xsp.errors import TraceFormatError, TraceNotFoundError
+from xsp.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.fileio import gunzip_bounded
 from xsp.schema import Level, SpanKind
 from xsp.spans import build_table, new_step_state, string_array
@@ -112,8 +113,9 @@ class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     name: str = ""
     pid: Any = None
     tid: Any = None
-    ts: int | float = 0
-    dur: int | float = 0
+    ts: int | float | None = None
+    dur: int | float | None = None
+    """None where the event has none: such an event is left out, and counted."""
     args: msgspec.Raw = _NO_RAW
     """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
 
@@ -163,8 +165,8 @@ class _AnyEvent(msgspec.Struct, gc=False):
     name: str = ""
     pid: Any = None
     tid: Any = None
-    ts: int | float = 0
-    dur: int | float = 0
+    ts: int | float | None = None
+    dur: int | float | None = None
     id: Any = None
     args: msgspec.Raw = _NO_RAW
 
@@ -173,7 +175,7 @@ class _AnyEvent(msgspec.Struct, gc=False):
             return _Complete(self.cat, self.name, self.pid, self.tid, self.ts, self.dur, self.args)
         flow = {"s": _Flow, "f": _FlowEnd, "t": _FlowStep}.get(self.ph)
         if flow is not None:
-            return flow(self.cat, self.pid, self.tid, self.ts, self.id)
+            return flow(self.cat, self.pid, self.tid, self.ts or 0, self.id)
         skipped = _SKIPPED_PHASES.get(self.ph)
         return skipped(self.cat) if skipped is not None else _Unknown(self.cat, self.ph or "unphased")
 
@@ -476,6 +478,12 @@ def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, sta
 
 
 LATEST_NS: Final = 1 << 62
+IMPOSSIBLE_TIMES: Final = "impossible_times"
+MISSING_TIMES: Final = "missing_times"
+LOST: Final = {IMPOSSIBLE_TIMES: "with impossible times (not finite, a negative duration, before 1970 or after 2116)",
+               MISSING_TIMES: "without a start time or a duration"}
+"""The ``not_imported`` counts of events a trace meant to hold but that could not become spans
+(the others are phases and categories that are no span by design)."""
 """No event starts or ends later than this (year 2116) in epoch nanoseconds."""
 
 
@@ -484,13 +492,19 @@ def _plausible(events: list[Any], base_ns: int, counts: Counter[str]) -> list[An
     ``LATEST_NS``, no negative duration. The others are counted as ``impossible_times``."""
     if not events:
         return events
+    timed = [event for event in events if event.ts is not None and event.dur is not None]
+    if len(timed) < len(events):
+        counts[MISSING_TIMES] += len(events) - len(timed)
+        events = timed
+        if not events:
+            return events
     ts_ns = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)) * 1e3 + base_ns
     dur_ns = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events)) * 1e3
     with np.errstate(invalid="ignore", over="ignore"):
         fine = (ts_ns >= 0) & (dur_ns >= 0) & (ts_ns + dur_ns <= LATEST_NS)  # NaN and inf compare False
     if fine.all():
         return events
-    counts["impossible_times"] += int((~fine).sum())
+    counts[IMPOSSIBLE_TIMES] += int((~fine).sum())
     return [event for event, ok in zip(events, fine.tolist()) if ok]
 
 
@@ -605,10 +619,15 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     spans = result.spans
     present = set(spans[col.LEVEL].unique())
     levels = [level.value for level in Level if level.value in present]
+    not_imported = metadata.get("not_imported") or {}
+    lost = {f"Kineto events {what}": int(not_imported[key]) for key, what in LOST.items() if not_imported.get(key)}
     metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
                 "imported_from": str(source), "levels": levels, "hierarchy": result.diagnostics,
-                "dropped": {}, "service_name": source.name.split(".")[0],
+                "dropped": lost, "service_name": source.name.split(".")[0],
                 "device": _device_name(metadata["device_properties"])}
+    if lost:  # every command that reads the file says so, not only xsp import
+        warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
+                                 "were left out"), stacklevel=2)
     return Trace(spans=spans, metadata=metadata)
 
 

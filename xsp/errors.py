@@ -21,3 +21,7 @@ class SchemaVersionError(TraceFormatError):
 
 class TraceNotFoundError(XspError, FileNotFoundError):
     """No trace file at the given path."""
+
+
+class XspWarning(UserWarning):
+    """Something xsp could not do; the user's program carries on regardless."""

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from xsp import schema as col
 from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError
 from xsp.tree import arrow_strings
+from xsp.validation import impossible_spans
 
 _PARQUET_MAGIC = b"PAR1"
 CHECKSUM_KEY = b"xsp.checksum"
@@ -305,7 +306,12 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     expected = footer.get(CHECKSUM_KEY)
     if expected is not None and expected != _footer_checksum(raw, table.schema, footer.get(PANDAS_KEY, b"")):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
-    return spans_from_arrow(source, table), metadata
+    spans = spans_from_arrow(source, table)
+    impossible = impossible_spans(spans)
+    if impossible:
+        raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
+                               "not written by xsp as it is; not read")
+    return spans, metadata
 
 
 def _footer_checksum(metadata_json: bytes, schema: pa.Schema, pandas_json: bytes = b"") -> bytes:

@@ -71,7 +71,7 @@ def markdown_text(text: str, limit: int = MARKDOWN_NAME_CHARACTERS * 2) -> str:
 def within(lines: list[str], limit: int = PR_COMMENT_CHARACTERS) -> list[str]:
     """``lines`` cut so that joined with newlines they hold at most ``limit`` characters, the
     cut said on a last line."""
-    total, kept = 0, []
+    total, kept = 0, list[str]()
     for line in lines:
         if total + len(line) + 1 > limit - 200:
             kept.append(f"\n_… {len(lines) - len(kept)} more lines cut: the report is longer than a pull-request "

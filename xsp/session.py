@@ -34,6 +34,7 @@ from xsp.distributed import (
     run_id,
     session_trace_id,
 )
+from xsp.errors import XspWarning
 from xsp.export.budget import span_budget_env_problem, span_budget_from_env
 from xsp.export.otlp import (
     ExportReport,
@@ -74,10 +75,6 @@ WINDOW_EVENTS = 50_000
 takes memory in proportion to its records, so this bounds the session's memory."""
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
-
-
-class XspWarning(UserWarning):
-    """Something xsp could not do; the user's program carries on regardless."""
 
 
 _pending_exports: list[OtlpExport] = []

@@ -199,11 +199,12 @@ def test_impossible_kineto_times_are_dropped_and_counted(tmp_path, capsys):
     events = [good, {**good, "ts": 1e300}, {**good, "dur": -5}, {**good, "ts": 200.0, "dur": 1e300},
               {**good, "ts": -1e300}, {**good, "ts": 300.0}]
     path = _kineto(tmp_path, events)
-    trace = xsp.load(path)
+    with pytest.warns(xsp.XspWarning, match="4 Kineto events with impossible times"):
+        trace = xsp.load(path)
     assert sorted(trace.spans[col.START_NS].tolist()) == [100_000, 300_000]
     assert trace.metadata["not_imported"]["impossible_times"] == 4
     assert main(["import", str(path), "-o", str(tmp_path / "k.xsp.parquet")]) == 0
-    assert "4 events with impossible times" in capsys.readouterr().err
+    assert "4 Kineto events with impossible times" in capsys.readouterr().err
 
 
 def test_a_gzip_bomb_is_refused_without_taking_the_memory(tmp_path):
@@ -290,3 +291,59 @@ def test_json_nested_too_deeply_is_one_line(tmp_path):
         done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "nested too deeply" in done.stderr, done.stderr
+
+
+
+def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+              for i in range(48)]
+    for i in range(7):
+        del events[5 * i]["dur" if i % 2 else "ts"]
+    path = _kineto(tmp_path, events)
+    with pytest.warns(xsp.XspWarning, match="7 Kineto events without a start time or a duration were left out"):
+        trace = xsp.load(path)
+    assert len(trace.spans) == 41 and trace.metadata["dropped"] == {
+        "Kineto events without a start time or a duration": 7}
+    for argv in (["report", str(path)], ["summary", str(path), "-o", str(tmp_path / "s.xsp.json")],
+                 ["export", str(path), "-o", str(tmp_path / "e.json")], ["recommend", str(path)],
+                 ["diff", str(path), str(path)], ["import", str(path), "-o", str(tmp_path / "i.xsp.parquet")]):
+        done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (argv, done.stderr)
+        assert "warning: " in done.stderr and "7 Kineto events without a start time" in done.stderr, argv
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("negative", "end before they start"),
+    ("far", "have times before 1970 or after 2116"),
+    ("duration", "have a duration that is not their end minus their start"),
+    ("duplicate", "share their span id with another"),
+    ("self", "are their own parent"),
+    ("cycle", "are their own ancestor"),
+])
+def test_a_trace_with_impossible_spans_is_refused_and_says_what_is_wrong(damage, said, trace_file, tmp_path):
+    from xsp.fileio import write_trace
+
+    trace = xsp.load(trace_file)
+    spans = trace.spans.copy()
+    if damage == "negative":
+        spans.loc[1, col.END_NS] = spans.loc[1, col.START_NS] - 1_000
+        spans.loc[1, col.DURATION_NS] = -1_000
+    elif damage == "far":
+        spans.loc[1, col.END_NS] = 2**63 - 1
+        spans.loc[1, col.DURATION_NS] = spans.loc[1, col.END_NS] - spans.loc[1, col.START_NS]
+    elif damage == "duration":
+        spans.loc[1, col.DURATION_NS] = 7
+    elif damage == "duplicate":
+        spans.loc[2, col.SPAN_ID] = spans.loc[1, col.SPAN_ID]
+    elif damage == "self":
+        spans.loc[1, col.PARENT_ID] = spans.loc[1, col.SPAN_ID]
+    else:  # two spans each the other's parent
+        spans.loc[1, col.PARENT_ID] = spans.loc[2, col.SPAN_ID]
+        spans.loc[2, col.PARENT_ID] = spans.loc[1, col.SPAN_ID]
+    forged = tmp_path / "forged.xsp.parquet"
+    write_trace(forged, spans, trace.metadata)
+    with pytest.raises(xsp.TraceFormatError, match=said):
+        xsp.load(forged)
+    done = subprocess.run([sys.executable, "-m", "xsp", "report", str(forged)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr

@@ -34,7 +34,7 @@ def error_console() -> Console:
 @contextmanager
 def xsp_warnings_to_stderr() -> Iterator[list[str]]:
     """Show each xsp warning once, as one plain line on stderr, and collect them."""
-    from xsp.session import XspWarning
+    from xsp.errors import XspWarning
 
     seen: list[str] = []
     original = warnings.showwarning

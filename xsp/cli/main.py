@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from xsp._version import __version__
 from xsp.cli import diff, doctor, export, import_, push, recommend, recover, report, run, summary
-from xsp.cli._common import CliError, error_console
+from xsp.cli._common import CliError, error_console, xsp_warnings_to_stderr
 from xsp.cli.run import ScriptInterrupted
 from xsp.errors import XspError
 
@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # argparse already printed its one-line usage error
         return int(stop.code or 0)
     try:
-        return int(options.handler(options))
+        with xsp_warnings_to_stderr():  # what went wrong without stopping the command: one line each
+            return int(options.handler(options))
     except (CliError, XspError, FileNotFoundError, ValueError) as exc:
         error_console().print(f"xsp: error: {exc}", markup=False, highlight=False)
         return 2
