@@ -865,7 +865,7 @@ class _WindowWorker:
         assert self.target is not None and self.exporter is not None
         return start_export(spans, metadata, self.target, self.session.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
-                            span_budget=self.session.span_budget)
+                            span_budget=self.session.span_budget, deadline_s=EXIT_WAIT_S)
 
 
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,

@@ -89,18 +89,38 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    def __init__(self) -> None:
+    """An OTLP/HTTP receiver; ``max_body_bytes`` answers 413 to larger requests, ``busy`` answers
+    the first requests 429 with each ``Retry-After`` (seconds) in turn."""
+
+    def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None) -> None:
         self.sink = sink = Sink()
+        self.statuses: list[int] = []
+        statuses, refusals = self.statuses, list(busy or [])
 
         class Handler(BaseHTTPRequestHandler):
+            def refuse(self, status: int, retry_after: float | None = None) -> None:
+                statuses.append(status)
+                self.send_response(status)
+                if retry_after is not None:
+                    self.send_header("Retry-After", f"{retry_after:g}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if max_body_bytes is not None and len(body) > max_body_bytes:
+                    self.refuse(413)
+                    return
+                if refusals:
+                    self.refuse(429, refusals.pop(0))
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path != "/v1/traces":
                     self.send_response(404)
                     self.end_headers()
                     return
+                statuses.append(200)
                 request = pb.ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 sink.take(request)

@@ -266,3 +266,40 @@ def test_push_without_a_reachable_collector_is_one_line(tmp_path, capsys, monkey
     assert "no collector to send to" in capsys.readouterr().err
     assert main(["push", str(path), "--otlp", f"http://127.0.0.1:{closed_port()}"]) == 2
     assert "unreachable" in capsys.readouterr().err
+
+
+def _many_spans_session(receiver: HttpReceiver, tmp_path):
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(30)])
+    with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint,
+                   otlp_protocol="http/protobuf") as session, torch.no_grad():
+        for _ in range(20):
+            model(torch.randn(2, 8))
+    report = session.export.wait(60)
+    return session, report
+
+
+def test_batches_a_collector_finds_too_large_are_split_until_they_pass(tmp_path):
+    with HttpReceiver(max_body_bytes=20_000) as receiver:  # a 512-span batch is ~60 KB
+        session, report = _many_spans_session(receiver, tmp_path)
+    spans = xsp.load(tmp_path / "run.xsp.parquet").spans
+    assert report.error is None and report.exported == report.submitted == len(spans)
+    assert report.splits >= 1 and 413 in receiver.statuses
+    assert {span.span_id for span in receiver.sink.spans} == set(spans[col.SPAN_ID])
+
+
+def test_a_collector_asking_to_wait_is_waited_for_within_the_budget(tmp_path):
+    with HttpReceiver(busy=[6.0]) as receiver:  # longer than the SDK waits on its own (5 s), within the exit budget
+        session, report = _many_spans_session(receiver, tmp_path)
+    spans = xsp.load(tmp_path / "run.xsp.parquet").spans
+    assert report.error is None and report.exported == len(spans)
+    assert receiver.statuses[0] == 429 and report.retries == 1 and len(receiver.sink.spans) == len(spans)
+
+
+def test_a_collector_that_asks_for_longer_than_the_budget_fails_fast_and_the_file_keeps_all(tmp_path):
+    with HttpReceiver(busy=[600.0]) as receiver:
+        began = time.monotonic()
+        session, report = _many_spans_session(receiver, tmp_path)
+        waited = time.monotonic() - began
+    assert report.error is not None and "past the time this export may take" in report.error
+    assert report.failed == report.submitted and waited < 120  # never the ten minutes asked for
+    assert len(xsp.load(tmp_path / "run.xsp.parquet").spans) == report.submitted

@@ -42,6 +42,11 @@ from xsp.tree import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""
+RETRY_BUDGET_S = 30.0
+"""How long one export keeps retrying what a collector refused for now (429, 503), or splitting
+what it found too large (413), when the caller sets no deadline."""
+TOO_LARGE_SIGNS = ("413", "too large", "larger than max", "max_request_size", "RESOURCE_EXHAUSTED")
+BUSY_STATUSES = frozenset({429, 502, 503, 504})
 PROBE_TIMEOUT_S = 1.0
 BATCH_SIZE = 512
 SCOPE_NAME = "xsp"
@@ -108,8 +113,41 @@ def probe(target: OtlpTarget, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
         return f"{host}:{port} is unreachable ({exc.strerror or exc})"
 
 
+@dataclass
+class CollectorAnswers:
+    """What the collector last answered over HTTP (a response hook of the exporter's session):
+    its status, and how long it asked to be left alone (``Retry-After``)."""
+
+    status: int | None = None
+    retry_after_s: float | None = None
+
+    def heard(self, response: Any, *_: Any, **__: Any) -> None:
+        self.status = response.status_code
+        self.retry_after_s = _retry_after_s(response.headers.get("Retry-After"))
+
+    def forget(self) -> None:
+        self.status = self.retry_after_s = None
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delay-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
+        except (TypeError, ValueError):
+            return None
+    return max(seconds, 0.0) if seconds == seconds and seconds != float("inf") else None
+
+
 def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -> SpanExporter:
-    """The SDK's OTLP exporter for ``target``; other OTEL_* settings are read by it."""
+    """The SDK's OTLP exporter for ``target``; other OTEL_* settings are read by it. Over HTTP
+    it carries ``xsp_answers`` (:class:`CollectorAnswers`), which :func:`export_batch` reads."""
     timeout: dict[str, float] = {}
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
         timeout["timeout"] = DEFAULT_TIMEOUT_S
@@ -118,9 +156,15 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
 
         url = target.endpoint if "://" in target.endpoint else f"http://{target.endpoint}"
         return Grpc(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
+    import requests
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-    return Http(endpoint=target.endpoint, **timeout)  # type: ignore[call-overload,no-any-return]
+    answers = CollectorAnswers()
+    session = requests.Session()
+    session.hooks["response"].append(answers.heard)
+    exporter = Http(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
+    exporter.xsp_answers = answers
+    return exporter  # type: ignore[no-any-return]
 
 
 # building SDK spans from the table ----------------------------------------------------
@@ -279,10 +323,21 @@ class ExportReport:
     aggregates: int = 0
     dropped_by_budget: int = 0
     """Spans not sent at all: a trace over the budget even with its deepest levels folded."""
+    splits: int = 0
+    """Batches the collector found too large (413), sent again in halves."""
+    retries: int = 0
+    """Batches the collector refused for now (429, 503), sent again after the wait it asked for."""
+    deadline: float | None = field(default=None, repr=False)
+    """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
+    heard: list[str] = field(default_factory=list, repr=False)
+    """What the SDK said during the batch being sent (cleared before each)."""
 
     def as_metadata(self) -> dict[str, Any]:
         """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
-        return {**asdict(self), "state": "done" if self.done else "running"}
+        record = asdict(self)
+        record.pop("deadline")
+        record.pop("heard")
+        return {**record, "state": "done" if self.done else "running"}
 
     def summary(self) -> str:
         """One line: what was sent, and why the rest was not."""
@@ -309,8 +364,10 @@ class _SdkMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.thread != self.thread:
             return True
+        message = record.getMessage().splitlines()[0][:300]
+        self.report.heard.append(message)
         if len(self.report.sdk_messages) < 20:
-            self.report.sdk_messages.append(record.getMessage().splitlines()[0][:300])
+            self.report.sdk_messages.append(message)
         return False
 
 
@@ -330,28 +387,82 @@ def sdk_messages_into(report: ExportReport) -> Iterator[None]:
 
 
 def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: ExportReport) -> None:
-    """Send one batch; after the first failed batch the rest count as failed unsent."""
+    """Send one batch; after the first batch that fails for good the rest count as failed unsent.
+
+    A batch the collector finds too large (HTTP 413, a gRPC message over its limit) is sent
+    again in halves, down to single spans; one it refuses for now (429, 502-504) is sent again
+    after the ``Retry-After`` it asks for (else 1, 2, 4 ... s), while ``report.deadline`` allows.
+    """
     report.submitted += len(batch)
-    if report.error is None:
-        try:
-            result = exporter.export(batch)
-        except Exception as exc:  # exporters should not raise; a broken one must not escape
-            result, report.error = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
-        if result is SpanExportResult.SUCCESS:
-            report.exported += len(batch)
-            return
-        report.error = report.error or "the collector rejected or did not acknowledge a batch"
-    report.failed += len(batch)
+    if report.deadline is None:
+        report.deadline = time.monotonic() + RETRY_BUDGET_S
+    waiting = [batch]
+    backoff_s = 1.0
+    while waiting and report.error is None:
+        part = waiting.pop()
+        outcome, pause_s = _send(part, exporter, report, backoff_s)
+        if outcome == "sent":
+            report.exported += len(part)
+            backoff_s = 1.0
+        elif outcome == "too large" and len(part) > 1:
+            report.splits += 1
+            half = len(part) // 2
+            waiting += [part[half:], part[:half]]  # the first half next
+        elif outcome == "busy" and time.monotonic() + pause_s < report.deadline:
+            report.retries += 1
+            time.sleep(pause_s)
+            backoff_s = min(backoff_s * 2, 8.0)
+            waiting.append(part)
+        else:
+            report.error = report.error or _failure_text(outcome, report)
+            waiting.append(part)
+    report.failed += sum(len(part) for part in waiting)
+
+
+def _send(part: list[ReadableSpan], exporter: SpanExporter, report: ExportReport,
+          backoff_s: float) -> tuple[str, float]:
+    """``(outcome, pause)``: "sent", "too large", "busy" (with the pause asked for) or "failed"."""
+    answers: CollectorAnswers | None = getattr(exporter, "xsp_answers", None)
+    if answers is not None:
+        answers.forget()
+    report.heard.clear()
+    try:
+        result = exporter.export(part)
+    except Exception as exc:  # exporters should not raise; a broken one must not escape
+        report.error = f"{type(exc).__name__}: {exc}"
+        return "failed", 0.0
+    if result is SpanExportResult.SUCCESS:
+        return "sent", 0.0
+    status = answers.status if answers is not None else None
+    said = " ".join(report.heard)
+    if status == 413 or (status is None and any(sign in said for sign in TOO_LARGE_SIGNS)):
+        return "too large", 0.0
+    if status in BUSY_STATUSES:
+        asked = answers.retry_after_s if answers is not None else None
+        return "busy", asked if asked is not None else backoff_s
+    return "failed", 0.0
+
+
+def _failure_text(outcome: str, report: ExportReport) -> str:
+    if outcome == "too large":
+        return "the collector refused a single span as too large"
+    if outcome == "busy":
+        return "the collector kept refusing for now (429/503) past the time this export may take"
+    return "the collector rejected or did not acknowledge a batch"
 
 
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
-                 session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET) -> ExportReport:
+                 session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET,
+                 deadline_s: float | None = None) -> ExportReport:
     """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly: spans
     that could not even be built count as failed.
 
     A trace (a step) of more than ``span_budget`` spans is sent with its deepest levels folded
     into aggregate spans (:mod:`xsp.export.budget`; 0: no budget); the report counts them.
+    Batches the collector refuses are split or retried (see :func:`export_batch`) for at most
+    ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`).
     """
+    report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
     submitted_before = report.submitted
     try:
         folded = within_budget(spans, span_budget)
@@ -397,7 +508,7 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
                  service_name: str, exporter: SpanExporter | None = None,
                  report: ExportReport | None = None, session: tuple[str, int] | None = None,
                  on_done: Callable[[ExportReport], None] | None = None,
-                 span_budget: int = DEFAULT_SPAN_BUDGET) -> OtlpExport:
+                 span_budget: int = DEFAULT_SPAN_BUDGET, deadline_s: float | None = None) -> OtlpExport:
     """Export ``spans`` to ``target`` in a daemon thread and return at once.
 
     ``report`` continues the counts of earlier exports of the same session; ``on_done`` is
@@ -410,7 +521,7 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         began = time.perf_counter()
         try:
             sink = exporter or make_exporter(target)
-            export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget)
+            export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget, deadline_s)
             with sdk_messages_into(report):
                 sink.shutdown()
         except Exception as exc:  # the exporter could not even be made
