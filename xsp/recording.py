@@ -542,6 +542,22 @@ class Window:
     """Threads whose records were left for a later window (inside a module call or a step):
     records made elsewhere (CUPTI's) on those threads belong to a later window too."""
 
+    @classmethod
+    def merged(cls, windows: list[Window]) -> Window:
+        """Consecutive windows as one (a thread may then have several buffers, in order)."""
+        dropped: Counter[str] = Counter()
+        for window in windows:
+            dropped.update(window.dropped)
+        numbered = [window.step_numbers for window in windows if window.step_numbers is not None]
+        last = windows[-1]
+        return cls(buffers=[buffer for window in windows for buffer in window.buffers], final=last.final,
+                   dropped=dropped, external_ids=any(window.external_ids for window in windows),
+                   model_names={name: value for window in windows for name, value in window.model_names.items()},
+                   step_numbers=[number for numbers in numbered for number in numbers] if numbered else None,
+                   samples=[sample for window in windows for sample in window.samples],
+                   ended_thread_ids=[thread for window in windows for thread in window.ended_thread_ids],
+                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids)
+
     @property
     def records(self) -> int:
         """Records of every kind in the window."""

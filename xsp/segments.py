@@ -368,7 +368,7 @@ def _recovered(folders: list[Path]) -> tuple[list[pa.Table], dict[str, Any]]:
     metadata["interrupted"] = "killed"
     metadata.setdefault("warnings", []).append(
         f"recovered from {len(tables) - 1} closed windows: the process ended before the session did; "
-        "spans of its last second or so are missing")
+        "the steps of its last window (up to about a second before the kill) are missing")
     return tables, metadata
 
 

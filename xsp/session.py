@@ -678,6 +678,7 @@ class Session:
                 "warmup_steps": self._step_actions[StepAction.WARMUP],
                 "skipped_steps": self._step_actions[StepAction.SKIP]},
             "streamed_windows": 0 if self._segments is None else self._segments.count,
+            "closed_windows": 0 if self._windows is None else self._windows.closed_windows,
             "helper_windows": self._helper_windows,
             "signals": list(self._signals.received),
             "warnings": list(self.warnings),
@@ -789,6 +790,10 @@ class _WindowWorker:
         """The session's records kept when the last window closed."""
         self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
         """Windows are interpreted in forked helper processes (until one fails)."""
+        self.closed_windows = 0
+        """Windows handed over while the session ran (several waiting are interpreted as one)."""
+        self.stopping = False
+        """The session's end was met while taking the windows waiting: none comes after them."""
         self.warmed = False
         """The first window was interpreted here: what helpers run has set up its C++ statics.
 
@@ -809,6 +814,7 @@ class _WindowWorker:
             self.closed_ns, self.closed_events = now_ns(), recording.kept_events
             window = recording.take_window()
             if window.buffers:
+                self.closed_windows += 1
                 self.queue.put(window)
         finally:
             self.closing.release()
@@ -821,7 +827,7 @@ class _WindowWorker:
     def _run(self) -> None:
         resource = None if self.exporter is None else resource_for(self.session.service_name, {
             **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
-        while (window := self.queue.get()) is not None:
+        while (window := self._next_window()) is not None:
             self.session._prepare(window)
             if self._interpreted_in_helper(window):
                 continue
@@ -832,6 +838,27 @@ class _WindowWorker:
                 continue
             if self.exporter is not None and resource is not None:
                 export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
+
+    def _next_window(self) -> Window | None:
+        """The next window to interpret: every window waiting, as one. On a machine too busy
+        for the windows to keep pace, the backlog (what a kill would lose) then stays one window
+        deep, instead of growing with the run."""
+        if self.stopping:
+            return None
+        window = self.queue.get()
+        if window is None:
+            return None
+        waiting = [window]
+        while True:
+            try:
+                later = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if later is None:
+                self.stopping = True
+                break
+            waiting.append(later)
+        return window if len(waiting) == 1 else Window.merged(waiting)
 
     def _interpreted_in_helper(self, window: Window) -> bool:
         """Interpret ``window`` in a forked helper process; False when it must be done here."""

@@ -469,7 +469,8 @@ def test_a_streamed_session_interprets_cuda_windows_in_helpers_with_every_kernel
     spans = trace.spans
     assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 6 * 5
     assert trace.metadata["hierarchy"]["external_linked"] == 6 * 5
-    assert session.trace.metadata["helper_windows"] >= 3  # the CUDA levels no longer keep windows in-process
+    meta = session.trace.metadata
+    assert meta["helper_windows"] >= 1 and meta["closed_windows"] >= 3  # the CUDA levels no longer keep windows in-process
 
 
 def test_a_failing_layer_pops_the_id_it_pushed_from_c(c_path):
