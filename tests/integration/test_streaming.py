@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -229,3 +230,27 @@ def test_a_thread_per_request_server_leaves_no_buffer_per_thread_behind(tmp_path
     threads = session.trace.metadata["threads"]
     assert "request" in threads.values() and len(threads) >= 2
     assert not session.trace.metadata["dropped"]
+
+
+def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_window(tmp_path, short_windows,
+                                                                                 monkeypatch):
+    """On a machine too busy for the windows to keep pace, a kill lost more and more of the run;
+    windows waiting now go together, so what waits stays about one window."""
+    prepare = xsp.session.Session._prepare
+    slow_once = threading.Event()
+
+    def slow_first(self, window):
+        if not slow_once.is_set():
+            slow_once.set()
+            time.sleep(1.0)  # the worker falls behind while the loop closes windows
+        prepare(self, window)
+
+    monkeypatch.setattr(xsp.session.Session, "_prepare", slow_first)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        for _ in range(30):
+            model(torch.randn(2, 8))
+            time.sleep(0.05)
+    meta = session.trace.metadata
+    assert meta["closed_windows"] >= 20 and meta["windows"] <= meta["closed_windows"] - 10
+    assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(30))
