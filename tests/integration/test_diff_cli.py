@@ -110,7 +110,7 @@ def test_a_uniform_slowdown_fails_the_check(tmp_path):
     rows = {row["key"]: row for row in document["rows"]}
     model_row = rows["model[0]"]
     assert model_row["verdict"] == "regressed" and model_row["ratio"] > 1.2
-    linears = [rows[f"model[0]/model.{i}[0]"] for i in (0, 2, 4, 6, 8)]  # the ReLUs move less than --min-delta
+    linears = [rows[f"model[0]/model.{i}[0]"] for i in (0, 2, 4, 6)]  # the 384x384 layers: the rest move little
     assert all(row["verdict"] == "regressed" for row in linears), [row["ratio"] for row in linears]
     assert document["settings"]["judged"] == "raw times"  # one machine: its speed is the same in both runs
     text = xsp_cli("diff", str(base), str(new), cwd=tmp_path).stdout
