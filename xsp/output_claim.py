@@ -41,6 +41,8 @@ def numbered(output: Path, number: int) -> Path:
 class Claim:
     """The name a session writes, and the claim it holds on it (None where none could be made)."""
 
+    requested: Path
+    """The name the session was given."""
     path: Path
     writer: Path | None
     other_pid: int | None = None
@@ -108,9 +110,9 @@ def claim(output: Path) -> Claim:
         for _ in range(3):  # a dead holder's claim is removed, then taken
             try:
                 if _take(writer):
-                    return Claim(path, writer, other)
+                    return Claim(output, path, writer, other)
             except OSError:
-                return Claim(output, None)
+                return Claim(output, output, None)
             holder = _holder(writer)
             if holder is None and _age_s(writer) < PARTIAL_CLAIM_S:  # being written this moment
                 break
@@ -122,5 +124,5 @@ def claim(output: Path) -> Claim:
             except FileNotFoundError:
                 pass
             except OSError:
-                return Claim(output, None)
-    return Claim(output, None)
+                return Claim(output, output, None)
+    return Claim(output, output, None)

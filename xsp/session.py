@@ -659,7 +659,10 @@ class Session:
             # the process group was set up inside the block, without a launcher's variables: the file
             # is still this rank's own (its spans take their rank from the metadata when loaded)
             self.rank = found
-            self.output = rank_path(self.output, found.rank)
+            requested = self._output_claim.requested if self._output_claim is not None else self.output
+            self._release_output()  # the name asked for was taken as a whole: this rank's own is claimed now
+            self.output = rank_path(requested, found.rank)
+            self._claim_output()
         return {
             **self._described(self._clock.remeasured()),
             "tracer_details": self._tracer_details(),

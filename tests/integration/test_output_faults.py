@@ -267,18 +267,18 @@ def test_a_link_to_a_pipe_such_as_dev_stdout_is_still_written(trace_file, tmp_pa
 
 
 def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
-    import resource
-
     zeros = tmp_path / "zeros.json"
     with zeros.open("wb") as handle:
         handle.truncate(4 << 30)  # 4 GiB of zeros, sparse: nothing on disk
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run([sys.executable, "-m", "xsp", "import", str(zeros), "-o", str(tmp_path / "o.xsp.parquet")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2
-    assert "is not valid Kineto JSON: a trace begins with '{'" in done.stderr and "Traceback" not in done.stderr
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    assert max(peak_kib, before) < 2 << 20  # far from the 4 GiB it would take to read it whole
+    measured = ("import resource, subprocess, sys; "
+                "done = subprocess.run(sys.argv[1:], capture_output=True, text=True); print(done.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                "print(done.stderr, end='')")
+    done = subprocess.run([sys.executable, "-c", measured, sys.executable, "-m", "xsp", "import", str(zeros), "-o",
+                           str(tmp_path / "o.xsp.parquet")], capture_output=True, text=True, timeout=300)
+    status, peak_kib, stderr = done.stdout.split("\n", 2)
+    assert int(status) == 2
+    assert "is not valid Kineto JSON: a trace begins with '{'" in stderr and "Traceback" not in stderr
+    assert int(peak_kib) < 2 << 20  # far from the 4 GiB it would take to read it whole
 
 
 def test_json_nested_too_deeply_is_one_line(tmp_path):
