@@ -271,7 +271,8 @@ def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
     with zeros.open("wb") as handle:
         handle.truncate(4 << 30)  # 4 GiB of zeros, sparse: nothing on disk
     measured = ("import resource, subprocess, sys; "
-                "done = subprocess.run(sys.argv[1:], capture_output=True, text=True); print(done.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                "done = subprocess.run(sys.argv[1:], capture_output=True, text=True); print(done.returncode); "
+                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
                 "print(done.stderr, end='')")
     done = subprocess.run([sys.executable, "-c", measured, sys.executable, "-m", "xsp", "import", str(zeros), "-o",
                            str(tmp_path / "o.xsp.parquet")], capture_output=True, text=True, timeout=300)
