@@ -148,8 +148,22 @@ def _skipped_phase(code: str) -> type[_Skipped]:
     return types.new_class(f"_Skipped{ord(code)}", (_Skipped,), {"tag": code})
 
 
-_SKIPPED_PHASES = {code: _skipped_phase(code) for code in "BEiICbneMPNODVvRc()="}
-_QUIET_PHASES = frozenset({_FlowEnd, _Flow, _FlowStep, _SKIPPED_PHASES["M"]})
+class _Named(msgspec.Struct, gc=False):
+    name: str = ""
+
+
+class _Metadata(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    """A metadata event: a thread's name is kept (``thread_name``), the rest only counted."""
+
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    args: _Named = msgspec.field(default_factory=_Named)
+
+
+_SKIPPED_PHASES = {code: _skipped_phase(code) for code in "BEiICbnePNODVvRc()="}
+_QUIET_PHASES = frozenset({_FlowEnd, _Flow, _FlowStep, _Metadata})
 """Phases read but not worth reporting as ignored: flows and metadata."""
 
 
@@ -176,6 +190,9 @@ class _AnyEvent(msgspec.Struct, gc=False):
         flow = {"s": _Flow, "f": _FlowEnd, "t": _FlowStep}.get(self.ph)
         if flow is not None:
             return flow(self.cat, self.pid, self.tid, self.ts or 0, self.id)
+        if self.ph == "M":
+            name = msgspec.json.decode(self.args, type=_Named) if self.args else _Named()
+            return _Metadata(self.cat, self.name, self.pid, self.tid, name)
         skipped = _SKIPPED_PHASES.get(self.ph)
         return skipped(self.cat) if skipped is not None else _Unknown(self.cat, self.ph or "unphased")
 
@@ -186,7 +203,7 @@ class _Unknown(_Skipped, tag=""):
     phase: str = ""
 
 
-_EVENT_TYPES = (_Complete, _Flow, _FlowEnd, _FlowStep, *_SKIPPED_PHASES.values())
+_EVENT_TYPES = (_Complete, _Flow, _FlowEnd, _FlowStep, _Metadata, *_SKIPPED_PHASES.values())
 _Event: Any = Union[_EVENT_TYPES]  # noqa: UP007 - a union built from a tuple, which `|` cannot spell
 
 
@@ -413,6 +430,17 @@ def _complete_events(events: list[Any], counts: Counter[str]) -> list[_Complete]
     return kept
 
 
+def _thread_names(events: list[Any]) -> dict[str, str]:
+    """Host threads' names (``thread_name`` metadata events), by thread id."""
+    names = {}
+    for event in events:
+        if type(event) is _Metadata and event.name == "thread_name" and event.args.name:
+            thread = _int_or_none(event.tid)
+            if thread is not None:
+                names[str(thread)] = event.args.name
+    return names
+
+
 def _flow_correlations(events: list[Any]) -> dict[tuple[Any, Any, int], int]:
     """``ac2g`` flow ends, by (pid, tid, ts in ns): the correlation id a flow carries."""
     flows = {}
@@ -584,6 +612,7 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.SEQUENCE_NUMBER: _int_column([a.sequence for a in args]),
         col.ATTRIBUTES: _raw_strings(raw_args),
     })
+    host_threads = set(thread_ids.dropna().astype("int64").tolist())
     metadata = {
         "source": "kineto",
         "kineto": {
@@ -597,6 +626,8 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         "world_size": decoded.distributedInfo.get("world_size"),
         "distributed": decoded.distributedInfo,
         "not_imported": dict(counts),
+        "threads": {thread: name for thread, name in _thread_names(decoded.traceEvents).items()
+                    if int(thread) in host_threads},
     }
     return rows, metadata
 

@@ -35,7 +35,7 @@ import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import pandas as pd
 
@@ -204,6 +204,26 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operat
     return (pd.DataFrame(rows) if rows else pd.DataFrame()), facts
 
 
+THREAD_ROLES: Final = (("gloo:", "gloo worker"), ("nccl:", "NCCL"), ("autograd::engine", "autograd engine"),
+                       ("c10d::", "c10d"))
+"""What a thread that recorded no module call is named after: the prefix most of its operators have."""
+
+
+def unmarked_thread_names(rows: pd.DataFrame) -> dict[int, str]:
+    """Names for the threads known only by the profiler's number (negated ids): after what most
+    of their operators are (``gloo worker (profiler thread 2)``), else the number alone."""
+    threads = rows[col.THREAD_ID].to_numpy()
+    names = rows[col.NAME].astype(str).to_numpy()
+    found: dict[int, str] = {}
+    for thread in sorted({int(t) for t in threads.tolist() if t is not None and t == t and int(t) < 0}):
+        mine = names[threads == thread]
+        counts = {role: sum(1 for name in mine.tolist() if name.startswith(prefix)) for prefix, role in THREAD_ROLES}
+        role, count = max(counts.items(), key=lambda item: item[1])
+        label = f"profiler thread {-thread}"
+        found[thread] = f"{role} ({label})" if count and count * 4 >= len(mine) else label
+    return found
+
+
 def profiler_conflict() -> str | None:
     """Why PyTorch's profiler cannot be started here, or None."""
     try:
@@ -285,6 +305,9 @@ class OperatorTracer:
         events, self._events = self._events, []
         rows, self._facts = operator_rows(events, self._brackets, operators=self.records_operators,
                                           memory=self._memory)
+        if self._recording is not None and len(rows):
+            for thread, name in unmarked_thread_names(rows).items():
+                self._recording.ended_threads.setdefault(thread, name)
         return rows
 
 

@@ -73,6 +73,15 @@ class Trace:
         metadata = self.metadata.get("ranks", {}).get(str(rank), self.metadata)
         return Trace(spans=spans, metadata=metadata)
 
+    def thread_names(self) -> dict[tuple[int | None, int], str]:
+        """Each recorded thread's name, by ``(rank, thread_id)`` (rank None for one process):
+        as Python named it, as an imported profiler trace named it, or, for a thread only
+        PyTorch's profiler saw, after what it ran (``gloo worker (profiler thread 2)``)."""
+        ranks = self.metadata.get("ranks") or {}
+        per_rank = ({int(rank): meta.get("threads") or {} for rank, meta in ranks.items()} if ranks
+                    else {None: self.metadata.get("threads") or {}})
+        return {(rank, int(thread)): str(name) for rank, names in per_rank.items() for thread, name in names.items()}
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the canonical ``.xsp.parquet`` file."""
         if self._spans is None and self.source is not None:  # rewrite from the file, a row group at a time

@@ -103,6 +103,15 @@ def test_metadata_has_rank_devices_and_what_was_not_imported(traces):
     assert traces["a100_nccl_rank0"].metadata["rank"] == 0
 
 
+def test_host_threads_keep_their_names(traces):
+    trace = traces["a100_nccl_rank0"]
+    names = trace.thread_names()
+    assert names[(None, 2919752)] == "thread 2919752 (pt_autograd_0)"
+    assert names[(None, 2910249)] == "thread 2910249 (pt_main_thread)"
+    host = set(trace.spans[col.THREAD_ID].dropna().astype(int))
+    assert {thread for _, thread in names} <= host  # the streams' names are not threads'
+
+
 def test_cpu_only_trace_has_no_gpu_spans(traces):
     spans = traces["cpu_only_rank34"].spans
     assert len(spans) == 15 and set(spans[col.LEVEL]) <= {"model", "operator"}

@@ -11,6 +11,7 @@ from rich.console import Console
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
+from xsp import schema as col
 from xsp.export.chrome import chrome_events
 from xsp.reports.terminal import middle, render_report
 
@@ -103,3 +104,56 @@ def test_escape_sequences_in_names_never_reach_the_terminal():
     assert not any(char in shown for char in "\x1b\x07\x00")
     assert "\\x1b" in shown  # shown, visibly
     assert max(len(line) for line in shown.splitlines()) <= 80
+
+
+def two_rank_trace():
+    """Rank 0 and rank 1, each a step with a forward on its main thread and a gloo worker's
+    all-reduce (a thread only the profiler saw), and a kernel on rank 1's GPU."""
+    rows = []
+    for rank in (0, 1):
+        base = 10 * rank
+        rows += [(base + 1, None, "model", "step", "train_step", 0, 1000, {col.RANK: rank, col.STEP: 0}),
+                 (base + 2, base + 1, "layer", "forward", "model.fc", 10, 400, {col.RANK: rank}),
+                 (base + 3, None, "operator", "operator", "gloo:all_reduce", 500, 900,
+                  {col.RANK: rank, col.THREAD_ID: -2})]
+    rows.append((30, None, "kernel", "kernel", "k", 100, 200, {col.RANK: 1}))
+    metadata = {"service_name": "job", "ranks": {
+        str(rank): {"pid": 4000 + rank, "service_name": "job", "threads": {"1": "MainThread",
+                                                                            "-2": "gloo worker (profiler thread 2)"}}
+        for rank in (0, 1)}}
+    return make_trace(rows, metadata)
+
+
+def test_chrome_export_gives_each_rank_its_own_processes_and_keeps_thread_names():
+    events = json.loads(json.dumps(chrome_events(two_rank_trace())))["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {4000: "job rank 0 (4000)", 4001: "job rank 1 (4001)", "rank 1 GPU 0": "rank 1 GPU 0"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans if e["name"] == "model.fc"} == {4000, 4001}
+    assert [e["pid"] for e in spans if e["name"] == "k"] == ["rank 1 GPU 0"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads[(4000, 1)] == threads[(4001, 1)] == "MainThread"
+    assert threads[(4001, -2)] == "gloo worker (profiler thread 2)"
+    order = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
+    assert order == {4000: 0, 4001: 1}
+
+
+def test_the_flame_chart_labels_threads_by_name():
+    from xsp.reports.html import _thread_labels
+
+    trace = two_rank_trace()
+    labels = set(_thread_labels(trace, trace.spans[trace.spans[col.THREAD_ID].notna()]))
+    assert labels == {"rank 0 · MainThread (1)", "rank 1 · MainThread (1)",
+                      "rank 0 · gloo worker (profiler thread 2)", "rank 1 · gloo worker (profiler thread 2)"}
+    assert not any(label.startswith("thread ") for label in labels)
+
+
+def test_threads_only_the_profiler_saw_are_named_after_what_they_ran():
+    import pandas as pd
+    from xsp.tracers.operator import unmarked_thread_names
+
+    rows = pd.DataFrame({col.THREAD_ID: [5, -2, -2, -3, -3, -3, -4],
+                         col.NAME: ["aten::mm", "gloo:all_reduce", "gloo:all_reduce", "autograd::engine::evaluate_"
+                                    "function: MmBackward0", "aten::mm", "aten::t", "aten::add"]})
+    assert unmarked_thread_names(rows) == {-2: "gloo worker (profiler thread 2)",
+                                           -3: "autograd engine (profiler thread 3)", -4: "profiler thread 4"}

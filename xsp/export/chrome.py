@@ -37,49 +37,90 @@ def _metadata_event(kind: str, pid: Any, name: str, tid: Any = None) -> dict[str
 def chrome_events(trace: Trace) -> dict[str, Any]:
     """``{"traceEvents": [...]}``: one complete ("X") event per span, times in µs.
 
-    Host spans are placed on their process and thread (named as Python named them); device
-    spans (kernels) on a ``GPU <device>`` process with one track per stream. System samples
-    become counter tracks (one per source and metric) and memory events instants, with a
-    counter track of the live tensor memory per device.
+    Host spans are placed on their process and thread (named as Python, or the imported
+    profiler trace, named them); device spans (kernels) on a ``GPU <device>`` process with one
+    track per stream. A trace of several ranks gives each rank its own processes
+    (``<service> rank <r> (<pid>)``, ``rank <r> GPU <device>``). System samples become
+    counter tracks (one per source and metric) and memory events instants, with a counter
+    track of the live tensor memory per device.
     """
     spans = trace.spans
     meta = trace.metadata
-    pid = int(meta.get("pid", 0))
     origin = int(spans[col.START_NS].min()) if len(spans) else 0
+    ranks = meta.get("ranks") or {}
+    several = bool(ranks) and col.RANK in spans and spans[col.RANK].notna().any()
+    process = _Processes(meta, ranks if several else {})
     events: list[dict[str, Any]] = []
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     timed = spans[(levels != Level.SYSTEM.value) & (levels != Level.MEMORY.value)]
     records = timed.astype(object).where(timed.notna(), None).to_dict("records")
-    threads: set[int] = set()
-    gpus: set[tuple[Any, Any]] = set()
+    threads: set[tuple[Any, int]] = set()
+    gpus: set[tuple[Any, Any, Any]] = set()
     for row in records:
+        rank = row.get(col.RANK) if several else None
         on_device = row[col.THREAD_ID] is None and row[col.DEVICE_ID] is not None
         args = {name: _plain(row[name]) for name in _ARG_COLUMNS if row.get(name) is not None}
         if row.get(col.ATTRIBUTES):
             args.update(json.loads(row[col.ATTRIBUTES]))
         if on_device:
-            gpus.add((row[col.DEVICE_ID], row[col.STREAM_ID]))
+            gpus.add((rank, row[col.DEVICE_ID], row[col.STREAM_ID]))
         else:
-            threads.add(int(row[col.THREAD_ID] or 0))
+            threads.add((rank, int(row[col.THREAD_ID] or 0)))
         events.append({
             "name": row[col.NAME], "cat": row[col.LEVEL], "ph": "X",
             "ts": (int(row[col.START_NS]) - origin) / 1e3, "dur": int(row[col.DURATION_NS]) / 1e3,
-            "pid": f"GPU {row[col.DEVICE_ID]}" if on_device else pid,
+            "pid": process.gpu(rank, row[col.DEVICE_ID]) if on_device else process.host(rank),
             "tid": (f"stream {row[col.STREAM_ID]}" if on_device else int(row[col.THREAD_ID] or 0)),
             "args": args,
         })
-    events += _memory_events(trace, origin, pid, threads)
-    events += _counter_events(trace, origin, pid)
-    names = meta.get("threads") or {}
-    events.append(_metadata_event("process_name", pid, f"{meta.get('service_name', 'xsp')} ({pid})"))
-    for thread in sorted(threads):
-        events.append(_metadata_event("thread_name", pid, str(names.get(str(thread), f"thread {thread}")), thread))
-    for device in sorted({device for device, _ in gpus}, key=str):
-        events.append(_metadata_event("process_name", f"GPU {device}", f"GPU {device}"))
-    for device, stream in sorted(gpus, key=str):
-        events.append(_metadata_event("thread_name", f"GPU {device}", f"stream {stream}", f"stream {stream}"))
+    for rank, part in ([(int(r), trace.for_rank(int(r))) for r in trace.ranks] if several else [(None, trace)]):
+        memory_threads: set[int] = set()  # each rank's memory events and system samples, in its process
+        events += _memory_events(part, origin, process.host(rank), memory_threads)
+        events += _counter_events(part, origin, process.host(rank))
+        threads |= {(rank, thread) for thread in memory_threads}
+    names = trace.thread_names()
+    for rank in sorted({rank for rank, _ in threads} | {rank for rank, _, _ in gpus}, key=lambda r: (r is None, r)):
+        events.append(_metadata_event("process_name", process.host(rank), process.host_name(rank)))
+        if rank is not None:
+            events.append({"name": "process_sort_index", "ph": "M", "pid": process.host(rank),
+                           "args": {"sort_index": int(rank)}})
+    for rank, thread in sorted(threads, key=lambda item: (item[0] is None, item[0] or 0, item[1])):
+        name = names.get((rank, thread), f"thread {thread}")
+        events.append(_metadata_event("thread_name", process.host(rank), name, thread))
+    for rank, device in sorted({(rank, device) for rank, device, _ in gpus}, key=str):
+        events.append(_metadata_event("process_name", process.gpu(rank, device), process.gpu(rank, device)))
+    for rank, device, stream in sorted(gpus, key=str):
+        events.append(_metadata_event("thread_name", process.gpu(rank, device), f"stream {stream}", f"stream {stream}"))
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"xsp_version": meta.get("xsp_version"), "origin_epoch_ns": origin}}
+
+
+class _Processes:
+    """The Chrome process of each rank's host threads and GPUs."""
+
+    def __init__(self, meta: dict[str, Any], ranks: dict[str, Any]) -> None:
+        self.meta = meta
+        self.ranks = {int(rank): rank_meta for rank, rank_meta in ranks.items()}
+        pids = [int(rank_meta.get("pid", 0)) for rank_meta in self.ranks.values()]
+        self.unique = len(set(pids)) == len(pids)
+        """Every rank ran as its own pid (one host): its pid is its process; else rank-numbered ones."""
+
+    def host(self, rank: Any) -> int:
+        if rank is None:
+            return int(self.meta.get("pid", 0))
+        pid = int(self.ranks.get(int(rank), {}).get("pid", 0))
+        return pid if self.unique and pid else 1_000_000_000 + int(rank)
+
+    def host_name(self, rank: Any) -> str:
+        if rank is None:
+            return f"{self.meta.get('service_name', 'xsp')} ({self.host(None)})"
+        rank_meta = self.ranks.get(int(rank), {})
+        return f"{rank_meta.get('service_name') or self.meta.get('service_name', 'xsp')} rank {int(rank)} " \
+               f"({rank_meta.get('pid', '?')})"
+
+    @staticmethod
+    def gpu(rank: Any, device: Any) -> str:
+        return f"GPU {device}" if rank is None else f"rank {int(rank)} GPU {device}"
 
 
 def _memory_events(trace: Trace, origin: int, pid: int, threads: set[int]) -> list[dict[str, Any]]:

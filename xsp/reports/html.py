@@ -191,6 +191,27 @@ def _median_step(trace: Trace) -> tuple[pd.DataFrame, str]:
             f"Step {median['step']} (the median latency, {median['latency_ms']:.3f} ms)")
 
 
+def _thread_labels(trace: Trace, spans: pd.DataFrame) -> list[str]:
+    """Each span's thread as a lane label: its name and id (``MainThread (4230)``), else its id."""
+    known = trace.thread_names()
+    ranks = (spans[col.RANK].astype("Int64").tolist() if col.RANK in spans and (trace.metadata.get("ranks"))
+             else [None] * len(spans))
+    labels = []
+    for rank, thread in zip(ranks, spans[col.THREAD_ID].astype("Int64").tolist()):
+        if thread is None or thread is pd.NA:
+            labels.append("?")
+            continue
+        rank = None if rank is None or rank is pd.NA else int(rank)
+        name = known.get((rank, int(thread)))
+        where = "" if rank is None else f"rank {rank} · "
+        if not name:
+            name = f"thread {thread}"
+        elif int(thread) >= 0 and str(thread) not in name:  # a profiler-numbered thread has no OS id
+            name = f"{name} ({thread})"
+        labels.append(where + name)
+    return labels
+
+
 def timeline_section(trace: Trace) -> str:
     """A flame chart of one step: a row per host thread and depth (depth 0 at the top), a row
     per GPU stream, each span a bar from its start."""
@@ -205,10 +226,11 @@ def timeline_section(trace: Trace) -> str:
     depth = depth_of(parent_positions(chosen))
     host = chosen[col.THREAD_ID].notna().to_numpy()
     threads = _texts(chosen[col.THREAD_ID])
-    lanes = np.array([f"thread {thread} · depth {d}" if on_host else f"GPU {device} · stream {stream}"
-                      for on_host, thread, d, device, stream in zip(host, threads, depth.tolist(),
-                                                                    _texts(chosen[col.DEVICE_ID]),
-                                                                    _texts(chosen[col.STREAM_ID]))], dtype=object)
+    names = _thread_labels(trace, chosen)
+    lanes = np.array([f"{name} · depth {d}" if on_host else f"GPU {device} · stream {stream}"
+                      for on_host, name, d, device, stream in zip(host, names, depth.tolist(),
+                                                                  _texts(chosen[col.DEVICE_ID]),
+                                                                  _texts(chosen[col.STREAM_ID]))], dtype=object)
     order = pd.DataFrame({"lane": lanes, "gpu": ~host, "thread": threads, "depth": depth}).drop_duplicates("lane")
     order = order.sort_values(["gpu", "thread", "depth"], kind="stable")["lane"].tolist()
     origin = int(chosen[col.START_NS].min())
