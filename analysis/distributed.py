@@ -4,10 +4,10 @@ A trace of several ranks (``xsp.load("ddp.xsp.parquet")`` after a torchrun job, 
 rank files) has a ``rank`` column. Collectives are seen at up to three depths:
 
 * ``python``: torch.distributed calls made from Python (model level, ``collective`` spans: the
-  call as the program made it, waiting included);
+  call as the program made it, waiting included), and DDP's gradient all-reduces, bucket by
+  bucket, from launch to completion (recorded through DDP's communication hook);
 * ``backend``: the process group's own work (operator level, PyTorch's profiler:
-  ``gloo:all_reduce`` on gloo's worker threads, ``nccl:all_reduce``), which includes DDP's
-  gradient all-reduces that Python never sees; ``c10d::allreduce_`` and the like are the calls
+  ``gloo:all_reduce`` on gloo's worker threads, ``nccl:all_reduce``); ``c10d::allreduce_`` and the like are the calls
   that enqueue them, on the calling thread;
 * ``gpu``: NCCL kernels (kernel level).
 
@@ -82,6 +82,16 @@ def _payload_bytes(shapes: Any, attributes: Any) -> int | None:
     return int(np.prod(first)) * size if first else None
 
 
+def _work_ns(attributes: pd.Series) -> np.ndarray:
+    """``xsp.collective.work_ns`` of each span (0 where absent)."""
+    text = attributes.astype(object).to_numpy()
+    out = np.zeros(len(text), dtype=np.int64)
+    for i, value in enumerate(text.tolist()):
+        if isinstance(value, str) and col.ATTR_COLLECTIVE_WORK_NS in value:
+            out[i] = int(json.loads(value).get(col.ATTR_COLLECTIVE_WORK_NS) or 0)
+    return out
+
+
 def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Every collective span of every rank, one row each, in start order.
 
@@ -112,6 +122,9 @@ def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
         else:
             ops = [_snake(NCCL_KERNEL.match(n)[1]) for n in chosen_names]  # type: ignore[index]
         payload = chosen[col.BYTES].astype("Int64")
+        ends = chosen[col.END_NS].to_numpy(dtype=np.int64)
+        if source_name == "python":  # an asynchronous collective whose completion was seen (DDP's buckets)
+            ends = np.maximum(ends, chosen[col.START_NS].to_numpy(dtype=np.int64) + _work_ns(chosen[col.ATTRIBUTES]))
         if source_name == "backend":
             computed = [_payload_bytes(s, a) for s, a in zip(chosen[col.INPUT_SHAPES].tolist(),
                                                             chosen[col.ATTRIBUTES].tolist())]
@@ -122,8 +135,8 @@ def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
             "source": source_name, "op": ops, "name": chosen_names,
             "thread_id": chosen[col.THREAD_ID].to_numpy(),
             "start_ns": chosen[col.START_NS].to_numpy(dtype=np.int64),
-            "end_ns": chosen[col.END_NS].to_numpy(dtype=np.int64),
-            "duration_ns": (chosen[col.END_NS] - chosen[col.START_NS]).to_numpy(dtype=np.int64),
+            "end_ns": ends,
+            "duration_ns": ends - chosen[col.START_NS].to_numpy(dtype=np.int64),
             "bytes": payload.to_numpy(),
         }))
     if not frames:
@@ -208,8 +221,7 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     rank), ``straggler`` (the latest rank; NA when it was less than 50 µs late: no straggler),
     ``late_ms`` (its lateness), ``next_late_ms`` (the
     next latest rank's: a straggler stands out when this is small), ``ranks``, ``entry`` (what
-    entering a collective was read from: ``enqueue`` with the operator level, else ``python``,
-    which misses DDP's gradient all-reduces).
+    entering a collective was read from: ``enqueue`` with the operator level, else ``python``).
     Empty for a trace of one rank.
     """
     columns = ["step", "collectives", "straggler", "late_ms", "next_late_ms", "ranks", "entry"]

@@ -11,21 +11,20 @@ order, which matches the same call across ranks). A collective that calls anothe
 deprecated ``all_gather_into_tensor`` calls ``all_gather_single``) is one span. ``Work.wait()``
 on an asynchronous collective's handle is a ``collective_wait`` span with the same number.
 
-What Python never sees is not here: DDP's gradient all-reduces are issued by its C++ reducer
-during backward, and come from the operator level (PyTorch's profiler records them as
-``gloo:all_reduce`` / ``nccl:all_reduce`` with their real durations, and on GPUs the NCCL
-kernels). A name bound before the session started (``from torch.distributed import
-all_reduce``) keeps calling the original.
+DDP's gradient all-reduces, which its C++ reducer issues during backward, are recorded by
+:mod:`xsp.tracers._ddp_buckets`, with the same numbering. A name bound before the session
+started (``from torch.distributed import all_reduce``) keeps calling the original.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Final
 
@@ -211,6 +210,32 @@ class Collectives:
             counter = self._sequence.setdefault(group_name, itertools.count())
         attributes[col.ATTR_COLLECTIVE_SEQ] = next(counter)
         return attributes
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Record no collective called on this thread meanwhile (they are part of one already)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        try:
+            yield
+        finally:
+            local.depth = depth
+
+    def describe_call(self, name: str, tensor: torch.Tensor, group: Any) -> dict[str, Any]:
+        """What a span of collective ``name`` of ``tensor`` on ``group`` (None: the default one)
+        carries, numbered among this process's collectives on that group (for DDP's buckets,
+        which every rank all-reduces in the same order as its Python collectives)."""
+        dist = sys.modules[DISTRIBUTED]
+        return self._describe(name, (tensor,), {} if group is None else {"group": group}, dist,
+                              getattr(dist, "ProcessGroup", None))
+
+    def next_seq(self, group_name: str) -> int:
+        """The next number among this process's collectives on group ``group_name``."""
+        counter = self._sequence.get(group_name)
+        if counter is None:
+            counter = self._sequence.setdefault(group_name, itertools.count())
+        return next(counter)
 
     def _remember(self, work: Any, attributes: dict[str, Any]) -> None:
         with self._pending_lock:

@@ -50,7 +50,17 @@ def test_every_rank_writes_its_own_file_and_the_program_is_unchanged(tmp_path):
     python = found[found["source"] == "python"]
     for rank in (0, 1):
         ops = python[python["rank"] == rank]["op"].value_counts().to_dict()
-        assert ops == {"all_reduce": 6, "all_gather": 1, "barrier": 1, "broadcast_coalesced": 1}, ops
+        # 6 loss all-reduces and DDP's 6 gradient all-reduces (one bucket of every parameter per backward)
+        assert ops == {"all_reduce": 12, "all_gather": 1, "barrier": 1, "broadcast_coalesced": 1}, ops
+    buckets = trace.spans[trace.spans[col.ATTRIBUTES].str.contains(col.ATTR_COLLECTIVE_BUCKET, na=False)
+                          & (trace.spans[col.KIND] == "collective")]
+    assert buckets.groupby(col.RANK).size().to_dict() == {0: 6, 1: 6}
+    assert set(buckets[col.BYTES]) == {(32 * 128 + 128 + 128 * 128 + 128 + 128 * 4 + 4) * 4}
+    assert buckets[col.STEP].notna().all() and (buckets[col.NAME] == "all_reduce").all()
+    # each is inside its step's backward pass, on the thread that ran it
+    by_id = trace.spans.set_index(col.SPAN_ID)
+    assert (by_id.loc[buckets[col.PARENT_ID].astype("int64"), col.KIND] == "backward").all()
+    assert trace.metadata["ranks"]["0"]["hierarchy"]["overlapping"] == 0
     # one trace id per step, shared by both ranks
     steps = trace.spans[trace.spans[col.KIND] == "step"]
     assert steps.groupby(col.STEP)[col.RANK].nunique().eq(2).all()
@@ -82,6 +92,94 @@ def test_four_ranks_find_the_one_that_sleeps(tmp_path):
     assert report.returncode == 0, report.stderr
     assert "Rank 2 entered the collectives last" in report.stdout
     assert "Rank 0 in detail" in report.stdout
+
+
+def test_at_the_default_levels_ddp_s_gradient_all_reduces_find_the_rank_that_sleeps(tmp_path):
+    result = torchrun(2, "-m", "xsp", "run", "-o", "job.xsp.parquet", "--", str(EXAMPLE), "--steps", "6",
+                      "--slow-rank", "1", "--delay-ms", "40", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trace = xsp.load(tmp_path / "job.xsp.parquet")
+    stragglers = analysis.stragglers(trace)
+    in_steps = stragglers[stragglers["step"] >= 0]
+    assert (in_steps["straggler"] == 1).mean() >= 0.6, in_steps
+    per_rank = analysis.communication(trace).set_index("rank")
+    assert per_rank.loc[1, "late_ms"] > 25 and per_rank.loc[0, "late_ms"] < 10
+    assert per_rank.loc[0, "comm_ms"] > per_rank.loc[1, "comm_ms"]  # rank 0 waits in its all-reduces
+    waits = trace.spans[(trace.spans[col.KIND] == "collective_wait") & (trace.spans[col.NAME] == "wait all_reduce")]
+    waited = waits.groupby(col.RANK)[col.DURATION_NS].sum()
+    assert waited.get(0, 0) > 5 * waited.get(1, 0) and waited.get(0, 0) > 100e6
+    report = subprocess.run([sys.executable, "-m", "xsp", "report", "job.xsp.parquet"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert "Rank 1 entered the collectives last" in report.stdout
+    assert "not recorded" not in report.stdout
+
+
+HOOKS = r"""
+import hashlib, sys
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+calls = {"before": 0, "after": 0}
+
+def counting(name):
+    def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        calls[name] += 1
+        return default_hooks.allreduce_hook(state, bucket)
+    return hook
+
+def train(mode):
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(33, 77), nn.ReLU(), nn.Linear(77, 5)),
+                                              bucket_cap_mb=0.0001)  # a bucket per parameter
+    if mode == "before":
+        ddp.register_comm_hook(None, counting("before"))
+    elif mode == "fp16":
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank + 1)
+    for step in range(4):
+        if mode == "after" and step == 2:
+            ddp.register_comm_hook(None, counting("after"))
+        optimizer.zero_grad()
+        ddp(torch.randn(16, 33, generator=generator)).pow(2).mean().backward()
+        optimizer.step()
+    try:
+        ddp.register_comm_hook(None, counting("after"))
+        again = "accepted"
+    except RuntimeError:
+        again = "refused"
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in ddp.parameters())).hexdigest()[:16]
+    return f"{mode}: {ddp._get_ddp_logging_data().get('comm_hook')} {again} {digest}"
+
+lines = [train(mode) for mode in ("none", "before", "after", "fp16")]
+if rank == 0:
+    print("\n".join(lines), calls)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_s_communication_hooks_run_as_they_would_and_every_bucket_is_recorded(tmp_path):
+    """Three ranks (a world size whose reciprocal is inexact): the same parameters, bit for bit,
+    with xsp's hook in place of the reducer's own all-reduce; hooks registered before the first
+    call, after it, and built in, each run as without xsp, and a second one is refused as it is."""
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    plain = torchrun(3, "hooks.py", cwd=tmp_path)
+    profiled = torchrun(3, "-m", "xsp", "run", "-o", "job.xsp.parquet", "--", "hooks.py", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert profiled.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert "'before': 10, 'after': 6" in plain.stdout and "none: counting.<locals>.hook accepted" in plain.stdout
+    assert "warning:" not in profiled.stderr
+    trace = xsp.load(tmp_path / "job.xsp.parquet")
+    buckets = trace.spans[trace.spans[col.ATTRIBUTES].str.contains(col.ATTR_COLLECTIVE_BUCKET, na=False)
+                          & (trace.spans[col.KIND] == "collective")]
+    assert buckets.groupby(col.RANK).size().to_dict() == {0: 40, 1: 40, 2: 40}
+    # every rank numbers them alike: the same bucket has the same number on every rank
+    numbers = buckets[col.ATTRIBUTES].map(lambda a: __import__("json").loads(a)[col.ATTR_COLLECTIVE_SEQ])
+    per_rank = [sorted(numbers[buckets[col.RANK] == rank]) for rank in (0, 1, 2)]
+    assert per_rank[0] == per_rank[1] == per_rank[2]
 
 
 def test_a_step_of_every_rank_is_one_distributed_trace(tmp_path):

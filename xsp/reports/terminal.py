@@ -16,7 +16,7 @@ from xsp import analysis
 from xsp import schema as col
 from xsp.reports.advice import recommendation_lines
 from xsp.safe_text import one_line
-from xsp.schema import Level
+from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
 
 STEPS_SHOWN = 20
@@ -383,19 +383,23 @@ def _ranks_section(trace: Trace, console: Console) -> None:
                           f"{len(stragglers)} steps (late ms: the time the other ranks waited for it)")
         else:
             _say(console, f"No rank held the others up in any of {len(stragglers)} steps (none was 50 µs late)")
-        if (stragglers["entry"] == "python").all() and _uses_ddp(trace):
-            _say(console, "DDP's gradient all-reduces are issued by its C++ reducer and are not seen at these "
-                          "levels, so the latest rank may be misjudged: record the operator level too "
-                          "(--levels model,layer,operator)", "yellow")
+        if (stragglers["entry"] == "python").all() and _ddp_buckets_unseen(trace):
+            _say(console, "DDP's gradient all-reduces were not recorded (its communication hook was registered "
+                          "before xsp started), so the latest rank may be misjudged: record the operator level "
+                          "too (--levels model,layer,operator)", "yellow")
         worst = stragglers.sort_values("late_ms", ascending=False).head(STEPS_SHOWN)
         _show(console, worst.sort_values("step"), "Stragglers: the latest rank per step (worst steps)", [
             ("step", "step", number(0)), ("straggler", "rank", number(0)), ("late_ms", "late ms", number()),
             ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
 
 
-def _uses_ddp(trace: Trace) -> bool:
+def _ddp_buckets_unseen(trace: Trace) -> bool:
+    """A DDP model ran, and none of its bucket all-reduces was recorded."""
     spans = trace.spans
-    return bool((spans[col.MODULE_TYPE] == "DistributedDataParallel").any())
+    if not (spans[col.MODULE_TYPE] == "DistributedDataParallel").any():
+        return False
+    collectives = spans[spans[col.KIND] == SpanKind.COLLECTIVE.value][col.ATTRIBUTES].dropna().astype(str)
+    return not collectives.str.contains(col.ATTR_COLLECTIVE_BUCKET, regex=False).any()
 
 
 def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None) -> None:
