@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,13 @@ class StepState:
     job_id: str | None = None
     """In a distributed job: step ``k``'s trace id is derived from the job and ``k``, the same
     on every rank (:func:`xsp.distributed.step_trace_id`)."""
+    window_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
+    """The last window's layer calls by (thread, external id): (span id, step, trace id)."""
+    window_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
+    """The last window's CUDA API calls by correlation id: (span id, step, trace id)."""
+    recent_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
+    """Those of the last two windows, for CUDA records that come late (:mod:`xsp.late_records`)."""
+    recent_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
 
 
 @dataclass
