@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
+from xsp.auto_steps import GENERATE_SUFFIX
 from xsp.schema import STEP_KINDS, Level, SpanKind
 from xsp.trace import Trace
 
@@ -37,13 +38,14 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     step's: ``train_step``, ``inference_step``, ``<model>.generate``, an ``xsp.step()`` name or
     ``ProfilerStep#N``), ``latency_ms`` (the step's duration less the time torch.compile spent
     compiling inside it), ``compile_ms``, ``input_ms`` (the time the step waited for its data,
-    see :func:`xsp.analysis.input_waits`), ``batch_size`` (from the step's first model call,
-    null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
+    see :func:`xsp.analysis.input_waits`), ``batch_size`` (the samples of the step's first model:
+    summed over its calls made by the step itself, so that k accumulated micro-batches count k
+    times, while calls made inside an optimizer step (a closure's) or a ``generate()`` count
+    once; null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
     """
     spans = _spans(source)
     roots = step_roots(spans)
-    predicts = spans[spans[col.KIND] == SpanKind.PREDICT.value].sort_values(col.START_NS)
-    batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    batch = _step_batches(spans, roots)
     compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value].groupby(col.STEP)[col.DURATION_NS].sum()
     out = pd.DataFrame({
         "step": roots[col.STEP].astype("Int64").to_numpy(),
@@ -60,6 +62,21 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     out["throughput_per_s"] = (out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3))
     return out.sort_values("step").reset_index(drop=True)[
         ["step", "name", "latency_ms", "compile_ms", "input_ms", "batch_size", "throughput_per_s", "status"]]
+
+
+def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
+    """Samples per step (see :func:`model_latency`), by step."""
+    predicts = spans[spans[col.KIND] == SpanKind.PREDICT.value].sort_values(col.START_NS, kind="stable")
+    if predicts.empty:
+        return pd.Series(dtype="Int64")
+    first_name = predicts.groupby(col.STEP)[col.NAME].first()
+    first_batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    # a generate() step calls the model once per token on the same samples: counted once
+    counted = roots[~roots[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX)]
+    own = predicts[predicts[col.PARENT_ID].isna() | predicts[col.PARENT_ID].isin(counted[col.SPAN_ID])]
+    own = own[own[col.NAME].to_numpy() == own[col.STEP].map(first_name).to_numpy()]
+    summed = own.groupby(col.STEP)[col.BATCH_SIZE].sum(min_count=1)
+    return summed.reindex(first_batch.index).fillna(first_batch)
 
 
 def step_kind(name: object) -> str:

@@ -15,7 +15,7 @@ from xsp.analysis.model import _spans, step_kind, step_roots
 from xsp import schema as col
 from xsp.schema import Level, SpanKind
 from xsp.trace import Trace
-from xsp.tree import union_length
+from xsp.tree import nearest_marked, parent_positions, union_length
 
 PARTS: dict[str, SpanKind] = {
     "forward": SpanKind.PREDICT,
@@ -33,31 +33,43 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
     optimizer, input (DataLoader waits) and compile, and the ``other`` rest.
 
     Columns: ``step``, ``name``, ``latency_ms`` (the step's whole duration), ``forward_ms``,
-    ``backward_ms``, ``optimizer_ms``, ``input_ms``, ``compile_ms``, ``other_ms``. The parts
-    add up to ``latency_ms``.
+    ``backward_ms``, ``optimizer_ms``, ``input_ms``, ``compile_ms``, ``other_ms``. Each moment
+    counts once, for the innermost part it lies in (a closure optimizer's forwards and
+    backwards are forward and backward, not optimizer too), so the parts add up to at most
+    ``latency_ms`` and ``other_ms`` is the rest.
     """
     spans = _spans(source)
     roots = step_roots(spans)
     out = pd.DataFrame({"step": roots[col.STEP].astype("int64").to_numpy(), "name": roots[col.NAME].to_numpy(),
                         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
-    model = spans[spans[col.LEVEL].isin([Level.MODEL.value, Level.INPUT.value]) & spans[col.STEP].notna()]
-    kinds = model[col.KIND].to_numpy(dtype=object)
+    own_ms = _part_self_ms(spans)
     for part, kind in PARTS.items():
-        chosen = model[kinds == kind.value]
-        per_step = chosen.groupby(col.STEP)[col.DURATION_NS].sum().astype("float64") / 1e6
+        per_step = own_ms[own_ms["kind"] == kind.value].groupby("step")["ms"].sum()
         out[f"{part}_ms"] = out["step"].map(per_step).fillna(0.0).to_numpy()
-    out["forward_ms"] = np.maximum(out["forward_ms"] - _compile_inside_calls_ms(model, out["step"]), 0.0)
-    parts = out[[f"{part}_ms" for part in PARTS]].sum(axis=1)
-    out["other_ms"] = np.maximum(out["latency_ms"] - parts, 0.0)
+    part_columns = [f"{part}_ms" for part in PARTS]
+    total = out[part_columns].sum(axis=1).to_numpy()
+    over = total > out["latency_ms"].to_numpy()  # parts reaching past their step (a span cut at its edge)
+    if over.any():
+        scale = np.where(over, out["latency_ms"].to_numpy() / np.where(total > 0, total, 1.0), 1.0)
+        out[part_columns] = out[part_columns].to_numpy() * scale[:, None]
+    out["other_ms"] = np.maximum(out["latency_ms"] - out[part_columns].sum(axis=1), 0.0)
     return out.sort_values("step").reset_index(drop=True)[BREAKDOWN_COLUMNS]
 
 
-def _compile_inside_calls_ms(model: pd.DataFrame, steps: pd.Series) -> np.ndarray:
-    """Per step, the compile time that fell inside model calls (already in their durations)."""
-    calls = model[model[col.KIND] == SpanKind.PREDICT.value][col.SPAN_ID]
-    compiles = model[(model[col.KIND] == SpanKind.COMPILE.value) & model[col.PARENT_ID].isin(calls)]
-    per_step = compiles.groupby(col.STEP)[col.DURATION_NS].sum().astype("float64") / 1e6
-    return steps.map(per_step).fillna(0.0).to_numpy()
+def _part_self_ms(spans: pd.DataFrame) -> pd.DataFrame:
+    """Each model-level part span's own time: its duration less the part spans inside it (at
+    any depth, through spans of other kinds), with its ``kind`` and ``step``."""
+    kinds = spans[col.KIND].to_numpy(dtype=object)
+    is_part = (spans[col.LEVEL].isin([Level.MODEL.value, Level.INPUT.value]).to_numpy()
+               & np.isin(kinds, [kind.value for kind in PARTS.values()]) & spans[col.STEP].notna().to_numpy())
+    duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    outer = nearest_marked(parent_positions(spans), is_part)
+    inside = np.zeros(len(spans))
+    nested = is_part & (outer >= 0)
+    np.add.at(inside, outer[nested], duration[nested])
+    rows = np.flatnonzero(is_part)
+    return pd.DataFrame({"kind": kinds[rows], "step": spans[col.STEP].to_numpy()[rows],
+                         "ms": np.maximum(duration[rows] - inside[rows], 0.0) / 1e6})
 
 
 def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:

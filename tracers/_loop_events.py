@@ -91,6 +91,7 @@ class LoopEvents:
     def install(self) -> None:
         self._patch_dataloader()
         self._hook_optimizers()
+        self._watch_zero_grad()
         self._patches.append(_Patch(torch.autograd, "backward", self._backward(torch.autograd.backward)))
         from torch.jit import _trace
 
@@ -128,12 +129,15 @@ class LoopEvents:
                                     self._input_wait(dataloader.DataLoader.__dict__["__iter__"], ITER_NAME)))
 
     def _input_wait(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
-        buffer_of = self.recording.buffer
+        recording = self.recording
+        buffer_of = recording.buffer
+        hands_over = name != ITER_NAME  # a next() always follows __iter__ at once: its wait hands over
 
         @functools.wraps(original)
         def wait(loader: Any) -> Any:
             buffer = buffer_of()
             steps = buffer.steps
+            buffer.input_waits += 1  # a window due from here on waits for the wait's end
             began = now_ns()
             steps.wait_begins(began)
             attributes = {ATTR_WORKERS: getattr(loader, "_num_workers", getattr(loader, "num_workers", None)),
@@ -152,6 +156,11 @@ class LoopEvents:
                 end = now_ns()
                 buffer.marks.append((MarkKind.INPUT, start, end, name, attributes, error))
                 steps.piece_ends(end)
+                buffer.input_waits -= 1
+                if hands_over and recording.window_deferred and not buffer.input_waits:
+                    wait_over = recording.on_wait_over
+                    if wait_over is not None:
+                        wait_over()
 
         return wait
 
@@ -166,14 +175,15 @@ class LoopEvents:
             begins, ends = fast.optimizer_begins, fast.optimizer_ends
 
             def before_in_c(opt: Any, args: Any, kwargs: Any) -> None:
-                if not dynamo_compiling():
-                    begins()
+                if not dynamo_compiling() and begins(opt):
+                    buffer_of().steps.optimizer_begins(id(opt))
 
             def after_in_c(opt: Any, args: Any, kwargs: Any) -> None:
                 if not dynamo_compiling():
                     no_step_open = ends(opt)
                     if no_step_open is not None:
-                        buffer_of().steps.optimizer_ends(*no_step_open)
+                        start, end = no_step_open
+                        buffer_of().steps.optimizer_ends(start, end, id(opt))
 
             self._handles += [optimizer.register_optimizer_step_pre_hook(before_in_c),
                               optimizer.register_optimizer_step_post_hook(after_in_c)]
@@ -181,7 +191,9 @@ class LoopEvents:
 
         def before(opt: Any, args: Any, kwargs: Any) -> None:
             if not dynamo_compiling():
-                buffer_of().optimizer_starts.append(now_ns())
+                buffer = buffer_of()
+                buffer.optimizer_starts.append(now_ns())
+                buffer.steps.optimizer_begins(id(opt))
 
         def after(opt: Any, args: Any, kwargs: Any) -> None:
             if dynamo_compiling():
@@ -194,10 +206,30 @@ class LoopEvents:
             if name is None:
                 name = names[type(opt)] = f"{type(opt).__name__}.step"
             buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None))
-            buffer.steps.optimizer_ends(start, end)
+            buffer.steps.optimizer_ends(start, end, id(opt))
 
         self._handles += [optimizer.register_optimizer_step_pre_hook(before),
                           optimizer.register_optimizer_step_post_hook(after)]
+
+    # zero_grad() ---------------------------------------------------------------------
+    def _watch_zero_grad(self) -> None:
+        """``zero_grad()`` throws the gradients so far away: backward passes before it with no
+        optimizer step were an iteration of their own (a warm-up), not micro-batches of the next."""
+        from torch.optim import Optimizer
+
+        buffer_of = self.recording.buffer
+        for owner in (Optimizer, torch.nn.Module):
+            original = owner.__dict__.get("zero_grad")
+            if original is None:
+                continue
+
+            def zero_grad(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                if not dynamo_compiling():
+                    buffer_of().steps.gradients_cleared()
+                return _original(*args, **kwargs)
+
+            functools.update_wrapper(zero_grad, original)
+            self._patches.append(_Patch(owner, "zero_grad", zero_grad))
 
     # torch.jit.trace's check ---------------------------------------------------------
     def _aside(self, original: Callable[..., Any]) -> Callable[..., Any]:

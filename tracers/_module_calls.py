@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Final, cast
 
 import torch
@@ -108,6 +108,10 @@ these): while one runs, its thread's buffer is ``aside``, so the C wrapper need 
 tracer (``jit_tracing``, a pybind11 call of about 900 instructions) at every top-level call."""
 _grad_enabled = torch.is_grad_enabled
 DYNAMO_TRACE_RULES: Final = "torch._dynamo.trace_rules"
+SETUP_LIBRARIES: Final = ("torch.ao.", "torch.quantization.", "torch.export.", "torch._export.", "torch.onnx.")
+"""Packages whose code calls modules to prepare a model (quantization's observers, export and
+conversion passes): a module they call before user code ever has is not a model. Not
+``torch.fx``: a GraphModule's own ``__call__`` calls the module for the user."""
 
 
 class Mode(IntEnum):
@@ -150,7 +154,20 @@ def describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Descriptor
     return tuple(shapes) or None
 
 
-def error_text(exc: BaseException) -> str:
+STOP_RECOMPUTATION: Final = "_StopRecomputationError"
+"""What a non-reentrant checkpoint raises to end its recomputation early: no failure."""
+_GRAPH_TASK_ID: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def backward_running() -> bool:
+    """Whether this thread is inside a backward pass (a checkpoint's recomputation calls modules there)."""
+    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
+
+
+def error_text(exc: BaseException) -> str | None:
+    """What a failed call records (None: it did not fail, PyTorch stopped it on purpose)."""
+    if type(exc).__name__ == STOP_RECOMPUTATION:
+        return None
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -199,6 +216,26 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         return start
 
     return begin_root
+
+
+def _called_by_setup_library() -> bool:
+    """Whether the module call being begun (by a wrapper in this file) was made by PyTorch's
+    setup code (``SETUP_LIBRARIES``) rather than the user's."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame is not None and str(frame.f_globals.get("__name__", "")).startswith(SETUP_LIBRARIES)
+
+
+def _aside_call(original: Callable[..., Any], buffer: ThreadBuffer, module: nn.Module, args: Any,
+                kwargs: Any) -> Any:
+    """A call by PyTorch's setup code (an observer run while quantizing): not a model's, nothing
+    recorded, and the modules it calls neither."""
+    buffer.aside += 1
+    try:
+        return original(module, *args, **kwargs)
+    finally:
+        buffer.aside -= 1
 
 
 def _unrecorded_root(original: Callable[..., Any], buffer: ThreadBuffer, module: nn.Module, args: Any,
@@ -253,7 +290,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
                                     None if tracing_known else jit_tracing, _TENSOR, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT, grad_mode_address(), capsule)
+                                    COMPACT_AT, grad_mode_address(), capsule, _GRAPH_TASK_ID)
     _orig = original
 
     @_named_as(original)
@@ -275,7 +312,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
 
 def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
                         on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
-    local, new_buffer = recording.local, recording.new_buffer
+    local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
 
@@ -291,7 +328,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
             buffer = local.b
         except AttributeError:
             buffer = new_buffer()
-        if buffer.depth:  # inside a top-level call: the model level needs no exact depth
+        if buffer.depth or backward_running():  # inside a model call, or a checkpoint's recomputation
             return _orig(self, *args, **kwargs)
         steps = buffer.steps
         if steps.lane == _id(self) and _grad_enabled() is steps.lane_grad and not buffer.aside and not jit_tracing():
@@ -306,6 +343,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
                 start = begin_root(buffer, self)
         elif jit_tracing() or buffer.aside:
             return _orig(self, *args, **kwargs)
+        elif _id(self) not in names and _called_by_setup_library():
+            return _aside_call(_orig, buffer, self, args, kwargs)
         else:
             start = begin_root(buffer, self)
         if buffer.skipping:
@@ -337,7 +376,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
 
 def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
                       on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
-    local, new_buffer = recording.local, recording.new_buffer
+    local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
     hook_backward = _backward_hooks(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
@@ -353,9 +392,15 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         except AttributeError:
             buffer = new_buffer()
         depth = buffer.depth
-        if not depth:
+        outer = depth
+        if not depth and backward_running():  # a checkpoint's recomputation: its layer's, not a model call
+            depth = 1
+            start = _now()
+        elif not depth:
             if jit_tracing() or buffer.aside:
                 return _orig(self, *args, **kwargs)
+            if _id(self) not in names and _called_by_setup_library():
+                return _aside_call(_orig, buffer, self, args, kwargs)
             start = begin_root(buffer, self)
             if buffer.skipping:
                 return _unrecorded_root(_orig, buffer, self, args, kwargs)
@@ -376,13 +421,13 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             end = _now()
             if pop is not None:
                 pop()
-            buffer.depth = depth
+            buffer.depth = outer
             _record_failure(buffer, self, args, kwargs, start, end, exc, depth)
             raise
         end = _now()
         if pop is not None:
             pop()
-        buffer.depth = depth
+        buffer.depth = outer
         if kwargs or len(args) != 1 or type(args[0]) is not _tensor:
             in_desc = describe_inputs(args, kwargs)
         else:

@@ -288,7 +288,18 @@ def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: _Nam
 def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
     cls = type(module)
     name = getattr(module, "original_name", None) if isinstance(module, torch.jit.ScriptModule) else None
-    return name or cls.__name__, parameter_count(module), class_source(cls)  # type: ignore[arg-type]
+    return name or module_type_name(cls), parameter_count(module), class_source(cls)  # type: ignore[arg-type]
+
+
+def module_type_name(cls: type) -> str:
+    """A module class's name in the type tables: PyTorch's own classes outside ``torch.nn``
+    (quantized, quantization-aware, fused ...) say where they are from, so that a quantized
+    ``Linear`` is not counted as ``torch.nn``'s."""
+    where = getattr(cls, "__module__", "") or ""
+    if not where.startswith("torch.") or where.startswith("torch.nn.") or where == "torch.nn":
+        return cls.__name__
+    package = where.split(".modules.", 1)[0]
+    return f"{cls.__name__} ({package})"
 
 
 def backward_rows(window: Window) -> pd.DataFrame:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 from xsp.tracers._collectives import Collectives
+from xsp.tracers._ddp_buckets import DdpBuckets
 from xsp.tracers._loop_events import LoopEvents
 from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import as_numpy, module_call_rows
@@ -34,14 +35,17 @@ class ModelTracer(ModuleCallTracer):
     def __init__(self) -> None:
         self._events: LoopEvents | None = None
         self._collectives: Collectives | None = None
+        self._ddp_buckets: DdpBuckets | None = None
 
     def start(self, recording: Recording) -> None:
         super().start(recording)
         self._events = LoopEvents(recording)
         self._collectives = Collectives(recording)
+        self._ddp_buckets = DdpBuckets(recording, self._collectives)
         try:
             self._events.install()
             self._collectives.install()
+            self._ddp_buckets.install()
         except Exception:
             self.stop()
             raise
@@ -49,7 +53,10 @@ class ModelTracer(ModuleCallTracer):
     def stop(self) -> None:
         events, self._events = self._events, None
         collectives, self._collectives = self._collectives, None
+        ddp_buckets, self._ddp_buckets = self._ddp_buckets, None
         try:
+            if ddp_buckets is not None:
+                ddp_buckets.uninstall()
             if events is not None:
                 events.uninstall()
             if collectives is not None:
@@ -103,6 +110,19 @@ def _attribute_value(value: Any) -> Any:
     return str(value)
 
 
+def _nested_backward(mark_kinds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Backward passes run inside another one (a reentrant checkpoint's backward of its
+    recomputed block): part of the outer pass, not passes of their own."""
+    nested = np.zeros(len(mark_kinds), dtype=bool)
+    rows = np.flatnonzero(mark_kinds == MarkKind.BACKWARD)
+    if len(rows) < 2:
+        return nested
+    rows = rows[np.lexsort((-ends[rows], starts[rows]))]
+    latest_end_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], ends[rows][:-1])))
+    nested[rows] = latest_end_before >= ends[rows]
+    return nested
+
+
 def mark_rows(window: Window) -> pd.DataFrame:
     """The model-level records of every thread (user spans, steps, optimizer steps, backward
     passes and compilations) and its input waits (input level)."""
@@ -115,8 +135,9 @@ def mark_rows(window: Window) -> pd.DataFrame:
         # a collective's payload has a typed column
         payloads = [None if a is None else a.get(col.BYTES) for a in cols.attributes]
         mark_kinds = as_numpy(cols.kind)
+        keep = ~_nested_backward(mark_kinds, as_numpy(cols.start), as_numpy(cols.end))
         kinds = np.array([SPAN_KIND_OF_MARK[k] for k in mark_kinds.tolist()], dtype=object)
-        frames.append(pd.DataFrame({
+        frame = pd.DataFrame({
             col.START_NS: as_numpy(cols.start),
             col.END_NS: as_numpy(cols.end),
             col.THREAD_ID: buffer.thread_id,
@@ -128,5 +149,6 @@ def mark_rows(window: Window) -> pd.DataFrame:
             col.BYTES: pd.array(payloads, dtype="Int64"),
             col.STATUS: [Status.OK.value if e is None else Status.ERROR.value for e in errors],
             col.STATUS_MESSAGE: errors,
-        }))
+        })
+        frames.append(frame if keep.all() else frame[keep])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

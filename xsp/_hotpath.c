@@ -65,7 +65,7 @@ typedef struct {
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
-        resume_ns, name, optimizer_seen;
+        resume_ns, name, optimizer_seen, closed_by, python_decides, joiner, joined;
 } StepsSlots;
 
 /* A small cache of threads' buffers (recording.local.b: a thread-local lookup costs hundreds of
@@ -113,6 +113,7 @@ typedef struct {
     PyObject *buffer_type;    /* ThreadBuffer */
     PyObject *steps_type;     /* AutoSteps */
     PyObject *correlation_capsule;  /* xsp._activity.correlation, or NULL */
+    PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */
     PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes,
@@ -257,7 +258,9 @@ static int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *
         {steps_type, "type", &s->type}, {steps_type, "closed_ns", &s->closed_ns}, {steps_type, "leader", &s->leader},
         {steps_type, "pieces", &s->pieces}, {steps_type, "nested", &s->nested}, {steps_type, "trained", &s->trained},
         {steps_type, "wait_ns", &s->wait_ns}, {steps_type, "resume_ns", &s->resume_ns}, {steps_type, "name", &s->name},
-        {steps_type, "optimizer_seen", &s->optimizer_seen},
+        {steps_type, "optimizer_seen", &s->optimizer_seen}, {steps_type, "closed_by", &s->closed_by},
+        {steps_type, "python_decides", &s->python_decides}, {steps_type, "joiner", &s->joiner},
+        {steps_type, "joined", &s->joined},
     };
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if (slot_offset(slots[i].type, slots[i].name, slots[i].offset) < 0) return -1;
@@ -805,7 +808,7 @@ typedef struct {
     PyObject *steps, *recording_dict;
     int grad;
     /* the plan */
-    int finish, marked, opens, lane;
+    int finish, marked, opens, lane, joins;
     PyObject *finished_type;  /* TRAIN or INFERENCE: the decided step's kind */
     long long step_start_ns, step_end_ns;
 } CallPlan;
@@ -845,10 +848,15 @@ static int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPla
     PyObject *steps = plan->steps, *dict = plan->recording_dict;
     PyObject *type = SLOT(steps, ss->type), *lane = SLOT(steps, ss->lane), *leader = SLOT(steps, ss->leader);
     PyObject *trained = SLOT(steps, ss->trained), *optimizer_seen = SLOT(steps, ss->optimizer_seen);
-    PyObject *name = SLOT(steps, ss->name);
+    PyObject *name = SLOT(steps, ss->name), *python_decides = SLOT(steps, ss->python_decides);
+    PyObject *optimizer_starts = SLOT(buffer, self->buffer_slots.optimizer_starts);
     if (type == NULL || lane == NULL || leader == NULL || trained == NULL || optimizer_seen == NULL || name == NULL)
         return 0;
     if (!slot_is_zero(buffer, self->buffer_slots.open_steps) || !slot_is_zero(steps, ss->nested)) return 0;
+    /* tentative ends or models joined (AutoSteps.python_decides), or a closure optimizer's call: Python */
+    if (python_decides != Py_False || optimizer_starts == NULL || !PyList_Check(optimizer_starts)
+        || PyList_GET_SIZE(optimizer_starts) != 0)
+        return 0;
     if (type != self->step_none && type != self->step_inference && type != self->step_train) return 0;
     if (!PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) != 0) return 0;
     PyObject *paused = PyDict_GetItemWithError(dict, s_paused);
@@ -872,10 +880,23 @@ static int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPla
     plan->finish = FINISH_NONE;
     if (type == self->step_train) {
         int leads = is_leader || leader == Py_None;
-        if (closed_ns && (!grad || leads)) plan->finish = FINISH_TRAINING;  /* the next iteration, or an evaluation */
-        else if (grad && leads && optimizer_seen != Py_True) plan->finish = FINISH_AT_LAST_END;
+        if (closed_ns && (!grad || leads)) {
+            plan->finish = FINISH_TRAINING;  /* the next iteration, or an evaluation */
+        } else if (grad && leads && optimizer_seen != Py_True) {
+            if (trained == Py_True) return 0;  /* a tentative end (AutoSteps._tentative_end): Python */
+            plan->finish = FINISH_AT_LAST_END;
+        }
     } else if (type == self->step_inference && (grad || is_leader)) {
         plan->finish = FINISH_AT_LAST_END;
+    } else if (type == self->step_inference) {
+        /* another model joins the step (AutoSteps._joins): its first call since the leader's is
+         * noted here; a second one in a row (the leader no longer called) is Python's to count */
+        PyObject *joiner = SLOT(steps, ss->joiner), *joined = SLOT(steps, ss->joined);
+        if (joiner == NULL || joined == NULL || !PyLong_CheckExact(joiner) || !PyList_CheckExact(joined)) return 0;
+        void *joining = PyLong_AsVoidPtr(joiner);
+        if (joining == NULL && PyErr_Occurred()) return -1;
+        if (joining == (void *)module) return 0;
+        plan->joins = 1;
     }
     plan->opens = plan->finish != FINISH_NONE || type == self->step_none;
     if (plan->finish != FINISH_NONE) {
@@ -921,6 +942,35 @@ static int open_step(FastCall *self, PyObject *steps, PyObject *module, CallPlan
     return 0;
 }
 
+/* AutoSteps._joins, a model's first call since the leader's: joiner = the model, joined = [(start,
+ * the step's last end)]. */
+static int note_join(const StepsSlots *ss, PyObject *steps, PyObject *module, PyObject *start) {
+    PyObject *joiner = PyLong_FromVoidPtr(module);
+    if (joiner == NULL) return -1;
+    PyObject *call = PyTuple_Pack(2, start, SLOT(steps, ss->last_end_ns));
+    PyObject *joined = call == NULL ? NULL : PyList_New(1);
+    if (joined == NULL) {
+        Py_DECREF(joiner);
+        Py_XDECREF(call);
+        return -1;
+    }
+    PyList_SET_ITEM(joined, 0, call);
+    slot_set(steps, ss->joiner, joiner);
+    slot_set(steps, ss->joined, joined);
+    Py_DECREF(joiner);
+    Py_DECREF(joined);
+    return 0;
+}
+
+/* AutoSteps._reset's joiner = 0 and joined = [] (in place: nothing else holds the list). */
+static int forget_joins(const StepsSlots *ss, PyObject *steps, PyObject *zero) {
+    PyObject *joined = SLOT(steps, ss->joined);
+    slot_set(steps, ss->joiner, zero);
+    if (joined != NULL && PyList_CheckExact(joined) && PyList_GET_SIZE(joined))
+        return PyList_SetSlice(joined, 0, PyList_GET_SIZE(joined), NULL);
+    return 0;
+}
+
 /* Carry the plan out (call_begins's writes); the call starts at `start`. */
 static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan, PyObject *start) {
     const StepsSlots *ss = &self->steps_slots;
@@ -931,6 +981,7 @@ static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPl
     if (plan->finish == FINISH_NONE && !plan->opens) {  /* the call joins the open step */
         long long pieces = slot_ll(steps, ss->pieces);
         status = pieces == -1 && PyErr_Occurred() ? -1 : slot_set_ll(steps, ss->pieces, pieces + 1);
+        if (status == 0 && plan->joins) status = note_join(ss, steps, module, start);
         Py_DECREF(zero);
         return status;
     }
@@ -957,6 +1008,8 @@ static int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPl
         slot_set(steps, ss->leader, Py_None);
         slot_set(steps, ss->pieces, zero);
         slot_set(steps, ss->trained, Py_False);
+        slot_set(steps, ss->closed_by, zero);
+        if (forget_joins(ss, steps, zero) < 0) goto done;
     }
     status = open_step(self, steps, module, plan, start, resumed);
 done:
@@ -1024,6 +1077,13 @@ static PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, ui
         int traced = tracing != Py_None && PyObject_IsTrue(tracing) != 0;
         Py_DECREF(tracing);
         if (traced) return NULL;
+    }
+    if (self->graph_task_id != NULL) {  /* a backward runs on this thread: a checkpoint's recomputation, Python's */
+        PyObject *task = PyObject_CallNoArgs(self->graph_task_id);
+        if (task == NULL) return NULL;
+        long long id = PyLong_Check(task) ? as_ll(task) : -1;
+        Py_DECREF(task);
+        if (id != -1) return NULL;
     }
     if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
     int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict);
@@ -1232,7 +1292,7 @@ static PyObject *events_buffer(StepEvents *self) {
 
 /* A piece of the open step ended at `end` (AutoSteps.piece_ends with trains, and the common
  * case of optimizer_ends); 1 when `optimizer` and no step is open: the caller asks Python. */
-static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, int optimizer) {
+static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, PyObject *optimizer) {
     const StepsSlots *ss = &self->steps_slots;
     PyObject *steps = SLOT(buffer, self->buffer_slots.steps);
     if (steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type)) {
@@ -1244,9 +1304,9 @@ static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long l
         PyErr_SetString(PyExc_AttributeError, "xsp: steps without a type");
         return -1;
     }
-    if (optimizer && type == self->step_none) return 1;
+    if (optimizer != NULL && (type == self->step_none || SLOT(steps, ss->python_decides) != Py_False)) return 1;
     if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
-    if (optimizer) slot_set(steps, ss->optimizer_seen, Py_True);
+    if (optimizer != NULL) slot_set(steps, ss->optimizer_seen, Py_True);
     if (type == self->step_none || !slot_is_zero(buffer, self->buffer_slots.open_steps)
         || !slot_is_zero(steps, ss->nested) || !slot_is_zero(buffer, self->buffer_slots.depth))
         return 0;
@@ -1255,9 +1315,13 @@ static int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long l
     if (slot_set_ll(steps, ss->pieces, pieces + 1) < 0) return -1;
     slot_set(steps, ss->trained, Py_True);
     if (end_ns > last_end_ns) slot_set(steps, ss->last_end_ns, end);
-    if (optimizer) {
+    if (optimizer != NULL) {
+        PyObject *closed_by = PyLong_FromVoidPtr(optimizer);
+        if (closed_by == NULL) return -1;
         slot_set(steps, ss->type, self->step_train);  /* an optimizer after a no-grad call: training */
         slot_set(steps, ss->closed_ns, end);
+        slot_set(steps, ss->closed_by, closed_by);
+        Py_DECREF(closed_by);
     }
     return 0;
 }
@@ -1279,7 +1343,7 @@ static PyObject *backward_done(StepEvents *self, PyObject *buffer, PyObject *sta
     if ((end = read_clock(self->now, &end_ns)) == NULL
         || append_mark(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
                        error ? error : Py_None) < 0
-        || piece_ended(self, buffer, end, end_ns, 0) < 0) {
+        || piece_ended(self, buffer, end, end_ns, NULL) < 0) {
         if (out == NULL) PyErr_Clear();
         else Py_CLEAR(out);
     }
@@ -1368,20 +1432,30 @@ static PyTypeObject BackwardCallType = {
 };
 
 /* optimizer_begins(): an optimizer step starts on this thread (the pre-hook). */
-static PyObject *events_optimizer_begins(StepEvents *self, PyObject *unused) {
+/* optimizer_begins(optimizer) -> bool: the pre-hook. True when Python must hear of it
+ * (AutoSteps.optimizer_begins): a step an optimizer closed is open, and the same optimizer stepping
+ * again begins the next iteration (a closure optimizer's loop). */
+static PyObject *events_optimizer_begins(StepEvents *self, PyObject *optimizer) {
     PyObject *buffer = events_buffer(self);
     if (buffer == NULL) return NULL;
     PyObject *starts = SLOT(buffer, self->buffer_slots.optimizer_starts), *start = NULL;
+    PyObject *steps = SLOT(buffer, self->buffer_slots.steps);
     long long start_ns;
-    int status = -1;
-    if (starts == NULL || !PyList_Check(starts))
-        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its optimizer starts");
-    else if ((start = read_clock(self->now, &start_ns)) != NULL)
-        status = PyList_Append(starts, start);
+    int status = -1, tell = 0;
+    if (starts == NULL || !PyList_Check(starts) || steps == NULL || !Py_IS_TYPE(steps, (PyTypeObject *)self->steps_type))
+        PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its optimizer starts or steps");
+    else if ((start = read_clock(self->now, &start_ns)) != NULL && (status = PyList_Append(starts, start)) == 0)
+        status = slot_set_ll(steps, self->steps_slots.lane, 0);
+    if (status == 0) {
+        long long closed_ns = slot_ll(steps, self->steps_slots.closed_ns);
+        if (closed_ns == -1 && PyErr_Occurred()) status = -1;
+        tell = SLOT(steps, self->steps_slots.type) == self->step_train && closed_ns != 0;
+    }
+    (void)optimizer;
     Py_XDECREF(start);
     Py_DECREF(buffer);
     if (status < 0) return NULL;
-    Py_RETURN_NONE;
+    return PyBool_FromLong(tell);
 }
 
 /* optimizer_ends(optimizer) -> None, or (start, end) when Python must tell the steps (no step
@@ -1419,7 +1493,7 @@ static PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer) {
         if (name == NULL || PyDict_SetItem(self->optimizer_names, kind, name) < 0) goto done;
     }
     if (append_mark(&self->buffer_slots, buffer, self->mark_optimizer, start, end, name, Py_None, Py_None) < 0) goto done;
-    int asks = piece_ended(self, buffer, end, end_ns, 1);
+    int asks = piece_ended(self, buffer, end, end_ns, optimizer);
     if (asks < 0) goto done;
     result = asks ? PyTuple_Pack(2, start, end) : Py_NewRef(Py_None);
 done:
@@ -1431,8 +1505,8 @@ done:
 }
 
 static PyMethodDef events_methods[] = {
-    {"optimizer_begins", (PyCFunction)events_optimizer_begins, METH_NOARGS,
-     "optimizer_begins(): an optimizer step starts on this thread."},
+    {"optimizer_begins", (PyCFunction)events_optimizer_begins, METH_O,
+     "optimizer_begins(optimizer) -> bool: an optimizer step starts; True when AutoSteps.optimizer_begins must hear."},
     {"optimizer_ends", (PyCFunction)events_optimizer_ends, METH_O,
      "optimizer_ends(optimizer) -> None, or (start, end) for AutoSteps.optimizer_ends when no step is open."},
     {NULL, NULL, 0, NULL},
@@ -1633,7 +1707,7 @@ static PyMethodDef hotpath_functions[] = {
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
                                "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
-                               "native_grad_mode", "correlation", NULL};
+                               "native_grad_mode", "correlation", "graph_task_id", NULL};
 
 #define FIELDS 14
 
@@ -1662,12 +1736,12 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
-    PyObject *native_grad_mode = NULL, *correlation = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!O", (char **)kwlist, &mode, &items[0],
+    PyObject *native_grad_mode = NULL, *correlation = NULL, *graph_task_id = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OO", (char **)kwlist, &mode, &items[0],
                                      &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
                                      &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
                                      &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode,
-                                     &correlation))
+                                     &correlation, &graph_task_id))
         return -1;
     const xsp_correlation *hooks = NULL;
     if (correlation != NULL && correlation != Py_None) {
@@ -1709,6 +1783,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     self->compact_at = compact_at;
     Py_XSETREF(self->correlation_capsule, hooks == NULL ? NULL : Py_NewRef(correlation));
     self->correlation = hooks;
+    Py_XSETREF(self->graph_task_id, graph_task_id == NULL || graph_task_id == Py_None ? NULL : Py_NewRef(graph_task_id));
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
     self->original_call = PyVectorcall_Function(self->original);
     find_shape_descriptor(self);
@@ -1720,7 +1795,7 @@ static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->original); DO(self->slow); DO(self->local); DO(self->recording); DO(self->now); \
     DO(self->grad_enabled); DO(self->jit_tracing); DO(self->tensor_type); DO(self->shape_descriptor); \
     DO(self->describe_inputs); DO(self->describe); DO(self->on_error); DO(self->hook_backward); \
-    DO(self->buffer_type); DO(self->steps_type); DO(self->correlation_capsule); \
+    DO(self->buffer_type); DO(self->steps_type); DO(self->correlation_capsule); DO(self->graph_task_id); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)

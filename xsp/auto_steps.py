@@ -9,11 +9,22 @@ step, so a step must be what they think of as one iteration:
   ``zero_grad``, forward, loss, backward and the optimizer all fall inside one step. Several
   optimizers in one iteration (a GAN) end one step: the step closes at the last optimizer
   step before the leading model is called again (or an input wait, an evaluation call, a
-  ``generate()`` or the session's end). Without any optimizer, the leading model's next
-  training call (or the next input wait) ends the step.
+  ``generate()``, the same optimizer stepping again, or the session's end). Gradient
+  accumulation (several forwards and backwards, then one ``optimizer.step()``) is one step from
+  the first iteration on: until an optimizer has stepped, the leading model's next training call
+  after a backward (or the next input wait) only marks where a step *would* end; the first
+  optimizer step makes them one step, and without any (at the session's end, at a ``zero_grad()``
+  that throws their gradients away, or after :data:`MAX_TENTATIVE` of them) each becomes a step
+  of its own. A closure optimizer
+  (``optimizer.step(closure)``, LBFGS) is one step per ``step()``: the model calls of its closure
+  are inside it and decide nothing.
 * **inference**: the first model called leads. Each of its calls starts a step; other models
   called before its next call (a head after its encoder) join that step, and an input wait
-  (a DataLoader's ``next()``) before the leading call belongs to its step.
+  (a DataLoader's ``next()``) before the leading call belongs to its step. A model called
+  :data:`HANDOVER_CALLS` times without the leader (a second loop over another model, the
+  quantized one after the float one) leads from its first of those calls on.
+* a module first called from PyTorch's set-up code (quantization's observers, ``torch.export``,
+  ONNX export) is no model: its calls are not recorded until the user's code calls it.
 * **generate()** (Hugging Face): one step per call; the model calls inside are its children.
 * inside ``xsp.step()`` nothing automatic happens: the user's step is the step.
 
@@ -47,6 +58,10 @@ class StepType(enum.IntEnum):
 
 
 _NONE, _INFERENCE, _TRAIN, _GENERATE = StepType.NONE, StepType.INFERENCE, StepType.TRAIN, StepType.GENERATE
+MAX_TENTATIVE: Final = 64
+"""Boundaries a training loop with no optimizer step yet may leave open before they are steps."""
+HANDOVER_CALLS: Final = 3
+"""Calls of another model, without the leading one, after which it leads."""
 TRAIN_STEP_NAME: Final = "train_step"
 INFERENCE_STEP_NAME: Final = "inference_step"
 GENERATE_SUFFIX: Final = ".generate"
@@ -69,7 +84,8 @@ class AutoSteps:
     """The step state of one thread, driven by that thread's model-level events."""
 
     __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
-                 "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad")
+                 "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad",
+                 "closed_by", "tentative", "joiner", "joined", "python_decides")
 
     def __init__(self, buffer: ThreadBuffer) -> None:
         self._buffer = buffer
@@ -98,6 +114,19 @@ class AutoSteps:
         self.trained = False
         """A backward pass or an optimizer step ran in the step: it is a training step."""
         self.name = ""
+        self.closed_by = 0
+        """``id`` of the optimizer whose step closed the step (its next step begins the next one)."""
+        self.tentative: list[tuple[int, int]] = []
+        """``(end of the iteration, start of the next)`` where the open training step would end if
+        no optimizer step came (gradient accumulation, or a loop without an optimizer)."""
+        self.joiner = 0
+        """``id`` of the model other than the leader whose calls joined the open inference step
+        since the leader's call, one after another (a head after its encoder: one call)."""
+        self.joined: list[tuple[int, int]] = []
+        """Those calls: ``(the call's start, the step's last end before it)``."""
+        self.python_decides = False
+        """The step's state is more than xsp's C wrapper reads (tentative ends):
+        Python decides the next top-level call's step."""
 
     @property
     def holding(self) -> bool:
@@ -115,8 +144,8 @@ class AutoSteps:
         start is worth reading again).
         """
         self.lane = 0
-        if self._buffer.open_steps or self.nested:
-            return False
+        if self._buffer.open_steps or self.nested or self._buffer.optimizer_starts:
+            return False  # inside xsp.step(), generate(), or an optimizer's closure: its step decides
         kind = self.type
         if kind is _INFERENCE and self.pieces == 1 and module_id == self.leader and not training:
             # the most common case by far, one model per iteration: the last step was its one
@@ -141,9 +170,15 @@ class AutoSteps:
             if self.closed_ns and (not training or leads):  # the next iteration, or an evaluation
                 decided = self._finish_training()
             elif training and leads and not self.optimizer_seen:
+                if self.trained:  # after a backward: the next micro-batch, or the next iteration
+                    return self._tentative_end(start_ns)
                 decided = self._finish(self.last_end_ns)
         elif kind is _INFERENCE and (training or module_id == self.leader):
             decided = self._finish(self.last_end_ns)
+        elif kind is _INFERENCE:
+            joined = self._joins(module_id, start_ns)
+            if joined is not None:
+                return joined
         if self.type is _NONE:
             self._open(_TRAIN if training else _INFERENCE, start_ns, module_id)
             if self.pieces == 1 and (not training or not self.optimizer_seen):
@@ -167,6 +202,9 @@ class AutoSteps:
             if self.closed_ns:
                 self._finish_training()
             elif not self.optimizer_seen:
+                if self.trained:  # the wait begins the next micro-batch, or the next iteration
+                    self._tentative_end(start_ns)
+                    return
                 self._finish(self.last_end_ns)
         if self.type is _NONE and not self.wait_ns:
             self.wait_ns = start_ns
@@ -184,7 +222,15 @@ class AutoSteps:
             self.trained |= trains
             self.last_end_ns = max(self.last_end_ns, end_ns)
 
-    def optimizer_ends(self, start_ns: int, end_ns: int) -> None:
+    def optimizer_begins(self, optimizer_id: int) -> None:
+        """An optimizer step begins: the same optimizer stepping again begins the next iteration
+        (a closure optimizer's loop has no model call between its steps)."""
+        self.lane = 0
+        if (self.type is _TRAIN and self.closed_ns and self.closed_by == optimizer_id
+                and not self._buffer.open_steps and not self.nested and not self._buffer.depth):
+            self._finish_training()
+
+    def optimizer_ends(self, start_ns: int, end_ns: int, optimizer_id: int = 0) -> None:
         self.lane = 0
         self.optimizer_seen = True
         if self._suspended():
@@ -194,8 +240,22 @@ class AutoSteps:
         self.type = _TRAIN  # an optimizer after a no-grad call makes it training all the same
         self.trained = True
         self.closed_ns = end_ns
+        self.closed_by = optimizer_id
         self.pieces += 1
         self.last_end_ns = max(self.last_end_ns, end_ns)
+        if self.tentative:  # the iterations before it were micro-batches of one step
+            self.tentative = []
+            self.python_decides = False
+
+    def gradients_cleared(self) -> None:
+        """``zero_grad()``: the gradients so far are thrown away, so an open training iteration
+        that no optimizer step closed (a warm-up forward and backward) was a step of its own, and
+        ends here; so does each iteration left tentative before it."""
+        self.lane = 0
+        if (self.type is not _TRAIN or self.closed_ns or not (self.trained or self.tentative)
+                or self._suspended() or self._buffer.optimizer_starts):
+            return
+        self._finish(self.last_end_ns)
 
     def generate_begins(self, name: str, start_ns: int) -> None:
         self.lane = 0
@@ -254,7 +314,51 @@ class AutoSteps:
         self.resume_ns = closed
         return handed_over
 
+    def _tentative_end(self, start_ns: int) -> bool:
+        """The open training step would end here if no optimizer step came; past
+        :data:`MAX_TENTATIVE` of them, it is decided that none will (they become steps)."""
+        self.tentative.append((self.last_end_ns, start_ns))
+        self.pieces += 1
+        self.trained = False  # of the iteration this call begins: its backward has yet to come
+        self.python_decides = True
+        return self._split_tentative() if len(self.tentative) >= MAX_TENTATIVE else False
+
+    def _split_tentative(self) -> bool:
+        """Every tentative end becomes a step end (no optimizer step made them one step); the
+        last iteration stays open."""
+        told = False
+        start_ns = self.start_ns
+        for end_ns, next_start_ns in self.tentative:
+            self._buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), TRAIN_STEP_NAME,
+                                       _ATTRIBUTES[_TRAIN], None))
+            told = self._decided(start_ns, end_ns) or told
+            start_ns = next_start_ns
+        self.start_ns = start_ns
+        self.tentative = []
+        self.pieces = 2 if self.trained else 1  # the open iteration: its call, and its backward if it came
+        self.python_decides = False
+        return told
+
+    def _joins(self, module_id: int, start_ns: int) -> bool | None:
+        """Another model's call joins the open inference step; its :data:`HANDOVER_CALLS`-th call
+        without the leader makes it lead (its earlier calls were steps of its own). None when it
+        only joined."""
+        if self.joiner != module_id:
+            self.joiner, self.joined = module_id, []
+        calls = self.joined
+        calls.append((start_ns, self.last_end_ns))
+        if len(calls) < HANDOVER_CALLS:
+            return None
+        self.pieces = max(1, self.pieces - (len(calls) - 1))  # the leader's step, without this model's calls
+        told = self._finish(calls[0][1])
+        for (first, _), (_, end_ns) in zip(calls, calls[1:]):  # one step per earlier call, no step span
+            told = self._decided(first, end_ns) or told
+        self._open(_INFERENCE, start_ns, module_id)
+        return told
+
     def _finish(self, end_ns: int, thread_ended: bool = False) -> bool:
+        if self.tentative and not self.closed_ns:  # no optimizer step: each iteration was a step
+            self._split_tentative()
         kind, start_ns = self.type, self.start_ns
         buffer = self._buffer
         if kind is not _GENERATE:  # a model called with autograd on, but never trained

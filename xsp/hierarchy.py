@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
-from xsp.schema import Level
+from xsp.schema import Level, SpanKind
 from xsp.tree import chain_ends, depth_of, ids_at
 
 _RANK = {level.value: level.rank for level in Level}
@@ -66,6 +66,9 @@ class HierarchyDiagnostics:
     external_reparented: int = 0
     """Of those, calls whose interval put them outside that span (clocks disagreeing by more
     than the gap between calls): placed under the span their id names."""
+    late_linked: int = 0
+    """CUDA API calls and GPU activities that CUPTI handed over after the window of the layer
+    call (or launch) that made them: placed under it all the same (:mod:`xsp.late_records`)."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -233,6 +236,11 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
     rank = np.array([*(_RANK.get(level, len(_RANK)) for level in uniques), len(_RANK)], dtype=np.int64)[codes]
     tiebreak = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
                 if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
+    # a step (or the session) spanning exactly what it holds (a closure optimizer's first step is
+    # its optimizer call) is the outer one
+    if col.KIND in spans:
+        kind = spans[col.KIND].astype(object).fillna("").to_numpy(dtype=object)
+        tiebreak = np.where(kind == SpanKind.SESSION.value, -2, np.where(kind == SpanKind.STEP.value, -1, tiebreak))
     rows = np.flatnonzero(has_thread)
     sub_parents, diagnostics = inclusion_parents(
         thread[has_thread].to_numpy(dtype=np.int64),

@@ -275,7 +275,7 @@ class ThreadBuffer:
 
     __slots__ = (
         "recording", "thread", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps",
-        "last_hooked", "optimizer_starts",
+        "last_hooked", "optimizer_starts", "input_waits",
         "calls", "packed_calls", "packed_roots", "marks", "kept_lengths", "kept_steps", "backward", "roots",
         "_call_columns", "_mark_columns", "_backward_columns", "_root_columns",
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
@@ -312,6 +312,9 @@ class ThreadBuffer:
         """The autograd node last hooked for a module call on this thread, and that call's start."""
         self.optimizer_starts: list[int] = []
         """Starts of the optimizer steps running on this thread (a stack: one step may run another)."""
+        self.input_waits = 0
+        """DataLoader waits running on this thread right now: a window due meanwhile is handed over
+        when they end, so that its hand-off never lengthens the wait (:attr:`Recording.window_deferred`)."""
         self.steps = AutoSteps(self)
         """This thread's automatic steps (see :mod:`xsp.auto_steps`)."""
         # raw records, appended on the hot path:
@@ -563,6 +566,11 @@ class Window:
         """Records of every kind in the window."""
         return sum(len(b.call_columns) + len(b.mark_columns) + len(b.backward_columns) for b in self.buffers)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to interpret: no record, sample, drop count, ended thread or step number."""
+        return not (self.records or self.samples or self.dropped or self.ended_thread_ids or self.step_numbers)
+
 
 class Recording:
     """The per-thread buffers of one session, with counts of anything dropped."""
@@ -591,6 +599,10 @@ class Recording:
         self.on_long_step: Callable[[int], None] | None = None
         """Called on the recording thread, with the step's duration, when a step of
         ``long_step_ns`` or more has ended there (outside every other step and module call)."""
+        self.window_deferred = False
+        """A window was taken while its thread waited for a DataLoader: ``on_wait_over`` hands it
+        over when the wait ends."""
+        self.on_wait_over: Callable[[], None] | None = None
         self.on_new_thread: list[Callable[[], None]] = []
         """Called on a thread when it records for the first time (once per thread)."""
         self.on_ended_thread_step: Callable[[ThreadBuffer, int], None] | None = None

@@ -80,6 +80,7 @@ class SpanKind(str, enum.Enum):
     COLLECTIVE_WAIT = "collective_wait"  # waiting for an async collective's Work (model level)
     FORWARD = "forward"  # one nn.Module forward call (layer level)
     BACKWARD = "backward"  # one nn.Module backward (layer level); one backward pass (model level)
+    RECOMPUTE = "recompute"  # a module's forward run again inside a backward (activation checkpointing; layer level)
     PYTHON = "python"  # a Python function seen by PyTorch's profiler (layer level)
     OPERATOR = "operator"  # one framework operator (operator level)
     RUNTIME = "runtime"  # CUDA runtime API call (cuda_api level)
@@ -245,6 +246,11 @@ calls a group's collectives in the same order, so it matches the same call acros
 ATTR_COLLECTIVE_ASYNC: Final = "xsp.collective.async"
 ATTR_COLLECTIVE_BACKEND: Final = "xsp.collective.backend"
 ATTR_COLLECTIVE_DTYPE: Final = "xsp.collective.dtype"
+ATTR_COLLECTIVE_BUCKET: Final = "xsp.collective.bucket"
+"""On a DDP gradient all-reduce: the reducer's bucket index (0 is the last layers' gradients)."""
+ATTR_COLLECTIVE_WORK_NS: Final = "xsp.collective.work_ns"
+"""On an asynchronous collective whose completion xsp saw (DDP's buckets): nanoseconds from its
+launch (the span's start) to its completion. The span itself is the launch."""
 ATTR_RANK: Final = "xsp.rank"
 """On every span of a distributed job: the rank that recorded it."""
 

@@ -8,13 +8,14 @@ renamed, so that every segment present is whole. Memory then holds one window, n
 At the session's end the segments are copied, one at a time, into the trace file (one Parquet
 row group each) and the folder is removed. If the process dies first (SIGKILL, an OOM kill, a
 power cut), the folder stays: :func:`recover` (``xsp recover PATH``) builds the trace file
-from it, with a session span closed at the last recorded span and marked as killed, and
+from it, with a session span closed at the last recorded span and marked as unfinished, and
 ``xsp.load(PATH)`` reads it directly while no file exists.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -48,7 +49,10 @@ FINAL_FILE: Final = "final.json"
 """The finished session's metadata, written when its trace file could not be: recover then
 writes the file as the session meant to, not as a killed one."""
 SEGMENT_PATTERN: Final = "window-*.parquet"
-KILLED_MESSAGE: Final = "the process ended before the session did (killed?); recovered from its closed windows"
+UNFINISHED_MESSAGE: Final = ("the process ended before its session did (a kill, a crash or os._exit: xsp cannot "
+                             "tell which); recovered from its closed windows")
+UNFINISHED: Final = "ended_before_session"
+"""``metadata["interrupted"]`` of a recovered trace: how the process ended is not known."""
 LOST_AT_END: Final = "spans of windows no folder could take when the run ended"
 SPOOL_ENV: Final = "XSP_SPOOL_DIR"
 """Where windows go when the output's folder cannot take them (default: the system's temporary folder)."""
@@ -108,6 +112,24 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def warm_up() -> None:
+    """Write one span as a segment is written, in memory: Arrow and Parquet set up their C++
+    statics in this process, at a moment of xsp's choosing.
+
+    A forked helper that set one up itself would register its destructor with glibc
+    (``__cxa_atexit``) under a lock that ``fork`` copies as it stands: had another thread of
+    the program held it at that moment (PyTorch sets up statics of its own at an op's first
+    use), the helper would wait for it forever. Helpers forked after this register none."""
+    from xsp.spans import conform  # the table builder: only once a session streams
+
+    row = {col.TRACE_ID: "0" * 32, col.SPAN_ID: 1, col.LEVEL: col.Level.MODEL.value,
+           col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME, col.START_NS: 0, col.END_NS: 1,
+           col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
+    table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
+    pq.write_table(table, io.BytesIO(), compression="zstd", write_page_checksum=True,
+                   write_statistics=statistics_columns(table.schema))
 
 
 class SegmentWriter:
@@ -330,7 +352,7 @@ def _start_metadata(folders: list[Path]) -> dict[str, Any]:
 
 
 def _session_row(metadata: dict[str, Any], last_end_ns: int) -> pa.Table:
-    """The session span the killed process never wrote: from its start to its last span's end."""
+    """The session span the ended process never wrote: from its start to its last span's end."""
     ids = metadata.get("session_ids") or {}
     start_ns = int(metadata.get("session_start_ns") or last_end_ns)
     end_ns = max(last_end_ns, start_ns)
@@ -339,7 +361,7 @@ def _session_row(metadata: dict[str, Any], last_end_ns: int) -> pa.Table:
         col.LEVEL: col.Level.MODEL.value, col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME,
         col.START_NS: start_ns, col.END_NS: end_ns, col.DURATION_NS: end_ns - start_ns,
         col.THREAD_ID: metadata.get("session_thread_id"), col.STATUS: col.Status.ERROR.value,
-        col.STATUS_MESSAGE: KILLED_MESSAGE,
+        col.STATUS_MESSAGE: UNFINISHED_MESSAGE,
     }
     from xsp.spans import conform  # the table builder, only when a session span must be made
 
@@ -365,10 +387,10 @@ def _recovered(folders: list[Path]) -> tuple[list[pa.Table], dict[str, Any]]:
     metadata.pop("session_ids", None)
     metadata.pop("output", None)
     metadata["recovered"] = recovered
-    metadata["interrupted"] = "killed"
+    metadata["interrupted"] = UNFINISHED
     metadata.setdefault("warnings", []).append(
         f"recovered from {len(tables) - 1} closed windows: the process ended before the session did; "
-        "the steps of its last window (up to about a second before the kill) are missing")
+        "the steps of its last window (up to about a second before it ended) are missing")
     return tables, metadata
 
 

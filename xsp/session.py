@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from xsp import _exit_guard as exit_guard
 from xsp import _state, machine_speed
 from xsp import schema as col
 from xsp._signals import StopSignals, Terminated, end_by_signal
@@ -55,6 +56,7 @@ from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Wi
 from xsp.schedule import Schedule, StepAction, schedule_of
 from xsp.schema import Level, SpanKind, Status
 from xsp.segments import SegmentWriter
+from xsp.segments import warm_up as warm_up_writing
 from xsp.spans import build_table, conform, new_step_state
 from xsp.structure import SESSION_NAME, StepState
 from xsp.trace import Trace
@@ -207,6 +209,11 @@ class Session:
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
         self.rank: RankInfo | None = None
         """This process's rank when it is one of a distributed job (see :mod:`xsp.distributed`)."""
+        self._ended_by: str | None = None
+        """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
+        self.on_os_exit: list[Callable[[int], None]] = []
+        """Called with the status after the session ended because the program called ``os._exit``
+        (the process then exits; the CLI says what was written)."""
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -243,6 +250,7 @@ class Session:
             self._start()
         except BaseException:
             _state.session = _state.recording = None
+            exit_guard.unguard()
             self._release_output()
             raise
         return self
@@ -274,6 +282,7 @@ class Session:
                 self._warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
                 self._stop_quietly(tracer)
         self._signals.install()
+        exit_guard.guard(self._end_by_os_exit)
         self._start_ns = now_ns()
         if self._segments is not None:
             try:
@@ -299,16 +308,24 @@ class Session:
                 with contextlib.suppress(Exception):
                     tracer.stop()
             return
+        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        if isinstance(exc, (Terminated, KeyboardInterrupt)):
+            self._warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
+                       "holds what was recorded until then")
+        self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc)
+        if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
+            if self.export is not None:
+                self.export.wait(EXIT_WAIT_S)
+            end_by_signal(exc.signum)
+
+    def _end(self, end_ns: int, error: str | None, exc: BaseException | None) -> None:
+        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not)."""
+        exit_guard.unguard()
         self._signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
         try:
             _state.session = _state.recording = None
             for tracer in self._tracers:
                 self._stop_quietly(tracer)
-            succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
-            error = None if succeeded else f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, (Terminated, KeyboardInterrupt)):
-                self._warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
-                           "holds what was recorded until then")
             try:
                 self._finish(end_ns, error)
             except Exception as failure:  # xsp must never turn the user's success into a failure
@@ -317,10 +334,18 @@ class Session:
             self._release_output()
             self._signals.release(exc)
             _take_over()
-        if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
-            if self.export is not None:
-                self.export.wait(EXIT_WAIT_S)
-            end_by_signal(exc.signum)
+
+    def _end_by_os_exit(self, status: int) -> None:
+        """``os._exit(status)`` was called while the session ran: end it now, as its block would
+        have (no exit hook runs after ``os._exit``), then let the process exit."""
+        if _state.session is not self:
+            return
+        self._ended_by = f"os._exit({status})"
+        self._end(now_ns(), None if status == 0 else f"os._exit({status})", None)
+        if self.export is not None:
+            self.export.wait(EXIT_WAIT_S)
+        for callback in self.on_os_exit:
+            callback(status)
 
     def __call__(self, function: F) -> F:
         """Use as a decorator: each call of ``function`` is one session."""
@@ -353,6 +378,7 @@ class Session:
             self._start()
         except BaseException:
             _state.session = _state.recording = None
+            exit_guard.unguard()
             self._release_output()
             raise
 
@@ -474,8 +500,16 @@ class Session:
             assert windows is not None
             if (long_step or now_ns() - windows.closed_ns >= window_ns
                     or recording.kept_events - windows.closed_events >= window_events):
-                windows.close_window()
+                buffer = getattr(recording.local, "b", None)
+                waiting = buffer is not None and buffer.input_waits > 0
+                windows.close_window(hold=waiting)  # taken now, handed over when the wait ends
+                recording.window_deferred |= waiting
                 next_window_due()
+
+        def wait_over() -> None:
+            assert windows is not None
+            recording.window_deferred = False
+            windows.release_held()
 
         def step_ended(duration_ns: int) -> None:
             if scheduled:
@@ -495,6 +529,7 @@ class Session:
         if windows is not None:
             next_window_due()
             recording.on_new_thread.append(window_if_due)
+            recording.on_wait_over = wait_over
         recording.on_long_step = step_ended
 
     def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
@@ -684,6 +719,7 @@ class Session:
             "closed_windows": 0 if self._windows is None else self._windows.closed_windows,
             "helper_windows": self._helper_windows,
             "signals": list(self._signals.received),
+            "ended_by": self._ended_by,
             "warnings": list(self.warnings),
             "otlp": None if self.target is None else {"endpoint": self.target.endpoint,
                                                       "protocol": self.target.protocol.value},
@@ -797,30 +833,36 @@ class _WindowWorker:
         """Windows handed over while the session ran (several waiting are interpreted as one)."""
         self.stopping = False
         """The session's end was met while taking the windows waiting: none comes after them."""
-        self.warmed = False
-        """The first window was interpreted here: what helpers run has set up its C++ statics.
-
-        A helper that sets one up itself registers its destructor with glibc (``__cxa_atexit``),
-        under a lock that ``fork`` copies as it stands: if another thread of the program held it
-        at that moment (PyTorch sets up statics of its own at an op's first use), the helper waits
-        for it forever. Interpreting the first window here makes Arrow's, pandas's and Parquet's
-        statics the parent's, and the helpers then register none."""
+        self.held: list[Window] = []
+        """Windows taken during a DataLoader wait, handed over when it ends (:meth:`release_held`)."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
-    def close_window(self) -> None:
-        """Called on a recording thread at a step end: hand the idle threads' records over."""
+    def close_window(self, hold: bool = False) -> None:
+        """Called on a recording thread at a step end: hand the idle threads' records over
+        (``hold``: take them now, hand them over at :meth:`release_held`; the thread is waiting
+        for its DataLoader, a wait the hand-off and the helper it forks must not lengthen)."""
         recording = self.session._recording
         if recording is None or not self.closing.acquire(blocking=False):
             return
         try:
             self.closed_ns, self.closed_events = now_ns(), recording.kept_events
             window = recording.take_window()
-            if window.buffers:
+            if not window.empty:
                 self.closed_windows += 1
-                self.queue.put(window)
+                if hold:
+                    self.held.append(window)
+                else:
+                    self.queue.put(window)
         finally:
             self.closing.release()
+
+    def release_held(self) -> None:
+        """Hand over the windows :meth:`close_window` held."""
+        with self.closing:
+            held, self.held = self.held, []
+            for window in held:
+                self.queue.put(window)
 
     @property
     def session_ids(self) -> tuple[str, int]:
@@ -830,6 +872,11 @@ class _WindowWorker:
     def _run(self) -> None:
         resource = None if self.exporter is None else resource_for(self.session.service_name, {
             **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
+        if self.forks:
+            try:
+                warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
+            except Exception:  # helpers would risk a hang: windows are interpreted here instead
+                self.forks = False
         while (window := self._next_window()) is not None:
             self.session._prepare(window)
             if self._interpreted_in_helper(window):
@@ -870,9 +917,6 @@ class _WindowWorker:
             return False
         if session._segments is not None and session._segments.pending:  # a helper would write them twice
             return False
-        if not self.warmed:
-            self.warmed = True
-            return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         try:
             result = run_forked(functools.partial(session._interpret_in_helper, window), deadline_s)
@@ -887,6 +931,9 @@ class _WindowWorker:
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""
         with self.closing:
+            held, self.held = self.held, []
+            for window in held:
+                self.queue.put(window)
             self.queue.put(None)
         self.thread.join()
 

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xsp import hierarchy, structure
+from xsp import hierarchy, late_records, structure
 from xsp import schema as col
 from xsp.samples import annotate_steps
-from xsp.tree import MEMORY_POOL, arrow_strings, category_values, ids_at, nullable_ints
+from xsp.tree import MEMORY_POOL, arrow_strings, category_values, ids_at, nearest_marked, nullable_ints
 
 
 def empty_table() -> pd.DataFrame:
@@ -113,6 +113,18 @@ def new_step_state(attach_to_session: bool = True) -> structure.StepState:
                                attach_to_session=attach_to_session)
 
 
+def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
+    """Module forwards run inside a backward pass (activation checkpointing recomputing them)
+    are ``recompute`` spans, not forwards: in place."""
+    kinds = table[col.KIND].to_numpy(dtype=object)
+    forward = kinds == col.SpanKind.FORWARD.value
+    if not forward.any() or not (kinds == col.SpanKind.BACKWARD.value).any():
+        return
+    recompute = forward & (nearest_marked(parents, kinds == col.SpanKind.BACKWARD.value) >= 0)
+    if recompute.any():
+        table.loc[recompute, col.KIND] = col.SpanKind.RECOMPUTE.value
+
+
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
                 session_row: dict[str, Any] | None = None, sort: bool = True,
                 step_numbers: list[int] | None = None) -> TableResult:
@@ -160,6 +172,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
+    mark_recomputation(table, parents)
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
                                    step_numbers)
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
@@ -172,7 +185,12 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
-    diagnostics.roots = int((~has_parent).sum())
     table = conform(table)
+    late_calls, late_activities = late_records.adopt_late(table, state)
+    late_records.remember(table, state)
+    diagnostics.late_linked = late_calls + late_activities
+    diagnostics.launch_missing = max(diagnostics.launch_missing - late_activities, 0)
+    diagnostics.launched += late_activities
+    diagnostics.roots = int((~has_parent).sum()) - diagnostics.late_linked
     annotate_steps(table)
     return TableResult(table, diagnostics.as_dict())

@@ -176,6 +176,49 @@ def test_a_forked_child_never_writes_over_the_parents_file(tmp_path):
         assert no_partial(tmp_path)
 
 
+OS_EXIT = """
+import os, sys, torch, xsp
+model = torch.nn.Linear(4, 4)
+session = xsp.trace(output=sys.argv[1])
+session.__enter__()
+for _ in range(7):
+    model(torch.randn(2, 4))
+if os.fork() == 0:  # a child ending by os._exit writes nothing (the parent's session is not its own)
+    model(torch.randn(2, 4))
+    os._exit(0)
+os.wait()
+print("done", flush=True)
+os._exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_os_exit_ends_the_session_and_writes_the_file(tmp_path, status):
+    script = tmp_path / "ends.py"
+    script.write_text(OS_EXIT)
+    output = tmp_path / "run.xsp.parquet"
+    result = subprocess.run([sys.executable, str(script), str(output), str(status)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == status and result.stdout == "done\n", result.stderr
+    assert result.stderr == ""  # os._exit is the program's own way to end: nothing to warn about
+    trace = xsp.load(output)
+    assert len(trace.steps) == 7 and trace.metadata["ended_by"] == f"os._exit({status})"
+    session = trace.spans[trace.spans[col.KIND] == "session"]
+    assert session[col.STATUS].tolist() == ["ok" if status == 0 else "error"]
+    assert no_partial(tmp_path)
+
+
+def test_xsp_run_says_what_it_wrote_when_the_script_ends_by_os_exit(tmp_path):
+    script = tmp_path / "ends.py"
+    script.write_text(OS_EXIT.replace("session.__enter__()", "").replace("session = xsp.trace(output=sys.argv[1])",
+                                                                            ""))
+    result = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "run.xsp.parquet", "--", str(script), "x",
+                             "4"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 4 and result.stdout == "done\n", result.stderr
+    assert "xsp: " in result.stderr and "7 steps -> run.xsp.parquet" in result.stderr
+    assert len(xsp.load(tmp_path / "run.xsp.parquet").steps) == 7
+
+
 def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_path):
     model = torch.nn.Linear(4, 4)
     first_done, second_inside = threading.Event(), threading.Event()

@@ -20,7 +20,7 @@ import xsp
 import xsp.session
 from xsp import schema as col
 from xsp.forked import ForkFailed, fork_available
-from xsp.segments import KILLED_MESSAGE, unfinished_sessions
+from xsp.segments import UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
 
 KILLED = """
 import os, signal, sys, time, torch, xsp
@@ -137,9 +137,9 @@ def test_a_killed_run_is_recovered_with_its_closed_windows(tmp_path):
     assert recovered.returncode == 0, recovered.stderr
     assert "recovered" in recovered.stderr and recovered.stderr.count("\n") == 1
     trace = xsp.load(output)
-    assert trace.metadata["interrupted"] == "killed"
+    assert trace.metadata["interrupted"] == UNFINISHED
     session = trace.spans[trace.spans[col.KIND] == "session"]
-    assert session[col.STATUS].tolist() == ["error"] and session[col.STATUS_MESSAGE].tolist() == [KILLED_MESSAGE]
+    assert session[col.STATUS].tolist() == ["error"] and session[col.STATUS_MESSAGE].tolist() == [UNFINISHED_MESSAGE]
     assert trace.spans[col.PARENT_ID].dropna().isin(set(trace.spans[col.SPAN_ID])).all()
     assert len(trace.steps) == len(unfinished.steps)
     assert leftovers(tmp_path) == []

@@ -22,7 +22,8 @@ pytest.importorskip("transformers")
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 STEPS = {"mnist_train": 6, "hf_train": 3, "hf_generate": 2, "compile_inference": 5, "compile_train": 4,
-         "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12}
+         "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12,
+         "grad_accumulation": 6, "lbfgs_closure": 5, "checkpointing": 4, "quantized_inference": 4, "os_exit": 5}
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -171,6 +172,66 @@ def check_threaded_server(trace: xsp.Trace) -> None:
             == layers[col.THREAD_ID].to_numpy()).all()
 
 
+def forwards_per_step(trace: xsp.Trace, name: str) -> list[int]:
+    calls = model_spans(trace, SpanKind.PREDICT)
+    return calls[calls[col.NAME] == name].groupby(col.STEP).size().tolist()
+
+
+def check_grad_accumulation(trace: xsp.Trace) -> None:
+    # 6 optimizer steps of 4 micro-batches of 16: every step holds its 4 forwards, the first one too
+    assert step_names(trace) == ["train_step"] * 6
+    assert forwards_per_step(trace, "model") == [4] * 6
+    assert model_spans(trace, SpanKind.OPTIMIZER).groupby(col.STEP).size().tolist() == [1] * 6
+    latency = analysis.model_latency(trace)
+    assert latency["batch_size"].tolist() == [64] * 6  # the samples of the step, not of one forward
+    assert np.allclose(latency["throughput_per_s"], 64 / (latency["latency_ms"] / 1e3))
+
+
+def check_lbfgs_closure(trace: xsp.Trace) -> None:
+    # one step per optimizer.step(closure), the closure's forwards and backwards inside it, counted once
+    assert step_names(trace) == ["train_step"] * 5
+    optimizer = model_spans(trace, SpanKind.OPTIMIZER)
+    assert optimizer.groupby(col.STEP).size().tolist() == [1] * 5 and set(optimizer[col.NAME]) == {"LBFGS.step"}
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert calls[col.PARENT_ID].isin(optimizer[col.SPAN_ID]).all()  # every forward is the closure's
+    assert sum(forwards_per_step(trace, "model")) >= 5
+    assert analysis.model_latency(trace)["batch_size"].tolist() == [256] * 5
+    breakdown = analysis.step_breakdown(trace)
+    parts = breakdown[["forward_ms", "backward_ms", "optimizer_ms"]].sum(axis=1)
+    assert (parts <= breakdown["latency_ms"] + 1e-9).all()
+
+
+def check_checkpointing(trace: xsp.Trace) -> None:
+    # the recomputation is the blocks' own, inside the backward: no new models, no errors
+    assert step_names(trace) == ["train_step"] * 4
+    assert set(model_spans(trace, SpanKind.PREDICT)[col.NAME]) == {"model"}
+    assert (trace.spans[col.STATUS] == "ok").all()
+    recompute = trace.spans[trace.spans[col.KIND] == SpanKind.RECOMPUTE.value]
+    assert set(recompute[col.NAME]) >= {f"model.blocks.{i}" for i in range(4)}
+    assert recompute.groupby(col.STEP).size().nunique() == 1 and len(recompute) > 0
+    backward = trace.spans[trace.spans[col.KIND] == SpanKind.BACKWARD.value]
+    in_backward = [_inside(trace, row, backward) for row in recompute.itertuples()]
+    assert all(in_backward)
+
+
+def _inside(trace: xsp.Trace, row, containers: pd.DataFrame) -> bool:
+    return bool(((containers[col.START_NS] <= getattr(row, col.START_NS)) & (containers[col.END_NS] >= getattr(
+        row, col.END_NS)) & (containers[col.STEP] == getattr(row, col.STEP))).any())
+
+
+def check_quantized_inference(trace: xsp.Trace) -> None:
+    # quantize_dynamic's observers are no models, and its conversion no step
+    assert step_names(trace) == ["model"] * 4 + ["quantized"] * 4
+    types = analysis.layer_type_summary(trace).set_index("module_type")
+    assert types.loc["Linear", "calls"] == types.loc["Linear (torch.ao.nn.quantized.dynamic)", "calls"] == 3 * 4
+
+
+def check_os_exit(trace: xsp.Trace) -> None:
+    # the program ended by os._exit(0): its session ended there, and the file holds every step
+    assert step_names(trace) == ["model"] * 5
+    assert trace.metadata["ended_by"] == "os._exit(0)"
+
+
 CHECKS: dict[str, Callable[[xsp.Trace], None]] = {name: globals()[f"check_{name}"] for name in STEPS}
 
 
@@ -178,4 +239,18 @@ CHECKS: dict[str, Callable[[xsp.Trace], None]] = {name: globals()[f"check_{name}
 def test_the_trace_tells_what_the_script_did(runs, name):
     _, _, trace = runs(name)
     CHECKS[name](trace)
+    assert_whole_story(trace)
+
+
+def test_reentrant_checkpointing_is_told_as_the_other_kind(tmp_path):
+    script = str(WORKLOADS / "checkpointing.py")
+    plain = run(script, "--steps", "4", "--reentrant", cwd=tmp_path)
+    profiled = run("-m", "xsp", "run", "-o", "run.xsp.parquet", "--", script, "--steps", "4", "--reentrant",
+                   cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    check_checkpointing(trace)
+    # the reentrant implementation runs a backward pass of its own per block: part of the step's one
+    assert model_spans(trace, SpanKind.BACKWARD).groupby(col.STEP).size().tolist() == [1] * 4
     assert_whole_story(trace)

@@ -23,7 +23,7 @@ class Loop:
     def __init__(self) -> None:
         self.decided: list[int] = []
         recording = SimpleNamespace(on_long_step=self.decided.append, long_step_ns=0)
-        self.buffer = SimpleNamespace(marks=[], open_steps=0, depth=0, recording=recording)
+        self.buffer = SimpleNamespace(marks=[], open_steps=0, depth=0, recording=recording, optimizer_starts=[])
         self.steps = AutoSteps(self.buffer)  # type: ignore[arg-type]
         self.now = BASE
 
@@ -229,3 +229,58 @@ def test_the_lane_is_open_only_while_the_step_is_one_call_of_its_model():
     assert steps.lane == 0
     loop.end()
     assert steps.lane == 0
+
+
+def test_accumulated_micro_batches_are_one_step_from_the_first():
+    loop = Loop()
+    for _ in range(2):
+        for _ in range(3):  # three forwards and backwards, then one optimizer step
+            loop.call(MODEL, training=True)
+            loop.backward()
+        loop.optimizer()
+        loop.idle(1)
+    assert loop.end() == [("train_step", 0, 94), ("train_step", 94, 189)]
+
+
+def test_a_warm_up_whose_gradients_zero_grad_throws_away_is_a_step_of_its_own():
+    loop = Loop()
+    loop.call(MODEL, training=True)  # warm-up: forward and backward, no optimizer step
+    loop.backward()
+    loop.steps.gradients_cleared()
+    loop.idle(1)
+    for _ in range(2):
+        loop.call(MODEL, training=True)
+        loop.backward()
+        loop.optimizer()
+    assert loop.end() == [("train_step", 0, 30), ("train_step", 31, 65), ("train_step", 65, 99)]
+
+
+def test_zero_grad_inside_a_closure_decides_nothing():
+    loop = Loop()
+    loop.call(MODEL, training=True)
+    loop.backward()
+    loop.buffer.optimizer_starts.append(loop.now)  # an optimizer's step(closure) is running
+    loop.steps.gradients_cleared()
+    loop.buffer.optimizer_starts.pop()
+    loop.optimizer()
+    assert loop.end() == [("train_step", 0, 34)]
+
+
+def test_without_any_optimizer_step_each_iteration_is_a_step():
+    loop = Loop()
+    for _ in range(3):
+        loop.call(MODEL, training=True)
+        loop.backward()
+    assert [name for name, _, _ in loop.end()] == ["train_step"] * 3
+
+
+def test_a_model_called_three_times_without_the_leader_leads_from_its_first_call():
+    loop = Loop()
+    for _ in range(2):
+        loop.call(ENCODER)
+        loop.idle(1)
+    for _ in range(4):  # a second loop, over another model
+        loop.call(HEAD)
+        loop.idle(1)
+    loop.end()
+    assert len(loop.decided) == 6  # every call its own step: none swallowed another

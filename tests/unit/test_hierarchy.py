@@ -238,3 +238,30 @@ def test_inclusion_parents_of_a_deep_chain_and_a_long_rising_run():
     rising = hierarchy.inclusion_parents(np.zeros(count, np.int64), np.arange(count), np.arange(count) + 10 ** 6,
                                          np.ones(count, np.int64), np.zeros(count, np.int64))
     assert (rising[0] == -1).all() and rising[1].overlapping == count - 1
+
+
+def test_cuda_records_that_come_a_window_late_are_placed_under_the_layer_that_made_them():
+    from xsp.spans import build_table, new_step_state
+
+    state = new_step_state()
+    first = pd.DataFrame({
+        col.LEVEL: ["model", "layer"], col.KIND: ["predict", "forward"], col.NAME: ["model", "model.0"],
+        col.START_NS: [100, 110], col.END_NS: [200, 190], col.THREAD_ID: [7, 7], col.CALL_DEPTH: [0, 1],
+        col.EXTERNAL_ID: pd.array([100, 110], dtype="Int64")})
+    table_1 = build_table([first], 0, state).spans
+    layer = table_1[table_1[col.NAME] == "model.0"].iloc[0]
+    late = pd.DataFrame({  # the layer's launch and its kernel, handed over with the next window
+        col.LEVEL: ["cuda_api", "kernel", "cuda_api"], col.KIND: ["runtime", "kernel", "runtime"],
+        col.NAME: ["cudaLaunchKernel", "k", "cudaMalloc"], col.START_NS: [120, 150, 5000],
+        col.END_NS: [125, 170, 5010], col.THREAD_ID: pd.array([7, None, 7], dtype="Int64"),
+        col.DEVICE_ID: pd.array([None, 0, None], dtype="Int64"),
+        col.CORRELATION_ID: pd.array([1, 1, 2], dtype="Int64"),
+        col.EXTERNAL_ID: pd.array([110, None, 999], dtype="Int64")})
+    result = build_table([late], 0, state)
+    table_2 = result.spans.set_index(col.NAME)
+    assert table_2.loc["cudaLaunchKernel", col.PARENT_ID] == layer[col.SPAN_ID]
+    assert table_2.loc["cudaLaunchKernel", col.TRACE_ID] == layer[col.TRACE_ID]
+    assert table_2.loc["k", col.PARENT_ID] == table_2.loc["cudaLaunchKernel", col.SPAN_ID]
+    assert table_2.loc["k", col.STEP] == layer[col.STEP] == table_2.loc["cudaLaunchKernel", col.STEP]
+    assert pd.isna(table_2.loc["cudaMalloc", col.PARENT_ID])  # no layer of its id: left as it was
+    assert result.diagnostics["late_linked"] == 1

@@ -88,3 +88,59 @@ def test_kineto_dataloader_annotations_are_input_waits(tmp_path):
     assert waits[col.LEVEL].tolist() == ["input"] and waits[col.STEP].tolist() == [3]
     assert analysis.model_latency(trace)["input_ms"].tolist() == [0.03]
     assert analysis.input_waits(trace)["num_workers"].isna().all()
+
+
+def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_path, monkeypatch):
+    """A window's hand-off (and the helper it forks) inside ``next()`` would lengthen the very
+    wait the input analyses judge: a window due then waits for the wait's end; an empty one is
+    never handed over at all."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import xsp.session
+
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window due at every step end
+    taken: list[tuple[int, bool]] = []
+    released: list[int] = []
+    close_window, release_held = xsp.session._WindowWorker.close_window, xsp.session._WindowWorker.release_held
+
+    def spy_close(worker, hold=False):
+        taken.append((worker.session._recording.buffer().input_waits, hold))
+        close_window(worker, hold)
+
+    def spy_release(worker):
+        released.append(worker.session._recording.buffer().input_waits)
+        release_held(worker)
+
+    monkeypatch.setattr(xsp.session._WindowWorker, "close_window", spy_close)
+    monkeypatch.setattr(xsp.session._WindowWorker, "release_held", spy_release)
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    assert all(hold == (waits > 0) for waits, hold in taken)  # taken inside a wait: held
+    assert sum(hold for _, hold in taken) >= 6  # the steps' ends came inside next()
+    assert len(released) >= 6 and not any(released)  # handed over once the wait was over
+    assert session.trace.metadata["closed_windows"] >= 6
+    assert len(session.trace.steps) == 8
+    waits = session.trace.spans[session.trace.spans[col.KIND] == "input"]
+    assert waits[col.STEP].notna().sum() == 9  # __iter__ and the first next() are step 0's
+
+
+def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
+    import torch
+
+    import xsp.session
+
+    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)
+    model = torch.nn.Linear(4, 1)
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        model(torch.randn(2, 4))
+        worker = session._windows
+        before = worker.closed_windows
+        worker.close_window()  # nothing recorded since the last one: nothing to interpret
+        assert worker.closed_windows == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -70,11 +71,23 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+_PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?")
+
+
 def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
+    names_interpreter = _PYTHON_NAME.fullmatch(Path(command[0]).name) is not None
+    if names_interpreter and (not Path(command[0]).is_file() or command[1:2] and command[1].endswith(".py")):
+        # `xsp run -- python train.py` as users type it: the script runs in this interpreter anyway
+        if len(command) > 1 and command[1].startswith("-"):
+            raise CliError(f"xsp run takes the script itself, not interpreter options ({command[1]}): "
+                           "use xsp run [options] -- SCRIPT [ARGS...]")
+        command = command[1:]
+        if not command:
+            raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
     script = Path(command[0])
     if not script.is_file():
         raise CliError(f"no such script: {script}")
@@ -200,6 +213,8 @@ def run(options: argparse.Namespace) -> int:
                           service_name=options.service_name or script.stem,
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
                           span_budget=options.span_budget, dataset=options.dataset)
+        # a script ending with os._exit ends the session there: say what was written before it exits
+        session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status, started_in)
     return status
@@ -312,6 +327,11 @@ def _shown(path: Path, started_in: str) -> str:
     """``path`` as the user gave it: relative to where xsp started, unless it lies elsewhere."""
     relative = os.path.relpath(path, started_in)
     return str(path) if relative.startswith(os.pardir) else relative
+
+
+def _say_what_was_written(session: Session, script: Path, options: argparse.Namespace, status: int,
+                          started_in: str) -> None:
+    _summarise(session, script, options, status, started_in)
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int, started_in: str) -> int:
