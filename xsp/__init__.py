@@ -17,21 +17,26 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from xsp._version import __version__
-from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError
-from xsp.loading import load
+from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError, XspWarning
 from xsp.schedule import Schedule, ScheduleError
 from xsp.schema import Level, SpanKind, Status
-from xsp.session import Session, XspWarning, trace
-from xsp.trace import Trace
-from xsp.user_spans import span, step
 
 if TYPE_CHECKING:
     from xsp import analysis
     from xsp.baseline import Summary, summarize
     from xsp.diff import Diff, diff
     from xsp.leveled import LeveledResult, leveled
+    from xsp.loading import load
+    from xsp.session import Session, trace
+    from xsp.trace import Trace
+    from xsp.user_spans import span, step
 
 _LAZY = {
+    # pandas and pyarrow: when a trace is read (``xsp --help`` reads none)
+    "load": ("xsp.loading", "load"), "Trace": ("xsp.trace", "Trace"),
+    # recording imports torch: only when a session is asked for (reading a trace never does)
+    "trace": ("xsp.session", "trace"), "Session": ("xsp.session", "Session"),
+    "span": ("xsp.user_spans", "span"), "step": ("xsp.user_spans", "step"),
     "analysis": ("xsp.analysis", None),
     "Summary": ("xsp.baseline", "Summary"), "summarize": ("xsp.baseline", "summarize"),
     "Diff": ("xsp.diff", "Diff"), "diff": ("xsp.diff", "diff"),

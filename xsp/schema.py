@@ -26,6 +26,8 @@ SCHEMA_VERSION: Final = 1
 """Version of the span table layout; bumped on any incompatible change."""
 
 FILE_SUFFIX: Final = ".xsp.parquet"
+DEFAULT_OUTPUT: Final = "run" + FILE_SUFFIX
+"""The trace file a session writes when it is given none."""
 METADATA_KEY: Final = b"xsp"
 """Parquet key-value metadata key that holds the trace's metadata as JSON."""
 

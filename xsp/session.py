@@ -36,17 +36,8 @@ from xsp.distributed import (
     session_trace_id,
 )
 from xsp.errors import XspWarning
-from xsp.export.budget import span_budget_env_problem, span_budget_from_env
-from xsp.export.otlp import (
-    ExportReport,
-    OtlpExport,
-    OtlpTarget,
-    export_table,
-    make_exporter,
-    probe,
-    resource_for,
-    start_export,
-)
+from xsp.export.otlp import ExportReport, OtlpExport, export_table, make_exporter, resource_for, start_export
+from xsp.export.target import OtlpTarget, probe, span_budget_env_problem, span_budget_from_env
 from xsp.fileio import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
 from xsp.forked import ForkFailed, fork_available, run_forked
 from xsp.levels import LevelsArg, parse_levels
@@ -54,7 +45,7 @@ from xsp.metadata import default_service_name, environment, memory_peaks
 from xsp.output_claim import Claim, claim
 from xsp.recording import DEFAULT_MAX_EVENTS, NEVER, Recording, ThreadBuffer, Window
 from xsp.schedule import Schedule, StepAction, schedule_of
-from xsp.schema import Level, SpanKind, Status
+from xsp.schema import DEFAULT_OUTPUT, Level, SpanKind, Status
 from xsp.segments import SegmentWriter
 from xsp.segments import warm_up as warm_up_writing
 from xsp.spans import build_table, conform, new_step_state
@@ -66,7 +57,6 @@ from xsp.tracers.registry import tracers_for
 from xsp.user_spans import span
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_OUTPUT = "run.xsp.parquet"
 DEFAULT_LONG_STEP_S = 1.0
 """Steps at least this long are exported to OTLP as soon as they end."""
 WINDOW_S = 1.0

@@ -16,7 +16,8 @@ import torch
 import xsp
 from xsp import schema as col
 from xsp.cli.main import main
-from xsp.export.otlp import OtlpTarget, Protocol, span_attributes
+from xsp.export.otlp import span_attributes
+from xsp.export.target import OtlpTarget, Protocol
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver
 

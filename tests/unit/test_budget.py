@@ -16,9 +16,9 @@ from xsp.export.budget import (
     ATTR_AGGREGATED_TOTAL_NS,
     ATTR_BUDGET_CUT,
     ATTR_BUDGET_RAW_SPANS,
-    span_budget_from_env,
     within_budget,
 )
+from xsp.export.target import span_budget_from_env
 from xsp.spans import conform
 
 

@@ -9,7 +9,6 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from xsp.cli._common import CliError, check_output, console
-from xsp.fileio import write_text_output
 
 if TYPE_CHECKING:
     from xsp.diff import Diff
@@ -71,6 +70,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.fileio import write_text_output
     if options.output is not None:
         for source in (options.base, options.new):
             check_output(options.output, source)

@@ -9,9 +9,6 @@ from typing import Any
 from rich.table import Table
 
 from xsp.cli._common import console
-from xsp.export.otlp import OtlpTarget, probe
-from xsp.metadata import environment
-from xsp.tracers.registry import tracer_classes
 
 
 def register(commands: Any) -> None:
@@ -23,6 +20,8 @@ def register(commands: Any) -> None:
 
 def tracer_rows() -> list[tuple[str, str, str]]:
     """(tracer, level, "available" or the reason it is not) for every known tracer."""
+    from xsp.tracers.registry import tracer_classes  # imports torch: only when the command runs
+
     rows = []
     for name, cls in sorted(tracer_classes().items()):
         if isinstance(cls, str):
@@ -37,6 +36,9 @@ def tracer_rows() -> list[tuple[str, str, str]]:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.export.target import OtlpTarget, probe
+    from xsp.metadata import environment
+
     out = console()
     env = environment()
     out.print(f"xsp {env['xsp_version']}  torch {env['torch_version']}  python {env['python_version']}")

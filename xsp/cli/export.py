@@ -7,8 +7,6 @@ from enum import Enum
 from typing import Any
 
 from xsp.cli._common import check_output, error_console
-from xsp.export.chrome import write_chrome
-from xsp.loading import load
 
 
 class Format(str, Enum):
@@ -26,6 +24,8 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.export.chrome import write_chrome
+    from xsp.loading import load
     check_output(options.output, options.file)
     trace = load(options.file)
     target = write_chrome(trace, options.output)

@@ -6,9 +6,7 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, error_console
-from xsp.export.budget import DEFAULT_SPAN_BUDGET, span_budget_from_env
-from xsp.export.otlp import ExportReport, OtlpTarget, export_table, make_exporter, probe, resource_for
-from xsp.loading import load
+from xsp.export.target import DEFAULT_SPAN_BUDGET, OtlpTarget, probe, span_budget_from_env
 
 
 def register(commands: Any) -> None:
@@ -33,6 +31,8 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.export.otlp import ExportReport, export_table, make_exporter, resource_for
+    from xsp.loading import load
     target = OtlpTarget.resolve(options.otlp, options.otlp_protocol)
     if target is None:
         raise CliError("no collector to send to: give --otlp URL or set OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, console, error_console
-from xsp.loading import load
 
 
 def register(commands: Any) -> None:
@@ -25,6 +24,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.loading import load
     if options.top < 1:
         raise CliError("--top must be at least 1")
     if options.html is not None:

@@ -9,16 +9,17 @@ import runpy
 import sys
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp import schema as col
 from xsp.cli._common import CliError, console, error_console, xsp_warnings_to_stderr
-from xsp.export.otlp import Protocol
-from xsp.fileio import check_writable
+from xsp.export.target import Protocol
 from xsp.levels import parse_levels
 from xsp.schedule import Schedule
-from xsp.schema import SpanKind
-from xsp.session import DEFAULT_OUTPUT, EXIT_WAIT_S, Session
+from xsp.schema import DEFAULT_OUTPUT, SpanKind
+
+if TYPE_CHECKING:
+    from xsp.session import Session
 
 
 def register(commands: Any) -> None:
@@ -181,6 +182,9 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.fileio import check_writable
+    from xsp.session import Session
+
     levels = parse_levels(options.levels)
     schedule = None if options.schedule is None else Schedule.parse(options.schedule)
     if schedule is not None and options.leveled:
@@ -240,6 +244,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     )
     from xsp.reports.terminal import frame_table, number, share, text
     from xsp.schema import Level
+    from xsp.session import Session
     from xsp.trace import Trace
     from xsp.tracers.registry import tracers_for
 
@@ -335,6 +340,8 @@ def _say_what_was_written(session: Session, script: Path, options: argparse.Name
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int, started_in: str) -> int:
+    from xsp.session import EXIT_WAIT_S
+
     trace = session.trace
     out = error_console()
     if trace is None:

@@ -10,7 +10,6 @@ from typing import Any
 from xsp.cli._common import CliError, check_output, error_console
 from xsp.distributed import rank_path
 from xsp.levels import parse_levels
-from xsp.loading import load
 
 
 def register(commands: Any) -> None:
@@ -37,6 +36,7 @@ def default_output(path: str) -> str:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.loading import load
     output = options.output or default_output(options.file)
     check_output(output, options.file)
     if options.skip_steps < 0:

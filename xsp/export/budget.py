@@ -13,7 +13,6 @@ keeps every raw span; only what is sent is folded.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -22,13 +21,11 @@ import numpy as np
 import pandas as pd
 
 from xsp import schema as col
+from xsp.export.target import DEFAULT_SPAN_BUDGET
 from xsp.schema import Level
 from xsp.spans import string_array
 from xsp.tree import NONE, depth_of, nearest_marked, parent_positions
 
-DEFAULT_SPAN_BUDGET: Final = 2000
-"""Spans per exported trace (Jaeger's UI stays quick below about 2,000)."""
-SPAN_BUDGET_ENV: Final = "XSP_SPAN_BUDGET"
 TOP_NAMES: Final = 5
 ATTR_AGGREGATED_COUNT: Final = "xsp.aggregated.count"
 ATTR_AGGREGATED_TOTAL_NS: Final = "xsp.aggregated.total_ns"
@@ -42,25 +39,6 @@ ATTR_BUDGET_DROPPED: Final = "xsp.span_budget.dropped"
 _LEVEL_RANK: Final = {level.value: level.rank for level in Level}
 _ROOT_RANK: Final = Level.INPUT.rank
 """Model and input spans are never folded: they are the step itself."""
-
-
-def span_budget_from_env(default: int = DEFAULT_SPAN_BUDGET) -> int:
-    """``XSP_SPAN_BUDGET`` when set to a whole number (0: no budget), else ``default``."""
-    return default if span_budget_env_problem() else int(os.environ.get(SPAN_BUDGET_ENV, "").strip() or default)
-
-
-def span_budget_env_problem() -> str | None:
-    """Why ``XSP_SPAN_BUDGET`` cannot be used, if it is set to something other than a whole number >= 0."""
-    text = os.environ.get(SPAN_BUDGET_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        return f"{SPAN_BUDGET_ENV}={text!r} is not a whole number of spans (0: no limit); {DEFAULT_SPAN_BUDGET} is used"
-    return None
 
 
 @dataclass

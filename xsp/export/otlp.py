@@ -17,14 +17,11 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import pandas as pd
@@ -38,6 +35,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 from xsp import schema as col
 from xsp._version import __version__
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
+from xsp.export.target import OtlpTarget, Protocol
 from xsp.tree import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -47,70 +45,10 @@ RETRY_BUDGET_S = 30.0
 what it found too large (413), when the caller sets no deadline."""
 TOO_LARGE_SIGNS = ("413", "too large", "larger than max", "max_request_size", "RESOURCE_EXHAUSTED")
 BUSY_STATUSES = frozenset({429, 502, 503, 504})
-PROBE_TIMEOUT_S = 1.0
 BATCH_SIZE = 512
 SCOPE_NAME = "xsp"
 ATTR_WORLD_SIZE = "xsp.world_size"
 ATTR_JOB_ID = "xsp.job_id"
-
-
-class Protocol(str, Enum):
-    GRPC = "grpc"
-    HTTP = "http/protobuf"
-
-    @classmethod
-    def parse(cls, text: str) -> Protocol:
-        value = text.strip().lower()
-        if value in ("http", "http/protobuf"):
-            return cls.HTTP
-        if value == "grpc":
-            return cls.GRPC
-        raise ValueError(f"unknown OTLP protocol {text!r} (use 'grpc' or 'http/protobuf')")
-
-
-@dataclass(frozen=True)
-class OtlpTarget:
-    """Where and how to send spans."""
-
-    endpoint: str
-    protocol: Protocol
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        parsed = urlparse(self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}")
-        default_port = 4317 if self.protocol is Protocol.GRPC else 4318
-        return parsed.hostname or "localhost", parsed.port or default_port
-
-    @classmethod
-    def resolve(cls, endpoint: str | None = None, protocol: str | None = None,
-                environ: Mapping[str, str] = os.environ) -> OtlpTarget | None:
-        """The target from arguments, else the OTEL_* variables; None when neither names one."""
-        chosen = Protocol.parse(protocol or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
-        if endpoint:
-            url = endpoint
-        elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-            url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-        elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
-            if chosen is Protocol.HTTP:
-                url = url.rstrip("/") + "/v1/traces"
-            return cls(url, chosen)
-        else:
-            return None
-        if chosen is Protocol.HTTP and urlparse(url).path in ("", "/"):
-            url = url.rstrip("/") + "/v1/traces"
-        return cls(url, chosen)
-
-
-def probe(target: OtlpTarget, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """None when a TCP connection to the endpoint opens, else why not."""
-    host, port = target.host_port
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
-    except OSError as exc:
-        return f"{host}:{port} is unreachable ({exc.strerror or exc})"
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""Where an OTLP export goes (endpoint and protocol, from arguments or the ``OTEL_*`` variables),
+whether it can be reached, and how many spans one trace may send: without OpenTelemetry's SDK
+or pandas, which only an export imports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+from urllib.parse import urlparse
+
+PROBE_TIMEOUT_S = 1.0
+DEFAULT_SPAN_BUDGET: Final = 2000
+"""Spans per exported trace (Jaeger's UI stays quick below about 2,000)."""
+SPAN_BUDGET_ENV: Final = "XSP_SPAN_BUDGET"
+
+
+class Protocol(str, Enum):
+    GRPC = "grpc"
+    HTTP = "http/protobuf"
+
+    @classmethod
+    def parse(cls, text: str) -> Protocol:
+        value = text.strip().lower()
+        if value in ("http", "http/protobuf"):
+            return cls.HTTP
+        if value == "grpc":
+            return cls.GRPC
+        raise ValueError(f"unknown OTLP protocol {text!r} (use 'grpc' or 'http/protobuf')")
+
+
+@dataclass(frozen=True)
+class OtlpTarget:
+    """Where and how to send spans."""
+
+    endpoint: str
+    protocol: Protocol
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        parsed = urlparse(self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}")
+        default_port = 4317 if self.protocol is Protocol.GRPC else 4318
+        return parsed.hostname or "localhost", parsed.port or default_port
+
+    @classmethod
+    def resolve(cls, endpoint: str | None = None, protocol: str | None = None,
+                environ: Mapping[str, str] = os.environ) -> OtlpTarget | None:
+        """The target from arguments, else the OTEL_* variables; None when neither names one."""
+        chosen = Protocol.parse(protocol or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+        if endpoint:
+            url = endpoint
+        elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+            if chosen is Protocol.HTTP:
+                url = url.rstrip("/") + "/v1/traces"
+            return cls(url, chosen)
+        else:
+            return None
+        if chosen is Protocol.HTTP and urlparse(url).path in ("", "/"):
+            url = url.rstrip("/") + "/v1/traces"
+        return cls(url, chosen)
+
+
+def probe(target: OtlpTarget, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when a TCP connection to the endpoint opens, else why not."""
+    host, port = target.host_port
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} is unreachable ({exc.strerror or exc})"
+
+
+def span_budget_from_env(default: int = DEFAULT_SPAN_BUDGET) -> int:
+    """``XSP_SPAN_BUDGET`` when set to a whole number (0: no budget), else ``default``."""
+    return default if span_budget_env_problem() else int(os.environ.get(SPAN_BUDGET_ENV, "").strip() or default)
+
+
+def span_budget_env_problem() -> str | None:
+    """Why ``XSP_SPAN_BUDGET`` cannot be used, if it is set to something other than a whole number >= 0."""
+    text = os.environ.get(SPAN_BUDGET_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        return f"{SPAN_BUDGET_ENV}={text!r} is not a whole number of spans (0: no limit); {DEFAULT_SPAN_BUDGET} is used"
+    return None
