@@ -55,12 +55,12 @@ def __getattr__(name: str) -> Any:
 
 
 class _Package(types.ModuleType):
-    """``xsp.diff`` and ``xsp.leveled`` are functions, although modules of the same names exist:
-    importing those modules (``from xsp.diff import Diff``) must not put the module in the
-    function's place, as the import system would."""
+    """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` are functions, although modules of the
+    same names exist: importing those modules (``from xsp.trace import Trace``) must not put the
+    module in the function's place, as the import system would."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("diff", "leveled") and isinstance(value, types.ModuleType):
+        if name in ("trace", "diff", "leveled") and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 
