@@ -157,3 +157,32 @@ def test_threads_only_the_profiler_saw_are_named_after_what_they_ran():
                                     "function: MmBackward0", "aten::mm", "aten::t", "aten::add"]})
     assert unmarked_thread_names(rows) == {-2: "gloo worker (profiler thread 2)",
                                            -3: "autograd engine (profiler thread 3)", -4: "profiler thread 4"}
+
+
+def test_every_column_and_every_value_survives_80_columns():
+    import pandas as pd
+
+    from xsp.reports.terminal import frame_table, number, text
+    frame = pd.DataFrame({"name": ["inference_step_with_a_long_name"], "steps": [1200],
+                          **{f"c{i}": [1234.567] for i in range(5)}, "throughput_per_s": [98765.4]})
+    columns = [("name", "step name", text), ("steps", "steps", number(0))]
+    columns += [(f"c{i}", f"trimmed mean {i}", number()) for i in range(5)]
+    columns += [("throughput_per_s", "throughput/s", number(1))]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(frame_table(frame, "", columns, width=80))
+    shown = console.export_text()
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    assert shown.count("1,234.567") == 5 and "98,765.4" in shown and "1,200" in shown
+    assert "throughp" in shown and "ut/s" in shown  # the heading wraps inside its word
+
+
+def test_shortened_names_never_read_the_same():
+    from xsp.reports.terminal import distinct_middles
+    names = [f"model.resnet.encoder.stages.{stage}.layers.{block}.shortcut.convolution"
+             for stage in range(3) for block in range(2)]
+    shortened = distinct_middles(names, 30)
+    assert len(set(shortened.values())) == len(names) and all(len(s) <= 30 for s in shortened.values())
+    same_tail = [f"{'x' * 40}{i}{'y' * 40}" for i in range(3)]
+    numbered = distinct_middles(same_tail, 20)
+    assert len(set(numbered.values())) == 3 and all(len(s) <= 20 for s in numbered.values())
+    assert distinct_middles(["short", "short"], 20) == {"short": "short"}

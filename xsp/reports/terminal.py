@@ -71,23 +71,72 @@ COLUMN_GAP = 2
 """Spaces between two columns (the tables have no vertical rules)."""
 
 
-def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width: int) -> list[int]:
-    """Column widths that fit ``width``: numbers keep their width (their headings wrap at
-    spaces); text columns give up characters, the widest first, down to ``MIN_TEXT_WIDTH``."""
-    widths = [max([*(len(word) for word in heading.split()), *(len(row[i]) for row in cells)])
-              for i, heading in enumerate(headings)]
-    widths = [found if is_number else max(found, min(len(heading), MIN_TEXT_WIDTH))
-              for found, heading, is_number in zip(widths, headings, numeric)]
-    room = width - COLUMN_GAP * (len(headings) - 1)
-    while (excess := sum(widths) - room) > 0:
-        shrinkable = [i for i, is_number in enumerate(numeric) if not is_number and widths[i] > MIN_TEXT_WIDTH]
+MIN_NUMBER_WIDTH = 4
+"""A number column's heading may wrap inside a word down to this many characters."""
+LAST_TEXT_WIDTH = 4
+"""When numbers still do not fit, text columns give up characters down to this many."""
+
+
+def _shrink(widths: list[int], columns: list[int], floors: list[int], excess: int) -> int:
+    """Take up to ``excess`` characters from ``columns``, the widest first, none below its floor;
+    returns what is still in excess."""
+    while excess > 0:
+        shrinkable = [i for i in columns if widths[i] > floors[i]]
         if not shrinkable:
             break
         widest = max(shrinkable, key=widths.__getitem__)
-        second = max((widths[i] for i in shrinkable if i != widest), default=MIN_TEXT_WIDTH)
-        floor = max(MIN_TEXT_WIDTH, min(second, widths[widest] - 1))
-        widths[widest] = max(widths[widest] - excess, floor)
+        second = max((widths[i] for i in shrinkable if i != widest), default=floors[widest])
+        target = max(floors[widest], min(second, widths[widest] - 1), widths[widest] - excess)
+        excess -= widths[widest] - target
+        widths[widest] = target
+    return excess
+
+
+def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width: int) -> list[int]:
+    """Column widths that fit ``width`` while every column stays: text columns give up characters
+    (the widest first) down to ``MIN_TEXT_WIDTH``; then number headings wrap inside words (a
+    number itself is never cut); then text goes down to ``LAST_TEXT_WIDTH``."""
+    values = [max((len(row[i]) for row in cells), default=0) for i in range(len(headings))]
+    widths = [max(found, *(len(word) for word in heading.split())) for found, heading in zip(values, headings)]
+    widths = [found if is_number else max(found, min(len(heading), MIN_TEXT_WIDTH))
+              for found, heading, is_number in zip(widths, headings, numeric)]
+    excess = sum(widths) - (width - COLUMN_GAP * (len(headings) - 1))
+    text_columns = [i for i, is_number in enumerate(numeric) if not is_number]
+    number_columns = [i for i, is_number in enumerate(numeric) if is_number]
+    excess = _shrink(widths, text_columns, [min(w, MIN_TEXT_WIDTH) for w in widths], excess)
+    excess = _shrink(widths, number_columns, [min(w, max(v, MIN_NUMBER_WIDTH)) for w, v in zip(widths, values)],
+                     excess)
+    _shrink(widths, text_columns, [min(w, LAST_TEXT_WIDTH) for w in widths], excess)
     return widths
+
+
+def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
+    """Each of ``values`` shortened to ``limit`` characters (see ``middle``) such that different
+    values stay different: where two would read the same, more of their tails is kept (a layer
+    path's tail tells siblings apart), and failing that they are numbered."""
+    shortened = {value: middle(value, limit) for value in dict.fromkeys(values)}
+    if len(set(shortened.values())) == len(shortened):
+        return shortened
+    by_text: dict[str, list[str]] = {}
+    for value, text_ in shortened.items():
+        by_text.setdefault(text_, []).append(value)
+    for group in (group for group in by_text.values() if len(group) > 1):
+        for head in range(max(limit - 1, 0) // 2 - 1, -1, -1):
+            tails = {value: value[:head] + "…" + value[len(value) - (limit - 1 - head):] for value in group}
+            if len(set(tails.values())) == len(group):
+                shortened.update(tails)
+                break
+        else:
+            for number_, value in enumerate(group, 1):
+                mark = f"#{number_}"
+                shortened[value] = middle(value, max(limit - len(mark), 1)) + mark
+    seen: dict[str, int] = {}
+    for value, text_ in shortened.items():  # a tail kept above may equal another name's shortening
+        seen[text_] = seen.get(text_, 0) + 1
+        if seen[text_] > 1:
+            mark = f"#{seen[text_]}"
+            shortened[value] = middle(value, max(limit - len(mark), 1)) + mark
+    return shortened
 
 
 def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]],
@@ -102,12 +151,14 @@ def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, st
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   collapse_padding=True)
     for heading, is_number, column_width in zip(headings, numeric, widths):
-        label = "\n".join(textwrap.wrap(heading, column_width, break_long_words=False)) or heading
+        label = "\n".join(textwrap.wrap(heading, column_width)) or heading
         table.add_column(label, justify="right" if is_number else "left", no_wrap=True, overflow="ellipsis",
                          min_width=column_width, max_width=column_width)
+    shown = [None if is_number else distinct_middles([one_line(row[i]) for row in cells], column_width)
+             for i, (is_number, column_width) in enumerate(zip(numeric, widths))]
     for row in cells:  # Text: a name such as "[param|cuda]" is not rich markup
-        table.add_row(*(Text(one_line(value) if is_number else middle(one_line(value), column_width))
-                        for value, is_number, column_width in zip(row, numeric, widths)))
+        table.add_row(*(Text(one_line(value) if names is None else names[one_line(value)])
+                        for value, names in zip(row, shown)))
     return table
 
 
