@@ -168,6 +168,9 @@ class Session:
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
         self.write_error: str | None = None
+        self.on_finishing: list[Callable[[bool], None]] = []
+        """Called with True when the block has ended and the trace is being written, with False
+        once it is (the CLI shows a progress line meanwhile; a long run's write takes seconds)."""
         """Why the trace file could not be written (None when it was, or none was asked for)."""
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
@@ -316,14 +319,22 @@ class Session:
             _state.session = _state.recording = None
             for tracer in self._tracers:
                 self._stop_quietly(tracer)
+            self._tell_finishing(True)
             try:
                 self._finish(end_ns, error)
             except Exception as failure:  # xsp must never turn the user's success into a failure
                 self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+            finally:
+                self._tell_finishing(False)
         finally:
             self._release_output()
             self._signals.release(exc)
             _take_over()
+
+    def _tell_finishing(self, writing: bool) -> None:
+        for listener in self.on_finishing:
+            with contextlib.suppress(Exception):  # a listener's failure is no reason to lose the trace
+                listener(writing)
 
     def _end_by_os_exit(self, status: int) -> None:
         """``os._exit(status)`` was called while the session ran: end it now, as its block would

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 class CliError(Exception):
@@ -55,3 +56,42 @@ def xsp_warnings_to_stderr() -> Iterator[list[str]]:
             yield seen
         finally:
             warnings.showwarning = original
+
+
+class ProgressLine:
+    """A transient spinner with the elapsed time on stderr while slow work runs (reading a large
+    trace, writing a long run's file, sending spans); nothing at all when stderr is no terminal,
+    so logs and pipes see only the final lines."""
+
+    def __init__(self) -> None:
+        self._progress: Progress | None = None
+        self._task: object = None
+
+    def show(self, description: str) -> None:
+        console = error_console()
+        if not console.is_terminal:
+            return
+        if self._progress is None:
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      console=console, transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(description, total=None)
+        else:
+            self._progress.update(self._task, description=description)  # type: ignore[arg-type]
+
+    def hide(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Callable[[str], None]]:
+    """Show ``description`` with a spinner while the block runs; yields a function that changes
+    the description as the work moves on."""
+    line = ProgressLine()
+    line.show(description)
+    try:
+        yield line.show
+    finally:
+        line.hide()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from xsp.cli._common import CliError, check_output, error_console
+from xsp.cli._common import CliError, check_output, error_console, progress
 from xsp.schema import FILE_SUFFIX
 
 
@@ -28,8 +28,10 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")
     output = source.with_name(source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
     check_output(str(output), str(source))
-    trace = load_kineto(source)
-    trace.save(output)
+    with progress(f"reading {source}") as say:
+        trace = load_kineto(source)
+        say(f"writing {output}")
+        trace.save(output)
     hierarchy = trace.metadata["hierarchy"]
     error_console().print(
         f"xsp: {len(trace.spans)} spans, {len(trace.steps)} steps, {hierarchy['launched']} of "

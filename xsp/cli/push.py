@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xsp.cli._common import CliError, error_console
+from xsp.cli._common import CliError, error_console, progress
 from xsp.export.target import DEFAULT_SPAN_BUDGET, OtlpTarget, probe, span_budget_from_env
 
 
@@ -36,7 +36,8 @@ def run(options: argparse.Namespace) -> int:
     target = OtlpTarget.resolve(options.otlp, options.otlp_protocol)
     if target is None:
         raise CliError("no collector to send to: give --otlp URL or set OTEL_EXPORTER_OTLP_ENDPOINT")
-    trace = load(options.file)
+    with progress(f"reading {options.file}"):
+        trace = load(options.file)
     unreachable = probe(target)
     if unreachable is not None:
         raise CliError(f"OTLP endpoint {target.endpoint}: {unreachable}")
@@ -46,12 +47,16 @@ def run(options: argparse.Namespace) -> int:
     service_name = options.service_name or str(trace.metadata.get("service_name") or "xsp")
     report = ExportReport(target=f"{target.protocol.value} {target.endpoint}")
     exporter = make_exporter(target)
-    try:  # each rank of a distributed job as its own service instance
-        for part in [trace.for_rank(rank) for rank in trace.ranks] or [trace]:
-            export_table(part.spans, resource_for(service_name, part.metadata), exporter, report,
-                         span_budget=budget)
-    finally:
-        exporter.shutdown()
+    parts = [trace.for_rank(rank) for rank in trace.ranks] or [trace]
+    with progress(f"sending {len(trace.spans):,} spans to {target.endpoint}") as say:
+        try:  # each rank of a distributed job as its own service instance
+            for number, part in enumerate(parts, 1):
+                if len(parts) > 1:
+                    say(f"sending rank {number} of {len(parts)} ({len(part.spans):,} spans) to {target.endpoint}")
+                export_table(part.spans, resource_for(service_name, part.metadata), exporter, report,
+                             span_budget=budget)
+        finally:
+            exporter.shutdown()
     out = error_console()
     if report.error is not None:
         out.print(f"xsp: error: {report.summary()}", markup=False)

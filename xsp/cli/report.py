@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xsp.cli._common import CliError, check_output, console, error_console
+from xsp.cli._common import CliError, check_output, console, error_console, progress
 
 
 def register(commands: Any) -> None:
@@ -29,16 +29,22 @@ def run(options: argparse.Namespace) -> int:
         raise CliError("--top must be at least 1")
     if options.html is not None:
         check_output(options.html, options.file)
-    trace = load(options.file)
+    with progress(f"reading {options.file}"):
+        trace = load(options.file)
     if options.rank is not None and options.rank not in trace.ranks:
         raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
                        f"{', '.join(map(str, trace.ranks)) or 'none, it is one process'})")
     from xsp.reports.terminal import render_report  # the analyses, only for this command
 
-    render_report(trace, console(), top=options.top, rank=options.rank)
+    with progress("analysing"):  # the analyses run before the first table is printed
+        out = console()
+        with out.capture() as captured:
+            render_report(trace, out, top=options.top, rank=options.rank)
+    out.file.write(captured.get())  # printed once the spinner is gone: as rendered, colours included
     if options.html:
         from xsp.reports.html import write_html
 
-        target = write_html(trace, options.html, rank=options.rank)
+        with progress(f"writing the HTML report {options.html}"):
+            target = write_html(trace, options.html, rank=options.rank)
         error_console().print(f"xsp: wrote the HTML report to {target}", markup=False)
     return 0

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from xsp import schema as col
-from xsp.cli._common import CliError, console, error_console, xsp_warnings_to_stderr
+from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
 from xsp.export.target import Protocol
 from xsp.levels import parse_levels
 from xsp.schedule import Schedule
@@ -219,6 +219,8 @@ def run(options: argparse.Namespace) -> int:
                           span_budget=options.span_budget, dataset=options.dataset)
         # a script ending with os._exit ends the session there: say what was written before it exits
         session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
+        writing = ProgressLine()
+        session.on_finishing.append(lambda busy: writing.show("xsp: writing the trace") if busy else writing.hide())
         status = _run_script(script, script_args, session)
         status = _summarise(session, script, options, status, started_in)
     return status
@@ -346,11 +348,12 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     out = error_console()
     if trace is None:
         return status or 1
-    predicts = int((trace.spans[col.KIND] == SpanKind.PREDICT.value).sum())
-    steps = len(trace.steps)
+    kinds = trace.column(col.KIND)  # a long run's spans stay on disk unless the report is asked for
+    predicts = int((kinds == SpanKind.PREDICT.value).sum())
+    steps = int(trace.column(col.STEP).dropna().nunique())
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
-    out.print(f"xsp: {len(trace.spans)} spans, {steps} steps{where}", markup=False)
+    out.print(f"xsp: {len(kinds)} spans, {steps} steps{where}", markup=False)
     export = session.export
     if export is not None:
         report = export.wait(EXIT_WAIT_S)
