@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +17,22 @@ from xsp import _state
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__
+
+
+@pytest.fixture(autouse=True)
+def nothing_written_where_the_tests_run():
+    """Tests write only in their temporary folders: a file a test leaves in the folder pytest runs
+    in (a trace at the default output, run.xsp.parquet) would overwrite a user's own."""
+    folder = Path.cwd()
+    before = set(os.listdir(folder))
+    yield
+    if Path.cwd() != folder:
+        return  # the test changed folder (monkeypatch.chdir undoes it after this check)
+    left = sorted(set(os.listdir(folder)) - before - {".pytest_cache", "__pycache__"})
+    for name in left:  # removed, so that one test's leftover does not fail the next ones too
+        if name.endswith(".xsp.parquet") or ".xsp-segments." in name:
+            shutil.rmtree(folder / name) if (folder / name).is_dir() else (folder / name).unlink(missing_ok=True)
+    assert not left, f"the test wrote {', '.join(left)} into {folder}, outside its temporary folders"
 
 
 @pytest.fixture(autouse=True)

@@ -146,6 +146,7 @@ def own_lines(stderr: str) -> list[str]:
     ("import sys\nsys.exit(4)\n", []),
     ("raise SystemExit\n", []),
 ])
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_exit_codes_and_output_are_the_scripts_own(tmp_path, body, args):
     script = tmp_path / "script.py"
     script.write_text("import torch\n" + body)
@@ -172,6 +173,7 @@ def test_a_failing_model_shows_pythons_traceback_without_xsp_frames(tmp_path):
     assert "direct cause" in profiled.stderr and "_module_calls" not in profiled.stderr
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_ctrl_c_ends_the_run_as_python_ends_it_and_keeps_the_trace(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\nraise KeyboardInterrupt\n")
@@ -189,6 +191,7 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     assert (tmp_path / "run.xsp.parquet").is_file()
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "--rounds", "2",
                      "-o", "lv.xsp.parquet", "--", str(tiny), "5", cwd=tmp_path)
@@ -205,6 +208,7 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_run_leveled_without_rounds_runs_at_least_as_many_as_xsp_leveled(tiny, tmp_path):
     from xsp.leveled import MIN_ROUNDS
 
@@ -216,6 +220,7 @@ def test_run_leveled_without_rounds_runs_at_least_as_many_as_xsp_leveled(tiny, t
     assert leveled["rounds"] == MIN_ROUNDS and leveled["adaptive"] is True
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 @pytest.mark.parametrize("trains", [False, True])
 def test_run_leveled_hooks_backward_only_in_a_script_that_runs_it(tmp_path, trains):
     script = tmp_path / "grad.py"
@@ -246,6 +251,7 @@ def test_run_leveled_refuses_otlp_and_a_negative_warmup(tiny, tmp_path, capsys, 
     assert "made no steps after the 3 warm-up steps" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_the_operator_level_keeps_the_profilers_chatter_off_the_scripts_stderr(tmp_path):
     script = tmp_path / "talks.py"
     script.write_text("import sys, torch\nprint('before', file=sys.stderr)\nm = torch.nn.Linear(2, 2)\n"

@@ -68,6 +68,7 @@ def test_a_doubled_layer_fails_the_check_and_is_shown_where_it_lives(runs, tmp_p
     assert done.stderr == ""
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_folders_of_several_runs_are_pooled_sides(tmp_path):
     # the layer made 4x slower, not 2x: with three runs a side, a noisy base run (a CV of 2.5 on a
     # shared CI machine) left a doubled layer at q = 0.015, over the default alpha of 0.01; what
@@ -123,6 +124,7 @@ def test_a_run_against_itself_passes(runs, tmp_path):
     assert "UNCHANGED" in done.stdout
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_formats_parse_and_markdown_reaches_the_step_summary(runs, tmp_path):
     base, slow = str(runs["base"]), str(runs["slow"])
     as_json = xsp_cli("diff", base, slow, "--format", "json", cwd=tmp_path)

@@ -102,6 +102,7 @@ def test_windows_past_the_memory_bound_are_spooled_and_recovered(full_disk, monk
     assert not spooled[0].exists()
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_the_script_keeps_its_exit_status_when_the_file_cannot_be_written(tmp_path):
     """A file-size limit lets the small windows through and stops the trace file, as a disk that
     fills up at the end would."""

@@ -16,8 +16,9 @@ from xsp import schema as col
 
 from .otlp_receiver import GrpcReceiver
 
-pytestmark = pytest.mark.skipif(not __import__("torch").distributed.is_available(),
-                                reason="this PyTorch has no torch.distributed")
+pytestmark = [pytest.mark.heavy,  # torchrun jobs of several ranks: `python -m pytest -m heavy`
+              pytest.mark.skipif(not __import__("torch").distributed.is_available(),
+                                 reason="this PyTorch has no torch.distributed")]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed" / "ddp_train.py"
 
 

@@ -74,6 +74,7 @@ def test_a_span_id_as_jaeger_shows_it_finds_its_row(tmp_path):
         assert row[col.NAME].tolist() == [span.name]
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_events_nested_thirty_thousand_deep_stay_linear_and_are_flattened_and_said(tmp_path):
     """Kineto events each inside the one before (30,000 levels) took xsp summary 11 minutes and
     hung xsp push: paths and walks of the tree grew with the square of the nesting."""

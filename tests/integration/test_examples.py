@@ -14,6 +14,8 @@ import xsp  # noqa: E402
 from xsp import analysis  # noqa: E402
 from xsp import schema as col  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # real ResNet-50 and BERT end to end: `python -m pytest -m heavy`
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

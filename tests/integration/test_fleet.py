@@ -72,6 +72,7 @@ def test_duckdb_queries_a_hundred_trace_files_as_one_dataset(monkeypatch, tmp_pa
     assert len(xsp.load(files[0]).spans) == len(spans)
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_xsp_run_writes_into_the_dataset(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(3):\n    m(torch.ones(1, 4))\n")

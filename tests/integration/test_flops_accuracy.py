@@ -12,6 +12,8 @@ import xsp
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # real ResNet-50, BERT-base and GPT-2 end to end: `python -m pytest -m heavy`
+
 TOLERANCE = 0.02
 """xsp also counts elementwise, normalisation and reduction operators (about 1% of these
 models' FLOPs), which FlopCounterMode leaves out."""
@@ -63,7 +65,6 @@ def xsp_flops(model, inputs, backward: bool = False) -> float:
     return float(model_flops(session.trace)["flops"].sum())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_forward_flops_match_pytorchs_counter_in_every_autograd_mode(model_and_inputs, mode):
     model, inputs = model_and_inputs
@@ -74,7 +75,6 @@ def test_forward_flops_match_pytorchs_counter_in_every_autograd_mode(model_and_i
     assert counted == pytest.approx(expected, rel=TOLERANCE)
 
 
-@pytest.mark.slow
 def test_forward_and_backward_flops_match_pytorchs_counter():
     model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2))
     inputs = {"input_ids": torch.randint(0, 30000, (2, 64))}

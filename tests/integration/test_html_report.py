@@ -14,6 +14,8 @@ import torch
 import xsp
 from xsp.reports.html import write_html
 
+pytestmark = pytest.mark.heavy  # headless Chromium opens each report: `python -m pytest -m heavy`
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000", "--window-size=1300,4000"]
@@ -164,6 +166,6 @@ def test_the_report_opens_with_a_summary_and_leaves_out_what_was_not_recorded(gp
 
 def test_the_flame_chart_has_a_row_per_thread_and_depth(layer_report):
     text = layer_report.read_text()
-    lanes = set(re.findall(r"thread \d+ \\u00b7 depth (\d+)|thread \d+ · depth (\d+)", text))
+    lanes = set(re.findall(r"\(\d+\) \\u00b7 depth (\d+)|\(\d+\) · depth (\d+)", text))  # "MainThread (tid) · depth 0"
     depths = {int(a or b) for a, b in lanes}
     assert depths == {0, 1}  # the model call (the step), its layers

@@ -54,12 +54,15 @@ def test_each_long_step_reaches_the_collector_before_the_block_ends(tmp_path):
 
 def test_backward_after_an_exported_forward_joins_its_step(tmp_path):
     model = Small()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with GrpcReceiver() as receiver:
         with xsp.trace(output=None, otlp_endpoint=receiver.endpoint, service_name="xsp-test",
                        long_step_s=0.0) as session:
             for _ in range(2):
                 out = model(torch.randn(3, 4))  # with its backward, one step: exported as the next begins
-                out.sum().backward()
+                out.sum().backward()  # (without an optimizer step, a backward may be a micro-batch's:
+                optimizer.step()  # the step's end is decided later, docs/steps.md)
+                optimizer.zero_grad()
         session.wait_for_export(30)
     spans = session.trace.spans
     assert session.trace.metadata["windows"] >= 2

@@ -221,6 +221,7 @@ def test_a_failed_export_is_one_warning_with_the_sdks_words_and_the_file_says_so
     assert exported["state"] == "done" and exported["failed"] == 2 and exported["error"]
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_export_is_never_lost_at_interpreter_exit(tmp_path):
     """The script ends right after its block, while the export still runs: exit waits for it."""
     script = tmp_path / "s.py"

@@ -207,6 +207,7 @@ def test_impossible_kineto_times_are_dropped_and_counted(tmp_path, capsys):
     assert "4 Kineto events with impossible times" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_a_gzip_bomb_is_refused_without_taking_the_memory(tmp_path):
     bomb = tmp_path / "bomb.json.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as out:
@@ -294,7 +295,7 @@ def test_json_nested_too_deeply_is_one_line(tmp_path):
         assert done.stderr.count("\n") == 1 and "nested too deeply" in done.stderr, done.stderr
 
 
-
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_path):
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
               for i in range(48)]

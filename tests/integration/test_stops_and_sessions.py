@@ -148,6 +148,7 @@ def test_a_second_session_in_another_thread_never_disturbs_the_first(tmp_path):
     assert (trace.spans[col.NAME] == "xsp.trace").sum() == 1
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_a_forked_child_never_writes_over_the_parents_file(tmp_path):
     script = tmp_path / "fork.py"
     script.write_text(textwrap.dedent("""
@@ -221,14 +222,15 @@ def test_xsp_run_says_what_it_wrote_when_the_script_ends_by_os_exit(tmp_path):
 
 def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_path):
     model = torch.nn.Linear(4, 4)
-    first_done, second_inside = threading.Event(), threading.Event()
+    first_done, second_inside, five_done = threading.Event(), threading.Event(), threading.Event()
     sessions: dict[str, xsp.Session] = {}
 
     def second() -> None:
         with xsp.trace(output=tmp_path / "second.xsp.parquet") as session:
             second_inside.set()
-            for _ in range(5):
+            for _ in range(5):  # while the first session runs: recorded by it
                 model(torch.randn(2, 4))
+            five_done.set()
             assert first_done.wait(60)
             for _ in range(7):  # after the first session ended: recorded by this one, not lost
                 model(torch.randn(2, 4))
@@ -240,6 +242,7 @@ def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_p
             worker.start()
             assert second_inside.wait(60)
             model(torch.randn(2, 4))
+            assert five_done.wait(60)
         first_done.set()
         worker.join()
     messages = [str(w.message) for w in said]

@@ -72,3 +72,16 @@ def test_push_imports_the_sdk_it_exports_with_but_no_torch(traces):
         from xsp.cli.main import main
         main(["push", "a.xsp.parquet", "--otlp", "http://127.0.0.1:9"])
     """, traces) == ["opentelemetry.sdk"]
+
+
+def test_the_public_functions_stay_functions_when_their_modules_are_imported(tmp_path):
+    """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` share their names with modules: importing
+    the modules (as xsp's own code does) must not put them in the functions' place."""
+    body = """
+        from xsp.trace import Trace
+        from xsp.diff import Diff
+        from xsp.leveled import LeveledResult
+        import xsp
+        assert callable(xsp.trace) and callable(xsp.diff) and callable(xsp.leveled), (xsp.trace, xsp.diff)
+    """
+    fresh(body, tmp_path)

@@ -18,6 +18,8 @@ from xsp import analysis
 from xsp import schema as col
 from xsp.schema import SpanKind
 
+pytestmark = pytest.mark.heavy  # the workload corpus under xsp run, in subprocesses: `python -m pytest -m heavy`
+
 pytest.importorskip("transformers")
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"

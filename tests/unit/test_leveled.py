@@ -115,6 +115,7 @@ def test_warmup_steps_are_left_out():
     assert result.trace.spans.set_index(col.PATH).loc[STEP, col.DURATION_NS] == 100
 
 
+@pytest.mark.heavy  # a real model, leveled: `python -m pytest -m heavy`
 def test_leveled_on_a_real_model_returns_one_consistent_tree(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     x = torch.randn(8, 16)
