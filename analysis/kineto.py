@@ -537,37 +537,61 @@ def _plausible(events: list[Any], base_ns: int, counts: Counter[str]) -> list[An
 
 
 def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Span rows (times in epoch ns, sorted by start; no ids or parents yet) and metadata."""
+    """Span rows (times in epoch ns, sorted by start; no ids or parents yet) and metadata.
+
+    ``decoded`` is consumed: its events are let go as soon as their fields are read, and with the
+    last raw argument text the inflated file they point into, so that a trace of millions of
+    events does not hold the file, its decoded events and the columns at once.
+    """
     counts: Counter[str] = Counter()
-    events = _plausible(_complete_events(decoded.traceEvents, counts), int(decoded.baseTimeNanoseconds or 0),
-                        counts)
+    thread_names = _thread_names(decoded.traceEvents)
+    base = int(decoded.baseTimeNanoseconds or 0)
+    events = _plausible(_complete_events(decoded.traceEvents, counts), base, counts)
     events.sort(key=_start_of)
     count = len(events)
     index = _CATEGORY_INDEX
-    # one pass over the events, transposed into columns
     # one pass per field: cheaper than one pass building tuples and transposing them
     category = np.fromiter([index[e.cat] for e in events], dtype=np.int64, count=count)
     names = [e.name for e in events]
-    times = [e.ts for e in events]
-    durations = [e.dur for e in events]
+    start = _nanoseconds([e.ts for e in events]) + base
+    end = start + np.maximum(_nanoseconds([e.dur for e in events]), 0)
     tids = [e.tid for e in events]
     pids = [e.pid for e in events]
     raw_args = [e.args for e in events]
     args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
     on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
     device_rows = np.flatnonzero(on_device)
-    device_events = [events[i] for i in device_rows.tolist()]
-    device_args = [args[i] for i in device_rows.tolist()]
-    base = int(decoded.baseTimeNanoseconds or 0)
-    start = _nanoseconds(times) + base
-    end = start + np.maximum(_nanoseconds(durations), 0)
+    device_list = device_rows.tolist()
+    device_args = [args[i] for i in device_list]
     correlation = [a.correlation for a in args]
     linked = np.isin(category, [_CATEGORY_INDEX[c] for c in _LAUNCH_LINKED])
     if any(correlation[i] in (None, _MISSING) for i in np.flatnonzero(linked).tolist()):
         flows = _flow_correlations(decoded.traceEvents)
         for i in np.flatnonzero(linked).tolist():
             if correlation[i] in (None, _MISSING):
-                correlation[i] = flows.get((events[i].pid, events[i].tid, int(start[i] - base)))
+                correlation[i] = flows.get((pids[i], tids[i], int(start[i] - base)))
+    decoded.traceEvents = []  # the flows, instants and metadata events: read, no longer needed
+    counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
+    # the columns read from raw JSON first: once made, the raw texts (and the inflated file they
+    # are slices of) can go
+    raw_columns = {
+        col.INPUT_SHAPES: _dims_texts([a.input_dims for a in args]),
+        col.GRID: _scatter(count, device_rows, _dims_texts([a.grid for a in device_args])),
+        col.BLOCK: _scatter(count, device_rows, _dims_texts([a.block for a in device_args])),
+        col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(raw_args[i]) for i in counter_rows.tolist()])),
+        col.ATTRIBUTES: _raw_strings(raw_args),
+    }
+    device_columns = {
+        col.DEVICE_ID: _scatter(count, device_rows, _int_column(
+            [pids[i] if a.device is None else a.device for a, i in zip(device_args, device_list)])),
+        col.STREAM_ID: _scatter(count, device_rows, _int_column(
+            [tids[i] if a.stream is None else a.stream for a, i in zip(device_args, device_list)])),
+        col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column([a.registers for a in device_args])),
+        col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column([a.shared_memory for a in device_args])),
+        col.BYTES: _scatter(count, device_rows, _int_column([a.nbytes for a in device_args])),
+    }
+    sequence = _int_column([a.sequence for a in args])
+    del events, raw_args, args, device_args  # the decoded events and, with them, the inflated file
     kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     steps = np.zeros(count, dtype=np.int64)
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
@@ -583,11 +607,11 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
     thread_ids[on_device] = pd.NA  # a device row's tid is its stream
     process_of = pd.factorize(np.array(pids, dtype=np.int64 if set(map(type, pids)) == {int} else object))[0]
     process_of = process_of.astype(np.int64)
+    del tids, pids
     threads = process_of * 1_000_003 + thread_ids.to_numpy(dtype=np.int64, na_value=-1)
     _annotations_inside_operators(threads, category, start, end, kind_codes, level_codes)
     copy_rows = np.flatnonzero(category == _CATEGORY_INDEX["gpu_memcpy"])
     copy_kinds = [m.group(1) if (m := COPY_KIND.match(names[i])) else None for i in copy_rows.tolist()]
-    counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
     rows = pd.DataFrame({
         col.LEVEL: _codes_to_strings(level_codes, _LEVEL_NAMES),
         col.KIND: _codes_to_strings(kind_codes, _KIND_NAMES),
@@ -595,22 +619,18 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.START_NS: start,
         col.END_NS: end,
         col.THREAD_ID: thread_ids,
-        col.DEVICE_ID: _scatter(count, device_rows, _int_column(
-            [e.pid if a.device is None else a.device for a, e in zip(device_args, device_events)])),
-        col.STREAM_ID: _scatter(count, device_rows, _int_column(
-            [e.tid if a.stream is None else a.stream for a, e in zip(device_args, device_events)])),
+        col.DEVICE_ID: device_columns.pop(col.DEVICE_ID),
+        col.STREAM_ID: device_columns.pop(col.STREAM_ID),
         col.CORRELATION_ID: _int_column(correlation),
         col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
-        col.INPUT_SHAPES: _dims_texts([a.input_dims for a in args]),
-        col.GRID: _scatter(count, device_rows, _dims_texts([a.grid for a in device_args])),
-        col.BLOCK: _scatter(count, device_rows, _dims_texts([a.block for a in device_args])),
-        col.REGISTERS_PER_THREAD: _scatter(count, device_rows, _int_column([a.registers for a in device_args])),
-        col.SHARED_MEMORY_BYTES: _scatter(count, device_rows, _int_column([a.shared_memory for a in device_args])),
-        col.BYTES: _scatter(count, device_rows, _int_column([a.nbytes for a in device_args])),
+        col.INPUT_SHAPES: raw_columns.pop(col.INPUT_SHAPES),
+        col.GRID: raw_columns.pop(col.GRID),
+        col.BLOCK: raw_columns.pop(col.BLOCK),
+        **device_columns,
         col.COPY_KIND: _scatter(count, copy_rows, string_array(copy_kinds)),
-        col.FLOPS: _scatter(count, counter_rows, _int_column([_flops(raw_args[i]) for i in counter_rows.tolist()])),
-        col.SEQUENCE_NUMBER: _int_column([a.sequence for a in args]),
-        col.ATTRIBUTES: _raw_strings(raw_args),
+        col.FLOPS: raw_columns.pop(col.FLOPS),
+        col.SEQUENCE_NUMBER: sequence,
+        col.ATTRIBUTES: raw_columns.pop(col.ATTRIBUTES),
     })
     host_threads = set(thread_ids.dropna().astype("int64").tolist())
     metadata = {
@@ -626,8 +646,7 @@ def kineto_rows(decoded: _File) -> tuple[pd.DataFrame, dict[str, Any]]:
         "world_size": decoded.distributedInfo.get("world_size"),
         "distributed": decoded.distributedInfo,
         "not_imported": dict(counts),
-        "threads": {thread: name for thread, name in _thread_names(decoded.traceEvents).items()
-                    if int(thread) in host_threads},
+        "threads": {thread: name for thread, name in thread_names.items() if int(thread) in host_threads},
     }
     return rows, metadata
 

@@ -38,7 +38,7 @@ def _execute(tmp_path: Path, gpu_trace: Path | None) -> str:
 
 def test_the_notebook_runs_on_the_traces_it_makes(tmp_path):
     text = _execute(tmp_path, None)
-    assert "aten::linear" in text and "no GPU trace" in text
+    assert text.count("aten::") >= 5 and "no GPU trace" in text  # operators of both traces
     assert list(tmp_path.glob("xsp-notebook-*/mlp.xsp.parquet")) and not list(tmp_path.glob("*.xsp.parquet"))
 
 
