@@ -36,8 +36,9 @@ from xsp.analysis.roofline import (
 from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
 from xsp.analysis.system import energy_per_step, system_metrics, system_per_step
 
-from xsp import hierarchy, structure
-from xsp.hierarchy import diagnostics_table
+from xsp.table import parents as hierarchy
+from xsp.table import paths as structure
+from xsp.table.parents import diagnostics_table
 
 __all__ = [
     "operator_table", "backward_attribution", "backward_time_per_layer",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 from xsp.analysis.model import _spans
 
-from xsp import schema as col
-from xsp.compensation import LevelCost, compensation_ns, costs_from_metadata
-from xsp.schema import Level
-from xsp.trace import Trace
-from xsp.tree import parent_positions
+from xsp.core import schema as col
+from xsp.core.schema import Level
+from xsp.io.trace import Trace
+from xsp.table.level_costs import LevelCost, compensation_ns, costs_from_metadata
+from xsp.table.walks import parent_positions
 
 COMPENSATED_NS = "compensated_ns"
 

@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_roots
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import union_length
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import union_length
 
 BACKEND_WORK: Final = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)")
 ENQUEUE: Final = re.compile(r"^c10d::(\w+?)_?$")

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import nearest_ancestor, of_level, parent_positions, union_length
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions, union_length
 
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")

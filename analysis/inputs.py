@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import INPUT_LEVELS, _spans
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
 
 HOST_TO_DEVICE: Final = "HtoD"
 INPUT_COLUMNS: Final = ["step", "name", "thread_id", "start_ns", "wait_ms", "num_workers", "pin_memory",

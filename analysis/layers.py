@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_roots
 
-from xsp import schema as col
-from xsp.schema import Level
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.core.schema import Level
+from xsp.io.trace import Trace
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
                  "duration_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source"]

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import parent_positions
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import parent_positions
 
 EVENT_COLUMNS = ["step", "time_ns", "device", "kind", "bytes", "live_bytes", "thread_id"]
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "device", "allocations", "allocated_bytes",

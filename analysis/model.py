@@ -7,10 +7,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from xsp import schema as col
-from xsp.auto_steps import GENERATE_SUFFIX
-from xsp.schema import STEP_KINDS, Level, SpanKind
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.core.schema import STEP_KINDS, Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.record.steps import GENERATE_SUFFIX
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
 """Where input waits live (the model level in traces recorded before the input level)."""

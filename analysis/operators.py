@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import nearest_ancestor, of_level, parent_positions
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
 BACKWARD_NODE = re.compile(r"Backward\d*$")
 """Autograd node names: ``AddmmBackward0`` (``BackwardHookFunction`` is a forward operator)."""

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_kind, step_roots
 
-from xsp import schema as col
-from xsp.schema import GPU_ACTIVITY_KINDS, Level
-from xsp.trace import Trace
-from xsp.tree import parent_positions, union_length
+from xsp.core import schema as col
+from xsp.core.schema import GPU_ACTIVITY_KINDS, Level
+from xsp.io.trace import Trace
+from xsp.table.walks import parent_positions, union_length
 
 SUMMARY_COLUMNS = ["level", "spans", "time_ms", "share"]
 TREE_COLUMNS = ["path", "parent_path", "name", "level", "self_ms", "total_ms", "calls"]

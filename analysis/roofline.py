@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, model_latency
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import parent_positions, sum_into_ancestors
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import parent_positions, sum_into_ancestors
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Where a step's time went, how much of the session the steps cover, and the user's spans.
 
-A step (see :mod:`xsp.auto_steps`) holds the model-level spans of one iteration: model calls
+A step (see :mod:`xsp.record.steps`) holds the model-level spans of one iteration: model calls
 (forward), backward passes, optimizer steps, input waits and compilations. They follow each
 other on the step's thread, so their times add up; what is left of the step is ``other``
 (loss code, logging, Python between the calls).
@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_kind, step_roots
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
-from xsp.tree import nearest_marked, parent_positions, union_length
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import nearest_marked, parent_positions, union_length
 
 PARTS: dict[str, SpanKind] = {
     "forward": SpanKind.PREDICT,

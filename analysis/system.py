@@ -1,7 +1,7 @@
 """The system level: sampled CPU, memory, GPU utilisation, power and energy, and their share
 of each step.
 
-Samples are intervals (see :mod:`xsp.samples`); a metric's value at ``time_ns`` is its value
+Samples are intervals (see :mod:`xsp.record.samples`); a metric's value at ``time_ns`` is its value
 over the interval that ends there (its average for rates such as CPU percent or power, its
 state at that moment for memory).
 """
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 from xsp.analysis.model import _spans, step_roots
 
-from xsp import schema as col
-from xsp.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, SystemMetric, sample_table
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.io.trace import Trace
+from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, SystemMetric, sample_table
 
 METRIC_COLUMNS = ["time_ns", "source", "device", "metric", "value", "unit"]
 STEP_COLUMNS = ["step", "name", "device", "metric", "value", "unit"]
@@ -66,7 +66,7 @@ def system_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
 def energy_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Energy each step used on each measured device: ``step``, ``name``, ``device`` (``gpu0``,
     ``host`` for the CPU packages), ``energy_j`` (null when unavailable), ``method`` (counter,
-    polled, estimated or unavailable, see :class:`xsp.samples.EnergyMethod`), ``batch_size``
+    polled, estimated or unavailable, see :class:`xsp.record.samples.EnergyMethod`), ``batch_size``
     and ``energy_per_item_j`` (per inference or training sample, when the batch is known)."""
     spans = _spans(source)
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)

@@ -34,7 +34,7 @@ from torch import nn
 from workload_instructions import LAYOUT_STRIDE, counted_under_callgrind, instrument_from_here, run_measured
 
 import xsp
-from xsp.metadata import cpu_model
+from xsp.core.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "call_instructions.md"
 LEAVES = 10

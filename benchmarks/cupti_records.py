@@ -5,7 +5,7 @@ as a PyTorch step makes them: per kernel launch an API record, an external corre
 and a kernel record, with copies, sets and synchronisations among them) and handed to xsp's C
 callbacks by the fake libcupti of the tests, from a thread of its own. Side by side:
 
-* C drain: walking the queued buffers into packed columns (``xsp._activity.drain``) and
+* C drain: walking the queued buffers into packed columns (``xsp.record._activity.drain``) and
   reading them into numpy, the work that replaced one Python object per record;
 * C drain + rows: the same, then the span rows the ``cuda_api`` and ``kernel`` levels make;
 * Python path (xsp's part): the record objects' bytes copied in the callback and decoded a
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| path | ns per record | vs C drain |",
         "| --- | ---: | ---: |",
-        f"| C drain (xsp._activity: buffers to numpy columns) | {c_drain:,.1f} | 1.0x |",
+        f"| C drain (xsp.record._activity: buffers to numpy columns) | {c_drain:,.1f} | 1.0x |",
         f"| C drain + span rows (cuda_api and kernel levels) | {c_rows:,.1f} | {c_rows / c_drain:,.1f}x |",
         f"| Python path, xsp's part (bytes copied, numpy decode) | {python:,.1f} | {python / c_drain:,.1f}x |",
         "",

@@ -121,7 +121,7 @@ def detection_row(comparison: str, slowdown: float, results: Sequence[Any]) -> d
 
 
 def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str, object]]:
-    from xsp.diff import diff
+    from xsp.gate.compare import diff
 
     plain: list[Path] = []
     slow: dict[float, list[tuple[Path, Path]]] = {f: [] for f in SLOWDOWNS}
@@ -149,8 +149,8 @@ def several_runs(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
     three times compares)."""
     import random
 
-    from xsp.diff import diff
-    from xsp.loading import load
+    from xsp.gate.compare import diff
+    from xsp.io.loading import load
 
     draw = random.Random(0)
     traces = {path: load(path) for path in plain}
@@ -172,9 +172,9 @@ def several_runs(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
 def against_summaries(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
                       folder: Path) -> list[dict[str, object]]:
     """The same pairs with the base given as its baseline summary (what CI keeps in a repository)."""
-    from xsp.baseline import summarize
-    from xsp.diff import diff
-    from xsp.loading import load
+    from xsp.gate.baseline import summarize
+    from xsp.gate.compare import diff
+    from xsp.io.loading import load
 
     def baseline(run: Path) -> Path:
         return summarize(load(run)).save(folder / (run.stem + ".xsp.json"))
@@ -204,8 +204,8 @@ with torch.inference_mode():
 def summary_sizes(folder: Path, step_counts: Sequence[int]) -> list[dict[str, object]]:
     """ResNet-50 (random weights, from its config) traced for each step count at two depths,
     and the size of its baseline summary beside the trace's."""
-    from xsp.baseline import summarize
-    from xsp.loading import load
+    from xsp.gate.baseline import summarize
+    from xsp.io.loading import load
 
     rows: list[dict[str, object]] = []
     for levels in ("model,layer", "model,layer,operator"):
@@ -229,8 +229,8 @@ def speed(folder: Path, repeats: int) -> list[dict[str, object]]:
     import pandas as pd
 
     import xsp
-    from xsp import schema as col
-    from xsp.diff import diff
+    from xsp.core import schema as col
+    from xsp.gate.compare import diff
 
     if not SHARED_TRACE.exists():
         return [{"tool": "xsp diff", "seconds": "skipped: ../shared/traces missing"}]
@@ -278,7 +278,7 @@ def hta_speed(folder: Path, repeats: int) -> list[dict[str, object]]:
     a copy of itself, every iteration, both tools reading the files."""
     import shutil
 
-    from xsp.diff import diff
+    from xsp.gate.compare import diff
 
     try:
         from hta.common.trace import Trace as HtaTrace

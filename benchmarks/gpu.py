@@ -115,9 +115,9 @@ def _rotating_medians(step: Callable[[], Any], labels: list[str], enter: Callabl
 def _linking(workload: Workload, iterations: int) -> dict[str, Any]:
     """xsp's kernels of ``iterations`` calls with every level: counts, links, losses, record path."""
     import xsp
-    from xsp import schema as col
-    from xsp.schema import Level, SpanKind
-    from xsp.tree import nearest_ancestor, of_level, parent_positions
+    from xsp.core import schema as col
+    from xsp.core.schema import Level, SpanKind
+    from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
     with xsp.trace(levels=ALL_LEVELS, output=None) as session:
         for _ in range(iterations):

@@ -61,7 +61,7 @@ FLOOR_RUN = """
 import gzip, json, resource, sys, time, zlib
 import msgspec
 t1 = time.perf_counter()
-from xsp.analysis.kineto import _DECODER
+from xsp.io.kineto import _DECODER
 with open(sys.argv[1], "rb") as file:
     data = file.read()
 inflated = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)

@@ -68,7 +68,7 @@ def _profiler_times_ms(fn: Callable[[], Any], repeat: int) -> list[float]:
 def _naive(fn: Callable[[], Any], repeat: int, warmup: int) -> pd.DataFrame:
     """Spans of one run with every level at once."""
     import xsp
-    from xsp import schema as col
+    from xsp.core import schema as col
 
     for _ in range(warmup):
         fn()
@@ -81,7 +81,7 @@ def _naive(fn: Callable[[], Any], repeat: int, warmup: int) -> pd.DataFrame:
 
 
 def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[float, float]:
-    from xsp import schema as col
+    from xsp.core import schema as col
 
     mine = merged[(merged[col.LEVEL] == level) & merged[col.PATH].isin(naive.index)]
     if mine.empty:
@@ -97,8 +97,8 @@ def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: i
     from xsp.analysis.model import trimmed_mean
 
     import xsp
-    from xsp import schema as col
-    from xsp.tree import parent_positions
+    from xsp.core import schema as col
+    from xsp.table.walks import parent_positions
 
     for _ in range(warmup):
         fn()
@@ -161,8 +161,8 @@ def with_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def top_layer_error(result: Any) -> float:
     """Sum of the top-level layers over the model call's leveled latency, minus one."""
-    from xsp import schema as col
-    from xsp.tree import parent_positions
+    from xsp.core import schema as col
+    from xsp.table.walks import parent_positions
 
     spans = result.trace.spans
     parents = parent_positions(spans)

@@ -24,7 +24,7 @@ part install
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-python3 -c "import xsp, xsp._hotpath, xsp._activity, cupti; from xsp.tracers._cupti import probe; print('xsp C path ok; CUPTI:', probe() or 'usable')"
+python3 -c "import xsp, xsp.record._hotpath, xsp.record._activity, cupti; from xsp.tracers._cupti import probe; print('xsp C path ok; CUPTI:', probe() or 'usable')"
 
 # the real CUPTI in one process, the fake libcupti's tests in another: never both in one process
 want tests && part GPU tests && timeout 180 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py \

@@ -37,9 +37,9 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import xsp
-from xsp import _state
+from xsp.core import state as _state
+from xsp.core.metadata import cpu_model
 from xsp.export.otlp import ExportReport, export_table, resource_for, span_attributes
-from xsp.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.md"
 

@@ -35,7 +35,7 @@ from torch import nn
 from xsp.tracers.system import SystemTracer
 
 import xsp
-from xsp import _state
+from xsp.core import state as _state
 
 RESULTS = Path(__file__).resolve().parent / "results" / "system.md"
 SETTINGS = {"sampler off": None, "system level, 10 Hz": 0.1, "system level, 100 Hz": 0.01}

@@ -42,7 +42,7 @@ import torch
 from _results import record
 from workloads import CONFIGURATIONS, WORKLOADS, load, seconds_per_step
 
-from xsp.metadata import cpu_model
+from xsp.core.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workload_instructions.md"
 LOOP_ENTRY = "_operator_call"

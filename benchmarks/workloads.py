@@ -37,7 +37,7 @@ import torch
 from _results import record
 
 import xsp
-from xsp.metadata import cpu_model
+from xsp.core.metadata import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "examples" / "workloads"

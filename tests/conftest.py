@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 from xsp.tracers._module_calls import INTERCEPTOR, JIT_TRACE_ENTRIES
 
-from xsp import _state
+from xsp.core import state as _state
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__

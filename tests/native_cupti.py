@@ -20,13 +20,13 @@ SONAME = "libcupti.so.13"
 
 
 def activity_module() -> Any:
-    """``xsp._activity``; skipped where it is not built (a failure under ``XSP_REQUIRE_HOTPATH``)."""
+    """``xsp.record._activity``; skipped where it is not built (a failure under ``XSP_REQUIRE_HOTPATH``)."""
     try:
-        import xsp._activity as activity
+        import xsp.record._activity as activity
     except ImportError:
         if os.environ.get("XSP_REQUIRE_HOTPATH"):
-            pytest.fail("xsp._activity is not built (XSP_REQUIRE_HOTPATH is set)")
-        pytest.skip("xsp._activity is not built here (no C compiler at install time)")
+            pytest.fail("xsp.record._activity is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.record._activity is not built here (no C compiler at install time)")
     return activity
 
 

@@ -32,10 +32,10 @@ import torch
 from xsp.tracers._module_calls import _top_tensors, dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
-from xsp import schema as col
-from xsp.clock import now_ns
-from xsp.marks import MarkKind
-from xsp.recording import Recording
+from xsp.core import schema as col
+from xsp.core.clock import now_ns
+from xsp.record.marks import MarkKind
+from xsp.record.recording import Recording
 
 C10D: Final = "torch.distributed.distributed_c10d"
 SPAWN: Final = "torch.multiprocessing.spawn"

@@ -17,7 +17,7 @@ CUPTI release (see :mod:`xsp.tracers._cupti_records`), through cupti-python othe
   (the layer call's start on the host clock) around every module call, from C on the C path.
   CUPTI reports which id was on top when each CUDA API call was made; the API call's
   ``external_id`` then names the layer span that made it, and the hierarchy builder uses it
-  (see :mod:`xsp.hierarchy`).
+  (see :mod:`xsp.table.parents`).
 * **Never fatal.** Every CUPTI failure becomes a reason the tracer is unavailable, or a
   warning; ``cupti.finalize()`` is never called (it tears CUPTI down for everyone). What is
   lost on the way (records CUPTI dropped, unreadable records) is counted in the trace.
@@ -46,9 +46,9 @@ from xsp.tracers._cupti_records import (
 from xsp.tracers._cupti_rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
 from xsp.tracers._module_calls import Correlation
 
-from xsp.clock import measure_offset_ns, now_ns
-from xsp.hotpath import PURE_PYTHON_ENV
-from xsp.recording import Window
+from xsp.core.clock import measure_offset_ns, now_ns
+from xsp.record.hotpath import PURE_PYTHON_ENV
+from xsp.record.recording import Window
 
 __all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "probe"]
 

@@ -3,7 +3,7 @@
 Two paths lead to the same :class:`ActivityColumns`, one packed array per field of each record
 family (API calls, kernels, copies, sets, synchronisations, external correlations):
 
-* **C** (:class:`NativeRecords`, the ``xsp._activity`` extension): it binds to the libcupti
+* **C** (:class:`NativeRecords`, the ``xsp.record._activity`` extension): it binds to the libcupti
   that cupti-python loaded, hands CUPTI pooled, pre-zeroed buffers through its own callbacks
   (which only queue a completed buffer: no GIL, no parsing), and at each drain walks the
   queued buffers into columns without the GIL. Kernel names are interned in C.
@@ -361,13 +361,13 @@ _UNSEEN: Any = object()
 
 # The C path ----------------------------------------------------------------------------------
 def native_module() -> Any:
-    """``xsp._activity``, or None where it was not built (or ``XSP_PURE_PYTHON`` is set)."""
-    from xsp.hotpath import PURE_PYTHON_ENV
+    """``xsp.record._activity``, or None where it was not built (or ``XSP_PURE_PYTHON`` is set)."""
+    from xsp.record.hotpath import PURE_PYTHON_ENV
 
     if os.environ.get(PURE_PYTHON_ENV):  # everything in Python: the C record path too
         return None
     try:  # by name: an extension module, which the import contracts cannot see into
-        return importlib.import_module("xsp._activity")
+        return importlib.import_module("xsp.record._activity")
     except ImportError:
         return None
 
@@ -378,7 +378,7 @@ _NATIVE_COUNTS: Final = {"dropped_by_cupti": Lost.BY_CUPTI, "buffers_refused": L
 
 
 class NativeRecords:
-    """The C path: ``xsp._activity`` bound to the loaded libcupti, its callbacks registered.
+    """The C path: ``xsp.record._activity`` bound to the loaded libcupti, its callbacks registered.
 
     Kernel names are interned for the process (CUPTI's buffers are the process's), so
     :attr:`kernel_names` only grows and every drain's ``name`` column indexes into it.
@@ -406,7 +406,7 @@ class NativeRecords:
         """
         module = native_module()
         if module is None:
-            raise OSError("xsp's C record path (xsp._activity) is not built here, or XSP_PURE_PYTHON is set")
+            raise OSError("xsp's C record path (xsp.record._activity) is not built here, or XSP_PURE_PYTHON is set")
         bound = module.bind(library)
         zeroed = module.register(BUFFER_BYTES, MAX_BUFFERS)
         return cls(module, bound, bool(zeroed))

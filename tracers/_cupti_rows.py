@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from xsp.tracers._cupti_records import EXTERNAL_KIND_CUSTOM0, ActivityColumns, Family, Kind
 
-from xsp import schema as col
-from xsp.schema import Level, SpanKind, Status
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind, Status
 
 # cupti.ActivityMemcpyKind, written as Kineto and Nsight write them
 COPY_KINDS: Final = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",

@@ -40,10 +40,10 @@ from xsp.tracers._collectives import Collectives
 from xsp.tracers._module_calls import dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
-from xsp import schema as col
-from xsp.clock import now_ns
-from xsp.marks import MarkKind
-from xsp.recording import Recording
+from xsp.core import schema as col
+from xsp.core.clock import now_ns
+from xsp.record.marks import MarkKind
+from xsp.record.recording import Recording
 
 DDP_MODULE: Final = "torch.nn.parallel.distributed"
 ALL_REDUCE: Final = "all_reduce"

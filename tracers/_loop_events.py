@@ -2,7 +2,7 @@
 backward passes, ``generate()`` calls and ``torch.compile`` compilations.
 
 Each becomes a model-level record of its thread and drives that thread's automatic steps
-(:mod:`xsp.auto_steps`): a DataLoader wait may begin a step, an optimizer step ends a training
+(:mod:`xsp.record.steps`): a DataLoader wait may begin a step, an optimizer step ends a training
 step, a ``generate()`` call is a step. All are a handful per iteration, never per layer.
 
 What is patched, and why there:
@@ -35,12 +35,12 @@ from xsp.tracers._model_names import model_name
 from xsp.tracers._module_calls import dynamo_compiling, error_text
 from xsp.tracers._post_import import forget, when_imported
 
-from xsp import hotpath
-from xsp import schema as col
-from xsp.auto_steps import AutoSteps, hotpath_constants
-from xsp.clock import now_ns
-from xsp.marks import MarkKind
-from xsp.recording import Recording, ThreadBuffer
+from xsp.core import schema as col
+from xsp.core.clock import now_ns
+from xsp.record import hotpath
+from xsp.record.marks import MarkKind
+from xsp.record.recording import Recording, ThreadBuffer
+from xsp.record.steps import AutoSteps, hotpath_constants
 
 NEXT_NAME: Final = "DataLoader.__next__"
 ITER_NAME: Final = "DataLoader.__iter__"
@@ -78,7 +78,7 @@ class LoopEvents:
         self._optimizer_names: dict[type, str] = {}
         self._compile_callbacks: tuple[Any, Any] | None = None
         self._fast: Any = None
-        """``xsp._hotpath.StepEvents``, where xsp's C extension is built: the bodies of the
+        """``xsp.record._hotpath.StepEvents``, where xsp's C extension is built: the bodies of the
         optimizer hooks in C (the hooks stay Python functions, which dynamo can inline and whose
         first test it folds, as it does the module-call wrapper's: a compiled ``optimizer.step``
         runs them), and ``torch.autograd.backward``'s replacement, all of C."""

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import torch
 
-from xsp import recording
-from xsp.recording import Recording
+from xsp.record import recording
+from xsp.record.recording import Recording
 
 _TORCH_DIR: Final = os.path.dirname(torch.__file__) + os.sep
 _XSP_DIRS: Final = (os.path.dirname(__file__) + os.sep, os.path.dirname(recording.__file__) + os.sep)

@@ -23,18 +23,18 @@ Each finished call appends one tuple of ints ``(start, end, module, depth, input
 error)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
 one tensor, a tuple of them for several) and any error text given as their index in the
 thread's interners: a tuple of scalars, which the garbage collector stops tracking at its first
-pass (see :mod:`xsp.recording`).
+pass (see :mod:`xsp.record.recording`).
 A top-level call also names its model (once per model) and tells the thread's automatic
-steps (:mod:`xsp.auto_steps`) that it begins and ends.
+steps (:mod:`xsp.record.steps`) that it begins and ends.
 
 While the CUDA levels run, each recorded call also pushes its start onto CUPTI's external
 correlation stack (and pops it on return), so that every CUDA call made inside it names it.
 
-Where xsp's C extension is built (:mod:`xsp.hotpath`), what is installed is a C method
+Where xsp's C extension is built (:mod:`xsp.record.hotpath`), what is installed is a C method
 descriptor: ``model(x)`` calls it with no Python frame of xsp's, and it records the common
 cases (any call inside a top-level call; a top-level call whose step is decided as one of
-:meth:`xsp.auto_steps.AutoSteps.call_begins`'s common cases: a model's next call of a one-call
-step, :attr:`xsp.auto_steps.AutoSteps.lane`, a call that joins the open step such as a loss
+:meth:`xsp.record.steps.AutoSteps.call_begins`'s common cases: a model's next call of a one-call
+step, :attr:`xsp.record.steps.AutoSteps.lane`, a call that joins the open step such as a loss
 module, and the next training iteration's forward after an optimizer step) and hands every
 other call to the Python wrapper below. Read as an attribute it gives a short Python function
 that does the same after the dynamo test, for dynamo and other tools that read
@@ -46,129 +46,56 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import IntEnum
+from collections.abc import Callable
 from functools import partial
-from types import FrameType, ModuleType
-from typing import Any, Final, cast
+from types import FrameType
+from typing import Any, cast
 
 import torch
 from torch import nn
+from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
+    _TENSOR,
+    DYNAMO_TRACE_RULES,
+    JIT_TRACE_ENTRIES,
+    SETUP_LIBRARIES,
+    Correlation,
+    Descriptor,
+    Mode,
+    _grad_enabled,
+    dynamo_compiling,
+    jit_tracing,
+)
+from xsp.tracers._call_values import (  # noqa: F401 - moved to xsp.tracers._call_values; imported from here too
+    _GRAPH_TASK_ID,
+    _top_tensors,
+    backward_running,
+    describe,
+    describe_inputs,
+    error_text,
+)
+from xsp.tracers._jit_dynamo import (  # noqa: F401 - moved to xsp.tracers._jit_dynamo; imported from here too
+    _dynamo_traces,
+    _let_dynamo_start_past_the_wrapper,
+    _set_aside_while_jit_traces,
+)
 from xsp.tracers._model_names import model_name
 from xsp.tracers._native_torch import grad_mode_address
 from xsp.tracers._post_import import forget, when_imported
 
-from xsp import hotpath
-from xsp.auto_steps import AutoSteps, hotpath_constants
-from xsp.clock import now_ns
-from xsp.recording import (
+from xsp.core.clock import now_ns
+from xsp.record import hotpath
+from xsp.record.recording import (
     BACKWARD_ALIAS,
     BACKWARD_BEGIN,
     BACKWARD_END,
     COMPACT_AT,
-    NO_ERROR,
     ROOT_GRAD,
     ROOT_MODE_UNKNOWN,
     ROOT_TRAINING,
     Recording,
     ThreadBuffer,
 )
-
-_TENSOR = torch.Tensor
-Descriptor = tuple[Any, ...] | None
-
-
-@dataclass(frozen=True)
-class Correlation:
-    """How the wrapper names the CUDA calls made inside each module call: ``push(start_ns)``
-    and ``pop()`` bracket the call (they count CUPTI's refusals and never raise). ``capsule``,
-    where the records are read in C (``xsp._activity.correlation``), hands the same two calls
-    to the C wrapper, so that neither costs a Python call; without it the Python wrapper runs."""
-
-    push: Callable[[int], Any]
-    pop: Callable[[], Any]
-    capsule: Any = None
-
-dynamo_compiling: Callable[[], bool] = (getattr(torch.compiler, "is_dynamo_compiling", None)
-                                        or getattr(torch.compiler, "is_compiling", None) or (lambda: False))
-"""True while dynamo traces (a constant to dynamo, a plain ``return False`` when eager). Not
-``torch.compiler.is_compiling``: when eager, that one is True while *any* thread compiles."""
-jit_tracing: Callable[[], Any] = torch._C._get_tracing_state
-"""Truthy while ``torch.jit.trace`` traces on this thread."""
-JIT_TRACE_ENTRIES: Final = (
-    (torch._C, "_create_function_from_trace"),
-    (torch._C, "_create_function_from_trace_with_dict"),
-    (torch._C, "_create_graph_by_tracing"),
-    (torch._C.ScriptModule, "_create_method_from_trace"),
-    (torch._C.ScriptModule, "_create_method_from_trace_with_dict"),
-)
-"""Where the jit tracer starts (every caller in ``torch.jit`` and ``torch.onnx`` goes through
-these): while one runs, its thread's buffer is ``aside``, so the C wrapper need not ask the
-tracer (``jit_tracing``, a pybind11 call of about 900 instructions) at every top-level call."""
-_grad_enabled = torch.is_grad_enabled
-DYNAMO_TRACE_RULES: Final = "torch._dynamo.trace_rules"
-SETUP_LIBRARIES: Final = ("torch.ao.", "torch.quantization.", "torch.export.", "torch._export.", "torch.onnx.")
-"""Packages whose code calls modules to prepare a model (quantization's observers, export and
-conversion passes): a module they call before user code ever has is not a model. Not
-``torch.fx``: a GraphModule's own ``__call__`` calls the module for the user."""
-
-
-class Mode(IntEnum):
-    """How much the wrapper records; a higher mode includes the lower."""
-
-    ROOTS = 1
-    ALL = 2
-
-
-def _top_tensors(value: Any) -> Any:
-    """The tensors of ``value``: itself, or those one level into a tuple, list or dict."""
-    if isinstance(value, _TENSOR):
-        return (value,)
-    if isinstance(value, Mapping):
-        items: Any = value.values()
-    elif isinstance(value, (tuple, list)):
-        items = value
-    else:
-        return ()
-    return [item for item in items if isinstance(item, _TENSOR)]
-
-
-def describe(value: Any) -> Descriptor:
-    """Shapes of the tensors in ``value`` (one level into tuples, lists and dicts)."""
-    if isinstance(value, _TENSOR):
-        return value.shape
-    return tuple(tensor.shape for tensor in _top_tensors(value)) or None
-
-
-def describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Descriptor:
-    """Shapes of the tensor arguments, positional first, one level into containers."""
-    if not kwargs and len(args) == 1 and type(args[0]) is _TENSOR:
-        return args[0].shape
-    shapes: list[Any] = []
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, _TENSOR):
-            shapes.append(value.shape)
-        elif isinstance(value, (tuple, list)):
-            shapes.extend(item.shape for item in value if isinstance(item, _TENSOR))
-    return tuple(shapes) or None
-
-
-STOP_RECOMPUTATION: Final = "_StopRecomputationError"
-"""What a non-reentrant checkpoint raises to end its recomputation early: no failure."""
-_GRAPH_TASK_ID: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
-
-
-def backward_running() -> bool:
-    """Whether this thread is inside a backward pass (a checkpoint's recomputation calls modules there)."""
-    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
-
-
-def error_text(exc: BaseException) -> str | None:
-    """What a failed call records (None: it did not fail, PyTorch stopped it on purpose)."""
-    if type(exc).__name__ == STOP_RECOMPUTATION:
-        return None
-    return f"{type(exc).__name__}: {exc}"
+from xsp.record.steps import AutoSteps, hotpath_constants
 
 
 def _output_nodes(out: Any) -> set[Any]:
@@ -267,7 +194,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                   hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int], None] = _no_backward_hooks,
                   ) -> Callable[..., Any]:
     """What to install as ``nn.Module.__call__``: the wrapper ``slow`` (in Python), or, where xsp's
-    C extension is built, an ``xsp._hotpath.FastCall`` that records the calls it knows how to and
+    C extension is built, an ``xsp.record._hotpath.FastCall`` that records the calls it knows how to and
     hands every other one to ``slow``.
 
     ``model(x)`` runs the C object with no Python frame of xsp's. Read as an attribute
@@ -332,12 +259,9 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
             return _orig(self, *args, **kwargs)
         steps = buffer.steps
         if steps.lane == _id(self) and _grad_enabled() is steps.lane_grad and not buffer.aside and not jit_tracing():
-            # the model's next call of a one-call step (see AutoSteps.lane): what begin_root
-            # and call_begins would do, inline, unless the step before is worth telling
+            # the model's next call of a one-call step (see AutoSteps.lane)
             start = _now()
-            before = steps.last_end_ns
-            if before - steps.start_ns < recording.long_step_ns and before < recording.report_after_ns:
-                steps.start_ns = start
+            if steps.lane_call(start):
                 buffer.roots.append((start, _root_flags(self, steps.lane_grad)))
             else:
                 start = begin_root(buffer, self)
@@ -433,19 +357,9 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         else:
             in_desc = args[0].shape
         out_desc = out.shape if type(out) is _tensor else describe(out)
-        # buffer.record_call, inlined (a method call costs a tenth of the whole record)
-        ids = buffer.descriptor_ids
-        input_id = ids.get(in_desc)
-        if input_id is None:
-            input_id = buffer.intern_descriptor(in_desc)
-        output_id = ids.get(out_desc)
-        if output_id is None:
-            output_id = buffer.intern_descriptor(out_desc)
-        module_id = buffer.module_ids.get(_id(self))
-        if module_id is None:
-            module_id = buffer.intern_module(self)
+        # the one Python record of a call (C's record_call is the fast path; this, its oracle)
+        buffer.record_call(start, end, self, depth, in_desc, out_desc, None)
         calls = buffer.calls
-        calls.append((start, end, module_id, depth, input_id, output_id, NO_ERROR))
         if _grad_enabled() and recording.backward_hooks:
             hook_backward(buffer, out, self, start)
         if depth < 2:
@@ -500,67 +414,6 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
                 node.register_hook(partial(end, module, call))
 
     return hook
-
-
-def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
-    """Give the wrapper the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
-    calls a module, skipped where it would be a compiled frame of its own.
-
-    A compiled module calls ``_orig_mod.__call__``, which is the wrapper while xsp runs; left
-    to the default rule, dynamo would compile the wrapper's frame into an empty graph and count
-    a graph break where the model breaks its graph, one frame further than without xsp. Dynamo
-    keeps such rules for the process; so does xsp (they concern this file only).
-    """
-    skip_dirs = getattr(trace_rules, "SKIP_DIRS", None)
-    inline_when_called = getattr(trace_rules, "BUILTIN_INLINE_WHEN_CALLED", None)
-    recompile = getattr(trace_rules, "_recompile_re", None)
-    if not isinstance(skip_dirs, list) or not isinstance(inline_when_called, set) or recompile is None:
-        return  # another PyTorch: compiled frames of the wrapper cost an empty graph, nothing worse
-    if __file__ not in skip_dirs:
-        inline_when_called.add(__file__)
-        skip_dirs.append(__file__)
-        recompile()
-
-
-def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, Any, Any]]:
-    """Make each of ``JIT_TRACE_ENTRIES`` set its thread's buffer ``aside`` while it runs; the
-    patches made (the entries this PyTorch has)."""
-    buffer_of = recording.buffer
-    patches = []
-    for owner, name in JIT_TRACE_ENTRIES:
-        original = owner.__dict__.get(name)
-        if original is None:
-            continue
-
-        def tracing(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            buffer = buffer_of()
-            buffer.aside += 1
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                buffer.aside -= 1
-
-        tracing.__name__ = tracing.__qualname__ = name
-        try:
-            setattr(owner, name, tracing)
-        except (AttributeError, TypeError):
-            continue
-        patches.append((owner, name, original, tracing))
-    return patches
-
-
-def _dynamo_traces() -> bool:
-    """True while dynamo (or export) traces code, on this thread or any."""
-    flag = getattr(torch.compiler, "_is_compiling_flag", None)
-    if flag is not None:  # PyTorch 2.13 on: held True through every dynamo compile and export
-        return bool(flag)
-    guards = sys.modules.get("torch._guards")
-    context = getattr(guards, "TracingContext", None)
-    try_get = getattr(context, "try_get", None)
-    if try_get is not None and try_get() is not None:
-        return True
-    compiling = getattr(torch.compiler, "is_compiling", None)
-    return bool(compiling is not None and compiling())
 
 
 def _entry() -> Any:

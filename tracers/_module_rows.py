@@ -14,8 +14,8 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from xsp import schema as col
-from xsp.recording import (
+from xsp.core import schema as col
+from xsp.record.recording import (
     BACKWARD_ALIAS,
     BACKWARD_BEGIN,
     BACKWARD_END,
@@ -25,7 +25,7 @@ from xsp.recording import (
     Window,
     WindowBuffer,
 )
-from xsp.tree import arrow_strings
+from xsp.table.walks import arrow_strings
 
 BACKWARD_SUFFIX = ".backward"
 

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from xsp.tracers._module_calls import INTERCEPTOR, Mode
 
-from xsp.recording import Recording
-from xsp.schema import Level
+from xsp.core.schema import Level
+from xsp.record.recording import Recording
 
 
 class ModuleCallTracer:

@@ -1,7 +1,7 @@
 """The Tracer protocol every level's tracer implements.
 
 Threading contract: ``start`` and ``stop`` are called on the session's thread; the tracer's
-own callbacks may run on any thread and must only append to the :class:`~xsp.recording.Recording`
+own callbacks may run on any thread and must only append to the :class:`~xsp.record.recording.Recording`
 (or the tracer's own buffers) without locks or allocation beyond one tuple. ``collect`` is
 called once per *window*: on a background thread while the session runs (when a long step
 ends and spans are exported early) and once after ``stop``. Each call returns the spans
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import pandas as pd
 
-    from xsp.recording import Recording, Window
-    from xsp.schema import Level
+    from xsp.core.schema import Level
+    from xsp.record.recording import Recording, Window
 
 
 @runtime_checkable
@@ -24,8 +24,8 @@ class Tracer(Protocol):
     """A source of spans at one level.
 
     ``collect`` returns a DataFrame whose columns are a subset of
-    :data:`xsp.schema.COLUMNS` (at least level, kind, name, start_ns, end_ns, thread_id),
-    with times on xsp's host clock (:func:`xsp.clock.now_ns`). Ids, parents, steps and
+    :data:`xsp.core.schema.COLUMNS` (at least level, kind, name, start_ns, end_ns, thread_id),
+    with times on xsp's host clock (:func:`xsp.core.clock.now_ns`). Ids, parents, steps and
     paths are assigned afterwards by the session, so tracers never have to agree on them.
     """
 
@@ -48,7 +48,7 @@ class Tracer(Protocol):
     #       (the session then exports no step early, so no step leaves without its spans);
     #   interprets_in_child: ClassVar[bool] -- True when ``collect`` reads only the window and
     #       plain Python objects (no CUDA, no profiler state), so that a forked child can run it
-    #       (a streaming session then interprets windows beside the user's loop, see xsp.forked);
+    #       (a streaming session then interprets windows beside the user's loop, see xsp.session.forked);
     #   prepare(window) -- called in the session's process before ``collect`` (which may then run
     #       in a forked helper): take what only this process holds into the window (CUPTI's buffers);
     #   on_step_end() -- called (on the recording thread) when a step ends: a cheap hint to flush;
@@ -57,6 +57,6 @@ class Tracer(Protocol):
     def collect(self, window: Window) -> pd.DataFrame:
         """Span rows for what was recorded since the previous ``collect``.
 
-        ``window`` holds what the shared :class:`~xsp.recording.Recording` drained from each
+        ``window`` holds what the shared :class:`~xsp.record.recording.Recording` drained from each
         thread; a tracer with buffers of its own drains those instead.
         """

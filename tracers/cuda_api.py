@@ -16,8 +16,8 @@ from xsp.tracers._cupti_records import ActivityColumns
 from xsp.tracers._cupti_rows import api_rows
 from xsp.tracers._module_calls import INTERCEPTOR
 
-from xsp.recording import Recording, Window
-from xsp.schema import Level
+from xsp.core.schema import Level
+from xsp.record.recording import Recording, Window
 
 
 class CuptiTracer(ABC):

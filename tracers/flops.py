@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from xsp import schema as col
-from xsp.clock import now_ns
-from xsp.recording import Recording, Window
-from xsp.schema import Level, SpanKind
+from xsp.core import schema as col
+from xsp.core.clock import now_ns
+from xsp.core.schema import Level, SpanKind
+from xsp.record.recording import Recording, Window
 
 NORM_FLOPS_PER_ELEMENT = 5
 """Mean, variance, normalise and scale-shift, per element (and softmax's max, exp, sum, divide)."""

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 import pandas as pd
 from xsp.tracers._cupti import cupti_error_text, cupti_module, measure_cupti_offset, probe
 
-from xsp import schema as col
-from xsp.recording import Recording, Window
-from xsp.schema import Level, SpanKind
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.record.recording import Recording, Window
 
 SAMPLING_INTERVAL_NS = 100_000
 HARDWARE_BUFFER_BYTES = 256 << 20

@@ -15,7 +15,7 @@ from xsp.tracers._cupti_records import ActivityColumns
 from xsp.tracers._cupti_rows import activity_rows
 from xsp.tracers.cuda_api import CuptiTracer
 
-from xsp.schema import Level
+from xsp.core.schema import Level
 
 
 class KernelTracer(CuptiTracer):

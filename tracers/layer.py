@@ -9,9 +9,9 @@ from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import backward_rows, module_call_rows
 from xsp.tracers._module_tracer import ModuleCallTracer
 
-from xsp import schema as col
-from xsp.recording import Window
-from xsp.schema import Level, SpanKind
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.record.recording import Window
 
 
 class LayerTracer(ModuleCallTracer):

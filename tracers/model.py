@@ -14,11 +14,11 @@ from xsp.tracers._module_calls import Mode
 from xsp.tracers._module_rows import as_numpy, module_call_rows
 from xsp.tracers._module_tracer import ModuleCallTracer
 
-from xsp import schema as col
-from xsp.auto_steps import GENERATE_SUFFIX
-from xsp.marks import SPAN_KIND_OF_MARK, MarkKind
-from xsp.recording import Recording, Window
-from xsp.schema import Level, SpanKind, Status
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind, Status
+from xsp.record.marks import SPAN_KIND_OF_MARK, MarkKind
+from xsp.record.recording import Recording, Window
+from xsp.record.steps import GENERATE_SUFFIX
 
 
 class ModelTracer(ModuleCallTracer):

@@ -39,10 +39,10 @@ from typing import Any, ClassVar, Final
 
 import pandas as pd
 
-from xsp import schema as col
-from xsp.clock import now_ns
-from xsp.recording import Recording, Window
-from xsp.schema import Level, SpanKind
+from xsp.core import schema as col
+from xsp.core.clock import now_ns
+from xsp.core.schema import Level, SpanKind
+from xsp.record.recording import Recording, Window
 
 CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"

@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 
 from xsp.tracers.base import Tracer
 
-from xsp.schema import Level
+from xsp.core.schema import Level
 
 ENTRY_POINT_GROUP = "xsp.tracers"
 BUILTIN_TRACERS: dict[str, str] = {

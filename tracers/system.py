@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Final
 
 import pandas as pd
 
-from xsp.clock import now_ns
-from xsp.recording import Recording, Window
-from xsp.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
-from xsp.schema import Level
+from xsp.core.clock import now_ns
+from xsp.core.schema import Level
+from xsp.record.recording import Recording, Window
+from xsp.record.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
 
 DEFAULT_HZ: Final = 10.0
 HZ_ENV: Final = "XSP_SYSTEM_HZ"
@@ -231,7 +231,7 @@ class SystemTracer:
     name: ClassVar[str] = "system"
     level: ClassVar[Level] = Level.SYSTEM
     interprets_in_child: ClassVar[bool] = True
-    """Its samples travel in the window (:attr:`xsp.recording.Window.samples`)."""
+    """Its samples travel in the window (:attr:`xsp.record.recording.Window.samples`)."""
 
     def __init__(self, interval_s: float | None = None) -> None:
         self.interval_s = interval_s if interval_s is not None else 1.0 / sampling_hz()

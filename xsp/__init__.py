@@ -12,35 +12,43 @@ analysis package.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from xsp._version import __version__
-from xsp.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, UnknownLevelError, XspError, XspWarning
-from xsp.schedule import Schedule, ScheduleError
-from xsp.schema import Level, SpanKind, Status
+from xsp.core.errors import (
+    SchemaVersionError,
+    TraceFormatError,
+    TraceNotFoundError,
+    UnknownLevelError,
+    XspError,
+    XspWarning,
+)
+from xsp.core.schema import Level, SpanKind, Status
+from xsp.record.schedule import Schedule, ScheduleError
 
 if TYPE_CHECKING:
     from xsp import analysis
-    from xsp.baseline import Summary, summarize
-    from xsp.diff import Diff, diff
-    from xsp.leveled import LeveledResult, leveled
-    from xsp.loading import load
-    from xsp.session import Session, trace
-    from xsp.trace import Trace
-    from xsp.user_spans import span, step
+    from xsp.core import schema
+    from xsp.gate.baseline import Summary, summarize
+    from xsp.gate.compare import Diff, diff
+    from xsp.io.loading import load
+    from xsp.io.trace import Trace
+    from xsp.record.user_spans import span, step
+    from xsp.session.leveled import LeveledResult, leveled
+    from xsp.session.session import Session, trace
 
 _LAZY = {
     # pandas and pyarrow: when a trace is read (``xsp --help`` reads none)
-    "load": ("xsp.loading", "load"), "Trace": ("xsp.trace", "Trace"),
+    "load": ("xsp.io.loading", "load"), "Trace": ("xsp.io.trace", "Trace"),
     # recording imports torch: only when a session is asked for (reading a trace never does)
-    "trace": ("xsp.session", "trace"), "Session": ("xsp.session", "Session"),
-    "span": ("xsp.user_spans", "span"), "step": ("xsp.user_spans", "step"),
+    "trace": ("xsp.session.session", "trace"), "Session": ("xsp.session.session", "Session"),
+    "span": ("xsp.record.user_spans", "span"), "step": ("xsp.record.user_spans", "step"),
     "analysis": ("xsp.analysis", None),
-    "Summary": ("xsp.baseline", "Summary"), "summarize": ("xsp.baseline", "summarize"),
-    "Diff": ("xsp.diff", "Diff"), "diff": ("xsp.diff", "diff"),
-    "LeveledResult": ("xsp.leveled", "LeveledResult"), "leveled": ("xsp.leveled", "leveled"),
+    # the span table's column names and enums: ``from xsp import schema as col``
+    "schema": ("xsp.core.schema", None),
+    "Summary": ("xsp.gate.baseline", "Summary"), "summarize": ("xsp.gate.baseline", "summarize"),
+    "Diff": ("xsp.gate.compare", "Diff"), "diff": ("xsp.gate.compare", "diff"),
+    "LeveledResult": ("xsp.session.leveled", "LeveledResult"), "leveled": ("xsp.session.leveled", "leveled"),
 }
 
 
@@ -54,21 +62,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-class _Package(types.ModuleType):
-    """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` are functions, although modules of the
-    same names exist: importing those modules (``from xsp.trace import Trace``) must not put the
-    module in the function's place, as the import system would."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("trace", "diff", "leveled") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
 __all__ = [
-    "__version__", "analysis", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
+    "__version__", "analysis", "schema", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
     "TraceNotFoundError", "Schedule", "ScheduleError",
     "SchemaVersionError", "diff", "Diff", "Summary", "summarize",

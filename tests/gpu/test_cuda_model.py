@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 pytestmark = pytest.mark.gpu
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.tree import nearest_ancestor, of_level, parent_positions
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
 pytestmark = pytest.mark.gpu
 

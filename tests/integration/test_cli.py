@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 import xsp
-from xsp import schema as col
 from xsp.cli.main import main
+from xsp.core import schema as col
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SCRIPT = """
@@ -210,7 +210,7 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_run_leveled_without_rounds_runs_at_least_as_many_as_xsp_leveled(tiny, tmp_path):
-    from xsp.leveled import MIN_ROUNDS
+    from xsp.session.leveled import MIN_ROUNDS
 
     result = xsp_cli("run", "--leveled", "--levels", "model", "--warmup", "1", "--budget", "0",
                      "-o", "lv.xsp.parquet", "--", str(tiny), "3", cwd=tmp_path)

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import xsp
-import xsp.session
-from xsp import schema as col
-from xsp import segments
-from xsp.segments import recover
+import xsp.session.ending
+import xsp.session.session
+from xsp.core import schema as col
+from xsp.io import segments
+from xsp.io.segments import recover
 
 STEPS = 20
 SCRIPT = """
@@ -43,7 +44,7 @@ def _steps(path: Path) -> int:
 def full_disk(tmp_path, monkeypatch):
     """Windows written as segments until ``fill()``; from then the output's folder takes no writes,
     and the trace file cannot be written at the end."""
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
     monkeypatch.setenv(segments.SPOOL_ENV, str(tmp_path / "spool"))
     output = tmp_path / "out" / "run.xsp.parquet"
     output.parent.mkdir()
@@ -56,7 +57,7 @@ def full_disk(tmp_path, monkeypatch):
         write_table(table, where, **options)
 
     monkeypatch.setattr(segments.pq, "write_table", write_unless_full)
-    monkeypatch.setattr(xsp.session, "write_trace_tables", _no_space)
+    monkeypatch.setattr(xsp.session.ending, "write_trace_tables", _no_space)
 
     def fill() -> None:
         state["full"] = True

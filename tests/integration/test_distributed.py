@@ -12,7 +12,7 @@ import pytest
 
 import xsp
 from xsp import analysis
-from xsp import schema as col
+from xsp.core import schema as col
 
 from .otlp_receiver import GrpcReceiver
 

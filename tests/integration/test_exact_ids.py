@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 from .otlp_receiver import GrpcReceiver
 
@@ -82,7 +82,7 @@ def test_events_nested_thirty_thousand_deep_stay_linear_and_are_flattened_and_sa
     import subprocess
     import sys
 
-    from xsp.hierarchy import MAX_DEPTH
+    from xsp.table.parents import MAX_DEPTH
 
     depth = 30_000
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 2 * depth - 2 * i}
@@ -91,7 +91,7 @@ def test_events_nested_thirty_thousand_deep_stay_linear_and_are_flattened_and_sa
     nested.write_text(json.dumps({"traceEvents": events}))
     trace = xsp.load(nested)
     assert trace.metadata["hierarchy"]["flattened"] == depth - MAX_DEPTH - 1
-    from xsp.tree import depth_of, parent_positions
+    from xsp.table.walks import depth_of, parent_positions
 
     assert depth_of(parent_positions(trace.spans)).max() == MAX_DEPTH
     for argv in (["summary", str(nested), "-o", str(tmp_path / "s.xsp.json")], ["report", str(nested)]):

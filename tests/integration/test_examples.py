@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 import xsp  # noqa: E402
 from xsp import analysis  # noqa: E402
-from xsp import schema as col  # noqa: E402
+from xsp.core import schema as col  # noqa: E402
 
 pytestmark = pytest.mark.heavy  # real ResNet-50 and BERT end to end: `python -m pytest -m heavy`
 

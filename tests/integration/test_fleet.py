@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb is in the test extra")
 

@@ -8,7 +8,7 @@ import time
 import torch
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 from .otlp_receiver import GrpcReceiver
 from .test_otlp_export import Small, assert_same_spans

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
 from xsp.cli.main import main
+from xsp.core import schema as col
 from xsp.export.otlp import span_attributes
 from xsp.export.target import OtlpTarget, Protocol
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
 from xsp.cli.main import main
-from xsp.errors import XspError
-from xsp.fileio import atomic_output
+from xsp.core import schema as col
+from xsp.core.errors import XspError
+from xsp.io.parquet import atomic_output
 
 SCRIPT = "import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(3):\n    m(torch.randn(2, 4))\nprint('done')\n"
 
@@ -323,7 +323,7 @@ def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_p
     ("cycle", "are their own ancestor"),
 ])
 def test_a_trace_with_impossible_spans_is_refused_and_says_what_is_wrong(damage, said, trace_file, tmp_path):
-    from xsp.fileio import write_trace
+    from xsp.io.parquet import write_trace
 
     trace = xsp.load(trace_file)
     spans = trace.spans.copy()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 LOOP = """
 import os, signal, sys, time, torch, xsp
@@ -281,7 +281,7 @@ def test_two_runs_writing_one_name_at_once_both_keep_their_trace(tmp_path):
 
 
 def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
-    from xsp.output_claim import writer_file
+    from xsp.io.output_claim import writer_file
 
     output = tmp_path / "run.xsp.parquet"
     writer_file(output).write_text(f"{__import__('socket').gethostname()}\n999999999\n")

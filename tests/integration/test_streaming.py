@@ -17,10 +17,11 @@ from torch import nn
 from xsp.tracers.layer import LayerTracer
 
 import xsp
-import xsp.session
-from xsp import schema as col
-from xsp.forked import ForkFailed, fork_available
-from xsp.segments import UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
+import xsp.session.session
+import xsp.session.windows
+from xsp.core import schema as col
+from xsp.io.segments import UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
+from xsp.session.forked import ForkFailed, fork_available
 
 KILLED = """
 import os, signal, sys, time, torch, xsp
@@ -45,7 +46,7 @@ def _loop(model: nn.Module, steps: int) -> None:
 
 @pytest.fixture
 def short_windows(monkeypatch):
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
 
 
 def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, short_windows):
@@ -77,15 +78,15 @@ def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, sh
 def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fails(tmp_path, short_windows,
                                                                                   monkeypatch):
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
-    monkeypatch.setenv(xsp.session.HELPER_ENV, "0")
+    monkeypatch.setenv(xsp.session.session.HELPER_ENV, "0")
     with xsp.trace(output=tmp_path / "thread.xsp.parquet") as asked:
         _loop(model, 30)
-    monkeypatch.delenv(xsp.session.HELPER_ENV)
+    monkeypatch.delenv(xsp.session.session.HELPER_ENV)
 
     def fails(function, deadline_s):
         raise ForkFailed("fork failed: no memory")
 
-    monkeypatch.setattr(xsp.session, "run_forked", fails)
+    monkeypatch.setattr(xsp.session.windows, "run_forked", fails)
     with pytest.warns(xsp.XspWarning, match="helper process could not interpret a window") as said:
         with xsp.trace(output=tmp_path / "fallback.xsp.parquet") as fallback:
             _loop(model, 30)
@@ -167,7 +168,7 @@ def test_a_folder_that_cannot_hold_windows_keeps_them_in_memory(tmp_path, short_
     def refuse(self, metadata):
         raise PermissionError("no room for windows")
 
-    monkeypatch.setattr(xsp.session.SegmentWriter, "start", refuse)
+    monkeypatch.setattr(xsp.session.session.SegmentWriter, "start", refuse)
     model = nn.Sequential(nn.Linear(8, 8))
     with pytest.warns(xsp.XspWarning, match="windows are kept in memory"):
         with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
@@ -193,8 +194,8 @@ def test_the_cli_records_only_scheduled_steps(tmp_path):
 
 
 def test_a_window_closes_after_so_many_records_however_fast_they_come(tmp_path, monkeypatch):
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 3600.0)
-    monkeypatch.setattr(xsp.session, "WINDOW_EVENTS", 1000)
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 3600.0)
+    monkeypatch.setattr(xsp.session.session, "WINDOW_EVENTS", 1000)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(99)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         _loop(model, 60)  # 6000 records
@@ -240,7 +241,7 @@ def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_windo
                                                                                  monkeypatch):
     """On a machine too busy for the windows to keep pace, a kill lost more and more of the run;
     windows waiting now go together, so what waits stays about one window."""
-    prepare = xsp.session.Session._prepare
+    prepare = xsp.session.session.Session._prepare
     slow_once = threading.Event()
 
     def slow_first(self, window):
@@ -249,7 +250,7 @@ def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_windo
             time.sleep(1.0)  # the worker falls behind while the loop closes windows
         prepare(self, window)
 
-    monkeypatch.setattr(xsp.session.Session, "_prepare", slow_first)
+    monkeypatch.setattr(xsp.session.session.Session, "_prepare", slow_first)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         for _ in range(30):

@@ -75,12 +75,12 @@ def test_push_imports_the_sdk_it_exports_with_but_no_torch(traces):
 
 
 def test_the_public_functions_stay_functions_when_their_modules_are_imported(tmp_path):
-    """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` share their names with modules: importing
-    the modules (as xsp's own code does) must not put them in the functions' place."""
+    """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` are functions; importing the modules that
+    define them (as xsp's own code does) leaves them so."""
     body = """
-        from xsp.trace import Trace
-        from xsp.diff import Diff
-        from xsp.leveled import LeveledResult
+        from xsp.io.trace import Trace
+        from xsp.gate.compare import Diff
+        from xsp.session.leveled import LeveledResult
         import xsp
         assert callable(xsp.trace) and callable(xsp.diff) and callable(xsp.leveled), (xsp.trace, xsp.diff)
     """

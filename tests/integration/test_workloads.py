@@ -15,8 +15,8 @@ import pytest
 
 import xsp
 from xsp import analysis
-from xsp import schema as col
-from xsp.schema import SpanKind
+from xsp.core import schema as col
+from xsp.core.schema import SpanKind
 
 pytestmark = pytest.mark.heavy  # the workload corpus under xsp run, in subprocesses: `python -m pytest -m heavy`
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from xsp.auto_steps import AutoSteps
-from xsp.marks import MarkKind
+from xsp.record.marks import MarkKind
+from xsp.record.steps import AutoSteps
 
 ENCODER, HEAD, MODEL = 1, 2, 3
 

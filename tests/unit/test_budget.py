@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 from xsp.export.budget import (
     ATTR_AGGREGATED_COUNT,
     ATTR_AGGREGATED_TOP,
@@ -19,7 +19,7 @@ from xsp.export.budget import (
     within_budget,
 )
 from xsp.export.target import span_budget_from_env
-from xsp.spans import conform
+from xsp.table.build import conform
 
 
 def step(trace_id: str, operators: int, kernels_per_operator: int, first_id: int) -> list[dict]:

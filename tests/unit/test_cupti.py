@@ -28,10 +28,10 @@ from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
 from xsp.tracers.kernel import KernelTracer  # noqa: E402
 
 import xsp  # noqa: E402
-from xsp import schema as col  # noqa: E402
 from xsp.cli.doctor import tracer_rows  # noqa: E402
-from xsp.schema import Level, SpanKind  # noqa: E402
-from xsp.tree import nearest_ancestor, of_level, parent_positions  # noqa: E402
+from xsp.core import schema as col  # noqa: E402
+from xsp.core.schema import Level, SpanKind  # noqa: E402
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions  # noqa: E402
 
 from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
 from ..native_cupti import assert_same_columns  # noqa: E402
@@ -370,7 +370,7 @@ def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fa
 
 
 def test_both_tracers_share_one_drain_per_window_and_drops_count_once():
-    from xsp.recording import Window
+    from xsp.record.recording import Window
 
     source = CuptiSource(module=lambda: FakeCupti(), native=False)
 
@@ -399,10 +399,10 @@ def c_path(fake_libcupti, monkeypatch):
 
 
 def test_on_the_c_path_layer_calls_push_their_ids_from_c_and_cupti_python_reads_no_record(c_path):
-    from xsp import hotpath
+    from xsp.record import hotpath
 
     if hotpath.HOTPATH is None:
-        pytest.skip("xsp._hotpath is not built here")
+        pytest.skip("xsp.record._hotpath is not built here")
     model = _model(c_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", xsp.XspWarning)
@@ -457,9 +457,9 @@ def test_without_the_c_path_records_are_read_through_cupti_python_with_one_warni
 
 
 def test_a_streamed_session_interprets_cuda_windows_in_helpers_with_every_kernel(fake, monkeypatch, tmp_path):
-    import xsp.session
+    import xsp.session.session
 
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
     model = _model(fake)
     with xsp.trace(levels="model,layer,cuda_api,kernel", output=tmp_path / "run.xsp.parquet") as session:
         with torch.no_grad():

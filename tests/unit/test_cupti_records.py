@@ -1,4 +1,4 @@
-"""xsp's C record path (xsp._activity) without a GPU: CUPTI buffers built byte for byte from
+"""xsp's C record path (xsp.record._activity) without a GPU: CUPTI buffers built byte for byte from
 cupti-python's numpy layouts of every record version, handed over by a fake libcupti on threads
 of its own, read into columns that must equal the Python path's decode field for field."""
 
@@ -258,7 +258,7 @@ def test_a_library_not_loaded_is_never_loaded(tmp_path):
 
 
 def test_the_loaded_libcupti_is_found_by_its_name(fake_libcupti):
-    script = ("import ctypes, sys, xsp._activity as a\n"
+    script = ("import ctypes, sys, xsp.record._activity as a\n"
               "try:\n    a.bind()\nexcept OSError as e:\n    print('before:', e)\n"
               f"ctypes.CDLL({str(fake_libcupti.path)!r})\n"
               "print('after:', a.bind()['path'])\n")

@@ -11,13 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from xsp.analysis import diff as d
 
 import xsp
-from xsp import schema as col
-from xsp.baseline import QUANTILES, Summary, summarize
-from xsp.diff import diff
-from xsp.errors import TraceFormatError, TraceNotFoundError
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.gate import statistics as d
+from xsp.gate.baseline import QUANTILES, Summary, summarize
+from xsp.gate.compare import diff
+from xsp.reports import diff_formats
 
 STEP_NS = 1_000_000
 LAYERS = {"net.a": 300_000, "net.b": 200_000, "net.c": 400_000}
@@ -158,7 +159,7 @@ def test_added_removed_and_structure_changes_are_named():
     kernel = changes[changes[d.CHANGE] == "kernel count"].iloc[0]
     assert (kernel[d.KEY], kernel[d.BASE_VALUE], kernel[d.NEW_VALUE]) == ("net[0]/net.b[0]", 3, 2)
     assert result.changed
-    added = [line for line in result.to_text().splitlines() if "added: net[0]/net.d[0]" in line]
+    added = [line for line in diff_formats.text(result).splitlines() if "added: net[0]/net.d[0]" in line]
     assert added and "nan" not in added[0] and "->" not in added[0]
 
 
@@ -193,7 +194,7 @@ def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
         assert (found[d.KEY], found[d.BASE_VALUE], found[d.NEW_VALUE]) == (
             "net[0]/net.a[0]/aten::linear[0]", "float, float, float",
             "c10::BFloat16, c10::BFloat16, c10::BFloat16")
-    assert "input dtypes" in diff(base, new).to_text()
+    assert "input dtypes" in diff_formats.text(diff(base, new))
     unchanged = diff(base, with_operator_dtypes(run(3), ["float", "float", "float"], kineto)).changes
     assert "input dtypes" not in set(unchanged[d.CHANGE])
 
@@ -312,18 +313,18 @@ def test_bad_settings_are_refused():
 
 def test_every_output_format_parses():
     result = diff(run(1), run(2, slower={"net.b": 0.3}))
-    document = json.loads(result.to_json())
+    document = json.loads(diff_formats.as_json(result))
     assert document["verdict"] == "regressed"
     assert len(document["rows"]) == len(result.table)
     assert set(document["rows"][0]) >= set(d.DIFF_COLUMNS)
-    suites = ET.fromstring(result.to_junit())
+    suites = ET.fromstring(diff_formats.junit(result))
     cases = suites.findall(".//testcase")
     assert len(cases) == len(result.table)
     failed = [case.get("name") for case in cases if case.find("failure") is not None]
     assert sorted(failed) == sorted(result.table[result.table[d.VERDICT] == "regressed"][d.KEY])
-    markdown = result.to_markdown()
+    markdown = diff_formats.markdown(result)
     assert "## xsp diff: **regressed**" in markdown and "| `net[0]/net.b[0]` |" in markdown
-    text = result.to_text()
+    text = diff_formats.text(result)
     assert "REGRESSED" in text and "net.b[0]" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
@@ -357,7 +358,7 @@ def test_two_kineto_traces_of_different_runs_compare(shared_traces):
     b = shared_traces / "kineto" / "cpu_only_rank34.json.gz"
     result = diff(a, b, by="name")
     assert len(result.table) and set(result.table[d.VERDICT]) <= {v.value for v in d.Verdict}
-    assert result.to_text()
+    assert diff_formats.text(result)
 
 
 def _on_machine(trace: xsp.Trace, seconds_for_fixed_work: float) -> xsp.Trace:
@@ -385,7 +386,7 @@ def test_a_uniform_slowdown_is_a_regression_unless_the_machines_speeds_explain_i
     net = row(slower_machine, "net[0]")
     assert net[d.RATIO] == pytest.approx(1.3, abs=0.02)  # shown as measured ...
     assert net[d.ADJUSTED_RATIO] == pytest.approx(1.0, abs=0.02)  # ... and judged at equal speed
-    assert "+30." in slower_machine.to_text() or "+29." in slower_machine.to_text()
+    assert "+30." in diff_formats.text(slower_machine) or "+29." in diff_formats.text(slower_machine)
     # a regression a faster machine hid is still one
     hidden = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=dict.fromkeys(LAYERS, 0.0)), 0.0015))
     assert hidden.verdict is d.Verdict.REGRESSED
@@ -446,7 +447,7 @@ def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
     assert (slowed[d.BASE_RUNS], slowed[d.NEW_RUNS], slowed[d.BASE_SAMPLES]) == (3, 3, 120)
     assert slowed[d.BASE_COUNT] == 40  # counts and totals are per run
     assert found.settings["base_runs"] == found.settings["new_runs"] == 3
-    assert "3 runs" in found.to_text()
+    assert "3 runs" in diff_formats.text(found)
     # copies of one run are not several runs: no spread between them, no evidence either way
     copies = diff([run(1)] * 3, [run(2, slower={"net.b": 0.4})] * 3)
     assert row(copies, "net[0]/net.b[0]")[d.VERDICT] == "unchanged"
@@ -517,25 +518,25 @@ def _hostile_run(seed: int, slower: dict[str, float] | None = None) -> xsp.Trace
 def test_every_format_survives_names_with_control_characters_newlines_backticks_and_a_megabyte():
     result = diff(_hostile_run(1), _hostile_run(2, slower=dict.fromkeys(LAYERS, 0.4)))
     assert result.verdict is d.Verdict.REGRESSED
-    suites = ET.fromstring(result.to_junit())  # valid XML
+    suites = ET.fromstring(diff_formats.junit(result))  # valid XML
     names = [case.get("name") for case in suites.findall(".//testcase")]
     assert any("\\x1b[31mred" in name for name in names)
-    for text in (result.to_text(), result.to_markdown()):
+    for text in (diff_formats.text(result), diff_formats.markdown(result)):
         assert not any(char in text for char in "\x1b\x07\x00"), "a control character reached the output"
-    markdown = result.to_markdown()
+    markdown = diff_formats.markdown(result)
     assert len(markdown) <= 65_536  # a pull-request comment holds it
     for line in markdown.splitlines():
         if line.startswith("| "):
             assert line.count(" | ") >= 4  # a table row stays one row
             assert line.count("`") % 2 == 0  # every code span closed
     assert "next line" in markdown and "\\n" in markdown  # the newline shown, not taken
-    assert max(len(line) for line in result.to_text().splitlines()) <= 80
-    document = json.loads(result.to_json())  # JSON keeps the names exactly
+    assert max(len(line) for line in diff_formats.text(result).splitlines()) <= 80
+    document = json.loads(diff_formats.as_json(result))  # JSON keeps the names exactly
     assert any(row["key"].startswith("net[0]/net.b\nnext") for row in document["rows"])
 
 
 def test_a_long_report_is_cut_to_what_a_pull_request_comment_holds():
-    from xsp.safe_text import within
+    from xsp.core.safe_text import within
 
     lines = [f"| `key{i}` | {'x' * 500} |" for i in range(1000)]
     kept = within(lines)

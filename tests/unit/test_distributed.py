@@ -15,8 +15,9 @@ from torch import nn
 
 import xsp
 from xsp import analysis
-from xsp import schema as col
-from xsp.distributed import (
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.rank import (
     job_id,
     rank_files,
     rank_info,
@@ -24,9 +25,8 @@ from xsp.distributed import (
     session_trace_id,
     step_trace_id,
 )
-from xsp.errors import TraceFormatError, TraceNotFoundError
 from xsp.export.otlp import resource_for
-from xsp.spans import conform
+from xsp.table.build import conform
 
 TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_RESTART_COUNT": "1"}

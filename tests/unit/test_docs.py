@@ -30,12 +30,12 @@ def test_docstring_examples():
     import doctest
     import importlib
 
-    import xsp.session
-    import xsp.user_spans
+    import xsp.record.user_spans
+    import xsp.session.session
 
-    leveled_module = importlib.import_module("xsp.leveled")  # xsp.leveled is the function
-    import xsp.schedule
+    leveled_module = importlib.import_module("xsp.session.leveled")
+    import xsp.record.schedule
 
-    for module in (xsp.session, xsp.user_spans, xsp.schedule, leveled_module):
+    for module in (xsp.session.session, xsp.record.user_spans, xsp.record.schedule, leveled_module):
         failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert failures == 0, module.__name__

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import xsp
-from xsp import schema as col
-from xsp.fileio import write_trace
+from xsp.core import schema as col
+from xsp.io.parquet import write_trace
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""xsp.forked: a function run in a forked child, its result or its failure brought back."""
+"""xsp.session.forked: a function run in a forked child, its result or its failure brought back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from xsp.forked import ForkFailed, fork_available, run_forked
+from xsp.session.forked import ForkFailed, fork_available, run_forked
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
 
@@ -45,7 +45,7 @@ def test_nothing_of_the_parent_runs_in_the_child():
     """No buffered output printed twice, no atexit handler run twice, the program goes on once."""
     script = (
         "import atexit, sys\n"
-        "from xsp.forked import run_forked\n"
+        "from xsp.session.forked import run_forked\n"
         "atexit.register(lambda: print('exit handler'))\n"
         "print('buffered', end=' ')\n"
         "print(run_forked(lambda: 41 + 1, deadline_s=30))\n"

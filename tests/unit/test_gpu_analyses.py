@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from xsp.analysis import gpu, roofline
 
-from xsp import schema as col
-from xsp.spans import conform
-from xsp.trace import Trace
-from xsp.tree import union_length
+from xsp.core import schema as col
+from xsp.io.trace import Trace
+from xsp.table.build import conform
+from xsp.table.walks import union_length
 
 US = 1_000
 

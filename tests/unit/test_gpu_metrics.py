@@ -20,10 +20,10 @@ from xsp.tracers.gpu_metrics import (  # noqa: E402
 )
 
 import xsp  # noqa: E402
-from xsp import schema as col  # noqa: E402
-from xsp.recording import Recording, Window  # noqa: E402
-from xsp.schema import Level, SpanKind  # noqa: E402
-from xsp.spans import conform  # noqa: E402
+from xsp.core import schema as col  # noqa: E402
+from xsp.core.schema import Level, SpanKind  # noqa: E402
+from xsp.record.recording import Recording, Window  # noqa: E402
+from xsp.table.build import conform  # noqa: E402
 
 FFMA = "sm__sass_thread_inst_executed_op_ffma_pred_on.sum"
 FADD = "sm__sass_thread_inst_executed_op_fadd_pred_on.sum"

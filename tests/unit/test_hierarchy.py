@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xsp import hierarchy
-from xsp import schema as col
-from xsp.hierarchy import inclusion_parents
-from xsp.spans import conform
+from xsp.core import schema as col
+from xsp.table import parents as hierarchy
+from xsp.table.build import conform
+from xsp.table.parents import inclusion_parents
 
 
 def spans(rows):
@@ -241,7 +241,7 @@ def test_inclusion_parents_of_a_deep_chain_and_a_long_rising_run():
 
 
 def test_cuda_records_that_come_a_window_late_are_placed_under_the_layer_that_made_them():
-    from xsp.spans import build_table, new_step_state
+    from xsp.table.build import build_table, new_step_state
 
     state = new_step_state()
     first = pd.DataFrame({

@@ -1,4 +1,4 @@
-"""The C part of the module-call wrapper (xsp/_hotpath.c) against its Python twin.
+"""The C part of the module-call wrapper (xsp/record/_hotpath/) against its Python twin.
 
 Every program here runs twice, with the extension and with ``hotpath.HOTPATH = None``; the two
 traces must agree on everything but the times. Where the extension is not built these tests
@@ -26,9 +26,9 @@ from torch import nn
 from xsp.tracers import _module_calls, _native_torch
 
 import xsp
-from xsp import hotpath
-from xsp import schema as col
-from xsp.recording import (
+from xsp.core import schema as col
+from xsp.record import hotpath
+from xsp.record.recording import (
     CALL_FIELDS,
     COMPACT_AT,
     FIRST_PACKED_ROWS,
@@ -42,8 +42,8 @@ BUILT = hotpath.load()
 def _require_built() -> Any:
     if BUILT is None:
         if os.environ.get("XSP_REQUIRE_HOTPATH"):
-            pytest.fail("xsp._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
-        pytest.skip("xsp._hotpath is not built here (no C compiler at install, or XSP_PURE_PYTHON set)")
+            pytest.fail("xsp.record._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.record._hotpath is not built here (no C compiler at install, or XSP_PURE_PYTHON set)")
     return BUILT
 
 
@@ -878,3 +878,85 @@ def test_backward_is_timed_by_an_object_of_c_that_reads_as_torch_autograd_backwa
     backward = session.trace.spans[session.trace.spans[col.KIND] == col.SpanKind.BACKWARD.value]
     assert backward[col.STATUS].tolist() == [col.Status.OK.value, col.Status.ERROR.value]
     assert "does not require grad" in backward[col.STATUS_MESSAGE].iloc[1]
+
+
+_ACTIONS = ("infer", "infer_head", "grad_call", "train", "backward", "optimizer", "zero_grad", "other_model")
+
+
+def _steps_state(buffer: Any) -> tuple[Any, ...]:
+    """A thread's step state after an event, without its times (which differ from run to run):
+    what the step rule decided, whichever of C and Python applied it."""
+    steps = buffer.steps
+    return (steps.type, steps.pieces, steps.trained, steps.optimizer_seen, steps.nested, steps.python_decides,
+            len(steps.tentative), len(steps.joined), bool(steps.closed_ns), bool(steps.lane), steps.lane_grad,
+            len(buffer.marks) if hasattr(buffer.marks, "__len__") else None)
+
+
+def _random_program(seed: int) -> tuple[list[str], Callable[[Callable[[], None]], None]]:
+    chooser = random.Random(seed)
+    actions = [chooser.choice(_ACTIONS) for _ in range(30)]
+
+    def program(after_each: Callable[[], None]) -> None:
+        torch.manual_seed(seed)
+        model, head, other = Block(), nn.Linear(4, 3), nn.Linear(4, 4)
+        optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.01)
+        x = torch.randn(2, 4)
+        out = None
+        for action in actions:
+            if action == "infer":
+                with torch.no_grad():
+                    model(x)
+            elif action == "infer_head":
+                with torch.no_grad():
+                    head(model(x))
+            elif action == "grad_call":
+                model(x)
+            elif action == "train":
+                out = head(model(x)).sum()
+            elif action == "backward" and out is not None:
+                out.backward()
+                out = None
+            elif action == "optimizer":
+                out = None  # a graph made before the parameters change cannot run backward after it
+                optimizer.step()
+            elif action == "zero_grad":
+                optimizer.zero_grad()
+            elif action == "other_model":
+                with torch.no_grad():
+                    other(x)
+            after_each()
+
+    return actions, program
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_c_applies_the_step_rule_as_python_states_it_event_by_event(c_module, monkeypatch, seed):
+    """The step rule lives in xsp/record/steps.py (AutoSteps); the C wrapper decides its common
+    cases itself. After every event of a random program (inference, heads joining, calls with
+    autograd on, training, backward, optimizer steps, another model), the thread's step state
+    is the same whichever decided it, and so are the spans."""
+    from xsp.core import state as _state
+
+    _, program = _random_program(seed)
+    states: dict[bool, list[tuple[Any, ...]]] = {}
+    spans: dict[bool, list[tuple[Any, ...]]] = {}
+    for c in (True, False):
+        seen: list[tuple[Any, ...]] = []
+        with monkeypatch.context() as patch:
+            if not c:
+                patch.setattr(hotpath, "HOTPATH", None)
+            with xsp.trace(levels="model,layer", output=None) as session:
+                buffer = None
+
+                def after_each(seen: list[tuple[Any, ...]] = seen) -> None:
+                    nonlocal buffer
+                    recording = _state.recording
+                    if buffer is None and recording is not None:
+                        buffer = next((b for b in recording.buffers if b.thread_id == threading.get_native_id()), None)
+                    seen.append(_steps_state(buffer) if buffer is not None else ())
+
+                program(after_each)
+        states[c], spans[c] = seen, _structure(session.trace.spans)
+    for event, (by_c, by_python) in enumerate(zip(states[True], states[False])):
+        assert by_c == by_python, f"event {event}: C {by_c} != Python {by_python}"
+    assert spans[True] == spans[False]

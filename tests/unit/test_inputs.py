@@ -11,7 +11,7 @@ import numpy as np
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
-from xsp import schema as col
+from xsp.core import schema as col
 
 
 def loop_on_a_gpu():
@@ -97,12 +97,13 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import xsp.session
+    import xsp.session.session
 
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)  # a window due at every step end
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window due at every step end
     taken: list[tuple[int, bool]] = []
     released: list[int] = []
-    close_window, release_held = xsp.session._WindowWorker.close_window, xsp.session._WindowWorker.release_held
+    worker_class = xsp.session.session._WindowWorker
+    close_window, release_held = worker_class.close_window, worker_class.release_held
 
     def spy_close(worker, hold=False):
         taken.append((worker.session._recording.buffer().input_waits, hold))
@@ -112,8 +113,8 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
         released.append(worker.session._recording.buffer().input_waits)
         release_held(worker)
 
-    monkeypatch.setattr(xsp.session._WindowWorker, "close_window", spy_close)
-    monkeypatch.setattr(xsp.session._WindowWorker, "release_held", spy_release)
+    monkeypatch.setattr(xsp.session.session._WindowWorker, "close_window", spy_close)
+    monkeypatch.setattr(xsp.session.session._WindowWorker, "release_held", spy_release)
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -134,9 +135,9 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
 def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
     import torch
 
-    import xsp.session
+    import xsp.session.session
 
-    monkeypatch.setattr(xsp.session, "WINDOW_S", 0.0)
+    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)
     model = torch.nn.Linear(4, 1)
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         model(torch.randn(2, 4))

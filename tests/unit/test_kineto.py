@@ -10,7 +10,7 @@ import pytest
 from xsp.analysis import gpu
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 KERNEL_COUNTS = {  # from the traces' README and their raw events
     "v100_2rank_train_rank1": {"kernel": 19370, "memcpy": 2040, "memset": 880, "runtime": 42373},

@@ -10,9 +10,10 @@ from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
-from xsp import schema as col
-from xsp.calibration import LevelCost, calibrate
-from xsp.leveled import (
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.session.calibration import LevelCost, calibrate
+from xsp.session.leveled import (
     MAX_ROUNDS,
     MIN_ROUNDS,
     LeveledRun,
@@ -22,9 +23,8 @@ from xsp.leveled import (
     precise_enough,
     run_label,
 )
-from xsp.schema import Level, SpanKind
-from xsp.spans import conform
-from xsp.tree import parent_positions
+from xsp.table.build import conform
+from xsp.table.walks import parent_positions
 
 M, L, OP, F = Level.MODEL, Level.LAYER, Level.OPERATOR, Level.FLOPS
 IN = Level.INPUT
@@ -341,7 +341,7 @@ def _small_model() -> torch.nn.Module:
 
 
 def test_what_autograd_does_in_a_call_is_found_by_tracing_one():
-    from xsp.leveled import Autograd, autograd_of
+    from xsp.session.leveled import Autograd, autograd_of
 
     model, x = _small_model(), torch.randn(4, 8)
 
@@ -407,7 +407,7 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
 def test_a_figure_that_moves_between_rounds_is_not_called_precise():
     """Each round's steps agree closely, but the rounds do not (the machine ran at another speed
     in each run): the interval comes from the spread of the rounds, not of the steps."""
-    from xsp.leveled import ROUND_STARTS, pooled
+    from xsp.session.leveled import ROUND_STARTS, pooled
 
     def rounds(levels: tuple[Level, ...], shifts: list[int]) -> LeveledRun:
         traces = []
@@ -436,7 +436,7 @@ def test_a_figure_that_moves_between_rounds_is_not_called_precise():
 def test_a_round_disturbed_from_end_to_end_moves_no_figure():
     """Another process's burst lasting a whole run (seconds, on a big model) slows every step
     of one round: the figures come from the middle rounds, not from the pooled steps."""
-    from xsp.leveled import pooled
+    from xsp.session.leveled import pooled
 
     def rounds(levels: tuple[Level, ...], slowdowns: list[float]) -> LeveledRun:
         traces = [_run(levels, {STEP: [int(1200 * s)] * 6, PREDICT: [int(1000 * s) + (i % 2) for i in range(6)],

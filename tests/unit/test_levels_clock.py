@@ -4,10 +4,10 @@ import itertools
 
 import pytest
 
-from xsp.clock import ClockSync, measure_offset_ns
-from xsp.errors import UnknownLevelError
-from xsp.levels import parse_levels
-from xsp.schema import Level
+from xsp.core.clock import ClockSync, measure_offset_ns
+from xsp.core.errors import UnknownLevelError
+from xsp.core.levels import parse_levels
+from xsp.core.schema import Level
 
 
 @pytest.mark.parametrize("given", ["model,layer", ("model", "layer"), ["layer"], " Layer , model ",
@@ -42,7 +42,7 @@ def test_clock_sync_maps_host_time_to_epoch():
     sync = ClockSync.measure()
     import time
 
-    from xsp.clock import now_ns
+    from xsp.core.clock import now_ns
     assert abs(now_ns() + sync.host_to_epoch_ns - time.time_ns()) < 50_000_000
     assert abs(sync.remeasured().drift_ns) < 50_000_000
 

@@ -9,7 +9,7 @@ import torch
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
-from xsp import schema as col
+from xsp.core import schema as col
 
 
 def constructed():

@@ -13,9 +13,9 @@ from xsp.tracers.flops import NORM_FLOPS_PER_ELEMENT, count_call
 from xsp.tracers.operator import CLOCK_MARKER, THREAD_MARKER, clock_offset, operator_rows
 
 import xsp
-from xsp import schema as col
-from xsp.schema import Level, SpanKind
-from xsp.tree import nearest_ancestor, of_level, parent_positions
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
 
 class Event:

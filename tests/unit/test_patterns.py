@@ -14,8 +14,8 @@ from xsp.tracers.model import _nested_backward
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
-from xsp import schema as col
-from xsp.marks import MarkKind
+from xsp.core import schema as col
+from xsp.record.marks import MarkKind
 
 
 def test_samples_per_step_count_accumulated_micro_batches_but_not_closures_or_generation():

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import xsp
 from xsp import analysis
-from xsp import schema as col
-from xsp.schema import SpanKind
+from xsp.core import schema as col
+from xsp.core.schema import SpanKind
 
 
 def traced(fn, levels="model,layer"):

@@ -10,8 +10,8 @@ from xsp.analysis.recommend import COLUMNS, RULES, Rule, recommend
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
-from xsp import schema as col
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.io.trace import Trace
 
 A100 = {"device_properties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0,
                                "numSms": 108, "totalGlobalMem": 80 * 2**30}]}

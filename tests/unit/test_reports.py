@@ -11,7 +11,7 @@ from rich.console import Console
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
-from xsp import schema as col
+from xsp.core import schema as col
 from xsp.export.chrome import chrome_events
 from xsp.reports.terminal import middle, render_report
 

@@ -11,8 +11,8 @@ from torch.profiler import ProfilerAction
 from torch.profiler import schedule as torch_schedule
 
 import xsp
-from xsp import schema as col
-from xsp.schedule import Schedule, ScheduleError, StepAction
+from xsp.core import schema as col
+from xsp.record.schedule import Schedule, ScheduleError, StepAction
 
 _TORCH_ACTION = {ProfilerAction.NONE: StepAction.SKIP, ProfilerAction.WARMUP: StepAction.WARMUP,
                  ProfilerAction.RECORD: StepAction.RECORD, ProfilerAction.RECORD_AND_SAVE: StepAction.RECORD}
@@ -69,7 +69,7 @@ def test_unrecorded_steps_leave_no_records_behind():
     with torch.no_grad(), xsp.trace(output=None, schedule=Schedule(skip_first=1000)) as session:
         for _ in range(50):
             model(torch.randn(2, 4))
-        buffer = xsp._state.recording.buffer()
+        buffer = xsp.core.state.recording.buffer()
         assert not buffer.calls and not len(buffer.call_columns)  # nothing recorded below a skipped call
     assert session.trace.steps == []
     assert session.trace.metadata["schedule"]["skipped_steps"] == 50

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import xsp
-from xsp import schema as col
+from xsp.core import schema as col
 
 
 class Block(nn.Module):
@@ -368,14 +368,14 @@ def test_recorded_calls_hold_no_object_the_garbage_collector_must_walk(monkeypat
     generations. (The C wrapper packs its records as native ints: no objects at all.)"""
     import gc
 
-    from xsp import hotpath
+    from xsp.record import hotpath
 
     monkeypatch.setattr(hotpath, "HOTPATH", None)
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])
     with torch.no_grad(), xsp.trace(output=None):
         model(torch.randn(2, 4))
         model(torch.randn(2, 4))
-        buffer = xsp._state.recording.buffer()
+        buffer = xsp.core.state.recording.buffer()
         records = list(buffer.calls)
         gc.collect(0)
         assert records and all(isinstance(value, (int, str, type(None))) for record in records for value in record)

@@ -11,13 +11,13 @@ import lzma
 import numpy as np
 import pandas as pd
 import pytest
-from xsp.analysis import diff as d
 
 import xsp
-from xsp import schema as col
-from xsp import summary_codec as codec
-from xsp.baseline import Summary, summarize
-from xsp.errors import TraceFormatError
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError
+from xsp.gate import statistics as d
+from xsp.gate import summary_codec as codec
+from xsp.gate.baseline import Summary, summarize
 
 MAX_BYTES = 64 * 1024 * 1024
 

@@ -16,8 +16,8 @@ from xsp.tracers.system import GpuReader, HostReader, SystemTracer, rapl_counter
 
 import xsp
 from xsp import analysis
-from xsp import schema as col
-from xsp.samples import EnergyMethod, step_averages
+from xsp.core import schema as col
+from xsp.record.samples import EnergyMethod, step_averages
 
 S = 1_000_000_000
 

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xsp.schema import STEP_KINDS, Level, SpanKind
-from xsp.structure import SKIPPING_LEVELS, anchors, outermost_step, root_of
-from xsp.tree import chain_ends, depth_of, nearest_marked
+from xsp.core.schema import STEP_KINDS, Level, SpanKind
+from xsp.table.paths import SKIPPING_LEVELS, anchors, outermost_step, root_of
+from xsp.table.walks import chain_ends, depth_of, nearest_marked
 
 LEVELS = [level.value for level in Level]
 KINDS = [SpanKind.STEP.value, SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.OPERATOR.value]

@@ -16,7 +16,7 @@ class CliError(Exception):
 
 def check_output(output: str, source: str) -> None:
     """Refuse an output path that is empty or names the input file (it would be overwritten)."""
-    from xsp.fileio import same_file
+    from xsp.io.parquet import same_file
 
     if not output:
         raise CliError("the output path is empty")
@@ -35,7 +35,7 @@ def error_console() -> Console:
 @contextmanager
 def xsp_warnings_to_stderr() -> Iterator[list[str]]:
     """Show each xsp warning once, as one plain line on stderr, and collect them."""
-    from xsp.errors import XspWarning
+    from xsp.core.errors import XspWarning
 
     seen: list[str] = []
     original = warnings.showwarning

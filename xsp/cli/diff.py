@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from xsp.cli._common import CliError, check_output, console
 
 if TYPE_CHECKING:
-    from xsp.diff import Diff
+    from xsp.gate.compare import Diff
 
 
 class FailOn(str, enum.Enum):
@@ -70,13 +70,13 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.fileio import write_text_output
+    from xsp.io.parquet import write_text_output
     if options.output is not None:
         for source in (options.base, options.new):
             check_output(options.output, source)
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")
-    from xsp.diff import diff  # scipy and the analyses, only for this command
+    from xsp.gate.compare import diff  # scipy and the analyses, only for this command
 
     result = diff(options.base, options.new, by=options.by, levels=options.levels,
                   threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),
@@ -95,13 +95,15 @@ def run(options: argparse.Namespace) -> int:
 
 
 def render(result: Diff, form: Format) -> str:
+    from xsp.reports import diff_formats
+
     if form is Format.MARKDOWN:
-        return result.to_markdown()
+        return diff_formats.markdown(result)
     if form is Format.JSON:
-        return result.to_json()
+        return diff_formats.as_json(result)
     if form is Format.JUNIT:
-        return result.to_junit()
-    return result.to_text()
+        return diff_formats.junit(result)
+    return diff_formats.text(result)
 
 
 def fails(result: Diff, fail_on: FailOn) -> bool:

@@ -36,8 +36,8 @@ def tracer_rows() -> list[tuple[str, str, str]]:
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.core.metadata import environment
     from xsp.export.target import OtlpTarget, probe
-    from xsp.metadata import environment
 
     out = console()
     env = environment()

@@ -25,7 +25,7 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.export.chrome import write_chrome
-    from xsp.loading import load
+    from xsp.io.loading import load
     check_output(options.output, options.file)
     trace = load(options.file)
     target = write_chrome(trace, options.output)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console, progress
-from xsp.schema import FILE_SUFFIX
+from xsp.core.schema import FILE_SUFFIX
 
 
 def register(commands: Any) -> None:
@@ -22,7 +22,7 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
-    from xsp.analysis.kineto import is_kineto_path, load_kineto  # the importer, only for this command
+    from xsp.io.kineto import is_kineto_path, load_kineto  # the importer, only for this command
 
     if not is_kineto_path(source):
         raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")

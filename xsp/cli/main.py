@@ -12,7 +12,7 @@ from xsp._version import __version__
 from xsp.cli import diff, doctor, export, import_, push, recommend, recover, report, run, summary
 from xsp.cli._common import CliError, error_console, xsp_warnings_to_stderr
 from xsp.cli.run import ScriptInterrupted
-from xsp.errors import XspError
+from xsp.core.errors import XspError
 
 SUBCOMMANDS = (run, report, recommend, diff, summary, import_, export, push, recover, doctor)
 INTERRUPTED = 130

@@ -32,7 +32,7 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.export.otlp import ExportReport, export_table, make_exporter, resource_for
-    from xsp.loading import load
+    from xsp.io.loading import load
     target = OtlpTarget.resolve(options.otlp, options.otlp_protocol)
     if target is None:
         raise CliError("no collector to send to: give --otlp URL or set OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from xsp.cli._common import console
-from xsp.safe_text import one_line
+from xsp.core.safe_text import one_line
 
 
 def register(commands: Any) -> None:
@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.analysis.recommend import recommend  # the analyses, only for this command
-    from xsp.loading import load
+    from xsp.io.loading import load
     from xsp.reports.advice import recommendation_lines, recommendation_records
 
     table = recommend(load(options.file))

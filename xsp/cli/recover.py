@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console
-from xsp.errors import TraceNotFoundError
+from xsp.core.errors import TraceNotFoundError
 
 
 def register(commands: Any) -> None:
@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.segments import recover, unfinished_sessions
+    from xsp.io.segments import recover, unfinished_sessions
     found = unfinished_sessions(options.file)
     if not found:
         raise CliError(f"nothing to recover for {options.file}: no unfinished run left its windows beside it")

@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.loading import load
+    from xsp.io.loading import load
     if options.top < 1:
         raise CliError("--top must be at least 1")
     if options.html is not None:

@@ -11,15 +11,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from xsp import schema as col
 from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
+from xsp.core import schema as col
+from xsp.core.levels import parse_levels
+from xsp.core.schema import DEFAULT_OUTPUT, SpanKind
 from xsp.export.target import Protocol
-from xsp.levels import parse_levels
-from xsp.schedule import Schedule
-from xsp.schema import DEFAULT_OUTPUT, SpanKind
+from xsp.record.schedule import Schedule
 
 if TYPE_CHECKING:
-    from xsp.session import Session
+    from xsp.session.session import Session
 
 
 def register(commands: Any) -> None:
@@ -182,8 +182,8 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.fileio import check_writable
-    from xsp.session import Session
+    from xsp.io.parquet import check_writable
+    from xsp.session.session import Session
 
     levels = parse_levels(options.levels)
     schedule = None if options.schedule is None else Schedule.parse(options.schedule)
@@ -226,15 +226,22 @@ def run(options: argparse.Namespace) -> int:
     return status
 
 
+class _ScriptFailed(Exception):
+    """A leveled run's script exited with a non-zero status: the CLI exits with it."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[str]) -> int:
     """``--leveled``: one run of the script per level prefix, merged into one trace."""
-    import time
-
-    from xsp.calibration import calibrate
-    from xsp.compensation import LevelCost
-    from xsp.leveled import (
-        MAX_ROUNDS,
-        MIN_ROUNDS,
+    from xsp.core.schema import Level
+    from xsp.io.trace import Trace
+    from xsp.reports.terminal import frame_table, number, share, text
+    from xsp.session.calibration import calibrate
+    from xsp.session.leveled import (
+        LeveledResult,
         LeveledRun,
         autograd_in,
         level_runs,
@@ -243,11 +250,10 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
         pooled,
         precise_enough,
         run_label,
+        run_rounds,
     )
-    from xsp.reports.terminal import frame_table, number, share, text
-    from xsp.schema import Level
-    from xsp.session import Session
-    from xsp.trace import Trace
+    from xsp.session.session import Session
+    from xsp.table.level_costs import LevelCost
     from xsp.tracers.registry import tracers_for
 
     if options.warmup < 0:
@@ -264,47 +270,43 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
         out.print(f"xsp: level {level.value} left out of the leveled runs: {reason}", markup=False)
     wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
     plan = level_runs(wanted)
-    traces: dict[tuple[Level, ...], list[Trace]] = {levels: [] for levels in plan}
     target = options.target / 100
     costs: dict[Level, LevelCost] | None = None  # once the first run has shown what autograd does in the script
-    backward = True
-    first_round_end: float | None = None
-    round_number = 0
+    backward, records_autograd = True, False
+
+    def run(levels: tuple[Level, ...]) -> Trace:
+        nonlocal costs, backward, records_autograd
+        out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
+        session = Session(levels=levels, output=None, service_name=options.service_name or script.stem,
+                          backward=backward)
+        status = _run_script(script, script_args, session)
+        if status != 0:
+            raise _ScriptFailed(status)
+        if costs is None:  # the model level alone runs first: a script that records a graph but never runs
+            # backward is traced without backward hooks, as xsp.leveled does
+            autograd = autograd_in(session.trace)
+            backward, records_autograd = autograd.runs_backward, autograd.records
+            costs = {} if options.no_compensate else calibrate(wanted, grad=autograd.records and backward)
+        if session.trace is None or len(session.trace.steps) <= options.warmup:
+            raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
+                           f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
+                           "script that calls its model more than --warmup times?)")
+        return Trace(spans=measured_steps(session.trace.spans, options.warmup), metadata=session.trace.metadata)
+
+    def merge(traces: dict[tuple[Level, ...], list[Trace]]) -> LeveledResult:
+        try:
+            return merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan],
+                              costs=costs or {}, target=target)
+        except ValueError as exc:
+            raise CliError(f"the runs cannot be merged: {exc}") from None
+
     with xsp_warnings_to_stderr():
-        while True:
-            turn = round_number % len(plan)  # as xsp.leveled: each round starts one run later
-            for levels in plan[turn:] + plan[:turn]:
-                out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
-                session = Session(levels=levels, output=None, service_name=options.service_name or script.stem,
-                                  backward=backward)
-                status = _run_script(script, script_args, session)
-                if status != 0:
-                    return status
-                if costs is None:  # the model level alone runs first: a script that records a graph
-                    # but never runs backward is traced without backward hooks, as xsp.leveled does
-                    autograd = autograd_in(session.trace)
-                    backward = autograd.runs_backward
-                    costs = {} if options.no_compensate else calibrate(wanted, grad=autograd.records and backward)
-                if session.trace is None or len(session.trace.steps) <= options.warmup:
-                    raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
-                                   f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
-                                   "script that calls its model more than --warmup times?)")
-                traces[levels].append(Trace(spans=measured_steps(session.trace.spans, options.warmup),
-                                                 metadata=session.trace.metadata))
-            round_number += 1
-            first_round_end = first_round_end or time.monotonic()
-            try:
-                result = merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan],
-                                    costs=costs or {}, target=target)
-            except ValueError as exc:
-                raise CliError(f"the runs cannot be merged: {exc}") from None
-            if options.rounds is not None:
-                if round_number >= options.rounds:
-                    break
-            elif round_number >= MIN_ROUNDS and (precise_enough(result, target) or round_number >= MAX_ROUNDS
-                                                 or time.monotonic() - first_round_end > options.budget):
-                break
-    result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=autograd.records)
+        try:
+            result, round_number = run_rounds(plan, run, merge, rounds=options.rounds, target=target,
+                                              budget_s=options.budget)
+        except _ScriptFailed as failed:
+            return failed.status
+    result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=records_autograd)
     result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=round_number,
                                             adaptive=options.rounds is None,
                                             precise=precise_enough(result, target))
@@ -342,7 +344,7 @@ def _say_what_was_written(session: Session, script: Path, options: argparse.Name
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int, started_in: str) -> int:
-    from xsp.session import EXIT_WAIT_S
+    from xsp.session.session import EXIT_WAIT_S
 
     trace = session.trace
     out = error_console()

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console
-from xsp.distributed import rank_path
-from xsp.levels import parse_levels
+from xsp.core.levels import parse_levels
+from xsp.core.rank import rank_path
 
 
 def register(commands: Any) -> None:
@@ -36,7 +36,7 @@ def default_output(path: str) -> str:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.loading import load
+    from xsp.io.loading import load
     output = options.output or default_output(options.file)
     check_output(output, options.file)
     if options.skip_steps < 0:
@@ -46,7 +46,7 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
                        f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
-    from xsp.baseline import summarize  # the analyses, only for this command
+    from xsp.gate.baseline import summarize  # the analyses, only for this command
 
     summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
                         source=Path(options.file).name)

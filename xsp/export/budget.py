@@ -20,11 +20,11 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from xsp import schema as col
+from xsp.core import schema as col
+from xsp.core.schema import Level
 from xsp.export.target import DEFAULT_SPAN_BUDGET
-from xsp.schema import Level
-from xsp.spans import string_array
-from xsp.tree import NONE, depth_of, nearest_marked, parent_positions
+from xsp.table.build import string_array
+from xsp.table.walks import NONE, depth_of, nearest_marked, parent_positions
 
 TOP_NAMES: Final = 5
 ATTR_AGGREGATED_COUNT: Final = "xsp.aggregated.count"

@@ -9,12 +9,12 @@ from typing import Any
 
 import pandas as pd
 
-from xsp import schema as col
 from xsp.analysis.memory import memory_timeline
 from xsp.analysis.system import system_metrics
-from xsp.fileio import write_text_output
-from xsp.schema import Level
-from xsp.trace import Trace
+from xsp.core import schema as col
+from xsp.core.schema import Level
+from xsp.io.parquet import write_text_output
+from xsp.io.trace import Trace
 
 _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.INPUT_SHAPES,
                 col.OUTPUT_SHAPES, col.PARAM_COUNT, col.CALL_DEPTH, col.EXEC_INDEX, col.SOURCE,
@@ -158,7 +158,7 @@ def write_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as Chrome/Perfetto JSON, atomically.
 
     Raises:
-        xsp.fileio.OutputError: the file could not be written (nothing is left at ``path``).
+        xsp.io.parquet.OutputError: the file could not be written (nothing is left at ``path``).
     """
     return write_text_output(path, json.dumps(chrome_events(trace)))
 

@@ -32,11 +32,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from xsp import schema as col
 from xsp._version import __version__
+from xsp.core import schema as col
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
 from xsp.export.target import OtlpTarget, Protocol
-from xsp.tree import depth_of, parent_positions
+from xsp.table.walks import depth_of, parent_positions
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""

@@ -22,10 +22,10 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from xsp import analysis
-from xsp import schema as col
-from xsp.fileio import write_text_output
-from xsp.trace import Trace
-from xsp.tree import depth_of, parent_positions
+from xsp.core import schema as col
+from xsp.io.parquet import write_text_output
+from xsp.io.trace import Trace
+from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
 """Spans drawn in the step timeline at most (the longest are kept)."""
@@ -452,7 +452,7 @@ def write_html(trace: Trace, path: str | os.PathLike[str], rank: int | None = No
     distributed job), atomically.
 
     Raises:
-        xsp.fileio.OutputError: the file could not be written (nothing is left at ``path``).
+        xsp.io.parquet.OutputError: the file could not be written (nothing is left at ``path``).
     """
     return write_text_output(path, render_html(trace, rank))
 

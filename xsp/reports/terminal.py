@@ -13,11 +13,11 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
-from xsp import schema as col
+from xsp.core import schema as col
+from xsp.core.safe_text import one_line
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
 from xsp.reports.advice import recommendation_lines
-from xsp.safe_text import one_line
-from xsp.schema import Level, SpanKind
-from xsp.trace import Trace
 
 STEPS_SHOWN = 20
 Format = Callable[[object], str]

@@ -1,0 +1,232 @@
+"""What a recommendation is: the rules, their severities and thresholds, a finding, and the
+context (the trace's tables, computed once) that every rule reads."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+from xsp.analysis.gpu import kernel_table
+from xsp.analysis.model import step_roots
+
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions
+
+RULE: Final = "rule"
+SEVERITY: Final = "severity"
+SHARE: Final = "share"
+EVIDENCE: Final = "evidence"
+FIX: Final = "fix"
+PATHS: Final = "paths"
+COLUMNS: Final = (RULE, SEVERITY, SHARE, EVIDENCE, FIX, PATHS)
+
+ATTR_WORKERS: Final = "xsp.input.num_workers"
+ATTR_PIN_MEMORY: Final = "xsp.input.pin_memory"
+MAX_PATHS: Final = 5
+"""Paths named per recommendation at most (the largest first)."""
+
+
+class Severity(str, enum.Enum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        return (Severity.HIGH, Severity.MEDIUM, Severity.LOW).index(self)
+
+
+class Rule(str, enum.Enum):
+    INPUT_BOUND = "input_bound"
+    DATALOADER_WORKERS = "dataloader_workers"
+    GPU_IDLE = "gpu_idle"
+    SMALL_KERNELS = "small_kernels"
+    PAGEABLE_MEMCPY = "pageable_memcpy"
+    BLOCKING_SYNC = "blocking_sync"
+    NO_TF32 = "no_tf32"
+    NO_AMP = "no_amp"
+    CHANNELS_LAST = "channels_last"
+    UNFUSED_OPTIMIZER = "unfused_optimizer"
+    GPU_UNDERUTILIZED = "gpu_underutilized"
+    MEMORY_NEAR_CAPACITY = "memory_near_capacity"
+    CPU_THREADS = "cpu_threads"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """When a rule fires, and where that threshold comes from."""
+
+    text: str
+    source: str
+
+
+@dataclass
+class Finding:
+    severity: Severity
+    share: float
+    evidence: str
+    fix: str
+    paths: list[str]
+
+
+# thresholds -----------------------------------------------------------------------------------
+INPUT_MODERATE, INPUT_HIGH = 0.05, 0.20
+"""TF profiler: moderately input-bound at 5% of step time, highly at 20%."""
+DATALOADER_SHARE = 0.05
+"""PyTorch TensorBoard plugin: more DataLoader workers when the DataLoader takes > 5% of the step."""
+HOST_IDLE_MODERATE, HOST_IDLE_HIGH = 0.10, 0.30
+"""GPU idle waiting on the host, as a share of the GPU's busy window (HTA's host-wait idle)."""
+LAUNCH_MODERATE, LAUNCH_HIGH = 0.03, 0.15
+"""TF profiler: kernel-launch bound at 3% (moderate) and 15% (high) of step time."""
+SHORT_KERNEL_FRACTION = 0.5
+"""Half the kernels shorter than their launch call (HTA's short kernels: GPU < CPU duration)."""
+SHARE_MODERATE, SHARE_HIGH = 0.03, 0.15
+"""Severity of time lost to a named cause: TF profiler's 3% / 15% ("all other time")."""
+FP32_MATMUL_SHARE = 0.10
+"""Share of kernel time in fp32 (non-TF32) matmul/convolution kernels that suggests TF32."""
+SIXTEEN_BIT_SHARE = 0.10
+"""TF profiler: suggest 16-bit when under 10% of device compute is 16-bit."""
+MATMUL_SHARE = 0.20
+"""Matmul/convolution share of kernel time for AMP to be worth it."""
+OPTIMIZER_SHARE = 0.05
+OPTIMIZER_OPERATORS = 10
+"""Operators per optimizer step above which an optimizer without foreach/fused ops is flagged."""
+SM_EFFICIENCY = 0.5
+"""PyTorch TensorBoard plugin: GPU utilisation < 0.5 suggests a larger batch (judged by SM efficiency)."""
+KERNEL_SHARE = 0.10
+"""Kernels must take this much of step time for their efficiency to matter."""
+MEMORY_CAPACITY = 0.90
+"""PyTorch TensorBoard plugin: peak memory > 90% of the device."""
+CPU_BOUND_SHARE = 0.5
+"""Share of step time in forward and backward for a CPU run's thread count to matter."""
+
+RULES: Final[dict[Rule, Threshold]] = {
+    Rule.INPUT_BOUND: Threshold("input waits >= 5% of step time (medium), >= 20% (high)",
+                                "TensorFlow profiler, input pipeline analysis"),
+    Rule.DATALOADER_WORKERS: Threshold("input waits > 5% of step time with fewer workers than CPUs",
+                                       "PyTorch TensorBoard plugin"),
+    Rule.GPU_IDLE: Threshold("GPU idle waiting on the host >= 10% of its active window (medium), >= 30% (high)",
+                             "HolisticTraceAnalysis idle-time breakdown (host wait); Nsight Systems gpu_gaps"),
+    Rule.SMALL_KERNELS: Threshold("half the kernels shorter than their launch and launches >= 3% of step time "
+                                  "(medium), >= 15% (high)",
+                                  "HolisticTraceAnalysis short kernels; TensorFlow profiler kernel-launch time"),
+    Rule.PAGEABLE_MEMCPY: Threshold("any copy from or to pageable host memory; medium at >= 3% of step time, "
+                                    "high at >= 15%", "Nsight Systems cuda_memcpy_async"),
+    Rule.BLOCKING_SYNC: Threshold("host blocked in synchronisation >= 1% of step time; medium >= 3%, high >= 15%",
+                                  "Nsight Systems cuda_api_sync, cuda_memcpy_sync"),
+    Rule.NO_TF32: Threshold("compute capability >= 8.0 and fp32 (non-TF32) matmul/convolution kernels >= 10% "
+                            "of kernel time", "PyTorch TF32 notes; TensorBoard plugin Tensor Core use"),
+    Rule.NO_AMP: Threshold("compute capability >= 7.0, matmul/convolution >= 20% of kernel time and 16-bit "
+                           "kernels < 10% of it", "TensorFlow profiler (16-bit < 10%); TensorBoard plugin AMP"),
+    Rule.CHANNELS_LAST: Threshold("NCHW <-> NHWC layout conversion kernels >= 3% of kernel time (medium), "
+                                  ">= 15% (high)", "cuDNN layout conversions; PyTorch channels_last tutorial"),
+    Rule.UNFUSED_OPTIMIZER: Threshold("optimizer steps >= 5% of step time running >= 10 operators per step, none "
+                                      "foreach or fused", "PyTorch torch.optim foreach/fused implementations"),
+    Rule.GPU_UNDERUTILIZED: Threshold("kernels >= 10% of step time with SM efficiency < 0.5 (medium), < 0.25 "
+                                      "(high)", "PyTorch TensorBoard plugin (GPU utilisation < 0.5)"),
+    Rule.MEMORY_NEAR_CAPACITY: Threshold("peak memory > 90% of the device's (or host's) memory",
+                                         "PyTorch TensorBoard plugin"),
+    Rule.CPU_THREADS: Threshold("more intra-op threads than CPUs available, or 1 thread of >= 4 CPUs in a "
+                                "CPU-bound run (forward and backward >= 50% of step time)",
+                                "PyTorch CPU performance tuning guide"),
+}
+
+_GEMM = re.compile(r"gemm|conv|cudnn|xmma|cutlass|implicit|winograd|fft", re.IGNORECASE)
+_SIXTEEN_BIT = re.compile(r"f16|fp16|bf16|half|bfloat16|hgemm|h\d{3,5}gemm|_h\d{3,5}|s16816|s1688gemm_bf16",
+                          re.IGNORECASE)
+_FP32_MATMUL = re.compile(r"sgemm|scudnn|implicit_convolve_s|_f32f32_f32f32|fft2d_r2c|winograd.*float",
+                          re.IGNORECASE)
+_TF32 = re.compile(r"tf32|s1688|s16816", re.IGNORECASE)
+_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
+_FUSED_OPTIMIZER = re.compile(r"_foreach_|_fused_|multi_tensor_apply", re.IGNORECASE)
+_OPTIMIZER_ANNOTATION = "Optimizer.step#"
+_DEVICE_CAPABILITY: Final = (("H100", 9, 0), ("H200", 9, 0), ("H20", 9, 0), ("GH200", 9, 0), ("B200", 10, 0),
+                             ("A100", 8, 0), ("A10", 8, 6), ("A30", 8, 0), ("A40", 8, 6), ("L4", 8, 9),
+                             ("L40", 8, 9), ("RTX 40", 8, 9), ("RTX 30", 8, 6), ("V100", 7, 0), ("T4", 7, 5),
+                             ("RTX 20", 7, 5), ("P100", 6, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+class _Context:
+    """What several rules read, computed once."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.spans = trace.spans
+        self.metadata = trace.metadata
+        spans = self.spans
+        roots = step_roots(spans)
+        self.steps = len(roots)
+        if self.steps:
+            self.step_ns = float(roots[col.DURATION_NS].sum())
+            self.in_steps = spans[col.STEP].notna().to_numpy()
+        else:
+            extent = (int(spans[col.END_NS].max()) - int(spans[col.START_NS].min())) if len(spans) else 0
+            self.step_ns = float(max(extent, 0))
+            self.in_steps = np.ones(len(spans), dtype=bool)
+        self._parents: np.ndarray | None = None
+        self._kernels: pd.DataFrame | None = None
+
+    @property
+    def parents(self) -> np.ndarray:
+        if self._parents is None:
+            self._parents = parent_positions(self.spans)
+        return self._parents
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        """:func:`kernel_table` of the spans in steps."""
+        if self._kernels is None:
+            table = kernel_table(self.spans)
+            self._kernels = table[table["step"].notna()] if self.steps else table
+        return self._kernels
+
+    def share(self, ns: float) -> float:
+        return min(ns / self.step_ns, 1.0) if self.step_ns > 0 else 0.0
+
+    def per_step_ms(self, ns: float) -> str:
+        return f"{ns / 1e6 / self.steps:.3g} ms per step over {self.steps} steps" if self.steps else \
+            f"{ns / 1e6:.3g} ms in all"
+
+    def device(self) -> dict[str, Any]:
+        """The first GPU's properties (Kineto's ``deviceProperties`` keys), as far as known."""
+        properties = self.metadata.get("device_properties")
+        if isinstance(properties, list) and properties and isinstance(properties[0], dict):
+            return dict(properties[0])
+        name = str(self.metadata.get("device") or "")
+        return {"name": name} if name and not name.startswith("cpu") and name != "unknown" else {}
+
+    def capability(self) -> tuple[int, int] | None:
+        device = self.device()
+        if "computeMajor" in device:
+            return int(device["computeMajor"]), int(device.get("computeMinor", 0))
+        name = str(device.get("name", ""))
+        for marker, major, minor in _DEVICE_CAPABILITY:
+            if marker in name:
+                return major, minor
+        return None
+
+    def of(self, level: Level, *kinds: SpanKind, in_steps: bool = True) -> pd.DataFrame:
+        mask = (self.spans[col.LEVEL] == level.value).to_numpy(dtype=bool, copy=True)
+        if kinds:
+            mask &= self.spans[col.KIND].isin([kind.value for kind in kinds]).to_numpy()
+        if in_steps:
+            mask &= self.in_steps
+        return self.spans[mask]
+
+    def operator_names(self, rows: np.ndarray) -> list[str]:
+        """For each span position, the path (else name) of its innermost operator (else itself)."""
+        operators = nearest_ancestor(self.spans, of_level(self.spans, Level.OPERATOR), self.parents)
+        paths = self.spans[col.PATH].to_numpy(dtype=object, na_value=None)
+        names = self.spans[col.NAME].to_numpy(dtype=object, na_value=None)
+        found = []
+        for row in rows.tolist():
+            at = int(operators[row]) if operators[row] >= 0 else row
+            found.append(str(paths[at] or names[at]))
+        return found

@@ -1,0 +1,71 @@
+"""A module call's values as the span table keeps them: shape descriptors of its inputs and
+outputs, its error's text, and whether a backward pass is running (recomputation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import torch
+from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
+    _TENSOR,
+    DYNAMO_TRACE_RULES,
+    JIT_TRACE_ENTRIES,
+    SETUP_LIBRARIES,
+    Correlation,
+    Descriptor,
+    Mode,
+    _grad_enabled,
+    dynamo_compiling,
+    jit_tracing,
+)
+
+
+def _top_tensors(value: Any) -> Any:
+    """The tensors of ``value``: itself, or those one level into a tuple, list or dict."""
+    if isinstance(value, _TENSOR):
+        return (value,)
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    else:
+        return ()
+    return [item for item in items if isinstance(item, _TENSOR)]
+
+
+def describe(value: Any) -> Descriptor:
+    """Shapes of the tensors in ``value`` (one level into tuples, lists and dicts)."""
+    if isinstance(value, _TENSOR):
+        return value.shape
+    return tuple(tensor.shape for tensor in _top_tensors(value)) or None
+
+
+def describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Descriptor:
+    """Shapes of the tensor arguments, positional first, one level into containers."""
+    if not kwargs and len(args) == 1 and type(args[0]) is _TENSOR:
+        return args[0].shape
+    shapes: list[Any] = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, _TENSOR):
+            shapes.append(value.shape)
+        elif isinstance(value, (tuple, list)):
+            shapes.extend(item.shape for item in value if isinstance(item, _TENSOR))
+    return tuple(shapes) or None
+
+
+STOP_RECOMPUTATION: Final = "_StopRecomputationError"
+"""What a non-reentrant checkpoint raises to end its recomputation early: no failure."""
+_GRAPH_TASK_ID: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def backward_running() -> bool:
+    """Whether this thread is inside a backward pass (a checkpoint's recomputation calls modules there)."""
+    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
+
+
+def error_text(exc: BaseException) -> str | None:
+    """What a failed call records (None: it did not fail, PyTorch stopped it on purpose)."""
+    if type(exc).__name__ == STOP_RECOMPUTATION:
+        return None
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,95 @@
+"""Stepping aside for torch.jit and dynamo: dynamo starts tracing past the wrapper, and a
+thread's buffer is set aside while the jit tracer runs."""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import torch
+from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
+    _TENSOR,
+    DYNAMO_TRACE_RULES,
+    JIT_TRACE_ENTRIES,
+    SETUP_LIBRARIES,
+    Correlation,
+    Descriptor,
+    Mode,
+    _grad_enabled,
+    dynamo_compiling,
+    jit_tracing,
+)
+from xsp.tracers._call_values import (  # noqa: F401 - moved to xsp.tracers._call_values; imported from here too
+    _GRAPH_TASK_ID,
+    _top_tensors,
+    backward_running,
+    describe,
+    describe_inputs,
+    error_text,
+)
+
+from xsp.record.recording import (
+    Recording,
+)
+
+
+def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
+    """Give the wrapper the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
+    calls a module, skipped where it would be a compiled frame of its own.
+
+    A compiled module calls ``_orig_mod.__call__``, which is the wrapper while xsp runs; left
+    to the default rule, dynamo would compile the wrapper's frame into an empty graph and count
+    a graph break where the model breaks its graph, one frame further than without xsp. Dynamo
+    keeps such rules for the process; so does xsp (they concern this file only).
+    """
+    skip_dirs = getattr(trace_rules, "SKIP_DIRS", None)
+    inline_when_called = getattr(trace_rules, "BUILTIN_INLINE_WHEN_CALLED", None)
+    recompile = getattr(trace_rules, "_recompile_re", None)
+    if not isinstance(skip_dirs, list) or not isinstance(inline_when_called, set) or recompile is None:
+        return  # another PyTorch: compiled frames of the wrapper cost an empty graph, nothing worse
+    if __file__ not in skip_dirs:
+        inline_when_called.add(__file__)
+        skip_dirs.append(__file__)
+        recompile()
+
+
+def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, Any, Any]]:
+    """Make each of ``JIT_TRACE_ENTRIES`` set its thread's buffer ``aside`` while it runs; the
+    patches made (the entries this PyTorch has)."""
+    buffer_of = recording.buffer
+    patches = []
+    for owner, name in JIT_TRACE_ENTRIES:
+        original = owner.__dict__.get(name)
+        if original is None:
+            continue
+
+        def tracing(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            buffer = buffer_of()
+            buffer.aside += 1
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                buffer.aside -= 1
+
+        tracing.__name__ = tracing.__qualname__ = name
+        try:
+            setattr(owner, name, tracing)
+        except (AttributeError, TypeError):
+            continue
+        patches.append((owner, name, original, tracing))
+    return patches
+
+
+def _dynamo_traces() -> bool:
+    """True while dynamo (or export) traces code, on this thread or any."""
+    flag = getattr(torch.compiler, "_is_compiling_flag", None)
+    if flag is not None:  # PyTorch 2.13 on: held True through every dynamo compile and export
+        return bool(flag)
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "TracingContext", None)
+    try_get = getattr(context, "try_get", None)
+    if try_get is not None and try_get() is not None:
+        return True
+    compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(compiling is not None and compiling())

@@ -1,0 +1,288 @@
+"""The canonical span table: levels, kinds, column names and dtypes, attribute keys.
+
+Every source of spans (live tracers, imported traces) produces a pandas DataFrame with
+exactly these columns and dtypes; every consumer (file writer, OTLP exporter, analyses,
+reports) reads them through the constants below, never through string literals.
+
+Times are integer nanoseconds since the Unix epoch (the clock OpenTelemetry expects);
+``duration_ns == end_ns - start_ns``.
+
+``path`` is a structural key that names "the same span" across steps and runs. It is the
+path of the span's anchor, a ``/`` and ``name[k]``, where ``k`` counts earlier spans of the
+same name under the same anchor. The anchor is the parent, except that a layer skips over
+enclosing layers (a layer's name is already its dotted module path) and an operator over
+enclosing operators, so a ResNet convolution is ``predict[0]/layer1.0.conv1[0]`` rather than
+repeating ``layer1`` and ``layer1.0``, and ``aten::addmm`` inside ``aten::linear`` in that
+layer is ``.../fc[0]/aten::addmm[0]``. Roots are ``name[k]`` counted within their OTel trace
+(their step).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+SCHEMA_VERSION: Final = 1
+"""Version of the span table layout; bumped on any incompatible change."""
+
+FILE_SUFFIX: Final = ".xsp.parquet"
+DEFAULT_OUTPUT: Final = "run" + FILE_SUFFIX
+"""The trace file a session writes when it is given none."""
+METADATA_KEY: Final = b"xsp"
+"""Parquet key-value metadata key that holds the trace's metadata as JSON."""
+
+
+class Level(str, enum.Enum):
+    """Depth of the stack a span was recorded at, shallowest first."""
+
+    MODEL = "model"
+    INPUT = "input"
+    """The loop waiting for its data (DataLoader batches); always recorded with the model level,
+    since a wait for a batch is where an automatic step begins."""
+    LAYER = "layer"
+    OPERATOR = "operator"
+    MEMORY = "memory"
+    """Each allocation and free of tensor memory (``alloc``/``free`` events, CPU and CUDA),
+    from PyTorch's profiler; perturbs timings."""
+    FLOPS = "flops"
+    """Analytic FLOPs and bytes per operator (``operator`` spans); perturbs timings."""
+    CUDA_API = "cuda_api"
+    KERNEL = "kernel"
+    GPU_METRICS = "gpu_metrics"
+    """Hardware counters sampled on the GPU (``counters`` spans); perturbs timings."""
+    SYSTEM = "system"
+    """CPU, memory, GPU utilisation, power and energy sampled a few times a second
+    (``sample`` spans, see :mod:`xsp.record.samples`)."""
+
+    @property
+    def rank(self) -> int:
+        """0 for the model level, growing with depth."""
+        return _LEVEL_ORDER.index(self)
+
+
+_LEVEL_ORDER: Final = (Level.MODEL, Level.INPUT, Level.LAYER, Level.OPERATOR, Level.MEMORY, Level.FLOPS,
+                       Level.CUDA_API, Level.KERNEL, Level.GPU_METRICS, Level.SYSTEM)
+METRIC_LEVELS: Final = frozenset({Level.FLOPS, Level.GPU_METRICS, Level.MEMORY})
+"""Levels that measure counts, not time: their runs perturb timings, so leveled
+experimentation never takes durations from them."""
+LEVELS: Final = _LEVEL_ORDER
+
+
+class SpanKind(str, enum.Enum):
+    """What a span stands for, finer than its level."""
+
+    SESSION = "session"  # the whole xsp.trace() block (model level, its own OTel trace)
+    STEP = "step"  # an explicit xsp.step() (model level)
+    PREDICT = "predict"  # one call of a top-level nn.Module (model level)
+    USER = "user"  # xsp.span() (model level)
+    INPUT = "input"  # the loop waiting for a DataLoader batch (input level)
+    OPTIMIZER = "optimizer"  # one optimizer.step() (model level)
+    COMPILE = "compile"  # torch.compile compiling a frame (model level); not model latency
+    COLLECTIVE = "collective"  # one torch.distributed collective called from Python (model level)
+    COLLECTIVE_WAIT = "collective_wait"  # waiting for an async collective's Work (model level)
+    FORWARD = "forward"  # one nn.Module forward call (layer level)
+    BACKWARD = "backward"  # one nn.Module backward (layer level); one backward pass (model level)
+    RECOMPUTE = "recompute"  # a module's forward run again inside a backward (activation checkpointing; layer level)
+    PYTHON = "python"  # a Python function seen by PyTorch's profiler (layer level)
+    OPERATOR = "operator"  # one framework operator (operator level)
+    RUNTIME = "runtime"  # CUDA runtime API call (cuda_api level)
+    DRIVER = "driver"  # CUDA driver API call (cuda_api level)
+    KERNEL = "kernel"  # GPU kernel (kernel level)
+    MEMCPY = "memcpy"  # GPU memory copy (kernel level)
+    MEMSET = "memset"  # GPU memory set (kernel level)
+    SYNC = "sync"  # GPU synchronisation (kernel level)
+    ALLOC = "alloc"  # tensor memory allocated: an instant, ``bytes`` its size (memory level)
+    FREE = "free"  # tensor memory freed: an instant, ``bytes`` its size (memory level)
+    SAMPLE = "sample"  # one interval of system metrics (system level)
+    COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
+    # its duration is not the kernel's)
+
+
+STEP_KINDS: Final = frozenset({SpanKind.STEP, SpanKind.PREDICT})
+"""Kinds whose outermost occurrence starts a step."""
+GPU_ACTIVITY_KINDS: Final = frozenset({SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET, SpanKind.SYNC})
+"""Kernel-level kinds that a CUDA API call launches (linked by correlation id)."""
+
+
+class Status(str, enum.Enum):
+    """Outcome of a span: ERROR when an exception passed through it."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
+# Column names ---------------------------------------------------------------------------
+TRACE_ID: Final = "trace_id"
+SPAN_ID: Final = "span_id"
+PARENT_ID: Final = "parent_id"
+LEVEL: Final = "level"
+KIND: Final = "kind"
+NAME: Final = "name"
+START_NS: Final = "start_ns"
+END_NS: Final = "end_ns"
+DURATION_NS: Final = "duration_ns"
+THREAD_ID: Final = "thread_id"
+DEVICE_ID: Final = "device_id"
+STREAM_ID: Final = "stream_id"
+CORRELATION_ID: Final = "correlation_id"
+STEP: Final = "step"
+PATH: Final = "path"
+STATUS: Final = "status"
+STATUS_MESSAGE: Final = "status_message"
+# typed attributes read by analyses
+MODULE_TYPE: Final = "module_type"
+INPUT_SHAPES: Final = "input_shapes"
+OUTPUT_SHAPES: Final = "output_shapes"
+PARAM_COUNT: Final = "param_count"
+CALL_DEPTH: Final = "call_depth"
+EXEC_INDEX: Final = "exec_index"
+SOURCE: Final = "source"
+BATCH_SIZE: Final = "batch_size"
+GRID: Final = "grid"
+BLOCK: Final = "block"
+REGISTERS_PER_THREAD: Final = "registers_per_thread"
+SHARED_MEMORY_BYTES: Final = "shared_memory_bytes"
+BYTES: Final = "bytes"
+COPY_KIND: Final = "copy_kind"
+FLOPS: Final = "flops"
+SEQUENCE_NUMBER: Final = "sequence_number"
+"""Autograd sequence number of an operator: a backward operator carries its forward's."""
+EXTERNAL_ID: Final = "external_id"
+"""CUPTI external correlation id. On a layer span recorded with the CUDA levels on, the id xsp
+pushed around the call (its start on the host clock); on a CUDA API call, the id on top of
+CUPTI's stack when the call was made, which names the layer span that made it."""
+LEVELED_RUN: Final = "leveled_run"
+"""In a leveled result: the run (``model+layer``) the span's duration came from."""
+DURATION_CI_NS: Final = "duration_ci_ns"
+"""In a leveled result: the half-width of the 95% confidence interval of ``duration_ns``."""
+RANK: Final = "rank"
+"""In a distributed job: the rank of the process that recorded the span (null otherwise)."""
+OVERHEAD_NS: Final = "overhead_ns"
+"""In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
+is their sum); negative for a layer whose untimed call cost was given back to it."""
+ATTRIBUTES: Final = "attributes"
+"""JSON object with every attribute that has no typed column (user attributes among them)."""
+
+# pandas dtypes, in column order. Nullable integer dtypes keep "not recorded" apart from 0.
+COLUMNS: Final[dict[str, str]] = {
+    TRACE_ID: "string",
+    SPAN_ID: "int64",
+    PARENT_ID: "Int64",
+    LEVEL: "string",
+    KIND: "string",
+    NAME: "string",
+    START_NS: "int64",
+    END_NS: "int64",
+    DURATION_NS: "int64",
+    THREAD_ID: "Int64",
+    DEVICE_ID: "Int64",
+    STREAM_ID: "Int64",
+    CORRELATION_ID: "Int64",
+    STEP: "Int64",
+    PATH: "string",
+    STATUS: "string",
+    STATUS_MESSAGE: "string",
+    MODULE_TYPE: "string",
+    INPUT_SHAPES: "string",
+    OUTPUT_SHAPES: "string",
+    PARAM_COUNT: "Int64",
+    CALL_DEPTH: "Int64",
+    EXEC_INDEX: "Int64",
+    SOURCE: "string",
+    BATCH_SIZE: "Int64",
+    GRID: "string",
+    BLOCK: "string",
+    REGISTERS_PER_THREAD: "Int64",
+    SHARED_MEMORY_BYTES: "Int64",
+    BYTES: "Int64",
+    COPY_KIND: "string",
+    FLOPS: "Int64",
+    SEQUENCE_NUMBER: "Int64",
+    EXTERNAL_ID: "Int64",
+    LEVELED_RUN: "string",
+    DURATION_CI_NS: "Int64",
+    OVERHEAD_NS: "Int64",
+    RANK: "Int64",
+    ATTRIBUTES: "string",
+}
+REQUIRED_COLUMNS: Final = (
+    TRACE_ID, SPAN_ID, PARENT_ID, LEVEL, KIND, NAME, START_NS, END_NS, DURATION_NS,
+    THREAD_ID, DEVICE_ID, STREAM_ID, CORRELATION_ID, STEP, PATH,
+)
+
+# OpenTelemetry attribute keys (all xsp-owned keys carry the xsp. prefix) -----------------
+ATTR_LEVEL: Final = "xsp.level"
+ATTR_KIND: Final = "xsp.kind"
+ATTR_STEP: Final = "xsp.step"
+ATTR_PATH: Final = "xsp.path"
+ATTR_THREAD_ID: Final = "xsp.thread_id"
+ATTR_DEVICE_ID: Final = "xsp.device_id"
+ATTR_STREAM_ID: Final = "xsp.stream_id"
+ATTR_CORRELATION_ID: Final = "xsp.correlation_id"
+ATTR_SESSION_LINK: Final = "xsp.link"
+ATTR_VERSION: Final = "xsp.version"
+ATTR_TORCH_VERSION: Final = "xsp.torch.version"
+ATTR_DEVICE: Final = "xsp.device"
+ATTR_STEP_TYPE: Final = "xsp.step.type"
+"""On an automatic step: ``train``, ``inference`` or ``generate``."""
+ATTR_MODEL_TRAINING: Final = "xsp.model.training"
+"""On a top-level model call: the module was in training mode (``model.train()``)."""
+ATTR_MODEL_GRAD: Final = "xsp.model.grad"
+"""On a top-level model call: autograd was recording a graph (a backward may follow)."""
+ATTR_GENERATE_PHASE: Final = "xsp.generate.phase"
+"""On a model call inside ``generate()``: ``prefill`` (the first) or ``decode``."""
+ATTR_GENERATE_TOKEN: Final = "xsp.generate.token_index"
+"""On a model call inside ``generate()``: the index of the token it produces (0 for prefill)."""
+ATTR_INPUT_WORKERS: Final = "xsp.input.num_workers"
+"""On an input wait: the DataLoader's ``num_workers``."""
+ATTR_INPUT_PIN_MEMORY: Final = "xsp.input.pin_memory"
+"""On an input wait: the DataLoader's ``pin_memory``."""
+ATTR_COLLECTIVE_OP: Final = "xsp.collective.op"
+"""On a collective: the operation (``all_reduce``, ``broadcast``...)."""
+ATTR_COLLECTIVE_GROUP: Final = "xsp.collective.group"
+"""On a collective: the process group's name (``0`` for the default group)."""
+ATTR_COLLECTIVE_GROUP_SIZE: Final = "xsp.collective.group_size"
+ATTR_COLLECTIVE_SEQ: Final = "xsp.collective.seq"
+"""On a collective: its number among this process's collectives on its group (every rank
+calls a group's collectives in the same order, so it matches the same call across ranks)."""
+ATTR_COLLECTIVE_ASYNC: Final = "xsp.collective.async"
+ATTR_COLLECTIVE_BACKEND: Final = "xsp.collective.backend"
+ATTR_COLLECTIVE_DTYPE: Final = "xsp.collective.dtype"
+ATTR_COLLECTIVE_BUCKET: Final = "xsp.collective.bucket"
+"""On a DDP gradient all-reduce: the reducer's bucket index (0 is the last layers' gradients)."""
+ATTR_COLLECTIVE_WORK_NS: Final = "xsp.collective.work_ns"
+"""On an asynchronous collective whose completion xsp saw (DDP's buckets): nanoseconds from its
+launch (the span's start) to its completion. The span itself is the launch."""
+ATTR_RANK: Final = "xsp.rank"
+"""On every span of a distributed job: the rank that recorded it."""
+
+COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
+    THREAD_ID: ATTR_THREAD_ID,
+    DEVICE_ID: ATTR_DEVICE_ID,
+    STREAM_ID: ATTR_STREAM_ID,
+    CORRELATION_ID: ATTR_CORRELATION_ID,
+    STEP: ATTR_STEP,
+    PATH: ATTR_PATH,
+    MODULE_TYPE: "xsp.layer.type",
+    INPUT_SHAPES: "xsp.layer.input_shapes",
+    OUTPUT_SHAPES: "xsp.layer.output_shapes",
+    PARAM_COUNT: "xsp.layer.param_count",
+    CALL_DEPTH: "xsp.layer.call_depth",
+    EXEC_INDEX: "xsp.layer.exec_index",
+    SOURCE: "xsp.layer.source",
+    BATCH_SIZE: "xsp.batch_size",
+    GRID: "xsp.kernel.grid",
+    BLOCK: "xsp.kernel.block",
+    REGISTERS_PER_THREAD: "xsp.kernel.registers_per_thread",
+    SHARED_MEMORY_BYTES: "xsp.kernel.shared_memory_bytes",
+    BYTES: "xsp.memory.bytes",
+    COPY_KIND: "xsp.memory.copy_kind",
+    FLOPS: "xsp.flops",
+    SEQUENCE_NUMBER: "xsp.operator.sequence_number",
+    EXTERNAL_ID: "xsp.external_id",
+    LEVELED_RUN: "xsp.session.leveled.run",
+    DURATION_CI_NS: "xsp.session.leveled.ci_ns",
+    OVERHEAD_NS: "xsp.session.leveled.overhead_ns",
+    RANK: ATTR_RANK,
+}
+"""Typed columns exported as span attributes, and the key each one gets."""

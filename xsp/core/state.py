@@ -1,0 +1,18 @@
+"""Process-wide state: the one active session and its recording.
+
+Kept in a tiny module so that :func:`xsp.span` reads one global on its hot path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xsp.record.recording import Recording
+    from xsp.session.session import Session
+
+session: Session | None = None
+recording: Recording | None = None
+waiting: list[Session] = []
+"""Sessions refused while another ran, still inside their blocks: the first of them takes over
+when the active one ends."""

@@ -1,0 +1,154 @@
+"""The columns of key samples and of a comparison, and the verdicts, tests and changes a
+comparison reports."""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Final
+
+from xsp.core import schema as col
+
+
+class KeyBy(str, enum.Enum):
+    """How spans of two runs are matched."""
+
+    PATH = "path"
+    """By ``path``: one key per place in the model (``predict[0]/layer1.0.conv1[0]``)."""
+    NAME = "name"
+    """By level and name: every ``aten::conv2d`` together."""
+
+
+class Verdict(str, enum.Enum):
+    """What happened to a key (and, for the first three, to the whole run)."""
+
+    REGRESSED = "regressed"
+    IMPROVED = "improved"
+    UNCHANGED = "unchanged"
+    ADDED = "added"
+    REMOVED = "removed"
+
+
+class Test(str, enum.Enum):
+    """The statistic behind a key's verdict."""
+
+    RANK = "mann-whitney"
+    """Mann-Whitney U on the per-step samples, Benjamini-Hochberg over all keys tested."""
+    RUNS = "runs"
+    """Several runs on each side but too few steps for a rank test (a span outside steps, one
+    per run): the between-run t test on the runs' values alone."""
+    RANK_AND_RUNS = "mann-whitney+runs"
+    """Several runs on each side: the rank test on the pooled steps *and* a t test on the runs'
+    medians (their logarithms, the variance moderated across keys) must both reject; the
+    larger p-value is the key's."""
+    OVERLAP = "interval-overlap"
+    """Too few samples for a rank test: the two sides' ranges must not overlap."""
+    NONE = "none"
+    """One sample on a side: noise cannot be told from change, so no verdict is given."""
+
+
+MIN_RANK_SAMPLES: Final = 5
+"""Samples each side needs for the rank test (with 5 and 5, its smallest p is 0.008)."""
+MIN_OVERLAP_SAMPLES: Final = 2
+"""Samples each side needs for the interval-overlap fallback."""
+MIN_RUNS: Final = 2
+"""Runs each side needs (a key present in each) for the between-run test."""
+
+# columns of a key-samples frame (one row per key of one run)
+KEY: Final = "key"
+PARENT_KEY: Final = "parent_key"
+COUNT: Final = "count"
+TOTAL_NS: Final = "total_ns"
+SAMPLES_NS: Final = "samples_ns"
+"""Sorted per-step durations (an int64 array per key)."""
+SAMPLE_COUNT: Final = "sample_count"
+"""Steps (or lone spans) the samples came from; more than ``len(samples_ns)`` in a summary
+that kept quantiles only."""
+KERNELS_PER_STEP: Final = "kernels_per_step"
+"""Median count of kernel-level spans under a layer per step (NaN: no kernels recorded)."""
+INPUT_DTYPES: Final = "input_dtypes"
+"""The dtypes of a key's tensor inputs, as text (from the operator level: xsp's ``input_dtypes``
+attribute, a Kineto trace's ``Input type``), or None."""
+DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
+"""Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
+_DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
+RUN_MEDIANS_NS: Final = "run_medians_ns"
+"""Of a frame pooled from several runs (:func:`pool_runs`): the median of each run the key
+appeared in (a float array); what the between-run test compares."""
+RUNS: Final = "runs"
+"""Of a pooled frame: the runs it was pooled from (the same in every row)."""
+KEY_COLUMNS: Final = (col.LEVEL, col.KIND, col.NAME, KEY, PARENT_KEY, COUNT, TOTAL_NS, SAMPLES_NS, SAMPLE_COUNT,
+                      col.INPUT_SHAPES, KERNELS_PER_STEP, INPUT_DTYPES)
+
+# columns of a diff table (one row per key of either run)
+BASE_COUNT: Final = "base_count"
+NEW_COUNT: Final = "new_count"
+BASE_TOTAL_NS: Final = "base_total_ns"
+NEW_TOTAL_NS: Final = "new_total_ns"
+BASE_MEDIAN_NS: Final = "base_median_ns"
+NEW_MEDIAN_NS: Final = "new_median_ns"
+DELTA_NS: Final = "delta_ns"
+"""Change of the median per-step duration, new minus base."""
+RATIO: Final = "ratio"
+P_VALUE: Final = "p_value"
+Q_VALUE: Final = "q_value"
+"""``p_value`` adjusted by Benjamini-Hochberg over every key tested."""
+VERDICT: Final = "verdict"
+EXPLAINS: Final = "explains"
+"""Share of the parent key's delta that this key's delta accounts for."""
+TEST: Final = "test"
+BASE_SAMPLES: Final = "base_samples"
+NEW_SAMPLES: Final = "new_samples"
+BASE_CV: Final = "base_cv"
+NEW_CV: Final = "new_cv"
+"""Coefficient of variation (standard deviation over mean) of each side's samples."""
+NOTE: Final = "note"
+RUN_P_VALUE: Final = "run_p_value"
+"""With several runs per side: the t test of the runs' medians (NaN otherwise)."""
+BASE_RUNS: Final = "base_runs"
+NEW_RUNS: Final = "new_runs"
+"""Runs pooled on each side (1 for a single trace or summary)."""
+ADJUSTED_RATIO: Final = "adjusted_ratio"
+"""What the verdict judged: ``ratio``, or, where the new run's times were divided by a factor
+(its machine's speed against the base's, or with ``normalize`` the common shift), the ratio
+after that division."""
+ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
+"""``delta_ns`` as the verdict judged it (see ``adjusted_ratio``); ``explains`` and the
+breakdown are in these terms."""
+RELATIVE_RATIO: Final = "relative_ratio"
+"""``ratio`` over the new run's common shift: a secondary view of which keys moved more (or less)
+than the run as a whole, never what the verdict judged unless ``normalize`` was asked for."""
+COMMON_SHIFT: Final = "common_shift"
+"""Key of ``table.attrs`` that holds the new run's common shift."""
+JUDGED_FACTOR: Final = "judged_factor"
+"""Key of ``table.attrs`` that holds what the new run's times were divided by before judging."""
+MIN_SHIFT_KEYS: Final = 3
+"""Keys below the model level a common shift needs."""
+DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
+                       NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
+                       TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,
+                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO)
+
+# columns of a changes frame
+CHANGE: Final = "change"
+BASE_VALUE: Final = "base"
+NEW_VALUE: Final = "new"
+
+
+class Change(str, enum.Enum):
+    """A change of structure between two runs."""
+
+    ADDED = "added"
+    """Spans present only in the new run (the root of an added subtree, with its size)."""
+    REMOVED = "removed"
+    INPUT_SHAPES = "input shapes"
+    INPUT_DTYPES = "input dtypes"
+    """An operator's inputs changed dtype (float32 to bfloat16 under autocast, say)."""
+    KERNEL_COUNT = "kernel count"
+    """A layer launches a different number of kernels per step (a fusion lost or gained)."""
+    MEMORY_COPIES = "memory copies"
+    SYNCHRONISATIONS = "synchronisations"
+
+
+# ---------------------------------------------------------------------------------------------
+# samples

@@ -1,0 +1,286 @@
+"""``xsp.diff``: did a change make the model slower, where, and by how much.
+
+Two runs (traces, Kineto traces, leveled traces or baseline summaries) are compared key by
+key with the statistics of :mod:`xsp.gate.statistics`; :class:`Diff` holds the result and
+writes it as text, Markdown (pull-request comments), JUnit XML or JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.figures import change_percent as _ratio
+from xsp.core.figures import percent as _pct
+from xsp.core.levels import parse_levels
+from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
+from xsp.core.machine_speed import SAME_SPEED, speed_ratio
+from xsp.core.rank import rank_path
+from xsp.core.schema import Level
+from xsp.gate import statistics as d
+from xsp.gate.baseline import Summary, is_summary_path, summarize
+from xsp.gate.statistics import KeyBy, Verdict
+from xsp.io.loading import load
+from xsp.io.trace import Trace
+
+Source = Trace | Summary | str | os.PathLike[str]
+"""One run ``xsp.diff`` compares: a trace, a file ``xsp.load`` reads, or a baseline summary."""
+Side = Source | Sequence[Source]
+"""One side of a diff: a run, several runs of the same program (a list, or a folder holding
+their files), pooled."""
+RUN_SUFFIXES: Final = (".parquet", ".json", ".json.gz")
+"""Files of a folder given as one side that are taken as its runs (traces and summaries)."""
+TEXT_WIDTH: Final = 80
+LISTED: Final = 15
+"""Keys listed per verdict in the text and Markdown reports."""
+MOVED: Final = (Verdict.REGRESSED.value, Verdict.IMPROVED.value)
+
+
+@dataclass
+class Diff:
+    """The comparison of two runs.
+
+    Attributes:
+        table: one row per key of either run; columns ``level, kind, key, base_count,
+            new_count, base_total_ns, new_total_ns, base_median_ns, new_median_ns, delta_ns,
+            ratio, p_value, verdict, explains`` and, after them, ``name, parent_key, q_value
+            (Benjamini-Hochberg), test, base_samples, new_samples, base_cv, new_cv, note``.
+        changes: changes of structure (``change, level, key, base, new, note``).
+        breakdown: the rows of ``table`` that explain the delta, top-down, with a ``depth``.
+        verdict: ``regressed`` if any key regressed, else ``improved`` if any improved, else
+            ``unchanged``.
+        warnings: what makes the comparison less trustworthy (noise above the threshold,
+            levels only one run has, too few steps).
+    """
+
+    table: pd.DataFrame
+    changes: pd.DataFrame
+    breakdown: pd.DataFrame
+    verdict: Verdict
+    warnings: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
+    """What the base run was (its name, steps, device, versions)."""
+    new: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Any key regressed, improved, added or removed."""
+        return bool((self.table[d.VERDICT] != Verdict.UNCHANGED.value).any())
+
+    def rows(self, verdict: Verdict | str) -> pd.DataFrame:
+        """The rows with one verdict, largest change first."""
+        value = Verdict(verdict).value
+        rows = self.table[self.table[d.VERDICT] == value]
+        return rows.iloc[np.argsort(-np.abs(rows[d.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
+
+
+    def models(self) -> pd.DataFrame:
+        """The model-level keys compared in both runs, at most :data:`LISTED`."""
+        table = self.table
+        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[d.PARENT_KEY].isna()
+                       & (table[col.KIND] != col.SpanKind.SESSION.value)
+                       & (table[d.BASE_SAMPLES] > 0) & (table[d.NEW_SAMPLES] > 0)]
+        return chosen.head(LISTED)
+
+
+def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,
+         threshold: float = 0.05, min_delta_us: float = 20.0, alpha: float = 0.01,
+         steps: slice | list[int] | None = None, normalize: bool = False, machine_speed: bool = True) -> Diff:
+    """Compare two runs: which keys got slower or faster, where the delta lives, what changed shape.
+
+    Args:
+        base: the reference run: a :class:`xsp.Trace`, a path ``xsp.load`` reads (xsp,
+            Kineto or leveled traces), or a baseline summary (``xsp summary``, ``.xsp.json``).
+        new: the run under test, the same kinds of things. Either side may be several runs
+            of the same program (a list, or a folder of their files): their steps are pooled,
+            and a key must then also move between the runs' medians beyond their spread (see
+            :func:`xsp.gate.statistics.compare`), which keeps a process that happened to run
+            slower from failing a check. Three runs a side is a good start on a shared machine.
+        by: ``"path"`` matches spans by their place in the model; ``"name"`` aggregates
+            by level and name (as HolisticTraceAnalysis compares).
+        levels: the levels compared (default: every level both runs recorded).
+        threshold: the smallest relative change of a key's median per-step time reported.
+        min_delta_us: the smallest absolute change reported, in microseconds per step.
+        alpha: the false-discovery rate of the rank tests over all keys.
+        steps: the steps compared, as step numbers or a slice of each run's steps in order
+            (``slice(5, None)`` leaves out five warm-up steps). Default: every span, in
+            steps or not. Summaries keep the steps they were made from.
+        normalize: judge each key against the new run's common shift (the median change of all
+            keys) instead of absolutely. A view for attribution (which keys moved more than the
+            rest): it cannot see a change that slows every key alike.
+        machine_speed: where both runs timed xsp's fixed work on their machine
+            (:mod:`xsp.core.machine_speed`) and the times differ by more than 5%, divide the new run's
+            times by their ratio before judging (the output says so); False judges raw times.
+
+    Every key, the model's first, is judged on its own times: a uniform slowdown (every layer
+    slower) is a regression, and only the measured speed of the two machines, not how many
+    keys moved together, tells a slower CI runner from slower code.
+
+    Raises:
+        xsp.XspError: a run could not be read.
+        ValueError: a setting out of range.
+    """
+    key_by = KeyBy(by)
+    if not 0 <= threshold < 10:
+        raise ValueError(f"threshold must be a fraction such as 0.05, not {threshold}")
+    if min_delta_us < 0:
+        raise ValueError("min_delta_us must not be negative")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, not {alpha}")
+    chosen = parse_levels(levels) if levels is not None else None
+    (base_keys, base_info), (new_keys, new_info) = _side(base, steps, key_by), _side(new, steps, key_by)
+    warnings: list[str] = []
+    recorded = [set(keys[col.LEVEL].dropna().tolist()) for keys in (base_keys, new_keys)]
+    if chosen is None:
+        only = recorded[0] ^ recorded[1]
+        if only:
+            warnings.append(f"level(s) {', '.join(sorted(only))} recorded in one run only: left out "
+                            f"(name them in levels= to compare them anyway)")
+        kept = recorded[0] & recorded[1]
+    else:
+        kept = {level.value for level in chosen}
+    base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
+    new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
+    measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
+    speed = measured_speed if (machine_speed and not normalize and measured_speed is not None
+                               and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
+    table = d.compare(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
+                      normalize=normalize, speed=speed)
+    shift = float(table.attrs.get(d.COMMON_SHIFT, 1.0))
+    warnings += _speed_warnings(shift, measured_speed, speed, normalize)
+    level_rank = {level.value: level.rank for level in Level}
+    rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
+    order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
+    table = table.iloc[order].reset_index(drop=True)
+    for row in d.noisy_keys(table, threshold).itertuples(index=False):
+        worst = max(v for v in (row.base_cv, row.new_cv) if not math.isnan(v))
+        warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
+                        f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
+                        f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
+    tested = table[table[d.TEST].isin([d.Test.RANK.value, d.Test.RANK_AND_RUNS.value])]
+    unjudged_top = ((table[d.VERDICT] == Verdict.UNCHANGED.value) & table[d.PARENT_KEY].isna()
+                    & (table[d.BASE_SAMPLES] > 0))
+    if not len(tested) and unjudged_top.any():
+        warnings.append(f"fewer than {d.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
+                        "(record more steps for a verdict that holds)")
+    elif len(tested):
+        smallest = d.smallest_p(int(tested[d.BASE_SAMPLES].min()), int(tested[d.NEW_SAMPLES].min()))
+        if smallest * len(tested) > alpha:
+            warnings.append(f"with {int(tested[d.BASE_SAMPLES].min())} and {int(tested[d.NEW_SAMPLES].min())} "
+                            f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
+                            f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
+    settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
+                "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
+                "keys_tested": len(tested), "normalize": normalize,
+                "common_shift": round(shift, 4),
+                "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
+                "judged_factor": round(float(table.attrs.get(d.JUDGED_FACTOR, 1.0)), 4),
+                "judged": "against the common shift" if normalize else (
+                    "at equal machine speed" if speed != 1.0 else "raw times"),
+                "base_runs": int(base_info.get("runs") or 1),
+                "new_runs": int(new_info.get("runs") or 1)}
+    return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
+                verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
+                base=base_info, new=new_info)
+
+
+def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool) -> list[str]:
+    """What the reader must know of the two machines' speeds and of keys moving together."""
+    said = []
+    if speed != 1.0:
+        said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
+                    f"(machine_speed in each run's metadata): the new run's times were divided by {measured:.2f} "
+                    "before they were judged; the medians shown are as measured")
+    if abs(shift - 1.0) < 0.01:
+        return said
+    moved = f"most keys moved together by {_ratio(shift)} (the new run's common shift)"
+    if normalize:
+        said.append(f"{moved}; keys were judged against that shift, which hides any change that slows every "
+                    "key alike: judge raw times for a check")
+    elif measured is None:
+        said.append(f"{moved}; one run has no machine speed recorded (an older or imported trace), so a slower "
+                    "machine cannot be told from slower code: record both runs with this xsp")
+    elif speed == 1.0:
+        said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
+                    f"{SAME_SPEED:.0%}): the change is the program's")
+    return said
+
+
+def _one_rank(trace: Trace, name: object) -> Trace:
+    """A trace of one process: the steps of several ranks would pool into one sample."""
+    if len(trace.ranks) > 1:
+        example = rank_path(name, trace.ranks[0]).name if isinstance(name, (str, os.PathLike)) else "a rank's file"
+        raise ValueError(f"{name} holds {len(trace.ranks)} ranks of a distributed job: compare one rank's file "
+                         f"({example}) or trace.for_rank(r)")
+    return trace
+
+
+def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The key-samples frame of one side (its runs pooled) and what it was."""
+    folder = None
+    if isinstance(side, (str, os.PathLike)) and Path(side).is_dir():
+        folder = Path(side)
+        runs: list[Source] = [path for path in sorted(folder.iterdir()) if path.is_file()
+                              and not path.name.startswith(".") and path.name.endswith(RUN_SUFFIXES)]
+        if not runs:
+            raise TraceNotFoundError(f"{folder} holds no traces or summaries (files ending in "
+                                     f"{', '.join(RUN_SUFFIXES)})")
+    elif isinstance(side, Sequence) and not isinstance(side, (str, Trace)):
+        runs = list(side)
+        if not runs:
+            raise ValueError("a side of the diff given as a list needs at least one run")
+    else:
+        runs = [side]
+    summaries = [_summary(run, steps, by) for run in runs]
+    if len(summaries) == 1:
+        return summaries[0].keys[by], summaries[0].metadata
+    info = dict(summaries[0].metadata)
+    info["runs"] = len(summaries)
+    info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
+    info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
+    info[MACHINE_SPEED] = _pooled_speed([summary.metadata.get(MACHINE_SPEED) for summary in summaries])
+    return d.pool_runs([summary.keys[by] for summary in summaries]), info
+
+
+def _pooled_speed(speeds: list[Any]) -> dict[str, Any] | None:
+    """The machine times of several runs: each probe's median, when every run has the same probes."""
+    if not speeds or not all(isinstance(speed, dict) for speed in speeds):
+        return None
+    if len({speed.get("version") for speed in speeds}) != 1:
+        return None
+    pooled: dict[str, Any] = {"version": speeds[0].get("version")}
+    for name in speeds[0]:
+        values = [speed.get(name) for speed in speeds]
+        if name != "version" and all(isinstance(value, (int, float)) for value in values):
+            pooled[name] = float(np.median(values))
+    return pooled
+
+
+def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summary:
+    if isinstance(source, Summary):
+        summary = source
+    elif isinstance(source, Trace):
+        summary = summarize(_one_rank(source, "the trace"), steps=steps,
+                            source=source.source.name if source.source else None, only=by)
+    elif is_summary_path(source):
+        summary = Summary.load(source)
+    else:
+        summary = summarize(_one_rank(load(source), source), steps=steps, source=Path(source).name, only=by)
+    if by not in summary.keys:
+        raise TraceFormatError(f"the summary of {summary.metadata.get('source', 'a run')} has no keys by {by.value}")
+    return summary
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+

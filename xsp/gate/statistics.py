@@ -1,0 +1,421 @@
+"""Comparing two runs key by key: per-step samples, rank tests under false-discovery control,
+the top-down breakdown of a delta, and the changes of structure between the runs.
+
+A *key* names "the same thing" in both runs: a span's ``path`` (``by=KeyBy.PATH``), or its level
+and name (``by=KeyBy.NAME``, the way HolisticTraceAnalysis compares). A key's *samples* are its
+duration per step (the sum of its spans in that step); spans outside every step are one sample
+each. Functions here take and return DataFrames; :func:`xsp.diff` puts them together.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.gate.columns import (  # noqa: F401 - moved to xsp.gate.columns; imported from here too
+    _DTYPE_PATTERN,
+    ADJUSTED_DELTA_NS,
+    ADJUSTED_RATIO,
+    BASE_COUNT,
+    BASE_CV,
+    BASE_MEDIAN_NS,
+    BASE_RUNS,
+    BASE_SAMPLES,
+    BASE_TOTAL_NS,
+    BASE_VALUE,
+    CHANGE,
+    COMMON_SHIFT,
+    COUNT,
+    DELTA_NS,
+    DIFF_COLUMNS,
+    DTYPE_ATTRIBUTES,
+    EXPLAINS,
+    INPUT_DTYPES,
+    JUDGED_FACTOR,
+    KERNELS_PER_STEP,
+    KEY,
+    KEY_COLUMNS,
+    MIN_OVERLAP_SAMPLES,
+    MIN_RANK_SAMPLES,
+    MIN_RUNS,
+    MIN_SHIFT_KEYS,
+    NEW_COUNT,
+    NEW_CV,
+    NEW_MEDIAN_NS,
+    NEW_RUNS,
+    NEW_SAMPLES,
+    NEW_TOTAL_NS,
+    NEW_VALUE,
+    NOTE,
+    P_VALUE,
+    PARENT_KEY,
+    Q_VALUE,
+    RATIO,
+    RELATIVE_RATIO,
+    RUN_MEDIANS_NS,
+    RUN_P_VALUE,
+    RUNS,
+    SAMPLE_COUNT,
+    SAMPLES_NS,
+    TEST,
+    TOTAL_NS,
+    VERDICT,
+    Change,
+    KeyBy,
+    Test,
+    Verdict,
+)
+from xsp.gate.verdicts import (  # noqa: F401 - moved to xsp.gate.verdicts; imported from here too
+    DEPTH,
+    _explains,
+    _from_quantiles,
+    _rank_tests,
+    _run_medians,
+    _run_tests,
+    _sample_stats,
+    benjamini_hochberg,
+    breakdown,
+    noisy_keys,
+    overall_verdict,
+    smallest_p,
+    structure_changes,
+)
+from xsp.table.walks import nearest_ancestor, parent_positions
+
+
+def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level, ...] | None = None,
+                steps: slice | list[int] | None = None) -> pd.DataFrame:
+    """One row per key of one run: its spans' count and total, and its per-step samples.
+
+    Args:
+        spans: a canonical span table.
+        by: how keys are made (see :class:`KeyBy`).
+        levels: the levels to keep (all when None). A key's parent is its nearest ancestor at
+            a kept level.
+        steps: the steps to keep, as step numbers or as a slice of the run's steps in order
+            (``slice(5, None)`` leaves out the first five); spans outside steps are kept only
+            when this is None.
+    """
+    if not len(spans):
+        return _empty_keys()
+    parents = parent_positions(spans)
+    kept = np.ones(len(spans), dtype=bool)
+    if levels is not None:
+        kept &= spans[col.LEVEL].isin([level.value for level in levels]).to_numpy()
+    step = spans[col.STEP]
+    if steps is not None:
+        kept &= step.isin(_chosen_steps(step, steps)).fillna(False).to_numpy(dtype=bool)
+    key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
+    kept &= key_text.notna().to_numpy()
+    if not kept.any():
+        return _empty_keys()
+    parents = nearest_ancestor(spans, kept, parents)  # the parent among the kept spans
+    level_codes, level_names = pd.factorize(spans[col.LEVEL])
+    text_codes, texts = pd.factorize(key_text)
+    combined = np.where(kept, text_codes.astype(np.int64) * (len(level_names) + 1) + level_codes, -1)
+    codes, _ = pd.factorize(combined)  # 0 is the first kept key unless row 0 was dropped
+    rows = np.flatnonzero(kept)
+    code = codes[rows]
+    key_count = int(code.max()) + 1 if len(code) else 0
+    duration = spans[col.DURATION_NS].to_numpy(dtype=np.int64)[rows]
+    step_values = step.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    in_step = ~np.isnan(step_values)
+    # a key seen in steps takes its samples from its steps only; others, one sample per span
+    stepped_key = np.zeros(key_count, dtype=bool)
+    stepped_key[code[in_step]] = True
+    counted = in_step | ~stepped_key[code]
+    unit = np.where(in_step, np.nan_to_num(step_values).astype(np.int64), -1 - np.arange(len(rows)))
+    frame = pd.DataFrame({"code": code[counted], "unit": unit[counted], "d": duration[counted]})
+    per_unit = frame.groupby(["code", "unit"], sort=True)["d"].sum()
+    unit_codes = per_unit.index.get_level_values(0).to_numpy()
+    values = per_unit.to_numpy(dtype=np.int64)
+    order = np.lexsort((values, unit_codes))  # by key, then by value: each key's samples sorted
+    values, unit_codes = values[order], unit_codes[order]
+    bounds = np.searchsorted(unit_codes, np.arange(key_count + 1))
+    samples = [values[bounds[i]:bounds[i + 1]] for i in range(key_count)]
+    first = np.full(key_count, -1, dtype=np.int64)
+    first[code[::-1]] = rows[::-1]  # each key's first span
+    parent_row = parents[first]
+    key_of_row = np.full(len(spans), -1, dtype=np.int64)
+    key_of_row[rows] = code
+    parent_code = np.where(parent_row >= 0, key_of_row[np.maximum(parent_row, 0)], -1)
+    key_strings = texts.to_numpy(dtype=object)[text_codes[first]]
+    table = pd.DataFrame({
+        col.LEVEL: spans[col.LEVEL].to_numpy(dtype=object)[first],
+        col.KIND: spans[col.KIND].to_numpy(dtype=object)[first],
+        col.NAME: spans[col.NAME].to_numpy(dtype=object)[first],
+        KEY: key_strings,
+        PARENT_KEY: np.where(parent_code >= 0, key_strings[np.maximum(parent_code, 0)], None),
+        COUNT: np.bincount(code, minlength=key_count),
+        TOTAL_NS: np.bincount(code, weights=duration, minlength=key_count).astype(np.int64),
+        SAMPLES_NS: samples,
+        SAMPLE_COUNT: np.diff(bounds),
+        col.INPUT_SHAPES: _first_values(spans, col.INPUT_SHAPES, rows, code, key_count),
+        KERNELS_PER_STEP: _kernels_per_step(spans, parents, rows, code, unit, key_count),
+        INPUT_DTYPES: _input_dtypes(spans, rows, code, key_count),
+    })
+    return table
+
+
+def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One key-samples frame from several runs of the same program (one side of a diff).
+
+    Each key's samples are the steps of every run it appeared in (a summary's quantiles are
+    first read back into samples, as for the rank test); ``count`` and ``total_ns`` are per run
+    (their mean over the runs, a run without the key counting 0), so that a side of three runs
+    reads like one; ``run_medians_ns`` keeps each run's median for the between-run test.
+    Shapes, dtypes and kernel counts come from the first run that has the key (kernel counts:
+    their median over the runs).
+    """
+    if len(frames) == 1:
+        return frames[0]
+    runs = len(frames)
+    rows: dict[tuple[object, object], list[dict[str, Any]]] = {}
+    for frame in frames:
+        rebuilt = _from_quantiles(list(frame[SAMPLES_NS]), frame[SAMPLE_COUNT].to_numpy(dtype=np.int64))
+        for row, samples in zip(frame.to_dict("records"), rebuilt):
+            row[SAMPLES_NS] = np.rint(samples).astype(np.int64)
+            rows.setdefault((row[col.LEVEL], row[KEY]), []).append(row)
+    pooled = []
+    for seen in rows.values():
+        first = dict(seen[0])
+        samples = np.sort(np.concatenate([row[SAMPLES_NS] for row in seen]))
+        first[SAMPLES_NS] = samples
+        first[SAMPLE_COUNT] = len(samples)
+        first[COUNT] = round(sum(int(row[COUNT]) for row in seen) / runs)
+        first[TOTAL_NS] = round(sum(int(row[TOTAL_NS]) for row in seen) / runs)
+        first[RUN_MEDIANS_NS] = np.array([float(np.median(row[SAMPLES_NS])) for row in seen if len(row[SAMPLES_NS])])
+        for column in (col.INPUT_SHAPES, INPUT_DTYPES, PARENT_KEY):
+            present = [row.get(column) for row in seen if isinstance(row.get(column), str)]
+            first[column] = present[0] if present else first.get(column)
+        kernels = [float(row[KERNELS_PER_STEP]) for row in seen if not pd.isna(row.get(KERNELS_PER_STEP, np.nan))]
+        first[KERNELS_PER_STEP] = float(np.median(kernels)) if kernels else np.nan
+        pooled.append(first)
+    table = pd.DataFrame(pooled).reset_index(drop=True) if pooled else _empty_keys()
+    table[RUNS] = runs
+    return table
+
+
+def _empty_keys() -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=object) for name in KEY_COLUMNS})
+
+
+def _chosen_steps(step: pd.Series, steps: slice | list[int]) -> list[int]:
+    if isinstance(steps, slice):
+        return sorted(int(s) for s in step.dropna().unique())[steps]
+    return [int(s) for s in steps]
+
+
+def _first_values(spans: pd.DataFrame, column: str, rows: np.ndarray, code: np.ndarray, count: int) -> np.ndarray:
+    """The first non-null value of ``column`` among each key's spans (None where all are null)."""
+    result = np.full(count, None, dtype=object)
+    if column not in spans:
+        return result
+    values = spans[column].to_numpy(dtype=object, na_value=None)[rows]
+    present = np.flatnonzero(pd.notna(values))
+    result[code[present[::-1]]] = values[present[::-1]]
+    return result
+
+
+def _input_dtypes(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, count: int) -> np.ndarray:
+    """Each operator key's input dtypes as text (``"float, float"``), from the first of its spans
+    whose attributes name them (None for other keys)."""
+    result = np.full(count, None, dtype=object)
+    if col.ATTRIBUTES not in spans:
+        return result
+    operator = (spans[col.LEVEL].to_numpy(dtype=object)[rows] == Level.OPERATOR.value)
+    if not operator.any():
+        return result
+    texts = spans[col.ATTRIBUTES].iloc[rows[operator]]
+    # only the spans whose attributes name input dtypes are parsed (found by a vectorised search)
+    naming = texts.str.contains(_DTYPE_PATTERN, regex=True).fillna(False).to_numpy(dtype=bool)
+    candidates = np.flatnonzero(naming)
+    codes = code[operator][candidates]
+    for key_code, text in zip(codes.tolist(), texts.iloc[candidates].tolist()):  # the first span wins
+        if result[key_code] is not None or not isinstance(text, str):
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            continue
+        dtypes = next((found[name] for name in DTYPE_ATTRIBUTES if isinstance(found, dict) and name in found), None)
+        if isinstance(dtypes, list) and any(dtypes):
+            result[key_code] = ", ".join(str(dtype) for dtype in dtypes)
+    return result
+
+
+def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray, code: np.ndarray,
+                      unit: np.ndarray, count: int) -> np.ndarray:
+    """Median kernels launched per step under each layer key (NaN for other keys, or no kernels)."""
+    result = np.full(count, np.nan)
+    kernels = (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy()
+    if not kernels.any():
+        return result
+    is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
+    owner = nearest_ancestor(spans, is_layer, parents)[kernels]  # the innermost layer of each kernel
+    owner = owner[owner >= 0]
+    position = np.full(len(spans), -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    owner = position[owner]
+    owner = owner[owner >= 0]
+    per_unit = pd.DataFrame({"code": code[owner], "unit": unit[owner]}).value_counts()
+    medians = per_unit.groupby(level=0).median()
+    layer_codes = np.unique(code[is_layer[rows]])
+    result[layer_codes] = 0.0  # a layer whose kernels are all gone launches 0
+    result[medians.index.to_numpy(dtype=np.int64)] = medians.to_numpy(dtype=np.float64)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
+            alpha: float = 0.01, normalize: bool = False, speed: float = 1.0) -> pd.DataFrame:
+    """The diff table of two key-samples frames (:func:`key_samples`), one row per key.
+
+    A key present in both is ``regressed`` (or ``improved``) only when its median per-step
+    duration changed by at least ``threshold`` (relative) *and* ``min_delta_ns`` *and* the
+    change is significant: Mann-Whitney U with the Benjamini-Hochberg false-discovery rate at
+    ``alpha`` over every key tested, or, with fewer than :data:`MIN_RANK_SAMPLES` samples on a
+    side, ranges that do not overlap. With one sample on a side no verdict is given. Where
+    both sides were pooled from several runs (:func:`pool_runs`, at least :data:`MIN_RUNS` with
+    the key on each side), the runs' medians must also differ by a t test: steps of one
+    run share that run's machine state, so only the spread between runs tells a process that
+    ran a little slower from a change. A key is never called regressed when its measured median
+    fell, nor improved when it rose.
+
+    Times are judged as measured, except that the new run's are first divided by ``speed``:
+    how much longer its machine took for the same fixed work than the base's
+    (:mod:`xsp.core.machine_speed`), the evidence that the two ran on machines of different speeds.
+    With ``normalize``, they are divided by the run's *common shift* instead: the median ratio
+    over the keys below the model level (see :func:`common_shift`). That hides every change
+    that moves all keys alike (a model moved to float64), so it is a view for attribution, not
+    a check. The ``ratio`` and ``delta_ns`` columns keep what was measured; ``adjusted_ratio``
+    is the ratio the verdict judged; ``relative_ratio`` is the ratio over the common shift.
+    """
+    merged = base.merge(new, on=[col.LEVEL, KEY], how="outer", suffixes=("_base", "_new"), sort=False)
+    count = len(merged)
+    in_base = merged[SAMPLES_NS + "_base"].notna().to_numpy()
+    in_new = merged[SAMPLES_NS + "_new"].notna().to_numpy()
+    empty = np.zeros(0, dtype=np.int64)
+    base_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_base"]]
+    new_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_new"]]
+    n_base, base_median, base_cv = _sample_stats(base_samples)
+    n_new, new_median, new_cv = _sample_stats(new_samples)
+    both = in_base & in_new
+    delta, ratio = _change(base_median, new_median, both)
+    delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus
+    ranked = both & (n_base >= MIN_RANK_SAMPLES) & (n_new >= MIN_RANK_SAMPLES)
+    shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked)
+    factor = shift if normalize else speed
+    adjusted_delta, adjusted_ratio = _change(base_median, new_median / factor, both)
+    adjusted_delta = np.where(both, adjusted_delta, delta)
+    relative_ratio = _change(base_median, new_median / shift, both)[1]
+    judged_samples = new_samples if factor == 1.0 else [s / factor for s in new_samples]
+    p_values = np.full(count, np.nan)
+    base_counts = merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64)
+    new_counts = merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64)
+    _rank_tests(_from_quantiles(base_samples, base_counts), _from_quantiles(judged_samples, new_counts),
+                np.flatnonzero(ranked), p_values)
+    base_runs, base_run_medians = _run_medians(merged, "_base")
+    new_runs, new_run_medians = _run_medians(merged, "_new")
+    between = both & (np.fromiter(map(len, base_run_medians), np.int64, count) >= MIN_RUNS) & (
+        np.fromiter(map(len, new_run_medians), np.int64, count) >= MIN_RUNS)
+    run_p_values = np.full(count, np.nan)
+    _run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
+    # both must reject (an intersection-union test: the larger p-value is a valid one)
+    p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
+    tested = ranked | between
+    q_values = np.full(count, np.nan)
+    q_values[tested] = benjamini_hochberg(p_values[tested])
+    overlap = both & ~tested & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
+    apart = np.zeros(count, dtype=bool)
+    for i in np.flatnonzero(overlap).tolist():
+        b, n = base_samples[i], judged_samples[i]
+        apart[i] = n[0] > b[-1] or n[-1] < b[0]
+    significant = (tested & (q_values <= alpha)) | (overlap & apart)
+    large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
+             & (np.abs(adjusted_delta) >= min_delta_ns))
+    verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
+    # against the common shift, never against what was measured: a key whose median fell is not
+    # called slower because the rest of its run slowed down more. A machine's measured speed is
+    # evidence: a regression a faster machine hid is still one
+    slower, faster = adjusted_delta > 0, adjusted_delta < 0
+    if normalize:
+        slower, faster = slower & (delta > 0), faster & (delta < 0)
+    verdict[both & large & significant & slower] = Verdict.REGRESSED.value
+    verdict[both & large & significant & faster] = Verdict.IMPROVED.value
+    verdict[in_new & ~in_base] = Verdict.ADDED.value
+    verdict[in_base & ~in_new] = Verdict.REMOVED.value
+    test = np.full(count, Test.NONE.value, dtype=object)
+    test[ranked], test[overlap] = Test.RANK.value, Test.OVERLAP.value
+    test[between] = Test.RUNS.value
+    test[between & ranked] = Test.RANK_AND_RUNS.value
+    note = np.full(count, None, dtype=object)
+    note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
+    note[overlap] = "few samples: ranges compared"
+    table = pd.DataFrame({
+        col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
+        col.KIND: merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object),
+        KEY: merged[KEY].to_numpy(dtype=object),
+        BASE_COUNT: merged[COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_COUNT: merged[COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_TOTAL_NS: merged[TOTAL_NS + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_TOTAL_NS: merged[TOTAL_NS + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_MEDIAN_NS: base_median,
+        NEW_MEDIAN_NS: new_median,
+        DELTA_NS: delta,
+        RATIO: ratio,
+        P_VALUE: p_values,
+        VERDICT: verdict,
+        EXPLAINS: np.nan,
+        col.NAME: merged[col.NAME + "_new"].fillna(merged[col.NAME + "_base"]).to_numpy(dtype=object),
+        PARENT_KEY: merged[PARENT_KEY + "_new"].fillna(merged[PARENT_KEY + "_base"]).to_numpy(dtype=object),
+        Q_VALUE: q_values,
+        TEST: test,
+        BASE_SAMPLES: merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64),
+        NEW_SAMPLES: merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64),
+        BASE_CV: base_cv,
+        NEW_CV: new_cv,
+        ADJUSTED_RATIO: adjusted_ratio,
+        ADJUSTED_DELTA_NS: adjusted_delta,
+        NOTE: note,
+        RUN_P_VALUE: run_p_values,
+        BASE_RUNS: base_runs,
+        NEW_RUNS: new_runs,
+        RELATIVE_RATIO: relative_ratio,
+    })
+    table.attrs[COMMON_SHIFT] = shift
+    table.attrs[JUDGED_FACTOR] = factor
+    table[EXPLAINS] = _explains(table)
+    return table
+
+
+def _change(base_median: np.ndarray, new_median: np.ndarray, both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Delta and ratio of the medians where a key is in both runs (NaN elsewhere)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.where(both, new_median - base_median, np.nan),
+                np.where(both & (base_median > 0), new_median / base_median, np.nan))
+
+
+def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> float:
+    """The ratio by which the whole new run moved: the median ratio of the keys below the
+    model level that were rank-tested (1.0 with fewer than :data:`MIN_SHIFT_KEYS` of them).
+
+    A median over keys, not over time: a change confined to a minority of the keys leaves it
+    alone however much time those keys take, and a change in most keys looks like the whole
+    run moving (which is reported, but is no key's regression).
+    """
+    chosen = tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
+    if int(chosen.sum()) < MIN_SHIFT_KEYS:
+        return 1.0
+    return float(np.exp(np.median(np.log(ratio[chosen]))))
+
+__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "pool_runs", "compare", "benjamini_hochberg",
+           "breakdown", "structure_changes", "overall_verdict", "noisy_keys"]

@@ -1,0 +1,270 @@
+"""Reading a Kineto (PyTorch profiler) trace file: sniffing, bounded gzip inflation and one typed
+msgspec decode of its events; :mod:`xsp.io.kineto` turns them into span rows."""
+
+from __future__ import annotations
+
+import gc
+import os
+import types
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final, Union
+
+import msgspec
+
+from xsp.core.errors import TraceFormatError
+from xsp.io.parquet import gunzip_bounded
+
+_MISSING = -(2**63)
+"""Stands for an absent integer until a column's null mask is made."""
+
+
+_NO_RAW = msgspec.Raw()
+"""One shared empty raw value, the default of absent JSON fields."""
+
+
+class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """A complete event: the only phase that becomes a span."""
+
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    """None where the event has none: such an event is left out, and counted."""
+    args: msgspec.Raw = _NO_RAW
+    """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
+
+
+class _Flow(msgspec.Struct, tag_field="ph", tag="s", gc=False):
+    """A flow event (``ac2g`` flows stand in for a missing correlation id)."""
+
+    cat: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float = 0
+    id: Any = None
+
+
+class _FlowEnd(_Flow, tag="f"):
+    pass
+
+
+class _FlowStep(_Flow, tag="t"):
+    pass
+
+
+class _Skipped(msgspec.Struct, tag_field="ph", gc=False):
+    """Any other phase of the Chrome trace format: only its category is read, to count it."""
+
+    cat: str = ""
+
+
+def _skipped_phase(code: str) -> type[_Skipped]:
+    return types.new_class(f"_Skipped{ord(code)}", (_Skipped,), {"tag": code})
+
+
+class _Named(msgspec.Struct, gc=False):
+    name: str = ""
+
+
+class _Metadata(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    """A metadata event: a thread's name is kept (``thread_name``), the rest only counted."""
+
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    args: _Named = msgspec.field(default_factory=_Named)
+
+
+_SKIPPED_PHASES = {code: _skipped_phase(code) for code in "BEiICbnePNODVvRc()="}
+_QUIET_PHASES = frozenset({_FlowEnd, _Flow, _FlowStep, _Metadata})
+"""Phases read but not worth reporting as ignored: flows and metadata."""
+
+
+def _phase(event: Any) -> str:
+    return str(getattr(event, "phase", "") or type(event).__struct_config__.tag)
+
+
+class _AnyEvent(msgspec.Struct, gc=False):
+    """An event of any phase, for files the tagged decoding refuses (an unknown or missing ``ph``)."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    id: Any = None
+    args: msgspec.Raw = _NO_RAW
+
+    def tagged(self) -> Any:
+        if self.ph == "X":
+            return _Complete(self.cat, self.name, self.pid, self.tid, self.ts, self.dur, self.args)
+        flow = {"s": _Flow, "f": _FlowEnd, "t": _FlowStep}.get(self.ph)
+        if flow is not None:
+            return flow(self.cat, self.pid, self.tid, self.ts or 0, self.id)
+        if self.ph == "M":
+            name = msgspec.json.decode(self.args, type=_Named) if self.args else _Named()
+            return _Metadata(self.cat, self.name, self.pid, self.tid, name)
+        skipped = _SKIPPED_PHASES.get(self.ph)
+        return skipped(self.cat) if skipped is not None else _Unknown(self.cat, self.ph or "unphased")
+
+
+class _Unknown(_Skipped, tag=""):
+    """A phase the Chrome trace format does not define (or none)."""
+
+    phase: str = ""
+
+
+_EVENT_TYPES = (_Complete, _Flow, _FlowEnd, _FlowStep, _Metadata, *_SKIPPED_PHASES.values())
+_Event: Any = Union[_EVENT_TYPES]  # noqa: UP007 - a union built from a tuple, which `|` cannot spell
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The arguments xsp has columns for; everything else stays in the raw JSON."""
+
+    correlation: Any = _MISSING
+    device: Any = None
+    stream: Any = None
+    grid: msgspec.Raw = _NO_RAW
+    block: msgspec.Raw = _NO_RAW
+    registers: Any = msgspec.field(name="registers per thread", default=_MISSING)
+    shared_memory: Any = msgspec.field(name="shared memory", default=_MISSING)
+    nbytes: Any = msgspec.field(name="bytes", default=_MISSING)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_RAW)
+    sequence: Any = msgspec.field(name="Sequence number", default=_MISSING)
+
+
+_NO_ARGS = _Args()
+_ARGS_DECODER = msgspec.json.Decoder(_Args)
+_DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
+
+
+class _FileFields(msgspec.Struct):
+    deviceProperties: list[dict[str, Any]] = []  # noqa: N815 - Kineto's keys
+    distributedInfo: dict[str, Any] = {}  # noqa: N815
+    baseTimeNanoseconds: int = 0  # noqa: N815
+    schemaVersion: Any = None  # noqa: N815
+    cupti_version: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    traceName: Any = None  # noqa: N815
+
+
+class _File(_FileFields):
+    # decoded by phase: only complete events get every field, the rest are small
+    traceEvents: list[_Event] = []  # type: ignore[valid-type]  # noqa: N815
+
+
+class _AnyFile(_FileFields):
+    traceEvents: list[_AnyEvent] = []  # noqa: N815
+
+
+_DECODER = msgspec.json.Decoder(_File)
+_ANY_DECODER = msgspec.json.Decoder(_AnyFile)
+
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+
+
+def is_kineto_path(path: str | os.PathLike[str]) -> bool:
+    name = str(path).lower()
+    return name.endswith(KINETO_SUFFIXES)
+
+
+MAX_INFLATION: Final = 64
+"""A gzip file may inflate to at most this many times its size (or ``MIN_INFLATED_CAP_BYTES``):
+Kineto JSON compresses about 10x, and a file that inflates much further is no trace but a
+decompression bomb that would take the machine's memory."""
+MIN_INFLATED_CAP_BYTES: Final = 256 << 20
+
+
+SNIFF_BYTES: Final = 4096
+
+
+def _first_text(head: bytes) -> bytes:
+    """The first non-blank bytes of JSON text (after a UTF-8 byte-order mark)."""
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:16]
+
+
+def _sniff(source: Path, head: bytes) -> None:
+    """Refuse, from its first bytes, a file that cannot be a Chrome trace (a JSON object): a file
+    of zeros named .json is not read whole first."""
+    first = _first_text(head)
+    if first[:1] == b"{" or (not first and len(head) < SNIFF_BYTES):
+        return
+    shown = first or head[:16]
+    raise TraceFormatError(f"{source} is not valid Kineto JSON: a trace begins with '{{', this file with {shown!r}")
+
+
+def _read_bytes(source: Path) -> bytes:
+    try:
+        with source.open("rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+            if head[:2] == b"\x1f\x8b":
+                try:
+                    inflated, _ = gunzip_bounded(head, SNIFF_BYTES)  # a truncated stream is fine here
+                except zlib.error as exc:
+                    raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+                _sniff(source, inflated)
+            else:
+                _sniff(source, head)
+            data = head + handle.read()
+    except OSError as exc:
+        raise TraceFormatError(f"{source} cannot be read: {exc.strerror or exc}") from None
+    if data[:2] != b"\x1f\x8b":
+        return data
+    cap = max(MAX_INFLATION * len(data), MIN_INFLATED_CAP_BYTES)
+    try:
+        inflated, complete = gunzip_bounded(data, cap)
+    except zlib.error as exc:
+        raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+    if len(inflated) > cap:
+        raise TraceFormatError(f"{source} inflates to more than {cap >> 20} MiB ({MAX_INFLATION}x its size): "
+                               "not a plausible trace, not read")
+    if not complete:
+        raise TraceFormatError(f"{source} is a truncated gzip file")
+    return inflated
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a trace is imported.
+
+    An import makes hundreds of thousands of objects, none of them cyclic; with the collector
+    running, each batch of new objects triggers a scan of everything alive, which costs more
+    than the import itself. The collector's previous state is restored afterwards.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _decode(source: Path) -> _File:
+    data = _read_bytes(source)
+    try:
+        try:
+            decoded = _DECODER.decode(data)
+        except msgspec.ValidationError:  # an odd phase: decode every event in full, then sort them out
+            generic = _ANY_DECODER.decode(data)
+            decoded = _File(**{name: getattr(generic, name) for name in _FileFields.__struct_fields__},
+                            traceEvents=[event.tagged() for event in generic.traceEvents])
+    except msgspec.DecodeError as exc:
+        kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
+        raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(f"{source} is not a plausible Kineto trace: its JSON is nested too deeply to "
+                               "read") from None
+    if not decoded.traceEvents and b"traceEvents" not in data[:1 << 20]:
+        raise TraceFormatError(f"{source} is JSON but not a Chrome trace (no traceEvents)")
+    return decoded

@@ -1,0 +1,154 @@
+"""``xsp.load``: a trace from any file xsp reads (its own, or a PyTorch profiler trace), or the
+files of every rank of a distributed job as one trace."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError
+from xsp.core.rank import rank_files
+from xsp.io.parquet import read_trace
+from xsp.io.segments import load_unfinished
+from xsp.io.trace import Trace
+
+PathArg = str | os.PathLike[str]
+
+
+def load(path: PathArg | Sequence[PathArg]) -> Trace:
+    """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
+
+    A distributed job writes one file per rank beside the name it was given
+    (``ddp.rank0.xsp.parquet``, ...): loading that name (``ddp.xsp.parquet``), a folder of
+    trace files, or a list of files returns them all as one trace with a ``rank`` column
+    (:meth:`xsp.Trace.for_rank` takes one apart again).
+
+    Where no file exists but a run writing it was killed before it finished, the windows it
+    closed are read instead (``metadata["recovered"]`` says so; ``xsp recover`` writes the file).
+    Every failure is an :class:`xsp.XspError`.
+
+    Raises:
+        xsp.TraceNotFoundError: the file does not exist (also a ``FileNotFoundError``).
+        xsp.TraceFormatError: the file is not a trace xsp reads, or is truncated or corrupt.
+        xsp.SchemaVersionError: the file was written by a newer xsp.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        files = [Path(p) for p in path]
+        if not files:
+            raise TraceNotFoundError("no trace files given")
+        return _joined(files)
+    if os.path.isdir(path):
+        found = sorted(p for p in Path(path).rglob(f"*{col.FILE_SUFFIX}") if p.is_file())
+        if not found:
+            raise TraceNotFoundError(f"{path} is a folder with no {col.FILE_SUFFIX} files")
+        return _joined(found)
+    if not os.path.lexists(path):
+        ranks = rank_files(path)
+        if ranks:
+            return _joined(list(ranks.values()), newest_job=True)
+    return _noting_missing_ranks(_one(path))
+
+
+def _one(path: PathArg) -> Trace:
+    from xsp.io.kineto import is_kineto_path, load_kineto  # the importer, only when asked for
+
+    try:
+        if is_kineto_path(path):
+            return _with_rank(load_kineto(path))
+        if not os.path.lexists(path):
+            unfinished = load_unfinished(path)
+            if unfinished is not None:
+                return _with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
+        spans, metadata = read_trace(path)
+    except XspError:
+        raise
+    except Exception as exc:  # whatever else a damaged file provokes: still the caller's one error type
+        raise TraceFormatError(f"{path} could not be read: {type(exc).__name__}: {exc}") from None
+    return _with_rank(Trace(spans=spans, metadata=metadata))
+
+
+def _rank_of(metadata: dict[str, Any]) -> int | None:
+    job = metadata.get("distributed")
+    if isinstance(job, dict) and isinstance(job.get("rank"), int):
+        return int(job["rank"])
+    return None
+
+
+def _with_rank(trace: Trace) -> Trace:
+    """A rank's file whose spans carry no rank (its process group was set up inside the
+    session): the rank from its metadata."""
+    rank = _rank_of(trace.metadata)
+    if rank is None:
+        return trace
+    spans = trace.spans
+    if col.RANK not in spans or spans[col.RANK].isna().all():
+        spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
+    return trace
+
+
+def _job_of(trace: Trace) -> str | None:
+    job = trace.metadata.get("distributed")
+    return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
+
+
+def _joined(files: list[Path], newest_job: bool = False) -> Trace:
+    """Several files as one trace: each keeps its rank (from its spans or metadata), else its
+    position in ``files``; every rank's metadata under ``metadata["ranks"]``.
+
+    Files of several distributed jobs are refused, or with ``newest_job`` (the rank files found
+    for one name: an earlier job may have left some) only the newest job's are read, and the
+    others named in ``metadata["ignored_files"]``.
+    """
+    if len(files) == 1:
+        return _noting_missing_ranks(_one(files[0]))
+    traces = [(file, _one(file)) for file in files]
+    jobs = {_job_of(trace) for _, trace in traces}
+    ignored: list[str] = []
+    if len(jobs) > 1:
+        if not newest_job:
+            raise TraceFormatError(f"the files hold {len(jobs)} different jobs ({', '.join(sorted(map(str, jobs)))}): "
+                                   "load the files of one job at a time")
+        newest = max(traces, key=lambda item: item[0].stat().st_mtime)
+        keep = _job_of(newest[1])
+        ignored = [str(file) for file, trace in traces if _job_of(trace) != keep]
+        traces = [(file, trace) for file, trace in traces if _job_of(trace) == keep]
+        if len(traces) == 1:
+            trace = _noting_missing_ranks(traces[0][1])
+            trace.metadata["ignored_files"] = ignored
+            return trace
+    by_rank: dict[int, Trace] = {}
+    for position, (file, trace) in enumerate(traces):
+        spans = trace.spans
+        rank = _rank_of(trace.metadata)
+        if rank is None:
+            present = spans[col.RANK].dropna().unique() if col.RANK in spans else []
+            rank = int(present[0]) if len(present) == 1 else position
+        if rank in by_rank:
+            raise TraceFormatError(f"{file} and {by_rank[rank].metadata.get('file')} both hold rank {rank}: load the "
+                                   "files of one run at a time")
+        spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
+        trace.metadata["file"] = str(file)
+        by_rank[rank] = trace
+    ranks = sorted(by_rank)
+    spans = pd.concat([by_rank[r].spans for r in ranks], ignore_index=True)
+    spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
+    first = by_rank[ranks[0]].metadata
+    metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
+                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored}
+    return _noting_missing_ranks(Trace(spans=spans, metadata=metadata), ranks)
+
+
+def _noting_missing_ranks(trace: Trace, ranks: list[int] | None = None) -> Trace:
+    """``metadata["missing_ranks"]``: the ranks of the job (by its world size) with no file."""
+    job = trace.metadata.get("distributed")
+    world = job.get("world_size") if isinstance(job, dict) and job.get("job_id") is not None else None
+    if isinstance(world, int) and world > 1:  # a job xsp recorded (an imported rank knows no job)
+        present = set(ranks if ranks is not None else [r for r in [_rank_of(trace.metadata)] if r is not None])
+        trace.metadata["missing_ranks"] = sorted(set(range(world)) - present)
+    return trace

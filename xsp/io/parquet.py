@@ -1,0 +1,382 @@
+"""The canonical ``.xsp.parquet`` file: the span table plus metadata in Parquet key-value metadata."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import stat
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from xsp.core import schema as col
+from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError
+from xsp.table.validation import impossible_spans
+from xsp.table.walks import arrow_strings
+
+_PARQUET_MAGIC = b"PAR1"
+CHECKSUM_KEY = b"xsp.checksum"
+"""Parquet key-value metadata key of the footer checksum (see :func:`_footer_checksum`)."""
+
+
+class OutputError(XspError, OSError):
+    """An output file could not be written (nothing was left at its destination)."""
+
+
+def _describe_os_error(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """The file ``path`` names, with its directory made, and whether it is written in place (a
+    device or a pipe, such as /dev/null or /dev/stdout).
+
+    A symbolic link is never written through: replacing a regular file it points at would
+    turn someone's file (a text file, a config) into a trace. Only a link to a device or a pipe
+    (/dev/stdout) is followed, and written in place.
+
+    Raises:
+        OutputError: an empty path, a directory, a link to a file, or a directory that cannot
+            be made.
+    """
+    if not str(path):
+        raise OutputError("cannot write an empty path")
+    given = Path(os.path.abspath(path))
+    if given.is_symlink():
+        try:
+            mode = os.stat(given).st_mode  # what the link leads to, through /proc/self/fd/N too
+        except OSError:
+            mode = 0
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+            return given, True  # /dev/stdout and the like: written in place
+        raise OutputError(f"cannot write {path}: it is a symbolic link (to {os.readlink(given)}), and xsp never "
+                          "writes through one; give the path of the file itself, or remove the link")
+    if given.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory")
+    if given.exists() and not given.is_file():
+        return given, True
+    try:
+        given.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: cannot create its directory "
+                          f"({_describe_os_error(exc)})") from None
+    return given, False
+
+
+def _beside(target: Path, suffix: str) -> Path:
+    """A hidden name beside ``target``, unique to this process and call."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    A failed or interrupted write leaves the destination as it was (no truncated file) and no
+    temporary file behind. The temporary name is unique to the process, so a forked child
+    writing at the same time never mixes its bytes with the parent's.
+
+    Raises:
+        OutputError: the destination is a directory, lies below a file, or cannot be written
+            (full disk, no permission), in one line naming the path.
+    """
+    target, in_place = _destination(path)
+    if in_place:
+        try:
+            yield target
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+        return
+    temporary = _beside(target, "partial")
+    try:
+        _create_new(temporary)  # a file of its own, never a link someone put there
+        yield temporary
+        os.replace(temporary, target)  # replaces the name: a link put there meanwhile, not what it points at
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+def _create_new(path: Path) -> None:
+    descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    os.close(descriptor)
+
+
+def gunzip_bounded(data: bytes, cap_bytes: int) -> tuple[bytes, bool]:
+    """Inflate gzip ``data``, stopping past ``cap_bytes`` (a decompression bomb never takes the
+    machine's memory). Returns what was inflated (longer than ``cap_bytes`` when stopped there)
+    and whether the gzip stream was complete; a damaged stream raises ``zlib.error``."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    inflated = inflater.decompress(data, cap_bytes + 1)
+    return inflated, inflater.eof
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail now, as writing ``path`` later would: a directory, a path below a file, no permission.
+
+    Raises:
+        OutputError: in one line naming the path.
+    """
+    target, in_place = _destination(path)
+    if in_place:
+        return
+    try:
+        probe = _beside(target, "probe")
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+
+
+def write_output(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+    """``write(temporary_path)``, then move the result to ``path`` atomically (see :func:`atomic_output`)."""
+    with atomic_output(path) as temporary:
+        write(temporary)
+    return Path(path)
+
+
+def write_text_output(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return write_output(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def canonical_type(name: str, kind: pa.DataType) -> pa.DataType:
+    """The Arrow type a column of the span schema is stored as (others keep ``kind``)."""
+    dtype = col.COLUMNS.get(name)
+    if dtype is None:
+        return kind
+    return pa.large_string() if dtype == "string" else pa.int64()
+
+
+PANDAS_KEY = b"pandas"
+
+
+def pandas_metadata(columns: pa.Schema) -> bytes:
+    """What ``pandas.read_parquet`` reads the schema's dtypes from: without it a nullable integer
+    column becomes float64, and 63-bit span ids in ``parent_id`` lose their last digits."""
+    from xsp.table.build import empty_table
+
+    known = [name for name in columns.names if name in col.COLUMNS]
+    empty = empty_table()[known]
+    return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
+
+
+def arrow_table(spans: pd.DataFrame) -> pa.Table:
+    """``spans`` as an Arrow table with the schema's storage types and no pandas metadata."""
+    table = pa.Table.from_pandas(spans, preserve_index=False)
+    schema = pa.schema([pa.field(f.name, canonical_type(f.name, f.type)) for f in table.schema])
+    return table.replace_schema_metadata(None).cast(schema)
+
+
+def in_start_order(table: pa.Table) -> pa.Table:
+    """Spans sorted by start, outer module calls first (sorted in Arrow, without Python's lock)."""
+    keys = {name: pc.fill_null(table[name], -1)  # spans without a call depth first
+            for name in (col.START_NS, col.CALL_DEPTH) if name in table.column_names}
+    return table.take(pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys]))
+
+
+def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dict[str, Any]) -> Path:
+    """Write ``spans`` and ``metadata`` atomically (a partial file never replaces a good one),
+    with page checksums that :func:`read_trace` verifies.
+
+    Raises:
+        OutputError: the file could not be written.
+    """
+    return write_trace_tables(path, iter([arrow_table(spans)]), metadata)
+
+
+def statistics_columns(schema: pa.Schema) -> list[str]:
+    """The columns whose min and max are kept in the footer: numbers (times, ids), which readers
+    filter on; the min and max of JSON and path text would only swell the footer."""
+    return [field.name for field in schema if not _is_text(field.type)]
+
+
+def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table], metadata: dict[str, Any]) -> Path:
+    """Write a trace from Arrow tables of spans, one row group each, holding one table at a time.
+
+    The first table's columns are the file's; later tables are cast to them. Written
+    atomically, with page checksums and the footer checksum, like :func:`write_trace`.
+
+    Raises:
+        OutputError: the file could not be written.
+    """
+    first = next(tables, None)
+    if first is None:
+        from xsp.table.build import empty_table  # only for a trace with no span at all
+
+        first = arrow_table(empty_table())
+    columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
+    metadata_json = json.dumps(metadata, default=str).encode()
+    pandas_json = pandas_metadata(columns)
+    schema = columns.with_metadata({col.METADATA_KEY: metadata_json,
+                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns, pandas_json),
+                                    PANDAS_KEY: pandas_json})
+
+    def write(temporary: Path) -> None:
+        with pq.ParquetWriter(temporary, schema, compression="zstd", write_page_checksum=True,
+                              write_statistics=statistics_columns(schema)) as writer:
+            writer.write_table(first.replace_schema_metadata(schema.metadata))
+            for table in tables:
+                if len(table):
+                    writer.write_table(table.select(columns.names).cast(schema))
+
+    return write_output(path, write)
+
+
+def _read_parquet(source: Path) -> tuple[pq.ParquetFile, dict[bytes, bytes]]:
+    if source.is_dir():
+        raise TraceFormatError(f"{source} is a directory, not a trace file")
+    if not source.is_file():
+        raise TraceNotFoundError(f"no such trace file: {source}")
+    try:
+        _check_parquet_framing(source)
+        parquet = pq.ParquetFile(source, page_checksum_verification=True)
+        return parquet, parquet.schema_arrow.metadata or {}
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged footer fails in many ways
+        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
+
+
+def _read_table(source: Path, parquet: pq.ParquetFile) -> pa.Table:
+    try:
+        table = parquet.read()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TraceFormatError(f"{source} is corrupt: {exc}") from None
+    _check_columns(source, table.schema)
+    return table
+
+
+def read_arrow_trace(path: str | os.PathLike[str]) -> pa.Table:
+    """The spans of a Parquet file of spans (a trace, or a session's segment) as Arrow, checked.
+
+    Raises:
+        TraceNotFoundError: no such file.
+        TraceFormatError: truncated, corrupt, or not a table of spans.
+    """
+    source = Path(path)
+    parquet, _ = _read_parquet(source)
+    return _read_table(source, parquet)
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Read a trace written by :func:`write_trace`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TraceFormatError: not an xsp trace, truncated or corrupt.
+        SchemaVersionError: written by a newer xsp with a newer span schema.
+    """
+    source = Path(path)
+    parquet, footer = _read_parquet(source)
+    raw = footer.get(col.METADATA_KEY)
+    if raw is None:
+        raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
+    try:
+        metadata = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise TraceFormatError(f"{source} has unreadable xsp metadata") from None
+    if not isinstance(metadata, dict):
+        raise TraceFormatError(f"{source} has xsp metadata that is not a JSON object")
+    version = metadata.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TraceFormatError(f"{source} has no schema version in its xsp metadata")
+    if version > col.SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{source} uses span schema {version}, newer than this xsp's {col.SCHEMA_VERSION}: "
+            "upgrade xsp to read it")
+    table = _read_table(source, parquet)
+    expected = footer.get(CHECKSUM_KEY)
+    if expected is not None and expected != _footer_checksum(raw, table.schema, footer.get(PANDAS_KEY, b"")):
+        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
+    spans = spans_from_arrow(source, table)
+    impossible = impossible_spans(spans)
+    if impossible:
+        raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
+                               "not written by xsp as it is; not read")
+    return spans, metadata
+
+
+def _footer_checksum(metadata_json: bytes, schema: pa.Schema, pandas_json: bytes = b"") -> bytes:
+    """CRC-32 of the xsp metadata, the column names and types and the pandas metadata (files
+    written before it had none): the parts of the footer that Parquet's page checksums do not
+    cover and that readers rely on."""
+    columns = "\n".join(f"{field.name}:{field.type}" for field in schema).encode()
+    return b"%08x" % zlib.crc32(pandas_json, zlib.crc32(columns, zlib.crc32(metadata_json)))
+
+
+def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
+    """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
+    in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed),
+    sorted by start (a file written window by window is sorted within each window only)."""
+    starts = table[col.START_NS].to_numpy() if col.START_NS in table.column_names else np.zeros(0)
+    if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
+        table = in_start_order(table)
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        dtype = col.COLUMNS.get(name)
+        if dtype == "string" or (dtype is None and _is_text(column.type)):
+            columns[name] = arrow_strings(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+        elif dtype == "int64":
+            if column.null_count:
+                raise TraceFormatError(f"{source} is corrupt: column {name} has missing values")
+            columns[name] = column.to_numpy().astype(np.int64, copy=False)
+        elif dtype == "Int64":
+            values = column.to_numpy(zero_copy_only=False) if not column.null_count else (
+                column.fill_null(0).to_numpy())
+            columns[name] = pd.arrays.IntegerArray(values.astype(np.int64, copy=False),
+                                                   column.is_null().to_numpy(zero_copy_only=False))
+        else:
+            columns[name] = column.to_pandas()
+    return pd.DataFrame(columns)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _check_columns(source: Path, schema: pa.Schema) -> None:
+    """Every required column present, every known column of its schema type."""
+    missing = [name for name in col.REQUIRED_COLUMNS if name not in schema.names]
+    if missing:
+        raise TraceFormatError(f"{source} lacks span columns: {', '.join(missing)}")
+    for name in schema.names:
+        dtype = col.COLUMNS.get(name)
+        if dtype is None:
+            continue
+        kind = schema.field(name).type
+        fits = pa.types.is_null(kind) or (_is_text(kind) if dtype == "string" else pa.types.is_integer(kind))
+        if not fits:
+            raise TraceFormatError(f"{source} is corrupt: column {name} holds {kind}, not {dtype}")
+
+
+def _check_parquet_framing(source: Path) -> None:
+    try:
+        size = source.stat().st_size
+        handle = source.open("rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{source} cannot be read: {_describe_os_error(exc)}") from None
+    with handle:
+        head = handle.read(4)
+        if head != _PARQUET_MAGIC:
+            raise TraceFormatError(f"{source} is not an xsp trace (not a Parquet file)")
+        handle.seek(max(size - 4, 0))
+        if size < 12 or handle.read(4) != _PARQUET_MAGIC:
+            raise TraceFormatError(f"{source} is truncated (no Parquet footer)")

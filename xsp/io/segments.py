@@ -1,0 +1,424 @@
+"""Segments: a session's closed windows on disk while it runs, and the trace file built from them.
+
+A session that writes a file interprets each closed window (about once a second, at a step
+boundary) and writes its spans at once as a *segment*: a complete Parquet file in a hidden
+folder beside the output (``.NAME.xsp-segments.PID``), written under a temporary name and
+renamed, so that every segment present is whole. Memory then holds one window, not the run.
+
+At the session's end the segments are copied, one at a time, into the trace file (one Parquet
+row group each) and the folder is removed. If the process dies first (SIGKILL, an OOM kill, a
+power cut), the folder stays: :func:`recover` (``xsp recover PATH``) builds the trace file
+from it, with a session span closed at the last recorded span and marked as unfinished, and
+``xsp.load(PATH)`` reads it directly while no file exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.io.parquet import (
+    arrow_table,
+    atomic_output,
+    in_start_order,
+    read_arrow_trace,
+    spans_from_arrow,
+    statistics_columns,
+    write_trace_tables,
+)
+from xsp.table.paths import SESSION_NAME
+
+SEGMENT_DIR_INFIX: Final = ".xsp-segments."
+START_FILE: Final = "session.json"
+FINAL_FILE: Final = "final.json"
+"""The finished session's metadata, written when its trace file could not be: recover then
+writes the file as the session meant to, not as a killed one."""
+SEGMENT_PATTERN: Final = "window-*.parquet"
+UNFINISHED_MESSAGE: Final = ("the process ended before its session did (a kill, a crash or os._exit: xsp cannot "
+                             "tell which); recovered from its closed windows")
+UNFINISHED: Final = "ended_before_session"
+"""``metadata["interrupted"]`` of a recovered trace: how the process ended is not known."""
+LOST_AT_END: Final = "spans of windows no folder could take when the run ended"
+SPOOL_ENV: Final = "XSP_SPOOL_DIR"
+"""Where windows go when the output's folder cannot take them (default: the system's temporary folder)."""
+MEMORY_BOUND_BYTES: Final = 256 << 20
+"""Windows kept in memory while the output's folder cannot take them, at most (Arrow bytes);
+past it they go to the spool folder."""
+
+
+def segment_dir(output: Path, pid: int) -> Path:
+    """The folder where process ``pid`` keeps the segments of its session writing ``output``."""
+    return output.parent / f".{output.name}{SEGMENT_DIR_INFIX}{pid}"
+
+
+def spool_root() -> Path:
+    return Path(os.environ.get(SPOOL_ENV) or tempfile.gettempdir()) / "xsp-spool"
+
+
+def spool_dir(output: Path, pid: int) -> Path:
+    """Where process ``pid`` spools the windows of ``output`` that its own folder cannot take."""
+    where = hashlib.sha1(str(output.absolute()).encode()).hexdigest()[:12]
+    return spool_root() / f"{where}-{output.name}{SEGMENT_DIR_INFIX}{pid}"
+
+
+def _pid_of(folder: Path) -> str:
+    return folder.name.rsplit(".", 1)[-1]
+
+
+def unfinished_sessions(output: str | os.PathLike[str]) -> list[list[Path]]:
+    """The segment folders left for ``output`` by sessions that never wrote it, newest first:
+    per session, its folder beside the output and its spool folder, those that exist."""
+    target = Path(output)
+    found: list[Path] = []
+    for pattern_root, pattern in ((target.parent, f".{target.name}{SEGMENT_DIR_INFIX}*"),
+                                  (spool_root(), f"*-{target.name}{SEGMENT_DIR_INFIX}*")):
+        try:
+            found += [p for p in pattern_root.glob(pattern) if p.is_dir() and _belongs_to(p, target)]
+        except OSError:
+            continue
+    sessions: dict[str, list[Path]] = {}
+    for folder in found:
+        sessions.setdefault(_pid_of(folder), []).append(folder)
+    return sorted(sessions.values(), key=lambda folders: max(_mtime(p) for p in folders), reverse=True)
+
+
+def _belongs_to(folder: Path, output: Path) -> bool:
+    if folder.parent == output.parent:
+        return True
+    try:
+        recorded = json.loads((folder / START_FILE).read_text()).get("output")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+    return recorded == str(output.absolute())
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def warm_up() -> None:
+    """Write one span as a segment is written, in memory: Arrow and Parquet set up their C++
+    statics in this process, at a moment of xsp's choosing.
+
+    A forked helper that set one up itself would register its destructor with glibc
+    (``__cxa_atexit``) under a lock that ``fork`` copies as it stands: had another thread of
+    the program held it at that moment (PyTorch sets up statics of its own at an op's first
+    use), the helper would wait for it forever. Helpers forked after this register none."""
+    from xsp.table.build import conform  # the table builder: only once a session streams
+
+    row = {col.TRACE_ID: "0" * 32, col.SPAN_ID: 1, col.LEVEL: col.Level.MODEL.value,
+           col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME, col.START_NS: 0, col.END_NS: 1,
+           col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
+    table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
+    pq.write_table(table, io.BytesIO(), compression="zstd", write_page_checksum=True,
+                   write_statistics=statistics_columns(table.schema))
+
+
+class SegmentWriter:
+    """Writes one session's windows as segments (the session builds the trace file from them).
+
+    A window that the output's folder cannot take (a full disk, a quota) is never lost while
+    memory holds: it is kept in memory and written at the next window, once the folder takes
+    writes again; past :data:`MEMORY_BOUND_BYTES` of such windows they go to a spool folder
+    elsewhere (:func:`spool_dir`). Only when that fails too is a window dropped, and counted.
+    What happened is said through :meth:`take_notes`, once per change.
+    """
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.pid = os.getpid()
+        """The session's process (a helper forked to write a window spools under its parent's)."""
+        self.directory = segment_dir(output, self.pid)
+        self.spool: Path | None = None
+        """The spool folder, once windows went there."""
+        self.count = 0
+        self.started = False
+        """True once the session streams its windows (to its folder, memory, or the spool)."""
+        self.pending: list[tuple[int, pa.Table]] = []
+        """Windows (by number) no folder has taken yet, in order."""
+        self.dropped_windows = 0
+        self.dropped_spans = 0
+        self._start_metadata: dict[str, Any] = {}
+        self._notes: list[str] = []
+        self._folder_failed = False
+
+    @property
+    def degraded(self) -> bool:
+        """Windows wait in memory or went to the spool: the output's folder failed."""
+        return bool(self.pending) or self.spool is not None
+
+    def start(self, start_metadata: dict[str, Any]) -> None:
+        """Create the folder with what a recovery needs to know of the session (where it
+        cannot be made, windows go to the spool from the start).
+
+        Raises:
+            OSError: neither the folder nor the spool folder can be made.
+        """
+        self._start_metadata = {**start_metadata, "output": str(self.output.absolute())}
+        try:
+            self._make(self.directory)
+        except OSError as exc:
+            self._make(self._spool_folder())
+            self._notes.append(f"windows cannot be written beside the output ({exc}); they go to {self.spool} "
+                               f"(`xsp recover {self.output}` finds them there)")
+        self.started = True
+
+    def _make(self, folder: Path) -> None:
+        if folder.exists():  # a recycled pid's leftovers: they are not this session's
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=folder != self.directory)
+        with atomic_output(folder / START_FILE) as temporary:
+            temporary.write_text(json.dumps(self._start_metadata, default=str))
+
+    def _spool_folder(self) -> Path:
+        if self.spool is None:
+            self.spool = spool_dir(self.output, self.pid)
+        return self.spool
+
+    def write(self, spans: pd.DataFrame) -> None:
+        """Write one window's spans as the next segment, or keep them until a folder takes them.
+        Never raises: what could not be kept is counted in :attr:`dropped_windows`."""
+        if not len(spans):
+            return
+        self.count += 1
+        self.pending.append((self.count, in_start_order(arrow_table(spans))))
+        self.flush()
+
+    def keep(self, tables: list[tuple[int, pa.Table]]) -> None:
+        """Windows a helper process could not write (and has said so): kept here as the writer's own."""
+        self._folder_failed = True
+        self.pending.extend(tables)
+        self.pending.sort(key=lambda item: item[0])
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the windows waiting, in order: to the output's folder, else (past the memory
+        bound) to the spool; past both, the oldest are dropped and counted."""
+        while self.pending:
+            number, table = self.pending[0]
+            target = self.spool if self.spool is not None else self.directory
+            if not self._write(target, number, table):
+                break
+            self.pending.pop(0)
+        if sum(table.nbytes for _, table in self.pending) <= MEMORY_BOUND_BYTES:
+            return
+        try:
+            folder = self._spool_folder()
+            if not (folder / START_FILE).exists():
+                self._make(folder)
+        except OSError as exc:
+            self._drop_over_bound(f"the spool folder {self.spool} cannot be made either ({exc})")
+            return
+        self._notes.append(f"{len(self.pending)} window(s) waiting in memory went to {folder}; windows go there "
+                           f"from now on (`xsp recover {self.output}` finds them if the trace file cannot be written)")
+        while self.pending:
+            number, table = self.pending[0]
+            if not self._write(folder, number, table):
+                self._drop_over_bound(f"the spool folder {folder} takes no writes either")
+                return
+            self.pending.pop(0)
+
+    def _write(self, folder: Path, number: int, table: pa.Table) -> bool:
+        try:
+            with atomic_output(folder / f"window-{number:06d}.parquet") as temporary:
+                pq.write_table(table, temporary, compression="zstd", write_page_checksum=True,
+                               write_statistics=statistics_columns(table.schema))
+        except OSError as exc:
+            if not self._folder_failed:
+                self._folder_failed = True
+                spool = self.spool or spool_dir(self.output, self.pid)
+                self._notes.append(f"windows can no longer be written to {folder} ({exc}); they are kept in "
+                                   f"memory (up to {MEMORY_BOUND_BYTES >> 20} MiB), then in {spool}")
+            return False
+        if self._folder_failed and folder == self.directory:
+            self._folder_failed = False
+            self._notes.append(f"windows are written to {folder} again")
+        return True
+
+    def _drop_over_bound(self, why: str) -> None:
+        while self.pending and sum(table.nbytes for _, table in self.pending) > MEMORY_BOUND_BYTES:
+            _, table = self.pending.pop(0)
+            self.dropped_windows += 1
+            self.dropped_spans += len(table)
+        self._notes.append(f"{why}: windows past {MEMORY_BOUND_BYTES >> 20} MiB in memory are dropped "
+                           f"({self.dropped_windows} so far, counted in the trace)")
+
+    def take_notes(self) -> list[str]:
+        notes, self._notes = self._notes, []
+        return notes
+
+    def folders(self) -> list[Path]:
+        return [folder for folder in (self.directory, self.spool) if folder is not None and folder.is_dir()]
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Every window, in order: those in the folders, read one at a time, and those waiting."""
+        written = sorted((path.name, path) for folder in self.folders() for path in folder.glob(SEGMENT_PATTERN))
+        pending = iter(self.pending)
+        waiting = next(pending, None)
+        for name, path in written:
+            while waiting is not None and f"window-{waiting[0]:06d}.parquet" < name:
+                yield waiting[1]
+                waiting = next(pending, None)
+            yield read_arrow_trace(path)
+        while waiting is not None:
+            yield waiting[1]
+            waiting = next(pending, None)
+
+    def keep_finished(self, metadata: dict[str, Any]) -> list[Path]:
+        """The trace file could not be written: put every window still in memory in a folder,
+        and the session's final metadata beside them, so that ``xsp recover`` writes the file the
+        session meant to. Returns the folders holding the windows."""
+        self.flush()
+        for folder in (self.directory, self._spool_folder()):
+            try:
+                if not (folder / START_FILE).exists():
+                    self._make(folder)
+                while self.pending and self._write(folder, *self.pending[0]):
+                    self.pending.pop(0)
+                if not self.pending:
+                    break
+            except OSError:
+                continue
+        lost = sum(len(table) for _, table in self.pending)
+        if lost:
+            self.dropped_windows += len(self.pending)
+            self.dropped_spans += lost
+            self.pending = []
+            dropped = metadata.setdefault("dropped", {})
+            dropped[LOST_AT_END] = dropped.get(LOST_AT_END, 0) + lost
+        for folder in self.folders():
+            try:
+                with atomic_output(folder / FINAL_FILE) as temporary:
+                    temporary.write_text(json.dumps(metadata, default=str))
+            except OSError:
+                continue
+        return self.folders()
+
+    def discard(self) -> None:
+        for folder in (self.directory, self.spool):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def segment_tables(directory: Path | list[Path], skipped: list[str] | None = None) -> Iterator[pa.Table]:
+    """The segments of ``directory`` (or of several folders of one session, merged) in order,
+    one at a time; unreadable ones are listed in ``skipped`` (or raise, when it is None)."""
+    folders = [directory] if isinstance(directory, Path) else directory
+    for _, path in sorted((path.name, path) for folder in folders for path in folder.glob(SEGMENT_PATTERN)):
+        try:
+            yield read_arrow_trace(path)
+        except (TraceFormatError, OSError) as exc:
+            if skipped is None:
+                raise
+            skipped.append(f"{path.name}: {exc}")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        metadata = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise TraceFormatError(f"{path} is unreadable: {exc}") from None
+    if not isinstance(metadata, dict):
+        raise TraceFormatError(f"{path} is not a session's metadata")
+    return metadata
+
+
+def _start_metadata(folders: list[Path]) -> dict[str, Any]:
+    for folder in folders:
+        metadata = _read_json(folder / START_FILE)
+        if metadata is not None:
+            return metadata
+    raise TraceFormatError(f"{folders[0]} is not a session's segment folder (no {START_FILE})")
+
+
+def _session_row(metadata: dict[str, Any], last_end_ns: int) -> pa.Table:
+    """The session span the ended process never wrote: from its start to its last span's end."""
+    ids = metadata.get("session_ids") or {}
+    start_ns = int(metadata.get("session_start_ns") or last_end_ns)
+    end_ns = max(last_end_ns, start_ns)
+    row = {
+        col.TRACE_ID: ids.get("trace_id"), col.SPAN_ID: int(ids.get("span_id") or 1),
+        col.LEVEL: col.Level.MODEL.value, col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME,
+        col.START_NS: start_ns, col.END_NS: end_ns, col.DURATION_NS: end_ns - start_ns,
+        col.THREAD_ID: metadata.get("session_thread_id"), col.STATUS: col.Status.ERROR.value,
+        col.STATUS_MESSAGE: UNFINISHED_MESSAGE,
+    }
+    from xsp.table.build import conform  # the table builder, only when a session span must be made
+
+    return arrow_table(conform(pd.DataFrame([row])))
+
+
+def _recovered(folders: list[Path]) -> tuple[list[pa.Table], dict[str, Any]]:
+    skipped: list[str] = []
+    tables = list(segment_tables(folders, skipped))
+    finished = next((metadata for folder in folders if (metadata := _read_json(folder / FINAL_FILE)) is not None),
+                    None)
+    recovered = {"from": [str(folder) for folder in folders], "windows": len(tables), "unreadable_segments": skipped,
+                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if finished is not None:  # the session ended and said everything; only its file could not be written
+        finished["recovered"] = recovered
+        finished.setdefault("warnings", []).append(
+            f"written by xsp recover from {len(tables)} windows: the trace file could not be written when the run "
+            "ended")
+        return tables, finished
+    metadata = _start_metadata(folders)
+    last_end_ns = max((int(pc.max(t[col.END_NS]).as_py() or 0) for t in tables if len(t)), default=0)
+    tables.append(_session_row(metadata, last_end_ns))
+    metadata.pop("session_ids", None)
+    metadata.pop("output", None)
+    metadata["recovered"] = recovered
+    metadata["interrupted"] = UNFINISHED
+    metadata.setdefault("warnings", []).append(
+        f"recovered from {len(tables) - 1} closed windows: the process ended before the session did; "
+        "the steps of its last window (up to about a second before it ended) are missing")
+    return tables, metadata
+
+
+def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Build the trace file of a session that never wrote it from its segments, newest session first.
+
+    Writes ``into`` (default ``output``), removes the session's segment folders (beside the
+    output, and in the spool), and returns the path and the file's metadata
+    (``metadata["recovered"]`` says from what).
+
+    Raises:
+        TraceNotFoundError: no unfinished session wrote ``output``.
+        OutputError: the file could not be written (the segments are kept).
+    """
+    found = unfinished_sessions(output)
+    if not found:
+        raise TraceNotFoundError(f"no unfinished session to recover for {output}")
+    tables, metadata = _recovered(found[0])
+    written = write_trace_tables(Path(into) if into is not None else Path(output), iter(tables), metadata)
+    for folder in found[0]:
+        shutil.rmtree(folder, ignore_errors=True)
+    return written, metadata
+
+
+def load_unfinished(output: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """The spans and metadata of the newest unfinished session that wrote ``output`` (None if none)."""
+    found = unfinished_sessions(output)
+    if not found:
+        return None
+    tables, metadata = _recovered(found[0])
+    return spans_from_arrow(found[0][0], pa.concat_tables(tables)), metadata

@@ -1,0 +1,48 @@
+"""The common cases of xsp's module-call wrapper, in C (xsp/record/_hotpath/*.c): what
+:mod:`xsp.record.hotpath` loads where the extension is built."""
+
+from collections.abc import Sequence
+from typing import Any
+
+class FastCall:
+    """What xsp installs as ``nn.Module.__call__``: records the common cases of a module call (see
+    tracers/_module_calls.py) and hands the others to the Python wrapper ``slow``."""
+
+    exposed: Any
+    """What reading the attribute gives (a Python function doing the same); None: the object itself."""
+    on_read: Any
+    """Called with no arguments before each read."""
+    compiler: Any
+    def __init__(self, mode: int, original: Any, slow: Any, local: Any, recording: Any, now: Any,
+                 grad_enabled: Any, jit_tracing: Any, tensor_type: type, describe_inputs: Any, describe: Any,
+                 on_error: Any, hook_backward: Any, buffer_type: type, steps_type: type,
+                 step_constants: Sequence[Any] = ..., compact_at: int = ..., native_grad_mode: Any = ...,
+                 correlation: Any = ..., graph_task_id: Any = ...) -> None: ...
+    def __call__(self, module: Any, /, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, instance: Any, owner: type | None = None) -> Any: ...
+
+class StepEvents:
+    """The bodies of the backward and optimizer-step hooks (tracers/_loop_events.py), in C."""
+
+    def __init__(self, local: Any, new_buffer: Any, now: Any, error_text: Any, optimizer_names: Any,
+                 buffer_type: type, steps_type: type, step_constants: Sequence[Any], mark_backward: Any,
+                 mark_optimizer: Any, backward_name: str) -> None: ...
+    def optimizer_begins(self, optimizer: Any, /) -> bool:
+        """An optimizer step starts; True when ``AutoSteps.optimizer_begins`` must hear."""
+    def optimizer_ends(self, optimizer: Any, /) -> tuple[int, int] | None:
+        """None, or ``(start, end)`` for ``AutoSteps.optimizer_ends`` when no step is open."""
+
+class BackwardCall:
+    """``torch.autograd.backward`` timed: calls ``original`` and tells ``events`` its start and end."""
+
+    def __init__(self, events: StepEvents, original: Any) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+def empty_packed(size: int, /) -> bytearray:
+    """A bytearray of ``size`` bytes, the first eight zero (the row count), the rest not written."""
+
+def pack_columns(rows: Sequence[tuple[int, ...]], itemsizes: Sequence[int], /) -> tuple[bytes, ...]:
+    """Rows of ints packed into one bytes object per column, each of its item size."""
+
+def split_rows(data: Any, itemsizes: Sequence[int], /) -> tuple[bytes, ...]:
+    """The int64 rows of ``data`` split into one bytes object per column, each of its item size."""

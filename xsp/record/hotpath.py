@@ -1,0 +1,31 @@
+"""xsp's C accelerator, where it was built: ``xsp.record._hotpath`` (``xsp/record/_hotpath/``).
+
+Two things run there when it is available: the common cases of the ``nn.Module.__call__``
+wrapper (:mod:`xsp.tracers._module_calls`) and the packing of raw records into columns
+(:func:`xsp.record.recording.extend_columns`). Each has a Python twin that does the same (tests run
+both), so xsp works where the extension could not be built (no C compiler at install time),
+only with a dearer module call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Final
+
+PURE_PYTHON_ENV: Final = "XSP_PURE_PYTHON"
+"""Set (to anything but empty) to run everything in Python even where the C part is built."""
+
+
+def load() -> Any:
+    """``xsp.record._hotpath``, or None when it is not built or ``XSP_PURE_PYTHON`` is set."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        return None
+    try:
+        return importlib.import_module("xsp.record._hotpath")
+    except ImportError:
+        return None
+
+
+HOTPATH: Any = load()
+"""The loaded extension, or None. Read at use (tests switch it off by setting it to None)."""

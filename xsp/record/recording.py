@@ -1,0 +1,520 @@
+"""Recording buffers: what tracers append to while the user's code runs.
+
+The hot path appends one plain tuple per finished span to a list owned by the calling
+thread (no locks, no OpenTelemetry objects, no strings built). Module calls and backward
+events hold only scalars: the module and the shape descriptors are interned as they are
+recorded (a dictionary lookup), so the tuple references no container and the garbage collector
+untracks it at its first pass instead of carrying it, and everything it points to, into older
+generations, where each full collection would walk it again (over a long run that made a module
+call 2-3x dearer). Every few hundred records, and at collection, a thread's tuples are
+compacted into typed arrays, so a recorded span costs tens of bytes.
+Spans are interpreted (names, paths, parents) only after the session, in
+:mod:`xsp.table.build`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xsp.core.clock import now_ns
+from xsp.record.columns import (  # noqa: F401 - moved to xsp.record.columns; imported from here too
+    BACKWARD_ALIAS,
+    BACKWARD_BEGIN,
+    BACKWARD_END,
+    CALL_FIELDS,
+    COMPACT_AT,
+    DEFAULT_MAX_EVENTS,
+    FIRST_PACKED_ROWS,
+    MAX_ENDED_THREAD_NAMES,
+    NEVER,
+    NO_ERROR,
+    ROOT_FIELDS,
+    ROOT_GRAD,
+    ROOT_MODE_UNKNOWN,
+    ROOT_TRAINING,
+    BackwardColumns,
+    CallColumns,
+    MarkColumns,
+    RootColumns,
+    _extend_from_packed_rows,
+    _Interner,
+    _MadeOnFirstUse,
+    _packed_count,
+    _packed_rows,
+    extend_columns,
+    extend_columns_from_packed,
+)
+from xsp.record.steps import AutoSteps
+
+
+class ThreadBuffer:
+    """Everything one thread recorded. Only its own thread appends to the raw lists."""
+
+    __slots__ = (
+        "recording", "thread", "thread_id", "thread_name", "depth", "open_steps", "aside", "skipping", "steps",
+        "last_hooked", "optimizer_starts", "input_waits",
+        "calls", "packed_calls", "packed_roots", "marks", "kept_lengths", "kept_steps", "backward", "roots",
+        "_call_columns", "_mark_columns", "_backward_columns", "_root_columns",
+        "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
+        "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
+        "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
+        "_lock",
+    )
+
+    call_columns = _MadeOnFirstUse(CallColumns)
+    mark_columns = _MadeOnFirstUse(MarkColumns)
+    backward_columns = _MadeOnFirstUse(BackwardColumns)
+    root_columns = _MadeOnFirstUse(RootColumns)
+
+    def __init__(self, recording: Recording) -> None:
+        current = threading.current_thread()
+        self.recording = recording
+        self.thread = weakref.ref(current)
+        """The thread that records here (weakly: a thread object outlives its thread)."""
+        self.thread_id = threading.get_native_id()
+        self.thread_name = current.name
+        self.depth = 0
+        """Module calls open on this thread right now (0 outside any module)."""
+        self.open_steps = 0
+        """``xsp.step()`` blocks open on this thread right now."""
+        self.aside = 0
+        """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
+        self.skipping = False
+        """The running top-level call belongs to a step the schedule does not record."""
+        self.kept_lengths = (0, 0, 0, 0)
+        """Lengths of the call, mark, backward and root columns when a step was last kept (a schedule)."""
+        self.kept_steps: list[int] = []
+        """Numbers of the steps kept in the columns (a schedule), in order."""
+        self.last_hooked: tuple[Any, int] | None = None
+        """The autograd node last hooked for a module call on this thread, and that call's start."""
+        self.optimizer_starts: list[int] = []
+        """Starts of the optimizer steps running on this thread (a stack: one step may run another)."""
+        self.input_waits = 0
+        """DataLoader waits running on this thread right now: a window due meanwhile is handed over
+        when they end, so that its hand-off never lengthens the wait (:attr:`Recording.window_deferred`)."""
+        self.steps = AutoSteps(self)
+        """This thread's automatic steps (see :mod:`xsp.record.steps`)."""
+        # raw records, appended on the hot path:
+        # (start, end, module index, depth, inputs index, outputs index, error text or None):
+        self.calls: list[tuple[Any, ...]] = []
+        self.packed_calls = _packed_rows(FIRST_PACKED_ROWS)
+        """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
+        count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
+        They all precede ``calls``' rows."""
+        # the C wrapper's last top-level call: its module, shapes and their indexes (None: empty);
+        # hot2_*: the same of the last top-level call of another module (a loss, a head)
+        self.hot_module: Any = None
+        self.hot_module_id: int | None = None
+        self.hot_inputs: Any = None
+        self.hot_inputs_id: int | None = None
+        self.hot_outputs: Any = None
+        self.hot_outputs_id: int | None = None
+        self.hot2_module: Any = None
+        self.hot2_module_id: int | None = None
+        self.hot2_inputs: Any = None
+        self.hot2_inputs_id: int | None = None
+        self.hot2_outputs: Any = None
+        self.hot2_outputs_id: int | None = None
+        self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
+        self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
+        self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
+        self.packed_roots = _packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
+        """Top-level calls recorded by xsp's C wrapper while ``roots`` was empty, packed as
+        ``packed_calls`` is (rows of two int64s: start, flags). They all precede ``roots``' rows."""
+        self._call_columns: CallColumns | None = None
+        self._mark_columns: MarkColumns | None = None
+        self._backward_columns: BackwardColumns | None = None
+        self._root_columns: RootColumns | None = None
+        self.modules = _Interner(by_identity=True)
+        self.descriptors = _Interner()
+        self.strings = _Interner()
+        self.module_ids = self.modules.ids
+        """``id(module) -> index``: looked up on the hot path (``intern_module`` on a miss)."""
+        self.descriptor_ids = self.descriptors.ids
+        """``descriptor -> index``: looked up on the hot path (``intern_descriptor`` on a miss)."""
+        self.intern_module = self.modules.intern
+        self.intern_descriptor = self.descriptors.intern
+        self._lock = threading.Lock()
+
+    def thread_ended(self) -> bool:
+        """True once the thread that recorded here has ended: nothing more will be recorded."""
+        thread = self.thread()
+        if thread is None:
+            return True
+        try:
+            return not thread.is_alive()
+        except Exception:  # a thread threading did not start (a _DummyThread) may refuse to say
+            return False
+
+    def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
+                    error: str | None) -> None:
+        """Append one finished module call: the one Python home of a call's record. The C wrapper
+        (``xsp/record/_hotpath``) writes the same row on its fast path; tests hold the two equal."""
+        ids = self.descriptor_ids
+        input_id = ids.get(inputs)
+        if input_id is None:
+            input_id = self.intern_descriptor(inputs)
+        output_id = ids.get(outputs)
+        if output_id is None:
+            output_id = self.intern_descriptor(outputs)
+        module_id = self.module_ids.get(id(module))
+        if module_id is None:
+            module_id = self.intern_module(module)
+        self.calls.append((start, end, module_id, depth, input_id, output_id,
+                           NO_ERROR if error is None else self.strings.intern(error)))
+
+    def record_backward(self, module: Any, time_ns: int, phase: int, call: int) -> None:
+        """Append one backward event of ``module``'s call that started at ``call``."""
+        module_id = self.module_ids.get(id(module))
+        if module_id is None:
+            module_id = self.intern_module(module)
+        self.backward.append((module_id, time_ns, phase, call))
+
+    def compact(self) -> None:
+        """Move raw records into the typed columns. Safe to call from any thread."""
+        with self._lock:
+            self._compact_locked()
+
+    def keep(self, step: int) -> None:
+        """Keep what was recorded so far: the step ``step`` just ended and the schedule keeps it."""
+        with self._lock:
+            self._compact_locked()
+            self.kept_lengths = self._lengths()
+            self.kept_steps.append(step)
+
+    def discard(self) -> None:
+        """Forget what was recorded since the last kept step (a step the schedule does not keep)."""
+        with self._lock:
+            self.calls, self.marks, self.backward, self.roots = [], [], [], []
+            self.packed_calls = _packed_rows()
+            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
+            calls, marks, backward, roots = self.kept_lengths
+            for columns, length in ((self.call_columns, calls), (self.mark_columns, marks),
+                                    (self.backward_columns, backward), (self.root_columns, roots)):
+                for name in columns.__slots__:
+                    del getattr(columns, name)[length:]
+            self.last_hooked = None
+
+    def _lengths(self) -> tuple[int, int, int, int]:
+        return (len(self.call_columns), len(self.mark_columns), len(self.backward_columns), len(self.root_columns))
+
+    def drain(self) -> WindowBuffer:
+        """Everything recorded so far, as a :class:`WindowBuffer`; the thread starts afresh."""
+        with self._lock:
+            self._compact_locked()
+            drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
+                                   self.backward_columns, self.root_columns, self.modules, self.descriptors,
+                                   self.strings, self.kept_steps)
+            self._call_columns = self._mark_columns = self._backward_columns = self._root_columns = None
+            self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
+        return drained
+
+    def _compact_locked(self) -> None:
+        packed, self.packed_calls = self.packed_calls, _packed_rows()
+        self._compact_packed_calls(packed)
+        calls, self.calls = self.calls, []
+        marks, self.marks = self.marks, []
+        backward, self.backward = self.backward, []
+        if calls:
+            self._compact_calls(self._admitted("module_calls", calls))
+        if marks:
+            self._compact_marks(self._admitted("spans", marks))
+        if backward:
+            self._compact_backward(self._admitted("backward_events", backward))
+        root_columns = (self.root_columns.start, self.root_columns.flags)
+        packed_roots = self.packed_roots
+        packed_count = _packed_count(packed_roots)
+        if packed_count:
+            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
+            _extend_from_packed_rows(root_columns, packed_roots, packed_count)
+        roots, self.roots = self.roots, []
+        if roots:
+            extend_columns(root_columns, roots)
+
+    def _admitted(self, what: str, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        kept = self.recording.admit(what, len(records))
+        return records if kept == len(records) else records[:kept]
+
+    def _compact_packed_calls(self, packed: bytearray) -> None:
+        rows = _packed_count(packed)
+        if not rows:
+            return
+        kept = self.recording.admit("module_calls", rows)
+        cols = self.call_columns
+        columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error)
+        _extend_from_packed_rows(columns, packed, kept)
+
+    def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
+        cols = self.call_columns
+        extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error), calls)
+
+    def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
+        cols = self.mark_columns
+        extend_columns((cols.kind, cols.start, cols.end), marks)  # (kind, start, end, name, attributes, error)
+        # a loop's marks have a handful of names (its steps, backward passes, optimizer steps) and
+        # mostly no error: each distinct text is interned once, then looked up by a C call a mark
+        names = [mark[3] for mark in marks]
+        errors = [mark[5] for mark in marks]
+        intern, index_of = self.strings.intern, self.strings.ids.__getitem__
+        for text in dict.fromkeys(names):
+            intern(text)
+        cols.name.fromlist(list(map(index_of, names)))
+        cols.attributes.extend([mark[4] for mark in marks])
+        if errors.count(None) == len(errors):
+            cols.error.fromlist([NO_ERROR] * len(errors))
+        else:
+            cols.error.fromlist([NO_ERROR if error is None else intern(error) for error in errors])
+
+    def _compact_backward(self, events: list[tuple[int, ...]]) -> None:
+        cols = self.backward_columns
+        extend_columns((cols.module, cols.time, cols.phase, cols.call), events)
+
+    def string(self, index: int) -> str | None:
+        return None if index < 0 else self.strings.values[index]
+
+
+@dataclass
+class WindowBuffer:
+    """The columns one thread recorded during one window (interners stay shared with the thread)."""
+
+    thread_id: int
+    thread_name: str
+    call_columns: CallColumns
+    mark_columns: MarkColumns
+    backward_columns: BackwardColumns
+    root_columns: RootColumns
+    modules: _Interner
+    descriptors: _Interner
+    strings: _Interner
+    kept_steps: list[int] = field(default_factory=list)
+    """Numbers of the scheduled steps in these columns, in order."""
+
+    def string(self, index: int) -> str | None:
+        return None if index < 0 else self.strings.values[index]
+
+
+@dataclass
+class Window:
+    """Records drained from the threads at once: what one round of ``Tracer.collect`` reads."""
+
+    buffers: list[WindowBuffer]
+    final: bool = False
+    """True for the last window of a session (everything left at the end)."""
+    derived: dict[str, Any] = field(default_factory=dict)
+    """Results of interpreting the records, shared between tracers during collection."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Records that could not be interpreted, by what they were."""
+    external_ids: bool = False
+    """Module calls pushed their start as a CUPTI external correlation id (CUDA levels on)."""
+    model_names: dict[int, str] = field(default_factory=dict)
+    """The name of each top-level model (by ``id``) recorded so far in the session."""
+    step_numbers: list[int] | None = None
+    """The numbers of the window's steps in order of their start, when the session numbers
+    them itself (a schedule keeps only some steps)."""
+    samples: list[Any] = field(default_factory=list)
+    """System samples (:class:`xsp.record.samples.Sample`) taken since the previous window."""
+    ended_thread_ids: list[int] = field(default_factory=list)
+    """Threads that have ended and recorded for the last time in this window: what the session
+    keeps per thread for later windows is forgotten for them."""
+    closed_ns: int | None = None
+    """When the window was taken (host clock); None for the last one, which takes everything."""
+    held_thread_ids: frozenset[int] = frozenset()
+    """Threads whose records were left for a later window (inside a module call or a step):
+    records made elsewhere (CUPTI's) on those threads belong to a later window too."""
+
+    @classmethod
+    def merged(cls, windows: list[Window]) -> Window:
+        """Consecutive windows as one (a thread may then have several buffers, in order)."""
+        dropped: Counter[str] = Counter()
+        for window in windows:
+            dropped.update(window.dropped)
+        numbered = [window.step_numbers for window in windows if window.step_numbers is not None]
+        last = windows[-1]
+        return cls(buffers=[buffer for window in windows for buffer in window.buffers], final=last.final,
+                   dropped=dropped, external_ids=any(window.external_ids for window in windows),
+                   model_names={name: value for window in windows for name, value in window.model_names.items()},
+                   step_numbers=[number for numbers in numbered for number in numbers] if numbered else None,
+                   samples=[sample for window in windows for sample in window.samples],
+                   ended_thread_ids=[thread for window in windows for thread in window.ended_thread_ids],
+                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids)
+
+    @property
+    def records(self) -> int:
+        """Records of every kind in the window."""
+        return sum(len(b.call_columns) + len(b.mark_columns) + len(b.backward_columns) for b in self.buffers)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to interpret: no record, sample, drop count, ended thread or step number."""
+        return not (self.records or self.samples or self.dropped or self.ended_thread_ids or self.step_numbers)
+
+
+class Recording:
+    """The per-thread buffers of one session, with counts of anything dropped."""
+
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self.local = threading.local()
+        """Holds attribute ``b``, the calling thread's :class:`ThreadBuffer`."""
+        self.buffers: list[ThreadBuffer] = []
+        self.max_events = max_events
+        self.kept_events = 0
+        self.dropped: Counter[str] = Counter()
+        self.long_step_ns = NEVER
+        """Steps at least this long are reported to ``on_long_step``."""
+        self.report_after_ns = NEVER
+        """A step that ends at or after this time is reported to ``on_long_step`` too (the next
+        streaming window is due): one comparison per step instead of a call."""
+        self.report_at_events = NEVER
+        """Once this many events are kept, the next step is reported (``report_after_ns`` drops to 0)."""
+        self.backward_hooks = True
+        """Layer calls hook their graph nodes for backward spans while autograd records."""
+        self.external_ids = False
+        """Set once module calls push their start as CUPTI external correlation ids."""
+        self.paused = False
+        """True while the steps that begin are not recorded (a profiling schedule): top-level
+        calls then only keep the step bookkeeping going, and nothing below them is recorded."""
+        self.on_long_step: Callable[[int], None] | None = None
+        """Called on the recording thread, with the step's duration, when a step of
+        ``long_step_ns`` or more has ended there (outside every other step and module call)."""
+        self.window_deferred = False
+        """A window was taken while its thread waited for a DataLoader: ``on_wait_over`` hands it
+        over when the wait ends."""
+        self.on_wait_over: Callable[[], None] | None = None
+        self.on_new_thread: list[Callable[[], None]] = []
+        """Called on a thread when it records for the first time (once per thread)."""
+        self.on_ended_thread_step: Callable[[ThreadBuffer, int], None] | None = None
+        """Called with a thread's buffer and the duration of its last step when a window decides
+        that step because the thread has ended (a profiling schedule keeps or forgets it)."""
+        self.ended_threads: dict[int, str] = {}
+        """Name of each thread whose buffer was retired (it ended, and a window took its records),
+        for the first ``MAX_ENDED_THREAD_NAMES`` of them."""
+        self.model_names: dict[int, str] = {}
+        """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
+        self.levels: tuple[Any, ...] = ()
+        """The session's levels (:class:`xsp.core.schema.Level`): a tracer may record more when
+        another level needs what it has (the operator level's profiler records memory events
+        when the memory level is on too)."""
+        self.samples: list[Any] = []
+        """System samples since the last window (appended by the system level's sampler)."""
+        self.samplers: list[Callable[[], None]] = []
+        """Called when a window is taken, to sample up to that moment (so a step that just
+        ended is covered by the samples of its own window)."""
+        self.backend: str | None = None
+        """The process group backend a recorded collective ran on (``gloo``, ``nccl``): the
+        session's metadata keeps it even when the group is destroyed before the session ends."""
+        self.process_group: tuple[int, int, str | None] | None = None
+        """``(rank, world size, backend)`` of the default process group, as a recorded
+        collective saw it (a group set up inside the session and destroyed before its end)."""
+        self.notes: list[str] = []
+        """What a tracer noticed that the user should hear once (the session warns with each)."""
+        self._lock = threading.Lock()
+
+    def buffer(self) -> ThreadBuffer:
+        """The calling thread's buffer, created on its first record."""
+        try:
+            return self.local.b  # type: ignore[no-any-return]
+        except AttributeError:
+            return self.new_buffer()
+
+    def new_buffer(self) -> ThreadBuffer:
+        """A buffer for the calling thread, which has none yet (the recording wrappers call this
+        after their own lookup missed: a second miss would make a second AttributeError)."""
+        buffer = ThreadBuffer(self)
+        with self._lock:
+            self.buffers.append(buffer)
+        self.local.b = buffer
+        for hello in list(self.on_new_thread):
+            try:
+                hello()
+            except Exception:  # a tracer's bookkeeping must not break the user's thread
+                pass
+        return buffer
+
+    def admit(self, what: str, count: int) -> int:
+        """How many of ``count`` new records fit under ``max_events``; the rest are counted dropped."""
+        with self._lock:
+            room = max(self.max_events - self.kept_events, 0)
+            kept = min(room, count)
+            self.kept_events += kept
+            if self.kept_events >= self.report_at_events:
+                self.report_after_ns = 0
+            if count > kept:
+                self.dropped[what] += count - kept
+        return kept
+
+    def compact(self) -> None:
+        for buffer in list(self.buffers):
+            buffer.compact()
+
+    def take_window(self, final: bool = False) -> Window:
+        """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
+        or automatic and not yet decided) are left for a later window, so that no span is
+        separated from the spans inside it or from its step."""
+        for sample_now in list(self.samplers):
+            try:
+                sample_now()
+            except Exception:  # a failing sampler loses a sample, never the window
+                self.dropped["system_samples"] += 1
+        closed_ns = None if final else now_ns()
+        ended = [] if final else self._ended_threads()
+        buffers = list(self.buffers)
+        taking = [final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)
+                  for buffer in buffers]
+        taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
+        held = frozenset(buffer.thread_id for buffer, take in zip(buffers, taking) if not take)
+        if ended:
+            with self._lock:
+                retired = set(map(id, ended))
+                self.buffers = [buffer for buffer in self.buffers if id(buffer) not in retired]
+                room = MAX_ENDED_THREAD_NAMES - len(self.ended_threads)
+                self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended[:max(room, 0)])
+        kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
+        samples, self.samples = self.samples, []
+        return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
+                      step_numbers=kept_steps or None, samples=samples,
+                      ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
+                      held_thread_ids=held)
+
+    def _ended_threads(self) -> list[ThreadBuffer]:
+        """Buffers of the threads that have ended, their last step decided: this window takes
+        their records, and then they are retired (a server that starts a thread per request
+        would otherwise keep a buffer per request, and every window would visit them all)."""
+        ended = [buffer for buffer in list(self.buffers) if buffer.thread_ended()]
+        for buffer in ended:
+            if buffer.depth:  # calls left open by a thread that ended (killed inside a module) never end
+                self.dropped["open_at_thread_end"] += buffer.depth
+            buffer.depth = buffer.open_steps = 0
+            buffer.steps.finish(thread_ended=True)
+        return ended
+
+    def name_model(self, module: Any, candidates: list[str]) -> str:
+        """Name the top-level model ``module``: the first of ``candidates`` (names it is bound
+        to in the calling code) that no other model of the session has, else its class name
+        with the lowest free index (``Sequential_0``)."""
+        with self._lock:
+            known = self.model_names.get(id(module))
+            if known is not None:
+                return known
+            taken = set(self.model_names.values())
+            name = next((c for c in candidates if c not in taken), None)
+            index = 0
+            while name is None:
+                name = f"{type(module).__name__}_{index}"
+                name, index = (None if name in taken else name), index + 1
+            self.model_names[id(module)] = name
+            return name
+
+    def finish_steps(self) -> None:
+        """Decide every thread's open automatic step (the session is ending)."""
+        for buffer in list(self.buffers):
+            buffer.steps.finish()
+
+    def open_module_calls(self) -> int:
+        """Module calls still running on some thread (they end after the session and are lost)."""
+        return sum(buffer.depth for buffer in self.buffers)
+

@@ -1,0 +1,110 @@
+"""User spans and explicit steps at the model level: ``xsp.span`` and ``xsp.step``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, ClassVar, TypeVar
+
+from xsp.core import state as _state
+from xsp.core.clock import now_ns
+from xsp.record.marks import MarkKind
+from xsp.record.recording import COMPACT_AT
+
+AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):``
+    """A user span at the model level, as a context manager or a decorator.
+
+    Outside an active :func:`xsp.trace` block it records nothing and costs well under a
+    microsecond. Keyword arguments become span attributes (strings, numbers, booleans,
+    or lists of them; anything else is stored as its ``str``).
+
+    Example:
+        >>> import xsp
+        >>> with xsp.span("preprocess", images=8):
+        ...     pass
+    """
+
+    __slots__ = ("name", "attributes", "_start", "_recording")
+    _kind: ClassVar[int] = MarkKind.USER
+
+    def __init__(self, name: str, **attributes: AttributeValue) -> None:
+        self.name = name
+        self.attributes = attributes
+
+    def __enter__(self) -> span:
+        self._recording = _state.recording
+        self._start = now_ns()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        end = now_ns()
+        recording = self._recording
+        if recording is None:
+            return
+        try:
+            buffer = recording.local.b
+        except AttributeError:
+            buffer = recording.buffer()
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        buffer.marks.append((self._kind, self._start, end, self.name, self.attributes or None, error))
+        if len(buffer.marks) >= COMPACT_AT:
+            buffer.compact()
+
+    def __call__(self, function: F) -> F:
+        """Use as a decorator: every call of ``function`` is one span."""
+        kind, name, attributes = type(self), self.name, self.attributes
+
+        @functools.wraps(function)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with kind(name, **attributes):
+                return function(*args, **kwargs)
+
+        return traced  # type: ignore[return-value]
+
+
+class step(span):  # noqa: N801
+    """An explicit step: one training iteration or one request, with everything inside it.
+
+    Everything inside an explicit step belongs to it: model calls, input waits and optimizer
+    steps start or end no steps of their own (see :mod:`xsp.record.steps` for the automatic
+    steps it overrides). A training iteration, a request: one step, one OTel trace.
+
+    Example:
+        >>> import xsp
+        >>> with xsp.step("train_step"):
+        ...     pass
+    """
+
+    __slots__ = ()
+    _kind: ClassVar[int] = MarkKind.STEP
+
+    def __init__(self, name: str = "step", **attributes: AttributeValue) -> None:
+        super().__init__(name, **attributes)
+
+    def __enter__(self) -> step:
+        super().__enter__()
+        if self._recording is not None:
+            buffer = self._recording.buffer()
+            buffer.steps.finish()  # the automatic step before it ends here
+            buffer.open_steps += 1
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        super().__exit__(exc_type, exc, traceback)
+        recording = self._recording
+        if recording is None:
+            return
+        buffer = recording.buffer()
+        buffer.open_steps -= 1
+        end_ns = now_ns()
+        duration_ns = end_ns - self._start
+        if (not buffer.open_steps and not buffer.depth and recording.on_long_step is not None
+                and (duration_ns >= recording.long_step_ns or end_ns >= recording.report_after_ns)):
+            recording.on_long_step(duration_ns)

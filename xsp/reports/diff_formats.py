@@ -1,0 +1,274 @@
+"""The renderers of a diff (``xsp diff --format``): text that fits a terminal, Markdown for a
+pull-request comment, JSON, and JUnit XML for a CI system. Each takes a :class:`Diff`."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import textwrap
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core.figures import change_percent as _ratio
+from xsp.core.safe_text import markdown_code, markdown_text, one_line, within, xml_text
+from xsp.gate import statistics as d
+from xsp.gate.compare import LISTED, TEXT_WIDTH, Diff
+from xsp.gate.statistics import Verdict
+
+
+def text(result: Diff, width: int = TEXT_WIDTH) -> str:
+    """A plain-text report that fits ``width`` columns."""
+    lines = [f"xsp diff: {result.verdict.value.upper()}  ({_counts(result.table)})",
+             _clip(f"base: {_describe(result.base)}", width), _clip(f"new:  {_describe(result.new)}", width),
+             _wrap(_settings_line(result.settings), width, "  ")]
+    models = result.models()
+    if len(models):
+        lines += ["", "Model (median per step):"] + [_key_line(row, width - 11) + f" {row.verdict:>10}"
+                                                     for row in models.itertuples(index=False)]
+    if len(result.breakdown):
+        lines += ["", f"Where it lives (change per step{_judged_suffix(result.settings)}):"]
+        lines += [_tree_line(row, width) for row in result.breakdown.itertuples(index=False)]
+    for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+        rows = result.rows(verdict)
+        if len(rows):
+            lines += ["", f"{verdict.value.capitalize()} ({len(rows)}):"]
+            lines += [_key_line(row, width) for row in rows.head(LISTED).itertuples(index=False)]
+            if len(rows) > LISTED:
+                lines.append(f"  ... and {len(rows) - LISTED} more")
+    if len(result.changes):
+        lines += ["", "Changes of structure:"]
+        listed = result.changes.head(LISTED).itertuples(index=False)
+        lines += [_clip(f"  {_change_text(row)}", width) for row in listed]
+        if len(result.changes) > LISTED:
+            lines.append(f"  ... and {len(result.changes) - LISTED} more")
+    if result.warnings:
+        lines += ["", "Warnings:"] + [_wrap(f"- {one_line(w)}", width, "  ") for w in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(result: Diff) -> str:
+    """A Markdown report for a pull-request comment or a CI step summary."""
+    moved = result.rows(Verdict.REGRESSED)
+    improved = result.rows(Verdict.IMPROVED)
+    out = [f"## xsp diff: **{result.verdict.value}**", "",
+           f"{_counts(result.table)}. Base: {markdown_text(_describe(result.base))}. "
+           f"New: {markdown_text(_describe(result.new))}.", "",
+           f"_{markdown_text(_settings_line(result.settings))}_", ""]
+    models = result.models()
+    if len(models):
+        out += ["| model | base | new | ratio | verdict |", "| --- | ---: | ---: | ---: | --- |"]
+        out += [f"| {markdown_code(row.key)} | {_time(row.base_median_ns)} | {_time(row.new_median_ns)} | "
+                f"{_ratio(row.ratio)} | {row.verdict} |" for row in models.itertuples(index=False)]
+        out.append("")
+    if len(result.breakdown):
+        tree = [_tree_line(row, 100) for row in result.breakdown.itertuples(index=False)]
+        fence = "`" * max(3, 1 + max((len(run) for line in tree for run in re.findall("`+", line)), default=0))
+        out += [f"### Where it lives (change per step{_judged_suffix(result.settings)})", "", fence]
+        out += [*tree, fence, ""]
+    for title, rows in (("Regressed", moved), ("Improved", improved)):
+        if not len(rows):
+            continue
+        judged = result.settings.get("judged", "raw times") != "raw times"
+        judged_head, judged_rule = (" judged |", " ---: |") if judged else ("", "")
+        out += [f"### {title} ({len(rows)})", "",
+                f"| key | level | base | new | delta | ratio |{judged_head} vs common shift | q | explains |",
+                f"| --- | --- | ---: | ---: | ---: | ---: |{judged_rule} ---: | ---: | ---: |"]
+        for row in rows.head(LISTED).itertuples(index=False):
+            out.append(f"| {markdown_code(row.key)} | {row.level} | {_time(row.base_median_ns)} | "
+                       f"{_time(row.new_median_ns)} | {_signed_time(row.delta_ns)} | {_ratio(row.ratio)} | "
+                       + (f"{_ratio(row.adjusted_ratio)} | " if judged else "")
+                       + f"{_ratio(row.relative_ratio)} | {_p(row.q_value)} | {_share(row.explains)} |")
+        if len(rows) > LISTED:
+            out.append(f"\n... and {len(rows) - LISTED} more.")
+        out.append("")
+    if len(result.changes):
+        out += ["### Changes of structure", ""]
+        out += [f"- {markdown_text(_change_text(row))}"
+                for row in result.changes.head(LISTED).itertuples(index=False)]
+        out.append("")
+    if result.warnings:
+        out += ["### Warnings", ""] + [f"- {markdown_text(w, 2000)}" for w in result.warnings] + [""]
+    return "\n".join(within(out))
+
+
+def as_json(result: Diff) -> str:
+    """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table``."""
+    document = {
+        "verdict": result.verdict.value,
+        "rows": _records(result.table),
+        "changes": _records(result.changes),
+        "breakdown": _records(result.breakdown[[d.DEPTH, col.LEVEL, d.KEY, d.DELTA_NS, d.RATIO, d.EXPLAINS,
+                                              d.VERDICT]] if len(result.breakdown) else result.breakdown),
+        "warnings": result.warnings,
+        "settings": result.settings,
+        "base": result.base,
+        "new": result.new,
+    }
+    return json.dumps(document, indent=1, allow_nan=False, default=str) + "\n"
+
+
+def junit(result: Diff) -> str:
+    """JUnit XML: one testcase per compared key, a failure for each regression."""
+    suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table)),
+                       failures=str(int((result.table[d.VERDICT] == Verdict.REGRESSED.value).sum())),
+                       errors="0", skipped="0")
+    properties = ET.SubElement(suite, "properties")
+    for name, value in result.settings.items():
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        ET.SubElement(properties, "property", name=name, value=xml_text(shown))
+    for row in result.table.itertuples(index=False):
+        case = ET.SubElement(suite, "testcase", classname=f"xsp.{xml_text(str(row.level))}",
+                             name=xml_text(str(row.key)), time=f"{_seconds(row.new_median_ns):.6f}")
+        if row.verdict == Verdict.REGRESSED.value:
+            failure = ET.SubElement(case, "failure", type="regression",
+                                    message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
+                                            f"q={_p(row.q_value)}")
+            failure.text = xml_text(_key_line(row, 200).strip())
+        else:
+            ET.SubElement(case, "system-out").text = f"{row.verdict}: {_signed_time(row.delta_ns)}"
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _counts(table: pd.DataFrame) -> str:
+    verdicts = table[d.VERDICT].value_counts()
+    parts = [f"{int(verdicts.get(v.value, 0))} {v.value}" for v in Verdict if verdicts.get(v.value, 0)]
+    return f"{len(table)} keys: " + ", ".join(parts) if parts else "no keys"
+
+
+def _describe(info: dict[str, Any]) -> str:
+    parts = [one_line(str(info.get("source") or "trace"))]
+    if info.get("runs"):
+        parts.append(f"{info['runs']} runs")
+    if info.get("steps"):
+        parts.append(f"{info['steps']} steps")
+    if info.get("device"):
+        parts.append(str(info["device"]))
+    return ", ".join(parts)
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    shift = settings.get("common_shift", 1.0)
+    factor = settings.get("judged_factor", 1.0)
+    if settings.get("normalize"):
+        judged = f"; judged against the common shift {_ratio(shift)}"
+    elif factor != 1.0:
+        judged = f"; judged at equal machine speed (new times / {factor:.2f})"
+    else:
+        judged = "; raw times judged"
+    speed = settings.get("machine_speed_ratio")
+    machines = (f"; new machine {speed:.2f}x the base's time for xsp's fixed work" if speed is not None
+                else "; machine speed not recorded in both runs")
+    return (f"by {settings.get('by')} at {', '.join(settings.get('levels', []))}; threshold "
+            f"{settings.get('threshold', 0):.0%}, min delta {settings.get('min_delta_us'):g} µs, "
+            f"FDR {settings.get('alpha')} ({settings.get('keys_tested')} keys tested){judged}{machines}")
+
+
+def _judged_suffix(settings: dict[str, Any]) -> str:
+    if settings.get("normalize"):
+        return ", against the common shift"
+    return ", at equal machine speed" if settings.get("judged_factor", 1.0) != 1.0 else ""
+
+
+def _tree_line(row: Any, width: int) -> str:
+    depth = int(row.depth)
+    label = ("  " * (depth - 1) + "└ " if depth else "") + one_line(_short_key(str(row.key)))
+    share = f"{_share(row.explains)} of parent" if depth else ""
+    tail = f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} {row.verdict:<9}"
+    room = max(width - len(tail) - 3, 10)
+    return f"  {_clip(label, room):<{room}} {tail}".rstrip()
+
+
+def _short_key(key: str) -> str:
+    """A path's last part (the span's name and index); a name as it is."""
+    return key.rsplit("/", 1)[-1]
+
+
+def _key_line(row: Any, width: int) -> str:
+    judged = "" if row.adjusted_ratio == row.ratio or math.isnan(row.adjusted_ratio) else (
+        f" ({_ratio(row.adjusted_ratio)} judged)")
+    tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
+            f"q={_p(row.q_value)}")
+    room = max(width - len(tail) - 3, 10)
+    return f"  {_clip_left(one_line(str(row.key)), room):<{room}} {tail}"
+
+
+def _change_text(row: Any) -> str:
+    text = f"{row.change}: {row.key} ({row.level})"
+    if _present(row.base) or _present(row.new):
+        text += f" {row.base} -> {row.new}"
+    if isinstance(row.note, str):
+        text += f", {row.note}"
+    return one_line(text)
+
+
+def _present(value: Any) -> bool:
+    """A value of a changes frame that was given (a merged frame turns None into NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _time(ns: float) -> str:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return "-"
+    value = abs(float(ns))
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if value >= scale:
+            return f"{ns / scale:.2f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _signed_time(ns: float) -> str:
+    text = _time(ns)
+    return text if text == "-" or text.startswith("-") else "+" + text
+
+
+def _share(share: float) -> str:
+    return "-" if share is None or math.isnan(share) else f"{share:.0%}"
+
+
+def _p(p: float) -> str:
+    return "-" if p is None or math.isnan(p) else f"{p:.2g}"
+
+
+def _seconds(ns: float) -> float:
+    return 0.0 if ns is None or math.isnan(ns) else float(ns) / 1e9
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _clip_left(text: str, width: int) -> str:
+    """The end of ``text`` (a path's end names the span) in ``width`` characters."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _wrap(text: str, width: int, indent: str) -> str:
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent))
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    records = []
+    for record in frame.to_dict(orient="records"):
+        records.append({key: _plain(value) for key, value in record.items()})
+    return records
+
+
+def _plain(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) else float(value)
+    if value is pd.NA:
+        return None
+    return value

@@ -1,0 +1,365 @@
+"""Merging leveled runs: each span's time from the shallowest run that records it, its children's
+from the deeper runs, per-path statistics pooled over rounds, and each run's overhead."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
+from xsp.core import schema as col
+from xsp.core.levels import LevelsArg, parse_levels
+from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
+from xsp.io.trace import Trace
+from xsp.table.level_costs import LevelCost, compensation_ns
+from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
+
+
+def run_label(levels: Sequence[Level]) -> str:
+    """``model+layer+operator``: how a run is named in tables and in ``leveled_run`` (the
+    input level, which always comes with the model level, goes unnamed)."""
+    return "+".join(level.value for level in levels if level is not Level.INPUT)
+
+
+def level_runs(levels: LevelsArg) -> list[tuple[Level, ...]]:
+    """The runs of a leveled experiment: each timing prefix, then one run per metric level.
+
+    ``("model", "layer", "operator", "flops")`` gives model; model+layer;
+    model+layer+operator; model+layer+flops (FLOPs are counted under the layers, without the
+    operator level's profiler, so that their paths match the operators').
+    """
+    parsed = parse_levels(levels)
+    # system samples are not spans of a step: they make no run (a leveled trace has none)
+    timing = [level for level in parsed if level not in METRIC_LEVELS and level is not Level.SYSTEM]
+    first = 2 if Level.INPUT in timing else 1  # the input level comes with the model level
+    runs: list[tuple[Level, ...]] = [tuple(timing[: i + 1]) for i in range(first - 1, len(timing))]
+    base = [level for level in timing if level in (Level.MODEL, Level.INPUT, Level.LAYER)]
+    if Level.FLOPS in parsed:
+        runs.append((*base, Level.FLOPS))
+    if Level.GPU_METRICS in parsed:
+        gpu = [level for level in timing if level in (Level.CUDA_API, Level.KERNEL)]
+        runs.append((*base, *gpu, Level.GPU_METRICS))
+    return runs
+
+
+@dataclass
+class LeveledRun:
+    """One traced run of a leveled experiment."""
+
+    levels: tuple[Level, ...]
+    trace: Trace
+
+    @property
+    def label(self) -> str:
+        return run_label(self.levels)
+
+    @property
+    def is_metric(self) -> bool:
+        return any(level in METRIC_LEVELS for level in self.levels)
+
+
+@dataclass
+class LeveledResult:
+    """What :func:`leveled` returns.
+
+    Attributes:
+        trace: the merged trace (one step: the deepest run's tree with leveled durations).
+        overhead: one row per run: ``run``, ``levels``, ``steps``, ``model_latency_ms``
+            (trimmed mean over the measured steps), ``model_latency_ci_ms`` (the half-width of
+            its 95% interval), ``overhead`` (against the model-only run), ``metric`` (a metric
+            run, whose durations are never used).
+        unmatched: spans that did not repeat identically: ``path``, ``level``, ``name``,
+            ``run`` (where its duration should have come from), ``reason``.
+        runs: every traced run.
+    """
+
+    trace: Trace
+    overhead: pd.DataFrame
+    unmatched: pd.DataFrame
+    runs: list[LeveledRun] = field(default_factory=list)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the merged trace (with the overhead table in its metadata)."""
+        return self.trace.save(path)
+
+
+def measured_steps(spans: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    """Spans of the steps after the first ``warmup_steps``."""
+    steps = sorted(int(s) for s in spans[col.STEP].dropna().unique())
+    kept = set(steps[warmup_steps:])
+    return spans[spans[col.STEP].isin(kept)]
+
+
+ROUND_STARTS = "leveled_round_starts"
+"""Metadata of a pooled trace (:func:`pooled`): the first step of each round it pools."""
+
+
+MIN_ROUNDS_ACROSS = 3
+"""Rounds from which a figure is taken across rounds (:func:`_across_rounds`), not pooled."""
+
+
+def _across_rounds(values: np.ndarray) -> float:
+    """One figure from per-round figures: the mean of the middle ones, at least the lowest and
+    the highest round dropped (the median of three). A round that the machine disturbed from
+    end to end (another process's burst lasting seconds) then moves nothing; pooled, its steps
+    filled a share of the trimmed mean and put the top-level layers 6-16% off the model call
+    in one call of ten on ResNet-50."""
+    data = np.sort(np.asarray(values, dtype=np.float64))
+    cut = max(1, int(len(data) * TRIM_FRACTION))
+    return float(data[cut:len(data) - cut].mean())
+
+
+def _by_rounds(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: float) -> pd.DataFrame:
+    """Per key, from its rounds: ``figure``, :func:`_across_rounds` of its per-round trimmed
+    means (NaN below :data:`MIN_ROUNDS_ACROSS` rounds), and ``ci``, the half-width of a 95%
+    interval from the spread of its per-round medians (NaN below two rounds). Steps of one run
+    share the machine's state while it ran, so the spread between rounds, not between steps,
+    is what tells how far a pooled figure can move."""
+    from scipy import stats
+
+    per_round = pd.DataFrame({"key": keys, "round": rounds, "value": values}).groupby(
+        ["key", "round"], sort=False)["value"]
+    medians = per_round.median().groupby(level=0, sort=False)
+    spread = medians.agg(["std", "count"])
+    count = spread["count"].to_numpy(dtype=np.float64)
+    t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
+    half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
+    figures = per_round.agg(lambda v: trimmed_mean(v.to_numpy(), trim)).groupby(level=0, sort=False).agg(
+        lambda v: _across_rounds(v.to_numpy()) if len(v) >= MIN_ROUNDS_ACROSS else np.nan)
+    return pd.DataFrame({"figure": figures.reindex(spread.index),
+                         "ci": np.where(count >= 2, half_width, np.nan)}, index=spread.index)
+
+
+def _rounds_of(steps: pd.Series, round_starts: Sequence[int] | None) -> np.ndarray | None:
+    """The round of each step (None when the steps are not pooled rounds)."""
+    if not round_starts or len(round_starts) < 2:
+        return None
+    return np.searchsorted(np.asarray(round_starts), steps.to_numpy(dtype=np.int64), side="right") - 1
+
+
+def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> pd.DataFrame:
+    """Per path: the trimmed mean duration, its 95% interval's half-width, and whether it
+    appears once in every step. With the rounds of a pooled trace, the interval is the wider of
+    the one from its steps and the one from its rounds, and from three rounds on the figure
+    comes from the rounds (:func:`_by_rounds`)."""
+    steps = spans[col.STEP].nunique()
+    grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
+    counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
+    means = grouped.agg(lambda values: trimmed_mean(values.to_numpy(), trim))
+    intervals = grouped.agg(lambda values: trimmed_mean_ci(values.to_numpy(), trim))
+    rounds = _rounds_of(spans[col.STEP], round_starts)
+    if rounds is not None:
+        between = _by_rounds(spans[col.PATH].to_numpy(dtype=object), rounds,
+                             spans[col.DURATION_NS].to_numpy(dtype=np.float64), trim).reindex(means.index)
+        intervals = pd.Series(np.fmax(intervals.to_numpy(dtype=np.float64), between["ci"].to_numpy(dtype=np.float64)),
+                              index=intervals.index)
+        means = between["figure"].fillna(means)
+    return pd.DataFrame({"duration_ns": means, "ci_ns": intervals,
+                         "regular": (counts["size"] == steps) & (counts["nunique"] == steps)})
+
+
+def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per path: mean FLOPs and bytes per step, each span's own plus everything below it."""
+    flops = spans[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
+    moved = spans[col.BYTES].astype("float64").to_numpy(na_value=np.nan)
+    counted = np.flatnonzero(~np.isnan(flops) | ~np.isnan(moved))
+    below_flops, below_bytes = sum_into_ancestors(parent_positions(spans), counted, flops, moved)
+    total_flops, total_bytes = np.nan_to_num(flops) + below_flops, np.nan_to_num(moved) + below_bytes
+    frame = pd.DataFrame({col.PATH: spans[col.PATH].to_numpy(dtype=object), "flops": total_flops,
+                          "bytes": total_bytes})
+    sums = frame.groupby(col.PATH, sort=False)[["flops", "bytes"]].mean()
+    return sums[(sums["flops"] > 0) | (sums["bytes"] > 0)]
+
+
+def _latency_ms(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> tuple[float, float]:
+    """The trimmed mean of the steps' latencies and its 95% interval's half-width (with rounds,
+    the wider of the steps' and the rounds' intervals, as for :func:`_durations_by_path`)."""
+    latencies = model_latency(spans)
+    values = latencies["latency_ms"].to_numpy(dtype=np.float64)
+    interval = trimmed_mean_ci(values, trim)
+    rounds = _rounds_of(latencies["step"], round_starts) if len(latencies) else None
+    figure = trimmed_mean(values, trim)
+    if rounds is not None:
+        between = _by_rounds(np.zeros(len(values), dtype=np.int64), rounds, values, trim).iloc[0]
+        interval = float(np.fmax(interval, between["ci"]))
+        figure = figure if np.isnan(between["figure"]) else float(between["figure"])
+    return figure, interval
+
+
+DEFAULT_TARGET = 0.02
+"""A leveled figure is precise enough when its 95% interval is within ±2% of it."""
+
+
+def imprecise_paths(spans: pd.DataFrame, target: float) -> list[str]:
+    """Paths of the leveled figures whose 95% interval is wider than ``target`` of the figure
+    (or unknown: too few steps)."""
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    intervals = spans[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    host = spans[col.THREAD_ID].notna().to_numpy()
+    wide = host & (np.isnan(intervals) | (intervals > target * np.maximum(durations, 1.0)))
+    return [str(path) for path in spans[col.PATH].to_numpy(dtype=object)[wide]]
+
+
+def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray,
+                    on_host: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Place host spans with their leveled ``durations`` so that every child lies inside its
+    parent: top-down, a child keeps its relative position in the parent (the gaps of the
+    deepest run shrink or grow with the parent), moves earlier if it would end after the
+    parent, and in the rare case it is longer than its parent (figures from two runs), is
+    cut to the parent's length (counted). Returns new starts, durations and that count.
+
+    Args:
+        parents: parent positions (-1 for roots); starts/ends: the deepest run's times;
+        durations: the leveled durations; on_host: spans with a host thread (GPU activities
+        run asynchronously and keep their times).
+    """
+    new_starts, new_durations = starts.copy(), durations.astype(np.int64).copy()
+    depth = depth_of(parents)
+    clamped = 0
+    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
+        rows = np.flatnonzero((depth == level) & on_host & (parents >= 0))
+        rows = rows[on_host[parents[rows]]]
+        if not len(rows):
+            continue
+        parent = parents[rows]
+        old_length = np.maximum(ends[parent] - starts[parent], 1).astype(np.float64)
+        scale = new_durations[parent] / old_length
+        placed = new_starts[parent] + np.round((starts[rows] - starts[parent]) * scale).astype(np.int64)
+        parent_end = new_starts[parent] + new_durations[parent]
+        too_long = new_durations[rows] > new_durations[parent]
+        clamped += int(too_long.sum())
+        new_durations[rows] = np.minimum(new_durations[rows], new_durations[parent])
+        placed = np.minimum(placed, parent_end - new_durations[rows])
+        new_starts[rows] = np.maximum(placed, new_starts[parent])
+    return new_starts, new_durations, clamped
+
+
+def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION,
+               costs: dict[Level, LevelCost] | None = None, target: float = DEFAULT_TARGET) -> LeveledResult:
+    """Merge the runs of a leveled experiment (see the module's docstring).
+
+    Args:
+        runs: traced runs; the timing runs' levels must be prefixes of one another.
+        warmup_steps: steps at the start of each run that are left out (``xsp run --leveled``;
+            :func:`leveled` warms up outside its runs).
+        trim: fraction dropped at each end for the trimmed means.
+        costs: the calibrated cost of one span per level (:func:`xsp.session.calibration.calibrate`):
+            taken out of each figure (``overhead_ns``); None leaves the figures raw.
+        target: the relative half-width of a 95% interval above which a figure is flagged.
+    """
+    timing = sorted((r for r in runs if not r.is_metric), key=lambda r: len(r.levels))
+    if not timing:
+        raise ValueError("a leveled experiment needs at least one run that is not a metric run")
+    deepest = timing[-1]
+    source_of: dict[Level, LeveledRun] = {}
+    for run in timing:  # a level's figures come from the first (shallowest) run that traced it
+        for level in run.levels:
+            source_of.setdefault(level, run)
+    measured = {run.label: measured_steps(run.trace.spans, warmup_steps) for run in runs}
+    by_path = {run.label: _durations_by_path(measured[run.label], trim, run.trace.metadata.get(ROUND_STARTS))
+               for run in timing}
+
+    deep = measured[deepest.label]
+    if deep.empty:
+        raise ValueError(f"the run {deepest.label} has no measured steps (steps: {len(deepest.trace.steps)}, "
+                         f"warm-up: {warmup_steps})")
+    last_step = int(deep[col.STEP].max())
+    merged = deep[deep[col.STEP] == last_step].copy()
+    durations = merged[col.DURATION_NS].to_numpy(dtype=np.int64).copy()
+    intervals = np.full(len(merged), np.nan)
+    own_run = np.zeros(len(merged), dtype=bool)
+    sources = np.empty(len(merged), dtype=object)
+    unmatched = []
+    for i, (path, level_name, name) in enumerate(zip(merged[col.PATH], merged[col.LEVEL], merged[col.NAME])):
+        level = Level(level_name)
+        run = source_of.get(level, deepest)
+        figures = by_path[run.label]
+        own = by_path[deepest.label]
+        reason = None
+        if path not in figures.index:
+            reason = "absent from the run"
+        elif not figures.at[path, "regular"]:
+            reason = "not once in every step of the run"
+        elif not own.at[path, "regular"]:
+            reason = "not once in every step of the deepest run"
+        if reason is None:
+            durations[i] = int(round(figures.at[path, "duration_ns"]))
+            intervals[i] = figures.at[path, "ci_ns"]
+            own_run[i] = True
+            sources[i] = run.label
+        else:
+            unmatched.append({"path": path, "level": level_name, "name": name, "run": run.label, "reason": reason})
+            if path in own.index:
+                durations[i] = int(round(own.at[path, "duration_ns"]))
+                intervals[i] = own.at[path, "ci_ns"]
+            sources[i] = deepest.label
+    merged = merged.reset_index(drop=True)
+    taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True)
+    taken = np.minimum(taken, durations)  # never a negative duration
+    durations = durations - taken
+    starts, durations, clamped = nest_in_parents(parent_positions(merged), merged[col.START_NS].to_numpy(
+        dtype=np.int64), merged[col.END_NS].to_numpy(dtype=np.int64), durations,
+        merged[col.THREAD_ID].notna().to_numpy())
+    merged[col.START_NS] = starts
+    merged[col.DURATION_NS] = durations
+    merged[col.END_NS] = starts + durations
+    merged[col.LEVELED_RUN] = pd.array(sources.tolist(), dtype="string")
+    merged[col.DURATION_CI_NS] = pd.array([None if np.isnan(v) else int(round(v)) for v in intervals], dtype="Int64")
+    merged[col.OVERHEAD_NS] = pd.array([int(v) if own else None for v, own in zip(taken, own_run)], dtype="Int64")
+    for run in runs:
+        if run.is_metric:
+            counts = _inclusive_counts(measured[run.label])
+            for column, key in ((col.FLOPS, "flops"), (col.BYTES, "bytes")):
+                found = merged[col.PATH].map(counts[key]).round().astype("Int64")
+                merged[column] = merged[column].fillna(found.where(found > 0))
+    overhead = _overhead_table(runs, measured, trim)
+    unmatched_table = pd.DataFrame(unmatched, columns=["path", "level", "name", "run", "reason"])
+    metadata = {
+        **{key: value for key, value in deepest.trace.metadata.items() if key != ROUND_STARTS},
+        "levels": sorted({level.value for run in runs for level in run.levels}, key=[v.value for v in LEVELS].index),
+        "leveled": {
+            "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
+            "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
+            "unmatched": len(unmatched_table),
+            "clamped": clamped,
+            "calibration": {level.value: cost.as_dict() for level, cost in (costs or {}).items()},
+            "target": target,
+            "imprecise": imprecise_paths(merged, target),
+        },
+    }
+    trace = Trace(spans=merged.reset_index(drop=True), metadata=metadata)
+    return LeveledResult(trace=trace, overhead=overhead, unmatched=unmatched_table, runs=list(runs))
+
+
+def _overhead_table(runs: Sequence[LeveledRun], measured: dict[str, pd.DataFrame], trim: float) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        spans = measured[run.label]
+        latency, interval = _latency_ms(spans, trim, run.trace.metadata.get(ROUND_STARTS))
+        rows.append({"run": run.label, "levels": [level.value for level in run.levels],
+                     "steps": int(spans[col.STEP].nunique()), "model_latency_ms": latency,
+                     "model_latency_ci_ms": interval, "metric": run.is_metric})
+    table = pd.DataFrame(rows, columns=["run", "levels", "steps", "model_latency_ms", "model_latency_ci_ms", "metric"])
+    base = table[table["run"] == Level.MODEL.value]["model_latency_ms"]
+    table["overhead"] = table["model_latency_ms"] / float(base.iloc[0]) - 1 if len(base) else np.nan
+    return table[["run", "levels", "steps", "model_latency_ms", "model_latency_ci_ms", "overhead", "metric"]]
+
+
+def pooled(traces: Sequence[Trace]) -> Trace:
+    """One trace holding the steps of several runs with the same levels, renumbered in order;
+    its metadata notes where each run's steps begin (:data:`ROUND_STARTS`)."""
+    frames, offset, starts = [], 0, []
+    for trace in traces:
+        spans = trace.spans.copy()
+        first = spans[col.STEP].min() if spans[col.STEP].notna().any() else None
+        spans[col.STEP] = spans[col.STEP] + offset
+        if first is not None:
+            starts.append(int(first) + offset)
+        offset = int(spans[col.STEP].max()) + 1 if spans[col.STEP].notna().any() else offset
+        frames.append(spans)
+    return Trace(spans=pd.concat(frames, ignore_index=True), metadata={**traces[-1].metadata, ROUND_STARTS: starts})

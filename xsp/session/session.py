@@ -1,0 +1,531 @@
+"""``xsp.trace()``: one profiling session around the user's code."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core import state as _state
+from xsp.core.clock import ClockSync, now_ns
+from xsp.core.errors import XspWarning
+from xsp.core.levels import LevelsArg, parse_levels
+from xsp.core.metadata import default_service_name
+from xsp.core.rank import (
+    RankInfo,
+)
+from xsp.core.schema import DEFAULT_OUTPUT, Level
+from xsp.export.otlp import ExportReport, OtlpExport
+from xsp.export.target import OtlpTarget, span_budget_from_env
+from xsp.io.output_claim import Claim, claim
+from xsp.io.segments import SegmentWriter
+from xsp.io.trace import Trace
+from xsp.record.recording import DEFAULT_MAX_EVENTS, Recording, ThreadBuffer, Window
+from xsp.record.schedule import Schedule, StepAction, schedule_of
+from xsp.record.user_spans import span
+from xsp.session import ending, exit_guard, starting
+from xsp.session.signals import StopSignals, Terminated, end_by_signal
+from xsp.session.windows import (  # noqa: F401 - moved to xsp.session.windows; imported from here too
+    DROPPED_WINDOWS,
+    EXIT_WAIT_S,
+    HELPER_DEADLINE_S,
+    HELPER_ENV,
+    _pending_exports,
+    _wait_for_exports_at_exit,
+    _WindowResult,
+    _WindowWorker,
+)
+from xsp.table.build import build_table, new_step_state
+from xsp.tracers._module_calls import INTERCEPTOR
+from xsp.tracers.base import Tracer
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_LONG_STEP_S = 1.0
+"""Steps at least this long are exported to OTLP as soon as they end."""
+WINDOW_S = 1.0
+"""A window closes at the first step end this long after the last one closed: its spans are
+then interpreted and written to disk (and exported) while the program runs on."""
+WINDOW_EVENTS = 50_000
+"""A window also closes at the first step end after this many records: interpreting a window
+takes memory in proportion to its records, so this bounds the session's memory."""
+
+
+_claim = threading.Lock()
+"""Held while a session checks for an active one and takes its place (two threads at once)."""
+
+
+def _forget_session_in_child() -> None:
+    """After ``os.fork()`` in a session: the child records nothing and writes no file (the
+    parent's session owns the file; a DataLoader worker is forked this way)."""
+    session = _state.session
+    if session is None:
+        return
+    _state.session = _state.recording = None
+    session._forked = True
+    if session._recording is not None:
+        session._recording.max_events = 0
+    INTERCEPTOR.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_session_in_child)
+
+
+def _take_over() -> None:
+    """After a session ended: the first session refused while it ran that is still inside its
+    block takes over (its calls from now on are recorded, never lost unsaid)."""
+    with _claim:
+        if _state.session is not None or not _state.waiting:
+            return
+        successor = _state.waiting.pop(0)
+        try:
+            successor._take_over()
+        except Exception as exc:  # it stays a block without a trace, and says why
+            successor._warn(f"could not take over recording: {type(exc).__name__}: {exc}")
+
+
+class Session:
+    """A profiling session: a context manager, or a decorator that profiles each call.
+
+    After the block, :attr:`trace` holds the :class:`xsp.Trace`, the trace file has been
+    written (unless ``output=None``), and an OTLP export, if one was asked for, is running in
+    the background (:attr:`export`; ``wait_for_export()`` waits for it). While the block runs,
+    each step that lasts ``long_step_s`` or more is exported as soon as it ends.
+    """
+
+    def __init__(self, levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None =
+                 DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
+                 otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+                 long_step_s: float = DEFAULT_LONG_STEP_S,
+                 schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
+                 span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
+                 backward: bool = True) -> None:
+        self.levels = parse_levels(levels)
+        self.backward = backward
+        # absolute now: the program may change directory before the file is written
+        self.dataset = None if dataset is None else Path(dataset).absolute()
+        self.run_id: str | None = None
+        """With ``dataset``: this run's id, its ``run=`` partition."""
+        self.span_budget = span_budget_from_env() if span_budget is None else span_budget
+        self.calibrate = calibrate
+        self._costs: dict[str, Any] | None = None
+        self.schedule = schedule_of(schedule)
+        self.output = None if output is None else Path(output).absolute()
+        self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
+        self.service_name = service_name or default_service_name()
+        self.max_events = max_events
+        self.long_step_s = long_step_s
+        self.trace: Trace | None = None
+        self.export: OtlpExport | None = None
+        self.warnings: list[str] = []
+        self.write_error: str | None = None
+        self.on_finishing: list[Callable[[bool], None]] = []
+        """Called with True when the block has ended and the trace is being written, with False
+        once it is (the CLI shows a progress line meanwhile; a long run's write takes seconds)."""
+        """Why the trace file could not be written (None when it was, or none was asked for)."""
+        self._arguments: dict[str, Any] = dict(
+            levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
+            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
+            calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
+        self._tracers: list[Tracer] = []
+        self._unavailable: dict[Level, str] = {}
+        self._recording: Recording | None = None
+        self._nested: span | None = None
+        self._start_ns = 0
+        self._clock: ClockSync | None = None
+        self._thread_id = 0
+        self._state = new_step_state()
+        self._tables: list[pd.DataFrame] = []
+        """Interpreted windows kept in memory (those not written as segments)."""
+        self._segments: SegmentWriter | None = None
+        self._output_claim: Claim | None = None
+        self._window_count = 0
+        self._helper_windows = 0
+        """Windows interpreted by helper processes (see :class:`_WindowWorker`)."""
+        self._diagnostics: list[dict[str, int]] = []
+        self._interpreted_dropped: Counter[str] = Counter()
+        self._windows: _WindowWorker | None = None
+        self._signals = StopSignals()
+        self._forked = False
+        """True in a child process forked while this session ran: it leaves the file to the parent."""
+        self._step_actions: Counter[StepAction] = Counter()
+        self._recorded_steps: list[list[int]] = []
+        """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
+        self.rank: RankInfo | None = None
+        """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
+        self._ended_by: str | None = None
+        """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
+        self.on_os_exit: list[Callable[[int], None]] = []
+        """Called with the status after the session ended because the program called ``os._exit``
+        (the process then exits; the CLI says what was written)."""
+
+    # context manager -----------------------------------------------------------------
+    def __enter__(self) -> Session:
+        if self.calibrate and _state.session is None:  # before this session claims the process: it traces
+            import torch
+
+            from xsp.session.calibration import calibrate
+
+            try:
+                self._costs = {level.value: cost.as_dict() for level, cost in calibrate(
+                    self.levels, grad=torch.is_grad_enabled() and self.backward).items()}
+            except Exception as exc:  # a failed calibration costs the figures, never the program
+                self._warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
+        with _claim:
+            active = _state.session
+            if active is None:  # claimed before any tracer starts: a second session sees it
+                self._recording = Recording(self.max_events)
+                self._recording.backward_hooks = self.backward
+                _state.session, _state.recording = self, self._recording
+                self._thread_id = threading.get_native_id()
+        if active is not None:
+            where = ("" if active._thread_id == threading.get_native_id() else
+                     f" (started in thread {active._thread_id})")
+            self._warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
+                       "session, which keeps running undisturbed, and writes no file of its own unless it "
+                       "outlives that session")
+            self._thread_id = threading.get_native_id()
+            self._nested = span("xsp.trace")
+            self._nested.__enter__()
+            with _claim:
+                _state.waiting.append(self)
+            return self
+        try:
+            self._start()
+        except BaseException:
+            _state.session = _state.recording = None
+            exit_guard.unguard()
+            self._release_output()
+            raise
+        return self
+
+    def _start(self) -> None:
+        starting.start(self)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        end_ns = now_ns()
+        if self._nested is not None:
+            with _claim:
+                if self in _state.waiting:
+                    _state.waiting.remove(self)
+            self._nested.__exit__(exc_type, exc, traceback)
+            return
+        if self._forked:  # a forked child: the parent's session writes the file
+            for tracer in self._tracers:
+                with contextlib.suppress(Exception):
+                    tracer.stop()
+            return
+        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        if isinstance(exc, (Terminated, KeyboardInterrupt)):
+            self._warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
+                       "holds what was recorded until then")
+        self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc)
+        if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
+            if self.export is not None:
+                self.export.wait(EXIT_WAIT_S)
+            end_by_signal(exc.signum)
+
+    def _end(self, end_ns: int, error: str | None, exc: BaseException | None) -> None:
+        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not)."""
+        exit_guard.unguard()
+        self._signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
+        try:
+            _state.session = _state.recording = None
+            for tracer in self._tracers:
+                self._stop_quietly(tracer)
+            self._tell_finishing(True)
+            try:
+                self._finish(end_ns, error)
+            except Exception as failure:  # xsp must never turn the user's success into a failure
+                self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+            finally:
+                self._tell_finishing(False)
+        finally:
+            self._release_output()
+            self._signals.release(exc)
+            _take_over()
+
+    def _tell_finishing(self, writing: bool) -> None:
+        for listener in self.on_finishing:
+            with contextlib.suppress(Exception):  # a listener's failure is no reason to lose the trace
+                listener(writing)
+
+    def _end_by_os_exit(self, status: int) -> None:
+        """``os._exit(status)`` was called while the session ran: end it now, as its block would
+        have (no exit hook runs after ``os._exit``), then let the process exit."""
+        if _state.session is not self:
+            return
+        self._ended_by = f"os._exit({status})"
+        self._end(now_ns(), None if status == 0 else f"os._exit({status})", None)
+        if self.export is not None:
+            self.export.wait(EXIT_WAIT_S)
+        for callback in self.on_os_exit:
+            callback(status)
+
+    def __call__(self, function: F) -> F:
+        """Use as a decorator: each call of ``function`` is one session."""
+
+        @functools.wraps(function)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            session = Session(**self._arguments)
+            try:
+                with session:
+                    return function(*args, **kwargs)
+            finally:
+                self.trace, self.export = session.trace, session.export
+
+        return traced  # type: ignore[return-value]
+
+    def wait_for_export(self, timeout_s: float | None = None) -> ExportReport | None:
+        """Wait for the background OTLP export; returns its report, or None if none ran."""
+        return None if self.export is None else self.export.wait(timeout_s)
+
+    def _take_over(self) -> None:
+        """A session refused while another ran, still inside its block when that one ended:
+        from now on it records, and writes its own file."""
+        self._nested = None  # its span ended with the session it was part of
+        self._recording = Recording(self.max_events)
+        self._recording.backward_hooks = self.backward
+        _state.session, _state.recording = self, self._recording
+        self._warn("the xsp session this block was refused for has ended: this one records from now on, and its "
+                   "trace holds what ran after that")
+        try:
+            self._start()
+        except BaseException:
+            _state.session = _state.recording = None
+            exit_guard.unguard()
+            self._release_output()
+            raise
+
+    def _claim_output(self) -> None:
+        """Claim the output's name for this run: a second run writing the same name at once gets
+        a numbered name of its own, and says so (at the end, one file would replace the other)."""
+        if self.output is None:
+            return
+        self._output_claim = claim(self.output)
+        if self._output_claim.path != self.output:
+            self._warn(f"another xsp session (process {self._output_claim.other_pid}) is writing {self.output}; "
+                       f"this one writes {self._output_claim.path} instead")
+            self.output = self._output_claim.path
+
+    def _release_output(self) -> None:
+        if self._output_claim is not None:
+            self._output_claim.release()
+            self._output_claim = None
+
+    # windows: what is interpreted (and exported) together --------------------------------
+    def _join_job(self, rank: RankInfo | None) -> None:
+        starting.join_job(self, rank)
+
+    def _open_export(self) -> None:
+        starting.open_export(self)
+
+    def _open_segments(self, tracers: list[Tracer]) -> None:
+        """Stream closed windows to segments beside the output, unless a tracer's spans of a
+        step only come at the session's end (then windows stay open and spans in memory)."""
+        if self.output is None or any(getattr(tracer, "collects_at_end", False) for tracer in tracers):
+            return
+        self._segments = SegmentWriter(self.output)
+        if self._windows is None:
+            self._windows = _WindowWorker(self)
+
+    def _described(self, clock: ClockSync) -> dict[str, Any]:
+        return ending.described(self, clock)
+
+    def _start_metadata(self) -> dict[str, Any]:
+        """What a recovery of this session needs to know, and what is known at its start."""
+        assert self._clock is not None
+        return {
+            **self._described(self._clock),
+            "session_ids": {"trace_id": self._state.session_trace_id, "span_id": self._state.session_span_id},
+            "session_start_ns": self._start_ns + self._clock.host_to_epoch_ns,
+            "session_thread_id": self._thread_id,
+        }
+
+    def _watch_step_ends(self, tracers: list[Tracer]) -> None:
+        starting.watch_step_ends(self, tracers)
+
+    def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
+        """On the thread whose step was just decided: keep or forget its records as the schedule
+        says, and pause or resume recording for the step that begins."""
+        assert self.schedule is not None and self._recording is not None
+        step = self._step_actions.total()  # the steps decided so far
+        action = self.schedule.action(step)
+        self._step_actions[action] += 1
+        buffer = buffer or self._recording.buffer()
+        if action is StepAction.RECORD:
+            runs = self._recorded_steps
+            if runs and runs[-1][1] == step - 1:
+                runs[-1][1] = step
+            else:
+                runs.append([step, step])
+            buffer.keep(step)
+        else:
+            buffer.discard()
+        self._recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
+
+    def _prepare(self, window: Window) -> None:
+        """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
+        what only this process holds."""
+        for tracer in self._tracers:
+            prepare = getattr(tracer, "prepare", None)
+            if callable(prepare):
+                try:
+                    prepare(window)
+                except Exception as exc:
+                    self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+
+    def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
+        """The spans of one window: written as a segment when the session streams, else kept."""
+        assert self._clock is not None
+        frames = []
+        for tracer in self._tracers:
+            try:
+                frames.append(tracer.collect(window))
+            except Exception as exc:
+                self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
+                             step_numbers=window.step_numbers)
+        for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
+            self._state.latest_step.pop(thread_id, None)
+        if self.rank is not None:
+            result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
+        self._keep(result.spans)
+        self._count_window(result.diagnostics, window.dropped)
+        return result.spans
+
+    def _count_window(self, diagnostics: dict[str, int], dropped: Counter[str]) -> None:
+        self._window_count += 1
+        self._diagnostics.append(diagnostics)
+        self._interpreted_dropped.update(dropped)
+
+    def _interpret_in_helper(self, window: Window) -> _WindowResult:
+        """In a forked helper process: interpret ``window`` as :meth:`_interpret` does, and say
+        what the session must know of it (its warnings are said by the parent)."""
+        said: list[str] = []
+        self._warn = said.append  # type: ignore[method-assign,assignment]
+        self._tables = []
+        spans = self._interpret(window)
+        return _WindowResult(state=self._state, diagnostics=self._diagnostics[-1], dropped=window.dropped,
+                             segments=self._segments.count if self._segments is not None else 0,
+                             spans_in_memory=spans if self._tables else None,
+                             pending=self._segments.pending if self._segments is not None else [], warnings=said)
+
+    def _adopt(self, result: _WindowResult) -> None:
+        """Take over what a helper process learnt from interpreting one window."""
+        self._state = result.state
+        self._count_window(result.diagnostics, result.dropped)
+        self._helper_windows += 1
+        assert self._segments is not None  # helpers only interpret windows of a streaming session
+        self._segments.count = result.segments
+        if result.spans_in_memory is not None:
+            self._tables.append(result.spans_in_memory)
+        if result.pending:  # the helper's folder took no writes: the session's writer keeps them
+            self._segments.keep(result.pending)
+            for note in self._segments.take_notes():
+                self._warn(note)
+        for message in result.warnings:
+            self._warn(message)
+
+    def _keep(self, spans: pd.DataFrame) -> None:
+        segments = self._segments
+        if segments is not None and segments.started:
+            segments.write(spans)  # to its folder, else memory, else the spool: never lost unsaid
+            for note in segments.take_notes():
+                self._warn(note)
+            return
+        self._tables.append(spans)
+
+    # after the block ------------------------------------------------------------------
+    def _stop_quietly(self, tracer: Tracer) -> None:
+        try:
+            tracer.stop()
+        except Exception as exc:
+            self._warn(f"tracer {tracer.name} failed to stop: {exc}")
+
+    def _finish(self, end_ns: int, error: str | None) -> None:
+        ending.finish(self, end_ns, error)
+
+    def _final_metadata(self, dropped: Counter[str]) -> dict[str, Any]:
+        return ending.final_metadata(self, dropped)
+
+    def _write_from_segments(self, segments: SegmentWriter, metadata: dict[str, Any]) -> None:
+        ending.write_from_segments(self, segments, metadata)
+
+    def _export_done(self, report: ExportReport) -> None:
+        ending.export_done(self, report)
+
+    def _tracer_details(self) -> dict[str, Any]:
+        return ending.tracer_details(self)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
+
+
+def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
+          otlp_endpoint: str | None = None, service_name: str | None = None,
+          otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+          long_step_s: float = DEFAULT_LONG_STEP_S,
+          schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
+          span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
+          backward: bool = True) -> Session:
+    """Profile the code in a ``with`` block (or each call of a decorated function).
+
+    Args:
+        levels: levels to record, as ``("model", "layer")`` or ``"model,layer"``. The model
+            level is always recorded. Levels no tracer can record here are warned about once.
+        output: the ``.xsp.parquet`` file to write after the block; None to write none.
+        otlp_endpoint: OTLP collector URL (``http://localhost:4317``); default from
+            ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, else none.
+        service_name: OTel ``service.name``; default ``OTEL_SERVICE_NAME``, else the script name.
+        otlp_protocol: ``grpc`` or ``http/protobuf``; default ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc.
+        max_events: records kept before further ones are dropped (and counted).
+        long_step_s: when exporting to OTLP, a step that lasts at least this long is exported
+            as soon as it ends (once its thread is outside every module call and step),
+            instead of after the block.
+        schedule: record only some steps, as torch.profiler's schedule: an
+            :class:`xsp.Schedule`, a dict of its fields, or ``"skip_first=10,wait=1,warmup=1,active=3,repeat=2"``.
+            Steps are counted from the block's start; steps not recorded cost almost nothing.
+        calibrate: before the block, measure what one span of each host level costs here
+            (about a second; :mod:`xsp.session.calibration`) and keep it in ``metadata["calibration"]``,
+            so that :func:`xsp.analysis.compensated` can take xsp's own cost out of the figures.
+        span_budget: when exporting to OTLP, the most spans one trace (a step) is sent with;
+            a step over it has its deepest levels folded into aggregate spans, so that Jaeger
+            can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else 2000; 0: no limit.
+        dataset: instead of ``output``, write the trace into this folder of runs, as
+            ``<dataset>/run=<run id>/rank=<rank>/<service>.xsp.parquet``: every run's traces then
+            form one Parquet dataset that DuckDB, Spark or Trino query with ``run`` and ``rank``
+            as partition columns. The run id is ``XSP_RUN_ID``, else the distributed job's id,
+            else the start time with a random suffix.
+        backward: while autograd records a graph, hook each layer call's graph node so that
+            its backward becomes a span (several microseconds per layer call). False for a
+            block that never runs backward, such as inference without ``torch.no_grad``: its
+            layers then cost what they cost under ``no_grad``.
+
+    Raises:
+        xsp.UnknownLevelError: a level name that does not exist.
+        xsp.ScheduleError: a schedule that cannot be followed.
+
+    Example:
+        >>> import torch, xsp
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> with xsp.trace(levels="model,layer", output=None) as session:
+        ...     _ = model(torch.randn(2, 4))
+        >>> session.trace.spans["name"].tolist()[:3]
+        ['session', 'model', 'model.0']
+    """
+    return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
+                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
+                   calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)

@@ -1,0 +1,174 @@
+"""The start of a session: its tracers started (those that fail are left out, saying why), the
+job's rank joined, the OTLP export opened, and the step ends watched that close windows."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from xsp.core.clock import ClockSync, now_ns
+from xsp.core.rank import (
+    RankInfo,
+    dataset_path,
+    rank_info,
+    rank_path,
+    run_id,
+    session_trace_id,
+)
+from xsp.export.target import probe, span_budget_env_problem
+from xsp.record.recording import NEVER
+from xsp.record.schedule import StepAction
+from xsp.session import exit_guard
+from xsp.session.windows import (
+    _WindowWorker,
+)
+from xsp.tracers.base import Tracer
+from xsp.tracers.registry import tracers_for
+
+if TYPE_CHECKING:
+    from xsp.session.session import Session
+
+
+def start(session: Session) -> None:
+    session._clock = ClockSync.measure()
+    join_job(session, rank_info())
+    session._claim_output()
+    open_export(session)
+    tracers, session._unavailable = tracers_for(session.levels)
+    by_reason: dict[str, list[str]] = {}
+    for level, reason in session._unavailable.items():
+        by_reason.setdefault(reason, []).append(level.value)
+    for reason, levels in by_reason.items():  # one warning per cause (cuda_api and kernel share CUPTI's)
+        plural = "s" if len(levels) > 1 else ""
+        verb = "are" if len(levels) > 1 else "is"
+        session._warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
+    session._open_segments(tracers)
+    if session._recording is not None:
+        session._recording.levels = session.levels
+    if session.schedule is not None and session._recording is not None:
+        session._recording.paused = session.schedule.action(0) is StepAction.SKIP
+    watch_step_ends(session, tracers)
+    for tracer in tracers:
+        try:
+            tracer.start(session._recording)
+            session._tracers.append(tracer)
+        except Exception as exc:
+            session._warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
+            session._stop_quietly(tracer)
+    session._signals.install()
+    exit_guard.guard(session._end_by_os_exit)
+    session._start_ns = now_ns()
+    if session._segments is not None:
+        try:
+            session._segments.start(session._start_metadata())
+        except OSError as exc:
+            folder = session._segments.directory.parent
+            if folder.is_dir() and os.access(folder, os.W_OK):  # else the file fails too, and says so
+                session._warn(f"windows are kept in memory, not streamed to disk: {exc}")
+        for note in session._segments.take_notes():
+            session._warn(note)
+
+
+def join_job(session: Session, rank: RankInfo | None) -> None:
+    """One rank of a distributed job: its own file beside the given name, and trace ids
+    that every rank of the job shares."""
+    if session.dataset is not None:
+        session.run_id = run_id(rank)
+        session.output = dataset_path(session.dataset, session.run_id, 0 if rank is None else rank.rank,
+                                      session.service_name)
+        try:
+            session.output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
+            session._warn(f"cannot write into the dataset {session.dataset} ({exc.strerror or exc}): the trace is not "
+                       "written to a file")
+            session.output = None
+    if rank is None:
+        return
+    session.rank = rank
+    session._state.job_id = rank.job_id
+    session._state.session_trace_id = session_trace_id(rank.job_id)
+    if session.output is not None and session.dataset is None:
+        session.output = rank_path(session.output, rank.rank)
+
+
+def open_export(session: Session) -> None:
+    """Probe the OTLP endpoint; if it answers, export long steps as they end."""
+    if session.target is None or session._recording is None:
+        return
+    problem = span_budget_env_problem()
+    if problem is not None and session._arguments.get("span_budget") is None:
+        session._warn(problem)
+    unreachable = probe(session.target)
+    if unreachable is not None:
+        where = f" ({session.output})" if session.output else ""
+        session._warn(f"OTLP endpoint {session.target.endpoint} not used: {unreachable}; "
+                   f"the spans are in the trace file only{where}")
+        session.target = None
+        return
+    session._windows = _WindowWorker(session)
+
+
+def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
+    """Tell the recording who hears of step ends: tracers that flush at each step (every
+    step), and the window worker (a step of ``long_step_s`` or more, or the first step end
+    ``WINDOW_S`` after the last window closed)."""
+    assert session._recording is not None
+    flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
+    windows = session._windows
+    at_end = [tracer.name for tracer in tracers if getattr(tracer, "collects_at_end", False)]
+    if at_end:  # their spans of a step come only after the session: never export a step without them
+        windows = None
+    long_step_ns = int(session.long_step_s * 1e9)
+    scheduled = session.schedule is not None
+    if not flushers and windows is None and not scheduled:
+        return
+    from xsp.session import session as settings  # read at each start: tests and users may change them
+
+    window_ns = int(settings.WINDOW_S * 1e9) if session._segments is not None else NEVER
+    window_events = settings.WINDOW_EVENTS if session._segments is not None else NEVER
+    recording = session._recording
+    every_step = bool(flushers) or scheduled
+
+    def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
+        assert windows is not None
+        recording.report_after_ns = windows.closed_ns + window_ns
+        recording.report_at_events = windows.closed_events + window_events
+
+    def window_if_due(long_step: bool = False) -> None:
+        # at a step end, and at a thread's first record: a server that starts a thread per
+        # request decides no step on any thread (each one's only step is decided when the
+        # thread has ended), so windows come due there too
+        assert windows is not None
+        if (long_step or now_ns() - windows.closed_ns >= window_ns
+                or recording.kept_events - windows.closed_events >= window_events):
+            buffer = getattr(recording.local, "b", None)
+            waiting = buffer is not None and buffer.input_waits > 0
+            windows.close_window(hold=waiting)  # taken now, handed over when the wait ends
+            recording.window_deferred |= waiting
+            next_window_due()
+
+    def wait_over() -> None:
+        assert windows is not None
+        recording.window_deferred = False
+        windows.release_held()
+
+    def step_ended(duration_ns: int) -> None:
+        if scheduled:
+            session._scheduled_step_ended(duration_ns)
+        for flush in flushers:
+            try:
+                flush()
+            except Exception:  # a flush is an optimisation; the final one still runs
+                pass
+        if windows is not None:
+            window_if_due(duration_ns >= long_step_ns)
+
+    if scheduled:
+        recording.on_ended_thread_step = lambda buffer, duration_ns: session._scheduled_step_ended(
+            duration_ns, buffer=buffer)
+    recording.long_step_ns = 0 if every_step else long_step_ns
+    if windows is not None:
+        next_window_due()
+        recording.on_new_thread.append(window_if_due)
+        recording.on_wait_over = wait_over
+    recording.on_long_step = step_ended

@@ -1,0 +1,227 @@
+"""Windows interpreted while the program runs: a worker thread takes each closed window, has a
+forked helper process (or itself) turn it into span rows, writes them to the session's
+segments and hands them to the exporter, with deadlines that keep a stuck helper from hanging
+the program."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import os
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import pandas as pd
+import pyarrow as pa
+
+from xsp.core.clock import now_ns
+from xsp.core.metadata import environment
+from xsp.export.otlp import ExportReport, OtlpExport, export_table, make_exporter, resource_for, start_export
+from xsp.io.segments import warm_up as warm_up_writing
+from xsp.record.recording import Window
+from xsp.session.forked import ForkFailed, fork_available, run_forked
+from xsp.table.paths import StepState
+
+if TYPE_CHECKING:
+    from xsp.session.session import Session
+
+EXIT_WAIT_S = 8.0
+"""At interpreter exit, how long to wait for an OTLP export still running."""
+HELPER_ENV: Final = "XSP_HELPER_PROCESS"
+"""Set to ``0`` to interpret a streaming session's windows in a thread of the user's process."""
+DROPPED_WINDOWS: Final = "spans of windows no folder could take and memory could not hold"
+HELPER_DEADLINE_S: Final = 60.0
+HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
+"""A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
+
+
+@dataclasses.dataclass
+class _WindowResult:
+    """What a helper process that interpreted one window hands back to the session."""
+
+    state: StepState
+    diagnostics: dict[str, int]
+    dropped: Counter[str]
+    segments: int
+    spans_in_memory: pd.DataFrame | None
+    """The window's spans when the session streams no more (else None: they are in a segment)."""
+    pending: list[tuple[int, pa.Table]]
+    """Windows the helper could not write (its folder full): the session's writer keeps them."""
+    warnings: list[str]
+
+
+class _WindowWorker:
+    """Interprets closed windows on a background thread while the session runs: writes each as
+    a segment (when the session streams to its file) and exports it (when it exports to OTLP).
+
+    When the session only streams, and every tracer can be interpreted in a forked child
+    (``interprets_in_child``), each window is interpreted in a helper process forked at that
+    moment (:mod:`xsp.session.forked`): the thread only waits, without the GIL, so the user's loop does
+    not. If a helper fails, the window and those after it are interpreted in the thread.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.target = session.target
+        self.exporter = None if session.target is None else make_exporter(session.target)
+        self.report = ExportReport(target="" if session.target is None else
+                                   f"{session.target.protocol.value} {session.target.endpoint}")
+        self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
+        self.closing = threading.Lock()
+        self.closed_ns = now_ns()
+        """When the last window closed (on the host clock)."""
+        self.closed_events = 0
+        """The session's records kept when the last window closed."""
+        self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
+        """Windows are interpreted in forked helper processes (until one fails)."""
+        self.closed_windows = 0
+        """Windows handed over while the session ran (several waiting are interpreted as one)."""
+        self.stopping = False
+        """The session's end was met while taking the windows waiting: none comes after them."""
+        self.held: list[Window] = []
+        """Windows taken during a DataLoader wait, handed over when it ends (:meth:`release_held`)."""
+        self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
+        self.thread.start()
+
+    def close_window(self, hold: bool = False) -> None:
+        """Called on a recording thread at a step end: hand the idle threads' records over
+        (``hold``: take them now, hand them over at :meth:`release_held`; the thread is waiting
+        for its DataLoader, a wait the hand-off and the helper it forks must not lengthen)."""
+        recording = self.session._recording
+        if recording is None or not self.closing.acquire(blocking=False):
+            return
+        try:
+            self.closed_ns, self.closed_events = now_ns(), recording.kept_events
+            window = recording.take_window()
+            if not window.empty:
+                self.closed_windows += 1
+                if hold:
+                    self.held.append(window)
+                else:
+                    self.queue.put(window)
+        finally:
+            self.closing.release()
+
+    def release_held(self) -> None:
+        """Hand over the windows :meth:`close_window` held."""
+        with self.closing:
+            held, self.held = self.held, []
+            for window in held:
+                self.queue.put(window)
+
+    @property
+    def session_ids(self) -> tuple[str, int]:
+        state = self.session._state
+        return state.session_trace_id, state.session_span_id
+
+    def _run(self) -> None:
+        resource = None if self.exporter is None else resource_for(self.session.service_name, {
+            **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
+        if self.forks:
+            try:
+                warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
+            except Exception:  # helpers would risk a hang: windows are interpreted here instead
+                self.forks = False
+        while (window := self._next_window()) is not None:
+            self.session._prepare(window)
+            if self._interpreted_in_helper(window):
+                continue
+            try:
+                spans = self.session._interpret(window)
+            except Exception as exc:  # its records are lost; the file says how many were dropped
+                self.session._warn(f"the spans of a finished step could not be interpreted: {exc}")
+                continue
+            if self.exporter is not None and resource is not None:
+                export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
+
+    def _next_window(self) -> Window | None:
+        """The next window to interpret: every window waiting, as one. On a machine too busy
+        for the windows to keep pace, the backlog (what a kill would lose) then stays one window
+        deep, instead of growing with the run."""
+        if self.stopping:
+            return None
+        window = self.queue.get()
+        if window is None:
+            return None
+        waiting = [window]
+        while True:
+            try:
+                later = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if later is None:
+                self.stopping = True
+                break
+            waiting.append(later)
+        return window if len(waiting) == 1 else Window.merged(waiting)
+
+    def _interpreted_in_helper(self, window: Window) -> bool:
+        """Interpret ``window`` in a forked helper process; False when it must be done here."""
+        session = self.session
+        if not self.forks or not all(getattr(tracer, "interprets_in_child", False) for tracer in session._tracers):
+            return False
+        if session._segments is not None and session._segments.pending:  # a helper would write them twice
+            return False
+        deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
+        try:
+            result = run_forked(functools.partial(session._interpret_in_helper, window), deadline_s)
+        except ForkFailed as exc:
+            self.forks = False
+            session._warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
+                          "in this process from now on")
+            return False
+        session._adopt(result)
+        return True
+
+    def finish_windows(self) -> None:
+        """Wait until every window handed over so far is interpreted, written and exported."""
+        with self.closing:
+            held, self.held = self.held, []
+            for window in held:
+                self.queue.put(window)
+            self.queue.put(None)
+        self.thread.join()
+
+    def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
+                    on_done: Callable[[ExportReport], None]) -> OtlpExport:
+        assert self.target is not None and self.exporter is not None
+        return start_export(spans, metadata, self.target, self.session.service_name,
+                            exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
+                            span_budget=self.session.span_budget, deadline_s=EXIT_WAIT_S)
+
+
+_pending_exports: list[OtlpExport] = []
+_exit_wait_registered = False
+
+
+def _wait_for_exports() -> None:
+    """At interpreter exit: give running exports one bounded wait (``EXIT_WAIT_S`` in all)."""
+    deadline = now_ns() + int(EXIT_WAIT_S * 1e9)
+    for export in list(_pending_exports):
+        if not export.abandoned:
+            export.wait(max(deadline - now_ns(), 0) / 1e9)
+
+
+def _wait_for_exports_at_exit() -> None:
+    """Have interpreter exit wait for exports *before* ``concurrent.futures`` shuts its pools
+    down (an export still sending then fails with "cannot schedule new futures after
+    shutdown"). Exit runs threading's exit callbacks latest first, before ``atexit``'s, so this
+    is registered (once) after ``concurrent.futures`` has registered its own."""
+    global _exit_wait_registered
+    if _exit_wait_registered:
+        return
+    _exit_wait_registered = True
+    import concurrent.futures.thread  # noqa: F401  (its exit callback first, so that ours runs before it)
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(_wait_for_exports)
+            return
+    except RuntimeError:  # the interpreter is already shutting down
+        return
+    atexit.register(_wait_for_exports)

@@ -1,0 +1,198 @@
+"""Building the canonical span table from the rows tracers collected."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from xsp.core import schema as col
+from xsp.record import late_records
+from xsp.record.samples import annotate_steps
+from xsp.table import parents as hierarchy
+from xsp.table import paths as structure
+from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, ids_at, nearest_marked, nullable_ints
+
+
+def empty_table() -> pd.DataFrame:
+    """A span table with no rows and every column typed."""
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
+
+
+def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
+    """Python strings (or None) as pandas' "string" dtype, converted by Arrow in one go."""
+    try:
+        return arrow_strings(pa.array(values, type=pa.large_string(), memory_pool=MEMORY_POOL))
+    except (pa.ArrowException, TypeError):
+        return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
+
+
+def null_column(dtype: str, count: int) -> Any:
+    """A column of ``count`` nulls of a schema dtype."""
+    if dtype == "string":
+        return arrow_strings(pa.nulls(count, pa.large_string()))
+    if dtype == "int64":  # only ids and times, which build_table fills in
+        return np.zeros(count, dtype=np.int64)
+    return pd.arrays.IntegerArray(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool))
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with exactly the schema's columns, in order, with the schema's dtypes."""
+    out = {}
+    for name, dtype in col.COLUMNS.items():
+        if name in frame:
+            series = frame[name]
+            if str(series.dtype) == dtype:
+                out[name] = series.reset_index(drop=True)
+                continue
+            if dtype == "string":
+                values = series.astype(object).where(series.notna(), None).tolist()
+                series = pd.Series(string_array(values), index=series.index)
+            else:
+                series = series.astype(dtype)
+            out[name] = series.reset_index(drop=True)
+        else:
+            out[name] = pd.Series(null_column(dtype, len(frame)))
+    return pd.DataFrame(out)
+
+
+def new_span_ids(count: int) -> np.ndarray:
+    """``count`` distinct positive 63-bit span ids (OTel forbids 0)."""
+    return secrets.randbits(62) + np.arange(1, count + 1, dtype=np.int64)
+
+
+def new_trace_ids(count: int) -> list[str]:
+    return [secrets.token_hex(16) for _ in range(count)]
+
+
+def widen_backward_layers(table: pd.DataFrame) -> None:
+    """Widen each backward layer span to the outermost operators it cuts, in place.
+
+    A module's backward is timed by hooks on autograd graph nodes, and the autograd engine
+    runs those hooks inside its ``evaluate_function`` operator for the node: with the
+    operator level on, a backward layer span would begin (or end) inside that operator and
+    end (begin) outside it, and could neither contain it nor sit inside it. Its bounds move
+    out to the operator's. Outermost operators on one thread never overlap, so a span that
+    contained another still does.
+    """
+    levels, kinds = category_values(table[col.LEVEL]), category_values(table[col.KIND])
+    backward = np.flatnonzero((levels == col.Level.LAYER.value) & (kinds == col.SpanKind.BACKWARD.value))
+    operators = np.flatnonzero(levels == col.Level.OPERATOR.value)
+    if not len(backward) or not len(operators):
+        return
+    threads = table[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=0)
+    starts = table[col.START_NS].to_numpy(dtype=np.int64).copy()
+    ends = table[col.END_NS].to_numpy(dtype=np.int64).copy()
+    for thread in np.unique(threads[backward]).tolist():
+        ops = operators[threads[operators] == thread]
+        ops = ops[np.lexsort((-ends[ops], starts[ops]))]
+        outermost = ops[ends[ops] > np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], ends[ops][:-1]]))]
+        op_starts, op_ends = starts[outermost], ends[outermost]
+        for row in backward[threads[backward] == thread].tolist():
+            before = np.searchsorted(op_starts, starts[row], side="right") - 1
+            if before >= 0 and op_ends[before] > starts[row]:
+                starts[row] = op_starts[before]
+            before = np.searchsorted(op_starts, ends[row], side="left") - 1
+            if before >= 0 and op_ends[before] > ends[row]:
+                ends[row] = op_ends[before]
+    table[col.START_NS], table[col.END_NS] = starts, ends
+
+
+@dataclass
+class TableResult:
+    spans: pd.DataFrame
+    diagnostics: dict[str, int]
+
+
+def new_step_state(attach_to_session: bool = True) -> structure.StepState:
+    """Ids of a session's root span, fixed before any window is built."""
+    return structure.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]),
+                               attach_to_session=attach_to_session)
+
+
+def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
+    """Module forwards run inside a backward pass (activation checkpointing recomputing them)
+    are ``recompute`` spans, not forwards: in place."""
+    kinds = table[col.KIND].to_numpy(dtype=object)
+    forward = kinds == col.SpanKind.FORWARD.value
+    if not forward.any() or not (kinds == col.SpanKind.BACKWARD.value).any():
+        return
+    recompute = forward & (nearest_marked(parents, kinds == col.SpanKind.BACKWARD.value) >= 0)
+    if recompute.any():
+        table.loc[recompute, col.KIND] = col.SpanKind.RECOMPUTE.value
+
+
+def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
+                session_row: dict[str, Any] | None = None, sort: bool = True,
+                step_numbers: list[int] | None = None) -> TableResult:
+    """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
+
+    Args:
+        frames: rows from tracers, times on xsp's host clock.
+        host_to_epoch_ns: offset from the host clock to epoch nanoseconds.
+        state: the session's ids, step count and latest steps, from earlier windows; updated.
+        session_row: the session span, in the session's last window only.
+        sort: sort the rows by start time (nothing below needs them sorted; a session sorts
+            its windows in Arrow as it writes them, where sorting holds no lock of Python's).
+        step_numbers: the numbers of the window's steps in order of start, when the session
+            kept only some steps (a schedule).
+
+    Returns:
+        The window's span table (sorted by start time, if asked), and the hierarchy diagnostics.
+    """
+    parts = [frame for frame in frames if len(frame)]
+    if session_row is not None:
+        parts.append(pd.DataFrame([session_row]))
+    if not parts:
+        return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
+    raw = pd.concat(parts, ignore_index=True)
+    raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+    raw[col.END_NS] = raw[col.END_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+    if all(name in raw for name in (col.LEVEL, col.KIND, col.THREAD_ID)):
+        widen_backward_layers(raw)
+    depth = (raw[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64) if col.CALL_DEPTH in raw
+             else np.full(len(raw), -1, dtype=np.int64))
+    order = np.lexsort((depth, raw[col.START_NS].to_numpy(dtype=np.int64)))
+    if sort and not (order == np.arange(len(order))).all():  # importers hand rows over already in order
+        raw = raw.take(order).reset_index(drop=True)  # before conform: the columns no tracer gave are not taken
+    table = conform(raw)
+    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
+    table[col.SPAN_ID] = new_span_ids(len(table))
+    is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
+    session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
+    if session_position is not None:
+        table.loc[session_position, col.SPAN_ID] = state.session_span_id
+    if session_position is None:  # an import: no row to leave out, so no copy of the table
+        parents, diagnostics = hierarchy.parent_positions(table)
+    else:
+        host_rows = np.flatnonzero(~is_session)
+        sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
+        parents = np.full(len(table), -1, dtype=np.int64)
+        parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
+    mark_recomputation(table, parents)
+    shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
+                                   step_numbers)
+    ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
+    has_parent = shape.parents >= 0
+    table[col.PARENT_ID] = ids_at(ids, shape.parents)
+    table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
+    table[col.TRACE_ID] = string_array(shape.trace_ids.tolist())
+    table[col.PATH] = structure.assign_paths(table, shape, state)
+    exec_index = structure.execution_index(table, shape.step, state)
+    table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
+    table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
+    diagnostics.spans = len(table)
+    table = conform(table)
+    late_calls, late_activities = late_records.adopt_late(table, state)
+    late_records.remember(table, state)
+    diagnostics.late_linked = late_calls + late_activities
+    diagnostics.launch_missing = max(diagnostics.launch_missing - late_activities, 0)
+    diagnostics.launched += late_activities
+    diagnostics.roots = int((~has_parent).sum()) - diagnostics.late_linked
+    annotate_steps(table)
+    return TableResult(table, diagnostics.as_dict())

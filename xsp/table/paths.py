@@ -1,0 +1,323 @@
+"""Steps, OTel traces, structural paths and execution order, derived from the tree.
+
+* A **step** starts at every outermost ``xsp.step()`` or top-level module call (``predict``).
+  Steps are numbered 0, 1, 2... in start order, and each is the root of its own OTel trace.
+* A span belongs to the step of its root. A root that is not a step (a backward pass
+  after a forward, on the same thread) joins the latest step its thread started before it,
+  else the step running on another thread when it started (autograd and NCCL threads), whose
+  root becomes its parent;
+  model-level roots outside every step (``xsp.span("preprocess")`` before the model call)
+  hang from the session span in the session's own trace, with no step.
+* ``path`` is described in :mod:`xsp.core.schema`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xsp.core import schema as col
+from xsp.core.rank import step_trace_id
+from xsp.core.schema import STEP_KINDS, Level
+from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
+
+NONE = -1
+SESSION_NAME = "session"
+SESSION_PATH = f"{SESSION_NAME}[0]"
+
+
+def outermost_step(kinds: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """Position of the outermost step-kind span among each span and its ancestors, or -1."""
+    is_step = np.isin(kinds, [kind.value for kind in STEP_KINDS])
+    nearest = nearest_marked(parents, is_step, include_self=True)
+    step_above = np.where(is_step, nearest_marked(parents, is_step), NONE)
+    outermost = chain_ends(step_above)
+    return np.where(nearest >= 0, outermost[np.maximum(nearest, 0)], NONE)
+
+
+def root_of(parents: np.ndarray) -> np.ndarray:
+    """Position of each span's root (itself for roots)."""
+    return chain_ends(parents)
+
+
+@dataclass
+class StepState:
+    """What one window of spans hands to the next (see :func:`assign_steps`)."""
+
+    session_trace_id: str
+    session_span_id: int
+    steps: int = 0
+    """Steps numbered so far."""
+    latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    """Per thread, the latest step's (start_ns, step, trace id)."""
+    occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Names seen so far below the session and at the root of each trace, for ``path``."""
+    layers_in_step: dict[int, int] = field(default_factory=dict)
+    """Layer spans numbered so far in steps that a later window may continue."""
+    attach_to_session: bool = True
+    """Hang roots outside every step below the session span (False for imported traces,
+    which have no session span)."""
+    job_id: str | None = None
+    """In a distributed job: step ``k``'s trace id is derived from the job and ``k``, the same
+    on every rank (:func:`xsp.core.rank.step_trace_id`)."""
+    window_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
+    """The last window's layer calls by (thread, external id): (span id, step, trace id)."""
+    window_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
+    """The last window's CUDA API calls by correlation id: (span id, step, trace id)."""
+    recent_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
+    """Those of the last two windows, for CUDA records that come late (:mod:`xsp.record.late_records`)."""
+    recent_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Structure:
+    parents: np.ndarray  # positions; the session (or a virtual row past the end) for session children
+    step: np.ndarray  # -1 for no step
+    trace_ids: np.ndarray  # object array of 32-hex trace ids
+    session: int  # position of the session row, len(spans) when it is not in this window
+
+
+def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
+                 new_trace_id: Callable[[], str], step_numbers: list[int] | None = None) -> Structure:
+    """Cut each step out as its own tree and give every span its step and trace.
+
+    ``step_numbers`` numbers the steps in order of start, when the recorder kept only some of
+    them (a schedule); else steps are counted on from ``state``.
+
+    ``state`` carries step numbers and each thread's latest step from earlier windows of the
+    same session, and is updated for the next one.
+    """
+    count = len(spans)
+    parents = parents.copy()
+    session = count if session_row is None else session_row
+    kinds = category_values(spans[col.KIND])
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    threads = spans[col.THREAD_ID].fillna(-1).to_numpy(dtype=np.int64)
+    levels = category_values(spans[col.LEVEL])
+    outer = outermost_step(kinds, parents)
+    step_roots = np.flatnonzero(outer == np.arange(count))
+    parents[step_roots] = NONE
+    step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
+    step_of = np.full(count, NONE, dtype=np.int64)
+    trace_of = np.full(count, state.session_trace_id, dtype=object)
+    if step_numbers is not None and len(step_numbers) == len(step_roots):
+        step_of[step_roots] = step_numbers
+    else:
+        step_of[step_roots] = state.steps + np.arange(len(step_roots))
+    if col.STEP in spans:  # numbers the recorder already knew (ProfilerStep#N)
+        preset = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[step_roots]
+        known = ~np.isnan(preset)
+        step_of[step_roots[known]] = preset[known].astype(np.int64)
+    job = state.job_id
+    for root in step_roots.tolist():
+        trace_of[root] = new_trace_id() if job is None else step_trace_id(job, int(step_of[root]))
+    loose = np.flatnonzero((parents < 0) & (step_of < 0))
+    if session_row is not None:
+        loose = loose[loose != session_row]
+    below_model = loose[~np.isin(levels[loose], ROOT_LEVELS)]
+    found = _latest_step_on_thread(step_roots, threads, starts, below_model)
+    hit = found >= 0
+    step_of[below_model[hit]] = step_of[found[hit]]
+    trace_of[below_model[hit]] = trace_of[found[hit]]
+    for root in below_model[~hit].tolist():
+        prior = state.latest_step.get(int(threads[root]))
+        if prior is not None and prior[0] <= starts[root]:
+            step_of[root], trace_of[root] = prior[1], prior[2]
+            continue
+        running = _running_step(step_roots, starts, ends, int(starts[root]))
+        if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
+            step_of[root], trace_of[root] = step_of[running], trace_of[running]
+            parents[root] = running  # in that step's tree: no second root in its OTel trace
+    if state.attach_to_session:
+        unplaced = loose[step_of[loose] < 0]
+        parents[unplaced] = session
+    for root in step_roots.tolist():
+        state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]), trace_of[root])
+    if len(step_roots):
+        state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
+    inside = parents.copy()
+    inside[inside == count] = NONE
+    top = root_of(inside)
+    return Structure(parents=parents, step=step_of[top], trace_ids=trace_of[top], session=session)
+
+
+def _running_step(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, start: int) -> int:
+    """Position of the latest-starting step root, on any thread, running at ``start``, or -1."""
+    running = step_roots[(starts[step_roots] <= start) & (ends[step_roots] >= start)]
+    if not len(running):
+        return NONE
+    return int(running[np.argmax(starts[running])])
+
+
+def _latest_step_on_thread(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray,
+                           rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows``, the latest step root on its thread that started at or before it, or -1."""
+    found = np.full(len(rows), NONE, dtype=np.int64)
+    for thread in np.unique(threads[rows]).tolist():
+        mine = threads[rows] == thread
+        candidates = step_roots[threads[step_roots] == thread]
+        if not len(candidates):
+            continue
+        candidates = candidates[np.argsort(starts[candidates], kind="stable")]
+        before = np.searchsorted(starts[candidates], starts[rows[mine]], side="right") - 1
+        found[mine] = np.where(before >= 0, candidates[np.maximum(before, 0)], NONE)
+    return found
+
+
+SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
+ROOT_LEVELS = (Level.MODEL.value, Level.INPUT.value)
+"""Levels whose spans outside every step stay outside (the others join the step before them)."""
+"""Levels whose spans skip enclosing spans of their own level when anchoring their path."""
+
+
+def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """The parent, except that a layer (operator) skips over enclosing layers (operators)."""
+    skipping = np.isin(levels, SKIPPING_LEVELS)
+    same_level_parent = skipping & (parents >= 0) & (levels[np.maximum(parents, 0)] == levels)
+    top_of_run = chain_ends(np.where(same_level_parent, parents, NONE))
+    return np.where(skipping, parents[top_of_run], parents)
+
+
+def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray]) -> np.ndarray:
+    """For each row, how many rows of its group (equal ``group_keys``) come before it in
+    the order of ``order_keys`` (ties keep row order)."""
+    count = len(group_keys[0])
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort([*reversed(order_keys), *reversed(group_keys)])
+    new_group = np.ones(count, dtype=bool)
+    for key in group_keys:
+        sorted_key = key[order]
+        new_group[1:] &= sorted_key[1:] == sorted_key[:-1]
+    new_group = ~new_group
+    new_group[0] = True
+    position = np.arange(count)
+    first = np.maximum.accumulate(np.where(new_group, position, 0))
+    occurrence = np.empty(count, dtype=np.int64)
+    occurrence[order] = position - first
+    return occurrence
+
+
+def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, names: np.ndarray,
+                       state: StepState) -> None:
+    """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them."""
+    if not len(rows):
+        return
+    scope_codes, scope_values = pd.factorize(scopes)
+    name_codes, name_values = pd.factorize(names)
+    groups, first, inverse = np.unique(scope_codes.astype(np.int64) * (len(name_values) + 1) + name_codes,
+                                       return_index=True, return_inverse=True)
+    keys = [(scope_values[scope_codes[i]], name_values[name_codes[i]]) for i in first.tolist()]
+    occurrence[rows] += np.array([state.occurrences[key] for key in keys], dtype=np.int64)[inverse]
+    highest = np.full(len(groups), -1, dtype=np.int64)
+    np.maximum.at(highest, inverse, occurrence[rows])
+    for key, value in zip(keys, highest.tolist()):
+        state.occurrences[key] = max(state.occurrences[key], value + 1)
+
+
+def _text(value: str) -> pa.Scalar:
+    return pa.scalar(value, pa.large_string())
+
+
+def _take(array: pa.Array | pa.ChunkedArray, positions: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    return pc.take(array, pa.array(positions), memory_pool=MEMORY_POOL)
+
+
+def _tree_layers(anchor: np.ndarray) -> np.ndarray:
+    """Distance of each row from its root along ``anchor`` (-1 where no root is reached)."""
+    layer = np.where(anchor < 0, 0, NONE)
+    pending = np.flatnonzero(anchor >= 0)
+    while len(pending):
+        ready = layer[anchor[pending]] >= 0
+        if not ready.any():  # cannot happen in a tree; stop rather than loop forever
+            break
+        layer[pending[ready]] = layer[anchor[pending[ready]]] + 1
+        pending = pending[~ready]
+    return layer
+
+
+def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.api.extensions.ExtensionArray:
+    """``anchor_path/name[k]`` for every span (see :mod:`xsp.core.schema`), as a string column.
+
+    Paths are joined in Arrow one tree layer at a time: a trace of 100k spans has paths of
+    80 characters on average, and building them as Python strings cost more than the tree.
+    """
+    count = len(spans)
+    levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
+    name_column = plain_strings(spans[col.NAME]).fill_null("")
+    parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
+    anchor = anchors(levels, parents)
+    session = shape.session
+    depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
+             if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
+    name_codes = pd.factorize(name_column.dictionary_encode().indices.to_numpy(zero_copy_only=False))[0]
+    occurrence = occurrence_index([pd.factorize(shape.trace_ids)[0], anchor[:count], name_codes],
+                                  [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
+    # names below the session and at trace roots recur across windows: continue their counts
+    carried = (anchor[:count] < 0) | (anchor[:count] == session)
+    if session < count:
+        carried[session] = False
+    rows = np.flatnonzero(carried)
+    scopes = np.where(anchor[rows] == session, "session", shape.trace_ids[rows].astype(object))
+    _carry_occurrences(occurrence, rows, scopes, name_column.take(pa.array(rows)).to_numpy(zero_copy_only=False),
+                       state)
+    occurrence = np.append(occurrence, 0)
+    occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
+    own = pc.binary_join_element_wise(
+        pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())], memory_pool=MEMORY_POOL),
+        _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
+        memory_pool=MEMORY_POOL)
+    anchor[session] = NONE
+    layer = _tree_layers(anchor)
+    order = np.argsort(layer, kind="stable")
+    position = np.empty(count + 1, dtype=np.int64)
+    position[order] = np.arange(count + 1)
+    bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
+    unplaced = int(bounds[0])  # rows on a cycle (layer -1) get no path
+    chunks = [pa.nulls(unplaced, pa.large_string()), _take(own, order[unplaced:bounds[1]])]
+    for current in range(1, len(bounds) - 1):
+        members = order[bounds[current]:bounds[current + 1]]
+        above = position[anchor[members]] - bounds[current - 1]
+        chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
+                                                  memory_pool=MEMORY_POOL))
+    # one take from the layers as chunks: concatenating them first would copy every path once more
+    joined = _take(pa.chunked_array(chunks, type=pa.large_string()), position[:count])
+    return arrow_strings(joined)
+
+
+def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | None = None) -> np.ndarray:
+    """Order of each layer span within its step (forward and backward), -1 elsewhere.
+
+    With ``state``, counting goes on from where earlier windows of the same step stopped.
+    """
+    levels = category_values(spans[col.LEVEL])
+    mask = (levels == Level.LAYER.value) & (step >= 0)
+    index = np.full(len(spans), NONE, dtype=np.int64)
+    if not mask.any():
+        return index
+    depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
+             if col.CALL_DEPTH in spans else np.zeros(len(spans), dtype=np.int64))
+    frame = pd.DataFrame({"step": step[mask], "start": spans[col.START_NS].to_numpy()[mask],
+                          "depth": depth[mask]}, index=np.flatnonzero(mask))
+    ordered = frame.sort_values(["start", "depth"], kind="stable")
+    order = ordered.groupby("step", sort=False).cumcount().to_numpy()
+    if state is not None:
+        steps = ordered["step"].to_numpy()
+        order = order + np.array([state.layers_in_step.get(int(s), 0) for s in steps.tolist()], dtype=np.int64)
+        open_steps = {latest[1] for latest in state.latest_step.values()}
+        for step_number, last in zip(steps.tolist(), order.tolist()):
+            if step_number in open_steps:
+                state.layers_in_step[int(step_number)] = max(state.layers_in_step.get(int(step_number), 0), last + 1)
+        for step_number in list(state.layers_in_step):
+            if step_number not in open_steps:
+                del state.layers_in_step[step_number]
+    index[ordered.index.to_numpy()] = order
+    return index
