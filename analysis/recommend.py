@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.findings import (  # noqa: F401 - moved to xsp.analysis.findings; imported from here too
+from xsp.analysis.findings import (
     _FP32_MATMUL,
     _FUSED_OPTIMIZER,
     _GEMM,

@@ -7,17 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
-from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
+from xsp.tracers._call_inputs import (
     _TENSOR,
-    DYNAMO_TRACE_RULES,
-    JIT_TRACE_ENTRIES,
-    SETUP_LIBRARIES,
-    Correlation,
     Descriptor,
-    Mode,
-    _grad_enabled,
-    dynamo_compiling,
-    jit_tracing,
 )
 
 

@@ -8,25 +8,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
-    _TENSOR,
-    DYNAMO_TRACE_RULES,
+from xsp.tracers._call_inputs import (
     JIT_TRACE_ENTRIES,
-    SETUP_LIBRARIES,
-    Correlation,
-    Descriptor,
-    Mode,
-    _grad_enabled,
-    dynamo_compiling,
-    jit_tracing,
-)
-from xsp.tracers._call_values import (  # noqa: F401 - moved to xsp.tracers._call_values; imported from here too
-    _GRAPH_TASK_ID,
-    _top_tensors,
-    backward_running,
-    describe,
-    describe_inputs,
-    error_text,
 )
 
 from xsp.record.recording import (

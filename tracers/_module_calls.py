@@ -53,19 +53,18 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from xsp.tracers._call_inputs import (  # noqa: F401 - moved to xsp.tracers._call_inputs; imported from here too
+from xsp.tracers._call_inputs import (
     _TENSOR,
     DYNAMO_TRACE_RULES,
     JIT_TRACE_ENTRIES,
     SETUP_LIBRARIES,
     Correlation,
-    Descriptor,
     Mode,
     _grad_enabled,
     dynamo_compiling,
     jit_tracing,
 )
-from xsp.tracers._call_values import (  # noqa: F401 - moved to xsp.tracers._call_values; imported from here too
+from xsp.tracers._call_values import (
     _GRAPH_TASK_ID,
     _top_tensors,
     backward_running,
@@ -73,7 +72,7 @@ from xsp.tracers._call_values import (  # noqa: F401 - moved to xsp.tracers._cal
     describe_inputs,
     error_text,
 )
-from xsp.tracers._jit_dynamo import (  # noqa: F401 - moved to xsp.tracers._jit_dynamo; imported from here too
+from xsp.tracers._jit_dynamo import (
     _dynamo_traces,
     _let_dynamo_start_past_the_wrapper,
     _set_aside_while_jit_traces,

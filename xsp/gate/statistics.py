@@ -17,7 +17,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.gate.columns import (  # noqa: F401 - moved to xsp.gate.columns; imported from here too
+from xsp.gate.columns import (  # noqa: F401 - some only read from here by other code
     _DTYPE_PATTERN,
     ADJUSTED_DELTA_NS,
     ADJUSTED_RATIO,
@@ -70,7 +70,7 @@ from xsp.gate.columns import (  # noqa: F401 - moved to xsp.gate.columns; import
     Test,
     Verdict,
 )
-from xsp.gate.verdicts import (  # noqa: F401 - moved to xsp.gate.verdicts; imported from here too
+from xsp.gate.verdicts import (  # noqa: F401 - some only read from here by other code
     DEPTH,
     _explains,
     _from_quantiles,

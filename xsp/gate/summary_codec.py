@@ -42,7 +42,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.gate import statistics as d
-from xsp.gate.summary_layout import (  # noqa: F401 - moved to xsp.gate.summary_layout; imported from here too
+from xsp.gate.summary_layout import (
     _built_on,
     _parent_columns,
     _parents,

@@ -51,14 +51,13 @@ from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.core.schema import Level, SpanKind
-from xsp.io.kineto_json import (  # noqa: F401 - moved to xsp.io.kineto_json; imported from here too
+from xsp.io.kineto_json import (  # noqa: F401 - some only read from here by other code
     _ARGS_DECODER,
     _DECODER,
     _DICT_DECODER,
     _MISSING,
     _NO_ARGS,
     _QUIET_PHASES,
-    KINETO_SUFFIXES,
     _collector_paused,
     _Complete,
     _decode,

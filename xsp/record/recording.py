@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsp.core.clock import now_ns
-from xsp.record.columns import (  # noqa: F401 - moved to xsp.record.columns; imported from here too
+from xsp.record.columns import (  # noqa: F401 - some only read from here by other code
     BACKWARD_ALIAS,
     BACKWARD_BEGIN,
     BACKWARD_END,

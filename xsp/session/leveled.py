@@ -36,7 +36,7 @@ from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
-from xsp.session.leveled_merge import (  # noqa: F401 - moved to xsp.session.leveled_merge; imported from here too
+from xsp.session.leveled_merge import (  # noqa: F401 - some only read from here by other code
     DEFAULT_TARGET,
     ROUND_STARTS,
     LeveledResult,

@@ -36,13 +36,10 @@ from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
 from xsp.session import ending, exit_guard, starting
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
-from xsp.session.windows import (  # noqa: F401 - moved to xsp.session.windows; imported from here too
-    DROPPED_WINDOWS,
+from xsp.session.windows import (  # noqa: F401 - some only read from here by other code
     EXIT_WAIT_S,
     HELPER_DEADLINE_S,
     HELPER_ENV,
-    _pending_exports,
-    _wait_for_exports_at_exit,
     _WindowResult,
     _WindowWorker,
 )
