@@ -322,12 +322,6 @@ class Session:
             self._output_claim = None
 
     # windows: what is interpreted (and exported) together --------------------------------
-    def _join_job(self, rank: RankInfo | None) -> None:
-        starting.join_job(self, rank)
-
-    def _open_export(self) -> None:
-        starting.open_export(self)
-
     def _open_segments(self, tracers: list[Tracer]) -> None:
         """Stream closed windows to segments beside the output, unless a tracer's spans of a
         step only come at the session's end (then windows stay open and spans in memory)."""
@@ -349,9 +343,6 @@ class Session:
             "session_start_ns": self._start_ns + self._clock.host_to_epoch_ns,
             "session_thread_id": self._thread_id,
         }
-
-    def _watch_step_ends(self, tracers: list[Tracer]) -> None:
-        starting.watch_step_ends(self, tracers)
 
     def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
         """On the thread whose step was just decided: keep or forget its records as the schedule
@@ -454,17 +445,8 @@ class Session:
     def _finish(self, end_ns: int, error: str | None) -> None:
         ending.finish(self, end_ns, error)
 
-    def _final_metadata(self, dropped: Counter[str]) -> dict[str, Any]:
-        return ending.final_metadata(self, dropped)
-
-    def _write_from_segments(self, segments: SegmentWriter, metadata: dict[str, Any]) -> None:
-        ending.write_from_segments(self, segments, metadata)
-
     def _export_done(self, report: ExportReport) -> None:
         ending.export_done(self, report)
-
-    def _tracer_details(self) -> dict[str, Any]:
-        return ending.tracer_details(self)
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
