@@ -350,12 +350,12 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     out = error_console()
     if trace is None:
         return status or 1
-    kinds = trace.column(col.KIND)  # a long run's spans stay on disk unless the report is asked for
-    predicts = int((kinds == SpanKind.PREDICT.value).sum())
-    steps = int(trace.column(col.STEP).dropna().nunique())
+    counted = trace.columns([col.KIND, col.STEP])  # a long run's spans stay on disk unless the report is asked for
+    predicts = int((counted[col.KIND] == SpanKind.PREDICT.value).sum())
+    steps = int(counted[col.STEP].dropna().nunique())
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
-    out.print(f"xsp: {len(kinds)} spans, {steps} steps{where}", markup=False)
+    out.print(f"xsp: {len(counted)} spans, {steps} steps{where}", markup=False)
     export = session.export
     if export is not None:
         report = export.wait(EXIT_WAIT_S)

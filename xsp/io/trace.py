@@ -43,14 +43,14 @@ class Trace:
     def spans(self, value: pd.DataFrame) -> None:
         self._spans = value
 
-    def column(self, name: str) -> pd.Series:
-        """One column of the span table; read alone from the file while the spans are not in
-        memory (counting a long run's steps does not load its millions of spans)."""
+    def columns(self, names: list[str]) -> pd.DataFrame:
+        """Some columns of the span table; read alone from the file (in one read) while the spans
+        are not in memory: counting a long run's steps does not load its millions of spans."""
         if self._spans is not None or self.source is None:
-            return self.spans[name]
+            return self.spans[names]
         import pyarrow.parquet as pq
 
-        return pq.read_table(self.source, columns=[name]).column(name).to_pandas()
+        return pq.read_table(self.source, columns=names).to_pandas()
 
     def level(self, level: Level | str) -> pd.DataFrame:
         """The spans of one level."""
