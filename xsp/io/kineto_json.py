@@ -233,6 +233,55 @@ def _read_bytes(source: Path) -> bytes:
     return inflated
 
 
+PIECE_BYTES: Final = 4 << 20
+"""How much of a file the C scanner reads at a time (inflated)."""
+READ_BYTES: Final = 512 << 10
+"""How much of a gzip file is read at a time (it inflates about 10x)."""
+
+
+def inflated_pieces(source: Path) -> Iterator[bytes]:
+    """The file's text in pieces of at most ``PIECE_BYTES``, inflated when it is gzip: never the
+    whole file at once.
+
+    Raises:
+        TraceFormatError: unreadable, a corrupt or truncated gzip stream, or one that inflates
+            past the cap of :data:`MAX_INFLATION` times its size.
+    """
+    try:
+        with source.open("rb") as handle:
+            head = handle.read(2)
+            if head != b"\x1f\x8b":
+                yield head
+                while piece := handle.read(PIECE_BYTES):
+                    yield piece
+                return
+            cap = max(MAX_INFLATION * os.fstat(handle.fileno()).st_size, MIN_INFLATED_CAP_BYTES)
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            total = 0
+            data = head
+            while not inflater.eof:
+                if not data:
+                    data = handle.read(READ_BYTES)
+                try:
+                    if data:
+                        piece = inflater.decompress(data, PIECE_BYTES)
+                        data = inflater.unconsumed_tail
+                    else:  # the file ended: what zlib still holds, and the stream must be whole
+                        piece = inflater.flush()
+                        if not inflater.eof:
+                            raise TraceFormatError(f"{source} is a truncated gzip file")
+                except zlib.error as exc:
+                    raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
+                total += len(piece)
+                if total > cap:
+                    raise TraceFormatError(f"{source} inflates to more than {cap >> 20} MiB ({MAX_INFLATION}x its "
+                                           "size): not a plausible trace, not read")
+                if piece:
+                    yield piece
+    except OSError as exc:
+        raise TraceFormatError(f"{source} cannot be read: {exc.strerror or exc}") from None
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while a trace is imported.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,13 +33,28 @@ def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
         return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
 
 
+def untouched_zeros(count: int, dtype: Any = np.int64) -> np.ndarray:
+    """``count`` zeros in memory of their own that the system provides only when written.
+
+    A span table has many columns that are null in most traces (an imported trace has no module
+    types, a CPU run no kernels): their zeros cost the process nothing until something writes
+    them, whatever the allocator did before (``np.zeros`` only sometimes gets fresh pages).
+    """
+    size = count * np.dtype(dtype).itemsize
+    if size < 1 << 20:
+        return np.zeros(count, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype, count=count)
+
+
 def null_column(dtype: str, count: int) -> Any:
     """A column of ``count`` nulls of a schema dtype."""
-    if dtype == "string":
-        return arrow_strings(pa.nulls(count, pa.large_string()))
+    if dtype == "string":  # Arrow's buffers never change: every null column can share the same zeros
+        offsets = pa.py_buffer(untouched_zeros(count + 1))
+        validity = pa.py_buffer(untouched_zeros((count + 7) // 8, np.uint8))
+        return arrow_strings(pa.LargeStringArray.from_buffers(count, offsets, pa.py_buffer(b""), validity, count))
     if dtype == "int64":  # only ids and times, which build_table fills in
         return np.zeros(count, dtype=np.int64)
-    return pd.arrays.IntegerArray(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool))
+    return pd.arrays.IntegerArray(untouched_zeros(count), np.ones(count, dtype=bool))
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:

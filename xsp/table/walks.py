@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -44,6 +46,13 @@ def arrow_strings(array: pa.Array | pa.ChunkedArray) -> pd.api.extensions.Extens
     if array.type != pa.large_string():
         array = pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
     return pd.arrays.ArrowStringArray(array)
+
+
+def strings_at(codes: np.ndarray, values: Any) -> pd.api.extensions.ExtensionArray:
+    """``values[code]`` for each code (null for a negative one) as a string column, expanded by
+    Arrow: no Python string per row."""
+    table = pa.array(list(values), type=pa.large_string())
+    return arrow_strings(pc.take(table, pa.array(codes, mask=codes < 0), memory_pool=MEMORY_POOL))
 
 
 def category_values(column: pd.Series) -> np.ndarray:

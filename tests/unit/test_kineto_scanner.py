@@ -1,0 +1,198 @@
+"""The C Kineto scanner (xsp.io._kineto) against the msgspec reader it accelerates.
+
+Both readers make the same event columns; these tests hold the scanner to the rows and metadata
+the msgspec reader gives, on the real traces and on hand-made files with every odd thing JSON
+and Kineto allow, read in pieces cut at every byte; and they check that whatever the scanner
+leaves to msgspec (flows standing in for correlation ids, string pids, truncated or invalid
+files) still loads, or fails, as it did. Skipped where the scanner is not built, a failure under
+XSP_REQUIRE_HOTPATH (CI).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import xsp
+from xsp.core import schema as col
+from xsp.io import kineto, kineto_json
+from xsp.io.kineto_events import decoded_events, scanned_events
+
+
+@pytest.fixture(autouse=True)
+def scanner_built(monkeypatch):
+    monkeypatch.delenv("XSP_PURE_PYTHON", raising=False)
+    try:
+        importlib.import_module("xsp.io._kineto")
+    except ImportError:
+        if os.environ.get("XSP_REQUIRE_HOTPATH"):
+            pytest.fail("xsp.io._kineto is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.io._kineto is not built")
+
+
+def _scanned(path: Path):
+    return scanned_events(path, kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED)
+
+
+def _decoded(path: Path):
+    return decoded_events(kineto._decode(path), kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED,
+                          kineto.DEVICE_CATEGORIES)
+
+
+def assert_same_rows(path: Path) -> pd.DataFrame:
+    scanned = _scanned(path)
+    assert scanned is not None, "the scanner left the file to msgspec"
+    rows, metadata = kineto.kineto_rows(scanned)
+    expected_rows, expected_metadata = kineto.kineto_rows(_decoded(path))
+    pd.testing.assert_frame_equal(rows, expected_rows)
+    assert metadata == expected_metadata
+    return rows
+
+
+@pytest.mark.parametrize("name", [
+    "v100_2rank_train_rank1", "a100_alexnet", "a100_nccl_rank0", "a100_triton", "a100_event_sync_multistream",
+    "sampled_rank0", "cpu_only_rank34", "a100_cupti_counters"])
+def test_real_traces_read_the_same_by_both_readers(shared_traces, name):
+    rows = assert_same_rows(shared_traces / "kineto" / f"{name}.json.gz")
+    assert len(rows)
+
+
+ODD_EVENTS = [
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "main \"loop\" \u00e9 \U0001F600"}},
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python", "other": [1, {"a": None}]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm\n\t\\/\u00e9\U0001F600", "pid": 1, "tid": 7, "ts": 10.5, "dur": 2.25,
+     "args": {"Input Dims": [[2, 3], [3, 4]], "Sequence number": 5, "External id": 1,
+              "nested": {"k": [1.5e3, -2, True, False, None, "x}y]"]}}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 7, "ts": 10.5, "dur": 0,
+     "args": {"Input Dims": [], "Sequence number": 7.0}},
+    {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7, "ts": 11, "dur": 1,
+     "args": {"correlation": 5, "cbid": 211}},
+    {"ph": "X", "cat": "Kernel", "name": "sgemm", "pid": 0, "tid": 3, "ts": 12.001, "dur": 4e0,
+     "args": {"correlation": 5.0, "device": 0, "stream": None, "grid": [4, 1, 1], "block": [128, 1, 1],
+              "registers per thread": 32, "shared memory": True, "bytes": 1.5}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 3, "ts": 20,
+     "dur": 1, "args": {"correlation": 6, "bytes": 4096, "device": 1, "stream": 9}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 7, "ts": 19, "dur": 3,
+     "args": {"correlation": 6}},
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 7, "ts": 9, "dur": 30},
+    {"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+     "pid": 1, "tid": 7, "ts": 9.5, "dur": 0.25},
+    {"ph": "X", "cat": "python_function", "name": "nn.Module: Linear_0", "pid": 1, "tid": 7, "ts": 10, "dur": 5,
+     "args": {}},
+    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "pid": 1, "tid": 7, "ts": 0, "dur": 100},
+    {"ph": "X", "cat": "", "name": "nothing", "pid": 1, "tid": 7, "ts": 0, "dur": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "no duration", "pid": 1, "tid": 7, "ts": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "null start", "pid": 1, "tid": 7, "ts": None, "dur": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "negative", "pid": 1, "tid": 7, "ts": 30, "dur": -1},
+    {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 7, "ts": 1e300, "dur": 1},
+    {"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 1, "tid": 7, "ts": 5, "s": "t"},
+    {"ph": "Z", "cat": "", "name": "from a newer tool", "pid": 1, "tid": 7, "ts": 6},
+    {"ph": "", "cat": "", "name": "empty phase", "pid": 1, "tid": 7},
+    {"ph": "s", "cat": "ac2g", "id": 5, "pid": 1, "tid": 7, "ts": 11, "bp": "e"},
+    {"ph": "f", "cat": "ac2g", "id": 5, "pid": 0, "tid": 3, "ts": 12.001, "bp": "e"},
+    {"ph": "X", "cat": "cuda_profiler_range", "name": "range", "pid": 0, "tid": 3, "ts": 40, "dur": 2,
+     "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 10, "correlation": 9}},
+]
+
+
+def _document(events, **top) -> dict:
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Fake GPU"}],
+            "distributedInfo": {"rank": 2, "world_size": 4}, **top, "traceEvents": events,
+            "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceName": "odd \u00e9"}
+
+
+def _write(tmp_path: Path, document, name="odd.json", indent=None) -> Path:
+    text = json.dumps(document, indent=indent, ensure_ascii=False).encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    return path
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("name", ["odd.json", "odd.json.gz"])
+def test_odd_but_valid_events_read_the_same(tmp_path, name, indent):
+    rows = assert_same_rows(_write(tmp_path, _document(ODD_EVENTS), name, indent))
+    assert rows[col.NAME].iloc[0] == "ProfilerStep#3"
+    with pytest.warns(xsp.XspWarning, match="2 Kineto events with impossible times"):
+        trace = xsp.load(tmp_path / name)
+    assert trace.metadata["threads"] == {"7": "main \"loop\" \u00e9 \U0001F600"}
+    assert trace.metadata["not_imported"] == {
+        "ignored Trace events": 1, "ignored uncategorised events": 1, "missing_times": 2, "impossible_times": 2,
+        "ignored cpu_instant_event events": 1, "ignored Z events": 1, "ignored unphased events": 1}
+    kernel = trace.spans[trace.spans[col.KIND] == "kernel"].iloc[0]
+    assert (kernel[col.CORRELATION_ID], kernel[col.DEVICE_ID], kernel[col.STREAM_ID]) == (5, 0, 3)
+    assert kernel[col.GRID] == "[4,1,1]" and kernel[col.SHARED_MEMORY_BYTES] == 1 and pd.isna(kernel[col.BYTES])
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 2, 3, 7, 64, 1000])
+def test_pieces_cut_anywhere_read_the_same(tmp_path, monkeypatch, piece_bytes):
+    path = _write(tmp_path, _document(ODD_EVENTS * 3), "odd.json.gz", indent=1)
+    whole = kineto.kineto_rows(_scanned(path))
+    monkeypatch.setattr(kineto_json, "PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(kineto_json, "READ_BYTES", piece_bytes)
+    pieces = _scanned(path)
+    assert pieces is not None
+    rows, metadata = kineto.kineto_rows(pieces)
+    pd.testing.assert_frame_equal(rows, whole[0])
+    assert metadata == whole[1]
+
+
+FLOW_ONLY = [  # an old trace: the kernel's correlation id is only on the flow between them
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7, "ts": 11, "dur": 1, "args": {}},
+    {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 3, "ts": 12, "dur": 4, "args": {"device": 0}},
+    {"ph": "s", "cat": "ac2g", "id": 42, "pid": 1, "tid": 7, "ts": 11},
+    {"ph": "f", "cat": "ac2g", "id": 42, "pid": 0, "tid": 3, "ts": 12, "bp": "e"},
+]
+
+
+@pytest.mark.parametrize("events, why", [
+    (FLOW_ONLY, "correlation ids only on flows"),
+    ([{"ph": "X", "cat": "cpu_op", "name": "op", "pid": "host", "tid": 1, "ts": 1, "dur": 1}], "a string pid"),
+    ([{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+       "args": {"Sequence number": "12"}}], "digits as a string"),
+    ([{"ph": "X", "cat": "cpu_op", "n\\u0061me": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}], "an escaped key"),
+    ([{"cat": "cpu_op", "name": "no phase", "pid": 1, "tid": 1, "ts": 7}], "no phase"),
+])
+def test_what_the_scanner_leaves_to_msgspec_loads_as_before(tmp_path, monkeypatch, events, why):
+    path = tmp_path / "left.json"
+    path.write_text(json.dumps({"traceEvents": events}).replace("n\\\\u0061me", "n\\u0061me"))
+    assert _scanned(path) is None, why
+    trace = xsp.load(path)
+    monkeypatch.setenv("XSP_PURE_PYTHON", "1")
+    expected = xsp.load(path)
+    columns = [c for c in trace.spans.columns if c not in (col.SPAN_ID, col.PARENT_ID, col.TRACE_ID)]
+    pd.testing.assert_frame_equal(trace.spans[columns], expected.spans[columns])
+    if events is FLOW_ONLY:
+        assert trace.spans[col.CORRELATION_ID].tolist() == [42, 42]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}',
+     "truncated"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]} extra',
+     "not valid"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 01, "dur": 1}]}',
+     "not valid"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op\x01", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}',
+     "not valid"),
+])
+def test_broken_json_fails_as_it_did(tmp_path, text, message):
+    path = tmp_path / "broken.json"
+    path.write_text(text)
+    assert _scanned(path) is None
+    with pytest.raises(xsp.TraceFormatError, match=message):
+        xsp.load(path)
+
+
+def test_a_gzip_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto_json, "MIN_INFLATED_CAP_BYTES", 1 << 20)
+    path = tmp_path / "bomb.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (8 << 20) + b"]}"))
+    with pytest.raises(xsp.TraceFormatError, match="inflates to more than"):
+        list(kineto_json.inflated_pieces(path))

@@ -1,0 +1,30 @@
+"""Kineto JSON read into columns in C (xsp/io/_kineto/scanner.c); see xsp.io.kineto_events."""
+
+from collections.abc import Sequence
+
+from typing_extensions import Buffer
+
+class Unsupported(ValueError):
+    """The file holds something this scanner leaves to the msgspec reader."""
+
+class Block:
+    """A column's bytes, owned by the block and read through the buffer protocol."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+class Scanner:
+    """Reads a Kineto trace's JSON text, piece by piece, into columns."""
+
+    rows: int
+    events: int
+    missing_times: int
+    finished: bool
+    top_fields: list[tuple[bytes, bytes]]
+    thread_names: list[tuple[int, str]]
+    ignored: dict[str, int]
+    def __init__(self, categories: Sequence[str], linked: Sequence[str]) -> None: ...
+    def scan(self, data: Buffer, final: bool, /) -> int:
+        """Reads the events whole in ``data``; returns the bytes consumed (the rest comes again)."""
+    def columns(self) -> dict[str, Block]:
+        """The columns read so far, by name; the scanner keeps none of them."""

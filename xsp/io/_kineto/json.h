@@ -1,0 +1,234 @@
+/* A strict JSON tokenizer over a byte range that may end in the middle of a value.
+ *
+ * Each function takes the position to read from and returns the position after what it
+ * read, or NULL with ctx->status saying why: NEED (the range ended first: read again with
+ * more bytes) or UNSUPPORTED (not JSON, or JSON this reader leaves to msgspec). The grammar
+ * is RFC 8259's, as msgspec reads it, so that what this accepts msgspec accepts too.
+ */
+#ifndef XSP_KINETO_JSON_H
+#define XSP_KINETO_JSON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { J_OK = 0, J_NEED = 1, J_UNSUPPORTED = 2 };
+enum { J_MAX_DEPTH = 512 };
+
+typedef struct {
+    const char *end;
+    int final;  /* no more bytes will come: running out is a truncated file */
+    int status;
+} JsonRange;
+
+typedef struct {
+    const char *text; /* between the quotes, escapes as written */
+    Py_ssize_t length;
+    int escaped;
+} JsonString;
+
+enum { V_ABSENT = 0, V_INT, V_FLOAT, V_STRING, V_NULL, V_TRUE, V_FALSE, V_OBJECT, V_ARRAY };
+
+typedef struct {
+    int kind;
+    const char *start, *stop; /* the value's text, exactly as written */
+    int64_t integer;          /* V_INT */
+    int overflow;             /* V_INT beyond int64 */
+    double number;            /* V_INT and V_FLOAT */
+    JsonString string;        /* V_STRING */
+} JsonValue;
+
+static inline const char *j_fail(JsonRange *r, int status) {
+    r->status = status;
+    return NULL;
+}
+
+static inline const char *j_need(JsonRange *r) { return j_fail(r, r->final ? J_UNSUPPORTED : J_NEED); }
+
+static inline const char *j_space(JsonRange *r, const char *p) {
+    while (p < r->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+static inline int j_hex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* p at the opening quote. */
+static inline const char *j_string(JsonRange *r, const char *p, JsonString *out) {
+    const char *q = p + 1;
+    int escaped = 0;
+    for (;;) {
+        if (q >= r->end) return j_need(r);
+        unsigned char c = (unsigned char)*q;
+        if (c == '"') break;
+        if (c < 0x20) return j_fail(r, J_UNSUPPORTED);
+        if (c == '\\') {
+            escaped = 1;
+            if (q + 1 >= r->end) return j_need(r);
+            char e = q[1];
+            if (e == 'u') {
+                if (q + 6 > r->end) return j_need(r);
+                if (!j_hex(q[2]) || !j_hex(q[3]) || !j_hex(q[4]) || !j_hex(q[5])) return j_fail(r, J_UNSUPPORTED);
+                q += 6;
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", e) || e == 0) return j_fail(r, J_UNSUPPORTED);
+            q += 2;
+            continue;
+        }
+        q++;
+    }
+    out->text = p + 1;
+    out->length = q - (p + 1);
+    out->escaped = escaped;
+    return q + 1;
+}
+
+/* p at the number's first character ('-' or a digit). */
+static inline const char *j_number(JsonRange *r, const char *p, JsonValue *v) {
+    const char *q = p;
+    int is_float = 0;
+    if (q < r->end && *q == '-') q++;
+    if (q >= r->end) return j_need(r);
+    if (*q == '0') {
+        q++;
+    } else if (*q >= '1' && *q <= '9') {
+        while (q < r->end && *q >= '0' && *q <= '9') q++;
+    } else {
+        return j_fail(r, J_UNSUPPORTED);
+    }
+    if (q < r->end && *q == '.') {
+        is_float = 1;
+        q++;
+        if (q >= r->end) return j_need(r);
+        if (!(*q >= '0' && *q <= '9')) return j_fail(r, J_UNSUPPORTED);
+        while (q < r->end && *q >= '0' && *q <= '9') q++;
+    }
+    if (q < r->end && (*q == 'e' || *q == 'E')) {
+        is_float = 1;
+        q++;
+        if (q < r->end && (*q == '+' || *q == '-')) q++;
+        if (q >= r->end) return j_need(r);
+        if (!(*q >= '0' && *q <= '9')) return j_fail(r, J_UNSUPPORTED);
+        while (q < r->end && *q >= '0' && *q <= '9') q++;
+    }
+    if (q >= r->end && !r->final) return j_fail(r, J_NEED); /* more digits may follow */
+    Py_ssize_t length = q - p;
+    char text[64];
+    if (length >= (Py_ssize_t)sizeof(text)) return j_fail(r, J_UNSUPPORTED);
+    memcpy(text, p, (size_t)length);
+    text[length] = 0;
+    v->start = p;
+    v->stop = q;
+    v->overflow = 0;
+    if (is_float) {
+        v->kind = V_FLOAT;
+        v->number = strtod(text, NULL);
+        v->integer = 0;
+    } else {
+        v->kind = V_INT;
+        const char *d = text + (text[0] == '-');
+        uint64_t magnitude = 0;
+        for (; *d; d++) {
+            unsigned digit = (unsigned)(*d - '0');
+            if (magnitude > (UINT64_MAX - digit) / 10) {
+                v->overflow = 1;
+                break;
+            }
+            magnitude = magnitude * 10 + digit;
+        }
+        if (text[0] == '-') {
+            if (magnitude > (uint64_t)INT64_MAX + 1) v->overflow = 1;
+            v->integer = (int64_t)(0 - magnitude);
+        } else {
+            if (magnitude > (uint64_t)INT64_MAX) v->overflow = 1;
+            v->integer = (int64_t)magnitude;
+        }
+        /* as Python's float(int): rounded to the nearest double */
+        v->number = v->overflow ? strtod(text, NULL) : (double)v->integer;
+    }
+    return q;
+}
+
+static inline const char *j_literal(JsonRange *r, const char *p, const char *word, int kind, JsonValue *v) {
+    size_t n = strlen(word);
+    size_t have = (size_t)(r->end - p);
+    if (have < n) {
+        if (memcmp(p, word, have) != 0) return j_fail(r, J_UNSUPPORTED);
+        return j_need(r);
+    }
+    if (memcmp(p, word, n) != 0) return j_fail(r, J_UNSUPPORTED);
+    v->kind = kind;
+    v->start = p;
+    v->stop = p + n;
+    return p + n;
+}
+
+static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth);
+
+/* p at '{' or '['; skips the whole container, checking its grammar. */
+static inline const char *j_container(JsonRange *r, const char *p, int depth) {
+    if (depth > J_MAX_DEPTH) return j_fail(r, J_UNSUPPORTED);
+    char close = *p == '{' ? '}' : ']';
+    int object = *p == '{';
+    p = j_space(r, p + 1);
+    if (p >= r->end) return j_need(r);
+    if (*p == close) return p + 1;
+    for (;;) {
+        JsonValue item;
+        if (object) {
+            JsonString key;
+            if (*p != '"') return j_fail(r, J_UNSUPPORTED);
+            if (!(p = j_string(r, p, &key))) return NULL;
+            p = j_space(r, p);
+            if (p >= r->end) return j_need(r);
+            if (*p != ':') return j_fail(r, J_UNSUPPORTED);
+            p = j_space(r, p + 1);
+            if (p >= r->end) return j_need(r);
+        }
+        if (!(p = j_value(r, p, &item, depth + 1))) return NULL;
+        p = j_space(r, p);
+        if (p >= r->end) return j_need(r);
+        if (*p == close) return p + 1;
+        if (*p != ',') return j_fail(r, J_UNSUPPORTED);
+        p = j_space(r, p + 1);
+        if (p >= r->end) return j_need(r);
+    }
+}
+
+/* p at the value's first character (no space before it). */
+static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth) {
+    const char *q;
+    v->start = p;
+    switch (*p) {
+    case '"':
+        v->kind = V_STRING;
+        q = j_string(r, p, &v->string);
+        break;
+    case '{':
+    case '[':
+        v->kind = *p == '{' ? V_OBJECT : V_ARRAY;
+        q = j_container(r, p, depth);
+        break;
+    case 't':
+        return j_literal(r, p, "true", V_TRUE, v);
+    case 'f':
+        return j_literal(r, p, "false", V_FALSE, v);
+    case 'n':
+        return j_literal(r, p, "null", V_NULL, v);
+    default:
+        if (*p == '-' || (*p >= '0' && *p <= '9')) return j_number(r, p, v);
+        return j_fail(r, J_UNSUPPORTED);
+    }
+    if (q) v->stop = q;
+    return q;
+}
+
+/* A key without escapes equal to `name`. */
+static inline int j_key_is(const JsonString *key, const char *name, size_t n) {
+    return !key->escaped && (size_t)key->length == n && memcmp(key->text, name, n) == 0;
+}
+#define J_KEY_IS(key, literal) j_key_is((key), (literal), sizeof(literal) - 1)
+
+#endif

@@ -1,0 +1,371 @@
+"""A Kineto trace's events as columns, before they become span rows.
+
+Two readers make the same :class:`EventColumns`:
+
+* :func:`scanned_events`, the C scanner (``xsp.io._kineto``): the file inflated and read piece
+  by piece, each event written straight into typed columns, so that neither the whole inflated
+  file nor a Python object per event is ever held. It reads the files Kineto writes; anything
+  else it leaves to
+* :func:`decoded_events`, msgspec's typed decode of the whole file (:mod:`xsp.io.kineto_json`),
+  which reads every Chrome trace and says what is wrong with those it cannot.
+
+Rows are the complete ("X") events of a category xsp imports, in file order, with their start
+and duration as recorded (microseconds); nothing is filtered by time or sorted yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xsp.io.kineto_json import (
+    _ARGS_DECODER,
+    _MISSING,
+    _NO_ARGS,
+    _QUIET_PHASES,
+    _Complete,
+    _FileFields,
+    _Flow,
+    _FlowEnd,
+    _Metadata,
+    _phase,
+    inflated_pieces,
+)
+from xsp.record.hotpath import PURE_PYTHON_ENV
+
+MISSING: Final = _MISSING
+"""An absent integer in the int64 columns below."""
+MISSING_TIMES: Final = "missing_times"
+
+
+@dataclass
+class EventColumns:
+    """The importable events of a trace, one row each, in file order."""
+
+    category: np.ndarray
+    """Index into the importer's category list."""
+    ts_us: np.ndarray
+    dur_us: np.ndarray
+    process: np.ndarray
+    """The events' ``pid``, as codes (one per distinct pid)."""
+    thread: pd.arrays.IntegerArray
+    """``tid`` where it is an integer."""
+    name: pa.LargeStringArray
+    attributes: pa.LargeStringArray
+    """The raw JSON of ``args``, as recorded; null where there is none."""
+    correlation: np.ndarray
+    device: np.ndarray
+    """``args.device``, else the pid (meaningful on device rows only); so is ``stream`` (else tid)."""
+    stream: np.ndarray
+    registers: np.ndarray
+    shared_memory: np.ndarray
+    bytes: np.ndarray
+    sequence: np.ndarray
+    input_dims: pa.LargeStringArray
+    """Compact JSON (white space dropped), null where absent or ``[]``; so are ``grid`` and ``block``."""
+    grid: pa.LargeStringArray
+    block: pa.LargeStringArray
+    fields: _FileFields
+    thread_names: dict[str, str]
+    counts: Counter[str] = field(default_factory=Counter)
+    """Events left out, by reason (``ignored X events``, ``missing_times``)."""
+
+
+def _scanner_module() -> Any:
+    if os.environ.get(PURE_PYTHON_ENV):
+        return None
+    try:
+        return importlib.import_module("xsp.io._kineto")
+    except ImportError:
+        return None
+
+
+_END: Final = object()
+
+
+def _read_ahead(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """``pieces``, made up to ``depth`` ahead by a thread of their own: inflating (zlib) and
+    scanning (C) both let go of the GIL, so on two cores the file is inflated while it is read."""
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for piece in pieces:
+                while not stop.is_set():
+                    try:
+                        ready.put(piece, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(_END)
+        except BaseException as exc:  # handed to the reader, which raises it
+            ready.put(exc)
+
+    thread = threading.Thread(target=produce, name="xsp-kineto-inflate", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                ready.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        thread.join()
+
+
+def _strings(blocks: dict[str, Any], name: str, count: int, empty_is_null: bool) -> pa.LargeStringArray:
+    offsets = np.frombuffer(blocks.pop(f"{name}.offsets"), dtype=np.int64)
+    validity = None
+    nulls = 0
+    if empty_is_null:
+        present = offsets[1:] != offsets[:-1]
+        nulls = count - int(np.count_nonzero(present))
+        validity = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
+    texts = pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(blocks.pop(f"{name}.data")),
+                                             validity, nulls)
+    texts.validate(full=True)  # not UTF-8: left to msgspec, which says so
+    return texts
+
+
+def scanned_events(source: Path, categories: list[str], linked: frozenset[str]) -> EventColumns | None:
+    """The events read by the C scanner; None where it is not built or leaves the file to msgspec.
+
+    Raises:
+        TraceFormatError: the gzip stream is corrupt, truncated or a decompression bomb.
+    """
+    kineto = _scanner_module()
+    if kineto is None:
+        return None
+    scanner = kineto.Scanner(categories, sorted(linked))
+    pending = b""
+    try:
+        for piece in _read_ahead(inflated_pieces(source)):
+            data = pending + piece if pending else piece
+            pending = data[scanner.scan(data, False):]
+        scanner.scan(pending, True)
+    except kineto.Unsupported:
+        return None
+    count = scanner.rows
+    blocks = scanner.columns()
+    try:
+        name = _strings(blocks, "name", count, empty_is_null=False)
+        attributes = _strings(blocks, "attributes", count, empty_is_null=True)
+    except pa.ArrowInvalid:
+        return None
+    try:
+        fields = msgspec.json.decode(b"{" + b",".join(b'"%s":%s' % pair for pair in scanner.top_fields) + b"}",
+                                     type=_FileFields)
+    except msgspec.DecodeError:
+        return None
+
+    def ints(key: str) -> np.ndarray:
+        return np.frombuffer(blocks.pop(key), dtype=np.int64)
+
+    tid = ints("tid")
+    counts: Counter[str] = Counter({f"ignored {what} events": n for what, n in scanner.ignored.items()})
+    if scanner.missing_times:
+        counts[MISSING_TIMES] = scanner.missing_times
+    return EventColumns(
+        category=np.frombuffer(blocks.pop("category"), dtype=np.int8),
+        ts_us=np.frombuffer(blocks.pop("ts"), dtype=np.float64),
+        dur_us=np.frombuffer(blocks.pop("dur"), dtype=np.float64),
+        process=pd.factorize(ints("pid"))[0].astype(np.int64),
+        thread=pd.arrays.IntegerArray(tid, np.zeros(count, dtype=bool)),
+        name=name, attributes=attributes,
+        correlation=ints("correlation"), device=ints("device"), stream=ints("stream"),
+        registers=ints("registers"), shared_memory=ints("shared_memory"), bytes=ints("bytes"),
+        sequence=ints("sequence"),
+        input_dims=_strings(blocks, "input_dims", count, empty_is_null=True),
+        grid=_strings(blocks, "grid", count, empty_is_null=True),
+        block=_strings(blocks, "block", count, empty_is_null=True),
+        fields=fields,
+        thread_names={str(tid_): name_ for tid_, name_ in scanner.thread_names},
+        counts=counts,
+    )
+
+
+# ---- the msgspec reader ---------------------------------------------------------------------------
+
+
+def int_or_none(value: Any) -> int | None:
+    """An integer argument as Kineto may write one (an int, a bool, a whole float, digits)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def int_column(values: list[Any]) -> pd.arrays.IntegerArray:
+    """A nullable int64 column; ``None``, ``MISSING`` and values that are not integers become null."""
+    types = set(map(type, values))
+    if types <= {int, type(None)}:  # the usual case, converted by numpy in one go
+        plain = [MISSING if v is None else v for v in values] if type(None) in types else values
+    else:
+        plain = [v if type(v) is int else MISSING if v is None else int_or_none(v) for v in values]
+        plain = [MISSING if v is None else v for v in plain]
+    data = np.array(plain, dtype=np.int64)
+    mask = data == MISSING
+    return pd.arrays.IntegerArray(np.where(mask, 0, data), mask)
+
+
+def _coded(values: list[Any]) -> np.ndarray:
+    """Integers with ``MISSING`` for null, read as :func:`int_column` reads them."""
+    column = int_column(values)
+    return column.to_numpy(dtype=np.int64, na_value=MISSING)
+
+
+def raw_strings(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
+    """The raw JSON texts as a string column (null where empty), built from one joined buffer.
+
+    The texts are slices of the decoded file, already UTF-8: Arrow takes their bytes and
+    offsets as they are, with no Python string made per row.
+    """
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = lengths > 0
+    texts = pa.LargeStringArray.from_buffers(
+        len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)),
+        pa.py_buffer(np.packbits(valid, bitorder="little")), int((~valid).sum()))
+    texts.validate(full=True)  # a file that is not UTF-8 fails here, as it would in a decode
+    return texts
+
+
+def _dims(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
+    """Shapes, grids and blocks as compact JSON text (``[24,1,1]``: no white space); null where absent or ``[]``."""
+    texts = pc.replace_substring_regex(raw_strings(raws), "[ \t\r\n]", "")
+    return pc.if_else(pc.equal(texts, "[]"), pa.scalar(None, texts.type), texts)
+
+
+def _complete_events(events: list[Any], categories: dict[str, int], counts: Counter[str]) -> list[_Complete]:
+    """The complete ("X") events of an imported category, in file order; the others are counted."""
+    complete = [event for event in events if type(event) is _Complete]
+    kept = [event for event in complete if event.cat in categories]
+    if len(kept) < len(complete):
+        kept = []
+        for event in complete:
+            if event.cat not in categories:
+                cat = event.cat.lower()
+                if cat not in categories:  # old traces write Kernel, Runtime...
+                    counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
+                    continue
+                event.cat = cat
+            kept.append(event)
+    noisy = {kind for kind in Counter(map(type, events)) if kind is not _Complete and kind not in _QUIET_PHASES}
+    if noisy:
+        skipped = Counter(event.cat or _phase(event) for event in events if type(event) in noisy)
+        counts.update({f"ignored {what} events": count for what, count in skipped.items()})
+    return kept
+
+
+def _thread_names(events: list[Any]) -> dict[str, str]:
+    """Host threads' names (``thread_name`` metadata events), by thread id."""
+    names = {}
+    for event in events:
+        if type(event) is _Metadata and event.name == "thread_name" and event.args.name:
+            thread = int_or_none(event.tid)
+            if thread is not None:
+                names[str(thread)] = event.args.name
+    return names
+
+
+def _microseconds_to_ns(value: int | float) -> int:
+    whole = np.floor(np.float64(value))
+    return int(whole) * 1000 + int(np.rint((np.float64(value) - whole) * 1000))
+
+
+def _flow_correlations(events: list[Any]) -> dict[tuple[Any, Any, int], int]:
+    """``ac2g`` flow ends, by (pid, tid, ts in ns): the correlation id a flow carries."""
+    flows = {}
+    for event in events:
+        if type(event) in (_Flow, _FlowEnd) and event.cat == "ac2g":
+            flow_id = int_or_none(event.id)
+            if flow_id is not None:
+                flows[(event.pid, event.tid, _microseconds_to_ns(event.ts))] = flow_id
+    return flows
+
+
+def decoded_events(decoded: Any, categories: list[str], linked: frozenset[str],
+                   device_categories: frozenset[str]) -> EventColumns:
+    """The events of a whole decoded file (:func:`xsp.io.kineto_json._decode`), which is consumed."""
+    counts: Counter[str] = Counter()
+    index = {cat: i for i, cat in enumerate(categories)}
+    all_events = decoded.traceEvents
+    thread_names = _thread_names(all_events)
+    events = _complete_events(all_events, index, counts)
+    timed = [event for event in events if event.ts is not None and event.dur is not None]
+    if len(timed) < len(events):
+        counts[MISSING_TIMES] += len(events) - len(timed)
+    events = timed
+    count = len(events)
+    category = np.fromiter([index[e.cat] for e in events], dtype=np.int8, count=count)
+    pids = [e.pid for e in events]
+    tids = [e.tid for e in events]
+    raw_args = [e.args for e in events]
+    args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
+    correlation: list[Any] = [a.correlation for a in args]
+    linked_rows = np.flatnonzero(np.isin(category, [index[c] for c in linked])).tolist()
+    if any(correlation[i] in (None, MISSING) for i in linked_rows):
+        flows = _flow_correlations(all_events)
+        for i in linked_rows:
+            if correlation[i] in (None, MISSING):
+                correlation[i] = flows.get((pids[i], tids[i], _microseconds_to_ns(events[i].ts)))
+    device_rows = np.flatnonzero(np.isin(category, [index[c] for c in device_categories])).tolist()
+
+    def on_device(values: list[Any]) -> np.ndarray:
+        full = np.full(count, MISSING, dtype=np.int64)
+        full[device_rows] = _coded(values)
+        return full
+
+    device_args = [args[i] for i in device_rows]
+    pid_is_int = set(map(type, pids)) == {int}
+    columns = EventColumns(
+        category=category,
+        ts_us=np.array([e.ts for e in events], dtype=np.float64),
+        dur_us=np.array([e.dur for e in events], dtype=np.float64),
+        process=pd.factorize(np.array(pids, dtype=np.int64 if pid_is_int else object))[0].astype(np.int64),
+        thread=int_column(tids),
+        name=pa.array([e.name for e in events], type=pa.large_string()),
+        attributes=raw_strings(raw_args),
+        correlation=_coded(correlation),
+        device=on_device([pids[i] if a.device is None else a.device for a, i in zip(device_args, device_rows)]),
+        stream=on_device([tids[i] if a.stream is None else a.stream for a, i in zip(device_args, device_rows)]),
+        registers=_coded([a.registers for a in args]),
+        shared_memory=_coded([a.shared_memory for a in args]),
+        bytes=_coded([a.nbytes for a in args]),
+        sequence=_coded([a.sequence for a in args]),
+        input_dims=_dims([a.input_dims for a in args]),
+        grid=_dims([a.grid for a in args]),
+        block=_dims([a.block for a in args]),
+        fields=decoded,
+        thread_names=thread_names,
+        counts=counts,
+    )
+    decoded.traceEvents = []
+    return columns
