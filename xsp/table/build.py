@@ -17,7 +17,15 @@ from xsp.record import late_records
 from xsp.record.samples import annotate_steps
 from xsp.table import parents as hierarchy
 from xsp.table import paths as structure
-from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, ids_at, nearest_marked, nullable_ints
+from xsp.table.walks import (
+    MEMORY_POOL,
+    arrow_strings,
+    category_values,
+    ids_at,
+    nearest_marked,
+    nullable_ints,
+    strings_at,
+)
 
 
 def empty_table() -> pd.DataFrame:
@@ -197,7 +205,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     has_parent = shape.parents >= 0
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
-    table[col.TRACE_ID] = string_array(shape.trace_ids.tolist())
+    table[col.TRACE_ID] = strings_at(*pd.factorize(shape.trace_ids))
     table[col.PATH] = structure.assign_paths(table, shape, state)
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)

@@ -239,8 +239,10 @@ def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnost
     # a step (or the session) spanning exactly what it holds (a closure optimizer's first step is
     # its optimizer call) is the outer one
     if col.KIND in spans:
-        kind = spans[col.KIND].astype(object).fillna("").to_numpy(dtype=object)
-        tiebreak = np.where(kind == SpanKind.SESSION.value, -2, np.where(kind == SpanKind.STEP.value, -1, tiebreak))
+        kind_codes, kinds = pd.factorize(spans[col.KIND])  # no Python string per row
+        code_of = {kind: code for code, kind in enumerate(kinds)}
+        session, step = code_of.get(SpanKind.SESSION.value, -2), code_of.get(SpanKind.STEP.value, -2)
+        tiebreak = np.where(kind_codes == session, -2, np.where(kind_codes == step, -1, tiebreak))
     rows = np.flatnonzero(has_thread)
     sub_parents, diagnostics = inclusion_parents(
         thread[has_thread].to_numpy(dtype=np.int64),

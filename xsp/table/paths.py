@@ -252,7 +252,9 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     """
     count = len(spans)
     levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
-    name_column = plain_strings(spans[col.NAME]).fill_null("")
+    name_column = plain_strings(spans[col.NAME])
+    if name_column.null_count:
+        name_column = name_column.fill_null("")
     parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
     anchor = anchors(levels, parents)
     session = shape.session
@@ -288,6 +290,7 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
         above = position[anchor[members]] - bounds[current - 1]
         chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
                                                   memory_pool=MEMORY_POOL))
+    del own, name_column  # not needed for the last take, the largest moment of the import
     # one take from the layers as chunks: concatenating them first would copy every path once more
     joined = _take(pa.chunked_array(chunks, type=pa.large_string()), position[:count])
     return arrow_strings(joined)
