@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
+from xsp.core.memory import release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_events, scanned_events
 from xsp.io.kineto_json import _DICT_DECODER, _collector_paused, _decode, is_kineto_path  # noqa: F401 - read from here
@@ -262,7 +263,7 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.FLOPS: _nullable(flops),
         col.SEQUENCE_NUMBER: _nullable(events.sequence),
         col.ATTRIBUTES: arrow_strings(events.attributes),
-    })
+    }, copy=False)  # the columns are new: a copy would hold every row twice
     host_threads = set(np.unique(thread_ids[~thread_ids.isna()].to_numpy(dtype=np.int64)).tolist())
     metadata = {
         "source": "kineto",
@@ -304,7 +305,10 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
         raise TraceNotFoundError(f"no such trace file: {source}")
     with _collector_paused():
         rows, metadata = kineto_rows(read_events(source))
+        release_freed_memory()
         result = build_table([rows], 0, new_step_state(attach_to_session=False))
+        del rows
+        release_freed_memory()
     spans = result.spans
     present = set(spans[col.LEVEL].unique())
     levels = [level.value for level in Level if level.value in present]

@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from xsp.core import schema as col
+from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.record import late_records
 from xsp.record.samples import annotate_steps
 from xsp.table import parents as hierarchy
@@ -56,7 +57,7 @@ def untouched_zeros(count: int, dtype: Any = np.int64) -> np.ndarray:
 
 def null_column(dtype: str, count: int) -> Any:
     """A column of ``count`` nulls of a schema dtype."""
-    if dtype == "string":  # Arrow's buffers never change: every null column can share the same zeros
+    if dtype == "string":
         offsets = pa.py_buffer(untouched_zeros(count + 1))
         validity = pa.py_buffer(untouched_zeros((count + 7) // 8, np.uint8))
         return arrow_strings(pa.LargeStringArray.from_buffers(count, offsets, pa.py_buffer(b""), validity, count))
@@ -81,8 +82,8 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
                 series = series.astype(dtype)
             out[name] = series.reset_index(drop=True)
         else:
-            out[name] = pd.Series(null_column(dtype, len(frame)))
-    return pd.DataFrame(out)
+            out[name] = pd.Series(null_column(dtype, len(frame)), copy=False)
+    return pd.DataFrame(out, copy=False)  # pandas would copy every column: a table of millions of rows twice
 
 
 def new_span_ids(count: int) -> np.ndarray:
@@ -198,6 +199,9 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
+    large = len(table) >= LARGE_TABLE_ROWS
+    if large:
+        release_freed_memory()
     mark_recomputation(table, parents)
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
                                    step_numbers)
@@ -206,6 +210,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
     table[col.TRACE_ID] = strings_at(*pd.factorize(shape.trace_ids))
+    if large:
+        release_freed_memory()
     table[col.PATH] = structure.assign_paths(table, shape, state)
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)

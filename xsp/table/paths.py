@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema as col
+from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import STEP_KINDS, Level
 from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
@@ -278,6 +279,8 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
         _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
         memory_pool=MEMORY_POOL)
     anchor[session] = NONE
+    if count >= LARGE_TABLE_ROWS:
+        release_freed_memory()
     layer = _tree_layers(anchor)
     order = np.argsort(layer, kind="stable")
     position = np.empty(count + 1, dtype=np.int64)
@@ -290,10 +293,14 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
         above = position[anchor[members]] - bounds[current - 1]
         chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
                                                   memory_pool=MEMORY_POOL))
-    del own, name_column  # not needed for the last take, the largest moment of the import
-    # one take from the layers as chunks: concatenating them first would copy every path once more
-    joined = _take(pa.chunked_array(chunks, type=pa.large_string()), position[:count])
-    return arrow_strings(joined)
+    # the last take is the import's largest moment: Arrow takes from layers as chunks by joining
+    # them first, so join them here and let the layers (and the names) go before taking
+    del own, name_column
+    in_layer_order = pa.concat_arrays(chunks, memory_pool=MEMORY_POOL)
+    del chunks
+    if count >= LARGE_TABLE_ROWS:
+        release_freed_memory()
+    return arrow_strings(_take(in_layer_order, position[:count]))
 
 
 def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | None = None) -> np.ndarray:
