@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from xsp.analysis.model import _spans
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions, union_length
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions, plain_strings, union_length
 
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -75,11 +76,18 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     spans = _spans(source)
     kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
-    # positions into two columns, not a boolean mask over the whole table: that copies every column
-    durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels] / 1e3,
-                          index=spans[col.NAME].array.take(kernels).to_numpy(dtype=object), name="duration_us")
+    # positions into two columns, not a boolean mask over the whole table: that copies every column;
+    # and names as codes, not a Python string per kernel (hundreds of thousands of long names)
+    names = plain_strings(spans[col.NAME]).dictionary_encode()  # codes for the whole column: a few MB
+    codes = names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)[kernels]
+    durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels] / 1e3, index=codes,
+                          name="duration_us")
     grouped = durations.groupby(level=0, sort=False).agg(
-        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index(names="name")
+        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max")
+    found = grouped.index.to_numpy(dtype=np.int64)
+    grouped.insert(0, "name", pd.Index(names.dictionary.take(pa.array(found, mask=found < 0)).to_pylist(),
+                                       dtype=object if not len(found) else None))
+    grouped = grouped.reset_index(drop=True)
     total = grouped["total_us"].sum()
     grouped["share"] = grouped["total_us"] / total if total else np.nan
     return grouped.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)

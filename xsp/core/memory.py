@@ -28,7 +28,8 @@ LARGE_TABLE_ROWS = 250_000
 
 
 def release_freed_memory() -> None:
-    """Hand the heap memory freed so far back to the system (glibc's ``malloc_trim``).
+    """Hand the heap memory freed so far back to the system (glibc's ``malloc_trim``, and Arrow's
+    default pool where Arrow is loaded).
 
     Between the stages of a large import, columns of tens of megabytes are freed that glibc
     keeps for reuse, while the next stage's larger arrays are mapped afresh: without this the
@@ -38,3 +39,6 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:  # Arrow's own allocator keeps what pandas' Arrow columns freed, too
+        arrow.default_memory_pool().release_unused()

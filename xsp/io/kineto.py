@@ -53,7 +53,7 @@ from xsp.core.schema import Level, SpanKind
 from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_events, scanned_events
 from xsp.io.kineto_json import _DICT_DECODER, _collector_paused, _decode, is_kineto_path  # noqa: F401 - read from here
 from xsp.io.trace import Trace
-from xsp.table.build import build_table, new_step_state
+from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, strings_at
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
@@ -113,7 +113,13 @@ def _nullable(values: np.ndarray, rows: np.ndarray | None = None) -> pd.arrays.I
         outside = np.ones(len(values), dtype=bool)
         outside[rows] = False
         mask |= outside
+    if mask.all():  # a column this trace has nothing in costs nothing
+        return null_column("Int64", len(values))
     return pd.arrays.IntegerArray(np.where(mask, 0, values), mask)
+
+
+def _texts(texts: pa.Array) -> pd.api.extensions.ExtensionArray:
+    return null_column("string", len(texts)) if texts.null_count == len(texts) else arrow_strings(texts)
 
 
 def _only_at(texts: pa.Array, rows: np.ndarray) -> pa.Array:
@@ -253,16 +259,16 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.STREAM_ID: _nullable(events.stream, device_rows),
         col.CORRELATION_ID: _nullable(events.correlation),
         col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
-        col.INPUT_SHAPES: arrow_strings(events.input_dims),
-        col.GRID: arrow_strings(_only_at(events.grid, device_rows)),
-        col.BLOCK: arrow_strings(_only_at(events.block, device_rows)),
+        col.INPUT_SHAPES: _texts(events.input_dims),
+        col.GRID: _texts(_only_at(events.grid, device_rows)),
+        col.BLOCK: _texts(_only_at(events.block, device_rows)),
         col.REGISTERS_PER_THREAD: _nullable(events.registers, device_rows),
         col.SHARED_MEMORY_BYTES: _nullable(events.shared_memory, device_rows),
         col.BYTES: _nullable(events.bytes, device_rows),
         col.COPY_KIND: strings_at(copy_kind, copy_kinds),
         col.FLOPS: _nullable(flops),
         col.SEQUENCE_NUMBER: _nullable(events.sequence),
-        col.ATTRIBUTES: arrow_strings(events.attributes),
+        col.ATTRIBUTES: _texts(events.attributes),
     }, copy=False)  # the columns are new: a copy would hold every row twice
     host_threads = set(np.unique(thread_ids[~thread_ids.isna()].to_numpy(dtype=np.int64)).tolist())
     metadata = {
@@ -306,8 +312,9 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     with _collector_paused():
         rows, metadata = kineto_rows(read_events(source))
         release_freed_memory()
-        result = build_table([rows], 0, new_step_state(attach_to_session=False))
+        frames = iter([rows])  # build_table holds the only reference, and lets the rows go as it goes
         del rows
+        result = build_table(frames, 0, new_step_state(attach_to_session=False))
         release_freed_memory()
     spans = result.spans
     present = set(spans[col.LEVEL].unique())

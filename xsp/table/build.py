@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from xsp.table.walks import (
     nearest_marked,
     nullable_ints,
     strings_at,
+    untouched_zeros,
 )
 
 
@@ -40,19 +40,6 @@ def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
         return arrow_strings(pa.array(values, type=pa.large_string(), memory_pool=MEMORY_POOL))
     except (pa.ArrowException, TypeError):
         return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
-
-
-def untouched_zeros(count: int, dtype: Any = np.int64) -> np.ndarray:
-    """``count`` zeros in memory of their own that the system provides only when written.
-
-    A span table has many columns that are null in most traces (an imported trace has no module
-    types, a CPU run no kernels): their zeros cost the process nothing until something writes
-    them, whatever the allocator did before (``np.zeros`` only sometimes gets fresh pages).
-    """
-    size = count * np.dtype(dtype).itemsize
-    if size < 1 << 20:
-        return np.zeros(count, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype, count=count)
 
 
 def null_column(dtype: str, count: int) -> Any:
@@ -176,8 +163,10 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if not parts:
         return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
     raw = pd.concat(parts, ignore_index=True)
-    raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
-    raw[col.END_NS] = raw[col.END_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+    del parts
+    if host_to_epoch_ns:  # an import's times are epoch times already
+        raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
+        raw[col.END_NS] = raw[col.END_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
     if all(name in raw for name in (col.LEVEL, col.KIND, col.THREAD_ID)):
         widen_backward_layers(raw)
     depth = (raw[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64) if col.CALL_DEPTH in raw
@@ -185,7 +174,9 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     order = np.lexsort((depth, raw[col.START_NS].to_numpy(dtype=np.int64)))
     if sort and not (order == np.arange(len(order))).all():  # importers hand rows over already in order
         raw = raw.take(order).reset_index(drop=True)  # before conform: the columns no tracer gave are not taken
+    del depth, order
     table = conform(raw)
+    del raw
     table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
     table[col.SPAN_ID] = new_span_ids(len(table))
     is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
@@ -205,24 +196,37 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     mark_recomputation(table, parents)
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
                                    step_numbers)
+    del parents  # the tree is in shape now; at millions of rows every array counts
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
-    has_parent = shape.parents >= 0
-    table[col.PARENT_ID] = ids_at(ids, shape.parents)
-    table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
-    table[col.TRACE_ID] = strings_at(*pd.factorize(shape.trace_ids))
+    roots = int((shape.parents < 0).sum())
     if large:
         release_freed_memory()
+    # the paths first: the largest column, made while the table is smallest
     table[col.PATH] = structure.assign_paths(table, shape, state)
+    if large:
+        release_freed_memory()
+    table[col.PARENT_ID] = ids_at(ids, shape.parents)
+    del ids
+    table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
+    del exec_index
+    trace_codes, trace_ids = pd.factorize(shape.trace_ids)
+    del shape
+    if large:
+        release_freed_memory()
+    table[col.TRACE_ID] = strings_at(trace_codes, trace_ids)
+    del trace_codes
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
     table = conform(table)
+    if large:
+        release_freed_memory()
     late_calls, late_activities = late_records.adopt_late(table, state)
     late_records.remember(table, state)
     diagnostics.late_linked = late_calls + late_activities
     diagnostics.launch_missing = max(diagnostics.launch_missing - late_activities, 0)
     diagnostics.launched += late_activities
-    diagnostics.roots = int((~has_parent).sum()) - diagnostics.late_linked
+    diagnostics.roots = roots - diagnostics.late_linked
     annotate_steps(table)
     return TableResult(table, diagnostics.as_dict())

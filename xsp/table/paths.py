@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from xsp.core import schema as col
 from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import STEP_KINDS, Level
+from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
 
 NONE = -1
@@ -248,8 +251,9 @@ def _tree_layers(anchor: np.ndarray) -> np.ndarray:
 def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.api.extensions.ExtensionArray:
     """``anchor_path/name[k]`` for every span (see :mod:`xsp.core.schema`), as a string column.
 
-    Paths are joined in Arrow one tree layer at a time: a trace of 100k spans has paths of
-    80 characters on average, and building them as Python strings cost more than the tree.
+    Paths are never built as Python strings (a trace of 100k spans has paths of 80 characters on
+    average: that cost more than the tree): C writes them into one buffer of their exact size
+    (``_paths.c``), or, where it is not built, Arrow joins them one tree layer at a time.
     """
     count = len(spans)
     levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
@@ -274,18 +278,81 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
                        state)
     occurrence = np.append(occurrence, 0)
     occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
-    own = pc.binary_join_element_wise(
-        pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())], memory_pool=MEMORY_POOL),
-        _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
-        memory_pool=MEMORY_POOL)
     anchor[session] = NONE
+    del levels, parents, depth, name_codes, carried, rows, scopes  # the paths' buffer is the largest moment
     if count >= LARGE_TABLE_ROWS:
         release_freed_memory()
     layer = _tree_layers(anchor)
     order = np.argsort(layer, kind="stable")
+    bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
+    del layer
+    filler = _path_filler()
+    if filler is not None:
+        return _filled_paths(filler, name_column, occurrence, anchor, order, bounds)
+    return _joined_paths(name_column, occurrence, anchor, order, bounds)
+
+
+def _path_filler() -> Any:
+    """``xsp.table._paths.fill_paths``, or None where it is not built or ``XSP_PURE_PYTHON`` is set."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        return None
+    try:
+        return importlib.import_module("xsp.table._paths").fill_paths
+    except ImportError:
+        return None
+
+
+def _digits(values: np.ndarray) -> np.ndarray:
+    """How many characters ``str(value)`` has, for each value."""
+    digits = 1 + (values < 0)
+    rest = np.abs(values) // 10
+    while (rest > 0).any():
+        digits += rest > 0
+        rest //= 10
+    return digits
+
+
+def _filled_paths(fill: Any, names: pa.LargeStringArray, occurrence: np.ndarray, anchor: np.ndarray,
+                  order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """The paths written by C into one buffer of their exact size (see ``_paths.c``): a path's length
+    is its anchor's, one for '/', and its own part's, computed a tree layer at a time."""
+    count = len(names)
+    name_offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[names.offset:names.offset + count + 1]
+    own_length = np.append(np.diff(name_offsets), len(SESSION_NAME.encode())) + 2 + _digits(occurrence)
+    length = np.zeros(count + 1, dtype=np.int64)
+    roots = order[bounds[0]:bounds[1]]
+    length[roots] = own_length[roots]
+    for current in range(1, len(bounds) - 1):
+        members = order[bounds[current]:bounds[current + 1]]
+        length[members] = length[anchor[members]] + 1 + own_length[members]
+    del own_length
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(length[:count], out=offsets[1:])
+    del length
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    fill(order[bounds[0]:], anchor, offsets, data, name_offsets, names.buffers()[2], occurrence,
+         SESSION_NAME.encode(), count)
+    unplaced = order[:bounds[0]]  # rows on a cycle get no path
+    unplaced = unplaced[unplaced < count]
+    validity = None
+    if len(unplaced):
+        placed = np.ones(count, dtype=bool)
+        placed[unplaced] = False
+        validity = pa.py_buffer(np.packbits(placed, bitorder="little"))
+    return arrow_strings(pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data),
+                                                          validity, len(unplaced)))
+
+
+def _joined_paths(name_column: pa.LargeStringArray, occurrence: np.ndarray, anchor: np.ndarray,
+                  order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """The paths joined in Arrow one tree layer at a time (where the C filler is not built)."""
+    count = len(name_column)
+    own = pc.binary_join_element_wise(
+        pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())], memory_pool=MEMORY_POOL),
+        _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
+        memory_pool=MEMORY_POOL)
     position = np.empty(count + 1, dtype=np.int64)
     position[order] = np.arange(count + 1)
-    bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
     unplaced = int(bounds[0])  # rows on a cycle (layer -1) get no path
     chunks = [pa.nulls(unplaced, pa.large_string()), _take(own, order[unplaced:bounds[1]])]
     for current in range(1, len(bounds) - 1):
@@ -293,9 +360,9 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
         above = position[anchor[members]] - bounds[current - 1]
         chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
                                                   memory_pool=MEMORY_POOL))
-    # the last take is the import's largest moment: Arrow takes from layers as chunks by joining
-    # them first, so join them here and let the layers (and the names) go before taking
-    del own, name_column
+    # the last take is the largest moment: Arrow takes from layers as chunks by joining them
+    # first, so join them here and let the layers go before taking
+    del own
     in_layer_order = pa.concat_arrays(chunks, memory_pool=MEMORY_POOL)
     del chunks
     if count >= LARGE_TABLE_ROWS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,25 @@ def parent_positions(spans: pd.DataFrame) -> np.ndarray:
     return positions
 
 
+def untouched_zeros(count: int, dtype: Any = np.int64) -> np.ndarray:
+    """``count`` zeros in memory of their own that the system provides only when written.
+
+    A span table has many columns that are null in most traces (an imported trace has no module
+    types, a CPU run no kernels): their zeros cost the process nothing until something writes
+    them, whatever the allocator did before (``np.zeros`` only sometimes gets fresh pages).
+    """
+    size = count * np.dtype(dtype).itemsize
+    if size < 1 << 20:
+        return np.zeros(count, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype, count=count)
+
+
 def nullable_ints(values: np.ndarray, missing: np.ndarray) -> pd.arrays.IntegerArray:
     """An Int64 column of ``values`` in which the ``missing`` rows are null."""
-    return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int64), np.asarray(missing, dtype=bool))
+    missing = np.asarray(missing, dtype=bool)
+    if missing.all():
+        return pd.arrays.IntegerArray(untouched_zeros(len(missing)), missing)
+    return pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int64), missing)
 
 
 def arrow_strings(array: pa.Array | pa.ChunkedArray) -> pd.api.extensions.ExtensionArray:
