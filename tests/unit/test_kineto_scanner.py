@@ -130,6 +130,14 @@ def test_odd_but_valid_events_read_the_same(tmp_path, name, indent):
     assert kernel[col.GRID] == "[4,1,1]" and kernel[col.SHARED_MEMORY_BYTES] == 1 and pd.isna(kernel[col.BYTES])
 
 
+def test_attributes_are_the_arguments_as_compact_json(tmp_path):
+    trace = xsp.load(_write(tmp_path, _document(ODD_EVENTS[2:4]), "args.json", indent=4))
+    attributes = trace.spans[col.ATTRIBUTES].tolist()
+    assert [json.loads(text) for text in attributes] == [ODD_EVENTS[2]["args"], ODD_EVENTS[3]["args"]]
+    assert attributes[1] == '{"Input Dims":[],"Sequence number":7.0}'
+    assert '"x}y]"' in attributes[0] and "\n" not in attributes[0]
+
+
 @pytest.mark.parametrize("piece_bytes", [1, 2, 3, 7, 64, 1000])
 def test_pieces_cut_anywhere_read_the_same(tmp_path, monkeypatch, piece_bytes):
     path = _write(tmp_path, _document(ODD_EVENTS * 3), "odd.json.gz", indent=1)

@@ -23,8 +23,9 @@ Kineto category           level      kind         notes
 Times are ``baseTimeNanoseconds`` (when present) plus ``ts`` microseconds; integer
 microseconds are converted exactly and fractional ones to the nanosecond. Flow events
 (``ac2g``) stand in for a missing ``correlation`` argument. Each event's arguments are kept
-whole, as recorded, in ``attributes`` (``External id``, ``cbid``, occupancy, collective
-sizes... as well as those copied into typed columns), so nothing is lost.
+whole in ``attributes`` (``External id``, ``cbid``, occupancy, collective sizes... as well as
+those copied into typed columns), every key and value as recorded, as compact JSON (without the
+white space between tokens), so nothing is lost.
 Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
 the metadata (``not_imported``), not imported; so are events with impossible times (not
 finite, negative durations, before the epoch or after 2116: ``impossible_times``).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import queue
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -65,7 +66,8 @@ class EventColumns:
     """``tid`` where it is an integer."""
     name: pa.LargeStringArray
     attributes: pa.LargeStringArray
-    """The raw JSON of ``args``, as recorded; null where there is none."""
+    """The JSON of ``args``, every key and value as recorded, without the white space between
+    tokens; null where there is none."""
     correlation: np.ndarray
     device: np.ndarray
     """``args.device``, else the pid (meaningful on device rows only); so is ``stream`` (else tid)."""
@@ -240,7 +242,7 @@ def _coded(values: list[Any]) -> np.ndarray:
     return column.to_numpy(dtype=np.int64, na_value=MISSING)
 
 
-def raw_strings(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
+def raw_strings(raws: list[msgspec.Raw] | list[bytes]) -> pa.LargeStringArray:
     """The raw JSON texts as a string column (null where empty), built from one joined buffer.
 
     The texts are slices of the decoded file, already UTF-8: Arrow takes their bytes and
@@ -255,6 +257,16 @@ def raw_strings(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
         pa.py_buffer(np.packbits(valid, bitorder="little")), int((~valid).sum()))
     texts.validate(full=True)  # a file that is not UTF-8 fails here, as it would in a decode
     return texts
+
+
+_STRING_OR_SPACE = re.compile(rb'("(?:[^"\\]|\\.)*")|[ \t\n\r]+', re.DOTALL)
+
+
+def compact_json(raws: list[msgspec.Raw]) -> list[bytes]:
+    """Each JSON text without the white space between its tokens (what the C scanner writes).
+
+    Valid JSON holds no NUL byte, so the texts are joined by one and compacted in a single pass."""
+    return _STRING_OR_SPACE.sub(rb"\1", b"\x00".join(raws)).split(b"\x00") if raws else []
 
 
 def _dims(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
@@ -352,7 +364,7 @@ def decoded_events(decoded: Any, categories: list[str], linked: frozenset[str],
         process=pd.factorize(np.array(pids, dtype=np.int64 if pid_is_int else object))[0].astype(np.int64),
         thread=int_column(tids),
         name=pa.array([e.name for e in events], type=pa.large_string()),
-        attributes=raw_strings(raw_args),
+        attributes=raw_strings(compact_json(raw_args)),
         correlation=_coded(correlation),
         device=on_device([pids[i] if a.device is None else a.device for a, i in zip(device_args, device_rows)]),
         stream=on_device([tids[i] if a.stream is None else a.stream for a, i in zip(device_args, device_rows)]),

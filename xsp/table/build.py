@@ -211,11 +211,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     exec_index = structure.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
     del exec_index
-    trace_codes, trace_ids = pd.factorize(shape.trace_ids)
+    trace_codes, trace_values = shape.trace_codes, shape.trace_values
     del shape
     if large:
         release_freed_memory()
-    table[col.TRACE_ID] = strings_at(trace_codes, trace_ids)
+    table[col.TRACE_ID] = strings_at(trace_codes, trace_values)
     del trace_codes
     table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
     diagnostics.spans = len(table)

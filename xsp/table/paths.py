@@ -84,8 +84,29 @@ class StepState:
 class Structure:
     parents: np.ndarray  # positions; the session (or a virtual row past the end) for session children
     step: np.ndarray  # -1 for no step
-    trace_ids: np.ndarray  # object array of 32-hex trace ids
+    trace_codes: np.ndarray  # each row's trace, as a position in trace_values
+    trace_values: list[str]  # the distinct 32-hex trace ids
     session: int  # position of the session row, len(spans) when it is not in this window
+
+    @property
+    def trace_ids(self) -> np.ndarray:
+        """Each row's trace id (an object array)."""
+        return np.array(self.trace_values, dtype=object)[self.trace_codes]
+
+
+class _TraceCodes:
+    """Trace ids as small integer codes (a table of millions of rows has a few hundred traces)."""
+
+    def __init__(self) -> None:
+        self.values: list[str] = []
+        self._codes: dict[str, int] = {}
+
+    def code(self, trace_id: str) -> int:
+        found = self._codes.get(trace_id)
+        if found is None:
+            found = self._codes[trace_id] = len(self.values)
+            self.values.append(trace_id)
+        return found
 
 
 def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
@@ -111,7 +132,8 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     parents[step_roots] = NONE
     step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
     step_of = np.full(count, NONE, dtype=np.int64)
-    trace_of = np.full(count, state.session_trace_id, dtype=object)
+    traces = _TraceCodes()
+    trace_of = np.full(count, traces.code(state.session_trace_id), dtype=np.int64)
     if step_numbers is not None and len(step_numbers) == len(step_roots):
         step_of[step_roots] = step_numbers
     else:
@@ -122,7 +144,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         step_of[step_roots[known]] = preset[known].astype(np.int64)
     job = state.job_id
     for root in step_roots.tolist():
-        trace_of[root] = new_trace_id() if job is None else step_trace_id(job, int(step_of[root]))
+        trace_of[root] = traces.code(new_trace_id() if job is None else step_trace_id(job, int(step_of[root])))
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]
@@ -134,7 +156,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     for root in below_model[~hit].tolist():
         prior = state.latest_step.get(int(threads[root]))
         if prior is not None and prior[0] <= starts[root]:
-            step_of[root], trace_of[root] = prior[1], prior[2]
+            step_of[root], trace_of[root] = prior[1], traces.code(prior[2])
             continue
         running = _running_step(step_roots, starts, ends, int(starts[root]))
         if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
@@ -144,13 +166,15 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         unplaced = loose[step_of[loose] < 0]
         parents[unplaced] = session
     for root in step_roots.tolist():
-        state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]), trace_of[root])
+        state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]),
+                                                   traces.values[trace_of[root]])
     if len(step_roots):
         state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
     inside = parents.copy()
     inside[inside == count] = NONE
     top = root_of(inside)
-    return Structure(parents=parents, step=step_of[top], trace_ids=trace_of[top], session=session)
+    return Structure(parents=parents, step=step_of[top], trace_codes=trace_of[top], trace_values=traces.values,
+                     session=session)
 
 
 def _running_step(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, start: int) -> int:
@@ -266,14 +290,15 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
              if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
     name_codes = pd.factorize(name_column.dictionary_encode().indices.to_numpy(zero_copy_only=False))[0]
-    occurrence = occurrence_index([pd.factorize(shape.trace_ids)[0], anchor[:count], name_codes],
+    occurrence = occurrence_index([shape.trace_codes, anchor[:count], name_codes],
                                   [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
     # names below the session and at trace roots recur across windows: continue their counts
     carried = (anchor[:count] < 0) | (anchor[:count] == session)
     if session < count:
         carried[session] = False
     rows = np.flatnonzero(carried)
-    scopes = np.where(anchor[rows] == session, "session", shape.trace_ids[rows].astype(object))
+    scopes = np.where(anchor[rows] == session, "session",
+                      np.array(shape.trace_values, dtype=object)[shape.trace_codes[rows]])
     _carry_occurrences(occurrence, rows, scopes, name_column.take(pa.array(rows)).to_numpy(zero_copy_only=False),
                        state)
     occurrence = np.append(occurrence, 0)

@@ -4,8 +4,8 @@
  * A `Scanner` is fed the inflated file piece by piece (`scan(data, final)`), and returns how
  * many bytes it consumed: it stops before an event (or top-level value) the piece cuts, which
  * the caller hands over again at the start of the next piece. Every complete event ("X") of a
- * known category becomes one row of typed columns (the time, the ids, the name, the raw
- * arguments and the typed fields xsp reads from them); thread names, top-level fields and the
+ * known category becomes one row of typed columns (the time, the ids, the name, the arguments
+ * as compact JSON and the typed fields xsp reads from them); thread names, top-level fields and the
  * counts of events left out are kept aside. The columns are handed over as `Block`s, buffers
  * numpy and Arrow read without a copy.
  *
@@ -397,6 +397,26 @@ static int put_dims(TextColumn *t, const JsonValue *v) {
     return text_end_row(t);
 }
 
+/* A JSON value (already checked) without the white space between its tokens. */
+static int put_compact(Growable *g, const JsonValue *v) {
+    if (grow(g, v->stop - v->start)) return -1;
+    char *w = g->data + g->length;
+    int in_string = 0;
+    for (const char *p = v->start; p < v->stop; p++) {
+        char c = *p;
+        if (in_string) {
+            *w++ = c;
+            if (c == '\\') *w++ = *++p;
+            else if (c == '"') in_string = 0;
+        } else if (c != ' ' && c != '\n' && c != '\r' && c != '\t') {
+            *w++ = c;
+            in_string = c == '"';
+        }
+    }
+    g->length = w - g->data;
+    return 0;
+}
+
 static int add_row(Scanner *s, int category, const Event *e, const Arguments *a) {
     int failed = 0;
     int64_t pid = e->pid.integer, tid = e->tid.integer;
@@ -426,7 +446,7 @@ static int add_row(Scanner *s, int category, const Event *e, const Arguments *a)
     }
     if (text_end_row(name)) return -1;
     TextColumn *attributes = &s->texts[T_ATTRIBUTES];
-    if (e->args.kind == V_OBJECT && put(&attributes->data, e->args.start, e->args.stop - e->args.start)) return -1;
+    if (e->args.kind == V_OBJECT && put_compact(&attributes->data, &e->args)) return -1;
     if (text_end_row(attributes)) return -1;
     if (put_dims(&s->texts[T_INPUT_DIMS], &a->input_dims) || put_dims(&s->texts[T_GRID], &a->grid) ||
         put_dims(&s->texts[T_BLOCK], &a->block))
