@@ -342,7 +342,10 @@ def _filled_paths(fill: Any, names: pa.LargeStringArray, occurrence: np.ndarray,
     """The paths written by C into one buffer of their exact size (see ``_paths.c``): a path's length
     is its anchor's, one for '/', and its own part's, computed a tree layer at a time."""
     count = len(names)
-    name_offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[names.offset:names.offset + count + 1]
+    if not count:
+        return arrow_strings(pa.array([], type=pa.large_string()))
+    _, offsets_buffer, text_buffer = names.buffers()
+    name_offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[names.offset:names.offset + count + 1]
     own_length = np.append(np.diff(name_offsets), len(SESSION_NAME.encode())) + 2 + _digits(occurrence)
     length = np.zeros(count + 1, dtype=np.int64)
     roots = order[bounds[0]:bounds[1]]
@@ -355,7 +358,7 @@ def _filled_paths(fill: Any, names: pa.LargeStringArray, occurrence: np.ndarray,
     np.cumsum(length[:count], out=offsets[1:])
     del length
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    fill(order[bounds[0]:], anchor, offsets, data, name_offsets, names.buffers()[2], occurrence,
+    fill(order[bounds[0]:], anchor, offsets, data, name_offsets, text_buffer or b"", occurrence,
          SESSION_NAME.encode(), count)
     unplaced = order[:bounds[0]]  # rows on a cycle get no path
     unplaced = unplaced[unplaced < count]
