@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import importlib
-import os
 import re
 import sys
 import threading
@@ -362,14 +360,9 @@ _UNSEEN: Any = object()
 # The C path ----------------------------------------------------------------------------------
 def native_module() -> Any:
     """``xsp.record._activity``, or None where it was not built (or ``XSP_PURE_PYTHON`` is set)."""
-    from xsp.record.hotpath import PURE_PYTHON_ENV
+    from xsp.record.hotpath import optional_extension
 
-    if os.environ.get(PURE_PYTHON_ENV):  # everything in Python: the C record path too
-        return None
-    try:  # by name: an extension module, which the import contracts cannot see into
-        return importlib.import_module("xsp.record._activity")
-    except ImportError:
-        return None
+    return optional_extension("xsp.record._activity")
 
 
 _NATIVE_COUNTS: Final = {"dropped_by_cupti": Lost.BY_CUPTI, "buffers_refused": Lost.BUFFERS_REFUSED,

@@ -55,7 +55,7 @@ from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_e
 from xsp.io.kineto_json import _DICT_DECODER, _collector_paused, _decode, is_kineto_path  # noqa: F401 - read from here
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
-from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, strings_at
+from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 DATALOADER_WAIT = re.compile(r"enumerate\(DataLoader\)#")
@@ -114,9 +114,7 @@ def _nullable(values: np.ndarray, rows: np.ndarray | None = None) -> pd.arrays.I
         outside = np.ones(len(values), dtype=bool)
         outside[rows] = False
         mask |= outside
-    if mask.all():  # a column this trace has nothing in costs nothing
-        return null_column("Int64", len(values))
-    return pd.arrays.IntegerArray(np.where(mask, 0, values), mask)
+    return nullable_ints(values, mask)  # a column this trace has nothing in costs nothing
 
 
 def _texts(texts: pa.Array) -> pd.api.extensions.ExtensionArray:

@@ -15,8 +15,6 @@ and duration as recorded (microseconds); nothing is filtered by time or sorted y
 
 from __future__ import annotations
 
-import importlib
-import os
 import queue
 import re
 import threading
@@ -45,7 +43,7 @@ from xsp.io.kineto_json import (
     _phase,
     inflated_pieces,
 )
-from xsp.record.hotpath import PURE_PYTHON_ENV
+from xsp.record.hotpath import optional_extension
 
 MISSING: Final = _MISSING
 """An absent integer in the int64 columns below."""
@@ -84,15 +82,6 @@ class EventColumns:
     thread_names: dict[str, str]
     counts: Counter[str] = field(default_factory=Counter)
     """Events left out, by reason (``ignored X events``, ``missing_times``)."""
-
-
-def _scanner_module() -> Any:
-    if os.environ.get(PURE_PYTHON_ENV):
-        return None
-    try:
-        return importlib.import_module("xsp.io._kineto")
-    except ImportError:
-        return None
 
 
 _END: Final = object()
@@ -156,7 +145,7 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str]) 
     Raises:
         TraceFormatError: the gzip stream is corrupt, truncated or a decompression bomb.
     """
-    kineto = _scanner_module()
+    kineto = optional_extension("xsp.io._kineto")
     if kineto is None:
         return None
     scanner = kineto.Scanner(categories, sorted(linked))

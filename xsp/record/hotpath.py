@@ -17,14 +17,21 @@ PURE_PYTHON_ENV: Final = "XSP_PURE_PYTHON"
 """Set (to anything but empty) to run everything in Python even where the C part is built."""
 
 
-def load() -> Any:
-    """``xsp.record._hotpath``, or None when it is not built or ``XSP_PURE_PYTHON`` is set."""
+def optional_extension(module: str) -> Any:
+    """One of xsp's optional C extensions (``xsp.record._hotpath``, ``xsp.io._kineto``...), or None
+    when it is not built or ``XSP_PURE_PYTHON`` is set. Imported by name: the import contracts
+    cannot see into an extension module."""
     if os.environ.get(PURE_PYTHON_ENV):
         return None
     try:
-        return importlib.import_module("xsp.record._hotpath")
+        return importlib.import_module(module)
     except ImportError:
         return None
+
+
+def load() -> Any:
+    """``xsp.record._hotpath``, or None when it is not built or ``XSP_PURE_PYTHON`` is set."""
+    return optional_extension("xsp.record._hotpath")
 
 
 HOTPATH: Any = load()

@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from xsp.core import schema as col
 from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import STEP_KINDS, Level
-from xsp.record.hotpath import PURE_PYTHON_ENV
+from xsp.record.hotpath import optional_extension
 from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
 
 NONE = -1
@@ -319,12 +317,8 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
 
 def _path_filler() -> Any:
     """``xsp.table._paths.fill_paths``, or None where it is not built or ``XSP_PURE_PYTHON`` is set."""
-    if os.environ.get(PURE_PYTHON_ENV):
-        return None
-    try:
-        return importlib.import_module("xsp.table._paths").fill_paths
-    except ImportError:
-        return None
+    module = optional_extension("xsp.table._paths")
+    return None if module is None else module.fill_paths
 
 
 def _digits(values: np.ndarray) -> np.ndarray:

@@ -167,6 +167,18 @@ static inline const char *j_literal(JsonRange *r, const char *p, const char *wor
 
 static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth);
 
+/* p at an object member's key: reads `"key": value`, returns the position after the value. */
+static inline const char *j_member(JsonRange *r, const char *p, JsonString *key, JsonValue *value, int depth) {
+    if (*p != '"') return j_fail(r, J_UNSUPPORTED);
+    if (!(p = j_string(r, p, key))) return NULL;
+    p = j_space(r, p);
+    if (p >= r->end) return j_need(r);
+    if (*p != ':') return j_fail(r, J_UNSUPPORTED);
+    p = j_space(r, p + 1);
+    if (p >= r->end) return j_need(r);
+    return j_value(r, p, value, depth);
+}
+
 /* p at '{' or '['; skips the whole container, checking its grammar. */
 static inline const char *j_container(JsonRange *r, const char *p, int depth) {
     if (depth > J_MAX_DEPTH) return j_fail(r, J_UNSUPPORTED);
@@ -177,17 +189,8 @@ static inline const char *j_container(JsonRange *r, const char *p, int depth) {
     if (*p == close) return p + 1;
     for (;;) {
         JsonValue item;
-        if (object) {
-            JsonString key;
-            if (*p != '"') return j_fail(r, J_UNSUPPORTED);
-            if (!(p = j_string(r, p, &key))) return NULL;
-            p = j_space(r, p);
-            if (p >= r->end) return j_need(r);
-            if (*p != ':') return j_fail(r, J_UNSUPPORTED);
-            p = j_space(r, p + 1);
-            if (p >= r->end) return j_need(r);
-        }
-        if (!(p = j_value(r, p, &item, depth + 1))) return NULL;
+        JsonString key;
+        if (!(p = object ? j_member(r, p, &key, &item, depth + 1) : j_value(r, p, &item, depth + 1))) return NULL;
         p = j_space(r, p);
         if (p >= r->end) return j_need(r);
         if (*p == close) return p + 1;

@@ -269,7 +269,10 @@ static PyObject *string_object(const JsonString *s) {
     return result;
 }
 
-static int count_ignored(Scanner *s, const JsonString *what, const char *otherwise) {
+/* Counts an event left out, under the first of `what`, `instead` (may be NULL) that is not
+ * empty, else `otherwise`: its category, else its phase, else "unphased" (or "uncategorised"). */
+static int count_ignored(Scanner *s, const JsonString *what, const JsonString *instead, const char *otherwise) {
+    if (!what->length && instead) what = instead;
     hold_gil(s);
     PyObject *key = what->length ? string_object(what) : PyUnicode_FromString(otherwise);
     int status = -1;
@@ -347,9 +350,7 @@ static int read_arguments(const JsonValue *args, Arguments *a) {
     for (;;) {
         JsonString key;
         JsonValue v;
-        if (!(p = j_string(&r, p, &key))) return -1;
-        p = j_space(&r, j_space(&r, p) + 1);
-        if (!(p = j_value(&r, p, &v, 2))) return -1;
+        if (!(p = j_member(&r, p, &key, &v, 2))) return -1;
         if (key.escaped) return -1;
         if (J_KEY_IS(&key, "correlation")) {
             if (v.kind == V_NULL) {
@@ -479,9 +480,7 @@ static int thread_name(Scanner *s, const Event *e) {
     while (*p != '}') {
         JsonString key;
         JsonValue v;
-        if (!(p = j_string(&r, p, &key))) return -1;
-        p = j_space(&r, j_space(&r, p) + 1);
-        if (!(p = j_value(&r, p, &v, 2))) return -1;
+        if (!(p = j_member(&r, p, &key, &v, 2))) return -1;
         if (key.escaped) return -1;
         if (J_KEY_IS(&key, "name")) {
             if (v.kind != V_STRING) return -1;
@@ -517,14 +516,7 @@ static const char *read_event(Scanner *s, JsonRange *r, const char *p) {
     for (;;) {
         JsonString key;
         JsonValue v;
-        if (*p != '"') return j_fail(r, J_UNSUPPORTED);
-        if (!(p = j_string(r, p, &key))) return NULL;
-        p = j_space(r, p);
-        if (p >= r->end) return j_need(r);
-        if (*p != ':') return j_fail(r, J_UNSUPPORTED);
-        p = j_space(r, p + 1);
-        if (p >= r->end) return j_need(r);
-        if (!(p = j_value(r, p, &v, 1))) return NULL;
+        if (!(p = j_member(r, p, &key, &v, 1))) return NULL;
         if (key.escaped) return j_fail(r, J_UNSUPPORTED);
         if (J_KEY_IS(&key, "ph") || J_KEY_IS(&key, "cat") || J_KEY_IS(&key, "name")) {
             if (v.kind != V_STRING) return j_fail(r, J_UNSUPPORTED);
@@ -566,7 +558,7 @@ static const char *read_event(Scanner *s, JsonRange *r, const char *p) {
         if (category < 0) {
             for (Py_ssize_t k = 0; k < e.cat.length; k++)
                 if ((unsigned char)e.cat.text[k] >= 0x80) return j_fail(r, J_UNSUPPORTED); /* str.lower() of Unicode */
-            return count_ignored(s, &e.cat, "uncategorised") ? j_fail(r, J_UNSUPPORTED) : p;
+            return count_ignored(s, &e.cat, NULL, "uncategorised") ? j_fail(r, J_UNSUPPORTED) : p;
         }
         if (e.pid.kind != V_INT || e.pid.overflow || e.tid.kind != V_INT || e.tid.overflow)
             return j_fail(r, J_UNSUPPORTED);
@@ -595,23 +587,7 @@ static const char *read_event(Scanner *s, JsonRange *r, const char *p) {
         return p;
     }
     if (is_phase(&e.ph, "s") || is_phase(&e.ph, "f") || is_phase(&e.ph, "t")) return p;
-    if (e.ph.length == 0 && e.cat.length == 0) return count_ignored(s, &e.cat, "unphased") ? j_fail(r, J_UNSUPPORTED) : p;
-    if (e.cat.length == 0) {
-        hold_gil(s);
-        PyObject *phase = string_object(&e.ph);
-        int status = -1;
-        if (phase) {
-            PyObject *count = PyDict_GetItemWithError(s->ignored, phase);
-            long before = count ? PyLong_AsLong(count) : 0;
-            PyObject *after = PyLong_FromLong(before + 1);
-            if (after && !PyErr_Occurred()) status = PyDict_SetItem(s->ignored, phase, after);
-            Py_XDECREF(after);
-            Py_DECREF(phase);
-        }
-        release_gil(s);
-        return status ? j_fail(r, J_UNSUPPORTED) : p;
-    }
-    return count_ignored(s, &e.cat, "") ? j_fail(r, J_UNSUPPORTED) : p;
+    return count_ignored(s, &e.cat, &e.ph, "unphased") ? j_fail(r, J_UNSUPPORTED) : p;
 }
 
 static int top_field(Scanner *s, const JsonString *key, const JsonValue *v) {
