@@ -64,6 +64,7 @@ def step_records(release, library, launches: int) -> list[bytes]:
 
 def time_c_path(library, native, data: bytes, records: int, buffers: int, rounds: int, rows: bool) -> float:
     """Median ns per record of a drain of ``buffers`` buffers (and the span rows, if ``rows``)."""
+    from xsp.tracers._cupti_clock import CuptiClock
     from xsp.tracers._cupti_rows import activity_rows, api_rows
 
     costs = []
@@ -72,8 +73,8 @@ def time_c_path(library, native, data: bytes, records: int, buffers: int, rounds
         began = time.perf_counter_ns()
         columns, lost = native.drain()
         if rows:
-            api_rows(columns, 0)
-            activity_rows(columns, 0)
+            api_rows(columns, CuptiClock.constant(0))
+            activity_rows(columns, CuptiClock.constant(0))
         costs.append((time.perf_counter_ns() - began) / (records * buffers))
         assert not lost and len(columns) == records * buffers, (lost, len(columns))
     return statistics.median(costs)

@@ -66,23 +66,53 @@ class FakeCupti:
         self.correlation = 0
         self.flushes: list[int] = []
         self.lock = threading.Lock()
+        self.slew = 0.0
+        """CUPTI's clock runs this much faster than the host's (an NTP slew: 0.0005 is 500 ppm)."""
+        self._slew_from_ns = time.perf_counter_ns()
+        self.calls: list[tuple[Any, ...]] = []
+        """The control-plane calls xsp made, in order: ``("enable", kind)``, ``("flush", flag)``..."""
+        self.thread_id_type = 0
+        """The process's thread-id type (CUPTI's default: 0)."""
+        self.while_ending: Any = None
+        """Run once, as another thread would, right after xsp's first disable or forced flush at the end."""
 
     # clock ---------------------------------------------------------------------------
     def get_timestamp(self) -> int:
-        return time.perf_counter_ns() + self.clock_offset_ns
+        """CUPTI's clock: xsp's host clock once the C path handed CUPTI its timestamp callback,
+        else a clock of its own (offset from the host's, perhaps slewing)."""
+        if self.library is not None and self.library.has_timestamp_callback():
+            return int(self.library.timestamp())
+        now = time.perf_counter_ns()
+        return now + self.clock_offset_ns + int(self.slew * (now - self._slew_from_ns))
+
+    def undelivered(self) -> int:
+        """Records made but never handed to xsp (still in CUPTI's buffers)."""
+        return len(self.pending) if self.library is None else int(self.library.staged())
+
+    def _ending(self) -> None:
+        hook, self.while_ending = self.while_ending, None
+        if hook is not None:
+            hook()
 
     # subscription ---------------------------------------------------------------------
     def subscribe(self, callback: Any, userdata: Any) -> int:
         if self.held_by_other or self.subscribers:
             raise CuptiError(MULTIPLE_SUBSCRIBERS)
         self.subscribers += 1
+        self.calls.append(("subscribe",))
         return 1234
 
     def unsubscribe(self, handle: int) -> None:
         self.subscribers -= 1
+        self.calls.append(("unsubscribe",))
 
     def set_thread_id_type(self, kind: int) -> None:
-        assert kind == int(real.ActivityThreadIdType.SYSTEM)
+        assert kind in (int(real.ActivityThreadIdType.SYSTEM), int(real.ActivityThreadIdType.DEFAULT))
+        self.thread_id_type = kind
+        self.calls.append(("thread_id_type", kind))
+
+    def get_thread_id_type(self) -> int:
+        return self.thread_id_type
 
     # activity API -----------------------------------------------------------------------
     def activity_register_callbacks(self, requested: Any, completed: Any) -> None:
@@ -93,9 +123,12 @@ class FakeCupti:
 
     def activity_enable(self, kind: int) -> None:
         self.enabled.add(kind)
+        self.calls.append(("enable", kind))
 
     def activity_disable(self, kind: int) -> None:
         self.enabled.discard(kind)
+        self.calls.append(("disable", kind))
+        self._ending()
 
     def activity_enable_runtime_api(self, cbid: int, enable: int) -> None:
         self._switch(int(real.ActivityKind.RUNTIME), cbid, enable)
@@ -113,13 +146,16 @@ class FakeCupti:
 
     def activity_flush_all(self, flag: int) -> None:
         self.flushes.append(flag)
+        self.calls.append(("flush", flag))
         if self.library is not None:
             self.library.flush(flag)
-            return
-        with self.lock:
-            records, self.pending = self.pending, []
-        if records and self.completed is not None:
-            self.completed(records)
+        else:
+            with self.lock:
+                records, self.pending = self.pending, []
+            if records and self.completed is not None:
+                self.completed(records)
+        if flag:
+            self._ending()
 
     def activity_push_external_correlation_id(self, kind: int, external_id: int) -> None:
         assert kind == int(real.ExternalCorrelationKind.CUSTOM0)
@@ -170,8 +206,9 @@ class FakeCupti:
             api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
             self._emit([api])
 
-    def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000) -> None:
-        """A cudaLaunchKernel on this thread, and the kernel it runs."""
+    def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000, untimed: bool = False) -> None:
+        """A cudaLaunchKernel on this thread, and the kernel it runs (``untimed``: a kernel record
+        CUPTI could not time, start and end 0)."""
         with self.lock:
             self.correlation += 1
             correlation = self.correlation
@@ -193,7 +230,8 @@ class FakeCupti:
             external.external_id, external.correlation_id = top, correlation
             records.append(external)
         if int(real.ActivityKind.CONCURRENT_KERNEL) in self.enabled:
-            records.append(kernel_record(kernel, end + 5_000, end + 5_000 + work_ns, correlation))
+            begins = 0 if untimed else end + 5_000
+            records.append(kernel_record(kernel, begins, begins + work_ns if begins else 0, correlation))
         self._emit(records)
 
 

@@ -9,9 +9,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef void (*requested_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*completed_fn)(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid);
+typedef uint64_t (*timestamp_fn)(void);
 
 #define KINDS 64
 #define OK 0
@@ -28,7 +30,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *staged;
 static size_t staged_bytes, staged_capacity;
 static size_t dropped_pending;
-static int zeroed_attribute = -1;
+static int zeroed_attribute = -1; /* -1: never set (CUPTI's default, 0) */
+static long attribute_sets, timestamp_registrations;
+static timestamp_fn timestamp_callback;
 static long registrations, flushes, dirty_buffers, refused_requests, pushes;
 static __thread uint64_t external_ids[256];
 static __thread int depth;
@@ -50,6 +54,22 @@ int cuptiActivityRegisterCallbacks(requested_fn on_requested, completed_fn on_co
 int cuptiActivitySetAttribute(int attribute, size_t *value_size, void *value) {
     if (attribute != 5 || *value_size != 1) return INVALID_PARAMETER;
     zeroed_attribute = *(uint8_t *)value;
+    attribute_sets++;
+    return OK;
+}
+
+int cuptiActivityGetAttribute(int attribute, size_t *value_size, void *value) {
+    if (attribute != 5 || *value_size < 1) return INVALID_PARAMETER;
+    *(uint8_t *)value = (uint8_t)(zeroed_attribute < 0 ? 0 : zeroed_attribute);
+    *value_size = 1;
+    return OK;
+}
+
+/* CUPTI's clock: the client's callback where one is registered, else CLOCK_REALTIME (Linux). */
+int cuptiActivityRegisterTimestampCallback(timestamp_fn callback) {
+    if (callback == NULL && version < 130400) return INVALID_PARAMETER; /* documented up to 13.2 */
+    timestamp_callback = callback;
+    timestamp_registrations++;
     return OK;
 }
 
@@ -250,3 +270,21 @@ long fake_flushes(void) { return flushes; }
 long fake_dirty_buffers(void) { return dirty_buffers; }
 long fake_refused_requests(void) { return refused_requests; }
 long fake_pushes(void) { return __atomic_load_n(&pushes, __ATOMIC_RELAXED); }
+long fake_staged(void) {
+    pthread_mutex_lock(&lock);
+    long bytes = (long)staged_bytes;
+    pthread_mutex_unlock(&lock);
+    return bytes;
+}
+long fake_attribute_sets(void) { return attribute_sets; }
+void fake_reset_attribute(int value) { zeroed_attribute = value; }
+long fake_timestamp_registrations(void) { return timestamp_registrations; }
+int fake_has_timestamp_callback(void) { return timestamp_callback != NULL; }
+
+/* What CUPTI would stamp a record with now. */
+uint64_t fake_timestamp(void) {
+    if (timestamp_callback != NULL) return timestamp_callback();
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}

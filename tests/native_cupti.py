@@ -100,8 +100,10 @@ class FakeLibcupti:
         lib.fake_add_dropped.argtypes = [ctypes.c_size_t]
         lib.fake_top_external_id.restype = ctypes.c_uint64
         for name in ("fake_registrations", "fake_flushes", "fake_dirty_buffers", "fake_refused_requests",
-                     "fake_pushes"):
+                     "fake_pushes", "fake_attribute_sets", "fake_timestamp_registrations", "fake_staged"):
             getattr(lib, name).restype = ctypes.c_long
+        lib.fake_timestamp.restype = ctypes.c_uint64
+        lib.fake_reset_attribute.argtypes = [ctypes.c_int]
         lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
         self.names: dict[str, ctypes.Array[ctypes.c_char]] = {}
         """Kernel names, kept alive: records point at them, as at CUPTI's own strings."""

@@ -10,9 +10,14 @@ CUPTI release (see :mod:`xsp.tracers._cupti_records`), through cupti-python othe
   CUPTI's thread, or the flushing one) only queues the buffer. At each step end a background
   thread flushes the completed buffers; at session end everything is flushed (forced) after
   the device is synchronised. Records become columns when a window is collected.
-* **Clock.** CUPTI stamps records on its own time base (CLOCK_REALTIME on Linux).
-  :func:`measure_cupti_offset` brackets ``cupti.get_timestamp()`` between two readings of
-  xsp's host clock; records are moved onto the host clock by that offset when interpreted.
+* **Clock.** Where the C path can, CUPTI is handed xsp's host clock before any kind is
+  enabled, so records need no conversion; otherwise CUPTI stamps records on its own time base
+  (CLOCK_REALTIME on Linux), and the offset measured at each drain is interpolated (see
+  :mod:`xsp.tracers._cupti_clock`).
+* **Leaves CUPTI as found.** At the end the kinds are disabled first, then everything is
+  flushed (forced), so no record is made after the last flush; every process-wide setting xsp
+  changed (buffers handed out zeroed, the clock, the thread-id type, per-call switches) is set
+  back, and the subscription released: nothing of xsp's stays attached to CUDA.
 * **Linking.** While the source runs, the layer wrapper pushes an external correlation id
   (the layer call's start on the host clock) around every module call, from C on the C path.
   CUPTI reports which id was on top when each CUDA API call was made; the API call's
@@ -30,8 +35,9 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from xsp.tracers._cupti_clock import ClockMode, CuptiClock, measure_cupti_offset
 from xsp.tracers._cupti_records import (
     ACTIVITY_KINDS,
     API_KINDS,
@@ -46,16 +52,10 @@ from xsp.tracers._cupti_records import (
 from xsp.tracers._cupti_rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
 from xsp.tracers._module_calls import Correlation
 
-from xsp.core.clock import measure_offset_ns, now_ns
 from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.record.recording import Window
 
-__all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "probe"]
-
-
-def measure_cupti_offset(read_cupti: Callable[[], int]) -> tuple[int, int]:
-    """``(offset_ns, uncertainty_ns)``: host clock = CUPTI timestamp - offset."""
-    return measure_offset_ns(read_cupti, reference=now_ns)
+__all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "measure_cupti_offset", "probe"]
 
 
 def cupti_error_text(exc: BaseException) -> str:
@@ -189,9 +189,11 @@ class CuptiSource:
         self.left_out_count = 0
         self._carried = ActivityColumns()
         """Records drained with a window that belong to a later one."""
-        self.offset_ns = 0
-        self.uncertainty_ns = 0
-        self.drift_ns = 0
+        self.clock = CuptiClock()
+        """How this subscription's records are put on the host clock."""
+        self.cupti_timestamp_offset_ns: int | None = None
+        """With CUPTI on xsp's clock: what ``cupti.get_timestamp()`` read against it (expected ~0)."""
+        self._thread_id_type_before: int | None = None
         self.warnings: list[str] = []
 
     @property
@@ -239,13 +241,14 @@ class CuptiSource:
         except Exception as exc:
             raise RuntimeError(f"{_CONFLICT} ({cupti_error_text(exc)})") from None
         try:
-            cupti.set_thread_id_type(1)  # ActivityThreadIdType.SYSTEM: thread ids as threading.get_native_id()
+            self._thread_id_type_before = _thread_id_type(cupti)
+            cupti.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
             self._register_buffers(cupti)
         except Exception as exc:
+            self._give_back_settings(cupti)
             self._unsubscribe(cupti)
             raise RuntimeError(f"CUPTI could not be set up: {cupti_error_text(exc)}") from None
-        self.offset_ns, self.uncertainty_ns = measure_cupti_offset(cupti.get_timestamp)
-        self.drift_ns = 0
+        self._start_clock(cupti)
         self._flusher = _Flusher(lambda: cupti.activity_flush_all(0))
         self._flusher.start()
 
@@ -262,6 +265,29 @@ class CuptiSource:
             self.python_path_reason = "the C record path is switched off for this source"
         if self.native is None:
             cupti.activity_register_callbacks(_buffer_requested, self.store.on_completed)
+
+    def _start_clock(self, cupti: Any) -> None:
+        """Put CUPTI on xsp's host clock where the C path can (before any kind is enabled), else
+        measure the first offset of CUPTI's own."""
+        on_host_clock = self.native is not None and self.native.use_host_clock()
+        self.cupti_timestamp_offset_ns = None
+        if on_host_clock:
+            self.clock = CuptiClock.constant(0, ClockMode.HOST_CALLBACK)
+            try:
+                self.cupti_timestamp_offset_ns = measure_cupti_offset(cupti.get_timestamp)[0]
+            except Exception:
+                pass
+        else:
+            self.clock = CuptiClock()
+            self.clock.measure(cupti.get_timestamp)
+
+    def _measure_clock(self) -> None:
+        """One more offset measurement, where records are on CUPTI's own clock."""
+        if self.clock.mode is ClockMode.INTERPOLATED:
+            try:
+                self.clock.measure(self._module().get_timestamp)
+            except Exception:  # the measurements so far still hold
+                pass
 
     @property
     def path_note(self) -> str | None:
@@ -296,18 +322,32 @@ class CuptiSource:
             self._flusher.stop()
             self._flusher = None
         _synchronize_device()
+        # Kineto's order: with every kind off, nothing (another thread, NCCL, a DataLoader) makes a
+        # record after the forced flush, to surface in the next client's first buffer
+        for kind in list(self._enabled):
+            self._disable(cupti, kind)
         try:
             cupti.activity_flush_all(1)  # forced: incomplete records too
         except Exception as exc:
             self.warnings.append(f"CUPTI's final flush failed; records still in its buffers are lost: "
                                  f"{cupti_error_text(exc)}")
-        for kind in list(self._enabled):
-            self._disable(cupti, kind)
-        try:
-            self.drift_ns = measure_cupti_offset(cupti.get_timestamp)[0] - self.offset_ns
-        except Exception:
-            pass
+        self._measure_clock()
+        self._give_back_settings(cupti)
         self._unsubscribe(cupti)
+
+    def _give_back_settings(self, cupti: Any) -> None:
+        """Set back every process-wide CUPTI setting this subscription changed."""
+        if self.native is not None:
+            try:
+                self.native.restore()
+            except Exception as exc:
+                self.warnings.append(f"CUPTI's settings could not all be set back: {exc}")
+        if self._thread_id_type_before is not None and self._thread_id_type_before != _SYSTEM_THREAD_IDS:
+            try:
+                cupti.set_thread_id_type(self._thread_id_type_before)
+            except Exception as exc:
+                self.warnings.append(f"CUPTI's thread-id type could not be set back: {cupti_error_text(exc)}")
+        self._thread_id_type_before = None
 
     def _disable(self, cupti: Any, kind: Kind) -> None:
         try:
@@ -369,12 +409,16 @@ class CuptiSource:
         if "cupti_records" not in window.derived:
             if flush and self.running:
                 self._flush_completed()
+            if self.running:
+                self._measure_clock()
             columns, lost = self.drain()
+            columns, impossible = columns.without_impossible_times()
+            lost.update(impossible)
             columns = self._carried.then(columns)
             if window.closed_ns is None:
                 self._carried = ActivityColumns()
             else:
-                columns, self._carried = columns.split(window.closed_ns, window.held_thread_ids, self.offset_ns)
+                columns, self._carried = columns.split(window.closed_ns, window.held_thread_ids, self.clock)
             window.derived["cupti_records"] = columns
             window.dropped.update(lost)
         return window.derived["cupti_records"]  # type: ignore[no-any-return]
@@ -386,9 +430,10 @@ class CuptiSource:
             pass
 
     def metadata(self) -> dict[str, Any]:
-        details: dict[str, Any] = {"cupti_to_host_offset_ns": self.offset_ns,
-                                   "uncertainty_ns": self.uncertainty_ns, "drift_ns": self.drift_ns,
+        details: dict[str, Any] = {**self.clock.metadata(),
                                    "query_calls": "recorded" if self.record_queries else "left out"}
+        if self.cupti_timestamp_offset_ns is not None:
+            details["cupti_get_timestamp_offset_ns"] = self.cupti_timestamp_offset_ns
         if self.left_out_count:
             details["query_calls_left_out"] = self.left_out_count
         if self.native is not None:
@@ -427,6 +472,21 @@ class CuptiSource:
 def _per_call_switch(cupti: Any, kind: Kind) -> Callable[[int, int], Any]:
     """``cupti.activity_enable_runtime_api`` (or ``_driver_api``): records of one call on or off."""
     return cupti.activity_enable_runtime_api if kind == Kind.RUNTIME else cupti.activity_enable_driver_api  # type: ignore[no-any-return]
+
+
+_SYSTEM_THREAD_IDS: Final = 1
+"""``cupti.ActivityThreadIdType.SYSTEM``: records carry ``threading.get_native_id()``."""
+
+
+def _thread_id_type(cupti: Any) -> int | None:
+    """The process's thread-id type before xsp changes it (None: this cupti-python cannot say)."""
+    read = getattr(cupti, "get_thread_id_type", None)
+    if read is None:
+        return None
+    try:
+        return int(read())
+    except Exception:
+        return None
 
 
 def _buffer_requested() -> tuple[int, int]:

@@ -29,6 +29,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 import numpy as np
+from xsp.tracers._cupti_clock import CuptiClock
 
 BUFFER_BYTES: Final = 8 << 20
 """Size of each activity buffer handed to CUPTI."""
@@ -100,6 +101,10 @@ class Lost(str, enum.Enum):
     CORRELATION = "external correlation ids CUPTI refused"
     FOREIGN = "CUPTI buffers of another client (not read)"
     OUT_OF_MEMORY = "CUPTI record drains that ran out of memory (their records are lost)"
+    NO_TIMESTAMP = "gpu_no_timestamp"
+    """Activities CUPTI wrote without a time (its header: concurrent-kernel records "may contain
+    invalid (0) timestamps"): drawn, they would lie near the epoch, 56 years before the run."""
+    END_BEFORE_START = "gpu_end_before_start"
 
 
 def _empty(family: Family) -> dict[str, np.ndarray]:
@@ -138,14 +143,32 @@ class ActivityColumns:
                              for name, values in self.families[family].items()} for family in Family}
         return ActivityColumns(families, later.kernel_names)
 
-    def split(self, closed_ns: int, held_threads: frozenset[int], cupti_offset_ns: int,
+    def without_impossible_times(self) -> tuple[ActivityColumns, Counter[str]]:
+        """These records less those no span can be drawn of (a start or end of 0, an end before
+        the start), and how many of each were left out."""
+        lost: Counter[str] = Counter()
+        columns = self
+        for family in Family:
+            times = self[family]
+            if "start" not in times or not len(times["start"]):
+                continue
+            start, end = times["start"], times["end"]
+            untimed = (start == 0) | (end == 0)
+            backwards = ~untimed & (end < start)
+            if untimed.any() or backwards.any():
+                lost[Lost.NO_TIMESTAMP.value] += int(untimed.sum())
+                lost[Lost.END_BEFORE_START.value] += int(backwards.sum())
+                columns = columns.where(family, ~(untimed | backwards))
+        return columns, +lost
+
+    def split(self, closed_ns: int, held_threads: frozenset[int], clock: CuptiClock,
               ) -> tuple[ActivityColumns, ActivityColumns]:
         """``(now, later)``: the records of a window taken at ``closed_ns`` (host clock), and
         those that belong to a later one: CUDA calls made after it was taken or on a thread it
         left for later (``held_threads``), with the GPU work and external ids they launched. GPU
         work whose launch is not among these records goes by its own start."""
         api = self[Family.API]
-        api_later = ((api["start"].astype(np.int64) - cupti_offset_ns >= closed_ns)
+        api_later = ((clock.to_host_ns(api["start"]) >= closed_ns)
                      | np.isin(api["thread_id"], np.fromiter(held_threads, dtype=np.int64)))
         launches = api["correlation_id"]
         later_launches = launches[api_later]
@@ -157,7 +180,7 @@ class ActivityColumns:
             by_launch = np.isin(correlation, later_launches)
             if "start" in self[family]:
                 unlaunched = ~np.isin(correlation, launches)
-                by_launch |= unlaunched & (self[family]["start"].astype(np.int64) - cupti_offset_ns >= closed_ns)
+                by_launch |= unlaunched & (clock.to_host_ns(self[family]["start"]) >= closed_ns)
             later[family] = by_launch
         now = {family: {name: values[~later[family]] for name, values in self.families[family].items()}
                for family in Family}
@@ -421,6 +444,20 @@ class NativeRecords:
         self.totals.update({key: drained[key] for key in ("records", "buffers", "bytes", "other_kinds",
                                                           "size_mismatch", "dropped_by_cupti")})
         return ActivityColumns(families, self.kernel_names), lost
+
+    def use_host_clock(self) -> bool:
+        """Have CUPTI stamp records with xsp's host clock (before any kind is enabled); False
+        where this libcupti has no timestamp callback, or refused it."""
+        return bool(self.module.use_host_clock())
+
+    def restore(self) -> None:
+        """Set back every process-wide setting of CUPTI's that the C path changed (the buffers
+        handed out zeroed, the clock), after the last flush.
+
+        Raises:
+            OSError: CUPTI refused; the message names what stays changed.
+        """
+        self.module.restore()
 
     def push(self, external_id: int) -> None:
         self.module.push(external_id)

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+from xsp.tracers._cupti_clock import CuptiClock
 from xsp.tracers._cupti_records import EXTERNAL_KIND_CUSTOM0, ActivityColumns, Family, Kind
 
 from xsp.core import schema as col
@@ -155,10 +156,6 @@ demangle = _Demangler()
 
 
 # Column helpers ------------------------------------------------------------------------------
-def _host_ns(values: np.ndarray, cupti_offset_ns: int) -> np.ndarray:
-    return values.astype(np.int64) - cupti_offset_ns
-
-
 def _per_distinct(keys: np.ndarray, make: Any) -> np.ndarray:
     """``make(key)`` for each row's key (rows of a 2-D ``keys``), called once per distinct key.
 
@@ -209,7 +206,7 @@ def external_ids(columns: ActivityColumns, correlation_ids: np.ndarray) -> pd.ar
 
 
 # Rows ----------------------------------------------------------------------------------------
-def api_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def api_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     """CUDA runtime and driver calls as span rows on xsp's host clock."""
     api = columns[Family.API]
     count = columns.count(Family.API)
@@ -221,8 +218,8 @@ def api_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
         col.LEVEL: _constant(Level.CUDA_API.value, count),
         col.KIND: np.where(kinds == Kind.RUNTIME, SpanKind.RUNTIME.value, SpanKind.DRIVER.value).astype(object),
         col.NAME: _per_distinct(api_keys(columns), lambda key: api_name(key >> 32, key & 0xFFFFFFFF)),
-        col.START_NS: _host_ns(api["start"], cupti_offset_ns),
-        col.END_NS: _host_ns(api["end"], cupti_offset_ns),
+        col.START_NS: clock.to_host_ns(api["start"]),
+        col.END_NS: clock.to_host_ns(api["end"]),
         col.THREAD_ID: api["thread_id"].astype(np.int64),
         col.CORRELATION_ID: api["correlation_id"].astype(np.int64),
         col.EXTERNAL_ID: external_ids(columns, api["correlation_id"]),
@@ -232,7 +229,7 @@ def api_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
     })
 
 
-def _kernel_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def _kernel_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     kernel = columns[Family.KERNEL]
     count = columns.count(Family.KERNEL)
     names = columns.kernel_names
@@ -242,8 +239,8 @@ def _kernel_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame
         col.LEVEL: _constant(Level.KERNEL.value, count),
         col.KIND: _constant(SpanKind.KERNEL.value, count),
         col.NAME: _per_distinct(kernel["name"].astype(np.int64), lambda index: demangle(names[index])),
-        col.START_NS: _host_ns(kernel["start"], cupti_offset_ns),
-        col.END_NS: _host_ns(kernel["end"], cupti_offset_ns),
+        col.START_NS: clock.to_host_ns(kernel["start"]),
+        col.END_NS: clock.to_host_ns(kernel["end"]),
         col.CORRELATION_ID: kernel["correlation_id"].astype(np.int64),
         col.GRID: _dims(kernel["grid_x"], kernel["grid_y"], kernel["grid_z"]),
         col.BLOCK: _dims(kernel["block_x"], kernel["block_y"], kernel["block_z"]),
@@ -257,7 +254,7 @@ def _kernel_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame
     })
 
 
-def _copy_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def _copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     copy = columns[Family.MEMCPY]
     count = columns.count(Family.MEMCPY)
     directions = _per_distinct(copy["copy_kind"].astype(np.int64), lambda kind: COPY_KINDS.get(kind, "Unknown"))
@@ -268,8 +265,8 @@ def _copy_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
         col.LEVEL: _constant(Level.KERNEL.value, count),
         col.KIND: _constant(SpanKind.MEMCPY.value, count),
         col.NAME: np.array([f"Memcpy {direction}" for direction in directions], dtype=object),
-        col.START_NS: _host_ns(copy["start"], cupti_offset_ns),
-        col.END_NS: _host_ns(copy["end"], cupti_offset_ns),
+        col.START_NS: clock.to_host_ns(copy["start"]),
+        col.END_NS: clock.to_host_ns(copy["end"]),
         col.CORRELATION_ID: copy["correlation_id"].astype(np.int64),
         col.BYTES: copy["bytes"].astype(np.int64),
         col.COPY_KIND: directions,
@@ -279,15 +276,15 @@ def _copy_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
     })
 
 
-def _set_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def _set_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     memset = columns[Family.MEMSET]
     count = columns.count(Family.MEMSET)
     return pd.DataFrame({
         col.LEVEL: _constant(Level.KERNEL.value, count),
         col.KIND: _constant(SpanKind.MEMSET.value, count),
         col.NAME: _constant("Memset", count),
-        col.START_NS: _host_ns(memset["start"], cupti_offset_ns),
-        col.END_NS: _host_ns(memset["end"], cupti_offset_ns),
+        col.START_NS: clock.to_host_ns(memset["start"]),
+        col.END_NS: clock.to_host_ns(memset["end"]),
         col.CORRELATION_ID: memset["correlation_id"].astype(np.int64),
         col.BYTES: memset["bytes"].astype(np.int64),
         col.STREAM_ID: memset["stream_id"].astype(np.int64),
@@ -296,7 +293,7 @@ def _set_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
     })
 
 
-def _sync_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def _sync_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     sync = columns[Family.SYNC]
     count = columns.count(Family.SYNC)
     stream = sync["stream_id"]
@@ -304,8 +301,8 @@ def _sync_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
         col.LEVEL: _constant(Level.KERNEL.value, count),
         col.KIND: _constant(SpanKind.SYNC.value, count),
         col.NAME: _per_distinct(sync["type"].astype(np.int64), lambda kind: SYNC_TYPES.get(kind, "Unknown")),
-        col.START_NS: _host_ns(sync["start"], cupti_offset_ns),
-        col.END_NS: _host_ns(sync["end"], cupti_offset_ns),
+        col.START_NS: clock.to_host_ns(sync["start"]),
+        col.END_NS: clock.to_host_ns(sync["end"]),
         col.CORRELATION_ID: sync["correlation_id"].astype(np.int64),
         col.STREAM_ID: _nullable(stream, stream == NO_STREAM),
         col.ATTRIBUTES: _per_distinct(sync["cuda_event_id"].astype(np.int64),
@@ -317,13 +314,13 @@ _ACTIVITY_ROWS: Final = ((Family.KERNEL, _kernel_rows), (Family.MEMCPY, _copy_ro
                          (Family.SYNC, _sync_rows))
 
 
-def activity_rows(columns: ActivityColumns, cupti_offset_ns: int) -> pd.DataFrame:
+def activity_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     """Kernels, copies, sets and synchronisations as span rows on xsp's host clock.
 
     They carry no thread: the hierarchy places them under the API call with their
     correlation id.
     """
-    frames = [rows(columns, cupti_offset_ns) for family, rows in _ACTIVITY_ROWS if columns.count(family)]
+    frames = [rows(columns, clock) for family, rows in _ACTIVITY_ROWS if columns.count(family)]
     if not frames:
         return pd.DataFrame()
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)

@@ -57,7 +57,7 @@ class CuptiTracer(ABC):
         self.source.step_ended()
 
     def metadata(self) -> dict[str, Any]:
-        """The CUPTI clock offset used, for the trace's metadata."""
+        """How CUPTI was used (record path, clock, what was left out), for the trace's metadata."""
         return self.source.metadata()
 
     @abstractmethod
@@ -81,4 +81,4 @@ class CudaApiTracer(CuptiTracer):
     kinds: ClassVar[tuple[Any, ...]] = API_KINDS
 
     def rows(self, records: ActivityColumns) -> pd.DataFrame:
-        return api_rows(records, self.source.offset_ns)
+        return api_rows(records, self.source.clock)

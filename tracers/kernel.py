@@ -27,4 +27,4 @@ class KernelTracer(CuptiTracer):
     kinds: ClassVar[tuple[Any, ...]] = ACTIVITY_KINDS
 
     def rows(self, records: ActivityColumns) -> pd.DataFrame:
-        return activity_rows(records, self.source.offset_ns)
+        return activity_rows(records, self.source.clock)

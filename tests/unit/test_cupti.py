@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -21,6 +22,7 @@ from cupti import cupti as real  # noqa: E402
 from xsp.analysis import gpu  # noqa: E402
 from xsp.tracers import _cupti, _cupti_records, _cupti_rows  # noqa: E402
 from xsp.tracers._cupti import CuptiSource  # noqa: E402
+from xsp.tracers._cupti_clock import ClockMode, CuptiClock  # noqa: E402
 from xsp.tracers._cupti_records import Family, RecordStore, columns_from_tuples  # noqa: E402
 from xsp.tracers._cupti_rows import activity_rows, api_rows, demangle  # noqa: E402
 from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
@@ -91,14 +93,14 @@ def test_records_become_spans_with_names_launch_geometry_and_memory_facts():
         _memset(3, 2_140_000, 2_141_000), _sync(4, 2_150_000, 2_160_000),
         _api(5, 2_200_000, 2_201_000, cbid=int(FakeCupti.DriverApiTraceCbid.cuLaunchKernel), kind=4),
     ])
-    api = api_rows(records, offset)
+    api = api_rows(records, CuptiClock.constant(offset))
     assert api[col.NAME].tolist() == ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel"]
     assert api[col.KIND].tolist() == [SpanKind.RUNTIME.value, SpanKind.RUNTIME.value, SpanKind.DRIVER.value]
     assert api[col.START_NS].tolist() == [1_000_000, 1_100_000, 1_200_000]
     assert api[col.EXTERNAL_ID].tolist()[0] == 555 and api[col.THREAD_ID].tolist() == [42, 42, 42]
     assert set(api[col.LEVEL]) == {Level.CUDA_API.value}
 
-    activities = activity_rows(records, offset).set_index(col.KIND)
+    activities = activity_rows(records, CuptiClock.constant(offset)).set_index(col.KIND)
     kernel = activities.loc[SpanKind.KERNEL.value]
     assert kernel[col.NAME] == "vecAdd(float*, float*, float*, int)"
     assert (kernel[col.GRID], kernel[col.BLOCK]) == ("[128,2,1]", "[256,1,1]")
@@ -164,7 +166,8 @@ def test_the_cupti_offset_is_measured_against_the_host_clock():
     fake = FakeCupti(clock_offset_ns=123_456_789_000)
     offset, uncertainty = _cupti.measure_cupti_offset(fake.get_timestamp)
     assert abs(offset - 123_456_789_000) <= uncertainty + 1_000
-    shifted = api_rows(_stored([_api(1, 123_456_789_000 + 5_000, 123_456_789_000 + 6_000)]), offset)
+    records = _stored([_api(1, 123_456_789_000 + 5_000, 123_456_789_000 + 6_000)])
+    shifted = api_rows(records, CuptiClock.constant(offset))
     assert abs(int(shifted[col.START_NS].iloc[0]) - 5_000) <= uncertainty + 1_000
 
 
@@ -238,7 +241,12 @@ def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
     assert hierarchy["launched"] == 15 and hierarchy["external_linked"] == 15
     assert hierarchy["external_reparented"] == 0
     details = trace.metadata["tracer_details"]["kernel"]
-    assert abs(details["cupti_to_host_offset_ns"] - fake.clock_offset_ns) <= details["uncertainty_ns"] + 1_000
+    if fake.library is None:  # CUPTI's own clock: the offset measured
+        assert details["clock"] == ClockMode.INTERPOLATED.value
+        assert abs(details["cupti_to_host_offset_ns"] - fake.clock_offset_ns) <= details["uncertainty_ns"] + 1_000
+    else:  # the C path hands CUPTI xsp's clock
+        assert details["clock"] == ClockMode.HOST_CALLBACK.value and details["cupti_to_host_offset_ns"] == 0
+        assert abs(details["cupti_get_timestamp_offset_ns"]) < 1_000_000
     by_layer = gpu.kernel_time_per_layer(trace)
     assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"model.0": 6, "model.2": 9}
 
@@ -493,3 +501,134 @@ def test_a_failing_layer_pops_the_id_it_pushed_from_c(c_path):
     assert len(api) == 2 and api[col.EXTERNAL_ID].notna().all()
     failed = spans[spans[col.NAME] == "model.1"]
     assert (failed[col.STATUS] == "error").all() and set(failed[col.EXTERNAL_ID]) == set(api[col.EXTERNAL_ID])
+
+
+# CUPTI left as found, the end of a session, one clock, impossible records -----------------------
+def _calls(fake: FakeCupti, what: str) -> list[int]:
+    return [call[1] for call in fake.calls if call[0] == what]
+
+
+@pytest.mark.parametrize("zeroed_before", [0, 1], ids=["cuptis-default", "set-by-another-client"])
+def test_a_session_leaves_cupti_as_it_found_it(c_path, zeroed_before):
+    library = c_path.library
+    library.reset_attribute(zeroed_before)
+    c_path.thread_id_type = 0  # CUPTI's default: pthread_self()
+    model = _model(c_path)
+    with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
+        model(torch.randn(2, 8))
+        assert library.zeroed_attribute() == 1 and library.has_timestamp_callback()  # xsp's, while it runs
+        assert c_path.thread_id_type == 1
+    assert session.trace.metadata["tracer_details"]["kernel"]["buffers_zeroed_by"] == "xsp"
+    # every kind enabled was disabled, the per-call switches and the thread-id type set back, the subscription gone
+    assert sorted(_calls(c_path, "enable")) == sorted(_calls(c_path, "disable")) and c_path.enabled == set()
+    assert c_path.silenced == set() and c_path.thread_id_type == 0
+    assert c_path.subscribers == 0 and c_path.calls.count(("subscribe",)) == c_path.calls.count(("unsubscribe",))
+    # the attribute as it was, and CUPTI's own clock (CLOCK_REALTIME) stamping records again
+    assert library.zeroed_attribute() == zeroed_before
+    assert abs(int(library.timestamp()) - time.time_ns()) < 1_000_000_000
+    assert not any(_activity_settings().values())
+    assert INTERCEPTOR._correlation is None
+
+
+def _activity_settings() -> dict[str, bool]:
+    """What xsp's C path still holds changed of CUPTI's settings (nothing, after a session)."""
+    import xsp.record._activity as activity
+
+    settings = activity.settings()
+    return {key: settings[key] for key in ("zeroed_buffers_claimed", "host_clock")}
+
+
+def test_a_refused_kind_leaves_cupti_as_found_too(c_path):
+    c_path.library.reset_attribute(0)
+
+    def refuse(kind: int) -> None:
+        raise CuptiError(int(real.Result.ERROR_INSUFFICIENT_PRIVILEGES))
+
+    c_path.activity_enable = refuse
+    with pytest.warns(xsp.XspWarning, match="ERROR_INSUFFICIENT_PRIVILEGES"):
+        with xsp.trace(levels="model,kernel", output=None):
+            pass
+    assert c_path.subscribers == 0 and c_path.library.zeroed_attribute() == 0
+    assert abs(int(c_path.library.timestamp()) - time.time_ns()) < 1_000_000_000
+    assert not any(_activity_settings().values())
+
+
+def test_the_end_disables_every_kind_before_the_forced_flush_so_no_record_is_left_behind(fake):
+    # another thread (NCCL, a DataLoader worker) makes a CUDA call just as the session ends
+    fake.while_ending = lambda: threading.Thread(target=fake.launch).run()
+    trace = _trace(fake, levels="model,layer,kernel", steps=2)
+    assert fake.undelivered() == 0  # nothing waits in CUPTI's buffers for the next client
+    forced = max(i for i, call in enumerate(fake.calls) if call == ("flush", 1))
+    assert all(i < forced for i, call in enumerate(fake.calls) if call[0] == "disable")
+    assert (trace.spans[col.KIND] == SpanKind.KERNEL.value).sum() >= 2 * 5
+
+
+def test_a_slewing_cupti_clock_moves_no_gpu_span_against_the_host_spans(fake):
+    fake.slew = 0.02  # CUPTI's clock (CLOCK_REALTIME) slewed 2% fast: 200 us every 10 ms
+
+    class Slow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.01)
+            return x
+
+    model = torch.nn.Sequential(_model(fake), Slow()).eval()
+    with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(2, 8))
+    trace = session.trace
+    spans = trace.spans
+    parents = parent_positions(spans)
+    api = np.flatnonzero((spans[col.LEVEL] == Level.CUDA_API.value).to_numpy())
+    owner = parents[api]
+    start, end = spans[col.START_NS].to_numpy(), spans[col.END_NS].to_numpy()
+    assert len(api) == 5 * 5 and (spans[col.LEVEL].to_numpy()[owner] == Level.LAYER.value).all()
+    assert ((start[owner] <= start[api]) & (end[api] <= end[owner])).all()  # inside by time alone
+    assert trace.metadata["hierarchy"]["external_reparented"] == 0
+    details = trace.metadata["tracer_details"]["kernel"]
+    if fake.library is None:  # the offset followed: measured at open and close, interpolated between
+        assert details["clock"] == ClockMode.INTERPOLATED.value and details["clock_measurements"] >= 2
+        assert details["drift_ns"] >= 0.02 * 50_000_000 * 0.5
+    else:  # CUPTI stamps with xsp's clock: its own slew never shows
+        assert details["clock"] == ClockMode.HOST_CALLBACK.value and details["drift_ns"] == 0
+
+
+def test_the_clock_interpolates_between_its_measurements_in_whole_nanoseconds():
+    epoch = 1_790_000_000_000_000_000
+    clock = CuptiClock(ClockMode.INTERPOLATED, [epoch, epoch + 1_000_000_000], [500, 1_500])
+    cupti_ns = np.array([epoch - 10, epoch, epoch + 250_000_000, epoch + 1_000_000_000, epoch + 2_000_000_000],
+                        dtype=np.uint64)
+    assert clock.to_host_ns(cupti_ns).tolist() == [epoch - 510, epoch - 500, epoch + 250_000_000 - 750,
+                                                   epoch + 1_000_000_000 - 1_500, epoch + 2_000_000_000 - 1_500]
+    assert clock.drift_ns == 1_000 and CuptiClock.constant(7).to_host_ns(cupti_ns[:1]).tolist() == [epoch - 17]
+
+
+def test_gpu_records_without_a_time_are_counted_not_drawn(fake):
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    class Untimed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            fake.launch(untimed=True)
+            fake.launch()
+            return x
+
+    with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+        for _ in range(3):
+            Untimed()(torch.randn(2, 8))
+    trace = session.trace
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert len(kernels) == 3 and (kernels[col.START_NS] > 0).all()
+    assert trace.metadata["dropped"] == {"gpu_no_timestamp": 3}
+    console = Console(width=200, record=True, color_system=None)
+    render_report(trace, console)
+    assert "3 gpu_no_timestamp" in console.export_text()
+
+
+def test_impossible_times_are_left_out_of_the_columns():
+    columns = _stored([_api(1, 10, 20), kernel_record("k", 0, 0, 1), kernel_record("k", 50, 40, 2),
+                       kernel_record("k", 30, 0, 3), kernel_record("k", 30, 60, 4), _memcpy(5, 0, 0, 8, 1)])
+    kept, lost = columns.without_impossible_times()
+    assert kept[Family.KERNEL]["correlation_id"].tolist() == [4] and kept.count(Family.MEMCPY) == 0
+    assert kept.count(Family.API) == 1
+    assert lost == {"gpu_no_timestamp": 3, "gpu_end_before_start": 1}

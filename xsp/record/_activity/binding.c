@@ -79,6 +79,8 @@ int bind_cupti(const char *path, char *why, size_t why_size) {
         dlclose(handle);
         return -1;
     }
+    bound.get_attribute = (get_attribute_fn)dlsym(handle, "cuptiActivityGetAttribute");
+    bound.register_timestamp = (register_timestamp_fn)dlsym(handle, "cuptiActivityRegisterTimestampCallback");
     cupti_result status = get_version(&bound.version);
     if (status != CUPTI_OK) {
         snprintf(why, why_size, "cuptiGetVersion failed (CUPTI error %d)", status);

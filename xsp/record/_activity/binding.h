@@ -14,6 +14,9 @@ typedef struct {
     get_num_dropped_fn get_num_dropped;
     push_external_fn push_external;
     pop_external_fn pop_external;
+    /* optional: NULL where the library lacks them */
+    get_attribute_fn get_attribute;
+    register_timestamp_fn register_timestamp;
     char path[1024];
 } cupti_binding;
 

@@ -3,18 +3,48 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "binding.h"
 
 buffer_pool POOL = {.lock = PTHREAD_MUTEX_INITIALIZER};
 pool_counts COUNTS;
 
-/* CUPTI may leave bytes of a record it began but could not finish just past the valid size:
- * they are zeroed too when a buffer goes back to the pool. */
-#define ZERO_MARGIN 4096
+/* Buffers are mapped pages of their own: fresh ones are zero and cost no memory until written,
+ * and a range can be given back to the kernel, to come back zero, without writing it. */
+static uint8_t *new_buffer(size_t bytes) {
+    void *data = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return data == MAP_FAILED ? NULL : data;
+}
 
-int pool_configure(size_t buffer_bytes, size_t max_buffers) {
+static void free_buffer(uint8_t *data, size_t bytes) { munmap(data, bytes); }
+
+/* Zero everything CUPTI may have written, so that the buffer can be handed out again as zeroed
+ * (xsp tells CUPTI its buffers come zeroed, and CUPTI then leaves uninitialised whatever it does
+ * not write): the pages holding the valid records are cleared, and every page after them, where
+ * CUPTI may have begun a record it never completed, is given back to the kernel, which maps it
+ * anew, zero, on the next write (a page CUPTI never touched costs nothing here). */
+static void zero_buffer(uint8_t *data, size_t valid_size) {
+    size_t bytes = POOL.buffer_bytes;
+    if (POOL.zeroing == ZERO_WHOLE) {
+        memset(data, 0, bytes);
+        return;
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    size_t step = page > 0 ? (size_t)page : 4096;
+    size_t written = (valid_size + step - 1) / step * step;
+    if (written >= bytes) {
+        memset(data, 0, bytes);
+        return;
+    }
+    memset(data, 0, written);
+    if (madvise(data + written, bytes - written, MADV_DONTNEED) != 0) memset(data + written, 0, bytes - written);
+}
+
+int pool_configure(size_t buffer_bytes, size_t max_buffers, int zeroing) {
     pthread_mutex_lock(&POOL.lock);
+    POOL.zeroing = zeroing; /* for the buffers given back from now on */
     int status = 0;
     if (POOL.free_list == NULL) {
         POOL.free_list = calloc(max_buffers, sizeof(uint8_t *));
@@ -50,7 +80,7 @@ void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
     if (POOL.free_count > 0) {
         data = POOL.free_list[--POOL.free_count];
     } else if (POOL.allocated < POOL.max_buffers) {
-        data = calloc(1, POOL.buffer_bytes); /* fresh pages: zero, and mapped only when written */
+        data = new_buffer(POOL.buffer_bytes);
         if (data != NULL) POOL.owned[POOL.allocated++] = data;
     }
     pthread_mutex_unlock(&POOL.lock);
@@ -93,10 +123,7 @@ size_t pool_take_queue(completed_buffer *out) {
 }
 
 void pool_give_back(completed_buffer *buffers, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-        size_t written = buffers[i].valid_size + ZERO_MARGIN;
-        memset(buffers[i].data, 0, written < POOL.buffer_bytes ? written : POOL.buffer_bytes);
-    }
+    for (size_t i = 0; i < count; i++) zero_buffer(buffers[i].data, buffers[i].valid_size);
     pthread_mutex_lock(&POOL.lock);
     for (size_t i = 0; i < count; i++) POOL.free_list[POOL.free_count++] = buffers[i].data;
     pthread_mutex_unlock(&POOL.lock);
@@ -112,7 +139,7 @@ void pool_trim(void) {
                 break;
             }
         }
-        free(buffer);
+        free_buffer(buffer, POOL.buffer_bytes);
     }
     POOL.free_count = 0;
     pthread_mutex_unlock(&POOL.lock);

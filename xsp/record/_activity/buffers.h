@@ -15,8 +15,12 @@ typedef struct {
     size_t valid_size;
 } completed_buffer;
 
+/* How a buffer read is zeroed before it goes back to the pool. */
+enum zeroing { ZERO_WRITTEN, ZERO_WHOLE };
+
 typedef struct {
     pthread_mutex_t lock;
+    int zeroing;         /* enum zeroing */
     size_t buffer_bytes;
     size_t max_buffers;
     size_t allocated;    /* buffers that exist: free, with CUPTI, queued or being read */
@@ -39,8 +43,9 @@ typedef struct {
 
 extern pool_counts COUNTS;
 
-/* Size the pool (once: later calls keep the first sizes). Returns 0, -1 when out of memory. */
-int pool_configure(size_t buffer_bytes, size_t max_buffers);
+/* Size the pool (once: later calls keep the first sizes; the zeroing is set each time). Returns
+ * 0, -1 when out of memory. */
+int pool_configure(size_t buffer_bytes, size_t max_buffers, int zeroing);
 
 void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);
 void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size);
@@ -48,7 +53,7 @@ void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, siz
 /* Move the queued buffers into `out` (room for max_buffers); returns how many. */
 size_t pool_take_queue(completed_buffer *out);
 
-/* Give read buffers back, zeroed over what CUPTI wrote. */
+/* Give read buffers back, zeroed wherever CUPTI may have written. */
 void pool_give_back(completed_buffer *buffers, size_t count);
 
 /* Free the buffers in the free list (none is with CUPTI): memory back between sessions. */

@@ -7,8 +7,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../_correlation.h"
 #include "binding.h"
@@ -16,6 +18,13 @@
 #include "columns.h"
 
 static name_table NAMES;
+
+/* What xsp changed of CUPTI's process-wide settings, to set back when its session ends. */
+static struct {
+    int zeroed_changed;   /* CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER set to 1 by xsp */
+    uint8_t zeroed_before; /* its value before */
+    int clock_changed;    /* a timestamp callback registered by xsp */
+} SETTINGS;
 static pthread_mutex_t DRAIN_LOCK = PTHREAD_MUTEX_INITIALIZER; /* one drain at a time: NAMES is its */
 
 /* Column: one packed array, owned, readable through the buffer protocol -------------------- */
@@ -135,7 +144,13 @@ static PyObject *bound(PyObject *module, PyObject *unused) { return bound_descri
 
 static PyObject *register_callbacks(PyObject *module, PyObject *args) {
     Py_ssize_t buffer_bytes, max_buffers;
-    if (!PyArg_ParseTuple(args, "nn", &buffer_bytes, &max_buffers)) return NULL;
+    const char *zeroing = "written";
+    if (!PyArg_ParseTuple(args, "nn|s", &buffer_bytes, &max_buffers, &zeroing)) return NULL;
+    int zero_whole = strcmp(zeroing, "whole") == 0;
+    if (!zero_whole && strcmp(zeroing, "written") != 0) {
+        PyErr_SetString(PyExc_ValueError, "zeroing: 'written' or 'whole'");
+        return NULL;
+    }
     if (BINDING.handle == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no libcupti is bound (call bind first)");
         return NULL;
@@ -144,16 +159,103 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "buffer_bytes: a multiple of 8 of at least 4096; max_buffers: at least 1");
         return NULL;
     }
-    if (pool_configure((size_t)buffer_bytes, (size_t)max_buffers) < 0) return PyErr_NoMemory();
-    uint8_t zeroed = 1;
-    size_t size = sizeof(zeroed);
-    int cupti_zeroes = BINDING.set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) != CUPTI_OK;
+    if (pool_configure((size_t)buffer_bytes, (size_t)max_buffers, zero_whole ? ZERO_WHOLE : ZERO_WRITTEN) < 0)
+        return PyErr_NoMemory();
+    if (!SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
+        uint8_t before = 0; /* CUPTI's documented default, where the value cannot be read */
+        size_t size = sizeof(before);
+        if (BINDING.get_attribute != NULL
+            && BINDING.get_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &before) != CUPTI_OK)
+            before = 0;
+        uint8_t zeroed = 1;
+        size = sizeof(zeroed);
+        if (BINDING.set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) == CUPTI_OK) {
+            SETTINGS.zeroed_before = before;
+            SETTINGS.zeroed_changed = 1;
+        }
+    }
     cupti_result status = BINDING.register_callbacks(on_buffer_requested, on_buffer_completed);
     if (status != CUPTI_OK) {
         PyErr_Format(PyExc_RuntimeError, "cuptiActivityRegisterCallbacks failed (CUPTI error %d)", status);
         return NULL;
     }
-    return PyBool_FromLong(!cupti_zeroes);
+    return PyBool_FromLong(SETTINGS.zeroed_changed);
+}
+
+/* xsp's host clock, what time.perf_counter_ns() reads on Linux: CUPTI calls it from any thread. */
+static uint64_t host_clock_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+/* The clock CUPTI stamps records with when no client gave it one: CLOCK_REALTIME on Linux, and
+ * from CUPTI 13.0 CLOCK_MONOTONIC_RAW under WSL (cupti_activity.h). */
+static int WSL_RAW_CLOCK;
+
+static uint64_t cupti_default_clock_ns(void) {
+    struct timespec now;
+    clock_gettime(WSL_RAW_CLOCK ? CLOCK_MONOTONIC_RAW : CLOCK_REALTIME, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+static int running_under_wsl(void) {
+    FILE *file = fopen("/proc/sys/kernel/osrelease", "r");
+    if (file == NULL) return 0;
+    char release[256] = "";
+    int wsl = fgets(release, sizeof(release), file) != NULL
+              && (strstr(release, "microsoft") != NULL || strstr(release, "Microsoft") != NULL
+                  || strstr(release, "WSL") != NULL);
+    fclose(file);
+    return wsl;
+}
+
+static PyObject *use_host_clock(PyObject *module, PyObject *unused) {
+    WSL_RAW_CLOCK = BINDING.version >= 130000 && running_under_wsl();
+    if (BINDING.handle == NULL || BINDING.register_timestamp == NULL) Py_RETURN_FALSE;
+    if (BINDING.register_timestamp(host_clock_ns) != CUPTI_OK) Py_RETURN_FALSE;
+    SETTINGS.clock_changed = 1;
+    Py_RETURN_TRUE;
+}
+
+/* Every process-wide setting register() and use_host_clock() changed, set back. */
+static PyObject *restore(PyObject *module, PyObject *unused) {
+    char failed[256] = "";
+    if (SETTINGS.zeroed_changed) {
+        uint8_t before = SETTINGS.zeroed_before;
+        size_t size = sizeof(before);
+        cupti_result status = BINDING.set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &before);
+        if (status == CUPTI_OK)
+            SETTINGS.zeroed_changed = 0;
+        else
+            snprintf(failed, sizeof(failed), "the zeroed-buffer attribute (CUPTI error %d)", status);
+    }
+    if (SETTINGS.clock_changed) {
+        /* The 13.2+ attribute takes NULL to unregister; the function answers NULL with INVALID_PARAMETER
+         * up to 13.0 at least: there, a callback reading the clock CUPTI reads by default takes its place. */
+        cupti_result status = BINDING.register_timestamp(NULL);
+        if (status != CUPTI_OK) status = BINDING.register_timestamp(cupti_default_clock_ns);
+        if (status == CUPTI_OK) {
+            SETTINGS.clock_changed = 0;
+        } else {
+            size_t used = strlen(failed);
+            snprintf(failed + used, sizeof(failed) - used, "%sthe timestamp callback (CUPTI error %d)",
+                     used ? " and " : "", status);
+        }
+    }
+    if (failed[0]) {
+        PyErr_Format(PyExc_OSError, "CUPTI did not take back %s", failed);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *settings(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("{s:O,s:i,s:O,s:O,s:O}", "zeroed_buffers_claimed", SETTINGS.zeroed_changed ? Py_True : Py_False,
+                         "zeroed_before", (int)SETTINGS.zeroed_before, "host_clock",
+                         SETTINGS.clock_changed ? Py_True : Py_False, "can_read_attributes",
+                         BINDING.get_attribute != NULL ? Py_True : Py_False, "has_timestamp_callback",
+                         BINDING.register_timestamp != NULL ? Py_True : Py_False);
 }
 
 /* draining --------------------------------------------------------------------------------- */
@@ -332,8 +434,15 @@ static PyMethodDef activity_functions[] = {
     {"bind", bind, METH_VARARGS, "bind(path=None) -> dict: bind to the libcupti loaded in this process."},
     {"bound", bound, METH_NOARGS, "bound() -> dict | None: the libcupti bound, if any."},
     {"register", register_callbacks, METH_VARARGS,
-     "register(buffer_bytes, max_buffers) -> bool: hand CUPTI xsp's buffer callbacks; True when CUPTI takes "
-     "xsp's buffers as zeroed."},
+     "register(buffer_bytes, max_buffers, zeroing='written') -> bool: hand CUPTI xsp's buffer callbacks; True "
+     "when CUPTI takes xsp's buffers as zeroed. zeroing: how a buffer read is zeroed again ('written': the pages "
+     "of its records cleared and the rest given back to the kernel; 'whole': all of it cleared)."},
+    {"use_host_clock", use_host_clock, METH_NOARGS,
+     "use_host_clock() -> bool: have CUPTI stamp records with xsp's host clock (CLOCK_MONOTONIC); False where "
+     "the library cannot."},
+    {"restore", restore, METH_NOARGS,
+     "restore(): set back every process-wide CUPTI setting xsp changed (OSError naming what CUPTI refused)."},
+    {"settings", settings, METH_NOARGS, "settings() -> dict: what xsp has changed of CUPTI's settings."},
     {"drain", drain, METH_NOARGS, "drain() -> dict: the records of every completed buffer, as columns."},
     {"push", push, METH_O, "push(external_id): push a CUSTOM0 external correlation id (failures counted)."},
     {"pop", pop, METH_NOARGS, "pop(): pop the CUSTOM0 external correlation id (failures counted)."},
