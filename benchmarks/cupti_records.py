@@ -80,6 +80,31 @@ def time_c_path(library, native, data: bytes, records: int, buffers: int, rounds
     return statistics.median(costs)
 
 
+def time_zeroing(library, native, data: bytes, valid: int, buffers: int, rounds: int, zeroing: str,
+                 ) -> tuple[float, float]:
+    """``(deliver_us, drain_us)`` per buffer: CUPTI writing ``data`` (``valid`` bytes of it
+    valid) into buffers xsp zeroed as ``zeroing`` says, and the drain that reads them and zeroes
+    them again. Writing into pages given back to the kernel costs a page fault each, on
+    CUPTI's side: the delivery counts it."""
+    from xsp.tracers._cupti_records import BUFFER_BYTES, MAX_BUFFERS
+
+    native.module.register(BUFFER_BYTES, MAX_BUFFERS, zeroing)
+    library.check_zero(0)  # the fake's check of every byte handed out would dwarf CUPTI's writes
+    library.deliver(data, valid=valid, buffers=buffers)  # the pool's buffers exist and went round once
+    native.drain()
+    delivers, drains = [], []
+    for _ in range(rounds):
+        began = time.perf_counter_ns()
+        library.deliver(data, valid=valid, buffers=buffers)
+        delivered = time.perf_counter_ns()
+        native.drain()
+        drains.append((time.perf_counter_ns() - delivered) / buffers / 1e3)
+        delivers.append((delivered - began) / buffers / 1e3)
+    native.module.register(BUFFER_BYTES, MAX_BUFFERS)
+    library.check_zero(1)
+    return statistics.median(delivers), statistics.median(drains)
+
+
 def python_objects(count: int) -> list[object]:
     """cupti-python record objects, as its callback hands them over (a launch: API, external, kernel)."""
     from cupti import cupti
@@ -133,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         c_drain = time_c_path(library, native, data, len(records), args.buffers, args.rounds, rows=False)
         c_rows = time_c_path(library, native, data, len(records), args.buffers, args.rounds, rows=True)
         python = time_python_path(30_000, args.rounds)
+        # a step-end flush hands back a buffer holding one step's records: 200 launches here
+        step = b"".join(step_records(NEWEST, library, 200))
+        zeroing = {(size, mode): time_zeroing(library, native, payload, len(payload), args.buffers, args.rounds, mode)
+                   for size, payload in (("one step", step), ("full", data)) for mode in ("written", "whole")}
         native.close()
     lines = [
         "# CUPTI activity records: cost per record (no GPU)",
@@ -149,6 +178,20 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "The Python path's figure leaves out cupti-python's own object per record (0.3-0.65 us in 13.4, "
         "17-400 us in 13.0), which the C path does not make.",
+        "",
+        "## Zeroing the buffers xsp tells CUPTI are zeroed",
+        "",
+        "CUPTI is told xsp's buffers come zeroed (so that it does not clear each one on the application's "
+        "thread), so every byte it may have written must be zero again before a buffer goes back to it. "
+        "`written` (the default): the pages holding the valid records are cleared and every page after them is "
+        "given back to the kernel (madvise), to come back zero on the next write; `whole`: all 8 MiB cleared. "
+        "Per buffer, median of the rounds: the delivery (CUPTI writing its records, page faults included) and "
+        "the drain (reading and zeroing).",
+        "",
+        "| buffer holds | zeroing | CUPTI's writes, us | drain, us | together, us |",
+        "| --- | --- | ---: | ---: | ---: |",
+        *[f"| {size} ({len(step) if size == 'one step' else len(data):,} B) | {mode} | {deliver:,.1f} | {drain:,.1f} | "
+          f"{deliver + drain:,.1f} |" for (size, mode), (deliver, drain) in zeroing.items()],
         "",
         f"ns per record: {c_drain:.1f}",
     ]

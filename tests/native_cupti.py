@@ -58,7 +58,8 @@ class Release:
         layout = {"api": "activity_api_dtype", "external": "activity_external_correlation_dtype",
                   "kernel": f"activity_kernel{self.kernel}_dtype", "memcpy": f"activity_memcpy{self.memcpy}_dtype",
                   "memset": f"activity_memset{self.memset}_dtype",
-                  "sync": f"activity_synchronization{self.sync}_dtype"}[family]
+                  "sync": f"activity_synchronization{self.sync}_dtype",
+                  "memcpy_peer": "activity_memcpy_pto_p4_dtype"}[family]
         return np.dtype(getattr(real, layout))
 
 
@@ -73,7 +74,8 @@ RELEASES = (
     Release("13.4", 130401, "13", "7", "5", "2"),
 )
 NEWEST = RELEASES[-1]
-KINDS = {"api": (4, 5), "kernel": (3, 10), "memcpy": (1,), "memset": (2,), "sync": (38,), "external": (39,)}
+KINDS = {"api": (4, 5), "kernel": (3, 10), "memcpy": (1,), "memset": (2,), "sync": (38,), "external": (39,),
+         "memcpy_peer": (22,)}
 
 
 def record(dtype: np.dtype, **fields: Any) -> bytes:

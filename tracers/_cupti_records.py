@@ -46,12 +46,13 @@ class Kind(IntEnum):
     DRIVER = 4
     RUNTIME = 5
     CONCURRENT_KERNEL = 10
+    MEMCPY2 = 22  # peer-to-peer copies (between GPUs)
     SYNCHRONIZATION = 38
     EXTERNAL_CORRELATION = 39
 
 
 API_KINDS: Final = (Kind.RUNTIME, Kind.DRIVER)
-ACTIVITY_KINDS: Final = (Kind.CONCURRENT_KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.SYNCHRONIZATION)
+ACTIVITY_KINDS: Final = (Kind.CONCURRENT_KERNEL, Kind.MEMCPY, Kind.MEMCPY2, Kind.MEMSET, Kind.SYNCHRONIZATION)
 EXTERNAL_KIND_CUSTOM0: Final = 3
 """``cupti.ExternalCorrelationKind.CUSTOM0``: the external ids xsp pushes."""
 
@@ -65,6 +66,7 @@ class Family(str, enum.Enum):
     MEMSET = "memset"
     SYNC = "sync"
     EXTERNAL = "external"  # external correlation
+    MEMCPY_PEER = "memcpy_peer"  # peer-to-peer copies (CUPTI's MEMCPY2 kind)
 
 
 FIELDS: Final[dict[Family, dict[str, str]]] = {
@@ -81,6 +83,8 @@ FIELDS: Final[dict[Family, dict[str, str]]] = {
     Family.SYNC: {"start": "u8", "end": "u8", "correlation_id": "u4", "type": "i4", "stream_id": "u4",
                   "cuda_event_id": "u4"},
     Family.EXTERNAL: {"external_kind": "i4", "external_id": "u8", "correlation_id": "u4"},
+    Family.MEMCPY_PEER: {"start": "u8", "end": "u8", "correlation_id": "u4", "bytes": "u8", "copy_kind": "u1",
+                         "stream_id": "u4", "device_id": "u4", "src_device_id": "u4", "dst_device_id": "u4"},
 }
 """The columns of each family and their numpy dtypes (the C path's formats). A kernel's
 ``name`` is the index of its mangled name in :attr:`ActivityColumns.kernel_names`."""
@@ -88,7 +92,7 @@ FIELDS: Final[dict[Family, dict[str, str]]] = {
 _FAMILY_OF_KIND: Final = {Kind.RUNTIME: Family.API, Kind.DRIVER: Family.API, Kind.KERNEL: Family.KERNEL,
                           Kind.CONCURRENT_KERNEL: Family.KERNEL, Kind.MEMCPY: Family.MEMCPY,
                           Kind.MEMSET: Family.MEMSET, Kind.SYNCHRONIZATION: Family.SYNC,
-                          Kind.EXTERNAL_CORRELATION: Family.EXTERNAL}
+                          Kind.EXTERNAL_CORRELATION: Family.EXTERNAL, Kind.MEMCPY2: Family.MEMCPY_PEER}
 
 
 class Lost(str, enum.Enum):
@@ -199,6 +203,8 @@ class ActivityColumns:
 #   memset:     (kind, start, end, correlation_id, bytes, value, stream_id, device_id)
 #   sync:       (kind, start, end, correlation_id, type, stream_id, cuda_event_id)
 #   external:   (kind, external_kind, external_id, correlation_id)
+#   peer copy:  (kind, start, end, correlation_id, bytes, copy_kind, stream_id, device_id, src_device_id,
+#                dst_device_id)
 # After the kind (kept only for API calls) the items are the family's columns, in order.
 
 def record_tuple(record: Any) -> tuple[Any, ...] | None:
@@ -223,6 +229,9 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
     if kind == Kind.SYNCHRONIZATION:
         return (kind, record.start, record.end, record.correlation_id, record.type, record.stream_id,
                 record.cuda_event_id)
+    if kind == Kind.MEMCPY2:
+        return (kind, record.start, record.end, record.correlation_id, record.bytes, record.copy_kind,
+                record.stream_id, record.device_id, record.src_device_id, record.dst_device_id)
     return None
 
 
@@ -262,9 +271,11 @@ _RAW_FIELDS = {
     "Memset": ("kind", "start", "end", "correlation_id", "bytes", "value", "stream_id", "device_id"),
     "Synchronization": ("kind", "start", "end", "correlation_id", "type", "stream_id", "cuda_event_id"),
     "ExternalCorrelation": ("kind", "external_kind", "external_id", "correlation_id"),
+    "MemcpyPtoP": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id",
+                   "src_device_id", "dst_device_id"),
 }
 """The fields kept of each record family, in the order of the tuples above."""
-_RECORD_CLASS = re.compile(r"Activity(API|Kernel|Memcpy|Memset|Synchronization|ExternalCorrelation)(\d*)$")
+_RECORD_CLASS = re.compile(r"Activity(API|Kernel|MemcpyPtoP|Memcpy|Memset|Synchronization|ExternalCorrelation)(\d*)$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 

@@ -276,6 +276,32 @@ def _copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     })
 
 
+def _peer_copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
+    """Copies between two GPUs (CUPTI's MEMCPY2 kind): the device that ran the copy, and both ends."""
+    copy = columns[Family.MEMCPY_PEER]
+    count = columns.count(Family.MEMCPY_PEER)
+    directions = _per_distinct(copy["copy_kind"].astype(np.int64), lambda kind: COPY_KINDS.get(kind, "Unknown"))
+    duration_ns = copy["end"].astype(np.int64) - copy["start"].astype(np.int64)
+    details = [json.dumps({"src_device_id": source, "dst_device_id": destination,
+                           "bandwidth_gb_s": nbytes / duration if duration > 0 else None})
+               for source, destination, nbytes, duration in zip(copy["src_device_id"].tolist(),
+                                                                copy["dst_device_id"].tolist(), copy["bytes"].tolist(),
+                                                                duration_ns.tolist())]
+    return pd.DataFrame({
+        col.LEVEL: _constant(Level.KERNEL.value, count),
+        col.KIND: _constant(SpanKind.MEMCPY.value, count),
+        col.NAME: np.array([f"Memcpy {direction}" for direction in directions], dtype=object),
+        col.START_NS: clock.to_host_ns(copy["start"]),
+        col.END_NS: clock.to_host_ns(copy["end"]),
+        col.CORRELATION_ID: copy["correlation_id"].astype(np.int64),
+        col.BYTES: copy["bytes"].astype(np.int64),
+        col.COPY_KIND: directions,
+        col.STREAM_ID: copy["stream_id"].astype(np.int64),
+        col.DEVICE_ID: copy["device_id"].astype(np.int64),
+        col.ATTRIBUTES: np.array(details, dtype=object),
+    })
+
+
 def _set_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     memset = columns[Family.MEMSET]
     count = columns.count(Family.MEMSET)
@@ -310,12 +336,12 @@ def _sync_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     })
 
 
-_ACTIVITY_ROWS: Final = ((Family.KERNEL, _kernel_rows), (Family.MEMCPY, _copy_rows), (Family.MEMSET, _set_rows),
-                         (Family.SYNC, _sync_rows))
+_ACTIVITY_ROWS: Final = ((Family.KERNEL, _kernel_rows), (Family.MEMCPY, _copy_rows),
+                         (Family.MEMCPY_PEER, _peer_copy_rows), (Family.MEMSET, _set_rows), (Family.SYNC, _sync_rows))
 
 
 def activity_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
-    """Kernels, copies, sets and synchronisations as span rows on xsp's host clock.
+    """Kernels, copies (peer-to-peer ones too), sets and synchronisations as span rows on xsp's host clock.
 
     They carry no thread: the hierarchy places them under the API call with their
     correlation id.

@@ -632,3 +632,25 @@ def test_impossible_times_are_left_out_of_the_columns():
     assert kept[Family.KERNEL]["correlation_id"].tolist() == [4] and kept.count(Family.MEMCPY) == 0
     assert kept.count(Family.API) == 1
     assert lost == {"gpu_no_timestamp": 3, "gpu_end_before_start": 1}
+
+
+def _peer_copy(correlation: int, start: int, end: int) -> object:
+    record = real.ActivityMemcpyPtoP4()
+    record.kind, record.start, record.end, record.correlation_id = 22, start, end, correlation
+    record.bytes, record.copy_kind, record.stream_id, record.device_id = 2_000_000, 10, 9, 1
+    record.src_device_id, record.dst_device_id = 1, 0
+    return record
+
+
+def test_peer_to_peer_copies_are_recorded_with_both_devices(fake):
+    _trace(fake, levels="model,kernel", steps=1)
+    assert int(_cupti_records.Kind.MEMCPY2) in _calls(fake, "enable")  # CUPTI's kind for copies between GPUs
+    records = _stored([_api(1, 2_000_000, 2_010_000, cbid=int(FakeCupti.RuntimeApiTraceCbid.cudaMemcpyPeerAsync_v4000)),
+                       _peer_copy(1, 2_020_000, 2_040_000)])
+    rows = activity_rows(records, CuptiClock.constant(1_000_000))
+    copy = rows.iloc[0]
+    assert (copy[col.KIND], copy[col.NAME], copy[col.COPY_KIND]) == (SpanKind.MEMCPY.value, "Memcpy PtoP", "PtoP")
+    assert (copy[col.BYTES], copy[col.DEVICE_ID], copy[col.START_NS]) == (2_000_000, 1, 1_020_000)
+    details = json.loads(copy[col.ATTRIBUTES])
+    assert (details["src_device_id"], details["dst_device_id"]) == (1, 0)
+    assert details["bandwidth_gb_s"] == pytest.approx(100.0)

@@ -30,7 +30,7 @@ from xsp.tracers._cupti_records import (  # noqa: E402
 from ..native_cupti import KINDS, NEWEST, RELEASES, SOURCE, FakeLibcupti, Release, assert_same_columns, record  # noqa: E402
 
 _PYTHON_FAMILY = {"api": "API", "kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "sync": "Synchronization",
-                  "external": "ExternalCorrelation"}
+                  "external": "ExternalCorrelation", "memcpy_peer": "MemcpyPtoP"}
 _FORMATS = {"u1": "B", "u2": "H", "i4": "i", "u4": "I", "u8": "Q"}
 
 
@@ -69,6 +69,11 @@ def _mixed(release: Release, library: FakeLibcupti, count: int = 50) -> list[tup
                                          end=start + 7, device_id=1, stream_id=13, correlation_id=i)))
             out.append(("sync", record(release.dtype("sync"), kind=38, type=-2 if i % 2 else 3, start=start,
                                        end=start + 11, correlation_id=i, stream_id=0xFFFFFFFF, cuda_event_id=i)))
+            out.append(("memcpy_peer", record(release.dtype("memcpy_peer"), kind=22, copy_kind=10, src_kind=2,
+                                              dst_kind=2, flags_=1, bytes=(1 << 40) + i, start=start, end=start + 13,
+                                              device_id=1, context_id=5, stream_id=14, src_device_id=1,
+                                              src_context_id=5, dst_device_id=0xFFFFFFFF - i, dst_context_id=6,
+                                              correlation_id=i, graph_id=3)))
     return out
 
 
@@ -96,9 +101,10 @@ def test_cs_offsets_are_cupti_pythons_in_every_record_version():
 
     layouts = activity_module().layouts()
     versions = {"api": [""], "external": [""], "kernel": ["9", "10", "11", "12", "13"], "memcpy": ["5", "6", "7"],
-                "memset": ["4", "5"], "sync": ["", "2"]}
+                "memset": ["4", "5"], "sync": ["", "2"], "memcpy_peer": ["4"]}
     prefixes = {"api": "activity_api", "external": "activity_external_correlation", "kernel": "activity_kernel",
-                "memcpy": "activity_memcpy", "memset": "activity_memset", "sync": "activity_synchronization"}
+                "memcpy": "activity_memcpy", "memset": "activity_memset", "sync": "activity_synchronization",
+                "memcpy_peer": "activity_memcpy_pto_p"}
     for family, fields in layouts.items():
         assert list(fields) == list(FIELDS[Family(family)]), family  # C's columns are the Python path's
         for version in versions[family]:
@@ -202,6 +208,27 @@ def test_buffers_are_pooled_handed_out_zeroed_and_cupti_is_told_so(native, fake_
     assert fake_libcupti.dirty_buffers() == dirty  # every buffer CUPTI got was zero
     native.close()
     assert native.module.pool_stats()["allocated"] == 0  # idle buffers freed
+
+
+@pytest.mark.parametrize("zeroing", ["written", "whole"])
+def test_bytes_cupti_wrote_past_the_valid_size_are_zeroed_too(native, fake_libcupti, zeroing):
+    # xsp tells CUPTI its buffers come zeroed: whatever CUPTI wrote, valid or not (a record begun and
+    # never completed, anywhere in the buffer), must be zero when the buffer is handed out again
+    native.module.register(BUFFER_BYTES, MAX_BUFFERS, zeroing)
+    try:
+        mixed = _mixed(NEWEST, fake_libcupti, count=10)
+        records = b"".join(item for _, item in mixed)
+        scribbled = records + b"\xa5" * (BUFFER_BYTES - len(records))  # written to the last byte
+        dirty = fake_libcupti.dirty_buffers()
+        for _ in range(3):
+            fake_libcupti.deliver(scribbled, valid=len(records), threads=2, buffers=2)
+            columns, lost = native.drain()
+            assert not lost and len(columns) == 4 * len(mixed)
+        assert fake_libcupti.dirty_buffers() == dirty
+    finally:
+        native.module.register(BUFFER_BYTES, MAX_BUFFERS)
+    with pytest.raises(ValueError, match="zeroing"):
+        native.module.register(BUFFER_BYTES, MAX_BUFFERS, "some")
 
 
 def test_requests_past_the_pool_are_refused_and_counted(native, fake_libcupti):

@@ -25,6 +25,7 @@ typedef int cupti_result;
 #define KIND_RUNTIME 5
 #define KIND_CONCURRENT_KERNEL 10
 #define KIND_SYNCHRONIZATION 38
+#define KIND_MEMCPY2 22 /* peer-to-peer copies: CUpti_ActivityMemcpyPtoP4, 96 bytes in 12.6-13.5 */
 #define KIND_EXTERNAL_CORRELATION 39
 #define KIND_LIMIT 64 /* kinds below this are looked up in tables */
 
@@ -47,7 +48,7 @@ typedef cupti_result (*push_external_fn)(int kind, uint64_t id);
 typedef cupti_result (*pop_external_fn)(int kind, uint64_t *last_id);
 
 /* The record families xsp reads, each a set of kinds sharing one layout. */
-enum family { FAMILY_API, FAMILY_KERNEL, FAMILY_MEMCPY, FAMILY_MEMSET, FAMILY_SYNC, FAMILY_EXTERNAL, FAMILIES };
+enum family { FAMILY_API, FAMILY_KERNEL, FAMILY_MEMCPY, FAMILY_MEMSET, FAMILY_SYNC, FAMILY_EXTERNAL, FAMILY_PEER, FAMILIES };
 
 /* How a field is stored: its width in bytes and struct/buffer-protocol format character. A
  * NAME field is a `const char *` CUPTI owns, stored as the interned name's id (uint32). */
@@ -74,7 +75,7 @@ extern const family_layout FAMILY_LAYOUTS[FAMILIES];
 int family_of_kind(uint32_t kind);
 
 /* What each CUPTI release writes: the size in bytes of its kernel, memcpy, memset and
- * synchronization records (the API and external-correlation records never changed size). */
+ * synchronization records (the API, external-correlation and peer-copy records never changed size). */
 typedef struct {
     uint32_t first_version, last_version; /* cuptiGetVersion's range */
     const char *release;

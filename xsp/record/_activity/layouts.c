@@ -4,6 +4,7 @@
 
 #define API_SIZE 40
 #define EXTERNAL_SIZE 24
+#define PEER_SIZE 96
 
 const family_layout FAMILY_LAYOUTS[FAMILIES] = {
     [FAMILY_API] = {"api", 40, 8, {
@@ -26,6 +27,10 @@ const family_layout FAMILY_LAYOUTS[FAMILIES] = {
         {"stream_id", 32, U32}, {"cuda_event_id", 36, U32}}},
     [FAMILY_EXTERNAL] = {"external", 20, 3, {
         {"external_kind", 4, I32}, {"external_id", 8, U64}, {"correlation_id", 16, U32}}},
+    [FAMILY_PEER] = {"memcpy_peer", 64, 9, {
+        {"start", 16, U64}, {"end", 24, U64}, {"correlation_id", 60, U32}, {"bytes", 8, U64},
+        {"copy_kind", 4, U8}, {"stream_id", 40, U32}, {"device_id", 32, U32},
+        {"src_device_id", 44, U32}, {"dst_device_id", 52, U32}}},
 };
 
 int family_of_kind(uint32_t kind) {
@@ -38,6 +43,7 @@ int family_of_kind(uint32_t kind) {
     case KIND_MEMSET: return FAMILY_MEMSET;
     case KIND_SYNCHRONIZATION: return FAMILY_SYNC;
     case KIND_EXTERNAL_CORRELATION: return FAMILY_EXTERNAL;
+    case KIND_MEMCPY2: return FAMILY_PEER;
     default: return -1;
     }
 }
@@ -74,6 +80,7 @@ uint16_t record_size(const release_sizes *release, uint32_t kind) {
     case FAMILY_MEMSET: return release->memset;
     case FAMILY_SYNC: return release->sync;
     case FAMILY_EXTERNAL: return EXTERNAL_SIZE;
+    case FAMILY_PEER: return PEER_SIZE;
     default: return 0;
     }
 }
