@@ -44,6 +44,8 @@ class Tracer(Protocol):
     # Optional members a tracer may have:
     #   also_records: ClassVar[tuple[Level, ...]] -- levels besides ``level`` whose spans it writes
     #       (the model tracer's input waits);
+    #   starts_first: ClassVar[bool] -- True when it must start (and stop) before the others (the CUDA
+    #       levels: they take CUPTI's one subscription before the operator level's profiler can);
     #   collects_at_end: ClassVar[bool] -- True when its records only exist after ``stop``
     #       (the session then exports no step early, so no step leaves without its spans);
     #   interprets_in_child: ClassVar[bool] -- True when ``collect`` reads only the window and

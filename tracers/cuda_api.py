@@ -26,6 +26,11 @@ class CuptiTracer(ABC):
     name: ClassVar[str]
     level: ClassVar[Level]
     kinds: ClassVar[tuple[Any, ...]]
+    starts_first: ClassVar[bool] = True
+    """Started before the other tracers: CUPTI has one subscriber per process, and the operator
+    level's profiler (Kineto's ``libkineto_init`` in some PyTorch versions, even CPU-only) would
+    otherwise take it, losing the CUDA levels for the rest of the process. Started first, xsp holds
+    it and Kineto, refused, records operators without CUPTI."""
     interprets_in_child: ClassVar[bool] = True
     """Its records are drained into the window before a helper process is forked
     (:meth:`prepare`): the helper only turns columns into rows."""

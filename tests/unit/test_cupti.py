@@ -654,3 +654,28 @@ def test_peer_to_peer_copies_are_recorded_with_both_devices(fake):
     details = json.loads(copy[col.ATTRIBUTES])
     assert (details["src_device_id"], details["dst_device_id"]) == (1, 0)
     assert details["bandwidth_gb_s"] == pytest.approx(100.0)
+
+
+def test_the_operator_level_and_both_cuda_levels_record_together(fake, monkeypatch):
+    from xsp.tracers.operator import OperatorTracer
+
+    start_profiler = OperatorTracer.start
+
+    def start_as_kineto_does(self, recording):  # libkineto_init subscribes to CUPTI, even for a CPU-only profile
+        try:
+            fake.subscribe(None, None)
+        except CuptiError:  # refused: Kineto goes on without CUPTI
+            pass
+        start_profiler(self, recording)
+
+    monkeypatch.setattr(OperatorTracer, "start", start_as_kineto_does)
+    model = _model(fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,operator,cuda_api,kernel", output=None) as session, torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(2, 8))
+    spans = session.trace.spans
+    assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 2 * 5
+    assert (spans[col.LEVEL] == Level.CUDA_API.value).sum() == 2 * 5
+    assert (spans[col.LEVEL] == Level.OPERATOR.value).sum() > 0

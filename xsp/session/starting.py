@@ -35,6 +35,7 @@ def start(session: Session) -> None:
     session._claim_output()
     open_export(session)
     tracers, session._unavailable = tracers_for(session.levels)
+    tracers.sort(key=lambda tracer: not getattr(tracer, "starts_first", False))  # stable: the rest keep their order
     by_reason: dict[str, list[str]] = {}
     for level, reason in session._unavailable.items():
         by_reason.setdefault(reason, []).append(level.value)
