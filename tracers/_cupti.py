@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from importlib import metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -122,6 +123,61 @@ def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str 
     return None
 
 
+# Which CUPTI ----------------------------------------------------------------------------------
+def _major(release: str | None) -> int | None:
+    try:
+        return int(str(release).split(".")[0])
+    except ValueError:
+        return None
+
+
+def cupti_python_release() -> str | None:
+    """The installed cupti-python's version (``13.4.0``), or None."""
+    try:
+        return metadata.version("cupti-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def torch_cuda_release() -> str | None:
+    """The CUDA release PyTorch was built for (``12.8``), or None (a CPU build)."""
+    try:
+        import torch
+
+        return torch.version.cuda  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def pairing_note(cupti_release: str | None = None, cuda_release: str | None = None) -> str | None:
+    """One line when cupti-python drives the CUPTI of another CUDA major release than PyTorch's
+    (pip pairs cupti-python 13 with a CUDA 12 PyTorch: it requires ``nvidia-cuda-cupti~=13``,
+    beside PyTorch's ``nvidia-cuda-cupti-cu12``), else None."""
+    cupti_release = cupti_release or cupti_python_release()
+    cuda_release = cuda_release or torch_cuda_release()
+    cupti_major, cuda_major = _major(cupti_release), _major(cuda_release)
+    if cupti_major is None or cuda_major is None or cupti_major == cuda_major:
+        return None
+    return (f"cupti-python {cupti_release} drives CUPTI {cupti_major}, but PyTorch runs CUDA {cuda_release}: two "
+            f"CUPTI libraries are loaded, and CUDA {cuda_major}'s calls may go unrecorded; install the bindings of "
+            f"PyTorch's CUDA: pip install 'xsp[cuda{cuda_major}]'")
+
+
+def record_path() -> tuple[str, str | None]:
+    """``(path, why)``: how the CUDA levels would read records here, without subscribing:
+    ``("C", None)``, ``("Python (cupti-python)", why not C)``, or ``("none", why not at all)``."""
+    reason = probe(holding=True)
+    if reason is not None:
+        return "none", reason
+    if os.environ.get(PURE_PYTHON_ENV):
+        return "Python (cupti-python)", f"{PURE_PYTHON_ENV} is set"
+    try:
+        NativeRecords.bind_only(major=_major(cupti_python_release()))
+    except OSError as exc:
+        return "Python (cupti-python)", str(exc)
+    return "C", None
+
+
 # The shared source ---------------------------------------------------------------------------
 @dataclass
 class _Flusher:
@@ -181,6 +237,8 @@ class CuptiSource:
         """The C record path, while the subscription uses it."""
         self.python_path_reason: str | None = None
         """Why records are read through cupti-python in this subscription (None: they are not)."""
+        self.pairing: str | None = None
+        """Why the CUPTI cupti-python drives is not PyTorch's (None: it is), for the user."""
         self.record_queries = False
         """Record :data:`QUERY_CALLS` too (``XSP_CUDA_API_QUERIES=1`` when the subscription opened)."""
         self._left_out_by_cupti: dict[Kind, tuple[int, ...]] = {}
@@ -256,9 +314,10 @@ class CuptiSource:
         """Hand CUPTI xsp's C buffer callbacks, or, where the C path cannot run, cupti-python's
         (never both: the process has one pair, and the last registered receives every buffer)."""
         self.native, self.python_path_reason = None, None
+        self.pairing = pairing_note()
         if self._use_native:
             try:
-                self.native = NativeRecords.open(self._library)
+                self.native = NativeRecords.open(self._library, major=_major(cupti_python_release()))
             except (OSError, RuntimeError) as exc:
                 self.python_path_reason = str(exc)
         else:
@@ -440,6 +499,9 @@ class CuptiSource:
             details.update(self.native.metadata())
         else:
             details.update({"record_path": "Python (cupti-python)", "why_not_c": self.python_path_reason})
+        details.update({"cupti_python": cupti_python_release(), "torch_cuda": torch_cuda_release()})
+        if self.pairing is not None:
+            details["cupti_pairing"] = self.pairing
         return details
 
     # external correlation around layer calls -------------------------------------------

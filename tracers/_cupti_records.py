@@ -422,21 +422,32 @@ class NativeRecords:
         """Counts over the subscription: records, buffers, kinds skipped, sizes unexpected."""
 
     @classmethod
-    def open(cls, library: str | None = None) -> NativeRecords:
-        """Bind to the loaded libcupti (``library``: its path; None finds it) and register the
-        C callbacks: from here xsp must not register cupti-python's.
+    def open(cls, library: str | None = None, major: int | None = None) -> NativeRecords:
+        """Bind to the loaded libcupti (``library``: its path; None finds it, and where several
+        are loaded takes the one of CUDA release ``major``, cupti-python's) and register the C
+        callbacks: from here xsp must not register cupti-python's.
 
         Raises:
             OSError: no C record path here (not built, no libcupti loaded, a CUPTI version whose
                 records xsp does not know); the message says why, in one line.
             RuntimeError: CUPTI refused the callbacks.
         """
+        bound = cls.bind_only(library, major)
+        module = native_module()
+        zeroed = module.register(BUFFER_BYTES, MAX_BUFFERS)
+        return cls(module, bound, bool(zeroed))
+
+    @staticmethod
+    def bind_only(library: str | None = None, major: int | None = None) -> dict[str, Any]:
+        """Bind as :meth:`open` does, registering nothing (to tell whether the C path would run).
+
+        Raises:
+            OSError: as :meth:`open`.
+        """
         module = native_module()
         if module is None:
             raise OSError("xsp's C record path (xsp.record._activity) is not built here, or XSP_PURE_PYTHON is set")
-        bound = module.bind(library)
-        zeroed = module.register(BUFFER_BYTES, MAX_BUFFERS)
-        return cls(module, bound, bool(zeroed))
+        return module.bind(library, major or 0)  # type: ignore[no-any-return]
 
     def drain(self) -> tuple[ActivityColumns, Counter[str]]:
         """The records of every buffer CUPTI completed since the last drain, and what was lost."""

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource
+from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource, pairing_note, record_path
 from xsp.tracers._cupti_records import ActivityColumns
 from xsp.tracers._cupti_rows import api_rows
 from xsp.tracers._module_calls import INTERCEPTOR
@@ -44,9 +44,9 @@ class CuptiTracer(ABC):
     def start(self, recording: Recording) -> None:
         self.source.acquire(self.name, self.kinds)
         INTERCEPTOR.correlate(self.source.correlation_hooks())
-        note = self.source.path_note
-        if note is not None:
-            recording.notes.append(note)
+        for note in (self.source.path_note, self.source.pairing):
+            if note is not None:
+                recording.notes.append(note)
 
     def stop(self) -> None:
         """Flush and release CUPTI; problems on the way are raised together, after cleaning up."""
@@ -87,3 +87,11 @@ class CudaApiTracer(CuptiTracer):
 
     def rows(self, records: ActivityColumns) -> pd.DataFrame:
         return api_rows(records, self.source.clock)
+
+
+def record_path_here() -> tuple[str, str | None, str | None]:
+    """``(path, why, pairing)`` for ``xsp doctor``: how the CUDA levels would read CUPTI's records
+    here (``C``, ``Python (cupti-python)`` or ``none``), why not C, and a line when cupti-python's
+    CUPTI is not of PyTorch's CUDA release (None when it is)."""
+    path, why = record_path()
+    return path, why, pairing_note()

@@ -679,3 +679,37 @@ def test_the_operator_level_and_both_cuda_levels_record_together(fake, monkeypat
     assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 2 * 5
     assert (spans[col.LEVEL] == Level.CUDA_API.value).sum() == 2 * 5
     assert (spans[col.LEVEL] == Level.OPERATOR.value).sum() > 0
+
+
+# which CUPTI -----------------------------------------------------------------------------------
+def test_cupti_python_of_another_cuda_release_than_pytorchs_is_named_with_the_fix():
+    note = _cupti.pairing_note("13.4.0", "12.8")
+    assert "cupti-python 13.4.0 drives CUPTI 13, but PyTorch runs CUDA 12.8" in note
+    assert "pip install 'xsp[cuda12]'" in note
+    assert _cupti.pairing_note("13.2.0", "13.0") is None and _cupti.pairing_note("12.8.0", "12.6") is None
+
+
+def test_a_mismatched_pairing_is_one_warning_and_in_the_metadata(fake, monkeypatch):
+    monkeypatch.setattr(_cupti, "cupti_python_release", lambda: "13.4.0")
+    monkeypatch.setattr(_cupti, "torch_cuda_release", lambda: "12.8")
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    assert len(messages) == 1 and "xsp[cuda12]" in messages[0]
+    details = session.trace.metadata["tracer_details"]["kernel"]
+    assert "xsp[cuda12]" in details["cupti_pairing"] and details["torch_cuda"] == "12.8"
+
+
+def test_doctor_says_which_record_path_runs_and_why(fake_libcupti, monkeypatch):
+    from xsp.tracers.cuda_api import record_path_here
+
+    monkeypatch.setattr(_cupti, "probe", lambda holding=False: None)
+    monkeypatch.setattr(_cupti, "torch_cuda_release", lambda: "13.0")
+    assert record_path_here() == ("C", None, None)
+    monkeypatch.setenv("XSP_PURE_PYTHON", "1")
+    assert record_path_here()[:2] == ("Python (cupti-python)", "XSP_PURE_PYTHON is set")
+    monkeypatch.setattr(_cupti, "probe", lambda holding=False: "no CUDA driver: ...")
+    assert record_path_here()[:2] == ("none", "no CUDA driver: ...")

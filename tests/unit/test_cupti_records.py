@@ -297,3 +297,21 @@ def test_the_loaded_libcupti_is_found_by_its_name(fake_libcupti):
 
 def test_the_fake_libcupti_is_the_one_the_tests_build():
     assert SOURCE.is_file() and set(KINDS) == {family.value for family in Family}
+
+
+def test_of_two_libcupti_loaded_the_one_of_cupti_pythons_release_is_bound(fake_libcupti, tmp_path):
+    # a CUDA 12 PyTorch loads libcupti.so.12, a cupti-python 13 its libcupti.so.13: both in one process
+    from ..native_cupti import build
+
+    older = build(tmp_path)  # named libcupti.so.13 too: the release comes from the library, not the name
+    script = ("import ctypes, xsp.record._activity as a\n"
+              f"twelve = ctypes.CDLL({str(older)!r}); twelve.fake_set_version(28)\n"
+              f"ctypes.CDLL({str(fake_libcupti.path)!r}).fake_set_version(130401)\n"
+              "for major in (13, 12, 0):\n"
+              "    try:\n        print(major, a.bind(None, major)['release'])\n"
+              "    except OSError as e:\n        print(major, 'refused:', e)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["13 13.4", "12 12.9"]
+    assert lines[2].startswith("0 refused: 2 libcupti libraries are loaded in this process")

@@ -49,6 +49,14 @@ def run(options: argparse.Namespace) -> int:
     for name, level, status in tracer_rows():
         table.add_row(name, level, status if status == "available" else f"[yellow]{status}[/yellow]")
     out.print(table)
+    from xsp.tracers.cuda_api import record_path_here
+
+    path, why, pairing = record_path_here()
+    cost = {"C": "xsp's C record path", "Python (cupti-python)": "one Python object per record: the CUDA levels "
+            "cost many times more"}.get(path, "the CUDA levels cannot run")
+    out.print(f"CUDA records: {path} ({cost})" + (f": {why}" if why and path != "none" else ""))
+    if pairing is not None:
+        out.print(f"[yellow]{pairing}[/yellow]")
     target = OtlpTarget.resolve(environ=os.environ)
     if target is None:
         out.print("OTLP: no endpoint configured (set OTEL_EXPORTER_OTLP_ENDPOINT or use --otlp)")

@@ -15,22 +15,43 @@ class Bound(TypedDict):
 correlation: Any
 """A PyCapsule (``xsp.record._activity.correlation``) holding the C push and pop of external ids."""
 
-def bind(path: str | None = None, /) -> Bound:
-    """Bind to the libcupti loaded in this process (``path``, or the only one loaded).
+def bind(path: str | None = None, major: int = 0, /) -> Bound:
+    """Bind to the libcupti loaded in this process (``path``, or the only one loaded; where several
+    are, the one of CUDA release ``major``).
 
     Raises:
-        OSError: none loaded (it is never loaded here), several loaded, a symbol missing, or a
-            CUPTI API version whose record layouts xsp does not know.
+        OSError: none loaded (it is never loaded here), several loaded and none (or more than one)
+            of ``major``, a symbol missing, or a CUPTI API version whose record layouts xsp does
+            not know.
     """
 
 def bound() -> Bound | None: ...
-def register(buffer_bytes: int, max_buffers: int, /) -> bool:
-    """Set CUPTI's zeroed-buffer attribute and register xsp's buffer callbacks; True when CUPTI
-    took the attribute (it then leaves the zeroing to xsp)."""
+def register(buffer_bytes: int, max_buffers: int, zeroing: str = "written", /) -> bool:
+    """Set CUPTI's zeroed-buffer attribute (its value before kept, for :func:`restore`) and
+    register xsp's buffer callbacks; True when CUPTI took the attribute (it then leaves the
+    zeroing to xsp). ``zeroing``: how a buffer read is made zero again, ``"written"`` (the pages
+    of its records cleared, the rest given back to the kernel) or ``"whole"`` (all cleared)."""
+
+def use_host_clock() -> bool:
+    """Have CUPTI stamp records with xsp's host clock (CLOCK_MONOTONIC, as ``time.perf_counter_ns``)
+    through its timestamp callback; False where the library has none or refused it. Call before
+    enabling any activity kind."""
+
+def restore() -> None:
+    """Set back every process-wide CUPTI setting :func:`register` and :func:`use_host_clock`
+    changed (the zeroed-buffer attribute to its value before; CUPTI's own clock).
+
+    Raises:
+        OSError: CUPTI refused; the message names what stays changed.
+    """
+
+def settings() -> dict[str, Any]:
+    """What xsp holds changed of CUPTI's settings: ``zeroed_buffers_claimed``, ``zeroed_before``,
+    ``host_clock``, and what the library offers (``can_read_attributes``, ``has_timestamp_callback``)."""
 
 def drain() -> dict[str, Any]:
     """The records of every completed buffer: ``{family: {field: Column}}`` for the families
-    api, kernel, memcpy, memset, sync and external; ``names`` (kernel names interned since the
+    api, kernel, memcpy, memset, sync, external and memcpy_peer; ``names`` (kernel names interned since the
     last drain, in id order); and counts: buffers, bytes, records, other_kinds, unreadable,
     cut_short, size_mismatch, dropped_by_cupti, buffers_refused, correlation_failed,
     foreign_buffers (those after ``size_mismatch`` are since the last drain)."""

@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __linux__
 #include <link.h>
@@ -13,9 +14,11 @@
 
 cupti_binding BINDING;
 
+#define MAX_LOADED 8
+
 typedef struct {
-    char first[sizeof(BINDING.path)];
-    int count;
+    char paths[MAX_LOADED][sizeof(BINDING.path)];
+    int count; /* may exceed MAX_LOADED: only the first are kept */
 } loaded_cuptis;
 
 #ifdef __linux__
@@ -27,10 +30,23 @@ static int find_loaded_cupti(struct dl_phdr_info *info, size_t size, void *data)
     const char *base = strrchr(name, '/');
     base = base == NULL ? name : base + 1;
     if (strncmp(base, "libcupti.so", 11) != 0) return 0;
-    if (found->count++ == 0) snprintf(found->first, sizeof(found->first), "%s", name);
+    if (found->count < MAX_LOADED) snprintf(found->paths[found->count], sizeof(found->paths[0]), "%s", name);
+    found->count++;
     return 0;
 }
 #endif
+
+/* The CUDA major release of a loaded libcupti (12, 13), or 0 where it cannot be told. */
+static unsigned major_of(const char *path) {
+    void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (handle == NULL) return 0;
+    get_version_fn get_version = (get_version_fn)dlsym(handle, "cuptiGetVersion");
+    uint32_t version = 0;
+    const release_sizes *release = get_version != NULL && get_version(&version) == CUPTI_OK
+                                       ? release_of_version(version) : NULL;
+    dlclose(handle);
+    return release == NULL ? 0 : (unsigned)atoi(release->release);
+}
 
 static void *symbol(void *handle, const char *name, char *why, size_t why_size) {
     void *address = dlsym(handle, name);
@@ -38,8 +54,9 @@ static void *symbol(void *handle, const char *name, char *why, size_t why_size) 
     return address;
 }
 
-int bind_cupti(const char *path, char *why, size_t why_size) {
-    loaded_cuptis found = {.count = 0};
+int bind_cupti(const char *path, unsigned major, char *why, size_t why_size) {
+    static loaded_cuptis found;
+    found.count = 0;
     if (path == NULL) {
 #ifdef __linux__
         dl_iterate_phdr(find_loaded_cupti, &found);
@@ -48,12 +65,22 @@ int bind_cupti(const char *path, char *why, size_t why_size) {
             snprintf(why, why_size, "no libcupti is loaded in this process");
             return -1;
         }
-        if (found.count > 1) { /* which one cupti-python calls cannot be told: never guess */
-            snprintf(why, why_size, "%d libcupti libraries are loaded in this process (%s and others)", found.count,
-                     found.first);
-            return -1;
+        if (found.count == 1) {
+            path = found.paths[0];
+        } else { /* several (PyTorch's and cupti-python's): the one of the release cupti-python drives */
+            int matching = 0;
+            for (int i = 0; i < found.count && i < MAX_LOADED; i++)
+                if (major != 0 && major_of(found.paths[i]) == major) {
+                    path = found.paths[i];
+                    matching++;
+                }
+            if (matching != 1) { /* which one cupti-python calls cannot be told: never guess */
+                snprintf(why, why_size, "%d libcupti libraries are loaded in this process (%s, %s%s), %d of CUDA %u",
+                         found.count, found.paths[0], found.paths[1], found.count > 2 ? " and others" : "", matching,
+                         major);
+                return -1;
+            }
         }
-        path = found.first;
     }
     void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (handle == NULL) {

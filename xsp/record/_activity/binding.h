@@ -22,10 +22,12 @@ typedef struct {
 
 extern cupti_binding BINDING;
 
-/* Bind to the libcupti already loaded in this process: `path` if given, else the first loaded
- * object whose file name holds "libcupti.so". Never loads a library (RTLD_NOLOAD): calling a
- * libcupti before cupti-python has checked the driver can crash (13.2) or fail (13.4).
- * Returns 0, or -1 with `why` (one line) filled in; on failure BINDING is left unbound. */
-int bind_cupti(const char *path, char *why, size_t why_size);
+/* Bind to the libcupti already loaded in this process: `path` if given, else the loaded object
+ * whose file name starts "libcupti.so" (where several are, as when PyTorch's CUDA 12 build and a
+ * cupti-python 13 each load their own, the one of CUDA release `major`: 0 names none). Never
+ * loads a library (RTLD_NOLOAD): calling a libcupti before cupti-python has checked the driver
+ * can crash (13.2) or fail (13.4). Returns 0, or -1 with `why` (one line) filled in; on failure
+ * BINDING is left as it was. */
+int bind_cupti(const char *path, unsigned major, char *why, size_t why_size);
 
 #endif

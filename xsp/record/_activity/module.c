@@ -131,9 +131,10 @@ static PyObject *bound_description(void) {
 
 static PyObject *bind(PyObject *module, PyObject *args) {
     const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "|z", &path)) return NULL;
-    char why[512] = "";
-    if (bind_cupti(path, why, sizeof(why)) < 0) {
+    unsigned int major = 0;
+    if (!PyArg_ParseTuple(args, "|zI", &path, &major)) return NULL;
+    char why[2600] = "";
+    if (bind_cupti(path, major, why, sizeof(why)) < 0) {
         PyErr_SetString(PyExc_OSError, why);
         return NULL;
     }
@@ -431,7 +432,9 @@ static PyObject *trim(PyObject *module, PyObject *unused) {
 }
 
 static PyMethodDef activity_functions[] = {
-    {"bind", bind, METH_VARARGS, "bind(path=None) -> dict: bind to the libcupti loaded in this process."},
+    {"bind", bind, METH_VARARGS,
+     "bind(path=None, major=0) -> dict: bind to the libcupti loaded in this process (where several are, the one "
+     "of CUDA release `major`)."},
     {"bound", bound, METH_NOARGS, "bound() -> dict | None: the libcupti bound, if any."},
     {"register", register_callbacks, METH_VARARGS,
      "register(buffer_bytes, max_buffers, zeroing='written') -> bool: hand CUPTI xsp's buffer callbacks; True "
