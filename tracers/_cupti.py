@@ -33,9 +33,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from importlib import metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Final
 
 from xsp.tracers._cupti_clock import ClockMode, CuptiClock, measure_cupti_offset

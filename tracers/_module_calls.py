@@ -455,6 +455,8 @@ class ModuleCallInterceptor:
                 raise RuntimeError("module calls are already being recorded by another xsp session")
             self._recording = recording
             self._users[user] = mode
+            if self._correlation is not None:  # the CUDA levels started first (they do): layers carry ids
+                recording.external_ids = True
             self._install()
         when_imported(DYNAMO_TRACE_RULES, _let_dynamo_start_past_the_wrapper)
 
