@@ -20,7 +20,11 @@ profiler's, with the profiler's kernel count and no record dropped.
 Needs a CUDA GPU and cupti-python; without them it says so and exits 2. Results go to
 benchmarks/results/gpu.md and benchmarks/results/gpu.json with the device name.
 
-Usage: python benchmarks/gpu.py [--iterations N] [--warmup N] [--rounds N]
+Also: the untraced latency before any xsp session of the process and after them all (CUPTI must
+leave nothing attached: PyTorch's profiler is known to leave 10-20% behind, pytorch#144455), and
+the clock each run used with the drift it saw.
+
+Usage: python benchmarks/gpu.py [--iterations N] [--warmup N] [--rounds N] [--workloads 1,32] [--name gpu]
 """
 
 from __future__ import annotations
@@ -137,7 +141,8 @@ def _linking(workload: Workload, iterations: int) -> dict[str, Any]:
             "kernel_ms": spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e6,
             "dropped_records": sum(dropped.values()), "dropped": dropped,
             "record_path": details.get("record_path"), "cupti_release": details.get("cupti_release"),
-            "why_not_c": details.get("why_not_c"), "warnings": trace.metadata.get("warnings", [])}
+            "why_not_c": details.get("why_not_c"), "warnings": trace.metadata.get("warnings", []),
+            "clock": details.get("clock"), "clock_drift_ns": details.get("drift_ns")}
 
 
 def _profiler_kernels(workload: Workload, iterations: int) -> tuple[int, float]:
@@ -151,13 +156,41 @@ def _profiler_kernels(workload: Workload, iterations: int) -> tuple[int, float]:
     return len(theirs), sum(e.device_time for e in theirs) / 1e3
 
 
-def _workloads() -> list[Workload]:
-    from bert_inference import build_model as build_bert
+WORKLOADS = ("1", "32", "train_32", "bert_8")
+"""Every workload's key, in the order they run."""
+
+
+def _infer(model: torch.nn.Module, **kwargs: Any) -> Callable[[], Any]:
+    def step() -> Any:
+        with torch.no_grad():
+            return model(**kwargs)
+    return step
+
+
+def _workloads(keys: list[str]) -> list[Workload]:
+    """The workloads named by ``keys`` (see :data:`WORKLOADS`), built on the GPU."""
     from resnet50_inference import build_model
 
-    resnet = build_model().cuda()
-    inputs = {batch: torch.randn(batch, 3, 224, 224, device="cuda") for batch in (1, 32)}
-    trained = build_model().cuda().train()
+    made = []
+    resnet = build_model().cuda() if {"1", "32"} & set(keys) else None
+    for key in keys:
+        if key in ("1", "32"):
+            images = torch.randn(int(key), 3, 224, 224, device="cuda")
+            made.append(Workload(key, f"ResNet-50 inference, batch {key}", _infer(resnet, pixel_values=images)))
+        elif key == "train_32":
+            made.append(Workload(key, "ResNet-50 training step (SGD), batch 32", _train_step(build_model())))
+        elif key == "bert_8":
+            from bert_inference import build_model as build_bert
+
+            tokens = {"input_ids": torch.randint(0, 30522, (8, 128), device="cuda"),
+                      "attention_mask": torch.ones(8, 128, dtype=torch.long, device="cuda")}
+            made.append(Workload(key, "BERT-base inference, batch 8 x 128 tokens", _infer(build_bert().cuda(),
+                                                                                            **tokens)))
+    return made
+
+
+def _train_step(model: torch.nn.Module) -> Callable[[], None]:
+    trained = model.cuda().train()
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
     images, labels = torch.randn(32, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (32,), device="cuda")
 
@@ -167,20 +200,7 @@ def _workloads() -> list[Workload]:
         torch.nn.functional.cross_entropy(logits, labels).backward()
         optimizer.step()
 
-    bert = build_bert().cuda()
-    tokens = {"input_ids": torch.randint(0, 30522, (8, 128), device="cuda"),
-              "attention_mask": torch.ones(8, 128, dtype=torch.long, device="cuda")}
-
-    def infer(model: torch.nn.Module, **kwargs: Any) -> Callable[[], Any]:
-        def step() -> Any:
-            with torch.no_grad():
-                return model(**kwargs)
-        return step
-
-    return [Workload("1", "ResNet-50 inference, batch 1", infer(resnet, pixel_values=inputs[1])),
-            Workload("32", "ResNet-50 inference, batch 32", infer(resnet, pixel_values=inputs[32])),
-            Workload("train_32", "ResNet-50 training step (SGD), batch 32", train_step),
-            Workload("bert_8", "BERT-base inference, batch 8 x 128 tokens", infer(bert, **tokens))]
+    return train_step
 
 
 def _pct(value: float, base: float) -> float:
@@ -192,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"which to run, comma-separated, of {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--name", default="gpu", help="results as benchmarks/results/NAME.md and NAME.json")
     args = parser.parse_args(argv)
+    keys = [key for key in args.workloads.split(",") if key]
+    unknown = set(keys) - set(WORKLOADS)
+    if unknown or not keys:
+        parser.error(f"--workloads: one or more of {', '.join(WORKLOADS)}")
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU; none is visible here", file=sys.stderr)
         return 2
@@ -203,17 +230,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the CUDA levels cannot run here: {reason}", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name(0)
-    workloads = _workloads()
+    workloads = _workloads(keys)
     results: dict[str, dict[str, Any]] = {}
-    for workload in workloads:
+    for workload in workloads:  # untraced, before any xsp session of this process
         for _ in range(args.warmup):
             workload.step()
         torch.cuda.synchronize()
+        results[workload.key] = {"untraced_before_ms": statistics.median(_timed(workload.step,
+                                                                               args.iterations * args.rounds))}
+    for workload in workloads:
         linking = _linking(workload, args.iterations)
         latency = _rotating_medians(workload.step, list(LEVEL_SETS), lambda label: _levels(LEVEL_SETS[label]),
                                     args.iterations, args.rounds)
-        results[workload.key] = {"linking": linking, "latency_ms": latency}
+        results[workload.key].update(linking=linking, latency_ms=latency)
         print(f"{workload.label}: {latency}", flush=True)
+    for workload in workloads:  # untraced again, after every xsp session: CUPTI must have left nothing behind
+        after = statistics.median(_timed(workload.step, args.iterations * args.rounds))
+        results[workload.key]["untraced_after_ms"] = after
+        print(f"{workload.label}: untraced {results[workload.key]['untraced_before_ms']:.3f} ms before xsp, "
+              f"{after:.3f} ms after", flush=True)
     for workload in workloads:  # last: the profiler keeps CUPTI for the rest of the process
         kernels, kernel_ms = _profiler_kernels(workload, args.iterations)
         profiled = _rotating_medians(workload.step, ["none", PROFILER],
@@ -221,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                                      args.iterations, args.rounds)
         results[workload.key].update(profiler_kernels=kernels, profiler_kernel_ms=kernel_ms, profiler_ms=profiled)
     summary = _summary(device, workloads, results, args)
-    JSON_RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
-    record(_markdown(device, workloads, results, summary, args), RESULTS)
+    results_md = RESULTS.with_name(f"{args.name}.md")
+    results_md.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    record(_markdown(device, workloads, results, summary, args), results_md)
     return 0
 
 
@@ -244,6 +280,10 @@ def _summary(device: str, workloads: list[Workload], results: dict[str, dict[str
             "kernel_ms_xsp": round(linking["kernel_ms"], 3), "kernel_ms_profiler": round(r["profiler_kernel_ms"], 3),
             "linked_to_launch": round(linking["launched"], 4), "linked_to_layer": round(linking["layered"], 4),
             "dropped_records": linking["dropped_records"], "record_path": linking["record_path"],
+            "untraced_before_ms": round(r["untraced_before_ms"], 4),
+            "untraced_after_ms": round(r["untraced_after_ms"], 4),
+            "left_behind_pct": _pct(r["untraced_after_ms"], r["untraced_before_ms"]),
+            "clock": linking["clock"], "clock_drift_ns": linking["clock_drift_ns"],
         }
     first = results[workloads[0].key]["linking"]
     return {"device": device, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -252,7 +292,7 @@ def _summary(device: str, workloads: list[Workload], results: dict[str, dict[str
                                                   "record_path": first["record_path"],
                                                   "why_not_c": first["why_not_c"]},
             "iterations": args.iterations, "rounds": args.rounds,
-            "batches": {key: entries[key] for key in ("1", "32")},
+            "batches": {key: entries[key] for key in ("1", "32") if key in entries},
             "workloads": {key: value for key, value in entries.items() if key not in ("1", "32")}}
 
 
@@ -296,6 +336,15 @@ def _markdown(device: str, workloads: list[Workload], results: dict[str, dict[st
             for label in ("model", "model+layer", "model+layer+cuda_api+kernel")]
         cells.append(f"{profiled[PROFILER]:.2f} ({_pct(profiled[PROFILER], profiled['none']):+.1f}%)")
         lines.append(f"| {workload.label} | " + " | ".join(cells) + " |")
+    lines += ["", "## Nothing left behind: untraced latency before any xsp session and after them all "
+              f"(median ms of {args.rounds * args.iterations} synchronised calls)", "",
+              "| workload | before | after | change | clock | clock drift seen (ns) |",
+              "| --- | ---: | ---: | ---: | --- | ---: |"]
+    for workload in workloads:
+        r = results[workload.key]
+        lines.append(f"| {workload.label} | {r['untraced_before_ms']:.3f} | {r['untraced_after_ms']:.3f} | "
+                     f"{_pct(r['untraced_after_ms'], r['untraced_before_ms']):+.1f}% | {r['linking']['clock']} | "
+                     f"{r['linking']['clock_drift_ns']} |")
     return lines
 
 
