@@ -254,39 +254,15 @@ def _kernel_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     })
 
 
-def _copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
-    copy = columns[Family.MEMCPY]
-    count = columns.count(Family.MEMCPY)
+def _copies(copy: dict[str, np.ndarray], clock: CuptiClock, ends: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Copy rows of one family's columns; ``ends``: the columns naming the devices at both ends
+    (peer-to-peer copies), put in the attributes beside the bandwidth."""
+    count = len(copy["start"])
     directions = _per_distinct(copy["copy_kind"].astype(np.int64), lambda kind: COPY_KINDS.get(kind, "Unknown"))
     duration_ns = copy["end"].astype(np.int64) - copy["start"].astype(np.int64)
-    bandwidth = [json.dumps({"bandwidth_gb_s": nbytes / duration if duration > 0 else None})
-                 for nbytes, duration in zip(copy["bytes"].tolist(), duration_ns.tolist())]
-    return pd.DataFrame({
-        col.LEVEL: _constant(Level.KERNEL.value, count),
-        col.KIND: _constant(SpanKind.MEMCPY.value, count),
-        col.NAME: np.array([f"Memcpy {direction}" for direction in directions], dtype=object),
-        col.START_NS: clock.to_host_ns(copy["start"]),
-        col.END_NS: clock.to_host_ns(copy["end"]),
-        col.CORRELATION_ID: copy["correlation_id"].astype(np.int64),
-        col.BYTES: copy["bytes"].astype(np.int64),
-        col.COPY_KIND: directions,
-        col.STREAM_ID: copy["stream_id"].astype(np.int64),
-        col.DEVICE_ID: copy["device_id"].astype(np.int64),
-        col.ATTRIBUTES: np.array(bandwidth, dtype=object),
-    })
-
-
-def _peer_copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
-    """Copies between two GPUs (CUPTI's MEMCPY2 kind): the device that ran the copy, and both ends."""
-    copy = columns[Family.MEMCPY_PEER]
-    count = columns.count(Family.MEMCPY_PEER)
-    directions = _per_distinct(copy["copy_kind"].astype(np.int64), lambda kind: COPY_KINDS.get(kind, "Unknown"))
-    duration_ns = copy["end"].astype(np.int64) - copy["start"].astype(np.int64)
-    details = [json.dumps({"src_device_id": source, "dst_device_id": destination,
-                           "bandwidth_gb_s": nbytes / duration if duration > 0 else None})
-               for source, destination, nbytes, duration in zip(copy["src_device_id"].tolist(),
-                                                                copy["dst_device_id"].tolist(), copy["bytes"].tolist(),
-                                                                duration_ns.tolist())]
+    end_ids = list(zip(*(copy[name].tolist() for name in ends))) if ends else [()] * count
+    details = [json.dumps({**dict(zip(ends, devices)), "bandwidth_gb_s": nbytes / duration if duration > 0 else None})
+               for devices, nbytes, duration in zip(end_ids, copy["bytes"].tolist(), duration_ns.tolist())]
     return pd.DataFrame({
         col.LEVEL: _constant(Level.KERNEL.value, count),
         col.KIND: _constant(SpanKind.MEMCPY.value, count),
@@ -300,6 +276,15 @@ def _peer_copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame
         col.DEVICE_ID: copy["device_id"].astype(np.int64),
         col.ATTRIBUTES: np.array(details, dtype=object),
     })
+
+
+def _copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
+    return _copies(columns[Family.MEMCPY], clock)
+
+
+def _peer_copy_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
+    """Copies between two GPUs (CUPTI's MEMCPY2 kind): on the device that ran the copy, with both ends."""
+    return _copies(columns[Family.MEMCPY_PEER], clock, ends=("src_device_id", "dst_device_id"))
 
 
 def _set_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:

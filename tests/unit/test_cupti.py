@@ -219,6 +219,17 @@ def _trace(fake: FakeCupti, levels: str = "model,layer,kernel", steps: int = 3) 
     return session.trace
 
 
+def _warned(fake: FakeCupti, levels: str) -> tuple[list[str], xsp.Trace]:
+    """One call of the model under ``levels``: xsp's warnings, and the trace."""
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels=levels, output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+    assert session.trace is not None
+    return [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)], session.trace
+
+
 def test_every_kernel_hangs_from_its_launch_and_the_layer_that_made_it(fake):
     trace = _trace(fake)
     spans = trace.spans
@@ -324,14 +335,9 @@ def test_another_subscriber_makes_the_levels_unavailable_with_one_warning(fake):
     assert reason is not None and "another CUPTI client" in reason and "MULTIPLE_SUBSCRIBERS" in reason
     rows = {name: status for name, _, status in tracer_rows()}
     assert rows["cuda_api"] == reason and rows["kernel"] == reason
-    model = _model(fake)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
-            model(torch.randn(2, 8))
-    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    messages, trace = _warned(fake, "model,layer,kernel")
     assert len(messages) == 1 and "levels cuda_api, kernel are not recorded" in messages[0]
-    assert set(session.trace.spans[col.LEVEL]) == {Level.MODEL.value, Level.LAYER.value}
+    assert set(trace.spans[col.LEVEL]) == {Level.MODEL.value, Level.LAYER.value}
 
 
 def test_pytorchs_profiler_and_the_cuda_levels_exclude_each_other(fake, monkeypatch):
@@ -357,11 +363,16 @@ def test_a_refused_activity_kind_disables_the_tracer_and_releases_cupti(fake):
     def refuse(kind: int) -> None:
         raise CuptiError(int(real.Result.ERROR_INSUFFICIENT_PRIVILEGES))
 
+    if fake.library is not None:
+        fake.library.reset_attribute(0)
     fake.activity_enable = refuse
     with pytest.warns(xsp.XspWarning, match="ERROR_INSUFFICIENT_PRIVILEGES"):
         with xsp.trace(levels="model,kernel", output=None):
             pass
-    assert fake.subscribers == 0
+    assert fake.subscribers == 0 and fake.thread_id_type == 0
+    if fake.library is not None:  # what the C path changed is set back on the failure path too
+        assert fake.library.zeroed_attribute() == 0 and not any(_activity_settings().values())
+        assert abs(int(fake.library.timestamp()) - time.time_ns()) < 1_000_000_000
 
 
 def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fake):
@@ -450,17 +461,12 @@ def test_without_the_c_path_records_are_read_through_cupti_python_with_one_warni
     monkeypatch.setattr(_cupti, "SOURCE", source)
     monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    model = _model(fake)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
-            model(torch.randn(2, 8))
-    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    messages, trace = _warned(fake, "model,layer,kernel")
     assert len(messages) == 1 and "read through cupti-python" in messages[0] and "is not loaded" in messages[0]
     assert fake.python_callbacks == 1
-    spans = session.trace.spans
+    spans = trace.spans
     assert (spans[col.KIND] == SpanKind.KERNEL.value).sum() == 5
-    details = session.trace.metadata["tracer_details"]["kernel"]
+    details = trace.metadata["tracer_details"]["kernel"]
     assert details["record_path"] == "Python (cupti-python)" and "is not loaded" in details["why_not_c"]
 
 
@@ -536,21 +542,6 @@ def _activity_settings() -> dict[str, bool]:
 
     settings = activity.settings()
     return {key: settings[key] for key in ("zeroed_buffers_claimed", "host_clock")}
-
-
-def test_a_refused_kind_leaves_cupti_as_found_too(c_path):
-    c_path.library.reset_attribute(0)
-
-    def refuse(kind: int) -> None:
-        raise CuptiError(int(real.Result.ERROR_INSUFFICIENT_PRIVILEGES))
-
-    c_path.activity_enable = refuse
-    with pytest.warns(xsp.XspWarning, match="ERROR_INSUFFICIENT_PRIVILEGES"):
-        with xsp.trace(levels="model,kernel", output=None):
-            pass
-    assert c_path.subscribers == 0 and c_path.library.zeroed_attribute() == 0
-    assert abs(int(c_path.library.timestamp()) - time.time_ns()) < 1_000_000_000
-    assert not any(_activity_settings().values())
 
 
 def test_the_end_disables_every_kind_before_the_forced_flush_so_no_record_is_left_behind(fake):
@@ -692,14 +683,9 @@ def test_cupti_python_of_another_cuda_release_than_pytorchs_is_named_with_the_fi
 def test_a_mismatched_pairing_is_one_warning_and_in_the_metadata(fake, monkeypatch):
     monkeypatch.setattr(_cupti, "cupti_python_release", lambda: "13.4.0")
     monkeypatch.setattr(_cupti, "torch_cuda_release", lambda: "12.8")
-    model = _model(fake)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
-            model(torch.randn(2, 8))
-    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    messages, trace = _warned(fake, "model,layer,cuda_api,kernel")
     assert len(messages) == 1 and "xsp[cuda12]" in messages[0]
-    details = session.trace.metadata["tracer_details"]["kernel"]
+    details = trace.metadata["tracer_details"]["kernel"]
     assert "xsp[cuda12]" in details["cupti_pairing"] and details["torch_cuda"] == "12.8"
 
 
