@@ -35,7 +35,6 @@ from xsp.analysis.roofline import (
 )
 from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
 from xsp.analysis.system import energy_per_step, system_metrics, system_per_step
-
 from xsp.table import parents as hierarchy
 from xsp.table import paths as structure
 from xsp.table.parents import diagnostics_table

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
-from xsp.analysis.model import _spans
 
+from xsp.analysis.model import _spans
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace

@@ -10,9 +10,9 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+
 from xsp.analysis.gpu import kernel_table
 from xsp.analysis.model import step_roots
-
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace

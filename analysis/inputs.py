@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import INPUT_LEVELS, _spans
 
+from xsp.analysis.model import INPUT_LEVELS, _spans
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace

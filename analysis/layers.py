@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans, step_roots
 
+from xsp.analysis.model import _spans, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace

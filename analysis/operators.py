@@ -14,8 +14,8 @@ import re
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans
 
+from xsp.analysis.model import _spans
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace

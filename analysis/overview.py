@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans, step_kind, step_roots
 
+from xsp.analysis.model import _spans, step_kind, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import GPU_ACTIVITY_KINDS, Level
 from xsp.io.trace import Trace

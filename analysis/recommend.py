@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+
 from xsp.analysis.findings import (
     _FP32_MATMUL,
     _FUSED_OPTIMIZER,
@@ -69,7 +70,6 @@ from xsp.analysis.findings import (
 )
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
 from xsp.analysis.inputs import input_spans
-
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans, model_latency
 
+from xsp.analysis.model import _spans, model_latency
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace

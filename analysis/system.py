@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pandas as pd
-from xsp.analysis.model import _spans, step_roots
 
+from xsp.analysis.model import _spans, step_roots
 from xsp.core import schema as col
 from xsp.io.trace import Trace
 from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, SystemMetric, sample_table

@@ -64,8 +64,8 @@ def step_records(release, library, launches: int) -> list[bytes]:
 
 def time_c_path(library, native, data: bytes, records: int, buffers: int, rounds: int, rows: bool) -> float:
     """Median ns per record of a drain of ``buffers`` buffers (and the span rows, if ``rows``)."""
-    from xsp.tracers._cupti_clock import CuptiClock
-    from xsp.tracers._cupti_rows import activity_rows, api_rows
+    from xsp.tracers.cuda.clock import CuptiClock
+    from xsp.tracers.cuda.rows import activity_rows, api_rows
 
     costs = []
     for _ in range(rounds):
@@ -86,7 +86,7 @@ def time_zeroing(library, native, data: bytes, valid: int, buffers: int, rounds:
     valid) into buffers xsp zeroed as ``zeroing`` says, and the drain that reads them and zeroes
     them again. Writing into pages given back to the kernel costs a page fault each, on
     CUPTI's side: the delivery counts it."""
-    from xsp.tracers._cupti_records import BUFFER_BYTES, MAX_BUFFERS
+    from xsp.tracers.cuda.records import BUFFER_BYTES, MAX_BUFFERS
 
     native.module.register(BUFFER_BYTES, MAX_BUFFERS, zeroing)
     library.check_zero(0)  # the fake's check of every byte handed out would dwarf CUPTI's writes
@@ -123,7 +123,7 @@ def python_objects(count: int) -> list[object]:
 
 
 def time_python_path(count: int, rounds: int) -> float:
-    from xsp.tracers._cupti_records import RecordStore
+    from xsp.tracers.cuda.records import RecordStore
 
     objects = python_objects(count)
     costs = []
@@ -143,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
 
-    from xsp.tracers._cupti_records import BUFFER_BYTES, NativeRecords
-
     from tests.native_cupti import NEWEST, FakeLibcupti, build
+    from xsp.tracers.cuda.records import BUFFER_BYTES, NativeRecords
 
     with tempfile.TemporaryDirectory() as folder:
         library = FakeLibcupti(build(Path(folder)))

@@ -121,7 +121,7 @@ def detection_row(comparison: str, slowdown: float, results: Sequence[Any]) -> d
 
 
 def accuracy(pairs: int, slowed: int, steps: int, folder: Path) -> list[dict[str, object]]:
-    from xsp.gate.compare import diff
+    from xsp.gate.diff import diff
 
     plain: list[Path] = []
     slow: dict[float, list[tuple[Path, Path]]] = {f: [] for f in SLOWDOWNS}
@@ -149,7 +149,7 @@ def several_runs(plain: list[Path], slow: dict[float, list[tuple[Path, Path]]],
     three times compares)."""
     import random
 
-    from xsp.gate.compare import diff
+    from xsp.gate.diff import diff
     from xsp.io.loading import load
 
     draw = random.Random(0)
@@ -173,7 +173,7 @@ def against_summaries(plain: list[Path], slow: dict[float, list[tuple[Path, Path
                       folder: Path) -> list[dict[str, object]]:
     """The same pairs with the base given as its baseline summary (what CI keeps in a repository)."""
     from xsp.gate.baseline import summarize
-    from xsp.gate.compare import diff
+    from xsp.gate.diff import diff
     from xsp.io.loading import load
 
     def baseline(run: Path) -> Path:
@@ -230,7 +230,7 @@ def speed(folder: Path, repeats: int) -> list[dict[str, object]]:
 
     import xsp
     from xsp.core import schema as col
-    from xsp.gate.compare import diff
+    from xsp.gate.diff import diff
 
     if not SHARED_TRACE.exists():
         return [{"tool": "xsp diff", "seconds": "skipped: ../shared/traces missing"}]
@@ -278,7 +278,7 @@ def hta_speed(folder: Path, repeats: int) -> list[dict[str, object]]:
     a copy of itself, every iteration, both tools reading the files."""
     import shutil
 
-    from xsp.gate.compare import diff
+    from xsp.gate.diff import diff
 
     try:
         from hta.common.trace import Trace as HtaTrace

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU; none is visible here", file=sys.stderr)
         return 2
-    from xsp.tracers._cupti import probe
+    from xsp.tracers.cuda.source import probe
 
     reason = probe()
     if reason is not None:

@@ -79,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from cupti import cupti
     from resnet50_inference import build_model
-    from xsp.tracers import _cupti, _cupti_records
-    from xsp.tracers._module_calls import INTERCEPTOR
 
     import xsp
+    from xsp.tracers.cuda import records as _cupti_records
+    from xsp.tracers.cuda import source as _cupti
+    from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
     flush = cupti.activity_flush_all
     cupti.activity_flush_all = _timed_flush(flush)

@@ -94,9 +94,8 @@ def _inflation(merged: pd.DataFrame, naive: pd.Series, level: str) -> tuple[floa
 
 def measure(name: str, batch: int, fn: Callable[[], Any], repeat: int, warmup: int, rounds: int) -> dict[str, Any]:
     """Every configuration once per round, interleaved; figures pooled over the rounds."""
-    from xsp.analysis.model import trimmed_mean
-
     import xsp
+    from xsp.analysis.model import trimmed_mean
     from xsp.core import schema as col
     from xsp.table.walks import parent_positions
 

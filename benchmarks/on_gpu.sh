@@ -104,7 +104,7 @@ if want tests; then
     timeout 300 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py -p no:cacheprovider \
         --junitxml="$OUT/gpu-tests.xml"
     part "C record path on the fake libcupti"
-    timeout 150 python3 -m pytest -q -rs tests/unit/test_cupti.py tests/unit/test_cupti_records.py -p no:cacheprovider
+    timeout 150 python3 -m pytest -q -rs tests/unit/test_cuda.py tests/unit/test_cuda_records.py -p no:cacheprovider
 fi
 
 if want more; then

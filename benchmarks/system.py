@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 from _results import record
 from torch import nn
-from xsp.tracers.system import SystemTracer
 
 import xsp
 from xsp.core import state as _state
+from xsp.tracers.system import SystemTracer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "system.md"
 SETTINGS = {"sampler off": None, "system level, 10 Hz": 0.1, "system level, 100 Hz": 0.01}

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
-from xsp.tracers._module_calls import INTERCEPTOR, JIT_TRACE_ENTRIES
 
 from xsp.core import state as _state
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR, JIT_TRACE_ENTRIES
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 from cupti import cupti as real
-from xsp.tracers._cupti_records import Kind
-from xsp.tracers._cupti_rows import api_enum
+
+from xsp.tracers.cuda.records import Kind
+from xsp.tracers.cuda.rows import api_enum
 
 KERNEL_RECORD = max((getattr(real, name) for name in dir(real) if name.startswith("ActivityKernel")
                      and name[len("ActivityKernel"):].isdigit()),

@@ -140,9 +140,9 @@ class FakeLibcupti:
 
 
 def assert_same_columns(got: Any, expected: Any) -> None:
-    """Two :class:`~xsp.tracers._cupti_records.ActivityColumns` hold the same records, field for
+    """Two :class:`~xsp.tracers.cuda.records.ActivityColumns` hold the same records, field for
     field (kernel names compared as text: each path numbers them its own way)."""
-    from xsp.tracers._cupti_records import FIELDS, Family
+    from xsp.tracers.cuda.records import FIELDS, Family
 
     for family in Family:
         for name, dtype in FIELDS[family].items():

@@ -29,13 +29,13 @@ from types import ModuleType
 from typing import Any, Final
 
 import torch
-from xsp.tracers._module_calls import _top_tensors, dynamo_compiling, error_text
-from xsp.tracers._post_import import forget, when_imported
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording
+from xsp.tracers._post_import import forget, when_imported
+from xsp.tracers.module_calls.interceptor import _top_tensors, dynamo_compiling, error_text
 
 C10D: Final = "torch.distributed.distributed_c10d"
 SPAWN: Final = "torch.multiprocessing.spawn"

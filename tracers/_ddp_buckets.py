@@ -36,14 +36,14 @@ from types import ModuleType
 from typing import Any, Final
 
 import torch
-from xsp.tracers._collectives import Collectives
-from xsp.tracers._module_calls import dynamo_compiling, error_text
-from xsp.tracers._post_import import forget, when_imported
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording
+from xsp.tracers._collectives import Collectives
+from xsp.tracers._post_import import forget, when_imported
+from xsp.tracers.module_calls.interceptor import dynamo_compiling, error_text
 
 DDP_MODULE: Final = "torch.nn.parallel.distributed"
 ALL_REDUCE: Final = "all_reduce"

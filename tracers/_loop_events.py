@@ -31,9 +31,6 @@ from types import ModuleType
 from typing import Any, Final
 
 import torch
-from xsp.tracers._model_names import model_name
-from xsp.tracers._module_calls import dynamo_compiling, error_text
-from xsp.tracers._post_import import forget, when_imported
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
@@ -41,6 +38,9 @@ from xsp.record import hotpath
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.steps import AutoSteps, hotpath_constants
+from xsp.tracers._post_import import forget, when_imported
+from xsp.tracers.module_calls.interceptor import dynamo_compiling, error_text
+from xsp.tracers.module_calls.model_names import model_name
 
 NEXT_NAME: Final = "DataLoader.__next__"
 ITER_NAME: Final = "DataLoader.__iter__"

@@ -11,13 +11,13 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import API_KINDS, SOURCE, CuptiSource, pairing_note, record_path
-from xsp.tracers._cupti_records import ActivityColumns
-from xsp.tracers._cupti_rows import api_rows
-from xsp.tracers._module_calls import INTERCEPTOR
 
 from xsp.core.schema import Level
 from xsp.record.recording import Recording, Window
+from xsp.tracers.cuda.records import ActivityColumns
+from xsp.tracers.cuda.rows import api_rows
+from xsp.tracers.cuda.source import API_KINDS, SOURCE, CuptiSource, pairing_note, record_path
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 
 class CuptiTracer(ABC):

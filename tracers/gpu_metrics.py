@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import cupti_error_text, cupti_module, measure_cupti_offset, probe
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Recording, Window
+from xsp.tracers.cuda.source import cupti_error_text, cupti_module, measure_cupti_offset, probe
 
 SAMPLING_INTERVAL_NS = 100_000
 HARDWARE_BUFFER_BYTES = 256 << 20

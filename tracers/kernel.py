@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pandas as pd
-from xsp.tracers._cupti import ACTIVITY_KINDS
-from xsp.tracers._cupti_records import ActivityColumns
-from xsp.tracers._cupti_rows import activity_rows
-from xsp.tracers.cuda_api import CuptiTracer
 
 from xsp.core.schema import Level
+from xsp.tracers.cuda.records import ActivityColumns
+from xsp.tracers.cuda.rows import activity_rows
+from xsp.tracers.cuda.source import ACTIVITY_KINDS
+from xsp.tracers.cuda_api import CuptiTracer
 
 
 class KernelTracer(CuptiTracer):

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pandas as pd
-from xsp.tracers._module_calls import Mode
-from xsp.tracers._module_rows import backward_rows, module_call_rows
-from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Window
+from xsp.tracers.module_calls.interceptor import Mode
+from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
+from xsp.tracers.module_calls.rows import backward_rows, module_call_rows
 
 
 class LayerTracer(ModuleCallTracer):

@@ -7,18 +7,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from xsp.tracers._collectives import Collectives
-from xsp.tracers._ddp_buckets import DdpBuckets
-from xsp.tracers._loop_events import LoopEvents
-from xsp.tracers._module_calls import Mode
-from xsp.tracers._module_rows import as_numpy, module_call_rows
-from xsp.tracers._module_tracer import ModuleCallTracer
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.record.marks import SPAN_KIND_OF_MARK, MarkKind
 from xsp.record.recording import Recording, Window
 from xsp.record.steps import GENERATE_SUFFIX
+from xsp.tracers._collectives import Collectives
+from xsp.tracers._ddp_buckets import DdpBuckets
+from xsp.tracers._loop_events import LoopEvents
+from xsp.tracers.module_calls.interceptor import Mode
+from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
+from xsp.tracers.module_calls.rows import as_numpy, module_call_rows
 
 
 class ModelTracer(ModuleCallTracer):

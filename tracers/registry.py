@@ -5,9 +5,8 @@ from __future__ import annotations
 from importlib import import_module
 from importlib.metadata import entry_points
 
-from xsp.tracers.base import Tracer
-
 from xsp.core.schema import Level
+from xsp.tracers.base import Tracer
 
 ENTRY_POINT_GROUP = "xsp.tracers"
 BUILTIN_TRACERS: dict[str, str] = {

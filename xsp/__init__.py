@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from xsp import analysis
     from xsp.core import schema
     from xsp.gate.baseline import Summary, summarize
-    from xsp.gate.compare import Diff, diff
+    from xsp.gate.diff import Diff, diff
     from xsp.io.loading import load
     from xsp.io.trace import Trace
     from xsp.record.user_spans import span, step
@@ -47,7 +47,7 @@ _LAZY = {
     # the span table's column names and enums: ``from xsp import schema as col``
     "schema": ("xsp.core.schema", None),
     "Summary": ("xsp.gate.baseline", "Summary"), "summarize": ("xsp.gate.baseline", "summarize"),
-    "Diff": ("xsp.gate.compare", "Diff"), "diff": ("xsp.gate.compare", "diff"),
+    "Diff": ("xsp.gate.diff", "Diff"), "diff": ("xsp.gate.diff", "diff"),
     "LeveledResult": ("xsp.session.leveled", "LeveledResult"), "leveled": ("xsp.session.leveled", "leveled"),
 }
 

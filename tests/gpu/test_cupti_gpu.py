@@ -149,7 +149,7 @@ def test_records_are_read_in_c_with_nothing_dropped(traced):
 
 def test_the_c_path_and_the_python_path_see_the_same_kernels(monkeypatch):
     pytest.importorskip("cupti")
-    from xsp.tracers import _cupti
+    from xsp.tracers.cuda import source as _cupti
 
     model, x = _model(), torch.randn(8, 3, 32, 32, device="cuda")
     by_c = _traced(model, x, iterations=3)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from xsp.analysis import model_flops
 
 import xsp
+from xsp.analysis import model_flops
 
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E402

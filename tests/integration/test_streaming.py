@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 import torch
 from torch import nn
-from xsp.tracers.layer import LayerTracer
 
 import xsp
 import xsp.session.session
@@ -22,6 +21,7 @@ import xsp.session.windows
 from xsp.core import schema as col
 from xsp.io.segments import UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
 from xsp.session.forked import ForkFailed, fork_available
+from xsp.tracers.layer import LayerTracer
 
 KILLED = """
 import os, signal, sys, time, torch, xsp

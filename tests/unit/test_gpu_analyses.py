@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from xsp.analysis import gpu, roofline
 
+from xsp.analysis import gpu, roofline
 from xsp.core import schema as col
 from xsp.io.trace import Trace
 from xsp.table.build import conform

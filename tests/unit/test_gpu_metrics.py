@@ -9,7 +9,13 @@ import torch
 pytest.importorskip("cupti.pm_sampling", reason="cupti-python 13.3 or later (PM sampling) is not installed")
 
 from cupti.pm_sampling import Sample  # noqa: E402
+
+import xsp  # noqa: E402
 from xsp.analysis import counters_per_kernel, kernel_roofline  # noqa: E402
+from xsp.core import schema as col  # noqa: E402
+from xsp.core.schema import Level, SpanKind  # noqa: E402
+from xsp.record.recording import Recording, Window  # noqa: E402
+from xsp.table.build import conform  # noqa: E402
 from xsp.tracers import gpu_metrics  # noqa: E402
 from xsp.tracers.gpu_metrics import (  # noqa: E402
     DRAM_METRICS,
@@ -18,12 +24,6 @@ from xsp.tracers.gpu_metrics import (  # noqa: E402
     GpuMetricsTracer,
     sample_rows,
 )
-
-import xsp  # noqa: E402
-from xsp.core import schema as col  # noqa: E402
-from xsp.core.schema import Level, SpanKind  # noqa: E402
-from xsp.record.recording import Recording, Window  # noqa: E402
-from xsp.table.build import conform  # noqa: E402
 
 FFMA = "sm__sass_thread_inst_executed_op_ffma_pred_on.sum"
 FADD = "sm__sass_thread_inst_executed_op_fadd_pred_on.sum"

@@ -23,7 +23,6 @@ import pandas as pd
 import pytest
 import torch
 from torch import nn
-from xsp.tracers import _module_calls, _native_torch
 
 import xsp
 from xsp.core import schema as col
@@ -35,6 +34,8 @@ from xsp.record.recording import (
     extend_columns,
     extend_columns_from_packed,
 )
+from xsp.tracers.module_calls import interceptor as _module_calls
+from xsp.tracers.module_calls import native_torch as _native_torch
 
 BUILT = hotpath.load()
 

@@ -7,9 +7,9 @@ import json
 
 import pandas as pd
 import pytest
-from xsp.analysis import gpu
 
 import xsp
+from xsp.analysis import gpu
 from xsp.core import schema as col
 
 KERNEL_COUNTS = {  # from the traces' README and their raw events

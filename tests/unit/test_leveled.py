@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
+from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
@@ -174,7 +174,7 @@ def test_rounds_interleave_the_runs_and_pool_their_steps():
 
 
 def test_levels_that_cannot_run_are_left_out_with_the_reason(monkeypatch):
-    monkeypatch.setattr("xsp.tracers._cupti.SOURCE.available", lambda: "no CUDA driver: test")
+    monkeypatch.setattr("xsp.tracers.cuda.source.SOURCE.available", lambda: "no CUDA driver: test")
     model = torch.nn.Linear(4, 4)
     with torch.no_grad():
         result = xsp.leveled(lambda: model(torch.randn(2, 4)), levels="model,layer,kernel", repeat=2, warmup=0)
@@ -381,7 +381,7 @@ def test_leveled_inference_without_no_grad_hooks_no_backward_but_training_does()
 
 
 def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatch):
-    from xsp.tracers import _module_calls
+    from xsp.tracers.module_calls import interceptor as _module_calls
 
     hooked = []
     make_hooks = _module_calls._backward_hooks

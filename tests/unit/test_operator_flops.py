@@ -8,14 +8,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-from xsp.analysis import backward_attribution, backward_time_per_layer, layer_flops, model_flops, operator_table
-from xsp.tracers.flops import NORM_FLOPS_PER_ELEMENT, count_call
-from xsp.tracers.operator import CLOCK_MARKER, THREAD_MARKER, clock_offset, operator_rows
 
 import xsp
+from xsp.analysis import backward_attribution, backward_time_per_layer, layer_flops, model_flops, operator_table
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions
+from xsp.tracers.flops import NORM_FLOPS_PER_ELEMENT, count_call
+from xsp.tracers.operator import CLOCK_MARKER, THREAD_MARKER, clock_offset, operator_rows
 
 
 class Event:

@@ -8,14 +8,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from xsp.tracers._module_rows import module_type_name
-from xsp.tracers.model import _nested_backward
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp import analysis
 from xsp.core import schema as col
 from xsp.record.marks import MarkKind
+from xsp.tracers.model import _nested_backward
+from xsp.tracers.module_calls.rows import module_type_name
 
 
 def test_samples_per_step_count_accumulated_micro_batches_but_not_closures_or_generation():

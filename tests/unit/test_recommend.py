@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from xsp.analysis.recommend import COLUMNS, RULES, Rule, recommend
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
+from xsp.analysis.recommend import COLUMNS, RULES, Rule, recommend
 from xsp.core import schema as col
 from xsp.io.trace import Trace
 

@@ -318,7 +318,7 @@ def test_decorator_profiles_each_call(tmp_path):
 
 
 def test_levels_without_a_tracer_are_warned_about_once(monkeypatch):
-    monkeypatch.setattr("xsp.tracers._cupti.SOURCE.available", lambda: "no CUDA driver: test")
+    monkeypatch.setattr("xsp.tracers.cuda.source.SOURCE.available", lambda: "no CUDA driver: test")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with xsp.trace(levels="model,kernel", output=None) as session:

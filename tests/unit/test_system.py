@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from xsp.tracers import system as system_tracer
-from xsp.tracers.system import GpuReader, HostReader, SystemTracer, rapl_counters, sampling_hz, visible_gpus
 
 import xsp
 from xsp import analysis
 from xsp.core import schema as col
 from xsp.record.samples import EnergyMethod, step_averages
+from xsp.tracers import system as system_tracer
+from xsp.tracers.system import GpuReader, HostReader, SystemTracer, rapl_counters, sampling_hz, visible_gpus
 
 S = 1_000_000_000
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from xsp.cli._common import CliError, check_output, console
 
 if TYPE_CHECKING:
-    from xsp.gate.compare import Diff
+    from xsp.gate.diff import Diff
 
 
 class FailOn(str, enum.Enum):
@@ -76,7 +76,7 @@ def run(options: argparse.Namespace) -> int:
             check_output(options.output, source)
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")
-    from xsp.gate.compare import diff  # scipy and the analyses, only for this command
+    from xsp.gate.diff import diff  # scipy and the analyses, only for this command
 
     result = diff(options.base, options.new, by=options.by, levels=options.levels,
                   threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),

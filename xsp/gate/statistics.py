@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -78,7 +79,6 @@ from xsp.gate.verdicts import (  # noqa: F401 - some only read from here by othe
     _run_medians,
     _run_tests,
     _sample_stats,
-    benjamini_hochberg,
     breakdown,
     noisy_keys,
     overall_verdict,
@@ -275,8 +275,8 @@ def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray
 # comparison
 
 
-def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
-            alpha: float = 0.01, normalize: bool = False, speed: float = 1.0) -> pd.DataFrame:
+def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
+                 alpha: float = 0.01, normalize: bool = False, speed: float = 1.0) -> pd.DataFrame:
     """The diff table of two key-samples frames (:func:`key_samples`), one row per key.
 
     A key present in both is ``regressed`` (or ``improved``) only when its median per-step
@@ -333,7 +333,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_
     p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
     tested = ranked | between
     q_values = np.full(count, np.nan)
-    q_values[tested] = benjamini_hochberg(p_values[tested])
+    q_values[tested] = stats.false_discovery_control(p_values[tested]) if tested.any() else []
     overlap = both & ~tested & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
     apart = np.zeros(count, dtype=bool)
     for i in np.flatnonzero(overlap).tolist():
@@ -417,5 +417,5 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))
 
-__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "pool_runs", "compare", "benjamini_hochberg",
+__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "pool_runs", "compare_keys",
            "breakdown", "structure_changes", "overall_verdict", "noisy_keys"]

@@ -141,21 +141,6 @@ def smallest_p(base_samples: int, new_samples: int) -> float:
     return min(1.0, 2.0 / comb(base_samples + new_samples, base_samples))
 
 
-def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
-    """Benjamini-Hochberg adjusted p-values (q-values): reject where ``q <= alpha`` to keep the
-    expected share of false discoveries among the rejected keys at ``alpha``."""
-    p = np.asarray(p_values, dtype=np.float64)
-    count = len(p)
-    if not count:
-        return p.copy()
-    order = np.argsort(p)
-    scaled = p[order] * count / np.arange(1, count + 1)
-    adjusted = np.minimum.accumulate(scaled[::-1])[::-1]
-    result = np.empty(count)
-    result[order] = np.minimum(adjusted, 1.0)
-    return result
-
-
 def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Size, median and coefficient of variation of each (sorted) sample array, vectorised."""
     sizes = np.fromiter(map(len, samples), dtype=np.int64, count=len(samples))

@@ -6,7 +6,7 @@ from typing import Any
 
 class FastCall:
     """What xsp installs as ``nn.Module.__call__``: records the common cases of a module call (see
-    tracers/_module_calls.py) and hands the others to the Python wrapper ``slow``."""
+    tracers/module_calls/interceptor.py) and hands the others to the Python wrapper ``slow``."""
 
     exposed: Any
     """What reading the attribute gives (a Python function doing the same); None: the object itself."""

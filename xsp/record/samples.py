@@ -7,9 +7,10 @@ use at its end, and on NVIDIA GPUs utilisation, memory, power, SM clock and the 
 Each becomes a ``sample`` span of the system level, its metrics in ``attributes`` under
 ``xsp.system.<metric>``.
 
-A step overlaps some of those intervals: :func:`annotate_steps` gives each step root the
-time-weighted averages of every metric over the step, and the energy it used, with how that
-energy was obtained (:class:`EnergyMethod`).
+A step overlaps some of those intervals: :func:`step_averages` gives each step the time-weighted
+averages of every metric over it, and the energy it used, with how that energy was obtained
+(:class:`EnergyMethod`); :mod:`xsp.table.step_samples` writes them on the step roots of a built
+window.
 """
 
 from __future__ import annotations
@@ -186,25 +187,3 @@ def step_averages(samples: pd.DataFrame, step_starts: np.ndarray, step_ends: np.
             if any(key.startswith(f"{device}.") for key in found):
                 found.setdefault(f"{device}.energy_method", EnergyMethod.UNAVAILABLE.value)
     return out
-
-
-def annotate_steps(table: pd.DataFrame) -> None:
-    """Give each step root in ``table`` (a built window) its system averages, in place."""
-    samples = sample_table(table)
-    if samples.empty:
-        return
-    roots = np.flatnonzero((table[col.PARENT_ID].isna() & table[col.STEP].notna()
-                            & table[col.KIND].isin([k.value for k in col.STEP_KINDS])).to_numpy())
-    if not len(roots):
-        return
-    averages = step_averages(samples, table[col.START_NS].to_numpy(dtype=np.int64)[roots],
-                             table[col.END_NS].to_numpy(dtype=np.int64)[roots])
-    texts = table[col.ATTRIBUTES].astype(object).tolist()
-    for row, found in zip(roots.tolist(), averages):
-        if not found:
-            continue
-        current = texts[row]
-        attributes = json.loads(current) if isinstance(current, str) else {}
-        attributes.update({STEP_ATTRIBUTE_PREFIX + key: value for key, value in found.items()})
-        texts[row] = json.dumps(attributes)
-    table[col.ATTRIBUTES] = pd.array(texts, dtype="string")

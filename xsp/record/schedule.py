@@ -6,6 +6,13 @@ from the session's start: the first ``skip_first`` steps are not recorded; then 
 to its steady state with the tracers' cost included), and ``active`` steps recorded and kept,
 ``repeat`` times (0: until the session ends). A step that is not recorded costs a top-level
 check per module call, nothing per layer.
+
+Each step's action is the one ``torch.profiler.schedule`` gives it (tests/unit/test_schedule.py
+holds the two equal over every combination of the counts). Where it differs: every count has
+a default (``active=1``, the others 0), where torch requires ``wait``, ``warmup`` and
+``active``; torch's ``skip_first_wait`` is not offered; and the steps of every active span go
+to one trace (torch hands each span to ``on_trace_ready`` apart, at its last step:
+``RECORD_AND_SAVE``, here a plain record).
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ from xsp.session.windows import (  # noqa: F401 - some only read from here by ot
     _WindowWorker,
 )
 from xsp.table.build import build_table, new_step_state
-from xsp.tracers._module_calls import INTERCEPTOR
 from xsp.tracers.base import Tracer
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_LONG_STEP_S = 1.0

@@ -13,10 +13,10 @@ import pyarrow as pa
 
 from xsp.core import schema as col
 from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
-from xsp.record import late_records
-from xsp.record.samples import annotate_steps
+from xsp.table import late_records
 from xsp.table import parents as hierarchy
 from xsp.table import paths as structure
+from xsp.table.step_samples import annotate_steps
 from xsp.table.walks import (
     MEMORY_POOL,
     arrow_strings,
@@ -184,10 +184,10 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if session_position is not None:
         table.loc[session_position, col.SPAN_ID] = state.session_span_id
     if session_position is None:  # an import: no row to leave out, so no copy of the table
-        parents, diagnostics = hierarchy.parent_positions(table)
+        parents, diagnostics = hierarchy.infer_parent_positions(table)
     else:
         host_rows = np.flatnonzero(~is_session)
-        sub_parents, diagnostics = hierarchy.parent_positions(table.iloc[host_rows])
+        sub_parents, diagnostics = hierarchy.infer_parent_positions(table.iloc[host_rows])
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
     large = len(table) >= LARGE_TABLE_ROWS

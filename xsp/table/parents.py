@@ -68,7 +68,7 @@ class HierarchyDiagnostics:
     than the gap between calls): placed under the span their id names."""
     late_linked: int = 0
     """CUDA API calls and GPU activities that CUPTI handed over after the window of the layer
-    call (or launch) that made them: placed under it all the same (:mod:`xsp.record.late_records`)."""
+    call (or launch) that made them: placed under it all the same (:mod:`xsp.table.late_records`)."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -227,8 +227,10 @@ def cap_depth(parents: np.ndarray, max_depth: int = MAX_DEPTH) -> int:
     return int(len(too_deep))
 
 
-def parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
-    """Parent position (row number, or -1) of every row of a span table."""
+def infer_parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
+    """Parent position (row number, or -1) of every row of a span table without parents yet,
+    inferred from interval inclusion, launch correlation and external ids (a table with
+    ``parent_id`` filled in is read with :func:`xsp.table.walks.parent_positions`)."""
     count = len(spans)
     thread = spans[col.THREAD_ID]
     has_thread = thread.notna().to_numpy()
@@ -292,7 +294,7 @@ def diagnostics_table(diagnostics: dict[str, int]) -> pd.DataFrame:
 
 def build(spans: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``spans`` with ``parent_id`` rebuilt; diagnostics in ``.attrs["hierarchy"]``."""
-    parents, diagnostics = parent_positions(spans)
+    parents, diagnostics = infer_parent_positions(spans)
     out = spans.copy()
     out[col.PARENT_ID] = ids_at(out[col.SPAN_ID].to_numpy(dtype=np.int64), parents)
     out.attrs["hierarchy"] = diagnostics.as_dict()

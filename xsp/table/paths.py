@@ -74,7 +74,7 @@ class StepState:
     window_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
     """The last window's CUDA API calls by correlation id: (span id, step, trace id)."""
     recent_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
-    """Those of the last two windows, for CUDA records that come late (:mod:`xsp.record.late_records`)."""
+    """Those of the last two windows, for CUDA records that come late (:mod:`xsp.table.late_records`)."""
     recent_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
 
 

@@ -4,7 +4,7 @@
  * need <cuda.h>, which the wheels lack) or copied.
  *
  * The offsets are the same in every cupti_activity.h from CUPTI 12.6.37 to 13.5.25 (gcc
- * offsetof over all 19 releases, 2026-11-27); tests/unit/test_cupti_records.py checks them
+ * offsetof over all 19 releases, 2026-11-27); tests/unit/test_cuda_records.py checks them
  * against cupti-python's numpy layouts of every record version. */
 #ifndef XSP_CUPTI_ABI_H
 #define XSP_CUPTI_ABI_H

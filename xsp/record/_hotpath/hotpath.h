@@ -1,6 +1,6 @@
 /* The common cases of xsp's nn.Module.__call__ wrapper, in C.
  *
- * A `FastCall` object is what xsp installs as nn.Module.__call__ (tracers/_module_calls.py):
+ * A `FastCall` object is what xsp installs as nn.Module.__call__ (tracers/module_calls/interceptor.py):
  * `model(x)` runs its vectorcall directly, with no Python frame of xsp's in between. It is a
  * method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), so the interpreter calls it with the module
  * first, as it would a function; read as an attribute (`nn.Module.__call__`, `model.__call__`,
@@ -111,7 +111,7 @@ typedef struct {
 } BufferCache;
 
 /* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
- * returns it as C's bool); found by tracers/_native_torch.py. */
+ * returns it as C's bool); found by tracers/module_calls/native_torch.py. */
 typedef bool (*grad_mode_function)(void);
 
 typedef struct {

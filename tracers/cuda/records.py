@@ -29,7 +29,8 @@ from enum import IntEnum
 from typing import Any, Final
 
 import numpy as np
-from xsp.tracers._cupti_clock import CuptiClock
+
+from xsp.tracers.cuda.clock import CuptiClock
 
 BUFFER_BYTES: Final = 8 << 20
 """Size of each activity buffer handed to CUPTI."""

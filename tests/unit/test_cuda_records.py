@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("cupti", reason="cupti-python is not installed (Linux x86_64/aarch64 only)")
 
-from xsp.tracers import _cupti_records  # noqa: E402
-from xsp.tracers._cupti_records import (  # noqa: E402
+from xsp.tracers.cuda import records as _cupti_records  # noqa: E402
+from xsp.tracers.cuda.records import (  # noqa: E402
     BUFFER_BYTES,
     FIELDS,
     MAX_BUFFERS,

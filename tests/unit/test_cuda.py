@@ -19,21 +19,23 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. 'cupti.cupti.Activity:pytest.PytestUnraisableExceptionWarning")
 
 from cupti import cupti as real  # noqa: E402
-from xsp.analysis import gpu  # noqa: E402
-from xsp.tracers import _cupti, _cupti_records, _cupti_rows  # noqa: E402
-from xsp.tracers._cupti import CuptiSource  # noqa: E402
-from xsp.tracers._cupti_clock import ClockMode, CuptiClock  # noqa: E402
-from xsp.tracers._cupti_records import Family, RecordStore, columns_from_tuples  # noqa: E402
-from xsp.tracers._cupti_rows import activity_rows, api_rows, demangle  # noqa: E402
-from xsp.tracers._module_calls import INTERCEPTOR  # noqa: E402
-from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
-from xsp.tracers.kernel import KernelTracer  # noqa: E402
 
 import xsp  # noqa: E402
+from xsp.analysis import gpu  # noqa: E402
 from xsp.cli.doctor import tracer_rows  # noqa: E402
 from xsp.core import schema as col  # noqa: E402
 from xsp.core.schema import Level, SpanKind  # noqa: E402
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions  # noqa: E402
+from xsp.tracers.cuda import records as _cupti_records  # noqa: E402
+from xsp.tracers.cuda import rows as _cupti_rows  # noqa: E402
+from xsp.tracers.cuda import source as _cupti  # noqa: E402
+from xsp.tracers.cuda.clock import ClockMode, CuptiClock  # noqa: E402
+from xsp.tracers.cuda.records import Family, RecordStore, columns_from_tuples  # noqa: E402
+from xsp.tracers.cuda.rows import activity_rows, api_rows, demangle  # noqa: E402
+from xsp.tracers.cuda.source import CuptiSource  # noqa: E402
+from xsp.tracers.cuda_api import CudaApiTracer  # noqa: E402
+from xsp.tracers.kernel import KernelTracer  # noqa: E402
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR  # noqa: E402
 
 from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
 from ..native_cupti import assert_same_columns  # noqa: E402

@@ -12,7 +12,7 @@ and so is a kernel whose launch came earlier, and the kernels under such a call 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,11 +20,14 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.schema import Level
 
+if TYPE_CHECKING:
+    from xsp.table.paths import StepState
+
 Owner = tuple[int, Any, str]
 """(span id, step or None, trace id)."""
 
 
-def adopt_late(table: pd.DataFrame, state: Any) -> tuple[int, int]:
+def adopt_late(table: pd.DataFrame, state: StepState) -> tuple[int, int]:
     """Place ``table``'s CUDA records whose owner an earlier window held, in place: how many
     API calls, and how many GPU activities (whose launch was not in ``table``)."""
     owners: dict[tuple[int, int], Owner] = state.recent_owners
@@ -73,7 +76,7 @@ def _set_step(table: pd.DataFrame, rows: np.ndarray, steps: list[Any], traces: l
     table.loc[rows, col.TRACE_ID] = traces
 
 
-def remember(table: pd.DataFrame, state: Any) -> None:
+def remember(table: pd.DataFrame, state: StepState) -> None:
     """Keep who made what in ``table`` (and the window before it) for the next window."""
     owners: dict[tuple[int, int], Owner] = {}
     launches: dict[int, Owner] = {}

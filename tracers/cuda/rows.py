@@ -1,6 +1,6 @@
 """CUPTI activity columns as span rows: names, clock, links, a family at a time.
 
-Everything here works on whole columns (:class:`~xsp.tracers._cupti_records.ActivityColumns`):
+Everything here works on whole columns (:class:`~xsp.tracers.cuda.records.ActivityColumns`):
 a name is looked up once per distinct callback id or kernel, a JSON attribute once per
 distinct kernel configuration, never once per record.
 """
@@ -16,11 +16,11 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
-from xsp.tracers._cupti_clock import CuptiClock
-from xsp.tracers._cupti_records import EXTERNAL_KIND_CUSTOM0, ActivityColumns, Family, Kind
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind, Status
+from xsp.tracers.cuda.clock import CuptiClock
+from xsp.tracers.cuda.records import EXTERNAL_KIND_CUSTOM0, ActivityColumns, Family, Kind
 
 # cupti.ActivityMemcpyKind, written as Kineto and Nsight write them
 COPY_KINDS: Final = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",

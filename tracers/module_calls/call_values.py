@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
-from xsp.tracers._call_inputs import (
+
+from xsp.tracers.module_calls.call_context import (
     _TENSOR,
     Descriptor,
 )

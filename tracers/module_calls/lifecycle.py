@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xsp.tracers._module_calls import INTERCEPTOR, Mode
-
 from xsp.core.schema import Level
 from xsp.record.recording import Recording
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR, Mode
 
 
 class ModuleCallTracer:

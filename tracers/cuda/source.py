@@ -4,7 +4,7 @@ CUPTI allows one subscriber per process, so both tracers go through :data:`SOURC
 subscribes once, enables the activity kinds its users ask for and hands CUPTI its buffers.
 cupti-python is the control plane (driver checks, kinds, flushes, the clock, callback-id
 names); the records themselves are read in C where xsp's extension is built and knows the
-CUPTI release (see :mod:`xsp.tracers._cupti_records`), through cupti-python otherwise.
+CUPTI release (see :mod:`xsp.tracers.cuda.records`), through cupti-python otherwise.
 
 * **Off the hot path.** CUPTI fills its buffers itself; the completed-buffer callback (on
   CUPTI's thread, or the flushing one) only queues the buffer. At each step end a background
@@ -13,7 +13,7 @@ CUPTI release (see :mod:`xsp.tracers._cupti_records`), through cupti-python othe
 * **Clock.** Where the C path can, CUPTI is handed xsp's host clock before any kind is
   enabled, so records need no conversion; otherwise CUPTI stamps records on its own time base
   (CLOCK_REALTIME on Linux), and the offset measured at each drain is interpolated (see
-  :mod:`xsp.tracers._cupti_clock`).
+  :mod:`xsp.tracers.cuda.clock`).
 * **Leaves CUPTI as found.** At the end the kinds are disabled first, then everything is
   flushed (forced), so no record is made after the last flush; every process-wide setting xsp
   changed (buffers handed out zeroed, the clock, the thread-id type, per-call switches) is set
@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Final
 
-from xsp.tracers._cupti_clock import ClockMode, CuptiClock, measure_cupti_offset
-from xsp.tracers._cupti_records import (
+from xsp.record.hotpath import PURE_PYTHON_ENV
+from xsp.record.recording import Window
+from xsp.tracers.cuda.clock import ClockMode, CuptiClock, measure_cupti_offset
+from xsp.tracers.cuda.records import (
     ACTIVITY_KINDS,
     API_KINDS,
     BUFFER_BYTES,
@@ -50,11 +52,8 @@ from xsp.tracers._cupti_records import (
     NativeRecords,
     RecordStore,
 )
-from xsp.tracers._cupti_rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
-from xsp.tracers._module_calls import Correlation
-
-from xsp.record.hotpath import PURE_PYTHON_ENV
-from xsp.record.recording import Window
+from xsp.tracers.cuda.rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
+from xsp.tracers.module_calls.interceptor import Correlation
 
 __all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "measure_cupti_offset", "probe"]
 
@@ -75,6 +74,7 @@ def torch_profiler_active() -> bool:
     operator level's own CPU-only one (which leaves CUPTI alone)."""
     try:
         import torch
+
         from xsp.tracers.operator import own_profiler_active
 
         return bool(torch.autograd.profiler._is_profiler_enabled) and not own_profiler_active()

@@ -26,7 +26,7 @@ from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, speed_ratio
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
-from xsp.gate import statistics as d
+from xsp.gate import statistics as keyed
 from xsp.gate.baseline import Summary, is_summary_path, summarize
 from xsp.gate.statistics import KeyBy, Verdict
 from xsp.io.loading import load
@@ -75,21 +75,21 @@ class Diff:
     @property
     def changed(self) -> bool:
         """Any key regressed, improved, added or removed."""
-        return bool((self.table[d.VERDICT] != Verdict.UNCHANGED.value).any())
+        return bool((self.table[keyed.VERDICT] != Verdict.UNCHANGED.value).any())
 
     def rows(self, verdict: Verdict | str) -> pd.DataFrame:
         """The rows with one verdict, largest change first."""
         value = Verdict(verdict).value
-        rows = self.table[self.table[d.VERDICT] == value]
-        return rows.iloc[np.argsort(-np.abs(rows[d.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
+        rows = self.table[self.table[keyed.VERDICT] == value]
+        return rows.iloc[np.argsort(-np.abs(rows[keyed.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
 
 
     def models(self) -> pd.DataFrame:
         """The model-level keys compared in both runs, at most :data:`LISTED`."""
         table = self.table
-        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[d.PARENT_KEY].isna()
+        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[keyed.PARENT_KEY].isna()
                        & (table[col.KIND] != col.SpanKind.SESSION.value)
-                       & (table[d.BASE_SAMPLES] > 0) & (table[d.NEW_SAMPLES] > 0)]
+                       & (table[keyed.BASE_SAMPLES] > 0) & (table[keyed.NEW_SAMPLES] > 0)]
         return chosen.head(LISTED)
 
 
@@ -104,7 +104,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         new: the run under test, the same kinds of things. Either side may be several runs
             of the same program (a list, or a folder of their files): their steps are pooled,
             and a key must then also move between the runs' medians beyond their spread (see
-            :func:`xsp.gate.statistics.compare`), which keeps a process that happened to run
+            :func:`xsp.gate.statistics.compare_keys`), which keeps a process that happened to run
             slower from failing a check. Three runs a side is a good start on a shared machine.
         by: ``"path"`` matches spans by their place in the model; ``"name"`` aggregates
             by level and name (as HolisticTraceAnalysis compares).
@@ -154,29 +154,30 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
     speed = measured_speed if (machine_speed and not normalize and measured_speed is not None
                                and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
-    table = d.compare(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
+    table = keyed.compare_keys(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000),
+                               alpha=alpha,
                       normalize=normalize, speed=speed)
-    shift = float(table.attrs.get(d.COMMON_SHIFT, 1.0))
+    shift = float(table.attrs.get(keyed.COMMON_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, speed, normalize)
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
-    order = np.lexsort((-np.abs(table[d.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
+    order = np.lexsort((-np.abs(table[keyed.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
     table = table.iloc[order].reset_index(drop=True)
-    for row in d.noisy_keys(table, threshold).itertuples(index=False):
+    for row in keyed.noisy_keys(table, threshold).itertuples(index=False):
         worst = max(v for v in (row.base_cv, row.new_cv) if not math.isnan(v))
         warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
                         f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
-    tested = table[table[d.TEST].isin([d.Test.RANK.value, d.Test.RANK_AND_RUNS.value])]
-    unjudged_top = ((table[d.VERDICT] == Verdict.UNCHANGED.value) & table[d.PARENT_KEY].isna()
-                    & (table[d.BASE_SAMPLES] > 0))
+    tested = table[table[keyed.TEST].isin([keyed.Test.RANK.value, keyed.Test.RANK_AND_RUNS.value])]
+    unjudged_top = ((table[keyed.VERDICT] == Verdict.UNCHANGED.value) & table[keyed.PARENT_KEY].isna()
+                    & (table[keyed.BASE_SAMPLES] > 0))
     if not len(tested) and unjudged_top.any():
-        warnings.append(f"fewer than {d.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
+        warnings.append(f"fewer than {keyed.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
     elif len(tested):
-        smallest = d.smallest_p(int(tested[d.BASE_SAMPLES].min()), int(tested[d.NEW_SAMPLES].min()))
+        smallest = keyed.smallest_p(int(tested[keyed.BASE_SAMPLES].min()), int(tested[keyed.NEW_SAMPLES].min()))
         if smallest * len(tested) > alpha:
-            warnings.append(f"with {int(tested[d.BASE_SAMPLES].min())} and {int(tested[d.NEW_SAMPLES].min())} "
+            warnings.append(f"with {int(tested[keyed.BASE_SAMPLES].min())} and {int(tested[keyed.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
                             f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
     settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
@@ -184,13 +185,14 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "keys_tested": len(tested), "normalize": normalize,
                 "common_shift": round(shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
-                "judged_factor": round(float(table.attrs.get(d.JUDGED_FACTOR, 1.0)), 4),
+                "judged_factor": round(float(table.attrs.get(keyed.JUDGED_FACTOR, 1.0)), 4),
                 "judged": "against the common shift" if normalize else (
                     "at equal machine speed" if speed != 1.0 else "raw times"),
                 "base_runs": int(base_info.get("runs") or 1),
                 "new_runs": int(new_info.get("runs") or 1)}
-    return Diff(table=table, changes=d.structure_changes(base_keys, new_keys, table), breakdown=d.breakdown(table),
-                verdict=d.overall_verdict(table), warnings=warnings, settings=settings,
+    return Diff(table=table, changes=keyed.structure_changes(base_keys, new_keys, table),
+                breakdown=keyed.breakdown(table),
+                verdict=keyed.overall_verdict(table), warnings=warnings, settings=settings,
                 base=base_info, new=new_info)
 
 
@@ -249,7 +251,7 @@ def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.Da
     info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
     info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
     info[MACHINE_SPEED] = _pooled_speed([summary.metadata.get(MACHINE_SPEED) for summary in summaries])
-    return d.pool_runs([summary.keys[by] for summary in summaries]), info
+    return keyed.pool_runs([summary.keys[by] for summary in summaries]), info
 
 
 def _pooled_speed(speeds: list[Any]) -> dict[str, Any] | None:

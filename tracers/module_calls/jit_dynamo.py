@@ -8,12 +8,12 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from xsp.tracers._call_inputs import (
-    JIT_TRACE_ENTRIES,
-)
 
 from xsp.record.recording import (
     Recording,
+)
+from xsp.tracers.module_calls.call_context import (
+    JIT_TRACE_ENTRIES,
 )
 
 

@@ -53,33 +53,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from xsp.tracers._call_inputs import (
-    _TENSOR,
-    DYNAMO_TRACE_RULES,
-    JIT_TRACE_ENTRIES,
-    SETUP_LIBRARIES,
-    Correlation,
-    Mode,
-    _grad_enabled,
-    dynamo_compiling,
-    jit_tracing,
-)
-from xsp.tracers._call_values import (
-    _GRAPH_TASK_ID,
-    _top_tensors,
-    backward_running,
-    describe,
-    describe_inputs,
-    error_text,
-)
-from xsp.tracers._jit_dynamo import (
-    _dynamo_traces,
-    _let_dynamo_start_past_the_wrapper,
-    _set_aside_while_jit_traces,
-)
-from xsp.tracers._model_names import model_name
-from xsp.tracers._native_torch import grad_mode_address
-from xsp.tracers._post_import import forget, when_imported
 
 from xsp.core.clock import now_ns
 from xsp.record import hotpath
@@ -95,6 +68,33 @@ from xsp.record.recording import (
     ThreadBuffer,
 )
 from xsp.record.steps import AutoSteps, hotpath_constants
+from xsp.tracers._post_import import forget, when_imported
+from xsp.tracers.module_calls.call_context import (
+    _TENSOR,
+    DYNAMO_TRACE_RULES,
+    JIT_TRACE_ENTRIES,
+    SETUP_LIBRARIES,
+    Correlation,
+    Mode,
+    _grad_enabled,
+    dynamo_compiling,
+    jit_tracing,
+)
+from xsp.tracers.module_calls.call_values import (
+    _GRAPH_TASK_ID,
+    _top_tensors,
+    backward_running,
+    describe,
+    describe_inputs,
+    error_text,
+)
+from xsp.tracers.module_calls.jit_dynamo import (
+    _dynamo_traces,
+    _let_dynamo_start_past_the_wrapper,
+    _set_aside_while_jit_traces,
+)
+from xsp.tracers.module_calls.model_names import model_name
+from xsp.tracers.module_calls.native_torch import grad_mode_address
 
 
 def _output_nodes(out: Any) -> set[Any]:
