@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from xsp.analysis.model import _spans
+from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
@@ -25,7 +25,7 @@ def compensated(source: Trace, costs: dict[Level, LevelCost] | None = None) -> p
     Raises:
         ValueError: the trace holds no calibration and none was given.
     """
-    spans = _spans(source).copy()
+    spans = spans_of(source).copy()
     found = costs if costs is not None else costs_from_metadata(source.metadata.get("calibration"))
     if not found:
         raise ValueError("this trace has no calibration: record it with xsp.trace(calibrate=True) "

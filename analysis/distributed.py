@@ -28,7 +28,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, step_roots
+from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -99,7 +99,7 @@ def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``backend`` or ``gpu``), ``op`` (``all_reduce``, ``broadcast``...), ``name``, ``thread_id``,
     ``start_ns``, ``end_ns``, ``duration_ns``, ``bytes`` (this rank's payload, when known).
     """
-    spans = _ranked(_spans(source))
+    spans = _ranked(spans_of(source))
     names = spans[col.NAME].astype(str)
     levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
     python = (levels == Level.MODEL.value) & (kinds == SpanKind.COLLECTIVE.value)
@@ -277,7 +277,7 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     kernel level, which alone show it), ``collectives``, ``bytes``,
     ``late_ms`` (the rank's lateness, as in :func:`stragglers`; NaN with one rank).
     """
-    spans = _ranked(_spans(source))
+    spans = _ranked(spans_of(source))
     table = collectives(spans)
     timing = _timing_source(table) if not table.empty else None
     entries = _entries(table, _metadata(source))  # the trace's metadata says which host each rank ran on

@@ -137,15 +137,15 @@ RULES: Final[dict[Rule, Threshold]] = {
                                 "PyTorch CPU performance tuning guide"),
 }
 
-_GEMM = re.compile(r"gemm|conv|cudnn|xmma|cutlass|implicit|winograd|fft", re.IGNORECASE)
-_SIXTEEN_BIT = re.compile(r"f16|fp16|bf16|half|bfloat16|hgemm|h\d{3,5}gemm|_h\d{3,5}|s16816|s1688gemm_bf16",
+GEMM = re.compile(r"gemm|conv|cudnn|xmma|cutlass|implicit|winograd|fft", re.IGNORECASE)
+SIXTEEN_BIT = re.compile(r"f16|fp16|bf16|half|bfloat16|hgemm|h\d{3,5}gemm|_h\d{3,5}|s16816|s1688gemm_bf16",
                           re.IGNORECASE)
-_FP32_MATMUL = re.compile(r"sgemm|scudnn|implicit_convolve_s|_f32f32_f32f32|fft2d_r2c|winograd.*float",
+FP32_MATMUL = re.compile(r"sgemm|scudnn|implicit_convolve_s|_f32f32_f32f32|fft2d_r2c|winograd.*float",
                           re.IGNORECASE)
-_TF32 = re.compile(r"tf32|s1688|s16816", re.IGNORECASE)
-_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
-_FUSED_OPTIMIZER = re.compile(r"_foreach_|_fused_|multi_tensor_apply", re.IGNORECASE)
-_OPTIMIZER_ANNOTATION = "Optimizer.step#"
+TF32 = re.compile(r"tf32|s1688|s16816", re.IGNORECASE)
+LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
+FUSED_OPTIMIZER = re.compile(r"_foreach_|_fused_|multi_tensor_apply", re.IGNORECASE)
+OPTIMIZER_ANNOTATION = "Optimizer.step#"
 _DEVICE_CAPABILITY: Final = (("H100", 9, 0), ("H200", 9, 0), ("H20", 9, 0), ("GH200", 9, 0), ("B200", 10, 0),
                              ("A100", 8, 0), ("A10", 8, 6), ("A30", 8, 0), ("A40", 8, 6), ("L4", 8, 9),
                              ("L40", 8, 9), ("RTX 40", 8, 9), ("RTX 30", 8, 6), ("V100", 7, 0), ("T4", 7, 5),
@@ -153,7 +153,7 @@ _DEVICE_CAPABILITY: Final = (("H100", 9, 0), ("H200", 9, 0), ("H20", 9, 0), ("GH
 
 
 # ---------------------------------------------------------------------------------------------
-class _Context:
+class Context:
     """What several rules read, computed once."""
 
     def __init__(self, trace: Trace) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xsp.analysis.model import _spans
+from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -43,7 +43,7 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``launch_duration_us``, ``launch_delay_us`` (kernel start minus launch start), ``operator``
     (innermost operator above the launch), ``layer`` (innermost layer), ``span_id``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     parents = parent_positions(spans)
     kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
     launch = parents[kernels]
@@ -74,7 +74,7 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``name``, ``count``, ``total_us``, ``mean_us``, ``min_us``, ``max_us``,
     ``share`` (of all kernel time).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
     # positions into two columns, not a boolean mask over the whole table: that copies every column;
     # and names as codes, not a Python string per kernel (hundreds of thousands of long names)
@@ -129,7 +129,7 @@ def gpu_vs_cpu_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``step``, ``name``, ``module_type``, ``duration_us``, ``gpu_us``, ``cpu_us``, ``kernels``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     parents = parent_positions(spans)
     layers_mask = of_level(spans, Level.LAYER)
     activities = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
@@ -161,7 +161,7 @@ def memory_operations(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``kind`` (memcpy/memset), ``direction`` (HtoD, DtoH, DtoD, ... ; empty for sets),
     ``count``, ``total_us``, ``bytes``, ``bandwidth_gb_s`` (bytes over busy time).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     rows = spans[_kind_mask(spans, SpanKind.MEMCPY, SpanKind.MEMSET)]
     frame = pd.DataFrame({
         "kind": rows[col.KIND].to_numpy(), "direction": rows[col.COPY_KIND].fillna("").to_numpy(),
@@ -179,7 +179,7 @@ def synchronization(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``where`` (host/device), ``name``, ``count``, ``total_us``, ``mean_us``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     host = spans[(spans[col.LEVEL] == Level.CUDA_API.value)
                  & spans[col.NAME].str.startswith(SYNC_CALLS).fillna(False)]
     device = spans[_kind_mask(spans, SpanKind.SYNC)]
@@ -219,7 +219,7 @@ def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd
     Columns: ``step``, ``device_id``, ``stream_id``, ``activities``, ``window_us``, ``busy_us``,
     ``host_bound_idle_us``, ``other_idle_us``, ``utilization`` (busy over window).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     parents = parent_positions(spans)
     rows = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)

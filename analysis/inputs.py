@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import INPUT_LEVELS, _spans
+from xsp.analysis.model import INPUT_LEVELS, spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -92,7 +92,7 @@ def input_waits(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``copies``, ``copy_ms`` and ``copy_bytes`` (the batch's host-to-device copies on a GPU,
     recorded at the kernel level; 0 otherwise).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     waits = input_spans(spans).sort_values(col.START_NS, kind="stable").reset_index(drop=True)
     if waits.empty:
         return pd.DataFrame(columns=INPUT_COLUMNS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, step_roots
+from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
@@ -27,7 +27,7 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``self_ms`` (duration minus layers directly inside), ``param_count``, ``input_shapes``,
     ``output_shapes``, ``source`` (file:line of the module's class).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     layers = spans[spans[col.LEVEL] == Level.LAYER.value]
     inner = layers.groupby(col.PARENT_ID)[col.DURATION_NS].sum()
     child_ns = layers[col.SPAN_ID].map(inner).fillna(0).to_numpy(dtype=np.float64)
@@ -55,7 +55,7 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     ``total_self_ms``, ``mean_self_ms``, ``share`` (total self time over the steps' time).
     ``by`` is ``self_ms`` (default: where time is spent, not double counted) or ``total_ms``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     table = layer_table(spans)
     grouped = table.groupby(["name", "kind"], sort=False).agg(
         module_type=("module_type", "first"), calls=("duration_ms", "size"),
@@ -73,7 +73,7 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``module_type``, ``layers`` (distinct module paths), ``calls``, ``total_self_ms``,
     ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     table = layer_table(spans)
     grouped = table.groupby("module_type", sort=False).agg(
         layers=("name", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),

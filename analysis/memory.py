@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans
+from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -56,7 +56,7 @@ def memory_timeline(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Every allocation and free in time order: ``step``, ``time_ns``, ``device`` (``cpu``,
     ``cuda:0``), ``kind`` (alloc, free), ``bytes``, ``live_bytes`` (allocated since the session
     started and not yet freed, on that device, after the event), ``thread_id``."""
-    spans = _spans(source)
+    spans = spans_of(source)
     rows = _events(spans)
     if not len(rows):
         return pd.DataFrame(columns=EVENT_COLUMNS)
@@ -77,7 +77,7 @@ def layer_memory(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``allocated_bytes`` and ``freed_bytes`` (inside the layer and its sublayers),
     ``net_bytes`` (what it left allocated: activations kept for backward, outputs),
     ``peak_bytes`` (the most it held at once above what was live when it began)."""
-    spans = _spans(source)
+    spans = spans_of(source)
     rows = _events(spans)
     if not len(rows):
         return pd.DataFrame(columns=LAYER_COLUMNS)

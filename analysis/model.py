@@ -20,7 +20,8 @@ TRIM_FRACTION = 0.2
 """Trimmed mean drops this fraction at each end (as XSP does)."""
 
 
-def _spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def spans_of(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """The span table of ``source``: a trace's, or the table itself (every analysis takes either)."""
     return source.spans if isinstance(source, Trace) else source
 
 
@@ -43,7 +44,7 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     times, while calls made inside an optimizer step (a closure's) or a ``generate()`` count
     once; null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     roots = step_roots(spans)
     batch = _step_batches(spans, roots)
     compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value].groupby(col.STEP)[col.DURATION_NS].sum()

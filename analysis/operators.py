@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans
+from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -33,7 +33,7 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``name``, ``count``, ``total_us`` (inclusive), ``self_us`` (minus the operators
     directly inside), ``mean_us``, ``share`` (of all self time, which adds up once).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     ops = spans[(spans[col.LEVEL] == Level.OPERATOR.value) & (spans[col.KIND] == SpanKind.OPERATOR.value)]
     inner = ops.groupby(col.PARENT_ID)[col.DURATION_NS].sum()
     duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
@@ -59,7 +59,7 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``forward_layer`` (its innermost layer; for a backward layer span, the layer it is the
     backward of), ``outermost`` (an engine span, or a node without one: sum these).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     parents = parent_positions(spans)
     layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
     names = spans[col.NAME].to_numpy(dtype=object)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, step_kind, step_roots
+from xsp.analysis.model import spans_of, step_kind, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import GPU_ACTIVITY_KINDS, Level
 from xsp.io.trace import Trace
@@ -30,7 +30,7 @@ def level_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     by at least one of its spans; GPU activities per device) and ``share`` of the step time.
     The first row, ``steps``, is the steps themselves; the ``model`` row is the model-level
     spans inside them (model calls, backward passes, optimizer steps, your spans)."""
-    spans = _spans(source)
+    spans = spans_of(source)
     roots = step_roots(spans)
     step_ms = union_length(roots[col.START_NS].to_numpy(dtype=np.int64),
                            roots[col.END_NS].to_numpy(dtype=np.int64)) / 1e6
@@ -66,7 +66,7 @@ def aggregated_tree(source: Trace | pd.DataFrame, max_nodes: int = 2000) -> pd.D
     them, with their kernels below it. At most ``max_nodes`` nodes, the largest by ``total_ms``
     (with their ancestors).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     chosen = (spans[col.STEP].notna() & spans[col.LEVEL].isin([level.value for level in TIMED_LEVELS])).to_numpy(
         copy=True)
     parents = parent_positions(spans)

@@ -25,13 +25,6 @@ import numpy as np
 import pandas as pd
 
 from xsp.analysis.findings import (
-    _FP32_MATMUL,
-    _FUSED_OPTIMIZER,
-    _GEMM,
-    _LAYOUT_CONVERSION,
-    _OPTIMIZER_ANNOTATION,
-    _SIXTEEN_BIT,
-    _TF32,
     ATTR_PIN_MEMORY,
     ATTR_WORKERS,
     COLUMNS,
@@ -39,7 +32,10 @@ from xsp.analysis.findings import (
     DATALOADER_SHARE,
     EVIDENCE,
     FIX,
+    FP32_MATMUL,
     FP32_MATMUL_SHARE,
+    FUSED_OPTIMIZER,
+    GEMM,
     HOST_IDLE_HIGH,
     HOST_IDLE_MODERATE,
     INPUT_HIGH,
@@ -47,9 +43,11 @@ from xsp.analysis.findings import (
     KERNEL_SHARE,
     LAUNCH_HIGH,
     LAUNCH_MODERATE,
+    LAYOUT_CONVERSION,
     MATMUL_SHARE,
     MAX_PATHS,
     MEMORY_CAPACITY,
+    OPTIMIZER_ANNOTATION,
     OPTIMIZER_OPERATORS,
     OPTIMIZER_SHARE,
     PATHS,
@@ -60,13 +58,15 @@ from xsp.analysis.findings import (
     SHARE_HIGH,
     SHARE_MODERATE,
     SHORT_KERNEL_FRACTION,
+    SIXTEEN_BIT,
     SIXTEEN_BIT_SHARE,
     SM_EFFICIENCY,
+    TF32,
+    Context,
     Finding,
     Rule,
     Severity,
     Threshold,
-    _Context,
 )
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
 from xsp.analysis.inputs import input_spans
@@ -102,11 +102,11 @@ def _attributes(text: Any) -> dict[str, Any]:
 
 
 # rules -----------------------------------------------------------------------------------------
-def _input_waits(ctx: _Context) -> pd.DataFrame:
+def _input_waits(ctx: Context) -> pd.DataFrame:
     return input_spans(ctx.spans[ctx.in_steps])  # input level, or model level in older traces
 
 
-def input_bound(ctx: _Context) -> Finding | None:
+def input_bound(ctx: Context) -> Finding | None:
     waits = _input_waits(ctx)
     waited_ns = float(waits[col.DURATION_NS].sum())
     share = ctx.share(waited_ns)
@@ -123,7 +123,7 @@ def input_bound(ctx: _Context) -> Finding | None:
         _top(waits[col.NAME].astype(str).tolist(), waits[col.DURATION_NS].to_numpy(dtype=np.float64)))
 
 
-def dataloader_workers(ctx: _Context) -> Finding | None:
+def dataloader_workers(ctx: Context) -> Finding | None:
     waits = _input_waits(ctx)
     waited_ns = float(waits[col.DURATION_NS].sum())
     share = ctx.share(waited_ns)
@@ -149,7 +149,7 @@ def dataloader_workers(ctx: _Context) -> Finding | None:
         _top(waits[col.NAME].astype(str).tolist()))
 
 
-def gpu_idle(ctx: _Context) -> Finding | None:
+def gpu_idle(ctx: Context) -> Finding | None:
     spans = ctx.spans if not ctx.steps else ctx.spans[ctx.in_steps]
     usage = gpu_utilization(spans, per_stream=False)
     if not len(usage):
@@ -174,7 +174,7 @@ def _plain_id(value: Any) -> str:
     return "?" if value is None or pd.isna(value) else str(int(value))
 
 
-def small_kernels(ctx: _Context) -> Finding | None:
+def small_kernels(ctx: Context) -> Finding | None:
     kernels = ctx.kernels
     kernels = kernels[kernels["launch_duration_us"].notna()]
     if not len(kernels):
@@ -199,7 +199,7 @@ def small_kernels(ctx: _Context) -> Finding | None:
              short_rows["launch_duration_us"].to_numpy(dtype=np.float64)))
 
 
-def pageable_memcpy(ctx: _Context) -> Finding | None:
+def pageable_memcpy(ctx: Context) -> Finding | None:
     copies = ctx.of(Level.KERNEL, SpanKind.MEMCPY)
     pageable = copies[copies[col.NAME].str.contains("Pageable", case=False, na=False).to_numpy()]
     if not len(pageable):
@@ -219,7 +219,7 @@ def pageable_memcpy(ctx: _Context) -> Finding | None:
         _top(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows]))
 
 
-def blocking_sync(ctx: _Context) -> Finding | None:
+def blocking_sync(ctx: Context) -> Finding | None:
     api = ctx.of(Level.CUDA_API)
     names = api[col.NAME].astype(str)
     blocking = names.str.startswith(tuple(call for call in SYNC_CALLS if "WaitEvent" not in call)) | (
@@ -247,7 +247,7 @@ def blocking_sync(ctx: _Context) -> Finding | None:
         _top(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows]))
 
 
-def _kernel_time(ctx: _Context, pattern: re.Pattern[str], exclude: re.Pattern[str] | None = None) -> tuple[
+def _kernel_time(ctx: Context, pattern: re.Pattern[str], exclude: re.Pattern[str] | None = None) -> tuple[
         float, pd.DataFrame]:
     kernels = ctx.kernels
     names = kernels["name"].astype(str)
@@ -258,12 +258,12 @@ def _kernel_time(ctx: _Context, pattern: re.Pattern[str], exclude: re.Pattern[st
     return float(chosen["duration_us"].sum()) * 1e3, chosen
 
 
-def no_tf32(ctx: _Context) -> Finding | None:
+def no_tf32(ctx: Context) -> Finding | None:
     capability = ctx.capability()
     kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
     if capability is None or capability < (8, 0) or kernel_ns <= 0:
         return None
-    fp32_ns, fp32 = _kernel_time(ctx, _FP32_MATMUL, _TF32)
+    fp32_ns, fp32 = _kernel_time(ctx, FP32_MATMUL, TF32)
     fraction = fp32_ns / kernel_ns
     if fraction < FP32_MATMUL_SHARE:
         return None
@@ -281,13 +281,13 @@ def no_tf32(ctx: _Context) -> Finding | None:
              fp32["duration_us"].to_numpy(dtype=np.float64)))
 
 
-def no_amp(ctx: _Context) -> Finding | None:
+def no_amp(ctx: Context) -> Finding | None:
     capability = ctx.capability()
     kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
     if capability is None or capability < (7, 0) or kernel_ns <= 0:
         return None
-    matmul_ns, matmul = _kernel_time(ctx, _GEMM)
-    sixteen_ns, _ = _kernel_time(ctx, _SIXTEEN_BIT)
+    matmul_ns, matmul = _kernel_time(ctx, GEMM)
+    sixteen_ns, _ = _kernel_time(ctx, SIXTEEN_BIT)
     if matmul_ns / kernel_ns < MATMUL_SHARE or sixteen_ns / kernel_ns >= SIXTEEN_BIT_SHARE:
         return None
     dtype = "bfloat16" if capability >= (8, 0) else "float16"
@@ -302,11 +302,11 @@ def no_amp(ctx: _Context) -> Finding | None:
              matmul["duration_us"].to_numpy(dtype=np.float64)))
 
 
-def channels_last(ctx: _Context) -> Finding | None:
+def channels_last(ctx: Context) -> Finding | None:
     kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
     if kernel_ns <= 0:
         return None
-    converting_ns, converting = _kernel_time(ctx, _LAYOUT_CONVERSION)
+    converting_ns, converting = _kernel_time(ctx, LAYOUT_CONVERSION)
     fraction = converting_ns / kernel_ns
     if fraction < SHARE_MODERATE:
         return None
@@ -319,11 +319,11 @@ def channels_last(ctx: _Context) -> Finding | None:
             converting["name"]).tolist()], converting["duration_us"].to_numpy(dtype=np.float64)))
 
 
-def unfused_optimizer(ctx: _Context) -> Finding | None:
+def unfused_optimizer(ctx: Context) -> Finding | None:
     spans = ctx.spans
     model = (spans[col.LEVEL] == Level.MODEL.value).to_numpy() & ctx.in_steps
     steps = spans[model & ((spans[col.KIND] == SpanKind.OPTIMIZER.value).to_numpy()
-                           | spans[col.NAME].str.startswith(_OPTIMIZER_ANNOTATION).fillna(False).to_numpy())]
+                           | spans[col.NAME].str.startswith(OPTIMIZER_ANNOTATION).fillna(False).to_numpy())]
     if not len(steps):
         return None
     optimizer_ns = float(steps[col.DURATION_NS].sum())
@@ -343,7 +343,7 @@ def unfused_optimizer(ctx: _Context) -> Finding | None:
                                   steps[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan).tolist()):
         inside = (op_start >= start) & (op_end <= end) & ((op_thread == thread) | np.isnan(thread))
         counts.append(int(inside.sum()))
-        fused |= any(_FUSED_OPTIMIZER.search(name) for name in op_names[inside])
+        fused |= any(FUSED_OPTIMIZER.search(name) for name in op_names[inside])
     per_step = float(np.median(counts))
     if fused or per_step < OPTIMIZER_OPERATORS:
         return None
@@ -369,7 +369,7 @@ def _grid_blocks(grids: pd.Series) -> np.ndarray:
     return blocks
 
 
-def gpu_underutilized(ctx: _Context) -> Finding | None:
+def gpu_underutilized(ctx: Context) -> Finding | None:
     sms = ctx.device().get("numSms")
     kernels = ctx.kernels
     if not sms or not len(kernels):
@@ -400,7 +400,7 @@ def gpu_underutilized(ctx: _Context) -> Finding | None:
              under["duration_us"].to_numpy(dtype=np.float64)))
 
 
-def memory_near_capacity(ctx: _Context) -> Finding | None:
+def memory_near_capacity(ctx: Context) -> Finding | None:
     memory = ctx.metadata.get("memory")
     if not isinstance(memory, dict):
         return None
@@ -425,7 +425,7 @@ def memory_near_capacity(ctx: _Context) -> Finding | None:
         [where])
 
 
-def cpu_threads(ctx: _Context) -> Finding | None:
+def cpu_threads(ctx: Context) -> Finding | None:
     threads = ctx.metadata.get("torch_num_threads")
     cpus = ctx.metadata.get("cpus_available") or ctx.metadata.get("cpu_count")
     if not isinstance(threads, int) or not isinstance(cpus, int) or cpus <= 0:
@@ -445,7 +445,7 @@ def cpu_threads(ctx: _Context) -> Finding | None:
     return None
 
 
-CHECKS: Final[dict[Rule, Callable[[_Context], Finding | None]]] = {
+CHECKS: Final[dict[Rule, Callable[[Context], Finding | None]]] = {
     Rule.INPUT_BOUND: input_bound,
     Rule.DATALOADER_WORKERS: dataloader_workers,
     Rule.GPU_IDLE: gpu_idle,
@@ -471,7 +471,7 @@ def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     largest first; a list). An empty frame says no rule fired; ``docs/recommendations.md`` says
     what each rule needs recorded.
     """
-    context = _Context(trace if isinstance(trace, Trace) else Trace(spans=trace, metadata={}))
+    context = Context(trace if isinstance(trace, Trace) else Trace(spans=trace, metadata={}))
     rows = []
     for rule, check in CHECKS.items():
         finding = check(context)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, model_latency
+from xsp.analysis.model import model_latency, spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -93,7 +93,7 @@ def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``span_id``, ``name``, ``flops``, ``dram_bytes`` (floats; one row per kernel
     that overlapped a sample).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     samples = spans[(spans[col.LEVEL] == Level.GPU_METRICS.value) & (spans[col.KIND] == SpanKind.COUNTERS.value)]
     kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
     empty = pd.DataFrame({"span_id": pd.Series(dtype="int64"), "name": pd.Series(dtype="object"),
@@ -194,7 +194,7 @@ def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``name``, ``calls``, ``flops`` (all calls), ``flops_per_call``, ``bytes``,
     ``duration_us``, ``achieved_tflops``, ``arithmetic_intensity``.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     layers = np.flatnonzero((spans[col.LEVEL] == Level.LAYER.value).to_numpy())
     flops = spans[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
     moved = spans[col.BYTES].astype("float64").to_numpy(na_value=np.nan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, step_kind, step_roots
+from xsp.analysis.model import spans_of, step_kind, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -38,7 +38,7 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
     backwards are forward and backward, not optimizer too), so the parts add up to at most
     ``latency_ms`` and ``other_ms`` is the rest.
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     roots = step_roots(spans)
     out = pd.DataFrame({"step": roots[col.STEP].astype("int64").to_numpy(), "name": roots[col.NAME].to_numpy(),
                         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
@@ -101,7 +101,7 @@ def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
     span), ``steps``, ``steps_ms`` (time inside at least one step), ``coverage`` (their
     ratio), ``outside_ms`` (the rest: set-up, evaluation outside steps, the end of the run).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     session = spans[spans[col.KIND] == SpanKind.SESSION.value]
     if len(session):
         start, end = int(session[col.START_NS].min()), int(session[col.END_NS].max())
@@ -123,7 +123,7 @@ def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``name``, ``count``, ``total_ms``, ``mean_ms``, ``in_steps`` (how many of them
     ran inside a step), ``share`` (total time over the session's).
     """
-    spans = _spans(source)
+    spans = spans_of(source)
     user = spans[(spans[col.KIND] == SpanKind.USER.value) & (spans[col.LEVEL] == Level.MODEL.value)]
     columns = ["name", "count", "total_ms", "mean_ms", "in_steps", "share"]
     if user.empty:

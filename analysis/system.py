@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import _spans, step_roots
+from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.io.trace import Trace
 from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, SystemMetric, sample_table
@@ -28,7 +28,7 @@ def system_metrics(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Every sampled value: ``time_ns`` (the end of its interval), ``source`` (process, host,
     gpu), ``device`` (``gpu0``...; the source's name for the others), ``metric``, ``value``,
     ``unit``. Empty when the system level was not recorded."""
-    samples = sample_table(_spans(source))
+    samples = sample_table(spans_of(source))
     if samples.empty:
         return pd.DataFrame(columns=METRIC_COLUMNS)
     out = pd.DataFrame({"time_ns": samples["end_ns"].to_numpy(dtype=np.int64), "source": samples["source"],
@@ -54,7 +54,7 @@ def system_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
     attributes): ``step``, ``name``, ``device``, ``metric``, ``value``, ``unit``. Energy is the
     step's total (``energy_j``), see :func:`energy_per_step` for how it was obtained."""
     rows = []
-    for step, name, values in _step_attributes(_spans(source)):
+    for step, name, values in _step_attributes(spans_of(source)):
         for key, value in values.items():
             device, _, metric = key.partition(".")
             if metric == "energy_method" or not isinstance(value, (int, float)):
@@ -68,7 +68,7 @@ def energy_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``host`` for the CPU packages), ``energy_j`` (null when unavailable), ``method`` (counter,
     polled, estimated or unavailable, see :class:`xsp.record.samples.EnergyMethod`), ``batch_size``
     and ``energy_per_item_j`` (per inference or training sample, when the batch is known)."""
-    spans = _spans(source)
+    spans = spans_of(source)
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
     batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
     rows = []

@@ -35,7 +35,8 @@ from xsp.core.clock import now_ns
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording
 from xsp.tracers._post_import import forget, when_imported
-from xsp.tracers.module_calls.interceptor import _top_tensors, dynamo_compiling, error_text
+from xsp.tracers.module_calls.call_context import dynamo_compiling
+from xsp.tracers.module_calls.call_values import error_text, top_tensors
 
 C10D: Final = "torch.distributed.distributed_c10d"
 SPAWN: Final = "torch.multiprocessing.spawn"
@@ -69,7 +70,7 @@ def payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[to
     if position < 0:
         return []
     value = kwargs.get(keyword) if keyword in kwargs else args[position] if len(args) > position else None
-    return list(_top_tensors(value))
+    return list(top_tensors(value))
 
 
 def _group_of(args: tuple[Any, ...], kwargs: dict[str, Any], group_type: Any) -> Any:

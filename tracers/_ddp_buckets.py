@@ -43,7 +43,8 @@ from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording
 from xsp.tracers._collectives import Collectives
 from xsp.tracers._post_import import forget, when_imported
-from xsp.tracers.module_calls.interceptor import dynamo_compiling, error_text
+from xsp.tracers.module_calls.call_context import dynamo_compiling
+from xsp.tracers.module_calls.call_values import error_text
 
 DDP_MODULE: Final = "torch.nn.parallel.distributed"
 ALL_REDUCE: Final = "all_reduce"

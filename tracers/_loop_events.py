@@ -39,7 +39,8 @@ from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
-from xsp.tracers.module_calls.interceptor import dynamo_compiling, error_text
+from xsp.tracers.module_calls.call_context import dynamo_compiling
+from xsp.tracers.module_calls.call_values import error_text
 from xsp.tracers.module_calls.model_names import model_name
 
 NEXT_NAME: Final = "DataLoader.__next__"

@@ -51,6 +51,26 @@ class _Watcher(importlib.abc.MetaPathFinder):
         self._lock = threading.Lock()
         self._searching = threading.local()
 
+    def wait_for(self, name: str, callback: Callback) -> None:
+        """Call ``callback`` when ``name`` is imported (installed in ``sys.meta_path`` while waiting)."""
+        with self._lock:
+            waiting = self.callbacks.setdefault(name, [])
+            if callback not in waiting:
+                waiting.append(callback)
+            if self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
+
+    def stop_waiting(self, name: str, callback: Callback) -> None:
+        """Forget ``callback`` for ``name``; out of ``sys.meta_path`` once nothing is awaited."""
+        with self._lock:
+            waiting = self.callbacks.get(name, [])
+            if callback in waiting:
+                waiting.remove(callback)
+            if not waiting:
+                self.callbacks.pop(name, None)
+            if not self.callbacks and self in sys.meta_path:
+                sys.meta_path.remove(self)
+
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
                   ) -> ModuleSpec | None:
         callbacks = self.callbacks.get(fullname)
@@ -90,21 +110,9 @@ def when_imported(name: str, callback: Callback) -> None:
     if module is not None:
         _call(callback, module)
         return
-    with _WATCHER._lock:
-        waiting = _WATCHER.callbacks.setdefault(name, [])
-        if callback not in waiting:
-            waiting.append(callback)
-        if _WATCHER not in sys.meta_path:
-            sys.meta_path.insert(0, _WATCHER)
+    _WATCHER.wait_for(name, callback)
 
 
 def forget(name: str, callback: Callback) -> None:
     """Stop waiting for ``name`` on behalf of ``callback``; leave ``sys.meta_path`` as found."""
-    with _WATCHER._lock:
-        waiting = _WATCHER.callbacks.get(name, [])
-        if callback in waiting:
-            waiting.remove(callback)
-        if not waiting:
-            _WATCHER.callbacks.pop(name, None)
-        if not _WATCHER.callbacks and _WATCHER in sys.meta_path:
-            sys.meta_path.remove(_WATCHER)
+    _WATCHER.stop_waiting(name, callback)

@@ -16,7 +16,7 @@ from xsp.record.steps import GENERATE_SUFFIX
 from xsp.tracers._collectives import Collectives
 from xsp.tracers._ddp_buckets import DdpBuckets
 from xsp.tracers._loop_events import LoopEvents
-from xsp.tracers.module_calls.interceptor import Mode
+from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
 from xsp.tracers.module_calls.rows import as_numpy, module_call_rows
 

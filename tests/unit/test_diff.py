@@ -141,7 +141,7 @@ def test_rank_test_agrees_with_scipy():
     rng = np.random.default_rng(0)
     x, y = rng.normal(100, 5, 30), rng.normal(104, 5, 25)
     p = np.full(1, np.nan)
-    keyed._rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
+    keyed.rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
     expected = stats.mannwhitneyu(np.sort(x).astype(np.int64), np.sort(y).astype(np.int64)).pvalue
     assert p[0] == pytest.approx(expected)
 
@@ -420,7 +420,7 @@ def test_breakdown_and_explains_walk_a_hand_made_tree():
     table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), col.KIND: ["forward"] * 8 + ["session"], keyed.KEY: keys,
                           keyed.PARENT_KEY: parents, keyed.ADJUSTED_DELTA_NS: deltas,
                           keyed.VERDICT: ["regressed"] * len(keys), keyed.TEST: ["rank"] * len(keys)})
-    explains = keyed._explains(table)
+    explains = keyed.explains(table)
     assert explains[1] == pytest.approx(0.6) and explains[2] == pytest.approx(0.3)
     assert explains[4] == pytest.approx(50 / 60) and explains[3] == pytest.approx(-0.05)
     assert np.isnan(explains[0]) and np.isnan(explains[6])

@@ -41,7 +41,7 @@ def _scanned(path: Path):
 
 
 def _decoded(path: Path):
-    return decoded_events(kineto._decode(path), kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED,
+    return decoded_events(kineto.decode(path), kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED,
                           kineto.DEVICE_CATEGORIES)
 
 

@@ -53,7 +53,7 @@ from xsp.tracers.cuda.records import (
     RecordStore,
 )
 from xsp.tracers.cuda.rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
-from xsp.tracers.module_calls.interceptor import Correlation
+from xsp.tracers.module_calls.call_context import Correlation
 
 __all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "measure_cupti_offset", "probe"]
 

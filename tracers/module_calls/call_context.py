@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import torch
 
-_TENSOR = torch.Tensor
+TENSOR_TYPE = torch.Tensor
 Descriptor = tuple[Any, ...] | None
 
 
@@ -41,7 +41,7 @@ JIT_TRACE_ENTRIES: Final = (
 """Where the jit tracer starts (every caller in ``torch.jit`` and ``torch.onnx`` goes through
 these): while one runs, its thread's buffer is ``aside``, so the C wrapper need not ask the
 tracer (``jit_tracing``, a pybind11 call of about 900 instructions) at every top-level call."""
-_grad_enabled = torch.is_grad_enabled
+grad_enabled = torch.is_grad_enabled
 DYNAMO_TRACE_RULES: Final = "torch._dynamo.trace_rules"
 SETUP_LIBRARIES: Final = ("torch.ao.", "torch.quantization.", "torch.export.", "torch._export.", "torch.onnx.")
 """Packages whose code calls modules to prepare a model (quantization's observers, export and

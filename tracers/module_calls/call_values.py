@@ -9,14 +9,14 @@ from typing import Any, Final
 import torch
 
 from xsp.tracers.module_calls.call_context import (
-    _TENSOR,
+    TENSOR_TYPE,
     Descriptor,
 )
 
 
-def _top_tensors(value: Any) -> Any:
+def top_tensors(value: Any) -> Any:
     """The tensors of ``value``: itself, or those one level into a tuple, list or dict."""
-    if isinstance(value, _TENSOR):
+    if isinstance(value, TENSOR_TYPE):
         return (value,)
     if isinstance(value, Mapping):
         items: Any = value.values()
@@ -24,37 +24,37 @@ def _top_tensors(value: Any) -> Any:
         items = value
     else:
         return ()
-    return [item for item in items if isinstance(item, _TENSOR)]
+    return [item for item in items if isinstance(item, TENSOR_TYPE)]
 
 
 def describe(value: Any) -> Descriptor:
     """Shapes of the tensors in ``value`` (one level into tuples, lists and dicts)."""
-    if isinstance(value, _TENSOR):
+    if isinstance(value, TENSOR_TYPE):
         return value.shape
-    return tuple(tensor.shape for tensor in _top_tensors(value)) or None
+    return tuple(tensor.shape for tensor in top_tensors(value)) or None
 
 
 def describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Descriptor:
     """Shapes of the tensor arguments, positional first, one level into containers."""
-    if not kwargs and len(args) == 1 and type(args[0]) is _TENSOR:
+    if not kwargs and len(args) == 1 and type(args[0]) is TENSOR_TYPE:
         return args[0].shape
     shapes: list[Any] = []
     for value in (*args, *kwargs.values()):
-        if isinstance(value, _TENSOR):
+        if isinstance(value, TENSOR_TYPE):
             shapes.append(value.shape)
         elif isinstance(value, (tuple, list)):
-            shapes.extend(item.shape for item in value if isinstance(item, _TENSOR))
+            shapes.extend(item.shape for item in value if isinstance(item, TENSOR_TYPE))
     return tuple(shapes) or None
 
 
 STOP_RECOMPUTATION: Final = "_StopRecomputationError"
 """What a non-reentrant checkpoint raises to end its recomputation early: no failure."""
-_GRAPH_TASK_ID: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
+GRAPH_TASK_ID: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
 
 
 def backward_running() -> bool:
     """Whether this thread is inside a backward pass (a checkpoint's recomputation calls modules there)."""
-    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
+    return GRAPH_TASK_ID is not None and GRAPH_TASK_ID() != -1
 
 
 def error_text(exc: BaseException) -> str | None:

@@ -70,28 +70,28 @@ from xsp.record.recording import (
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
 from xsp.tracers.module_calls.call_context import (
-    _TENSOR,
     DYNAMO_TRACE_RULES,
     JIT_TRACE_ENTRIES,
     SETUP_LIBRARIES,
+    TENSOR_TYPE,
     Correlation,
     Mode,
-    _grad_enabled,
     dynamo_compiling,
+    grad_enabled,
     jit_tracing,
 )
 from xsp.tracers.module_calls.call_values import (
-    _GRAPH_TASK_ID,
-    _top_tensors,
+    GRAPH_TASK_ID,
     backward_running,
     describe,
     describe_inputs,
     error_text,
+    top_tensors,
 )
 from xsp.tracers.module_calls.jit_dynamo import (
-    _dynamo_traces,
-    _let_dynamo_start_past_the_wrapper,
-    _set_aside_while_jit_traces,
+    dynamo_traces,
+    let_dynamo_start_past_the_wrapper,
+    set_aside_while_jit_traces,
 )
 from xsp.tracers.module_calls.model_names import model_name
 from xsp.tracers.module_calls.native_torch import grad_mode_address
@@ -99,7 +99,7 @@ from xsp.tracers.module_calls.native_torch import grad_mode_address
 
 def _output_nodes(out: Any) -> set[Any]:
     """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
-    return {tensor.grad_fn for tensor in _top_tensors(out) if tensor.grad_fn is not None}
+    return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
 
 
 def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -129,7 +129,7 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
     def begin_root(buffer: ThreadBuffer, module: nn.Module) -> int:
         if id(module) not in names:
             model_name(recording, module, sys._getframe(2))
-        training = _grad_enabled()
+        training = grad_enabled()
         start = now_ns()
         if buffer.steps.call_begins(id(module), start, training):
             start = now_ns()  # the step before was handed over first: the call starts now
@@ -213,10 +213,10 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     capsule = None if correlation is None else correlation.capsule
     if hotpath.HOTPATH is None or (correlation is not None and capsule is None):
         return slow
-    fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, _grad_enabled,
-                                    None if tracing_known else jit_tracing, _TENSOR, describe_inputs, describe,
+    fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, grad_enabled,
+                                    None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT, grad_mode_address(), capsule, _GRAPH_TASK_ID)
+                                    COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID)
     _orig = original
 
     @_named_as(original)
@@ -231,7 +231,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     fast.on_read = on_read
     if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool):
         # read on an instance while nothing compiles (OptimizedModule's super().__call__), the
-        # object gives itself, bound: no Python frame, no on_read (see _dynamo_traces)
+        # object gives itself, bound: no Python frame, no on_read (see dynamo_traces)
         fast.compiler = torch.compiler
     return cast(Callable[..., Any], fast)
 
@@ -257,7 +257,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
         if buffer.depth or backward_running():  # inside a model call, or a checkpoint's recomputation
             return _orig(self, *args, **kwargs)
         steps = buffer.steps
-        if steps.lane == _id(self) and _grad_enabled() is steps.lane_grad and not buffer.aside and not jit_tracing():
+        if steps.lane == _id(self) and grad_enabled() is steps.lane_grad and not buffer.aside and not jit_tracing():
             # the model's next call of a one-call step (see AutoSteps.lane)
             start = _now()
             if steps.lane_call(start):
@@ -304,7 +304,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
     hook_backward = _backward_hooks(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
 
-    _orig, _now, _tensor, _id = original, now_ns, _TENSOR, id  # closure constants (see above)
+    _orig, _now, _tensor, _id = original, now_ns, TENSOR_TYPE, id  # closure constants (see above)
 
     @_named_as(original)
     def xsp_module_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -359,7 +359,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         # the one Python record of a call (C's record_call is the fast path; this, its oracle)
         buffer.record_call(start, end, self, depth, in_desc, out_desc, None)
         calls = buffer.calls
-        if _grad_enabled() and recording.backward_hooks:
+        if grad_enabled() and recording.backward_hooks:
             hook_backward(buffer, out, self, start)
         if depth < 2:
             if len(calls) >= COMPACT_AT:
@@ -396,7 +396,7 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
         buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
 
     def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
-        node = out.grad_fn if type(out) is _TENSOR else None
+        node = out.grad_fn if type(out) is TENSOR_TYPE else None
         if node is None:
             nodes: Any = _output_nodes(out)
         else:
@@ -458,7 +458,7 @@ class ModuleCallInterceptor:
             if self._correlation is not None:  # the CUDA levels started first (they do): layers carry ids
                 recording.external_ids = True
             self._install()
-        when_imported(DYNAMO_TRACE_RULES, _let_dynamo_start_past_the_wrapper)
+        when_imported(DYNAMO_TRACE_RULES, let_dynamo_start_past_the_wrapper)
 
     def release(self, user: str) -> None:
         """Stop recording for ``user``; uninstall when nobody is left.
@@ -472,7 +472,7 @@ class ModuleCallInterceptor:
             if self._users:
                 self._install()
                 return
-            forget(DYNAMO_TRACE_RULES, _let_dynamo_start_past_the_wrapper)
+            forget(DYNAMO_TRACE_RULES, let_dynamo_start_past_the_wrapper)
             self._uninstall()
             self._recording = None
             if self.foreign_patch:
@@ -510,7 +510,7 @@ class ModuleCallInterceptor:
             self.foreign_patch = True  # never overwrite another tool's replacement
             return
         if not self._tracing_patches:
-            self._tracing_patches = _set_aside_while_jit_traces(self._recording)
+            self._tracing_patches = set_aside_while_jit_traces(self._recording)
         make = _make_all_wrapper if self.mode is Mode.ALL else _make_roots_wrapper
         on_read = None if self.functions_only else self.read_while_compiling
         tracing_known = len(self._tracing_patches) == len(JIT_TRACE_ENTRIES)
@@ -535,7 +535,7 @@ class ModuleCallInterceptor:
         Dynamo reads the attribute whenever it traces a module call; it then guards on the
         closure of the class's entry, which must be that function (a guard on anything else
         fails on the frame it was made for, which dynamo reports as its own bug)."""
-        if not _dynamo_traces():
+        if not dynamo_traces():
             return
         with self._lock:
             self.functions_only = True

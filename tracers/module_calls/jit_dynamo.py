@@ -17,7 +17,7 @@ from xsp.tracers.module_calls.call_context import (
 )
 
 
-def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
+def let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
     """Give the wrapper the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
     calls a module, skipped where it would be a compiled frame of its own.
 
@@ -37,7 +37,7 @@ def _let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
         recompile()
 
 
-def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, Any, Any]]:
+def set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, Any, Any]]:
     """Make each of ``JIT_TRACE_ENTRIES`` set its thread's buffer ``aside`` while it runs; the
     patches made (the entries this PyTorch has)."""
     buffer_of = recording.buffer
@@ -64,7 +64,7 @@ def _set_aside_while_jit_traces(recording: Recording) -> list[tuple[Any, str, An
     return patches
 
 
-def _dynamo_traces() -> bool:
+def dynamo_traces() -> bool:
     """True while dynamo (or export) traces code, on this thread or any."""
     flag = getattr(torch.compiler, "_is_compiling_flag", None)
     if flag is not None:  # PyTorch 2.13 on: held True through every dynamo compile and export

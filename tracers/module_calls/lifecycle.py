@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from xsp.core.schema import Level
 from xsp.record.recording import Recording
-from xsp.tracers.module_calls.interceptor import INTERCEPTOR, Mode
+from xsp.tracers.module_calls.call_context import Mode
+from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 
 class ModuleCallTracer:

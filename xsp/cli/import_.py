@@ -22,7 +22,8 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
-    from xsp.io.kineto import is_kineto_path, load_kineto  # the importer, only for this command
+    from xsp.io.kineto import load_kineto  # the importer, only for this command
+    from xsp.io.kineto_json import is_kineto_path
 
     if not is_kineto_path(source):
         raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")

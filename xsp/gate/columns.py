@@ -71,7 +71,7 @@ INPUT_DTYPES: Final = "input_dtypes"
 attribute, a Kineto trace's ``Input type``), or None."""
 DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
 """Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
-_DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
+DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
 RUN_MEDIANS_NS: Final = "run_medians_ns"
 """Of a frame pooled from several runs (:func:`pool_runs`): the median of each run the key
 appeared in (a float array); what the between-run test compares."""

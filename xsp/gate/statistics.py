@@ -19,7 +19,6 @@ from scipy import stats
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.columns import (  # noqa: F401 - some only read from here by other code
-    _DTYPE_PATTERN,
     ADJUSTED_DELTA_NS,
     ADJUSTED_RATIO,
     BASE_COUNT,
@@ -35,6 +34,7 @@ from xsp.gate.columns import (  # noqa: F401 - some only read from here by other
     DELTA_NS,
     DIFF_COLUMNS,
     DTYPE_ATTRIBUTES,
+    DTYPE_PATTERN,
     EXPLAINS,
     INPUT_DTYPES,
     JUDGED_FACTOR,
@@ -73,15 +73,15 @@ from xsp.gate.columns import (  # noqa: F401 - some only read from here by other
 )
 from xsp.gate.verdicts import (  # noqa: F401 - some only read from here by other code
     DEPTH,
-    _explains,
-    _from_quantiles,
-    _rank_tests,
-    _run_medians,
-    _run_tests,
-    _sample_stats,
     breakdown,
+    explains,
+    from_quantiles,
     noisy_keys,
     overall_verdict,
+    rank_tests,
+    run_medians,
+    run_tests,
+    sample_stats,
     smallest_p,
     structure_changes,
 )
@@ -177,7 +177,7 @@ def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
     runs = len(frames)
     rows: dict[tuple[object, object], list[dict[str, Any]]] = {}
     for frame in frames:
-        rebuilt = _from_quantiles(list(frame[SAMPLES_NS]), frame[SAMPLE_COUNT].to_numpy(dtype=np.int64))
+        rebuilt = from_quantiles(list(frame[SAMPLES_NS]), frame[SAMPLE_COUNT].to_numpy(dtype=np.int64))
         for row, samples in zip(frame.to_dict("records"), rebuilt):
             row[SAMPLES_NS] = np.rint(samples).astype(np.int64)
             rows.setdefault((row[col.LEVEL], row[KEY]), []).append(row)
@@ -233,7 +233,7 @@ def _input_dtypes(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, count
         return result
     texts = spans[col.ATTRIBUTES].iloc[rows[operator]]
     # only the spans whose attributes name input dtypes are parsed (found by a vectorised search)
-    naming = texts.str.contains(_DTYPE_PATTERN, regex=True).fillna(False).to_numpy(dtype=bool)
+    naming = texts.str.contains(DTYPE_PATTERN, regex=True).fillna(False).to_numpy(dtype=bool)
     candidates = np.flatnonzero(naming)
     codes = code[operator][candidates]
     for key_code, text in zip(codes.tolist(), texts.iloc[candidates].tolist()):  # the first span wins
@@ -306,8 +306,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     empty = np.zeros(0, dtype=np.int64)
     base_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_base"]]
     new_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_new"]]
-    n_base, base_median, base_cv = _sample_stats(base_samples)
-    n_new, new_median, new_cv = _sample_stats(new_samples)
+    n_base, base_median, base_cv = sample_stats(base_samples)
+    n_new, new_median, new_cv = sample_stats(new_samples)
     both = in_base & in_new
     delta, ratio = _change(base_median, new_median, both)
     delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus
@@ -321,14 +321,14 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     p_values = np.full(count, np.nan)
     base_counts = merged[SAMPLE_COUNT + "_base"].fillna(0).to_numpy(dtype=np.int64)
     new_counts = merged[SAMPLE_COUNT + "_new"].fillna(0).to_numpy(dtype=np.int64)
-    _rank_tests(_from_quantiles(base_samples, base_counts), _from_quantiles(judged_samples, new_counts),
+    rank_tests(from_quantiles(base_samples, base_counts), from_quantiles(judged_samples, new_counts),
                 np.flatnonzero(ranked), p_values)
-    base_runs, base_run_medians = _run_medians(merged, "_base")
-    new_runs, new_run_medians = _run_medians(merged, "_new")
+    base_runs, base_run_medians = run_medians(merged, "_base")
+    new_runs, new_run_medians = run_medians(merged, "_new")
     between = both & (np.fromiter(map(len, base_run_medians), np.int64, count) >= MIN_RUNS) & (
         np.fromiter(map(len, new_run_medians), np.int64, count) >= MIN_RUNS)
     run_p_values = np.full(count, np.nan)
-    _run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
+    run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
     # both must reject (an intersection-union test: the larger p-value is a valid one)
     p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
     tested = ranked | between
@@ -393,7 +393,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     })
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
-    table[EXPLAINS] = _explains(table)
+    table[EXPLAINS] = explains(table)
     return table
 
 

@@ -43,12 +43,12 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.gate import statistics as keyed
 from xsp.gate.summary_layout import (
-    _built_on,
-    _parent_columns,
-    _parents,
-    _planes,
-    _relative,
-    _unplanes,
+    built_on,
+    parent_columns,
+    parents,
+    planes,
+    relative,
+    unplanes,
 )
 
 QUANTILES: Final = 5
@@ -261,10 +261,10 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
     structure: dict[str, list[int]] = {name: [] for name in ("name", "name_base", "key_base", "key_form",
                                                              "key_ordinal", "key_segment")}
     for i, (key, name) in enumerate(zip(keys, names)):
-        hops, base = _built_on(names, parent_at, i, ".")
+        hops, base = built_on(names, parent_at, i, ".")
         structure["name_base"].append(hops)
         structure["name"].append(strings.id(name[len(names[base]) + 1:] if base >= 0 else name))
-        hops, base = _built_on(keys, parent_at, i, "/")
+        hops, base = built_on(keys, parent_at, i, "/")
         segment = key[len(keys[base]) + 1:] if base >= 0 else key
         ordinal = _ORDINAL.fullmatch(segment, len(name)) if segment.startswith(name) else None
         form = (_KeyForm.NAME if segment == name else _KeyForm.NAME_ORDINAL if ordinal is not None
@@ -279,7 +279,7 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
     columns = {
         "level": strings.ids_of(frame[col.LEVEL]), "kind": strings.ids_of(frame[col.KIND]),
         **{name: np.asarray(values, dtype=np.int64) for name, values in structure.items()},
-        **_parent_columns(parent_at),
+        **parent_columns(parent_at),
         "same_as": _stand_in_steps(stand_ins),
         "count": np.where(own, frame[keyed.COUNT].to_numpy(dtype=np.int64), 0),
         "sample_count": np.where(own, frame[keyed.SAMPLE_COUNT].to_numpy(dtype=np.int64), 0),
@@ -384,7 +384,7 @@ def _stand_in_steps(stand_ins: np.ndarray) -> np.ndarray:
     0 (0: none): names are listed in the order their paths are, so most steps are small."""
     steps, last = [], 0
     for at in stand_ins.tolist():
-        steps.append(_relative(at, last) if at >= 0 else 0)
+        steps.append(relative(at, last) if at >= 0 else 0)
         last = at if at >= 0 else last
     return np.asarray(steps, dtype=np.int64)
 
@@ -410,7 +410,7 @@ def encode(frames: Mapping[str, pd.DataFrame]) -> bytes:
                      else np.full(len(frame), -1, dtype=np.int64))
         described = []
         for name, values in _table_columns(frame, strings, stand_ins).items():
-            width, raw = _planes(values)
+            width, raw = planes(values)
             described.append([name, width, len(values)])
             body.append(raw)
         header["tables"][by] = {"rows": len(frame), "columns": described}
@@ -450,7 +450,7 @@ def decode(blob: bytes, max_bytes: int) -> dict[str, pd.DataFrame]:
             for name, width, length in table["columns"]:
                 if width not in (1, 2, 4, 8) or length < 0 or at + width * length > len(payload):
                     raise ValueError("its packed keys are cut short")
-                columns[name] = _unplanes(payload[at:at + width * length], width, length)
+                columns[name] = unplanes(payload[at:at + width * length], width, length)
                 at += width * length
             frames[by] = _frame(int(table["rows"]), columns, texts, frames.get(keyed.KeyBy.PATH.value))
     except (KeyError, IndexError, TypeError, OverflowError) as exc:
@@ -469,7 +469,7 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     def text(name: str) -> list[Any]:
         return [texts[i] for i in columns[name].tolist()]  # IndexError: a damaged table
 
-    parent_at = _parents(columns["parent"].tolist(), columns["parent_far"].tolist())
+    parent_at = parents(columns["parent"].tolist(), columns["parent_far"].tolist())
     reference, order = _references(columns, parent_at, [str(part) if part is not None else "" for part in text("name")])
     columns = _from_references(columns, reference, order)
     names, keys, parent_keys = _keys(columns, parent_at, text("name"), text("key_segment"))

@@ -11,10 +11,10 @@ _NEAR_PARENT: Final = 64
 """How far up the previous row's ancestors a parent is looked for."""
 
 
-def _parent_columns(parent_at: list[int]) -> dict[str, np.ndarray]:
+def parent_columns(parent_at: list[int]) -> dict[str, np.ndarray]:
     """Each row's parent (-1: none), as keys listed depth first have it: ``parent`` is 1 for the
     previous row, 2 for its parent, and so on up (0: no parent); -1 when the parent is none of
-    these, and then ``parent_far`` says where it is (:func:`_relative`)."""
+    these, and then ``parent_far`` says where it is (:func:`relative`)."""
     near, far = [], []
     for row, parent in enumerate(parent_at):
         hops, at = 0, -1
@@ -27,12 +27,12 @@ def _parent_columns(parent_at: list[int]) -> dict[str, np.ndarray]:
                 at, hops = up, hops + 1
         found = parent < 0 or at == parent
         near.append(hops if found else -1)
-        far.append(0 if found else _relative(row, parent))
+        far.append(0 if found else relative(row, parent))
     return {"parent": np.asarray(near, dtype=np.int64), "parent_far": np.asarray(far, dtype=np.int64)}
 
 
-def _parents(near: list[int], far: list[int]) -> list[int]:
-    """What :func:`_parent_columns` wrote: each row's parent (-1: none)."""
+def parents(near: list[int], far: list[int]) -> list[int]:
+    """What :func:`parent_columns` wrote: each row's parent (-1: none)."""
     parent_at: list[int] = []
     for row, (hops, where) in enumerate(zip(near, far)):
         if hops < 0:
@@ -49,7 +49,7 @@ def _parents(near: list[int], far: list[int]) -> list[int]:
     return parent_at
 
 
-def _relative(row: int, other: int) -> int:
+def relative(row: int, other: int) -> int:
     """Where ``other`` lies from ``row``, never 0 (0: there is none). A parent most often comes
     just before its child; by name, it may come after it, or be the key itself."""
     if other < 0:
@@ -66,7 +66,7 @@ _BASE_HOPS: Final = 8
 save bytes in rare trees, and looking further costs every row of a deep one."""
 
 
-def _built_on(texts: list[str], parent_at: list[int], row: int, separator: str) -> tuple[int, int]:
+def built_on(texts: list[str], parent_at: list[int], row: int, separator: str) -> tuple[int, int]:
     """``(hops, row)`` of the nearest ancestor (at most :data:`_BASE_HOPS` up) whose text and
     ``separator`` begin this row's text (a key and a slash, a name and a dot): hops up the
     parent chain, 1 for the parent (``(0, -1)``: none)."""
@@ -80,7 +80,7 @@ def _built_on(texts: list[str], parent_at: list[int], row: int, separator: str) 
     return 0, -1
 
 
-def _planes(values: np.ndarray) -> tuple[int, bytes]:
+def planes(values: np.ndarray) -> tuple[int, bytes]:
     """Zigzag-coded integers, narrowest width, most significant byte plane last (the planes of
     one column lie together, so the compressor sees runs of alike bytes)."""
     array = np.asarray(values, dtype=np.int64)
@@ -91,7 +91,7 @@ def _planes(values: np.ndarray) -> tuple[int, bytes]:
     return width, narrow.view(np.uint8).reshape(-1, width).T.tobytes()
 
 
-def _unplanes(raw: bytes, width: int, length: int) -> np.ndarray:
+def unplanes(raw: bytes, width: int, length: int) -> np.ndarray:
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, length)
     zigzag = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(length).astype(np.int64)
     return (zigzag >> 1) ^ -(zigzag & 1)

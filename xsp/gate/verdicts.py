@@ -41,7 +41,7 @@ MAX_REBUILT_SAMPLES: Final = 200
 """Samples rebuilt from a summary's quantiles for a rank test, at most."""
 
 
-def _from_quantiles(samples: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
+def from_quantiles(samples: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
     """Each key's samples for the rank test: as they are, or, where a baseline summary kept
     only evenly spaced quantiles of more samples (``counts`` above their number), that many
     samples (at most :data:`MAX_REBUILT_SAMPLES`) read off the quantiles. A test of the
@@ -58,7 +58,7 @@ def _from_quantiles(samples: list[np.ndarray], counts: np.ndarray) -> list[np.nd
     return rebuilt
 
 
-def _rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
+def rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
     """Two-sided Mann-Whitney U p-values for ``rows``, one vectorised call per pair of sample sizes."""
     if not len(rows):
         return
@@ -74,7 +74,7 @@ def _rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray,
         p_values[members] = np.where(same | np.isnan(p), 1.0, p)  # identical constant samples: no change
 
 
-def _run_medians(merged: pd.DataFrame, side: str) -> tuple[np.ndarray, list[np.ndarray]]:
+def run_medians(merged: pd.DataFrame, side: str) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per row of a merged frame: the runs pooled on ``side`` and the key's per-run medians
     (empty where the side is one run, or lacks the key)."""
     empty = np.zeros(0)
@@ -96,7 +96,7 @@ COPIES_VARIANCE: Final = 1e-16
 always that number in floating point): the runs are copies of one run."""
 
 
-def _run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
+def run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p_values: np.ndarray) -> None:
     """A t test of the logarithms of each row's per-run medians (a ratio scale: a run 5% slower
     is as far from the others on a fast key as on a slow one), its variance moderated towards
     the typical spread of the keys tested (empirical Bayes, as limma does for gene expression:
@@ -141,7 +141,7 @@ def smallest_p(base_samples: int, new_samples: int) -> float:
     return min(1.0, 2.0 / comb(base_samples + new_samples, base_samples))
 
 
-def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Size, median and coefficient of variation of each (sorted) sample array, vectorised."""
     sizes = np.fromiter(map(len, samples), dtype=np.int64, count=len(samples))
     flat = np.concatenate(samples).astype(np.float64) if len(samples) else np.zeros(0)
@@ -160,7 +160,7 @@ def _sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np
     return sizes, median, cv
 
 
-def _explains(table: pd.DataFrame) -> np.ndarray:
+def explains(table: pd.DataFrame) -> np.ndarray:
     """Each key's delta over its parent key's delta (NaN for roots and for parents that did not move)."""
     count = len(table)
     # keys and parent keys factorized together; a parent is found by its key alone (its first row)

@@ -52,7 +52,7 @@ from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.core.memory import release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_events, scanned_events
-from xsp.io.kineto_json import _DICT_DECODER, _collector_paused, _decode, is_kineto_path  # noqa: F401 - read from here
+from xsp.io.kineto_json import DICT_DECODER, collector_paused, decode
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
@@ -102,7 +102,7 @@ def _nanoseconds(values: Sequence[int | float] | np.ndarray) -> np.ndarray:
 
 
 def _flops(raw: str | None) -> int | None:
-    args = _DICT_DECODER.decode(raw) if raw else {}
+    args = DICT_DECODER.decode(raw) if raw else {}
     counted = [args[name] * factor for name, factor in FLOP_COUNTERS.items() if name in args]
     return int(sum(counted)) if counted else None
 
@@ -292,7 +292,7 @@ def read_events(source: Path) -> EventColumns:
     """The trace's events as columns: by the C scanner where it reads the file, else by msgspec."""
     events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED)
     if events is None:
-        events = decoded_events(_decode(source), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
+        events = decoded_events(decode(source), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
     return events
 
 
@@ -308,7 +308,7 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
         raise TraceFormatError(f"{source} is a directory, not a trace file")
     if not source.is_file():
         raise TraceNotFoundError(f"no such trace file: {source}")
-    with _collector_paused():
+    with collector_paused():
         rows, metadata = kineto_rows(read_events(source))
         release_freed_memory()
         frames = iter([rows])  # build_table holds the only reference, and lets the rows go as it goes

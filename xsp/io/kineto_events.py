@@ -31,22 +31,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.io.kineto_json import (
-    _ARGS_DECODER,
-    _MISSING,
-    _NO_ARGS,
-    _QUIET_PHASES,
-    _Complete,
-    _FileFields,
-    _Flow,
-    _FlowEnd,
-    _Metadata,
-    _phase,
+    ARGS_DECODER,
+    MISSING,
+    NO_ARGS,
+    QUIET_PHASES,
+    Complete,
+    FileFields,
+    Flow,
+    FlowEnd,
+    Metadata,
     inflated_pieces,
+    phase,
 )
 from xsp.record.hotpath import optional_extension
 
-MISSING: Final = _MISSING
-"""An absent integer in the int64 columns below."""
 MISSING_TIMES: Final = "missing_times"
 
 
@@ -78,7 +76,7 @@ class EventColumns:
     """Compact JSON (white space dropped), null where absent or ``[]``; so are ``grid`` and ``block``."""
     grid: pa.LargeStringArray
     block: pa.LargeStringArray
-    fields: _FileFields
+    fields: FileFields
     thread_names: dict[str, str]
     counts: Counter[str] = field(default_factory=Counter)
     """Events left out, by reason (``ignored X events``, ``missing_times``)."""
@@ -166,7 +164,7 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str]) 
         return None
     try:
         fields = msgspec.json.decode(b"{" + b",".join(b'"%s":%s' % pair for pair in scanner.top_fields) + b"}",
-                                     type=_FileFields)
+                                     type=FileFields)
     except msgspec.DecodeError:
         return None
 
@@ -264,9 +262,9 @@ def _dims(raws: list[msgspec.Raw]) -> pa.LargeStringArray:
     return pc.if_else(pc.equal(texts, "[]"), pa.scalar(None, texts.type), texts)
 
 
-def _complete_events(events: list[Any], categories: dict[str, int], counts: Counter[str]) -> list[_Complete]:
+def _complete_events(events: list[Any], categories: dict[str, int], counts: Counter[str]) -> list[Complete]:
     """The complete ("X") events of an imported category, in file order; the others are counted."""
-    complete = [event for event in events if type(event) is _Complete]
+    complete = [event for event in events if type(event) is Complete]
     kept = [event for event in complete if event.cat in categories]
     if len(kept) < len(complete):
         kept = []
@@ -278,9 +276,9 @@ def _complete_events(events: list[Any], categories: dict[str, int], counts: Coun
                     continue
                 event.cat = cat
             kept.append(event)
-    noisy = {kind for kind in Counter(map(type, events)) if kind is not _Complete and kind not in _QUIET_PHASES}
+    noisy = {kind for kind in Counter(map(type, events)) if kind is not Complete and kind not in QUIET_PHASES}
     if noisy:
-        skipped = Counter(event.cat or _phase(event) for event in events if type(event) in noisy)
+        skipped = Counter(event.cat or phase(event) for event in events if type(event) in noisy)
         counts.update({f"ignored {what} events": count for what, count in skipped.items()})
     return kept
 
@@ -289,7 +287,7 @@ def _thread_names(events: list[Any]) -> dict[str, str]:
     """Host threads' names (``thread_name`` metadata events), by thread id."""
     names = {}
     for event in events:
-        if type(event) is _Metadata and event.name == "thread_name" and event.args.name:
+        if type(event) is Metadata and event.name == "thread_name" and event.args.name:
             thread = int_or_none(event.tid)
             if thread is not None:
                 names[str(thread)] = event.args.name
@@ -305,7 +303,7 @@ def _flow_correlations(events: list[Any]) -> dict[tuple[Any, Any, int], int]:
     """``ac2g`` flow ends, by (pid, tid, ts in ns): the correlation id a flow carries."""
     flows = {}
     for event in events:
-        if type(event) in (_Flow, _FlowEnd) and event.cat == "ac2g":
+        if type(event) in (Flow, FlowEnd) and event.cat == "ac2g":
             flow_id = int_or_none(event.id)
             if flow_id is not None:
                 flows[(event.pid, event.tid, _microseconds_to_ns(event.ts))] = flow_id
@@ -329,7 +327,7 @@ def decoded_events(decoded: Any, categories: list[str], linked: frozenset[str],
     pids = [e.pid for e in events]
     tids = [e.tid for e in events]
     raw_args = [e.args for e in events]
-    args = [_ARGS_DECODER.decode(raw) if raw else _NO_ARGS for raw in raw_args]
+    args = [ARGS_DECODER.decode(raw) if raw else NO_ARGS for raw in raw_args]
     correlation: list[Any] = [a.correlation for a in args]
     linked_rows = np.flatnonzero(np.isin(category, [index[c] for c in linked])).tolist()
     if any(correlation[i] in (None, MISSING) for i in linked_rows):

@@ -17,7 +17,7 @@ import msgspec
 from xsp.core.errors import TraceFormatError
 from xsp.io.parquet import gunzip_bounded
 
-_MISSING = -(2**63)
+MISSING = -(2**63)
 """Stands for an absent integer until a column's null mask is made."""
 
 
@@ -25,7 +25,7 @@ _NO_RAW = msgspec.Raw()
 """One shared empty raw value, the default of absent JSON fields."""
 
 
-class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+class Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     """A complete event: the only phase that becomes a span."""
 
     cat: str = ""
@@ -39,7 +39,7 @@ class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     """Left as raw JSON (empty when absent): the typed fields are decoded from it, and it is kept as ``attributes``."""
 
 
-class _Flow(msgspec.Struct, tag_field="ph", tag="s", gc=False):
+class Flow(msgspec.Struct, tag_field="ph", tag="s", gc=False):
     """A flow event (``ac2g`` flows stand in for a missing correlation id)."""
 
     cat: str = ""
@@ -49,11 +49,11 @@ class _Flow(msgspec.Struct, tag_field="ph", tag="s", gc=False):
     id: Any = None
 
 
-class _FlowEnd(_Flow, tag="f"):
+class FlowEnd(Flow, tag="f"):
     pass
 
 
-class _FlowStep(_Flow, tag="t"):
+class _FlowStep(Flow, tag="t"):
     pass
 
 
@@ -71,7 +71,7 @@ class _Named(msgspec.Struct, gc=False):
     name: str = ""
 
 
-class _Metadata(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+class Metadata(msgspec.Struct, tag_field="ph", tag="M", gc=False):
     """A metadata event: a thread's name is kept (``thread_name``), the rest only counted."""
 
     cat: str = ""
@@ -82,11 +82,11 @@ class _Metadata(msgspec.Struct, tag_field="ph", tag="M", gc=False):
 
 
 _SKIPPED_PHASES = {code: _skipped_phase(code) for code in "BEiICbnePNODVvRc()="}
-_QUIET_PHASES = frozenset({_FlowEnd, _Flow, _FlowStep, _Metadata})
+QUIET_PHASES = frozenset({FlowEnd, Flow, _FlowStep, Metadata})
 """Phases read but not worth reporting as ignored: flows and metadata."""
 
 
-def _phase(event: Any) -> str:
+def phase(event: Any) -> str:
     return str(getattr(event, "phase", "") or type(event).__struct_config__.tag)
 
 
@@ -105,13 +105,13 @@ class _AnyEvent(msgspec.Struct, gc=False):
 
     def tagged(self) -> Any:
         if self.ph == "X":
-            return _Complete(self.cat, self.name, self.pid, self.tid, self.ts, self.dur, self.args)
-        flow = {"s": _Flow, "f": _FlowEnd, "t": _FlowStep}.get(self.ph)
+            return Complete(self.cat, self.name, self.pid, self.tid, self.ts, self.dur, self.args)
+        flow = {"s": Flow, "f": FlowEnd, "t": _FlowStep}.get(self.ph)
         if flow is not None:
             return flow(self.cat, self.pid, self.tid, self.ts or 0, self.id)
         if self.ph == "M":
             name = msgspec.json.decode(self.args, type=_Named) if self.args else _Named()
-            return _Metadata(self.cat, self.name, self.pid, self.tid, name)
+            return Metadata(self.cat, self.name, self.pid, self.tid, name)
         skipped = _SKIPPED_PHASES.get(self.ph)
         return skipped(self.cat) if skipped is not None else _Unknown(self.cat, self.ph or "unphased")
 
@@ -122,31 +122,31 @@ class _Unknown(_Skipped, tag=""):
     phase: str = ""
 
 
-_EVENT_TYPES = (_Complete, _Flow, _FlowEnd, _FlowStep, _Metadata, *_SKIPPED_PHASES.values())
+_EVENT_TYPES = (Complete, Flow, FlowEnd, _FlowStep, Metadata, *_SKIPPED_PHASES.values())
 _Event: Any = Union[_EVENT_TYPES]  # noqa: UP007 - a union built from a tuple, which `|` cannot spell
 
 
 class _Args(msgspec.Struct, gc=False):
     """The arguments xsp has columns for; everything else stays in the raw JSON."""
 
-    correlation: Any = _MISSING
+    correlation: Any = MISSING
     device: Any = None
     stream: Any = None
     grid: msgspec.Raw = _NO_RAW
     block: msgspec.Raw = _NO_RAW
-    registers: Any = msgspec.field(name="registers per thread", default=_MISSING)
-    shared_memory: Any = msgspec.field(name="shared memory", default=_MISSING)
-    nbytes: Any = msgspec.field(name="bytes", default=_MISSING)
+    registers: Any = msgspec.field(name="registers per thread", default=MISSING)
+    shared_memory: Any = msgspec.field(name="shared memory", default=MISSING)
+    nbytes: Any = msgspec.field(name="bytes", default=MISSING)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_RAW)
-    sequence: Any = msgspec.field(name="Sequence number", default=_MISSING)
+    sequence: Any = msgspec.field(name="Sequence number", default=MISSING)
 
 
-_NO_ARGS = _Args()
-_ARGS_DECODER = msgspec.json.Decoder(_Args)
-_DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
+NO_ARGS = _Args()
+ARGS_DECODER = msgspec.json.Decoder(_Args)
+DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
-class _FileFields(msgspec.Struct):
+class FileFields(msgspec.Struct):
     deviceProperties: list[dict[str, Any]] = []  # noqa: N815 - Kineto's keys
     distributedInfo: dict[str, Any] = {}  # noqa: N815
     baseTimeNanoseconds: int = 0  # noqa: N815
@@ -157,12 +157,12 @@ class _FileFields(msgspec.Struct):
     traceName: Any = None  # noqa: N815
 
 
-class _File(_FileFields):
+class _File(FileFields):
     # decoded by phase: only complete events get every field, the rest are small
     traceEvents: list[_Event] = []  # type: ignore[valid-type]  # noqa: N815
 
 
-class _AnyFile(_FileFields):
+class _AnyFile(FileFields):
     traceEvents: list[_AnyEvent] = []  # noqa: N815
 
 
@@ -283,7 +283,7 @@ def inflated_pieces(source: Path) -> Iterator[bytes]:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while a trace is imported.
 
     An import makes hundreds of thousands of objects, none of them cyclic; with the collector
@@ -299,14 +299,14 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _decode(source: Path) -> _File:
+def decode(source: Path) -> _File:
     data = _read_bytes(source)
     try:
         try:
             decoded = _DECODER.decode(data)
         except msgspec.ValidationError:  # an odd phase: decode every event in full, then sort them out
             generic = _ANY_DECODER.decode(data)
-            decoded = _File(**{name: getattr(generic, name) for name in _FileFields.__struct_fields__},
+            decoded = _File(**{name: getattr(generic, name) for name in FileFields.__struct_fields__},
                             traceEvents=[event.tagged() for event in generic.traceEvents])
     except msgspec.DecodeError as exc:
         kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"

@@ -56,7 +56,8 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
 
 
 def _one(path: PathArg) -> Trace:
-    from xsp.io.kineto import is_kineto_path, load_kineto  # the importer, only when asked for
+    from xsp.io.kineto import load_kineto  # the importer, only when asked for
+    from xsp.io.kineto_json import is_kineto_path
 
     try:
         if is_kineto_path(path):

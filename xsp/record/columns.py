@@ -46,7 +46,7 @@ ROOT_MODE_UNKNOWN: Final = 4
 """Flag of a top-level call: whether the module was in training mode is not known (TorchScript)."""
 
 
-class _Interner:
+class Interner:
     """Maps hashable values (or objects by identity) to dense ids, keeping the values."""
 
     __slots__ = ("ids", "values", "by_identity")
@@ -136,7 +136,7 @@ _new_int64 = array("q").__copy__
 _new_long = array("l").__copy__
 
 
-def _packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray:
+def packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray:
     """An empty ``ThreadBuffer.packed_calls`` (or ``packed_roots``, ``fields=ROOT_FIELDS``): a zero
     count and room for ``rows`` rows (made at its full size, so that the C wrapper only writes into
     it; rows after them go to ``calls``). Only the count is written where the C part is built (rows
@@ -146,12 +146,12 @@ def _packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray
     return bytearray(size) if fast is None else fast.empty_packed(size)  # type: ignore[no-any-return]
 
 
-def _packed_count(packed: bytearray) -> int:
+def count_packed_rows(packed: bytearray) -> int:
     """The row count a ``packed_calls`` or ``packed_roots`` buffer starts with."""
     return int(memoryview(packed)[:8].cast("q")[0])
 
 
-def _extend_from_packed_rows(columns: Sequence[array[int]], packed: bytearray, rows: int) -> None:
+def extend_from_packed_rows(columns: Sequence[array[int]], packed: bytearray, rows: int) -> None:
     """Append the first ``rows`` rows of a ``packed_calls`` or ``packed_roots`` buffer (one value
     per column a row) to ``columns``."""
     extend_columns_from_packed(columns, memoryview(packed)[8:8 + rows * len(columns) * 8])
@@ -226,7 +226,7 @@ class RootColumns:
 _Columns = TypeVar("_Columns")
 
 
-class _MadeOnFirstUse(Generic[_Columns]):
+class MadeOnFirstUse(Generic[_Columns]):
     """A :class:`ThreadBuffer`'s columns object, kept in the slot of its name with a leading
     underscore and made when first read: a new thread's buffer would otherwise make four of them
     (19 arrays, a third of its making) before its first call, and a thread that ends before its
@@ -240,7 +240,7 @@ class _MadeOnFirstUse(Generic[_Columns]):
         self.slot = owner.__dict__["_" + name]  # the slot's member descriptor
 
     @overload
-    def __get__(self, buffer: None, owner: type | None = None) -> _MadeOnFirstUse[_Columns]: ...
+    def __get__(self, buffer: None, owner: type | None = None) -> MadeOnFirstUse[_Columns]: ...
     @overload
     def __get__(self, buffer: ThreadBuffer, owner: type | None = None) -> _Columns: ...
 

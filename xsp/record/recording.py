@@ -39,15 +39,15 @@ from xsp.record.columns import (  # noqa: F401 - some only read from here by oth
     ROOT_TRAINING,
     BackwardColumns,
     CallColumns,
+    Interner,
+    MadeOnFirstUse,
     MarkColumns,
     RootColumns,
-    _extend_from_packed_rows,
-    _Interner,
-    _MadeOnFirstUse,
-    _packed_count,
-    _packed_rows,
+    count_packed_rows,
     extend_columns,
     extend_columns_from_packed,
+    extend_from_packed_rows,
+    packed_rows,
 )
 from xsp.record.steps import AutoSteps
 
@@ -66,10 +66,10 @@ class ThreadBuffer:
         "_lock",
     )
 
-    call_columns = _MadeOnFirstUse(CallColumns)
-    mark_columns = _MadeOnFirstUse(MarkColumns)
-    backward_columns = _MadeOnFirstUse(BackwardColumns)
-    root_columns = _MadeOnFirstUse(RootColumns)
+    call_columns = MadeOnFirstUse(CallColumns)
+    mark_columns = MadeOnFirstUse(MarkColumns)
+    backward_columns = MadeOnFirstUse(BackwardColumns)
+    root_columns = MadeOnFirstUse(RootColumns)
 
     def __init__(self, recording: Recording) -> None:
         current = threading.current_thread()
@@ -102,7 +102,7 @@ class ThreadBuffer:
         # raw records, appended on the hot path:
         # (start, end, module index, depth, inputs index, outputs index, error text or None):
         self.calls: list[tuple[Any, ...]] = []
-        self.packed_calls = _packed_rows(FIRST_PACKED_ROWS)
+        self.packed_calls = packed_rows(FIRST_PACKED_ROWS)
         """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
         count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
         They all precede ``calls``' rows."""
@@ -123,16 +123,16 @@ class ThreadBuffer:
         self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
         self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
-        self.packed_roots = _packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
+        self.packed_roots = packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
         """Top-level calls recorded by xsp's C wrapper while ``roots`` was empty, packed as
         ``packed_calls`` is (rows of two int64s: start, flags). They all precede ``roots``' rows."""
         self._call_columns: CallColumns | None = None
         self._mark_columns: MarkColumns | None = None
         self._backward_columns: BackwardColumns | None = None
         self._root_columns: RootColumns | None = None
-        self.modules = _Interner(by_identity=True)
-        self.descriptors = _Interner()
-        self.strings = _Interner()
+        self.modules = Interner(by_identity=True)
+        self.descriptors = Interner()
+        self.strings = Interner()
         self.module_ids = self.modules.ids
         """``id(module) -> index``: looked up on the hot path (``intern_module`` on a miss)."""
         self.descriptor_ids = self.descriptors.ids
@@ -191,8 +191,8 @@ class ThreadBuffer:
         """Forget what was recorded since the last kept step (a step the schedule does not keep)."""
         with self._lock:
             self.calls, self.marks, self.backward, self.roots = [], [], [], []
-            self.packed_calls = _packed_rows()
-            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
+            self.packed_calls = packed_rows()
+            self.packed_roots = packed_rows(COMPACT_AT, ROOT_FIELDS)
             calls, marks, backward, roots = self.kept_lengths
             for columns, length in ((self.call_columns, calls), (self.mark_columns, marks),
                                     (self.backward_columns, backward), (self.root_columns, roots)):
@@ -215,7 +215,7 @@ class ThreadBuffer:
         return drained
 
     def _compact_locked(self) -> None:
-        packed, self.packed_calls = self.packed_calls, _packed_rows()
+        packed, self.packed_calls = self.packed_calls, packed_rows()
         self._compact_packed_calls(packed)
         calls, self.calls = self.calls, []
         marks, self.marks = self.marks, []
@@ -228,10 +228,10 @@ class ThreadBuffer:
             self._compact_backward(self._admitted("backward_events", backward))
         root_columns = (self.root_columns.start, self.root_columns.flags)
         packed_roots = self.packed_roots
-        packed_count = _packed_count(packed_roots)
+        packed_count = count_packed_rows(packed_roots)
         if packed_count:
-            self.packed_roots = _packed_rows(COMPACT_AT, ROOT_FIELDS)
-            _extend_from_packed_rows(root_columns, packed_roots, packed_count)
+            self.packed_roots = packed_rows(COMPACT_AT, ROOT_FIELDS)
+            extend_from_packed_rows(root_columns, packed_roots, packed_count)
         roots, self.roots = self.roots, []
         if roots:
             extend_columns(root_columns, roots)
@@ -241,13 +241,13 @@ class ThreadBuffer:
         return records if kept == len(records) else records[:kept]
 
     def _compact_packed_calls(self, packed: bytearray) -> None:
-        rows = _packed_count(packed)
+        rows = count_packed_rows(packed)
         if not rows:
             return
         kept = self.recording.admit("module_calls", rows)
         cols = self.call_columns
         columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error)
-        _extend_from_packed_rows(columns, packed, kept)
+        extend_from_packed_rows(columns, packed, kept)
 
     def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
         cols = self.call_columns
@@ -288,9 +288,9 @@ class WindowBuffer:
     mark_columns: MarkColumns
     backward_columns: BackwardColumns
     root_columns: RootColumns
-    modules: _Interner
-    descriptors: _Interner
-    strings: _Interner
+    modules: Interner
+    descriptors: Interner
+    strings: Interner
     kept_steps: list[int] = field(default_factory=list)
     """Numbers of the scheduled steps in these columns, in order."""
 

@@ -41,7 +41,7 @@ from xsp.session.leveled_merge import (  # noqa: F401 - some only read from here
     ROUND_STARTS,
     LeveledResult,
     LeveledRun,
-    _across_rounds,
+    across_rounds,
     level_runs,
     measured_steps,
     merge_runs,
@@ -59,7 +59,7 @@ MAX_ROUNDS = 30
 """Adaptive repetition stops after this many rounds whatever the intervals say."""
 MIN_ROUNDS = 5
 """Adaptive repetition runs at least this many rounds: interleaving is what cancels the
-machine's drift, and a figure taken across rounds (:func:`_across_rounds`) then drops a
+machine's drift, and a figure taken across rounds (:func:`across_rounds`) then drops a
 disturbed round at each end and averages three. Twelve calls on ResNet-50 (batch 1), merged
 from their first three rounds (the median of three), put the top-level layers 3.5% off the
 model call in one of them; merged from their first five, all were within 0.5%. Models whose

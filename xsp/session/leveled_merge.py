@@ -100,10 +100,10 @@ ROUND_STARTS = "leveled_round_starts"
 
 
 MIN_ROUNDS_ACROSS = 3
-"""Rounds from which a figure is taken across rounds (:func:`_across_rounds`), not pooled."""
+"""Rounds from which a figure is taken across rounds (:func:`across_rounds`), not pooled."""
 
 
-def _across_rounds(values: np.ndarray) -> float:
+def across_rounds(values: np.ndarray) -> float:
     """One figure from per-round figures: the mean of the middle ones, at least the lowest and
     the highest round dropped (the median of three). A round that the machine disturbed from
     end to end (another process's burst lasting seconds) then moves nothing; pooled, its steps
@@ -115,7 +115,7 @@ def _across_rounds(values: np.ndarray) -> float:
 
 
 def _by_rounds(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: float) -> pd.DataFrame:
-    """Per key, from its rounds: ``figure``, :func:`_across_rounds` of its per-round trimmed
+    """Per key, from its rounds: ``figure``, :func:`across_rounds` of its per-round trimmed
     means (NaN below :data:`MIN_ROUNDS_ACROSS` rounds), and ``ci``, the half-width of a 95%
     interval from the spread of its per-round medians (NaN below two rounds). Steps of one run
     share the machine's state while it ran, so the spread between rounds, not between steps,
@@ -130,7 +130,7 @@ def _by_rounds(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: f
     t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
     half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
     figures = per_round.agg(lambda v: trimmed_mean(v.to_numpy(), trim)).groupby(level=0, sort=False).agg(
-        lambda v: _across_rounds(v.to_numpy()) if len(v) >= MIN_ROUNDS_ACROSS else np.nan)
+        lambda v: across_rounds(v.to_numpy()) if len(v) >= MIN_ROUNDS_ACROSS else np.nan)
     return pd.DataFrame({"figure": figures.reindex(spread.index),
                          "ci": np.where(count >= 2, half_width, np.nan)}, index=spread.index)
 
