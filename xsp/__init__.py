@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from xsp.io.loading import load
     from xsp.io.trace import Trace
     from xsp.record.user_spans import span, step
-    from xsp.session.leveled import LeveledResult, leveled
+    from xsp.session.leveled import leveled
+    from xsp.session.leveled_merge import LeveledResult
     from xsp.session.session import Session, trace
 
 _LAZY = {
@@ -48,7 +49,7 @@ _LAZY = {
     "schema": ("xsp.core.schema", None),
     "Summary": ("xsp.gate.baseline", "Summary"), "summarize": ("xsp.gate.baseline", "summarize"),
     "Diff": ("xsp.gate.diff", "Diff"), "diff": ("xsp.gate.diff", "diff"),
-    "LeveledResult": ("xsp.session.leveled", "LeveledResult"), "leveled": ("xsp.session.leveled", "leveled"),
+    "LeveledResult": ("xsp.session.leveled_merge", "LeveledResult"), "leveled": ("xsp.session.leveled", "leveled"),
 }
 
 

@@ -80,7 +80,7 @@ def test_the_public_functions_stay_functions_when_their_modules_are_imported(tmp
     body = """
         from xsp.io.trace import Trace
         from xsp.gate.diff import Diff
-        from xsp.session.leveled import LeveledResult
+        from xsp.session.leveled_merge import LeveledResult
         import xsp
         assert callable(xsp.trace) and callable(xsp.diff) and callable(xsp.leveled), (xsp.trace, xsp.diff)
     """

@@ -15,7 +15,9 @@ from scipy import stats
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.gate import columns as dcol
 from xsp.gate import statistics as keyed
+from xsp.gate import verdicts
 from xsp.gate.baseline import QUANTILES, Summary, summarize
 from xsp.gate.diff import diff
 from xsp.reports import diff_formats
@@ -73,24 +75,24 @@ def run(seed: int, steps: int = 40, slower: dict[str, float] | None = None, nois
 
 
 def row(result: xsp.Diff, key: str) -> pd.Series:
-    found = result.table[result.table[keyed.KEY] == key]
+    found = result.table[result.table[dcol.KEY] == key]
     assert len(found) == 1, key
     return found.iloc[0]
 
 
 def test_a_slowed_layer_is_found_and_explains_the_model_delta():
     result = diff(run(1), run(2, slower={"net.b": 0.3}))
-    assert result.verdict is keyed.Verdict.REGRESSED
+    assert result.verdict is dcol.Verdict.REGRESSED
     slowed = row(result, "net[0]/net.b[0]")
-    assert slowed[keyed.VERDICT] == "regressed"
-    assert slowed[keyed.RATIO] == pytest.approx(1.3, abs=0.03)
-    assert slowed[keyed.DELTA_NS] == pytest.approx(60_000, rel=0.15)
-    assert slowed[keyed.EXPLAINS] == pytest.approx(1.0, abs=0.2)
-    assert slowed[keyed.Q_VALUE] < 0.01 and slowed[keyed.TEST] == keyed.Test.RANK.value
-    assert row(result, "net[0]")[keyed.VERDICT] == "regressed"
+    assert slowed[dcol.VERDICT] == "regressed"
+    assert slowed[dcol.RATIO] == pytest.approx(1.3, abs=0.03)
+    assert slowed[dcol.DELTA_NS] == pytest.approx(60_000, rel=0.15)
+    assert slowed[dcol.EXPLAINS] == pytest.approx(1.0, abs=0.2)
+    assert slowed[dcol.Q_VALUE] < 0.01 and slowed[dcol.TEST] == dcol.Test.RANK.value
+    assert row(result, "net[0]")[dcol.VERDICT] == "regressed"
     for other in ("net[0]/net.a[0]", "net[0]/net.c[0]"):
-        assert row(result, other)[keyed.VERDICT] == "unchanged"
-    chain = result.breakdown[[keyed.DEPTH, keyed.KEY]].values.tolist()
+        assert row(result, other)[dcol.VERDICT] == "unchanged"
+    chain = result.breakdown[[dcol.DEPTH, dcol.KEY]].values.tolist()
     assert chain[:2] == [[0, "net[0]"], [1, "net[0]/net.b[0]"]]
     assert list(result.table.columns[:14]) == [
         "level", "kind", "key", "base_count", "new_count", "base_total_ns", "new_total_ns", "base_median_ns",
@@ -99,41 +101,41 @@ def test_a_slowed_layer_is_found_and_explains_the_model_delta():
 
 def test_an_improvement_is_improved():
     result = diff(run(1), run(2, slower={"net.c": -0.2}))
-    assert result.verdict is keyed.Verdict.IMPROVED
-    assert row(result, "net[0]/net.c[0]")[keyed.VERDICT] == "improved"
+    assert result.verdict is dcol.Verdict.IMPROVED
+    assert row(result, "net[0]/net.c[0]")[dcol.VERDICT] == "improved"
 
 
 def test_a_and_a_pairs_raise_no_alarm():
     verdicts = [diff(run(seed), run(seed + 100)).verdict for seed in range(20)]
-    assert verdicts.count(keyed.Verdict.UNCHANGED) >= 19
+    assert verdicts.count(dcol.Verdict.UNCHANGED) >= 19
 
 
 def test_a_significant_change_below_the_threshold_or_min_delta_is_unchanged():
     base, new = run(1, noise=0.002), run(2, slower={"net.b": 0.03}, noise=0.002)
     result = diff(base, new, min_delta_us=5)  # 3% < 5%: significant, but not reported
-    assert row(result, "net[0]/net.b[0]")[keyed.Q_VALUE] < 0.01
-    assert row(result, "net[0]/net.b[0]")[keyed.VERDICT] == "unchanged"
-    assert diff(base, new, threshold=0.02, min_delta_us=5).verdict is keyed.Verdict.REGRESSED
+    assert row(result, "net[0]/net.b[0]")[dcol.Q_VALUE] < 0.01
+    assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged"
+    assert diff(base, new, threshold=0.02, min_delta_us=5).verdict is dcol.Verdict.REGRESSED
     # 3% of 200 µs is 6 µs: below the default minimum delta of 20 µs
-    assert diff(base, new, threshold=0.02).verdict is keyed.Verdict.UNCHANGED
+    assert diff(base, new, threshold=0.02).verdict is dcol.Verdict.UNCHANGED
 
 
 def test_noise_larger_than_the_change_is_not_a_regression_and_is_warned_about():
     result = diff(run(1, noise=0.3), run(2, noise=0.3, slower={"net.b": 0.08}))
-    assert row(result, "net[0]/net.b[0]")[keyed.VERDICT] == "unchanged"
+    assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged"
     assert any("varies" in warning and "threshold" in warning for warning in result.warnings)
-    assert row(result, "net[0]")[keyed.BASE_CV] > 0.05
+    assert row(result, "net[0]")[dcol.BASE_CV] > 0.05
 
 
 def test_few_samples_fall_back_to_ranges_and_one_sample_gives_no_verdict():
     result = diff(run(1, steps=3), run(2, steps=3, slower={"net.b": 0.5}))
     slowed = row(result, "net[0]/net.b[0]")
-    assert slowed[keyed.TEST] == keyed.Test.OVERLAP.value and slowed[keyed.VERDICT] == "regressed"
-    assert np.isnan(slowed[keyed.P_VALUE])
+    assert slowed[dcol.TEST] == dcol.Test.OVERLAP.value and slowed[dcol.VERDICT] == "regressed"
+    assert np.isnan(slowed[dcol.P_VALUE])
     single = diff(run(1, steps=1), run(2, steps=1, slower={"net.b": 0.5}))
-    assert row(single, "net[0]/net.b[0]")[keyed.TEST] == keyed.Test.NONE.value
-    assert single.verdict is keyed.Verdict.UNCHANGED
-    assert "no verdict" in row(single, "net[0]/net.b[0]")[keyed.NOTE]
+    assert row(single, "net[0]/net.b[0]")[dcol.TEST] == dcol.Test.NONE.value
+    assert single.verdict is dcol.Verdict.UNCHANGED
+    assert "no verdict" in row(single, "net[0]/net.b[0]")[dcol.NOTE]
     assert any("steps" in warning for warning in single.warnings)
 
 
@@ -141,7 +143,7 @@ def test_rank_test_agrees_with_scipy():
     rng = np.random.default_rng(0)
     x, y = rng.normal(100, 5, 30), rng.normal(104, 5, 25)
     p = np.full(1, np.nan)
-    keyed.rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
+    verdicts.rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
     expected = stats.mannwhitneyu(np.sort(x).astype(np.int64), np.sort(y).astype(np.int64)).pvalue
     assert p[0] == pytest.approx(expected)
 
@@ -149,13 +151,13 @@ def test_rank_test_agrees_with_scipy():
 def test_added_removed_and_structure_changes_are_named():
     result = diff(run(1, kernels=3), run(2, extra_layer=True, shapes="[[16, 64]]", kernels=2),
                   levels="model,layer,kernel")
-    assert row(result, "net[0]/net.d[0]")[keyed.VERDICT] == "added"
-    assert row(result, "net[0]/net.b[0]/gemm2[0]")[keyed.VERDICT] == "removed"
+    assert row(result, "net[0]/net.d[0]")[dcol.VERDICT] == "added"
+    assert row(result, "net[0]/net.b[0]/gemm2[0]")[dcol.VERDICT] == "removed"
     changes = result.changes
-    kinds = set(changes[keyed.CHANGE])
+    kinds = set(changes[dcol.CHANGE])
     assert {"added", "removed", "input shapes", "kernel count"} <= kinds
-    kernel = changes[changes[keyed.CHANGE] == "kernel count"].iloc[0]
-    assert (kernel[keyed.KEY], kernel[keyed.BASE_VALUE], kernel[keyed.NEW_VALUE]) == ("net[0]/net.b[0]", 3, 2)
+    kernel = changes[changes[dcol.CHANGE] == "kernel count"].iloc[0]
+    assert (kernel[dcol.KEY], kernel[dcol.BASE_VALUE], kernel[dcol.NEW_VALUE]) == ("net[0]/net.b[0]", 3, 2)
     assert result.changed
     added = [line for line in diff_formats.text(result).splitlines() if "added: net[0]/net.d[0]" in line]
     assert added and "nan" not in added[0] and "->" not in added[0]
@@ -186,15 +188,15 @@ def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
     summary = summarize(base).save(tmp_path / "base.xsp.json")
     for source in (base, summary):
         changes = diff(source, new).changes
-        dtypes = changes[changes[keyed.CHANGE] == "input dtypes"]
+        dtypes = changes[changes[dcol.CHANGE] == "input dtypes"]
         assert len(dtypes) == 1
         found = dtypes.iloc[0]
-        assert (found[keyed.KEY], found[keyed.BASE_VALUE], found[keyed.NEW_VALUE]) == (
+        assert (found[dcol.KEY], found[dcol.BASE_VALUE], found[dcol.NEW_VALUE]) == (
             "net[0]/net.a[0]/aten::linear[0]", "float, float, float",
             "c10::BFloat16, c10::BFloat16, c10::BFloat16")
     assert "input dtypes" in diff_formats.text(diff(base, new))
     unchanged = diff(base, with_operator_dtypes(run(3), ["float", "float", "float"], kineto)).changes
-    assert "input dtypes" not in set(unchanged[keyed.CHANGE])
+    assert "input dtypes" not in set(unchanged[dcol.CHANGE])
 
 
 def version_1_summary(base: xsp.Trace, with_dtypes: bool) -> dict:
@@ -203,18 +205,18 @@ def version_1_summary(base: xsp.Trace, with_dtypes: bool) -> dict:
     columns = ["level", "kind", "name", "key", "parent", "count", "total_ns", "sample_count", "median_ns",
                "samples_permille", "input_shapes", "kernels_per_step"] + (["input_dtypes"] if with_dtypes else [])
     keys = {}
-    for by in keyed.KeyBy:
+    for by in dcol.KeyBy:
         frame = keyed.key_samples(base.spans, by)
-        position = {key: i for i, key in enumerate(frame[keyed.KEY])}
+        position = {key: i for i, key in enumerate(frame[dcol.KEY])}
         rows = []
         for record in frame.to_dict("records"):
-            samples = np.asarray(record[keyed.SAMPLES_NS], dtype=np.float64)
+            samples = np.asarray(record[dcol.SAMPLES_NS], dtype=np.float64)
             samples = np.quantile(samples, (np.arange(16) + 0.5) / 16) if len(samples) > 16 else samples
             median = float(np.median(samples))
-            row_values = [record["level"], record["kind"], record["name"], record[keyed.KEY],
-                          position.get(record[keyed.PARENT_KEY],
-                                       -1), int(record[keyed.COUNT]), int(record[keyed.TOTAL_NS]),
-                          int(record[keyed.SAMPLE_COUNT]), round(median),
+            row_values = [record["level"], record["kind"], record["name"], record[dcol.KEY],
+                          position.get(record[dcol.PARENT_KEY],
+                                       -1), int(record[dcol.COUNT]), int(record[dcol.TOTAL_NS]),
+                          int(record[dcol.SAMPLE_COUNT]), round(median),
                           np.rint((samples / median - 1) * 1000).astype(int).tolist(), record["input_shapes"], None]
             rows.append(row_values + ([None] if with_dtypes else []))
         keys[by.value] = rows
@@ -227,27 +229,27 @@ def test_a_version_1_summary_still_loads(tmp_path, with_dtypes):
     path = tmp_path / "old.xsp.json"
     path.write_text(json.dumps(version_1_summary(base, with_dtypes)))
     loaded = Summary.load(path)
-    by_path = loaded.keys[keyed.KeyBy.PATH]
-    assert loaded.keys[keyed.KeyBy.PATH][keyed.INPUT_DTYPES].isna().all()
-    assert len(by_path[by_path[keyed.KEY] == "net[0]/net.b[0]"][keyed.SAMPLES_NS].iloc[0]) == 16
-    assert diff(path, run(2)).verdict is keyed.Verdict.UNCHANGED
-    assert row(diff(path, run(2, slower={"net.b": 0.3})), "net[0]/net.b[0]")[keyed.VERDICT] == "regressed"
+    by_path = loaded.keys[dcol.KeyBy.PATH]
+    assert loaded.keys[dcol.KeyBy.PATH][dcol.INPUT_DTYPES].isna().all()
+    assert len(by_path[by_path[dcol.KEY] == "net[0]/net.b[0]"][dcol.SAMPLES_NS].iloc[0]) == 16
+    assert diff(path, run(2)).verdict is dcol.Verdict.UNCHANGED
+    assert row(diff(path, run(2, slower={"net.b": 0.3})), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
 
 
 def test_by_name_adds_up_spans_of_a_name():
     base = run(1)
     result = diff(base, run(2, slower={"net.a": 0.4}), by="name")
     slowed = row(result, "net.a")
-    assert slowed[keyed.VERDICT] == "regressed"
-    assert slowed[keyed.BASE_COUNT] == 40
+    assert slowed[dcol.VERDICT] == "regressed"
+    assert slowed[dcol.BASE_COUNT] == 40
 
 
 def test_steps_select_samples():
     base = run(1)
     keys = keyed.key_samples(base.spans, steps=slice(10, None))
-    assert int(keys[keys[keyed.KEY] == "net[0]"][keyed.SAMPLE_COUNT].iloc[0]) == 30
+    assert int(keys[keys[dcol.KEY] == "net[0]"][dcol.SAMPLE_COUNT].iloc[0]) == 30
     keys = keyed.key_samples(base.spans, steps=[0, 1])
-    assert int(keys[keys[keyed.KEY] == "net[0]"][keyed.SAMPLE_COUNT].iloc[0]) == 2
+    assert int(keys[keys[dcol.KEY] == "net[0]"][dcol.SAMPLE_COUNT].iloc[0]) == 2
 
 
 def test_a_summary_judges_as_its_trace_did(tmp_path):
@@ -260,10 +262,10 @@ def test_a_summary_judges_as_its_trace_did(tmp_path):
         slowed = run(30 + seed, slower={"net.c": 0.1})
         from_trace = row(diff(base, slowed), "net[0]/net.c[0]")
         from_summary = row(diff(baseline, slowed), "net[0]/net.c[0]")
-        assert from_summary[keyed.VERDICT] == from_trace[keyed.VERDICT]
-        assert from_summary[keyed.P_VALUE] == pytest.approx(from_trace[keyed.P_VALUE], rel=0.5, abs=1e-6)
-        found += from_summary[keyed.VERDICT] == "regressed"
-        false += diff(baseline, run(50 + seed)).verdict is not keyed.Verdict.UNCHANGED
+        assert from_summary[dcol.VERDICT] == from_trace[dcol.VERDICT]
+        assert from_summary[dcol.P_VALUE] == pytest.approx(from_trace[dcol.P_VALUE], rel=0.5, abs=1e-6)
+        found += from_summary[dcol.VERDICT] == "regressed"
+        false += diff(baseline, run(50 + seed)).verdict is not dcol.Verdict.UNCHANGED
     assert found == 8 and false == 0
 
 
@@ -273,18 +275,18 @@ def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
     compressed = summarize(base).save(tmp_path / "base.xsp.json.gz")
     assert compressed.stat().st_size < path.stat().st_size
     loaded = Summary.load(path)
-    by_path = loaded.keys[keyed.KeyBy.PATH]
-    samples = by_path[by_path[keyed.KEY] == "net[0]/net.b[0]"][keyed.SAMPLES_NS].iloc[0]
+    by_path = loaded.keys[dcol.KeyBy.PATH]
+    samples = by_path[by_path[dcol.KEY] == "net[0]/net.b[0]"][dcol.SAMPLES_NS].iloc[0]
     assert len(samples) == QUANTILES
-    assert int(by_path[by_path[keyed.KEY] == "net[0]/net.b[0]"][keyed.SAMPLE_COUNT].iloc[0]) == 40
+    assert int(by_path[by_path[dcol.KEY] == "net[0]/net.b[0]"][dcol.SAMPLE_COUNT].iloc[0]) == 40
     for source in (path, compressed, loaded):
         result = diff(source, new)
-        assert result.verdict is keyed.Verdict.REGRESSED
-        assert row(result, "net[0]/net.b[0]")[keyed.VERDICT] == "regressed"
-        assert row(result, "net[0]/net.a[0]")[keyed.VERDICT] == "unchanged"
-        assert row(result, "net[0]/net.b[0]")[keyed.BASE_MEDIAN_NS] == pytest.approx(
-            row(diff(base, new), "net[0]/net.b[0]")[keyed.BASE_MEDIAN_NS], rel=0.002)
-    assert diff(path, base).verdict is keyed.Verdict.UNCHANGED
+        assert result.verdict is dcol.Verdict.REGRESSED
+        assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+        assert row(result, "net[0]/net.a[0]")[dcol.VERDICT] == "unchanged"
+        assert row(result, "net[0]/net.b[0]")[dcol.BASE_MEDIAN_NS] == pytest.approx(
+            row(diff(base, new), "net[0]/net.b[0]")[dcol.BASE_MEDIAN_NS], rel=0.002)
+    assert diff(path, base).verdict is dcol.Verdict.UNCHANGED
 
 
 @pytest.mark.parametrize("content", [
@@ -315,12 +317,12 @@ def test_every_output_format_parses():
     document = json.loads(diff_formats.as_json(result))
     assert document["verdict"] == "regressed"
     assert len(document["rows"]) == len(result.table)
-    assert set(document["rows"][0]) >= set(keyed.DIFF_COLUMNS)
+    assert set(document["rows"][0]) >= set(dcol.DIFF_COLUMNS)
     suites = ET.fromstring(diff_formats.junit(result))
     cases = suites.findall(".//testcase")
     assert len(cases) == len(result.table)
     failed = [case.get("name") for case in cases if case.find("failure") is not None]
-    assert sorted(failed) == sorted(result.table[result.table[keyed.VERDICT] == "regressed"][keyed.KEY])
+    assert sorted(failed) == sorted(result.table[result.table[dcol.VERDICT] == "regressed"][dcol.KEY])
     markdown = diff_formats.markdown(result)
     assert "## xsp diff: **regressed**" in markdown and "| `net[0]/net.b[0]` |" in markdown
     text = diff_formats.text(result)
@@ -332,7 +334,7 @@ def test_a_kineto_trace_against_itself_and_against_slower_kernels(shared_traces)
     path = shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz"
     trace = xsp.load(path)
     same = diff(trace, trace, by="name")
-    assert same.verdict is keyed.Verdict.UNCHANGED and not same.changed
+    assert same.verdict is dcol.Verdict.UNCHANGED and not same.changed
     spans = trace.spans.copy()
     gemm = spans[col.NAME].str.contains("gemm", case=False).to_numpy() & (spans[col.KIND] == "kernel").to_numpy()
     spans.loc[gemm, col.DURATION_NS] = (spans.loc[gemm, col.DURATION_NS] * 1.5).astype("int64")
@@ -341,22 +343,22 @@ def test_a_kineto_trace_against_itself_and_against_slower_kernels(shared_traces)
     # 5 steps a side: the largest changes are the gemm kernels, but no verdict can hold
     kernels = slower.table[slower.table[col.LEVEL] == "kernel"].head(3)
     assert kernels[col.NAME].str.contains("gemm", case=False).all()
-    assert kernels[keyed.RATIO].to_numpy() == pytest.approx([1.5] * 3, abs=0.01)
-    assert slower.verdict is keyed.Verdict.UNCHANGED
+    assert kernels[dcol.RATIO].to_numpy() == pytest.approx([1.5] * 3, abs=0.01)
+    assert slower.verdict is dcol.Verdict.UNCHANGED
     assert any("record more steps" in warning for warning in slower.warnings)
     lenient = diff(trace, xsp.Trace(spans=spans, metadata=trace.metadata), by="name", levels="kernel", alpha=0.2)
-    regressed = lenient.table[lenient.table[keyed.VERDICT] == "regressed"]
+    regressed = lenient.table[lenient.table[dcol.VERDICT] == "regressed"]
     assert len(regressed) and set(regressed[col.LEVEL]) == {"kernel"}
     assert regressed[col.NAME].str.contains("gemm", case=False).all()
     by_path = diff(path, path)
-    assert by_path.verdict is keyed.Verdict.UNCHANGED
+    assert by_path.verdict is dcol.Verdict.UNCHANGED
 
 
 def test_two_kineto_traces_of_different_runs_compare(shared_traces):
     a = shared_traces / "kineto" / "a100_alexnet.json.gz"
     b = shared_traces / "kineto" / "cpu_only_rank34.json.gz"
     result = diff(a, b, by="name")
-    assert len(result.table) and set(result.table[keyed.VERDICT]) <= {v.value for v in keyed.Verdict}
+    assert len(result.table) and set(result.table[dcol.VERDICT]) <= {v.value for v in dcol.Verdict}
     assert diff_formats.text(result)
 
 
@@ -370,43 +372,43 @@ def _on_machine(trace: xsp.Trace, seconds_for_fixed_work: float) -> xsp.Trace:
 def test_a_uniform_slowdown_is_a_regression_unless_the_machines_speeds_explain_it():
     uniform = {name: 0.3 for name in LAYERS}  # every layer 30% slower: float64 instead of float32, say
     plain = diff(run(1), run(2, slower=uniform))
-    assert plain.verdict is keyed.Verdict.REGRESSED and row(plain, "net[0]")[keyed.VERDICT] == "regressed"
+    assert plain.verdict is dcol.Verdict.REGRESSED and row(plain, "net[0]")[dcol.VERDICT] == "regressed"
     assert plain.settings["judged"] == "raw times" and plain.settings["machine_speed_ratio"] is None
     assert any("no machine speed recorded" in warning for warning in plain.warnings)
     # both machines equally fast at the fixed work: the code is slower, and the output says why it believes so
     same = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.00202))
-    assert same.verdict is keyed.Verdict.REGRESSED
+    assert same.verdict is dcol.Verdict.REGRESSED
     assert any("same speed" in warning for warning in same.warnings)
     # the new machine is 30% slower at the fixed work: the evidence explains the slowdown
     slower_machine = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.0026))
-    assert slower_machine.verdict is keyed.Verdict.UNCHANGED
+    assert slower_machine.verdict is dcol.Verdict.UNCHANGED
     assert slower_machine.settings["judged"] == "at equal machine speed"
     assert any("divided by 1.30" in warning for warning in slower_machine.warnings)
     net = row(slower_machine, "net[0]")
-    assert net[keyed.RATIO] == pytest.approx(1.3, abs=0.02)  # shown as measured ...
-    assert net[keyed.ADJUSTED_RATIO] == pytest.approx(1.0, abs=0.02)  # ... and judged at equal speed
+    assert net[dcol.RATIO] == pytest.approx(1.3, abs=0.02)  # shown as measured ...
+    assert net[dcol.ADJUSTED_RATIO] == pytest.approx(1.0, abs=0.02)  # ... and judged at equal speed
     assert "+30." in diff_formats.text(slower_machine) or "+29." in diff_formats.text(slower_machine)
     # a regression a faster machine hid is still one
     hidden = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=dict.fromkeys(LAYERS, 0.0)), 0.0015))
-    assert hidden.verdict is keyed.Verdict.REGRESSED
+    assert hidden.verdict is dcol.Verdict.REGRESSED
     assert diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.0026),
-                machine_speed=False).verdict is keyed.Verdict.REGRESSED
+                machine_speed=False).verdict is dcol.Verdict.REGRESSED
 
 
 def test_the_relative_view_shows_which_key_moved_more_than_the_rest():
     uniform = {name: 0.08 for name in LAYERS}
     result = diff(run(1), run(2, slower=uniform), normalize=True)
-    assert result.verdict is keyed.Verdict.UNCHANGED  # what the relative view cannot see
+    assert result.verdict is dcol.Verdict.UNCHANGED  # what the relative view cannot see
     assert result.settings["common_shift"] == pytest.approx(1.08, abs=0.01)
     assert any("hides any change that slows every key alike" in warning for warning in result.warnings)
     one_more = {**uniform, "net.b": 0.08 + 0.3}
     found = diff(run(1), run(2, slower=one_more), normalize=True)
-    regressed = set(found.table[found.table[keyed.VERDICT] == "regressed"][keyed.KEY])
+    regressed = set(found.table[found.table[dcol.VERDICT] == "regressed"][dcol.KEY])
     assert regressed == {"net[0]", "net[0]/net.b[0]"}  # the model, by net.b's share of it
-    assert row(found, "net[0]/net.b[0]")[keyed.ADJUSTED_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
+    assert row(found, "net[0]/net.b[0]")[dcol.ADJUSTED_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
     absolute = diff(run(1), run(2, slower=one_more))  # judged on their own times, every layer moved
-    assert set(absolute.table[absolute.table[keyed.VERDICT] == "regressed"][keyed.KEY]) >= regressed
-    assert row(absolute, "net[0]/net.b[0]")[keyed.RELATIVE_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
+    assert set(absolute.table[absolute.table[dcol.VERDICT] == "regressed"][dcol.KEY]) >= regressed
+    assert row(absolute, "net[0]/net.b[0]")[dcol.RELATIVE_RATIO] == pytest.approx(1.38 / 1.08, abs=0.03)
 
 
 def test_breakdown_and_explains_walk_a_hand_made_tree():
@@ -417,15 +419,15 @@ def test_breakdown_and_explains_walk_a_hand_made_tree():
     keys = ["model", "model/a", "model/b", "model/c", "model/a/x", "model/a/y", "gone/orphan", "model/a/z", "session"]
     parents = [None, "model", "model", "model", "model/a", "model/a", "gone", "model/a", None]
     deltas = [100.0, 60.0, 30.0, -5.0, 50.0, 10.0, 7.0, 1.0, 4000.0]
-    table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), col.KIND: ["forward"] * 8 + ["session"], keyed.KEY: keys,
-                          keyed.PARENT_KEY: parents, keyed.ADJUSTED_DELTA_NS: deltas,
-                          keyed.VERDICT: ["regressed"] * len(keys), keyed.TEST: ["rank"] * len(keys)})
-    explains = keyed.explains(table)
+    table = pd.DataFrame({col.LEVEL: ["layer"] * len(keys), col.KIND: ["forward"] * 8 + ["session"], dcol.KEY: keys,
+                          dcol.PARENT_KEY: parents, dcol.ADJUSTED_DELTA_NS: deltas,
+                          dcol.VERDICT: ["regressed"] * len(keys), dcol.TEST: ["rank"] * len(keys)})
+    explains = verdicts.explains(table)
     assert explains[1] == pytest.approx(0.6) and explains[2] == pytest.approx(0.3)
     assert explains[4] == pytest.approx(50 / 60) and explains[3] == pytest.approx(-0.05)
     assert np.isnan(explains[0]) and np.isnan(explains[6])
-    tree = keyed.breakdown(table)
-    assert tree[[keyed.KEY, keyed.DEPTH]].values.tolist() == [
+    tree = verdicts.breakdown(table)
+    assert tree[[dcol.KEY, dcol.DEPTH]].values.tolist() == [
         ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1], ["session", 0]]
 
 
@@ -436,33 +438,33 @@ def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
         return [run(first + k, process=0.06, slower=changes or None) for k in range(3)]
 
     single = [diff(run(seed, process=0.06), run(seed + 100, process=0.06)).verdict for seed in range(20)]
-    assert single.count(keyed.Verdict.UNCHANGED) <= 15  # one run a side: false alarms
+    assert single.count(dcol.Verdict.UNCHANGED) <= 15  # one run a side: false alarms
     pooled = [diff(side(10 * seed), side(10 * seed + 500)) for seed in range(12)]
-    assert [result.verdict for result in pooled].count(keyed.Verdict.UNCHANGED) >= 11
-    assert all(row(result, "net[0]/net.b[0]")[keyed.TEST] == keyed.Test.RANK_AND_RUNS.value for result in pooled)
+    assert [result.verdict for result in pooled].count(dcol.Verdict.UNCHANGED) >= 11
+    assert all(row(result, "net[0]/net.b[0]")[dcol.TEST] == dcol.Test.RANK_AND_RUNS.value for result in pooled)
     found = diff(side(1000), side(2000, **{"net.b": 0.4}))
     slowed = row(found, "net[0]/net.b[0]")
-    assert slowed[keyed.VERDICT] == "regressed" and slowed[keyed.RUN_P_VALUE] <= slowed[keyed.P_VALUE] < 0.01
-    assert (slowed[keyed.BASE_RUNS], slowed[keyed.NEW_RUNS], slowed[keyed.BASE_SAMPLES]) == (3, 3, 120)
-    assert slowed[keyed.BASE_COUNT] == 40  # counts and totals are per run
+    assert slowed[dcol.VERDICT] == "regressed" and slowed[dcol.RUN_P_VALUE] <= slowed[dcol.P_VALUE] < 0.01
+    assert (slowed[dcol.BASE_RUNS], slowed[dcol.NEW_RUNS], slowed[dcol.BASE_SAMPLES]) == (3, 3, 120)
+    assert slowed[dcol.BASE_COUNT] == 40  # counts and totals are per run
     assert found.settings["base_runs"] == found.settings["new_runs"] == 3
     assert "3 runs" in diff_formats.text(found)
     # copies of one run are not several runs: no spread between them, no evidence either way
     copies = diff([run(1)] * 3, [run(2, slower={"net.b": 0.4})] * 3)
-    assert row(copies, "net[0]/net.b[0]")[keyed.VERDICT] == "unchanged"
+    assert row(copies, "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged"
     # summaries pool as their traces do (their quantiles read back into samples)
     from_summaries = diff([summarize(trace) for trace in side(1000)], side(2000, **{"net.b": 0.4}))
-    assert row(from_summaries, "net[0]/net.b[0]")[keyed.VERDICT] == "regressed"
+    assert row(from_summaries, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
 
 
 def test_pooled_runs_keep_each_runs_median_and_judge_lone_spans_between_runs():
     frames = [keyed.key_samples(run(seed, steps=5).spans) for seed in range(3)]
-    pooled = keyed.pool_runs(frames).set_index(keyed.KEY)
-    medians = [float(np.median(frame.set_index(keyed.KEY).loc["net[0]/net.a[0]",
-                                                              keyed.SAMPLES_NS])) for frame in frames]
-    assert pooled.loc["net[0]/net.a[0]", keyed.RUN_MEDIANS_NS].tolist() == pytest.approx(medians)
-    assert pooled.loc["net[0]/net.a[0]", keyed.SAMPLE_COUNT] == 15 and pooled.loc["net[0]/net.a[0]", keyed.COUNT] == 5
-    assert (pooled[keyed.RUNS] == 3).all()
+    pooled = keyed.pool_runs(frames).set_index(dcol.KEY)
+    medians = [float(np.median(frame.set_index(dcol.KEY).loc["net[0]/net.a[0]",
+                                                              dcol.SAMPLES_NS])) for frame in frames]
+    assert pooled.loc["net[0]/net.a[0]", dcol.RUN_MEDIANS_NS].tolist() == pytest.approx(medians)
+    assert pooled.loc["net[0]/net.a[0]", dcol.SAMPLE_COUNT] == 15 and pooled.loc["net[0]/net.a[0]", dcol.COUNT] == 5
+    assert (pooled[dcol.RUNS] == 3).all()
     # one span a run (a session outside steps): too few for a rank test, judged between runs
     lone = [run(seed, steps=4) for seed in range(3)]
     for trace in lone:
@@ -471,7 +473,7 @@ def test_pooled_runs_keep_each_runs_median_and_judge_lone_spans_between_runs():
     for trace in slower:
         trace.spans[col.STEP] = pd.array([None] * len(trace.spans), dtype="Int64")
     result = diff(lone, slower)
-    assert row(result, "net[0]")[keyed.TEST] in (keyed.Test.RANK_AND_RUNS.value, keyed.Test.RUNS.value)
+    assert row(result, "net[0]")[dcol.TEST] in (dcol.Test.RANK_AND_RUNS.value, dcol.Test.RUNS.value)
 
 
 def test_a_folder_is_a_side_of_several_runs(tmp_path):
@@ -483,7 +485,7 @@ def test_a_folder_is_a_side_of_several_runs(tmp_path):
     (tmp_path / "new" / "notes.txt").write_text("not a run")
     result = diff(tmp_path / "base", tmp_path / "new")
     assert result.settings["base_runs"] == result.settings["new_runs"] == 3
-    assert row(result, "net[0]/net.b[0]")[keyed.VERDICT] == "regressed"
+    assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
     (tmp_path / "empty").mkdir()
     with pytest.raises(TraceNotFoundError, match="holds no traces or summaries"):
         diff(tmp_path / "empty", tmp_path / "new")
@@ -517,7 +519,7 @@ def _hostile_run(seed: int, slower: dict[str, float] | None = None) -> xsp.Trace
 
 def test_every_format_survives_names_with_control_characters_newlines_backticks_and_a_megabyte():
     result = diff(_hostile_run(1), _hostile_run(2, slower=dict.fromkeys(LAYERS, 0.4)))
-    assert result.verdict is keyed.Verdict.REGRESSED
+    assert result.verdict is dcol.Verdict.REGRESSED
     suites = ET.fromstring(diff_formats.junit(result))  # valid XML
     names = [case.get("name") for case in suites.findall(".//testcase")]
     assert any("\\x1b[31mred" in name for name in names)

@@ -27,13 +27,7 @@ from torch import nn
 import xsp
 from xsp.core import schema as col
 from xsp.record import hotpath
-from xsp.record.recording import (
-    CALL_FIELDS,
-    COMPACT_AT,
-    FIRST_PACKED_ROWS,
-    extend_columns,
-    extend_columns_from_packed,
-)
+from xsp.record.columns import CALL_FIELDS, COMPACT_AT, FIRST_PACKED_ROWS, extend_columns, extend_columns_from_packed
 from xsp.tracers.module_calls import interceptor as _module_calls
 from xsp.tracers.module_calls import native_torch as _native_torch
 

@@ -13,16 +13,8 @@ from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
-from xsp.session.leveled import (
-    MAX_ROUNDS,
-    MIN_ROUNDS,
-    LeveledRun,
-    level_runs,
-    merge_runs,
-    nest_in_parents,
-    precise_enough,
-    run_label,
-)
+from xsp.session.leveled import MAX_ROUNDS, MIN_ROUNDS, precise_enough
+from xsp.session.leveled_merge import LeveledRun, level_runs, merge_runs, nest_in_parents, run_label
 from xsp.table.build import conform
 from xsp.table.walks import parent_positions
 
@@ -407,7 +399,7 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
 def test_a_figure_that_moves_between_rounds_is_not_called_precise():
     """Each round's steps agree closely, but the rounds do not (the machine ran at another speed
     in each run): the interval comes from the spread of the rounds, not of the steps."""
-    from xsp.session.leveled import ROUND_STARTS, pooled
+    from xsp.session.leveled_merge import ROUND_STARTS, pooled
 
     def rounds(levels: tuple[Level, ...], shifts: list[int]) -> LeveledRun:
         traces = []
@@ -436,7 +428,7 @@ def test_a_figure_that_moves_between_rounds_is_not_called_precise():
 def test_a_round_disturbed_from_end_to_end_moves_no_figure():
     """Another process's burst lasting a whole run (seconds, on a big model) slows every step
     of one round: the figures come from the middle rounds, not from the pooled steps."""
-    from xsp.session.leveled import pooled
+    from xsp.session.leveled_merge import pooled
 
     def rounds(levels: tuple[Level, ...], slowdowns: list[float]) -> LeveledRun:
         traces = [_run(levels, {STEP: [int(1200 * s)] * 6, PREDICT: [int(1000 * s) + (i % 2) for i in range(6)],

@@ -15,7 +15,7 @@ import pytest
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
-from xsp.gate import statistics as keyed
+from xsp.gate import columns as dcol
 from xsp.gate import summary_codec as codec
 from xsp.gate.baseline import Summary, summarize
 
@@ -27,13 +27,13 @@ def key_table(rows: list[dict]) -> pd.DataFrame:
     for row in rows:
         samples = np.sort(np.asarray(row.get("samples", [1000]), dtype=np.int64))
         filled.append({col.LEVEL: row.get("level", "layer"), col.KIND: row.get("kind", "forward"),
-                       col.NAME: row["name"], keyed.KEY: row["key"], keyed.PARENT_KEY: row.get("parent"),
-                       keyed.COUNT: row.get("count", len(samples)), keyed.TOTAL_NS: row.get("total",
+                       col.NAME: row["name"], dcol.KEY: row["key"], dcol.PARENT_KEY: row.get("parent"),
+                       dcol.COUNT: row.get("count", len(samples)), dcol.TOTAL_NS: row.get("total",
                                                                                             int(samples.sum())),
-                       keyed.SAMPLES_NS: samples, keyed.SAMPLE_COUNT: row.get("sample_count", len(samples)),
-                       col.INPUT_SHAPES: row.get("shapes"), keyed.KERNELS_PER_STEP: row.get("kernels", np.nan),
-                       keyed.INPUT_DTYPES: row.get("dtypes")})
-    return pd.DataFrame(filled, columns=list(keyed.KEY_COLUMNS))
+                       dcol.SAMPLES_NS: samples, dcol.SAMPLE_COUNT: row.get("sample_count", len(samples)),
+                       col.INPUT_SHAPES: row.get("shapes"), dcol.KERNELS_PER_STEP: row.get("kernels", np.nan),
+                       dcol.INPUT_DTYPES: row.get("dtypes")})
+    return pd.DataFrame(filled, columns=list(dcol.KEY_COLUMNS))
 
 
 def noisy(median: float, spread: float, count: int = 40, seed: int = 0) -> np.ndarray:
@@ -64,19 +64,19 @@ def round_trip(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
 
 
 def assert_faithful(sent: pd.DataFrame, back: pd.DataFrame) -> None:
-    assert list(back.columns) == list(keyed.KEY_COLUMNS)
-    for column in (col.LEVEL, col.KIND, col.NAME, keyed.KEY, keyed.PARENT_KEY, col.INPUT_SHAPES, keyed.INPUT_DTYPES):
+    assert list(back.columns) == list(dcol.KEY_COLUMNS)
+    for column in (col.LEVEL, col.KIND, col.NAME, dcol.KEY, dcol.PARENT_KEY, col.INPUT_SHAPES, dcol.INPUT_DTYPES):
         assert [None if pd.isna(v) else v for v in back[column]] == [None if pd.isna(v) else v for v in sent[column]], (
             column)
-    for column in (keyed.COUNT, keyed.SAMPLE_COUNT):
+    for column in (dcol.COUNT, dcol.SAMPLE_COUNT):
         assert back[column].tolist() == sent[column].tolist(), column
-    np.testing.assert_array_equal(back[keyed.KERNELS_PER_STEP].to_numpy(float),
-                                  sent[keyed.KERNELS_PER_STEP].to_numpy(float))
-    np.testing.assert_allclose(back[keyed.TOTAL_NS], sent[keyed.TOTAL_NS], rtol=codec.TOTAL_STEP / 2 + 1e-9, atol=1)
+    np.testing.assert_array_equal(back[dcol.KERNELS_PER_STEP].to_numpy(float),
+                                  sent[dcol.KERNELS_PER_STEP].to_numpy(float))
+    np.testing.assert_allclose(back[dcol.TOTAL_NS], sent[dcol.TOTAL_NS], rtol=codec.TOTAL_STEP / 2 + 1e-9, atol=1)
     rows = np.arange(len(sent))
     if len(rows) > 3000:  # a real trace's hundred thousand keys: a fixed sample of them
         rows = np.random.default_rng(0).choice(rows, 3000, replace=False)
-    for before, after in zip(sent[keyed.SAMPLES_NS].to_numpy()[rows], back[keyed.SAMPLES_NS].to_numpy()[rows]):
+    for before, after in zip(sent[dcol.SAMPLES_NS].to_numpy()[rows], back[dcol.SAMPLES_NS].to_numpy()[rows]):
         before = np.sort(np.asarray(before, dtype=np.float64))
         kept = np.quantile(before, (np.arange(codec.QUANTILES) + 0.5) / codec.QUANTILES) if len(
             before) > codec.QUANTILES else before
@@ -96,25 +96,25 @@ def assert_faithful(sent: pd.DataFrame, back: pd.DataFrame) -> None:
 
 
 def test_hand_made_keys_come_back():
-    back = round_trip({keyed.KeyBy.PATH.value: HAND_MADE})
-    assert_faithful(HAND_MADE, back[keyed.KeyBy.PATH.value])
+    back = round_trip({dcol.KeyBy.PATH.value: HAND_MADE})
+    assert_faithful(HAND_MADE, back[dcol.KeyBy.PATH.value])
 
 
 def test_keys_by_name_that_stand_for_one_path_come_back_as_themselves():
     by_name = HAND_MADE.copy()
-    by_name[keyed.KEY] = by_name[col.NAME]
-    by_name[keyed.PARENT_KEY] = [None, "net", "net.body", "net.body", "net", None, None, None, None]
-    by_name.loc[1, keyed.SAMPLES_NS] = np.asarray(by_name.loc[1, keyed.SAMPLES_NS]) + 1  # no longer the path's samples
-    back = round_trip({keyed.KeyBy.NAME.value: by_name, keyed.KeyBy.PATH.value: HAND_MADE})
-    assert list(back) == [keyed.KeyBy.PATH.value, keyed.KeyBy.NAME.value]
-    assert_faithful(HAND_MADE, back[keyed.KeyBy.PATH.value])
-    assert_faithful(by_name, back[keyed.KeyBy.NAME.value])
+    by_name[dcol.KEY] = by_name[col.NAME]
+    by_name[dcol.PARENT_KEY] = [None, "net", "net.body", "net.body", "net", None, None, None, None]
+    by_name.loc[1, dcol.SAMPLES_NS] = np.asarray(by_name.loc[1, dcol.SAMPLES_NS]) + 1  # no longer the path's samples
+    back = round_trip({dcol.KeyBy.NAME.value: by_name, dcol.KeyBy.PATH.value: HAND_MADE})
+    assert list(back) == [dcol.KeyBy.PATH.value, dcol.KeyBy.NAME.value]
+    assert_faithful(HAND_MADE, back[dcol.KeyBy.PATH.value])
+    assert_faithful(by_name, back[dcol.KeyBy.NAME.value])
 
 
 def test_an_empty_table_comes_back_empty():
     empty = key_table([])
-    back = round_trip({keyed.KeyBy.PATH.value: empty, keyed.KeyBy.NAME.value: empty})
-    assert all(len(frame) == 0 and list(frame.columns) == list(keyed.KEY_COLUMNS) for frame in back.values())
+    back = round_trip({dcol.KeyBy.PATH.value: empty, dcol.KeyBy.NAME.value: empty})
+    assert all(len(frame) == 0 and list(frame.columns) == list(dcol.KEY_COLUMNS) for frame in back.values())
 
 
 @pytest.mark.parametrize("name", ["a100_alexnet.json.gz", "v100_2rank_train_rank1.json.gz", "cpu_only_rank34.json.gz"])
@@ -201,18 +201,18 @@ def test_a_summary_of_repeated_blocks_costs_under_seven_bytes_a_key(tmp_path):
     # key, metadata and JSON included
     summary = summarize(blocks_trace(40))
     packed = codec.encode({by.value: frame for by, frame in summary.keys.items()})
-    assert len(packed) < 7 * len(summary.keys[keyed.KeyBy.PATH]), len(packed)
+    assert len(packed) < 7 * len(summary.keys[dcol.KeyBy.PATH]), len(packed)
     loaded = Summary.load(summary.save(tmp_path / "run.xsp.json"))
     for by, frame in summary.keys.items():
         assert_faithful(frame, loaded.keys[by])
 
 
 def test_a_repeated_blocks_medians_are_written_against_the_first_blocks():
-    frame = summarize(blocks_trace(40, blocks=8)).keys[keyed.KeyBy.PATH]
+    frame = summarize(blocks_trace(40, blocks=8)).keys[dcol.KeyBy.PATH]
     strings = codec._Strings()
     columns = codec._table_columns(frame, strings, np.full(len(frame), -1))
-    whole = codec._sample_columns(codec._Ragged.of(frame[keyed.SAMPLES_NS].to_numpy()),
-                                  frame[keyed.SAMPLE_COUNT].to_numpy(), frame[keyed.TOTAL_NS].to_numpy())["median"]
+    whole = codec._sample_columns(codec._Ragged.of(frame[dcol.SAMPLES_NS].to_numpy()),
+                                  frame[dcol.SAMPLE_COUNT].to_numpy(), frame[dcol.TOTAL_NS].to_numpy())["median"]
     names = frame[col.NAME].tolist()
     # blocks 1-3 of stage 0 and 5-7 of stage 1 repeat blocks 0 and 4 (the same shapes)
     repeated = [i for i, name in enumerate(names) if name.startswith("model.stages.") and name.split(".")[4] != "0"]
@@ -223,12 +223,12 @@ def test_a_repeated_blocks_medians_are_written_against_the_first_blocks():
 
 def test_keys_by_name_whose_parents_come_after_them_or_round_come_back():
     by_name = HAND_MADE.copy()
-    by_name[keyed.KEY] = by_name[col.NAME]
+    by_name[dcol.KEY] = by_name[col.NAME]
     # a name's parent after it, two names each other's parent, a name its own parent
-    by_name[keyed.PARENT_KEY] = ["few", "net", "net.body", "aten::conv2d", "net.body.conv", "session", None, "net",
+    by_name[dcol.PARENT_KEY] = ["few", "net", "net.body", "aten::conv2d", "net.body.conv", "session", None, "net",
                              "bimodal"]
-    back = round_trip({keyed.KeyBy.NAME.value: by_name})
-    assert_faithful(by_name, back[keyed.KeyBy.NAME.value])
+    back = round_trip({dcol.KeyBy.NAME.value: by_name})
+    assert_faithful(by_name, back[dcol.KeyBy.NAME.value])
 
 
 def test_keys_packed_by_the_first_encoding_are_refused_with_what_to_do():
@@ -241,7 +241,7 @@ def packed_document(blob: bytes) -> bytes:
                        "packed_keys": base64.b85encode(blob).decode()}).encode()
 
 
-GOOD = codec.encode({keyed.KeyBy.PATH.value: HAND_MADE})
+GOOD = codec.encode({dcol.KeyBy.PATH.value: HAND_MADE})
 PAYLOAD = lzma.decompress(GOOD)
 HEADER, BODY = PAYLOAD.split(b"\0", 1)
 

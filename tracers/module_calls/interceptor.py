@@ -56,7 +56,7 @@ from torch import nn
 
 from xsp.core.clock import now_ns
 from xsp.record import hotpath
-from xsp.record.recording import (
+from xsp.record.columns import (
     BACKWARD_ALIAS,
     BACKWARD_BEGIN,
     BACKWARD_END,
@@ -64,9 +64,8 @@ from xsp.record.recording import (
     ROOT_GRAD,
     ROOT_MODE_UNKNOWN,
     ROOT_TRAINING,
-    Recording,
-    ThreadBuffer,
 )
+from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
 from xsp.tracers.module_calls.call_context import (

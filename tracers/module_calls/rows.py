@@ -15,16 +15,8 @@ import torch
 from torch import nn
 
 from xsp.core import schema as col
-from xsp.record.recording import (
-    BACKWARD_ALIAS,
-    BACKWARD_BEGIN,
-    BACKWARD_END,
-    ROOT_GRAD,
-    ROOT_MODE_UNKNOWN,
-    ROOT_TRAINING,
-    Window,
-    WindowBuffer,
-)
+from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
+from xsp.record.recording import Window, WindowBuffer
 from xsp.table.walks import arrow_strings
 
 BACKWARD_SUFFIX = ".backward"

@@ -240,17 +240,15 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     from xsp.io.trace import Trace
     from xsp.reports.terminal import frame_table, number, share, text
     from xsp.session.calibration import calibrate
-    from xsp.session.leveled import (
+    from xsp.session.leveled import autograd_in, precise_enough, run_rounds
+    from xsp.session.leveled_merge import (
         LeveledResult,
         LeveledRun,
-        autograd_in,
         level_runs,
         measured_steps,
         merge_runs,
         pooled,
-        precise_enough,
         run_label,
-        run_rounds,
     )
     from xsp.session.session import Session
     from xsp.table.level_costs import LevelCost

@@ -30,6 +30,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.schema import Level
+from xsp.gate import columns as dcol
 from xsp.gate import statistics as keyed
 from xsp.gate.summary_codec import QUANTILES, decode, encode
 from xsp.io.parquet import gunzip_bounded, write_output
@@ -66,7 +67,7 @@ def _to_the_second(stamp: str) -> str:
 class Summary:
     """Per-key samples of one run, by path and by name (what :func:`xsp.diff` compares)."""
 
-    keys: dict[keyed.KeyBy, pd.DataFrame]
+    keys: dict[dcol.KeyBy, pd.DataFrame]
     """Key-samples frames (:func:`xsp.gate.statistics.key_samples`) for each way of matching."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """What the run was: versions, device, levels, the trace it came from, its steps."""
@@ -111,10 +112,10 @@ class Summary:
                 raise ValueError(f"written by a newer xsp (summary version {document['version']})")
             if "packed_keys" in document:
                 packed = base64.b85decode(document["packed_keys"])
-                keys = {keyed.KeyBy(by): frame for by, frame in decode(packed, MAX_BYTES).items()}
+                keys = {dcol.KeyBy(by): frame for by, frame in decode(packed, MAX_BYTES).items()}
             else:  # version 1
                 columns = document["columns"]
-                keys = {keyed.KeyBy(by): _frame_v1(rows, columns) for by, rows in document["keys"].items()}
+                keys = {dcol.KeyBy(by): _frame_v1(rows, columns) for by, rows in document["keys"].items()}
             metadata = document.get("metadata") or {}
             if not isinstance(metadata, dict):
                 raise ValueError("its metadata is not an object")
@@ -126,11 +127,11 @@ class Summary:
 
 
 def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slice | list[int] | None = None,
-              source: str | None = None, only: keyed.KeyBy | None = None) -> Summary:
+              source: str | None = None, only: dcol.KeyBy | None = None) -> Summary:
     """The summary of ``trace`` (keys at ``levels``, samples of ``steps``; see :func:`xsp.diff`),
     by path and by name, or by ``only`` one of them."""
     spans = trace.spans
-    keys = {by: keyed.key_samples(spans, by, levels, steps) for by in keyed.KeyBy if only is None or by is only}
+    keys = {by: keyed.key_samples(spans, by, levels, steps) for by in dcol.KeyBy if only is None or by is only}
     metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
     if isinstance(metadata.get("created_at"), str):
         metadata["created_at"] = _to_the_second(metadata["created_at"])
@@ -164,15 +165,15 @@ def _frame_v1(rows: list[list[Any]], columns: list[str]) -> pd.DataFrame:
         col.LEVEL: [row[at["level"]] for row in rows],
         col.KIND: [row[at["kind"]] for row in rows],
         col.NAME: [row[at["name"]] for row in rows],
-        keyed.KEY: keys,
-        keyed.PARENT_KEY: [keys[p] if isinstance(p, int) and 0 <= p < len(keys) else None for p in parents],
-        keyed.COUNT: np.array([row[at["count"]] for row in rows], dtype=np.int64),
-        keyed.TOTAL_NS: np.array([row[at["total_ns"]] for row in rows], dtype=np.int64),
-        keyed.SAMPLES_NS: samples,
-        keyed.SAMPLE_COUNT: np.array([row[at["sample_count"]] for row in rows], dtype=np.int64),
+        dcol.KEY: keys,
+        dcol.PARENT_KEY: [keys[p] if isinstance(p, int) and 0 <= p < len(keys) else None for p in parents],
+        dcol.COUNT: np.array([row[at["count"]] for row in rows], dtype=np.int64),
+        dcol.TOTAL_NS: np.array([row[at["total_ns"]] for row in rows], dtype=np.int64),
+        dcol.SAMPLES_NS: samples,
+        dcol.SAMPLE_COUNT: np.array([row[at["sample_count"]] for row in rows], dtype=np.int64),
         col.INPUT_SHAPES: [row[at["input_shapes"]] for row in rows],
-        keyed.KERNELS_PER_STEP: np.array([np.nan if row[at["kernels_per_step"]] is None else row[at["kernels_per_step"]]
+        dcol.KERNELS_PER_STEP: np.array([np.nan if row[at["kernels_per_step"]] is None else row[at["kernels_per_step"]]
                                       for row in rows], dtype=np.float64),
-        keyed.INPUT_DTYPES: [row[at["input_dtypes"]] if "input_dtypes" in at else None for row in rows],
-    }, columns=list(keyed.KEY_COLUMNS))
+        dcol.INPUT_DTYPES: [row[at["input_dtypes"]] if "input_dtypes" in at else None for row in rows],
+    }, columns=list(dcol.KEY_COLUMNS))
 

@@ -26,9 +26,11 @@ from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, speed_ratio
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
+from xsp.gate import columns as dcol
 from xsp.gate import statistics as keyed
+from xsp.gate import verdicts
 from xsp.gate.baseline import Summary, is_summary_path, summarize
-from xsp.gate.statistics import KeyBy, Verdict
+from xsp.gate.columns import KeyBy, Verdict
 from xsp.io.loading import load
 from xsp.io.trace import Trace
 
@@ -75,21 +77,21 @@ class Diff:
     @property
     def changed(self) -> bool:
         """Any key regressed, improved, added or removed."""
-        return bool((self.table[keyed.VERDICT] != Verdict.UNCHANGED.value).any())
+        return bool((self.table[dcol.VERDICT] != Verdict.UNCHANGED.value).any())
 
     def rows(self, verdict: Verdict | str) -> pd.DataFrame:
         """The rows with one verdict, largest change first."""
         value = Verdict(verdict).value
-        rows = self.table[self.table[keyed.VERDICT] == value]
-        return rows.iloc[np.argsort(-np.abs(rows[keyed.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
+        rows = self.table[self.table[dcol.VERDICT] == value]
+        return rows.iloc[np.argsort(-np.abs(rows[dcol.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
 
 
     def models(self) -> pd.DataFrame:
         """The model-level keys compared in both runs, at most :data:`LISTED`."""
         table = self.table
-        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[keyed.PARENT_KEY].isna()
+        chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[dcol.PARENT_KEY].isna()
                        & (table[col.KIND] != col.SpanKind.SESSION.value)
-                       & (table[keyed.BASE_SAMPLES] > 0) & (table[keyed.NEW_SAMPLES] > 0)]
+                       & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)]
         return chosen.head(LISTED)
 
 
@@ -157,27 +159,27 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     table = keyed.compare_keys(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000),
                                alpha=alpha,
                       normalize=normalize, speed=speed)
-    shift = float(table.attrs.get(keyed.COMMON_SHIFT, 1.0))
+    shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, speed, normalize)
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
-    order = np.lexsort((-np.abs(table[keyed.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
+    order = np.lexsort((-np.abs(table[dcol.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
     table = table.iloc[order].reset_index(drop=True)
-    for row in keyed.noisy_keys(table, threshold).itertuples(index=False):
+    for row in verdicts.noisy_keys(table, threshold).itertuples(index=False):
         worst = max(v for v in (row.base_cv, row.new_cv) if not math.isnan(v))
         warnings.append(f"{row.key} varies {worst:.0%} between steps (coefficient of variation; base "
                         f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
-    tested = table[table[keyed.TEST].isin([keyed.Test.RANK.value, keyed.Test.RANK_AND_RUNS.value])]
-    unjudged_top = ((table[keyed.VERDICT] == Verdict.UNCHANGED.value) & table[keyed.PARENT_KEY].isna()
-                    & (table[keyed.BASE_SAMPLES] > 0))
+    tested = table[table[dcol.TEST].isin([dcol.Test.RANK.value, dcol.Test.RANK_AND_RUNS.value])]
+    unjudged_top = ((table[dcol.VERDICT] == Verdict.UNCHANGED.value) & table[dcol.PARENT_KEY].isna()
+                    & (table[dcol.BASE_SAMPLES] > 0))
     if not len(tested) and unjudged_top.any():
-        warnings.append(f"fewer than {keyed.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
+        warnings.append(f"fewer than {dcol.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
     elif len(tested):
-        smallest = keyed.smallest_p(int(tested[keyed.BASE_SAMPLES].min()), int(tested[keyed.NEW_SAMPLES].min()))
+        smallest = verdicts.smallest_p(int(tested[dcol.BASE_SAMPLES].min()), int(tested[dcol.NEW_SAMPLES].min()))
         if smallest * len(tested) > alpha:
-            warnings.append(f"with {int(tested[keyed.BASE_SAMPLES].min())} and {int(tested[keyed.NEW_SAMPLES].min())} "
+            warnings.append(f"with {int(tested[dcol.BASE_SAMPLES].min())} and {int(tested[dcol.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
                             f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
     settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
@@ -185,14 +187,14 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "keys_tested": len(tested), "normalize": normalize,
                 "common_shift": round(shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
-                "judged_factor": round(float(table.attrs.get(keyed.JUDGED_FACTOR, 1.0)), 4),
+                "judged_factor": round(float(table.attrs.get(dcol.JUDGED_FACTOR, 1.0)), 4),
                 "judged": "against the common shift" if normalize else (
                     "at equal machine speed" if speed != 1.0 else "raw times"),
                 "base_runs": int(base_info.get("runs") or 1),
                 "new_runs": int(new_info.get("runs") or 1)}
-    return Diff(table=table, changes=keyed.structure_changes(base_keys, new_keys, table),
-                breakdown=keyed.breakdown(table),
-                verdict=keyed.overall_verdict(table), warnings=warnings, settings=settings,
+    return Diff(table=table, changes=verdicts.structure_changes(base_keys, new_keys, table),
+                breakdown=verdicts.breakdown(table),
+                verdict=verdicts.overall_verdict(table), warnings=warnings, settings=settings,
                 base=base_info, new=new_info)
 
 

@@ -18,7 +18,7 @@ from scipy import stats
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.gate.columns import (  # noqa: F401 - some only read from here by other code
+from xsp.gate.columns import (
     ADJUSTED_DELTA_NS,
     ADJUSTED_RATIO,
     BASE_COUNT,
@@ -27,12 +27,9 @@ from xsp.gate.columns import (  # noqa: F401 - some only read from here by other
     BASE_RUNS,
     BASE_SAMPLES,
     BASE_TOTAL_NS,
-    BASE_VALUE,
-    CHANGE,
     COMMON_SHIFT,
     COUNT,
     DELTA_NS,
-    DIFF_COLUMNS,
     DTYPE_ATTRIBUTES,
     DTYPE_PATTERN,
     EXPLAINS,
@@ -51,7 +48,6 @@ from xsp.gate.columns import (  # noqa: F401 - some only read from here by other
     NEW_RUNS,
     NEW_SAMPLES,
     NEW_TOTAL_NS,
-    NEW_VALUE,
     NOTE,
     P_VALUE,
     PARENT_KEY,
@@ -66,24 +62,17 @@ from xsp.gate.columns import (  # noqa: F401 - some only read from here by other
     TEST,
     TOTAL_NS,
     VERDICT,
-    Change,
     KeyBy,
     Test,
     Verdict,
 )
-from xsp.gate.verdicts import (  # noqa: F401 - some only read from here by other code
-    DEPTH,
-    breakdown,
+from xsp.gate.verdicts import (
     explains,
     from_quantiles,
-    noisy_keys,
-    overall_verdict,
     rank_tests,
     run_medians,
     run_tests,
     sample_stats,
-    smallest_p,
-    structure_changes,
 )
 from xsp.table.walks import nearest_ancestor, parent_positions
 
@@ -417,5 +406,4 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))
 
-__all__ = ["KeyBy", "Verdict", "Test", "Change", "key_samples", "pool_runs", "compare_keys",
-           "breakdown", "structure_changes", "overall_verdict", "noisy_keys"]
+__all__ = ["key_samples", "pool_runs", "compare_keys", "common_shift"]

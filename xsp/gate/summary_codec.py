@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.gate import statistics as keyed
+from xsp.gate import columns as dcol
 from xsp.gate.summary_layout import (
     built_on,
     parent_columns,
@@ -223,8 +223,8 @@ def _sample_columns(samples: _Ragged, sample_counts: np.ndarray, totals: np.ndar
             "gaps": np.diff(codes, prepend=0)[~first]}
 
 
-_STATISTICS: Final = (keyed.COUNT, keyed.TOTAL_NS, keyed.SAMPLE_COUNT, col.INPUT_SHAPES, keyed.INPUT_DTYPES,
-                      keyed.KERNELS_PER_STEP)
+_STATISTICS: Final = (dcol.COUNT, dcol.TOTAL_NS, dcol.SAMPLE_COUNT, col.INPUT_SHAPES, dcol.INPUT_DTYPES,
+                      dcol.KERNELS_PER_STEP)
 
 
 def _statistics(frame: pd.DataFrame) -> list[list[Any]]:
@@ -243,7 +243,7 @@ def _stand_ins(frame: pd.DataFrame, by_path: pd.DataFrame | None) -> np.ndarray:
     for i, (level, name) in enumerate(zip(by_path[col.LEVEL].tolist(), by_path[col.NAME].tolist())):
         places.setdefault((level, name), []).append(i)
     mine, theirs = _statistics(frame), _statistics(by_path)
-    my_samples, their_samples = frame[keyed.SAMPLES_NS].tolist(), by_path[keyed.SAMPLES_NS].tolist()
+    my_samples, their_samples = frame[dcol.SAMPLES_NS].tolist(), by_path[dcol.SAMPLES_NS].tolist()
     found = []
     for i, (level, name) in enumerate(zip(frame[col.LEVEL].tolist(), frame[col.NAME].tolist())):
         at = places.get((level, name), [])
@@ -254,10 +254,10 @@ def _stand_ins(frame: pd.DataFrame, by_path: pd.DataFrame | None) -> np.ndarray:
 
 
 def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray) -> dict[str, np.ndarray]:
-    keys = [str(key) for key in frame[keyed.KEY].tolist()]
+    keys = [str(key) for key in frame[dcol.KEY].tolist()]
     names = [str(name) for name in frame[col.NAME].tolist()]
     position = {key: i for i, key in enumerate(keys)}
-    parent_at = [position.get(parent, -1) if isinstance(parent, str) else -1 for parent in frame[keyed.PARENT_KEY]]
+    parent_at = [position.get(parent, -1) if isinstance(parent, str) else -1 for parent in frame[dcol.PARENT_KEY]]
     structure: dict[str, list[int]] = {name: [] for name in ("name", "name_base", "key_base", "key_form",
                                                              "key_ordinal", "key_segment")}
     for i, (key, name) in enumerate(zip(keys, names)):
@@ -275,20 +275,20 @@ def _table_columns(frame: pd.DataFrame, strings: _Strings, stand_ins: np.ndarray
                                         else 0)
         structure["key_segment"].append(strings.id(segment) if form is _KeyForm.TEXT else _NONE)
     own = stand_ins < 0  # rows that keep statistics of their own
-    kernels = frame[keyed.KERNELS_PER_STEP].to_numpy(dtype=np.float64, na_value=np.nan)
+    kernels = frame[dcol.KERNELS_PER_STEP].to_numpy(dtype=np.float64, na_value=np.nan)
     columns = {
         "level": strings.ids_of(frame[col.LEVEL]), "kind": strings.ids_of(frame[col.KIND]),
         **{name: np.asarray(values, dtype=np.int64) for name, values in structure.items()},
         **parent_columns(parent_at),
         "same_as": _stand_in_steps(stand_ins),
-        "count": np.where(own, frame[keyed.COUNT].to_numpy(dtype=np.int64), 0),
-        "sample_count": np.where(own, frame[keyed.SAMPLE_COUNT].to_numpy(dtype=np.int64), 0),
+        "count": np.where(own, frame[dcol.COUNT].to_numpy(dtype=np.int64), 0),
+        "sample_count": np.where(own, frame[dcol.SAMPLE_COUNT].to_numpy(dtype=np.int64), 0),
         "shapes": np.where(own, strings.ids_of(frame[col.INPUT_SHAPES]), _NONE),
-        "dtypes": np.where(own, strings.ids_of(frame[keyed.INPUT_DTYPES]), _NONE),
+        "dtypes": np.where(own, strings.ids_of(frame[dcol.INPUT_DTYPES]), _NONE),
         "kernels_half": np.where(own & ~np.isnan(kernels), np.rint(np.nan_to_num(kernels) * 2) + 1, 0).astype(np.int64),
     }
-    statistics = _sample_columns(_Ragged.of(frame[keyed.SAMPLES_NS].to_numpy()[own]), columns["sample_count"][own],
-                                 frame[keyed.TOTAL_NS].to_numpy(dtype=np.int64)[own])
+    statistics = _sample_columns(_Ragged.of(frame[dcol.SAMPLES_NS].to_numpy()[own]), columns["sample_count"][own],
+                                 frame[dcol.TOTAL_NS].to_numpy(dtype=np.int64)[own])
     for name in ("median", "total", "unit", "stored", "lowest"):
         full = np.zeros(len(frame), dtype=np.int64)
         full[own] = statistics[name]
@@ -403,10 +403,10 @@ def encode(frames: Mapping[str, pd.DataFrame]) -> bytes:
     strings = _Strings()
     header: dict[str, Any] = {"encoding": ENCODING, "quantiles": QUANTILES, "tables": {}}
     body: list[bytes] = []
-    by_path = frames.get(keyed.KeyBy.PATH.value)
-    for by in sorted(frames, key=lambda by: by != keyed.KeyBy.PATH.value):  # by path first: others refer to it
+    by_path = frames.get(dcol.KeyBy.PATH.value)
+    for by in sorted(frames, key=lambda by: by != dcol.KeyBy.PATH.value):  # by path first: others refer to it
         frame = frames[by]
-        stand_ins = (_stand_ins(frame, by_path) if by == keyed.KeyBy.NAME.value
+        stand_ins = (_stand_ins(frame, by_path) if by == dcol.KeyBy.NAME.value
                      else np.full(len(frame), -1, dtype=np.int64))
         described = []
         for name, values in _table_columns(frame, strings, stand_ins).items():
@@ -452,7 +452,7 @@ def decode(blob: bytes, max_bytes: int) -> dict[str, pd.DataFrame]:
                     raise ValueError("its packed keys are cut short")
                 columns[name] = unplanes(payload[at:at + width * length], width, length)
                 at += width * length
-            frames[by] = _frame(int(table["rows"]), columns, texts, frames.get(keyed.KeyBy.PATH.value))
+            frames[by] = _frame(int(table["rows"]), columns, texts, frames.get(dcol.KeyBy.PATH.value))
     except (KeyError, IndexError, TypeError, OverflowError) as exc:
         raise ValueError(f"its packed keys are damaged ({type(exc).__name__}: {exc})") from None
     return frames
@@ -492,23 +492,23 @@ def _frame(rows: int, columns: dict[str, np.ndarray], texts: list[Any], by_path:
     total = _totals(columns["total"] + _expected_total_codes(decoded, sample_count))
     kernels = columns["kernels_half"]
     frame = pd.DataFrame({
-        col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: names, keyed.KEY: keys,
-        keyed.PARENT_KEY: parent_keys, keyed.COUNT: columns["count"], keyed.TOTAL_NS: np.rint(total).astype(np.int64),
-        keyed.SAMPLES_NS: samples, keyed.SAMPLE_COUNT: sample_count, col.INPUT_SHAPES: text("shapes"),
-        keyed.KERNELS_PER_STEP: np.where(kernels > 0, (kernels - 1) / 2, np.nan),
-        keyed.INPUT_DTYPES: text("dtypes"),
-    }, columns=list(keyed.KEY_COLUMNS))
+        col.LEVEL: text("level"), col.KIND: text("kind"), col.NAME: names, dcol.KEY: keys,
+        dcol.PARENT_KEY: parent_keys, dcol.COUNT: columns["count"], dcol.TOTAL_NS: np.rint(total).astype(np.int64),
+        dcol.SAMPLES_NS: samples, dcol.SAMPLE_COUNT: sample_count, col.INPUT_SHAPES: text("shapes"),
+        dcol.KERNELS_PER_STEP: np.where(kernels > 0, (kernels - 1) / 2, np.nan),
+        dcol.INPUT_DTYPES: text("dtypes"),
+    }, columns=list(dcol.KEY_COLUMNS))
     same_as = _stand_ins_from_steps(columns["same_as"])
     standing_in = np.flatnonzero(same_as >= 0)
     if len(standing_in):
         if by_path is None or int(same_as.max()) >= len(by_path):
             raise ValueError("a packed key stands in for a key by path that is not there")
-        statistics = [keyed.COUNT, keyed.TOTAL_NS, keyed.SAMPLES_NS, keyed.SAMPLE_COUNT, col.INPUT_SHAPES,
-                      keyed.KERNELS_PER_STEP,
-                      keyed.INPUT_DTYPES]
+        statistics = [dcol.COUNT, dcol.TOTAL_NS, dcol.SAMPLES_NS, dcol.SAMPLE_COUNT, col.INPUT_SHAPES,
+                      dcol.KERNELS_PER_STEP,
+                      dcol.INPUT_DTYPES]
         for column in statistics:
-            values = frame[column].to_numpy(dtype=object if column in (keyed.SAMPLES_NS, col.INPUT_SHAPES,
-                                                                      keyed.INPUT_DTYPES) else None).copy()
+            values = frame[column].to_numpy(dtype=object if column in (dcol.SAMPLES_NS, col.INPUT_SHAPES,
+                                                                      dcol.INPUT_DTYPES) else None).copy()
             values[standing_in] = by_path[column].to_numpy()[same_as[standing_in]]
             frame[column] = values
     return frame

@@ -19,6 +19,7 @@ from xsp.gate.columns import (
     BASE_VALUE,
     CHANGE,
     COUNT,
+    DEPTH,
     INPUT_DTYPES,
     KERNELS_PER_STEP,
     KEY,
@@ -189,9 +190,6 @@ def overall_verdict(table: pd.DataFrame) -> Verdict:
 
 # ---------------------------------------------------------------------------------------------
 # where it lives, and what changed shape
-
-DEPTH: Final = "depth"
-
 
 def breakdown(table: pd.DataFrame, min_share: float = 0.1, max_children: int = 3, max_depth: int = 4,
               max_roots: int = 3) -> pd.DataFrame:

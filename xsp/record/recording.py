@@ -22,11 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsp.core.clock import now_ns
-from xsp.record.columns import (  # noqa: F401 - some only read from here by other code
-    BACKWARD_ALIAS,
-    BACKWARD_BEGIN,
-    BACKWARD_END,
-    CALL_FIELDS,
+from xsp.record.columns import (
     COMPACT_AT,
     DEFAULT_MAX_EVENTS,
     FIRST_PACKED_ROWS,
@@ -34,9 +30,6 @@ from xsp.record.columns import (  # noqa: F401 - some only read from here by oth
     NEVER,
     NO_ERROR,
     ROOT_FIELDS,
-    ROOT_GRAD,
-    ROOT_MODE_UNKNOWN,
-    ROOT_TRAINING,
     BackwardColumns,
     CallColumns,
     Interner,
@@ -45,7 +38,6 @@ from xsp.record.columns import (  # noqa: F401 - some only read from here by oth
     RootColumns,
     count_packed_rows,
     extend_columns,
-    extend_columns_from_packed,
     extend_from_packed_rows,
     packed_rows,
 )

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, TypeVar
 
 from xsp.core import state as _state
 from xsp.core.clock import now_ns
+from xsp.record.columns import COMPACT_AT
 from xsp.record.marks import MarkKind
-from xsp.record.recording import COMPACT_AT
 
 AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float]
 F = TypeVar("F", bound=Callable[..., Any])

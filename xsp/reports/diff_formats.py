@@ -16,9 +16,9 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.figures import change_percent as _ratio
 from xsp.core.safe_text import markdown_code, markdown_text, one_line, within, xml_text
-from xsp.gate import statistics as keyed
+from xsp.gate import columns as dcol
+from xsp.gate.columns import Verdict
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
-from xsp.gate.statistics import Verdict
 
 
 def text(result: Diff, width: int = TEXT_WIDTH) -> str:
@@ -102,9 +102,9 @@ def as_json(result: Diff) -> str:
         "verdict": result.verdict.value,
         "rows": _records(result.table),
         "changes": _records(result.changes),
-        "breakdown": _records(result.breakdown[[keyed.DEPTH, col.LEVEL, keyed.KEY, keyed.DELTA_NS, keyed.RATIO,
-                                                keyed.EXPLAINS,
-                                              keyed.VERDICT]] if len(result.breakdown) else result.breakdown),
+        "breakdown": _records(result.breakdown[[dcol.DEPTH, col.LEVEL, dcol.KEY, dcol.DELTA_NS, dcol.RATIO,
+                                                dcol.EXPLAINS,
+                                              dcol.VERDICT]] if len(result.breakdown) else result.breakdown),
         "warnings": result.warnings,
         "settings": result.settings,
         "base": result.base,
@@ -116,7 +116,7 @@ def as_json(result: Diff) -> str:
 def junit(result: Diff) -> str:
     """JUnit XML: one testcase per compared key, a failure for each regression."""
     suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table)),
-                       failures=str(int((result.table[keyed.VERDICT] == Verdict.REGRESSED.value).sum())),
+                       failures=str(int((result.table[dcol.VERDICT] == Verdict.REGRESSED.value).sum())),
                        errors="0", skipped="0")
     properties = ET.SubElement(suite, "properties")
     for name, value in result.settings.items():
@@ -139,7 +139,7 @@ def junit(result: Diff) -> str:
 
 
 def _counts(table: pd.DataFrame) -> str:
-    verdicts = table[keyed.VERDICT].value_counts()
+    verdicts = table[dcol.VERDICT].value_counts()
     parts = [f"{int(verdicts.get(v.value, 0))} {v.value}" for v in Verdict if verdicts.get(v.value, 0)]
     return f"{len(table)} keys: " + ", ".join(parts) if parts else "no keys"
 

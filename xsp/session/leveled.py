@@ -36,16 +36,13 @@ from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
-from xsp.session.leveled_merge import (  # noqa: F401 - some only read from here by other code
+from xsp.session.leveled_merge import (
     DEFAULT_TARGET,
-    ROUND_STARTS,
     LeveledResult,
     LeveledRun,
-    across_rounds,
     level_runs,
     measured_steps,
     merge_runs,
-    nest_in_parents,
     pooled,
     run_label,
 )

@@ -31,7 +31,8 @@ from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.io.output_claim import Claim, claim
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
-from xsp.record.recording import DEFAULT_MAX_EVENTS, Recording, ThreadBuffer, Window
+from xsp.record.columns import DEFAULT_MAX_EVENTS
+from xsp.record.recording import Recording, ThreadBuffer, Window
 from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
 from xsp.session import ending, exit_guard, starting

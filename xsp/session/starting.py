@@ -16,7 +16,7 @@ from xsp.core.rank import (
     session_trace_id,
 )
 from xsp.export.target import probe, span_budget_env_problem
-from xsp.record.recording import NEVER
+from xsp.record.columns import NEVER
 from xsp.record.schedule import StepAction
 from xsp.session import exit_guard
 from xsp.session.windows import (
