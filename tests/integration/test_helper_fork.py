@@ -17,9 +17,9 @@ def test_helpers_never_wait_on_a_lock_the_program_held_when_they_were_forked(tmp
     script.write_text(textwrap.dedent("""
         import ctypes, sys, threading, time
         import torch
-        import xsp, xsp.session.session
+        import xsp, xsp.session.session, xsp.session.windows
         xsp.session.session.WINDOW_S = 0.0              # a window, and a helper, at every step end
-        xsp.session.session.HELPER_DEADLINE_S = 5.0     # a hung helper shows in seconds
+        xsp.session.windows.HELPER_DEADLINE_S = 5.0     # a hung helper shows in seconds
         libc = ctypes.CDLL(None)
         register = libc.__cxa_atexit
         register.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

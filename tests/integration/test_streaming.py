@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import xsp
+import xsp.session.interpreting
 import xsp.session.session
 import xsp.session.windows
 from xsp.core import schema as col
@@ -78,10 +79,10 @@ def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, sh
 def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fails(tmp_path, short_windows,
                                                                                   monkeypatch):
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
-    monkeypatch.setenv(xsp.session.session.HELPER_ENV, "0")
+    monkeypatch.setenv(xsp.session.windows.HELPER_ENV, "0")
     with xsp.trace(output=tmp_path / "thread.xsp.parquet") as asked:
         _loop(model, 30)
-    monkeypatch.delenv(xsp.session.session.HELPER_ENV)
+    monkeypatch.delenv(xsp.session.windows.HELPER_ENV)
 
     def fails(function, deadline_s):
         raise ForkFailed("fork failed: no memory")
@@ -118,7 +119,7 @@ def test_memory_holds_a_window_not_the_run(tmp_path, short_windows):
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         _loop(model, 200)
         gc.collect()
-        held = sum(len(t) for t in session._tables)
+        held = sum(len(t) for t in session.interpreter.tables)
     assert held == 0  # every window went to disk
     assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(200))
 
@@ -222,11 +223,11 @@ def test_a_thread_per_request_server_leaves_no_buffer_per_thread_behind(tmp_path
     requests = 40
     with xsp.trace(output=tmp_path / "server.xsp.parquet", schedule=schedule) as session:
         _thread_per_request(model, requests)
-        recording = session._recording
+        recording = session.recording
         assert recording is not None
         left = len(recording.buffers)
     assert left <= 3  # this thread, the last request's, and one a window had not yet seen end
-    assert len(session._state.latest_step) <= 3  # nor what windows keep per thread for the next
+    assert len(session.interpreter.state.latest_step) <= 3  # nor what windows keep per thread for the next
     spans = session.trace.spans
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value]
     assert len(predicts) == (requests if schedule is None else requests // 2)
@@ -241,7 +242,7 @@ def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_windo
                                                                                  monkeypatch):
     """On a machine too busy for the windows to keep pace, a kill lost more and more of the run;
     windows waiting now go together, so what waits stays about one window."""
-    prepare = xsp.session.session.Session._prepare
+    prepare = xsp.session.interpreting.WindowInterpreter.prepare
     slow_once = threading.Event()
 
     def slow_first(self, window):
@@ -250,7 +251,7 @@ def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_windo
             time.sleep(1.0)  # the worker falls behind while the loop closes windows
         prepare(self, window)
 
-    monkeypatch.setattr(xsp.session.session.Session, "_prepare", slow_first)
+    monkeypatch.setattr(xsp.session.interpreting.WindowInterpreter, "prepare", slow_first)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         for _ in range(30):

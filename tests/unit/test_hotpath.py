@@ -486,7 +486,7 @@ def test_models_called_by_turns_each_keep_their_shapes_and_a_call_without_tensor
     with xsp.trace(levels="model", output=None) as session, torch.no_grad():
         for _ in range(3):
             criterion(model(x), y)
-        buffer = session._recording.buffer()
+        buffer = session.recording.buffer()
         assert (buffer.hot_module, buffer.hot2_module) == (criterion, model)  # each model's own entry
         assert (buffer.hot_inputs, buffer.hot2_inputs) == ((x.shape, y.shape), x.shape)
 
@@ -563,13 +563,13 @@ def _packed_calls_and_roots_of_a_new_thread(hold_a_view: bool) -> tuple[dict[str
     def first_call() -> None:
         with torch.no_grad():
             model(x)
-        buffer = session._recording.buffer()
+        buffer = session.recording.buffer()
         seen["new thread"] = (len(buffer.calls), _packed_count(buffer))
 
     def worker() -> None:
         with torch.no_grad():
             other(x)
-            buffer = session._recording.buffer()
+            buffer = session.recording.buffer()
             seen["first"] = (len(buffer.calls), _packed_count(buffer), len(buffer.packed_calls), len(buffer.roots),
                              _roots_count(buffer))
             model(x)
@@ -701,7 +701,7 @@ def test_the_c_wrapper_reads_xsps_clock(c_module):
     model, x = Block(), torch.randn(2, 4)
     with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
         model(x)  # the thread's buffer and the lane
-        recording = session._recording
+        recording = session.recording
         assert recording is not None
         buffer = recording.buffer()
         before = time.perf_counter_ns()

@@ -102,19 +102,19 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
     monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window due at every step end
     taken: list[tuple[int, bool]] = []
     released: list[int] = []
-    worker_class = xsp.session.session._WindowWorker
+    worker_class = xsp.session.windows.WindowWorker
     close_window, release_held = worker_class.close_window, worker_class.release_held
 
     def spy_close(worker, hold=False):
-        taken.append((worker.session._recording.buffer().input_waits, hold))
+        taken.append((worker.session.recording.buffer().input_waits, hold))
         close_window(worker, hold)
 
     def spy_release(worker):
-        released.append(worker.session._recording.buffer().input_waits)
+        released.append(worker.session.recording.buffer().input_waits)
         release_held(worker)
 
-    monkeypatch.setattr(xsp.session.session._WindowWorker, "close_window", spy_close)
-    monkeypatch.setattr(xsp.session.session._WindowWorker, "release_held", spy_release)
+    monkeypatch.setattr(xsp.session.windows.WindowWorker, "close_window", spy_close)
+    monkeypatch.setattr(xsp.session.windows.WindowWorker, "release_held", spy_release)
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -141,7 +141,7 @@ def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
     model = torch.nn.Linear(4, 1)
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         model(torch.randn(2, 4))
-        worker = session._windows
+        worker = session.windows
         before = worker.closed_windows
         worker.close_window()  # nothing recorded since the last one: nothing to interpret
         assert worker.closed_windows == before

@@ -342,7 +342,7 @@ def _say_what_was_written(session: Session, script: Path, options: argparse.Name
 
 
 def _summarise(session: Session, script: Path, options: argparse.Namespace, status: int, started_in: str) -> int:
-    from xsp.session.session import EXIT_WAIT_S
+    from xsp.session.windows import EXIT_WAIT_S
 
     trace = session.trace
     out = error_console()

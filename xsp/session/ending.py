@@ -27,11 +27,7 @@ from xsp.io.parquet import arrow_table, in_start_order, spans_from_arrow, write_
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.schedule import StepAction
-from xsp.session.windows import (
-    DROPPED_WINDOWS,
-    _pending_exports,
-    _wait_for_exports_at_exit,
-)
+from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform
 from xsp.table.paths import SESSION_NAME
 
@@ -40,101 +36,99 @@ if TYPE_CHECKING:
 
 
 def finish(session: Session, end_ns: int, error: str | None) -> None:
-    recording = session._recording
-    assert recording is not None and session._clock is not None
+    recording = session.recording
+    assert recording is not None and session.clock is not None
     recording.on_long_step = None
-    if session._windows is not None:
-        session._windows.finish_windows()
+    if session.windows is not None:
+        session.windows.finish_windows()
     open_calls = recording.open_module_calls()
     if open_calls:
         recording.dropped["open_at_stop"] += open_calls
     if session.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
         recording.long_step_ns = 0
         for buffer in list(recording.buffers):
-            recording.on_long_step = functools.partial(session._scheduled_step_ended, buffer=buffer)
+            recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
             buffer.steps.finish()
         recording.on_long_step = None
     else:
         recording.finish_steps()
     session_row = {
         col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
-        col.START_NS: session._start_ns, col.END_NS: end_ns, col.THREAD_ID: session._thread_id,
+        col.START_NS: session.start_ns, col.END_NS: end_ns, col.THREAD_ID: session.thread_id,
         col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
         col.STATUS_MESSAGE: error,
     }
-    last = session._interpret(recording.take_window(final=True), session_row)
+    last = session.interpreter.interpret(recording.take_window(final=True), session_row)
     for note in dict.fromkeys(recording.notes):
-        session._warn(note)
-    dropped = recording.dropped + session._interpreted_dropped
-    if session._segments is not None and session._segments.dropped_spans:
-        dropped[DROPPED_WINDOWS] += session._segments.dropped_spans
+        session.warn(note)
+    dropped = recording.dropped + session.interpreter.dropped
+    if session.interpreter.segments is not None and session.interpreter.segments.dropped_spans:
+        dropped[DROPPED_WINDOWS] += session.interpreter.segments.dropped_spans
     if dropped:
-        session._warn("some records were dropped: " + ", ".join(
+        session.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(dropped.items())))
     metadata = final_metadata(session, dropped)
-    segments = session._segments
+    segments = session.interpreter.segments
     if segments is not None and segments.count:
         write_from_segments(session, segments, metadata)
     else:
-        spans = conform(pd.concat(session._tables, ignore_index=True).sort_values(
+        spans = conform(pd.concat(session.interpreter.take_tables(), ignore_index=True).sort_values(
             [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
-        session._tables = []
         session.trace = Trace(spans=spans, metadata=metadata)
         if session.output is not None:
             try:
                 session.trace.save(session.output)
             except OSError as exc:  # OutputError names the path and the cause
                 session.write_error = str(exc)
-                session._warn(f"the trace file was not written: {exc}")
+                session.warn(f"the trace file was not written: {exc}")
         if segments is not None:
             segments.discard()
-    if session._windows is not None and session._windows.exporter is not None:
-        session.export = session._windows.export_last(last, metadata, session._export_done)
-        _pending_exports[:] = [e for e in _pending_exports if not e.report.done] + [session.export]
-        _wait_for_exports_at_exit()
+    if session.windows is not None and session.windows.exporter is not None:
+        session.export = session.windows.export_last(last, metadata, session.export_done)
+        wait_at_exit(session.export)
 
 
 def final_metadata(session: Session, dropped: Counter[str]) -> dict[str, Any]:
-    assert session._clock is not None
+    assert session.clock is not None
     if session.rank is not None:
-        recorded = None if session._recording is None else session._recording.backend
+        recorded = None if session.recording is None else session.recording.backend
         session.rank = session.rank.with_backend(current_backend() or recorded)
     elif session.output is not None and session.dataset is None and (found := rank_info(
-            seen=None if session._recording is None else session._recording.process_group)) is not None:
+            seen=None if session.recording is None else session.recording.process_group)) is not None:
         # the process group was set up inside the block, without a launcher's variables: the file
         # is still this rank's own (its spans take their rank from the metadata when loaded)
         session.rank = found
-        requested = session._output_claim.requested if session._output_claim is not None else session.output
-        session._release_output()  # the name asked for was taken as a whole: this rank's own is claimed now
+        requested = session.output_name.requested or session.output
+        session.release_output()  # the name asked for was taken as a whole: this rank's own is claimed now
         session.output = rank_path(requested, found.rank)
-        session._claim_output()
+        session.claim_output()
     return {
-        **described(session, session._clock.remeasured()),
+        **described(session, session.clock.remeasured()),
         "tracer_details": tracer_details(session),
-        "calibration": session._costs,
-        "threads": {} if session._recording is None else {
+        "calibration": session.costs,
+        "threads": {} if session.recording is None else {
             str(thread_id): name for thread_id, name in itertools.chain(
-                session._recording.ended_threads.items(),
-                ((buffer.thread_id, buffer.thread_name) for buffer in list(session._recording.buffers)))},
+                session.recording.ended_threads.items(),
+                ((buffer.thread_id, buffer.thread_name) for buffer in list(session.recording.buffers)))},
         "memory": memory_peaks(),
         "dropped": dict(dropped),
-        "hierarchy": {key: sum(d.get(key, 0) for d in session._diagnostics) for key in session._diagnostics[-1]},
-        "windows": session._window_count,
+        "hierarchy": session.interpreter.hierarchy(),
+        "windows": session.interpreter.window_count,
         "schedule": None if session.schedule is None else {
-            **session.schedule.as_metadata(), "steps_seen": session._step_actions.total(),
-            "recorded_steps": session._recorded_steps,
-            "warmup_steps": session._step_actions[StepAction.WARMUP],
-            "skipped_steps": session._step_actions[StepAction.SKIP]},
-        "streamed_windows": 0 if session._segments is None else session._segments.count,
-        "closed_windows": 0 if session._windows is None else session._windows.closed_windows,
-        "helper_windows": session._helper_windows,
-        "signals": list(session._signals.received),
-        "ended_by": session._ended_by,
+            **session.schedule.as_metadata(), "steps_seen": session.step_actions.total(),
+            "recorded_steps": session.recorded_steps,
+            "warmup_steps": session.step_actions[StepAction.WARMUP],
+            "skipped_steps": session.step_actions[StepAction.SKIP]},
+        "streamed_windows": 0 if session.interpreter.segments is None else session.interpreter.segments.count,
+        "closed_windows": 0 if session.windows is None else session.windows.closed_windows,
+        "helper_windows": session.interpreter.helper_windows,
+        "signals": list(session.signals.received),
+        "ended_by": session.ended_by,
         "warnings": list(session.warnings),
         "otlp": None if session.target is None else {"endpoint": session.target.endpoint,
                                                   "protocol": session.target.protocol.value},
-        "export": (None if session._windows is None or session._windows.exporter is None
-                   else session._windows.report.as_metadata()),
+        "export": (None if session.windows is None or session.windows.exporter is None
+                   else session.windows.report.as_metadata()),
     }
 
 
@@ -143,8 +137,7 @@ def write_from_segments(session: Session, segments: SegmentWriter, metadata: dic
     the spans are read back from it only when asked for. Where it cannot be written, every
     window and the final metadata are left for ``xsp recover``."""
     assert session.output is not None
-    kept = [in_start_order(arrow_table(table)) for table in session._tables]
-    session._tables = []
+    kept = [in_start_order(arrow_table(table)) for table in session.interpreter.take_tables()]
     try:
         written = write_trace_tables(session.output, itertools.chain(segments.tables(), kept), metadata)
     except OSError as exc:
@@ -152,10 +145,10 @@ def write_from_segments(session: Session, segments: SegmentWriter, metadata: dic
         segments.keep([(segments.count + 1 + i, table) for i, table in enumerate(kept)])
         folders = segments.keep_finished(metadata)
         where = " and ".join(str(folder) for folder in folders) or "no folder (none could be written)"
-        session._warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
+        session.warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
                    f"(`xsp recover {session.output}` writes it once the cause is fixed)")
         for note in segments.take_notes():
-            session._warn(note)
+            session.warn(note)
         tables = list(segments.tables())
         session.trace = Trace(spans=spans_from_arrow(session.output, pa.concat_tables(tables)) if tables
                            else conform(pd.DataFrame()), metadata=metadata)
@@ -175,19 +168,19 @@ def export_done(session: Session, report: ExportReport) -> None:
         except OSError as exc:
             session.write_error = str(exc)
     if report.error is not None:
-        session._warn(report.summary())
+        session.warn(report.summary())
 
 
 def tracer_details(session: Session) -> dict[str, Any]:
     """What tracers report about themselves (a CUPTI clock offset, say), by tracer name."""
     details = {}
-    for tracer in session._tracers:
+    for tracer in session.tracers:
         report = getattr(tracer, "metadata", None)
         if callable(report):
             try:
                 details[tracer.name] = report()
             except Exception as exc:
-                session._warn(f"tracer {tracer.name} could not describe itself: {exc}")
+                session.warn(f"tracer {tracer.name} could not describe itself: {exc}")
     return details
 
 
@@ -197,8 +190,8 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
         **environment(),
         "service_name": session.service_name,
         "levels": [level.value for level in session.levels],
-        "tracers": [tracer.name for tracer in session._tracers],
-        "unavailable": {level.value: reason for level, reason in session._unavailable.items()},
+        "tracers": [tracer.name for tracer in session.tracers],
+        "unavailable": {level.value: reason for level, reason in session.unavailable.items()},
         "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
                   "drift_ns": clock.drift_ns},
         "distributed": None if session.rank is None else session.rank.as_metadata(),

@@ -13,10 +13,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-import numpy as np
-import pandas as pd
-
-from xsp.core import schema as col
 from xsp.core import state as _state
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning
@@ -28,23 +24,18 @@ from xsp.core.rank import (
 from xsp.core.schema import DEFAULT_OUTPUT, Level
 from xsp.export.otlp import ExportReport, OtlpExport
 from xsp.export.target import OtlpTarget, span_budget_from_env
-from xsp.io.output_claim import Claim, claim
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.columns import DEFAULT_MAX_EVENTS
-from xsp.record.recording import Recording, ThreadBuffer, Window
+from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
 from xsp.session import ending, exit_guard, starting
+from xsp.session.interpreting import WindowInterpreter
+from xsp.session.output_name import OutputName
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
-from xsp.session.windows import (  # noqa: F401 - some only read from here by other code
-    EXIT_WAIT_S,
-    HELPER_DEADLINE_S,
-    HELPER_ENV,
-    _WindowResult,
-    _WindowWorker,
-)
-from xsp.table.build import build_table, new_step_state
+from xsp.session.windows import EXIT_WAIT_S, WindowWorker
+from xsp.table.build import new_step_state
 from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
@@ -70,9 +61,9 @@ def _forget_session_in_child() -> None:
     if session is None:
         return
     _state.session = _state.recording = None
-    session._forked = True
-    if session._recording is not None:
-        session._recording.max_events = 0
+    session.forked = True
+    if session.recording is not None:
+        session.recording.max_events = 0
     INTERCEPTOR.forget_after_fork()
 
 
@@ -89,7 +80,7 @@ def _take_over() -> None:
         try:
             successor._take_over()
         except Exception as exc:  # it stays a block without a trace, and says why
-            successor._warn(f"could not take over recording: {type(exc).__name__}: {exc}")
+            successor.warn(f"could not take over recording: {type(exc).__name__}: {exc}")
 
 
 class Session:
@@ -116,10 +107,12 @@ class Session:
         """With ``dataset``: this run's id, its ``run=`` partition."""
         self.span_budget = span_budget_from_env() if span_budget is None else span_budget
         self.calibrate = calibrate
-        self._costs: dict[str, Any] | None = None
+        self.costs: dict[str, Any] | None = None
+        """With ``calibrate``: what one span of each host level costs here (the trace's ``calibration``)."""
         self.schedule = schedule_of(schedule)
         self.output = None if output is None else Path(output).absolute()
         self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
+        self.span_budget_from_env = span_budget is None
         self.service_name = service_name or default_service_name()
         self.max_events = max_events
         self.long_step_s = long_step_s
@@ -127,41 +120,44 @@ class Session:
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
         self.write_error: str | None = None
+        """Why the trace file could not be written (None when it was, or none was asked for)."""
         self.on_finishing: list[Callable[[bool], None]] = []
         """Called with True when the block has ended and the trace is being written, with False
         once it is (the CLI shows a progress line meanwhile; a long run's write takes seconds)."""
-        """Why the trace file could not be written (None when it was, or none was asked for)."""
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
             calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
-        self._tracers: list[Tracer] = []
-        self._unavailable: dict[Level, str] = {}
-        self._recording: Recording | None = None
         self._nested: span | None = None
-        self._start_ns = 0
-        self._clock: ClockSync | None = None
-        self._thread_id = 0
-        self._state = new_step_state()
-        self._tables: list[pd.DataFrame] = []
-        """Interpreted windows kept in memory (those not written as segments)."""
-        self._segments: SegmentWriter | None = None
-        self._output_claim: Claim | None = None
-        self._window_count = 0
-        self._helper_windows = 0
-        """Windows interpreted by helper processes (see :class:`_WindowWorker`)."""
-        self._diagnostics: list[dict[str, int]] = []
-        self._interpreted_dropped: Counter[str] = Counter()
-        self._windows: _WindowWorker | None = None
-        self._signals = StopSignals()
-        self._forked = False
+        # the parts of a running session, each used through what it documents
+        self.recording: Recording | None = None
+        """The per-thread buffers the tracers record into (:mod:`xsp.record.recording`)."""
+        self.tracers: list[Tracer] = []
+        """The tracers started, in the order they started (and stop)."""
+        self.unavailable: dict[Level, str] = {}
+        """Why each level asked for has no tracer here."""
+        self.clock: ClockSync | None = None
+        """How host-clock readings map to epoch nanoseconds (measured at the start)."""
+        self.start_ns = 0
+        self.thread_id = 0
+        """The native id of the thread that opened the session."""
+        self.interpreter = WindowInterpreter(self.tracers, new_step_state(), self.warn)
+        """Turns closed windows into span tables and keeps what they leave (segments, counts)."""
+        self.windows: WindowWorker | None = None
+        """The thread that interprets (and exports) windows while the program runs, if any."""
+        self.output_name = OutputName()
+        """The claim on the output's name."""
+        self.signals = StopSignals()
+        """SIGTERM and SIGINT turned into an orderly end of the session."""
+        self.forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
-        self._step_actions: Counter[StepAction] = Counter()
-        self._recorded_steps: list[list[int]] = []
+        self.step_actions: Counter[StepAction] = Counter()
+        """With a schedule: how many steps were recorded, warmed up and skipped."""
+        self.recorded_steps: list[list[int]] = []
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
         self.rank: RankInfo | None = None
         """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
-        self._ended_by: str | None = None
+        self.ended_by: str | None = None
         """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
         self.on_os_exit: list[Callable[[int], None]] = []
         """Called with the status after the session ended because the program called ``os._exit``
@@ -175,24 +171,24 @@ class Session:
             from xsp.session.calibration import calibrate
 
             try:
-                self._costs = {level.value: cost.as_dict() for level, cost in calibrate(
+                self.costs = {level.value: cost.as_dict() for level, cost in calibrate(
                     self.levels, grad=torch.is_grad_enabled() and self.backward).items()}
             except Exception as exc:  # a failed calibration costs the figures, never the program
-                self._warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
+                self.warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
             active = _state.session
             if active is None:  # claimed before any tracer starts: a second session sees it
-                self._recording = Recording(self.max_events)
-                self._recording.backward_hooks = self.backward
-                _state.session, _state.recording = self, self._recording
-                self._thread_id = threading.get_native_id()
+                self.recording = Recording(self.max_events)
+                self.recording.backward_hooks = self.backward
+                _state.session, _state.recording = self, self.recording
+                self.thread_id = threading.get_native_id()
         if active is not None:
-            where = ("" if active._thread_id == threading.get_native_id() else
-                     f" (started in thread {active._thread_id})")
-            self._warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
+            where = ("" if active.thread_id == threading.get_native_id() else
+                     f" (started in thread {active.thread_id})")
+            self.warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
                        "session, which keeps running undisturbed, and writes no file of its own unless it "
                        "outlives that session")
-            self._thread_id = threading.get_native_id()
+            self.thread_id = threading.get_native_id()
             self._nested = span("xsp.trace")
             self._nested.__enter__()
             with _claim:
@@ -203,7 +199,7 @@ class Session:
         except BaseException:
             _state.session = _state.recording = None
             exit_guard.unguard()
-            self._release_output()
+            self.release_output()
             raise
         return self
 
@@ -219,14 +215,14 @@ class Session:
                     _state.waiting.remove(self)
             self._nested.__exit__(exc_type, exc, traceback)
             return
-        if self._forked:  # a forked child: the parent's session writes the file
-            for tracer in self._tracers:
+        if self.forked:  # a forked child: the parent's session writes the file
+            for tracer in self.tracers:
                 with contextlib.suppress(Exception):
                     tracer.stop()
             return
         succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         if isinstance(exc, (Terminated, KeyboardInterrupt)):
-            self._warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
+            self.warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
                        "holds what was recorded until then")
         self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc)
         if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
@@ -237,21 +233,21 @@ class Session:
     def _end(self, end_ns: int, error: str | None, exc: BaseException | None) -> None:
         """Stop the tracers and write the trace (``error``: why the block failed, None if it did not)."""
         exit_guard.unguard()
-        self._signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
+        self.signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
         try:
             _state.session = _state.recording = None
-            for tracer in self._tracers:
-                self._stop_quietly(tracer)
+            for tracer in self.tracers:
+                self.stop_quietly(tracer)
             self._tell_finishing(True)
             try:
                 self._finish(end_ns, error)
             except Exception as failure:  # xsp must never turn the user's success into a failure
-                self._warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
+                self.warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
             finally:
                 self._tell_finishing(False)
         finally:
-            self._release_output()
-            self._signals.release(exc)
+            self.release_output()
+            self.signals.release(exc)
             _take_over()
 
     def _tell_finishing(self, writing: bool) -> None:
@@ -259,12 +255,12 @@ class Session:
             with contextlib.suppress(Exception):  # a listener's failure is no reason to lose the trace
                 listener(writing)
 
-    def _end_by_os_exit(self, status: int) -> None:
+    def end_by_os_exit(self, status: int) -> None:
         """``os._exit(status)`` was called while the session ran: end it now, as its block would
         have (no exit hook runs after ``os._exit``), then let the process exit."""
         if _state.session is not self:
             return
-        self._ended_by = f"os._exit({status})"
+        self.ended_by = f"os._exit({status})"
         self._end(now_ns(), None if status == 0 else f"os._exit({status})", None)
         if self.export is not None:
             self.export.wait(EXIT_WAIT_S)
@@ -293,68 +289,58 @@ class Session:
         """A session refused while another ran, still inside its block when that one ended:
         from now on it records, and writes its own file."""
         self._nested = None  # its span ended with the session it was part of
-        self._recording = Recording(self.max_events)
-        self._recording.backward_hooks = self.backward
-        _state.session, _state.recording = self, self._recording
-        self._warn("the xsp session this block was refused for has ended: this one records from now on, and its "
+        self.recording = Recording(self.max_events)
+        self.recording.backward_hooks = self.backward
+        _state.session, _state.recording = self, self.recording
+        self.warn("the xsp session this block was refused for has ended: this one records from now on, and its "
                    "trace holds what ran after that")
         try:
             self._start()
         except BaseException:
             _state.session = _state.recording = None
             exit_guard.unguard()
-            self._release_output()
+            self.release_output()
             raise
 
-    def _claim_output(self) -> None:
-        """Claim the output's name for this run: a second run writing the same name at once gets
-        a numbered name of its own, and says so (at the end, one file would replace the other)."""
-        if self.output is None:
-            return
-        self._output_claim = claim(self.output)
-        if self._output_claim.path != self.output:
-            self._warn(f"another xsp session (process {self._output_claim.other_pid}) is writing {self.output}; "
-                       f"this one writes {self._output_claim.path} instead")
-            self.output = self._output_claim.path
+    def claim_output(self) -> None:
+        """Claim the output's name for this run (see :class:`OutputName`)."""
+        if self.output is not None:
+            self.output = self.output_name.take(self.output, self.warn)
 
-    def _release_output(self) -> None:
-        if self._output_claim is not None:
-            self._output_claim.release()
-            self._output_claim = None
+    def release_output(self) -> None:
+        self.output_name.release()
 
     # windows: what is interpreted (and exported) together --------------------------------
-    def _open_segments(self, tracers: list[Tracer]) -> None:
+    def open_segments(self, tracers: list[Tracer]) -> None:
         """Stream closed windows to segments beside the output, unless a tracer's spans of a
         step only come at the session's end (then windows stay open and spans in memory)."""
         if self.output is None or any(getattr(tracer, "collects_at_end", False) for tracer in tracers):
             return
-        self._segments = SegmentWriter(self.output)
-        if self._windows is None:
-            self._windows = _WindowWorker(self)
+        self.interpreter.segments = SegmentWriter(self.output)
+        if self.windows is None:
+            self.windows = WindowWorker(self)
 
-    def _described(self, clock: ClockSync) -> dict[str, Any]:
-        return ending.described(self, clock)
-
-    def _start_metadata(self) -> dict[str, Any]:
+    def start_metadata(self) -> dict[str, Any]:
         """What a recovery of this session needs to know, and what is known at its start."""
-        assert self._clock is not None
+        assert self.clock is not None
+        state = self.interpreter.state
         return {
-            **self._described(self._clock),
-            "session_ids": {"trace_id": self._state.session_trace_id, "span_id": self._state.session_span_id},
-            "session_start_ns": self._start_ns + self._clock.host_to_epoch_ns,
-            "session_thread_id": self._thread_id,
+            **ending.described(self, self.clock),
+            "session_ids": {"trace_id": state.session_trace_id, "span_id": state.session_span_id},
+            "session_start_ns": self.start_ns + self.clock.host_to_epoch_ns,
+            "session_thread_id": self.thread_id,
         }
 
-    def _scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
+    def scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
         """On the thread whose step was just decided: keep or forget its records as the schedule
         says, and pause or resume recording for the step that begins."""
-        assert self.schedule is not None and self._recording is not None
-        step = self._step_actions.total()  # the steps decided so far
+        assert self.schedule is not None and self.recording is not None
+        step = self.step_actions.total()  # the steps decided so far
         action = self.schedule.action(step)
-        self._step_actions[action] += 1
-        buffer = buffer or self._recording.buffer()
+        self.step_actions[action] += 1
+        buffer = buffer or self.recording.buffer()
         if action is StepAction.RECORD:
-            runs = self._recorded_steps
+            runs = self.recorded_steps
             if runs and runs[-1][1] == step - 1:
                 runs[-1][1] = step
             else:
@@ -362,94 +348,24 @@ class Session:
             buffer.keep(step)
         else:
             buffer.discard()
-        self._recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
-
-    def _prepare(self, window: Window) -> None:
-        """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
-        what only this process holds."""
-        for tracer in self._tracers:
-            prepare = getattr(tracer, "prepare", None)
-            if callable(prepare):
-                try:
-                    prepare(window)
-                except Exception as exc:
-                    self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
-
-    def _interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
-        """The spans of one window: written as a segment when the session streams, else kept."""
-        assert self._clock is not None
-        frames = []
-        for tracer in self._tracers:
-            try:
-                frames.append(tracer.collect(window))
-            except Exception as exc:
-                self._warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
-        result = build_table(frames, self._clock.host_to_epoch_ns, self._state, session_row, sort=False,
-                             step_numbers=window.step_numbers)
-        for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
-            self._state.latest_step.pop(thread_id, None)
-        if self.rank is not None:
-            result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
-        self._keep(result.spans)
-        self._count_window(result.diagnostics, window.dropped)
-        return result.spans
-
-    def _count_window(self, diagnostics: dict[str, int], dropped: Counter[str]) -> None:
-        self._window_count += 1
-        self._diagnostics.append(diagnostics)
-        self._interpreted_dropped.update(dropped)
-
-    def _interpret_in_helper(self, window: Window) -> _WindowResult:
-        """In a forked helper process: interpret ``window`` as :meth:`_interpret` does, and say
-        what the session must know of it (its warnings are said by the parent)."""
-        said: list[str] = []
-        self._warn = said.append  # type: ignore[method-assign,assignment]
-        self._tables = []
-        spans = self._interpret(window)
-        return _WindowResult(state=self._state, diagnostics=self._diagnostics[-1], dropped=window.dropped,
-                             segments=self._segments.count if self._segments is not None else 0,
-                             spans_in_memory=spans if self._tables else None,
-                             pending=self._segments.pending if self._segments is not None else [], warnings=said)
-
-    def _adopt(self, result: _WindowResult) -> None:
-        """Take over what a helper process learnt from interpreting one window."""
-        self._state = result.state
-        self._count_window(result.diagnostics, result.dropped)
-        self._helper_windows += 1
-        assert self._segments is not None  # helpers only interpret windows of a streaming session
-        self._segments.count = result.segments
-        if result.spans_in_memory is not None:
-            self._tables.append(result.spans_in_memory)
-        if result.pending:  # the helper's folder took no writes: the session's writer keeps them
-            self._segments.keep(result.pending)
-            for note in self._segments.take_notes():
-                self._warn(note)
-        for message in result.warnings:
-            self._warn(message)
-
-    def _keep(self, spans: pd.DataFrame) -> None:
-        segments = self._segments
-        if segments is not None and segments.started:
-            segments.write(spans)  # to its folder, else memory, else the spool: never lost unsaid
-            for note in segments.take_notes():
-                self._warn(note)
-            return
-        self._tables.append(spans)
+        self.recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
 
     # after the block ------------------------------------------------------------------
-    def _stop_quietly(self, tracer: Tracer) -> None:
+    def stop_quietly(self, tracer: Tracer) -> None:
         try:
             tracer.stop()
         except Exception as exc:
-            self._warn(f"tracer {tracer.name} failed to stop: {exc}")
+            self.warn(f"tracer {tracer.name} failed to stop: {exc}")
 
     def _finish(self, end_ns: int, error: str | None) -> None:
         ending.finish(self, end_ns, error)
 
-    def _export_done(self, report: ExportReport) -> None:
+    def export_done(self, report: ExportReport) -> None:
+        """On the export's thread: its outcome goes into the trace (see :func:`ending.export_done`)."""
         ending.export_done(self, report)
 
-    def _warn(self, message: str) -> None:
+    def warn(self, message: str) -> None:
+        """Say ``message`` once, as an :class:`XspWarning`, and keep it for the trace's metadata."""
         self.warnings.append(message)
         warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
 

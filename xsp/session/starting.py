@@ -19,9 +19,7 @@ from xsp.export.target import probe, span_budget_env_problem
 from xsp.record.columns import NEVER
 from xsp.record.schedule import StepAction
 from xsp.session import exit_guard
-from xsp.session.windows import (
-    _WindowWorker,
-)
+from xsp.session.windows import WindowWorker
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for
 
@@ -30,44 +28,46 @@ if TYPE_CHECKING:
 
 
 def start(session: Session) -> None:
-    session._clock = ClockSync.measure()
+    session.clock = ClockSync.measure()
     join_job(session, rank_info())
-    session._claim_output()
+    session.interpreter.host_to_epoch_ns = session.clock.host_to_epoch_ns
+    session.interpreter.rank = session.rank
+    session.claim_output()
     open_export(session)
-    tracers, session._unavailable = tracers_for(session.levels)
+    tracers, session.unavailable = tracers_for(session.levels)
     tracers.sort(key=lambda tracer: not getattr(tracer, "starts_first", False))  # stable: the rest keep their order
     by_reason: dict[str, list[str]] = {}
-    for level, reason in session._unavailable.items():
+    for level, reason in session.unavailable.items():
         by_reason.setdefault(reason, []).append(level.value)
     for reason, levels in by_reason.items():  # one warning per cause (cuda_api and kernel share CUPTI's)
         plural = "s" if len(levels) > 1 else ""
         verb = "are" if len(levels) > 1 else "is"
-        session._warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
-    session._open_segments(tracers)
-    if session._recording is not None:
-        session._recording.levels = session.levels
-    if session.schedule is not None and session._recording is not None:
-        session._recording.paused = session.schedule.action(0) is StepAction.SKIP
+        session.warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
+    session.open_segments(tracers)
+    if session.recording is not None:
+        session.recording.levels = session.levels
+    if session.schedule is not None and session.recording is not None:
+        session.recording.paused = session.schedule.action(0) is StepAction.SKIP
     watch_step_ends(session, tracers)
     for tracer in tracers:
         try:
-            tracer.start(session._recording)
-            session._tracers.append(tracer)
+            tracer.start(session.recording)
+            session.tracers.append(tracer)
         except Exception as exc:
-            session._warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
-            session._stop_quietly(tracer)
-    session._signals.install()
-    exit_guard.guard(session._end_by_os_exit)
-    session._start_ns = now_ns()
-    if session._segments is not None:
+            session.warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
+            session.stop_quietly(tracer)
+    session.signals.install()
+    exit_guard.guard(session.end_by_os_exit)
+    session.start_ns = now_ns()
+    if session.interpreter.segments is not None:
         try:
-            session._segments.start(session._start_metadata())
+            session.interpreter.segments.start(session.start_metadata())
         except OSError as exc:
-            folder = session._segments.directory.parent
+            folder = session.interpreter.segments.directory.parent
             if folder.is_dir() and os.access(folder, os.W_OK):  # else the file fails too, and says so
-                session._warn(f"windows are kept in memory, not streamed to disk: {exc}")
-        for note in session._segments.take_notes():
-            session._warn(note)
+                session.warn(f"windows are kept in memory, not streamed to disk: {exc}")
+        for note in session.interpreter.segments.take_notes():
+            session.warn(note)
 
 
 def join_job(session: Session, rank: RankInfo | None) -> None:
@@ -80,42 +80,42 @@ def join_job(session: Session, rank: RankInfo | None) -> None:
         try:
             session.output.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
-            session._warn(f"cannot write into the dataset {session.dataset} ({exc.strerror or exc}): the trace is not "
+            session.warn(f"cannot write into the dataset {session.dataset} ({exc.strerror or exc}): the trace is not "
                        "written to a file")
             session.output = None
     if rank is None:
         return
     session.rank = rank
-    session._state.job_id = rank.job_id
-    session._state.session_trace_id = session_trace_id(rank.job_id)
+    session.interpreter.state.job_id = rank.job_id
+    session.interpreter.state.session_trace_id = session_trace_id(rank.job_id)
     if session.output is not None and session.dataset is None:
         session.output = rank_path(session.output, rank.rank)
 
 
 def open_export(session: Session) -> None:
     """Probe the OTLP endpoint; if it answers, export long steps as they end."""
-    if session.target is None or session._recording is None:
+    if session.target is None or session.recording is None:
         return
     problem = span_budget_env_problem()
-    if problem is not None and session._arguments.get("span_budget") is None:
-        session._warn(problem)
+    if problem is not None and session.span_budget_from_env:
+        session.warn(problem)
     unreachable = probe(session.target)
     if unreachable is not None:
         where = f" ({session.output})" if session.output else ""
-        session._warn(f"OTLP endpoint {session.target.endpoint} not used: {unreachable}; "
+        session.warn(f"OTLP endpoint {session.target.endpoint} not used: {unreachable}; "
                    f"the spans are in the trace file only{where}")
         session.target = None
         return
-    session._windows = _WindowWorker(session)
+    session.windows = WindowWorker(session)
 
 
 def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
     """Tell the recording who hears of step ends: tracers that flush at each step (every
     step), and the window worker (a step of ``long_step_s`` or more, or the first step end
     ``WINDOW_S`` after the last window closed)."""
-    assert session._recording is not None
+    assert session.recording is not None
     flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
-    windows = session._windows
+    windows = session.windows
     at_end = [tracer.name for tracer in tracers if getattr(tracer, "collects_at_end", False)]
     if at_end:  # their spans of a step come only after the session: never export a step without them
         windows = None
@@ -125,9 +125,9 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
         return
     from xsp.session import session as settings  # read at each start: tests and users may change them
 
-    window_ns = int(settings.WINDOW_S * 1e9) if session._segments is not None else NEVER
-    window_events = settings.WINDOW_EVENTS if session._segments is not None else NEVER
-    recording = session._recording
+    window_ns = int(settings.WINDOW_S * 1e9) if session.interpreter.segments is not None else NEVER
+    window_events = settings.WINDOW_EVENTS if session.interpreter.segments is not None else NEVER
+    recording = session.recording
     every_step = bool(flushers) or scheduled
 
     def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
@@ -155,7 +155,7 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
 
     def step_ended(duration_ns: int) -> None:
         if scheduled:
-            session._scheduled_step_ended(duration_ns)
+            session.scheduled_step_ended(duration_ns)
         for flush in flushers:
             try:
                 flush()
@@ -165,7 +165,7 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
             window_if_due(duration_ns >= long_step_ns)
 
     if scheduled:
-        recording.on_ended_thread_step = lambda buffer, duration_ns: session._scheduled_step_ended(
+        recording.on_ended_thread_step = lambda buffer, duration_ns: session.scheduled_step_ended(
             duration_ns, buffer=buffer)
     recording.long_step_ns = 0 if every_step else long_step_ns
     if windows is not None:

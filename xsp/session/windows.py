@@ -6,17 +6,14 @@ the program."""
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 import os
 import queue
 import threading
-from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
-import pyarrow as pa
 
 from xsp.core.clock import now_ns
 from xsp.core.metadata import environment
@@ -24,7 +21,6 @@ from xsp.export.otlp import ExportReport, OtlpExport, export_table, make_exporte
 from xsp.io.segments import warm_up as warm_up_writing
 from xsp.record.recording import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
-from xsp.table.paths import StepState
 
 if TYPE_CHECKING:
     from xsp.session.session import Session
@@ -39,22 +35,7 @@ HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
 
 
-@dataclasses.dataclass
-class _WindowResult:
-    """What a helper process that interpreted one window hands back to the session."""
-
-    state: StepState
-    diagnostics: dict[str, int]
-    dropped: Counter[str]
-    segments: int
-    spans_in_memory: pd.DataFrame | None
-    """The window's spans when the session streams no more (else None: they are in a segment)."""
-    pending: list[tuple[int, pa.Table]]
-    """Windows the helper could not write (its folder full): the session's writer keeps them."""
-    warnings: list[str]
-
-
-class _WindowWorker:
+class WindowWorker:
     """Interprets closed windows on a background thread while the session runs: writes each as
     a segment (when the session streams to its file) and exports it (when it exports to OTLP).
 
@@ -91,7 +72,7 @@ class _WindowWorker:
         """Called on a recording thread at a step end: hand the idle threads' records over
         (``hold``: take them now, hand them over at :meth:`release_held`; the thread is waiting
         for its DataLoader, a wait the hand-off and the helper it forks must not lengthen)."""
-        recording = self.session._recording
+        recording = self.session.recording
         if recording is None or not self.closing.acquire(blocking=False):
             return
         try:
@@ -115,7 +96,7 @@ class _WindowWorker:
 
     @property
     def session_ids(self) -> tuple[str, int]:
-        state = self.session._state
+        state = self.session.interpreter.state
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
@@ -127,13 +108,14 @@ class _WindowWorker:
             except Exception:  # helpers would risk a hang: windows are interpreted here instead
                 self.forks = False
         while (window := self._next_window()) is not None:
-            self.session._prepare(window)
+            interpreter = self.session.interpreter
+            interpreter.prepare(window)
             if self._interpreted_in_helper(window):
                 continue
             try:
-                spans = self.session._interpret(window)
+                spans = interpreter.interpret(window)
             except Exception as exc:  # its records are lost; the file says how many were dropped
-                self.session._warn(f"the spans of a finished step could not be interpreted: {exc}")
+                self.session.warn(f"the spans of a finished step could not be interpreted: {exc}")
                 continue
             if self.exporter is not None and resource is not None:
                 export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
@@ -161,20 +143,18 @@ class _WindowWorker:
 
     def _interpreted_in_helper(self, window: Window) -> bool:
         """Interpret ``window`` in a forked helper process; False when it must be done here."""
-        session = self.session
-        if not self.forks or not all(getattr(tracer, "interprets_in_child", False) for tracer in session._tracers):
-            return False
-        if session._segments is not None and session._segments.pending:  # a helper would write them twice
+        interpreter = self.session.interpreter
+        if not self.forks or not interpreter.helpers_can_interpret:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         try:
-            result = run_forked(functools.partial(session._interpret_in_helper, window), deadline_s)
+            result = run_forked(functools.partial(interpreter.interpret_in_helper, window), deadline_s)
         except ForkFailed as exc:
             self.forks = False
-            session._warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
-                          "in this process from now on")
+            self.session.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
+                              "in this process from now on")
             return False
-        session._adopt(result)
+        interpreter.adopt(result)
         return True
 
     def finish_windows(self) -> None:
@@ -198,15 +178,21 @@ _pending_exports: list[OtlpExport] = []
 _exit_wait_registered = False
 
 
+def wait_at_exit(export: OtlpExport) -> None:
+    """Have interpreter exit give ``export``, and every other export still running, one bounded
+    wait (``EXIT_WAIT_S`` in all)."""
+    _pending_exports[:] = [pending for pending in _pending_exports if not pending.report.done] + [export]
+    _register_exit_wait()
+
+
 def _wait_for_exports() -> None:
-    """At interpreter exit: give running exports one bounded wait (``EXIT_WAIT_S`` in all)."""
     deadline = now_ns() + int(EXIT_WAIT_S * 1e9)
     for export in list(_pending_exports):
         if not export.abandoned:
             export.wait(max(deadline - now_ns(), 0) / 1e9)
 
 
-def _wait_for_exports_at_exit() -> None:
+def _register_exit_wait() -> None:
     """Have interpreter exit wait for exports *before* ``concurrent.futures`` shuts its pools
     down (an export still sending then fails with "cannot schedule new futures after
     shutdown"). Exit runs threading's exit callbacks latest first, before ``atexit``'s, so this

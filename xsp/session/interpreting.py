@@ -1,0 +1,157 @@
+"""Windows made span rows: each tracer prepares and collects its part of a closed window, the
+rows become one canonical table, and the table is written as a segment (a streaming session)
+or kept in memory until the end. One :class:`WindowInterpreter` per session owns what that
+takes and leaves: the step state carried from window to window, the segments, the tables
+kept, and the counts of windows, diagnostics and records dropped that the end of the run
+writes into the trace's metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from xsp.core import schema as col
+from xsp.core.rank import RankInfo
+from xsp.io.segments import SegmentWriter
+from xsp.record.recording import Window
+from xsp.table.build import build_table
+from xsp.table.paths import StepState
+from xsp.tracers.base import Tracer
+
+
+@dataclasses.dataclass
+class WindowResult:
+    """What a helper process that interpreted one window hands back to the session."""
+
+    state: StepState
+    diagnostics: dict[str, int]
+    dropped: Counter[str]
+    segments: int
+    spans_in_memory: pd.DataFrame | None
+    """The window's spans when the session streams no more (else None: they are in a segment)."""
+    pending: list[tuple[int, pa.Table]]
+    """Windows the helper could not write (its folder full): the session's writer keeps them."""
+    warnings: list[str]
+
+
+class WindowInterpreter:
+    """Turns a session's closed windows into span tables, and keeps what they leave behind.
+
+    Args:
+        tracers: the session's started tracers (the list itself: it grows as they start).
+        state: the step state carried across windows (trace ids, latest steps, recent owners).
+        warn: how a problem is said (the session's warning; a helper process collects them).
+    """
+
+    def __init__(self, tracers: list[Tracer], state: StepState, warn: Callable[[str], None]) -> None:
+        self.tracers = tracers
+        self.state = state
+        self.warn = warn
+        self.host_to_epoch_ns = 0
+        """Added to host-clock readings to make epoch nanoseconds (set when the session starts)."""
+        self.rank: RankInfo | None = None
+        """This process's rank in a distributed job: every span carries it."""
+        self.segments: SegmentWriter | None = None
+        """Where a streaming session writes each window (None: windows are kept in :attr:`tables`)."""
+        self.tables: list[pd.DataFrame] = []
+        """Interpreted windows kept in memory (those not written as segments)."""
+        self.window_count = 0
+        self.helper_windows = 0
+        """Windows interpreted by helper processes (see :mod:`xsp.session.forked`)."""
+        self.diagnostics: list[dict[str, int]] = []
+        """Each window's hierarchy diagnostics, summed into the trace's ``hierarchy``."""
+        self.dropped: Counter[str] = Counter()
+        """What the tracers dropped while interpreting windows."""
+
+    @property
+    def helpers_can_interpret(self) -> bool:
+        """Every tracer's rows can be made in a forked child, and no window waits to be written
+        by this process (a helper would write it twice)."""
+        return (all(getattr(tracer, "interprets_in_child", False) for tracer in self.tracers)
+                and not (self.segments is not None and self.segments.pending))
+
+    def prepare(self, window: Window) -> None:
+        """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
+        what only this process holds."""
+        for tracer in self.tracers:
+            prepare = getattr(tracer, "prepare", None)
+            if callable(prepare):
+                try:
+                    prepare(window)
+                except Exception as exc:
+                    self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+
+    def interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
+        """The spans of one window: written as a segment when the session streams, else kept."""
+        frames = []
+        for tracer in self.tracers:
+            try:
+                frames.append(tracer.collect(window))
+            except Exception as exc:
+                self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+        result = build_table(frames, self.host_to_epoch_ns, self.state, session_row, sort=False,
+                             step_numbers=window.step_numbers)
+        for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
+            self.state.latest_step.pop(thread_id, None)
+        if self.rank is not None:
+            result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
+        self._keep(result.spans)
+        self._count_window(result.diagnostics, window.dropped)
+        return result.spans
+
+    def interpret_in_helper(self, window: Window) -> WindowResult:
+        """In a forked helper process: interpret ``window`` as :meth:`interpret` does, and say
+        what the session must know of it (its warnings are said by the parent)."""
+        said: list[str] = []
+        self.warn = said.append
+        self.tables = []
+        spans = self.interpret(window)
+        return WindowResult(state=self.state, diagnostics=self.diagnostics[-1], dropped=window.dropped,
+                            segments=self.segments.count if self.segments is not None else 0,
+                            spans_in_memory=spans if self.tables else None,
+                            pending=self.segments.pending if self.segments is not None else [], warnings=said)
+
+    def adopt(self, result: WindowResult) -> None:
+        """Take over what a helper process learnt from interpreting one window."""
+        self.state = result.state
+        self._count_window(result.diagnostics, result.dropped)
+        self.helper_windows += 1
+        assert self.segments is not None  # helpers only interpret windows of a streaming session
+        self.segments.count = result.segments
+        if result.spans_in_memory is not None:
+            self.tables.append(result.spans_in_memory)
+        if result.pending:  # the helper's folder took no writes: the session's writer keeps them
+            self.segments.keep(result.pending)
+            for note in self.segments.take_notes():
+                self.warn(note)
+        for message in result.warnings:
+            self.warn(message)
+
+    def take_tables(self) -> list[pd.DataFrame]:
+        """The windows kept in memory, handed over (the interpreter keeps none after)."""
+        tables, self.tables = self.tables, []
+        return tables
+
+    def hierarchy(self) -> dict[str, int]:
+        """The windows' hierarchy diagnostics, summed."""
+        return {key: sum(d.get(key, 0) for d in self.diagnostics) for key in self.diagnostics[-1]}
+
+    def _count_window(self, diagnostics: dict[str, int], dropped: Counter[str]) -> None:
+        self.window_count += 1
+        self.diagnostics.append(diagnostics)
+        self.dropped.update(dropped)
+
+    def _keep(self, spans: pd.DataFrame) -> None:
+        segments = self.segments
+        if segments is not None and segments.started:
+            segments.write(spans)  # to its folder, else memory, else the spool: never lost unsaid
+            for note in segments.take_notes():
+                self.warn(note)
+            return
+        self.tables.append(spans)

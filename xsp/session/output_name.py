@@ -1,0 +1,37 @@
+"""The session's output file name, claimed for as long as the session runs (see
+:mod:`xsp.io.output_claim`): a second run writing the same name at once gets a numbered name of
+its own, and says so (at the end, one file would replace the other)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from xsp.io.output_claim import Claim, claim
+
+
+class OutputName:
+    """The claim a session holds on its output's name (none while it holds none)."""
+
+    def __init__(self) -> None:
+        self.claim: Claim | None = None
+
+    @property
+    def requested(self) -> Path | None:
+        """The name asked for, where one is claimed (the claimed one may be numbered)."""
+        return None if self.claim is None else self.claim.requested
+
+    def take(self, output: Path, warn: Callable[[str], None]) -> Path:
+        """Claim ``output`` for this run; returns the name to write (``output``, or a numbered
+        one where another live session writes ``output``, which ``warn`` says)."""
+        self.claim = claim(output)
+        if self.claim.path != output:
+            warn(f"another xsp session (process {self.claim.other_pid}) is writing {output}; "
+                 f"this one writes {self.claim.path} instead")
+        return self.claim.path
+
+    def release(self) -> None:
+        """Give the name back (the file, if written, stays)."""
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
