@@ -177,7 +177,7 @@ def against_summaries(plain: list[Path], slow: dict[float, list[tuple[Path, Path
     from xsp.io.loading import load
 
     def baseline(run: Path) -> Path:
-        return summarize(load(run)).save(folder / (run.stem + ".xsp.json"))
+        return summarize(load(run)).save(folder / (run.stem + ".xsp-summary.parquet"))
 
     rows = [alarm_row("A/A, base as its summary", [diff(baseline(a), b) for a, b in zip(plain[0::2], plain[1::2])])]
     rows += [detection_row(f"{SLOWED_LAYER} +{f:.0%}, base as its summary", f,
@@ -214,13 +214,12 @@ def summary_sizes(folder: Path, step_counts: Sequence[int]) -> list[dict[str, ob
             subprocess.run([sys.executable, "-c", RESNET_CHILD, levels, str(steps), str(trace_path)], check=True,
                            capture_output=True, text=True)
             summary = summarize(load(trace_path))
-            plain = summary.save(folder / "resnet50.xsp.json").stat().st_size
-            compressed = summary.save(folder / "resnet50.xsp.json.gz").stat().st_size
+            plain = summary.save(folder / "resnet50.xsp-summary.parquet").stat().st_size
             traced = trace_path.stat().st_size
             rows.append({"levels": levels, "steps": steps, "keys": len(summary.keys[next(iter(summary.keys))]),
-                         "trace": f"{traced / 1024:,.0f} KiB", "summary .xsp.json": f"{plain / 1024:.1f} KiB",
-                         "share": f"{plain / traced:.2%}", "summary .xsp.json.gz": f"{compressed / 1024:.1f} KiB",
-                         "share (gz)": f"{compressed / traced:.2%}", "goal": "<= 1% of the trace, < 1 MB"})
+                         "trace": f"{traced / 1024:,.0f} KiB",
+                         "summary .xsp-summary.parquet": f"{plain / 1024:.1f} KiB",
+                         "share": f"{plain / traced:.2%}", "goal": "< 1 MB"})
             print(f"  summary of resnet50 {levels} x {steps}: {plain} bytes of {traced}", file=sys.stderr)
     return rows
 
@@ -337,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              "## Accuracy: separate processes, default settings (threshold 5%, min delta 20 µs, FDR 0.01)", "",
              *markdown_table(accuracy_rows), "",
              "## Baselines: ResNet-50's summary beside its trace", "",
-             "The summary file as `xsp summary TRACE -o baseline.xsp.json` writes it (and gzip-compressed), "
+             "The summary file as `xsp summary TRACE -o baseline.xsp-summary.parquet` writes it, "
              "against the trace's Parquet file; a summary grows with the keys, a trace with the steps too.", "",
              *markdown_table(size_rows), "", "## Speed: two 200k-span traces", "", *markdown_table(speed_rows)]
     record(lines, RESULTS)

@@ -163,10 +163,10 @@ def test_fail_on_change_and_settings(runs, tmp_path):
 
 
 def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
-    done = xsp_cli("summary", str(runs["base"]), "-o", "base.xsp.json", cwd=tmp_path)
+    done = xsp_cli("summary", str(runs["base"]), "-o", "base.xsp-summary.parquet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "base.xsp.json" in done.stderr
-    summary = tmp_path / "base.xsp.json"
+    assert "base.xsp-summary.parquet" in done.stderr
+    summary = tmp_path / "base.xsp-summary.parquet"
     assert summary.stat().st_size < runs["base"].stat().st_size
     assert xsp_cli("diff", str(summary), str(runs["slow"]), cwd=tmp_path).returncode == 1
     assert xsp_cli("diff", str(summary), str(runs["base"]), cwd=tmp_path).returncode == 0

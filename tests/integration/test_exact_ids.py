@@ -94,7 +94,7 @@ def test_events_nested_thirty_thousand_deep_stay_linear_and_are_flattened_and_sa
     from xsp.table.walks import depth_of, parent_positions
 
     assert depth_of(parent_positions(trace.spans)).max() == MAX_DEPTH
-    for argv in (["summary", str(nested), "-o", str(tmp_path / "s.xsp.json")], ["report", str(nested)]):
+    for argv in (["summary", str(nested), "-o", str(tmp_path / "s.xsp-summary.parquet")], ["report", str(nested)]):
         done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
     with GrpcReceiver() as receiver:

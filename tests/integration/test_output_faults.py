@@ -306,7 +306,7 @@ def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_p
         trace = xsp.load(path)
     assert len(trace.spans) == 41 and trace.metadata["dropped"] == {
         "Kineto events without a start time or a duration": 7}
-    for argv in (["report", str(path)], ["summary", str(path), "-o", str(tmp_path / "s.xsp.json")],
+    for argv in (["report", str(path)], ["summary", str(path), "-o", str(tmp_path / "s.xsp-summary.parquet")],
                  ["export", str(path), "-o", str(tmp_path / "e.json")], ["recommend", str(path)],
                  ["diff", str(path), str(path)], ["import", str(path), "-o", str(tmp_path / "i.xsp.parquet")]):
         done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)

@@ -185,7 +185,7 @@ def with_operator_dtypes(trace: xsp.Trace, dtypes: list[str], kineto: bool = Fal
 def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
     base = with_operator_dtypes(run(1), ["float", "float", "float"], kineto)
     new = with_operator_dtypes(run(2), ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"], kineto)
-    summary = summarize(base).save(tmp_path / "base.xsp.json")
+    summary = summarize(base).save(tmp_path / "base.xsp-summary.parquet")
     for source in (base, summary):
         changes = diff(source, new).changes
         dtypes = changes[changes[dcol.CHANGE] == "input dtypes"]
@@ -258,7 +258,7 @@ def test_a_summary_judges_as_its_trace_did(tmp_path):
     found, false = 0, 0
     for seed in range(8):
         base = run(10 + seed)
-        baseline = summarize(base).save(tmp_path / f"base{seed}.xsp.json")
+        baseline = summarize(base).save(tmp_path / f"base{seed}.xsp-summary.parquet")
         slowed = run(30 + seed, slower={"net.c": 0.1})
         from_trace = row(diff(base, slowed), "net[0]/net.c[0]")
         from_summary = row(diff(baseline, slowed), "net[0]/net.c[0]")
@@ -271,15 +271,13 @@ def test_a_summary_judges_as_its_trace_did(tmp_path):
 
 def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
     base, new = run(1), run(2, slower={"net.b": 0.3})
-    path = summarize(base, source="base").save(tmp_path / "base.xsp.json")
-    compressed = summarize(base).save(tmp_path / "base.xsp.json.gz")
-    assert compressed.stat().st_size < path.stat().st_size
+    path = summarize(base, source="base").save(tmp_path / "base.xsp-summary.parquet")
     loaded = Summary.load(path)
     by_path = loaded.keys[dcol.KeyBy.PATH]
     samples = by_path[by_path[dcol.KEY] == "net[0]/net.b[0]"][dcol.SAMPLES_NS].iloc[0]
     assert len(samples) == QUANTILES
     assert int(by_path[by_path[dcol.KEY] == "net[0]/net.b[0]"][dcol.SAMPLE_COUNT].iloc[0]) == 40
-    for source in (path, compressed, loaded):
+    for source in (path, loaded):
         result = diff(source, new)
         assert result.verdict is dcol.Verdict.REGRESSED
         assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"

@@ -42,8 +42,8 @@ def register(commands: Any) -> None:
                     "keys. Exit 0 when nothing fails, 1 when a regression (or, with --fail-on change, any "
                     "change) is found, 2 on bad input.")
     parser.add_argument("base", help="the reference run: a trace (.xsp.parquet, Kineto .json[.gz]) or a summary "
-                                     "(.xsp.json, from xsp summary); or a folder of several runs' files, pooled "
-                                     "(a key must then also move beyond the spread between runs)")
+                                     "(.xsp-summary.parquet, from xsp summary); or a folder of several runs' files, "
+                                     "pooled (a key must then also move beyond the spread between runs)")
     parser.add_argument("new", help="the run under test, the same kinds of file or folder")
     parser.add_argument("--by", choices=("path", "name"), default="path",
                         help="match spans by their path in the model (default) or by level and name")

@@ -16,11 +16,11 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "summary", help="write a small baseline of a run for xsp diff",
         description="Keep what xsp diff needs of a run (every key's count, total and per-step samples, at most "
-                    "9 quantiles each, packed: a few bytes per key) in a JSON file to commit as the baseline of a "
-                    "CI check: xsp diff baseline.xsp.json new.xsp.parquet. A name ending in .gz is compressed.")
+                    "5 quantiles each) in a small Parquet file to commit as the baseline of a CI check: "
+                    "xsp diff baseline.xsp-summary.parquet new.xsp.parquet.")
     parser.add_argument("file", help="a trace (.xsp.parquet, or a Kineto .json/.json.gz)")
     parser.add_argument("-o", "--output", default=None,
-                        help="where to write it (default: FILE with .xsp.json in place of its suffix)")
+                        help="where to write it (default: FILE with .xsp-summary.parquet in place of its suffix)")
     parser.add_argument("--levels", default=None, help="keep only these levels (default: all recorded)")
     parser.add_argument("--skip-steps", type=int, default=0, metavar="N", help="leave out the first N steps")
     parser.set_defaults(handler=run)
@@ -32,12 +32,14 @@ def default_output(path: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return str(Path(path).with_name(name + ".xsp.json"))
+    return str(Path(path).with_name(name + ".xsp-summary.parquet"))
 
 
 def run(options: argparse.Namespace) -> int:
     from xsp.io.loading import load
     output = options.output or default_output(options.file)
+    if output.endswith((".xsp.json", ".xsp.json.gz")):
+        raise CliError(f"{output}: summaries are Parquet files now; name it with .xsp-summary.parquet")
     check_output(output, options.file)
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")

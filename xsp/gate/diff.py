@@ -102,7 +102,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
 
     Args:
         base: the reference run: a :class:`xsp.Trace`, a path ``xsp.load`` reads (xsp,
-            Kineto or leveled traces), or a baseline summary (``xsp summary``, ``.xsp.json``).
+            Kineto or leveled traces), or a baseline summary (``xsp summary``, ``.xsp-summary.parquet``).
         new: the run under test, the same kinds of things. Either side may be several runs
             of the same program (a list, or a folder of their files): their steps are pooled,
             and a key must then also move between the runs' medians beyond their spread (see
