@@ -1,12 +1,14 @@
 """The end of a session: its last window interpreted, what was dropped said, the final metadata,
-the trace file written from the streamed segments (or everything left for xsp recover), and the
-export's outcome recorded."""
+the trace file written from the streamed segments (or everything left for xsp recover) by a
+:class:`TraceWriter`, which records the export's outcome too."""
 
 from __future__ import annotations
 
 import functools
 import itertools
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -32,6 +34,7 @@ from xsp.table.build import conform
 from xsp.table.paths import SESSION_NAME
 
 if TYPE_CHECKING:
+    from xsp.session.interpreting import WindowInterpreter
     from xsp.session.session import Session
 
 
@@ -68,21 +71,8 @@ def finish(session: Session, end_ns: int, error: str | None) -> None:
         session.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(dropped.items())))
     metadata = final_metadata(session, dropped)
-    segments = session.interpreter.segments
-    if segments is not None and segments.count:
-        write_from_segments(session, segments, metadata)
-    else:
-        spans = conform(pd.concat(session.interpreter.take_tables(), ignore_index=True).sort_values(
-            [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
-        session.trace = Trace(spans=spans, metadata=metadata)
-        if session.output is not None:
-            try:
-                session.trace.save(session.output)
-            except OSError as exc:  # OutputError names the path and the cause
-                session.write_error = str(exc)
-                session.warn(f"the trace file was not written: {exc}")
-        if segments is not None:
-            segments.discard()
+    session.writer = TraceWriter(session.output, session.warn)
+    session.trace = session.writer.write(session.interpreter, metadata)
     if session.windows is not None and session.windows.exporter is not None:
         session.export = session.windows.export_last(last, metadata, session.export_done)
         wait_at_exit(session.export)
@@ -132,43 +122,76 @@ def final_metadata(session: Session, dropped: Counter[str]) -> dict[str, Any]:
     }
 
 
-def write_from_segments(session: Session, segments: SegmentWriter, metadata: dict[str, Any]) -> None:
-    """The trace file from the segments (and any window kept in memory), a window at a time;
-    the spans are read back from it only when asked for. Where it cannot be written, every
-    window and the final metadata are left for ``xsp recover``."""
-    assert session.output is not None
-    kept = [in_start_order(arrow_table(table)) for table in session.interpreter.take_tables()]
-    try:
-        written = write_trace_tables(session.output, itertools.chain(segments.tables(), kept), metadata)
-    except OSError as exc:
-        session.write_error = str(exc)
-        segments.keep([(segments.count + 1 + i, table) for i, table in enumerate(kept)])
-        folders = segments.keep_finished(metadata)
-        where = " and ".join(str(folder) for folder in folders) or "no folder (none could be written)"
-        session.warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
-                   f"(`xsp recover {session.output}` writes it once the cause is fixed)")
-        for note in segments.take_notes():
-            session.warn(note)
-        tables = list(segments.tables())
-        session.trace = Trace(spans=spans_from_arrow(session.output, pa.concat_tables(tables)) if tables
-                           else conform(pd.DataFrame()), metadata=metadata)
-        return
-    segments.discard()
-    session.trace = Trace(source=written, metadata=metadata)
+class TraceWriter:
+    """The end-of-run write: the trace file made from a session's streamed segments or the
+    windows it kept in memory, and, later, the outcome of its export added to the file.
 
+    Args:
+        output: the file to write (None: the trace stays in memory).
+        warn: how a problem is said (the session's warning).
+    """
 
-def export_done(session: Session, report: ExportReport) -> None:
-    """On the export's thread: record its outcome in the trace and its file."""
-    if session.trace is None:
-        return
-    session.trace.metadata["export"] = report.as_metadata()
-    if session.output is not None and session.write_error is None:
+    def __init__(self, output: Path | None, warn: Callable[[str], None]) -> None:
+        self.output = output
+        self.warn = warn
+        self.trace: Trace | None = None
+        self.error: str | None = None
+        """Why the trace file could not be written (None when it was, or none was asked for)."""
+
+    def write(self, interpreter: WindowInterpreter, metadata: dict[str, Any]) -> Trace:
+        """The session's trace, written to :attr:`output` where there is one."""
+        segments = interpreter.segments
+        if segments is not None and segments.count:
+            self.trace = self._from_segments(segments, interpreter.take_tables(), metadata)
+            return self.trace
+        spans = conform(pd.concat(interpreter.take_tables(), ignore_index=True).sort_values(
+            [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
+        self.trace = Trace(spans=spans, metadata=metadata)
+        if self.output is not None:
+            try:
+                self.trace.save(self.output)
+            except OSError as exc:  # OutputError names the path and the cause
+                self.error = str(exc)
+                self.warn(f"the trace file was not written: {exc}")
+        if segments is not None:
+            segments.discard()
+        return self.trace
+
+    def _from_segments(self, segments: SegmentWriter, tables: list[pd.DataFrame], metadata: dict[str, Any]) -> Trace:
+        """The trace file from the segments (and any window kept in memory), a window at a time;
+        the spans are read back from it only when asked for. Where it cannot be written, every
+        window and the final metadata are left for ``xsp recover``."""
+        assert self.output is not None
+        kept = [in_start_order(arrow_table(table)) for table in tables]
         try:
-            session.trace.save(session.output)
+            written = write_trace_tables(self.output, itertools.chain(segments.tables(), kept), metadata)
         except OSError as exc:
-            session.write_error = str(exc)
-    if report.error is not None:
-        session.warn(report.summary())
+            self.error = str(exc)
+            segments.keep([(segments.count + 1 + i, table) for i, table in enumerate(kept)])
+            folders = segments.keep_finished(metadata)
+            where = " and ".join(str(folder) for folder in folders) or "no folder (none could be written)"
+            self.warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
+                      f"(`xsp recover {self.output}` writes it once the cause is fixed)")
+            for note in segments.take_notes():
+                self.warn(note)
+            left = list(segments.tables())
+            return Trace(spans=spans_from_arrow(self.output, pa.concat_tables(left)) if left
+                         else conform(pd.DataFrame()), metadata=metadata)
+        segments.discard()
+        return Trace(source=written, metadata=metadata)
+
+    def record_export(self, report: ExportReport) -> None:
+        """On the export's thread: its outcome into the trace, and into its file."""
+        if self.trace is None:
+            return
+        self.trace.metadata["export"] = report.as_metadata()
+        if self.output is not None and self.error is None:
+            try:
+                self.trace.save(self.output)
+            except OSError as exc:
+                self.error = str(exc)
+        if report.error is not None:
+            self.warn(report.summary())
 
 
 def tracer_details(session: Session) -> dict[str, Any]:

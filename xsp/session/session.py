@@ -119,8 +119,6 @@ class Session:
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
-        self.write_error: str | None = None
-        """Why the trace file could not be written (None when it was, or none was asked for)."""
         self.on_finishing: list[Callable[[bool], None]] = []
         """Called with True when the block has ended and the trace is being written, with False
         once it is (the CLI shows a progress line meanwhile; a long run's write takes seconds)."""
@@ -147,6 +145,8 @@ class Session:
         """The thread that interprets (and exports) windows while the program runs, if any."""
         self.output_name = OutputName()
         """The claim on the output's name."""
+        self.writer: ending.TraceWriter | None = None
+        """The end-of-run write of the trace file (made when the block ends)."""
         self.signals = StopSignals()
         """SIGTERM and SIGINT turned into an orderly end of the session."""
         self.forked = False
@@ -361,8 +361,14 @@ class Session:
         ending.finish(self, end_ns, error)
 
     def export_done(self, report: ExportReport) -> None:
-        """On the export's thread: its outcome goes into the trace (see :func:`ending.export_done`)."""
-        ending.export_done(self, report)
+        """On the export's thread: its outcome goes into the trace and its file."""
+        if self.writer is not None:
+            self.writer.record_export(report)
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the trace file could not be written (None when it was, or none was asked for)."""
+        return None if self.writer is None else self.writer.error
 
     def warn(self, message: str) -> None:
         """Say ``message`` once, as an :class:`XspWarning`, and keep it for the trace's metadata."""
