@@ -34,7 +34,17 @@ print("after the block", flush=True)
 """
 
 
-def start(tmp_path: Path, setup: str = "", condition: str = "True", cli: bool = False) -> subprocess.Popen[str]:
+def _stop_signals_as(disposition: signal.Handlers) -> None:
+    """In the child, before it runs: the stopping signals' disposition the test needs, whatever
+    the test run inherited (``nohup`` and CI runners leave SIGHUP ignored, and an ignored signal
+    stays ignored across exec)."""
+    for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, disposition)
+
+
+def start(tmp_path: Path, setup: str = "", condition: str = "True", cli: bool = False,
+          ignored: tuple[signal.Signals, ...] = ()) -> subprocess.Popen[str]:
+    """The loop script, running until it is ready; ``ignored``: signals its parent left ignored."""
     script = tmp_path / "loop.py"
     script.write_text(LOOP.format(setup=textwrap.dedent(setup), condition=condition))
     output = tmp_path / "run.xsp.parquet"
@@ -44,24 +54,64 @@ def start(tmp_path: Path, setup: str = "", condition: str = "True", cli: bool = 
         argv = [sys.executable, "-m", "xsp", "run", "-o", str(output), "--", str(script), str(output)]
     else:
         argv = [sys.executable, str(script), str(output)]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def dispositions() -> None:
+        _stop_signals_as(signal.SIG_DFL)
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=dispositions)
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready", process.stderr.read() if process.stderr else ""
     return process
 
 
-def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=120)
+def finished(process: subprocess.Popen[str], timeout_s: float = 120) -> tuple[int, str, str]:
+    """The child's status and output; a child still running after ``timeout_s`` is killed (never
+    left to run on after the test) and the test fails."""
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the child ran past {timeout_s:.0f} s and was killed; it said: {err[-2000:]}")
     return process.returncode, out, err
+
+
+def test_a_signal_the_parent_left_ignored_stays_ignored(tmp_path):
+    # nohup's SIGHUP: the program would have run on, and runs on under xsp, to its block's end
+    process = start(tmp_path, condition="step < 400", ignored=(signal.SIGHUP,))
+    process.send_signal(signal.SIGHUP)
+    status, out, err = finished(process)
+    assert status == 0 and "after the block" in out, err
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.metadata["signals"] == [] and len(trace.steps) == 400
 
 
 def no_partial(tmp_path: Path) -> bool:
     return not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
+@pytest.fixture(params=["inherited", "ignored by the test run"])
+def test_run_signals(request):
+    """The test run's own stopping signals as it found them, or ignored (as under ``nohup``):
+    the children's must not depend on them."""
+    if request.param == "inherited":
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGHUP, signal.SIGTERM)}
+    for signum in saved:
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 @pytest.mark.parametrize("cli", [False, True], ids=["xsp.trace", "xsp run"])
-def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_path, signum, cli):
+def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_path, signum, cli, test_run_signals):
     process = start(tmp_path, cli=cli)
     process.send_signal(signum)
     status, out, err = finished(process)
