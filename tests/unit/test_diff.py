@@ -501,7 +501,7 @@ def test_a_summary_keeps_what_ran_where_and_when_to_the_second():
 
 HOSTILE_NAMES = {
     "net.a": "net.\x1b[31mred\x1b[0m\x07\x00",  # colour codes, a bell, NUL
-    "net.b": "net.b\nnext line | with `backticks` and <b>html</b>",
+    "net.b": "net.b\nnext line | with `backticks` and <b>html</b>\rback",
     "net.c": "net.\x1b]0;pwned\x07" + "x" * 1_000_000,  # sets the terminal's title; a 1 MB name
 }
 
@@ -529,10 +529,15 @@ def test_every_format_survives_names_with_control_characters_newlines_backticks_
         if line.startswith("| "):
             assert line.count(" | ") >= 4  # a table row stays one row
             assert line.count("`") % 2 == 0  # every code span closed
-    assert "next line" in markdown and "\\n" in markdown  # the newline shown, not taken
+    assert "next line" in markdown and "\\n" in markdown and "\\rback" in markdown  # each break shown as itself
     assert max(len(line) for line in diff_formats.text(result).splitlines()) <= 80
-    document = json.loads(diff_formats.as_json(result))  # JSON keeps the names exactly
+    document = json.loads(diff_formats.as_json(result))  # JSON keeps the names as they are, but capped
     assert any(row["key"].startswith("net[0]/net.b\nnext") for row in document["rows"])
+    long_keys = [row["key"] for row in document["rows"] if "net.\x1b]0;pwned" in row["key"]]
+    assert long_keys and all("characters cut]" in key and len(key) < 1_100 for key in long_keys)
+    junit = diff_formats.junit(result)
+    assert len(junit) < 100_000 and "characters cut]" in junit  # not the name whole at every occurrence
+    assert len(diff_formats.as_json(result)) < 200_000
 
 
 def test_a_long_report_is_cut_to_what_a_pull_request_comment_holds():

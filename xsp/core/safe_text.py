@@ -18,6 +18,8 @@ _XML_FORBIDDEN: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\uf
 _LINE_BREAKS: Final = re.compile(r"\r\n|[\n\r\u2028\u2029\x85]")
 MARKDOWN_NAME_CHARACTERS: Final = 200
 """A name in a Markdown report is shortened to this many characters (in the middle)."""
+CI_NAME_CHARACTERS: Final = 1_000
+"""A name in a JSON or JUnit report keeps this many of its characters (the cut said in it)."""
 PR_COMMENT_CHARACTERS: Final = 65_536
 """What a GitHub pull-request comment holds."""
 
@@ -32,15 +34,29 @@ def printable(text: str) -> str:
     return _CONTROL.sub(_visible, text)
 
 
+_SHOWN_BREAKS: Final = {"\r\n": "\\r\\n", "\n": "\\n", "\r": "\\r", "\u2028": "\\u2028", "\u2029": "\\u2029",
+                         "\x85": "\\x85"}
+
+
 def one_line(text: str) -> str:
-    """``text`` printable and on one line (line breaks shown as ``\\n``)."""
-    return printable(_LINE_BREAKS.sub("\\\\n", text))
+    """``text`` printable and on one line (each line break shown as its escape: ``\\n``, ``\\r``...)."""
+    return printable(_LINE_BREAKS.sub(lambda match: _SHOWN_BREAKS[match.group()], text))
 
 
 def xml_text(text: str) -> str:
     """``text`` with what XML 1.0 forbids shown as ``\\xNN`` (ElementTree escapes the rest)."""
     return _XML_FORBIDDEN.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                               else f"\\u{ord(m.group()):04x}", text)
+
+
+def capped(text: str, limit: int = CI_NAME_CHARACTERS) -> str:
+    """``text`` whole, or its start and end with what was cut said between them
+    (``…[1,046,576 characters cut]…``): for the machine-read CI formats (JSON, JUnit), where a
+    name must stay recognisable and the file small."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    return f"{text[:head]}…[{len(text) - limit:,} characters cut]…{text[len(text) - (limit - head):]}"
 
 
 def shortened(text: str, limit: int) -> str:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.figures import change_percent as _ratio
-from xsp.core.safe_text import markdown_code, markdown_text, one_line, within, xml_text
+from xsp.core.safe_text import capped, markdown_code, markdown_text, one_line, within, xml_text
 from xsp.gate import columns as dcol
 from xsp.gate.columns import Verdict
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
@@ -97,7 +97,8 @@ def markdown(result: Diff) -> str:
 
 
 def as_json(result: Diff) -> str:
-    """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table``."""
+    """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table`` (a text
+    longer than :data:`~xsp.core.safe_text.CI_NAME_CHARACTERS` is cut in its middle, saying so)."""
     document = {
         "verdict": result.verdict.value,
         "rows": _records(result.table),
@@ -124,7 +125,7 @@ def junit(result: Diff) -> str:
         ET.SubElement(properties, "property", name=name, value=xml_text(shown))
     for row in result.table.itertuples(index=False):
         case = ET.SubElement(suite, "testcase", classname=f"xsp.{xml_text(str(row.level))}",
-                             name=xml_text(str(row.key)), time=f"{_seconds(row.new_median_ns):.6f}")
+                             name=xml_text(capped(str(row.key))), time=f"{_seconds(row.new_median_ns):.6f}")
         if row.verdict == Verdict.REGRESSED.value:
             failure = ET.SubElement(case, "failure", type="regression",
                                     message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
@@ -266,6 +267,8 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def _plain(value: Any) -> Any:
     if value is None:
         return None
+    if isinstance(value, str):
+        return capped(value)
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (float, np.floating)):
