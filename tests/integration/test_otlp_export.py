@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -305,3 +306,38 @@ def test_a_collector_that_asks_for_longer_than_the_budget_fails_fast_and_the_fil
     assert report.error is not None and "past the time this export may take" in report.error
     assert report.failed == report.submitted and waited < 120  # never the ten minutes asked for
     assert len(xsp.load(tmp_path / "run.xsp.parquet").spans) == report.submitted
+
+
+def test_retries_the_sdk_makes_on_its_own_are_counted_in_the_file(tmp_path):
+    with HttpReceiver(busy=[0.2, 0.2, 0.2]) as receiver:  # short waits: the SDK sends again itself
+        session, report = _many_spans_session(receiver, tmp_path)
+    assert receiver.statuses[:3] == [429, 429, 429]
+    assert report.error is None and report.retries == 3
+    export = xsp.load(tmp_path / "run.xsp.parquet").metadata["export"]
+    assert export["retries"] == 3 and export["state"] == "done" and export["to_send"] == export["exported"]
+
+
+def test_an_export_cut_off_by_the_process_end_says_so_with_what_was_sent():
+    from xsp.export.otlp import ExportReport, OtlpExport
+    from xsp.session import windows
+
+    heard: list[dict] = []
+    report = ExportReport(target="http/protobuf http://127.0.0.1:1", to_send=500, submitted=300, exported=256)
+    hanging = threading.Event()
+    thread = threading.Thread(target=hanging.wait, daemon=True)
+    thread.start()
+    export = OtlpExport(report, thread=thread, on_done=lambda final: heard.append(final.as_metadata()))
+    windows.EXIT_WAIT_S, saved = 0.1, windows.EXIT_WAIT_S
+    try:
+        windows.wait_at_exit(export)
+        windows._wait_for_exports()  # what interpreter exit runs
+    finally:
+        windows.EXIT_WAIT_S = saved
+        hanging.set()
+    assert [entry["state"] for entry in heard] == ["unfinished"]
+    assert (heard[0]["to_send"], heard[0]["exported"]) == (500, 256)
+    export.cut_off()  # once only
+    assert len(heard) == 1
+    done = ExportReport(target="t", done=True)
+    failed = ExportReport(target="t", done=True, error="the collector rejected a batch")
+    assert (done.state, failed.state, ExportReport(target="t").state) == ("done", "failed", "running")

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -264,7 +264,12 @@ class ExportReport:
     splits: int = 0
     """Batches the collector found too large (413), sent again in halves."""
     retries: int = 0
-    """Batches the collector refused for now (429, 503), sent again after the wait it asked for."""
+    """Batches the collector refused for now (429, 503), sent again after the wait it asked for:
+    by xsp, or by the SDK on its own (what it logs as "retrying in")."""
+    to_send: int = 0
+    """Spans handed to this export (the budget's aggregates counted as sent)."""
+    cut_off: bool = False
+    """The process ended before the export did (its bounded wait at exit ran out)."""
     deadline: float | None = field(default=None, repr=False)
     """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
     heard: list[str] = field(default_factory=list, repr=False)
@@ -275,7 +280,15 @@ class ExportReport:
         record = asdict(self)
         record.pop("deadline")
         record.pop("heard")
-        return {**record, "state": "done" if self.done else "running"}
+        return {**record, "state": self.state}
+
+    @property
+    def state(self) -> str:
+        """``done``; ``failed`` (``error`` says why); ``unfinished`` (cut off by the process's end:
+        ``exported`` of ``to_send`` were sent); ``running``."""
+        if self.done:
+            return "done" if self.error is None else "failed"
+        return "unfinished" if self.cut_off else "running"
 
     def summary(self) -> str:
         """One line: what was sent, and why the rest was not."""
@@ -291,6 +304,10 @@ class ExportReport:
                 "the trace file keeps every span (send it again with `xsp push FILE`)")
 
 
+SDK_RETRY: Final = "retrying in"
+"""What the OTLP exporters of the SDK log when they send a batch again after a transient error."""
+
+
 class _SdkMessages(logging.Filter):
     """Keeps what the SDK logs on xsp's export threads (and only there) out of the user's log."""
 
@@ -303,6 +320,8 @@ class _SdkMessages(logging.Filter):
         if record.thread != self.thread:
             return True
         message = record.getMessage().splitlines()[0][:300]
+        if SDK_RETRY in message:  # the SDK waits and sends again on its own: a retry all the same
+            self.report.retries += 1
         self.report.heard.append(message)
         if len(self.report.sdk_messages) < 20:
             self.report.sdk_messages.append(message)
@@ -401,6 +420,7 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`).
     """
     report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
+    report.to_send += len(spans)
     submitted_before = report.submitted
     try:
         folded = within_budget(spans, span_budget)
@@ -431,6 +451,8 @@ class OtlpExport:
     thread: threading.Thread | None = None
     abandoned: bool = False
     """Someone already waited as long as exit allows: interpreter exit does not wait again."""
+    on_done: Callable[[ExportReport], None] | None = None
+    """Told the final report: when the export ends, or when the process's end cuts it off."""
 
     def wait(self, timeout_s: float | None = None) -> ExportReport:
         if self.thread is not None:
@@ -438,8 +460,20 @@ class OtlpExport:
         return self.report
 
     def abandon(self) -> None:
-        """Stop waiting for this export at interpreter exit (one bounded wait is enough)."""
+        """Stop waiting for this export at interpreter exit (one bounded wait is enough): it is
+        cut off (:meth:`cut_off`)."""
         self.abandoned = True
+        self.cut_off()
+
+    def cut_off(self) -> None:
+        """The process ends before this export did: its report says ``unfinished`` with what was
+        sent, and :attr:`on_done` hears it (the trace file records it)."""
+        if self.report.done or self.report.cut_off:
+            return
+        self.report.cut_off = True
+        if self.on_done is not None:
+            with contextlib.suppress(Exception):
+                self.on_done(self.report)
 
 
 def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpTarget,
@@ -453,10 +487,10 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
     called on the export's thread with the final report.
     """
     report = report or ExportReport(target=f"{target.protocol.value} {target.endpoint}")
-    export = OtlpExport(report)
+    export = OtlpExport(report, on_done=on_done)
 
     def run() -> None:
-        began = time.perf_counter()
+        began, handed_before = time.perf_counter(), report.to_send
         try:
             sink = exporter or make_exporter(target)
             export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget, deadline_s)
@@ -466,6 +500,8 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
             report.error = report.error or f"{type(exc).__name__}: {exc}"
             report.failed += len(spans)
             report.submitted += len(spans)
+            if report.to_send == handed_before:  # failed before the spans were handed over
+                report.to_send += len(spans)
         finally:
             report.seconds = time.perf_counter() - began
             report.done = True

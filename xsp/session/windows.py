@@ -190,6 +190,8 @@ def _wait_for_exports() -> None:
     for export in list(_pending_exports):
         if not export.abandoned:
             export.wait(max(deadline - now_ns(), 0) / 1e9)
+    for export in list(_pending_exports):  # what the wait did not see end is recorded as cut off
+        export.cut_off()
 
 
 def _register_exit_wait() -> None:
