@@ -1,19 +1,19 @@
-"""Baseline summaries (``xsp summary``): xsp's packed codec against formats a library reads.
+"""Baseline summaries (``xsp summary``): the Parquet file xsp writes against other layouts.
 
 A summary is committed to a repository for every model a team gates, and loaded by every CI
 run that checks against it, so its size and its load time are what count. For summaries of
 real runs, the same keys (at most ``QUANTILES`` samples each, as the summary keeps them) are
 written as:
 
-* **xsp codec**: what ``Summary.save`` writes (``xsp/gate/summary_codec.py``: integer planes and
-  one string table, xz-compressed, base85 in JSON), plain and gzip-compressed;
-* **Parquet (zstd)**: one table of every key, samples a list column, the metadata in the
-  schema's metadata, zstd at its highest level (pandas, DuckDB and Polars read it as it is);
+* **xsp summary**: what ``Summary.save`` writes (Parquet, zstd 19, the facts in the schema's
+  metadata), loaded with ``Summary.load``;
+* **Parquet (zstd 22)**: the same table at zstd's highest level, read with pyarrow;
 * **JSON rows (gzip)**: every key a JSON object, samples a list (``jq`` and ``pandas.read_json``
   read it), gzip-compressed.
 
 Sizes in bytes and load times (median of ``--rounds``, the file read to key-samples frames)
-go to benchmarks/results/summary_formats.md.
+go to benchmarks/results/summary_formats.md. The packed JSON codec of earlier versions was
+measured against these before it was removed: benchmarks/results/summary_formats_codec.md.
 
 Usage: python benchmarks/summary_formats.py [--rounds 7]
 """
@@ -106,34 +106,31 @@ def main(argv: list[str] | None = None) -> int:
             trace = xsp.load(TRACES / f"{run}.json.gz")
             summary = summarize(trace, source=run)
             keys = sum(len(frame) for frame in summary.keys.values())
-            plain, packed_gz = Path(folder) / f"{run}.xsp.json", Path(folder) / f"{run}.xsp.json.gz"
-            summary.save(plain)
-            summary.save(packed_gz)
-            kept = Summary.load(plain)  # the keys as a summary keeps them (quantiles, rounded)
+            written = summary.save(Path(folder) / f"{run}.xsp-summary.parquet")
+            kept = Summary.load(written)  # the keys as a summary keeps them (quantiles)
             parquet, rows_json = parquet_bytes(kept), json_bytes(kept)
             rows.append({
-                "run": run, "spans": len(trace.spans), "keys": keys,
-                "codec": plain.stat().st_size, "codec_gz": packed_gz.stat().st_size,
+                "run": run, "spans": len(trace.spans), "keys": keys, "summary": written.stat().st_size,
                 "parquet": len(parquet), "json_gz": len(rows_json),
-                "codec_ms": _median_ms(Summary.load, plain, args.rounds),
+                "summary_ms": _median_ms(Summary.load, written, args.rounds),
                 "parquet_ms": _median_ms(parquet_load, parquet, args.rounds),
                 "json_ms": _median_ms(json_load, rows_json, args.rounds),
             })
             print(rows[-1], flush=True)
     lines = [
-        "# Baseline summaries: xsp's codec against Parquet and JSON", "",
+        "# Baseline summaries: xsp's Parquet file against other layouts", "",
         f"`python benchmarks/summary_formats.py --rounds {args.rounds}`: summaries (by path and by name) of "
         "three shared traces (../shared/traces/kineto), the same keys written each way; bytes on disk, and "
-        "the median time to load the file into key-samples frames.", "",
-        "| run | spans | keys | xsp codec | xsp codec, gzip | Parquet (zstd 22) | JSON rows (gzip 9) "
-        "| load: codec | load: Parquet | load: JSON |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "the median time to load the file into key-samples frames. The packed codec of earlier versions: "
+        "summary_formats_codec.md.", "",
+        "| run | spans | keys | xsp summary (Parquet, zstd 19) | Parquet (zstd 22) | JSON rows (gzip 9) "
+        "| load: xsp summary | load: Parquet | load: JSON |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['spans']:,} | {r['keys']:,} | {r['codec']:,} B | {r['codec_gz']:,} B | "
-                     f"{r['parquet']:,} B ({r['parquet'] / r['codec']:.1f}x) | {r['json_gz']:,} B "
-                     f"({r['json_gz'] / r['codec']:.1f}x) | {r['codec_ms']:.1f} ms | {r['parquet_ms']:.1f} ms | "
-                     f"{r['json_ms']:.1f} ms |")
+        lines.append(f"| {r['run']} | {r['spans']:,} | {r['keys']:,} | {r['summary']:,} B | {r['parquet']:,} B | "
+                     f"{r['json_gz']:,} B ({r['json_gz'] / r['summary']:.1f}x) | {r['summary_ms']:.1f} ms | "
+                     f"{r['parquet_ms']:.1f} ms | {r['json_ms']:.1f} ms |")
     record(lines, RESULTS)
     return 0
 
