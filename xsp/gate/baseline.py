@@ -10,8 +10,9 @@ The file is Parquet (zstd): one row per key, the way it was keyed in ``by``, the
 column, and the summary's own facts (format, version, the run's metadata) as JSON under the
 schema's ``xsp.summary`` metadata: pandas, DuckDB and Polars read it as it is. It is three to five
 times the size of the packed JSON earlier versions wrote, and loads 4 to 24 times faster
-(``benchmarks/results/summary_formats.md``, ``summary_formats_codec.md``). Summaries written as JSON rows (version 1) still
-load; packed ones (version 2) fail with a line that says how to make them again.
+(``benchmarks/results/summary_formats.md``, ``summary_formats_codec.md``). Summaries written as
+JSON rows (version 1) still load; packed ones (version 2) fail with a line that says how to make
+them again.
 """
 
 from __future__ import annotations
