@@ -219,7 +219,7 @@ def test_a_failed_export_is_one_warning_with_the_sdks_words_and_the_file_says_so
               and not line.startswith("  ")]  # the line python's warnings print below
     assert others == [], result.stderr
     exported = xsp.load(tmp_path / "run.xsp.parquet").metadata["export"]
-    assert exported["state"] == "done" and exported["failed"] == 2 and exported["error"]
+    assert exported["state"] == "failed" and exported["failed"] == 2 and exported["error"]
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
