@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from _results import record
 
 import xsp
-from xsp.gate import columns as dcol
+from xsp.gate import diff_columns as dcol
 from xsp.gate.baseline import Summary, summarize
 
 ROOT = Path(__file__).resolve().parents[1]

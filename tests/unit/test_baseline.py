@@ -12,7 +12,7 @@ import pytest
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
-from xsp.gate import columns as dcol
+from xsp.gate import diff_columns as dcol
 from xsp.gate.baseline import QUANTILES, SUFFIX, Summary, summarize
 
 

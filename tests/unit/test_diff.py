@@ -15,7 +15,7 @@ from scipy import stats
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
-from xsp.gate import columns as dcol
+from xsp.gate import diff_columns as dcol
 from xsp.gate import statistics as keyed
 from xsp.gate import verdicts
 from xsp.gate.baseline import QUANTILES, Summary, summarize

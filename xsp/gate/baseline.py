@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.schema import Level
-from xsp.gate import columns as dcol
+from xsp.gate import diff_columns as dcol
 from xsp.gate import statistics as keyed
 from xsp.io.parquet import gunzip_bounded, write_output
 from xsp.io.trace import Trace
@@ -48,7 +48,7 @@ QUANTILES: Final = 5
 """Samples a key keeps at most (its evenly spaced quantiles when it had more). Odd, so that
 the middle one is the key's median."""
 BY: Final = "by"
-"""The column saying how each row's key was made (a :class:`~xsp.gate.columns.KeyBy` value)."""
+"""The column saying how each row's key was made (a :class:`~xsp.gate.diff_columns.KeyBy` value)."""
 SCHEMA_KEY: Final = b"xsp.summary"
 __all__ = ["QUANTILES", "SUFFIX", "Summary", "is_summary_path", "summarize"]
 MAX_BYTES: Final = 64 * 1024 * 1024

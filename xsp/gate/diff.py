@@ -26,11 +26,11 @@ from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, speed_ratio
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
-from xsp.gate import columns as dcol
+from xsp.gate import diff_columns as dcol
 from xsp.gate import statistics as keyed
 from xsp.gate import verdicts
 from xsp.gate.baseline import Summary, is_summary_path, summarize
-from xsp.gate.columns import KeyBy, Verdict
+from xsp.gate.diff_columns import KeyBy, Verdict
 from xsp.io.loading import load
 from xsp.io.trace import Trace
 

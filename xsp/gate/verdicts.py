@@ -13,7 +13,7 @@ from scipy import stats
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.gate.columns import (
+from xsp.gate.diff_columns import (
     ADJUSTED_DELTA_NS,
     BASE_CV,
     BASE_VALUE,

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
-from xsp.core.memory import release_freed_memory
+from xsp.core.memory_release import release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_events, scanned_events
 from xsp.io.kineto_json import DICT_DECODER, collector_paused, decode

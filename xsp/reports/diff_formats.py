@@ -16,9 +16,9 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.figures import change_percent as _ratio
 from xsp.core.safe_text import capped, markdown_code, markdown_text, one_line, within, xml_text
-from xsp.gate import columns as dcol
-from xsp.gate.columns import Verdict
+from xsp.gate import diff_columns as dcol
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
+from xsp.gate.diff_columns import Verdict
 
 
 def text(result: Diff, width: int = TEXT_WIDTH) -> str:

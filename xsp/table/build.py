@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from xsp.core import schema as col
-from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
+from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.table import late_records
 from xsp.table import parents as hierarchy
 from xsp.table import paths as structure

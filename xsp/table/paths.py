@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema as col
-from xsp.core.memory import LARGE_TABLE_ROWS, release_freed_memory
+from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import STEP_KINDS, Level
 from xsp.record.hotpath import optional_extension
