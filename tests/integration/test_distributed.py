@@ -22,10 +22,22 @@ pytestmark = [pytest.mark.heavy,  # torchrun jobs of several ranks: `python -m p
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed" / "ddp_train.py"
 
 
-def torchrun(processes: int, *command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={processes}", *command], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+"""What a rank says when gloo aborts it as its process group is torn down: torch 2.13 does so in
+about one run in four of a plain three-rank job on two cores, without xsp (the HOOKS script
+alone, 2026-11-27)."""
+
+
+def torchrun(processes: int, *command: str, cwd: Path, tries: int = 3) -> subprocess.CompletedProcess[str]:
+    """The job under torchrun; run again (up to ``tries`` times in all) only where a rank was
+    aborted by gloo's teardown, which a run without xsp meets as often."""
+    for _ in range(tries):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={processes}", *command], cwd=cwd, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode == 0 or GLOO_TEARDOWN_ABORT not in done.stderr:
+            return done
+    return done
 
 
 def test_every_rank_writes_its_own_file_and_the_program_is_unchanged(tmp_path):
