@@ -237,6 +237,8 @@ class CuptiSource:
         """The C record path, while the subscription uses it."""
         self.python_path_reason: str | None = None
         """Why records are read through cupti-python in this subscription (None: they are not)."""
+        self.releases: tuple[str | None, str | None] = (None, None)
+        """cupti-python's release and PyTorch's CUDA release, read when the subscription opened."""
         self.pairing: str | None = None
         """Why the CUPTI cupti-python drives is not PyTorch's (None: it is), for the user."""
         self.record_queries = False
@@ -314,10 +316,11 @@ class CuptiSource:
         """Hand CUPTI xsp's C buffer callbacks, or, where the C path cannot run, cupti-python's
         (never both: the process has one pair, and the last registered receives every buffer)."""
         self.native, self.python_path_reason = None, None
-        self.pairing = pairing_note()
+        self.releases = (cupti_python_release(), torch_cuda_release())
+        self.pairing = pairing_note(*self.releases)
         if self._use_native:
             try:
-                self.native = NativeRecords.open(self._library, major=_major(cupti_python_release()))
+                self.native = NativeRecords.open(self._library, major=_major(self.releases[0]))
             except (OSError, RuntimeError) as exc:
                 self.python_path_reason = str(exc)
         else:
@@ -499,7 +502,7 @@ class CuptiSource:
             details.update(self.native.metadata())
         else:
             details.update({"record_path": "Python (cupti-python)", "why_not_c": self.python_path_reason})
-        details.update({"cupti_python": cupti_python_release(), "torch_cuda": torch_cuda_release()})
+        details.update({"cupti_python": self.releases[0], "torch_cuda": self.releases[1]})
         if self.pairing is not None:
             details["cupti_pairing"] = self.pairing
         return details

@@ -26,20 +26,22 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def default_output(path: str) -> str:
+def default_output(path: str, summary_suffix: str) -> str:
     name = Path(path).name
     for suffix in (".xsp.parquet", ".json.gz", ".json", ".parquet"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return str(Path(path).with_name(name + ".xsp-summary.parquet"))
+    return str(Path(path).with_name(name + summary_suffix))
 
 
 def run(options: argparse.Namespace) -> int:
+    from xsp.gate.baseline import LEGACY_SUFFIXES, SUFFIX, summarize  # the analyses, only for this command
     from xsp.io.loading import load
-    output = options.output or default_output(options.file)
-    if output.endswith((".xsp.json", ".xsp.json.gz")):
-        raise CliError(f"{output}: summaries are Parquet files now; name it with .xsp-summary.parquet")
+
+    output = options.output or default_output(options.file, SUFFIX)
+    if output.endswith(LEGACY_SUFFIXES):
+        raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
     if options.skip_steps < 0:
         raise CliError("--skip-steps must not be negative")
@@ -48,8 +50,6 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
                        f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
-    from xsp.gate.baseline import summarize  # the analyses, only for this command
-
     summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
                         source=Path(options.file).name)
     written = summary.save(output)
