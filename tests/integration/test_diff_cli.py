@@ -154,9 +154,11 @@ def test_formats_parse_and_markdown_reaches_the_step_summary(runs, tmp_path):
 
 def test_fail_on_change_and_settings(runs, tmp_path):
     base, slow = str(runs["base"]), str(runs["slow"])
-    assert main(["diff", base, slow, "--threshold", "500%", "-o", str(tmp_path / "r.txt")]) == 0
+    # the slowed layer does 4x the work, 300% more; a CI machine under load once made it 6x the
+    # other run's: 900% (the most --threshold takes) is past such noise; --fail-on change still fails
+    assert main(["diff", base, slow, "--threshold", "900%", "-o", str(tmp_path / "r.txt")]) == 0
     assert main(["diff", base, slow, "--min-delta", "1s", "-o", str(tmp_path / "r.txt")]) == 0
-    assert main(["diff", base, slow, "--fail-on", "change", "--threshold", "500%",
+    assert main(["diff", base, slow, "--fail-on", "change", "--threshold", "900%",
                  "-o", str(tmp_path / "r.txt")]) == 1  # the added call of the slowed layer is a change
     assert main(["diff", base, slow, "--by", "name", "--levels", "model,layer", "--skip-steps", "5",
                  "-o", str(tmp_path / "r.txt")]) == 1
