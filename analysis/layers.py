@@ -2,7 +2,8 @@
 
 Layers nest (``encoder`` contains ``encoder.layer.0``), so summing their durations counts
 time twice. Every table therefore carries ``self_ms``: a layer's time minus the time of the
-layers directly inside it. Self times add up to the time spent in layers, once.
+layers directly inside it (:mod:`xsp.table.self_time`). Self times add up to the time spent in
+layers, once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
+from xsp.table.self_time import self_ns
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
                  "duration_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source"]
@@ -28,16 +30,16 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``output_shapes``, ``source`` (file:line of the module's class).
     """
     spans = spans_of(source)
-    layers = spans[spans[col.LEVEL] == Level.LAYER.value]
-    inner = layers.groupby(col.PARENT_ID)[col.DURATION_NS].sum()
-    child_ns = layers[col.SPAN_ID].map(inner).fillna(0).to_numpy(dtype=np.float64)
+    is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
+    own_ns = self_ns(spans, is_layer)[is_layer]
+    layers = spans[is_layer]
     duration = layers[col.DURATION_NS].to_numpy(dtype=np.float64)
     table = pd.DataFrame({
         "step": layers[col.STEP].to_numpy(), "path": layers[col.PATH].to_numpy(),
         "name": layers[col.NAME].to_numpy(), "kind": layers[col.KIND].to_numpy(),
         "module_type": layers[col.MODULE_TYPE].to_numpy(), "call_depth": layers[col.CALL_DEPTH].to_numpy(),
         "exec_index": layers[col.EXEC_INDEX].to_numpy(), "start_ns": layers[col.START_NS].to_numpy(),
-        "duration_ms": duration / 1e6, "self_ms": np.maximum(duration - child_ns, 0) / 1e6,
+        "duration_ms": duration / 1e6, "self_ms": own_ns / 1e6,
         "param_count": layers[col.PARAM_COUNT].to_numpy(), "input_shapes": layers[col.INPUT_SHAPES].to_numpy(),
         "output_shapes": layers[col.OUTPUT_SHAPES].to_numpy(), "source": layers[col.SOURCE].to_numpy(),
     })

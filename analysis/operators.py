@@ -19,6 +19,7 @@ from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
+from xsp.table.self_time import self_ns
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
 BACKWARD_NODE = re.compile(r"Backward\d*$")
@@ -34,12 +35,12 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     directly inside), ``mean_us``, ``share`` (of all self time, which adds up once).
     """
     spans = spans_of(source)
-    ops = spans[(spans[col.LEVEL] == Level.OPERATOR.value) & (spans[col.KIND] == SpanKind.OPERATOR.value)]
-    inner = ops.groupby(col.PARENT_ID)[col.DURATION_NS].sum()
+    is_op = ((spans[col.LEVEL] == Level.OPERATOR.value) & (spans[col.KIND] == SpanKind.OPERATOR.value)).to_numpy()
+    own_ns = self_ns(spans, is_op)[is_op]
+    ops = spans[is_op]
     duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
-    self_ns = np.maximum(duration - ops[col.SPAN_ID].map(inner).fillna(0).to_numpy(dtype=np.float64), 0)
     frame = pd.DataFrame({"name": ops[col.NAME].to_numpy(dtype=object), "total_us": duration / 1e3,
-                          "self_us": self_ns / 1e3})
+                          "self_us": own_ns / 1e3})
     table = frame.groupby("name", sort=False).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
                                                   self_us=("self_us", "sum")).reset_index()
     table["mean_us"] = table["total_us"] / table["count"]

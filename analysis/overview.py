@@ -15,6 +15,7 @@ from xsp.analysis.model import spans_of, step_kind, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import GPU_ACTIVITY_KINDS, Level
 from xsp.io.trace import Trace
+from xsp.table.self_time import self_ns
 from xsp.table.walks import parent_positions, union_length
 
 SUMMARY_COLUMNS = ["level", "spans", "time_ms", "share"]
@@ -80,10 +81,7 @@ def aggregated_tree(source: Trace | pd.DataFrame, max_nodes: int = 2000) -> pd.D
         return pd.DataFrame(columns=TREE_COLUMNS)
     duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     on_gpu = spans[col.KIND].isin([kind.value for kind in GPU_ACTIVITY_KINDS]).to_numpy()
-    host_children = np.zeros(len(spans))
-    child_rows = rows[(parents[rows] >= 0) & ~on_gpu[rows]]
-    np.add.at(host_children, parents[child_rows], duration[child_rows])
-    own = np.where(on_gpu, duration, np.maximum(duration - host_children, 0.0))
+    own = np.where(on_gpu, duration, self_ns(spans, chosen & ~on_gpu, parents))
     # numbered steps (ProfilerStep#12) are one kind of step: their trees fold together
     paths = spans[col.PATH].astype(object).str.replace(NUMBERED_ROOT, r"\1[", regex=True).to_numpy(dtype=object)
     parent_path = np.where(parents[rows] >= 0, paths[np.maximum(parents[rows], 0)], "")

@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -314,6 +315,24 @@ def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_p
         assert "warning: " in done.stderr and "7 Kineto events without a start time" in done.stderr, argv
 
 
+def test_spans_whose_parent_is_not_in_the_file_are_read_as_roots_and_said(trace_file, tmp_path):
+    from xsp.io.parquet import write_trace
+
+    trace = xsp.load(trace_file)
+    spans = trace.spans.copy()
+    layers = spans.index[spans[col.LEVEL] == "layer"][:3]
+    spans.loc[layers, col.PARENT_ID] = 123456789
+    forged = tmp_path / "orphans.xsp.parquet"
+    write_trace(forged, spans, trace.metadata)
+    with pytest.warns(xsp.XspWarning, match="3 spans name a parent that is not in the file"):
+        assert len(xsp.load(forged).spans) == len(spans)
+    done = subprocess.run([sys.executable, "-m", "xsp", "report", str(forged)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "3 spans name a parent that is not in the file" in done.stderr, done.stderr
+    shares = [float(text[:-1]) for text in re.findall(r"\s(\d[\d,.]*)%", done.stdout.replace(",", ""))]
+    assert shares and max(shares) <= 100.0
+
+
 @pytest.mark.parametrize("damage, said", [
     ("negative", "end before they start"),
     ("far", "have times before 1970 or after 2116"),
@@ -321,6 +340,7 @@ def test_kineto_events_without_times_are_counted_and_every_command_says_so(tmp_p
     ("duplicate", "share their span id with another"),
     ("self", "are their own parent"),
     ("cycle", "are their own ancestor"),
+    ("outside", "run outside their parent on their thread"),
 ])
 def test_a_trace_with_impossible_spans_is_refused_and_says_what_is_wrong(damage, said, trace_file, tmp_path):
     from xsp.io.parquet import write_trace
@@ -339,6 +359,10 @@ def test_a_trace_with_impossible_spans_is_refused_and_says_what_is_wrong(damage,
         spans.loc[2, col.SPAN_ID] = spans.loc[1, col.SPAN_ID]
     elif damage == "self":
         spans.loc[1, col.PARENT_ID] = spans.loc[1, col.SPAN_ID]
+    elif damage == "outside":  # a layer of 50 ms inside its parent of well under 1 ms
+        layer = spans.index[spans[col.LEVEL] == "layer"][3]
+        spans.loc[layer, col.END_NS] = spans.loc[layer, col.START_NS] + 50_000_000
+        spans.loc[layer, col.DURATION_NS] = 50_000_000
     else:  # two spans each the other's parent
         spans.loc[1, col.PARENT_ID] = spans.loc[2, col.SPAN_ID]
         spans.loc[2, col.PARENT_ID] = spans.loc[1, col.SPAN_ID]

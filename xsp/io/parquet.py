@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import stat
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.core import schema as col
-from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError
-from xsp.table.validation import impossible_spans
+from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError, XspWarning
+from xsp.table.validation import impossible_spans, parents_not_in_the_table
 from xsp.table.walks import arrow_strings
 
 _PARQUET_MAGIC = b"PAR1"
@@ -311,6 +312,10 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     if impossible:
         raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
                                "not written by xsp as it is; not read")
+    orphans = parents_not_in_the_table(spans)
+    if orphans:
+        warnings.warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
+                                 "spans left out of it): they are read as roots"), stacklevel=2)
     return spans, metadata
 
 

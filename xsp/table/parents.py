@@ -62,7 +62,8 @@ class HierarchyDiagnostics:
     flattened: int = 0
     """Spans nested deeper than :data:`MAX_DEPTH` levels: hung from their ancestor at that level
     (their own parent would have made paths and every walk of the tree grow with the square of
-    the nesting)."""
+    the nesting). Their self times stay true: :mod:`xsp.table.self_time` counts a span that lies
+    inside a sibling as that sibling's child."""
     external_reparented: int = 0
     """Of those, calls whose interval put them outside that span (clocks disagreeing by more
     than the gap between calls): placed under the span their id names."""
@@ -270,7 +271,7 @@ _DIAGNOSTIC_MEANING = {
     "without_correlation": "GPU activities without a correlation id",
     "duplicate_correlation": "GPU activities whose correlation id several API calls carry (unlinked)",
     "other_without_thread": "spans with neither a thread nor a launch (GPU annotations, counter ranges)",
-    "flattened": f"spans nested deeper than {MAX_DEPTH} levels, hung from their ancestor at that depth",
+    "flattened": f"nested over {MAX_DEPTH} deep: hung side by side, self time kept",
     "external_reparented": "CUDA API calls outside the layer their external correlation id names (clock "
                            "disagreement); placed under that layer",
 }

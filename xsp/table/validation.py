@@ -2,8 +2,9 @@
 
 A trace file that was damaged, edited or made by another tool may hold values no recording
 can: a span that ends before it starts, a time past the year 2116, two spans with one id, a
-span that is its own parent or ancestor. Read as they are, they turn into a latency of -0.001
-ms and steps that cover 300% of a run. :func:`impossible_spans` names each kind found.
+span that is its own parent or ancestor, a layer that runs past the span it is in. Read as
+they are, they turn into a latency of -0.001 ms and steps that cover 300% of a run.
+:func:`impossible_spans` names each kind found.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import parent_positions
 
 LATEST_NS: Final = 1 << 62
@@ -55,7 +57,47 @@ def impossible_spans(spans: pd.DataFrame) -> list[str]:
         if wrong.any():
             found.append(f"{int(wrong.sum())} spans {what}")
     if has_parent.any() and not self_parent.any() and not checks[3][0].any():
-        cycle = in_a_cycle(parent_positions(spans))
+        parents = parent_positions(spans)
+        cycle = in_a_cycle(parents)
         if cycle.any():
             found.append(f"{int(cycle.sum())} spans are their own ancestor (a cycle of parents)")
+        else:
+            outside = outside_their_parent(spans, parents)
+            if outside.any():
+                found.append(f"{int(outside.sum())} spans run outside their parent on their thread")
     return found
+
+
+def outside_their_parent(spans: pd.DataFrame, parents: np.ndarray) -> np.ndarray:
+    """Which host spans start before or end after their parent on the same thread.
+
+    xsp hangs a host span only from a span that encloses it on its thread (interval inclusion),
+    so no recording holds one. Left out: CUDA API calls and GPU activities (placed by
+    correlation ids, which clocks may disagree with), spans whose parent runs on another
+    thread (a backward pass hung from the step running when it started) and the session's
+    children (spans closed when the program exits).
+    """
+    outside = np.zeros(len(spans), dtype=bool)
+    child = np.flatnonzero(parents >= 0)
+    if not len(child):
+        return outside
+    parent = parents[child]
+    threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    kinds = spans[col.KIND].to_numpy(dtype=object) if col.KIND in spans else np.full(len(spans), None)
+    checked = ((threads[child] == threads[parent]) & (levels[child] != Level.CUDA_API.value)
+               & (kinds[parent] != SpanKind.SESSION.value))
+    child, parent = child[checked], parent[checked]
+    start = spans[col.START_NS].to_numpy(dtype=np.int64)
+    end = spans[col.END_NS].to_numpy(dtype=np.int64)
+    outside[child] = (start[child] < start[parent]) | (end[child] > end[parent])
+    return outside
+
+
+def parents_not_in_the_table(spans: pd.DataFrame, parents: np.ndarray | None = None) -> int:
+    """How many spans name a parent that no span of the table has (a file cut short, or spans
+    left out of it): they are read as roots."""
+    if col.PARENT_ID not in spans or not len(spans):
+        return 0
+    parents = parent_positions(spans) if parents is None else parents
+    return int((spans[col.PARENT_ID].notna().to_numpy() & (parents < 0)).sum())
