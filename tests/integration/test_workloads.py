@@ -25,7 +25,8 @@ pytest.importorskip("transformers")
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 STEPS = {"mnist_train": 6, "hf_train": 3, "hf_generate": 2, "compile_inference": 5, "compile_train": 4,
          "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12,
-         "grad_accumulation": 6, "lbfgs_closure": 5, "checkpointing": 4, "quantized_inference": 4, "os_exit": 5}
+         "grad_accumulation": 6, "accumulate_dataloader": 3, "lbfgs_closure": 5, "checkpointing": 4,
+         "quantized_inference": 4, "os_exit": 5}
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -187,6 +188,19 @@ def check_grad_accumulation(trace: xsp.Trace) -> None:
     latency = analysis.model_latency(trace)
     assert latency["batch_size"].tolist() == [64] * 6  # the samples of the step, not of one forward
     assert np.allclose(latency["throughput_per_s"], 64 / (latency["latency_ms"] / 1e3))
+
+
+def check_accumulate_dataloader(trace: xsp.Trace) -> None:
+    # 3 AdamW steps of 2 DataLoader batches of 16: every step holds both batches' waits, forwards
+    # and backwards, the first one too; the loop's last next() (StopIteration) begins no step
+    assert step_names(trace) == ["train_step"] * 3
+    assert forwards_per_step(trace, "model") == [2] * 3
+    assert model_spans(trace, SpanKind.BACKWARD).groupby(col.STEP).size().tolist() == [2] * 3
+    assert model_spans(trace, SpanKind.OPTIMIZER).groupby(col.STEP).size().tolist() == [1] * 3
+    waits = model_spans(trace, SpanKind.INPUT)
+    waits = waits[waits[col.NAME] == "DataLoader.__next__"]
+    assert waits.groupby(col.STEP).size().tolist() == [2] * 3 and waits[col.STEP].isna().sum() == 1
+    assert analysis.model_latency(trace)["batch_size"].tolist() == [32] * 3
 
 
 def check_lbfgs_closure(trace: xsp.Trace) -> None:

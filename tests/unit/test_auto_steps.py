@@ -284,3 +284,36 @@ def test_a_model_called_three_times_without_the_leader_leads_from_its_first_call
         loop.idle(1)
     loop.end()
     assert len(loop.decided) == 6  # every call its own step: none swallowed another
+
+
+def test_accumulation_fed_by_a_data_loader_is_one_step_per_optimizer_step_from_the_first():
+    loop = Loop()
+    for _ in range(2):
+        for _ in range(2):  # two micro-batches: wait for the batch, forward, backward
+            loop.wait()
+            loop.call(MODEL, training=True)
+            loop.backward()
+        loop.optimizer()
+    loop.wait(last=True)  # StopIteration
+    assert loop.end() == [("train_step", 0, 74), ("train_step", 74, 148)]  # each wait inside its step
+    assert len(loop.decided) == 2
+
+
+def test_accumulation_over_two_zipped_loaders_keeps_both_waits_in_the_step():
+    loop = Loop()
+    for _ in range(2):
+        loop.wait()
+        loop.wait()  # zip(images, labels): two next() per micro-batch
+        loop.call(MODEL, training=True)
+        loop.backward()
+    loop.optimizer()
+    assert loop.end() == [("train_step", 0, 84)]
+
+
+def test_training_without_an_optimizer_from_a_data_loader_begins_each_step_at_its_wait():
+    loop = Loop()
+    for _ in range(3):
+        loop.wait()
+        loop.call(MODEL, training=True)
+        loop.backward()
+    assert loop.end() == [("train_step", 0, 35), ("train_step", 35, 70), ("train_step", 70, 105)]

@@ -400,3 +400,98 @@ def test_work_on_a_helper_thread_during_a_step_hangs_from_that_step():
     op = helper_ops.iloc[0]
     assert op[col.STEP] == step[col.STEP] and op[col.TRACE_ID] == step[col.TRACE_ID]
     assert op[col.PARENT_ID] == step[col.SPAN_ID]
+
+
+def test_a_real_accumulation_loop_over_a_data_loader_is_one_step_per_optimizer_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(torch.randn(96, 8), torch.randint(0, 3, (96,))), batch_size=16)
+
+    with xsp.trace(levels="model", output=None) as session:
+        for i, (x, y) in enumerate(loader):  # 6 batches, optimizer.step() every 2
+            (criterion(model(x), y) / 2).backward()
+            if (i + 1) % 2 == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    spans = session.trace.spans
+    steps = spans[spans[col.KIND] == SpanKind.STEP.value]
+    assert steps[col.NAME].tolist() == ["train_step"] * 3
+    pieces = spans[spans[col.LEVEL].isin(["model", "input"]) & (spans[col.KIND] != SpanKind.SESSION.value)
+                   & (spans[col.KIND] != SpanKind.STEP.value)]
+    per_step = pieces.groupby([col.STEP, col.KIND, col.NAME]).size()
+    for step in range(3):
+        assert per_step[(step, "predict", "model")] == 2
+        assert per_step[(step, "backward", "backward")] == 2
+        assert per_step[(step, "optimizer", "AdamW.step")] == 1
+        assert per_step[(step, "input", "DataLoader.__next__")] == 2
+    unstepped = pieces[pieces[col.STEP].isna()]
+    assert unstepped[col.NAME].tolist() == ["DataLoader.__next__"]  # only the loop's last next() (StopIteration)
+
+
+# -- torch.compile: no frame of xsp's is dynamo's to compile ----------------------------------
+class BranchyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.a(x)
+        if x.sum() > 0:  # a graph break of the model's own
+            x = -x
+        return self.b(x)
+
+
+class Break(nn.Module):
+    def forward(self, x):
+        torch._dynamo.graph_break()  # a graph break inside a layer
+        return x
+
+
+def nested() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Break(), nn.Linear(16, 3))
+
+
+def compile_and_run(make, grad: bool):
+    from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
+
+    torch._dynamo.reset()
+    counters.clear()
+    clear_compilation_metrics()
+    torch.manual_seed(0)
+    compiled = torch.compile(make(), backend="eager")
+    with torch.set_grad_enabled(grad):
+        for _ in range(3):
+            out = compiled(torch.randn(4, 8))
+            if grad:
+                out.sum().backward()
+    return (dict(counters["frames"]), dict(counters["stats"]), dict(counters["graph_break"]),
+            [m.co_name for m in get_compilation_metrics()])
+
+
+@pytest.mark.parametrize(("make", "grad"), [(BranchyModel, False), (BranchyModel, True), (nested, False),
+                                           (nested, True)])
+def test_dynamo_counts_the_same_frames_under_xsp_as_without(make, grad):
+    plain = compile_and_run(make, grad)
+    with xsp.trace(levels="model,layer", output=None) as session:
+        profiled = compile_and_run(make, grad)
+    assert profiled == plain  # Branchy without grad: frames ok 2 plain, 3 before the fix (Interner.intern)
+    calls = session.trace.spans[session.trace.spans[col.KIND] == SpanKind.PREDICT.value]
+    assert calls[col.NAME].tolist() == ["compiled"] * 3
+    assert calls[col.STEP].tolist() == [0, 1, 2]
+
+
+def test_xsp_frames_are_skipped_as_frames_and_inlined_where_called():
+    from torch._dynamo import trace_rules
+
+    from xsp.record.columns import Interner
+    from xsp.record.recording import ThreadBuffer
+    from xsp.tracers.module_calls import interceptor
+
+    with xsp.trace(levels="model,layer", output=None):
+        compile_and_run(BranchyModel, False)  # dynamo's trace rules are imported: xsp gives its rule
+    for code in (Interner.intern.__code__, ThreadBuffer.record_backward.__code__,
+                 interceptor._make_all_wrapper.__code__):
+        assert trace_rules.check_file(code.co_filename).skipped, code.co_filename
+        assert not trace_rules.check_file(code.co_filename, is_inlined_call=True).skipped

@@ -3,12 +3,15 @@ thread's buffer is set aside while the jit tracer runs."""
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 import torch
 
+import xsp.core
+import xsp.tracers
 from xsp.record.recording import (
     Recording,
 )
@@ -17,23 +20,39 @@ from xsp.tracers.module_calls.call_context import (
 )
 
 
+def _folder(path: str) -> str:
+    """The folder ``path`` is in, with a trailing separator (as dynamo's SKIP_DIRS has them)."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "")
+
+
+XSP_FOLDERS: Final = tuple(dict.fromkeys((_folder(os.path.dirname(xsp.core.__file__)), _folder(xsp.tracers.__file__))))
+"""The folders of xsp's code, with a trailing separator: ``xsp/`` and its ``tracers/``
+(``xsp.tracers``, a folder of its own in a development install)."""
+
+
 def let_dynamo_start_past_the_wrapper(trace_rules: ModuleType) -> None:
-    """Give the wrapper the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
-    calls a module, skipped where it would be a compiled frame of its own.
+    """Give xsp's code the rule dynamo gives ``nn.Module.__call__``: inlined where traced code
+    calls it, skipped where it would be a compiled frame of its own.
 
     A compiled module calls ``_orig_mod.__call__``, which is the wrapper while xsp runs; left
     to the default rule, dynamo would compile the wrapper's frame into an empty graph and count
-    a graph break where the model breaks its graph, one frame further than without xsp. Dynamo
-    keeps such rules for the process; so does xsp (they concern this file only).
+    a graph break where the model breaks its graph, one frame further than without xsp. The
+    same holds for every Python function of xsp's that runs where dynamo's frame hook is set
+    without tracing (the part of a compiled call after a graph break runs eagerly): the
+    wrapper's bookkeeping (``Interner.intern``, ``ThreadBuffer.record_backward``), the backward
+    hooks. So the rule is given to the folders of xsp's code (:data:`XSP_FOLDERS`), not to one
+    file: traced code inlines xsp's as before, and no frame of xsp's is dynamo's to compile.
+    Dynamo keeps such rules for the process; so does xsp (they concern xsp's files only).
     """
     skip_dirs = getattr(trace_rules, "SKIP_DIRS", None)
     inline_when_called = getattr(trace_rules, "BUILTIN_INLINE_WHEN_CALLED", None)
     recompile = getattr(trace_rules, "_recompile_re", None)
     if not isinstance(skip_dirs, list) or not isinstance(inline_when_called, set) or recompile is None:
         return  # another PyTorch: compiled frames of the wrapper cost an empty graph, nothing worse
-    if __file__ not in skip_dirs:
-        inline_when_called.add(__file__)
-        skip_dirs.append(__file__)
+    added = [folder for folder in XSP_FOLDERS if folder not in skip_dirs]
+    if added:
+        inline_when_called.update(added)
+        skip_dirs.extend(added)
         recompile()
 
 

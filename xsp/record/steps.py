@@ -85,7 +85,7 @@ class AutoSteps:
 
     __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
                  "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad",
-                 "closed_by", "tentative", "joiner", "joined", "python_decides")
+                 "closed_by", "tentative", "joiner", "joined", "python_decides", "waited")
 
     def __init__(self, buffer: ThreadBuffer) -> None:
         self._buffer = buffer
@@ -127,6 +127,10 @@ class AutoSteps:
         self.python_decides = False
         """The step's state is more than xsp's C wrapper reads (tentative ends):
         Python decides the next top-level call's step."""
+        self.waited = False
+        """The last tentative end was an input wait, and the leading model has not been called
+        since: its next call is the forward of the micro-batch that wait fetched, not a new
+        iteration."""
 
     @property
     def holding(self) -> bool:
@@ -184,7 +188,10 @@ class AutoSteps:
             elif training and leads and not self.optimizer_seen:
                 if self.trained:  # after a backward: the next micro-batch, or the next iteration
                     return self._tentative_end(start_ns)
-                decided = self._finish(self.last_end_ns)
+                if not self.waited:  # (after an input wait that began the next micro-batch: its forward)
+                    decided = self._finish(self.last_end_ns)
+            if leads and self.waited:
+                self.waited, self.python_decides = False, bool(self.tentative)
         elif kind is _INFERENCE and (training or module_id == self.leader):
             decided = self._finish(self.last_end_ns)
         elif kind is _INFERENCE:
@@ -216,6 +223,9 @@ class AutoSteps:
             elif not self.optimizer_seen:
                 if self.trained:  # the wait begins the next micro-batch, or the next iteration
                     self._tentative_end(start_ns)
+                    self.waited = self.python_decides = True  # (Python decides the call that follows)
+                    return
+                if self.waited:  # another wait of that micro-batch (two loaders zipped)
                     return
                 self._finish(self.last_end_ns)
         if self.type is _NONE and not self.wait_ns:
@@ -257,7 +267,7 @@ class AutoSteps:
         self.last_end_ns = max(self.last_end_ns, end_ns)
         if self.tentative:  # the iterations before it were micro-batches of one step
             self.tentative = []
-            self.python_decides = False
+            self.python_decides = self.waited = False
 
     def gradients_cleared(self) -> None:
         """``zero_grad()``: the gradients so far are thrown away, so an open training iteration
