@@ -24,7 +24,12 @@ Prints a table and records it in benchmarks/results/diff.md.
    ``TraceDiff.compare_traces`` on the same pair when ``hta`` is installed (it is not a
    dependency: ``pip install --no-deps holistictraceanalysis==0.5.0``).
 
+7. *All pairings under load* (``--all-pairings 10``, alone): ten plain runs made while
+   ``--busy`` processes spin on the CPUs, every one of the 45 pairings diffed (results in
+   diff_loaded.md): the machine-speed correction must never make a false alarm.
+
 Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40] [--size-steps 40 100]
+       python benchmarks/diff.py --all-pairings 10 [--busy 2]
 """
 
 from __future__ import annotations
@@ -313,6 +318,43 @@ def hta_speed(folder: Path, repeats: int) -> list[dict[str, object]]:
              "seconds": f"{min(hta_times):.2f}", "goal": ""}]
 
 
+LOADED_RESULTS = Path(__file__).resolve().parent / "results" / "diff_loaded.md"
+BUSY = "import time\nend = time.time() + float(__import__('sys').argv[1])\nwhile time.time() < end:\n    pass\n"
+
+
+def all_pairings_under_load(runs: int, busy: int, steps: int, folder: Path) -> list[dict[str, object]]:
+    """``runs`` plain runs of one program made while ``busy`` processes spin on the CPUs (a
+    loaded CI runner), then every pairing of them diffed: A/A, so every verdict but unchanged
+    is a false alarm."""
+    import itertools
+    import os
+
+    from xsp.gate.diff import diff
+    from xsp.io.loading import load
+
+    spinners = [subprocess.Popen([sys.executable, "-c", BUSY, "36000"]) for _ in range(busy)]
+    try:
+        paths = [profile(0.0, steps, folder / f"aa{i}.xsp.parquet") for i in range(runs)]
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    traces = [load(path) for path in paths]
+    spreads = [trace.metadata.get("machine_speed", {}).get("spread") for trace in traces]
+    results = [(a, b, diff(traces[a], traces[b])) for a, b in itertools.combinations(range(runs), 2)]
+    alarms = [(a, b, r) for a, b, r in results if r.verdict.value != "unchanged"]
+    raw_alarms = sum(diff(traces[a], traces[b], machine_speed=False).verdict.value != "unchanged"
+                     for a, b, _ in results)
+    corrected = sum(r.settings["judged"] == "at equal machine speed" for _, _, r in results)
+    explained = sum(int((r.table["note"].astype(str).str.startswith("unchanged as measured")).sum()) > 0
+                    for _, _, r in results)
+    return [{"runs": runs, "busy processes": f"{busy} on {os.cpu_count()} CPUs", "pairings": len(results),
+             "false alarms": len(alarms), "goal": "<= 1 in 45",
+             "false alarms judging raw times": raw_alarms, "judged at equal machine speed": corrected,
+             "kept unchanged (raw times unchanged)": explained,
+             "probe spread per run": ", ".join("-" if s is None else f"{s:.1%}" for s in spreads),
+             "alarms": "; ".join(f"{a}-{b} {r.verdict.value}" for a, b, r in alarms) or "-"}]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=20, help="A/A pairs (default: 20)")
@@ -321,7 +363,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timings of the speed test (best kept)")
     parser.add_argument("--size-steps", type=int, nargs="+", default=[40, 100],
                         help="steps of the ResNet-50 runs whose summaries are weighed (default: 40 100)")
+    parser.add_argument("--all-pairings", type=int, metavar="RUNS",
+                        help="only: A/A over every pairing of RUNS runs on a loaded machine (diff_loaded.md)")
+    parser.add_argument("--busy", type=int, default=2, help="processes spinning meanwhile (default: 2)")
     args = parser.parse_args(argv)
+    if args.all_pairings:
+        with tempfile.TemporaryDirectory() as scratch:
+            rows = all_pairings_under_load(args.all_pairings, args.busy, args.steps, Path(scratch))
+        print(*markdown_table(rows), sep="\n")
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        record(["# xsp diff: A/A over every pairing of runs made on a loaded machine", "",
+                f"Last run: {now}, {platform.machine()}, Python {platform.python_version()}; `python "
+                f"benchmarks/diff.py --all-pairings {args.all_pairings} --busy {args.busy} --steps {args.steps}`.", "",
+                "Each run is a separate process profiling the same MLP (model,layer levels) while other "
+                "processes spin on the CPUs; every pairing is diffed with the defaults.", "",
+                *markdown_table(rows)], LOADED_RESULTS)
+        return 0
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         size_rows = summary_sizes(folder, args.size_steps)

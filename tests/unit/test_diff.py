@@ -386,11 +386,35 @@ def test_a_uniform_slowdown_is_a_regression_unless_the_machines_speeds_explain_i
     assert net[dcol.RATIO] == pytest.approx(1.3, abs=0.02)  # shown as measured ...
     assert net[dcol.ADJUSTED_RATIO] == pytest.approx(1.0, abs=0.02)  # ... and judged at equal speed
     assert "+30." in diff_formats.text(slower_machine) or "+29." in diff_formats.text(slower_machine)
-    # a regression a faster machine hid is still one
-    hidden = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=dict.fromkeys(LAYERS, 0.0)), 0.0015))
-    assert hidden.verdict is dcol.Verdict.REGRESSED
+    # a correction only explains a change away: identical runs whose probes differ (a busy runner
+    # timed one of them slowly) stay unchanged, with a note on each key the correction alone moved
+    identical = diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=dict.fromkeys(LAYERS, 0.0)), 0.0015))
+    assert identical.verdict is dcol.Verdict.UNCHANGED
+    assert identical.settings["judged"] == "at equal machine speed"
+    assert (identical.table[dcol.NOTE] == "unchanged as measured: the machine-speed correction alone never makes a "
+            "change").any()
     assert diff(_on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.0026),
                 machine_speed=False).verdict is dcol.Verdict.REGRESSED
+
+
+def test_a_machine_too_busy_to_time_steadily_gets_no_correction():
+    uniform = {name: 0.3 for name in LAYERS}
+    base = _on_machine(run(1), 0.002)
+    new = _on_machine(run(2, slower=uniform), 0.0026)
+    new.metadata["machine_speed"]["spread"] = 0.12  # its rounds disagreed: someone else used the machine
+    result = diff(base, new)
+    assert result.verdict is dcol.Verdict.REGRESSED and result.settings["judged"] == "raw times"
+    assert any("the new run's machine was too busy to time" in warning for warning in result.warnings)
+
+
+def test_the_probe_rounds_agree_on_a_quiet_machine_and_say_how_far_they_spread():
+    from xsp.core import machine_speed
+
+    measured = machine_speed.measure()
+    assert measured["python_loop_ns"] > 0 and measured["matrix_product_ns"] > 0
+    assert 0 <= measured["spread"] < 10  # a number (how large is the machine's business, not the test's)
+    assert machine_speed.steady({**measured, "spread": 0.01}) and not machine_speed.steady({**measured, "spread": 0.2})
+    assert machine_speed.steady({"version": 1, "python_loop_ns": 5})  # an older trace: no rounds kept
 
 
 def test_the_relative_view_shows_which_key_moved_more_than_the_rest():

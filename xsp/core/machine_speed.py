@@ -3,14 +3,17 @@
 ``xsp diff`` compares runs that CI may have made on different machines. A slower runner slows
 every key of a run at once, and so does a uniform regression (a model moved to float64): the
 two cannot be told apart from the traces themselves. So every session times the same small
-work at its start (a Python loop and a NumPy matrix product, best of several tries) and keeps
-the times in its metadata; the diff compares the two runs' times, and only that evidence, not
-how many keys moved together, makes it say the runners differ.
+work (a Python loop and a NumPy matrix product, in interleaved rounds of a few tries) and
+keeps the best times and how much the rounds disagreed in its metadata; the diff compares the
+two runs' times, and only that evidence, not how many keys moved together, makes it say the
+runners differ. It trusts it only where both runs' rounds agreed, and a correction may only
+explain a change away, never make one (:func:`xsp.gate.statistics.compare_keys`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from functools import cache
@@ -19,9 +22,15 @@ from typing import Any, Final
 METADATA_KEY: Final = "machine_speed"
 PROBE_VERSION: Final = 1
 """Bumped when the work changes: times of different versions are never compared."""
-TRIES: Final = 7
+TRIES: Final = 3
+ROUNDS: Final = 5
+"""The probes are timed in rounds, each probe ``TRIES`` times a round (best of them), the
+rounds interleaved: a burst of load on a busy runner slows a round or two, not the minimum."""
 SAME_SPEED: Final = 0.05
 """Runs whose machines' times differ by less than this share ran on machines of one speed."""
+STEADY: Final = 0.05
+"""A run's rounds agree when their median is within this share of their best: else its machine
+was too busy to time, and no correction is made from it."""
 
 
 def _python_loop() -> int:
@@ -43,8 +52,7 @@ def _matrix_product() -> float:
 PROBES: Final[dict[str, Callable[[], object]]] = {"python_loop_ns": _python_loop, "matrix_product_ns": _matrix_product}
 
 
-def _best_ns(work: Callable[[], object]) -> int:
-    work()  # warm: first-call costs are not the machine's speed
+def _timed_ns(work: Callable[[], object]) -> int:
     best = math.inf
     for _ in range(TRIES):
         start = time.perf_counter_ns()
@@ -55,8 +63,25 @@ def _best_ns(work: Callable[[], object]) -> int:
 
 @cache
 def measure() -> dict[str, Any]:
-    """This process's machine times (ns) of each probe, measured on first use (~15 ms)."""
-    return {"version": PROBE_VERSION, **{name: _best_ns(work) for name, work in PROBES.items()}}
+    """This process's machine times (ns) of each probe, measured on first use (~25 ms): the
+    best of :data:`ROUNDS` interleaved rounds, and ``spread``, how far the rounds' median lies
+    above that best (the largest over the probes; over :data:`STEADY`, the machine was busy)."""
+    for work in PROBES.values():
+        work()  # warm: first-call costs are not the machine's speed
+    rounds: dict[str, list[int]] = {name: [] for name in PROBES}
+    for _ in range(ROUNDS):
+        for name, work in PROBES.items():
+            rounds[name].append(_timed_ns(work))
+    measured: dict[str, Any] = {"version": PROBE_VERSION, **{name: min(times) for name, times in rounds.items()}}
+    measured["spread"] = round(max(statistics.median(times) / min(times) - 1 for times in rounds.values()), 4)
+    return measured
+
+
+def steady(times: dict[str, Any] | None) -> bool:
+    """Whether a run's machine times can be trusted: its rounds agreed (runs from before the
+    rounds were kept have no ``spread`` and count as steady)."""
+    spread = times.get("spread") if isinstance(times, dict) else None
+    return not isinstance(spread, (int, float)) or spread <= STEADY
 
 
 def speed_ratio(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | None:

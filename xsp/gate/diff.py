@@ -23,7 +23,7 @@ from xsp.core.figures import change_percent as _ratio
 from xsp.core.figures import percent as _pct
 from xsp.core.levels import parse_levels
 from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
-from xsp.core.machine_speed import SAME_SPEED, speed_ratio
+from xsp.core.machine_speed import SAME_SPEED, speed_ratio, steady
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
@@ -154,13 +154,17 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
     new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
     measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
-    speed = measured_speed if (machine_speed and not normalize and measured_speed is not None
+    unsteady = [side for side, info in (("base", base_info), ("new", new_info)) if not steady(info.get(MACHINE_SPEED))]
+    speed = measured_speed if (machine_speed and not normalize and measured_speed is not None and not unsteady
                                and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
     table = keyed.compare_keys(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000),
                                alpha=alpha,
                       normalize=normalize, speed=speed)
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, speed, normalize)
+    if unsteady and machine_speed and not normalize and measured_speed is not None:
+        warnings.append(f"the {' and '.join(unsteady)} run's machine was too busy to time xsp's fixed work steadily "
+                        "(its rounds disagreed): times were judged raw, with no machine-speed correction")
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[dcol.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))

@@ -333,13 +333,20 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
              & (np.abs(adjusted_delta) >= min_delta_ns))
     verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
     # against the common shift, never against what was measured: a key whose median fell is not
-    # called slower because the rest of its run slowed down more. A machine's measured speed is
-    # evidence: a regression a faster machine hid is still one
+    # called slower because the rest of its run slowed down more
     slower, faster = adjusted_delta > 0, adjusted_delta < 0
     if normalize:
         slower, faster = slower & (delta > 0), faster & (delta < 0)
     verdict[both & large & significant & slower] = Verdict.REGRESSED.value
     verdict[both & large & significant & faster] = Verdict.IMPROVED.value
+    explained_only = np.zeros(count, dtype=bool)
+    if factor != 1.0 and not normalize:  # a correction explains a change away; it never makes one
+        raw = compare_keys(base, new, threshold=threshold, min_delta_ns=min_delta_ns, alpha=alpha)
+        raw_verdict = raw.set_index([col.LEVEL, KEY])[VERDICT].reindex(
+            pd.MultiIndex.from_arrays([merged[col.LEVEL], merged[KEY]])).to_numpy(dtype=object)
+        judged = np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value])
+        explained_only = judged & (raw_verdict != verdict)
+        verdict[explained_only] = Verdict.UNCHANGED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
     test = np.full(count, Test.NONE.value, dtype=object)
@@ -349,6 +356,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     note = np.full(count, None, dtype=object)
     note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
+    note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
     table = pd.DataFrame({
         col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
         col.KIND: merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object),
