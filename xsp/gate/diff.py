@@ -163,8 +163,9 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, speed, normalize)
     if unsteady and machine_speed and not normalize and measured_speed is not None:
-        warnings.append(f"the {' and '.join(unsteady)} run's machine was too busy to time xsp's fixed work steadily "
-                        "(its rounds disagreed): times were judged raw, with no machine-speed correction")
+        whose = "both runs' machines were" if len(unsteady) == 2 else f"the {unsteady[0]} run's machine was"
+        warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): times "
+                        "were judged raw, with no machine-speed correction")
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[dcol.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
