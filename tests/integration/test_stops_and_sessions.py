@@ -3,6 +3,7 @@ undisturbed, the parent's file never written over."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -298,9 +299,12 @@ def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_p
     messages = [str(w.message) for w in said]
     assert any("already active" in m for m in messages) and any("records from now on" in m for m in messages)
     first_predicts = first.trace.spans[first.trace.spans[col.KIND] == "predict"]
-    assert len(first_predicts) == 1 + 5
+    # the second's fifth call is a step still open when the first ended (its next call could join
+    # it): it goes on, whole, into the second's trace, with the calls after the hand-over
+    assert len(first_predicts) == 1 + 4
     second_trace = xsp.load(tmp_path / "second.xsp.parquet")
-    assert (second_trace.spans[col.KIND] == "predict").sum() == 7
+    assert (second_trace.spans[col.KIND] == "predict").sum() == 1 + 7
+    assert first.trace.metadata["dropped"] == {} and second_trace.metadata["dropped"] == {}
 
 
 SAME_OUTPUT = """
@@ -338,3 +342,94 @@ def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
     with xsp.trace(output=output) as session:
         torch.nn.Linear(4, 4)(torch.randn(2, 4))
     assert session.output == output and output.exists() and not writer_file(output).exists()
+
+
+# Sessions in several threads: every call of every thread is kept, in the files of the blocks
+# that recorded it, and each model is named as its code calls it (issue 43, items 1 and 2).
+
+THREAD_CALLS = 200
+
+
+def _thread_predicts(path, thread_id):
+    spans = xsp.load(path).spans
+    return spans[(spans[col.KIND] == "predict") & (spans[col.THREAD_ID] == thread_id)]
+
+
+def _check_thread(files, own, thread_id, calls_made=THREAD_CALLS):
+    """Every call of the thread in exactly one file, each its own step there, never a layer as a
+    model, and in the thread's own file its model named as its code binds it."""
+    recorded = 0
+    for path in files:
+        if not path.exists():
+            continue
+        calls = _thread_predicts(path, thread_id)
+        recorded += len(calls)
+        assert calls[col.STEP].nunique() == len(calls)  # the thread's own steps, one per call
+        names = set(calls[col.NAME])
+        assert all(re.fullmatch(r"model|Sequential_\d+", name) for name in names), names  # no Linear_k
+        if path == own:
+            assert names <= {"model"}
+        assert xsp.load(path).metadata["dropped"] == {}
+    assert recorded == calls_made
+
+
+@pytest.mark.filterwarnings("ignore::xsp.XspWarning")
+@pytest.mark.parametrize("trial", range(3))
+def test_two_threads_two_sessions_keep_every_call(tmp_path, trial):
+    barrier = threading.Barrier(2)
+    thread_ids: dict[str, int] = {}
+
+    def run(name: str) -> None:
+        model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])
+        x = torch.randn(2, 8)
+        barrier.wait()
+        with torch.no_grad(), xsp.trace(output=tmp_path / f"{name}.xsp.parquet"):
+            thread_ids[name] = threading.get_native_id()
+            for _ in range(THREAD_CALLS):  # from the block's first line: no wait for the other session
+                model(x)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    files = [tmp_path / "a.xsp.parquet", tmp_path / "b.xsp.parquet"]
+    assert any(path.exists() for path in files)
+    for name, thread_id in thread_ids.items():
+        _check_thread(files, tmp_path / f"{name}.xsp.parquet", thread_id)
+
+
+@pytest.mark.filterwarnings("ignore::xsp.XspWarning")
+def test_a_session_handed_over_between_threads_loses_nothing(tmp_path):
+    first_ended, five_done = threading.Event(), threading.Event()
+    made: dict[str, int] = {}
+
+    def worker() -> None:
+        model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])
+        x = torch.randn(2, 8)
+        with torch.no_grad(), xsp.trace(output=tmp_path / "worker.xsp.parquet") as session:
+            made["thread"] = threading.get_native_id()
+            calls = 0
+            while not first_ended.is_set():  # on while the first session ends and hands the recording over
+                model(x)
+                calls += 1
+                if calls == 5:
+                    five_done.set()
+            for _ in range(20):
+                model(x)
+            made["calls"] = calls + 20
+        made["session"] = session
+
+    head = torch.nn.Linear(8, 8)
+    with xsp.trace(output=tmp_path / "main.xsp.parquet"):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert five_done.wait(60)
+        with torch.no_grad():
+            head(torch.randn(2, 8))
+    first_ended.set()
+    thread.join()
+    files = [tmp_path / "main.xsp.parquet", tmp_path / "worker.xsp.parquet"]
+    assert files[1].exists()  # the worker's block outlived the first: it wrote its own file
+    _check_thread(files, files[1], made["thread"], made["calls"])
+    assert any("records from now on" in message for message in made["session"].warnings)

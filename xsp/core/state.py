@@ -14,5 +14,5 @@ if TYPE_CHECKING:
 session: Session | None = None
 recording: Recording | None = None
 waiting: list[Session] = []
-"""Sessions refused while another ran, still inside their blocks: the first of them takes over
-when the active one ends."""
+"""Blocks that joined the active session and are still inside: the first of them takes its
+recording over, without a gap, when the active one ends (docs/steps.md)."""

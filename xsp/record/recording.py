@@ -206,6 +206,22 @@ class ThreadBuffer:
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
         return drained
 
+    def drain_before(self, cut_ns: int) -> WindowBuffer:
+        """What was recorded before ``cut_ns``, the start of the thread's open step (module calls,
+        marks and top-level calls that started before it, backward events of calls that did), as
+        :meth:`drain` gives it; the open step's records stay, whole, for a later window."""
+        with self._lock:
+            self._compact_locked()
+            calls, self._call_columns = _split_columns(self.call_columns, self.call_columns.start, cut_ns)
+            marks, self._mark_columns = _split_columns(self.mark_columns, self.mark_columns.start, cut_ns)
+            backward, self._backward_columns = _split_columns(self.backward_columns, self.backward_columns.call,
+                                                              cut_ns)
+            roots, self._root_columns = _split_columns(self.root_columns, self.root_columns.start, cut_ns)
+            drained = WindowBuffer(self.thread_id, self.thread_name, calls, marks, backward, roots, self.modules,
+                                   self.descriptors, self.strings, self.kept_steps)
+            self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []  # the open step is not decided yet
+        return drained
+
     def _compact_locked(self) -> None:
         packed, self.packed_calls = self.packed_calls, packed_rows()
         self._compact_packed_calls(packed)
@@ -387,6 +403,9 @@ class Recording:
         for the first ``MAX_ENDED_THREAD_NAMES`` of them."""
         self.model_names: dict[int, str] = {}
         """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
+        self.model_bindings: dict[int, tuple[int, str, list[str]]] = {}
+        """Each named model's first calling thread, class name and the names it was bound to
+        there: what :meth:`rename_models` names it from again."""
         self.levels: tuple[Any, ...] = ()
         """The session's levels (:class:`xsp.core.schema.Level`): a tracer may record more when
         another level needs what it has (the operator level's profiler records memory events
@@ -439,14 +458,29 @@ class Recording:
                 self.dropped[what] += count - kept
         return kept
 
+    def take_dropped(self) -> Counter[str]:
+        """The drops counted so far, handed over (a session that hands its recording over to
+        another keeps its own; the next one counts afresh)."""
+        with self._lock:
+            dropped, self.dropped = self.dropped, Counter()
+        return dropped
+
+    def restart_counts(self, max_events: int) -> None:
+        """A session takes this recording over: records are kept under its ``max_events``, from 0."""
+        with self._lock:
+            self.max_events, self.kept_events = max_events, 0
+            self.report_after_ns = self.report_at_events = NEVER
+
     def compact(self) -> None:
         for buffer in list(self.buffers):
             buffer.compact()
 
-    def take_window(self, final: bool = False) -> Window:
+    def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is
-        separated from the spans inside it or from its step."""
+        separated from the spans inside it or from its step. ``handing_over``: the session that
+        takes it ends and another takes the recording over: a thread inside an automatic step
+        gives what it recorded before that step began (:meth:`ThreadBuffer.drain_before`)."""
         for sample_now in list(self.samplers):
             try:
                 sample_now()
@@ -458,6 +492,11 @@ class Recording:
         taking = [final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)
                   for buffer in buffers]
         taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
+        if handing_over:
+            for buffer, take in zip(buffers, taking):
+                cut = 0 if take or buffer.open_steps else _open_step_start(buffer)
+                if cut:
+                    taken.append(buffer.drain_before(cut))
         held = frozenset(buffer.thread_id for buffer, take in zip(buffers, taking) if not take)
         if ended:
             with self._lock:
@@ -492,14 +531,22 @@ class Recording:
             known = self.model_names.get(id(module))
             if known is not None:
                 return known
-            taken = set(self.model_names.values())
-            name = next((c for c in candidates if c not in taken), None)
-            index = 0
-            while name is None:
-                name = f"{type(module).__name__}_{index}"
-                name, index = (None if name in taken else name), index + 1
+            self.model_bindings[id(module)] = (threading.get_native_id(), type(module).__name__, candidates)
+            name = _free_name(type(module).__name__, candidates, set(self.model_names.values()))
             self.model_names[id(module)] = name
             return name
+
+    def rename_models(self, thread_id: int) -> None:
+        """A session takes this recording over: its trace names the models afresh, as
+        :meth:`name_model` would, those first called on its thread ``thread_id`` first (two
+        threads' models bound to one name: each session's own keeps it)."""
+        with self._lock:
+            order = sorted(self.model_bindings, key=lambda model: self.model_bindings[model][0] != thread_id)
+            names: dict[int, str] = {}
+            for model in order:
+                _, class_name, candidates = self.model_bindings[model]
+                names[model] = _free_name(class_name, candidates, set(names.values()))
+            self.model_names.update(names)  # in place: the wrappers hold this dict; no key ever goes missing
 
     def finish_steps(self) -> None:
         """Decide every thread's open automatic step (the session is ending)."""
@@ -510,3 +557,41 @@ class Recording:
         """Module calls still running on some thread (they end after the session and are lost)."""
         return sum(buffer.depth for buffer in self.buffers)
 
+
+
+def _free_name(class_name: str, candidates: list[str], taken: set[str]) -> str:
+    """The first of ``candidates`` not ``taken``, else ``class_name`` with the lowest free index."""
+    name = next((candidate for candidate in candidates if candidate not in taken), None)
+    index = 0
+    while name is None:
+        name = f"{class_name}_{index}"
+        name, index = (None if name in taken else name), index + 1
+    return name
+
+
+def _open_step_start(buffer: ThreadBuffer) -> int:
+    """Where the thread's open automatic step began (its input wait, if one came first), or 0
+    when that is not known. Read from another thread: if the step is decided meanwhile, the cut
+    falls before the next one, which then goes on whole too."""
+    steps = buffer.steps
+    starts = [start for start in (steps.start_ns if steps.holding else 0, steps.wait_ns) if start]
+    return min(starts) if starts else 0
+
+
+def _split_columns(columns: Any, key: Any, cut_ns: int) -> tuple[Any, Any]:
+    """``columns`` as two: the rows whose ``key`` is before ``cut_ns``, and the others."""
+    before = [value < cut_ns for value in key]
+    if all(before):
+        return columns, type(columns)()
+    first, second = type(columns)(), type(columns)()
+    for name in type(columns).__slots__:
+        values = getattr(columns, name)
+        head = [value for value, early in zip(values, before) if early]
+        tail = [value for value, early in zip(values, before) if not early]
+        if isinstance(values, list):
+            setattr(first, name, head)
+            setattr(second, name, tail)
+        else:
+            getattr(first, name).fromlist(head)
+            getattr(second, name).fromlist(tail)
+    return first, second

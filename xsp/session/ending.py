@@ -28,7 +28,9 @@ from xsp.export.otlp import ExportReport
 from xsp.io.parquet import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
+from xsp.record.columns import NEVER
 from xsp.record.schedule import StepAction
+from xsp.session import starting
 from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform
 from xsp.table.paths import SESSION_NAME
@@ -38,33 +40,45 @@ if TYPE_CHECKING:
     from xsp.session.session import Session
 
 
-def finish(session: Session, end_ns: int, error: str | None) -> None:
+def finish(session: Session, end_ns: int, error: str | None, handing_over: bool = False) -> None:
+    """The session's last window interpreted and its file written. ``handing_over``: the recording
+    goes on for a block that joined this session (``Session._continue``): the threads still inside a
+    module call or a step keep their records for it, and its tracers keep running."""
     recording = session.recording
     assert recording is not None and session.clock is not None
+    if handing_over:
+        starting.stop_watching(session)
     recording.on_long_step = None
     if session.windows is not None:
         session.windows.finish_windows()
-    open_calls = recording.open_module_calls()
-    if open_calls:
-        recording.dropped["open_at_stop"] += open_calls
-    if session.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
-        recording.long_step_ns = 0
-        for buffer in list(recording.buffers):
-            recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
-            buffer.steps.finish()
-        recording.on_long_step = None
+    if handing_over:
+        _decide_own_step(session)
+        window = recording.take_window(handing_over=True)  # no step or module call is cut in two
+        recorded_dropped = recording.take_dropped()
     else:
-        recording.finish_steps()
+        open_calls = recording.open_module_calls()
+        if open_calls:
+            recording.dropped["open_at_stop"] += open_calls
+        if session.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
+            recording.long_step_ns = 0
+            for buffer in list(recording.buffers):
+                recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
+                buffer.steps.finish()
+            recording.on_long_step = None
+        else:
+            recording.finish_steps()
+        window = recording.take_window(final=True)
+        recorded_dropped = recording.dropped
     session_row = {
         col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
         col.START_NS: session.start_ns, col.END_NS: end_ns, col.THREAD_ID: session.thread_id,
         col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
         col.STATUS_MESSAGE: error,
     }
-    last = session.interpreter.interpret(recording.take_window(final=True), session_row)
+    last = session.interpreter.interpret(window, session_row)
     for note in dict.fromkeys(recording.notes):
         session.warn(note)
-    dropped = recording.dropped + session.interpreter.dropped
+    dropped = recorded_dropped + session.interpreter.dropped
     if session.interpreter.segments is not None and session.interpreter.segments.dropped_spans:
         dropped[DROPPED_WINDOWS] += session.interpreter.segments.dropped_spans
     if dropped:
@@ -76,6 +90,24 @@ def finish(session: Session, end_ns: int, error: str | None) -> None:
     if session.windows is not None and session.windows.exporter is not None:
         session.export = session.windows.export_last(last, metadata, session.export_done)
         wait_at_exit(session.export)
+
+
+def _decide_own_step(session: Session) -> None:
+    """The open step of the thread that ends ``session`` (this one) is decided, kept or forgotten
+    as its schedule says, so that its trace has it; other threads' open steps go on."""
+    recording = session.recording
+    assert recording is not None
+    buffer = getattr(recording.local, "b", None)
+    if buffer is None:
+        return
+    if session.schedule is not None:
+        recording.long_step_ns = 0
+        recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
+    try:
+        buffer.steps.finish()
+    finally:
+        recording.on_long_step = None
+        recording.long_step_ns = NEVER
 
 
 def final_metadata(session: Session, dropped: Counter[str]) -> dict[str, Any]:

@@ -70,17 +70,15 @@ def _forget_session_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_session_in_child)
 
 
-def _take_over() -> None:
-    """After a session ended: the first session refused while it ran that is still inside its
-    block takes over (its calls from now on are recorded, never lost unsaid)."""
-    with _claim:
-        if _state.session is not None or not _state.waiting:
-            return
-        successor = _state.waiting.pop(0)
-        try:
-            successor._take_over()
-        except Exception as exc:  # it stays a block without a trace, and says why
-            successor.warn(f"could not take over recording: {type(exc).__name__}: {exc}")
+def _successor(ending: Session) -> Session | None:
+    """Under ``_claim``, as ``ending`` ends: the first block that joined it and is still inside
+    its own, which takes the recording over (no longer a span of ``ending``), or None."""
+    if not _state.waiting:
+        return None
+    successor = _state.waiting.pop(0)
+    successor._nested = None  # its span ends with the session it was part of
+    successor.recording = ending.recording
+    return successor
 
 
 class Session:
@@ -127,6 +125,10 @@ class Session:
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
             calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
         self._nested: span | None = None
+        """While this block is part of another thread's session (it joined it): its span there."""
+        self.running = threading.Event()
+        """Set once this session records, or could not start: a block that joins it waits for
+        it, so that its calls are recorded from its first line on."""
         # the parts of a running session, each used through what it documents
         self.recording: Recording | None = None
         """The per-thread buffers the tracers record into (:mod:`xsp.record.recording`)."""
@@ -157,6 +159,8 @@ class Session:
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
         self.rank: RankInfo | None = None
         """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
+        self.watching: list[Callable[[], None]] = []
+        """What this session added to its recording's ``on_new_thread`` (taken out when it hands over)."""
         self.ended_by: str | None = None
         """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
         self.on_os_exit: list[Callable[[int], None]] = []
@@ -177,22 +181,22 @@ class Session:
                 self.warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
             active = _state.session
+            self.thread_id = threading.get_native_id()
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self.recording = Recording(self.max_events)
                 self.recording.backward_hooks = self.backward
                 _state.session, _state.recording = self, self.recording
-                self.thread_id = threading.get_native_id()
-        if active is not None:
-            where = ("" if active.thread_id == threading.get_native_id() else
-                     f" (started in thread {active.thread_id})")
-            self.warn(f"xsp.trace() is already active{where}; this block is recorded as a span of that "
-                       "session, which keeps running undisturbed, and writes no file of its own unless it "
-                       "outlives that session")
-            self.thread_id = threading.get_native_id()
-            self._nested = span("xsp.trace")
-            self._nested.__enter__()
-            with _claim:
+            else:  # joins it, in the same claim: the active session's end then hands over to it
+                self._nested = span("xsp.trace")
+                self._nested.__enter__()
                 _state.waiting.append(self)
+        if active is not None:
+            where = "" if active.thread_id == self.thread_id else f" (started in thread {active.thread_id})"
+            self.warn(f"xsp.trace() is already active{where}; this block joins that session: its calls are "
+                      "recorded in that session's trace, and if the block outlives that session it takes the "
+                      "recording over without a gap and writes its own file with what ran from then on")
+            if active.thread_id != self.thread_id and not active.running.is_set():
+                active.running.wait()  # that session is still starting: record this block's calls from its first
             return self
         try:
             self._start()
@@ -201,24 +205,33 @@ class Session:
             exit_guard.unguard()
             self.release_output()
             raise
+        finally:
+            self.running.set()
         return self
 
-    def _start(self) -> None:
-        starting.start(self)
+    def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
+        starting.start(self, running, start_ns)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         end_ns = now_ns()
-        if self._nested is not None:
-            with _claim:
+        with _claim:
+            nested = self._nested
+            if nested is not None:
+                self._nested = None
                 if self in _state.waiting:
                     _state.waiting.remove(self)
-            self._nested.__exit__(exc_type, exc, traceback)
+        if nested is not None:
+            nested.__exit__(exc_type, exc, traceback)
             return
         if self.forked:  # a forked child: the parent's session writes the file
             for tracer in self.tracers:
                 with contextlib.suppress(Exception):
                     tracer.stop()
+            return
+        if not self.running.is_set():  # handed the recording over: the thread that ended the session
+            self.running.wait()        # it joined is still starting this one
+        if self.recording is None:  # it could not take the recording over (and said why)
             return
         succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         if isinstance(exc, (Terminated, KeyboardInterrupt)):
@@ -230,17 +243,32 @@ class Session:
                 self.export.wait(EXIT_WAIT_S)
             end_by_signal(exc.signum)
 
-    def _end(self, end_ns: int, error: str | None, exc: BaseException | None) -> None:
-        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not)."""
+    def _end(self, end_ns: int, error: str | None, exc: BaseException | None, hand_over: bool = True) -> None:
+        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not).
+
+        When a block that joined this session is still running (in another thread), the recording
+        goes on without a gap: this session's trace holds what was recorded until ``end_ns`` (a
+        thread's step or module call still running then goes on into the next trace, whole), and
+        that block takes over the recording, with the tracers its levels keep, for what follows."""
         exit_guard.unguard()
         self.signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
+        successor: Session | None = None
+        kept: list[Tracer] = []
         try:
-            _state.session = _state.recording = None
+            with _claim:
+                if hand_over and not isinstance(exc, Terminated):  # a signal ends the process: no one follows
+                    successor = _successor(self)
+                _state.session = successor
+                if successor is None:
+                    _state.recording = None
+            if successor is not None:
+                kept = successor.keeps(self.tracers)
             for tracer in self.tracers:
-                self.stop_quietly(tracer)
+                if tracer not in kept:
+                    self.stop_quietly(tracer)
             self._tell_finishing(True)
             try:
-                self._finish(end_ns, error)
+                self._finish(end_ns, error, successor is not None)
             except Exception as failure:  # xsp must never turn the user's success into a failure
                 self.warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
             finally:
@@ -248,7 +276,8 @@ class Session:
         finally:
             self.release_output()
             self.signals.release(exc)
-            _take_over()
+            if successor is not None:
+                successor._continue(self, kept, end_ns)
 
     def _tell_finishing(self, writing: bool) -> None:
         for listener in self.on_finishing:
@@ -261,7 +290,7 @@ class Session:
         if _state.session is not self:
             return
         self.ended_by = f"os._exit({status})"
-        self._end(now_ns(), None if status == 0 else f"os._exit({status})", None)
+        self._end(now_ns(), None if status == 0 else f"os._exit({status})", None, hand_over=False)
         if self.export is not None:
             self.export.wait(EXIT_WAIT_S)
         for callback in self.on_os_exit:
@@ -285,22 +314,43 @@ class Session:
         """Wait for the background OTLP export; returns its report, or None if none ran."""
         return None if self.export is None else self.export.wait(timeout_s)
 
-    def _take_over(self) -> None:
-        """A session refused while another ran, still inside its block when that one ended:
-        from now on it records, and writes its own file."""
-        self._nested = None  # its span ended with the session it was part of
-        self.recording = Recording(self.max_events)
-        self.recording.backward_hooks = self.backward
-        _state.session, _state.recording = self, self.recording
-        self.warn("the xsp session this block was refused for has ended: this one records from now on, and its "
-                   "trace holds what ran after that")
+    def keeps(self, tracers: list[Tracer]) -> list[Tracer]:
+        """Of the running ``tracers`` of the session this block joined, those it keeps running when
+        it takes the recording over: those of its levels that hand their spans over window by
+        window (one that collects only at its end, the operator level, is stopped and started again)."""
+        return [tracer for tracer in tracers
+                if tracer.level in self.levels and not getattr(tracer, "collects_at_end", False)]
+
+    def _continue(self, ended: Session, running: list[Tracer], since_ns: int) -> None:
+        """This block joined ``ended``, which has just ended (on its own thread, which runs this):
+        from ``since_ns`` on, this session owns the recording, which never stopped, keeps the
+        ``running`` tracers, starts those its levels need besides, and writes its own file."""
+        recording = self.recording
+        assert recording is not None
         try:
-            self._start()
-        except BaseException:
-            _state.session = _state.recording = None
+            recording.restart_counts(self.max_events)
+            recording.rename_models(self.thread_id)
+            recording.backward_hooks = self.backward
+            recording.paused = False
+            where = "" if ended.output is None else f" ({ended.output})"
+            self.warn("the xsp session this block joined has ended: this block records from now on, taking its "
+                      "recording over without a gap; its trace holds what ran from then on (with any step still open "
+                      f"then, whole), that session's{where} what ran before")
+            self._start(running, since_ns)
+        except BaseException as exc:  # the calls from now on are not recorded: said, never lost unsaid
+            for tracer in [*running, *self.tracers]:
+                with contextlib.suppress(Exception):
+                    tracer.stop()
+            with _claim:
+                if _state.session is self:
+                    _state.session = _state.recording = None
             exit_guard.unguard()
             self.release_output()
-            raise
+            self.recording = None
+            self.warn(f"could not take the recording over: {type(exc).__name__}: {exc}; nothing after the end of "
+                      "the session this block joined is recorded")
+        finally:
+            self.running.set()
 
     def claim_output(self) -> None:
         """Claim the output's name for this run (see :class:`OutputName`)."""
@@ -357,8 +407,8 @@ class Session:
         except Exception as exc:
             self.warn(f"tracer {tracer.name} failed to stop: {exc}")
 
-    def _finish(self, end_ns: int, error: str | None) -> None:
-        ending.finish(self, end_ns, error)
+    def _finish(self, end_ns: int, error: str | None, handing_over: bool = False) -> None:
+        ending.finish(self, end_ns, error, handing_over)
 
     def export_done(self, report: ExportReport) -> None:
         """On the export's thread: its outcome goes into the trace and its file."""

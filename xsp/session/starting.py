@@ -4,6 +4,7 @@ job's rank joined, the OTLP export opened, and the step ends watched that close 
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from xsp.core.clock import ClockSync, now_ns
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
     from xsp.session.session import Session
 
 
-def start(session: Session) -> None:
+def start(session: Session, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
+    """Start ``session``. ``running``: tracers already recording into its recording, which it
+    keeps (it takes over the recording of a session that ended, see ``Session.keeps``);
+    ``start_ns``: when it starts recording, if not now (the moment it took over)."""
+    adopted = {tracer.name: tracer for tracer in running or ()}
     session.clock = ClockSync.measure()
     join_job(session, rank_info())
     session.interpreter.host_to_epoch_ns = session.clock.host_to_epoch_ns
@@ -35,6 +40,10 @@ def start(session: Session) -> None:
     session.claim_output()
     open_export(session)
     tracers, session.unavailable = tracers_for(session.levels)
+    tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
+    for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
+        session.stop_quietly(tracer)
+    kept = [tracer for tracer in tracers if tracer in (running or ())]
     tracers.sort(key=lambda tracer: not getattr(tracer, "starts_first", False))  # stable: the rest keep their order
     by_reason: dict[str, list[str]] = {}
     for level, reason in session.unavailable.items():
@@ -50,15 +59,19 @@ def start(session: Session) -> None:
         session.recording.paused = session.schedule.action(0) is StepAction.SKIP
     watch_step_ends(session, tracers)
     for tracer in tracers:
+        if tracer in kept:  # it never stopped recording
+            session.tracers.append(tracer)
+            continue
         try:
             tracer.start(session.recording)
             session.tracers.append(tracer)
         except Exception as exc:
             session.warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
             session.stop_quietly(tracer)
-    session.signals.install()
+    if session.thread_id == threading.main_thread().native_id:  # signals are handled in the main thread only
+        session.signals.install()
     exit_guard.guard(session.end_by_os_exit)
-    session.start_ns = now_ns()
+    session.start_ns = now_ns() if start_ns is None else start_ns
     if session.interpreter.segments is not None:
         try:
             session.interpreter.segments.start(session.start_metadata())
@@ -171,5 +184,21 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
     if windows is not None:
         next_window_due()
         recording.on_new_thread.append(window_if_due)
+        session.watching.append(window_if_due)
         recording.on_wait_over = wait_over
     recording.on_long_step = step_ended
+
+
+def stop_watching(session: Session) -> None:
+    """Undo :func:`watch_step_ends`: ``session`` hands its recording, which goes on, to another."""
+    recording = session.recording
+    assert recording is not None
+    recording.on_long_step = None
+    recording.on_wait_over = None
+    recording.on_ended_thread_step = None
+    recording.window_deferred = False
+    recording.long_step_ns = recording.report_after_ns = recording.report_at_events = NEVER
+    for hello in session.watching:
+        if hello in recording.on_new_thread:
+            recording.on_new_thread.remove(hello)
+    session.watching.clear()

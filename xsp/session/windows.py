@@ -65,6 +65,9 @@ class WindowWorker:
         """The session's end was met while taking the windows waiting: none comes after them."""
         self.held: list[Window] = []
         """Windows taken during a DataLoader wait, handed over when it ends (:meth:`release_held`)."""
+        self.finished = False
+        """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
+        recording, for the session's last window or the session it is handed over to."""
         self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
         self.thread.start()
 
@@ -76,6 +79,8 @@ class WindowWorker:
         if recording is None or not self.closing.acquire(blocking=False):
             return
         try:
+            if self.finished:  # a window taken now would come after the last one interpreted
+                return
             self.closed_ns, self.closed_events = now_ns(), recording.kept_events
             window = recording.take_window()
             if not window.empty:
@@ -160,6 +165,7 @@ class WindowWorker:
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""
         with self.closing:
+            self.finished = True
             held, self.held = self.held, []
             for window in held:
                 self.queue.put(window)
