@@ -76,8 +76,7 @@ def _successor(ending: Session) -> Session | None:
     if not _state.waiting:
         return None
     successor = _state.waiting.pop(0)
-    successor._nested = None  # its span ends with the session it was part of
-    successor.recording = ending.recording
+    successor.adopt(ending.recording)
     return successor
 
 
@@ -313,6 +312,12 @@ class Session:
     def wait_for_export(self, timeout_s: float | None = None) -> ExportReport | None:
         """Wait for the background OTLP export; returns its report, or None if none ran."""
         return None if self.export is None else self.export.wait(timeout_s)
+
+    def adopt(self, recording: Recording | None) -> None:
+        """This block, which joined another session, takes that session's ``recording`` over (its
+        span there ends with that session)."""
+        self._nested = None
+        self.recording = recording
 
     def keeps(self, tracers: list[Tracer]) -> list[Tracer]:
         """Of the running ``tracers`` of the session this block joined, those it keeps running when
