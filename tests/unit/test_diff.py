@@ -417,6 +417,23 @@ def test_the_probe_rounds_agree_on_a_quiet_machine_and_say_how_far_they_spread()
     assert machine_speed.steady({"version": 1, "python_loop_ns": 5})  # an older trace: no rounds kept
 
 
+def test_a_burst_of_load_at_one_of_the_two_moments_makes_a_run_unsteady_not_slower(monkeypatch):
+    from xsp.core import machine_speed
+
+    moments = iter([{"version": 1, "python_loop_ns": 1_000_000, "matrix_product_ns": 400_000, "spread": 0.01},
+                    {"version": 1, "python_loop_ns": 1_300_000, "matrix_product_ns": 410_000, "spread": 0.02}])
+    monkeypatch.setattr(machine_speed, "_probe", lambda: next(moments))
+    machine_speed.measure.cache_clear()
+    machine_speed.confirmed.cache_clear()
+    try:
+        combined = machine_speed.confirmed()
+    finally:
+        machine_speed.measure.cache_clear()
+        machine_speed.confirmed.cache_clear()
+    assert combined["python_loop_ns"] == 1_000_000 and combined["matrix_product_ns"] == 400_000  # the best
+    assert combined["spread"] == 0.3 and not machine_speed.steady(combined)  # the start and end disagreed
+
+
 def test_the_relative_view_shows_which_key_moved_more_than_the_rest():
     uniform = {name: 0.08 for name in LAYERS}
     result = diff(run(1), run(2, slower=uniform), normalize=True)

@@ -3,8 +3,9 @@
 ``xsp diff`` compares runs that CI may have made on different machines. A slower runner slows
 every key of a run at once, and so does a uniform regression (a model moved to float64): the
 two cannot be told apart from the traces themselves. So every session times the same small
-work (a Python loop and a NumPy matrix product, in interleaved rounds of a few tries) and
-keeps the best times and how much the rounds disagreed in its metadata; the diff compares the
+work (a Python loop and a NumPy matrix product, in interleaved rounds of a few tries) as it starts
+and again as it ends, and keeps the best times and how much the rounds and the two moments
+disagreed in its metadata; the diff compares the
 two runs' times, and only that evidence, not how many keys moved together, makes it say the
 runners differ. It trusts it only where both runs' rounds agreed, and a correction may only
 explain a change away, never make one (:func:`xsp.gate.statistics.compare_keys`).
@@ -61,11 +62,9 @@ def _timed_ns(work: Callable[[], object]) -> int:
     return int(best)
 
 
-@cache
-def measure() -> dict[str, Any]:
-    """This process's machine times (ns) of each probe, measured on first use (~25 ms): the
-    best of :data:`ROUNDS` interleaved rounds, and ``spread``, how far the rounds' median lies
-    above that best (the largest over the probes; over :data:`STEADY`, the machine was busy)."""
+def _probe() -> dict[str, Any]:
+    """The best times of :data:`ROUNDS` interleaved rounds, and their ``spread``: how far the
+    rounds' median lies above that best (the largest over the probes)."""
     for work in PROBES.values():
         work()  # warm: first-call costs are not the machine's speed
     rounds: dict[str, list[int]] = {name: [] for name in PROBES}
@@ -75,6 +74,29 @@ def measure() -> dict[str, Any]:
     measured: dict[str, Any] = {"version": PROBE_VERSION, **{name: min(times) for name, times in rounds.items()}}
     measured["spread"] = round(max(statistics.median(times) / min(times) - 1 for times in rounds.values()), 4)
     return measured
+
+
+@cache
+def measure() -> dict[str, Any]:
+    """This process's machine times (ns) of each probe, measured on first use (~25 ms): a
+    session takes them as it starts (see :func:`confirmed`)."""
+    return _probe()
+
+
+@cache
+def confirmed() -> dict[str, Any]:
+    """The times of :func:`measure` taken again, once per process (a session's end): the best of
+    both, with a ``spread`` that also counts how far the two moments disagreed. A burst of load
+    during one of them shows as a spread past :data:`STEADY`, not as a slower machine."""
+    first, again = measure(), _probe()
+    combined: dict[str, Any] = {"version": PROBE_VERSION}
+    apart = 0.0
+    for name in PROBES:
+        low, high = sorted((first[name], again[name]))
+        combined[name] = low
+        apart = max(apart, high / low - 1 if low > 0 else 0.0)
+    combined["spread"] = round(max(first["spread"], again["spread"], apart), 4)
+    return combined
 
 
 def steady(times: dict[str, Any] | None) -> bool:

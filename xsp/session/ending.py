@@ -251,5 +251,5 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
                   "drift_ns": clock.drift_ns},
         "distributed": None if session.rank is None else session.rank.as_metadata(),
         "run_id": session.run_id,
-        "machine_speed": machine_speed.measure(),
+        "machine_speed": machine_speed.confirmed(),
     }

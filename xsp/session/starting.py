@@ -7,6 +7,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from xsp.core import machine_speed
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.rank import (
     RankInfo,
@@ -34,6 +35,7 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
     ``start_ns``: when it starts recording, if not now (the moment it took over)."""
     adopted = {tracer.name: tracer for tracer in running or ()}
     session.clock = ClockSync.measure()
+    machine_speed.measure()  # before the tracers: the program's machine as the session found it
     join_job(session, rank_info())
     session.interpreter.host_to_epoch_ns = session.clock.host_to_epoch_ns
     session.interpreter.rank = session.rank
