@@ -113,7 +113,8 @@ def test_a_uniform_slowdown_fails_the_check(tmp_path):
     profile_mlp(tmp_path / "warm-up.xsp.parquet", torch.float32)  # a process's first session pays for its set-up
     base = profile_mlp(tmp_path / "float32.xsp.parquet", torch.float32)
     new = profile_mlp(tmp_path / "float64.xsp.parquet", torch.float64)
-    done = xsp_cli("diff", str(base), str(new), "--skip-steps", "5", "--format", "json", cwd=tmp_path)
+    # --raw: judged at the threshold given, whatever the (shared, possibly busy) machine's probes say
+    done = xsp_cli("diff", str(base), str(new), "--skip-steps", "5", "--format", "json", "--raw", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
     rows = {row["key"]: row for row in document["rows"]}
@@ -121,9 +122,9 @@ def test_a_uniform_slowdown_fails_the_check(tmp_path):
     assert model_row["verdict"] == "regressed" and model_row["ratio"] > 1.2
     linears = [rows[f"model[0]/model.{i}[0]"] for i in (0, 2, 4, 6)]  # the 384x384 layers: the rest move little
     assert all(row["verdict"] == "regressed" for row in linears), [row["ratio"] for row in linears]
-    assert document["settings"]["judged"] == "raw times"  # one machine: its speed is the same in both runs
-    text = xsp_cli("diff", str(base), str(new), cwd=tmp_path).stdout
-    assert "same speed" in text and "REGRESSED" in text
+    assert document["settings"]["judged"] == "raw times"
+    text = xsp_cli("diff", str(base), str(new), "--raw", cwd=tmp_path).stdout
+    assert "REGRESSED" in text  # (what the machines' speeds say is tested on constructed runs: test_diff.py)
 
 
 def test_a_run_against_itself_passes(runs, tmp_path):

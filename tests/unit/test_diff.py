@@ -434,6 +434,18 @@ def test_a_burst_of_load_at_one_of_the_two_moments_makes_a_run_unsteady_not_slow
     assert combined["spread"] == 0.3 and not machine_speed.steady(combined)  # the start and end disagreed
 
 
+def test_a_change_under_what_the_machines_own_timing_varied_by_is_not_judged():
+    base, new = _on_machine(run(1), 0.002), _on_machine(run(2, slower={"net.b": 0.1}), 0.002)
+    base.metadata["machine_speed"]["spread"], new.metadata["machine_speed"]["spread"] = 0.08, 0.06
+    busy = diff(base, new)
+    assert row(busy, "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged" and busy.settings["judged_threshold"] == 0.14
+    assert any("varied by up to 14%" in warning for warning in busy.warnings)
+    assert row(diff(base, new, machine_speed=False), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"  # --raw
+    base.metadata["machine_speed"]["spread"], new.metadata["machine_speed"]["spread"] = 0.01, 0.015
+    quiet = diff(base, new)  # a quiet machine: the threshold given stands
+    assert quiet.settings["judged_threshold"] == 0.05 and row(quiet, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+
+
 def test_the_relative_view_shows_which_key_moved_more_than_the_rest():
     uniform = {name: 0.08 for name in LAYERS}
     result = diff(run(1), run(2, slower=uniform), normalize=True)

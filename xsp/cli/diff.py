@@ -59,8 +59,9 @@ def register(commands: Any) -> None:
                              "instead of its own times: shows which keys moved more than the rest, and cannot see a "
                              "change that slows every key alike, so it is no check")
     parser.add_argument("--raw", action="store_true",
-                        help="judge raw times even where the two machines' speeds differ (by default the new "
-                             "run's times are divided by how much slower its machine ran xsp's fixed work)")
+                        help="judge raw times at the threshold given, even where the two machines' speeds differ "
+                             "or varied (by default the new run's times are divided by how much slower its machine "
+                             "ran xsp's fixed work, and the threshold is raised to how much that work varied)")
     parser.add_argument("--absolute", action="store_true", help=argparse.SUPPRESS)  # the default since 0.1
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.TEXT.value)
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of to stdout")

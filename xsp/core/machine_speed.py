@@ -99,6 +99,12 @@ def confirmed() -> dict[str, Any]:
     return combined
 
 
+def machine_spread(times: dict[str, Any] | None) -> float:
+    """How much a run's timing of the fixed work varied (``spread``; 0 where none was kept)."""
+    spread = times.get("spread") if isinstance(times, dict) else None
+    return float(spread) if isinstance(spread, (int, float)) and spread > 0 else 0.0
+
+
 def steady(times: dict[str, Any] | None) -> bool:
     """Whether a run's machine times can be trusted: its rounds agreed (runs from before the
     rounds were kept have no ``spread`` and count as steady)."""

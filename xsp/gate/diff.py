@@ -23,7 +23,7 @@ from xsp.core.figures import change_percent as _ratio
 from xsp.core.figures import percent as _pct
 from xsp.core.levels import parse_levels
 from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
-from xsp.core.machine_speed import SAME_SPEED, speed_ratio, steady
+from xsp.core.machine_speed import SAME_SPEED, machine_spread, speed_ratio, steady
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
@@ -157,11 +157,21 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     unsteady = [side for side, info in (("base", base_info), ("new", new_info)) if not steady(info.get(MACHINE_SPEED))]
     speed = measured_speed if (machine_speed and not normalize and measured_speed is not None and not unsteady
                                and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
-    table = keyed.compare_keys(base_keys, new_keys, threshold=threshold, min_delta_ns=round(min_delta_us * 1000),
+    # a machine whose own fixed work varied by X% during the runs cannot tell a change under X%
+    # from its noise: the threshold is raised to it (and said), never lowered
+    machine_noise = machine_spread(base_info.get(MACHINE_SPEED)) + machine_spread(new_info.get(MACHINE_SPEED))
+    judged_threshold = max(threshold, machine_noise) if machine_speed and not normalize else threshold
+    table = keyed.compare_keys(base_keys, new_keys, threshold=judged_threshold,
+                               min_delta_ns=round(min_delta_us * 1000),
                                alpha=alpha,
                       normalize=normalize, speed=speed)
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, speed, normalize)
+    if judged_threshold > threshold:
+        warnings.append(f"the machines' own timing of xsp's fixed work varied by up to {machine_noise:.0%} during "
+                        f"these runs (busy machines): changes under {judged_threshold:.0%}, not {threshold:.0%}, "
+                        "cannot be told from that noise and are not judged (run on a quieter machine, or pass --raw "
+                        "to judge at the threshold given)")
     if unsteady and machine_speed and not normalize and measured_speed is not None:
         whose = "both runs' machines were" if len(unsteady) == 2 else f"the {unsteady[0]} run's machine was"
         warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): times "
@@ -187,7 +197,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
             warnings.append(f"with {int(tested[dcol.BASE_SAMPLES].min())} and {int(tested[dcol.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
                             f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
-    settings = {"by": key_by.value, "threshold": threshold, "min_delta_us": min_delta_us, "alpha": alpha,
+    settings = {"by": key_by.value, "threshold": threshold, "judged_threshold": round(judged_threshold, 4),
+                "min_delta_us": min_delta_us, "alpha": alpha,
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested), "normalize": normalize,
                 "common_shift": round(shift, 4),
