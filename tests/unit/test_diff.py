@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats
 
 import xsp
@@ -444,6 +445,36 @@ def test_a_change_under_what_the_machines_own_timing_varied_by_is_not_judged():
     base.metadata["machine_speed"]["spread"], new.metadata["machine_speed"]["spread"] = 0.01, 0.015
     quiet = diff(base, new)  # a quiet machine: the threshold given stands
     assert quiet.settings["judged_threshold"] == 0.05 and row(quiet, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+
+
+def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():
+    uniform = {name: 0.3 for name in LAYERS}
+    base, new = run(1), run(2, slower=uniform)
+    base.metadata["contention"] = {"waited_share": 0.1}
+    new.metadata["contention"] = {"waited_share": 0.31}  # 0.9 / 0.69: 1.30x as long for the same work
+    busy = diff(base, new)
+    assert busy.verdict is dcol.Verdict.UNCHANGED
+    assert busy.settings["contention_ratio"] == pytest.approx(1.304, abs=1e-3)
+    assert any("waited for a CPU 10% (base) and 31% (new)" in warning for warning in busy.warnings)
+    # the other way round, it never makes a change: identical runs, the base the busier one
+    base, new = run(1), run(2)
+    base.metadata["contention"], new.metadata["contention"] = {"waited_share": 0.4}, {"waited_share": 0.0}
+    assert diff(base, new).verdict is dcol.Verdict.UNCHANGED
+    assert diff(run(1), run(2, slower=uniform), machine_speed=False).verdict is dcol.Verdict.REGRESSED
+
+
+def test_a_session_keeps_how_long_its_threads_waited_for_a_cpu(tmp_path):
+    from xsp.core import contention
+
+    model = torch.nn.Linear(8, 8)
+    with xsp.trace(levels="model", output=tmp_path / "t.xsp.parquet") as session:
+        for _ in range(3):
+            model(torch.randn(2, 8))
+    kept = session.trace.metadata["contention"]
+    if contention.thread_times_ns() is None:
+        assert kept is None  # no /proc: nothing kept, nothing corrected
+    else:
+        assert kept["on_cpu_ns"] > 0 and 0 <= kept["waited_share"] < 1
 
 
 def test_the_relative_view_shows_which_key_moved_more_than_the_rest():

@@ -58,7 +58,7 @@ _ROW: Final = ("level", "kind", "name", "key", "parent", "count", "total_ns", "s
 _OPTIONAL: Final = ("input_dtypes",)
 """Columns a version 1 summary may lack (read as None)."""
 _METADATA_KEPT: Final = ("xsp_version", "torch_version", "python_version", "device", "host", "created_at", "levels",
-                         "source", "machine_speed")
+                         "source", "machine_speed", "contention")
 """What a summary keeps of its trace's metadata: what ran where, and when (to the second)."""
 _REGENERATE: Final = ("was written by an older xsp in a packed format no longer read: make it again with "
                       "`xsp summary TRACE -o NAME{suffix}`")

@@ -17,6 +17,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from xsp.core import contention
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.figures import change_percent as _ratio
@@ -157,6 +158,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     unsteady = [side for side, info in (("base", base_info), ("new", new_info)) if not steady(info.get(MACHINE_SPEED))]
     speed = measured_speed if (machine_speed and not normalize and measured_speed is not None and not unsteady
                                and abs(math.log(measured_speed)) >= math.log1p(SAME_SPEED)) else 1.0
+    # the runs' threads waited for a CPU for different shares of the run (a busy runner): the
+    # kernel's count over the whole run, which a probe of milliseconds under the same load is not
+    waited = contention.contention_ratio(base_info.get(contention.METADATA_KEY), new_info.get(contention.METADATA_KEY))
+    busier = machine_speed and not normalize and contention.is_noticeable(waited, SAME_SPEED)
+    if busier and waited is not None:
+        speed = waited
     # a machine whose own fixed work varied by X% during the runs cannot tell a change under X%
     # from its noise: the threshold is raised to it (and said), never lowered
     machine_noise = machine_spread(base_info.get(MACHINE_SPEED)) + machine_spread(new_info.get(MACHINE_SPEED))
@@ -166,7 +173,13 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                                alpha=alpha,
                       normalize=normalize, speed=speed)
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
-    warnings += _speed_warnings(shift, measured_speed, speed, normalize)
+    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize)
+    if busier:
+        shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
+        warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
+                        f"time they were ready to run (a busy machine, as the kernel counted it): the new run's times "
+                        f"were divided by {speed:.2f} before they were judged, which can explain a change away, "
+                        "never make one")
     if judged_threshold > threshold:
         warnings.append(f"the machines' own timing of xsp's fixed work varied by up to {machine_noise:.0%} during "
                         f"these runs (busy machines): changes under {judged_threshold:.0%}, not {threshold:.0%}, "
@@ -203,6 +216,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "keys_tested": len(tested), "normalize": normalize,
                 "common_shift": round(shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
+                "contention_ratio": None if waited is None else round(waited, 4),
                 "judged_factor": round(float(table.attrs.get(dcol.JUDGED_FACTOR, 1.0)), 4),
                 "judged": "against the common shift" if normalize else (
                     "at equal machine speed" if speed != 1.0 else "raw times"),
@@ -269,6 +283,8 @@ def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.Da
     info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
     info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
     info[MACHINE_SPEED] = _pooled_speed([summary.metadata.get(MACHINE_SPEED) for summary in summaries])
+    info[contention.METADATA_KEY] = contention.pooled([summary.metadata.get(contention.METADATA_KEY)
+                                                       for summary in summaries])
     return keyed.pool_runs([summary.keys[by] for summary in summaries]), info
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
-from xsp.core import machine_speed
+from xsp.core import contention, machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
 from xsp.core.metadata import environment, memory_peaks
@@ -252,4 +252,5 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
         "distributed": None if session.rank is None else session.rank.as_metadata(),
         "run_id": session.run_id,
         "machine_speed": machine_speed.confirmed(),
+        "contention": contention.since(session.threads_at_start),
     }

@@ -156,6 +156,8 @@ class Session:
         """With a schedule: how many steps were recorded, warmed up and skipped."""
         self.recorded_steps: list[list[int]] = []
         """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
+        self.threads_at_start: tuple[int, int] | None = None
+        """The threads' time on a CPU and waiting for one as the session started (:mod:`xsp.core.contention`)."""
         self.rank: RankInfo | None = None
         """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
         self.watching: list[Callable[[], None]] = []

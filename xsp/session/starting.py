@@ -7,7 +7,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from xsp.core import machine_speed
+from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.rank import (
     RankInfo,
@@ -36,6 +36,7 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
     adopted = {tracer.name: tracer for tracer in running or ()}
     session.clock = ClockSync.measure()
     machine_speed.measure()  # before the tracers: the program's machine as the session found it
+    session.threads_at_start = contention.thread_times_ns()
     join_job(session, rank_info())
     session.interpreter.host_to_epoch_ns = session.clock.host_to_epoch_ns
     session.interpreter.rank = session.rank
