@@ -285,15 +285,26 @@ def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
 
 
 def test_json_nested_too_deeply_is_one_line(tmp_path):
-    deep = tmp_path / "deep.json"
     depth = 100_000
-    deep.write_text('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 1, "args": '
-                    + '{"a": ' * depth + "1" + "}" * depth + "}]}")
+    nested = '{"a": ' * depth + "1" + "}" * depth
+
+    def event(name: str, args: str) -> str:
+        return (f'{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": 0, "dur": 1, '
+                f'"args": {args}}}')
+
+    deep = tmp_path / "deep.json"  # a value nested that deep outside an event's arguments: refused
+    deep.write_text(f'{{"deviceProperties": [{nested}], "traceEvents": [{event("a", "{}")}]}}')
+    deep_args = tmp_path / "deep_args.json"  # an event's arguments: dropped, the event and the rest read
+    deep_args.write_text(f'{{"traceEvents": [{event("a", nested)}, {event("b", "{}")}]}}')
     for command in ("import", "summary", "report"):
         argv = [command, str(deep)] + (["-o", str(tmp_path / f"o{command}")] if command != "report" else [])
         done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "nested too deeply" in done.stderr, done.stderr
+        argv[1] = str(deep_args)
+        done = subprocess.run([sys.executable, "-m", "xsp", *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "1 Kineto events' arguments nested more than 512 levels were left out" in done.stderr, done.stderr
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`

@@ -21,7 +21,7 @@ import pytest
 
 import xsp
 from xsp.core import schema as col
-from xsp.io import kineto, kineto_json
+from xsp.io import kineto, kineto_events, kineto_json
 from xsp.io.kineto_events import decoded_events, scanned_events
 
 
@@ -190,11 +190,116 @@ def test_what_the_scanner_leaves_to_msgspec_loads_as_before(tmp_path, monkeypatc
     ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op\x01", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}',
      "not valid"),
 ])
-def test_broken_json_fails_as_it_did(tmp_path, text, message):
+def test_broken_json_fails_as_it_did(tmp_path, monkeypatch, text, message):
     path = tmp_path / "broken.json"
     path.write_text(text)
-    assert _scanned(path) is None
     with pytest.raises(xsp.TraceFormatError, match=message):
+        _scanned(path)  # by the scanner, where it meets the byte: not after msgspec read the whole file
+    with pytest.raises(xsp.TraceFormatError, match=message):
+        xsp.load(path)
+    monkeypatch.setenv("XSP_PURE_PYTHON", "1")
+    with pytest.raises(xsp.TraceFormatError, match=message):
+        xsp.load(path)
+
+
+def _counted_pieces(monkeypatch) -> list[int]:
+    """The sizes of the pieces the scanner is handed, from now on."""
+    sizes: list[int] = []
+    pieces = kineto_json.inflated_pieces
+
+    def counted(source):
+        for piece in pieces(source):
+            sizes.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(kineto_events, "inflated_pieces", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("head", [
+    b'{"traceEvents": [',
+    # an event the scanner leaves to msgspec first: it goes on checking the JSON, reading no rows
+    b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "n\\u0061me": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}, ',
+    b'{"deviceProperties": [',
+])
+@pytest.mark.parametrize("name", ["garbage.json", "garbage.json.gz"])
+def test_garbage_is_refused_at_its_first_byte_without_reading_the_rest(tmp_path, monkeypatch, head, name):
+    text = head + bytes(range(256)) * (16 << 10)  # 4 MiB that cannot be JSON
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    monkeypatch.setattr(kineto_json, "PIECE_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto_json, "_read_bytes", None)  # msgspec's whole-file read is never reached
+    sizes = _counted_pieces(monkeypatch)
+    with pytest.raises(xsp.TraceFormatError, match=rf"not valid Kineto JSON: invalid character \(byte {len(head)}\)"):
+        xsp.load(path)
+    assert sum(sizes) <= 4 * (64 << 10)  # a piece and those read ahead, not the file
+
+
+def test_a_value_that_never_ends_is_refused_past_the_cap(tmp_path, monkeypatch):
+    path = tmp_path / "endless.json"
+    path.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "' + b"a" * (4 << 20))
+    monkeypatch.setattr(kineto_json, "PIECE_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto_events, "MAX_VALUE_BYTES", 1 << 20)
+    sizes = _counted_pieces(monkeypatch)
+    with pytest.raises(xsp.TraceFormatError, match="an event or field at byte 17 is longer than 1 MiB"):
+        xsp.load(path)
+    assert sum(sizes) <= (2 << 20) + (256 << 10)
+
+
+def _deep_args_trace(tmp_path: Path, depth: int, events=(), name="deep.json") -> Path:
+    """A trace with one event whose args nest ``depth`` levels (the args object is the first)."""
+    deep = {"ph": "X", "cat": "cpu_op", "name": "deep", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "args": "ARGS"}
+    nested = '{"External id": 7, "deep": ' + '{"a": ' * (depth - 1) + "1" + "}" * (depth - 1) + "}"
+    text = json.dumps(_document([*ODD_EVENTS[2:4], deep, *events]), ensure_ascii=False).replace('"ARGS"', nested)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    return path
+
+
+@pytest.mark.parametrize("depth, dropped", [(512, False), (513, True), (1000, True), (200_000, True)])
+@pytest.mark.parametrize("left_to_msgspec", [False, True])
+def test_arguments_nested_too_deeply_are_dropped_not_the_trace(tmp_path, depth, dropped, left_to_msgspec):
+    path = _deep_args_trace(tmp_path, depth, FLOW_ONLY if left_to_msgspec else ())
+    assert (_scanned(path) is None) == left_to_msgspec
+    if dropped:
+        with pytest.warns(xsp.XspWarning, match="1 Kineto events' arguments nested more than 512 levels") as caught:
+            trace = xsp.load(path)
+        assert len([w for w in caught if issubclass(w.category, xsp.XspWarning)]) == 1
+        assert trace.metadata["not_imported"]["args_too_deep"] == 1
+        assert trace.metadata["dropped"] == {"Kineto events' arguments nested more than 512 levels": 1}
+    else:
+        trace = xsp.load(path)
+        assert "args_too_deep" not in trace.metadata["not_imported"]
+    spans = trace.spans.set_index(col.NAME)
+    assert pd.isna(spans.loc["deep", col.ATTRIBUTES]) == dropped
+    assert spans.loc["aten::empty", col.ATTRIBUTES] == '{"Input Dims":[],"Sequence number":7.0}'
+    if left_to_msgspec:
+        assert trace.spans[trace.spans[col.KIND] == "kernel"][col.CORRELATION_ID].tolist() == [42]
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 7, 4096])
+def test_dropped_arguments_are_counted_once_whatever_the_pieces(tmp_path, monkeypatch, piece_bytes):
+    path = _deep_args_trace(tmp_path, 600, name="deep.json.gz")
+    monkeypatch.setattr(kineto_json, "PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(kineto_json, "READ_BYTES", piece_bytes)
+    events = _scanned(path)
+    assert events is not None and events.counts["args_too_deep"] == 1
+    assert kineto.kineto_rows(events)[1]["not_imported"]["args_too_deep"] == 1
+
+
+def test_the_depth_cap_is_the_scanners(tmp_path):
+    assert importlib.import_module("xsp.io._kineto").MAX_DEPTH == kineto_json.ARGS_MAX_DEPTH
+
+
+@pytest.mark.parametrize("where", ["deviceProperties", "an event's other field"])
+def test_values_nested_too_deeply_elsewhere_are_refused_in_one_line(tmp_path, where):
+    deep = b'{"a": ' * 100_000 + b"1" + b"}" * 100_000
+    other = deep if where != "deviceProperties" else b"1"
+    path = tmp_path / "deep.json"
+    path.write_bytes(b'{"deviceProperties": [%s], "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, '
+                     b'"tid": 1, "ts": 1, "dur": 1, "other": %s}]}' % (deep if where == "deviceProperties" else b"{}",
+                                                                      other))
+    with pytest.raises(xsp.TraceFormatError, match="nested too deeply"):
         xsp.load(path)
 
 

@@ -28,7 +28,9 @@ those copied into typed columns), every key and value as recorded, as compact JS
 white space between tokens), so nothing is lost.
 Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
 the metadata (``not_imported``), not imported; so are events with impossible times (not
-finite, negative durations, before the epoch or after 2116: ``impossible_times``).
+finite, negative durations, before the epoch or after 2116: ``impossible_times``). An event whose
+``args`` nest more than ``ARGS_MAX_DEPTH`` levels is imported without them, and counted
+(``args_too_deep``).
 """
 
 from __future__ import annotations
@@ -51,8 +53,15 @@ from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.core.memory_release import release_freed_memory
 from xsp.core.schema import Level, SpanKind
-from xsp.io.kineto_events import MISSING, MISSING_TIMES, EventColumns, decoded_events, scanned_events
-from xsp.io.kineto_json import DICT_DECODER, collector_paused, decode
+from xsp.io.kineto_events import (
+    ARGS_TOO_DEEP,
+    MISSING,
+    MISSING_TIMES,
+    EventColumns,
+    decoded_events,
+    scanned_events,
+)
+from xsp.io.kineto_json import ARGS_MAX_DEPTH, DICT_DECODER, collector_paused, decode
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
@@ -290,9 +299,12 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
 
 def read_events(source: Path) -> EventColumns:
     """The trace's events as columns: by the C scanner where it reads the file, else by msgspec."""
-    events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED)
+    dropped_args: list[tuple[int, int]] = []
+    events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED, dropped_args)
     if events is None:
-        events = decoded_events(decode(source), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
+        events = decoded_events(decode(source, dropped_args), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
+        if dropped_args:
+            events.counts[ARGS_TOO_DEEP] += len(dropped_args)
     return events
 
 
@@ -320,6 +332,8 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     levels = [level.value for level in Level if level.value in present]
     not_imported = metadata.get("not_imported") or {}
     lost = {f"Kineto events {what}": int(not_imported[key]) for key, what in LOST.items() if not_imported.get(key)}
+    if not_imported.get(ARGS_TOO_DEEP):  # the events are imported, without their arguments
+        lost[f"Kineto events' arguments nested more than {ARGS_MAX_DEPTH} levels"] = int(not_imported[ARGS_TOO_DEEP])
     metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
                 "imported_from": str(source), "levels": levels, "hierarchy": result.diagnostics,
                 "dropped": lost, "service_name": source.name.split(".")[0],

@@ -19,7 +19,8 @@ import queue
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -30,8 +31,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.core.errors import TraceFormatError
 from xsp.io.kineto_json import (
     ARGS_DECODER,
+    MAX_VALUE_BYTES,
     MISSING,
     NO_ARGS,
     QUIET_PHASES,
@@ -46,6 +49,9 @@ from xsp.io.kineto_json import (
 from xsp.record.hotpath import optional_extension
 
 MISSING_TIMES: Final = "missing_times"
+ARGS_TOO_DEEP: Final = "args_too_deep"
+"""The count of events whose ``args`` nest more than ``ARGS_MAX_DEPTH`` levels: they are read
+without them."""
 
 
 @dataclass
@@ -85,7 +91,7 @@ class EventColumns:
 _END: Final = object()
 
 
-def _read_ahead(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+def _read_ahead(pieces: Iterator[bytes], depth: int = 2) -> Generator[bytes, None, None]:
     """``pieces``, made up to ``depth`` ahead by a thread of their own: inflating (zlib) and
     scanning (C) both let go of the GIL, so on two cores the file is inflated while it is read."""
     ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
@@ -137,36 +143,68 @@ def _strings(blocks: dict[str, Any], name: str, count: int, empty_is_null: bool)
     return texts
 
 
-def scanned_events(source: Path, categories: list[str], linked: frozenset[str]) -> EventColumns | None:
+def _left_to_msgspec(scanner: Any, dropped_args: list[tuple[int, int]] | None) -> EventColumns | None:
+    """None, for a file the scanner leaves to msgspec, which is told the arguments to drop."""
+    if dropped_args is not None:
+        dropped_args.extend(scanner.dropped_args)
+    return None
+
+
+def scanned_events(source: Path, categories: list[str], linked: frozenset[str],
+                   dropped_args: list[tuple[int, int]] | None = None) -> EventColumns | None:
     """The events read by the C scanner; None where it is not built or leaves the file to msgspec.
 
+    Where it leaves the file to msgspec, it has still read it to the end, checking only its JSON:
+    a file that is not JSON fails here, holding no more of it than a piece, and ``dropped_args``
+    (when given) gets the (start, stop) offsets of the ``"args"`` members nested too deeply, for
+    :func:`xsp.io.kineto_json.decode` to drop as the scanner does.
+
     Raises:
-        TraceFormatError: the gzip stream is corrupt, truncated or a decompression bomb.
+        TraceFormatError: not JSON, truncated, nested past any plausible depth, a value longer than
+            ``MAX_VALUE_BYTES``; a corrupt or truncated gzip stream or a decompression bomb.
     """
     kineto = optional_extension("xsp.io._kineto")
     if kineto is None:
         return None
     scanner = kineto.Scanner(categories, sorted(linked))
     pending = b""
+    waiting: list[bytes] = []  # pieces not scanned yet
+    waiting_bytes = offset = 0
     try:
-        for piece in _read_ahead(inflated_pieces(source)):
-            data = pending + piece if pending else piece
-            pending = data[scanner.scan(data, False):]
-        scanner.scan(pending, True)
+        with closing(_read_ahead(inflated_pieces(source))) as pieces:
+            for piece in pieces:
+                waiting.append(piece)
+                waiting_bytes += len(piece)
+                if waiting_bytes < len(pending):
+                    continue  # a value longer than a piece is scanned again once its bytes doubled, not at each piece
+                data = pending + waiting[0] if len(waiting) == 1 else b"".join([pending, *waiting])
+                waiting.clear()
+                waiting_bytes = 0
+                consumed = scanner.scan(data, False)
+                offset += consumed
+                pending = data[consumed:]
+                del data
+                if len(pending) > MAX_VALUE_BYTES:
+                    raise TraceFormatError(
+                        f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
+                        f"than {MAX_VALUE_BYTES >> 20} MiB")
+        scanner.scan(b"".join([pending, *waiting]), True)
+    except kineto.Invalid as exc:
+        raise TraceFormatError(f"{source} {exc}") from None
     except kineto.Unsupported:
-        return None
+        return _left_to_msgspec(scanner, dropped_args)
     count = scanner.rows
     blocks = scanner.columns()
     try:
         name = _strings(blocks, "name", count, empty_is_null=False)
         attributes = _strings(blocks, "attributes", count, empty_is_null=True)
     except pa.ArrowInvalid:
-        return None
+        return _left_to_msgspec(scanner, dropped_args)
     try:
         fields = msgspec.json.decode(b"{" + b",".join(b'"%s":%s' % pair for pair in scanner.top_fields) + b"}",
                                      type=FileFields)
     except msgspec.DecodeError:
-        return None
+        return _left_to_msgspec(scanner, dropped_args)
 
     def ints(key: str) -> np.ndarray:
         return np.frombuffer(blocks.pop(key), dtype=np.int64)
@@ -175,6 +213,8 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str]) 
     counts: Counter[str] = Counter({f"ignored {what} events": n for what, n in scanner.ignored.items()})
     if scanner.missing_times:
         counts[MISSING_TIMES] = scanner.missing_times
+    if scanner.dropped_args:
+        counts[ARGS_TOO_DEEP] = len(scanner.dropped_args)
     return EventColumns(
         category=np.frombuffer(blocks.pop("category"), dtype=np.int8),
         ts_us=np.frombuffer(blocks.pop("ts"), dtype=np.float64),

@@ -7,7 +7,7 @@ import gc
 import os
 import types
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, Union
@@ -203,7 +203,21 @@ def _sniff(source: Path, head: bytes) -> None:
     raise TraceFormatError(f"{source} is not valid Kineto JSON: a trace begins with '{{', this file with {shown!r}")
 
 
-def _read_bytes(source: Path) -> bytes:
+def _read_rest(handle: Any, head: bytes) -> bytearray:
+    """The file's bytes, ``head`` first, read into one buffer: never joined from a second copy."""
+    size = max(os.fstat(handle.fileno()).st_size, len(head))
+    data = bytearray(size)
+    data[:len(head)] = head
+    got = len(head)
+    with memoryview(data) as view:
+        while got < size and (count := handle.readinto(view[got:])):
+            got += count
+    del data[got:]
+    data += handle.read()  # what was written since its size was read
+    return data
+
+
+def _read_bytes(source: Path) -> bytes | bytearray:
     try:
         with source.open("rb") as handle:
             head = handle.read(SNIFF_BYTES)
@@ -213,13 +227,12 @@ def _read_bytes(source: Path) -> bytes:
                 except zlib.error as exc:
                     raise TraceFormatError(f"{source} is a corrupt gzip file ({exc})") from None
                 _sniff(source, inflated)
+                data = head + handle.read()
             else:
                 _sniff(source, head)
-            data = head + handle.read()
+                return _read_rest(handle, head)
     except OSError as exc:
         raise TraceFormatError(f"{source} cannot be read: {exc.strerror or exc}") from None
-    if data[:2] != b"\x1f\x8b":
-        return data
     cap = max(MAX_INFLATION * len(data), MIN_INFLATED_CAP_BYTES)
     try:
         inflated, complete = gunzip_bounded(data, cap)
@@ -235,6 +248,12 @@ def _read_bytes(source: Path) -> bytes:
 
 PIECE_BYTES: Final = 4 << 20
 """How much of a file the C scanner reads at a time (inflated)."""
+MAX_VALUE_BYTES: Final = 256 << 20
+"""The longest event (or top-level field) the C scanner reads: Kineto's are at most kilobytes, and a
+file with a longer one (a string that never ends) is refused, not held whole."""
+ARGS_MAX_DEPTH: Final = 512
+"""An event's ``args`` nested more levels than this are dropped, not read (``xsp.io._kineto.MAX_DEPTH``):
+msgspec, which recurses, cannot read them much deeper."""
 READ_BYTES: Final = 512 << 10
 """How much of a gzip file is read at a time (it inflates about 10x)."""
 
@@ -299,8 +318,21 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def decode(source: Path) -> _File:
-    data = _read_bytes(source)
+def drop_members(data: bytes | bytearray, ranges: Sequence[tuple[int, int]]) -> bytes | bytearray:
+    """``data`` with each (start, stop) range, an object's ``"key": value`` member, made a member of
+    an empty key (which no struct reads) padded with spaces: the same length, in place where it can."""
+    if not ranges:
+        return data
+    text = data if isinstance(data, bytearray) else bytearray(data)
+    for start, stop in ranges:
+        text[start:stop] = b'"":0'.ljust(stop - start)
+    return text
+
+
+def decode(source: Path, dropped_args: Sequence[tuple[int, int]] = ()) -> _File:
+    """The whole file decoded; the ``"args"`` members at ``dropped_args`` (offsets the C scanner found
+    nested too deeply) are dropped first."""
+    data = drop_members(_read_bytes(source), dropped_args)
     try:
         try:
             decoded = _DECODER.decode(data)

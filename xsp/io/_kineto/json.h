@@ -2,8 +2,16 @@
  *
  * Each function takes the position to read from and returns the position after what it
  * read, or NULL with ctx->status saying why: NEED (the range ended first: read again with
- * more bytes) or UNSUPPORTED (not JSON, or JSON this reader leaves to msgspec). The grammar
- * is RFC 8259's, as msgspec reads it, so that what this accepts msgspec accepts too.
+ * more bytes), INVALID (not JSON: r->at is the first byte that cannot be), TRUNCATED (the
+ * last range ended inside a value), TOO_DEEP (nested deeper than memory for one bit a level
+ * allows) or UNSUPPORTED (JSON this reader leaves to msgspec). The grammar is RFC 8259's, as msgspec
+ * reads it, both ways: what this accepts msgspec accepts, and what this calls INVALID or
+ * TRUNCATED msgspec refuses too.
+ *
+ * Containers nest by recursion up to J_MAX_DEPTH levels; deeper ones are checked by j_deep,
+ * without recursion (one bit a level, at most an eighth of the bytes it reads), and say so in
+ * r->deep: the caller decides whether
+ * a value nested that deep is read (it is not: msgspec, which recurses, could not) or dropped.
  */
 #ifndef XSP_KINETO_JSON_H
 #define XSP_KINETO_JSON_H
@@ -12,13 +20,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { J_OK = 0, J_NEED = 1, J_UNSUPPORTED = 2 };
+enum { J_OK = 0, J_NEED = 1, J_UNSUPPORTED = 2, J_INVALID = 3, J_TRUNCATED = 4, J_TOO_DEEP = 5 };
 enum { J_MAX_DEPTH = 512 };
 
 typedef struct {
     const char *end;
     int final;  /* no more bytes will come: running out is a truncated file */
     int status;
+    const char *at; /* INVALID: the byte that made it so */
+    int deep;       /* a container nested past J_MAX_DEPTH was read (by j_deep) */
+    int lenient;    /* the grammar only: numbers too long to convert are fine */
 } JsonRange;
 
 typedef struct {
@@ -43,7 +54,15 @@ static inline const char *j_fail(JsonRange *r, int status) {
     return NULL;
 }
 
-static inline const char *j_need(JsonRange *r) { return j_fail(r, r->final ? J_UNSUPPORTED : J_NEED); }
+static inline const char *j_invalid(JsonRange *r, const char *p) {
+    r->at = p;
+    return j_fail(r, J_INVALID);
+}
+
+static inline const char *j_need(JsonRange *r) {
+    r->at = r->end;
+    return j_fail(r, r->final ? J_TRUNCATED : J_NEED);
+}
 
 static inline const char *j_space(JsonRange *r, const char *p) {
     while (p < r->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
@@ -62,18 +81,18 @@ static inline const char *j_string(JsonRange *r, const char *p, JsonString *out)
         if (q >= r->end) return j_need(r);
         unsigned char c = (unsigned char)*q;
         if (c == '"') break;
-        if (c < 0x20) return j_fail(r, J_UNSUPPORTED);
+        if (c < 0x20) return j_invalid(r, q);
         if (c == '\\') {
             escaped = 1;
             if (q + 1 >= r->end) return j_need(r);
             char e = q[1];
             if (e == 'u') {
                 if (q + 6 > r->end) return j_need(r);
-                if (!j_hex(q[2]) || !j_hex(q[3]) || !j_hex(q[4]) || !j_hex(q[5])) return j_fail(r, J_UNSUPPORTED);
+                if (!j_hex(q[2]) || !j_hex(q[3]) || !j_hex(q[4]) || !j_hex(q[5])) return j_invalid(r, q);
                 q += 6;
                 continue;
             }
-            if (!strchr("\"\\/bfnrt", e) || e == 0) return j_fail(r, J_UNSUPPORTED);
+            if (!strchr("\"\\/bfnrt", e) || e == 0) return j_invalid(r, q);
             q += 2;
             continue;
         }
@@ -96,13 +115,13 @@ static inline const char *j_number(JsonRange *r, const char *p, JsonValue *v) {
     } else if (*q >= '1' && *q <= '9') {
         while (q < r->end && *q >= '0' && *q <= '9') q++;
     } else {
-        return j_fail(r, J_UNSUPPORTED);
+        return j_invalid(r, q);
     }
     if (q < r->end && *q == '.') {
         is_float = 1;
         q++;
         if (q >= r->end) return j_need(r);
-        if (!(*q >= '0' && *q <= '9')) return j_fail(r, J_UNSUPPORTED);
+        if (!(*q >= '0' && *q <= '9')) return j_invalid(r, q);
         while (q < r->end && *q >= '0' && *q <= '9') q++;
     }
     if (q < r->end && (*q == 'e' || *q == 'E')) {
@@ -110,13 +129,22 @@ static inline const char *j_number(JsonRange *r, const char *p, JsonValue *v) {
         q++;
         if (q < r->end && (*q == '+' || *q == '-')) q++;
         if (q >= r->end) return j_need(r);
-        if (!(*q >= '0' && *q <= '9')) return j_fail(r, J_UNSUPPORTED);
+        if (!(*q >= '0' && *q <= '9')) return j_invalid(r, q);
         while (q < r->end && *q >= '0' && *q <= '9') q++;
     }
     if (q >= r->end && !r->final) return j_fail(r, J_NEED); /* more digits may follow */
     Py_ssize_t length = q - p;
     char text[64];
-    if (length >= (Py_ssize_t)sizeof(text)) return j_fail(r, J_UNSUPPORTED);
+    if (length >= (Py_ssize_t)sizeof(text)) {
+        if (!r->lenient) return j_fail(r, J_UNSUPPORTED); /* valid, but left to msgspec */
+        v->kind = V_FLOAT;                                   /* only its grammar is checked */
+        v->start = p;
+        v->stop = q;
+        v->overflow = 0;
+        v->integer = 0;
+        v->number = 0;
+        return q;
+    }
     memcpy(text, p, (size_t)length);
     text[length] = 0;
     v->start = p;
@@ -154,11 +182,9 @@ static inline const char *j_number(JsonRange *r, const char *p, JsonValue *v) {
 static inline const char *j_literal(JsonRange *r, const char *p, const char *word, int kind, JsonValue *v) {
     size_t n = strlen(word);
     size_t have = (size_t)(r->end - p);
-    if (have < n) {
-        if (memcmp(p, word, have) != 0) return j_fail(r, J_UNSUPPORTED);
-        return j_need(r);
-    }
-    if (memcmp(p, word, n) != 0) return j_fail(r, J_UNSUPPORTED);
+    for (size_t i = 0; i < n && i < have; i++)
+        if (p[i] != word[i]) return j_invalid(r, p + i);
+    if (have < n) return j_need(r);
     v->kind = kind;
     v->start = p;
     v->stop = p + n;
@@ -169,19 +195,104 @@ static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth)
 
 /* p at an object member's key: reads `"key": value`, returns the position after the value. */
 static inline const char *j_member(JsonRange *r, const char *p, JsonString *key, JsonValue *value, int depth) {
-    if (*p != '"') return j_fail(r, J_UNSUPPORTED);
+    if (*p != '"') return j_invalid(r, p);
     if (!(p = j_string(r, p, key))) return NULL;
     p = j_space(r, p);
     if (p >= r->end) return j_need(r);
-    if (*p != ':') return j_fail(r, J_UNSUPPORTED);
+    if (*p != ':') return j_invalid(r, p);
     p = j_space(r, p + 1);
     if (p >= r->end) return j_need(r);
     return j_value(r, p, value, depth);
 }
 
+/* p at '{' or '[' nested past J_MAX_DEPTH: skips the whole container, checking its grammar as
+ * j_container does, but in a loop, with one bit a level (object or array) on a stack of its own. */
+static const char *j_deep_levels(JsonRange *r, const char *p, unsigned char **objects, size_t *capacity) {
+    size_t depth = 0;
+    for (;;) {
+        /* p at a value */
+        if (*p == '{' || *p == '[') {
+            if (depth / 8 >= *capacity) {
+                size_t more = *capacity * 2;
+                unsigned char *grown = realloc(*objects, more);
+                if (!grown) {
+                    r->at = p;
+                    return j_fail(r, J_TOO_DEEP);
+                }
+                *objects = grown;
+                *capacity = more;
+            }
+            int object = *p == '{';
+            if (object) (*objects)[depth >> 3] |= (unsigned char)(1u << (depth & 7));
+            else (*objects)[depth >> 3] &= (unsigned char)~(1u << (depth & 7));
+            depth++;
+            p = j_space(r, p + 1);
+            if (p >= r->end) return j_need(r);
+            if (*p == (object ? '}' : ']')) {
+                p++;
+                depth--;
+            } else {
+                if (object) {
+                    JsonString key;
+                    if (*p != '"') return j_invalid(r, p);
+                    if (!(p = j_string(r, p, &key))) return NULL;
+                    p = j_space(r, p);
+                    if (p >= r->end) return j_need(r);
+                    if (*p != ':') return j_invalid(r, p);
+                    p = j_space(r, p + 1);
+                    if (p >= r->end) return j_need(r);
+                }
+                continue;
+            }
+        } else {
+            JsonValue scalar;
+            if (!(p = j_value(r, p, &scalar, 0))) return NULL;
+        }
+        /* after a value: close containers, or go on to the next item */
+        for (;;) {
+            if (depth == 0) return p;
+            int object = ((*objects)[(depth - 1) >> 3] >> ((depth - 1) & 7)) & 1;
+            p = j_space(r, p);
+            if (p >= r->end) return j_need(r);
+            if (*p == (object ? '}' : ']')) {
+                p++;
+                depth--;
+                continue;
+            }
+            if (*p != ',') return j_invalid(r, p);
+            p = j_space(r, p + 1);
+            if (p >= r->end) return j_need(r);
+            if (object) {
+                JsonString key;
+                if (*p != '"') return j_invalid(r, p);
+                if (!(p = j_string(r, p, &key))) return NULL;
+                p = j_space(r, p);
+                if (p >= r->end) return j_need(r);
+                if (*p != ':') return j_invalid(r, p);
+                p = j_space(r, p + 1);
+                if (p >= r->end) return j_need(r);
+            }
+            break;
+        }
+    }
+}
+
+static const char *j_deep(JsonRange *r, const char *p) {
+    size_t capacity = 1024; /* 8192 levels to begin with */
+    unsigned char *objects = malloc(capacity);
+    r->deep = 1;
+    if (!objects) {
+        r->at = p;
+        return j_fail(r, J_TOO_DEEP);
+    }
+    const char *after = j_deep_levels(r, p, &objects, &capacity);
+    free(objects);
+    return after;
+}
+
 /* p at '{' or '['; skips the whole container, checking its grammar. */
 static inline const char *j_container(JsonRange *r, const char *p, int depth) {
-    if (depth > J_MAX_DEPTH) return j_fail(r, J_UNSUPPORTED);
+    if (depth > J_MAX_DEPTH) return j_deep(r, p);
     char close = *p == '{' ? '}' : ']';
     int object = *p == '{';
     p = j_space(r, p + 1);
@@ -194,7 +305,7 @@ static inline const char *j_container(JsonRange *r, const char *p, int depth) {
         p = j_space(r, p);
         if (p >= r->end) return j_need(r);
         if (*p == close) return p + 1;
-        if (*p != ',') return j_fail(r, J_UNSUPPORTED);
+        if (*p != ',') return j_invalid(r, p);
         p = j_space(r, p + 1);
         if (p >= r->end) return j_need(r);
     }
@@ -222,7 +333,7 @@ static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth)
         return j_literal(r, p, "null", V_NULL, v);
     default:
         if (*p == '-' || (*p >= '0' && *p <= '9')) return j_number(r, p, v);
-        return j_fail(r, J_UNSUPPORTED);
+        return j_invalid(r, p);
     }
     if (q) v->stop = q;
     return q;

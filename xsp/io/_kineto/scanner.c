@@ -10,9 +10,14 @@
  * numpy and Arrow read without a copy.
  *
  * What it does not read the way xsp.io.kineto's msgspec path does (a string where a number
- * belongs, escapes in keys, a kernel without a correlation id, a file cut short...) raises
- * `Unsupported`, and the caller reads the whole file with that path instead: this one is an
- * accelerator, never a second opinion. The scan itself runs without the GIL.
+ * belongs, escapes in keys, a kernel without a correlation id...) makes it go on checking only
+ * the JSON grammar to the end of the file, and then raise `Unsupported`: the caller reads the
+ * whole file with that path instead (this one is an accelerator, never a second opinion), but
+ * only once the file is known to be JSON. Bytes that cannot be JSON, or a file that ends inside
+ * its document, raise `Invalid` at once, wherever they are, holding no more of the file than
+ * the piece that has them. An event's `args` nested more than J_MAX_DEPTH levels are dropped
+ * (the event is read without them) and their place in the file kept (`dropped_args`), so that
+ * the msgspec path, which could not read them, drops them too. The scan runs without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -124,6 +129,12 @@ enum { E_FIRST, E_COMMA, E_ITEM };
 typedef struct {
     PyObject_HEAD
     int state, expect, seen_events;
+    int checking;          /* the grammar only, to the end: the file is msgspec's to read */
+    int in_trace_events;   /* the array being read is traceEvents */
+    Py_ssize_t base;       /* the offset in the file of the bytes scan() was given */
+    const char *buffer;    /* those bytes, while scan() runs */
+    Growable dropped;      /* (start, stop) int64 offsets of each `"args": ...` member dropped */
+    int64_t last_dropped;  /* the start of the last one (an event read twice is counted once) */
     Growable fixed[C_FIXED];
     TextColumn texts[T_TEXTS];
     Py_ssize_t rows, missing_times, events;
@@ -135,7 +146,7 @@ typedef struct {
     PyThreadState *released; /* set while the scan runs without the GIL */
 } Scanner;
 
-static PyObject *UnsupportedError;
+static PyObject *UnsupportedError, *InvalidError;
 
 static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"categories", "linked", NULL};
@@ -171,6 +182,7 @@ static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
     self->top_fields = PyList_New(0);
     self->thread_names = PyList_New(0);
     self->ignored = PyDict_New();
+    self->last_dropped = -1;
     if (!self->top_fields || !self->thread_names || !self->ignored) return -1;
     for (int t = 0; t < T_TEXTS; t++)
         if (text_end_row(&self->texts[t])) return PyErr_NoMemory(), -1;
@@ -179,6 +191,7 @@ static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
 
 static void scanner_dealloc(Scanner *self) {
     for (int c = 0; c < C_FIXED; c++) free(self->fixed[c].data);
+    free(self->dropped.data);
     for (int t = 0; t < T_TEXTS; t++) {
         free(self->texts[t].data.data);
         free(self->texts[t].offsets.data);
@@ -344,7 +357,7 @@ static int read_arguments(const JsonValue *args, Arguments *a) {
     a->correlation_absent = 1;
     a->grid.kind = a->block.kind = a->input_dims.kind = V_ABSENT;
     if (args->kind != V_OBJECT) return 0;
-    JsonRange r = {args->stop, 1, 0};
+    JsonRange r = {.end = args->stop, .final = 1};
     const char *p = j_space(&r, args->start + 1);
     if (*p == '}') return 0;
     for (;;) {
@@ -473,7 +486,7 @@ static void take_back_row(Scanner *s) {
 static int thread_name(Scanner *s, const Event *e) {
     if (e->args.kind == V_ABSENT) return 0;
     if (e->args.kind != V_OBJECT) return -1;
-    JsonRange r = {e->args.stop, 1, 0};
+    JsonRange r = {.end = e->args.stop, .final = 1};
     const char *p = j_space(&r, e->args.start + 1);
     JsonString name = {0};
     int found = 0;
@@ -506,17 +519,71 @@ static int thread_name(Scanner *s, const Event *e) {
     return status;
 }
 
+/* Keeps where an event's `"args": ...` member nested too deeply lies (from its key to the end of
+ * its value), once: an event is read again after a piece that cut it. */
+static int drop_args(Scanner *s, const char *start, const char *stop) {
+    int64_t range[2] = {(int64_t)(s->base + (start - s->buffer)), (int64_t)(s->base + (stop - s->buffer))};
+    if (range[0] <= s->last_dropped) return 0;
+    s->last_dropped = range[0];
+    return put(&s->dropped, range, sizeof range);
+}
+
+/* A member (p at its key) of an event, its grammar checked; returns the position after it, with
+ * *deep_args set to its start where it is `args` nested past J_MAX_DEPTH (left to the caller to
+ * drop), NULL (r->status) where it cannot be read: a value nested that deep elsewhere is
+ * msgspec's to read or refuse. */
+static const char *event_member(Scanner *s, JsonRange *r, const char *p, JsonString *key, JsonValue *v,
+                                const char **deep_args) {
+    const char *start = p;
+    r->deep = 0;
+    if (!(p = j_member(r, p, key, v, 1))) return NULL;
+    if (!r->deep) return p;
+    r->deep = 0;
+    if (!s->in_trace_events || !J_KEY_IS(key, "args")) return s->checking ? p : j_fail(r, J_UNSUPPORTED);
+    *deep_args = start;
+    v->kind = V_ABSENT;
+    return p;
+}
+
+/* Checks the grammar of one item of a top-level array (p at its first byte), as read_event reads
+ * an event, noting arguments nested too deeply; returns the position after it, or NULL. */
+static const char *check_item(Scanner *s, JsonRange *r, const char *p) {
+    JsonValue v;
+    if (*p != '{') return j_value(r, p, &v, 1);
+    const char *deep_args = NULL, *deep_stop = NULL;
+    p = j_space(r, p + 1);
+    if (p >= r->end) return j_need(r);
+    if (*p == '}') return p + 1;
+    for (;;) {
+        JsonString key;
+        const char *member = deep_args;
+        if (!(p = event_member(s, r, p, &key, &v, &deep_args))) return NULL;
+        if (deep_args != member) deep_stop = p;
+        p = j_space(r, p);
+        if (p >= r->end) return j_need(r);
+        if (*p == '}') break;
+        if (*p != ',') return j_invalid(r, p);
+        p = j_space(r, p + 1);
+        if (p >= r->end) return j_need(r);
+    }
+    if (deep_args && drop_args(s, deep_args, deep_stop)) return j_fail(r, J_UNSUPPORTED);
+    return p + 1;
+}
+
 /* Reads one event (p at its '{'); returns the position after it, or NULL (r->status). */
 static const char *read_event(Scanner *s, JsonRange *r, const char *p) {
     Event e;
     memset(&e, 0, sizeof e);
+    const char *deep_args = NULL, *deep_stop = NULL;
     p = j_space(r, p + 1);
     if (p >= r->end) return j_need(r);
     if (*p == '}') return j_fail(r, J_UNSUPPORTED); /* no phase */
     for (;;) {
         JsonString key;
         JsonValue v;
-        if (!(p = j_member(r, p, &key, &v, 1))) return NULL;
+        const char *member = deep_args;
+        if (!(p = event_member(s, r, p, &key, &v, &deep_args))) return NULL;
+        if (deep_args != member) deep_stop = p;
         if (key.escaped) return j_fail(r, J_UNSUPPORTED);
         if (J_KEY_IS(&key, "ph") || J_KEY_IS(&key, "cat") || J_KEY_IS(&key, "name")) {
             if (v.kind != V_STRING) return j_fail(r, J_UNSUPPORTED);
@@ -540,11 +607,12 @@ static const char *read_event(Scanner *s, JsonRange *r, const char *p) {
             p++;
             break;
         }
-        if (*p != ',') return j_fail(r, J_UNSUPPORTED);
+        if (*p != ',') return j_invalid(r, p);
         p = j_space(r, p + 1);
         if (p >= r->end) return j_need(r);
     }
     /* the event is whole: from here on nothing needs more bytes */
+    if (deep_args && drop_args(s, deep_args, deep_stop)) return j_fail(r, J_UNSUPPORTED);
     const JsonValue *times[2] = {&e.ts, &e.dur};
     for (int i = 0; i < 2; i++) {
         int kind = times[i]->kind;
@@ -599,71 +667,107 @@ static int top_field(Scanner *s, const JsonString *key, const JsonValue *v) {
     return status;
 }
 
-/* The scan proper; returns the offset consumed, or -1 (r->status says why). */
+/* A top-level member (p at its key). traceEvents is read event by event (the state says so, and
+ * the position after its '[' is returned); when checking, so is any other array. */
+static const char *top_member(Scanner *s, JsonRange *r, const char *p) {
+    JsonString key;
+    JsonValue v;
+    if (*p != '"') return j_invalid(r, p);
+    const char *q = j_string(r, p, &key);
+    if (!q) return NULL;
+    q = j_space(r, q);
+    if (q >= r->end) return j_need(r);
+    if (*q != ':') return j_invalid(r, q);
+    q = j_space(r, q + 1);
+    if (q >= r->end) return j_need(r);
+    int events = J_KEY_IS(&key, "traceEvents");
+    if (s->checking) {
+        if (*q == '[') { /* an array of any length is read item by item: no more than an item is held */
+            s->state = S_EVENTS;
+            s->expect = E_FIRST;
+            s->in_trace_events = events;
+            return q + 1;
+        }
+        return j_value(r, q, &v, 1);
+    }
+    if (key.escaped) return j_fail(r, J_UNSUPPORTED);
+    if (events) {
+        if (*q != '[' || s->seen_events) return j_fail(r, J_UNSUPPORTED);
+        s->seen_events = 1;
+        s->state = S_EVENTS;
+        s->expect = E_FIRST;
+        s->in_trace_events = 1;
+        return q + 1;
+    }
+    r->deep = 0;
+    if (!(q = j_value(r, q, &v, 1))) return NULL;
+    if (r->deep || top_field(s, &key, &v)) return j_fail(r, J_UNSUPPORTED);
+    return q;
+}
+
+/* One step of the document (p at a byte that is not white space): a brace or bracket, a comma,
+ * an event or a top-level member. Returns the position after it, or NULL (r->status). */
+static const char *step(Scanner *s, JsonRange *r, const char *p) {
+    if (s->state == S_START) {
+        if (*p == '\xef') return j_invalid(r, p); /* a byte-order mark, which msgspec refuses too */
+        if (*p != '{') return j_fail(r, J_UNSUPPORTED); /* not a trace: the caller says so */
+        s->state = S_TOP;
+        s->expect = E_FIRST;
+        return p + 1;
+    }
+    if (s->state == S_DONE) return j_invalid(r, p); /* after the document */
+    int events = s->state == S_EVENTS;
+    if (s->expect != E_ITEM && *p == (events ? ']' : '}')) {
+        s->state = events ? S_TOP : S_DONE;
+        s->expect = E_COMMA;
+        s->in_trace_events = 0;
+        return p + 1;
+    }
+    if (s->expect == E_COMMA) {
+        if (*p != ',') return j_invalid(r, p);
+        s->expect = E_ITEM;
+        return p + 1;
+    }
+    const char *q;
+    if (!events) {
+        q = top_member(s, r, p);
+        if (q && s->state == S_EVENTS) return q; /* into an array */
+    } else if (s->checking) {
+        q = check_item(s, r, p);
+    } else {
+        q = *p == '{' ? read_event(s, r, p) : j_fail(r, J_UNSUPPORTED);
+    }
+    if (q) s->expect = E_COMMA;
+    return q;
+}
+
+/* The scan proper; returns the offset consumed, or -1 (r->status says why). What this scanner
+ * does not read it goes on checking, from the start of the event or member it could not read. */
 static Py_ssize_t run(Scanner *s, JsonRange *r, const char *start) {
     const char *p = start, *done = start;
+    s->buffer = start;
+    r->lenient = s->checking;
     for (;;) {
         p = j_space(r, p);
         if (p >= r->end) break;
-        if (s->state == S_START) {
-            if (*p != '{') return r->status = J_UNSUPPORTED, -1;
-            s->state = S_TOP;
-            s->expect = E_FIRST;
-            done = ++p;
-        } else if (s->state == S_DONE) {
-            return r->status = J_UNSUPPORTED, -1;
-        } else {
-            int events = s->state == S_EVENTS;
-            if (s->expect != E_ITEM && *p == (events ? ']' : '}')) {
-                s->state = events ? S_TOP : S_DONE;
-                s->expect = E_COMMA;
-                done = ++p;
-                continue;
-            }
-            if (s->expect == E_COMMA) {
-                if (*p != ',') return r->status = J_UNSUPPORTED, -1;
-                s->expect = E_ITEM;
-                done = ++p;
-                continue;
-            }
-            const char *q;
-            if (events) {
-                if (*p != '{') return r->status = J_UNSUPPORTED, -1;
-                q = read_event(s, r, p);
-            } else {
-                JsonString key;
-                JsonValue v;
-                if (*p != '"') return r->status = J_UNSUPPORTED, -1;
-                if (!(q = j_string(r, p, &key))) goto stopped;
-                q = j_space(r, q);
-                if (q >= r->end) goto need;
-                if (*q != ':') return r->status = J_UNSUPPORTED, -1;
-                q = j_space(r, q + 1);
-                if (q >= r->end) goto need;
-                if (key.escaped) return r->status = J_UNSUPPORTED, -1;
-                if (J_KEY_IS(&key, "traceEvents")) {
-                    if (*q != '[' || s->seen_events) return r->status = J_UNSUPPORTED, -1;
-                    s->seen_events = 1;
-                    s->state = S_EVENTS;
-                    s->expect = E_FIRST;
-                    done = p = q + 1;
-                    continue;
-                }
-                if ((q = j_value(r, q, &v, 1)) && top_field(s, &key, &v)) return r->status = J_UNSUPPORTED, -1;
-            }
-        stopped:
-            if (!q) {
-                if (r->status == J_NEED) break;
-                return -1;
-            }
-            s->expect = E_COMMA;
+        const char *q = step(s, r, p);
+        if (q) {
             done = p = q;
+            continue;
         }
+        if (r->status == J_NEED) return done - start;
+        if (r->status != J_UNSUPPORTED || s->checking || s->state == S_START) return -1;
+        s->checking = r->lenient = 1;
+        r->status = J_OK;
+        p = done;
     }
-    if (r->final && (s->state != S_DONE || !s->seen_events)) return r->status = J_UNSUPPORTED, -1;
-    return done - start;
-need:
-    if (r->final) return r->status = J_UNSUPPORTED, -1;
+    if (r->final) {
+        if (s->state != S_DONE) {
+            r->at = r->end;
+            return r->status = s->state == S_START ? J_UNSUPPORTED : J_TRUNCATED, -1;
+        }
+        if (s->checking || !s->seen_events) return r->status = J_UNSUPPORTED, -1;
+    }
     return done - start;
 }
 
@@ -671,13 +775,26 @@ static PyObject *scanner_scan(Scanner *self, PyObject *args) {
     Py_buffer view;
     int final;
     if (!PyArg_ParseTuple(args, "y*p", &view, &final)) return NULL;
-    JsonRange r = {(const char *)view.buf + view.len, final, J_OK};
+    JsonRange r = {.end = (const char *)view.buf + view.len, .final = final};
     self->released = PyEval_SaveThread();
     Py_ssize_t consumed = run(self, &r, (const char *)view.buf);
     PyEval_RestoreThread(self->released);
     self->released = NULL;
+    self->buffer = NULL;
+    Py_ssize_t at = self->base + (r.at ? r.at - (const char *)view.buf : 0);
     PyBuffer_Release(&view);
-    if (consumed < 0) {
+    if (consumed >= 0 && !PyErr_Occurred()) {
+        self->base += consumed;
+        return PyLong_FromSsize_t(consumed);
+    }
+    if (!PyErr_Occurred() && r.status == J_INVALID) {
+        PyErr_Format(InvalidError, "is not valid Kineto JSON: invalid character (byte %zd)", at);
+    } else if (!PyErr_Occurred() && r.status == J_TRUNCATED) {
+        PyErr_Format(InvalidError, "is truncated Kineto JSON: its text ends (byte %zd) inside the document", at);
+    } else if (!PyErr_Occurred() && r.status == J_TOO_DEEP) {
+        PyErr_Format(InvalidError, "is not a plausible Kineto trace: its JSON is nested too deeply to read "
+                     "(byte %zd)", at);
+    } else {
         if (!PyErr_Occurred()) PyErr_SetString(UnsupportedError, "left to the msgspec reader");
         else {
             PyObject *type, *value, *traceback;
@@ -687,9 +804,8 @@ static PyObject *scanner_scan(Scanner *self, PyObject *args) {
             Py_XDECREF(value);
             Py_XDECREF(traceback);
         }
-        return NULL;
     }
-    return PyLong_FromSsize_t(consumed);
+    return NULL;
 }
 
 static PyObject *scanner_columns(Scanner *self, PyObject *Py_UNUSED(ignored)) {
@@ -727,6 +843,20 @@ static PyObject *scanner_get(Scanner *self, void *which) {
     case 3: return Py_NewRef(self->thread_names);
     case 4: return Py_NewRef(self->ignored);
     case 5: return PyLong_FromSsize_t(self->events);
+    case 7: {
+        Py_ssize_t count = self->dropped.length / 16;
+        PyObject *list = PyList_New(count);
+        for (Py_ssize_t i = 0; list && i < count; i++) {
+            const int64_t *range = (const int64_t *)self->dropped.data + 2 * i;
+            PyObject *pair = Py_BuildValue("(LL)", (long long)range[0], (long long)range[1]);
+            if (!pair) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, i, pair);
+        }
+        return list;
+    }
     default: return PyBool_FromLong(self->state == S_DONE);
     }
 }
@@ -739,6 +869,8 @@ static PyGetSetDef scanner_getset[] = {
     {"ignored", (getter)scanner_get, NULL, "Events left out by design: category (or phase) -> count.", (void *)4},
     {"events", (getter)scanner_get, NULL, "Events read, of any phase.", (void *)5},
     {"finished", (getter)scanner_get, NULL, "Whether the whole JSON document was read.", (void *)6},
+    {"dropped_args", (getter)scanner_get, NULL,
+     "(start, stop) offsets of each `\"args\": ...` member of an event nested too deeply, dropped.", (void *)7},
     {NULL},
 };
 
@@ -772,7 +904,10 @@ PyMODINIT_FUNC PyInit__kineto(void) {
     PyObject *module = PyModule_Create(&kineto_module);
     if (!module) return NULL;
     UnsupportedError = PyErr_NewException("xsp.io._kineto.Unsupported", PyExc_ValueError, NULL);
-    if (!UnsupportedError || PyModule_AddObjectRef(module, "Unsupported", UnsupportedError) < 0 ||
+    InvalidError = PyErr_NewException("xsp.io._kineto.Invalid", PyExc_ValueError, NULL);
+    if (!UnsupportedError || !InvalidError || PyModule_AddObjectRef(module, "Unsupported", UnsupportedError) < 0 ||
+        PyModule_AddObjectRef(module, "Invalid", InvalidError) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_DEPTH", J_MAX_DEPTH) < 0 ||
         PyModule_AddObjectRef(module, "Scanner", (PyObject *)&ScannerType) < 0 ||
         PyModule_AddObjectRef(module, "Block", (PyObject *)&BlockType) < 0) {
         Py_XDECREF(module);
