@@ -12,6 +12,7 @@ keeps every raw span; only what is sent is folded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,7 +197,19 @@ def _keep_shallowest(trace: pd.DataFrame, budget: int) -> tuple[pd.DataFrame, in
     order = np.lexsort((trace[col.START_NS].to_numpy(dtype=np.int64), depth))
     keep = np.zeros(len(trace), dtype=bool)
     keep[order[:budget]] = True
-    return trace[keep].reset_index(drop=True), int((~keep).sum())
+    return trace[keep].reset_index(drop=True), _spans_standing_for(trace[col.ATTRIBUTES].to_numpy(dtype=object)[~keep])
+
+
+def _spans_standing_for(attributes: np.ndarray) -> int:
+    """How many recorded spans the given rows stand for: an aggregate its count, any other one."""
+    total = 0
+    for text in attributes.tolist():
+        count = 1
+        if isinstance(text, str) and ATTR_AGGREGATED_COUNT in text:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                count = int(json.loads(text).get(ATTR_AGGREGATED_COUNT, 1))
+        total += count
+    return total
 
 
 def _mark_root(trace: pd.DataFrame, budget: int, raw: int, cut: str | None, dropped: int) -> None:

@@ -137,7 +137,8 @@ class Summary:
             return _from_json(raw)
         except _OlderFormat:
             raise TraceFormatError(f"{path} " + _REGENERATE.format(suffix=SUFFIX)) from None
-        except (ValueError, KeyError, TypeError, IndexError, EOFError, OSError, zlib.error, pa.ArrowException) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError, OSError, zlib.error,
+                pa.ArrowException) as exc:
             raise TraceFormatError(f"{path} is not a readable xsp summary: {exc}") from None
         except RecursionError:
             raise TraceFormatError(f"{path} is not a readable xsp summary: its JSON is nested too deeply") from None

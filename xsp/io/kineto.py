@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -321,7 +322,13 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     if not source.is_file():
         raise TraceNotFoundError(f"no such trace file: {source}")
     with collector_paused():
-        rows, metadata = kineto_rows(read_events(source))
+        try:
+            rows, metadata = kineto_rows(read_events(source))
+        except (UnicodeDecodeError, msgspec.ValidationError, pa.ArrowInvalid, OverflowError) as exc:
+            # text that is not UTF-8, a field of the wrong kind, a time past any clock: what the
+            # fuzzer found (tests/unit/test_fuzz_found.py) is one line, never a traceback
+            raise TraceFormatError(f"{source} is not a Kineto trace xsp can read: {type(exc).__name__}: "
+                                   f"{str(exc)[:200]}") from None
         release_freed_memory()
         frames = iter([rows])  # build_table holds the only reference, and lets the rows go as it goes
         del rows

@@ -343,6 +343,9 @@ def decode(source: Path, dropped_args: Sequence[tuple[int, int]] = ()) -> _File:
     except msgspec.DecodeError as exc:
         kind = "truncated" if "truncated" in str(exc).lower() or "end" in str(exc).lower() else "not valid"
         raise TraceFormatError(f"{source} is {kind} Kineto JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{source} is not valid Kineto JSON: text that is not UTF-8 ({exc.reason} at "
+                               f"byte {exc.start} of a string)") from None
     except RecursionError:
         raise TraceFormatError(f"{source} is not a plausible Kineto trace: its JSON is nested too deeply to "
                                "read") from None

@@ -331,6 +331,10 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
     in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed),
     sorted by start (a file written window by window is sorted within each window only)."""
+    for position, field in enumerate(table.schema):  # a column of nulls only, typed so by another writer
+        if pa.types.is_null(field.type) and field.name in col.COLUMNS:
+            kind = pa.large_string() if col.COLUMNS[field.name] == "string" else pa.int64()
+            table = table.set_column(position, field.name, pa.nulls(len(table), kind))
     starts = table[col.START_NS].to_numpy() if col.START_NS in table.column_names else np.zeros(0)
     if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
         table = in_start_order(table)
@@ -344,6 +348,8 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
                 raise TraceFormatError(f"{source} is corrupt: column {name} has missing values")
             columns[name] = column.to_numpy().astype(np.int64, copy=False)
         elif dtype == "Int64":
+            if not pa.types.is_integer(column.type):
+                raise TraceFormatError(f"{source} is corrupt: column {name} holds {column.type}, not integers")
             values = column.to_numpy(zero_copy_only=False) if not column.null_count else (
                 column.fill_null(0).to_numpy())
             columns[name] = pd.arrays.IntegerArray(values.astype(np.int64, copy=False),

@@ -83,10 +83,10 @@ def outside_their_parent(spans: pd.DataFrame, parents: np.ndarray) -> np.ndarray
         return outside
     parent = parents[child]
     threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
-    kinds = spans[col.KIND].to_numpy(dtype=object) if col.KIND in spans else np.full(len(spans), None)
-    checked = ((threads[child] == threads[parent]) & (levels[child] != Level.CUDA_API.value)
-               & (kinds[parent] != SpanKind.SESSION.value))
+    is_api = (spans[col.LEVEL] == Level.CUDA_API.value).fillna(False).to_numpy(dtype=bool)
+    is_session = ((spans[col.KIND] == SpanKind.SESSION.value).fillna(False).to_numpy(dtype=bool) if col.KIND in spans
+                  else np.zeros(len(spans), dtype=bool))
+    checked = (threads[child] == threads[parent]) & ~is_api[child] & ~is_session[parent]
     child, parent = child[checked], parent[checked]
     start = spans[col.START_NS].to_numpy(dtype=np.int64)
     end = spans[col.END_NS].to_numpy(dtype=np.int64)
