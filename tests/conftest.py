@@ -5,15 +5,24 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings as hypothesis_settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from torch import nn
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 
 from xsp.core import state as _state
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR, JIT_TRACE_ENTRIES
+
+# tests write only in their temporary folders: hypothesis keeps no example database and no cache
+# in the folder pytest runs in
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="xsp-tests-hypothesis-"))
+hypothesis_settings.register_profile("xsp", database=None)
+hypothesis_settings.load_profile("xsp")
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__
