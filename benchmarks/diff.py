@@ -29,7 +29,7 @@ Prints a table and records it in benchmarks/results/diff.md.
    diff_loaded.md): the machine-speed correction must never make a false alarm.
 
 Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40] [--size-steps 40 100]
-       python benchmarks/diff.py --all-pairings 10 [--busy 2]
+       python benchmarks/diff.py --all-pairings 10 [--busy 1 2]
 """
 
 from __future__ import annotations
@@ -352,7 +352,15 @@ def all_pairings_under_load(runs: int, busy: int, steps: int, folder: Path) -> l
              "false alarms judging raw times": raw_alarms, "judged at equal machine speed": corrected,
              "kept unchanged (raw times unchanged)": explained,
              "probe spread per run": ", ".join("-" if s is None else f"{s:.1%}" for s in spreads),
-             "alarms": "; ".join(f"{a}-{b} {r.verdict.value}" for a, b, r in alarms) or "-"}]
+             "alarms": "; ".join(f"{a}-{b} {r.verdict.value} ({_worst(r)})" for a, b, r in alarms) or "-"}]
+
+
+def _worst(result: Any) -> str:
+    """The judged key that moved most, its raw and judged ratios, and the threshold it passed."""
+    table = result.table[result.table["verdict"].isin(["regressed", "improved"])]
+    top = table.iloc[(table["adjusted_ratio"] - 1).abs().argmax()]
+    return (f"{top['key'].rsplit('/', 1)[-1]} x{top['ratio']:.2f} raw, x{top['adjusted_ratio']:.2f} judged, "
+            f"threshold {result.settings['judged_threshold']:.0%}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,16 +373,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="steps of the ResNet-50 runs whose summaries are weighed (default: 40 100)")
     parser.add_argument("--all-pairings", type=int, metavar="RUNS",
                         help="only: A/A over every pairing of RUNS runs on a loaded machine (diff_loaded.md)")
-    parser.add_argument("--busy", type=int, default=2, help="processes spinning meanwhile (default: 2)")
+    parser.add_argument("--busy", type=int, nargs="+", default=[1, 2],
+                        help="processes spinning meanwhile, a table row for each (default: 1 2)")
     args = parser.parse_args(argv)
     if args.all_pairings:
         with tempfile.TemporaryDirectory() as scratch:
-            rows = all_pairings_under_load(args.all_pairings, args.busy, args.steps, Path(scratch))
+            rows = [row for busy in args.busy
+                    for row in all_pairings_under_load(args.all_pairings, busy, args.steps, Path(scratch))]
         print(*markdown_table(rows), sep="\n")
         now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         record(["# xsp diff: A/A over every pairing of runs made on a loaded machine", "",
                 f"Last run: {now}, {platform.machine()}, Python {platform.python_version()}; `python "
-                f"benchmarks/diff.py --all-pairings {args.all_pairings} --busy {args.busy} --steps {args.steps}`.", "",
+                f"benchmarks/diff.py --all-pairings {args.all_pairings} --busy {' '.join(map(str, args.busy))} "
+                f"--steps {args.steps}`.", "",
                 "Each run is a separate process profiling the same MLP (model,layer levels) while other "
                 "processes spin on the CPUs; every pairing is diffed with the defaults.", "",
                 *markdown_table(rows)], LOADED_RESULTS)
