@@ -70,11 +70,13 @@ def stacked_parents(parents: np.ndarray, counted: np.ndarray, threads: np.ndarra
     rows = np.flatnonzero(counted & (parents >= 0) & ~np.isnan(threads))
     if len(rows) < 2:
         return parents
-    group = pd.factorize(pd.MultiIndex.from_arrays([parents[rows], threads[rows]]))[0]
-    order = np.lexsort((-end[rows], start[rows], group))
-    rows, group = rows[order], group[order]
+    thread_code, thread_values = pd.factorize(threads[rows])
+    key = parents[rows] * len(thread_values) + thread_code  # (parent, thread) as one integer
+    order = np.lexsort((-end[rows], start[rows], key))
+    rows, key = rows[order], key[order]
     ends = end[rows]
-    first = np.r_[True, group[1:] != group[:-1]]
+    first = np.r_[True, key[1:] != key[:-1]]
+    group = np.cumsum(first) - 1
     # a sibling ending no later than the latest end before it (in start order) lies inside one
     latest = pd.Series(ends).groupby(group).cummax().to_numpy()
     inside = ~first & (ends <= np.r_[0, latest[:-1]])
