@@ -193,8 +193,8 @@ static inline const char *j_literal(JsonRange *r, const char *p, const char *wor
 
 static const char *j_value(JsonRange *r, const char *p, JsonValue *v, int depth);
 
-/* p at an object member's key: reads `"key": value`, returns the position after the value. */
-static inline const char *j_member(JsonRange *r, const char *p, JsonString *key, JsonValue *value, int depth) {
+/* p at an object member's key: reads `"key":`, returns the position of its value. */
+static inline const char *j_member_key(JsonRange *r, const char *p, JsonString *key) {
     if (*p != '"') return j_invalid(r, p);
     if (!(p = j_string(r, p, key))) return NULL;
     p = j_space(r, p);
@@ -202,6 +202,12 @@ static inline const char *j_member(JsonRange *r, const char *p, JsonString *key,
     if (*p != ':') return j_invalid(r, p);
     p = j_space(r, p + 1);
     if (p >= r->end) return j_need(r);
+    return p;
+}
+
+/* p at an object member's key: reads `"key": value`, returns the position after the value. */
+static inline const char *j_member(JsonRange *r, const char *p, JsonString *key, JsonValue *value, int depth) {
+    if (!(p = j_member_key(r, p, key))) return NULL;
     return j_value(r, p, value, depth);
 }
 
@@ -232,16 +238,8 @@ static const char *j_deep_levels(JsonRange *r, const char *p, unsigned char **ob
                 p++;
                 depth--;
             } else {
-                if (object) {
-                    JsonString key;
-                    if (*p != '"') return j_invalid(r, p);
-                    if (!(p = j_string(r, p, &key))) return NULL;
-                    p = j_space(r, p);
-                    if (p >= r->end) return j_need(r);
-                    if (*p != ':') return j_invalid(r, p);
-                    p = j_space(r, p + 1);
-                    if (p >= r->end) return j_need(r);
-                }
+                JsonString key;
+                if (object && !(p = j_member_key(r, p, &key))) return NULL;
                 continue;
             }
         } else {
@@ -262,16 +260,8 @@ static const char *j_deep_levels(JsonRange *r, const char *p, unsigned char **ob
             if (*p != ',') return j_invalid(r, p);
             p = j_space(r, p + 1);
             if (p >= r->end) return j_need(r);
-            if (object) {
-                JsonString key;
-                if (*p != '"') return j_invalid(r, p);
-                if (!(p = j_string(r, p, &key))) return NULL;
-                p = j_space(r, p);
-                if (p >= r->end) return j_need(r);
-                if (*p != ':') return j_invalid(r, p);
-                p = j_space(r, p + 1);
-                if (p >= r->end) return j_need(r);
-            }
+            JsonString key;
+            if (object && !(p = j_member_key(r, p, &key))) return NULL;
             break;
         }
     }

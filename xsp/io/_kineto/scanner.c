@@ -672,14 +672,8 @@ static int top_field(Scanner *s, const JsonString *key, const JsonValue *v) {
 static const char *top_member(Scanner *s, JsonRange *r, const char *p) {
     JsonString key;
     JsonValue v;
-    if (*p != '"') return j_invalid(r, p);
-    const char *q = j_string(r, p, &key);
+    const char *q = j_member_key(r, p, &key);
     if (!q) return NULL;
-    q = j_space(r, q);
-    if (q >= r->end) return j_need(r);
-    if (*q != ':') return j_invalid(r, q);
-    q = j_space(r, q + 1);
-    if (q >= r->end) return j_need(r);
     int events = J_KEY_IS(&key, "traceEvents");
     if (s->checking) {
         if (*q == '[') { /* an array of any length is read item by item: no more than an item is held */
