@@ -249,27 +249,28 @@ def test_a_hugging_face_model_trains_without_new_warnings():
     assert caught(lambda: traced(step)) == plain
 
 
+class BranchyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.a(x)
+        if x.sum() > 0:  # a graph break of the model's own
+            x = -x
+        return self.b(x)
+
+
 def test_torch_compile_compiles_the_same_frames_and_its_compile_time_is_no_latency():
     pytest.importorskip("torch._dynamo")
     from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
-
-    class Branchy(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
-
-        def forward(self, x):
-            x = self.a(x)
-            if x.sum() > 0:  # a graph break of the model's own
-                x = -x
-            return self.b(x)
 
     def run():
         torch._dynamo.reset()
         counters.clear()
         clear_compilation_metrics()
         torch.manual_seed(0)  # the same branches taken in both runs
-        compiled = torch.compile(Branchy(), backend="eager")
+        compiled = torch.compile(BranchyModel(), backend="eager")
         with torch.no_grad():
             for _ in range(3):
                 compiled(torch.randn(4, 8))
@@ -431,18 +432,6 @@ def test_a_real_accumulation_loop_over_a_data_loader_is_one_step_per_optimizer_s
 
 
 # -- torch.compile: no frame of xsp's is dynamo's to compile ----------------------------------
-class BranchyModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        x = self.a(x)
-        if x.sum() > 0:  # a graph break of the model's own
-            x = -x
-        return self.b(x)
-
-
 class Break(nn.Module):
     def forward(self, x):
         torch._dynamo.graph_break()  # a graph break inside a layer
