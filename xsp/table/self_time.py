@@ -46,10 +46,10 @@ def self_ns(spans: pd.DataFrame, counted: np.ndarray, parents: np.ndarray | None
     end = spans[col.END_NS].to_numpy(dtype=np.int64)
     threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
     counted = np.asarray(counted, dtype=bool)
-    stacked = stacked_parents(parents, counted, threads, start, end)
-    for _ in range(_RESTACKS):  # a span moved in beside the sibling's own children may nest in one
+    stacked = parents
+    for _ in range(1 + _RESTACKS):  # a span moved in beside the sibling's own children may nest in one
         again = stacked_parents(stacked, counted, threads, start, end)
-        if again is stacked:
+        if again is stacked:  # (in a call stack's tree, the first pass already: nothing moved)
             break
         stacked = again
     # a parent takes all its children's time off its own (their union); a sibling, the time of
