@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from xsp.core import schema as col
 from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError, XspWarning
 from xsp.table.validation import impossible_spans, parents_not_in_the_table
-from xsp.table.walks import arrow_strings
+from xsp.table.walks import arrow_strings, parent_positions
 
 _PARQUET_MAGIC = b"PAR1"
 CHECKSUM_KEY = b"xsp.checksum"
@@ -308,11 +308,12 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     if expected is not None and expected != _footer_checksum(raw, table.schema, footer.get(PANDAS_KEY, b"")):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
     spans = spans_from_arrow(source, table)
-    impossible = impossible_spans(spans)
+    parents = parent_positions(spans)  # once, for both checks (an argsort of every id)
+    impossible = impossible_spans(spans, parents)
     if impossible:
         raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
                                "not written by xsp as it is; not read")
-    orphans = parents_not_in_the_table(spans)
+    orphans = parents_not_in_the_table(spans, parents)
     if orphans:
         warnings.warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
                                  "spans left out of it): they are read as roots"), stacklevel=2)

@@ -34,8 +34,9 @@ def in_a_cycle(parents: np.ndarray) -> np.ndarray:
     return ahead >= 0
 
 
-def impossible_spans(spans: pd.DataFrame) -> list[str]:
-    """One phrase per kind of impossible span found (empty: none)."""
+def impossible_spans(spans: pd.DataFrame, parents: np.ndarray | None = None) -> list[str]:
+    """One phrase per kind of impossible span found (empty: none). ``parents``:
+    :func:`xsp.table.walks.parent_positions` of ``spans``, if already computed."""
     if not len(spans):
         return []
     start = spans[col.START_NS].to_numpy(dtype=np.int64)
@@ -57,7 +58,7 @@ def impossible_spans(spans: pd.DataFrame) -> list[str]:
         if wrong.any():
             found.append(f"{int(wrong.sum())} spans {what}")
     if has_parent.any() and not self_parent.any() and not checks[3][0].any():
-        parents = parent_positions(spans)
+        parents = parent_positions(spans) if parents is None else parents
         cycle = in_a_cycle(parents)
         if cycle.any():
             found.append(f"{int(cycle.sum())} spans are their own ancestor (a cycle of parents)")
