@@ -108,8 +108,7 @@ def machine_spread(times: dict[str, Any] | None) -> float:
 def steady(times: dict[str, Any] | None) -> bool:
     """Whether a run's machine times can be trusted: its rounds agreed (runs from before the
     rounds were kept have no ``spread`` and count as steady)."""
-    spread = times.get("spread") if isinstance(times, dict) else None
-    return not isinstance(spread, (int, float)) or spread <= STEADY
+    return machine_spread(times) <= STEADY
 
 
 def speed_ratio(base: dict[str, Any] | None, new: dict[str, Any] | None) -> float | None:
