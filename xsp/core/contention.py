@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import math
+import statistics
 from typing import Any, Final
 
 METADATA_KEY: Final = "contention"
@@ -66,12 +67,10 @@ def contention_ratio(base: dict[str, Any] | None, new: dict[str, Any] | None) ->
 def pooled(contentions: list[Any]) -> dict[str, Any] | None:
     """Several runs' contention: the median share (None unless every run kept one)."""
     shares = [waited_share(item) for item in contentions]
-    if not shares or any(share is None for share in shares):
+    known = [share for share in shares if share is not None]
+    if not shares or len(known) < len(shares):
         return None
-    ordered = sorted(share for share in shares if share is not None)
-    middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return {"waited_share": round(median, 4)}
+    return {"waited_share": round(statistics.median(known), 4)}
 
 
 def is_noticeable(ratio: float | None, same: float) -> bool:
