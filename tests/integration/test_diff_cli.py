@@ -19,6 +19,18 @@ from xsp.cli.main import main
 STEPS = 30
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread():
+    """Real runs profiled with one intra-op thread. With torch's pool on a busy 2-CPU runner,
+    every parallel region waits at its barrier for a thread the kernel descheduled: a base run
+    measured 24 ms a step for a model of 0.46 ms, hiding a layer slowed 4x (the machine's noise,
+    which no diff can tell from a change, is what the multiplication amplifies)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class Block(nn.Module):
     def __init__(self, extra: float) -> None:
         super().__init__()
