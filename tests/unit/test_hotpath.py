@@ -26,6 +26,7 @@ from torch import nn
 
 import xsp
 from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
 from xsp.record import hotpath
 from xsp.record.columns import CALL_FIELDS, COMPACT_AT, FIRST_PACKED_ROWS, extend_columns, extend_columns_from_packed
 from xsp.tracers.module_calls import interceptor as _module_calls
@@ -305,6 +306,33 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert by_c == by_python
     errors = [row for row in by_c if row[8] == "error"]
     assert errors and all("too large" in str(row[9]) for row in errors)
+
+
+@pytest.mark.parametrize("c", [True, False], ids=["c-path", "python-path"])
+@pytest.mark.parametrize("depth", [1, 2, None])
+def test_layer_depth_records_module_calls_down_to_that_depth_only(c_module, monkeypatch, c, depth):
+    deep = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Identity())) for _ in range(2)])
+
+    def program() -> None:
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            deep(x)
+            deep(x)  # its own step: the depth holds across calls
+        deep(x).sum().backward()  # and backward spans only for the calls recorded
+
+    spans = _trace(program, "model,layer", c, monkeypatch, layer_depth=depth)
+    forward = spans[spans[col.KIND] == SpanKind.FORWARD.value]
+    per_depth = forward.groupby(col.CALL_DEPTH).size().to_dict()
+    full = {1: 6, 2: 12, 3: 12}
+    assert per_depth == {d: n for d, n in full.items() if depth is None or d <= depth}
+    backward = spans[(spans[col.KIND] == SpanKind.BACKWARD.value) & (spans[col.LEVEL] == Level.LAYER.value)]
+    assert set(backward[col.NAME].str.removesuffix(".backward")) == set(forward[col.NAME]) | {"deep"}
+    assert (spans[col.KIND] == SpanKind.PREDICT.value).sum() == 3
+
+
+def test_layer_depth_must_be_a_depth():
+    with pytest.raises(ValueError, match="layer_depth must be 1 or more"):
+        xsp.trace(levels="model,layer", output=None, layer_depth=0)
 
 
 class _Interleaving(nn.Module):

@@ -215,7 +215,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, grad_enabled,
                                     None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID)
+                                    COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
+                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0)
     _orig = original
 
     @_named_as(original)
@@ -302,6 +303,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
     begin_root = _root_call(recording)
     hook_backward = _backward_hooks(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
+    # calls deeper than this pass through unrecorded, their own calls seeing the same depth
+    deepest = recording.layer_depth or sys.maxsize
 
     _orig, _now, _tensor, _id = original, now_ns, TENSOR_TYPE, id  # closure constants (see above)
 
@@ -326,6 +329,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             start = begin_root(buffer, self)
             if buffer.skipping:
                 return _unrecorded_root(_orig, buffer, self, args, kwargs)
+        elif depth > deepest:
+            return _orig(self, *args, **kwargs)
         elif buffer.skipping:
             buffer.depth = depth + 1
             try:

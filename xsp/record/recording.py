@@ -381,6 +381,9 @@ class Recording:
         """Once this many events are kept, the next step is reported (``report_after_ns`` drops to 0)."""
         self.backward_hooks = True
         """Layer calls hook their graph nodes for backward spans while autograd records."""
+        self.layer_depth: int | None = None
+        """The layer level records module calls down to this depth (1: the model's children);
+        deeper ones pass through unrecorded. None: every depth."""
         self.external_ids = False
         """Set once module calls push their start as CUPTI external correlation ids."""
         self.paused = False

@@ -245,6 +245,7 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
         **environment(),
         "service_name": session.service_name,
         "levels": [level.value for level in session.levels],
+        "layer_depth": session.layer_depth,
         "tracers": [tracer.name for tracer in session.tracers],
         "unavailable": {level.value: reason for level, reason in session.unavailable.items()},
         "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,

@@ -95,9 +95,12 @@ class Session:
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-                 backward: bool = True) -> None:
+                 backward: bool = True, layer_depth: int | None = None) -> None:
         self.levels = parse_levels(levels)
         self.backward = backward
+        if layer_depth is not None and layer_depth < 1:
+            raise ValueError(f"layer_depth must be 1 or more (1: the model's children), not {layer_depth}")
+        self.layer_depth = layer_depth
         # absolute now: the program may change directory before the file is written
         self.dataset = None if dataset is None else Path(dataset).absolute()
         self.run_id: str | None = None
@@ -122,7 +125,8 @@ class Session:
         self._arguments: dict[str, Any] = dict(
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-            calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
+            calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
+            layer_depth=layer_depth)
         self._nested: span | None = None
         """While this block is part of another thread's session (it joined it): its span there."""
         self.running = threading.Event()
@@ -186,6 +190,7 @@ class Session:
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self.recording = Recording(self.max_events)
                 self.recording.backward_hooks = self.backward
+                self.recording.layer_depth = self.layer_depth
                 _state.session, _state.recording = self, self.recording
             else:  # joins it, in the same claim: the active session's end then hands over to it
                 self._nested = span("xsp.trace")
@@ -338,6 +343,7 @@ class Session:
             recording.restart_counts(self.max_events)
             recording.rename_models(self.thread_id)
             recording.backward_hooks = self.backward
+            recording.layer_depth = self.layer_depth
             recording.paused = False
             where = "" if ended.output is None else f" ({ended.output})"
             self.warn("the xsp session this block joined has ended: this block records from now on, taking its "
@@ -439,7 +445,7 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
           long_step_s: float = DEFAULT_LONG_STEP_S,
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-          backward: bool = True) -> Session:
+          backward: bool = True, layer_depth: int | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -472,6 +478,9 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
             its backward becomes a span (several microseconds per layer call). False for a
             block that never runs backward, such as inference without ``torch.no_grad``: its
             layers then cost what they cost under ``no_grad``.
+        layer_depth: record layers down to this module call depth only (1: the calls the
+            model makes itself, 2: theirs, ...); deeper calls run through unrecorded. None
+            records every depth. :func:`xsp.leveled` runs one depth at a time.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -487,4 +496,5 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
     """
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-                   calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward)
+                   calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
+                   layer_depth=layer_depth)

@@ -326,6 +326,11 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
             goto done;
         }
     } else if (depth) {
+        if (self->max_depth > 0 && depth > self->max_depth) {  /* below the depth traced: passed through,
+                                                                  its own calls see the same depth */
+            result = call_original(self, &call);
+            goto done;
+        }
         PyObject *skipping = SLOT(buffer, self->buffer_slots.skipping);
         result = skipping == Py_False ? nested_call(self, buffer, &call, depth) : call_with_module(self->slow, &call);
         goto done;
@@ -428,18 +433,19 @@ void find_shape_descriptor(FastCall *self) {
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
                                "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
-                               "native_grad_mode", "correlation", "graph_task_id", NULL};
+                               "native_grad_mode", "correlation", "graph_task_id", "max_depth", NULL};
 
 int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
     PyObject *native_grad_mode = NULL, *correlation = NULL, *graph_task_id = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OO", (char **)kwlist, &mode, &items[0],
+    long long max_depth = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OOL", (char **)kwlist, &mode, &items[0],
                                      &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
                                      &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
                                      &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode,
-                                     &correlation, &graph_task_id))
+                                     &correlation, &graph_task_id, &max_depth))
         return -1;
     const xsp_correlation *hooks = NULL;
     if (correlation != NULL && correlation != Py_None) {
@@ -478,6 +484,7 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
         Py_XSETREF(*constant_fields[i], item);
     }
     self->mode = mode;
+    self->max_depth = max_depth;
     self->compact_at = compact_at;
     Py_XSETREF(self->correlation_capsule, hooks == NULL ? NULL : Py_NewRef(correlation));
     self->correlation = hooks;
@@ -513,7 +520,8 @@ PyTypeObject FastCallType = {
                         "tensor_type, describe_inputs, describe, on_error, hook_backward, buffer_type, "
                         "steps_type, step_constants, compact_at=512, native_grad_mode=0): nn.Module.__call__, "
                         "called as fast(module, *args, **kwargs). native_grad_mode: the address of "
-                        "c10::GradMode::is_enabled, called instead of grad_enabled (0: not)."),
+                        "c10::GradMode::is_enabled, called instead of grad_enabled (0: not). max_depth: in ALL mode, "
+                        "calls deeper than this pass through unrecorded (0: every depth)."),
     .tp_basicsize = sizeof(FastCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_new = fastcall_new,

@@ -120,6 +120,7 @@ typedef struct {
     BufferCache cache;
     grad_mode_function native_grad_mode;  /* NULL: call grad_enabled */
     int mode;
+    long long max_depth;  /* ALL mode: calls deeper than this pass through unrecorded; 0: every depth */
     Py_ssize_t compact_at;
     PyObject *original;       /* nn.Module.__call__ as it was */
     vectorcallfunc original_call;  /* its vectorcall function, or NULL */
