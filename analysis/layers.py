@@ -18,7 +18,7 @@ from xsp.io.trace import Trace
 from xsp.table.self_time import self_ns
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
-                 "duration_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source"]
+                 "duration_ms", "duration_ci_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source"]
 
 
 def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -26,7 +26,8 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``step``, ``path``, ``name`` (module path), ``kind`` (forward/backward),
     ``module_type``, ``call_depth``, ``exec_index``, ``start_ns``, ``duration_ms``,
-    ``self_ms`` (duration minus layers directly inside), ``param_count``, ``input_shapes``,
+    ``duration_ci_ms`` (of a leveled trace: the half-width of the duration's 95% interval; NaN
+    elsewhere), ``self_ms`` (duration minus layers directly inside), ``param_count``, ``input_shapes``,
     ``output_shapes``, ``source`` (file:line of the module's class).
     """
     spans = spans_of(source)
@@ -39,7 +40,10 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "name": layers[col.NAME].to_numpy(), "kind": layers[col.KIND].to_numpy(),
         "module_type": layers[col.MODULE_TYPE].to_numpy(), "call_depth": layers[col.CALL_DEPTH].to_numpy(),
         "exec_index": layers[col.EXEC_INDEX].to_numpy(), "start_ns": layers[col.START_NS].to_numpy(),
-        "duration_ms": duration / 1e6, "self_ms": own_ns / 1e6,
+        "duration_ms": duration / 1e6,
+        "duration_ci_ms": layers[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+        / 1e6 if col.DURATION_CI_NS in layers else np.full(len(layers), np.nan),
+        "self_ms": own_ns / 1e6,
         "param_count": layers[col.PARAM_COUNT].to_numpy(), "input_shapes": layers[col.INPUT_SHAPES].to_numpy(),
         "output_shapes": layers[col.OUTPUT_SHAPES].to_numpy(), "source": layers[col.SOURCE].to_numpy(),
     })
@@ -54,7 +58,9 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     """The ``k`` layers (by module path and kind, over all steps) with the most time.
 
     Columns: ``name``, ``kind``, ``module_type``, ``calls``, ``total_ms``, ``mean_ms``,
-    ``total_self_ms``, ``mean_self_ms``, ``share`` (total self time over the steps' time).
+    ``mean_ci_ms`` (of a leveled trace: the half-width of ``mean_ms``'s 95% interval, its
+    calls' intervals added in quadrature; NaN elsewhere), ``total_self_ms``, ``mean_self_ms``,
+    ``share`` (total self time over the steps' time).
     ``by`` is ``self_ms`` (default: where time is spent, not double counted) or ``total_ms``.
     """
     spans = spans_of(source)
@@ -62,7 +68,9 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     grouped = table.groupby(["name", "kind"], sort=False).agg(
         module_type=("module_type", "first"), calls=("duration_ms", "size"),
         total_ms=("duration_ms", "sum"), mean_ms=("duration_ms", "mean"),
-        total_self_ms=("self_ms", "sum"), mean_self_ms=("self_ms", "mean")).reset_index()
+        total_self_ms=("self_ms", "sum"), mean_self_ms=("self_ms", "mean"),
+        mean_ci_ms=("duration_ci_ms", lambda v: float(np.sqrt((v.to_numpy() ** 2).sum())) / len(v)
+                    if v.notna().all() else np.nan)).reset_index()
     step_ms = _step_time_ms(spans)
     grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan
     key = "total_self_ms" if by == "self_ms" else by

@@ -196,7 +196,8 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "--rounds", "2",
                      "-o", "lv.xsp.parquet", "--", str(tiny), "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("args ['5']") == 3 * 2  # the script ran once per run and round
+    assert result.stdout.count("args ['5']") == 1 + 3 * 2  # once to find its depth, then per run and round
+    assert "leveled: the model's module calls nest 1 deep: 3 runs a round" in result.stderr
     for run in ("model", "model+layer", "model+layer+operator"):
         assert run in result.stdout
     trace = xsp.load(tmp_path / "lv.xsp.parquet")
@@ -209,15 +210,43 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
-def test_run_leveled_without_rounds_runs_at_least_as_many_as_xsp_leveled(tiny, tmp_path):
+def test_run_leveled_respects_the_budget_and_says_what_it_gave_up(tiny, tmp_path):
     from xsp.session.leveled import MIN_ROUNDS
 
     result = xsp_cli("run", "--leveled", "--levels", "model", "--warmup", "1", "--budget", "0",
                      "-o", "lv.xsp.parquet", "--", str(tiny), "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("args ['3']") == MIN_ROUNDS  # precise or not, the budget spent: the minimum
+    assert result.stdout.count("args ['3']") == 1 + 1  # the probe, then one round: no time for more
     leveled = xsp.load(tmp_path / "lv.xsp.parquet").metadata["leveled"]
-    assert leveled["rounds"] == MIN_ROUNDS and leveled["adaptive"] is True
+    assert leveled["rounds"] == 1 and leveled["adaptive"] is True and leveled["budget_s"] == 0
+    assert leveled["given_up"] == [leveled["given_up"][0]] and f"1 of {MIN_ROUNDS}" in leveled["given_up"][0]
+    assert leveled["precise"] is False and "rounds: 1 of" in leveled["why_imprecise"]
+    assert "not precise to ±2%" in result.stderr
+
+
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_run_leveled_runs_the_layer_level_once_per_module_depth(tmp_path):
+    script = tmp_path / "nested.py"
+    script.write_text("import torch\n"
+                      "block = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+                      "model = torch.nn.Sequential(block(), torch.nn.Sequential(block(), block()))\n"
+                      "with torch.no_grad():\n"
+                      "    for _ in range(3):\n"
+                      "        model(torch.randn(4, 8))\n")
+    result = xsp_cli("run", "--leveled", "--levels", "model,layer", "--warmup", "1", "--rounds", "1",
+                     "-o", "lv.xsp.parquet", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("leveled: the model's module calls nest 3 deep: 4 runs a round (model, model+layer<=1, model+layer<=2, "
+            "model+layer)") in result.stderr
+    trace = xsp.load(tmp_path / "lv.xsp.parquet")
+    layers = trace.spans[trace.spans[col.LEVEL] == "layer"]
+    runs = {int(depth): set(found) for depth, found in layers.groupby(col.CALL_DEPTH)[col.LEVELED_RUN]}
+    assert runs == {1: {"model+layer<=1"}, 2: {"model+layer<=2"}, 3: {"model+layer"}}
+    assert trace.metadata["leveled"]["by_depth"] is True and trace.metadata["leveled"]["runs_per_round"] == 4
+    flat = xsp_cli("run", "--leveled", "--no-depth", "--levels", "model,layer", "--warmup", "1", "--rounds", "1",
+                   "-o", "flat.xsp.parquet", "--", str(script), cwd=tmp_path)
+    assert flat.returncode == 0, flat.stderr
+    assert xsp.load(tmp_path / "flat.xsp.parquet").metadata["leveled"]["runs"] == ["model", "model+layer"]
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`

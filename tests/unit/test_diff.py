@@ -630,3 +630,46 @@ def test_a_long_report_is_cut_to_what_a_pull_request_comment_holds():
     lines = [f"| `key{i}` | {'x' * 500} |" for i in range(1000)]
     kept = within(lines)
     assert len("\n".join(kept)) <= 65_536 and "more lines cut" in kept[-1]
+
+
+def leveled_run(figures_ns: dict[str, int], intervals_ns: dict[str, int]) -> xsp.Trace:
+    """A leveled trace as xsp.leveled writes it: one merged step, each span's figure with the
+    half-width of its 95% interval (``duration_ci_ns``)."""
+    trace = run(0, steps=1, noise=0.0)
+    spans = trace.spans.copy()
+    for name, figure in figures_ns.items():
+        at = spans[col.NAME] == name
+        spans.loc[at, col.END_NS] = spans.loc[at, col.START_NS] + figure
+        spans.loc[at, col.DURATION_NS] = figure
+    spans[col.DURATION_CI_NS] = pd.array([intervals_ns.get(name) for name in spans[col.NAME]], dtype="Int64")
+    return xsp.Trace(spans=spans, metadata={**trace.metadata, "leveled": {"runs": ["model", "model+layer"]}})
+
+
+def test_two_leveled_traces_are_judged_by_their_intervals():
+    intervals = {"net": 20_000, "net.a": 3_000, "net.b": 3_000, "net.c": 40_000}
+    base = leveled_run({"net": 1_000_000, "net.a": 300_000, "net.b": 200_000, "net.c": 400_000}, intervals)
+    # a: +30 µs, ten times its intervals; c: +30 µs, within its wide ones
+    new = leveled_run({"net": 1_060_000, "net.a": 330_000, "net.b": 200_000, "net.c": 430_000}, intervals)
+    result = diff(base, new, machine_speed=False)
+    a, c, b = row(result, "net[0]/net.a[0]"), row(result, "net[0]/net.c[0]"), row(result, "net[0]/net.b[0]")
+    assert a[dcol.TEST] == dcol.Test.INTERVAL.value and a[dcol.VERDICT] == "regressed"
+    assert a[dcol.BASE_CI_NS] == 3_000 and a[dcol.NEW_CI_NS] == 3_000
+    expected = 2 * stats.norm.sf(30_000 / (np.hypot(3_000, 3_000) / stats.norm.ppf(0.975)))
+    assert a[dcol.P_VALUE] == pytest.approx(expected)
+    assert c[dcol.VERDICT] == "unchanged" and c[dcol.P_VALUE] > 0.1
+    assert b[dcol.VERDICT] == "unchanged"
+    assert result.settings["keys_tested"] == 4
+    assert any("95% intervals" in warning for warning in result.warnings)
+    assert not any("no rank test" in warning for warning in result.warnings)
+    # without intervals (plain one-step traces) there is still no verdict
+    plain = diff(run(0, steps=1, noise=0.0), run(0, steps=1, noise=0.0, slower={"net.a": 0.5}), machine_speed=False)
+    assert row(plain, "net[0]/net.a[0]")[dcol.TEST] == dcol.Test.NONE.value
+
+
+def test_a_leveled_traces_summary_keeps_its_intervals(tmp_path):
+    trace = leveled_run({"net.a": 300_000}, {"net": 20_000, "net.a": 3_000, "net.b": 3_000, "net.c": 40_000})
+    loaded = Summary.load(summarize(trace).save(tmp_path / "leveled.xsp-summary.parquet"))
+    keys = loaded.keys[dcol.KeyBy.PATH].set_index(dcol.KEY)
+    assert keys.loc["net[0]/net.a[0]", dcol.CI_NS] == 3_000
+    assert dcol.CI_NS not in Summary.load(summarize(run(0, steps=3)).save(tmp_path / "plain.xsp-summary.parquet")
+                                          ).keys[dcol.KeyBy.PATH]

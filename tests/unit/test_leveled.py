@@ -14,7 +14,7 @@ from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
 from xsp.session.leveled import MAX_ROUNDS, MIN_ROUNDS, precise_enough
-from xsp.session.leveled_merge import LeveledRun, level_runs, merge_runs, nest_in_parents, run_label
+from xsp.session.leveled_merge import LeveledRun, RunPlan, level_runs, merge_runs, nest_in_parents, run_label
 from xsp.table.build import conform
 from xsp.table.walks import parent_positions
 
@@ -53,9 +53,24 @@ def _run(levels: tuple[Level, ...], figures: dict[str, list[float]], flops: dict
 
 def test_the_runs_are_the_level_prefixes_then_one_per_metric():
     # the input level comes with the model level: it never makes a run of its own
-    assert level_runs("model,layer,operator,flops") == [(M, IN), (M, IN, L), (M, IN, L, OP), (M, IN, L, F)]
-    assert level_runs("model,kernel") == [(M, IN), (M, IN, Level.CUDA_API), (M, IN, Level.CUDA_API, Level.KERNEL)]
-    assert [run_label(run) for run in level_runs("model,layer")] == ["model", "model+layer"]
+    def levels_of(plan: list[RunPlan]) -> list[tuple[Level, ...]]:
+        return [entry.levels for entry in plan]
+
+    assert levels_of(level_runs("model,layer,operator,flops")) == [(M, IN), (M, IN, L), (M, IN, L, OP), (M, IN, L, F)]
+    assert levels_of(level_runs("model,kernel")) == [(M, IN), (M, IN, Level.CUDA_API),
+                                                     (M, IN, Level.CUDA_API, Level.KERNEL)]
+    assert [run.label for run in level_runs("model,layer")] == ["model", "model+layer"]
+
+
+def test_nested_modules_make_one_layer_run_per_depth():
+    plan = level_runs("model,layer,operator,flops", layer_depths=3)
+    assert [run.label for run in plan] == ["model", "model+layer<=1", "model+layer<=2", "model+layer",
+                                           "model+layer+operator", "model+layer+flops"]
+    assert [run.layer_depth for run in plan] == [None, 1, 2, None, None, None]
+    assert run_label((M, L), 2) == "model+layer<=2"
+    # a flat model (every layer at depth 1) or none: the same runs as without depths
+    assert level_runs("model,layer", layer_depths=1) == level_runs("model,layer", layer_depths=0) == \
+        level_runs("model,layer")
 
 
 def test_each_span_takes_the_trimmed_mean_of_the_run_where_its_level_was_deepest():
@@ -444,3 +459,146 @@ def test_a_round_disturbed_from_end_to_end_moves_no_figure():
     # with two rounds there is no middle: the steps are pooled
     two = merge_runs([rounds((M,), [1.0, 2.0]), rounds((M, L), [1.0, 1.0])])
     assert two.trace.spans.set_index(col.PATH).loc[PREDICT, col.DURATION_NS] == pytest.approx(1500, abs=2)
+
+
+def _with_depths(run: LeveledRun, layer_depth: int | None = None) -> LeveledRun:
+    """``run`` with each layer's module call depth (1: the model's own calls), as the layer
+    level records it, and the depth its run recorded down to."""
+    spans = run.trace.spans.copy()
+    layer = spans[col.LEVEL] == Level.LAYER.value
+    spans[col.CALL_DEPTH] = pd.array([path.count("/") - 1 if is_layer else None
+                                      for path, is_layer in zip(spans[col.PATH], layer)], dtype="Int64")
+    return LeveledRun(run.levels, xsp.Trace(spans=spans, metadata=run.trace.metadata), layer_depth)
+
+
+def _depth_runs() -> list[LeveledRun]:
+    """A model-only run, a run of the depth-1 layers a and b only, and a run of every depth
+    (c inside a): a's figure differs between them by what recording c cost."""
+    return [_with_depths(_run((M,), {STEP: [1000] * 5, PREDICT: [900] * 5})),
+            _with_depths(_run((M, L), {STEP: [1100] * 5, PREDICT: [1000] * 5, A: [420] * 5, B: [40] * 5}), 1),
+            _with_depths(_run((M, L), {STEP: [1200] * 5, PREDICT: [1100] * 5, A: [500] * 5, NESTED: [100] * 5,
+                                       B: [45] * 5}))]
+
+
+def test_by_depth_each_layer_takes_its_time_from_the_run_of_its_own_depth():
+    result = merge_runs(_depth_runs())
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_NS] == 420 and spans.loc[A, col.LEVELED_RUN] == "model+layer<=1"
+    assert spans.loc[B, col.DURATION_NS] == 40 and spans.loc[B, col.LEVELED_RUN] == "model+layer<=1"
+    assert spans.loc[NESTED, col.DURATION_NS] == 100 and spans.loc[NESTED, col.LEVELED_RUN] == "model+layer"
+    assert spans.loc[PREDICT, col.LEVELED_RUN] == "model"
+    details = result.trace.metadata["leveled"]
+    assert details["by_depth"] is True and details["layer_depths"] == 2
+    assert details["runs"] == ["model", "model+layer<=1", "model+layer"]
+    # without depth runs, a's time is the every-depth run's
+    flat = merge_runs([_depth_runs()[0], _depth_runs()[2]]).trace.spans.set_index(col.PATH)
+    assert flat.loc[A, col.DURATION_NS] == 500 and flat.loc[A, col.LEVELED_RUN] == "model+layer"
+
+
+def test_by_depth_only_what_is_inside_a_spans_own_clock_readings_is_compensated():
+    costs = {Level.MODEL: LevelCost("model", inside_ns=50, parent_ns=120, events=1, nested_ns=10),
+             Level.LAYER: LevelCost("layer", inside_ns=30, parent_ns=70, events=1, untimed_ns=5)}
+    spans = merge_runs(_depth_runs(), costs=costs).trace.spans.set_index(col.PATH)
+    # a recorded no layer below it in its own run: nothing of c's recording is taken out of it
+    assert spans.loc[A, col.OVERHEAD_NS] == 30 - 5 and spans.loc[A, col.DURATION_NS] == 420 - 25
+    assert spans.loc[NESTED, col.DURATION_NS] == 100 - 25
+    # the model call: its own recording only, no pass-through estimate for the calls inside it
+    assert spans.loc[PREDICT, col.DURATION_NS] == 900 - 50
+
+
+def _steady_trace(latency_ns: int, wobble_ns: int, steps: int = 8) -> xsp.Trace:
+    """A run's measured steps: model latencies alternating ``latency_ns`` ± ``wobble_ns``."""
+    figures = [latency_ns + (wobble_ns if i % 2 else -wobble_ns) for i in range(steps)]
+    return _run((M,), {STEP: [f + 50 for f in figures], PREDICT: figures}).trace
+
+
+def test_a_run_hit_by_a_burst_of_noise_is_run_again_and_said():
+    from xsp.session.leveled import RoundsLog, run_rounds, step_spread
+
+    calls: list[str] = []
+    plan = [RunPlan((M,)), RunPlan((M, L), 1), RunPlan((M, L))]
+
+    def run(entry: RunPlan) -> xsp.Trace:
+        calls.append(entry.label)
+        burst = len(calls) == 5  # the fifth run's steps spread 40 times wider than the others'
+        return _steady_trace(10_000, 2_000 if burst else 50)
+
+    def merge(traces: dict[RunPlan, list[xsp.Trace]]) -> object:
+        return {entry.label: len(found) for entry, found in traces.items()}
+
+    log = RoundsLog()
+    result, rounds = run_rounds(plan, run, merge, rounds=2, budget_s=60, log=log)  # type: ignore[arg-type]
+    assert rounds == 2 and result == {"model": 2, "model+layer<=1": 2, "model+layer": 2}
+    assert len(calls) == 7 and calls[4] == calls[5]  # the burst's run, once more
+    assert [burst["run"] for burst in log.bursts] == [calls[4]] and log.bursts[0]["round"] == 2
+    assert log.bursts[0]["spread"] > 4 * log.bursts[0]["typical"]
+    assert step_spread(_steady_trace(10_000, 50)) < 0.02
+    # no budget left: the burst is kept, not run again
+    calls.clear()
+    spent = RoundsLog()
+    run_rounds(plan, run, merge, rounds=2, budget_s=0, log=spent)  # type: ignore[arg-type]
+    assert len(calls) == 6 and spent.bursts == []
+
+
+def test_the_budget_is_respected_and_what_it_cut_is_said():
+    import time
+
+    from xsp.session.leveled import MIN_ROUNDS, RoundsLog, default_budget_s, run_rounds
+
+    plan = [RunPlan((M,)), RunPlan((M, L))]
+
+    def run(entry: RunPlan) -> xsp.Trace:
+        time.sleep(0.01)
+        return _steady_trace(10_000, 50)
+
+    log = RoundsLog()
+    _, rounds = run_rounds(plan, run, lambda traces: None, budget_s=0.0, log=log)  # type: ignore[arg-type,return-value]
+    assert rounds < MIN_ROUNDS and log.given_up and log.given_up[0].startswith("rounds: ")
+    assert default_budget_s(plan) == 2.0  # one second per run of a round
+
+
+@pytest.mark.parametrize("by_depth", [True, False])
+def test_leveled_by_depth_on_a_real_nested_model(by_depth):
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(3)])
+    said: list[str] = []
+    with torch.no_grad():
+        result = xsp.leveled(lambda: model(torch.randn(2, 8)), levels="model,layer", repeat=3, warmup=1, rounds=2,
+                             by_depth=by_depth, progress=said.append)
+    details = result.trace.metadata["leveled"]
+    runs = ["model", "model+layer<=1", "model+layer"] if by_depth else ["model", "model+layer"]
+    assert result.overhead["run"].tolist() == runs and details["runs_per_round"] == len(runs)
+    assert said[0] == (f"leveled: the model's module calls nest 2 deep: 3 runs a round ({', '.join(runs)})"
+                       if by_depth else f"leveled: 2 runs a round ({', '.join(runs)})")
+    assert said[-1].startswith("leveled: 2 rounds in ")
+    spans = result.trace.spans
+    top = spans[(spans[col.LEVEL] == "layer") & (spans[col.CALL_DEPTH] == 1)]
+    inner = spans[(spans[col.LEVEL] == "layer") & (spans[col.CALL_DEPTH] == 2)]
+    assert len(top) == 3 and len(inner) == 6
+    assert set(top[col.LEVELED_RUN]) == {"model+layer<=1" if by_depth else "model+layer"}
+    assert set(inner[col.LEVELED_RUN]) == {"model+layer"}
+    assert top[col.DURATION_CI_NS].notna().all()
+    assert details["precise"] == (details["why_imprecise"] is None)
+
+
+def test_the_report_of_a_leveled_trace_shows_each_layers_interval_and_the_top_level_check():
+    import io
+
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(3)])
+    with torch.no_grad():
+        result = xsp.leveled(lambda: model(torch.randn(2, 8)), levels="model,layer", repeat=3, warmup=1, rounds=2)
+    shown = io.StringIO()
+    render_report(result.trace, Console(file=shown, width=80, color_system=None), top=5)
+    text = shown.getvalue()
+    assert "Layers leveled by module depth: 2 depths, 3 runs a round" in text
+    assert "Top-level layers add up to" in text and "off the model-only latency" in text
+    top_table = text.split("Top 5 layers by self time")[1].split("Time per layer type")[0]
+    assert "95%" in top_table and max(map(len, text.splitlines())) <= 80
+    plain = xsp.Trace(spans=result.trace.spans.drop(columns=[col.DURATION_CI_NS]).assign(
+        **{col.DURATION_CI_NS: pd.array([None] * len(result.trace.spans), dtype="Int64")}), metadata={})
+    shown = io.StringIO()
+    render_report(plain, Console(file=shown, width=80, color_system=None), top=5)
+    assert "95%" not in shown.getvalue().split("Top 5 layers by self time")[1]

@@ -48,8 +48,9 @@ def register(commands: Any) -> None:
                         help="record only some steps, as torch.profiler's schedule: "
                              "skip_first=N,wait=N,warmup=N,active=N,repeat=N (any of them; repeat=0: until the end)")
     parser.add_argument("--leveled", action="store_true",
-                        help="run the script once per level prefix (model; model,layer; ...) and merge the "
-                             "runs so that each span's time comes from the run that traced nothing deeper")
+                        help="run the script once per level prefix (model; model,layer at each module depth; "
+                             "...) and merge the runs so that each span's time comes from the run that traced "
+                             "nothing deeper")
     parser.add_argument("--warmup", type=int, default=2,
                         help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
     parser.add_argument("--rounds", type=int, default=None,
@@ -59,8 +60,12 @@ def register(commands: Any) -> None:
     parser.add_argument("--target", type=float, default=2.0, metavar="PERCENT",
                         help="with --leveled: the 95%% interval's half-width, in percent of a figure, that is precise "
                              "enough (default: 2)")
-    parser.add_argument("--budget", type=float, default=3.0, metavar="SECONDS",
-                        help="with --leveled: how long past the first round more rounds may run (default: 3)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="with --leveled: how long past the first round more rounds may run (default: one "
+                             "second per run of a round)")
+    parser.add_argument("--no-depth", action="store_true",
+                        help="with --leveled: run the layer level once, at every module depth, and take the "
+                             "calibrated cost of the layers below each one out of its figure instead")
     parser.add_argument("--calibrate", action="store_true",
                         help="measure what one span of each level costs here first (about a second) and keep it "
                              "in the trace, for xsp.analysis.compensated")
@@ -240,18 +245,26 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     from xsp.io.trace import Trace
     from xsp.reports.terminal import frame_table, number, share, text
     from xsp.session.calibration import calibrate
-    from xsp.session.leveled import autograd_in, precise_enough, run_rounds
+    from xsp.session.leveled import (
+        RoundsLog,
+        autograd_in,
+        default_budget_s,
+        layer_depths_in,
+        plan_text,
+        precise_enough,
+        run_rounds,
+        why_imprecise,
+    )
     from xsp.session.leveled_merge import (
         LeveledResult,
         LeveledRun,
+        RunPlan,
         level_runs,
         measured_steps,
         merge_runs,
         pooled,
-        run_label,
     )
     from xsp.session.session import Session
-    from xsp.table.level_costs import LevelCost
     from xsp.tracers.registry import tracers_for
 
     if options.warmup < 0:
@@ -260,6 +273,8 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
         raise CliError("--rounds must be 1 or more")
     if not 0 < options.target < 100:
         raise CliError("--target must be a percentage between 0 and 100")
+    if options.budget is not None and options.budget < 0:
+        raise CliError("--budget must be 0 or more seconds")
     if options.otlp:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
     out = error_console()
@@ -267,47 +282,62 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     for level, reason in unavailable.items():
         out.print(f"xsp: level {level.value} left out of the leveled runs: {reason}", markup=False)
     wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
-    plan = level_runs(wanted)
     target = options.target / 100
-    costs: dict[Level, LevelCost] | None = None  # once the first run has shown what autograd does in the script
-    backward, records_autograd = True, False
+    by_depth = not options.no_depth and Level.LAYER in wanted
 
-    def run(levels: tuple[Level, ...]) -> Trace:
-        nonlocal costs, backward, records_autograd
-        out.print(f"xsp: leveled run {run_label(levels)}", markup=False)
+    def traced(levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None = None) -> Trace:
+        out.print(f"xsp: leveled run {label}", markup=False)
         session = Session(levels=levels, output=None, service_name=options.service_name or script.stem,
-                          backward=backward)
+                          backward=backward, layer_depth=layer_depth)
         status = _run_script(script, script_args, session)
         if status != 0:
             raise _ScriptFailed(status)
-        if costs is None:  # the model level alone runs first: a script that records a graph but never runs
-            # backward is traced without backward hooks, as xsp.leveled does
-            autograd = autograd_in(session.trace)
-            backward, records_autograd = autograd.runs_backward, autograd.records
-            costs = {} if options.no_compensate else calibrate(wanted, grad=autograd.records and backward)
         if session.trace is None or len(session.trace.steps) <= options.warmup:
             raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
-                           f"{run_label(levels)} run, so there was nothing to measure (is it a PyTorch "
+                           f"{label} run, so there was nothing to measure (is it a PyTorch "
                            "script that calls its model more than --warmup times?)")
-        return Trace(spans=measured_steps(session.trace.spans, options.warmup), metadata=session.trace.metadata)
-
-    def merge(traces: dict[tuple[Level, ...], list[Trace]]) -> LeveledResult:
-        try:
-            return merge_runs([LeveledRun(levels, pooled(traces[levels])) for levels in plan],
-                              costs=costs or {}, target=target)
-        except ValueError as exc:
-            raise CliError(f"the runs cannot be merged: {exc}") from None
+        return session.trace
 
     with xsp_warnings_to_stderr():
         try:
+            # a first run finds what autograd does in the script and how deep its module calls
+            # nest: a script that records a graph but never runs backward is traced without
+            # backward hooks, as xsp.leveled does
+            probe_levels = (Level.MODEL, Level.LAYER) if by_depth else (Level.MODEL,)
+            probe = traced(probe_levels, "to find the model's depth" if by_depth else "to find what autograd does",
+                           backward=False)
+            autograd = autograd_in(probe)
+            depths = layer_depths_in(probe) if by_depth else None
+            backward, records_autograd = autograd.runs_backward, autograd.records
+            plan = level_runs(wanted, layer_depths=depths or 1)
+            out.print(f"xsp: {plan_text(plan, depths)}", markup=False)
+            costs = {} if options.no_compensate else calibrate(wanted, grad=records_autograd and backward)
+
+            def run(entry: RunPlan) -> Trace:
+                found = traced(entry.levels, entry.label, backward, entry.layer_depth)
+                return Trace(spans=measured_steps(found.spans, options.warmup), metadata=found.metadata)
+
+            def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
+                try:
+                    return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth)
+                                       for entry in plan], costs=costs, target=target)
+                except ValueError as exc:
+                    raise CliError(f"the runs cannot be merged: {exc}") from None
+
+            log = RoundsLog()
             result, round_number = run_rounds(plan, run, merge, rounds=options.rounds, target=target,
-                                              budget_s=options.budget)
+                                              budget_s=options.budget, log=log)
         except _ScriptFailed as failed:
             return failed.status
-    result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=records_autograd)
-    result.trace.metadata["leveled"].update(warmup_steps=options.warmup, rounds=round_number,
-                                            adaptive=options.rounds is None,
-                                            precise=precise_enough(result, target))
+    details = result.trace.metadata["leveled"]
+    details.update(backward_hooks=backward, records_autograd=records_autograd, warmup_steps=options.warmup,
+                   rounds=round_number, adaptive=options.rounds is None, runs_per_round=len(plan),
+                   budget_s=default_budget_s(plan) if options.budget is None else options.budget, **log.as_dict())
+    details["precise"] = precise_enough(result, target)
+    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
+    if not details["precise"]:
+        out.print(f"xsp: leveled figures not precise to ±{options.target:g}%: {details['why_imprecise']}",
+                  markup=False)
     if options.output:
         result.save(options.output)
     shown = console()

@@ -102,7 +102,9 @@ class Summary:
             raise ValueError(f"{path}: summaries are Parquet files now; name it with {SUFFIX}")
         frames = []
         for by, frame in self.keys.items():
-            frame = frame.loc[:, list(dcol.KEY_COLUMNS)].copy()
+            # an optional column only where it holds something (a leveled trace's intervals)
+            optional = [c for c in dcol.OPTIONAL_KEY_COLUMNS if c in frame and frame[c].notna().any()]
+            frame = frame.loc[:, [*dcol.KEY_COLUMNS, *optional]].copy()
             frame[dcol.SAMPLES_NS] = [kept_samples(samples) for samples in frame[dcol.SAMPLES_NS]]
             frames.append(frame.assign(**{BY: by.value}))
         table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
@@ -171,7 +173,7 @@ def _from_parquet(raw: bytes) -> Summary:
         part = frame[frame[BY] == by.value].drop(columns=BY).reset_index(drop=True)
         if len(part) or by.value in facts.get("keys", {}):
             part[dcol.SAMPLES_NS] = [np.asarray(samples, dtype=np.int64) for samples in part[dcol.SAMPLES_NS]]
-            keys[by] = part.loc[:, list(dcol.KEY_COLUMNS)]
+            keys[by] = part.loc[:, [*dcol.KEY_COLUMNS, *(c for c in dcol.OPTIONAL_KEY_COLUMNS if c in part)]]
     return Summary(keys=keys, metadata=facts.get("metadata") or {})
 
 

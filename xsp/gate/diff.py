@@ -199,8 +199,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"{_pct(row.base_cv)}, new {_pct(row.new_cv)}), more than the {threshold:.0%} threshold: "
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
     tested = table[table[dcol.TEST].isin([dcol.Test.RANK.value, dcol.Test.RANK_AND_RUNS.value])]
+    by_interval = int((table[dcol.TEST] == dcol.Test.INTERVAL.value).sum())
     unjudged_top = ((table[dcol.VERDICT] == Verdict.UNCHANGED.value) & table[dcol.PARENT_KEY].isna()
-                    & (table[dcol.BASE_SAMPLES] > 0))
+                    & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.TEST] != dcol.Test.INTERVAL.value))
+    if by_interval:
+        warnings.append(f"leveled traces: {by_interval} keys judged by their leveled figures' 95% intervals (one "
+                        "figure a side; a z test on the difference)")
     if not len(tested) and unjudged_top.any():
         warnings.append(f"fewer than {dcol.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
@@ -213,7 +217,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     settings = {"by": key_by.value, "threshold": threshold, "judged_threshold": round(judged_threshold, 4),
                 "min_delta_us": min_delta_us, "alpha": alpha,
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
-                "keys_tested": len(tested), "normalize": normalize,
+                "keys_tested": len(tested) + by_interval, "normalize": normalize,
                 "common_shift": round(shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
                 "contention_ratio": None if waited is None else round(waited, 4),

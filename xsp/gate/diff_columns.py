@@ -41,6 +41,10 @@ class Test(str, enum.Enum):
     """Several runs on each side: the rank test on the pooled steps *and* a t test on the runs'
     medians (their logarithms, the variance moderated across keys) must both reject; the
     larger p-value is the key's."""
+    INTERVAL = "leveled-interval"
+    """Leveled traces: one figure a side, each with its 95% interval (``duration_ci_ns``): a z
+    test on the difference, its standard error from the two intervals, Benjamini-Hochberg over
+    all keys tested."""
     OVERLAP = "interval-overlap"
     """Too few samples for a rank test: the two sides' ranges must not overlap."""
     NONE = "none"
@@ -72,6 +76,11 @@ attribute, a Kineto trace's ``Input type``), or None."""
 DTYPE_ATTRIBUTES: Final = ("input_dtypes", "Input type")
 """Attribute keys that hold an operator's input dtypes, in xsp's traces and in Kineto's."""
 DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
+CI_NS: Final = "ci_ns"
+"""Of a leveled trace's key (one figure per key): the half-width of the 95% interval of that
+figure, from its spans' ``duration_ci_ns`` (NaN elsewhere, and for a key with several steps)."""
+OPTIONAL_KEY_COLUMNS: Final = (CI_NS,)
+"""Key-samples columns that a summary keeps when they are there (older summaries lack them)."""
 RUN_MEDIANS_NS: Final = "run_medians_ns"
 """Of a frame pooled from several runs (:func:`pool_runs`): the median of each run the key
 appeared in (a float array); what the between-run test compares."""
@@ -117,6 +126,9 @@ after that division."""
 ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
 """``delta_ns`` as the verdict judged it (see ``adjusted_ratio``); ``explains`` and the
 breakdown are in these terms."""
+BASE_CI_NS: Final = "base_ci_ns"
+NEW_CI_NS: Final = "new_ci_ns"
+"""Of two leveled traces: each side's 95% interval half-width (``ci_ns`` of the key; NaN elsewhere)."""
 RELATIVE_RATIO: Final = "relative_ratio"
 """``ratio`` over the new run's common shift: a secondary view of which keys moved more (or less)
 than the run as a whole, never what the verdict judged unless ``normalize`` was asked for."""
@@ -129,7 +141,7 @@ MIN_SHIFT_KEYS: Final = 3
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
                        TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,
-                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO)
+                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO, BASE_CI_NS, NEW_CI_NS)
 
 # columns of a changes frame
 CHANGE: Final = "change"

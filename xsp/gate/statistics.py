@@ -21,12 +21,14 @@ from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
     ADJUSTED_DELTA_NS,
     ADJUSTED_RATIO,
+    BASE_CI_NS,
     BASE_COUNT,
     BASE_CV,
     BASE_MEDIAN_NS,
     BASE_RUNS,
     BASE_SAMPLES,
     BASE_TOTAL_NS,
+    CI_NS,
     COMMON_SHIFT,
     COUNT,
     DELTA_NS,
@@ -42,6 +44,7 @@ from xsp.gate.diff_columns import (
     MIN_RANK_SAMPLES,
     MIN_RUNS,
     MIN_SHIFT_KEYS,
+    NEW_CI_NS,
     NEW_COUNT,
     NEW_CV,
     NEW_MEDIAN_NS,
@@ -147,8 +150,25 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
         col.INPUT_SHAPES: _first_values(spans, col.INPUT_SHAPES, rows, code, key_count),
         KERNELS_PER_STEP: _kernels_per_step(spans, parents, rows, code, unit, key_count),
         INPUT_DTYPES: _input_dtypes(spans, rows, code, key_count),
+        CI_NS: _intervals(spans, rows[counted], code[counted], np.diff(bounds), key_count),
     })
     return table
+
+
+def _intervals(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, sample_count: np.ndarray,
+               count: int) -> np.ndarray:
+    """Per key of one sample (a leveled trace's one merged step), the half-width of its figure's
+    95% interval: its spans' ``duration_ci_ns`` added in quadrature (NaN where a span has none,
+    where the key has several samples, or where the trace holds no intervals)."""
+    intervals = np.full(count, np.nan)
+    if col.DURATION_CI_NS not in spans or not len(rows):
+        return intervals
+    found = spans[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    if np.isnan(found).all():
+        return intervals
+    squares = np.bincount(code, weights=np.nan_to_num(found) ** 2, minlength=count)
+    unknown = np.bincount(code, weights=np.isnan(found).astype(np.float64), minlength=count) > 0
+    return np.where((sample_count == 1) & ~unknown, np.sqrt(squares), np.nan)
 
 
 def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -179,6 +199,7 @@ def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
         first[COUNT] = round(sum(int(row[COUNT]) for row in seen) / runs)
         first[TOTAL_NS] = round(sum(int(row[TOTAL_NS]) for row in seen) / runs)
         first[RUN_MEDIANS_NS] = np.array([float(np.median(row[SAMPLES_NS])) for row in seen if len(row[SAMPLES_NS])])
+        first[CI_NS] = np.nan  # an interval is one run's: pooled runs are judged by their spread
         for column in (col.INPUT_SHAPES, INPUT_DTYPES, PARENT_KEY):
             present = [row.get(column) for row in seen if isinstance(row.get(column), str)]
             first[column] = present[0] if present else first.get(column)
@@ -320,7 +341,12 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
     # both must reject (an intersection-union test: the larger p-value is a valid one)
     p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
-    tested = ranked | between
+    base_ci, new_ci = _key_intervals(merged, "_base"), _key_intervals(merged, "_new") / factor
+    interval = both & ~(ranked | between) & (n_base == 1) & (n_new == 1) & np.isfinite(base_ci) & \
+        np.isfinite(new_ci)
+    p_values[interval] = interval_p_values(base_median[interval], new_median[interval] / factor,
+                                           base_ci[interval], new_ci[interval])
+    tested = ranked | between | interval
     q_values = np.full(count, np.nan)
     q_values[tested] = stats.false_discovery_control(p_values[tested]) if tested.any() else []
     overlap = both & ~tested & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
@@ -353,6 +379,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     test[ranked], test[overlap] = Test.RANK.value, Test.OVERLAP.value
     test[between] = Test.RUNS.value
     test[between & ranked] = Test.RANK_AND_RUNS.value
+    test[interval] = Test.INTERVAL.value
     note = np.full(count, None, dtype=object)
     note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
@@ -387,11 +414,28 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
         BASE_RUNS: base_runs,
         NEW_RUNS: new_runs,
         RELATIVE_RATIO: relative_ratio,
+        BASE_CI_NS: base_ci,
+        NEW_CI_NS: _key_intervals(merged, "_new"),
     })
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
     table[EXPLAINS] = explains(table)
     return table
+
+
+def _key_intervals(merged: pd.DataFrame, side: str) -> np.ndarray:
+    """One side's ``ci_ns`` per key of a merged frame (NaN where it has none)."""
+    column = CI_NS + side
+    if column not in merged:
+        return np.full(len(merged), np.nan)
+    return pd.to_numeric(merged[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def interval_p_values(base: np.ndarray, new: np.ndarray, base_ci: np.ndarray, new_ci: np.ndarray) -> np.ndarray:
+    """Two-sided p-values of a z test that two figures differ, each given with the half-width
+    of its 95% interval (a standard error of half-width / 1.96; at least 1 ns together)."""
+    standard_error = np.maximum(np.hypot(base_ci, new_ci) / stats.norm.ppf(0.975), 1.0)
+    return 2 * stats.norm.sf(np.abs(new - base) / standard_error)
 
 
 def _change(base_median: np.ndarray, new_median: np.ndarray, both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

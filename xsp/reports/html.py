@@ -130,7 +130,17 @@ def leveled_section(trace: Trace) -> str:
     figure.update_layout(title="Model latency per leveled run, with 95% intervals (overhead against the model-only "
                                "run)",
                          yaxis_title="ms (trimmed mean)")
-    return _figure_html(figure, "chart-leveled")
+    section = _figure_html(figure, "chart-leveled")
+    layers = analysis.top_layers(trace, k=TOP, by="total_ms")
+    if layers.empty or not layers["mean_ci_ms"].notna().any():
+        return section
+    layers = layers.iloc[::-1]
+    bars = go.Figure(go.Bar(x=layers["mean_ms"], y=layers["name"], orientation="h",
+                            error_x={"type": "data", "array": layers["mean_ci_ms"].fillna(0.0).tolist(),
+                                     "visible": True}))
+    bars.update_layout(title=f"Top {len(layers)} layers' leveled durations, with 95% intervals",
+                       xaxis_title="ms per call")
+    return section + _figure_html(bars, "chart-leveled-layers")
 
 
 def kernels_section(trace: Trace) -> str:

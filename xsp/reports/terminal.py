@@ -238,9 +238,12 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     if layers.empty:
         return
     best = analysis.top_layers(trace, k=top)
+    leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
+    best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     _show(console, best, f"Top {len(best)} layers by self time (all steps)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)])
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()),
+        *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "share", share)])
     _show(console, analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
         ("module_type", "type", text), ("layers", "layers", number(0)), ("calls", "calls", number(0)),
         ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)])
@@ -316,6 +319,24 @@ def _flops_table(trace: Trace, console: Console, top: int) -> None:
         ("bytes", "bytes (all calls)", number(0)), ("arithmetic_intensity", "FLOP/byte", number(2))])
 
 
+def top_level_check(trace: Trace) -> str:
+    """How the top-level layers of a leveled trace add up against the model-only run's latency:
+    the check that leveled figures are consistent (their gap is the model's own code)."""
+    leveled = trace.metadata.get("leveled") or {}
+    runs = pd.DataFrame(leveled.get("overhead") or [])
+    model_only = runs[runs["run"] == Level.MODEL.value] if len(runs) else runs
+    spans = trace.spans
+    top = spans[(spans[col.LEVEL] == Level.LAYER.value) & (spans[col.KIND] == "forward")
+                & (spans[col.CALL_DEPTH] == 1)]
+    if model_only.empty or top.empty:
+        return "no model-only run or no top-level layers: nothing to check the leveled figures against"
+    latency_ms = float(model_only["model_latency_ms"].iloc[0])
+    interval_ms = float(model_only.get("model_latency_ci_ms", pd.Series([np.nan])).iloc[0])
+    total_ms = float(top[col.DURATION_NS].sum()) / 1e6
+    return (f"Top-level layers add up to {total_ms:.3f} ms, {total_ms / latency_ms - 1:+.1%} off the model-only "
+            f"latency of {latency_ms:.3f} ms (± {interval_ms:.3f} ms); the rest is the model's own code")
+
+
 def _leveled_table(trace: Trace, console: Console) -> None:
     leveled = trace.metadata.get("leveled")
     if not leveled:
@@ -330,13 +351,27 @@ def _leveled_table(trace: Trace, console: Console) -> None:
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
         ("model_latency_ci_ms", "± 95%", number()), ("overhead", "overhead vs model", share),
         ("metric", "metric run", text)])
+    if leveled.get("by_depth"):
+        _say(console, f"Layers leveled by module depth: {leveled.get('layer_depths')} depths, "
+                      f"{leveled.get('runs_per_round', len(runs))} runs a round; each layer's time from the run that "
+                      "recorded nothing below it")
+    _say(console, top_level_check(trace))
+    for burst in leveled.get("bursts") or []:
+        _say(console, f"run {burst['run']} of round {burst['round']} was hit by a burst of noise (its steps spread "
+                      f"±{burst['spread']:.1%}, the runs before it ±{burst['typical']:.1%}): run again", "yellow")
+    for cut in leveled.get("given_up") or []:
+        _say(console, f"the time budget cut short the {cut}", "yellow")
     target = float(leveled.get("target") or 0.02)
     imprecise = leveled.get("imprecise") or []
     if imprecise:
         _say(console, f"{len(imprecise)} leveled figures have a 95% interval wider than ±{target:.0%} (more rounds "
                       f"would narrow them), e.g. {middle(str(imprecise[0]), 50)}", "yellow")
     costs = leveled.get("calibration") or {}
-    if costs:
+    if costs and leveled.get("by_depth"):
+        _say(console, "xsp's own cost inside each span's clock readings, taken out of its figure: " + ", ".join(
+            f"{level} {(cost['inside_ns'] - cost.get('untimed_ns', 0.0)) / 1e3:+.2f} µs"
+            for level, cost in costs.items()))
+    elif costs:
         _say(console, "xsp's own cost per span, taken out of the figures: " + ", ".join(
             f"{level} {cost['inside_ns'] / 1e3:.2f} µs inside, {cost['parent_ns'] / 1e3:.2f} µs to its parent"
             + (f", {cost['untimed_ns'] / 1e3:.2f} µs untimed call given back" if cost.get("untimed_ns") else "")

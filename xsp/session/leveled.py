@@ -26,25 +26,25 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from xsp.analysis.model import TRIM_FRACTION
+from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
-from xsp.core.schema import Level
+from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.session.leveled_merge import (
     DEFAULT_TARGET,
     LeveledResult,
     LeveledRun,
+    RunPlan,
     level_runs,
     measured_steps,
     merge_runs,
     pooled,
-    run_label,
 )
 from xsp.table.walks import parent_positions
 
@@ -61,8 +61,6 @@ disturbed round at each end and averages three. Twelve calls on ResNet-50 (batch
 from their first three rounds (the median of three), put the top-level layers 3.5% off the
 model call in one of them; merged from their first five, all were within 0.5%. Models whose
 round outlasts the time budget stop here."""
-DEFAULT_BUDGET_S = 3.0
-"""Adaptive repetition goes on for at most this long past the first round."""
 
 
 def precise_enough(result: LeveledResult, target: float) -> bool:
@@ -117,11 +115,31 @@ class Autograd:
 def autograd_of(fn: Callable[[], Any]) -> Autograd:
     """One call of ``fn`` traced at the model level, which notes each model call's grad mode
     and each backward pass."""
+    return probe(fn, layers=False)[0]
+
+
+def probe(fn: Callable[[], Any], layers: bool = True) -> tuple[Autograd, int]:
+    """One call of ``fn`` traced at the model level (and with ``layers``, the layer level):
+    what autograd does in it, and the deepest module call depth it reaches (0: no layer)."""
     from xsp.session.session import trace
 
-    with trace(levels=("model",), output=None, schedule=None) as session:
+    # no backward hooks: the model level notes backward passes itself, and a function that never
+    # runs backward would be hooked for nothing
+    with trace(levels=("model", "layer") if layers else ("model",), output=None, schedule=None,
+               backward=False) as session:
         fn()
-    return autograd_in(session.trace)
+    return autograd_in(session.trace), layer_depths_in(session.trace)
+
+
+def layer_depths_in(found: Trace | None) -> int:
+    """The deepest module call depth of a trace's forward layer calls (1: only the model's own
+    calls; 0: none), the number of layer runs a leveled experiment by depth needs."""
+    spans = found.spans if found is not None else None
+    if spans is None or not len(spans) or col.CALL_DEPTH not in spans:
+        return 0
+    layers = spans[(spans[col.LEVEL] == Level.LAYER.value) & (spans[col.KIND] == SpanKind.FORWARD.value)]
+    depths = layers[col.CALL_DEPTH].dropna()
+    return int(depths.max()) if len(depths) else 0
 
 
 def autograd_in(found: Trace | None) -> Autograd:
@@ -139,42 +157,146 @@ def autograd_in(found: Trace | None) -> Autograd:
     return Autograd(records=records, runs_backward=bool((spans[col.KIND] == col.SpanKind.BACKWARD.value).any()))
 
 
-def run_rounds(plan: Sequence[tuple[Level, ...]], run: Callable[[tuple[Level, ...]], Trace],
-               merge: Callable[[dict[tuple[Level, ...], list[Trace]]], LeveledResult], rounds: int | None = None,
-               target: float = DEFAULT_TARGET, budget_s: float = DEFAULT_BUDGET_S) -> tuple[LeveledResult, int]:
+BURST_FACTOR = 4.0
+"""A run whose model latency varies this many times more between its steps than the runs
+before it did (the median of their relative 95% intervals) was hit by a burst of the machine's
+noise: it is run again, while the budget allows."""
+MAX_REPEATS = 2
+"""A run hit by a burst is run again at most this many times in a round (then kept)."""
+MIN_RUNS_FOR_BURSTS = 3
+"""Bursts are told apart once this many runs have set what a run's spread is."""
+
+
+def step_spread(found: Trace) -> float:
+    """A run's noise: the half-width of the 95% interval of its steps' model latency, relative
+    to the latency (NaN below two steps)."""
+    values = model_latency(found.spans)["latency_ms"].to_numpy(dtype=np.float64)
+    if len(values) < 2:
+        return float("nan")
+    figure = trimmed_mean(values, TRIM_FRACTION)
+    return float(trimmed_mean_ci(values, TRIM_FRACTION) / figure) if figure > 0 else float("nan")
+
+
+@dataclass
+class RoundsLog:
+    """What :func:`run_rounds` did besides running the plan: runs hit by bursts of noise and
+    repeated, and what the time budget made it give up."""
+
+    rounds: int = 0
+    bursts: list[dict[str, Any]] = field(default_factory=list)
+    """Per run set aside: ``run``, ``round``, ``spread`` (its relative 95% interval) and
+    ``typical`` (the median of the runs before it)."""
+    given_up: list[str] = field(default_factory=list)
+    """What the budget cut short, in words."""
+    seconds: float = 0.0
+    """How long the rounds took."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bursts": self.bursts, "repeated": len(self.bursts), "given_up": self.given_up,
+                "seconds": round(self.seconds, 3)}
+
+
+def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
+               merge: Callable[[dict[RunPlan, list[Trace]]], LeveledResult], rounds: int | None = None,
+               target: float = DEFAULT_TARGET, budget_s: float | None = None,
+               log: RoundsLog | None = None) -> tuple[LeveledResult, int]:
     """The leveled rounds, for :func:`leveled` and ``xsp run --leveled`` alike: each round runs
-    every level prefix of ``plan`` once (``run`` records one and returns its measured steps),
-    each round starting one run later than the one before, so that no run always goes first.
+    every run of ``plan`` once (``run`` records one and returns its measured steps), each round
+    starting one run later than the one before, so that no run always goes first.
     ``rounds`` rounds, or (None) at least :data:`MIN_ROUNDS` and then until ``merge`` of the
-    runs pooled so far is precise to ``target``, :data:`MAX_ROUNDS` have run or ``budget_s``
-    seconds have passed since the first round. Returns the merged result and the rounds run."""
+    runs pooled so far is precise to ``target``, or :data:`MAX_ROUNDS` have run; and in both
+    cases no more once ``budget_s`` seconds have passed since the first round ended (None:
+    :func:`default_budget_s` of the plan). A run hit by a burst of noise (:data:`BURST_FACTOR`)
+    is run again, at most :data:`MAX_REPEATS` times, while the budget allows. ``log``
+    receives what was repeated and what the budget cut short. Returns the merged result and
+    the rounds run."""
     import time
 
-    traces: dict[tuple[Level, ...], list[Trace]] = {levels: [] for levels in plan}
+    budget = default_budget_s(plan) if budget_s is None else budget_s
+    log = log if log is not None else RoundsLog()
+    traces: dict[RunPlan, list[Trace]] = {entry: [] for entry in plan}
+    spreads: list[float] = []
+    began = time.monotonic()
     first_round_end: float | None = None
-    round_number = 0
+
+    def out_of_time() -> bool:
+        return first_round_end is not None and time.monotonic() - first_round_end > budget
+
+    def measured(entry: RunPlan) -> Trace:
+        found = run(entry)
+        for _ in range(MAX_REPEATS):
+            spread = step_spread(found)
+            known = [value for value in spreads if not np.isnan(value)]
+            typical = float(np.median(known)) if len(known) >= MIN_RUNS_FOR_BURSTS else float("nan")
+            if not spread > BURST_FACTOR * typical or out_of_time():
+                break
+            log.bursts.append({"run": entry.label, "round": log.rounds + 1, "spread": round(spread, 4),
+                               "typical": round(typical, 4)})
+            found = run(entry)
+        spreads.append(step_spread(found))
+        return found
+
     while True:
-        turn = round_number % len(plan)
-        for levels in [*plan[turn:], *plan[:turn]]:
-            traces[levels].append(run(levels))
-        round_number += 1
+        turn = log.rounds % len(plan)
+        for entry in [*plan[turn:], *plan[:turn]]:
+            traces[entry].append(measured(entry))
+        log.rounds += 1
         first_round_end = first_round_end or time.monotonic()
-        if rounds is not None:
-            if round_number >= rounds:
-                return merge(traces), round_number
+        log.seconds = time.monotonic() - began
+        if rounds is not None:  # a count asked for is run whatever the budget says
+            if log.rounds >= rounds:
+                return merge(traces), log.rounds
             continue
-        if round_number < MIN_ROUNDS:
-            continue
+        if log.rounds < MIN_ROUNDS:
+            if not out_of_time():
+                continue
+            log.given_up.append(f"rounds: {log.rounds} of {MIN_ROUNDS} ran in the budget of {budget:.3g} s past "
+                                f"the first round (a round took {log.seconds / log.rounds:.3g} s); fewer rounds "
+                                "leave figures more exposed to the machine's bursts of noise")
+            return merge(traces), log.rounds
         result = merge(traces)
-        if (precise_enough(result, target) or round_number >= MAX_ROUNDS
-                or time.monotonic() - first_round_end > budget_s):
-            return result, round_number
+        if precise_enough(result, target) or log.rounds >= MAX_ROUNDS:
+            return result, log.rounds
+        if out_of_time():
+            log.given_up.append(f"precision: after {log.rounds} rounds the budget of {budget:.3g} s past the first "
+                                f"round was spent with figures wider than ±{target:.0%}")
+            return result, log.rounds
+
+
+BUDGET_PER_RUN_S = 1.0
+"""With ``budget_s=None``, adaptive repetition may go on for this long per run of a round past
+the first round: 3 s for model, layer and operator runs, more for a model whose modules nest
+(one layer run per depth)."""
+
+
+def default_budget_s(plan: Sequence[RunPlan]) -> float:
+    """The default time budget of a plan: :data:`BUDGET_PER_RUN_S` per run of a round."""
+    return BUDGET_PER_RUN_S * len(plan)
+
+
+def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
+    """One line saying what a leveled experiment will run, before it does."""
+    nesting = "" if depths is None else f"the model's module calls nest {depths} deep: "
+    return f"leveled: {nesting}{len(plan)} runs a round ({', '.join(entry.label for entry in plan)})"
+
+
+def why_imprecise(result: LeveledResult, log: RoundsLog, target: float) -> str:
+    """Why figures of a leveled result are not precise to ``target``, in words."""
+    reasons = list(log.given_up)
+    if not (result.overhead["run"] == Level.MODEL.value).any():
+        reasons.append("no model-only run")
+    if log.bursts:
+        reasons.append(f"{len(log.bursts)} runs were hit by bursts of noise and run again")
+    if not reasons:
+        reasons.append(f"the machine's noise kept figures wider than ±{target:.0%} through {log.rounds} rounds")
+    return "; ".join(reasons)
 
 
 def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int | None = None,
             warmup: int = 2, output: str | os.PathLike[str] | None = None, trim: float = TRIM_FRACTION,
-            rounds: int | None = None, target: float = DEFAULT_TARGET, budget_s: float = DEFAULT_BUDGET_S,
-            compensate: bool = True, **trace_options: Any) -> LeveledResult:
+            rounds: int | None = None, target: float = DEFAULT_TARGET, budget_s: float | None = None,
+            compensate: bool = True, by_depth: bool = True, progress: Callable[[str], None] | None = None,
+            **trace_options: Any) -> LeveledResult:
     """Run ``fn`` under each level prefix and merge the runs (see the module's docstring).
 
     Each run calls ``fn`` ``warmup + repeat`` times, each call one step; the first ``warmup``
@@ -185,16 +307,30 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     the rounds: slow drifts of the machine, and whatever running first costs, then spread
     over every run instead of landing on one.
 
+    Modules nest: with ``by_depth`` (the default) the layer level is run once per module call
+    depth (layers of depth 1 only, then depths 1-2, ..., then every depth), and each layer's
+    duration comes from the run in which its own depth was the deepest recorded, so that no
+    figure holds the cost of recording anything below it; the operator level follows the run
+    of every depth. A model whose calls nest D deep then needs D + 2 runs a round instead of 3.
+    ``by_depth=False`` runs the layer level once, at every depth, and takes the calibrated cost
+    of the layers recorded below each one out of its figure instead.
+
     By default the rounds go on until the model latency and every top-level layer have a 95%
-    confidence interval within ``target`` (±2%) of their figure, or ``budget_s`` seconds past
-    the first round have gone by (at least ``MIN_ROUNDS``, five, at most ``MAX_ROUNDS``); ``rounds=``
-    forces a count. First, one call of ``fn`` traced at the model level finds whether it
-    records an autograd graph and whether it runs backward: a function that records one but
-    never runs backward (inference without ``torch.no_grad``) is traced without backward hooks.
-    Before the runs, each level's own cost per span is calibrated
+    confidence interval within ``target`` (±2%) of their figure (at least ``MIN_ROUNDS``, five,
+    at most ``MAX_ROUNDS``); ``rounds=`` forces a count. Past the first round, no more than
+    ``budget_s`` seconds are spent (default: one second per run of a round); what the budget
+    cut short is in ``metadata["leveled"]["given_up"]``. A run hit by a burst of the machine's
+    noise (its steps spread :data:`BURST_FACTOR` times wider than the runs' before it) is
+    set aside and run again, within the budget (``metadata["leveled"]["bursts"]``).
+
+    First, one call of ``fn`` traced at the model and layer levels finds whether it records an
+    autograd graph, whether it runs backward and how deep its module calls nest: a function that
+    records a graph but never runs backward (inference without ``torch.no_grad``) is traced
+    without backward hooks. Before the runs, each level's own cost per span is calibrated
     (:mod:`xsp.session.calibration`) and taken out of every figure (``compensate=False`` keeps them
     raw). Levels that cannot be recorded here (no GPU, no CUPTI) are left out, with the reason
-    in ``trace.metadata["leveled"]["skipped"]``.
+    in ``trace.metadata["leveled"]["skipped"]``. Where a figure is not precise to ``target``,
+    ``metadata["leveled"]["imprecise"]`` lists it and ``["why_imprecise"]`` says why.
 
     Args:
         fn: the work to measure, called with no arguments (a closure over model and inputs).
@@ -208,9 +344,12 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         rounds: how many rounds to run; None repeats until the figures are precise enough.
         target: the relative half-width of the 95% intervals that stops the rounds, and above
             which a figure is flagged (``metadata["leveled"]["imprecise"]``).
-        budget_s: seconds past the first round that adaptive repetition may take (the
-            ``MIN_ROUNDS`` rounds run whatever it says).
+        budget_s: seconds past the first round that more rounds and repeated runs may take;
+            None: one second per run of a round.
         compensate: take each level's calibrated cost out of the figures.
+        by_depth: run the layer level once per module call depth (see above).
+        progress: called with a line of text before the runs start (how many a round takes)
+            and after the last round; xsp itself prints nothing.
         trace_options: passed to each run's :func:`xsp.trace` (``max_events``, ...).
 
     Returns:
@@ -236,40 +375,52 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         repeat = steps_per_run(fn)
     _, unavailable = tracers_for(parse_levels(levels))
     wanted = [level for level in parse_levels(levels) if level not in unavailable]
-    plan = level_runs(wanted)
     # a function that records a graph but never runs backward (inference without no_grad): its
     # layer runs hook no backward (which would cost each layer call several microseconds and
     # disturb the figures), and the calibration measures what that costs
-    autograd = autograd_of(fn) if compensate or "backward" not in trace_options else None
+    needs_depth = by_depth and Level.LAYER in wanted
+    autograd, depths = probe(fn, layers=needs_depth) if (
+        needs_depth or compensate or "backward" not in trace_options) else (None, 0)
     if autograd is not None:
         trace_options.setdefault("backward", autograd.runs_backward)
+    plan = level_runs(wanted, layer_depths=depths if needs_depth else 1)
+    if progress is not None:
+        progress(plan_text(plan, depths if needs_depth else None))
     costs = calibrate(wanted, grad=autograd is not None and autograd.records and bool(trace_options["backward"])
                       ) if compensate else {}
 
-    def run(run_levels: tuple[Level, ...]) -> Trace:
-        with trace(levels=run_levels, output=None, **trace_options) as session:
+    def run(entry: RunPlan) -> Trace:
+        with trace(levels=entry.levels, output=None, layer_depth=entry.layer_depth, **trace_options) as session:
             # the first steps after a session starts run cold (its buffers and hooks are
             # fresh): they are traced like the others and left out
             for _ in range(warmup + repeat):
                 with step(STEP_NAME):
                     fn()
         if session.trace is None:
-            raise RuntimeError(f"the {run_label(run_levels)} run produced no trace: {session.warnings}")
+            raise RuntimeError(f"the {entry.label} run produced no trace: {session.warnings}")
         return Trace(spans=measured_steps(session.trace.spans, warmup), metadata=session.trace.metadata)
 
-    def merge(traces: dict[tuple[Level, ...], list[Trace]]) -> LeveledResult:
-        return merge_runs([LeveledRun(r, pooled(traces[r])) for r in plan], warmup_steps=0, trim=trim,
-                          costs=costs, target=target)
+    def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
+        return merge_runs([LeveledRun(r.levels, pooled(traces[r]), r.layer_depth) for r in plan], warmup_steps=0,
+                          trim=trim, costs=costs, target=target)
 
-    result, round_number = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s)
+    log = RoundsLog()
+    result, round_number = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log)
     details = result.trace.metadata["leveled"]
     details["rounds"] = round_number
     details["adaptive"] = rounds is None
     details["repeat"] = repeat
+    details["runs_per_round"] = len(plan)
+    details["budget_s"] = default_budget_s(plan) if budget_s is None else budget_s
+    details.update(log.as_dict())
     details["precise"] = precise_enough(result, target)
+    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
     details["backward_hooks"] = bool(trace_options.get("backward", True))
     details["records_autograd"] = None if autograd is None else autograd.records
     details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
+    if progress is not None:
+        progress(f"leveled: {round_number} rounds in {log.seconds:.1f} s"
+                 + ("" if details["precise"] else f"; not precise to ±{target:.0%}: {details['why_imprecise']}"))
     if output is not None:
         result.save(output)
     return result

@@ -16,34 +16,61 @@ from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.io.trace import Trace
-from xsp.table.level_costs import LevelCost, compensation_ns
+from xsp.table.level_costs import LevelCost, compensation_ns, own_cost_ns
 from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
 
 
-def run_label(levels: Sequence[Level]) -> str:
+def run_label(levels: Sequence[Level], layer_depth: int | None = None) -> str:
     """``model+layer+operator``: how a run is named in tables and in ``leveled_run`` (the
-    input level, which always comes with the model level, goes unnamed)."""
-    return "+".join(level.value for level in levels if level is not Level.INPUT)
+    input level, which always comes with the model level, goes unnamed); a run that records
+    layers down to a depth only is ``model+layer<=2``."""
+    label = "+".join(level.value for level in levels if level is not Level.INPUT)
+    return label if layer_depth is None else f"{label}<={layer_depth}"
 
 
-def level_runs(levels: LevelsArg) -> list[tuple[Level, ...]]:
+@dataclass(frozen=True)
+class RunPlan:
+    """One run of a leveled experiment, before it runs: its levels, and for a run whose deepest
+    level is the layer level, the module call depth it records down to (None: every depth)."""
+
+    levels: tuple[Level, ...]
+    layer_depth: int | None = None
+
+    @property
+    def label(self) -> str:
+        return run_label(self.levels, self.layer_depth)
+
+    @property
+    def is_metric(self) -> bool:
+        return any(level in METRIC_LEVELS for level in self.levels)
+
+
+def level_runs(levels: LevelsArg, layer_depths: int = 1) -> list[RunPlan]:
     """The runs of a leveled experiment: each timing prefix, then one run per metric level.
 
     ``("model", "layer", "operator", "flops")`` gives model; model+layer;
     model+layer+operator; model+layer+flops (FLOPs are counted under the layers, without the
-    operator level's profiler, so that their paths match the operators').
+    operator level's profiler, so that their paths match the operators'). With
+    ``layer_depths`` above 1 (the deepest module call depth of the model), the layer level is
+    run once per depth: model+layer<=1, ..., model+layer<=D-1, then model+layer at every
+    depth, so that each layer's time comes from a run that recorded nothing below it.
     """
     parsed = parse_levels(levels)
     # system samples are not spans of a step: they make no run (a leveled trace has none)
     timing = [level for level in parsed if level not in METRIC_LEVELS and level is not Level.SYSTEM]
     first = 2 if Level.INPUT in timing else 1  # the input level comes with the model level
-    runs: list[tuple[Level, ...]] = [tuple(timing[: i + 1]) for i in range(first - 1, len(timing))]
+    runs: list[RunPlan] = []
+    for i in range(first - 1, len(timing)):
+        prefix = tuple(timing[: i + 1])
+        if prefix[-1] is Level.LAYER:
+            runs.extend(RunPlan(prefix, depth) for depth in range(1, max(layer_depths, 1)))
+        runs.append(RunPlan(prefix))
     base = [level for level in timing if level in (Level.MODEL, Level.INPUT, Level.LAYER)]
     if Level.FLOPS in parsed:
-        runs.append((*base, Level.FLOPS))
+        runs.append(RunPlan((*base, Level.FLOPS)))
     if Level.GPU_METRICS in parsed:
         gpu = [level for level in timing if level in (Level.CUDA_API, Level.KERNEL)]
-        runs.append((*base, *gpu, Level.GPU_METRICS))
+        runs.append(RunPlan((*base, *gpu, Level.GPU_METRICS)))
     return runs
 
 
@@ -53,14 +80,29 @@ class LeveledRun:
 
     levels: tuple[Level, ...]
     trace: Trace
+    layer_depth: int | None = None
+    """The module call depth its layer level recorded down to (None: every depth)."""
 
     @property
     def label(self) -> str:
-        return run_label(self.levels)
+        return run_label(self.levels, self.layer_depth)
 
     @property
     def is_metric(self) -> bool:
         return any(level in METRIC_LEVELS for level in self.levels)
+
+
+def _depth_order(run: LeveledRun) -> tuple[int, float]:
+    """Shallower runs first: fewer levels, then a lower layer depth (every depth last)."""
+    return len(run.levels), float("inf") if run.layer_depth is None else run.layer_depth
+
+
+def _layer_source(timing: Sequence[LeveledRun], depth: int) -> LeveledRun | None:
+    """The run a layer call at ``depth`` takes its time from: of the runs whose deepest level
+    is the layer level, the one that recorded down to its depth and no deeper."""
+    layer_runs = [run for run in timing if run.levels[-1] is Level.LAYER]
+    deep_enough = [run for run in layer_runs if run.layer_depth is None or run.layer_depth >= depth]
+    return min(deep_enough, key=_depth_order) if deep_enough else None
 
 
 @dataclass
@@ -252,14 +294,16 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             taken out of each figure (``overhead_ns``); None leaves the figures raw.
         target: the relative half-width of a 95% interval above which a figure is flagged.
     """
-    timing = sorted((r for r in runs if not r.is_metric), key=lambda r: len(r.levels))
+    timing = sorted((r for r in runs if not r.is_metric), key=_depth_order)
     if not timing:
         raise ValueError("a leveled experiment needs at least one run that is not a metric run")
     deepest = timing[-1]
+    by_depth = any(run.layer_depth is not None for run in timing)
     source_of: dict[Level, LeveledRun] = {}
-    for run in timing:  # a level's figures come from the first (shallowest) run that traced it
+    for run in timing:  # a level's figures come from the first (shallowest) run that traced it at every depth
         for level in run.levels:
-            source_of.setdefault(level, run)
+            if run.layer_depth is None or level is not Level.LAYER:
+                source_of.setdefault(level, run)
     measured = {run.label: measured_steps(run.trace.spans, warmup_steps) for run in runs}
     by_path = {run.label: _durations_by_path(measured[run.label], trim, run.trace.metadata.get(ROUND_STARTS))
                for run in timing}
@@ -275,9 +319,13 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     own_run = np.zeros(len(merged), dtype=bool)
     sources = np.empty(len(merged), dtype=object)
     unmatched = []
+    call_depths = merged[col.CALL_DEPTH].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan) \
+        if col.CALL_DEPTH in merged else np.full(len(merged), np.nan)
     for i, (path, level_name, name) in enumerate(zip(merged[col.PATH], merged[col.LEVEL], merged[col.NAME])):
         level = Level(level_name)
         run = source_of.get(level, deepest)
+        if by_depth and level is Level.LAYER and not np.isnan(call_depths[i]):
+            run = _layer_source(timing, int(call_depths[i])) or run
         figures = by_path[run.label]
         own = by_path[deepest.label]
         reason = None
@@ -300,6 +348,10 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             sources[i] = deepest.label
     merged = merged.reset_index(drop=True)
     taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True)
+    if by_depth:  # a model call's or layer's figure comes from a run that recorded nothing below it:
+        # only what falls inside its own clock readings is taken out, nothing for a subtree
+        host_calls = merged[col.LEVEL].isin([Level.MODEL.value, Level.LAYER.value]).to_numpy()
+        taken = np.where(host_calls, own_cost_ns(merged, costs or {}, own_run), taken)
     taken = np.minimum(taken, durations)  # never a negative duration
     durations = durations - taken
     starts, durations, clamped = nest_in_parents(parent_positions(merged), merged[col.START_NS].to_numpy(
@@ -324,6 +376,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         "levels": sorted({level.value for run in runs for level in run.levels}, key=[v.value for v in LEVELS].index),
         "leveled": {
             "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
+            "by_depth": by_depth,
+            "layer_depths": max((run.layer_depth or 0 for run in timing), default=0) + 1 if by_depth else None,
             "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
             "unmatched": len(unmatched_table),
             "clamped": clamped,

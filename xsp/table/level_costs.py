@@ -83,3 +83,19 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
     if own_run is not None:
         taken = np.where(own_run, taken, 0.0)
     return np.round(taken).astype(np.int64)
+
+
+def own_cost_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost], own_run: np.ndarray | None = None) -> np.ndarray:
+    """Per span, only what recording it costs inside its own clock readings (``inside_ns``, less
+    the ``untimed_ns`` given back): the compensation of a figure from a run that recorded
+    nothing below it. Zero where ``own_run`` is false."""
+    taken = np.zeros(len(spans))
+    if not costs or not len(spans):
+        return taken.astype(np.int64)
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    recorded = np.isin(spans[col.KIND].to_numpy(dtype=object), list(COMPENSATED_KINDS))
+    for level, cost in costs.items():
+        taken[(levels == level.value) & recorded] += cost.inside_ns - cost.untimed_ns
+    if own_run is not None:
+        taken = np.where(own_run, taken, 0.0)
+    return np.round(taken).astype(np.int64)
