@@ -149,6 +149,87 @@ def small_layer_model() -> Callable[[], Any]:
     return lambda: model(x)
 
 
+def nested_block_model() -> Callable[[], Any]:
+    """40 blocks of Sequential(Linear(64, 64), ReLU()) at batch 8 under inference_mode: the
+    small layers of :func:`small_layer_model`, nested one level in containers."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+                                  for _ in range(SMALL_LAYERS)]).eval()
+    x = torch.randn(8, 64)
+
+    def call() -> Any:
+        with torch.inference_mode():
+            return model(x)
+
+    return call
+
+
+def depth_comparison(invocations: int, work: list[tuple[str, int, Callable[[], Any]]]) -> list[dict[str, Any]]:
+    """For each model, ``invocations`` separate ``xsp.leveled(fn)`` calls with default arguments
+    leveled by module depth and as many with compensation only (``by_depth=False``), the two
+    alternating: the top-level layers' error against the model call, whether it lies within
+    the model-only figure's own 95% interval, precision, bursts run again, time per call."""
+    import xsp
+
+    rows = []
+    for name, batch, fn in work:
+        print(f"depth-leveled against compensation-only: {name}, batch {batch} ...", file=sys.stderr)
+        found: dict[bool, dict[str, list[Any]]] = {mode: {"errors": [], "spread": [], "precise": [], "bursts": [],
+                                                          "seconds": [], "rounds": [], "runs": []}
+                                                   for mode in (True, False)}
+        for _ in range(invocations):
+            for by_depth in (True, False):
+                began = time.perf_counter()
+                result = xsp.leveled(fn, by_depth=by_depth)
+                taken = found[by_depth]
+                taken["seconds"].append(time.perf_counter() - began)
+                details = result.trace.metadata["leveled"]
+                model = result.overhead.set_index("run").loc["model"]
+                taken["errors"].append(top_layer_error(result))
+                taken["spread"].append(float(model["model_latency_ci_ms"] / model["model_latency_ms"]))
+                taken["precise"].append(bool(details["precise"]))
+                taken["bursts"].append(int(details.get("repeated", 0)))
+                taken["rounds"].append(int(details["rounds"]))
+                taken["runs"].append(int(details.get("runs_per_round", len(details["runs"]))))
+        for by_depth in (True, False):
+            rows.append({"model": name, "batch": batch, "by_depth": by_depth, **found[by_depth]})
+    return rows
+
+
+DEPTH_SECTION = "## Leveled by module depth against compensation only"
+
+
+def _depth_lines(rows: list[dict[str, Any]], invocations: int) -> list[str]:
+    lines = [DEPTH_SECTION, "",
+             f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, "
+             f"{platform.processor() or platform.machine()}, 1 torch thread; `python benchmarks/leveled.py "
+             f"--by-depth --invocations {invocations}`. Per model, {invocations} separate `xsp.leveled(fn)` calls "
+             "with default arguments (levels model, layer, operator) leveled by depth, and as many with "
+             "`by_depth=False` (the layer level once, every depth, the calibrated cost of the layers below each "
+             "one taken out), alternating. Error: the top-level layers' sum over the model call's leveled latency, "
+             "minus one (goal: within 3% in every call, and within the model-only figure's own 95% interval).", "",
+             "| model | batch | leveling | runs a round | within 3% | within the model's interval | errors (min / "
+             "median / max) | model-only interval (median) | precise (±2%) | bursts run again | rounds | "
+             "seconds per call |",
+             "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |"]
+    for r in rows:
+        errors, spread = np.array(r["errors"]), np.array(r["spread"])
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {'by depth' if r['by_depth'] else 'compensation only'} | "
+            f"{max(r['runs'])} | {int((np.abs(errors) <= 0.03).sum())} of {len(errors)} | "
+            f"{int((np.abs(errors) <= spread).sum())} of {len(errors)} | "
+            f"{errors.min():+.1%} / {np.median(errors):+.1%} / {errors.max():+.1%} | ±{np.median(spread):.1%} | "
+            f"{sum(r['precise'])} of {len(errors)} | {sum(r['bursts'])} | {min(r['rounds'])}-{max(r['rounds'])} | "
+            f"{np.median(r['seconds']):.1f} |")
+    return lines
+
+
+def _kept_depth_section(text: str) -> list[str]:
+    """The depth comparison section of earlier results, kept by a run that does not measure it."""
+    return ["", DEPTH_SECTION, *text.split("\n" + DEPTH_SECTION, 1)[1].rstrip("\n").splitlines()] \
+        if "\n" + DEPTH_SECTION in text else []
+
+
 def with_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` called while autograd records a graph (as a plain ``model(x)`` is), never running backward."""
     def called() -> Any:
@@ -281,10 +362,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, metavar="TEXT",
                         help="only the repeatability rows whose 'model (batch N)' contains TEXT, e.g. "
                         "'BERT-base seq 128 (batch 1)'")
+    parser.add_argument("--by-depth", action="store_true",
+                        help="only: leveled by module depth against compensation only, on the nested and flat "
+                        "small-layer models, ResNet-50 and BERT-base at batch 1 (its own section of the results)")
     parser.add_argument("--skip-accuracy", action="store_true",
                         help="only the repeatability rows (the accuracy tables are not rewritten)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.by_depth:
+        with torch.no_grad():
+            work = [(f"{SMALL_LAYERS} x Sequential(Linear(64, 64), ReLU), inference_mode", 8, nested_block_model()),
+                    (f"{SMALL_LAYERS} x Linear(64, 64) + ReLU, flat", 8, small_layer_model()),
+                    *[item for item in _workloads(args.quick) if item[1] == 1]]
+            if args.only:
+                work = [item for item in work if args.only in f"{item[0]} (batch {item[1]})"]
+            lines = _depth_lines(depth_comparison(args.invocations, work), args.invocations)
+        print(*lines, sep="\n")
+        text = RESULTS.read_text() if RESULTS.is_file() else "# Leveled experimentation: accuracy on CPU\n"
+        kept = text.split("\n" + DEPTH_SECTION)[0].rstrip("\n").splitlines()
+        record([*kept, "", *lines], RESULTS)
+        return 0
     rows = []
     repeats = []
     with torch.no_grad():
@@ -310,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_accuracy:
         text = RESULTS.read_text() if RESULTS.is_file() else "# Leveled experimentation: accuracy on CPU"
         previous = text.split("\n## Repeatability")[0].rstrip("\n").splitlines()
-        record(previous + _merged_with(_repeatability_lines(repeats, args.invocations), text), RESULTS)
+        depth = _kept_depth_section(text)
+        text = text.split("\n" + DEPTH_SECTION)[0]
+        record(previous + _merged_with(_repeatability_lines(repeats, args.invocations), text) + depth, RESULTS)
         return 0
     runs = list(rows[0]["runs"])
     lines = [
@@ -354,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         (lm, lt), (om, ot) = r["layer_inflation"], r["operator_inflation"]
         lines.append(f"| {r['model']} | {r['batch']} | {lm:.2f}x | {lt:.2f}x | {om:.2f}x | {ot:.2f}x | "
                      f"{r['unmatched']} of {r['spans']} |")
-    record(lines + _repeatability_lines(repeats, args.invocations), RESULTS)
+    earlier = RESULTS.read_text() if RESULTS.is_file() else ""
+    record(lines + _repeatability_lines(repeats, args.invocations) + _kept_depth_section(earlier), RESULTS)
     return 0
 
 

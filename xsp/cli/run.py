@@ -320,7 +320,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
             def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
                 try:
                     return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth)
-                                       for entry in plan], costs=costs, target=target)
+                                       for entry in plan], costs=costs, target=target, by_depth=by_depth)
                 except ValueError as exc:
                     raise CliError(f"the runs cannot be merged: {exc}") from None
 

@@ -283,12 +283,14 @@ def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
 def why_imprecise(result: LeveledResult, log: RoundsLog, target: float) -> str:
     """Why figures of a leveled result are not precise to ``target``, in words."""
     reasons = list(log.given_up)
-    if not (result.overhead["run"] == Level.MODEL.value).any():
-        reasons.append("no model-only run")
     if log.bursts:
         reasons.append(f"{len(log.bursts)} runs were hit by bursts of noise and run again")
     if not reasons:
         reasons.append(f"the machine's noise kept figures wider than ±{target:.0%} through {log.rounds} rounds")
+    model = result.overhead[result.overhead["run"] == Level.MODEL.value]
+    if len(model) and model["model_latency_ms"].iloc[0] > 0:
+        spread = float(model["model_latency_ci_ms"].iloc[0] / model["model_latency_ms"].iloc[0])
+        reasons.append(f"the model-only latency itself moved ±{spread:.1%} between rounds and steps (95% interval)")
     return "; ".join(reasons)
 
 
@@ -402,7 +404,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
 
     def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
         return merge_runs([LeveledRun(r.levels, pooled(traces[r]), r.layer_depth) for r in plan], warmup_steps=0,
-                          trim=trim, costs=costs, target=target)
+                          trim=trim, costs=costs, target=target, by_depth=needs_depth)
 
     log = RoundsLog()
     result, round_number = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log)

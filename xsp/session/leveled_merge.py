@@ -282,7 +282,8 @@ def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, d
 
 
 def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION,
-               costs: dict[Level, LevelCost] | None = None, target: float = DEFAULT_TARGET) -> LeveledResult:
+               costs: dict[Level, LevelCost] | None = None, target: float = DEFAULT_TARGET,
+               by_depth: bool | None = None) -> LeveledResult:
     """Merge the runs of a leveled experiment (see the module's docstring).
 
     Args:
@@ -293,12 +294,16 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         costs: the calibrated cost of one span per level (:func:`xsp.session.calibration.calibrate`):
             taken out of each figure (``overhead_ns``); None leaves the figures raw.
         target: the relative half-width of a 95% interval above which a figure is flagged.
+        by_depth: the layer level was run once per module depth (see :func:`level_runs`), so
+            each figure is compensated only inside its own clock readings; None: whether any
+            run recorded layers down to a depth only.
     """
     timing = sorted((r for r in runs if not r.is_metric), key=_depth_order)
     if not timing:
         raise ValueError("a leveled experiment needs at least one run that is not a metric run")
     deepest = timing[-1]
-    by_depth = any(run.layer_depth is not None for run in timing)
+    if by_depth is None:
+        by_depth = any(run.layer_depth is not None for run in timing)
     source_of: dict[Level, LeveledRun] = {}
     for run in timing:  # a level's figures come from the first (shallowest) run that traced it at every depth
         for level in run.levels:
@@ -349,7 +354,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     merged = merged.reset_index(drop=True)
     taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True)
     if by_depth:  # a model call's or layer's figure comes from a run that recorded nothing below it:
-        # only what falls inside its own clock readings is taken out, nothing for a subtree
+        # only its own recording is taken out, never an estimate for what lies below it (the
+        # calls that passed through the wrapper unrecorded did so in the model-only run as well)
         host_calls = merged[col.LEVEL].isin([Level.MODEL.value, Level.LAYER.value]).to_numpy()
         taken = np.where(host_calls, own_cost_ns(merged, costs or {}, own_run), taken)
     taken = np.minimum(taken, durations)  # never a negative duration

@@ -99,3 +99,4 @@ def own_cost_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost], own_run: np.
     if own_run is not None:
         taken = np.where(own_run, taken, 0.0)
     return np.round(taken).astype(np.int64)
+
