@@ -290,3 +290,20 @@ def test_the_operator_level_keeps_the_profilers_chatter_off_the_scripts_stderr(t
     assert profiled.returncode == 0, profiled.stderr
     own = [line for line in profiled.stderr.splitlines() if not line.startswith(("xsp: ", "warning: "))]
     assert own == plain.stderr.splitlines() == ["before", "after"]
+
+
+def test_run_layer_depth_records_the_outer_depths_only(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "nested.py"
+    script.write_text("import torch\n"
+                      "model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))\n"
+                      "with torch.no_grad():\n"
+                      "    model(torch.randn(2, 4))\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--layer-depth", "1", "-o", "d1.xsp.parquet", "--", str(script)]) == 0
+    trace = xsp.load(tmp_path / "d1.xsp.parquet")
+    assert trace.spans[trace.spans[col.LEVEL] == "layer"][col.CALL_DEPTH].tolist() == [1]
+    assert trace.metadata["layer_depth"] == 1
+    assert main(["run", "--layer-depth", "0", "--", str(script)]) == 2
+    assert "--layer-depth must be 1 or more" in capsys.readouterr().err
+    assert main(["run", "--leveled", "--layer-depth", "2", "--", str(script)]) == 2
+    assert "cannot be combined" in capsys.readouterr().err

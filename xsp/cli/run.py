@@ -31,6 +31,9 @@ def register(commands: Any) -> None:
                         help="levels to record, comma separated (default: model,layer)")
     parser.add_argument("-o", "--output", default=None,
                         help=f"trace file to write (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--layer-depth", type=int, default=None, metavar="N",
+                        help="record layers down to module call depth N only (1: the calls the model makes itself); "
+                             "deeper calls run unrecorded (default: every depth)")
     parser.add_argument("--dataset", metavar="DIR", default=None,
                         help="write the trace into this folder of runs instead, as "
                              "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
@@ -214,14 +217,19 @@ def run(options: argparse.Namespace) -> int:
             options.output = DEFAULT_OUTPUT
         if options.output:
             check_writable(options.output)  # fail before the script runs, not after
+    if options.layer_depth is not None and options.layer_depth < 1:
+        raise CliError(f"--layer-depth must be 1 or more (1: the calls the model makes itself), not "
+                       f"{options.layer_depth}")
     if options.leveled:
+        if options.layer_depth is not None:
+            raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")
         return _run_leveled(options, script, script_args)
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=options.service_name or script.stem,
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
-                          span_budget=options.span_budget, dataset=options.dataset)
+                          span_budget=options.span_budget, dataset=options.dataset, layer_depth=options.layer_depth)
         # a script ending with os._exit ends the session there: say what was written before it exits
         session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         writing = ProgressLine()
