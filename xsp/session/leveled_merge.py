@@ -16,7 +16,7 @@ from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.io.trace import Trace
-from xsp.table.level_costs import LevelCost, compensation_ns, own_cost_ns
+from xsp.table.level_costs import LevelCost, compensation_ns
 from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
 
 
@@ -28,13 +28,11 @@ def run_label(levels: Sequence[Level], layer_depth: int | None = None) -> str:
     return label if layer_depth is None else f"{label}<={layer_depth}"
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    """One run of a leveled experiment, before it runs: its levels, and for a run whose deepest
-    level is the layer level, the module call depth it records down to (None: every depth)."""
+class _Labelled:
+    """What a run's levels and layer depth say about it (for :class:`RunPlan` and :class:`LeveledRun`)."""
 
     levels: tuple[Level, ...]
-    layer_depth: int | None = None
+    layer_depth: int | None
 
     @property
     def label(self) -> str:
@@ -43,6 +41,15 @@ class RunPlan:
     @property
     def is_metric(self) -> bool:
         return any(level in METRIC_LEVELS for level in self.levels)
+
+
+@dataclass(frozen=True)
+class RunPlan(_Labelled):
+    """One run of a leveled experiment, before it runs: its levels, and for a run whose deepest
+    level is the layer level, the module call depth it records down to (None: every depth)."""
+
+    levels: tuple[Level, ...]
+    layer_depth: int | None = None
 
 
 def level_runs(levels: LevelsArg, layer_depths: int = 1) -> list[RunPlan]:
@@ -75,21 +82,13 @@ def level_runs(levels: LevelsArg, layer_depths: int = 1) -> list[RunPlan]:
 
 
 @dataclass
-class LeveledRun:
+class LeveledRun(_Labelled):
     """One traced run of a leveled experiment."""
 
     levels: tuple[Level, ...]
     trace: Trace
     layer_depth: int | None = None
     """The module call depth its layer level recorded down to (None: every depth)."""
-
-    @property
-    def label(self) -> str:
-        return run_label(self.levels, self.layer_depth)
-
-    @property
-    def is_metric(self) -> bool:
-        return any(level in METRIC_LEVELS for level in self.levels)
 
 
 def _depth_order(run: LeveledRun) -> tuple[int, float]:
@@ -352,12 +351,12 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
                 intervals[i] = own.at[path, "ci_ns"]
             sources[i] = deepest.label
     merged = merged.reset_index(drop=True)
-    taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True)
-    if by_depth:  # a model call's or layer's figure comes from a run that recorded nothing below it:
-        # only its own recording is taken out, never an estimate for what lies below it (the
-        # calls that passed through the wrapper unrecorded did so in the model-only run as well)
-        host_calls = merged[col.LEVEL].isin([Level.MODEL.value, Level.LAYER.value]).to_numpy()
-        taken = np.where(host_calls, own_cost_ns(merged, costs or {}, own_run), taken)
+    # by depth, a model call's or layer's figure comes from a run that recorded nothing below it:
+    # only its own recording is taken out, never an estimate for what lies below it (the calls
+    # that passed through the wrapper unrecorded did so in the model-only run as well)
+    host_calls = merged[col.LEVEL].isin([Level.MODEL.value, Level.LAYER.value]).to_numpy()
+    taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True,
+                            own_only=host_calls if by_depth else None)
     taken = np.minimum(taken, durations)  # never a negative duration
     durations = durations - taken
     starts, durations, clamped = nest_in_parents(parent_positions(merged), merged[col.START_NS].to_numpy(

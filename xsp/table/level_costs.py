@@ -52,7 +52,8 @@ def costs_from_metadata(found: dict[str, Any] | None) -> dict[Level, LevelCost]:
 
 
 def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level, LevelCost],
-                    own_run: np.ndarray | None = None, same_level_only: bool = False) -> np.ndarray:
+                    own_run: np.ndarray | None = None, same_level_only: bool = False,
+                    own_only: np.ndarray | None = None) -> np.ndarray:
     """Per span, the calibrated cost of recording it and what was recorded below it.
 
     A span of a calibrated level loses its ``inside_ns`` and gains its ``untimed_ns`` (for
@@ -61,9 +62,11 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
     ``same_level_only`` (a leveled figure, from a run that recorded nothing deeper than its own
     level), only for spans of its own level, and then also ``nested_ns`` for each module call
     (layer span of the merged tree) below it. Zero where ``own_run`` is false (a figure that did
-    not come from its own run).
+    not come from its own run). Where ``own_only`` is true (a figure from a run that recorded
+    nothing below it at all: a layer level run one module depth at a time), only the span's
+    own ``inside_ns`` and ``untimed_ns`` count, nothing for what lies below it.
     """
-    taken = np.zeros(len(spans))
+    taken = np.zeros(len(spans))  # for what lies below each span first, then its own
     if not costs or not len(spans):
         return taken.astype(np.int64)
     levels = spans[col.LEVEL].to_numpy(dtype=object)
@@ -72,7 +75,6 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
         mine = levels == level.value
         if not mine.any():
             continue
-        taken[mine & recorded] += cost.inside_ns - cost.untimed_ns
         (below,) = sum_into_ancestors(parents, np.flatnonzero(mine & recorded), np.ones(len(spans)),
                                       only=mine if same_level_only else None)
         taken += below * cost.parent_ns
@@ -80,20 +82,8 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
             layers = np.flatnonzero((levels == Level.LAYER.value) & recorded)
             (nested,) = sum_into_ancestors(parents, layers, np.ones(len(spans)), only=mine)
             taken += nested * cost.nested_ns
-    if own_run is not None:
-        taken = np.where(own_run, taken, 0.0)
-    return np.round(taken).astype(np.int64)
-
-
-def own_cost_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost], own_run: np.ndarray | None = None) -> np.ndarray:
-    """Per span, only what recording it costs inside its own clock readings (``inside_ns``, less
-    the ``untimed_ns`` given back): the compensation of a figure from a run that recorded
-    nothing below it. Zero where ``own_run`` is false."""
-    taken = np.zeros(len(spans))
-    if not costs or not len(spans):
-        return taken.astype(np.int64)
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
-    recorded = np.isin(spans[col.KIND].to_numpy(dtype=object), list(COMPENSATED_KINDS))
+    if own_only is not None:
+        taken = np.where(own_only, 0.0, taken)
     for level, cost in costs.items():
         taken[(levels == level.value) & recorded] += cost.inside_ns - cost.untimed_ns
     if own_run is not None:
