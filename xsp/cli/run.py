@@ -64,8 +64,8 @@ def register(commands: Any) -> None:
                         help="with --leveled: the 95%% interval's half-width, in percent of a figure, that is precise "
                              "enough (default: 2)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                        help="with --leveled: how long past the first round more rounds may run (default: one "
-                             "second per run of a round)")
+                        help="with --leveled: how long past the first round more rounds may run, even below the "
+                             "minimum of 5 (default: the 5, then more while one second per run of a round lasts)")
     parser.add_argument("--no-depth", action="store_true",
                         help="with --leveled: run the layer level once, at every module depth, and take the "
                              "calibrated cost of the layers below each one out of its figure instead")
