@@ -673,3 +673,17 @@ def test_a_leveled_traces_summary_keeps_its_intervals(tmp_path):
     assert keys.loc["net[0]/net.a[0]", dcol.CI_NS] == 3_000
     assert dcol.CI_NS not in Summary.load(summarize(run(0, steps=3)).save(tmp_path / "plain.xsp-summary.parquet")
                                           ).keys[dcol.KeyBy.PATH]
+
+
+def test_a_model_line_with_a_judged_ratio_and_a_long_q_fits_80_columns():
+    # a real CI run printed `model[0]   858.60 µs ->   1.65 ms  +92.2% (+112.4% judged) q=0.00015  regressed`:
+    # 81 columns, the key's room at its floor
+    result = diff(run(0), run(1, slower=dict.fromkeys(LAYERS, 1.0)), machine_speed=False)
+    table = result.table
+    model = table[col.LEVEL] == "model"
+    table.loc[model, dcol.ADJUSTED_RATIO] = 2.124
+    table.loc[model, dcol.Q_VALUE] = 0.00015
+    text = diff_formats.text(result)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    lines = text.split("Model (median per step):\n")[1].splitlines()
+    assert lines[0].strip() == "net[0]" and "(+112.4% judged) q=0.00015" in lines[1] and "regressed" in lines[1]

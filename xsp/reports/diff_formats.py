@@ -28,7 +28,7 @@ def text(result: Diff, width: int = TEXT_WIDTH) -> str:
              _wrap(_settings_line(result.settings), width, "  ")]
     models = result.models()
     if len(models):
-        lines += ["", "Model (median per step):"] + [_key_line(row, width - 11) + f" {row.verdict:>10}"
+        lines += ["", "Model (median per step):"] + [_key_line(row, width, f" {row.verdict:>10}")
                                                      for row in models.itertuples(index=False)]
     if len(result.breakdown):
         lines += ["", f"Where it lives (change per step{_judged_suffix(result.settings)}):"]
@@ -193,13 +193,22 @@ def _short_key(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-def _key_line(row: Any, width: int) -> str:
+KEY_ROOM = 10
+"""The fewest columns a key keeps beside its figures; with less, the figures go on a line of their own."""
+
+
+def _key_line(row: Any, width: int, suffix: str = "") -> str:
+    """A key and its figures (then ``suffix``) in ``width`` columns: on one line where the key
+    keeps :data:`KEY_ROOM` columns, else the figures on the next line."""
     judged = "" if row.adjusted_ratio == row.ratio or math.isnan(row.adjusted_ratio) else (
         f" ({_ratio(row.adjusted_ratio)} judged)")
     tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
-            f"q={_p(row.q_value)}")
-    room = max(width - len(tail) - 3, 10)
-    return f"  {_clip_left(one_line(str(row.key)), room):<{room}} {tail}"
+            f"q={_p(row.q_value)}{suffix}")
+    key = one_line(str(row.key))
+    room = width - len(tail) - 3
+    if room >= KEY_ROOM:
+        return f"  {_clip_left(key, room):<{room}} {tail}"
+    return f"  {_clip_left(key, width - 2)}\n  {_clip(tail.strip(), width - 4):>{width - 4}}"
 
 
 def _change_text(row: Any) -> str:
