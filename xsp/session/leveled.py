@@ -289,7 +289,8 @@ def why_imprecise(result: LeveledResult, log: RoundsLog, target: float) -> str:
     """Why figures of a leveled result are not precise to ``target``, in words."""
     reasons = list(log.given_up)
     if log.bursts:
-        reasons.append(f"{len(log.bursts)} runs were hit by bursts of noise and run again")
+        count = len(log.bursts)
+        reasons.append(f"{count} run{' was' if count == 1 else 's were'} hit by a burst of noise and run again")
     if not reasons:
         reasons.append(f"the machine's noise kept figures wider than ±{target:.0%} through {log.rounds} rounds")
     model = result.overhead[result.overhead["run"] == Level.MODEL.value]
