@@ -256,12 +256,10 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     from xsp.session.leveled import (
         RoundsLog,
         autograd_in,
-        default_budget_s,
         layer_depths_in,
+        note_rounds,
         plan_text,
-        precise_enough,
         run_rounds,
-        why_imprecise,
     )
     from xsp.session.leveled_merge import (
         LeveledResult,
@@ -337,12 +335,9 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
                                               budget_s=options.budget, log=log)
         except _ScriptFailed as failed:
             return failed.status
+    note_rounds(result, plan, log, target, options.rounds, options.budget)
     details = result.trace.metadata["leveled"]
-    details.update(backward_hooks=backward, records_autograd=records_autograd, warmup_steps=options.warmup,
-                   rounds=round_number, adaptive=options.rounds is None, runs_per_round=len(plan),
-                   budget_s=default_budget_s(plan) if options.budget is None else options.budget, **log.as_dict())
-    details["precise"] = precise_enough(result, target)
-    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
+    details.update(backward_hooks=backward, records_autograd=records_autograd, warmup_steps=options.warmup)
     if not details["precise"]:
         out.print(f"xsp: leveled figures not precise to ±{options.target:g}%: {details['why_imprecise']}",
                   markup=False)

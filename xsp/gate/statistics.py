@@ -341,11 +341,11 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     run_tests(base_run_medians, [m / factor for m in new_run_medians], np.flatnonzero(between), run_p_values)
     # both must reject (an intersection-union test: the larger p-value is a valid one)
     p_values[between] = np.fmax(np.nan_to_num(p_values[between], nan=0.0), run_p_values[between])
-    base_ci, new_ci = _key_intervals(merged, "_base"), _key_intervals(merged, "_new") / factor
+    base_ci, new_ci = _key_intervals(merged, "_base"), _key_intervals(merged, "_new")
     interval = both & ~(ranked | between) & (n_base == 1) & (n_new == 1) & np.isfinite(base_ci) & \
         np.isfinite(new_ci)
     p_values[interval] = interval_p_values(base_median[interval], new_median[interval] / factor,
-                                           base_ci[interval], new_ci[interval])
+                                           base_ci[interval], new_ci[interval] / factor)
     tested = ranked | between | interval
     q_values = np.full(count, np.nan)
     q_values[tested] = stats.false_discovery_control(p_values[tested]) if tested.any() else []
@@ -415,7 +415,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
         NEW_RUNS: new_runs,
         RELATIVE_RATIO: relative_ratio,
         BASE_CI_NS: base_ci,
-        NEW_CI_NS: _key_intervals(merged, "_new"),
+        NEW_CI_NS: new_ci,
     })
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor

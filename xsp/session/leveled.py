@@ -227,16 +227,17 @@ def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
 
     def measured(entry: RunPlan) -> Trace:
         found = run(entry)
+        spread = step_spread(found)
+        known = [value for value in spreads if not np.isnan(value)]
+        typical = float(np.median(known)) if len(known) >= MIN_RUNS_FOR_BURSTS else float("nan")
         for _ in range(MAX_REPEATS):
-            spread = step_spread(found)
-            known = [value for value in spreads if not np.isnan(value)]
-            typical = float(np.median(known)) if len(known) >= MIN_RUNS_FOR_BURSTS else float("nan")
             if not spread > BURST_FACTOR * typical or out_of_time():
                 break
             log.bursts.append({"run": entry.label, "round": log.rounds + 1, "spread": round(spread, 4),
                                "typical": round(typical, 4)})
             found = run(entry)
-        spreads.append(step_spread(found))
+            spread = step_spread(found)
+        spreads.append(spread)
         return found
 
     while True:
@@ -277,6 +278,18 @@ the model call in one of them; from five, all within 0.5%: the minimum is not cu
 def default_budget_s(plan: Sequence[RunPlan]) -> float:
     """The default time budget of a plan: :data:`BUDGET_PER_RUN_S` per run of a round."""
     return BUDGET_PER_RUN_S * len(plan)
+
+
+def note_rounds(result: LeveledResult, plan: Sequence[RunPlan], log: RoundsLog, target: float, rounds: int | None,
+                budget_s: float | None) -> None:
+    """Write what the rounds did into ``result``'s ``metadata["leveled"]`` (for :func:`leveled`
+    and ``xsp run --leveled`` alike): rounds, whether chosen adaptively, runs a round, the
+    budget, bursts and cuts, and whether the figures are precise (and if not, why)."""
+    details = result.trace.metadata["leveled"]
+    details.update(rounds=log.rounds, adaptive=rounds is None, runs_per_round=len(plan),
+                   budget_s=default_budget_s(plan) if budget_s is None else budget_s, **log.as_dict())
+    details["precise"] = precise_enough(result, target)
+    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
 
 
 def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
@@ -416,15 +429,9 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
 
     log = RoundsLog()
     result, round_number = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log)
+    note_rounds(result, plan, log, target, rounds, budget_s)
     details = result.trace.metadata["leveled"]
-    details["rounds"] = round_number
-    details["adaptive"] = rounds is None
     details["repeat"] = repeat
-    details["runs_per_round"] = len(plan)
-    details["budget_s"] = default_budget_s(plan) if budget_s is None else budget_s
-    details.update(log.as_dict())
-    details["precise"] = precise_enough(result, target)
-    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
     details["backward_hooks"] = bool(trace_options.get("backward", True))
     details["records_autograd"] = None if autograd is None else autograd.records
     details["skipped"] = {level.value: reason for level, reason in unavailable.items()}

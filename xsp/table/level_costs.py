@@ -89,4 +89,3 @@ def compensation_ns(spans: pd.DataFrame, parents: np.ndarray, costs: dict[Level,
     if own_run is not None:
         taken = np.where(own_run, taken, 0.0)
     return np.round(taken).astype(np.int64)
-
