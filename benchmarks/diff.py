@@ -29,7 +29,7 @@ Prints a table and records it in benchmarks/results/diff.md.
    diff_loaded.md): the machine-speed correction must never make a false alarm.
 
 Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40] [--size-steps 40 100]
-       python benchmarks/diff.py --all-pairings 10 [--busy 1 2]
+       python benchmarks/diff.py --all-pairings 10 [--busy 1 2] [--keep FOLDER]
 """
 
 from __future__ import annotations
@@ -385,11 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only: A/A over every pairing of RUNS runs on a loaded machine (diff_loaded.md)")
     parser.add_argument("--busy", type=int, nargs="+", default=[1, 2],
                         help="processes spinning meanwhile, a table row for each (default: 1 2)")
+    parser.add_argument("--keep", type=Path, metavar="FOLDER",
+                        help="with --all-pairings: keep the runs' traces in FOLDER (busyN/aaI.xsp.parquet)")
     args = parser.parse_args(argv)
     if args.all_pairings:
         with tempfile.TemporaryDirectory() as scratch:
+            kept = args.keep or Path(scratch)
+            for busy in args.busy:
+                (kept / f"busy{busy}").mkdir(parents=True, exist_ok=True)
             rows = [row for busy in args.busy
-                    for row in all_pairings_under_load(args.all_pairings, busy, args.steps, Path(scratch))]
+                    for row in all_pairings_under_load(args.all_pairings, busy, args.steps, kept / f"busy{busy}")]
         print(*markdown_table(rows), sep="\n")
         now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         record(["# xsp diff: A/A over every pairing of runs made on a loaded machine", "",

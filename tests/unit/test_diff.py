@@ -29,7 +29,8 @@ LAYERS = {"net.a": 300_000, "net.b": 200_000, "net.c": 400_000}
 
 
 def run(seed: int, steps: int = 40, slower: dict[str, float] | None = None, noise: float = 0.02,
-        extra_layer: bool = False, shapes: str = "[[8, 64]]", kernels: int = 0, process: float = 0.0) -> xsp.Trace:
+        extra_layer: bool = False, shapes: str = "[[8, 64]]", kernels: int = 0, process: float = 0.0,
+        layers: dict[str, int] | None = None) -> xsp.Trace:
     """A constructed model+layer run: one ``predict`` per step holding the layers in turn.
 
     ``noise`` varies each step; ``process`` sets each layer off by a random amount for the
@@ -38,10 +39,11 @@ def run(seed: int, steps: int = 40, slower: dict[str, float] | None = None, nois
     rows = []
     span_id = 1
     clock = 1_000_000_000
-    names = list(LAYERS) + (["net.d"] if extra_layer else [])
+    typical = LAYERS if layers is None else layers
+    names = list(typical) + (["net.d"] if extra_layer else [])
     offsets = {name: 1 + rng.normal(0, process) for name in names}
     for _ in range(steps):
-        durations = {name: int(LAYERS.get(name, 100_000) * (1 + (slower or {}).get(name, 0.0)) * offsets[name]
+        durations = {name: int(typical.get(name, 100_000) * (1 + (slower or {}).get(name, 0.0)) * offsets[name]
                                * (1 + rng.normal(0, noise))) for name in names}
         root_id, start = span_id, clock
         span_id += 1
@@ -687,3 +689,57 @@ def test_a_model_line_with_a_judged_ratio_and_a_long_q_fits_80_columns():
     assert max(len(line) for line in text.splitlines()) <= 80
     lines = text.split("Model (median per step):\n")[1].splitlines()
     assert lines[0].strip() == "net[0]" and "(+112.4% judged) q=0.00015" in lines[1] and "regressed" in lines[1]
+
+
+MANY_LAYERS = {f"net.l{i}": 200_000 + 20_000 * i for i in range(12)}
+
+
+def test_one_run_a_side_does_not_call_offsets_between_processes_changes(monkeypatch):
+    """Each layer sits off by its own few percent for a whole process (6% spread): 40 steps of one
+    run each pass a rank test, and only the keys' scatter tells that from a change."""
+    def alarms() -> tuple[int, list[xsp.Diff]]:
+        results = [diff(run(seed, layers=MANY_LAYERS, process=0.06),
+                        run(seed + 100, layers=MANY_LAYERS, process=0.06)) for seed in range(20)]
+        return sum(result.verdict != dcol.Verdict.UNCHANGED for result in results), results
+
+    found, results = alarms()
+    assert found <= 2
+    judged = results[0]
+    assert judged.settings["key_scatter"] > 0.04 and judged.settings["scatter_floor"] > 0.12
+    assert any("moved against each other" in warning for warning in judged.warnings)
+    monkeypatch.setattr(keyed, "SCATTER_FACTOR", 0.0)  # the rank test alone: nearly every pair an alarm
+    assert alarms()[0] >= 15
+
+
+def test_a_change_beyond_the_scatter_is_found_and_one_moving_every_key_alike_too():
+    slowed = diff(run(1, layers=MANY_LAYERS, process=0.06),
+                  run(2, layers=MANY_LAYERS, process=0.06, slower={"net.l5": 0.8}))
+    assert slowed.verdict == dcol.Verdict.REGRESSED
+    table = slowed.table.set_index("name")
+    assert table.loc["net.l5", "verdict"] == dcol.Verdict.REGRESSED.value
+    everywhere = diff(run(1, layers=MANY_LAYERS), run(2, layers=MANY_LAYERS,
+                                                       slower={name: 0.4 for name in MANY_LAYERS}),
+                      machine_speed=False)
+    assert everywhere.settings["key_scatter"] < 0.02 and everywhere.settings["unjudged_shift"] == 1.0
+    assert (everywhere.table[everywhere.table["level"] == "layer"]["verdict"] == dcol.Verdict.REGRESSED.value).all()
+
+
+def test_one_run_a_side_leaves_a_small_move_of_the_whole_run_unjudged_and_says_so():
+    """Every key 12% slower, the machines' probes alike: from one run a side that is what
+    another process of the same program can do (benchmarks/results/diff_loaded.md); several runs a
+    side judge it."""
+    moved = {name: 0.12 for name in MANY_LAYERS}
+    one = diff(run(1, layers=MANY_LAYERS), run(2, layers=MANY_LAYERS, slower=moved), machine_speed=False)
+    assert one.verdict == dcol.Verdict.UNCHANGED
+    assert one.settings["unjudged_shift"] == pytest.approx(1.12, abs=0.02)
+    assert any("the whole run moved alike by +1" in warning for warning in one.warnings)
+    notes = one.table[one.table["level"] == "layer"]["note"].astype(str)
+    assert notes.str.startswith("moved with the whole run").all()
+    # a key that moved beyond the run is still judged
+    beyond = diff(run(1, layers=MANY_LAYERS),
+                  run(2, layers=MANY_LAYERS, slower={**moved, "net.l3": 0.6}), machine_speed=False)
+    assert beyond.table.set_index("name").loc["net.l3", "verdict"] == dcol.Verdict.REGRESSED.value
+    # three runs a side: the runs' spread is measured, and the move is judged
+    pooled = diff([run(s, layers=MANY_LAYERS) for s in (1, 2, 3)],
+                  [run(s, layers=MANY_LAYERS, slower=moved) for s in (4, 5, 6)], machine_speed=False)
+    assert pooled.verdict == dcol.Verdict.REGRESSED

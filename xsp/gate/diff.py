@@ -173,7 +173,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                                alpha=alpha,
                       normalize=normalize, speed=speed)
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
-    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize)
+    unjudged = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0)) != 1.0
+    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged)
     if busier:
         shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
         warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
@@ -185,6 +186,20 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"these runs (busy machines): changes under {judged_threshold:.0%}, not {threshold:.0%}, "
                         "cannot be told from that noise and are not judged (run on a quieter machine, or pass --raw "
                         "to judge at the threshold given)")
+    scatter_floor = float(table.attrs.get(dcol.SCATTER_FLOOR, 0.0))
+    if scatter_floor > judged_threshold:
+        scatter = float(table.attrs[dcol.KEY_SCATTER])
+        warnings.append(f"the keys of these two runs moved against each other by {_pct(scatter)} (robust spread "
+                        "of their ratios; processes of one program differ that much here): from one run a side, "
+                        f"changes under {scatter_floor:.0%} cannot be told from that and are not judged "
+                        "(compare several runs a side for finer verdicts)")
+    unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
+    if unjudged_shift != 1.0:
+        warnings.append(f"the whole run moved alike by {unjudged_shift - 1:+.1%} (every key), which the machines' "
+                        f"own timing does not explain: separate processes of one program differ by that much on a "
+                        f"busy machine, so from one run a side a change of every key under "
+                        f"{dcol.UNIFORM_SHIFT_FLOOR:.0%} is not judged; it may be the program's (a library, a dtype): "
+                        "compare several runs a side to tell")
     if unsteady and machine_speed and not normalize and measured_speed is not None:
         whose = "both runs' machines were" if len(unsteady) == 2 else f"the {unsteady[0]} run's machine was"
         warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): times "
@@ -219,6 +234,9 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested) + by_interval, "normalize": normalize,
                 "common_shift": round(shift, 4),
+                "key_scatter": round(float(table.attrs.get(dcol.KEY_SCATTER, 0.0)), 4),
+                "scatter_floor": round(scatter_floor, 4),
+                "unjudged_shift": round(unjudged_shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
                 "contention_ratio": None if waited is None else round(waited, 4),
                 "judged_factor": round(float(table.attrs.get(dcol.JUDGED_FACTOR, 1.0)), 4),
@@ -232,14 +250,16 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 base=base_info, new=new_info)
 
 
-def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool) -> list[str]:
-    """What the reader must know of the two machines' speeds and of keys moving together."""
+def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,
+                    unjudged: bool = False) -> list[str]:
+    """What the reader must know of the two machines' speeds and of keys moving together
+    (``unjudged``: the move was left unjudged, which its own warning says)."""
     said = []
     if speed != 1.0:
         said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
                     f"(machine_speed in each run's metadata): the new run's times were divided by {measured:.2f} "
                     "before they were judged; the medians shown are as measured")
-    if abs(shift - 1.0) < 0.01:
+    if abs(shift - 1.0) < 0.01 or unjudged:
         return said
     moved = f"most keys moved together by {_ratio(shift)} (the new run's common shift)"
     if normalize:

@@ -138,6 +138,21 @@ JUDGED_FACTOR: Final = "judged_factor"
 """Key of ``table.attrs`` that holds what the new run's times were divided by before judging."""
 MIN_SHIFT_KEYS: Final = 3
 """Keys below the model level a common shift needs."""
+KEY_SCATTER: Final = "key_scatter"
+"""Key of ``table.attrs`` that holds how far the keys' ratios scattered around the common shift."""
+SCATTER_FLOOR: Final = "scatter_floor"
+"""Key of ``table.attrs`` that holds the smallest change a key judged from one run a side needed."""
+MIN_SCATTER_KEYS: Final = 6
+"""Keys below the model level, each long enough to be judged, that a scatter needs."""
+UNIFORM_SHIFT_FLOOR: Final = 0.25
+"""The smallest move of a whole run (every key alike, after any machine-speed correction) judged
+from one run a side. Identical runs of one program, each its own process on a busy 2-core
+machine, moved as a whole by up to 20% against each other (benchmarks/results/diff_loaded.md),
+with the machine's own probe unmoved: a process's memory and caches fall differently."""
+UNJUDGED_SHIFT: Final = "unjudged_shift"
+"""Key of ``table.attrs``: the whole run's move that keys were not judged on (1.0: none)."""
+SCATTER_FACTOR: Final = 3.0
+"""How many robust standard deviations of the keys' scatter a one-run-a-side change must pass."""
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
                        TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,

@@ -40,9 +40,11 @@ from xsp.gate.diff_columns import (
     KERNELS_PER_STEP,
     KEY,
     KEY_COLUMNS,
+    KEY_SCATTER,
     MIN_OVERLAP_SAMPLES,
     MIN_RANK_SAMPLES,
     MIN_RUNS,
+    MIN_SCATTER_KEYS,
     MIN_SHIFT_KEYS,
     NEW_CI_NS,
     NEW_COUNT,
@@ -62,8 +64,12 @@ from xsp.gate.diff_columns import (
     RUNS,
     SAMPLE_COUNT,
     SAMPLES_NS,
+    SCATTER_FACTOR,
+    SCATTER_FLOOR,
     TEST,
     TOTAL_NS,
+    UNIFORM_SHIFT_FLOOR,
+    UNJUDGED_SHIFT,
     VERDICT,
     KeyBy,
     Test,
@@ -297,7 +303,13 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     both sides were pooled from several runs (:func:`pool_runs`, at least :data:`MIN_RUNS` with
     the key on each side), the runs' medians must also differ by a t test: steps of one
     run share that run's machine state, so only the spread between runs tells a process that
-    ran a little slower from a change. A key is never called regressed when its measured median
+    ran a little slower from a change. With one run a side that spread cannot be measured per
+    key, so it is read across keys instead: the change must also pass :data:`SCATTER_FACTOR`
+    times the keys' scatter (:func:`key_scatter`), how far the keys of these two runs moved
+    against each other; and where the whole run moved alike (its keys' common shift, left over
+    after any machine-speed correction) by less than :data:`UNIFORM_SHIFT_FLOOR`, the keys that
+    moved with it are not judged from one run a side (processes of one program differ that much
+    on a busy machine; a note says so). A key is never called regressed when its measured median
     fell, nor improved when it rose.
 
     Times are judged as measured, except that the new run's are first divided by ``speed``:
@@ -357,6 +369,20 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     significant = (tested & (q_values <= alpha)) | (overlap & apart)
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
              & (np.abs(adjusted_delta) >= min_delta_ns))
+    levels = merged[col.LEVEL].to_numpy(dtype=object)
+    scatter = key_scatter(levels, ratio, ranked & ~between, base_median, min_delta_ns)
+    one_run_a_side = ranked & ~between
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(np.nan_to_num(adjusted_ratio, nan=1.0))
+    floor = SCATTER_FACTOR * scatter
+    large[one_run_a_side] &= np.abs(logs[one_run_a_side]) >= floor
+    # the whole run moved alike, by less than processes of one program can: from one run a side
+    # no key that moved with it is judged (see UNIFORM_SHIFT_FLOOR)
+    run_shift = shift / factor
+    with_run = np.zeros(count, dtype=bool)
+    if not normalize and scatter > 0 and abs(np.log(run_shift)) < np.log1p(UNIFORM_SHIFT_FLOOR):
+        with_run = one_run_a_side & large & (np.abs(logs - np.log(run_shift)) < max(np.log1p(threshold), floor))
+        large &= ~with_run
     verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
     # against the common shift, never against what was measured: a key whose median fell is not
     # called slower because the rest of its run slowed down more
@@ -384,6 +410,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
+    note[with_run & both] = (f"moved with the whole run ({run_shift - 1:+.1%}): one run a side cannot tell that from "
+                             "another process of the same program")
     table = pd.DataFrame({
         col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
         col.KIND: merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object),
@@ -419,6 +447,9 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     })
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
+    table.attrs[KEY_SCATTER] = scatter
+    table.attrs[SCATTER_FLOOR] = float(np.expm1(SCATTER_FACTOR * scatter))
+    table.attrs[UNJUDGED_SHIFT] = float(run_shift) if with_run.any() else 1.0
     table[EXPLAINS] = explains(table)
     return table
 
@@ -458,4 +489,27 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))
 
-__all__ = ["key_samples", "pool_runs", "compare_keys", "common_shift"]
+
+def key_scatter(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray, base_median: np.ndarray,
+                min_delta_ns: float) -> float:
+    """How far the keys of two runs moved against each other: the robust standard deviation
+    (1.4826 times the median absolute deviation) of their log ratios, over the keys below the
+    model level that were rank-tested and last at least ``min_delta_ns`` in the base run (0.0
+    with fewer than :data:`MIN_SCATTER_KEYS` of them).
+
+    Steps of one run share one process: its memory layout, the cores its threads got, the load
+    it met. So a key can sit some percent off in one process and not in the next, the same in
+    every step, where a test over the steps of one run sees a certain change. Most keys of two
+    runs of one program do not change, and a change confined to a few keys leaves a median-based
+    spread alone, so the keys' scatter is the size of those offsets between these two runs; a
+    change that moves every key alike leaves it alone too.
+    """
+    chosen = (tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
+              & (base_median >= min_delta_ns))
+    if int(chosen.sum()) < MIN_SCATTER_KEYS:
+        return 0.0
+    logs = np.log(ratio[chosen])
+    return float(1.4826 * np.median(np.abs(logs - np.median(logs))))
+
+
+__all__ = ["key_samples", "pool_runs", "compare_keys", "common_shift", "key_scatter"]
