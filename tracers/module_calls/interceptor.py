@@ -20,10 +20,11 @@ node enters a TorchScript graph, and tracing is no step of the user's loop). The
 comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
 Each finished call appends one tuple of ints ``(start, end, module, depth, inputs, outputs,
-error)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
+error, site)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
 one tensor, a tuple of them for several) and any error text given as their index in the
-thread's interners: a tuple of scalars, which the garbage collector stops tracking at its first
-pass (see :mod:`xsp.record.recording`).
+thread's interners, and the line of the user's code that made the call as its id in the
+recording's call sites (:mod:`xsp.record.sites`): a tuple of scalars, which the garbage
+collector stops tracking at its first pass (see :mod:`xsp.record.recording`).
 A top-level call also names its model (once per model) and tells the thread's automatic
 steps (:mod:`xsp.record.steps`) that it begins and ends.
 
@@ -216,7 +217,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                     None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
                                     COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
-                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0)
+                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0, recording.sites)
     _orig = original
 
     @_named_as(original)

@@ -44,6 +44,7 @@
 #include <stdbool.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h>  /* Python.h includes it from 3.11 on */
+#include <frameobject.h>  /* PyFrameObject's fields (f_lasti); Python.h declares its functions from 3.11 on */
 #endif
 
 #include "../_correlation.h"
@@ -51,6 +52,7 @@
 #define MODE_ROOTS 1
 #define MODE_ALL 2
 #define NO_ERROR (-1)
+#define NO_SITE (-1)  /* xsp.record.sites.NO_SITE */
 #define ROOT_TRAINING 1
 #define ROOT_GRAD 2
 #define ROOT_MODE_UNKNOWN 4
@@ -58,13 +60,13 @@
 
 extern PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
     *s_intern_descriptor, *s_intern_module, *s_compact,
-    *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
+    *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step, *s_is_library, *s_intern;
 extern PyObject *no_error;
 
-/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s
+/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of eight int64s, CALL_FIELDS
  * (packed_roots': rows of two, ROOT_FIELDS). */
 #define PACKED_HEADER ((Py_ssize_t)sizeof(int64_t))
-#define CALL_FIELDS 7
+#define CALL_FIELDS 8
 #define PACKED_ROW_BYTES (CALL_FIELDS * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
 /* The buffers in self->cache, for EACH_FIELD lists. */
@@ -110,6 +112,24 @@ typedef struct {
     unsigned int next;  /* the entry the next miss replaces */
 } BufferCache;
 
+/* Call sites (sites.c, xsp/record/sites.py): direct-mapped caches of the two lookups of the walk
+ * to the first user frame, in front of the recording's CallSites. Each entry holds its code
+ * object (a strong reference), so that no other code object can take its address meanwhile. */
+#define CODE_CACHE 256  /* powers of two */
+#define SITE_CACHE 512
+typedef struct {
+    PyObject *code;
+    int library;  /* 1: a library's code, 0: the user's */
+} CodeEntry;
+typedef struct {
+    PyObject *code;
+    int offset;  /* the frame's instruction offset (frame.f_lasti) */
+    long long site;  /* its id in the recording's CallSites, or NO_SITE */
+} SiteEntry;
+#define EACH_SITE_CACHED(DO)                                                               \
+    for (int i_ = 0; i_ < CODE_CACHE; i_++) DO(self->code_cache[i_].code);                \
+    for (int i_ = 0; i_ < SITE_CACHE; i_++) DO(self->site_cache[i_].code)
+
 /* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
  * returns it as C's bool); found by tracers/module_calls/native_torch.py. */
 typedef bool (*grad_mode_function)(void);
@@ -146,6 +166,9 @@ typedef struct {
     PyObject *correlation_capsule;  /* xsp.record._activity.correlation, or NULL */
     PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
+    PyObject *sites;          /* recording.sites (xsp.record.sites.CallSites), or NULL: no call sites */
+    CodeEntry code_cache[CODE_CACHE];
+    SiteEntry site_cache[SITE_CACHE];
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */
     PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes,
         *inference_step_name, *inference_attributes;
@@ -304,6 +327,7 @@ int store_value(char *column, int size, Py_ssize_t row, long long value);
 PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *empty_packed(PyObject *module, PyObject *size_object);
+long long call_site(FastCall *self);
 int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,
                        PyObject *start, PyObject *end, long long start_ns, long long end_ns,
                        Py_ssize_t *calls_length);
