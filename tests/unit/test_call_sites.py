@@ -86,6 +86,16 @@ def in_threads(model, x):
     second.join()
 
 
+def deep():
+    return nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 4)), nn.Linear(4, 4))
+
+
+def two_lines(model, x, times):
+    for _ in range(times):
+        model(x)  # FIRST_LINE
+        model(x)  # SECOND_LINE
+
+
 def from_library_only(model, x):
     thread = threading.Thread(target=model, args=(x,), name="library")  # threading calls the model
     thread.start()
@@ -158,6 +168,25 @@ def test_a_layer_called_by_torch_gets_the_line_that_called_torch(user, monkeypat
     expected = {(user.__file__, _line(user, "BLOCKS"), "Net.forward")}
     for name in ("model.blocks.0", "model.blocks.1"):
         assert _sites_of(spans, **{col.NAME: name}) == expected
+
+
+@paths
+def test_layers_deep_in_library_code_get_the_line_of_their_own_model_call(user, monkeypatch, c):
+    """Three levels of nn.Sequential, called from two lines in turn: every layer of a call has
+    that call's line (C's walk stops at an enclosing call's frame; frames of one line's calls are
+    freed and made again for the other line's, often at the same address)."""
+    model, x = user.deep(), torch.randn(2, 4)
+    spans = _trace(lambda: user.two_lines(model, x, 4), c, monkeypatch)
+    calls = spans[spans[col.KIND] == SpanKind.PREDICT.value].sort_values(col.START_NS)
+    layers = spans[spans[col.LEVEL] == "layer"]
+    lines = [_line(user, "FIRST_LINE"), _line(user, "SECOND_LINE")]
+    assert calls[col.CALL_LINE].tolist() == lines * 4
+    for call in calls.itertuples(index=False):
+        inside = layers[(layers[col.START_NS] >= getattr(call, col.START_NS))
+                        & (layers[col.END_NS] <= getattr(call, col.END_NS))]
+        assert len(inside) == 6
+        assert set(inside[col.CALL_LINE].tolist()) == {getattr(call, col.CALL_LINE)}
+        assert set(inside[col.CALL_FUNCTION].tolist()) == {"two_lines"}
 
 
 @paths

@@ -67,6 +67,7 @@ from xsp.record.columns import (
     ROOT_TRAINING,
 )
 from xsp.record.recording import Recording, ThreadBuffer
+from xsp.record.sites import NO_SCOPE, SITE_SCOPE_BYTES, SITE_SCOPES
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
 from xsp.tracers.module_calls.call_context import (
@@ -340,6 +341,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
                 buffer.depth = depth
         else:
             start = _now()
+        if depth < SITE_SCOPES:  # C's calls inside must not take this depth's entry, an earlier call's, for this one's
+            buffer.site_scopes[depth * SITE_SCOPE_BYTES:depth * SITE_SCOPE_BYTES + SITE_SCOPE_BYTES] = NO_SCOPE
         buffer.depth = depth + 1
         if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
             push(start)

@@ -42,7 +42,7 @@ from xsp.record.columns import (
     extend_from_packed_rows,
     packed_rows,
 )
-from xsp.record.sites import NO_SITE, CallSites
+from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
 
 _getframe = sys._getframe
@@ -59,7 +59,7 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "_lock",
+        "site_of", "site_scopes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -135,6 +135,9 @@ class ThreadBuffer:
         """``descriptor -> index``: looked up on the hot path (``intern_descriptor`` on a miss)."""
         self.intern_module = self.modules.intern
         self.intern_descriptor = self.descriptors.intern
+        self.site_scopes = bytearray(SITE_SCOPES_BYTES)
+        """Scratch of xsp's C wrapper: the calling frame and site of each depth of the thread's open
+        calls, so that a walk to the user's frame stops where an enclosing call's walk began."""
         self.site_of = recording.sites.of_frame
         """``site_of(frame)``: the recording's site id of the first user frame from ``frame`` out."""
         self._lock = threading.Lock()

@@ -56,6 +56,15 @@ MAX_SITES: Final = 100_000
 afresh at every call (``exec`` in a loop) would otherwise grow the table, and keep its code
 objects alive, without bound."""
 
+SITE_SCOPES: Final = 64
+SITE_SCOPE_BYTES: Final = 16
+SITE_SCOPES_BYTES: Final = SITE_SCOPES * SITE_SCOPE_BYTES
+"""Size of a thread buffer's ``site_scopes``: ``SITE_SCOPES`` depths of a ``SiteScope`` (a frame
+address and a site id) each, as in xsp/record/_hotpath/hotpath.h (C reads it only when it is this large)."""
+NO_SCOPE: Final = bytes(SITE_SCOPE_BYTES)
+"""A ``SiteScope`` that no frame matches: what the Python wrapper leaves at the depth of a call it
+records, whose calls inside may be C's."""
+
 MAX_CLASSIFIED: Final = 200_000
 """Code objects whose classification (library or not) is kept; past it, new ones are
 classified at each visit instead (correct, only slower)."""

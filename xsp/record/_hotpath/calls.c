@@ -51,7 +51,7 @@ int record_call(FastCall *self, PyObject *buffer, const Call *call, long long de
         }
     }
     /* the caller's frame is still where it made the call (a miss of the site caches runs Python) */
-    long long site = call_site(self);
+    long long site = call_site(self, buffer, depth);
     /* read now: interning runs Python, during which another thread may have compacted the buffer */
     PyObject *calls = SLOT(buffer, slots->calls), *packed = SLOT(buffer, slots->packed_calls);
     if (calls == NULL || packed == NULL || !PyList_Check(calls) || !PyByteArray_CheckExact(packed)) {
@@ -151,6 +151,7 @@ PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, lon
     Py_ssize_t depth_slot = self->buffer_slots.depth;
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
     const xsp_correlation *correlation = self->correlation;
+    open_site_scope(self, buffer, depth);
     if (correlation != NULL) correlation->push((uint64_t)start_ns);  /* the call's start names it to CUPTI */
     PyObject *out = call_original(self, call);
     if (correlation != NULL) correlation->pop();

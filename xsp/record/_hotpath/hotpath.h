@@ -93,7 +93,7 @@ extern PyObject *no_error;
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
-        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id;
+        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -126,6 +126,18 @@ typedef struct {
     int offset;  /* the frame's instruction offset (frame.f_lasti) */
     long long site;  /* its id in the recording's CallSites, or NO_SITE */
 } SiteEntry;
+/* ThreadBuffer.site_scopes: for each depth of the thread's open recorded calls (up to
+ * SITE_SCOPES), the frame that made the call (compared by address only: it is on the thread's
+ * stack while the call is open) and the call's site once a walk found it (SITE_UNKNOWN before).
+ * A walk that meets an open call's calling frame goes on exactly as that call's own walk would:
+ * the walk of a layer inside nn.Sequential stops at the frame that called the Sequential, and
+ * the Sequential's own walk is then a lookup. */
+#define SITE_SCOPES 64
+#define SITE_UNKNOWN (-3)
+typedef struct {
+    uintptr_t caller;
+    long long site;
+} SiteScope;
 #define EACH_SITE_CACHED(DO)                                                               \
     for (int i_ = 0; i_ < CODE_CACHE; i_++) DO(self->code_cache[i_].code);                \
     for (int i_ = 0; i_ < SITE_CACHE; i_++) DO(self->site_cache[i_].code)
@@ -327,7 +339,8 @@ int store_value(char *column, int size, Py_ssize_t row, long long value);
 PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *empty_packed(PyObject *module, PyObject *size_object);
-long long call_site(FastCall *self);
+long long call_site(FastCall *self, PyObject *buffer, long long depth);
+void open_site_scope(FastCall *self, PyObject *buffer, long long depth);
 int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,
                        PyObject *start, PyObject *end, long long start_ns, long long end_ns,
                        Py_ssize_t *calls_length);

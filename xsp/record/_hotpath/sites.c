@@ -69,13 +69,49 @@ static long long site_id(FastCall *self, PyObject *code, int offset) {
     return site;
 }
 
-/* The site id of the calling thread's first user frame, from its current frame outwards;
- * NO_SITE when there is none, no site table, or anything fails (a call site never fails a call). */
-long long call_site(FastCall *self) {
+/* The thread's open calls' scopes (ThreadBuffer.site_scopes), or NULL without them. */
+static SiteScope *site_scopes(FastCall *self, PyObject *buffer) {
+    PyObject *scopes = SLOT(buffer, self->buffer_slots.site_scopes);
+    if (scopes == NULL || !PyByteArray_CheckExact(scopes)
+        || PyByteArray_GET_SIZE(scopes) < (Py_ssize_t)(SITE_SCOPES * sizeof(SiteScope)))
+        return NULL;
+    return (SiteScope *)PyByteArray_AS_STRING(scopes);
+}
+
+/* As a call at `depth` starts: its calling frame, its site not known yet. */
+void open_site_scope(FastCall *self, PyObject *buffer, long long depth) {
+    if (self->sites == NULL || depth < 0 || depth >= SITE_SCOPES) return;
+    SiteScope *scopes = site_scopes(self, buffer);
+    if (scopes == NULL) return;
+    PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());  /* new reference, or NULL */
+    scopes[depth].caller = (uintptr_t)frame;  /* the thread's frame keeps it while the call runs */
+    scopes[depth].site = SITE_UNKNOWN;
+    Py_XDECREF(frame);
+}
+
+/* The site id of the calling thread's first user frame, from its current frame outwards, for
+ * the call at `depth` that ends now; NO_SITE when there is none, no site table, or anything
+ * fails (a call site never fails a call). The walk stops at the calling frame of an open call
+ * whose site is known, and leaves its answer to those whose calling frames it passed. */
+long long call_site(FastCall *self, PyObject *buffer, long long depth) {
     if (self->sites == NULL) return NO_SITE;
+    SiteScope *scopes = depth >= 0 && depth < SITE_SCOPES ? site_scopes(self, buffer) : NULL;
+    long long scope = scopes == NULL ? -1 : depth;  /* the next open call whose calling frame the walk may meet */
+    long long passed[SITE_SCOPES];
+    int passed_count = 0;
     PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());  /* new reference, or NULL */
     long long site = NO_SITE;
+    int known = 0;
     while (frame != NULL) {
+        while (scope >= 0 && scopes[scope].caller == (uintptr_t)frame) {
+            if (scopes[scope].site != SITE_UNKNOWN) {
+                site = scopes[scope].site;
+                known = 1;
+                break;
+            }
+            passed[passed_count++] = scope--;
+        }
+        if (known) break;
         PyObject *code = (PyObject *)PyFrame_GetCode(frame);  /* new reference */
         int library = code_is_library(self, code);
         if (library == 0) {
@@ -92,6 +128,10 @@ long long call_site(FastCall *self) {
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return NO_SITE;
+    }
+    if (passed_count > 0) {  /* read again: a miss of the caches ran Python, which may have replaced them */
+        scopes = site_scopes(self, buffer);
+        for (int i = 0; scopes != NULL && i < passed_count; i++) scopes[passed[i]].site = site;
     }
     return site;
 }
