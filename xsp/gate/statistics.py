@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from xsp.analysis.lines import line_keys
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
@@ -102,7 +103,10 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     step = spans[col.STEP]
     if steps is not None:
         kept &= step.isin(_chosen_steps(step, steps)).fillna(False).to_numpy(dtype=bool)
-    key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
+    if by is KeyBy.LINE:
+        key_text = line_keys(spans, parents)
+    else:
+        key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
     kept &= key_text.notna().to_numpy()
     if not kept.any():
         return _empty_keys()
