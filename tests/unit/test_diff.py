@@ -687,3 +687,21 @@ def test_a_model_line_with_a_judged_ratio_and_a_long_q_fits_80_columns():
     assert max(len(line) for line in text.splitlines()) <= 80
     lines = text.split("Model (median per step):\n")[1].splitlines()
     assert lines[0].strip() == "net[0]" and "(+112.4% judged) q=0.00015" in lines[1] and "regressed" in lines[1]
+
+
+def test_keys_are_only_those_of_kept_spans_when_the_first_row_is_left_out():
+    """The session (row 0) has no key at the layer level: no key of count 0 stands in for it."""
+    import torch
+    from torch import nn
+
+    from xsp.core.schema import Level
+    from xsp.gate.diff_columns import COUNT, KeyBy
+    from xsp.gate.statistics import key_samples
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        for _ in range(2):
+            model(torch.zeros(1, 2))
+    for by in (KeyBy.PATH, KeyBy.NAME):
+        keys = key_samples(session.trace.spans, by, levels=(Level.LAYER,))
+        assert (keys[COUNT] > 0).all() and set(keys[col.LEVEL]) == {"layer"}, keys

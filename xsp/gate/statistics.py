@@ -114,9 +114,8 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     level_codes, level_names = pd.factorize(spans[col.LEVEL])
     text_codes, texts = pd.factorize(key_text)
     combined = np.where(kept, text_codes.astype(np.int64) * (len(level_names) + 1) + level_codes, -1)
-    codes, _ = pd.factorize(combined)  # 0 is the first kept key unless row 0 was dropped
     rows = np.flatnonzero(kept)
-    code = codes[rows]
+    code, _ = pd.factorize(combined[rows])  # keys numbered from 0 in order of their first span
     key_count = int(code.max()) + 1 if len(code) else 0
     duration = spans[col.DURATION_NS].to_numpy(dtype=np.int64)[rows]
     step_values = step.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
