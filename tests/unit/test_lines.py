@@ -347,7 +347,7 @@ def test_compiled_and_scripted_code_has_the_line_that_called_it(user):
 def test_the_html_report_shows_the_hottest_file_as_annotated_source(user):
     from xsp.reports.html import render_html
 
-    page = render_html(_trace(lambda: user.run(user.Net(4.0), 2)))
+    page = render_html(_trace(lambda: user.run(user.Net(8.0), 2)))
     section = page[page.index("<h2>Where in your code</h2>"):]
     section = section[:section.index("</section>")]
     assert "user_lines.py" in section
