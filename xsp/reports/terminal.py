@@ -511,8 +511,9 @@ def _ddp_buckets_unseen(trace: Trace) -> bool:
 def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None,
                   lines: bool = False) -> None:
     """Print every analysis that applies to ``trace``, recommendations first: GPU sections only
-    when it has GPU activity; with ``lines``, the hottest lines of the user's code after the layers. A trace of several ranks gets the cross-rank tables first, then
-    the report of one rank (``rank``, default the first).
+    when it has GPU activity; with ``lines``, the hottest lines of the user's code after the
+    layers. A trace of several ranks gets the cross-rank tables first, then the report of one
+    rank (``rank``, default the first).
 
     Raises:
         KeyError: ``rank`` is not a rank of the trace.
