@@ -336,3 +336,12 @@ def test_unknown_records_have_no_site_columns_filled():
     columns = site_columns(None, np.array([0, -1], dtype=np.int64))
     assert all(pd.isna(value) for values in columns.values() for value in list(values))
     assert json.dumps(sorted(columns)) == json.dumps(sorted([col.CALL_FILE, col.CALL_LINE, col.CALL_FUNCTION]))
+
+
+@paths
+def test_call_sites_can_be_switched_off(user, monkeypatch, c):
+    """XSP_CALL_SITES=0: no span carries a line (what benchmarks/call_instructions.py compares)."""
+    monkeypatch.setenv("XSP_CALL_SITES", "0")
+    model, x = user.Net(), torch.randn(2, 4)
+    spans = _trace(lambda: user.with_span(model, x), c, monkeypatch)
+    assert len(spans) and spans[col.CALL_LINE].isna().all()

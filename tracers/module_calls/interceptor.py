@@ -218,7 +218,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                     None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
                                     COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
-                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0, recording.sites)
+                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0,
+                                    recording.sites if recording.sites.enabled else None)
     _orig = original
 
     @_named_as(original)

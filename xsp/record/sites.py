@@ -56,6 +56,9 @@ MAX_SITES: Final = 100_000
 afresh at every call (``exec`` in a loop) would otherwise grow the table, and keep its code
 objects alive, without bound."""
 
+CALL_SITES_VARIABLE: Final = "XSP_CALL_SITES"
+"""``XSP_CALL_SITES=0`` switches call sites off (what they cost: benchmarks/call_instructions.py)."""
+
 SITE_SCOPES: Final = 64
 SITE_SCOPE_BYTES: Final = 16
 SITE_SCOPES_BYTES: Final = SITE_SCOPES * SITE_SCOPE_BYTES
@@ -120,9 +123,9 @@ class CallSites:
     library classification of code objects. Shared by the recording's threads: lookups are
     plain dict reads; adding an entry takes a lock."""
 
-    __slots__ = ("ids", "codes", "offsets", "classified", "folders", "_texts", "_lock")
+    __slots__ = ("ids", "codes", "offsets", "classified", "folders", "enabled", "_texts", "_lock")
 
-    def __init__(self, folders: tuple[str, ...] | None = None) -> None:
+    def __init__(self, folders: tuple[str, ...] | None = None, enabled: bool | None = None) -> None:
         self.ids: dict[tuple[int, int], int] = {}
         """``(id(code), offset) -> site id``; the code object is in :attr:`codes`."""
         self.codes: list[CodeType] = []
@@ -132,6 +135,8 @@ class CallSites:
         self.classified: dict[int, tuple[CodeType, bool]] = {}
         """``id(code) -> (code, is_library)``."""
         self.folders = library_folders() if folders is None else folders
+        self.enabled = os.environ.get(CALL_SITES_VARIABLE, "1").strip() != "0" if enabled is None else enabled
+        """False with ``XSP_CALL_SITES=0``: no call site is recorded (to measure what they cost)."""
         self._texts: list[tuple[str, int | None, str] | None] = []
         self._lock = threading.Lock()
 
@@ -185,6 +190,8 @@ class CallSites:
 
         The Python twin of xsp's C wrapper's walk (``call_site`` in xsp/record/_hotpath/sites.c);
         tests hold the two equal."""
+        if not self.enabled:
+            return NO_SITE
         classified, ids = self.classified, self.ids
         while frame is not None:
             code = frame.f_code
