@@ -19,6 +19,7 @@ from xsp.analysis.gpu import (
 )
 from xsp.analysis.inputs import input_per_step, input_waits
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
+from xsp.analysis.lines import lines
 from xsp.analysis.memory import layer_memory, memory_by_layer_type, memory_timeline
 from xsp.analysis.model import model_latency, model_summary
 from xsp.analysis.operators import backward_attribution, backward_time_per_layer, operator_table
@@ -49,5 +50,5 @@ __all__ = [
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
-    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets",
+    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "lines",
 ]

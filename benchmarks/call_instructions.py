@@ -1,9 +1,10 @@
 """What xsp costs one module call, counted in instructions: a top-level call, a call nested in
 one, and a nested call with a keyword argument, at each level, with xsp's C part and without.
 
-Three toy models, each called in a loop under ``torch.no_grad()``: one whose forward calls no
+Four toy models, each called in a loop under ``torch.no_grad()``: one whose forward calls no
 module (a top-level call alone), one whose forward calls ten leaf modules, and one that calls
-them with a keyword argument (as Hugging Face models call theirs). Each leaf returns its input,
+them with a keyword argument (as Hugging Face models call theirs), and one whose ten leaves sit in
+two nn.Sequential inside a third (torch's code calls them). Each leaf returns its input,
 so what is counted is the machinery of the call. Every loop runs under valgrind's callgrind
 (as in benchmarks/workload_instructions.py); from the counts per iteration follow xsp's cost
 of a top-level call (the first model, traced minus plain) and of a nested call (the second
@@ -38,13 +39,16 @@ from xsp.core.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "call_instructions.md"
 LEAVES = 10
-MODELS = ("top-level only", "10 nested", "10 nested, keyword")
-CONFIGURATIONS = {  # name: (levels or None, pure Python)
-    "plain": (None, False),
-    "model": ("model", False),
-    "model+layer": ("model,layer", False),
-    "model, python": ("model", True),
-    "model+layer, python": ("model,layer", True),
+MODELS = ("top-level only", "10 nested", "10 nested, keyword", "10 in nested Sequentials")
+SEQUENTIAL_CALLS = LEAVES + 3
+"""Module calls of the last model below its top-level call: two Sequentials of five leaves in a third."""
+CONFIGURATIONS = {  # name: (levels or None, pure Python, call sites)
+    "plain": (None, False, True),
+    "model": ("model", False, True),
+    "model+layer": ("model,layer", False, True),
+    "model+layer, no call sites": ("model,layer", False, False),
+    "model, python": ("model", True, True),
+    "model+layer, python": ("model,layer", True, True),
 }
 
 
@@ -65,9 +69,23 @@ class Calls(nn.Module):
         return x
 
 
+class InSequentials(nn.Module):
+    """Leaves called by torch's code (nn.Sequential), two levels down: a call site's walk passes
+    library frames to reach the user's line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        half = LEAVES // 2
+        self.body = nn.Sequential(nn.Sequential(*(Leaf() for _ in range(half))),
+                                  nn.Sequential(*(Leaf() for _ in range(LEAVES - half))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def build(model_name: str) -> nn.Module:
     return {"top-level only": Calls(0, False), "10 nested": Calls(LEAVES, False),
-            "10 nested, keyword": Calls(LEAVES, True)}[model_name]
+            "10 nested, keyword": Calls(LEAVES, True), "10 in nested Sequentials": InSequentials()}[model_name]
 
 
 def child(model_name: str, configuration: str, calls: int) -> None:
@@ -82,7 +100,7 @@ def child(model_name: str, configuration: str, calls: int) -> None:
 
     instrument_from_here()
     loop(50)
-    levels, _ = CONFIGURATIONS[configuration]
+    levels = CONFIGURATIONS[configuration][0]
     if levels is None:
         run_measured(loop, calls)
         return
@@ -96,8 +114,11 @@ def counted(model_name: str, configuration: str, calls: int, folder: Path, layou
     prefix = folder / f"{MODELS.index(model_name)}.{configuration.replace(', ', '-')}.{layout}.cg"
     environment = dict(os.environ)
     environment.pop("XSP_PURE_PYTHON", None)
+    environment.pop("XSP_CALL_SITES", None)
     if CONFIGURATIONS[configuration][1]:
         environment["XSP_PURE_PYTHON"] = "1"
+    if not CONFIGURATIONS[configuration][2]:
+        environment["XSP_CALL_SITES"] = "0"
     return counted_under_callgrind(prefix, Path(__file__).resolve(), [model_name, configuration, str(calls)],
                                    layout, environment, calls)
 
@@ -130,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace) -> list[str]:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    top, nested, keyword = MODELS
+    top, nested, keyword, sequentials = MODELS
     layouts = range(args.layouts)
     counts = {(model_name, configuration): round(statistics.median(by_layout[(model_name, configuration, layout)]
                                                                    for layout in layouts))
@@ -143,17 +164,20 @@ def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace)
         "",
         "Instructions per iteration of a loop calling a toy model under `torch.no_grad()`, counted by "
         "callgrind; xsp's cost of a call = traced - plain (a top-level call: the model whose forward "
-        f"calls no module; a nested call: the extra of the model calling {LEAVES} leaves, per leaf). "
-        "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`). Each loop runs in "
+        f"calls no module; a nested call: the extra of the model calling {LEAVES} leaves, per leaf; in nested "
+        f"Sequentials: per module call of {SEQUENTIAL_CALLS}, the leaves called by torch's code two levels down). "
+        "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`); `no call sites`: `XSP_CALL_SITES=0`, "
+        "the line of the user's code that made each call not recorded. Each loop runs in "
         f"{args.layouts} memory layouts (0, {LAYOUT_STRIDE}, {2 * LAYOUT_STRIDE}... classes made before anything "
         "else), since which type attribute lookups collide in CPython's 4096-slot cache changes with the "
         "layout (one layout of the plain ten-leaf loop missed 22 lookups an iteration, ~7,000 instructions, "
         "another none); counts are medians over layouts, and the last column is the nested call's cost "
         "in each layout.",
         "",
-        "| configuration | top-level only | 10 nested | 10 nested, keyword | top-level call | nested call "
-        "| nested call, keyword | nested call, each layout |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | top-level only | 10 nested | 10 nested, keyword | 10 in nested Sequentials "
+        "| top-level call | nested call | nested call, keyword | call in nested Sequentials "
+        "| nested call, each layout |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
     def extra(configuration: str, model_name: str, layout: int | None = None) -> int:
@@ -166,13 +190,15 @@ def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace)
         if configuration == "plain":
             per_leaf = (counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES
             per_keyword_leaf = (counts[(keyword, "plain")] - counts[(top, "plain")]) / LEAVES
-            costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})", ""]
+            per_call = (counts[(sequentials, "plain")] - counts[(top, "plain")]) / SEQUENTIAL_CALLS
+            costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})", f"({per_call:,.0f})", ""]
         else:
             top_cost = extra(configuration, top)
             each = " ".join(f"{(extra(configuration, nested, k) - extra(configuration, top, k)) / LEAVES:+,.0f}"
                             for k in layouts)
             costs = [f"+{top_cost:,}", f"{(extra(configuration, nested) - top_cost) / LEAVES:+,.0f}",
-                     f"{(extra(configuration, keyword) - top_cost) / LEAVES:+,.0f}", each]
+                     f"{(extra(configuration, keyword) - top_cost) / LEAVES:+,.0f}",
+                     f"{(extra(configuration, sequentials) - top_cost) / SEQUENTIAL_CALLS:+,.0f}", each]
         lines.append(f"| {configuration} | " + " | ".join(row + costs) + " |")
     return lines
 

@@ -18,7 +18,7 @@ from xsp.tracers._ddp_buckets import DdpBuckets
 from xsp.tracers._loop_events import LoopEvents
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
-from xsp.tracers.module_calls.rows import as_numpy, module_call_rows
+from xsp.tracers.module_calls.rows import as_numpy, module_call_rows, site_columns
 
 
 class ModelTracer(ModuleCallTracer):
@@ -149,6 +149,7 @@ def mark_rows(window: Window) -> pd.DataFrame:
             col.BYTES: pd.array(payloads, dtype="Int64"),
             col.STATUS: [Status.OK.value if e is None else Status.ERROR.value for e in errors],
             col.STATUS_MESSAGE: errors,
+            **site_columns(window.sites, as_numpy(cols.site)),
         })
         frames.append(frame if keep.all() else frame[keep])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -341,3 +342,64 @@ def test_an_export_cut_off_by_the_process_end_says_so_with_what_was_sent():
     done = ExportReport(target="t", done=True)
     failed = ExportReport(target="t", done=True, error="the collector rejected a batch")
     assert (done.state, failed.state, ExportReport(target="t").state) == ("done", "failed", "running")
+
+
+SERVICE_CASES = [  # (flag, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, expected; None: the default)
+    ("from-flag", "from-env", "service.name=from-attributes", "from-flag"),
+    (None, "from-env", "service.name=from-attributes", "from-env"),
+    (None, None, "team=ml,service.name=from%20attributes", "from attributes"),
+    (None, None, None, None),
+]
+
+
+def _service_env(monkeypatch: pytest.MonkeyPatch, name: str | None, attributes: str | None) -> dict[str, str]:
+    for key, value in (("OTEL_SERVICE_NAME", name), ("OTEL_RESOURCE_ATTRIBUTES", attributes)):
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    return dict(os.environ)
+
+
+@pytest.mark.parametrize("flag, name, attributes, expected", SERVICE_CASES)
+def test_xsp_run_names_the_service_by_flag_then_the_standard_variables_then_the_script(
+        flag, name, attributes, expected, tmp_path, monkeypatch):
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nfor _ in range(2):\n    m(torch.zeros(1, 2))\n")
+    env = _service_env(monkeypatch, name, attributes)
+    with GrpcReceiver() as receiver:
+        command = [sys.executable, "-m", "xsp", "run", "--otlp", receiver.endpoint, "-o",
+                   str(tmp_path / "job.xsp.parquet"), *(["--service-name", flag] if flag else []), "--", str(script)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        assert receiver.sink.spans
+        assert {span.resource["service.name"] for span in receiver.sink.spans} == {expected or "job"}
+    if attributes and "team=ml" in attributes:  # the variable's other attributes reach the resource too
+        assert receiver.sink.spans[0].resource["team"] == "ml"
+
+
+@pytest.mark.parametrize("flag, name, attributes, expected", SERVICE_CASES)
+def test_xsp_push_names_the_service_by_flag_then_the_standard_variables_then_the_trace(
+        flag, name, attributes, expected, tmp_path, monkeypatch):
+    path = tmp_path / "run.xsp.parquet"
+    _service_env(monkeypatch, None, None)
+    with xsp.trace(output=path, service_name="recorded"):
+        workload()
+    _service_env(monkeypatch, name, attributes)
+    with GrpcReceiver() as receiver:
+        assert main(["push", str(path), "--otlp", receiver.endpoint, *(["--service-name", flag] if flag else [])]) == 0
+    assert {span.resource["service.name"] for span in receiver.sink.spans} == {expected or "recorded"}
+
+
+@pytest.mark.parametrize("flag, name, attributes, expected", SERVICE_CASES)
+def test_xsp_trace_names_the_service_by_argument_then_the_standard_variables_then_the_script(
+        flag, name, attributes, expected, tmp_path, monkeypatch):
+    _service_env(monkeypatch, name, attributes)
+    with GrpcReceiver() as receiver:
+        with xsp.trace(output=tmp_path / "t.xsp.parquet", otlp_endpoint=receiver.endpoint, otlp_protocol="grpc",
+                       service_name=flag) as session:
+            workload()
+        report = session.wait_for_export(30)
+        assert report is not None and report.done and report.error is None, report
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python"
+    assert {span.resource["service.name"] for span in receiver.sink.spans} == {expected or script}

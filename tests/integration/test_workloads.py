@@ -258,6 +258,22 @@ def test_the_trace_tells_what_the_script_did(runs, name):
     assert_whole_story(trace)
 
 
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_every_line_the_trace_names_is_a_line_of_the_users_code(runs, name):
+    """Call sites under ``xsp run``: every line a span names exists, holds code, and lies in the
+    workload's own file or another file of the user's (never a library's)."""
+    _, _, trace = runs(name)
+    found = analysis.lines(trace)
+    script = WORKLOADS / f"{name}.py"
+    assert len(found), name
+    assert str(script) in set(found["file"])
+    for file, line in zip(found["file"], found["line"]):
+        assert "site-packages" not in file and "/torch/" not in file, (name, file)
+        text = Path(file).read_text().splitlines()
+        assert 1 <= line <= len(text) and text[line - 1].strip(), (name, file, line)
+        assert not text[line - 1].strip().startswith(("#", "def ", "class ")), (name, file, line, text[line - 1])
+
+
 def test_reentrant_checkpointing_is_told_as_the_other_kind(tmp_path):
     script = str(WORKLOADS / "checkpointing.py")
     plain = run(script, "--steps", "4", "--reentrant", cwd=tmp_path)

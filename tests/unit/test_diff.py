@@ -743,3 +743,21 @@ def test_one_run_a_side_leaves_a_small_move_of_the_whole_run_unjudged_and_says_s
     pooled = diff([run(s, layers=MANY_LAYERS) for s in (1, 2, 3)],
                   [run(s, layers=MANY_LAYERS, slower=moved) for s in (4, 5, 6)], machine_speed=False)
     assert pooled.verdict == dcol.Verdict.REGRESSED
+
+
+def test_keys_are_only_those_of_kept_spans_when_the_first_row_is_left_out():
+    """The session (row 0) has no key at the layer level: no key of count 0 stands in for it."""
+    import torch
+    from torch import nn
+
+    from xsp.core.schema import Level
+    from xsp.gate.diff_columns import COUNT, KeyBy
+    from xsp.gate.statistics import key_samples
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        for _ in range(2):
+            model(torch.zeros(1, 2))
+    for by in (KeyBy.PATH, KeyBy.NAME):
+        keys = key_samples(session.trace.spans, by, levels=(Level.LAYER,))
+        assert (keys[COUNT] > 0).all() and set(keys[col.LEVEL]) == {"layer"}, keys

@@ -285,7 +285,8 @@ def _structure(spans: pd.DataFrame) -> list[tuple[Any, ...]]:
         row = span._asdict()
         rows.append((row[col.NAME], row[col.LEVEL], row[col.KIND], row.get(col.PATH), row.get(col.STEP),
                      names.get(row[col.PARENT_ID]), str(row.get(col.INPUT_SHAPES)), str(row.get(col.OUTPUT_SHAPES)),
-                     row[col.STATUS], row.get(col.STATUS_MESSAGE)))
+                     row[col.STATUS], row.get(col.STATUS_MESSAGE),
+                     str(row.get(col.CALL_FILE)), str(row.get(col.CALL_LINE)), str(row.get(col.CALL_FUNCTION))))
     return rows
 
 
@@ -306,6 +307,12 @@ def test_the_c_wrapper_records_what_the_python_wrapper_records(c_module, monkeyp
     assert by_c == by_python
     errors = [row for row in by_c if row[8] == "error"]
     assert errors and all("too large" in str(row[9]) for row in errors)
+    # every module call has its call site, in this file (failed calls too), on the line of a call
+    calls = [row for row in by_c if row[2] in (SpanKind.PREDICT.value, SpanKind.FORWARD.value)]
+    assert calls and {row[10] for row in calls} == {__file__}
+    lines = inspect.getsource(sys.modules[__name__]).splitlines()
+    assert all("(" in lines[int(row[11]) - 1] for row in calls)
+    assert {row[12] for row in errors} == {"_program"}  # Fails is called by nn.Sequential: its caller's line
 
 
 @pytest.mark.parametrize("c", [True, False], ids=["c-path", "python-path"])

@@ -20,10 +20,11 @@ node enters a TorchScript graph, and tracing is no step of the user's loop). The
 comes first: dynamo folds it to a constant, so nothing else in the wrapper is ever traced.
 
 Each finished call appends one tuple of ints ``(start, end, module, depth, inputs, outputs,
-error)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
+error, site)`` to its thread's buffer, with the module, the shape descriptors (a ``torch.Size`` for
 one tensor, a tuple of them for several) and any error text given as their index in the
-thread's interners: a tuple of scalars, which the garbage collector stops tracking at its first
-pass (see :mod:`xsp.record.recording`).
+thread's interners, and the line of the user's code that made the call as its id in the
+recording's call sites (:mod:`xsp.record.sites`): a tuple of scalars, which the garbage
+collector stops tracking at its first pass (see :mod:`xsp.record.recording`).
 A top-level call also names its model (once per model) and tells the thread's automatic
 steps (:mod:`xsp.record.steps`) that it begins and ends.
 
@@ -66,6 +67,7 @@ from xsp.record.columns import (
     ROOT_TRAINING,
 )
 from xsp.record.recording import Recording, ThreadBuffer
+from xsp.record.sites import NO_SCOPE, SITE_SCOPE_BYTES, SITE_SCOPES
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
 from xsp.tracers.module_calls.call_context import (
@@ -216,7 +218,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                     None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
                                     _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
                                     COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
-                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0)
+                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0,
+                                    recording.sites if recording.sites.enabled else None)
     _orig = original
 
     @_named_as(original)
@@ -339,6 +342,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
                 buffer.depth = depth
         else:
             start = _now()
+        if depth < SITE_SCOPES:  # C's calls inside must not take this depth's entry, an earlier call's, for this one's
+            buffer.site_scopes[depth * SITE_SCOPE_BYTES:depth * SITE_SCOPE_BYTES + SITE_SCOPE_BYTES] = NO_SCOPE
         buffer.depth = depth + 1
         if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
             push(start)

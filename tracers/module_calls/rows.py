@@ -17,6 +17,7 @@ from torch import nn
 from xsp.core import schema as col
 from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
 from xsp.record.recording import Window, WindowBuffer
+from xsp.record.sites import CallSites
 from xsp.table.walks import arrow_strings
 
 BACKWARD_SUFFIX = ".backward"
@@ -138,7 +139,7 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     for buffer in window.buffers:
         if len(buffer.call_columns):
             pieces.add(buffer, names)
-    rows = pieces.frame()
+    rows = pieces.frame(window.sites)
     if len(rows):
         rows = rows[rows[col.NAME] != HIDDEN].reset_index(drop=True)
     if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
@@ -154,7 +155,7 @@ class _CallPieces:
     def __init__(self) -> None:
         self.ints: dict[str, list[np.ndarray]] = {key: [] for key in (
             col.START_NS, col.END_NS, col.THREAD_ID, col.CALL_DEPTH, "name", "module", "inputs", "outputs", "error",
-            "has_error")}
+            "has_error", "site")}
         self.attributes: list[np.ndarray] = []
         self.names: list[str] = []
         self.types: list[str] = []
@@ -208,9 +209,10 @@ class _CallPieces:
         ints[col.END_NS].append(as_numpy(cols.end))
         ints[col.THREAD_ID].append(np.full(count, buffer.thread_id, dtype=np.int64))
         ints[col.CALL_DEPTH].append(depth)
+        ints["site"].append(as_numpy(cols.site))  # ids of the recording's table, shared by every thread
         self.attributes.append(_root_attributes(buffer, starts, depth))
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self, sites: CallSites | None) -> pd.DataFrame:
         if not self.attributes:
             return pd.DataFrame()
         ints = {key: np.concatenate(arrays) for key, arrays in self.ints.items()}
@@ -226,12 +228,24 @@ class _CallPieces:
             col.MODULE_TYPE: _spread(self.types, ints["module"]),
             col.PARAM_COUNT: _spread_ints(self.params, ints["module"]),
             col.SOURCE: _spread(self.sources, ints["module"]),
+            **site_columns(sites, ints["site"]),
             col.INPUT_SHAPES: arrow_strings(shape_texts.take(ints["inputs"])),
             col.OUTPUT_SHAPES: arrow_strings(shape_texts.take(ints["outputs"])),
             col.BATCH_SIZE: _spread_ints(self.batch_sizes, ints["inputs"]),
             col.STATUS: _spread([col.Status.OK.value, col.Status.ERROR.value], ints["has_error"]),
             col.STATUS_MESSAGE: arrow_strings(message_texts.take(ints["error"])),
         })
+
+
+def site_columns(sites: CallSites | None, ids: np.ndarray) -> dict[str, Any]:
+    """``call_file``, ``call_line`` and ``call_function`` of records with site ``ids``: each
+    distinct site's text worked out once (:meth:`CallSites.resolve`), then spread over the rows."""
+    distinct, index = np.unique(ids, return_inverse=True)
+    texts = [None if sites is None else sites.resolve(site) for site in distinct.tolist()]
+    index = index.reshape(-1)
+    return {col.CALL_FILE: _spread([None if t is None else t[0] for t in texts], index),
+            col.CALL_LINE: _spread_ints([None if t is None else t[1] for t in texts], index),
+            col.CALL_FUNCTION: _spread([None if t is None else t[2] for t in texts], index)}
 
 
 def _spread(values: Sequence[str | None], index: np.ndarray) -> pd.api.extensions.ExtensionArray:

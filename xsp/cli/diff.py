@@ -45,8 +45,9 @@ def register(commands: Any) -> None:
                                      "(.xsp-summary.parquet, from xsp summary); or a folder of several runs' files, "
                                      "pooled (a key must then also move beyond the spread between runs)")
     parser.add_argument("new", help="the run under test, the same kinds of file or folder")
-    parser.add_argument("--by", choices=("path", "name"), default="path",
-                        help="match spans by their path in the model (default) or by level and name")
+    parser.add_argument("--by", choices=("path", "name", "line"), default="path",
+                        help="match spans by their path in the model (default), by level and name, or by the line "
+                             "of your code that made the calls")
     parser.add_argument("--levels", default=None, help="levels compared, e.g. model,layer (default: those both "
                                                        "runs recorded)")
     parser.add_argument("--threshold", default="5%", help="smallest relative change reported (default: 5%%)")

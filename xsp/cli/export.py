@@ -11,23 +11,30 @@ from xsp.cli._common import check_output, error_console
 
 class Format(str, Enum):
     CHROME = "chrome"
+    SPEEDSCOPE = "speedscope"
+    COLLAPSED = "collapsed"
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("export", help="write a trace as Chrome/Perfetto JSON",
+    parser = commands.add_parser("export", help="write a trace as Chrome/Perfetto JSON, speedscope or folded stacks",
                                  description="Convert a .xsp.parquet trace to another format.")
     parser.add_argument("file", help="a .xsp.parquet trace")
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.CHROME.value,
-                        help="output format (default: chrome, for chrome://tracing and ui.perfetto.dev)")
+                        help="output format: chrome (default; chrome://tracing and ui.perfetto.dev), speedscope "
+                             "(speedscope.app) or collapsed (folded stacks for flamegraph.pl), the last two with "
+                             "the lines of your code as frames")
     parser.add_argument("-o", "--output", required=True, help="file to write")
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
     from xsp.export.chrome import write_chrome
+    from xsp.export.stacks import write_collapsed, write_speedscope
     from xsp.io.loading import load
     check_output(options.output, options.file)
     trace = load(options.file)
-    target = write_chrome(trace, options.output)
+    writer = {Format.CHROME: write_chrome, Format.SPEEDSCOPE: write_speedscope,
+              Format.COLLAPSED: write_collapsed}[Format(options.format)]
+    target = writer(trace, options.output)
     error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}", markup=False)
     return 0

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from xsp.cli._common import CliError, error_console, progress
+from xsp.core.metadata import service_name_from_environment
 from xsp.export.target import DEFAULT_SPAN_BUDGET, OtlpTarget, probe, span_budget_from_env
 
 
@@ -22,7 +23,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--otlp-protocol", choices=["grpc", "http/protobuf", "http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     parser.add_argument("--service-name", default=None,
-                        help="OTel service.name (default: the one recorded in the trace)")
+                        help="OTel service.name (default: OTEL_SERVICE_NAME, else service.name in "
+                             "OTEL_RESOURCE_ATTRIBUTES, else the one recorded in the trace)")
     parser.add_argument("--span-budget", type=int, default=None, metavar="N",
                         help="most spans per trace (step) sent; a step over it has its deepest levels folded into "
                              "aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, else "
@@ -44,7 +46,8 @@ def run(options: argparse.Namespace) -> int:
     if options.span_budget is not None and options.span_budget < 0:
         raise CliError("--span-budget must be 0 (no limit) or more")
     budget = span_budget_from_env() if options.span_budget is None else options.span_budget
-    service_name = options.service_name or str(trace.metadata.get("service_name") or "xsp")
+    service_name = (options.service_name or service_name_from_environment()
+                    or str(trace.metadata.get("service_name") or "xsp"))
     report = ExportReport(target=f"{target.protocol.value} {target.endpoint}")
     exporter = make_exporter(target)
     parts = [trace.for_rank(rank) for rank in trace.ranks] or [trace]

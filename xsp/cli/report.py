@@ -17,6 +17,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--top", type=int, default=10, help="rows in the top lists (default: 10)")
     parser.add_argument("--html", metavar="FILE", default=None,
                         help="also write a self-contained HTML report with charts (works offline)")
+    parser.add_argument("--lines", action="store_true",
+                        help="also the hottest lines of your code: the line that made each call, its time and text")
     parser.add_argument("--rank", type=int, default=None,
                         help="in a trace of several ranks (a distributed job), the rank reported in detail "
                              "(default: the first)")
@@ -39,7 +41,7 @@ def run(options: argparse.Namespace) -> int:
     with progress("analysing"):  # the analyses run before the first table is printed
         out = console()
         with out.capture() as captured:
-            render_report(trace, out, top=options.top, rank=options.rank)
+            render_report(trace, out, top=options.top, rank=options.rank, lines=options.lines)
     out.file.write(captured.get())  # printed once the spinner is gone: as rendered, colours included
     if options.html:
         from xsp.reports.html import write_html

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
 from xsp.core import schema as col
 from xsp.core.levels import parse_levels
+from xsp.core.metadata import service_name_from_environment
 from xsp.core.schema import DEFAULT_OUTPUT, SpanKind
 from xsp.export.target import Protocol
 from xsp.record.schedule import Schedule
@@ -42,7 +43,9 @@ def register(commands: Any) -> None:
                         help="also send spans to this OTLP endpoint, e.g. http://localhost:4317")
     parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
                         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
-    parser.add_argument("--service-name", default=None, help="OTel service.name (default: script name)")
+    parser.add_argument("--service-name", default=None,
+                        help="OTel service.name (default: OTEL_SERVICE_NAME, else service.name in "
+                             "OTEL_RESOURCE_ATTRIBUTES, else the script's name)")
     parser.add_argument("--span-budget", type=int, default=None, metavar="N",
                         help="with --otlp: most spans per trace (step) sent; a step over it has its deepest levels "
                              "folded into aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, "
@@ -227,7 +230,7 @@ def run(options: argparse.Namespace) -> int:
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
-                          service_name=options.service_name or script.stem,
+                          service_name=_service_name(options, script),
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
                           span_budget=options.span_budget, dataset=options.dataset, layer_depth=options.layer_depth)
         # a script ending with os._exit ends the session there: say what was written before it exits
@@ -293,7 +296,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
 
     def traced(levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None = None) -> Trace:
         out.print(f"xsp: leveled run {label}", markup=False)
-        session = Session(levels=levels, output=None, service_name=options.service_name or script.stem,
+        session = Session(levels=levels, output=None, service_name=_service_name(options, script),
                           backward=backward, layer_depth=layer_depth)
         status = _run_script(script, script_args, session)
         if status != 0:
@@ -406,3 +409,7 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         render_report(trace, console(), top=options.top)
     return status
 
+
+def _service_name(options: argparse.Namespace, script: Path) -> str:
+    """The flag, then OpenTelemetry's standard variables, then the script's name."""
+    return options.service_name or service_name_from_environment() or script.stem

@@ -37,9 +37,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def default_service_name() -> str:
-    """``OTEL_SERVICE_NAME``, else the running script's name, else ``python``."""
+def service_name_from_environment() -> str | None:
+    """The service name OpenTelemetry's standard variables give: ``OTEL_SERVICE_NAME``, else
+    ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` (``key=value`` pairs, comma-separated,
+    values percent-encoded), else None. OpenTelemetry's own precedence: the first wins."""
     from_env = os.environ.get("OTEL_SERVICE_NAME", "").strip()
+    if from_env:
+        return from_env
+    for pair in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, equals, value = pair.partition("=")
+        if equals and key.strip() == "service.name" and value.strip():
+            from urllib.parse import unquote
+
+            return unquote(value.strip())
+    return None
+
+
+def default_service_name() -> str:
+    """The standard variables' service name (:func:`service_name_from_environment`), else the
+    running script's name, else ``python``."""
+    from_env = service_name_from_environment()
     if from_env:
         return from_env
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""

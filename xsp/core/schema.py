@@ -137,6 +137,15 @@ PARAM_COUNT: Final = "param_count"
 CALL_DEPTH: Final = "call_depth"
 EXEC_INDEX: Final = "exec_index"
 SOURCE: Final = "source"
+CALL_FILE: Final = "call_file"
+"""On ``predict``, layer ``forward`` and ``user`` spans (and explicit steps): the file of the line
+in the user's code that made the call (the first frame outside PyTorch, xsp, the standard
+library and installed packages; :mod:`xsp.record.sites` has the rule). Null when no user frame
+made it."""
+CALL_LINE: Final = "call_line"
+"""The line number of that call, in ``call_file``."""
+CALL_FUNCTION: Final = "call_function"
+"""The function that made the call (its qualified name: ``Net.forward``, ``<module>``)."""
 BATCH_SIZE: Final = "batch_size"
 GRID: Final = "grid"
 BLOCK: Final = "block"
@@ -189,6 +198,9 @@ COLUMNS: Final[dict[str, str]] = {
     CALL_DEPTH: "Int64",
     EXEC_INDEX: "Int64",
     SOURCE: "string",
+    CALL_FILE: "string",
+    CALL_LINE: "Int64",
+    CALL_FUNCTION: "string",
     BATCH_SIZE: "Int64",
     GRID: "string",
     BLOCK: "string",
@@ -210,7 +222,8 @@ REQUIRED_COLUMNS: Final = (
     THREAD_ID, DEVICE_ID, STREAM_ID, CORRELATION_ID, STEP, PATH,
 )
 
-# OpenTelemetry attribute keys (all xsp-owned keys carry the xsp. prefix) -----------------
+# OpenTelemetry attribute keys (all xsp-owned keys carry the xsp. prefix; the call site's are
+# OpenTelemetry's own code.* keys) --------------------------------------------------------
 ATTR_LEVEL: Final = "xsp.level"
 ATTR_KIND: Final = "xsp.kind"
 ATTR_STEP: Final = "xsp.step"
@@ -270,6 +283,11 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     CALL_DEPTH: "xsp.layer.call_depth",
     EXEC_INDEX: "xsp.layer.exec_index",
     SOURCE: "xsp.layer.source",
+    # OpenTelemetry's semantic conventions for code (stable names; code.filepath, code.lineno and
+    # code.function are their deprecated forms)
+    CALL_FILE: "code.file.path",
+    CALL_LINE: "code.line.number",
+    CALL_FUNCTION: "code.function.name",
     BATCH_SIZE: "xsp.batch_size",
     GRID: "xsp.kernel.grid",
     BLOCK: "xsp.kernel.block",

@@ -17,6 +17,9 @@ class KeyBy(str, enum.Enum):
     """By ``path``: one key per place in the model (``predict[0]/layer1.0.conv1[0]``)."""
     NAME = "name"
     """By level and name: every ``aten::conv2d`` together."""
+    LINE = "line"
+    """By the line of the user's code that made the calls (``train.py:42 Net.forward``): each
+    line's outermost spans, so a change is attributed to the line whose calls it slowed."""
 
 
 class Verdict(str, enum.Enum):

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from xsp.analysis.lines import line_keys
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
@@ -108,7 +109,10 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     step = spans[col.STEP]
     if steps is not None:
         kept &= step.isin(_chosen_steps(step, steps)).fillna(False).to_numpy(dtype=bool)
-    key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
+    if by is KeyBy.LINE:
+        key_text = line_keys(spans, parents)
+    else:
+        key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
     kept &= key_text.notna().to_numpy()
     if not kept.any():
         return _empty_keys()
@@ -116,9 +120,8 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     level_codes, level_names = pd.factorize(spans[col.LEVEL])
     text_codes, texts = pd.factorize(key_text)
     combined = np.where(kept, text_codes.astype(np.int64) * (len(level_names) + 1) + level_codes, -1)
-    codes, _ = pd.factorize(combined)  # 0 is the first kept key unless row 0 was dropped
     rows = np.flatnonzero(kept)
-    code = codes[rows]
+    code, _ = pd.factorize(combined[rows])  # keys numbered from 0 in order of their first span
     key_count = int(code.max()) + 1 if len(code) else 0
     duration = spans[col.DURATION_NS].to_numpy(dtype=np.int64)[rows]
     step_values = step.to_numpy(dtype=np.float64, na_value=np.nan)[rows]

@@ -114,8 +114,9 @@ def extend_columns_from_packed(columns: Sequence[array[int]], packed: memoryview
             column.fromlist(strided.tolist())
 
 
-CALL_FIELDS: Final = 7
-"""Fields of a module-call record (``ThreadBuffer.calls``' tuples and packed rows)."""
+CALL_FIELDS: Final = 8
+"""Fields of a module-call record (``ThreadBuffer.calls``' tuples and packed rows): start, end,
+module, depth, inputs, outputs, error and call site (:mod:`xsp.record.sites`)."""
 
 ROOT_FIELDS: Final = 2
 """Fields of a top-level call's record (``ThreadBuffer.roots``' tuples and packed rows)."""
@@ -160,7 +161,7 @@ def extend_from_packed_rows(columns: Sequence[array[int]], packed: bytearray, ro
 class CallColumns:
     """Compacted module-call records of one thread (one row per finished call)."""
 
-    __slots__ = ("start", "end", "module", "depth", "inputs", "outputs", "error")
+    __slots__ = ("start", "end", "module", "depth", "inputs", "outputs", "error", "site")
 
     def __init__(self) -> None:
         self.start = _new_int64()
@@ -170,6 +171,8 @@ class CallColumns:
         self.inputs = _new_long()
         self.outputs = _new_long()
         self.error = _new_long()
+        self.site = _new_long()
+        """The call site's id in the recording's :class:`xsp.record.sites.CallSites` (``NO_SITE``: none)."""
 
     def __len__(self) -> int:
         return len(self.start)
@@ -178,7 +181,7 @@ class CallColumns:
 class MarkColumns:
     """Compacted user-span and step records of one thread."""
 
-    __slots__ = ("kind", "start", "end", "name", "attributes", "error")
+    __slots__ = ("kind", "start", "end", "name", "attributes", "error", "site")
 
     def __init__(self) -> None:
         self.kind = _new_int8()
@@ -187,6 +190,8 @@ class MarkColumns:
         self.name = _new_long()
         self.attributes: list[dict[str, Any] | None] = []
         self.error = _new_long()
+        self.site = _new_long()
+        """A user span's or explicit step's call site id (``NO_SITE`` for every other mark)."""
 
     def __len__(self) -> int:
         return len(self.start)

@@ -14,6 +14,7 @@ Spans are interpreted (names, paths, parents) only after the session, in
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import Counter
@@ -41,7 +42,10 @@ from xsp.record.columns import (
     extend_from_packed_rows,
     packed_rows,
 )
+from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
+
+_getframe = sys._getframe
 
 
 class ThreadBuffer:
@@ -55,7 +59,7 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "_lock",
+        "site_of", "site_scopes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -92,11 +96,11 @@ class ThreadBuffer:
         self.steps = AutoSteps(self)
         """This thread's automatic steps (see :mod:`xsp.record.steps`)."""
         # raw records, appended on the hot path:
-        # (start, end, module index, depth, inputs index, outputs index, error text or None):
+        # (start, end, module index, depth, inputs index, outputs index, error index or NO_ERROR, site id):
         self.calls: list[tuple[Any, ...]] = []
         self.packed_calls = packed_rows(FIRST_PACKED_ROWS)
         """Module calls recorded by xsp's C wrapper while ``calls`` was empty: a native int64
-        count, then that many rows of seven native int64s (the fields of ``calls``' tuples).
+        count, then that many rows of eight native int64s (the fields of ``calls``' tuples).
         They all precede ``calls``' rows."""
         # the C wrapper's last top-level call: its module, shapes and their indexes (None: empty);
         # hot2_*: the same of the last top-level call of another module (a loss, a head)
@@ -112,7 +116,7 @@ class ThreadBuffer:
         self.hot2_inputs_id: int | None = None
         self.hot2_outputs: Any = None
         self.hot2_outputs_id: int | None = None
-        self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error)
+        self.marks: list[tuple[Any, ...]] = []  # (kind, start, end, name, attributes, error[, site id])
         self.backward: list[tuple[int, int, int, int]] = []  # (module index, time, phase, call start)
         self.roots: list[tuple[int, int]] = []  # (start, flags) of each top-level call
         self.packed_roots = packed_rows(FIRST_PACKED_ROWS, ROOT_FIELDS)
@@ -131,6 +135,11 @@ class ThreadBuffer:
         """``descriptor -> index``: looked up on the hot path (``intern_descriptor`` on a miss)."""
         self.intern_module = self.modules.intern
         self.intern_descriptor = self.descriptors.intern
+        self.site_scopes = bytearray(SITE_SCOPES_BYTES)
+        """Scratch of xsp's C wrapper: the calling frame and site of each depth of the thread's open
+        calls, so that a walk to the user's frame stops where an enclosing call's walk began."""
+        self.site_of = recording.sites.of_frame
+        """``site_of(frame)``: the recording's site id of the first user frame from ``frame`` out."""
         self._lock = threading.Lock()
 
     def thread_ended(self) -> bool:
@@ -146,7 +155,10 @@ class ThreadBuffer:
     def record_call(self, start: int, end: int, module: Any, depth: int, inputs: Any, outputs: Any,
                     error: str | None) -> None:
         """Append one finished module call: the one Python home of a call's record. The C wrapper
-        (``xsp/record/_hotpath``) writes the same row on its fast path; tests hold the two equal."""
+        (``xsp/record/_hotpath``) writes the same row on its fast path; tests hold the two equal.
+
+        The call site is the first user frame outwards from the caller (xsp's wrapper, which
+        is library code: the walk goes on to the frame that called the module)."""
         ids = self.descriptor_ids
         input_id = ids.get(inputs)
         if input_id is None:
@@ -158,7 +170,7 @@ class ThreadBuffer:
         if module_id is None:
             module_id = self.intern_module(module)
         self.calls.append((start, end, module_id, depth, input_id, output_id,
-                           NO_ERROR if error is None else self.strings.intern(error)))
+                           NO_ERROR if error is None else self.strings.intern(error), self.site_of(_getframe(1))))
 
     def record_backward(self, module: Any, time_ns: int, phase: int, call: int) -> None:
         """Append one backward event of ``module``'s call that started at ``call``."""
@@ -254,16 +266,17 @@ class ThreadBuffer:
             return
         kept = self.recording.admit("module_calls", rows)
         cols = self.call_columns
-        columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error)
+        columns = (cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error, cols.site)
         extend_from_packed_rows(columns, packed, kept)
 
     def _compact_calls(self, calls: list[tuple[int, ...]]) -> None:
         cols = self.call_columns
-        extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error), calls)
+        extend_columns((cols.start, cols.end, cols.module, cols.depth, cols.inputs, cols.outputs, cols.error,
+                        cols.site), calls)
 
     def _compact_marks(self, marks: list[tuple[Any, ...]]) -> None:
         cols = self.mark_columns
-        extend_columns((cols.kind, cols.start, cols.end), marks)  # (kind, start, end, name, attributes, error)
+        extend_columns((cols.kind, cols.start, cols.end), marks)  # (kind, start, end, name, attributes, error[, site])
         # a loop's marks have a handful of names (its steps, backward passes, optimizer steps) and
         # mostly no error: each distinct text is interned once, then looked up by a C call a mark
         names = [mark[3] for mark in marks]
@@ -273,6 +286,8 @@ class ThreadBuffer:
             intern(text)
         cols.name.fromlist(list(map(index_of, names)))
         cols.attributes.extend([mark[4] for mark in marks])
+        # only user spans and explicit steps carry their call site, as a seventh field
+        cols.site.fromlist([mark[6] if len(mark) > 6 else NO_SITE for mark in marks])
         if errors.count(None) == len(errors):
             cols.error.fromlist([NO_ERROR] * len(errors))
         else:
@@ -334,6 +349,8 @@ class Window:
     held_thread_ids: frozenset[int] = frozenset()
     """Threads whose records were left for a later window (inside a module call or a step):
     records made elsewhere (CUPTI's) on those threads belong to a later window too."""
+    sites: CallSites | None = None
+    """The recording's call sites, which the site ids of the window's records index."""
 
     @classmethod
     def merged(cls, windows: list[Window]) -> Window:
@@ -349,7 +366,8 @@ class Window:
                    step_numbers=[number for numbers in numbered for number in numbers] if numbered else None,
                    samples=[sample for window in windows for sample in window.samples],
                    ended_thread_ids=[thread for window in windows for thread in window.ended_thread_ids],
-                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids)
+                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids,
+                   sites=next((window.sites for window in windows if window.sites is not None), None))
 
     @property
     def records(self) -> int:
@@ -426,6 +444,9 @@ class Recording:
         collective saw it (a group set up inside the session and destroyed before its end)."""
         self.notes: list[str] = []
         """What a tracer noticed that the user should hear once (the session warns with each)."""
+        self.sites = CallSites()
+        """The call sites of the recorded module calls and user spans (:mod:`xsp.record.sites`),
+        shared by every thread: a site id means the same line in every thread's records."""
         self._lock = threading.Lock()
 
     def buffer(self) -> ThreadBuffer:
@@ -512,7 +533,7 @@ class Recording:
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
                       step_numbers=kept_steps or None, samples=samples,
                       ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
-                      held_thread_ids=held)
+                      held_thread_ids=held, sites=self.sites)
 
     def _ended_threads(self) -> list[ThreadBuffer]:
         """Buffers of the threads that have ended, their last step decided: this window takes

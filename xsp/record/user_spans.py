@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
@@ -11,6 +12,9 @@ from xsp.core import state as _state
 from xsp.core.clock import now_ns
 from xsp.record.columns import COMPACT_AT
 from xsp.record.marks import MarkKind
+from xsp.record.sites import NO_SITE
+
+_getframe = sys._getframe
 
 AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -21,7 +25,9 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
 
     Outside an active :func:`xsp.trace` block it records nothing and costs well under a
     microsecond. Keyword arguments become span attributes (strings, numbers, booleans,
-    or lists of them; anything else is stored as its ``str``).
+    or lists of them; anything else is stored as its ``str``). The span records its call site
+    (``call_file``, ``call_line``, ``call_function``): the ``with`` statement, or for a
+    decorated function the user's line that called it (see :mod:`xsp.record.sites`).
 
     Example:
         >>> import xsp
@@ -29,7 +35,7 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         ...     pass
     """
 
-    __slots__ = ("name", "attributes", "_start", "_recording")
+    __slots__ = ("name", "attributes", "_start", "_recording", "_site")
     _kind: ClassVar[int] = MarkKind.USER
 
     def __init__(self, name: str, **attributes: AttributeValue) -> None:
@@ -37,7 +43,9 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         self.attributes = attributes
 
     def __enter__(self) -> span:
-        self._recording = _state.recording
+        recording = self._recording = _state.recording
+        # the with statement's frame, or (decorated) the traced function's, which is xsp's: the walk skips it
+        self._site = NO_SITE if recording is None else recording.sites.of_frame(_getframe(1))
         self._start = now_ns()
         return self
 
@@ -52,7 +60,7 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         except AttributeError:
             buffer = recording.buffer()
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
-        buffer.marks.append((self._kind, self._start, end, self.name, self.attributes or None, error))
+        buffer.marks.append((self._kind, self._start, end, self.name, self.attributes or None, error, self._site))
         if len(buffer.marks) >= COMPACT_AT:
             buffer.compact()
 

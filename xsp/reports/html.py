@@ -3,7 +3,8 @@
 Sections: a summary (latency, throughput, coverage, the share of step time per level, the top
 recommendations), the recommendations, an icicle of a typical step's hierarchy, model latency
 per step, where the step time went (and the steps' share of the session, and the user's
-spans), top layers, time per layer type, operators, kernels, GPU vs CPU time per layer, the
+spans), top layers, time per layer type, the hottest files of the user's code as annotated
+source, operators, kernels, GPU vs CPU time per layer, the
 roofline, a flame chart of one step, memory, system metrics and the hierarchy diagnostics.
 A section the trace has nothing for is left out, and named in one line at the end.
 """
@@ -355,7 +356,75 @@ p.meta, p.note { color: #555; } table { border-collapse: collapse; }
 td, th { border: 1px solid #ddd; padding: 4px 8px; text-align: left; }
 #recommendations li { margin-bottom: 0.8em; } li.high b:first-child { color: #b00; }
 li.medium b:first-child { color: #b60; }
+table.source { font-family: ui-monospace, monospace; font-size: 0.85em; border: none; }
+table.source td { border: none; padding: 0 8px; white-space: pre; }
+table.source td.n, table.source td.t { color: #777; text-align: right; }
+table.source tr.gap td { color: #aaa; }
 """
+
+SOURCE_FILES = 3
+"""Files shown as annotated source: the hottest by self time."""
+SOURCE_CONTEXT = 3
+"""Lines shown around each line with time."""
+SOURCE_LINES = 400
+"""Lines of one file shown at most."""
+
+
+def _heat(fraction: float) -> str:
+    """A background from white (no time) to red (the hottest line)."""
+    alpha = 0.08 + 0.72 * min(max(fraction, 0.0), 1.0)
+    return f"background: rgba(220, 40, 0, {alpha:.2f})"
+
+
+def _shown_numbers(hot: list[int], length: int) -> list[int]:
+    """The line numbers shown of a file: each hot line with its context, in order."""
+    shown = sorted({n for line in hot for n in range(max(1, line - SOURCE_CONTEXT),
+                                                      min(length, line + SOURCE_CONTEXT) + 1)})
+    return shown[:SOURCE_LINES]
+
+
+def source_section(trace: Trace) -> str:
+    """The hottest files of the user's code as annotated source: each line with time gets its
+    self time, its share of the step time and a heat colour (the hottest line darkest)."""
+    from xsp.reports.source import file_lines, short_paths
+
+    found = analysis.lines(trace)
+    if found.empty:
+        return ""
+    by_file = found.groupby("file", sort=False)["self_ms"].sum().sort_values(ascending=False)
+    files = by_file.index[:SOURCE_FILES].tolist()
+    names = short_paths(files)
+    hottest = float(found["self_ms"].max()) or 1.0
+    parts = [_note(f"The line of your code that made each recorded call, and the time under it (self: not under "
+                   f"another line); {min(len(by_file), SOURCE_FILES)} of {len(by_file)} files, the hottest first. "
+                   "A layer called inside another layer of a library (nn.Sequential) counts on the line that called "
+                   "the outer one; xsp report --lines lists them too.")]
+    for file in files:
+        rows = found[found["file"] == file]
+        per_line = {int(n): (float(ms), float(share)) for n, ms, share in
+                    zip(rows["line"], rows["self_ms"], rows["self_share"])}
+        text = file_lines(str(file))
+        parts.append(f"<h3>{html.escape(names[file])} ({by_file[file]:,.3f} ms self)</h3>")
+        if text is None:
+            parts.append(_note(f"{file} cannot be read here: its lines are listed without their text."))
+            numbers = sorted(per_line)
+        else:
+            numbers = _shown_numbers(sorted(per_line), len(text))
+        body, previous = [], 0
+        for number in numbers:
+            if previous and number > previous + 1:
+                body.append("<tr class='gap'><td class='n'>...</td><td></td><td></td><td></td></tr>")
+            previous = number
+            code = html.escape(text[number - 1]) if text is not None and number <= len(text) else ""
+            if number in per_line:
+                ms, share = per_line[number]
+                body.append(f"<tr style='{_heat(ms / hottest)}'><td class='n'>{number}</td><td class='t'>{ms:,.3f} ms"
+                            f"</td><td class='t'>{'' if np.isnan(share) else f'{share:.1%}'}</td><td>{code}</td></tr>")
+            else:
+                body.append(f"<tr><td class='n'>{number}</td><td></td><td></td><td>{code}</td></tr>")
+        parts.append("<table class='source'>" + "".join(body) + "</table>")
+    return "".join(parts)
+
 
 
 def summary_section(trace: Trace) -> str:
@@ -436,7 +505,8 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
         ("Where a step's time goes", icicle_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
         ("Leveled runs", leveled_section(trace)),
-        ("Layers", layers_section(trace)), ("Operators", operators_section(trace)),
+        ("Layers", layers_section(trace)), ("Where in your code", source_section(trace)),
+        ("Operators", operators_section(trace)),
         ("Kernels", kernels_section(trace)), ("GPU vs CPU time per layer", gpu_cpu_section(trace)),
         ("Roofline", roofline_section(trace)), ("Timeline", timeline_section(trace)),
         ("Memory", memory_section(trace)), ("System", system_section(trace)),

@@ -18,6 +18,7 @@ from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.reports.advice import recommendation_lines
+from xsp.reports.source import line_text, short_paths
 
 STEPS_SHOWN = 20
 Format = Callable[[object], str]
@@ -295,6 +296,25 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
     _roofline_table(trace, console, top)
 
 
+def lines_table(trace: Trace, console: Console, top: int) -> None:
+    """The hottest lines of the user's code (``xsp report --lines``), each with its text."""
+    found = analysis.lines(trace)
+    if found.empty:
+        _say(console, "no line of your code in this trace: it was recorded without call sites (an xsp older "
+                      "than call sites, or an imported trace)", "yellow")
+        return
+    hottest = found.head(top)
+    paths = short_paths(hottest["file"].tolist())
+    hottest = hottest.assign(
+        where=[f"{paths[f]}:{n}" for f, n in zip(hottest["file"], hottest["line"])],
+        code=[line_text(f, n) or "" for f, n in zip(hottest["file"], hottest["line"])])
+    gpu = bool(found["kernel_ms"].sum() > 0)
+    _show(console, hottest, f"Top {len(hottest)} lines of your code by self time (all steps)", [
+        ("where", "line", text), ("calls", "calls", number(0)), ("self_ms", "self ms", number()),
+        ("inclusive_ms", "incl ms", number()), *([("kernel_ms", "GPU ms", number())] if gpu else []),
+        ("self_share", "share", share), ("code", "code", text)])
+
+
 def _operator_tables(trace: Trace, console: Console, top: int) -> None:
     ops = analysis.operator_table(trace)
     if ops.empty:
@@ -488,10 +508,12 @@ def _ddp_buckets_unseen(trace: Trace) -> bool:
     return not collectives.str.contains(col.ATTR_COLLECTIVE_BUCKET, regex=False).any()
 
 
-def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None) -> None:
+def render_report(trace: Trace, console: Console, top: int = 10, rank: int | None = None,
+                  lines: bool = False) -> None:
     """Print every analysis that applies to ``trace``, recommendations first: GPU sections only
-    when it has GPU activity. A trace of several ranks gets the cross-rank tables first, then
-    the report of one rank (``rank``, default the first).
+    when it has GPU activity; with ``lines``, the hottest lines of the user's code after the
+    layers. A trace of several ranks gets the cross-rank tables first, then the report of one
+    rank (``rank``, default the first).
 
     Raises:
         KeyError: ``rank`` is not a rank of the trace.
@@ -514,6 +536,8 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
     _step_tables(trace, console)
     _leveled_table(trace, console)
     _layer_tables(trace, console, top)
+    if lines:
+        lines_table(trace, console, top)
     _operator_tables(trace, console, top)
     _flops_table(trace, console, top)
     _gpu_tables(trace, console, top)

@@ -2,8 +2,8 @@
 #include "hotpath.h"
 
 /* Record a finished call: (start, end, module index, depth, inputs index, outputs index,
- * NO_ERROR), as ThreadBuffer.record_call does. While buffer.calls is empty (after moving the
- * Python path's rows out of it where they fit) the row goes into buffer.packed_calls as seven
+ * NO_ERROR, call site id), as ThreadBuffer.record_call does. While buffer.calls is empty (after moving the
+ * Python path's rows out of it where they fit) the row goes into buffer.packed_calls as eight
  * int64s (no tuple, no int objects to make and free, nothing to pack later); else it is appended
  * to buffer.calls as a tuple, behind the Python path's rows, so that compaction (packed rows
  * first, then the list) keeps the order. *calls_length: the rows waiting for compaction after. */
@@ -14,7 +14,7 @@ int record_call(FastCall *self, PyObject *buffer, const Call *call, long long de
     const BufferSlots *slots = &self->buffer_slots;
     int status = -1;
     PyObject *inputs = NULL, *outputs = NULL, *input_id = NULL, *output_id = NULL, *key = NULL;
-    PyObject *module_id = NULL, *row = NULL;
+    PyObject *module_id = NULL, *row = NULL, *site_object = NULL;
     PyObject *ids = SLOT(buffer, slots->descriptor_ids), *module_ids = SLOT(buffer, slots->module_ids);
     if (ids == NULL || module_ids == NULL || !PyDict_Check(ids) || !PyDict_Check(module_ids)) {
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its interners");
@@ -50,13 +50,16 @@ int record_call(FastCall *self, PyObject *buffer, const Call *call, long long de
             slot_set(buffer, slots->hot_module_id, module_id);
         }
     }
+    /* the caller's frame is still where it made the call (a miss of the site caches runs Python) */
+    long long site = call_site(self, buffer, depth);
     /* read now: interning runs Python, during which another thread may have compacted the buffer */
     PyObject *calls = SLOT(buffer, slots->calls), *packed = SLOT(buffer, slots->packed_calls);
     if (calls == NULL || packed == NULL || !PyList_Check(calls) || !PyByteArray_CheckExact(packed)) {
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its record lists");
         goto done;
     }
-    int64_t values[CALL_FIELDS] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR};
+    int64_t values[CALL_FIELDS] = {start_ns, end_ns, as_ll(module_id), depth, as_ll(input_id), as_ll(output_id), NO_ERROR,
+                                   site};
     if (PyErr_Occurred() || (*calls_length = pack_behind_list(calls, packed, values, CALL_FIELDS, self->compact_at)) < 0)
         goto done;
     if (*calls_length > 0) {
@@ -65,6 +68,7 @@ int record_call(FastCall *self, PyObject *buffer, const Call *call, long long de
     }  /* the row goes into the list, behind the packed ones */
     int64_t packed_count = packed_count_of(packed);
     if ((row = PyTuple_New(CALL_FIELDS)) == NULL) goto done;
+    if ((site_object = PyLong_FromLongLong(site)) == NULL) goto done;
     PyObject *depth_object = PyLong_FromLongLong(depth);
     if (depth_object == NULL) goto done;
     Py_INCREF(start);
@@ -77,7 +81,8 @@ int record_call(FastCall *self, PyObject *buffer, const Call *call, long long de
     PyTuple_SET_ITEM(row, 4, input_id);
     PyTuple_SET_ITEM(row, 5, output_id);
     PyTuple_SET_ITEM(row, 6, no_error);
-    module_id = input_id = output_id = NULL;  /* the row holds them now */
+    PyTuple_SET_ITEM(row, 7, site_object);
+    module_id = input_id = output_id = site_object = NULL;  /* the row holds them now */
     if (PyList_Append(calls, row) < 0) goto done;
     *calls_length = PyList_GET_SIZE(calls) + (Py_ssize_t)packed_count;
     if (packed_count > 0 && !packed_fits(packed, packed_count, PACKED_ROW_BYTES, 1))
@@ -92,6 +97,7 @@ done:
     Py_XDECREF(output_id);
     Py_XDECREF(key);
     Py_XDECREF(module_id);
+    Py_XDECREF(site_object);
     Py_XDECREF(row);
     return status;
 }
@@ -145,6 +151,7 @@ PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, lon
     Py_ssize_t depth_slot = self->buffer_slots.depth;
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
     const xsp_correlation *correlation = self->correlation;
+    open_site_scope(self, buffer, depth);
     if (correlation != NULL) correlation->push((uint64_t)start_ns);  /* the call's start names it to CUPTI */
     PyObject *out = call_original(self, call);
     if (correlation != NULL) correlation->pop();
@@ -433,19 +440,19 @@ void find_shape_descriptor(FastCall *self) {
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
                                "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
-                               "native_grad_mode", "correlation", "graph_task_id", "max_depth", NULL};
+                               "native_grad_mode", "correlation", "graph_task_id", "max_depth", "sites", NULL};
 
 int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
-    PyObject *native_grad_mode = NULL, *correlation = NULL, *graph_task_id = NULL;
+    PyObject *native_grad_mode = NULL, *correlation = NULL, *graph_task_id = NULL, *sites = NULL;
     long long max_depth = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OOL", (char **)kwlist, &mode, &items[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OOLO", (char **)kwlist, &mode, &items[0],
                                      &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
                                      &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
                                      &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode,
-                                     &correlation, &graph_task_id, &max_depth))
+                                     &correlation, &graph_task_id, &max_depth, &sites))
         return -1;
     const xsp_correlation *hooks = NULL;
     if (correlation != NULL && correlation != Py_None) {
@@ -489,6 +496,8 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->correlation_capsule, hooks == NULL ? NULL : Py_NewRef(correlation));
     self->correlation = hooks;
     Py_XSETREF(self->graph_task_id, graph_task_id == NULL || graph_task_id == Py_None ? NULL : Py_NewRef(graph_task_id));
+    Py_XSETREF(self->sites, sites == NULL || sites == Py_None ? NULL : Py_NewRef(sites));
+    EACH_SITE_CACHED(Py_CLEAR);  /* entries of another table's ids */
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
     self->original_call = PyVectorcall_Function(self->original);
     find_shape_descriptor(self);
@@ -503,7 +512,8 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->buffer_type); DO(self->steps_type); DO(self->correlation_capsule); DO(self->graph_task_id); \
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
-    DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler)
+    DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler); \
+    DO(self->sites); EACH_SITE_CACHED(DO)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
@@ -521,7 +531,8 @@ PyTypeObject FastCallType = {
                         "steps_type, step_constants, compact_at=512, native_grad_mode=0): nn.Module.__call__, "
                         "called as fast(module, *args, **kwargs). native_grad_mode: the address of "
                         "c10::GradMode::is_enabled, called instead of grad_enabled (0: not). max_depth: in ALL mode, "
-                        "calls deeper than this pass through unrecorded (0: every depth)."),
+                        "calls deeper than this pass through unrecorded (0: every depth). sites: the recording's "
+                        "xsp.record.sites.CallSites, whose ids each record's call site is (None: no call sites)."),
     .tp_basicsize = sizeof(FastCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_new = fastcall_new,

@@ -44,6 +44,7 @@
 #include <stdbool.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h>  /* Python.h includes it from 3.11 on */
+#include <frameobject.h>  /* PyFrameObject's fields (f_lasti); Python.h declares its functions from 3.11 on */
 #endif
 
 #include "../_correlation.h"
@@ -51,6 +52,7 @@
 #define MODE_ROOTS 1
 #define MODE_ALL 2
 #define NO_ERROR (-1)
+#define NO_SITE (-1)  /* xsp.record.sites.NO_SITE */
 #define ROOT_TRAINING 1
 #define ROOT_GRAD 2
 #define ROOT_MODE_UNKNOWN 4
@@ -58,13 +60,13 @@
 
 extern PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
     *s_intern_descriptor, *s_intern_module, *s_compact,
-    *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step;
+    *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step, *s_is_library, *s_intern;
 extern PyObject *no_error;
 
-/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of seven int64s
+/* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of eight int64s, CALL_FIELDS
  * (packed_roots': rows of two, ROOT_FIELDS). */
 #define PACKED_HEADER ((Py_ssize_t)sizeof(int64_t))
-#define CALL_FIELDS 7
+#define CALL_FIELDS 8
 #define PACKED_ROW_BYTES (CALL_FIELDS * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
 /* The buffers in self->cache, for EACH_FIELD lists. */
@@ -91,7 +93,7 @@ extern PyObject *no_error;
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
-        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id;
+        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -109,6 +111,36 @@ typedef struct {
     PyObject *buffers[CACHED_THREADS];
     unsigned int next;  /* the entry the next miss replaces */
 } BufferCache;
+
+/* Call sites (sites.c, xsp/record/sites.py): direct-mapped caches of the two lookups of the walk
+ * to the first user frame, in front of the recording's CallSites. Each entry holds its code
+ * object (a strong reference), so that no other code object can take its address meanwhile. */
+#define CODE_CACHE 256  /* powers of two */
+#define SITE_CACHE 512
+typedef struct {
+    PyObject *code;
+    int library;  /* 1: a library's code, 0: the user's */
+} CodeEntry;
+typedef struct {
+    PyObject *code;
+    int offset;  /* the frame's instruction offset (frame.f_lasti) */
+    long long site;  /* its id in the recording's CallSites, or NO_SITE */
+} SiteEntry;
+/* ThreadBuffer.site_scopes: for each depth of the thread's open recorded calls (up to
+ * SITE_SCOPES), the frame that made the call (compared by address only: it is on the thread's
+ * stack while the call is open) and the call's site once a walk found it (SITE_UNKNOWN before).
+ * A walk that meets an open call's calling frame goes on exactly as that call's own walk would:
+ * the walk of a layer inside nn.Sequential stops at the frame that called the Sequential, and
+ * the Sequential's own walk is then a lookup. */
+#define SITE_SCOPES 64
+#define SITE_UNKNOWN (-3)
+typedef struct {
+    uintptr_t caller;
+    long long site;
+} SiteScope;
+#define EACH_SITE_CACHED(DO)                                                               \
+    for (int i_ = 0; i_ < CODE_CACHE; i_++) DO(self->code_cache[i_].code);                \
+    for (int i_ = 0; i_ < SITE_CACHE; i_++) DO(self->site_cache[i_].code)
 
 /* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
  * returns it as C's bool); found by tracers/module_calls/native_torch.py. */
@@ -146,6 +178,9 @@ typedef struct {
     PyObject *correlation_capsule;  /* xsp.record._activity.correlation, or NULL */
     PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
+    PyObject *sites;          /* recording.sites (xsp.record.sites.CallSites), or NULL: no call sites */
+    CodeEntry code_cache[CODE_CACHE];
+    SiteEntry site_cache[SITE_CACHE];
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */
     PyObject *step_none, *step_inference, *step_train, *mark_step, *train_step_name, *train_attributes,
         *inference_step_name, *inference_attributes;
@@ -304,6 +339,8 @@ int store_value(char *column, int size, Py_ssize_t row, long long value);
 PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *empty_packed(PyObject *module, PyObject *size_object);
+long long call_site(FastCall *self, PyObject *buffer, long long depth);
+void open_site_scope(FastCall *self, PyObject *buffer, long long depth);
 int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,
                        PyObject *start, PyObject *end, long long start_ns, long long end_ns,
                        Py_ssize_t *calls_length);

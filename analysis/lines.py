@@ -1,0 +1,156 @@
+"""Where in my code: time by the line of the user's program that made each call.
+
+A model call, a layer call and a user span (``xsp.span``, ``xsp.step``) carry the line of the
+user's code that made it (``call_file``, ``call_line``, ``call_function``: the first frame outside
+torch, xsp and other libraries; see :mod:`xsp.record.sites`). A span without a line of its own
+(an operator, a CUDA API call, a kernel through its launch) takes the line of the nearest span
+above it that has one: a kernel is the line's that called the layer that launched it.
+
+A line's time is then counted the way a profiler of a call stack counts a function's:
+
+* **inclusive**: the time of the outermost spans of that line (a layer called inside
+  ``nn.Sequential`` has the line that called the ``Sequential``: it is inside it, not beside
+  it, and is counted once);
+* **self**: the host time of the line's spans not spent in spans of another line (a layer whose
+  ``forward`` is the user's own code hands the time of the calls it makes to their lines).
+
+Nesting is taken from the spans' intervals on each thread (and a kernel's launch), not from
+the stored tree, in which each step is a root: a ``with xsp.span(...)`` around a model call
+holds that call. Self times of all lines add up to the host time spent under a line, once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from xsp.analysis.model import spans_of, step_roots
+from xsp.core import schema as col
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.parents import infer_parent_positions
+from xsp.table.self_time import self_ns
+from xsp.table.walks import nearest_ancestor
+
+LINE_COLUMNS = ["file", "line", "function", "calls", "self_ms", "inclusive_ms", "kernel_ms", "share",
+                "self_share", "threads"]
+
+
+def _empty() -> pd.DataFrame:
+    frame = pd.DataFrame({name: pd.Series(dtype=object if name in ("file", "function") else np.float64)
+                          for name in LINE_COLUMNS})
+    return frame.astype({"line": "Int64", "calls": np.int64, "threads": np.int64})
+
+
+def line_of_each_span(spans: pd.DataFrame, parents: np.ndarray | None = None) -> np.ndarray:
+    """For each span, the position of the span whose line it is counted on: itself when it
+    has a line, else the nearest span above it that has one (-1: none)."""
+    if col.CALL_LINE not in spans:
+        return np.full(len(spans), -1, dtype=np.int64)
+    has_line = (spans[col.CALL_FILE].notna() & spans[col.CALL_LINE].notna()).to_numpy()
+    return nearest_ancestor(spans, has_line, parents, include_self=True)
+
+
+def line_keys(spans: pd.DataFrame, parents: np.ndarray) -> pd.Series:
+    """Per span, ``"file:line function"`` where it is the outermost span of its line (it has a
+    line, and the nearest span above it with a line has another one), else None: what
+    ``xsp diff --by line`` compares. The file is given relative to the folder that holds every
+    file of the run's lines, so two checkouts of one project in different places match."""
+    keys = pd.Series(np.full(len(spans), None, dtype=object), index=spans.index)
+    if col.CALL_LINE not in spans or spans.empty:
+        return keys
+    owner = line_of_each_span(spans, parents)
+    has_line = owner == np.arange(len(spans))
+    if not has_line.any():
+        return keys
+    files, functions = _texts(spans, col.CALL_FILE), _texts(spans, col.CALL_FUNCTION)
+    numbers = spans[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan)
+    above = np.where(parents >= 0, owner[np.maximum(parents, 0)], -1)
+    rows = np.flatnonzero(has_line)
+    outer = rows[(above[rows] < 0) | (files[np.maximum(above[rows], 0)] != files[rows])
+                 | (numbers[np.maximum(above[rows], 0)] != numbers[rows])]
+    shown = relative_files(files[rows].tolist())
+    text = [f"{shown[files[i]]}:{int(numbers[i])}" + (f" {functions[i]}" if isinstance(functions[i], str) else "")
+            for i in outer]
+    values = np.full(len(spans), None, dtype=object)
+    values[outer] = text
+    return pd.Series(values, index=spans.index, dtype=object)
+
+
+def _texts(spans: pd.DataFrame, column: str) -> np.ndarray:
+    """A text column as objects, None where missing (never pandas' NA, which refuses comparisons)."""
+    if column not in spans:
+        return np.full(len(spans), None, dtype=object)
+    values = spans[column]
+    return values.astype(object).where(values.notna(), None).to_numpy(dtype=object)
+
+
+def relative_files(files: list[object]) -> dict[object, str]:
+    """Each file relative to the folder that holds all of them (paths of another form as they are)."""
+    real = sorted({f for f in files if isinstance(f, str) and os.path.isabs(f)})
+    shown = {f: str(f) for f in files}
+    if real:
+        common = os.path.commonpath([os.path.dirname(f) for f in real])
+        shown.update({f: os.path.relpath(f, common) for f in real})
+    return shown
+
+
+def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """One row per line of the user's code that made a recorded call, hottest (self time) first.
+
+    Columns: ``file``, ``line``, ``function`` (the code's qualified name, ``Net.forward``),
+    ``calls`` (the line's outermost spans: how many calls it made), ``self_ms`` (host time of
+    the line's spans not spent under another line), ``inclusive_ms`` (time of its outermost
+    spans), ``kernel_ms`` (GPU kernel time launched under the line; 0 without the kernel
+    level), ``share`` (``inclusive_ms`` over the steps' time; NaN without steps),
+    ``self_share`` (``self_ms`` over the steps' time), ``threads`` (threads it ran on).
+    """
+    spans = spans_of(source)
+    if spans.empty or col.CALL_LINE not in spans:
+        return _empty()
+    # nesting as it ran on each thread: a step is a root of the stored tree, but a user span
+    # around a model call, on the line that called it, holds it
+    parents, _ = infer_parent_positions(spans)
+    owner = line_of_each_span(spans, parents)
+    if not (owner >= 0).any():
+        return _empty()
+    files, functions = _texts(spans, col.CALL_FILE), _texts(spans, col.CALL_FUNCTION)
+    numbers = spans[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan)
+    owned = np.flatnonzero(owner >= 0)
+    sites = pd.MultiIndex.from_arrays([files[owner[owned]], numbers[owner[owned]],
+                                       pd.Series(functions[owner[owned]]).fillna("").to_numpy(dtype=object)])
+    codes_of_owned, keys = pd.factorize(sites)
+    line = np.full(len(spans), -1, dtype=np.int64)
+    line[owned] = codes_of_owned
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    on_gpu = levels == Level.KERNEL.value
+    host = ~on_gpu
+    own_time = self_ns(spans, host, parents)
+    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    parent_line = np.where(parents >= 0, line[np.maximum(parents, 0)], -1)
+    outermost = host & (line >= 0) & (parent_line != line)
+    kernels = on_gpu & (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy() & (line >= 0)
+    counted = host & (line >= 0)
+    count = len(keys)
+    self_total = np.bincount(line[counted], weights=own_time[counted], minlength=count)
+    inclusive = np.bincount(line[outermost], weights=durations[outermost], minlength=count)
+    calls = np.bincount(line[outermost], minlength=count)
+    kernel_total = np.bincount(line[kernels], weights=durations[kernels], minlength=count)
+    threads = pd.Series(spans[col.THREAD_ID].to_numpy()[counted]).groupby(line[counted]).nunique()
+    step_ns = float(step_roots(spans)[col.DURATION_NS].sum())
+    file_of, number_of, function_of = (keys.get_level_values(i) for i in range(3))
+    table = pd.DataFrame({
+        "file": np.asarray(file_of, dtype=object), "line": pd.array(np.asarray(number_of), dtype="Int64"),
+        "function": pd.Series(np.asarray(function_of, dtype=object)).replace("", None).to_numpy(dtype=object),
+        "calls": calls.astype(np.int64), "self_ms": self_total / 1e6, "inclusive_ms": inclusive / 1e6,
+        "kernel_ms": kernel_total / 1e6,
+        "share": inclusive / step_ns if step_ns else np.full(count, np.nan),
+        "self_share": self_total / step_ns if step_ns else np.full(count, np.nan),
+        "threads": threads.reindex(range(count), fill_value=0).to_numpy(dtype=np.int64),
+    })
+    return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)
+
+
+__all__ = ["lines", "line_of_each_span", "line_keys", "relative_files", "LINE_COLUMNS"]
