@@ -96,13 +96,13 @@ def frame_events(trace: Trace | pd.DataFrame) -> Iterator[Event]:
     first_seen = pd.unique(threads)
     order = np.lexsort((depth, level_rank, -ends, starts, pd.Categorical(threads, categories=first_seen).codes))
     stack: list[tuple[int, Frame, tuple[Any, Any] | None]] = []  # (end, frame, line of the frame or above)
-    thread = None
+    thread = -1  # an index into labels; none yet
     for i in order.tolist():
         if threads[i] != thread:
             while stack:
                 end, frame, _ = stack.pop()
                 yield Event(labels[thread], False, frame, end)
-            thread = threads[i]
+            thread = int(threads[i])
         start, end = int(starts[i]), int(ends[i])
         while stack and stack[-1][0] <= start:
             closed_at, frame, _ = stack.pop()
@@ -120,7 +120,7 @@ def frame_events(trace: Trace | pd.DataFrame) -> Iterator[Event]:
         frame = Frame(one_line(str(names[i])))
         yield Event(labels[thread], True, frame, start)
         stack.append((end, frame, site if site is not None else line_above))
-    while stack:
+    while stack:  # (a stack holds frames only once a thread was met)
         end, frame, _ = stack.pop()
         yield Event(labels[thread], False, frame, end)
 
