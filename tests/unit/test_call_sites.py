@@ -6,7 +6,6 @@ its lines are known; each program runs on xsp's C path and on its Python path.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 import xsp
+from tests.user_code import marked_line, user_module
 from xsp.core import schema as col
 from xsp.core.schema import SpanKind
 from xsp.record import hotpath
@@ -106,22 +106,12 @@ def from_library_only(model, x):
 @pytest.fixture
 def user(tmp_path: Path) -> ModuleType:
     """The user's code, as a module in a file of its own."""
-    path = tmp_path / "user_code.py"
-    path.write_text(USER_CODE)
-    spec = importlib.util.spec_from_file_location("user_code_for_call_sites", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return user_module(tmp_path / "user_code.py", USER_CODE, "user_code_for_call_sites")
 
 
 def _line(module: ModuleType, marker: str) -> int:
     """The line of USER_CODE that carries ``# <marker>`` (``HEAD``'s call begins a line earlier)."""
-    lines = Path(module.__file__).read_text().splitlines()
-    found = [number for number, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {marker}")
-             or f"# {marker} " in text]
-    assert len(found) == 1, marker
-    return found[0]
+    return marked_line(module, marker)
 
 
 def _trace(program: Any, c: bool, monkeypatch: pytest.MonkeyPatch, levels: str = "model,layer") -> pd.DataFrame:

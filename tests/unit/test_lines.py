@@ -8,7 +8,6 @@ and a few percent of scheduling delay moves no share by 5 points).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 import torch
 
 import xsp
+from tests.user_code import marked_line, user_module
 from xsp.analysis.lines import LINE_COLUMNS, line_keys, lines
 from xsp.core import schema as col
 from xsp.core.schema import SpanKind
@@ -100,20 +100,11 @@ functions); the loop 3 x 1 ms."""
 
 @pytest.fixture
 def user(tmp_path: Path) -> ModuleType:
-    path = tmp_path / "user_lines.py"
-    path.write_text(USER_CODE)
-    spec = importlib.util.spec_from_file_location("user_lines_for_tests", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return user_module(tmp_path / "user_lines.py", USER_CODE, "user_lines_for_tests")
 
 
 def _line(module: ModuleType, marker: str) -> int:
-    numbers = [n for n, text in enumerate(Path(module.__file__).read_text().splitlines(), 1)
-               if text.rstrip().endswith(f"# {marker}")]
-    assert len(numbers) == 1, marker
-    return numbers[0]
+    return marked_line(module, marker)
 
 
 def _trace(program: Any, levels: str = "model,layer") -> xsp.Trace:
