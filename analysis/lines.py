@@ -22,6 +22,7 @@ holds that call. Self times of all lines add up to the host time spent under a l
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -32,7 +33,7 @@ from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.parents import infer_parent_positions
 from xsp.table.self_time import self_ns
-from xsp.table.walks import nearest_ancestor
+from xsp.table.walks import category_values, nearest_ancestor
 
 LINE_COLUMNS = ["file", "line", "function", "calls", "self_ms", "inclusive_ms", "kernel_ms", "share",
                 "self_share", "threads"]
@@ -65,34 +66,42 @@ def line_keys(spans: pd.DataFrame, parents: np.ndarray) -> pd.Series:
     has_line = owner == np.arange(len(spans))
     if not has_line.any():
         return keys
-    files, functions = _texts(spans, col.CALL_FILE), _texts(spans, col.CALL_FUNCTION)
+    files, functions = texts(spans, col.CALL_FILE), texts(spans, col.CALL_FUNCTION)
     numbers = spans[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan)
     above = np.where(parents >= 0, owner[np.maximum(parents, 0)], -1)
     rows = np.flatnonzero(has_line)
     outer = rows[(above[rows] < 0) | (files[np.maximum(above[rows], 0)] != files[rows])
                  | (numbers[np.maximum(above[rows], 0)] != numbers[rows])]
-    shown = relative_files(files[rows].tolist())
-    text = [f"{shown[files[i]]}:{int(numbers[i])}" + (f" {functions[i]}" if isinstance(functions[i], str) else "")
-            for i in outer]
+    shown = relative_files(files[rows])
+    text = [line_label(shown[files[i]], int(numbers[i]), functions[i]) for i in outer]
     values = np.full(len(spans), None, dtype=object)
     values[outer] = text
     return pd.Series(values, index=spans.index, dtype=object)
 
 
-def _texts(spans: pd.DataFrame, column: str) -> np.ndarray:
-    """A text column as objects, None where missing (never pandas' NA, which refuses comparisons)."""
-    if column not in spans:
-        return np.full(len(spans), None, dtype=object)
-    values = spans[column]
-    return values.astype(object).where(values.notna(), None).to_numpy(dtype=object)
+def texts(spans: pd.DataFrame, column: str) -> np.ndarray:
+    """A text column of few distinct values (files, functions) as objects, None where missing
+    (never pandas' NA, which refuses comparisons), or all None without the column."""
+    return category_values(spans[column]) if column in spans else np.full(len(spans), None, dtype=object)
 
 
-def relative_files(files: list[object]) -> dict[object, str]:
-    """Each file relative to the folder that holds all of them (paths of another form as they are)."""
-    real = sorted({f for f in files if isinstance(f, str) and os.path.isabs(f)})
-    shown = {f: str(f) for f in files}
-    if real:
-        common = os.path.commonpath([os.path.dirname(f) for f in real])
+def line_label(shown_file: str, line: int, function: object) -> str:
+    """``train.py:42 Net.forward``: a line as keys and frames name it."""
+    return f"{shown_file}:{line}" + (f" {function}" if isinstance(function, str) and function else "")
+
+
+def relative_files(files: Iterable[object]) -> dict[object, str]:
+    """Each distinct file relative to the folder that holds all of them (the file name alone
+    when they share their folder); names such as ``<stdin>``, and paths that share no folder
+    (relative and absolute ones together), as they are."""
+    distinct = set(files)
+    real = sorted(f for f in distinct if isinstance(f, str) and not f.startswith("<"))
+    shown = {f: str(f) for f in distinct}
+    try:
+        common = os.path.commonpath([os.path.dirname(f) for f in real]) if real else ""
+    except ValueError:
+        return shown
+    if common:
         shown.update({f: os.path.relpath(f, common) for f in real})
     return shown
 
@@ -116,7 +125,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     owner = line_of_each_span(spans, parents)
     if not (owner >= 0).any():
         return _empty()
-    files, functions = _texts(spans, col.CALL_FILE), _texts(spans, col.CALL_FUNCTION)
+    files, functions = texts(spans, col.CALL_FILE), texts(spans, col.CALL_FUNCTION)
     numbers = spans[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan)
     owned = np.flatnonzero(owner >= 0)
     sites = pd.MultiIndex.from_arrays([files[owner[owned]], numbers[owner[owned]],
@@ -153,4 +162,4 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)
 
 
-__all__ = ["lines", "line_of_each_span", "line_keys", "relative_files", "LINE_COLUMNS"]
+__all__ = ["lines", "line_of_each_span", "line_keys", "line_label", "relative_files", "texts", "LINE_COLUMNS"]

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from xsp import __version__
-from xsp.analysis.lines import relative_files
+from xsp.analysis.lines import line_label, relative_files, texts
 from xsp.core import schema as col
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level
@@ -63,10 +63,6 @@ class Event:
     at_ns: int
 
 
-def _text(values: pd.Series) -> np.ndarray:
-    return values.astype(object).where(values.notna(), None).to_numpy(dtype=object)
-
-
 def frame_events(trace: Trace | pd.DataFrame) -> Iterator[Event]:
     """Every thread's frames opening and closing in order of time, balanced (each thread's in a
     block, threads in order of their first span)."""
@@ -86,13 +82,13 @@ def frame_events(trace: Trace | pd.DataFrame) -> Iterator[Event]:
     depth = (host[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64) if col.CALL_DEPTH in host
              else np.zeros(len(host), dtype=np.int64))
     level_rank = host[col.LEVEL].map({level.value: level.rank for level in Level}).fillna(len(Level)).to_numpy(np.int64)
-    names = _text(host[col.NAME])
+    names = texts(host, col.NAME)
     has_lines = col.CALL_LINE in host
-    files = _text(host[col.CALL_FILE]) if has_lines else np.full(len(host), None, dtype=object)
+    files = texts(host, col.CALL_FILE) if has_lines else np.full(len(host), None, dtype=object)
     numbers = (host[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan) if has_lines
                else np.full(len(host), np.nan))
-    functions = _text(host[col.CALL_FUNCTION]) if has_lines else np.full(len(host), None, dtype=object)
-    shown = relative_files([f for f in files if f is not None])
+    functions = texts(host, col.CALL_FUNCTION) if has_lines else np.full(len(host), None, dtype=object)
+    shown = relative_files(files)
     first_seen = pd.unique(threads)
     order = np.lexsort((depth, level_rank, -ends, starts, pd.Categorical(threads, categories=first_seen).codes))
     stack: list[tuple[int, Frame, tuple[Any, Any] | None]] = []  # (end, frame, line of the frame or above)
@@ -112,8 +108,7 @@ def frame_events(trace: Trace | pd.DataFrame) -> Iterator[Event]:
         line_above = stack[-1][2] if stack else None
         site = (files[i], numbers[i]) if files[i] is not None and not np.isnan(numbers[i]) else None
         if site is not None and site != line_above:
-            function = functions[i]
-            label = f"{shown.get(files[i], files[i])}:{int(numbers[i])}" + (f" {function}" if function else "")
+            label = line_label(shown[files[i]], int(numbers[i]), functions[i])
             line_frame = Frame(one_line(label), str(files[i]), int(numbers[i]))
             yield Event(labels[thread], True, line_frame, start)
             stack.append((end, line_frame, site))

@@ -173,8 +173,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                                alpha=alpha,
                       normalize=normalize, speed=speed)
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
-    unjudged = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0)) != 1.0
-    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged)
+    unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
+    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0)
     if busier:
         shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
         warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
@@ -193,7 +193,6 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         "of their ratios; processes of one program differ that much here): from one run a side, "
                         f"changes under {scatter_floor:.0%} cannot be told from that and are not judged "
                         "(compare several runs a side for finer verdicts)")
-    unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
     if unjudged_shift != 1.0:
         warnings.append(f"the whole run moved alike by {unjudged_shift - 1:+.1%} (every key), which the machines' "
                         f"own timing does not explain: separate processes of one program differ by that much on a "

@@ -337,7 +337,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     delta, ratio = _change(base_median, new_median, both)
     delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus
     ranked = both & (n_base >= MIN_RANK_SAMPLES) & (n_new >= MIN_RANK_SAMPLES)
-    shift = common_shift(merged[col.LEVEL].to_numpy(dtype=object), ratio, ranked)
+    levels = merged[col.LEVEL].to_numpy(dtype=object)
+    shift = common_shift(levels, ratio, ranked)
     factor = shift if normalize else speed
     adjusted_delta, adjusted_ratio = _change(base_median, new_median / factor, both)
     adjusted_delta = np.where(both, adjusted_delta, delta)
@@ -372,9 +373,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     significant = (tested & (q_values <= alpha)) | (overlap & apart)
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
              & (np.abs(adjusted_delta) >= min_delta_ns))
-    levels = merged[col.LEVEL].to_numpy(dtype=object)
-    scatter = key_scatter(levels, ratio, ranked & ~between, base_median, min_delta_ns)
     one_run_a_side = ranked & ~between
+    scatter = key_scatter(levels, ratio, one_run_a_side, base_median, min_delta_ns)
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.log(np.nan_to_num(adjusted_ratio, nan=1.0))
     floor = SCATTER_FACTOR * scatter
@@ -413,8 +413,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
-    note[with_run & both] = (f"moved with the whole run ({run_shift - 1:+.1%}): one run a side cannot tell that from "
-                             "another process of the same program")
+    note[with_run] = (f"moved with the whole run ({run_shift - 1:+.1%}): one run a side cannot tell that from "
+                      "another process of the same program")
     table = pd.DataFrame({
         col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),
         col.KIND: merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object),
@@ -479,6 +479,12 @@ def _change(base_median: np.ndarray, new_median: np.ndarray, both: np.ndarray) -
                 np.where(both & (base_median > 0), new_median / base_median, np.nan))
 
 
+def _below_model(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> np.ndarray:
+    """The tested keys below the model (and input) level with a usable ratio: those a run's
+    common shift and its keys' scatter are read from."""
+    return tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
+
+
 def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> float:
     """The ratio by which the whole new run moved: the median ratio of the keys below the
     model level that were rank-tested (1.0 with fewer than :data:`MIN_SHIFT_KEYS` of them).
@@ -487,7 +493,7 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
     alone however much time those keys take, and a change in most keys looks like the whole
     run moving (which is reported, but is no key's regression).
     """
-    chosen = tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
+    chosen = _below_model(levels, ratio, tested)
     if int(chosen.sum()) < MIN_SHIFT_KEYS:
         return 1.0
     return float(np.exp(np.median(np.log(ratio[chosen]))))
@@ -507,8 +513,7 @@ def key_scatter(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray, base_
     spread alone, so the keys' scatter is the size of those offsets between these two runs; a
     change that moves every key alike leaves it alone too.
     """
-    chosen = (tested & ~np.isin(levels, [Level.MODEL.value, Level.INPUT.value]) & np.isfinite(ratio) & (ratio > 0)
-              & (base_median >= min_delta_ns))
+    chosen = _below_model(levels, ratio, tested) & (base_median >= min_delta_ns)
     if int(chosen.sum()) < MIN_SCATTER_KEYS:
         return 0.0
     logs = np.log(ratio[chosen])

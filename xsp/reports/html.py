@@ -386,14 +386,15 @@ def _shown_numbers(hot: list[int], length: int) -> list[int]:
 def source_section(trace: Trace) -> str:
     """The hottest files of the user's code as annotated source: each line with time gets its
     self time, its share of the step time and a heat colour (the hottest line darkest)."""
-    from xsp.reports.source import file_lines, short_paths
+    from xsp.analysis.lines import relative_files
+    from xsp.reports.source import file_lines
 
     found = analysis.lines(trace)
     if found.empty:
         return ""
     by_file = found.groupby("file", sort=False)["self_ms"].sum().sort_values(ascending=False)
     files = by_file.index[:SOURCE_FILES].tolist()
-    names = short_paths(files)
+    names = relative_files(files)
     hottest = float(found["self_ms"].max()) or 1.0
     parts = [_note(f"The line of your code that made each recorded call, and the time under it (self: not under "
                    f"another line); {min(len(by_file), SOURCE_FILES)} of {len(by_file)} files, the hottest first. "

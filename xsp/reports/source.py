@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import linecache
 import os
-from collections.abc import Sequence
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 """Files larger than this are not read for their text (a generated module, a data file)."""
@@ -34,19 +33,3 @@ def file_lines(file: str) -> list[str] | None:
             return handle.read().splitlines()
     except OSError:
         return None
-
-
-def short_paths(files: Sequence[object]) -> dict[object, str]:
-    """Each file as a reader tells them apart: relative to the folder all of them share (the
-    file name alone when they share their folder)."""
-    real = sorted({f for f in files if isinstance(f, str) and not f.startswith("<")})
-    shown: dict[object, str] = {f: str(f) for f in files}
-    if not real:
-        return shown
-    try:
-        common = os.path.commonpath([os.path.dirname(f) for f in real])
-    except ValueError:  # relative and absolute, or other drives
-        return shown
-    for f in real:
-        shown[f] = os.path.relpath(f, common) if common else f
-    return shown

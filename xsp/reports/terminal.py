@@ -13,12 +13,13 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
+from xsp.analysis.lines import relative_files
 from xsp.core import schema as col
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.reports.advice import recommendation_lines
-from xsp.reports.source import line_text, short_paths
+from xsp.reports.source import line_text
 
 STEPS_SHOWN = 20
 Format = Callable[[object], str]
@@ -304,7 +305,7 @@ def lines_table(trace: Trace, console: Console, top: int) -> None:
                       "than call sites, or an imported trace)", "yellow")
         return
     hottest = found.head(top)
-    paths = short_paths(hottest["file"].tolist())
+    paths = relative_files(hottest["file"].tolist())
     hottest = hottest.assign(
         where=[f"{paths[f]}:{n}" for f, n in zip(hottest["file"], hottest["line"])],
         code=[line_text(f, n) or "" for f, n in zip(hottest["file"], hottest["line"])])
