@@ -37,12 +37,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Final
 
+import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, SpanKind
+from xsp.record.operator_lines import OPERATOR_LINES_VARIABLE, LineChanges, OperatorLines
 from xsp.record.recording import Recording, Window
+from xsp.record.sites import NO_SITE, CallSites
 
 CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"
@@ -159,9 +162,12 @@ def memory_rows(events: Iterable[Any], offset: int, thread: Any) -> list[dict[st
 
 
 def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operators: bool = True,
-                  memory: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+                  memory: bool = False, lines: LineChanges | None = None,
+                  sites: CallSites | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows from PyTorch profiler events (``_KinetoEvent``-like objects), and the clock
-    and thread facts used: the operators, and the memory events when ``memory``."""
+    and thread facts used: the operators, and the memory events when ``memory``. With
+    ``lines`` (and the ``sites`` they index), each operator carries the user's line that issued
+    it (:func:`operator_sites`)."""
     events = list(events)
     allocations = [e for e in events if e.name() == MEMORY_EVENT] if memory else []
     events = [e for e in events if str(e.device_type()).endswith("CPU") and e.name() != MEMORY_EVENT]
@@ -177,6 +183,8 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operat
         return native_of.get(profiler_thread, -profiler_thread)
 
     rows = memory_rows(allocations, offset, thread)
+    first_operator = len(rows)
+    forward_threads: list[int] = []
     for e in events if operators else ():
         name = e.name()
         if name.startswith(SKIPPED_PREFIXES):
@@ -189,8 +197,10 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operat
         dtypes = e.dtypes()
         if any(dtypes):
             attributes["input_dtypes"] = list(dtypes)
-        if sequence >= 0 and e.fwd_thread_id() > 0:
-            attributes["forward_thread_id"] = thread(e.fwd_thread_id())
+        forward_thread = thread(e.fwd_thread_id()) if sequence >= 0 and e.fwd_thread_id() > 0 else 0
+        if forward_thread:
+            attributes["forward_thread_id"] = forward_thread
+        forward_threads.append(forward_thread)
         rows.append({
             col.LEVEL: level.value, col.KIND: kind.value, col.NAME: name,
             col.START_NS: start, col.END_NS: start + max(e.duration_ns(), 0),
@@ -201,7 +211,57 @@ def operator_rows(events: Iterable[Any], brackets: list[tuple[int, int]], operat
         })
     facts = {"profiler_to_host_offset_ns": offset, "uncertainty_ns": uncertainty,
              "threads": {str(k): v for k, v in sorted(native_of.items())}}
-    return (pd.DataFrame(rows) if rows else pd.DataFrame()), facts
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame()
+    if lines is not None and len(rows) > first_operator:
+        from xsp.tracers.module_calls.rows import site_columns
+
+        ops = frame.iloc[first_operator:]
+        ids = np.full(len(frame), NO_SITE, dtype=np.int64)
+        ids[first_operator:] = operator_sites(
+            lines, ops[col.THREAD_ID].to_numpy(dtype=np.int64), ops[col.START_NS].to_numpy(dtype=np.int64),
+            ops[col.END_NS].to_numpy(dtype=np.int64),
+            ops[col.SEQUENCE_NUMBER].to_numpy(dtype=np.float64, na_value=np.nan),
+            np.asarray(forward_threads, dtype=np.int64))
+        frame = frame.assign(**site_columns(sites, ids))
+    return frame, facts
+
+
+def operator_sites(lines: LineChanges, threads: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray,
+                   sequence_numbers: np.ndarray, forward_threads: np.ndarray) -> np.ndarray:
+    """The site of the user's line that issued each operator: the line current on its thread at
+    the middle of its interval (the middle, so that a clock offset smaller than half the
+    operator never moves it to a neighbouring line).
+
+    The backward pass is the forward's, line by line: an operator of autograd's that runs a
+    node (``forward_threads`` > 0: ``AddmmBackward0`` and its ``evaluate_function``) takes the
+    site of the last forward operator on that thread with its sequence number (the one that made
+    the node), and the operators it runs inside take its site, on whichever thread the backward
+    runs (the caller's of ``backward()`` for the CPU, autograd's own for a GPU)."""
+    sites = lines.sites_at(threads, starts_ns + (ends_ns - starts_ns) // 2)
+    backward = forward_threads > 0
+    if not backward.any():
+        return sites
+    numbered = ~np.isnan(sequence_numbers)
+    forward = numbered & ~backward & (sites != NO_SITE)
+    made: dict[tuple[int, int], int] = {}
+    for position in np.flatnonzero(forward)[np.argsort(starts_ns[forward], kind="stable")].tolist():
+        made[(int(threads[position]), int(sequence_numbers[position]))] = int(sites[position])
+    nodes = np.flatnonzero(backward & numbered)
+    for position in nodes.tolist():
+        key = (int(forward_threads[position]), int(sequence_numbers[position]))
+        sites[position] = made.get(key, int(sites[position]))
+    # inside a node's operator: its site (the outermost of nested node operators, which agree)
+    for thread in np.unique(threads[nodes]).tolist():
+        mine = nodes[threads[nodes] == thread]
+        mine = mine[np.argsort(starts_ns[mine], kind="stable")]
+        outer_end = np.maximum.accumulate(ends_ns[mine])
+        keep = np.concatenate([[True], starts_ns[mine][1:] >= outer_end[:-1]])  # not inside an earlier one
+        outer = mine[keep]
+        rows = np.flatnonzero((threads == thread) & ~(backward & numbered))
+        at = np.searchsorted(starts_ns[outer], starts_ns[rows], side="right") - 1
+        inside = (at >= 0) & (ends_ns[rows] <= ends_ns[outer[np.maximum(at, 0)]])
+        sites[rows[inside]] = sites[outer[at[inside]]]
+    return sites
 
 
 THREAD_ROLES: Final = (("gloo:", "gloo worker"), ("nccl:", "NCCL"), ("autograd::engine", "autograd engine"),
@@ -254,6 +314,8 @@ class OperatorTracer:
         self._brackets: list[tuple[int, int]] = []
         self._events: list[Any] = []
         self._facts: dict[str, Any] = {}
+        self._lines: OperatorLines | None = None
+        self._line_changes: LineChanges | None = None
 
     def available(self) -> str | None:
         return profiler_conflict()
@@ -282,11 +344,27 @@ class OperatorTracer:
         mark_thread()
         _, self._brackets = measure_profiler_offset()
         recording.on_new_thread.append(mark_thread)
+        if self.records_operators:
+            self._follow_lines(recording)
+
+    def _follow_lines(self, recording: Recording) -> None:
+        """Follow the user's lines for the operators (what it costs: docs/overhead.md); where it
+        cannot, say why once, and operators take the line of the call they ran under."""
+        lines = OperatorLines(recording.sites, on_thread=mark_thread)
+        why = lines.start()
+        if why is None:
+            self._lines = lines
+        elif recording.sites.enabled and not why.startswith(OPERATOR_LINES_VARIABLE):
+            recording.notes.append(f"operators carry no line of their own: {why}; each takes the line of "
+                                   "the model or layer call it ran under")
 
     def stop(self) -> None:
         profiler, self._profiler = self._profiler, None
         if self._recording is not None and mark_thread in self._recording.on_new_thread:
             self._recording.on_new_thread.remove(mark_thread)
+        if self._lines is not None:
+            self._lines.stop()
+            self._line_changes, self._lines = self._lines.take(), None
         if profiler is None:
             return
         try:
@@ -303,8 +381,17 @@ class OperatorTracer:
         if not window.final:  # the profiler's events are read when it stops
             return pd.DataFrame()
         events, self._events = self._events, []
+        changes, self._line_changes = self._line_changes, None
         rows, self._facts = operator_rows(events, self._brackets, operators=self.records_operators,
-                                          memory=self._memory)
+                                          memory=self._memory, lines=changes,
+                                          sites=None if self._recording is None else self._recording.sites)
+        if changes is not None and self._recording is not None:
+            if changes.dropped:
+                self._recording.dropped["operator line changes"] += changes.dropped
+            if changes.refused:
+                self._recording.notes.append(
+                    f"{changes.refused} thread(s) had a trace function of another tool (a debugger or coverage): "
+                    "their operators take the line of the call they ran under")
         if self._recording is not None and len(rows):
             for thread, name in unmarked_thread_names(rows).items():
                 self._recording.ended_threads.setdefault(thread, name)

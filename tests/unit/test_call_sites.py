@@ -335,3 +335,18 @@ def test_call_sites_can_be_switched_off(user, monkeypatch, c):
     model, x = user.Net(), torch.randn(2, 4)
     spans = _trace(lambda: user.with_span(model, x), c, monkeypatch)
     assert len(spans) and spans[col.CALL_LINE].isna().all()
+
+
+def test_code_that_torch_compile_made_is_a_librarys(tmp_path):
+    import torch._dynamo.utils as dynamo_utils
+
+    sites = CallSites()
+    resume = compile("x = 1", str(tmp_path / "train.py"), "exec").replace(co_name="torch_dynamo_resume_in_f_at_3")
+    assert sites.is_library(resume)
+    rewritten = compile("y = 2", str(tmp_path / "train.py"), "exec")
+    original = compile("y = 2", str(tmp_path / "train.py"), "exec")
+    assert not CallSites().is_library(rewritten)
+    dynamo_utils.orig_code_map[rewritten] = original
+    assert CallSites().is_library(rewritten) and not CallSites().is_library(original)
+    generated = compile("z = 3", os.path.join(_sites.default_inductor_folder(), "ab", "cab.py"), "exec")
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") or sites.is_library(generated)
