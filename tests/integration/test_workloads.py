@@ -286,3 +286,34 @@ def test_reentrant_checkpointing_is_told_as_the_other_kind(tmp_path):
     # the reentrant implementation runs a backward pass of its own per block: part of the step's one
     assert model_spans(trace, SpanKind.BACKWARD).groupby(col.STEP).size().tolist() == [1] * 4
     assert_whole_story(trace)
+
+
+OPERATOR_LINE_WORKLOADS = ("mnist_train", "lbfgs_closure", "threaded_server", "compile_inference", "jit_script",
+                           "checkpointing", "accumulate_dataloader", "two_models")
+"""Patterns whose operators come from the user's lines in different ways: a training loop, a
+closure optimizer, threads, compiled and scripted code, recomputation, a DataLoader."""
+
+
+@pytest.mark.parametrize("name", OPERATOR_LINE_WORKLOADS)
+def test_operators_carry_lines_of_the_users_code_under_xsp_run(tmp_path, runs, name):
+    """At the operator level: the program is unchanged, every operator that ran on a thread of
+    the user's Python has a line, and every line is a line of code in the user's files."""
+    plain, _, _ = runs(name)
+    script = str(WORKLOADS / f"{name}.py")
+    profiled = run("-m", "xsp", "run", "--levels", "model,layer,operator", "-o", "ops.xsp.parquet", "--", script,
+                   "--steps", str(STEPS[name]), cwd=tmp_path)
+    assert profiled.returncode == plain.returncode, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert "carry no line" not in profiled.stderr
+    trace = xsp.load(tmp_path / "ops.xsp.parquet")
+    spans = trace.spans
+    ops = spans[spans[col.LEVEL] == "operator"]
+    python_threads = spans.loc[spans[col.LEVEL] != "operator", col.THREAD_ID].dropna().unique()
+    mine = ops[ops[col.THREAD_ID].isin(python_threads)]
+    assert len(mine) and mine[col.CALL_LINE].notna().mean() >= 0.95, (name, mine[mine[col.CALL_LINE].isna()][col.NAME]
+                                                                      .value_counts().head())
+    located = ops.dropna(subset=[col.CALL_FILE, col.CALL_LINE])
+    for file, line in set(zip(located[col.CALL_FILE], located[col.CALL_LINE].astype(int))):
+        assert "site-packages" not in file and "/torch/" not in file, (name, file)
+        text = Path(file).read_text().splitlines()
+        assert 1 <= line <= len(text) and text[line - 1].strip(), (name, file, line)

@@ -180,6 +180,28 @@ def test_kernels_take_the_line_of_their_launch():
     assert found.loc[12, "self_ms"] == pytest.approx(80 / 1e6)  # the launch is host time of the layer's line
 
 
+def test_kernels_take_the_line_of_the_operator_that_launched_them():
+    """With the operator level, an operator has the line inside forward that issued it: the
+    kernel its launch starts is that line's, not the layer's call line."""
+    spans = pd.DataFrame({
+        col.SPAN_ID: [1, 2, 3, 4, 5], col.PARENT_ID: [None, 1, 2, 3, 4],
+        col.NAME: ["model", "model.block", "aten::mm", "cudaLaunchKernel", "gemm"],
+        col.LEVEL: ["model", "layer", "operator", "cuda_api", "kernel"],
+        col.KIND: ["predict", "forward", "operator", "runtime", "kernel"],
+        col.START_NS: [0, 10, 15, 20, 40], col.END_NS: [100, 90, 35, 30, 70], col.THREAD_ID: [1, 1, 1, 1, None],
+        col.STEP: [0, 0, 0, 0, 0], col.CALL_FILE: ["/a/train.py", "/a/net.py", "/a/net.py", None, None],
+        col.CALL_LINE: [5, 12, 31, None, None], col.CALL_FUNCTION: ["main", "Net.forward", "Block.forward", None, None],
+        col.CORRELATION_ID: [None, None, None, 7, 7]})
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    trace = xsp.Trace(spans.astype({col.PARENT_ID: "Int64", col.THREAD_ID: "Int64", col.CALL_LINE: "Int64",
+                                    col.CORRELATION_ID: "Int64"}))
+    found = lines(trace).set_index("line")
+    assert found.loc[31, "kernel_ms"] == pytest.approx(30 / 1e6)
+    assert found.loc[12, "kernel_ms"] == 0 and found.loc[5, "kernel_ms"] == 0
+    assert found.loc[31, "self_ms"] == pytest.approx(20 / 1e6)  # the operator, its launch included
+    assert found.loc[12, "self_ms"] == pytest.approx(60 / 1e6)
+
+
 def test_a_trace_without_lines_has_none(user):
     with xsp.trace(levels="model", output=None) as session:
         user.run(user.Net(0.0), 1)
