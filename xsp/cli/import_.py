@@ -1,4 +1,5 @@
-"""``xsp import``: convert a PyTorch profiler (Kineto) trace into a ``.xsp.parquet`` file."""
+"""``xsp import``: convert a PyTorch profiler (Kineto) trace or an Nsight Systems SQLite export
+into a ``.xsp.parquet`` file."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from xsp.core.schema import FILE_SUFFIX
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("import", help="convert a PyTorch profiler trace to .xsp.parquet",
-                                 description="Read a PyTorch profiler (Kineto) Chrome trace (.json or .json.gz), "
-                                             "rebuild its tree and write it as an xsp trace.")
-    parser.add_argument("trace", help="a Kineto trace: .json or .json.gz")
+    parser = commands.add_parser("import", help="convert a PyTorch profiler trace or an Nsight Systems export "
+                                                "to .xsp.parquet",
+                                 description="Read a PyTorch profiler (Kineto) Chrome trace (.json or .json.gz) or an "
+                                             "Nsight Systems SQLite export (nsys export --type sqlite), rebuild its "
+                                             "tree and write it as an xsp trace.")
+    parser.add_argument("trace", help="a Kineto trace (.json, .json.gz) or an Nsight Systems export (.sqlite)")
     parser.add_argument("-o", "--output", default=None,
                         help=f"file to write (default: the trace's name with {FILE_SUFFIX})")
     parser.set_defaults(handler=run)
@@ -22,15 +25,23 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
-    from xsp.io.kineto import load_kineto  # the importer, only for this command
+    from xsp.io.kineto import load_kineto  # the importers, only for this command
     from xsp.io.kineto_json import is_kineto_path
+    from xsp.io.nsys import is_nsys_path, load_nsys
 
-    if not is_kineto_path(source):
-        raise CliError(f"{source} is not a Kineto trace name (expected .json or .json.gz)")
+    if is_kineto_path(source):
+        load = load_kineto
+    elif is_nsys_path(source):
+        load = load_nsys
+    elif source.exists():
+        raise CliError(f"{source} is neither a Kineto trace (.json, .json.gz) nor an SQLite file (an Nsight "
+                       "Systems export)")
+    else:
+        raise CliError(f"no such trace file: {source}")
     output = source.with_name(source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
     check_output(str(output), str(source))
     with progress(f"reading {source}") as say:
-        trace = load_kineto(source)
+        trace = load(source)
         say(f"writing {output}")
         trace.save(output)
     hierarchy = trace.metadata["hierarchy"]

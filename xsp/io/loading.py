@@ -1,4 +1,5 @@
-"""``xsp.load``: a trace from any file xsp reads (its own, or a PyTorch profiler trace), or the
+"""``xsp.load``: a trace from any file xsp reads (its own, a PyTorch profiler trace, an Nsight
+Systems export), or the
 files of every rank of a distributed job as one trace."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ PathArg = str | os.PathLike[str]
 
 
 def load(path: PathArg | Sequence[PathArg]) -> Trace:
-    """Read a trace: xsp's ``.xsp.parquet``, or a PyTorch profiler (Kineto) ``.json``/``.json.gz``.
+    """Read a trace: xsp's ``.xsp.parquet``, a PyTorch profiler (Kineto) ``.json``/``.json.gz``, or
+    an Nsight Systems SQLite export (``nsys export --type sqlite``).
 
     A distributed job writes one file per rank beside the name it was given
     (``ddp.rank0.xsp.parquet``, ...): loading that name (``ddp.xsp.parquet``), a folder of
@@ -56,12 +58,15 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
 
 
 def _one(path: PathArg) -> Trace:
-    from xsp.io.kineto import load_kineto  # the importer, only when asked for
+    from xsp.io.kineto import load_kineto  # the importers, only when asked for
     from xsp.io.kineto_json import is_kineto_path
+    from xsp.io.nsys import is_nsys_path, load_nsys
 
     try:
         if is_kineto_path(path):
             return _with_rank(load_kineto(path))
+        if is_nsys_path(path):
+            return _with_rank(load_nsys(path))
         if not os.path.lexists(path):
             unfinished = load_unfinished(path)
             if unfinished is not None:

@@ -151,7 +151,9 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     hit = found >= 0
     step_of[below_model[hit]] = step_of[found[hit]]
     trace_of[below_model[hit]] = trace_of[found[hit]]
-    for root in below_model[~hit].tolist():
+    # without a step anywhere (an import of a trace with none), no root below the model level
+    # can be placed in one: skip the loop, one lookup a root
+    for root in (below_model[~hit] if len(step_roots) or state.latest_step else below_model[:0]).tolist():
         prior = state.latest_step.get(int(threads[root]))
         if prior is not None and prior[0] <= starts[root]:
             step_of[root], trace_of[root] = prior[1], traces.code(prior[2])

@@ -1,0 +1,230 @@
+"""Nsight Systems SQLite exports into the span table (xsp/io/nsys.py): the real export in
+../shared/traces/nsys, and exports made here from the same tables."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import xsp
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError
+from xsp.io.nsys import NVTX_DOMAIN_CREATE, NVTX_NAME_THREAD, NVTX_PUSH_POP, NVTX_START_END, is_nsys_path, load_nsys
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "nsys" / "saxpy_mpi_cuda_rank0.sqlite"
+needs_shared = pytest.mark.skipif(not SHARED.is_file(), reason="../shared/traces (the real traces) is not here")
+
+PID, TID = 4242, 4243
+GLOBAL_TID = (PID << 24) | TID
+GLOBAL_PID = PID << 24
+EPOCH_NS = 1_700_000_000_000_000_000
+
+SCHEMA = {
+    "EXPORT_META_DATA": "name TEXT, value TEXT",
+    "StringIds": "id INTEGER PRIMARY KEY, value TEXT",
+    "NVTX_EVENTS": "start INT, end INT, eventType INT, rangeId INT, category INT, color INT, text TEXT, "
+                   "globalTid INT, endGlobalTid INT, textId INT, domainId INT",
+    "CUPTI_ACTIVITY_KIND_RUNTIME": "start INT, end INT, eventClass INT, globalTid INT, correlationId INT, "
+                                   "nameId INT, returnValue INT, callchainId INT",
+    "CUPTI_ACTIVITY_KIND_KERNEL": "start INT, end INT, deviceId INT, contextId INT, streamId INT, correlationId INT, "
+                                  "globalPid INT, demangledName INT, shortName INT, registersPerThread INT, "
+                                  "gridX INT, gridY INT, gridZ INT, blockX INT, blockY INT, blockZ INT, "
+                                  "staticSharedMemory INT, dynamicSharedMemory INT",
+    "CUPTI_ACTIVITY_KIND_MEMCPY": "start INT, end INT, deviceId INT, contextId INT, streamId INT, correlationId INT, "
+                                  "globalPid INT, bytes INT, copyKind INT, srcKind INT, dstKind INT",
+    "CUPTI_ACTIVITY_KIND_MEMSET": "start INT, end INT, deviceId INT, contextId INT, streamId INT, correlationId INT, "
+                                  "globalPid INT, value INT, bytes INT",
+    "ThreadNames": "nameId INT, priority INT, globalTid INT",
+    "TARGET_INFO_GPU": "id INT, name TEXT",
+    "TARGET_INFO_SESSION_START_TIME": "utcEpochNs INT, utcTime TEXT, localTime TEXT",
+    "TARGET_INFO_SYSTEM_ENV": "globalVid INT, devStateName TEXT, name TEXT, nameEnum INT, value TEXT",
+}
+
+
+def make_export(path: Path, schema_version: str = "2.9.1", rank: str | None = "3",
+                drop_column: tuple[str, str] | None = None) -> Path:
+    """An export with one training-like step: an NVTX ``step`` range (push/pop) holding a
+    ``forward`` range, a launch and its kernel, a copy and a set; a start/end range on the side."""
+    connection = sqlite3.connect(path)
+    for table, columns in SCHEMA.items():
+        connection.execute(f"create table {table} ({columns})")
+    major, minor, micro = schema_version.split(".")
+    connection.executemany("insert into EXPORT_META_DATA values (?, ?)", [
+        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", "2024.1.1"),
+        ("EXPORT_SCHEMA_VERSION", schema_version), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
+        ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro)])
+    strings = {1: "cudaLaunchKernel_v7000", 2: "void gemm<float>(float*, int)", 3: "gemm", 4: "cudaMemcpyAsync_v3020",
+               5: "cudaMemsetAsync_v3020", 6: "python3", 7: "cuCtxSynchronize", 8: "forward"}
+    connection.executemany("insert into StringIds values (?, ?)", list(strings.items()))
+    connection.executemany("insert into NVTX_EVENTS values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+        (10, None, NVTX_DOMAIN_CREATE, None, None, None, "training", GLOBAL_TID, None, None, 7),
+        (11, None, NVTX_NAME_THREAD, None, None, None, "trainer", GLOBAL_TID, None, None, 0),
+        (1_000, 9_000, NVTX_PUSH_POP, None, None, None, "step", GLOBAL_TID, None, None, 7),
+        (1_100, 5_000, NVTX_PUSH_POP, None, None, None, None, GLOBAL_TID, None, 8, 7),
+        (20_000, 21_000, NVTX_START_END, 1, None, None, "checkpoint", GLOBAL_TID, GLOBAL_TID, None, 0),
+    ])
+    connection.executemany("insert into CUPTI_ACTIVITY_KIND_RUNTIME values (?, ?, ?, ?, ?, ?, ?, ?)", [
+        (1_200, 1_300, 0, GLOBAL_TID, 100, 1, 0, None),
+        (1_190, 1_310, 67, GLOBAL_TID, 100, 1, 0, 5),  # the same call again, with its backtrace
+        (5_100, 5_200, 0, GLOBAL_TID, 101, 4, 0, None),
+        (5_300, 5_400, 0, GLOBAL_TID, 102, 5, 0, None),
+        (8_000, 8_500, 1, GLOBAL_TID, 103, 7, 0, None),
+    ])
+    connection.execute("insert into CUPTI_ACTIVITY_KIND_KERNEL values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                       "?, ?)", (1_400, 4_400, 0, 1, 7, 100, GLOBAL_PID, 2, 3, 32, 128, 1, 1, 256, 1, 1, 1024, 2048))
+    connection.execute("insert into CUPTI_ACTIVITY_KIND_MEMCPY values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (5_150, 5_900, 0, 1, 7, 101, GLOBAL_PID, 4096, 1, 1, 2))
+    connection.execute("insert into CUPTI_ACTIVITY_KIND_MEMSET values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (5_950, 6_000, 0, 1, 7, 102, GLOBAL_PID, 0, 512))
+    connection.execute("insert into ThreadNames values (?, ?, ?)", (6, 0, GLOBAL_TID))
+    connection.execute("insert into TARGET_INFO_GPU values (?, ?)", (0, "NVIDIA H100 80GB HBM3"))
+    connection.execute("insert into TARGET_INFO_SESSION_START_TIME values (?, ?, ?)", (EPOCH_NS, "", ""))
+    if rank is not None:
+        connection.execute("insert into TARGET_INFO_SYSTEM_ENV values (?, ?, ?, ?, ?)", (0, "", "RANK", 0, rank))
+    if drop_column:
+        connection.execute(f"alter table {drop_column[0]} drop column {drop_column[1]}")
+    connection.commit()
+    connection.close()
+    return path
+
+
+def by_name(trace: xsp.Trace) -> dict[str, pd.Series]:
+    return {name: row for name, row in zip(trace.spans[col.NAME], trace.spans.to_dict("records"))}
+
+
+def test_an_export_becomes_the_span_tree(tmp_path):
+    trace = xsp.load(make_export(tmp_path / "report.sqlite"))
+    spans = trace.spans
+    rows = by_name(trace)
+    assert len(spans) == 10  # the repeated call is one span
+    assert trace.metadata["nsys"]["not_imported"] == {
+        "CUPTI_ACTIVITY_KIND_RUNTIME rows repeating a call (its backtrace's)": 1}
+    ids = dict(zip(spans[col.NAME], spans[col.SPAN_ID]))
+    # NVTX ranges: model-level spans nested by their intervals, named by text or string id
+    assert rows["step"][col.LEVEL] == "model" and rows["step"][col.KIND] == "user"
+    assert rows["forward"][col.PARENT_ID] == ids["step"]
+    assert json.loads(rows["forward"][col.ATTRIBUTES]) == {"nvtx.domain": "training"}
+    assert pd.isna(rows["checkpoint"][col.ATTRIBUTES])  # the default domain
+    # the launch inside forward, its kernel under it by correlation id
+    assert rows["cudaLaunchKernel"][col.PARENT_ID] == ids["forward"]
+    assert rows["cudaLaunchKernel"][col.START_NS] == EPOCH_NS + 1_200  # the call, not its backtrace's
+    kernel = rows["void gemm<float>(float*, int)"]
+    assert kernel[col.PARENT_ID] == ids["cudaLaunchKernel"] and kernel[col.LEVEL] == "kernel"
+    assert kernel[col.GRID] == "[128,1,1]" and kernel[col.BLOCK] == "[256,1,1]"
+    assert kernel[col.REGISTERS_PER_THREAD] == 32 and kernel[col.SHARED_MEMORY_BYTES] == 3072
+    assert kernel[col.DEVICE_ID] == 0 and kernel[col.STREAM_ID] == 7 and pd.isna(kernel[col.THREAD_ID])
+    copy = rows["Memcpy HtoD (Pinned -> Device)"]
+    assert copy[col.COPY_KIND] == "HtoD" and copy[col.BYTES] == 4096
+    assert copy[col.PARENT_ID] == ids["cudaMemcpyAsync"]
+    assert rows["Memset"][col.BYTES] == 512 and rows["Memset"][col.PARENT_ID] == ids["cudaMemsetAsync"]
+    assert rows["cuCtxSynchronize"][col.KIND] == "driver"
+    # threads, the GPU, the rank
+    assert rows["step"][col.THREAD_ID] == TID
+    assert trace.metadata["threads"] == {str(TID): "python3"}
+    assert trace.metadata["device"] == "NVIDIA H100 80GB HBM3"
+    assert trace.metadata["rank"] == 3 and trace.metadata["distributed"] == {"rank": 3}
+    assert trace.metadata["hierarchy"]["launched"] == 3
+    assert trace.metadata["nsys"]["schema_version"] == "2.9.1"
+
+
+def test_the_analyses_and_a_round_trip_work_on_an_import(tmp_path):
+    trace = xsp.load(make_export(tmp_path / "report.sqlite", rank=None))
+    assert trace.metadata["rank"] is None
+    assert xsp.analysis.kernels_by_name(trace)["name"].tolist() == ["void gemm<float>(float*, int)"]
+    trace.save(tmp_path / "report.xsp.parquet")
+    again = xsp.load(tmp_path / "report.xsp.parquet")
+    pd.testing.assert_frame_equal(again.spans.reset_index(drop=True), trace.spans.reset_index(drop=True),
+                                  check_dtype=False)
+
+
+@pytest.mark.parametrize("schema_version", ["1.9.0", "9.0.0"])
+def test_an_export_of_an_unknown_schema_is_one_clear_error(tmp_path, schema_version):
+    with pytest.raises(TraceFormatError, match=f"schema {schema_version} is not one xsp reads"):
+        load_nsys(make_export(tmp_path / "report.sqlite", schema_version=schema_version))
+
+
+def test_a_table_without_a_column_xsp_reads_is_one_clear_error(tmp_path):
+    path = make_export(tmp_path / "report.sqlite", drop_column=("CUPTI_ACTIVITY_KIND_KERNEL", "correlationId"))
+    with pytest.raises(TraceFormatError, match="CUPTI_ACTIVITY_KIND_KERNEL .* lacks correlationId"):
+        load_nsys(path)
+
+
+def test_files_that_are_no_export_are_one_clear_error(tmp_path):
+    other = tmp_path / "other.sqlite"
+    connection = sqlite3.connect(other)
+    connection.execute("create table t (x INT)")
+    connection.commit()
+    connection.close()
+    with pytest.raises(TraceFormatError, match="no Nsight Systems export"):
+        xsp.load(other)
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"SQLite format 3\x00" + b"\x07" * 500)
+    assert is_nsys_path(corrupt)
+    with pytest.raises(TraceFormatError):
+        xsp.load(corrupt)
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(make_export(tmp_path / "whole.sqlite").read_bytes()[:3000])
+    with pytest.raises(TraceFormatError):
+        xsp.load(truncated)
+
+
+@pytest.mark.parametrize("name", ["corrupt", "missing", "text"])
+def test_the_cli_says_one_line_for_a_bad_export(tmp_path, name):
+    path = tmp_path / f"{name}.sqlite"
+    if name == "corrupt":
+        path.write_bytes(b"SQLite format 3\x00" + b"\x07" * 500)
+    elif name == "text":
+        path.write_text("not a database\n")
+    finished = subprocess.run([sys.executable, "-m", "xsp", "import", str(path)], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+    assert finished.returncode != 0
+    assert "Traceback" not in finished.stderr
+    assert len([line for line in finished.stderr.splitlines() if line.strip()]) == 1, finished.stderr
+
+
+def test_xsp_import_writes_the_trace(tmp_path):
+    source = make_export(tmp_path / "report.sqlite")
+    finished = subprocess.run([sys.executable, "-m", "xsp", "import", str(source)], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert "3 of 3 GPU activities linked to their launch" in finished.stderr
+    assert len(xsp.load(tmp_path / "report.xsp.parquet").spans) == 10
+
+
+@needs_shared
+def test_the_real_export_of_an_mpi_job():
+    trace = xsp.load(SHARED)
+    spans = trace.spans
+    assert spans[col.LEVEL].value_counts().to_dict() == {"cuda_api": 57, "model": 22, "kernel": 20}
+    hierarchy = trace.metadata["hierarchy"]
+    assert hierarchy["launched"] == hierarchy["gpu_activities"] == 20
+    assert trace.metadata["nsys"]["schema_version"] == "2.9.1"
+    assert trace.metadata["device"] == "NVIDIA A100-SXM4-40GB"
+    assert trace.metadata["rank"] == 0  # its NVTX thread name, "MPI Rank 0"
+    names = set(spans[col.NAME])
+    assert {"MPI_Init", "MPI_Send", "MPI_Recv", "saxpy", "cudaLaunchKernel", "cudaMemcpy"} <= names
+    assert not any(name.endswith(("_v7000", "_v3020")) for name in names)
+    mpi = spans[spans[col.NAME] == "MPI_Send"]
+    assert all(json.loads(text) == {"nvtx.domain": "MPI"} for text in mpi[col.ATTRIBUTES].tolist())
+    kernels = xsp.analysis.kernels_by_name(trace)
+    assert kernels["name"].tolist() == ["saxpy(double *, double *, double *, double, int)"]
+    assert int(kernels["count"].iloc[0]) == 5
+    copies = spans[spans[col.KIND] == "memcpy"]
+    assert sorted(copies[col.COPY_KIND].value_counts().to_dict().items()) == [("DtoH", 5), ("HtoD", 10)]
+    assert (spans[col.START_NS] > 1_687_000_000 * 10**9).all()  # epoch ns: June 2023
+
+
+@needs_shared
+def test_the_real_export_reports_recommends_and_diffs_from_the_cli(tmp_path):
+    for command in (["report", str(SHARED)], ["recommend", str(SHARED)], ["diff", str(SHARED), str(SHARED)]):
+        finished = subprocess.run([sys.executable, "-m", "xsp", *command], capture_output=True, text=True,
+                                  cwd=tmp_path, timeout=300)
+        assert finished.returncode == 0, (command, finished.stderr)
+        assert "Traceback" not in finished.stderr
+        assert all(len(line) <= 80 for line in finished.stdout.splitlines()), command

@@ -1,0 +1,436 @@
+"""Importing Nsight Systems SQLite exports (``nsys export --type sqlite``) into the span table.
+
+Mapping:
+
+==================================  =========  ==========  ======================================
+Nsight Systems table                level      kind        notes
+==================================  =========  ==========  ======================================
+``NVTX_EVENTS`` push/pop, start/end  model      user        the range's text; its domain in
+                                                           ``attributes`` (``nvtx.domain``)
+``CUPTI_ACTIVITY_KIND_RUNTIME``     cuda_api   runtime     name without its ``_v7000`` suffix,
+                                                           correlation id
+``CUPTI_ACTIVITY_KIND_DRIVER``      cuda_api   driver      as the runtime's
+``CUPTI_ACTIVITY_KIND_KERNEL``      kernel     kernel      demangled name, device, stream, grid,
+                                                           block, registers, shared memory
+``CUPTI_ACTIVITY_KIND_MEMCPY``      kernel     memcpy      bytes, copy kind (``HtoD``...)
+``CUPTI_ACTIVITY_KIND_MEMSET``      kernel     memset      bytes
+==================================  =========  ==========  ======================================
+
+Times are nanoseconds from the session's start (``TARGET_INFO_SESSION_START_TIME``), made epoch
+nanoseconds. A host row's thread is the OS thread id of its ``globalTid`` (which packs the process
+id in bits 24-47 and the thread id in bits 0-23); the threads are named from ``ThreadNames`` (and
+NVTX's ``nvtxNameOsThread``), the GPU from ``TARGET_INFO_GPU``, the rank from the job's
+environment (``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``) or an NVTX thread
+name ``MPI Rank N``. A GPU activity is linked to its launch by ``correlationId``, and the tree is
+rebuilt by inclusion as for every other source. The export's schema version
+(``EXPORT_META_DATA``) and the columns each table has are checked first: an export xsp cannot
+read is one clear error, never a wrong table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp._version import __version__
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.schema import Level, SpanKind
+from xsp.io.trace import Trace
+from xsp.table.build import build_table, new_step_state
+
+SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+PRODUCT: Final = "NVIDIA Nsight Systems"
+KNOWN_SCHEMA_MAJORS: Final = (2, 3)
+"""Export schema majors read: 2 (Nsight Systems 2021-2023.1) and 3 (2023.2 on), whose tables and
+columns used here are the same; each table's columns are checked all the same."""
+
+NVTX_PUSH_POP: Final = 59
+NVTX_START_END: Final = 60
+NVTX_DOMAIN_CREATE: Final = 75
+NVTX_NAME_THREAD: Final = 39
+DRIVER_EVENT_CLASS: Final = 1
+"""``eventClass`` of a CUDA driver call (Nsight Systems' ``TRACE_PROCESS_EVENT_CUDA_DRIVER``)."""
+"""``NVTX_EVENTS.eventType`` codes (Nsight Systems' ``ENUM_NSYS_EVENT_TYPE``)."""
+
+COPY_KINDS: Final = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+                     9: "HtoH", 10: "PtoP"}
+"""CUPTI's ``CUpti_ActivityMemcpyKind``, named as PyTorch's profiler names copies."""
+MEMORY_KINDS: Final = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+                       6: "Managed Static"}
+"""Nsight Systems' ``ENUM_CUDA_MEM_KIND`` (``srcKind``, ``dstKind``; 7 and others: unknown)."""
+
+RANK_VARIABLES: Final = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
+MPI_RANK_THREAD: Final = re.compile(r"MPI Rank (\d+)$")
+API_VERSION_SUFFIX: Final = re.compile(r"_v\d+$")
+
+REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "NVTX_EVENTS": ("start", "end", "eventType", "text", "textId", "globalTid", "domainId"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
+    "CUPTI_ACTIVITY_KIND_DRIVER": ("start", "end", "globalTid", "correlationId", "nameId"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
+                                   "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
+                                   "staticSharedMemory", "dynamicSharedMemory"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind",
+                                   "srcKind", "dstKind"),
+    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
+    "StringIds": ("id", "value"),
+}
+"""The columns xsp reads from each table it reads (any table may be absent: nothing recorded there)."""
+
+
+def is_nsys_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an SQLite file (by its first bytes): an Nsight Systems export or not,
+    :func:`load_nsys` says."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _connect(source: Path) -> sqlite3.Connection:
+    try:
+        connection = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+        # names as recorded, with bytes that are not UTF-8 (an odd thread or file name) replaced
+        connection.text_factory = lambda raw: raw.decode("utf-8", "replace")
+        connection.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(f"{source} is not an SQLite database xsp can read: {exc}") from None
+    return connection
+
+
+def _tables(connection: sqlite3.Connection) -> set[str]:
+    return {name for (name,) in connection.execute("select name from sqlite_master where type in ('table', 'view')")}
+
+
+def _columns(connection: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in connection.execute(f"pragma table_info([{table}])")}
+
+
+def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]:
+    """``EXPORT_META_DATA`` as a dict, after checking that this is an Nsight Systems export of a
+    schema xsp reads, whose tables have the columns xsp reads."""
+    tables = _tables(connection)
+    if "EXPORT_META_DATA" not in tables:
+        raise TraceFormatError(f"{source} is an SQLite file but no Nsight Systems export (no EXPORT_META_DATA table)")
+    facts = {str(name): str(value) for name, value in connection.execute("select name, value from EXPORT_META_DATA")}
+    if facts.get("EXPORT_PRODUCT_NAME", PRODUCT) != PRODUCT:
+        raise TraceFormatError(f"{source} was exported by {facts['EXPORT_PRODUCT_NAME']}, not {PRODUCT}")
+    version = facts.get("EXPORT_SCHEMA_VERSION", "")
+    major = facts.get("EXPORT_SCHEMA_VERSION_MAJOR") or version.split(".")[0]
+    if not major.isdigit() or int(major) not in KNOWN_SCHEMA_MAJORS:
+        raise TraceFormatError(
+            f"{source}: Nsight Systems export schema {version or 'unknown'} is not one xsp reads "
+            f"(it reads {', '.join(f'{m}.x' for m in KNOWN_SCHEMA_MAJORS)}); export it with a release that writes one")
+    for table, needed in REQUIRED_COLUMNS.items():
+        if table in tables:
+            missing = sorted(set(needed) - _columns(connection, table))
+            if missing:
+                raise TraceFormatError(f"{source}: table {table} of export schema {version} lacks "
+                                       f"{', '.join(missing)}: not an export xsp can read")
+    return facts
+
+
+def _frame(connection: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Numeric ``columns`` of ``table`` as float64 columns (NaN where null): one array of all the
+    rows, made by numpy from SQLite's tuples, not a Python object a value. Exact for what is read
+    here (times from the session's start, ids, sizes: all below 2**53)."""
+    rows = connection.execute(f"select {', '.join(columns)} from {table}").fetchall()
+    data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
+    return pd.DataFrame(data, columns=list(columns), copy=False)
+
+
+def _ints(values: pd.Series) -> np.ndarray:
+    return values.to_numpy(dtype=np.int64)
+
+
+def _nullable(values: pd.Series) -> pd.arrays.IntegerArray:
+    floats = values.to_numpy(dtype=np.float64)
+    missing = np.isnan(floats)
+    return pd.arrays.IntegerArray(np.where(missing, 0, floats).astype(np.int64), missing)
+
+
+def _per_distinct(keys: np.ndarray, make: Any) -> np.ndarray:
+    """``make(*key)`` for each row's key (the rows of integer ``keys``), made once per distinct key."""
+    count = len(keys)
+    if not count:
+        return np.empty(0, dtype=object)
+    combined = np.zeros(count, dtype=np.int64)
+    for column in keys.T:  # each column's codes (a hash each), folded into one code a row
+        codes, uniques = pd.factorize(column)
+        combined = combined * len(uniques) + codes
+    codes, distinct = pd.factorize(combined)
+    first = np.empty(len(distinct), dtype=np.int64)
+    first[codes[::-1]] = np.arange(count - 1, -1, -1)  # each distinct key's first row
+    texts = np.array([make(*row) for row in keys[first].tolist()], dtype=object)
+    return texts[codes]
+
+
+def _strings(connection: sqlite3.Connection, tables: set[str]) -> dict[int, str]:
+    if "StringIds" not in tables:
+        return {}
+    return {int(key): str(value) for key, value in connection.execute("select id, value from StringIds")}
+
+
+def _named(ids: pd.Series, strings: dict[int, str]) -> np.ndarray:
+    """The strings of ``ids`` (None where null or unknown), each distinct id looked up once."""
+    codes, distinct = pd.factorize(ids, use_na_sentinel=True)
+    texts = np.array([strings.get(int(value)) for value in distinct] + [None], dtype=object)
+    return texts[np.where(codes < 0, len(distinct), codes)]
+
+
+def _thread(global_tid: pd.Series) -> np.ndarray:
+    return (global_tid.to_numpy(dtype=np.int64) & 0xFFFFFF)
+
+
+def _process(global_id: pd.Series) -> np.ndarray:
+    return (global_id.to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
+
+
+def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndarray, base_ns: int,
+               host: bool) -> dict[str, Any]:
+    count = len(frame)
+    return {
+        col.LEVEL: np.full(count, level.value, dtype=object),
+        col.KIND: np.full(count, kind.value, dtype=object),
+        col.NAME: names,
+        col.START_NS: _ints(frame["start"]) + base_ns,
+        col.END_NS: _ints(frame["end"]) + base_ns,
+        col.THREAD_ID: pd.arrays.IntegerArray(_thread(frame["globalTid"]), np.zeros(count, dtype=bool)) if host
+        else pd.arrays.IntegerArray(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)),
+    }
+
+
+def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int,
+               thread_names: dict[int, str]) -> pd.DataFrame:
+    frame = _frame(connection, "NVTX_EVENTS", ("start", "end", "eventType", "textId", "globalTid", "domainId"))
+    texts = np.array([text for (text,) in connection.execute("select text from NVTX_EVENTS")], dtype=object)
+    kinds = frame["eventType"].to_numpy()
+    domain_column, thread_column = frame["domainId"].to_numpy(), frame["globalTid"].to_numpy()
+    domains: dict[int, str] = {}
+    for row in np.flatnonzero((kinds == NVTX_DOMAIN_CREATE) & ~np.isnan(domain_column)).tolist():
+        if isinstance(texts[row], str):
+            domains[int(domain_column[row])] = texts[row]
+    for row in np.flatnonzero((kinds == NVTX_NAME_THREAD) & ~np.isnan(thread_column)).tolist():
+        if isinstance(texts[row], str):
+            thread_names.setdefault(int(thread_column[row]) & 0xFFFFFF, texts[row])
+    keep = (np.isin(kinds, [NVTX_PUSH_POP, NVTX_START_END]) & ~np.isnan(frame["end"].to_numpy())
+            & ~np.isnan(frame["globalTid"].to_numpy()))
+    ranges = frame[keep].reset_index(drop=True)
+    texts = texts[keep]
+    from_ids = _named(ranges["textId"], strings)
+    names = np.where(pd.isna(texts), from_ids, texts)
+    names = np.where(pd.isna(names), "(unnamed NVTX range)", names)
+    rows = _base_rows(ranges, Level.MODEL, SpanKind.USER, names, base_ns, host=True)
+    domain_ids = np.nan_to_num(ranges["domainId"].to_numpy(), nan=0).astype(np.int64)
+    rows[col.ATTRIBUTES] = _per_distinct(
+        domain_ids.reshape(-1, 1),
+        lambda d: None if d == 0 else f'{{"nvtx.domain":{_json_text(domains.get(d, str(d)))}}}')
+    return pd.DataFrame(rows)
+
+
+def _json_text(text: str) -> str:
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _api_rows(connection: sqlite3.Connection, table: str, kind: SpanKind, strings: dict[int, str],
+              base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
+    """CUDA API calls. One call can be exported twice, with one correlation id: the call, and the
+    call with the collection of its backtrace around it (``eventClass`` 67 in 2022.2, the longer
+    interval): the shortest row of a correlation id on a thread is kept, the others counted. A row
+    of ``eventClass`` 1 in the runtime's table is a driver call."""
+    has_class = "eventClass" in _columns(connection, table)
+    frame = _frame(connection, table, ("start", "end", "globalTid", "correlationId", "nameId")
+                   + (("eventClass",) if has_class else ()))
+    if len(frame):
+        threads, correlation = frame["globalTid"].to_numpy(), frame["correlationId"].to_numpy()
+        order = np.lexsort((frame["end"].to_numpy() - frame["start"].to_numpy(), correlation, threads))
+        same = np.zeros(len(order), dtype=bool)  # the same call as the row before it, in that order
+        same[1:] = (threads[order[1:]] == threads[order[:-1]]) & (correlation[order[1:]] == correlation[order[:-1]])
+        repeated = np.zeros(len(order), dtype=bool)
+        repeated[order[same]] = True
+        if repeated.any():
+            counts[f"{table} rows repeating a call (its backtrace's)"] = int(repeated.sum())
+            frame = frame[~repeated].reset_index(drop=True)
+    plain = {key: API_VERSION_SUFFIX.sub("", text) for key, text in strings.items()}
+    rows = _base_rows(frame, Level.CUDA_API, kind, _named(frame["nameId"], plain), base_ns, host=True)
+    if has_class and kind is SpanKind.RUNTIME:
+        rows[col.KIND] = np.where(frame["eventClass"].to_numpy() == DRIVER_EVENT_CLASS, SpanKind.DRIVER.value,
+                                  rows[col.KIND])
+    rows[col.CORRELATION_ID] = _nullable(frame["correlationId"])
+    return pd.DataFrame(rows)
+
+
+def _dims(x: pd.Series, y: pd.Series, z: pd.Series) -> np.ndarray:
+    return _per_distinct(np.stack([_ints(x.fillna(0)), _ints(y.fillna(0)), _ints(z.fillna(0))], axis=1),
+                         lambda a, b, c: f"[{a},{b},{c}]")
+
+
+def _device_rows(frame: pd.DataFrame, kind: SpanKind, names: np.ndarray, base_ns: int) -> dict[str, Any]:
+    rows = _base_rows(frame, Level.KERNEL, kind, names, base_ns, host=False)
+    rows[col.DEVICE_ID] = _nullable(frame["deviceId"])
+    rows[col.STREAM_ID] = _nullable(frame["streamId"])
+    rows[col.CORRELATION_ID] = _nullable(frame["correlationId"])
+    return rows
+
+
+def _kernel_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int) -> pd.DataFrame:
+    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_KERNEL",
+                   ("start", "end", "deviceId", "streamId", "correlationId", "demangledName", "registersPerThread",
+                    "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory",
+                    "dynamicSharedMemory"))
+    names = _named(frame["demangledName"], strings)
+    rows = _device_rows(frame, SpanKind.KERNEL, np.where(pd.isna(names), "(unnamed kernel)", names), base_ns)
+    rows[col.GRID] = _dims(frame["gridX"], frame["gridY"], frame["gridZ"])
+    rows[col.BLOCK] = _dims(frame["blockX"], frame["blockY"], frame["blockZ"])
+    rows[col.REGISTERS_PER_THREAD] = _nullable(frame["registersPerThread"])
+    rows[col.SHARED_MEMORY_BYTES] = _nullable(frame["staticSharedMemory"].fillna(0)
+                                              + frame["dynamicSharedMemory"].fillna(0))
+    return pd.DataFrame(rows)
+
+
+def _copy_kind(code: int) -> str:
+    return COPY_KINDS.get(code, "unknown" if code < 0 else f"kind {code}")
+
+
+def _memcpy_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
+    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_MEMCPY",
+                   ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind", "srcKind", "dstKind"))
+    codes = np.stack([_ints(frame[c].fillna(-1)) for c in ("copyKind", "srcKind", "dstKind")], axis=1)
+    kinds = _per_distinct(codes[:, :1], _copy_kind)
+    names = _per_distinct(codes, lambda kind, source, target: f"Memcpy {_copy_kind(kind)} "
+                          f"({MEMORY_KINDS.get(source, 'Unknown')} -> {MEMORY_KINDS.get(target, 'Unknown')})")
+    rows = _device_rows(frame, SpanKind.MEMCPY, names, base_ns)
+    rows[col.BYTES] = _nullable(frame["bytes"])
+    rows[col.COPY_KIND] = kinds
+    return pd.DataFrame(rows)
+
+
+def _memset_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
+    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_MEMSET",
+                   ("start", "end", "deviceId", "streamId", "correlationId", "bytes"))
+    rows = _device_rows(frame, SpanKind.MEMSET, np.full(len(frame), "Memset", dtype=object), base_ns)
+    rows[col.BYTES] = _nullable(frame["bytes"])
+    return pd.DataFrame(rows)
+
+
+def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:
+    if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(connection,
+                                                                                "TARGET_INFO_SESSION_START_TIME"):
+        found = connection.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+        if found and found[0] is not None:
+            return int(found[0])
+    return 0
+
+
+def _gpu_names(connection: sqlite3.Connection, tables: set[str]) -> list[str]:
+    if "TARGET_INFO_GPU" not in tables or "name" not in _columns(connection, "TARGET_INFO_GPU"):
+        return []
+    return sorted({str(name) for (name,) in connection.execute("select name from TARGET_INFO_GPU") if name})
+
+
+def _rank(connection: sqlite3.Connection, tables: set[str], thread_names: dict[int, str]) -> int | None:
+    if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(connection, "TARGET_INFO_SYSTEM_ENV"):
+        found = dict(connection.execute("select name, value from TARGET_INFO_SYSTEM_ENV"))
+        for variable in RANK_VARIABLES:
+            value = str(found.get(variable, "")).strip()
+            if value.isdigit():
+                return int(value)
+    for name in thread_names.values():
+        match = MPI_RANK_THREAD.match(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _thread_names(connection: sqlite3.Connection, tables: set[str], strings: dict[int, str]) -> dict[int, str]:
+    if "ThreadNames" not in tables or not {"nameId", "globalTid"} <= _columns(connection, "ThreadNames"):
+        return {}
+    return {int(tid) & 0xFFFFFF: strings.get(int(name_id), str(name_id))
+            for name_id, tid in connection.execute("select nameId, globalTid from ThreadNames") if tid is not None}
+
+
+def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Span rows (epoch ns, no ids or parents yet) and metadata of an opened export."""
+    facts = export_facts(connection, source)
+    tables = _tables(connection)
+    strings = _strings(connection, tables)
+    base_ns = _session_start_ns(connection, tables)
+    thread_names = _thread_names(connection, tables, strings)
+    parts: list[pd.DataFrame] = []
+    counts: dict[str, int] = {}
+
+    def add(table: str, make: Any) -> None:
+        if table in tables:
+            part = make()
+            counts[table] = len(part)
+            if len(part):
+                parts.append(part)
+
+    add("NVTX_EVENTS", lambda: _nvtx_rows(connection, strings, base_ns, thread_names))
+    repeated: dict[str, int] = {}
+    add("CUPTI_ACTIVITY_KIND_RUNTIME",
+        lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_RUNTIME", SpanKind.RUNTIME, strings, base_ns, repeated))
+    add("CUPTI_ACTIVITY_KIND_DRIVER",
+        lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_DRIVER", SpanKind.DRIVER, strings, base_ns, repeated))
+    add("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernel_rows(connection, strings, base_ns))
+    add("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _memcpy_rows(connection, base_ns))
+    add("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _memset_rows(connection, base_ns))
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if len(rows):
+        rows = rows.sort_values(col.START_NS, kind="stable", ignore_index=True)
+    host = set() if not len(rows) else set(rows[col.THREAD_ID].dropna().astype(int).tolist())
+    gpus = _gpu_names(connection, tables)
+    rank = _rank(connection, tables, thread_names)
+    metadata: dict[str, Any] = {
+        "source": "nsys",
+        "nsys": {"product_version": facts.get("EXPORT_PRODUCT_VERSION"),
+                 "schema_version": facts.get("EXPORT_SCHEMA_VERSION"), "session_start_ns": base_ns,
+                 "rows": counts, "not_imported": repeated},
+        "device": ", ".join(gpus) if gpus else "unknown",
+        "rank": rank,
+        "threads": {str(tid): name for tid, name in sorted(thread_names.items()) if tid in host},
+    }
+    if rank is not None:
+        metadata["distributed"] = {"rank": rank}
+    return rows, metadata
+
+
+def load_nsys(path: str | os.PathLike[str]) -> Trace:
+    """Read an Nsight Systems SQLite export into an :class:`xsp.Trace`.
+
+    Raises:
+        TraceNotFoundError: no such file.
+        TraceFormatError: not an SQLite file, not an Nsight Systems export, or one of a schema
+            xsp does not read.
+    """
+    source = Path(path)
+    if source.is_dir():
+        raise TraceFormatError(f"{source} is a directory, not a trace file")
+    if not source.is_file():
+        raise TraceNotFoundError(f"no such trace file: {source}")
+    with closing(_connect(source)) as connection:
+        try:
+            rows, metadata = nsys_rows(connection, source)
+        except sqlite3.DatabaseError as exc:
+            raise TraceFormatError(f"{source} is not an Nsight Systems export xsp can read: {exc}") from None
+    frames: Iterator[pd.DataFrame] = iter([rows])
+    del rows
+    result = build_table(frames, 0, new_step_state(attach_to_session=False))
+    spans = result.spans
+    present = set(spans[col.LEVEL].unique()) if len(spans) else set()
+    metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
+                "imported_from": str(source), "levels": [level.value for level in Level if level.value in present],
+                "hierarchy": result.diagnostics, "dropped": {}, "service_name": source.name.split(".")[0]}
+    return Trace(spans=spans, metadata=metadata)
