@@ -67,7 +67,7 @@ t3 = time.perf_counter()
 print(json.dumps({"load_and_tree_s": t2 - t1, "breakdown_s": t3 - t2, "total_s": t3 - t1,
                   "peak_rss_mb": peak_mb(),
                   "spans": len(trace.spans), "kernels": int(breakdown["count"].sum()),
-                  "top_kernel": breakdown["name"].iloc[0]}))
+                  "top_kernel": breakdown["name"].iloc[0] if len(breakdown) else None}))
 """
 
 FLOOR_RUN = PEAK + """
