@@ -96,6 +96,20 @@ def two_lines(model, x, times):
         model(x)  # SECOND_LINE
 
 
+class TwoCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.ReLU(), nn.Tanh()
+
+    def forward(self, x):
+        x = self.a(x)  # OWN_A
+        return self.b(x)  # OWN_B
+
+
+def mixed():
+    return nn.Sequential(nn.ReLU(), TwoCalls(), nn.Sequential(nn.Sigmoid(), TwoCalls()), nn.Tanh())
+
+
 def from_library_only(model, x):
     thread = threading.Thread(target=model, args=(x,), name="library")  # threading calls the model
     thread.start()
@@ -350,3 +364,24 @@ def test_code_that_torch_compile_made_is_a_librarys(tmp_path):
     assert CallSites().is_library(rewritten) and not CallSites().is_library(original)
     generated = compile("z = 3", os.path.join(_sites.default_inductor_folder(), "ab", "cab.py"), "exec")
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") or sites.is_library(generated)
+
+
+@paths
+def test_a_layer_of_the_users_inside_library_containers_keeps_its_own_lines(user, monkeypatch, c):
+    """Leaves a container's forward (torch's) calls take the line that called the container; the
+    layers a forward of the user's calls inside it take that forward's lines, however the
+    containers nest and however often they run from two lines in turn."""
+    model, x = user.mixed(), torch.zeros(1, 4)
+    spans = _trace(lambda: user.two_lines(model, x, 3), c, monkeypatch)
+    layers = spans[spans[col.KIND] == SpanKind.FORWARD.value]
+    names = layers[col.NAME].astype(str)
+    outer = {(user.__file__, _line(user, "FIRST_LINE"), "two_lines"), (user.__file__, _line(user, "SECOND_LINE"),
+                                                                         "two_lines")}
+    for leaf in layers[names.str.endswith(("ReLU_0", "Tanh_0", "Sigmoid_0")) | names.str.fullmatch(r".*\.(0|3|2\.0)")][
+            col.NAME].unique():
+        assert _sites_of(layers, **{col.NAME: leaf}) == outer, leaf
+    own_a = layers[names.str.endswith(".a")]
+    own_b = layers[names.str.endswith(".b")]
+    assert len(own_a) == len(own_b) == 2 * 2 * 3  # two TwoCalls, two lines, three times
+    assert _sites_of(own_a, **{}) == {(user.__file__, _line(user, "OWN_A"), "TwoCalls.forward")}
+    assert _sites_of(own_b, **{}) == {(user.__file__, _line(user, "OWN_B"), "TwoCalls.forward")}

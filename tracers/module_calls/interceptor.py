@@ -103,6 +103,17 @@ def _output_nodes(out: Any) -> set[Any]:
     return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
 
 
+def call_machinery(original: Any) -> tuple[Any, Any] | None:
+    """The code objects of the frames between a module call and its ``forward`` (``_call_impl``,
+    then ``original``: ``_wrapped_call_impl``), which call sites may take as a known way out
+    (xsp/record/_hotpath/hotpath.h); None where this torch has other frames there."""
+    call_impl = getattr(getattr(nn.Module, "_call_impl", None), "__code__", None)
+    wrapped = getattr(original, "__code__", None)
+    if call_impl is None or wrapped is None or call_impl is wrapped:
+        return None
+    return call_impl, wrapped
+
+
 def _named_as(original: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``functools.wraps``: the wrapper keeps ``Module.__call__``'s name, docs and signature.
 
@@ -220,6 +231,7 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                     COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
                                     (recording.layer_depth or 0) if mode is Mode.ALL else 0,
                                     recording.sites if recording.sites.enabled else None)
+    fast.call_machinery = call_machinery(original)
     _orig = original
 
     @_named_as(original)

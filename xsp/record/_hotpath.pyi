@@ -13,6 +13,8 @@ class FastCall:
     on_read: Any
     """Called with no arguments before each read."""
     compiler: Any
+    call_machinery: Any
+    """(nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__), or None."""
     def __init__(self, mode: int, original: Any, slow: Any, local: Any, recording: Any, now: Any,
                  grad_enabled: Any, jit_tracing: Any, tensor_type: type, describe_inputs: Any, describe: Any,
                  on_error: Any, hook_backward: Any, buffer_type: type, steps_type: type,

@@ -66,10 +66,12 @@ CALL_SITES_VARIABLE: Final = "XSP_CALL_SITES"
 """``XSP_CALL_SITES=0`` switches call sites off (what they cost: benchmarks/call_instructions.py)."""
 
 SITE_SCOPES: Final = 64
-SITE_SCOPE_BYTES: Final = 16
+SITE_SCOPE_BYTES: Final = 32
 SITE_SCOPES_BYTES: Final = SITE_SCOPES * SITE_SCOPE_BYTES
 """Size of a thread buffer's ``site_scopes``: ``SITE_SCOPES`` depths of a ``SiteScope`` (a frame
-address and a site id) each, as in xsp/record/_hotpath/hotpath.h (C reads it only when it is this large)."""
+address and a site id; then the address of the call's ``_call_impl`` frame and the site of the
+calls its forward makes) each, as in xsp/record/_hotpath/hotpath.h (C reads it only when it is
+this large)."""
 NO_SCOPE: Final = bytes(SITE_SCOPE_BYTES)
 """A ``SiteScope`` that no frame matches: what the Python wrapper leaves at the depth of a call it
 records, whose calls inside may be C's."""

@@ -412,6 +412,9 @@ static PyMemberDef fastcall_members[] = {
      "torch.compiler, when its _is_compiling_flag is False exactly while nothing is compiled: reading the "
      "attribute on an instance then gives the object itself, bound, and on_read is not called."},
     {"original", T_OBJECT, offsetof(FastCall, original), READONLY, "nn.Module.__call__ as it was."},
+    {"call_machinery", T_OBJECT, offsetof(FastCall, call_machinery), 0,
+     "(nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__): the frames between a module's "
+     "call and its forward, which call sites of the calls that forward makes may look up; None: walk each."},
     {NULL},
 };
 
@@ -513,7 +516,7 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler); \
-    DO(self->sites); EACH_SITE_CACHED(DO)
+    DO(self->sites); DO(self->call_machinery); EACH_SITE_CACHED(DO)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 

@@ -131,12 +131,20 @@ typedef struct {
  * stack while the call is open) and the call's site once a walk found it (SITE_UNKNOWN before).
  * A walk that meets an open call's calling frame goes on exactly as that call's own walk would:
  * the walk of a layer inside nn.Sequential stops at the frame that called the Sequential, and
- * the Sequential's own walk is then a lookup. */
+ * the Sequential's own walk is then a lookup. A call made by a library module's own forward (an
+ * nn.Sequential calling its layers) has the site the first such call's walk found, when that walk
+ * passed a library frame, then exactly nn.Module's call machinery (_call_impl, then
+ * _wrapped_call_impl: FastCall.call_machinery), to the enclosing call's calling frame: the entry
+ * keeps that _call_impl frame's address (it runs until the enclosing call ends, so the address is
+ * its own while the entry holds it), and any later call whose calling frame is a library's
+ * called by that very frame walks the same way out. */
 #define SITE_SCOPES 64
 #define SITE_UNKNOWN (-3)
 typedef struct {
     uintptr_t caller;
     long long site;
+    uintptr_t machinery;  /* this call's _call_impl frame, once a call its forward made walked out through it (0: not yet) */
+    long long forward_site;  /* the site of every call a library frame that _call_impl frame called makes */
 } SiteScope;
 #define EACH_SITE_CACHED(DO)                                                               \
     for (int i_ = 0; i_ < CODE_CACHE; i_++) DO(self->code_cache[i_].code);                \
@@ -179,6 +187,7 @@ typedef struct {
     PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
     PyObject *sites;          /* recording.sites (xsp.record.sites.CallSites), or NULL: no call sites */
+    PyObject *call_machinery; /* (nn.Module._call_impl's code, _wrapped_call_impl's code), or NULL */
     CodeEntry code_cache[CODE_CACHE];
     SiteEntry site_cache[SITE_CACHE];
     /* AutoSteps's constants (auto_steps.hotpath_constants()) */

@@ -17,14 +17,64 @@ static inline size_t site_slot(PyObject *code, int offset) {
     return (((uintptr_t)code >> 4) ^ ((uintptr_t)(unsigned int)offset * 0x9E3779B1u)) & (SITE_CACHE - 1);
 }
 
-/* frame.f_lasti: the offset in bytes of the instruction the frame runs (a call, here). */
-static inline int frame_offset(PyFrameObject *frame) {
+/* The thread's frames, walked outwards. On CPython 3.11 they are read where the interpreter
+ * keeps them (its _PyInterpreterFrame, whose first fields are mirrored here as 3.11's
+ * internal/pycore_frame.h lays them out): asking for a frame object instead makes one for each
+ * frame passed (and frees it when the frame ends), which was most of what a call site cost a
+ * layer inside nn.Sequential. Elsewhere, the public API (frame objects, counted references).
+ * A Frame is compared by address only: a frame on the thread's stack is the only one there at
+ * its address while it runs. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+typedef struct RawFrame {
+    PyObject *f_func, *f_globals, *f_builtins, *f_locals;
+    PyCodeObject *f_code;
+    PyObject *frame_obj;
+    struct RawFrame *previous;
+    _Py_CODEUNIT *prev_instr;
+    int stacktop;
+    bool is_entry;
+    char owner;
+} RawFrame;
+typedef RawFrame *Frame;
+#define RAW_OWNED_BY_GENERATOR 1
+
+/* A frame not started yet (its first instruction still ahead), which Python's own walks skip. */
+static inline Frame complete(Frame frame) {
+    while (frame != NULL && frame->owner != RAW_OWNED_BY_GENERATOR
+           && frame->prev_instr < (_Py_CODEUNIT *)frame->f_code->co_code_adaptive + frame->f_code->_co_firsttraceable)
+        frame = frame->previous;
+    return frame;
+}
+static inline Frame frame_current(void) { return complete((Frame)PyThreadState_Get()->cframe->current_frame); }
+static inline Frame frame_back(Frame frame) { return complete(frame->previous); }  /* lets `frame` go */
+static inline PyObject *frame_code(Frame frame) { return (PyObject *)frame->f_code; }  /* borrowed */
+static inline int frame_offset(Frame frame) {  /* frame.f_lasti: bytes, as PyFrame_GetLasti */
+    int units = (int)(frame->prev_instr - (_Py_CODEUNIT *)frame->f_code->co_code_adaptive);
+    return units < 0 ? -1 : units * (int)sizeof(_Py_CODEUNIT);
+}
+static inline void frame_release(Frame frame) { (void)frame; }
+#else
+typedef PyFrameObject *Frame;  /* a counted reference */
+static inline Frame frame_current(void) { return PyThreadState_GetFrame(PyThreadState_Get()); }
+static inline Frame frame_back(Frame frame) {  /* lets `frame` go */
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    return back;
+}
+static inline PyObject *frame_code(Frame frame) {  /* borrowed: the frame holds it */
+    PyObject *code = (PyObject *)PyFrame_GetCode(frame);
+    Py_DECREF(code);
+    return code;
+}
+static inline int frame_offset(Frame frame) {
 #if PY_VERSION_HEX >= 0x030B0000
     return PyFrame_GetLasti(frame);
 #else
     return frame->f_lasti < 0 ? -1 : frame->f_lasti * (int)sizeof(_Py_CODEUNIT);
 #endif
 }
+static inline void frame_release(Frame frame) { Py_XDECREF(frame); }
+#endif
 
 /* 1 when `code` is a library's, 0 when the user's, -1 with an exception set. */
 static int code_is_library(FastCall *self, PyObject *code) {
@@ -83,10 +133,11 @@ void open_site_scope(FastCall *self, PyObject *buffer, long long depth) {
     if (self->sites == NULL || depth < 0 || depth >= SITE_SCOPES) return;
     SiteScope *scopes = site_scopes(self, buffer);
     if (scopes == NULL) return;
-    PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());  /* new reference, or NULL */
-    scopes[depth].caller = (uintptr_t)frame;  /* the thread's frame keeps it while the call runs */
+    Frame frame = frame_current();
+    scopes[depth].caller = (uintptr_t)frame;  /* on the thread's stack while the call runs */
     scopes[depth].site = SITE_UNKNOWN;
-    Py_XDECREF(frame);
+    scopes[depth].machinery = 0;
+    frame_release(frame);
 }
 
 /* The site id of the calling thread's first user frame, from its current frame outwards, for
@@ -99,10 +150,32 @@ long long call_site(FastCall *self, PyObject *buffer, long long depth) {
     long long scope = scopes == NULL ? -1 : depth;  /* the next open call whose calling frame the walk may meet */
     long long passed[SITE_SCOPES];
     int passed_count = 0;
-    PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());  /* new reference, or NULL */
+    Frame frame = frame_current();
+    if (frame != NULL && scope >= 1 && scopes[scope - 1].machinery != 0) {
+        /* made by a library frame that the enclosing call's _call_impl called (its forward): the
+         * same way out as the walk that found the site */
+        int library = code_is_library(self, frame_code(frame));
+        if (library == 1) {
+            Frame back = frame_back(frame);
+            int same_way = back != NULL && (uintptr_t)back == scopes[scope - 1].machinery;
+            frame_release(back);
+            if (same_way) return scopes[scope - 1].forward_site;
+            frame = frame_current();
+        }
+        if (library < 0) PyErr_Clear();
+    }
+    /* whether the walk is passing the enclosing call's forward and call machinery: the frames
+     * from the first must be a library's (its forward), _call_impl, _wrapped_call_impl, then
+     * the enclosing call's calling frame */
+    PyObject *machinery = self->call_machinery;
+    int through_machinery = scope >= 1 && machinery != NULL && PyTuple_CheckExact(machinery)
+                            && PyTuple_GET_SIZE(machinery) == 2;
+    int hop = 0, forward_found = 0;
+    uintptr_t call_impl_frame = 0;
     long long site = NO_SITE;
     int known = 0;
     while (frame != NULL) {
+        if (through_machinery && hop == 3 && (uintptr_t)frame == scopes[depth - 1].caller) forward_found = 1;
         while (scope >= 0 && scopes[scope].caller == (uintptr_t)frame) {
             if (scopes[scope].site != SITE_UNKNOWN) {
                 site = scopes[scope].site;
@@ -112,26 +185,31 @@ long long call_site(FastCall *self, PyObject *buffer, long long depth) {
             passed[passed_count++] = scope--;
         }
         if (known) break;
-        PyObject *code = (PyObject *)PyFrame_GetCode(frame);  /* new reference */
+        PyObject *code = frame_code(frame);
+        if (through_machinery && hop >= 1 && hop < 3 && code != PyTuple_GET_ITEM(machinery, hop - 1))
+            through_machinery = 0;
+        if (hop == 1) call_impl_frame = (uintptr_t)frame;
         int library = code_is_library(self, code);
         if (library == 0) {
             site = site_id(self, code, frame_offset(frame));
             if (site == -2) site = NO_SITE;
         }
-        Py_DECREF(code);
         if (library != 1) break;  /* the user's frame, or a failure */
-        PyFrameObject *back = PyFrame_GetBack(frame);  /* new reference, or NULL */
-        Py_DECREF(frame);
-        frame = back;
+        frame = frame_back(frame);
+        hop++;
     }
-    Py_XDECREF(frame);
+    frame_release(frame);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return NO_SITE;
     }
-    if (passed_count > 0) {  /* read again: a miss of the caches ran Python, which may have replaced them */
+    if (passed_count > 0 || forward_found) {  /* read again: a miss of the caches ran Python, which may have replaced them */
         scopes = site_scopes(self, buffer);
         for (int i = 0; scopes != NULL && i < passed_count; i++) scopes[passed[i]].site = site;
+        if (scopes != NULL && forward_found) {
+            scopes[depth - 1].machinery = call_impl_frame;
+            scopes[depth - 1].forward_site = site;
+        }
     }
     return site;
 }
