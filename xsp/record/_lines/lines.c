@@ -220,6 +220,24 @@ static ThreadLines *thread_lines(LineTracer *self, PyFrameObject *frame, int wha
     return lines;
 }
 
+/* Code PyTorch made with exec while it compiles (a "<string>" file, in a torch module's
+ * namespace): its lines are no line of the user's, though no library folder holds them. */
+static int generated_by_torch(PyFrameObject *frame, PyCodeObject *code) {
+    const char *file = PyUnicode_Check(code->co_filename) ? PyUnicode_AsUTF8(code->co_filename) : NULL;
+    if (file == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (file[0] != '<') return 0;
+    PyObject *globals = PyFrame_GetGlobals(frame);  /* new reference */
+    PyObject *name = globals != NULL && PyDict_Check(globals) ? PyDict_GetItemString(globals, "__name__") : NULL;
+    const char *module = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    int torch = module != NULL && strncmp(module, "torch", 5) == 0 && (module[5] == '\0' || module[5] == '.');
+    if (module == NULL) PyErr_Clear();
+    Py_XDECREF(globals);
+    return torch;
+}
+
 static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg) {
     LineTracer *self = active;
     if (self == NULL || (what != PyTrace_CALL && what != PyTrace_LINE && what != PyTrace_RETURN)) return 0;
@@ -230,6 +248,10 @@ static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg
     if (library < 0) {
         PyErr_Clear();
         library = 1;
+    }
+    if (library == 0 && what == PyTrace_CALL && generated_by_torch(frame, code)) {
+        library = 1;  /* kept for this code object: the entry code_is_library just made or found */
+        self->codes[code_slot((PyObject *)code)].library = 1;
     }
     if (library) {
         if (what != PyTrace_RETURN) quiet(frame);
