@@ -29,6 +29,7 @@ read is one clear error, never a wrong table.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -46,6 +47,7 @@ from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state
+from xsp.table.walks import nullable_ints
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 PRODUCT: Final = "NVIDIA Nsight Systems"
@@ -155,8 +157,7 @@ def _ints(values: pd.Series) -> np.ndarray:
 
 def _nullable(values: pd.Series) -> pd.arrays.IntegerArray:
     floats = values.to_numpy(dtype=np.float64)
-    missing = np.isnan(floats)
-    return pd.arrays.IntegerArray(np.where(missing, 0, floats).astype(np.int64), missing)
+    return nullable_ints(floats, np.isnan(floats))
 
 
 def _per_distinct(keys: np.ndarray, make: Any) -> np.ndarray:
@@ -205,8 +206,8 @@ def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndar
         col.NAME: names,
         col.START_NS: _ints(frame["start"]) + base_ns,
         col.END_NS: _ints(frame["end"]) + base_ns,
-        col.THREAD_ID: pd.arrays.IntegerArray(_thread(frame["globalTid"]), np.zeros(count, dtype=bool)) if host
-        else pd.arrays.IntegerArray(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)),
+        col.THREAD_ID: nullable_ints(_thread(frame["globalTid"]), np.zeros(count, dtype=bool)) if host
+        else nullable_ints(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)),
     }
 
 
@@ -239,8 +240,6 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
 
 
 def _json_text(text: str) -> str:
-    import json
-
     return json.dumps(text, ensure_ascii=False)
 
 

@@ -48,6 +48,7 @@
 #endif
 
 #include "../_correlation.h"
+#include "../_site_cache.h"
 
 #define MODE_ROOTS 1
 #define MODE_ALL 2
@@ -112,20 +113,10 @@ typedef struct {
     unsigned int next;  /* the entry the next miss replaces */
 } BufferCache;
 
-/* Call sites (sites.c, xsp/record/sites.py): direct-mapped caches of the two lookups of the walk
- * to the first user frame, in front of the recording's CallSites. Each entry holds its code
- * object (a strong reference), so that no other code object can take its address meanwhile. */
+/* Call sites (sites.c, xsp/record/sites.py): the sizes of FastCall's direct-mapped caches of the
+ * two lookups of the walk to the first user frame (xsp/record/_site_cache.h). */
 #define CODE_CACHE 256  /* powers of two */
 #define SITE_CACHE 512
-typedef struct {
-    PyObject *code;
-    int library;  /* 1: a library's code, 0: the user's */
-} CodeEntry;
-typedef struct {
-    PyObject *code;
-    int offset;  /* the frame's instruction offset (frame.f_lasti) */
-    long long site;  /* its id in the recording's CallSites, or NO_SITE */
-} SiteEntry;
 /* ThreadBuffer.site_scopes: for each depth of the thread's open recorded calls (up to
  * SITE_SCOPES), the frame that made the call (compared by address only: it is on the thread's
  * stack while the call is open) and the call's site once a walk found it (SITE_UNKNOWN before).

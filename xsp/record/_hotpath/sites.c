@@ -1,21 +1,12 @@
 /* Call sites: the first user frame of a module call, as the recording's site id. (see hotpath.h)
  *
- * The walk of xsp/record/sites.py's CallSites.of_frame, with its two lookups cached here: is a
- * code object a library's (by its address), and the site id of a user frame's (code object,
- * instruction offset). A miss asks the recording's CallSites (Python), which classifies and
- * interns; the entry then holds the code object, so the address it is keyed by stays that code
- * object's. FastCall has no Python frame of its own: the thread's current frame is the one that
- * called the module (or xsp's `exposed` function, a library frame the walk passes).
+ * The walk of xsp/record/sites.py's CallSites.of_frame, with its two lookups cached in FastCall's
+ * tables (xsp/record/_site_cache.h): is a code object a library's, and the site id of a user
+ * frame's (code object, instruction offset). FastCall has no Python frame of its own: the
+ * thread's current frame is the one that called the module (or xsp's `exposed` function, a
+ * library frame the walk passes).
  */
 #include "hotpath.h"
-
-static inline size_t code_slot(PyObject *code) {
-    return ((uintptr_t)code >> 4) & (CODE_CACHE - 1);
-}
-
-static inline size_t site_slot(PyObject *code, int offset) {
-    return (((uintptr_t)code >> 4) ^ ((uintptr_t)(unsigned int)offset * 0x9E3779B1u)) & (SITE_CACHE - 1);
-}
 
 /* The thread's frames, walked outwards. On CPython 3.11 they are read where the interpreter
  * keeps them (its _PyInterpreterFrame, whose first fields are mirrored here as 3.11's
@@ -77,46 +68,13 @@ static inline void frame_release(Frame frame) { Py_XDECREF(frame); }
 #endif
 
 /* 1 when `code` is a library's, 0 when the user's, -1 with an exception set. */
-static int code_is_library(FastCall *self, PyObject *code) {
-    CodeEntry *entry = &self->code_cache[code_slot(code)];
-    if (entry->code == code) return entry->library;
-    PyObject *answer = PyObject_CallMethodOneArg(self->sites, s_is_library, code);
-    if (answer == NULL) return -1;
-    int library = PyObject_IsTrue(answer);
-    Py_DECREF(answer);
-    if (library < 0) return -1;
-    /* Python ran: the entry is read again, and written whole before the code object it held is
-     * freed (which may run Python: a weakref's callback) */
-    PyObject *old = entry->code;
-    entry->code = NULL;
-    entry->library = library;
-    entry->code = Py_NewRef(code);
-    Py_XDECREF(old);
-    return library;
+static inline int code_is_library(FastCall *self, PyObject *code) {
+    return cached_is_library(self->code_cache, CODE_CACHE, self->sites, s_is_library, code);
 }
 
 /* The site id of a user frame running `code` at `offset`; -2 with an exception set. */
-static long long site_id(FastCall *self, PyObject *code, int offset) {
-    SiteEntry *entry = &self->site_cache[site_slot(code, offset)];
-    if (entry->code == code && entry->offset == offset) return entry->site;
-    PyObject *offset_object = PyLong_FromLong(offset);
-    if (offset_object == NULL) return -2;
-    PyObject *answer = PyObject_CallMethodObjArgs(self->sites, s_intern, code, offset_object, NULL);
-    Py_DECREF(offset_object);
-    if (answer == NULL) return -2;
-    long long site = PyLong_Check(answer) ? as_ll(answer) : -2;
-    Py_DECREF(answer);
-    if (site == -2 || (site == -1 && PyErr_Occurred())) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "xsp: CallSites.intern gave no int");
-        return -2;
-    }
-    PyObject *old = entry->code;  /* as in code_is_library */
-    entry->code = NULL;
-    entry->offset = offset;
-    entry->site = site;
-    entry->code = Py_NewRef(code);
-    Py_XDECREF(old);
-    return site;
+static inline long long site_id(FastCall *self, PyObject *code, int offset) {
+    return cached_site(self->site_cache, SITE_CACHE, self->sites, s_intern, code, offset);
 }
 
 /* The thread's open calls' scopes (ThreadBuffer.site_scopes), or NULL without them. */

@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../_site_cache.h"
+
 #define NO_SITE (-1)        /* xsp.record.sites.NO_SITE */
 #define STACK_DEPTH 256     /* user frames a thread's stack holds; deeper ones are counted only */
 #define CODE_CACHE 1024     /* powers of two */
@@ -43,16 +45,6 @@ typedef struct ThreadLines {
     int64_t stack[STACK_DEPTH];
 } ThreadLines;
 
-typedef struct {
-    PyObject *code;
-    int library;
-} CodeEntry;
-
-typedef struct {
-    PyObject *code;
-    int offset;
-    int64_t site;
-} SiteEntry;
 
 typedef struct {
     PyObject_HEAD
@@ -79,57 +71,18 @@ static inline int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static inline size_t code_slot(PyObject *code) { return ((uintptr_t)code >> 4) & (CODE_CACHE - 1); }
-
-static inline size_t site_slot(PyObject *code, int offset) {
-    return (((uintptr_t)code >> 4) ^ ((uintptr_t)(unsigned int)offset * 0x9E3779B1u)) & (SITE_CACHE - 1);
-}
-
-/* 1 when `code` is a library's, 0 when the user's, -1 with an exception set. The entry keeps
- * the code object, so the address it is keyed by stays that code object's. */
-static int code_is_library(LineTracer *self, PyObject *code) {
-    CodeEntry *entry = &self->codes[code_slot(code)];
-    if (entry->code == code) return entry->library;
-    PyObject *answer = PyObject_CallMethodOneArg(self->sites, s_is_library, code);
-    if (answer == NULL) return -1;
-    int library = PyObject_IsTrue(answer);
-    Py_DECREF(answer);
-    if (library < 0) return -1;
-    PyObject *old = entry->code;  /* Python ran: the entry is written whole before the old code may be freed */
-    entry->code = NULL;
-    entry->library = library;
-    entry->code = Py_NewRef(code);
-    Py_XDECREF(old);
-    return library;
+/* 1 when `code` is a library's, 0 when the user's, -1 with an exception set. */
+static inline int code_is_library(LineTracer *self, PyObject *code) {
+    return cached_is_library(self->codes, CODE_CACHE, self->sites, s_is_library, code);
 }
 
 /* The site of a user frame running `code` at byte `offset`; NO_SITE on failure (cleared). */
 static int64_t site_of(LineTracer *self, PyObject *code, int offset) {
-    SiteEntry *entry = &self->site_cache[site_slot(code, offset)];
-    if (entry->code == code && entry->offset == offset) return entry->site;
-    PyObject *offset_object = PyLong_FromLong(offset);
-    if (offset_object == NULL) {
+    long long site = cached_site(self->site_cache, SITE_CACHE, self->sites, s_intern, code, offset);
+    if (site == -2) {
         PyErr_Clear();
         return NO_SITE;
     }
-    PyObject *answer = PyObject_CallMethodObjArgs(self->sites, s_intern, code, offset_object, NULL);
-    Py_DECREF(offset_object);
-    if (answer == NULL) {
-        PyErr_Clear();
-        return NO_SITE;
-    }
-    long long site = PyLong_AsLongLong(answer);
-    Py_DECREF(answer);
-    if (site == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return NO_SITE;
-    }
-    PyObject *old = entry->code;
-    entry->code = NULL;
-    entry->offset = offset;
-    entry->site = site;
-    entry->code = Py_NewRef(code);
-    Py_XDECREF(old);
     return site;
 }
 
@@ -244,14 +197,16 @@ static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg
     ThreadLines *lines = thread_lines(self, frame, what);
     if (lines == NULL) return 0;
     PyCodeObject *code = PyFrame_GetCode(frame);
+    CodeEntry *entry = &self->codes[code_slot((PyObject *)code, CODE_CACHE)];
+    int known = entry->code == (PyObject *)code;
     int library = code_is_library(self, (PyObject *)code);
     if (library < 0) {
         PyErr_Clear();
         library = 1;
     }
-    if (library == 0 && what == PyTrace_CALL && generated_by_torch(frame, code)) {
-        library = 1;  /* kept for this code object: the entry code_is_library just made or found */
-        self->codes[code_slot((PyObject *)code)].library = 1;
+    if (!known && library == 0 && generated_by_torch(frame, code)) {
+        library = 1;  /* decided once, at the code object's first event: its entry keeps it */
+        entry->library = 1;
     }
     if (library) {
         if (what != PyTrace_RETURN) quiet(frame);
