@@ -96,6 +96,7 @@ from xsp.tracers.module_calls.jit_dynamo import (
 )
 from xsp.tracers.module_calls.model_names import model_name
 from xsp.tracers.module_calls.native_torch import grad_mode_address
+from xsp.tracers.module_calls.ranges import NO_RANGE, ModuleRanges
 
 
 def _output_nodes(out: Any) -> set[Any]:
@@ -203,7 +204,7 @@ def _no_backward_hooks(buffer: ThreadBuffer, out: Any, module: nn.Module, call: 
 def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, original: Callable[..., Any],
                   correlation: Correlation | None, on_read: Callable[[], None] | None, tracing_known: bool,
                   hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int], None] = _no_backward_hooks,
-                  ) -> Callable[..., Any]:
+                  module_ranges: ModuleRanges | None = None) -> Callable[..., Any]:
     """What to install as ``nn.Module.__call__``: the wrapper ``slow`` (in Python), or, where xsp's
     C extension is built, an ``xsp.record._hotpath.FastCall`` that records the calls it knows how to and
     hands every other one to ``slow``.
@@ -220,7 +221,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     itself, bound, and skips ``on_read``: such a call runs no Python frame of xsp's either. With
     ``tracing_known`` (every jit tracer entry sets ``aside``), the C
     object does not ask the jit tracer itself. CUPTI correlation (a push and a pop around each
-    call) runs in C where ``correlation`` carries a capsule, else only the Python wrapper does it.
+    call) runs in C where ``correlation`` carries a capsule, else only the Python wrapper does it;
+    so do ``module_ranges``' NVTX ranges.
     """
     capsule = None if correlation is None else correlation.capsule
     if hotpath.HOTPATH is None or (correlation is not None and capsule is None):
@@ -232,6 +234,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                     (recording.layer_depth or 0) if mode is Mode.ALL else 0,
                                     recording.sites if recording.sites.enabled else None)
     fast.call_machinery = call_machinery(original)
+    if module_ranges is not None:
+        fast.use_nvtx(module_ranges.ranges.capsule, module_ranges.ranges.forward, module_ranges.message_of)
     _orig = original
 
     @_named_as(original)
@@ -256,6 +260,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
     local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
+    module_ranges = _module_ranges(recording)
+    enter_range, leave_range = _range_calls(module_ranges)
 
     # closure constants, not keyword defaults: a keyword argument the model takes could not
     # then be caught by the wrapper instead of reaching the model
@@ -288,6 +294,7 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
         if buffer.skipping:
             return _unrecorded_root(_orig, buffer, self, args, kwargs)
         buffer.depth = 1
+        ranged = enter_range is not None and enter_range(self, True) != NO_RANGE
         if push is not None:
             push(start)
         try:
@@ -296,12 +303,16 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
             end = _now()
             if pop is not None:
                 pop()
+            if ranged:
+                leave_range()
             buffer.depth = 0
             _record_failure(buffer, self, args, kwargs, start, end, exc, 0)
             raise
         end = _now()
         if pop is not None:
             pop()
+        if ranged:
+            leave_range()
         buffer.depth = 0
         buffer.record_call(start, end, self, 0, describe_inputs(args, kwargs), describe(out), None)
         if len(buffer.calls) >= COMPACT_AT:
@@ -309,14 +320,17 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
         buffer.steps.call_ends(end)
         return out
 
-    return _with_hotpath(xsp_module_call, Mode.ROOTS, recording, original, correlation, on_read, tracing_known)
+    return _with_hotpath(xsp_module_call, Mode.ROOTS, recording, original, correlation, on_read, tracing_known,
+                         module_ranges=module_ranges)
 
 
 def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correlation: Correlation | None = None,
                       on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
     local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
-    hook_backward = _backward_hooks(recording)
+    module_ranges = _module_ranges(recording)
+    enter_range, leave_range = _range_calls(module_ranges)
+    hook_backward = _backward_hooks(recording, module_ranges)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
     # calls deeper than this pass through unrecorded, their own calls seeing the same depth
     deepest = recording.layer_depth or sys.maxsize
@@ -357,6 +371,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         if depth < SITE_SCOPES:  # C's calls inside must not take this depth's entry, an earlier call's, for this one's
             buffer.site_scopes[depth * SITE_SCOPE_BYTES:depth * SITE_SCOPE_BYTES + SITE_SCOPE_BYTES] = NO_SCOPE
         buffer.depth = depth + 1
+        ranged = enter_range is not None and enter_range(self, depth == 0) != NO_RANGE
         if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
             push(start)
         try:
@@ -365,12 +380,16 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             end = _now()
             if pop is not None:
                 pop()
+            if ranged:
+                leave_range()
             buffer.depth = outer
             _record_failure(buffer, self, args, kwargs, start, end, exc, depth)
             raise
         end = _now()
         if pop is not None:
             pop()
+        if ranged:
+            leave_range()
         buffer.depth = outer
         if kwargs or len(args) != 1 or type(args[0]) is not _tensor:
             in_desc = describe_inputs(args, kwargs)
@@ -390,10 +409,28 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         return out
 
     return _with_hotpath(xsp_module_call, Mode.ALL, recording, original, correlation, on_read, tracing_known,
-                         hook_backward)
+                         hook_backward, module_ranges)
 
 
-def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
+def _module_ranges(recording: Recording) -> ModuleRanges | None:
+    """The NVTX ranges of module calls, where the session sends NVTX ranges."""
+    return None if recording.nvtx is None else ModuleRanges(recording.nvtx, recording.model_names)
+
+
+def _range_calls(module_ranges: ModuleRanges | None) -> tuple[Callable[[nn.Module, bool], int] | None,
+                                                              Callable[[], None]]:
+    """``(enter(module, is_root), leave())`` of the Python wrapper's NVTX ranges (enter None: none)."""
+    if module_ranges is None:
+        return None, _nothing
+    return module_ranges.enter, module_ranges.ranges.pop
+
+
+def _nothing() -> None:
+    """No range to leave."""
+
+
+def _backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = None,
+                    ) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
     """``hook(buffer, out, module, call_start)``: record the begin and end of the backward of one call.
 
     The backward of a module call begins when the node that produced its output is about to
@@ -416,6 +453,20 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
     def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
         buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
 
+    # with NVTX, a leaf layer's backward (its node's pre-hook to its hook, on the thread that runs
+    # the node) is a range; a container's backward is known only once its children's have ended
+    ranges = None if module_ranges is None else module_ranges.ranges
+
+    def begin_ranged(module: nn.Module, call: int, grad_outputs: Any) -> None:
+        if ranges is not None:
+            ranges.push(module_ranges.backward_message_of(module))  # type: ignore[union-attr]
+        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
+
+    def end_ranged(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
+        if ranges is not None:
+            ranges.pop()
+
     def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
         node = out.grad_fn if type(out) is TENSOR_TYPE else None
         if node is None:
@@ -429,9 +480,11 @@ def _backward_hooks(recording: Recording) -> Callable[[ThreadBuffer, Any, nn.Mod
             nodes = (node,)
         leaf = not module._modules  # a module with submodules ends with them: cover_submodules stretches it
         for node in nodes:
-            node.register_prehook(partial(begin, module, call))
             if leaf:
-                node.register_hook(partial(end, module, call))
+                node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
+                node.register_hook(partial(end_ranged if ranges is not None else end, module, call))
+            else:
+                node.register_prehook(partial(begin, module, call))
 
     return hook
 

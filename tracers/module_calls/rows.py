@@ -79,7 +79,7 @@ def batch_size_of(descriptor: Any) -> int | None:
     return None
 
 
-class _Names:
+class LayerNames:
     """Layer names as seen from each top-level model: ``<model name>.<module path>``, the
     model's own name for the model itself. Cached per model."""
 
@@ -134,7 +134,7 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     cached = window.derived.get("module_calls")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    names = _Names(window.model_names)
+    names = LayerNames(window.model_names)
     pieces = _CallPieces()
     for buffer in window.buffers:
         if len(buffer.call_columns):
@@ -165,7 +165,7 @@ class _CallPieces:
         self.batch_sizes: list[int | None] = []
         self.messages: list[str | None] = []
 
-    def add(self, buffer: WindowBuffer, names: _Names) -> None:
+    def add(self, buffer: WindowBuffer, names: LayerNames) -> None:
         cols = buffer.call_columns
         depth = as_numpy(cols.depth)
         module_idx = as_numpy(cols.module)
@@ -280,7 +280,7 @@ def _root_attributes(buffer: WindowBuffer, starts: np.ndarray, depth: np.ndarray
     return attributes
 
 
-def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: _Names) -> str:
+def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: LayerNames) -> str:
     module = modules[module_i]
     if root_i == module_i:
         return names.model(module)
@@ -317,7 +317,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
     (``unpaired_backward_events``) rather than guessed.
     """
     calls = module_call_rows(window)
-    names: _Names = window.derived["module_names"]
+    names: LayerNames = window.derived["module_names"]
     # a call's backward is named as its forward was (a module made inside forward() has no
     # path of its own); forward calls of earlier windows fall back to the module's path
     forward_names: dict[int, str] = {}
@@ -416,7 +416,7 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.drop(columns=["call", "has_children"])
 
 
-def _backward_name(module: nn.Module, call: int, names: _Names, forward_names: dict[int, str]) -> str | None:
+def _backward_name(module: nn.Module, call: int, names: LayerNames, forward_names: dict[int, str]) -> str | None:
     """``<forward call's name>.backward`` (``call`` is the forward call's start); None for the
     backward of a call that is no layer (a compiled model's call of the model inside it)."""
     name = forward_names.get(call)

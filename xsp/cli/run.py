@@ -35,6 +35,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--layer-depth", type=int, default=None, metavar="N",
                         help="record layers down to module call depth N only (1: the calls the model makes itself); "
                              "deeper calls run unrecorded (default: every depth)")
+    parser.add_argument("--nvtx", action="store_true", default=None,
+                        help="push an NVTX range for each model call, layer and user span as it runs (domain xsp), "
+                             "for Nsight Systems: nsys profile --trace nvtx,cuda xsp run --nvtx -- SCRIPT "
+                             "(default: XSP_NVTX)")
     parser.add_argument("--dataset", metavar="DIR", default=None,
                         help="write the trace into this folder of runs instead, as "
                              "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
@@ -232,7 +236,8 @@ def run(options: argparse.Namespace) -> int:
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
                           service_name=_service_name(options, script),
                           otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
-                          span_budget=options.span_budget, dataset=options.dataset, layer_depth=options.layer_depth)
+                          span_budget=options.span_budget, dataset=options.dataset, layer_depth=options.layer_depth,
+                          nvtx=options.nvtx)
         # a script ending with os._exit ends the session there: say what was written before it exits
         session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         writing = ProgressLine()
@@ -297,7 +302,7 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     def traced(levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None = None) -> Trace:
         out.print(f"xsp: leveled run {label}", markup=False)
         session = Session(levels=levels, output=None, service_name=_service_name(options, script),
-                          backward=backward, layer_depth=layer_depth)
+                          backward=backward, layer_depth=layer_depth, nvtx=options.nvtx)
         status = _run_script(script, script_args, session)
         if status != 0:
             raise _ScriptFailed(status)

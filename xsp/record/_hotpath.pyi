@@ -15,6 +15,11 @@ class FastCall:
     compiler: Any
     call_machinery: Any
     """(nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__), or None."""
+    nvtx_messages: Any
+    """{module: NVTX message index} of the module calls' ranges (use_nvtx), or None."""
+    def use_nvtx(self, capsule: Any, messages: dict[Any, int] | None, message_of: Any, /) -> None:
+        """Push and pop an NVTX range (xsp.record._nvtx.ranges) around each module call recorded here;
+        its message from ``messages``, or ``message_of(module, is_root)`` the first time."""
     def __init__(self, mode: int, original: Any, slow: Any, local: Any, recording: Any, now: Any,
                  grad_enabled: Any, jit_tracing: Any, tensor_type: type, describe_inputs: Any, describe: Any,
                  on_error: Any, hook_backward: Any, buffer_type: type, steps_type: type,

@@ -42,6 +42,7 @@ from xsp.record.columns import (
     extend_from_packed_rows,
     packed_rows,
 )
+from xsp.record.nvtx import NvtxRanges
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
 
@@ -404,6 +405,8 @@ class Recording:
         deeper ones pass through unrecorded. None: every depth."""
         self.external_ids = False
         """Set once module calls push their start as CUPTI external correlation ids."""
+        self.nvtx: NvtxRanges | None = None
+        """With NVTX on (``xsp.trace(nvtx=True)``): the ranges that spans push and pop as they run."""
         self.paused = False
         """True while the steps that begin are not recorded (a profiling schedule): top-level
         calls then only keep the step bookkeeping going, and nothing below them is recorded."""

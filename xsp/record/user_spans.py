@@ -12,6 +12,7 @@ from xsp.core import state as _state
 from xsp.core.clock import now_ns
 from xsp.record.columns import COMPACT_AT
 from xsp.record.marks import MarkKind
+from xsp.record.nvtx import RangeColor
 from xsp.record.sites import NO_SITE
 
 _getframe = sys._getframe
@@ -35,8 +36,9 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         ...     pass
     """
 
-    __slots__ = ("name", "attributes", "_start", "_recording", "_site")
+    __slots__ = ("name", "attributes", "_start", "_recording", "_site", "_ranged")
     _kind: ClassVar[int] = MarkKind.USER
+    _color: ClassVar[RangeColor] = RangeColor.USER
 
     def __init__(self, name: str, **attributes: AttributeValue) -> None:
         self.name = name
@@ -46,6 +48,10 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         recording = self._recording = _state.recording
         # the with statement's frame, or (decorated) the traced function's, which is xsp's: the walk skips it
         self._site = NO_SITE if recording is None else recording.sites.of_frame(_getframe(1))
+        ranges = None if recording is None else recording.nvtx
+        self._ranged = ranges is not None
+        if ranges is not None:  # Nsight's range, named as the span
+            ranges.push(ranges.message(self.name, self._color))
         self._start = now_ns()
         return self
 
@@ -55,6 +61,8 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         recording = self._recording
         if recording is None:
             return
+        if self._ranged and recording.nvtx is not None:
+            recording.nvtx.pop()
         try:
             buffer = recording.local.b
         except AttributeError:
@@ -91,6 +99,7 @@ class step(span):  # noqa: N801
 
     __slots__ = ()
     _kind: ClassVar[int] = MarkKind.STEP
+    _color: ClassVar[RangeColor] = RangeColor.STEP
 
     def __init__(self, name: str = "step", **attributes: AttributeValue) -> None:
         super().__init__(name, **attributes)

@@ -254,4 +254,5 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
         "run_id": session.run_id,
         "machine_speed": machine_speed.confirmed(),
         "contention": contention.since(session.threads_at_start),
+        "nvtx": None if session.recording is None or session.recording.nvtx is None else session.recording.nvtx.facts(),
     }

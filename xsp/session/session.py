@@ -26,6 +26,7 @@ from xsp.export.otlp import ExportReport, OtlpExport
 from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
+from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.schedule import Schedule, StepAction, schedule_of
@@ -95,8 +96,10 @@ class Session:
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-                 backward: bool = True, layer_depth: int | None = None) -> None:
+                 backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> None:
         self.levels = parse_levels(levels)
+        self.nvtx = nvtx_ranges.wanted(nvtx)
+        """Whether spans push NVTX ranges as they run (see :mod:`xsp.record.nvtx`)."""
         self.backward = backward
         if layer_depth is not None and layer_depth < 1:
             raise ValueError(f"layer_depth must be 1 or more (1: the model's children), not {layer_depth}")
@@ -126,7 +129,7 @@ class Session:
             levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
             otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
             calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-            layer_depth=layer_depth)
+            layer_depth=layer_depth, nvtx=nvtx)
         self._nested: span | None = None
         """While this block is part of another thread's session (it joined it): its span there."""
         self.running = threading.Event()
@@ -191,6 +194,7 @@ class Session:
                 self.recording = Recording(self.max_events)
                 self.recording.backward_hooks = self.backward
                 self.recording.layer_depth = self.layer_depth
+                self._open_nvtx(self.recording)
                 _state.session, _state.recording = self, self.recording
             else:  # joins it, in the same claim: the active session's end then hands over to it
                 self._nested = span("xsp.trace")
@@ -214,6 +218,17 @@ class Session:
         finally:
             self.running.set()
         return self
+
+    def _open_nvtx(self, recording: Recording) -> None:
+        """With NVTX on, the ranges the recording's spans push (or a warning saying why none)."""
+        if not self.nvtx:
+            return
+        try:
+            recording.nvtx, why = nvtx_ranges.open_ranges()
+        except Exception as exc:  # NVTX costs the ranges, never the program
+            recording.nvtx, why = None, f"{type(exc).__name__}: {exc}"
+        if recording.nvtx is None:
+            self.warn(f"nvtx: {why}")
 
     def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
         starting.start(self, running, start_ns)
@@ -445,7 +460,7 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
           long_step_s: float = DEFAULT_LONG_STEP_S,
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-          backward: bool = True, layer_depth: int | None = None) -> Session:
+          backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -497,4 +512,4 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
                    calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-                   layer_depth=layer_depth)
+                   layer_depth=layer_depth, nvtx=nvtx)

@@ -152,9 +152,11 @@ PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, lon
     if (slot_set_ll(buffer, depth_slot, depth + 1) < 0) return NULL;
     const xsp_correlation *correlation = self->correlation;
     open_site_scope(self, buffer, depth);
+    int64_t nvtx_message = self->nvtx == NULL ? -1 : nvtx_push(self, CALL_MODULE(call), depth);
     if (correlation != NULL) correlation->push((uint64_t)start_ns);  /* the call's start names it to CUPTI */
     PyObject *out = call_original(self, call);
     if (correlation != NULL) correlation->pop();
+    if (nvtx_message >= 0) self->nvtx->pop();
     if (out == NULL) {
         *end = clock_after_failure(self, buffer, depth, end_ns);
         failed(self, buffer, call, start, *end, depth);
@@ -166,6 +168,28 @@ PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, lon
         return NULL;
     }
     return out;
+}
+
+/* Push the module call's NVTX range: its message from nvtx_messages, or from nvtx_message_of the
+ * first time (a top-level call names its model's layers there). Returns the message, or -1 when
+ * none was pushed (the failure is dropped: a range is never worth the user's call). */
+int64_t nvtx_push(FastCall *self, PyObject *module, long long depth) {
+    PyObject *found = PyDict_GetItemWithError(self->nvtx_messages, module);  /* borrowed */
+    long long message = -1;
+    if (found != NULL) {
+        message = PyLong_AsLongLong(found);
+    } else if (!PyErr_Occurred()) {
+        PyObject *made = PyObject_CallFunctionObjArgs(self->nvtx_message_of, module, depth == 0 ? Py_True : Py_False,
+                                                      NULL);
+        if (made != NULL) message = PyLong_AsLongLong(made);
+        Py_XDECREF(made);
+    }
+    if (message < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    self->nvtx->push(message);
+    return message;
 }
 
 /* paths -------------------------------------------------------------------------------- */
@@ -412,9 +436,46 @@ static PyMemberDef fastcall_members[] = {
      "torch.compiler, when its _is_compiling_flag is False exactly while nothing is compiled: reading the "
      "attribute on an instance then gives the object itself, bound, and on_read is not called."},
     {"original", T_OBJECT, offsetof(FastCall, original), READONLY, "nn.Module.__call__ as it was."},
+    {"nvtx_messages", T_OBJECT, offsetof(FastCall, nvtx_messages), READONLY,
+     "{module: NVTX message index} of the module calls' ranges (use_nvtx), or None."},
     {"call_machinery", T_OBJECT, offsetof(FastCall, call_machinery), 0,
      "(nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__): the frames between a module's "
      "call and its forward, which call sites of the calls that forward makes may look up; None: walk each."},
+    {NULL},
+};
+
+/* FastCall.use_nvtx(capsule, messages, message_of): push and pop an NVTX range around each module
+ * call it records (None: none). */
+static PyObject *fastcall_use_nvtx(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "use_nvtx(capsule, messages, message_of)");
+        return NULL;
+    }
+    if (argv[0] == Py_None) {
+        self->nvtx = NULL;
+        Py_CLEAR(self->nvtx_capsule);
+        Py_CLEAR(self->nvtx_messages);
+        Py_CLEAR(self->nvtx_message_of);
+        Py_RETURN_NONE;
+    }
+    const xsp_nvtx *ranges = PyCapsule_GetPointer(argv[0], XSP_NVTX_CAPSULE);
+    if (ranges == NULL) return NULL;
+    if (!PyDict_CheckExact(argv[1]) || !PyCallable_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "use_nvtx: messages must be a dict, message_of callable");
+        return NULL;
+    }
+    Py_XSETREF(self->nvtx_capsule, Py_NewRef(argv[0]));
+    Py_XSETREF(self->nvtx_messages, Py_NewRef(argv[1]));
+    Py_XSETREF(self->nvtx_message_of, Py_NewRef(argv[2]));
+    self->nvtx = ranges;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef fastcall_methods[] = {
+    {"use_nvtx", (PyCFunction)(void (*)(void))fastcall_use_nvtx, METH_FASTCALL,
+     "use_nvtx(capsule, messages, message_of): push and pop an NVTX range (xsp.record._nvtx.ranges) around "
+     "each module call recorded here, its message from the dict messages {module: index}, or from "
+     "message_of(module, is_root) the first time; use_nvtx(None, None, None): no ranges."},
     {NULL},
 };
 
@@ -516,7 +577,8 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     DO(self->step_none); DO(self->step_inference); DO(self->step_train); DO(self->mark_step); \
     DO(self->train_step_name); DO(self->train_attributes); DO(self->inference_step_name); \
     DO(self->inference_attributes); EACH_CACHED(DO); DO(self->exposed); DO(self->on_read); DO(self->compiler); \
-    DO(self->sites); DO(self->call_machinery); EACH_SITE_CACHED(DO)
+    DO(self->sites); DO(self->call_machinery); EACH_SITE_CACHED(DO); DO(self->nvtx_capsule); \
+    DO(self->nvtx_messages); DO(self->nvtx_message_of)
 
 GC_FUNCTIONS(fastcall, FastCall, EACH_FIELD)
 
@@ -542,6 +604,7 @@ PyTypeObject FastCallType = {
     .tp_descr_get = fastcall_descr_get,
     .tp_getattro = fastcall_getattro,
     .tp_members = fastcall_members,
+    .tp_methods = fastcall_methods,
     .tp_init = (initproc)fastcall_init,
     .tp_dealloc = (destructor)fastcall_dealloc,
     .tp_traverse = (traverseproc)fastcall_traverse,

@@ -48,6 +48,7 @@
 #endif
 
 #include "../_correlation.h"
+#include "../_nvtx.h"
 #include "../_site_cache.h"
 
 #define MODE_ROOTS 1
@@ -177,6 +178,10 @@ typedef struct {
     PyObject *correlation_capsule;  /* xsp.record._activity.correlation, or NULL */
     PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
+    PyObject *nvtx_capsule;   /* xsp.record._nvtx.ranges, or NULL: no NVTX ranges */
+    const xsp_nvtx *nvtx;     /* what it holds: an NVTX range pushed and popped around each call */
+    PyObject *nvtx_messages;  /* {module: message index} (NvtxRanges.forward) */
+    PyObject *nvtx_message_of;  /* (module, is_root) -> message index, on a miss (it fills nvtx_messages) */
     PyObject *sites;          /* recording.sites (xsp.record.sites.CallSites), or NULL: no call sites */
     PyObject *call_machinery; /* (nn.Module._call_impl's code, _wrapped_call_impl's code), or NULL */
     CodeEntry code_cache[CODE_CACHE];
@@ -351,6 +356,7 @@ int compact_if_full(PyObject *buffer, Py_ssize_t length, Py_ssize_t compact_at);
 PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, long long depth,
                                 PyObject *start, long long start_ns, PyObject **end, long long *end_ns,
                                 Py_ssize_t *calls_length);
+int64_t nvtx_push(FastCall *self, PyObject *module, long long depth);
 int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *module, PyObject *out,
                                  PyObject *start);
 int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *start, long long start_ns, long flags,

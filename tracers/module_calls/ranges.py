@@ -1,0 +1,78 @@
+"""The NVTX ranges of module calls, named as their spans (see :mod:`xsp.record.nvtx`).
+
+A model call's range is named as its model span (``model``), a layer call's as its layer span
+(``model.encoder.layers.0``), a leaf layer's backward as its backward span
+(``model.fc.backward``). Names are worked out once per module, at its first call, and kept in
+``NvtxRanges.forward``, which the C module-call wrapper reads at every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from xsp.record.nvtx import NvtxRanges, RangeColor
+from xsp.tracers.module_calls.rows import BACKWARD_SUFFIX, HIDDEN, LayerNames
+
+NO_RANGE = -1
+"""The message of a call that pushes no range (a compiled model's call of the model inside it)."""
+
+
+class ModuleRanges:
+    """Messages of module calls for one session's :class:`NvtxRanges`."""
+
+    def __init__(self, ranges: NvtxRanges, model_names: dict[int, str]) -> None:
+        self.ranges = ranges
+        self.names = LayerNames(model_names)
+
+    def message_of(self, module: nn.Module, is_root: bool) -> int:
+        """The message of ``module``'s calls (kept in ``ranges.forward``), :data:`NO_RANGE` for none.
+
+        A top-level call names its model's layers as it first runs (they are called inside it),
+        so a layer takes the name it has under the first model that called it.
+        """
+        if is_root:
+            name, color = self.names.model(module), RangeColor.MODEL
+            self.names.of_root(module)
+        else:
+            found = self.names.any_root.get(id(module))
+            name, color = (found if found is not None else self.names.fallback(module)), RangeColor.LAYER
+        message = NO_RANGE if name == HIDDEN else self.ranges.message(name, color)
+        try:
+            self.ranges.forward[module] = message
+        except TypeError:  # a module class that made itself unhashable: named again at each call
+            pass
+        return message
+
+    def backward_message_of(self, module: nn.Module) -> int:
+        """The message of ``module``'s backward (its forward's name with ``.backward``)."""
+        try:
+            found = self.ranges.backward.get(module)
+        except TypeError:
+            found = None
+        if found is not None:
+            return found
+        try:
+            forward = self.ranges.name_of(self.ranges.forward.get(module, NO_RANGE))
+        except TypeError:
+            forward = None
+        name = (forward if forward is not None else self.names.fallback(module)) + BACKWARD_SUFFIX
+        message = self.ranges.message(name, RangeColor.BACKWARD)
+        try:
+            self.ranges.backward[module] = message
+        except TypeError:
+            pass
+        return message
+
+    def enter(self, module: nn.Module, is_root: bool) -> int:
+        """Push ``module``'s range (the Python wrapper's way); the message, or :data:`NO_RANGE`."""
+        try:
+            message: Any = self.ranges.forward.get(module)
+        except TypeError:
+            message = None
+        if message is None:
+            message = self.message_of(module, is_root)
+        if message != NO_RANGE:
+            self.ranges.push(message)
+        return int(message)
