@@ -84,7 +84,7 @@ ranges = {"empty Python calls (push + pop), for scale": loop_ns(empty, empty)}
 from xsp.record import nvtx as xsp_nvtx
 bound, why = xsp_nvtx.open_ranges()
 if bound is not None:
-    message = bound.message("model.0", xsp_nvtx.RangeColor.LAYER)
+    message = bound.message("model.0", xsp_nvtx.RangeKind.LAYER)
     push, pop = bound.extension.push, bound.extension.pop
     ranges["xsp.record._nvtx push(message) + pop()"] = loop_ns(lambda: push(message), pop)
 try:

@@ -5,7 +5,7 @@
  * are checked against them).
  *
  * XSP_NVTX_RECORD names the file the events are written to at exit, one per line, tab-separated:
- *   push <tid> <ns> <domain> <name>     pop <tid> <ns> <domain>
+ *   push <tid> <ns> <domain> <category> <name>     pop <tid> <ns> <domain>
  *   start <tid> <ns> <domain> <id> <name>     end <tid> <ns> <domain> <id>
  *   bad <tid> <ns> <what>   (an event attribute structure NVTX's header would not accept)
  * Without it, events are only counted (the benchmarks' "tool attached" case). */
@@ -117,7 +117,9 @@ static int range_push(nvtxDomainHandle_t domain, const nvtxEventAttributes_t *at
         return 0;
     }
     const char *message = message_of(attributes);
-    if (message != NULL) append("push\t%ld\t%lld\t%s\t%s\n", thread_id(), now_ns(), domain_name(domain), message);
+    if (message != NULL)
+        append("push\t%ld\t%lld\t%s\t%u\t%s\n", thread_id(), now_ns(), domain_name(domain), attributes->category,
+               message);
     return 0;
 }
 

@@ -57,6 +57,9 @@ class Range:
     name: str
     parent: str | None
     """The name of the range it was pushed inside, on its thread (None: none)."""
+    category: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass
@@ -74,9 +77,10 @@ class Recorded:
 
 
 def read(path: Path) -> Recorded:
-    """Parse the recorder's file: every push paired with its thread's next pop."""
+    """Parse the recorder's file: every push paired with its thread's next pop (ranges in the
+    order they ended)."""
     recorded = Recorded()
-    stacks: dict[int, list[str]] = {}
+    stacks: dict[int, list[tuple[str, int, int]]] = {}  # name, category, push time
     open_ids: dict[str, tuple[int, str]] = {}
     for line in path.read_text().splitlines():
         fields = line.split("\t")
@@ -90,14 +94,15 @@ def read(path: Path) -> Recorded:
             if fields[3] != "xsp":
                 recorded.problems.append(f"range in domain {fields[3]}")
             stack = stacks.setdefault(thread, [])
-            recorded.ranges.append(Range(thread, fields[4], stack[-1] if stack else None))
-            stack.append(fields[4])
+            stack.append((fields[5], int(fields[4]), int(fields[2])))
         elif kind == "pop":
             stack = stacks.setdefault(thread, [])
             if not stack:
                 recorded.problems.append(f"pop without a push on thread {thread}")
             else:
-                stack.pop()
+                name, category, start_ns = stack.pop()
+                recorded.ranges.append(Range(thread, name, stack[-1][0] if stack else None, category, start_ns,
+                                             int(fields[2])))
         elif kind == "start":
             open_ids[fields[4]] = (thread, fields[5])
         elif kind == "end":
@@ -107,7 +112,7 @@ def read(path: Path) -> Recorded:
                 recorded.started.append((thread, fields[4]))
         elif kind == "bad":
             recorded.problems.append(line)
-    recorded.unpopped = {thread: stack for thread, stack in stacks.items() if stack}
+    recorded.unpopped = {thread: [entry[0] for entry in stack] for thread, stack in stacks.items() if stack}
     if open_ids:
         recorded.problems.append(f"ranges started and never ended: {sorted(open_ids)}")
     return recorded

@@ -220,3 +220,56 @@ def test_the_library_is_found_in_the_nvidia_wheel_or_named(monkeypatch: pytest.M
     found = nvtx.find_library()
     if nvtx_tool.nvtx_headers() is not None and found is None:
         pytest.fail("nvidia-nvtx-cu12 is installed (its headers are) but its library was not found")
+
+
+def nsight_export(recorded: nvtx_tool.Recorded, path: Path) -> Path:
+    """An Nsight Systems SQLite export of what the tool saw, as ``nsys export`` writes one: each
+    push/pop range an ``NVTX_EVENTS`` row (type 59) with its domain, category, text and thread."""
+    import sqlite3
+
+    from tests.unit.test_nsys_import import SCHEMA
+    from xsp.io.nsys import NVTX_DOMAIN_CREATE, NVTX_PUSH_POP
+
+    pid, domain_id = 4242, 1
+    connection = sqlite3.connect(path)
+    for table, columns in SCHEMA.items():
+        connection.execute(f"create table {table} ({columns})")
+    connection.executemany("insert into EXPORT_META_DATA values (?, ?)", [
+        ("EXPORT_SCHEMA_VERSION", "3.0.0"), ("EXPORT_SCHEMA_VERSION_MAJOR", "3"),
+        ("EXPORT_SCHEMA_VERSION_MINOR", "0"), ("EXPORT_SCHEMA_VERSION_MICRO", "0")])
+    connection.execute("insert into TARGET_INFO_SESSION_START_TIME values (?, ?, ?)",
+                       (1_700_000_000_000_000_000, "", ""))
+    base_ns = min(r.start_ns for r in recorded.ranges)
+    rows = [(0, None, NVTX_DOMAIN_CREATE, None, None, None, "xsp", pid << 24 | recorded.ranges[0].thread, None, None,
+             domain_id)]
+    rows += [(r.start_ns - base_ns, r.end_ns - base_ns, NVTX_PUSH_POP, None, r.category, None, r.name,
+              pid << 24 | r.thread, None, None, domain_id) for r in recorded.ranges]
+    connection.executemany("insert into NVTX_EVENTS values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    connection.commit()
+    connection.close()
+    return path
+
+
+def test_an_nsight_export_of_the_ranges_gives_the_spans_back(recorder: Path, tmp_path: Path) -> None:
+    recorded, trace, _ = run_under_tool(recorder, tmp_path, """
+        import sys, torch, xsp
+        from torch import nn
+        torch.set_num_threads(1)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        x = torch.randn(4, 8)
+        with xsp.trace(levels="model,layer", output=sys.argv[1], nvtx=True):
+            for _ in range(3):
+                with xsp.step("train"):
+                    with xsp.span("load"):
+                        pass
+                    model(x).sum().backward()
+    """)
+    assert_same_tree(recorded, trace)
+    imported = xsp.load(nsight_export(recorded, tmp_path / "report.sqlite")).spans
+    imported = imported[imported[col.NAME] != "session"]
+    spans = trace.spans
+    original = spans[spans[col.NAME].isin({r.name for r in recorded.ranges})
+                     & ~((spans[col.KIND] == SpanKind.BACKWARD.value) & (spans[col.LEVEL] == Level.MODEL.value))]
+    assert Counter(zip(imported[col.NAME], imported[col.LEVEL], imported[col.KIND])) == Counter(
+        zip(original[col.NAME], original[col.LEVEL], original[col.KIND]))
+    assert expected_tree(imported) == recorded.tree()

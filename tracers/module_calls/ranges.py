@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from xsp.record.nvtx import NvtxRanges, RangeColor
+from xsp.record.nvtx import NvtxRanges, RangeKind
 from xsp.tracers.module_calls.rows import BACKWARD_SUFFIX, HIDDEN, LayerNames
 
 NO_RANGE = -1
@@ -33,12 +33,12 @@ class ModuleRanges:
         so a layer takes the name it has under the first model that called it.
         """
         if is_root:
-            name, color = self.names.model(module), RangeColor.MODEL
+            name, kind = self.names.model(module), RangeKind.MODEL
             self.names.of_root(module)
         else:
             found = self.names.any_root.get(id(module))
-            name, color = (found if found is not None else self.names.fallback(module)), RangeColor.LAYER
-        message = NO_RANGE if name == HIDDEN else self.ranges.message(name, color)
+            name, kind = (found if found is not None else self.names.fallback(module)), RangeKind.LAYER
+        message = NO_RANGE if name == HIDDEN else self.ranges.message(name, kind)
         try:
             self.ranges.forward[module] = message
         except TypeError:  # a module class that made itself unhashable: named again at each call
@@ -58,7 +58,7 @@ class ModuleRanges:
         except TypeError:
             forward = None
         name = (forward if forward is not None else self.names.fallback(module)) + BACKWARD_SUFFIX
-        message = self.ranges.message(name, RangeColor.BACKWARD)
+        message = self.ranges.message(name, RangeKind.BACKWARD)
         try:
             self.ranges.backward[module] = message
         except TypeError:

@@ -16,6 +16,10 @@ Nsight Systems table                level      kind        notes
 ``CUPTI_ACTIVITY_KIND_MEMSET``      kernel     memset      bytes
 ==================================  =========  ==========  ======================================
 
+xsp's own ranges (``xsp run --nvtx``: domain ``xsp``, the span's kind as NVTX category) come back
+as the spans they stand for: model calls (model, predict), layers (layer, forward), layers'
+backward (layer, backward), user spans and explicit steps.
+
 Times are nanoseconds from the session's start (``TARGET_INFO_SESSION_START_TIME``), made epoch
 nanoseconds. A host row's thread is the OS thread id of its ``globalTid`` (which packs the process
 id in bits 24-47 and the thread id in bits 0-23); the threads are named from ``ThreadNames`` (and
@@ -46,6 +50,8 @@ from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
+from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
+from xsp.record.nvtx import RangeKind
 from xsp.table.build import build_table, new_step_state
 from xsp.table.walks import nullable_ints
 
@@ -233,10 +239,33 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     names = np.where(pd.isna(names), "(unnamed NVTX range)", names)
     rows = _base_rows(ranges, Level.MODEL, SpanKind.USER, names, base_ns, host=True)
     domain_ids = np.nan_to_num(ranges["domainId"].to_numpy(), nan=0).astype(np.int64)
+    if "category" in _columns(connection, "NVTX_EVENTS"):
+        _xsp_ranges(connection, rows, keep, domain_ids, domains)
     rows[col.ATTRIBUTES] = _per_distinct(
         domain_ids.reshape(-1, 1),
         lambda d: None if d == 0 else f'{{"nvtx.domain":{_json_text(domains.get(d, str(d)))}}}')
     return pd.DataFrame(rows)
+
+
+XSP_RANGES: Final = {RangeKind.MODEL: (Level.MODEL, SpanKind.PREDICT), RangeKind.LAYER: (Level.LAYER, SpanKind.FORWARD),
+                     RangeKind.BACKWARD: (Level.LAYER, SpanKind.BACKWARD), RangeKind.USER: (Level.MODEL, SpanKind.USER),
+                     RangeKind.STEP: (Level.MODEL, SpanKind.STEP)}
+"""The level and kind of the span each of xsp's own ranges (``xsp run --nvtx``: domain ``xsp``,
+the span's kind as NVTX category) stands for."""
+
+
+def _xsp_ranges(connection: sqlite3.Connection, rows: dict[str, Any], keep: np.ndarray, domain_ids: np.ndarray,
+                domains: dict[int, str]) -> None:
+    """xsp's own ranges back at their levels: a model call, a layer, a layer's backward..."""
+    ours = [domain for domain, name in domains.items() if name == XSP_DOMAIN]
+    if not ours:
+        return
+    categories = np.array([c for (c,) in connection.execute("select category from NVTX_EVENTS")], dtype=object)[keep]
+    in_domain = np.isin(domain_ids, ours)
+    levels, kinds = rows[col.LEVEL], rows[col.KIND]
+    for category, (level, kind) in XSP_RANGES.items():
+        chosen = in_domain & (categories == int(category))
+        levels[chosen], kinds[chosen] = level.value, kind.value
 
 
 def _json_text(text: str) -> str:

@@ -41,14 +41,24 @@ METADATA_KEY: Final = "nvtx"
 NVTX = hotpath.optional_extension("xsp.record._nvtx")
 
 
-class RangeColor(enum.IntEnum):
-    """ARGB colours of the ranges, one per kind of span, so that Nsight's rows read at a glance."""
+class RangeKind(enum.IntEnum):
+    """What a range stands for, sent as its NVTX category (which Nsight exports with each range,
+    so that xsp's import of the export gives the spans back at their levels)."""
 
-    MODEL = 0xFF76B900
-    LAYER = 0xFF1F77B4
-    BACKWARD = 0xFFFF7F0E
-    USER = 0xFF9467BD
-    STEP = 0xFF7F7F7F
+    MODEL = 1
+    LAYER = 2
+    BACKWARD = 3
+    USER = 4
+    STEP = 5
+
+    @property
+    def color(self) -> int:
+        """The range's ARGB colour in Nsight's timeline, one per kind."""
+        return _COLORS[self]
+
+
+_COLORS: Final = {RangeKind.MODEL: 0xFF76B900, RangeKind.LAYER: 0xFF1F77B4, RangeKind.BACKWARD: 0xFFFF7F0E,
+                  RangeKind.USER: 0xFF9467BD, RangeKind.STEP: 0xFF7F7F7F}
 
 
 def wanted(asked: bool | None) -> bool:
@@ -96,12 +106,12 @@ class NvtxRanges:
     messages: dict[tuple[str, int], int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
 
-    def message(self, name: str, color: RangeColor) -> int:
-        """The message index of ``name`` in ``color``, registered with the tool the first time."""
-        key = (name, int(color))
+    def message(self, name: str, kind: RangeKind) -> int:
+        """The message index of ``name`` as a range of ``kind``, registered with the tool the first time."""
+        key = (name, int(kind))
         found = self.messages.get(key)
         if found is None:
-            found = self.messages[key] = self.extension.message(name, int(color))
+            found = self.messages[key] = self.extension.message(name, kind.color, int(kind))
             self.names[found] = name
         return found
 
@@ -167,5 +177,5 @@ _NAMES: dict[int, str] = {}
 """Each message's name."""
 
 
-__all__ = ["NVTX_VARIABLE", "LIBRARY_VARIABLE", "INJECTION_VARIABLE", "DOMAIN", "METADATA_KEY", "RangeColor",
+__all__ = ["NVTX_VARIABLE", "LIBRARY_VARIABLE", "INJECTION_VARIABLE", "DOMAIN", "METADATA_KEY", "RangeKind",
            "NvtxRanges", "wanted", "find_library", "open_ranges"]

@@ -12,7 +12,7 @@ from xsp.core import state as _state
 from xsp.core.clock import now_ns
 from xsp.record.columns import COMPACT_AT
 from xsp.record.marks import MarkKind
-from xsp.record.nvtx import RangeColor
+from xsp.record.nvtx import RangeKind
 from xsp.record.sites import NO_SITE
 
 _getframe = sys._getframe
@@ -38,7 +38,7 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
 
     __slots__ = ("name", "attributes", "_start", "_recording", "_site", "_ranged")
     _kind: ClassVar[int] = MarkKind.USER
-    _color: ClassVar[RangeColor] = RangeColor.USER
+    _range_kind: ClassVar[RangeKind] = RangeKind.USER
 
     def __init__(self, name: str, **attributes: AttributeValue) -> None:
         self.name = name
@@ -51,7 +51,7 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         ranges = None if recording is None else recording.nvtx
         self._ranged = ranges is not None
         if ranges is not None:  # Nsight's range, named as the span
-            ranges.push(ranges.message(self.name, self._color))
+            ranges.push(ranges.message(self.name, self._range_kind))
         self._start = now_ns()
         return self
 
@@ -99,7 +99,7 @@ class step(span):  # noqa: N801
 
     __slots__ = ()
     _kind: ClassVar[int] = MarkKind.STEP
-    _color: ClassVar[RangeColor] = RangeColor.STEP
+    _range_kind: ClassVar[RangeKind] = RangeKind.STEP
 
     def __init__(self, name: str = "step", **attributes: AttributeValue) -> None:
         super().__init__(name, **attributes)

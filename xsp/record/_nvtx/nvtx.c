@@ -10,7 +10,10 @@
  *    index per name: a range then costs the tool a handle, not a string;
  *  - pushes and pops ranges (nvtxDomainRangePushEx / RangePop) around module calls, from C through
  *    the capsule `ranges` (xsp/record/_nvtx.h), and from Python (push, pop);
- *  - starts and ends ranges that need not nest on one thread (steps), by id.
+ *  - starts and ends ranges that need not nest on one thread, by id.
+ *
+ * Each range carries its span's kind as its NVTX category (xsp.record.nvtx.RangeKind), which
+ * Nsight exports with it: xsp's import of an Nsight export gives model and layer spans back.
  *
  * The event attribute structure is NVTX's ABI (nvtxEventAttributes_v2, version 3, 48 bytes);
  * the test library built in tests/ includes NVIDIA's own header and checks what arrives. */
@@ -66,6 +69,7 @@ typedef struct {
     const void *handle;
     const char *text;
     uint32_t color;
+    uint32_t category;
 } Message;
 
 static Message *messages;
@@ -81,6 +85,7 @@ static inline void fill(EventAttributes *attributes, int64_t index) {
     attributes->size = (uint16_t)sizeof *attributes;
     attributes->color_type = NVTX_COLOR_ARGB;
     attributes->color = message->color;
+    attributes->category = message->category;
     if (message->handle != NULL) {
         attributes->message_type = NVTX_MESSAGE_TYPE_REGISTERED;
         attributes->message = message->handle;
@@ -149,8 +154,8 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 
 static PyObject *message(PyObject *module, PyObject *args) {
     PyObject *name;
-    unsigned int color = 0xFF76B900;
-    if (!PyArg_ParseTuple(args, "U|I", &name, &color)) return NULL;
+    unsigned int color = 0xFF76B900, category = 0;
+    if (!PyArg_ParseTuple(args, "U|II", &name, &color, &category)) return NULL;
     if (!ready()) {
         PyErr_SetString(PyExc_RuntimeError, "no NVTX library is bound");
         return NULL;
@@ -170,7 +175,7 @@ static PyObject *message(PyObject *module, PyObject *args) {
         message_capacity = capacity;
     }
     const char *bytes = PyBytes_AS_STRING(text);
-    messages[message_count] = (Message){nvtx.register_string(nvtx.domain, bytes), bytes, color};
+    messages[message_count] = (Message){nvtx.register_string(nvtx.domain, bytes), bytes, color, category};
     return PyLong_FromSsize_t(message_count++);
 }
 
@@ -219,7 +224,8 @@ static PyMethodDef methods[] = {
      "bind(path, domain): load the NVTX library at path (dlopen), and create the domain. The first "
      "NVTX call loads the tool named by NVTX_INJECTION64_PATH. OSError when it cannot be loaded."},
     {"message", message, METH_VARARGS,
-     "message(name, color=0xFF76B900) -> int: register name in the domain once; the index pushes it."},
+     "message(name, color=0xFF76B900, category=0) -> int: register name in the domain once; the index pushes "
+     "it, with that ARGB colour and NVTX category."},
     {"push", push, METH_O, "push(message): push a range named by a message() index on this thread."},
     {"pop", pop, METH_NOARGS, "pop(): pop this thread's innermost range."},
     {"start", start, METH_O, "start(message) -> int: start a range that need not nest; its id ends it."},
