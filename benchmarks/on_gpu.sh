@@ -12,7 +12,8 @@
 # ResNet-50 inference at batch 1 and 32 under every level against torch.profiler, with kernel
 # counts, dropped records, the clock and the untraced speed after xsp), then "tests" (the GPU
 # suites, and the C record path on the fake libcupti), "more" (a training step and BERT), "probe",
-# "examples" (xsp run on ResNet-50 and a training loop) and "suite" (the unit and integration
+# "examples" (xsp run on ResNet-50 and a training loop), "nsight" (xsp run --nvtx under nsys, where
+# it is installed, exported and imported back) and "suite" (the unit and integration
 # tests). Each has its own time limit, so one that hangs leaves the others. Without a CUDA GPU
 # (a rehearsal: GPU_PYTHON=3.11 benchmarks/gpu_wheels.sh, then this) the CUDA parts say so and skip.
 # Results under $OUT: log.txt, gpu.md/gpu.json (first), gpu_more.md/json, gpu-tests.xml, traces.
@@ -23,7 +24,7 @@ OUT=${OUT:-/tmp/xsp-gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 part() { echo; echo "=== $* ($(date +%T))"; }
-PARTS=${PARTS:-first tests more probe examples suite}
+PARTS=${PARTS:-first tests more probe examples nsight suite}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 stop() { echo "STOP: $*"; exit 1; }
 
@@ -104,7 +105,8 @@ if want tests; then
     timeout 300 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py -p no:cacheprovider \
         --junitxml="$OUT/gpu-tests.xml"
     part "C record path on the fake libcupti"
-    timeout 150 python3 -m pytest -q -rs tests/unit/test_cuda.py tests/unit/test_cuda_records.py -p no:cacheprovider
+    timeout 150 python3 -m pytest -q -rs tests/unit/test_cuda.py tests/unit/test_cuda_records.py tests/unit/test_nvtx.py \
+        -p no:cacheprovider
 fi
 
 if want more; then
@@ -133,6 +135,27 @@ if want examples && cuda_or_skip "the examples on cuda"; then
     timeout 180 xsp run --levels model,layer,operator,cuda_api,kernel --report -o "$OUT/mnist_cuda.xsp.parquet" \
       -- examples/workloads/mnist_train.py --device cuda --steps 12
     echo "traced exit $?"
+fi
+
+if want nsight && cuda_or_skip "the NVTX round trip through Nsight Systems"; then
+    part "nsight: xsp run --nvtx under nsys, exported to SQLite and imported (issue 47's loop)"
+    if command -v nsys >/dev/null 2>&1; then
+        timeout 240 nsys profile --trace nvtx,cuda --force-overwrite true -o "$OUT/nvtx" xsp run --nvtx \
+            --levels model,layer -o "$OUT/nvtx_own.xsp.parquet" -- examples/resnet50_inference.py --device cuda \
+            --batch-size 8 --iterations 10
+        timeout 120 nsys export --type sqlite --force-overwrite true -o "$OUT/nvtx.sqlite" "$OUT/nvtx.nsys-rep"
+        timeout 120 python3 - "$OUT/nvtx_own.xsp.parquet" "$OUT/nvtx.sqlite" <<'PY'
+import sys, xsp
+own, back = xsp.load(sys.argv[1]).spans, xsp.load(sys.argv[2]).spans
+for label, spans in (("own", own), ("from nsight", back)):
+    layers = spans[spans["level"] == "layer"]
+    print(label, len(spans), "spans;", len(layers), "layer spans;", spans["kind"].value_counts().to_dict())
+names = set(own[own["level"] == "layer"]["name"]) - set(back[back["level"] == "layer"]["name"])
+print("layer names missing from the import:", sorted(names)[:10] or "none")
+PY
+    else
+        echo "SKIP: no nsys on this machine"
+    fi
 fi
 
 if want suite; then
