@@ -228,3 +228,26 @@ def test_the_real_export_reports_recommends_and_diffs_from_the_cli(tmp_path):
         assert finished.returncode == 0, (command, finished.stderr)
         assert "Traceback" not in finished.stderr
         assert all(len(line) <= 80 for line in finished.stdout.splitlines()), command
+
+
+def test_the_c_reader_and_pythons_sqlite3_give_the_same_table(tmp_path, monkeypatch):
+    import os
+
+    import xsp.io.nsys as nsys
+
+    if nsys.SQLITE_COLUMNS is None:
+        if os.environ.get("XSP_REQUIRE_HOTPATH"):
+            pytest.fail("xsp.io._sqlite is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.io._sqlite is not built here")
+    reader = nsys.SQLITE_COLUMNS
+    path = make_export(tmp_path / "report.sqlite")
+    in_c = load_nsys(path).spans
+    monkeypatch.setattr(nsys, "SQLITE_COLUMNS", None)
+    in_python = load_nsys(path).spans
+    same = [c for c in in_c.columns if c not in (col.TRACE_ID, col.SPAN_ID, col.PARENT_ID)]
+    pd.testing.assert_frame_equal(in_c[same], in_python[same])
+    buffer, columns = reader.read_floats(f"{path.resolve().as_uri()}?mode=ro",
+                                         "select start, end, textId from NVTX_EVENTS")
+    assert columns == 3 and len(buffer) % 24 == 0
+    with pytest.raises(OSError, match="no such table"):
+        reader.read_floats(f"{path.resolve().as_uri()}?mode=ro", "select x from nowhere")

@@ -50,6 +50,7 @@ from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
+from xsp.record.hotpath import optional_extension
 from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
 from xsp.record.nvtx import RangeKind
 from xsp.table.build import build_table, new_step_state
@@ -60,6 +61,9 @@ PRODUCT: Final = "NVIDIA Nsight Systems"
 KNOWN_SCHEMA_MAJORS: Final = (2, 3)
 """Export schema majors read: 2 (Nsight Systems 2021-2023.1) and 3 (2023.2 on), whose tables and
 columns used here are the same; each table's columns are checked all the same."""
+
+SQLITE_COLUMNS: Any = optional_extension("xsp.io._sqlite")
+"""xsp/io/_sqlite: numeric columns of a query read in C, or None where it is not built."""
 
 NVTX_PUSH_POP: Final = 59
 NVTX_START_END: Final = 60
@@ -150,11 +154,33 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
 
 def _frame(connection: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> pd.DataFrame:
     """Numeric ``columns`` of ``table`` as float64 columns (NaN where null): one array of all the
-    rows, made by numpy from SQLite's tuples, not a Python object a value. Exact for what is read
-    here (times from the session's start, ids, sizes: all below 2**53)."""
-    rows = connection.execute(f"select {', '.join(columns)} from {table}").fetchall()
-    data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
+    rows, read in C where xsp's extension is built (xsp/io/_sqlite), else made by numpy from
+    SQLite's tuples; never kept as a Python object a value. Exact for what is read here (times
+    from the session's start, ids, sizes: all below 2**53)."""
+    query = f"select {', '.join(columns)} from {table}"
+    data = _read_in_c(connection, query, len(columns))
+    if data is None:
+        rows = connection.execute(query).fetchall()
+        data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
     return pd.DataFrame(data, columns=list(columns), copy=False)
+
+
+def _read_in_c(connection: sqlite3.Connection, query: str, width: int) -> np.ndarray | None:
+    """The query's rows as a (rows, width) float64 array, read by xsp/io/_sqlite from the
+    connection's own file (opened again, read-only); None where the extension is not built or
+    cannot read it (the caller reads through Python then)."""
+    if SQLITE_COLUMNS is None:
+        return None
+    found = connection.execute("pragma database_list").fetchone()
+    if not found or not found[2]:
+        return None
+    try:
+        buffer, columns = SQLITE_COLUMNS.read_floats(f"{Path(found[2]).as_uri()}?mode=ro", query)
+    except OSError:
+        return None
+    if columns != width:
+        return None
+    return np.frombuffer(buffer, dtype=np.float64).reshape(-1, width)
 
 
 def _ints(values: pd.Series) -> np.ndarray:
