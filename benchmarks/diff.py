@@ -29,7 +29,7 @@ Prints a table and records it in benchmarks/results/diff.md.
    diff_loaded.md): the machine-speed correction must never make a false alarm.
 
 Usage: python benchmarks/diff.py [--pairs 20] [--slowed 8] [--steps 40] [--size-steps 40 100]
-       python benchmarks/diff.py --all-pairings 10 [--busy 1 2] [--keep FOLDER]
+       python benchmarks/diff.py --all-pairings 10 [--busy 1 2] [--trials 3] [--keep FOLDER]
 """
 
 from __future__ import annotations
@@ -385,25 +385,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only: A/A over every pairing of RUNS runs on a loaded machine (diff_loaded.md)")
     parser.add_argument("--busy", type=int, nargs="+", default=[1, 2],
                         help="processes spinning meanwhile, a table row for each (default: 1 2)")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="with --all-pairings: repeat each busy setting this many times, a row each")
     parser.add_argument("--keep", type=Path, metavar="FOLDER",
-                        help="with --all-pairings: keep the runs' traces in FOLDER (busyN/aaI.xsp.parquet)")
+                        help="with --all-pairings: keep the runs' traces in FOLDER (busyN/trialT/aaI.xsp.parquet)")
     args = parser.parse_args(argv)
     if args.all_pairings:
         with tempfile.TemporaryDirectory() as scratch:
             kept = args.keep or Path(scratch)
+            rows = []
             for busy in args.busy:
-                (kept / f"busy{busy}").mkdir(parents=True, exist_ok=True)
-            rows = [row for busy in args.busy
-                    for row in all_pairings_under_load(args.all_pairings, busy, args.steps, kept / f"busy{busy}")]
+                for trial in range(args.trials):
+                    folder = kept / f"busy{busy}" / f"trial{trial}"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    rows += all_pairings_under_load(args.all_pairings, busy, args.steps, folder)
         print(*markdown_table(rows), sep="\n")
+        total_alarms = sum(int(row["false alarms"]) for row in rows)
+        total_pairings = sum(int(row["pairings"]) for row in rows)
+        worst = max(int(row["false alarms"]) for row in rows)
         now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         record(["# xsp diff: A/A over every pairing of runs made on a loaded machine", "",
                 f"Last run: {now}, {platform.machine()}, Python {platform.python_version()}; `python "
                 f"benchmarks/diff.py --all-pairings {args.all_pairings} --busy {' '.join(map(str, args.busy))} "
-                f"--steps {args.steps}`.", "",
+                f"--steps {args.steps} --trials {args.trials}`.", "",
                 "Each run is a separate process profiling the same MLP (model,layer levels) while other "
-                "processes spin on the CPUs; every pairing is diffed with the defaults.", "",
-                *markdown_table(rows)], LOADED_RESULTS)
+                "processes spin on the CPUs; every pairing is diffed with the defaults. A row per trial "
+                "(a fresh set of runs).", "",
+                *markdown_table(rows), "",
+                f"In all: {total_alarms} false alarms in {total_pairings} pairings; at most {worst} in one "
+                f"trial's {args.all_pairings * (args.all_pairings - 1) // 2} (goal: at most 1)."], LOADED_RESULTS)
         return 0
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)

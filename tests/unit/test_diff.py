@@ -465,6 +465,36 @@ def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():
     assert diff(run(1), run(2, slower=uniform), machine_speed=False).verdict is dcol.Verdict.REGRESSED
 
 
+def test_a_key_that_changed_by_less_than_a_step_waited_for_a_cpu_is_not_judged_from_one_run_a_side():
+    # net.b (and so the model call) 60 µs slower a step; the new run's threads waited 100 µs a step for a CPU: a
+    # preemption met inside net.b in every step of that process looks the same (up to 1.5x that: 150 µs). Both
+    # runs waited 12% of their ready time (no correction for the load itself); the base's waits, 10 µs a step.
+    def busy(trace, waited_us, share=0.12):
+        trace.metadata["contention"] = {"on_cpu_ns": 1, "waited_ns": waited_us * 1000 * 40, "waited_share": share}
+        return trace
+
+    assert len(run(1).steps) == 40
+    base, new = busy(run(1), 10), busy(run(2, slower={"net.b": 0.3}), 100)
+    result = diff(base, new)
+    assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged" and result.verdict is dcol.Verdict.UNCHANGED
+    assert "1.5x what a run's threads waited for a CPU per step (100 µs)" in row(result, "net[0]/net.b[0]")[dcol.NOTE]
+    assert result.settings["keys_within_wait"] == 2 and result.settings["wait_per_step_us"] == [10.0, 100.0]
+    assert any("2 key(s) that changed by less than 150 µs a step are not judged" in warning
+               for warning in result.warnings)
+    assert row(diff(base, new, machine_speed=False), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"  # --raw
+    # more than the wait, or a quiet machine (under 5% of the ready time waited): judged
+    assert row(diff(base, busy(run(2, slower={"net.b": 0.8}), 100)), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+    quiet_base, quiet_new = busy(run(1), 10, 0.04), busy(run(2, slower={"net.b": 0.3}), 100, 0.04)
+    assert row(diff(quiet_base, quiet_new), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+    # an improvement alike (either process may have met the preemption); a quiet pair judges it
+    assert row(diff(new, base), "net[0]/net.b[0]")[dcol.VERDICT] == "unchanged"
+    assert row(diff(quiet_new, quiet_base), "net[0]/net.b[0]")[dcol.VERDICT] == "improved"
+    # several runs a side are judged by the spread between runs instead
+    pooled = diff([base, busy(run(3), 10), busy(run(4), 10)],
+                  [new, busy(run(5, slower={"net.b": 0.3}), 100), busy(run(6, slower={"net.b": 0.3}), 100)])
+    assert pooled.settings["keys_within_wait"] == 0
+
+
 def test_a_session_keeps_how_long_its_threads_waited_for_a_cpu(tmp_path):
     from xsp.core import contention
 

@@ -73,6 +73,37 @@ def pooled(contentions: list[Any]) -> dict[str, Any] | None:
     return {"waited_share": round(statistics.median(known), 4)}
 
 
+WAIT_EXPLAINS_SHARE: Final = 0.05
+"""A run whose threads waited for a CPU this share of their ready time or more (a loaded machine)
+may have lost a preemption's wait inside any one key of a step (see :func:`wait_per_step_ns`)."""
+
+
+PREEMPTION_FACTOR: Final = 1.5
+"""A preempted key loses its wait for a CPU and then refills the caches the other process evicted:
+on a loaded 2-core machine keys moved by up to 1.1x their run's mean wait per step
+(benchmarks/results/diff_loaded.md); changes within this multiple of it are not judged from one
+run a side."""
+
+
+def wait_per_step_ns(contention: dict[str, Any] | None, steps: object) -> float:
+    """The time a run's threads waited for a CPU, per step (0.0 where the run waited less than
+    :data:`WAIT_EXPLAINS_SHARE` of its ready time, or where it was not kept).
+
+    On a loaded machine the scheduler takes the CPU away for a timeslice of another process at a
+    time, and a program whose steps take a steady time can meet that preemption at the same point
+    of every step: one key then lasts a timeslice longer in every step of that process, which a
+    test over the steps of one run takes for a certain change. A key that changed by less than
+    its slower run's wait per step cannot be told from that from one run a side.
+    """
+    share = waited_share(contention)
+    waited = contention.get("waited_ns") if isinstance(contention, dict) else None
+    if share is None or share < WAIT_EXPLAINS_SHARE or not isinstance(waited, (int, float)):
+        return 0.0
+    if not isinstance(steps, (int, float)) or steps < 1:
+        return 0.0
+    return float(waited) / float(steps)
+
+
 def is_noticeable(ratio: float | None, same: float) -> bool:
     """Whether ``ratio`` differs from 1 by at least the share ``same``."""
     return ratio is not None and abs(math.log(ratio)) >= math.log1p(same)

@@ -168,10 +168,14 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     # from its noise: the threshold is raised to it (and said), never lowered
     machine_noise = machine_spread(base_info.get(MACHINE_SPEED)) + machine_spread(new_info.get(MACHINE_SPEED))
     judged_threshold = max(threshold, machine_noise) if machine_speed and not normalize else threshold
+    waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps")),
+                contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps")))
+    if not machine_speed or normalize:
+        waits_ns = (0.0, 0.0)
     table = keyed.compare_keys(base_keys, new_keys, threshold=judged_threshold,
-                               min_delta_ns=round(min_delta_us * 1000),
-                               alpha=alpha,
-                      normalize=normalize, speed=speed)
+                               min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
+                               normalize=normalize, speed=speed, waits_ns=waits_ns)
+    waited_keys = int(table.attrs.get(dcol.WAITED_KEYS, 0))
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
     warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0)
@@ -199,6 +203,13 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"busy machine, so from one run a side a change of every key under "
                         f"{dcol.UNIFORM_SHIFT_FLOOR:.0%} is not judged; it may be the program's (a library, a dtype): "
                         "compare several runs a side to tell")
+    if waited_keys:
+        limit_us = contention.PREEMPTION_FACTOR * max(waits_ns) / 1e3
+        warnings.append(f"the runs' threads waited for a CPU {waits_ns[0] / 1e3:.0f} µs (base) and "
+                        f"{waits_ns[1] / 1e3:.0f} µs (new) a step (a busy machine, as the kernel counted it): "
+                        f"{waited_keys} key(s) that changed by less than {limit_us:.0f} µs a step are not judged, "
+                        "since a preemption met at the same point of every step of one process looks the same "
+                        "(compare several runs a side, or run on a quieter machine; --raw judges them)")
     if unsteady and machine_speed and not normalize and measured_speed is not None:
         whose = "both runs' machines were" if len(unsteady) == 2 else f"the {unsteady[0]} run's machine was"
         warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): times "
@@ -228,7 +239,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
             warnings.append(f"with {int(tested[dcol.BASE_SAMPLES].min())} and {int(tested[dcol.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
                             f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
-    settings = {"by": key_by.value, "threshold": threshold, "judged_threshold": round(judged_threshold, 4),
+    settings: dict[str, Any] = {
+                "by": key_by.value, "threshold": threshold, "judged_threshold": round(judged_threshold, 4),
                 "min_delta_us": min_delta_us, "alpha": alpha,
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested) + by_interval, "normalize": normalize,
@@ -238,6 +250,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "unjudged_shift": round(unjudged_shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
                 "contention_ratio": None if waited is None else round(waited, 4),
+                "wait_per_step_us": [round(wait / 1e3, 1) for wait in waits_ns],
+                "keys_within_wait": waited_keys,
                 "judged_factor": round(float(table.attrs.get(dcol.JUDGED_FACTOR, 1.0)), 4),
                 "judged": "against the common shift" if normalize else (
                     "at equal machine speed" if speed != 1.0 else "raw times"),

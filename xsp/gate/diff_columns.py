@@ -154,6 +154,9 @@ machine, moved as a whole by up to 20% against each other (benchmarks/results/di
 with the machine's own probe unmoved: a process's memory and caches fall differently."""
 UNJUDGED_SHIFT: Final = "unjudged_shift"
 """Key of ``table.attrs``: the whole run's move that keys were not judged on (1.0: none)."""
+WAITED_KEYS: Final = "waited_keys"
+"""Key of ``table.attrs``: how many keys stayed unchanged because their change was within the
+slower run's wait for a CPU per step (one run a side, a loaded machine)."""
 SCATTER_FACTOR: Final = 3.0
 """How many robust standard deviations of the keys' scatter a one-run-a-side change must pass."""
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,

@@ -18,6 +18,7 @@ from scipy import stats
 
 from xsp.analysis.lines import line_keys
 from xsp.core import schema as col
+from xsp.core.contention import PREEMPTION_FACTOR
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
     ADJUSTED_DELTA_NS,
@@ -72,6 +73,7 @@ from xsp.gate.diff_columns import (
     UNIFORM_SHIFT_FLOOR,
     UNJUDGED_SHIFT,
     VERDICT,
+    WAITED_KEYS,
     KeyBy,
     Test,
     Verdict,
@@ -295,7 +297,8 @@ def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray
 
 
 def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
-                 alpha: float = 0.01, normalize: bool = False, speed: float = 1.0) -> pd.DataFrame:
+                 alpha: float = 0.01, normalize: bool = False, speed: float = 1.0,
+                 waits_ns: tuple[float, float] = (0.0, 0.0)) -> pd.DataFrame:
     """The diff table of two key-samples frames (:func:`key_samples`), one row per key.
 
     A key present in both is ``regressed`` (or ``improved``) only when its median per-step
@@ -323,6 +326,11 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     that moves all keys alike (a model moved to float64), so it is a view for attribution, not
     a check. The ``ratio`` and ``delta_ns`` columns keep what was measured; ``adjusted_ratio``
     is the ratio the verdict judged; ``relative_ratio`` is the ratio over the common shift.
+
+    ``waits_ns``: how long each run's threads waited for a CPU per step (base, new; see
+    :func:`xsp.core.contention.wait_per_step_ns`). From one run a side, a key that changed by less
+    than :data:`~xsp.core.contention.PREEMPTION_FACTOR` times the longer of the two may have met a
+    preemption in every step of one process: it stays unchanged, with a note saying so.
     """
     merged = base.merge(new, on=[col.LEVEL, KEY], how="outer", suffixes=("_base", "_new"), sort=False)
     count = len(merged)
@@ -396,12 +404,16 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     verdict[both & large & significant & faster] = Verdict.IMPROVED.value
     explained_only = np.zeros(count, dtype=bool)
     if factor != 1.0 and not normalize:  # a correction explains a change away; it never makes one
-        raw = compare_keys(base, new, threshold=threshold, min_delta_ns=min_delta_ns, alpha=alpha)
+        raw = compare_keys(base, new, threshold=threshold, min_delta_ns=min_delta_ns, alpha=alpha, waits_ns=waits_ns)
         raw_verdict = raw.set_index([col.LEVEL, KEY])[VERDICT].reindex(
             pd.MultiIndex.from_arrays([merged[col.LEVEL], merged[KEY]])).to_numpy(dtype=object)
         judged = np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value])
         explained_only = judged & (raw_verdict != verdict)
         verdict[explained_only] = Verdict.UNCHANGED.value
+    wait_limit = PREEMPTION_FACTOR * max(waits_ns)  # either run's process may have met the preemption
+    waited = one_run_a_side & np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value]) & (
+        np.abs(adjusted_delta) <= wait_limit)
+    verdict[waited] = Verdict.UNCHANGED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
     test = np.full(count, Test.NONE.value, dtype=object)
@@ -413,6 +425,9 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
+    note[waited] = (f"changed by less than {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "
+                    f"({max(waits_ns) / 1e3:.0f} µs): from one run a side, a preemption met at the same point of every "
+                    "step looks the same")
     note[with_run] = (f"moved with the whole run ({run_shift - 1:+.1%}): one run a side cannot tell that from "
                       "another process of the same program")
     table = pd.DataFrame({
@@ -453,6 +468,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     table.attrs[KEY_SCATTER] = scatter
     table.attrs[SCATTER_FLOOR] = float(np.expm1(SCATTER_FACTOR * scatter))
     table.attrs[UNJUDGED_SHIFT] = float(run_shift) if with_run.any() else 1.0
+    table.attrs[WAITED_KEYS] = int(waited.sum())
     table[EXPLAINS] = explains(table)
     return table
 
