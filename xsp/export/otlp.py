@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -34,7 +34,9 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp._version import __version__
 from xsp.core import schema as col
+from xsp.export import encoding
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
+from xsp.export.encoding import EncodedBatch, SpanColumns
 from xsp.export.target import OtlpTarget, Protocol
 from xsp.table.walks import depth_of, parent_positions
 
@@ -85,24 +87,50 @@ def _retry_after_s(value: str | None) -> float | None:
 
 def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -> SpanExporter:
     """The SDK's OTLP exporter for ``target``; other OTEL_* settings are read by it. Over HTTP
-    it carries ``xsp_answers`` (:class:`CollectorAnswers`), which :func:`export_batch` reads."""
+    it carries ``xsp_answers`` (:class:`CollectorAnswers`), which :func:`export_batch` reads.
+    It also sends batches xsp encoded itself (:class:`xsp.export.encoding.EncodedBatch`), through
+    the same connection, settings and retries."""
     timeout: dict[str, float] = {}
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
         timeout["timeout"] = DEFAULT_TIMEOUT_S
     if target.protocol is Protocol.GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        class GrpcExporter(Grpc):
+            """Sends an encoded batch's request as the SDK sends its own (parsed once by protobuf's C)."""
+
+            def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+                if isinstance(data, EncodedBatch):
+                    return ExportTraceServiceRequest.FromString(data.payload())
+                return super()._translate_data(data)
 
         url = target.endpoint if "://" in target.endpoint else f"http://{target.endpoint}"
-        return Grpc(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
+        grpc_exporter = GrpcExporter(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
+        grpc_exporter.xsp_encoded = True  # type: ignore[attr-defined]
+        return grpc_exporter
     import requests
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    class HttpExporter(Http):
+        """Posts an encoded batch's bytes through the SDK's own HTTP client (its retries, headers
+        and compression)."""
+
+        def export(self, spans: Any) -> SpanExportResult:
+            if not isinstance(spans, EncodedBatch):
+                return super().export(spans)
+            if self._shutdown:
+                return SpanExportResult.FAILURE
+            outcome = self._client.export(spans.payload())
+            return SpanExportResult.SUCCESS if outcome.success else SpanExportResult.FAILURE
 
     answers = CollectorAnswers()
     session = requests.Session()
     session.hooks["response"].append(answers.heard)
-    exporter = Http(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
+    exporter = HttpExporter(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
     exporter.xsp_answers = answers
-    return exporter  # type: ignore[no-any-return]
+    exporter.xsp_encoded = True
+    return exporter
 
 
 # building SDK spans from the table ----------------------------------------------------
@@ -343,7 +371,7 @@ def sdk_messages_into(report: ExportReport) -> Iterator[None]:
             logger.removeFilter(catcher)
 
 
-def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: ExportReport) -> None:
+def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportReport) -> None:
     """Send one batch; after the first batch that fails for good the rest count as failed unsent.
 
     A batch the collector finds too large (HTTP 413, a gRPC message over its limit) is sent
@@ -376,7 +404,7 @@ def export_batch(batch: list[ReadableSpan], exporter: SpanExporter, report: Expo
     report.failed += sum(len(part) for part in waiting)
 
 
-def _send(part: list[ReadableSpan], exporter: SpanExporter, report: ExportReport,
+def _send(part: Sequence[Any], exporter: SpanExporter, report: ExportReport,
           backoff_s: float) -> tuple[str, float]:
     """``(outcome, pause)``: "sent", "too large", "busy" (with the pause asked for) or "failed"."""
     answers: CollectorAnswers | None = getattr(exporter, "xsp_answers", None)
@@ -408,11 +436,27 @@ def _failure_text(outcome: str, report: ExportReport) -> str:
     return "the collector rejected or did not acknowledge a batch"
 
 
+def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
+                 session: tuple[str, int] | None = None, batch_size: int = BATCH_SIZE) -> None:
+    """Encode ``spans`` from their columns (:mod:`xsp.export.encoding`) and send them in batches
+    of ``batch_size`` rows, parents before children, as :func:`build_sdk_spans` hands them over."""
+    if session is None:
+        rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
+        if len(rows):
+            session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]]))
+    table = SpanColumns(spans, resource, session)
+    order = _parents_first(spans)
+    for first in range(0, len(order), batch_size):
+        export_batch(EncodedBatch(table, order[first:first + batch_size]), exporter, report)
+
+
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
                  session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET,
-                 deadline_s: float | None = None) -> ExportReport:
-    """Build the SDK spans of ``spans`` and send them to ``exporter``, counting exactly: spans
-    that could not even be built count as failed.
+                 deadline_s: float | None = None, encoded: bool = True) -> ExportReport:
+    """Send ``spans`` to ``exporter``, counting exactly: spans that could not even be encoded
+    count as failed. Encoded from the columns where xsp's encoder is built and ``exporter`` takes
+    encoded batches (``xsp_encoded``: those of :func:`make_exporter`; :func:`send_encoded`), else
+    (or ``encoded=False``) through SDK spans (:func:`build_sdk_spans`).
 
     A trace (a step) of more than ``span_budget`` spans is sent with its deepest levels folded
     into aggregate spans (:mod:`xsp.export.budget`; 0: no budget); the report counts them.
@@ -434,7 +478,10 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
         report.dropped_by_budget += folded.dropped
     try:
         with sdk_messages_into(report):
-            build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
+            if encoded and encoding.available() and getattr(exporter, "xsp_encoded", False):
+                send_encoded(spans, resource, exporter, report, session)
+            else:
+                build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
     except Exception as exc:
         report.error = report.error or f"{type(exc).__name__}: {exc}"
         unsent = len(spans) - (report.submitted - submitted_before)

@@ -1,0 +1,119 @@
+"""OTLP protobuf encoded from the span table's columns (xsp/export/encoding.py) against the SDK
+path, span for span: the bytes must decode to exactly what the SDK path sends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import xsp
+from xsp.core import schema as col
+from xsp.export import encoding
+from xsp.export.otlp import build_sdk_spans, resource_for
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+@pytest.fixture(autouse=True)
+def encoder() -> None:
+    if not encoding.available():
+        if os.environ.get("XSP_REQUIRE_HOTPATH"):
+            pytest.fail("xsp.export._protobuf is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.export._protobuf is not built here")
+
+
+def sdk_request(spans: pd.DataFrame, metadata: dict) -> ExportTraceServiceRequest:
+    sdk_spans: list = []
+    build_sdk_spans(spans, resource_for("svc", metadata), sdk_spans.extend)
+    return encode_spans(sdk_spans)
+
+
+def our_request(spans: pd.DataFrame, metadata: dict) -> ExportTraceServiceRequest:
+    import numpy as np
+
+    rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
+    session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]])) if len(rows) else None
+    table = encoding.SpanColumns(spans, resource_for("svc", metadata), session)
+    return ExportTraceServiceRequest.FromString(table.request(np.arange(len(spans))))
+
+
+def assert_same(spans: pd.DataFrame, metadata: dict) -> int:
+    sdk, ours = sdk_request(spans, metadata), our_request(spans, metadata)
+    assert len(sdk.resource_spans) == len(ours.resource_spans) == 1
+    sdk_rs, our_rs = sdk.resource_spans[0], ours.resource_spans[0]
+    assert sdk_rs.resource == our_rs.resource and sdk_rs.schema_url == our_rs.schema_url
+    assert len(sdk_rs.scope_spans) == len(our_rs.scope_spans) == 1
+    assert sdk_rs.scope_spans[0].scope == our_rs.scope_spans[0].scope
+    sdk_spans = {span.span_id: span for span in sdk_rs.scope_spans[0].spans}
+    our_spans = {span.span_id: span for span in our_rs.scope_spans[0].spans}
+    assert sdk_spans.keys() == our_spans.keys() and len(our_spans) == len(spans)
+    for span_id, span in sdk_spans.items():
+        assert our_spans[span_id] == span, (span, our_spans[span_id])
+    return len(spans)
+
+
+def traced_run() -> xsp.Trace:
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("bad input ✗")
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with xsp.trace(levels="model,layer,operator", output=None) as session:
+        for i in range(3):
+            with xsp.span("préparation ✓", batch=i, ratio=0.5, ok=True, tags=["a", "b"], empty="", sizes=[1, 2]):
+                pass
+            model(torch.randn(4, 8)).sum().backward()
+        try:
+            Fails()(torch.randn(2))
+        except ValueError:
+            pass
+    assert session.trace is not None
+    return session.trace
+
+
+def test_a_traced_run_encodes_as_the_sdk_path_does() -> None:
+    trace = traced_run()
+    spans = trace.spans
+    assert (spans[col.STATUS] == col.Status.ERROR.value).any() and spans[col.PARENT_ID].isna().sum() > 1
+    assert assert_same(spans, trace.metadata) > 50
+
+
+def test_attribute_limits_are_applied_as_the_sdk_applies_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = traced_run()
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "5")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4")
+    assert_same(trace.spans, trace.metadata)
+
+
+def test_own_attributes_that_name_a_typed_key_are_kept_as_the_sdk_keeps_them() -> None:
+    trace = traced_run()
+    spans = trace.spans.copy()
+    spans.loc[spans.index[:5], col.ATTRIBUTES] = '{"xsp.step": 99, "xsp.path": "mine", "other": null, "deep": {"a": 1}}'
+    assert_same(spans, trace.metadata)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces (the real traces) is not here")
+def test_a_real_kineto_trace_encodes_as_the_sdk_path_does() -> None:
+    trace = xsp.load(SHARED / "kineto" / "v100_2rank_train_rank1.json.gz")
+    spans = trace.spans.iloc[:20000]
+    assert spans[col.ATTRIBUTES].notna().any()
+    assert_same(spans.reset_index(drop=True), trace.metadata)
+
+
+def test_a_batch_splits_into_halves_that_encode_their_own_rows() -> None:
+    import numpy as np
+
+    trace = traced_run()
+    table = encoding.SpanColumns(trace.spans, resource_for("svc", trace.metadata), None)
+    batch = encoding.EncodedBatch(table, np.arange(len(trace.spans)))
+    halves = [batch[len(batch) // 2:], batch[:len(batch) // 2]]
+    assert sum(len(half) for half in halves) == len(batch)
+    ids = [span.span_id for half in halves
+           for span in ExportTraceServiceRequest.FromString(half.payload()).resource_spans[0].scope_spans[0].spans]
+    assert sorted(ids) == sorted(int(i).to_bytes(8, "big") for i in trace.spans[col.SPAN_ID])
