@@ -117,3 +117,36 @@ def test_a_batch_splits_into_halves_that_encode_their_own_rows() -> None:
     ids = [span.span_id for half in halves
            for span in ExportTraceServiceRequest.FromString(half.payload()).resource_spans[0].scope_spans[0].spans]
     assert sorted(ids) == sorted(int(i).to_bytes(8, "big") for i in trace.spans[col.SPAN_ID])
+
+
+def test_a_table_sent_in_chunks_sends_every_span_as_the_sdk_path_does() -> None:
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from xsp.export.otlp import ExportReport, send_encoded
+
+    class Collecting:
+        xsp_encoded = True
+
+        def __init__(self) -> None:
+            self.spans: list = []
+
+        def export(self, batch: encoding.EncodedBatch) -> SpanExportResult:
+            request = ExportTraceServiceRequest.FromString(batch.payload())
+            self.spans += list(request.resource_spans[0].scope_spans[0].spans)
+            return SpanExportResult.SUCCESS
+
+    trace = traced_run()
+    exporter, report = Collecting(), ExportReport(target="test")
+    resource = resource_for("svc", trace.metadata)
+    send_encoded(trace.spans, resource, exporter, report, batch_size=7)
+    assert report.exported == len(trace.spans) == len(exporter.spans)
+    seen: set[bytes] = set()
+    for span in exporter.spans:  # within a chunk (here the whole table), every parent before its children
+        assert not span.parent_span_id or span.parent_span_id in seen
+        seen.add(span.span_id)
+    exporter, report = Collecting(), ExportReport(target="test")
+    send_encoded(trace.spans, resource, exporter, report, batch_size=7, chunk_rows=40)
+    assert report.exported == len(trace.spans) == len(exporter.spans)
+    sent = sdk_request(trace.spans, trace.metadata).resource_spans[0].scope_spans[0].spans
+    sdk = {span.span_id: span for span in sent}
+    assert all(sdk[span.span_id] == span for span in exporter.spans)

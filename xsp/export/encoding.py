@@ -67,10 +67,12 @@ def field(tag: int, payload: bytes) -> bytes:
 class SpanColumns:
     """A span table made ready for the C encoder: its columns as arrays, what repeats encoded once.
 
-    ``session`` is the (trace id, span id) of the session span that step roots link to.
+    ``resource``: the SDK resource, or its encoding and the scope's (:func:`resource_and_scope`,
+    made once for many tables). ``session`` is the (trace id, span id) of the session span that
+    step roots link to.
     """
 
-    def __init__(self, spans: pd.DataFrame, resource: Resource, session: tuple[str, int] | None,
+    def __init__(self, spans: pd.DataFrame, resource: Resource | tuple[bytes, bytes], session: tuple[str, int] | None,
                  limits: SpanLimits | None = None) -> None:
         self.limits = limits or SpanLimits()
         count = len(spans)
@@ -122,7 +124,7 @@ class SpanColumns:
         self.extra_codes = np.full(count, -1, dtype=np.int32)
         self.extras: list[bytes] = []
         self._json_attributes(spans, typed_keys, present_counts)
-        self.prefix, self.scope = self._resource_and_scope(resource)
+        self.prefix, self.scope = resource if isinstance(resource, tuple) else resource_and_scope(resource)
 
     # -----------------------------------------------------------------------------------
     def _value(self, value: Any) -> bytes:
@@ -202,22 +204,6 @@ class SpanColumns:
                 + b"\x35" + SPAN_FLAGS.to_bytes(4, "little"))
         return field(0x6A, link)
 
-    @staticmethod
-    def _resource_and_scope(resource: Resource) -> tuple[bytes, bytes]:
-        """The resource (ResourceSpans' fields but its scope spans) and the scope (ScopeSpans' fields
-        but its spans) as the SDK encodes them, taken from one span it encodes."""
-        provider = TracerProvider(resource=resource)
-        span = provider.get_tracer(SCOPE_NAME, __version__).start_span("probe")
-        span.end()
-        request = encode_spans([span])  # type: ignore[list-item]
-        resource_spans = request.resource_spans[0]
-        scope_spans = resource_spans.scope_spans[0]
-        scope_spans.ClearField("spans")
-        scope = scope_spans.SerializeToString()
-        resource_spans.ClearField("scope_spans")
-        provider.shutdown()
-        return resource_spans.SerializeToString(), scope
-
     # -----------------------------------------------------------------------------------
     def spans_bytes(self, rows: np.ndarray) -> bytes:
         """The ScopeSpans.spans entries of ``rows`` (table positions), in that order."""
@@ -231,6 +217,22 @@ class SpanColumns:
         """A whole ExportTraceServiceRequest of ``rows``: one resource, one scope, their spans."""
         scope_spans = field(0x12, self.scope + self.spans_bytes(rows))
         return field(0x0A, self.prefix + scope_spans)
+
+
+def resource_and_scope(resource: Resource) -> tuple[bytes, bytes]:
+    """The resource (ResourceSpans' fields but its scope spans) and the scope (ScopeSpans' fields
+    but its spans) as the SDK encodes them, taken from one span it encodes."""
+    provider = TracerProvider(resource=resource)
+    span = provider.get_tracer(SCOPE_NAME, __version__).start_span("probe")
+    span.end()
+    request = encode_spans([span])  # type: ignore[list-item]
+    resource_spans = request.resource_spans[0]
+    scope_spans = resource_spans.scope_spans[0]
+    scope_spans.ClearField("spans")
+    scope = scope_spans.SerializeToString()
+    resource_spans.ClearField("scope_spans")
+    provider.shutdown()
+    return resource_spans.SerializeToString(), scope
 
 
 def _decoded_string(any_value: bytes) -> str:
@@ -270,4 +272,4 @@ class EncodedBatch(Sequence[int]):
         return self.table.request(self.rows)
 
 
-__all__ = ["PROTOBUF", "SpanColumns", "EncodedBatch", "available", "varint", "field"]
+__all__ = ["PROTOBUF", "SpanColumns", "EncodedBatch", "available", "resource_and_scope", "varint", "field"]

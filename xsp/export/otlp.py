@@ -36,7 +36,7 @@ from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.export import encoding
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
-from xsp.export.encoding import EncodedBatch, SpanColumns
+from xsp.export.encoding import EncodedBatch, SpanColumns, resource_and_scope
 from xsp.export.target import OtlpTarget, Protocol
 from xsp.table.walks import depth_of, parent_positions
 
@@ -48,6 +48,10 @@ what it found too large (413), when the caller sets no deadline."""
 TOO_LARGE_SIGNS = ("413", "too large", "larger than max", "max_request_size", "RESOURCE_EXHAUSTED")
 BUSY_STATUSES = frozenset({429, 502, 503, 504})
 BATCH_SIZE = 512
+ENCODED_BATCH_SIZE: Final = 2048
+"""Spans a request encoded from the columns holds (about 1.2 MB of a layer trace's spans, under
+the 4 MiB collectors accept by default; a collector that refuses one gets it again in halves)."""
+EXPORT_METHOD: Final = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 SCOPE_NAME = "xsp"
 ATTR_WORLD_SIZE = "xsp.world_size"
 ATTR_JOB_ID = "xsp.job_id"
@@ -95,14 +99,38 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
         timeout["timeout"] = DEFAULT_TIMEOUT_S
     if target.protocol is Protocol.GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+        class BytesOrMessageStub:
+            """The trace service's stub on the SDK exporter's channel, whose ``Export`` also takes a
+            request already serialized (xsp's encoder's bytes, sent as they are)."""
+
+            def __init__(self, channel: Any) -> None:
+                self.message_call = TraceServiceStub(channel).Export
+                self.bytes_call = channel.unary_unary(
+                    EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+
+            def Export(self, request: Any, **options: Any) -> Any:  # noqa: N802 - the stub's method name
+                call = self.bytes_call if isinstance(request, bytes) else self.message_call
+                return call(request, **options)
 
         class GrpcExporter(Grpc):
-            """Sends an encoded batch's request as the SDK sends its own (parsed once by protobuf's C)."""
+            """Sends an encoded batch's bytes through the SDK exporter (its channel, headers,
+            compression, timeout and retries), with no protobuf object made of them."""
 
-            def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+            def __init__(self, **options: Any) -> None:
+                super().__init__(**options)
+                # the SDK makes its stub again from _stub when it reconnects
+                self._stub = BytesOrMessageStub
+                self._client = BytesOrMessageStub(self._channel)  # type: ignore[assignment]
+
+            def _translate_data(self, data: Any) -> ExportTraceServiceRequest | bytes:  # type: ignore[override]
                 if isinstance(data, EncodedBatch):
-                    return ExportTraceServiceRequest.FromString(data.payload())
+                    return data.payload()
                 return super()._translate_data(data)
 
         url = target.endpoint if "://" in target.endpoint else f"http://{target.endpoint}"
@@ -436,18 +464,28 @@ def _failure_text(outcome: str, report: ExportReport) -> str:
     return "the collector rejected or did not acknowledge a batch"
 
 
+ENCODED_CHUNK: Final = 65_536
+"""Rows made ready for the encoder at a time: its memory stays that of a chunk, whatever the table's size."""
+
+
 def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
-                 session: tuple[str, int] | None = None, batch_size: int = BATCH_SIZE) -> None:
+                 session: tuple[str, int] | None = None, batch_size: int = ENCODED_BATCH_SIZE,
+                 chunk_rows: int = ENCODED_CHUNK) -> None:
     """Encode ``spans`` from their columns (:mod:`xsp.export.encoding`) and send them in batches
-    of ``batch_size`` rows, parents before children, as :func:`build_sdk_spans` hands them over."""
+    of ``batch_size`` rows. ``chunk_rows`` consecutive rows of the table are made ready for the
+    encoder at a time (a slice, not a copy); within one, parents go before their children."""
     if session is None:
         rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
         if len(rows):
             session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]]))
-    table = SpanColumns(spans, resource, session)
-    order = _parents_first(spans)
-    for first in range(0, len(order), batch_size):
-        export_batch(EncodedBatch(table, order[first:first + batch_size]), exporter, report)
+    encoded_resource = resource_and_scope(resource)
+    chunk_rows = max(chunk_rows, batch_size)
+    for chunk_first in range(0, len(spans), chunk_rows):
+        chunk = spans.iloc[chunk_first:chunk_first + chunk_rows]
+        table = SpanColumns(chunk, encoded_resource, session)
+        order = _parents_first(chunk.reset_index(drop=True))
+        for first in range(0, len(order), batch_size):
+            export_batch(EncodedBatch(table, order[first:first + batch_size]), exporter, report)
 
 
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
