@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from xsp.core import schema
     from xsp.gate.baseline import Summary, summarize
     from xsp.gate.diff import Diff, diff
+    from xsp.io.jaeger_query import pull
     from xsp.io.loading import load
     from xsp.io.trace import Trace
     from xsp.record.user_spans import span, step
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 _LAZY = {
     # pandas and pyarrow: when a trace is read (``xsp --help`` reads none)
     "load": ("xsp.io.loading", "load"), "Trace": ("xsp.io.trace", "Trace"),
+    "pull": ("xsp.io.jaeger_query", "pull"),
     # recording imports torch: only when a session is asked for (reading a trace never does)
     "trace": ("xsp.session.session", "trace"), "Session": ("xsp.session.session", "Session"),
     "span": ("xsp.record.user_spans", "span"), "step": ("xsp.record.user_spans", "step"),
@@ -64,7 +66,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "__version__", "analysis", "schema", "trace", "span", "step", "load", "Trace", "Session", "Level", "SpanKind",
+    "__version__", "analysis", "schema", "trace", "span", "step", "load", "pull", "Trace", "Session", "Level",
+    "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
     "TraceNotFoundError", "Schedule", "ScheduleError",
     "SchemaVersionError", "diff", "Diff", "Summary", "summarize",

@@ -393,8 +393,8 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
     hooked = []
     make_hooks = _module_calls._backward_hooks
 
-    def counting(recording):  # type: ignore[no-untyped-def]
-        hook = make_hooks(recording)
+    def counting(recording, *more):  # type: ignore[no-untyped-def]
+        hook = make_hooks(recording, *more)
 
         def counted(*args):  # type: ignore[no-untyped-def]
             hooked.append(args[2])

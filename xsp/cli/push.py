@@ -57,7 +57,7 @@ def run(options: argparse.Namespace) -> int:
                 if len(parts) > 1:
                     say(f"sending rank {number} of {len(parts)} ({len(part.spans):,} spans) to {target.endpoint}")
                 export_table(part.spans, resource_for(service_name, part.metadata), exporter, report,
-                             span_budget=budget)
+                             span_budget=budget, metadata=part.metadata)
         finally:
             exporter.shutdown()
     out = error_console()

@@ -468,6 +468,23 @@ ENCODED_CHUNK: Final = 65_536
 """Rows made ready for the encoder at a time: its memory stays that of a chunk, whatever the table's size."""
 
 
+def with_session_metadata(spans: pd.DataFrame, metadata: Mapping[str, Any]) -> pd.DataFrame:
+    """``spans`` with the trace's metadata in its session span's attributes
+    (:data:`~xsp.core.schema.ATTR_SESSION_METADATA`, JSON); unchanged without a session span."""
+    rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
+    if not len(rows):
+        return spans
+    row = int(rows[0])
+    text = spans[col.ATTRIBUTES].iloc[row]
+    attributes = json.loads(text) if isinstance(text, str) else {}
+    attributes[col.ATTR_SESSION_METADATA] = json.dumps(dict(metadata), default=str, ensure_ascii=False)
+    spans = spans.copy(deep=False)
+    column = spans[col.ATTRIBUTES].copy()
+    column.iloc[row] = json.dumps(attributes, ensure_ascii=False)
+    spans[col.ATTRIBUTES] = column
+    return spans
+
+
 def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
                  session: tuple[str, int] | None = None, batch_size: int = ENCODED_BATCH_SIZE,
                  chunk_rows: int = ENCODED_CHUNK) -> None:
@@ -490,7 +507,8 @@ def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
 
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
                  session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET,
-                 deadline_s: float | None = None, encoded: bool = True) -> ExportReport:
+                 deadline_s: float | None = None, encoded: bool = True,
+                 metadata: Mapping[str, Any] | None = None) -> ExportReport:
     """Send ``spans`` to ``exporter``, counting exactly: spans that could not even be encoded
     count as failed. Encoded from the columns where xsp's encoder is built and ``exporter`` takes
     encoded batches (``xsp_encoded``: those of :func:`make_exporter`; :func:`send_encoded`), else
@@ -499,10 +517,13 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     A trace (a step) of more than ``span_budget`` spans is sent with its deepest levels folded
     into aggregate spans (:mod:`xsp.export.budget`; 0: no budget); the report counts them.
     Batches the collector refuses are split or retried (see :func:`export_batch`) for at most
-    ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`).
+    ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`). ``metadata``: the trace's,
+    sent on the session span (:func:`with_session_metadata`) so that ``xsp pull`` gets it back.
     """
     report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
     report.to_send += len(spans)
+    if metadata is not None:
+        spans = with_session_metadata(spans, metadata)
     submitted_before = report.submitted
     try:
         folded = within_budget(spans, span_budget)
@@ -578,7 +599,8 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
         began, handed_before = time.perf_counter(), report.to_send
         try:
             sink = exporter or make_exporter(target)
-            export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget, deadline_s)
+            export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget, deadline_s,
+                         metadata=metadata)
             with sdk_messages_into(report):
                 sink.shutdown()
         except Exception as exc:  # the exporter could not even be made

@@ -1,0 +1,173 @@
+"""xsp pull: traces sent to Jaeger read back into the span table, against a loopback stand-in that
+answers as Jaeger's api_v3 documents (tests/jaeger_standin.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import xsp
+from tests.jaeger_standin import JaegerStandIn
+from xsp.core import schema as col
+from xsp.export.otlp import ExportReport, export_table, make_exporter, resource_for
+from xsp.export.target import OtlpTarget
+from xsp.io.jaeger_query import JaegerError, pull
+
+
+def recorded(tmp_path: Path) -> xsp.Trace:
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("bad ✗")
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet", service_name="pulled"):
+        for i in range(4):
+            with xsp.span("load", batch=i, tags=["a", "b"], ok=True):
+                pass
+            model(torch.randn(4, 8)).sum().backward()
+        try:
+            Fails()(torch.randn(2))
+        except ValueError:
+            pass
+    return xsp.load(tmp_path / "run.xsp.parquet")
+
+
+def push(trace: xsp.Trace, otlp: str, service: str = "pulled", span_budget: int = 0) -> ExportReport:
+    report = ExportReport(target="test")
+    exporter = make_exporter(OtlpTarget.resolve(otlp, "grpc"))
+    export_table(trace.spans, resource_for(service, trace.metadata), exporter, report, span_budget=span_budget,
+                 metadata=trace.metadata)
+    exporter.shutdown()
+    assert report.exported == len(trace.spans), report
+    return report
+
+
+def same_table(pulled: pd.DataFrame, original: pd.DataFrame) -> None:
+    left = pulled.sort_values(col.SPAN_ID, ignore_index=True)
+    right = original.sort_values(col.SPAN_ID, ignore_index=True)
+    assert len(left) == len(right)
+    for column in col.COLUMNS:
+        if column == col.ATTRIBUTES:
+            parse = lambda text: None if pd.isna(text) else json.loads(text)  # noqa: E731
+            assert [parse(t) for t in left[column]] == [parse(t) for t in right[column]], column
+        else:
+            pd.testing.assert_series_equal(left[column], right[column], check_names=False, obj=column)
+
+
+def range_of(trace: xsp.Trace) -> dict[str, int]:
+    spans = trace.spans
+    return {"start_ns": int(spans[col.START_NS].min()) - 1_000_000, "end_ns": int(spans[col.END_NS].max()) + 1_000_000}
+
+
+def test_a_pushed_trace_pulls_back_as_the_same_span_table_and_metadata(tmp_path: Path) -> None:
+    trace = recorded(tmp_path)
+    with JaegerStandIn() as jaeger:
+        push(trace, jaeger.otlp)
+        pulled = pull("pulled", jaeger.query, **range_of(trace))
+    same_table(pulled.spans, trace.spans)
+    expected = json.loads(json.dumps(trace.metadata, default=str))
+    kept = {key: value for key, value in pulled.metadata.items() if key != "pulled_from"}
+    assert kept == expected
+    report = pulled.metadata["pulled_from"]["report"]
+    assert report["truncated_traces"] == 0 and report["traces"] == trace.spans[col.TRACE_ID].nunique()
+
+
+@pytest.mark.parametrize("base64_ids", [False, True])
+def test_a_range_at_the_search_limit_is_split_until_every_trace_came(tmp_path: Path, base64_ids: bool) -> None:
+    trace = recorded(tmp_path)
+    with JaegerStandIn(base64_ids=base64_ids) as jaeger:
+        push(trace, jaeger.otlp)
+        pulled = pull("pulled", jaeger.query, search_depth=2, **range_of(trace))
+        assert all("query.start_time_min" in query for query in jaeger.store.queries)
+    assert pulled.metadata["pulled_from"]["report"]["splits"] > 0
+    same_table(pulled.spans, trace.spans)
+
+
+def test_one_trace_a_session_and_an_attribute_are_pulled_alone(tmp_path: Path) -> None:
+    trace = recorded(tmp_path)
+    spans = trace.spans
+    step_trace = spans.loc[spans[col.KIND] == col.SpanKind.STEP.value, col.TRACE_ID].iloc[1]
+    session_trace = spans.loc[spans[col.KIND] == col.SpanKind.SESSION.value, col.TRACE_ID].iloc[0]
+    with JaegerStandIn() as jaeger:
+        push(trace, jaeger.otlp)
+        one = pull(jaeger=jaeger.query, trace_id=step_trace)
+        assert set(one.spans[col.TRACE_ID]) == {step_trace}
+        same_table(one.spans, spans[spans[col.TRACE_ID] == step_trace])
+        (tmp_path / "other").mkdir()
+        other = recorded(tmp_path / "other")
+        push(other, jaeger.otlp)  # another run of the same service in the range
+        window = {"start_ns": min(range_of(trace)["start_ns"], range_of(other)["start_ns"]),
+                  "end_ns": max(range_of(trace)["end_ns"], range_of(other)["end_ns"])}
+        assert len(pull("pulled", jaeger.query, **window).spans) == len(spans) + len(other.spans)
+        session = pull("pulled", jaeger.query, session=session_trace, **window)
+        same_table(session.spans, spans)
+        loads = pull("pulled", jaeger.query, attributes={"batch": "2"}, **window)
+        # the spans outside steps hang below the session span: the two sessions' traces, and no step's
+        assert loads.spans[col.TRACE_ID].nunique() == 2
+        assert set(loads.spans[col.KIND]) == {col.SpanKind.SESSION.value, col.SpanKind.USER.value}
+
+
+def test_a_trace_jaeger_cut_to_its_max_trace_size_is_counted(tmp_path: Path) -> None:
+    trace = recorded(tmp_path)
+    with JaegerStandIn(max_trace_size=3) as jaeger:
+        push(trace, jaeger.otlp)
+        pulled = pull("pulled", jaeger.query, **range_of(trace))
+    assert pulled.metadata["pulled_from"]["report"]["truncated_traces"] > 0
+
+
+def test_the_ranks_of_a_distributed_job_come_back_each_as_it_was(tmp_path: Path) -> None:
+    trace = recorded(tmp_path)
+    ranks = []
+    for rank in range(2):
+        spans = trace.spans.copy()
+        offset = (rank + 1) << 40
+        spans[col.SPAN_ID] = spans[col.SPAN_ID] ^ offset
+        spans[col.PARENT_ID] = spans[col.PARENT_ID] ^ offset
+        spans[col.TRACE_ID] = spans[col.TRACE_ID].str.slice(0, 31) + str(rank)
+        spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
+        metadata = {**trace.metadata, "distributed": {"rank": rank, "world_size": 2, "job_id": "j"}}
+        ranks.append(xsp.Trace(spans=spans, metadata=metadata))
+    with JaegerStandIn() as jaeger:
+        for part in ranks:
+            push(part, jaeger.otlp)
+        pulled = pull("pulled", jaeger.query, **range_of(trace))
+    same_table(pulled.spans, pd.concat([part.spans for part in ranks], ignore_index=True))
+
+
+def test_errors_are_one_clear_line(tmp_path: Path) -> None:
+    with JaegerStandIn() as jaeger:
+        with pytest.raises(ValueError, match="not a trace id"):
+            pull(jaeger=jaeger.query, trace_id="xyz")
+        assert len(pull("nobody", jaeger.query).spans) == 0  # nothing in the range: an empty table
+        assert len(pull(jaeger=jaeger.query, trace_id="0" * 32).spans) == 0  # 404: no such trace
+    with pytest.raises(JaegerError, match="cannot reach Jaeger"):
+        pull("pulled", "http://127.0.0.1:9")
+
+
+def test_xsp_pull_writes_the_file_and_says_what_it_read(tmp_path: Path) -> None:
+    trace = recorded(tmp_path)
+    with JaegerStandIn() as jaeger:
+        push(trace, jaeger.otlp)
+        start = pd.Timestamp(range_of(trace)["start_ns"], unit="ns", tz="UTC").isoformat()
+        end = pd.Timestamp(range_of(trace)["end_ns"], unit="ns", tz="UTC").isoformat()
+        out = tmp_path / "back.xsp.parquet"
+        done = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", jaeger.query, "--service", "pulled",
+                               "--start", start, "--end", end, "-o", str(out)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"{len(trace.spans):,} spans" in done.stderr
+        same_table(xsp.load(out).spans, trace.spans)
+        missing = subprocess.run([sys.executable, "-m", "xsp", "pull", "-o", str(out)], capture_output=True,
+                                 text=True, timeout=120)
+        assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    down = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", "http://127.0.0.1:9", "--service", "x",
+                           "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 2 and "cannot reach Jaeger" in down.stderr and "Traceback" not in down.stderr
+    assert len(down.stderr.strip().splitlines()) == 1

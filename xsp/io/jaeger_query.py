@@ -1,0 +1,355 @@
+"""Traces read back from Jaeger (v2's query API, ``/api/v3``) into the span table: ``xsp pull``.
+
+Jaeger answers a search (``GET /api/v3/traces`` with the service and a time range, both bounds
+required) and a trace (``GET /api/v3/traces/{trace_id}``) with a stream of OTLP ``TracesData``
+as JSON, each wrapped ``{"result": ...}``; an error is ``{"error": {"httpCode", "message"}}``
+(404 "No traces found": none). Ids come as hex or base64, 64-bit integers as strings.
+
+A search returns at most its ``search_depth`` traces and has no paging, so a range whose answer
+reaches that many is split in two and each half asked again, down to a millisecond. Spans seen
+twice (a trace in two ranges) are kept once. A trace whose spans name a parent that never came is
+counted as truncated (Jaeger's ``max_trace_size`` cuts big traces).
+
+xsp's attributes turn back into the columns they came from (``xsp.level``, ``xsp.kind``, every
+typed column of :data:`xsp.core.schema.COLUMN_ATTRIBUTE_KEYS`), the rest into ``attributes``; the
+session span carries the run's metadata (``xsp.session.metadata``), which comes back whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.core.errors import XspError
+from xsp.io.trace import Trace
+from xsp.table.build import conform
+
+DEFAULT_JAEGER: Final = "http://localhost:16686"
+SEARCH_DEPTH: Final = 1000
+"""Traces a search asks for; an answer of this many may be cut: its range is split."""
+SMALLEST_RANGE_NS: Final = 1_000_000
+AGGREGATED_KEY: Final = '"xsp.aggregated.count"'
+"""In an aggregate span's attributes (the span budget's, xsp.export.budget): many spans folded into one."""
+TIMEOUT_S: Final = 30.0
+READ_BYTES: Final = 1 << 20
+INT_COLUMNS: Final = frozenset(name for name, dtype in col.COLUMNS.items() if dtype == "Int64")
+COLUMN_OF_KEY: Final = {key: column for column, key in col.COLUMN_ATTRIBUTE_KEYS.items()}
+SPAN_KINDS: Final = frozenset(kind.value for kind in col.SpanKind)
+
+
+class JaegerError(XspError):
+    """Jaeger could not be reached, or refused or could not answer a query (the message says which)."""
+
+
+@dataclass
+class PullReport:
+    """What a pull asked and found."""
+
+    queries: int = 0
+    splits: int = 0
+    traces: int = 0
+    spans_seen: int = 0
+    duplicates: int = 0
+    truncated_traces: int = 0
+    aggregates: int = 0
+    cut_ranges: list[str] = field(default_factory=list)
+    """Ranges still at the search's limit at the smallest split (some traces there may be missing)."""
+
+
+# the query API -------------------------------------------------------------------------
+def rfc3339(ns: int) -> str:
+    """Epoch nanoseconds as RFC 3339 with nanoseconds, UTC."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{rest:09d}Z"
+
+
+def answers(url: str, timeout_s: float = TIMEOUT_S) -> Iterator[dict[str, Any]]:
+    """The ``result`` objects of one streamed answer, read a piece at a time; an error answer
+    raises :class:`JaegerError`, except 404 (no traces: nothing)."""
+    try:
+        response = urllib.request.urlopen(url, timeout=timeout_s)  # noqa: S310 - the user's Jaeger
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace")
+        if exc.code == 404:
+            return
+        raise JaegerError(f"Jaeger answered {exc.code}: {_error_text(body) or exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise JaegerError(f"cannot reach Jaeger's query API at {url.split('/api/')[0]}: {reason}") from None
+    decoder = json.JSONDecoder()
+    text = ""
+    with response:
+        while True:
+            piece = response.read(READ_BYTES)
+            text += piece.decode("utf-8", "replace") if piece else ""
+            position = 0
+            while True:
+                while position < len(text) and text[position] in " \t\r\n,[]":
+                    position += 1
+                if position >= len(text):
+                    break
+                try:
+                    found, end = decoder.raw_decode(text, position)
+                except json.JSONDecodeError:
+                    if not piece:
+                        raise JaegerError(f"Jaeger's answer is not JSON: {text[position:position + 80]!r}") from None
+                    break
+                position = end
+                if isinstance(found, dict) and "error" in found:
+                    error = found["error"] if isinstance(found["error"], dict) else {}
+                    if error.get("httpCode") == 404 or error.get("grpcCode") == 5:
+                        continue
+                    raise JaegerError(f"Jaeger answered {error.get('httpCode', '')}: {error.get('message', found)}")
+                if isinstance(found, dict) and isinstance(found.get("result"), dict):
+                    yield found["result"]
+            text = text[position:]
+            if not piece:
+                if text.strip():
+                    raise JaegerError(f"Jaeger's answer ended inside a JSON object: {text[:80]!r}")
+                return
+
+
+def _error_text(body: str) -> str:
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return body.strip()[:200]
+    error = found.get("error") if isinstance(found, dict) else None
+    return str(error.get("message", "")) if isinstance(error, dict) else body.strip()[:200]
+
+
+def search_url(jaeger: str, service: str, start_ns: int, end_ns: int, attributes: Mapping[str, str],
+               depth: int = SEARCH_DEPTH) -> str:
+    query = {"query.service_name": service, "query.start_time_min": rfc3339(start_ns),
+             "query.start_time_max": rfc3339(end_ns), "query.search_depth": str(depth)}
+    if attributes:
+        query["query.attributes"] = json.dumps(dict(attributes), separators=(",", ":"))
+    return f"{jaeger.rstrip('/')}/api/v3/traces?{urllib.parse.urlencode(query)}"
+
+
+def trace_url(jaeger: str, trace_id: str) -> str:
+    return f"{jaeger.rstrip('/')}/api/v3/traces/{urllib.parse.quote(trace_id)}"
+
+
+# OTLP JSON into rows -------------------------------------------------------------------
+def hex_id(value: Any, size: int) -> str | None:
+    """An OTLP JSON id (hex, or base64 as some versions send it) as lowercase hex of ``size`` bytes."""
+    if not isinstance(value, str) or not value:
+        return None
+    if len(value) == 2 * size and re.fullmatch(r"[0-9a-fA-F]+", value):
+        return value.lower()
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == size else None
+
+
+def any_value(value: Any) -> Any:
+    """The Python value of an OTLP JSON AnyValue."""
+    if not isinstance(value, dict):
+        return None
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [any_value(item) for item in (value["arrayValue"] or {}).get("values", [])]
+    if "kvlistValue" in value:
+        items = (value["kvlistValue"] or {}).get("values", [])
+        return {item.get("key"): any_value(item.get("value")) for item in items}
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+def attributes_of(items: Any) -> dict[str, Any]:
+    return {item["key"]: any_value(item.get("value")) for item in items or []
+            if isinstance(item, dict) and "key" in item}
+
+
+@dataclass
+class Collected:
+    """Spans read so far, one row each (a span seen twice is kept once), and what came with them."""
+
+    rows: dict[str, list[Any]] = field(default_factory=lambda: {name: [] for name in (
+        col.TRACE_ID, col.SPAN_ID, col.PARENT_ID, col.NAME, col.START_NS, col.END_NS, col.STATUS,
+        col.STATUS_MESSAGE, "links", "attrs")})
+    seen: set[int] = field(default_factory=set)
+    resources: list[dict[str, Any]] = field(default_factory=list)
+    report: PullReport = field(default_factory=PullReport)
+
+    def add(self, traces_data: Mapping[str, Any]) -> set[str]:
+        """Add the spans of one TracesData; the trace ids seen in it."""
+        trace_ids: set[str] = set()
+        rows = self.rows
+        for resource_spans in traces_data.get("resourceSpans") or []:
+            resource = attributes_of((resource_spans.get("resource") or {}).get("attributes"))
+            if resource and resource not in self.resources:
+                self.resources.append(resource)
+            for scope_spans in resource_spans.get("scopeSpans") or []:
+                for span in scope_spans.get("spans") or []:
+                    trace_id, span_id = hex_id(span.get("traceId"), 16), hex_id(span.get("spanId"), 8)
+                    if trace_id is None or span_id is None:
+                        continue
+                    self.report.spans_seen += 1
+                    trace_ids.add(trace_id)
+                    number = int(span_id, 16)
+                    if number in self.seen:
+                        self.report.duplicates += 1
+                        continue
+                    self.seen.add(number)
+                    parent = hex_id(span.get("parentSpanId"), 8)
+                    status = span.get("status") or {}
+                    error = status.get("code") in (2, "STATUS_CODE_ERROR")
+                    rows[col.TRACE_ID].append(trace_id)
+                    rows[col.SPAN_ID].append(number)
+                    rows[col.PARENT_ID].append(None if parent is None else int(parent, 16))
+                    rows[col.NAME].append(span.get("name", ""))
+                    rows[col.START_NS].append(int(span.get("startTimeUnixNano") or 0))
+                    rows[col.END_NS].append(int(span.get("endTimeUnixNano") or 0))
+                    rows[col.STATUS].append(col.Status.ERROR.value if error else col.Status.OK.value)
+                    rows[col.STATUS_MESSAGE].append(status.get("message") if error else None)
+                    rows["links"].append([hex_id(link.get("traceId"), 16) for link in span.get("links") or []])
+                    rows["attrs"].append(attributes_of(span.get("attributes")))
+        return trace_ids
+
+    def table(self) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+        """The span table of every span kept, and the session's metadata where a session span had it."""
+        rows = self.rows
+        count = len(rows[col.SPAN_ID])
+        columns: dict[str, Any] = {name: rows[name] for name in (col.TRACE_ID, col.NAME, col.STATUS,
+                                                                 col.STATUS_MESSAGE)}
+        columns[col.SPAN_ID] = np.array(rows[col.SPAN_ID], dtype=np.uint64).astype(np.int64)
+        columns[col.PARENT_ID] = pd.array([None if p is None else np.uint64(p).astype(np.int64)
+                                           for p in rows[col.PARENT_ID]], dtype="Int64")
+        columns[col.START_NS] = np.array(rows[col.START_NS], dtype=np.int64)
+        columns[col.END_NS] = np.array(rows[col.END_NS], dtype=np.int64)
+        levels, kinds, others = [], [], []
+        typed: dict[str, list[Any]] = {column: [None] * count for column in col.COLUMN_ATTRIBUTE_KEYS}
+        metadata = None
+        for row, attributes in enumerate(rows["attrs"]):
+            levels.append(attributes.pop(col.ATTR_LEVEL, col.Level.MODEL.value))
+            kinds.append(attributes.pop(col.ATTR_KIND, col.SpanKind.USER.value))
+            kept = attributes.pop(col.ATTR_SESSION_METADATA, None)
+            if isinstance(kept, str) and kinds[-1] == col.SpanKind.SESSION.value:
+                try:
+                    metadata = json.loads(kept)
+                except ValueError:
+                    pass
+            for key in [key for key in attributes if key in COLUMN_OF_KEY]:
+                typed[COLUMN_OF_KEY[key]][row] = attributes.pop(key)
+            others.append(json.dumps(attributes, ensure_ascii=False) if attributes else None)
+        columns[col.LEVEL], columns[col.KIND], columns[col.ATTRIBUTES] = levels, kinds, others
+        for column, values in typed.items():
+            if any(value is not None for value in values):
+                columns[column] = pd.array(values, dtype="Int64") if column in INT_COLUMNS else values
+        frame = pd.DataFrame(columns)
+        frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
+        return conform(frame), metadata
+
+
+# pulling ---------------------------------------------------------------------------------
+def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: int | None = None,
+         end_ns: int | None = None, since_s: float | None = 3600.0, trace_id: str | None = None,
+         session: str | None = None, attributes: Mapping[str, str] | None = None,
+         search_depth: int = SEARCH_DEPTH, timeout_s: float = TIMEOUT_S) -> Trace:
+    """Read traces back from Jaeger into an :class:`xsp.Trace`.
+
+    Args:
+        service: the service whose traces to read (``service.name``); not needed with ``trace_id``.
+        jaeger: the query API's base URL (Jaeger's UI port, 16686).
+        start_ns, end_ns: the time range (epoch ns); by default the last ``since_s`` seconds.
+        trace_id: read this one trace (hex) instead of searching.
+        session: keep the session trace of this id (hex: the session span's trace id) and the step
+            traces that link to it; the rest of the range is left out.
+        attributes: only traces with spans holding these attribute values (Jaeger's tag search).
+        search_depth: traces asked for per query; a range whose answer reaches it is split.
+
+    Raises:
+        JaegerError: Jaeger cannot be reached, or refused the query.
+        ValueError: a range or an id that cannot be asked for.
+    """
+    collected = Collected()
+    report = collected.report
+    now_ns = int(datetime.now(tz=timezone.utc).timestamp() * 1e9)
+    if trace_id is not None:
+        wanted = hex_id(trace_id, 16)
+        if wanted is None:
+            raise ValueError(f"not a trace id (32 hex digits): {trace_id!r}")
+        report.queries += 1
+        for result in answers(trace_url(jaeger, wanted), timeout_s):
+            collected.add(result)
+    else:
+        if not service:
+            raise ValueError("a service to search is needed (or a trace id)")
+        end = now_ns if end_ns is None else end_ns
+        start = start_ns if start_ns is not None else end - int((since_s or 3600.0) * 1e9)
+        if start >= end:
+            raise ValueError("the time range is empty: its start is not before its end")
+        ranges = [(start, end)]
+        while ranges:
+            low, high = ranges.pop()
+            report.queries += 1
+            traces: set[str] = set()
+            for result in answers(search_url(jaeger, service, low, high, attributes or {}, search_depth), timeout_s):
+                traces |= collected.add(result)
+            if len(traces) >= search_depth:
+                if high - low <= SMALLEST_RANGE_NS:
+                    report.cut_ranges.append(f"{rfc3339(low)}..{rfc3339(high)}")
+                else:
+                    report.splits += 1
+                    middle = (low + high) // 2
+                    ranges += [(middle, high), (low, middle)]
+    spans, metadata = collected.table()
+    if session is not None:
+        spans = _session_only(spans, collected, session)
+    report.traces = int(spans[col.TRACE_ID].nunique()) if len(spans) else 0
+    report.truncated_traces = _truncated(spans)
+    report.aggregates = int(spans[col.ATTRIBUTES].str.contains(AGGREGATED_KEY, regex=False).fillna(False).sum())
+    info: dict[str, Any] = dict(metadata) if metadata else {}
+    resource = collected.resources[0] if collected.resources else {}
+    info.setdefault("service_name", resource.get("service.name", service))
+    info["pulled_from"] = {"jaeger": jaeger, "service": service, "trace_id": trace_id, "session": session,
+                           "report": report.__dict__}
+    return Trace(spans=spans, metadata=info)
+
+
+def _session_only(spans: pd.DataFrame, collected: Collected, session: str) -> pd.DataFrame:
+    """The session trace ``session`` and the traces whose spans link to it."""
+    wanted = hex_id(session, 16)
+    if wanted is None:
+        raise ValueError(f"not a session trace id (32 hex digits): {session!r}")
+    linked = {trace for trace, links in zip(collected.rows[col.TRACE_ID], collected.rows["links"]) if wanted in links}
+    keep = spans[col.TRACE_ID].isin(linked | {wanted}).to_numpy()
+    return spans[keep].reset_index(drop=True)
+
+
+def _truncated(spans: pd.DataFrame) -> int:
+    """Traces holding a span whose parent never came (Jaeger cut the trace)."""
+    if not len(spans):
+        return 0
+    parents = spans[col.PARENT_ID]
+    missing = parents.notna() & ~parents.isin(spans[col.SPAN_ID])
+    return int(spans.loc[missing.to_numpy(dtype=bool), col.TRACE_ID].nunique())
+
+
+__all__ = ["DEFAULT_JAEGER", "JaegerError", "PullReport", "pull", "answers", "search_url", "trace_url", "hex_id",
+           "rfc3339"]
