@@ -82,7 +82,7 @@ def run(options: argparse.Namespace) -> int:
         out.print(f"xsp: warning: {report['truncated_traces']} trace(s) came without some of their spans (Jaeger "
                   "cut them to its max_trace_size): their subtrees are incomplete", markup=False)
     if report["cut_ranges"]:
-        out.print(f"xsp: warning: {len(report['cut_ranges'])} range(s) of a millisecond still held more traces than a "
+        out.print(f"xsp: warning: {len(report['cut_ranges'])} range(s) of a microsecond still held more traces than a "
                   "search returns: some traces there may be missing", markup=False)
     if report["aggregates"]:
         out.print(f"xsp: {report['aggregates']} aggregate span(s): steps the span budget folded when they were sent "

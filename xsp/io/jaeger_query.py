@@ -6,7 +6,7 @@ as JSON, each wrapped ``{"result": ...}``; an error is ``{"error": {"httpCode", 
 (404 "No traces found": none). Ids come as hex or base64, 64-bit integers as strings.
 
 A search returns at most its ``search_depth`` traces and has no paging, so a range whose answer
-reaches that many is split in two and each half asked again, down to a millisecond. Spans seen
+reaches that many is split in two and each half asked again, down to a microsecond. Spans seen
 twice (a trace in two ranges) are kept once. A trace whose spans name a parent that never came is
 counted as truncated (Jaeger's ``max_trace_size`` cuts big traces).
 
@@ -40,7 +40,7 @@ from xsp.table.build import conform
 DEFAULT_JAEGER: Final = "http://localhost:16686"
 SEARCH_DEPTH: Final = 1000
 """Traces a search asks for; an answer of this many may be cut: its range is split."""
-SMALLEST_RANGE_NS: Final = 1_000_000
+SMALLEST_RANGE_NS: Final = 1_000
 AGGREGATED_KEY: Final = '"xsp.aggregated.count"'
 """In an aggregate span's attributes (the span budget's, xsp.export.budget): many spans folded into one."""
 TIMEOUT_S: Final = 30.0
