@@ -321,3 +321,42 @@ def test_operators_carry_lines_of_the_users_code_under_xsp_run(tmp_path, runs, n
             continue
         text = Path(file).read_text().splitlines()
         assert 1 <= line <= len(text) and text[line - 1].strip(), (name, file, line)
+
+
+NVTX_WORKLOADS = ("mnist_train", "threaded_server", "checkpointing", "compile_inference", "jit_trace", "hf_train",
+                  "two_models", "lbfgs_closure", "os_exit")
+
+
+@pytest.fixture(scope="module")
+def nvtx_recorder(tmp_path_factory):
+    from tests import nvtx_tool
+
+    return nvtx_tool.build(tmp_path_factory.mktemp("nvtx_tool"))
+
+
+@pytest.mark.parametrize("name", NVTX_WORKLOADS)
+def test_nvtx_ranges_under_xsp_run_leave_the_program_unchanged_and_every_range_closed(tmp_path, runs, nvtx_recorder,
+                                                                                     name):
+    """``xsp run --nvtx`` with an NVTX tool attached (as Nsight attaches): the same output and exit
+    status, every range pushed is popped on its thread, and every range names a span of the trace."""
+    import os
+
+    from tests import nvtx_tool
+
+    plain, _, _ = runs(name)
+    record = tmp_path / "ranges.tsv"
+    env = {**os.environ, "NVTX_INJECTION64_PATH": str(nvtx_recorder), "XSP_NVTX_RECORD": str(record)}
+    script = str(WORKLOADS / f"{name}.py")
+    profiled = subprocess.run([sys.executable, "-m", "xsp", "run", "--nvtx", "-o", "nvtx.xsp.parquet", "--", script,
+                               "--steps", str(STEPS[name])], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, env=env)
+    assert profiled.returncode == plain.returncode, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert "warning:" not in profiled.stderr
+    if name == "os_exit":  # os._exit ends the process at once: the tool never writes what it recorded
+        return
+    recorded = nvtx_tool.read(record)
+    assert not recorded.problems and len(recorded.ranges), (name, recorded.problems)
+    assert not recorded.unpopped, (name, recorded.unpopped)
+    names = set(xsp.load(tmp_path / "nvtx.xsp.parquet").spans[col.NAME])
+    assert {r.name for r in recorded.ranges} <= names, (name, {r.name for r in recorded.ranges} - names)

@@ -25,6 +25,9 @@ class ModuleRanges:
     def __init__(self, ranges: NvtxRanges, model_names: dict[int, str]) -> None:
         self.ranges = ranges
         self.names = LayerNames(model_names)
+        self.last_root: nn.Module | None = None
+        """The model whose call was named last: a module called inside a model it does not belong
+        to (a loss made in forward) is named under it, as its span is."""
 
     def message_of(self, module: nn.Module, is_root: bool) -> int:
         """The message of ``module``'s calls (kept in ``ranges.forward``), :data:`NO_RANGE` for none.
@@ -35,9 +38,12 @@ class ModuleRanges:
         if is_root:
             name, kind = self.names.model(module), RangeKind.MODEL
             self.names.of_root(module)
+            self.last_root = module
         else:
             found = self.names.any_root.get(id(module))
-            name, kind = (found if found is not None else self.names.fallback(module)), RangeKind.LAYER
+            if found is None:  # not part of any model: not kept (a loss made anew at each call would pile up)
+                return self.ranges.message(self.names.fallback(module, self.last_root), RangeKind.LAYER)
+            name, kind = found, RangeKind.LAYER
         message = NO_RANGE if name == HIDDEN else self.ranges.message(name, kind)
         try:
             self.ranges.forward[module] = message
@@ -57,8 +63,10 @@ class ModuleRanges:
             forward = self.ranges.name_of(self.ranges.forward.get(module, NO_RANGE))
         except TypeError:
             forward = None
-        name = (forward if forward is not None else self.names.fallback(module)) + BACKWARD_SUFFIX
-        message = self.ranges.message(name, RangeKind.BACKWARD)
+        if forward is None:  # not part of any model: named as its call was, and not kept
+            return self.ranges.message(self.names.fallback(module, self.last_root) + BACKWARD_SUFFIX,
+                                       RangeKind.BACKWARD)
+        message = self.ranges.message(forward + BACKWARD_SUFFIX, RangeKind.BACKWARD)
         try:
             self.ranges.backward[module] = message
         except TypeError:
