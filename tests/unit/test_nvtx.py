@@ -273,3 +273,25 @@ def test_an_nsight_export_of_the_ranges_gives_the_spans_back(recorder: Path, tmp
     assert Counter(zip(imported[col.NAME], imported[col.LEVEL], imported[col.KIND])) == Counter(
         zip(original[col.NAME], original[col.LEVEL], original[col.KIND]))
     assert expected_tree(imported) == recorded.tree()
+
+
+def test_ranges_that_need_not_nest_start_and_end_by_id_on_any_thread(recorder: Path, tmp_path: Path) -> None:
+    script = tmp_path / "ranges.py"
+    script.write_text(textwrap.dedent("""
+        import threading
+        from xsp.record import nvtx
+        ranges, why = nvtx.open_ranges()
+        assert ranges is not None, why
+        first = ranges.start(ranges.message("step", nvtx.RangeKind.STEP))
+        second = ranges.start(ranges.message("prefetch", nvtx.RangeKind.USER))
+        ranges.end(first)  # not the innermost: start/end ranges need not nest
+        thread = threading.Thread(target=ranges.end, args=(second,))  # and may end on another thread
+        thread.start(); thread.join()
+    """))
+    record = tmp_path / "ranges.tsv"
+    env = {**os.environ, nvtx.INJECTION_VARIABLE: str(recorder), "XSP_NVTX_RECORD": str(record)}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    recorded = nvtx_tool.read(record)
+    assert not recorded.problems and len(recorded.started) == 2
+    assert len({thread for thread, _ in recorded.started}) == 2
