@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 import xsp
 from xsp.core import schema as col
 from xsp.export import encoding
-from xsp.export.otlp import build_sdk_spans, resource_for
+from xsp.export.otlp import build_sdk_spans, resource_for, session_of
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
@@ -37,9 +37,7 @@ def sdk_request(spans: pd.DataFrame, metadata: dict) -> ExportTraceServiceReques
 def our_request(spans: pd.DataFrame, metadata: dict) -> ExportTraceServiceRequest:
     import numpy as np
 
-    rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
-    session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]])) if len(rows) else None
-    table = encoding.SpanColumns(spans, resource_for("svc", metadata), session)
+    table = encoding.SpanColumns(spans, resource_for("svc", metadata), session_of(spans))
     return ExportTraceServiceRequest.FromString(table.request(np.arange(len(spans))))
 
 

@@ -103,6 +103,9 @@ class SpanColumns:
             self.link = self._link(session)
             self.linked = ((self.has_parent == 0) & (kinds != col.SpanKind.SESSION.value)).astype(np.uint8)
         self.columns: list[tuple[bytes, int, np.ndarray, np.ndarray, list[bytes] | None]] = []
+        """What the C encoder reads, per attribute: its KeyValue key field, type, values, presence, AnyValue table."""
+        self.column_texts: list[tuple[str, list[str] | None]] = []
+        """Beside each of ``columns``: its key and a string column's distinct texts (a row encoded whole reads them)."""
         typed_keys = {col.ATTR_LEVEL, col.ATTR_KIND}
         present_counts = np.full(count, 2, dtype=np.int64)
         for column, key in ((col.LEVEL, col.ATTR_LEVEL), (col.KIND, col.ATTR_KIND)):
@@ -118,6 +121,7 @@ class SpanColumns:
                 present = values.notna().to_numpy(dtype=np.uint8)
                 self.columns.append((field(0x0A, key.encode()), TYPE_INT,
                                      values.fillna(0).to_numpy(dtype=np.int64), present, None))
+                self.column_texts.append((key, None))
             else:
                 self.columns.append(self._strings(key, values))
             present_counts += self.columns[-1][3]
@@ -135,9 +139,11 @@ class SpanColumns:
         return encoded[0].value.SerializeToString() if encoded else b""
 
     def _strings(self, key: str, values: pd.Series) -> tuple[bytes, int, np.ndarray, np.ndarray, list[bytes]]:
-        codes, texts = pd.factorize(values, use_na_sentinel=True)
+        codes, found = pd.factorize(values, use_na_sentinel=True)
+        texts = [str(text) for text in found]
+        self.column_texts.append((key, texts))
         present = (codes >= 0).astype(np.uint8)
-        table = [self._value(str(text)) for text in texts]
+        table = [self._value(text) for text in texts]
         return field(0x0A, key.encode()), TYPE_STRING, np.maximum(codes, 0).astype(np.int32), present, table
 
     def _entries(self, attributes: dict[str, Any], limit: int | None) -> bytes:
@@ -185,15 +191,9 @@ class SpanColumns:
     def _typed_attributes(self, row: int) -> dict[str, Any]:
         """A row's attributes from the typed columns, as values (for a row encoded whole)."""
         attributes: dict[str, Any] = {}
-        for key_field, kind, values, present, table in self.columns:
-            if not present[row]:
-                continue
-            key = key_field[2:].decode() if key_field[1] < 0x80 else key_field[3:].decode()
-            if kind == TYPE_INT:
-                attributes[key] = int(values[row])
-            else:
-                assert table is not None
-                attributes[key] = _decoded_string(table[values[row]])
+        for (_, _, values, present, _), (key, texts) in zip(self.columns, self.column_texts):
+            if present[row]:
+                attributes[key] = int(values[row]) if texts is None else texts[values[row]]
         return attributes
 
     @staticmethod
@@ -233,13 +233,6 @@ def resource_and_scope(resource: Resource) -> tuple[bytes, bytes]:
     resource_spans.ClearField("scope_spans")
     provider.shutdown()
     return resource_spans.SerializeToString(), scope
-
-
-def _decoded_string(any_value: bytes) -> str:
-    """The string of an AnyValue holding one (field 1)."""
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
-    return str(AnyValue.FromString(any_value).string_value)
 
 
 class EncodedBatch(Sequence[int]):

@@ -246,6 +246,14 @@ def _parents_first(spans: pd.DataFrame) -> np.ndarray:
     return np.lexsort((spans[col.START_NS].to_numpy(dtype=np.int64), depth))
 
 
+def session_of(spans: pd.DataFrame) -> tuple[str, int] | None:
+    """The (trace id, span id) of the table's session span, which step roots link to; None without one."""
+    rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
+    if not len(rows):
+        return None
+    return str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]])
+
+
 def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[list[ReadableSpan]], None],
                     session: tuple[str, int] | None = None, batch_size: int = BATCH_SIZE) -> None:
     """One finished SDK span per table row, with the table's ids, parents and times, handed to
@@ -262,9 +270,7 @@ def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[lis
     sampled = TraceFlags(TraceFlags.SAMPLED)
     kinds = spans[col.KIND].tolist()
     if session is None:
-        rows = [i for i, kind in enumerate(kinds) if kind == col.SpanKind.SESSION.value]
-        if rows:
-            session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]]))
+        session = session_of(spans)
     session_link: list[Link] = []
     if session is not None:
         context = SpanContext(int(session[0], 16), session[1], is_remote=False, trace_flags=sampled)
@@ -492,9 +498,7 @@ def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     of ``batch_size`` rows. ``chunk_rows`` consecutive rows of the table are made ready for the
     encoder at a time (a slice, not a copy); within one, parents go before their children."""
     if session is None:
-        rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
-        if len(rows):
-            session = (str(spans[col.TRACE_ID].iloc[rows[0]]), int(spans[col.SPAN_ID].iloc[rows[0]]))
+        session = session_of(spans)
     encoded_resource = resource_and_scope(resource)
     chunk_rows = max(chunk_rows, batch_size)
     for chunk_first in range(0, len(spans), chunk_rows):

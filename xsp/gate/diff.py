@@ -168,10 +168,10 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     # from its noise: the threshold is raised to it (and said), never lowered
     machine_noise = machine_spread(base_info.get(MACHINE_SPEED)) + machine_spread(new_info.get(MACHINE_SPEED))
     judged_threshold = max(threshold, machine_noise) if machine_speed and not normalize else threshold
-    waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps")),
-                contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps")))
-    if not machine_speed or normalize:
-        waits_ns = (0.0, 0.0)
+    waits_ns = (0.0, 0.0)  # judging raw times, or against the common shift: no key is left unjudged for waits
+    if machine_speed and not normalize:
+        waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps")),
+                    contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps")))
     table = keyed.compare_keys(base_keys, new_keys, threshold=judged_threshold,
                                min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
                                normalize=normalize, speed=speed, waits_ns=waits_ns)
