@@ -754,6 +754,19 @@ def test_a_change_beyond_the_scatter_is_found_and_one_moving_every_key_alike_too
     assert (everywhere.table[everywhere.table["level"] == "layer"]["verdict"] == dcol.Verdict.REGRESSED.value).all()
 
 
+def test_a_change_moving_every_key_by_different_amounts_is_not_hidden_by_the_scatter_it_makes():
+    """float64 doubled an MLP's matrix products and moved its ReLUs by 1.2x to 2.5x (a CI run);
+    the keys' scatter was then 0.35, a floor of 185% that hid the whole regression."""
+    names = sorted(MANY_LAYERS)
+    moved = {name: (0.75 if i % 2 else (0.35, 1.5, 1.2)[i % 3]) for i, name in enumerate(names)}
+    result = diff(run(1, layers=MANY_LAYERS), run(2, layers=MANY_LAYERS, slower=moved), machine_speed=False)
+    assert result.settings["key_scatter"] > 0.15  # 3x that would be a floor over +55%
+    assert result.settings["scatter_floor"] == pytest.approx(dcol.MAX_SCATTER_FLOOR)
+    layers = result.table[result.table["level"] == "layer"]
+    assert (layers["verdict"] == dcol.Verdict.REGRESSED.value).all(), layers[["name", "ratio", "verdict"]]
+    assert result.verdict == dcol.Verdict.REGRESSED
+
+
 def test_one_run_a_side_leaves_a_small_move_of_the_whole_run_unjudged_and_says_so():
     """Every key 12% slower, the machines' probes alike: from one run a side that is what
     another process of the same program can do (benchmarks/results/diff_loaded.md); several runs a

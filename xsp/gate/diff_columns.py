@@ -159,6 +159,11 @@ WAITED_KEYS: Final = "waited_keys"
 slower run's wait for a CPU per step (one run a side, a loaded machine)."""
 SCATTER_FACTOR: Final = 3.0
 """How many robust standard deviations of the keys' scatter a one-run-a-side change must pass."""
+MAX_SCATTER_FLOOR: Final = UNIFORM_SHIFT_FLOOR
+"""The most the keys' scatter raises the change a key needs from one run a side. Processes of one
+program sit apart by less than a whole run moves (:data:`UNIFORM_SHIFT_FLOOR`); keys that scatter
+more were moved by a real change that moved different work by different amounts (float64 doubled
+a model's matrix products and moved its ReLUs by 1.2x to 2.5x), which must not hide it."""
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
                        TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,

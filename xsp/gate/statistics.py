@@ -46,6 +46,7 @@ from xsp.gate.diff_columns import (
     MIN_OVERLAP_SAMPLES,
     MIN_RANK_SAMPLES,
     MIN_RUNS,
+    MAX_SCATTER_FLOOR,
     MIN_SCATTER_KEYS,
     MIN_SHIFT_KEYS,
     NEW_CI_NS,
@@ -312,7 +313,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     ran a little slower from a change. With one run a side that spread cannot be measured per
     key, so it is read across keys instead: the change must also pass :data:`SCATTER_FACTOR`
     times the keys' scatter (:func:`key_scatter`), how far the keys of these two runs moved
-    against each other; and where the whole run moved alike (its keys' common shift, left over
+    against each other, up to :data:`MAX_SCATTER_FLOOR`; and where the whole run moved alike (its keys' common shift, left over
     after any machine-speed correction) by less than :data:`UNIFORM_SHIFT_FLOOR`, the keys that
     moved with it are not judged from one run a side (processes of one program differ that much
     on a busy machine; a note says so). A key is never called regressed when its measured median
@@ -385,7 +386,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     scatter = key_scatter(levels, ratio, one_run_a_side, base_median, min_delta_ns)
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.log(np.nan_to_num(adjusted_ratio, nan=1.0))
-    floor = SCATTER_FACTOR * scatter
+    floor = min(SCATTER_FACTOR * scatter, float(np.log1p(MAX_SCATTER_FLOOR)))
     large[one_run_a_side] &= np.abs(logs[one_run_a_side]) >= floor
     # the whole run moved alike, by less than processes of one program can: from one run a side
     # no key that moved with it is judged (see UNIFORM_SHIFT_FLOOR)
@@ -466,7 +467,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
     table.attrs[KEY_SCATTER] = scatter
-    table.attrs[SCATTER_FLOOR] = float(np.expm1(SCATTER_FACTOR * scatter))
+    table.attrs[SCATTER_FLOOR] = float(np.expm1(floor))
     table.attrs[UNJUDGED_SHIFT] = float(run_shift) if with_run.any() else 1.0
     table.attrs[WAITED_KEYS] = int(waited.sum())
     table[EXPLAINS] = explains(table)
