@@ -53,7 +53,7 @@ from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
 from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
 from xsp.record.nvtx import RangeKind
-from xsp.table.build import build_table, new_step_state
+from xsp.table.build import build_table, new_step_state, string_array
 from xsp.table.walks import nullable_ints
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
@@ -229,6 +229,14 @@ def _process(global_id: pd.Series) -> np.ndarray:
     return (global_id.to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
 
 
+def _span_frame(rows: dict[str, Any]) -> pd.DataFrame:
+    """The rows of one table as a frame, their texts as the span table's string columns, converted
+    by Arrow in one go (pandas would make its own ``str`` columns string by string, and the table
+    convert them again)."""
+    return pd.DataFrame({name: string_array(values) if isinstance(values, np.ndarray) and values.dtype == object
+                         else values for name, values in rows.items()}, copy=False)
+
+
 def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndarray, base_ns: int,
                host: bool) -> dict[str, Any]:
     count = len(frame)
@@ -270,7 +278,7 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     rows[col.ATTRIBUTES] = _per_distinct(
         domain_ids.reshape(-1, 1),
         lambda d: None if d == 0 else f'{{"nvtx.domain":{_json_text(domains.get(d, str(d)))}}}')
-    return pd.DataFrame(rows)
+    return _span_frame(rows)
 
 
 XSP_RANGES: Final = {RangeKind.MODEL: (Level.MODEL, SpanKind.PREDICT), RangeKind.LAYER: (Level.LAYER, SpanKind.FORWARD),
@@ -323,7 +331,7 @@ def _api_rows(connection: sqlite3.Connection, table: str, kind: SpanKind, string
         rows[col.KIND] = np.where(frame["eventClass"].to_numpy() == DRIVER_EVENT_CLASS, SpanKind.DRIVER.value,
                                   rows[col.KIND])
     rows[col.CORRELATION_ID] = _nullable(frame["correlationId"])
-    return pd.DataFrame(rows)
+    return _span_frame(rows)
 
 
 def _dims(x: pd.Series, y: pd.Series, z: pd.Series) -> np.ndarray:
@@ -351,7 +359,7 @@ def _kernel_rows(connection: sqlite3.Connection, strings: dict[int, str], base_n
     rows[col.REGISTERS_PER_THREAD] = _nullable(frame["registersPerThread"])
     rows[col.SHARED_MEMORY_BYTES] = _nullable(frame["staticSharedMemory"].fillna(0)
                                               + frame["dynamicSharedMemory"].fillna(0))
-    return pd.DataFrame(rows)
+    return _span_frame(rows)
 
 
 def _copy_kind(code: int) -> str:
@@ -368,7 +376,7 @@ def _memcpy_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
     rows = _device_rows(frame, SpanKind.MEMCPY, names, base_ns)
     rows[col.BYTES] = _nullable(frame["bytes"])
     rows[col.COPY_KIND] = kinds
-    return pd.DataFrame(rows)
+    return _span_frame(rows)
 
 
 def _memset_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
@@ -376,7 +384,7 @@ def _memset_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
                    ("start", "end", "deviceId", "streamId", "correlationId", "bytes"))
     rows = _device_rows(frame, SpanKind.MEMSET, np.full(len(frame), "Memset", dtype=object), base_ns)
     rows[col.BYTES] = _nullable(frame["bytes"])
-    return pd.DataFrame(rows)
+    return _span_frame(rows)
 
 
 def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:

@@ -24,6 +24,7 @@ from xsp.table.walks import (
     ids_at,
     nearest_marked,
     nullable_ints,
+    plain_strings,
     strings_at,
     untouched_zeros,
 )
@@ -53,6 +54,15 @@ def null_column(dtype: str, count: int) -> Any:
     return pd.arrays.IntegerArray(untouched_zeros(count), np.ones(count, dtype=bool))
 
 
+def _as_strings(series: pd.Series) -> pd.api.extensions.ExtensionArray:
+    """A column as pandas' "string" dtype: by Arrow in one go where it holds strings and nulls
+    (pandas 3's default ``str`` columns are Arrow already), else string by string."""
+    try:
+        return arrow_strings(plain_strings(series))
+    except (pa.ArrowException, TypeError):
+        return string_array(series.astype(object).where(series.notna(), None).tolist())
+
+
 def conform(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with exactly the schema's columns, in order, with the schema's dtypes."""
     out = {}
@@ -63,8 +73,7 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
                 out[name] = series.reset_index(drop=True)
                 continue
             if dtype == "string":
-                values = series.astype(object).where(series.notna(), None).tolist()
-                series = pd.Series(string_array(values), index=series.index)
+                series = pd.Series(_as_strings(series), index=series.index)
             else:
                 series = series.astype(dtype)
             out[name] = series.reset_index(drop=True)
