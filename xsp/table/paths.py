@@ -153,12 +153,13 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     trace_of[below_model[hit]] = trace_of[found[hit]]
     # without a step anywhere (an import of a trace with none), no root below the model level
     # can be placed in one: skip the loop, one lookup a root
-    for root in (below_model[~hit] if len(step_roots) or state.latest_step else below_model[:0]).tolist():
+    unplaced_roots = below_model[~hit] if len(step_roots) or state.latest_step else below_model[:0]
+    running_steps = running_step_roots(step_roots, starts, ends, starts[unplaced_roots])
+    for root, running in zip(unplaced_roots.tolist(), running_steps.tolist()):
         prior = state.latest_step.get(int(threads[root]))
         if prior is not None and prior[0] <= starts[root]:
             step_of[root], trace_of[root] = prior[1], traces.code(prior[2])
             continue
-        running = _running_step(step_roots, starts, ends, int(starts[root]))
         if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
             step_of[root], trace_of[root] = step_of[running], trace_of[running]
             parents[root] = running  # in that step's tree: no second root in its OTel trace
@@ -177,12 +178,47 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
                      session=session)
 
 
-def _running_step(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, start: int) -> int:
-    """Position of the latest-starting step root, on any thread, running at ``start``, or -1."""
-    running = step_roots[(starts[step_roots] <= start) & (ends[step_roots] >= start)]
-    if not len(running):
-        return NONE
-    return int(running[np.argmax(starts[running])])
+def running_step_roots(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each time of ``at``, the position of the latest-starting step root, on any thread,
+    running then (started at or before it, ended at or after it), or -1; of step roots that
+    started together, the first in ``step_roots``' order.
+
+    In O((steps + times) log steps), not a scan of every step a time: an import of 28,000 steps
+    had 85,000 roots on helper threads to place. The roots are sorted by start; a time's search
+    begins at the last root started by then and, while that root ended before the time, jumps to
+    the nearest earlier root that ended later than it (the roots in between ended earlier still).
+    """
+    found = np.full(len(at), NONE, dtype=np.int64)
+    if not len(step_roots) or not len(at):
+        return found
+    roots = step_roots[np.argsort(starts[step_roots], kind="stable")]
+    root_starts, root_ends = starts[roots], ends[roots]
+    end_list = root_ends.tolist()
+    later_ending = np.full(len(roots), NONE, dtype=np.int64)  # the nearest earlier root that ended later
+    stack: list[int] = []
+    for i, end in enumerate(end_list):
+        while stack and end_list[stack[-1]] <= end:
+            stack.pop()
+        if stack:
+            later_ending[i] = stack[-1]
+        stack.append(i)
+    position = np.searchsorted(root_starts, at, side="right") - 1
+    pending = np.flatnonzero(position >= 0)
+    while len(pending):
+        ended = root_ends[position[pending]] < at[pending]
+        pending = pending[ended]
+        position[pending] = later_ending[position[pending]]
+        pending = pending[position[pending] >= 0]
+    placed = np.flatnonzero(position >= 0)
+    found[placed] = roots[position[placed]]
+    # roots that started together: the first of them running, as ``step_roots`` orders them
+    first_of_start = np.searchsorted(root_starts, root_starts[position[placed]], side="left")
+    for k in np.flatnonzero(first_of_start < position[placed]).tolist():
+        row = placed[k]
+        tied = np.arange(first_of_start[k], position[row] + 1)
+        running = tied[root_ends[tied] >= at[row]]
+        found[row] = roots[running[0]]
+    return found
 
 
 def _latest_step_on_thread(step_roots: np.ndarray, threads: np.ndarray, starts: np.ndarray,
