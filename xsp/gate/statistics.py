@@ -43,10 +43,10 @@ from xsp.gate.diff_columns import (
     KEY,
     KEY_COLUMNS,
     KEY_SCATTER,
+    MAX_SCATTER_FLOOR,
     MIN_OVERLAP_SAMPLES,
     MIN_RANK_SAMPLES,
     MIN_RUNS,
-    MAX_SCATTER_FLOOR,
     MIN_SCATTER_KEYS,
     MIN_SHIFT_KEYS,
     NEW_CI_NS,
@@ -313,11 +313,11 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     ran a little slower from a change. With one run a side that spread cannot be measured per
     key, so it is read across keys instead: the change must also pass :data:`SCATTER_FACTOR`
     times the keys' scatter (:func:`key_scatter`), how far the keys of these two runs moved
-    against each other, up to :data:`MAX_SCATTER_FLOOR`; and where the whole run moved alike (its keys' common shift, left over
-    after any machine-speed correction) by less than :data:`UNIFORM_SHIFT_FLOOR`, the keys that
-    moved with it are not judged from one run a side (processes of one program differ that much
-    on a busy machine; a note says so). A key is never called regressed when its measured median
-    fell, nor improved when it rose.
+    against each other (up to :data:`MAX_SCATTER_FLOOR`); and where the whole run moved alike
+    (its keys' common shift, left over after any machine-speed correction) by less than
+    :data:`UNIFORM_SHIFT_FLOOR`, the keys that moved with it are not judged from one run a side
+    (processes of one program differ that much on a busy machine; a note says so). A key is
+    never called regressed when its measured median fell, nor improved when it rose.
 
     Times are judged as measured, except that the new run's are first divided by ``speed``:
     how much longer its machine took for the same fixed work than the base's
