@@ -67,8 +67,9 @@ from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
 
-PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
-DATALOADER_WAIT = re.compile(r"enumerate\(DataLoader\)#")
+PROFILER_STEP = re.compile(r"^ProfilerStep#(?P<step>[0-9]+)$")
+"""The profiler's annotation of step N (an RE2 pattern too: Arrow matches the names)."""
+DATALOADER_WAIT: Final = "enumerate(DataLoader)#"
 """The profiler's annotation of one DataLoader ``__next__``: an input-level wait."""
 
 CATEGORIES: dict[str, tuple[Level, SpanKind]] = {
@@ -237,14 +238,17 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     steps = np.zeros(count, dtype=np.int64)
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     annotation_rows = np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"])
-    annotation_names = pc.take(events.name, pa.array(annotation_rows)).to_pylist()
-    for i, name in zip(annotation_rows.tolist(), annotation_names):
-        match = PROFILER_STEP.match(name)
-        if match:
-            kind_codes[i] = _STEP_CODE
-            steps[i] = int(match.group(1))
-        elif DATALOADER_WAIT.match(name):
-            kind_codes[i], level_codes[i] = _INPUT_CODE, _INPUT_LEVEL
+    # matched by Arrow, not a Python string an annotation: a CPU-only trace has millions of them
+    annotation_names = pc.take(events.name, pa.array(annotation_rows), memory_pool=MEMORY_POOL)
+    step_numbers = pc.struct_field(pc.extract_regex(annotation_names, PROFILER_STEP.pattern), [0])
+    is_step_name = step_numbers.is_valid().to_numpy(zero_copy_only=False)
+    step_rows = annotation_rows[is_step_name]
+    kind_codes[step_rows] = _STEP_CODE
+    steps[step_rows] = pc.cast(step_numbers.filter(pa.array(is_step_name)), pa.int64()).to_numpy()
+    waits = annotation_rows[~is_step_name & pc.starts_with(annotation_names, DATALOADER_WAIT).to_numpy(
+        zero_copy_only=False)]
+    kind_codes[waits], level_codes[waits] = _INPUT_CODE, _INPUT_LEVEL
+    del annotation_names, step_numbers
     is_step = kind_codes == _STEP_CODE
     thread_ids = events.thread.copy()
     thread_ids[on_device] = pd.NA  # a device row's tid is its stream
