@@ -804,3 +804,25 @@ def test_keys_are_only_those_of_kept_spans_when_the_first_row_is_left_out():
     for by in (KeyBy.PATH, KeyBy.NAME):
         keys = key_samples(session.trace.spans, by, levels=(Level.LAYER,))
         assert (keys[COUNT] > 0).all() and set(keys[col.LEVEL]) == {"layer"}, keys
+
+
+def test_profiler_steps_are_one_key_whatever_their_numbers(shared_traces, tmp_path):
+    """PyTorch's profiler names step N ``ProfilerStep#N``: keyed by path, each step was a key of
+    its own (one sample each, nothing judged, a 2x slowdown UNCHANGED), and two runs numbered
+    differently had no key in common."""
+
+    source = shared_traces / "kineto" / "sampled_rank0.json.gz"
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    for event in document["traceEvents"]:
+        if str(event.get("name", "")).startswith("ProfilerStep#"):
+            event["name"] = f"ProfilerStep#{int(event['name'].split('#')[1]) + 10}"
+    renumbered = tmp_path / "renumbered.json.gz"
+    renumbered.write_bytes(gzip.compress(json.dumps(document).encode()))
+    base, new = xsp.load(source), xsp.load(renumbered)
+    keys = keyed.key_samples(base.spans)
+    steps = keys[keys[dcol.KEY].str.match(r"ProfilerStep#[^/]*$")]
+    assert steps[dcol.KEY].tolist() == ["ProfilerStep#*[0]"]
+    assert steps[dcol.SAMPLE_COUNT].iat[0] == base.spans[col.STEP].nunique() > 1
+    result = diff(base, new, machine_speed=False)
+    assert not (result.table[dcol.VERDICT].isin(["added", "removed"])).any()
+    assert (result.table[dcol.KEY].str.startswith("ProfilerStep#*[0]")).mean() > 0.9

@@ -10,10 +10,11 @@ each. Functions here take and return DataFrames; :func:`xsp.diff` puts them toge
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 from scipy import stats
 
 from xsp.analysis.lines import line_keys
@@ -87,7 +88,7 @@ from xsp.gate.verdicts import (
     run_tests,
     sample_stats,
 )
-from xsp.table.walks import nearest_ancestor, parent_positions
+from xsp.table.walks import arrow_strings, nearest_ancestor, parent_positions, plain_strings
 
 
 def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level, ...] | None = None,
@@ -115,7 +116,7 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     if by is KeyBy.LINE:
         key_text = line_keys(spans, parents)
     else:
-        key_text = spans[col.PATH] if by is KeyBy.PATH else spans[col.NAME]
+        key_text = _step_free_paths(spans[col.PATH]) if by is KeyBy.PATH else spans[col.NAME]
     kept &= key_text.notna().to_numpy()
     if not kept.any():
         return _empty_keys()
@@ -165,6 +166,21 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
         CI_NS: _intervals(spans, rows[counted], code[counted], np.diff(bounds), key_count),
     })
     return table
+
+
+NUMBERED_STEP: Final = r"^ProfilerStep#[0-9]+\["
+"""The part of a path that names PyTorch's profiler step N (``ProfilerStep#3[0]/...``)."""
+ANY_STEP: Final = "ProfilerStep#*["
+
+
+def _step_free_paths(paths: pd.Series) -> pd.Series:
+    """Paths as keys: the step's number taken out of a step named after it (PyTorch's profiler
+    names step N ``ProfilerStep#N``), so that a layer is one key over every step of a run and
+    over runs whose steps were numbered differently, as in xsp's own traces."""
+    texts = plain_strings(paths)
+    if not pc.any(pc.match_substring_regex(texts, NUMBERED_STEP)).as_py():
+        return paths
+    return pd.Series(arrow_strings(pc.replace_substring_regex(texts, NUMBERED_STEP, ANY_STEP)), index=paths.index)
 
 
 def _intervals(spans: pd.DataFrame, rows: np.ndarray, code: np.ndarray, sample_count: np.ndarray,

@@ -5,6 +5,7 @@ structure changes, keys too noisy to judge)."""
 
 from __future__ import annotations
 
+import bisect
 from typing import Final
 
 import numpy as np
@@ -249,10 +250,12 @@ def structure_changes(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame
     for verdict, change in ((Verdict.ADDED, Change.ADDED), (Verdict.REMOVED, Change.REMOVED)):
         moved = table[table[VERDICT] == verdict.value]
         moved_keys = set(moved[KEY].tolist())
+        in_order = sorted(map(str, moved_keys))  # the keys below a key: one range of them, found by bisection
         for level, key, parent in zip(moved[col.LEVEL], moved[KEY], moved[PARENT_KEY]):
             if parent in moved_keys:
                 continue
-            inside = int(sum(1 for k in moved_keys if k != key and str(k).startswith(str(key) + "/")))
+            below = str(key) + "/"
+            inside = bisect.bisect_left(in_order, below[:-1] + "0") - bisect.bisect_left(in_order, below)
             rows.append({CHANGE: change.value, col.LEVEL: level, KEY: key, BASE_VALUE: None, NEW_VALUE: None,
                          NOTE: f"with {inside} key(s) below it" if inside else None})
     both = base.merge(new, on=[col.LEVEL, KEY], suffixes=("_base", "_new"))
