@@ -3,9 +3,13 @@ answers as Jaeger's api_v3 documents (tests/jaeger_standin.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -146,10 +150,29 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     with JaegerStandIn() as jaeger:
         with pytest.raises(ValueError, match="not a trace id"):
             pull(jaeger=jaeger.query, trace_id="xyz")
-        assert len(pull("nobody", jaeger.query).spans) == 0  # nothing in the range: an empty table
+        nothing = pull("nobody", jaeger.query)  # nothing in the range: an empty table
+        assert len(nothing.spans) == 0
+        nothing.save(tmp_path / "nothing.xsp.parquet")  # a span table like any other, which loads
+        assert len(xsp.load(tmp_path / "nothing.xsp.parquet").spans) == 0
         assert len(pull(jaeger=jaeger.query, trace_id="0" * 32).spans) == 0  # 404: no such trace
     with pytest.raises(JaegerError, match="cannot reach Jaeger"):
         pull("pulled", "http://127.0.0.1:9")
+    with _other_server() as address, pytest.raises(JaegerError, match="does not answer as Jaeger's query API"):
+        pull("pulled", address)  # a 404 page of some other server is no "no traces"
+
+
+@contextlib.contextmanager
+def _other_server() -> Iterator[str]:
+    """A web server that is not Jaeger: every path a 404 page."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    server.RequestHandlerClass.log_message = lambda *args: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_xsp_pull_writes_the_file_and_says_what_it_read(tmp_path: Path) -> None:
@@ -172,3 +195,13 @@ def test_xsp_pull_writes_the_file_and_says_what_it_read(tmp_path: Path) -> None:
                            "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert down.returncode == 2 and "cannot reach Jaeger" in down.stderr and "Traceback" not in down.stderr
     assert len(down.stderr.strip().splitlines()) == 1
+    with JaegerStandIn() as jaeger:
+        empty = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", jaeger.query, "--service", "nobody",
+                                "-o", str(tmp_path / "none.xsp.parquet")], capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1 and "no spans of service 'nobody'" in empty.stderr
+    assert not (tmp_path / "none.xsp.parquet").exists()
+    for wrong in (["--start", "0001-01-01T00:00:00Z"], ["--since", "99999999999d"]):
+        refused = subprocess.run([sys.executable, "-m", "xsp", "pull", "--service", "x", *wrong, "-o", str(out)],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "1970" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

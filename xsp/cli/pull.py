@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console, progress
@@ -42,11 +43,15 @@ def _time_ns(text: str, what: str) -> int:
 
     try:
         stamp = pd.Timestamp(text)
-    except (ValueError, TypeError):
-        raise CliError(f"{what}: not a time (RFC 3339, e.g. 2026-11-28T10:00:00Z): {text!r}") from None
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize("UTC")
-    return int(stamp.value)
+        if stamp.tzinfo is None:
+            stamp = stamp.tz_localize("UTC")
+        nanoseconds = int(stamp.value)
+    except (ValueError, TypeError, OverflowError):
+        raise CliError(f"{what}: not a time (RFC 3339, e.g. 2026-11-28T10:00:00Z) between 1970 and 2262: "
+                       f"{text!r}") from None
+    if nanoseconds < 0:
+        raise CliError(f"{what}: before 1970, when no trace was recorded: {text!r}")
+    return nanoseconds
 
 
 def run(options: argparse.Namespace) -> int:
@@ -60,6 +65,8 @@ def run(options: argparse.Namespace) -> int:
         if not found:
             raise CliError(f"--since: a duration such as 90s, 30m, 1h or 2d, not {options.since!r}")
         since_s = float(found.group(1)) * SECONDS[found.group(2)]
+        if since_s * 1e9 >= time.time_ns():
+            raise CliError(f"--since {options.since} reaches back before 1970, when no trace was recorded")
     start_ns = None if options.start is None else _time_ns(options.start, "--start")
     end_ns = None if options.end is None else _time_ns(options.end, "--end")
     attributes = {}
@@ -72,10 +79,16 @@ def run(options: argparse.Namespace) -> int:
     with progress(f"reading from {options.jaeger}") as say:
         trace = pull(options.service, options.jaeger, start_ns=start_ns, end_ns=end_ns, since_s=since_s,
                      trace_id=options.trace, session=options.session, attributes=attributes)
-        say(f"writing {options.output}")
-        trace.save(options.output)
+        if len(trace.spans):
+            say(f"writing {options.output}")
+            trace.save(options.output)
     report = trace.metadata["pulled_from"]["report"]
     out = error_console()
+    if not len(trace.spans):
+        wanted = f"trace {options.trace}" if options.trace else f"service {options.service!r} in that time range"
+        out.print(f"xsp: no spans of {wanted} at {options.jaeger} ({report['queries']} queries); nothing written",
+                  markup=False)
+        return 1
     out.print(f"xsp: {len(trace.spans):,} spans of {report['traces']:,} traces from {options.jaeger} "
               f"({report['queries']} queries) -> {options.output}", markup=False)
     if report["truncated_traces"]:

@@ -76,6 +76,16 @@ def rfc3339(ns: int) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{rest:09d}Z"
 
 
+def _is_jaeger_error(body: str) -> bool:
+    """Whether an error answer is Jaeger's own (``{"error": {"httpCode": ..., "message": ...}}``),
+    not a page of some other server at that address."""
+    try:
+        found = json.JSONDecoder().raw_decode(body.lstrip())[0]
+    except ValueError:
+        return False
+    return isinstance(found, dict) and isinstance(found.get("error"), dict)
+
+
 def answers(url: str, timeout_s: float = TIMEOUT_S) -> Iterator[dict[str, Any]]:
     """The ``result`` objects of one streamed answer, read a piece at a time; an error answer
     raises :class:`JaegerError`, except 404 (no traces: nothing)."""
@@ -83,8 +93,12 @@ def answers(url: str, timeout_s: float = TIMEOUT_S) -> Iterator[dict[str, Any]]:
         response = urllib.request.urlopen(url, timeout=timeout_s)  # noqa: S310 - the user's Jaeger
     except urllib.error.HTTPError as exc:
         body = exc.read().decode("utf-8", "replace")
+        if exc.code == 404 and _is_jaeger_error(body):
+            return  # Jaeger's "No traces found"
         if exc.code == 404:
-            return
+            raise JaegerError(f"{url.split('/api/')[0]} does not answer as Jaeger's query API (HTTP 404 for "
+                              f"/api/{url.split('/api/', 1)[-1].split('?')[0]}): give the address of Jaeger v2's "
+                              "query service (port 16686)") from None
         raise JaegerError(f"Jaeger answered {exc.code}: {_error_text(body) or exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -327,6 +341,8 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
     info: dict[str, Any] = dict(metadata) if metadata else {}
     resource = collected.resources[0] if collected.resources else {}
     info.setdefault("service_name", resource.get("service.name", service))
+    # traces that no xsp session sent (another service's, or none found) are a span table all the same
+    info.setdefault("schema_version", col.SCHEMA_VERSION)
     info["pulled_from"] = {"jaeger": jaeger, "service": service, "trace_id": trace_id, "session": session,
                            "report": report.__dict__}
     return Trace(spans=spans, metadata=info)
