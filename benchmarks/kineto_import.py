@@ -161,11 +161,15 @@ def repeated_trace(source: Path, copies: int, target: Path) -> int:
     return len(out)
 
 
-def run(code: str, argument: str) -> dict[str, float]:
+def run(code: str, argument: str, timeout_s: float = 1800) -> dict[str, float]:
     """One fresh process running ``code``: its own figures, and its wall time as a user waits for
-    it (interpreter start and imports included)."""
+    it (interpreter start and imports included).
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout_s``."""
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=1800)
+    result = subprocess.run([sys.executable, "-c", code, argument], capture_output=True, text=True,
+                            timeout=timeout_s)
     wall_s = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "failed")

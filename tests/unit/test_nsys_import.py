@@ -251,3 +251,27 @@ def test_the_c_reader_and_pythons_sqlite3_give_the_same_table(tmp_path, monkeypa
     assert columns == 3 and len(buffer) % 24 == 0
     with pytest.raises(OSError, match="no such table"):
         reader.read_floats(f"{path.resolve().as_uri()}?mode=ro", "select x from nowhere")
+
+
+def test_rows_with_impossible_times_are_left_out_counted_and_said(tmp_path, recwarn):
+    """A kernel that ends before it starts, a call before 1970, a range ending past 2116: each
+    left out and counted (as the Kineto import does), never a span no recording can hold."""
+    path = make_export(tmp_path / "report.sqlite")
+    connection = sqlite3.connect(path)
+    connection.execute("update CUPTI_ACTIVITY_KIND_KERNEL set end = start - 1000")
+    connection.execute("update CUPTI_ACTIVITY_KIND_RUNTIME set start = -5000000000000000000 where correlationId = 103")
+    connection.execute("update NVTX_EVENTS set end = 9223372036854775807 where text = 'checkpoint'")
+    connection.commit()
+    connection.close()
+    trace = xsp.load(path)
+    names = set(trace.spans[col.NAME])
+    assert "void gemm<float>(float*, int)" not in names and "cuCtxSynchronize" not in names
+    assert "checkpoint" not in names and "step" in names
+    assert trace.metadata["dropped"] == {
+        "Nsight Systems CUPTI_ACTIVITY_KIND_KERNEL rows with impossible times": 1,
+        "Nsight Systems CUPTI_ACTIVITY_KIND_RUNTIME rows with impossible times": 1,
+        "Nsight Systems NVTX_EVENTS rows with impossible times": 1}
+    said = [str(w.message) for w in recwarn.list]
+    assert any("were left out" in text for text in said)
+    assert not any("invalid value" in text for text in said)  # no numpy cast warning leaks out
+    assert (trace.spans[col.END_NS] >= trace.spans[col.START_NS]).all()

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import sqlite3
+import warnings
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -47,13 +48,14 @@ import pandas as pd
 
 from xsp._version import __version__
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
 from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
 from xsp.record.nvtx import RangeKind
 from xsp.table.build import build_table, new_step_state, string_array
+from xsp.table.validation import LATEST_NS
 from xsp.table.walks import nullable_ints
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
@@ -165,6 +167,28 @@ def _frame(connection: sqlite3.Connection, table: str, columns: tuple[str, ...])
     return pd.DataFrame(data, columns=list(columns), copy=False)
 
 
+IMPOSSIBLE_TIMES: Final = "rows with impossible times"
+"""What the rows left out are counted as, after their table's name: no start or end, an end
+before the start, or a time before 1970 or after 2116 (what no recording can hold)."""
+
+
+def _possible(frame: pd.DataFrame, base_ns: int) -> np.ndarray:
+    """Which rows have times a recording can: a start and an end, the end not before the start,
+    both between 1970 and 2116 once on the epoch."""
+    start, end = frame["start"].to_numpy(dtype=np.float64), frame["end"].to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # NaN (a null) compares False: left out
+        return (end >= start) & (start + base_ns >= 0) & (end + base_ns <= LATEST_NS)
+
+
+def _with_possible_times(frame: pd.DataFrame, table: str, base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
+    """``frame`` without the rows of impossible times, counted in ``counts``."""
+    fine = _possible(frame, base_ns)
+    if fine.all():
+        return frame
+    counts[f"{table} {IMPOSSIBLE_TIMES}"] = int((~fine).sum())
+    return frame[fine].reset_index(drop=True)
+
+
 def _read_in_c(connection: sqlite3.Connection, query: str, width: int) -> np.ndarray | None:
     """The query's rows as a (rows, width) float64 array, read by xsp/io/_sqlite from the
     connection's own file (opened again, read-only); None where the extension is not built or
@@ -252,7 +276,7 @@ def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndar
 
 
 def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int,
-               thread_names: dict[int, str]) -> pd.DataFrame:
+               thread_names: dict[int, str], counts: dict[str, int]) -> pd.DataFrame:
     frame = _frame(connection, "NVTX_EVENTS", ("start", "end", "eventType", "textId", "globalTid", "domainId"))
     texts = np.array([text for (text,) in connection.execute("select text from NVTX_EVENTS")], dtype=object)
     kinds = frame["eventType"].to_numpy()
@@ -264,8 +288,11 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     for row in np.flatnonzero((kinds == NVTX_NAME_THREAD) & ~np.isnan(thread_column)).tolist():
         if isinstance(texts[row], str):
             thread_names.setdefault(int(thread_column[row]) & 0xFFFFFF, texts[row])
-    keep = (np.isin(kinds, [NVTX_PUSH_POP, NVTX_START_END]) & ~np.isnan(frame["end"].to_numpy())
-            & ~np.isnan(frame["globalTid"].to_numpy()))
+    ranges_ended = (np.isin(kinds, [NVTX_PUSH_POP, NVTX_START_END]) & ~np.isnan(frame["end"].to_numpy())
+                    & ~np.isnan(frame["globalTid"].to_numpy()))
+    keep = ranges_ended & _possible(frame, base_ns)
+    if (ranges_ended & ~keep).any():
+        counts[f"NVTX_EVENTS {IMPOSSIBLE_TIMES}"] = int((ranges_ended & ~keep).sum())
     ranges = frame[keep].reset_index(drop=True)
     texts = texts[keep]
     from_ids = _named(ranges["textId"], strings)
@@ -315,6 +342,7 @@ def _api_rows(connection: sqlite3.Connection, table: str, kind: SpanKind, string
     has_class = "eventClass" in _columns(connection, table)
     frame = _frame(connection, table, ("start", "end", "globalTid", "correlationId", "nameId")
                    + (("eventClass",) if has_class else ()))
+    frame = _with_possible_times(frame, table, base_ns, counts)
     if len(frame):
         threads, correlation = frame["globalTid"].to_numpy(), frame["correlationId"].to_numpy()
         order = np.lexsort((frame["end"].to_numpy() - frame["start"].to_numpy(), correlation, threads))
@@ -347,11 +375,13 @@ def _device_rows(frame: pd.DataFrame, kind: SpanKind, names: np.ndarray, base_ns
     return rows
 
 
-def _kernel_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int) -> pd.DataFrame:
-    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_KERNEL",
-                   ("start", "end", "deviceId", "streamId", "correlationId", "demangledName", "registersPerThread",
-                    "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory",
-                    "dynamicSharedMemory"))
+def _kernel_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int,
+                 counts: dict[str, int]) -> pd.DataFrame:
+    frame = _with_possible_times(_frame(connection, "CUPTI_ACTIVITY_KIND_KERNEL",
+                                        ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
+                                         "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY",
+                                         "blockZ", "staticSharedMemory", "dynamicSharedMemory")),
+                                 "CUPTI_ACTIVITY_KIND_KERNEL", base_ns, counts)
     names = _named(frame["demangledName"], strings)
     rows = _device_rows(frame, SpanKind.KERNEL, np.where(pd.isna(names), "(unnamed kernel)", names), base_ns)
     rows[col.GRID] = _dims(frame["gridX"], frame["gridY"], frame["gridZ"])
@@ -366,9 +396,11 @@ def _copy_kind(code: int) -> str:
     return COPY_KINDS.get(code, "unknown" if code < 0 else f"kind {code}")
 
 
-def _memcpy_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
-    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_MEMCPY",
-                   ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind", "srcKind", "dstKind"))
+def _memcpy_rows(connection: sqlite3.Connection, base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
+    frame = _with_possible_times(
+        _frame(connection, "CUPTI_ACTIVITY_KIND_MEMCPY",
+               ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind", "srcKind", "dstKind")),
+        "CUPTI_ACTIVITY_KIND_MEMCPY", base_ns, counts)
     codes = np.stack([_ints(frame[c].fillna(-1)) for c in ("copyKind", "srcKind", "dstKind")], axis=1)
     kinds = _per_distinct(codes[:, :1], _copy_kind)
     names = _per_distinct(codes, lambda kind, source, target: f"Memcpy {_copy_kind(kind)} "
@@ -379,9 +411,10 @@ def _memcpy_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
     return _span_frame(rows)
 
 
-def _memset_rows(connection: sqlite3.Connection, base_ns: int) -> pd.DataFrame:
-    frame = _frame(connection, "CUPTI_ACTIVITY_KIND_MEMSET",
-                   ("start", "end", "deviceId", "streamId", "correlationId", "bytes"))
+def _memset_rows(connection: sqlite3.Connection, base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
+    frame = _with_possible_times(_frame(connection, "CUPTI_ACTIVITY_KIND_MEMSET",
+                                        ("start", "end", "deviceId", "streamId", "correlationId", "bytes")),
+                                 "CUPTI_ACTIVITY_KIND_MEMSET", base_ns, counts)
     rows = _device_rows(frame, SpanKind.MEMSET, np.full(len(frame), "Memset", dtype=object), base_ns)
     rows[col.BYTES] = _nullable(frame["bytes"])
     return _span_frame(rows)
@@ -440,15 +473,15 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
             if len(part):
                 parts.append(part)
 
-    add("NVTX_EVENTS", lambda: _nvtx_rows(connection, strings, base_ns, thread_names))
-    repeated: dict[str, int] = {}
+    repeated: dict[str, int] = {}  # rows not imported, by why
+    add("NVTX_EVENTS", lambda: _nvtx_rows(connection, strings, base_ns, thread_names, repeated))
     add("CUPTI_ACTIVITY_KIND_RUNTIME",
         lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_RUNTIME", SpanKind.RUNTIME, strings, base_ns, repeated))
     add("CUPTI_ACTIVITY_KIND_DRIVER",
         lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_DRIVER", SpanKind.DRIVER, strings, base_ns, repeated))
-    add("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernel_rows(connection, strings, base_ns))
-    add("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _memcpy_rows(connection, base_ns))
-    add("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _memset_rows(connection, base_ns))
+    add("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernel_rows(connection, strings, base_ns, repeated))
+    add("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _memcpy_rows(connection, base_ns, repeated))
+    add("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _memset_rows(connection, base_ns, repeated))
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if len(rows):
         rows = rows.sort_values(col.START_NS, kind="stable", ignore_index=True)
@@ -492,7 +525,12 @@ def load_nsys(path: str | os.PathLike[str]) -> Trace:
     result = build_table(frames, 0, new_step_state(attach_to_session=False))
     spans = result.spans
     present = set(spans[col.LEVEL].unique()) if len(spans) else set()
+    not_imported = metadata["nsys"]["not_imported"]
+    lost = {f"Nsight Systems {what}": count for what, count in not_imported.items() if what.endswith(IMPOSSIBLE_TIMES)}
     metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
                 "imported_from": str(source), "levels": [level.value for level in Level if level.value in present],
-                "hierarchy": result.diagnostics, "dropped": {}, "service_name": source.name.split(".")[0]}
+                "hierarchy": result.diagnostics, "dropped": lost, "service_name": source.name.split(".")[0]}
+    if lost:  # every command that reads the export says so, not only xsp import
+        warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
+                                 "were left out"), stacklevel=2)
     return Trace(spans=spans, metadata=metadata)
