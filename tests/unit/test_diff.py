@@ -481,6 +481,9 @@ def test_a_key_that_changed_by_less_than_a_step_waited_for_a_cpu_is_not_judged_f
     assert result.settings["keys_within_wait"] == 2 and result.settings["wait_per_step_us"] == [10.0, 100.0]
     assert any("2 key(s) that changed by less than 150 µs a step are not judged" in warning
                for warning in result.warnings)
+    # the text says "unjudged", not "unchanged", beside a change with a small q-value
+    model_line = diff_formats.text(result).split("Model (median per step):\n")[1].splitlines()[0]
+    assert model_line.rstrip().endswith("unjudged"), model_line
     assert row(diff(base, new, machine_speed=False), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"  # --raw
     # more than the wait, or a quiet machine (under 5% of the ready time waited): judged
     assert row(diff(base, busy(run(2, slower={"net.b": 0.8}), 100)), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"

@@ -87,13 +87,13 @@ class Diff:
         return rows.iloc[np.argsort(-np.abs(rows[dcol.DELTA_NS].to_numpy(dtype=np.float64)), kind="stable")]
 
 
-    def models(self) -> pd.DataFrame:
-        """The model-level keys compared in both runs, at most :data:`LISTED`."""
+    def models(self, limit: int | None = LISTED) -> pd.DataFrame:
+        """The model-level keys compared in both runs, at most ``limit`` (all with None)."""
         table = self.table
         chosen = table[(table[col.LEVEL] == Level.MODEL.value) & table[dcol.PARENT_KEY].isna()
                        & (table[col.KIND] != col.SpanKind.SESSION.value)
                        & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)]
-        return chosen.head(LISTED)
+        return chosen if limit is None else chosen.head(limit)
 
 
 def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str | Level] | str | None = None,

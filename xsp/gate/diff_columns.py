@@ -32,6 +32,15 @@ class Verdict(str, enum.Enum):
     REMOVED = "removed"
 
 
+WAITED_NOTE: Final = "changed by less than"
+"""How the note of a key left unjudged for its run's waits for a CPU starts."""
+WITH_RUN_NOTE: Final = "moved with the whole run"
+"""How the note of a key left unjudged for moving with its whole run starts."""
+ONE_SAMPLE_NOTE: Final = "one sample on a side: no verdict"
+UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE)
+"""The notes of keys that are ``unchanged`` because they were not judged (reports show them so)."""
+
+
 class Test(str, enum.Enum):
     """The statistic behind a key's verdict."""
 

@@ -58,6 +58,7 @@ from xsp.gate.diff_columns import (
     NEW_SAMPLES,
     NEW_TOTAL_NS,
     NOTE,
+    ONE_SAMPLE_NOTE,
     P_VALUE,
     PARENT_KEY,
     Q_VALUE,
@@ -76,6 +77,8 @@ from xsp.gate.diff_columns import (
     UNJUDGED_SHIFT,
     VERDICT,
     WAITED_KEYS,
+    WAITED_NOTE,
+    WITH_RUN_NOTE,
     KeyBy,
     Test,
     Verdict,
@@ -439,13 +442,13 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     test[between & ranked] = Test.RANK_AND_RUNS.value
     test[interval] = Test.INTERVAL.value
     note = np.full(count, None, dtype=object)
-    note[both & ~tested & ~overlap] = "one sample on a side: no verdict"
+    note[both & ~tested & ~overlap] = ONE_SAMPLE_NOTE
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
-    note[waited] = (f"changed by less than {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "
+    note[waited] = (f"{WAITED_NOTE} {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "
                     f"({max(waits_ns) / 1e3:.0f} µs): from one run a side, a preemption met at the same point of every "
                     "step looks the same")
-    note[with_run] = (f"moved with the whole run ({run_shift - 1:+.1%}): one run a side cannot tell that from "
+    note[with_run] = (f"{WITH_RUN_NOTE} ({run_shift - 1:+.1%}): one run a side cannot tell that from "
                       "another process of the same program")
     table = pd.DataFrame({
         col.LEVEL: merged[col.LEVEL].to_numpy(dtype=object),

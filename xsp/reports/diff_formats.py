@@ -26,10 +26,12 @@ def text(result: Diff, width: int = TEXT_WIDTH) -> str:
     lines = [f"xsp diff: {result.verdict.value.upper()}  ({_counts(result.table)})",
              _clip(f"base: {_describe(result.base)}", width), _clip(f"new:  {_describe(result.new)}", width),
              _wrap(_settings_line(result.settings), width, "  ")]
-    models = result.models()
+    models = result.models(None)
     if len(models):
-        lines += ["", "Model (median per step):"] + [_key_line(row, width, f" {row.verdict:>10}")
-                                                     for row in models.itertuples(index=False)]
+        lines += ["", "Model (median per step):"] + [_key_line(row, width, f" {shown_verdict(row):>10}")
+                                                     for row in models.head(LISTED).itertuples(index=False)]
+        if len(models) > LISTED:
+            lines.append(f"  ... and {len(models) - LISTED} more")
     if len(result.breakdown):
         lines += ["", f"Where it lives (change per step{_judged_suffix(result.settings)}):"]
         lines += [_tree_line(row, width) for row in result.breakdown.itertuples(index=False)]
@@ -63,7 +65,7 @@ def markdown(result: Diff) -> str:
     if len(models):
         out += ["| model | base | new | ratio | verdict |", "| --- | ---: | ---: | ---: | --- |"]
         out += [f"| {markdown_code(row.key)} | {_time(row.base_median_ns)} | {_time(row.new_median_ns)} | "
-                f"{_ratio(row.ratio)} | {row.verdict} |" for row in models.itertuples(index=False)]
+                f"{_ratio(row.ratio)} | {shown_verdict(row)} |" for row in models.itertuples(index=False)]
         out.append("")
     if len(result.breakdown):
         tree = [_tree_line(row, 100) for row in result.breakdown.itertuples(index=False)]
@@ -183,7 +185,8 @@ def _tree_line(row: Any, width: int) -> str:
     depth = int(row.depth)
     label = ("  " * (depth - 1) + "└ " if depth else "") + one_line(_short_key(str(row.key)))
     share = f"{_share(row.explains)} of parent" if depth else ""
-    tail = f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} {row.verdict:<9}"
+    tail = (f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} "
+            f"{shown_verdict(row):<9}")
     room = max(width - len(tail) - 3, 10)
     return f"  {_clip(label, room):<{room}} {tail}".rstrip()
 
@@ -209,6 +212,16 @@ def _key_line(row: Any, width: int, suffix: str = "") -> str:
     if room >= KEY_ROOM:
         return f"  {_clip_left(key, room):<{room}} {tail}"
     return f"  {_clip_left(key, width - 2)}\n  {_clip(tail.strip(), width - 4):>{width - 4}}"
+
+
+def shown_verdict(row: Any) -> str:
+    """A key's verdict as a reader should take it: ``unjudged`` where it is ``unchanged`` only
+    because it was not judged (its note says why: one sample, a wait for a CPU, a move with the
+    whole run), whatever its ratio and q-value."""
+    note = getattr(row, "note", None)
+    if row.verdict == Verdict.UNCHANGED.value and isinstance(note, str) and note.startswith(dcol.UNJUDGED_NOTES):
+        return "unjudged"
+    return str(row.verdict)
 
 
 def _change_text(row: Any) -> str:
