@@ -300,6 +300,14 @@ def test_backend_work_and_nccl_kernels_are_collectives(shared_traces):
     assert set(found[found["source"] == "gpu"]["op"]) == {"all_reduce", "broadcast"}
     per_rank = analysis.communication(trace)
     assert per_rank["comm_ms"].iloc[0] > 0 and 0 <= per_rank["overlap_share"].iloc[0] <= 1
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    console = Console(record=True, width=80)
+    render_report(trace, console)
+    text = console.export_text()
+    assert text.startswith("xsp report") and text.index("xsp report") < text.index("Communication per rank")
 
 
 # reports and diffs of a job -------------------------------------------------------------------

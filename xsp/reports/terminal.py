@@ -529,9 +529,11 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
         console.print()
         _say(console, f"Rank {chosen} in detail (xsp report --rank N for another)", "bold")
         trace = trace.for_rank(chosen)
-    elif trace.metadata.get("distributed"):
-        _ranks_section(trace, console)
-    _header(trace, console)
+        _header(trace, console)
+    else:
+        _header(trace, console)  # the title first, then one rank's communication
+        if trace.metadata.get("distributed"):
+            _ranks_section(trace, console)
     _recommendations(trace, console)
     _latency_tables(trace, console)
     _step_tables(trace, console)
