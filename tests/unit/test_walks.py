@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from xsp.core.schema import STEP_KINDS, Level, SpanKind
 from xsp.table.paths import SKIPPING_LEVELS, anchors, outermost_step, root_of
-from xsp.table.walks import chain_ends, depth_of, nearest_marked
+from xsp.table.walks import chain_ends, depth_of, nearest_before, nearest_marked
 
 LEVELS = [level.value for level in Level]
 KINDS = [SpanKind.STEP.value, SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.OPERATOR.value]
@@ -105,7 +105,6 @@ def _stack_walk(values: list[int], strict: bool) -> list[int]:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=200), st.booleans())
 def test_the_nearest_earlier_position_at_least_as_large_is_the_stack_walks(values, strict):
-    from xsp.table.parents import nearest_before
 
     assert nearest_before(np.array(values, dtype=np.int64), strict).tolist() == _stack_walk(values, strict)
 
@@ -113,7 +112,6 @@ def test_the_nearest_earlier_position_at_least_as_large_is_the_stack_walks(value
 def test_a_long_run_of_falling_values_is_searched_past_not_walked_two_positions_a_round():
     """A CPU-only trace: 333,000 rounds of pointer jumping for two positions (2.4 s at 1M spans),
     now a direct search once the rounds run long and few positions are left."""
-    from xsp.table.parents import nearest_before
 
     falling = list(range(3000, 0, -1))
     values = [5000, *falling, 4000, 1, *falling, 6000, 2, 2]

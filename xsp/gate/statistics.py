@@ -91,6 +91,7 @@ from xsp.gate.verdicts import (
     run_tests,
     sample_stats,
 )
+from xsp.io.kineto import STEP_NAME
 from xsp.table.walks import arrow_strings, nearest_ancestor, parent_positions, plain_strings
 
 
@@ -171,9 +172,10 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     return table
 
 
-NUMBERED_STEP: Final = r"^ProfilerStep#[0-9]+\["
+NUMBERED_STEP: Final = rf"^{STEP_NAME}[0-9]+\["
 """The part of a path that names PyTorch's profiler step N (``ProfilerStep#3[0]/...``)."""
-ANY_STEP: Final = "ProfilerStep#*["
+ANY_STEP: Final = f"{STEP_NAME}*["
+"""What it becomes in a key: one key for every step."""
 
 
 def _step_free_paths(paths: pd.Series) -> pd.Series:

@@ -65,9 +65,12 @@ from xsp.io.kineto_events import (
 from xsp.io.kineto_json import ARGS_MAX_DEPTH, DICT_DECODER, collector_paused, decode
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
+from xsp.table.validation import LATEST_NS
 from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
 
-PROFILER_STEP = re.compile(r"^ProfilerStep#(?P<step>[0-9]+)$")
+STEP_NAME: Final = "ProfilerStep#"
+"""How PyTorch's profiler names its steps: ``ProfilerStep#N`` is step N."""
+PROFILER_STEP = re.compile(rf"^{STEP_NAME}(?P<step>[0-9]+)$")
 """The profiler's annotation of step N (an RE2 pattern too: Arrow matches the names)."""
 DATALOADER_WAIT: Final = "enumerate(DataLoader)#"
 """The profiler's annotation of one DataLoader ``__next__``: an input-level wait."""
@@ -167,8 +170,6 @@ def _annotations_inside_operators(threads: np.ndarray, category: np.ndarray, sta
     level_codes[inside_any(threads, start, end, operator, annotation)] = _OPERATOR_LEVEL
 
 
-LATEST_NS: Final = 1 << 62
-"""No event starts or ends later than this (year 2116) in epoch nanoseconds."""
 IMPOSSIBLE_TIMES: Final = "impossible_times"
 LOST: Final = {IMPOSSIBLE_TIMES: "with impossible times (not finite, a negative duration, before 1970 or after 2116)",
                MISSING_TIMES: "without a start time or a duration"}

@@ -291,8 +291,9 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     ranges_ended = (np.isin(kinds, [NVTX_PUSH_POP, NVTX_START_END]) & ~np.isnan(frame["end"].to_numpy())
                     & ~np.isnan(frame["globalTid"].to_numpy()))
     keep = ranges_ended & _possible(frame, base_ns)
-    if (ranges_ended & ~keep).any():
-        counts[f"NVTX_EVENTS {IMPOSSIBLE_TIMES}"] = int((ranges_ended & ~keep).sum())
+    impossible = int((ranges_ended & ~keep).sum())
+    if impossible:
+        counts[f"NVTX_EVENTS {IMPOSSIBLE_TIMES}"] = impossible
     ranges = frame[keep].reset_index(drop=True)
     texts = texts[keep]
     from_ids = _named(ranges["textId"], strings)

@@ -19,14 +19,13 @@ more than one API call carries.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.table.walks import chain_ends, depth_of, ids_at
+from xsp.table.walks import chain_ends, depth_of, ids_at, nearest_before
 
 _RANK = {level.value: level.rank for level in Level}
 NO_PARENT = -1
@@ -74,56 +73,6 @@ class HierarchyDiagnostics:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-STUCK_AFTER_ROUNDS: Final = 32
-"""Pointer-jumping rounds after which the few positions still unresolved are searched for directly."""
-
-
-def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
-    """For each position, the nearest earlier position whose value is >= its own (``> `` when
-    ``strict``), or -1: the classic stack walk, done for all positions at once by pointer jumping.
-
-    Each pointer starts at the position before; while the value it points at is too small, it
-    jumps to that position's own pointer (everything skipped is smaller still). Every round
-    shortens the chains, so the rounds are usually few (about the nesting depth). A position whose
-    answer lies past a long run of falling values walks that run two positions a round, though (a
-    CPU-only trace of 1M spans took 333,000 rounds, 2.4 s): after :data:`STUCK_AFTER_ROUNDS`
-    rounds, when few positions are left, each is searched for directly, backwards in growing
-    windows from where its pointer stopped.
-    """
-    count = len(values)
-    pointer = np.arange(-1, count - 1, dtype=np.int64)
-    active = np.arange(1, count, dtype=np.int64)
-    rounds = 0
-    few = max(256, count >> 10)
-    while len(active):
-        rounds += 1
-        if rounds > STUCK_AFTER_ROUNDS and len(active) <= few:
-            for position in active.tolist():
-                pointer[position] = _search_back(values, int(pointer[position]) + 1, values[position], strict)
-            break
-        target = pointer[active]
-        mine = values[active]
-        too_small = values[target] <= mine if strict else values[target] < mine
-        active = active[too_small]
-        target = pointer[pointer[active]]
-        pointer[active] = target
-        active = active[target >= 0]
-    return pointer
-
-
-def _search_back(values: np.ndarray, stop: int, value: Any, strict: bool) -> int:
-    """The last position before ``stop`` whose value is >= ``value`` (> when ``strict``), or -1."""
-    window = 1024
-    while stop > 0:
-        begin = max(0, stop - window)
-        chunk = values[begin:stop]
-        hits = np.flatnonzero(chunk > value if strict else chunk >= value)
-        if len(hits):
-            return begin + int(hits[-1])
-        stop, window = begin, window * 2
-    return -1
 
 
 def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray,

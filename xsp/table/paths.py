@@ -28,7 +28,15 @@ from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import STEP_KINDS, Level
 from xsp.record.hotpath import optional_extension
-from xsp.table.walks import MEMORY_POOL, arrow_strings, category_values, chain_ends, nearest_marked, plain_strings
+from xsp.table.walks import (
+    MEMORY_POOL,
+    arrow_strings,
+    category_values,
+    chain_ends,
+    nearest_before,
+    nearest_marked,
+    plain_strings,
+)
 
 NONE = -1
 SESSION_NAME = "session"
@@ -193,15 +201,7 @@ def running_step_roots(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndar
         return found
     roots = step_roots[np.argsort(starts[step_roots], kind="stable")]
     root_starts, root_ends = starts[roots], ends[roots]
-    end_list = root_ends.tolist()
-    later_ending = np.full(len(roots), NONE, dtype=np.int64)  # the nearest earlier root that ended later
-    stack: list[int] = []
-    for i, end in enumerate(end_list):
-        while stack and end_list[stack[-1]] <= end:
-            stack.pop()
-        if stack:
-            later_ending[i] = stack[-1]
-        stack.append(i)
+    later_ending = nearest_before(root_ends, strict=True)  # the nearest earlier root that ended later
     position = np.searchsorted(root_starts, at, side="right") - 1
     pending = np.flatnonzero(position >= 0)
     while len(pending):
