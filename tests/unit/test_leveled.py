@@ -602,3 +602,52 @@ def test_the_report_of_a_leveled_trace_shows_each_layers_interval_and_the_top_le
     shown = io.StringIO()
     render_report(plain, Console(file=shown, width=80, color_system=None), top=5)
     assert "95%" not in shown.getvalue().split("Top 5 layers by self time")[1]
+
+
+def _on_host(run: LeveledRun, device_paths: tuple[str, ...] = ()) -> LeveledRun:
+    """``run`` with its spans on a host thread, but for ``device_paths`` (GPU activities)."""
+    spans = run.trace.spans.copy()
+    spans[col.THREAD_ID] = pd.array([None if path in device_paths else 1 for path in spans[col.PATH]], dtype="Int64")
+    return LeveledRun(run.levels, xsp.Trace(spans=spans, metadata=run.trace.metadata), run.layer_depth)
+
+
+def test_host_figures_are_taken_at_the_model_only_runs_speed():
+    """The machine ran some steps of the layer run 1.8x slower (a virtual machine's speed
+    jumps for tens of milliseconds): each host span's figure is its share of its own step times
+    the model-only run's step, so the layers still add up to the model call; a GPU activity,
+    which the host's speed does not time, keeps its own figure."""
+    speeds = [1.0, 1.8, 1.8, 1.0, 1.8, 1.8]
+    model_only = _on_host(_run((M,), {STEP: [1200] * 6, PREDICT: [1000] * 6}))
+    layers = _on_host(_run((M, L), {STEP: [int(1200 * s) for s in speeds], PREDICT: [int(1000 * s) for s in speeds],
+                                    A: [int(600 * s) for s in speeds], B: [int(300 * s) for s in speeds]}),
+                      device_paths=(B,))
+    result = merge_runs([model_only, layers])
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_NS] == pytest.approx(600, abs=1)
+    assert spans.loc[PREDICT, col.DURATION_NS] == pytest.approx(1000, abs=1)
+    own = trimmed_mean(np.array([300 * s for s in speeds]), 0.2)
+    assert spans.loc[B, col.DURATION_NS] == pytest.approx(own, abs=1)
+    assert result.trace.metadata["leveled"]["step_speed"]["reference_step_ms"] == pytest.approx(1200e-6)
+    pooled_as_recorded = merge_runs([model_only, layers], normalize_speed=False).trace.spans.set_index(col.PATH)
+    assert pooled_as_recorded.loc[A, col.DURATION_NS] > 900
+    assert merge_runs([model_only, layers], normalize_speed=False).trace.metadata["leveled"]["step_speed"] is None
+
+
+def test_the_reference_steps_own_spread_widens_every_host_interval():
+    """A share measured precisely is no more precise than the step that sets its scale."""
+    model_only = _on_host(_run((M,), {STEP: [1000, 1400] * 4, PREDICT: [800, 1120] * 4}))
+    layers = _on_host(_run((M, L), {STEP: [1000] * 8, PREDICT: [800] * 8, A: [400] * 8, B: [200] * 8}))
+    spans = merge_runs([model_only, layers]).trace.spans.set_index(col.PATH)
+    reference = np.array([1000, 1400] * 4, dtype=float)
+    relative = trimmed_mean_ci(reference, 0.2) / trimmed_mean(reference, 0.2)
+    assert spans.loc[A, col.DURATION_CI_NS] == pytest.approx(spans.loc[A, col.DURATION_NS] * relative, rel=0.01)
+
+
+def test_steps_without_a_root_to_measure_by_are_pooled_as_recorded():
+    """A model call is its step's root where no step span is; a step of layers alone has none."""
+    model_only = _on_host(_run((M,), {PREDICT: [1000] * 4}))
+    by_model_call = merge_runs([model_only, _on_host(_run((M, L), {PREDICT: [1000, 2000] * 2, A: [500, 1000] * 2}))])
+    assert by_model_call.trace.spans.set_index(col.PATH).loc[A, col.DURATION_NS] == pytest.approx(500, abs=1)
+    rootless = merge_runs([model_only, _on_host(_run((M, L), {A: [500, 1000] * 2, B: [100] * 4}))])
+    assert rootless.trace.metadata["leveled"]["step_speed"] is None
+    assert rootless.trace.spans.set_index(col.PATH).loc[A, col.DURATION_NS] == 750

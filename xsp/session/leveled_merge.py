@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
+from xsp.analysis.model import TRIM_FRACTION, model_latency, step_roots, trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
@@ -183,11 +183,15 @@ def _rounds_of(steps: pd.Series, round_starts: Sequence[int] | None) -> np.ndarr
     return np.searchsorted(np.asarray(round_starts), steps.to_numpy(dtype=np.int64), side="right") - 1
 
 
-def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None) -> pd.DataFrame:
+def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | None = None,
+                       scale: np.ndarray | None = None) -> pd.DataFrame:
     """Per path: the trimmed mean duration, its 95% interval's half-width, and whether it
     appears once in every step. With the rounds of a pooled trace, the interval is the wider of
     the one from its steps and the one from its rounds, and from three rounds on the figure
-    comes from the rounds (:func:`_by_rounds`)."""
+    comes from the rounds (:func:`_by_rounds`). ``scale`` multiplies each row's duration first
+    (:func:`step_speed_scale`)."""
+    if scale is not None:
+        spans = spans.assign(**{col.DURATION_NS: spans[col.DURATION_NS].to_numpy(dtype=np.float64) * scale})
     steps = spans[col.STEP].nunique()
     grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
     counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
@@ -221,15 +225,82 @@ def _latency_ms(spans: pd.DataFrame, trim: float, round_starts: Sequence[int] | 
     """The trimmed mean of the steps' latencies and its 95% interval's half-width (with rounds,
     the wider of the steps' and the rounds' intervals, as for :func:`_durations_by_path`)."""
     latencies = model_latency(spans)
-    values = latencies["latency_ms"].to_numpy(dtype=np.float64)
+    return _step_figure(latencies["latency_ms"].to_numpy(dtype=np.float64), latencies["step"], trim, round_starts)
+
+
+def _step_figure(values: np.ndarray, steps: pd.Series, trim: float,
+                 round_starts: Sequence[int] | None) -> tuple[float, float]:
+    """One figure from one value a step, and its 95% interval's half-width: the trimmed mean of
+    the steps, or with rounds, taken across them (:func:`_by_rounds`)."""
     interval = trimmed_mean_ci(values, trim)
-    rounds = _rounds_of(latencies["step"], round_starts) if len(latencies) else None
+    rounds = _rounds_of(steps, round_starts) if len(values) else None
     figure = trimmed_mean(values, trim)
     if rounds is not None:
         between = _by_rounds(np.zeros(len(values), dtype=np.int64), rounds, values, trim).iloc[0]
         interval = float(np.fmax(interval, between["ci"]))
         figure = figure if np.isnan(between["figure"]) else float(between["figure"])
     return figure, interval
+
+
+def compensated_step_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost] | None) -> pd.Series:
+    """Per step of one run: its root span's duration less the calibrated cost of everything its
+    run recorded inside it (the step's own length as if nothing had been traced), by step."""
+    frame = spans.reset_index(drop=True)
+    roots = step_roots(frame)
+    if roots.empty:
+        return pd.Series(dtype=np.float64)
+    taken = compensation_ns(frame, parent_positions(frame), costs or {})
+    positions = roots.index.to_numpy()
+    durations = frame[col.DURATION_NS].to_numpy(dtype=np.float64)[positions] - taken[positions]
+    return pd.Series(durations, index=roots[col.STEP].to_numpy(dtype=np.int64)).groupby(level=0).sum()
+
+
+@dataclass(frozen=True)
+class StepSpeed:
+    """The machine's speed in each step of each run, against one reference: what
+    :func:`merge_runs` divides out of every host duration before pooling."""
+
+    reference_ns: float
+    """The model-only run's step, compensated, taken across its rounds: every run's host
+    durations are expressed at the speed that gave this figure."""
+    reference_ci_ns: float
+    """The half-width of its 95% interval."""
+    per_step_ns: dict[str, pd.Series]
+    """Per run label, each step's compensated length (:func:`compensated_step_ns`)."""
+
+    def scale(self, label: str, spans: pd.DataFrame) -> np.ndarray:
+        """Per row of a run's spans: the reference over its step's length on the host, 1 for GPU
+        activities (which the host's speed does not time)."""
+        lengths = spans[col.STEP].map(self.per_step_ns[label]).to_numpy(dtype=np.float64, na_value=np.nan)
+        return np.where(spans[col.THREAD_ID].notna().to_numpy(), self.reference_ns / lengths, 1.0)
+
+
+def step_speed(timing: Sequence[LeveledRun], measured: dict[str, pd.DataFrame], costs: dict[Level, LevelCost] | None,
+               trim: float) -> StepSpeed | None:
+    """The step speeds of the timing runs (shallowest first), or None where some step of some
+    run has no root span of a positive compensated length (nothing to measure speed by).
+
+    A virtual machine's speed jumps by up to 2x for tens to thousands of milliseconds (another
+    tenant, a migrated core): pooled as they are, the runs of one round land on different
+    speeds, and the top-level layers of one call summed 14% under to 26% over the model call on
+    a 0.5 ms model. Within one step, though, the model call and its layers ran at one speed:
+    each span's share of its own step is what its run measures, and the model-only run's step
+    sets the scale for all."""
+    per_step: dict[str, pd.Series] = {}
+    for run in timing:
+        spans = measured[run.label]
+        lengths = compensated_step_ns(spans, costs)
+        steps = spans[col.STEP].dropna().unique()
+        if not len(steps) or not (lengths.reindex(steps) > 0).all():
+            return None
+        per_step[run.label] = lengths
+    base = timing[0]
+    lengths = per_step[base.label]
+    figure, interval = _step_figure(lengths.to_numpy(dtype=np.float64), pd.Series(lengths.index), trim,
+                                    base.trace.metadata.get(ROUND_STARTS))
+    if not figure > 0:
+        return None
+    return StepSpeed(reference_ns=figure, reference_ci_ns=interval, per_step_ns=per_step)
 
 
 DEFAULT_TARGET = 0.02
@@ -282,7 +353,7 @@ def nest_in_parents(parents: np.ndarray, starts: np.ndarray, ends: np.ndarray, d
 
 def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = TRIM_FRACTION,
                costs: dict[Level, LevelCost] | None = None, target: float = DEFAULT_TARGET,
-               by_depth: bool | None = None) -> LeveledResult:
+               by_depth: bool | None = None, normalize_speed: bool = True) -> LeveledResult:
     """Merge the runs of a leveled experiment (see the module's docstring).
 
     Args:
@@ -296,6 +367,10 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         by_depth: the layer level was run once per module depth (see :func:`level_runs`), so
             each figure is compensated only inside its own clock readings; None: whether any
             run recorded layers down to a depth only.
+        normalize_speed: express each host duration at one machine speed, that of the model-only
+            run (:func:`step_speed`): its share of its own step, times that run's step; the
+            intervals then add the model-only step's own. Where a step has no root span to
+            measure by, durations are pooled as they are.
     """
     timing = sorted((r for r in runs if not r.is_metric), key=_depth_order)
     if not timing:
@@ -309,7 +384,9 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             if run.layer_depth is None or level is not Level.LAYER:
                 source_of.setdefault(level, run)
     measured = {run.label: measured_steps(run.trace.spans, warmup_steps) for run in runs}
-    by_path = {run.label: _durations_by_path(measured[run.label], trim, run.trace.metadata.get(ROUND_STARTS))
+    speed = step_speed(timing, measured, costs, trim) if normalize_speed else None
+    by_path = {run.label: _durations_by_path(measured[run.label], trim, run.trace.metadata.get(ROUND_STARTS),
+                                             None if speed is None else speed.scale(run.label, measured[run.label]))
                for run in timing}
 
     deep = measured[deepest.label]
@@ -351,6 +428,10 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
                 intervals[i] = own.at[path, "ci_ns"]
             sources[i] = deepest.label
     merged = merged.reset_index(drop=True)
+    on_host = merged[col.THREAD_ID].notna().to_numpy()
+    if speed is not None:  # a share of the step, times a reference that is itself only so precise
+        relative = speed.reference_ci_ns / speed.reference_ns
+        intervals = np.where(on_host, np.hypot(intervals, durations * relative), intervals)
     # by depth, a model call's or layer's figure comes from a run that recorded nothing below it:
     # only its own recording is taken out, never an estimate for what lies below it (the calls
     # that passed through the wrapper unrecorded did so in the model-only run as well)
@@ -382,6 +463,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
         "leveled": {
             "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
             "by_depth": by_depth,
+            "step_speed": None if speed is None else {
+                "reference_step_ms": speed.reference_ns / 1e6, "reference_step_ci_ms": speed.reference_ci_ns / 1e6},
             "layer_depths": max((run.layer_depth or 0 for run in timing), default=0) + 1 if by_depth else None,
             "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
             "unmatched": len(unmatched_table),
