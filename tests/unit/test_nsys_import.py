@@ -246,6 +246,16 @@ def test_the_c_reader_and_pythons_sqlite3_give_the_same_table(tmp_path, monkeypa
     in_python = load_nsys(path).spans
     same = [c for c in in_c.columns if c not in (col.TRACE_ID, col.SPAN_ID, col.PARENT_ID)]
     pd.testing.assert_frame_equal(in_c[same], in_python[same])
+
+    class Failing:  # a read that fails on its thread is read again through Python
+        @staticmethod
+        def read_floats(uri: str, query: str) -> tuple[bytearray, int]:
+            if "NVTX" in query:
+                raise OSError("SQLite: disk I/O error")
+            return reader.read_floats(uri, query)
+
+    monkeypatch.setattr(nsys, "SQLITE_COLUMNS", Failing)
+    pd.testing.assert_frame_equal(load_nsys(path).spans[same], in_python[same])
     buffer, columns = reader.read_floats(f"{path.resolve().as_uri()}?mode=ro",
                                          "select start, end, textId from NVTX_EVENTS")
     assert columns == 3 and len(buffer) % 24 == 0

@@ -38,8 +38,10 @@ import os
 import re
 import sqlite3
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -54,9 +56,9 @@ from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
 from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
 from xsp.record.nvtx import RangeKind
-from xsp.table.build import build_table, new_step_state, string_array
+from xsp.table.build import build_table, new_step_state
 from xsp.table.validation import LATEST_NS
-from xsp.table.walks import nullable_ints
+from xsp.table.walks import nullable_ints, strings_at
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 PRODUCT: Final = "NVIDIA Nsight Systems"
@@ -154,17 +156,65 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
     return facts
 
 
-def _frame(connection: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Numeric ``columns`` of ``table`` as float64 columns (NaN where null): one array of all the
-    rows, read in C where xsp's extension is built (xsp/io/_sqlite), else made by numpy from
-    SQLite's tuples; never kept as a Python object a value. Exact for what is read here (times
-    from the session's start, ids, sizes: all below 2**53)."""
-    query = f"select {', '.join(columns)} from {table}"
-    data = _read_in_c(connection, query, len(columns))
-    if data is None:
-        rows = connection.execute(query).fetchall()
-        data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
-    return pd.DataFrame(data, columns=list(columns), copy=False)
+READ_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "NVTX_EVENTS": ("start", "end", "eventType", "textId", "globalTid", "domainId"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
+    "CUPTI_ACTIVITY_KIND_DRIVER": ("start", "end", "globalTid", "correlationId", "nameId"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
+                                   "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
+                                   "staticSharedMemory", "dynamicSharedMemory"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind",
+                                   "srcKind", "dstKind"),
+    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
+}
+"""The numeric columns read from each event table (an API table's ``eventClass`` as well, where it has one)."""
+
+
+class TableReads:
+    """The numeric columns of an export's event tables (:data:`READ_COLUMNS`), every table read at
+    once on its own thread by xsp/io/_sqlite (which lets Python's lock go while SQLite steps
+    through the rows), while the import works on the texts and on the tables read first."""
+
+    def __init__(self, connection: sqlite3.Connection, tables: set[str]) -> None:
+        self.connection = connection
+        self.columns = {table: READ_COLUMNS[table] + (("eventClass",) if table.endswith(("RUNTIME", "DRIVER"))
+                                                      and "eventClass" in _columns(connection, table) else ())
+                        for table in READ_COLUMNS if table in tables}
+        self.pending: dict[str, Future[tuple[bytearray, int]]] = {}
+        self.pool: ThreadPoolExecutor | None = None
+        uri = _file_uri(connection)
+        if SQLITE_COLUMNS is not None and uri is not None and self.columns:
+            self.pool = ThreadPoolExecutor(max_workers=min(len(self.columns), os.cpu_count() or 1),
+                                           thread_name_prefix="xsp-nsys-read")
+            for table in self.columns:  # in the order the import takes them
+                self.pending[table] = self.pool.submit(SQLITE_COLUMNS.read_floats, uri, self._query(table))
+
+    def _query(self, table: str) -> str:
+        return f"select {', '.join(self.columns[table])} from {table}"
+
+    def frame(self, table: str) -> pd.DataFrame:
+        """The table's numeric columns as float64 columns (NaN where null): one array of all the
+        rows, read in C where xsp's extension is built, else made by numpy from SQLite's tuples;
+        never kept as a Python object a value. Exact for what is read here (times from the
+        session's start, ids, sizes: all below 2**53)."""
+        columns = self.columns[table]
+        data = None
+        future = self.pending.pop(table, None)
+        if future is not None:
+            try:
+                buffer, width = future.result()
+                if width == len(columns):
+                    data = np.frombuffer(buffer, dtype=np.float64).reshape(-1, width)
+            except OSError:  # read through Python below
+                data = None
+        if data is None:
+            rows = self.connection.execute(self._query(table)).fetchall()
+            data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
+        return pd.DataFrame(data, columns=list(columns), copy=False)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 IMPOSSIBLE_TIMES: Final = "rows with impossible times"
@@ -189,22 +239,10 @@ def _with_possible_times(frame: pd.DataFrame, table: str, base_ns: int, counts: 
     return frame[fine].reset_index(drop=True)
 
 
-def _read_in_c(connection: sqlite3.Connection, query: str, width: int) -> np.ndarray | None:
-    """The query's rows as a (rows, width) float64 array, read by xsp/io/_sqlite from the
-    connection's own file (opened again, read-only); None where the extension is not built or
-    cannot read it (the caller reads through Python then)."""
-    if SQLITE_COLUMNS is None:
-        return None
+def _file_uri(connection: sqlite3.Connection) -> str | None:
+    """The read-only URI of the connection's file, for xsp/io/_sqlite to open it again (None: no file)."""
     found = connection.execute("pragma database_list").fetchone()
-    if not found or not found[2]:
-        return None
-    try:
-        buffer, columns = SQLITE_COLUMNS.read_floats(f"{Path(found[2]).as_uri()}?mode=ro", query)
-    except OSError:
-        return None
-    if columns != width:
-        return None
-    return np.frombuffer(buffer, dtype=np.float64).reshape(-1, width)
+    return f"{Path(found[2]).as_uri()}?mode=ro" if found and found[2] else None
 
 
 def _ints(values: pd.Series) -> np.ndarray:
@@ -216,11 +254,39 @@ def _nullable(values: pd.Series) -> pd.arrays.IntegerArray:
     return nullable_ints(floats, np.isnan(floats))
 
 
-def _per_distinct(keys: np.ndarray, make: Any) -> np.ndarray:
+@dataclass(frozen=True)
+class Coded:
+    """A string column of one table as codes into its distinct values (-1: null): the texts are
+    made once per distinct value, and Arrow expands them once, after every table's rows are
+    sorted (taking strings into order cost as much as reading them)."""
+
+    codes: np.ndarray
+    values: list[str | None]
+
+    def filled(self, text: str) -> Coded:
+        """The column with ``text`` wherever it is null."""
+        values: list[str | None] = [text if value is None else value for value in self.values]
+        values.append(text)
+        return Coded(np.where(self.codes < 0, len(values) - 1, self.codes), values)
+
+
+def _constant(text: str, count: int) -> Coded:
+    values: list[str | None] = [text]
+    return Coded(np.zeros(count, dtype=np.int64), values)
+
+
+def _coded(texts: np.ndarray) -> Coded:
+    """An object array of texts (None or NaN: null) as codes."""
+    codes, distinct = pd.factorize(texts, use_na_sentinel=True)
+    values: list[str | None] = [str(value) for value in distinct]
+    return Coded(codes.astype(np.int64), values)
+
+
+def _per_distinct(keys: np.ndarray, make: Any) -> Coded:
     """``make(*key)`` for each row's key (the rows of integer ``keys``), made once per distinct key."""
     count = len(keys)
     if not count:
-        return np.empty(0, dtype=object)
+        return Coded(np.empty(0, dtype=np.int64), [])
     combined = np.zeros(count, dtype=np.int64)
     for column in keys.T:  # each column's codes (a hash each), folded into one code a row
         codes, uniques = pd.factorize(column)
@@ -228,8 +294,7 @@ def _per_distinct(keys: np.ndarray, make: Any) -> np.ndarray:
     codes, distinct = pd.factorize(combined)
     first = np.empty(len(distinct), dtype=np.int64)
     first[codes[::-1]] = np.arange(count - 1, -1, -1)  # each distinct key's first row
-    texts = np.array([make(*row) for row in keys[first].tolist()], dtype=object)
-    return texts[codes]
+    return Coded(codes.astype(np.int64), [make(*row) for row in keys[first].tolist()])
 
 
 def _strings(connection: sqlite3.Connection, tables: set[str]) -> dict[int, str]:
@@ -238,11 +303,13 @@ def _strings(connection: sqlite3.Connection, tables: set[str]) -> dict[int, str]
     return {int(key): str(value) for key, value in connection.execute("select id, value from StringIds")}
 
 
-def _named(ids: pd.Series, strings: dict[int, str]) -> np.ndarray:
-    """The strings of ``ids`` (None where null or unknown), each distinct id looked up once."""
+def _named(ids: pd.Series, strings: dict[int, str], shown: Any = None) -> Coded:
+    """The strings of ``ids`` (null where null or unknown), each distinct id looked up (and
+    passed through ``shown``) once."""
     codes, distinct = pd.factorize(ids, use_na_sentinel=True)
-    texts = np.array([strings.get(int(value)) for value in distinct] + [None], dtype=object)
-    return texts[np.where(codes < 0, len(distinct), codes)]
+    texts = [strings.get(int(value)) for value in distinct]
+    return Coded(codes.astype(np.int64), texts if shown is None else
+                 [None if text is None else shown(text) for text in texts])
 
 
 def _thread(global_tid: pd.Series) -> np.ndarray:
@@ -253,20 +320,16 @@ def _process(global_id: pd.Series) -> np.ndarray:
     return (global_id.to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
 
 
-def _span_frame(rows: dict[str, Any]) -> pd.DataFrame:
-    """The rows of one table as a frame, their texts as the span table's string columns, converted
-    by Arrow in one go (pandas would make its own ``str`` columns string by string, and the table
-    convert them again)."""
-    return pd.DataFrame({name: string_array(values) if isinstance(values, np.ndarray) and values.dtype == object
-                         else values for name, values in rows.items()}, copy=False)
+Rows = dict[str, Any]
+"""One table's rows by column: int64 arrays (times), Int64 arrays, or :class:`Coded` texts."""
 
 
-def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndarray, base_ns: int,
-               host: bool) -> dict[str, Any]:
+def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: Coded, base_ns: int,
+               host: bool) -> Rows:
     count = len(frame)
     return {
-        col.LEVEL: np.full(count, level.value, dtype=object),
-        col.KIND: np.full(count, kind.value, dtype=object),
+        col.LEVEL: _constant(level.value, count),
+        col.KIND: _constant(kind.value, count),
         col.NAME: names,
         col.START_NS: _ints(frame["start"]) + base_ns,
         col.END_NS: _ints(frame["end"]) + base_ns,
@@ -275,9 +338,10 @@ def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: np.ndar
     }
 
 
-def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int,
-               thread_names: dict[int, str], counts: dict[str, int]) -> pd.DataFrame:
-    frame = _frame(connection, "NVTX_EVENTS", ("start", "end", "eventType", "textId", "globalTid", "domainId"))
+def _nvtx_rows(reads: TableReads, strings: dict[int, str], base_ns: int,
+               thread_names: dict[int, str], counts: dict[str, int]) -> Rows:
+    connection = reads.connection
+    frame = reads.frame("NVTX_EVENTS")
     texts = np.array([text for (text,) in connection.execute("select text from NVTX_EVENTS")], dtype=object)
     kinds = frame["eventType"].to_numpy()
     domain_column, thread_column = frame["domainId"].to_numpy(), frame["globalTid"].to_numpy()
@@ -297,8 +361,9 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     ranges = frame[keep].reset_index(drop=True)
     texts = texts[keep]
     from_ids = _named(ranges["textId"], strings)
-    names = np.where(pd.isna(texts), from_ids, texts)
-    names = np.where(pd.isna(names), "(unnamed NVTX range)", names)
+    by_id = np.array([*from_ids.values, None], dtype=object)[np.where(from_ids.codes < 0, len(from_ids.values),
+                                                                      from_ids.codes)]
+    names = _coded(np.where(pd.isna(texts), by_id, texts)).filled("(unnamed NVTX range)")
     rows = _base_rows(ranges, Level.MODEL, SpanKind.USER, names, base_ns, host=True)
     domain_ids = np.nan_to_num(ranges["domainId"].to_numpy(), nan=0).astype(np.int64)
     if "category" in _columns(connection, "NVTX_EVENTS"):
@@ -306,7 +371,7 @@ def _nvtx_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns:
     rows[col.ATTRIBUTES] = _per_distinct(
         domain_ids.reshape(-1, 1),
         lambda d: None if d == 0 else f'{{"nvtx.domain":{_json_text(domains.get(d, str(d)))}}}')
-    return _span_frame(rows)
+    return rows
 
 
 XSP_RANGES: Final = {RangeKind.MODEL: (Level.MODEL, SpanKind.PREDICT), RangeKind.LAYER: (Level.LAYER, SpanKind.FORWARD),
@@ -316,7 +381,7 @@ XSP_RANGES: Final = {RangeKind.MODEL: (Level.MODEL, SpanKind.PREDICT), RangeKind
 the span's kind as NVTX category) stands for."""
 
 
-def _xsp_ranges(connection: sqlite3.Connection, rows: dict[str, Any], keep: np.ndarray, domain_ids: np.ndarray,
+def _xsp_ranges(connection: sqlite3.Connection, rows: Rows, keep: np.ndarray, domain_ids: np.ndarray,
                 domains: dict[int, str]) -> None:
     """xsp's own ranges back at their levels: a model call, a layer, a layer's backward..."""
     ours = [domain for domain, name in domains.items() if name == XSP_DOMAIN]
@@ -324,26 +389,28 @@ def _xsp_ranges(connection: sqlite3.Connection, rows: dict[str, Any], keep: np.n
         return
     categories = np.array([c for (c,) in connection.execute("select category from NVTX_EVENTS")], dtype=object)[keep]
     in_domain = np.isin(domain_ids, ours)
-    levels, kinds = rows[col.LEVEL], rows[col.KIND]
+    levels, kinds = rows[col.LEVEL].codes.copy(), rows[col.KIND].codes.copy()
+    level_values, kind_values = list(rows[col.LEVEL].values), list(rows[col.KIND].values)
     for category, (level, kind) in XSP_RANGES.items():
         chosen = in_domain & (categories == int(category))
-        levels[chosen], kinds[chosen] = level.value, kind.value
+        levels[chosen], kinds[chosen] = len(level_values), len(kind_values)
+        level_values.append(level.value)
+        kind_values.append(kind.value)
+    rows[col.LEVEL], rows[col.KIND] = Coded(levels, level_values), Coded(kinds, kind_values)
 
 
 def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _api_rows(connection: sqlite3.Connection, table: str, kind: SpanKind, strings: dict[int, str],
-              base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
+def _api_rows(reads: TableReads, table: str, kind: SpanKind, strings: dict[int, str],
+              base_ns: int, counts: dict[str, int]) -> Rows:
     """CUDA API calls. One call can be exported twice, with one correlation id: the call, and the
     call with the collection of its backtrace around it (``eventClass`` 67 in 2022.2, the longer
     interval): the shortest row of a correlation id on a thread is kept, the others counted. A row
     of ``eventClass`` 1 in the runtime's table is a driver call."""
-    has_class = "eventClass" in _columns(connection, table)
-    frame = _frame(connection, table, ("start", "end", "globalTid", "correlationId", "nameId")
-                   + (("eventClass",) if has_class else ()))
-    frame = _with_possible_times(frame, table, base_ns, counts)
+    frame = _with_possible_times(reads.frame(table), table, base_ns, counts)
+    has_class = "eventClass" in frame
     if len(frame):
         threads, correlation = frame["globalTid"].to_numpy(), frame["correlationId"].to_numpy()
         order = np.lexsort((frame["end"].to_numpy() - frame["start"].to_numpy(), correlation, threads))
@@ -354,21 +421,21 @@ def _api_rows(connection: sqlite3.Connection, table: str, kind: SpanKind, string
         if repeated.any():
             counts[f"{table} rows repeating a call (its backtrace's)"] = int(repeated.sum())
             frame = frame[~repeated].reset_index(drop=True)
-    plain = {key: API_VERSION_SUFFIX.sub("", text) for key, text in strings.items()}
-    rows = _base_rows(frame, Level.CUDA_API, kind, _named(frame["nameId"], plain), base_ns, host=True)
+    names = _named(frame["nameId"], strings, lambda text: API_VERSION_SUFFIX.sub("", text))
+    rows = _base_rows(frame, Level.CUDA_API, kind, names, base_ns, host=True)
     if has_class and kind is SpanKind.RUNTIME:
-        rows[col.KIND] = np.where(frame["eventClass"].to_numpy() == DRIVER_EVENT_CLASS, SpanKind.DRIVER.value,
-                                  rows[col.KIND])
+        driver = frame["eventClass"].to_numpy() == DRIVER_EVENT_CLASS
+        rows[col.KIND] = Coded(driver.astype(np.int64), [SpanKind.RUNTIME.value, SpanKind.DRIVER.value])
     rows[col.CORRELATION_ID] = _nullable(frame["correlationId"])
-    return _span_frame(rows)
+    return rows
 
 
-def _dims(x: pd.Series, y: pd.Series, z: pd.Series) -> np.ndarray:
+def _dims(x: pd.Series, y: pd.Series, z: pd.Series) -> Coded:
     return _per_distinct(np.stack([_ints(x.fillna(0)), _ints(y.fillna(0)), _ints(z.fillna(0))], axis=1),
                          lambda a, b, c: f"[{a},{b},{c}]")
 
 
-def _device_rows(frame: pd.DataFrame, kind: SpanKind, names: np.ndarray, base_ns: int) -> dict[str, Any]:
+def _device_rows(frame: pd.DataFrame, kind: SpanKind, names: Coded, base_ns: int) -> Rows:
     rows = _base_rows(frame, Level.KERNEL, kind, names, base_ns, host=False)
     rows[col.DEVICE_ID] = _nullable(frame["deviceId"])
     rows[col.STREAM_ID] = _nullable(frame["streamId"])
@@ -376,32 +443,26 @@ def _device_rows(frame: pd.DataFrame, kind: SpanKind, names: np.ndarray, base_ns
     return rows
 
 
-def _kernel_rows(connection: sqlite3.Connection, strings: dict[int, str], base_ns: int,
-                 counts: dict[str, int]) -> pd.DataFrame:
-    frame = _with_possible_times(_frame(connection, "CUPTI_ACTIVITY_KIND_KERNEL",
-                                        ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
-                                         "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY",
-                                         "blockZ", "staticSharedMemory", "dynamicSharedMemory")),
-                                 "CUPTI_ACTIVITY_KIND_KERNEL", base_ns, counts)
-    names = _named(frame["demangledName"], strings)
-    rows = _device_rows(frame, SpanKind.KERNEL, np.where(pd.isna(names), "(unnamed kernel)", names), base_ns)
+def _kernel_rows(reads: TableReads, strings: dict[int, str], base_ns: int, counts: dict[str, int]) -> Rows:
+    frame = _with_possible_times(reads.frame("CUPTI_ACTIVITY_KIND_KERNEL"), "CUPTI_ACTIVITY_KIND_KERNEL", base_ns,
+                                 counts)
+    names = _named(frame["demangledName"], strings).filled("(unnamed kernel)")
+    rows = _device_rows(frame, SpanKind.KERNEL, names, base_ns)
     rows[col.GRID] = _dims(frame["gridX"], frame["gridY"], frame["gridZ"])
     rows[col.BLOCK] = _dims(frame["blockX"], frame["blockY"], frame["blockZ"])
     rows[col.REGISTERS_PER_THREAD] = _nullable(frame["registersPerThread"])
     rows[col.SHARED_MEMORY_BYTES] = _nullable(frame["staticSharedMemory"].fillna(0)
                                               + frame["dynamicSharedMemory"].fillna(0))
-    return _span_frame(rows)
+    return rows
 
 
 def _copy_kind(code: int) -> str:
     return COPY_KINDS.get(code, "unknown" if code < 0 else f"kind {code}")
 
 
-def _memcpy_rows(connection: sqlite3.Connection, base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
-    frame = _with_possible_times(
-        _frame(connection, "CUPTI_ACTIVITY_KIND_MEMCPY",
-               ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind", "srcKind", "dstKind")),
-        "CUPTI_ACTIVITY_KIND_MEMCPY", base_ns, counts)
+def _memcpy_rows(reads: TableReads, base_ns: int, counts: dict[str, int]) -> Rows:
+    frame = _with_possible_times(reads.frame("CUPTI_ACTIVITY_KIND_MEMCPY"), "CUPTI_ACTIVITY_KIND_MEMCPY", base_ns,
+                                 counts)
     codes = np.stack([_ints(frame[c].fillna(-1)) for c in ("copyKind", "srcKind", "dstKind")], axis=1)
     kinds = _per_distinct(codes[:, :1], _copy_kind)
     names = _per_distinct(codes, lambda kind, source, target: f"Memcpy {_copy_kind(kind)} "
@@ -409,16 +470,15 @@ def _memcpy_rows(connection: sqlite3.Connection, base_ns: int, counts: dict[str,
     rows = _device_rows(frame, SpanKind.MEMCPY, names, base_ns)
     rows[col.BYTES] = _nullable(frame["bytes"])
     rows[col.COPY_KIND] = kinds
-    return _span_frame(rows)
+    return rows
 
 
-def _memset_rows(connection: sqlite3.Connection, base_ns: int, counts: dict[str, int]) -> pd.DataFrame:
-    frame = _with_possible_times(_frame(connection, "CUPTI_ACTIVITY_KIND_MEMSET",
-                                        ("start", "end", "deviceId", "streamId", "correlationId", "bytes")),
-                                 "CUPTI_ACTIVITY_KIND_MEMSET", base_ns, counts)
-    rows = _device_rows(frame, SpanKind.MEMSET, np.full(len(frame), "Memset", dtype=object), base_ns)
+def _memset_rows(reads: TableReads, base_ns: int, counts: dict[str, int]) -> Rows:
+    frame = _with_possible_times(reads.frame("CUPTI_ACTIVITY_KIND_MEMSET"), "CUPTI_ACTIVITY_KIND_MEMSET", base_ns,
+                                 counts)
+    rows = _device_rows(frame, SpanKind.MEMSET, _constant("Memset", len(frame)), base_ns)
     rows[col.BYTES] = _nullable(frame["bytes"])
-    return _span_frame(rows)
+    return rows
 
 
 def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:
@@ -464,29 +524,32 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
     strings = _strings(connection, tables)
     base_ns = _session_start_ns(connection, tables)
     thread_names = _thread_names(connection, tables, strings)
-    parts: list[pd.DataFrame] = []
+    parts: list[Rows] = []
     counts: dict[str, int] = {}
 
     def add(table: str, make: Any) -> None:
         if table in tables:
             part = make()
-            counts[table] = len(part)
-            if len(part):
+            counts[table] = len(part[col.START_NS])
+            if counts[table]:
                 parts.append(part)
 
     repeated: dict[str, int] = {}  # rows not imported, by why
-    add("NVTX_EVENTS", lambda: _nvtx_rows(connection, strings, base_ns, thread_names, repeated))
-    add("CUPTI_ACTIVITY_KIND_RUNTIME",
-        lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_RUNTIME", SpanKind.RUNTIME, strings, base_ns, repeated))
-    add("CUPTI_ACTIVITY_KIND_DRIVER",
-        lambda: _api_rows(connection, "CUPTI_ACTIVITY_KIND_DRIVER", SpanKind.DRIVER, strings, base_ns, repeated))
-    add("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernel_rows(connection, strings, base_ns, repeated))
-    add("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _memcpy_rows(connection, base_ns, repeated))
-    add("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _memset_rows(connection, base_ns, repeated))
-    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    if len(rows):
-        rows = rows.sort_values(col.START_NS, kind="stable", ignore_index=True)
-    host = set() if not len(rows) else set(rows[col.THREAD_ID].dropna().astype(int).tolist())
+    reads = TableReads(connection, tables)
+    try:
+        add("NVTX_EVENTS", lambda: _nvtx_rows(reads, strings, base_ns, thread_names, repeated))
+        add("CUPTI_ACTIVITY_KIND_RUNTIME",
+            lambda: _api_rows(reads, "CUPTI_ACTIVITY_KIND_RUNTIME", SpanKind.RUNTIME, strings, base_ns, repeated))
+        add("CUPTI_ACTIVITY_KIND_DRIVER",
+            lambda: _api_rows(reads, "CUPTI_ACTIVITY_KIND_DRIVER", SpanKind.DRIVER, strings, base_ns, repeated))
+        add("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernel_rows(reads, strings, base_ns, repeated))
+        add("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _memcpy_rows(reads, base_ns, repeated))
+        add("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _memset_rows(reads, base_ns, repeated))
+    finally:
+        reads.close()
+    rows = _sorted_frame(parts)
+    parts.clear()  # the frame holds its own arrays: the tables' are let go before the tree is built
+    host = set() if not len(rows) else set(np.unique(rows[col.THREAD_ID].dropna().to_numpy(dtype=np.int64)).tolist())
     gpus = _gpu_names(connection, tables)
     rank = _rank(connection, tables, thread_names)
     metadata: dict[str, Any] = {
@@ -501,6 +564,38 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
     if rank is not None:
         metadata["distributed"] = {"rank": rank}
     return rows, metadata
+
+
+def _sorted_frame(parts: Sequence[Rows]) -> pd.DataFrame:
+    """Every table's rows in one frame, sorted by start (stable): numbers and codes are put in
+    order, and each text column is expanded by Arrow once, already in order."""
+    if not parts:
+        return pd.DataFrame()
+    starts = np.concatenate([part[col.START_NS] for part in parts])
+    order = np.argsort(starts, kind="stable")
+    columns: dict[str, Any] = {}
+    for name in dict.fromkeys(name for part in parts for name in part):
+        sizes = [len(part[col.START_NS]) for part in parts]
+        found = [part.get(name) for part in parts]
+        if any(isinstance(values, Coded) for values in found):
+            codes, values, offset = [], [], 0
+            for size, column in zip(sizes, found):
+                if column is None:
+                    codes.append(np.full(size, -1, dtype=np.int64))
+                    continue
+                codes.append(np.where(column.codes < 0, -1, column.codes + offset))
+                values.extend(column.values)
+                offset += len(column.values)
+            columns[name] = strings_at(np.concatenate(codes)[order], values)
+        elif all(isinstance(values, np.ndarray) for values in found):  # times: in every table
+            columns[name] = np.concatenate([np.asarray(values) for values in found])[order]
+        else:
+            data = np.concatenate([np.zeros(size, dtype=np.int64) if column is None else np.asarray(
+                column.to_numpy(dtype=np.int64, na_value=0)) for size, column in zip(sizes, found)])
+            missing = np.concatenate([np.ones(size, dtype=bool) if column is None else np.asarray(column.isna())
+                                      for size, column in zip(sizes, found)])
+            columns[name] = nullable_ints(data[order], missing[order])
+    return pd.DataFrame(columns, copy=False)
 
 
 def load_nsys(path: str | os.PathLike[str]) -> Trace:
