@@ -205,3 +205,39 @@ def test_xsp_pull_writes_the_file_and_says_what_it_read(tmp_path: Path) -> None:
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert "1970" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_spans_without_ids_or_times_are_counted_and_said_not_dropped_silently(tmp_path: Path) -> None:
+    good = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "kept", "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000000000001000"}
+    answer = json.dumps({"result": {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [
+        good, {**good, "spanId": "not hex"}, {**good, "spanId": "ef" * 8, "startTimeUnixNano": None},
+        {**good, "traceId": None, "spanId": "12" * 8}]}]}]}}).encode()
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.warns(xsp.XspWarning, match="3 span"):
+            pulled = pull(jaeger=address, trace_id="ab" * 16)
+        assert list(pulled.spans[col.NAME]) == ["kept"]
+        assert pulled.metadata["pulled_from"]["report"]["malformed"] == 3
+        assert sum(pulled.metadata["dropped"].values()) == 3
+        out = tmp_path / "back.xsp.parquet"
+        done = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", address, "--trace", "ab" * 16,
+                               "-o", str(out)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "3 span(s)" in done.stderr and "left out" in done.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

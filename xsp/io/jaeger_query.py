@@ -24,6 +24,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.errors import XspError
+from xsp.core.errors import XspError, XspWarning
 from xsp.io.trace import Trace
 from xsp.table.build import conform
 
@@ -65,6 +66,8 @@ class PullReport:
     duplicates: int = 0
     truncated_traces: int = 0
     aggregates: int = 0
+    malformed: int = 0
+    """Spans left out: no trace or span id that reads as one, or no start or end time."""
     cut_ranges: list[str] = field(default_factory=list)
     """Ranges still at the search's limit at the smallest split (some traces there may be missing)."""
 
@@ -199,6 +202,18 @@ def attributes_of(items: Any) -> dict[str, Any]:
             if isinstance(item, dict) and "key" in item}
 
 
+def _nanoseconds(value: Any) -> int | None:
+    """An OTLP time (a string of epoch nanoseconds in JSON, or a number) as an int; None where absent
+    or not a time."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        found = int(value)
+    except (TypeError, ValueError):
+        return None
+    return found if 0 < found < 2**63 else None
+
+
 @dataclass
 class Collected:
     """Spans read so far, one row each (a span seen twice is kept once), and what came with them."""
@@ -221,7 +236,10 @@ class Collected:
             for scope_spans in resource_spans.get("scopeSpans") or []:
                 for span in scope_spans.get("spans") or []:
                     trace_id, span_id = hex_id(span.get("traceId"), 16), hex_id(span.get("spanId"), 8)
-                    if trace_id is None or span_id is None:
+                    start_ns, end_ns = _nanoseconds(span.get("startTimeUnixNano")), _nanoseconds(
+                        span.get("endTimeUnixNano"))
+                    if trace_id is None or span_id is None or start_ns is None or end_ns is None:
+                        self.report.malformed += 1
                         continue
                     self.report.spans_seen += 1
                     trace_ids.add(trace_id)
@@ -237,8 +255,8 @@ class Collected:
                     rows[col.SPAN_ID].append(number)
                     rows[col.PARENT_ID].append(None if parent is None else int(parent, 16))
                     rows[col.NAME].append(span.get("name", ""))
-                    rows[col.START_NS].append(int(span.get("startTimeUnixNano") or 0))
-                    rows[col.END_NS].append(int(span.get("endTimeUnixNano") or 0))
+                    rows[col.START_NS].append(start_ns)
+                    rows[col.END_NS].append(end_ns)
                     rows[col.STATUS].append(col.Status.ERROR.value if error else col.Status.OK.value)
                     rows[col.STATUS_MESSAGE].append(status.get("message") if error else None)
                     rows["links"].append([hex_id(link.get("traceId"), 16) for link in span.get("links") or []])
@@ -345,6 +363,11 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
     info.setdefault("schema_version", col.SCHEMA_VERSION)
     info["pulled_from"] = {"jaeger": jaeger, "service": service, "trace_id": trace_id, "session": session,
                            "report": report.__dict__}
+    if report.malformed:
+        info["dropped"] = {**(info.get("dropped") or {}), "spans without ids or times Jaeger answered with":
+                           report.malformed}
+        warnings.warn(XspWarning(f"{report.malformed} span(s) from {jaeger} had no trace or span id, or no start or "
+                                 "end time, and were left out"), stacklevel=2)
     return Trace(spans=spans, metadata=info)
 
 
