@@ -241,3 +241,28 @@ def test_spans_without_ids_or_times_are_counted_and_said_not_dropped_silently(tm
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_error_jaeger_words_on_several_lines_is_one_line_of_the_cli(tmp_path: Path) -> None:
+    class Fails(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's name
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            message = "storage:\n  index missing\n"
+            self.wfile.write(json.dumps({"error": {"httpCode": 500, "message": message}}).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fails)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", f"http://127.0.0.1:"
+                               f"{server.server_address[1]}", "--service", "x", "-o", str(tmp_path / "x.xsp.parquet")],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == ["xsp: error: Jaeger answered 500: storage: index missing"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,15 @@ def error_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
+def one_line(text: object) -> str:
+    """An error or warning as the one line the CLI prints: a message that came with line breaks
+    (a server's error page, an exception of a library) is joined with spaces."""
+    return LINE_BREAKS.sub(" ", str(text)).strip()
+
+
 @contextmanager
 def xsp_warnings_to_stderr() -> Iterator[list[str]]:
     """Show each xsp warning once, as one plain line on stderr, and collect them."""
@@ -42,7 +52,7 @@ def xsp_warnings_to_stderr() -> Iterator[list[str]]:
 
     def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
         if issubclass(category, XspWarning):
-            text = str(message)
+            text = one_line(message)
             if text not in seen:
                 seen.append(text)
                 error_console().print(f"warning: {text}", markup=False)
