@@ -285,3 +285,16 @@ def test_rows_with_impossible_times_are_left_out_counted_and_said(tmp_path, recw
     assert any("were left out" in text for text in said)
     assert not any("invalid value" in text for text in said)  # no numpy cast warning leaks out
     assert (trace.spans[col.END_NS] >= trace.spans[col.START_NS]).all()
+
+
+def test_exports_in_a_folder_are_runs_of_a_diff_and_summarized_beside_themselves(tmp_path):
+    from xsp.cli.summary import default_output
+
+    sides = [tmp_path / "base", tmp_path / "new"]
+    for side in sides:
+        side.mkdir()
+        make_export(side / "run.sqlite")
+    found = xsp.diff(*sides)
+    assert len(found.table) and set(found.table["new_count"]) == set(found.table["base_count"])
+    summary = default_output(str(tmp_path / "run.sqlite"), ".xsp-summary.parquet")
+    assert summary == str(tmp_path / "run.xsp-summary.parquet")

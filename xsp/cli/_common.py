@@ -10,6 +10,10 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+TRACE_FILE_HELP = ("a trace: an .xsp.parquet file, a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems "
+                   "SQLite export (.sqlite)")
+"""How a command's trace argument is described: every command reads all three (``xsp.load``)."""
+
 
 class CliError(Exception):
     """A user error the CLI reports in one line with exit status 2."""

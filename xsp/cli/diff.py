@@ -41,7 +41,8 @@ def register(commands: Any) -> None:
                     "--min-delta and a Mann-Whitney U test says so at a false-discovery rate of --alpha over all "
                     "keys. Exit 0 when nothing fails, 1 when a regression (or, with --fail-on change, any "
                     "change) is found, 2 on bad input.")
-    parser.add_argument("base", help="the reference run: a trace (.xsp.parquet, Kineto .json[.gz]) or a summary "
+    parser.add_argument("base", help="the reference run: a trace (.xsp.parquet, Kineto .json[.gz], Nsight "
+                                     ".sqlite) or a summary "
                                      "(.xsp-summary.parquet, from xsp summary); or a folder of several runs' files, "
                                      "pooled (a key must then also move beyond the spread between runs)")
     parser.add_argument("new", help="the run under test, the same kinds of file or folder")

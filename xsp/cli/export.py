@@ -6,7 +6,7 @@ import argparse
 from enum import Enum
 from typing import Any
 
-from xsp.cli._common import check_output, error_console
+from xsp.cli._common import TRACE_FILE_HELP, check_output, error_console
 
 
 class Format(str, Enum):
@@ -17,8 +17,9 @@ class Format(str, Enum):
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("export", help="write a trace as Chrome/Perfetto JSON, speedscope or folded stacks",
-                                 description="Convert a .xsp.parquet trace to another format.")
-    parser.add_argument("file", help="a .xsp.parquet trace")
+                                 description="Convert a trace (.xsp.parquet, PyTorch profiler .json/.json.gz or "
+                                             "Nsight Systems .sqlite) to another format.")
+    parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.CHROME.value,
                         help="output format: chrome (default; chrome://tracing and ui.perfetto.dev), speedscope "
                              "(speedscope.app) or collapsed (folded stacks for flamegraph.pl), the last two with "

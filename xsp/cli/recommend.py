@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from xsp.cli._common import console
+from xsp.cli._common import TRACE_FILE_HELP, console
 from xsp.core.safe_text import one_line
 
 
@@ -17,7 +17,7 @@ def register(commands: Any) -> None:
                     "pageable copies, blocking syncs, TF32, AMP, channels_last, unfused optimizer, small "
                     "batches, memory near capacity, CPU threads) over a trace and print those that fire, most "
                     "at stake first. See docs/recommendations.md for every rule's threshold and source.")
-    parser.add_argument("file", help="a .xsp.parquet trace, or a PyTorch profiler trace (.json, .json.gz)")
+    parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.set_defaults(handler=run)
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xsp.cli._common import CliError, check_output, console, error_console, progress
+from xsp.cli._common import TRACE_FILE_HELP, CliError, check_output, console, error_console, progress
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("report", help="print the analyses of a trace",
-                                 description="Print the analyses that apply to a trace (an .xsp.parquet file or a "
-                                             "PyTorch profiler .json/.json.gz): model latency per step, layers, "
+                                 description="Print the analyses that apply to a trace (an .xsp.parquet file, a "
+                                             "PyTorch profiler .json/.json.gz or an Nsight Systems .sqlite "
+                                             "export): model latency per step, layers, "
                                              "kernels, copies, syncs, idle time, launch overhead, FLOPs.")
-    parser.add_argument("file", help="a .xsp.parquet trace, or a PyTorch profiler trace (.json, .json.gz)")
+    parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("--top", type=int, default=10, help="rows in the top lists (default: 10)")
     parser.add_argument("--html", metavar="FILE", default=None,
                         help="also write a self-contained HTML report with charts (works offline)")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xsp.cli._common import CliError, check_output, error_console
+from xsp.cli._common import TRACE_FILE_HELP, CliError, check_output, error_console
 from xsp.core.levels import parse_levels
 from xsp.core.rank import rank_path
 
@@ -18,7 +18,7 @@ def register(commands: Any) -> None:
         description="Keep what xsp diff needs of a run (every key's count, total and per-step samples, at most "
                     "5 quantiles each) in a small Parquet file to commit as the baseline of a CI check: "
                     "xsp diff baseline.xsp-summary.parquet new.xsp.parquet.")
-    parser.add_argument("file", help="a trace (.xsp.parquet, or a Kineto .json/.json.gz)")
+    parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("-o", "--output", default=None,
                         help="where to write it (default: FILE with .xsp-summary.parquet in place of its suffix)")
     parser.add_argument("--levels", default=None, help="keep only these levels (default: all recorded)")
@@ -28,7 +28,7 @@ def register(commands: Any) -> None:
 
 def default_output(path: str, summary_suffix: str) -> str:
     name = Path(path).name
-    for suffix in (".xsp.parquet", ".json.gz", ".json", ".parquet"):
+    for suffix in (".xsp.parquet", ".json.gz", ".json", ".parquet", ".sqlite"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break

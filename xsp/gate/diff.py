@@ -40,7 +40,7 @@ Source = Trace | Summary | str | os.PathLike[str]
 Side = Source | Sequence[Source]
 """One side of a diff: a run, several runs of the same program (a list, or a folder holding
 their files), pooled."""
-RUN_SUFFIXES: Final = (".parquet", ".json", ".json.gz")
+RUN_SUFFIXES: Final = (".parquet", ".json", ".json.gz", ".sqlite")
 """Files of a folder given as one side that are taken as its runs (traces and summaries)."""
 TEXT_WIDTH: Final = 80
 LISTED: Final = 15
