@@ -298,3 +298,16 @@ def test_exports_in_a_folder_are_runs_of_a_diff_and_summarized_beside_themselves
     assert len(found.table) and set(found.table["new_count"]) == set(found.table["base_count"])
     summary = default_output(str(tmp_path / "run.sqlite"), ".xsp-summary.parquet")
     assert summary == str(tmp_path / "run.xsp-summary.parquet")
+
+
+@pytest.mark.parametrize("table, said", [
+    ("TARGET_INFO_SESSION_START_TIME", "no session start time"),
+    ("StringIds", "no StringIds table: the names its NVTX_EVENTS, CUPTI_ACTIVITY_KIND_RUNTIME")])
+def test_an_export_lacking_what_the_table_needs_says_so(tmp_path, table, said):
+    path = make_export(tmp_path / "report.sqlite")
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"delete from {table}")
+    with pytest.warns(xsp.XspWarning, match=said):
+        trace = load_nsys(path)
+    assert len(trace.spans) and any(said in lack for lack in trace.metadata["nsys"]["lacking"])
+    assert not load_nsys(make_export(tmp_path / "whole.sqlite")).metadata["nsys"]["lacking"]

@@ -170,6 +170,11 @@ READ_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
 """The numeric columns read from each event table (an API table's ``eventClass`` as well, where it has one)."""
 
 
+NAME_IDS: Final = {"NVTX_EVENTS": "textId", "CUPTI_ACTIVITY_KIND_RUNTIME": "nameId",
+                   "CUPTI_ACTIVITY_KIND_DRIVER": "nameId", "CUPTI_ACTIVITY_KIND_KERNEL": "demangledName"}
+"""The column of each table that names a row by its id in ``StringIds``."""
+
+
 class TableReads:
     """The numeric columns of an export's event tables (:data:`READ_COLUMNS`), every table read at
     once on its own thread by xsp/io/_sqlite (which lets Python's lock go while SQLite steps
@@ -523,6 +528,14 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
     tables = _tables(connection)
     strings = _strings(connection, tables)
     base_ns = _session_start_ns(connection, tables)
+    lacking = []  # what the export lacks that the table would have needed, in words
+    if not base_ns:
+        lacking.append("no session start time (TARGET_INFO_SESSION_START_TIME): its times are counted from the "
+                       "session's start, as if it began on 1 January 1970")
+    named_by_id = [table for table, column in NAME_IDS.items() if not strings and table in tables and
+                   connection.execute(f"select exists(select 1 from {table} where {column} is not null)").fetchone()[0]]
+    if named_by_id:
+        lacking.append(f"no StringIds table: the names its {', '.join(named_by_id)} give by id are unknown")
     thread_names = _thread_names(connection, tables, strings)
     parts: list[Rows] = []
     counts: dict[str, int] = {}
@@ -556,7 +569,7 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
         "source": "nsys",
         "nsys": {"product_version": facts.get("EXPORT_PRODUCT_VERSION"),
                  "schema_version": facts.get("EXPORT_SCHEMA_VERSION"), "session_start_ns": base_ns,
-                 "rows": counts, "not_imported": repeated},
+                 "rows": counts, "not_imported": repeated, "lacking": lacking},
         "device": ", ".join(gpus) if gpus else "unknown",
         "rank": rank,
         "threads": {str(tid): name for tid, name in sorted(thread_names.items()) if tid in host},
@@ -629,4 +642,6 @@ def load_nsys(path: str | os.PathLike[str]) -> Trace:
     if lost:  # every command that reads the export says so, not only xsp import
         warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
                                  "were left out"), stacklevel=2)
+    for lack in metadata["nsys"]["lacking"] if len(spans) else []:
+        warnings.warn(XspWarning(f"{source} has {lack}"), stacklevel=2)
     return Trace(spans=spans, metadata=metadata)
