@@ -425,16 +425,22 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     verdict[both & large & significant & slower] = Verdict.REGRESSED.value
     verdict[both & large & significant & faster] = Verdict.IMPROVED.value
     explained_only = np.zeros(count, dtype=bool)
+    raw_waited = np.zeros(count, dtype=bool)
     if factor != 1.0 and not normalize:  # a correction explains a change away; it never makes one
         raw = compare_keys(base, new, threshold=threshold, min_delta_ns=min_delta_ns, alpha=alpha, waits_ns=waits_ns)
-        raw_verdict = raw.set_index([col.LEVEL, KEY])[VERDICT].reindex(
-            pd.MultiIndex.from_arrays([merged[col.LEVEL], merged[KEY]])).to_numpy(dtype=object)
+        raw_rows = raw.set_index([col.LEVEL, KEY]).reindex(pd.MultiIndex.from_arrays([merged[col.LEVEL], merged[KEY]]))
+        raw_verdict = raw_rows[VERDICT].to_numpy(dtype=object)
         judged = np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value])
         explained_only = judged & (raw_verdict != verdict)
+        # as measured, too close to what the threads waited for a CPU to be judged: that is why,
+        # not the correction (it is unjudged, not unchanged)
+        raw_waited = explained_only & raw_rows[NOTE].astype(object).map(
+            lambda text: isinstance(text, str) and text.startswith(WAITED_NOTE)).to_numpy(dtype=bool)
+        explained_only &= ~raw_waited
         verdict[explained_only] = Verdict.UNCHANGED.value
     wait_limit = PREEMPTION_FACTOR * max(waits_ns)  # either run's process may have met the preemption
-    waited = one_run_a_side & np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value]) & (
-        np.abs(adjusted_delta) <= wait_limit)
+    waited = raw_waited | (one_run_a_side & np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value]) & (
+        np.abs(adjusted_delta) <= wait_limit))
     verdict[waited] = Verdict.UNCHANGED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
