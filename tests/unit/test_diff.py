@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -829,3 +830,34 @@ def test_profiler_steps_are_one_key_whatever_their_numbers(shared_traces, tmp_pa
     result = diff(base, new, machine_speed=False)
     assert not (result.table[dcol.VERDICT].isin(["added", "removed"])).any()
     assert (result.table[dcol.KEY].str.startswith("ProfilerStep#*[0]")).mean() > 0.9
+
+
+def test_a_change_judged_only_after_the_load_correction_but_within_the_wait_as_measured_is_unjudged():
+    """The base's threads waited for a CPU longer (20% against 11% of their ready time): the new
+    run's times are divided by 0.9 and net.b's change (140 µs as measured) grows past 1.5x the
+    100 µs a step its threads waited. As measured it was within that wait: it stays unchanged,
+    and says why (unjudged: a preemption met in every step), not that the correction made it."""
+    def busy(trace, waited_us, share):
+        trace.metadata["contention"] = {"on_cpu_ns": 1, "waited_ns": waited_us * 1000 * 40, "waited_share": share}
+        return trace
+
+    result = diff(busy(run(1), 10, 0.2), busy(run(2, slower={"net.b": 0.7}), 100, 0.11))
+    assert result.settings["contention_ratio"] == pytest.approx(0.8 / 0.89, abs=1e-3)
+    found = row(result, "net[0]/net.b[0]")
+    assert found[dcol.VERDICT] == "unchanged"
+    assert found[dcol.NOTE].startswith(dcol.WAITED_NOTE), found[dcol.NOTE]
+    assert "unjudged" in diff_formats.text(result)
+
+
+def test_long_keys_that_differ_in_the_middle_read_apart_in_80_columns():
+    """Two layers whose paths share a long start and a long end (kernels of one template, blocks
+    of one model): both regressed, and each line of the report still tells them apart."""
+    start, end = "encoder.layers.blocks.attention.", ".projection.output.dense.dropout.residual"
+    layers = {f"{start}{which}{end}": 300_000 for which in ("query", "value")}
+    result = diff(run(1, layers=layers), run(2, layers=layers, slower={name: 0.5 for name in layers}))
+    report = diff_formats.text(result)
+    for section, figures in (("Regressed (", r" +\d+\.\d+ µs ->"), ("Where it lives", r" +\+\d+\.\d+ µs")):
+        listed = report.split(section)[1].split("\n\n")[0].splitlines()[1:]
+        keys = [re.split(figures, line)[0].strip() for line in listed if "…" in line]
+        assert len(keys) == 2 and len(set(keys)) == 2, listed
+    assert all(len(line) <= 80 for line in report.splitlines())

@@ -40,7 +40,7 @@ def error_console() -> Console:
 LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 
 
-def one_line(text: object) -> str:
+def error_line(text: object) -> str:
     """An error or warning as the one line the CLI prints: a message that came with line breaks
     (a server's error page, an exception of a library) is joined with spaces."""
     return LINE_BREAKS.sub(" ", str(text)).strip()
@@ -56,7 +56,7 @@ def xsp_warnings_to_stderr() -> Iterator[list[str]]:
 
     def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
         if issubclass(category, XspWarning):
-            text = one_line(message)
+            text = error_line(message)
             if text not in seen:
                 seen.append(text)
                 error_console().print(f"warning: {text}", markup=False)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from xsp._version import __version__
 from xsp.cli import diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
-from xsp.cli._common import CliError, error_console, one_line, xsp_warnings_to_stderr
+from xsp.cli._common import CliError, error_console, error_line, xsp_warnings_to_stderr
 from xsp.cli.run import ScriptInterrupted
 from xsp.core.errors import XspError
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with xsp_warnings_to_stderr():  # what went wrong without stopping the command: one line each
             return int(options.handler(options))
     except (CliError, XspError, FileNotFoundError, ValueError) as exc:
-        error_console().print(f"xsp: error: {one_line(exc)}", markup=False, highlight=False)
+        error_console().print(f"xsp: error: {error_line(exc)}", markup=False, highlight=False)
         return 2
     except BrokenPipeError:  # the reader of our output went away (| head): nothing left to say
         _silence_stdout()

@@ -19,6 +19,7 @@ from xsp.core.safe_text import capped, markdown_code, markdown_text, one_line, w
 from xsp.gate import diff_columns as dcol
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
 from xsp.gate.diff_columns import Verdict
+from xsp.reports.terminal import distinct_middles
 
 
 def text(result: Diff, width: int = TEXT_WIDTH) -> str:
@@ -28,24 +29,22 @@ def text(result: Diff, width: int = TEXT_WIDTH) -> str:
              _wrap(_settings_line(result.settings), width, "  ")]
     models = result.models(None)
     if len(models):
-        lines += ["", "Model (median per step):"] + [_key_line(row, width, f" {shown_verdict(row):>10}")
-                                                     for row in models.head(LISTED).itertuples(index=False)]
+        lines += ["", "Model (median per step):"] + _key_lines(models.head(LISTED), width, verdicts=True)
         if len(models) > LISTED:
             lines.append(f"  ... and {len(models) - LISTED} more")
     if len(result.breakdown):
         lines += ["", f"Where it lives (change per step{_judged_suffix(result.settings)}):"]
-        lines += [_tree_line(row, width) for row in result.breakdown.itertuples(index=False)]
+        lines += _tree_lines(result.breakdown, width)
     for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
         rows = result.rows(verdict)
         if len(rows):
             lines += ["", f"{verdict.value.capitalize()} ({len(rows)}):"]
-            lines += [_key_line(row, width) for row in rows.head(LISTED).itertuples(index=False)]
+            lines += _key_lines(rows.head(LISTED), width)
             if len(rows) > LISTED:
                 lines.append(f"  ... and {len(rows) - LISTED} more")
     if len(result.changes):
         lines += ["", "Changes of structure:"]
-        listed = result.changes.head(LISTED).itertuples(index=False)
-        lines += [_clip(f"  {_change_text(row)}", width) for row in listed]
+        lines += _change_lines(result.changes.head(LISTED), width)
         if len(result.changes) > LISTED:
             lines.append(f"  ... and {len(result.changes) - LISTED} more")
     if result.warnings:
@@ -68,7 +67,7 @@ def markdown(result: Diff) -> str:
                 f"{_ratio(row.ratio)} | {shown_verdict(row)} |" for row in models.itertuples(index=False)]
         out.append("")
     if len(result.breakdown):
-        tree = [_tree_line(row, 100) for row in result.breakdown.itertuples(index=False)]
+        tree = _tree_lines(result.breakdown, 100)
         fence = "`" * max(3, 1 + max((len(run) for line in tree for run in re.findall("`+", line)), default=0))
         out += [f"### Where it lives (change per step{_judged_suffix(result.settings)})", "", fence]
         out += [*tree, fence, ""]
@@ -181,14 +180,26 @@ def _judged_suffix(settings: dict[str, Any]) -> str:
     return ", at equal machine speed" if settings.get("judged_factor", 1.0) != 1.0 else ""
 
 
-def _tree_line(row: Any, width: int) -> str:
-    depth = int(row.depth)
-    label = ("  " * (depth - 1) + "└ " if depth else "") + one_line(_short_key(str(row.key)))
-    share = f"{_share(row.explains)} of parent" if depth else ""
-    tail = (f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} "
-            f"{shown_verdict(row):<9}")
-    room = max(width - len(tail) - 3, 10)
-    return f"  {_clip(label, room):<{room}} {tail}".rstrip()
+def _tree_lines(breakdown: pd.DataFrame, width: int) -> list[str]:
+    """The breakdown as an indented tree in ``width`` columns, each key by its last part, shortened
+    in the middle and kept apart from its neighbours'."""
+    rows = list(breakdown.itertuples(index=False))
+    tails, indents = [], []
+    for row in rows:
+        depth = int(row.depth)
+        share = f"{_share(row.explains)} of parent" if depth else ""
+        tails.append(f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} "
+                     f"{shown_verdict(row):<9}")
+        indents.append("  " * (depth - 1) + "└ " if depth else "")
+    room = max(width - max((len(tail) for tail in tails), default=0) - 3, KEY_ROOM)
+    keys = [one_line(_short_key(str(row.key))) for row in rows]
+    shown: dict[tuple[str, int], str] = {}
+    for indent_width in {len(indent) for indent in indents}:  # keys given the same room are kept apart
+        limit = max(room - indent_width, 1)
+        alike = [key for key, indent in zip(keys, indents) if len(indent) == indent_width]
+        shown.update({(key, indent_width): text for key, text in distinct_middles(alike, limit).items()})
+    return [f"  {indent + shown[key, len(indent)]:<{room}} {tail}".rstrip()
+            for key, indent, tail in zip(keys, indents, tails)]
 
 
 def _short_key(key: str) -> str:
@@ -200,18 +211,45 @@ KEY_ROOM = 10
 """The fewest columns a key keeps beside its figures; with less, the figures go on a line of their own."""
 
 
+def _figures(row: Any, suffix: str = "") -> str:
+    judged = "" if row.adjusted_ratio == row.ratio or math.isnan(row.adjusted_ratio) else (
+        f" ({_ratio(row.adjusted_ratio)} judged)")
+    return (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
+            f"q={_p(row.q_value)}{suffix}")
+
+
 def _key_line(row: Any, width: int, suffix: str = "") -> str:
     """A key and its figures (then ``suffix``) in ``width`` columns: on one line where the key
     keeps :data:`KEY_ROOM` columns, else the figures on the next line."""
-    judged = "" if row.adjusted_ratio == row.ratio or math.isnan(row.adjusted_ratio) else (
-        f" ({_ratio(row.adjusted_ratio)} judged)")
-    tail = (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
-            f"q={_p(row.q_value)}{suffix}")
-    key = one_line(str(row.key))
-    room = width - len(tail) - 3
+    return _key_lines(pd.DataFrame([row._asdict()]), width, suffix=suffix)[0]
+
+
+def _key_lines(rows: pd.DataFrame, width: int, verdicts: bool = False, suffix: str = "") -> list[str]:
+    """One line per key and its figures (then its verdict, or ``suffix``) in ``width`` columns,
+    the keys of the listing shortened in the middle to one room and kept apart (kernels of one
+    template, layers of one block read alike at either end): on one line each where the keys keep
+    :data:`KEY_ROOM` columns, else each key's figures on the line below it."""
+    listed = list(rows.itertuples(index=False))
+    tails = [_figures(row, f" {shown_verdict(row):>10}" if verdicts else suffix) for row in listed]
+    room = width - max((len(tail) for tail in tails), default=0) - 3
+    keys = [one_line(str(row.key)) for row in listed]
+    shown = distinct_middles(keys, room if room >= KEY_ROOM else width - 2)
     if room >= KEY_ROOM:
-        return f"  {_clip_left(key, room):<{room}} {tail}"
-    return f"  {_clip_left(key, width - 2)}\n  {_clip(tail.strip(), width - 4):>{width - 4}}"
+        return [f"  {shown[key]:<{room}} {tail}" for key, tail in zip(keys, tails)]
+    return [f"  {shown[key]}\n  {_clip(tail.strip(), width - 4):>{width - 4}}" for key, tail in zip(keys, tails)]
+
+
+def _change_lines(changes: pd.DataFrame, width: int) -> list[str]:
+    """One line per change of structure in ``width`` columns: the keys shortened in the middle,
+    kept apart, so that what changed and its figures stay in view."""
+    listed = list(changes.itertuples(index=False))
+    rooms = [max(width - 2 - len(_change_text(row, "")), KEY_ROOM) for row in listed]
+    keys = [one_line(str(row.key)) for row in listed]
+    shown: dict[tuple[str, int], str] = {}
+    for room in set(rooms):  # keys given the same room are kept apart
+        alike = [key for key, its_room in zip(keys, rooms) if its_room == room]
+        shown.update({(key, room): text for key, text in distinct_middles(alike, room).items()})
+    return [_clip(f"  {_change_text(row, shown[key, room])}", width) for row, key, room in zip(listed, keys, rooms)]
 
 
 def shown_verdict(row: Any) -> str:
@@ -224,8 +262,9 @@ def shown_verdict(row: Any) -> str:
     return str(row.verdict)
 
 
-def _change_text(row: Any) -> str:
-    text = f"{row.change}: {row.key} ({row.level})"
+def _change_text(row: Any, key: str | None = None) -> str:
+    """A change of structure in words, its key as given (``key``) or whole."""
+    text = f"{row.change}: {row.key if key is None else key} ({row.level})"
     if _present(row.base) or _present(row.new):
         text += f" {row.base} -> {row.new}"
     if isinstance(row.note, str):
@@ -267,11 +306,6 @@ def _seconds(ns: float) -> float:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
-
-
-def _clip_left(text: str, width: int) -> str:
-    """The end of ``text`` (a path's end names the span) in ``width`` characters."""
-    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 def _wrap(text: str, width: int, indent: str) -> str:
