@@ -409,6 +409,14 @@ def test_a_machine_too_busy_to_time_steadily_gets_no_correction():
     result = diff(base, new)
     assert result.verdict is dcol.Verdict.REGRESSED and result.settings["judged"] == "raw times"
     assert any("the new run's machine was too busy to time" in warning for warning in result.warnings)
+    # its speed is not known, so no warning may say the machines ran at the same speed
+    assert not any("at the same speed" in warning for warning in result.warnings), result.warnings
+    assert any("too busy to time their own speed" in warning for warning in result.warnings)
+    # corrected for the threads' waits all the same: no warning may say the times were judged raw
+    base.metadata["contention"], new.metadata["contention"] = {"waited_share": 0.2}, {"waited_share": 0.1}
+    waits = diff(base, new)
+    assert not any("judged raw" in warning for warning in waits.warnings), waits.warnings
+    assert any("only for the threads' waits" in warning for warning in waits.warnings)
 
 
 def test_the_probe_rounds_agree_on_a_quiet_machine_and_say_how_far_they_spread():

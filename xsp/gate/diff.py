@@ -178,7 +178,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     waited_keys = int(table.attrs.get(dcol.WAITED_KEYS, 0))
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
-    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0)
+    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0,
+                                steady=not unsteady)
     if busier:
         shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
         warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
@@ -212,8 +213,9 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         "(compare several runs a side, or run on a quieter machine; --raw judges them)")
     if unsteady and machine_speed and not normalize and measured_speed is not None:
         whose = "both runs' machines were" if len(unsteady) == 2 else f"the {unsteady[0]} run's machine was"
-        warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): times "
-                        "were judged raw, with no machine-speed correction")
+        warnings.append(f"{whose} too busy to time xsp's fixed work steadily (its rounds disagreed): "
+                        + ("no correction for the machines' speed was made (only for the threads' waits, above)"
+                           if busier else "times were judged raw, with no machine-speed correction"))
     level_rank = {level.value: level.rank for level in Level}
     rank = table[col.LEVEL].map(level_rank).fillna(len(Level))
     order = np.lexsort((-np.abs(table[dcol.DELTA_NS].to_numpy(dtype=np.float64)), rank.to_numpy(dtype=np.int64)))
@@ -264,9 +266,10 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
 
 
 def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,
-                    unjudged: bool = False) -> list[str]:
+                    unjudged: bool = False, steady: bool = True) -> list[str]:
     """What the reader must know of the two machines' speeds and of keys moving together
-    (``unjudged``: the move was left unjudged, which its own warning says)."""
+    (``unjudged``: the move was left unjudged, which its own warning says; ``steady``: both
+    machines timed their fixed work steadily, so that ``measured`` can be trusted)."""
     said = []
     if speed != 1.0:
         said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
@@ -281,6 +284,9 @@ def _speed_warnings(shift: float, measured: float | None, speed: float, normaliz
     elif measured is None:
         said.append(f"{moved}; one run has no machine speed recorded (an older or imported trace), so a slower "
                     "machine cannot be told from slower code: record both runs with this xsp")
+    elif not steady:
+        said.append(f"{moved}; the machines were too busy to time their own speed, so a slower machine cannot be "
+                    "told from slower code")
     elif speed == 1.0:
         said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
                     f"{SAME_SPEED:.0%}): the change is the program's")
