@@ -14,6 +14,7 @@ import pandas as pd
 from xsp.analysis.gpu import kernel_table
 from xsp.analysis.model import step_roots
 from xsp.core import schema as col
+from xsp.core.figures import milliseconds
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions
@@ -191,8 +192,8 @@ class Context:
         return min(ns / self.step_ns, 1.0) if self.step_ns > 0 else 0.0
 
     def per_step_ms(self, ns: float) -> str:
-        return f"{ns / 1e6 / self.steps:.3g} ms per step over {self.steps} steps" if self.steps else \
-            f"{ns / 1e6:.3g} ms in all"
+        return f"{milliseconds(ns / 1e6 / self.steps)} per step over {self.steps} steps" if self.steps else \
+            f"{milliseconds(ns / 1e6)} in all"
 
     def device(self) -> dict[str, Any]:
         """The first GPU's properties (Kineto's ``deviceProperties`` keys), as far as known."""

@@ -71,6 +71,7 @@ from xsp.analysis.findings import (
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
 from xsp.analysis.inputs import input_spans
 from xsp.core import schema as col
+from xsp.core.figures import milliseconds
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 
@@ -162,8 +163,9 @@ def gpu_idle(ctx: Context) -> Finding | None:
     devices = usage.groupby("device_id", dropna=False)["host_bound_idle_us"].sum().sort_values(ascending=False)
     return Finding(
         Severity.HIGH if idle >= HOST_IDLE_HIGH else Severity.MEDIUM, ctx.share(host_bound_us * 1e3),
-        f"the GPU sat idle waiting for the host {_pct(idle)} of its active window ({host_bound_us / 1e3:.4g} ms of "
-        f"{window_us / 1e3:.4g} ms: no stream had work, and the next kernel or copy was launched only after); "
+        f"the GPU sat idle waiting for the host {_pct(idle)} of its active window "
+        f"({milliseconds(host_bound_us / 1e3)} of {milliseconds(window_us / 1e3)}: no stream had work, and the "
+        "next kernel or copy was launched only after); "
         f"busy {_pct(float(usage['busy_us'].sum()) / window_us)}",
         "take host work off the launch path: torch.compile(model, mode=\"reduce-overhead\") (CUDA graphs), keep "
         "values on the GPU instead of .item()/.cpu() in the loop, prepare inputs in DataLoader workers",
@@ -213,7 +215,7 @@ def pageable_memcpy(ctx: Context) -> Finding | None:
         _severity(share), share,
         f"{len(pageable)} copies from or to pageable host memory "
         f"({', '.join(f'{kind} x{count}' for kind, count in directions.most_common())}; {moved / 1e6:.3g} MB, "
-        f"{copy_ns / 1e6:.3g} ms): an async copy of pageable memory is staged and runs synchronously",
+        f"{milliseconds(copy_ns / 1e6)}): an async copy of pageable memory is staged and runs synchronously",
         "pin host memory: DataLoader(..., pin_memory=True), or x = x.pin_memory(); then "
         "x.to(\"cuda\", non_blocking=True)",
         _top(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows]))
@@ -239,7 +241,7 @@ def blocking_sync(ctx: Context) -> Finding | None:
         else f" ({len(to_host)} device-to-host copies)" if len(to_host) else ""
     return Finding(
         _severity(share), share,
-        f"the host blocked {_pct(share)} of step time ({blocked_ns / 1e6:.3g} ms) in "
+        f"the host blocked {_pct(share)} of step time ({milliseconds(blocked_ns / 1e6)}) in "
         f"{len(calls)} synchronising calls ({', '.join(f'{name} x{n}' for name, n in counts.most_common(3))})"
         f"{per_step}",
         "keep values on the GPU inside the loop: accumulate with total += loss.detach() and call .item() once "

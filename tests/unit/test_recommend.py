@@ -236,3 +236,11 @@ def test_real_traces(shared_traces):
         assert table["share"].between(0, 1).all()
     v100 = recommend(xsp.load(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")).set_index("rule")
     assert "torch.float16" in v100.loc["no_amp", "fix"]  # V100 has no bfloat16 Tensor Cores
+
+
+def test_durations_in_findings_are_never_written_in_exponent_notation():
+    from xsp.core.figures import milliseconds
+
+    assert [milliseconds(v) for v in (0.0, 0.0123, 1.234, 12.34, 123.4, 12_850.2)] == [
+        "0 ms", "0.0123 ms", "1.23 ms", "12.3 ms", "123 ms", "12,850 ms"]
+    assert "e+" not in milliseconds(1e7) and "e-" not in milliseconds(1e-7)

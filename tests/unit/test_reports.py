@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -187,3 +188,20 @@ def test_shortened_names_never_read_the_same():
     numbered = distinct_middles(same_tail, 20)
     assert len(set(numbered.values())) == 3 and all(len(s) <= 20 for s in numbered.values())
     assert distinct_middles(["short", "short"], 20) == {"short": "short"}
+
+
+def test_the_reports_gpu_idle_time_is_the_recommendations(shared_traces):
+    """Both count a device idle only while all its streams are (summed over streams, the report
+    said 24.9 s where the recommendation said 12.9 s)."""
+    import re
+
+    trace = xsp.load(shared_traces / "kineto" / "a100_alexnet.json.gz")
+    console = Console(width=80, record=True)
+    render_report(trace, console)
+    text = " ".join(console.export_text().split())
+    reported = re.search(r"idle ([\d,.]+) ms waiting for the host", text)
+    recommended = re.search(r"sat idle waiting for the host [\d.]+% of its active window \(([\d,.]+) ms", text)
+    assert reported and recommended, text[:2000]
+    assert float(reported.group(1).replace(",", "")) == pytest.approx(float(recommended.group(1).replace(",", "")),
+                                                                       rel=0.01)
+    assert "e+" not in text

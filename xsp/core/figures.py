@@ -1,4 +1,5 @@
-"""Figures as xsp writes them in text: a ratio as a signed change in percent, a share in percent."""
+"""Figures as xsp writes them in text: a ratio as a signed change in percent, a share in percent, a
+duration in milliseconds."""
 
 from __future__ import annotations
 
@@ -13,3 +14,15 @@ def change_percent(ratio: float | None) -> str:
 def percent(value: float | None) -> str:
     """``0.25`` as ``25%``; ``-`` for none."""
     return "-" if value is None or math.isnan(value) else f"{value:.0%}"
+
+
+def milliseconds(ms: float) -> str:
+    """A duration in milliseconds to three significant digits, never in exponent notation:
+    ``0.0123`` as ``0.0123 ms``, ``12.34`` as ``12.3 ms``, ``12850`` as ``12,850 ms``."""
+    if math.isnan(ms):
+        return "- ms"
+    size = abs(ms)
+    if size >= 100 or size == 0:
+        return f"{ms:,.0f} ms"
+    decimals = 2 - math.floor(math.log10(size))
+    return f"{ms:,.{decimals}f} ms"

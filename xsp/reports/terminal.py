@@ -255,11 +255,12 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
     kernels = analysis.kernels_by_name(trace)
     if kernels.empty:
         return
-    utilization = analysis.gpu_utilization(trace)
+    # per device, as the recommendations count it: a device is idle only while all its streams are
+    utilization = analysis.gpu_utilization(trace, per_stream=False)
     busy, window = utilization["busy_us"].sum(), utilization["window_us"].sum()
     _say(console, f"GPU: {int(kernels['count'].sum()):,} kernels, "
-                  f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; streams busy "
-                  f"{100 * busy / window if window else 0:.1f}% of their active windows, idle "
+                  f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; the GPU busy "
+                  f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
     _show(console, kernels.head(top), f"Top {min(top, len(kernels))} kernels by total time", [
