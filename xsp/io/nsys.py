@@ -175,10 +175,17 @@ NAME_IDS: Final = {"NVTX_EVENTS": "textId", "CUPTI_ACTIVITY_KIND_RUNTIME": "name
 """The column of each table that names a row by its id in ``StringIds``."""
 
 
+MAX_CODED_TEXTS: Final = 64
+"""A text column of at most this many distinct texts is read in C as the number of each row's text
+(:meth:`TableReads.texts`); SQLite tries the texts in turn on every row."""
+CODED_TEXTS: Final = {"NVTX_EVENTS": "text"}
+"""The text columns read as numbers where they hold few distinct texts."""
+
+
 class TableReads:
-    """The numeric columns of an export's event tables (:data:`READ_COLUMNS`), every table read at
-    once on its own thread by xsp/io/_sqlite (which lets Python's lock go while SQLite steps
-    through the rows), while the import works on the texts and on the tables read first."""
+    """The numeric columns of an export's event tables (:data:`READ_COLUMNS`), read by
+    xsp/io/_sqlite (which lets Python's lock go while SQLite steps through the rows) on threads
+    that leave the import one core, while it works on the tables read first."""
 
     def __init__(self, connection: sqlite3.Connection, tables: set[str]) -> None:
         self.connection = connection
@@ -186,13 +193,50 @@ class TableReads:
                                                       and "eventClass" in _columns(connection, table) else ())
                         for table in READ_COLUMNS if table in tables}
         self.pending: dict[str, Future[tuple[bytearray, int]]] = {}
+        self.distinct: dict[str, list[bytes]] = {}
         self.pool: ThreadPoolExecutor | None = None
         uri = _file_uri(connection)
         if SQLITE_COLUMNS is not None and uri is not None and self.columns:
-            self.pool = ThreadPoolExecutor(max_workers=min(len(self.columns), os.cpu_count() or 1),
+            self.pool = ThreadPoolExecutor(max_workers=max(min(len(self.columns), (os.cpu_count() or 1) - 1), 1),
                                            thread_name_prefix="xsp-nsys-read")
             for table in self.columns:  # in the order the import takes them
                 self.pending[table] = self.pool.submit(SQLITE_COLUMNS.read_floats, uri, self._query(table))
+                query = self._text_query(table, CODED_TEXTS[table]) if table in CODED_TEXTS else None
+                if query is not None:
+                    self.pending[f"{table}.{CODED_TEXTS[table]}"] = self.pool.submit(
+                        SQLITE_COLUMNS.read_floats, uri, query)
+
+    def _text_query(self, table: str, column: str) -> str | None:
+        """The query giving each row the number of its text among the column's distinct ones (NULL
+        for none); None where there are too many to try each on every row."""
+        distinct = [bytes(raw) for (raw,) in self.connection.execute(
+            f"select distinct cast({column} as blob) from {table} where {column} is not null "
+            f"limit {MAX_CODED_TEXTS + 1}")]
+        if len(distinct) > MAX_CODED_TEXTS:
+            return None
+        self.distinct[f"{table}.{column}"] = distinct
+        if not distinct:
+            return f"select null from {table}"
+        cases = " ".join(f"when x'{raw.hex()}' then {number}" for number, raw in enumerate(distinct))
+        return f"select case cast({column} as blob) {cases} end from {table}"
+
+    def texts(self, table: str, column: str) -> np.ndarray:
+        """A text column as an object array (None where null): where it holds few distinct texts
+        (an NVTX range's own text is most often one of a few names), from the numbers read in C,
+        each distinct text made once; else row by row through Python."""
+        key = f"{table}.{column}"
+        future = self.pending.pop(key, None)
+        if future is not None:
+            try:
+                buffer, _ = future.result()
+            except OSError:  # read through Python below
+                pass
+            else:
+                numbers = np.frombuffer(buffer, dtype=np.float64)
+                distinct = self.distinct[key]
+                values = np.array([raw.decode("utf-8", "replace") for raw in distinct] + [None], dtype=object)
+                return values[np.where(np.isnan(numbers), len(distinct), numbers).astype(np.int64)]
+        return np.array([text for (text,) in self.connection.execute(f"select {column} from {table}")], dtype=object)
 
     def _query(self, table: str) -> str:
         return f"select {', '.join(self.columns[table])} from {table}"
@@ -254,9 +298,10 @@ def _ints(values: pd.Series) -> np.ndarray:
     return values.to_numpy(dtype=np.int64)
 
 
-def _nullable(values: pd.Series) -> pd.arrays.IntegerArray:
-    floats = values.to_numpy(dtype=np.float64)
-    return nullable_ints(floats, np.isnan(floats))
+def _nullable(values: pd.Series) -> np.ndarray:
+    """A column of integers that may be null, as float64 (NaN: null) until the rows are sorted
+    (:func:`_sorted_frame` makes it an Int64 column then)."""
+    return values.to_numpy(dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -326,7 +371,8 @@ def _process(global_id: pd.Series) -> np.ndarray:
 
 
 Rows = dict[str, Any]
-"""One table's rows by column: int64 arrays (times), Int64 arrays, or :class:`Coded` texts."""
+"""One table's rows by column: int64 arrays (times), float64 arrays of integers that may be null
+(NaN), or :class:`Coded` texts."""
 
 
 def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: Coded, base_ns: int,
@@ -338,8 +384,7 @@ def _base_rows(frame: pd.DataFrame, level: Level, kind: SpanKind, names: Coded, 
         col.NAME: names,
         col.START_NS: _ints(frame["start"]) + base_ns,
         col.END_NS: _ints(frame["end"]) + base_ns,
-        col.THREAD_ID: nullable_ints(_thread(frame["globalTid"]), np.zeros(count, dtype=bool)) if host
-        else nullable_ints(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool)),
+        col.THREAD_ID: _thread(frame["globalTid"]).astype(np.float64) if host else np.full(count, np.nan),
     }
 
 
@@ -347,7 +392,7 @@ def _nvtx_rows(reads: TableReads, strings: dict[int, str], base_ns: int,
                thread_names: dict[int, str], counts: dict[str, int]) -> Rows:
     connection = reads.connection
     frame = reads.frame("NVTX_EVENTS")
-    texts = np.array([text for (text,) in connection.execute("select text from NVTX_EVENTS")], dtype=object)
+    texts = reads.texts("NVTX_EVENTS", "text")
     kinds = frame["eventType"].to_numpy()
     domain_column, thread_column = frame["domainId"].to_numpy(), frame["globalTid"].to_numpy()
     domains: dict[int, str] = {}
@@ -600,14 +645,13 @@ def _sorted_frame(parts: Sequence[Rows]) -> pd.DataFrame:
                 values.extend(column.values)
                 offset += len(column.values)
             columns[name] = strings_at(np.concatenate(codes)[order], values)
-        elif all(isinstance(values, np.ndarray) for values in found):  # times: in every table
+        elif all(isinstance(values, np.ndarray) and values.dtype == np.int64 for values in found):  # times
             columns[name] = np.concatenate([np.asarray(values) for values in found])[order]
-        else:
-            data = np.concatenate([np.zeros(size, dtype=np.int64) if column is None else np.asarray(
-                column.to_numpy(dtype=np.int64, na_value=0)) for size, column in zip(sizes, found)])
-            missing = np.concatenate([np.ones(size, dtype=bool) if column is None else np.asarray(column.isna())
-                                      for size, column in zip(sizes, found)])
-            columns[name] = nullable_ints(data[order], missing[order])
+        else:  # integers that may be null, as float64 with NaN for null (exact below 2**53)
+            floats = np.concatenate([np.full(size, np.nan) if column is None else np.asarray(column, dtype=np.float64)
+                                     for size, column in zip(sizes, found)])[order]
+            missing = np.isnan(floats)
+            columns[name] = nullable_ints(np.where(missing, 0, floats).astype(np.int64), missing)
     return pd.DataFrame(columns, copy=False)
 
 
