@@ -311,3 +311,18 @@ def test_an_export_lacking_what_the_table_needs_says_so(tmp_path, table, said):
         trace = load_nsys(path)
     assert len(trace.spans) and any(said in lack for lack in trace.metadata["nsys"]["lacking"])
     assert not load_nsys(make_export(tmp_path / "whole.sqlite")).metadata["nsys"]["lacking"]
+
+
+def test_nvtx_texts_are_the_same_however_many_distinct_ones_there_are(tmp_path):
+    """A few distinct texts are read in C as numbers; more than MAX_CODED_TEXTS, through Python."""
+    import xsp.io.nsys as nsys
+
+    for count in (3, nsys.MAX_CODED_TEXTS + 6):
+        path = make_export(tmp_path / f"report{count}.sqlite")
+        with sqlite3.connect(path) as connection:
+            connection.executemany("insert into NVTX_EVENTS values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                (30_000 + 10 * i, 30_005 + 10 * i, NVTX_PUSH_POP, None, None, None, f"range {i % count} ✓",
+                 GLOBAL_TID, None, None, 0) for i in range(2 * count)])
+        spans = load_nsys(path).spans
+        names = set(spans.loc[spans[col.START_NS] >= EPOCH_NS + 30_000, col.NAME])
+        assert names == {f"range {i} ✓" for i in range(count)}, count
