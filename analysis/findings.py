@@ -77,6 +77,11 @@ class Finding:
 
 
 # thresholds -----------------------------------------------------------------------------------
+STEP_TIME = "step time"
+TRACE_TIME = "the trace's time"
+"""What a finding's share is a fraction of: the steps' time, or, in a trace without steps, its extent."""
+SHARE_OF = "share_of"
+"""The recommendations table's attribute (``attrs``) naming what ``share`` is a fraction of."""
 INPUT_MODERATE, INPUT_HIGH = 0.05, 0.20
 """TF profiler: moderately input-bound at 5% of step time, highly at 20%."""
 DATALOADER_SHARE = 0.05
@@ -164,6 +169,8 @@ class Context:
         spans = self.spans
         roots = step_roots(spans)
         self.steps = len(roots)
+        self.time_name = STEP_TIME if self.steps else TRACE_TIME
+        """What ``share`` is a fraction of, in words."""
         if self.steps:
             self.step_ns = float(roots[col.DURATION_NS].sum())
             self.in_steps = spans[col.STEP].notna().to_numpy()

@@ -57,6 +57,7 @@ from xsp.analysis.findings import (
     SHARE,
     SHARE_HIGH,
     SHARE_MODERATE,
+    SHARE_OF,
     SHORT_KERNEL_FRACTION,
     SIXTEEN_BIT,
     SIXTEEN_BIT_SHARE,
@@ -71,7 +72,7 @@ from xsp.analysis.findings import (
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
 from xsp.analysis.inputs import input_spans
 from xsp.core import schema as col
-from xsp.core.figures import milliseconds
+from xsp.core.figures import milliseconds, three_digits
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 
@@ -116,7 +117,7 @@ def input_bound(ctx: Context) -> Finding | None:
     high = share >= INPUT_HIGH
     return Finding(
         Severity.HIGH if high else Severity.MEDIUM, share,
-        f"the loop waited for input {_pct(share)} of step time ({ctx.per_step_ms(waited_ns)}): "
+        f"the loop waited for input {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(waited_ns)}): "
         f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})",
         "prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, augmentation) into the "
@@ -145,7 +146,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     return Finding(
         Severity.HIGH if used == 0 and share >= INPUT_HIGH else Severity.MEDIUM, share,
         f"DataLoader with num_workers={used}{f' of {cpus} CPUs' if cpus else ''}; the loop waited for it "
-        f"{_pct(share)} of step time (> {DATALOADER_SHARE:.0%})",
+        f"{_pct(share)} of {ctx.time_name} (> {DATALOADER_SHARE:.0%})",
         f"DataLoader(dataset, ..., num_workers={suggested}, persistent_workers=True{pin})",
         _top(waits[col.NAME].astype(str).tolist()))
 
@@ -192,8 +193,9 @@ def small_kernels(ctx: Context) -> Finding | None:
         Severity.HIGH if launch_share >= LAUNCH_HIGH else Severity.MEDIUM,
         ctx.share(float(short_rows["launch_duration_us"].sum()) * 1e3),
         f"{int(short.sum())} of {len(kernels)} kernels ({_pct(fraction)}) ran shorter than the CPU call that "
-        f"launched them (median kernel {float(kernels['duration_us'].median()):.3g} us, launch "
-        f"{float(kernels['launch_duration_us'].median()):.3g} us); launches took {_pct(launch_share)} of step time: "
+        f"launched them (median kernel {three_digits(float(kernels['duration_us'].median()))} us, launch "
+        f"{three_digits(float(kernels['launch_duration_us'].median()))} us); launches took {_pct(launch_share)} "
+        f"of {ctx.time_name}: "
         "launch-bound",
         "fuse small kernels: torch.compile(model); or capture the step in a CUDA graph "
         "(torch.compile(model, mode=\"reduce-overhead\")); or raise the batch size so each kernel does more",
@@ -214,7 +216,8 @@ def pageable_memcpy(ctx: Context) -> Finding | None:
     return Finding(
         _severity(share), share,
         f"{len(pageable)} copies from or to pageable host memory "
-        f"({', '.join(f'{kind} x{count}' for kind, count in directions.most_common())}; {moved / 1e6:.3g} MB, "
+        f"({', '.join(f'{kind} x{count}' for kind, count in directions.most_common())}; "
+        f"{three_digits(moved / 1e6)} MB, "
         f"{milliseconds(copy_ns / 1e6)}): an async copy of pageable memory is staged and runs synchronously",
         "pin host memory: DataLoader(..., pin_memory=True), or x = x.pin_memory(); then "
         "x.to(\"cuda\", non_blocking=True)",
@@ -237,11 +240,12 @@ def blocking_sync(ctx: Context) -> Finding | None:
     to_host = to_host[to_host[col.COPY_KIND].fillna("").str.startswith("DtoH").to_numpy()]
     counts = Counter(names[blocking.to_numpy()].tolist())
     rows = np.flatnonzero(ctx.spans.index.isin(calls.index))
-    per_step = f" ({len(to_host) / ctx.steps:.3g} device-to-host copies per step)" if ctx.steps and len(to_host) \
+    per_step = f" ({three_digits(len(to_host) / ctx.steps)} device-to-host copies per step)" \
+        if ctx.steps and len(to_host) \
         else f" ({len(to_host)} device-to-host copies)" if len(to_host) else ""
     return Finding(
         _severity(share), share,
-        f"the host blocked {_pct(share)} of step time ({milliseconds(blocked_ns / 1e6)}) in "
+        f"the host blocked {_pct(share)} of {ctx.time_name} ({milliseconds(blocked_ns / 1e6)}) in "
         f"{len(calls)} synchronising calls ({', '.join(f'{name} x{n}' for name, n in counts.most_common(3))})"
         f"{per_step}",
         "keep values on the GPU inside the loop: accumulate with total += loss.detach() and call .item() once "
@@ -354,7 +358,7 @@ def unfused_optimizer(ctx: Context) -> Finding | None:
     optimizer = optimizer.rsplit(".", 1)[0] or "Adam"
     return Finding(
         _severity(share), share,
-        f"{name} takes {_pct(share)} of step time ({ctx.per_step_ms(optimizer_ns)}) and runs a median "
+        f"{name} takes {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(optimizer_ns)}) and runs a median "
         f"{per_step:.0f} operators per call, none of them foreach or fused: one small operator per parameter",
         f"torch.optim.{optimizer}(model.parameters(), ..., fused=True)  (or foreach=True where fused is not "
         "supported)",
@@ -420,8 +424,8 @@ def memory_near_capacity(ctx: Context) -> Finding | None:
     used, where, peak, total = worst
     return Finding(
         Severity.HIGH if used >= 0.97 else Severity.MEDIUM, 0.0,
-        f"peak memory on the {where} reached {_pct(used)} of its capacity ({peak / 2**30:.3g} of "
-        f"{total / 2**30:.3g} GiB; > {MEMORY_CAPACITY:.0%}): a larger input or batch will not fit",
+        f"peak memory on the {where} reached {_pct(used)} of its capacity ({three_digits(peak / 2**30)} of "
+        f"{three_digits(total / 2**30)} GiB; > {MEMORY_CAPACITY:.0%}): a larger input or batch will not fit",
         "activation checkpointing (torch.utils.checkpoint.checkpoint(block, x)), mixed precision "
         "(torch.autocast), or a smaller batch with gradient accumulation",
         [where])
@@ -443,7 +447,7 @@ def cpu_threads(ctx: Context) -> Finding | None:
         return Finding(
             Severity.MEDIUM, compute_share,
             f"PyTorch runs 1 intra-op thread of {cpus} available CPUs while forward and backward take "
-            f"{_pct(compute_share)} of step time", f"torch.set_num_threads({cpus})", [])
+            f"{_pct(compute_share)} of {ctx.time_name}", f"torch.set_num_threads({cpus})", [])
     return None
 
 
@@ -484,7 +488,9 @@ def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame({name: pd.Series(dtype=object if name != SHARE else np.float64) for name in COLUMNS})
     frame = pd.DataFrame(rows).sort_values(["_rank", SHARE], ascending=[True, False], kind="stable")
-    return frame[list(COLUMNS)].reset_index(drop=True)
+    frame = frame[list(COLUMNS)].reset_index(drop=True)
+    frame.attrs[SHARE_OF] = context.time_name
+    return frame
 
 
 __all__ = ["Rule", "Severity", "Threshold", "RULES", "recommend"]

@@ -16,13 +16,18 @@ def percent(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.0%}"
 
 
+def three_digits(value: float) -> str:
+    """A figure to three significant digits, never in exponent notation: ``0.0123``, ``12.3``,
+    ``12,850`` (``-`` for none)."""
+    if math.isnan(value):
+        return "-"
+    size = abs(value)
+    if size >= 100 or size == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{2 - math.floor(math.log10(size))}f}"
+
+
 def milliseconds(ms: float) -> str:
     """A duration in milliseconds to three significant digits, never in exponent notation:
     ``0.0123`` as ``0.0123 ms``, ``12.34`` as ``12.3 ms``, ``12850`` as ``12,850 ms``."""
-    if math.isnan(ms):
-        return "- ms"
-    size = abs(ms)
-    if size >= 100 or size == 0:
-        return f"{ms:,.0f} ms"
-    decimals = 2 - math.floor(math.log10(size))
-    return f"{ms:,.{decimals}f} ms"
+    return f"{three_digits(ms)} ms"

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from xsp.analysis.findings import SHARE_OF, STEP_TIME
 from xsp.analysis.recommend import RULES, Rule
 
 WIDTH = 80
@@ -18,8 +19,9 @@ def recommendation_lines(table: pd.DataFrame, width: int = WIDTH) -> list[str]:
     if table.empty:
         return ["No recommendation: no rule's threshold was passed by what this trace recorded."]
     lines: list[str] = []
+    share_of = table.attrs.get(SHARE_OF, STEP_TIME)
     for number, row in enumerate(table.itertuples(index=False), start=1):
-        lines.append(f"{number}. [{row.severity}] {row.rule}: {row.share:.1%} of step time at stake")
+        lines.append(f"{number}. [{row.severity}] {row.rule}: {row.share:.1%} of {share_of} at stake")
         lines += _wrapped(str(row.evidence), width)
         lines += _wrapped(f"fix: {row.fix}", width)
         if len(row.paths):

@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from xsp import analysis
+from xsp.analysis.findings import SHARE_OF, STEP_TIME
 from xsp.core import schema as col
 from xsp.io.parquet import write_text_output
 from xsp.io.trace import Trace
@@ -331,7 +332,8 @@ def recommendations_section(trace: Trace) -> str:
         return _note("No rule's threshold was passed by what this trace recorded.")
     items = "".join(
         f"<li class='{html.escape(r.severity)}'><b>[{html.escape(r.severity)}] {html.escape(r.rule)}</b>: "
-        f"{100 * r.share:.1f}% of step time at stake<br>{html.escape(r.evidence)}<br>"
+        f"{100 * r.share:.1f}% of {html.escape(table.attrs.get(SHARE_OF, STEP_TIME))} at stake<br>"
+        f"{html.escape(r.evidence)}<br>"
         f"<b>fix:</b> <code>{html.escape(r.fix)}</code>"
         + (f"<br><b>where:</b> {html.escape(', '.join(map(str, r.paths)))}" if len(r.paths) else "") + "</li>"
         for r in table.itertuples(index=False))
