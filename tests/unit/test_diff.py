@@ -869,3 +869,17 @@ def test_long_keys_that_differ_in_the_middle_read_apart_in_80_columns():
         keys = [re.split(figures, line)[0].strip() for line in listed if "…" in line]
         assert len(keys) == 2 and len(set(keys)) == 2, listed
     assert all(len(line) <= 80 for line in report.splitlines())
+
+
+def test_the_headline_counts_unjudged_keys_as_the_rows_show_them_and_fits_80_columns():
+    one_step = diff(run(1, steps=1), run(2, steps=1))
+    text = diff_formats.text(one_step)
+    assert "unjudged" in text.splitlines()[0] and " unchanged" not in text.splitlines()[0], text.splitlines()[0]
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_a_level_asked_for_that_neither_run_recorded_is_said():
+    result = diff(run(1), run(2), levels="model,layer,kernel")
+    assert any("asked for but recorded in neither run" in w and "kernel" in w for w in result.warnings), \
+        result.warnings
+    assert not any("asked for but recorded" in w for w in diff(run(1), run(2), levels="model,layer").warnings)

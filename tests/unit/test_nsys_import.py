@@ -326,3 +326,28 @@ def test_nvtx_texts_are_the_same_however_many_distinct_ones_there_are(tmp_path):
         spans = load_nsys(path).spans
         names = set(spans.loc[spans[col.START_NS] >= EPOCH_NS + 30_000, col.NAME])
         assert names == {f"range {i} ✓" for i in range(count)}, count
+
+
+def test_an_export_without_steps_is_measured_against_its_own_time_and_an_empty_one_is_one_error(tmp_path):
+    """No step in an export: a finding's share is of the trace's time, never of 'step time'."""
+    from xsp.analysis import recommend
+    from xsp.reports.advice import recommendation_lines
+
+    trace = load_nsys(make_export(tmp_path / "report.sqlite"))
+    table = recommend(trace)
+    if len(trace.steps) == 0 and len(table):
+        text = "\n".join(recommendation_lines(table))
+        assert "step time" not in text and "of the trace's time at stake" in text
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="not an SQLite file"):
+        xsp.load(tmp_path / "empty.sqlite")
+
+
+def test_the_real_export_has_no_steps_and_its_findings_say_of_what(shared_traces):
+    from xsp.analysis import recommend
+    from xsp.reports.advice import recommendation_lines
+
+    table = recommend(xsp.load(shared_traces / "nsys" / "saxpy_mpi_cuda_rank0.sqlite"))
+    text = "\n".join(recommendation_lines(table))
+    assert len(table) and "step time" not in text and "of the trace's time" in text
+    assert "e+" not in text

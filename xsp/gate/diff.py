@@ -152,6 +152,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         kept = recorded[0] & recorded[1]
     else:
         kept = {level.value for level in chosen}
+        # the input level comes with the model level unasked: a run without input waits lacks nothing
+        unrecorded = sorted(kept - (recorded[0] | recorded[1]) - {Level.INPUT.value},
+                            key=[level.value for level in Level].index)
+        if unrecorded:
+            warnings.append(f"level(s) {', '.join(unrecorded)} asked for but recorded in neither run: nothing there "
+                            "was compared (record them, e.g. xsp run --levels)")
     base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
     new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
     measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))

@@ -57,6 +57,10 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
     return _noting_missing_ranks(_one(path))
 
 
+NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+"""Names that say a file is meant as an SQLite export, whatever its bytes."""
+
+
 def _one(path: PathArg) -> Trace:
     from xsp.io.kineto import load_kineto  # the importers, only when asked for
     from xsp.io.kineto_json import is_kineto_path
@@ -67,6 +71,8 @@ def _one(path: PathArg) -> Trace:
             return _with_rank(load_kineto(path))
         if is_nsys_path(path):
             return _with_rank(load_nsys(path))
+        if str(path).endswith(NSYS_SUFFIXES) and os.path.isfile(path):
+            raise TraceFormatError(f"{path} is not an SQLite file, so no Nsight Systems export (empty or damaged?)")
         if not os.path.lexists(path):
             unfinished = load_unfinished(path)
             if unfinished is not None:

@@ -24,7 +24,7 @@ from xsp.reports.terminal import distinct_middles
 
 def text(result: Diff, width: int = TEXT_WIDTH) -> str:
     """A plain-text report that fits ``width`` columns."""
-    lines = [f"xsp diff: {result.verdict.value.upper()}  ({_counts(result.table)})",
+    lines = [_wrap(f"xsp diff: {result.verdict.value.upper()}  ({_counts(result.table)})", width, "  "),
              _clip(f"base: {_describe(result.base)}", width), _clip(f"new:  {_describe(result.new)}", width),
              _wrap(_settings_line(result.settings), width, "  ")]
     models = result.models(None)
@@ -140,9 +140,16 @@ def junit(result: Diff) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+UNJUDGED = "unjudged"
+"""How a key left unchanged only because it was not judged reads (:func:`shown_verdict`)."""
+
+
 def _counts(table: pd.DataFrame) -> str:
-    verdicts = table[dcol.VERDICT].value_counts()
-    parts = [f"{int(verdicts.get(v.value, 0))} {v.value}" for v in Verdict if verdicts.get(v.value, 0)]
+    """The keys by verdict as the rows show them (``unjudged`` apart from ``unchanged``)."""
+    verdicts = pd.Series([shown_verdict(row) for row in table.itertuples(index=False)], dtype=object).value_counts()
+    names = [v.value for v in Verdict]
+    names.insert(names.index(Verdict.UNCHANGED.value) + 1, UNJUDGED)
+    parts = [f"{int(verdicts.get(name, 0))} {name}" for name in names if verdicts.get(name, 0)]
     return f"{len(table)} keys: " + ", ".join(parts) if parts else "no keys"
 
 
@@ -258,7 +265,7 @@ def shown_verdict(row: Any) -> str:
     whole run), whatever its ratio and q-value."""
     note = getattr(row, "note", None)
     if row.verdict == Verdict.UNCHANGED.value and isinstance(note, str) and note.startswith(dcol.UNJUDGED_NOTES):
-        return "unjudged"
+        return UNJUDGED
     return str(row.verdict)
 
 
