@@ -883,3 +883,12 @@ def test_a_level_asked_for_that_neither_run_recorded_is_said():
     assert any("asked for but recorded in neither run" in w and "kernel" in w for w in result.warnings), \
         result.warnings
     assert not any("asked for but recorded" in w for w in diff(run(1), run(2), levels="model,layer").warnings)
+
+
+def test_a_verdict_reached_by_ranges_alone_says_so():
+    """Two and three steps: a key is called changed only when its ranges do not overlap, and a
+    warning says no rank test stood behind it."""
+    result = diff(run(1, steps=2), run(2, steps=3, slower={"net.b": 1.0}))
+    judged = result.table[result.table[dcol.TEST] == dcol.Test.OVERLAP.value]
+    assert (judged[dcol.VERDICT] == "regressed").any()
+    assert any("judged by their ranges alone" in warning for warning in result.warnings), result.warnings

@@ -238,7 +238,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     if by_interval:
         warnings.append(f"leveled traces: {by_interval} keys judged by their leveled figures' 95% intervals (one "
                         "figure a side; a z test on the difference)")
-    if not len(tested) and unjudged_top.any():
+    by_ranges = int(((table[dcol.TEST] == dcol.Test.OVERLAP.value) & table[dcol.VERDICT].isin(MOVED)).sum())
+    if by_ranges:
+        warnings.append(f"fewer than {dcol.MIN_RANK_SAMPLES} steps on a side: {by_ranges} key(s) were judged by their "
+                        "ranges alone (every step of one run beyond every step of the other), with no rank test "
+                        "(record more steps for a verdict that holds)")
+    if not len(tested) and unjudged_top.any() and not by_ranges:
         warnings.append(f"fewer than {dcol.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
     elif len(tested):
