@@ -88,8 +88,8 @@ RANK_VARIABLES: Final = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROC
 MPI_RANK_THREAD: Final = re.compile(r"MPI Rank (\d+)$")
 API_VERSION_SUFFIX: Final = re.compile(r"_v\d+$")
 
-REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
-    "NVTX_EVENTS": ("start", "end", "eventType", "text", "textId", "globalTid", "domainId"),
+READ_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "NVTX_EVENTS": ("start", "end", "eventType", "textId", "globalTid", "domainId"),
     "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
     "CUPTI_ACTIVITY_KIND_DRIVER": ("start", "end", "globalTid", "correlationId", "nameId"),
     "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
@@ -98,8 +98,11 @@ REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind",
                                    "srcKind", "dstKind"),
     "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
-    "StringIds": ("id", "value"),
 }
+"""The numeric columns read from each event table (an API table's ``eventClass`` as well, where it has one)."""
+
+REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    **READ_COLUMNS, "NVTX_EVENTS": (*READ_COLUMNS["NVTX_EVENTS"], "text"), "StringIds": ("id", "value")}
 """The columns xsp reads from each table it reads (any table may be absent: nothing recorded there)."""
 
 
@@ -156,18 +159,6 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
     return facts
 
 
-READ_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
-    "NVTX_EVENTS": ("start", "end", "eventType", "textId", "globalTid", "domainId"),
-    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
-    "CUPTI_ACTIVITY_KIND_DRIVER": ("start", "end", "globalTid", "correlationId", "nameId"),
-    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
-                                   "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
-                                   "staticSharedMemory", "dynamicSharedMemory"),
-    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind",
-                                   "srcKind", "dstKind"),
-    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
-}
-"""The numeric columns read from each event table (an API table's ``eventClass`` as well, where it has one)."""
 
 
 NAME_IDS: Final = {"NVTX_EVENTS": "textId", "CUPTI_ACTIVITY_KIND_RUNTIME": "nameId",
@@ -220,22 +211,26 @@ class TableReads:
         cases = " ".join(f"when x'{raw.hex()}' then {number}" for number, raw in enumerate(distinct))
         return f"select case cast({column} as blob) {cases} end from {table}"
 
+    def _read(self, key: str) -> tuple[bytearray, int] | None:
+        """What the thread reading ``key`` found; None where none read it or it failed (the caller
+        reads through Python then)."""
+        future = self.pending.pop(key, None)
+        try:
+            return None if future is None else future.result()
+        except OSError:
+            return None
+
     def texts(self, table: str, column: str) -> np.ndarray:
         """A text column as an object array (None where null): where it holds few distinct texts
         (an NVTX range's own text is most often one of a few names), from the numbers read in C,
         each distinct text made once; else row by row through Python."""
         key = f"{table}.{column}"
-        future = self.pending.pop(key, None)
-        if future is not None:
-            try:
-                buffer, _ = future.result()
-            except OSError:  # read through Python below
-                pass
-            else:
-                numbers = np.frombuffer(buffer, dtype=np.float64)
-                distinct = self.distinct[key]
-                values = np.array([raw.decode("utf-8", "replace") for raw in distinct] + [None], dtype=object)
-                return values[np.where(np.isnan(numbers), len(distinct), numbers).astype(np.int64)]
+        found = self._read(key)
+        if found is not None:
+            numbers = np.frombuffer(found[0], dtype=np.float64)
+            distinct = self.distinct[key]
+            values = np.array([raw.decode("utf-8", "replace") for raw in distinct] + [None], dtype=object)
+            return values[np.where(np.isnan(numbers), len(distinct), numbers).astype(np.int64)]
         return np.array([text for (text,) in self.connection.execute(f"select {column} from {table}")], dtype=object)
 
     def _query(self, table: str) -> str:
@@ -247,15 +242,9 @@ class TableReads:
         never kept as a Python object a value. Exact for what is read here (times from the
         session's start, ids, sizes: all below 2**53)."""
         columns = self.columns[table]
-        data = None
-        future = self.pending.pop(table, None)
-        if future is not None:
-            try:
-                buffer, width = future.result()
-                if width == len(columns):
-                    data = np.frombuffer(buffer, dtype=np.float64).reshape(-1, width)
-            except OSError:  # read through Python below
-                data = None
+        found = self._read(table)
+        data = None if found is None or found[1] != len(columns) else \
+            np.frombuffer(found[0], dtype=np.float64).reshape(-1, len(columns))
         if data is None:
             rows = self.connection.execute(self._query(table)).fetchall()
             data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
@@ -632,8 +621,8 @@ def _sorted_frame(parts: Sequence[Rows]) -> pd.DataFrame:
     starts = np.concatenate([part[col.START_NS] for part in parts])
     order = np.argsort(starts, kind="stable")
     columns: dict[str, Any] = {}
+    sizes = [len(part[col.START_NS]) for part in parts]
     for name in dict.fromkeys(name for part in parts for name in part):
-        sizes = [len(part[col.START_NS]) for part in parts]
         found = [part.get(name) for part in parts]
         if any(isinstance(values, Coded) for values in found):
             codes, values, offset = [], [], 0
