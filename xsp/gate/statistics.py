@@ -434,8 +434,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
         explained_only = judged & (raw_verdict != verdict)
         # as measured, too close to what the threads waited for a CPU to be judged: that is why,
         # not the correction (it is unjudged, not unchanged)
-        raw_waited = explained_only & raw_rows[NOTE].astype(object).map(
-            lambda text: isinstance(text, str) and text.startswith(WAITED_NOTE)).to_numpy(dtype=bool)
+        raw_waited = explained_only & raw_rows[NOTE].str.startswith(WAITED_NOTE, na=False).to_numpy(dtype=bool)
         explained_only &= ~raw_waited
         verdict[explained_only] = Verdict.UNCHANGED.value
     wait_limit = PREEMPTION_FACTOR * max(waits_ns)  # either run's process may have met the preemption

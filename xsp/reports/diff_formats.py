@@ -199,14 +199,19 @@ def _tree_lines(breakdown: pd.DataFrame, width: int) -> list[str]:
                      f"{shown_verdict(row):<9}")
         indents.append("  " * (depth - 1) + "└ " if depth else "")
     room = max(width - max((len(tail) for tail in tails), default=0) - 3, KEY_ROOM)
-    keys = [one_line(_short_key(str(row.key))) for row in rows]
+    keys = _kept_apart([one_line(_short_key(str(row.key))) for row in rows],
+                       [max(room - len(indent), 1) for indent in indents])
+    return [f"  {indent + key:<{room}} {tail}".rstrip() for key, indent, tail in zip(keys, indents, tails)]
+
+
+def _kept_apart(keys: list[str], rooms: list[int]) -> list[str]:
+    """Each key shortened in the middle to its room, keys given the same room kept apart
+    (:func:`~xsp.reports.terminal.distinct_middles`)."""
     shown: dict[tuple[str, int], str] = {}
-    for indent_width in {len(indent) for indent in indents}:  # keys given the same room are kept apart
-        limit = max(room - indent_width, 1)
-        alike = [key for key, indent in zip(keys, indents) if len(indent) == indent_width]
-        shown.update({(key, indent_width): text for key, text in distinct_middles(alike, limit).items()})
-    return [f"  {indent + shown[key, len(indent)]:<{room}} {tail}".rstrip()
-            for key, indent, tail in zip(keys, indents, tails)]
+    for room in set(rooms):
+        alike = [key for key, its_room in zip(keys, rooms) if its_room == room]
+        shown.update({(key, room): text for key, text in distinct_middles(alike, room).items()})
+    return [shown[key, room] for key, room in zip(keys, rooms)]
 
 
 def _short_key(key: str) -> str:
@@ -239,24 +244,20 @@ def _key_lines(rows: pd.DataFrame, width: int, verdicts: bool = False, suffix: s
     listed = list(rows.itertuples(index=False))
     tails = [_figures(row, f" {shown_verdict(row):>10}" if verdicts else suffix) for row in listed]
     room = width - max((len(tail) for tail in tails), default=0) - 3
-    keys = [one_line(str(row.key)) for row in listed]
-    shown = distinct_middles(keys, room if room >= KEY_ROOM else width - 2)
+    keys = _kept_apart([one_line(str(row.key)) for row in listed],
+                       [room if room >= KEY_ROOM else width - 2] * len(listed))
     if room >= KEY_ROOM:
-        return [f"  {shown[key]:<{room}} {tail}" for key, tail in zip(keys, tails)]
-    return [f"  {shown[key]}\n  {_clip(tail.strip(), width - 4):>{width - 4}}" for key, tail in zip(keys, tails)]
+        return [f"  {key:<{room}} {tail}" for key, tail in zip(keys, tails)]
+    return [f"  {key}\n  {_clip(tail.strip(), width - 4):>{width - 4}}" for key, tail in zip(keys, tails)]
 
 
 def _change_lines(changes: pd.DataFrame, width: int) -> list[str]:
     """One line per change of structure in ``width`` columns: the keys shortened in the middle,
     kept apart, so that what changed and its figures stay in view."""
     listed = list(changes.itertuples(index=False))
-    rooms = [max(width - 2 - len(_change_text(row, "")), KEY_ROOM) for row in listed]
-    keys = [one_line(str(row.key)) for row in listed]
-    shown: dict[tuple[str, int], str] = {}
-    for room in set(rooms):  # keys given the same room are kept apart
-        alike = [key for key, its_room in zip(keys, rooms) if its_room == room]
-        shown.update({(key, room): text for key, text in distinct_middles(alike, room).items()})
-    return [_clip(f"  {_change_text(row, shown[key, room])}", width) for row, key, room in zip(listed, keys, rooms)]
+    keys = _kept_apart([one_line(str(row.key)) for row in listed],
+                       [max(width - 2 - len(_change_text(row, "")), KEY_ROOM) for row in listed])
+    return [_clip(f"  {_change_text(row, key)}", width) for row, key in zip(listed, keys)]
 
 
 def shown_verdict(row: Any) -> str:

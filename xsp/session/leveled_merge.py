@@ -189,7 +189,7 @@ def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[
     appears once in every step. With the rounds of a pooled trace, the interval is the wider of
     the one from its steps and the one from its rounds, and from three rounds on the figure
     comes from the rounds (:func:`_by_rounds`). ``scale`` multiplies each row's duration first
-    (:func:`step_speed_scale`)."""
+    (:meth:`StepSpeed.scale`)."""
     if scale is not None:
         spans = spans.assign(**{col.DURATION_NS: spans[col.DURATION_NS].to_numpy(dtype=np.float64) * scale})
     steps = spans[col.STEP].nunique()
