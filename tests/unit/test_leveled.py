@@ -269,6 +269,7 @@ def test_calibration_measures_each_host_level():
     for cost in costs.values():
         assert cost.events > 0 and 0 <= cost.inside_ns < 100_000 and 0 < cost.parent_ns < 100_000
     assert costs[Level.LAYER].parent_ns >= costs[Level.LAYER].inside_ns * 0.5  # the parent sees at least the inside
+    assert costs[Level.LAYER].fastest and not costs[Level.MODEL].fastest
     # a module call passing through the model level's wrapper costs far less than a recorded
     # top-level call: with the C part, next to nothing (a field of the wrapper read before the
     # original's call), so the median difference may be 0
@@ -631,6 +632,51 @@ def test_host_figures_are_taken_at_the_model_only_runs_speed():
     pooled_as_recorded = merge_runs([model_only, layers], normalize_speed=False).trace.spans.set_index(col.PATH)
     assert pooled_as_recorded.loc[A, col.DURATION_NS] > 900
     assert merge_runs([model_only, layers], normalize_speed=False).trace.metadata["leveled"]["step_speed"] is None
+
+
+def test_what_tracing_adds_to_a_step_is_measured_against_the_model_only_run():
+    """In a real model a layer span costs its parent about twice the calibrated floor (colder
+    caches): the layer run's steps are taken as they would be untraced by comparing them with the
+    model-only run's, not by taking the calibrated cost out, so the layers add up to the model
+    call however wrong the calibration is."""
+    costs = {L: LevelCost("layer", inside_ns=0, parent_ns=10, events=1)}  # far under the real 50
+    model_only = _on_host(_run((M,), {STEP: [1000] * 6, PREDICT: [980] * 6}))
+    layers = _on_host(_run((M, L), {STEP: [1100] * 6, PREDICT: [1080] * 6, A: [600] * 6, B: [380] * 6}))
+    result = merge_runs([model_only, layers], costs=costs)
+    spans = result.trace.spans.set_index(col.PATH)
+    assert spans.loc[A, col.DURATION_NS] + spans.loc[B, col.DURATION_NS] == pytest.approx(
+        spans.loc[PREDICT, col.DURATION_NS], abs=2)
+    assert result.trace.metadata["leveled"]["step_speed"]["inflation"]["model+layer"] == pytest.approx(1.1)
+
+
+def test_what_tracing_adds_is_compared_round_by_round():
+    """The runs of one round ran back to back: a round in which one run met a slow machine and
+    the other a fast one is outvoted by the others, where the pooled steps' fastest would have
+    compared the model-only run's fast round with the layer run's ordinary ones."""
+    from xsp.session.leveled_merge import pooled
+
+    def rounds(levels: tuple[Level, ...], steps: list[int], share: float) -> LeveledRun:
+        return _on_host(LeveledRun(levels, pooled([_run(levels, {STEP: [length] * 4, PREDICT: [length] * 4,
+                                                                 A: [int(length * share)] * 4}).trace
+                                                   for length in steps])))
+
+    result = merge_runs([rounds((M,), [1000, 900, 1000], 0.0), rounds((M, L), [1100, 2000, 1100], 0.5)])
+    assert result.trace.metadata["leveled"]["step_speed"]["inflation"]["model+layer"] == pytest.approx(1.1)
+
+
+def test_costs_calibrated_at_the_machines_fastest_are_scaled_to_the_reference_speed():
+    """The layer cost comes from the calibration's fastest moment; the figures are at the
+    model-only run's typical speed, here 1.5x slower than its fastest steps."""
+    costs = {L: LevelCost("layer", inside_ns=0, parent_ns=20, events=1, untimed_ns=10, fastest=True)}
+    model_only = _on_host(_run((M,), {STEP: [1000, 1000, 1500, 1500, 1500, 1500, 1500, 2000, 2000, 2000],
+                                      PREDICT: [900] * 10}))
+    layers = _on_host(_run((M, L), {STEP: [1000] * 10, PREDICT: [900] * 10, A: [500] * 10}))
+    result = merge_runs([model_only, layers], costs=costs)
+    speed = result.trace.metadata["leveled"]["step_speed"]
+    assert speed["slowdown"] == pytest.approx(speed["reference_step_ms"] / 1000e-6)
+    assert result.trace.spans.set_index(col.PATH).loc[A, col.OVERHEAD_NS] == round(-10 * speed["slowdown"])
+    unscaled = LevelCost("layer", inside_ns=0, parent_ns=20, events=1, untimed_ns=10)
+    assert unscaled.scaled(2.0).untimed_ns == 20 and unscaled.scaled(2.0).parent_ns == 40
 
 
 def test_the_reference_steps_own_spread_widens_every_host_interval():

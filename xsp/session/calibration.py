@@ -66,23 +66,30 @@ class _Fan(torch.nn.Module):
         return x
 
 
-def _per_call_ns(function: Callable[[], Any], calls: int = CALLS) -> float:
-    began = time.perf_counter_ns()
-    for _ in range(calls):
-        function()
-    return (time.perf_counter_ns() - began) / calls
+def _per_call_ns(function: Callable[[], Any], group: int = 1) -> float:
+    """One call's time: the median over ``CALLS`` groups of ``group`` calls each (a mean over
+    all of them moved by 50% with the bursts of a busy machine; the median of groups stays
+    within a few percent)."""
+    times = []
+    for _ in range(CALLS):
+        began = time.perf_counter_ns()
+        for _ in range(group):
+            function()
+        times.append(time.perf_counter_ns() - began)
+    return _median(times) / group
 
 
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def _traced(levels: tuple[str, ...], function: Callable[[], Any]) -> tuple[float, Any]:
-    """Per-call time of ``function`` under a session of ``levels``, and the session's trace."""
+def _traced(levels: tuple[str, ...], function: Callable[[], Any], group: int = 1) -> tuple[float, Any]:
+    """Per-call time of ``function`` under a session of ``levels`` (:func:`_per_call_ns`), and
+    the session's trace."""
     from xsp.session.session import trace
 
     with trace(levels=levels, output=None, schedule=None) as session:
-        per_call = _per_call_ns(function)
+        per_call = _per_call_ns(function, group)
     return per_call, session.trace
 
 
@@ -112,22 +119,20 @@ def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelC
         for _ in range(20):
             fan(x)
         # an untraced module call: what a span around it would measure without xsp
-        call_ns = _median([_per_call_ns(lambda: leaf(x), CALLS * CHILDREN) for _ in range(REPEATS)])
+        call_ns = _median([_per_call_ns(lambda: leaf(x), CHILDREN) for _ in range(REPEATS)])
         if Level.MODEL in levels:
-            timings = [_traced(("model",), lambda: leaf(x)) for _ in range(REPEATS)]
+            timings = [_traced(("model",), lambda: leaf(x), CHILDREN) for _ in range(REPEATS)]
             traced = _median([t for t, _ in timings])
             predicts = [d for _, trace in timings for d in _model_calls(trace)]
             found[Level.MODEL] = LevelCost(Level.MODEL.value, max(_median(predicts) - call_ns, 0.0) if predicts
                                            else 0.0, max(traced - call_ns, 0.0), len(predicts),
                                            nested_ns=_nested_pass_through_ns(fan, x))
         if Level.LAYER in levels:
-            # what the parent pays per child untraced: a ModuleList loop's step and the call
-            child_ns = _median([_per_call_ns(lambda: fan(x)) for _ in range(REPEATS)]) / CHILDREN
-            found[Level.LAYER] = _nested_cost(Level.LAYER, lambda: fan(x), child_ns, untimed=True)
+            found[Level.LAYER] = _layer_cost(fan, x)
         if Level.OPERATOR in levels:
             ops = _Fan(operator=True)
-            plain_op = _median([_per_call_ns(lambda: torch.neg(x), CALLS * CHILDREN) for _ in range(REPEATS)])
-            found[Level.OPERATOR] = _nested_cost(Level.OPERATOR, lambda: ops(x), plain_op)
+            found[Level.OPERATOR] = _nested_cost(Level.OPERATOR, lambda: ops(x),
+                                                 lambda: _per_call_ns(lambda: torch.neg(x), CHILDREN))
     return found
 
 
@@ -144,11 +149,7 @@ def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
     """
     from xsp.session.session import trace
 
-    original = torch.nn.Module.__call__
-    plain_leaf = type("_UnwrappedLeaf", (_Leaf,), {"__call__": original})
-    twin = _Fan()
-    for child in twin.leaves:
-        child.__class__ = plain_leaf
+    twin = _unwrapped_twin()
     differences = []
     with trace(levels=("model",), output=None, schedule=None):
         for _ in range(CALLS * 2):
@@ -160,17 +161,73 @@ def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
     return max(_median(differences) / CHILDREN, 0.0)
 
 
+def _unwrapped_twin() -> _Fan:
+    """A :class:`_Fan` whose children's class calls the original ``nn.Module.__call__``: while a
+    session records, its children run as they would untraced, and only the twin itself is
+    recorded (a top-level call, as is the fan it is compared with)."""
+    plain_leaf = type("_UnwrappedLeaf", (_Leaf,), {"__call__": torch.nn.Module.__call__})
+    twin = _Fan()
+    for child in twin.leaves:
+        child.__class__ = plain_leaf
+    return twin
+
+
+LAYER_SESSIONS = 8
+"""Short sessions the layer cost is measured in; the one in which the machine ran fastest is kept."""
+
+
+def _layer_cost(fan: _Fan, x: torch.Tensor) -> LevelCost:
+    """What one layer span costs, measured in pairs inside a model+layer session: a call of
+    ``fan`` (each child recorded as a layer) right before a call of its :func:`_unwrapped_twin`
+    (the same children, untraced). The median of each pair's difference, per child, is what a
+    recorded layer adds to its parent; the twin's call, per child, is what a layer call costs
+    its caller untraced (the loop's step and the call), which the layer spans' median duration
+    exceeds by ``inside_ns`` or falls short of by ``untimed_ns``.
+
+    Untraced and traced calls measured in separate batches moved with the machine's speed,
+    which jumps by up to 2x for tens of milliseconds: in eight calibrations at one steady model
+    speed, the untimed part of a layer call came out anywhere between 0 and 1.2 µs. Paired,
+    they still came out 1.8x dearer in a calibration the machine ran slow throughout; of
+    :data:`LAYER_SESSIONS` short sessions, the one whose untraced calls ran fastest is kept
+    (:attr:`LevelCost.fastest` says so), and a leveled experiment scales it to its own speed."""
+    from xsp.session.session import trace
+
+    twin = _unwrapped_twin()
+    found = []
+    for _ in range(LAYER_SESSIONS):
+        differences, plain = [], []
+        with trace(levels=("model", "layer"), output=None, schedule=None) as session:
+            for _ in range(CALLS // 4):
+                began = time.perf_counter_ns()
+                fan(x)
+                between = time.perf_counter_ns()
+                twin(x)
+                ended = time.perf_counter_ns()
+                differences.append(2 * between - began - ended)
+                plain.append(ended - between)
+        durations = _durations_ns(session.trace, Level.LAYER)
+        if durations:
+            found.append((_median(plain) / CHILDREN, _median(differences) / CHILDREN, durations))
+    if not found:
+        return LevelCost(Level.LAYER.value, 0.0, 0.0, 0)
+    plain_ns, added, durations = min(found, key=lambda session: session[0])
+    beyond = _median(durations) - plain_ns
+    return LevelCost(Level.LAYER.value, max(beyond, 0.0), max(added, 0.0), sum(len(f[2]) for f in found),
+                     untimed_ns=max(-beyond, 0.0), fastest=True)
+
+
 ATTEMPTS = 3
 """Measurements of a nested level's cost taken at most, while the machine's noise drowns it."""
 
 
-def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: float, untimed: bool = False) -> LevelCost:
+def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float],
+                 untimed: bool = False) -> LevelCost:
     """The cost of ``level``'s spans around the ``CHILDREN`` calls inside ``work``: what each span
-    measures beyond the untraced call (``untraced_ns``), and what it adds to the model call
-    around them (the model-only run against the run with ``level`` too, per child). With
-    ``untimed``, a span that measures less than the untraced call gives the shortfall back
-    (``untimed_ns``). Every span costs something: a measurement that finds nothing was drowned
-    by the machine's noise, and is taken again."""
+    measures beyond the untraced call (``untraced_ns`` measures one, untraced), and what it adds
+    to the model call around them (the model-only run against the run with ``level`` too, per
+    child). With ``untimed``, a span that measures less than the untraced call gives the
+    shortfall back (``untimed_ns``). Every span costs something: a measurement that finds
+    nothing was drowned by the machine's noise, and is taken again."""
     cost = _nested_cost_once(level, work, untraced_ns, untimed)
     for _ in range(ATTEMPTS - 1):
         if cost.parent_ns > 0:
@@ -179,19 +236,26 @@ def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: float, unti
     return cost
 
 
-def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: float, untimed: bool) -> LevelCost:
-    # interleaved, and the least disturbed of each kept: the difference is a few hundred
-    # nanoseconds a call, which a drift of the machine between two batches of runs can hide
-    model_only_runs, timings = [], []
+def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float],
+                      untimed: bool) -> LevelCost:
+    # in adjacent triples (untraced call, model-only run, run with the level), each difference
+    # taken within its triple and the median of the triples kept: the differences are a few
+    # hundred nanoseconds a call, and this machine's speed jumps by up to 2x for tens of
+    # milliseconds; measured in separate batches, the untimed part of one layer call came out
+    # anywhere between 0 and 1.2 µs in eight calibrations at one steady model speed
+    beyond, added, events = [], [], 0
     for _ in range(REPEATS):
-        model_only_runs.append(_traced(("model",), work)[0])
-        timings.append(_traced(("model", level.value), work))
-    model_only = min(model_only_runs)
-    traced = min(t for t, _ in timings)
-    durations = [d for _, trace in timings for d in _durations_ns(trace, level)]
-    beyond = _median(durations) - untraced_ns if durations else 0.0
-    return LevelCost(level.value, max(beyond, 0.0), max((traced - model_only) / CHILDREN, 0.0), len(durations),
-                     untimed_ns=max(-beyond, 0.0) if untimed else 0.0)
+        plain = untraced_ns()
+        model_only = _traced(("model",), work)[0]
+        traced, found = _traced(("model", level.value), work)
+        durations = _durations_ns(found, level)
+        events += len(durations)
+        if durations:
+            beyond.append(_median(durations) - plain)
+        added.append((traced - model_only) / CHILDREN)
+    over = _median(beyond) if beyond else 0.0
+    return LevelCost(level.value, max(over, 0.0), max(_median(added), 0.0), events,
+                     untimed_ns=max(-over, 0.0) if untimed else 0.0)
 
 
 def _model_calls(found: Any) -> list[float]:

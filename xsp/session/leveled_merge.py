@@ -255,6 +255,31 @@ def compensated_step_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost] | Non
     return pd.Series(durations, index=roots[col.STEP].to_numpy(dtype=np.int64)).groupby(level=0).sum()
 
 
+FAST_STEPS_QUANTILE = 0.1
+"""Each run's fastest steps, compared with the model-only run's, give what tracing added to its
+steps: the quantile of step lengths that stands for them."""
+
+
+def _fastest_by_round(lengths: pd.Series, round_starts: Sequence[int] | None) -> pd.Series:
+    """Per round (a single round 0 when the steps are not pooled rounds), the length of its
+    fastest steps (:data:`FAST_STEPS_QUANTILE`)."""
+    rounds = _rounds_of(pd.Series(lengths.index), round_starts)
+    keys = np.zeros(len(lengths), dtype=np.int64) if rounds is None else rounds
+    return pd.Series(lengths.to_numpy(dtype=np.float64)).groupby(keys).quantile(FAST_STEPS_QUANTILE)
+
+
+def inflation_of(lengths: pd.Series, round_starts: Sequence[int] | None, base: pd.Series) -> float:
+    """How much longer a run's steps (``lengths``) were than the model-only run's fastest steps
+    (``base``, per round from :func:`_fastest_by_round`): compared round by round, since the
+    runs of one round ran back to back, and the median of the rounds kept (the machine can be
+    slow through a whole run; a round where one run was and the other was not is outvoted)."""
+    fastest = _fastest_by_round(lengths, round_starts)
+    shared = fastest.index.intersection(base.index)
+    if shared.empty:
+        return float(fastest.median() / base.median())
+    return float((fastest[shared] / base[shared]).median())
+
+
 @dataclass(frozen=True)
 class StepSpeed:
     """The machine's speed in each step of each run, against one reference: what
@@ -266,7 +291,18 @@ class StepSpeed:
     reference_ci_ns: float
     """The half-width of its 95% interval."""
     per_step_ns: dict[str, pd.Series]
-    """Per run label, each step's compensated length (:func:`compensated_step_ns`)."""
+    """Per run label, each step's length as if nothing had been traced, at that step's speed."""
+    inflation: dict[str, float]
+    """Per run label, how much longer its steps were than the model-only run's, compared at
+    their fastest (:data:`FAST_STEPS_QUANTILE`): what its tracing added, as a factor."""
+    slowdown: float
+    """The reference over the model-only run's fastest steps: how much slower than at its
+    fastest the machine ran at the reference's speed (costs calibrated where the machine ran
+    fastest are scaled by it)."""
+
+    def costs_at_reference(self, costs: dict[Level, LevelCost]) -> dict[Level, LevelCost]:
+        """``costs`` as they were at the reference's speed."""
+        return {level: cost.scaled(self.slowdown) if cost.fastest else cost for level, cost in costs.items()}
 
     def scale(self, label: str, spans: pd.DataFrame) -> np.ndarray:
         """Per row of a run's spans: the reference over its step's length on the host, 1 for GPU
@@ -275,32 +311,56 @@ class StepSpeed:
         return np.where(spans[col.THREAD_ID].notna().to_numpy(), self.reference_ns / lengths, 1.0)
 
 
+def _step_lengths(spans: pd.DataFrame) -> pd.Series | None:
+    """Per step, its root spans' length; None where some step has no root of a positive length."""
+    lengths = compensated_step_ns(spans, None)
+    steps = spans[col.STEP].dropna().unique()
+    if not len(steps) or not (lengths.reindex(steps) > 0).all():
+        return None
+    return lengths
+
+
 def step_speed(timing: Sequence[LeveledRun], measured: dict[str, pd.DataFrame], costs: dict[Level, LevelCost] | None,
                trim: float) -> StepSpeed | None:
     """The step speeds of the timing runs (shallowest first), or None where some step of some
-    run has no root span of a positive compensated length (nothing to measure speed by).
+    run has no root span of a positive length (nothing to measure speed by).
 
     A virtual machine's speed jumps by up to 2x for tens to thousands of milliseconds (another
     tenant, a migrated core): pooled as they are, the runs of one round land on different
     speeds, and the top-level layers of one call summed 14% under to 26% over the model call on
     a 0.5 ms model. Within one step, though, the model call and its layers ran at one speed:
     each span's share of its own step is what its run measures, and the model-only run's step
-    sets the scale for all."""
-    per_step: dict[str, pd.Series] = {}
-    for run in timing:
-        spans = measured[run.label]
-        lengths = compensated_step_ns(spans, costs)
-        steps = spans[col.STEP].dropna().unique()
-        if not len(steps) or not (lengths.reindex(steps) > 0).all():
-            return None
-        per_step[run.label] = lengths
+    sets the scale for all.
+
+    A step's share needs the step's length as if nothing had been traced. For the model-only
+    run, that is its root less the calibrated cost of the model call. For the others, it is
+    their root divided by what their tracing added, measured by comparing each run's fastest
+    steps with the model-only run's. It is not taken from calibration there: in a real model,
+    a layer span cost its parent about twice what the calibration's tight loop measures (colder
+    caches), 1.2 µs against 0.56 µs on a 0.5 ms model of 40 blocks, and the layers summed 4-8%
+    short of the model call."""
     base = timing[0]
-    lengths = per_step[base.label]
-    figure, interval = _step_figure(lengths.to_numpy(dtype=np.float64), pd.Series(lengths.index), trim,
+    base_spans = measured[base.label]
+    if _step_lengths(base_spans) is None:
+        return None
+    base_lengths = compensated_step_ns(base_spans, costs)
+    if not (base_lengths > 0).all():
+        return None
+    fastest = _fastest_by_round(base_lengths, base.trace.metadata.get(ROUND_STARTS))
+    per_step: dict[str, pd.Series] = {base.label: base_lengths}
+    inflation: dict[str, float] = {base.label: 1.0}
+    for run in timing[1:]:
+        lengths = _step_lengths(measured[run.label])
+        if lengths is None:
+            return None
+        inflation[run.label] = inflation_of(lengths, run.trace.metadata.get(ROUND_STARTS), fastest)
+        per_step[run.label] = lengths / inflation[run.label]
+    figure, interval = _step_figure(base_lengths.to_numpy(dtype=np.float64), pd.Series(base_lengths.index), trim,
                                     base.trace.metadata.get(ROUND_STARTS))
     if not figure > 0:
         return None
-    return StepSpeed(reference_ns=figure, reference_ci_ns=interval, per_step_ns=per_step)
+    return StepSpeed(reference_ns=figure, reference_ci_ns=interval, per_step_ns=per_step, inflation=inflation,
+                     slowdown=figure / float(fastest.median()))
 
 
 DEFAULT_TARGET = 0.02
@@ -436,7 +496,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
     # only its own recording is taken out, never an estimate for what lies below it (the calls
     # that passed through the wrapper unrecorded did so in the model-only run as well)
     host_calls = merged[col.LEVEL].isin([Level.MODEL.value, Level.LAYER.value]).to_numpy()
-    taken = compensation_ns(merged, parent_positions(merged), costs or {}, own_run, same_level_only=True,
+    at_speed = speed.costs_at_reference(costs or {}) if speed is not None else costs or {}
+    taken = compensation_ns(merged, parent_positions(merged), at_speed, own_run, same_level_only=True,
                             own_only=host_calls if by_depth else None)
     taken = np.minimum(taken, durations)  # never a negative duration
     durations = durations - taken
@@ -464,7 +525,8 @@ def merge_runs(runs: Sequence[LeveledRun], warmup_steps: int = 0, trim: float = 
             "runs": [run.label for run in runs], "warmup_steps": warmup_steps, "trim_fraction": trim,
             "by_depth": by_depth,
             "step_speed": None if speed is None else {
-                "reference_step_ms": speed.reference_ns / 1e6, "reference_step_ci_ms": speed.reference_ci_ns / 1e6},
+                "reference_step_ms": speed.reference_ns / 1e6, "reference_step_ci_ms": speed.reference_ci_ns / 1e6,
+                "inflation": speed.inflation, "slowdown": speed.slowdown},
             "layer_depths": max((run.layer_depth or 0 for run in timing), default=0) + 1 if by_depth else None,
             "merged_step": last_step, "overhead": overhead.to_dict(orient="records"),
             "unmatched": len(unmatched_table),

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -41,6 +41,15 @@ class LevelCost:
     Python call into ``nn.Module.__call__`` and back, before the first clock reading and after
     the last, which no span can time (given back to each span, so that a layer's figure is what
     calling it costs; its ``inside_ns`` is then 0, since only the difference shows)."""
+
+    fastest: bool = False
+    """Measured where the machine ran fastest during calibration (its fastest steps' speed),
+    not at its typical speed: a figure taken at another speed scales it (:meth:`scaled`)."""
+
+    def scaled(self, factor: float) -> LevelCost:
+        """The same costs on a machine running ``factor`` times slower."""
+        return replace(self, inside_ns=self.inside_ns * factor, parent_ns=self.parent_ns * factor,
+                       nested_ns=self.nested_ns * factor, untimed_ns=self.untimed_ns * factor)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
