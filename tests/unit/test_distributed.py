@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ from torch import nn
 import xsp
 from xsp import analysis
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
 from xsp.core.rank import (
     job_id,
     rank_files,
@@ -150,8 +151,38 @@ def test_loading_two_files_of_one_rank_is_an_error(monkeypatch, tmp_path):
         xsp.load([tmp_path / "a.rank0.xsp.parquet", tmp_path / "b.rank0.xsp.parquet"])
 
 
+def _profiler_trace(path, rank: int, start_us: float) -> None:
+    """A PyTorch profiler trace of one rank, as ``tensorboard_trace_handler`` writes it."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": start_us + 10 * i,
+               "dur": 5, "args": {"External id": i + 1}} for i in range(4)]
+    path.write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": rank, "world_size": 2},
+                                "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}))
+
+
+def test_a_folder_of_profiler_traces_loads_as_one_job(tmp_path):
+    """``tensorboard_trace_handler`` writes one trace per rank into one folder."""
+    for rank in (0, 1):
+        _profiler_trace(tmp_path / f"worker{rank}.123.pt.trace.json", rank, 1000.0 + rank)
+    (tmp_path / ".hidden.json").write_text("not a trace")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace = xsp.load(tmp_path)
+    assert trace.ranks == [0, 1] and len(trace.metadata["files"]) == 2
+    assert (trace.for_rank(1).spans[col.NAME] == "aten::mm").sum() == 4
+    # an xsp trace in the folder is what it is taken for; the profiler's files are then left alone
+    xsp.load(tmp_path / "worker0.123.pt.trace.json").save(tmp_path / "imported.xsp.parquet")
+    assert xsp.load(tmp_path).ranks == [0]
+
+
+def test_ranks_whose_times_do_not_overlap_are_joined_with_a_warning(tmp_path):
+    _profiler_trace(tmp_path / "a.json", 0, 1000.0)
+    _profiler_trace(tmp_path / "b.json", 1, 9_000_000.0)  # nine seconds later: another run
+    with pytest.warns(XspWarning, match="times do not overlap"):
+        assert xsp.load(tmp_path).ranks == [0, 1]
+
+
 def test_loading_an_empty_folder_or_list_says_so(tmp_path):
-    with pytest.raises(TraceNotFoundError, match="no .xsp.parquet files"):
+    with pytest.raises(TraceNotFoundError, match="a folder with no traces"):
         xsp.load(tmp_path)
     with pytest.raises(TraceNotFoundError):
         xsp.load([])

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 TRACE_FILE_HELP = ("a trace: an .xsp.parquet file, a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems "
-                   "SQLite export (.sqlite)")
+                   "SQLite export (.sqlite); a folder of them is one distributed job")
 """How a command's trace argument is described: every command reads all three (``xsp.load``)."""
 
 

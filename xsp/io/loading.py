@@ -5,6 +5,7 @@ files of every rank of a distributed job as one trace."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning
 from xsp.core.rank import rank_files
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
@@ -46,10 +47,7 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
             raise TraceNotFoundError("no trace files given")
         return _joined(files)
     if os.path.isdir(path):
-        found = sorted(p for p in Path(path).rglob(f"*{col.FILE_SUFFIX}") if p.is_file())
-        if not found:
-            raise TraceNotFoundError(f"{path} is a folder with no {col.FILE_SUFFIX} files")
-        return _joined(found)
+        return _joined(traces_in(Path(path)))
     if not os.path.lexists(path):
         ranks = rank_files(path)
         if ranks:
@@ -59,6 +57,27 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
 
 NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 """Names that say a file is meant as an SQLite export, whatever its bytes."""
+
+FOREIGN_SUFFIXES = (".json", ".json.gz", *NSYS_SUFFIXES)
+"""Names of the traces other tools write that a folder is searched for when it holds no xsp trace."""
+
+
+def traces_in(folder: Path) -> list[Path]:
+    """The trace files under ``folder`` (and its subfolders) that :func:`load` joins: its xsp
+    traces, or where there are none, its PyTorch profiler traces and Nsight Systems exports (a
+    profiler's ``tensorboard_trace_handler`` writes one file per rank into one folder).
+
+    Raises:
+        xsp.TraceNotFoundError: it holds none of them.
+    """
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    found = [p for p in files if p.name.endswith(col.FILE_SUFFIX)]
+    if not found:
+        found = [p for p in files if p.name.endswith(FOREIGN_SUFFIXES)]
+    if not found:
+        raise TraceNotFoundError(f"{folder} is a folder with no traces ({col.FILE_SUFFIX}, "
+                                 f"{', '.join(FOREIGN_SUFFIXES)} files)")
+    return found
 
 
 def _one(path: PathArg) -> Trace:
@@ -109,6 +128,22 @@ def _job_of(trace: Trace) -> str | None:
     return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
 
 
+def _warn_if_apart(by_rank: dict[int, Trace]) -> None:
+    """Warn where some rank's spans end before another's begin: ranks of one job run together,
+    and files of different runs joined as ranks make every cross-rank figure (who waited for
+    whom) meaningless."""
+    spans = {rank: trace.spans for rank, trace in by_rank.items() if len(trace.spans)}
+    if len(spans) < 2:
+        return
+    latest_start = max(int(s[col.START_NS].min()) for s in spans.values())
+    earliest_end = min(int(s[col.END_NS].max()) for s in spans.values())
+    if latest_start > earliest_end:
+        files = ", ".join(str(by_rank[rank].metadata.get("file")) for rank in sorted(spans))
+        warnings.warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
+                                 "different runs, and what one rank waited for another is meaningless"),
+                      stacklevel=3)
+
+
 def _joined(files: list[Path], newest_job: bool = False) -> Trace:
     """Several files as one trace: each keeps its rank (from its spans or metadata), else its
     position in ``files``; every rank's metadata under ``metadata["ranks"]``.
@@ -148,6 +183,7 @@ def _joined(files: list[Path], newest_job: bool = False) -> Trace:
         trace.metadata["file"] = str(file)
         by_rank[rank] = trace
     ranks = sorted(by_rank)
+    _warn_if_apart(by_rank)
     spans = pd.concat([by_rank[r].spans for r in ranks], ignore_index=True)
     spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
     first = by_rank[ranks[0]].metadata
