@@ -195,6 +195,19 @@ def test_report_prints_gpu_sections_only_for_traces_with_gpu_activity(shared_tra
     assert "kernels by total time" not in out and "GPU:" not in out
 
 
+def test_report_counts_agree_with_their_nouns(shared_traces, capsys):
+    """"Top 1 kernels" and "1 steps" read as a machine wrote them."""
+    from xsp.cli.main import main
+    from xsp.core.figures import counted
+
+    assert [counted(1, "step"), counted(3, "step"), counted(0, "kernel"), counted(1200, "step")] == [
+        "1 step", "3 steps", "0 kernels", "1,200 steps"]
+    assert main(["report", str(shared_traces / "kineto" / "sampled_rank0.json.gz"), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Top 1 kernel by total time" in out and "Top 1 operator by self time" in out
+    assert "Top 1 kernels" not in out and " 1 steps" not in out
+
+
 def test_operator_paths_skip_enclosing_operators_and_are_unique_per_step(traces):
     spans = traces["a100_alexnet"].spans
     operators = spans[spans[col.LEVEL] == "operator"]

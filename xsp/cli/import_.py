@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console, progress
+from xsp.core.figures import counted
 from xsp.core.schema import FILE_SUFFIX
 
 
@@ -46,6 +47,6 @@ def run(options: argparse.Namespace) -> int:
         trace.save(output)
     hierarchy = trace.metadata["hierarchy"]
     error_console().print(
-        f"xsp: {len(trace.spans)} spans, {len(trace.steps)} steps, {hierarchy['launched']} of "
+        f"xsp: {len(trace.spans)} spans, {counted(len(trace.steps), 'step')}, {hierarchy['launched']} of "
         f"{hierarchy['gpu_activities']} GPU activities linked to their launch -> {output}", markup=False)
     return 0

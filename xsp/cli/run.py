@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
 from xsp.core import schema as col
+from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
 from xsp.core.schema import DEFAULT_OUTPUT, SpanKind
@@ -394,7 +395,7 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     steps = int(counted[col.STEP].dropna().nunique())
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
-    out.print(f"xsp: {len(counted)} spans, {steps} steps{where}", markup=False)
+    out.print(f"xsp: {len(counted)} spans, {count_of(steps, 'step')}{where}", markup=False)
     export = session.export
     if export is not None:
         report = export.wait(EXIT_WAIT_S)

@@ -31,3 +31,8 @@ def milliseconds(ms: float) -> str:
     """A duration in milliseconds to three significant digits, never in exponent notation:
     ``0.0123`` as ``0.0123 ms``, ``12.34`` as ``12.3 ms``, ``12850`` as ``12,850 ms``."""
     return f"{three_digits(ms)} ms"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun`` agreeing: "1 step", "3 steps" (``plural`` where it is not noun + "s")."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

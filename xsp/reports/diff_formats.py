@@ -15,6 +15,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.figures import change_percent as _ratio
+from xsp.core.figures import counted
 from xsp.core.safe_text import capped, markdown_code, markdown_text, one_line, within, xml_text
 from xsp.gate import diff_columns as dcol
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
@@ -158,7 +159,7 @@ def _describe(info: dict[str, Any]) -> str:
     if info.get("runs"):
         parts.append(f"{info['runs']} runs")
     if info.get("steps"):
-        parts.append(f"{info['steps']} steps")
+        parts.append(counted(int(info['steps']), "step"))
     if info.get("device"):
         parts.append(str(info["device"]))
     return ", ".join(parts)

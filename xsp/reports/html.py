@@ -25,6 +25,7 @@ from plotly.subplots import make_subplots
 from xsp import analysis
 from xsp.analysis.findings import SHARE_OF, STEP_TIME
 from xsp.core import schema as col
+from xsp.core.figures import counted
 from xsp.io.parquet import write_text_output
 from xsp.io.trace import Trace
 from xsp.table.walks import depth_of, parent_positions
@@ -93,7 +94,7 @@ def layers_section(trace: Trace) -> str:
         return ""
     top = top.iloc[::-1]
     bars = go.Figure(go.Bar(x=top["total_self_ms"], y=top["name"] + " (" + top["kind"] + ")", orientation="h"))
-    bars.update_layout(title=f"Top {len(top)} layers by self time", xaxis_title="ms (all steps)")
+    bars.update_layout(title=f"Top {counted(len(top), 'layer')} by self time", xaxis_title="ms (all steps)")
     types = analysis.layer_type_summary(trace).head(TOP)
     pie = go.Figure(go.Bar(x=types["module_type"], y=types["total_self_ms"]))
     pie.update_layout(title="Time per layer type (self time)", yaxis_title="ms (all steps)")
@@ -439,7 +440,8 @@ def summary_section(trace: Trace) -> str:
     if not summary.empty:
         main = summary.sort_values("steps", ascending=False).iloc[0]
         facts.append(("latency", f"{main['trimmed_mean_ms']:,.3f} ms per {main['name']} (trimmed mean of "
-                                 f"{int(main['steps'])} steps; p50 {main['p50_ms']:,.3f}, p90 {main['p90_ms']:,.3f})"))
+                                 f"{counted(int(main['steps']), 'step')}; p50 {main['p50_ms']:,.3f}, "
+                                 f"p90 {main['p90_ms']:,.3f})"))
         if pd.notna(main["throughput_per_s"]):
             facts.append(("throughput", f"{main['throughput_per_s']:,.1f} items/s"))
         coverage = analysis.step_coverage(trace).iloc[0]
@@ -520,7 +522,7 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
     absent = [title for title, content in sections if not content]
     if absent:
         body += _note("Not in this trace (nothing recorded for them): " + ", ".join(absent) + ".")
-    summary = (f"{len(trace.spans):,} spans, {len(trace.steps)} steps; device {meta.get('device', '?')}; "
+    summary = (f"{len(trace.spans):,} spans, {counted(len(trace.steps), 'step')}; device {meta.get('device', '?')}; "
                f"levels {', '.join(meta.get('levels', []))}; made {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
                f"by xsp {meta.get('xsp_version', '')}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>xsp report: "

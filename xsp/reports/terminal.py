@@ -15,6 +15,7 @@ from rich.text import Text
 from xsp import analysis
 from xsp.analysis.lines import relative_files
 from xsp.core import schema as col
+from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -185,7 +186,7 @@ def _header(trace: Trace, console: Console) -> None:
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
     levels = trace.spans[col.LEVEL].value_counts().to_dict()
     _say(console, f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
-                  f"{len(trace.steps)} steps, levels recorded: {', '.join(meta.get('levels', []))}")
+                  f"{counted(len(trace.steps), 'step')}, levels recorded: {', '.join(meta.get('levels', []))}")
     for level, reason in (meta.get("unavailable") or {}).items():
         _say(console, f"level {level} not recorded: {reason}", "yellow")
     dropped = meta.get("dropped") or {}
@@ -210,7 +211,7 @@ def _latency_tables(trace: Trace, console: Console) -> None:
         columns.append(("compile_ms", "compile ms (not latency)", number()))
     columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
                 ("status", "status", text)]
-    _show(console, shown, f"Latency per step ({len(latency)} steps"
+    _show(console, shown, f"Latency per step ({counted(len(latency), 'step')}"
           + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns)
 
 
@@ -242,7 +243,7 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     best = analysis.top_layers(trace, k=top)
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
-    _show(console, best, f"Top {len(best)} layers by self time (all steps)", [
+    _show(console, best, f"Top {counted(len(best), 'layer')} by self time (all steps)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
         ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()),
         *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "share", share)])
@@ -263,7 +264,7 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
                   f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
-    _show(console, kernels.head(top), f"Top {min(top, len(kernels))} kernels by total time", [
+    _show(console, kernels.head(top), f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
         ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", "total us", number(1)),
         ("mean_us", "mean us", number(1)), ("share", "share", share)])
     per_operator = analysis.kernel_time_per_operator(trace)
@@ -311,7 +312,7 @@ def lines_table(trace: Trace, console: Console, top: int) -> None:
         where=[f"{paths[f]}:{n}" for f, n in zip(hottest["file"], hottest["line"])],
         code=[line_text(f, n) or "" for f, n in zip(hottest["file"], hottest["line"])])
     gpu = bool(found["kernel_ms"].sum() > 0)
-    _show(console, hottest, f"Top {len(hottest)} lines of your code by self time (all steps)", [
+    _show(console, hottest, f"Top {counted(len(hottest), 'line')} of your code by self time (all steps)", [
         ("where", "line", text), ("calls", "calls", number(0)), ("self_ms", "self ms", number()),
         ("inclusive_ms", "incl ms", number()), *([("kernel_ms", "GPU ms", number())] if gpu else []),
         ("self_share", "share", share), ("code", "code", text)])
@@ -321,7 +322,7 @@ def _operator_tables(trace: Trace, console: Console, top: int) -> None:
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    _show(console, ops.head(top), f"Top {min(top, len(ops))} operators by self time (all steps)", [
+    _show(console, ops.head(top), f"Top {counted(min(top, len(ops)), 'operator')} by self time (all steps)", [
         ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", "self us", number(1)),
         ("total_us", "total us", number(1)), ("share", "share", share)])
     backward = analysis.backward_time_per_layer(trace)
@@ -488,7 +489,7 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         counts = stragglers["straggler"].dropna().value_counts()
         if len(counts):
             _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
-                          f"{len(stragglers)} steps (late ms: the time the other ranks waited for it)")
+                          f"{counted(len(stragglers), 'step')} (late ms: the time the other ranks waited for it)")
         else:
             _say(console, f"No rank held the others up in any of {len(stragglers)} steps (none was 50 µs late)")
         if (stragglers["entry"] == "python").all() and _ddp_buckets_unseen(trace):
