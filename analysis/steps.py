@@ -121,17 +121,24 @@ def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """The user's own spans (``xsp.span``), by name.
 
     Columns: ``name``, ``count``, ``total_ms``, ``mean_ms``, ``in_steps`` (how many of them
-    ran inside a step), ``share`` (total time over the session's).
+    ran inside a step), ``threads`` (on how many threads they ran), ``share`` (the session's time
+    during which at least one of them ran, over the session's: spans of one name that overlap,
+    on several threads, are counted once, so that it never exceeds 1; ``total_ms`` adds them).
     """
     spans = spans_of(source)
     user = spans[(spans[col.KIND] == SpanKind.USER.value) & (spans[col.LEVEL] == Level.MODEL.value)]
-    columns = ["name", "count", "total_ms", "mean_ms", "in_steps", "share"]
+    columns = ["name", "count", "total_ms", "mean_ms", "in_steps", "threads", "share"]
     if user.empty:
         return pd.DataFrame(columns=columns)
     session_ms = float(step_coverage(spans)["session_ms"].iloc[0])
     frame = pd.DataFrame({"name": user[col.NAME].to_numpy(), "ms": user[col.DURATION_NS].to_numpy() / 1e6,
-                          "in_step": user[col.STEP].notna().to_numpy()})
-    table = frame.groupby("name", sort=False).agg(count=("ms", "size"), total_ms=("ms", "sum"), mean_ms=("ms", "mean"),
-                                                  in_steps=("in_step", "sum")).reset_index()
-    table["share"] = table["total_ms"] / session_ms if session_ms else np.nan
+                          "in_step": user[col.STEP].notna().to_numpy(), "thread": user[col.THREAD_ID].to_numpy(),
+                          "start": user[col.START_NS].to_numpy(dtype=np.int64),
+                          "end": user[col.END_NS].to_numpy(dtype=np.int64)})
+    groups = frame.groupby("name", sort=False)
+    table = groups.agg(count=("ms", "size"), total_ms=("ms", "sum"), mean_ms=("ms", "mean"),
+                       in_steps=("in_step", "sum"), threads=("thread", "nunique")).reset_index()
+    covered_ms = groups.apply(lambda g: union_length(g["start"].to_numpy(), g["end"].to_numpy()) / 1e6,
+                              include_groups=False)
+    table["share"] = table["name"].map(covered_ms) / session_ms if session_ms else np.nan
     return table.sort_values("total_ms", ascending=False, kind="stable").reset_index(drop=True)[columns]

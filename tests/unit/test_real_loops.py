@@ -192,6 +192,25 @@ def test_user_spans_have_their_time_and_share():
     assert row["count"] == 3 and row["in_steps"] == 0 and 0 < row["share"] < 1
 
 
+def test_user_spans_overlapping_on_threads_cover_the_session_once():
+    """Ten all-reduces on two threads, each thread's calls back to back: their total is twice
+    the session they ran in, their share of it never more than all of it."""
+    from xsp.table.build import conform
+
+    rows = [{col.SPAN_ID: 1, col.LEVEL: "model", col.KIND: SpanKind.SESSION.value, col.NAME: "session",
+             col.START_NS: 0, col.END_NS: 1_000, col.DURATION_NS: 1_000, col.THREAD_ID: 1}]
+    for thread in (1, 2):
+        for call in range(5):
+            start = 100 + call * 160
+            rows.append({col.SPAN_ID: len(rows) + 1, col.PARENT_ID: 1, col.LEVEL: "model",
+                         col.KIND: SpanKind.USER.value, col.NAME: "all_reduce", col.START_NS: start,
+                         col.END_NS: start + 160, col.DURATION_NS: 160, col.THREAD_ID: thread})
+    table = analysis.user_spans(conform(pd.DataFrame(rows)))
+    row = table.set_index("name").loc["all_reduce"]
+    assert row["count"] == 10 and row["threads"] == 2
+    assert row["total_ms"] == pytest.approx(1_600e-6) and row["share"] == pytest.approx(0.8)
+
+
 # -- what xsp leaves alone --------------------------------------------------------------
 def kinds_of(script_module) -> list[str]:
     return [node.kind() for node in script_module.inlined_graph.nodes()]

@@ -81,10 +81,11 @@ def steps_section(trace: Trace) -> str:
     if user.empty:
         return text + _figure_html(figure, "chart-steps")
     rows = "".join(f"<tr><td>{html.escape(str(r.name))}</td><td>{r.count:,}</td><td>{r.total_ms:,.3f}</td>"
-                   f"<td>{r.mean_ms:,.3f}</td><td>{r.in_steps:,}</td><td>{100 * r.share:.1f}%</td></tr>"
-                   for r in user.itertuples())
+                   f"<td>{r.mean_ms:,.3f}</td><td>{r.in_steps:,}</td><td>{r.threads:,}</td>"
+                   f"<td>{100 * r.share:.1f}%</td></tr>" for r in user.itertuples())
     table = ('<table id="user-spans"><thead><tr><th>your span</th><th>count</th><th>total ms</th><th>mean ms</th>'
-             f"<th>in steps</th><th>share of the session</th></tr></thead><tbody>{rows}</tbody></table>")
+             "<th>in steps</th><th>threads</th><th>share of the session they cover</th></tr></thead>"
+             f"<tbody>{rows}</tbody></table>")
     return text + _figure_html(figure, "chart-steps") + table
 
 

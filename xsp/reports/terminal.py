@@ -231,9 +231,10 @@ def _step_tables(trace: Trace, console: Console) -> None:
         _show(console, summary, "Where the step time went (share of step time, all steps)", columns)
     spans = analysis.user_spans(trace)
     if not spans.empty:
-        _show(console, spans, "Your spans (xsp.span), share of the session", [
+        _show(console, spans, "Your spans (xsp.span, profiler annotations), share of the session they cover", [
             ("name", "span", text), ("count", "count", number(0)), ("total_ms", "total ms", number()),
-            ("mean_ms", "mean ms", number()), ("in_steps", "in steps", number(0)), ("share", "share", share)])
+            ("mean_ms", "mean ms", number()), ("in_steps", "in steps", number(0)), ("threads", "threads", number(0)),
+            ("share", "share", share)])
 
 
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
