@@ -448,9 +448,11 @@ def _diagnostics(trace: Trace, console: Console) -> None:
     problems = table[table["spans"] > 0]
     if problems.empty:
         return
-    _show(console, problems, "Hierarchy diagnostics (what the tree builder could not place)", [
-        ("problem", "problem", text), ("spans", "spans", number(0)), ("share", "share", share),
-        ("meaning", "meaning", text)])
+    # prose, not a table: the meanings are sentences, which a table column clips at 80 columns
+    _say(console, "Hierarchy diagnostics (what the tree builder could not place)", "bold")
+    for row in problems.itertuples():
+        _say(console, f"{row.problem}: {counted(int(row.spans), 'span')} ({100 * float(row.share):.1f}%): "
+                      f"{row.meaning}")
 
 
 def _recommendations(trace: Trace, console: Console) -> None:
