@@ -93,6 +93,18 @@ def _top(names: list[str], weights: np.ndarray | None = None) -> list[str]:
     return sorted(totals, key=lambda name: -totals[name])[:MAX_PATHS]
 
 
+def _top_of_each(names: list[str], weights: np.ndarray, groups: list[str]) -> list[str]:
+    """:func:`_top`, but with the heaviest name of every group first (a copy of each direction),
+    so that a group of a few long copies does not hide the others."""
+    ranked = _top(names, weights)
+    firsts: list[str] = []
+    for group in sorted(set(groups)):
+        members = [index for index, found in enumerate(groups) if found == group]
+        best = _top([names[i] for i in members], weights[members])[:1]
+        firsts += [name for name in best if name not in firsts]
+    return [*firsts, *(name for name in ranked if name not in firsts)][:MAX_PATHS]
+
+
 def _attributes(text: Any) -> dict[str, Any]:
     if not isinstance(text, str):
         return {}
@@ -221,7 +233,8 @@ def pageable_memcpy(ctx: Context) -> Finding | None:
         f"{milliseconds(copy_ns / 1e6)}): an async copy of pageable memory is staged and runs synchronously",
         "pin host memory: DataLoader(..., pin_memory=True), or x = x.pin_memory(); then "
         "x.to(\"cuda\", non_blocking=True)",
-        _top(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows]))
+        _top_of_each(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows],
+                     [str(kind) for kind in ctx.spans[col.COPY_KIND].iloc[rows].fillna("?").tolist()]))
 
 
 def blocking_sync(ctx: Context) -> Finding | None:

@@ -123,6 +123,22 @@ def test_pageable_memcpy_names_the_copies_and_their_operator():
     assert "pageable_memcpy" not in fired(copy_trace("Memcpy HtoD (Pinned -> Device)"))
 
 
+def test_pageable_memcpy_names_an_operator_of_each_direction():
+    """Six long uploads and one short download: the download's operator is among the paths."""
+    rows = []
+    for i in range(7):
+        kind, length = ("DtoH", 5) if i == 6 else ("HtoD", 60)
+        base = 100 * i
+        rows += [(10 + 3 * i, 1, "operator", "operator", "aten::copy_", base, base + length + 20,
+                  {col.PATH: f"net[0]/aten::copy_[{i}]"}),
+                 (11 + 3 * i, 10 + 3 * i, "cuda_api", "runtime", "cudaMemcpyAsync", base + 2, base + 8, {}),
+                 (12 + 3 * i, 11 + 3 * i, "kernel", "memcpy", f"Memcpy {kind} (Pageable)", base + 10,
+                  base + 10 + length, {col.COPY_KIND: kind, col.BYTES: 1_000})]
+    found = fired(make_trace(step(rows, 1000), A100))["pageable_memcpy"]
+    assert "net[0]/aten::copy_[6]" in found["paths"] and len(found["paths"]) <= 5
+    assert "HtoD x6" in found["evidence"] and "DtoH x1" in found["evidence"]
+
+
 def test_blocking_sync_in_the_loop():
     def sync_trace(name, us):
         rows = step([(2, 1, "operator", "operator", "aten::item", 0, 60, {col.PATH: "aten::item[0]"}),
