@@ -48,6 +48,21 @@ def test_run_profiles_an_unmodified_script_with_its_arguments(tiny, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_run_gives_the_script_its_argv_and_file_as_python_does(tmp_path):
+    """``sys.argv[0]`` as typed, ``__file__`` absolute, ``__name__`` "__main__", classes that
+    pickle: what a plain ``python sub/show.py`` gives the script."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "show.py").write_text(
+        "import pickle, sys, torch\nclass Box: pass\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\n"
+        "print(sys.argv, __file__, __name__, len(pickle.dumps(Box())) > 0)\n")
+    plain = subprocess.run([sys.executable, "sub/show.py", "--n", "3"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+    traced = xsp_cli("run", "--", "sub/show.py", "--n", "3", cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+    assert plain.stdout.startswith("['sub/show.py', '--n', '3'] " + str(tmp_path / "sub" / "show.py"))
+
+
 def test_run_keeps_the_scripts_exit_code_and_still_writes_the_trace(tiny, tmp_path):
     result = xsp_cli("run", "--", str(tiny), "1", "7", cwd=tmp_path)
     assert result.returncode == 7

@@ -8,7 +8,7 @@ import re
 import runpy
 import sys
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
@@ -169,6 +169,22 @@ class ScriptInterrupted(Exception):
     """The script was interrupted (Ctrl-C): the CLI exits as python would, by SIGINT."""
 
 
+def _run_as_main(path: str) -> None:
+    """Run the script at ``path`` (absolute) as ``python script.py`` does: as module ``__main__``,
+    with its absolute path as ``__file__`` and in its tracebacks, and ``sys.argv[0]`` as the user
+    typed it (``runpy.run_path`` would set it to the path it was given)."""
+    code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)
+    module = ModuleType("__main__")
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - running the user's script is this command's job
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     """Run the script once inside ``session``; its exit status (its traceback printed as python would).
 
@@ -181,8 +197,8 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     status = 0
     failure: BaseException | None = None
     try:
-        with session:  # by its absolute path, as python runs a script (its __file__, its tracebacks)
-            runpy.run_path(os.path.abspath(script), run_name="__main__")
+        with session:
+            _run_as_main(os.path.abspath(script))
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except BaseException as error:  # the script's own failure: report it like python does
