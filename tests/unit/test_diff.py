@@ -143,6 +143,33 @@ def test_few_samples_fall_back_to_ranges_and_one_sample_gives_no_verdict():
     assert any("steps" in warning for warning in single.warnings)
 
 
+def test_a_diff_that_judged_no_key_has_no_verdict_and_fails_the_gate(tmp_path, capsys):
+    """One step a side, or runs sharing no key: "unchanged" would read as a verdict."""
+    from xsp.cli.main import main
+
+    single = diff(run(1, steps=1), run(2, steps=1, slower={"net.b": 0.5}))
+    assert "too few steps a side" in single.nothing_judged()
+    assert single.warnings[0].startswith("no key could be judged")
+    assert diff_formats.text(single).startswith("xsp diff: NO VERDICT")
+    assert "## xsp diff: **no verdict**" in diff_formats.markdown(single)
+    assert diff(run(1), run(2)).nothing_judged() is None
+    suites = ET.fromstring(diff_formats.junit(single))  # JUnit: unjudged keys are skipped tests, not passed ones
+    assert suites.find("testsuite").get("skipped") == str(len(single.table))
+    assert all(case.find("skipped") is not None for case in suites.findall(".//testcase"))
+    run(1, steps=1).save(tmp_path / "a.xsp.parquet")
+    run(2, steps=1).save(tmp_path / "b.xsp.parquet")
+    assert main(["diff", str(tmp_path / "a.xsp.parquet"), str(tmp_path / "b.xsp.parquet")]) == 2
+    captured = capsys.readouterr()
+    assert "NO VERDICT" in captured.out and "no key could be judged" in captured.err
+    assert main(["diff", str(tmp_path / "a.xsp.parquet"), str(tmp_path / "b.xsp.parquet"), "--fail-on", "never"]) == 0
+
+
+def test_skipping_every_step_is_an_error_not_an_empty_comparison():
+    with pytest.raises(ValueError, match="leave none of its 40 steps"):
+        diff(run(1), run(2), steps=slice(100, None))
+    assert diff(run(1), run(2), steps=slice(30, None)).base["steps"] == 10
+
+
 def test_rank_test_agrees_with_scipy():
     rng = np.random.default_rng(0)
     x, y = rng.normal(100, 5, 30), rng.normal(104, 5, 25)
@@ -467,6 +494,10 @@ def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():
     assert busy.verdict is dcol.Verdict.UNCHANGED
     assert busy.settings["contention_ratio"] == pytest.approx(1.304, abs=1e-3)
     assert any("waited for a CPU 10% (base) and 31% (new)" in warning for warning in busy.warnings)
+    # the header names the correction made: for the waits, not for the machines' speed
+    assert busy.settings["judged"] == dcol.Judged.CPU_WAITS.value
+    assert "judged for the threads' waits for a CPU (new times / 1.30)" in diff_formats.text(busy).replace("\n  ", " ")
+    assert "at equal machine speed" not in diff_formats.text(busy)
     # the other way round, it never makes a change: identical runs, the base the busier one
     base, new = run(1), run(2)
     base.metadata["contention"], new.metadata["contention"] = {"waited_share": 0.4}, {"waited_share": 0.0}

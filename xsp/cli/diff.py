@@ -94,6 +94,10 @@ def run(options: argparse.Namespace) -> int:
     if form is Format.MARKDOWN and os.environ.get(STEP_SUMMARY):
         with open(os.environ[STEP_SUMMARY], "a", encoding="utf-8") as summary:
             summary.write(text if text.endswith("\n") else text + "\n")
+    unjudged = result.nothing_judged()
+    if unjudged is not None and FailOn(options.fail_on) is not FailOn.NEVER:
+        # a gate that compared nothing must not pass: the report above says what there was
+        raise CliError(f"no key could be judged, so there is no verdict: {unjudged}")
     return REGRESSION_FOUND if fails(result, FailOn(options.fail_on)) else 0
 
 

@@ -196,11 +196,17 @@ def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slic
     """The summary of ``trace`` (keys at ``levels``, samples of ``steps``; see :func:`xsp.diff`),
     by path and by name, or by ``only`` one of them."""
     spans = trace.spans
+    present = trace.steps
+    compared = present if steps is None else (present[steps] if isinstance(steps, slice) else
+                                              sorted(set(present) & {int(s) for s in steps}))
+    if present and not compared:
+        raise ValueError(f"{source or 'the trace'}: the steps asked for leave none of its {len(present)} steps "
+                         f"({present[0]}-{present[-1]}) to compare")
     keys = {by: keyed.key_samples(spans, by, levels, steps) for by in dcol.KeyBy if only is None or by is only}
     metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
     if isinstance(metadata.get("created_at"), str):
         metadata["created_at"] = _to_the_second(metadata["created_at"])
-    metadata["steps"] = len(trace.steps)
+    metadata["steps"] = len(compared)
     metadata["spans"] = len(spans)
     if source is not None:
         metadata["source"] = source

@@ -80,6 +80,20 @@ class Diff:
         """Any key regressed, improved, added or removed."""
         return bool((self.table[dcol.VERDICT] != Verdict.UNCHANGED.value).any())
 
+    def nothing_judged(self) -> str | None:
+        """Why no key was judged (the runs share none, or have too few steps a side), or None
+        where some was: a verdict of ``unchanged`` then means only that nothing was compared."""
+        table = self.table
+        both = table[(table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)]
+        if (both[dcol.TEST] != dcol.Test.NONE.value).any():
+            return None
+        if both.empty:
+            return (f"the runs share no key at the levels compared ({len(table)} keys, each in one run only): "
+                    "are they runs of one program?")
+        return (f"{len(both)} keys are in both runs, but too few steps a side to judge any "
+                f"(base {self.base.get('steps', '?')}, new {self.new.get('steps', '?')}): record at least "
+                f"{dcol.MIN_RANK_SAMPLES} steps a side")
+
     def rows(self, verdict: Verdict | str) -> pd.DataFrame:
         """The rows with one verdict, largest change first."""
         value = Verdict(verdict).value
@@ -266,14 +280,18 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "wait_per_step_us": [round(wait / 1e3, 1) for wait in waits_ns],
                 "keys_within_wait": waited_keys,
                 "judged_factor": round(float(table.attrs.get(dcol.JUDGED_FACTOR, 1.0)), 4),
-                "judged": "against the common shift" if normalize else (
-                    "at equal machine speed" if speed != 1.0 else "raw times"),
+                "judged": (dcol.Judged.COMMON_SHIFT if normalize else dcol.Judged.CPU_WAITS if busier
+                           else dcol.Judged.MACHINE_SPEED if speed != 1.0 else dcol.Judged.RAW).value,
                 "base_runs": int(base_info.get("runs") or 1),
                 "new_runs": int(new_info.get("runs") or 1)}
-    return Diff(table=table, changes=verdicts.structure_changes(base_keys, new_keys, table),
-                breakdown=verdicts.breakdown(table),
-                verdict=verdicts.overall_verdict(table), warnings=warnings, settings=settings,
-                base=base_info, new=new_info)
+    result = Diff(table=table, changes=verdicts.structure_changes(base_keys, new_keys, table),
+                  breakdown=verdicts.breakdown(table),
+                  verdict=verdicts.overall_verdict(table), warnings=warnings, settings=settings,
+                  base=base_info, new=new_info)
+    unjudged = result.nothing_judged()
+    if unjudged is not None:  # "unchanged" would read as a verdict: say that nothing was compared
+        warnings.insert(0, f"no key could be judged, so there is no verdict: {unjudged}")
+    return result
 
 
 def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,

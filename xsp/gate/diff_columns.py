@@ -32,6 +32,15 @@ class Verdict(str, enum.Enum):
     REMOVED = "removed"
 
 
+class Judged(str, enum.Enum):
+    """How the new run's times were judged (``settings["judged"]`` of a diff)."""
+
+    COMMON_SHIFT = "against the common shift"
+    CPU_WAITS = "for the threads' waits for a CPU"
+    MACHINE_SPEED = "at equal machine speed"
+    RAW = "raw times"
+
+
 WAITED_NOTE: Final = "changed by less than"
 """How the note of a key left unjudged for its run's waits for a CPU starts."""
 WITH_RUN_NOTE: Final = "moved with the whole run"

@@ -19,13 +19,13 @@ from xsp.core.figures import counted
 from xsp.core.safe_text import capped, markdown_code, markdown_text, one_line, within, xml_text
 from xsp.gate import diff_columns as dcol
 from xsp.gate.diff import LISTED, TEXT_WIDTH, Diff
-from xsp.gate.diff_columns import Verdict
+from xsp.gate.diff_columns import Judged, Verdict
 from xsp.reports.terminal import distinct_middles
 
 
 def text(result: Diff, width: int = TEXT_WIDTH) -> str:
     """A plain-text report that fits ``width`` columns."""
-    lines = [_wrap(f"xsp diff: {result.verdict.value.upper()}  ({_counts(result.table)})", width, "  "),
+    lines = [_wrap(f"xsp diff: {_headline(result).upper()}  ({_counts(result.table)})", width, "  "),
              _clip(f"base: {_describe(result.base)}", width), _clip(f"new:  {_describe(result.new)}", width),
              _wrap(_settings_line(result.settings), width, "  ")]
     models = result.models(None)
@@ -57,7 +57,7 @@ def markdown(result: Diff) -> str:
     """A Markdown report for a pull-request comment or a CI step summary."""
     moved = result.rows(Verdict.REGRESSED)
     improved = result.rows(Verdict.IMPROVED)
-    out = [f"## xsp diff: **{result.verdict.value}**", "",
+    out = [f"## xsp diff: **{_headline(result)}**", "",
            f"{_counts(result.table)}. Base: {markdown_text(_describe(result.base))}. "
            f"New: {markdown_text(_describe(result.new))}.", "",
            f"_{markdown_text(_settings_line(result.settings))}_", ""]
@@ -75,7 +75,7 @@ def markdown(result: Diff) -> str:
     for title, rows in (("Regressed", moved), ("Improved", improved)):
         if not len(rows):
             continue
-        judged = result.settings.get("judged", "raw times") != "raw times"
+        judged = result.settings.get("judged", Judged.RAW.value) != Judged.RAW.value
         judged_head, judged_rule = (" judged |", " ---: |") if judged else ("", "")
         out += [f"### {title} ({len(rows)})", "",
                 f"| key | level | base | new | delta | ratio |{judged_head} vs common shift | q | explains |",
@@ -118,14 +118,15 @@ def as_json(result: Diff) -> str:
 
 def junit(result: Diff) -> str:
     """JUnit XML: one testcase per compared key, a failure for each regression."""
+    shown = [shown_verdict(row) for row in result.table.itertuples(index=False)]
     suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table)),
                        failures=str(int((result.table[dcol.VERDICT] == Verdict.REGRESSED.value).sum())),
-                       errors="0", skipped="0")
+                       errors="0", skipped=str(shown.count(UNJUDGED)))
     properties = ET.SubElement(suite, "properties")
     for name, value in result.settings.items():
-        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-        ET.SubElement(properties, "property", name=name, value=xml_text(shown))
-    for row in result.table.itertuples(index=False):
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        ET.SubElement(properties, "property", name=name, value=xml_text(text))
+    for row, verdict in zip(result.table.itertuples(index=False), shown):
         case = ET.SubElement(suite, "testcase", classname=f"xsp.{xml_text(str(row.level))}",
                              name=xml_text(capped(str(row.key))), time=f"{_seconds(row.new_median_ns):.6f}")
         if row.verdict == Verdict.REGRESSED.value:
@@ -133,8 +134,10 @@ def junit(result: Diff) -> str:
                                     message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
                                             f"q={_p(row.q_value)}")
             failure.text = xml_text(_key_line(row, 200).strip())
+        elif verdict == UNJUDGED:  # a test that could not be run: JUnit's skipped, with the reason
+            ET.SubElement(case, "skipped", message=xml_text(f"unjudged: {row.note}"))
         else:
-            ET.SubElement(case, "system-out").text = f"{row.verdict}: {_signed_time(row.delta_ns)}"
+            ET.SubElement(case, "system-out").text = f"{verdict}: {_signed_time(row.delta_ns)}"
     suites = ET.Element("testsuites")
     suites.append(suite)
     ET.indent(suites)
@@ -165,15 +168,24 @@ def _describe(info: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+NO_VERDICT = "no verdict"
+"""The headline of a diff that judged no key (:meth:`xsp.gate.diff.Diff.nothing_judged`)."""
+
+
+def _headline(result: Diff) -> str:
+    return NO_VERDICT if result.nothing_judged() is not None else result.verdict.value
+
+
 def _settings_line(settings: dict[str, Any]) -> str:
     shift = settings.get("common_shift", 1.0)
     factor = settings.get("judged_factor", 1.0)
+    how = settings.get("judged", Judged.RAW.value)
     if settings.get("normalize"):
         judged = f"; judged against the common shift {_ratio(shift)}"
-    elif factor != 1.0:
-        judged = f"; judged at equal machine speed (new times / {factor:.2f})"
-    else:
+    elif how == Judged.RAW.value or factor == 1.0:
         judged = "; raw times judged"
+    else:
+        judged = f"; judged {how} (new times / {factor:.2f})"
     speed = settings.get("machine_speed_ratio")
     machines = (f"; new machine {speed:.2f}x the base's time for xsp's fixed work" if speed is not None
                 else "; machine speed not recorded in both runs")
@@ -185,7 +197,8 @@ def _settings_line(settings: dict[str, Any]) -> str:
 def _judged_suffix(settings: dict[str, Any]) -> str:
     if settings.get("normalize"):
         return ", against the common shift"
-    return ", at equal machine speed" if settings.get("judged_factor", 1.0) != 1.0 else ""
+    how = settings.get("judged", Judged.RAW.value)
+    return "" if how == Judged.RAW.value or settings.get("judged_factor", 1.0) == 1.0 else f", {how}"
 
 
 def _tree_lines(breakdown: pd.DataFrame, width: int) -> list[str]:
