@@ -3,6 +3,7 @@ recorded from Python, and the cross-rank analyses on constructed collectives."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
@@ -178,7 +179,18 @@ def test_ranks_whose_times_do_not_overlap_are_joined_with_a_warning(tmp_path):
     _profiler_trace(tmp_path / "a.json", 0, 1000.0)
     _profiler_trace(tmp_path / "b.json", 1, 9_000_000.0)  # nine seconds later: another run
     with pytest.warns(XspWarning, match="times do not overlap"):
-        assert xsp.load(tmp_path).ranks == [0, 1]
+        trace = xsp.load(tmp_path)
+    assert trace.ranks == [0, 1] and trace.metadata["ranks_apart"] is True
+    # the report shows each rank, and no figure of who waited for whom
+    from rich.console import Console
+
+    from xsp.reports.html import ranks_section
+    from xsp.reports.terminal import render_report
+
+    shown = io.StringIO()
+    render_report(trace, Console(file=shown, width=80, color_system=None))
+    assert "do not overlap" in shown.getvalue() and "late ms" not in shown.getvalue()
+    assert "Stragglers" not in shown.getvalue() and "chart-stragglers" not in ranks_section(trace)
 
 
 def test_loading_an_empty_folder_or_list_says_so(tmp_path):

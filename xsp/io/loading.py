@@ -128,20 +128,26 @@ def _job_of(trace: Trace) -> str | None:
     return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
 
 
-def _warn_if_apart(by_rank: dict[int, Trace]) -> None:
-    """Warn where some rank's spans end before another's begin: ranks of one job run together,
-    and files of different runs joined as ranks make every cross-rank figure (who waited for
-    whom) meaningless."""
+RANKS_APART = "ranks_apart"
+"""Metadata of a joined trace whose ranks' times do not overlap (True): its cross-rank figures
+(who waited for whom) mean nothing, and reports leave them out."""
+
+
+def _ranks_apart(by_rank: dict[int, Trace]) -> bool:
+    """Whether some rank's spans end before another's begin (and warn so): ranks of one job run
+    together, and files of different runs joined as ranks make every cross-rank figure (who
+    waited for whom) meaningless. Asked only of files that do not name their job."""
     spans = {rank: trace.spans for rank, trace in by_rank.items() if len(trace.spans)}
     if len(spans) < 2:
-        return
+        return False
     latest_start = max(int(s[col.START_NS].min()) for s in spans.values())
     earliest_end = min(int(s[col.END_NS].max()) for s in spans.values())
-    if latest_start > earliest_end:
-        files = ", ".join(str(by_rank[rank].metadata.get("file")) for rank in sorted(spans))
-        warnings.warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
-                                 "different runs, and what one rank waited for another is meaningless"),
-                      stacklevel=3)
+    if latest_start <= earliest_end:
+        return False
+    files = ", ".join(str(by_rank[rank].metadata.get("file")) for rank in sorted(spans))
+    warnings.warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
+                             "different runs, and what one rank waited for another is meaningless"), stacklevel=4)
+    return True
 
 
 def _joined(files: list[Path], newest_job: bool = False) -> Trace:
@@ -183,12 +189,13 @@ def _joined(files: list[Path], newest_job: bool = False) -> Trace:
         trace.metadata["file"] = str(file)
         by_rank[rank] = trace
     ranks = sorted(by_rank)
-    _warn_if_apart(by_rank)
+    # files that name their job are its ranks; files that do not (a profiler's) may be anything
+    apart = jobs == {None} and _ranks_apart(by_rank)
     spans = pd.concat([by_rank[r].spans for r in ranks], ignore_index=True)
     spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
     first = by_rank[ranks[0]].metadata
     metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
-                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored}
+                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart}
     return _noting_missing_ranks(Trace(spans=spans, metadata=metadata), ranks)
 
 

@@ -26,6 +26,7 @@ from xsp import analysis
 from xsp.analysis.findings import SHARE_OF, STEP_TIME
 from xsp.core import schema as col
 from xsp.core.figures import counted
+from xsp.io.loading import RANKS_APART
 from xsp.io.parquet import write_text_output
 from xsp.io.trace import Trace
 from xsp.table.walks import depth_of, parent_positions
@@ -472,14 +473,19 @@ def ranks_section(trace: Trace) -> str:
     communication = analysis.communication(trace)
     if len(trace.ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
         return ""
+    apart = bool(trace.metadata.get(RANKS_APART))  # files of different runs: no rank waited for another
     rows = "".join(
         f"<tr><td>{r.rank}</td><td>{r.steps}</td><td>{r.step_ms:,.3f}</td><td>{r.comm_ms:,.3f}</td>"
         f"<td>{100 * r.comm_share:.1f}%</td><td>{'' if pd.isna(r.overlap_share) else f'{100 * r.overlap_share:.1f}%'}"
-        f"</td><td>{r.collectives_per_step:,.0f}</td><td>{'' if pd.isna(r.late_ms) else f'{r.late_ms:,.3f}'}</td></tr>"
+        f"</td><td>{r.collectives_per_step:,.0f}</td><td>"
+        f"{'' if apart or pd.isna(r.late_ms) else f'{r.late_ms:,.3f}'}</td></tr>"
         for r in communication.itertuples())
     table = ('<table id="ranks"><thead><tr><th>rank</th><th>steps</th><th>step ms</th><th>comm ms</th><th>comm share'
              "</th><th>overlapped with compute</th><th>collectives per step</th><th>late ms</th></tr></thead>"
              f"<tbody>{rows}</tbody></table>")
+    if apart:
+        return _note("The ranks' times do not overlap (files of different runs?): how late each rank was is not "
+                     "shown.") + table
     per_step = analysis.rank_steps(trace)
     if per_step.empty or per_step["late_ms"].isna().all():
         return table

@@ -18,6 +18,7 @@ from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind
+from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
@@ -481,11 +482,16 @@ def _ranks_section(trace: Trace, console: Console) -> None:
     if len(ranks) > 1:
         _say(console, f"Distributed job {job.get('job_id', '?')}: {len(ranks)} ranks of world size "
                       f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
+    apart = bool(trace.metadata.get(RANKS_APART))
     _show(console, communication, "Communication per rank (medians over steps)", [
         ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
         ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
         ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
-        ("late_ms", "late ms", number())])
+        *([] if apart else [("late_ms", "late ms", number())])])
+    if apart:
+        _say(console, "The ranks' times do not overlap (files of different runs?): who waited for whom is not shown",
+             "yellow")
+        return
     stragglers = analysis.stragglers(trace)
     stragglers = stragglers[stragglers["step"] >= 0]
     if not stragglers.empty:
