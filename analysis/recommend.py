@@ -120,6 +120,26 @@ def _input_waits(ctx: Context) -> pd.DataFrame:
     return input_spans(ctx.spans[ctx.in_steps])  # input level, or model level in older traces
 
 
+def _cpus(ctx: Context) -> int:
+    """The CPUs the run could use (0: not recorded)."""
+    return int(ctx.metadata.get("cpus_available") or ctx.metadata.get("cpu_count") or 0)
+
+
+def _workers_used(waits: pd.DataFrame) -> int | None:
+    """The fewest DataLoader workers among the input waits (None: not recorded)."""
+    workers = [int(a[ATTR_WORKERS]) for a in map(_attributes, waits[col.ATTRIBUTES].tolist())
+               if isinstance(a.get(ATTR_WORKERS), int)]
+    return min(workers) if workers else None
+
+
+def suggested_workers(used: int | None, cpus: int) -> int:
+    """How many DataLoader workers to try: from none, one per CPU the run could use up to 8 (4
+    where the CPUs were not recorded); else twice as many as now, never more than the CPUs."""
+    if not used:
+        return min(cpus, 8) if cpus else 4
+    return min(used * 2, cpus) if cpus else used * 2
+
+
 def input_bound(ctx: Context) -> Finding | None:
     waits = _input_waits(ctx)
     waited_ns = float(waits[col.DURATION_NS].sum())
@@ -131,7 +151,8 @@ def input_bound(ctx: Context) -> Finding | None:
         Severity.HIGH if high else Severity.MEDIUM, share,
         f"the loop waited for input {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(waited_ns)}): "
         f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})",
-        "prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True, "
+        f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., "
+        f"num_workers={suggested_workers(_workers_used(waits), _cpus(ctx))}, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, augmentation) into the "
         "workers or onto the GPU",
         _top(waits[col.NAME].astype(str).tolist(), waits[col.DURATION_NS].to_numpy(dtype=np.float64)))
@@ -144,14 +165,13 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     if share <= DATALOADER_SHARE:
         return None
     attributes = [_attributes(text) for text in waits[col.ATTRIBUTES].tolist()]
-    workers = [int(a[ATTR_WORKERS]) for a in attributes if isinstance(a.get(ATTR_WORKERS), int)]
-    if not workers:
+    used = _workers_used(waits)
+    if used is None:
         return None
-    used = min(workers)
-    cpus = int(ctx.metadata.get("cpus_available") or ctx.metadata.get("cpu_count") or 0)
+    cpus = _cpus(ctx)
     if cpus and used >= cpus:
         return None  # every CPU already loads: the fix is in the input pipeline, not the worker count
-    suggested = max(2, min(cpus or 4, 8)) if used == 0 else min(used * 2, cpus or used * 2)
+    suggested = suggested_workers(used, cpus)
     pinned = [a.get(ATTR_PIN_MEMORY) for a in attributes if ATTR_PIN_MEMORY in a]
     on_gpu = bool(ctx.device())
     pin = ", pin_memory=True" if on_gpu and pinned and not any(pinned) else ""
@@ -481,6 +501,12 @@ CHECKS: Final[dict[Rule, Callable[[Context], Finding | None]]] = {
 }
 
 
+MIN_SHARE_AT_STAKE = 0.0005
+"""A low finding with less of the time at stake (it would read "0.0%") is left out: its rule
+fired, but acting on it cannot change the time (a handful of pageable copies of 0.08 ms in a
+trace of seconds). Findings whose stake is not time (memory near capacity) are medium or high."""
+
+
 def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     """What to change, most at stake first: one row per rule that fired.
 
@@ -494,7 +520,7 @@ def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     rows = []
     for rule, check in CHECKS.items():
         finding = check(context)
-        if finding is not None:
+        if finding is not None and (finding.severity is not Severity.LOW or finding.share >= MIN_SHARE_AT_STAKE):
             rows.append({RULE: rule.value, SEVERITY: finding.severity.value, SHARE: float(finding.share),
                          EVIDENCE: finding.evidence, FIX: finding.fix, PATHS: finding.paths,
                          "_rank": finding.severity.rank})
