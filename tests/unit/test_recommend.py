@@ -78,7 +78,8 @@ def test_dataloader_workers_when_the_loader_has_fewer_workers_than_cpus():
     assert "dataloader_workers" not in fired(input_trace(30))  # no worker count recorded
     # on one CPU: the two input rules agree, and neither asks for more workers than CPUs
     one_cpu = fired(input_trace(30, workers=0, metadata={"cpus_available": 1}))
-    assert "num_workers=1," in one_cpu["dataloader_workers"]["fix"] and "num_workers=1," in one_cpu["input_bound"]["fix"]
+    assert "num_workers=1," in one_cpu["dataloader_workers"]["fix"]
+    assert "num_workers=1," in one_cpu["input_bound"]["fix"]
 
 
 # GPU time -------------------------------------------------------------------------------------
