@@ -13,7 +13,7 @@ import pandas as pd
 
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
-from xsp.core.schema import Level
+from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.self_time import self_ns
 
@@ -80,13 +80,17 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
 def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Time per module type (``Conv2d``, ``Linear``...), from self times.
 
-    Columns: ``module_type``, ``layers`` (distinct module paths), ``calls``, ``total_self_ms``,
-    ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
+    Columns: ``module_type``, ``layers`` (distinct modules: a module's forward and backward
+    spans are one), ``calls`` (forward and backward spans), ``total_self_ms``, ``mean_ms``
+    (mean inclusive duration per call), ``share`` (of the steps' time).
     """
     spans = spans_of(source)
     table = layer_table(spans)
+    backward = (table["kind"] == SpanKind.BACKWARD.value).to_numpy()
+    names = table["name"].astype(str)
+    table = table.assign(module=names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)))
     grouped = table.groupby("module_type", sort=False).agg(
-        layers=("name", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),
+        layers=("module", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),
         mean_ms=("duration_ms", "mean")).reset_index()
     step_ms = _step_time_ms(spans)
     grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan

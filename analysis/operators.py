@@ -87,7 +87,7 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     for row in backward_layers.tolist():
         rows.append({"span_id": int(spans[col.SPAN_ID].iat[row]), "step": steps[row], "kind": "layer",
                      "name": names[row], "duration_us": duration[row] / 1e3, "sequence_number": np.nan,
-                     "forward_operator": None, "forward_layer": str(names[row]).removesuffix(".backward"),
+                     "forward_operator": None, "forward_layer": str(names[row]).removesuffix(col.BACKWARD_SUFFIX),
                      "outermost": True})
     columns = ["span_id", "step", "kind", "name", "duration_us", "sequence_number", "forward_operator",
                "forward_layer", "outermost"]

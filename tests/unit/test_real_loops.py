@@ -173,6 +173,12 @@ def test_shares_of_a_training_step_add_up_and_none_exceeds_the_whole(training):
     assert (breakdown[["forward_ms", "backward_ms", "optimizer_ms", "input_ms"]] > 0).all().all()
     for table in (analysis.top_layers(training, k=50), analysis.layer_type_summary(training)):
         assert table["share"].sum() <= 1.0
+    # a module's forward and backward spans are one module of its type
+    types = analysis.layer_type_summary(training).set_index("module_type")
+    layers = analysis.layer_table(training)
+    linear = layers[(layers["module_type"] == "Linear") & (layers["kind"] == "forward")]
+    assert (layers[layers["module_type"] == "Linear"]["kind"] == "backward").any()
+    assert types.loc["Linear", "layers"] == linear["name"].nunique()
     coverage = analysis.step_coverage(training).iloc[0]
     assert 0 < coverage["coverage"] < 1 and coverage["steps"] == 6
 

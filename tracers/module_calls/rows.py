@@ -20,7 +20,7 @@ from xsp.record.recording import Window, WindowBuffer
 from xsp.record.sites import CallSites
 from xsp.table.walks import arrow_strings
 
-BACKWARD_SUFFIX = ".backward"
+BACKWARD_SUFFIX = col.BACKWARD_SUFFIX
 
 
 def as_numpy(values: Any) -> np.ndarray:

@@ -172,6 +172,9 @@ is their sum); negative for a layer whose untimed call cost was given back to it
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
+BACKWARD_SUFFIX: Final = ".backward"
+"""What a layer's backward span adds to its module's name (``model.fc`` -> ``model.fc.backward``)."""
+
 # pandas dtypes, in column order. Nullable integer dtypes keep "not recorded" apart from 0.
 COLUMNS: Final[dict[str, str]] = {
     TRACE_ID: "string",

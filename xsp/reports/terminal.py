@@ -247,11 +247,11 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     _show(console, best, f"Top {counted(len(best), 'layer')} by self time (all steps)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()),
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()),
         *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "share", share)])
     _show(console, analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
-        ("module_type", "type", text), ("layers", "layers", number(0)), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms", number()), ("share", "share", share)])
+        ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
+        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()), ("share", "share", share)])
 
 
 def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
