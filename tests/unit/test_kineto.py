@@ -195,6 +195,25 @@ def test_report_prints_gpu_sections_only_for_traces_with_gpu_activity(shared_tra
     assert "kernels by total time" not in out and "GPU:" not in out
 
 
+def test_a_profiled_training_steps_forward_backward_and_optimizer_are_its_parts(tmp_path):
+    """``Optimizer.step#SGD.step`` (torch.optim's annotation) and the ``## forward ##`` and
+    ``## backward ##`` ranges training loops put around their passes: a step breakdown says
+    where the step went, not "other 100%"."""
+    from xsp import analysis
+
+    def annotation(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [annotation("ProfilerStep#4", 0, 100), annotation("## forward ##", 1, 40),
+              annotation("## backward ##", 42, 40), annotation("Optimizer.step#SGD.step", 84, 10),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 2, "dur": 30}]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    parts = analysis.step_breakdown(xsp.load(path)).iloc[0]
+    assert (parts["forward_ms"], parts["backward_ms"], parts["optimizer_ms"]) == pytest.approx((0.04, 0.04, 0.01))
+    assert parts["other_ms"] == pytest.approx(0.01)
+
+
 def test_report_counts_agree_with_their_nouns(shared_traces, capsys):
     """"Top 1 kernels" and "1 steps" read as a machine wrote them."""
     from xsp.cli.main import main

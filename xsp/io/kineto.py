@@ -7,7 +7,10 @@ Kineto category           level      kind         notes
 ========================  =========  ===========  ===========================================
 ``user_annotation``       model      user / step  ``ProfilerStep#N`` is step ``N``; inside an
                                                   operator: operator level;
-                                                  ``enumerate(DataLoader)#...``: input level
+                                                  ``enumerate(DataLoader)#...``: input level;
+                                                  ``Optimizer.step#...``: optimizer;
+                                                  ``## forward ##``, ``## backward ##``:
+                                                  predict, backward
 ``python_function``       layer      python       kept when the profile has them
 ``cpu_op``                operator   operator     input shapes, sequence number
 ``cuda_runtime``          cuda_api   runtime      correlation id, cbid
@@ -74,6 +77,11 @@ PROFILER_STEP = re.compile(rf"^{STEP_NAME}(?P<step>[0-9]+)$")
 """The profiler's annotation of step N (an RE2 pattern too: Arrow matches the names)."""
 DATALOADER_WAIT: Final = "enumerate(DataLoader)#"
 """The profiler's annotation of one DataLoader ``__next__``: an input-level wait."""
+OPTIMIZER_STEP: Final = "Optimizer.step#"
+"""The profiler's annotation of one ``optimizer.step()`` (``Optimizer.step#SGD.step``)."""
+PASS_ANNOTATIONS: Final = {"## forward ##": SpanKind.PREDICT, "## backward ##": SpanKind.BACKWARD}
+"""Annotations that training loops (and the benchmarks recorded with them) put around the
+forward and backward passes: the step's forward and backward parts."""
 
 CATEGORIES: dict[str, tuple[Level, SpanKind]] = {
     "user_annotation": (Level.MODEL, SpanKind.USER),
@@ -249,6 +257,12 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     waits = annotation_rows[~is_step_name & pc.starts_with(annotation_names, DATALOADER_WAIT).to_numpy(
         zero_copy_only=False)]
     kind_codes[waits], level_codes[waits] = _INPUT_CODE, _INPUT_LEVEL
+    named = ~is_step_name
+    optimizer = named & pc.starts_with(annotation_names, OPTIMIZER_STEP).to_numpy(zero_copy_only=False)
+    kind_codes[annotation_rows[optimizer]] = _KIND_NAMES.index(SpanKind.OPTIMIZER.value)
+    for text, kind in PASS_ANNOTATIONS.items():
+        passes = named & pc.equal(annotation_names, text).to_numpy(zero_copy_only=False)
+        kind_codes[annotation_rows[passes]] = _KIND_NAMES.index(kind.value)
     del annotation_names, step_numbers
     is_step = kind_codes == _STEP_CODE
     thread_ids = events.thread.copy()
