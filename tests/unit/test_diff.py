@@ -217,6 +217,7 @@ def test_operator_input_dtypes_that_changed_are_named(tmp_path, kineto):
     base = with_operator_dtypes(run(1), ["float", "float", "float"], kineto)
     new = with_operator_dtypes(run(2), ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"], kineto)
     summary = summarize(base).save(tmp_path / "base.xsp-summary.parquet")
+    assert diff(summary, new).base["source"].startswith("base.xsp-summary.parquet")  # the file given, not its trace
     for source in (base, summary):
         changes = diff(source, new).changes
         dtypes = changes[changes[dcol.CHANGE] == "input dtypes"]

@@ -411,7 +411,7 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     steps = int(counted[col.STEP].dropna().nunique())
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
-    out.print(f"xsp: {len(counted)} spans, {count_of(steps, 'step')}{where}", markup=False)
+    out.print(f"xsp: {count_of(len(counted), 'span')}, {count_of(steps, 'step')}{where}", markup=False)
     export = session.export
     if export is not None:
         report = export.wait(EXIT_WAIT_S)

@@ -382,6 +382,8 @@ def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summ
                             source=source.source.name if source.source else None, only=by)
     elif is_summary_path(source):
         summary = Summary.load(source)
+        original = summary.metadata.get("source")
+        summary.metadata["source"] = Path(source).name + (f" (summary of {original})" if original else "")
     else:
         summary = summarize(_one_rank(load(source), source), steps=steps, source=Path(source).name, only=by)
     if by not in summary.keys:
