@@ -63,6 +63,27 @@ def test_run_gives_the_script_its_argv_and_file_as_python_does(tmp_path):
     assert plain.stdout.startswith("['sub/show.py', '--n', '3'] " + str(tmp_path / "sub" / "show.py"))
 
 
+def test_default_outputs_beside_a_read_only_folder_go_to_the_current_folder(tmp_path, monkeypatch):
+    """A shared folder of traces marked read-only is never written into, even by root."""
+    shared, work = tmp_path / "shared", tmp_path / "work"
+    shared.mkdir()
+    work.mkdir()
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+              for i in range(4)]
+    (shared / "t.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    shared.chmod(0o555)
+    monkeypatch.chdir(work)
+    try:
+        assert main(["import", str(shared / "t.json")]) == 0
+        assert main(["summary", str(shared / "t.json")]) == 0
+        assert sorted(p.name for p in shared.iterdir()) == ["t.json"]
+        assert sorted(p.name for p in work.iterdir()) == ["t.xsp-summary.parquet", "t.xsp.parquet"]
+    finally:
+        shared.chmod(0o755)
+    assert main(["summary", str(shared / "t.json")]) == 0  # a writable folder: beside the trace, as before
+    assert (shared / "t.xsp-summary.parquet").is_file()
+
+
 def test_run_keeps_the_scripts_exit_code_and_still_writes_the_trace(tiny, tmp_path):
     result = xsp_cli("run", "--", str(tiny), "1", "7", cwd=tmp_path)
     assert result.returncode == 7

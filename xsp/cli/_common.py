@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -13,6 +16,18 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 TRACE_FILE_HELP = ("a trace: an .xsp.parquet file, a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems "
                    "SQLite export (.sqlite); a folder of them is one distributed job")
 """How a command's trace argument is described: every command reads all three (``xsp.load``)."""
+
+
+def beside(source: str | os.PathLike[str], name: str) -> Path:
+    """Where a command writes its default output for ``source``: beside it, named ``name``; in
+    the current folder where the source's folder is marked read-only (no write permission for
+    anyone: a shared folder of traces, which root could otherwise write into)."""
+    folder = Path(source).parent
+    try:
+        read_only = not folder.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    except OSError:
+        read_only = False
+    return Path(name) if read_only else folder / name
 
 
 class CliError(Exception):

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from xsp.cli._common import CliError, check_output, error_console, progress
+from xsp.cli._common import CliError, beside, check_output, error_console, progress
 from xsp.core.figures import counted
 from xsp.core.schema import FILE_SUFFIX
 
@@ -20,7 +20,8 @@ def register(commands: Any) -> None:
                                              "tree and write it as an xsp trace.")
     parser.add_argument("trace", help="a Kineto trace (.json, .json.gz) or an Nsight Systems export (.sqlite)")
     parser.add_argument("-o", "--output", default=None,
-                        help=f"file to write (default: the trace's name with {FILE_SUFFIX})")
+                        help=f"file to write (default: the trace's name with {FILE_SUFFIX}, beside it, or here where "
+                             "its folder is read-only)")
     parser.set_defaults(handler=run)
 
 
@@ -39,7 +40,7 @@ def run(options: argparse.Namespace) -> int:
                        "Systems export)")
     else:
         raise CliError(f"no such trace file: {source}")
-    output = source.with_name(source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
+    output = beside(source, source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
     check_output(str(output), str(source))
     with progress(f"reading {source}") as say:
         trace = load(source)

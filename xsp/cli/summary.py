@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xsp.cli._common import TRACE_FILE_HELP, CliError, check_output, error_console
+from xsp.cli._common import TRACE_FILE_HELP, CliError, beside, check_output, error_console
 from xsp.core.levels import parse_levels
 from xsp.core.rank import rank_path
 
@@ -32,7 +32,7 @@ def default_output(path: str, summary_suffix: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return str(Path(path).with_name(name + summary_suffix))
+    return str(beside(path, name + summary_suffix))
 
 
 def run(options: argparse.Namespace) -> int:
