@@ -149,16 +149,24 @@ def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
     """
     from xsp.session.session import trace
 
-    twin = _unwrapped_twin()
-    differences = []
     with trace(levels=("model",), output=None, schedule=None):
-        for _ in range(CALLS * 2):
-            began = time.perf_counter_ns()
-            fan(x)
-            between = time.perf_counter_ns()
-            twin(x)
-            differences.append(2 * between - began - time.perf_counter_ns())
+        differences, _ = _paired_calls(fan, _unwrapped_twin(), x, CALLS * 2)
     return max(_median(differences) / CHILDREN, 0.0)
+
+
+def _paired_calls(fan: _Fan, twin: _Fan, x: torch.Tensor, pairs: int) -> tuple[list[int], list[int]]:
+    """``pairs`` calls of ``fan``, each right before a call of ``twin``: per pair, how much longer
+    the fan's call took than the twin's, and the twin's call."""
+    differences, plain = [], []
+    for _ in range(pairs):
+        began = time.perf_counter_ns()
+        fan(x)
+        between = time.perf_counter_ns()
+        twin(x)
+        ended = time.perf_counter_ns()
+        differences.append(2 * between - began - ended)
+        plain.append(ended - between)
+    return differences, plain
 
 
 def _unwrapped_twin() -> _Fan:
@@ -195,16 +203,8 @@ def _layer_cost(fan: _Fan, x: torch.Tensor) -> LevelCost:
     twin = _unwrapped_twin()
     found = []
     for _ in range(LAYER_SESSIONS):
-        differences, plain = [], []
         with trace(levels=("model", "layer"), output=None, schedule=None) as session:
-            for _ in range(CALLS // 4):
-                began = time.perf_counter_ns()
-                fan(x)
-                between = time.perf_counter_ns()
-                twin(x)
-                ended = time.perf_counter_ns()
-                differences.append(2 * between - began - ended)
-                plain.append(ended - between)
+            differences, plain = _paired_calls(fan, twin, x, CALLS // 4)
         durations = _durations_ns(session.trace, Level.LAYER)
         if durations:
             found.append((_median(plain) / CHILDREN, _median(differences) / CHILDREN, durations))
@@ -220,24 +220,21 @@ ATTEMPTS = 3
 """Measurements of a nested level's cost taken at most, while the machine's noise drowns it."""
 
 
-def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float],
-                 untimed: bool = False) -> LevelCost:
+def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float]) -> LevelCost:
     """The cost of ``level``'s spans around the ``CHILDREN`` calls inside ``work``: what each span
     measures beyond the untraced call (``untraced_ns`` measures one, untraced), and what it adds
     to the model call around them (the model-only run against the run with ``level`` too, per
-    child). With ``untimed``, a span that measures less than the untraced call gives the
-    shortfall back (``untimed_ns``). Every span costs something: a measurement that finds
-    nothing was drowned by the machine's noise, and is taken again."""
-    cost = _nested_cost_once(level, work, untraced_ns, untimed)
+    child). Every span costs something: a measurement that finds nothing was drowned by the
+    machine's noise, and is taken again."""
+    cost = _nested_cost_once(level, work, untraced_ns)
     for _ in range(ATTEMPTS - 1):
         if cost.parent_ns > 0:
             break
-        cost = _nested_cost_once(level, work, untraced_ns, untimed)
+        cost = _nested_cost_once(level, work, untraced_ns)
     return cost
 
 
-def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float],
-                      untimed: bool) -> LevelCost:
+def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float]) -> LevelCost:
     # in adjacent triples (untraced call, model-only run, run with the level), each difference
     # taken within its triple and the median of the triples kept: the differences are a few
     # hundred nanoseconds a call, and this machine's speed jumps by up to 2x for tens of
@@ -254,8 +251,7 @@ def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callab
             beyond.append(_median(durations) - plain)
         added.append((traced - model_only) / CHILDREN)
     over = _median(beyond) if beyond else 0.0
-    return LevelCost(level.value, max(over, 0.0), max(_median(added), 0.0), events,
-                     untimed_ns=max(-over, 0.0) if untimed else 0.0)
+    return LevelCost(level.value, max(over, 0.0), max(_median(added), 0.0), events)
 
 
 def _model_calls(found: Any) -> list[float]:

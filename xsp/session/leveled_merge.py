@@ -311,9 +311,10 @@ class StepSpeed:
         return np.where(spans[col.THREAD_ID].notna().to_numpy(), self.reference_ns / lengths, 1.0)
 
 
-def _step_lengths(spans: pd.DataFrame) -> pd.Series | None:
-    """Per step, its root spans' length; None where some step has no root of a positive length."""
-    lengths = compensated_step_ns(spans, None)
+def _step_lengths(spans: pd.DataFrame, costs: dict[Level, LevelCost] | None = None) -> pd.Series | None:
+    """Per step, its root spans' length (less ``costs``, :func:`compensated_step_ns`); None where
+    some step has no root of a positive length."""
+    lengths = compensated_step_ns(spans, costs)
     steps = spans[col.STEP].dropna().unique()
     if not len(steps) or not (lengths.reindex(steps) > 0).all():
         return None
@@ -340,11 +341,8 @@ def step_speed(timing: Sequence[LeveledRun], measured: dict[str, pd.DataFrame], 
     caches), 1.2 µs against 0.56 µs on a 0.5 ms model of 40 blocks, and the layers summed 4-8%
     short of the model call."""
     base = timing[0]
-    base_spans = measured[base.label]
-    if _step_lengths(base_spans) is None:
-        return None
-    base_lengths = compensated_step_ns(base_spans, costs)
-    if not (base_lengths > 0).all():
+    base_lengths = _step_lengths(measured[base.label], costs)
+    if base_lengths is None:
         return None
     fastest = _fastest_by_round(base_lengths, base.trace.metadata.get(ROUND_STARTS))
     per_step: dict[str, pd.Series] = {base.label: base_lengths}
