@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -197,6 +198,8 @@ def depth_comparison(invocations: int, work: list[tuple[str, int, Callable[[], A
 
 
 DEPTH_SECTION = "## Leveled by module depth against compensation only"
+DEPTH_COLUMNS = 13
+"""Cells in a row of the depth comparison (the last: when the row was measured)."""
 
 
 def _depth_lines(rows: list[dict[str, Any]], invocations: int) -> list[str]:
@@ -210,8 +213,9 @@ def _depth_lines(rows: list[dict[str, Any]], invocations: int) -> list[str]:
              "minus one (goal: within 3% in every call, and within the model-only figure's own 95% interval).", "",
              "| model | batch | leveling | runs a round | within 3% | within the model's interval | errors (min / "
              "median / max) | model-only interval (median) | precise (±2%) | bursts run again | rounds | "
-             "seconds per call |",
-             "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |"]
+             "seconds per call | measured |",
+             "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     for r in rows:
         errors, spread = np.array(r["errors"]), np.array(r["spread"])
         lines.append(
@@ -220,8 +224,24 @@ def _depth_lines(rows: list[dict[str, Any]], invocations: int) -> list[str]:
             f"{int((np.abs(errors) <= spread).sum())} of {len(errors)} | "
             f"{errors.min():+.1%} / {np.median(errors):+.1%} / {errors.max():+.1%} | ±{np.median(spread):.1%} | "
             f"{sum(r['precise'])} of {len(errors)} | {sum(r['bursts'])} | {min(r['rounds'])}-{max(r['rounds'])} | "
-            f"{np.median(r['seconds']):.1f} |")
+            f"{np.median(r['seconds']):.1f} | {when} |")
     return lines
+
+
+def _depth_merged_with(lines: list[str], previous: str) -> list[str]:
+    """The depth comparison just measured for some models (``--only``), with the rows of the
+    other models kept from ``previous`` results after it, each row dated by its last column."""
+    if "\n" + DEPTH_SECTION not in previous:
+        return lines
+    old = previous.split("\n" + DEPTH_SECTION, 1)[1].split("\n## ", 1)[0].splitlines()
+    found = next((re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", line) for line in old if line.startswith("Last run")),
+                 None)
+    when = found.group(0) if found else "earlier"
+    new_keys = {_row_key(line) for line in lines}
+    kept = [line if line.count("|") == DEPTH_COLUMNS + 1 else f"{line} {when} |"
+            for line in old if _row_key(line) is not None and _row_key(line) not in new_keys]
+    last = max(index for index, line in enumerate(lines) if line.startswith("| "))
+    return [*lines[:last + 1], *kept, *lines[last + 1:]]
 
 
 def _kept_depth_section(text: str) -> list[str]:
@@ -380,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print(*lines, sep="\n")
         text = RESULTS.read_text() if RESULTS.is_file() else "# Leveled experimentation: accuracy on CPU\n"
         kept = text.split("\n" + DEPTH_SECTION)[0].rstrip("\n").splitlines()
+        if args.only:
+            lines = _depth_merged_with(lines, text)
         record([*kept, "", *lines], RESULTS)
         return 0
     rows = []
