@@ -241,7 +241,8 @@ def _depth_merged_with(lines: list[str], previous: str) -> list[str]:
     kept = [line if line.count("|") == DEPTH_COLUMNS + 1 else f"{line} {when} |"
             for line in old if _row_key(line) is not None and _row_key(line) not in new_keys]
     last = max(index for index, line in enumerate(lines) if line.startswith("| "))
-    return [*lines[:last + 1], *kept, *lines[last + 1:]]
+    dated = [re.sub(r"^Last run: [^,]*, ", "Last runs: each row's last column; ", line) for line in lines]
+    return [*dated[:last + 1], *kept, *dated[last + 1:]]
 
 
 def _kept_depth_section(text: str) -> list[str]:
