@@ -160,7 +160,7 @@ def _occurrences(table: pd.DataFrame) -> pd.DataFrame:
     """Each collective numbered within its rank, step and op: the same number is the same
     collective on every rank."""
     ordered = table.sort_values(["rank", "step", "op", "start_ns"], kind="stable")
-    return ordered.assign(k=ordered.groupby(["rank", "step", "op"]).cumcount().to_numpy())
+    return ordered.assign(k=ordered.groupby(["rank", "step", "op"], observed=True).cumcount().to_numpy())
 
 
 def _metadata(source: Trace | pd.DataFrame) -> dict[str, Any]:
@@ -204,9 +204,9 @@ def _entries(table: pd.DataFrame, metadata: dict[str, Any]) -> pd.DataFrame:
     entries = _occurrences(table[table["source"] == _entry_source(table)])
     entries = entries.assign(start_ns=entries["start_ns"] - entries["rank"].map(offsets).fillna(0).astype("int64"))
     ranks = entries["rank"].nunique()
-    counts = entries.groupby(["step", "op", "k"])["rank"].transform("nunique")
+    counts = entries.groupby(["step", "op", "k"], observed=True)["rank"].transform("nunique")
     entries = entries[counts.to_numpy() == ranks]  # a collective every rank entered
-    first = entries.groupby(["step", "op", "k"])["start_ns"].transform("min")
+    first = entries.groupby(["step", "op", "k"], observed=True)["start_ns"].transform("min")
     return entries.assign(late_ns=(entries["start_ns"] - first).to_numpy(dtype=np.int64))
 
 
@@ -228,10 +228,10 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     entries = _entries(collectives(source), _metadata(source))
     if entries.empty or entries["rank"].nunique() < 2:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
-    per_rank = entries.groupby(["step", "rank"])["late_ns"].agg(["sum", "size"]).reset_index()
+    per_rank = entries.groupby(["step", "rank"], observed=True)["late_ns"].agg(["sum", "size"]).reset_index()
     entry = str(entries["source"].iloc[0])
     rows = []
-    for step, group in per_rank.groupby("step"):
+    for step, group in per_rank.groupby("step", observed=True):
         ordered = group.sort_values("sum", ascending=False, kind="stable")
         late_ns = float(ordered["sum"].iloc[0])
         rows.append({"step": int(step), "collectives": int(group["size"].min()),
@@ -282,7 +282,8 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     timing = _timing_source(table) if not table.empty else None
     entries = _entries(table, _metadata(source))  # the trace's metadata says which host each rank ran on
     several = not entries.empty and entries["rank"].nunique() > 1
-    late = (entries.groupby(["rank", "step"])["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
+    late = (entries.groupby(["rank", "step"],
+                            observed=True)["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
     lateness = {(int(r), int(s)): float(v) for (r, s), v in late.items()}
     names = spans[col.NAME].astype(str)
     comm_names = names.str.match(BACKEND_WORK.pattern) | names.str.match(ENQUEUE.pattern) | names.str.match(
@@ -302,7 +303,7 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
                                     dtype=np.float64))
         empty = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros(0),)
         rank_roots = roots[(roots[col.RANK] == rank).to_numpy()]
-        bounds = rank_roots.groupby(col.STEP).agg(start=(col.START_NS, "min"), end=(col.END_NS, "max"))
+        bounds = rank_roots.groupby(col.STEP, observed=True).agg(start=(col.START_NS, "min"), end=(col.END_NS, "max"))
         for step, start, end in zip(bounds.index.tolist(), bounds["start"].tolist(), bounds["end"].tolist()):
             comm_starts, comm_ends, payload = comm_by_step.get(int(step), empty)
             inside = (comm_starts < end) & (comm_ends > start)
@@ -338,7 +339,7 @@ def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
     if per_step.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
     rows = []
-    for rank, group in per_step.groupby("rank"):
+    for rank, group in per_step.groupby("rank", observed=True):
         comm = group["comm_ms"].sum()
         rows.append({
             "rank": int(rank), "steps": len(group), "step_ms": float(group["step_ms"].median()),

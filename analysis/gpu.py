@@ -14,7 +14,7 @@ from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions, plain_strings, union_length
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions, text_codes, union_length
 
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -78,14 +78,14 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
     # positions into two columns, not a boolean mask over the whole table: that copies every column;
     # and names as codes, not a Python string per kernel (hundreds of thousands of long names)
-    names = plain_strings(spans[col.NAME]).dictionary_encode()  # codes for the whole column: a few MB
-    codes = names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)[kernels]
+    codes, names = text_codes(spans[col.NAME])
+    codes = codes[kernels]
     durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels] / 1e3, index=codes,
                           name="duration_us")
-    grouped = durations.groupby(level=0, sort=False).agg(
+    grouped = durations.groupby(level=0, sort=False, observed=True).agg(
         count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max")
     found = grouped.index.to_numpy(dtype=np.int64)
-    grouped.insert(0, "name", pd.Index(names.dictionary.take(pa.array(found, mask=found < 0)).to_pylist(),
+    grouped.insert(0, "name", pd.Index(names.take(pa.array(found, mask=found < 0)).to_pylist(),
                                        dtype=object if not len(found) else None))
     grouped = grouped.reset_index(drop=True)
     total = grouped["total_us"].sum()
@@ -96,7 +96,7 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
 def _kernel_time_by(source: Trace | pd.DataFrame, key: str) -> pd.DataFrame:
     kernels = kernel_table(source)
     attributed = kernels[kernels[key].notna()]
-    grouped = attributed.groupby(key, sort=False)["duration_us"].agg(
+    grouped = attributed.groupby(key, sort=False, observed=True)["duration_us"].agg(
         kernels="size", kernel_us="sum", mean_kernel_us="mean").reset_index()
     total = kernels["duration_us"].sum()
     grouped["share"] = grouped["kernel_us"] / total if total else np.nan
@@ -167,7 +167,7 @@ def memory_operations(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "kind": rows[col.KIND].to_numpy(), "direction": rows[col.COPY_KIND].fillna("").to_numpy(),
         "duration_us": rows[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e3,
         "bytes": rows[col.BYTES].fillna(0).to_numpy(dtype=np.float64)})
-    grouped = frame.groupby(["kind", "direction"], sort=True).agg(
+    grouped = frame.groupby(["kind", "direction"], sort=True, observed=True).agg(
         count=("duration_us", "size"), total_us=("duration_us", "sum"), bytes=("bytes", "sum")).reset_index()
     grouped["bandwidth_gb_s"] = np.where(grouped["total_us"] > 0, grouped["bytes"] / (grouped["total_us"] * 1e3),
                                          np.nan)
@@ -186,7 +186,7 @@ def synchronization(source: Trace | pd.DataFrame) -> pd.DataFrame:
     frames = []
     for where, rows in (("host", host), ("device", device)):
         if len(rows):
-            grouped = (rows[col.DURATION_NS].astype("float64") / 1e3).groupby(rows[col.NAME]).agg(
+            grouped = (rows[col.DURATION_NS].astype("float64") / 1e3).groupby(rows[col.NAME], observed=True).agg(
                 count="size", total_us="sum", mean_us="mean").reset_index().rename(columns={col.NAME: "name"})
             grouped.insert(0, "where", where)
             frames.append(grouped)
@@ -232,7 +232,8 @@ def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd
     if not per_stream:
         frame["stream_id"] = pd.NA
     out = []
-    for (step, device, stream), group in frame.groupby(["step", "device_id", "stream_id"], dropna=False, sort=True):
+    for (step, device, stream), group in frame.groupby(["step", "device_id", "stream_id"], dropna=False, sort=True,
+                                                       observed=True):
         busy, host_bound, other = _busy_and_gaps(group["start"].to_numpy(), group["end"].to_numpy(),
                                                  group["launch"].to_numpy())
         window = int(group["end"].max() - group["start"].min())
@@ -252,7 +253,7 @@ def launch_overhead(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     kernels = kernel_table(source)
     kernels = kernels.assign(shorter=kernels["duration_us"] < kernels["launch_duration_us"])
-    grouped = kernels.groupby("step", dropna=False, sort=True).agg(
+    grouped = kernels.groupby("step", dropna=False, sort=True, observed=True).agg(
         kernels=("duration_us", "size"), launch_us=("launch_duration_us", "sum"), kernel_us=("duration_us", "sum"),
         kernels_shorter_than_launch=("shorter", "sum"), mean_launch_delay_us=("launch_delay_us", "mean"),
     ).reset_index()

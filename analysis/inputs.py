@@ -118,6 +118,6 @@ def input_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Per step: ``step``, ``waits``, ``input_ms`` (time waiting for data) and ``input_copy_ms``."""
     waits = input_waits(source)
     waits = waits[waits["step"].notna()]
-    table = waits.groupby("step").agg(waits=("wait_ms", "size"), input_ms=("wait_ms", "sum"),
+    table = waits.groupby("step", observed=True).agg(waits=("wait_ms", "size"), input_ms=("wait_ms", "sum"),
                                       input_copy_ms=("copy_ms", "sum")).reset_index()
     return table[["step", "waits", "input_ms", "input_copy_ms"]]

@@ -65,7 +65,7 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     """
     spans = spans_of(source)
     table = layer_table(spans)
-    grouped = table.groupby(["name", "kind"], sort=False).agg(
+    grouped = table.groupby(["name", "kind"], sort=False, observed=True).agg(
         module_type=("module_type", "first"), calls=("duration_ms", "size"),
         total_ms=("duration_ms", "sum"), mean_ms=("duration_ms", "mean"),
         total_self_ms=("self_ms", "sum"), mean_self_ms=("self_ms", "mean"),
@@ -89,7 +89,7 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     backward = (table["kind"] == SpanKind.BACKWARD.value).to_numpy()
     names = table["name"].astype(str)
     table = table.assign(module=names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)))
-    grouped = table.groupby("module_type", sort=False).agg(
+    grouped = table.groupby("module_type", sort=False, observed=True).agg(
         layers=("module", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),
         mean_ms=("duration_ms", "mean")).reset_index()
     step_ms = _step_time_ms(spans)

@@ -147,7 +147,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     inclusive = np.bincount(line[outermost], weights=durations[outermost], minlength=count)
     calls = np.bincount(line[outermost], minlength=count)
     kernel_total = np.bincount(line[kernels], weights=durations[kernels], minlength=count)
-    threads = pd.Series(spans[col.THREAD_ID].to_numpy()[counted]).groupby(line[counted]).nunique()
+    threads = pd.Series(spans[col.THREAD_ID].to_numpy()[counted]).groupby(line[counted], observed=True).nunique()
     step_ns = float(step_roots(spans)[col.DURATION_NS].sum())
     file_of, number_of, function_of = (keys.get_level_values(i) for i in range(3))
     table = pd.DataFrame({

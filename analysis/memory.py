@@ -104,8 +104,8 @@ def layer_memory(source: Trace | pd.DataFrame) -> pd.DataFrame:
     pairs["allocated"] = np.maximum(pairs["signed"], 0)
     pairs["freed"] = np.maximum(-pairs["signed"], 0)
     pairs = pairs.sort_values(["layer", "device", "time"], kind="stable")
-    first = pairs.groupby(["layer", "device"], sort=False).first()
-    table = pairs.groupby(["layer", "device"], sort=False).agg(
+    first = pairs.groupby(["layer", "device"], sort=False, observed=True).first()
+    table = pairs.groupby(["layer", "device"], sort=False, observed=True).agg(
         allocations=("allocated", lambda values: int((values > 0).sum())), allocated_bytes=("allocated", "sum"),
         freed_bytes=("freed", "sum"), net_bytes=("signed", "sum"), top=("live", "max"))
     began = first["live"] - first["signed"]  # live on the device when the layer's first event came
@@ -136,7 +136,7 @@ def memory_by_layer_type(source: Trace | pd.DataFrame) -> pd.DataFrame:
     table = table[table["kind"] == SpanKind.FORWARD.value]
     if table.empty:
         return pd.DataFrame(columns=TYPE_COLUMNS)
-    grouped = table.groupby([table["module_type"].fillna("?"), "device"]).agg(
+    grouped = table.groupby([table["module_type"].fillna("?"), "device"], observed=True).agg(
         layers=("path", "size"), allocated_bytes=("allocated_bytes", "sum"),
         mean_allocated_bytes=("allocated_bytes", "mean"), net_bytes=("net_bytes", "sum"),
         max_peak_bytes=("peak_bytes", "max")).reset_index()

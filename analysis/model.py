@@ -47,7 +47,7 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     spans = spans_of(source)
     roots = step_roots(spans)
     batch = _step_batches(spans, roots)
-    compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value].groupby(col.STEP)[col.DURATION_NS].sum()
+    compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value].groupby(col.STEP, observed=True)[col.DURATION_NS].sum()
     out = pd.DataFrame({
         "step": roots[col.STEP].astype("Int64").to_numpy(),
         "name": roots[col.NAME].to_numpy(),
@@ -57,7 +57,7 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     out["compile_ms"] = out["step"].map(compiles).fillna(0).astype("float64").to_numpy() / 1e6
     out["latency_ms"] = out["latency_ms"] - out["compile_ms"]
     waits = spans[(spans[col.KIND] == SpanKind.INPUT.value) & spans[col.LEVEL].isin(INPUT_LEVELS)]
-    out["input_ms"] = out["step"].map(waits.groupby(col.STEP)[col.DURATION_NS].sum()).fillna(0).astype(
+    out["input_ms"] = out["step"].map(waits.groupby(col.STEP, observed=True)[col.DURATION_NS].sum()).fillna(0).astype(
         "float64").to_numpy() / 1e6
     out["batch_size"] = out["step"].map(batch).astype("Int64")
     out["throughput_per_s"] = (out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3))
@@ -70,13 +70,13 @@ def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
     predicts = spans[spans[col.KIND] == SpanKind.PREDICT.value].sort_values(col.START_NS, kind="stable")
     if predicts.empty:
         return pd.Series(dtype="Int64")
-    first_name = predicts.groupby(col.STEP)[col.NAME].first()
-    first_batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    first_name = predicts.groupby(col.STEP, observed=True)[col.NAME].first()
+    first_batch = predicts.groupby(col.STEP, observed=True)[col.BATCH_SIZE].first()
     # a generate() step calls the model once per token on the same samples: counted once
     counted = roots[~roots[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX)]
     own = predicts[predicts[col.PARENT_ID].isna() | predicts[col.PARENT_ID].isin(counted[col.SPAN_ID])]
     own = own[own[col.NAME].to_numpy() == own[col.STEP].map(first_name).to_numpy()]
-    summed = own.groupby(col.STEP)[col.BATCH_SIZE].sum(min_count=1)
+    summed = own.groupby(col.STEP, observed=True)[col.BATCH_SIZE].sum(min_count=1)
     return summed.reindex(first_batch.index).fillna(first_batch)
 
 
@@ -132,7 +132,7 @@ def model_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     latency = model_latency(source)
     rows = []
-    for name, group in latency.groupby(latency["name"].map(step_kind), sort=False):
+    for name, group in latency.groupby(latency["name"].map(step_kind), sort=False, observed=True):
         values = group["latency_ms"].to_numpy()
         batch = group["batch_size"].dropna()
         trimmed = trimmed_mean(values)

@@ -41,7 +41,8 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
     frame = pd.DataFrame({"name": ops[col.NAME].to_numpy(dtype=object), "total_us": duration / 1e3,
                           "self_us": own_ns / 1e3})
-    table = frame.groupby("name", sort=False).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
+    table = frame.groupby("name", sort=False,
+                          observed=True).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
                                                   self_us=("self_us", "sum")).reset_index()
     table["mean_us"] = table["total_us"] / table["count"]
     total = table["self_us"].sum()
@@ -73,7 +74,7 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     is_backward_op = is_op & np.array([BACKWARD_NODE.search(str(n)) is not None for n in names], dtype=bool)
     forward_ops = np.flatnonzero(is_op & ~is_backward_op)
     first_forward = (pd.DataFrame({"step": steps[forward_ops], "seq": sequence[forward_ops], "row": forward_ops})
-                     .groupby(["step", "seq"], dropna=False)["row"].min())
+                     .groupby(["step", "seq"], dropna=False, observed=True)["row"].min())
     rows = []
     for row in np.flatnonzero(is_backward_op).tolist():
         forward = first_forward.get((steps[row], sequence[row]))
@@ -103,8 +104,8 @@ def backward_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     table = backward_attribution(source)
     table = table[table["forward_layer"].notna() & table["outermost"]]
-    layers = table[table["kind"] == "layer"].groupby("forward_layer")["duration_us"].sum()
-    ops = table[table["kind"] == "operator"].groupby("forward_layer")["duration_us"].agg(["sum", "size"])
+    layers = table[table["kind"] == "layer"].groupby("forward_layer", observed=True)["duration_us"].sum()
+    ops = table[table["kind"] == "operator"].groupby("forward_layer", observed=True)["duration_us"].agg(["sum", "size"])
     out = pd.DataFrame({"backward_layer_us": layers, "backward_operator_us": ops["sum"],
                         "backward_operators": ops["size"]}).fillna({"backward_operator_us": 0.0,
                                                                    "backward_operators": 0})

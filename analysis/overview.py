@@ -88,7 +88,8 @@ def aggregated_tree(source: Trace | pd.DataFrame, max_nodes: int = 2000) -> pd.D
     frame = pd.DataFrame({"path": paths[rows], "parent_path": parent_path, "name": spans[col.NAME].to_numpy(
         dtype=object)[rows], "level": levels[rows], "self_ns": own[rows]})
     steps = max(int(spans.loc[chosen, col.STEP].nunique()), 1)
-    tree = frame.groupby("path", sort=False).agg(parent_path=("parent_path", "first"), name=("name", "first"),
+    tree = frame.groupby("path", sort=False,
+                         observed=True).agg(parent_path=("parent_path", "first"), name=("name", "first"),
                                                  level=("level", "first"), self_ns=("self_ns", "sum"),
                                                  calls=("name", "size"))
     tree["self_ms"] = tree["self_ns"] / steps / 1e6

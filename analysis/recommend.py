@@ -193,7 +193,8 @@ def gpu_idle(ctx: Context) -> Finding | None:
     idle = host_bound_us / window_us if window_us > 0 else 0.0
     if idle < HOST_IDLE_MODERATE:
         return None
-    devices = usage.groupby("device_id", dropna=False)["host_bound_idle_us"].sum().sort_values(ascending=False)
+    devices = usage.groupby("device_id", dropna=False,
+                            observed=True)["host_bound_idle_us"].sum().sort_values(ascending=False)
     return Finding(
         Severity.HIGH if idle >= HOST_IDLE_HIGH else Severity.MEDIUM, ctx.share(host_bound_us * 1e3),
         f"the GPU sat idle waiting for the host {_pct(idle)} of its active window "

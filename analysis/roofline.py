@@ -124,7 +124,7 @@ def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
         dram = mine[col.BYTES].astype("float64").to_numpy(na_value=np.nan)
         pieces.append(pd.DataFrame({
             "row": kernel_of, "flops": flops[sample_of] * share, "dram_bytes": dram[sample_of] * share,
-        }).groupby("row", sort=True).sum(min_count=1).assign(
+        }).groupby("row", sort=True, observed=True).sum(min_count=1).assign(
             span_id=lambda f, r=runs: r[col.SPAN_ID].to_numpy()[f.index],
             name=lambda f, r=runs: r[col.NAME].to_numpy(dtype=object)[f.index]))
     if not pieces:
@@ -150,8 +150,9 @@ def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     peak = peak or trace_peak(trace)
     counters = spans[(spans[col.KIND] == SpanKind.COUNTERS.value) & spans[col.FLOPS].notna()]
     kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
-    counted = counters.groupby(col.NAME)[col.FLOPS].agg(["sum", "size"])
-    per_name = kernels.groupby(col.NAME).agg(count=(col.DURATION_NS, "size"), kernel_ns=(col.DURATION_NS, "sum"),
+    counted = counters.groupby(col.NAME, observed=True)[col.FLOPS].agg(["sum", "size"])
+    per_name = kernels.groupby(col.NAME,
+                               observed=True).agg(count=(col.DURATION_NS, "size"), kernel_ns=(col.DURATION_NS, "sum"),
                                              flops=(col.FLOPS, "sum"), dram_bytes=(col.BYTES, "sum"))
     names = sorted(set(per_name.index) | set(counted.index))
     table = pd.DataFrame(index=pd.Index(names, name="name"))
@@ -162,7 +163,7 @@ def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     table["dram_bytes"] = per_name["dram_bytes"].reindex(names).astype("float64").replace(0, np.nan)
     sampled = counters_per_kernel(spans)
     if not sampled.empty:
-        by_name = sampled.groupby("name")[["flops", "dram_bytes"]].sum(min_count=1).reindex(names)
+        by_name = sampled.groupby("name", observed=True)[["flops", "dram_bytes"]].sum(min_count=1).reindex(names)
         table["flops"] = table["flops"].fillna(by_name["flops"].replace(0, np.nan))
         table["dram_bytes"] = table["dram_bytes"].fillna(by_name["dram_bytes"].replace(0, np.nan))
     table["kernel_us"] = per_name["kernel_ns"].reindex(names).astype("float64") / 1e3
@@ -208,7 +209,7 @@ def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
     layer_bytes = np.where(~np.isnan(moved[layers]), moved[layers], total_bytes[layers])
     frame = pd.DataFrame({"name": spans[col.NAME].to_numpy(dtype=object)[layers], "flops": layer_flops_,
                           "bytes": layer_bytes, "duration_ns": spans[col.DURATION_NS].to_numpy()[layers]})
-    grouped = frame.groupby("name").agg(calls=("duration_ns", "size"), flops=("flops", "sum"),
+    grouped = frame.groupby("name", observed=True).agg(calls=("duration_ns", "size"), flops=("flops", "sum"),
                                         bytes=("bytes", "sum"), duration_ns=("duration_ns", "sum")).reset_index()
     grouped["flops"] = grouped["flops"].replace(0, np.nan)
     grouped["bytes"] = grouped["bytes"].replace(0, np.nan)
@@ -231,7 +232,7 @@ def model_flops(trace: Trace) -> pd.DataFrame:
     peak = trace_peak(trace)
     counted = spans.iloc[counted_spans(spans)]
     counted = counted[counted[col.FLOPS].notna()]
-    per_step = counted.groupby(col.STEP)[col.FLOPS].sum().astype("float64")
+    per_step = counted.groupby(col.STEP, observed=True)[col.FLOPS].sum().astype("float64")
     latency = model_latency(trace).set_index("step")["latency_ms"]
     out = pd.DataFrame({"flops": per_step}).join(latency, how="outer").reset_index().rename(columns={"index": "step"})
     out["achieved_tflops"] = out["flops"] / (out["latency_ms"] * 1e9)

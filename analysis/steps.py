@@ -44,7 +44,7 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
                         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
     own_ms = _part_self_ms(spans)
     for part, kind in PARTS.items():
-        per_step = own_ms[own_ms["kind"] == kind.value].groupby("step")["ms"].sum()
+        per_step = own_ms[own_ms["kind"] == kind.value].groupby("step", observed=True)["ms"].sum()
         out[f"{part}_ms"] = out["step"].map(per_step).fillna(0.0).to_numpy()
     part_columns = [f"{part}_ms" for part in PARTS]
     total = out[part_columns].sum(axis=1).to_numpy()
@@ -82,7 +82,7 @@ def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     breakdown = step_breakdown(source)
     parts = [*PARTS, "other"]
     rows = []
-    for name, group in breakdown.groupby(breakdown["name"].map(step_kind), sort=False):
+    for name, group in breakdown.groupby(breakdown["name"].map(step_kind), sort=False, observed=True):
         latency = float(group["latency_ms"].sum())
         row: dict[str, object] = {"name": name, "steps": len(group), "latency_ms": latency / len(group)}
         for part in parts:
@@ -135,7 +135,7 @@ def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
                           "in_step": user[col.STEP].notna().to_numpy(), "thread": user[col.THREAD_ID].to_numpy(),
                           "start": user[col.START_NS].to_numpy(dtype=np.int64),
                           "end": user[col.END_NS].to_numpy(dtype=np.int64)})
-    groups = frame.groupby("name", sort=False)
+    groups = frame.groupby("name", sort=False, observed=True)
     table = groups.agg(count=("ms", "size"), total_ms=("ms", "sum"), mean_ms=("ms", "mean"),
                        in_steps=("in_step", "sum"), threads=("thread", "nunique")).reset_index()
     covered_ms = groups.apply(lambda g: union_length(g["start"].to_numpy(), g["end"].to_numpy()) / 1e6,

@@ -70,7 +70,7 @@ def energy_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:
     and ``energy_per_item_j`` (per inference or training sample, when the batch is known)."""
     spans = spans_of(source)
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value].sort_values(col.START_NS)
-    batch = predicts.groupby(col.STEP)[col.BATCH_SIZE].first()
+    batch = predicts.groupby(col.STEP, observed=True)[col.BATCH_SIZE].first()
     rows = []
     for step, name, values in _step_attributes(spans):
         for key, method in values.items():

@@ -23,6 +23,7 @@ from xsp.gate import verdicts
 from xsp.gate.baseline import QUANTILES, Summary, summarize
 from xsp.gate.diff import diff
 from xsp.reports import diff_formats
+from xsp.table.build import concat_spans, conform
 
 STEP_NS = 1_000_000
 LAYERS = {"net.a": 300_000, "net.b": 200_000, "net.c": 400_000}
@@ -208,7 +209,7 @@ def with_operator_dtypes(trace: xsp.Trace, dtypes: list[str], kineto: bool = Fal
         col.TRACE_ID: "t", col.ATTRIBUTES: json.dumps({name: dtypes, "other": 1}),
     })
     operators[col.DURATION_NS] = operators[col.END_NS] - operators[col.START_NS]
-    both = pd.concat([spans, operators.astype({c: spans[c].dtype for c in operators})], ignore_index=True)
+    both = concat_spans([spans, conform(operators)])
     return xsp.Trace(spans=both[list(col.COLUMNS)], metadata=trace.metadata)
 
 
@@ -670,7 +671,7 @@ def _hostile_run(seed: int, slower: dict[str, float] | None = None) -> xsp.Trace
     trace = run(seed, slower=slower)
     spans = trace.spans
     for plain, hostile in HOSTILE_NAMES.items():
-        spans[col.NAME] = spans[col.NAME].replace(plain, hostile)
+        spans[col.NAME] = spans[col.NAME].cat.rename_categories({plain: hostile})
         spans[col.PATH] = spans[col.PATH].str.replace(f"{plain}[0]", f"{hostile}[0]", regex=False)
     return trace
 

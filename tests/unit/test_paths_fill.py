@@ -37,7 +37,9 @@ def both_ways(fill, names: list[str], anchor: np.ndarray, occurrence: np.ndarray
     order = np.argsort(layer, kind="stable")
     bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
     column = pa.array(names, type=pa.large_string())
-    filled = paths._filled_paths(fill, column, occurrence, anchor, order, bounds)
+    encoded = column.dictionary_encode()  # the filler reads each row's name by its code among the distinct ones
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    filled = paths._filled_paths(fill, codes, encoded.dictionary, occurrence, anchor, order, bounds)
     joined = paths._joined_paths(column, occurrence, anchor, order, bounds)
     return list(filled), list(joined)
 
@@ -50,7 +52,8 @@ def forests(draw):
     for row in range(count):  # mostly trees: an anchor among the rows before, the session or none
         if anchor[row] >= 0 and anchor[row] != count and draw(st.booleans()):
             anchor[row] = draw(st.integers(min_value=-1, max_value=row - 1)) if row else -1
-    names = draw(st.lists(st.text(max_size=12), min_size=count, max_size=count))
+    distinct = draw(st.lists(st.text(max_size=12), min_size=1, max_size=count))
+    names = [draw(st.sampled_from(distinct)) for _ in range(count)]  # names recur, as in a trace
     occurrence = np.array(draw(st.lists(st.integers(min_value=0, max_value=10**12), min_size=count + 1,
                                         max_size=count + 1)), dtype=np.int64)
     occurrence[count] = 0
@@ -82,3 +85,12 @@ def test_imported_traces_get_the_same_paths_either_way(fill, shared_traces, monk
     monkeypatch.setattr(paths, "_path_filler", lambda: None)
     joined = xsp.load(source).spans[col.PATH].tolist()
     assert filled == joined
+
+
+def test_a_name_code_past_the_distinct_names_is_refused(fill):
+    names = pa.array(["a"], type=pa.large_string())
+    offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[:2]
+    data = bytearray(8)
+    with pytest.raises(ValueError, match="name code out of range"):
+        fill(np.array([0, 1]), np.array([-1, -1]), np.array([0, 4], dtype=np.int64), data, np.array([1]), offsets,
+             names.buffers()[2], np.array([0, 0]), b"session", 1)

@@ -331,8 +331,9 @@ def backward_rows(window: Window) -> pd.DataFrame:
         events = pd.DataFrame({"module": as_numpy(cols.module), "call": as_numpy(cols.call),
                                "time": as_numpy(cols.time), "phase": as_numpy(cols.phase)})
         keys = ["module", "call"]
-        begins = events[events["phase"] == BACKWARD_BEGIN].groupby(keys)["time"].min().rename(col.START_NS)
-        ends = events[events["phase"] == BACKWARD_END].groupby(keys)["time"].max().rename(col.END_NS)
+        begins = events[events["phase"] == BACKWARD_BEGIN].groupby(keys,
+                                                                   observed=True)["time"].min().rename(col.START_NS)
+        ends = events[events["phase"] == BACKWARD_END].groupby(keys, observed=True)["time"].max().rename(col.END_NS)
         paired = pd.concat([begins, ends], axis=1, join="outer").reset_index()
         # a module with submodules has only a begin: it ends with them (see _cover_submodules)
         has_children = np.array([bool(buffer.modules.values[i]._modules) for i in paired["module"].tolist()],

@@ -175,14 +175,20 @@ ATTRIBUTES: Final = "attributes"
 BACKWARD_SUFFIX: Final = ".backward"
 """What a layer's backward span adds to its module's name (``model.fc`` -> ``model.fc.backward``)."""
 
+CATEGORY: Final = "category"
+"""The dtype of the text columns whose values repeat across rows (trace ids, levels, kinds,
+names, statuses, input shapes, kernel grids and blocks): pandas categoricals, each distinct text
+stored once. A 2M-event trace holds a few thousand names; as strings they took 50-100 bytes a
+row, as categories 1-4."""
+
 # pandas dtypes, in column order. Nullable integer dtypes keep "not recorded" apart from 0.
 COLUMNS: Final[dict[str, str]] = {
-    TRACE_ID: "string",
+    TRACE_ID: CATEGORY,
     SPAN_ID: "int64",
     PARENT_ID: "Int64",
-    LEVEL: "string",
-    KIND: "string",
-    NAME: "string",
+    LEVEL: CATEGORY,
+    KIND: CATEGORY,
+    NAME: CATEGORY,
     START_NS: "int64",
     END_NS: "int64",
     DURATION_NS: "int64",
@@ -192,10 +198,10 @@ COLUMNS: Final[dict[str, str]] = {
     CORRELATION_ID: "Int64",
     STEP: "Int64",
     PATH: "string",
-    STATUS: "string",
+    STATUS: CATEGORY,
     STATUS_MESSAGE: "string",
     MODULE_TYPE: "string",
-    INPUT_SHAPES: "string",
+    INPUT_SHAPES: CATEGORY,
     OUTPUT_SHAPES: "string",
     PARAM_COUNT: "Int64",
     CALL_DEPTH: "Int64",
@@ -205,8 +211,8 @@ COLUMNS: Final[dict[str, str]] = {
     CALL_LINE: "Int64",
     CALL_FUNCTION: "string",
     BATCH_SIZE: "Int64",
-    GRID: "string",
-    BLOCK: "string",
+    GRID: CATEGORY,
+    BLOCK: CATEGORY,
     REGISTERS_PER_THREAD: "Int64",
     SHARED_MEMORY_BYTES: "Int64",
     BYTES: "Int64",

@@ -158,11 +158,12 @@ def _fold(trace: pd.DataFrame, mask: np.ndarray, parents: np.ndarray, lanes: np.
     ends = trace[col.END_NS].to_numpy(dtype=np.int64)[rows]
     members = pd.DataFrame({"code": codes, "row": rows, "anchor": anchors, "start": starts, "end": ends,
                             "total": ends - starts, "name": trace[col.NAME].to_numpy(dtype=object)[rows]})
-    grouped = members.groupby("code", sort=True)
+    grouped = members.groupby("code", sort=True, observed=True)
     summary = grouped.agg(start=("start", "min"), end=("end", "max"), total=("total", "sum"),
                           count=("row", "size"), anchor=("anchor", "first"))
     summary["first"] = members.loc[grouped["start"].idxmin().to_numpy(), "row"].to_numpy()
-    tops = members.groupby(["code", "name"], sort=False).size().sort_values(ascending=False, kind="stable")
+    tops = members.groupby(["code", "name"], sort=False,
+                           observed=True).size().sort_values(ascending=False, kind="stable")
     top_names: dict[int, list[str]] = {}
     for (code, name), count in tops.items():
         names = top_names.setdefault(int(code), [])
@@ -172,7 +173,7 @@ def _fold(trace: pd.DataFrame, mask: np.ndarray, parents: np.ndarray, lanes: np.
     made = trace.iloc[first].reset_index(drop=True)
     ids = trace[col.SPAN_ID].to_numpy(dtype=np.int64)
     level_of = made[col.LEVEL].astype(object).tolist()
-    distinct = members.groupby("code")["name"].nunique().to_numpy()
+    distinct = members.groupby("code", observed=True)["name"].nunique().to_numpy()
     made[col.PARENT_ID] = pd.array(ids[summary["anchor"].to_numpy()], dtype="Int64")
     made[col.START_NS] = summary["start"].to_numpy()
     made[col.END_NS] = summary["end"].to_numpy()

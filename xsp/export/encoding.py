@@ -85,9 +85,9 @@ class SpanColumns:
         parents = spans[col.PARENT_ID]
         self.has_parent = parents.notna().to_numpy(dtype=np.uint8)
         self.parent_ids = parents.fillna(0).to_numpy(dtype=np.int64).astype(">u8").tobytes()
-        name_codes, names = pd.factorize(spans[col.NAME].fillna(""), use_na_sentinel=False)
+        name_codes, names = pd.factorize(spans[col.NAME], use_na_sentinel=False)
         self.name_codes = name_codes.astype(np.int32)
-        self.names = [str(name).encode() for name in names]
+        self.names = [b"" if pd.isna(name) else str(name).encode() for name in names]
         self.start_ns = spans[col.START_NS].to_numpy(dtype=np.int64)
         self.end_ns = spans[col.END_NS].to_numpy(dtype=np.int64)
         errors = (spans[col.STATUS] == col.Status.ERROR.value).fillna(False).to_numpy(dtype=bool)

@@ -140,7 +140,7 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     counted = in_step | ~stepped_key[code]
     unit = np.where(in_step, np.nan_to_num(step_values).astype(np.int64), -1 - np.arange(len(rows)))
     frame = pd.DataFrame({"code": code[counted], "unit": unit[counted], "d": duration[counted]})
-    per_unit = frame.groupby(["code", "unit"], sort=True)["d"].sum()
+    per_unit = frame.groupby(["code", "unit"], sort=True, observed=True)["d"].sum()
     unit_codes = per_unit.index.get_level_values(0).to_numpy()
     values = per_unit.to_numpy(dtype=np.int64)
     order = np.lexsort((values, unit_codes))  # by key, then by value: each key's samples sorted
@@ -307,7 +307,7 @@ def _kernels_per_step(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray
     owner = position[owner]
     owner = owner[owner >= 0]
     per_unit = pd.DataFrame({"code": code[owner], "unit": unit[owner]}).value_counts()
-    medians = per_unit.groupby(level=0).median()
+    medians = per_unit.groupby(level=0, observed=True).median()
     layer_codes = np.unique(code[is_layer[rows]])
     result[layer_codes] = 0.0  # a layer whose kernels are all gone launches 0
     result[medians.index.to_numpy(dtype=np.int64)] = medians.to_numpy(dtype=np.float64)

@@ -65,7 +65,7 @@ def rank_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, 
     if not len(rows):
         return
     sizes = pd.DataFrame({"row": rows, "nb": [len(base[i]) for i in rows], "nn": [len(new[i]) for i in rows]})
-    for _, group in sizes.groupby(["nb", "nn"]):
+    for _, group in sizes.groupby(["nb", "nn"], observed=True):
         members = group["row"].to_numpy()
         x = np.stack([base[i] for i in members]).astype(np.float64)
         y = np.stack([new[i] for i in members]).astype(np.float64)

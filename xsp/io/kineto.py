@@ -69,7 +69,15 @@ from xsp.io.kineto_json import ARGS_MAX_DEPTH, DICT_DECODER, collector_paused, d
 from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.validation import LATEST_NS
-from xsp.table.walks import MEMORY_POOL, arrow_strings, inside_any, nullable_ints, strings_at
+from xsp.table.walks import (
+    MEMORY_POOL,
+    arrow_strings,
+    categorical,
+    categories_at,
+    inside_any,
+    nullable_ints,
+    strings_at,
+)
 
 STEP_NAME: Final = "ProfilerStep#"
 """How PyTorch's profiler names its steps: ``ProfilerStep#N`` is step N."""
@@ -143,11 +151,12 @@ def _texts(texts: pa.Array) -> pd.api.extensions.ExtensionArray:
     return null_column("string", len(texts)) if texts.null_count == len(texts) else arrow_strings(texts)
 
 
-def _only_at(texts: pa.Array, rows: np.ndarray) -> pa.Array:
-    """``texts`` where ``rows`` say, null elsewhere."""
-    keep = np.zeros(len(texts), dtype=bool)
-    keep[rows] = True
-    return pc.if_else(pa.array(keep), texts, pa.scalar(None, texts.type), memory_pool=MEMORY_POOL)
+def _categories_at(texts: pa.Array, rows: np.ndarray) -> pd.Categorical:
+    """``texts`` where ``rows`` say, null elsewhere, as a categorical (built from codes)."""
+    encoded = pc.dictionary_encode(texts, memory_pool=MEMORY_POOL)
+    codes = np.full(len(texts), -1, dtype=np.int64)
+    codes[rows] = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)[rows]
+    return categories_at(codes, encoded.dictionary.to_pylist())
 
 
 _CATEGORY_NAMES = list(CATEGORIES)
@@ -277,9 +286,9 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     copy_kind = np.full(count, -1, dtype=np.int64)
     copy_kind[copy_rows] = copy_kind_codes
     rows = pd.DataFrame({
-        col.LEVEL: strings_at(level_codes, _LEVEL_NAMES),
-        col.KIND: strings_at(kind_codes, _KIND_NAMES),
-        col.NAME: arrow_strings(events.name),
+        col.LEVEL: categories_at(level_codes, _LEVEL_NAMES),
+        col.KIND: categories_at(kind_codes, _KIND_NAMES),
+        col.NAME: categorical(events.name),
         col.START_NS: start,
         col.END_NS: end,
         col.THREAD_ID: thread_ids,
@@ -287,9 +296,9 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
         col.STREAM_ID: _nullable(events.stream, device_rows),
         col.CORRELATION_ID: _nullable(events.correlation),
         col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
-        col.INPUT_SHAPES: _texts(events.input_dims),
-        col.GRID: _texts(_only_at(events.grid, device_rows)),
-        col.BLOCK: _texts(_only_at(events.block, device_rows)),
+        col.INPUT_SHAPES: categorical(events.input_dims),
+        col.GRID: _categories_at(events.grid, device_rows),
+        col.BLOCK: _categories_at(events.block, device_rows),
         col.REGISTERS_PER_THREAD: _nullable(events.registers, device_rows),
         col.SHARED_MEMORY_BYTES: _nullable(events.shared_memory, device_rows),
         col.BYTES: _nullable(events.bytes, device_rows),

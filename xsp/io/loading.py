@@ -19,6 +19,7 @@ from xsp.core.rank import rank_files
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
 from xsp.io.trace import Trace
+from xsp.table.build import concat_spans
 
 PathArg = str | os.PathLike[str]
 
@@ -191,7 +192,7 @@ def _joined(files: list[Path], newest_job: bool = False) -> Trace:
     ranks = sorted(by_rank)
     # files that name their job are its ranks; files that do not (a profiler's) may be anything
     apart = jobs == {None} and _ranks_apart(by_rank)
-    spans = pd.concat([by_rank[r].spans for r in ranks], ignore_index=True)
+    spans = concat_spans(by_rank[r].spans for r in ranks)
     spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
     first = by_rank[ranks[0]].metadata
     metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},

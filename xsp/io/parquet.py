@@ -11,7 +11,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from xsp.core import schema as col
 from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError, XspWarning
 from xsp.table.validation import impossible_spans, parents_not_in_the_table
-from xsp.table.walks import arrow_strings, parent_positions
+from xsp.table.walks import arrow_strings, categorical, parent_positions
 
 _PARQUET_MAGIC = b"PAR1"
 CHECKSUM_KEY = b"xsp.checksum"
@@ -160,12 +160,17 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
+TEXT_DTYPES: Final = frozenset({"string", col.CATEGORY})
+"""Schema dtypes stored as text in the file (a categorical's texts are written out: readers of
+the file, and Arrow consumers of its tables, see plain strings)."""
+
+
 def canonical_type(name: str, kind: pa.DataType) -> pa.DataType:
     """The Arrow type a column of the span schema is stored as (others keep ``kind``)."""
     dtype = col.COLUMNS.get(name)
     if dtype is None:
         return kind
-    return pa.large_string() if dtype == "string" else pa.int64()
+    return pa.large_string() if dtype in TEXT_DTYPES else pa.int64()
 
 
 PANDAS_KEY = b"pandas"
@@ -177,7 +182,8 @@ def pandas_metadata(columns: pa.Schema) -> bytes:
     from xsp.table.build import empty_table
 
     known = [name for name in columns.names if name in col.COLUMNS]
-    empty = empty_table()[known]
+    # the file holds the categoricals' texts: pandas reads them as the "string" columns they are
+    empty = empty_table()[known].astype({name: "string" for name in known if col.COLUMNS[name] == col.CATEGORY})
     return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
 
 
@@ -303,9 +309,17 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         raise SchemaVersionError(
             f"{source} uses span schema {version}, newer than this xsp's {col.SCHEMA_VERSION}: "
             "upgrade xsp to read it")
+    # the categoricals' texts are read as Arrow dictionaries: each distinct text once, never a string a row
+    stored = parquet.schema_arrow  # the types as written (a text column read as a dictionary is text there)
+    categories = [name for name in stored.names if col.COLUMNS.get(name) == col.CATEGORY]
+    if categories:
+        try:
+            parquet = pq.ParquetFile(source, page_checksum_verification=True, read_dictionary=categories)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     table = _read_table(source, parquet)
     expected = footer.get(CHECKSUM_KEY)
-    if expected is not None and expected != _footer_checksum(raw, table.schema, footer.get(PANDAS_KEY, b"")):
+    if expected is not None and expected != _footer_checksum(raw, stored, footer.get(PANDAS_KEY, b"")):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
     spans = spans_from_arrow(source, table)
     parents = parent_positions(spans)  # once, for both checks (an argsort of every id)
@@ -334,7 +348,7 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     sorted by start (a file written window by window is sorted within each window only)."""
     for position, field in enumerate(table.schema):  # a column of nulls only, typed so by another writer
         if pa.types.is_null(field.type) and field.name in col.COLUMNS:
-            kind = pa.large_string() if col.COLUMNS[field.name] == "string" else pa.int64()
+            kind = pa.large_string() if col.COLUMNS[field.name] in TEXT_DTYPES else pa.int64()
             table = table.set_column(position, field.name, pa.nulls(len(table), kind))
     starts = table[col.START_NS].to_numpy() if col.START_NS in table.column_names else np.zeros(0)
     if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
@@ -342,7 +356,9 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         dtype = col.COLUMNS.get(name)
-        if dtype == "string" or (dtype is None and _is_text(column.type)):
+        if dtype == col.CATEGORY:
+            columns[name] = categorical(column)
+        elif dtype == "string" or (dtype is None and _is_text(column.type)):
             columns[name] = arrow_strings(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
         elif dtype == "int64":
             if column.null_count:
@@ -361,6 +377,8 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
 
 
 def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
@@ -374,7 +392,7 @@ def _check_columns(source: Path, schema: pa.Schema) -> None:
         if dtype is None:
             continue
         kind = schema.field(name).type
-        fits = pa.types.is_null(kind) or (_is_text(kind) if dtype == "string" else pa.types.is_integer(kind))
+        fits = pa.types.is_null(kind) or (_is_text(kind) if dtype in TEXT_DTYPES else pa.types.is_integer(kind))
         if not fits:
             raise TraceFormatError(f"{source} is corrupt: column {name} holds {kind}, not {dtype}")
 

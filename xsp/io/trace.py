@@ -103,5 +103,5 @@ class Trace:
         return write_trace(path, self.spans, self.metadata)
 
     def __repr__(self) -> str:
-        levels = self.spans[col.LEVEL].value_counts().to_dict() if len(self.spans) else {}
+        levels = {level: count for level, count in self.spans[col.LEVEL].value_counts().items() if count}
         return f"Trace({len(self.spans)} spans, {len(self.steps)} steps, levels={levels})"

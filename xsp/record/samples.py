@@ -152,7 +152,7 @@ def step_averages(samples: pd.DataFrame, step_starts: np.ndarray, step_ends: np.
     if samples.empty or not len(step_starts):
         return out
     starts_at, ends_at = step_starts.astype(np.int64), step_ends.astype(np.int64)
-    for (device, metric), group in samples.groupby(["device", "metric"], sort=False):
+    for (device, metric), group in samples.groupby(["device", "metric"], sort=False, observed=True):
         group = group.sort_values("start_ns", kind="stable")
         starts = group["start_ns"].to_numpy(dtype=np.int64)
         ends = group["end_ns"].to_numpy(dtype=np.int64)

@@ -159,7 +159,7 @@ def gpu_cpu_section(trace: Trace) -> str:
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if per_layer.empty or not (per_layer["kernels"] > 0).any():
         return ""
-    grouped = per_layer.groupby("name", sort=False)[["duration_us", "gpu_us", "cpu_us"]].sum()
+    grouped = per_layer.groupby("name", sort=False, observed=True)[["duration_us", "gpu_us", "cpu_us"]].sum()
     grouped = grouped.sort_values("duration_us", ascending=False).head(TOP).iloc[::-1]
     figure = go.Figure([
         go.Bar(x=grouped["gpu_us"] / 1e3, y=grouped.index, orientation="h", name="GPU busy"),
@@ -290,7 +290,8 @@ def system_section(trace: Trace) -> str:
     figure = make_subplots(rows=len(units), cols=1, shared_xaxes=True, subplot_titles=units, vertical_spacing=0.08)
     origin = int(metrics["time_ns"].min())
     for row, unit in enumerate(units, start=1):
-        for (device, metric), part in metrics[metrics["unit"] == unit].groupby(["device", "metric"], sort=False):
+        for (device, metric), part in metrics[metrics["unit"] == unit].groupby(["device", "metric"], sort=False,
+                                                                               observed=True):
             figure.add_trace(go.Scatter(x=(part["time_ns"] - origin) / 1e9, y=part["value"],
                                         mode="lines+markers" if len(part) < 30 else "lines",
                                         name=f"{device} {metric}", line_shape="hv"), row=row, col=1)
@@ -300,7 +301,7 @@ def system_section(trace: Trace) -> str:
     measured = energy[energy["energy_j"].notna()]
     text = ""
     if not measured.empty:
-        per_device = measured.groupby("device").agg(joules=("energy_j", "mean"),
+        per_device = measured.groupby("device", observed=True).agg(joules=("energy_j", "mean"),
                                                     how=("method", lambda m: ", ".join(sorted(set(m)))))
         text = _note("Energy per step: " + "; ".join(f"{device} {row.joules:.3f} J ({row.how})"
                                                      for device, row in per_device.iterrows()))
@@ -315,7 +316,7 @@ def memory_section(trace: Trace) -> str:
     origin = int(timeline["time_ns"].min())
     figure = go.Figure([go.Scatter(x=(part["time_ns"] - origin) / 1e6, y=part["live_bytes"] / 2**20, mode="lines",
                                    line_shape="hv", name=str(device))
-                        for device, part in timeline.groupby("device", sort=False)])
+                        for device, part in timeline.groupby("device", sort=False, observed=True)])
     figure.update_layout(title="Tensor memory allocated since the session began (memory level)",
                          xaxis_title="ms", yaxis_title="MiB")
     html_text = _figure_html(figure, "chart-memory")
@@ -397,7 +398,7 @@ def source_section(trace: Trace) -> str:
     found = analysis.lines(trace)
     if found.empty:
         return ""
-    by_file = found.groupby("file", sort=False)["self_ms"].sum().sort_values(ascending=False)
+    by_file = found.groupby("file", sort=False, observed=True)["self_ms"].sum().sort_values(ascending=False)
     files = by_file.index[:SOURCE_FILES].tolist()
     names = relative_files(files)
     hottest = float(found["self_ms"].max()) or 1.0
@@ -490,7 +491,7 @@ def ranks_section(trace: Trace) -> str:
     if per_step.empty or per_step["late_ms"].isna().all():
         return table
     figure = go.Figure([go.Bar(x=group["step"], y=group["late_ms"], name=f"rank {rank}")
-                        for rank, group in per_step.groupby("rank")])
+                        for rank, group in per_step.groupby("rank", observed=True)])
     figure.update_layout(barmode="group", title="How late each rank entered its step's collectives (ms the others "
                          "waited)", xaxis_title="step", yaxis_title="ms")
     return _note("Medians over steps; late ms: how much later than the first rank this rank entered its "

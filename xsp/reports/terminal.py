@@ -185,7 +185,7 @@ def _header(trace: Trace, console: Console) -> None:
                   f"torch={meta.get('torch_version', '?')}")
     if meta.get("imported_from"):
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
-    levels = trace.spans[col.LEVEL].value_counts().to_dict()
+    levels = {level: count for level, count in trace.spans[col.LEVEL].value_counts().items() if count}
     _say(console, f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
                   f"{counted(len(trace.steps), 'step')}, levels recorded: {', '.join(meta.get('levels', []))}")
     for level, reason in (meta.get("unavailable") or {}).items():
@@ -276,7 +276,8 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
             ("kernel_us", "kernel us", number(1)), ("share", "share", share)])
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if not per_layer.empty and (per_layer["kernels"] > 0).any():
-        grouped = per_layer.groupby("name", sort=False)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
+        grouped = per_layer.groupby("name", sort=False,
+                                    observed=True)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
         grouped = grouped.sort_values("duration_us", ascending=False).head(top).reset_index()
         _show(console, grouped, "GPU vs CPU time per layer (all steps)", [
             ("name", "layer", text), ("duration_us", "wall us", number(1)), ("gpu_us", "GPU busy us", number(1)),
@@ -429,16 +430,17 @@ def _system_tables(trace: Trace, console: Console) -> None:
     metrics = analysis.system_metrics(trace)
     if metrics.empty:
         return
-    summary = metrics.groupby(["device", "metric", "unit"], sort=False)["value"].agg(["mean", "max"]).reset_index()
+    summary = metrics.groupby(["device", "metric", "unit"], sort=False,
+                              observed=True)["value"].agg(["mean", "max"]).reset_index()
     _show(console, summary, "System metrics over the session (system level)", [
         ("device", "device", text), ("metric", "metric", text), ("unit", "unit", text),
         ("mean", "mean", number(1)), ("max", "max", number(1))])
     energy = analysis.energy_per_step(trace)
     measured = energy[energy["energy_j"].notna()]
     if not measured.empty:
-        per_device = measured.groupby("device").agg(steps=("step", "size"), energy_j=("energy_j", "mean"),
-                                                    per_item_j=("energy_per_item_j", "mean"),
-                                                    method=("method", lambda m: ", ".join(sorted(set(m)))))
+        per_device = measured.groupby("device", observed=True).agg(
+            steps=("step", "size"), energy_j=("energy_j", "mean"), per_item_j=("energy_per_item_j", "mean"),
+            method=("method", lambda m: ", ".join(sorted(set(m)))))
         _show(console, per_device.reset_index(), "Energy per step", [
             ("device", "device", text), ("steps", "steps", number(0)), ("energy_j", "J per step", number(3)),
             ("per_item_j", "J per item", number(4)), ("method", "how", text)])

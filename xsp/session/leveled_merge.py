@@ -16,6 +16,7 @@ from xsp.core import schema as col
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
 from xsp.io.trace import Trace
+from xsp.table.build import concat_spans
 from xsp.table.level_costs import LevelCost, compensation_ns
 from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
 
@@ -164,13 +165,13 @@ def _by_rounds(keys: np.ndarray, rounds: np.ndarray, values: np.ndarray, trim: f
     from scipy import stats
 
     per_round = pd.DataFrame({"key": keys, "round": rounds, "value": values}).groupby(
-        ["key", "round"], sort=False)["value"]
-    medians = per_round.median().groupby(level=0, sort=False)
+        ["key", "round"], sort=False, observed=True)["value"]
+    medians = per_round.median().groupby(level=0, sort=False, observed=True)
     spread = medians.agg(["std", "count"])
     count = spread["count"].to_numpy(dtype=np.float64)
     t = stats.t.ppf(0.975, np.maximum(count - 1, 1))
     half_width = t * spread["std"].to_numpy(dtype=np.float64) / np.sqrt(np.maximum(count, 1))
-    figures = per_round.agg(lambda v: trimmed_mean(v.to_numpy(), trim)).groupby(level=0, sort=False).agg(
+    figures = per_round.agg(lambda v: trimmed_mean(v.to_numpy(), trim)).groupby(level=0, sort=False, observed=True).agg(
         lambda v: across_rounds(v.to_numpy()) if len(v) >= MIN_ROUNDS_ACROSS else np.nan)
     return pd.DataFrame({"figure": figures.reindex(spread.index),
                          "ci": np.where(count >= 2, half_width, np.nan)}, index=spread.index)
@@ -193,8 +194,8 @@ def _durations_by_path(spans: pd.DataFrame, trim: float, round_starts: Sequence[
     if scale is not None:
         spans = spans.assign(**{col.DURATION_NS: spans[col.DURATION_NS].to_numpy(dtype=np.float64) * scale})
     steps = spans[col.STEP].nunique()
-    grouped = spans.groupby(col.PATH, sort=False)[col.DURATION_NS]
-    counts = spans.groupby(col.PATH, sort=False)[col.STEP].agg(["size", "nunique"])
+    grouped = spans.groupby(col.PATH, sort=False, observed=True)[col.DURATION_NS]
+    counts = spans.groupby(col.PATH, sort=False, observed=True)[col.STEP].agg(["size", "nunique"])
     means = grouped.agg(lambda values: trimmed_mean(values.to_numpy(), trim))
     intervals = grouped.agg(lambda values: trimmed_mean_ci(values.to_numpy(), trim))
     rounds = _rounds_of(spans[col.STEP], round_starts)
@@ -217,7 +218,7 @@ def _inclusive_counts(spans: pd.DataFrame) -> pd.DataFrame:
     total_flops, total_bytes = np.nan_to_num(flops) + below_flops, np.nan_to_num(moved) + below_bytes
     frame = pd.DataFrame({col.PATH: spans[col.PATH].to_numpy(dtype=object), "flops": total_flops,
                           "bytes": total_bytes})
-    sums = frame.groupby(col.PATH, sort=False)[["flops", "bytes"]].mean()
+    sums = frame.groupby(col.PATH, sort=False, observed=True)[["flops", "bytes"]].mean()
     return sums[(sums["flops"] > 0) | (sums["bytes"] > 0)]
 
 
@@ -252,7 +253,7 @@ def compensated_step_ns(spans: pd.DataFrame, costs: dict[Level, LevelCost] | Non
     taken = compensation_ns(frame, parent_positions(frame), costs or {})
     positions = roots.index.to_numpy()
     durations = frame[col.DURATION_NS].to_numpy(dtype=np.float64)[positions] - taken[positions]
-    return pd.Series(durations, index=roots[col.STEP].to_numpy(dtype=np.int64)).groupby(level=0).sum()
+    return pd.Series(durations, index=roots[col.STEP].to_numpy(dtype=np.int64)).groupby(level=0, observed=True).sum()
 
 
 FAST_STEPS_QUANTILE = 0.1
@@ -265,7 +266,7 @@ def _fastest_by_round(lengths: pd.Series, round_starts: Sequence[int] | None) ->
     fastest steps (:data:`FAST_STEPS_QUANTILE`)."""
     rounds = _rounds_of(pd.Series(lengths.index), round_starts)
     keys = np.zeros(len(lengths), dtype=np.int64) if rounds is None else rounds
-    return pd.Series(lengths.to_numpy(dtype=np.float64)).groupby(keys).quantile(FAST_STEPS_QUANTILE)
+    return pd.Series(lengths.to_numpy(dtype=np.float64)).groupby(keys, observed=True).quantile(FAST_STEPS_QUANTILE)
 
 
 def inflation_of(lengths: pd.Series, round_starts: Sequence[int] | None, base: pd.Series) -> float:
@@ -564,4 +565,4 @@ def pooled(traces: Sequence[Trace]) -> Trace:
             starts.append(int(first) + offset)
         offset = int(spans[col.STEP].max()) + 1 if spans[col.STEP].notna().any() else offset
         frames.append(spans)
-    return Trace(spans=pd.concat(frames, ignore_index=True), metadata={**traces[-1].metadata, ROUND_STARTS: starts})
+    return Trace(spans=concat_spans(frames), metadata={**traces[-1].metadata, ROUND_STARTS: starts})

@@ -14,6 +14,7 @@
 #include <string.h>
 
 typedef struct {
+    const int64_t *name_codes; /* per row, its name among the distinct names (-1: none) */
     const int64_t *name_offsets;
     const char *names;
     const char *session_name;
@@ -29,9 +30,13 @@ static Py_ssize_t own_part(const Own *own, int64_t row, char *dest) {
     if (row == own->rows) {
         name = own->session_name;
         length = own->session_length;
+    } else if (own->name_codes[row] < 0) {
+        name = "";
+        length = 0;
     } else {
-        name = own->names + own->name_offsets[row];
-        length = (Py_ssize_t)(own->name_offsets[row + 1] - own->name_offsets[row]);
+        int64_t code = own->name_codes[row];
+        name = own->names + own->name_offsets[code];
+        length = (Py_ssize_t)(own->name_offsets[code + 1] - own->name_offsets[code]);
     }
     char digits[24];
     int n = snprintf(digits, sizeof digits, "%lld", (long long)own->occurrence[row]);
@@ -45,19 +50,23 @@ static Py_ssize_t own_part(const Own *own, int64_t row, char *dest) {
 }
 
 static PyObject *fill_paths(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer order, anchor, offsets, data, name_offsets, names, occurrence, session;
+    Py_buffer order, anchor, offsets, data, name_codes, name_offsets, names, occurrence, session;
     Py_ssize_t rows;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*y*y*n", &order, &anchor, &offsets, &data, &name_offsets, &names,
-                          &occurrence, &session, &rows))
+    if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*y*y*y*n", &order, &anchor, &offsets, &data, &name_codes, &name_offsets,
+                          &names, &occurrence, &session, &rows))
         return NULL;
     const int64_t *in_order = order.buf, *anchors = anchor.buf, *at = offsets.buf;
     Py_ssize_t placed = order.len / 8;
-    Own own = {name_offsets.buf, names.buf, session.buf, session.len, occurrence.buf, rows};
+    Own own = {name_codes.buf, name_offsets.buf, names.buf, session.buf, session.len, occurrence.buf, rows};
+    const int64_t *codes = name_codes.buf;
+    Py_ssize_t distinct = name_offsets.len / 8 - 1;
     char *out = data.buf;
     const char *error = NULL;
     if (anchor.len / 8 < rows + 1 || offsets.len / 8 < rows + 1 || occurrence.len / 8 < rows + 1 ||
-        name_offsets.len / 8 < rows + 1 || (rows && at[rows] > data.len))
+        name_codes.len / 8 < rows || distinct < 0 || (rows && at[rows] > data.len))
         error = "columns shorter than the rows";
+    for (Py_ssize_t row = 0; row < rows && !error; row++)
+        if (codes[row] >= distinct) error = "a name code out of range";
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < placed && !error; i++) {
         int64_t row = in_order[i];
@@ -92,6 +101,7 @@ static PyObject *fill_paths(PyObject *Py_UNUSED(self), PyObject *args) {
     PyBuffer_Release(&anchor);
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&data);
+    PyBuffer_Release(&name_codes);
     PyBuffer_Release(&name_offsets);
     PyBuffer_Release(&names);
     PyBuffer_Release(&occurrence);
@@ -105,7 +115,7 @@ static PyObject *fill_paths(PyObject *Py_UNUSED(self), PyObject *args) {
 
 static PyMethodDef paths_functions[] = {
     {"fill_paths", fill_paths, METH_VARARGS,
-     "fill_paths(order, anchor, offsets, data, name_offsets, names, occurrence, session_name, rows): "
+     "fill_paths(order, anchor, offsets, data, name_codes, name_offsets, names, occurrence, session_name, rows): "
      "write every placed row's path into data at its offsets, parents first."},
     {NULL},
 };

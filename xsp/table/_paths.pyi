@@ -3,11 +3,12 @@ their exact size; see :func:`xsp.table.paths.assign_paths`."""
 
 from typing_extensions import Buffer
 
-def fill_paths(order: Buffer, anchor: Buffer, offsets: Buffer, data: Buffer, name_offsets: Buffer, names: Buffer,
-               occurrence: Buffer, session_name: Buffer, rows: int, /) -> None:
+def fill_paths(order: Buffer, anchor: Buffer, offsets: Buffer, data: Buffer, name_codes: Buffer,
+               name_offsets: Buffer, names: Buffer, occurrence: Buffer, session_name: Buffer, rows: int, /) -> None:
     """Write the path of every row into ``data`` (writable, of the paths' total length) at
     ``offsets``: rows in ``order`` (parents before children), each its ``anchor``'s path, '/',
-    its own name (``names`` at ``name_offsets``; the session row's is ``session_name``) and
+    its own name (the distinct ``names`` at ``name_offsets``, the row's at its ``name_codes``,
+    none for -1; the session row's is ``session_name``) and
     ``[occurrence]``. All int64 arrays but the texts.
 
     Raises:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pandas.api.types import union_categoricals
 
 from xsp.core import schema as col
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
@@ -20,13 +21,16 @@ from xsp.table.step_samples import annotate_steps
 from xsp.table.walks import (
     MEMORY_POOL,
     arrow_strings,
+    categorical,
+    categories_at,
     category_values,
     ids_at,
     nearest_marked,
+    null_categories,
     nullable_ints,
     plain_strings,
-    strings_at,
     untouched_zeros,
+    with_categories,
 )
 
 
@@ -49,6 +53,8 @@ def null_column(dtype: str, count: int) -> Any:
         offsets = pa.py_buffer(untouched_zeros(count + 1))
         validity = pa.py_buffer(untouched_zeros((count + 7) // 8, np.uint8))
         return arrow_strings(pa.LargeStringArray.from_buffers(count, offsets, pa.py_buffer(b""), validity, count))
+    if dtype == col.CATEGORY:
+        return null_categories(count)
     if dtype == "int64":  # only ids and times, which build_table fills in
         return np.zeros(count, dtype=np.int64)
     return pd.arrays.IntegerArray(untouched_zeros(count), np.ones(count, dtype=bool))
@@ -74,12 +80,33 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
                 continue
             if dtype == "string":
                 series = pd.Series(_as_strings(series), index=series.index)
+            elif dtype == col.CATEGORY:
+                series = pd.Series(categorical(pa.array(_as_strings(series))), index=series.index)
             else:
                 series = series.astype(dtype)
             out[name] = series.reset_index(drop=True)
         else:
             out[name] = pd.Series(null_column(dtype, len(frame)), copy=False)
     return pd.DataFrame(out, copy=False)  # pandas would copy every column: a table of millions of rows twice
+
+
+def concat_spans(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Span tables one after another, their :data:`xsp.core.schema.CATEGORY` columns still
+    categorical: pandas turns categoricals of different categories into text when it
+    concatenates them (a Python string a row), so these are joined by their categories."""
+    parts = list(frames)
+    if not parts:
+        return empty_table()
+    joined_by_category = [name for name in parts[0].columns if col.COLUMNS.get(name) == col.CATEGORY
+                          and all(name in part and isinstance(part[name].dtype, pd.CategoricalDtype) for part in parts)]
+    joined = pd.concat([part.drop(columns=joined_by_category) for part in parts], ignore_index=True)
+    for name in joined_by_category:
+        try:
+            values = union_categoricals([part[name].array for part in parts], sort_categories=True)
+        except TypeError:  # categories of different dtypes (text and objects): joined as text
+            values = categorical(pa.concat_arrays([plain_strings(part[name]) for part in parts]))
+        joined[name] = values
+    return joined[[name for name in parts[0].columns if name in joined]]
 
 
 def new_span_ids(count: int) -> np.ndarray:
@@ -145,6 +172,7 @@ def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
         return
     recompute = forward & (nearest_marked(parents, kinds == col.SpanKind.BACKWARD.value) >= 0)
     if recompute.any():
+        table[col.KIND] = with_categories(table[col.KIND], [col.SpanKind.RECOMPUTE.value])
         table.loc[recompute, col.KIND] = col.SpanKind.RECOMPUTE.value
 
 
@@ -206,7 +234,6 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
                                    step_numbers)
     del parents  # the tree is in shape now; at millions of rows every array counts
-    ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     roots = int((shape.parents < 0).sum())
     if large:
         release_freed_memory()
@@ -214,6 +241,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.PATH] = structure.assign_paths(table, shape, state)
     if large:
         release_freed_memory()
+    ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     del ids
     table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
@@ -224,9 +252,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     del shape
     if large:
         release_freed_memory()
-    table[col.TRACE_ID] = strings_at(trace_codes, trace_values)
+    table[col.TRACE_ID] = categories_at(trace_codes, trace_values)
     del trace_codes
-    table[col.STATUS] = table[col.STATUS].fillna(col.Status.OK.value)
+    statuses = table[col.STATUS]
+    if statuses.isna().any():
+        table[col.STATUS] = with_categories(statuses, [col.Status.OK.value]).fillna(col.Status.OK.value)
     diagnostics.spans = len(table)
     table = conform(table)
     if large:

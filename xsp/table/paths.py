@@ -35,7 +35,7 @@ from xsp.table.walks import (
     chain_ends,
     nearest_before,
     nearest_marked,
-    plain_strings,
+    text_codes,
 )
 
 NONE = -1
@@ -317,15 +317,12 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     """
     count = len(spans)
     levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
-    name_column = plain_strings(spans[col.NAME])
-    if name_column.null_count:
-        name_column = name_column.fill_null("")
+    name_codes, name_texts = _name_codes(spans[col.NAME])
     parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
     anchor = anchors(levels, parents)
     session = shape.session
     depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
              if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
-    name_codes = pd.factorize(name_column.dictionary_encode().indices.to_numpy(zero_copy_only=False))[0]
     occurrence = occurrence_index([shape.trace_codes, anchor[:count], name_codes],
                                   [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
     # names below the session and at trace roots recur across windows: continue their counts
@@ -335,12 +332,12 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     rows = np.flatnonzero(carried)
     scopes = np.where(anchor[rows] == session, "session",
                       np.array(shape.trace_values, dtype=object)[shape.trace_codes[rows]])
-    _carry_occurrences(occurrence, rows, scopes, name_column.take(pa.array(rows)).to_numpy(zero_copy_only=False),
-                       state)
+    _carry_occurrences(occurrence, rows, scopes, name_texts.take(pa.array(name_codes[rows])).to_numpy(
+        zero_copy_only=False), state)
     occurrence = np.append(occurrence, 0)
     occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
     anchor[session] = NONE
-    del levels, parents, depth, name_codes, carried, rows, scopes  # the paths' buffer is the largest moment
+    del levels, parents, depth, carried, rows, scopes  # the paths' buffer is the largest moment
     if count >= LARGE_TABLE_ROWS:
         release_freed_memory()
     layer = _tree_layers(anchor)
@@ -349,8 +346,22 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     del layer
     filler = _path_filler()
     if filler is not None:
-        return _filled_paths(filler, name_column, occurrence, anchor, order, bounds)
-    return _joined_paths(name_column, occurrence, anchor, order, bounds)
+        return _filled_paths(filler, name_codes, name_texts, occurrence, anchor, order, bounds)
+    return _joined_paths(name_texts.take(pa.array(name_codes)), occurrence, anchor, order, bounds)
+
+
+def _name_codes(names: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
+    """Each row's name as a code into the distinct names (a categorical's own codes: no string a
+    row), a missing name as the empty one."""
+    codes, texts = text_codes(names)
+    missing = codes < 0
+    if missing.any():
+        empty = np.flatnonzero(texts.to_numpy(zero_copy_only=False) == "") if len(texts) else np.zeros(0)
+        if not len(empty):
+            texts = pa.concat_arrays([texts, pa.array([""], type=pa.large_string())])
+            empty = np.array([len(texts) - 1])
+        codes[missing] = int(empty[0])
+    return codes, texts
 
 
 def _path_filler() -> Any:
@@ -369,16 +380,21 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return digits
 
 
-def _filled_paths(fill: Any, names: pa.LargeStringArray, occurrence: np.ndarray, anchor: np.ndarray,
-                  order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
+def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray, occurrence: np.ndarray,
+                  anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """The paths written by C into one buffer of their exact size (see ``_paths.c``): a path's length
-    is its anchor's, one for '/', and its own part's, computed a tree layer at a time."""
-    count = len(names)
+    is its anchor's, one for '/', and its own part's, computed a tree layer at a time. ``name_codes``
+    give each row's name among the distinct ``names``."""
+    count = len(name_codes)
     if not count:
         return arrow_strings(pa.array([], type=pa.large_string()))
+    if not len(names):
+        names = pa.array([""], type=pa.large_string())
     _, offsets_buffer, text_buffer = names.buffers()
-    name_offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[names.offset:names.offset + count + 1]
-    own_length = np.append(np.diff(name_offsets), len(SESSION_NAME.encode())) + 2 + _digits(occurrence)
+    name_offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[names.offset:names.offset + len(names) + 1]
+    name_length = np.diff(name_offsets)[name_codes]
+    own_length = np.append(name_length, len(SESSION_NAME.encode())) + 2 + _digits(occurrence)
+    del name_length
     length = np.zeros(count + 1, dtype=np.int64)
     roots = order[bounds[0]:bounds[1]]
     length[roots] = own_length[roots]
@@ -390,8 +406,8 @@ def _filled_paths(fill: Any, names: pa.LargeStringArray, occurrence: np.ndarray,
     np.cumsum(length[:count], out=offsets[1:])
     del length
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    fill(order[bounds[0]:], anchor, offsets, data, name_offsets, text_buffer or b"", occurrence,
-         SESSION_NAME.encode(), count)
+    fill(order[bounds[0]:], anchor, offsets, data, np.ascontiguousarray(name_codes, dtype=np.int64),
+         np.ascontiguousarray(name_offsets), text_buffer or b"", occurrence, SESSION_NAME.encode(), count)
     unplaced = order[:bounds[0]]  # rows on a cycle get no path
     unplaced = unplaced[unplaced < count]
     validity = None
@@ -445,7 +461,7 @@ def execution_index(spans: pd.DataFrame, step: np.ndarray, state: StepState | No
     frame = pd.DataFrame({"step": step[mask], "start": spans[col.START_NS].to_numpy()[mask],
                           "depth": depth[mask]}, index=np.flatnonzero(mask))
     ordered = frame.sort_values(["start", "depth"], kind="stable")
-    order = ordered.groupby("step", sort=False).cumcount().to_numpy()
+    order = ordered.groupby("step", sort=False, observed=True).cumcount().to_numpy()
     if state is not None:
         steps = ordered["step"].to_numpy()
         order = order + np.array([state.layers_in_step.get(int(s), 0) for s in steps.tolist()], dtype=np.int64)

@@ -78,7 +78,7 @@ def stacked_parents(parents: np.ndarray, counted: np.ndarray, threads: np.ndarra
     first = np.r_[True, key[1:] != key[:-1]]
     group = np.cumsum(first) - 1
     # a sibling ending no later than the latest end before it (in start order) lies inside one
-    latest = pd.Series(ends).groupby(group).cummax().to_numpy()
+    latest = pd.Series(ends).groupby(group, observed=True).cummax().to_numpy()
     inside = ~first & (ends <= np.r_[0, latest[:-1]])
     if not inside.any():  # the common case: siblings one after another
         return parents
@@ -107,7 +107,7 @@ def _covered_ns(parent: np.ndarray, child_start: np.ndarray, child_end: np.ndarr
     order = np.lexsort((lo, parent))
     parent, lo, hi = parent[order], lo[order], hi[order]
     first = np.r_[True, parent[1:] != parent[:-1]]
-    reach = pd.Series(hi).groupby(parent).cummax().to_numpy()
+    reach = pd.Series(hi).groupby(parent, observed=True).cummax().to_numpy()
     before = np.where(first, np.iinfo(np.int64).min, np.r_[0, reach[:-1]])
     added = np.maximum(hi - np.maximum(lo, before), 0)
     return np.bincount(parent, weights=added.astype(np.float64), minlength=len(start))

@@ -72,6 +72,81 @@ def strings_at(codes: np.ndarray, values: Any) -> pd.api.extensions.ExtensionArr
     return arrow_strings(pc.take(table, pa.array(codes, mask=codes < 0), memory_pool=MEMORY_POOL))
 
 
+def _smallest_codes(codes: np.ndarray, categories: int) -> np.ndarray:
+    """Category codes in the narrowest integer type that holds ``categories`` (and -1)."""
+    for kind in (np.int8, np.int16, np.int32):
+        if categories <= np.iinfo(kind).max:
+            return codes.astype(kind, copy=False)
+    return codes.astype(np.int64, copy=False)
+
+
+def _categorical(codes: np.ndarray, texts: pa.Array) -> pd.Categorical:
+    """``texts[code]`` for each code (null for -1) as a categorical whose categories are the
+    texts used, sorted (so that sorting by the column sorts by text)."""
+    used = np.zeros(len(texts) + 1, dtype=bool)
+    used[codes] = True  # -1 marks the extra last slot
+    kept = np.flatnonzero(used[:-1])
+    values = texts.take(pa.array(kept)) if len(kept) < len(texts) else texts
+    order = pc.sort_indices(values).to_numpy()
+    rank = np.full(len(texts) + 1, -1, dtype=np.int64)
+    rank[kept[order]] = np.arange(len(kept))
+    categories = pd.Index(arrow_strings(values.take(pa.array(order))))
+    return pd.Categorical.from_codes(_smallest_codes(rank[codes], len(kept)), dtype=pd.CategoricalDtype(categories),
+                                     validate=False)
+
+
+def categorical(array: pa.Array | pa.ChunkedArray) -> pd.Categorical:
+    """Arrow strings (plain or dictionary-encoded) as a pandas categorical, without a Python
+    string per row: the :data:`xsp.core.schema.CATEGORY` columns."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    if not pa.types.is_dictionary(array.type):
+        if array.type != pa.large_string():
+            array = pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
+        array = pc.dictionary_encode(array, memory_pool=MEMORY_POOL)
+    texts = array.dictionary
+    if texts.type != pa.large_string():
+        texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
+    codes = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return _categorical(codes, texts)
+
+
+def categories_at(codes: np.ndarray, values: Any) -> pd.Categorical:
+    """``values[code]`` for each code (null for a negative one) as a categorical (the
+    :data:`xsp.core.schema.CATEGORY` columns), built from the codes: no string per row."""
+    codes = np.asarray(codes, dtype=np.int64)
+    texts = pa.array(list(values), type=pa.large_string())
+    return _categorical(np.where(codes < 0, -1, codes), texts)
+
+
+def text_codes(column: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
+    """A text column as codes (int64, -1 for null) into its distinct texts: a categorical's own
+    codes and categories, or a string column dictionary-encoded by Arrow. No string per row."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        texts = pa.array(column.cat.categories.array)
+        if texts.type != pa.large_string():
+            texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
+        return column.cat.codes.to_numpy().astype(np.int64), texts
+    encoded = pc.dictionary_encode(plain_strings(column), memory_pool=MEMORY_POOL)
+    return encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary
+
+
+def with_categories(column: pd.Series, texts: Any) -> pd.Series:
+    """A :data:`xsp.core.schema.CATEGORY` column with ``texts`` among its categories (kept
+    sorted), so that they can be assigned into it (a categorical refuses a text it lacks)."""
+    known = column.cat.categories
+    extra = {text for text in texts if text not in known}
+    if not extra:
+        return column
+    return column.cat.set_categories(pd.Index(sorted({*known, *extra}), dtype="string"))
+
+
+def null_categories(count: int) -> pd.Categorical:
+    """A :data:`xsp.core.schema.CATEGORY` column of ``count`` nulls."""
+    return pd.Categorical.from_codes(np.full(count, -1, dtype=np.int8),
+                                     dtype=pd.CategoricalDtype(pd.Index([], dtype="string")), validate=False)
+
+
 def category_values(column: pd.Series) -> np.ndarray:
     """A column of few distinct strings (levels, kinds) as an object array (None for missing),
     built from its distinct values: no Python string is made per row."""
@@ -81,6 +156,10 @@ def category_values(column: pd.Series) -> np.ndarray:
 
 def plain_strings(column: pd.Series) -> pa.LargeStringArray:
     """A string column as one contiguous Arrow array (no Python string per row for Arrow-backed columns)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        array = pa.array(column.array)
+        array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+        return pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
     array = pa.array(column.array, type=pa.large_string(), from_pandas=True)
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
