@@ -28,13 +28,14 @@ REFUSED = {  # found raising UnicodeDecodeError, ArrowInvalid, ValidationError, 
     "B7_summary_keys_null.xsp.json": "not a readable xsp summary",
     "B9_kineto_huge_base_time.json": "OverflowError",
     "B10_parquet_null_typed_call_depth.xsp.parquet": "run outside their parent",
+    "B11_summary_parquet_keys_null.xsp-summary.parquet": "not a readable xsp summary: a key that is null",
 }
 READ = {"B5_parquet_null_typed_int_column.xsp.parquet", "B6_parquet_null_kind.xsp.parquet",
         "B4_kineto_c_reads_msgspec_refuses_phase.json", "B4b_kineto_c_reads_msgspec_refuses_surrogate.json"}
 
 
 def _read(path: Path) -> object:
-    if path.name.endswith(".xsp.json"):
+    if path.name.endswith((".xsp.json", ".xsp-summary.parquet")):
         return Summary.load(path)
     if path.name.endswith(".parquet"):
         return read_trace(path)

@@ -171,6 +171,8 @@ def _from_parquet(raw: bytes) -> Summary:
     keys = {}
     for by in dcol.KeyBy:
         part = frame[frame[BY] == by.value].drop(columns=BY).reset_index(drop=True)
+        if part[dcol.KEY].isna().any():
+            raise ValueError("a key that is null")
         if len(part) or by.value in facts.get("keys", {}):
             part[dcol.SAMPLES_NS] = [np.asarray(samples, dtype=np.int64) for samples in part[dcol.SAMPLES_NS]]
             keys[by] = part.loc[:, [*dcol.KEY_COLUMNS, *(c for c in dcol.OPTIONAL_KEY_COLUMNS if c in part)]]

@@ -168,9 +168,10 @@ def explains(table: pd.DataFrame) -> np.ndarray:
     # keys and parent keys factorized together; a parent is found by its key alone (its first row)
     codes, uniques = pd.factorize(pd.concat([table[KEY], table[PARENT_KEY]], ignore_index=True))
     key_codes, parent_codes = codes[:count], codes[count:]
-    first_row = np.full(len(uniques), -1, dtype=np.int64)
-    first_row[key_codes[::-1]] = np.arange(count - 1, -1, -1)
-    parent_row = np.where(parent_codes >= 0, first_row[np.maximum(parent_codes, 0)], -1)
+    first_row = np.full(len(uniques) + 1, -1, dtype=np.int64)  # the last: for parents of no key at all
+    keyed = np.flatnonzero(key_codes >= 0)[::-1]  # a row without a key (a damaged summary) is no one's parent
+    first_row[key_codes[keyed]] = keyed
+    parent_row = first_row[np.where(parent_codes >= 0, parent_codes, len(uniques))]
     has_parent = parent_row >= 0
     delta = table[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
     parent_delta = delta[np.maximum(parent_row, 0)]
