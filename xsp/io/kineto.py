@@ -71,6 +71,7 @@ from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.validation import LATEST_NS
 from xsp.table.walks import (
     MEMORY_POOL,
+    arrow_codes,
     arrow_strings,
     categorical,
     categories_at,
@@ -153,10 +154,10 @@ def _texts(texts: pa.Array) -> pd.api.extensions.ExtensionArray:
 
 def _categories_at(texts: pa.Array, rows: np.ndarray) -> pd.Categorical:
     """``texts`` where ``rows`` say, null elsewhere, as a categorical (built from codes)."""
-    encoded = pc.dictionary_encode(texts, memory_pool=MEMORY_POOL)
-    codes = np.full(len(texts), -1, dtype=np.int64)
-    codes[rows] = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)[rows]
-    return categories_at(codes, encoded.dictionary.to_pylist())
+    codes, distinct = arrow_codes(texts)
+    outside = np.ones(len(codes), dtype=bool)
+    outside[rows] = False
+    return categories_at(np.where(outside, -1, codes), distinct)
 
 
 _CATEGORY_NAMES = list(CATEGORIES)

@@ -29,8 +29,8 @@ from xsp.table.walks import (
     null_categories,
     nullable_ints,
     plain_strings,
+    set_texts,
     untouched_zeros,
-    with_categories,
 )
 
 
@@ -172,8 +172,7 @@ def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
         return
     recompute = forward & (nearest_marked(parents, kinds == col.SpanKind.BACKWARD.value) >= 0)
     if recompute.any():
-        table[col.KIND] = with_categories(table[col.KIND], [col.SpanKind.RECOMPUTE.value])
-        table.loc[recompute, col.KIND] = col.SpanKind.RECOMPUTE.value
+        set_texts(table, recompute, col.KIND, col.SpanKind.RECOMPUTE.value)
 
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
@@ -254,9 +253,9 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         release_freed_memory()
     table[col.TRACE_ID] = categories_at(trace_codes, trace_values)
     del trace_codes
-    statuses = table[col.STATUS]
-    if statuses.isna().any():
-        table[col.STATUS] = with_categories(statuses, [col.Status.OK.value]).fillna(col.Status.OK.value)
+    unset = table[col.STATUS].isna().to_numpy()
+    if unset.any():
+        set_texts(table, unset, col.STATUS, col.Status.OK.value)
     diagnostics.spans = len(table)
     table = conform(table)
     if large:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level
-from xsp.table.walks import with_categories
+from xsp.table.walks import set_texts
 
 if TYPE_CHECKING:
     from xsp.table.paths import StepState
@@ -74,8 +74,7 @@ def adopt_late(table: pd.DataFrame, state: StepState) -> tuple[int, int]:
 
 def _set_step(table: pd.DataFrame, rows: np.ndarray, steps: list[Any], traces: list[str]) -> None:
     table.loc[rows, col.STEP] = pd.array(steps, dtype="Int64")
-    table[col.TRACE_ID] = with_categories(table[col.TRACE_ID], set(traces))
-    table.loc[rows, col.TRACE_ID] = traces
+    set_texts(table, rows, col.TRACE_ID, traces)
 
 
 def remember(table: pd.DataFrame, state: StepState) -> None:

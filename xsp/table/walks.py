@@ -95,9 +95,9 @@ def _categorical(codes: np.ndarray, texts: pa.Array) -> pd.Categorical:
                                      validate=False)
 
 
-def categorical(array: pa.Array | pa.ChunkedArray) -> pd.Categorical:
-    """Arrow strings (plain or dictionary-encoded) as a pandas categorical, without a Python
-    string per row: the :data:`xsp.core.schema.CATEGORY` columns."""
+def arrow_codes(array: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.LargeStringArray]:
+    """Arrow strings (plain or dictionary-encoded) as codes (int64, -1 for null) into their
+    distinct texts, dictionary-encoded by Arrow: no string per row."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
     if not pa.types.is_dictionary(array.type):
@@ -107,15 +107,21 @@ def categorical(array: pa.Array | pa.ChunkedArray) -> pd.Categorical:
     texts = array.dictionary
     if texts.type != pa.large_string():
         texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
-    codes = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return _categorical(codes, texts)
+    return array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False), texts
+
+
+def categorical(array: pa.Array | pa.ChunkedArray) -> pd.Categorical:
+    """Arrow strings (plain or dictionary-encoded) as a pandas categorical, without a Python
+    string per row: the :data:`xsp.core.schema.CATEGORY` columns."""
+    return _categorical(*arrow_codes(array))
 
 
 def categories_at(codes: np.ndarray, values: Any) -> pd.Categorical:
     """``values[code]`` for each code (null for a negative one) as a categorical (the
-    :data:`xsp.core.schema.CATEGORY` columns), built from the codes: no string per row."""
+    :data:`xsp.core.schema.CATEGORY` columns), built from the codes: no string per row.
+    ``values``: distinct texts, as an Arrow array or any sequence."""
     codes = np.asarray(codes, dtype=np.int64)
-    texts = pa.array(list(values), type=pa.large_string())
+    texts = values if isinstance(values, pa.LargeStringArray) else pa.array(list(values), type=pa.large_string())
     return _categorical(np.where(codes < 0, -1, codes), texts)
 
 
@@ -127,18 +133,19 @@ def text_codes(column: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
         if texts.type != pa.large_string():
             texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
         return column.cat.codes.to_numpy().astype(np.int64), texts
-    encoded = pc.dictionary_encode(plain_strings(column), memory_pool=MEMORY_POOL)
-    return encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary
+    return arrow_codes(plain_strings(column))
 
 
-def with_categories(column: pd.Series, texts: Any) -> pd.Series:
-    """A :data:`xsp.core.schema.CATEGORY` column with ``texts`` among its categories (kept
-    sorted), so that they can be assigned into it (a categorical refuses a text it lacks)."""
-    known = column.cat.categories
-    extra = {text for text in texts if text not in known}
-    if not extra:
-        return column
-    return column.cat.set_categories(pd.Index(sorted({*known, *extra}), dtype="string"))
+def set_texts(table: pd.DataFrame, rows: Any, column: str, texts: Any) -> None:
+    """``table.loc[rows, column] = texts`` for a :data:`xsp.core.schema.CATEGORY` column, in
+    place: a categorical refuses a text it lacks, so the texts new to it are added to its
+    categories first (kept sorted). ``texts``: one text, or one per row."""
+    values = [texts] if isinstance(texts, str) else list(texts)
+    known = table[column].cat.categories
+    extra = {text for text in values if text not in known}
+    if extra:
+        table[column] = table[column].cat.set_categories(pd.Index(sorted({*known, *extra}), dtype="string"))
+    table.loc[rows, column] = texts
 
 
 def null_categories(count: int) -> pd.Categorical:
