@@ -20,8 +20,9 @@ from xsp.table.walks import parent_positions, union_length
 
 SUMMARY_COLUMNS = ["level", "spans", "time_ms", "share"]
 TREE_COLUMNS = ["path", "parent_path", "name", "level", "self_ms", "total_ms", "calls"]
-NUMBERED_ROOT = r"^([^/\[]*?)#\d+\["
-"""A path that starts at a numbered step's root (``ProfilerStep#12[0]/...``)."""
+NUMBERED_ROOT = r"^([^/\[]*?)#(?:\d+|\*)\["
+"""A path that starts at a numbered step's root (``ProfilerStep#*[0]/...``; older
+files kept the number, ``ProfilerStep#12[0]/...``)."""
 TIMED_LEVELS = (Level.MODEL, Level.INPUT, Level.LAYER, Level.OPERATOR, Level.CUDA_API, Level.KERNEL)
 """Levels whose spans are time on the host or the GPU (not instants, samples or counters)."""
 

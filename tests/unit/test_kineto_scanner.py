@@ -37,7 +37,7 @@ def scanner_built(monkeypatch):
 
 
 def _scanned(path: Path):
-    return scanned_events(path, kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED)
+    return scanned_events(path, kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED, kineto.DEVICE_CATEGORIES)
 
 
 def _decoded(path: Path):
@@ -130,12 +130,16 @@ def test_odd_but_valid_events_read_the_same(tmp_path, name, indent):
     assert kernel[col.GRID] == "[4,1,1]" and kernel[col.SHARED_MEMORY_BYTES] == 1 and pd.isna(kernel[col.BYTES])
 
 
-def test_attributes_are_the_arguments_as_compact_json(tmp_path):
+def test_attributes_are_the_arguments_no_column_holds_as_compact_json(tmp_path):
     trace = xsp.load(_write(tmp_path, _document(ODD_EVENTS[2:4]), "args.json", indent=4))
     attributes = trace.spans[col.ATTRIBUTES].tolist()
-    assert [json.loads(text) for text in attributes] == [ODD_EVENTS[2]["args"], ODD_EVENTS[3]["args"]]
+    # the integers and shapes are in their columns; an empty shape and a float are kept as written
+    assert json.loads(attributes[0]) == {"nested": ODD_EVENTS[2]["args"]["nested"]}
     assert attributes[1] == '{"Input Dims":[],"Sequence number":7.0}'
     assert '"x}y]"' in attributes[0] and "\n" not in attributes[0]
+    first = trace.spans.iloc[0]
+    assert (first[col.EXTERNAL_ID], first[col.SEQUENCE_NUMBER], first[col.INPUT_SHAPES]) == (1, 5, "[[2,3],[3,4]]")
+    assert kineto.kineto_arguments(trace.spans) == [ODD_EVENTS[2]["args"], ODD_EVENTS[3]["args"]]
 
 
 @pytest.mark.parametrize("piece_bytes", [1, 2, 3, 7, 64, 1000])

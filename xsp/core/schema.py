@@ -172,12 +172,15 @@ is their sum); negative for a layer whose untimed call cost was given back to it
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
+PROFILER_STEP_NAME: Final = "ProfilerStep#"
+"""How PyTorch's profiler names its steps: ``ProfilerStep#N`` is step ``N``."""
+
 BACKWARD_SUFFIX: Final = ".backward"
 """What a layer's backward span adds to its module's name (``model.fc`` -> ``model.fc.backward``)."""
 
 CATEGORY: Final = "category"
 """The dtype of the text columns whose values repeat across rows (trace ids, levels, kinds,
-names, statuses, input shapes, kernel grids and blocks): pandas categoricals, each distinct text
+names, paths, statuses, input shapes, kernel grids and blocks): pandas categoricals, each distinct text
 stored once. A 2M-event trace holds a few thousand names; as strings they took 50-100 bytes a
 row, as categories 1-4."""
 
@@ -197,7 +200,7 @@ COLUMNS: Final[dict[str, str]] = {
     STREAM_ID: "Int64",
     CORRELATION_ID: "Int64",
     STEP: "Int64",
-    PATH: "string",
+    PATH: CATEGORY,
     STATUS: CATEGORY,
     STATUS_MESSAGE: "string",
     MODULE_TYPE: "string",

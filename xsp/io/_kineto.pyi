@@ -33,7 +33,7 @@ class Scanner:
     ignored: dict[str, int]
     dropped_args: list[tuple[int, int]]
     """(start, stop) offsets of each ``"args": ...`` member of an event nested past ``MAX_DEPTH``."""
-    def __init__(self, categories: Sequence[str], linked: Sequence[str]) -> None: ...
+    def __init__(self, categories: Sequence[str], linked: Sequence[str], device: Sequence[str]) -> None: ...
     def scan(self, data: Buffer, final: bool, /) -> int:
         """Reads the events whole in ``data``; returns the bytes consumed (the rest comes again).
 

@@ -25,10 +25,13 @@ Kineto category           level      kind         notes
 
 Times are ``baseTimeNanoseconds`` (when present) plus ``ts`` microseconds; integer
 microseconds are converted exactly and fractional ones to the nanosecond. Flow events
-(``ac2g``) stand in for a missing ``correlation`` argument. Each event's arguments are kept
-whole in ``attributes`` (``External id``, ``cbid``, occupancy, collective sizes... as well as
-those copied into typed columns), every key and value as recorded, as compact JSON (without the
-white space between tokens), so nothing is lost.
+(``ac2g``) stand in for a missing ``correlation`` argument. An event's arguments that a typed
+column holds exactly (``External id``, ``correlation``, ``Sequence number``, ``Input Dims``;
+on a device's rows ``grid``, ``block``, ``registers per thread``, ``shared memory``, ``bytes``:
+:data:`xsp.io.kineto_events.MOVED_ARGUMENTS`) are kept there only; the others (``cbid``,
+occupancy, collective sizes...) are kept in ``attributes``, every key and value as recorded, as
+compact JSON (without the white space between tokens). Nothing is lost:
+:func:`kineto_arguments` gives each event's arguments back whole.
 Instant events (memory allocations) and the profiler's own ``Trace`` spans are counted in
 the metadata (``not_imported``), not imported; so are events with impossible times (not
 finite, negative durations, before the epoch or after 2116: ``impossible_times``). An event whose
@@ -61,6 +64,7 @@ from xsp.io.kineto_events import (
     ARGS_TOO_DEEP,
     MISSING,
     MISSING_TIMES,
+    MOVED_ARGUMENTS,
     EventColumns,
     decoded_events,
     scanned_events,
@@ -148,6 +152,11 @@ def _nullable(values: np.ndarray, rows: np.ndarray | None = None) -> pd.arrays.I
     return nullable_ints(values, mask)  # a column this trace has nothing in costs nothing
 
 
+def _decoded(texts: pa.Array) -> pa.Array:
+    """Texts as plain strings (the scanner's names come as codes into the distinct ones)."""
+    return texts.dictionary_decode() if isinstance(texts, pa.DictionaryArray) else texts
+
+
 def _texts(texts: pa.Array) -> pd.api.extensions.ExtensionArray:
     return null_column("string", len(texts)) if texts.null_count == len(texts) else arrow_strings(texts)
 
@@ -159,6 +168,10 @@ def _categories_at(texts: pa.Array, rows: np.ndarray) -> pd.Categorical:
     outside[rows] = False
     return categories_at(np.where(outside, -1, codes), distinct)
 
+
+_NO_TEXTS = pa.array([], type=pa.large_string())
+_NO_INTS = np.zeros(0, dtype=np.int64)
+"""What an event column is replaced with once its row column is made."""
 
 _CATEGORY_NAMES = list(CATEGORIES)
 _CATEGORY_INDEX = {cat: i for i, cat in enumerate(_CATEGORY_NAMES)}
@@ -250,15 +263,18 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
     device_rows = np.flatnonzero(on_device)
     counter_rows = np.flatnonzero(category == _CATEGORY_INDEX["cuda_profiler_range"])
-    flops = np.full(count, MISSING, dtype=np.int64)
-    counted = [_flops(raw) for raw in pc.take(events.attributes, pa.array(counter_rows)).to_pylist()]
-    flops[counter_rows] = [MISSING if value is None else value for value in counted]
+    flops = null_column("Int64", count)
+    if len(counter_rows):
+        counted = [_flops(raw) for raw in pc.take(events.attributes, pa.array(counter_rows)).to_pylist()]
+        flops = np.full(count, MISSING, dtype=np.int64)
+        flops[counter_rows] = [MISSING if value is None else value for value in counted]
+        flops = _nullable(flops)
     kind_codes = _KIND_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     steps = np.zeros(count, dtype=np.int64)
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     annotation_rows = np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"])
     # matched by Arrow, not a Python string an annotation: a CPU-only trace has millions of them
-    annotation_names = pc.take(events.name, pa.array(annotation_rows), memory_pool=MEMORY_POOL)
+    annotation_names = _decoded(pc.take(events.name, pa.array(annotation_rows), memory_pool=MEMORY_POOL))
     step_numbers = pc.struct_field(pc.extract_regex(annotation_names, PROFILER_STEP.pattern), [0])
     is_step_name = step_numbers.is_valid().to_numpy(zero_copy_only=False)
     step_rows = annotation_rows[is_step_name]
@@ -286,28 +302,37 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
         np.array([m.group(1) if (m := COPY_KIND.match(name)) else None for name in copy_names], dtype=object))
     copy_kind = np.full(count, -1, dtype=np.int64)
     copy_kind[copy_rows] = copy_kind_codes
-    rows = pd.DataFrame({
-        col.LEVEL: categories_at(level_codes, _LEVEL_NAMES),
-        col.KIND: categories_at(kind_codes, _KIND_NAMES),
-        col.NAME: categorical(events.name),
-        col.START_NS: start,
-        col.END_NS: end,
-        col.THREAD_ID: thread_ids,
-        col.DEVICE_ID: _nullable(events.device, device_rows),
-        col.STREAM_ID: _nullable(events.stream, device_rows),
-        col.CORRELATION_ID: _nullable(events.correlation),
-        col.STEP: pd.arrays.IntegerArray(steps, ~is_step),
-        col.INPUT_SHAPES: categorical(events.input_dims),
-        col.GRID: _categories_at(events.grid, device_rows),
-        col.BLOCK: _categories_at(events.block, device_rows),
-        col.REGISTERS_PER_THREAD: _nullable(events.registers, device_rows),
-        col.SHARED_MEMORY_BYTES: _nullable(events.shared_memory, device_rows),
-        col.BYTES: _nullable(events.bytes, device_rows),
-        col.COPY_KIND: strings_at(copy_kind, copy_kinds),
-        col.FLOPS: _nullable(flops),
-        col.SEQUENCE_NUMBER: _nullable(events.sequence),
-        col.ATTRIBUTES: _texts(events.attributes),
-    }, copy=False)  # the columns are new: a copy would hold every row twice
+    # each event column is let go as soon as its row column is made (and freed memory handed
+    # back), so that the import never holds a trace's events and its rows whole at once
+    rows = pd.DataFrame({col.LEVEL: categories_at(level_codes, _LEVEL_NAMES),
+                         col.KIND: categories_at(kind_codes, _KIND_NAMES)})
+    del level_codes, kind_codes
+    rows[col.NAME] = categorical(events.name)
+    events.name = _NO_TEXTS
+    rows[col.INPUT_SHAPES] = categorical(events.input_dims)
+    events.input_dims = _NO_TEXTS
+    rows[col.GRID] = _categories_at(events.grid, device_rows)
+    rows[col.BLOCK] = _categories_at(events.block, device_rows)
+    events.grid = events.block = _NO_TEXTS
+    release_freed_memory()
+    rows[col.START_NS] = start
+    rows[col.END_NS] = end
+    del start, end
+    rows[col.THREAD_ID] = thread_ids
+    for column, name, where in ((col.DEVICE_ID, "device", device_rows), (col.STREAM_ID, "stream", device_rows),
+                                (col.CORRELATION_ID, "correlation", None),
+                                (col.REGISTERS_PER_THREAD, "registers", device_rows),
+                                (col.SHARED_MEMORY_BYTES, "shared_memory", device_rows),
+                                (col.BYTES, "bytes", device_rows), (col.SEQUENCE_NUMBER, "sequence", None),
+                                (col.EXTERNAL_ID, "external", None)):
+        rows[column] = _nullable(getattr(events, name), where)
+        setattr(events, name, _NO_INTS)
+    rows[col.STEP] = pd.arrays.IntegerArray(steps, ~is_step)
+    rows[col.COPY_KIND] = strings_at(copy_kind, copy_kinds) if len(copy_rows) else null_column("string", count)
+    rows[col.FLOPS] = flops
+    rows[col.ATTRIBUTES] = _texts(events.attributes)
+    events.attributes = _NO_TEXTS
+    release_freed_memory()
     host_threads = set(np.unique(thread_ids[~thread_ids.isna()].to_numpy(dtype=np.int64)).tolist())
     metadata = {
         "source": "kineto",
@@ -330,7 +355,7 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
 def read_events(source: Path) -> EventColumns:
     """The trace's events as columns: by the C scanner where it reads the file, else by msgspec."""
     dropped_args: list[tuple[int, int]] = []
-    events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED, dropped_args)
+    events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES, dropped_args)
     if events is None:
         events = decoded_events(decode(source, dropped_args), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
         if dropped_args:
@@ -361,7 +386,9 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
         release_freed_memory()
         frames = iter([rows])  # build_table holds the only reference, and lets the rows go as it goes
         del rows
-        result = build_table(frames, 0, new_step_state(attach_to_session=False))
+        # a CUDA call made outside every operator carries the "External id" of the last one
+        # (a100_alexnet: a cudaMalloc 30 s after its aten::uniform_ ended): inclusion places them
+        result = build_table(frames, 0, new_step_state(attach_to_session=False), live_records=False)
         release_freed_memory()
     spans = result.spans
     present = set(spans[col.LEVEL].unique())
@@ -378,6 +405,31 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
         warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
                                  "were left out"), stacklevel=2)
     return Trace(spans=spans, metadata=metadata)
+
+
+def kineto_arguments(spans: pd.DataFrame) -> list[dict[str, Any] | None]:
+    """Each imported Kineto event's ``args``, whole (key order aside): its ``attributes`` and
+    the arguments that typed columns hold (:data:`xsp.io.kineto_events.MOVED_ARGUMENTS`), under
+    their Kineto names; None for an event that had none. One dict a row, for the rows you ask
+    about (``kineto_arguments(spans[spans.name == "ncclKernel"])``).
+
+    A correlation id that only a flow event gave (old traces) comes back as ``correlation``.
+    """
+    on_device = (spans[col.LEVEL] == Level.KERNEL.value).to_numpy(dtype=bool, na_value=False)
+    moved = [(key, argument, spans[argument.column].to_numpy(dtype=object, na_value=None))
+             for key, argument in MOVED_ARGUMENTS.items() if argument.column in spans]
+    found: list[dict[str, Any] | None] = []
+    for row, text in enumerate(spans[col.ATTRIBUTES].to_numpy(dtype=object, na_value=None).tolist()):
+        arguments = None if text is None else DICT_DECODER.decode(text)
+        for key, argument, values in moved:
+            value = values[row]
+            if value is None or (argument.on_device_only and not on_device[row]):
+                continue
+            arguments = {} if arguments is None else arguments
+            if key not in arguments:  # as written where it was not exactly what the column holds
+                arguments[key] = DICT_DECODER.decode(f'{{"v":{value}}}')["v"] if argument.is_array else int(value)
+        found.append(arguments)
+    return found
 
 
 def _device_name(properties: list[dict[str, Any]]) -> str:

@@ -19,11 +19,11 @@ import queue
 import re
 import threading
 from collections import Counter
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import numpy as np
@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
 from xsp.io.kineto_json import (
     ARGS_DECODER,
@@ -47,6 +48,33 @@ from xsp.io.kineto_json import (
     phase,
 )
 from xsp.record.hotpath import optional_extension
+
+
+class MovedArgument(NamedTuple):
+    """An argument that a typed column holds exactly, and that ``attributes`` leaves out."""
+
+    column: str
+    """The span table's column that holds it."""
+    on_device_only: bool
+    """Held (so moved) only on a device's rows (kernels, copies...), where its column is kept."""
+    is_array: bool
+    """A shape, grid or block: moved where it is an array of no text that is not empty (the
+    column holds its compact JSON); the others where they are integers (not floats or text)."""
+
+
+MOVED_ARGUMENTS: Final = {
+    "correlation": MovedArgument(col.CORRELATION_ID, False, False),
+    "External id": MovedArgument(col.EXTERNAL_ID, False, False),
+    "Sequence number": MovedArgument(col.SEQUENCE_NUMBER, False, False),
+    "Input Dims": MovedArgument(col.INPUT_SHAPES, False, True),
+    "registers per thread": MovedArgument(col.REGISTERS_PER_THREAD, True, False),
+    "shared memory": MovedArgument(col.SHARED_MEMORY_BYTES, True, False),
+    "bytes": MovedArgument(col.BYTES, True, False),
+    "grid": MovedArgument(col.GRID, True, True),
+    "block": MovedArgument(col.BLOCK, True, True),
+}
+"""Kineto's arguments that become typed columns and are not kept twice (the C scanner's
+``moved_arguments`` says the same): :func:`xsp.io.kineto.kineto_arguments` puts them back."""
 
 MISSING_TIMES: Final = "missing_times"
 ARGS_TOO_DEEP: Final = "args_too_deep"
@@ -66,10 +94,12 @@ class EventColumns:
     """The events' ``pid``, as codes (one per distinct pid)."""
     thread: pd.arrays.IntegerArray
     """``tid`` where it is an integer."""
-    name: pa.LargeStringArray
+    name: pa.LargeStringArray | pa.DictionaryArray
+    """Text a row, or (the C scanner's) codes into the distinct texts; so are the shapes, grids and blocks."""
     attributes: pa.LargeStringArray
-    """The JSON of ``args``, every key and value as recorded, without the white space between
-    tokens; null where there is none."""
+    """The JSON of ``args`` without the arguments a typed column holds (:data:`MOVED_ARGUMENTS`),
+    every other key and value as recorded, without the white space between tokens; null where
+    none is left."""
     correlation: np.ndarray
     device: np.ndarray
     """``args.device``, else the pid (meaningful on device rows only); so is ``stream`` (else tid)."""
@@ -78,10 +108,12 @@ class EventColumns:
     shared_memory: np.ndarray
     bytes: np.ndarray
     sequence: np.ndarray
-    input_dims: pa.LargeStringArray
+    external: np.ndarray
+    """``args["External id"]``: the operator that the event belongs to (``MISSING`` where none)."""
+    input_dims: pa.LargeStringArray | pa.DictionaryArray
     """Compact JSON (white space dropped), null where absent or ``[]``; so are ``grid`` and ``block``."""
-    grid: pa.LargeStringArray
-    block: pa.LargeStringArray
+    grid: pa.LargeStringArray | pa.DictionaryArray
+    block: pa.LargeStringArray | pa.DictionaryArray
     fields: FileFields
     thread_names: dict[str, str]
     counts: Counter[str] = field(default_factory=Counter)
@@ -143,6 +175,18 @@ def _strings(blocks: dict[str, Any], name: str, count: int, empty_is_null: bool)
     return texts
 
 
+def _interned(blocks: dict[str, Any], name: str) -> pa.DictionaryArray:
+    """A column the scanner interned: its distinct texts, and a code a row (-1: null)."""
+    codes = np.frombuffer(blocks.pop(f"{name}.codes"), dtype=np.int32)
+    offsets = np.frombuffer(blocks.pop(f"{name}.offsets"), dtype=np.int64)
+    texts = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets),
+                                             pa.py_buffer(blocks.pop(f"{name}.data")))
+    texts.validate(full=True)  # not UTF-8: left to msgspec, which says so
+    missing = codes < 0
+    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
+    return pa.DictionaryArray.from_arrays(indices, texts)
+
+
 def _left_to_msgspec(scanner: Any, dropped_args: list[tuple[int, int]] | None) -> EventColumns | None:
     """None, for a file the scanner leaves to msgspec, which is told the arguments to drop."""
     if dropped_args is not None:
@@ -150,7 +194,7 @@ def _left_to_msgspec(scanner: Any, dropped_args: list[tuple[int, int]] | None) -
     return None
 
 
-def scanned_events(source: Path, categories: list[str], linked: frozenset[str],
+def scanned_events(source: Path, categories: list[str], linked: frozenset[str], device: frozenset[str],
                    dropped_args: list[tuple[int, int]] | None = None) -> EventColumns | None:
     """The events read by the C scanner; None where it is not built or leaves the file to msgspec.
 
@@ -166,7 +210,7 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str],
     kineto = optional_extension("xsp.io._kineto")
     if kineto is None:
         return None
-    scanner = kineto.Scanner(categories, sorted(linked))
+    scanner = kineto.Scanner(categories, sorted(linked), sorted(device))
     pending = b""
     waiting: list[bytes] = []  # pieces not scanned yet
     waiting_bytes = offset = 0
@@ -196,8 +240,9 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str],
     count = scanner.rows
     blocks = scanner.columns()
     try:
-        name = _strings(blocks, "name", count, empty_is_null=False)
+        name = _interned(blocks, "name")
         attributes = _strings(blocks, "attributes", count, empty_is_null=True)
+        input_dims, grid, block = (_interned(blocks, key) for key in ("input_dims", "grid", "block"))
     except pa.ArrowInvalid:
         return _left_to_msgspec(scanner, dropped_args)
     try:
@@ -224,10 +269,8 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str],
         name=name, attributes=attributes,
         correlation=ints("correlation"), device=ints("device"), stream=ints("stream"),
         registers=ints("registers"), shared_memory=ints("shared_memory"), bytes=ints("bytes"),
-        sequence=ints("sequence"),
-        input_dims=_strings(blocks, "input_dims", count, empty_is_null=True),
-        grid=_strings(blocks, "grid", count, empty_is_null=True),
-        block=_strings(blocks, "block", count, empty_is_null=True),
+        sequence=ints("sequence"), external=ints("external"),
+        input_dims=input_dims, grid=grid, block=block,
         fields=fields,
         thread_names={str(tid_): name_ for tid_, name_ in scanner.thread_names},
         counts=counts,
@@ -269,6 +312,34 @@ def _coded(values: list[Any]) -> np.ndarray:
     return column.to_numpy(dtype=np.int64, na_value=MISSING)
 
 
+_MEMBERS_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_INTEGER = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+_NAMES_A_MOVED_ARGUMENT = re.compile(b"|".join(b'"' + re.escape(key.encode()) + b'"' for key in MOVED_ARGUMENTS))
+
+
+def _is_moved(key: str, raw: msgspec.Raw, on_device: bool) -> bool:
+    moved = MOVED_ARGUMENTS.get(key)
+    if moved is None or (moved.on_device_only and not on_device):
+        return False
+    text = bytes(raw)
+    if moved.is_array:
+        return text[:1] == b"[" and b'"' not in text and bool(text[1:-1].strip(b" \t\r\n"))
+    return _INTEGER.fullmatch(text) is not None and -(2**63) < int(text) < 2**63
+
+
+def unmoved_arguments(raw: msgspec.Raw, on_device: bool) -> msgspec.Raw | bytes:
+    """An event's ``args`` without those a typed column holds (:data:`MOVED_ARGUMENTS`), the
+    others as written; empty where none is left."""
+    if not raw or _NAMES_A_MOVED_ARGUMENT.search(bytes(raw)) is None:
+        return raw
+    members = _MEMBERS_DECODER.decode(raw)
+    kept = [msgspec.json.encode(key) + b":" + bytes(value) for key, value in members.items()
+            if not _is_moved(key, value, on_device)]
+    if len(kept) == len(members):
+        return raw
+    return b"{" + b",".join(kept) + b"}" if kept else b""
+
+
 def raw_strings(raws: list[msgspec.Raw] | list[bytes]) -> pa.LargeStringArray:
     """The raw JSON texts as a string column (null where empty), built from one joined buffer.
 
@@ -289,7 +360,7 @@ def raw_strings(raws: list[msgspec.Raw] | list[bytes]) -> pa.LargeStringArray:
 _STRING_OR_SPACE = re.compile(rb'("(?:[^"\\]|\\.)*")|[ \t\n\r]+', re.DOTALL)
 
 
-def compact_json(raws: list[msgspec.Raw]) -> list[bytes]:
+def compact_json(raws: Sequence[msgspec.Raw | bytes]) -> list[bytes]:
     """Each JSON text without the white space between its tokens (what the C scanner writes).
 
     Valid JSON holds no NUL byte, so the texts are joined by one and compacted in a single pass."""
@@ -391,7 +462,8 @@ def decoded_events(decoded: Any, categories: list[str], linked: frozenset[str],
         process=pd.factorize(np.array(pids, dtype=np.int64 if pid_is_int else object))[0].astype(np.int64),
         thread=int_column(tids),
         name=pa.array([e.name for e in events], type=pa.large_string()),
-        attributes=raw_strings(compact_json(raw_args)),
+        attributes=raw_strings(compact_json([unmoved_arguments(raw, on) for raw, on in zip(
+            raw_args, np.isin(category, [index[c] for c in device_categories]).tolist())])),
         correlation=_coded(correlation),
         device=on_device([pids[i] if a.device is None else a.device for a, i in zip(device_args, device_rows)]),
         stream=on_device([tids[i] if a.stream is None else a.stream for a, i in zip(device_args, device_rows)]),
@@ -399,6 +471,7 @@ def decoded_events(decoded: Any, categories: list[str], linked: frozenset[str],
         shared_memory=_coded([a.shared_memory for a in args]),
         bytes=_coded([a.nbytes for a in args]),
         sequence=_coded([a.sequence for a in args]),
+        external=_coded([a.external for a in args]),
         input_dims=_dims([a.input_dims for a in args]),
         grid=_dims([a.grid for a in args]),
         block=_dims([a.block for a in args]),

@@ -139,6 +139,7 @@ class _Args(msgspec.Struct, gc=False):
     nbytes: Any = msgspec.field(name="bytes", default=MISSING)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_RAW)
     sequence: Any = msgspec.field(name="Sequence number", default=MISSING)
+    external: Any = msgspec.field(name="External id", default=MISSING)
 
 
 NO_ARGS = _Args()

@@ -664,7 +664,7 @@ def load_nsys(path: str | os.PathLike[str]) -> Trace:
             raise TraceFormatError(f"{source} is not an Nsight Systems export xsp can read: {exc}") from None
     frames: Iterator[pd.DataFrame] = iter([rows])
     del rows
-    result = build_table(frames, 0, new_step_state(attach_to_session=False))
+    result = build_table(frames, 0, new_step_state(attach_to_session=False), live_records=False)
     spans = result.spans
     present = set(spans[col.LEVEL].unique()) if len(spans) else set()
     not_imported = metadata["nsys"]["not_imported"]

@@ -177,7 +177,7 @@ def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
                 session_row: dict[str, Any] | None = None, sort: bool = True,
-                step_numbers: list[int] | None = None) -> TableResult:
+                step_numbers: list[int] | None = None, live_records: bool = True) -> TableResult:
     """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
 
     Args:
@@ -189,6 +189,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
             its windows in Arrow as it writes them, where sorting holds no lock of Python's).
         step_numbers: the numbers of the window's steps in order of start, when the session
             kept only some steps (a schedule).
+        live_records: the rows are xsp's own tracers' records: CUDA API calls are moved under
+            the span their external correlation id names where the clocks disagree
+            (:func:`xsp.table.parents.external_parents`), and records that came a window late
+            are placed (:mod:`xsp.table.late_records`). False for an imported trace, recorded
+            whole on one clock.
 
     Returns:
         The window's span table (sorted by start time, if asked), and the hierarchy diagnostics.
@@ -220,10 +225,10 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if session_position is not None:
         table.loc[session_position, col.SPAN_ID] = state.session_span_id
     if session_position is None:  # an import: no row to leave out, so no copy of the table
-        parents, diagnostics = hierarchy.infer_parent_positions(table)
+        parents, diagnostics = hierarchy.infer_parent_positions(table, live_records)
     else:
         host_rows = np.flatnonzero(~is_session)
-        sub_parents, diagnostics = hierarchy.infer_parent_positions(table.iloc[host_rows])
+        sub_parents, diagnostics = hierarchy.infer_parent_positions(table.iloc[host_rows], live_records)
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
     large = len(table) >= LARGE_TABLE_ROWS
@@ -260,8 +265,9 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table = conform(table)
     if large:
         release_freed_memory()
-    late_calls, late_activities = late_records.adopt_late(table, state)
-    late_records.remember(table, state)
+    late_calls, late_activities = late_records.adopt_late(table, state) if live_records else (0, 0)
+    if live_records:
+        late_records.remember(table, state)
     diagnostics.late_linked = late_calls + late_activities
     diagnostics.launch_missing = max(diagnostics.launch_missing - late_activities, 0)
     diagnostics.launched += late_activities

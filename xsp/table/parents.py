@@ -205,10 +205,12 @@ def cap_depth(parents: np.ndarray, max_depth: int = MAX_DEPTH) -> int:
     return int(len(too_deep))
 
 
-def infer_parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDiagnostics]:
+def infer_parent_positions(spans: pd.DataFrame,
+                           check_external_ids: bool = True) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position (row number, or -1) of every row of a span table without parents yet,
-    inferred from interval inclusion, launch correlation and external ids (a table with
-    ``parent_id`` filled in is read with :func:`xsp.table.walks.parent_positions`)."""
+    inferred from interval inclusion, launch correlation and (with ``check_external_ids``,
+    :func:`external_parents`) external ids (a table with ``parent_id`` filled in is read with
+    :func:`xsp.table.walks.parent_positions`)."""
     count = len(spans)
     thread = spans[col.THREAD_ID]
     has_thread = thread.notna().to_numpy()
@@ -231,7 +233,7 @@ def infer_parent_positions(spans: pd.DataFrame) -> tuple[np.ndarray, HierarchyDi
         rank[rows], tiebreak[rows])
     parents = launch_parents(spans, diagnostics)
     parents[rows] = np.where(sub_parents >= 0, rows[np.maximum(sub_parents, 0)], NO_PARENT)
-    if col.EXTERNAL_ID in spans:
+    if check_external_ids and col.EXTERNAL_ID in spans:
         external_parents(spans, parents, diagnostics)
     diagnostics.flattened = cap_depth(parents)
     diagnostics.spans = count

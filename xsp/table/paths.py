@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -26,21 +26,28 @@ import pyarrow.compute as pc
 from xsp.core import schema as col
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import step_trace_id
-from xsp.core.schema import STEP_KINDS, Level
+from xsp.core.schema import PROFILER_STEP_NAME, STEP_KINDS, Level
 from xsp.record.hotpath import optional_extension
 from xsp.table.walks import (
     MEMORY_POOL,
+    arrow_codes,
     arrow_strings,
+    categories_at,
     category_values,
     chain_ends,
     nearest_before,
     nearest_marked,
+    plain_strings,
     text_codes,
 )
 
 NONE = -1
 SESSION_NAME = "session"
 SESSION_PATH = f"{SESSION_NAME}[0]"
+NUMBERED_PROFILER_STEP: Final = rf"^{PROFILER_STEP_NAME}[0-9]+$"
+"""PyTorch's profiler's name of its step N (``ProfilerStep#3``), an RE2 pattern."""
+ANY_PROFILER_STEP: Final = f"{PROFILER_STEP_NAME}*"
+"""What such a name is in a path: the same in every step."""
 
 
 def outermost_step(kinds: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -308,12 +315,16 @@ def _tree_layers(anchor: np.ndarray) -> np.ndarray:
     return layer
 
 
-def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.api.extensions.ExtensionArray:
-    """``anchor_path/name[k]`` for every span (see :mod:`xsp.core.schema`), as a string column.
+def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.Categorical:
+    """``anchor_path/name[k]`` for every span (see :mod:`xsp.core.schema`), as a categorical.
 
-    Paths are never built as Python strings (a trace of 100k spans has paths of 80 characters on
-    average: that cost more than the tree): C writes them into one buffer of their exact size
-    (``_paths.c``), or, where it is not built, Arrow joins them one tree layer at a time.
+    A path repeats in every step, so each row's path is found as a code among the distinct
+    paths, a tree layer at a time: a span's path is its anchor's path and its own part, so two
+    spans whose anchors have the same path and whose own parts are equal share it. Only the
+    distinct paths are ever written out (by C, ``_paths.c``, or by Arrow where it is not built):
+    a trace of millions of spans has a few thousand. PyTorch's profiler numbers its steps
+    (``ProfilerStep#3``): the number is left out of the path (``ProfilerStep#*[0]/...``), so that
+    the same span has the same path in every step, as in xsp's own traces.
     """
     count = len(spans)
     levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
@@ -337,17 +348,62 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     occurrence = np.append(occurrence, 0)
     occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
     anchor[session] = NONE
-    del levels, parents, depth, carried, rows, scopes  # the paths' buffer is the largest moment
-    if count >= LARGE_TABLE_ROWS:
-        release_freed_memory()
+    del levels, parents, depth, carried, rows, scopes
+    path_codes, part_codes, part_texts, own_occurrence, own_anchor, bounds = _distinct_paths(
+        name_codes, name_texts, occurrence, anchor)
+    del name_codes, occurrence, anchor
+    distinct = len(part_codes)
+    filler = _path_filler()
+    order = np.arange(distinct + 1)  # the distinct paths come layer by layer, anchors first
+    if filler is not None:
+        texts = _filled_paths(filler, part_codes, part_texts, own_occurrence, own_anchor, order, bounds)
+    else:
+        texts = _joined_paths(part_texts.take(pa.array(part_codes)), own_occurrence, own_anchor, order, bounds)
+    # a name holding "/" or "[" can spell another span's path: one category for both
+    text_of, unique_texts = arrow_codes(plain_strings(pd.Series(texts, copy=False)))
+    return categories_at(np.where(path_codes < 0, NONE, text_of[np.maximum(path_codes, 0)]), unique_texts)
+
+
+def _distinct_paths(name_codes: np.ndarray, name_texts: pa.LargeStringArray, occurrence: np.ndarray,
+                    anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.LargeStringArray, np.ndarray,
+                                                 np.ndarray, np.ndarray]:
+    """Each row's path as a code among the distinct paths (-1 for rows on a cycle), and the
+    distinct paths as a forest of their own, layer by layer (``bounds``), for writing out: each
+    one's own part (``part_codes`` into ``part_texts``, and its occurrence) and its anchor (a
+    distinct path before it). Arrays of the forest have one more, unused, slot at the end (the
+    row that stands for a session outside the window in the writers)."""
+    count = len(name_codes)
+    part_names = pc.replace_substring_regex(name_texts, NUMBERED_PROFILER_STEP, ANY_PROFILER_STEP)
+    part_names = pa.concat_arrays([part_names.cast(pa.large_string()), pa.array([SESSION_NAME], pa.large_string())])
+    name_part, part_texts = arrow_codes(part_names)
+    own_name = name_part[np.append(name_codes, len(name_texts))]  # row ``count``: the session's own name
+    own_keys = own_name * (int(occurrence.max(initial=0)) + 1) + occurrence
+    own_code, own_values = pd.factorize(own_keys)
+    del own_keys
+    width = len(own_values) + 1
     layer = _tree_layers(anchor)
     order = np.argsort(layer, kind="stable")
-    bounds = np.searchsorted(layer[order], np.arange(layer.max() + 2))
+    layer_bounds = np.searchsorted(layer[order], np.arange(layer.max(initial=0) + 2))
     del layer
-    filler = _path_filler()
-    if filler is not None:
-        return _filled_paths(filler, name_codes, name_texts, occurrence, anchor, order, bounds)
-    return _joined_paths(name_texts.take(pa.array(name_codes)), occurrence, anchor, order, bounds)
+    path_codes = np.full(count + 1, NONE, dtype=np.int64)
+    forest_rows: list[np.ndarray] = []
+    forest_anchor: list[np.ndarray] = []
+    bounds = [0]
+    for current in range(len(layer_bounds) - 1):
+        members = order[layer_bounds[current]:layer_bounds[current + 1]]
+        above = path_codes[anchor[members]] if current else np.full(len(members), NONE, dtype=np.int64)
+        codes, keys = pd.factorize((above + 1) * width + own_code[members])
+        first = np.empty(len(keys), dtype=np.int64)
+        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        path_codes[members] = bounds[-1] + codes
+        forest_rows.append(members[first])
+        forest_anchor.append(above[first])
+        bounds.append(bounds[-1] + len(keys))
+    representative = np.concatenate(forest_rows) if forest_rows else np.zeros(0, dtype=np.int64)
+    return (path_codes[:count], own_name[representative], part_texts,
+            np.append(occurrence[representative], 0), np.append(np.concatenate(forest_anchor) if forest_anchor
+                                                                else np.zeros(0, dtype=np.int64), NONE),
+            np.array(bounds, dtype=np.int64))
 
 
 def _name_codes(names: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:

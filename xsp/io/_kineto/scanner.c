@@ -28,6 +28,7 @@
 
 #define MISSING INT64_MIN
 #define MAX_CATEGORIES 64
+#define MAX_ARGUMENTS 64 /* an event's args with more members are left to msgspec's reader */
 
 /* ---- growable buffers and the Block that hands one over ---------------------------------- */
 
@@ -106,20 +107,99 @@ static PyObject *block_from(Growable *g) {
 
 enum {
     C_CATEGORY, C_TS, C_DUR, C_PID, C_TID, C_CORRELATION, C_CORRELATION_ABSENT, C_DEVICE, C_STREAM,
-    C_REGISTERS, C_SHARED_MEMORY, C_BYTES, C_SEQUENCE, C_FIXED
+    C_REGISTERS, C_SHARED_MEMORY, C_BYTES, C_SEQUENCE, C_EXTERNAL, C_FIXED
 };
 static const char *fixed_names[C_FIXED] = {
     "category", "ts", "dur", "pid", "tid", "correlation", "correlation_absent", "device", "stream",
-    "registers", "shared_memory", "bytes", "sequence",
+    "registers", "shared_memory", "bytes", "sequence", "external",
 };
 enum { T_NAME, T_ATTRIBUTES, T_INPUT_DIMS, T_GRID, T_BLOCK, T_TEXTS };
 static const char *text_names[T_TEXTS] = {"name", "attributes", "input_dims", "grid", "block"};
 
+/* A text column. Plain (attributes): every row's text, one after another, and offsets. Interned
+ * (names, shapes, grids, blocks, which repeat from row to row): each distinct text once, and a
+ * code a row (int32; -1 for null), found in a hash table; a 2M-event trace has a few thousand
+ * names, which as a text a row took a hundred bytes a row. A row's text is written after the
+ * distinct ones, then kept as a new one or taken back where it is known. */
 typedef struct {
     Growable data, offsets;
+    int interned, empty_is_null;
+    Growable codes;
+    int32_t *slots; /* code + 1 of the distinct text that hashed there; 0: free */
+    Py_ssize_t capacity, distinct;
 } TextColumn;
 
-static int text_end_row(TextColumn *t) { return put_i64(&t->offsets, (int64_t)t->data.length); }
+static uint64_t text_hash(const char *text, Py_ssize_t length) {
+    uint64_t hash = 1469598103934665603ULL; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < length; i++) hash = (hash ^ (unsigned char)text[i]) * 1099511628211ULL;
+    return hash;
+}
+
+static const char *distinct_text(const TextColumn *t, Py_ssize_t code, Py_ssize_t *length) {
+    const int64_t *offsets = (const int64_t *)t->offsets.data;
+    *length = (Py_ssize_t)(offsets[code + 1] - offsets[code]);
+    return t->data.data + offsets[code];
+}
+
+static int rehash(TextColumn *t) {
+    Py_ssize_t capacity = t->capacity ? t->capacity * 2 : 1024;
+    int32_t *slots = calloc((size_t)capacity, sizeof(int32_t));
+    if (!slots) return -1;
+    for (Py_ssize_t code = 0; code < t->distinct; code++) {
+        Py_ssize_t length;
+        const char *text = distinct_text(t, code, &length);
+        Py_ssize_t at = (Py_ssize_t)(text_hash(text, length) & (uint64_t)(capacity - 1));
+        while (slots[at]) at = (at + 1) & (capacity - 1);
+        slots[at] = (int32_t)(code + 1);
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->capacity = capacity;
+    return 0;
+}
+
+/* The row's text (written after the distinct ones) as a code. */
+static int intern_row(TextColumn *t) {
+    Py_ssize_t start = (Py_ssize_t)((const int64_t *)t->offsets.data)[t->distinct];
+    const char *text = t->data.data + start;
+    Py_ssize_t length = t->data.length - start;
+    int32_t code = -1;
+    if (length || !t->empty_is_null) {
+        if (2 * (t->distinct + 1) > t->capacity && (t->distinct >= INT32_MAX - 1 || rehash(t))) return -1;
+        Py_ssize_t at = (Py_ssize_t)(text_hash(text, length) & (uint64_t)(t->capacity - 1));
+        for (;; at = (at + 1) & (t->capacity - 1)) {
+            if (!t->slots[at]) {
+                code = (int32_t)t->distinct++;
+                t->slots[at] = code + 1;
+                if (put_i64(&t->offsets, (int64_t)t->data.length)) return -1;
+                break;
+            }
+            Py_ssize_t known_length;
+            const char *known = distinct_text(t, t->slots[at] - 1, &known_length);
+            if (known_length == length && memcmp(known, text, (size_t)length) == 0) {
+                code = t->slots[at] - 1;
+                t->data.length = start;
+                break;
+            }
+        }
+    } else {
+        t->data.length = start;
+    }
+    return put(&t->codes, &code, sizeof code);
+}
+
+static int text_end_row(TextColumn *t) {
+    return t->interned ? intern_row(t) : put_i64(&t->offsets, (int64_t)t->data.length);
+}
+
+/* Empties the column (its first offset written) for the next rows. */
+static int text_start(TextColumn *t) {
+    free(t->slots);
+    t->slots = NULL;
+    t->capacity = t->distinct = 0;
+    t->data.length = t->offsets.length = t->codes.length = 0;
+    return put_i64(&t->offsets, 0);
+}
 
 /* ---- the scanner --------------------------------------------------------------------------- */
 
@@ -143,15 +223,16 @@ typedef struct {
     char *categories[MAX_CATEGORIES];
     size_t category_lengths[MAX_CATEGORIES];
     int linked[MAX_CATEGORIES];
+    int on_device[MAX_CATEGORIES]; /* the category's events run on a device (kernels, copies...) */
     PyThreadState *released; /* set while the scan runs without the GIL */
 } Scanner;
 
 static PyObject *UnsupportedError, *InvalidError;
 
 static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"categories", "linked", NULL};
-    PyObject *categories, *linked;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", keywords, &categories, &linked)) return -1;
+    static char *keywords[] = {"categories", "linked", "device", NULL};
+    PyObject *categories, *linked, *device;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO", keywords, &categories, &linked, &device)) return -1;
     PyObject *items = PySequence_Fast(categories, "categories must be a sequence of str");
     if (!items) return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
@@ -176,6 +257,12 @@ static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
             return -1;
         }
         self->linked[i] = contains;
+        contains = PySequence_Contains(device, PySequence_Fast_GET_ITEM(items, i));
+        if (contains < 0) {
+            Py_DECREF(items);
+            return -1;
+        }
+        self->on_device[i] = contains;
         self->category_count = (int)i + 1;
     }
     Py_DECREF(items);
@@ -184,8 +271,11 @@ static int scanner_init(Scanner *self, PyObject *args, PyObject *kwargs) {
     self->ignored = PyDict_New();
     self->last_dropped = -1;
     if (!self->top_fields || !self->thread_names || !self->ignored) return -1;
-    for (int t = 0; t < T_TEXTS; t++)
-        if (text_end_row(&self->texts[t])) return PyErr_NoMemory(), -1;
+    for (int t = 0; t < T_TEXTS; t++) {
+        self->texts[t].interned = t != T_ATTRIBUTES;
+        self->texts[t].empty_is_null = t != T_NAME;
+        if (text_start(&self->texts[t])) return PyErr_NoMemory(), -1;
+    }
     return 0;
 }
 
@@ -195,6 +285,8 @@ static void scanner_dealloc(Scanner *self) {
     for (int t = 0; t < T_TEXTS; t++) {
         free(self->texts[t].data.data);
         free(self->texts[t].offsets.data);
+        free(self->texts[t].codes.data);
+        free(self->texts[t].slots);
     }
     for (int i = 0; i < self->category_count; i++) free(self->categories[i]);
     Py_XDECREF(self->top_fields);
@@ -308,7 +400,7 @@ typedef struct {
 } Event;
 
 typedef struct {
-    int64_t correlation, device, stream, registers, shared_memory, bytes, sequence;
+    int64_t correlation, device, stream, registers, shared_memory, bytes, sequence, external;
     int correlation_absent;
     JsonValue grid, block, input_dims;
 } Arguments;
@@ -351,20 +443,64 @@ static int int_argument(const JsonValue *v, int64_t *out) {
     }
 }
 
+/* Arguments a typed column holds exactly, left out of `attributes` (xsp.io.kineto_events.MOVED_ARGUMENTS
+ * says the same): integers, and shapes, grids and blocks (arrays of no text, not empty), the latter
+ * kinds only on a device's rows where their columns are only kept there. */
+enum { MOVED_NOT, MOVED_ANYWHERE, MOVED_ON_DEVICE };
+enum { MOVED_INTEGER, MOVED_ARRAY };
+typedef struct {
+    const char *key;
+    int where, kind;
+} Moved;
+static const Moved moved_arguments[] = {
+    {"correlation", MOVED_ANYWHERE, MOVED_INTEGER},      {"External id", MOVED_ANYWHERE, MOVED_INTEGER},
+    {"Sequence number", MOVED_ANYWHERE, MOVED_INTEGER},  {"Input Dims", MOVED_ANYWHERE, MOVED_ARRAY},
+    {"registers per thread", MOVED_ON_DEVICE, MOVED_INTEGER}, {"shared memory", MOVED_ON_DEVICE, MOVED_INTEGER},
+    {"bytes", MOVED_ON_DEVICE, MOVED_INTEGER},            {"grid", MOVED_ON_DEVICE, MOVED_ARRAY},
+    {"block", MOVED_ON_DEVICE, MOVED_ARRAY},
+};
+enum { MOVED_COUNT = sizeof moved_arguments / sizeof moved_arguments[0] };
+
+/* Which of moved_arguments the key is, or -1. */
+static int moved_index(const JsonString *key) {
+    for (int i = 0; i < MOVED_COUNT; i++)
+        if (j_key_is(key, moved_arguments[i].key, strlen(moved_arguments[i].key))) return i;
+    return -1;
+}
+
+static int is_moved(const JsonString *key, const JsonValue *v, int on_device) {
+    int i = moved_index(key);
+    if (i < 0 || (moved_arguments[i].where == MOVED_ON_DEVICE && !on_device)) return 0;
+    if (moved_arguments[i].kind == MOVED_INTEGER) return v->kind == V_INT && !v->overflow && v->integer != MISSING;
+    if (v->kind != V_ARRAY) return 0;
+    int items = 0;
+    for (const char *p = v->start + 1; p < v->stop - 1; p++) {
+        if (*p == '"') return 0;
+        items |= *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t';
+    }
+    return items;
+}
+
 static int read_arguments(const JsonValue *args, Arguments *a) {
     a->correlation = a->device = a->stream = MISSING;
-    a->registers = a->shared_memory = a->bytes = a->sequence = MISSING;
+    a->registers = a->shared_memory = a->bytes = a->sequence = a->external = MISSING;
     a->correlation_absent = 1;
     a->grid.kind = a->block.kind = a->input_dims.kind = V_ABSENT;
     if (args->kind != V_OBJECT) return 0;
     JsonRange r = {.end = args->stop, .final = 1};
     const char *p = j_space(&r, args->start + 1);
     if (*p == '}') return 0;
+    JsonString seen[MAX_ARGUMENTS];
+    int members = 0;
     for (;;) {
         JsonString key;
         JsonValue v;
         if (!(p = j_member(&r, p, &key, &v, 2))) return -1;
-        if (key.escaped) return -1;
+        if (key.escaped || members == MAX_ARGUMENTS) return -1;
+        /* a key twice: msgspec's reader says which one counts, and what is left of them */
+        for (int k = 0; k < members; k++)
+            if (seen[k].length == key.length && memcmp(seen[k].text, key.text, (size_t)key.length) == 0) return -1;
+        seen[members++] = key;
         if (J_KEY_IS(&key, "correlation")) {
             if (v.kind == V_NULL) {
                 a->correlation = MISSING;
@@ -392,6 +528,8 @@ static int read_arguments(const JsonValue *args, Arguments *a) {
             if (int_argument(&v, &a->bytes)) return -1;
         } else if (J_KEY_IS(&key, "Sequence number")) {
             if (int_argument(&v, &a->sequence)) return -1;
+        } else if (J_KEY_IS(&key, "External id")) {
+            if (int_argument(&v, &a->external)) return -1;
         }
         p = j_space(&r, p);
         if (*p == '}') return 0;
@@ -431,6 +569,33 @@ static int put_compact(Growable *g, const JsonValue *v) {
     return 0;
 }
 
+/* The arguments no typed column holds, as compact JSON (see put_compact); nothing when none is left. */
+static int put_arguments(Growable *g, const JsonValue *args, int on_device) {
+    JsonRange r = {.end = args->stop, .final = 1};
+    const char *p = j_space(&r, args->start + 1);
+    if (*p == '}') return put(g, "{}", 2);
+    Py_ssize_t start = g->length;
+    int kept = 0;
+    for (;;) {
+        JsonString key;
+        JsonValue v;
+        const char *member = p;
+        if (!(p = j_member(&r, p, &key, &v, 2))) return -1;
+        if (!is_moved(&key, &v, on_device)) {
+            if (put(g, kept ? "," : "{", 1)) return -1;
+            JsonValue whole = {.start = member, .stop = p};
+            if (put_compact(g, &whole)) return -1;
+            kept = 1;
+        }
+        p = j_space(&r, p);
+        if (*p == '}') break;
+        p = j_space(&r, p + 1);
+    }
+    if (kept) return put(g, "}", 1);
+    g->length = start;
+    return 0;
+}
+
 static int add_row(Scanner *s, int category, const Event *e, const Arguments *a) {
     int failed = 0;
     int64_t pid = e->pid.integer, tid = e->tid.integer;
@@ -449,6 +614,7 @@ static int add_row(Scanner *s, int category, const Event *e, const Arguments *a)
     failed |= put_i64(&s->fixed[C_SHARED_MEMORY], a->shared_memory);
     failed |= put_i64(&s->fixed[C_BYTES], a->bytes);
     failed |= put_i64(&s->fixed[C_SEQUENCE], a->sequence);
+    failed |= put_i64(&s->fixed[C_EXTERNAL], a->external);
     if (failed) return -1;
     TextColumn *name = &s->texts[T_NAME];
     if (e->has_name) {
@@ -460,7 +626,7 @@ static int add_row(Scanner *s, int category, const Event *e, const Arguments *a)
     }
     if (text_end_row(name)) return -1;
     TextColumn *attributes = &s->texts[T_ATTRIBUTES];
-    if (e->args.kind == V_OBJECT && put_compact(&attributes->data, &e->args)) return -1;
+    if (e->args.kind == V_OBJECT && put_arguments(&attributes->data, &e->args, s->on_device[category])) return -1;
     if (text_end_row(attributes)) return -1;
     if (put_dims(&s->texts[T_INPUT_DIMS], &a->input_dims) || put_dims(&s->texts[T_GRID], &a->grid) ||
         put_dims(&s->texts[T_BLOCK], &a->block))
@@ -478,6 +644,11 @@ static void take_back_row(Scanner *s) {
     }
     for (int t = 0; t < T_TEXTS; t++) {
         TextColumn *text = &s->texts[t];
+        if (text->interned) { /* the distinct texts it added are kept, unused */
+            if (text->codes.length > rows * 4) text->codes.length = rows * 4;
+            text->data.length = ((int64_t *)text->offsets.data)[text->distinct];
+            continue;
+        }
         if (text->offsets.length > (rows + 1) * 8) text->offsets.length = (rows + 1) * 8;
         text->data.length = ((int64_t *)text->offsets.data)[rows];
     }
@@ -820,7 +991,13 @@ static PyObject *scanner_columns(Scanner *self, PyObject *Py_UNUSED(ignored)) {
         block = block_from(&self->texts[t].offsets);
         if (!block || PyDict_SetItemString(result, key, block)) goto error;
         Py_DECREF(block);
-        if (text_end_row(&self->texts[t])) goto error; /* the scanner stays usable, with no rows */
+        if (self->texts[t].interned) {
+            snprintf(key, sizeof key, "%s.codes", text_names[t]);
+            block = block_from(&self->texts[t].codes);
+            if (!block || PyDict_SetItemString(result, key, block)) goto error;
+            Py_DECREF(block);
+        }
+        if (text_start(&self->texts[t])) goto error; /* the scanner stays usable, with no rows */
     }
     self->rows = 0;
     return result;
