@@ -252,3 +252,42 @@ def test_events_of_odd_phases_are_counted_not_fatal(tmp_path):
     assert trace.spans[col.NAME].tolist() == ["aten::mm"]
     assert trace.metadata["not_imported"] == {
         "ignored cpu_instant_event events": 1, "ignored Z events": 1, "ignored cpu_op events": 1}
+
+
+IMPORTED = ("X",)
+
+
+@pytest.mark.parametrize("name", [
+    "v100_2rank_train_rank1", "a100_alexnet", "a100_nccl_rank0", "a100_triton", "a100_event_sync_multistream",
+    "sampled_rank0", "cpu_only_rank34", "a100_cupti_counters"])
+def test_every_argument_comes_back_whole(shared_traces, name):
+    """``attributes`` leaves out what typed columns hold; kineto_arguments gives every event's
+    arguments back as the file has them."""
+    from xsp.io.kineto import CATEGORIES, kineto_arguments
+
+    source = shared_traces / "kineto" / f"{name}.json.gz"
+    events = json.loads(gzip.open(source).read())["traceEvents"]
+    recorded = sorted((e["name"], json.dumps(e.get("args"), sort_keys=True)) for e in events
+                      if e.get("ph") in IMPORTED and str(e.get("cat", "")).lower() in CATEGORIES
+                      and e.get("ts") is not None and e.get("dur") is not None)
+    spans = xsp.load(source).spans
+    given_back = sorted((str(n), json.dumps(a, sort_keys=True))
+                        for n, a in zip(spans[col.NAME].astype(str), kineto_arguments(spans)))
+    assert given_back == recorded
+    moved = spans[col.ATTRIBUTES].dropna()
+    assert not moved.str.contains('"External id"|"correlation":[0-9]', regex=True).any()
+
+
+def test_profiler_steps_share_their_paths(traces):
+    """A span has the same path in every step: the profiler's step number is not part of it."""
+    spans = traces["sampled_rank0"].spans
+    assert isinstance(spans[col.PATH].dtype, pd.CategoricalDtype)
+    steps = spans[spans[col.KIND] == "step"]
+    assert set(steps[col.PATH]) == {"ProfilerStep#*[0]"} and steps[col.STEP].nunique() == 2
+    timed = spans[spans[col.STEP].notna()]
+    first, second = timed.groupby(col.STEP, observed=True)[col.PATH].agg(lambda p: set(p.astype(str))).tolist()
+    # 2,034 of the 2,403 paths of the first step are the second's (the trace is sampled: its two
+    # steps ran a few different operators); with the step's number in them, none was
+    assert len(first & second) > 0.8 * min(len(first), len(second))
+    categories = spans[col.PATH].cat.categories
+    assert categories.is_monotonic_increasing and categories.is_unique

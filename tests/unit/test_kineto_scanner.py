@@ -313,3 +313,18 @@ def test_a_gzip_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
     path.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (8 << 20) + b"]}"))
     with pytest.raises(xsp.TraceFormatError, match="inflates to more than"):
         list(kineto_json.inflated_pieces(path))
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_a_name_that_spells_another_spans_path_shares_its_category(tmp_path, monkeypatch, pure_python):
+    """``x[0]/y`` at the top spells the path of ``y`` inside ``x``: one category for both, and
+    the path categories stay distinct and sorted, as written by C or joined by Arrow."""
+    if pure_python:
+        monkeypatch.setenv("XSP_PURE_PYTHON", "1")
+    annotation = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 7}
+    events = [{**annotation, "name": "x", "ts": 10, "dur": 10}, {**annotation, "name": "y", "ts": 12, "dur": 2},
+              {**annotation, "name": "x[0]/y", "ts": 30, "dur": 2}, {**annotation, "name": "z", "ts": 40, "dur": 2}]
+    spans = xsp.load(_write(tmp_path, _document(events), "spelt.json")).spans
+    assert spans[col.PATH].astype(str).tolist() == ["x[0]", "x[0]/y[0]", "x[0]/y[0]", "z[0]"]
+    categories = spans[col.PATH].cat.categories
+    assert categories.is_unique and categories.is_monotonic_increasing and len(categories) == 3

@@ -51,7 +51,7 @@ def test_walks_match_a_step_by_step_climb(forest):
         assert nearest_marked(parents, marked)[row] == nearest
         assert nearest_marked(parents, marked, include_self=True)[row] == (row if marked[row] else nearest)
         steps = [a for a in [row, *chain] if is_step[a]]
-        assert outermost_step(kinds, parents)[row] == (steps[-1] if steps else -1)
+        assert outermost_step(is_step, parents)[row] == (steps[-1] if steps else -1)
         expected_anchor = parents[row]
         if levels[row] in SKIPPING_LEVELS:
             expected_anchor = next((a for a in chain if levels[a] != levels[row]), -1)

@@ -15,3 +15,11 @@ def fill_paths(order: Buffer, anchor: Buffer, offsets: Buffer, data: Buffer, nam
         ValueError: columns shorter than ``rows``, a row or anchor out of range, or a path of another
             length than its offsets say.
     """
+
+def equal_neighbours(order: Buffer, offsets: Buffer, data: Buffer, /) -> bool:
+    """Whether two texts next to each other in ``order`` (int64 positions of texts at ``offsets``,
+    int64, into ``data``) are equal.
+
+    Raises:
+        ValueError: a position out of range.
+    """

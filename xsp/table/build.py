@@ -23,7 +23,6 @@ from xsp.table.walks import (
     arrow_strings,
     categorical,
     categories_at,
-    category_values,
     ids_at,
     nearest_marked,
     null_categories,
@@ -128,9 +127,10 @@ def widen_backward_layers(table: pd.DataFrame) -> None:
     out to the operator's. Outermost operators on one thread never overlap, so a span that
     contained another still does.
     """
-    levels, kinds = category_values(table[col.LEVEL]), category_values(table[col.KIND])
-    backward = np.flatnonzero((levels == col.Level.LAYER.value) & (kinds == col.SpanKind.BACKWARD.value))
-    operators = np.flatnonzero(levels == col.Level.OPERATOR.value)
+    levels = table[col.LEVEL]  # compared by category: no text a row
+    backward = np.flatnonzero(((levels == col.Level.LAYER.value)
+                               & (table[col.KIND] == col.SpanKind.BACKWARD.value)).to_numpy(dtype=bool))
+    operators = np.flatnonzero((levels == col.Level.OPERATOR.value).to_numpy(dtype=bool))
     if not len(backward) or not len(operators):
         return
     threads = table[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=0)
@@ -166,11 +166,12 @@ def new_step_state(attach_to_session: bool = True) -> structure.StepState:
 def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
     """Module forwards run inside a backward pass (activation checkpointing recomputing them)
     are ``recompute`` spans, not forwards: in place."""
-    kinds = table[col.KIND].to_numpy(dtype=object)
-    forward = kinds == col.SpanKind.FORWARD.value
-    if not forward.any() or not (kinds == col.SpanKind.BACKWARD.value).any():
+    kinds = table[col.KIND]
+    forward = (kinds == col.SpanKind.FORWARD.value).to_numpy(dtype=bool)  # by code: no text a row
+    backward = (kinds == col.SpanKind.BACKWARD.value).to_numpy(dtype=bool)
+    if not forward.any() or not backward.any():
         return
-    recompute = forward & (nearest_marked(parents, kinds == col.SpanKind.BACKWARD.value) >= 0)
+    recompute = forward & (nearest_marked(parents, backward) >= 0)
     if recompute.any():
         set_texts(table, recompute, col.KIND, col.SpanKind.RECOMPUTE.value)
 
@@ -203,7 +204,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         parts.append(pd.DataFrame([session_row]))
     if not parts:
         return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
-    raw = pd.concat(parts, ignore_index=True)
+    # one frame (an import) is taken as it is: concatenating it alone copies its columns
+    raw = parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
     del parts
     if host_to_epoch_ns:  # an import's times are epoch times already
         raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns
@@ -218,12 +220,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     del depth, order
     table = conform(raw)
     del raw
-    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
-    table[col.SPAN_ID] = new_span_ids(len(table))
+    large = len(table) >= LARGE_TABLE_ROWS
+    if large:
+        release_freed_memory()
     is_session = (table[col.KIND] == col.SpanKind.SESSION.value).to_numpy()
     session_position = int(np.flatnonzero(is_session)[0]) if is_session.any() else None
-    if session_position is not None:
-        table.loc[session_position, col.SPAN_ID] = state.session_span_id
     if session_position is None:  # an import: no row to leave out, so no copy of the table
         parents, diagnostics = hierarchy.infer_parent_positions(table, live_records)
     else:
@@ -231,7 +232,6 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         sub_parents, diagnostics = hierarchy.infer_parent_positions(table.iloc[host_rows], live_records)
         parents = np.full(len(table), -1, dtype=np.int64)
         parents[host_rows] = np.where(sub_parents >= 0, host_rows[np.maximum(sub_parents, 0)], -1)
-    large = len(table) >= LARGE_TABLE_ROWS
     if large:
         release_freed_memory()
     mark_recomputation(table, parents)
@@ -245,6 +245,11 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.PATH] = structure.assign_paths(table, shape, state)
     if large:
         release_freed_memory()
+    # ids and durations last: the tree is made while the table is smallest
+    table[col.DURATION_NS] = table[col.END_NS] - table[col.START_NS]
+    table[col.SPAN_ID] = new_span_ids(len(table))
+    if session_position is not None:
+        table.loc[session_position, col.SPAN_ID] = state.session_span_id
     ids = np.append(table[col.SPAN_ID].to_numpy(dtype=np.int64), state.session_span_id)
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     del ids

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
+from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import chain_ends, depth_of, ids_at, nearest_before
 
@@ -76,15 +77,17 @@ class HierarchyDiagnostics:
 
 
 def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray,
-                      tiebreak: np.ndarray) -> tuple[np.ndarray, HierarchyDiagnostics]:
+                      tiebreak: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, HierarchyDiagnostics]:
     """Parent position of every span by interval inclusion, per thread.
 
     Args:
         thread: thread of each span; spans with the same value can nest.
-        start, end: interval of each span (any integer unit).
+        start, end: interval of each span (any integer unit); with ``rows``, of every row of a
+            table, the spans being those ``rows`` (no copy of the columns).
         rank: level depth (0 = model); a parent's rank is never higher than its child's.
         tiebreak: among equal intervals and levels, the smaller value is the outer span
             (the call depth for module calls).
+        rows: where the spans are in ``start`` and ``end`` (all of them by default).
 
     Returns:
         ``parents`` (position of the parent, or -1) and the diagnostics.
@@ -94,18 +97,22 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
     first of that chain whose rank is not deeper than its own. A span that ends after the next
     longer span begins, but before that span ends, overlaps it without nesting.
     """
-    count = len(start)
-    parents = np.full(count, NO_PARENT, dtype=np.int64)
+    count = len(thread)
     diagnostics = HierarchyDiagnostics(spans=count)
     if count == 0:
-        return parents, diagnostics
-    order = np.lexsort((tiebreak, -end, rank, start, thread))
-    threads, starts, ends = thread[order], start[order], end[order]
-    ranks, ties = rank[order], tiebreak[order]
+        return np.full(count, NO_PARENT, dtype=np.int64), diagnostics
+    # at millions of spans each array here is tens of megabytes: each is let go once used
+    at = np.arange(count) if rows is None else rows  # each span's row in start and end
+    order = np.lexsort((tiebreak, -end[at], rank, start[at], thread))
+    if count < np.iinfo(np.int32).max:
+        order = order.astype(np.int32)
+    ends = end[at[order]]
     # chains never cross threads: rows of one thread are contiguous, so a link that leaves the
     # thread means no span of the thread encloses this one
     enclosing = nearest_before(ends, strict=False)
-    enclosing[(enclosing >= 0) & (threads[np.maximum(enclosing, 0)] != threads)] = NO_PARENT
+    run = _thread_runs(thread[order])
+    enclosing[(enclosing >= 0) & (run[np.maximum(enclosing, 0)] != run)] = NO_PARENT
+    ranks = rank[order].astype(np.int8 if int(rank.max()) < 127 else np.int64)
     candidate = enclosing.copy()
     pending = np.flatnonzero(candidate >= 0)
     pending = pending[ranks[candidate[pending]] > ranks[pending]]
@@ -113,20 +120,40 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
         candidate[pending] = enclosing[candidate[pending]]
         pending = pending[candidate[pending] >= 0]
         pending = pending[ranks[candidate[pending]] > ranks[pending]]
+    del enclosing, pending
     found = np.flatnonzero(candidate >= 0)
     outer = candidate[found]
+    del candidate
+    parents = np.full(count, NO_PARENT, dtype=np.int64)
     parents[order[found]] = order[outer]
-    diagnostics.ambiguous = int(((starts[outer] == starts[found]) & (ends[outer] == ends[found])
-                                 & (ranks[outer] == ranks[found]) & (ties[outer] == ties[found])).sum())
+    outer_rows, found_rows = order[outer], order[found]
+    diagnostics.ambiguous = int(((start[at[outer_rows]] == start[at[found_rows]]) & (ends[outer] == ends[found])
+                                 & (ranks[outer] == ranks[found])
+                                 & (tiebreak[outer_rows] == tiebreak[found_rows])).sum())
+    del found, outer, outer_rows, found_rows, ranks
+    if count >= LARGE_TABLE_ROWS:
+        release_freed_memory()
     # a span is left (popped) by the first later span of its thread that ends after it
     reversed_next = nearest_before(ends[::-1], strict=True)
     following = np.where(reversed_next >= 0, count - 1 - reversed_next, -1)[::-1]
-    has_next = following >= 0
-    rows = np.flatnonzero(has_next)
-    nxt = following[rows]
-    same_thread = threads[nxt] == threads[rows]
-    diagnostics.overlapping = int((same_thread & (ends[rows] > starts[nxt])).sum())
+    del reversed_next
+    for chunk in range(0, count, OVERLAP_CHUNK):  # a chunk at a time: a few megabytes, not tens
+        positions = np.arange(chunk, min(chunk + OVERLAP_CHUNK, count))
+        nxt = following[positions]
+        positions, nxt = positions[nxt >= 0], nxt[nxt >= 0]
+        diagnostics.overlapping += int(((run[nxt] == run[positions]) & (ends[positions] > start[at[order[nxt]]])).sum())
     return parents, diagnostics
+
+
+OVERLAP_CHUNK = 1 << 18
+
+
+def _thread_runs(threads: np.ndarray) -> np.ndarray:
+    """For threads in sorted order, which run of one thread each row is in (int32: half the memory)."""
+    changes = np.empty(len(threads), dtype=bool)
+    changes[:1] = True
+    np.not_equal(threads[1:], threads[:-1], out=changes[1:])
+    return np.cumsum(changes, dtype=np.int32 if len(threads) < 2**31 else np.int64)
 
 
 def launch_parents(spans: pd.DataFrame, diagnostics: HierarchyDiagnostics) -> np.ndarray:
@@ -140,20 +167,31 @@ def launch_parents(spans: pd.DataFrame, diagnostics: HierarchyDiagnostics) -> np
     if not activity.any():
         return parents
     api_rows = np.flatnonzero(api)
-    api_correlation = correlation.to_numpy(dtype=np.float64, na_value=np.nan)[api_rows].astype(np.int64)
-    repeated = pd.Series(api_correlation).duplicated(keep=False).to_numpy()
-    launcher = pd.Series(api_rows[~repeated], index=api_correlation[~repeated])
+    del api
+    # matched in sorted order (no hash table or float copy of millions of ids)
+    api_correlation = correlation.iloc[api_rows].to_numpy(dtype=np.int64)
+    by_id = np.argsort(api_correlation, kind="stable")
+    sorted_ids = api_correlation[by_id]
+    del api_correlation
+    repeated = np.zeros(len(sorted_ids), dtype=bool)
+    same = sorted_ids[1:] == sorted_ids[:-1]
+    repeated[1:] |= same
+    repeated[:-1] |= same
+    del same
     activity_rows = np.flatnonzero(activity)
     wanted = correlation.iloc[activity_rows]
     has_id = wanted.notna().to_numpy()
-    found = pd.Series(np.full(len(activity_rows), NO_PARENT, dtype=np.int64))
+    found = np.full(len(activity_rows), NO_PARENT, dtype=np.int64)
     if has_id.any():
         ids = wanted[has_id].to_numpy(dtype=np.int64)
-        found[has_id] = launcher.reindex(ids).fillna(NO_PARENT).to_numpy(dtype=np.int64)
-        duplicated = np.isin(ids, api_correlation[repeated])
+        at = np.minimum(np.searchsorted(sorted_ids, ids), max(len(sorted_ids) - 1, 0))
+        known = (sorted_ids[at] == ids) if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
+        duplicated = known & repeated[at] if len(sorted_ids) else known
+        launched = known & ~duplicated
+        found[np.flatnonzero(has_id)[launched]] = api_rows[by_id[at[launched]]]
         diagnostics.duplicate_correlation = int(duplicated.sum())
-        diagnostics.launch_missing = int(((found[has_id].to_numpy() < 0) & ~duplicated).sum())
-    parents[activity_rows] = found.to_numpy()
+        diagnostics.launch_missing = int((~known).sum())
+    parents[activity_rows] = found
     diagnostics.without_correlation = int((~has_id).sum())
     diagnostics.launched = int((parents[activity_rows] >= 0).sum())
     return parents
@@ -214,23 +252,28 @@ def infer_parent_positions(spans: pd.DataFrame,
     count = len(spans)
     thread = spans[col.THREAD_ID]
     has_thread = thread.notna().to_numpy()
-    codes, uniques = pd.factorize(spans[col.LEVEL])
-    rank = np.array([*(_RANK.get(level, len(_RANK)) for level in uniques), len(_RANK)], dtype=np.int64)[codes]
-    tiebreak = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
-                if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
+    rows = np.flatnonzero(has_thread)
+    # only the host rows, as narrow as they go: at millions of spans each array is megabytes
+    level_codes, levels = pd.factorize(spans[col.LEVEL].iloc[rows])  # no Python string per row
+    rank = np.array([*(_RANK.get(level, len(_RANK)) for level in levels), len(_RANK)], dtype=np.int8)[level_codes]
+    del level_codes
+    depth = spans[col.CALL_DEPTH] if col.CALL_DEPTH in spans else None
+    tiebreak = (depth.to_numpy(dtype=np.int64, na_value=0)[rows] if depth is not None and depth.notna().any()
+                else np.zeros(len(rows), dtype=np.int8))  # an import has no call depths: -2..0 fit a byte
+    del depth
     # a step (or the session) spanning exactly what it holds (a closure optimizer's first step is
     # its optimizer call) is the outer one
     if col.KIND in spans:
-        kind_codes, kinds = pd.factorize(spans[col.KIND])  # no Python string per row
-        code_of = {kind: code for code, kind in enumerate(kinds)}
-        session, step = code_of.get(SpanKind.SESSION.value, -2), code_of.get(SpanKind.STEP.value, -2)
-        tiebreak = np.where(kind_codes == session, -2, np.where(kind_codes == step, -1, tiebreak))
-    rows = np.flatnonzero(has_thread)
+        kinds = spans[col.KIND].iloc[rows]
+        tiebreak[(kinds == SpanKind.STEP.value).to_numpy(dtype=bool)] = -1
+        tiebreak[(kinds == SpanKind.SESSION.value).to_numpy(dtype=bool)] = -2
+        del kinds
     sub_parents, diagnostics = inclusion_parents(
-        thread[has_thread].to_numpy(dtype=np.int64),
-        spans[col.START_NS].to_numpy(dtype=np.int64)[rows],
-        spans[col.END_NS].to_numpy(dtype=np.int64)[rows],
-        rank[rows], tiebreak[rows])
+        thread.iloc[rows].to_numpy(dtype=np.int64), spans[col.START_NS].to_numpy(dtype=np.int64),
+        spans[col.END_NS].to_numpy(dtype=np.int64), rank, tiebreak, rows)
+    del rank, tiebreak
+    if count >= LARGE_TABLE_ROWS:
+        release_freed_memory()
     parents = launch_parents(spans, diagnostics)
     parents[rows] = np.where(sub_parents >= 0, rows[np.maximum(sub_parents, 0)], NO_PARENT)
     if check_external_ids and col.EXTERNAL_ID in spans:

@@ -35,10 +35,12 @@ from xsp.table.walks import (
     categories_at,
     category_values,
     chain_ends,
+    known_categories,
     nearest_before,
     nearest_marked,
     plain_strings,
     text_codes,
+    untouched_zeros,
 )
 
 NONE = -1
@@ -50,9 +52,8 @@ ANY_PROFILER_STEP: Final = f"{PROFILER_STEP_NAME}*"
 """What such a name is in a path: the same in every step."""
 
 
-def outermost_step(kinds: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """Position of the outermost step-kind span among each span and its ancestors, or -1."""
-    is_step = np.isin(kinds, [kind.value for kind in STEP_KINDS])
+def outermost_step(is_step: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """Position of the outermost step-kind span (``is_step``) among each span and its ancestors, or -1."""
     nearest = nearest_marked(parents, is_step, include_self=True)
     step_above = np.where(is_step, nearest_marked(parents, is_step), NONE)
     outermost = chain_ends(step_above)
@@ -135,13 +136,13 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     count = len(spans)
     parents = parents.copy()
     session = count if session_row is None else session_row
-    kinds = category_values(spans[col.KIND])
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)
-    threads = spans[col.THREAD_ID].fillna(-1).to_numpy(dtype=np.int64)
-    levels = category_values(spans[col.LEVEL])
-    outer = outermost_step(kinds, parents)
+    threads = spans[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=-1)
+    # by category code, not a text a row: at millions of rows each array here is tens of megabytes
+    outer = outermost_step(spans[col.KIND].isin([kind.value for kind in STEP_KINDS]).to_numpy(dtype=bool), parents)
     step_roots = np.flatnonzero(outer == np.arange(count))
+    del outer
     parents[step_roots] = NONE
     step_roots = step_roots[np.lexsort((threads[step_roots], starts[step_roots]))]
     step_of = np.full(count, NONE, dtype=np.int64)
@@ -161,7 +162,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]
-    below_model = loose[~np.isin(levels[loose], ROOT_LEVELS)]
+    below_model = loose[~spans[col.LEVEL].iloc[loose].isin(ROOT_LEVELS).to_numpy(dtype=bool)]
     found = _latest_step_on_thread(step_roots, threads, starts, below_model)
     hit = found >= 0
     step_of[below_model[hit]] = step_of[found[hit]]
@@ -186,6 +187,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
                                                    traces.values[trace_of[root]])
     if len(step_roots):
         state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
+    del threads, loose, below_model, found, hit
     inside = parents.copy()
     inside[inside == count] = NONE
     top = root_of(inside)
@@ -249,12 +251,19 @@ ROOT_LEVELS = (Level.MODEL.value, Level.INPUT.value)
 """Levels whose spans skip enclosing spans of their own level when anchoring their path."""
 
 
-def anchors(levels: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """The parent, except that a layer (operator) skips over enclosing layers (operators)."""
-    skipping = np.isin(levels, SKIPPING_LEVELS)
+def anchors(levels: np.ndarray, parents: np.ndarray, skipping: np.ndarray | None = None) -> np.ndarray:
+    """The parent, except that a layer (operator) skips over enclosing layers (operators).
+
+    ``levels`` may be the levels' texts or any codes of them, with ``skipping`` then saying
+    which rows are layers or operators."""
+    skipping = np.isin(levels, SKIPPING_LEVELS) if skipping is None else skipping
     same_level_parent = skipping & (parents >= 0) & (levels[np.maximum(parents, 0)] == levels)
     top_of_run = chain_ends(np.where(same_level_parent, parents, NONE))
-    return np.where(skipping, parents[top_of_run], parents)
+    del same_level_parent
+    anchor = parents[top_of_run]
+    del top_of_run
+    np.copyto(anchor, parents, where=~skipping)
+    return anchor
 
 
 def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray]) -> np.ndarray:
@@ -263,17 +272,23 @@ def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray])
     count = len(group_keys[0])
     if count == 0:
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort([*reversed(order_keys), *reversed(group_keys)])
+    # narrow and in place: at millions of rows each array here is tens of megabytes
+    order = _narrow(np.lexsort([*reversed(order_keys), *reversed(group_keys)]))
     new_group = np.ones(count, dtype=bool)
     for key in group_keys:
         sorted_key = key[order]
         new_group[1:] &= sorted_key[1:] == sorted_key[:-1]
-    new_group = ~new_group
+        del sorted_key
+    np.logical_not(new_group, out=new_group)
     new_group[0] = True
-    position = np.arange(count)
-    first = np.maximum.accumulate(np.where(new_group, position, 0))
-    occurrence = np.empty(count, dtype=np.int64)
-    occurrence[order] = position - first
+    first = _narrow(np.flatnonzero(new_group))
+    sizes = np.diff(np.append(first, count))
+    del new_group
+    position = np.arange(count, dtype=order.dtype)
+    position -= np.repeat(first, sizes)
+    del first, sizes
+    occurrence = np.empty(count, dtype=order.dtype)
+    occurrence[order] = position
     return occurrence
 
 
@@ -302,10 +317,17 @@ def _take(array: pa.Array | pa.ChunkedArray, positions: np.ndarray) -> pa.Array 
     return pc.take(array, pa.array(positions), memory_pool=MEMORY_POOL)
 
 
+def _narrow(positions: np.ndarray) -> np.ndarray:
+    """Positions or codes as int32 where they fit (at millions of rows, tens of megabytes less)."""
+    if len(positions) and (positions.max() >= np.iinfo(np.int32).max or positions.min() < np.iinfo(np.int32).min):
+        return positions
+    return positions.astype(np.int32, copy=False)
+
+
 def _tree_layers(anchor: np.ndarray) -> np.ndarray:
     """Distance of each row from its root along ``anchor`` (-1 where no root is reached)."""
-    layer = np.where(anchor < 0, 0, NONE)
-    pending = np.flatnonzero(anchor >= 0)
+    layer = np.where(anchor < 0, 0, NONE).astype(anchor.dtype, copy=False)
+    pending = _narrow(np.flatnonzero(anchor >= 0))
     while len(pending):
         ready = layer[anchor[pending]] >= 0
         if not ready.any():  # cannot happen in a tree; stop rather than loop forever
@@ -327,15 +349,25 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     the same span has the same path in every step, as in xsp's own traces.
     """
     count = len(spans)
-    levels = np.append(category_values(spans[col.LEVEL]), Level.MODEL.value)
-    name_codes, name_texts = _name_codes(spans[col.NAME])
+    levels = spans[col.LEVEL]
+    level_codes = (levels.cat.codes.to_numpy() if isinstance(levels.dtype, pd.CategoricalDtype)
+                   else pd.factorize(levels)[0])  # codes, not a text a row; the session row: -2
+    skipping = np.append(levels.isin(SKIPPING_LEVELS).to_numpy(dtype=bool), False)
     parents = np.append(shape.parents, NONE)  # row ``count`` stands for a session outside the window
-    anchor = anchors(levels, parents)
+    anchor = _narrow(anchors(np.append(level_codes, -2), parents, skipping))
+    del levels, level_codes, skipping, parents
+    large = count >= LARGE_TABLE_ROWS
+    if large:  # what was freed is handed back before the next arrays are made
+        release_freed_memory()
+    name_codes, name_texts = _name_codes(spans[col.NAME])
+    name_codes = _narrow(name_codes)
     session = shape.session
-    depth = (spans[col.CALL_DEPTH].fillna(0).to_numpy(dtype=np.int64)
-             if col.CALL_DEPTH in spans else np.zeros(count, dtype=np.int64))
-    occurrence = occurrence_index([shape.trace_codes, anchor[:count], name_codes],
-                                  [spans[col.START_NS].to_numpy(dtype=np.int64), depth])
+    depth = spans[col.CALL_DEPTH] if col.CALL_DEPTH in spans else None
+    order_keys = [spans[col.START_NS].to_numpy(dtype=np.int64)]
+    if depth is not None and depth.fillna(0).ne(0).any():
+        order_keys.append(depth.fillna(0).to_numpy(dtype=np.int64))
+    occurrence = _narrow(occurrence_index([shape.trace_codes, anchor[:count], name_codes], order_keys))
+    del order_keys
     # names below the session and at trace roots recur across windows: continue their counts
     carried = (anchor[:count] < 0) | (anchor[:count] == session)
     if session < count:
@@ -348,62 +380,129 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     occurrence = np.append(occurrence, 0)
     occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
     anchor[session] = NONE
-    del levels, parents, depth, carried, rows, scopes
-    path_codes, part_codes, part_texts, own_occurrence, own_anchor, bounds = _distinct_paths(
-        name_codes, name_texts, occurrence, anchor)
-    del name_codes, occurrence, anchor
+    if session < count or not (anchor[:count] == count).any():
+        anchor[count] = count  # no row stands for a session outside the window: not a path (a cycle)
+    del depth, carried, rows, scopes
+    own_part, part_texts = _name_parts(name_codes, name_texts)
+    del name_codes  # each array a row is tens of megabytes at millions of spans
+    if large:
+        release_freed_memory()
+    path_codes, representative, own_anchor, bounds = _distinct_paths(own_part, occurrence, anchor)
+    part_codes, own_occurrence = own_part[representative], np.append(occurrence[representative], 0).astype(np.int64)
+    del own_part, occurrence, anchor
+    if large:
+        release_freed_memory()
     distinct = len(part_codes)
-    filler = _path_filler()
     order = np.arange(distinct + 1)  # the distinct paths come layer by layer, anchors first
+    texts = plain_strings(pd.Series(_written_paths(part_codes, part_texts, own_occurrence, own_anchor, order, bounds),
+                                    copy=False))
+    in_text_order = pc.sort_indices(texts, memory_pool=MEMORY_POOL).to_numpy()
+    if _repeats(texts, in_text_order):
+        # a name holding "/" or "[" spelt another span's path: one category for both
+        text_of, unique_texts = arrow_codes(texts)
+        return categories_at(np.where(path_codes < 0, NONE, text_of[np.maximum(path_codes, 0)]), unique_texts)
+    # the paths are distinct, and are written again in text order (categories sorted as every
+    # categorical column's are) rather than copied sorted: a trace without steps has as many
+    # paths as spans, and one copy of them is hundreds of megabytes
+    rank = np.empty(distinct, dtype=np.int64)
+    rank[in_text_order] = np.arange(distinct)
+    # written again over the first writing, which nothing reads any more (no new memory to fault in)
+    reused = np.frombuffer(texts.buffers()[2], dtype=np.uint8) if len(texts) and texts.buffers()[2] else None
+    if reused is not None and not reused.flags.writeable:
+        reused = None
+    del texts, in_text_order
+    if large:
+        release_freed_memory()
+    by_rank_part, by_rank_occurrence, by_rank_anchor = (np.empty(distinct, dtype=np.int64) for _ in range(3))
+    by_rank_part[rank] = part_codes
+    by_rank_occurrence[rank] = own_occurrence[:distinct]
+    by_rank_anchor[rank] = np.where(own_anchor[:distinct] >= 0, rank[np.maximum(own_anchor[:distinct], 0)], NONE)
+    sorted_texts = _written_paths(by_rank_part, part_texts, np.append(by_rank_occurrence, 0),
+                                  np.append(by_rank_anchor, NONE), np.append(rank, distinct), bounds, reused,
+                                  fill_order=np.arange(distinct))  # a path sorts after its anchor's
+    return known_categories(np.where(path_codes < 0, NONE, rank[np.maximum(path_codes, 0)]),
+                            plain_strings(pd.Series(sorted_texts, copy=False)))
+
+
+def _repeats(texts: pa.LargeStringArray, in_text_order: np.ndarray, chunk: int = 1 << 16) -> bool:
+    """Whether any text is there twice (equal neighbours in text order), compared in place (by C
+    where it is built, else a chunk at a time): no sorted copy of them all is made."""
+    module = optional_extension("xsp.table._paths")
+    if module is not None and len(texts):
+        _, offsets, data = texts.buffers()
+        at = np.frombuffer(offsets, dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
+        order = np.ascontiguousarray(in_text_order, dtype=np.int64)
+        return bool(module.equal_neighbours(order, np.ascontiguousarray(at), data or b""))
+    for begin in range(0, max(len(in_text_order) - 1, 0), chunk):
+        window = texts.take(pa.array(in_text_order[begin:begin + chunk + 1]))
+        if pc.any(pc.equal(window[1:], window[:-1])).as_py():
+            return True
+    return False
+
+
+def _written_paths(part_codes: np.ndarray, part_texts: pa.LargeStringArray, occurrence: np.ndarray,
+                   anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray, into: np.ndarray | None = None,
+                   fill_order: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
+    """The paths of a forest (see :func:`_distinct_paths`) as text, by C where it is built (into
+    ``into``'s memory where it is given and large enough)."""
+    filler = _path_filler()
     if filler is not None:
-        texts = _filled_paths(filler, part_codes, part_texts, own_occurrence, own_anchor, order, bounds)
-    else:
-        texts = _joined_paths(part_texts.take(pa.array(part_codes)), own_occurrence, own_anchor, order, bounds)
-    # a name holding "/" or "[" can spell another span's path: one category for both
-    text_of, unique_texts = arrow_codes(plain_strings(pd.Series(texts, copy=False)))
-    return categories_at(np.where(path_codes < 0, NONE, text_of[np.maximum(path_codes, 0)]), unique_texts)
+        return _filled_paths(filler, part_codes, part_texts, occurrence, anchor, order, bounds, into, fill_order)
+    return _joined_paths(part_texts.take(pa.array(part_codes)), occurrence, anchor, order, bounds)
 
 
-def _distinct_paths(name_codes: np.ndarray, name_texts: pa.LargeStringArray, occurrence: np.ndarray,
-                    anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.LargeStringArray, np.ndarray,
-                                                 np.ndarray, np.ndarray]:
-    """Each row's path as a code among the distinct paths (-1 for rows on a cycle), and the
-    distinct paths as a forest of their own, layer by layer (``bounds``), for writing out: each
-    one's own part (``part_codes`` into ``part_texts``, and its occurrence) and its anchor (a
-    distinct path before it). Arrays of the forest have one more, unused, slot at the end (the
-    row that stands for a session outside the window in the writers)."""
-    count = len(name_codes)
+def _name_parts(name_codes: np.ndarray, name_texts: pa.LargeStringArray) -> tuple[np.ndarray, pa.LargeStringArray]:
+    """Each row's name as it is in a path (a code among ``part_texts``: the names, a profiler
+    step's without its number); the row past the end: the session's own name."""
     part_names = pc.replace_substring_regex(name_texts, NUMBERED_PROFILER_STEP, ANY_PROFILER_STEP)
     part_names = pa.concat_arrays([part_names.cast(pa.large_string()), pa.array([SESSION_NAME], pa.large_string())])
     name_part, part_texts = arrow_codes(part_names)
-    own_name = name_part[np.append(name_codes, len(name_texts))]  # row ``count``: the session's own name
-    own_keys = own_name * (int(occurrence.max(initial=0)) + 1) + occurrence
-    own_code, own_values = pd.factorize(own_keys)
-    del own_keys
-    width = len(own_values) + 1
+    return _narrow(name_part)[np.append(name_codes, len(name_texts))], part_texts
+
+
+def _distinct_paths(own_part: np.ndarray, occurrence: np.ndarray,
+                    anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's path as a code among the distinct paths (-1 for rows on a cycle), and the
+    distinct paths as a forest of their own, layer by layer (``bounds``), for writing out: a row
+    that has it (whose own part, ``own_part[k]``, it ends in) and its anchor (a distinct path
+    before it; one more, unused, slot at the end: the row that stands for a session outside the
+    window in the writers). Two rows share a path where their anchors do and their own parts are
+    equal."""
+    count = len(own_part) - 1
+    parts = int(own_part.max(initial=0)) + 1
+    occurrences = int(occurrence.max(initial=0)) + 1
     layer = _tree_layers(anchor)
-    order = np.argsort(layer, kind="stable")
+    order = _narrow(np.argsort(layer, kind="stable"))
     layer_bounds = np.searchsorted(layer[order], np.arange(layer.max(initial=0) + 2))
     del layer
-    path_codes = np.full(count + 1, NONE, dtype=np.int64)
+    path_codes = np.full(count + 1, NONE, dtype=anchor.dtype)
+    # a path is (its anchor's path, name, k): one integer where the product fits (it nearly always does)
+    fits = (count + 2) * parts * occurrences < np.iinfo(np.int64).max
     forest_rows: list[np.ndarray] = []
     forest_anchor: list[np.ndarray] = []
     bounds = [0]
     for current in range(len(layer_bounds) - 1):
         members = order[layer_bounds[current]:layer_bounds[current + 1]]
-        above = path_codes[anchor[members]] if current else np.full(len(members), NONE, dtype=np.int64)
-        codes, keys = pd.factorize((above + 1) * width + own_code[members])
+        above = path_codes[anchor[members]] if current else np.full(len(members), NONE, dtype=path_codes.dtype)
+        if fits:
+            key = (above.astype(np.int64) + 1) * parts + own_part[members]
+            key *= occurrences
+            key += occurrence[members]
+        else:  # the own parts as codes first
+            own_code = pd.factorize(own_part[members].astype(np.int64) * occurrences + occurrence[members])[0]
+            key = (above.astype(np.int64) + 1) * (len(members) + 1) + own_code
+        codes, keys = pd.factorize(key)
+        del key
         first = np.empty(len(keys), dtype=np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
         path_codes[members] = bounds[-1] + codes
         forest_rows.append(members[first])
         forest_anchor.append(above[first])
         bounds.append(bounds[-1] + len(keys))
-    representative = np.concatenate(forest_rows) if forest_rows else np.zeros(0, dtype=np.int64)
-    return (path_codes[:count], own_name[representative], part_texts,
-            np.append(occurrence[representative], 0), np.append(np.concatenate(forest_anchor) if forest_anchor
-                                                                else np.zeros(0, dtype=np.int64), NONE),
-            np.array(bounds, dtype=np.int64))
+    empty = np.zeros(0, dtype=np.int64)
+    representative = np.concatenate(forest_rows) if forest_rows else empty
+    anchor_of_path = np.append(np.concatenate(forest_anchor) if forest_anchor else empty, NONE).astype(np.int64)
+    return path_codes[:count], representative, anchor_of_path, np.array(bounds, dtype=np.int64)
 
 
 def _name_codes(names: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
@@ -437,10 +536,13 @@ def _digits(values: np.ndarray) -> np.ndarray:
 
 
 def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray, occurrence: np.ndarray,
-                  anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """The paths written by C into one buffer of their exact size (see ``_paths.c``): a path's length
-    is its anchor's, one for '/', and its own part's, computed a tree layer at a time. ``name_codes``
-    give each row's name among the distinct ``names``."""
+                  anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray, into: np.ndarray | None = None,
+                  fill_order: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
+    """The paths written by C into one buffer of their exact size (see ``_paths.c``; ``into``,
+    where it is given and large enough): a path's length is its anchor's, one for '/', and its
+    own part's, computed a tree layer at a time. ``name_codes`` give each row's name among the
+    distinct ``names``. ``fill_order``: another order to write them in, anchors still first (text
+    order, whose neighbours share their anchors' paths: written from memory just read)."""
     count = len(name_codes)
     if not count:
         return arrow_strings(pa.array([], type=pa.large_string()))
@@ -461,9 +563,13 @@ def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray,
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(length[:count], out=offsets[1:])
     del length
-    data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    fill(order[bounds[0]:], anchor, offsets, data, np.ascontiguousarray(name_codes, dtype=np.int64),
-         np.ascontiguousarray(name_offsets), text_buffer or b"", occurrence, SESSION_NAME.encode(), count)
+    total = int(offsets[-1])
+    # fresh pages of their own, not numpy's (which asks for huge pages: the kernel compacted memory
+    # for them at each fault, 0.4 s for the 230 MB of paths of a trace without steps, not 0.13)
+    data = into[:total] if into is not None and len(into) >= total else untouched_zeros(total, np.uint8)
+    fill(order[bounds[0]:] if fill_order is None else fill_order, anchor, offsets, data,
+         np.ascontiguousarray(name_codes, dtype=np.int64), np.ascontiguousarray(name_offsets), text_buffer or b"",
+         occurrence, SESSION_NAME.encode(), count)
     unplaced = order[:bounds[0]]  # rows on a cycle get no path
     unplaced = unplaced[unplaced < count]
     validity = None

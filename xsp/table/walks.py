@@ -91,8 +91,21 @@ def _categorical(codes: np.ndarray, texts: pa.Array) -> pd.Categorical:
     rank = np.full(len(texts) + 1, -1, dtype=np.int64)
     rank[kept[order]] = np.arange(len(kept))
     categories = pd.Index(arrow_strings(values.take(pa.array(order))))
-    return pd.Categorical.from_codes(_smallest_codes(rank[codes], len(kept)), dtype=pd.CategoricalDtype(categories),
+    # narrowed before it is taken a row: a million rows' codes are megabytes, not eight of them
+    return pd.Categorical.from_codes(_smallest_codes(rank, len(kept))[codes], dtype=pd.CategoricalDtype(categories),
                                      validate=False)
+
+
+def known_categories(codes: np.ndarray, texts: pa.LargeStringArray) -> pd.Categorical:
+    """``texts[code]`` for each code (-1: null) as a categorical, ``texts`` being already
+    distinct and sorted: pandas is not asked to check that (it would make a Python string of
+    each, hundreds of megabytes for the paths of a trace without steps)."""
+    categories = pd.Index(arrow_strings(texts))
+    try:  # pandas' own constructor without the check; a pandas without it checks
+        dtype = pd.CategoricalDtype._from_fastpath(categories, False)  # noqa: SLF001
+    except AttributeError:
+        dtype = pd.CategoricalDtype(categories)
+    return pd.Categorical.from_codes(_smallest_codes(np.asarray(codes), len(texts)), dtype=dtype, validate=False)
 
 
 def arrow_codes(array: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.LargeStringArray]:
@@ -120,9 +133,9 @@ def categories_at(codes: np.ndarray, values: Any) -> pd.Categorical:
     """``values[code]`` for each code (null for a negative one) as a categorical (the
     :data:`xsp.core.schema.CATEGORY` columns), built from the codes: no string per row.
     ``values``: distinct texts, as an Arrow array or any sequence."""
-    codes = np.asarray(codes, dtype=np.int64)
+    codes = np.asarray(codes)
     texts = values if isinstance(values, pa.LargeStringArray) else pa.array(list(values), type=pa.large_string())
-    return _categorical(np.where(codes < 0, -1, codes), texts)
+    return _categorical(np.where(codes < 0, -1, codes) if len(codes) and codes.min() < -1 else codes, texts)
 
 
 def text_codes(column: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
@@ -173,7 +186,10 @@ def plain_strings(column: pd.Series) -> pa.LargeStringArray:
 
 def ids_at(ids: np.ndarray, positions: np.ndarray) -> pd.arrays.IntegerArray:
     """The span id at each position (a parent column), null where the position is -1."""
-    return nullable_ints(ids[np.maximum(positions, 0)], positions < 0)
+    missing = positions < 0
+    values = ids.take(positions, mode="clip")  # a new array, zeroed where null in place
+    values[missing] = 0
+    return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), missing)
 
 
 def chain_ends(pointer: np.ndarray) -> np.ndarray:
@@ -288,7 +304,8 @@ STUCK_AFTER_ROUNDS: Final = 32
 
 def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
     """For each position, the nearest earlier position whose value is >= its own (``> `` when
-    ``strict``), or -1: the classic stack walk, done for all positions at once by pointer jumping.
+    ``strict``), or -1 (int32 where the positions fit): the classic stack walk, done for all
+    positions at once by pointer jumping.
 
     Each pointer starts at the position before; while the value it points at is too small, it
     jumps to that position's own pointer (everything skipped is smaller still). Every round
@@ -299,8 +316,9 @@ def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
     windows from where its pointer stopped.
     """
     count = len(values)
-    pointer = np.arange(-1, count - 1, dtype=np.int64)
-    active = np.arange(1, count, dtype=np.int64)
+    positions = np.int32 if count < np.iinfo(np.int32).max else np.int64  # half the memory at millions
+    pointer = np.arange(-1, count - 1, dtype=positions)
+    active = np.arange(1, count, dtype=positions)
     rounds = 0
     few = max(256, count >> 10)
     while len(active):
