@@ -328,3 +328,23 @@ def test_a_name_that_spells_another_spans_path_shares_its_category(tmp_path, mon
     assert spans[col.PATH].astype(str).tolist() == ["x[0]", "x[0]/y[0]", "x[0]/y[0]", "z[0]"]
     categories = spans[col.PATH].cat.categories
     assert categories.is_unique and categories.is_monotonic_increasing and len(categories) == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_path_categories_are_sorted_whatever_the_names(tmp_path, seed):
+    """Paths sort as the tree walks them only where no name holds "/" or "[k]" and more: names
+    that do are sorted as text instead; either way the categories are the paths, sorted, once."""
+    import random
+
+    chooser = random.Random(seed)
+    names = ["a", "a[0] x", "a[0]", "b[1]c", "a[10]", "a.b", "a/b", "z"] if seed % 2 else ["a", "a.b", "ab", "z", "b"]
+    annotation = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 7}
+    events, at = [], 0
+    for _ in range(30):  # top-level spans, some holding a nested one and that one another
+        depth = chooser.randrange(3)
+        events += [{**annotation, "name": chooser.choice(names), "ts": at + level, "dur": 10 - 2 * level}
+                   for level in range(depth + 1)]
+        at += 20
+    spans = xsp.load(_write(tmp_path, _document(events), "names.json")).spans
+    paths = spans[col.PATH].astype(str)
+    assert list(spans[col.PATH].cat.categories) == sorted(set(paths))

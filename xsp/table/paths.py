@@ -394,34 +394,94 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
         release_freed_memory()
     distinct = len(part_codes)
     order = np.arange(distinct + 1)  # the distinct paths come layer by layer, anchors first
-    texts = plain_strings(pd.Series(_written_paths(part_codes, part_texts, own_occurrence, own_anchor, order, bounds),
-                                    copy=False))
-    in_text_order = pc.sort_indices(texts, memory_pool=MEMORY_POOL).to_numpy()
-    if _repeats(texts, in_text_order):
-        # a name holding "/" or "[" spelt another span's path: one category for both
-        text_of, unique_texts = arrow_codes(texts)
-        return categories_at(np.where(path_codes < 0, NONE, text_of[np.maximum(path_codes, 0)]), unique_texts)
-    # the paths are distinct, and are written again in text order (categories sorted as every
-    # categorical column's are) rather than copied sorted: a trace without steps has as many
-    # paths as spans, and one copy of them is hundreds of megabytes
-    rank = np.empty(distinct, dtype=np.int64)
-    rank[in_text_order] = np.arange(distinct)
-    # written again over the first writing, which nothing reads any more (no new memory to fault in)
-    reused = np.frombuffer(texts.buffers()[2], dtype=np.uint8) if len(texts) and texts.buffers()[2] else None
-    if reused is not None and not reused.flags.writeable:
-        reused = None
-    del texts, in_text_order
+    # categories sorted as every categorical column's are; the paths are written once, in text
+    # order, where the tree gives that order, else written, sorted and written again (a trace
+    # without steps has as many paths as spans: a sorted copy would be hundreds of megabytes)
+    rank = _text_ranks(part_codes, part_texts, own_occurrence[:distinct], own_anchor[:distinct], bounds)
+    reused = None
+    if rank is None:
+        texts = plain_strings(pd.Series(_written_paths(part_codes, part_texts, own_occurrence, own_anchor, order,
+                                                       bounds), copy=False))
+        in_text_order = pc.sort_indices(texts, memory_pool=MEMORY_POOL).to_numpy()
+        if _repeats(texts, in_text_order):
+            # a name holding "/" spelt another span's path: one category for both
+            text_of, unique_texts = arrow_codes(texts)
+            return categories_at(np.where(path_codes < 0, NONE, text_of[np.maximum(path_codes, 0)]), unique_texts)
+        rank = np.empty(distinct, dtype=np.int64)
+        rank[in_text_order] = np.arange(distinct)
+        # written again over the first writing, which nothing reads any more
+        reused = np.frombuffer(texts.buffers()[2], dtype=np.uint8) if len(texts) and texts.buffers()[2] else None
+        if reused is not None and not reused.flags.writeable:
+            reused = None
+        del texts, in_text_order
     if large:
         release_freed_memory()
-    by_rank_part, by_rank_occurrence, by_rank_anchor = (np.empty(distinct, dtype=np.int64) for _ in range(3))
+    # the forest relabelled by rank (its one more slot kept last), the first labels let go as they go
+    by_rank_part = np.empty(distinct, dtype=np.int64)
     by_rank_part[rank] = part_codes
+    del part_codes
+    by_rank_occurrence = np.zeros(distinct + 1, dtype=np.int64)
     by_rank_occurrence[rank] = own_occurrence[:distinct]
-    by_rank_anchor[rank] = np.where(own_anchor[:distinct] >= 0, rank[np.maximum(own_anchor[:distinct], 0)], NONE)
-    sorted_texts = _written_paths(by_rank_part, part_texts, np.append(by_rank_occurrence, 0),
-                                  np.append(by_rank_anchor, NONE), np.append(rank, distinct), bounds, reused,
-                                  fill_order=np.arange(distinct))  # a path sorts after its anchor's
+    del own_occurrence
+    by_rank_anchor = np.full(distinct + 1, NONE, dtype=np.int64)
+    by_rank_anchor[rank] = own_anchor[:distinct]
+    del own_anchor
+    placed = by_rank_anchor >= 0
+    by_rank_anchor[placed] = rank[by_rank_anchor[placed]]
+    del placed
+    if large:
+        release_freed_memory()
+    sorted_texts = _written_paths(by_rank_part, part_texts, by_rank_occurrence, by_rank_anchor,
+                                  np.append(rank, distinct), bounds, reused)
+    del by_rank_part, by_rank_occurrence, by_rank_anchor
     return known_categories(np.where(path_codes < 0, NONE, rank[np.maximum(path_codes, 0)]),
                             plain_strings(pd.Series(sorted_texts, copy=False)))
+
+
+PLAIN_NAMES_BREAK: Final = r"/|\[[0-9]+\]."
+"""In a name, what can make one path another's prefix or spelling: the tree no longer gives text order."""
+
+
+def _text_ranks(part_codes: np.ndarray, part_texts: pa.LargeStringArray, occurrence: np.ndarray,
+                anchor: np.ndarray, bounds: np.ndarray) -> np.ndarray | None:
+    """Each distinct path's place in text order, found from the tree, or None where its names
+    may break that order (:data:`PLAIN_NAMES_BREAK`).
+
+    Where no name holds "/" nor "[k]" followed by more, no own part ``name[k]`` is another's
+    prefix, so paths sort as the tree's depth-first walk does with siblings in the order of their
+    own parts: only the distinct own parts (short) are sorted, never the paths (long, and as many
+    as spans in a trace without steps)."""
+    count = len(part_codes)
+    if pc.any(pc.match_substring_regex(part_texts, PLAIN_NAMES_BREAK)).as_py():
+        return None
+    if not count:
+        return np.zeros(0, dtype=np.int64)
+    occurrences = int(occurrence.max(initial=0)) + 1
+    own_of_node, owns = pd.factorize(part_codes.astype(np.int64) * occurrences + occurrence)
+    own_texts = pc.binary_join_element_wise(
+        part_texts.take(pa.array(owns // occurrences)), _text("["),
+        pc.cast(pa.array(owns % occurrences), pa.large_string()), _text("]"), _text(""))
+    own_rank = np.empty(len(owns), dtype=np.int64)
+    own_rank[pc.sort_indices(own_texts).to_numpy()] = np.arange(len(owns))
+    node_own = own_rank[own_of_node]
+    del own_of_node, own_rank, own_texts
+    layers = len(bounds) - 1
+    size = np.ones(count, dtype=np.int64)  # each path's subtree, counted from the deepest layer up
+    for current in range(layers - 1, 0, -1):
+        members = np.arange(bounds[current], bounds[current + 1])
+        size += np.bincount(anchor[members], weights=size[members], minlength=count).astype(np.int64)
+    position = np.empty(count, dtype=np.int64)
+    for current in range(layers):
+        members = np.arange(bounds[current], bounds[current + 1])
+        parents = anchor[members] if current else np.full(len(members), NONE, dtype=np.int64)
+        in_order = np.lexsort((node_own[members], parents))
+        members, parents = members[in_order], parents[in_order]
+        before = np.cumsum(size[members]) - size[members]  # the subtrees of earlier siblings
+        first = np.ones(len(members), dtype=bool)
+        first[1:] = parents[1:] != parents[:-1]
+        before -= before[np.maximum.accumulate(np.where(first, np.arange(len(members)), 0))]
+        position[members] = before if not current else position[parents] + 1 + before
+    return position
 
 
 def _repeats(texts: pa.LargeStringArray, in_text_order: np.ndarray, chunk: int = 1 << 16) -> bool:
@@ -441,13 +501,13 @@ def _repeats(texts: pa.LargeStringArray, in_text_order: np.ndarray, chunk: int =
 
 
 def _written_paths(part_codes: np.ndarray, part_texts: pa.LargeStringArray, occurrence: np.ndarray,
-                   anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray, into: np.ndarray | None = None,
-                   fill_order: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
+                   anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray,
+                   into: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
     """The paths of a forest (see :func:`_distinct_paths`) as text, by C where it is built (into
     ``into``'s memory where it is given and large enough)."""
     filler = _path_filler()
     if filler is not None:
-        return _filled_paths(filler, part_codes, part_texts, occurrence, anchor, order, bounds, into, fill_order)
+        return _filled_paths(filler, part_codes, part_texts, occurrence, anchor, order, bounds, into)
     return _joined_paths(part_texts.take(pa.array(part_codes)), occurrence, anchor, order, bounds)
 
 
@@ -527,8 +587,10 @@ def _path_filler() -> Any:
 
 def _digits(values: np.ndarray) -> np.ndarray:
     """How many characters ``str(value)`` has, for each value."""
-    digits = 1 + (values < 0)
-    rest = np.abs(values) // 10
+    digits = np.ones(len(values), dtype=np.int64)  # in place: millions of values at a time
+    digits += values < 0
+    rest = np.abs(values)
+    rest //= 10
     while (rest > 0).any():
         digits += rest > 0
         rest //= 10
@@ -536,13 +598,12 @@ def _digits(values: np.ndarray) -> np.ndarray:
 
 
 def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray, occurrence: np.ndarray,
-                  anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray, into: np.ndarray | None = None,
-                  fill_order: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
+                  anchor: np.ndarray, order: np.ndarray, bounds: np.ndarray,
+                  into: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
     """The paths written by C into one buffer of their exact size (see ``_paths.c``; ``into``,
     where it is given and large enough): a path's length is its anchor's, one for '/', and its
     own part's, computed a tree layer at a time. ``name_codes`` give each row's name among the
-    distinct ``names``. ``fill_order``: another order to write them in, anchors still first (text
-    order, whose neighbours share their anchors' paths: written from memory just read)."""
+    distinct ``names``."""
     count = len(name_codes)
     if not count:
         return arrow_strings(pa.array([], type=pa.large_string()))
@@ -550,9 +611,11 @@ def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray,
         names = pa.array([""], type=pa.large_string())
     _, offsets_buffer, text_buffer = names.buffers()
     name_offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[names.offset:names.offset + len(names) + 1]
-    name_length = np.diff(name_offsets)[name_codes]
-    own_length = np.append(name_length, len(SESSION_NAME.encode())) + 2 + _digits(occurrence)
-    del name_length
+    own_length = np.empty(count + 1, dtype=np.int64)
+    own_length[:count] = np.diff(name_offsets)[name_codes]
+    own_length[count] = len(SESSION_NAME.encode())
+    own_length += 2
+    own_length += _digits(occurrence)
     length = np.zeros(count + 1, dtype=np.int64)
     roots = order[bounds[0]:bounds[1]]
     length[roots] = own_length[roots]
@@ -567,7 +630,7 @@ def _filled_paths(fill: Any, name_codes: np.ndarray, names: pa.LargeStringArray,
     # fresh pages of their own, not numpy's (which asks for huge pages: the kernel compacted memory
     # for them at each fault, 0.4 s for the 230 MB of paths of a trace without steps, not 0.13)
     data = into[:total] if into is not None and len(into) >= total else untouched_zeros(total, np.uint8)
-    fill(order[bounds[0]:] if fill_order is None else fill_order, anchor, offsets, data,
+    fill(order[bounds[0]:], anchor, offsets, data,
          np.ascontiguousarray(name_codes, dtype=np.int64), np.ascontiguousarray(name_offsets), text_buffer or b"",
          occurrence, SESSION_NAME.encode(), count)
     unplaced = order[:bounds[0]]  # rows on a cycle get no path
