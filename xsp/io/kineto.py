@@ -427,7 +427,7 @@ def kineto_arguments(spans: pd.DataFrame) -> list[dict[str, Any] | None]:
                 continue
             arguments = {} if arguments is None else arguments
             if key not in arguments:  # as written where it was not exactly what the column holds
-                arguments[key] = DICT_DECODER.decode(f'{{"v":{value}}}')["v"] if argument.is_array else int(value)
+                arguments[key] = msgspec.json.decode(value) if argument.is_array else int(value)
         found.append(arguments)
     return found
 

@@ -26,7 +26,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.schema import Level, SpanKind
-from xsp.table.walks import chain_ends, depth_of, ids_at, nearest_before
+from xsp.table.walks import chain_ends, depth_of, ids_at, nearest_before, position_type
 
 _RANK = {level.value: level.rank for level in Level}
 NO_PARENT = -1
@@ -103,9 +103,7 @@ def inclusion_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, ra
         return np.full(count, NO_PARENT, dtype=np.int64), diagnostics
     # at millions of spans each array here is tens of megabytes: each is let go once used
     at = np.arange(count) if rows is None else rows  # each span's row in start and end
-    order = np.lexsort((tiebreak, -end[at], rank, start[at], thread))
-    if count < np.iinfo(np.int32).max:
-        order = order.astype(np.int32)
+    order = np.lexsort((tiebreak, -end[at], rank, start[at], thread)).astype(position_type(count), copy=False)
     ends = end[at[order]]
     # chains never cross threads: rows of one thread are contiguous, so a link that leaves the
     # thread means no span of the thread encloses this one
@@ -149,11 +147,11 @@ OVERLAP_CHUNK = 1 << 18
 
 
 def _thread_runs(threads: np.ndarray) -> np.ndarray:
-    """For threads in sorted order, which run of one thread each row is in (int32: half the memory)."""
+    """For threads in sorted order, which run of one thread each row is in."""
     changes = np.empty(len(threads), dtype=bool)
     changes[:1] = True
     np.not_equal(threads[1:], threads[:-1], out=changes[1:])
-    return np.cumsum(changes, dtype=np.int32 if len(threads) < 2**31 else np.int64)
+    return np.cumsum(changes, dtype=position_type(len(threads)))
 
 
 def launch_parents(spans: pd.DataFrame, diagnostics: HierarchyDiagnostics) -> np.ndarray:

@@ -313,6 +313,13 @@ def _text(value: str) -> pa.Scalar:
     return pa.scalar(value, pa.large_string())
 
 
+def _own_texts(names: pa.Array, occurrence: np.ndarray) -> pa.Array:
+    """Each own part of a path, ``name[k]``, as text."""
+    return pc.binary_join_element_wise(
+        names, _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"),
+        _text(""), memory_pool=MEMORY_POOL)
+
+
 def _take(array: pa.Array | pa.ChunkedArray, positions: np.ndarray) -> pa.Array | pa.ChunkedArray:
     return pc.take(array, pa.array(positions), memory_pool=MEMORY_POOL)
 
@@ -458,9 +465,7 @@ def _text_ranks(part_codes: np.ndarray, part_texts: pa.LargeStringArray, occurre
         return np.zeros(0, dtype=np.int64)
     occurrences = int(occurrence.max(initial=0)) + 1
     own_of_node, owns = pd.factorize(part_codes.astype(np.int64) * occurrences + occurrence)
-    own_texts = pc.binary_join_element_wise(
-        part_texts.take(pa.array(owns // occurrences)), _text("["),
-        pc.cast(pa.array(owns % occurrences), pa.large_string()), _text("]"), _text(""))
+    own_texts = _own_texts(part_texts.take(pa.array(owns // occurrences)), owns % occurrences)
     own_rank = np.empty(len(owns), dtype=np.int64)
     own_rank[pc.sort_indices(own_texts).to_numpy()] = np.arange(len(owns))
     node_own = own_rank[own_of_node]
@@ -648,10 +653,8 @@ def _joined_paths(name_column: pa.LargeStringArray, occurrence: np.ndarray, anch
                   order: np.ndarray, bounds: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """The paths joined in Arrow one tree layer at a time (where the C filler is not built)."""
     count = len(name_column)
-    own = pc.binary_join_element_wise(
-        pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())], memory_pool=MEMORY_POOL),
-        _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"), _text(""),
-        memory_pool=MEMORY_POOL)
+    own = _own_texts(pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())],
+                                      memory_pool=MEMORY_POOL), occurrence)
     position = np.empty(count + 1, dtype=np.int64)
     position[order] = np.arange(count + 1)
     unplaced = int(bounds[0])  # rows on a cycle (layer -1) get no path

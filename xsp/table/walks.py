@@ -302,6 +302,12 @@ STUCK_AFTER_ROUNDS: Final = 32
 """Pointer-jumping rounds after which the few positions still unresolved are searched for directly."""
 
 
+def position_type(count: int) -> type[np.signedinteger[Any]]:
+    """The integer type for positions among ``count`` rows: int32 where they fit (at millions of
+    rows, half the memory of int64)."""
+    return np.int32 if count < np.iinfo(np.int32).max else np.int64
+
+
 def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
     """For each position, the nearest earlier position whose value is >= its own (``> `` when
     ``strict``), or -1 (int32 where the positions fit): the classic stack walk, done for all
@@ -316,7 +322,7 @@ def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
     windows from where its pointer stopped.
     """
     count = len(values)
-    positions = np.int32 if count < np.iinfo(np.int32).max else np.int64  # half the memory at millions
+    positions = position_type(count)
     pointer = np.arange(-1, count - 1, dtype=positions)
     active = np.arange(1, count, dtype=positions)
     rounds = 0

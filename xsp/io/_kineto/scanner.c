@@ -455,7 +455,7 @@ static int int_argument(const JsonValue *v, int64_t *out) {
 /* Arguments a typed column holds exactly, left out of `attributes` (xsp.io.kineto_events.MOVED_ARGUMENTS
  * says the same): integers, and shapes, grids and blocks (arrays of no text, not empty), the latter
  * kinds only on a device's rows where their columns are only kept there. */
-enum { MOVED_NOT, MOVED_ANYWHERE, MOVED_ON_DEVICE };
+enum { MOVED_ANYWHERE, MOVED_ON_DEVICE };
 enum { MOVED_INTEGER, MOVED_ARRAY };
 typedef struct {
     const char *key;
@@ -470,16 +470,10 @@ static const Moved moved_arguments[] = {
 };
 enum { MOVED_COUNT = sizeof moved_arguments / sizeof moved_arguments[0] };
 
-/* Which of moved_arguments the key is, or -1. */
-static int moved_index(const JsonString *key) {
-    for (int i = 0; i < MOVED_COUNT; i++)
-        if (j_key_is(key, moved_arguments[i].key, strlen(moved_arguments[i].key))) return i;
-    return -1;
-}
-
 static int is_moved(const JsonString *key, const JsonValue *v, int on_device) {
-    int i = moved_index(key);
-    if (i < 0 || (moved_arguments[i].where == MOVED_ON_DEVICE && !on_device)) return 0;
+    int i = 0;
+    while (i < MOVED_COUNT && !j_key_is(key, moved_arguments[i].key, strlen(moved_arguments[i].key))) i++;
+    if (i == MOVED_COUNT || (moved_arguments[i].where == MOVED_ON_DEVICE && !on_device)) return 0;
     if (moved_arguments[i].kind == MOVED_INTEGER) return v->kind == V_INT && !v->overflow && v->integer != MISSING;
     if (v->kind != V_ARRAY) return 0;
     int items = 0;
