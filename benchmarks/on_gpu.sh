@@ -8,15 +8,19 @@
 #   PARTS="first tests" benchmarks/on_gpu.sh     # some
 #
 # The parts run in order of what matters most, so that a run cut short still answers it: "first"
-# (about 3 minutes: the C extensions built, else it stops at once; the C record path active;
-# ResNet-50 inference at batch 1 and 32 under every level against torch.profiler, with kernel
-# counts, dropped records, the clock and the untraced speed after xsp), then "tests" (the GPU
-# suites, and the C record path on the fake libcupti), "more" (a training step and BERT), "probe",
-# "examples" (xsp run on ResNet-50 and a training loop), "nsight" (xsp run --nvtx under nsys, where
-# it is installed, exported and imported back) and "suite" (the unit and integration
-# tests). Each has its own time limit, so one that hangs leaves the others. Without a CUDA GPU
-# (a rehearsal: GPU_PYTHON=3.11 benchmarks/gpu_wheels.sh, then this) the CUDA parts say so and skip.
-# Results under $OUT: log.txt, gpu.md/gpu.json (first), gpu_more.md/json, gpu-tests.xml, traces.
+# (the C extensions built, else it stops at once; the C record path active; ResNet-50 inference at
+# batch 1 and 32 under every level against torch.profiler, with kernel counts, dropped records,
+# the clock and the untraced speed after xsp), "more" (a training step and BERT, timed the same
+# way), then "tests" (the GPU suites, and the C record path on the fake libcupti) alongside
+# "checks" (benchmarks/gpu_checks.py: every kernel inside its launch's window over a 60 s run, and
+# the operator level with both CUDA levels; neither is timed, so they share the machine), then
+# "metrics" (the gpu_metrics level, on the newer CUPTI of .whl/pm, alone: its counters see the
+# whole device), "probe", "examples" (xsp run on ResNet-50 and a training loop), "nsight" (xsp run
+# --nvtx under nsys, where it is installed, exported and imported back) and "suite" (the unit and
+# integration tests). Each has its own time limit, so one that hangs leaves the others. Without a
+# CUDA GPU (a rehearsal: GPU_PYTHON=3.11 benchmarks/gpu_wheels.sh, then this) the CUDA parts say
+# so and skip. Results under $OUT (the device tool brings back 8 files): log.txt, gpu.md/json
+# (first), gpu_more.md/json, gpu_checks.md/json, gpu-tests.xml.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,7 +28,7 @@ OUT=${OUT:-/tmp/xsp-gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 part() { echo; echo "=== $* ($(date +%T))"; }
-PARTS=${PARTS:-first tests more probe examples nsight suite}
+PARTS=${PARTS:-first more tests checks metrics probe examples nsight suite}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 stop() { echo "STOP: $*"; exit 1; }
 
@@ -73,7 +77,12 @@ if ! python3 -c "import transformers" 2>/dev/null; then
 fi
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || stop "xsp did not install"
-python3 -c "import xsp.record._hotpath, xsp.record._activity, xsp.io._kineto, xsp.table._paths" \
+extensions="import xsp.record._hotpath, xsp.record._activity, xsp.io._kineto, xsp.table._paths"
+if ! python3 -c "$extensions" && [ -f .whl/prebuilt.tar ]; then
+    echo "the C extensions did not build here: using those built for this Python on the development machine"
+    tar -xf .whl/prebuilt.tar
+fi
+python3 -c "$extensions" \
     || stop "a C extension of xsp did not build (see the compiler's errors above): the figures would be the Python path's"
 export XSP_REQUIRE_HOTPATH=1
 xsp doctor
@@ -99,21 +108,61 @@ PY
     fi
 fi
 
-if want tests; then
-    # the real CUPTI in one process, the fake libcupti's tests in another: never both in one process
-    part "GPU tests (tests/gpu, -m gpu)"
-    timeout 300 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py -p no:cacheprovider \
-        --junitxml="$OUT/gpu-tests.xml"
-    part "C record path on the fake libcupti"
-    timeout 150 python3 -m pytest -q -rs tests/unit/test_cuda.py tests/unit/test_cuda_records.py tests/unit/test_nvtx.py \
-        -p no:cacheprovider
-fi
-
 if want more; then
     part "more: a ResNet-50 training step and BERT-base (benchmarks/gpu.py)"
     cuda_or_skip "benchmarks/gpu.py" && timeout 420 python3 benchmarks/gpu.py --workloads train_32,bert_8 \
         --iterations 20 --rounds 3 --name gpu_more && cp benchmarks/results/gpu_more.md benchmarks/results/gpu_more.json "$OUT/"
 fi
+
+gpu_tests() {
+    # the real CUPTI in one process, the fake libcupti's tests in another: never both in one process
+    echo "--- GPU tests (tests/gpu, -m gpu)"
+    timeout 240 python3 -m pytest -q -rs tests/gpu tests/unit/test_gpu_metrics.py -p no:cacheprovider \
+        --junitxml="$OUT/gpu-tests.xml"
+    echo "--- C record path on the fake libcupti"
+    timeout 150 python3 -m pytest -q -rs tests/unit/test_cuda.py tests/unit/test_cuda_records.py tests/unit/test_nvtx.py \
+        -p no:cacheprovider
+}
+tests_pid=""
+if want tests; then
+    if want checks; then  # neither is timed: the tests run beside the checks, their output after them
+        part "tests, in the background beside the checks"
+        gpu_tests > /tmp/xsp-gpu-tests.log 2>&1 &
+        tests_pid=$!
+    else
+        part "tests"
+        gpu_tests
+    fi
+fi
+
+if want checks; then
+    part "checks: kernels inside their launch windows over 60 s; the operator level with both CUDA levels"
+    if cuda_or_skip "benchmarks/gpu_checks.py"; then
+        timeout 150 python3 benchmarks/gpu_checks.py --part clock --seconds 60
+        timeout 90 python3 benchmarks/gpu_checks.py --part operator
+    fi
+fi
+if [ -n "$tests_pid" ]; then
+    wait "$tests_pid"
+    part "tests' output"
+    cat /tmp/xsp-gpu-tests.log
+fi
+
+if want metrics; then
+    part "metrics: the gpu_metrics level (PM sampling) on CUPTI 13.4, in a process of its own"
+    pm_cupti=$(ls .whl/pm/nvidia_cuda_cupti-*.whl 2>/dev/null | head -1)
+    pm_bindings=$(ls .whl/cupti/cupti_python-13.4*.whl 2>/dev/null | head -1)
+    if [ -z "$pm_cupti" ] || [ -z "$pm_bindings" ]; then
+        echo "skipped: no .whl/pm CUPTI or cupti-python 13.4 wheel carried"
+    elif cuda_or_skip "benchmarks/gpu_checks.py --part metrics"; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-pm \
+            "$pm_cupti" "$pm_bindings"
+        PYTHONPATH=/tmp/site-pm:/tmp/site LD_LIBRARY_PATH=/tmp/site-pm/nvidia/cu13/lib:${LD_LIBRARY_PATH:-} \
+            LD_PRELOAD=/tmp/site-pm/nvidia/cu13/lib/libcupti.so.13 timeout 90 python3 benchmarks/gpu_checks.py \
+            --part metrics --seconds 60
+    fi
+fi
+[ -f benchmarks/results/gpu_checks.json ] && cp benchmarks/results/gpu_checks.md benchmarks/results/gpu_checks.json "$OUT/"
 
 if want probe; then
     part "benchmarks/gpu_probe.py"

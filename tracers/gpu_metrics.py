@@ -27,6 +27,11 @@ from xsp.tracers.cuda.source import cupti_error_text, cupti_module, measure_cupt
 
 SAMPLING_INTERVAL_NS = 100_000
 HARDWARE_BUFFER_BYTES = 256 << 20
+DECODE_SAMPLES = 10_000
+"""Samples decoded at a time: one decode fills a counter image of this many, leaving the rest in
+the hardware buffer for the next (100 µs samples: one second of GPU time)."""
+MAX_DECODES = 10_000
+"""A bound on decodes (10^8 samples, hours of GPU time) in case a collector never says it is done."""
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 FLOP_METRICS = {
     "sm__sass_thread_inst_executed_op_fadd_pred_on.sum": 1,
@@ -66,6 +71,18 @@ def sample_rows(samples: Iterable[Any], metrics: Sequence[str], offset_ns: int, 
             col.ATTRIBUTES: json.dumps(values),
         })
     return pd.DataFrame(rows) if rows else pd.DataFrame()
+
+
+def decoded_samples(collector: Any) -> list[Any]:
+    """Every completed sample left in ``collector``'s hardware buffer: decoded
+    :data:`DECODE_SAMPLES` at a time until a decode comes back with room to spare."""
+    samples: list[Any] = []
+    for _ in range(MAX_DECODES):
+        counter_data = collector.decode(max_samples=DECODE_SAMPLES)
+        samples.extend(counter_data)
+        if counter_data.num_populated_samples < counter_data.num_total_samples or not len(counter_data):
+            break
+    return samples
 
 
 def pm_sampling_module() -> Any:
@@ -139,7 +156,7 @@ class GpuMetricsTracer:
             return
         try:
             collector.stop()
-            self._samples = list(collector.decode())
+            self._samples = decoded_samples(collector)
         finally:
             collector.disable()
 

@@ -18,6 +18,7 @@ from xsp.record.recording import Recording, Window  # noqa: E402
 from xsp.table.build import conform  # noqa: E402
 from xsp.tracers import gpu_metrics  # noqa: E402
 from xsp.tracers.gpu_metrics import (  # noqa: E402
+    DECODE_SAMPLES,
     DRAM_METRICS,
     FLOP_METRICS,
     METRIC_SETS,
@@ -84,11 +85,21 @@ def test_the_roofline_uses_sampled_counters_when_kernels_carry_none():
     assert row["bound"] == "memory"
 
 
-class FakeCollector:
-    """Stands in for ``pm_sampling.Collector``: refuses metric sets that are too big."""
+class CounterData(list):
+    """Stands in for ``pm_sampling.CounterData``: the completed samples and the image's slots."""
 
-    def __init__(self, device_index: int = 0, fits: int = len(METRIC_SETS[1]), denied: bool = False) -> None:
-        self.fits, self.denied = fits, denied
+    def __init__(self, samples: list[Sample], total: int) -> None:
+        super().__init__(samples)
+        self.num_total_samples, self.num_populated_samples = total, len(samples)
+
+
+class FakeCollector:
+    """Stands in for ``pm_sampling.Collector``: refuses metric sets that are too big; its hardware
+    buffer holds samples starting at ``held``."""
+
+    def __init__(self, device_index: int = 0, fits: int = len(METRIC_SETS[1]), denied: bool = False,
+                 held: tuple[int, ...] = (10,)) -> None:
+        self.fits, self.denied, self.held = fits, denied, list(held)
         self.configured: list[str] = []
         self.state = "new"
 
@@ -108,8 +119,11 @@ class FakeCollector:
     def stop(self) -> None:
         self.state = "stopped"
 
-    def decode(self) -> list[Sample]:
-        return [Sample(10, 20, [1.0] * len(self.configured))]
+    def decode(self, max_samples: int) -> CounterData:
+        """Like cupti-python's: at most ``max_samples`` from what the hardware buffer holds."""
+        taken, self.held = self.held[:max_samples], self.held[max_samples:]
+        return CounterData([Sample(start, start + 10, [1.0] * len(self.configured)) for start in taken],
+                           total=max_samples)
 
     def disable(self) -> None:
         self.state = "disabled"
@@ -148,6 +162,17 @@ def test_the_largest_metric_set_that_fits_in_one_pass_is_used(pm):
     assert rows[col.BYTES].tolist() == [2] and rows[col.FLOPS].tolist() == [1 + 1 + 2]
     assert tracer.metadata()["metrics"] == list(METRIC_SETS[1])
     assert set(METRIC_SETS[0]) == {*DRAM_METRICS, *FLOP_METRICS}
+
+
+def test_every_sample_in_the_hardware_buffer_is_decoded_not_only_the_first_image(pm):
+    made, options = pm
+    options["held"] = tuple(range(0, 10 * (2 * DECODE_SAMPLES + 1), 10))
+    tracer = GpuMetricsTracer()
+    tracer.start(Recording())
+    tracer.stop()
+    rows = tracer.collect(Window([], final=True))
+    assert len(rows) == 2 * DECODE_SAMPLES + 1 and rows[col.START_NS].is_unique
+    assert made[0].held == []
 
 
 def test_without_permission_the_tracer_says_how_to_get_it(pm):
