@@ -178,7 +178,7 @@ def _workloads(keys: list[str]) -> list[Workload]:
             images = torch.randn(int(key), 3, 224, 224, device="cuda")
             made.append(Workload(key, f"ResNet-50 inference, batch {key}", _infer(resnet, pixel_values=images)))
         elif key == "train_32":
-            made.append(Workload(key, "ResNet-50 training step (SGD), batch 32", _train_step(build_model())))
+            made.append(Workload(key, "ResNet-50 training step (SGD), batch 32", training_step(build_model())))
         elif key == "bert_8":
             from bert_inference import build_model as build_bert
 
@@ -189,7 +189,8 @@ def _workloads(keys: list[str]) -> list[Workload]:
     return made
 
 
-def _train_step(model: torch.nn.Module) -> Callable[[], None]:
+def training_step(model: torch.nn.Module) -> Callable[[], None]:
+    """One ResNet-50 training step on the GPU at batch 32 (forward, cross-entropy, backward, SGD), as a call."""
     trained = model.cuda().train()
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
     images, labels = torch.randn(32, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (32,), device="cuda")

@@ -141,7 +141,7 @@ def clock_part(seconds: float) -> dict[str, Any]:
 
 
 def operator_part() -> dict[str, Any]:
-    from gpu import _train_step  # one training step, as benchmarks/gpu.py times it
+    from gpu import training_step
     from resnet50_inference import build_model
 
     import xsp
@@ -149,7 +149,7 @@ def operator_part() -> dict[str, Any]:
     from xsp.core.schema import Level, SpanKind
     from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
-    step = _train_step(build_model())
+    step = training_step(build_model())
     for _ in range(3):
         step()
     torch.cuda.synchronize()
