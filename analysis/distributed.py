@@ -32,7 +32,7 @@ from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import union_length
+from xsp.table.walks import text_matches, union_length
 
 BACKEND_WORK: Final = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)")
 ENQUEUE: Final = re.compile(r"^c10d::(\w+?)_?$")
@@ -100,16 +100,16 @@ def collectives(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``start_ns``, ``end_ns``, ``duration_ns``, ``bytes`` (this rank's payload, when known).
     """
     spans = _ranked(spans_of(source))
-    names = spans[col.NAME].astype(str)
-    levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
-    python = (levels == Level.MODEL.value) & (kinds == SpanKind.COLLECTIVE.value)
-    host = levels == Level.OPERATOR.value
-    backend = host & names.str.match(BACKEND_WORK.pattern)
-    enqueue = host & names.str.match(ENQUEUE.pattern)
-    gpu = (levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value) & names.str.match(NCCL_KERNEL.pattern)
+    levels, kinds = spans[col.LEVEL], spans[col.KIND]
+    python = ((levels == Level.MODEL.value) & (kinds == SpanKind.COLLECTIVE.value)).to_numpy()
+    host = (levels == Level.OPERATOR.value).to_numpy()
+    backend = host & text_matches(spans[col.NAME], BACKEND_WORK)
+    enqueue = host & text_matches(spans[col.NAME], ENQUEUE)
+    gpu = ((levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value)).to_numpy() & text_matches(
+        spans[col.NAME], NCCL_KERNEL)
     frames = []
     for mask, source_name in ((python, "python"), (enqueue, "enqueue"), (backend, "backend"), (gpu, "gpu")):
-        chosen = spans[mask.to_numpy()]
+        chosen = spans[mask]
         if chosen.empty:
             continue
         chosen_names = chosen[col.NAME].astype(str).tolist()
@@ -243,17 +243,17 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _compute_intervals(spans: pd.DataFrame, comm_names: pd.Series) -> pd.DataFrame | None:
+def _compute_intervals(spans: pd.DataFrame, comm_names: np.ndarray) -> pd.DataFrame | None:
     """Where a rank computes: GPU kernels other than NCCL's where the kernel level was recorded,
     else operators other than communication; None with neither (a model-level forward or
     backward span holds its collectives: it cannot say whether they overlapped computation)."""
-    levels, kinds = spans[col.LEVEL].astype(str), spans[col.KIND].astype(str)
-    kernels = (levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value) & ~comm_names
+    levels, kinds = spans[col.LEVEL], spans[col.KIND]
+    kernels = ((levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value)).to_numpy() & ~comm_names
     if kernels.any():
-        return spans[kernels.to_numpy()]
-    operators = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~comm_names
+        return spans[kernels]
+    operators = ((levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value)).to_numpy() & ~comm_names
     if operators.any():
-        return spans[operators.to_numpy()]
+        return spans[operators]
     return None
 
 
@@ -285,9 +285,9 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     late = (entries.groupby(["rank", "step"],
                             observed=True)["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
     lateness = {(int(r), int(s)): float(v) for (r, s), v in late.items()}
-    names = spans[col.NAME].astype(str)
-    comm_names = names.str.match(BACKEND_WORK.pattern) | names.str.match(ENQUEUE.pattern) | names.str.match(
-        NCCL_KERNEL.pattern) | (spans[col.KIND].astype(str) == SpanKind.COLLECTIVE.value)
+    names = spans[col.NAME]
+    comm_names = (text_matches(names, BACKEND_WORK) | text_matches(names, ENQUEUE) | text_matches(names, NCCL_KERNEL)
+                  | (spans[col.KIND] == SpanKind.COLLECTIVE.value).to_numpy())
     roots = step_roots(spans)
     rows = []
     for rank in sorted(int(r) for r in spans[col.RANK].dropna().unique()):

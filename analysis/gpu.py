@@ -14,7 +14,7 @@ from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions, text_codes, union_length
+from xsp.table.walks import nearest_ancestor, of_level, parent_positions, text_codes, texts_at, union_length
 
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -27,11 +27,7 @@ def _kind_mask(spans: pd.DataFrame, *kinds: SpanKind) -> np.ndarray:
 
 
 def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
-    names = spans[col.NAME].to_numpy(dtype=object)
-    found = np.full(len(positions), None, dtype=object)
-    hit = positions >= 0
-    found[hit] = names[positions[hit]]
-    return found
+    return texts_at(spans[col.NAME], positions)
 
 
 def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.self_time import self_ns
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions
+from xsp.table.walks import category_values, nearest_ancestor, of_level, parent_positions, text_matches
 
 BACKWARD_NODE = re.compile(r"Backward\d*$")
 """Autograd node names: ``AddmmBackward0`` (``BackwardHookFunction`` is a forward operator)."""
@@ -65,13 +65,13 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     parents = parent_positions(spans)
     layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
     names = spans[col.NAME].to_numpy(dtype=object)
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
-    kinds = spans[col.KIND].to_numpy(dtype=object)
+    levels = category_values(spans[col.LEVEL])
+    kinds = category_values(spans[col.KIND])
     steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
     sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
     duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(sequence)
-    is_backward_op = is_op & np.array([BACKWARD_NODE.search(str(n)) is not None for n in names], dtype=bool)
+    is_backward_op = is_op & text_matches(spans[col.NAME], BACKWARD_NODE, anywhere=True)
     forward_ops = np.flatnonzero(is_op & ~is_backward_op)
     first_forward = (pd.DataFrame({"step": steps[forward_ops], "seq": sequence[forward_ops], "row": forward_ops})
                      .groupby(["step", "seq"], dropna=False, observed=True)["row"].min())

@@ -400,13 +400,16 @@ def unfused_optimizer(ctx: Context) -> Finding | None:
 
 
 def _grid_blocks(grids: pd.Series) -> np.ndarray:
-    blocks = np.full(len(grids), np.nan)
-    for index, text in enumerate(grids.tolist()):
+    """Blocks in each kernel's grid (the product of its dimensions), NaN where none is known:
+    read once per distinct grid."""
+    codes, distinct = pd.factorize(grids)
+    blocks = np.full(len(distinct) + 1, np.nan)  # the last: a missing grid (code -1)
+    for index, text in enumerate(distinct.tolist()):
         if isinstance(text, str):
             numbers = [int(n) for n in re.findall(r"\d+", text)]
             if numbers:
                 blocks[index] = float(np.prod(numbers))
-    return blocks
+    return blocks[codes]
 
 
 def gpu_underutilized(ctx: Context) -> Finding | None:

@@ -139,6 +139,17 @@ def test_chrome_export_gives_each_rank_its_own_processes_and_keeps_thread_names(
     assert order == {4000: 0, 4001: 1}
 
 
+def test_the_chrome_file_is_written_in_chunks_that_join_into_the_same_document(tmp_path, monkeypatch):
+    from xsp.export import chrome
+
+    trace = two_rank_trace()
+    whole = json.loads(json.dumps(chrome_events(trace)))
+    monkeypatch.setattr(chrome, "SPAN_CHUNK_ROWS", 2)  # seven spans: four chunks, and the naming events
+    chrome.write_chrome(trace, tmp_path / "trace.json")
+    assert json.loads((tmp_path / "trace.json").read_text()) == whole
+    assert [e["name"] for e in whole["traceEvents"] if e["ph"] == "X"] == trace.spans[col.NAME].tolist()
+
+
 def test_the_flame_chart_labels_threads_by_name():
     from xsp.reports.html import _thread_labels
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xsp.core.schema import STEP_KINDS, Level, SpanKind
 from xsp.table.paths import SKIPPING_LEVELS, anchors, outermost_step, root_of
-from xsp.table.walks import chain_ends, depth_of, nearest_before, nearest_marked
+from xsp.table.walks import chain_ends, depth_of, nearest_before, nearest_marked, text_matches, texts_at
 
 LEVELS = [level.value for level in Level]
 KINDS = [SpanKind.STEP.value, SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.OPERATOR.value]
@@ -117,3 +121,15 @@ def test_a_long_run_of_falling_values_is_searched_past_not_walked_two_positions_
     values = [5000, *falling, 4000, 1, *falling, 6000, 2, 2]
     for strict in (False, True):
         assert nearest_before(np.array(values, dtype=np.int64), strict).tolist() == _stack_walk(values, strict)
+
+
+@pytest.mark.parametrize("dtype", ["category", "string", "object"])
+def test_texts_at_and_text_matches_read_each_row_as_its_text(dtype):
+    texts = ["ncclKernel_AllReduce", None, "aten::mm", "MmBackward0", "ncclKernel_AllReduce", "c10d::allreduce_"]
+    column = pd.Series(texts, dtype=dtype)
+    positions = np.array([4, -1, 1, 0, 5], dtype=np.int64)
+    assert texts_at(column, positions).tolist() == [texts[4], None, None, texts[0], texts[5]]
+    assert text_matches(column, re.compile(r"nccl")).tolist() == [True, False, False, False, True, False]
+    assert text_matches(column, re.compile(r"Backward\d*$"), anywhere=True).tolist() == [
+        False, False, False, True, False, False]
+    assert text_matches(column, re.compile(r"Backward")).tolist() == [False] * 6  # match: at the start only

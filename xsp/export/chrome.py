@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import msgspec
+import numpy as np
 import pandas as pd
 
 from xsp.analysis.memory import memory_timeline
 from xsp.analysis.system import system_metrics
 from xsp.core import schema as col
 from xsp.core.schema import Level
-from xsp.io.parquet import write_text_output
+from xsp.io.parquet import write_output
 from xsp.io.trace import Trace
 
 _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.INPUT_SHAPES,
@@ -24,15 +26,15 @@ _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.IN
                 col.STATUS_MESSAGE)
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
-
-
 def _metadata_event(kind: str, pid: Any, name: str, tid: Any = None) -> dict[str, Any]:
     event: dict[str, Any] = {"name": kind, "ph": "M", "pid": pid, "args": {"name": name}}
     if tid is not None:
         event["tid"] = tid
     return event
+
+
+SPAN_CHUNK_ROWS: Final = 50_000
+"""Spans turned into events, and encoded, at a time: memory stays bounded on traces of millions."""
 
 
 def chrome_events(trace: Trace) -> dict[str, Any]:
@@ -45,35 +47,35 @@ def chrome_events(trace: Trace) -> dict[str, Any]:
     counter tracks (one per source and metric) and memory events instants, with a counter
     track of the live tensor memory per device.
     """
+    events: list[dict[str, Any]] = []
+    for chunk in _event_chunks(trace):
+        events += chunk
+    return {"traceEvents": events, **_document_fields(trace)}
+
+
+def _document_fields(trace: Trace) -> dict[str, Any]:
+    spans = trace.spans
+    origin = int(spans[col.START_NS].min()) if len(spans) else 0
+    return {"displayTimeUnit": "ns", "otherData": {"xsp_version": trace.metadata.get("xsp_version"),
+                                                   "origin_epoch_ns": origin}}
+
+
+def _event_chunks(trace: Trace) -> Iterator[list[dict[str, Any]]]:
+    """:func:`chrome_events`' events, :data:`SPAN_CHUNK_ROWS` spans' worth at a time, then the
+    memory, counter and naming events."""
     spans = trace.spans
     meta = trace.metadata
     origin = int(spans[col.START_NS].min()) if len(spans) else 0
     ranks = meta.get("ranks") or {}
     several = bool(ranks) and col.RANK in spans and spans[col.RANK].notna().any()
     process = _Processes(meta, ranks if several else {})
-    events: list[dict[str, Any]] = []
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     timed = spans[(levels != Level.SYSTEM.value) & (levels != Level.MEMORY.value)]
-    records = timed.astype(object).where(timed.notna(), None).to_dict("records")
     threads: set[tuple[Any, int]] = set()
     gpus: set[tuple[Any, Any, Any]] = set()
-    for row in records:
-        rank = row.get(col.RANK) if several else None
-        on_device = row[col.THREAD_ID] is None and row[col.DEVICE_ID] is not None
-        args = {name: _plain(row[name]) for name in _ARG_COLUMNS if row.get(name) is not None}
-        if row.get(col.ATTRIBUTES):
-            args.update(json.loads(row[col.ATTRIBUTES]))
-        if on_device:
-            gpus.add((rank, row[col.DEVICE_ID], row[col.STREAM_ID]))
-        else:
-            threads.add((rank, int(row[col.THREAD_ID] or 0)))
-        events.append({
-            "name": row[col.NAME], "cat": row[col.LEVEL], "ph": "X",
-            "ts": (int(row[col.START_NS]) - origin) / 1e3, "dur": int(row[col.DURATION_NS]) / 1e3,
-            "pid": process.gpu(rank, row[col.DEVICE_ID]) if on_device else process.host(rank),
-            "tid": (f"stream {row[col.STREAM_ID]}" if on_device else int(row[col.THREAD_ID] or 0)),
-            "args": args,
-        })
+    for first in range(0, len(timed), SPAN_CHUNK_ROWS):
+        yield _span_events(timed.iloc[first:first + SPAN_CHUNK_ROWS], origin, process, several, threads, gpus)
+    events: list[dict[str, Any]] = []
     for rank, part in ([(int(r), trace.for_rank(int(r))) for r in trace.ranks] if several else [(None, trace)]):
         memory_threads: set[int] = set()  # each rank's memory events and system samples, in its process
         events += _memory_events(part, origin, process.host(rank), memory_threads)
@@ -92,8 +94,59 @@ def chrome_events(trace: Trace) -> dict[str, Any]:
         events.append(_metadata_event("process_name", process.gpu(rank, device), process.gpu(rank, device)))
     for rank, device, stream in sorted(gpus, key=str):
         events.append(_metadata_event("thread_name", process.gpu(rank, device), f"stream {stream}", f"stream {stream}"))
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"xsp_version": meta.get("xsp_version"), "origin_epoch_ns": origin}}
+    yield events
+
+
+def _values(column: pd.Series) -> list[Any]:
+    """The column as plain Python values, ``None`` where it is empty."""
+    values = column.tolist()
+    missing = column.isna().to_numpy()
+    if missing.any():
+        for position in np.flatnonzero(missing).tolist():
+            values[position] = None
+    return values
+
+
+def _span_events(spans: pd.DataFrame, origin: int, process: _Processes, several: bool,
+                 threads: set[tuple[Any, int]], gpus: set[tuple[Any, Any, Any]]) -> list[dict[str, Any]]:
+    """One "X" event per span of ``spans``; adds the threads and GPU streams they are on."""
+    count = len(spans)
+    thread_ids = _values(spans[col.THREAD_ID])
+    device_ids = _values(spans[col.DEVICE_ID])
+    stream_ids = _values(spans[col.STREAM_ID])
+    rank_values = _values(spans[col.RANK]) if several and col.RANK in spans else [None] * count
+    on_device = (spans[col.THREAD_ID].isna() & spans[col.DEVICE_ID].notna()).to_numpy().tolist()
+    pids: list[Any] = []
+    tids: list[Any] = []
+    for device, stream, thread, rank, device_side in zip(device_ids, stream_ids, thread_ids, rank_values, on_device):
+        if device_side:
+            gpus.add((rank, device, stream))
+            pids.append(process.gpu(rank, device))
+            tids.append(f"stream {stream}")
+        else:
+            thread = int(thread or 0)
+            threads.add((rank, thread))
+            pids.append(process.host(rank))
+            tids.append(thread)
+    # only the columns that hold something in this chunk; each row keeps its non-empty values
+    filled = [(name, _values(spans[name])) for name in _ARG_COLUMNS if name in spans and spans[name].notna().any()]
+    arg_names = [name for name, _ in filled]
+    arg_rows = zip(*(values for _, values in filled)) if filled else iter([()] * count)
+    attributes = _values(spans[col.ATTRIBUTES]) if col.ATTRIBUTES in spans else [None] * count
+    starts = ((spans[col.START_NS].to_numpy(dtype=np.int64) - origin) / 1e3).tolist()
+    durations = (spans[col.DURATION_NS].to_numpy(dtype=np.int64) / 1e3).tolist()
+    events = []
+    for name, level, start, duration, pid, tid, arg_values, extra in zip(
+            _values(spans[col.NAME]), _values(spans[col.LEVEL]), starts, durations, pids, tids, arg_rows, attributes):
+        args = {key: value for key, value in zip(arg_names, arg_values) if value is not None}
+        if extra:
+            args.update(_decode_attributes(extra))
+        events.append({"name": name, "cat": level, "ph": "X", "ts": start, "dur": duration, "pid": pid, "tid": tid,
+                       "args": args})
+    return events
+
+
+_decode_attributes = msgspec.json.Decoder(dict).decode
 
 
 class _Processes:
@@ -161,7 +214,24 @@ def write_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
     Raises:
         xsp.io.parquet.OutputError: the file could not be written (nothing is left at ``path``).
     """
-    return write_text_output(path, json.dumps(chrome_events(trace)))
+    document_fields = msgspec.json.encode(_document_fields(trace))
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as out:
+            out.write(b'{"traceEvents":[')
+            first = True
+            for chunk in _event_chunks(trace):
+                if not chunk:
+                    continue
+                if not first:
+                    out.write(b",")
+                out.write(encode(chunk)[1:-1])  # the list's items, without its brackets
+                first = False
+            out.write(b"],")
+            out.write(document_fields[1:])  # the other fields, after the opening brace
+
+    encode = msgspec.json.Encoder().encode
+    return write_output(path, write)
 
 
 __all__ = ["chrome_events", "write_chrome"]

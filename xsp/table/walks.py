@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import re
 from typing import Any, Final
 
 import numpy as np
@@ -182,6 +183,29 @@ def plain_strings(column: pd.Series) -> pa.LargeStringArray:
         return pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
     array = pa.array(column.array, type=pa.large_string(), from_pandas=True)
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+
+
+def texts_at(column: pd.Series, positions: np.ndarray) -> np.ndarray:
+    """``column``'s text at each position, as an object array (``None`` where the position is -1
+    or the row has none). For a categorical only the distinct texts become Python strings."""
+    found = np.full(len(positions), None, dtype=object)
+    hit = positions >= 0
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        distinct = np.array([*column.cat.categories.tolist(), None], dtype=object)
+        found[hit] = distinct[column.cat.codes.to_numpy()[positions[hit]]]  # code -1 is the None after them
+        return found
+    chosen = column.iloc[positions[hit]]
+    found[hit] = chosen.astype(object).where(chosen.notna(), None).to_numpy(dtype=object)
+    return found
+
+
+def text_matches(column: pd.Series, pattern: re.Pattern[str], anywhere: bool = False) -> np.ndarray:
+    """Whether each row's text matches ``pattern`` at its start (``re.match``; with ``anywhere``,
+    ``re.search``; ``False`` where the row has none), the pattern tried once per distinct text."""
+    codes, texts = text_codes(column)
+    test = pattern.search if anywhere else pattern.match
+    matched = np.array([test(text) is not None for text in texts.to_pylist()] + [False], dtype=bool)
+    return matched[codes]  # code -1 is the False after them
 
 
 def ids_at(ids: np.ndarray, positions: np.ndarray) -> pd.arrays.IntegerArray:
