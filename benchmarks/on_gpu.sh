@@ -72,6 +72,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     "$cupti_wheel" || stop "cupti-python did not install"
 if ! python3 -c "import transformers" 2>/dev/null; then
     echo "transformers is missing here: installing .whl/if-missing"
+    compgen -G ".whl/if-missing/*.whl" >/dev/null || stop "transformers is missing here and no wheels of it were carried: \
+on the development machine, WHEEL_GROUPS=\"always cupti pm if-missing\" benchmarks/gpu_wheels.sh (and carry less)"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/if-missing/*.whl || stop "transformers did not install (the examples and benchmarks need it)"
 fi
