@@ -36,6 +36,17 @@ def test_round_trip_keeps_every_column_dtype_and_value(recorded):
     assert loaded.metadata == json.loads(json.dumps(trace.metadata, default=str))
 
 
+def test_a_loaded_table_can_be_changed_in_place(recorded):
+    spans = xsp.load(recorded[0]).spans  # its columns are not Arrow's read-only buffers
+    first = spans.index[:2]
+    for name in (col.START_NS, col.DURATION_NS, col.SPAN_ID):
+        spans.loc[first, name] = 7
+    spans.loc[first, col.CORRELATION_ID] = 3
+    spans.loc[first, col.NAME] = spans[col.NAME].iloc[-1]
+    assert spans[col.START_NS].iloc[:2].tolist() == [7, 7] and spans[col.CORRELATION_ID].iloc[:2].tolist() == [3, 3]
+    assert spans[col.NAME].iloc[0] == spans[col.NAME].iloc[-1]
+
+
 def test_a_file_out_of_start_order_is_read_in_start_order(recorded, tmp_path):
     _, trace = recorded
     spans = trace.spans.iloc[::-1].reset_index(drop=True)  # windows of several threads interleave so

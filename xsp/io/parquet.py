@@ -321,7 +321,9 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     expected = footer.get(CHECKSUM_KEY)
     if expected is not None and expected != _footer_checksum(raw, stored, footer.get(PANDAS_KEY, b"")):
         raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
-    spans = spans_from_arrow(source, table)
+    owner = [table]
+    del table
+    spans = spans_from_owned_arrow(source, owner)
     parents = parent_positions(spans)  # once, for both checks (an argsort of every id)
     impossible = impossible_spans(spans, parents)
     if impossible:
@@ -346,6 +348,15 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     """The span table with the schema's dtypes, from the Arrow types alone (the pandas metadata
     in the footer is ignored: a damaged copy of it would change dtypes or names unnoticed),
     sorted by start (a file written window by window is sorted within each window only)."""
+    return spans_from_owned_arrow(source, [table])
+
+
+def spans_from_owned_arrow(source: Path, owner: list[pa.Table]) -> pd.DataFrame:
+    """:func:`spans_from_arrow` of the one table in ``owner``, which it takes out: each Arrow
+    column is let go once converted (the numbers are copied out of Arrow's read-only buffers, so
+    that the table can be changed in place), so no column is held twice. Hand it a table
+    nothing else refers to."""
+    table = owner.pop()
     for position, field in enumerate(table.schema):  # a column of nulls only, typed so by another writer
         if pa.types.is_null(field.type) and field.name in col.COLUMNS:
             kind = pa.large_string() if col.COLUMNS[field.name] in TEXT_DTYPES else pa.int64()
@@ -353,8 +364,12 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
     starts = table[col.START_NS].to_numpy() if col.START_NS in table.column_names else np.zeros(0)
     if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
         table = in_start_order(table)
+    del starts
+    names, arrow_columns = table.column_names, table.columns
+    del table
     columns = {}
-    for name, column in zip(table.column_names, table.columns):
+    for index, name in enumerate(names):
+        column, arrow_columns[index] = arrow_columns[index], None
         dtype = col.COLUMNS.get(name)
         if dtype == col.CATEGORY:
             columns[name] = categorical(column)
@@ -363,17 +378,18 @@ def spans_from_arrow(source: Path, table: pa.Table) -> pd.DataFrame:
         elif dtype == "int64":
             if column.null_count:
                 raise TraceFormatError(f"{source} is corrupt: column {name} has missing values")
-            columns[name] = column.to_numpy().astype(np.int64, copy=False)
+            columns[name] = np.array(column.to_numpy(), dtype=np.int64)  # a copy of its own: writable
         elif dtype == "Int64":
             if not pa.types.is_integer(column.type):
                 raise TraceFormatError(f"{source} is corrupt: column {name} holds {column.type}, not integers")
             values = column.to_numpy(zero_copy_only=False) if not column.null_count else (
                 column.fill_null(0).to_numpy())
-            columns[name] = pd.arrays.IntegerArray(values.astype(np.int64, copy=False),
-                                                   column.is_null().to_numpy(zero_copy_only=False))
+            columns[name] = pd.arrays.IntegerArray(np.array(values, dtype=np.int64),
+                                                   np.array(column.is_null().to_numpy(zero_copy_only=False)))
         else:
             columns[name] = column.to_pandas()
-    return pd.DataFrame(columns)
+        del column
+    return pd.DataFrame(columns, copy=False)
 
 
 def _is_text(kind: pa.DataType) -> bool:
