@@ -227,6 +227,21 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     assert (tmp_path / "run.xsp.parquet").is_file()
 
 
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:abc", "http://127.0.0.1:99999", "http://[::1", "::::"])
+def test_a_malformed_otlp_endpoint_is_one_line_before_the_script_runs(tiny, tmp_path, endpoint):
+    result = xsp_cli("run", "--otlp", endpoint, "--", str(tiny), "1", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "OTLP endpoint" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""  # the script did not run
+
+
+def test_run_never_writes_its_trace_over_the_script(tiny, tmp_path):
+    before = tiny.read_bytes()
+    result = xsp_cli("run", "-o", tiny.name, "--", tiny.name, "1", cwd=tmp_path)
+    assert result.returncode == 2 and "is the input file" in result.stderr and "Traceback" not in result.stderr
+    assert tiny.read_bytes() == before
+
+
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
     result = xsp_cli("run", "--leveled", "--levels", "model,layer,operator", "--warmup", "1", "--rounds", "2",

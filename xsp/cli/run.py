@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from xsp.cli._common import CliError, ProgressLine, console, error_console, xsp_warnings_to_stderr
+from xsp.cli._common import CliError, ProgressLine, check_output, console, error_console, xsp_warnings_to_stderr
 from xsp.core import schema as col
 from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
@@ -240,6 +240,7 @@ def run(options: argparse.Namespace) -> int:
         if options.output is None:
             options.output = DEFAULT_OUTPUT
         if options.output:
+            check_output(options.output, str(script))  # the trace would overwrite the script
             check_writable(options.output)  # fail before the script runs, not after
     if options.layer_depth is not None and options.layer_depth < 1:
         raise CliError(f"--layer-depth must be 1 or more (1: the calls the model makes itself), not "

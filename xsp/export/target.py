@@ -57,14 +57,28 @@ class OtlpTarget:
             url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
         elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+            _check_endpoint(url)
             if chosen is Protocol.HTTP:
                 url = url.rstrip("/") + "/v1/traces"
             return cls(url, chosen)
         else:
             return None
+        _check_endpoint(url)
         if chosen is Protocol.HTTP and urlparse(url).path in ("", "/"):
             url = url.rstrip("/") + "/v1/traces"
         return cls(url, chosen)
+
+
+def _check_endpoint(url: str) -> None:
+    """Refuse, in one line, an endpoint no connection can be made to: no host, a bad port, a
+    broken address (before any span is recorded, not when the first is sent)."""
+    try:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        parsed.port  # noqa: B018 - reading it checks it
+    except ValueError as exc:
+        raise ValueError(f"the OTLP endpoint {url!r} is not a URL xsp can send to ({exc})") from None
+    if not parsed.hostname:
+        raise ValueError(f"the OTLP endpoint {url!r} names no host (give one like http://localhost:4317)")
 
 
 def probe(target: OtlpTarget, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
