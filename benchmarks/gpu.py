@@ -204,6 +204,16 @@ def training_step(model: torch.nn.Module) -> Callable[[], None]:
     return train_step
 
 
+def cuda_problem(script: str) -> str | None:
+    """Why ``script`` cannot measure the CUDA levels here (no CUDA GPU, or no CUPTI to use), or None."""
+    if not torch.cuda.is_available():
+        return f"{script} needs a CUDA GPU; none is visible here"
+    from xsp.tracers.cuda.source import probe
+
+    reason = probe()
+    return None if reason is None else f"the CUDA levels cannot run here: {reason}"
+
+
 def _pct(value: float, base: float) -> float:
     return round((value / base - 1) * 100, 2)
 
@@ -221,14 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(keys) - set(WORKLOADS)
     if unknown or not keys:
         parser.error(f"--workloads: one or more of {', '.join(WORKLOADS)}")
-    if not torch.cuda.is_available():
-        print("benchmarks/gpu.py needs a CUDA GPU; none is visible here", file=sys.stderr)
-        return 2
-    from xsp.tracers.cuda.source import probe
-
-    reason = probe()
-    if reason is not None:
-        print(f"the CUDA levels cannot run here: {reason}", file=sys.stderr)
+    problem = cuda_problem("benchmarks/gpu.py")
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name(0)
     workloads = _workloads(keys)

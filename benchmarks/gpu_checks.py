@@ -117,7 +117,10 @@ def _dropped(trace: Any) -> dict[str, int]:
     return {what: int(count) for what, count in (trace.metadata.get("dropped") or {}).items()}
 
 
-def clock_part(seconds: float) -> dict[str, Any]:
+def _traced_inference(levels: str, seconds: float, synchronise_each: bool) -> tuple[Any, int]:
+    """ResNet-50 inference at batch 32 for ``seconds`` under ``levels`` (after 5 untraced warm-up
+    calls): the trace and the calls made. ``synchronise_each``: wait for the GPU after every call,
+    else once at the end."""
     import xsp
 
     model, images = _resnet(32)
@@ -126,13 +129,19 @@ def clock_part(seconds: float) -> dict[str, Any]:
             model(pixel_values=images)
         torch.cuda.synchronize()
         calls = 0
-        with xsp.trace(levels="model,cuda_api,kernel", output=None) as session:
+        with xsp.trace(levels=levels, output=None) as session:
             began = time.perf_counter()
             while time.perf_counter() - began < seconds:
                 model(pixel_values=images)
-                torch.cuda.synchronize()
+                if synchronise_each:
+                    torch.cuda.synchronize()
                 calls += 1
-    trace = session.trace
+            torch.cuda.synchronize()
+    return session.trace, calls
+
+
+def clock_part(seconds: float) -> dict[str, Any]:
+    trace, calls = _traced_inference("model,cuda_api,kernel", seconds, synchronise_each=True)
     details = trace.metadata["tracer_details"].get("kernel", {})
     return {"calls": calls, "spans": len(trace.spans), "levels": level_counts(trace.spans),
             "windows": window_summary(launch_windows(trace.spans)), "dropped": _dropped(trace),
@@ -172,24 +181,11 @@ def operator_part() -> dict[str, Any]:
 
 
 def metrics_part(seconds: float) -> dict[str, Any]:
-    import xsp
     from xsp.core import schema as col
     from xsp.core.schema import SpanKind
     from xsp.table.walks import union_length
 
-    model, images = _resnet(32)
-    with torch.no_grad():
-        for _ in range(5):
-            model(pixel_values=images)
-        torch.cuda.synchronize()
-        calls = 0
-        with xsp.trace(levels="kernel,gpu_metrics", output=None) as session:
-            began = time.perf_counter()
-            while time.perf_counter() - began < seconds:
-                model(pixel_values=images)
-                calls += 1
-            torch.cuda.synchronize()
-    trace = session.trace
+    trace, calls = _traced_inference("kernel,gpu_metrics", seconds, synchronise_each=False)
     spans = trace.spans
     kinds = spans[col.KIND].astype(str)
     samples = spans[kinds == SpanKind.COUNTERS.value]
@@ -294,17 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("clock", "operator", "metrics"), required=True)
     parser.add_argument("--seconds", type=float, default=60.0, help="clock: run length; metrics: about 1/20 of it")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks/gpu_checks.py needs a CUDA GPU; none is visible here", file=sys.stderr)
+    from gpu import cuda_problem
+
+    problem = cuda_problem("benchmarks/gpu_checks.py")
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     from importlib.metadata import version
 
-    from xsp.tracers.cuda.source import probe
-
-    reason = probe()
-    if reason is not None:
-        print(f"the CUDA levels cannot run here: {reason}", file=sys.stderr)
-        return 2
     if args.part == "clock":
         result = clock_part(args.seconds)
     elif args.part == "operator":

@@ -53,11 +53,14 @@ def chrome_events(trace: Trace) -> dict[str, Any]:
     return {"traceEvents": events, **_document_fields(trace)}
 
 
+def _origin(spans: pd.DataFrame) -> int:
+    """The trace's first start (ns): the events' times are counted from it."""
+    return int(spans[col.START_NS].min()) if len(spans) else 0
+
+
 def _document_fields(trace: Trace) -> dict[str, Any]:
-    spans = trace.spans
-    origin = int(spans[col.START_NS].min()) if len(spans) else 0
     return {"displayTimeUnit": "ns", "otherData": {"xsp_version": trace.metadata.get("xsp_version"),
-                                                   "origin_epoch_ns": origin}}
+                                                   "origin_epoch_ns": _origin(trace.spans)}}
 
 
 def _event_chunks(trace: Trace) -> Iterator[list[dict[str, Any]]]:
@@ -65,7 +68,7 @@ def _event_chunks(trace: Trace) -> Iterator[list[dict[str, Any]]]:
     memory, counter and naming events."""
     spans = trace.spans
     meta = trace.metadata
-    origin = int(spans[col.START_NS].min()) if len(spans) else 0
+    origin = _origin(spans)
     ranks = meta.get("ranks") or {}
     several = bool(ranks) and col.RANK in spans and spans[col.RANK].notna().any()
     process = _Processes(meta, ranks if several else {})

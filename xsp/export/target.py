@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 PROBE_TIMEOUT_S = 1.0
 DEFAULT_SPAN_BUDGET: Final = 2000
@@ -41,7 +41,7 @@ class OtlpTarget:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        parsed = urlparse(self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}")
+        parsed = _parsed(self.endpoint)
         default_port = 4317 if self.protocol is Protocol.GRPC else 4318
         return parsed.hostname or "localhost", parsed.port or default_port
 
@@ -51,29 +51,31 @@ class OtlpTarget:
         """The target from arguments, else the OTEL_* variables; None when neither names one."""
         chosen = Protocol.parse(protocol or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                                 or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+        base = False  # the variable for every signal names a base URL: the traces' path is always added
         if endpoint:
             url = endpoint
         elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
         elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
-            _check_endpoint(url)
-            if chosen is Protocol.HTTP:
-                url = url.rstrip("/") + "/v1/traces"
-            return cls(url, chosen)
+            url, base = environ["OTEL_EXPORTER_OTLP_ENDPOINT"], True
         else:
             return None
         _check_endpoint(url)
-        if chosen is Protocol.HTTP and urlparse(url).path in ("", "/"):
+        if chosen is Protocol.HTTP and (base or urlparse(url).path in ("", "/")):
             url = url.rstrip("/") + "/v1/traces"
         return cls(url, chosen)
+
+
+def _parsed(url: str) -> ParseResult:
+    """``url`` parsed, read as http:// when it names no scheme (``localhost:4317``)."""
+    return urlparse(url if "://" in url else f"http://{url}")
 
 
 def _check_endpoint(url: str) -> None:
     """Refuse, in one line, an endpoint no connection can be made to: no host, a bad port, a
     broken address (before any span is recorded, not when the first is sent)."""
     try:
-        parsed = urlparse(url if "://" in url else f"http://{url}")
+        parsed = _parsed(url)
         parsed.port  # noqa: B018 - reading it checks it
     except ValueError as exc:
         raise ValueError(f"the OTLP endpoint {url!r} is not a URL xsp can send to ({exc})") from None
