@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,37 @@ def test_writing_over_the_input_is_refused(trace_file, tmp_path, capsys):
 def test_a_device_destination_is_written_in_place_not_replaced(trace_file, tmp_path):
     assert main(["export", str(trace_file), "-o", os.devnull]) == 0
     assert Path(os.devnull).is_char_device()
+
+
+def _full_device(tmp_path: Path) -> Path:
+    """A character device that fails every write (a copy of /dev/full), or skip where none can be made."""
+    device = tmp_path / "full"
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"cannot make a device node here ({exc}): needs root on Linux")
+    return device
+
+
+@pytest.mark.parametrize("command", ["summary", "export", "report --html", "diff -o", "run -o"])
+def test_a_device_that_fails_the_write_is_never_removed(command, trace_file, tmp_path, capsys, monkeypatch):
+    """Only a regular file xsp wrote may be removed or replaced: pyarrow removes the path it was
+    given when a write fails, so a device must never be handed to it."""
+    device = _full_device(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    argv = {"summary": ["summary", str(trace_file), "-o", str(device)],
+            "export": ["export", str(trace_file), "-o", str(device)],
+            "report --html": ["report", str(trace_file), "--html", str(device)],
+            "diff -o": ["diff", str(trace_file), str(trace_file), "--fail-on", "never", "-o", str(device)],
+            "run -o": ["run", "-o", str(device), "--", str(script)]}[command]
+    status = main(argv)
+    err = capsys.readouterr().err
+    # xsp run's exit status is the script's own; it says the file was not written
+    assert (status == 0 and "the trace file was not written" in err) if command == "run -o" else status != 0, err
+    assert "cannot write" in err and "Traceback" not in err, err
+    assert device.is_char_device(), f"{command} removed the device it could not write"
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to make stdout fail")

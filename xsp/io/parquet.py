@@ -6,7 +6,9 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import stat
+import tempfile
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ from xsp.table.validation import impossible_spans, parents_not_in_the_table
 from xsp.table.walks import arrow_strings, categorical, parent_positions
 
 _PARQUET_MAGIC = b"PAR1"
+COPY_CHUNK_BYTES: Final = 1 << 20
 CHECKSUM_KEY = b"xsp.checksum"
 """Parquet key-value metadata key of the footer checksum (see :func:`_footer_checksum`)."""
 
@@ -84,7 +87,8 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     A failed or interrupted write leaves the destination as it was (no truncated file) and no
     temporary file behind. The temporary name is unique to the process, so a forked child
-    writing at the same time never mixes its bytes with the parent's.
+    writing at the same time never mixes its bytes with the parent's. A device or a pipe
+    (/dev/stdout) gets the bytes once they are complete, and is never removed, whatever fails.
 
     Raises:
         OutputError: the destination is a directory, lies below a file, or cannot be written
@@ -92,10 +96,17 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target, in_place = _destination(path)
     if in_place:
-        try:
-            yield target
-        except OSError as exc:
-            raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
+        # A device or a pipe is never handed to a writer: some (pyarrow's write_table) remove the
+        # path they were given when a write fails, and /dev/full would be gone. The bytes are
+        # staged in a private folder, then copied in.
+        with tempfile.TemporaryDirectory(prefix="xsp-output-") as folder:
+            staged = Path(folder) / target.name
+            try:
+                yield staged
+                with open(staged, "rb") as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink, COPY_CHUNK_BYTES)
+            except OSError as exc:
+                raise OutputError(f"cannot write {path}: {_describe_os_error(exc)}") from None
         return
     temporary = _beside(target, "partial")
     try:
