@@ -317,3 +317,19 @@ def test_training_without_an_optimizer_from_a_data_loader_begins_each_step_at_it
         loop.call(MODEL, training=True)
         loop.backward()
     assert loop.end() == [("train_step", 0, 35), ("train_step", 35, 70), ("train_step", 70, 105)]
+
+
+def test_evaluation_calls_around_a_gradient_only_loop_are_steps_of_their_own():
+    """An input-gradient loop (PGD attacks, saliency maps): no_grad, then forward and backward with
+    no optimizer, then no_grad again: each no_grad call is an inference step, each iteration a
+    training step."""
+    loop = Loop()
+    for _ in range(2):
+        loop.call(MODEL)
+        for _ in range(3):
+            loop.call(MODEL, training=True)
+            loop.backward()
+        loop.call(MODEL)
+    marks = loop.end()
+    assert [name for name, _, _ in marks] == ["train_step"] * 6
+    assert len(loop.decided) == 10  # 2 x (1 + 3 + 1) steps, none swallowed another

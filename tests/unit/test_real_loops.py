@@ -18,6 +18,7 @@ import xsp
 from xsp import analysis
 from xsp.core import schema as col
 from xsp.core.schema import SpanKind
+from xsp.record import hotpath
 
 
 def traced(fn, levels="model,layer"):
@@ -454,6 +455,29 @@ def test_a_real_accumulation_loop_over_a_data_loader_is_one_step_per_optimizer_s
         assert per_step[(step, "input", "DataLoader.__next__")] == 2
     unstepped = pieces[pieces[col.STEP].isna()]
     assert unstepped[col.NAME].tolist() == ["DataLoader.__next__"]  # only the loop's last next() (StopIteration)
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_a_gradient_only_loop_between_no_grad_calls_is_one_step_per_call(pure_python, monkeypatch):
+    """Input gradients (PGD, saliency): an eval-mode model called once with no_grad, then forward
+    and backward with no optimizer 3 times, then no_grad again (in C and in Python alike)."""
+    if pure_python:
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    with xsp.trace(levels="model", output=None) as session:
+        for iterations in (1, 3):  # (a single one is C's to decide, several are Python's)
+            with torch.no_grad():
+                model(torch.randn(4, 8))
+            for _ in range(iterations):
+                model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            with torch.no_grad():
+                model(torch.randn(4, 8))
+    spans = session.trace.spans
+    calls = spans[spans[col.KIND] == SpanKind.PREDICT.value]
+    assert calls[col.STEP].nunique() == len(calls) == 8  # every call a step of its own
+    steps = spans[spans[col.KIND] == SpanKind.STEP.value]
+    assert steps[col.NAME].tolist() == ["train_step"] * 4
 
 
 # -- torch.compile: no frame of xsp's is dynamo's to compile ----------------------------------

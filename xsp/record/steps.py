@@ -190,6 +190,10 @@ class AutoSteps:
                     return self._tentative_end(start_ns)
                 if not self.waited:  # (after an input wait that began the next micro-batch: its forward)
                     decided = self._finish(self.last_end_ns)
+            elif leads and not self.optimizer_seen:
+                # an evaluation call of a loop with no optimizer (input gradients: attacks,
+                # saliency): the iterations before it were steps, and it is one of its own
+                decided = self._finish(self.last_end_ns)
             if leads and self.waited:
                 self.waited, self.python_decides = False, bool(self.tentative)
         elif kind is _INFERENCE and (training or module_id == self.leader):

@@ -85,6 +85,8 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
         } else if (grad && leads && optimizer_seen != Py_True) {
             if (trained == Py_True) return 0;  /* a tentative end (AutoSteps._tentative_end): Python */
             plan->finish = FINISH_AT_LAST_END;
+        } else if (leads && optimizer_seen != Py_True) {
+            plan->finish = FINISH_AT_LAST_END;  /* an evaluation call of a loop with no optimizer */
         }
     } else if (type == self->step_inference && (grad || is_leader)) {
         plan->finish = FINISH_AT_LAST_END;
