@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.schema import STEP_KINDS, Level, SpanKind
+from xsp.core.schema import STEP_KINDS, Level, SpanKind, Status
 from xsp.io.trace import Trace
 from xsp.record.steps import GENERATE_SUFFIX
 
@@ -123,25 +123,36 @@ def trimmed_mean_ci(values: np.ndarray, fraction: float = TRIM_FRACTION, confide
 
 
 def model_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """Latency statistics over all steps, one row per kind of step (its name; numbered steps
-    such as Kineto's ``ProfilerStep#N`` together as ``ProfilerStep``).
+    """Latency statistics over the steps that completed, one row per kind of step (its name;
+    numbered steps such as Kineto's ``ProfilerStep#N`` together as ``ProfilerStep``).
 
-    Columns: ``name``, ``steps``, ``mean_ms``, ``p50_ms``, ``p90_ms``, ``p99_ms``,
-    ``trimmed_mean_ms``, ``min_ms``, ``max_ms``, ``throughput_per_s`` (mean batch size over
-    trimmed-mean latency).
+    A step an exception ended (status ``error``: a request that failed, a batch that raised) is
+    no latency of the model's: it is counted in ``failed`` and left out of every figure, so
+    fast failures never flatter the latency nor slow ones inflate it.
+
+    Columns: ``name``, ``steps`` (completed), ``failed``, ``mean_ms``, ``p50_ms``, ``p90_ms``,
+    ``p99_ms``, ``trimmed_mean_ms``, ``min_ms``, ``max_ms``, ``throughput_per_s`` (mean batch
+    size over trimmed-mean latency); the figures are NaN for a kind whose every step failed.
     """
     latency = model_latency(source)
     rows = []
     for name, group in latency.groupby(latency["name"].map(step_kind), sort=False, observed=True):
-        values = group["latency_ms"].to_numpy()
-        batch = group["batch_size"].dropna()
-        trimmed = trimmed_mean(values)
-        rows.append({
-            "name": name, "steps": len(values), "mean_ms": values.mean(),
-            "p50_ms": np.percentile(values, 50), "p90_ms": np.percentile(values, 90),
-            "p99_ms": np.percentile(values, 99), "trimmed_mean_ms": trimmed,
-            "min_ms": values.min(), "max_ms": values.max(),
-            "throughput_per_s": (batch.mean() / (trimmed / 1e3)) if len(batch) else np.nan,
-        })
-    return pd.DataFrame(rows, columns=["name", "steps", "mean_ms", "p50_ms", "p90_ms", "p99_ms",
-                                       "trimmed_mean_ms", "min_ms", "max_ms", "throughput_per_s"])
+        failed = (group["status"].astype(object) == Status.ERROR.value).to_numpy()
+        completed = group[~failed]
+        values = completed["latency_ms"].to_numpy()
+        batch = completed["batch_size"].dropna()
+        row: dict[str, object] = {"name": name, "steps": len(values), "failed": int(failed.sum())}
+        if len(values):
+            trimmed = trimmed_mean(values)
+            row.update({
+                "mean_ms": values.mean(), "p50_ms": np.percentile(values, 50), "p90_ms": np.percentile(values, 90),
+                "p99_ms": np.percentile(values, 99), "trimmed_mean_ms": trimmed,
+                "min_ms": values.min(), "max_ms": values.max(),
+                "throughput_per_s": (batch.mean() / (trimmed / 1e3)) if len(batch) else np.nan,
+            })
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS).astype({"steps": "int64", "failed": "int64"})
+
+
+SUMMARY_COLUMNS = ["name", "steps", "failed", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "trimmed_mean_ms", "min_ms",
+                   "max_ms", "throughput_per_s"]

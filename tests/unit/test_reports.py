@@ -216,3 +216,47 @@ def test_the_reports_gpu_idle_time_is_the_recommendations(shared_traces):
     assert float(reported.group(1).replace(",", "")) == pytest.approx(float(recommended.group(1).replace(",", "")),
                                                                        rel=0.01)
     assert "e+" not in text
+
+
+class Flaky(torch.nn.Module):
+    """Fails on every other call, after some work: a service answering bad requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+        self.fail = False
+
+    def forward(self, x):
+        x = self.layer(x)
+        if self.fail:
+            for _ in range(20):  # the failed request's own work
+                x = self.layer(x)
+            raise ValueError("bad request")
+        return x
+
+
+@pytest.mark.parametrize("fail_every", [2, 1])
+def test_failed_steps_are_counted_apart_and_left_out_of_latency_and_throughput(fail_every):
+    model = Flaky()
+    with xsp.trace(levels="model", output=None) as session:
+        for i in range(8):
+            model.fail = i % fail_every == fail_every - 1
+            try:
+                model(torch.randn(2, 4))
+            except ValueError:
+                pass
+    latency = analysis.model_latency(session.trace)
+    completed = latency[latency["status"] == "ok"]["latency_ms"]
+    summary = analysis.model_summary(session.trace).iloc[0]
+    assert summary["steps"] == len(completed) == 8 - 8 // fail_every and summary["failed"] == 8 // fail_every
+    if len(completed):
+        assert summary["mean_ms"] == pytest.approx(completed.mean())
+        assert summary["max_ms"] == pytest.approx(completed.max())
+    else:
+        assert summary[["mean_ms", "p50_ms", "throughput_per_s"]].isna().all()
+    console = Console(width=80, record=True, color_system=None)
+    render_report(session.trace, console)
+    report = console.export_text()
+    assert "completed steps only" in report
+    assert f"{8 // fail_every} steps ended by an exception (status error), left out of latency" in report
+    assert max(len(line) for line in report.splitlines()) <= 80

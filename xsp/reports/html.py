@@ -442,9 +442,14 @@ def summary_section(trace: Trace) -> str:
     summary = analysis.model_summary(trace)
     if not summary.empty:
         main = summary.sort_values("steps", ascending=False).iloc[0]
-        facts.append(("latency", f"{main['trimmed_mean_ms']:,.3f} ms per {main['name']} (trimmed mean of "
-                                 f"{counted(int(main['steps']), 'step')}; p50 {main['p50_ms']:,.3f}, "
-                                 f"p90 {main['p90_ms']:,.3f})"))
+        failed = int(summary["failed"].sum())
+        left_out = f"; {counted(failed, 'failed step')} left out" if failed else ""
+        if main["steps"]:
+            facts.append(("latency", f"{main['trimmed_mean_ms']:,.3f} ms per {main['name']} (trimmed mean of "
+                                     f"{counted(int(main['steps']), 'completed step')}; p50 {main['p50_ms']:,.3f}, "
+                                     f"p90 {main['p90_ms']:,.3f}{left_out})"))
+        else:
+            facts.append(("latency", f"none: every step ended by an exception ({counted(failed, 'failed step')})"))
         if pd.notna(main["throughput_per_s"]):
             facts.append(("throughput", f"{main['throughput_per_s']:,.1f} items/s"))
         coverage = analysis.step_coverage(trace).iloc[0]

@@ -17,7 +17,7 @@ from xsp.analysis.lines import relative_files
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
-from xsp.core.schema import Level, SpanKind
+from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
 from xsp.reports.advice import recommendation_lines
@@ -200,14 +200,22 @@ def _latency_tables(trace: Trace, console: Console) -> None:
     if latency.empty:
         console.print("no steps in this trace (no top-level model call, xsp.step() or ProfilerStep)")
         return
-    _show(console, analysis.model_summary(trace), "Model latency over steps (ms)", [
-        ("name", "step name", text), ("steps", "steps", number(0)), ("mean_ms", "mean", number()),
-        ("p50_ms", "p50", number()), ("p90_ms", "p90", number()), ("p99_ms", "p99", number()),
-        ("trimmed_mean_ms", "trimmed mean", number()), ("throughput_per_s", "throughput/s", number(1))])
+    summary = analysis.model_summary(trace)
+    failed = int(summary["failed"].sum())
+    columns: list[tuple[str, str, Format]] = [("name", "step name", text), ("steps", "steps", number(0))]
+    if failed:
+        columns.append(("failed", "failed", number(0)))
+    columns += [("mean_ms", "mean", number()), ("p50_ms", "p50", number()), ("p90_ms", "p90", number()),
+                ("p99_ms", "p99", number()), ("trimmed_mean_ms", "trimmed mean", number()),
+                ("throughput_per_s", "throughput/s", number(1))]
+    _show(console, summary, "Model latency over steps (ms)" + (", completed steps only" if failed else ""), columns)
+    if failed:
+        errors = latency[latency["status"].astype(object) == Status.ERROR.value]["latency_ms"]
+        _say(console, f"{counted(failed, 'step')} ended by an exception (status error), left out of latency and "
+                      f"throughput: mean {errors.mean():,.3f} ms, {errors.sum():,.3f} ms in all", "yellow")
     many = len(latency) > STEPS_SHOWN
     shown = pd.concat([latency.head(STEPS_SHOWN // 2), latency.tail(STEPS_SHOWN // 2)]) if many else latency
-    columns: list[tuple[str, str, Format]] = [
-        ("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number())]
+    columns = [("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number())]
     if latency["compile_ms"].sum() > 0:
         columns.append(("compile_ms", "compile ms (not latency)", number()))
     columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
