@@ -204,6 +204,12 @@ def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
     (["diff", "emptydir", "{base}"], "holds no traces or summaries"),
     (["summary", "missing.xsp.parquet"], "missing.xsp.parquet"),
     (["summary", "{base}", "-o", "{base}"], "input file"),
+    (["diff", "{base}", "{base}", "--threshold", "5"], "write 5% for 5 percent, or 0.05 as a fraction"),
+    (["diff", "{base}", "{base}", "--threshold=-5%"], "--threshold"),
+    (["diff", "{base}", "{base}", "--threshold", "nan"], "--threshold"),
+    (["diff", "{base}", "{base}", "--levels", "kernel"], "level(s) kernel asked for but recorded in neither run"),
+    (["diff", "{base}", "{base}", "--levels", "model,operator"], "operator"),
+    (["summary", "{base}", "--levels", "kernel"], "has no kernel level"),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, monkeypatch, arguments, message):
     monkeypatch.chdir(tmp_path)

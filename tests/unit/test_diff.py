@@ -911,10 +911,11 @@ def test_the_headline_counts_unjudged_keys_as_the_rows_show_them_and_fits_80_col
     assert all(len(line) <= 80 for line in text.splitlines())
 
 
-def test_a_level_asked_for_that_neither_run_recorded_is_said():
-    result = diff(run(1), run(2), levels="model,layer,kernel")
-    assert any("asked for but recorded in neither run" in w and "kernel" in w for w in result.warnings), \
-        result.warnings
+def test_a_level_asked_for_that_neither_run_recorded_is_refused():
+    """A gate asked to compare kernels of two runs without any would judge the other levels and
+    pass: it is refused, naming the levels the runs have."""
+    with pytest.raises(ValueError, match=r"level\(s\) kernel asked for but recorded in neither run \(they have"):
+        diff(run(1), run(2), levels="model,layer,kernel")
     assert not any("asked for but recorded" in w for w in diff(run(1), run(2), levels="model,layer").warnings)
 
 

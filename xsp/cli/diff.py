@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -122,12 +123,18 @@ def fails(result: Diff, fail_on: FailOn) -> bool:
 
 
 def parse_share(text: str) -> float:
-    """``5%`` or ``0.05`` -> 0.05."""
+    """``5%`` or ``0.05`` -> 0.05; a bare number over 1 (``5``: 500% or 5%?) is refused."""
     value = text.strip()
     try:
-        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+        share = float(value[:-1]) / 100 if value.endswith("%") else float(value)
     except ValueError:
         raise CliError(f"--threshold {text!r} is not a share such as 5% or 0.05") from None
+    if not math.isfinite(share) or share < 0:
+        raise CliError(f"--threshold {text!r} is not a share such as 5% or 0.05")
+    if share > 1 and not value.endswith("%"):
+        raise CliError(f"--threshold {text} would be {share:.0%}: write {value}% for {value} percent, "
+                       f"or {share / 100:g} as a fraction")
+    return share
 
 
 def parse_duration_us(text: str) -> float:

@@ -39,3 +39,12 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
     if Level.KERNEL in parsed:
         parsed.add(Level.CUDA_API)
     return tuple(level for level in LEVELS if level in parsed)
+
+
+def missing_levels(chosen: tuple[Level, ...], recorded: set[str]) -> list[str]:
+    """The levels of ``chosen`` (from :func:`parse_levels`) that ``recorded`` lacks, leaving out
+    those :func:`parse_levels` adds unasked (model, input; cuda_api beside kernel): a trace
+    without input waits, or an import without CUDA calls, lacks nothing asked for."""
+    implied = {Level.MODEL, Level.INPUT} | ({Level.CUDA_API} if Level.KERNEL in chosen else set())
+    return [level.value for level in chosen if level not in implied and level.value not in recorded]
+

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.levels import missing_levels
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
 from xsp.gate import statistics as keyed
@@ -204,6 +205,12 @@ def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slic
     if present and not compared:
         raise ValueError(f"{source or 'the trace'}: the steps asked for leave none of its {len(present)} steps "
                          f"({present[0]}-{present[-1]}) to compare")
+    if levels is not None:
+        recorded = set(spans[col.LEVEL].dropna().astype(str))
+        missing = missing_levels(levels, recorded)
+        if missing:
+            raise ValueError(f"{source or 'the trace'} has no {', '.join(missing)} level (it has "
+                             f"{', '.join(sorted(recorded)) or 'no spans'}): a summary of it would be empty there")
     keys = {by: keyed.key_samples(spans, by, levels, steps) for by in dcol.KeyBy if only is None or by is only}
     metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
     if isinstance(metadata.get("created_at"), str):

@@ -22,7 +22,7 @@ from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.figures import change_percent as _ratio
 from xsp.core.figures import percent as _pct
-from xsp.core.levels import parse_levels
+from xsp.core.levels import missing_levels, parse_levels
 from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, machine_spread, speed_ratio, steady
 from xsp.core.rank import rank_path
@@ -145,7 +145,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
 
     Raises:
         xsp.XspError: a run could not be read.
-        ValueError: a setting out of range.
+        ValueError: a setting out of range, or a level asked for that neither run recorded.
     """
     key_by = KeyBy(by)
     if not 0 <= threshold < 10:
@@ -166,12 +166,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         kept = recorded[0] & recorded[1]
     else:
         kept = {level.value for level in chosen}
-        # the input level comes with the model level unasked: a run without input waits lacks nothing
-        unrecorded = sorted(kept - (recorded[0] | recorded[1]) - {Level.INPUT.value},
-                            key=[level.value for level in Level].index)
+        unrecorded = missing_levels(chosen, recorded[0] | recorded[1])
         if unrecorded:
-            warnings.append(f"level(s) {', '.join(unrecorded)} asked for but recorded in neither run: nothing there "
-                            "was compared (record them, e.g. xsp run --levels)")
+            # a gate that asked for a level neither run has would judge the others and pass
+            raise ValueError(f"level(s) {', '.join(unrecorded)} asked for but recorded in neither run "
+                             f"(they have {', '.join(sorted(recorded[0] | recorded[1])) or 'no spans'}): "
+                             "record them (xsp run --levels) or leave them out of the levels compared")
     base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
     new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
     measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
