@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import runpy
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -201,6 +204,8 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
             _run_as_main(os.path.abspath(script))
     except SystemExit as stop:
         status = _exit_status(stop.code)
+    except _LeveledTerminated:  # a signal stopped a leveled run: not the script's failure
+        raise
     except BaseException as error:  # the script's own failure: report it like python does
         failure = error
         status = 1
@@ -273,18 +278,116 @@ class _ScriptFailed(Exception):
         self.status = status
 
 
+class _LeveledTerminated(BaseException):
+    """SIGTERM or SIGHUP during ``--leveled``: the rounds that finished are written, then the
+    process ends by the signal, as a plain run would. (Raised by xsp's handler as the program's
+    own, so that a session passes it on instead of ending the process itself.)"""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _leveled_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`_LeveledTerminated` in the main thread while the
+    leveled runs go on (where their default action, ending the process, was in place)."""
+    import signal
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _LeveledTerminated(signum)
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            signum = getattr(signal, name, None)
+            if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
+                saved[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, previous in saved.items():
+            signal.signal(signum, previous)
+
+
+def _stop_text(cause: BaseException) -> str:
+    """What stopped a leveled run, in words."""
+    from xsp.session.signals import signal_name
+
+    if isinstance(cause, _ScriptFailed):
+        return f"the script's exit status {cause.status}"
+    if isinstance(cause, (ScriptInterrupted, KeyboardInterrupt)):
+        return "SIGINT"
+    if isinstance(cause, _LeveledTerminated):
+        return signal_name(cause.signum)
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _end_as_stopped(cause: BaseException) -> int:
+    """Once what finished is written: exit as the stopped script would have."""
+    from xsp.session.signals import end_by_signal
+
+    if isinstance(cause, _ScriptFailed):
+        return cause.status
+    if isinstance(cause, _LeveledTerminated):
+        end_by_signal(cause.signum)  # the process ends here
+    raise cause
+
+
+def _check_leveled(options: argparse.Namespace) -> None:
+    if options.warmup < 0:
+        raise CliError("--warmup must be 0 or more")
+    if options.rounds is not None and options.rounds < 1:
+        raise CliError("--rounds must be 1 or more")
+    if not 0 < options.target < 100:
+        raise CliError("--target must be a percentage between 0 and 100")
+    if options.budget is not None and options.budget < 0:
+        raise CliError("--budget must be 0 or more seconds")
+    if options.otlp:
+        raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
+
+
 def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[str]) -> int:
-    """``--leveled``: one run of the script per level prefix, merged into one trace."""
+    """``--leveled``: one run of the script per level prefix, merged into one trace.
+
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP) or ended by the script's failure, it writes the rounds
+    that finished, marked partial, or says that none did and writes nothing; the exit status
+    is then the script's (or the signal's)."""
+    from xsp.session.leveled import RoundsStopped
+
+    _check_leveled(options)
+    out = error_console()
+    with xsp_warnings_to_stderr(), _leveled_signals():
+        try:
+            result, rounds = _leveled_rounds(options, script, script_args)
+        except RoundsStopped as stopped:
+            if stopped.result is None:
+                out.print(f"xsp: stopped by {_stop_text(stopped.cause)}: {stopped.why_none}, so nothing was "
+                          "written", markup=False)
+            else:
+                _write_leveled(stopped.result, options, stopped.log.rounds)
+            return _end_as_stopped(stopped.cause)
+        except (_ScriptFailed, ScriptInterrupted, KeyboardInterrupt, _LeveledTerminated) as cause:
+            out.print(f"xsp: stopped by {_stop_text(cause)} before the leveled rounds began, so nothing was "
+                      "written", markup=False)
+            return _end_as_stopped(cause)
+    _write_leveled(result, options, rounds)
+    return 0
+
+
+def _leveled_rounds(options: argparse.Namespace, script: Path, script_args: list[str]) -> tuple[Any, int]:
+    """The probe run, the plan, the calibration and the rounds: the merged result and the rounds run."""
     from xsp.core.schema import Level
     from xsp.io.trace import Trace
-    from xsp.reports.terminal import frame_table, number, share, text
     from xsp.session.calibration import calibrate
     from xsp.session.leveled import (
         RoundsLog,
+        RoundsStopped,
         autograd_in,
         layer_depths_in,
         note_rounds,
         plan_text,
+        run_cut_short_unsaid,
         run_rounds,
     )
     from xsp.session.leveled_merge import (
@@ -299,16 +402,6 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     from xsp.session.session import Session
     from xsp.tracers.registry import tracers_for
 
-    if options.warmup < 0:
-        raise CliError("--warmup must be 0 or more")
-    if options.rounds is not None and options.rounds < 1:
-        raise CliError("--rounds must be 1 or more")
-    if not 0 < options.target < 100:
-        raise CliError("--target must be a percentage between 0 and 100")
-    if options.budget is not None and options.budget < 0:
-        raise CliError("--budget must be 0 or more seconds")
-    if options.otlp:
-        raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
     out = error_console()
     _, unavailable = tracers_for(parse_levels(options.levels))
     for level, reason in unavailable.items():
@@ -318,10 +411,10 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     by_depth = not options.no_depth and Level.LAYER in wanted
 
     def traced(levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None = None) -> Trace:
-        out.print(f"xsp: leveled run {label}", markup=False)
         session = Session(levels=levels, output=None, service_name=_service_name(options, script),
                           backward=backward, layer_depth=layer_depth, nvtx=options.nvtx)
-        status = _run_script(script, script_args, session)
+        with run_cut_short_unsaid():
+            status = _run_script(script, script_args, session)
         if status != 0:
             raise _ScriptFailed(status)
         if session.trace is None or len(session.trace.steps) <= options.warmup:
@@ -330,41 +423,56 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
                            "script that calls its model more than --warmup times?)")
         return session.trace
 
-    with xsp_warnings_to_stderr():
+    # a first run finds what autograd does in the script and how deep its module calls nest: a
+    # script that records a graph but never runs backward is traced without backward hooks, as
+    # xsp.leveled does
+    probe_label = "to find the model's depth" if by_depth else "to find what autograd does"
+    out.print(f"xsp: leveled: a first run {probe_label}", markup=False)
+    probe = traced((Level.MODEL, Level.LAYER) if by_depth else (Level.MODEL,), probe_label, backward=False)
+    autograd = autograd_in(probe)
+    depths = layer_depths_in(probe) if by_depth else None
+    backward, records_autograd = autograd.runs_backward, autograd.records
+    plan = level_runs(wanted, layer_depths=depths or 1)
+    out.print(f"xsp: {plan_text(plan, depths)}", markup=False)
+    costs = {} if options.no_compensate else calibrate(wanted, grad=records_autograd and backward)
+
+    def run(entry: RunPlan) -> Trace:
+        found = traced(entry.levels, entry.label, backward, entry.layer_depth)
+        return Trace(spans=measured_steps(found.spans, options.warmup), metadata=found.metadata)
+
+    def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
         try:
-            # a first run finds what autograd does in the script and how deep its module calls
-            # nest: a script that records a graph but never runs backward is traced without
-            # backward hooks, as xsp.leveled does
-            probe_levels = (Level.MODEL, Level.LAYER) if by_depth else (Level.MODEL,)
-            probe = traced(probe_levels, "to find the model's depth" if by_depth else "to find what autograd does",
-                           backward=False)
-            autograd = autograd_in(probe)
-            depths = layer_depths_in(probe) if by_depth else None
-            backward, records_autograd = autograd.runs_backward, autograd.records
-            plan = level_runs(wanted, layer_depths=depths or 1)
-            out.print(f"xsp: {plan_text(plan, depths)}", markup=False)
-            costs = {} if options.no_compensate else calibrate(wanted, grad=records_autograd and backward)
+            return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth)
+                               for entry in plan], costs=costs, target=target, by_depth=by_depth)
+        except ValueError as exc:
+            raise CliError(f"the runs cannot be merged: {exc}") from None
 
-            def run(entry: RunPlan) -> Trace:
-                found = traced(entry.levels, entry.label, backward, entry.layer_depth)
-                return Trace(spans=measured_steps(found.spans, options.warmup), metadata=found.metadata)
+    def noted(result: LeveledResult, log: RoundsLog) -> LeveledResult:
+        note_rounds(result, plan, log, target, options.rounds, options.budget)
+        result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=records_autograd,
+                                                warmup_steps=options.warmup)
+        return result
 
-            def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
-                try:
-                    return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth)
-                                       for entry in plan], costs=costs, target=target, by_depth=by_depth)
-                except ValueError as exc:
-                    raise CliError(f"the runs cannot be merged: {exc}") from None
+    log = RoundsLog()
+    try:
+        result, rounds = run_rounds(plan, run, merge, rounds=options.rounds, target=target, budget_s=options.budget,
+                                    log=log, progress=lambda where: out.print(f"xsp: {where.text()}", markup=False),
+                                    describe_stop=_stop_text)
+    except RoundsStopped as stopped:  # the rounds that finished, noted as the whole would be
+        if stopped.result is not None:
+            noted(stopped.result, log)
+        raise
+    return noted(result, log), rounds
 
-            log = RoundsLog()
-            result, round_number = run_rounds(plan, run, merge, rounds=options.rounds, target=target,
-                                              budget_s=options.budget, log=log)
-        except _ScriptFailed as failed:
-            return failed.status
-    note_rounds(result, plan, log, target, options.rounds, options.budget)
+
+def _write_leveled(result: Any, options: argparse.Namespace, rounds: int) -> None:
+    """Write a leveled result (partial or whole) and say what it holds."""
+    from xsp.reports.terminal import frame_table, number, share, text
+
+    out = error_console()
     details = result.trace.metadata["leveled"]
-    details.update(backward_hooks=backward, records_autograd=records_autograd, warmup_steps=options.warmup)
-    if not details["precise"]:
+    partial = details.get("partial")
+    if not details["precise"] and not partial:
         out.print(f"xsp: leveled figures not precise to ±{options.target:g}%: {details['why_imprecise']}",
                   markup=False)
     if options.output:
@@ -372,21 +480,22 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     shown = console()
     runs = result.overhead.assign(run=[f"{r.run} (metrics)" if r.metric else r.run
                                        for r in result.overhead.itertuples()])
-    shown.print(f"Leveled runs, {round_number} rounds (model latency: trimmed mean over the measured steps, with "
-                "its 95% interval; a metrics run's durations are not used)", markup=False)
+    shown.print(f"Leveled runs, {count_of(rounds, 'round')} (model latency: trimmed mean over the measured steps, "
+                "with its 95% interval; a metrics run's durations are not used)", markup=False)
     shown.print(frame_table(runs, "", [("run", "run", text), ("steps", "steps", number(0)),
                                        ("model_latency_ms", "model latency ms", number()),
                                        ("model_latency_ci_ms", "± 95% ms", number()),
                                        ("overhead", "overhead vs model", share)], width=shown.width))
     where = f" -> {options.output}" if options.output else ""
-    out.print(f"xsp: merged {len(result.trace.spans)} spans of step {result.trace.metadata['leveled']['merged_step']}"
-              f"{where}; {len(result.unmatched)} spans did not repeat identically and keep the deepest run's time",
+    out.print(f"xsp: merged {count_of(len(result.trace.spans), 'span')} of step {details['merged_step']}{where}; "
+              f"{count_of(len(result.unmatched), 'span')} did not repeat identically and keep the deepest run's time",
               markup=False)
+    if partial:
+        out.print(f"warning: partial leveled trace: {partial['cut']}", markup=False)
     if options.report:
         from xsp.reports.terminal import render_report
 
         render_report(result.trace, console(), top=options.top)
-    return 0
 
 
 def _shown(path: Path, started_in: str) -> str:

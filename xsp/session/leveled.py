@@ -23,9 +23,11 @@ traced runs to :func:`merge_runs`, which
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ import numpy as np
 
 from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
+from xsp.core.figures import counted
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -190,16 +193,92 @@ class RoundsLog:
     """What the budget cut short, in words."""
     seconds: float = 0.0
     """How long the rounds took."""
+    stopped: dict[str, Any] | None = None
+    """When the rounds stopped before their end (:class:`RoundsStopped`): ``by`` (what stopped
+    them, in words), ``rounds_finished``, ``round`` (the one cut short), ``runs_finished`` of
+    its ``runs_per_round`` (left out of the figures), ``cut`` (all that, in words)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"bursts": self.bursts, "repeated": len(self.bursts), "given_up": self.given_up,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "partial": self.stopped}
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """Where the rounds are, as a run begins: what :func:`run_rounds` tells its ``progress``."""
+
+    round_number: int
+    """This run's round, from 1."""
+    rounds: int
+    """The rounds planned: the count asked for, or (adaptive) the minimum, :data:`MIN_ROUNDS`."""
+    adaptive: bool
+    """More rounds may follow the planned ones, while the figures are not precise enough."""
+    run_number: int
+    """This run's place in its round, from 1."""
+    runs: int
+    """Runs a round."""
+    label: str
+    """The run's levels (``model+layer<=2``)."""
+    seconds_left: float | None
+    """Estimated time to the end of the planned rounds (or of this round, past them), from the
+    runs so far; None before the first run has ended."""
+    again: bool = False
+    """The run is run again (its last try was hit by a burst of noise)."""
+
+    def text(self) -> str:
+        """``leveled round 2 of 5, run 3 of 9: model+layer<=2; about 1 min 20 s left``."""
+        if not self.adaptive:
+            rounds = f"round {self.round_number} of {self.rounds}"
+        elif self.round_number <= self.rounds:
+            rounds = f"round {self.round_number} of at least {self.rounds}"
+        else:
+            rounds = f"round {self.round_number} (past {self.rounds}: until the figures are precise)"
+        again = " again (a burst of noise)" if self.again else ""
+        left = ""
+        if self.seconds_left is not None:
+            until = "" if not self.adaptive else (
+                f" for {self.rounds} rounds" if self.round_number <= self.rounds else " for this round")
+            left = f"; about {duration_text(self.seconds_left)} left{until}"
+        return f"leveled {rounds}, run {self.run_number} of {self.runs}: {self.label}{again}{left}"
+
+
+def duration_text(seconds: float) -> str:
+    """``45 s``, ``3 min 20 s``, ``1 h 05 min``: a time left, as a person reads it."""
+    whole = max(int(round(seconds)), 0)
+    if whole < 1:
+        return "under 1 s"
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+class RoundsStopped(Exception):
+    """The rounds stopped before their end: a run raised (a signal, Ctrl-C, the script's own
+    exit with a failure), and no more can run.
+
+    Attributes:
+        result: the runs of the rounds that finished, merged (None when no round finished, or
+            they could not be merged: :attr:`why_none` says which).
+        log: the rounds' log, its ``stopped`` filled in (what was cut).
+        cause: what the run raised (re-raise it, or exit with its status, once the partial
+            result is written).
+    """
+
+    def __init__(self, result: LeveledResult | None, log: RoundsLog, cause: BaseException, why_none: str) -> None:
+        super().__init__(log.stopped["cut"] if log.stopped else "stopped")
+        self.result = result
+        self.log = log
+        self.cause = cause
+        self.why_none = why_none
 
 
 def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
                merge: Callable[[dict[RunPlan, list[Trace]]], LeveledResult], rounds: int | None = None,
                target: float = DEFAULT_TARGET, budget_s: float | None = None,
-               log: RoundsLog | None = None) -> tuple[LeveledResult, int]:
+               log: RoundsLog | None = None, progress: Callable[[RunProgress], None] | None = None,
+               describe_stop: Callable[[BaseException], str] | None = None) -> tuple[LeveledResult, int]:
     """The leveled rounds, for :func:`leveled` and ``xsp run --leveled`` alike: each round runs
     every run of ``plan`` once (``run`` records one and returns its measured steps), each round
     starting one run later than the one before, so that no run always goes first.
@@ -209,8 +288,15 @@ def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
     :data:`MIN_ROUNDS` rounds whatever they take, then more while :func:`default_budget_s` of the
     plan lasts). A run hit by a burst of noise (:data:`BURST_FACTOR`)
     is run again, at most :data:`MAX_REPEATS` times, while the budget allows. ``log``
-    receives what was repeated and what the budget cut short. Returns the merged result and
-    the rounds run."""
+    receives what was repeated and what the budget cut short; ``progress`` hears of each run
+    as it begins (:class:`RunProgress`). Returns the merged result and the rounds run.
+
+    Raises:
+        RoundsStopped: a run raised anything (Ctrl-C, a signal turned into an exception, the
+            program's exit): the rounds that finished are merged into its ``result`` (the
+            unfinished round's runs are left out, so that every run keeps the same rounds), and
+            what stopped them is its ``cause``; ``describe_stop`` says it in words.
+    """
     import time
 
     budget = default_budget_s(plan) if budget_s is None else budget_s
@@ -219,14 +305,49 @@ def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
     spreads: list[float] = []
     began = time.monotonic()
     first_round_end: float | None = None
+    runs_done = 0
+    planned = rounds if rounds is not None else MIN_ROUNDS
+
+    def tell(entry: RunPlan, position: int, again: bool = False) -> None:
+        if progress is None:
+            return
+        left = None
+        if runs_done:
+            per_run = (time.monotonic() - began) / runs_done
+            remaining = (max(planned - log.rounds, 1) * len(plan) if log.rounds < planned else len(plan)) - position
+            left = per_run * remaining
+        progress(RunProgress(round_number=log.rounds + 1, rounds=planned, adaptive=rounds is None,
+                             run_number=position + 1, runs=len(plan), label=entry.label, seconds_left=left,
+                             again=again))
+
+    def stopped(cause: BaseException, position: int) -> RoundsStopped:
+        finished = log.rounds
+        how = describe_stop(cause) if describe_stop is not None else f"{type(cause).__name__}: {cause}"
+        cut = (f"stopped by {how} in round {finished + 1}, after {position} of its {len(plan)} runs"
+               + (f": {finished} round{'s' if finished != 1 else ''} merged, the runs of the unfinished one left out"
+                  if finished else ": no round finished"))
+        log.stopped = {"by": how, "rounds_finished": finished, "round": finished + 1, "runs_finished": position,
+                       "runs_per_round": len(plan), "cut": cut}
+        log.seconds = time.monotonic() - began
+        if not finished:
+            return RoundsStopped(None, log, cause, f"no leveled round finished ({position} of {len(plan)} runs "
+                                                   "of the first)")
+        try:
+            result = merge({entry: found[:finished] for entry, found in traces.items()})
+        except Exception as exc:  # what finished cannot be merged: said, never claimed written
+            return RoundsStopped(None, log, cause, f"the {finished} finished round(s) could not be merged: {exc}")
+        return RoundsStopped(result, log, cause, "")
 
     def out_of_time() -> bool:
         if budget_s is None and log.rounds < MIN_ROUNDS:  # by default, the minimum rounds always run
             return False
         return first_round_end is not None and time.monotonic() - first_round_end > budget
 
-    def measured(entry: RunPlan) -> Trace:
+    def measured(entry: RunPlan, position: int) -> Trace:
+        nonlocal runs_done
+        tell(entry, position)
         found = run(entry)
+        runs_done += 1
         spread = step_spread(found)
         known = [value for value in spreads if not np.isnan(value)]
         typical = float(np.median(known)) if len(known) >= MIN_RUNS_FOR_BURSTS else float("nan")
@@ -235,15 +356,21 @@ def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
                 break
             log.bursts.append({"run": entry.label, "round": log.rounds + 1, "spread": round(spread, 4),
                                "typical": round(typical, 4)})
+            tell(entry, position, again=True)
             found = run(entry)
+            runs_done += 1
             spread = step_spread(found)
         spreads.append(spread)
         return found
 
     while True:
         turn = log.rounds % len(plan)
-        for entry in [*plan[turn:], *plan[:turn]]:
-            traces[entry].append(measured(entry))
+        for position, entry in enumerate([*plan[turn:], *plan[:turn]]):
+            try:
+                found = measured(entry, position)
+            except BaseException as cause:  # the finished rounds are still worth their file
+                raise stopped(cause, position) from cause
+            traces[entry].append(found)
         log.rounds += 1
         first_round_end = first_round_end or time.monotonic()
         log.seconds = time.monotonic() - began
@@ -292,6 +419,16 @@ def note_rounds(result: LeveledResult, plan: Sequence[RunPlan], log: RoundsLog, 
     details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
 
 
+@contextlib.contextmanager
+def run_cut_short_unsaid() -> Iterator[None]:
+    """Around one leveled run's session: an interruption leaves that run out of the figures,
+    so the session's "interrupted ...: the trace holds what was recorded" is not said (what is
+    written is said once the rounds stop)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"xsp: interrupted by")
+        yield
+
+
 def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
     """One line saying what a leveled experiment will run, before it does."""
     nesting = "" if depths is None else f"the model's module calls nest {depths} deep: "
@@ -300,7 +437,7 @@ def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
 
 def why_imprecise(result: LeveledResult, log: RoundsLog, target: float) -> str:
     """Why figures of a leveled result are not precise to ``target``, in words."""
-    reasons = list(log.given_up)
+    reasons = ([log.stopped["cut"]] if log.stopped else []) + list(log.given_up)
     if log.bursts:
         count = len(log.bursts)
         reasons.append(f"{count} run{' was' if count == 1 else 's were'} hit by a burst of noise and run again")
@@ -413,7 +550,8 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
                       ) if compensate else {}
 
     def run(entry: RunPlan) -> Trace:
-        with trace(levels=entry.levels, output=None, layer_depth=entry.layer_depth, **trace_options) as session:
+        with run_cut_short_unsaid(), trace(levels=entry.levels, output=None, layer_depth=entry.layer_depth,
+                                          **trace_options) as session:
             # the first steps after a session starts run cold (its buffers and hooks are
             # fresh): they are traced like the others and left out
             for _ in range(warmup + repeat):
@@ -427,17 +565,30 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         return merge_runs([LeveledRun(r.levels, pooled(traces[r]), r.layer_depth) for r in plan], warmup_steps=0,
                           trim=trim, costs=costs, target=target, by_depth=needs_depth)
 
+    def finished(result: LeveledResult) -> None:
+        note_rounds(result, plan, log, target, rounds, budget_s)
+        details = result.trace.metadata["leveled"]
+        details["repeat"] = repeat
+        details["backward_hooks"] = bool(trace_options.get("backward", True))
+        details["records_autograd"] = None if autograd is None else autograd.records
+        details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
+        if progress is not None:
+            progress(f"leveled: {counted(log.rounds, 'round')} in {log.seconds:.1f} s"
+                     + ("" if details["precise"] else f"; not precise to ±{target:.0%}: {details['why_imprecise']}"))
+        if output is not None:
+            result.save(output)
+
     log = RoundsLog()
-    result, round_number = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log)
-    note_rounds(result, plan, log, target, rounds, budget_s)
-    details = result.trace.metadata["leveled"]
-    details["repeat"] = repeat
-    details["backward_hooks"] = bool(trace_options.get("backward", True))
-    details["records_autograd"] = None if autograd is None else autograd.records
-    details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
-    if progress is not None:
-        progress(f"leveled: {round_number} rounds in {log.seconds:.1f} s"
-                 + ("" if details["precise"] else f"; not precise to ±{target:.0%}: {details['why_imprecise']}"))
-    if output is not None:
-        result.save(output)
+    try:
+        result, _ = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log,
+                               progress=None if progress is None else lambda where: progress(where.text()))
+    except RoundsStopped as stop:
+        # the rounds that finished are written (marked partial, with what was cut); then the
+        # interruption or failure goes on to the caller as it came
+        if stop.result is not None:
+            finished(stop.result)
+        elif progress is not None:
+            progress(f"leveled: {stop.why_none}: nothing written")
+        raise stop.cause from None
+    finished(result)
     return result
