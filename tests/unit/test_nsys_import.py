@@ -45,48 +45,70 @@ SCHEMA = {
     "TARGET_INFO_SESSION_START_TIME": "utcEpochNs INT, utcTime TEXT, localTime TEXT",
     "TARGET_INFO_SYSTEM_ENV": "globalVid INT, devStateName TEXT, name TEXT, nameEnum INT, value TEXT",
 }
+"""The tables of the exports made here, as the shared export (Nsight Systems 2022.2, schema 2.9.1) has them."""
+
+
+def _insert(connection: sqlite3.Connection, table: str, rows: list[dict[str, object]]) -> None:
+    """Rows by column name: a layout's other columns stay null, as an export leaves what it did not record."""
+    for row in rows:
+        names = ", ".join(f'"{name}"' for name in row)
+        connection.execute(f"insert into {table} ({names}) values ({', '.join('?' * len(row))})", list(row.values()))
 
 
 def make_export(path: Path, schema_version: str = "2.9.1", rank: str | None = "3",
-                drop_column: tuple[str, str] | None = None) -> Path:
+                drop_column: tuple[str, str] | None = None, schema: dict[str, str] | None = None,
+                metadata_table: str | None = "EXPORT_META_DATA", gpu_table: str = "TARGET_INFO_GPU",
+                product_version: str = "2024.1.1") -> Path:
     """An export with one training-like step: an NVTX ``step`` range (push/pop) holding a
-    ``forward`` range, a launch and its kernel, a copy and a set; a start/end range on the side."""
+    ``forward`` range, a launch and its kernel, a copy and a set; a start/end range on the side.
+    ``schema``: the tables and their columns (default :data:`SCHEMA`), as a release writes them;
+    ``metadata_table``: where it names its product and schema (None: a release that wrote none)."""
     connection = sqlite3.connect(path)
-    for table, columns in SCHEMA.items():
+    for table, columns in (schema or SCHEMA).items():
         connection.execute(f"create table {table} ({columns})")
     major, minor, micro = schema_version.split(".")
-    connection.executemany("insert into EXPORT_META_DATA values (?, ?)", [
-        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", "2024.1.1"),
-        ("EXPORT_SCHEMA_VERSION", schema_version), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
-        ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro)])
+    if metadata_table is not None:
+        connection.executemany(f"insert into {metadata_table} values (?, ?)", [
+            ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", product_version),
+            ("EXPORT_SCHEMA_VERSION", schema_version), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
+            ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro)])
     strings = {1: "cudaLaunchKernel_v7000", 2: "void gemm<float>(float*, int)", 3: "gemm", 4: "cudaMemcpyAsync_v3020",
                5: "cudaMemsetAsync_v3020", 6: "python3", 7: "cuCtxSynchronize", 8: "forward"}
     connection.executemany("insert into StringIds values (?, ?)", list(strings.items()))
-    connection.executemany("insert into NVTX_EVENTS values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+    nvtx = ("start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid", "endGlobalTid",
+            "textId", "domainId")
+    _insert(connection, "NVTX_EVENTS", [dict(zip(nvtx, values)) for values in [
         (10, None, NVTX_DOMAIN_CREATE, None, None, None, "training", GLOBAL_TID, None, None, 7),
         (11, None, NVTX_NAME_THREAD, None, None, None, "trainer", GLOBAL_TID, None, None, 0),
         (1_000, 9_000, NVTX_PUSH_POP, None, None, None, "step", GLOBAL_TID, None, None, 7),
         (1_100, 5_000, NVTX_PUSH_POP, None, None, None, None, GLOBAL_TID, None, 8, 7),
         (20_000, 21_000, NVTX_START_END, 1, None, None, "checkpoint", GLOBAL_TID, GLOBAL_TID, None, 0),
-    ])
-    connection.executemany("insert into CUPTI_ACTIVITY_KIND_RUNTIME values (?, ?, ?, ?, ?, ?, ?, ?)", [
+    ]])
+    runtime = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId")
+    _insert(connection, "CUPTI_ACTIVITY_KIND_RUNTIME", [dict(zip(runtime, values)) for values in [
         (1_200, 1_300, 0, GLOBAL_TID, 100, 1, 0, None),
         (1_190, 1_310, 67, GLOBAL_TID, 100, 1, 0, 5),  # the same call again, with its backtrace
         (5_100, 5_200, 0, GLOBAL_TID, 101, 4, 0, None),
         (5_300, 5_400, 0, GLOBAL_TID, 102, 5, 0, None),
         (8_000, 8_500, 1, GLOBAL_TID, 103, 7, 0, None),
-    ])
-    connection.execute("insert into CUPTI_ACTIVITY_KIND_KERNEL values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                       "?, ?)", (1_400, 4_400, 0, 1, 7, 100, GLOBAL_PID, 2, 3, 32, 128, 1, 1, 256, 1, 1, 1024, 2048))
-    connection.execute("insert into CUPTI_ACTIVITY_KIND_MEMCPY values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (5_150, 5_900, 0, 1, 7, 101, GLOBAL_PID, 4096, 1, 1, 2))
-    connection.execute("insert into CUPTI_ACTIVITY_KIND_MEMSET values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (5_950, 6_000, 0, 1, 7, 102, GLOBAL_PID, 0, 512))
-    connection.execute("insert into ThreadNames values (?, ?, ?)", (6, 0, GLOBAL_TID))
-    connection.execute("insert into TARGET_INFO_GPU values (?, ?)", (0, "NVIDIA H100 80GB HBM3"))
-    connection.execute("insert into TARGET_INFO_SESSION_START_TIME values (?, ?, ?)", (EPOCH_NS, "", ""))
+    ]])
+    device = {"deviceId": 0, "contextId": 1, "streamId": 7, "globalPid": GLOBAL_PID}
+    _insert(connection, "CUPTI_ACTIVITY_KIND_KERNEL", [{
+        "start": 1_400, "end": 4_400, **device, "correlationId": 100, "demangledName": 2, "shortName": 3,
+        "registersPerThread": 32, "gridX": 128, "gridY": 1, "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1,
+        "staticSharedMemory": 1024, "dynamicSharedMemory": 2048}])
+    _insert(connection, "CUPTI_ACTIVITY_KIND_MEMCPY", [{
+        "start": 5_150, "end": 5_900, **device, "correlationId": 101, "bytes": 4096, "copyKind": 1, "srcKind": 1,
+        "dstKind": 2}])
+    _insert(connection, "CUPTI_ACTIVITY_KIND_MEMSET", [{
+        "start": 5_950, "end": 6_000, **device, "correlationId": 102, "value": 0, "bytes": 512}])
+    _insert(connection, "ThreadNames", [{"nameId": 6, "priority": 0, "globalTid": GLOBAL_TID}])
+    gpu_id = "deviceId" if gpu_table == "TARGET_INFO_CUDA_GPU" else "id"
+    _insert(connection, gpu_table, [{gpu_id: 0, "name": "NVIDIA H100 80GB HBM3"}])
+    _insert(connection, "TARGET_INFO_SESSION_START_TIME", [{"utcEpochNs": EPOCH_NS, "utcTime": "", "localTime": ""}])
     if rank is not None:
-        connection.execute("insert into TARGET_INFO_SYSTEM_ENV values (?, ?, ?, ?, ?)", (0, "", "RANK", 0, rank))
+        _insert(connection, "TARGET_INFO_SYSTEM_ENV", [{"globalVid": 0, "devStateName": "", "name": "RANK",
+                                                        "nameEnum": 0, "value": rank}])
     if drop_column:
         connection.execute(f"alter table {drop_column[0]} drop column {drop_column[1]}")
     connection.commit()

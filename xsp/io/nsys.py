@@ -27,8 +27,8 @@ NVTX's ``nvtxNameOsThread``), the GPU from ``TARGET_INFO_GPU``, the rank from th
 environment (``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``) or an NVTX thread
 name ``MPI Rank N``. A GPU activity is linked to its launch by ``correlationId``, and the tree is
 rebuilt by inclusion as for every other source. The export's schema version
-(``EXPORT_META_DATA``) and the columns each table has are checked first: an export xsp cannot
-read is one clear error, never a wrong table.
+(``META_DATA_EXPORT``, or ``EXPORT_META_DATA`` before Nsight Systems 2023.4) and the columns each
+table has are checked first: an export xsp cannot read is one clear error, never a wrong table.
 """
 
 from __future__ import annotations
@@ -63,8 +63,17 @@ from xsp.table.walks import nullable_ints, strings_at
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 PRODUCT: Final = "NVIDIA Nsight Systems"
 KNOWN_SCHEMA_MAJORS: Final = (2, 3)
-"""Export schema majors read: 2 (Nsight Systems 2021-2023.1) and 3 (2023.2 on), whose tables and
-columns used here are the same; each table's columns are checked all the same."""
+"""Export schema majors read: 2 (Nsight Systems 2021.5-2022.3: 2.7.1, 2.9.1) and 3 (2022.4 on:
+3.0.0; 2023.4: 3.7.2; 2024.2: 3.11.1; 2024.5: 3.13.2; 2025.4: 3.22.1), whose tables and columns
+used here are the same (3.7 added ``greenContextId`` to the GPU tables, which xsp does not read);
+each table's columns are checked all the same."""
+METADATA_TABLES: Final = ("META_DATA_EXPORT", "EXPORT_META_DATA")
+"""Where an export names its product and schema: ``META_DATA_EXPORT`` from Nsight Systems 2023.4
+(schema 3.7.2; beside ``META_DATA_CAPTURE``, the capture's settings, which xsp never reads: it
+holds the profiled process's whole environment), ``EXPORT_META_DATA`` from 2021.5 to 2023.2
+(schema 2.7.1 to 3.1.7). Releases before 2021.5 wrote none."""
+GPU_TABLES: Final = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
+"""The GPUs of the target: ``TARGET_INFO_CUDA_GPU`` in Nsight Systems 2021.1-2021.3, then ``TARGET_INFO_GPU``."""
 
 SQLITE_COLUMNS: Any = optional_extension("xsp.io._sqlite")
 """xsp/io/_sqlite: numeric columns of a query read in C, or None where it is not built."""
@@ -136,12 +145,22 @@ def _columns(connection: sqlite3.Connection, table: str) -> set[str]:
 
 
 def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]:
-    """``EXPORT_META_DATA`` as a dict, after checking that this is an Nsight Systems export of a
-    schema xsp reads, whose tables have the columns xsp reads."""
+    """The export's metadata (``META_DATA_EXPORT``, or ``EXPORT_META_DATA`` before Nsight Systems
+    2023.4) as a dict, after checking that this is an Nsight Systems export of a schema xsp reads,
+    whose tables have the columns xsp reads. An export of a release before 2021.5, which wrote no
+    metadata, is known by its tables (``StringIds`` and an event table xsp reads): its facts are
+    empty, its schema unknown."""
     tables = _tables(connection)
-    if "EXPORT_META_DATA" not in tables:
-        raise TraceFormatError(f"{source} is an SQLite file but no Nsight Systems export (no EXPORT_META_DATA table)")
-    facts = {str(name): str(value) for name, value in connection.execute("select name, value from EXPORT_META_DATA")}
+    table = next((name for name in METADATA_TABLES if name in tables), None)
+    if table is None:
+        if "StringIds" in tables and tables & set(READ_COLUMNS):
+            _check_columns(connection, tables, source, "unknown (no metadata table: before 2021.5)")
+            return {}
+        raise TraceFormatError(f"{source} is an SQLite file but no Nsight Systems export (no META_DATA_EXPORT or "
+                               "EXPORT_META_DATA table, and none of its event tables)")
+    if not {"name", "value"} <= _columns(connection, table):
+        raise TraceFormatError(f"{source}: its {table} table has no name and value columns: not an export xsp can read")
+    facts = {str(name): str(value) for name, value in connection.execute(f"select name, value from {table}")}
     if facts.get("EXPORT_PRODUCT_NAME", PRODUCT) != PRODUCT:
         raise TraceFormatError(f"{source} was exported by {facts['EXPORT_PRODUCT_NAME']}, not {PRODUCT}")
     version = facts.get("EXPORT_SCHEMA_VERSION", "")
@@ -150,13 +169,18 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
         raise TraceFormatError(
             f"{source}: Nsight Systems export schema {version or 'unknown'} is not one xsp reads "
             f"(it reads {', '.join(f'{m}.x' for m in KNOWN_SCHEMA_MAJORS)}); export it with a release that writes one")
+    _check_columns(connection, tables, source, version)
+    return facts
+
+
+def _check_columns(connection: sqlite3.Connection, tables: set[str], source: Path, version: str) -> None:
+    """Each table xsp reads has the columns it reads (see :data:`REQUIRED_COLUMNS`)."""
     for table, needed in REQUIRED_COLUMNS.items():
         if table in tables:
             missing = sorted(set(needed) - _columns(connection, table))
             if missing:
                 raise TraceFormatError(f"{source}: table {table} of export schema {version} lacks "
                                        f"{', '.join(missing)}: not an export xsp can read")
-    return facts
 
 
 
@@ -530,9 +554,10 @@ def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:
 
 
 def _gpu_names(connection: sqlite3.Connection, tables: set[str]) -> list[str]:
-    if "TARGET_INFO_GPU" not in tables or "name" not in _columns(connection, "TARGET_INFO_GPU"):
+    table = next((name for name in GPU_TABLES if name in tables), None)
+    if table is None or "name" not in _columns(connection, table):
         return []
-    return sorted({str(name) for (name,) in connection.execute("select name from TARGET_INFO_GPU") if name})
+    return sorted({str(name) for (name,) in connection.execute(f"select name from {table}") if name})
 
 
 def _rank(connection: sqlite3.Connection, tables: set[str], thread_names: dict[int, str]) -> int | None:
