@@ -378,7 +378,8 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     with collector_paused():
         try:
             rows, metadata = kineto_rows(read_events(source))
-        except (UnicodeDecodeError, msgspec.ValidationError, pa.ArrowInvalid, OverflowError) as exc:
+        except (UnicodeDecodeError, msgspec.ValidationError, msgspec.DecodeError, pa.ArrowInvalid,
+                OverflowError) as exc:
             # text that is not UTF-8, a field of the wrong kind, a time past any clock: what the
             # fuzzer found (tests/unit/test_fuzz_found.py) is one line, never a traceback
             raise TraceFormatError(f"{source} is not a Kineto trace xsp can read: {type(exc).__name__}: "
