@@ -285,7 +285,9 @@ def test_leveled_repeats_until_precise_or_out_of_budget_and_says_which():
         forced = xsp.leveled(lambda: model(x), levels="model,layer", repeat=5, warmup=1, rounds=3,
                              compensate=False)
     details = adaptive.trace.metadata["leveled"]
-    assert details["adaptive"] and MIN_ROUNDS <= details["rounds"] <= MAX_ROUNDS
+    assert details["adaptive"] and 1 <= details["rounds"] <= MAX_ROUNDS
+    if details["rounds"] < MIN_ROUNDS:  # a busy machine: the budget of 1 s cut the minimum short, and said so
+        assert details["given_up"] and details["given_up"][0].startswith("rounds: ")
     assert isinstance(details["precise"], bool)
     assert details["precise"] == precise_enough(adaptive, 0.02)
     assert set(details["calibration"]) == {"model", "layer"}

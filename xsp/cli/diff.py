@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from xsp.cli._common import CliError, check_output, console
+from xsp.gate.diff_columns import Verdict
 
 if TYPE_CHECKING:
     from xsp.gate.diff import Diff
@@ -29,6 +30,8 @@ class Format(str, enum.Enum):
 
 
 REGRESSION_FOUND = 1
+INCONCLUSIVE = 3
+"""Nothing regressed, but a regression of the threshold could not have been seen (not a pass)."""
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*$")
 _SCALE_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1.0}
@@ -40,8 +43,10 @@ def register(commands: Any) -> None:
         description="Compare a base run with a new one key by key (a span's path, or its level and name). A key "
                     "is regressed only when its median per-step time changed by at least --threshold and "
                     "--min-delta and a Mann-Whitney U test says so at a false-discovery rate of --alpha over all "
-                    "keys. Exit 0 when nothing fails, 1 when a regression (or, with --fail-on change, any "
-                    "change) is found, 2 on bad input.")
+                    "keys, the keys below a key judged only when it changed. Exit 0 when nothing fails, 1 when a "
+                    "regression (or, with --fail-on change, any change) is found, 2 on bad input or when no key "
+                    "could be judged, 3 when nothing regressed but a change of --threshold could not have been "
+                    "detected (too few steps, too noisy a machine: the report says what would settle it).")
     parser.add_argument("base", help="the reference run: a trace (.xsp.parquet, Kineto .json[.gz], Nsight "
                                      ".sqlite) or a summary "
                                      "(.xsp-summary.parquet, from xsp summary); or a folder of several runs' files, "
@@ -99,7 +104,11 @@ def run(options: argparse.Namespace) -> int:
     if unjudged is not None and FailOn(options.fail_on) is not FailOn.NEVER:
         # a gate that compared nothing must not pass: the report above says what there was
         raise CliError(f"no key could be judged, so there is no verdict: {unjudged}")
-    return REGRESSION_FOUND if fails(result, FailOn(options.fail_on)) else 0
+    fail_on = FailOn(options.fail_on)
+    if fails(result, fail_on):
+        return REGRESSION_FOUND
+    # a gate without the evidence to pass does not pass (--fail-on never: the report only)
+    return INCONCLUSIVE if result.verdict is Verdict.INCONCLUSIVE and fail_on is not FailOn.NEVER else 0
 
 
 def render(result: Diff, form: Format) -> str:
@@ -119,7 +128,7 @@ def fails(result: Diff, fail_on: FailOn) -> bool:
         return False
     if fail_on is FailOn.CHANGE:
         return result.changed
-    return result.verdict.value == "regressed"
+    return result.verdict is Verdict.REGRESSED
 
 
 def parse_share(text: str) -> float:

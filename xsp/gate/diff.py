@@ -59,8 +59,9 @@ class Diff:
             (Benjamini-Hochberg), test, base_samples, new_samples, base_cv, new_cv, note``.
         changes: changes of structure (``change, level, key, base, new, note``).
         breakdown: the rows of ``table`` that explain the delta, top-down, with a ``depth``.
-        verdict: ``regressed`` if any key regressed, else ``improved`` if any improved, else
-            ``unchanged``.
+        verdict: ``regressed`` if any key regressed; else ``inconclusive`` if a change of the
+            threshold at a top-level key (a model call, a step) could not have been detected
+            (:attr:`inconclusive` says why); else ``improved`` if any improved; else ``unchanged``.
         warnings: what makes the comparison less trustworthy (noise above the threshold,
             levels only one run has, too few steps).
     """
@@ -71,6 +72,9 @@ class Diff:
     verdict: Verdict
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    inconclusive: list[str] = field(default_factory=list)
+    """Why the comparison could not have detected a change of the threshold at a top-level key,
+    and what would make it conclusive (empty where it could)."""
     base: dict[str, Any] = field(default_factory=dict)
     """What the base run was (its name, steps, device, versions)."""
     new: dict[str, Any] = field(default_factory=dict)
@@ -262,10 +266,12 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         "(record more steps for a verdict that holds)")
     elif len(tested):
         smallest = verdicts.smallest_p(int(tested[dcol.BASE_SAMPLES].min()), int(tested[dcol.NEW_SAMPLES].min()))
-        if smallest * len(tested) > alpha:
+        family = int(table.attrs.get(dcol.LARGEST_FAMILY, len(tested)))
+        if smallest * family > alpha:
             warnings.append(f"with {int(tested[dcol.BASE_SAMPLES].min())} and {int(tested[dcol.NEW_SAMPLES].min())} "
                             f"samples, even a complete separation (p={smallest:.2g}) may not pass a "
-                            f"false-discovery rate of {alpha} over {len(tested)} keys: record more steps")
+                            f"false-discovery rate of {alpha} among {family} keys judged together (the keys below "
+                            "one key): record more steps")
     settings: dict[str, Any] = {
                 "by": key_by.value, "threshold": threshold, "judged_threshold": round(judged_threshold, 4),
                 "min_delta_us": min_delta_us, "alpha": alpha,
@@ -284,14 +290,65 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                            else dcol.Judged.MACHINE_SPEED if speed != 1.0 else dcol.Judged.RAW).value,
                 "base_runs": int(base_info.get("runs") or 1),
                 "new_runs": int(new_info.get("runs") or 1)}
+    inconclusive = _inconclusive(table, threshold, alpha, judged_threshold, machine_noise, scatter_floor)
+    settings["root_family"] = int(table.attrs.get(dcol.ROOT_FAMILY, 0))
     result = Diff(table=table, changes=verdicts.structure_changes(base_keys, new_keys, table),
                   breakdown=verdicts.breakdown(table),
-                  verdict=verdicts.overall_verdict(table), warnings=warnings, settings=settings,
-                  base=base_info, new=new_info)
+                  verdict=verdicts.overall_verdict(table, inconclusive=bool(inconclusive)), warnings=warnings,
+                  settings=settings, base=base_info, new=new_info, inconclusive=inconclusive)
+    if result.verdict is Verdict.INCONCLUSIVE:  # why, and what would make it conclusive: said first
+        warnings[:0] = inconclusive
     unjudged = result.nothing_judged()
     if unjudged is not None:  # "unchanged" would read as a verdict: say that nothing was compared
         warnings.insert(0, f"no key could be judged, so there is no verdict: {unjudged}")
     return result
+
+
+def top_level(table: pd.DataFrame) -> pd.DataFrame:
+    """The keys a verdict on the whole run rests on: the model calls and steps in both runs
+    (the keys without a parent), the session's one sample a run aside."""
+    return table[table[dcol.PARENT_KEY].isna() & (table[col.KIND] != col.SpanKind.SESSION.value)
+                 & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)]
+
+
+def _inconclusive(table: pd.DataFrame, threshold: float, alpha: float, judged_threshold: float,
+                  machine_noise: float, scatter_floor: float) -> list[str]:
+    """Why a change of ``threshold`` at a top-level key could not have been detected, and what
+    would make it detectable (one sentence per key that could not; none: the comparison had
+    the evidence it needed). Keys that moved were detected, and need none."""
+    reasons = []
+    for row in top_level(table).itertuples(index=False):
+        if row.verdict in MOVED or row.test == dcol.Test.NONE.value:
+            continue  # detected; or one sample a side (no verdict at all, said elsewhere)
+        note = row.note if isinstance(row.note, str) else ""
+        detectable = float(getattr(row, dcol.DETECTABLE))
+        key = f"{row.key} ({row.base_samples} and {row.new_samples} steps)"
+        if note.startswith((dcol.WITH_RUN_NOTE, dcol.WAITED_NOTE)):
+            reasons.append(f"{key} was not judged ({note.split(':')[0]}): compare several runs a side, or run on a "
+                           "quieter machine")
+        elif math.isnan(detectable) or detectable <= threshold * (1 + 1e-9):
+            continue
+        elif math.isinf(detectable):
+            fewest = max(dcol.MIN_RANK_SAMPLES, next(n for n in range(2, 100) if verdicts.smallest_p(n, n) <= alpha))
+            reasons.append(f"{key}: too few steps to tell a {threshold:.0%} change from noise: record at least "
+                           f"{fewest} steps a side")
+        elif judged_threshold > threshold and detectable <= judged_threshold * (1 + 1e-9):
+            reasons.append(f"{key}: changes under {judged_threshold:.0%} cannot be told from this machine's noise "
+                           f"(its own timing of xsp's fixed work varied by {machine_noise:.0%}): run on a quieter "
+                           "machine, or pass --raw to judge at the threshold")
+        elif scatter_floor > threshold and detectable <= scatter_floor * (1 + 1e-9):
+            reasons.append(f"{key}: from one run a side, changes under {scatter_floor:.0%} cannot be told from how "
+                           "far processes of this program sit apart: compare several runs a side (3 is a good start)")
+        else:
+            steps = min(int(row.base_samples), int(row.new_samples))
+            needed = math.ceil(steps * (math.log1p(detectable) / math.log1p(threshold)) ** 2)
+            reasons.append(f"{key}: its steps vary too much for a {threshold:.0%} change to show (the smallest "
+                           f"it could show is {detectable:.0%}): record about {needed:,} steps a side, compare "
+                           "several runs a side, or run on a quieter machine")
+    if reasons:
+        reasons.insert(0, f"INCONCLUSIVE: nothing regressed, but a change of {threshold:.0%} could not have been "
+                          "detected here, so this is no evidence that nothing did")
+    return reasons
 
 
 def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,

@@ -30,6 +30,10 @@ class Verdict(str, enum.Enum):
     UNCHANGED = "unchanged"
     ADDED = "added"
     REMOVED = "removed"
+    INCONCLUSIVE = "inconclusive"
+    """The whole run only: nothing regressed, but a change of the threshold at a top-level key
+    (a model call, a step) could not have been detected (too few steps, too noisy a machine,
+    processes too far apart): no evidence either way."""
 
 
 class Judged(str, enum.Enum):
@@ -46,7 +50,9 @@ WAITED_NOTE: Final = "changed by less than"
 WITH_RUN_NOTE: Final = "moved with the whole run"
 """How the note of a key left unjudged for moving with its whole run starts."""
 ONE_SAMPLE_NOTE: Final = "one sample on a side: no verdict"
-UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE)
+BELOW_UNCHANGED_NOTE: Final = "not judged: the key above it did not change"
+"""The note of a key whose family was not tested (hierarchical testing: its parent did not change)."""
+UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE, BELOW_UNCHANGED_NOTE)
 """The notes of keys that are ``unchanged`` because they were not judged (reports show them so)."""
 
 
@@ -54,7 +60,8 @@ class Test(str, enum.Enum):
     """The statistic behind a key's verdict."""
 
     RANK = "mann-whitney"
-    """Mann-Whitney U on the per-step samples, Benjamini-Hochberg over all keys tested."""
+    """Mann-Whitney U on the per-step samples, with hierarchical false-discovery control (the
+    keys below a key are tested only when it changed)."""
     RUNS = "runs"
     """Several runs on each side but too few steps for a rank test (a span outside steps, one
     per run): the between-run t test on the runs' values alone."""
@@ -147,6 +154,15 @@ after that division."""
 ADJUSTED_DELTA_NS: Final = "adjusted_delta_ns"
 """``delta_ns`` as the verdict judged it (see ``adjusted_ratio``); ``explains`` and the
 breakdown are in these terms."""
+DETECTABLE: Final = "detectable_change"
+"""The smallest relative change of a key's median that its samples could have shown (at its
+family's share of the false-discovery rate, with 80% power), after the floors the machine's
+noise and the runs' scatter set; infinite where too few steps make any verdict impossible."""
+ROOT_FAMILY: Final = "root_family"
+"""Key of ``table.attrs``: how many keys the first family of the hierarchical test held (the
+top-level keys tested: model calls, steps)."""
+LARGEST_FAMILY: Final = "largest_family"
+"""Key of ``table.attrs``: the most keys one family of the hierarchical test held."""
 BASE_CI_NS: Final = "base_ci_ns"
 NEW_CI_NS: Final = "new_ci_ns"
 """Of two leveled traces: each side's 95% interval half-width (``ci_ns`` of the key; NaN elsewhere)."""
@@ -185,7 +201,7 @@ a model's matrix products and moved its ReLUs by 1.2x to 2.5x), which must not h
 DIFF_COLUMNS: Final = (col.LEVEL, col.KIND, KEY, BASE_COUNT, NEW_COUNT, BASE_TOTAL_NS, NEW_TOTAL_NS, BASE_MEDIAN_NS,
                        NEW_MEDIAN_NS, DELTA_NS, RATIO, P_VALUE, VERDICT, EXPLAINS, col.NAME, PARENT_KEY, Q_VALUE,
                        TEST, BASE_SAMPLES, NEW_SAMPLES, BASE_CV, NEW_CV, ADJUSTED_RATIO, ADJUSTED_DELTA_NS, NOTE,
-                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO, BASE_CI_NS, NEW_CI_NS)
+                       RUN_P_VALUE, BASE_RUNS, NEW_RUNS, RELATIVE_RATIO, BASE_CI_NS, NEW_CI_NS, DETECTABLE)
 
 # columns of a changes frame
 CHANGE: Final = "change"

@@ -20,7 +20,7 @@ from scipy import stats
 from xsp.analysis.lines import line_keys
 from xsp.core import schema as col
 from xsp.core.contention import PREEMPTION_FACTOR
-from xsp.core.schema import Level, SpanKind
+from xsp.core.schema import GPU_ACTIVITY_KINDS, Level, SpanKind
 from xsp.gate.diff_columns import (
     ADJUSTED_DELTA_NS,
     ADJUSTED_RATIO,
@@ -31,10 +31,12 @@ from xsp.gate.diff_columns import (
     BASE_RUNS,
     BASE_SAMPLES,
     BASE_TOTAL_NS,
+    BELOW_UNCHANGED_NOTE,
     CI_NS,
     COMMON_SHIFT,
     COUNT,
     DELTA_NS,
+    DETECTABLE,
     DTYPE_ATTRIBUTES,
     DTYPE_PATTERN,
     EXPLAINS,
@@ -44,6 +46,7 @@ from xsp.gate.diff_columns import (
     KEY,
     KEY_COLUMNS,
     KEY_SCATTER,
+    LARGEST_FAMILY,
     MAX_SCATTER_FLOOR,
     MIN_OVERLAP_SAMPLES,
     MIN_RANK_SAMPLES,
@@ -64,6 +67,7 @@ from xsp.gate.diff_columns import (
     Q_VALUE,
     RATIO,
     RELATIVE_RATIO,
+    ROOT_FAMILY,
     RUN_MEDIANS_NS,
     RUN_P_VALUE,
     RUNS,
@@ -84,8 +88,16 @@ from xsp.gate.diff_columns import (
     Verdict,
 )
 from xsp.gate.verdicts import (
+    DEVICE_ROOT,
+    POWER,
+    ROOT,
+    detectable_between_runs,
+    detectable_changes,
     explains,
+    family_heads,
     from_quantiles,
+    hierarchical_q_values,
+    parent_rows,
     rank_tests,
     run_medians,
     run_tests,
@@ -393,14 +405,17 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     p_values[interval] = interval_p_values(base_median[interval], new_median[interval] / factor,
                                            base_ci[interval], new_ci[interval] / factor)
     tested = ranked | between | interval
-    q_values = np.full(count, np.nan)
-    q_values[tested] = stats.false_discovery_control(p_values[tested]) if tested.any() else []
+    keys = merged[KEY]
+    parent_keys = merged[PARENT_KEY + "_new"].fillna(merged[PARENT_KEY + "_base"])
+    parents = parent_rows(keys, parent_keys)
+    kinds = merged[col.KIND + "_new"].fillna(merged[col.KIND + "_base"]).to_numpy(dtype=object)
+    on_device = np.isin(kinds, [kind.value for kind in GPU_ACTIVITY_KINDS])
+    parents[on_device & ~on_device[np.maximum(parents, 0)]] = DEVICE_ROOT  # (a root's parent too)
     overlap = both & ~tested & (n_base >= MIN_OVERLAP_SAMPLES) & (n_new >= MIN_OVERLAP_SAMPLES)
     apart = np.zeros(count, dtype=bool)
     for i in np.flatnonzero(overlap).tolist():
         b, n = base_samples[i], judged_samples[i]
         apart[i] = n[0] > b[-1] or n[-1] < b[0]
-    significant = (tested & (q_values <= alpha)) | (overlap & apart)
     large = ((np.abs(np.nan_to_num(adjusted_ratio, nan=1.0) - 1.0) >= threshold)
              & (np.abs(adjusted_delta) >= min_delta_ns))
     one_run_a_side = ranked & ~between
@@ -416,12 +431,20 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     if not normalize and scatter > 0 and abs(np.log(run_shift)) < np.log1p(UNIFORM_SHIFT_FLOOR):
         with_run = one_run_a_side & large & (np.abs(logs - np.log(run_shift)) < max(np.log1p(threshold), floor))
         large &= ~with_run
-    verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
     # against the common shift, never against what was measured: a key whose median fell is not
     # called slower because the rest of its run slowed down more
     slower, faster = adjusted_delta > 0, adjusted_delta < 0
     if normalize:
         slower, faster = slower & (delta > 0), faster & (delta < 0)
+    wait_limit = PREEMPTION_FACTOR * max(waits_ns)  # either run's process may have met the preemption
+    within_wait = one_run_a_side & (np.abs(adjusted_delta) <= wait_limit)
+    # the keys below a key are judged only when it changed significantly (hierarchical testing):
+    # a change confined to a layer still moves the model call around it, which 40 steps show,
+    # while the keys of a model call that did not move are not searched for chance changes
+    q_values, reached = hierarchical_q_values(parents, p_values, tested, alpha)
+    root_family = tested & reached & (family_heads(parents, tested) == ROOT)
+    significant = (tested & reached & (q_values <= alpha)) | (overlap & apart)
+    verdict = np.full(count, Verdict.UNCHANGED.value, dtype=object)
     verdict[both & large & significant & slower] = Verdict.REGRESSED.value
     verdict[both & large & significant & faster] = Verdict.IMPROVED.value
     explained_only = np.zeros(count, dtype=bool)
@@ -437,9 +460,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
         raw_waited = explained_only & raw_rows[NOTE].str.startswith(WAITED_NOTE, na=False).to_numpy(dtype=bool)
         explained_only &= ~raw_waited
         verdict[explained_only] = Verdict.UNCHANGED.value
-    wait_limit = PREEMPTION_FACTOR * max(waits_ns)  # either run's process may have met the preemption
-    waited = raw_waited | (one_run_a_side & np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value]) & (
-        np.abs(adjusted_delta) <= wait_limit))
+    waited = raw_waited | (within_wait & np.isin(verdict, [Verdict.REGRESSED.value, Verdict.IMPROVED.value]))
     verdict[waited] = Verdict.UNCHANGED.value
     verdict[in_new & ~in_base] = Verdict.ADDED.value
     verdict[in_base & ~in_new] = Verdict.REMOVED.value
@@ -448,8 +469,25 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     test[between] = Test.RUNS.value
     test[between & ranked] = Test.RANK_AND_RUNS.value
     test[interval] = Test.INTERVAL.value
+    # the smallest change each key could have shown: at the p-value its family asks of one key
+    # (alpha over the family's size), then no finer than the floors that keep noise from verdicts
+    family_size = _family_sizes(parents, tested)
+    detectable = detectable_changes(from_quantiles(base_samples, base_counts),
+                                    from_quantiles(judged_samples, new_counts), np.flatnonzero(ranked),
+                                    alpha / np.maximum(family_size[ranked], 1))
+    runs_detectable = detectable_between_runs(base_run_medians, [m / factor for m in new_run_medians],
+                                              np.flatnonzero(between), alpha / np.maximum(family_size[between], 1))
+    detectable[between] = np.fmax(detectable[between], runs_detectable[between])
+    z = stats.norm.isf(alpha / np.maximum(family_size[interval], 1) / 2) + stats.norm.ppf(POWER)
+    detectable[interval] = z * np.hypot(base_ci[interval], new_ci[interval]) / stats.norm.ppf(0.975) / np.maximum(
+        base_median[interval], 1.0)
+    detectable[overlap] = np.inf  # ranges compared: too few steps for a test that holds its error rate
+    judged_keys = tested | ranked
+    detectable[judged_keys] = np.fmax(detectable[judged_keys], threshold)  # judged at the (raised) threshold
+    detectable[one_run_a_side] = np.fmax(detectable[one_run_a_side], float(np.expm1(floor)))
     note = np.full(count, None, dtype=object)
     note[both & ~tested & ~overlap] = ONE_SAMPLE_NOTE
+    note[tested & ~reached] = BELOW_UNCHANGED_NOTE
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
     note[waited] = (f"{WAITED_NOTE} {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "
@@ -489,7 +527,10 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
         RELATIVE_RATIO: relative_ratio,
         BASE_CI_NS: base_ci,
         NEW_CI_NS: new_ci,
+        DETECTABLE: detectable,
     })
+    table.attrs[ROOT_FAMILY] = int(root_family.sum())
+    table.attrs[LARGEST_FAMILY] = int(family_size[tested & reached].max()) if (tested & reached).any() else 0
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
     table.attrs[KEY_SCATTER] = scatter
@@ -498,6 +539,14 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     table.attrs[WAITED_KEYS] = int(waited.sum())
     table[EXPLAINS] = explains(table)
     return table
+
+
+def _family_sizes(parents: np.ndarray, tested: np.ndarray) -> np.ndarray:
+    """Per row, how many tested keys share its family (its nearest tested ancestor)."""
+    heads = family_heads(parents, tested)
+    codes = np.where(tested, heads - DEVICE_ROOT, -1)  # -1 for rows not tested; 0 and 1 for the first families
+    sizes = np.bincount(codes[codes >= 0], minlength=len(parents) - DEVICE_ROOT)
+    return np.where(tested, sizes[np.maximum(codes, 0)], 0)
 
 
 def _key_intervals(merged: pd.DataFrame, side: str) -> np.ndarray:

@@ -135,6 +135,135 @@ def run_tests(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray, p
         p_values[row] = float(2 * stats.t.sf(abs(t), freedom))
 
 
+def parent_rows(keys: pd.Series, parent_keys: pd.Series) -> np.ndarray:
+    """Each row's parent row: the first row whose key is the row's parent key (-1 for none).
+    A parent is found by its key alone, as :func:`explains` does."""
+    count = len(keys)
+    codes, uniques = pd.factorize(pd.concat([keys, parent_keys], ignore_index=True))
+    key_codes, parent_codes = codes[:count], codes[count:]
+    first_row = np.full(len(uniques) + 1, -1, dtype=np.int64)  # the last: for parents of no key at all
+    keyed = np.flatnonzero(key_codes >= 0)[::-1]  # a row without a key (a damaged summary) is no one's parent
+    first_row[key_codes[keyed]] = keyed
+    found = first_row[np.where(parent_codes >= 0, parent_codes, len(uniques))]
+    return np.where(found == np.arange(count), -1, found)  # a key that names itself its parent: a root
+
+
+MAX_TREE_DEPTH: Final = 256
+"""Parent links followed at most, whatever a damaged summary's keys say (no loop runs forever)."""
+
+
+ROOT: Final = -1
+"""The parent of the keys at the top of the tree (model calls, steps): their family is tested first."""
+DEVICE_ROOT: Final = -2
+"""The parent given to GPU activities (kernels, copies, sets, synchronisations) launched from the
+host: a kernel's time is not part of the CUDA call that launched it, nor of the layer around
+that call, so a slower kernel need not show above it. They are a tree of their own, whose first
+family is tested beside the host's."""
+
+
+def family_heads(parents: np.ndarray, tested: np.ndarray) -> np.ndarray:
+    """Each row's nearest tested ancestor (:data:`ROOT` or :data:`DEVICE_ROOT`: none; those rows
+    are a first family)."""
+    family = np.asarray(parents, dtype=np.int64).copy()
+    for _ in range(MAX_TREE_DEPTH):
+        climbing = (family >= 0) & ~tested[np.maximum(family, 0)]
+        if not climbing.any():
+            break
+        family[climbing] = parents[family[climbing]]
+    return family
+
+
+def hierarchical_q_values(parents: np.ndarray, p_values: np.ndarray, tested: np.ndarray,
+                          alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Yekutieli's hierarchical false-discovery control (JASA 2008) over the keys' tree.
+
+    The tested keys are arranged in families by their nearest tested ancestor: the keys with
+    none (the model calls and steps; and apart from them the GPU activities under keys of the
+    host, :data:`DEVICE_ROOT`) are the first families. Each family is tested with
+    Benjamini-Hochberg at ``alpha``, the first one first, and the family below a key is tested
+    only when that key was found to change (its q-value at most ``alpha``). So a model call
+    compared over 5 steps a side, every step of one run beyond every step of the other
+    (p = 0.0079), is judged among the few top-level keys, not among the hundreds of keys of its
+    layers; and no layer of a model whose time did not change is judged at all. The false
+    discovery rate over the whole tree stays below 2 x 1.44 x ``alpha`` (Yekutieli's bound).
+
+    Returns each row's q-value within its family (NaN where not reached) and whether it was
+    reached (its family was tested).
+    """
+    count = len(parents)
+    family = family_heads(parents, tested)
+    q_values = np.full(count, np.nan)
+    reached = np.zeros(count, dtype=bool)
+    order = np.argsort(family, kind="stable")
+    sorted_family = family[order]
+    frontier = [ROOT, DEVICE_ROOT]
+    while frontier:
+        following: list[int] = []
+        for head in frontier:
+            lo, hi = np.searchsorted(sorted_family, [head, head + 1])
+            members = order[lo:hi]
+            members = members[tested[members] & ~reached[members]]
+            if not len(members):
+                continue
+            reached[members] = True
+            q_values[members] = stats.false_discovery_control(p_values[members])
+            following.extend(members[q_values[members] <= alpha].tolist())
+        frontier = following
+    return q_values, reached
+
+
+POWER: Final = 0.8
+"""The chance a change of the detectable size is found (:func:`detectable_changes`)."""
+RANK_EFFICIENCY: Final = 3 / np.pi
+"""The Mann-Whitney test's efficiency against the t test on normal samples (Pitman's): it
+needs about 1/0.955 times the samples to see the same shift."""
+
+
+def robust_log_spread(samples: np.ndarray) -> float:
+    """A sample's spread on a ratio scale: 1.4826 times the median absolute deviation of its
+    logarithms (a standard deviation that a few preempted steps do not inflate)."""
+    logs = np.log(np.maximum(np.asarray(samples, dtype=np.float64), 1.0))
+    return float(1.4826 * np.median(np.abs(logs - np.median(logs)))) if len(logs) else float("nan")
+
+
+def detectable_changes(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray,
+                       p_needed: np.ndarray) -> np.ndarray:
+    """For ``rows``, the smallest relative change of the median that the rank test would find
+    with :data:`POWER` at ``p_needed`` (each row's), from the two samples' spreads and sizes:
+    ``exp((z(1 - p/2) + z(power)) * sqrt(s_b²/n_b + s_n²/n_n) / sqrt(efficiency)) - 1``;
+    infinite where even every step of one side beyond every step of the other could not reach
+    ``p_needed`` (too few steps). NaN for the other rows."""
+    result = np.full(len(base), np.nan)
+    for row, needed in zip(rows.tolist(), p_needed.tolist()):
+        x, y = base[row], new[row]
+        if len(x) < 2 or len(y) < 2:
+            continue
+        if smallest_p(len(x), len(y)) > needed:
+            result[row] = np.inf
+            continue
+        spread = np.sqrt(robust_log_spread(x) ** 2 / len(x) + robust_log_spread(y) ** 2 / len(y))
+        z = stats.norm.isf(needed / 2) + stats.norm.ppf(POWER)
+        result[row] = float(np.expm1(z * spread / np.sqrt(RANK_EFFICIENCY)))
+    return result
+
+
+def detectable_between_runs(base: list[np.ndarray], new: list[np.ndarray], rows: np.ndarray,
+                            p_needed: np.ndarray) -> np.ndarray:
+    """For ``rows`` (keys pooled from several runs a side), the smallest relative change the
+    test between the runs' medians would find with :data:`POWER` at ``p_needed``, from the
+    spread of their logarithms (NaN for the other rows, and where a side has one run)."""
+    result = np.full(len(base), np.nan)
+    for row, needed in zip(rows.tolist(), p_needed.tolist()):
+        x, y = (np.log(np.maximum(np.asarray(side[row], dtype=np.float64), 1.0)) for side in (base, new))
+        if len(x) < 2 or len(y) < 2:
+            continue
+        spread = np.sqrt(((len(x) - 1) * x.var(ddof=1) + (len(y) - 1) * y.var(ddof=1)) / (len(x) + len(y) - 2))
+        # the test borrows PRIOR_DF degrees of freedom from the other keys (:func:`run_tests`)
+        z = stats.t.isf(needed / 2, len(x) + len(y) - 2 + PRIOR_DF) + stats.norm.ppf(POWER)
+        result[row] = float(np.expm1(z * spread * np.sqrt(1 / len(x) + 1 / len(y))))
+    return result
+
+
 def smallest_p(base_samples: int, new_samples: int) -> float:
     """The smallest two-sided p-value a Mann-Whitney U test of these sample sizes can give
     (every sample of one side above every sample of the other)."""
@@ -164,14 +293,7 @@ def sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.
 
 def explains(table: pd.DataFrame) -> np.ndarray:
     """Each key's delta over its parent key's delta (NaN for roots and for parents that did not move)."""
-    count = len(table)
-    # keys and parent keys factorized together; a parent is found by its key alone (its first row)
-    codes, uniques = pd.factorize(pd.concat([table[KEY], table[PARENT_KEY]], ignore_index=True))
-    key_codes, parent_codes = codes[:count], codes[count:]
-    first_row = np.full(len(uniques) + 1, -1, dtype=np.int64)  # the last: for parents of no key at all
-    keyed = np.flatnonzero(key_codes >= 0)[::-1]  # a row without a key (a damaged summary) is no one's parent
-    first_row[key_codes[keyed]] = keyed
-    parent_row = first_row[np.where(parent_codes >= 0, parent_codes, len(uniques))]
+    parent_row = parent_rows(table[KEY], table[PARENT_KEY])
     has_parent = parent_row >= 0
     delta = table[ADJUSTED_DELTA_NS].to_numpy(dtype=np.float64)
     parent_delta = delta[np.maximum(parent_row, 0)]
@@ -180,11 +302,14 @@ def explains(table: pd.DataFrame) -> np.ndarray:
     return share
 
 
-def overall_verdict(table: pd.DataFrame) -> Verdict:
-    """``regressed`` if any key regressed, else ``improved`` if any improved, else ``unchanged``."""
+def overall_verdict(table: pd.DataFrame, inconclusive: bool = False) -> Verdict:
+    """``regressed`` if any key regressed; else ``inconclusive`` when the comparison could not
+    have seen a regression (``inconclusive``); else ``improved`` if any improved; else ``unchanged``."""
     verdicts = set(table[VERDICT].tolist()) if len(table) else set()
     if Verdict.REGRESSED.value in verdicts:
         return Verdict.REGRESSED
+    if inconclusive:
+        return Verdict.INCONCLUSIVE
     if Verdict.IMPROVED.value in verdicts:
         return Verdict.IMPROVED
     return Verdict.UNCHANGED

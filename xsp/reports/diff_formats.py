@@ -109,6 +109,7 @@ def as_json(result: Diff) -> str:
                                                 dcol.EXPLAINS,
                                               dcol.VERDICT]] if len(result.breakdown) else result.breakdown),
         "warnings": result.warnings,
+        "inconclusive": result.inconclusive,
         "settings": result.settings,
         "base": result.base,
         "new": result.new,
@@ -117,11 +118,13 @@ def as_json(result: Diff) -> str:
 
 
 def junit(result: Diff) -> str:
-    """JUnit XML: one testcase per compared key, a failure for each regression."""
+    """JUnit XML: one testcase per compared key, a failure for each regression; an inconclusive
+    comparison adds a testcase ``whole run`` with an error saying why (no evidence to pass)."""
     shown = [shown_verdict(row) for row in result.table.itertuples(index=False)]
-    suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table)),
+    inconclusive = result.verdict is Verdict.INCONCLUSIVE
+    suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table) + inconclusive),
                        failures=str(int((result.table[dcol.VERDICT] == Verdict.REGRESSED.value).sum())),
-                       errors="0", skipped=str(shown.count(UNJUDGED)))
+                       errors=str(int(inconclusive)), skipped=str(shown.count(UNJUDGED)))
     properties = ET.SubElement(suite, "properties")
     for name, value in result.settings.items():
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
@@ -138,6 +141,10 @@ def junit(result: Diff) -> str:
             ET.SubElement(case, "skipped", message=xml_text(f"unjudged: {row.note}"))
         else:
             ET.SubElement(case, "system-out").text = f"{verdict}: {_signed_time(row.delta_ns)}"
+    if inconclusive:
+        case = ET.SubElement(suite, "testcase", classname="xsp.diff", name="whole run", time="0")
+        error = ET.SubElement(case, "error", type="inconclusive", message=xml_text(one_line(result.inconclusive[0])))
+        error.text = xml_text("\n".join(one_line(reason) for reason in result.inconclusive[1:]))
     suites = ET.Element("testsuites")
     suites.append(suite)
     ET.indent(suites)
