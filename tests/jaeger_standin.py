@@ -40,6 +40,9 @@ class Store:
     max_trace_size: int = 0
     base64_ids: bool = False
     queries: list[str] = field(default_factory=list)
+    max_results: int = 0
+    """Traces a search answers at most, whatever the depth asked (0: the depth); a trace asked
+    for by id always comes whole."""
 
     def take(self, request: pb.ExportTraceServiceRequest) -> None:
         with self.lock:
@@ -145,14 +148,16 @@ class Handler(BaseHTTPRequestHandler):
             chosen.append(spans)
         chosen.sort(key=lambda spans: -min(span.start_time_unix_nano for _, _, span in spans))
         chosen = chosen[:depth]  # no paging: the newest ones
+        if store.max_results:  # a server that answers at most so many, whatever the depth asked
+            chosen = chosen[:store.max_results]
         self.answer(200, [{"result": store.traces_data(spans)} for spans in chosen])
 
 
 class JaegerStandIn:
     """Start with ``with JaegerStandIn() as jaeger:``; ``jaeger.otlp`` and ``jaeger.query`` are the URLs."""
 
-    def __init__(self, max_trace_size: int = 0, base64_ids: bool = False) -> None:
-        self.store = Store(max_trace_size=max_trace_size, base64_ids=base64_ids)
+    def __init__(self, max_trace_size: int = 0, base64_ids: bool = False, max_results: int = 0) -> None:
+        self.store = Store(max_trace_size=max_trace_size, base64_ids=base64_ids, max_results=max_results)
 
     def __enter__(self) -> JaegerStandIn:
         store = self.store

@@ -69,6 +69,9 @@ def assert_same_spans(trace, received):
         if row[col.KIND] == "session":  # the run's metadata rides on the session span (xsp pull reads it back)
             sent = json.loads(arrived.pop(col.ATTR_SESSION_METADATA))
             assert sent["xsp_version"] == trace.metadata["xsp_version"] and sent["pid"] == trace.metadata["pid"]
+            # and what the session sent in all: its own trace and one a step, every span (xsp pull checks it)
+            assert json.loads(arrived.pop(col.ATTR_SESSION_SENT)) == {"traces": spans[col.TRACE_ID].nunique(),
+                                                                      "spans": len(spans)}
         assert arrived == expected
         assert span.scope == "xsp"
         if row[col.KIND] in ("predict", "step") and row[col.PARENT_ID] is None:

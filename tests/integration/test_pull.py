@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,3 +270,54 @@ def test_an_error_jaeger_words_on_several_lines_is_one_line_of_the_cli(tmp_path:
         server.server_close()
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["xsp: error: Jaeger answered 500: storage: index missing"]
+
+
+def many_steps(tmp_path: Path, steps: int) -> xsp.Trace:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "many.xsp.parquet", service_name="capped"):
+        for _ in range(steps):
+            model(torch.randn(1, 4))
+    return xsp.load(tmp_path / "many.xsp.parquet")
+
+
+def test_a_server_that_answers_fewer_traces_than_asked_never_passes_for_the_whole_run(tmp_path: Path) -> None:
+    """OpenSearch's document limits and memory stores answer at most so many traces, whatever the
+    depth asked: a 150-step run came back as the 100 newest traces, exit 0, no word. The session
+    span says what it sent; the ranges are split until all of it came back."""
+    trace = many_steps(tmp_path, 150)
+    assert trace.spans[col.TRACE_ID].nunique() == 151  # the session's own trace and one a step
+    with JaegerStandIn(max_results=100) as jaeger:
+        push(trace, jaeger.otlp, service="capped")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", xsp.XspWarning)  # no word: it all came back
+            pulled = pull("capped", jaeger.query, **range_of(trace))
+    same_table(pulled.spans, trace.spans)
+    report = pulled.metadata["pulled_from"]["report"]
+    assert report["splits"] > 0 and report["missing"] == {}
+
+
+def test_what_never_comes_back_is_said_with_counts(tmp_path: Path) -> None:
+    trace = many_steps(tmp_path, 30)
+    spans = trace.spans
+    steps = spans[spans[col.STEP].notna()][col.TRACE_ID].unique()
+    lost = set(steps[:5])  # five step traces the server never stored
+    with JaegerStandIn() as jaeger:
+        push(trace, jaeger.otlp, service="capped")
+        store = jaeger.store
+        store.spans[:] = [entry for entry in store.spans if entry[2].trace_id.hex() not in lost]
+        with pytest.warns(xsp.XspWarning, match=r"only 26 of the 31 traces \(\d+ of \d+ spans\) session [0-9a-f]{32} "
+                                                r"sent came back .*: 5 traces \(\d+ spans\) are missing"):
+            pulled = pull("capped", jaeger.query, **range_of(trace))
+        session = spans.loc[spans[col.KIND] == col.SpanKind.SESSION.value, col.TRACE_ID].iloc[0]
+        assert pulled.metadata["pulled_from"]["report"]["missing"][session]["traces"] == 5
+        # a search for an attribute, or a range that cuts the session, reads part of it on purpose: no word
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", xsp.XspWarning)
+            pull("capped", jaeger.query, attributes={"xsp.kind": "predict"}, **range_of(trace))
+            pull("capped", jaeger.query, start_ns=int(spans[col.START_NS].median()), end_ns=range_of(trace)["end_ns"])
+        start = pd.Timestamp(range_of(trace)["start_ns"], unit="ns", tz="UTC").isoformat()
+        end = pd.Timestamp(range_of(trace)["end_ns"], unit="ns", tz="UTC").isoformat()
+        done = subprocess.run([sys.executable, "-m", "xsp", "pull", "--jaeger", jaeger.query, "--service", "capped",
+                               "--start", start, "--end", end, "-o", str(tmp_path / "back.xsp.parquet")],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "5 traces" in done.stderr and "are missing" in done.stderr, done.stderr

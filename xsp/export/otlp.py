@@ -330,6 +330,8 @@ class ExportReport:
     by xsp, or by the SDK on its own (what it logs as "retrying in")."""
     to_send: int = 0
     """Spans handed to this export (the budget's aggregates counted as sent)."""
+    step_traces: int = 0
+    """Traces handed to this export besides the session's own (one per step)."""
     cut_off: bool = False
     """The process ended before the export did (its bounded wait at exit ran out)."""
     deadline: float | None = field(default=None, repr=False)
@@ -474,9 +476,11 @@ ENCODED_CHUNK: Final = 65_536
 """Rows made ready for the encoder at a time: its memory stays that of a chunk, whatever the table's size."""
 
 
-def with_session_metadata(spans: pd.DataFrame, metadata: Mapping[str, Any]) -> pd.DataFrame:
+def with_session_metadata(spans: pd.DataFrame, metadata: Mapping[str, Any],
+                          sent: Mapping[str, int] | None = None) -> pd.DataFrame:
     """``spans`` with the trace's metadata in its session span's attributes
-    (:data:`~xsp.core.schema.ATTR_SESSION_METADATA`, JSON); unchanged without a session span."""
+    (:data:`~xsp.core.schema.ATTR_SESSION_METADATA`, JSON), and what the session sent in all
+    (``sent``: :data:`~xsp.core.schema.ATTR_SESSION_SENT`); unchanged without a session span."""
     rows = np.flatnonzero((spans[col.KIND] == col.SpanKind.SESSION.value).to_numpy())
     if not len(rows):
         return spans
@@ -484,11 +488,24 @@ def with_session_metadata(spans: pd.DataFrame, metadata: Mapping[str, Any]) -> p
     text = spans[col.ATTRIBUTES].iloc[row]
     attributes = json.loads(text) if isinstance(text, str) else {}
     attributes[col.ATTR_SESSION_METADATA] = json.dumps(dict(metadata), default=str, ensure_ascii=False)
+    if sent is not None:
+        attributes[col.ATTR_SESSION_SENT] = json.dumps(dict(sent))
     spans = spans.copy(deep=False)
     column = spans[col.ATTRIBUTES].copy()
     column.iloc[row] = json.dumps(attributes, ensure_ascii=False)
     spans[col.ATTRIBUTES] = column
     return spans
+
+
+def _step_traces(spans: pd.DataFrame, session: tuple[str, int] | None) -> int:
+    """The traces of ``spans`` other than the session's own (one per step; a step's spans are
+    never split between two tables)."""
+    if not len(spans):
+        return 0
+    session = session if session is not None else session_of(spans)
+    traces = spans[col.TRACE_ID]
+    count = int(traces.nunique())
+    return count - int(session is not None and (traces == session[0]).any())
 
 
 def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
@@ -526,8 +543,6 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     """
     report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
     report.to_send += len(spans)
-    if metadata is not None:
-        spans = with_session_metadata(spans, metadata)
     submitted_before = report.submitted
     try:
         folded = within_budget(spans, span_budget)
@@ -539,6 +554,10 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
         report.spans_folded += folded.raw_spans_folded
         report.aggregates += folded.aggregates
         report.dropped_by_budget += folded.dropped
+    report.step_traces += _step_traces(spans, session)
+    if metadata is not None:  # the last table: what the session sent in all goes with it
+        spans = with_session_metadata(spans, metadata, sent={"traces": report.step_traces + 1,
+                                                             "spans": report.submitted + len(spans)})
     try:
         with sdk_messages_into(report):
             if encoded and encoding.available() and getattr(exporter, "xsp_encoded", False):

@@ -6,7 +6,11 @@ as JSON, each wrapped ``{"result": ...}``; an error is ``{"error": {"httpCode", 
 (404 "No traces found": none). Ids come as hex or base64, 64-bit integers as strings.
 
 A search returns at most its ``search_depth`` traces and has no paging, so a range whose answer
-reaches that many is split in two and each half asked again, down to a microsecond. Spans seen
+reaches that many is split in two and each half asked again, down to a microsecond. Some servers
+answer fewer whatever the depth (OpenSearch's limits, memory stores): each session span says how
+many traces and spans the session sent (``xsp.session.sent``), and while fewer came back, the
+ranges whose answers held the most any answer held are split too; what is still missing then is
+said, with counts (``report.missing``). Spans seen
 twice (a trace in two ranges) are kept once. A trace whose spans name a parent that never came is
 counted as truncated (Jaeger's ``max_trace_size`` cuts big traces).
 
@@ -70,6 +74,9 @@ class PullReport:
     """Spans left out: no trace or span id that reads as one, or no start or end time."""
     cut_ranges: list[str] = field(default_factory=list)
     """Ranges still at the search's limit at the smallest split (some traces there may be missing)."""
+    missing: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per session (its trace id) that said what it sent: the ``traces`` and ``spans`` that did not
+    come back, even split as finely as the server's answers allowed."""
 
 
 # the query API -------------------------------------------------------------------------
@@ -224,6 +231,8 @@ class Collected:
     seen: set[int] = field(default_factory=set)
     resources: list[dict[str, Any]] = field(default_factory=list)
     report: PullReport = field(default_factory=PullReport)
+    sent: dict[str, dict[str, int]] = field(default_factory=dict)
+    """What each session (by its trace id) said it sent in all (:data:`~xsp.core.schema.ATTR_SESSION_SENT`)."""
 
     def add(self, traces_data: Mapping[str, Any]) -> set[str]:
         """Add the spans of one TracesData; the trace ids seen in it."""
@@ -260,8 +269,43 @@ class Collected:
                     rows[col.STATUS].append(col.Status.ERROR.value if error else col.Status.OK.value)
                     rows[col.STATUS_MESSAGE].append(status.get("message") if error else None)
                     rows["links"].append([hex_id(link.get("traceId"), 16) for link in span.get("links") or []])
-                    rows["attrs"].append(attributes_of(span.get("attributes")))
+                    attributes = attributes_of(span.get("attributes"))
+                    sent = attributes.pop(col.ATTR_SESSION_SENT, None)
+                    if isinstance(sent, str):
+                        self._note_sent(trace_id, sent, start_ns, end_ns)
+                    rows["attrs"].append(attributes)
         return trace_ids
+
+    def _note_sent(self, trace_id: str, text: str, start_ns: int, end_ns: int) -> None:
+        try:
+            found = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(found, dict) and all(isinstance(found.get(key), int) for key in ("traces", "spans")):
+            self.sent[trace_id] = {"traces": int(found["traces"]), "spans": int(found["spans"]), "start_ns": start_ns,
+                                   "end_ns": end_ns}
+
+    def linked_sessions(self) -> set[str]:
+        """The traces the spans read link to: their sessions' (a step's root links to its session)."""
+        return {link for links in self.rows["links"] for link in links if link is not None}
+
+    def came_back(self, session: str) -> tuple[int, int]:
+        """Traces and spans read of one session: its own trace, and those that link to it."""
+        rows = self.rows
+        traces = {session} | {trace for trace, links in zip(rows[col.TRACE_ID], rows["links"]) if session in links}
+        return len(traces), sum(trace in traces for trace in rows[col.TRACE_ID])
+
+    def short(self, start_ns: int, end_ns: int) -> dict[str, tuple[int, int, int, int]]:
+        """Sessions that ran within ``start_ns``..``end_ns`` of which fewer traces or spans came
+        back than they sent: ``(traces read, sent, spans read, sent)`` by session trace id."""
+        found = {}
+        for session, sent in self.sent.items():
+            if sent["start_ns"] < start_ns or sent["end_ns"] > end_ns:
+                continue  # a session the range cuts: only part of it was asked for
+            traces, spans = self.came_back(session)
+            if traces < sent["traces"] or spans < sent["spans"]:
+                found[session] = (traces, sent["traces"], spans, sent["spans"])
+        return found
 
     def table(self) -> tuple[pd.DataFrame, dict[str, Any] | None]:
         """The span table of every span kept, and the session's metadata where a session span had it."""
@@ -336,21 +380,43 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
         start = start_ns if start_ns is not None else end - int((since_s or 3600.0) * 1e9)
         if start >= end:
             raise ValueError("the time range is empty: its start is not before its end")
-        ranges = [(start, end)]
-        while ranges:
-            low, high = ranges.pop()
+        answered = _search(collected, jaeger, service, [(start, end)], attributes or {}, search_depth, search_depth,
+                           timeout_s)
+        # the session traces the steps link to, asked for by id where the search did not bring
+        # them (a capped answer keeps the newest traces; a session's own starts first)
+        whole = not attributes  # a search for some attribute reads only part of each session
+        named = hex_id(session, 16) if session is not None else None
+        wanted_sessions = {named} if named is not None else set()
+        if whole:
+            wanted_sessions |= collected.linked_sessions()
+        for missing_session in sorted(wanted_sessions - set(collected.rows[col.TRACE_ID])):
             report.queries += 1
-            traces: set[str] = set()
-            for result in answers(search_url(jaeger, service, low, high, attributes or {}, search_depth), timeout_s):
-                traces |= collected.add(result)
-            if len(traces) >= search_depth:
-                if high - low <= SMALLEST_RANGE_NS:
-                    report.cut_ranges.append(f"{rfc3339(low)}..{rfc3339(high)}")
-                else:
-                    report.splits += 1
-                    middle = (low + high) // 2
-                    ranges += [(middle, high), (low, middle)]
+            for result in answers(trace_url(jaeger, str(missing_session)), timeout_s):
+                collected.add(result)
+        # a server may answer fewer traces than asked, whatever the depth (OpenSearch's document
+        # limits, memory stores): where a session says it sent more than came back, the ranges
+        # whose answers reached the most any answer held are split too
+        limit = max(answered.values(), default=0)
+        while (whole and collected.short(start, end) and limit
+               and any(count >= limit for count in answered.values())):
+            fuller = [window for window, count in answered.items() if count >= limit]
+            for window in fuller:
+                del answered[window]
+            before = len(collected.seen)
+            answered.update(_search(collected, jaeger, service, _halves(fuller, report), attributes or {},
+                                    search_depth, limit, timeout_s))
+            if len(collected.seen) == before and all(high - low <= SMALLEST_RANGE_NS for low, high in fuller):
+                break
     spans, metadata = collected.table()
+    short = collected.short(start, end) if trace_id is None and not attributes else {}
+    report.missing = {session: {"traces": sent - read, "spans": sent_spans - read_spans}
+                      for session, (read, sent, read_spans, sent_spans) in short.items()}
+    for session, (read, sent, read_spans, sent_spans) in short.items():
+        warnings.warn(XspWarning(
+            f"only {read} of the {sent} traces ({read_spans} of {sent_spans} spans) session {session} sent came back "
+            f"from {jaeger}, even split into ranges of single answers: {sent - read} traces ({sent_spans - read_spans} "
+            "spans) are missing (a server that caps its answers, or spans it dropped or has not stored yet); the "
+            "trace file the run wrote has them all"), stacklevel=2)
     if session is not None:
         spans = _session_only(spans, collected, session)
     report.traces = int(spans[col.TRACE_ID].nunique()) if len(spans) else 0
@@ -369,6 +435,40 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
         warnings.warn(XspWarning(f"{report.malformed} span(s) from {jaeger} had no trace or span id, or no start or "
                                  "end time, and were left out"), stacklevel=2)
     return Trace(spans=spans, metadata=info)
+
+
+def _search(collected: Collected, jaeger: str, service: str, ranges: list[tuple[int, int]],
+            attributes: Mapping[str, str], depth: int, limit: int, timeout_s: float) -> dict[tuple[int, int], int]:
+    """Search each range, splitting those whose answer reached ``limit`` traces; how many traces
+    each range searched last answered."""
+    report = collected.report
+    answered: dict[tuple[int, int], int] = {}
+    while ranges:
+        low, high = ranges.pop()
+        report.queries += 1
+        traces: set[str] = set()
+        for result in answers(search_url(jaeger, service, low, high, attributes, depth), timeout_s):
+            traces |= collected.add(result)
+        if len(traces) >= limit and high - low > SMALLEST_RANGE_NS:
+            ranges += _halves([(low, high)], report)
+            continue
+        if len(traces) >= limit:
+            report.cut_ranges.append(f"{rfc3339(low)}..{rfc3339(high)}")
+        answered[(low, high)] = len(traces)
+    return answered
+
+
+def _halves(ranges: list[tuple[int, int]], report: PullReport) -> list[tuple[int, int]]:
+    """Each range in two halves (one it cannot split any more stays whole)."""
+    halves = []
+    for low, high in ranges:
+        if high - low <= SMALLEST_RANGE_NS:
+            halves.append((low, high))
+            continue
+        report.splits += 1
+        middle = (low + high) // 2
+        halves += [(middle, high), (low, middle)]
+    return halves
 
 
 def _session_only(spans: pd.DataFrame, collected: Collected, session: str) -> pd.DataFrame:
