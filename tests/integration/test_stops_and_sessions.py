@@ -3,6 +3,7 @@ undisturbed, the parent's file never written over."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -433,3 +434,49 @@ def test_a_session_handed_over_between_threads_loses_nothing(tmp_path):
     assert files[1].exists()  # the worker's block outlived the first: it wrote its own file
     _check_thread(files, files[1], made["thread"], made["calls"])
     assert any("records from now on" in message for message in made["session"].warnings)
+
+
+LOADER_SCRIPT = """
+import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class Slow(TensorDataset):
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return super().__getitem__(i)
+
+loader = DataLoader(Slow(torch.randn(100000, 16), torch.randint(0, 3, (100000,))), batch_size=16, num_workers=2)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for i, (x, y) in enumerate(loader):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if i == 5:
+        print("ready", flush=True)
+"""
+
+
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_sigterm_to_the_process_group_changes_nothing_the_program_prints(tmp_path):
+    """A scheduler's SIGTERM reaches the whole process group: the DataLoader's workers die by it
+    too. A plain run ends by the signal and prints nothing; under xsp run it printed the workers'
+    RuntimeError traceback (torch's SIGCHLD handler, raising into xsp's end), "a helper process
+    could not interpret a window" (the helpers died by it too) and a drop of a backward pass cut
+    short. Now: the same exit, and xsp's one line, which names the file and what was cut short."""
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER_SCRIPT)
+    output = tmp_path / "run.xsp.parquet"
+    for attempt, wait_s in enumerate((0.3, 1.5, 3.0)):
+        process = subprocess.Popen([sys.executable, "-m", "xsp", "run", "-o", str(output), "--", str(script)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                   preexec_fn=lambda: _stop_signals_as(signal.SIG_DFL))
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        time.sleep(wait_s)
+        os.killpg(process.pid, signal.SIGTERM)
+        status, out, err = finished(process)
+        assert status == -signal.SIGTERM, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"warning: xsp: interrupted by SIGTERM: the trace ({output})"), \
+            f"attempt {attempt}: {err}"
+        assert len(xsp.load(output).steps) >= 6

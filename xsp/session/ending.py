@@ -9,7 +9,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 import pyarrow as pa
@@ -40,10 +40,17 @@ if TYPE_CHECKING:
     from xsp.session.session import Session
 
 
-def finish(session: Session, end_ns: int, error: str | None, handing_over: bool = False) -> None:
+CUT_BY_INTERRUPTION: Final = ("open_at_stop", "unpaired_backward_events")
+"""What a program stopped by a signal leaves unfinished (a module call, a backward pass): counted
+in the metadata's ``dropped`` as ever, and said in the one line that says it was interrupted."""
+
+
+def finish(session: Session, end_ns: int, error: str | None, handing_over: bool = False,
+           interrupted: str | None = None) -> None:
     """The session's last window interpreted and its file written. ``handing_over``: the recording
     goes on for a block that joined this session (``Session._continue``): the threads still inside a
-    module call or a step keep their records for it, and its tracers keep running."""
+    module call or a step keep their records for it, and its tracers keep running. ``interrupted``:
+    the signal that stopped the program, said once the file is written, with what it cut short."""
     recording = session.recording
     assert recording is not None and session.clock is not None
     if handing_over:
@@ -81,12 +88,20 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
     dropped = recorded_dropped + session.interpreter.dropped
     if session.interpreter.segments is not None and session.interpreter.segments.dropped_spans:
         dropped[DROPPED_WINDOWS] += session.interpreter.segments.dropped_spans
-    if dropped:
+    cut = {what: count for what, count in dropped.items() if interrupted is not None and what in CUT_BY_INTERRUPTION}
+    unexpected = {what: count for what, count in dropped.items() if what not in cut}
+    if unexpected:
         session.warn("some records were dropped: " + ", ".join(
-            f"{count} {what}" for what, count in sorted(dropped.items())))
+            f"{count} {what}" for what, count in sorted(unexpected.items())))
     metadata = final_metadata(session, dropped)
     session.writer = TraceWriter(session.output, session.warn)
     session.trace = session.writer.write(session.interpreter, metadata)
+    if interrupted is not None:
+        written = session.output is not None and session.writer.error is None
+        session.warn(f"interrupted by {interrupted}: the trace{f' ({session.output})' if written else ''} holds what "
+                     "was recorded until then" + ("; cut short there, and counted in its dropped records: "
+                                                  + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
+                                                  if cut else ""))
     if session.windows is not None and session.windows.exporter is not None:
         session.export = session.windows.export_last(last, metadata, session.export_done)
         wait_at_exit(session.export)

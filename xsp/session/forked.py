@@ -84,8 +84,11 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
     status = 1
     try:
         os.close(read_fd)
-        for signum, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL),
-                               (signal.SIGHUP, signal.SIG_DFL), (signal.SIGALRM, signal.SIG_DFL)):
+        # a stopping signal sent to the program's process group (a scheduler's SIGTERM, Ctrl-C)
+        # is the program's: the helper finishes its window, which the program's end then writes
+        # (its alarm, and the parent's deadline, still bound it)
+        for signum, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN),
+                               (signal.SIGHUP, signal.SIG_IGN), (signal.SIGALRM, signal.SIG_DFL)):
             signal.signal(signum, action)
         signal.alarm(math.ceil(deadline_s) + 1)  # ends the child past its deadline even if the parent died
         try:

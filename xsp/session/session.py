@@ -255,17 +255,18 @@ class Session:
         if self.recording is None:  # it could not take the recording over (and said why)
             return
         succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
-        if isinstance(exc, (Terminated, KeyboardInterrupt)):
-            self.warn(f"interrupted by {'SIGINT' if isinstance(exc, KeyboardInterrupt) else exc}: the trace "
-                       "holds what was recorded until then")
-        self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc)
+        interrupted = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc) if isinstance(exc, Terminated) \
+            else None
+        self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc, interrupted=interrupted)
         if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
             if self.export is not None:
                 self.export.wait(EXIT_WAIT_S)
             end_by_signal(exc.signum)
 
-    def _end(self, end_ns: int, error: str | None, exc: BaseException | None, hand_over: bool = True) -> None:
-        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not).
+    def _end(self, end_ns: int, error: str | None, exc: BaseException | None, hand_over: bool = True,
+             interrupted: str | None = None) -> None:
+        """Stop the tracers and write the trace (``error``: why the block failed, None if it did not;
+        ``interrupted``: the signal that stopped the program, which the end says).
 
         When a block that joined this session is still running (in another thread), the recording
         goes on without a gap: this session's trace holds what was recorded until ``end_ns`` (a
@@ -289,7 +290,7 @@ class Session:
                     self.stop_quietly(tracer)
             self._tell_finishing(True)
             try:
-                self._finish(end_ns, error, successor is not None)
+                self._finish(end_ns, error, successor is not None, interrupted)
             except Exception as failure:  # xsp must never turn the user's success into a failure
                 self.warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
             finally:
@@ -435,8 +436,9 @@ class Session:
         except Exception as exc:
             self.warn(f"tracer {tracer.name} failed to stop: {exc}")
 
-    def _finish(self, end_ns: int, error: str | None, handing_over: bool = False) -> None:
-        ending.finish(self, end_ns, error, handing_over)
+    def _finish(self, end_ns: int, error: str | None, handing_over: bool = False,
+                interrupted: str | None = None) -> None:
+        ending.finish(self, end_ns, error, handing_over, interrupted)
 
     def export_done(self, report: ExportReport) -> None:
         """On the export's thread: its outcome goes into the trace and its file."""

@@ -99,10 +99,25 @@ class StopSignals:
         if previous is signal.SIG_DFL:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
+            _children_unheard()
             raise Terminated(signum)
         if callable(previous):
             return previous(signum, frame)
         return None
+
+
+def _children_unheard() -> None:
+    """The program ends here by a stopping signal, as it would have at once without xsp: what its
+    child processes do from now on is no longer its to hear. (A DataLoader's workers die by the
+    same SIGTERM sent to the process group, and PyTorch's SIGCHLD handler would raise a
+    ``RuntimeError`` into whatever the main thread runs next: the unwinding, xsp writing the
+    file. A plain run never gets there.)"""
+    chld = getattr(signal, "SIGCHLD", None)
+    if chld is None:
+        return
+    with contextlib.suppress(ValueError, OSError, TypeError):
+        if callable(signal.getsignal(chld)):
+            signal.signal(chld, signal.SIG_DFL)
 
 
 def end_by_signal(signum: int) -> None:
