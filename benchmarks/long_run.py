@@ -9,6 +9,8 @@ loop over a model of 500 small Linear layers (inference, GC on, as a user's job 
 * ``xsp model+layer``: ``xsp.trace(levels="model,layer")`` writing its trace file (closed
   windows are written to disk as the loop runs);
 * ``xsp schedule 1/10``: the same with ``schedule="wait=9,active=1"`` (one step in ten recorded);
+* ``xsp model+layer+operator``: the operator level too (every aten operator, with the line of
+  the user's code that issued it), streamed a window at a time like the layer level;
 * ``torch.profiler``: ``torch.profiler.profile`` (CPU activity), then ``export_chrome_trace``.
 
 Reported per configuration: ns per module call, the overhead's ratio to the empty hooks'
@@ -37,7 +39,8 @@ from pathlib import Path
 from _results import record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_run.md"
-CONFIGS = ("baseline", "empty hooks", "xsp model+layer", "xsp schedule 1/10", "torch.profiler")
+CONFIGS = ("baseline", "empty hooks", "xsp model+layer", "xsp schedule 1/10", "xsp model+layer+operator",
+           "torch.profiler")
 LAYERS = 500
 
 CHILD = r"""
@@ -80,7 +83,8 @@ elif config == "empty hooks":
     pre.remove(); post.remove()
 elif config.startswith("xsp"):
     schedule = "wait=9,active=1" if config == "xsp schedule 1/10" else None
-    session = xsp.trace(levels="model,layer", output=os.path.join(out, "run.xsp.parquet"), schedule=schedule)
+    levels = "model,layer,operator" if config == "xsp model+layer+operator" else "model,layer"
+    session = xsp.trace(levels=levels, output=os.path.join(out, "run.xsp.parquet"), schedule=schedule)
     entered = time.perf_counter_ns()
     session.__enter__()
     began = time.perf_counter_ns(); start = (began - entered) / 1e9
@@ -182,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             events = median(size, config, "events")
             overhead = per_call - base
             ratio = f"{overhead / hooks:.2f}x" if config not in ("baseline", "empty hooks") and hooks > 0 else ""
-            recorded = config in ("xsp model+layer", "xsp schedule 1/10", "torch.profiler")
+            recorded = config in ("xsp model+layer", "xsp schedule 1/10", "xsp model+layer+operator", "torch.profiler")
             lines.append(
                 f"| {calls:,} | {config} | {per_call:,.0f} | {overhead:,.0f} | {ratio} | "
                 + (f"{median(size, config, 'start_s'):.2f} | {stall:.2f} | {stall / calls * 1e6:.2f} | "

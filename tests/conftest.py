@@ -25,6 +25,9 @@ set_hypothesis_home_dir(tempfile.mkdtemp(prefix="xsp-tests-hypothesis-"))
 hypothesis_settings.register_profile("xsp", database=None, derandomize=True)
 hypothesis_settings.load_profile("xsp")
 
+# the operator level's observer is built (once a test run) into a temporary folder, never the user's cache
+os.environ.setdefault("XSP_CACHE_DIR", tempfile.mkdtemp(prefix="xsp-tests-cache-"))
+
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xsp.core.schema import Level
-from xsp.record.recording import Recording
+from xsp.record.recording import Recording, Window
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
+from xsp.tracers.module_calls.rows import remember_module_facts
 
 
 class ModuleCallTracer:
@@ -27,3 +28,8 @@ class ModuleCallTracer:
 
     def stop(self) -> None:
         INTERCEPTOR.release(self.name)
+
+    def prepare(self, window: Window) -> None:
+        """In the session's process: the facts of the window's modules (parameters, class) worked
+        out once for the whole run, before a helper forked for the window needs them."""
+        remember_module_facts(window)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -18,7 +19,7 @@ from xsp.core import schema as col
 from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
 from xsp.record.recording import Window, WindowBuffer
 from xsp.record.sites import CallSites
-from xsp.table.walks import arrow_strings
+from xsp.table.walks import arrow_strings, categories_at
 
 BACKWARD_SUFFIX = col.BACKWARD_SUFFIX
 
@@ -248,9 +249,13 @@ def site_columns(sites: CallSites | None, ids: np.ndarray) -> dict[str, Any]:
             col.CALL_FUNCTION: _spread([None if t is None else t[2] for t in texts], index)}
 
 
-def _spread(values: Sequence[str | None], index: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """``values[index]`` as a string column, built by Arrow from the distinct values."""
-    return arrow_strings(pa.array(values, type=pa.large_string()).take(index))
+def _spread(values: Sequence[str | None], index: np.ndarray) -> pd.Categorical:
+    """``values[index]`` as codes into the distinct values (a categorical), which the table makes
+    its text column once sorted (a text column costs far more to sort and concatenate)."""
+    distinct = list(dict.fromkeys(value for value in values if value is not None))
+    number = {value: position for position, value in enumerate(distinct)}
+    codes = np.array([-1 if value is None else number[value] for value in values], dtype=np.int64)
+    return categories_at(codes[index], distinct)
 
 
 def _spread_ints(values: Sequence[int | None], index: np.ndarray) -> pd.arrays.IntegerArray:
@@ -291,10 +296,31 @@ def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: Laye
     return name if name is not None else names.fallback(module, modules[root_i])
 
 
+_FACTS: weakref.WeakKeyDictionary[nn.Module, tuple[str, int, str | None]] = weakref.WeakKeyDictionary()
+"""Each module's facts, worked out once: in the session's process before a window is handed to a
+helper (:func:`remember_module_facts`), so that every helper forked later finds them there."""
+
+
+def remember_module_facts(window: Window) -> None:
+    """Work out the facts of every module the window's records name that are not known yet."""
+    for buffer in window.buffers:
+        for module in buffer.modules.values:
+            _module_facts(module)
+
+
 def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
+    try:
+        return _FACTS[module]
+    except (KeyError, TypeError):
+        pass
     cls = type(module)
     name = getattr(module, "original_name", None) if isinstance(module, torch.jit.ScriptModule) else None
-    return name or module_type_name(cls), parameter_count(module), class_source(cls)  # type: ignore[arg-type]
+    facts = (name or module_type_name(cls), parameter_count(module), class_source(cls))  # type: ignore[arg-type]
+    try:
+        _FACTS[module] = facts
+    except TypeError:  # a module that takes no weak reference: worked out each time
+        pass
+    return facts
 
 
 def module_type_name(cls: type) -> str:

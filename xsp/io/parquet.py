@@ -198,9 +198,13 @@ def pandas_metadata(columns: pa.Schema) -> bytes:
     return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
 
 
-def arrow_table(spans: pd.DataFrame) -> pa.Table:
-    """``spans`` as an Arrow table with the schema's storage types and no pandas metadata."""
+def arrow_table(spans: pd.DataFrame, in_order: bool = False) -> pa.Table:
+    """``spans`` as an Arrow table with the schema's storage types and no pandas metadata;
+    ``in_order``: its rows sorted by start, outer module calls first (:func:`in_start_order`),
+    before the categoricals' codes become texts (a text column costs far more to sort)."""
     table = pa.Table.from_pandas(spans, preserve_index=False)
+    if in_order:
+        table = in_start_order(table)
     schema = pa.schema([pa.field(f.name, canonical_type(f.name, f.type)) for f in table.schema])
     return table.replace_schema_metadata(None).cast(schema)
 
@@ -209,7 +213,10 @@ def in_start_order(table: pa.Table) -> pa.Table:
     """Spans sorted by start, outer module calls first (sorted in Arrow, without Python's lock)."""
     keys = {name: pc.fill_null(table[name], -1)  # spans without a call depth first
             for name in (col.START_NS, col.CALL_DEPTH) if name in table.column_names}
-    return table.take(pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys]))
+    order = pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys])
+    if pc.all(pc.equal(order, pa.array(np.arange(len(order), dtype=np.uint64)))).as_py() is not False:
+        return table  # in order already (a window built in order): nothing to take
+    return table.take(order)
 
 
 def write_trace(path: str | os.PathLike[str], spans: pd.DataFrame, metadata: dict[str, Any]) -> Path:
@@ -228,8 +235,25 @@ def statistics_columns(schema: pa.Schema) -> list[str]:
     return [field.name for field in schema if not _is_text(field.type)]
 
 
+def read_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``tables``, each read on a thread of its own while the one before it is written (Arrow
+    lets Python's lock go as it reads and writes Parquet): the two take turns on two cores
+    instead of one after the other. At most two tables are held at a time."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="xsp-read-ahead") as pool:
+        upcoming = pool.submit(next, tables, None)
+        while True:
+            table = upcoming.result()
+            if table is None:
+                return
+            upcoming = pool.submit(next, tables, None)
+            yield table
+
+
 def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table], metadata: dict[str, Any]) -> Path:
-    """Write a trace from Arrow tables of spans, one row group each, holding one table at a time.
+    """Write a trace from Arrow tables of spans, one row group each, holding one table at a time
+    (and the next one being read: :func:`read_ahead`).
 
     The first table's columns are the file's; later tables are cast to them. Written
     atomically, with page checksums and the footer checksum, like :func:`write_trace`.
@@ -237,6 +261,7 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
     Raises:
         OutputError: the file could not be written.
     """
+    tables = read_ahead(tables)
     first = next(tables, None)
     if first is None:
         from xsp.table.build import empty_table  # only for a trace with no span at all

@@ -199,7 +199,7 @@ class SegmentWriter:
         if not len(spans):
             return
         self.count += 1
-        self.pending.append((self.count, in_start_order(arrow_table(spans))))
+        self.pending.append((self.count, arrow_table(spans, in_order=True)))
         self.flush()
 
     def keep(self, tables: list[tuple[int, pa.Table]]) -> None:

@@ -122,12 +122,24 @@ class OperatorLines:
         self._tracer.uninstall()
 
     def take(self) -> LineChanges:
-        """What :meth:`start` to :meth:`stop` wrote, once."""
+        """What :meth:`start` to :meth:`stop` wrote (since the last :meth:`take_before`), once."""
         tracer, self._tracer = self._tracer, None
-        changes = LineChanges()
         if tracer is None:
-            return changes
-        for thread, data, dropped in tracer.take():
+            return LineChanges()
+        return self._changes(tracer.take(), int(tracer.refused))
+
+    def take_before(self, cut_ns: int) -> LineChanges:
+        """While following: each thread's changes up to ``cut_ns`` (host clock), for the
+        operators of a window that ends there. The last of them is taken again by the next
+        call (it is the line current at the cut), so that windows need nothing of each other."""
+        if self._tracer is None:
+            return LineChanges()
+        return self._changes(self._tracer.take_before(cut_ns), int(self._tracer.refused))
+
+    @staticmethod
+    def _changes(taken: list[tuple[int, bytes, int]], refused: int) -> LineChanges:
+        changes = LineChanges()
+        for thread, data, dropped in taken:
             pairs = np.frombuffer(data, dtype=np.int64).reshape(-1, 2)
             times, sites = pairs[:, 0].copy(), pairs[:, 1].copy()
             if int(thread) in changes.times_ns:  # an OS thread id reused by a later thread
@@ -137,5 +149,5 @@ class OperatorLines:
                 times, sites = times[order], sites[order]
             changes.times_ns[int(thread)], changes.sites[int(thread)] = times, sites
             changes.dropped += int(dropped)
-        changes.refused = int(tracer.refused)
+        changes.refused = refused
         return changes

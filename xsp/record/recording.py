@@ -485,6 +485,14 @@ class Recording:
                 self.dropped[what] += count - kept
         return kept
 
+    def count_kept(self, count: int) -> None:
+        """``count`` records kept elsewhere (the operator level's, in its own buffers): they count
+        toward the next window as this recording's own do, so that windows stay of a size."""
+        with self._lock:
+            self.kept_events += count
+            if self.kept_events >= self.report_at_events:
+                self.report_after_ns = 0
+
     def take_dropped(self) -> Counter[str]:
         """The drops counted so far, handed over (a session that hands its recording over to
         another keeps its own; the next one counts afresh)."""

@@ -25,7 +25,7 @@ from xsp.core.rank import (
 )
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.export.otlp import ExportReport
-from xsp.io.parquet import arrow_table, in_start_order, spans_from_arrow, write_trace_tables
+from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.columns import NEVER
@@ -209,7 +209,7 @@ class TraceWriter:
         the spans are read back from it only when asked for. Where it cannot be written, every
         window and the final metadata are left for ``xsp recover``."""
         assert self.output is not None
-        kept = [in_start_order(arrow_table(table)) for table in tables]
+        kept = [arrow_table(table, in_order=True) for table in tables]
         try:
             written = write_trace_tables(self.output, itertools.chain(segments.tables(), kept), metadata)
         except OSError as exc:

@@ -95,7 +95,7 @@ class WindowInterpreter:
                 frames.append(tracer.collect(window))
             except Exception as exc:
                 self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
-        result = build_table(frames, self.host_to_epoch_ns, self.state, session_row, sort=False,
+        result = build_table(frames, self.host_to_epoch_ns, self.state, session_row, sort=True,
                              step_numbers=window.step_numbers)
         for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
             self.state.latest_step.pop(thread_id, None)

@@ -30,6 +30,9 @@ EXIT_WAIT_S = 8.0
 HELPER_ENV: Final = "XSP_HELPER_PROCESS"
 """Set to ``0`` to interpret a streaming session's windows in a thread of the user's process."""
 DROPPED_WINDOWS: Final = "spans of windows no folder could take and memory could not hold"
+MAX_MERGED: Final = 4
+"""Windows waiting that are interpreted as one, at most: fewer forks when the windows fall behind,
+and no window so large that interpreting it takes more memory than a few windows' worth."""
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
@@ -126,20 +129,17 @@ class WindowWorker:
                 export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
 
     def _next_window(self) -> Window | None:
-        """The next window to interpret: every window waiting, as one. On a machine too busy
-        for the windows to keep pace, the backlog (what a kill would lose) then stays one window
-        deep, instead of growing with the run."""
+        """The next window to interpret: the windows waiting (up to :data:`MAX_MERGED`), as one.
+        On a machine too busy for the windows to keep pace, the backlog (what a kill would lose)
+        then grows by fewer windows than it would one at a time."""
         if self.stopping:
             return None
         window = self.queue.get()
         if window is None:
             return None
         waiting = [window]
-        while True:
-            try:
-                later = self.queue.get_nowait()
-            except queue.Empty:
-                break
+        while len(waiting) < MAX_MERGED and not self.queue.empty():
+            later = self.queue.get_nowait()
             if later is None:
                 self.stopping = True
                 break

@@ -90,22 +90,42 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def concat_spans(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
-    """Span tables one after another, their :data:`xsp.core.schema.CATEGORY` columns still
-    categorical: pandas turns categoricals of different categories into text when it
-    concatenates them (a Python string a row), so these are joined by their categories."""
+    """Span tables one after another (their columns' union, in the order first seen), their
+    :data:`xsp.core.schema.CATEGORY` columns categorical: pandas turns categoricals of different
+    categories into text when it concatenates them (a Python string a row), so these are joined
+    by their categories (a part without the column adds nulls; one with it as text, its texts)."""
     parts = list(frames)
     if not parts:
         return empty_table()
-    joined_by_category = [name for name in parts[0].columns if col.COLUMNS.get(name) == col.CATEGORY
-                          and all(name in part and isinstance(part[name].dtype, pd.CategoricalDtype) for part in parts)]
-    joined = pd.concat([part.drop(columns=joined_by_category) for part in parts], ignore_index=True)
+    names = list(dict.fromkeys(name for part in parts for name in part.columns))
+    joined_by_category = [name for name in names if col.COLUMNS.get(name) == col.CATEGORY
+                          and any(name in part and isinstance(part[name].dtype, pd.CategoricalDtype)
+                                  for part in parts)]
+    joined = pd.concat([part.drop(columns=[name for name in joined_by_category if name in part]) for part in parts],
+                       ignore_index=True)
     for name in joined_by_category:
+        arrays = [_as_categorical(part, name) for part in parts]
+        present = next(array.categories for array in arrays if len(array.categories))[:0] if any(
+            len(array.categories) for array in arrays) else None
+        if present is not None:  # the empty ones take the others' dtype of categories
+            arrays = [array if len(array.categories) else pd.Categorical.from_codes(
+                array.codes, dtype=pd.CategoricalDtype(present)) for array in arrays]
         try:
-            values = union_categoricals([part[name].array for part in parts], sort_categories=True)
+            values = union_categoricals(arrays, sort_categories=True)
         except TypeError:  # categories of different dtypes (text and objects): joined as text
-            values = categorical(pa.concat_arrays([plain_strings(part[name]) for part in parts]))
+            values = categorical(pa.concat_arrays([plain_strings(pd.Series(array)) for array in arrays]))
         joined[name] = values
-    return joined[[name for name in parts[0].columns if name in joined]]
+    return joined[names]
+
+
+def _as_categorical(part: pd.DataFrame, name: str) -> pd.Categorical:
+    """``part[name]`` as a categorical: itself, its texts as one, or nulls where the part lacks it."""
+    if name not in part:
+        return pd.Categorical.from_codes(np.full(len(part), -1, dtype=np.int8), categories=pd.Index([], dtype=object))
+    column = part[name]
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.array  # type: ignore[no-any-return]
+    return categorical(pa.array(_as_strings(column)))
 
 
 def new_span_ids(count: int) -> np.ndarray:
@@ -205,7 +225,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if not parts:
         return TableResult(empty_table(), hierarchy.HierarchyDiagnostics().as_dict())
     # one frame (an import) is taken as it is: concatenating it alone copies its columns
-    raw = parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+    raw = parts[0].reset_index(drop=True) if len(parts) == 1 else concat_spans(parts)
     del parts
     if host_to_epoch_ns:  # an import's times are epoch times already
         raw[col.START_NS] = raw[col.START_NS].to_numpy(dtype=np.int64) + host_to_epoch_ns

@@ -144,6 +144,8 @@ def text_codes(column: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
     codes and categories, or a string column dictionary-encoded by Arrow. No string per row."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         texts = pa.array(column.cat.categories.array)
+        if isinstance(texts, pa.ChunkedArray):  # categories joined from Arrow-backed ones
+            texts = texts.combine_chunks()
         if texts.type != pa.large_string():
             texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
         return column.cat.codes.to_numpy().astype(np.int64), texts

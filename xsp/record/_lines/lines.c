@@ -336,6 +336,36 @@ static PyObject *LineTracer_take(LineTracer *self, PyObject *unused) {
     return taken;
 }
 
+/* Like take, while the lines are still followed: each thread's changes up to `cut_ns`, and its
+ * dropped count (reset). The last of those stays with the thread, first of what is left: the
+ * line current at the cut, which the next window's first operators take. (Called with the GIL,
+ * which every writer of the changes holds: no change is written meanwhile.) */
+static PyObject *LineTracer_take_before(LineTracer *self, PyObject *arg) {
+    long long cut_ns = PyLong_AsLongLong(arg);
+    if (cut_ns == -1 && PyErr_Occurred()) return NULL;
+    PyObject *taken = PyList_New(0);
+    if (taken == NULL) return NULL;
+    for (ThreadLines *lines = self->threads; lines != NULL; lines = lines->next) {
+        Py_ssize_t count = 0;
+        while (count < lines->count && lines->changes[count].time_ns <= cut_ns) count++;
+        PyObject *item = Py_BuildValue("(ky#L)", lines->native_id, (const char *)lines->changes,
+                                       (Py_ssize_t)(count * (Py_ssize_t)sizeof(Change)), (long long)lines->dropped);
+        if (item == NULL || PyList_Append(taken, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(taken);
+            return NULL;
+        }
+        Py_DECREF(item);
+        lines->dropped = 0;
+        if (count > 1) {
+            memmove(lines->changes, lines->changes + (count - 1),
+                    (size_t)(lines->count - (count - 1)) * sizeof(Change));
+            lines->count -= count - 1;
+        }
+    }
+    return taken;
+}
+
 static PyObject *LineTracer_get_refused(LineTracer *self, void *unused) { return PyLong_FromSsize_t(self->refused); }
 
 static PyObject *LineTracer_get_installed(LineTracer *self, void *unused) { return PyBool_FromLong(self->installed); }
@@ -352,6 +382,8 @@ static PyMethodDef LineTracer_methods[] = {
     {"uninstall", (PyCFunction)LineTracer_uninstall, METH_NOARGS, "Stop following lines, on every thread."},
     {"take", (PyCFunction)LineTracer_take, METH_NOARGS,
      "[(native_thread_id, changes, dropped)]: changes are int64 pairs (time_ns, site id)."},
+    {"take_before", (PyCFunction)LineTracer_take_before, METH_O,
+     "take_before(cut_ns): as take, while following: each thread's changes up to cut_ns (the last stays)."},
     {NULL, NULL, 0, NULL},
 };
 
