@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,11 +179,13 @@ def test_a_second_session_in_another_thread_never_disturbs_the_first(tmp_path):
                 with torch.no_grad():
                     model(torch.randn(2, 4))
             refused = session._nested is not None
-            if not refused:  # the first session ends last, so that it holds the refused block's span
+            if not refused:  # the first session ends last, so that it holds the joined block's span
                 assert refused_done.wait(60)
         if refused:
             refused_done.set()
-        sessions[name] = session
+            sessions["joined"] = session
+        else:
+            sessions["first"] = session
 
     with pytest.warns(xsp.XspWarning, match="already active .*started in thread"):
         threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
@@ -190,14 +193,20 @@ def test_a_second_session_in_another_thread_never_disturbs_the_first(tmp_path):
             thread.start()
         for thread in threads:
             thread.join()
-    written = [s for s in sessions.values() if s.trace is not None]
-    assert len(written) == 1  # the other was refused: recorded as a span of the first
-    trace = written[0].trace
+    first, joined = sessions["first"], sessions["joined"]
+    trace = first.trace
     assert trace is not None
     predicts = trace.spans[trace.spans[col.KIND] == "predict"]
     assert len(predicts) == 400  # both threads' calls, none cut short
     assert trace.metadata["dropped"] == {}
-    assert (trace.spans[col.NAME] == "xsp.trace").sum() == 1
+    assert (trace.spans[col.NAME] == "xsp.trace").sum() == 1  # the joined block, as a span of the first
+    # the joined block has a trace and a file of its own: its own thread's calls, all of them
+    assert joined.trace is not None and joined.output is not None and joined.output.exists()
+    own = xsp.load(joined.output)
+    own_predicts = own.spans[own.spans[col.KIND] == "predict"]
+    assert len(own_predicts) == 200 and own_predicts[col.THREAD_ID].nunique() == 1
+    assert (own.spans[col.NAME] == "xsp.trace").sum() == 0 and (own.spans[col.KIND] == "session").sum() == 1
+    assert len(own.steps) == 200 and own.metadata["dropped"] == {}
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
@@ -304,7 +313,9 @@ def test_a_refused_session_that_outlives_the_first_records_the_rest_itself(tmp_p
     # it): it goes on, whole, into the second's trace, with the calls after the hand-over
     assert len(first_predicts) == 1 + 4
     second_trace = xsp.load(tmp_path / "second.xsp.parquet")
-    assert (second_trace.spans[col.KIND] == "predict").sum() == 1 + 7
+    # the second's trace holds its own calls from its start, the first four too
+    assert (second_trace.spans[col.KIND] == "predict").sum() == 5 + 7
+    assert len(second_trace.steps) == 5 + 7
     assert first.trace.metadata["dropped"] == {} and second_trace.metadata["dropped"] == {}
 
 
@@ -345,8 +356,9 @@ def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
     assert session.output == output and output.exists() and not writer_file(output).exists()
 
 
-# Sessions in several threads: every call of every thread is kept, in the files of the blocks
-# that recorded it, and each model is named as its code calls it (issue 43, items 1 and 2).
+# Sessions in several threads: every call of every thread is kept in the file of the block that
+# made it (a block that joined another session's has a file of its own: issue 59, item 4), each
+# call once in each file that has it, and each model named as its code calls it (issue 43).
 
 THREAD_CALLS = 200
 
@@ -357,37 +369,46 @@ def _thread_predicts(path, thread_id):
 
 
 def _check_thread(files, own, thread_id, calls_made=THREAD_CALLS):
-    """Every call of the thread in exactly one file, each its own step there, never a layer as a
-    model, and in the thread's own file its model named as its code binds it."""
-    recorded = 0
+    """Every call of the thread in its own block's file, each its own step there, never twice in
+    a file, never a layer as a model, and in the thread's own file its model named as its code
+    binds it; a call in another file is one of the same calls."""
+    assert own.exists()
+    own_starts = np.sort(_thread_predicts(own, thread_id)[col.START_NS].to_numpy(dtype=np.int64))
+    assert len(np.unique(own_starts)) == calls_made
     for path in files:
         if not path.exists():
             continue
         calls = _thread_predicts(path, thread_id)
-        recorded += len(calls)
+        assert calls[col.START_NS].is_unique
+        # each file maps the host clock to epoch time by its own measurement (a few ns apart)
+        starts = calls[col.START_NS].to_numpy(dtype=np.int64)
+        nearest = np.clip(np.searchsorted(own_starts, starts), 1, len(own_starts) - 1)
+        gap = np.minimum(np.abs(own_starts[nearest] - starts), np.abs(own_starts[nearest - 1] - starts))
+        assert (gap < 10_000).all()
         assert calls[col.STEP].nunique() == len(calls)  # the thread's own steps, one per call
         names = set(calls[col.NAME])
         assert all(re.fullmatch(r"model|Sequential_\d+", name) for name in names), names  # no Linear_k
         if path == own:
             assert names <= {"model"}
         assert xsp.load(path).metadata["dropped"] == {}
-    assert recorded == calls_made
 
 
 @pytest.mark.filterwarnings("ignore::xsp.XspWarning")
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", range(5))
 def test_two_threads_two_sessions_keep_every_call(tmp_path, trial):
     barrier = threading.Barrier(2)
     thread_ids: dict[str, int] = {}
+    sessions: dict[str, xsp.Session] = {}
 
     def run(name: str) -> None:
         model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])
         x = torch.randn(2, 8)
         barrier.wait()
-        with torch.no_grad(), xsp.trace(output=tmp_path / f"{name}.xsp.parquet"):
+        with torch.no_grad(), xsp.trace(output=tmp_path / f"{name}.xsp.parquet") as session:
             thread_ids[name] = threading.get_native_id()
             for _ in range(THREAD_CALLS):  # from the block's first line: no wait for the other session
                 model(x)
+        sessions[name] = session
 
     threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
     for thread in threads:
@@ -395,8 +416,10 @@ def test_two_threads_two_sessions_keep_every_call(tmp_path, trial):
     for thread in threads:
         thread.join()
     files = [tmp_path / "a.xsp.parquet", tmp_path / "b.xsp.parquet"]
-    assert any(path.exists() for path in files)
     for name, thread_id in thread_ids.items():
+        session = sessions[name]  # each block, joined or not, has a trace and a file of its own
+        assert session.trace is not None and session.output == tmp_path / f"{name}.xsp.parquet"
+        assert (session.trace.spans[col.KIND] == "predict").sum() >= THREAD_CALLS
         _check_thread(files, tmp_path / f"{name}.xsp.parquet", thread_id)
 
 
@@ -434,6 +457,28 @@ def test_a_session_handed_over_between_threads_loses_nothing(tmp_path):
     assert files[1].exists()  # the worker's block outlived the first: it wrote its own file
     _check_thread(files, files[1], made["thread"], made["calls"])
     assert any("records from now on" in message for message in made["session"].warnings)
+
+
+def test_a_block_nested_in_the_same_thread_has_its_own_trace_of_its_own_calls(tmp_path):
+    model, head = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.nn.Linear(4, 2)
+    with pytest.warns(xsp.XspWarning) as said:
+        with xsp.trace(output=tmp_path / "outer.xsp.parquet") as outer:
+            for _ in range(3):
+                model(torch.randn(2, 4))
+            with xsp.trace(levels="model,layer,operator", output=tmp_path / "inner.xsp.parquet") as inner:
+                for _ in range(4):
+                    head(model(torch.randn(2, 4)))
+            for _ in range(2):
+                model(torch.randn(2, 4))
+    assert any("a trace of its own" in str(w.message) for w in said)
+    assert (outer.trace.spans[col.KIND] == "predict").sum() == 3 + 4 * 2 + 2  # the outer keeps every call
+    own = xsp.load(tmp_path / "inner.xsp.parquet")
+    predicts = own.spans[own.spans[col.KIND] == "predict"]
+    assert len(predicts) == 4 * 2 and set(predicts[col.NAME]) == {"model", "head"}
+    assert (own.spans[col.LEVEL] == "layer").sum() == 4 * 2  # Linear and ReLU of each model call
+    # the operator level is not recorded per block: its metadata says where those spans are
+    assert "session this block joined" in own.metadata["unavailable"]["operator"]
+    assert inner.trace is not None and {"model", "layer", "operator"} <= set(own.metadata["levels"])
 
 
 LOADER_SCRIPT = """

@@ -292,14 +292,15 @@ def test_four_threads_running_models_at_once_keep_their_spans_apart():
     assert trace.metadata["dropped"] == {}
 
 
-def test_nested_trace_is_a_span_of_the_outer_session():
+def test_nested_trace_is_a_span_of_the_outer_session_and_has_a_trace_of_its_own():
     model = Net()
     with pytest.warns(xsp.XspWarning, match="already active"):
         with xsp.trace(output=None) as outer:
             with xsp.trace(output=None) as inner, torch.no_grad():
                 model(torch.randn(1, 4))
-    assert inner.trace is None
     assert "xsp.trace" in set(outer.trace.spans[col.NAME])
+    assert inner.trace is not None and (inner.trace.spans[col.KIND] == "predict").sum() == 1
+    assert (outer.trace.spans[col.KIND] == "predict").sum() == 1
 
 
 def test_decorator_profiles_each_call(tmp_path):

@@ -14,6 +14,7 @@ Spans are interpreted (names, paths, parents) only after the session, in
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import weakref
@@ -321,6 +322,36 @@ class WindowBuffer:
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
 
+    def since(self, start_ns: int) -> WindowBuffer:
+        """The records of what started at or after ``start_ns`` (backward events: of calls that did)."""
+        return dataclasses.replace(
+            self, call_columns=_split_columns(self.call_columns, self.call_columns.start, start_ns)[1],
+            mark_columns=_split_columns(self.mark_columns, self.mark_columns.start, start_ns)[1],
+            backward_columns=_split_columns(self.backward_columns, self.backward_columns.call, start_ns)[1],
+            root_columns=_split_columns(self.root_columns, self.root_columns.start, start_ns)[1],
+            kept_steps=[])
+
+
+@dataclass
+class ThreadCopy:
+    """What a block that joined the session (``xsp.trace()`` while another is active) gets of its
+    thread's records: each window's share of that thread, as the window drains it. The drained
+    columns are never changed after, so the window and the copy share them."""
+
+    recording: Recording
+    thread_id: int
+    start_ns: int
+    """When the block began: the copy is of what started from then on (:meth:`WindowBuffer.since`)."""
+    dropped_before: Counter[str]
+    """The recording's drops counted when the block began."""
+    buffers: list[WindowBuffer] = field(default_factory=list)
+
+    def dropped(self) -> Counter[str]:
+        """Records the recording dropped since the block began (of any thread: an upper bound)."""
+        dropped = Counter(self.recording.dropped)
+        dropped.subtract(self.dropped_before)
+        return +dropped
+
 
 @dataclass
 class Window:
@@ -450,7 +481,14 @@ class Recording:
         self.sites = CallSites()
         """The call sites of the recorded module calls and user spans (:mod:`xsp.record.sites`),
         shared by every thread: a site id means the same line in every thread's records."""
+        self.copies: list[ThreadCopy] = []
+        """One per block that joined the session and is still open: its thread's share of each window."""
+        self.returned: list[WindowBuffer] = []
+        """Records drained between windows (a joined block's end): the next window takes them."""
         self._lock = threading.Lock()
+        self._copy_lock = threading.Lock()
+        """Held while windows drain threads and while a copy starts or ends: no drained record
+        misses a copy (never held with ``_lock``, which draining takes)."""
 
     def buffer(self) -> ThreadBuffer:
         """The calling thread's buffer, created on its first record."""
@@ -526,12 +564,17 @@ class Recording:
         buffers = list(self.buffers)
         taking = [final or (buffer.depth == 0 and buffer.open_steps == 0 and not buffer.steps.holding)
                   for buffer in buffers]
-        taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
-        if handing_over:
-            for buffer, take in zip(buffers, taking):
-                cut = 0 if take or buffer.open_steps else _open_step_start(buffer)
-                if cut:
-                    taken.append(buffer.drain_before(cut))
+        with self._copy_lock:
+            taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
+            if handing_over:
+                for buffer, take in zip(buffers, taking):
+                    cut = 0 if take or buffer.open_steps else _open_step_start(buffer)
+                    if cut:
+                        taken.append(buffer.drain_before(cut))
+            for copy in self.copies:
+                copy.buffers.extend(drained for drained in taken if drained.thread_id == copy.thread_id)
+            returned, self.returned = self.returned, []
+        taken.extend(returned)
         held = frozenset(buffer.thread_id for buffer, take in zip(buffers, taking) if not take)
         if ended:
             with self._lock:
@@ -545,6 +588,35 @@ class Recording:
                       step_numbers=kept_steps or None, samples=samples,
                       ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
                       held_thread_ids=held, sites=self.sites)
+
+    def start_copy(self, thread_id: int) -> ThreadCopy:
+        """A block that joined the session begins on thread ``thread_id``: from now on, each
+        window's records of that thread are copied for it too (:meth:`end_copy` hands them over)."""
+        copy = ThreadCopy(self, thread_id, now_ns(), Counter(self.dropped))
+        with self._copy_lock:
+            self.copies.append(copy)
+        return copy
+
+    def end_copy(self, copy: ThreadCopy, drain: bool = True) -> list[WindowBuffer]:
+        """The records ``copy`` collected, of what started since its block began. ``drain``:
+        called on the copied thread as its block ends: what the thread recorded since the last
+        window is drained too, into the copy and for the next window (which the session that
+        recorded it still takes)."""
+        with self._copy_lock:
+            if copy in self.copies:
+                self.copies.remove(copy)
+            buffer = getattr(self.local, "b", None) if drain else None
+            if buffer is not None and buffer.thread_id == copy.thread_id:
+                drained = buffer.drain()
+                self.returned.append(drained)
+                copy.buffers.append(drained)
+        return [drained.since(copy.start_ns) for drained in copy.buffers]
+
+    def take_back(self, buffers: list[WindowBuffer]) -> None:
+        """Have the next window take ``buffers`` (records a window already took, for a session
+        that takes the recording over and whose trace holds them too)."""
+        with self._copy_lock:
+            self.returned.extend(buffers)
 
     def _ended_threads(self) -> list[ThreadBuffer]:
         """Buffers of the threads that have ended, their last step decided: this window takes
@@ -572,16 +644,23 @@ class Recording:
             return name
 
     def rename_models(self, thread_id: int) -> None:
-        """A session takes this recording over: its trace names the models afresh, as
-        :meth:`name_model` would, those first called on its thread ``thread_id`` first (two
-        threads' models bound to one name: each session's own keeps it)."""
+        """A session takes this recording over: its trace names the models afresh (see
+        :meth:`names_for`)."""
+        names = self.names_for(thread_id)
+        with self._lock:
+            self.model_names.update(names)  # in place: the wrappers hold this dict; no key ever goes missing
+
+    def names_for(self, thread_id: int) -> dict[int, str]:
+        """The models named as :meth:`name_model` would, those first called on thread
+        ``thread_id`` first: a session's own trace (two threads' models bound to one name:
+        each session's own keeps it)."""
         with self._lock:
             order = sorted(self.model_bindings, key=lambda model: self.model_bindings[model][0] != thread_id)
             names: dict[int, str] = {}
             for model in order:
                 _, class_name, candidates = self.model_bindings[model]
                 names[model] = _free_name(class_name, candidates, set(names.values()))
-            self.model_names.update(names)  # in place: the wrappers hold this dict; no key ever goes missing
+        return names
 
     def finish_steps(self) -> None:
         """Decide every thread's open automatic step (the session is ending)."""
@@ -618,6 +697,8 @@ def _split_columns(columns: Any, key: Any, cut_ns: int) -> tuple[Any, Any]:
     before = [value < cut_ns for value in key]
     if all(before):
         return columns, type(columns)()
+    if not any(before):
+        return type(columns)(), columns
     first, second = type(columns)(), type(columns)()
     for name in type(columns).__slots__:
         values = getattr(columns, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -29,17 +30,23 @@ from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.columns import NEVER
+from xsp.record.recording import ThreadCopy, Window
 from xsp.record.schedule import StepAction
 from xsp.session import starting
 from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform
 from xsp.table.paths import SESSION_NAME
+from xsp.tracers.registry import tracers_for
 
 if TYPE_CHECKING:
     from xsp.session.interpreting import WindowInterpreter
     from xsp.session.session import Session
 
 
+OWN_LEVELS: Final = (Level.MODEL, Level.LAYER)
+"""The levels made from the threads' own records alone: a joined block's own trace has these."""
+NOT_OWN: Final = ("recorded only in the trace of the session this block joined (a block that joins another "
+                  "session has its model and layer calls in a trace of its own)")
 CUT_BY_INTERRUPTION: Final = ("open_at_stop", "unpaired_backward_events")
 """What a program stopped by a signal leaves unfinished (a module call, a backward pass): counted
 in the metadata's ``dropped`` as ever, and said in the one line that says it was interrupted."""
@@ -59,7 +66,7 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
     if session.windows is not None:
         session.windows.finish_windows()
     if handing_over:
-        _decide_own_step(session)
+        decide_own_step(session)
         window = recording.take_window(handing_over=True)  # no step or module call is cut in two
         recorded_dropped = recording.take_dropped()
     else:
@@ -76,13 +83,7 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
             recording.finish_steps()
         window = recording.take_window(final=True)
         recorded_dropped = recording.dropped
-    session_row = {
-        col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
-        col.START_NS: session.start_ns, col.END_NS: end_ns, col.THREAD_ID: session.thread_id,
-        col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
-        col.STATUS_MESSAGE: error,
-    }
-    last = session.interpreter.interpret(window, session_row)
+    last = session.interpreter.interpret(window, session_row(session, end_ns, error))
     for note in dict.fromkeys(recording.notes):
         session.warn(note)
     dropped = recorded_dropped + session.interpreter.dropped
@@ -107,7 +108,47 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
         wait_at_exit(session.export)
 
 
-def _decide_own_step(session: Session) -> None:
+def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | None) -> None:
+    """On the thread of a block that joined another session (``xsp.trace()`` entered while one
+    was active), as it ends: its own trace, made from the copy of what its thread recorded while
+    it ran, and written to its output. The session it joined keeps these calls too, and records
+    on. The copy has the threads' own records: the block's model and layer calls, steps and
+    spans; operator and GPU spans are not recorded per thread, and stay in that session's trace."""
+    recording = copy.recording
+    buffer = getattr(recording.local, "b", None)
+    if buffer is not None and buffer.thread_id == copy.thread_id:
+        buffer.steps.finish()  # the block's open step ends with it, as at a step boundary
+    own = recording.end_copy(copy)
+    recorded = set(recording.levels)
+    levels = tuple(level for level in block.levels if level in OWN_LEVELS and level in recorded)
+    tracers, _ = tracers_for(levels)
+    block.tracers[:] = tracers  # in place: the block's interpreter holds the list
+    block.unavailable.update({
+        level: NOT_OWN if level in recorded else "not recorded by the session this block joined"
+        for level in block.levels if level not in levels})
+    block.start_ns = copy.start_ns
+    window = Window(own, final=True, external_ids=recording.external_ids,
+                    model_names=recording.names_for(block.thread_id), sites=recording.sites)
+    block.claim_output()
+    block.interpreter.prepare(window)
+    block.interpreter.interpret(window, session_row(block, end_ns, error))
+    metadata = final_metadata(block, copy.dropped())
+    metadata["threads"] = {str(copy.thread_id): threading.current_thread().name}
+    block.writer = TraceWriter(block.output, block.warn)
+    block.trace = block.writer.write(block.interpreter, metadata)
+
+
+def session_row(session: Session, end_ns: int, error: str | None) -> dict[str, Any]:
+    """The session's own span, from its start to ``end_ns`` (``error``: why its block failed)."""
+    return {
+        col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
+        col.START_NS: session.start_ns, col.END_NS: end_ns, col.THREAD_ID: session.thread_id,
+        col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
+        col.STATUS_MESSAGE: error,
+    }
+
+
+def decide_own_step(session: Session) -> None:
     """The open step of the thread that ends ``session`` (this one) is decided, kept or forgotten
     as its schedule says, so that its trace has it; other threads' open steps go on."""
     recording = session.recording

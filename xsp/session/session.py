@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from xsp.core import contention
 from xsp.core import state as _state
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning
@@ -28,7 +29,7 @@ from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
-from xsp.record.recording import Recording, ThreadBuffer
+from xsp.record.recording import Recording, ThreadBuffer, ThreadCopy
 from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
 from xsp.session import ending, exit_guard, starting
@@ -132,6 +133,9 @@ class Session:
             layer_depth=layer_depth, nvtx=nvtx)
         self._nested: span | None = None
         """While this block is part of another thread's session (it joined it): its span there."""
+        self.copy: ThreadCopy | None = None
+        """While this block is part of another session: the copy of its thread's records there,
+        which its own trace is made of when it ends (:func:`ending.finish_joined`)."""
         self.running = threading.Event()
         """Set once this session records, or could not start: a block that joins it waits for
         it, so that its calls are recorded from its first line on."""
@@ -197,16 +201,23 @@ class Session:
                 self._open_nvtx(self.recording)
                 _state.session, _state.recording = self, self.recording
             else:  # joins it, in the same claim: the active session's end then hands over to it
+                if active.recording is not None:
+                    self.copy = active.recording.start_copy(self.thread_id)
                 self._nested = span("xsp.trace")
                 self._nested.__enter__()
                 _state.waiting.append(self)
         if active is not None:
             where = "" if active.thread_id == self.thread_id else f" (started in thread {active.thread_id})"
             self.warn(f"xsp.trace() is already active{where}; this block joins that session: its calls are "
-                      "recorded in that session's trace, and if the block outlives that session it takes the "
-                      "recording over without a gap and writes its own file with what ran from then on")
+                      "recorded in that session's trace, and in a trace of its own, written when the block ends "
+                      "(its model and layer calls); if it outlives that session it takes the recording over "
+                      "without a gap")
             if active.thread_id != self.thread_id and not active.running.is_set():
                 active.running.wait()  # that session is still starting: record this block's calls from its first
+            self.clock = ClockSync.measure()
+            self.interpreter.host_to_epoch_ns = self.clock.host_to_epoch_ns
+            self.threads_at_start = contention.thread_times_ns()
+            self.rank = self.interpreter.rank = active.rank
             return self
         try:
             self._start()
@@ -242,7 +253,10 @@ class Session:
                 self._nested = None
                 if self in _state.waiting:
                     _state.waiting.remove(self)
+        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        error = None if succeeded else f"{type(exc).__name__}: {exc}"
         if nested is not None:
+            self._end_joined(end_ns, error)
             nested.__exit__(exc_type, exc, traceback)
             return
         if self.forked:  # a forked child: the parent's session writes the file
@@ -254,10 +268,9 @@ class Session:
             self.running.wait()        # it joined is still starting this one
         if self.recording is None:  # it could not take the recording over (and said why)
             return
-        succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         interrupted = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc) if isinstance(exc, Terminated) \
             else None
-        self._end(end_ns, None if succeeded else f"{type(exc).__name__}: {exc}", exc, interrupted=interrupted)
+        self._end(end_ns, error, exc, interrupted=interrupted)
         if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
             if self.export is not None:
                 self.export.wait(EXIT_WAIT_S)
@@ -300,6 +313,21 @@ class Session:
             self.signals.release(exc)
             if successor is not None:
                 successor._continue(self, kept, end_ns)
+
+    def _end_joined(self, end_ns: int, error: str | None) -> None:
+        """This block joined another session and ends before it: its own trace and file."""
+        copy, self.copy = self.copy, None
+        if copy is None:
+            return
+        self._tell_finishing(True)
+        try:
+            ending.finish_joined(self, copy, end_ns, error)
+        except Exception as failure:  # xsp must never turn the user's success into a failure
+            self.warn(f"this block's own trace could not be built: {type(failure).__name__}: {failure}; its calls "
+                      "are in the trace of the session it joined")
+        finally:
+            self.release_output()
+            self._tell_finishing(False)
 
     def _tell_finishing(self, writing: bool) -> None:
         for listener in self.on_finishing:
@@ -355,7 +383,11 @@ class Session:
         ``running`` tracers, starts those its levels need besides, and writes its own file."""
         recording = self.recording
         assert recording is not None
+        copy, self.copy = self.copy, None
         try:
+            if copy is not None:  # its own calls from its start: its trace holds them too
+                recording.take_back(recording.end_copy(copy, drain=False))
+                since_ns = copy.start_ns
             recording.restart_counts(self.max_events)
             recording.rename_models(self.thread_id)
             recording.backward_hooks = self.backward
@@ -363,8 +395,9 @@ class Session:
             recording.paused = False
             where = "" if ended.output is None else f" ({ended.output})"
             self.warn("the xsp session this block joined has ended: this block records from now on, taking its "
-                      "recording over without a gap; its trace holds what ran from then on (with any step still open "
-                      f"then, whole), that session's{where} what ran before")
+                      "recording over without a gap; its trace holds its own calls from its start and every "
+                      f"thread's from then on (with any step still open then, whole), that session's{where} what "
+                      "ran before")
             self._start(running, since_ns)
         except BaseException as exc:  # the calls from now on are not recorded: said, never lost unsaid
             for tracer in [*running, *self.tracers]:
