@@ -26,7 +26,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 STEPS = {"mnist_train": 6, "hf_train": 3, "hf_generate": 2, "compile_inference": 5, "compile_train": 4,
          "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12,
          "grad_accumulation": 6, "accumulate_dataloader": 3, "lbfgs_closure": 5, "checkpointing": 4,
-         "quantized_inference": 4, "os_exit": 5}
+         "quantized_inference": 4, "os_exit": 5, "process_pool": 6}
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -101,10 +101,26 @@ def check_mnist_train(trace: xsp.Trace) -> None:
         assert {"input", "predict", "backward", "optimizer"} <= set(parts)
     waits = model_spans(trace, SpanKind.INPUT)
     assert json.loads(waits[col.ATTRIBUTES].iloc[0])["xsp.input.num_workers"] == 2
+    # the two workers' fetches, each in its process, below a process span of the worker
+    fetches = trace.spans[trace.spans[col.KIND] == SpanKind.FETCH.value]
+    assert len(fetches) >= 6 and fetches[col.PROCESS_ID].nunique() == 2 and fetches[col.STEP].isna().all()
+    assert {json.loads(a)["xsp.input.worker"] for a in fetches[col.ATTRIBUTES]} == {0, 1}
     calls = model_spans(trace, SpanKind.PREDICT)
     assert set(calls[col.NAME]) == {"model", "criterion"}
     backward = trace.spans[(trace.spans[col.LEVEL] == "layer") & (trace.spans[col.KIND] == "backward")]
     assert backward[col.STEP].notna().all() and "model.conv1.backward" in set(backward[col.NAME])
+
+
+def check_process_pool(trace: xsp.Trace) -> None:
+    # every request is scored in a worker process (spawned): a step of that process, in the run's trace
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert len(calls) == len(analysis.model_latency(trace)) == 6
+    assert calls[col.PROCESS_ID].notna().all() and 1 <= calls[col.PROCESS_ID].nunique() <= 2
+    processes = trace.spans[trace.spans[col.KIND] == SpanKind.PROCESS.value]
+    session = trace.spans[trace.spans[col.KIND] == SpanKind.SESSION.value]
+    assert set(processes[col.PARENT_ID]) == set(session[col.SPAN_ID])
+    assert set(calls[col.PROCESS_ID]) <= set(processes[col.PROCESS_ID])
+    assert trace.metadata["child_processes"]["untraced"] == {}
 
 
 def check_hf_train(trace: xsp.Trace) -> None:

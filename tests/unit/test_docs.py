@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,10 @@ def python_blocks():
 @pytest.mark.parametrize("code", list(python_blocks()))
 def test_example_runs(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_example__"})
+    # a module of its own, as a script's is: a Pool can pickle the functions it defines
+    module = types.ModuleType("__doc_example__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, "<doc>", "exec"), module.__dict__)
 
 
 def test_docstring_examples():

@@ -94,6 +94,8 @@ class SpanKind(str, enum.Enum):
     ALLOC = "alloc"  # tensor memory allocated: an instant, ``bytes`` its size (memory level)
     FREE = "free"  # tensor memory freed: an instant, ``bytes`` its size (memory level)
     SAMPLE = "sample"  # one interval of system metrics (system level)
+    PROCESS = "process"  # a child process the session followed, from its start to its end (model level)
+    FETCH = "fetch"  # a DataLoader worker fetching and collating one batch, in its process (input level)
     COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
     # its duration is not the kernel's)
 
@@ -166,6 +168,10 @@ DURATION_CI_NS: Final = "duration_ci_ns"
 """In a leveled result: the half-width of the 95% confidence interval of ``duration_ns``."""
 RANK: Final = "rank"
 """In a distributed job: the rank of the process that recorded the span (null otherwise)."""
+PROCESS_ID: Final = "process_id"
+"""On the spans of a child process the session followed (``multiprocessing``: a ``Process``, a
+``Pool``'s workers, a DataLoader's workers): that process's id. Null on the session's own
+process's spans (the metadata's ``process_id``)."""
 OVERHEAD_NS: Final = "overhead_ns"
 """In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
 is their sum); negative for a layer whose untimed call cost was given back to it."""
@@ -227,6 +233,7 @@ COLUMNS: Final[dict[str, str]] = {
     DURATION_CI_NS: "Int64",
     OVERHEAD_NS: "Int64",
     RANK: "Int64",
+    PROCESS_ID: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -285,6 +292,10 @@ ATTR_COLLECTIVE_WORK_NS: Final = "xsp.collective.work_ns"
 launch (the span's start) to its completion. The span itself is the launch."""
 ATTR_RANK: Final = "xsp.rank"
 """On every span of a distributed job: the rank that recorded it."""
+ATTR_PROCESS_ID: Final = "process.pid"
+"""On the spans of a child process the session followed: its process id (OpenTelemetry's key)."""
+ATTR_INPUT_WORKER: Final = "xsp.input.worker"
+"""On a DataLoader worker's ``fetch`` span: the worker's id (0 to ``num_workers - 1``)."""
 
 COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     THREAD_ID: ATTR_THREAD_ID,
@@ -319,5 +330,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     DURATION_CI_NS: "xsp.session.leveled.ci_ns",
     OVERHEAD_NS: "xsp.session.leveled.overhead_ns",
     RANK: ATTR_RANK,
+    PROCESS_ID: ATTR_PROCESS_ID,
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -190,11 +191,17 @@ PANDAS_KEY = b"pandas"
 def pandas_metadata(columns: pa.Schema) -> bytes:
     """What ``pandas.read_parquet`` reads the schema's dtypes from: without it a nullable integer
     column becomes float64, and 63-bit span ids in ``parent_id`` lose their last digits."""
+    return _pandas_metadata(tuple(name for name in columns.names if name in col.COLUMNS))
+
+
+@functools.lru_cache(maxsize=8)
+def _pandas_metadata(known: tuple[str, ...]) -> bytes:
+    """:func:`pandas_metadata` of the schema's columns ``known`` (made once: it takes tens of
+    milliseconds, a short child process's whole trace)."""
     from xsp.table.build import empty_table
 
-    known = [name for name in columns.names if name in col.COLUMNS]
     # the file holds the categoricals' texts: pandas reads them as the "string" columns they are
-    empty = empty_table()[known].astype({name: "string" for name in known if col.COLUMNS[name] == col.CATEGORY})
+    empty = empty_table()[list(known)].astype({name: "string" for name in known if col.COLUMNS[name] == col.CATEGORY})
     return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
 
 

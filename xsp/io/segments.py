@@ -36,6 +36,7 @@ from xsp.io.parquet import (
     arrow_table,
     atomic_output,
     in_start_order,
+    pandas_metadata,
     read_arrow_trace,
     spans_from_arrow,
     statistics_columns,
@@ -128,6 +129,7 @@ def warm_up() -> None:
            col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME, col.START_NS: 0, col.END_NS: 1,
            col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
     table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
+    pandas_metadata(table.schema)  # made once per process: a child forked later has it too
     pq.write_table(table, io.BytesIO(), compression="zstd", write_page_checksum=True,
                    write_statistics=statistics_columns(table.schema))
 

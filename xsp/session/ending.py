@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from xsp.record.columns import NEVER
 from xsp.record.recording import ThreadCopy, Window
 from xsp.record.schedule import StepAction
 from xsp.session import starting
+from xsp.session.children import ChildSpans
 from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform
 from xsp.table.paths import SESSION_NAME
@@ -84,9 +86,12 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
         window = recording.take_window(final=True)
         recorded_dropped = recording.dropped
     last = session.interpreter.interpret(window, session_row(session, end_ns, error))
+    children = None if handing_over else collect_children(session)
     for note in dict.fromkeys(recording.notes):
         session.warn(note)
     dropped = recorded_dropped + session.interpreter.dropped
+    if children is not None:
+        dropped.update(children.dropped)
     if session.interpreter.segments is not None and session.interpreter.segments.dropped_spans:
         dropped[DROPPED_WINDOWS] += session.interpreter.segments.dropped_spans
     cut = {what: count for what, count in dropped.items() if interrupted is not None and what in CUT_BY_INTERRUPTION}
@@ -94,7 +99,7 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
     if unexpected:
         session.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(unexpected.items())))
-    metadata = final_metadata(session, dropped)
+    metadata = final_metadata(session, dropped, children)
     session.writer = TraceWriter(session.output, session.warn)
     session.trace = session.writer.write(session.interpreter, metadata)
     if interrupted is not None:
@@ -104,6 +109,8 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
                                                   + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
                                                   if cut else ""))
     if session.windows is not None and session.windows.exporter is not None:
+        if children is not None and children.tables:
+            last = pd.concat([last, *children.tables], ignore_index=True)
         session.export = session.windows.export_last(last, metadata, session.export_done)
         wait_at_exit(session.export)
 
@@ -166,7 +173,39 @@ def decide_own_step(session: Session) -> None:
         recording.long_step_ns = NEVER
 
 
-def final_metadata(session: Session, dropped: Counter[str]) -> dict[str, Any]:
+def collect_children(session: Session) -> ChildSpans | None:
+    """The spans of the child processes ``session`` followed, added to its own, with what they
+    said; those that handed nothing over are said, with why (:mod:`xsp.session.children`)."""
+    following = session.following
+    if following is None or following.collected:
+        return None
+    state = session.interpreter.state
+    try:
+        found = following.collect(session.interpreter.host_to_epoch_ns, state.session_trace_id,
+                                  state.session_span_id, state.steps)
+    except Exception as exc:  # the session's own spans are still written
+        following.discard()
+        session.warn(f"the spans of the child processes could not be added: {type(exc).__name__}: {exc}")
+        return None
+    for table in found.tables:
+        session.interpreter.add_spans(table)
+    said: dict[str, list[str]] = {}
+    for pid, facts in found.processes.items():
+        for message in facts.get("warnings", ()):
+            said.setdefault(message, []).append(pid)
+    for message, pids in said.items():
+        session.warn(f"child process{'es' if len(pids) > 1 else ''} {', '.join(pids[:5])}"
+                     f"{' ...' if len(pids) > 5 else ''}: {message}")
+    if found.untraced:
+        total = len(found.untraced) + len(found.processes)
+        reasons = [f"process {pid} ({why})" for pid, why in list(found.untraced.items())[:3]]
+        more = f"; and {len(found.untraced) - 3} more" if len(found.untraced) > 3 else ""
+        session.warn(f"{len(found.untraced)} of {total} child processes started in the session handed no spans "
+                     f"over: what they did is not in the trace: {'; '.join(reasons)}{more}")
+    return found
+
+
+def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans | None = None) -> dict[str, Any]:
     assert session.clock is not None
     if session.rank is not None:
         recorded = None if session.recording is None else session.recording.backend
@@ -202,6 +241,9 @@ def final_metadata(session: Session, dropped: Counter[str]) -> dict[str, Any]:
         "helper_windows": session.interpreter.helper_windows,
         "signals": list(session.signals.received),
         "ended_by": session.ended_by,
+        "process_id": os.getpid(),
+        "child_processes": None if children is None else {
+            "followed": children.processes, "untraced": children.untraced, "steps": children.steps},
         "warnings": list(session.warnings),
         "otlp": None if session.target is None else {"endpoint": session.target.endpoint,
                                                   "protocol": session.target.protocol.value},

@@ -105,6 +105,13 @@ class WindowInterpreter:
         self._count_window(result.diagnostics, window.dropped)
         return result.spans
 
+    def add_spans(self, spans: pd.DataFrame) -> None:
+        """Spans made elsewhere (a followed child process's, :mod:`xsp.session.children`): kept
+        as a window's are (written as a segment when the session streams)."""
+        if self.rank is not None:
+            spans[col.RANK] = pd.array(np.full(len(spans), self.rank.rank), dtype="Int64")
+        self._keep(spans)
+
     def interpret_in_helper(self, window: Window) -> WindowResult:
         """In a forked helper process: interpret ``window`` as :meth:`interpret` does, and say
         what the session must know of it (its warnings are said by the parent)."""

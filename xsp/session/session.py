@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing.util
 import os
+import signal
+import sys
 import threading
 import warnings
 from collections import Counter
@@ -32,7 +35,8 @@ from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadBuffer, ThreadCopy
 from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
-from xsp.session import ending, exit_guard, starting
+from xsp.session import children, ending, exit_guard, starting
+from xsp.session.children import ChildPlan, ChildState, Following
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.output_name import OutputName
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
@@ -54,22 +58,79 @@ takes memory in proportion to its records, so this bounds the session's memory."
 
 _claim = threading.Lock()
 """Held while a session checks for an active one and takes its place (two threads at once)."""
+CHILD_END_DEADLINE_S = 30
+"""A child process's session ended by a signal has this long to write its trace."""
 
 
 def _forget_session_in_child() -> None:
-    """After ``os.fork()`` in a session: the child records nothing and writes no file (the
-    parent's session owns the file; a DataLoader worker is forked this way)."""
+    """After ``os.fork()`` in a session: the child records nothing of the parent's session and
+    writes no file of it (the parent's session owns the file; a process ``multiprocessing``
+    starts follows it with a session of its own: :mod:`xsp.session.children`)."""
+    global _claim
+    _claim = threading.Lock()  # another thread of the parent may have held it at the fork
+    _state.waiting.clear()
     session = _state.session
     if session is None:
         return
     _state.session = _state.recording = None
     session.forked = True
+    session.signals.forget()
     if session.recording is not None:
         session.recording.max_events = 0
     INTERCEPTOR.forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_session_in_child)
+
+
+def _child_plan(folder: str, levels: tuple[str, ...], max_events: int, backward: bool, layer_depth: int | None,
+                parent_pid: int, dataloader_worker: bool) -> ChildPlan:
+    """In a child process started by spawn or forkserver, as ``multiprocessing`` unpickles its
+    process: the plan it carries, begun (before the process's function runs)."""
+    plan = ChildPlan(folder, levels, max_events, backward, layer_depth, parent_pid, dataloader_worker,
+                     starter=_start_child_session, arrival=_child_plan)
+    children.begin(plan)
+    return plan
+
+
+def _start_child_session(plan: ChildPlan) -> None:
+    """In a child process of a session (see :mod:`xsp.session.children`): a session of its own,
+    silent (its warnings go into its trace, which the parent's session reads), that ends as the
+    process does: its function returned or raised (``multiprocessing``'s exit hooks), or a
+    stopping signal with its default action came (``Pool.terminate``), which then ends it."""
+    warnings.filterwarnings("ignore", category=XspWarning)
+    session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
+                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False)
+    session.signals = StopSignals(on_default=functools.partial(_end_child_session, session, plan))
+    session.__enter__()
+    _end_at_exit(session, plan)
+    plan.mark(os.getpid(), ChildState.RUNNING)
+    # a forkserver's child is unpickled before multiprocessing clears the exit hooks: again after
+    multiprocessing.util.register_after_fork(session, functools.partial(_end_at_exit, plan=plan))
+
+
+def _end_at_exit(session: Session, plan: ChildPlan) -> None:
+    """End ``session`` with the child process (``multiprocessing``'s exit hooks run when its
+    function has returned or raised)."""
+    multiprocessing.util.Finalize(session, _end_child_session, args=(session, plan), exitpriority=100)
+
+
+def _end_child_session(session: Session, plan: ChildPlan, signum: int | None = None) -> None:
+    """End a child process's session: at its exit (the exception it is ending by, if any), or
+    by the stopping signal ``signum`` (the process then ends by it)."""
+    if _state.session is not session:
+        return
+    try:
+        if signum is not None:
+            if not session.running.is_set():  # still starting, here on this thread: nothing recorded yet
+                end_by_signal(signum)
+            signal.alarm(CHILD_END_DEADLINE_S)  # a lock held where the signal came would hang it: it dies instead
+            session.__exit__(Terminated, Terminated(signum), None)  # ends the process by the signal
+            return
+        exc = sys.exc_info()[1]
+        session.__exit__(None if exc is None else type(exc), exc, None)
+    except Exception:  # the child's exit is the program's: its trace is lost, and the session says so
+        pass
 
 
 def _successor(ending: Session) -> Session | None:
@@ -161,6 +222,8 @@ class Session:
         """The end-of-run write of the trace file (made when the block ends)."""
         self.signals = StopSignals()
         """SIGTERM and SIGINT turned into an orderly end of the session."""
+        self.following: Following | None = None
+        """The child processes this session follows (:mod:`xsp.session.children`)."""
         self.forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
         self.step_actions: Counter[StepAction] = Counter()
@@ -243,6 +306,12 @@ class Session:
 
     def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
         starting.start(self, running, start_ns)
+        if self.following is None and self.recording is not None:
+            try:
+                self.following = Following.open(self.levels, self.max_events, self.backward, self.layer_depth,
+                                                starter=_start_child_session, arrival=_child_plan)
+            except Exception as exc:  # the session runs on; child processes are then not followed
+                self.warn(f"child processes are not followed: {type(exc).__name__}: {exc}")
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
@@ -384,6 +453,7 @@ class Session:
         recording = self.recording
         assert recording is not None
         copy, self.copy = self.copy, None
+        self.following = ended.following  # the child processes started so far hand their spans over to it
         try:
             if copy is not None:  # its own calls from its start: its trace holds them too
                 recording.take_back(recording.end_copy(copy, drain=False))
@@ -409,6 +479,9 @@ class Session:
             exit_guard.unguard()
             self.release_output()
             self.recording = None
+            if self.following is not None:
+                self.following.discard()
+                self.following = None
             self.warn(f"could not take the recording over: {type(exc).__name__}: {exc}; nothing after the end of "
                       "the session this block joined is recorded")
         finally:

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
@@ -50,9 +51,17 @@ def signal_name(signum: int) -> str:
 
 
 class StopSignals:
-    """The stopping-signal handlers of one session (see the module docs)."""
+    """The stopping-signal handlers of one session (see the module docs).
 
-    def __init__(self) -> None:
+    Args:
+        on_default: where given, called with a stopping signal (not SIGINT) whose default action
+            was to end the process, instead of raising :class:`Terminated`; it ends the process.
+            A child process's session ends this way: the exception would unwind through
+            ``multiprocessing``, which would print it.
+    """
+
+    def __init__(self, on_default: Callable[[int], None] | None = None) -> None:
+        self.on_default = on_default
         self.received: list[str] = []
         """Names of the stopping signals that arrived while the session ran, in order."""
         self._saved: dict[int, Any] = {}
@@ -90,6 +99,16 @@ class StopSignals:
                 continue
             os.kill(os.getpid(), signum)
 
+    def forget(self) -> None:
+        """In a child forked while these handlers were installed: put the program's own back
+        (the child's stopping signals are its own, as in a plain run)."""
+        for signum, previous in self._saved.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous)
+        self._saved.clear()
+        self._held, self._holding = [], False
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> Any:
         self.received.append(signal_name(signum))
         if self._holding:
@@ -100,6 +119,8 @@ class StopSignals:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             _children_unheard()
+            if self.on_default is not None:
+                self.on_default(signum)
             raise Terminated(signum)
         if callable(previous):
             return previous(signum, frame)

@@ -71,7 +71,9 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
         except Exception as exc:
             session.warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
             session.stop_quietly(tracer)
-    if session.thread_id == threading.main_thread().native_id:  # signals are handled in the main thread only
+    # signals are handled in the main thread only (a forkserver's child: the thread that forked
+    # it is named main, with the forkserver's thread id, until multiprocessing renames it)
+    if session.thread_id == threading.get_native_id() and threading.current_thread() is threading.main_thread():
         session.signals.install()
     exit_guard.guard(session.end_by_os_exit)
     session.start_ns = now_ns() if start_ns is None else start_ns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ from xsp.table.walks import (
 
 def empty_table() -> pd.DataFrame:
     """A span table with no rows and every column typed."""
+    return _empty_table().copy()
+
+
+@functools.cache
+def _empty_table() -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in col.COLUMNS.items()})
 
 

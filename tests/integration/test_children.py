@@ -1,0 +1,206 @@
+"""Child processes started while a session runs (issue 59, item 3): their model calls are in the
+session's trace with their process ids, a DataLoader's workers' fetches too, and those that
+handed nothing over are counted and said."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import xsp
+from xsp.core import schema as col
+from xsp.core.schema import SpanKind
+from xsp.session.children import FOLLOW_ENV
+
+CALLS = 5
+
+
+def _work(calls: int) -> int:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with torch.no_grad():
+        for _ in range(calls):
+            model(torch.randn(2, 8))
+    return calls
+
+
+def _sleep_forever(_: int) -> None:
+    _work(2)
+    time.sleep(600)
+
+
+def _kinds(spans: pd.DataFrame, kind: SpanKind) -> pd.DataFrame:
+    return spans[spans[col.KIND] == kind.value]
+
+
+def _check_children(trace: xsp.Trace, calls_by_children: int, own_calls: int) -> None:
+    spans = trace.spans
+    predicts = _kinds(spans, SpanKind.PREDICT)
+    assert len(predicts) == own_calls + calls_by_children
+    assert predicts[col.PROCESS_ID].isna().sum() == own_calls  # the session's own process
+    children = predicts[predicts[col.PROCESS_ID].notna()]
+    processes = _kinds(spans, SpanKind.PROCESS)
+    session = _kinds(spans, SpanKind.SESSION)
+    assert len(session) == 1 and set(processes[col.PARENT_ID]) == set(session[col.SPAN_ID])
+    assert set(children[col.PROCESS_ID]) <= set(processes[col.PROCESS_ID])
+    assert os.getpid() not in set(processes[col.PROCESS_ID])
+    # each call its own step, numbered apart from the session's own steps
+    assert predicts[col.STEP].nunique() == len(predicts)
+    # every span of a child sits below its process span
+    by_id = spans.set_index(col.SPAN_ID)
+    layers = spans[(spans[col.LEVEL] == "layer") & spans[col.PROCESS_ID].notna()]
+    assert len(layers) == 3 * calls_by_children  # Linear, ReLU, Linear
+    assert (by_id.loc[layers[col.PARENT_ID].astype("int64"), col.PROCESS_ID].to_numpy()
+            == layers[col.PROCESS_ID].to_numpy()).all()
+    facts = trace.metadata["child_processes"]
+    assert facts["untraced"] == {} and trace.metadata["dropped"] == {}
+
+
+def test_a_process_and_a_pools_workers_forked_in_a_session_are_in_its_trace(tmp_path):
+    context = multiprocessing.get_context("fork")
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        _work(CALLS)
+        process = context.Process(target=_work, args=(CALLS,))
+        process.start()
+        process.join()
+        with context.Pool(2) as pool:
+            assert pool.map(_work, [CALLS] * 4) == [CALLS] * 4
+    assert process.exitcode == 0
+    _check_children(xsp.load(tmp_path / "run.xsp.parquet"), 5 * CALLS, CALLS)
+    assert session.trace is not None
+    assert len(session.trace.metadata["child_processes"]["followed"]) >= 2
+
+
+@pytest.mark.heavy  # each spawned child imports torch: `python -m pytest -m heavy`
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_children_started_by_spawn_and_forkserver_are_in_its_trace(tmp_path, method):
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, sys, torch
+
+        def work(calls):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            with torch.no_grad():
+                for _ in range(calls):
+                    model(torch.randn(2, 8))
+            return calls
+
+        if __name__ == "__main__":
+            context = multiprocessing.get_context("{method}")
+            process = context.Process(target=work, args=({CALLS},))
+            process.start()
+            process.join()
+            with context.Pool(2) as pool:
+                print(sum(pool.map(work, [{CALLS}] * 4)))
+            sys.exit(3)
+    """))
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    profiled = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "run.xsp.parquet", "--", str(script)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == profiled.returncode == 3, profiled.stderr
+    assert profiled.stdout == plain.stdout == f"{4 * CALLS}\n"
+    assert "warning:" not in profiled.stderr, profiled.stderr
+    _check_children(xsp.load(tmp_path / "run.xsp.parquet"), 5 * CALLS, 0)
+
+
+def test_a_dataloaders_workers_fetches_are_spans_of_their_processes(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.randn(96, 8)), batch_size=16, num_workers=2,
+                        multiprocessing_context="fork")
+    model = torch.nn.Linear(8, 2)
+    with xsp.trace(output=tmp_path / "run.xsp.parquet"):
+        for _ in range(2):  # two epochs: each starts its workers afresh
+            for (x,) in loader:
+                model(x)
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    spans = trace.spans
+    fetches = _kinds(spans, SpanKind.FETCH)
+    assert len(fetches) == 2 * 6 and set(fetches[col.BATCH_SIZE]) == {16}
+    assert (fetches[col.LEVEL] == "input").all() and fetches[col.STEP].isna().all()
+    assert (fetches[col.STATUS] == "ok").all() and (fetches[col.DURATION_NS] > 0).all()
+    assert fetches[col.PROCESS_ID].nunique() == 4  # two workers an epoch
+    assert {json.loads(text)[col.ATTR_INPUT_WORKER] for text in fetches[col.ATTRIBUTES]} == {0, 1}
+    workers = _kinds(spans, SpanKind.PROCESS)
+    assert len(workers) == 4 and set(fetches[col.PARENT_ID]) == set(workers[col.SPAN_ID])
+    assert set(workers[col.NAME]) == {"DataLoader worker 0", "DataLoader worker 1"}
+    # each worker's span covers its fetches; the model's own calls stay the session's
+    for worker in workers.itertuples():
+        own = fetches[fetches[col.PARENT_ID] == getattr(worker, col.SPAN_ID)]
+        assert own[col.START_NS].min() >= getattr(worker, col.START_NS)
+        assert own[col.END_NS].max() <= getattr(worker, col.END_NS)
+    assert _kinds(spans, SpanKind.PREDICT)[col.PROCESS_ID].isna().all()
+    assert len(_kinds(spans, SpanKind.PREDICT)) == 12
+
+
+def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
+    context = multiprocessing.get_context("fork")
+    with pytest.warns(xsp.XspWarning, match=r"1 of 2 child processes .* handed no spans over.*exit code -9"):
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            killed = context.Process(target=_sleep_forever, args=(0,))
+            killed.start()
+            done = context.Process(target=_work, args=(CALLS,))
+            done.start()
+            done.join()
+            time.sleep(0.5)
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.join()
+    untraced = session.trace.metadata["child_processes"]["untraced"]
+    assert list(untraced) == [str(killed.pid)] and "exit code -9" in untraced[str(killed.pid)]
+    assert (_kinds(session.trace.spans, SpanKind.PREDICT)[col.PROCESS_ID] == done.pid).sum() == CALLS
+
+
+def test_a_child_still_running_at_the_end_is_said(tmp_path):
+    context = multiprocessing.get_context("fork")
+    with pytest.warns(xsp.XspWarning, match="still running when the session ended"):
+        with xsp.trace(output=None) as session:
+            running = context.Process(target=_sleep_forever, args=(0,))
+            running.start()
+            time.sleep(0.5)
+    running.kill()
+    running.join()
+    assert str(running.pid) in session.trace.metadata["child_processes"]["untraced"]
+
+
+def test_a_pools_terminate_still_hands_the_workers_spans_over(tmp_path):
+    context = multiprocessing.get_context("fork")
+    with xsp.trace(output=None) as session:
+        pool = context.Pool(2)
+        assert pool.map(_work, [CALLS] * 2, chunksize=1) == [CALLS] * 2
+        time.sleep(0.5)  # the workers' sessions are running: SIGTERM ends them, each writes its trace
+        pool.terminate()
+        pool.join()
+    assert len(_kinds(session.trace.spans, SpanKind.PREDICT)) == 2 * CALLS
+    assert session.trace.metadata["child_processes"]["untraced"] == {}
+
+
+def test_children_are_left_alone_when_asked_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv(FOLLOW_ENV, "0")
+    context = multiprocessing.get_context("fork")
+    with pytest.warns(xsp.XspWarning, match=rf"1 of 1 child processes.*not followed \({FOLLOW_ENV}=0\)"):
+        with xsp.trace(output=None) as session:
+            process = context.Process(target=_work, args=(CALLS,))
+            process.start()
+            process.join()
+    assert len(_kinds(session.trace.spans, SpanKind.PREDICT)) == 0
+    assert list(session.trace.metadata["child_processes"]["untraced"]) == [str(process.pid)]
+
+
+def test_a_process_started_outside_any_session_is_untouched(tmp_path):
+    context = multiprocessing.get_context("fork")
+    with xsp.trace(output=None):
+        pass
+    process = context.Process(target=_work, args=(CALLS,))
+    process.start()
+    process.join()
+    assert process.exitcode == 0 and not hasattr(process, "xsp_plan")
+    assert multiprocessing.process.BaseProcess.start.__module__ == "multiprocessing.process"
