@@ -17,7 +17,7 @@ from xsp.analysis.gpu import (
     memory_operations,
     synchronization,
 )
-from xsp.analysis.inputs import input_per_step, input_waits
+from xsp.analysis.inputs import input_per_step, input_waits, input_workers
 from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
 from xsp.analysis.lines import lines
 from xsp.analysis.memory import layer_memory, memory_by_layer_type, memory_timeline
@@ -46,7 +46,7 @@ __all__ = [
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
     "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
-    "peak_for", "trace_peak", "input_waits", "input_per_step", "system_metrics", "system_per_step",
+    "peak_for", "trace_peak", "input_waits", "input_per_step", "input_workers", "system_metrics", "system_per_step",
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",

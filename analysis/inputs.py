@@ -23,6 +23,8 @@ from xsp.io.trace import Trace
 HOST_TO_DEVICE: Final = "HtoD"
 INPUT_COLUMNS: Final = ["step", "name", "thread_id", "start_ns", "wait_ms", "num_workers", "pin_memory",
                         "copies", "copy_ms", "copy_bytes"]
+WORKER_COLUMNS: Final = ["process_id", "worker", "batches", "failed", "samples", "fetch_ms", "fetch_ms_mean",
+                         "fetch_ms_p95", "alive_ms", "busy"]
 
 
 def input_spans(spans: pd.DataFrame) -> pd.DataFrame:
@@ -112,6 +114,41 @@ def input_waits(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "copy_ms": copies["copy_ns"].to_numpy() / 1e6,
         "copy_bytes": copies["copy_bytes"].to_numpy(),
     })[INPUT_COLUMNS]
+
+
+def input_workers(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """One row per DataLoader worker process the session followed, from its ``fetch`` spans
+    (see docs/processes.md): what the loop's waits were waiting for.
+
+    Columns: ``process_id``, ``worker`` (its id in its DataLoader), ``batches`` fetched,
+    ``failed`` (batches whose dataset raised), ``samples``, ``fetch_ms`` (all its fetches),
+    ``fetch_ms_mean`` and ``fetch_ms_p95`` (per batch), ``alive_ms`` (its first fetch's start to
+    its last one's end) and ``busy`` (``fetch_ms`` over ``alive_ms``: near 1, the worker never
+    waited for work, and more workers or a faster dataset would shorten the loop's waits).
+    """
+    spans = spans_of(source)
+    fetches = spans[spans[col.KIND] == SpanKind.FETCH.value]
+    if fetches.empty or col.PROCESS_ID not in fetches:
+        return pd.DataFrame(columns=WORKER_COLUMNS)
+    worker = [_attribute(text, col.ATTR_INPUT_WORKER) for text in fetches[col.ATTRIBUTES].tolist()]
+    frame = pd.DataFrame({
+        "process_id": fetches[col.PROCESS_ID].astype("int64").to_numpy(),
+        "worker": pd.array(worker, dtype="Int64"),
+        "failed": (fetches[col.STATUS].astype(str) == "error").to_numpy(),
+        "samples": fetches[col.BATCH_SIZE].astype("Int64").fillna(0).to_numpy(dtype=np.int64),
+        "fetch_ms": fetches[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6,
+        "start_ns": fetches[col.START_NS].to_numpy(dtype=np.int64),
+        "end_ns": fetches[col.END_NS].to_numpy(dtype=np.int64),
+    })
+    table = frame.groupby("process_id", sort=True).agg(
+        worker=("worker", "first"), batches=("fetch_ms", "size"), failed=("failed", "sum"),
+        samples=("samples", "sum"), fetch_ms=("fetch_ms", "sum"), fetch_ms_mean=("fetch_ms", "mean"),
+        fetch_ms_p95=("fetch_ms", lambda values: float(np.percentile(values, 95))),
+        first_ns=("start_ns", "min"), last_ns=("end_ns", "max")).reset_index()
+    table["alive_ms"] = (table["last_ns"] - table["first_ns"]) / 1e6
+    table["busy"] = np.where(table["alive_ms"] > 0, table["fetch_ms"] / table["alive_ms"].where(
+        table["alive_ms"] > 0, 1.0), 1.0).clip(max=1.0)
+    return table[WORKER_COLUMNS]
 
 
 def input_per_step(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -70,7 +70,7 @@ from xsp.analysis.findings import (
     Threshold,
 )
 from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
-from xsp.analysis.inputs import input_spans
+from xsp.analysis.inputs import input_spans, input_workers
 from xsp.core import schema as col
 from xsp.core.figures import milliseconds, three_digits
 from xsp.core.schema import Level, SpanKind
@@ -140,6 +140,19 @@ def suggested_workers(used: int | None, cpus: int) -> int:
     return min(used * 2, cpus) if cpus else used * 2
 
 
+def _worker_fetches(ctx: Context) -> str:
+    """What the DataLoader's workers were doing meanwhile, from their fetch spans (docs/processes.md):
+    each batch's fetch time and how busy they were; empty where no worker was followed."""
+    workers = input_workers(ctx.spans)
+    batches = int(workers["batches"].sum()) if len(workers) else 0
+    if not batches:
+        return ""
+    per_batch = float(workers["fetch_ms"].sum()) / batches
+    return (f"; its {len(workers)} worker process{'es' if len(workers) > 1 else ''} took "
+            f"{three_digits(per_batch)} ms to fetch a batch and were busy {_pct(float(workers['busy'].mean()))} "
+            "of their time")
+
+
 def input_bound(ctx: Context) -> Finding | None:
     waits = _input_waits(ctx)
     waited_ns = float(waits[col.DURATION_NS].sum())
@@ -150,7 +163,8 @@ def input_bound(ctx: Context) -> Finding | None:
     return Finding(
         Severity.HIGH if high else Severity.MEDIUM, share,
         f"the loop waited for input {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(waited_ns)}): "
-        f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})",
+        f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})"
+        f"{_worker_fetches(ctx)}",
         f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., "
         f"num_workers={suggested_workers(_workers_used(waits), _cpus(ctx))}, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, augmentation) into the "
@@ -178,7 +192,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     return Finding(
         Severity.HIGH if used == 0 and share >= INPUT_HIGH else Severity.MEDIUM, share,
         f"DataLoader with num_workers={used}{f' of {cpus} CPUs' if cpus else ''}; the loop waited for it "
-        f"{_pct(share)} of {ctx.time_name} (> {DATALOADER_SHARE:.0%})",
+        f"{_pct(share)} of {ctx.time_name} (> {DATALOADER_SHARE:.0%}){_worker_fetches(ctx)}",
         f"DataLoader(dataset, ..., num_workers={suggested}, persistent_workers=True{pin})",
         _top(waits[col.NAME].astype(str).tolist()))
 

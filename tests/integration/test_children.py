@@ -140,6 +140,9 @@ def test_a_dataloaders_workers_fetches_are_spans_of_their_processes(tmp_path):
         assert own[col.END_NS].max() <= getattr(worker, col.END_NS)
     assert _kinds(spans, SpanKind.PREDICT)[col.PROCESS_ID].isna().all()
     assert len(_kinds(spans, SpanKind.PREDICT)) == 12
+    workers = xsp.analysis.input_workers(trace)
+    assert len(workers) == 4 and workers["batches"].tolist() == [3] * 4 and (workers["samples"] == 48).all()
+    assert set(workers["worker"]) == {0, 1} and ((workers["busy"] > 0) & (workers["busy"] <= 1)).all()
 
 
 def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):

@@ -145,3 +145,25 @@ def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
         before = worker.closed_windows
         worker.close_window()  # nothing recorded since the last one: nothing to interpret
         assert worker.closed_windows == before
+
+
+def test_each_dataloader_worker_is_summed_from_its_fetches():
+    """Two worker processes (times in µs): worker 0 fetches 3 batches of 16 back to back (busy all its time),
+    worker 1 two batches 10 ms apart, the second of which raised."""
+    worker = {0: json.dumps({col.ATTR_INPUT_WORKER: 0}), 1: json.dumps({col.ATTR_INPUT_WORKER: 1})}
+    rows = [(1, None, "model", "process", "DataLoader worker 0", 0, 3_000, {col.PROCESS_ID: 700, "step": None}),
+            (2, None, "model", "process", "DataLoader worker 1", 0, 12_000, {col.PROCESS_ID: 701})]
+    for k in range(3):
+        rows.append((10 + k, 1, "input", "fetch", "DataLoader.fetch", k * 1_000, (k + 1) * 1_000,
+                     {"step": None, col.PROCESS_ID: 700, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[0]}))
+    rows.append((20, 2, "input", "fetch", "DataLoader.fetch", 0, 2_000,
+                 {"step": None, col.PROCESS_ID: 701, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[1]}))
+    rows.append((21, 2, "input", "fetch", "DataLoader.fetch", 10_000, 12_000,
+                 {"step": None, col.PROCESS_ID: 701, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[1], col.STATUS: "error"}))
+    workers = analysis.input_workers(make_trace(rows))
+    assert workers["process_id"].tolist() == [700, 701] and workers["worker"].tolist() == [0, 1]
+    assert workers["batches"].tolist() == [3, 2] and workers["failed"].tolist() == [0, 1]
+    assert workers["samples"].tolist() == [48, 32]
+    assert np.allclose(workers["fetch_ms_mean"], [1.0, 2.0]) and np.allclose(workers["alive_ms"], [3.0, 12.0])
+    assert np.allclose(workers["busy"], [1.0, 4.0 / 12.0])
+    assert analysis.input_workers(loop_on_a_gpu()).empty  # no worker followed: no rows
