@@ -159,7 +159,8 @@ def test_each_dataloader_worker_is_summed_from_its_fetches():
     rows.append((20, 2, "input", "fetch", "DataLoader.fetch", 0, 2_000,
                  {"step": None, col.PROCESS_ID: 701, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[1]}))
     rows.append((21, 2, "input", "fetch", "DataLoader.fetch", 10_000, 12_000,
-                 {"step": None, col.PROCESS_ID: 701, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[1], col.STATUS: "error"}))
+                 {"step": None, col.PROCESS_ID: 701, col.BATCH_SIZE: 16, col.ATTRIBUTES: worker[1],
+                  col.STATUS: "error"}))
     workers = analysis.input_workers(make_trace(rows))
     assert workers["process_id"].tolist() == [700, 701] and workers["worker"].tolist() == [0, 1]
     assert workers["batches"].tolist() == [3, 2] and workers["failed"].tolist() == [0, 1]
