@@ -66,6 +66,9 @@ DATALOADER_WORKER_MODULE: Final = "torch.utils.data._utils.worker"
 class ChildState(str, enum.Enum):
     """How far a child process got, as it tells the session (a file named so in the folder)."""
 
+    BEGUN = "begun"
+    """Its plan began, before the process's function: without ``RUNNING`` after it, that
+    function never ran (the process ended as its session started: a pool's idle worker)."""
     RUNNING = "running"
     """Its session records: the process's function runs after this, never before."""
     FAILED = "failed"
@@ -134,6 +137,8 @@ def begin(plan: ChildPlan) -> None:
     if plan.parent_pid == os.getpid():
         return
     try:
+        if not plan.dataloader_worker:
+            plan.mark(os.getpid(), ChildState.BEGUN)
         if plan.dataloader_worker:
             FetchLog(plan.fetch_path(os.getpid())).install()
         elif plan.starter is not None:
@@ -225,8 +230,9 @@ class Following:
     def __init__(self, plan: ChildPlan, follow: bool = True) -> None:
         self.plan = plan
         self.follow = follow
-        self.started: list[tuple[int, str, weakref.ref[Any]]] = []
-        """Each process started while following: its id, name and (weakly) its object."""
+        self.started: list[tuple[int, str, weakref.ref[Any], bool]] = []
+        """Each process started while following: its id, name, (weakly) its object, and whether
+        it carries a plan (its plan then begins before its function, in every start method)."""
         self.collected = False
 
     @classmethod
@@ -253,12 +259,12 @@ class Following:
         multiprocessing.util.register_after_fork(plan, begin_after_fork)  # a forked child's way in
         return plan
 
-    def started_process(self, process: Any) -> None:
-        """``process`` has started."""
+    def started_process(self, process: Any, plan: ChildPlan | None) -> None:
+        """``process`` has started, carrying ``plan`` (None: not followed)."""
         with contextlib.suppress(AttributeError):
             delattr(process, PLAN_ATTRIBUTE)
         if process.pid is not None:
-            self.started.append((int(process.pid), str(process.name), weakref.ref(process)))
+            self.started.append((int(process.pid), str(process.name), weakref.ref(process), plan is not None))
 
     def close(self) -> None:
         """Follow no process started from now on."""
@@ -276,7 +282,7 @@ class Following:
         untraced: dict[str, str] = {}
         dropped: Counter[str] = Counter()
         steps = steps_before
-        for pid, name, ref in self.started:
+        for pid, name, ref, planned in self.started:
             key = str(pid)
             trace_path, fetch_path = self.plan.trace_path(pid), self.plan.fetch_path(pid)
             try:
@@ -291,29 +297,39 @@ class Following:
                                       "dropped": dict(child.metadata.get("dropped") or {})}
                     tables.append(spans)
                     continue
-                if fetch_path.exists() and fetch_path.stat().st_size:
+                if fetch_path.exists():
                     spans = _fetch_spans(fetch_path, pid, name, host_to_epoch_ns, session_trace_id, session_span_id)
                     processes[key] = {"name": name, "kind": "dataloader_worker", "spans": len(spans)}
-                    tables.append(spans)
+                    if len(spans) > 1:  # a worker that fetched nothing has nothing to show
+                        tables.append(spans)
                     continue
             except Exception as exc:  # one unreadable child costs its spans, said
                 untraced[key] = f"{name}: its spans could not be read ({type(exc).__name__}: {exc})"
                 continue
-            process = ref()
-            code = None if process is None else process.exitcode
-            if (self.follow and not fetch_path.exists() and code is not None and code < 0
-                    and not self.plan.mark_path(pid, ChildState.RUNNING).exists()
-                    and not self.plan.mark_path(pid, ChildState.FAILED).exists()):
-                # ended by a signal before its session began: none of its code ran (a pool's idle worker)
+            why = self._why_nothing(pid, ref(), planned)
+            if why is None:  # it ended before its function began: none of its code ran
                 processes[key] = {"name": name, "kind": "session", "spans": 0,
-                                  "note": f"ended by signal {-code} before its function began"}
-                continue
-            failed = self.plan.mark_path(pid, ChildState.FAILED)
-            why = (f"its session could not start ({failed.read_text()})" if failed.exists()
-                   else _why_nothing(process, fetch_path, self.follow))
-            untraced[key] = f"{name}: {why}"
+                                  "note": "ended before its function began"}
+            else:
+                untraced[key] = f"{name}: {why}"
         shutil.rmtree(self.plan.folder, ignore_errors=True)
         return ChildSpans(tables, processes, untraced, dropped, steps - steps_before)
+
+    def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
+        """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it
+        carried a plan, which begins before its function in every start method, and its session
+        never got to record (it ended as it started: a pool's idle worker that terminate() ended)."""
+        if not planned:
+            return f"not followed ({FOLLOW_ENV}=0)" if not self.follow else "not followed (it took no plan)"
+        failed = self.plan.mark_path(pid, ChildState.FAILED)
+        if failed.exists():
+            return f"its session could not start ({failed.read_text()})"
+        if process is not None and process.is_alive():
+            return "still running when the session ended"
+        if not self.plan.mark_path(pid, ChildState.RUNNING).exists():
+            return None
+        code = None if process is None else process.exitcode
+        return "ended without handing its spans over" + ("" if code is None else f" (exit code {code})")
 
     def discard(self) -> None:
         """Stop following and remove the folder (the session writes no trace)."""
@@ -321,16 +337,6 @@ class Following:
         shutil.rmtree(self.plan.folder, ignore_errors=True)
 
 
-def _why_nothing(process: Any, fetch_path: Path, followed: bool) -> str:
-    if not followed:
-        return f"not followed ({FOLLOW_ENV}=0)"
-    if fetch_path.exists():
-        return "a DataLoader worker that fetched no batch"
-    alive = process is not None and process.is_alive()
-    if alive:
-        return "still running when the session ended"
-    code = None if process is None else process.exitcode
-    return "ended without handing its spans over" + ("" if code is None else f" (exit code {code})")
 
 
 def _child_session_spans(spans: pd.DataFrame, pid: int, name: str, session_trace_id: str, session_span_id: int,
@@ -433,11 +439,11 @@ class _StartPatch:
         if following is None:
             original(process)
             return
-        following.plan_for(process)
+        plan = following.plan_for(process)
         try:
             original(process)
         finally:
-            following.started_process(process)
+            following.started_process(process, plan)
 
     def after_fork(self) -> None:
         """In a forked child: nothing of the parent's followings applies (its own session, if it
