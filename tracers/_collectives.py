@@ -40,8 +40,9 @@ from xsp.tracers.module_calls.call_values import error_text, top_tensors
 
 C10D: Final = "torch.distributed.distributed_c10d"
 SPAWN: Final = "torch.multiprocessing.spawn"
-SPAWN_NOTE: Final = ("processes started by torch.multiprocessing.spawn are not profiled (each is a new interpreter): "
-                     "call xsp.trace() in the function they run, or launch the job with torchrun -m xsp run")
+SPAWN_NOTE: Final = ("processes started by torch.multiprocessing.spawn are ranks of a distributed job, not followed "
+                     "into this trace: call xsp.trace() in the function they run (each rank writes its own file), "
+                     "or launch the job with torchrun -m xsp run")
 DISTRIBUTED: Final = "torch.distributed"
 PAYLOAD_ARGUMENT: Final[dict[str, tuple[int, str]]] = {
     # the argument that holds what this rank sends (position, keyword)

@@ -61,6 +61,10 @@ FETCH_FIELDS: Final = 6
 the worker's id and its thread's native id, as int64s."""
 DATALOADER_WORKER_MODULE: Final = "torch.utils.data._utils.worker"
 """Where the function a DataLoader worker runs is defined."""
+SPAWNED_RANK_MODULE: Final = "torch.multiprocessing.spawn"
+"""Where the function a rank started by ``torch.multiprocessing.spawn`` runs is defined: such a
+process is a rank of a distributed job, traced as ranks are (each its own file, see
+docs/distributed.md), never followed; the operator-level note of the job says so."""
 
 
 class ChildState(str, enum.Enum):
@@ -148,8 +152,12 @@ def begin(plan: ChildPlan) -> None:
 
 
 def _is_dataloader_worker(process: multiprocessing.process.BaseProcess) -> bool:
+    return _target_module(process) == DATALOADER_WORKER_MODULE
+
+
+def _target_module(process: multiprocessing.process.BaseProcess) -> str | None:
     target = getattr(process, "_target", None)  # the function Process(target=...) runs
-    return getattr(target, "__module__", None) == DATALOADER_WORKER_MODULE
+    return getattr(target, "__module__", None)
 
 
 class FetchLog:
@@ -217,6 +225,8 @@ class ChildSpans:
     """The children's drops, summed."""
     steps: int
     """Steps the children added."""
+    ranks: list[int]
+    """Ids of the processes ``torch.multiprocessing.spawn`` started: ranks, not followed."""
 
 
 class Following:
@@ -234,6 +244,9 @@ class Following:
         """Each process started while following: its id, name, (weakly) its object, and whether
         it carries a plan (its plan then begins before its function, in every start method)."""
         self.collected = False
+        self.ranks: list[int] = []
+        """Processes started by ``torch.multiprocessing.spawn``: ranks, not followed (see
+        :data:`SPAWNED_RANK_MODULE`)."""
 
     @classmethod
     def open(cls, levels: tuple[Level, ...], max_events: int, backward: bool, layer_depth: int | None,
@@ -259,11 +272,14 @@ class Following:
         multiprocessing.util.register_after_fork(plan, begin_after_fork)  # a forked child's way in
         return plan
 
-    def started_process(self, process: Any, plan: ChildPlan | None) -> None:
-        """``process`` has started, carrying ``plan`` (None: not followed)."""
+    def started_process(self, process: Any, plan: ChildPlan | None, rank: bool = False) -> None:
+        """``process`` has started, carrying ``plan`` (None: not followed); ``rank``: one of a
+        distributed job's ranks (:data:`SPAWNED_RANK_MODULE`)."""
         with contextlib.suppress(AttributeError):
             delattr(process, PLAN_ATTRIBUTE)
-        if process.pid is not None:
+        if process.pid is not None and rank:
+            self.ranks.append(int(process.pid))
+        elif process.pid is not None:
             self.started.append((int(process.pid), str(process.name), weakref.ref(process), plan is not None))
 
     def close(self) -> None:
@@ -313,7 +329,7 @@ class Following:
             else:
                 untraced[key] = f"{name}: {why}"
         shutil.rmtree(self.plan.folder, ignore_errors=True)
-        return ChildSpans(tables, processes, untraced, dropped, steps - steps_before)
+        return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks))
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it
@@ -439,11 +455,12 @@ class _StartPatch:
         if following is None:
             original(process)
             return
-        plan = following.plan_for(process)
+        rank = _target_module(process) == SPAWNED_RANK_MODULE  # known before start, which forgets its target
+        plan = None if rank else following.plan_for(process)
         try:
             original(process)
         finally:
-            following.started_process(process, plan)
+            following.started_process(process, plan, rank)
 
     def after_fork(self) -> None:
         """In a forked child: nothing of the parent's followings applies (its own session, if it

@@ -243,7 +243,8 @@ def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans
         "ended_by": session.ended_by,
         "process_id": os.getpid(),
         "child_processes": None if children is None else {
-            "followed": children.processes, "untraced": children.untraced, "steps": children.steps},
+            "followed": children.processes, "untraced": children.untraced, "steps": children.steps,
+            "ranks_not_followed": children.ranks},
         "warnings": list(session.warnings),
         "otlp": None if session.target is None else {"endpoint": session.target.endpoint,
                                                   "protocol": session.target.protocol.value},
