@@ -207,3 +207,33 @@ def test_a_process_started_outside_any_session_is_untouched(tmp_path):
     process.join()
     assert process.exitcode == 0 and not hasattr(process, "xsp_plan")
     assert multiprocessing.process.BaseProcess.start.__module__ == "multiprocessing.process"
+
+
+AT_FORK_HOOK = """
+import multiprocessing, os, time, torch, xsp
+forks = []
+# a hook of the program's, slow in the child: SIGTERM (Pool.terminate) may come while it runs,
+# before xsp's own hook put the child's signal handlers back
+os.register_at_fork(before=lambda: forks.append(1), after_in_child=lambda: time.sleep(1) if len(forks) > 1 else None)
+model = torch.nn.Linear(8, 2)
+
+def work(i):
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+    return i
+
+if __name__ == "__main__":
+    with xsp.trace(output="run.xsp.parquet"):
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            print(pool.map(work, range(4)), flush=True)
+    print("done")
+"""
+
+
+@pytest.mark.heavy  # a subprocess run: `python -m pytest -m heavy`
+def test_a_worker_terminated_inside_the_programs_at_fork_hook_ends_as_in_a_plain_run(tmp_path):
+    script = tmp_path / "hook.py"
+    script.write_text(AT_FORK_HOOK)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "[0, 1, 2, 3]\ndone\n", result.stderr
+    assert "Exception ignored" not in result.stderr and "Terminated" not in result.stderr

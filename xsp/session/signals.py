@@ -62,6 +62,8 @@ class StopSignals:
 
     def __init__(self, on_default: Callable[[int], None] | None = None) -> None:
         self.on_default = on_default
+        self.pid = os.getpid()
+        """The process the handlers are installed in (a child forked meanwhile inherits them)."""
         self.received: list[str] = []
         """Names of the stopping signals that arrived while the session ran, in order."""
         self._saved: dict[int, Any] = {}
@@ -72,6 +74,7 @@ class StopSignals:
         """Handle the stopping signals (main thread only; elsewhere a no-op)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        self.pid = os.getpid()
         for signum in STOPPING_SIGNALS:
             with contextlib.suppress(ValueError, OSError, TypeError):
                 previous = signal.getsignal(signum)
@@ -110,6 +113,10 @@ class StopSignals:
         self._held, self._holding = [], False
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> Any:
+        if os.getpid() != self.pid:  # a child forked before it could forget them (an at-fork hook still ran)
+            self.forget()
+            os.kill(os.getpid(), signum)  # the program's own action, as in a plain run
+            return None
         self.received.append(signal_name(signum))
         if self._holding:
             self._held.append(signum)
