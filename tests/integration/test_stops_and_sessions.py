@@ -481,6 +481,28 @@ def test_a_block_nested_in_the_same_thread_has_its_own_trace_of_its_own_calls(tm
     assert inner.trace is not None and {"model", "layer", "operator"} <= set(own.metadata["levels"])
 
 
+
+@pytest.mark.filterwarnings("ignore::xsp.XspWarning")
+def test_a_joined_block_with_another_nested_inside_keeps_the_calls_made_before_it(tmp_path):
+    # under xsp run, every block the script opens is a joined one: its own nested block must not take its calls
+    model = torch.nn.Linear(4, 2)
+    with xsp.trace(output=tmp_path / "outer.xsp.parquet") as outer:
+        model(torch.randn(2, 4))
+        with xsp.trace(output=tmp_path / "middle.xsp.parquet") as middle:
+            for _ in range(3):
+                model(torch.randn(2, 4))
+            with xsp.trace(output=tmp_path / "inner.xsp.parquet") as inner:
+                for _ in range(3):
+                    model(torch.randn(2, 4))
+            for _ in range(2):
+                model(torch.randn(2, 4))
+
+    def predicts(trace: xsp.Trace) -> int:
+        return int((trace.spans[col.KIND] == "predict").sum())
+
+    assert [predicts(outer.trace), predicts(middle.trace), predicts(inner.trace)] == [9, 8, 3]
+    assert predicts(xsp.load(tmp_path / "middle.xsp.parquet")) == 8
+
 LOADER_SCRIPT = """
 import time, torch
 from torch.utils.data import DataLoader, TensorDataset

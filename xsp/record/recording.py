@@ -610,6 +610,9 @@ class Recording:
                 drained = buffer.drain()
                 self.returned.append(drained)
                 copy.buffers.append(drained)
+                for outer in self.copies:  # a block this one was nested in copies the same thread
+                    if outer.thread_id == copy.thread_id:
+                        outer.buffers.append(drained)
         return [drained.since(copy.start_ns) for drained in copy.buffers]
 
     def take_back(self, buffers: list[WindowBuffer]) -> None:
