@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 
 import pandas as pd
 import pytest
@@ -20,6 +21,7 @@ import torch
 import xsp
 from xsp.core import schema as col
 from xsp.core.schema import SpanKind
+from xsp.session import children
 from xsp.session.children import FOLLOW_ENV
 
 CALLS = 5
@@ -144,6 +146,67 @@ def test_a_dataloaders_workers_fetches_are_spans_of_their_processes(tmp_path):
     assert len(workers) == 4 and workers["batches"].tolist() == [3] * 4 and (workers["samples"] == 48).all()
     assert set(workers["worker"]) == {0, 1} and ((workers["busy"] > 0) & (workers["busy"] <= 1)).all()
 
+
+
+class _Failing(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 5:
+            raise KeyError(f"sample {index} is missing")
+        return torch.zeros(4)
+
+
+def _xsp_lines(text: str) -> list[str]:
+    here = os.path.dirname(xsp.__file__) + os.sep
+    return [line for line in text.splitlines() if here in line]
+
+
+def test_the_users_errors_in_children_show_no_line_of_xsps(tmp_path):
+    # a dataset that raises in a worker, a process started twice: the tracebacks a plain run prints
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_Failing(), batch_size=4, num_workers=1, multiprocessing_context="fork")
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        with pytest.raises(KeyError) as raised:
+            list(loader)
+        process = multiprocessing.get_context("fork").Process(target=_work, args=(1,))
+        process.start()
+        with pytest.raises(AssertionError) as twice:
+            process.start()
+        process.join()
+    assert "sample 5 is missing" in str(raised.value) and _xsp_lines(str(raised.value)) == []
+    assert _xsp_lines("".join(traceback.format_exception(twice.value))) == []
+    fetches = _kinds(session.trace.spans, SpanKind.FETCH)  # the failed fetch is still a span
+    assert sorted(fetches[col.STATUS]) == ["error", "ok"]
+    assert len(_kinds(session.trace.spans, SpanKind.PREDICT)) == 1
+
+
+@pytest.mark.parametrize("in_c", [True, False], ids=["in C", "in Python"])
+def test_around_runs_the_hooks_and_never_lets_them_change_the_call(in_c):
+    if in_c and children.Around is None:
+        assert not os.environ.get("XSP_REQUIRE_HOTPATH"), "xsp.session._around is not built: .ci/run requires it"
+        pytest.skip("xsp.session._around is not built (no C compiler)")
+    wrap = children.around if in_c else children._around_in_python  # noqa: SLF001 (the fallback itself)
+    seen: list[tuple[object, ...]] = []
+    call = wrap(lambda x: seen.append(("before", x)) or "token", lambda x: 10 // x,
+                lambda x, token, failed: seen.append(("after", x, token, failed)))
+    assert call(2) == 5 and seen == [("before", 2), ("after", 2, "token", False)]
+    with pytest.raises(ZeroDivisionError):
+        call(0)
+    assert seen[-1] == ("after", 0, "token", True)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a hook failed")
+
+    class Owner:
+        method = wrap(broken, lambda self: self.value, broken)  # bound as a method; hooks' errors dropped
+
+        def __init__(self) -> None:
+            self.value = 7
+
+    assert Owner().method() == 7 and children.wrapped(Owner.__dict__["method"])(Owner()) == 7
 
 def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
     context = multiprocessing.get_context("fork")

@@ -51,6 +51,11 @@ from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, SpanKind, Status
 
+try:
+    from xsp.session._around import Around
+except ImportError:  # not built (no C compiler): the same hooks, in Python
+    Around = None  # type: ignore[assignment, misc]
+
 FOLLOW_ENV: Final = "XSP_FOLLOW_CHILDREN"
 """Set to ``0`` to leave child processes alone (they are still counted, and said)."""
 PLAN_ATTRIBUTE: Final = "xsp_plan"
@@ -184,17 +189,12 @@ class FetchLog:
         kinds.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
 
     def timed(self, fetch: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def timed_fetch(index: Any) -> Any:
-            start = now_ns()
-            failed = 1
-            try:
-                data = fetch(index)
-                failed = 0
-                return data
-            finally:
-                self.write(start, now_ns(), index, failed)
+        """``fetch``, each call written as a record (no frame of xsp's in an error's traceback)."""
+        return around(_fetch_start, fetch, self.fetched)
 
-        return timed_fetch
+    def fetched(self, index: Any, start: int | None, failed: bool) -> None:
+        if start is not None:
+            self.write(start, now_ns(), index, int(failed))
 
     def write(self, start: int, end: int, index: Any, failed: int) -> None:
         try:
@@ -425,16 +425,17 @@ class _StartPatch:
 
     def __init__(self) -> None:
         self.followings: list[Following] = []
-        self.original: Callable[[Any], None] | None = None
+        self.installed: Callable[[Any], None] | None = None
+        """The ``Process.start`` installed (around the one found), while some session follows."""
         self.lock = threading.Lock()
 
     def push(self, following: Following) -> None:
         with self.lock:
             self.followings.append(following)
-            if self.original is None:
+            if self.installed is None:
                 base = multiprocessing.process.BaseProcess
-                self.original = base.start
-                base.start = _followed_start  # type: ignore[method-assign, assignment]
+                self.installed = around(self.before_start, base.start, self.after_start)
+                base.start = self.installed  # type: ignore[method-assign, assignment]
 
     def pop(self, following: Following) -> None:
         with self.lock:
@@ -445,21 +446,22 @@ class _StartPatch:
 
     def put_back(self) -> None:
         base = multiprocessing.process.BaseProcess
-        if self.original is not None and base.__dict__.get("start") is _followed_start:
-            base.start = self.original  # type: ignore[method-assign, assignment]
-        self.original = None
+        installed, self.installed = self.installed, None
+        if base.__dict__.get("start") is installed and installed is not None:
+            base.start = wrapped(installed)  # type: ignore[method-assign, assignment]
 
-    def start(self, process: Any) -> None:
+    def before_start(self, process: Any) -> tuple[Following, ChildPlan | None, bool] | None:
+        """As ``process`` starts: its plan, from the innermost following session."""
         following = self.followings[-1] if self.followings else None
-        original = self.original or ORIGINAL_START
-        if following is None:
-            original(process)
-            return
+        if following is None or process.pid is not None:  # started before: this start fails, as in a plain run
+            return None
         rank = _target_module(process) == SPAWNED_RANK_MODULE  # known before start, which forgets its target
-        plan = None if rank else following.plan_for(process)
-        try:
-            original(process)
-        finally:
+        return following, None if rank else following.plan_for(process), rank
+
+    def after_start(self, process: Any, planned: tuple[Following, ChildPlan | None, bool] | None,
+                    failed: bool) -> None:
+        if planned is not None:
+            following, plan, rank = planned
             following.started_process(process, plan, rank)
 
     def after_fork(self) -> None:
@@ -470,11 +472,48 @@ class _StartPatch:
         self.put_back()
 
 
-def _followed_start(process: Any) -> None:
-    """``Process.start`` while a session follows children."""
-    _PATCH.start(process)
+def _fetch_start(index: Any) -> int:
+    return now_ns()
 
 
-ORIGINAL_START: Final = multiprocessing.process.BaseProcess.start
+def _around_in_python(before: Callable[[Any], Any], function: Callable[[Any], Any],
+                      after: Callable[[Any, Any, bool], None]) -> Callable[[Any], Any]:
+    """:class:`xsp.session._around.Around` where it is not built (its frame then shows in
+    tracebacks that pass through it)."""
+
+    def call(argument: Any) -> Any:
+        token = None
+        with contextlib.suppress(Exception):
+            token = before(argument)
+        failed = True
+        try:
+            result = function(argument)
+            failed = False
+            return result
+        finally:
+            with contextlib.suppress(Exception):
+                after(argument, token, failed)
+
+    call.__wrapped__ = function  # type: ignore[attr-defined]
+    return call
+
+
+def around(before: Callable[[Any], Any], function: Callable[[Any], Any],
+           after: Callable[[Any, Any, bool], None]) -> Callable[[Any], Any]:
+    """``function(x)`` between ``before(x) -> token`` and ``after(x, token, failed)``, whose
+    errors are dropped; bound as a method when set on a class. In C where built: no frame of
+    xsp's in the tracebacks of the user's errors that pass through it."""
+    if Around is None:
+        return _around_in_python(before, function, after)
+    return Around(before, function, after)  # type: ignore[no-any-return]
+
+
+def wrapped(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The function :func:`around` wrapped in ``call``."""
+    if Around is not None and isinstance(call, Around):
+        return call.function  # type: ignore[no-any-return]
+    return call.__wrapped__  # type: ignore[attr-defined, no-any-return]
+
+
 _PATCH = _StartPatch()
 os.register_at_fork(after_in_child=_PATCH.after_fork)
