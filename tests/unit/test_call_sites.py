@@ -385,3 +385,38 @@ def test_a_layer_of_the_users_inside_library_containers_keeps_its_own_lines(user
     assert len(own_a) == len(own_b) == 2 * 2 * 3  # two TwoCalls, two lines, three times
     assert _sites_of(own_a, **{}) == {(user.__file__, _line(user, "OWN_A"), "TwoCalls.forward")}
     assert _sites_of(own_b, **{}) == {(user.__file__, _line(user, "OWN_B"), "TwoCalls.forward")}
+
+
+def test_a_module_classs_source_line_is_the_one_inspect_gives(tmp_path, monkeypatch):
+    import inspect
+    import textwrap
+
+    from xsp.tracers.module_calls.rows import class_source
+
+    source = tmp_path / "models_here.py"
+    source.write_text(textwrap.dedent('''
+        import dataclasses, torch
+
+        class Plain(torch.nn.Module):
+            pass
+
+        @dataclasses.dataclass(eq=False)
+        class Decorated(torch.nn.Module):
+            def __post_init__(self):
+                super().__init__()
+
+        class Twice(torch.nn.Module):
+            pass
+
+        if True:
+            class Twice(torch.nn.Module):  # the second one: inspect's answer, not the first line found
+                pass
+        '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import models_here
+
+    classes = [models_here.Plain, models_here.Decorated, models_here.Twice, torch.nn.Linear, torch.nn.ReLU,
+               torch.nn.Sequential, torch.nn.MultiheadAttention]
+    for cls in classes:
+        assert class_source(cls) == f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}", cls
+    assert class_source(models_here.Decorated).endswith(":7")  # the decorator's line, as inspect says

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import linecache
+import re
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
@@ -32,13 +34,40 @@ def as_numpy(values: Any) -> np.ndarray:
 
 @lru_cache(maxsize=4096)
 def class_source(cls: type) -> str | None:
-    """``file:line`` where ``cls`` is defined, or None when Python cannot tell."""
+    """``file:line`` where ``cls`` is defined (its first decorator's line, as :mod:`inspect`
+    says), or None when Python cannot tell."""
     try:
         path = inspect.getsourcefile(cls)
-        _, line = inspect.getsourcelines(cls)
-    except (OSError, TypeError):
+    except TypeError:  # a built-in class
         return None
-    return f"{path}:{line}" if path else None
+    if not path:
+        return None
+    line = _class_line(path, cls.__name__)
+    if line is None:
+        try:
+            _, line = inspect.getsourcelines(cls)
+        except (OSError, TypeError):
+            return None
+    return f"{path}:{line}"
+
+
+def _class_line(path: str, name: str) -> int | None:
+    """The line of the one ``class name`` statement in ``path`` (what ``inspect`` would say, found
+    without parsing the file: a process that ends after a few calls, a followed child, pays that
+    per class); None where the text is not that plain (several, none, a decorator), for
+    :mod:`inspect` to decide."""
+    statement = re.compile(rf"\s*class\s+{re.escape(name)}\b")
+    lines = linecache.getlines(path)
+    found = [number for number, text in enumerate(lines) if statement.match(text)]
+    if len(found) != 1:
+        return None
+    before = found[0] - 1
+    while before >= 0 and not lines[before].strip():
+        before -= 1
+    if before >= 0 and lines[before].lstrip().startswith(("@", ")")) or \
+            before >= 0 and lines[before].rstrip().endswith((",", "(", "\\")):
+        return None  # decorated: inspect decides
+    return found[0] + 1
 
 
 def parameter_count(module: nn.Module) -> int:

@@ -532,8 +532,13 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         elif report.error is None:  # a failure was the session's one warning, already shown
             out.print(f"xsp: {report.summary()}", markup=False)
     if predicts == 0:
-        out.print(f"warning: {script} called no torch.nn.Module, so there was nothing to profile "
-                  "(is it a PyTorch script?)", markup=False)
+        untraced = len((trace.metadata.get("child_processes") or {}).get("untraced") or {})
+        if untraced:  # its children may have: what they did is not in the trace, as said above
+            out.print(f"warning: {script} called no torch.nn.Module in its own process, and "
+                      f"{count_of(untraced, 'child process', 'child processes')} ran untraced", markup=False)
+        else:
+            out.print(f"warning: {script} called no torch.nn.Module, so there was nothing to profile "
+                      "(is it a PyTorch script?)", markup=False)
         return status
     if options.report:
         from xsp.reports.terminal import render_report

@@ -143,8 +143,10 @@ def begin_after_fork(plan: ChildPlan) -> None:
 def begin(plan: ChildPlan) -> None:
     """In the child: follow the session as ``plan`` says (called as a spawned child unpickles
     it, or by :func:`begin_after_fork`)."""
+    global _followed_by
     if plan.parent_pid == os.getpid():
         return
+    _followed_by = plan
     try:
         if not plan.dataloader_worker:
             plan.mark(os.getpid(), ChildState.BEGUN)
@@ -154,6 +156,10 @@ def begin(plan: ChildPlan) -> None:
             plan.starter(plan)
     except Exception as exc:  # the child runs on untraced; the session says why
         plan.mark(os.getpid(), ChildState.FAILED, f"{type(exc).__name__}: {exc}")
+
+
+_followed_by: ChildPlan | None = None
+"""In a followed child process: the plan it follows."""
 
 
 def _is_dataloader_worker(process: multiprocessing.process.BaseProcess) -> bool:
@@ -252,7 +258,10 @@ class Following:
     def open(cls, levels: tuple[Level, ...], max_events: int, backward: bool, layer_depth: int | None,
              starter: Callable[[ChildPlan], None], arrival: Callable[..., ChildPlan]) -> Following:
         """Follow the processes started from now on (see the module docs)."""
-        folder = tempfile.mkdtemp(prefix="xsp-children-")
+        # a child's own children are followed in its parent's folder: when the child is killed, or
+        # outlives its parent's session, the parent's removal of its folder leaves nothing behind
+        inside = _followed_by.folder if _followed_by is not None and os.path.isdir(_followed_by.folder) else None
+        folder = tempfile.mkdtemp(prefix="xsp-children-", dir=inside)
         plan = ChildPlan(folder, tuple(level.value for level in levels), max_events, backward, layer_depth,
                          os.getpid(), starter=starter, arrival=arrival)
         following = cls(plan, follow=os.environ.get(FOLLOW_ENV, "1") != "0")

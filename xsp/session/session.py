@@ -121,6 +121,10 @@ def _end_child_session(session: Session, plan: ChildPlan, signum: int | None = N
     if _state.session is not session:
         return
     try:
+        if _unclaimed(session, plan):
+            if signum is not None:
+                end_by_signal(signum)
+            return
         if signum is not None:
             if not session.running.is_set():  # still starting, here on this thread: nothing recorded yet
                 end_by_signal(signum)
@@ -128,9 +132,51 @@ def _end_child_session(session: Session, plan: ChildPlan, signum: int | None = N
             session.__exit__(Terminated, Terminated(signum), None)  # ends the process by the signal
             return
         exc = sys.exc_info()[1]
+        if exc is not None and not isinstance(exc, SystemExit) and _after_traceback(session, plan, exc):
+            return
         session.__exit__(None if exc is None else type(exc), exc, None)
     except Exception:  # the child's exit is the program's: its trace is lost, and the session says so
         pass
+
+
+def _unclaimed(session: Session, plan: ChildPlan) -> bool:
+    """The parent's session has ended (it removed its children folder): the child's trace would
+    be no one's, and a file in a folder made again for it would be left behind. Its session is
+    abandoned instead."""
+    if os.path.isdir(plan.folder):
+        return False
+    session.abandon()
+    return True
+
+
+def _after_traceback(session: Session, plan: ChildPlan, exc: BaseException) -> bool:
+    """A child process ending by an exception writes its trace after ``multiprocessing`` has
+    printed the traceback, as threads are shut down: a plain run prints it at once, and
+    ``Pool.terminate`` after a Ctrl-C would otherwise kill the worker before it does. A stopping
+    signal that comes meanwhile is dropped (the process is ending with its exit code already).
+    False where that hook is missing (the trace is then written now)."""
+    register = getattr(threading, "_register_atexit", None)  # CPython's hook before joining threads
+    if register is None:
+        return False
+    try:
+        register(_end_child_session_after_traceback, session, plan, exc)
+    except Exception:  # threads already shutting down
+        return False
+    session.signals.hold_until_exit()
+    return True
+
+
+def _end_child_session_after_traceback(session: Session, plan: ChildPlan, exc: BaseException) -> None:
+    if _state.session is not session:
+        return
+    program_alarm_s = signal.alarm(CHILD_END_DEADLINE_S)  # a lock left held would hang it: it dies instead
+    try:
+        if not _unclaimed(session, plan):
+            session.__exit__(type(exc), exc, None)
+    except Exception:  # the child's exit is the program's: its trace is lost, and the session says so
+        pass
+    finally:
+        signal.alarm(program_alarm_s)
 
 
 def _successor(ending: Session) -> Session | None:
@@ -344,6 +390,24 @@ class Session:
             if self.export is not None:
                 self.export.wait(EXIT_WAIT_S)
             end_by_signal(exc.signum)
+
+    def abandon(self) -> None:
+        """End without a trace: nothing is written, and the windows streamed so far are removed
+        (a child process whose parent's session has ended: what it recorded is no one's)."""
+        exit_guard.unguard()
+        with _claim:
+            if _state.session is self:
+                _state.session = None
+                _state.recording = None
+        for tracer in self.tracers:
+            self.stop_quietly(tracer)
+        with contextlib.suppress(Exception):
+            if self.windows is not None:
+                self.windows.finish_windows()
+        if self.interpreter.segments is not None:
+            self.interpreter.segments.discard()
+        self.release_output()
+        self.signals.release(None)
 
     def _end(self, end_ns: int, error: str | None, exc: BaseException | None, hand_over: bool = True,
              interrupted: str | None = None) -> None:

@@ -69,6 +69,7 @@ class StopSignals:
         self._saved: dict[int, Any] = {}
         self._held: list[int] = []
         self._holding = False
+        self._exiting = False
 
     def install(self) -> None:
         """Handle the stopping signals (main thread only; elsewhere a no-op)."""
@@ -87,15 +88,24 @@ class StopSignals:
         """From now on, keep stopping signals for :meth:`release` (the file is being written)."""
         self._holding = True
 
+    def hold_until_exit(self) -> None:
+        """Hold stopping signals from now on, and drop them at :meth:`release`: the process is
+        ending already (its exit code decided, its traceback printed), as a plain run would have
+        before they came."""
+        self._holding = self._exiting = True
+
     def release(self, ending_by: BaseException | None) -> None:
         """Put the program's own handlers back, then deliver what was held back, unless the
-        process is already ending by that kind of signal (``ending_by``)."""
+        process is already ending by that kind of signal (``ending_by``) or by its own exit
+        (:meth:`hold_until_exit`)."""
         for signum, previous in self._saved.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 if signal.getsignal(signum) == self._on_signal:  # the program may have replaced ours
                     signal.signal(signum, previous)
         self._saved.clear()
         held, self._held, self._holding = self._held, [], False
+        if self._exiting:
+            return
         for signum in dict.fromkeys(held):
             if isinstance(ending_by, Terminated) or (
                     isinstance(ending_by, KeyboardInterrupt) and signum == signal.SIGINT):
