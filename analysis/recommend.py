@@ -160,15 +160,23 @@ def input_bound(ctx: Context) -> Finding | None:
     if share < INPUT_MODERATE:
         return None
     high = share >= INPUT_HIGH
+    used, cpus = _workers_used(waits), _cpus(ctx)
+    suggested = suggested_workers(used, cpus)
+    if used and suggested <= used:  # more workers than CPUs only take turns: each batch must get cheaper
+        advice = (f"every CPU already runs a DataLoader worker (num_workers={used} of {cpus} CPUs): make each "
+                  "batch cheaper to fetch: move per-sample work (decoding, augmentation) onto the GPU or do it "
+                  "once ahead of training, and keep the workers fetching ahead (persistent_workers=True, "
+                  "prefetch_factor=4)")
+    else:
+        advice = (f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., num_workers={suggested}, "
+                  "pin_memory=True, persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, "
+                  "augmentation) into the workers or onto the GPU")
     return Finding(
         Severity.HIGH if high else Severity.MEDIUM, share,
         f"the loop waited for input {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(waited_ns)}): "
         f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})"
         f"{_worker_fetches(ctx)}",
-        f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., "
-        f"num_workers={suggested_workers(_workers_used(waits), _cpus(ctx))}, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, augmentation) into the "
-        "workers or onto the GPU",
+        advice,
         _top(waits[col.NAME].astype(str).tolist(), waits[col.DURATION_NS].to_numpy(dtype=np.float64)))
 
 

@@ -23,9 +23,11 @@ Everything is undone at stop, and nothing is replaced that is no longer xsp's ow
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
@@ -133,9 +135,16 @@ class LoopEvents:
         recording = self.recording
         buffer_of = recording.buffer
         hands_over = name != ITER_NAME  # a next() always follows __iter__ at once: its wait hands over
+        iterators_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        worker_pids = recording.input_worker_pids
 
         @functools.wraps(original)
         def wait(loader: Any) -> Any:
+            with contextlib.suppress(Exception):  # its workers, once: were they started in the session?
+                if loader not in iterators_seen:
+                    iterators_seen.add(loader)
+                    worker_pids.update(int(worker.pid) for worker in getattr(loader, "_workers", None) or ()
+                                       if worker.pid is not None)
             buffer = buffer_of()
             steps = buffer.steps
             buffer.input_waits += 1  # a window due from here on waits for the wait's end

@@ -142,11 +142,31 @@ def test_a_dataloaders_workers_fetches_are_spans_of_their_processes(tmp_path):
         assert own[col.END_NS].max() <= getattr(worker, col.END_NS)
     assert _kinds(spans, SpanKind.PREDICT)[col.PROCESS_ID].isna().all()
     assert len(_kinds(spans, SpanKind.PREDICT)) == 12
+    assert trace.metadata["child_processes"]["dataloader_workers_started_before"] == []
     workers = xsp.analysis.input_workers(trace)
     assert len(workers) == 4 and workers["batches"].tolist() == [3] * 4 and (workers["samples"] == 48).all()
     assert set(workers["worker"]) == {0, 1} and ((workers["busy"] > 0) & (workers["busy"] <= 1)).all()
 
 
+
+
+def _pool_of_two() -> None:
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_work, [2, 2])
+
+
+def test_a_childs_own_children_are_in_the_trace_and_its_metadata(tmp_path):
+    with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+        process = multiprocessing.get_context("fork").Process(target=_pool_of_two)
+        process.start()
+        process.join()
+    facts = session.trace.metadata["child_processes"]
+    followed = facts["followed"]
+    assert facts["untraced"] == {} and followed[str(process.pid)]["untraced_children"] == {}
+    workers = {pid for pid, entry in followed.items() if entry.get("parent") == process.pid}
+    assert len(workers) == 2 and len(followed) == 3
+    calls = _kinds(session.trace.spans, SpanKind.PREDICT)
+    assert len(calls) == 4 and set(calls[col.PROCESS_ID].astype(str)) <= workers
 
 class _Failing(torch.utils.data.Dataset):
     def __len__(self) -> int:
@@ -207,6 +227,23 @@ def test_around_runs_the_hooks_and_never_lets_them_change_the_call(in_c):
             self.value = 7
 
     assert Owner().method() == 7 and children.wrapped(Owner.__dict__["method"])(Owner()) == 7
+
+
+def test_dataloader_workers_started_before_the_session_are_said(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="fork")
+    model = torch.nn.Linear(8, 2)
+    for (x,) in loader:  # the first epoch starts the workers; the next one keeps them
+        model(x)
+    with pytest.warns(xsp.XspWarning, match="2 DataLoader workers started before the session"):
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            for (x,) in loader:
+                model(x)
+    facts = session.trace.metadata["child_processes"]
+    assert len(facts["dataloader_workers_started_before"]) == 2 and facts["untraced"] == {}
+    assert len(_kinds(session.trace.spans, SpanKind.FETCH)) == 0
 
 def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
     context = multiprocessing.get_context("fork")

@@ -80,6 +80,10 @@ def test_dataloader_workers_when_the_loader_has_fewer_workers_than_cpus():
     one_cpu = fired(input_trace(30, workers=0, metadata={"cpus_available": 1}))
     assert "num_workers=1," in one_cpu["dataloader_workers"]["fix"]
     assert "num_workers=1," in one_cpu["input_bound"]["fix"]
+    # every CPU already runs a worker: no rule asks for the count the loader already has
+    full = fired(input_trace(30, workers=2, metadata={"cpus_available": 2}))
+    assert "dataloader_workers" not in full and "num_workers=2," not in full["input_bound"]["fix"]
+    assert "every CPU already runs a DataLoader worker (num_workers=2 of 2 CPUs)" in full["input_bound"]["fix"]
 
 
 # GPU time -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -381,3 +382,12 @@ def test_recorded_calls_hold_no_object_the_garbage_collector_must_walk(monkeypat
         gc.collect(0)
         assert records and all(isinstance(value, (int, str, type(None))) for record in records for value in record)
         assert not any(gc.is_tracked(record) for record in records)
+
+
+def test_xsps_warnings_point_at_the_users_line(monkeypatch):
+    monkeypatch.setattr("xsp.tracers.cuda.source.SOURCE.available", lambda: "no CUDA driver: test")
+    model = torch.nn.Linear(4, 2)
+    with pytest.warns(xsp.XspWarning) as said:
+        with xsp.trace(levels="model,kernel", output=None):  # warned as the block starts
+            model(torch.randn(2, 4))
+    assert [Path(w.filename).name for w in said] == [Path(__file__).name] * len(said)

@@ -1,6 +1,10 @@
-"""Exceptions that xsp raises to its callers."""
+"""Exceptions that xsp raises to its callers, and how it warns them."""
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
 
 
 class XspError(Exception):
@@ -25,3 +29,18 @@ class TraceNotFoundError(XspError, FileNotFoundError):
 
 class XspWarning(UserWarning):
     """Something xsp could not do; the user's program carries on regardless."""
+
+
+OWN_PACKAGES = ("xsp", "xsp.tracers", "xsp.analysis")
+"""xsp's packages (``tracers`` and ``analysis`` live in folders of their own)."""
+
+
+def warn(warning: XspWarning) -> None:
+    """Say ``warning`` at the user's line: the innermost calling frame outside xsp's packages (in
+    xsp's own threads, where there is none, the outermost)."""
+    folders = tuple(os.path.join(os.path.realpath(folder), "") for name in OWN_PACKAGES
+                    if (package := sys.modules.get(name)) is not None for folder in getattr(package, "__path__", ()))
+    frame, level = sys._getframe(1), 2  # 1 is this function's caller, as warnings.warn counts
+    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(folders):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(warning, stacklevel=level)

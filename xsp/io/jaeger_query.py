@@ -28,7 +28,6 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.errors import XspError, XspWarning
+from xsp.core.errors import XspError, XspWarning, warn
 from xsp.io.trace import Trace
 from xsp.table.build import conform
 
@@ -412,11 +411,11 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
     report.missing = {session: {"traces": sent - read, "spans": sent_spans - read_spans}
                       for session, (read, sent, read_spans, sent_spans) in short.items()}
     for session, (read, sent, read_spans, sent_spans) in short.items():
-        warnings.warn(XspWarning(
+        warn(XspWarning(
             f"only {read} of the {sent} traces ({read_spans} of {sent_spans} spans) session {session} sent came back "
             f"from {jaeger}, even split into ranges of single answers: {sent - read} traces ({sent_spans - read_spans} "
             "spans) are missing (a server that caps its answers, or spans it dropped or has not stored yet); the "
-            "trace file the run wrote has them all"), stacklevel=2)
+            "trace file the run wrote has them all"))
     if session is not None:
         spans = _session_only(spans, collected, session)
     report.traces = int(spans[col.TRACE_ID].nunique()) if len(spans) else 0
@@ -432,8 +431,8 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
     if report.malformed:
         info["dropped"] = {**(info.get("dropped") or {}), "spans without ids or times Jaeger answered with":
                            report.malformed}
-        warnings.warn(XspWarning(f"{report.malformed} span(s) from {jaeger} had no trace or span id, or no start or "
-                                 "end time, and were left out"), stacklevel=2)
+        warn(XspWarning(f"{report.malformed} span(s) from {jaeger} had no trace or span id, or no start or "
+                                 "end time, and were left out"))
     return Trace(spans=spans, metadata=info)
 
 

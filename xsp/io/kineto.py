@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -57,7 +56,7 @@ import pyarrow.compute as pc
 
 from xsp._version import __version__
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning, warn
 from xsp.core.memory_release import release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.io.kineto_events import (
@@ -403,8 +402,8 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
                 "dropped": lost, "service_name": source.name.split(".")[0],
                 "device": _device_name(metadata["device_properties"])}
     if lost:  # every command that reads the file says so, not only xsp import
-        warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
-                                 "were left out"), stacklevel=2)
+        warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
+                                 "were left out"))
     return Trace(spans=spans, metadata=metadata)
 
 

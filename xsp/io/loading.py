@@ -5,7 +5,6 @@ files of every rank of a distributed job as one trace."""
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
 from xsp.core.rank import rank_files
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
@@ -146,8 +145,8 @@ def _ranks_apart(by_rank: dict[int, Trace]) -> bool:
     if latest_start <= earliest_end:
         return False
     files = ", ".join(str(by_rank[rank].metadata.get("file")) for rank in sorted(spans))
-    warnings.warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
-                             "different runs, and what one rank waited for another is meaningless"), stacklevel=4)
+    warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
+                             "different runs, and what one rank waited for another is meaningless"))
     return True
 
 

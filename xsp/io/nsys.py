@@ -37,7 +37,6 @@ import json
 import os
 import re
 import sqlite3
-import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
@@ -50,7 +49,7 @@ import pandas as pd
 
 from xsp._version import __version__
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning, warn
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
@@ -698,8 +697,8 @@ def load_nsys(path: str | os.PathLike[str]) -> Trace:
                 "imported_from": str(source), "levels": [level.value for level in Level if level.value in present],
                 "hierarchy": result.diagnostics, "dropped": lost, "service_name": source.name.split(".")[0]}
     if lost:  # every command that reads the export says so, not only xsp import
-        warnings.warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
-                                 "were left out"), stacklevel=2)
+        warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
+                                 "were left out"))
     for lack in metadata["nsys"]["lacking"] if len(spans) else []:
-        warnings.warn(XspWarning(f"{source} has {lack}"), stacklevel=2)
+        warn(XspWarning(f"{source} has {lack}"))
     return Trace(spans=spans, metadata=metadata)

@@ -10,7 +10,6 @@ import secrets
 import shutil
 import stat
 import tempfile
-import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.core import schema as col
-from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError, XspWarning
+from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
 from xsp.table.validation import impossible_spans, parents_not_in_the_table
 from xsp.table.walks import arrow_strings, categorical, parent_positions
 
@@ -374,8 +373,8 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
                                "not written by xsp as it is; not read")
     orphans = parents_not_in_the_table(spans, parents)
     if orphans:
-        warnings.warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
-                                 "spans left out of it): they are read as roots"), stacklevel=2)
+        warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
+                                 "spans left out of it): they are read as roots"))
     return spans, metadata
 
 

@@ -478,6 +478,8 @@ class Recording:
         collective saw it (a group set up inside the session and destroyed before its end)."""
         self.notes: list[str] = []
         """What a tracer noticed that the user should hear once (the session warns with each)."""
+        self.input_worker_pids: set[int] = set()
+        """The processes of the DataLoader workers the recorded loops waited for."""
         self.sites = CallSites()
         """The call sites of the recorded module calls and user spans (:mod:`xsp.record.sites`),
         shared by every thread: a site id means the same line in every thread's records."""

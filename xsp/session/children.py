@@ -39,7 +39,7 @@ import tempfile
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -233,6 +233,9 @@ class ChildSpans:
     """Steps the children added."""
     ranks: list[int]
     """Ids of the processes ``torch.multiprocessing.spawn`` started: ranks, not followed."""
+    workers_before: list[int]
+    """Ids of the DataLoader workers the session's loops waited for that were started before it
+    (``persistent_workers=True`` keeps an epoch's workers for the next): not followed."""
 
 
 class Following:
@@ -296,8 +299,9 @@ class Following:
         _PATCH.pop(self)
 
     def collect(self, host_to_epoch_ns: int, session_trace_id: str, session_span_id: int,
-                steps_before: int) -> ChildSpans:
-        """The children's spans as the session's (see the module docs); the folder is removed."""
+                steps_before: int, input_worker_pids: Collection[int] = ()) -> ChildSpans:
+        """The children's spans as the session's (see the module docs); the folder is removed.
+        ``input_worker_pids``: the DataLoader workers the session's loops waited for."""
         self.close()
         self.collected = True
         from xsp.io.loading import load
@@ -317,9 +321,13 @@ class Following:
                                                         steps)
                     steps += added
                     dropped.update(child.metadata.get("dropped") or {})
+                    own = child.metadata.get("child_processes") or {}
                     processes[key] = {"name": name, "kind": "session", "spans": len(spans),
                                       "warnings": list(child.metadata.get("warnings") or []),
-                                      "dropped": dict(child.metadata.get("dropped") or {})}
+                                      "dropped": dict(child.metadata.get("dropped") or {}),
+                                      "untraced_children": dict(own.get("untraced") or {})}
+                    for grandchild, facts in (own.get("followed") or {}).items():  # its own children, below it
+                        processes.setdefault(grandchild, {**facts, "parent": pid})
                     tables.append(spans)
                     continue
                 if fetch_path.exists():
@@ -338,7 +346,9 @@ class Following:
             else:
                 untraced[key] = f"{name}: {why}"
         shutil.rmtree(self.plan.folder, ignore_errors=True)
-        return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks))
+        started = {pid for pid, *_ in self.started}
+        return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks),
+                          sorted(set(input_worker_pids) - started))
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it

@@ -19,6 +19,7 @@ import pyarrow as pa
 from xsp.core import contention, machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
+from xsp.core.figures import counted
 from xsp.core.metadata import environment, memory_peaks
 from xsp.core.rank import (
     current_backend,
@@ -182,7 +183,8 @@ def collect_children(session: Session) -> ChildSpans | None:
     state = session.interpreter.state
     try:
         found = following.collect(session.interpreter.host_to_epoch_ns, state.session_trace_id,
-                                  state.session_span_id, state.steps)
+                                  state.session_span_id, state.steps,
+                                  set() if session.recording is None else session.recording.input_worker_pids)
     except Exception as exc:  # the session's own spans are still written
         following.discard()
         session.warn(f"the spans of the child processes could not be added: {type(exc).__name__}: {exc}")
@@ -191,11 +193,17 @@ def collect_children(session: Session) -> ChildSpans | None:
         session.interpreter.add_spans(table)
     said: dict[str, list[str]] = {}
     for pid, facts in found.processes.items():
+        if "parent" in facts:  # a child's own child: the child said its warnings, naming it
+            continue
         for message in facts.get("warnings", ()):
             said.setdefault(message, []).append(pid)
     for message, pids in said.items():
         session.warn(f"child process{'es' if len(pids) > 1 else ''} {', '.join(pids[:5])}"
                      f"{' ...' if len(pids) > 5 else ''}: {message}")
+    if found.workers_before:
+        session.warn(f"the loop waited for {counted(len(found.workers_before), 'DataLoader worker')} started before "
+                     "the session (persistent_workers=True keeps an epoch's workers for the next): their fetches are "
+                     "not in the trace; start the session before the loader's first epoch to record them")
     if found.untraced:
         total = len(found.untraced) + len(found.processes)
         reasons = [f"process {pid} ({why})" for pid, why in list(found.untraced.items())[:3]]
@@ -244,7 +252,7 @@ def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans
         "process_id": os.getpid(),
         "child_processes": None if children is None else {
             "followed": children.processes, "untraced": children.untraced, "steps": children.steps,
-            "ranks_not_followed": children.ranks},
+            "ranks_not_followed": children.ranks, "dataloader_workers_started_before": children.workers_before},
         "warnings": list(session.warnings),
         "otlp": None if session.target is None else {"endpoint": session.target.endpoint,
                                                   "protocol": session.target.protocol.value},

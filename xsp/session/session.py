@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from xsp.core import contention
 from xsp.core import state as _state
 from xsp.core.clock import ClockSync, now_ns
-from xsp.core.errors import XspWarning
+from xsp.core.errors import XspWarning, warn
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.metadata import default_service_name
 from xsp.core.rank import (
@@ -623,7 +623,7 @@ class Session:
     def warn(self, message: str) -> None:
         """Say ``message`` once, as an :class:`XspWarning`, and keep it for the trace's metadata."""
         self.warnings.append(message)
-        warnings.warn(f"xsp: {message}", XspWarning, stacklevel=3)
+        warn(XspWarning(f"xsp: {message}"))
 
 
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
