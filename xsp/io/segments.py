@@ -39,8 +39,8 @@ from xsp.io.parquet import (
     pandas_metadata,
     read_arrow_trace,
     spans_from_arrow,
-    statistics_columns,
     write_trace_tables,
+    writer_options,
 )
 from xsp.table.paths import SESSION_NAME
 
@@ -130,8 +130,7 @@ def warm_up() -> None:
            col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
     table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
     pandas_metadata(table.schema)  # made once per process: a child forked later has it too
-    pq.write_table(table, io.BytesIO(), compression="zstd", write_page_checksum=True,
-                   write_statistics=statistics_columns(table.schema))
+    pq.write_table(table, io.BytesIO(), **writer_options(table.schema))
 
 
 class SegmentWriter:
@@ -241,8 +240,7 @@ class SegmentWriter:
     def _write(self, folder: Path, number: int, table: pa.Table) -> bool:
         try:
             with atomic_output(folder / f"window-{number:06d}.parquet") as temporary:
-                pq.write_table(table, temporary, compression="zstd", write_page_checksum=True,
-                               write_statistics=statistics_columns(table.schema))
+                pq.write_table(table, temporary, **writer_options(table.schema))
         except OSError as exc:
             if not self._folder_failed:
                 self._folder_failed = True
