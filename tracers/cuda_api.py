@@ -7,20 +7,22 @@ correlation id that links it to the kernels, copies and sets it launched.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pandas as pd
 
 from xsp.core.schema import Level
 from xsp.record.recording import Recording, Window
+from xsp.tracers.base import Tracer
 from xsp.tracers.cuda.records import ActivityColumns
 from xsp.tracers.cuda.rows import api_rows
 from xsp.tracers.cuda.source import API_KINDS, SOURCE, CuptiSource, pairing_note, record_path
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 
-class CuptiTracer(ABC):
+class CuptiTracer(Tracer):
     """A tracer reading some CUPTI activity kinds through the shared source."""
 
     name: ClassVar[str]
@@ -31,7 +33,7 @@ class CuptiTracer(ABC):
     level's profiler (Kineto's ``libkineto_init`` in some PyTorch versions, even CPU-only) would
     otherwise take it, losing the CUDA levels for the rest of the process. Started first, xsp holds
     it and Kineto, refused, records operators without CUPTI."""
-    interprets_in_child: ClassVar[bool] = True
+    interprets_in_child = True
     """Its records are drained into the window before a helper process is forked
     (:meth:`prepare`): the helper only turns columns into rows."""
 
@@ -57,9 +59,9 @@ class CuptiTracer(ABC):
             problems, self.source.warnings = self.source.warnings, []
             raise RuntimeError("; ".join(problems))
 
-    def on_step_end(self) -> None:
+    def step_end_hook(self) -> Callable[[], None] | None:
         """Flush CUPTI's completed buffers (on a background thread)."""
-        self.source.step_ended()
+        return self.source.step_ended
 
     def metadata(self) -> dict[str, Any]:
         """How CUPTI was used (record path, clock, what was left out), for the trace's metadata."""

@@ -31,6 +31,7 @@ from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Recording, Window
+from xsp.tracers.base import Tracer
 
 NORM_FLOPS_PER_ELEMENT = 5
 """Mean, variance, normalise and scale-shift, per element (and softmax's max, exp, sum, divide)."""
@@ -165,7 +166,7 @@ def flops_rows(records: list[tuple[Any, ...]]) -> tuple[pd.DataFrame, int]:
     return frame, int(uncounted.sum())
 
 
-class FlopsTracer:
+class FlopsTracer(Tracer):
     """Analytic FLOPs and bytes of each aten operator, on the session's thread."""
 
     name: ClassVar[str] = "flops"

@@ -23,6 +23,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Recording, Window
+from xsp.tracers.base import Tracer
 from xsp.tracers.cuda.source import cupti_error_text, cupti_module, measure_cupti_offset, probe
 
 SAMPLING_INTERVAL_NS = 100_000
@@ -92,12 +93,12 @@ def pm_sampling_module() -> Any:
     return pm_sampling
 
 
-class GpuMetricsTracer:
+class GpuMetricsTracer(Tracer):
     """PM sampling of DRAM bytes and FLOPs on the current CUDA device."""
 
     name: ClassVar[str] = "gpu_metrics"
     level: ClassVar[Level] = Level.GPU_METRICS
-    collects_at_end: ClassVar[bool] = True
+    collects_at_end = True
     """Its records are read when it stops, so steps are not exported before the session ends."""
 
     def __init__(self) -> None:

@@ -34,7 +34,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Final
 
 import numpy as np
@@ -55,6 +55,7 @@ from xsp.record.operator_observer import (
 from xsp.record.recording import Recording, Window
 from xsp.record.sites import NO_SITE, CallSites
 from xsp.table.walks import categories_at
+from xsp.tracers.base import Tracer
 
 CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"
@@ -445,7 +446,7 @@ def observer_unavailable() -> str | None:
     return None
 
 
-class OperatorTracer:
+class OperatorTracer(Tracer):
     """aten operators, from xsp's RecordFunction observer (streamed a window at a time), or where
     it cannot be built, from PyTorch's profiler in CPU-only mode (read when the session ends)."""
 
@@ -469,9 +470,6 @@ class OperatorTracer:
         self.interprets_in_child = self._observer is not None
         """The observer's records of a window are taken into it (:meth:`prepare`) first."""
         self._counted = 0
-        if self._observer is not None:
-            self.on_step_end = self._count_records
-            """At each step's end: the operators recorded since count toward the next window."""
 
     def available(self) -> str | None:
         return None if self._observer is not None else profiler_conflict()
@@ -485,6 +483,10 @@ class OperatorTracer:
             self._follow_lines(recording, on_thread=None)
             return
         self._start_profiler(recording)
+
+    def step_end_hook(self) -> Callable[[], None] | None:
+        """At each step's end: the operators recorded since count toward the next window."""
+        return self._count_records if self._observer is not None else None
 
     def _count_records(self) -> None:
         if self._observer is None or self._recording is None:

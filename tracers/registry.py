@@ -44,9 +44,12 @@ def tracer_classes() -> dict[str, type[Tracer] | str]:
     found: dict[str, type[Tracer] | str] = {}
     for name, target in targets.items():
         try:
-            found[name] = _load(target)
+            loaded = _load(target)
         except Exception as exc:  # a broken plugin must not break xsp
             found[name] = f"cannot load {target}: {type(exc).__name__}: {exc}"
+            continue
+        found[name] = loaded if isinstance(loaded, type) and issubclass(loaded, Tracer) else (
+            f"cannot use {target}: not a subclass of xsp.tracers.Tracer")
     return found
 
 
@@ -65,7 +68,7 @@ def tracers_for(levels: tuple[Level, ...]) -> tuple[list[Tracer], dict[Level, st
             chosen.append(tracer)
         else:
             reasons[cls.level].append(f"{name}: {reason}")
-    covered = {level for tracer in chosen for level in (tracer.level, *getattr(tracer, "also_records", ()))}
+    covered = {level for tracer in chosen for level in (tracer.level, *tracer.also_records)}
     missing = {
         level: (why[0].partition(": ")[2] if len(why) == 1 else "; ".join(why)) if why
         else "no tracer records this level yet"

@@ -31,6 +31,7 @@ from xsp.core.clock import now_ns
 from xsp.core.schema import Level
 from xsp.record.recording import Recording, Window
 from xsp.record.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
+from xsp.tracers.base import Tracer
 
 DEFAULT_HZ: Final = 10.0
 HZ_ENV: Final = "XSP_SYSTEM_HZ"
@@ -225,12 +226,12 @@ def gpu_readers() -> tuple[list[GpuReader], str | None]:
         return [], f"NVML could not list the GPUs ({exc})"
 
 
-class SystemTracer:
+class SystemTracer(Tracer):
     """Samples the process, the host and the GPUs on a thread of its own."""
 
     name: ClassVar[str] = "system"
     level: ClassVar[Level] = Level.SYSTEM
-    interprets_in_child: ClassVar[bool] = True
+    interprets_in_child = True
     """Its samples travel in the window (:attr:`xsp.record.recording.Window.samples`)."""
 
     def __init__(self, interval_s: float | None = None) -> None:

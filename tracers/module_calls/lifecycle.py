@@ -6,18 +6,19 @@ from typing import ClassVar
 
 from xsp.core.schema import Level
 from xsp.record.recording import Recording, Window
+from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 from xsp.tracers.module_calls.rows import remember_module_facts
 
 
-class ModuleCallTracer:
+class ModuleCallTracer(Tracer):
     """A tracer that records ``nn.Module`` calls in at least ``mode``."""
 
     name: ClassVar[str]
     level: ClassVar[Level]
     mode: ClassVar[Mode]
-    interprets_in_child: ClassVar[bool] = True
+    interprets_in_child = True
     """``collect`` reads only the window and the modules it names: a forked child can run it."""
 
     def available(self) -> str | None:

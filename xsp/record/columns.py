@@ -9,12 +9,9 @@ import sys
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
+from typing import Any, Final, Generic, TypeVar, overload
 
 from xsp.record import hotpath
-
-if TYPE_CHECKING:
-    from xsp.record.recording import ThreadBuffer
 
 COMPACT_AT: Final = 512
 """Raw records a thread keeps before compacting them into arrays. Small on purpose: records
@@ -247,9 +244,9 @@ class MadeOnFirstUse(Generic[_Columns]):
     @overload
     def __get__(self, buffer: None, owner: type | None = None) -> MadeOnFirstUse[_Columns]: ...
     @overload
-    def __get__(self, buffer: ThreadBuffer, owner: type | None = None) -> _Columns: ...
+    def __get__(self, buffer: object, owner: type | None = None) -> _Columns: ...
 
-    def __get__(self, buffer: ThreadBuffer | None, owner: type | None = None) -> Any:
+    def __get__(self, buffer: object | None, owner: type | None = None) -> Any:
         if buffer is None:
             return self
         columns = self.slot.__get__(buffer, owner)
@@ -258,5 +255,5 @@ class MadeOnFirstUse(Generic[_Columns]):
             self.slot.__set__(buffer, columns)
         return columns
 
-    def __set__(self, buffer: ThreadBuffer, columns: _Columns) -> None:
+    def __set__(self, buffer: object, columns: _Columns) -> None:
         self.slot.__set__(buffer, columns)

@@ -41,13 +41,36 @@ until then (:attr:`AutoSteps.holding`), and windows never separate them from the
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 from xsp.core.schema import ATTR_STEP_TYPE
 from xsp.record.marks import MarkKind
 
-if TYPE_CHECKING:
-    from xsp.record.recording import ThreadBuffer
+
+class StepListeners(Protocol):
+    """What the steps of a thread tell when one is decided (:class:`xsp.record.recording.Recording`)."""
+
+    @property
+    def long_step_ns(self) -> int: ...
+    @property
+    def report_after_ns(self) -> int: ...
+    @property
+    def on_long_step(self) -> Callable[[int], None] | None: ...
+    @property
+    def on_ended_thread_step(self) -> Callable[[Any, int], None] | None: ...
+
+
+class StepsThread(Protocol):
+    """The thread whose steps :class:`AutoSteps` decides (:class:`xsp.record.recording.ThreadBuffer`)."""
+
+    depth: int
+    open_steps: int
+    marks: list[Any]
+    optimizer_starts: Any
+
+    @property
+    def recording(self) -> StepListeners: ...
 
 
 class StepType(enum.IntEnum):
@@ -87,7 +110,7 @@ class AutoSteps:
                  "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad",
                  "closed_by", "tentative", "joiner", "joined", "python_decides", "waited")
 
-    def __init__(self, buffer: ThreadBuffer) -> None:
+    def __init__(self, buffer: StepsThread) -> None:
         self._buffer = buffer
         self.optimizer_seen = False
         """An optimizer step has run on this thread: training steps end only at optimizer steps."""

@@ -337,12 +337,13 @@ def tracer_details(session: Session) -> dict[str, Any]:
     """What tracers report about themselves (a CUPTI clock offset, say), by tracer name."""
     details = {}
     for tracer in session.tracers:
-        report = getattr(tracer, "metadata", None)
-        if callable(report):
-            try:
-                details[tracer.name] = report()
-            except Exception as exc:
-                session.warn(f"tracer {tracer.name} could not describe itself: {exc}")
+        try:
+            report = tracer.metadata()
+        except Exception as exc:
+            session.warn(f"tracer {tracer.name} could not describe itself: {exc}")
+            continue
+        if report is not None:
+            details[tracer.name] = report
     return details
 
 

@@ -73,19 +73,17 @@ class WindowInterpreter:
     def helpers_can_interpret(self) -> bool:
         """Every tracer's rows can be made in a forked child, and no window waits to be written
         by this process (a helper would write it twice)."""
-        return (all(getattr(tracer, "interprets_in_child", False) for tracer in self.tracers)
+        return (all(tracer.interprets_in_child for tracer in self.tracers)
                 and not (self.segments is not None and self.segments.pending))
 
     def prepare(self, window: Window) -> None:
         """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
         what only this process holds."""
         for tracer in self.tracers:
-            prepare = getattr(tracer, "prepare", None)
-            if callable(prepare):
-                try:
-                    prepare(window)
-                except Exception as exc:
-                    self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
+            try:
+                tracer.prepare(window)
+            except Exception as exc:
+                self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
 
     def interpret(self, window: Window, session_row: dict[str, Any] | None = None) -> pd.DataFrame:
         """The spans of one window: written as a segment when the session streams, else kept."""

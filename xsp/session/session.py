@@ -508,7 +508,7 @@ class Session:
         it takes the recording over: those of its levels that hand their spans over window by
         window (one that collects only at its end, the operator level, is stopped and started again)."""
         return [tracer for tracer in tracers
-                if tracer.level in self.levels and not getattr(tracer, "collects_at_end", False)]
+                if tracer.level in self.levels and not tracer.collects_at_end]
 
     def _continue(self, ended: Session, running: list[Tracer], since_ns: int) -> None:
         """This block joined ``ended``, which has just ended (on its own thread, which runs this):
@@ -563,7 +563,7 @@ class Session:
     def open_segments(self, tracers: list[Tracer]) -> None:
         """Stream closed windows to segments beside the output, unless a tracer's spans of a
         step only come at the session's end (then windows stay open and spans in memory)."""
-        if self.output is None or any(getattr(tracer, "collects_at_end", False) for tracer in tracers):
+        if self.output is None or any(tracer.collects_at_end for tracer in tracers):
             return
         self.interpreter.segments = SegmentWriter(self.output)
         if self.windows is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from xsp.core import contention, machine_speed
@@ -47,7 +48,7 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
     for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
         session.stop_quietly(tracer)
     kept = [tracer for tracer in tracers if tracer in (running or ())]
-    tracers.sort(key=lambda tracer: not getattr(tracer, "starts_first", False))  # stable: the rest keep their order
+    tracers.sort(key=lambda tracer: not tracer.starts_first)  # stable: the rest keep their order
     by_reason: dict[str, list[str]] = {}
     for level, reason in session.unavailable.items():
         by_reason.setdefault(reason, []).append(level.value)
@@ -127,14 +128,21 @@ def open_export(session: Session) -> None:
     session.windows = WindowWorker(session)
 
 
+def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:
+    try:
+        return tracer.step_end_hook()
+    except Exception:  # a tracer that cannot say flushes at no step end
+        return None
+
+
 def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
     """Tell the recording who hears of step ends: tracers that flush at each step (every
     step), and the window worker (a step of ``long_step_s`` or more, or the first step end
     ``WINDOW_S`` after the last window closed)."""
     assert session.recording is not None
-    flushers = [tracer.on_step_end for tracer in tracers if callable(getattr(tracer, "on_step_end", None))]
+    flushers = [hook for hook in map(_step_end_hook, tracers) if hook is not None]
     windows = session.windows
-    at_end = [tracer.name for tracer in tracers if getattr(tracer, "collects_at_end", False)]
+    at_end = [tracer.name for tracer in tracers if tracer.collects_at_end]
     if at_end:  # their spans of a step come only after the session: never export a step without them
         windows = None
     long_step_ns = int(session.long_step_s * 1e9)
