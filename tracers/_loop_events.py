@@ -86,10 +86,13 @@ class LoopEvents:
         first test it folds, as it does the module-call wrapper's: a compiled ``optimizer.step``
         runs them), and ``torch.autograd.backward``'s replacement, all of C."""
         if hotpath.HOTPATH is not None:
-            self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.new_buffer, now_ns, error_text,
-                                                    self._optimizer_names, ThreadBuffer, AutoSteps,
-                                                    hotpath_constants(), MarkKind.BACKWARD, MarkKind.OPTIMIZER,
-                                                    BACKWARD_NAME)
+            try:
+                self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.new_buffer, now_ns, error_text,
+                                                        self._optimizer_names, ThreadBuffer, AutoSteps,
+                                                        hotpath_constants(), MarkKind.BACKWARD, MarkKind.OPTIMIZER,
+                                                        BACKWARD_NAME)
+            except (TypeError, AttributeError) as exc:  # a slot the C part needs is missing: hooks in Python
+                recording.notes.append(hotpath.mismatch_note(exc))
 
     def install(self) -> None:
         self._patch_dataloader()

@@ -990,3 +990,21 @@ def test_c_applies_the_step_rule_as_python_states_it_event_by_event(c_module, mo
     for event, (by_c, by_python) in enumerate(zip(states[True], states[False])):
         assert by_c == by_python, f"event {event}: C {by_c} != Python {by_python}"
     assert spans[True] == spans[False]
+
+
+def test_a_slot_the_c_part_reads_that_python_renamed_is_refused_and_recorded_in_python(c_module, monkeypatch):
+    """The C part finds each ThreadBuffer and AutoSteps slot by name and type: a slot renamed in
+    Python without it is refused as the session starts, never read at a stale offset, and the
+    calls are recorded by the Python wrapper (said once)."""
+    from xsp.record.recording import ThreadBuffer
+
+    renamed = type("ThreadBuffer", (), {"__slots__": tuple(name if name != "depth" else "call_depth"
+                                                           for name in ThreadBuffer.__slots__)})
+    monkeypatch.setattr(_module_calls, "ThreadBuffer", renamed)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with pytest.warns(xsp.XspWarning, match="C module-call wrapper does not match") as said:
+        with xsp.trace(levels="model,layer", output=None) as session:
+            model(torch.randn(2, 4))
+    assert "depth" in str(said[0].message) and len(said) == 1  # said once, and nothing else went wrong
+    spans = session.trace.spans
+    assert (spans[col.KIND] == SpanKind.PREDICT.value).sum() == 1 and (spans[col.LEVEL] == "layer").sum() == 2

@@ -227,12 +227,16 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
     capsule = None if correlation is None else correlation.capsule
     if hotpath.HOTPATH is None or (correlation is not None and capsule is None):
         return slow
-    fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, grad_enabled,
-                                    None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
-                                    _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
-                                    COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
-                                    (recording.layer_depth or 0) if mode is Mode.ALL else 0,
-                                    recording.sites if recording.sites.enabled else None)
+    try:
+        fast = hotpath.HOTPATH.FastCall(int(mode), original, slow, recording.local, recording, now_ns, grad_enabled,
+                                        None if tracing_known else jit_tracing, TENSOR_TYPE, describe_inputs, describe,
+                                        _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
+                                        COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
+                                        (recording.layer_depth or 0) if mode is Mode.ALL else 0,
+                                        recording.sites if recording.sites.enabled else None)
+    except (TypeError, AttributeError) as exc:  # the C part finds each slot by name and type: refused, never guessed
+        recording.notes.append(hotpath.mismatch_note(exc))
+        return slow
     fast.call_machinery = call_machinery(original)
     if module_ranges is not None:
         fast.use_nvtx(module_ranges.ranges.capsule, module_ranges.ranges.forward, module_ranges.message_of)

@@ -34,5 +34,13 @@ def load() -> Any:
     return optional_extension("xsp.record._hotpath")
 
 
+def mismatch_note(error: Exception) -> str:
+    """What to say when the C part refuses this Python code: it finds every ``__slots__`` member of
+    ``ThreadBuffer`` and ``AutoSteps`` it reads or writes by name and type as it starts, so a slot
+    renamed or retyped without the C side is refused there, never read at a stale offset."""
+    return (f"xsp's C module-call wrapper does not match this installation ({error}): module calls and step "
+            "hooks are recorded in Python, at a higher cost per call (reinstall xsp to rebuild it)")
+
+
 HOTPATH: Any = load()
 """The loaded extension, or None. Read at use (tests switch it off by setting it to None)."""

@@ -26,7 +26,10 @@
  *
  * Why C: in Python the wrapper's bookkeeping is most of a top-level call's cost (about 2 µs on
  * a 2-core x86 machine), and getattr through the C API is no cheaper. So the slots of
- * ThreadBuffer and AutoSteps are read and written where their member descriptors would, and
+ * ThreadBuffer and AutoSteps are read and written where their member descriptors would (each
+ * offset taken from the slot's descriptor, by name and type, as FastCall and StepEvents are made:
+ * a slot renamed or retyped in Python is refused there, and the Python path records instead;
+ * find_slots in slots.c lists them, tests/unit/test_hotpath.py checks the refusal), and
  * the clock is read with clock_gettime where that is what time.perf_counter_ns reads. A module
  * call's arguments stay in the vectorcall array they came in, and are passed on in it.
  */
