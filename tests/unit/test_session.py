@@ -391,3 +391,23 @@ def test_xsps_warnings_point_at_the_users_line(monkeypatch):
         with xsp.trace(levels="model,kernel", output=None):  # warned as the block starts
             model(torch.randn(2, 4))
     assert [Path(w.filename).name for w in said] == [Path(__file__).name] * len(said)
+
+
+def test_the_options_the_api_and_the_cli_share_are_checked_once_and_defined_once(tmp_path, capsys):
+    from xsp.cli.main import build_parser, main
+
+    with pytest.raises(ValueError, match="span_budget must be 0 .no limit. or more, not -1"):
+        xsp.trace(span_budget=-1, output=None)
+    with pytest.raises(ValueError, match="layer_depth must be 1 or more"):
+        xsp.trace(layer_depth=0, output=None)
+    script = tmp_path / "script.py"
+    script.write_text("print('ran')\n")
+    assert main(["run", "--span-budget", "-5", "--", str(script)]) == 2
+    assert main(["push", str(tmp_path / "none.xsp.parquet"), "--span-budget", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("xsp: error: --span-budget must be 0 (no limit) or more, not -5") == 2 and "ran" not in err
+    commands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 (argparse's own tree)
+    for flag in ("--otlp-protocol", "--service-name", "--span-budget"):
+        run_action, push_action = (next(action for action in commands[name]._actions  # noqa: SLF001
+                                        if flag in action.option_strings) for name in ("run", "push"))
+        assert run_action.choices == push_action.choices and run_action.type == push_action.type, flag

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import stat
@@ -28,6 +29,25 @@ def beside(source: str | os.PathLike[str], name: str) -> Path:
     except OSError:
         read_only = False
     return Path(name) if read_only else folder / name
+
+
+def add_otlp_options(parser: argparse.ArgumentParser, endpoint_help: str, service_name_last: str,
+                     budget_when: str = "") -> None:
+    """The options of the commands that send spans to a collector (run, push), defined once:
+    ``--otlp`` (described by ``endpoint_help``), ``--otlp-protocol``, ``--service-name`` (whose last
+    fallback is ``service_name_last``) and ``--span-budget`` (``budget_when``: when it applies)."""
+    from xsp.export.target import DEFAULT_SPAN_BUDGET, Protocol
+
+    parser.add_argument("--otlp", metavar="URL", default=None, help=endpoint_help)
+    parser.add_argument("--otlp-protocol", choices=[protocol.value for protocol in Protocol] + ["http"], default=None,
+                        help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    parser.add_argument("--service-name", default=None,
+                        help="OTel service.name (default: OTEL_SERVICE_NAME, else service.name in "
+                             f"OTEL_RESOURCE_ATTRIBUTES, else {service_name_last})")
+    parser.add_argument("--span-budget", type=int, default=None, metavar="N",
+                        help=f"{budget_when}most spans per trace (step) sent; a step over it has its deepest levels "
+                             "folded into aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, "
+                             f"else {DEFAULT_SPAN_BUDGET}; 0: no limit)")
 
 
 class CliError(Exception):

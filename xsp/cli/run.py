@@ -14,13 +14,21 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from xsp.cli._common import CliError, ProgressLine, check_output, console, error_console, xsp_warnings_to_stderr
+from xsp.cli._common import (
+    CliError,
+    ProgressLine,
+    add_otlp_options,
+    check_output,
+    console,
+    error_console,
+    xsp_warnings_to_stderr,
+)
 from xsp.core import schema as col
 from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
+from xsp.core.options import checked_layer_depth, checked_span_budget
 from xsp.core.schema import DEFAULT_OUTPUT, SpanKind
-from xsp.export.target import Protocol
 from xsp.record.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -47,17 +55,8 @@ def register(commands: Any) -> None:
                         help="write the trace into this folder of runs instead, as "
                              "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
                              "ID: XSP_RUN_ID, else the job's id)")
-    parser.add_argument("--otlp", metavar="URL", default=None,
-                        help="also send spans to this OTLP endpoint, e.g. http://localhost:4317")
-    parser.add_argument("--otlp-protocol", choices=[p.value for p in Protocol] + ["http"], default=None,
-                        help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
-    parser.add_argument("--service-name", default=None,
-                        help="OTel service.name (default: OTEL_SERVICE_NAME, else service.name in "
-                             "OTEL_RESOURCE_ATTRIBUTES, else the script's name)")
-    parser.add_argument("--span-budget", type=int, default=None, metavar="N",
-                        help="with --otlp: most spans per trace (step) sent; a step over it has its deepest levels "
-                             "folded into aggregate spans so that Jaeger can open it (default: XSP_SPAN_BUDGET, "
-                             "else 2000; 0: no limit)")
+    add_otlp_options(parser, "also send spans to this OTLP endpoint, e.g. http://localhost:4317",
+                     "the script's name", budget_when="with --otlp: ")
     parser.add_argument("--schedule", metavar="SPEC", default=None,
                         help="record only some steps, as torch.profiler's schedule: "
                              "skip_first=N,wait=N,warmup=N,active=N,repeat=N (any of them; repeat=0: until the end)")
@@ -227,8 +226,8 @@ def run(options: argparse.Namespace) -> int:
     if schedule is not None and options.leveled:
         raise CliError("--schedule and --leveled cannot be combined (--leveled chooses its own steps: --warmup)")
     script, script_args = _script_and_args(options.command)
-    if options.span_budget is not None and options.span_budget < 0:
-        raise CliError("--span-budget must be 0 (no limit) or more")
+    checked_span_budget(options.span_budget, "--span-budget")
+    checked_layer_depth(options.layer_depth, "--layer-depth")
     if options.dataset:
         if options.leveled:
             raise CliError("--dataset and --leveled cannot be combined (a leveled run writes one merged file: -o)")
@@ -247,9 +246,6 @@ def run(options: argparse.Namespace) -> int:
         if options.output:
             check_output(options.output, str(script))  # the trace would overwrite the script
             check_writable(options.output)  # fail before the script runs, not after
-    if options.layer_depth is not None and options.layer_depth < 1:
-        raise CliError(f"--layer-depth must be 1 or more (1: the calls the model makes itself), not "
-                       f"{options.layer_depth}")
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")

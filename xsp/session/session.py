@@ -22,6 +22,7 @@ from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning, warn
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.metadata import default_service_name
+from xsp.core.options import checked_layer_depth, checked_span_budget
 from xsp.core.rank import (
     RankInfo,
 )
@@ -209,14 +210,13 @@ class Session:
         self.nvtx = nvtx_ranges.wanted(nvtx)
         """Whether spans push NVTX ranges as they run (see :mod:`xsp.record.nvtx`)."""
         self.backward = backward
-        if layer_depth is not None and layer_depth < 1:
-            raise ValueError(f"layer_depth must be 1 or more (1: the model's children), not {layer_depth}")
-        self.layer_depth = layer_depth
+        self.layer_depth = checked_layer_depth(layer_depth)
         # absolute now: the program may change directory before the file is written
         self.dataset = None if dataset is None else Path(dataset).absolute()
         self.run_id: str | None = None
         """With ``dataset``: this run's id, its ``run=`` partition."""
-        self.span_budget = span_budget_from_env() if span_budget is None else span_budget
+        budget = checked_span_budget(span_budget)
+        self.span_budget = span_budget_from_env() if budget is None else budget
         self.calibrate = calibrate
         self.costs: dict[str, Any] | None = None
         """With ``calibrate``: what one span of each host level costs here (the trace's ``calibration``)."""
@@ -655,7 +655,8 @@ def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str]
             so that :func:`xsp.analysis.compensated` can take xsp's own cost out of the figures.
         span_budget: when exporting to OTLP, the most spans one trace (a step) is sent with;
             a step over it has its deepest levels folded into aggregate spans, so that Jaeger
-            can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else 2000; 0: no limit.
+            can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else
+            :data:`xsp.export.target.DEFAULT_SPAN_BUDGET` (2000); 0: no limit.
         dataset: instead of ``output``, write the trace into this folder of runs, as
             ``<dataset>/run=<run id>/rank=<rank>/<service>.xsp.parquet``: every run's traces then
             form one Parquet dataset that DuckDB, Spark or Trino query with ``run`` and ``rank``
