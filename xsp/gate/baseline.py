@@ -36,7 +36,7 @@ from xsp.core.levels import missing_levels
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
 from xsp.gate import statistics as keyed
-from xsp.io.parquet import gunzip_bounded, write_output
+from xsp.io.parquet import dictionary_columns, gunzip_bounded, write_output
 from xsp.io.trace import Trace
 
 FORMAT: Final = "xsp-summary"
@@ -113,8 +113,9 @@ class Summary:
         facts = {"format": FORMAT, "version": FORMAT_VERSION, "quantiles": QUANTILES, "metadata": self.metadata,
                  "keys": {by.value: len(frame) for by, frame in self.keys.items()}}
         table = table.replace_schema_metadata({SCHEMA_KEY: json.dumps(facts, allow_nan=False).encode()})
-        return write_output(path, lambda temporary: pq.write_table(table, temporary, compression="zstd",
-                                                                  compression_level=19))
+        text = dictionary_columns(table.schema)  # numbers without a dictionary pack smaller
+        return write_output(path, lambda temporary: pq.write_table(
+            table, temporary, compression="zstd", compression_level=19, use_dictionary=text))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Summary:
