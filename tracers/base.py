@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from xsp.core.schema import Level
-    from xsp.record.recording import Recording, Window
+    from xsp.record.recording import Recording
+    from xsp.record.window import Window
 
 
 class Tracer(ABC):

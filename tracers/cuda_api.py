@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from xsp.core.schema import Level
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
+from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 from xsp.tracers.cuda.records import ActivityColumns
 from xsp.tracers.cuda.rows import api_rows

@@ -30,7 +30,8 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, SpanKind
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
+from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 
 NORM_FLOPS_PER_ELEMENT = 5

@@ -22,7 +22,8 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
+from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 from xsp.tracers.cuda.source import cupti_error_text, cupti_module, measure_cupti_offset, probe
 

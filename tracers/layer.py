@@ -8,7 +8,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
-from xsp.record.recording import Window
+from xsp.record.window import Window
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
 from xsp.tracers.module_calls.rows import backward_rows, module_call_rows

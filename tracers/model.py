@@ -11,8 +11,9 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.record.marks import SPAN_KIND_OF_MARK, MarkKind
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
 from xsp.record.steps import GENERATE_SUFFIX
+from xsp.record.window import Window
 from xsp.tracers._collectives import Collectives
 from xsp.tracers._ddp_buckets import DdpBuckets
 from xsp.tracers._loop_events import LoopEvents

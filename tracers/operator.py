@@ -52,8 +52,9 @@ from xsp.record.operator_observer import (
     Taken,
     observer,
 )
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
 from xsp.record.sites import NO_SITE, CallSites
+from xsp.record.window import Window
 from xsp.table.walks import categories_at
 from xsp.tracers.base import Tracer
 

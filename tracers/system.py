@@ -29,8 +29,9 @@ import pandas as pd
 
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
 from xsp.record.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
+from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 
 DEFAULT_HZ: Final = 10.0
@@ -232,7 +233,7 @@ class SystemTracer(Tracer):
     name: ClassVar[str] = "system"
     level: ClassVar[Level] = Level.SYSTEM
     interprets_in_child = True
-    """Its samples travel in the window (:attr:`xsp.record.recording.Window.samples`)."""
+    """Its samples travel in the window (:attr:`xsp.record.window.Window.samples`)."""
 
     def __init__(self, interval_s: float | None = None) -> None:
         self.interval_s = interval_s if interval_s is not None else 1.0 / sampling_hz()

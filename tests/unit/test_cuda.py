@@ -391,7 +391,7 @@ def test_kernels_recorded_on_another_thread_are_linked_to_that_threads_layers(fa
 
 
 def test_both_tracers_share_one_drain_per_window_and_drops_count_once():
-    from xsp.record.recording import Window
+    from xsp.record.window import Window
 
     source = CuptiSource(module=lambda: FakeCupti(), native=False)
 

@@ -17,9 +17,9 @@ from scipy import stats
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.gate import comparison, significance, verdicts
 from xsp.gate import diff_columns as dcol
-from xsp.gate import statistics as keyed
-from xsp.gate import verdicts
+from xsp.gate import key_samples as keyed
 from xsp.gate.baseline import QUANTILES, Summary, summarize
 from xsp.gate.diff import diff
 from xsp.reports import diff_formats
@@ -175,7 +175,7 @@ def test_rank_test_agrees_with_scipy():
     rng = np.random.default_rng(0)
     x, y = rng.normal(100, 5, 30), rng.normal(104, 5, 25)
     p = np.full(1, np.nan)
-    verdicts.rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
+    significance.rank_tests([np.sort(x).astype(np.int64)], [np.sort(y).astype(np.int64)], np.array([0]), p)
     expected = stats.mannwhitneyu(np.sort(x).astype(np.int64), np.sort(y).astype(np.int64)).pvalue
     assert p[0] == pytest.approx(expected)
 
@@ -789,7 +789,7 @@ def test_one_run_a_side_does_not_call_offsets_between_processes_changes(monkeypa
     judged = results[0]
     assert judged.settings["key_scatter"] > 0.04 and judged.settings["scatter_floor"] > 0.12
     assert any("moved against each other" in warning for warning in judged.warnings)
-    monkeypatch.setattr(keyed, "SCATTER_FACTOR", 0.0)  # the rank test alone: nearly every pair an alarm
+    monkeypatch.setattr(comparison, "SCATTER_FACTOR", 0.0)  # the rank test alone: nearly every pair an alarm
     assert alarms()[0] >= 15
 
 
@@ -848,7 +848,7 @@ def test_keys_are_only_those_of_kept_spans_when_the_first_row_is_left_out():
 
     from xsp.core.schema import Level
     from xsp.gate.diff_columns import COUNT, KeyBy
-    from xsp.gate.statistics import key_samples
+    from xsp.gate.key_samples import key_samples
 
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():

@@ -14,7 +14,8 @@ import xsp  # noqa: E402
 from xsp.analysis import counters_per_kernel, kernel_roofline  # noqa: E402
 from xsp.core import schema as col  # noqa: E402
 from xsp.core.schema import Level, SpanKind  # noqa: E402
-from xsp.record.recording import Recording, Window  # noqa: E402
+from xsp.record.recording import Recording  # noqa: E402
+from xsp.record.window import Window  # noqa: E402
 from xsp.table.build import conform  # noqa: E402
 from xsp.tracers import gpu_metrics  # noqa: E402
 from xsp.tracers.gpu_metrics import (  # noqa: E402

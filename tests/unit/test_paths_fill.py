@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import xsp
 from xsp.core import schema as col
-from xsp.table import paths
+from xsp.table import paths, steps
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_a_chain_below_the_session_and_a_cycle(fill):
     occurrence = np.array([2, 0, 11, 0, 0, 0])
     filled, joined = both_ways(fill, names, anchor, occurrence)
     assert filled == joined
-    assert filled[:3] == [f"{paths.SESSION_NAME}[0]/step[2]", f"{paths.SESSION_NAME}[0]/step[2]/aten::mm[0]",
-                          f"{paths.SESSION_NAME}[0]/step[2]/aten::mm[0]/kernel \u00e9\U0001F600[11]"]
+    assert filled[:3] == [f"{steps.SESSION_NAME}[0]/step[2]", f"{steps.SESSION_NAME}[0]/step[2]/aten::mm[0]",
+                          f"{steps.SESSION_NAME}[0]/step[2]/aten::mm[0]/kernel \u00e9\U0001F600[11]"]
     assert pd.isna(filled[3]) and pd.isna(filled[4])
 
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xsp.core.schema import STEP_KINDS, Level, SpanKind
-from xsp.table.paths import SKIPPING_LEVELS, anchors, outermost_step, root_of
+from xsp.table.paths import SKIPPING_LEVELS, anchors
+from xsp.table.steps import outermost_step, root_of
 from xsp.table.walks import chain_ends, depth_of, nearest_before, nearest_marked, text_matches, texts_at
 
 LEVELS = [level.value for level in Level]
@@ -75,7 +76,7 @@ def test_the_running_step_of_many_roots_is_the_latest_started_one_running_on_any
     """What a scan of every step a root gives (the latest start running then; of steps started
     together, the first in thread order), found without one: 28,000 steps of an import had
     85,000 roots on helper threads to place."""
-    from xsp.table.paths import running_step_roots
+    from xsp.table.steps import running_step_roots
 
     def scanned(step_roots: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: int) -> int:
         running = step_roots[(starts[step_roots] <= at) & (ends[step_roots] >= at)]

@@ -39,7 +39,7 @@ from importlib import metadata
 from typing import Any, Final
 
 from xsp.record.hotpath import PURE_PYTHON_ENV
-from xsp.record.recording import Window
+from xsp.record.window import Window
 from xsp.tracers.cuda.clock import ClockMode, CuptiClock, measure_cupti_offset
 from xsp.tracers.cuda.records import (
     ACTIVITY_KINDS,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xsp.core.schema import Level
-from xsp.record.recording import Recording, Window
+from xsp.record.recording import Recording
+from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR

@@ -19,8 +19,8 @@ from torch import nn
 
 from xsp.core import schema as col
 from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
-from xsp.record.recording import Window, WindowBuffer
 from xsp.record.sites import CallSites
+from xsp.record.window import Window, WindowBuffer
 from xsp.table.walks import arrow_strings, categories_at
 
 BACKWARD_SUFFIX = col.BACKWARD_SUFFIX

@@ -8,7 +8,7 @@ and again as it ends, and keeps the best times and how much the rounds and the t
 disagreed in its metadata; the diff compares the
 two runs' times, and only that evidence, not how many keys moved together, makes it say the
 runners differ. It trusts it only where both runs' rounds agreed, and a correction may only
-explain a change away, never make one (:func:`xsp.gate.statistics.compare_keys`).
+explain a change away, never make one (:func:`xsp.gate.comparison.compare_keys`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.core.levels import missing_levels
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
-from xsp.gate import statistics as keyed
+from xsp.gate import key_samples as keyed
 from xsp.io.parquet import dictionary_columns, gunzip_bounded, write_output
 from xsp.io.trace import Trace
 
@@ -89,7 +89,7 @@ class Summary:
     """Per-key samples of one run, by path and by name (what :func:`xsp.diff` compares)."""
 
     keys: dict[dcol.KeyBy, pd.DataFrame]
-    """Key-samples frames (:func:`xsp.gate.statistics.key_samples`) for each way of matching."""
+    """Key-samples frames (:func:`xsp.gate.key_samples.key_samples`) for each way of matching."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """What the run was: versions, device, levels, the trace it came from, its steps."""
 

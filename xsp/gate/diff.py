@@ -1,7 +1,7 @@
 """``xsp.diff``: did a change make the model slower, where, and by how much.
 
 Two runs (traces, Kineto traces, leveled traces or baseline summaries) are compared key by
-key with the statistics of :mod:`xsp.gate.statistics`; :class:`Diff` holds the result and
+key with the statistics of :mod:`xsp.gate.comparison`; :class:`Diff` holds the result and
 writes it as text, Markdown (pull-request comments), JUnit XML or JSON.
 """
 
@@ -27,9 +27,9 @@ from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, machine_spread, speed_ratio, steady
 from xsp.core.rank import rank_path
 from xsp.core.schema import Level
+from xsp.gate import comparison, significance, verdicts
 from xsp.gate import diff_columns as dcol
-from xsp.gate import statistics as keyed
-from xsp.gate import verdicts
+from xsp.gate import key_samples as keyed
 from xsp.gate.baseline import Summary, is_summary_path, summarize
 from xsp.gate.diff_columns import KeyBy, Verdict
 from xsp.io.loading import load
@@ -125,7 +125,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         new: the run under test, the same kinds of things. Either side may be several runs
             of the same program (a list, or a folder of their files): their steps are pooled,
             and a key must then also move between the runs' medians beyond their spread (see
-            :func:`xsp.gate.statistics.compare_keys`), which keeps a process that happened to run
+            :func:`xsp.gate.comparison.compare_keys`), which keeps a process that happened to run
             slower from failing a check. Three runs a side is a good start on a shared machine.
         by: ``"path"`` matches spans by their place in the model; ``"name"`` aggregates
             by level and name (as HolisticTraceAnalysis compares).
@@ -196,7 +196,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     if machine_speed and not normalize:
         waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps")),
                     contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps")))
-    table = keyed.compare_keys(base_keys, new_keys, threshold=judged_threshold,
+    table = comparison.compare_keys(base_keys, new_keys, threshold=judged_threshold,
                                min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
                                normalize=normalize, speed=speed, waits_ns=waits_ns)
     waited_keys = int(table.attrs.get(dcol.WAITED_KEYS, 0))
@@ -265,7 +265,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         warnings.append(f"fewer than {dcol.MIN_RANK_SAMPLES} steps on a side: no rank test was possible "
                         "(record more steps for a verdict that holds)")
     elif len(tested):
-        smallest = verdicts.smallest_p(int(tested[dcol.BASE_SAMPLES].min()), int(tested[dcol.NEW_SAMPLES].min()))
+        smallest = significance.smallest_p(int(tested[dcol.BASE_SAMPLES].min()), int(tested[dcol.NEW_SAMPLES].min()))
         family = int(table.attrs.get(dcol.LARGEST_FAMILY, len(tested)))
         if smallest * family > alpha:
             warnings.append(f"with {int(tested[dcol.BASE_SAMPLES].min())} and {int(tested[dcol.NEW_SAMPLES].min())} "
@@ -329,7 +329,8 @@ def _inconclusive(table: pd.DataFrame, threshold: float, alpha: float, judged_th
         elif math.isnan(detectable) or detectable <= threshold * (1 + 1e-9):
             continue
         elif math.isinf(detectable):
-            fewest = max(dcol.MIN_RANK_SAMPLES, next(n for n in range(2, 100) if verdicts.smallest_p(n, n) <= alpha))
+            enough = next(n for n in range(2, 100) if significance.smallest_p(n, n) <= alpha)
+            fewest = max(dcol.MIN_RANK_SAMPLES, enough)
             reasons.append(f"{key}: too few steps to tell a {threshold:.0%} change from noise: record at least "
                            f"{fewest} steps a side")
         elif judged_threshold > threshold and detectable <= judged_threshold * (1 + 1e-9):

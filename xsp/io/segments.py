@@ -42,7 +42,7 @@ from xsp.io.parquet import (
     write_trace_tables,
     writer_options,
 )
-from xsp.table.paths import SESSION_NAME
+from xsp.table.steps import SESSION_NAME
 
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
@@ -57,6 +57,18 @@ UNFINISHED: Final = "ended_before_session"
 LOST_AT_END: Final = "spans of windows no folder could take when the run ended"
 SPOOL_ENV: Final = "XSP_SPOOL_DIR"
 """Where windows go when the output's folder cannot take them (default: the system's temporary folder)."""
+SEGMENT_COMPRESSION: Final = "lz4"
+"""Windows are written with LZ4, not the trace's zstd: they live until the end of the run, which
+reads them back once. Side by side on operator windows: write 0.82 -> 0.54 µs/row, read 0.50 ->
+0.38 µs/row, for twice the bytes of zstd on disk meanwhile (a fifth of no compression)."""
+
+
+def segment_options(schema: pa.Schema) -> dict[str, Any]:
+    """How a window is written: as the trace is (:func:`xsp.io.parquet.writer_options`), but with
+    :data:`SEGMENT_COMPRESSION`."""
+    return {**writer_options(schema), "compression": SEGMENT_COMPRESSION}
+
+
 MEMORY_BOUND_BYTES: Final = 256 << 20
 """Windows kept in memory while the output's folder cannot take them, at most (Arrow bytes);
 past it they go to the spool folder."""
@@ -130,7 +142,7 @@ def warm_up() -> None:
            col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
     table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
     pandas_metadata(table.schema)  # made once per process: a child forked later has it too
-    pq.write_table(table, io.BytesIO(), **writer_options(table.schema))
+    pq.write_table(table, io.BytesIO(), **segment_options(table.schema))
 
 
 class SegmentWriter:
@@ -240,7 +252,7 @@ class SegmentWriter:
     def _write(self, folder: Path, number: int, table: pa.Table) -> bool:
         try:
             with atomic_output(folder / f"window-{number:06d}.parquet") as temporary:
-                pq.write_table(table, temporary, **writer_options(table.schema))
+                pq.write_table(table, temporary, **segment_options(table.schema))
         except OSError as exc:
             if not self._folder_failed:
                 self._folder_failed = True

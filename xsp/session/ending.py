@@ -32,13 +32,14 @@ from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.columns import NEVER
-from xsp.record.recording import ThreadCopy, Window
+from xsp.record.recording import ThreadCopy
 from xsp.record.schedule import StepAction
+from xsp.record.window import Window
 from xsp.session import starting
 from xsp.session.children import ChildSpans
 from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform
-from xsp.table.paths import SESSION_NAME
+from xsp.table.steps import SESSION_NAME
 from xsp.tracers.registry import tracers_for
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ import pyarrow as pa
 from xsp.core import schema as col
 from xsp.core.rank import RankInfo
 from xsp.io.segments import SegmentWriter
-from xsp.record.recording import Window
+from xsp.record.window import Window
 from xsp.table.build import build_table
-from xsp.table.paths import StepState
+from xsp.table.steps import StepState
 from xsp.tracers.base import Tracer
 
 

@@ -15,9 +15,8 @@ from pandas.api.types import union_categoricals
 
 from xsp.core import schema as col
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
-from xsp.table import late_records
+from xsp.table import late_records, paths, steps
 from xsp.table import parents as hierarchy
-from xsp.table import paths as structure
 from xsp.table.step_samples import annotate_steps
 from xsp.table.walks import (
     MEMORY_POOL,
@@ -183,9 +182,9 @@ class TableResult:
     diagnostics: dict[str, int]
 
 
-def new_step_state(attach_to_session: bool = True) -> structure.StepState:
+def new_step_state(attach_to_session: bool = True) -> steps.StepState:
     """Ids of a session's root span, fixed before any window is built."""
-    return structure.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]),
+    return steps.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]),
                                attach_to_session=attach_to_session)
 
 
@@ -202,7 +201,7 @@ def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
         set_texts(table, recompute, col.KIND, col.SpanKind.RECOMPUTE.value)
 
 
-def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: structure.StepState,
+def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: steps.StepState,
                 session_row: dict[str, Any] | None = None, sort: bool = True,
                 step_numbers: list[int] | None = None, live_records: bool = True) -> TableResult:
     """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
@@ -261,14 +260,14 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if large:
         release_freed_memory()
     mark_recomputation(table, parents)
-    shape = structure.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
+    shape = steps.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
                                    step_numbers)
     del parents  # the tree is in shape now; at millions of rows every array counts
     roots = int((shape.parents < 0).sum())
     if large:
         release_freed_memory()
     # the paths first: the largest column, made while the table is smallest
-    table[col.PATH] = structure.assign_paths(table, shape, state)
+    table[col.PATH] = paths.assign_paths(table, shape, state)
     if large:
         release_freed_memory()
     # ids and durations last: the tree is made while the table is smallest
@@ -280,7 +279,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     table[col.PARENT_ID] = ids_at(ids, shape.parents)
     del ids
     table[col.STEP] = nullable_ints(shape.step, shape.step < 0)
-    exec_index = structure.execution_index(table, shape.step, state)
+    exec_index = steps.execution_index(table, shape.step, state)
     table[col.EXEC_INDEX] = nullable_ints(exec_index, exec_index < 0)
     del exec_index
     trace_codes, trace_values = shape.trace_codes, shape.trace_values

@@ -3,7 +3,7 @@
 CUPTI hands its records over when a buffer completes, which is not when a window closes: the
 CUDA API calls and kernels of a window's last steps may come with the next window, after the
 layer calls that made them were interpreted and written. Each window therefore leaves behind,
-in the session's :class:`~xsp.table.paths.StepState`, who made what in it and in the window
+in the session's :class:`~xsp.table.steps.StepState`, who made what in it and in the window
 before it: the span of each layer call by the external id it pushed (its start) and thread,
 and the span of each CUDA API call by its correlation id. A later window's API call whose
 owner is not among its own spans is placed under the remembered one (its step and trace too),
@@ -22,7 +22,7 @@ from xsp.core.schema import Level
 from xsp.table.walks import set_texts
 
 if TYPE_CHECKING:
-    from xsp.table.paths import StepState
+    from xsp.table.steps import StepState
 
 Owner = tuple[int, Any, str]
 """(span id, step or None, trace id)."""
