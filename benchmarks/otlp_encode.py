@@ -58,7 +58,8 @@ import numpy as np, pandas as pd, psutil, torch, xsp
 from torch import nn
 from xsp.core import schema as col
 from xsp.export import encoding
-from xsp.export.otlp import (ExportReport, build_sdk_spans, export_table, make_exporter, resource_for)
+from xsp.export.delivery import ExportReport, make_exporter
+from xsp.export.otlp import build_sdk_spans, export_table, resource_for
 from xsp.export.target import OtlpTarget
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 

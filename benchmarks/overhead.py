@@ -39,7 +39,8 @@ from torch.nn.modules import module as torch_module
 import xsp
 from xsp.core import state as _state
 from xsp.core.metadata import cpu_model
-from xsp.export.otlp import ExportReport, export_table, resource_for, span_attributes
+from xsp.export.delivery import ExportReport
+from xsp.export.otlp import export_table, resource_for, span_attributes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.md"
 

@@ -532,7 +532,7 @@ class _Collector:
     """An OTLP exporter that refuses batches over a size (413), is busy at times (429), or raises."""
 
     def __init__(self, limit: int, answers: list[str]) -> None:
-        from xsp.export.otlp import CollectorAnswers
+        from xsp.export.delivery import CollectorAnswers
 
         self.limit, self.answers, self.calls = limit, answers, 0
         self.xsp_answers = CollectorAnswers()
@@ -559,7 +559,7 @@ class _Collector:
 @given(size=st.integers(1, 300), limit=st.integers(0, 64),
        answers=st.lists(st.sampled_from(["ok", "ok", "ok", "busy", "raise"]), max_size=6))
 def test_the_splitter_sends_or_counts_every_span_and_ends(size, limit, answers):
-    from xsp.export.otlp import ExportReport, export_batch
+    from xsp.export.delivery import ExportReport, export_batch
 
     collector = _Collector(limit, answers)
     report = ExportReport(target="fuzz")

@@ -326,7 +326,8 @@ def test_retries_the_sdk_makes_on_its_own_are_counted_in_the_file(tmp_path):
 
 
 def test_an_export_cut_off_by_the_process_end_says_so_with_what_was_sent():
-    from xsp.export.otlp import ExportReport, OtlpExport
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import OtlpExport
     from xsp.session import windows
 
     heard: list[dict] = []

@@ -21,7 +21,8 @@ import torch
 import xsp
 from tests.jaeger_standin import JaegerStandIn
 from xsp.core import schema as col
-from xsp.export.otlp import ExportReport, export_table, make_exporter, resource_for
+from xsp.export.delivery import ExportReport, make_exporter
+from xsp.export.otlp import export_table, resource_for
 from xsp.export.target import OtlpTarget
 from xsp.io.jaeger_query import JaegerError, pull
 

@@ -120,7 +120,8 @@ def test_a_batch_splits_into_halves_that_encode_their_own_rows() -> None:
 def test_a_table_sent_in_chunks_sends_every_span_as_the_sdk_path_does() -> None:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from xsp.export.otlp import ExportReport, send_encoded
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import send_encoded
 
     class Collecting:
         xsp_encoded = True

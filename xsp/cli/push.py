@@ -25,7 +25,8 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.export.otlp import ExportReport, export_table, make_exporter, resource_for
+    from xsp.export.delivery import ExportReport, make_exporter
+    from xsp.export.otlp import export_table, resource_for
     from xsp.io.loading import load
     checked_span_budget(options.span_budget, "--span-budget")
     target = OtlpTarget.resolve(options.otlp, options.otlp_protocol)

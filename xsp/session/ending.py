@@ -27,7 +27,7 @@ from xsp.core.rank import (
     rank_path,
 )
 from xsp.core.schema import Level, SpanKind, Status
-from xsp.export.otlp import ExportReport
+from xsp.export.delivery import ExportReport
 from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace

@@ -27,7 +27,8 @@ from xsp.core.rank import (
     RankInfo,
 )
 from xsp.core.schema import DEFAULT_OUTPUT, Level
-from xsp.export.otlp import ExportReport, OtlpExport
+from xsp.export.delivery import ExportReport
+from xsp.export.otlp import OtlpExport
 from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace

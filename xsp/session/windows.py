@@ -17,7 +17,8 @@ import pandas as pd
 
 from xsp.core.clock import now_ns
 from xsp.core.metadata import environment
-from xsp.export.otlp import ExportReport, OtlpExport, export_table, make_exporter, resource_for, start_export
+from xsp.export.delivery import ExportReport, make_exporter
+from xsp.export.otlp import OtlpExport, export_table, resource_for, start_export
 from xsp.io.segments import warm_up as warm_up_writing
 from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked

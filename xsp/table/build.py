@@ -106,8 +106,16 @@ def concat_spans(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
     joined_by_category = [name for name in names if col.COLUMNS.get(name) == col.CATEGORY
                           and any(name in part and isinstance(part[name].dtype, pd.CategoricalDtype)
                                   for part in parts)]
-    joined = pd.concat([part.drop(columns=[name for name in joined_by_category if name in part]) for part in parts],
+    # a text column that is categorical (or objects) in some part: pandas would make each row a
+    # Python string (a quarter of an operator window's interpretation); Arrow joins them instead
+    joined_as_text = [name for name in names if col.COLUMNS.get(name) == "string"
+                      and len({str(part[name].dtype) for part in parts if name in part}) > 1]
+    apart = set(joined_by_category) | set(joined_as_text)
+    joined = pd.concat([part.drop(columns=[name for name in apart if name in part]) for part in parts],
                        ignore_index=True)
+    for name in joined_as_text:
+        joined[name] = arrow_strings(pa.concat_arrays([
+            plain_strings(part[name]) if name in part else pa.nulls(len(part), pa.large_string()) for part in parts]))
     for name in joined_by_category:
         arrays = [_as_categorical(part, name) for part in parts]
         present = next(array.categories for array in arrays if len(array.categories))[:0] if any(

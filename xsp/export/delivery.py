@@ -1,0 +1,310 @@
+"""Getting spans to an OTLP collector: the exporter made from the target and the OTEL_*
+variables (headers, timeout, compression, certificates), each batch sent with retries while the
+collector is busy and split in halves while it finds the batch too large, and the report of what
+arrived, what was refused and why."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from xsp.export.encoding import EncodedBatch
+from xsp.export.target import OtlpTarget, Protocol
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""
+
+
+RETRY_BUDGET_S = 30.0
+"""How long one export keeps retrying what a collector refused for now (429, 503), or splitting
+what it found too large (413), when the caller sets no deadline."""
+
+
+TOO_LARGE_SIGNS = ("413", "too large", "larger than max", "max_request_size", "RESOURCE_EXHAUSTED")
+
+
+BUSY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+EXPORT_METHOD: Final = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+@dataclass
+class CollectorAnswers:
+    """What the collector last answered over HTTP (a response hook of the exporter's session):
+    its status, and how long it asked to be left alone (``Retry-After``)."""
+
+    status: int | None = None
+    retry_after_s: float | None = None
+
+    def heard(self, response: Any, *_: Any, **__: Any) -> None:
+        self.status = response.status_code
+        self.retry_after_s = _retry_after_s(response.headers.get("Retry-After"))
+
+    def forget(self) -> None:
+        self.status = self.retry_after_s = None
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delay-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
+        except (TypeError, ValueError):
+            return None
+    return max(seconds, 0.0) if seconds == seconds and seconds != float("inf") else None
+
+
+def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -> SpanExporter:
+    """The SDK's OTLP exporter for ``target``; other OTEL_* settings are read by it. Over HTTP
+    it carries ``xsp_answers`` (:class:`CollectorAnswers`), which :func:`export_batch` reads.
+    It also sends batches xsp encoded itself (:class:`xsp.export.encoding.EncodedBatch`), through
+    the same connection, settings and retries."""
+    timeout: dict[str, float] = {}
+    if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
+        timeout["timeout"] = DEFAULT_TIMEOUT_S
+    if target.protocol is Protocol.GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+        class BytesOrMessageStub:
+            """The trace service's stub on the SDK exporter's channel, whose ``Export`` also takes a
+            request already serialized (xsp's encoder's bytes, sent as they are)."""
+
+            def __init__(self, channel: Any) -> None:
+                self.message_call = TraceServiceStub(channel).Export
+                self.bytes_call = channel.unary_unary(
+                    EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+
+            def Export(self, request: Any, **options: Any) -> Any:  # noqa: N802 - the stub's method name
+                call = self.bytes_call if isinstance(request, bytes) else self.message_call
+                return call(request, **options)
+
+        class GrpcExporter(Grpc):
+            """Sends an encoded batch's bytes through the SDK exporter (its channel, headers,
+            compression, timeout and retries), with no protobuf object made of them."""
+
+            def __init__(self, **options: Any) -> None:
+                super().__init__(**options)
+                # the SDK makes its stub again from _stub when it reconnects
+                self._stub = BytesOrMessageStub
+                self._client = BytesOrMessageStub(self._channel)  # type: ignore[assignment]
+
+            def _translate_data(self, data: Any) -> ExportTraceServiceRequest | bytes:  # type: ignore[override]
+                if isinstance(data, EncodedBatch):
+                    return data.payload()
+                return super()._translate_data(data)
+
+        url = target.endpoint if "://" in target.endpoint else f"http://{target.endpoint}"
+        grpc_exporter = GrpcExporter(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
+        grpc_exporter.xsp_encoded = True  # type: ignore[attr-defined]
+        return grpc_exporter
+    import requests
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    class HttpExporter(Http):
+        """Posts an encoded batch's bytes through the SDK's own HTTP client (its retries, headers
+        and compression)."""
+
+        def export(self, spans: Any) -> SpanExportResult:
+            if not isinstance(spans, EncodedBatch):
+                return super().export(spans)
+            if self._shutdown:
+                return SpanExportResult.FAILURE
+            outcome = self._client.export(spans.payload())
+            return SpanExportResult.SUCCESS if outcome.success else SpanExportResult.FAILURE
+
+    answers = CollectorAnswers()
+    session = requests.Session()
+    session.hooks["response"].append(answers.heard)
+    exporter = HttpExporter(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
+    exporter.xsp_answers = answers
+    exporter.xsp_encoded = True
+    return exporter
+
+
+@dataclass
+class ExportReport:
+    """How an export went: counts are exact, whatever the exporter's return values said."""
+
+    target: str
+    submitted: int = 0
+    exported: int = 0
+    failed: int = 0
+    error: str | None = None
+    seconds: float = 0.0
+    done: bool = False
+    sdk_messages: list[str] = field(default_factory=list)
+    """What the OpenTelemetry SDK logged while exporting (folded into xsp's one warning)."""
+    traces_folded: int = 0
+    """Traces over the span budget, sent with their deepest levels folded."""
+    spans_folded: int = 0
+    """Spans sent as part of an aggregate instead of one by one (the trace file keeps them)."""
+    aggregates: int = 0
+    dropped_by_budget: int = 0
+    """Spans not sent at all: a trace over the budget even with its deepest levels folded."""
+    splits: int = 0
+    """Batches the collector found too large (413), sent again in halves."""
+    retries: int = 0
+    """Batches the collector refused for now (429, 503), sent again after the wait it asked for:
+    by xsp, or by the SDK on its own (what it logs as "retrying in")."""
+    to_send: int = 0
+    """Spans handed to this export (the budget's aggregates counted as sent)."""
+    step_traces: int = 0
+    """Traces handed to this export besides the session's own (one per step)."""
+    cut_off: bool = False
+    """The process ended before the export did (its bounded wait at exit ran out)."""
+    deadline: float | None = field(default=None, repr=False)
+    """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
+    heard: list[str] = field(default_factory=list, repr=False)
+    """What the SDK said during the batch being sent (cleared before each)."""
+
+    def as_metadata(self) -> dict[str, Any]:
+        """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
+        record = asdict(self)
+        record.pop("deadline")
+        record.pop("heard")
+        return {**record, "state": self.state}
+
+    @property
+    def state(self) -> str:
+        """``done``; ``failed`` (``error`` says why); ``unfinished`` (cut off by the process's end:
+        ``exported`` of ``to_send`` were sent); ``running``."""
+        if self.done:
+            return "done" if self.error is None else "failed"
+        return "unfinished" if self.cut_off else "running"
+
+    def summary(self) -> str:
+        """One line: what was sent, and why the rest was not."""
+        folded = ""
+        if self.traces_folded:
+            left_out = f", {self.dropped_by_budget} left out" if self.dropped_by_budget else ""
+            folded = (f" ({self.spans_folded} spans of {self.traces_folded} traces over the span budget sent as "
+                      f"{self.aggregates} aggregates{left_out}; the trace file keeps them all)")
+        if self.error is None:
+            return f"{self.exported} spans sent to {self.target}{folded}"
+        said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
+        return (f"OTLP export to {self.target}: {self.exported} of {self.submitted} spans sent; {self.error}{said}; "
+                "the trace file keeps every span (send it again with `xsp push FILE`)")
+
+
+SDK_RETRY: Final = "retrying in"
+"""What the OTLP exporters of the SDK log when they send a batch again after a transient error."""
+
+
+class _SdkMessages(logging.Filter):
+    """Keeps what the SDK logs on xsp's export threads (and only there) out of the user's log."""
+
+    def __init__(self, report: ExportReport) -> None:
+        super().__init__()
+        self.report = report
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        message = record.getMessage().splitlines()[0][:300]
+        if SDK_RETRY in message:  # the SDK waits and sends again on its own: a retry all the same
+            self.report.retries += 1
+        self.report.heard.append(message)
+        if len(self.report.sdk_messages) < 20:
+            self.report.sdk_messages.append(message)
+        return False
+
+
+@contextlib.contextmanager
+def sdk_messages_into(report: ExportReport) -> Iterator[None]:
+    """While exporting on this thread, what the OpenTelemetry loggers say goes into ``report``."""
+    catcher = _SdkMessages(report)
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.startswith("opentelemetry")]
+    for logger in loggers:
+        logger.addFilter(catcher)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(catcher)
+
+
+def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportReport) -> None:
+    """Send one batch; after the first batch that fails for good the rest count as failed unsent.
+
+    A batch the collector finds too large (HTTP 413, a gRPC message over its limit) is sent
+    again in halves, down to single spans; one it refuses for now (429, 502-504) is sent again
+    after the ``Retry-After`` it asks for (else 1, 2, 4 ... s), while ``report.deadline`` allows.
+    """
+    report.submitted += len(batch)
+    if report.deadline is None:
+        report.deadline = time.monotonic() + RETRY_BUDGET_S
+    waiting = [batch]
+    backoff_s = 1.0
+    while waiting and report.error is None:
+        part = waiting.pop()
+        outcome, pause_s = _send(part, exporter, report, backoff_s)
+        if outcome == "sent":
+            report.exported += len(part)
+            backoff_s = 1.0
+        elif outcome == "too large" and len(part) > 1:
+            report.splits += 1
+            half = len(part) // 2
+            waiting += [part[half:], part[:half]]  # the first half next
+        elif outcome == "busy" and time.monotonic() + pause_s < report.deadline:
+            report.retries += 1
+            time.sleep(pause_s)
+            backoff_s = min(backoff_s * 2, 8.0)
+            waiting.append(part)
+        else:
+            report.error = report.error or _failure_text(outcome, report)
+            waiting.append(part)
+    report.failed += sum(len(part) for part in waiting)
+
+
+def _send(part: Sequence[Any], exporter: SpanExporter, report: ExportReport,
+          backoff_s: float) -> tuple[str, float]:
+    """``(outcome, pause)``: "sent", "too large", "busy" (with the pause asked for) or "failed"."""
+    answers: CollectorAnswers | None = getattr(exporter, "xsp_answers", None)
+    if answers is not None:
+        answers.forget()
+    report.heard.clear()
+    try:
+        result = exporter.export(part)
+    except Exception as exc:  # exporters should not raise; a broken one must not escape
+        report.error = f"{type(exc).__name__}: {exc}"
+        return "failed", 0.0
+    if result is SpanExportResult.SUCCESS:
+        return "sent", 0.0
+    status = answers.status if answers is not None else None
+    said = " ".join(report.heard)
+    if status == 413 or (status is None and any(sign in said for sign in TOO_LARGE_SIGNS)):
+        return "too large", 0.0
+    if status in BUSY_STATUSES:
+        asked = answers.retry_after_s if answers is not None else None
+        return "busy", asked if asked is not None else backoff_s
+    return "failed", 0.0
+
+
+def _failure_text(outcome: str, report: ExportReport) -> str:
+    if outcome == "too large":
+        return "the collector refused a single span as too large"
+    if outcome == "busy":
+        return "the collector kept refusing for now (429/503) past the time this export may take"
+    return "the collector rejected or did not acknowledge a batch"
