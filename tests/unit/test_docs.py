@@ -19,7 +19,9 @@ def python_blocks():
         for number, block in enumerate(BLOCK.findall(doc.read_text())):
             if "localhost" in block:  # needs a running collector: covered by the OTLP tests
                 continue
-            yield pytest.param(block, id=f"{doc.name}-{number}")
+            # the leveled runs' examples run the model many times over: the heavier suite's
+            marks = [pytest.mark.heavy] if "xsp.leveled(" in block else []
+            yield pytest.param(block, id=f"{doc.name}-{number}", marks=marks)
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))
