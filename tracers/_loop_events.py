@@ -23,7 +23,6 @@ Everything is undone at stop, and nothing is replaced that is no longer xsp's ow
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
@@ -143,11 +142,13 @@ class LoopEvents:
 
         @functools.wraps(original)
         def wait(loader: Any) -> Any:
-            with contextlib.suppress(Exception):  # its workers, once: were they started in the session?
+            try:  # its workers, once: were they started in the session? (no object made per batch)
                 if loader not in iterators_seen:
                     iterators_seen.add(loader)
                     worker_pids.update(int(worker.pid) for worker in getattr(loader, "_workers", None) or ()
                                        if worker.pid is not None)
+            except Exception:  # a loader that takes no weak reference, a closed worker: not counted
+                pass
             buffer = buffer_of()
             steps = buffer.steps
             buffer.input_waits += 1  # a window due from here on waits for the wait's end

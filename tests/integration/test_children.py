@@ -262,6 +262,24 @@ def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
     assert (_kinds(session.trace.spans, SpanKind.PREDICT)[col.PROCESS_ID] == done.pid).sum() == CALLS
 
 
+
+def test_the_count_of_children_that_handed_nothing_over_is_of_the_sessions_own(tmp_path):
+    # a child's own pool workers are in the metadata, but not among "the child processes started
+    # in the session": 1 of 2, not 1 of 4
+    context = multiprocessing.get_context("fork")
+    with pytest.warns(xsp.XspWarning, match=r"1 of 2 child processes .* handed no spans over"):
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            killed = context.Process(target=_sleep_forever, args=(0,))
+            killed.start()
+            pooled = context.Process(target=_pool_of_two)
+            pooled.start()
+            pooled.join()
+            time.sleep(0.5)
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.join()
+    followed = session.trace.metadata["child_processes"]["followed"]
+    assert len(followed) == 3 and sum("parent" in entry for entry in followed.values()) == 2
+
 def test_a_child_still_running_at_the_end_is_said(tmp_path):
     context = multiprocessing.get_context("fork")
     with pytest.warns(xsp.XspWarning, match="still running when the session ended"):

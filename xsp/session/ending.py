@@ -205,8 +205,8 @@ def collect_children(session: Session) -> ChildSpans | None:
         session.warn(f"the loop waited for {counted(len(found.workers_before), 'DataLoader worker')} started before "
                      "the session (persistent_workers=True keeps an epoch's workers for the next): their fetches are "
                      "not in the trace; start the session before the loader's first epoch to record them")
-    if found.untraced:
-        total = len(found.untraced) + len(found.processes)
+    if found.untraced:  # of the session's own children (a child's own are said by that child)
+        total = len(found.untraced) + sum("parent" not in facts for facts in found.processes.values())
         reasons = [f"process {pid} ({why})" for pid, why in list(found.untraced.items())[:3]]
         more = f"; and {len(found.untraced) - 3} more" if len(found.untraced) > 3 else ""
         session.warn(f"{len(found.untraced)} of {total} child processes started in the session handed no spans "
