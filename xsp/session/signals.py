@@ -149,13 +149,19 @@ def _children_unheard() -> None:
     child processes do from now on is no longer its to hear. (A DataLoader's workers die by the
     same SIGTERM sent to the process group, and PyTorch's SIGCHLD handler would raise a
     ``RuntimeError`` into whatever the main thread runs next: the unwinding, xsp writing the
-    file. A plain run never gets there.)"""
+    file. A plain run never gets there.) The handler becomes a Python one that does nothing,
+    not ``SIG_DFL``: a SIGCHLD already caught but not yet run would otherwise find no Python
+    handler and print "Signal 17 ignored due to race condition"."""
     chld = getattr(signal, "SIGCHLD", None)
     if chld is None:
         return
     with contextlib.suppress(ValueError, OSError, TypeError):
         if callable(signal.getsignal(chld)):
-            signal.signal(chld, signal.SIG_DFL)
+            signal.signal(chld, _unheard)
+
+
+def _unheard(signum: int, frame: FrameType | None) -> None:
+    """A child's end the program no longer listens for (see ``_children_unheard``)."""
 
 
 def end_by_signal(signum: int) -> None:
