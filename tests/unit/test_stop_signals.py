@@ -1,7 +1,6 @@
 """The stopping-signal handlers: what a session leaves behind when a signal ends the program."""
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
