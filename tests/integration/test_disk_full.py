@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -49,14 +50,14 @@ def full_disk(tmp_path, monkeypatch):
     output = tmp_path / "out" / "run.xsp.parquet"
     output.parent.mkdir()
     state = {"full": False}
-    write_table = segments.pq.write_table
+    write_segment = segments.write_segment
 
-    def write_unless_full(table: object, where: object, **options: object) -> None:
+    def write_unless_full(table: pa.Table, where: Path) -> None:
         if state["full"] and str(output.parent) in str(where):
             _no_space()
-        write_table(table, where, **options)
+        write_segment(table, where)
 
-    monkeypatch.setattr(segments.pq, "write_table", write_unless_full)
+    monkeypatch.setattr(segments, "write_segment", write_unless_full)
     monkeypatch.setattr(xsp.session.ending, "write_trace_tables", _no_space)
 
     def fill() -> None:
@@ -95,7 +96,7 @@ def test_windows_past_the_memory_bound_are_spooled_and_recovered(full_disk, monk
     output, fill = full_disk
     _run(output, fill, fill_at=3)
     spooled = list((tmp_path / "spool" / "xsp-spool").iterdir())
-    assert len(spooled) == 1 and any(spooled[0].glob("window-*.parquet"))
+    assert len(spooled) == 1 and any(spooled[0].glob(segments.SEGMENT_PATTERN))
     assert (spooled[0] / segments.FINAL_FILE).exists()
     assert [len(folders) for folders in segments.unfinished_sessions(output)] == [2]  # beside it, and spooled
     written, metadata = recover(output)

@@ -20,7 +20,7 @@ import xsp.session.interpreting
 import xsp.session.session
 import xsp.session.windows
 from xsp.core import schema as col
-from xsp.io.segments import UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
+from xsp.io.segments import SEGMENT_PATTERN, UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
 from xsp.session.forked import ForkFailed, fork_available
 from xsp.tracers.layer import LayerTracer
 
@@ -157,7 +157,7 @@ def test_a_damaged_window_is_left_out_and_said(tmp_path):
     script.write_text(KILLED)
     subprocess.run([sys.executable, str(script), str(output), "3"], capture_output=True, timeout=120)
     folder = unfinished_sessions(output)[0][0]
-    first = sorted(folder.glob("window-*.parquet"))[0]
+    first = sorted(folder.glob(SEGMENT_PATTERN))[0]
     first.write_bytes(first.read_bytes()[:100])
     recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output), "-o",
                                 str(tmp_path / "other.xsp.parquet")], capture_output=True, text=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pandas as pd
@@ -12,7 +13,7 @@ import torch
 
 import xsp
 from xsp.core import schema as col
-from xsp.io.parquet import write_trace
+from xsp.io.parquet import arrow_table, write_trace, write_trace_tables
 
 
 @pytest.fixture
@@ -134,3 +135,49 @@ def test_unwritable_output_warns_but_the_trace_is_kept(tmp_path):
             pass
     assert session.trace is not None and len(session.trace.spans) == 1
     assert session.write_error is not None and "cannot create its directory" in session.write_error
+
+
+def _tables_then(recorded, read: list[str]):
+    spans = xsp.load(recorded[0]).spans
+    table = arrow_table(spans)
+    for start in range(0, len(table), 2):
+        read.append(f"table {start}")
+        yield table.slice(start, 2)
+
+
+@pytest.mark.parametrize("filler", [0, 40_000], ids=["fits its room", "larger than its room"])
+def test_metadata_known_only_at_the_end_reads_as_any_trace_metadata(recorded, tmp_path, filler):
+    """The end of a streamed run writes its file while its last windows are still interpreted, and
+    its metadata once they are: pyarrow, DuckDB and xsp.load read it all the same, checksum and
+    all. Metadata larger than the room kept for it has the file written again, still right."""
+    path, trace = recorded
+    metadata = {**json.loads(json.dumps(trace.metadata, default=str)), "filler": "x" * filler}
+    read: list[str] = []
+
+    def known_late() -> dict:
+        read.append("metadata")
+        return metadata
+
+    late = tmp_path / "late.xsp.parquet"
+    write_trace_tables(late, _tables_then(recorded, read), known_late)
+    assert read[-1] == "metadata" and read.count("metadata") == 1  # asked for once every table was written
+    loaded = xsp.load(late)
+    assert loaded.metadata == metadata
+    pd.testing.assert_frame_equal(loaded.spans, xsp.load(path).spans)
+    stored = json.loads(pq.read_table(late).schema.metadata[col.METADATA_KEY])
+    assert stored == metadata and json.loads(pq.read_metadata(late).metadata[col.METADATA_KEY]) == metadata
+    duckdb = pytest.importorskip("duckdb")
+    value = duckdb.sql(f"SELECT value FROM parquet_kv_metadata('{late}') WHERE key = 'xsp'").fetchall()[0][0]
+    assert json.loads(value) == metadata
+
+
+def test_late_metadata_that_no_longer_matches_its_checksum_is_refused(recorded, tmp_path):
+    path, trace = recorded
+    late = tmp_path / "late.xsp.parquet"
+    write_trace_tables(late, _tables_then(recorded, []), lambda: {**trace.metadata, "note": "abc"})
+    stored = pq.read_metadata(late).metadata[b"ARROW:schema"]  # where pyarrow reads the schema's metadata from
+    damaged = base64.b64encode(base64.b64decode(stored).replace(b'"note": "abc"', b'"note": "abd"'))
+    assert damaged != stored and len(damaged) == len(stored)
+    late.write_bytes(late.read_bytes().replace(stored, damaged))
+    with pytest.raises(xsp.TraceFormatError, match="checksum"):
+        xsp.load(late)

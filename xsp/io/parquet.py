@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -28,6 +29,7 @@ from xsp.table.walks import arrow_strings, categorical, parent_positions
 
 _PARQUET_MAGIC = b"PAR1"
 COPY_CHUNK_BYTES: Final = 1 << 20
+ARROW_SCHEMA_KEY: Final = b"ARROW:schema"
 CHECKSUM_KEY = b"xsp.checksum"
 """Parquet key-value metadata key of the footer checksum (see :func:`_footer_checksum`)."""
 
@@ -271,12 +273,17 @@ def read_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
             yield table
 
 
-def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table], metadata: dict[str, Any]) -> Path:
+def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
+                       metadata: dict[str, Any] | Callable[[], dict[str, Any]]) -> Path:
     """Write a trace from Arrow tables of spans, one row group each, holding one table at a time
     (and the next one being read: :func:`read_ahead`).
 
     The first table's columns are the file's; later tables are cast to them. Written
     atomically, with page checksums and the footer checksum, like :func:`write_trace`.
+    ``metadata`` may be a function, called once ``tables`` are exhausted: the file is then
+    written while the tables are still being made (the end of a run writes its windows while
+    the last ones are interpreted), and the metadata put in its footer at the end (see
+    :func:`_late_footer`).
 
     Raises:
         OutputError: the file could not be written.
@@ -288,20 +295,86 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
 
         first = arrow_table(empty_table())
     columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
-    metadata_json = json.dumps(metadata, default=str).encode()
     pandas_json = pandas_metadata(columns)
-    schema = columns.with_metadata({col.METADATA_KEY: metadata_json,
-                                    CHECKSUM_KEY: _footer_checksum(metadata_json, columns, pandas_json),
-                                    PANDAS_KEY: pandas_json})
+
+    def footer(metadata_json: bytes, checksum: bytes | None = None) -> dict[bytes, bytes]:
+        return {col.METADATA_KEY: metadata_json, PANDAS_KEY: pandas_json,
+                CHECKSUM_KEY: checksum or _footer_checksum(metadata_json, columns, pandas_json)}
+
+    if not callable(metadata):
+        schema = columns.with_metadata(footer(json.dumps(metadata, default=str).encode()))
+        return write_output(path, lambda temporary: _write_tables(temporary, schema, first, tables))
+    known_late = metadata
+    placeholder = footer(LATE_METADATA_PLACEHOLDER, LATE_CHECKSUM_PLACEHOLDER)
 
     def write(temporary: Path) -> None:
-        with pq.ParquetWriter(temporary, schema, **writer_options(schema)) as writer:
-            writer.write_table(first.replace_schema_metadata(schema.metadata))
-            for table in tables:
-                if len(table):
-                    writer.write_table(table.select(columns.names).cast(schema))
+        _write_tables(temporary, columns.with_metadata(placeholder), first, tables)
+        final = footer(json.dumps(known_late(), default=str).encode())
+        if len(final[col.METADATA_KEY]) <= len(LATE_METADATA_PLACEHOLDER):
+            final = footer(final[col.METADATA_KEY].ljust(len(LATE_METADATA_PLACEHOLDER)))  # JSON may end in spaces
+            if _late_footer(temporary, placeholder, final):
+                return
+        rewritten = _beside(temporary, "footer")  # larger than the room kept for it: the file is written again
+        try:
+            parquet = pq.ParquetFile(temporary)
+            _write_tables(rewritten, columns.with_metadata(final), parquet.read_row_group(0),
+                          (parquet.read_row_group(i) for i in range(1, parquet.num_row_groups)))
+            os.replace(rewritten, temporary)
+        finally:
+            with contextlib.suppress(OSError):
+                rewritten.unlink()
 
     return write_output(path, write)
+
+
+LATE_METADATA_PLACEHOLDER: Final = b'{"xsp": "metadata written at the end"}'.ljust(1 << 14)
+"""The room kept in a footer for metadata known only once the spans are written (16 KiB: the
+metadata of an operator-level run of millions of spans is a few KiB)."""
+LATE_CHECKSUM_PLACEHOLDER: Final = b"@@@@@@@@"
+
+
+def _write_tables(temporary: Path, schema: pa.Schema, first: pa.Table, tables: Iterator[pa.Table]) -> None:
+    with pq.ParquetWriter(temporary, schema, **writer_options(schema)) as writer:
+        writer.write_table(first.replace_schema_metadata(schema.metadata))
+        for table in tables:
+            if len(table):
+                writer.write_table(table.select(schema.names).cast(schema))
+
+
+def _late_footer(path: Path, placeholder: dict[bytes, bytes], final: dict[bytes, bytes]) -> bool:
+    """Put ``final``'s values in ``path``'s footer where ``placeholder``'s are (each the same
+    length): in the footer's key-value metadata and in the Arrow schema stored beside it (which
+    pyarrow reads the schema's metadata from). Parquet writes its footer only when the file is
+    closed, and pyarrow takes the schema's metadata when it is opened; the bytes are swapped in
+    place, and the result read back. False (the file left unreadable as a trace) where the
+    footer is not as expected."""
+    try:
+        stored = pq.read_metadata(path).metadata or {}
+        arrow_schema = base64.b64decode(stored[ARROW_SCHEMA_KEY])
+        with open(path, "r+b") as file:
+            file.seek(-8, os.SEEK_END)
+            length = int.from_bytes(file.read(4), "little")
+            file.seek(-8 - length, os.SEEK_END)
+            start = file.tell()
+            footer = file.read(length)
+            for key, old in placeholder.items():
+                new = final[key]
+                if old == new:
+                    continue
+                if len(new) != len(old) or arrow_schema.count(old) != 1 or footer.count(old) != 1:
+                    return False
+                arrow_schema = arrow_schema.replace(old, new)
+                footer = footer.replace(old, new)
+            encoded = base64.b64encode(arrow_schema)
+            if len(encoded) != len(stored[ARROW_SCHEMA_KEY]) or footer.count(stored[ARROW_SCHEMA_KEY]) != 1:
+                return False
+            file.seek(start)
+            file.write(footer.replace(stored[ARROW_SCHEMA_KEY], encoded))
+        read_back = pq.ParquetFile(path)
+        return ((read_back.schema_arrow.metadata or {}).get(col.METADATA_KEY) == final[col.METADATA_KEY]
+                and (read_back.metadata.metadata or {}).get(col.METADATA_KEY) == final[col.METADATA_KEY])
+    except (pa.ArrowException, OSError, ValueError, KeyError):
+        return False
 
 
 def _read_parquet(source: Path) -> tuple[pq.ParquetFile, dict[bytes, bytes]]:
@@ -322,7 +395,7 @@ def _read_table(source: Path, parquet: pq.ParquetFile) -> pa.Table:
         table = parquet.read()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise TraceFormatError(f"{source} is corrupt: {exc}") from None
-    _check_columns(source, table.schema)
+    check_span_columns(source, table.schema)
     return table
 
 
@@ -453,8 +526,12 @@ def _is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _check_columns(source: Path, schema: pa.Schema) -> None:
-    """Every required column present, every known column of its schema type."""
+def check_span_columns(source: Path, schema: pa.Schema) -> None:
+    """Every required column present, every known column of its schema type.
+
+    Raises:
+        TraceFormatError: a column is missing or of another type.
+    """
     missing = [name for name in col.REQUIRED_COLUMNS if name not in schema.names]
     if missing:
         raise TraceFormatError(f"{source} lacks span columns: {', '.join(missing)}")

@@ -9,7 +9,7 @@ import itertools
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -67,6 +67,19 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
     if handing_over:
         starting.stop_watching(session)
     recording.on_long_step = None
+    session.writer = TraceWriter(session.output, session.warn)
+    if not handing_over:
+        session.writer.follow(session.interpreter)
+    try:
+        _finish(session, end_ns, error, handing_over, interrupted)
+    except BaseException:
+        session.writer.cancel()
+        raise
+
+
+def _finish(session: Session, end_ns: int, error: str | None, handing_over: bool, interrupted: str | None) -> None:
+    recording = session.recording
+    assert recording is not None and session.writer is not None
     if session.windows is not None:
         session.windows.finish_windows()
     if handing_over:
@@ -102,7 +115,6 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
         session.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(unexpected.items())))
     metadata = final_metadata(session, dropped, children)
-    session.writer = TraceWriter(session.output, session.warn)
     session.trace = session.writer.write(session.interpreter, metadata)
     if interrupted is not None:
         written = session.output is not None and session.writer.error is None
@@ -266,6 +278,10 @@ class TraceWriter:
     """The end-of-run write: the trace file made from a session's streamed segments or the
     windows it kept in memory, and, later, the outcome of its export added to the file.
 
+    Where the session streams, the file can be started (:meth:`follow`) before the windows still
+    queued are interpreted: it is written from each window as it lands, beside the helper
+    process interpreting the next, and gets its metadata at :meth:`write`.
+
     Args:
         output: the file to write (None: the trace stays in memory).
         warn: how a problem is said (the session's warning).
@@ -277,13 +293,62 @@ class TraceWriter:
         self.trace: Trace | None = None
         self.error: str | None = None
         """Why the trace file could not be written (None when it was, or none was asked for)."""
+        self._following: threading.Thread | None = None
+        self._windows_done = threading.Event()
+        self._cancelled = threading.Event()
+        self._late: tuple[dict[str, Any], list[pa.Table]] | None = None
+        """The metadata and the windows kept in memory, for the file being written as windows land."""
+        self._followed: Path | BaseException | None = None
+        """What writing as windows land gave: the file, or why it did not."""
+
+    def follow(self, interpreter: WindowInterpreter) -> None:
+        """Start writing the file from the session's windows as they land (on a thread of its
+        own), where the session streams to a folder that takes its windows."""
+        segments = interpreter.segments
+        if self.output is None or segments is None or not segments.started or segments.degraded:
+            return
+        self._following = threading.Thread(target=self._write_as_windows_land, args=(segments,),
+                                           name="xsp-trace-file", daemon=True)
+        self._following.start()
+
+    def cancel(self) -> None:
+        """The session's end failed before :meth:`write`: the file started by :meth:`follow` is
+        given up (its temporary removed), the windows left where they are."""
+        if self._following is not None:
+            self._cancelled.set()
+            self._following.join()
+            self._following = None
+
+    def _write_as_windows_land(self, segments: SegmentWriter) -> None:
+        assert self.output is not None
+        def kept_in_memory() -> Iterator[pa.Table]:
+            assert self._late is not None  # set before the windows are done
+            yield from self._late[1]
+
+        def metadata() -> dict[str, Any]:
+            assert self._late is not None
+            return self._late[0]
+
+        try:
+            self._followed = write_trace_tables(
+                self.output, itertools.chain(segments.follow(self._windows_done, self._cancelled), kept_in_memory()),
+                metadata)
+        except BaseException as exc:  # said (or written the usual way) by write(), on the session's thread
+            self._followed = exc
 
     def write(self, interpreter: WindowInterpreter, metadata: dict[str, Any]) -> Trace:
         """The session's trace, written to :attr:`output` where there is one."""
         segments = interpreter.segments
         if segments is not None and segments.count:
-            self.trace = self._from_segments(segments, interpreter.take_tables(), metadata)
+            kept = [arrow_table(table, in_order=True) for table in interpreter.take_tables()]
+            written = self._followed_file(metadata, kept)
+            if written is not None:
+                segments.discard()
+                self.trace = Trace(source=written, metadata=metadata)
+            else:
+                self.trace = self._from_segments(segments, kept, metadata)
             return self.trace
+        self.cancel()
         spans = conform(pd.concat(interpreter.take_tables(), ignore_index=True).sort_values(
             [col.START_NS, col.CALL_DEPTH], kind="stable", na_position="first"))
         self.trace = Trace(spans=spans, metadata=metadata)
@@ -297,12 +362,22 @@ class TraceWriter:
             segments.discard()
         return self.trace
 
-    def _from_segments(self, segments: SegmentWriter, tables: list[pd.DataFrame], metadata: dict[str, Any]) -> Trace:
+    def _followed_file(self, metadata: dict[str, Any], kept: list[pa.Table]) -> Path | None:
+        """The file written as the windows landed, now that they are all in (None: there is none,
+        because none was started or the windows left the folder; the file is written the usual way)."""
+        if self._following is None:
+            return None
+        self._late = (metadata, kept)
+        self._windows_done.set()
+        self._following.join()
+        self._following = None
+        return self._followed if isinstance(self._followed, Path) else None
+
+    def _from_segments(self, segments: SegmentWriter, kept: list[pa.Table], metadata: dict[str, Any]) -> Trace:
         """The trace file from the segments (and any window kept in memory), a window at a time;
         the spans are read back from it only when asked for. Where it cannot be written, every
         window and the final metadata are left for ``xsp recover``."""
         assert self.output is not None
-        kept = [arrow_table(table, in_order=True) for table in tables]
         try:
             written = write_trace_tables(self.output, itertools.chain(segments.tables(), kept), metadata)
         except OSError as exc:

@@ -19,6 +19,7 @@ alarm ends such a child even when its parent is gone.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import pickle
@@ -91,6 +92,9 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
                                (signal.SIGHUP, signal.SIG_IGN), (signal.SIGALRM, signal.SIG_DFL)):
             signal.signal(signum, action)
         signal.alarm(math.ceil(deadline_s) + 1)  # ends the child past its deadline even if the parent died
+        # the parent's objects are never garbage here: a collection would walk every one of them
+        # (the program's, the model's), and its writes to their headers copy their pages
+        gc.freeze()
         try:
             payload = pickle.dumps((True, function()), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:  # noqa: BLE001 (the parent says what went wrong)
