@@ -206,15 +206,30 @@ def _pandas_metadata(known: tuple[str, ...]) -> bytes:
     return pa.Schema.from_pandas(empty, preserve_index=False).metadata[PANDAS_KEY]  # type: ignore[no-any-return]
 
 
-def arrow_table(spans: pd.DataFrame, in_order: bool = False) -> pa.Table:
+def arrow_table(spans: pd.DataFrame, in_order: bool = False, dictionaries: bool = False) -> pa.Table:
     """``spans`` as an Arrow table with the schema's storage types and no pandas metadata;
     ``in_order``: its rows sorted by start, outer module calls first (:func:`in_start_order`),
-    before the categoricals' codes become texts (a text column costs far more to sort)."""
+    before the categoricals' codes become texts (a text column costs far more to sort).
+    ``dictionaries``: categoricals stay Arrow dictionaries (a session's windows on disk, which
+    :func:`canonical_table` makes texts when they are read back)."""
     table = pa.Table.from_pandas(spans, preserve_index=False)
     if in_order:
         table = in_start_order(table)
-    schema = pa.schema([pa.field(f.name, canonical_type(f.name, f.type)) for f in table.schema])
+    schema = pa.schema([pa.field(f.name, f.type if dictionaries and pa.types.is_dictionary(f.type)
+                                 else canonical_type(f.name, f.type)) for f in table.schema])
     return table.replace_schema_metadata(None).cast(schema)
+
+
+def canonical_schema(schema: pa.Schema) -> pa.Schema:
+    """The storage types of ``schema``'s columns: dictionaries made their texts."""
+    return pa.schema([pa.field(f.name, canonical_type(f.name, f.type.value_type if pa.types.is_dictionary(f.type)
+                                                      else f.type)) for f in schema])
+
+
+def canonical_table(table: pa.Table) -> pa.Table:
+    """``table`` with the storage types of :func:`canonical_schema`."""
+    schema = canonical_schema(table.schema)
+    return table if schema.equals(table.schema) else table.cast(schema)
 
 
 def in_start_order(table: pa.Table) -> pa.Table:
@@ -294,7 +309,7 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
         from xsp.table.build import empty_table  # only for a trace with no span at all
 
         first = arrow_table(empty_table())
-    columns = pa.schema([pa.field(f.name, f.type) for f in first.schema])
+    columns = canonical_schema(first.schema)
     pandas_json = pandas_metadata(columns)
 
     def footer(metadata_json: bytes, checksum: bytes | None = None) -> dict[bytes, bytes]:
@@ -335,7 +350,7 @@ LATE_CHECKSUM_PLACEHOLDER: Final = b"@@@@@@@@"
 
 def _write_tables(temporary: Path, schema: pa.Schema, first: pa.Table, tables: Iterator[pa.Table]) -> None:
     with pq.ParquetWriter(temporary, schema, **writer_options(schema)) as writer:
-        writer.write_table(first.replace_schema_metadata(schema.metadata))
+        writer.write_table(first.select(schema.names).cast(schema))
         for table in tables:
             if len(table):
                 writer.write_table(table.select(schema.names).cast(schema))

@@ -37,6 +37,7 @@ from xsp.core.errors import TraceFormatError, TraceNotFoundError
 from xsp.io.parquet import (
     arrow_table,
     atomic_output,
+    canonical_table,
     check_span_columns,
     in_start_order,
     pandas_metadata,
@@ -68,25 +69,30 @@ class WindowsMoved(Exception):
     to the spool), or following was cancelled: the trace is written from :meth:`SegmentWriter.tables`."""
 
 
-SEGMENT_IPC_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="zstd")
-"""Windows are written as Arrow IPC files with zstd buffers, not as Parquet: they live until the
-end of the run, which reads them back once into the trace file. Side by side on an operator
-window (220k spans): written in 0.35 µs/span and read in 0.17, against Parquet with LZ4's 0.54
-and 0.32, in fewer bytes (4.5 against 5.0 MB)."""
+SEGMENT_IPC_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="lz4")
+"""Windows are written as Arrow IPC files with LZ4 buffers, their texts as dictionaries, not as
+Parquet: they live until the end of the run, which reads them back once into the trace file.
+Side by side on an operator window (220k spans): Parquet with LZ4 took 0.54 µs/span to write and
+0.32 to read; Arrow IPC 0.11 and 0.09 (36 bytes a span on disk; with zstd 0.21 and 0.10, 13
+bytes). A helper process writes a window beside the user's loop, and must keep pace with it."""
 SEGMENT_TRAILER: Final = b"XSPW"
 """After a segment's Arrow bytes: this, then the CRC-32 of those bytes (Arrow IPC has no checksum
 of its own; Parquet's page checksums covered the windows before)."""
 
 
-def write_segment(table: pa.Table, path: Path) -> None:
-    """One window's spans as a segment file at ``path`` (see :data:`SEGMENT_IPC_OPTIONS`)."""
+def write_segment(table: pa.Table, path: Path | None) -> None:
+    """One window's spans as a segment file at ``path`` (see :data:`SEGMENT_IPC_OPTIONS`; None:
+    made in memory only)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema, options=SEGMENT_IPC_OPTIONS) as writer:
         writer.write_table(table)
     data = sink.getvalue()
+    trailer = SEGMENT_TRAILER + zlib.crc32(data).to_bytes(4, "little")
+    if path is None:
+        return
     with open(path, "wb") as file:
         file.write(data)
-        file.write(SEGMENT_TRAILER + zlib.crc32(data).to_bytes(4, "little"))
+        file.write(trailer)
 
 
 def read_segment(path: Path) -> pa.Table:
@@ -111,7 +117,7 @@ def read_segment(path: Path) -> pa.Table:
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise TraceFormatError(f"{path} is corrupt: {exc}") from None
     check_span_columns(path, table.schema)
-    return table
+    return canonical_table(table)
 
 
 def segment_name(number: int) -> str:
@@ -177,7 +183,7 @@ def _mtime(path: Path) -> float:
 
 
 def warm_up() -> None:
-    """Write one span as a segment and as the trace file are written, in memory: Arrow, its zstd
+    """Write one span as a segment and as the trace file are written, in memory: Arrow, its LZ4
     codec and Parquet set up their C++ statics in this process, at a moment of xsp's choosing.
 
     A forked helper that set one up itself would register its destructor with glibc
@@ -189,11 +195,11 @@ def warm_up() -> None:
     row = {col.TRACE_ID: "0" * 32, col.SPAN_ID: 1, col.LEVEL: col.Level.MODEL.value,
            col.KIND: col.SpanKind.SESSION.value, col.NAME: SESSION_NAME, col.START_NS: 0, col.END_NS: 1,
            col.DURATION_NS: 1, col.STATUS: col.Status.OK.value}
-    table = in_start_order(arrow_table(conform(pd.DataFrame([row]))))
+    spans = conform(pd.DataFrame([row]))
+    table = in_start_order(arrow_table(spans))
     pandas_metadata(table.schema)  # made once per process: a child forked later has it too
     pq.write_table(table, io.BytesIO(), **writer_options(table.schema))  # the trace file, at the end
-    with pa.ipc.new_file(pa.BufferOutputStream(), table.schema, options=SEGMENT_IPC_OPTIONS) as writer:
-        writer.write_table(table)
+    write_segment(arrow_table(spans, in_order=True, dictionaries=True), None)
 
 
 class SegmentWriter:
@@ -263,7 +269,7 @@ class SegmentWriter:
         if not len(spans):
             return
         self.count += 1
-        self.pending.append((self.count, arrow_table(spans, in_order=True)))
+        self.pending.append((self.count, arrow_table(spans, in_order=True, dictionaries=True)))
         self.flush()
 
     def keep(self, tables: list[tuple[int, pa.Table]]) -> None:
@@ -338,11 +344,11 @@ class SegmentWriter:
         waiting = next(pending, None)
         for name, path in written:
             while waiting is not None and segment_name(waiting[0]) < name:
-                yield waiting[1]
+                yield canonical_table(waiting[1])
                 waiting = next(pending, None)
             yield read_segment(path)
         while waiting is not None:
-            yield waiting[1]
+            yield canonical_table(waiting[1])
             waiting = next(pending, None)
 
     def follow(self, done: threading.Event, cancelled: threading.Event) -> Iterator[pa.Table]:
