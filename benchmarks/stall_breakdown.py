@@ -4,7 +4,7 @@ the trace file is on disk, split into waiting for the helper processes' queue of
 
 The same loop as benchmarks/long_run.py (500 x Linear(8, 8), inference, GC on), with
 ``xsp.trace(levels="model,layer,operator")``. Prints one table row per run; results are
-recorded by hand in benchmarks/results/long_run.md.
+recorded by hand in benchmarks/results/long_run_notes.md.
 
 Usage: python benchmarks/stall_breakdown.py [MODULE_CALLS] [RUNS]
 """
