@@ -15,7 +15,8 @@ import pytest
 import xsp
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
-from xsp.io.nsys import NVTX_DOMAIN_CREATE, NVTX_NAME_THREAD, NVTX_PUSH_POP, NVTX_START_END, is_nsys_path, load_nsys
+from xsp.io.nsys import NVTX_DOMAIN_CREATE, NVTX_NAME_THREAD, NVTX_PUSH_POP, NVTX_START_END, load_nsys
+from xsp.io.nsys_export import is_nsys_path
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "nsys" / "saxpy_mpi_cuda_rank0.sqlite"
 needs_shared = pytest.mark.skipif(not SHARED.is_file(), reason="../shared/traces (the real traces) is not here")
@@ -261,7 +262,7 @@ def test_the_real_export_reports_recommends_and_diffs_from_the_cli(tmp_path):
 def test_the_c_reader_and_pythons_sqlite3_give_the_same_table(tmp_path, monkeypatch):
     import os
 
-    import xsp.io.nsys as nsys
+    import xsp.io.nsys_export as nsys
 
     if nsys.SQLITE_COLUMNS is None:
         if os.environ.get("XSP_REQUIRE_HOTPATH"):
@@ -343,7 +344,7 @@ def test_an_export_lacking_what_the_table_needs_says_so(tmp_path, table, said):
 
 def test_nvtx_texts_are_the_same_however_many_distinct_ones_there_are(tmp_path):
     """A few distinct texts are read in C as numbers; more than MAX_CODED_TEXTS, through Python."""
-    import xsp.io.nsys as nsys
+    import xsp.io.nsys_export as nsys
 
     for count in (3, nsys.MAX_CODED_TEXTS + 6):
         path = make_export(tmp_path / f"report{count}.sqlite")

@@ -29,7 +29,8 @@ def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
     from xsp.io.kineto import load_kineto  # the importers, only for this command
     from xsp.io.kineto_json import is_kineto_path
-    from xsp.io.nsys import is_nsys_path, load_nsys
+    from xsp.io.nsys import load_nsys
+    from xsp.io.nsys_export import is_nsys_path
 
     if is_kineto_path(source):
         load = load_kineto

@@ -83,7 +83,8 @@ def traces_in(folder: Path) -> list[Path]:
 def _one(path: PathArg) -> Trace:
     from xsp.io.kineto import load_kineto  # the importers, only when asked for
     from xsp.io.kineto_json import is_kineto_path
-    from xsp.io.nsys import is_nsys_path, load_nsys
+    from xsp.io.nsys import load_nsys
+    from xsp.io.nsys_export import is_nsys_path
 
     try:
         if is_kineto_path(path):

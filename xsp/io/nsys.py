@@ -38,7 +38,6 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,31 +50,23 @@ from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspWarning, warn
 from xsp.core.schema import Level, SpanKind
+from xsp.io.nsys_export import (
+    NAME_IDS,
+    TableReads,
+    column_names,
+    connect,
+    export_facts,
+    table_names,
+)
 from xsp.io.trace import Trace
-from xsp.record.hotpath import optional_extension
 from xsp.record.nvtx import DOMAIN as XSP_DOMAIN
 from xsp.record.nvtx import RangeKind
 from xsp.table.build import build_table, new_step_state
 from xsp.table.validation import LATEST_NS
 from xsp.table.walks import nullable_ints, strings_at
 
-SQLITE_MAGIC: Final = b"SQLite format 3\x00"
-PRODUCT: Final = "NVIDIA Nsight Systems"
-KNOWN_SCHEMA_MAJORS: Final = (2, 3)
-"""Export schema majors read: 2 (Nsight Systems 2021.5-2022.3: 2.7.1, 2.9.1) and 3 (2022.4 on:
-3.0.0; 2023.4: 3.7.2; 2024.2: 3.11.1; 2024.5: 3.13.2; 2025.4: 3.22.1), whose tables and columns
-used here are the same (3.7 added ``greenContextId`` to the GPU tables, which xsp does not read);
-each table's columns are checked all the same."""
-METADATA_TABLES: Final = ("META_DATA_EXPORT", "EXPORT_META_DATA")
-"""Where an export names its product and schema: ``META_DATA_EXPORT`` from Nsight Systems 2023.4
-(schema 3.7.2; beside ``META_DATA_CAPTURE``, the capture's settings, which xsp never reads: it
-holds the profiled process's whole environment), ``EXPORT_META_DATA`` from 2021.5 to 2023.2
-(schema 2.7.1 to 3.1.7). Releases before 2021.5 wrote none."""
 GPU_TABLES: Final = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
 """The GPUs of the target: ``TARGET_INFO_CUDA_GPU`` in Nsight Systems 2021.1-2021.3, then ``TARGET_INFO_GPU``."""
-
-SQLITE_COLUMNS: Any = optional_extension("xsp.io._sqlite")
-"""xsp/io/_sqlite: numeric columns of a query read in C, or None where it is not built."""
 
 NVTX_PUSH_POP: Final = 59
 NVTX_START_END: Final = 60
@@ -95,188 +86,6 @@ MEMORY_KINDS: Final = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "
 RANK_VARIABLES: Final = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
 MPI_RANK_THREAD: Final = re.compile(r"MPI Rank (\d+)$")
 API_VERSION_SUFFIX: Final = re.compile(r"_v\d+$")
-
-READ_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
-    "NVTX_EVENTS": ("start", "end", "eventType", "textId", "globalTid", "domainId"),
-    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
-    "CUPTI_ACTIVITY_KIND_DRIVER": ("start", "end", "globalTid", "correlationId", "nameId"),
-    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "demangledName",
-                                   "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
-                                   "staticSharedMemory", "dynamicSharedMemory"),
-    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind",
-                                   "srcKind", "dstKind"),
-    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
-}
-"""The numeric columns read from each event table (an API table's ``eventClass`` as well, where it has one)."""
-
-REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
-    **READ_COLUMNS, "NVTX_EVENTS": (*READ_COLUMNS["NVTX_EVENTS"], "text"), "StringIds": ("id", "value")}
-"""The columns xsp reads from each table it reads (any table may be absent: nothing recorded there)."""
-
-
-def is_nsys_path(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is an SQLite file (by its first bytes): an Nsight Systems export or not,
-    :func:`load_nsys` says."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
-    except OSError:
-        return False
-
-
-def _connect(source: Path) -> sqlite3.Connection:
-    try:
-        connection = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
-        # names as recorded, with bytes that are not UTF-8 (an odd thread or file name) replaced
-        connection.text_factory = lambda raw: raw.decode("utf-8", "replace")
-        connection.execute("select count(*) from sqlite_master").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise TraceFormatError(f"{source} is not an SQLite database xsp can read: {exc}") from None
-    return connection
-
-
-def _tables(connection: sqlite3.Connection) -> set[str]:
-    return {name for (name,) in connection.execute("select name from sqlite_master where type in ('table', 'view')")}
-
-
-def _columns(connection: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in connection.execute(f"pragma table_info([{table}])")}
-
-
-def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]:
-    """The export's metadata (``META_DATA_EXPORT``, or ``EXPORT_META_DATA`` before Nsight Systems
-    2023.4) as a dict, after checking that this is an Nsight Systems export of a schema xsp reads,
-    whose tables have the columns xsp reads. An export of a release before 2021.5, which wrote no
-    metadata, is known by its tables (``StringIds`` and an event table xsp reads): its facts are
-    empty, its schema unknown."""
-    tables = _tables(connection)
-    table = next((name for name in METADATA_TABLES if name in tables), None)
-    if table is None:
-        if "StringIds" in tables and tables & set(READ_COLUMNS):
-            _check_columns(connection, tables, source, "unknown (no metadata table: before 2021.5)")
-            return {}
-        raise TraceFormatError(f"{source} is an SQLite file but no Nsight Systems export (no META_DATA_EXPORT or "
-                               "EXPORT_META_DATA table, and none of its event tables)")
-    if not {"name", "value"} <= _columns(connection, table):
-        raise TraceFormatError(f"{source}: its {table} table has no name and value columns: not an export xsp can read")
-    facts = {str(name): str(value) for name, value in connection.execute(f"select name, value from {table}")}
-    if facts.get("EXPORT_PRODUCT_NAME", PRODUCT) != PRODUCT:
-        raise TraceFormatError(f"{source} was exported by {facts['EXPORT_PRODUCT_NAME']}, not {PRODUCT}")
-    version = facts.get("EXPORT_SCHEMA_VERSION", "")
-    major = facts.get("EXPORT_SCHEMA_VERSION_MAJOR") or version.split(".")[0]
-    if not major.isdigit() or int(major) not in KNOWN_SCHEMA_MAJORS:
-        raise TraceFormatError(
-            f"{source}: Nsight Systems export schema {version or 'unknown'} is not one xsp reads "
-            f"(it reads {', '.join(f'{m}.x' for m in KNOWN_SCHEMA_MAJORS)}); export it with a release that writes one")
-    _check_columns(connection, tables, source, version)
-    return facts
-
-
-def _check_columns(connection: sqlite3.Connection, tables: set[str], source: Path, version: str) -> None:
-    """Each table xsp reads has the columns it reads (see :data:`REQUIRED_COLUMNS`)."""
-    for table, needed in REQUIRED_COLUMNS.items():
-        if table in tables:
-            missing = sorted(set(needed) - _columns(connection, table))
-            if missing:
-                raise TraceFormatError(f"{source}: table {table} of export schema {version} lacks "
-                                       f"{', '.join(missing)}: not an export xsp can read")
-
-
-
-
-NAME_IDS: Final = {"NVTX_EVENTS": "textId", "CUPTI_ACTIVITY_KIND_RUNTIME": "nameId",
-                   "CUPTI_ACTIVITY_KIND_DRIVER": "nameId", "CUPTI_ACTIVITY_KIND_KERNEL": "demangledName"}
-"""The column of each table that names a row by its id in ``StringIds``."""
-
-
-MAX_CODED_TEXTS: Final = 64
-"""A text column of at most this many distinct texts is read in C as the number of each row's text
-(:meth:`TableReads.texts`); SQLite tries the texts in turn on every row."""
-CODED_TEXTS: Final = {"NVTX_EVENTS": "text"}
-"""The text columns read as numbers where they hold few distinct texts."""
-
-
-class TableReads:
-    """The numeric columns of an export's event tables (:data:`READ_COLUMNS`), read by
-    xsp/io/_sqlite (which lets Python's lock go while SQLite steps through the rows) on threads
-    that leave the import one core, while it works on the tables read first."""
-
-    def __init__(self, connection: sqlite3.Connection, tables: set[str]) -> None:
-        self.connection = connection
-        self.columns = {table: READ_COLUMNS[table] + (("eventClass",) if table.endswith(("RUNTIME", "DRIVER"))
-                                                      and "eventClass" in _columns(connection, table) else ())
-                        for table in READ_COLUMNS if table in tables}
-        self.pending: dict[str, Future[tuple[bytearray, int]]] = {}
-        self.distinct: dict[str, list[bytes]] = {}
-        self.pool: ThreadPoolExecutor | None = None
-        uri = _file_uri(connection)
-        if SQLITE_COLUMNS is not None and uri is not None and self.columns:
-            self.pool = ThreadPoolExecutor(max_workers=max(min(len(self.columns), (os.cpu_count() or 1) - 1), 1),
-                                           thread_name_prefix="xsp-nsys-read")
-            for table in self.columns:  # in the order the import takes them
-                self.pending[table] = self.pool.submit(SQLITE_COLUMNS.read_floats, uri, self._query(table))
-                query = self._text_query(table, CODED_TEXTS[table]) if table in CODED_TEXTS else None
-                if query is not None:
-                    self.pending[f"{table}.{CODED_TEXTS[table]}"] = self.pool.submit(
-                        SQLITE_COLUMNS.read_floats, uri, query)
-
-    def _text_query(self, table: str, column: str) -> str | None:
-        """The query giving each row the number of its text among the column's distinct ones (NULL
-        for none); None where there are too many to try each on every row."""
-        distinct = [bytes(raw) for (raw,) in self.connection.execute(
-            f"select distinct cast({column} as blob) from {table} where {column} is not null "
-            f"limit {MAX_CODED_TEXTS + 1}")]
-        if len(distinct) > MAX_CODED_TEXTS:
-            return None
-        self.distinct[f"{table}.{column}"] = distinct
-        if not distinct:
-            return f"select null from {table}"
-        cases = " ".join(f"when x'{raw.hex()}' then {number}" for number, raw in enumerate(distinct))
-        return f"select case cast({column} as blob) {cases} end from {table}"
-
-    def _read(self, key: str) -> tuple[bytearray, int] | None:
-        """What the thread reading ``key`` found; None where none read it or it failed (the caller
-        reads through Python then)."""
-        future = self.pending.pop(key, None)
-        try:
-            return None if future is None else future.result()
-        except OSError:
-            return None
-
-    def texts(self, table: str, column: str) -> np.ndarray:
-        """A text column as an object array (None where null): where it holds few distinct texts
-        (an NVTX range's own text is most often one of a few names), from the numbers read in C,
-        each distinct text made once; else row by row through Python."""
-        key = f"{table}.{column}"
-        found = self._read(key)
-        if found is not None:
-            numbers = np.frombuffer(found[0], dtype=np.float64)
-            distinct = self.distinct[key]
-            values = np.array([raw.decode("utf-8", "replace") for raw in distinct] + [None], dtype=object)
-            return values[np.where(np.isnan(numbers), len(distinct), numbers).astype(np.int64)]
-        return np.array([text for (text,) in self.connection.execute(f"select {column} from {table}")], dtype=object)
-
-    def _query(self, table: str) -> str:
-        return f"select {', '.join(self.columns[table])} from {table}"
-
-    def frame(self, table: str) -> pd.DataFrame:
-        """The table's numeric columns as float64 columns (NaN where null): one array of all the
-        rows, read in C where xsp's extension is built, else made by numpy from SQLite's tuples;
-        never kept as a Python object a value. Exact for what is read here (times from the
-        session's start, ids, sizes: all below 2**53)."""
-        columns = self.columns[table]
-        found = self._read(table)
-        data = None if found is None or found[1] != len(columns) else \
-            np.frombuffer(found[0], dtype=np.float64).reshape(-1, len(columns))
-        if data is None:
-            rows = self.connection.execute(self._query(table)).fetchall()
-            data = np.array(rows, dtype=np.float64).reshape(-1, len(columns)) if rows else np.empty((0, len(columns)))
-        return pd.DataFrame(data, columns=list(columns), copy=False)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
 
 IMPOSSIBLE_TIMES: Final = "rows with impossible times"
 """What the rows left out are counted as, after their table's name: no start or end, an end
@@ -298,12 +107,6 @@ def _with_possible_times(frame: pd.DataFrame, table: str, base_ns: int, counts: 
         return frame
     counts[f"{table} {IMPOSSIBLE_TIMES}"] = int((~fine).sum())
     return frame[fine].reset_index(drop=True)
-
-
-def _file_uri(connection: sqlite3.Connection) -> str | None:
-    """The read-only URI of the connection's file, for xsp/io/_sqlite to open it again (None: no file)."""
-    found = connection.execute("pragma database_list").fetchone()
-    return f"{Path(found[2]).as_uri()}?mode=ro" if found and found[2] else None
 
 
 def _ints(values: pd.Series) -> np.ndarray:
@@ -428,7 +231,7 @@ def _nvtx_rows(reads: TableReads, strings: dict[int, str], base_ns: int,
     names = _coded(np.where(pd.isna(texts), by_id, texts)).filled("(unnamed NVTX range)")
     rows = _base_rows(ranges, Level.MODEL, SpanKind.USER, names, base_ns, host=True)
     domain_ids = np.nan_to_num(ranges["domainId"].to_numpy(), nan=0).astype(np.int64)
-    if "category" in _columns(connection, "NVTX_EVENTS"):
+    if "category" in column_names(connection, "NVTX_EVENTS"):
         _xsp_ranges(connection, rows, keep, domain_ids, domains)
     rows[col.ATTRIBUTES] = _per_distinct(
         domain_ids.reshape(-1, 1),
@@ -544,7 +347,7 @@ def _memset_rows(reads: TableReads, base_ns: int, counts: dict[str, int]) -> Row
 
 
 def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:
-    if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(connection,
+    if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in column_names(connection,
                                                                                 "TARGET_INFO_SESSION_START_TIME"):
         found = connection.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
         if found and found[0] is not None:
@@ -554,13 +357,13 @@ def _session_start_ns(connection: sqlite3.Connection, tables: set[str]) -> int:
 
 def _gpu_names(connection: sqlite3.Connection, tables: set[str]) -> list[str]:
     table = next((name for name in GPU_TABLES if name in tables), None)
-    if table is None or "name" not in _columns(connection, table):
+    if table is None or "name" not in column_names(connection, table):
         return []
     return sorted({str(name) for (name,) in connection.execute(f"select name from {table}") if name})
 
 
 def _rank(connection: sqlite3.Connection, tables: set[str], thread_names: dict[int, str]) -> int | None:
-    if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(connection, "TARGET_INFO_SYSTEM_ENV"):
+    if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= column_names(connection, "TARGET_INFO_SYSTEM_ENV"):
         found = dict(connection.execute("select name, value from TARGET_INFO_SYSTEM_ENV"))
         for variable in RANK_VARIABLES:
             value = str(found.get(variable, "")).strip()
@@ -574,7 +377,7 @@ def _rank(connection: sqlite3.Connection, tables: set[str], thread_names: dict[i
 
 
 def _thread_names(connection: sqlite3.Connection, tables: set[str], strings: dict[int, str]) -> dict[int, str]:
-    if "ThreadNames" not in tables or not {"nameId", "globalTid"} <= _columns(connection, "ThreadNames"):
+    if "ThreadNames" not in tables or not {"nameId", "globalTid"} <= column_names(connection, "ThreadNames"):
         return {}
     return {int(tid) & 0xFFFFFF: strings.get(int(name_id), str(name_id))
             for name_id, tid in connection.execute("select nameId, globalTid from ThreadNames") if tid is not None}
@@ -583,7 +386,7 @@ def _thread_names(connection: sqlite3.Connection, tables: set[str], strings: dic
 def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Span rows (epoch ns, no ids or parents yet) and metadata of an opened export."""
     facts = export_facts(connection, source)
-    tables = _tables(connection)
+    tables = table_names(connection)
     strings = _strings(connection, tables)
     base_ns = _session_start_ns(connection, tables)
     lacking = []  # what the export lacks that the table would have needed, in words
@@ -681,7 +484,7 @@ def load_nsys(path: str | os.PathLike[str]) -> Trace:
         raise TraceFormatError(f"{source} is a directory, not a trace file")
     if not source.is_file():
         raise TraceNotFoundError(f"no such trace file: {source}")
-    with closing(_connect(source)) as connection:
+    with closing(connect(source)) as connection:
         try:
             rows, metadata = nsys_rows(connection, source)
         except sqlite3.DatabaseError as exc:
