@@ -394,7 +394,7 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
     from xsp.tracers.module_calls import interceptor as _module_calls
 
     hooked = []
-    make_hooks = _module_calls._backward_hooks
+    make_hooks = _module_calls.backward_hooks
 
     def counting(recording, *more):  # type: ignore[no-untyped-def]
         hook = make_hooks(recording, *more)
@@ -405,7 +405,7 @@ def test_leveled_inference_without_no_grad_registers_no_backward_hook(monkeypatc
 
         return counted
 
-    monkeypatch.setattr(_module_calls, "_backward_hooks", counting)
+    monkeypatch.setattr(_module_calls, "backward_hooks", counting)
     model, x = _small_model(), torch.randn(4, 8)
     xsp.leveled(lambda: model(x), levels=("model", "layer"), rounds=1, repeat=2)
     assert hooked == []

@@ -48,7 +48,6 @@ import functools
 import sys
 import threading
 from collections.abc import Callable
-from functools import partial
 from types import FrameType
 from typing import Any, cast
 
@@ -58,9 +57,6 @@ from torch import nn
 from xsp.core.clock import now_ns
 from xsp.record import hotpath
 from xsp.record.columns import (
-    BACKWARD_ALIAS,
-    BACKWARD_BEGIN,
-    BACKWARD_END,
     COMPACT_AT,
     ROOT_GRAD,
     ROOT_MODE_UNKNOWN,
@@ -70,6 +66,7 @@ from xsp.record.recording import Recording, ThreadBuffer
 from xsp.record.sites import NO_SCOPE, SITE_SCOPE_BYTES, SITE_SCOPES
 from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.tracers._post_import import forget, when_imported
+from xsp.tracers.module_calls.backward_hooks import backward_hooks
 from xsp.tracers.module_calls.call_context import (
     DYNAMO_TRACE_RULES,
     JIT_TRACE_ENTRIES,
@@ -87,7 +84,6 @@ from xsp.tracers.module_calls.call_values import (
     describe,
     describe_inputs,
     error_text,
-    top_tensors,
 )
 from xsp.tracers.module_calls.jit_dynamo import (
     dynamo_traces,
@@ -96,12 +92,7 @@ from xsp.tracers.module_calls.jit_dynamo import (
 )
 from xsp.tracers.module_calls.model_names import model_name
 from xsp.tracers.module_calls.native_torch import grad_mode_address
-from xsp.tracers.module_calls.ranges import NO_RANGE, ModuleRanges
-
-
-def _output_nodes(out: Any) -> set[Any]:
-    """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
-    return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
+from xsp.tracers.module_calls.ranges import NO_RANGE, ModuleRanges, range_calls, ranges_of
 
 
 def call_machinery(original: Any) -> tuple[Any, Any] | None:
@@ -264,8 +255,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
     local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
-    module_ranges = _module_ranges(recording)
-    enter_range, leave_range = _range_calls(module_ranges)
+    module_ranges = ranges_of(recording)
+    enter_range, leave_range = range_calls(module_ranges)
 
     # closure constants, not keyword defaults: a keyword argument the model takes could not
     # then be caught by the wrapper instead of reaching the model
@@ -332,9 +323,9 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
                       on_read: Callable[[], None] | None = None, tracing_known: bool = False) -> Callable[..., Any]:
     local, new_buffer, names = recording.local, recording.new_buffer, recording.model_names
     begin_root = _root_call(recording)
-    module_ranges = _module_ranges(recording)
-    enter_range, leave_range = _range_calls(module_ranges)
-    hook_backward = _backward_hooks(recording, module_ranges)
+    module_ranges = ranges_of(recording)
+    enter_range, leave_range = range_calls(module_ranges)
+    hook_backward = backward_hooks(recording, module_ranges)
     push, pop = (correlation.push, correlation.pop) if correlation is not None else (None, None)
     # calls deeper than this pass through unrecorded, their own calls seeing the same depth
     deepest = recording.layer_depth or sys.maxsize
@@ -414,83 +405,6 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
 
     return _with_hotpath(xsp_module_call, Mode.ALL, recording, original, correlation, on_read, tracing_known,
                          hook_backward, module_ranges)
-
-
-def _module_ranges(recording: Recording) -> ModuleRanges | None:
-    """The NVTX ranges of module calls, where the session sends NVTX ranges."""
-    return None if recording.nvtx is None else ModuleRanges(recording.nvtx, recording.model_names)
-
-
-def _range_calls(module_ranges: ModuleRanges | None) -> tuple[Callable[[nn.Module, bool], int] | None,
-                                                              Callable[[], None]]:
-    """``(enter(module, is_root), leave())`` of the Python wrapper's NVTX ranges (enter None: none)."""
-    if module_ranges is None:
-        return None, _nothing
-    return module_ranges.enter, module_ranges.ranges.pop
-
-
-def _nothing() -> None:
-    """No range to leave."""
-
-
-def _backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = None,
-                    ) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
-    """``hook(buffer, out, module, call_start)``: record the begin and end of the backward of one call.
-
-    The backward of a module call begins when the node that produced its output is about to
-    run (its gradient is complete) and ends when that node has run; a module with submodules
-    is stretched over their backward when the layer spans are built. Events go to the buffer
-    of the thread that runs the backward (an autograd device thread on GPUs).
-
-    Hook registrations cost microseconds each, so they are spared where the span follows
-    from others. A module with submodules gets no end hook: its backward ends with theirs (its
-    span is stretched over them), and it begins at its own output's node. A module whose output
-    is the very tensor its last submodule returned (an ``nn.Sequential``, a block ending in its
-    norm layer) shares that submodule's node: it is recorded as an alias of the submodule's call
-    (phase 2, with that call's start as its time) instead of hooking the node again.
-    """
-    buffer_of = recording.buffer
-
-    def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
-        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
-
-    def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
-
-    # with NVTX, a leaf layer's backward (its node's pre-hook to its hook, on the thread that runs
-    # the node) is a range; a container's backward is known only once its children's have ended
-    ranges = None if module_ranges is None else module_ranges.ranges
-
-    def begin_ranged(module: nn.Module, call: int, grad_outputs: Any) -> None:
-        if ranges is not None:
-            ranges.push(module_ranges.backward_message_of(module))  # type: ignore[union-attr]
-        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
-
-    def end_ranged(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
-        if ranges is not None:
-            ranges.pop()
-
-    def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
-        node = out.grad_fn if type(out) is TENSOR_TYPE else None
-        if node is None:
-            nodes: Any = _output_nodes(out)
-        else:
-            hooked = buffer.last_hooked
-            if hooked is not None and hooked[0] is node:
-                buffer.record_backward(module, hooked[1], BACKWARD_ALIAS, call)
-                return
-            buffer.last_hooked = (node, call)
-            nodes = (node,)
-        leaf = not module._modules  # a module with submodules ends with them: cover_submodules stretches it
-        for node in nodes:
-            if leaf:
-                node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
-                node.register_hook(partial(end_ranged if ranges is not None else end, module, call))
-            else:
-                node.register_prehook(partial(begin, module, call))
-
-    return hook
 
 
 def _entry() -> Any:

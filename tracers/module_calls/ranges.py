@@ -8,11 +8,13 @@ A model call's range is named as its model span (``model``), a layer call's as i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from xsp.record.nvtx import NvtxRanges, RangeKind
+from xsp.record.recording import Recording
 from xsp.tracers.module_calls.rows import BACKWARD_SUFFIX, HIDDEN, LayerNames
 
 NO_RANGE = -1
@@ -84,3 +86,20 @@ class ModuleRanges:
         if message != NO_RANGE:
             self.ranges.push(message)
         return int(message)
+
+
+def ranges_of(recording: Recording) -> ModuleRanges | None:
+    """The NVTX ranges of module calls, where the session sends NVTX ranges."""
+    return None if recording.nvtx is None else ModuleRanges(recording.nvtx, recording.model_names)
+
+
+def range_calls(module_ranges: ModuleRanges | None) -> tuple[Callable[[nn.Module, bool], int] | None,
+                                                             Callable[[], None]]:
+    """``(enter(module, is_root), leave())`` of the Python wrapper's NVTX ranges (enter None: none)."""
+    if module_ranges is None:
+        return None, _nothing
+    return module_ranges.enter, module_ranges.ranges.pop
+
+
+def _nothing() -> None:
+    """No range to leave."""

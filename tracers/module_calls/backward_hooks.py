@@ -1,0 +1,83 @@
+"""The backward of each module call as a span: hooks on the autograd graph node that produced
+the call's output, registered by the layer level's wrapper (:mod:`xsp.tracers.module_calls.interceptor`)
+while autograd records a graph, and gone with that graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from torch import nn
+
+from xsp.core.clock import now_ns
+from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END
+from xsp.record.recording import Recording, ThreadBuffer
+from xsp.tracers.module_calls.call_context import TENSOR_TYPE
+from xsp.tracers.module_calls.call_values import top_tensors
+from xsp.tracers.module_calls.ranges import ModuleRanges
+
+
+def output_nodes(out: Any) -> set[Any]:
+    """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
+    return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
+
+
+def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = None,
+                    ) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
+    """``hook(buffer, out, module, call_start)``: record the begin and end of the backward of one call.
+
+    The backward of a module call begins when the node that produced its output is about to
+    run (its gradient is complete) and ends when that node has run; a module with submodules
+    is stretched over their backward when the layer spans are built. Events go to the buffer
+    of the thread that runs the backward (an autograd device thread on GPUs).
+
+    Hook registrations cost microseconds each, so they are spared where the span follows
+    from others. A module with submodules gets no end hook: its backward ends with theirs (its
+    span is stretched over them), and it begins at its own output's node. A module whose output
+    is the very tensor its last submodule returned (an ``nn.Sequential``, a block ending in its
+    norm layer) shares that submodule's node: it is recorded as an alias of the submodule's call
+    (phase 2, with that call's start as its time) instead of hooking the node again.
+    """
+    buffer_of = recording.buffer
+
+    def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
+
+    def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
+
+    # with NVTX, a leaf layer's backward (its node's pre-hook to its hook, on the thread that runs
+    # the node) is a range; a container's backward is known only once its children's have ended
+    ranges = None if module_ranges is None else module_ranges.ranges
+
+    def begin_ranged(module: nn.Module, call: int, grad_outputs: Any) -> None:
+        if ranges is not None:
+            ranges.push(module_ranges.backward_message_of(module))  # type: ignore[union-attr]
+        buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
+
+    def end_ranged(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
+        if ranges is not None:
+            ranges.pop()
+
+    def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
+        node = out.grad_fn if type(out) is TENSOR_TYPE else None
+        if node is None:
+            nodes: Any = output_nodes(out)
+        else:
+            hooked = buffer.last_hooked
+            if hooked is not None and hooked[0] is node:
+                buffer.record_backward(module, hooked[1], BACKWARD_ALIAS, call)
+                return
+            buffer.last_hooked = (node, call)
+            nodes = (node,)
+        leaf = not module._modules  # a module with submodules ends with them: cover_submodules stretches it
+        for node in nodes:
+            if leaf:
+                node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
+                node.register_hook(partial(end_ranged if ranges is not None else end, module, call))
+            else:
+                node.register_prehook(partial(begin, module, call))
+
+    return hook
