@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 
 from xsp.core import state as _state
+from xsp.session.session import active_session, forget_active_session
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR, JIT_TRACE_ENTRIES
 
 # tests write only in their temporary folders: hypothesis keeps no example database and no cache
@@ -53,7 +54,7 @@ def no_tracer_left_active():
     """Every test must leave no session, no patched nn.Module.__call__ and no backward hook."""
     yield
     leaked = []
-    if _state.session is not None or _state.recording is not None:
+    if active_session() is not None or _state.recording is not None:
         leaked.append("an xsp session is still active")
     if nn.Module.__call__ is not _ORIGINAL_CALL:
         leaked.append("nn.Module.__call__ is still patched")
@@ -64,7 +65,7 @@ def no_tracer_left_active():
     if torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks:
         leaked.append("global backward hooks are still registered")
     leaked += _loop_patches_left()
-    _state.session = _state.recording = None
+    forget_active_session()
     nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
     assert not leaked, "; ".join(leaked)
 

@@ -37,14 +37,15 @@ if TYPE_CHECKING:
     from xsp.record.user_spans import span, step
     from xsp.session.leveled import leveled
     from xsp.session.leveled_merge import LeveledResult
-    from xsp.session.session import Session, trace
+    from xsp.session.session import Session
+    from xsp.session.tracing import trace
 
 _LAZY = {
     # pandas and pyarrow: when a trace is read (``xsp --help`` reads none)
     "load": ("xsp.io.loading", "load"), "Trace": ("xsp.io.trace", "Trace"),
     "pull": ("xsp.io.jaeger_query", "pull"),
     # recording imports torch: only when a session is asked for (reading a trace never does)
-    "trace": ("xsp.session.session", "trace"), "Session": ("xsp.session.session", "Session"),
+    "trace": ("xsp.session.tracing", "trace"), "Session": ("xsp.session.session", "Session"),
     "span": ("xsp.record.user_spans", "span"), "step": ("xsp.record.user_spans", "step"),
     "analysis": ("xsp.analysis", None),
     # the span table's column names and enums: ``from xsp import schema as col``

@@ -1,6 +1,7 @@
-"""Process-wide state: the one active session and its recording.
+"""Process-wide state: the active session's recording.
 
-Kept in a tiny module so that :func:`xsp.span` reads one global on its hot path.
+Kept in a tiny module so that :func:`xsp.span` reads one global on its hot path. The active
+session itself is :func:`xsp.session.session.active_session`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,5 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xsp.record.recording import Recording
-    from xsp.session.session import Session
 
-session: Session | None = None
 recording: Recording | None = None
-waiting: list[Session] = []
-"""Blocks that joined the active session and are still inside: the first of them takes its
-recording over, without a gap, when the active one ends (docs/steps.md)."""

@@ -86,7 +86,7 @@ def _median(values: Sequence[float]) -> float:
 def _traced(levels: tuple[str, ...], function: Callable[[], Any], group: int = 1) -> tuple[float, Any]:
     """Per-call time of ``function`` under a session of ``levels`` (:func:`_per_call_ns`), and
     the session's trace."""
-    from xsp.session.session import trace
+    from xsp.session.tracing import trace
 
     with trace(levels=levels, output=None, schedule=None) as session:
         per_call = _per_call_ns(function, group)
@@ -147,7 +147,7 @@ def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
     of traced and untraced calls apart left a few hundred nanoseconds per child at the mercy
     of the machine's drift between them: 0 or several microseconds in one calibration of ten.)
     """
-    from xsp.session.session import trace
+    from xsp.session.tracing import trace
 
     with trace(levels=("model",), output=None, schedule=None):
         differences, _ = _paired_calls(fan, _unwrapped_twin(), x, CALLS * 2)
@@ -198,7 +198,7 @@ def _layer_cost(fan: _Fan, x: torch.Tensor) -> LevelCost:
     they still came out 1.8x dearer in a calibration the machine ran slow throughout; of
     :data:`LAYER_SESSIONS` short sessions, the one whose untraced calls ran fastest is kept
     (:attr:`LevelCost.fastest` says so), and a leveled experiment scales it to its own speed."""
-    from xsp.session.session import trace
+    from xsp.session.tracing import trace
 
     twin = _unwrapped_twin()
     found = []

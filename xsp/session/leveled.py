@@ -124,7 +124,7 @@ def autograd_of(fn: Callable[[], Any]) -> Autograd:
 def probe(fn: Callable[[], Any], layers: bool = True) -> tuple[Autograd, int]:
     """One call of ``fn`` traced at the model level (and with ``layers``, the layer level):
     what autograd does in it, and the deepest module call depth it reaches (0: no layer)."""
-    from xsp.session.session import trace
+    from xsp.session.tracing import trace
 
     # no backward hooks: the model level notes backward passes itself, and a function that never
     # runs backward would be hooked for nothing
@@ -526,7 +526,7 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     """
     from xsp.record.user_spans import step
     from xsp.session.calibration import calibrate
-    from xsp.session.session import trace
+    from xsp.session.tracing import trace
     from xsp.tracers.registry import tracers_for
 
     if (repeat is not None and repeat < 1) or (rounds is not None and rounds < 1):

@@ -1,4 +1,5 @@
-"""``xsp.trace()``: one profiling session around the user's code."""
+"""One profiling session around the user's code: the `with` block or decorated function of
+:func:`xsp.trace` (:mod:`xsp.session.tracing`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import contextlib
 import functools
 import multiprocessing.util
 import os
-import signal
-import sys
 import threading
 import warnings
 from collections import Counter
@@ -37,7 +36,7 @@ from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadBuffer, ThreadCopy
 from xsp.record.schedule import Schedule, StepAction, schedule_of
 from xsp.record.user_spans import span
-from xsp.session import children, ending, exit_guard, starting
+from xsp.session import child_session, children, ending, exit_guard, starting
 from xsp.session.children import ChildPlan, ChildState, Following
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.output_name import OutputName
@@ -60,21 +59,36 @@ takes memory in proportion to its records, so this bounds the session's memory."
 
 _claim = threading.Lock()
 """Held while a session checks for an active one and takes its place (two threads at once)."""
-CHILD_END_DEADLINE_S = 30
-"""A child process's session ended by a signal has this long to write its trace."""
+_active: Session | None = None
+"""The process's active session (its recording, which :func:`xsp.span` reads, is in :mod:`xsp.core.state`)."""
+_waiting: list[Session] = []
+"""Blocks that joined the active session and are still inside: the first of them takes its
+recording over, without a gap, when the active one ends (docs/steps.md)."""
+
+
+def active_session() -> Session | None:
+    """The process's active session, if any."""
+    return _active
+
+
+def forget_active_session() -> None:
+    """No session is active in this process any more (after a test that left one behind)."""
+    global _active
+    _active = _state.recording = None
+    _waiting.clear()
 
 
 def _forget_session_in_child() -> None:
     """After ``os.fork()`` in a session: the child records nothing of the parent's session and
     writes no file of it (the parent's session owns the file; a process ``multiprocessing``
     starts follows it with a session of its own: :mod:`xsp.session.children`)."""
-    global _claim
+    global _claim, _active
     _claim = threading.Lock()  # another thread of the parent may have held it at the fork
-    _state.waiting.clear()
-    session = _state.session
+    _waiting.clear()
+    session = _active
     if session is None:
         return
-    _state.session = _state.recording = None
+    _active = _state.recording = None
     session.forked = True
     session.signals.forget()
     if session.recording is not None:
@@ -103,90 +117,20 @@ def _start_child_session(plan: ChildPlan) -> None:
     warnings.filterwarnings("ignore", category=XspWarning)
     session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
                       backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False)
-    session.signals = StopSignals(on_default=functools.partial(_end_child_session, session, plan))
+    session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
     session.__enter__()
-    _end_at_exit(session, plan)
+    child_session.end_with_process(session, plan)
     plan.mark(os.getpid(), ChildState.RUNNING)
     # a forkserver's child is unpickled before multiprocessing clears the exit hooks: again after
-    multiprocessing.util.register_after_fork(session, functools.partial(_end_at_exit, plan=plan))
-
-
-def _end_at_exit(session: Session, plan: ChildPlan) -> None:
-    """End ``session`` with the child process (``multiprocessing``'s exit hooks run when its
-    function has returned or raised)."""
-    multiprocessing.util.Finalize(session, _end_child_session, args=(session, plan), exitpriority=100)
-
-
-def _end_child_session(session: Session, plan: ChildPlan, signum: int | None = None) -> None:
-    """End a child process's session: at its exit (the exception it is ending by, if any), or
-    by the stopping signal ``signum`` (the process then ends by it)."""
-    if _state.session is not session:
-        return
-    try:
-        if _unclaimed(session, plan):
-            if signum is not None:
-                end_by_signal(signum)
-            return
-        if signum is not None:
-            if not session.running.is_set():  # still starting, here on this thread: nothing recorded yet
-                end_by_signal(signum)
-            signal.alarm(CHILD_END_DEADLINE_S)  # a lock held where the signal came would hang it: it dies instead
-            session.__exit__(Terminated, Terminated(signum), None)  # ends the process by the signal
-            return
-        exc = sys.exc_info()[1]
-        if exc is not None and not isinstance(exc, SystemExit) and _after_traceback(session, plan, exc):
-            return
-        session.__exit__(None if exc is None else type(exc), exc, None)
-    except Exception:  # the child's exit is the program's: its trace is lost, and the session says so
-        pass
-
-
-def _unclaimed(session: Session, plan: ChildPlan) -> bool:
-    """The parent's session has ended (it removed its children folder): the child's trace would
-    be no one's, and a file in a folder made again for it would be left behind. Its session is
-    abandoned instead."""
-    if os.path.isdir(plan.folder):
-        return False
-    session.abandon()
-    return True
-
-
-def _after_traceback(session: Session, plan: ChildPlan, exc: BaseException) -> bool:
-    """A child process ending by an exception writes its trace after ``multiprocessing`` has
-    printed the traceback, as threads are shut down: a plain run prints it at once, and
-    ``Pool.terminate`` after a Ctrl-C would otherwise kill the worker before it does. A stopping
-    signal that comes meanwhile is dropped (the process is ending with its exit code already).
-    False where that hook is missing (the trace is then written now)."""
-    register = getattr(threading, "_register_atexit", None)  # CPython's hook before joining threads
-    if register is None:
-        return False
-    try:
-        register(_end_child_session_after_traceback, session, plan, exc)
-    except Exception:  # threads already shutting down
-        return False
-    session.signals.hold_until_exit()
-    return True
-
-
-def _end_child_session_after_traceback(session: Session, plan: ChildPlan, exc: BaseException) -> None:
-    if _state.session is not session:
-        return
-    program_alarm_s = signal.alarm(CHILD_END_DEADLINE_S)  # a lock left held would hang it: it dies instead
-    try:
-        if not _unclaimed(session, plan):
-            session.__exit__(type(exc), exc, None)
-    except Exception:  # the child's exit is the program's: its trace is lost, and the session says so
-        pass
-    finally:
-        signal.alarm(program_alarm_s)
+    multiprocessing.util.register_after_fork(session, functools.partial(child_session.end_with_process, plan=plan))
 
 
 def _successor(ending: Session) -> Session | None:
     """Under ``_claim``, as ``ending`` ends: the first block that joined it and is still inside
     its own, which takes the recording over (no longer a span of ``ending``), or None."""
-    if not _state.waiting:
+    if not _waiting:
         return None
-    successor = _state.waiting.pop(0)
+    successor = _waiting.pop(0)
     successor.adopt(ending.recording)
     return successor
 
@@ -291,7 +235,8 @@ class Session:
 
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
-        if self.calibrate and _state.session is None:  # before this session claims the process: it traces
+        global _active
+        if self.calibrate and _active is None:  # before this session claims the process: it traces
             import torch
 
             from xsp.session.calibration import calibrate
@@ -302,20 +247,20 @@ class Session:
             except Exception as exc:  # a failed calibration costs the figures, never the program
                 self.warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
-            active = _state.session
+            active = _active
             self.thread_id = threading.get_native_id()
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self.recording = Recording(self.max_events)
                 self.recording.backward_hooks = self.backward
                 self.recording.layer_depth = self.layer_depth
                 self._open_nvtx(self.recording)
-                _state.session, _state.recording = self, self.recording
+                _active, _state.recording = self, self.recording
             else:  # joins it, in the same claim: the active session's end then hands over to it
                 if active.recording is not None:
                     self.copy = active.recording.start_copy(self.thread_id)
                 self._nested = span("xsp.trace")
                 self._nested.__enter__()
-                _state.waiting.append(self)
+                _waiting.append(self)
         if active is not None:
             where = "" if active.thread_id == self.thread_id else f" (started in thread {active.thread_id})"
             self.warn(f"xsp.trace() is already active{where}; this block joins that session: its calls are "
@@ -332,7 +277,7 @@ class Session:
         try:
             self._start()
         except BaseException:
-            _state.session = _state.recording = None
+            _active = _state.recording = None
             exit_guard.unguard()
             self.release_output()
             raise
@@ -367,8 +312,8 @@ class Session:
             nested = self._nested
             if nested is not None:
                 self._nested = None
-                if self in _state.waiting:
-                    _state.waiting.remove(self)
+                if self in _waiting:
+                    _waiting.remove(self)
         succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         error = None if succeeded else f"{type(exc).__name__}: {exc}"
         if nested is not None:
@@ -395,10 +340,11 @@ class Session:
     def abandon(self) -> None:
         """End without a trace: nothing is written, and the windows streamed so far are removed
         (a child process whose parent's session has ended: what it recorded is no one's)."""
+        global _active
         exit_guard.unguard()
         with _claim:
-            if _state.session is self:
-                _state.session = None
+            if _active is self:
+                _active = None
                 _state.recording = None
         for tracer in self.tracers:
             self.stop_quietly(tracer)
@@ -419,6 +365,7 @@ class Session:
         goes on without a gap: this session's trace holds what was recorded until ``end_ns`` (a
         thread's step or module call still running then goes on into the next trace, whole), and
         that block takes over the recording, with the tracers its levels keep, for what follows."""
+        global _active
         exit_guard.unguard()
         self.signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
         successor: Session | None = None
@@ -427,7 +374,7 @@ class Session:
             with _claim:
                 if hand_over and not isinstance(exc, Terminated):  # a signal ends the process: no one follows
                     successor = _successor(self)
-                _state.session = successor
+                _active = successor
                 if successor is None:
                     _state.recording = None
             if successor is not None:
@@ -471,7 +418,7 @@ class Session:
     def end_by_os_exit(self, status: int) -> None:
         """``os._exit(status)`` was called while the session ran: end it now, as its block would
         have (no exit hook runs after ``os._exit``), then let the process exit."""
-        if _state.session is not self:
+        if _active is not self:
             return
         self.ended_by = f"os._exit({status})"
         self._end(now_ns(), None if status == 0 else f"os._exit({status})", None, hand_over=False)
@@ -515,6 +462,7 @@ class Session:
         """This block joined ``ended``, which has just ended (on its own thread, which runs this):
         from ``since_ns`` on, this session owns the recording, which never stopped, keeps the
         ``running`` tracers, starts those its levels need besides, and writes its own file."""
+        global _active
         recording = self.recording
         assert recording is not None
         copy, self.copy = self.copy, None
@@ -539,8 +487,8 @@ class Session:
                 with contextlib.suppress(Exception):
                     tracer.stop()
             with _claim:
-                if _state.session is self:
-                    _state.session = _state.recording = None
+                if _active is self:
+                    _active = _state.recording = None
             exit_guard.unguard()
             self.release_output()
             self.recording = None
@@ -617,6 +565,11 @@ class Session:
             self.writer.record_export(report)
 
     @property
+    def active(self) -> bool:
+        """This is the process's active session (not one that joined it, ended or not started)."""
+        return _active is self
+
+    @property
     def write_error(self) -> str | None:
         """Why the trace file could not be written (None when it was, or none was asked for)."""
         return None if self.writer is None else self.writer.error
@@ -625,65 +578,3 @@ class Session:
         """Say ``message`` once, as an :class:`XspWarning`, and keep it for the trace's metadata."""
         self.warnings.append(message)
         warn(XspWarning(f"xsp: {message}"))
-
-
-def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
-          otlp_endpoint: str | None = None, service_name: str | None = None,
-          otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-          long_step_s: float = DEFAULT_LONG_STEP_S,
-          schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
-          span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-          backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> Session:
-    """Profile the code in a ``with`` block (or each call of a decorated function).
-
-    Args:
-        levels: levels to record, as ``("model", "layer")`` or ``"model,layer"``. The model
-            level is always recorded. Levels no tracer can record here are warned about once.
-        output: the ``.xsp.parquet`` file to write after the block; None to write none.
-        otlp_endpoint: OTLP collector URL (``http://localhost:4317``); default from
-            ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, else none.
-        service_name: OTel ``service.name``; default ``OTEL_SERVICE_NAME``, else the script name.
-        otlp_protocol: ``grpc`` or ``http/protobuf``; default ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc.
-        max_events: records kept before further ones are dropped (and counted).
-        long_step_s: when exporting to OTLP, a step that lasts at least this long is exported
-            as soon as it ends (once its thread is outside every module call and step),
-            instead of after the block.
-        schedule: record only some steps, as torch.profiler's schedule: an
-            :class:`xsp.Schedule`, a dict of its fields, or ``"skip_first=10,wait=1,warmup=1,active=3,repeat=2"``.
-            Steps are counted from the block's start; steps not recorded cost almost nothing.
-        calibrate: before the block, measure what one span of each host level costs here
-            (about a second; :mod:`xsp.session.calibration`) and keep it in ``metadata["calibration"]``,
-            so that :func:`xsp.analysis.compensated` can take xsp's own cost out of the figures.
-        span_budget: when exporting to OTLP, the most spans one trace (a step) is sent with;
-            a step over it has its deepest levels folded into aggregate spans, so that Jaeger
-            can open it (the file keeps every span). Default ``XSP_SPAN_BUDGET``, else
-            :data:`xsp.export.target.DEFAULT_SPAN_BUDGET` (2000); 0: no limit.
-        dataset: instead of ``output``, write the trace into this folder of runs, as
-            ``<dataset>/run=<run id>/rank=<rank>/<service>.xsp.parquet``: every run's traces then
-            form one Parquet dataset that DuckDB, Spark or Trino query with ``run`` and ``rank``
-            as partition columns. The run id is ``XSP_RUN_ID``, else the distributed job's id,
-            else the start time with a random suffix.
-        backward: while autograd records a graph, hook each layer call's graph node so that
-            its backward becomes a span (several microseconds per layer call). False for a
-            block that never runs backward, such as inference without ``torch.no_grad``: its
-            layers then cost what they cost under ``no_grad``.
-        layer_depth: record layers down to this module call depth only (1: the calls the
-            model makes itself, 2: theirs, ...); deeper calls run through unrecorded. None
-            records every depth. :func:`xsp.leveled` runs one depth at a time.
-
-    Raises:
-        xsp.UnknownLevelError: a level name that does not exist.
-        xsp.ScheduleError: a schedule that cannot be followed.
-
-    Example:
-        >>> import torch, xsp
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-        >>> with xsp.trace(levels="model,layer", output=None) as session:
-        ...     _ = model(torch.randn(2, 4))
-        >>> session.trace.spans["name"].tolist()[:3]
-        ['session', 'model', 'model.0']
-    """
-    return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-                   otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-                   calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-                   layer_depth=layer_depth, nvtx=nvtx)
