@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "columns.h" /* Growable, where a string's decoded text is written */
+
 enum { J_OK = 0, J_NEED = 1, J_UNSUPPORTED = 2, J_INVALID = 3, J_TRUNCATED = 4, J_TOO_DEEP = 5 };
 enum { J_MAX_DEPTH = 512 };
 
@@ -334,5 +336,64 @@ static inline int j_key_is(const JsonString *key, const char *name, size_t n) {
     return !key->escaped && (size_t)key->length == n && memcmp(key->text, name, n) == 0;
 }
 #define J_KEY_IS(key, literal) j_key_is((key), (literal), sizeof(literal) - 1)
+
+/* ---- a string's text ------------------------------------------------------------------------ */
+
+/* The UTF-8 bytes of a JSON string's text, escapes decoded; -1 where it is not plain UTF-16. */
+static int unescape(const JsonString *s, Growable *out) {
+    if (growable_grow(out, s->length)) return -1; /* the decoded text is never longer */
+    char *w = out->data + out->length;
+    const char *p = s->text, *end = s->text + s->length;
+    if (!s->escaped) {
+        memcpy(w, p, (size_t)s->length);
+        out->length += s->length;
+        return 0;
+    }
+    while (p < end) {
+        if (*p != '\\') {
+            *w++ = *p++;
+            continue;
+        }
+        char e = p[1];
+        p += 2;
+        switch (e) {
+        case 'b': *w++ = '\b'; continue;
+        case 'f': *w++ = '\f'; continue;
+        case 'n': *w++ = '\n'; continue;
+        case 'r': *w++ = '\r'; continue;
+        case 't': *w++ = '\t'; continue;
+        case 'u': break;
+        default: *w++ = e; continue;
+        }
+        unsigned code = (unsigned)strtoul((char[]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
+        p += 4;
+        if (code >= 0xD800 && code <= 0xDBFF) {
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return -1;
+            unsigned low = (unsigned)strtoul((char[]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
+            if (low < 0xDC00 || low > 0xDFFF) return -1;
+            p += 6;
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        } else if (code >= 0xDC00 && code <= 0xDFFF) {
+            return -1;
+        }
+        if (code < 0x80) {
+            *w++ = (char)code;
+        } else if (code < 0x800) {
+            *w++ = (char)(0xC0 | (code >> 6));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        } else if (code < 0x10000) {
+            *w++ = (char)(0xE0 | (code >> 12));
+            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        } else {
+            *w++ = (char)(0xF0 | (code >> 18));
+            *w++ = (char)(0x80 | ((code >> 12) & 0x3F));
+            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        }
+    }
+    out->length = w - out->data;
+    return 0;
+}
 
 #endif

@@ -24,84 +24,12 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "columns.h"
 #include "json.h"
 
 #define MISSING INT64_MIN
 #define MAX_CATEGORIES 64
 #define MAX_ARGUMENTS 64 /* an event's args with more members are left to msgspec's reader */
-
-/* ---- growable buffers and the Block that hands one over ---------------------------------- */
-
-typedef struct {
-    char *data;
-    Py_ssize_t length, capacity;
-} Growable;
-
-static int grow(Growable *g, Py_ssize_t extra) {
-    if (g->length + extra <= g->capacity) return 0;
-    Py_ssize_t capacity = g->capacity ? g->capacity : 1 << 16;
-    while (capacity < g->length + extra) capacity += capacity / 2;
-    char *data = realloc(g->data, (size_t)capacity);
-    if (!data) return -1;
-    g->data = data;
-    g->capacity = capacity;
-    return 0;
-}
-
-static inline int put(Growable *g, const void *value, Py_ssize_t size) {
-    if (grow(g, size)) return -1;
-    memcpy(g->data + g->length, value, (size_t)size);
-    g->length += size;
-    return 0;
-}
-
-static inline int put_i64(Growable *g, int64_t value) { return put(g, &value, 8); }
-static inline int put_f64(Growable *g, double value) { return put(g, &value, 8); }
-
-typedef struct {
-    PyObject_HEAD
-    char *data;
-    Py_ssize_t length;
-} Block;
-
-static void block_dealloc(Block *self) {
-    free(self->data);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int block_getbuffer(Block *self, Py_buffer *view, int flags) {
-    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->length, 0, flags);
-}
-
-static PyBufferProcs block_as_buffer = {.bf_getbuffer = (getbufferproc)block_getbuffer};
-
-static Py_ssize_t block_length(Block *self) { return self->length; }
-static PySequenceMethods block_as_sequence = {.sq_length = (lenfunc)block_length};
-
-static PyTypeObject BlockType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "xsp.io._kineto.Block",
-    .tp_basicsize = sizeof(Block),
-    .tp_dealloc = (destructor)block_dealloc,
-    .tp_as_buffer = &block_as_buffer,
-    .tp_as_sequence = &block_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A column's bytes, owned here and read through the buffer protocol.",
-};
-
-/* Hands the buffer over (g is left empty). */
-static PyObject *block_from(Growable *g) {
-    Block *block = PyObject_New(Block, &BlockType);
-    if (!block) return NULL;
-    block->data = g->data ? g->data : malloc(1);
-    block->length = g->length;
-    g->data = NULL;
-    g->length = g->capacity = 0;
-    if (!block->data) {
-        Py_DECREF(block);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)block;
-}
 
 /* ---- columns ------------------------------------------------------------------------------- */
 
@@ -115,100 +43,6 @@ static const char *fixed_names[C_FIXED] = {
 };
 enum { T_NAME, T_ATTRIBUTES, T_INPUT_DIMS, T_GRID, T_BLOCK, T_TEXTS };
 static const char *text_names[T_TEXTS] = {"name", "attributes", "input_dims", "grid", "block"};
-
-/* A text column. Plain (attributes): every row's text, one after another, and offsets. Interned
- * (names, shapes, grids, blocks, which repeat from row to row): each distinct text once, and a
- * code a row (int32; -1 for null), found in a hash table; a 2M-event trace has a few thousand
- * names, which as a text a row took a hundred bytes a row. A row's text is written after the
- * distinct ones, then kept as a new one or taken back where it is known. */
-typedef struct {
-    Growable data, offsets;
-    int interned, empty_is_null;
-    Growable codes;
-    int32_t *slots; /* code + 1 of the distinct text that hashed there; 0: free */
-    Py_ssize_t capacity, distinct;
-} TextColumn;
-
-/* Eight bytes a step (kernel names run to hundreds of bytes; byte by byte, the hashing of every
- * row's name was a quarter of the scan). */
-static uint64_t text_hash(const char *text, Py_ssize_t length) {
-    uint64_t hash = 1469598103934665603ULL ^ (uint64_t)length;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= length; i += 8) {
-        uint64_t word;
-        memcpy(&word, text + i, 8);
-        hash = (hash ^ word) * 0x9E3779B97F4A7C15ULL;
-        hash ^= hash >> 29;
-    }
-    for (; i < length; i++) hash = (hash ^ (unsigned char)text[i]) * 1099511628211ULL;
-    return hash ^ (hash >> 32);
-}
-
-static const char *distinct_text(const TextColumn *t, Py_ssize_t code, Py_ssize_t *length) {
-    const int64_t *offsets = (const int64_t *)t->offsets.data;
-    *length = (Py_ssize_t)(offsets[code + 1] - offsets[code]);
-    return t->data.data + offsets[code];
-}
-
-static int rehash(TextColumn *t) {
-    Py_ssize_t capacity = t->capacity ? t->capacity * 2 : 1024;
-    int32_t *slots = calloc((size_t)capacity, sizeof(int32_t));
-    if (!slots) return -1;
-    for (Py_ssize_t code = 0; code < t->distinct; code++) {
-        Py_ssize_t length;
-        const char *text = distinct_text(t, code, &length);
-        Py_ssize_t at = (Py_ssize_t)(text_hash(text, length) & (uint64_t)(capacity - 1));
-        while (slots[at]) at = (at + 1) & (capacity - 1);
-        slots[at] = (int32_t)(code + 1);
-    }
-    free(t->slots);
-    t->slots = slots;
-    t->capacity = capacity;
-    return 0;
-}
-
-/* The row's text (written after the distinct ones) as a code. */
-static int intern_row(TextColumn *t) {
-    Py_ssize_t start = (Py_ssize_t)((const int64_t *)t->offsets.data)[t->distinct];
-    const char *text = t->data.data + start;
-    Py_ssize_t length = t->data.length - start;
-    int32_t code = -1;
-    if (length || !t->empty_is_null) {
-        if (2 * (t->distinct + 1) > t->capacity && (t->distinct >= INT32_MAX - 1 || rehash(t))) return -1;
-        Py_ssize_t at = (Py_ssize_t)(text_hash(text, length) & (uint64_t)(t->capacity - 1));
-        for (;; at = (at + 1) & (t->capacity - 1)) {
-            if (!t->slots[at]) {
-                code = (int32_t)t->distinct++;
-                t->slots[at] = code + 1;
-                if (put_i64(&t->offsets, (int64_t)t->data.length)) return -1;
-                break;
-            }
-            Py_ssize_t known_length;
-            const char *known = distinct_text(t, t->slots[at] - 1, &known_length);
-            if (known_length == length && memcmp(known, text, (size_t)length) == 0) {
-                code = t->slots[at] - 1;
-                t->data.length = start;
-                break;
-            }
-        }
-    } else {
-        t->data.length = start;
-    }
-    return put(&t->codes, &code, sizeof code);
-}
-
-static int text_end_row(TextColumn *t) {
-    return t->interned ? intern_row(t) : put_i64(&t->offsets, (int64_t)t->data.length);
-}
-
-/* Empties the column (its first offset written) for the next rows. */
-static int text_start(TextColumn *t) {
-    free(t->slots);
-    t->slots = NULL;
-    t->capacity = t->distinct = 0;
-    t->data.length = t->offsets.length = t->codes.length = 0;
-    return put_i64(&t->offsets, 0);
-}
 
 /* ---- the scanner --------------------------------------------------------------------------- */
 
@@ -311,63 +145,6 @@ static void hold_gil(Scanner *s) {
 }
 static void release_gil(Scanner *s) {
     if (s->released) s->released = PyEval_SaveThread();
-}
-
-/* The UTF-8 bytes of a JSON string's text, escapes decoded; -1 where it is not plain UTF-16. */
-static int unescape(const JsonString *s, Growable *out) {
-    if (grow(out, s->length)) return -1; /* the decoded text is never longer */
-    char *w = out->data + out->length;
-    const char *p = s->text, *end = s->text + s->length;
-    if (!s->escaped) {
-        memcpy(w, p, (size_t)s->length);
-        out->length += s->length;
-        return 0;
-    }
-    while (p < end) {
-        if (*p != '\\') {
-            *w++ = *p++;
-            continue;
-        }
-        char e = p[1];
-        p += 2;
-        switch (e) {
-        case 'b': *w++ = '\b'; continue;
-        case 'f': *w++ = '\f'; continue;
-        case 'n': *w++ = '\n'; continue;
-        case 'r': *w++ = '\r'; continue;
-        case 't': *w++ = '\t'; continue;
-        case 'u': break;
-        default: *w++ = e; continue;
-        }
-        unsigned code = (unsigned)strtoul((char[]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
-        p += 4;
-        if (code >= 0xD800 && code <= 0xDBFF) {
-            if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return -1;
-            unsigned low = (unsigned)strtoul((char[]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
-            if (low < 0xDC00 || low > 0xDFFF) return -1;
-            p += 6;
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-        } else if (code >= 0xDC00 && code <= 0xDFFF) {
-            return -1;
-        }
-        if (code < 0x80) {
-            *w++ = (char)code;
-        } else if (code < 0x800) {
-            *w++ = (char)(0xC0 | (code >> 6));
-            *w++ = (char)(0x80 | (code & 0x3F));
-        } else if (code < 0x10000) {
-            *w++ = (char)(0xE0 | (code >> 12));
-            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
-            *w++ = (char)(0x80 | (code & 0x3F));
-        } else {
-            *w++ = (char)(0xF0 | (code >> 18));
-            *w++ = (char)(0x80 | ((code >> 12) & 0x3F));
-            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
-            *w++ = (char)(0x80 | (code & 0x3F));
-        }
-    }
-    out->length = w - out->data;
-    return 0;
 }
 
 /* A JSON string as a Python str (NULL with an error set). */
@@ -544,7 +321,7 @@ static int read_arguments(const JsonValue *args, Arguments *a) {
 static int put_dims(TextColumn *t, const JsonValue *v) {
     if (v->kind != V_ABSENT) {
         Py_ssize_t start = t->data.length;
-        if (grow(&t->data, v->stop - v->start)) return -1;
+        if (growable_grow(&t->data, v->stop - v->start)) return -1;
         for (const char *p = v->start; p < v->stop; p++)
             if (*p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') t->data.data[t->data.length++] = *p;
         if (t->data.length - start == 2 && memcmp(t->data.data + start, "[]", 2) == 0) t->data.length = start;
@@ -554,7 +331,7 @@ static int put_dims(TextColumn *t, const JsonValue *v) {
 
 /* A JSON value (already checked) without the white space between its tokens. */
 static int put_compact(Growable *g, const JsonValue *v) {
-    if (grow(g, v->stop - v->start)) return -1;
+    if (growable_grow(g, v->stop - v->start)) return -1;
     char *w = g->data + g->length;
     int in_string = 0;
     for (const char *p = v->start; p < v->stop; p++) {
