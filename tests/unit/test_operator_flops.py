@@ -15,7 +15,7 @@ from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 from xsp.tracers.flops import NORM_FLOPS_PER_ELEMENT, count_call
-from xsp.tracers.operator import CLOCK_MARKER, THREAD_MARKER, clock_offset, operator_rows
+from xsp.tracers.operator_profiler import CLOCK_MARKER, THREAD_MARKER, clock_offset, operator_rows
 
 
 class Event:

@@ -163,7 +163,7 @@ def test_the_flame_chart_labels_threads_by_name():
 def test_threads_only_the_profiler_saw_are_named_after_what_they_ran():
     import pandas as pd
 
-    from xsp.tracers.operator import unmarked_thread_names
+    from xsp.tracers.operator_profiler import unmarked_thread_names
 
     rows = pd.DataFrame({col.THREAD_ID: [5, -2, -2, -3, -3, -3, -4],
                          col.NAME: ["aten::mm", "gloo:all_reduce", "gloo:all_reduce", "autograd::engine::evaluate_"

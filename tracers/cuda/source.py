@@ -75,7 +75,7 @@ def torch_profiler_active() -> bool:
     try:
         import torch
 
-        from xsp.tracers.operator import own_profiler_active
+        from xsp.tracers.operator_profiler import own_profiler_active
 
         return bool(torch.autograd.profiler._is_profiler_enabled) and not own_profiler_active()
     except Exception:

@@ -151,3 +151,41 @@ class OperatorLines:
             changes.dropped += int(dropped)
         changes.refused = refused
         return changes
+
+
+def operator_sites(lines: LineChanges, threads: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray,
+                   sequence_numbers: np.ndarray, forward_threads: np.ndarray) -> np.ndarray:
+    """The site of the user's line that issued each operator: the line current on its thread at
+    the middle of its interval (the middle, so that a clock offset smaller than half the
+    operator never moves it to a neighbouring line).
+
+    The backward pass is the forward's, line by line: an operator of autograd's that runs a
+    node (``forward_threads`` > 0: ``AddmmBackward0`` and its ``evaluate_function``) takes the
+    site of the last forward operator on that thread with its sequence number (the one that made
+    the node), and the operators it runs inside take its site, on whichever thread the backward
+    runs (the caller's of ``backward()`` for the CPU, autograd's own for a GPU)."""
+    sites = lines.sites_at(threads, starts_ns + (ends_ns - starts_ns) // 2)
+    backward = forward_threads > 0
+    if not backward.any():
+        return sites
+    numbered = ~np.isnan(sequence_numbers)
+    forward = numbered & ~backward & (sites != NO_SITE)
+    made: dict[tuple[int, int], int] = {}
+    for position in np.flatnonzero(forward)[np.argsort(starts_ns[forward], kind="stable")].tolist():
+        made[(int(threads[position]), int(sequence_numbers[position]))] = int(sites[position])
+    nodes = np.flatnonzero(backward & numbered)
+    for position in nodes.tolist():
+        key = (int(forward_threads[position]), int(sequence_numbers[position]))
+        sites[position] = made.get(key, int(sites[position]))
+    # inside a node's operator: its site (the outermost of nested node operators, which agree)
+    for thread in np.unique(threads[nodes]).tolist():
+        mine = nodes[threads[nodes] == thread]
+        mine = mine[np.argsort(starts_ns[mine], kind="stable")]
+        outer_end = np.maximum.accumulate(ends_ns[mine])
+        keep = np.concatenate([[True], starts_ns[mine][1:] >= outer_end[:-1]])  # not inside an earlier one
+        outer = mine[keep]
+        rows = np.flatnonzero((threads == thread) & ~(backward & numbered))
+        at = np.searchsorted(starts_ns[outer], starts_ns[rows], side="right") - 1
+        inside = (at >= 0) & (ends_ns[rows] <= ends_ns[outer[np.maximum(at, 0)]])
+        sites[rows[inside]] = sites[outer[at[inside]]]
+    return sites
