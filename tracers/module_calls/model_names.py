@@ -58,4 +58,4 @@ def binding_names(module: Any, frame: FrameType | None) -> list[str]:
 def model_name(session_recording: Recording, module: Any, frame: FrameType | None) -> str:
     """The model's name in this session, found from ``frame`` (the calling code) the first time."""
     known = session_recording.model_names.get(id(module))
-    return known if known is not None else session_recording.name_model(module, binding_names(module, frame))
+    return known if known is not None else session_recording.models.name(module, binding_names(module, frame))

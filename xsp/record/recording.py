@@ -42,6 +42,7 @@ from xsp.record.columns import (
     extend_from_packed_rows,
     packed_rows,
 )
+from xsp.record.model_naming import ModelNames
 from xsp.record.nvtx import NvtxRanges
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
@@ -368,11 +369,11 @@ class Recording:
         self.ended_threads: dict[int, str] = {}
         """Name of each thread whose buffer was retired (it ended, and a window took its records),
         for the first ``MAX_ENDED_THREAD_NAMES`` of them."""
-        self.model_names: dict[int, str] = {}
-        """Name of each top-level model by ``id`` (the recorded calls keep the modules alive)."""
-        self.model_bindings: dict[int, tuple[int, str, list[str]]] = {}
-        """Each named model's first calling thread, class name and the names it was bound to
-        there: what :meth:`rename_models` names it from again."""
+        self.models = ModelNames()
+        """The session's top-level models and their names."""
+        self.model_names = self.models.names
+        """Name of each top-level model by ``id``: :attr:`models`' dict, which the C module-call
+        wrapper reads (it is updated in place, never replaced)."""
         self.levels: tuple[Any, ...] = ()
         """The session's levels (:class:`xsp.core.schema.Level`): a tracer may record more when
         another level needs what it has (the operator level's profiler records memory events
@@ -547,38 +548,6 @@ class Recording:
             buffer.steps.finish(thread_ended=True)
         return ended
 
-    def name_model(self, module: Any, candidates: list[str]) -> str:
-        """Name the top-level model ``module``: the first of ``candidates`` (names it is bound
-        to in the calling code) that no other model of the session has, else its class name
-        with the lowest free index (``Sequential_0``)."""
-        with self._lock:
-            known = self.model_names.get(id(module))
-            if known is not None:
-                return known
-            self.model_bindings[id(module)] = (threading.get_native_id(), type(module).__name__, candidates)
-            name = _free_name(type(module).__name__, candidates, set(self.model_names.values()))
-            self.model_names[id(module)] = name
-            return name
-
-    def rename_models(self, thread_id: int) -> None:
-        """A session takes this recording over: its trace names the models afresh (see
-        :meth:`names_for`)."""
-        names = self.names_for(thread_id)
-        with self._lock:
-            self.model_names.update(names)  # in place: the wrappers hold this dict; no key ever goes missing
-
-    def names_for(self, thread_id: int) -> dict[int, str]:
-        """The models named as :meth:`name_model` would, those first called on thread
-        ``thread_id`` first: a session's own trace (two threads' models bound to one name:
-        each session's own keeps it)."""
-        with self._lock:
-            order = sorted(self.model_bindings, key=lambda model: self.model_bindings[model][0] != thread_id)
-            names: dict[int, str] = {}
-            for model in order:
-                _, class_name, candidates = self.model_bindings[model]
-                names[model] = _free_name(class_name, candidates, set(names.values()))
-        return names
-
     def finish_steps(self) -> None:
         """Decide every thread's open automatic step (the session is ending)."""
         for buffer in list(self.buffers):
@@ -588,16 +557,6 @@ class Recording:
         """Module calls still running on some thread (they end after the session and are lost)."""
         return sum(buffer.depth for buffer in self.buffers)
 
-
-
-def _free_name(class_name: str, candidates: list[str], taken: set[str]) -> str:
-    """The first of ``candidates`` not ``taken``, else ``class_name`` with the lowest free index."""
-    name = next((candidate for candidate in candidates if candidate not in taken), None)
-    index = 0
-    while name is None:
-        name = f"{class_name}_{index}"
-        name, index = (None if name in taken else name), index + 1
-    return name
 
 
 def _open_step_start(buffer: ThreadBuffer) -> int:

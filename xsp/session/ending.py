@@ -149,7 +149,7 @@ def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | No
         for level in block.levels if level not in levels})
     block.start_ns = copy.start_ns
     window = Window(own, final=True, external_ids=recording.external_ids,
-                    model_names=recording.names_for(block.thread_id), sites=recording.sites)
+                    model_names=recording.models.names_for(block.thread_id), sites=recording.sites)
     block.claim_output()
     block.interpreter.prepare(window)
     block.interpreter.interpret(window, session_row(block, end_ns, error))

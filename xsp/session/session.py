@@ -472,7 +472,7 @@ class Session:
                 recording.take_back(recording.end_copy(copy, drain=False))
                 since_ns = copy.start_ns
             recording.restart_counts(self.max_events)
-            recording.rename_models(self.thread_id)
+            recording.models.rename(self.thread_id)
             recording.backward_hooks = self.backward
             recording.layer_depth = self.layer_depth
             recording.paused = False
