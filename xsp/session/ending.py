@@ -67,6 +67,7 @@ def finish(session: Session, end_ns: int, error: str | None, handing_over: bool 
     if handing_over:
         starting.stop_watching(session)
     recording.on_long_step = None
+    decide_rank(session)
     session.writer = TraceWriter(session.output, session.warn)
     if not handing_over:
         session.writer.follow(session.interpreter)
@@ -153,6 +154,7 @@ def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | No
     block.claim_output()
     block.interpreter.prepare(window)
     block.interpreter.interpret(window, session_row(block, end_ns, error))
+    decide_rank(block)
     metadata = final_metadata(block, copy.dropped())
     metadata["threads"] = {str(copy.thread_id): threading.current_thread().name}
     block.writer = TraceWriter(block.output, block.warn)
@@ -226,8 +228,9 @@ def collect_children(session: Session) -> ChildSpans | None:
     return found
 
 
-def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans | None = None) -> dict[str, Any]:
-    assert session.clock is not None
+def decide_rank(session: Session) -> None:
+    """The session's rank as its end finds it (the backend the job ended with; a process group
+    set up inside the block), and so its file's name: decided before the file is begun."""
     if session.rank is not None:
         recorded = None if session.recording is None else session.recording.backend
         session.rank = session.rank.with_backend(current_backend() or recorded)
@@ -240,6 +243,10 @@ def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans
         session.release_output()  # the name asked for was taken as a whole: this rank's own is claimed now
         session.output = rank_path(requested, found.rank)
         session.claim_output()
+
+
+def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans | None = None) -> dict[str, Any]:
+    assert session.clock is not None
     return {
         **described(session, session.clock.remeasured()),
         "tracer_details": tracer_details(session),
