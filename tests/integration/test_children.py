@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 import traceback
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -245,40 +247,39 @@ def test_dataloader_workers_started_before_the_session_are_said(tmp_path):
     assert len(facts["dataloader_workers_started_before"]) == 2 and facts["untraced"] == {}
     assert len(_kinds(session.trace.spans, SpanKind.FETCH)) == 0
 
-def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
+
+def _one_killed_beside(tmp_path: Path, target: Any, args: tuple[Any, ...], match: str) -> tuple[xsp.Session, Any, Any]:
+    """A session in which one child sleeps until it is killed (SIGKILL) and another runs
+    ``target`` to its end; the warning said at the end must match ``match``."""
     context = multiprocessing.get_context("fork")
-    with pytest.warns(xsp.XspWarning, match=r"1 of 2 child processes .* handed no spans over.*exit code -9"):
+    with pytest.warns(xsp.XspWarning, match=match):
         with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
             killed = context.Process(target=_sleep_forever, args=(0,))
             killed.start()
-            done = context.Process(target=_work, args=(CALLS,))
-            done.start()
-            done.join()
+            other = context.Process(target=target, args=args)
+            other.start()
+            other.join()
             time.sleep(0.5)
             os.kill(killed.pid, signal.SIGKILL)
             killed.join()
+    return session, killed, other
+
+
+def test_children_that_hand_nothing_over_are_counted_and_said(tmp_path):
+    session, killed, done = _one_killed_beside(tmp_path, _work, (CALLS,),
+                                               r"1 of 2 child processes .* handed no spans over.*exit code -9")
     untraced = session.trace.metadata["child_processes"]["untraced"]
     assert list(untraced) == [str(killed.pid)] and "exit code -9" in untraced[str(killed.pid)]
     assert (_kinds(session.trace.spans, SpanKind.PREDICT)[col.PROCESS_ID] == done.pid).sum() == CALLS
 
 
-
 def test_the_count_of_children_that_handed_nothing_over_is_of_the_sessions_own(tmp_path):
     # a child's own pool workers are in the metadata, but not among "the child processes started
     # in the session": 1 of 2, not 1 of 4
-    context = multiprocessing.get_context("fork")
-    with pytest.warns(xsp.XspWarning, match=r"1 of 2 child processes .* handed no spans over"):
-        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
-            killed = context.Process(target=_sleep_forever, args=(0,))
-            killed.start()
-            pooled = context.Process(target=_pool_of_two)
-            pooled.start()
-            pooled.join()
-            time.sleep(0.5)
-            os.kill(killed.pid, signal.SIGKILL)
-            killed.join()
+    session, _, _ = _one_killed_beside(tmp_path, _pool_of_two, (), r"1 of 2 child processes .* handed no spans over")
     followed = session.trace.metadata["child_processes"]["followed"]
     assert len(followed) == 3 and sum("parent" in entry for entry in followed.values()) == 2
+
 
 def test_a_child_still_running_at_the_end_is_said(tmp_path):
     context = multiprocessing.get_context("fork")
