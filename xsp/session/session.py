@@ -82,13 +82,12 @@ def _forget_session_in_child() -> None:
     """After ``os.fork()`` in a session: the child records nothing of the parent's session and
     writes no file of it (the parent's session owns the file; a process ``multiprocessing``
     starts follows it with a session of its own: :mod:`xsp.session.children`)."""
-    global _claim, _active
+    global _claim
     _claim = threading.Lock()  # another thread of the parent may have held it at the fork
-    _waiting.clear()
     session = _active
+    forget_active_session()
     if session is None:
         return
-    _active = _state.recording = None
     session.forked = True
     session.signals.forget()
     if session.recording is not None:
