@@ -58,6 +58,10 @@ def test_following_gives_up_when_windows_leave_the_folder_or_it_is_cancelled(tmp
     cancelled.set()
     with pytest.raises(WindowsMoved):
         list(segments.follow(threading.Event(), cancelled))
+    done = threading.Event()
+    done.set()  # a cancel wakes the follower through `done` too: it still gives up, never ends as if complete
+    with pytest.raises(WindowsMoved):
+        list(SegmentWriter(tmp_path / "other.xsp.parquet").follow(done, cancelled))
     segments.keep([])  # a helper said its window could not be written to the folder
     with pytest.raises(WindowsMoved):
         list(segments.follow(threading.Event(), threading.Event()))

@@ -370,6 +370,8 @@ class SegmentWriter:
                 yield read_segment(path)
                 number += 1
             elif finished:
+                if cancelled.is_set():
+                    break
                 if number > self.count:
                     return
                 raise WindowsMoved(f"{path} is missing")

@@ -323,6 +323,7 @@ class TraceWriter:
         given up (its temporary removed), the windows left where they are."""
         if self._following is not None:
             self._cancelled.set()
+            self._windows_done.set()  # wakes the thread at once, which then sees it cancelled
             self._following.join()
             self._following = None
 
