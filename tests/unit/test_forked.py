@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import xsp.session.forked
 from xsp.session.forked import ForkFailed, fork_available, run_forked
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
@@ -39,6 +40,39 @@ def test_a_child_past_its_deadline_is_stopped():
     with pytest.raises(ForkFailed, match="too long"):
         run_forked(lambda: time.sleep(30), deadline_s=0.5)
     assert time.monotonic() - began < 10
+
+
+@pytest.fixture
+def pipe_held_elsewhere(monkeypatch):
+    """Each helper's pipe is also held open by another process, as by a process the program forks
+    on another thread while the helper's pipe is open (it lives on after the helper ends)."""
+    holders: list[int] = []
+    real_pipe = os.pipe
+
+    def pipe() -> tuple[int, int]:
+        fds = real_pipe()
+        holder = os.fork()
+        if holder == 0:
+            time.sleep(600)
+            os._exit(0)
+        holders.append(holder)
+        return fds
+
+    monkeypatch.setattr(xsp.session.forked.os, "pipe", pipe)
+    yield
+    for holder in holders:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+
+
+def test_the_result_comes_back_while_another_process_holds_the_pipe(pipe_held_elsewhere):
+    # read to the pipe's end, the result would wait for the holder's exit: the deadline, then "too long"
+    assert run_forked(lambda: 41 + 1, deadline_s=60) == 42
+
+
+def test_a_child_that_dies_while_another_process_holds_the_pipe_gives_no_result(pipe_held_elsewhere):
+    with pytest.raises(ForkFailed, match="without a result"):
+        run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL), deadline_s=60)
 
 
 def test_nothing_of_the_parent_runs_in_the_child():

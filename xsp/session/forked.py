@@ -15,6 +15,10 @@ leaves with ``os._exit`` whatever happens, so that nothing of the parent (``atex
 buffered output, the rest of the user's program) ever runs in it. The parent waits without the
 GIL and gives up on a child past its deadline (a lock that another thread held at the fork); an
 alarm ends such a child even when its parent is gone.
+
+The result is read by its length, not to the pipe's end: a process the program forks on another
+thread while the pipe is open holds a copy of its write end (fork copies every descriptor), and
+the end would not come until that process exits.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import sys
 import time
 import warnings
@@ -34,6 +39,10 @@ from typing import Final, TypeVar
 T = TypeVar("T")
 
 READ_CHUNK: Final = 1 << 20
+LENGTH: Final = struct.Struct("<Q")
+"""The result's length in bytes, written before it: the parent knows when it has all of it."""
+EXIT_CHECK_S: Final = 0.25
+"""How often the parent, waiting for data, checks whether the child has died."""
 
 
 class ForkFailed(Exception):
@@ -68,10 +77,9 @@ def run_forked(function: Callable[[], T], deadline_s: float) -> T:
         _child(function, read_fd, write_fd, deadline_s)  # never returns
     os.close(write_fd)
     try:
-        payload = _read_until_closed(read_fd, pid, time.monotonic() + deadline_s)
+        payload = _read_result(read_fd, pid, time.monotonic() + deadline_s)
     finally:
         os.close(read_fd)
-    _reap(pid)
     try:
         succeeded, value = pickle.loads(payload)
     except Exception:
@@ -99,7 +107,7 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
             payload = pickle.dumps((True, function()), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:  # noqa: BLE001 (the parent says what went wrong)
             payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
-        view = memoryview(payload)
+        view = memoryview(LENGTH.pack(len(payload)) + payload)
         while view:
             view = view[os.write(write_fd, view):]
         status = 0
@@ -107,20 +115,46 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
         os._exit(status)
 
 
-def _read_until_closed(read_fd: int, pid: int, deadline: float) -> bytes:
-    chunks: list[bytes] = []
-    while True:
+def _read_result(read_fd: int, pid: int, deadline: float) -> bytes:
+    """The child's result, once all of it is read; the child is reaped. Empty where the child
+    ended without writing it all.
+
+    Raises:
+        ForkFailed: past ``deadline`` (the child is then killed).
+    """
+    received = bytearray()
+    expected: int | None = None
+    exited = False
+    while expected is None or len(received) < expected:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             _kill(pid)
             raise ForkFailed("the helper process took too long and was stopped")
-        ready, _, _ = select.select([read_fd], [], [], remaining)
+        ready, _, _ = select.select([read_fd], [], [], min(remaining, EXIT_CHECK_S))
         if not ready:
+            if exited:  # what it wrote before it ended is all read: the rest never comes
+                return b""
+            exited = _ended(pid)
             continue
         chunk = os.read(read_fd, READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+        if not chunk:  # every copy of the write end is closed
+            break
+        received += chunk
+        if expected is None and len(received) >= LENGTH.size:
+            (expected,) = LENGTH.unpack_from(received)
+            del received[:LENGTH.size]
+    if not exited:
+        _reap(pid)
+    return bytes(received) if expected is not None and len(received) == expected else b""
+
+
+def _ended(pid: int) -> bool:
+    """True once the child has ended (it is then reaped)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped by someone else (a SIGCHLD handler of the program's)
+        return True
+    return done != 0
 
 
 def _kill(pid: int) -> None:
