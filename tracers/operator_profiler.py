@@ -38,6 +38,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, SpanKind
+from xsp.core.threads import start_thread
 from xsp.record.operator_lines import LineChanges, operator_sites
 from xsp.record.sites import NO_SITE, CallSites
 
@@ -74,8 +75,7 @@ def without_kineto_chatter() -> Iterator[None]:
         while chunk := os.read(read_end, 65536):
             chunks.append(chunk)
 
-    reader = threading.Thread(target=drain, name="xsp-stderr", daemon=True)
-    reader.start()
+    reader = start_thread(drain, "xsp-stderr")
     os.dup2(write_end, 2)
     os.close(write_end)
     try:

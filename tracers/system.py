@@ -29,6 +29,7 @@ import pandas as pd
 
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level
+from xsp.core.threads import start_thread
 from xsp.record.recording import Recording
 from xsp.record.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
 from xsp.record.window import Window
@@ -264,8 +265,7 @@ class SystemTracer(Tracer):
         self.sample()  # the first reading: each interval runs from the one before
         recording.samplers.append(self.sample)
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="xsp-system", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "xsp-system")
 
     def _run(self) -> None:
         while not self._stopping.wait(self.interval_s):

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Final
 
+from xsp.core.threads import start_thread
 from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.record.window import Window
 from xsp.tracers.cuda.clock import ClockMode, CuptiClock, measure_cupti_offset
@@ -189,8 +190,7 @@ class _Flusher:
     thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="xsp-cupti-flush", daemon=True)
-        self.thread.start()
+        self.thread = start_thread(self._run, "xsp-cupti-flush")
 
     def request(self) -> None:
         self.wanted.set()

@@ -33,6 +33,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp._version import __version__
 from xsp.core import schema as col
+from xsp.core.threads import start_thread
 from xsp.export import encoding
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
 from xsp.export.delivery import RETRY_BUDGET_S, ExportReport, export_batch, make_exporter, sdk_messages_into
@@ -366,6 +367,5 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
             with contextlib.suppress(Exception):  # the outcome is in the report either way
                 on_done(report)
 
-    export.thread = threading.Thread(target=run, name="xsp-otlp-export", daemon=True)
-    export.thread.start()
+    export.thread = start_thread(run, "xsp-otlp-export")
     return export

@@ -27,6 +27,7 @@ from xsp.core.rank import (
     rank_path,
 )
 from xsp.core.schema import Level, SpanKind, Status
+from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport
 from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
@@ -314,9 +315,7 @@ class TraceWriter:
         segments = interpreter.segments
         if self.output is None or segments is None or not segments.started or segments.degraded:
             return
-        self._following = threading.Thread(target=self._write_as_windows_land, args=(segments,),
-                                           name="xsp-trace-file", daemon=True)
-        self._following.start()
+        self._following = start_thread(self._write_as_windows_land, "xsp-trace-file", (segments,))
 
     def cancel(self) -> None:
         """The session's end failed before :meth:`write`: the file started by :meth:`follow` is

@@ -14,7 +14,9 @@ session runs in the main thread, xsp handles these signals itself:
   file, a second Ctrl-C (or SIGTERM, SIGHUP) is held back until the file is complete.
 
 Signals can only be handled in the main thread: a session that runs in another thread leaves
-them alone.
+them alone. A signal the kernel gives to another thread is sent on to the main one
+(:mod:`xsp.session._signals`): Python would only note it there, and a main thread waiting in a
+semaphore (an idle ``Pool`` worker that ``Pool.terminate()`` stops) would never run the handler.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Final
+from typing import Any
 
-STOPPING_SIGNALS: Final = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT")
-                                if hasattr(signal, name))
-"""The signals a session handles while it runs."""
+from xsp.core.threads import STOPPING_SIGNALS
+
+try:
+    from xsp.session._signals import send_to_main_thread
+except ImportError:  # not built: a signal that lands on another thread than xsp's is only noted there
+    def send_to_main_thread(signum: int, /) -> bool:
+        return False
 
 
 class Terminated(BaseException):
@@ -83,6 +89,7 @@ class StopSignals:
                     continue
                 signal.signal(signum, self._on_signal)
                 self._saved[signum] = previous
+                send_to_main_thread(signum)
 
     def hold(self) -> None:
         """From now on, keep stopping signals for :meth:`release` (the file is being written)."""

@@ -17,6 +17,7 @@ import pandas as pd
 
 from xsp.core.clock import now_ns
 from xsp.core.metadata import environment
+from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
 from xsp.export.otlp import OtlpExport, export_table, resource_for, start_export
 from xsp.io.segments import warm_up as warm_up_writing
@@ -72,8 +73,7 @@ class WindowWorker:
         self.finished = False
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
-        self.thread = threading.Thread(target=self._run, name="xsp-windows", daemon=True)
-        self.thread.start()
+        self.thread = start_thread(self._run, "xsp-windows")
 
     def close_window(self, hold: bool = False) -> None:
         """Called on a recording thread at a step end: hand the idle threads' records over
