@@ -262,7 +262,7 @@ def test_run_leveled_merges_one_run_per_level_prefix(tiny, tmp_path):
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_run_leveled_respects_the_budget_and_says_what_it_gave_up(tiny, tmp_path):
-    from xsp.session.leveled import MIN_ROUNDS
+    from xsp.session.leveled_rounds import MIN_ROUNDS
 
     result = xsp_cli("run", "--leveled", "--levels", "model", "--warmup", "1", "--budget", "0",
                      "-o", "lv.xsp.parquet", "--", str(tiny), "3", cwd=tmp_path)

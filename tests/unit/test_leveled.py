@@ -13,7 +13,7 @@ from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
-from xsp.session.leveled import MAX_ROUNDS, MIN_ROUNDS, precise_enough
+from xsp.session.leveled_rounds import MAX_ROUNDS, MIN_ROUNDS, precise_enough
 from xsp.session.leveled_merge import LeveledRun, RunPlan, level_runs, merge_runs, nest_in_parents, run_label
 from xsp.table.build import conform
 from xsp.table.walks import parent_positions
@@ -516,7 +516,7 @@ def _steady_trace(latency_ns: int, wobble_ns: int, steps: int = 8) -> xsp.Trace:
 
 
 def test_a_run_hit_by_a_burst_of_noise_is_run_again_and_said():
-    from xsp.session.leveled import RoundsLog, run_rounds, step_spread
+    from xsp.session.leveled_rounds import RoundsLog, run_rounds, step_spread
 
     calls: list[str] = []
     plan = [RunPlan((M,)), RunPlan((M, L), 1), RunPlan((M, L))]
@@ -546,7 +546,7 @@ def test_a_run_hit_by_a_burst_of_noise_is_run_again_and_said():
 def test_the_budget_is_respected_and_what_it_cut_is_said():
     import time
 
-    from xsp.session.leveled import MIN_ROUNDS, RoundsLog, default_budget_s, run_rounds
+    from xsp.session.leveled_rounds import MIN_ROUNDS, RoundsLog, default_budget_s, run_rounds
 
     plan = [RunPlan((M,)), RunPlan((M, L))]
 
@@ -570,8 +570,11 @@ def test_leveled_by_depth_on_a_real_nested_model(by_depth):
     details = result.trace.metadata["leveled"]
     runs = ["model", "model+layer<=1", "model+layer"] if by_depth else ["model", "model+layer"]
     assert result.overhead["run"].tolist() == runs and details["runs_per_round"] == len(runs)
-    assert said[0] == (f"leveled: the model's module calls nest 2 deep: 3 runs a round ({', '.join(runs)})"
+    assert said[0] == ("leveled: a first run to find the model's depth" if by_depth
+                       else "leveled: a first run to find what autograd does")
+    assert said[1] == (f"leveled: the model's module calls nest 2 deep: 3 runs a round ({', '.join(runs)})"
                        if by_depth else f"leveled: 2 runs a round ({', '.join(runs)})")
+    assert said[2].startswith("leveled round 1 of 2, run 1 of ")
     assert said[-1].startswith("leveled: 2 rounds in ")
     spans = result.trace.spans
     top = spans[(spans[col.LEVEL] == "layer") & (spans[col.CALL_DEPTH] == 1)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import runpy
@@ -28,10 +29,11 @@ from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
 from xsp.core.options import checked_layer_depth, checked_span_budget
-from xsp.core.schema import DEFAULT_OUTPUT, SpanKind
+from xsp.core.schema import DEFAULT_OUTPUT, Level, SpanKind
 from xsp.record.schedule import Schedule
 
 if TYPE_CHECKING:
+    from xsp.io.trace import Trace
     from xsp.session.session import Session
 
 
@@ -249,7 +251,7 @@ def run(options: argparse.Namespace) -> int:
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")
-        return _run_leveled(options, script, script_args)
+        return _run_leveled(options, levels, script, script_args)
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
@@ -343,19 +345,20 @@ def _check_leveled(options: argparse.Namespace) -> None:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
 
 
-def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[str]) -> int:
+def _run_leveled(options: argparse.Namespace, levels: tuple[Level, ...], script: Path,
+                 script_args: list[str]) -> int:
     """``--leveled``: one run of the script per level prefix, merged into one trace.
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP) or ended by the script's failure, it writes the rounds
     that finished, marked partial, or says that none did and writes nothing; the exit status
     is then the script's (or the signal's)."""
-    from xsp.session.leveled import RoundsStopped
+    from xsp.session.leveled_rounds import RoundsStopped
 
     _check_leveled(options)
     out = error_console()
     with xsp_warnings_to_stderr(), _leveled_signals():
         try:
-            result, rounds = _leveled_rounds(options, script, script_args)
+            result, rounds = _leveled_rounds(options, levels, script, script_args)
         except RoundsStopped as stopped:
             if stopped.result is None:
                 out.print(f"xsp: stopped by {_stop_text(stopped.cause)}: {stopped.why_none}, so nothing was "
@@ -371,94 +374,51 @@ def _run_leveled(options: argparse.Namespace, script: Path, script_args: list[st
     return 0
 
 
-def _leveled_rounds(options: argparse.Namespace, script: Path, script_args: list[str]) -> tuple[Any, int]:
-    """The probe run, the plan, the calibration and the rounds: the merged result and the rounds run."""
-    from xsp.core.schema import Level
-    from xsp.io.trace import Trace
-    from xsp.session.calibration import calibrate
-    from xsp.session.leveled import (
-        RoundsLog,
-        RoundsStopped,
-        autograd_in,
-        layer_depths_in,
-        note_rounds,
-        plan_text,
-        run_cut_short_unsaid,
-        run_rounds,
-    )
-    from xsp.session.leveled_merge import (
-        LeveledResult,
-        LeveledRun,
-        RunPlan,
-        level_runs,
-        measured_steps,
-        merge_runs,
-        pooled,
-    )
-    from xsp.session.session import Session
-    from xsp.tracers.registry import tracers_for
+@dataclasses.dataclass(frozen=True)
+class _ScriptRuns:
+    """``--leveled``'s work: the script run once per run, under a session of the run's levels."""
 
-    out = error_console()
-    _, unavailable = tracers_for(parse_levels(options.levels))
-    for level, reason in unavailable.items():
-        out.print(f"xsp: level {level.value} left out of the leveled runs: {reason}", markup=False)
-    wanted = [level for level in parse_levels(options.levels) if level not in unavailable]
-    target = options.target / 100
-    by_depth = not options.no_depth and Level.LAYER in wanted
+    script: Path
+    script_args: list[str]
+    options: argparse.Namespace
 
-    def traced(levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None = None) -> Trace:
-        session = Session(levels=levels, output=None, service_name=_service_name(options, script),
-                          backward=backward, layer_depth=layer_depth, nvtx=options.nvtx)
+    def traced(self, levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None) -> Trace:
+        from xsp.session.leveled import run_cut_short_unsaid
+        from xsp.session.session import Session
+
+        session = Session(levels=levels, output=None, service_name=_service_name(self.options, self.script),
+                          backward=backward, layer_depth=layer_depth, nvtx=self.options.nvtx)
         with run_cut_short_unsaid():
-            status = _run_script(script, script_args, session)
+            status = _run_script(self.script, self.script_args, session)
         if status != 0:
             raise _ScriptFailed(status)
-        if session.trace is None or len(session.trace.steps) <= options.warmup:
-            raise CliError(f"{script} made no steps after the {options.warmup} warm-up steps in the "
-                           f"{label} run, so there was nothing to measure (is it a PyTorch "
-                           "script that calls its model more than --warmup times?)")
+        warmup = self.options.warmup
+        if session.trace is None or len(session.trace.steps) <= warmup:
+            raise CliError(f"{self.script} made no steps after the {warmup} warm-up steps in the {label} run, so "
+                           "there was nothing to measure (is it a PyTorch script that calls its model more than "
+                           "--warmup times?)")
         return session.trace
 
-    # a first run finds what autograd does in the script and how deep its module calls nest: a
-    # script that records a graph but never runs backward is traced without backward hooks, as
-    # xsp.leveled does
-    probe_label = "to find the model's depth" if by_depth else "to find what autograd does"
-    out.print(f"xsp: leveled: a first run {probe_label}", markup=False)
-    probe = traced((Level.MODEL, Level.LAYER) if by_depth else (Level.MODEL,), probe_label, backward=False)
-    autograd = autograd_in(probe)
-    depths = layer_depths_in(probe) if by_depth else None
-    backward, records_autograd = autograd.runs_backward, autograd.records
-    plan = level_runs(wanted, layer_depths=depths or 1)
-    out.print(f"xsp: {plan_text(plan, depths)}", markup=False)
-    costs = {} if options.no_compensate else calibrate(wanted, grad=records_autograd and backward)
+    def probed(self, levels: tuple[Level, ...], label: str) -> Trace:
+        """A whole run of the script (its steps are what shows what it does)."""
+        return self.traced(levels, label, False, None)
 
-    def run(entry: RunPlan) -> Trace:
-        found = traced(entry.levels, entry.label, backward, entry.layer_depth)
-        return Trace(spans=measured_steps(found.spans, options.warmup), metadata=found.metadata)
 
-    def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
-        try:
-            return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth)
-                               for entry in plan], costs=costs, target=target, by_depth=by_depth)
-        except ValueError as exc:
-            raise CliError(f"the runs cannot be merged: {exc}") from None
+def _leveled_rounds(options: argparse.Namespace, levels: tuple[Level, ...], script: Path,
+                    script_args: list[str]) -> tuple[Any, int]:
+    """The leveled experiment on the script (:func:`xsp.session.leveled.run_leveled`), its
+    progress printed: the merged result and the rounds run."""
+    from xsp.session.leveled import LeveledSettings, run_leveled
 
-    def noted(result: LeveledResult, log: RoundsLog) -> LeveledResult:
-        note_rounds(result, plan, log, target, options.rounds, options.budget)
-        result.trace.metadata["leveled"].update(backward_hooks=backward, records_autograd=records_autograd,
-                                                warmup_steps=options.warmup)
-        return result
-
-    log = RoundsLog()
+    out = error_console()
+    settings = LeveledSettings(levels, warmup=options.warmup, rounds=options.rounds,
+                               target=options.target / 100, budget_s=options.budget,
+                               compensate=not options.no_compensate, by_depth=not options.no_depth)
     try:
-        result, rounds = run_rounds(plan, run, merge, rounds=options.rounds, target=target, budget_s=options.budget,
-                                    log=log, progress=lambda where: out.print(f"xsp: {where.text()}", markup=False),
-                                    describe_stop=_stop_text)
-    except RoundsStopped as stopped:  # the rounds that finished, noted as the whole would be
-        if stopped.result is not None:
-            noted(stopped.result, log)
-        raise
-    return noted(result, log), rounds
+        return run_leveled(_ScriptRuns(script, script_args, options), settings,
+                           progress=lambda line: out.print(f"xsp: {line}", markup=False), describe_stop=_stop_text)
+    except ValueError as exc:
+        raise CliError(f"the runs cannot be merged: {exc}") from None
 
 
 def _write_leveled(result: Any, options: argparse.Namespace, rounds: int) -> None:

@@ -28,12 +28,10 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-import numpy as np
-
-from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimmed_mean_ci
+from xsp.analysis.model import TRIM_FRACTION
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.levels import LevelsArg, parse_levels
@@ -49,40 +47,10 @@ from xsp.session.leveled_merge import (
     merge_runs,
     pooled,
 )
-from xsp.table.walks import parent_positions
+from xsp.session.leveled_rounds import RoundsLog, RoundsStopped, note_rounds, run_rounds
 
 STEP_NAME = "leveled"
 """Each call of the function under :func:`leveled` is one step of this name."""
-
-
-MAX_ROUNDS = 30
-"""Adaptive repetition stops after this many rounds whatever the intervals say."""
-MIN_ROUNDS = 5
-"""Adaptive repetition runs at least this many rounds: interleaving is what cancels the
-machine's drift, and a figure taken across rounds (:func:`across_rounds`) then drops a
-disturbed round at each end and averages three. Twelve calls on ResNet-50 (batch 1), merged
-from their first three rounds (the median of three), put the top-level layers 3.5% off the
-model call in one of them; merged from their first five, all were within 0.5%. Models whose
-round outlasts the time budget stop here."""
-
-
-def precise_enough(result: LeveledResult, target: float) -> bool:
-    """True when the model latency (model run) and every top-level layer of the merged trace
-    have a 95% interval within ``target`` of their figure."""
-    overhead = result.overhead
-    model = overhead[overhead["run"] == Level.MODEL.value]
-    if model.empty or not (model["model_latency_ci_ms"] <= target * model["model_latency_ms"]).all():
-        return False
-    spans = result.trace.spans
-    parents = parent_positions(spans)
-    levels = spans[col.LEVEL].to_numpy(dtype=object)
-    layer = levels == Level.LAYER.value
-    top = layer & ~((parents >= 0) & layer[np.maximum(parents, 0)])
-    if not top.any():
-        return True
-    durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)[top]
-    intervals = spans[col.DURATION_CI_NS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)[top]
-    return bool((intervals <= target * np.maximum(durations, 1.0)).all())
 
 
 RUN_S = 0.03
@@ -118,20 +86,7 @@ class Autograd:
 def autograd_of(fn: Callable[[], Any]) -> Autograd:
     """One call of ``fn`` traced at the model level, which notes each model call's grad mode
     and each backward pass."""
-    return probe(fn, layers=False)[0]
-
-
-def probe(fn: Callable[[], Any], layers: bool = True) -> tuple[Autograd, int]:
-    """One call of ``fn`` traced at the model level (and with ``layers``, the layer level):
-    what autograd does in it, and the deepest module call depth it reaches (0: no layer)."""
-    from xsp.session.tracing import trace
-
-    # no backward hooks: the model level notes backward passes itself, and a function that never
-    # runs backward would be hooked for nothing
-    with trace(levels=("model", "layer") if layers else ("model",), output=None, schedule=None,
-               backward=False) as session:
-        fn()
-    return autograd_in(session.trace), layer_depths_in(session.trace)
+    return autograd_in(_Calls(fn, repeat=1, warmup=0, trace_options={}).probed((Level.MODEL,), "of autograd_of"))
 
 
 def layer_depths_in(found: Trace | None) -> int:
@@ -160,265 +115,6 @@ def autograd_in(found: Trace | None) -> Autograd:
     return Autograd(records=records, runs_backward=bool((spans[col.KIND] == col.SpanKind.BACKWARD.value).any()))
 
 
-BURST_FACTOR = 4.0
-"""A run whose model latency varies this many times more between its steps than the runs
-before it did (the median of their relative 95% intervals) was hit by a burst of the machine's
-noise: it is run again, while the budget allows."""
-MAX_REPEATS = 2
-"""A run hit by a burst is run again at most this many times in a round (then kept)."""
-MIN_RUNS_FOR_BURSTS = 3
-"""Bursts are told apart once this many runs have set what a run's spread is."""
-
-
-def step_spread(found: Trace) -> float:
-    """A run's noise: the half-width of the 95% interval of its steps' model latency, relative
-    to the latency (NaN below two steps)."""
-    values = model_latency(found.spans)["latency_ms"].to_numpy(dtype=np.float64)
-    if len(values) < 2:
-        return float("nan")
-    figure = trimmed_mean(values, TRIM_FRACTION)
-    return float(trimmed_mean_ci(values, TRIM_FRACTION) / figure) if figure > 0 else float("nan")
-
-
-@dataclass
-class RoundsLog:
-    """What :func:`run_rounds` did besides running the plan: runs hit by bursts of noise and
-    repeated, and what the time budget made it give up."""
-
-    rounds: int = 0
-    bursts: list[dict[str, Any]] = field(default_factory=list)
-    """Per run set aside: ``run``, ``round``, ``spread`` (its relative 95% interval) and
-    ``typical`` (the median of the runs before it)."""
-    given_up: list[str] = field(default_factory=list)
-    """What the budget cut short, in words."""
-    seconds: float = 0.0
-    """How long the rounds took."""
-    stopped: dict[str, Any] | None = None
-    """When the rounds stopped before their end (:class:`RoundsStopped`): ``by`` (what stopped
-    them, in words), ``rounds_finished``, ``round`` (the one cut short), ``runs_finished`` of
-    its ``runs_per_round`` (left out of the figures), ``cut`` (all that, in words)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"bursts": self.bursts, "repeated": len(self.bursts), "given_up": self.given_up,
-                "seconds": round(self.seconds, 3), "partial": self.stopped}
-
-
-@dataclass(frozen=True)
-class RunProgress:
-    """Where the rounds are, as a run begins: what :func:`run_rounds` tells its ``progress``."""
-
-    round_number: int
-    """This run's round, from 1."""
-    rounds: int
-    """The rounds planned: the count asked for, or (adaptive) the minimum, :data:`MIN_ROUNDS`."""
-    adaptive: bool
-    """More rounds may follow the planned ones, while the figures are not precise enough."""
-    run_number: int
-    """This run's place in its round, from 1."""
-    runs: int
-    """Runs a round."""
-    label: str
-    """The run's levels (``model+layer<=2``)."""
-    seconds_left: float | None
-    """Estimated time to the end of the planned rounds (or of this round, past them), from the
-    runs so far; None before the first run has ended."""
-    again: bool = False
-    """The run is run again (its last try was hit by a burst of noise)."""
-
-    def text(self) -> str:
-        """``leveled round 2 of 5, run 3 of 9: model+layer<=2; about 1 min 20 s left``."""
-        if not self.adaptive:
-            rounds = f"round {self.round_number} of {self.rounds}"
-        elif self.round_number <= self.rounds:
-            rounds = f"round {self.round_number} of at least {self.rounds}"
-        else:
-            rounds = f"round {self.round_number} (past {self.rounds}: until the figures are precise)"
-        again = " again (a burst of noise)" if self.again else ""
-        left = ""
-        if self.seconds_left is not None:
-            until = "" if not self.adaptive else (
-                f" for {self.rounds} rounds" if self.round_number <= self.rounds else " for this round")
-            left = f"; about {duration_text(self.seconds_left)} left{until}"
-        return f"leveled {rounds}, run {self.run_number} of {self.runs}: {self.label}{again}{left}"
-
-
-def duration_text(seconds: float) -> str:
-    """``45 s``, ``3 min 20 s``, ``1 h 05 min``: a time left, as a person reads it."""
-    whole = max(int(round(seconds)), 0)
-    if whole < 1:
-        return "under 1 s"
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
-
-
-class RoundsStopped(Exception):
-    """The rounds stopped before their end: a run raised (a signal, Ctrl-C, the script's own
-    exit with a failure), and no more can run.
-
-    Attributes:
-        result: the runs of the rounds that finished, merged (None when no round finished, or
-            they could not be merged: :attr:`why_none` says which).
-        log: the rounds' log, its ``stopped`` filled in (what was cut).
-        cause: what the run raised (re-raise it, or exit with its status, once the partial
-            result is written).
-    """
-
-    def __init__(self, result: LeveledResult | None, log: RoundsLog, cause: BaseException, why_none: str) -> None:
-        super().__init__(log.stopped["cut"] if log.stopped else "stopped")
-        self.result = result
-        self.log = log
-        self.cause = cause
-        self.why_none = why_none
-
-
-def run_rounds(plan: Sequence[RunPlan], run: Callable[[RunPlan], Trace],
-               merge: Callable[[dict[RunPlan, list[Trace]]], LeveledResult], rounds: int | None = None,
-               target: float = DEFAULT_TARGET, budget_s: float | None = None,
-               log: RoundsLog | None = None, progress: Callable[[RunProgress], None] | None = None,
-               describe_stop: Callable[[BaseException], str] | None = None) -> tuple[LeveledResult, int]:
-    """The leveled rounds, for :func:`leveled` and ``xsp run --leveled`` alike: each round runs
-    every run of ``plan`` once (``run`` records one and returns its measured steps), each round
-    starting one run later than the one before, so that no run always goes first.
-    ``rounds`` rounds, or (None) at least :data:`MIN_ROUNDS` and then until ``merge`` of the
-    runs pooled so far is precise to ``target``, or :data:`MAX_ROUNDS` have run; and in both
-    cases no more once ``budget_s`` seconds have passed since the first round ended (None: the
-    :data:`MIN_ROUNDS` rounds whatever they take, then more while :func:`default_budget_s` of the
-    plan lasts). A run hit by a burst of noise (:data:`BURST_FACTOR`)
-    is run again, at most :data:`MAX_REPEATS` times, while the budget allows. ``log``
-    receives what was repeated and what the budget cut short; ``progress`` hears of each run
-    as it begins (:class:`RunProgress`). Returns the merged result and the rounds run.
-
-    Raises:
-        RoundsStopped: a run raised anything (Ctrl-C, a signal turned into an exception, the
-            program's exit): the rounds that finished are merged into its ``result`` (the
-            unfinished round's runs are left out, so that every run keeps the same rounds), and
-            what stopped them is its ``cause``; ``describe_stop`` says it in words.
-    """
-    import time
-
-    budget = default_budget_s(plan) if budget_s is None else budget_s
-    log = log if log is not None else RoundsLog()
-    traces: dict[RunPlan, list[Trace]] = {entry: [] for entry in plan}
-    spreads: list[float] = []
-    began = time.monotonic()
-    first_round_end: float | None = None
-    runs_done = 0
-    planned = rounds if rounds is not None else MIN_ROUNDS
-
-    def tell(entry: RunPlan, position: int, again: bool = False) -> None:
-        if progress is None:
-            return
-        left = None
-        if runs_done:
-            per_run = (time.monotonic() - began) / runs_done
-            remaining = (max(planned - log.rounds, 1) * len(plan) if log.rounds < planned else len(plan)) - position
-            left = per_run * remaining
-        progress(RunProgress(round_number=log.rounds + 1, rounds=planned, adaptive=rounds is None,
-                             run_number=position + 1, runs=len(plan), label=entry.label, seconds_left=left,
-                             again=again))
-
-    def stopped(cause: BaseException, position: int) -> RoundsStopped:
-        finished = log.rounds
-        how = describe_stop(cause) if describe_stop is not None else f"{type(cause).__name__}: {cause}"
-        cut = (f"stopped by {how} in round {finished + 1}, after {position} of its {len(plan)} runs"
-               + (f": {finished} round{'s' if finished != 1 else ''} merged, the runs of the unfinished one left out"
-                  if finished else ": no round finished"))
-        log.stopped = {"by": how, "rounds_finished": finished, "round": finished + 1, "runs_finished": position,
-                       "runs_per_round": len(plan), "cut": cut}
-        log.seconds = time.monotonic() - began
-        if not finished:
-            return RoundsStopped(None, log, cause, f"no leveled round finished ({position} of {len(plan)} runs "
-                                                   "of the first)")
-        try:
-            result = merge({entry: found[:finished] for entry, found in traces.items()})
-        except Exception as exc:  # what finished cannot be merged: said, never claimed written
-            return RoundsStopped(None, log, cause, f"the {finished} finished round(s) could not be merged: {exc}")
-        return RoundsStopped(result, log, cause, "")
-
-    def out_of_time() -> bool:
-        if budget_s is None and log.rounds < MIN_ROUNDS:  # by default, the minimum rounds always run
-            return False
-        return first_round_end is not None and time.monotonic() - first_round_end > budget
-
-    def measured(entry: RunPlan, position: int) -> Trace:
-        nonlocal runs_done
-        tell(entry, position)
-        found = run(entry)
-        runs_done += 1
-        spread = step_spread(found)
-        known = [value for value in spreads if not np.isnan(value)]
-        typical = float(np.median(known)) if len(known) >= MIN_RUNS_FOR_BURSTS else float("nan")
-        for _ in range(MAX_REPEATS):
-            if not spread > BURST_FACTOR * typical or out_of_time():
-                break
-            log.bursts.append({"run": entry.label, "round": log.rounds + 1, "spread": round(spread, 4),
-                               "typical": round(typical, 4)})
-            tell(entry, position, again=True)
-            found = run(entry)
-            runs_done += 1
-            spread = step_spread(found)
-        spreads.append(spread)
-        return found
-
-    while True:
-        turn = log.rounds % len(plan)
-        for position, entry in enumerate([*plan[turn:], *plan[:turn]]):
-            try:
-                found = measured(entry, position)
-            except BaseException as cause:  # the finished rounds are still worth their file
-                raise stopped(cause, position) from cause
-            traces[entry].append(found)
-        log.rounds += 1
-        first_round_end = first_round_end or time.monotonic()
-        log.seconds = time.monotonic() - began
-        if rounds is not None:  # a count asked for is run whatever the budget says
-            if log.rounds >= rounds:
-                return merge(traces), log.rounds
-            continue
-        if log.rounds < MIN_ROUNDS:
-            if not out_of_time():
-                continue
-            log.given_up.append(f"rounds: {log.rounds} of {MIN_ROUNDS} ran in the budget of {budget:.3g} s past "
-                                f"the first round (a round took {log.seconds / log.rounds:.3g} s); fewer rounds "
-                                "leave figures more exposed to the machine's bursts of noise")
-            return merge(traces), log.rounds
-        result = merge(traces)
-        if precise_enough(result, target) or log.rounds >= MAX_ROUNDS:
-            return result, log.rounds
-        if out_of_time():
-            log.given_up.append(f"precision: after {log.rounds} rounds the budget of {budget:.3g} s past the first "
-                                f"round was spent with figures wider than ±{target:.0%}")
-            return result, log.rounds
-
-
-BUDGET_PER_RUN_S = 1.0
-"""With ``budget_s=None``, once the :data:`MIN_ROUNDS` rounds have run, adaptive repetition may go
-on until this long per run of a round has passed since the first round: 3 s for model, layer
-and operator runs, more for a model whose modules nest (one layer run per depth). Twelve calls
-on ResNet-50 (batch 1), merged from their first three rounds, put the top-level layers 3.5% off
-the model call in one of them; from five, all within 0.5%: the minimum is not cut by default."""
-
-
-def default_budget_s(plan: Sequence[RunPlan]) -> float:
-    """The default time budget of a plan: :data:`BUDGET_PER_RUN_S` per run of a round."""
-    return BUDGET_PER_RUN_S * len(plan)
-
-
-def note_rounds(result: LeveledResult, plan: Sequence[RunPlan], log: RoundsLog, target: float, rounds: int | None,
-                budget_s: float | None) -> None:
-    """Write what the rounds did into ``result``'s ``metadata["leveled"]`` (for :func:`leveled`
-    and ``xsp run --leveled`` alike): rounds, whether chosen adaptively, runs a round, the
-    budget, bursts and cuts, and whether the figures are precise (and if not, why)."""
-    details = result.trace.metadata["leveled"]
-    details.update(rounds=log.rounds, adaptive=rounds is None, runs_per_round=len(plan),
-                   budget_s=default_budget_s(plan) if budget_s is None else budget_s, **log.as_dict())
-    details["precise"] = precise_enough(result, target)
-    details["why_imprecise"] = None if details["precise"] else why_imprecise(result, log, target)
-
-
 @contextlib.contextmanager
 def run_cut_short_unsaid() -> Iterator[None]:
     """Around one leveled run's session: an interruption leaves that run out of the figures,
@@ -435,19 +131,110 @@ def plan_text(plan: Sequence[RunPlan], depths: int | None) -> str:
     return f"leveled: {nesting}{len(plan)} runs a round ({', '.join(entry.label for entry in plan)})"
 
 
-def why_imprecise(result: LeveledResult, log: RoundsLog, target: float) -> str:
-    """Why figures of a leveled result are not precise to ``target``, in words."""
-    reasons = ([log.stopped["cut"]] if log.stopped else []) + list(log.given_up)
-    if log.bursts:
-        count = len(log.bursts)
-        reasons.append(f"{count} run{' was' if count == 1 else 's were'} hit by a burst of noise and run again")
-    if not reasons:
-        reasons.append(f"the machine's noise kept figures wider than ±{target:.0%} through {log.rounds} rounds")
-    model = result.overhead[result.overhead["run"] == Level.MODEL.value]
-    if len(model) and model["model_latency_ms"].iloc[0] > 0:
-        spread = float(model["model_latency_ci_ms"].iloc[0] / model["model_latency_ms"].iloc[0])
-        reasons.append(f"the model-only latency itself moved ±{spread:.1%} between rounds and steps (95% interval)")
-    return "; ".join(reasons)
+
+
+class LeveledWork(Protocol):
+    """The work a leveled experiment measures, as :func:`run_leveled` runs it: a function called
+    in a loop (:func:`leveled`) or a script (``xsp run --leveled``)."""
+
+    def traced(self, levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None) -> Trace:
+        """One run of the work traced at ``levels`` (``label`` names the run in messages), its
+        warm-up steps included.
+
+        Raises:
+            Exception: the run failed; the rounds stop (:class:`RoundsStopped`).
+        """
+        ...
+
+    def probed(self, levels: tuple[Level, ...], label: str) -> Trace:
+        """The shortest run of the work that shows what autograd does in it and how deep its
+        module calls nest, traced at ``levels`` without backward hooks (the model level notes
+        backward passes itself, and work that never runs backward would be hooked for nothing)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LeveledSettings:
+    """How a leveled experiment runs (see :func:`leveled` for each)."""
+
+    levels: tuple[Level, ...]
+    warmup: int = 2
+    rounds: int | None = None
+    target: float = DEFAULT_TARGET
+    budget_s: float | None = None
+    compensate: bool = True
+    by_depth: bool = True
+    trim: float = TRIM_FRACTION
+    backward: bool | None = None
+    """Backward hooks in the runs; None: where the first run saw a backward pass."""
+
+
+def run_leveled(work: LeveledWork, settings: LeveledSettings, progress: Callable[[str], None] | None = None,
+                describe_stop: Callable[[BaseException], str] | None = None) -> tuple[LeveledResult, int]:
+    """A leveled experiment on ``work``, for :func:`leveled` and ``xsp run --leveled`` alike: the
+    levels that can be recorded here, a first run that finds what autograd does and how deep the
+    module calls nest, the plan, each level's calibrated cost, the rounds, the merge. ``progress``
+    hears each step in a line of text. Returns the merged result (its ``metadata["leveled"]``
+    says what the rounds did) and the rounds run.
+
+    Raises:
+        RoundsStopped: a run raised: the rounds that finished are merged and noted in its
+            ``result`` (see :func:`xsp.session.leveled_rounds.run_rounds`).
+        ValueError: the runs cannot be merged.
+    """
+    from xsp.session.calibration import calibrate
+    from xsp.tracers.registry import tracers_for
+
+    def tell(line: str) -> None:
+        if progress is not None:
+            progress(line)
+
+    _, unavailable = tracers_for(settings.levels)
+    for level, reason in unavailable.items():
+        tell(f"leveled: level {level.value} left out of the runs: {reason}")
+    wanted = [level for level in settings.levels if level not in unavailable]
+    by_depth = settings.by_depth and Level.LAYER in wanted
+    autograd: Autograd | None = None
+    depths = 0
+    if by_depth or settings.compensate or settings.backward is None:
+        label = "to find the model's depth" if by_depth else "to find what autograd does"
+        tell(f"leveled: a first run {label}")
+        found = work.probed((Level.MODEL, Level.LAYER) if by_depth else (Level.MODEL,), label)
+        autograd, depths = autograd_in(found), layer_depths_in(found)
+    # work that records a graph but never runs backward (inference without no_grad) is traced
+    # without backward hooks, which would cost each layer call microseconds and disturb the figures
+    backward = settings.backward if settings.backward is not None else autograd is not None and autograd.runs_backward
+    plan = level_runs(wanted, layer_depths=depths if by_depth else 1)
+    tell(plan_text(plan, depths if by_depth else None))
+    records_autograd = autograd is not None and autograd.records
+    costs = calibrate(wanted, grad=records_autograd and backward) if settings.compensate else {}
+
+    def run(entry: RunPlan) -> Trace:
+        found = work.traced(entry.levels, entry.label, backward, entry.layer_depth)
+        return Trace(spans=measured_steps(found.spans, settings.warmup), metadata=found.metadata)
+
+    def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
+        return merge_runs([LeveledRun(entry.levels, pooled(traces[entry]), entry.layer_depth) for entry in plan],
+                          trim=settings.trim, costs=costs, target=settings.target, by_depth=by_depth)
+
+    def noted(result: LeveledResult) -> LeveledResult:
+        note_rounds(result, plan, log, settings.target, settings.rounds, settings.budget_s)
+        result.trace.metadata["leveled"].update(
+            backward_hooks=backward, records_autograd=None if autograd is None else autograd.records,
+            warmup_steps=settings.warmup, skipped={level.value: reason for level, reason in unavailable.items()})
+        return result
+
+    log = RoundsLog()
+    try:
+        result, rounds = run_rounds(plan, run, merge, rounds=settings.rounds, target=settings.target,
+                                    budget_s=settings.budget_s, log=log,
+                                    progress=None if progress is None else lambda where: progress(where.text()),
+                                    describe_stop=describe_stop)
+    except RoundsStopped as stopped:  # the rounds that finished, noted as the whole would be
+        if stopped.result is not None:
+            noted(stopped.result)
+        raise
+    return noted(result), rounds
 
 
 def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "operator"), repeat: int | None = None,
@@ -508,8 +295,9 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
             while one second per run of a round lasts.
         compensate: take each level's calibrated cost out of the figures.
         by_depth: run the layer level once per module call depth (see above).
-        progress: called with a line of text before the runs start (how many a round takes)
-            and after the last round; xsp itself prints nothing.
+        progress: called with a line of text at each stage: the first run, the plan (how many
+            runs a round takes), each run as it begins, and after the last round; xsp itself
+            prints nothing (``xsp run --leveled`` prints the same lines).
         trace_options: passed to each run's :func:`xsp.trace` (``max_events``, ...).
 
     Returns:
@@ -524,71 +312,68 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
         >>> list(result.overhead["run"])
         ['model', 'model+layer']
     """
-    from xsp.record.user_spans import step
-    from xsp.session.calibration import calibrate
-    from xsp.session.tracing import trace
-    from xsp.tracers.registry import tracers_for
-
     if (repeat is not None and repeat < 1) or (rounds is not None and rounds < 1):
         raise ValueError("repeat and rounds must be at least 1")
-    if repeat is None:
-        repeat = steps_per_run(fn)
-    _, unavailable = tracers_for(parse_levels(levels))
-    wanted = [level for level in parse_levels(levels) if level not in unavailable]
-    # a function that records a graph but never runs backward (inference without no_grad): its
-    # layer runs hook no backward (which would cost each layer call several microseconds and
-    # disturb the figures), and the calibration measures what that costs
-    needs_depth = by_depth and Level.LAYER in wanted
-    autograd, depths = probe(fn, layers=needs_depth) if (
-        needs_depth or compensate or "backward" not in trace_options) else (None, 0)
-    if autograd is not None:
-        trace_options.setdefault("backward", autograd.runs_backward)
-    plan = level_runs(wanted, layer_depths=depths if needs_depth else 1)
-    if progress is not None:
-        progress(plan_text(plan, depths if needs_depth else None))
-    costs = calibrate(wanted, grad=autograd is not None and autograd.records and bool(trace_options["backward"])
-                      ) if compensate else {}
-
-    def run(entry: RunPlan) -> Trace:
-        with run_cut_short_unsaid(), trace(levels=entry.levels, output=None, layer_depth=entry.layer_depth,
-                                          **trace_options) as session:
-            # the first steps after a session starts run cold (its buffers and hooks are
-            # fresh): they are traced like the others and left out
-            for _ in range(warmup + repeat):
-                with step(STEP_NAME):
-                    fn()
-        if session.trace is None:
-            raise RuntimeError(f"the {entry.label} run produced no trace: {session.warnings}")
-        return Trace(spans=measured_steps(session.trace.spans, warmup), metadata=session.trace.metadata)
-
-    def merge(traces: dict[RunPlan, list[Trace]]) -> LeveledResult:
-        return merge_runs([LeveledRun(r.levels, pooled(traces[r]), r.layer_depth) for r in plan], warmup_steps=0,
-                          trim=trim, costs=costs, target=target, by_depth=needs_depth)
-
-    def finished(result: LeveledResult) -> None:
-        note_rounds(result, plan, log, target, rounds, budget_s)
-        details = result.trace.metadata["leveled"]
-        details["repeat"] = repeat
-        details["backward_hooks"] = bool(trace_options.get("backward", True))
-        details["records_autograd"] = None if autograd is None else autograd.records
-        details["skipped"] = {level.value: reason for level, reason in unavailable.items()}
-        if progress is not None:
-            progress(f"leveled: {counted(log.rounds, 'round')} in {log.seconds:.1f} s"
-                     + ("" if details["precise"] else f"; not precise to ±{target:.0%}: {details['why_imprecise']}"))
-        if output is not None:
-            result.save(output)
-
-    log = RoundsLog()
+    settings = LeveledSettings(parse_levels(levels), warmup=warmup, rounds=rounds, target=target, budget_s=budget_s,
+                               compensate=compensate, by_depth=by_depth, trim=trim,
+                               backward=trace_options.pop("backward", None))
+    work = _Calls(fn, steps_per_run(fn) if repeat is None else repeat, warmup, trace_options)
     try:
-        result, _ = run_rounds(plan, run, merge, rounds=rounds, target=target, budget_s=budget_s, log=log,
-                               progress=None if progress is None else lambda where: progress(where.text()))
+        result, _ = run_leveled(work, settings, progress)
     except RoundsStopped as stop:
         # the rounds that finished are written (marked partial, with what was cut); then the
         # interruption or failure goes on to the caller as it came
         if stop.result is not None:
-            finished(stop.result)
+            _finished(stop.result, work.repeat, settings.target, output, progress)
         elif progress is not None:
             progress(f"leveled: {stop.why_none}: nothing written")
         raise stop.cause from None
-    finished(result)
+    _finished(result, work.repeat, settings.target, output, progress)
     return result
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """:func:`leveled`'s work: ``fn`` called ``warmup + repeat`` times a run, each call a step."""
+
+    fn: Callable[[], Any]
+    repeat: int
+    warmup: int
+    trace_options: dict[str, Any]
+
+    def traced(self, levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None) -> Trace:
+        from xsp.record.user_spans import step
+        from xsp.session.tracing import trace
+
+        with run_cut_short_unsaid(), trace(levels=levels, output=None, layer_depth=layer_depth, backward=backward,
+                                          **self.trace_options) as session:
+            # the first steps after a session starts run cold (its buffers and hooks are
+            # fresh): they are traced like the others and left out
+            for _ in range(self.warmup + self.repeat):
+                with step(STEP_NAME):
+                    self.fn()
+        if session.trace is None:
+            raise RuntimeError(f"the {label} run produced no trace: {session.warnings}")
+        return session.trace
+
+    def probed(self, levels: tuple[Level, ...], label: str) -> Trace:
+        """One call of ``fn``."""
+        from xsp.session.tracing import trace
+
+        with trace(levels=levels, output=None, schedule=None, backward=False) as session:
+            self.fn()
+        if session.trace is None:
+            raise RuntimeError(f"the run {label} produced no trace: {session.warnings}")
+        return session.trace
+
+
+def _finished(result: LeveledResult, repeat: int, target: float, output: str | os.PathLike[str] | None,
+              progress: Callable[[str], None] | None) -> None:
+    """:func:`leveled`'s end: the repeat noted, the last line said, the file written."""
+    details = result.trace.metadata["leveled"]
+    details["repeat"] = repeat
+    if progress is not None:
+        progress(f"leveled: {counted(details['rounds'], 'round')} in {details['seconds']:.1f} s"
+                 + ("" if details["precise"] else f"; not precise to ±{target:.0%}: {details['why_imprecise']}"))
+    if output is not None:
+        result.save(output)
