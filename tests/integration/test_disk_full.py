@@ -15,7 +15,7 @@ import torch
 
 import xsp
 import xsp.session.ending
-import xsp.session.session
+import xsp.session.options
 from xsp.core import schema as col
 from xsp.io import segments
 from xsp.io.segments import recover
@@ -45,7 +45,7 @@ def _steps(path: Path) -> int:
 def full_disk(tmp_path, monkeypatch):
     """Windows written as segments until ``fill()``; from then the output's folder takes no writes,
     and the trace file cannot be written at the end."""
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
     monkeypatch.setenv(segments.SPOOL_ENV, str(tmp_path / "spool"))
     output = tmp_path / "out" / "run.xsp.parquet"
     output.parent.mkdir()

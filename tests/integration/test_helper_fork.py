@@ -17,8 +17,8 @@ def test_helpers_never_wait_on_a_lock_the_program_held_when_they_were_forked(tmp
     script.write_text(textwrap.dedent("""
         import ctypes, sys, threading, time
         import torch
-        import xsp, xsp.session.session, xsp.session.windows
-        xsp.session.session.WINDOW_S = 0.0              # a window, and a helper, at every step end
+        import xsp, xsp.session.options, xsp.session.windows
+        xsp.session.options.WINDOW_S = 0.0              # a window, and a helper, at every step end
         xsp.session.windows.HELPER_DEADLINE_S = 60.0    # a hung helper shows in a minute (a slow one, on a
                                                         # loaded machine, finishes well within it)
         libc = ctypes.CDLL(None)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import xsp
-import xsp.session.session
+import xsp.session.options
 import xsp.tracers.operator
 from xsp.core import schema as col
 from xsp.io.segments import unfinished_sessions
@@ -47,7 +47,7 @@ def operators(trace: xsp.Trace) -> pd.DataFrame:
 
 @needs_observer
 def test_operators_stream_in_windows_and_nest_under_their_layers(tmp_path, monkeypatch):
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
     model = small()
     with xsp.trace(levels="model,layer,operator", output=tmp_path / "run.xsp.parquet") as session:
         train(model, 20)

@@ -17,6 +17,7 @@ from torch import nn
 
 import xsp
 import xsp.session.interpreting
+import xsp.session.options
 import xsp.session.session
 import xsp.session.windows
 from xsp.core import schema as col
@@ -47,7 +48,7 @@ def _loop(model: nn.Module, steps: int) -> None:
 
 @pytest.fixture
 def short_windows(monkeypatch):
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
 
 
 def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, short_windows):
@@ -195,8 +196,8 @@ def test_the_cli_records_only_scheduled_steps(tmp_path):
 
 
 def test_a_window_closes_after_so_many_records_however_fast_they_come(tmp_path, monkeypatch):
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 3600.0)
-    monkeypatch.setattr(xsp.session.session, "WINDOW_EVENTS", 1000)
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 3600.0)
+    monkeypatch.setattr(xsp.session.options, "WINDOW_EVENTS", 1000)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(99)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         _loop(model, 60)  # 6000 records

@@ -473,9 +473,9 @@ def test_without_the_c_path_records_are_read_through_cupti_python_with_one_warni
 
 
 def test_a_streamed_session_interprets_cuda_windows_in_helpers_with_every_kernel(fake, monkeypatch, tmp_path):
-    import xsp.session.session
+    import xsp.session.options
 
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
     model = _model(fake)
     with xsp.trace(levels="model,layer,cuda_api,kernel", output=tmp_path / "run.xsp.parquet") as session:
         with torch.no_grad():

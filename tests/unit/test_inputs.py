@@ -97,9 +97,9 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import xsp.session.session
+    import xsp.session.options
 
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)  # a window due at every step end
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window due at every step end
     taken: list[tuple[int, bool]] = []
     released: list[int] = []
     worker_class = xsp.session.windows.WindowWorker
@@ -135,9 +135,9 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
 def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
     import torch
 
-    import xsp.session.session
+    import xsp.session.options
 
-    monkeypatch.setattr(xsp.session.session, "WINDOW_S", 0.0)
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)
     model = torch.nn.Linear(4, 1)
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         model(torch.randn(2, 4))

@@ -411,3 +411,40 @@ def test_the_options_the_api_and_the_cli_share_are_checked_once_and_defined_once
         run_action, push_action = (next(action for action in commands[name]._actions  # noqa: SLF001
                                         if flag in action.option_strings) for name in ("run", "push"))
         assert run_action.choices == push_action.choices and run_action.type == push_action.type, flag
+    for flag in ("--levels", "--skip-steps"):  # how summary and diff select a trace's steps
+        summary_action, diff_action = (next(action for action in commands[name]._actions  # noqa: SLF001
+                                            if flag in action.option_strings) for name in ("summary", "diff"))
+        assert summary_action.type == diff_action.type and summary_action.default == diff_action.default, flag
+    assert main(["summary", str(tmp_path / "none.xsp.parquet"), "--skip-steps", "-1"]) == 2
+    assert "xsp: error: --skip-steps must not be negative" in capsys.readouterr().err
+
+
+def test_a_sessions_options_are_one_frozen_object_made_once(tmp_path):
+    import dataclasses
+
+    from xsp.core.schema import Level
+    from xsp.session.options import TraceOptions
+    from xsp.session.session import Session, active_session
+
+    session = xsp.trace(levels="model", output=tmp_path / "a.xsp.parquet", schedule="wait=1,active=1", layer_depth=2)
+    options = session.options
+    assert options.levels[0] is Level.MODEL and Level.LAYER not in options.levels
+    assert options.output == (tmp_path / "a.xsp.parquet").absolute()
+    assert options.layer_depth == 2 and options.schedule is not None and options.schedule.wait == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.layer_depth = 3  # type: ignore[misc]
+    # given whole, they are used as they are: a decorated function's sessions share them
+    assert Session(options=options).options is options
+    calls = []
+
+    @Session(options=dataclasses.replace(options, output=None, schedule=None))
+    def work() -> None:
+        active = active_session()
+        assert active is not None
+        calls.append(active.options)
+
+    work()
+    work()
+    assert calls[0] is calls[1] and calls[0].output is None and calls[0].levels == options.levels
+    with pytest.raises(ValueError, match="span_budget must be 0"):
+        TraceOptions.parse(span_budget=-1)

@@ -34,6 +34,7 @@ from xsp.record.schedule import Schedule
 
 if TYPE_CHECKING:
     from xsp.io.trace import Trace
+    from xsp.session.options import TraceOptions
     from xsp.session.session import Session
 
 
@@ -221,6 +222,7 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.io.parquet import check_writable
+    from xsp.session.options import TraceOptions
     from xsp.session.session import Session
 
     levels = parse_levels(options.levels)
@@ -248,17 +250,22 @@ def run(options: argparse.Namespace) -> int:
         if options.output:
             check_output(options.output, str(script))  # the trace would overwrite the script
             check_writable(options.output)  # fail before the script runs, not after
+    try:
+        trace_options = TraceOptions.parse(levels, output=options.output, otlp_endpoint=options.otlp,
+                                           service_name=_service_name(options, script),
+                                           otlp_protocol=options.otlp_protocol, schedule=schedule,
+                                           calibrate=options.calibrate, span_budget=options.span_budget,
+                                           dataset=options.dataset, layer_depth=options.layer_depth,
+                                           nvtx=options.nvtx)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")
-        return _run_leveled(options, levels, script, script_args)
+        return _run_leveled(options, trace_options, script, script_args)
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
-        session = Session(levels=levels, output=options.output, otlp_endpoint=options.otlp,
-                          service_name=_service_name(options, script),
-                          otlp_protocol=options.otlp_protocol, schedule=schedule, calibrate=options.calibrate,
-                          span_budget=options.span_budget, dataset=options.dataset, layer_depth=options.layer_depth,
-                          nvtx=options.nvtx)
+        session = Session(options=trace_options)
         # a script ending with os._exit ends the session there: say what was written before it exits
         session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         writing = ProgressLine()
@@ -345,7 +352,7 @@ def _check_leveled(options: argparse.Namespace) -> None:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
 
 
-def _run_leveled(options: argparse.Namespace, levels: tuple[Level, ...], script: Path,
+def _run_leveled(options: argparse.Namespace, trace_options: TraceOptions, script: Path,
                  script_args: list[str]) -> int:
     """``--leveled``: one run of the script per level prefix, merged into one trace.
 
@@ -358,7 +365,7 @@ def _run_leveled(options: argparse.Namespace, levels: tuple[Level, ...], script:
     out = error_console()
     with xsp_warnings_to_stderr(), _leveled_signals():
         try:
-            result, rounds = _leveled_rounds(options, levels, script, script_args)
+            result, rounds = _leveled_rounds(options, trace_options, script, script_args)
         except RoundsStopped as stopped:
             if stopped.result is None:
                 out.print(f"xsp: stopped by {_stop_text(stopped.cause)}: {stopped.why_none}, so nothing was "
@@ -381,13 +388,15 @@ class _ScriptRuns:
     script: Path
     script_args: list[str]
     options: argparse.Namespace
+    trace_options: TraceOptions
+    """The options of each run (its levels, depth and backward hooks are the run's own)."""
 
     def traced(self, levels: tuple[Level, ...], label: str, backward: bool, layer_depth: int | None) -> Trace:
         from xsp.session.leveled import run_cut_short_unsaid
         from xsp.session.session import Session
 
-        session = Session(levels=levels, output=None, service_name=_service_name(self.options, self.script),
-                          backward=backward, layer_depth=layer_depth, nvtx=self.options.nvtx)
+        session = Session(options=dataclasses.replace(self.trace_options, levels=levels, output=None, calibrate=False,
+                                                      backward=backward, layer_depth=layer_depth))
         with run_cut_short_unsaid():
             status = _run_script(self.script, self.script_args, session)
         if status != 0:
@@ -404,18 +413,18 @@ class _ScriptRuns:
         return self.traced(levels, label, False, None)
 
 
-def _leveled_rounds(options: argparse.Namespace, levels: tuple[Level, ...], script: Path,
+def _leveled_rounds(options: argparse.Namespace, trace_options: TraceOptions, script: Path,
                     script_args: list[str]) -> tuple[Any, int]:
     """The leveled experiment on the script (:func:`xsp.session.leveled.run_leveled`), its
     progress printed: the merged result and the rounds run."""
     from xsp.session.leveled import LeveledSettings, run_leveled
 
     out = error_console()
-    settings = LeveledSettings(levels, warmup=options.warmup, rounds=options.rounds,
+    settings = LeveledSettings(trace_options.levels, warmup=options.warmup, rounds=options.rounds,
                                target=options.target / 100, budget_s=options.budget,
                                compensate=not options.no_compensate, by_depth=not options.no_depth)
     try:
-        return run_leveled(_ScriptRuns(script, script_args, options), settings,
+        return run_leveled(_ScriptRuns(script, script_args, options, trace_options), settings,
                            progress=lambda line: out.print(f"xsp: {line}", markup=False), describe_stop=_stop_text)
     except ValueError as exc:
         raise CliError(f"the runs cannot be merged: {exc}") from None

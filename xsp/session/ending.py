@@ -92,7 +92,7 @@ def _finish(session: Session, end_ns: int, error: str | None, handing_over: bool
         open_calls = recording.open_module_calls()
         if open_calls:
             recording.dropped["open_at_stop"] += open_calls
-        if session.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
+        if session.options.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
             recording.long_step_ns = 0
             for buffer in list(recording.buffers):
                 recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
@@ -143,12 +143,12 @@ def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | No
         buffer.steps.finish()  # the block's open step ends with it, as at a step boundary
     own = recording.end_copy(copy)
     recorded = set(recording.levels)
-    levels = tuple(level for level in block.levels if level in OWN_LEVELS and level in recorded)
+    levels = tuple(level for level in block.options.levels if level in OWN_LEVELS and level in recorded)
     tracers, _ = tracers_for(levels)
     block.tracers[:] = tracers  # in place: the block's interpreter holds the list
     block.unavailable.update({
         level: NOT_OWN if level in recorded else "not recorded by the session this block joined"
-        for level in block.levels if level not in levels})
+        for level in block.options.levels if level not in levels})
     block.start_ns = copy.start_ns
     window = Window(own, final=True, external_ids=recording.external_ids,
                     model_names=recording.models.names_for(block.thread_id), sites=recording.sites)
@@ -180,7 +180,7 @@ def decide_own_step(session: Session) -> None:
     buffer = getattr(recording.local, "b", None)
     if buffer is None:
         return
-    if session.schedule is not None:
+    if session.options.schedule is not None:
         recording.long_step_ns = 0
         recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
     try:
@@ -235,7 +235,7 @@ def decide_rank(session: Session) -> None:
     if session.rank is not None:
         recorded = None if session.recording is None else session.recording.backend
         session.rank = session.rank.with_backend(current_backend() or recorded)
-    elif session.output is not None and session.dataset is None and (found := rank_info(
+    elif session.output is not None and session.options.dataset is None and (found := rank_info(
             seen=None if session.recording is None else session.recording.process_group)) is not None:
         # the process group was set up inside the block, without a launcher's variables: the file
         # is still this rank's own (its spans take their rank from the metadata when loaded)
@@ -260,8 +260,8 @@ def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans
         "dropped": dict(dropped),
         "hierarchy": session.interpreter.hierarchy(),
         "windows": session.interpreter.window_count,
-        "schedule": None if session.schedule is None else {
-            **session.schedule.as_metadata(), "steps_seen": session.step_actions.total(),
+        "schedule": None if session.options.schedule is None else {
+            **session.options.schedule.as_metadata(), "steps_seen": session.step_actions.total(),
             "recorded_steps": session.recorded_steps,
             "warmup_steps": session.step_actions[StepAction.WARMUP],
             "skipped_steps": session.step_actions[StepAction.SKIP]},
@@ -434,9 +434,9 @@ def described(session: Session, clock: ClockSync) -> dict[str, Any]:
     """The metadata known from the session's start: host, versions, levels, tracers, clock."""
     return {
         **environment(),
-        "service_name": session.service_name,
-        "levels": [level.value for level in session.levels],
-        "layer_depth": session.layer_depth,
+        "service_name": session.options.service_name,
+        "levels": [level.value for level in session.options.levels],
+        "layer_depth": session.options.layer_depth,
         "tracers": [tracer.name for tracer in session.tracers],
         "unavailable": {level.value: reason for level, reason in session.unavailable.items()},
         "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,

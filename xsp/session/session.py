@@ -11,7 +11,6 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -19,26 +18,24 @@ from xsp.core import contention
 from xsp.core import state as _state
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning, warn
-from xsp.core.levels import LevelsArg, parse_levels
-from xsp.core.metadata import default_service_name
-from xsp.core.options import checked_layer_depth, checked_span_budget
+from xsp.core.levels import LevelsArg
 from xsp.core.rank import (
     RankInfo,
 )
 from xsp.core.schema import DEFAULT_OUTPUT, Level
 from xsp.export.delivery import ExportReport
 from xsp.export.otlp import OtlpExport
-from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadBuffer, ThreadCopy
-from xsp.record.schedule import Schedule, StepAction, schedule_of
+from xsp.record.schedule import Schedule, StepAction
 from xsp.record.user_spans import span
 from xsp.session import child_session, children, ending, exit_guard, starting
 from xsp.session.children import ChildPlan, ChildState, Following
 from xsp.session.interpreting import WindowInterpreter
+from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions
 from xsp.session.output_name import OutputName
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
 from xsp.session.windows import EXIT_WAIT_S, WindowWorker
@@ -47,14 +44,6 @@ from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_LONG_STEP_S = 1.0
-"""Steps at least this long are exported to OTLP as soon as they end."""
-WINDOW_S = 1.0
-"""A window closes at the first step end this long after the last one closed: its spans are
-then interpreted and written to disk (and exported) while the program runs on."""
-WINDOW_EVENTS = 50_000
-"""A window also closes at the first step end after this many records: interpreting a window
-takes memory in proportion to its records, so this bounds the session's memory."""
 
 
 _claim = threading.Lock()
@@ -143,45 +132,34 @@ class Session:
     each step that lasts ``long_step_s`` or more is exported as soon as it ends.
     """
 
-    def __init__(self, levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None =
+    def __init__(self, levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None =
                  DEFAULT_OUTPUT, otlp_endpoint: str | None = None, service_name: str | None = None,
                  otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-                 backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> None:
-        self.levels = parse_levels(levels)
-        self.nvtx = nvtx_ranges.wanted(nvtx)
-        """Whether spans push NVTX ranges as they run (see :mod:`xsp.record.nvtx`)."""
-        self.backward = backward
-        self.layer_depth = checked_layer_depth(layer_depth)
-        # absolute now: the program may change directory before the file is written
-        self.dataset = None if dataset is None else Path(dataset).absolute()
+                 backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None, *,
+                 options: TraceOptions | None = None) -> None:
+        self.options = options if options is not None else TraceOptions.parse(
+            levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
+            span_budget, dataset, backward, layer_depth, nvtx)
+        """What the session was asked to do, checked (``options``, where given, is used as it is,
+        and the other arguments are not read)."""
+        self.output = self.options.output
+        """The trace file: the one asked for until the session starts, which decides this
+        process's own (its rank's, the dataset's), and None when none is written."""
+        self.target = self.options.target
+        """The collector spans are exported to (None once it is found unreachable at the start)."""
         self.run_id: str | None = None
         """With ``dataset``: this run's id, its ``run=`` partition."""
-        budget = checked_span_budget(span_budget)
-        self.span_budget = span_budget_from_env() if budget is None else budget
-        self.calibrate = calibrate
         self.costs: dict[str, Any] | None = None
         """With ``calibrate``: what one span of each host level costs here (the trace's ``calibration``)."""
-        self.schedule = schedule_of(schedule)
-        self.output = None if output is None else Path(output).absolute()
-        self.target = OtlpTarget.resolve(otlp_endpoint, otlp_protocol)
-        self.span_budget_from_env = span_budget is None
-        self.service_name = service_name or default_service_name()
-        self.max_events = max_events
-        self.long_step_s = long_step_s
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
         self.warnings: list[str] = []
         self.on_finishing: list[Callable[[bool], None]] = []
         """Called with True when the block has ended and the trace is being written, with False
         once it is (the CLI shows a progress line meanwhile; a long run's write takes seconds)."""
-        self._arguments: dict[str, Any] = dict(
-            levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
-            otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
-            calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-            layer_depth=layer_depth, nvtx=nvtx)
         self._nested: span | None = None
         """While this block is part of another thread's session (it joined it): its span there."""
         self.copy: ThreadCopy | None = None
@@ -235,23 +213,23 @@ class Session:
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
         global _active
-        if self.calibrate and _active is None:  # before this session claims the process: it traces
+        if self.options.calibrate and _active is None:  # before this session claims the process: it traces
             import torch
 
             from xsp.session.calibration import calibrate
 
             try:
                 self.costs = {level.value: cost.as_dict() for level, cost in calibrate(
-                    self.levels, grad=torch.is_grad_enabled() and self.backward).items()}
+                    self.options.levels, grad=torch.is_grad_enabled() and self.options.backward).items()}
             except Exception as exc:  # a failed calibration costs the figures, never the program
                 self.warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
         with _claim:
             active = _active
             self.thread_id = threading.get_native_id()
             if active is None:  # claimed before any tracer starts: a second session sees it
-                self.recording = Recording(self.max_events)
-                self.recording.backward_hooks = self.backward
-                self.recording.layer_depth = self.layer_depth
+                self.recording = Recording(self.options.max_events)
+                self.recording.backward_hooks = self.options.backward
+                self.recording.layer_depth = self.options.layer_depth
                 self._open_nvtx(self.recording)
                 _active, _state.recording = self, self.recording
             else:  # joins it, in the same claim: the active session's end then hands over to it
@@ -286,7 +264,7 @@ class Session:
 
     def _open_nvtx(self, recording: Recording) -> None:
         """With NVTX on, the ranges the recording's spans push (or a warning saying why none)."""
-        if not self.nvtx:
+        if not self.options.nvtx:
             return
         try:
             recording.nvtx, why = nvtx_ranges.open_ranges()
@@ -299,8 +277,9 @@ class Session:
         starting.start(self, running, start_ns)
         if self.following is None and self.recording is not None:
             try:
-                self.following = Following.open(self.levels, self.max_events, self.backward, self.layer_depth,
-                                                starter=_start_child_session, arrival=_child_plan)
+                options = self.options
+                self.following = Following.open(options.levels, options.max_events, options.backward,
+                                                options.layer_depth, starter=_start_child_session, arrival=_child_plan)
             except Exception as exc:  # the session runs on; child processes are then not followed
                 self.warn(f"child processes are not followed: {type(exc).__name__}: {exc}")
 
@@ -431,7 +410,7 @@ class Session:
 
         @functools.wraps(function)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            session = Session(**self._arguments)
+            session = Session(options=self.options)
             try:
                 with session:
                     return function(*args, **kwargs)
@@ -455,7 +434,7 @@ class Session:
         it takes the recording over: those of its levels that hand their spans over window by
         window (one that collects only at its end, the operator level, is stopped and started again)."""
         return [tracer for tracer in tracers
-                if tracer.level in self.levels and not tracer.collects_at_end]
+                if tracer.level in self.options.levels and not tracer.collects_at_end]
 
     def _continue(self, ended: Session, running: list[Tracer], since_ns: int) -> None:
         """This block joined ``ended``, which has just ended (on its own thread, which runs this):
@@ -470,10 +449,10 @@ class Session:
             if copy is not None:  # its own calls from its start: its trace holds them too
                 recording.take_back(recording.end_copy(copy, drain=False))
                 since_ns = copy.start_ns
-            recording.restart_counts(self.max_events)
+            recording.restart_counts(self.options.max_events)
             recording.models.rename(self.thread_id)
-            recording.backward_hooks = self.backward
-            recording.layer_depth = self.layer_depth
+            recording.backward_hooks = self.options.backward
+            recording.layer_depth = self.options.layer_depth
             recording.paused = False
             where = "" if ended.output is None else f" ({ended.output})"
             self.warn("the xsp session this block joined has ended: this block records from now on, taking its "
@@ -531,9 +510,9 @@ class Session:
     def scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
         """On the thread whose step was just decided: keep or forget its records as the schedule
         says, and pause or resume recording for the step that begins."""
-        assert self.schedule is not None and self.recording is not None
+        assert self.options.schedule is not None and self.recording is not None
         step = self.step_actions.total()  # the steps decided so far
-        action = self.schedule.action(step)
+        action = self.options.schedule.action(step)
         self.step_actions[action] += 1
         buffer = buffer or self.recording.buffer()
         if action is StepAction.RECORD:
@@ -545,7 +524,7 @@ class Session:
             buffer.keep(step)
         else:
             buffer.discard()
-        self.recording.paused = self.schedule.action(step + 1) is StepAction.SKIP
+        self.recording.paused = self.options.schedule.action(step + 1) is StepAction.SKIP
 
     # after the block ------------------------------------------------------------------
     def stop_quietly(self, tracer: Tracer) -> None:

@@ -43,7 +43,7 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
     session.interpreter.rank = session.rank
     session.claim_output()
     open_export(session)
-    tracers, session.unavailable = tracers_for(session.levels)
+    tracers, session.unavailable = tracers_for(session.options.levels)
     tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
     for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
         session.stop_quietly(tracer)
@@ -58,9 +58,9 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
         session.warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
     session.open_segments(tracers)
     if session.recording is not None:
-        session.recording.levels = session.levels
-    if session.schedule is not None and session.recording is not None:
-        session.recording.paused = session.schedule.action(0) is StepAction.SKIP
+        session.recording.levels = session.options.levels
+    if session.options.schedule is not None and session.recording is not None:
+        session.recording.paused = session.options.schedule.action(0) is StepAction.SKIP
     watch_step_ends(session, tracers)
     for tracer in tracers:
         if tracer in kept:  # it never stopped recording
@@ -92,22 +92,22 @@ def start(session: Session, running: list[Tracer] | None = None, start_ns: int |
 def join_job(session: Session, rank: RankInfo | None) -> None:
     """One rank of a distributed job: its own file beside the given name, and trace ids
     that every rank of the job shares."""
-    if session.dataset is not None:
+    if session.options.dataset is not None:
         session.run_id = run_id(rank)
-        session.output = dataset_path(session.dataset, session.run_id, 0 if rank is None else rank.rank,
-                                      session.service_name)
+        session.output = dataset_path(session.options.dataset, session.run_id, 0 if rank is None else rank.rank,
+                                      session.options.service_name)
         try:
             session.output.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
-            session.warn(f"cannot write into the dataset {session.dataset} ({exc.strerror or exc}): the trace is not "
-                       "written to a file")
+            session.warn(f"cannot write into the dataset {session.options.dataset} ({exc.strerror or exc}): the trace "
+                         "is not written to a file")
             session.output = None
     if rank is None:
         return
     session.rank = rank
     session.interpreter.state.job_id = rank.job_id
     session.interpreter.state.session_trace_id = session_trace_id(rank.job_id)
-    if session.output is not None and session.dataset is None:
+    if session.output is not None and session.options.dataset is None:
         session.output = rank_path(session.output, rank.rank)
 
 
@@ -116,7 +116,7 @@ def open_export(session: Session) -> None:
     if session.target is None or session.recording is None:
         return
     problem = span_budget_env_problem()
-    if problem is not None and session.span_budget_from_env:
+    if problem is not None and session.options.span_budget_from_env:
         session.warn(problem)
     unreachable = probe(session.target)
     if unreachable is not None:
@@ -145,14 +145,13 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
     at_end = [tracer.name for tracer in tracers if tracer.collects_at_end]
     if at_end:  # their spans of a step come only after the session: never export a step without them
         windows = None
-    long_step_ns = int(session.long_step_s * 1e9)
-    scheduled = session.schedule is not None
+    long_step_ns = int(session.options.long_step_s * 1e9)
+    scheduled = session.options.schedule is not None
     if not flushers and windows is None and not scheduled:
         return
-    from xsp.session import session as settings  # read at each start: tests and users may change them
 
-    window_ns = int(settings.WINDOW_S * 1e9) if session.interpreter.segments is not None else NEVER
-    window_events = settings.WINDOW_EVENTS if session.interpreter.segments is not None else NEVER
+    window_ns = int(session.options.window_s * 1e9) if session.interpreter.segments is not None else NEVER
+    window_events = session.options.window_events if session.interpreter.segments is not None else NEVER
     recording = session.recording
     every_step = bool(flushers) or scheduled
 

@@ -9,7 +9,8 @@ from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.schedule import Schedule
-from xsp.session.session import DEFAULT_LONG_STEP_S, Session
+from xsp.session.options import DEFAULT_LONG_STEP_S
+from xsp.session.session import Session
 
 
 def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,

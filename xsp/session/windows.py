@@ -109,7 +109,7 @@ class WindowWorker:
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
-        resource = None if self.exporter is None else resource_for(self.session.service_name, {
+        resource = None if self.exporter is None else resource_for(self.session.options.service_name, {
             **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
         if self.forks:
             try:
@@ -127,7 +127,8 @@ class WindowWorker:
                 self.session.warn(f"the spans of a finished step could not be interpreted: {exc}")
                 continue
             if self.exporter is not None and resource is not None:
-                export_table(spans, resource, self.exporter, self.report, self.session_ids, self.session.span_budget)
+                export_table(spans, resource, self.exporter, self.report, self.session_ids,
+                             self.session.options.span_budget)
 
     def _next_window(self) -> Window | None:
         """The next window to interpret: the windows waiting (up to :data:`MAX_MERGED`), as one.
@@ -176,9 +177,9 @@ class WindowWorker:
     def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
                     on_done: Callable[[ExportReport], None]) -> OtlpExport:
         assert self.target is not None and self.exporter is not None
-        return start_export(spans, metadata, self.target, self.session.service_name,
+        return start_export(spans, metadata, self.target, self.session.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
-                            span_budget=self.session.span_budget, deadline_s=EXIT_WAIT_S)
+                            span_budget=self.session.options.span_budget, deadline_s=EXIT_WAIT_S)
 
 
 _pending_exports: list[OtlpExport] = []

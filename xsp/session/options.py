@@ -1,0 +1,84 @@
+"""Every option of a session (``xsp.trace``, ``xsp run``), parsed and checked once, in one frozen
+object: :class:`TraceOptions`. A session reads its options there and nowhere else; what it decides
+from them as it runs (the file's name for this rank, a collector found unreachable) is its own."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from xsp.core.levels import LevelsArg, parse_levels
+from xsp.core.metadata import default_service_name
+from xsp.core.options import checked_layer_depth, checked_span_budget
+from xsp.core.schema import DEFAULT_OUTPUT, Level
+from xsp.export.target import OtlpTarget, span_budget_from_env
+from xsp.record import nvtx as nvtx_ranges
+from xsp.record.columns import DEFAULT_MAX_EVENTS
+from xsp.record.schedule import Schedule, schedule_of
+
+DEFAULT_LEVELS: Final = ("model", "layer")
+DEFAULT_LONG_STEP_S: Final = 1.0
+"""Steps at least this long are exported to OTLP as soon as they end."""
+WINDOW_S = 1.0
+"""A window closes at the first step end this long after the last one closed: its spans are
+then interpreted and written to disk (and exported) while the program runs on. (Read as each
+session's options are made: a test may change it.)"""
+WINDOW_EVENTS = 50_000
+"""A window also closes at the first step end after this many records: interpreting a window
+takes memory in proportion to its records, so this bounds the session's memory."""
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What a session was asked to do, checked (:meth:`parse` makes one; see :func:`xsp.trace`
+    for each option)."""
+
+    levels: tuple[Level, ...]
+    output: Path | None
+    """The trace file asked for (absolute: the program may change directory before it is written)."""
+    target: OtlpTarget | None
+    """The collector to export to (None: no export)."""
+    service_name: str
+    max_events: int
+    long_step_s: float
+    schedule: Schedule | None
+    calibrate: bool
+    span_budget: int
+    """Spans a step may export (0: no limit), from the option or else the environment."""
+    span_budget_from_env: bool
+    """The budget came from the environment (its problems are said at the start)."""
+    dataset: Path | None
+    """The dataset folder the file goes into, absolute."""
+    backward: bool
+    layer_depth: int | None
+    nvtx: bool
+    """Whether spans push NVTX ranges as they run (see :mod:`xsp.record.nvtx`)."""
+    window_s: float
+    """See :data:`WINDOW_S`."""
+    window_events: int
+    """See :data:`WINDOW_EVENTS`."""
+
+    @classmethod
+    def parse(cls, levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
+              otlp_endpoint: str | None = None, service_name: str | None = None, otlp_protocol: str | None = None,
+              max_events: int = DEFAULT_MAX_EVENTS, long_step_s: float = DEFAULT_LONG_STEP_S,
+              schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
+              span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
+              backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> TraceOptions:
+        """The options of :func:`xsp.trace`, checked.
+
+        Raises:
+            ValueError: an option is out of range or cannot be parsed (the message names it).
+        """
+        budget = checked_span_budget(span_budget)
+        return cls(
+            levels=parse_levels(levels), output=None if output is None else Path(output).absolute(),
+            target=OtlpTarget.resolve(otlp_endpoint, otlp_protocol),
+            service_name=service_name or default_service_name(), max_events=max_events, long_step_s=long_step_s,
+            schedule=schedule_of(schedule), calibrate=calibrate,
+            span_budget=span_budget_from_env() if budget is None else budget, span_budget_from_env=budget is None,
+            dataset=None if dataset is None else Path(dataset).absolute(), backward=backward,
+            layer_depth=checked_layer_depth(layer_depth), nvtx=nvtx_ranges.wanted(nvtx),
+            window_s=WINDOW_S, window_events=WINDOW_EVENTS)
