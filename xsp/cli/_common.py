@@ -31,6 +31,24 @@ def beside(source: str | os.PathLike[str], name: str) -> Path:
     return Path(name) if read_only else folder / name
 
 
+def add_step_selection(parser: argparse.ArgumentParser, levels_help: str, skip_steps_help: str) -> None:
+    """``--levels`` and ``--skip-steps``, as the commands that summarise or compare a trace's steps
+    read them (:func:`steps_kept`)."""
+    parser.add_argument("--levels", default=None, help=levels_help)
+    parser.add_argument("--skip-steps", type=int, default=0, metavar="N", help=skip_steps_help)
+
+
+def steps_kept(options: argparse.Namespace) -> slice | None:
+    """The steps ``--skip-steps`` leaves (None: all of them).
+
+    Raises:
+        CliError: ``--skip-steps`` is negative.
+    """
+    if options.skip_steps < 0:
+        raise CliError("--skip-steps must not be negative")
+    return slice(options.skip_steps, None) if options.skip_steps else None
+
+
 def add_otlp_options(parser: argparse.ArgumentParser, endpoint_help: str, service_name_last: str,
                      budget_when: str = "") -> None:
     """The options of the commands that send spans to a collector (run, push), defined once:

@@ -9,7 +9,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from xsp.cli._common import CliError, check_output, console
+from xsp.cli._common import CliError, add_step_selection, check_output, console, steps_kept
 from xsp.gate.diff_columns import Verdict
 
 if TYPE_CHECKING:
@@ -55,13 +55,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--by", choices=("path", "name", "line"), default="path",
                         help="match spans by their path in the model (default), by level and name, or by the line "
                              "of your code that made the calls")
-    parser.add_argument("--levels", default=None, help="levels compared, e.g. model,layer (default: those both "
-                                                       "runs recorded)")
+    add_step_selection(parser, "levels compared, e.g. model,layer (default: those both runs recorded)",
+                       "leave out each trace's first N steps (warm-up)")
     parser.add_argument("--threshold", default="5%", help="smallest relative change reported (default: 5%%)")
     parser.add_argument("--min-delta", default="20us", help="smallest change per step reported (default: 20us)")
     parser.add_argument("--alpha", type=float, default=0.01, help="false-discovery rate (default: 0.01)")
-    parser.add_argument("--skip-steps", type=int, default=0, metavar="N",
-                        help="leave out each trace's first N steps (warm-up)")
     parser.add_argument("--relative", action="store_true",
                         help="judge each key against the new run's common shift (the median change of all keys) "
                              "instead of its own times: shows which keys moved more than the rest, and cannot see a "
@@ -83,13 +81,12 @@ def run(options: argparse.Namespace) -> int:
     if options.output is not None:
         for source in (options.base, options.new):
             check_output(options.output, source)
-    if options.skip_steps < 0:
-        raise CliError("--skip-steps must not be negative")
+    steps = steps_kept(options)
     from xsp.gate.diff import diff  # scipy and the analyses, only for this command
 
     result = diff(options.base, options.new, by=options.by, levels=options.levels,
                   threshold=parse_share(options.threshold), min_delta_us=parse_duration_us(options.min_delta),
-                  alpha=options.alpha, steps=slice(options.skip_steps, None) if options.skip_steps else None,
+                  alpha=options.alpha, steps=steps,
                   normalize=options.relative, machine_speed=not options.raw)
     form = Format(options.format)
     text = render(result, form)

@@ -7,7 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xsp.cli._common import TRACE_FILE_HELP, CliError, beside, check_output, error_console
+from xsp.cli._common import (
+    TRACE_FILE_HELP,
+    CliError,
+    add_step_selection,
+    beside,
+    check_output,
+    error_console,
+    steps_kept,
+)
 from xsp.core.levels import parse_levels
 from xsp.core.rank import rank_path
 
@@ -21,8 +29,7 @@ def register(commands: Any) -> None:
     parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("-o", "--output", default=None,
                         help="where to write it (default: FILE with .xsp-summary.parquet in place of its suffix)")
-    parser.add_argument("--levels", default=None, help="keep only these levels (default: all recorded)")
-    parser.add_argument("--skip-steps", type=int, default=0, metavar="N", help="leave out the first N steps")
+    add_step_selection(parser, "keep only these levels (default: all recorded)", "leave out the first N steps")
     parser.set_defaults(handler=run)
 
 
@@ -43,14 +50,13 @@ def run(options: argparse.Namespace) -> int:
     if output.endswith(LEGACY_SUFFIXES):
         raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
-    if options.skip_steps < 0:
-        raise CliError("--skip-steps must not be negative")
+    steps = steps_kept(options)
     trace = load(options.file)
     if len(trace.ranks) > 1:
         raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
                        f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
-    summary = summarize(trace, levels=levels, steps=slice(options.skip_steps, None) if options.skip_steps else None,
+    summary = summarize(trace, levels=levels, steps=steps,
                         source=Path(options.file).name)
     written = summary.save(output)
     size, trace_size = os.path.getsize(written), os.path.getsize(options.file)
