@@ -9,11 +9,11 @@ from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.schedule import Schedule
-from xsp.session.options import DEFAULT_LONG_STEP_S
+from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S
 from xsp.session.session import Session
 
 
-def trace(levels: LevelsArg = ("model", "layer"), output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
+def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
           otlp_endpoint: str | None = None, service_name: str | None = None,
           otlp_protocol: str | None = None, max_events: int = DEFAULT_MAX_EVENTS,
           long_step_s: float = DEFAULT_LONG_STEP_S,
