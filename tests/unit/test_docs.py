@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,27 +30,7 @@ def test_example_runs(code, tmp_path, monkeypatch):
     # a module of its own, as a script's is: a Pool can pickle the functions it defines
     module = types.ModuleType("__doc_example__")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    # SIGCHLD as a fresh interpreter has it: an earlier test's DataLoader left PyTorch's handler
-    # in this process, which an example's Pool workers would inherit (see _sigchld_as_python_starts)
-    with _sigchld_as_python_starts():
-        exec(compile(code, "<doc>", "exec"), module.__dict__)
-
-
-@contextlib.contextmanager
-def _sigchld_as_python_starts() -> Iterator[None]:
-    """A Pool worker that inherited a Python SIGCHLD handler and runs it (its helper process just
-    ended) as Pool.terminate()'s SIGTERM comes can go back to waiting for its next task with the
-    SIGTERM noted but never handled, and terminate() waits for it (a race of CPython's; see the
-    issue tracker's note of 2026-12-02)."""
-    chld = getattr(signal, "SIGCHLD", None)
-    if chld is None:
-        yield
-        return
-    previous = signal.signal(chld, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(chld, previous)
+    exec(compile(code, "<doc>", "exec"), module.__dict__)
 
 
 def test_docstring_examples():

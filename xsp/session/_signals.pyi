@@ -5,3 +5,8 @@ def send_to_main_thread(signum: int, /) -> bool:
     """Called on the main thread once ``signal.signal`` gave ``signum`` a Python handler: the
     signal, where it lands on another thread, is sent on to this one. False where there is
     nothing to send on (no Python handler, or the signal blocked on this thread)."""
+
+def handled() -> None:
+    """Called by the Python handler of the signals sent on: it ran, so the main thread needs no
+    more waking for the stopping signals that came so far (a signal CPython noted while the main
+    thread ran another handler is otherwise woken for every 0.1 s until it runs)."""

@@ -17,6 +17,8 @@ Signals can only be handled in the main thread: a session that runs in another t
 them alone. A signal the kernel gives to another thread is sent on to the main one
 (:mod:`xsp.session._signals`): Python would only note it there, and a main thread waiting in a
 semaphore (an idle ``Pool`` worker that ``Pool.terminate()`` stops) would never run the handler.
+Where the main thread took the signal while it ran another signal's handler, CPython can leave it
+noted and unhandled; the main thread is then woken until the handler runs (the same module).
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from typing import Any
 from xsp.core.threads import STOPPING_SIGNALS
 
 try:
-    from xsp.session._signals import send_to_main_thread
+    from xsp.session._signals import handled, send_to_main_thread
 except ImportError:  # not built: a signal that lands on another thread than xsp's is only noted there
     def send_to_main_thread(signum: int, /) -> bool:
         return False
+
+    def handled() -> None:
+        pass
 
 
 class Terminated(BaseException):
@@ -130,6 +135,7 @@ class StopSignals:
         self._held, self._holding = [], False
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> Any:
+        handled()  # the main thread ran this: it needs no more waking for it (xsp.session._signals)
         if os.getpid() != self.pid:  # a child forked before it could forget them (an at-fork hook still ran)
             self.forget()
             os.kill(os.getpid(), signum)  # the program's own action, as in a plain run
