@@ -48,6 +48,7 @@ def test_run_profiles_an_unmodified_script_with_its_arguments(tiny, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.heavy
 def test_run_gives_the_script_its_argv_and_file_as_python_does(tmp_path):
     """``sys.argv[0]`` as typed, ``__file__`` absolute, ``__name__`` "__main__", classes that
     pickle: what a plain ``python sub/show.py`` gives the script."""
@@ -192,6 +193,7 @@ def test_exit_codes_and_output_are_the_scripts_own(tmp_path, body, args):
     assert own_lines(profiled.stderr) == own_lines(plain.stderr)
 
 
+@pytest.mark.heavy
 def test_a_failing_model_shows_pythons_traceback_without_xsp_frames(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text(
@@ -227,7 +229,9 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     assert (tmp_path / "run.xsp.parquet").is_file()
 
 
-@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:abc", "http://127.0.0.1:99999", "http://[::1", "::::"])
+@pytest.mark.parametrize("endpoint", [pytest.param("http://127.0.0.1:abc", marks=pytest.mark.heavy),
+                                      pytest.param("http://127.0.0.1:99999", marks=pytest.mark.heavy),
+                                      pytest.param("http://[::1", marks=pytest.mark.heavy), "::::"])
 def test_a_malformed_otlp_endpoint_is_one_line_before_the_script_runs(tiny, tmp_path, endpoint):
     result = xsp_cli("run", "--otlp", endpoint, "--", str(tiny), "1", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr

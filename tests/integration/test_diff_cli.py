@@ -143,6 +143,7 @@ def profile_mlp(path: Path, dtype: torch.dtype) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_a_uniform_slowdown_fails_the_check(tmp_path):
     profile_mlp(tmp_path / "warm-up.xsp.parquet", torch.float32)  # a process's first session pays for its set-up
     base = profile_mlp(tmp_path / "float32.xsp.parquet", torch.float32)
@@ -201,6 +202,7 @@ def test_formats_parse_and_markdown_reaches_the_step_summary(tmp_path):
     assert step_summary.read_text().startswith("earlier step\n## xsp diff: **regressed**")
 
 
+@pytest.mark.heavy
 def test_an_inconclusive_comparison_exits_3_in_every_format_and_says_what_would_settle_it(tmp_path):
     """A machine whose own timing varied by 150%: a layer 60% slower cannot be told from its
     noise, and that is no pass (it was UNCHANGED, exit 0)."""
@@ -243,6 +245,7 @@ def test_fail_on_change_and_settings(tmp_path):
     assert main(["diff", base, slow, "--by", "name", "--levels", "model,layer", "--skip-steps", "5", "-o", out]) == 1
 
 
+@pytest.mark.heavy
 def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
     done = xsp_cli("summary", str(runs["base"]), "-o", "base.xsp-summary.parquet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

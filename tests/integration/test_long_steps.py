@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
 import xsp
@@ -52,6 +53,7 @@ def test_each_long_step_reaches_the_collector_before_the_block_ends(tmp_path):
     assert (preprocess[col.PARENT_ID] == session_id).all()
 
 
+@pytest.mark.heavy
 def test_backward_after_an_exported_forward_joins_its_step(tmp_path):
     model = Small()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

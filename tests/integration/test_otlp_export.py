@@ -298,6 +298,7 @@ def test_batches_a_collector_finds_too_large_are_split_until_they_pass(tmp_path)
     assert {span.span_id for span in receiver.sink.spans} == set(spans[col.SPAN_ID])
 
 
+@pytest.mark.heavy
 def test_a_collector_asking_to_wait_is_waited_for_within_the_budget(tmp_path):
     with HttpReceiver(busy=[6.0]) as receiver:  # longer than the SDK waits on its own (5 s), within the exit budget
         session, report = _many_spans_session(receiver, tmp_path)
@@ -353,9 +354,9 @@ def test_an_export_cut_off_by_the_process_end_says_so_with_what_was_sent():
 
 
 SERVICE_CASES = [  # (flag, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, expected; None: the default)
-    ("from-flag", "from-env", "service.name=from-attributes", "from-flag"),
-    (None, "from-env", "service.name=from-attributes", "from-env"),
-    (None, None, "team=ml,service.name=from%20attributes", "from attributes"),
+    pytest.param("from-flag", "from-env", "service.name=from-attributes", "from-flag", marks=pytest.mark.heavy),
+    pytest.param(None, "from-env", "service.name=from-attributes", "from-env", marks=pytest.mark.heavy),
+    pytest.param(None, None, "team=ml,service.name=from%20attributes", "from attributes", marks=pytest.mark.heavy),
     (None, None, None, None),
 ]
 

@@ -316,6 +316,7 @@ def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
     assert int(peak_kib) < 2 << 20  # far from the 4 GiB it would take to read it whole
 
 
+@pytest.mark.heavy
 def test_json_nested_too_deeply_is_one_line(tmp_path):
     depth = 100_000
     nested = '{"a": ' * depth + "1" + "}" * depth

@@ -112,7 +112,7 @@ def test_run_signals(request):
             signal.signal(signum, handler)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.heavy)])
 @pytest.mark.parametrize("cli", [False, True], ids=["xsp.trace", "xsp run"])
 def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_path, signum, cli, test_run_signals):
     process = start(tmp_path, cli=cli)
@@ -254,7 +254,7 @@ os._exit(int(sys.argv[2]))
 """
 
 
-@pytest.mark.parametrize("status", [0, 3])
+@pytest.mark.parametrize("status", [0, pytest.param(3, marks=pytest.mark.heavy)])
 def test_os_exit_ends_the_session_and_writes_the_file(tmp_path, status):
     script = tmp_path / "ends.py"
     script.write_text(OS_EXIT)
@@ -330,6 +330,7 @@ print(session.output)
 """
 
 
+@pytest.mark.heavy
 def test_two_runs_writing_one_name_at_once_both_keep_their_trace(tmp_path):
     script = tmp_path / "same.py"
     script.write_text(SAME_OUTPUT)

@@ -115,6 +115,7 @@ def test_what_a_helper_process_finds_wrong_is_said_by_the_program(tmp_path, shor
     assert set(spans[col.LEVEL]) == {"model"} and session.trace.steps == list(range(20))
 
 
+@pytest.mark.heavy
 def test_memory_holds_a_window_not_the_run(tmp_path, short_windows):
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(50)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:

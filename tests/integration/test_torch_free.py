@@ -74,6 +74,7 @@ def test_push_imports_the_sdk_it_exports_with_but_no_torch(traces):
     """, traces) == ["opentelemetry.sdk"]
 
 
+@pytest.mark.heavy
 def test_the_public_functions_stay_functions_when_their_modules_are_imported(tmp_path):
     """``xsp.trace``, ``xsp.diff`` and ``xsp.leveled`` are functions; importing the modules that
     define them (as xsp's own code does) leaves them so."""

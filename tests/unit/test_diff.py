@@ -590,6 +590,7 @@ def test_breakdown_and_explains_walk_a_hand_made_tree():
         ["model", 0], ["model/a", 1], ["model/a/x", 2], ["model/a/y", 2], ["model/b", 1], ["session", 0]]
 
 
+@pytest.mark.heavy
 def test_several_runs_a_side_tell_a_process_that_ran_slower_from_a_change():
     # each layer sits a few percent off in each process: the steps of one run cannot tell that
     # from a change, the spread between runs can
@@ -772,6 +773,7 @@ def test_a_model_line_with_a_judged_ratio_and_a_long_q_fits_80_columns():
 MANY_LAYERS = {f"net.l{i}": 200_000 + 20_000 * i for i in range(12)}
 
 
+@pytest.mark.heavy
 def test_one_run_a_side_does_not_call_offsets_between_processes_changes(monkeypatch):
     """Each layer sits off by its own few percent for a whole process (6% spread): 40 steps of one
     run each pass a rank test, and only the keys' scatter tells that from a change."""

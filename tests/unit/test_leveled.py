@@ -277,6 +277,7 @@ def test_calibration_measures_each_host_level():
     assert torch.nn.Module.__call__ is original_call  # the session's wrapper is gone
 
 
+@pytest.mark.heavy
 def test_leveled_repeats_until_precise_or_out_of_budget_and_says_which():
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     x = torch.randn(4, 16)
@@ -378,6 +379,7 @@ def test_a_session_without_backward_hooks_records_no_layer_backward(backward):
     assert (spans[col.LEVEL] == "layer").sum() >= 3  # the forward layers are there either way
 
 
+@pytest.mark.heavy
 def test_leveled_inference_without_no_grad_hooks_no_backward_but_training_does():
     model, x = _small_model(), torch.randn(4, 8)
     inference = xsp.leveled(lambda: model(x), levels=("model", "layer"), rounds=1, repeat=2)
@@ -560,7 +562,7 @@ def test_the_budget_is_respected_and_what_it_cut_is_said():
     assert default_budget_s(plan) == 2.0  # one second per run of a round
 
 
-@pytest.mark.parametrize("by_depth", [True, False])
+@pytest.mark.parametrize("by_depth", [pytest.param(True, marks=pytest.mark.heavy), False])
 def test_leveled_by_depth_on_a_real_nested_model(by_depth):
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(3)])
     said: list[str] = []
@@ -586,6 +588,7 @@ def test_leveled_by_depth_on_a_real_nested_model(by_depth):
     assert details["precise"] == (details["why_imprecise"] is None)
 
 
+@pytest.mark.heavy
 def test_the_report_of_a_leveled_trace_shows_each_layers_interval_and_the_top_level_check():
     import io
 

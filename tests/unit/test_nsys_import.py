@@ -244,6 +244,7 @@ def test_the_real_export_of_an_mpi_job():
 
 
 @needs_shared
+@pytest.mark.heavy
 def test_the_real_export_reports_recommends_and_diffs_from_the_cli(tmp_path):
     for command in (["report", str(SHARED)], ["recommend", str(SHARED)], ["diff", str(SHARED), str(SHARED)]):
         finished = subprocess.run([sys.executable, "-m", "xsp", *command], capture_output=True, text=True,

@@ -81,7 +81,7 @@ def assert_same_tree(recorded: nvtx_tool.Recorded, trace: xsp.Trace) -> None:
     assert recorded.tree() == expected, (recorded.tree() - expected, expected - recorded.tree())
 
 
-@pytest.mark.parametrize("wrapper", ["c", "python"])
+@pytest.mark.parametrize("wrapper", ["c", pytest.param("python", marks=pytest.mark.heavy)])
 def test_inference_ranges_nest_as_the_span_tree_on_every_thread(recorder: Path, tmp_path: Path, wrapper: str) -> None:
     recorded, trace, _ = run_under_tool(recorder, tmp_path, """
         import sys, threading, torch, xsp
@@ -123,6 +123,7 @@ def test_inference_ranges_nest_as_the_span_tree_on_every_thread(recorder: Path, 
     assert trace.metadata["nvtx"]["tool"] == str(recorder)
 
 
+@pytest.mark.heavy
 def test_training_ranges_include_each_leaf_layers_backward(recorder: Path, tmp_path: Path) -> None:
     recorded, trace, _ = run_under_tool(recorder, tmp_path, """
         import sys, torch, xsp
@@ -146,6 +147,7 @@ def test_training_ranges_include_each_leaf_layers_backward(recorder: Path, tmp_p
     assert names["model.2.backward"] == 0  # a container's backward is known only after its children's
 
 
+@pytest.mark.heavy
 def test_an_exception_inside_a_layer_pops_every_range(recorder: Path, tmp_path: Path) -> None:
     recorded, trace, _ = run_under_tool(recorder, tmp_path, """
         import sys, torch, xsp
@@ -169,6 +171,7 @@ def test_an_exception_inside_a_layer_pops_every_range(recorder: Path, tmp_path: 
     assert (trace.spans[col.STATUS] == col.Status.ERROR.value).any()
 
 
+@pytest.mark.heavy
 def test_xsp_run_nvtx_and_the_variable_turn_ranges_on_with_no_code_change(recorder: Path, tmp_path: Path) -> None:
     body = """
         import torch
@@ -250,6 +253,7 @@ def nsight_export(recorded: nvtx_tool.Recorded, path: Path) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_an_nsight_export_of_the_ranges_gives_the_spans_back(recorder: Path, tmp_path: Path) -> None:
     recorded, trace, _ = run_under_tool(recorder, tmp_path, """
         import sys, torch, xsp

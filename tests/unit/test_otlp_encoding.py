@@ -97,6 +97,7 @@ def test_own_attributes_that_name_a_typed_key_are_kept_as_the_sdk_keeps_them() -
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces (the real traces) is not here")
+@pytest.mark.heavy
 def test_a_real_kineto_trace_encodes_as_the_sdk_path_does() -> None:
     trace = xsp.load(SHARED / "kineto" / "v100_2rank_train_rank1.json.gz")
     spans = trace.spans.iloc[:20000]

@@ -146,6 +146,7 @@ def test_random_nested_intervals_are_rebuilt_exactly_in_any_input_order(forest, 
 
 @settings(max_examples=150, deadline=None)
 @given(random_forest(), st.randoms(use_true_random=False), st.integers(1, 30))
+@pytest.mark.heavy
 def test_random_trees_with_gpu_activities_are_rebuilt_exactly(forest, random, kernels):
     """Host spans nest by time; each kernel hangs below the launch carrying its correlation id,
     whatever its own time (kernels run long after their launch returned)."""

@@ -62,6 +62,7 @@ def forests(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(forests())
+@pytest.mark.heavy
 def test_filled_paths_equal_joined_paths_for_any_forest(fill, forest):
     filled, joined = both_ways(fill, *forest)
     assert filled == joined

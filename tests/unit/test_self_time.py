@@ -80,6 +80,7 @@ def contained_trees(draw):
 
 @settings(max_examples=200, deadline=None)
 @given(contained_trees())
+@pytest.mark.heavy
 def test_self_times_of_any_tree_add_up_to_its_root_at_most(tree):
     rows, parents = tree
     spans = table([(f"L{i}", "layer", start, end, 1) for i, (start, end) in enumerate(rows)], parents)

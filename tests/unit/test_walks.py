@@ -42,6 +42,7 @@ def ancestors(parents, row):
 
 @settings(max_examples=200, deadline=None)
 @given(forests())
+@pytest.mark.heavy
 def test_walks_match_a_step_by_step_climb(forest):
     parents, levels, kinds = forest
     count = len(parents)
