@@ -108,6 +108,19 @@ def test_every_release_xsp_reads_imports_to_the_same_tree(release, tmp_path):
     assert pd.notna(kernel[col.DEVICE_ID])
 
 
+def test_a_schema_version_written_only_in_parts_is_put_together(tmp_path):
+    """An export may give its schema version only as ``EXPORT_SCHEMA_VERSION_MAJOR``, ``_MINOR``
+    and ``_MICRO``: the trace still says which it was."""
+    import sqlite3
+
+    _, layout, metadata_table = RELEASES["2024.5"]
+    path = make_export(tmp_path / "parts.sqlite", schema_version="3.13.2", schema=layout, metadata_table=metadata_table,
+                       gpu_table="TARGET_INFO_GPU", product_version="2024.5.1")
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"delete from {metadata_table} where name = 'EXPORT_SCHEMA_VERSION'")
+    assert xsp.load(path).metadata["nsys"]["schema_version"] == "3.13.2"
+
+
 def test_an_sqlite_file_of_another_program_is_still_refused(tmp_path):
     import sqlite3
 

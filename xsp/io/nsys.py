@@ -56,6 +56,7 @@ from xsp.io.nsys_export import (
     column_names,
     connect,
     export_facts,
+    schema_version,
     table_names,
 )
 from xsp.io.trace import Trace
@@ -429,7 +430,7 @@ def nsys_rows(connection: sqlite3.Connection, source: Path) -> tuple[pd.DataFram
     metadata: dict[str, Any] = {
         "source": "nsys",
         "nsys": {"product_version": facts.get("EXPORT_PRODUCT_VERSION"),
-                 "schema_version": facts.get("EXPORT_SCHEMA_VERSION"), "session_start_ns": base_ns,
+                 "schema_version": schema_version(facts), "session_start_ns": base_ns,
                  "rows": counts, "not_imported": repeated, "lacking": lacking},
         "device": ", ".join(gpus) if gpus else "unknown",
         "rank": rank,

@@ -98,7 +98,7 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
     facts = {str(name): str(value) for name, value in connection.execute(f"select name, value from {table}")}
     if facts.get("EXPORT_PRODUCT_NAME", PRODUCT) != PRODUCT:
         raise TraceFormatError(f"{source} was exported by {facts['EXPORT_PRODUCT_NAME']}, not {PRODUCT}")
-    version = facts.get("EXPORT_SCHEMA_VERSION", "")
+    version = schema_version(facts) or ""
     major = facts.get("EXPORT_SCHEMA_VERSION_MAJOR") or version.split(".")[0]
     if not major.isdigit() or int(major) not in KNOWN_SCHEMA_MAJORS:
         raise TraceFormatError(
@@ -106,6 +106,18 @@ def export_facts(connection: sqlite3.Connection, source: Path) -> dict[str, str]
             f"(it reads {', '.join(f'{m}.x' for m in KNOWN_SCHEMA_MAJORS)}); export it with a release that writes one")
     _check_columns(connection, tables, source, version)
     return facts
+
+
+def schema_version(facts: dict[str, str]) -> str | None:
+    """The export's schema version, ``3.13.2``: its ``EXPORT_SCHEMA_VERSION``, or made of the
+    ``_MAJOR``, ``_MINOR`` and ``_MICRO`` keys where only those were written (None: neither)."""
+    whole = facts.get("EXPORT_SCHEMA_VERSION")
+    if whole:
+        return whole
+    parts = [facts.get(f"EXPORT_SCHEMA_VERSION_{part}") for part in ("MAJOR", "MINOR", "MICRO")]
+    if not parts[0]:
+        return None
+    return ".".join(part for part in parts if part)
 
 
 def _check_columns(connection: sqlite3.Connection, tables: set[str], source: Path, version: str) -> None:
