@@ -239,6 +239,10 @@ def test_fail_on_change_and_settings(tmp_path):
     out = str(tmp_path / "r.txt")
     assert main(["diff", base, slow, "-o", out]) == 1
     assert main(["diff", base, slow, "--threshold", "500%", "-o", out]) == 0  # net.b: +300%
+    as_fraction, as_percent = str(tmp_path / "fraction.txt"), str(tmp_path / "percent.txt")
+    assert main(["diff", base, slow, "--threshold", "0.05", "-o", as_fraction]) == 1
+    assert main(["diff", base, slow, "--threshold", "5%", "-o", as_percent]) == 1
+    assert Path(as_fraction).read_text() == Path(as_percent).read_text()  # one threshold, two spellings
     assert main(["diff", base, slow, "--min-delta", "1s", "-o", out]) == 0
     assert main(["diff", base, slow, "--fail-on", "change", "--threshold", "500%", "-o", out]) == 1  # net.d added
     assert main(["diff", base, slow, "--fail-on", "never", "-o", out]) == 0

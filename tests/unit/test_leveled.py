@@ -545,6 +545,30 @@ def test_a_run_hit_by_a_burst_of_noise_is_run_again_and_said():
     assert len(calls) == 6 and spent.bursts == []
 
 
+def test_progress_says_the_run_the_round_and_the_time_left_from_the_runs_so_far(monkeypatch):
+    """Each run's line: its round and place, and the time left, the runs so far's mean duration
+    times the runs still to come (this one included). On a clock where each run takes 2 s, the
+    estimate is the time the rounds then still take."""
+    import time
+
+    from xsp.session.leveled_rounds import RoundsLog, RunProgress, run_rounds
+
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    plan = [RunPlan((M,)), RunPlan((M, L))]
+    heard: list[RunProgress] = []
+
+    def run(entry: RunPlan) -> xsp.Trace:
+        now[0] += 2.0
+        return _steady_trace(10_000, 50)
+
+    run_rounds(plan, run, lambda traces: None, rounds=3, budget_s=60, log=RoundsLog(),  # type: ignore[arg-type,return-value]
+               progress=heard.append)
+    assert [(p.round_number, p.run_number) for p in heard] == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
+    assert [p.seconds_left for p in heard] == [None, 10.0, 8.0, 6.0, 4.0, 2.0]
+    assert heard[1].text() == "leveled round 1 of 3, run 2 of 2: model+layer; about 10 s left"
+
+
 def test_the_budget_is_respected_and_what_it_cut_is_said():
     import time
 
