@@ -21,7 +21,7 @@ import xsp.session.options
 import xsp.session.session
 import xsp.session.windows
 from xsp.core import schema as col
-from xsp.io.segments import SEGMENT_PATTERN, UNFINISHED, UNFINISHED_MESSAGE, unfinished_sessions
+from xsp.io.segments import SEGMENT_PATTERN, UNFINISHED, UNFINISHED_MESSAGE, SegmentWriter, unfinished_sessions
 from xsp.session.forked import ForkFailed, fork_available
 from xsp.tracers.layer import LayerTracer
 
@@ -121,7 +121,7 @@ def test_memory_holds_a_window_not_the_run(tmp_path, short_windows):
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         _loop(model, 200)
         gc.collect()
-        held = sum(len(t) for t in session.interpreter.tables)
+        held = sum(len(t) for t in session.run.interpreter.tables)
     assert held == 0  # every window went to disk
     assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(200))
 
@@ -171,7 +171,7 @@ def test_a_folder_that_cannot_hold_windows_keeps_them_in_memory(tmp_path, short_
     def refuse(self, metadata):
         raise PermissionError("no room for windows")
 
-    monkeypatch.setattr(xsp.session.session.SegmentWriter, "start", refuse)
+    monkeypatch.setattr(SegmentWriter, "start", refuse)
     model = nn.Sequential(nn.Linear(8, 8))
     with pytest.warns(xsp.XspWarning, match="windows are kept in memory"):
         with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
@@ -229,7 +229,7 @@ def test_a_thread_per_request_server_leaves_no_buffer_per_thread_behind(tmp_path
         assert recording is not None
         left = len(recording.buffers)
     assert left <= 3  # this thread, the last request's, and one a window had not yet seen end
-    assert len(session.interpreter.state.latest_step) <= 3  # nor what windows keep per thread for the next
+    assert len(session.run.interpreter.state.latest_step) <= 3  # nor what windows keep per thread for the next
     spans = session.trace.spans
     predicts = spans[spans[col.KIND] == col.SpanKind.PREDICT.value]
     assert len(predicts) == (requests if schedule is None else requests // 2)

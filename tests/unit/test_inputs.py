@@ -106,11 +106,11 @@ def test_windows_are_handed_over_after_a_dataloader_wait_never_during_it(tmp_pat
     close_window, release_held = worker_class.close_window, worker_class.release_held
 
     def spy_close(worker, hold=False):
-        taken.append((worker.session.recording.buffer().input_waits, hold))
+        taken.append((worker.recording.buffer().input_waits, hold))
         close_window(worker, hold)
 
     def spy_release(worker):
-        released.append(worker.session.recording.buffer().input_waits)
+        released.append(worker.recording.buffer().input_waits)
         release_held(worker)
 
     monkeypatch.setattr(xsp.session.windows.WindowWorker, "close_window", spy_close)
@@ -141,7 +141,7 @@ def test_an_empty_window_is_not_handed_over(tmp_path, monkeypatch):
     model = torch.nn.Linear(4, 1)
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
         model(torch.randn(2, 4))
-        worker = session.windows
+        worker = session.run.windows
         before = worker.closed_windows
         worker.close_window()  # nothing recorded since the last one: nothing to interpret
         assert worker.closed_windows == before

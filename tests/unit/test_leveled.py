@@ -15,6 +15,7 @@ from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
 from xsp.session.leveled_merge import LeveledRun, RunPlan, level_runs, merge_runs, nest_in_parents, run_label
 from xsp.session.leveled_rounds import MAX_ROUNDS, MIN_ROUNDS, precise_enough
+from xsp.session.session import calibration_session
 from xsp.table.build import conform
 from xsp.table.walks import parent_positions
 
@@ -264,7 +265,7 @@ def test_trimmed_mean_interval_covers_the_mean_about_95_percent_of_the_time():
 
 def test_calibration_measures_each_host_level():
     original_call = torch.nn.Module.__call__
-    costs = calibrate((Level.MODEL, Level.LAYER, Level.OPERATOR))
+    costs = calibrate((Level.MODEL, Level.LAYER, Level.OPERATOR), calibration_session)
     assert set(costs) == {Level.MODEL, Level.LAYER, Level.OPERATOR}
     for cost in costs.values():
         assert cost.events > 0 and 0 <= cost.inside_ns < 100_000 and 0 < cost.parent_ns < 100_000
@@ -341,7 +342,8 @@ def test_a_model_figure_loses_the_pass_through_cost_of_each_module_call_inside_i
 
 
 def test_calibration_under_autograd_measures_the_backward_hooks_too():
-    plain, recording = calibrate([Level.LAYER]), calibrate([Level.LAYER], grad=True)
+    plain, recording = calibrate([Level.LAYER], calibration_session), calibrate([Level.LAYER], calibration_session,
+                                                                                 grad=True)
     # each layer call then also hooks its graph node for the backward span: microseconds more
     assert recording[Level.LAYER].parent_ns > plain[Level.LAYER].parent_ns + 500
 

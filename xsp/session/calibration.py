@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -38,6 +39,11 @@ CALLS = 200
 """Calls of the calibration model per measurement (CHILDREN times as many leaf calls)."""
 REPEATS = 5
 """Measurements of each kind; the median is kept."""
+
+SessionOpener = Callable[[tuple[str, ...]], AbstractContextManager[Any]]
+"""Opens a session of the given levels that writes no file and follows no schedule (a
+:class:`xsp.session.session.Session`), whose ``trace`` holds what it recorded once it has ended.
+Calibration is handed one by the session that calibrates, which it measures the cost of."""
 
 
 class _Leaf(torch.nn.Module):
@@ -83,12 +89,11 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def _traced(levels: tuple[str, ...], function: Callable[[], Any], group: int = 1) -> tuple[float, Any]:
+def _traced(open_session: SessionOpener, levels: tuple[str, ...], function: Callable[[], Any],
+            group: int = 1) -> tuple[float, Any]:
     """Per-call time of ``function`` under a session of ``levels`` (:func:`_per_call_ns`), and
     the session's trace."""
-    from xsp.session.tracing import trace
-
-    with trace(levels=levels, output=None, schedule=None) as session:
+    with open_session(levels) as session:
         per_call = _per_call_ns(function, group)
     return per_call, session.trace
 
@@ -101,15 +106,15 @@ def _durations_ns(found: Any, level: Level) -> list[float]:
     return mine[col.DURATION_NS].astype("float64").tolist()
 
 
-def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelCost]:
+def calibrate(levels: Sequence[Level], open_session: SessionOpener, grad: bool = False) -> dict[Level, LevelCost]:
     """The cost of one span of each host-timed level among ``levels`` (model, layer, operator).
 
     With ``grad``, the calls are measured while autograd records a graph, as a model called
     without ``torch.no_grad`` runs: the layer level then also hooks each call's backward, which
     costs several times more than the call's own record.
 
-    Runs in a fraction of a second per level, outside any session (it opens its own); the
-    CUDA levels are not calibrated (their records come from the GPU's own buffers).
+    Runs in a fraction of a second per level, outside any session (it opens its own with
+    ``open_session``); the CUDA levels are not calibrated (their records come from the GPU's own buffers).
     """
     found: dict[Level, LevelCost] = {}
     x = torch.zeros(1, requires_grad=grad)  # so that every leaf's output has a graph node
@@ -121,22 +126,22 @@ def calibrate(levels: Sequence[Level], grad: bool = False) -> dict[Level, LevelC
         # an untraced module call: what a span around it would measure without xsp
         call_ns = _median([_per_call_ns(lambda: leaf(x), CHILDREN) for _ in range(REPEATS)])
         if Level.MODEL in levels:
-            timings = [_traced(("model",), lambda: leaf(x), CHILDREN) for _ in range(REPEATS)]
+            timings = [_traced(open_session, ("model",), lambda: leaf(x), CHILDREN) for _ in range(REPEATS)]
             traced = _median([t for t, _ in timings])
             predicts = [d for _, trace in timings for d in _model_calls(trace)]
             found[Level.MODEL] = LevelCost(Level.MODEL.value, max(_median(predicts) - call_ns, 0.0) if predicts
                                            else 0.0, max(traced - call_ns, 0.0), len(predicts),
-                                           nested_ns=_nested_pass_through_ns(fan, x))
+                                           nested_ns=_nested_pass_through_ns(open_session, fan, x))
         if Level.LAYER in levels:
-            found[Level.LAYER] = _layer_cost(fan, x)
+            found[Level.LAYER] = _layer_cost(open_session, fan, x)
         if Level.OPERATOR in levels:
             ops = _Fan(operator=True)
-            found[Level.OPERATOR] = _nested_cost(Level.OPERATOR, lambda: ops(x),
+            found[Level.OPERATOR] = _nested_cost(open_session, Level.OPERATOR, lambda: ops(x),
                                                  lambda: _per_call_ns(lambda: torch.neg(x), CHILDREN))
     return found
 
 
-def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
+def _nested_pass_through_ns(open_session: SessionOpener, fan: _Fan, x: torch.Tensor) -> float:
     """What the model level's wrapper costs each module call nested in a top-level one.
 
     Measured in pairs inside one model-level session: a call of ``fan`` (its children pass
@@ -147,9 +152,7 @@ def _nested_pass_through_ns(fan: _Fan, x: torch.Tensor) -> float:
     of traced and untraced calls apart left a few hundred nanoseconds per child at the mercy
     of the machine's drift between them: 0 or several microseconds in one calibration of ten.)
     """
-    from xsp.session.tracing import trace
-
-    with trace(levels=("model",), output=None, schedule=None):
+    with open_session(("model",)):
         differences, _ = _paired_calls(fan, _unwrapped_twin(), x, CALLS * 2)
     return max(_median(differences) / CHILDREN, 0.0)
 
@@ -184,7 +187,7 @@ LAYER_SESSIONS = 8
 """Short sessions the layer cost is measured in; the one in which the machine ran fastest is kept."""
 
 
-def _layer_cost(fan: _Fan, x: torch.Tensor) -> LevelCost:
+def _layer_cost(open_session: SessionOpener, fan: _Fan, x: torch.Tensor) -> LevelCost:
     """What one layer span costs, measured in pairs inside a model+layer session: a call of
     ``fan`` (each child recorded as a layer) right before a call of its :func:`_unwrapped_twin`
     (the same children, untraced). The median of each pair's difference, per child, is what a
@@ -198,12 +201,10 @@ def _layer_cost(fan: _Fan, x: torch.Tensor) -> LevelCost:
     they still came out 1.8x dearer in a calibration the machine ran slow throughout; of
     :data:`LAYER_SESSIONS` short sessions, the one whose untraced calls ran fastest is kept
     (:attr:`LevelCost.fastest` says so), and a leveled experiment scales it to its own speed."""
-    from xsp.session.tracing import trace
-
     twin = _unwrapped_twin()
     found = []
     for _ in range(LAYER_SESSIONS):
-        with trace(levels=("model", "layer"), output=None, schedule=None) as session:
+        with open_session(("model", "layer")) as session:
             differences, plain = _paired_calls(fan, twin, x, CALLS // 4)
         durations = _durations_ns(session.trace, Level.LAYER)
         if durations:
@@ -220,21 +221,23 @@ ATTEMPTS = 3
 """Measurements of a nested level's cost taken at most, while the machine's noise drowns it."""
 
 
-def _nested_cost(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float]) -> LevelCost:
+def _nested_cost(open_session: SessionOpener, level: Level, work: Callable[[], Any],
+                 untraced_ns: Callable[[], float]) -> LevelCost:
     """The cost of ``level``'s spans around the ``CHILDREN`` calls inside ``work``: what each span
     measures beyond the untraced call (``untraced_ns`` measures one, untraced), and what it adds
     to the model call around them (the model-only run against the run with ``level`` too, per
     child). Every span costs something: a measurement that finds nothing was drowned by the
     machine's noise, and is taken again."""
-    cost = _nested_cost_once(level, work, untraced_ns)
+    cost = _nested_cost_once(open_session, level, work, untraced_ns)
     for _ in range(ATTEMPTS - 1):
         if cost.parent_ns > 0:
             break
-        cost = _nested_cost_once(level, work, untraced_ns)
+        cost = _nested_cost_once(open_session, level, work, untraced_ns)
     return cost
 
 
-def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callable[[], float]) -> LevelCost:
+def _nested_cost_once(open_session: SessionOpener, level: Level, work: Callable[[], Any],
+                      untraced_ns: Callable[[], float]) -> LevelCost:
     # in adjacent triples (untraced call, model-only run, run with the level), each difference
     # taken within its triple and the median of the triples kept: the differences are a few
     # hundred nanoseconds a call, and this machine's speed jumps by up to 2x for tens of
@@ -243,8 +246,8 @@ def _nested_cost_once(level: Level, work: Callable[[], Any], untraced_ns: Callab
     beyond, added, events = [], [], 0
     for _ in range(REPEATS):
         plain = untraced_ns()
-        model_only = _traced(("model",), work)[0]
-        traced, found = _traced(("model", level.value), work)
+        model_only = _traced(open_session, ("model",), work)[0]
+        traced, found = _traced(open_session, ("model", level.value), work)
         durations = _durations_ns(found, level)
         events += len(durations)
         if durations:

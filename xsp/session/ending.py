@@ -10,43 +10,38 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import pandas as pd
 import pyarrow as pa
 
-from xsp.core import contention, machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
 from xsp.core.figures import counted
-from xsp.core.metadata import environment, memory_peaks
-from xsp.core.rank import (
-    current_backend,
-    rank_info,
-    rank_path,
-)
+from xsp.core.metadata import memory_peaks
+from xsp.core.rank import RankInfo
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport
+from xsp.export.otlp import OtlpExport
 from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record.columns import NEVER
 from xsp.record.recording import ThreadCopy
-from xsp.record.schedule import StepAction
 from xsp.record.window import Window
 from xsp.session import starting
-from xsp.session.children import ChildSpans
+from xsp.session.children import ChildSpans, Following
+from xsp.session.interpreting import WindowInterpreter
+from xsp.session.options import TraceOptions
+from xsp.session.output_name import OutputName
+from xsp.session.running import RunningSession
 from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
-from xsp.table.build import conform
+from xsp.table.build import conform, new_step_state
 from xsp.table.steps import SESSION_NAME
 from xsp.tracers.registry import tracers_for
-
-if TYPE_CHECKING:
-    from xsp.session.interpreting import WindowInterpreter
-    from xsp.session.session import Session
-
 
 OWN_LEVELS: Final = (Level.MODEL, Level.LAYER)
 """The levels made from the threads' own records alone: a joined block's own trace has these."""
@@ -56,82 +51,110 @@ CUT_BY_INTERRUPTION: Final = ("open_at_stop", "unpaired_backward_events")
 """What a program stopped by a signal leaves unfinished (a module call, a backward pass): counted
 in the metadata's ``dropped`` as ever, and said in the one line that says it was interrupted."""
 
+SessionMetadata = Callable[[], dict[str, Any]]
+"""What the session itself, not its run, puts in the trace's metadata (its calibration, the
+signals it heard, how it ended, its warnings), read as the metadata is made."""
 
-def finish(session: Session, end_ns: int, error: str | None, handing_over: bool = False,
-           interrupted: str | None = None) -> None:
-    """The session's last window interpreted and its file written. ``handing_over``: the recording
+
+@dataclass(frozen=True)
+class Finished:
+    """What the end of a run hands back to its session."""
+
+    trace: Trace
+    writer: TraceWriter
+    """The trace file's writer (its ``error`` says why the file could not be written)."""
+    export: OtlpExport | None
+    """The OTLP export of the last window, running in the background (None: none asked for)."""
+
+
+@dataclass(frozen=True)
+class JoinedStart:
+    """What a block that joined another session measured as it joined: its own trace's clock,
+    threads' times and rank (it starts no run of its own unless it takes the recording over)."""
+
+    clock: ClockSync
+    threads_at_start: tuple[int, int] | None
+    rank: RankInfo | None
+
+
+def finish(run: RunningSession, end_ns: int, error: str | None, session_metadata: SessionMetadata,
+           following: Following | None, handing_over: bool = False, interrupted: str | None = None) -> Finished:
+    """The run's last window interpreted and its file written. ``handing_over``: the recording
     goes on for a block that joined this session (``Session._continue``): the threads still inside a
     module call or a step keep their records for it, and its tracers keep running. ``interrupted``:
-    the signal that stopped the program, said once the file is written, with what it cut short."""
-    recording = session.recording
-    assert recording is not None and session.clock is not None
+    the signal that stopped the program, said once the file is written, with what it cut short.
+    ``following``: the child processes whose spans are added (None: none)."""
     if handing_over:
-        starting.stop_watching(session)
-    recording.on_long_step = None
-    decide_rank(session)
-    session.writer = TraceWriter(session.output, session.warn)
+        starting.stop_watching(run)
+    run.recording.on_long_step = None
+    run.settle_rank()
+    writer = TraceWriter(run.output, run.warn)
     if not handing_over:
-        session.writer.follow(session.interpreter)
+        writer.follow(run.interpreter)
     try:
-        _finish(session, end_ns, error, handing_over, interrupted)
+        return _finish(run, writer, end_ns, error, session_metadata, following, handing_over, interrupted)
     except BaseException:
-        session.writer.cancel()
+        writer.cancel()
         raise
 
 
-def _finish(session: Session, end_ns: int, error: str | None, handing_over: bool, interrupted: str | None) -> None:
-    recording = session.recording
-    assert recording is not None and session.writer is not None
-    if session.windows is not None:
-        session.windows.finish_windows()
+def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | None,
+            session_metadata: SessionMetadata, following: Following | None, handing_over: bool,
+            interrupted: str | None) -> Finished:
+    recording = run.recording
+    if run.windows is not None:
+        run.windows.finish_windows()
     if handing_over:
-        decide_own_step(session)
+        decide_own_step(run)
         window = recording.take_window(handing_over=True)  # no step or module call is cut in two
         recorded_dropped = recording.take_dropped()
     else:
         open_calls = recording.open_module_calls()
         if open_calls:
             recording.dropped["open_at_stop"] += open_calls
-        if session.options.schedule is not None:  # each thread's last step too is kept or forgotten as scheduled
+        if run.steps is not None:  # each thread's last step too is kept or forgotten as scheduled
             recording.long_step_ns = 0
             for buffer in list(recording.buffers):
-                recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
+                recording.on_long_step = functools.partial(run.steps.step_ended, buffer=buffer)
                 buffer.steps.finish()
             recording.on_long_step = None
         else:
             recording.finish_steps()
         window = recording.take_window(final=True)
         recorded_dropped = recording.dropped
-    last = session.interpreter.interpret(window, session_row(session, end_ns, error))
-    children = None if handing_over else collect_children(session)
+    last = run.interpreter.interpret(window, session_row(run, end_ns, error))
+    children = None if handing_over else collect_children(run, following)
     for note in dict.fromkeys(recording.notes):
-        session.warn(note)
-    dropped = recorded_dropped + session.interpreter.dropped
+        run.warn(note)
+    dropped = recorded_dropped + run.interpreter.dropped
     if children is not None:
         dropped.update(children.dropped)
-    if session.interpreter.segments is not None and session.interpreter.segments.dropped_spans:
-        dropped[DROPPED_WINDOWS] += session.interpreter.segments.dropped_spans
+    if run.interpreter.segments is not None and run.interpreter.segments.dropped_spans:
+        dropped[DROPPED_WINDOWS] += run.interpreter.segments.dropped_spans
     cut = {what: count for what, count in dropped.items() if interrupted is not None and what in CUT_BY_INTERRUPTION}
     unexpected = {what: count for what, count in dropped.items() if what not in cut}
     if unexpected:
-        session.warn("some records were dropped: " + ", ".join(
+        run.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(unexpected.items())))
-    metadata = final_metadata(session, dropped, children)
-    session.trace = session.writer.write(session.interpreter, metadata)
+    metadata = final_metadata(run, dropped, session_metadata, children)
+    trace = writer.write(run.interpreter, metadata)
     if interrupted is not None:
-        written = session.output is not None and session.writer.error is None
-        session.warn(f"interrupted by {interrupted}: the trace{f' ({session.output})' if written else ''} holds what "
-                     "was recorded until then" + ("; cut short there, and counted in its dropped records: "
-                                                  + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
-                                                  if cut else ""))
-    if session.windows is not None and session.windows.exporter is not None:
+        written = run.output is not None and writer.error is None
+        run.warn(f"interrupted by {interrupted}: the trace{f' ({run.output})' if written else ''} holds what "
+                 "was recorded until then" + ("; cut short there, and counted in its dropped records: "
+                                              + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
+                                              if cut else ""))
+    export = None
+    if run.windows is not None and run.windows.exporter is not None:
         if children is not None and children.tables:
             last = pd.concat([last, *children.tables], ignore_index=True)
-        session.export = session.windows.export_last(last, metadata, session.export_done)
-        wait_at_exit(session.export)
+        export = run.windows.export_last(last, metadata, writer.record_export)
+        wait_at_exit(export)
+    return Finished(trace, writer, export)
 
 
-def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | None) -> None:
+def finish_joined(options: TraceOptions, thread_id: int, joined: JoinedStart, copy: ThreadCopy, end_ns: int,
+                  error: str | None, warn: Callable[[str], None], session_metadata: SessionMetadata) -> Finished:
     """On the thread of a block that joined another session (``xsp.trace()`` entered while one
     was active), as it ends: its own trace, made from the copy of what its thread recorded while
     it ran, and written to its output. The session it joined keeps these calls too, and records
@@ -143,46 +166,52 @@ def finish_joined(block: Session, copy: ThreadCopy, end_ns: int, error: str | No
         buffer.steps.finish()  # the block's open step ends with it, as at a step boundary
     own = recording.end_copy(copy)
     recorded = set(recording.levels)
-    levels = tuple(level for level in block.options.levels if level in OWN_LEVELS and level in recorded)
+    levels = tuple(level for level in options.levels if level in OWN_LEVELS and level in recorded)
     tracers, _ = tracers_for(levels)
-    block.tracers[:] = tracers  # in place: the block's interpreter holds the list
-    block.unavailable.update({
-        level: NOT_OWN if level in recorded else "not recorded by the session this block joined"
-        for level in block.options.levels if level not in levels})
-    block.start_ns = copy.start_ns
+    unavailable = {level: NOT_OWN if level in recorded else "not recorded by the session this block joined"
+                   for level in options.levels if level not in levels}
     window = Window(own, final=True, external_ids=recording.external_ids,
-                    model_names=recording.models.names_for(block.thread_id), sites=recording.sites)
-    block.claim_output()
-    block.interpreter.prepare(window)
-    block.interpreter.interpret(window, session_row(block, end_ns, error))
-    decide_rank(block)
-    metadata = final_metadata(block, copy.dropped())
-    metadata["threads"] = {str(copy.thread_id): threading.current_thread().name}
-    block.writer = TraceWriter(block.output, block.warn)
-    block.trace = block.writer.write(block.interpreter, metadata)
+                    model_names=recording.models.names_for(thread_id), sites=recording.sites)
+    interpreter = WindowInterpreter(tracers, new_step_state(), warn, joined.clock.host_to_epoch_ns, joined.rank)
+    output_name = OutputName()
+    output = None if options.output is None else output_name.take(options.output, warn)
+    run = RunningSession(
+        options=options, thread_id=thread_id, warn=warn, recording=recording, clock=joined.clock,
+        threads_at_start=joined.threads_at_start, rank=joined.rank, run_id=None, output_name=output_name,
+        output=output, target=None, interpreter=interpreter, tracers=tracers, unavailable=unavailable, windows=None,
+        steps=None, start_ns=copy.start_ns)
+    try:
+        interpreter.prepare(window)
+        interpreter.interpret(window, session_row(run, end_ns, error))
+        run.settle_rank()
+        metadata = final_metadata(run, copy.dropped(), session_metadata)
+        metadata["threads"] = {str(copy.thread_id): threading.current_thread().name}
+        writer = TraceWriter(run.output, warn)
+        return Finished(writer.write(interpreter, metadata), writer, None)
+    finally:
+        run.release_output()
 
 
-def session_row(session: Session, end_ns: int, error: str | None) -> dict[str, Any]:
+def session_row(run: RunningSession, end_ns: int, error: str | None) -> dict[str, Any]:
     """The session's own span, from its start to ``end_ns`` (``error``: why its block failed)."""
     return {
         col.LEVEL: Level.MODEL.value, col.KIND: SpanKind.SESSION.value, col.NAME: SESSION_NAME,
-        col.START_NS: session.start_ns, col.END_NS: end_ns, col.THREAD_ID: session.thread_id,
+        col.START_NS: run.start_ns, col.END_NS: end_ns, col.THREAD_ID: run.thread_id,
         col.STATUS: Status.OK.value if error is None else Status.ERROR.value,
         col.STATUS_MESSAGE: error,
     }
 
 
-def decide_own_step(session: Session) -> None:
-    """The open step of the thread that ends ``session`` (this one) is decided, kept or forgotten
+def decide_own_step(run: RunningSession) -> None:
+    """The open step of the thread that ends ``run`` (this one) is decided, kept or forgotten
     as its schedule says, so that its trace has it; other threads' open steps go on."""
-    recording = session.recording
-    assert recording is not None
+    recording = run.recording
     buffer = getattr(recording.local, "b", None)
     if buffer is None:
         return
-    if session.options.schedule is not None:
+    if run.steps is not None:
         recording.long_step_ns = 0
-        recording.on_long_step = functools.partial(session.scheduled_step_ended, buffer=buffer)
+        recording.on_long_step = functools.partial(run.steps.step_ended, buffer=buffer)
     try:
         buffer.steps.finish()
     finally:
@@ -190,23 +219,21 @@ def decide_own_step(session: Session) -> None:
         recording.long_step_ns = NEVER
 
 
-def collect_children(session: Session) -> ChildSpans | None:
-    """The spans of the child processes ``session`` followed, added to its own, with what they
-    said; those that handed nothing over are said, with why (:mod:`xsp.session.children`)."""
-    following = session.following
+def collect_children(run: RunningSession, following: Following | None) -> ChildSpans | None:
+    """The spans of the child processes ``following`` followed, added to the run's own, with
+    what they said; those that handed nothing over are said, with why (:mod:`xsp.session.children`)."""
     if following is None or following.collected:
         return None
-    state = session.interpreter.state
+    state = run.interpreter.state
     try:
-        found = following.collect(session.interpreter.host_to_epoch_ns, state.session_trace_id,
-                                  state.session_span_id, state.steps,
-                                  set() if session.recording is None else session.recording.input_worker_pids)
+        found = following.collect(run.interpreter.host_to_epoch_ns, state.session_trace_id,
+                                  state.session_span_id, state.steps, run.recording.input_worker_pids)
     except Exception as exc:  # the session's own spans are still written
         following.discard()
-        session.warn(f"the spans of the child processes could not be added: {type(exc).__name__}: {exc}")
+        run.warn(f"the spans of the child processes could not be added: {type(exc).__name__}: {exc}")
         return None
     for table in found.tables:
-        session.interpreter.add_spans(table)
+        run.interpreter.add_spans(table)
     said: dict[str, list[str]] = {}
     for pid, facts in found.processes.items():
         if "parent" in facts:  # a child's own child: the child said its warnings, naming it
@@ -214,71 +241,48 @@ def collect_children(session: Session) -> ChildSpans | None:
         for message in facts.get("warnings", ()):
             said.setdefault(message, []).append(pid)
     for message, pids in said.items():
-        session.warn(f"child process{'es' if len(pids) > 1 else ''} {', '.join(pids[:5])}"
-                     f"{' ...' if len(pids) > 5 else ''}: {message}")
+        run.warn(f"child process{'es' if len(pids) > 1 else ''} {', '.join(pids[:5])}"
+                 f"{' ...' if len(pids) > 5 else ''}: {message}")
     if found.workers_before:
-        session.warn(f"the loop waited for {counted(len(found.workers_before), 'DataLoader worker')} started before "
-                     "the session (persistent_workers=True keeps an epoch's workers for the next): their fetches are "
-                     "not in the trace; start the session before the loader's first epoch to record them")
+        run.warn(f"the loop waited for {counted(len(found.workers_before), 'DataLoader worker')} started before "
+                 "the session (persistent_workers=True keeps an epoch's workers for the next): their fetches are "
+                 "not in the trace; start the session before the loader's first epoch to record them")
     if found.untraced:  # of the session's own children (a child's own are said by that child)
         total = len(found.untraced) + sum("parent" not in facts for facts in found.processes.values())
         reasons = [f"process {pid} ({why})" for pid, why in list(found.untraced.items())[:3]]
         more = f"; and {len(found.untraced) - 3} more" if len(found.untraced) > 3 else ""
-        session.warn(f"{len(found.untraced)} of {total} child processes started in the session handed no spans "
-                     f"over: what they did is not in the trace: {'; '.join(reasons)}{more}")
+        run.warn(f"{len(found.untraced)} of {total} child processes started in the session handed no spans "
+                 f"over: what they did is not in the trace: {'; '.join(reasons)}{more}")
     return found
 
 
-def decide_rank(session: Session) -> None:
-    """The session's rank as its end finds it (the backend the job ended with; a process group
-    set up inside the block), and so its file's name: decided before the file is begun."""
-    if session.rank is not None:
-        recorded = None if session.recording is None else session.recording.backend
-        session.rank = session.rank.with_backend(current_backend() or recorded)
-    elif session.output is not None and session.options.dataset is None and (found := rank_info(
-            seen=None if session.recording is None else session.recording.process_group)) is not None:
-        # the process group was set up inside the block, without a launcher's variables: the file
-        # is still this rank's own (its spans take their rank from the metadata when loaded)
-        session.rank = found
-        requested = session.output_name.requested or session.output
-        session.release_output()  # the name asked for was taken as a whole: this rank's own is claimed now
-        session.output = rank_path(requested, found.rank)
-        session.claim_output()
-
-
-def final_metadata(session: Session, dropped: Counter[str], children: ChildSpans | None = None) -> dict[str, Any]:
-    assert session.clock is not None
+def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata: SessionMetadata,
+                   children: ChildSpans | None = None) -> dict[str, Any]:
+    recording = run.recording
     return {
-        **described(session, session.clock.remeasured()),
-        "tracer_details": tracer_details(session),
-        "calibration": session.costs,
-        "threads": {} if session.recording is None else {
+        **run.described(run.clock.remeasured()),
+        "tracer_details": tracer_details(run),
+        "threads": {
             str(thread_id): name for thread_id, name in itertools.chain(
-                session.recording.ended_threads.items(),
-                ((buffer.thread_id, buffer.thread_name) for buffer in list(session.recording.buffers)))},
+                recording.ended_threads.items(),
+                ((buffer.thread_id, buffer.thread_name) for buffer in list(recording.buffers)))},
         "memory": memory_peaks(),
         "dropped": dict(dropped),
-        "hierarchy": session.interpreter.hierarchy(),
-        "windows": session.interpreter.window_count,
-        "schedule": None if session.options.schedule is None else {
-            **session.options.schedule.as_metadata(), "steps_seen": session.step_actions.total(),
-            "recorded_steps": session.recorded_steps,
-            "warmup_steps": session.step_actions[StepAction.WARMUP],
-            "skipped_steps": session.step_actions[StepAction.SKIP]},
-        "streamed_windows": 0 if session.interpreter.segments is None else session.interpreter.segments.count,
-        "closed_windows": 0 if session.windows is None else session.windows.closed_windows,
-        "helper_windows": session.interpreter.helper_windows,
-        "signals": list(session.signals.received),
-        "ended_by": session.ended_by,
+        "hierarchy": run.interpreter.hierarchy(),
+        "windows": run.interpreter.window_count,
+        "schedule": None if run.steps is None else run.steps.as_metadata(),
+        "streamed_windows": 0 if run.interpreter.segments is None else run.interpreter.segments.count,
+        "closed_windows": 0 if run.windows is None else run.windows.closed_windows,
+        "helper_windows": run.interpreter.helper_windows,
         "process_id": os.getpid(),
         "child_processes": None if children is None else {
             "followed": children.processes, "untraced": children.untraced, "steps": children.steps,
             "ranks_not_followed": children.ranks, "dataloader_workers_started_before": children.workers_before},
-        "warnings": list(session.warnings),
-        "otlp": None if session.target is None else {"endpoint": session.target.endpoint,
-                                                  "protocol": session.target.protocol.value},
-        "export": (None if session.windows is None or session.windows.exporter is None
-                   else session.windows.report.as_metadata()),
+        "otlp": None if run.target is None else {"endpoint": run.target.endpoint,
+                                              "protocol": run.target.protocol.value},
+        "export": (None if run.windows is None or run.windows.exporter is None
+                   else run.windows.report.as_metadata()),
+        **session_metadata(),
     }
 
 
@@ -416,34 +420,15 @@ class TraceWriter:
             self.warn(report.summary())
 
 
-def tracer_details(session: Session) -> dict[str, Any]:
+def tracer_details(run: RunningSession) -> dict[str, Any]:
     """What tracers report about themselves (a CUPTI clock offset, say), by tracer name."""
     details = {}
-    for tracer in session.tracers:
+    for tracer in run.tracers:
         try:
             report = tracer.metadata()
         except Exception as exc:
-            session.warn(f"tracer {tracer.name} could not describe itself: {exc}")
+            run.warn(f"tracer {tracer.name} could not describe itself: {exc}")
             continue
         if report is not None:
             details[tracer.name] = report
     return details
-
-
-def described(session: Session, clock: ClockSync) -> dict[str, Any]:
-    """The metadata known from the session's start: host, versions, levels, tracers, clock."""
-    return {
-        **environment(),
-        "service_name": session.options.service_name,
-        "levels": [level.value for level in session.options.levels],
-        "layer_depth": session.options.layer_depth,
-        "tracers": [tracer.name for tracer in session.tracers],
-        "unavailable": {level.value: reason for level, reason in session.unavailable.items()},
-        "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
-                  "drift_ns": clock.drift_ns},
-        "distributed": None if session.rank is None else session.rank.as_metadata(),
-        "run_id": session.run_id,
-        "machine_speed": machine_speed.confirmed(),
-        "contention": contention.since(session.threads_at_start),
-        "nvtx": None if session.recording is None or session.recording.nvtx is None else session.recording.nvtx.facts(),
-    }

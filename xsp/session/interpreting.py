@@ -47,18 +47,20 @@ class WindowInterpreter:
         tracers: the session's started tracers (the list itself: it grows as they start).
         state: the step state carried across windows (trace ids, latest steps, recent owners).
         warn: how a problem is said (the session's warning; a helper process collects them).
+        host_to_epoch_ns: added to host-clock readings to make epoch nanoseconds.
+        rank: this process's rank in a distributed job: every span carries it.
+        segments: where a streaming session writes each window (None: windows are kept in
+            :attr:`tables`).
     """
 
-    def __init__(self, tracers: list[Tracer], state: StepState, warn: Callable[[str], None]) -> None:
+    def __init__(self, tracers: list[Tracer], state: StepState, warn: Callable[[str], None], host_to_epoch_ns: int = 0,
+                 rank: RankInfo | None = None, segments: SegmentWriter | None = None) -> None:
         self.tracers = tracers
         self.state = state
         self.warn = warn
-        self.host_to_epoch_ns = 0
-        """Added to host-clock readings to make epoch nanoseconds (set when the session starts)."""
-        self.rank: RankInfo | None = None
-        """This process's rank in a distributed job: every span carries it."""
-        self.segments: SegmentWriter | None = None
-        """Where a streaming session writes each window (None: windows are kept in :attr:`tables`)."""
+        self.host_to_epoch_ns = host_to_epoch_ns
+        self.rank = rank
+        self.segments = segments
         self.tables: list[pd.DataFrame] = []
         """Interpreted windows kept in memory (those not written as segments)."""
         self.window_count = 0

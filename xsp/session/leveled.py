@@ -183,6 +183,7 @@ def run_leveled(work: LeveledWork, settings: LeveledSettings, progress: Callable
         ValueError: the runs cannot be merged.
     """
     from xsp.session.calibration import calibrate
+    from xsp.session.session import calibration_session
     from xsp.tracers.registry import tracers_for
 
     def tell(line: str) -> None:
@@ -207,7 +208,7 @@ def run_leveled(work: LeveledWork, settings: LeveledSettings, progress: Callable
     plan = level_runs(wanted, layer_depths=depths if by_depth else 1)
     tell(plan_text(plan, depths if by_depth else None))
     records_autograd = autograd is not None and autograd.records
-    costs = calibrate(wanted, grad=records_autograd and backward) if settings.compensate else {}
+    costs = calibrate(wanted, calibration_session, grad=records_autograd and backward) if settings.compensate else {}
 
     def run(entry: RunPlan) -> Trace:
         found = work.traced(entry.levels, entry.label, backward, entry.layer_depth)

@@ -9,78 +9,60 @@ import multiprocessing.util
 import os
 import threading
 import warnings
-from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from xsp.core import contention
-from xsp.core import state as _state
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning, warn
 from xsp.core.levels import LevelsArg
-from xsp.core.rank import (
-    RankInfo,
-)
-from xsp.core.schema import DEFAULT_OUTPUT, Level
+from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.export.delivery import ExportReport
 from xsp.export.otlp import OtlpExport
-from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
-from xsp.record.recording import Recording, ThreadBuffer, ThreadCopy
-from xsp.record.schedule import Schedule, StepAction
+from xsp.record.recording import Recording, ThreadCopy
+from xsp.record.schedule import Schedule
 from xsp.record.user_spans import span
 from xsp.session import child_session, children, ending, exit_guard, starting
 from xsp.session.children import ChildPlan, ChildState, Following
-from xsp.session.interpreting import WindowInterpreter
+from xsp.session.ending import Finished, JoinedStart
+from xsp.session.joining import ProcessClaim
 from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions
-from xsp.session.output_name import OutputName
+from xsp.session.running import RunningSession
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
-from xsp.session.windows import EXIT_WAIT_S, WindowWorker
-from xsp.table.build import new_step_state
+from xsp.session.windows import EXIT_WAIT_S
 from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-_claim = threading.Lock()
-"""Held while a session checks for an active one and takes its place (two threads at once)."""
-_active: Session | None = None
-"""The process's active session (its recording, which :func:`xsp.span` reads, is in :mod:`xsp.core.state`)."""
-_waiting: list[Session] = []
-"""Blocks that joined the active session and are still inside: the first of them takes its
-recording over, without a gap, when the active one ends (docs/steps.md)."""
+_process: ProcessClaim[Session] = ProcessClaim()
+"""The session that holds the process, and the blocks that joined it (:mod:`xsp.session.joining`)."""
 
 
 def active_session() -> Session | None:
     """The process's active session, if any."""
-    return _active
+    return _process.active
 
 
 def forget_active_session() -> None:
     """No session is active in this process any more (after a test that left one behind)."""
-    global _active
-    _active = _state.recording = None
-    _waiting.clear()
+    _process.forget()
 
 
 def _forget_session_in_child() -> None:
     """After ``os.fork()`` in a session: the child records nothing of the parent's session and
     writes no file of it (the parent's session owns the file; a process ``multiprocessing``
     starts follows it with a session of its own: :mod:`xsp.session.children`)."""
-    global _claim
-    _claim = threading.Lock()  # another thread of the parent may have held it at the fork
-    session = _active
-    forget_active_session()
+    session = _process.after_fork()
     if session is None:
         return
-    session.forked = True
-    session.signals.forget()
-    if session.recording is not None:
-        session.recording.max_events = 0
+    session.forget_after_fork()
     INTERCEPTOR.forget_after_fork()
 
 
@@ -113,14 +95,9 @@ def _start_child_session(plan: ChildPlan) -> None:
     multiprocessing.util.register_after_fork(session, functools.partial(child_session.end_with_process, plan=plan))
 
 
-def _successor(ending: Session) -> Session | None:
-    """Under ``_claim``, as ``ending`` ends: the first block that joined it and is still inside
-    its own, which takes the recording over (no longer a span of ``ending``), or None."""
-    if not _waiting:
-        return None
-    successor = _waiting.pop(0)
-    successor.adopt(ending.recording)
-    return successor
+def calibration_session(levels: tuple[str, ...]) -> Session:
+    """A session that calibration measures in (:data:`xsp.session.calibration.SessionOpener`)."""
+    return Session(levels=levels, output=None, schedule=None)
 
 
 class Session:
@@ -145,17 +122,15 @@ class Session:
             span_budget, dataset, backward, layer_depth, nvtx)
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
-        self.output = self.options.output
-        """The trace file: the one asked for until the session starts, which decides this
-        process's own (its rank's, the dataset's), and None when none is written."""
-        self.target = self.options.target
-        """The collector spans are exported to (None once it is found unreachable at the start)."""
-        self.run_id: str | None = None
-        """With ``dataset``: this run's id, its ``run=`` partition."""
+        self.run: RunningSession | None = None
+        """What the session records with while it runs, and ran with once it has ended (None
+        before it starts, and in a block that joined another session until it ends)."""
         self.costs: dict[str, Any] | None = None
         """With ``calibrate``: what one span of each host level costs here (the trace's ``calibration``)."""
         self.trace: Trace | None = None
         self.export: OtlpExport | None = None
+        self.finished: Finished | None = None
+        """What the end of the run handed back (the trace, its writer, the export)."""
         self.warnings: list[str] = []
         self.on_finishing: list[Callable[[bool], None]] = []
         """Called with True when the block has ended and the trace is being written, with False
@@ -165,79 +140,67 @@ class Session:
         self.copy: ThreadCopy | None = None
         """While this block is part of another session: the copy of its thread's records there,
         which its own trace is made of when it ends (:func:`ending.finish_joined`)."""
+        self.joined: JoinedStart | None = None
+        """While this block is part of another session: what it measured as it joined."""
         self.running = threading.Event()
         """Set once this session records, or could not start: a block that joins it waits for
         it, so that its calls are recorded from its first line on."""
-        # the parts of a running session, each used through what it documents
         self.recording: Recording | None = None
-        """The per-thread buffers the tracers record into (:mod:`xsp.record.recording`)."""
-        self.tracers: list[Tracer] = []
-        """The tracers started, in the order they started (and stop)."""
-        self.unavailable: dict[Level, str] = {}
-        """Why each level asked for has no tracer here."""
-        self.clock: ClockSync | None = None
-        """How host-clock readings map to epoch nanoseconds (measured at the start)."""
-        self.start_ns = 0
+        """The per-thread buffers the tracers record into (:mod:`xsp.record.recording`): the
+        session's own, or the one it took over from the session it joined."""
         self.thread_id = 0
         """The native id of the thread that opened the session."""
-        self.interpreter = WindowInterpreter(self.tracers, new_step_state(), self.warn)
-        """Turns closed windows into span tables and keeps what they leave (segments, counts)."""
-        self.windows: WindowWorker | None = None
-        """The thread that interprets (and exports) windows while the program runs, if any."""
-        self.output_name = OutputName()
-        """The claim on the output's name."""
-        self.writer: ending.TraceWriter | None = None
-        """The end-of-run write of the trace file (made when the block ends)."""
         self.signals = StopSignals()
         """SIGTERM and SIGINT turned into an orderly end of the session."""
         self.following: Following | None = None
         """The child processes this session follows (:mod:`xsp.session.children`)."""
         self.forked = False
         """True in a child process forked while this session ran: it leaves the file to the parent."""
-        self.step_actions: Counter[StepAction] = Counter()
-        """With a schedule: how many steps were recorded, warmed up and skipped."""
-        self.recorded_steps: list[list[int]] = []
-        """Runs ``[first, last]`` of the steps (counted from the session's start) the schedule kept."""
-        self.threads_at_start: tuple[int, int] | None = None
-        """The threads' time on a CPU and waiting for one as the session started (:mod:`xsp.core.contention`)."""
-        self.rank: RankInfo | None = None
-        """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
-        self.watching: list[Callable[[], None]] = []
-        """What this session added to its recording's ``on_new_thread`` (taken out when it hands over)."""
         self.ended_by: str | None = None
         """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
         self.on_os_exit: list[Callable[[int], None]] = []
         """Called with the status after the session ended because the program called ``os._exit``
         (the process then exits; the CLI says what was written)."""
 
+    @property
+    def output(self) -> Path | None:
+        """The trace file: the one asked for until the session starts, which decides this
+        process's own (its rank's, the dataset's), and None when none is written."""
+        return self.options.output if self.run is None else self.run.output
+
+    @property
+    def tracers(self) -> list[Tracer]:
+        """The tracers started, in the order they started (and stop)."""
+        return [] if self.run is None else self.run.tracers
+
     # context manager -----------------------------------------------------------------
     def __enter__(self) -> Session:
-        global _active
-        if self.options.calibrate and _active is None:  # before this session claims the process: it traces
+        if self.options.calibrate and _process.active is None:  # before this session claims the process: it traces
             import torch
 
             from xsp.session.calibration import calibrate
 
             try:
                 self.costs = {level.value: cost.as_dict() for level, cost in calibrate(
-                    self.options.levels, grad=torch.is_grad_enabled() and self.options.backward).items()}
+                    self.options.levels, calibration_session,
+                    grad=torch.is_grad_enabled() and self.options.backward).items()}
             except Exception as exc:  # a failed calibration costs the figures, never the program
                 self.warn(f"calibration failed, the trace has none: {type(exc).__name__}: {exc}")
-        with _claim:
-            active = _active
+        with _process.lock:
+            active = _process.active
             self.thread_id = threading.get_native_id()
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self.recording = Recording(self.options.max_events)
                 self.recording.backward_hooks = self.options.backward
                 self.recording.layer_depth = self.options.layer_depth
                 self._open_nvtx(self.recording)
-                _active, _state.recording = self, self.recording
+                _process.take(self, self.recording)
             else:  # joins it, in the same claim: the active session's end then hands over to it
                 if active.recording is not None:
                     self.copy = active.recording.start_copy(self.thread_id)
                 self._nested = span("xsp.trace")
                 self._nested.__enter__()
-                _waiting.append(self)
+                _process.join(self)
         if active is not None:
             where = "" if active.thread_id == self.thread_id else f" (started in thread {active.thread_id})"
             self.warn(f"xsp.trace() is already active{where}; this block joins that session: its calls are "
@@ -246,17 +209,15 @@ class Session:
                       "without a gap")
             if active.thread_id != self.thread_id and not active.running.is_set():
                 active.running.wait()  # that session is still starting: record this block's calls from its first
-            self.clock = ClockSync.measure()
-            self.interpreter.host_to_epoch_ns = self.clock.host_to_epoch_ns
-            self.threads_at_start = contention.thread_times_ns()
-            self.rank = self.interpreter.rank = active.rank
+            self.joined = JoinedStart(ClockSync.measure(), contention.thread_times_ns(),
+                                      None if active.run is None else active.run.rank)
             return self
         try:
             self._start()
         except BaseException:
-            _active = _state.recording = None
+            with _process.lock:
+                _process.release(self)
             exit_guard.unguard()
-            self.release_output()
             raise
         finally:
             self.running.set()
@@ -274,8 +235,10 @@ class Session:
             self.warn(f"nvtx: {why}")
 
     def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
-        starting.start(self, running, start_ns)
-        if self.following is None and self.recording is not None:
+        assert self.recording is not None
+        self.run = starting.start(self.options, self.thread_id, self.recording, self.warn, self.signals,
+                                  self.end_by_os_exit, running, start_ns)
+        if self.following is None:
             try:
                 options = self.options
                 self.following = Following.open(options.levels, options.max_events, options.backward,
@@ -286,12 +249,11 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         end_ns = now_ns()
-        with _claim:
+        with _process.lock:
             nested = self._nested
             if nested is not None:
                 self._nested = None
-                if self in _waiting:
-                    _waiting.remove(self)
+                _process.leave(self)
         succeeded = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         error = None if succeeded else f"{type(exc).__name__}: {exc}"
         if nested is not None:
@@ -318,20 +280,19 @@ class Session:
     def abandon(self) -> None:
         """End without a trace: nothing is written, and the windows streamed so far are removed
         (a child process whose parent's session has ended: what it recorded is no one's)."""
-        global _active
         exit_guard.unguard()
-        with _claim:
-            if _active is self:
-                _active = None
-                _state.recording = None
-        for tracer in self.tracers:
-            self.stop_quietly(tracer)
-        with contextlib.suppress(Exception):
-            if self.windows is not None:
-                self.windows.finish_windows()
-        if self.interpreter.segments is not None:
-            self.interpreter.segments.discard()
-        self.release_output()
+        with _process.lock:
+            _process.release(self)
+        run = self.run
+        if run is not None:
+            for tracer in run.tracers:
+                run.stop_quietly(tracer)
+            with contextlib.suppress(Exception):
+                if run.windows is not None:
+                    run.windows.finish_windows()
+            if run.interpreter.segments is not None:
+                run.interpreter.segments.discard()
+            run.release_output()
         self.signals.release(None)
 
     def _end(self, end_ns: int, error: str | None, exc: BaseException | None, hand_over: bool = True,
@@ -343,32 +304,30 @@ class Session:
         goes on without a gap: this session's trace holds what was recorded until ``end_ns`` (a
         thread's step or module call still running then goes on into the next trace, whole), and
         that block takes over the recording, with the tracers its levels keep, for what follows."""
-        global _active
         exit_guard.unguard()
         self.signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
         successor: Session | None = None
         kept: list[Tracer] = []
+        run = self.run
+        assert run is not None
         try:
-            with _claim:
-                if hand_over and not isinstance(exc, Terminated):  # a signal ends the process: no one follows
-                    successor = _successor(self)
-                _active = successor
-                if successor is None:
-                    _state.recording = None
+            with _process.lock:  # a signal ends the process: no one follows
+                successor = _process.hand_over(self.recording, hand_over and not isinstance(exc, Terminated))
             if successor is not None:
-                kept = successor.keeps(self.tracers)
-            for tracer in self.tracers:
+                kept = successor.keeps(run.tracers)
+            for tracer in run.tracers:
                 if tracer not in kept:
-                    self.stop_quietly(tracer)
+                    run.stop_quietly(tracer)
             self._tell_finishing(True)
             try:
-                self._finish(end_ns, error, successor is not None, interrupted)
+                self._took(ending.finish(run, end_ns, error, self.metadata, self.following, successor is not None,
+                                         interrupted))
             except Exception as failure:  # xsp must never turn the user's success into a failure
                 self.warn(f"the trace could not be built: {type(failure).__name__}: {failure}")
             finally:
                 self._tell_finishing(False)
         finally:
-            self.release_output()
+            run.release_output()
             self.signals.release(exc)
             if successor is not None:
                 successor._continue(self, kept, end_ns)
@@ -376,17 +335,25 @@ class Session:
     def _end_joined(self, end_ns: int, error: str | None) -> None:
         """This block joined another session and ends before it: its own trace and file."""
         copy, self.copy = self.copy, None
-        if copy is None:
+        if copy is None or self.joined is None:
             return
         self._tell_finishing(True)
         try:
-            ending.finish_joined(self, copy, end_ns, error)
+            self._took(ending.finish_joined(self.options, self.thread_id, self.joined, copy, end_ns, error, self.warn,
+                                            self.metadata))
         except Exception as failure:  # xsp must never turn the user's success into a failure
             self.warn(f"this block's own trace could not be built: {type(failure).__name__}: {failure}; its calls "
                       "are in the trace of the session it joined")
         finally:
-            self.release_output()
             self._tell_finishing(False)
+
+    def _took(self, finished: Finished) -> None:
+        self.finished, self.trace, self.export = finished, finished.trace, finished.export
+
+    def metadata(self) -> dict[str, Any]:
+        """What the session itself puts in its trace's metadata (:data:`ending.SessionMetadata`)."""
+        return {"calibration": self.costs, "signals": list(self.signals.received), "ended_by": self.ended_by,
+                "warnings": list(self.warnings)}
 
     def _tell_finishing(self, writing: bool) -> None:
         for listener in self.on_finishing:
@@ -396,7 +363,7 @@ class Session:
     def end_by_os_exit(self, status: int) -> None:
         """``os._exit(status)`` was called while the session ran: end it now, as its block would
         have (no exit hook runs after ``os._exit``), then let the process exit."""
-        if _active is not self:
+        if _process.active is not self:
             return
         self.ended_by = f"os._exit({status})"
         self._end(now_ns(), None if status == 0 else f"os._exit({status})", None, hand_over=False)
@@ -415,7 +382,7 @@ class Session:
                 with session:
                     return function(*args, **kwargs)
             finally:
-                self.trace, self.export = session.trace, session.export
+                self.trace, self.export, self.finished = session.trace, session.export, session.finished
 
         return traced  # type: ignore[return-value]
 
@@ -427,6 +394,7 @@ class Session:
         """This block, which joined another session, takes that session's ``recording`` over (its
         span there ends with that session)."""
         self._nested = None
+        self.joined = None
         self.recording = recording
 
     def keeps(self, tracers: list[Tracer]) -> list[Tracer]:
@@ -440,7 +408,6 @@ class Session:
         """This block joined ``ended``, which has just ended (on its own thread, which runs this):
         from ``since_ns`` on, this session owns the recording, which never stopped, keeps the
         ``running`` tracers, starts those its levels need besides, and writes its own file."""
-        global _active
         recording = self.recording
         assert recording is not None
         copy, self.copy = self.copy, None
@@ -464,11 +431,11 @@ class Session:
             for tracer in [*running, *self.tracers]:
                 with contextlib.suppress(Exception):
                     tracer.stop()
-            with _claim:
-                if _active is self:
-                    _active = _state.recording = None
+            with _process.lock:
+                _process.release(self)
             exit_guard.unguard()
-            self.release_output()
+            if self.run is not None:
+                self.run.release_output()
             self.recording = None
             if self.following is not None:
                 self.following.discard()
@@ -478,79 +445,23 @@ class Session:
         finally:
             self.running.set()
 
-    def claim_output(self) -> None:
-        """Claim the output's name for this run (see :class:`OutputName`)."""
-        if self.output is not None:
-            self.output = self.output_name.take(self.output, self.warn)
-
-    def release_output(self) -> None:
-        self.output_name.release()
-
-    # windows: what is interpreted (and exported) together --------------------------------
-    def open_segments(self, tracers: list[Tracer]) -> None:
-        """Stream closed windows to segments beside the output, unless a tracer's spans of a
-        step only come at the session's end (then windows stay open and spans in memory)."""
-        if self.output is None or any(tracer.collects_at_end for tracer in tracers):
-            return
-        self.interpreter.segments = SegmentWriter(self.output)
-        if self.windows is None:
-            self.windows = WindowWorker(self)
-
-    def start_metadata(self) -> dict[str, Any]:
-        """What a recovery of this session needs to know, and what is known at its start."""
-        assert self.clock is not None
-        state = self.interpreter.state
-        return {
-            **ending.described(self, self.clock),
-            "session_ids": {"trace_id": state.session_trace_id, "span_id": state.session_span_id},
-            "session_start_ns": self.start_ns + self.clock.host_to_epoch_ns,
-            "session_thread_id": self.thread_id,
-        }
-
-    def scheduled_step_ended(self, duration_ns: int = 0, buffer: ThreadBuffer | None = None) -> None:
-        """On the thread whose step was just decided: keep or forget its records as the schedule
-        says, and pause or resume recording for the step that begins."""
-        assert self.options.schedule is not None and self.recording is not None
-        step = self.step_actions.total()  # the steps decided so far
-        action = self.options.schedule.action(step)
-        self.step_actions[action] += 1
-        buffer = buffer or self.recording.buffer()
-        if action is StepAction.RECORD:
-            runs = self.recorded_steps
-            if runs and runs[-1][1] == step - 1:
-                runs[-1][1] = step
-            else:
-                runs.append([step, step])
-            buffer.keep(step)
-        else:
-            buffer.discard()
-        self.recording.paused = self.options.schedule.action(step + 1) is StepAction.SKIP
-
-    # after the block ------------------------------------------------------------------
-    def stop_quietly(self, tracer: Tracer) -> None:
-        try:
-            tracer.stop()
-        except Exception as exc:
-            self.warn(f"tracer {tracer.name} failed to stop: {exc}")
-
-    def _finish(self, end_ns: int, error: str | None, handing_over: bool = False,
-                interrupted: str | None = None) -> None:
-        ending.finish(self, end_ns, error, handing_over, interrupted)
-
-    def export_done(self, report: ExportReport) -> None:
-        """On the export's thread: its outcome goes into the trace and its file."""
-        if self.writer is not None:
-            self.writer.record_export(report)
+    def forget_after_fork(self) -> None:
+        """In a child forked while this session ran: it records nothing more, writes no file (the
+        parent's session owns it) and leaves the child's signals to the child."""
+        self.forked = True
+        self.signals.forget()
+        if self.recording is not None:
+            self.recording.max_events = 0
 
     @property
     def active(self) -> bool:
         """This is the process's active session (not one that joined it, ended or not started)."""
-        return _active is self
+        return _process.active is self
 
     @property
     def write_error(self) -> str | None:
         """Why the trace file could not be written (None when it was, or none was asked for)."""
-        return None if self.writer is None else self.writer.error
+        return None if self.finished is None else self.finished.writer.error
 
     def warn(self, message: str) -> None:
         """Say ``message`` once, as an :class:`XspWarning`, and keep it for the trace's metadata."""

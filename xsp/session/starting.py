@@ -1,131 +1,140 @@
 """The start of a session: its tracers started (those that fail are left out, saying why), the
-job's rank joined, the OTLP export opened, and the step ends watched that close windows."""
+job's rank joined, the output decided and claimed, the OTLP export opened, and the step ends
+watched that close windows; all of it handed over as one :class:`RunningSession`."""
 
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
-from xsp.core.rank import (
-    RankInfo,
-    dataset_path,
-    rank_info,
-    rank_path,
-    run_id,
-    session_trace_id,
-)
-from xsp.export.target import probe, span_budget_env_problem
+from xsp.core.rank import rank_info, run_id
+from xsp.export.target import OtlpTarget, probe, span_budget_env_problem
+from xsp.io.segments import SegmentWriter
 from xsp.record.columns import NEVER
-from xsp.record.schedule import StepAction
+from xsp.record.recording import Recording
 from xsp.session import exit_guard
+from xsp.session.interpreting import WindowInterpreter
+from xsp.session.options import TraceOptions
+from xsp.session.output_name import OutputName
+from xsp.session.running import RunningSession, output_for
+from xsp.session.scheduled import ScheduledSteps
+from xsp.session.signals import StopSignals
 from xsp.session.windows import WindowWorker
+from xsp.table.build import new_step_state
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for
 
-if TYPE_CHECKING:
-    from xsp.session.session import Session
 
-
-def start(session: Session, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
-    """Start ``session``. ``running``: tracers already recording into its recording, which it
-    keeps (it takes over the recording of a session that ended, see ``Session.keeps``);
+def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Callable[[str], None],
+          signals: StopSignals, on_os_exit: Callable[[int], None], running: list[Tracer] | None = None,
+          start_ns: int | None = None) -> RunningSession:
+    """Start a session of ``options`` opened on thread ``thread_id`` (native id), recording into
+    ``recording``; ``warn`` says what goes wrong, ``signals`` are installed (where this is that
+    thread, and the main one), and ``on_os_exit`` is called if the program calls ``os._exit``.
+    ``running``: tracers already recording into ``recording``, which it keeps (it takes over the
+    recording of a session that ended, on that session's thread, see ``Session.keeps``);
     ``start_ns``: when it starts recording, if not now (the moment it took over)."""
     adopted = {tracer.name: tracer for tracer in running or ()}
-    session.clock = ClockSync.measure()
+    clock = ClockSync.measure()
     machine_speed.measure()  # before the tracers: the program's machine as the session found it
-    session.threads_at_start = contention.thread_times_ns()
-    join_job(session, rank_info())
-    session.interpreter.host_to_epoch_ns = session.clock.host_to_epoch_ns
-    session.interpreter.rank = session.rank
-    session.claim_output()
-    open_export(session)
-    tracers, session.unavailable = tracers_for(session.options.levels)
-    tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
-    for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
-        session.stop_quietly(tracer)
-    kept = [tracer for tracer in tracers if tracer in (running or ())]
-    tracers.sort(key=lambda tracer: not tracer.starts_first)  # stable: the rest keep their order
-    by_reason: dict[str, list[str]] = {}
-    for level, reason in session.unavailable.items():
-        by_reason.setdefault(reason, []).append(level.value)
-    for reason, levels in by_reason.items():  # one warning per cause (cuda_api and kernel share CUPTI's)
-        plural = "s" if len(levels) > 1 else ""
-        verb = "are" if len(levels) > 1 else "is"
-        session.warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
-    session.open_segments(tracers)
-    if session.recording is not None:
-        session.recording.levels = session.options.levels
-    if session.options.schedule is not None and session.recording is not None:
-        session.recording.paused = session.options.schedule.action(0) is StepAction.SKIP
-    watch_step_ends(session, tracers)
-    for tracer in tracers:
-        if tracer in kept:  # it never stopped recording
-            session.tracers.append(tracer)
-            continue
+    threads_at_start = contention.thread_times_ns()
+    rank = rank_info()
+    this_run = None if options.dataset is None else run_id(rank)
+    output_name = OutputName()
+    output = output_for(options, rank, this_run, warn)
+    try:
+        if output is not None:
+            output = output_name.take(output, warn)
+        target = open_export(options, output, warn)
+        tracers, unavailable = tracers_for(options.levels)
+        tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
+        for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
+            _stop_quietly(tracer, warn)
+        kept = [tracer for tracer in tracers if tracer in (running or ())]
+        tracers.sort(key=lambda tracer: not tracer.starts_first)  # stable: the rest keep their order
+        by_reason: dict[str, list[str]] = {}
+        for level, reason in unavailable.items():
+            by_reason.setdefault(reason, []).append(level.value)
+        for reason, levels in by_reason.items():  # one warning per cause (cuda_api and kernel share CUPTI's)
+            plural = "s" if len(levels) > 1 else ""
+            verb = "are" if len(levels) > 1 else "is"
+            warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
+        # stream closed windows to segments beside the output, unless a tracer's spans of a step
+        # only come at the session's end (then windows stay open and spans in memory)
+        streaming = output is not None and not any(tracer.collects_at_end for tracer in tracers)
+        started: list[Tracer] = []
+        interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
+                                        clock.host_to_epoch_ns, rank,
+                                        SegmentWriter(output) if streaming and output is not None else None)
+        windows = None
+        if target is not None or interpreter.segments is not None:
+            windows = WindowWorker(recording, interpreter, target, options, rank, warn)
+        recording.levels = options.levels
+        steps = None if options.schedule is None else ScheduledSteps(options.schedule, recording)
+        if steps is not None:
+            steps.pause_first()
+        watching = watch_step_ends(options, recording, tracers, windows, interpreter.segments is not None, steps)
+        for tracer in tracers:
+            if tracer in kept:  # it never stopped recording
+                started.append(tracer)
+                continue
+            try:
+                tracer.start(recording)
+                started.append(tracer)
+            except Exception as exc:
+                warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
+                _stop_quietly(tracer, warn)
+        # signals are handled in the main thread only (a forkserver's child: the thread that forked
+        # it is named main, with the forkserver's thread id, until multiprocessing renames it)
+        if thread_id == threading.get_native_id() and threading.current_thread() is threading.main_thread():
+            signals.install()
+        exit_guard.guard(on_os_exit)
+    except BaseException:
+        output_name.release()
+        raise
+    run = RunningSession(
+        options=options, thread_id=thread_id, warn=warn, recording=recording, clock=clock,
+        threads_at_start=threads_at_start, rank=rank, run_id=this_run, output_name=output_name, output=output,
+        target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
+        steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching)
+    segments = interpreter.segments
+    if segments is not None:
         try:
-            tracer.start(session.recording)
-            session.tracers.append(tracer)
-        except Exception as exc:
-            session.warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
-            session.stop_quietly(tracer)
-    # signals are handled in the main thread only (a forkserver's child: the thread that forked
-    # it is named main, with the forkserver's thread id, until multiprocessing renames it)
-    if session.thread_id == threading.get_native_id() and threading.current_thread() is threading.main_thread():
-        session.signals.install()
-    exit_guard.guard(session.end_by_os_exit)
-    session.start_ns = now_ns() if start_ns is None else start_ns
-    if session.interpreter.segments is not None:
-        try:
-            session.interpreter.segments.start(session.start_metadata())
+            segments.start(run.start_metadata())
         except OSError as exc:
-            folder = session.interpreter.segments.directory.parent
+            folder = segments.directory.parent
             if folder.is_dir() and os.access(folder, os.W_OK):  # else the file fails too, and says so
-                session.warn(f"windows are kept in memory, not streamed to disk: {exc}")
-        for note in session.interpreter.segments.take_notes():
-            session.warn(note)
+                warn(f"windows are kept in memory, not streamed to disk: {exc}")
+        for note in segments.take_notes():
+            warn(note)
+    return run
 
 
-def join_job(session: Session, rank: RankInfo | None) -> None:
-    """One rank of a distributed job: its own file beside the given name, and trace ids
-    that every rank of the job shares."""
-    if session.options.dataset is not None:
-        session.run_id = run_id(rank)
-        session.output = dataset_path(session.options.dataset, session.run_id, 0 if rank is None else rank.rank,
-                                      session.options.service_name)
-        try:
-            session.output.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
-            session.warn(f"cannot write into the dataset {session.options.dataset} ({exc.strerror or exc}): the trace "
-                         "is not written to a file")
-            session.output = None
-    if rank is None:
-        return
-    session.rank = rank
-    session.interpreter.state.job_id = rank.job_id
-    session.interpreter.state.session_trace_id = session_trace_id(rank.job_id)
-    if session.output is not None and session.options.dataset is None:
-        session.output = rank_path(session.output, rank.rank)
+def _stop_quietly(tracer: Tracer, warn: Callable[[str], None]) -> None:
+    try:
+        tracer.stop()
+    except Exception as exc:
+        warn(f"tracer {tracer.name} failed to stop: {exc}")
 
 
-def open_export(session: Session) -> None:
-    """Probe the OTLP endpoint; if it answers, export long steps as they end."""
-    if session.target is None or session.recording is None:
-        return
+def open_export(options: TraceOptions, output: object, warn: Callable[[str], None]) -> OtlpTarget | None:
+    """The collector to export to, probed: None where none was asked for or it does not answer
+    (said, with where the spans are instead)."""
+    if options.target is None:
+        return None
     problem = span_budget_env_problem()
-    if problem is not None and session.options.span_budget_from_env:
-        session.warn(problem)
-    unreachable = probe(session.target)
+    if problem is not None and options.span_budget_from_env:
+        warn(problem)
+    unreachable = probe(options.target)
     if unreachable is not None:
-        where = f" ({session.output})" if session.output else ""
-        session.warn(f"OTLP endpoint {session.target.endpoint} not used: {unreachable}; "
-                   f"the spans are in the trace file only{where}")
-        session.target = None
-        return
-    session.windows = WindowWorker(session)
+        where = f" ({output})" if output else ""
+        warn(f"OTLP endpoint {options.target.endpoint} not used: {unreachable}; the spans are in the trace file "
+             f"only{where}")
+        return None
+    return options.target
 
 
 def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:
@@ -135,25 +144,23 @@ def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:
         return None
 
 
-def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
-    """Tell the recording who hears of step ends: tracers that flush at each step (every
-    step), and the window worker (a step of ``long_step_s`` or more, or the first step end
-    ``WINDOW_S`` after the last window closed)."""
-    assert session.recording is not None
+def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[Tracer], windows: WindowWorker | None,
+                    streaming: bool, steps: ScheduledSteps | None) -> list[Callable[[], None]]:
+    """Tell ``recording`` who hears of step ends: tracers that flush at each step (every step),
+    ``steps`` (every step), and the window worker (a step of ``long_step_s`` or more, or the
+    first step end ``window_s`` after the last window closed; ``streaming``: windows are written
+    to segments). Returns what it added to the recording's ``on_new_thread``."""
     flushers = [hook for hook in map(_step_end_hook, tracers) if hook is not None]
-    windows = session.windows
     at_end = [tracer.name for tracer in tracers if tracer.collects_at_end]
     if at_end:  # their spans of a step come only after the session: never export a step without them
         windows = None
-    long_step_ns = int(session.options.long_step_s * 1e9)
-    scheduled = session.options.schedule is not None
-    if not flushers and windows is None and not scheduled:
-        return
+    long_step_ns = int(options.long_step_s * 1e9)
+    if not flushers and windows is None and steps is None:
+        return []
 
-    window_ns = int(session.options.window_s * 1e9) if session.interpreter.segments is not None else NEVER
-    window_events = session.options.window_events if session.interpreter.segments is not None else NEVER
-    recording = session.recording
-    every_step = bool(flushers) or scheduled
+    window_ns = int(options.window_s * 1e9) if streaming else NEVER
+    window_events = options.window_events if streaming else NEVER
+    every_step = bool(flushers) or steps is not None
 
     def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
         assert windows is not None
@@ -179,8 +186,8 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
         windows.release_held()
 
     def step_ended(duration_ns: int) -> None:
-        if scheduled:
-            session.scheduled_step_ended(duration_ns)
+        if steps is not None:
+            steps.step_ended(duration_ns)
         for flush in flushers:
             try:
                 flush()
@@ -189,28 +196,27 @@ def watch_step_ends(session: Session, tracers: list[Tracer]) -> None:
         if windows is not None:
             window_if_due(duration_ns >= long_step_ns)
 
-    if scheduled:
-        recording.on_ended_thread_step = lambda buffer, duration_ns: session.scheduled_step_ended(
-            duration_ns, buffer=buffer)
+    if steps is not None:
+        recording.on_ended_thread_step = lambda buffer, duration_ns: steps.step_ended(duration_ns, buffer=buffer)
     recording.long_step_ns = 0 if every_step else long_step_ns
+    watching: list[Callable[[], None]] = []
     if windows is not None:
         next_window_due()
         recording.on_new_thread.append(window_if_due)
-        session.watching.append(window_if_due)
+        watching.append(window_if_due)
         recording.on_wait_over = wait_over
     recording.on_long_step = step_ended
+    return watching
 
 
-def stop_watching(session: Session) -> None:
-    """Undo :func:`watch_step_ends`: ``session`` hands its recording, which goes on, to another."""
-    recording = session.recording
-    assert recording is not None
+def stop_watching(run: RunningSession) -> None:
+    """Undo :func:`watch_step_ends`: ``run`` hands its recording, which goes on, to another."""
+    recording = run.recording
     recording.on_long_step = None
     recording.on_wait_over = None
     recording.on_ended_thread_step = None
     recording.window_deferred = False
     recording.long_step_ns = recording.report_after_ns = recording.report_at_events = NEVER
-    for hello in session.watching:
+    for hello in run.watching:
         if hello in recording.on_new_thread:
             recording.on_new_thread.remove(hello)
-    session.watching.clear()

@@ -11,21 +11,23 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import pandas as pd
 
 from xsp.core.clock import now_ns
 from xsp.core.metadata import environment
+from xsp.core.rank import RankInfo
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
 from xsp.export.otlp import OtlpExport, export_table, resource_for, start_export
+from xsp.export.target import OtlpTarget
 from xsp.io.segments import warm_up as warm_up_writing
+from xsp.record.recording import Recording
 from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
-
-if TYPE_CHECKING:
-    from xsp.session.session import Session
+from xsp.session.interpreting import WindowInterpreter
+from xsp.session.options import TraceOptions
 
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
@@ -48,14 +50,26 @@ class WindowWorker:
     (``interprets_in_child``), each window is interpreted in a helper process forked at that
     moment (:mod:`xsp.session.forked`): the thread only waits, without the GIL, so the user's loop does
     not. If a helper fails, the window and those after it are interpreted in the thread.
+
+    Args:
+        recording: the session's recording, whose windows it takes.
+        interpreter: the session's interpreter, which turns them into spans.
+        target: the collector to export to (None: windows are only written).
+        options: the session's options (its service name and span budget).
+        rank: the session's rank in a distributed job, which the export's resource names.
+        warn: how a problem is said (the session's warning).
     """
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.target = session.target
-        self.exporter = None if session.target is None else make_exporter(session.target)
-        self.report = ExportReport(target="" if session.target is None else
-                                   f"{session.target.protocol.value} {session.target.endpoint}")
+    def __init__(self, recording: Recording, interpreter: WindowInterpreter, target: OtlpTarget | None,
+                 options: TraceOptions, rank: RankInfo | None, warn: Callable[[str], None]) -> None:
+        self.recording = recording
+        self.interpreter = interpreter
+        self.options = options
+        self.rank = rank
+        self.warn = warn
+        self.target = target
+        self.exporter = None if target is None else make_exporter(target)
+        self.report = ExportReport(target="" if target is None else f"{target.protocol.value} {target.endpoint}")
         self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
@@ -79,8 +93,8 @@ class WindowWorker:
         """Called on a recording thread at a step end: hand the idle threads' records over
         (``hold``: take them now, hand them over at :meth:`release_held`; the thread is waiting
         for its DataLoader, a wait the hand-off and the helper it forks must not lengthen)."""
-        recording = self.session.recording
-        if recording is None or not self.closing.acquire(blocking=False):
+        recording = self.recording
+        if not self.closing.acquire(blocking=False):
             return
         try:
             if self.finished:  # a window taken now would come after the last one interpreted
@@ -105,30 +119,30 @@ class WindowWorker:
 
     @property
     def session_ids(self) -> tuple[str, int]:
-        state = self.session.interpreter.state
+        state = self.interpreter.state
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
-        resource = None if self.exporter is None else resource_for(self.session.options.service_name, {
-            **environment(), "distributed": None if self.session.rank is None else self.session.rank.as_metadata()})
+        resource = None if self.exporter is None else resource_for(self.options.service_name, {
+            **environment(), "distributed": None if self.rank is None else self.rank.as_metadata()})
         if self.forks:
             try:
                 warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
             except Exception:  # helpers would risk a hang: windows are interpreted here instead
                 self.forks = False
         while (window := self._next_window()) is not None:
-            interpreter = self.session.interpreter
+            interpreter = self.interpreter
             interpreter.prepare(window)
             if self._interpreted_in_helper(window):
                 continue
             try:
                 spans = interpreter.interpret(window)
             except Exception as exc:  # its records are lost; the file says how many were dropped
-                self.session.warn(f"the spans of a finished step could not be interpreted: {exc}")
+                self.warn(f"the spans of a finished step could not be interpreted: {exc}")
                 continue
             if self.exporter is not None and resource is not None:
                 export_table(spans, resource, self.exporter, self.report, self.session_ids,
-                             self.session.options.span_budget)
+                             self.options.span_budget)
 
     def _next_window(self) -> Window | None:
         """The next window to interpret: the windows waiting (up to :data:`MAX_MERGED`), as one.
@@ -150,7 +164,7 @@ class WindowWorker:
 
     def _interpreted_in_helper(self, window: Window) -> bool:
         """Interpret ``window`` in a forked helper process; False when it must be done here."""
-        interpreter = self.session.interpreter
+        interpreter = self.interpreter
         if not self.forks or not interpreter.helpers_can_interpret:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
@@ -158,7 +172,7 @@ class WindowWorker:
             result = run_forked(functools.partial(interpreter.interpret_in_helper, window), deadline_s)
         except ForkFailed as exc:
             self.forks = False
-            self.session.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
+            self.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
                               "in this process from now on")
             return False
         interpreter.adopt(result)
@@ -177,9 +191,9 @@ class WindowWorker:
     def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
                     on_done: Callable[[ExportReport], None]) -> OtlpExport:
         assert self.target is not None and self.exporter is not None
-        return start_export(spans, metadata, self.target, self.session.options.service_name,
+        return start_export(spans, metadata, self.target, self.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
-                            span_budget=self.session.options.span_budget, deadline_s=EXIT_WAIT_S)
+                            span_budget=self.options.span_budget, deadline_s=EXIT_WAIT_S)
 
 
 _pending_exports: list[OtlpExport] = []

@@ -15,6 +15,7 @@ from pandas.api.types import union_categoricals
 
 from xsp.core import schema as col
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
+from xsp.core.rank import session_trace_id
 from xsp.table import late_records, paths, steps
 from xsp.table import parents as hierarchy
 from xsp.table.step_samples import annotate_steps
@@ -190,10 +191,12 @@ class TableResult:
     diagnostics: dict[str, int]
 
 
-def new_step_state(attach_to_session: bool = True) -> steps.StepState:
-    """Ids of a session's root span, fixed before any window is built."""
-    return steps.StepState(session_trace_id=new_trace_ids(1)[0], session_span_id=int(new_span_ids(1)[0]),
-                               attach_to_session=attach_to_session)
+def new_step_state(attach_to_session: bool = True, job_id: str | None = None) -> steps.StepState:
+    """Ids of a session's root span, fixed before any window is built; one rank of the
+    distributed job ``job_id`` shares its session spans' trace id with every other rank."""
+    trace_id = new_trace_ids(1)[0] if job_id is None else session_trace_id(job_id)
+    return steps.StepState(session_trace_id=trace_id, session_span_id=int(new_span_ids(1)[0]),
+                           attach_to_session=attach_to_session, job_id=job_id)
 
 
 def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:

@@ -1,0 +1,151 @@
+"""A session while it runs: one :class:`RunningSession` owns what a session records with, from
+its start (:func:`xsp.session.starting.start` makes it) to its end (:mod:`xsp.session.ending`
+turns it into a :class:`xsp.Trace`): the clock, the rank, the recording, the tracers, the
+windows interpreted and exported while the program runs, and the output file.
+
+Where the trace file goes is decided here, once, at the start (:func:`output_for`: the name
+asked for, this rank's own, or the dataset's); only a process group set up inside the block,
+which makes the process one rank of a job, renames it at the end (:meth:`RunningSession.settle_rank`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xsp.core import contention, machine_speed
+from xsp.core.clock import ClockSync
+from xsp.core.metadata import environment
+from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, rank_path
+from xsp.core.schema import Level
+from xsp.export.target import OtlpTarget
+from xsp.record.recording import Recording
+from xsp.session.interpreting import WindowInterpreter
+from xsp.session.options import TraceOptions
+from xsp.session.output_name import OutputName
+from xsp.session.scheduled import ScheduledSteps
+from xsp.session.windows import WindowWorker
+from xsp.tracers.base import Tracer
+
+
+def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
+               warn: Callable[[str], None]) -> Path | None:
+    """The file a session starting now writes: the one asked for, or with ``dataset`` the
+    dataset's place for this run and rank (its folder made; None, said, where it cannot be);
+    one rank of a distributed job writes its own beside the name asked for."""
+    if options.dataset is not None:
+        assert run_id is not None
+        path = dataset_path(options.dataset, run_id, 0 if rank is None else rank.rank, options.service_name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
+            warn(f"cannot write into the dataset {options.dataset} ({exc.strerror or exc}): the trace is not "
+                 "written to a file")
+            return None
+        return path
+    if options.output is not None and rank is not None:
+        return rank_path(options.output, rank.rank)
+    return options.output
+
+
+@dataclass(eq=False)
+class RunningSession:
+    """What one session records with, from its start to its end (see the module docs). Made by
+    :func:`xsp.session.starting.start`, with every part in place; its own methods change it."""
+
+    options: TraceOptions
+    """What the session was asked to do."""
+    thread_id: int
+    """The native id of the thread that opened the session."""
+    warn: Callable[[str], None]
+    """How a problem is said (the session's warning, kept for the trace's metadata)."""
+    recording: Recording
+    """The per-thread buffers the tracers record into (:mod:`xsp.record.recording`)."""
+    clock: ClockSync
+    """How host-clock readings map to epoch nanoseconds (measured at the start)."""
+    threads_at_start: tuple[int, int] | None
+    """The threads' time on a CPU and waiting for one at the start (:mod:`xsp.core.contention`)."""
+    rank: RankInfo | None
+    """This process's rank when it is one of a distributed job (see :mod:`xsp.core.rank`)."""
+    run_id: str | None
+    """With ``dataset``: this run's id, its ``run=`` partition."""
+    output_name: OutputName
+    """The claim on the output's name (held until the session ends)."""
+    output: Path | None
+    """The trace file (None when none is written): see :func:`output_for`."""
+    target: OtlpTarget | None
+    """The collector spans are exported to (None: none asked for, or found unreachable at the start)."""
+    interpreter: WindowInterpreter
+    """Turns closed windows into span tables and keeps what they leave (segments, counts)."""
+    tracers: list[Tracer]
+    """The tracers started, in the order they started (and stop)."""
+    unavailable: dict[Level, str]
+    """Why each level asked for has no tracer here."""
+    windows: WindowWorker | None
+    """The thread that interprets (and exports) windows while the program runs, if any."""
+    steps: ScheduledSteps | None
+    """With a schedule: the steps it kept, warmed up and skipped."""
+    start_ns: int
+    """When it began recording (host clock)."""
+    watching: list[Callable[[], None]] = field(default_factory=list)
+    """What it added to its recording's ``on_new_thread`` (taken out when it hands over)."""
+
+    def stop_quietly(self, tracer: Tracer) -> None:
+        """Stop ``tracer``; a failure is said, never raised."""
+        try:
+            tracer.stop()
+        except Exception as exc:
+            self.warn(f"tracer {tracer.name} failed to stop: {exc}")
+
+    def settle_rank(self) -> None:
+        """The rank as the end finds it (the backend the job ended with; a process group set up
+        inside the block), and so the file's name: decided before the file is begun."""
+        if self.rank is not None:
+            self.rank = self.rank.with_backend(current_backend() or self.recording.backend)
+            return
+        if self.output is None or self.options.dataset is not None:
+            return
+        found = rank_info(seen=self.recording.process_group)
+        if found is None:
+            return
+        # the process group was set up inside the block, without a launcher's variables: the file
+        # is still this rank's own (its spans take their rank from the metadata when loaded)
+        self.rank = found
+        requested = self.output_name.requested or self.output
+        self.output_name.release()  # the name asked for was taken as a whole: this rank's own is claimed now
+        self.output = self.output_name.take(rank_path(requested, found.rank), self.warn)
+
+    def release_output(self) -> None:
+        """Give the output's name back (the file, if written, stays)."""
+        self.output_name.release()
+
+    def described(self, clock: ClockSync) -> dict[str, Any]:
+        """The metadata known from the start: host, versions, levels, tracers, clock."""
+        nvtx = self.recording.nvtx
+        return {
+            **environment(),
+            "service_name": self.options.service_name,
+            "levels": [level.value for level in self.options.levels],
+            "layer_depth": self.options.layer_depth,
+            "tracers": [tracer.name for tracer in self.tracers],
+            "unavailable": {level.value: reason for level, reason in self.unavailable.items()},
+            "clock": {"host_to_epoch_ns": clock.host_to_epoch_ns, "uncertainty_ns": clock.uncertainty_ns,
+                      "drift_ns": clock.drift_ns},
+            "distributed": None if self.rank is None else self.rank.as_metadata(),
+            "run_id": self.run_id,
+            "machine_speed": machine_speed.confirmed(),
+            "contention": contention.since(self.threads_at_start),
+            "nvtx": None if nvtx is None else nvtx.facts(),
+        }
+
+    def start_metadata(self) -> dict[str, Any]:
+        """What a recovery of this session needs to know, and what is known at its start."""
+        state = self.interpreter.state
+        return {
+            **self.described(self.clock),
+            "session_ids": {"trace_id": state.session_trace_id, "span_id": state.session_span_id},
+            "session_start_ns": self.start_ns + self.clock.host_to_epoch_ns,
+            "session_thread_id": self.thread_id,
+        }
