@@ -55,7 +55,7 @@ def assert_same_rows(path: Path) -> pd.DataFrame:
     return rows
 
 
-@pytest.mark.parametrize("name", [  # the largest trace (110 MB of JSON) in the heavy suite
+@pytest.mark.parametrize("name", [  # the largest trace (54 MB of JSON) in the heavy suite
     pytest.param("v100_2rank_train_rank1", marks=pytest.mark.heavy), "a100_alexnet", "a100_nccl_rank0",
     "a100_triton", "a100_event_sync_multistream",
     "sampled_rank0", "cpu_only_rank34", "a100_cupti_counters"])
