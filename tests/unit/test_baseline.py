@@ -100,7 +100,8 @@ def test_an_empty_table_comes_back_empty(tmp_path):
     assert all(len(frame) == 0 and list(frame.columns) == list(dcol.KEY_COLUMNS) for frame in back.values())
 
 
-@pytest.mark.parametrize("name", ["a100_alexnet.json.gz", "v100_2rank_train_rank1.json.gz", "cpu_only_rank34.json.gz"])
+@pytest.mark.parametrize("name", ["a100_alexnet.json.gz", "cpu_only_rank34.json.gz",
+                                  pytest.param("v100_2rank_train_rank1.json.gz", marks=pytest.mark.heavy)])
 def test_real_traces_summaries_come_back(shared_traces, name, tmp_path):
     trace = xsp.load(shared_traces / "kineto" / name)
     summary = summarize(trace)

@@ -361,6 +361,7 @@ def test_every_output_format_parses():
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
+@pytest.mark.heavy
 def test_a_kineto_trace_against_itself_and_against_slower_kernels(shared_traces):
     path = shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz"
     trace = xsp.load(path)

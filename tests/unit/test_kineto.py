@@ -257,9 +257,9 @@ def test_events_of_odd_phases_are_counted_not_fatal(tmp_path):
 IMPORTED = ("X",)
 
 
-@pytest.mark.parametrize("name", [
-    "v100_2rank_train_rank1", "a100_alexnet", "a100_nccl_rank0", "a100_triton", "a100_event_sync_multistream",
-    "sampled_rank0", "cpu_only_rank34", "a100_cupti_counters"])
+@pytest.mark.parametrize("name", [  # the largest trace in the heavy suite
+    pytest.param("v100_2rank_train_rank1", marks=pytest.mark.heavy), "a100_alexnet", "a100_nccl_rank0", "a100_triton",
+    "a100_event_sync_multistream", "sampled_rank0", "cpu_only_rank34", "a100_cupti_counters"])
 def test_every_argument_comes_back_whole(shared_traces, name):
     """``attributes`` leaves out what typed columns hold; kineto_arguments gives every event's
     arguments back as the file has them."""

@@ -341,6 +341,7 @@ def test_a_model_figure_loses_the_pass_through_cost_of_each_module_call_inside_i
     assert spans.loc[A, col.OVERHEAD_NS] == 0  # no layer cost calibrated
 
 
+@pytest.mark.heavy
 def test_calibration_under_autograd_measures_the_backward_hooks_too():
     plain, recording = calibrate([Level.LAYER], calibration_session), calibrate([Level.LAYER], calibration_session,
                                                                                  grad=True)

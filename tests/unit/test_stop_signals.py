@@ -60,7 +60,7 @@ with xsp.trace(output=None):
 """
 
 
-@pytest.mark.parametrize("name", ["TERM", "HUP"])
+@pytest.mark.parametrize("name", ["TERM", pytest.param("HUP", marks=pytest.mark.heavy)])
 def test_a_stopping_signal_that_lands_on_another_thread_ends_a_main_thread_waiting_in_a_semaphore(name):
     """The kernel may give a process's signal to any thread that does not block it. Python only
     notes it there, for the main thread to run the handler at its next bytecode; a main thread
