@@ -30,6 +30,14 @@ from xsp.session.windows import WindowWorker
 from xsp.tracers.base import Tracer
 
 
+def stop_quietly(tracer: Tracer, warn: Callable[[str], None]) -> None:
+    """Stop ``tracer``; a failure is said with ``warn``, never raised."""
+    try:
+        tracer.stop()
+    except Exception as exc:
+        warn(f"tracer {tracer.name} failed to stop: {exc}")
+
+
 def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
                warn: Callable[[str], None]) -> Path | None:
     """The file a session starting now writes: the one asked for, or with ``dataset`` the
@@ -94,10 +102,7 @@ class RunningSession:
 
     def stop_quietly(self, tracer: Tracer) -> None:
         """Stop ``tracer``; a failure is said, never raised."""
-        try:
-            tracer.stop()
-        except Exception as exc:
-            self.warn(f"tracer {tracer.name} failed to stop: {exc}")
+        stop_quietly(tracer, self.warn)
 
     def settle_rank(self) -> None:
         """The rank as the end finds it (the backend the job ended with; a process group set up

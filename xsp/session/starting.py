@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
@@ -19,7 +20,7 @@ from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
-from xsp.session.running import RunningSession, output_for
+from xsp.session.running import RunningSession, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.signals import StopSignals
 from xsp.session.windows import WindowWorker
@@ -52,7 +53,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         tracers, unavailable = tracers_for(options.levels)
         tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
         for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
-            _stop_quietly(tracer, warn)
+            stop_quietly(tracer, warn)
         kept = [tracer for tracer in tracers if tracer in (running or ())]
         tracers.sort(key=lambda tracer: not tracer.starts_first)  # stable: the rest keep their order
         by_reason: dict[str, list[str]] = {}
@@ -64,19 +65,20 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
             warn(f"level{plural} {', '.join(levels)} {verb} not recorded: {reason}")
         # stream closed windows to segments beside the output, unless a tracer's spans of a step
         # only come at the session's end (then windows stay open and spans in memory)
-        streaming = output is not None and not any(tracer.collects_at_end for tracer in tracers)
+        segments = None
+        if output is not None and not any(tracer.collects_at_end for tracer in tracers):
+            segments = SegmentWriter(output)
         started: list[Tracer] = []
         interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
-                                        clock.host_to_epoch_ns, rank,
-                                        SegmentWriter(output) if streaming and output is not None else None)
+                                        clock.host_to_epoch_ns, rank, segments)
         windows = None
-        if target is not None or interpreter.segments is not None:
+        if target is not None or segments is not None:
             windows = WindowWorker(recording, interpreter, target, options, rank, warn)
         recording.levels = options.levels
         steps = None if options.schedule is None else ScheduledSteps(options.schedule, recording)
         if steps is not None:
             steps.pause_first()
-        watching = watch_step_ends(options, recording, tracers, windows, interpreter.segments is not None, steps)
+        watching = watch_step_ends(options, recording, tracers, windows, segments is not None, steps)
         for tracer in tracers:
             if tracer in kept:  # it never stopped recording
                 started.append(tracer)
@@ -86,7 +88,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
                 started.append(tracer)
             except Exception as exc:
                 warn(f"tracer {tracer.name} failed to start and is disabled: {exc}")
-                _stop_quietly(tracer, warn)
+                stop_quietly(tracer, warn)
         # signals are handled in the main thread only (a forkserver's child: the thread that forked
         # it is named main, with the forkserver's thread id, until multiprocessing renames it)
         if thread_id == threading.get_native_id() and threading.current_thread() is threading.main_thread():
@@ -100,7 +102,6 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         threads_at_start=threads_at_start, rank=rank, run_id=this_run, output_name=output_name, output=output,
         target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
         steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching)
-    segments = interpreter.segments
     if segments is not None:
         try:
             segments.start(run.start_metadata())
@@ -113,14 +114,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     return run
 
 
-def _stop_quietly(tracer: Tracer, warn: Callable[[str], None]) -> None:
-    try:
-        tracer.stop()
-    except Exception as exc:
-        warn(f"tracer {tracer.name} failed to stop: {exc}")
-
-
-def open_export(options: TraceOptions, output: object, warn: Callable[[str], None]) -> OtlpTarget | None:
+def open_export(options: TraceOptions, output: Path | None, warn: Callable[[str], None]) -> OtlpTarget | None:
     """The collector to export to, probed: None where none was asked for or it does not answer
     (said, with where the spans are instead)."""
     if options.target is None:
