@@ -135,13 +135,18 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
             model_name(recording, module, sys._getframe(2))
         training = grad_enabled()
         start = now_ns()
-        if buffer.steps.call_begins(id(module), start, training):
+        steps = buffer.steps
+        if steps.call_begins(id(module), start, training):
             start = now_ns()  # the step before was handed over first: the call starts now
         if recording.paused:
             buffer.skipping = True
-            buffer.steps.lane = 0
+            steps.lane = 0
             return start
         buffer.skipping = False
+        sampler = recording.sampler
+        if sampler is not None and steps.type and not buffer.open_steps and steps.start_ns != buffer.decided_ns:
+            buffer.decided_ns = steps.start_ns  # a step began: how deep it is recorded
+            buffer.shallow = not sampler.decide(buffer, start)
         buffer.roots.append((start, _root_flags(module, training)))
         return start
 
@@ -353,7 +358,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             start = begin_root(buffer, self)
             if buffer.skipping:
                 return _unrecorded_root(_orig, buffer, self, args, kwargs)
-        elif depth > deepest:
+        elif depth > deepest or buffer.shallow:  # (shallow: a step an always-on session did not sample)
             return _orig(self, *args, **kwargs)
         elif buffer.skipping:
             buffer.depth = depth + 1

@@ -106,6 +106,23 @@ GPU_ACTIVITY_KINDS: Final = frozenset({SpanKind.KERNEL, SpanKind.MEMCPY, SpanKin
 """Kernel-level kinds that a CUDA API call launches (linked by correlation id)."""
 
 
+class StepSampling(str, enum.Enum):
+    """Why a step of an always-on session (``xsp.trace(sample=...)``) was or was not recorded
+    below the model level (the ``sampling`` column of its root)."""
+
+    MODEL_ONLY = "model_only"
+    """Not drawn: timed at the model level only."""
+    SAMPLED = "sampled"
+    """Drawn (a fraction ``sample`` of steps): recorded at every level asked for."""
+    AFTER_SLOW = "after_slow"
+    """Recorded deep because a step before it was slow."""
+    CAPTURE = "capture"
+    """Recorded deep because ``xsp capture`` asked for it."""
+    REQUEST_NOT_SAMPLED = "request_not_sampled"
+    """Inside a request the application's OpenTelemetry sampler dropped: model level only, and
+    not exported."""
+
+
 class Status(str, enum.Enum):
     """Outcome of a span: ERROR when an exception passed through it."""
 
@@ -175,6 +192,13 @@ process's spans (the metadata's ``process_id``)."""
 OVERHEAD_NS: Final = "overhead_ns"
 """In a leveled result: xsp's own calibrated cost, taken out of ``duration_ns`` (the raw figure
 is their sum); negative for a layer whose untimed call cost was given back to it."""
+SAMPLING: Final = "sampling"
+"""On the root of each step of an always-on session: why it was or was not recorded below the
+model level (:class:`StepSampling`). Null elsewhere."""
+REMOTE_PARENT_ID: Final = "remote_parent_id"
+"""On the root of a step that began inside an OpenTelemetry span of the application (a request's
+server span): that span's id. The step's spans carry that span's trace id, and the root is exported
+as its child; in the file the root's ``parent_id`` stays null (the parent is not xsp's)."""
 ATTRIBUTES: Final = "attributes"
 """JSON object with every attribute that has no typed column (user attributes among them)."""
 
@@ -234,6 +258,8 @@ COLUMNS: Final[dict[str, str]] = {
     OVERHEAD_NS: "Int64",
     RANK: "Int64",
     PROCESS_ID: "Int64",
+    SAMPLING: CATEGORY,
+    REMOTE_PARENT_ID: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -290,6 +316,8 @@ ATTR_COLLECTIVE_BUCKET: Final = "xsp.collective.bucket"
 ATTR_COLLECTIVE_WORK_NS: Final = "xsp.collective.work_ns"
 """On an asynchronous collective whose completion xsp saw (DDP's buckets): nanoseconds from its
 launch (the span's start) to its completion. The span itself is the launch."""
+ATTR_STEP_SLOW: Final = "xsp.step.slow_over_median"
+"""On a step an always-on session found slow: its duration over the running median of steps."""
 ATTR_RANK: Final = "xsp.rank"
 """On every span of a distributed job: the rank that recorded it."""
 ATTR_PROCESS_ID: Final = "process.pid"
@@ -331,5 +359,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     OVERHEAD_NS: "xsp.session.leveled.overhead_ns",
     RANK: ATTR_RANK,
     PROCESS_ID: ATTR_PROCESS_ID,
+    SAMPLING: "xsp.step.sampling",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

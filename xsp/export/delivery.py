@@ -170,6 +170,9 @@ class ExportReport:
     """Spans handed to this export (the budget's aggregates counted as sent)."""
     step_traces: int = 0
     """Traces handed to this export besides the session's own (one per step)."""
+    not_sampled_by_request: int = 0
+    """Spans of steps inside requests the application's OpenTelemetry sampler dropped: not
+    sent, as the request's own spans are not (the trace file keeps them)."""
     cut_off: bool = False
     """The process ended before the export did (its bounded wait at exit ran out)."""
     deadline: float | None = field(default=None, repr=False)
@@ -199,6 +202,9 @@ class ExportReport:
             left_out = f", {self.dropped_by_budget} left out" if self.dropped_by_budget else ""
             folded = (f" ({self.spans_folded} spans of {self.traces_folded} traces over the span budget sent as "
                       f"{self.aggregates} aggregates{left_out}; the trace file keeps them all)")
+        if self.not_sampled_by_request:
+            folded += (f" ({self.not_sampled_by_request} spans of requests the application's sampler dropped not "
+                       "sent; the trace file keeps them)")
         if self.error is None:
             return f"{self.exported} spans sent to {self.target}{folded}"
         said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""

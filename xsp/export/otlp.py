@@ -200,6 +200,32 @@ def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[lis
     provider.shutdown()
 
 
+def without_unsampled_requests(spans: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``spans`` without the steps that began inside a request the application's sampler dropped
+    (:attr:`~xsp.core.schema.StepSampling.REQUEST_NOT_SAMPLED`), and how many spans those were."""
+    if col.SAMPLING not in spans or not spans[col.SAMPLING].notna().any():
+        return spans, 0
+    roots = (spans[col.SAMPLING] == col.StepSampling.REQUEST_NOT_SAMPLED.value).fillna(False).to_numpy(dtype=bool)
+    if not roots.any():
+        return spans, 0
+    unsent = spans[col.TRACE_ID].isin(spans[col.TRACE_ID][roots].unique()).to_numpy(dtype=bool)
+    return spans[~unsent].reset_index(drop=True), int(unsent.sum())
+
+
+def under_request_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """``spans`` with each step root that began inside an application's span (a request's) made
+    that span's child (:data:`~xsp.core.schema.REMOTE_PARENT_ID`): the request's trace then holds
+    the step. The file keeps the root without a parent; only what is sent has one."""
+    if col.REMOTE_PARENT_ID not in spans:
+        return spans
+    remote = spans[col.REMOTE_PARENT_ID]
+    if not remote.notna().any():
+        return spans
+    spans = spans.copy(deep=False)
+    spans[col.PARENT_ID] = spans[col.PARENT_ID].fillna(remote)
+    return spans
+
+
 ENCODED_CHUNK: Final = 65_536
 """Rows made ready for the encoder at a time: its memory stays that of a chunk, whatever the table's size."""
 
@@ -270,6 +296,8 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     sent on the session span (:func:`with_session_metadata`) so that ``xsp pull`` gets it back.
     """
     report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
+    spans, unsampled = without_unsampled_requests(spans)
+    report.not_sampled_by_request += unsampled
     report.to_send += len(spans)
     submitted_before = report.submitted
     try:
@@ -283,6 +311,7 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
         report.aggregates += folded.aggregates
         report.dropped_by_budget += folded.dropped
     report.step_traces += _step_traces(spans, session)
+    spans = under_request_spans(spans)  # after the budget, which finds each step's root by its missing parent
     if metadata is not None:  # the last table: what the session sent in all goes with it
         spans = with_session_metadata(spans, metadata, sent={"traces": report.step_traces + 1,
                                                              "spans": report.submitted + len(spans)})

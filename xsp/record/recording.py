@@ -44,6 +44,7 @@ from xsp.record.columns import (
 )
 from xsp.record.model_naming import ModelNames
 from xsp.record.nvtx import NvtxRanges
+from xsp.record.sampling import StepSampler
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
 from xsp.record.window import Window, WindowBuffer, split_columns
@@ -62,7 +63,7 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "site_scopes", "_lock",
+        "site_of", "site_scopes", "shallow", "decided_ns", "step_notes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -85,6 +86,13 @@ class ThreadBuffer:
         """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
         self.skipping = False
         """The running top-level call belongs to a step the schedule does not record."""
+        self.shallow = False
+        """The running step is timed at the model level only (an always-on session did not sample
+        it): calls inside its top-level calls pass through unrecorded."""
+        self.decided_ns = 0
+        """Start of the automatic step whose depth was last decided on this thread."""
+        self.step_notes: list[tuple[int, ...]] = []
+        """What an always-on session decided of this thread's steps (:mod:`xsp.record.sampling`)."""
         self.kept_lengths = (0, 0, 0, 0)
         """Lengths of the call, mark, backward and root columns when a step was last kept (a schedule)."""
         self.kept_steps: list[int] = []
@@ -214,9 +222,10 @@ class ThreadBuffer:
         """Everything recorded so far, as a :class:`WindowBuffer`; the thread starts afresh."""
         with self._lock:
             self._compact_locked()
+            notes, self.step_notes = self.step_notes, []
             drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
                                    self.backward_columns, self.root_columns, self.modules, self.descriptors,
-                                   self.strings, self.kept_steps)
+                                   self.strings, self.kept_steps, notes)
             self._call_columns = self._mark_columns = self._backward_columns = self._root_columns = None
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
         return drained
@@ -232,8 +241,10 @@ class ThreadBuffer:
             backward, self._backward_columns = split_columns(self.backward_columns, self.backward_columns.call,
                                                               cut_ns)
             roots, self._root_columns = split_columns(self.root_columns, self.root_columns.start, cut_ns)
+            notes = [note for note in self.step_notes if note[0] < cut_ns]
+            self.step_notes = self.step_notes[len(notes):]
             drained = WindowBuffer(self.thread_id, self.thread_name, calls, marks, backward, roots, self.modules,
-                                   self.descriptors, self.strings, self.kept_steps)
+                                   self.descriptors, self.strings, self.kept_steps, notes)
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []  # the open step is not decided yet
         return drained
 
@@ -351,6 +362,9 @@ class Recording:
         """Set once module calls push their start as CUPTI external correlation ids."""
         self.nvtx: NvtxRanges | None = None
         """With NVTX on (``xsp.trace(nvtx=True)``): the ranges that spans push and pop as they run."""
+        self.sampler: StepSampler | None = None
+        """An always-on session's: decides at each step's start whether it is recorded below the
+        model level. While set, top-level calls take the Python path (which asks it)."""
         self.paused = False
         """True while the steps that begin are not recorded (a profiling schedule): top-level
         calls then only keep the step bookkeeping going, and nothing below them is recorded."""
@@ -458,6 +472,15 @@ class Recording:
         with self._lock:
             self.max_events, self.kept_events = max_events, 0
             self.report_after_ns = self.report_at_events = NEVER
+
+    def sample_steps(self, sampler: StepSampler | None) -> None:
+        """Have ``sampler`` decide the depth of each step that begins from now on (None: every
+        step is recorded at every level again)."""
+        self.sampler = sampler
+        if sampler is None:
+            for buffer in list(self.buffers):
+                buffer.shallow = False
+                buffer.decided_ns = 0
 
     def compact(self) -> None:
         for buffer in list(self.buffers):

@@ -107,9 +107,13 @@ class step(span):  # noqa: N801
     def __enter__(self) -> step:
         super().__enter__()
         if self._recording is not None:
-            buffer = self._recording.buffer()
+            recording = self._recording
+            buffer = recording.buffer()
             buffer.steps.finish()  # the automatic step before it ends here
             buffer.open_steps += 1
+            sampler = recording.sampler
+            if sampler is not None and buffer.open_steps == 1 and not buffer.depth:
+                buffer.shallow = not sampler.decide(buffer, self._start)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

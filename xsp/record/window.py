@@ -28,6 +28,8 @@ class WindowBuffer:
     strings: Interner
     kept_steps: list[int] = field(default_factory=list)
     """Numbers of the scheduled steps in these columns, in order."""
+    step_notes: list[tuple[int, ...]] = field(default_factory=list)
+    """An always-on session's notes of these steps (:mod:`xsp.record.sampling`), by time."""
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
@@ -39,7 +41,7 @@ class WindowBuffer:
             mark_columns=split_columns(self.mark_columns, self.mark_columns.start, start_ns)[1],
             backward_columns=split_columns(self.backward_columns, self.backward_columns.call, start_ns)[1],
             root_columns=split_columns(self.root_columns, self.root_columns.start, start_ns)[1],
-            kept_steps=[])
+            kept_steps=[], step_notes=[note for note in self.step_notes if note[0] >= start_ns])
 
 
 @dataclass

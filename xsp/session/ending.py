@@ -86,6 +86,8 @@ def finish(run: RunningSession, end_ns: int, error: str | None, session_metadata
     ``following``: the child processes whose spans are added (None: none)."""
     if handing_over:
         starting.stop_watching(run)
+    elif run.sampler is not None:  # every thread's last step is decided at the model level's depth
+        run.recording.sample_steps(None)
     run.recording.on_long_step = None
     run.settle_rank()
     writer = TraceWriter(run.output, run.warn)

@@ -21,6 +21,7 @@ from xsp.core.rank import RankInfo
 from xsp.io.segments import SegmentWriter
 from xsp.record.window import Window
 from xsp.table.build import build_table
+from xsp.table.sampling import StepNotes
 from xsp.table.steps import StepState
 from xsp.tracers.base import Tracer
 
@@ -96,7 +97,8 @@ class WindowInterpreter:
             except Exception as exc:
                 self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         result = build_table(frames, self.host_to_epoch_ns, self.state, session_row, sort=True,
-                             step_numbers=window.step_numbers)
+                             step_numbers=window.step_numbers,
+                             step_notes=StepNotes.of(window.buffers, self.host_to_epoch_ns))
         for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
             self.state.latest_step.pop(thread_id, None)
         if self.rank is not None:

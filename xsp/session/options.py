@@ -16,9 +16,12 @@ from xsp.core.schema import DEFAULT_OUTPUT, Level
 from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
+from xsp.record.sampling import DEFAULT_SLOW_FACTOR, SamplingPolicy
 from xsp.record.schedule import Schedule, schedule_of
 
 DEFAULT_LEVELS: Final = ("model", "layer")
+SAMPLE_VARIABLE: Final = "XSP_SAMPLE"
+"""The ``sample`` of a session that was given none (``xsp run --sample`` sets it for the script)."""
 DEFAULT_LONG_STEP_S: Final = 1.0
 """Steps at least this long are exported to OTLP as soon as they end."""
 WINDOW_S = 1.0
@@ -59,6 +62,10 @@ class TraceOptions:
     """See :data:`WINDOW_S`."""
     window_events: int
     """See :data:`WINDOW_EVENTS`."""
+    sampling: SamplingPolicy | None = None
+    """Always on (``sample=``): which steps are recorded below the model level (None: every step)."""
+    sampling_env_problem: str | None = None
+    """``XSP_SAMPLE`` was set but could not be used (said at the start)."""
 
     @classmethod
     def parse(cls, levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
@@ -66,13 +73,15 @@ class TraceOptions:
               max_events: int = DEFAULT_MAX_EVENTS, long_step_s: float = DEFAULT_LONG_STEP_S,
               schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
               span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-              backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> TraceOptions:
+              backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
+              sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR) -> TraceOptions:
         """The options of :func:`xsp.trace`, checked.
 
         Raises:
             ValueError: an option is out of range or cannot be parsed (the message names it).
         """
         budget = checked_span_budget(span_budget)
+        sampling, env_problem = _sampling(sample, slow_factor)
         return cls(
             levels=parse_levels(levels), output=None if output is None else Path(output).absolute(),
             target=OtlpTarget.resolve(otlp_endpoint, otlp_protocol),
@@ -81,4 +90,19 @@ class TraceOptions:
             span_budget=span_budget_from_env() if budget is None else budget, span_budget_from_env=budget is None,
             dataset=None if dataset is None else Path(dataset).absolute(), backward=backward,
             layer_depth=checked_layer_depth(layer_depth), nvtx=nvtx_ranges.wanted(nvtx),
-            window_s=WINDOW_S, window_events=WINDOW_EVENTS)
+            window_s=WINDOW_S, window_events=WINDOW_EVENTS, sampling=sampling, sampling_env_problem=env_problem)
+
+
+def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy | None, str | None]:
+    """The sampling asked for, else ``XSP_SAMPLE``'s (a value it cannot use is a problem to say,
+    not an error: the environment is not the program's own call)."""
+    if sample is not None:
+        return SamplingPolicy.parse(sample, slow_factor), None
+    from_env = os.environ.get(SAMPLE_VARIABLE, "").strip()
+    if not from_env:
+        return None, None
+    try:
+        return SamplingPolicy.parse(from_env, slow_factor), None
+    except ValueError as exc:
+        return None, f"{SAMPLE_VARIABLE} is not used: {exc}; every step is recorded at every level"
+

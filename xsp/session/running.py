@@ -22,6 +22,7 @@ from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, ra
 from xsp.core.schema import Level
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
+from xsp.record.sampling import StepSampler
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
@@ -99,6 +100,8 @@ class RunningSession:
     """When it began recording (host clock)."""
     watching: list[Callable[[], None]] = field(default_factory=list)
     """What it added to its recording's ``on_new_thread`` (taken out when it hands over)."""
+    sampler: StepSampler | None = None
+    """An always-on session's (``sample=``): decides how deep each step is recorded."""
 
     def stop_quietly(self, tracer: Tracer) -> None:
         """Stop ``tracer``; a failure is said, never raised."""
@@ -143,6 +146,7 @@ class RunningSession:
             "machine_speed": machine_speed.confirmed(),
             "contention": contention.since(self.threads_at_start),
             "nvtx": None if nvtx is None else nvtx.facts(),
+            "sampling": None if self.sampler is None else self.sampler.as_metadata(),
         }
 
     def start_metadata(self) -> dict[str, Any]:

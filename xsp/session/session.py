@@ -25,6 +25,7 @@ from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadCopy
+from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
 from xsp.record.user_spans import span
 from xsp.session import child_session, children, ending, exit_guard, starting
@@ -115,11 +116,12 @@ class Session:
                  long_step_s: float = DEFAULT_LONG_STEP_S,
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-                 backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None, *,
+                 backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
+                 sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR, *,
                  options: TraceOptions | None = None) -> None:
         self.options = options if options is not None else TraceOptions.parse(
             levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
-            span_budget, dataset, backward, layer_depth, nvtx)
+            span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor)
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
         self.run: RunningSession | None = None

@@ -16,6 +16,7 @@ from xsp.export.target import OtlpTarget, probe, span_budget_env_problem
 from xsp.io.segments import SegmentWriter
 from xsp.record.columns import NEVER
 from xsp.record.recording import Recording
+from xsp.record.sampling import StepSampler, otel_context_probe
 from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
@@ -78,7 +79,13 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         steps = None if options.schedule is None else ScheduledSteps(options.schedule, recording)
         if steps is not None:
             steps.pause_first()
-        watching = watch_step_ends(options, recording, tracers, windows, segments is not None, steps)
+        sampler = None
+        if options.sampling_env_problem is not None:
+            warn(options.sampling_env_problem)
+        if options.sampling is not None:
+            sampler = StepSampler(options.sampling, otel_context_probe())
+            recording.sample_steps(sampler)
+        watching = watch_step_ends(options, recording, tracers, windows, segments is not None, steps, sampler)
         for tracer in tracers:
             if tracer in kept:  # it never stopped recording
                 started.append(tracer)
@@ -101,7 +108,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         options=options, thread_id=thread_id, warn=warn, recording=recording, clock=clock,
         threads_at_start=threads_at_start, rank=rank, run_id=this_run, output_name=output_name, output=output,
         target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
-        steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching)
+        steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler)
     if segments is not None:
         try:
             segments.start(run.start_metadata())
@@ -139,22 +146,24 @@ def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:
 
 
 def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[Tracer], windows: WindowWorker | None,
-                    streaming: bool, steps: ScheduledSteps | None) -> list[Callable[[], None]]:
+                    streaming: bool, steps: ScheduledSteps | None,
+                    sampler: StepSampler | None = None) -> list[Callable[[], None]]:
     """Tell ``recording`` who hears of step ends: tracers that flush at each step (every step),
-    ``steps`` (every step), and the window worker (a step of ``long_step_s`` or more, or the
-    first step end ``window_s`` after the last window closed; ``streaming``: windows are written
-    to segments). Returns what it added to the recording's ``on_new_thread``."""
+    ``steps`` (every step), ``sampler`` (every step: it learns what a slow step is), and the
+    window worker (a step of ``long_step_s`` or more, or the first step end ``window_s`` after
+    the last window closed; ``streaming``: windows are written to segments). Returns what it
+    added to the recording's ``on_new_thread``."""
     flushers = [hook for hook in map(_step_end_hook, tracers) if hook is not None]
     at_end = [tracer.name for tracer in tracers if tracer.collects_at_end]
     if at_end:  # their spans of a step come only after the session: never export a step without them
         windows = None
     long_step_ns = int(options.long_step_s * 1e9)
-    if not flushers and windows is None and steps is None:
+    if not flushers and windows is None and steps is None and sampler is None:
         return []
 
     window_ns = int(options.window_s * 1e9) if streaming else NEVER
     window_events = options.window_events if streaming else NEVER
-    every_step = bool(flushers) or steps is not None
+    every_step = bool(flushers) or steps is not None or sampler is not None
 
     def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
         assert windows is not None
@@ -180,6 +189,8 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
         windows.release_held()
 
     def step_ended(duration_ns: int) -> None:
+        if sampler is not None:  # before a window is taken: its note of a slow step goes with the step
+            sampler.step_ended(duration_ns, getattr(recording.local, "b", None))
         if steps is not None:
             steps.step_ended(duration_ns)
         for flush in flushers:
@@ -206,6 +217,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
 def stop_watching(run: RunningSession) -> None:
     """Undo :func:`watch_step_ends`: ``run`` hands its recording, which goes on, to another."""
     recording = run.recording
+    recording.sample_steps(None)
     recording.on_long_step = None
     recording.on_wait_over = None
     recording.on_ended_thread_step = None

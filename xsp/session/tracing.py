@@ -8,6 +8,7 @@ import os
 from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.record.columns import DEFAULT_MAX_EVENTS
+from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
 from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S
 from xsp.session.session import Session
@@ -19,7 +20,8 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
           long_step_s: float = DEFAULT_LONG_STEP_S,
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
-          backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None) -> Session:
+          backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
+          sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -56,6 +58,15 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
         layer_depth: record layers down to this module call depth only (1: the calls the
             model makes itself, 2: theirs, ...); deeper calls run through unrecorded. None
             records every depth. :func:`xsp.leveled` runs one depth at a time.
+        sample: always on, for services and long jobs (``docs/production.md``): every step is
+            timed at the model level, and this fraction of steps (0 to 1) is recorded at every
+            level asked for; so are the steps after a slow one and those ``xsp capture`` asks
+            for. A step that begins inside an OpenTelemetry span (a request's server span) joins
+            that span's trace; a request the application's sampler dropped is recorded at the
+            model level only and not exported. Default ``XSP_SAMPLE``, else every step at every
+            level.
+        slow_factor: with ``sample``, a step slower than this many times the running median
+            step is slow: the next steps are recorded deep (0: no such rule).
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -72,4 +83,4 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
                    calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-                   layer_depth=layer_depth, nvtx=nvtx)
+                   layer_depth=layer_depth, nvtx=nvtx, sample=sample, slow_factor=slow_factor)

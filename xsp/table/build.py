@@ -18,6 +18,7 @@ from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import session_trace_id
 from xsp.table import late_records, paths, steps
 from xsp.table import parents as hierarchy
+from xsp.table.sampling import StepNotes, apply_step_notes
 from xsp.table.step_samples import annotate_steps
 from xsp.table.walks import (
     MEMORY_POOL,
@@ -214,7 +215,8 @@ def mark_recomputation(table: pd.DataFrame, parents: np.ndarray) -> None:
 
 def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: steps.StepState,
                 session_row: dict[str, Any] | None = None, sort: bool = True,
-                step_numbers: list[int] | None = None, live_records: bool = True) -> TableResult:
+                step_numbers: list[int] | None = None, live_records: bool = True,
+                step_notes: StepNotes | None = None) -> TableResult:
     """Concatenate one window's tracer rows, move them onto epoch time and derive the tree.
 
     Args:
@@ -231,6 +233,8 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
             (:func:`xsp.table.parents.external_parents`), and records that came a window late
             are placed (:mod:`xsp.table.late_records`). False for an imported trace, recorded
             whole on one clock.
+        step_notes: an always-on session's notes of the window's steps (their depth, the
+            request each joined: :mod:`xsp.table.sampling`).
 
     Returns:
         The window's span table (sorted by start time, if asked), and the hierarchy diagnostics.
@@ -272,7 +276,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
         release_freed_memory()
     mark_recomputation(table, parents)
     shape = steps.assign_steps(table, parents, session_position, state, lambda: new_trace_ids(1)[0],
-                                   step_numbers)
+                               step_numbers, step_notes)
     del parents  # the tree is in shape now; at millions of rows every array counts
     roots = int((shape.parents < 0).sum())
     if large:
@@ -313,5 +317,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     diagnostics.launch_missing = max(diagnostics.launch_missing - late_activities, 0)
     diagnostics.launched += late_activities
     diagnostics.roots = roots - diagnostics.late_linked
+    if step_notes is not None:
+        table = apply_step_notes(table, step_notes)
     annotate_steps(table)
     return TableResult(table, diagnostics.as_dict())

@@ -24,6 +24,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import PROFILER_STEP_NAME, STEP_KINDS, Level
+from xsp.table.sampling import StepNotes
 from xsp.table.walks import (
     category_values,
     chain_ends,
@@ -124,14 +125,16 @@ class _TraceCodes:
 
 
 def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
-                 new_trace_id: Callable[[], str], step_numbers: list[int] | None = None) -> Structure:
+                 new_trace_id: Callable[[], str], step_numbers: list[int] | None = None,
+                 notes: StepNotes | None = None) -> Structure:
     """Cut each step out as its own tree and give every span its step and trace.
 
     ``step_numbers`` numbers the steps in order of start, when the recorder kept only some of
     them (a schedule); else steps are counted on from ``state``.
 
     ``state`` carries step numbers and each thread's latest step from earlier windows of the
-    same session, and is updated for the next one.
+    same session, and is updated for the next one. ``notes``: an always-on session's; a step
+    that began inside a request's span takes that request's trace id.
     """
     count = len(spans)
     parents = parents.copy()
@@ -157,8 +160,11 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
         known = ~np.isnan(preset)
         step_of[step_roots[known]] = preset[known].astype(np.int64)
     job = state.job_id
-    for root in step_roots.tolist():
-        trace_of[root] = traces.code(new_trace_id() if job is None else step_trace_id(job, int(step_of[root])))
+    joined = (notes.joined_trace_ids(threads[step_roots], starts[step_roots], ends[step_roots]) if notes is not None
+              else [None] * len(step_roots))
+    for root, request_trace in zip(step_roots.tolist(), joined):
+        trace_of[root] = traces.code(request_trace or (new_trace_id() if job is None
+                                                       else step_trace_id(job, int(step_of[root]))))
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]

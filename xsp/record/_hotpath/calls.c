@@ -266,6 +266,11 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         if (id != -1) return NULL;
     }
     if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
+    PyObject *sampler = PyDict_GetItemWithError(plan.recording_dict, s_sampler);  /* borrowed */
+    if (sampler != Py_None) {  /* an always-on session decides each step's depth in Python; or an error */
+        Py_DECREF(plan.recording_dict);
+        return NULL;
+    }
     int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict);
     int planned = laned ? laned : plan_call(self, buffer, module, &plan);
     Py_DECREF(plan.recording_dict);
@@ -359,6 +364,11 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
     } else if (depth) {
         if (self->max_depth > 0 && depth > self->max_depth) {  /* below the depth traced: passed through,
                                                                   its own calls see the same depth */
+            result = call_original(self, &call);
+            goto done;
+        }
+        if (SLOT(buffer, self->buffer_slots.shallow) == Py_True) {  /* a step an always-on session did not
+                                                                       sample: timed at the model level only */
             result = call_original(self, &call);
             goto done;
         }

@@ -1,0 +1,256 @@
+"""Always on (``xsp.trace(sample=...)``): every step timed at the model level, a fraction deeper,
+steps joined to the application's OpenTelemetry request spans, exported into their traces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+import xsp
+from xsp.core import schema as col
+from xsp.core.schema import StepSampling
+from xsp.record import hotpath
+
+from .otlp_receiver import GrpcReceiver
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Sometimes(torch.nn.Module):
+    """Sleeps in its forward when told to: one slow step among fast ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.sleep_s = 0.0
+
+    def forward(self, x):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.inner(x)
+
+
+def step_roots(spans):
+    return spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+
+
+def tracer_of(sampler=None):
+    provider = TracerProvider() if sampler is None else TracerProvider(sampler=sampler)
+    return provider.get_tracer("service")
+
+
+@pytest.fixture(params=["c", "python"])
+def wrapper(request, monkeypatch):
+    """Both module-call wrappers: xsp's C one (where built) and the Python one."""
+    if request.param == "c" and hotpath.HOTPATH is None:
+        pytest.skip("xsp's C wrapper is not built here")
+    if request.param == "python":
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    return request.param
+
+
+@pytest.mark.parametrize("rate, reason", [(0.0, StepSampling.MODEL_ONLY), (1.0, StepSampling.SAMPLED)])
+def test_every_step_is_timed_and_only_sampled_steps_have_layers(wrapper, rate, reason):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=rate) as session:
+        for _ in range(12):
+            model(x)
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    assert len(roots) == 12
+    assert set(roots[col.SAMPLING].astype(str)) == {reason.value}
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert len(layers) == (12 * 4 if rate else 0)  # body and its three children, per step
+    assert session.trace.metadata["sampling"]["steps"][reason.value] == 12
+
+
+def test_a_fraction_of_steps_is_recorded_deep(wrapper):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.25) as session:
+        for _ in range(400):
+            model(x)
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    drawn = roots[roots[col.SAMPLING] == StepSampling.SAMPLED.value]
+    deep = roots[roots[col.SAMPLING].isin(["sampled", "after_slow"])]  # (a step 3x the median arms the next)
+    assert len(roots) == 400
+    assert 50 <= len(drawn) <= 150  # 100 expected; binomial sd 8.7
+    layer_steps = set(spans[spans[col.LEVEL] == "layer"][col.STEP].astype(int))
+    assert layer_steps == set(deep[col.STEP].astype(int))
+
+
+def test_a_step_in_a_request_span_joins_the_request_trace_when_exported(tmp_path):
+    tracer = tracer_of()
+    model, x = Net(), torch.randn(2, 8)
+    requests = []
+    with GrpcReceiver() as receiver:
+        with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "t.xsp.parquet", sample=1.0,
+                                        otlp_endpoint=receiver.endpoint) as session:
+            for _ in range(5):
+                with tracer.start_as_current_span("POST /predict") as request:
+                    model(x)
+                requests.append(request.get_span_context())
+        report = session.wait_for_export(30)
+        assert report is not None and report.error is None, report
+        received = list(receiver.sink.spans)
+    file_spans = xsp.load(tmp_path / "t.xsp.parquet").spans
+    roots = step_roots(file_spans)
+    assert sorted(roots[col.TRACE_ID].astype(str)) == sorted(f"{r.trace_id:032x}" for r in requests)
+    assert sorted(roots[col.REMOTE_PARENT_ID].astype("int64").astype("uint64").tolist()) == sorted(
+        r.span_id for r in requests)
+    for request in requests:
+        in_trace = [span for span in received if span.trace_id == f"{request.trace_id:032x}"]
+        predict = [span for span in in_trace if span.parent_id == request.span_id]
+        assert [span.name for span in predict] == ["model"]
+        by_id = {span.span_id: span for span in in_trace}
+        layers = [span for span in in_trace if span.attributes.get(col.ATTR_LEVEL) == "layer"]
+        assert len(layers) == 4
+        for layer in layers:  # each layer's chain of parents reaches the predict span
+            parent = by_id[layer.parent_id]
+            while parent.span_id != predict[0].span_id:
+                parent = by_id[parent.parent_id]
+
+
+def test_a_request_the_application_did_not_sample_is_timed_but_not_exported(tmp_path):
+    dropped, kept = tracer_of(ALWAYS_OFF), tracer_of()
+    model, x = Net(), torch.randn(2, 8)
+    with GrpcReceiver() as receiver:
+        with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=1.0,
+                                        otlp_endpoint=receiver.endpoint) as session:
+            for i in range(6):
+                with (dropped if i % 2 else kept).start_as_current_span("request") as request:
+                    model(x)
+        report = session.wait_for_export(30)
+        received = list(receiver.sink.spans)
+    roots = step_roots(session.trace.spans)
+    assert roots[col.SAMPLING].astype(str).tolist() == ["sampled", "request_not_sampled"] * 3
+    assert request.get_span_context().trace_flags.sampled is False
+    unsampled_traces = set(roots[roots[col.SAMPLING] == "request_not_sampled"][col.TRACE_ID].astype(str))
+    assert not any(span.trace_id in unsampled_traces for span in received)
+    assert report.not_sampled_by_request == 3  # their predict spans; no layer was recorded
+    layers = session.trace.spans[session.trace.spans[col.LEVEL] == "layer"]
+    assert set(layers[col.STEP].astype(int)) == {0, 2, 4}
+
+
+def test_requests_served_on_threads_each_land_in_their_own_trace():
+    tracer = tracer_of()
+    model, x = Net(), torch.randn(2, 8)
+
+    def serve(_: int) -> tuple[int, int]:
+        with tracer.start_as_current_span("request") as request:
+            with torch.no_grad():
+                model(x)
+            time.sleep(0.001)
+            context = request.get_span_context()
+        return context.trace_id, context.span_id
+
+    with xsp.trace(levels="model,layer", output=None, sample=1.0) as session:
+        with ThreadPoolExecutor(4) as pool:
+            served = list(pool.map(serve, range(40)))
+    roots = step_roots(session.trace.spans)
+    pairs = {(int(t, 16), int(p) & (2**64 - 1)) for t, p in zip(roots[col.TRACE_ID].astype(str),
+                                                                roots[col.REMOTE_PARENT_ID].astype("int64"))}
+    assert pairs == set(served)
+
+
+def test_requests_served_as_asyncio_tasks_each_land_in_their_own_trace():
+    tracer = tracer_of()
+    model, x = Net(), torch.randn(2, 8)
+
+    async def handle() -> int:
+        with tracer.start_as_current_span("request") as request:
+            await asyncio.sleep(0.001)  # the other tasks run here
+            with torch.no_grad():
+                model(x)
+            await asyncio.sleep(0.001)
+            return request.get_span_context().trace_id
+
+    async def serve() -> list[int]:
+        return list(await asyncio.gather(*(handle() for _ in range(30))))
+
+    with xsp.trace(levels="model,layer", output=None, sample=1.0) as session:
+        served = asyncio.run(serve())
+    roots = step_roots(session.trace.spans)
+    assert sorted(int(t, 16) for t in roots[col.TRACE_ID].astype(str)) == sorted(served)
+    layers = session.trace.spans[session.trace.spans[col.LEVEL] == "layer"]
+    assert len(layers) == 30 * 4
+
+
+def test_a_slow_step_arms_deep_recording_of_the_next_steps(wrapper):
+    model, x = Sometimes(), torch.randn(2, 4)
+    # steps of 2 ms, one of 300 ms: only the one can pass 20 times the median, on a busy machine too
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.0, slow_factor=20) as session:
+        for i in range(40):
+            model.sleep_s = 0.3 if i == 30 else 0.002
+            model(x)
+    spans = session.trace.spans
+    roots = step_roots(spans).sort_values(col.STEP)
+    reasons = roots[col.SAMPLING].astype(str).tolist()
+    assert reasons[31:34] == ["after_slow"] * 3
+    assert reasons[:31].count("model_only") >= 29 and reasons[34:] == ["model_only"] * 6
+    slow = roots.iloc[30]
+    assert json.loads(slow[col.ATTRIBUTES])[col.ATTR_STEP_SLOW] > 20
+    assert slow[col.SAMPLING] == "model_only"  # the slow step itself: timed, with the reason
+    layer_steps = set(spans[spans[col.LEVEL] == "layer"][col.STEP].astype(int))
+    assert {31, 32, 33} <= layer_steps
+    assert session.trace.metadata["sampling"]["slow_steps_found"] >= 1
+
+
+def test_explicit_steps_are_sampled_too(wrapper):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.0) as session:
+        for _ in range(3):
+            with xsp.step("request"):
+                model(x)
+                model(x)
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    assert roots[col.NAME].astype(str).tolist() == ["request"] * 3
+    assert set(roots[col.SAMPLING].astype(str)) == {"model_only"}
+    assert not (spans[col.LEVEL] == "layer").any()
+    assert (spans[col.KIND] == "predict").sum() == 6
+
+
+def test_a_session_after_an_always_on_one_records_every_layer_again(wrapper):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad():
+        with xsp.trace(levels="model,layer", output=None, sample=0.0):
+            model(x)
+        with xsp.trace(levels="model,layer", output=None) as session:
+            model(x)
+    assert (session.trace.spans[col.LEVEL] == "layer").sum() == 4
+    assert session.trace.metadata["sampling"] is None
+
+
+def test_xsp_sample_from_the_environment(monkeypatch):
+    model, x = Net(), torch.randn(2, 8)
+    monkeypatch.setenv("XSP_SAMPLE", "0")
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None) as session:
+        model(x)
+    assert session.trace.metadata["sampling"]["rate"] == 0.0
+    monkeypatch.setenv("XSP_SAMPLE", "lots")
+    with pytest.warns(xsp.XspWarning, match="XSP_SAMPLE is not used"), torch.no_grad():
+        with xsp.trace(levels="model,layer", output=None) as session:
+            model(x)
+    assert session.trace.metadata["sampling"] is None
+    assert (session.trace.spans[col.LEVEL] == "layer").sum() == 4
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "x"])
+def test_a_sample_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="sample"):
+        xsp.trace(sample=bad)

@@ -1,0 +1,219 @@
+"""Always-on sampling (``xsp.trace(sample=RATE)``): as each step begins, decide whether it is
+recorded below the model level, and note the request it serves.
+
+Every step is timed at the model level (its ``predict`` or step span). A fraction ``RATE`` of
+steps is recorded at the deeper levels the session asked for; so are the steps after a slow one
+(slower than :attr:`SamplingPolicy.slow_factor` times the running median of the last
+:data:`MEDIAN_STEPS` steps) and the steps a capture asked for (:meth:`StepSampler.capture`). The
+other steps pass their layers through unrecorded: the module-call wrapper tests one flag of the
+thread (``ThreadBuffer.shallow``) per call.
+
+When an OpenTelemetry span is current where a step begins (the service's HTTP or gRPC span, set
+by its instrumentation, on its thread or asyncio task), the step joins that span's trace: its
+note keeps the trace and span ids, and the span table puts the step's root under that span
+(:mod:`xsp.table.sampling`). A request the application's sampler dropped records nothing below
+the model level, and its spans are not exported.
+
+The hot path only appends a tuple per step (:data:`DECISION`); the notes become columns when a
+window is interpreted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import random
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from xsp.core.clock import now_ns
+from xsp.core.schema import StepSampling
+
+MEDIAN_STEPS: Final = 255
+"""Steps the running median of step durations is taken over."""
+DEFAULT_SLOW_FACTOR: Final = 3.0
+DEFAULT_SLOW_STEPS: Final = 3
+"""Steps recorded deep after a slow one."""
+WARMUP_STEPS: Final = 20
+"""Steps timed before a step can be called slow (the median of fewer says little)."""
+
+
+class NoteKind(enum.IntEnum):
+    """What a step note (:attr:`ThreadBuffer.step_notes`) says."""
+
+    DECISION = 0
+    """A step began: ``(time_ns, DECISION, reason, trace_id, span_id, 0, 0)``."""
+    SLOW = 1
+    """The thread's step that ended before ``time_ns`` was slow: ``(time_ns, SLOW, 0, 0, 0,
+    duration_ns, median_ns)``."""
+
+
+REASONS: Final = (StepSampling.MODEL_ONLY, StepSampling.SAMPLED, StepSampling.AFTER_SLOW, StepSampling.CAPTURE,
+                  StepSampling.REQUEST_NOT_SAMPLED)
+"""A decision's reason, by its code in a note."""
+_MODEL_ONLY, _SAMPLED, _AFTER_SLOW, _CAPTURE, _NOT_SAMPLED = range(len(REASONS))
+DEEP_REASONS: Final = frozenset({StepSampling.SAMPLED, StepSampling.AFTER_SLOW, StepSampling.CAPTURE})
+"""Reasons of the steps recorded at every level the session asked for."""
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """Which steps go deep (checked by :meth:`parse`)."""
+
+    rate: float
+    """The fraction of steps recorded below the model level."""
+    slow_factor: float = DEFAULT_SLOW_FACTOR
+    """A step this many times the running median is slow (0: no slow-step rule)."""
+    slow_steps: int = DEFAULT_SLOW_STEPS
+    """Steps recorded deep after a slow one."""
+
+    @classmethod
+    def parse(cls, rate: float | str, slow_factor: float = DEFAULT_SLOW_FACTOR,
+              slow_steps: int = DEFAULT_SLOW_STEPS) -> SamplingPolicy:
+        """Raises ValueError naming the option that is out of range."""
+        try:
+            value = float(rate)
+        except (TypeError, ValueError):
+            raise ValueError(f"sample must be a number from 0 to 1, not {rate!r}") from None
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"sample must be from 0 to 1 (a fraction of steps), not {rate!r}")
+        if slow_factor != 0 and slow_factor <= 1.0:
+            raise ValueError(f"slow_factor must be above 1 (times the median step), or 0 for none, not {slow_factor}")
+        if slow_steps < 0:
+            raise ValueError(f"slow_steps must be 0 or more, not {slow_steps}")
+        return cls(rate=value, slow_factor=float(slow_factor), slow_steps=int(slow_steps))
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"rate": self.rate, "slow_factor": self.slow_factor, "slow_steps": self.slow_steps}
+
+
+class NotedThread(Protocol):
+    """The thread a decision is made for (:class:`xsp.record.recording.ThreadBuffer`)."""
+
+    step_notes: list[tuple[int, ...]]
+
+
+AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
+
+
+def otel_context_probe() -> AmbientContext | None:
+    """A function giving the (trace id, span id, sampled) of the OpenTelemetry span current in
+    the caller's context, or None when no valid span is; None when OpenTelemetry's API is not
+    installed."""
+    try:
+        from opentelemetry import trace as otel_trace
+    except ImportError:  # pragma: no cover - opentelemetry-sdk is a dependency
+        return None
+    current_span = otel_trace.get_current_span
+
+    def ambient() -> tuple[int, int, bool] | None:
+        context = current_span().get_span_context()
+        if not context.is_valid:
+            return None
+        return context.trace_id, context.span_id, bool(context.trace_flags & 1)
+
+    return ambient
+
+
+class StepSampler:
+    """Decides each step's depth as it begins, and learns step durations as they end.
+
+    Args:
+        policy: the rate and the slow-step rule.
+        ambient: the probe of the current OpenTelemetry span (None: steps join no request).
+        seed: of the random draws (tests).
+    """
+
+    def __init__(self, policy: SamplingPolicy, ambient: AmbientContext | None = None, seed: int | None = None) -> None:
+        self.policy = policy
+        self.ambient = ambient
+        self._draw = random.Random(seed).random
+        self._recent: deque[int] = deque(maxlen=MEDIAN_STEPS)
+        self._sorted: list[int] = []
+        self._lock = threading.Lock()
+        self._slow_left = 0
+        self._capture_left = 0
+        self.decided: Counter[StepSampling] = Counter()
+        """Steps decided so far, by reason."""
+        self.slow_steps = 0
+        """Steps found slow so far."""
+        self.probe_errors = 0
+        """Steps whose current OpenTelemetry span could not be read (they join no request)."""
+
+    @property
+    def median_ns(self) -> int:
+        """The running median step duration (0 before any step ended)."""
+        values = self._sorted
+        return values[len(values) // 2] if values else 0
+
+    @property
+    def capture_left(self) -> int:
+        """Steps a capture still asks for."""
+        return self._capture_left
+
+    def capture(self, steps: int) -> None:
+        """Record the next ``steps`` steps (on any thread) at every level the session has."""
+        with self._lock:
+            self._capture_left += max(int(steps), 0)
+
+    def decide(self, buffer: NotedThread, time_ns: int) -> bool:
+        """A step of ``buffer``'s thread begins (its first top-level call starts at ``time_ns``):
+        True when it is recorded below the model level. Notes the decision in the buffer."""
+        trace_id = span_id = 0
+        request_sampled = True
+        if self.ambient is not None:
+            try:
+                current = self.ambient()
+            except Exception:  # the application's context must never break its own call
+                current = None
+                self.probe_errors += 1
+            if current is not None:
+                trace_id, span_id, request_sampled = current
+        if not request_sampled:
+            reason = _NOT_SAMPLED
+        elif self._capture_left or self._slow_left:
+            reason = self._armed()
+        elif self._draw() < self.policy.rate:
+            reason = _SAMPLED
+        else:
+            reason = _MODEL_ONLY
+        buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, 0, 0))
+        self.decided[REASONS[reason]] += 1
+        return reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE
+
+    def _armed(self) -> int:
+        with self._lock:  # several threads may take the last armed step
+            if self._capture_left:
+                self._capture_left -= 1
+                return _CAPTURE
+            if self._slow_left:
+                self._slow_left -= 1
+                return _AFTER_SLOW
+        return _SAMPLED if self._draw() < self.policy.rate else _MODEL_ONLY
+
+    def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
+        """A step of ``buffer``'s thread lasted ``duration_ns``: a slow one arms the next steps
+        (and is noted in the buffer)."""
+        policy = self.policy
+        median = self.median_ns
+        if (policy.slow_factor and buffer is not None and len(self._sorted) >= WARMUP_STEPS
+                and duration_ns > policy.slow_factor * median):
+            self.slow_steps += 1
+            buffer.step_notes.append((now_ns(), NoteKind.SLOW, 0, 0, 0, duration_ns, median))
+            with self._lock:
+                self._slow_left = max(self._slow_left, policy.slow_steps)
+        with self._lock:  # steps end on many threads of a server
+            recent, ordered = self._recent, self._sorted
+            if len(recent) == recent.maxlen:
+                del ordered[bisect.bisect_left(ordered, recent[0])]
+            recent.append(duration_ns)
+            bisect.insort(ordered, duration_ns)
+
+    def as_metadata(self) -> dict[str, Any]:
+        """The trace's ``sampling``: the policy and what it decided."""
+        return {**self.policy.as_metadata(), "steps": {reason.value: self.decided[reason] for reason in REASONS},
+                "slow_steps_found": self.slow_steps, "median_step_ns": self.median_ns,
+                "joins_requests": self.ambient is not None, "probe_errors": self.probe_errors}

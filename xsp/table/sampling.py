@@ -1,0 +1,145 @@
+"""An always-on session's notes of its steps (:mod:`xsp.record.sampling`) put into the span table:
+each step root's ``sampling`` reason, the request span it joined (``remote_parent_id``, and that
+request's trace id for every span of the step), the slow steps, and nothing below the model
+level in the steps that were not sampled."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.record.sampling import DEEP_REASONS, REASONS, NoteKind
+from xsp.record.window import WindowBuffer
+from xsp.table.walks import categories_at
+
+SHALLOW_DROPPED_LEVELS: frozenset[str] = frozenset(
+    level.value for level in col.Level if level not in (col.Level.MODEL, col.Level.INPUT, col.Level.SYSTEM))
+"""Levels a step that was not sampled keeps none of (the model level, its input waits and the
+system's samples stay)."""
+
+
+@dataclass
+class StepNotes:
+    """One window's step notes as arrays, times on the epoch clock; decisions and slow steps apart."""
+
+    thread: np.ndarray
+    time_ns: np.ndarray
+    reason: np.ndarray
+    trace_id: list[int]
+    span_id: np.ndarray
+    slow_thread: np.ndarray
+    slow_time_ns: np.ndarray
+    slow_duration_ns: np.ndarray
+    slow_median_ns: np.ndarray
+
+    @classmethod
+    def of(cls, buffers: Iterable[WindowBuffer], host_to_epoch_ns: int) -> StepNotes | None:
+        """The notes of a window's buffers (None when it has none)."""
+        decisions: list[tuple[int, ...]] = []
+        slow: list[tuple[int, ...]] = []
+        for buffer in buffers:
+            for note in buffer.step_notes:
+                (decisions if note[1] == NoteKind.DECISION else slow).append((buffer.thread_id, *note))
+        if not decisions and not slow:
+            return None
+
+        def ints(rows: list[tuple[int, ...]], field: int) -> np.ndarray:
+            return np.array([row[field] for row in rows], dtype=np.int64)
+
+        decisions.sort(key=lambda row: (row[0], row[1]))
+        return cls(thread=ints(decisions, 0), time_ns=ints(decisions, 1) + host_to_epoch_ns,
+                   reason=ints(decisions, 3), trace_id=[row[4] for row in decisions],
+                   span_id=np.array([row[5] for row in decisions], dtype=np.uint64).astype(np.int64),
+                   slow_thread=ints(slow, 0), slow_time_ns=ints(slow, 1) + host_to_epoch_ns,
+                   slow_duration_ns=ints(slow, 6), slow_median_ns=ints(slow, 7))
+
+    def decision_of(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """For each step root (its thread, start and end), the position of its decision (the
+        first one on its thread from its start to its end: the step's first top-level call), or -1."""
+        found = np.full(len(threads), -1, dtype=np.int64)
+        for thread in np.unique(threads).tolist():
+            mine = np.flatnonzero(threads == thread)
+            notes = np.flatnonzero(self.thread == thread)
+            if not len(notes):
+                continue
+            times = self.time_ns[notes]
+            at = np.searchsorted(times, starts[mine], side="left")
+            inside = at < len(notes)
+            inside[inside] &= times[at[inside]] <= ends[mine][inside]
+            found[mine[inside]] = notes[at[inside]]
+        return found
+
+    def joined_trace_ids(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str | None]:
+        """For each step root, the trace id (32 hex digits) of the request span it began in, or None."""
+        found = self.decision_of(threads, starts, ends)
+        return [None if at < 0 or not self.trace_id[at] else f"{self.trace_id[at]:032x}" for at in found.tolist()]
+
+
+def step_roots(spans: pd.DataFrame) -> np.ndarray:
+    """Positions of the roots of steps (no parent in the table, a step number)."""
+    return np.flatnonzero((spans[col.PARENT_ID].isna() & spans[col.STEP].notna()).to_numpy(dtype=bool))
+
+
+def apply_step_notes(spans: pd.DataFrame, notes: StepNotes) -> pd.DataFrame:
+    """``spans`` (one window's table, built with ``notes`` deciding the joined trace ids) with
+    each step root's ``sampling`` and ``remote_parent_id``, the slow steps' ratio to the median
+    in their attributes, and without the levels below the model of the steps not sampled."""
+    roots = step_roots(spans)
+    if not len(roots):
+        return spans
+    threads = spans[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=-1)
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    found = notes.decision_of(threads[roots], starts[roots], ends[roots])
+    decided = roots[found >= 0]
+    found = found[found >= 0]
+    codes = np.full(len(spans), -1, dtype=np.int64)
+    codes[decided] = notes.reason[found]
+    spans[col.SAMPLING] = categories_at(codes, [reason.value for reason in REASONS])
+    remote = notes.span_id[found]
+    joined = remote != 0
+    if joined.any():
+        values = np.zeros(len(spans), dtype=np.int64)
+        present = np.zeros(len(spans), dtype=bool)
+        values[decided[joined]] = remote[joined]
+        present[decided[joined]] = True
+        spans[col.REMOTE_PARENT_ID] = pd.arrays.IntegerArray(values, ~present)
+    _mark_slow(spans, roots, threads, ends, notes)
+    deep_codes = [code for code, reason in enumerate(REASONS) if reason in DEEP_REASONS]
+    shallow_roots = decided[~np.isin(notes.reason[found], deep_codes)]
+    shallow_steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[shallow_roots]
+    if not len(shallow_steps):
+        return spans
+    below_model = spans[col.LEVEL].isin(SHALLOW_DROPPED_LEVELS).to_numpy(dtype=bool)
+    in_shallow = np.isin(spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan), shallow_steps)
+    dropped = below_model & in_shallow
+    if not dropped.any():
+        return spans
+    return spans[~dropped].reset_index(drop=True)
+
+
+def _mark_slow(spans: pd.DataFrame, roots: np.ndarray, threads: np.ndarray, ends: np.ndarray,
+               notes: StepNotes) -> None:
+    """The step root that ended last on its thread before each slow note gets its ratio to the median."""
+    if not len(notes.slow_time_ns):
+        return
+    column = spans[col.ATTRIBUTES].astype(object).tolist()
+    changed = False
+    for thread, time_ns, duration_ns, median_ns in zip(notes.slow_thread.tolist(), notes.slow_time_ns.tolist(),
+                                                       notes.slow_duration_ns.tolist(), notes.slow_median_ns.tolist()):
+        mine = roots[(threads[roots] == thread) & (ends[roots] <= time_ns)]
+        if not len(mine) or median_ns <= 0:
+            continue
+        row = int(mine[np.argmax(ends[mine])])
+        text = column[row]
+        attributes = json.loads(text) if isinstance(text, str) else {}
+        attributes[col.ATTR_STEP_SLOW] = round(duration_ns / median_ns, 3)
+        column[row] = json.dumps(attributes, ensure_ascii=False)
+        changed = True
+    if changed:
+        spans[col.ATTRIBUTES] = pd.array(column, dtype="string")
