@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as metrics_pbg
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pbg
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -45,6 +47,21 @@ class Sink:
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    metrics: list[metrics_pb.ExportMetricsServiceRequest] = field(default_factory=list)
+    """Every metrics request received, as it came."""
+
+    def histograms(self, name: str) -> list[tuple[dict[str, Any], int, float]]:
+        """The data points of histogram ``name`` in the last request that had it: (attributes,
+        count, sum); the SDK sends cumulative figures, so the last one holds them all."""
+        with self.lock:
+            requests = list(self.metrics)
+        for request in reversed(requests):
+            found = [({kv.key: plain(kv.value) for kv in point.attributes}, point.count, point.sum)
+                     for resource in request.resource_metrics for scope in resource.scope_metrics
+                     for metric in scope.metrics if metric.name == name for point in metric.histogram.data_points]
+            if found:
+                return found
+        return []
 
     def take(self, request: pb.ExportTraceServiceRequest) -> None:
         with self.lock:
@@ -72,11 +89,22 @@ class _Servicer(pbg.TraceServiceServicer):
         return pb.ExportTraceServiceResponse()
 
 
+class _MetricsServicer(metrics_pbg.MetricsServiceServicer):
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+        with self.sink.lock:
+            self.sink.metrics.append(request)
+        return metrics_pb.ExportMetricsServiceResponse()
+
+
 class GrpcReceiver:
     def __init__(self) -> None:
         self.sink = Sink()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         pbg.add_TraceServiceServicer_to_server(_Servicer(self.sink), self.server)
+        metrics_pbg.add_MetricsServiceServicer_to_server(_MetricsServicer(self.sink), self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"http://127.0.0.1:{port}"
 
@@ -116,6 +144,15 @@ class HttpReceiver:
                     return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/v1/metrics":
+                    metrics_request = metrics_pb.ExportMetricsServiceRequest()
+                    metrics_request.ParseFromString(body)
+                    with sink.lock:
+                        sink.metrics.append(metrics_request)
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.path != "/v1/traces":
                     self.send_response(404)
                     self.end_headers()

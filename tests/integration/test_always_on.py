@@ -18,7 +18,7 @@ from xsp.core import schema as col
 from xsp.core.schema import StepSampling
 from xsp.record import hotpath
 
-from .otlp_receiver import GrpcReceiver
+from .otlp_receiver import GrpcReceiver, HttpReceiver
 
 
 class Net(torch.nn.Module):
@@ -254,3 +254,29 @@ def test_xsp_sample_from_the_environment(monkeypatch):
 def test_a_sample_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="sample"):
         xsp.trace(sample=bad)
+
+
+@pytest.mark.parametrize("receiver_type, protocol", [(GrpcReceiver, "grpc"), (HttpReceiver, "http/protobuf")])
+def test_step_and_layer_latency_are_exported_as_metrics_and_kept_in_the_file(receiver_type, protocol):
+    model, x = Net(), torch.randn(2, 8)
+    with receiver_type() as receiver:
+        with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.5, otlp_endpoint=receiver.endpoint,
+                                        otlp_protocol=protocol, service_name="svc") as session:
+            for _ in range(30):
+                model(x)
+        session.wait_for_export(30)
+        steps = receiver.sink.histograms("xsp.step.duration")
+        layers = receiver.sink.histograms("xsp.layer.duration")
+        resource = receiver.sink.metrics[-1].resource_metrics[0].resource.attributes
+    assert [(count, attributes) for attributes, count, _ in steps] == [(30, {})]
+    latency = session.trace.metadata["latency"]
+    assert latency["step"]["count"] == 30 and sum(latency["step"]["bucket_counts"]) == 30
+    assert abs(steps[0][2] - latency["step"]["sum_ns"] / 1e9) < 1e-6
+    deep = latency["deep_steps"]
+    assert deep == int((step_roots(session.trace.spans)[col.SAMPLING].isin(["sampled", "after_slow"])).sum())
+    by_path = {attributes["xsp.layer.path"]: count for attributes, count, _ in layers}
+    assert set(by_path) == set(latency["layers"])  # the top layers, and "other" (empty here)
+    assert {path: by_path[path] for path in by_path if by_path[path]} == {
+        path: deep for path in session.trace.spans[session.trace.spans[col.LEVEL] == "layer"][col.PATH].astype(str)}
+    assert {kv.key: kv.value.string_value for kv in resource}["service.name"] == "svc"
+    assert latency["metrics_export"]["sent"] >= 1 and latency["metrics_export"]["failed"] == 0

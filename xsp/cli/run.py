@@ -30,6 +30,7 @@ from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
 from xsp.core.options import checked_layer_depth, checked_span_budget
 from xsp.core.schema import DEFAULT_OUTPUT, Level, SpanKind
+from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -54,6 +55,14 @@ def register(commands: Any) -> None:
                         help="push an NVTX range for each model call, layer and user span as it runs (domain xsp), "
                              "for Nsight Systems: nsys profile --trace nvtx,cuda xsp run --nvtx -- SCRIPT "
                              "(default: XSP_NVTX)")
+    parser.add_argument("--sample", metavar="RATE", default=None,
+                        help="always on, for services and long jobs: time every step at the model level and record "
+                             "this fraction of steps (0 to 1), and those after a slow step, at every level asked for; "
+                             "steps inside an OpenTelemetry request span join its trace (default: XSP_SAMPLE, else "
+                             "every step at every level)")
+    parser.add_argument("--slow-factor", metavar="X", type=float, default=DEFAULT_SLOW_FACTOR,
+                        help="with --sample: a step slower than X times the running median is slow, and the next "
+                             f"steps are recorded deep; 0: no such rule (default: {DEFAULT_SLOW_FACTOR:g})")
     parser.add_argument("--dataset", metavar="DIR", default=None,
                         help="write the trace into this folder of runs instead, as "
                              "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
@@ -256,12 +265,16 @@ def run(options: argparse.Namespace) -> int:
                                            otlp_protocol=options.otlp_protocol, schedule=schedule,
                                            calibrate=options.calibrate, span_budget=options.span_budget,
                                            dataset=options.dataset, layer_depth=options.layer_depth,
-                                           nvtx=options.nvtx)
+                                           nvtx=options.nvtx, sample=options.sample,
+                                           slow_factor=options.slow_factor)
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")) \
+            from None
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")
+        if options.sample is not None:
+            raise CliError("--sample and --leveled cannot be combined (--leveled runs the script once per level)")
         return _run_leveled(options, trace_options, script, script_args)
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():

@@ -125,6 +125,9 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
         window = recording.take_window(final=True)
         recorded_dropped = recording.dropped
     last = run.interpreter.interpret(window, session_row(run, end_ns, error))
+    if run.metrics is not None and not run.metrics.close():
+        run.warn("the last latency metrics could not be sent to the collector; the trace file keeps them "
+                 "(metadata 'latency')")
     children = None if handing_over else collect_children(run, following)
     for note in dict.fromkeys(recording.notes):
         run.warn(note)
@@ -271,6 +274,9 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         "memory": memory_peaks(),
         "dropped": dict(dropped),
         "hierarchy": run.interpreter.hierarchy(),
+        "latency": None if run.interpreter.latency is None else {
+            **run.interpreter.latency.as_metadata(),
+            "metrics_export": None if run.metrics is None else run.metrics.as_metadata()},
         "windows": run.interpreter.window_count,
         "schedule": None if run.steps is None else run.steps.as_metadata(),
         "streamed_windows": 0 if run.interpreter.segments is None else run.interpreter.segments.count,

@@ -21,6 +21,7 @@ from xsp.core.rank import RankInfo
 from xsp.io.segments import SegmentWriter
 from xsp.record.window import Window
 from xsp.table.build import build_table
+from xsp.table.latency import Latencies, LatencyHistograms, window_latencies
 from xsp.table.sampling import StepNotes
 from xsp.table.steps import StepState
 from xsp.tracers.base import Tracer
@@ -39,6 +40,8 @@ class WindowResult:
     pending: list[tuple[int, pa.Table]]
     """Windows the helper could not write (its folder full): the session's writer keeps them."""
     warnings: list[str]
+    latencies: Latencies | None = None
+    """The window's step and layer durations (an always-on session's), for the session to count."""
 
 
 class WindowInterpreter:
@@ -52,10 +55,11 @@ class WindowInterpreter:
         rank: this process's rank in a distributed job: every span carries it.
         segments: where a streaming session writes each window (None: windows are kept in
             :attr:`tables`).
+        latency: count each window's step and layer durations (:attr:`latency`; an always-on session).
     """
 
     def __init__(self, tracers: list[Tracer], state: StepState, warn: Callable[[str], None], host_to_epoch_ns: int = 0,
-                 rank: RankInfo | None = None, segments: SegmentWriter | None = None) -> None:
+                 rank: RankInfo | None = None, segments: SegmentWriter | None = None, latency: bool = False) -> None:
         self.tracers = tracers
         self.state = state
         self.warn = warn
@@ -71,6 +75,12 @@ class WindowInterpreter:
         """Each window's hierarchy diagnostics, summed into the trace's ``hierarchy``."""
         self.dropped: Counter[str] = Counter()
         """What the tracers dropped while interpreting windows."""
+        self.latency = LatencyHistograms() if latency else None
+        """The step and layer histograms of the windows so far (None: not counted)."""
+        self.on_latencies: Callable[[Latencies, dict[str, Any]], None] | None = None
+        """Told each window's durations and its layer series as counted (the OTLP metrics)."""
+        self._in_helper = False
+        self._latencies: Latencies | None = None
 
     @property
     def helpers_can_interpret(self) -> bool:
@@ -103,9 +113,23 @@ class WindowInterpreter:
             self.state.latest_step.pop(thread_id, None)
         if self.rank is not None:
             result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
+        if self.latency is not None:
+            self._latencies = window_latencies(result.spans)
+            if not self._in_helper:  # a helper's are counted by the session, which adopts them
+                self._count_latencies(self._latencies)
         self._keep(result.spans)
         self._count_window(result.diagnostics, window.dropped)
         return result.spans
+
+    def _count_latencies(self, latencies: Latencies) -> None:
+        assert self.latency is not None
+        series = self.latency.add(latencies)
+        if self.on_latencies is not None:
+            try:
+                self.on_latencies(latencies, series)
+            except Exception as exc:  # metrics are a view: the spans and the file go on
+                self.on_latencies = None
+                self.warn(f"latency metrics are not exported any more: {type(exc).__name__}: {exc}")
 
     def add_spans(self, spans: pd.DataFrame) -> None:
         """Spans made elsewhere (a followed child process's, :mod:`xsp.session.children`): kept
@@ -120,16 +144,20 @@ class WindowInterpreter:
         said: list[str] = []
         self.warn = said.append
         self.tables = []
+        self._in_helper = True
         spans = self.interpret(window)
         return WindowResult(state=self.state, diagnostics=self.diagnostics[-1], dropped=window.dropped,
                             segments=self.segments.count if self.segments is not None else 0,
                             spans_in_memory=spans if self.tables else None,
-                            pending=self.segments.pending if self.segments is not None else [], warnings=said)
+                            pending=self.segments.pending if self.segments is not None else [], warnings=said,
+                            latencies=self._latencies)
 
     def adopt(self, result: WindowResult) -> None:
         """Take over what a helper process learnt from interpreting one window."""
         self.state = result.state
         self._count_window(result.diagnostics, result.dropped)
+        if result.latencies is not None and self.latency is not None:
+            self._count_latencies(result.latencies)
         self.helper_windows += 1
         assert self.segments is not None  # helpers only interpret windows of a streaming session
         self.segments.count = result.segments

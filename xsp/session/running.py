@@ -20,6 +20,7 @@ from xsp.core.clock import ClockSync
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, rank_path
 from xsp.core.schema import Level
+from xsp.export.metrics import LatencyMetrics
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
 from xsp.record.sampling import StepSampler
@@ -102,6 +103,8 @@ class RunningSession:
     """What it added to its recording's ``on_new_thread`` (taken out when it hands over)."""
     sampler: StepSampler | None = None
     """An always-on session's (``sample=``): decides how deep each step is recorded."""
+    metrics: LatencyMetrics | None = None
+    """An always-on session's step and layer latency, sent as OTLP metrics (with a collector)."""
 
     def stop_quietly(self, tracer: Tracer) -> None:
         """Stop ``tracer``; a failure is said, never raised."""

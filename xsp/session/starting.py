@@ -11,7 +11,10 @@ from pathlib import Path
 
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
-from xsp.core.rank import rank_info, run_id
+from xsp.core.metadata import environment
+from xsp.core.rank import RankInfo, rank_info, run_id
+from xsp.export.metrics import LatencyMetrics, metric_exporter
+from xsp.export.otlp import resource_for
 from xsp.export.target import OtlpTarget, probe, span_budget_env_problem
 from xsp.io.segments import SegmentWriter
 from xsp.record.columns import NEVER
@@ -71,10 +74,14 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
             segments = SegmentWriter(output)
         started: list[Tracer] = []
         interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
-                                        clock.host_to_epoch_ns, rank, segments)
+                                        clock.host_to_epoch_ns, rank, segments, latency=options.sampling is not None)
         windows = None
         if target is not None or segments is not None:
             windows = WindowWorker(recording, interpreter, target, options, rank, warn)
+        metrics = None
+        if options.sampling is not None and target is not None:
+            metrics = latency_metrics(options, target, rank, warn)
+            interpreter.on_latencies = None if metrics is None else metrics.record
         recording.levels = options.levels
         steps = None if options.schedule is None else ScheduledSteps(options.schedule, recording)
         if steps is not None:
@@ -108,7 +115,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         options=options, thread_id=thread_id, warn=warn, recording=recording, clock=clock,
         threads_at_start=threads_at_start, rank=rank, run_id=this_run, output_name=output_name, output=output,
         target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
-        steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler)
+        steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler,
+        metrics=metrics)
     if segments is not None:
         try:
             segments.start(run.start_metadata())
@@ -119,6 +127,19 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         for note in segments.take_notes():
             warn(note)
     return run
+
+
+def latency_metrics(options: TraceOptions, target: OtlpTarget, rank: RankInfo | None,
+                    warn: Callable[[str], None]) -> LatencyMetrics | None:
+    """The step and layer latency histograms sent to ``target``'s collector (None, said, when
+    the SDK's exporter cannot be made)."""
+    try:
+        resource = resource_for(options.service_name, {
+            **environment(), "distributed": None if rank is None else rank.as_metadata()})
+        return LatencyMetrics(metric_exporter(target), resource)
+    except Exception as exc:
+        warn(f"latency metrics are not exported ({type(exc).__name__}: {exc}); the trace file keeps them")
+        return None
 
 
 def open_export(options: TraceOptions, output: Path | None, warn: Callable[[str], None]) -> OtlpTarget | None:
