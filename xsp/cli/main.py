@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 
 from xsp._version import __version__
-from xsp.cli import diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
+from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
 from xsp.cli._common import CliError, error_console, error_line, xsp_warnings_to_stderr
 from xsp.cli.run import ScriptInterrupted
 from xsp.core.errors import XspError
 
-SUBCOMMANDS = (run, report, recommend, diff, summary, import_, export, push, pull, recover, doctor)
+SUBCOMMANDS = (run, report, recommend, diff, summary, import_, export, push, pull, recover, capture, doctor)
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), where the process cannot end by the signal itself."""
 SCRIPT_INTERRUPTED = -2

@@ -136,6 +136,9 @@ class StepSampler:
         self._lock = threading.Lock()
         self._slow_left = 0
         self._capture_left = 0
+        self._capture_first = 0
+        self.begun = 0
+        """Steps begun (decided) so far, on every thread: a capture's steps are counted on from it."""
         self.decided: Counter[StepSampling] = Counter()
         """Steps decided so far, by reason."""
         self.slow_steps = 0
@@ -154,10 +157,21 @@ class StepSampler:
         """Steps a capture still asks for."""
         return self._capture_left
 
-    def capture(self, steps: int) -> None:
-        """Record the next ``steps`` steps (on any thread) at every level the session has."""
+    def capture(self, steps: int, first: int | None = None) -> int | None:
+        """Record ``steps`` steps (on any thread) at every level the session has, from the step
+        numbered ``first`` in :attr:`begun`'s count (None: the next). Returns that number, or None
+        while another capture is still under way."""
         with self._lock:
-            self._capture_left += max(int(steps), 0)
+            if self._capture_left:
+                return None
+            self._capture_first = self.begun if first is None else max(int(first), 0)
+            self._capture_left = max(int(steps), 0)
+            return self._capture_first
+
+    def cancel_capture(self) -> None:
+        """Forget the steps a capture still asks for."""
+        with self._lock:
+            self._capture_left = 0
 
     def decide(self, buffer: NotedThread, time_ns: int) -> bool:
         """A step of ``buffer``'s thread begins (its first top-level call starts at ``time_ns``):
@@ -182,11 +196,12 @@ class StepSampler:
             reason = _MODEL_ONLY
         buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, 0, 0))
         self.decided[REASONS[reason]] += 1
+        self.begun += 1
         return reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE
 
     def _armed(self) -> int:
         with self._lock:  # several threads may take the last armed step
-            if self._capture_left:
+            if self._capture_left and self.begun >= self._capture_first:
                 self._capture_left -= 1
                 return _CAPTURE
             if self._slow_left:

@@ -84,6 +84,7 @@ def finish(run: RunningSession, end_ns: int, error: str | None, session_metadata
     module call or a step keep their records for it, and its tracers keep running. ``interrupted``:
     the signal that stopped the program, said once the file is written, with what it cut short.
     ``following``: the child processes whose spans are added (None: none)."""
+    run.close_control()
     if handing_over:
         starting.stop_watching(run)
     elif run.sampler is not None:  # every thread's last step is decided at the model level's depth
@@ -125,6 +126,7 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
         window = recording.take_window(final=True)
         recorded_dropped = recording.dropped
     last = run.interpreter.interpret(window, session_row(run, end_ns, error))
+    run.end_captures("the session ended")
     if run.metrics is not None and not run.metrics.close():
         run.warn("the last latency metrics could not be sent to the collector; the trace file keeps them "
                  "(metadata 'latency')")

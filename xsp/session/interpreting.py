@@ -8,6 +8,7 @@ writes into the trace's metadata."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -81,13 +82,21 @@ class WindowInterpreter:
         """Told each window's durations and its layer series as counted (the OTLP metrics)."""
         self._in_helper = False
         self._latencies: Latencies | None = None
+        self._watchers: list[Callable[[pd.DataFrame], bool]] = []
+        self._watch_lock = threading.Lock()
+
+    def watch_spans(self, watcher: Callable[[pd.DataFrame], bool]) -> None:
+        """Show ``watcher`` each window's spans from the next one on, until it returns True (a
+        capture); windows are interpreted in this process meanwhile."""
+        with self._watch_lock:
+            self._watchers.append(watcher)
 
     @property
     def helpers_can_interpret(self) -> bool:
         """Every tracer's rows can be made in a forked child, and no window waits to be written
         by this process (a helper would write it twice)."""
         return (all(tracer.interprets_in_child for tracer in self.tracers)
-                and not (self.segments is not None and self.segments.pending))
+                and not (self.segments is not None and self.segments.pending) and not self._watchers)
 
     def prepare(self, window: Window) -> None:
         """Before ``window`` is interpreted, perhaps in a forked helper: each tracer takes into it
@@ -119,7 +128,24 @@ class WindowInterpreter:
                 self._count_latencies(self._latencies)
         self._keep(result.spans)
         self._count_window(result.diagnostics, window.dropped)
+        if self._watchers and not self._in_helper:
+            self._show_watchers(result.spans)
         return result.spans
+
+    def _show_watchers(self, spans: pd.DataFrame) -> None:
+        with self._watch_lock:
+            watchers = list(self._watchers)
+        finished = []
+        for watcher in watchers:
+            try:
+                done = watcher(spans)
+            except Exception as exc:
+                done = True
+                self.warn(f"a capture failed and was stopped: {type(exc).__name__}: {exc}")
+            if done:
+                finished.append(watcher)
+        with self._watch_lock:
+            self._watchers = [watcher for watcher in self._watchers if watcher not in finished]
 
     def _count_latencies(self, latencies: Latencies) -> None:
         assert self.latency is not None

@@ -23,7 +23,9 @@ from xsp.core.schema import Level
 from xsp.export.metrics import LatencyMetrics
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
-from xsp.record.sampling import StepSampler
+from xsp.record.sampling import SamplingPolicy, StepSampler
+from xsp.session.capture import CaptureDesk
+from xsp.session.control import ControlChannel
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
@@ -105,6 +107,36 @@ class RunningSession:
     """An always-on session's (``sample=``): decides how deep each step is recorded."""
     metrics: LatencyMetrics | None = None
     """An always-on session's step and layer latency, sent as OTLP metrics (with a collector)."""
+    control: ControlChannel | None = None
+    """The socket ``xsp capture`` reaches it at (None: none could be made, or none was asked for)."""
+    desk: CaptureDesk | None = None
+    """What answers the control channel's requests."""
+
+    def step_sampler(self) -> StepSampler:
+        """The session's step sampler; a session that samples no steps gets one that records
+        every step at every level (a capture arms it)."""
+        if self.sampler is None:
+            self.sampler = StepSampler(SamplingPolicy(rate=1.0, slow_factor=0.0))
+            self.recording.sample_steps(self.sampler)
+        return self.sampler
+
+    def open_control(self) -> None:
+        """Listen for ``xsp capture`` (:mod:`xsp.session.capture`)."""
+        self.desk = CaptureDesk(self.interpreter, self.options.levels, self.windows is not None, self.step_sampler,
+                                self.start_metadata, None if self.rank is None else self.rank.rank)
+        self.control = ControlChannel.open(self.desk.handle, self.warn)
+
+    def close_control(self) -> None:
+        """Take no more requests (the session is ending)."""
+        if self.control is not None:
+            self.control.close()
+        if self.desk is not None:
+            self.desk.closing = True
+
+    def end_captures(self, why: str) -> None:
+        """A capture still under way is told why it ends incomplete."""
+        if self.desk is not None:
+            self.desk.close(why)
 
     def stop_quietly(self, tracer: Tracer) -> None:
         """Stop ``tracer``; a failure is said, never raised."""

@@ -117,6 +117,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
         steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler,
         metrics=metrics)
+    run.open_control()
     if segments is not None:
         try:
             segments.start(run.start_metadata())

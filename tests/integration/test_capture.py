@@ -1,0 +1,230 @@
+"""``xsp capture PID``: a running process records its next steps at every level into a file, while
+it runs on; the real CLI against real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import xsp
+from xsp.cli.main import main
+from xsp.core import schema as col
+from xsp.core.control import socket_path
+
+SERVICE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import torch
+
+    stop = Path(sys.argv[1])
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 16)
+    served = 0
+    with torch.no_grad():
+        while not stop.exists():
+            model(x)
+            served += 1
+            time.sleep(0.002)
+    print("served", served > 0)
+""")
+
+
+def xsp_cli(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "xsp", *arguments], capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+class Service:
+    """The script above under ``xsp run`` (extra options), stopped by a file."""
+
+    def __init__(self, tmp_path: Path, *options: str) -> None:
+        self.stop = tmp_path / "stop"
+        script = tmp_path / "service.py"
+        script.write_text(SERVICE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "xsp", "run", *options, "-o", str(tmp_path / "service.xsp.parquet"), "--",
+             str(script), str(self.stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: socket_path(self.process.pid).exists() or self.process.poll() is not None)
+        assert self.process.poll() is None, self.process.communicate()
+
+    def end(self) -> tuple[int, str, str]:
+        self.stop.touch()
+        out, err = self.process.communicate(timeout=120)
+        return self.process.returncode, out, err
+
+
+@pytest.mark.parametrize("options", [("--sample", "0", "--slow-factor", "0"), ()], ids=["always-on", "every-step"])
+def test_capture_writes_the_next_steps_at_every_level_while_the_process_runs_on(tmp_path, options):
+    service = Service(tmp_path, *options)
+    try:
+        done = xsp_cli("capture", str(service.process.pid), "--steps", "4", "-o", str(tmp_path / "cap.xsp.parquet"))
+        assert service.process.poll() is None  # it serves on
+    finally:
+        code, out, err = service.end()
+    assert done.returncode == 0, done.stderr
+    assert f"xsp: captured 4 steps of process {service.process.pid} -> {tmp_path / 'cap.xsp.parquet'}" in done.stderr
+    assert code == 0 and out == "served True\n", err
+    assert "warning" not in err
+    captured = xsp.load(tmp_path / "cap.xsp.parquet")
+    spans = captured.spans
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+    assert len(roots) == 4 and set(roots[col.SAMPLING].astype(str)) == {"capture"}
+    steps = roots[col.STEP].astype(int).tolist()
+    assert steps == list(range(steps[0], steps[0] + 4))
+    assert (spans[col.LEVEL] == "layer").sum() == 4 * 3
+    assert captured.metadata["capture"]["steps"] == steps
+    whole = xsp.load(tmp_path / "service.xsp.parquet").spans
+    assert set(whole[whole[col.LEVEL] == "layer"][col.STEP].astype(int)) >= set(steps)
+    if options:  # always on at 0: the captured steps are the only ones with layers
+        assert set(whole[whole[col.LEVEL] == "layer"][col.STEP].astype(int)) == set(steps)
+    assert not socket_path(service.process.pid).exists()  # removed at the session's end
+
+
+def test_capture_of_levels_the_process_does_not_record_is_refused(tmp_path):
+    service = Service(tmp_path, "--sample", "0")
+    try:
+        done = xsp_cli("capture", str(service.process.pid), "--levels", "operator", "-o", str(tmp_path / "c.parquet"))
+    finally:
+        service.end()
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"xsp: error: process {service.process.pid}: this process records input, layer, model; operator cannot be "
+        "added while it runs"]
+    assert not (tmp_path / "c.parquet").exists()
+
+
+@pytest.mark.heavy  # waits out a timeout and a window
+def test_a_capture_that_times_out_writes_nothing_then_or_later(tmp_path):
+    service = Service(tmp_path, "--sample", "0")
+    try:
+        done = xsp_cli("capture", str(service.process.pid), "--steps", "5000", "--timeout", "1",
+                       "-o", str(tmp_path / "late.xsp.parquet"))
+        time.sleep(1.5)  # windows close each second: the session sees the caller gone
+        again = xsp_cli("capture", str(service.process.pid), "--steps", "2", "-o", str(tmp_path / "next.xsp.parquet"))
+    finally:
+        code, _, err = service.end()
+    assert done.returncode == 2 and "did not complete the capture in time (no file was written" in done.stderr
+    assert again.returncode == 0, again.stderr  # the abandoned capture no longer holds the process
+    assert code == 0, err
+    assert not (tmp_path / "late.xsp.parquet").exists()
+
+
+def test_capture_says_in_one_line_what_is_wrong(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        no_xsp = xsp_cli("capture", str(sleeper.pid))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert no_xsp.returncode == 2
+    assert no_xsp.stderr.startswith(f"xsp: error: process {sleeper.pid} runs no xsp session (nothing listens at ")
+    ended = xsp_cli("capture", str(sleeper.pid))
+    assert ended.returncode == 2 and ended.stderr == f"xsp: error: no process {sleeper.pid} is running\n"
+    bad = xsp_cli("capture", "1", "--steps", "0")
+    assert bad.returncode == 2 and bad.stderr == "xsp: error: --steps must be 1 or more, not 0\n"
+
+
+def test_another_users_process_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(os, "getuid", lambda: 12345)
+    assert main(["capture", str(os.getpid())]) == 2
+    assert capsys.readouterr().err == (f"xsp: error: process {os.getpid()} belongs to another user: xsp capture "
+                                       "reaches only your own processes\n")
+
+
+def test_the_control_socket_is_the_users_own(tmp_path):
+    service = Service(tmp_path)
+    try:
+        path = socket_path(service.process.pid)
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        assert path.stat().st_uid == os.getuid()
+    finally:
+        service.end()
+
+
+@pytest.mark.heavy  # two processes and a wait
+def test_a_session_that_ends_during_a_capture_says_so(tmp_path):
+    service = Service(tmp_path, "--sample", "0")
+    capture = subprocess.Popen([sys.executable, "-m", "xsp", "capture", str(service.process.pid), "--steps", "5000",
+                                "-o", str(tmp_path / "never.xsp.parquet")], stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    code, _, _ = service.end()
+    _, err = capture.communicate(timeout=60)
+    assert code == 0
+    assert capture.returncode == 2
+    assert "the session ended after" in err and "was not written" in err
+    assert not (tmp_path / "never.xsp.parquet").exists()
+
+
+DDP_SERVICE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+
+    stop = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    while True:
+        flag = torch.tensor([float(stop.exists())])
+        dist.all_reduce(flag)  # every rank stops at the same step
+        if flag.item():
+            break
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+        time.sleep(0.005)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.heavy  # a torchrun job of two ranks
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="this PyTorch has no torch.distributed")
+def test_a_torchrun_job_is_captured_on_every_rank_at_the_same_steps(tmp_path):
+    stop = tmp_path / "stop"
+    script = tmp_path / "ddp_service.py"
+    script.write_text(DDP_SERVICE)
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            "-m", "xsp", "run", "--sample", "0", "--slow-factor", "0",
+                            "-o", str(tmp_path / "ddp.xsp.parquet"), "--", str(script), str(stop)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        import psutil
+
+        def ranks_listen() -> bool:
+            children = psutil.Process(job.pid).children(recursive=True)
+            return sum(socket_path(child.pid).exists() for child in children) == 2 or job.poll() is not None
+
+        wait_for(ranks_listen, 120)
+        time.sleep(1)  # a few steps in
+        done = xsp_cli("capture", str(job.pid), "--steps", "3", "-o", str(tmp_path / "cap.xsp.parquet"))
+    finally:
+        stop.touch()
+        _, err = job.communicate(timeout=300)
+    assert done.returncode == 0, done.stderr + err
+    assert "(rank 0) -> " in done.stderr and "(rank 1) -> " in done.stderr
+    steps = {}
+    for rank in (0, 1):
+        captured = xsp.load(tmp_path / f"cap.rank{rank}.xsp.parquet")
+        spans = captured.spans
+        roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+        assert set(roots[col.SAMPLING].astype(str)) == {"capture"}
+        steps[rank] = captured.metadata["capture"]["steps"]
+        assert (spans[col.LEVEL] == "layer").any()
+    assert steps[0] == steps[1] and len(steps[0]) == 3

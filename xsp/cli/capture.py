@@ -1,0 +1,193 @@
+"""``xsp capture PID``: record the next steps of a process running under xsp at every level its
+session has, into a file, while it runs on (over the session's control socket,
+:mod:`xsp.core.control`). A process that runs no session itself but whose children do (``torchrun``'s
+launcher) has each child captured at the same steps, one file per rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from xsp.cli._common import CliError, error_console
+from xsp.core.control import Op, Reply, socket_path
+
+DEFAULT_STEPS: Final = 10
+DEFAULT_TIMEOUT_S: Final = 600.0
+STEP_MARGIN: Final = 2
+"""Steps ahead of the furthest rank that a job's capture begins at (the request reaches each
+rank at a slightly different moment)."""
+CONNECT_TIMEOUT_S: Final = 10.0
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "capture", help="record the next steps of a running process at every level",
+        description="Make PID, a process running under xsp (xsp run, xsp.trace()), record its next N steps at "
+                    "every level its session records, and write them to FILE while it keeps running. Exits 0 once "
+                    "FILE is complete. For a process that runs no xsp session but whose children do (torchrun's "
+                    "launcher), every child is captured at the same steps, into one file per rank. Only your own "
+                    "processes can be captured (docs/production.md).")
+    parser.add_argument("pid", type=int, help="the process to capture")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"steps to record (default: {DEFAULT_STEPS})")
+    parser.add_argument("--levels", default=None,
+                        help="levels to keep, comma separated, of those the process records (default: all of them)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="the trace file to write (default: capture-PID.xsp.parquet)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"give up after S seconds without every step (default: {DEFAULT_TIMEOUT_S:g})")
+    parser.set_defaults(handler=run)
+
+
+@dataclass
+class Target:
+    """One process to capture: its socket, its rank, where its file goes."""
+
+    pid: int
+    path: Path
+    rank: int | None = None
+    steps_begun: int = 0
+    output: Path | None = None
+    connection: socket.socket | None = None
+    received: bytes = b""
+
+
+def run(options: argparse.Namespace) -> int:
+    if options.steps < 1:
+        raise CliError(f"--steps must be 1 or more, not {options.steps}")
+    if options.timeout <= 0:
+        raise CliError(f"--timeout must be above 0, not {options.timeout:g}")
+    targets = find_targets(options.pid)
+    output = Path(options.output or f"capture-{options.pid}.xsp.parquet").absolute()
+    levels = None if options.levels is None else [part.strip() for part in options.levels.split(",") if part.strip()]
+    first = None
+    if len(targets) > 1:  # a job: every rank from the same step on
+        for target in targets:
+            status = ask(target, {"op": Op.STATUS.value})
+            target.rank, target.steps_begun = status.get("rank"), int(status.get("steps_begun", 0))
+        first = max(target.steps_begun for target in targets) + STEP_MARGIN
+    from xsp.core.rank import rank_path
+
+    for index, target in enumerate(targets):
+        rank = target.rank if target.rank is not None else index
+        target.output = output if len(targets) == 1 else rank_path(output, rank)
+    deadline = time.monotonic() + options.timeout
+    try:
+        for target in targets:
+            start(target, options.steps, levels, first)
+        out = error_console()
+        for target in targets:
+            done = wait_done(target, deadline)
+            who = f"process {target.pid}" + ("" if target.rank is None else f" (rank {target.rank})")
+            out.print(f"xsp: captured {done['steps']} steps of {who} -> {done['output']}", markup=False,
+                      highlight=False)
+    finally:
+        for target in targets:
+            if target.connection is not None:
+                target.connection.close()
+    return 0
+
+
+def find_targets(pid: int) -> list[Target]:
+    """The process's own session, else its children's; a one-line error where there is none."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        owner = process.uids().real
+    except psutil.NoSuchProcess:
+        raise CliError(f"no process {pid} is running") from None
+    except psutil.AccessDenied:
+        raise CliError(f"process {pid} belongs to another user: xsp capture reaches only your own processes") from None
+    if owner != os.getuid():
+        raise CliError(f"process {pid} belongs to another user: xsp capture reaches only your own processes")
+    own = socket_path(pid)
+    if own.exists():
+        return [Target(pid, own)]
+    try:
+        children = process.children(recursive=True)
+    except psutil.Error:
+        children = []
+    found = [Target(child.pid, socket_path(child.pid)) for child in children if socket_path(child.pid).exists()]
+    if not found:
+        raise CliError(f"process {pid} runs no xsp session (nothing listens at {own}; a session listens unless "
+                       "XSP_CONTROL=0)")
+    return found
+
+
+def _connect(target: Target) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        connection.connect(str(target.path))
+    except OSError as exc:
+        connection.close()
+        raise CliError(f"cannot reach process {target.pid} at {target.path}: {exc.strerror or exc} (its session "
+                       "may have ended)") from None
+    return connection
+
+
+def _read_reply(target: Target, connection: socket.socket, deadline: float | None) -> dict[str, Any]:
+    while b"\n" not in target.received:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            connection.settimeout(min(left, 1.0))
+        try:
+            chunk = connection.recv(65_536)
+        except TimeoutError:
+            continue
+        except OSError as exc:
+            raise CliError(f"process {target.pid} stopped answering: {exc.strerror or exc}") from None
+        if not chunk:
+            raise CliError(f"process {target.pid} hung up before answering (its session may have ended)")
+        target.received += chunk
+    line, target.received = target.received.split(b"\n", 1)
+    reply = json.loads(line)
+    if not isinstance(reply, dict):
+        raise CliError(f"process {target.pid} answered something xsp capture does not understand")
+    if reply.get(Reply.ERROR.value):
+        raise CliError(f"process {target.pid}: {reply.get('message', 'refused')}")
+    return reply
+
+
+def ask(target: Target, request: dict[str, Any]) -> dict[str, Any]:
+    """One request and its one reply, on a connection of its own."""
+    connection = _connect(target)
+    try:
+        connection.sendall((json.dumps(request) + "\n").encode())
+        return _read_reply(target, connection, time.monotonic() + CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise CliError(f"process {target.pid} did not answer in {CONNECT_TIMEOUT_S:g} s") from None
+    finally:
+        target.received = b""
+        connection.close()
+
+
+def start(target: Target, steps: int, levels: list[str] | None, first: int | None) -> None:
+    """Ask ``target`` to capture; its connection stays open for the answer that the file is written."""
+    connection = _connect(target)
+    target.connection = connection
+    request = {"op": Op.CAPTURE.value, "steps": steps, "output": str(target.output), "levels": levels,
+               "from_step": first}
+    connection.sendall((json.dumps(request) + "\n").encode())
+    try:
+        _read_reply(target, connection, time.monotonic() + CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise CliError(f"process {target.pid} did not answer in {CONNECT_TIMEOUT_S:g} s") from None
+
+
+def wait_done(target: Target, deadline: float) -> dict[str, Any]:
+    assert target.connection is not None
+    try:
+        return _read_reply(target, target.connection, deadline)
+    except TimeoutError:
+        raise CliError(f"process {target.pid} did not complete the capture in time (no file was written; it may "
+                       "serve too few steps: try a larger --timeout)") from None

@@ -1,0 +1,65 @@
+"""Where a running session listens for ``xsp capture``: a Unix-domain socket per process, in a
+folder only its user can open, and what is said over it (one JSON object per line).
+
+The folder is ``$XDG_RUNTIME_DIR/xsp`` where that variable names a folder, else
+``/tmp/xsp-<uid>``; it is made with mode 0700 and refused when another user owns it or others
+can enter it. The socket is ``<pid>.sock`` there, mode 0600, and the session also checks each
+caller's user id (``SO_PEERCRED``)."""
+
+from __future__ import annotations
+
+import enum
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+CONTROL_VARIABLE: Final = "XSP_CONTROL"
+"""``XSP_CONTROL=0``: sessions open no control socket (``xsp capture`` cannot reach them)."""
+SOCKET_SUFFIX: Final = ".sock"
+
+
+class Op(str, enum.Enum):
+    """What a request asks (its ``op``)."""
+
+    STATUS = "status"
+    CAPTURE = "capture"
+
+
+class Reply(str, enum.Enum):
+    """The key that says what a reply is."""
+
+    STATUS = "status"
+    ACCEPTED = "accepted"
+    DONE = "done"
+    ERROR = "error"
+
+
+def control_folder() -> Path:
+    """The folder of this user's control sockets (not made here)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "xsp"
+    return Path(tempfile.gettempdir()) / f"xsp-{os.getuid()}"
+
+
+def socket_path(pid: int, folder: Path | None = None) -> Path:
+    """Where process ``pid`` of this user listens."""
+    return (folder or control_folder()) / f"{pid}{SOCKET_SUFFIX}"
+
+
+def private_folder(folder: Path) -> str | None:
+    """Make ``folder`` (mode 0700) if needed; a sentence saying why it cannot be used, or None."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError as exc:
+        return f"cannot make {folder}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(found.st_mode):
+        return f"{folder} is not a folder"
+    if found.st_uid != os.getuid():
+        return f"{folder} belongs to another user"
+    if found.st_mode & 0o077:
+        return f"{folder} can be opened by other users (mode {stat.S_IMODE(found.st_mode):o}; 700 is needed)"
+    return None
