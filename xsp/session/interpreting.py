@@ -72,8 +72,10 @@ class WindowInterpreter:
         self.window_count = 0
         self.helper_windows = 0
         """Windows interpreted by helper processes (see :mod:`xsp.session.forked`)."""
-        self.diagnostics: list[dict[str, int]] = []
-        """Each window's hierarchy diagnostics, summed into the trace's ``hierarchy``."""
+        self.diagnostics: dict[str, int] = {}
+        """The windows' hierarchy diagnostics so far, summed (a session of days has millions of windows)."""
+        self.last_diagnostics: dict[str, int] = {}
+        """The last window's."""
         self.dropped: Counter[str] = Counter()
         """What the tracers dropped while interpreting windows."""
         self.latency = LatencyHistograms() if latency else None
@@ -172,7 +174,7 @@ class WindowInterpreter:
         self.tables = []
         self._in_helper = True
         spans = self.interpret(window)
-        return WindowResult(state=self.state, diagnostics=self.diagnostics[-1], dropped=window.dropped,
+        return WindowResult(state=self.state, diagnostics=self.last_diagnostics, dropped=window.dropped,
                             segments=self.segments.count if self.segments is not None else 0,
                             spans_in_memory=spans if self.tables else None,
                             pending=self.segments.pending if self.segments is not None else [], warnings=said,
@@ -203,11 +205,13 @@ class WindowInterpreter:
 
     def hierarchy(self) -> dict[str, int]:
         """The windows' hierarchy diagnostics, summed."""
-        return {key: sum(d.get(key, 0) for d in self.diagnostics) for key in self.diagnostics[-1]}
+        return dict(self.diagnostics)
 
     def _count_window(self, diagnostics: dict[str, int], dropped: Counter[str]) -> None:
         self.window_count += 1
-        self.diagnostics.append(diagnostics)
+        self.last_diagnostics = diagnostics
+        for key, value in diagnostics.items():
+            self.diagnostics[key] = self.diagnostics.get(key, 0) + value
         self.dropped.update(dropped)
 
     def _keep(self, spans: pd.DataFrame) -> None:

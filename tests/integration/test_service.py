@@ -1,0 +1,129 @@
+"""A real inference service (FastAPI, uvicorn, OpenTelemetry's FastAPI instrumentation; the
+example in examples/service/serve.py) inside ``xsp.trace(sample=...)``: each sampled request's
+trace in the collector holds the HTTP server span, then xsp's predict span, then its layers; and
+``xsp capture`` records the running service's next requests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import xsp
+from xsp.core import schema as col
+from xsp.core.control import socket_path
+
+from .otlp_receiver import HttpReceiver
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("opentelemetry.instrumentation.fastapi")
+
+SERVE = Path(__file__).resolve().parents[2] / "examples" / "service" / "serve.py"
+TOKENS = json.dumps(list(range(32)))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def request(port: int, method: str, path: str, body: str | None = None) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+class Server:
+    def __init__(self, tmp_path: Path, **environment: str) -> None:
+        self.port = free_port()
+        self.output = tmp_path / "service.xsp.parquet"
+        env = {**os.environ, "XSP_BENCH_MODE": "xsp", "XSP_BENCH_OUTPUT": str(self.output), **environment}
+        self.process = subprocess.Popen([sys.executable, str(SERVE), str(self.port)], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if request(self.port, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(self.process.communicate(timeout=30))
+            time.sleep(0.1)
+
+    def stop(self) -> tuple[int, str]:
+        self.process.send_signal(signal.SIGTERM)
+        _, err = self.process.communicate(timeout=120)
+        return self.process.returncode, err
+
+
+def test_each_sampled_request_trace_holds_the_http_span_then_predict_then_its_layers(tmp_path):
+    with HttpReceiver() as receiver:
+        server = Server(tmp_path, XSP_BENCH_SAMPLE="1.0", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        try:
+            for i in range(6):  # the thread pool's handler and the event loop's, in turn
+                status, body = request(server.port, "POST", "/predict" if i % 2 else "/predict_async", TOKENS)
+                assert status == 200 and "label" in json.loads(body)
+        finally:
+            code, err = server.stop()
+        received = list(receiver.sink.spans)
+    assert code == 0, err
+    assert "warning" not in err.lower(), err
+    servers = [span for span in received if span.name in ("POST /predict", "POST /predict_async")]
+    assert len(servers) == 6
+    for http_span in servers:
+        in_trace = [span for span in received if span.trace_id == http_span.trace_id]
+        predicts = [span for span in in_trace if span.parent_id == http_span.span_id
+                    and span.attributes.get(col.ATTR_KIND) == "predict"]
+        assert len(predicts) == 1, [(s.name, s.attributes.get(col.ATTR_KIND)) for s in in_trace]
+        assert predicts[0].resource["service.name"] == "serve"  # xsp's spans: the script's name
+        by_id = {span.span_id: span for span in in_trace}
+        layers = [span for span in in_trace if span.attributes.get(col.ATTR_LEVEL) == "layer"]
+        assert len(layers) >= 5  # embedding, encoder, its two layers (their fast path calls no module), head
+        for layer in layers:
+            parent = by_id[layer.parent_id]
+            while parent.span_id != predicts[0].span_id:
+                parent = by_id[parent.parent_id]
+    spans = xsp.load(server.output).spans
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+    assert len(roots) == 6
+    assert set(roots[col.TRACE_ID].astype(str)) == {span.trace_id for span in servers}
+
+
+@pytest.mark.heavy  # a service and two captures
+def test_capture_of_a_running_service(tmp_path):
+    server = Server(tmp_path, XSP_BENCH_SAMPLE="0")
+    try:
+        assert socket_path(server.process.pid).exists()
+        capture = subprocess.Popen([sys.executable, "-m", "xsp", "capture", str(server.process.pid), "--steps", "3",
+                                    "-o", str(tmp_path / "cap.xsp.parquet")], stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # a step is decided when the next begins, windows close each second
+        while capture.poll() is None and time.monotonic() < deadline:
+            assert request(server.port, "POST", "/predict", TOKENS)[0] == 200
+            time.sleep(0.02)
+        _, said = capture.communicate(timeout=60)
+    finally:
+        code, err = server.stop()
+    assert capture.returncode == 0, said
+    assert code == 0, err
+    spans = xsp.load(tmp_path / "cap.xsp.parquet").spans
+    assert set(spans[spans[col.PARENT_ID].isna()][col.SAMPLING].astype(str)) == {"capture"}
+    assert (spans[col.LEVEL] == "layer").any()
+    whole = xsp.load(server.output).spans
+    assert set(whole[whole[col.LEVEL] == "layer"][col.STEP].astype(int)) == set(spans[col.STEP].astype(int))
