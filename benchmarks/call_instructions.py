@@ -25,6 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,14 +43,18 @@ LEAVES = 10
 MODELS = ("top-level only", "10 nested", "10 nested, keyword", "10 in nested Sequentials")
 SEQUENTIAL_CALLS = LEAVES + 3
 """Module calls of the last model below its top-level call: two Sequentials of five leaves in a third."""
-CONFIGURATIONS = {  # name: (levels or None, pure Python, call sites)
-    "plain": (None, False, True),
-    "model": ("model", False, True),
-    "model+layer": ("model,layer", False, True),
-    "model+layer, no call sites": ("model,layer", False, False),
-    "model, python": ("model", True, True),
-    "model+layer, python": ("model,layer", True, True),
+CONFIGURATIONS: dict[str, tuple[str | None, bool, bool, float | None]] = {
+    # name: (levels or None, pure Python, call sites, sample)
+    "plain": (None, False, True, None),
+    "model": ("model", False, True, None),
+    "model+layer": ("model,layer", False, True, None),
+    "model+layer, no call sites": ("model,layer", False, False, None),
+    "model+layer, always on, not sampled": ("model,layer", False, True, 0.0),
+    "model, python": ("model", True, True, None),
+    "model+layer, python": ("model,layer", True, True, None),
 }
+"""``always on, not sampled``: ``xsp.trace(sample=0)`` (with no step drawn, and none slow: the
+steps of an always-on session that are timed at the model level only)."""
 
 
 class Leaf(nn.Module):
@@ -100,11 +105,11 @@ def child(model_name: str, configuration: str, calls: int) -> None:
 
     instrument_from_here()
     loop(50)
-    levels = CONFIGURATIONS[configuration][0]
+    levels, _, _, sample = CONFIGURATIONS[configuration]
     if levels is None:
         run_measured(loop, calls)
         return
-    with xsp.trace(levels=levels, output=None):
+    with xsp.trace(levels=levels, output=None, sample=sample, slow_factor=0):
         loop(50)  # the model's first call (naming) and the thread's buffer are not the steady state
         run_measured(loop, calls)
 
@@ -128,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000, help="iterations of each measured loop")
     parser.add_argument("--layouts", type=int, default=3, help="memory layouts each loop runs in (median)")
     parser.add_argument("--jobs", type=int, default=2, help="callgrind processes at once (each uses one core)")
+    parser.add_argument("--configurations", default=";".join(CONFIGURATIONS),
+                        help="the configurations to count, separated by ; (plain is always counted)")
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -136,26 +143,48 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("call_instructions: valgrind is not installed", file=sys.stderr)
         return 2
+    chosen = ["plain", *(name for name in args.configurations.split(";") if name in CONFIGURATIONS and name != "plain")]
     by_layout: dict[tuple[str, str, int], int] = {}
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(model_name, configuration, layout): pool.submit(counted, model_name, configuration, args.calls,
                                                                  Path(scratch), layout)
-                for layout in range(args.layouts) for model_name in MODELS for configuration in CONFIGURATIONS}
+                for layout in range(args.layouts) for model_name in MODELS for configuration in chosen}
         for key, job in jobs.items():
             by_layout[key] = job.result()
             print(f"{key[0]} {key[1]} layout {key[2]}: {by_layout[key]:,} instructions per iteration",
                   file=sys.stderr, flush=True)
-    record(report(by_layout, args), RESULTS)
+    record(report(by_layout, args, chosen, plain_leaf_ns()), RESULTS)
     return 0
 
 
-def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace) -> list[str]:
+def plain_leaf_ns(loops: int = 2000, repeats: int = 7) -> float:
+    """What one plain leaf call takes here, in nanoseconds (no valgrind): to read instruction counts as time."""
+    torch.set_num_threads(1)
+    x = torch.zeros(4, 8)
+    times = {}
+    for name in ("top-level only", "10 nested"):
+        model = build(name)
+        with torch.no_grad():
+            for _ in range(200):
+                model(x)
+            runs = []
+            for _ in range(repeats):
+                began = time.perf_counter_ns()
+                for _ in range(loops):
+                    model(x)
+                runs.append((time.perf_counter_ns() - began) / loops)
+        times[name] = statistics.median(runs)
+    return (times["10 nested"] - times["top-level only"]) / LEAVES
+
+
+def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace, chosen: list[str],
+           leaf_ns: float) -> list[str]:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     top, nested, keyword, sequentials = MODELS
     layouts = range(args.layouts)
     counts = {(model_name, configuration): round(statistics.median(by_layout[(model_name, configuration, layout)]
                                                                    for layout in layouts))
-              for model_name in MODELS for configuration in CONFIGURATIONS}
+              for model_name in MODELS for configuration in chosen}
     lines = [
         "# What one module call costs, in instructions",
         "",
@@ -185,7 +214,10 @@ def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace)
             return counts[(model_name, configuration)] - counts[(model_name, "plain")]
         return by_layout[(model_name, configuration, layout)] - by_layout[(model_name, "plain", layout)]
 
-    for configuration in CONFIGURATIONS:
+    ns_per_instruction = leaf_ns / ((counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES)
+    lines[4] += (f" A plain leaf call took {leaf_ns:,.0f} ns here outside valgrind: one instruction is about "
+                 f"{ns_per_instruction:.3f} ns (100 ns, about {100 / ns_per_instruction:,.0f} instructions).")
+    for configuration in chosen:
         row = [f"{counts[(model_name, configuration)]:,}" for model_name in MODELS]
         if configuration == "plain":
             per_leaf = (counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES

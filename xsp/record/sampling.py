@@ -34,9 +34,13 @@ from xsp.core.schema import StepSampling
 
 MEDIAN_STEPS: Final = 255
 """Steps the running median of step durations is taken over."""
-DEFAULT_SLOW_FACTOR: Final = 3.0
+DEFAULT_SLOW_FACTOR: Final = 5.0
 DEFAULT_SLOW_STEPS: Final = 3
 """Steps recorded deep after a slow one."""
+SLOW_SHARE: Final = 0.01
+"""At most this share of the steps (and at least the first slow one's) is recorded deep because a
+step before was slow: on a busy machine a step five times the median is not rare, and deep
+recording must stay the exception."""
 WARMUP_STEPS: Final = 20
 """Steps timed before a step can be called slow (the median of fewer says little)."""
 
@@ -218,8 +222,10 @@ class StepSampler:
                 and duration_ns > policy.slow_factor * median):
             self.slow_steps += 1
             buffer.step_notes.append((now_ns(), NoteKind.SLOW, 0, 0, 0, duration_ns, median))
+            armed_so_far = self.decided[StepSampling.AFTER_SLOW]
             with self._lock:
-                self._slow_left = max(self._slow_left, policy.slow_steps)
+                if armed_so_far + policy.slow_steps <= max(policy.slow_steps, SLOW_SHARE * self.begun):
+                    self._slow_left = max(self._slow_left, policy.slow_steps)
         with self._lock:  # steps end on many threads of a server
             recent, ordered = self._recent, self._sorted
             if len(recent) == recent.maxlen:

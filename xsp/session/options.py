@@ -28,6 +28,10 @@ WINDOW_S = 1.0
 """A window closes at the first step end this long after the last one closed: its spans are
 then interpreted and written to disk (and exported) while the program runs on. (Read as each
 session's options are made: a test may change it.)"""
+ALWAYS_ON_WINDOW_S = 10.0
+"""An always-on session's windows close this long apart: each window costs about the same
+whatever it holds (a helper process forked, or its interpretation here), and a service's
+windows hold little."""
 WINDOW_EVENTS = 50_000
 """A window also closes at the first step end after this many records: interpreting a window
 takes memory in proportion to its records, so this bounds the session's memory."""
@@ -90,7 +94,8 @@ class TraceOptions:
             span_budget=span_budget_from_env() if budget is None else budget, span_budget_from_env=budget is None,
             dataset=None if dataset is None else Path(dataset).absolute(), backward=backward,
             layer_depth=checked_layer_depth(layer_depth), nvtx=nvtx_ranges.wanted(nvtx),
-            window_s=WINDOW_S, window_events=WINDOW_EVENTS, sampling=sampling, sampling_env_problem=env_problem)
+            window_s=WINDOW_S if sampling is None else ALWAYS_ON_WINDOW_S, window_events=WINDOW_EVENTS,
+            sampling=sampling, sampling_env_problem=env_problem)
 
 
 def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy | None, str | None]:

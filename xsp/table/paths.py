@@ -80,6 +80,10 @@ def occurrence_index(group_keys: list[np.ndarray], order_keys: list[np.ndarray])
     return occurrence
 
 
+SESSION_SCOPE = "session"
+"""The scope of the names right below the session (the others' is their trace's id)."""
+
+
 def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, names: np.ndarray,
                        state: StepState) -> None:
     """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them."""
@@ -95,6 +99,13 @@ def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndar
     np.maximum.at(highest, inverse, occurrence[rows])
     for key, value in zip(keys, highest.tolist()):
         state.occurrences[key] = max(state.occurrences[key], value + 1)
+    # a trace's counts go on only into the next window (a step whose records came late, a request
+    # with a step in each): a session of days has millions of traces, and would keep them all
+    traces = {scope for scope in scope_values.tolist() if scope != SESSION_SCOPE}
+    keep = traces | state.recent_traces
+    for key in [key for key in state.occurrences if key[0] != SESSION_SCOPE and key[0] not in keep]:
+        del state.occurrences[key]
+    state.recent_traces = traces
 
 
 def _text(value: str) -> pa.Scalar:
@@ -168,7 +179,7 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     if session < count:
         carried[session] = False
     rows = np.flatnonzero(carried)
-    scopes = np.where(anchor[rows] == session, "session",
+    scopes = np.where(anchor[rows] == session, SESSION_SCOPE,
                       np.array(shape.trace_values, dtype=object)[shape.trace_codes[rows]])
     _carry_occurrences(occurrence, rows, scopes, name_texts.take(pa.array(name_codes[rows])).to_numpy(
         zero_copy_only=False), state)

@@ -77,7 +77,10 @@ class StepState:
     latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
     """Per thread, the latest step's (start_ns, step, trace id)."""
     occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """Names seen so far below the session and at the root of each trace, for ``path``."""
+    """Names seen so far below the session and at the root of each trace of the last two
+    windows, for ``path``."""
+    recent_traces: set[str] = field(default_factory=set)
+    """The traces the last window counted names at the root of."""
     layers_in_step: dict[int, int] = field(default_factory=dict)
     """Layer spans numbered so far in steps that a later window may continue."""
     attach_to_session: bool = True

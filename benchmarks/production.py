@@ -1,0 +1,290 @@
+"""What xsp costs a real inference service, as its users meet it: latency and throughput over HTTP.
+
+Starts the example service (examples/service/serve.py: FastAPI + uvicorn + OpenTelemetry, a
+small transformer on CPU) three times, as separate processes: ``plain`` (no xsp), ``xsp`` (the
+whole server inside ``xsp.trace(levels=("model", "layer"))``) and ``xsp s=<fraction>`` (the same
+with ``sample``). Each is warmed up, then driven over loopback by closed-loop clients (each sends
+its next request when the last is answered, on a keep-alive connection) at the ``def`` endpoint
+(FastAPI's thread pool) and the ``async def`` one (the event loop). Rounds are interleaved: every
+round loads each variant in turn (the order rotated from round to round) while all servers stay up.
+
+Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
+time per request, and p50/p99 as ratios to plain (pooled; ± is half the range of the per-round
+ratios). The servers are then stopped with SIGTERM and each xsp trace file is checked. Prints a
+table and records it in benchmarks/results/production.md.
+
+Usage: python benchmarks/production.py [--rounds 6] [--seconds 5] [--concurrency 4] [--sample 0.01]
+       [--endpoints sync,async] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import record
+
+from xsp.core.metadata import cpu_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "production.md"
+SERVER = Path(__file__).resolve().parents[1] / "examples" / "service" / "serve.py"
+HOST = "127.0.0.1"
+ENDPOINTS = {"sync": "/predict", "async": "/predict_async"}
+HEALTH_PATH = "/health"
+MODE_ENV, SAMPLE_ENV, OUTPUT_ENV = "XSP_BENCH_MODE", "XSP_BENCH_SAMPLE", "XSP_BENCH_OUTPUT"  # read by serve.py
+CLEARED_ENV = ("XSP_SAMPLE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+"""The caller's settings that would change what a variant does (xsp's sampling, span export)."""
+PLAIN = "plain"
+VOCABULARY, SEQUENCE_LENGTH = 1000, 32
+STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, REQUEST_TIMEOUT_S = 120.0, 120.0, 30.0
+WARMUP_SECONDS = 2.0
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+BODY = json.dumps([random.Random(0).randrange(VOCABULARY) for _ in range(SEQUENCE_LENGTH)]).encode()
+HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    trace_file: Path | None
+    health: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Load:
+    """One variant under load for one round: each request's latency, the wall time, the server's CPU."""
+
+    latency_ns: list[int]
+    seconds: float
+    cpu_seconds: float
+
+
+def start_server(name: str, settings: dict[str, str], folder: Path) -> Server:
+    tag = name.replace(" ", "_").replace("=", "")
+    trace_file = folder / f"{tag}.xsp.parquet" if settings[MODE_ENV] != PLAIN else None
+    environment = {key: value for key, value in os.environ.items() if key not in CLEARED_ENV}
+    environment.update(settings, **{OUTPUT_ENV: str(trace_file or "")})
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port = int(probe.getsockname()[1])
+    log = folder / f"{tag}.stderr.txt"
+    with open(log, "wb") as stderr:  # a session of its own: a Ctrl-C reaches this script alone
+        process = subprocess.Popen([sys.executable, str(SERVER), str(port)], env=environment,
+                                   stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
+    return Server(name, process, port, log, trace_file)
+
+
+def wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while server.process.poll() is None and time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection(HOST, server.port, timeout=REQUEST_TIMEOUT_S)
+            connection.request("GET", HEALTH_PATH)
+            server.health = json.loads(connection.getresponse().read())
+            connection.close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{server.name}: not ready (exit code {server.process.poll()}):\n{tail(server.log)}")
+
+
+def cpu_seconds(server: Server) -> float:
+    """CPU time of the server's session (its threads and living helpers) and of the helpers it reaped."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == server.process.pid:  # its session id
+            ticks += int(fields[11]) + int(fields[12])
+            if int(entry.name) == server.process.pid:
+                ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS_PER_S
+
+
+def drive(server: Server, path: str, concurrency: int, seconds: float) -> Load:
+    """Closed-loop load: ``concurrency`` clients, each on its own keep-alive connection."""
+    latency_ns: list[list[int]] = [[] for _ in range(concurrency)]
+    ended_ns, start_ns, failures = [0] * concurrency, [0], []
+    barrier = threading.Barrier(concurrency, lambda: start_ns.__setitem__(0, time.perf_counter_ns()), REQUEST_TIMEOUT_S)
+
+    def client(index: int) -> None:
+        connection = http.client.HTTPConnection(HOST, server.port, timeout=REQUEST_TIMEOUT_S)
+        connection.connect()
+        barrier.wait()
+        deadline_ns, mine, now = start_ns[0] + int(seconds * 1e9), latency_ns[index], time.perf_counter_ns
+        try:
+            while (sent_ns := now()) < deadline_ns:
+                connection.request("POST", path, BODY, HEADERS)
+                response = connection.getresponse()
+                body = response.read()
+                mine.append(now() - sent_ns)
+                if response.status != 200:
+                    failures.append(f"HTTP {response.status} {body[:200]!r}")
+                    return
+        except OSError as error:
+            failures.append(repr(error))
+        finally:
+            ended_ns[index] = now()
+            connection.close()
+
+    cpu_before = cpu_seconds(server)
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(client, range(concurrency)))
+    if failures:
+        raise RuntimeError(f"{server.name} {path}: {failures[0]}\n{tail(server.log)}")
+    return Load([value for values in latency_ns for value in values], (max(ended_ns) - start_ns[0]) / 1e9,
+                cpu_seconds(server) - cpu_before)
+
+
+def stop(servers: Sequence[Server]) -> None:
+    """SIGTERM (uvicorn shuts down, the xsp block writes its file); SIGKILL past the deadline."""
+    for server in servers:
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
+    for server in servers:
+        try:
+            server.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def percentile_ms(loads: Sequence[Load], fraction: float) -> float:
+    ordered = sorted(value for load in loads for value in load.latency_ns)
+    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)] / 1e6
+
+
+def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
+    pooled = percentile_ms(loads, fraction) / percentile_ms(plains, fraction)
+    rounds = [percentile_ms([a], fraction) / percentile_ms([b], fraction) for a, b in zip(loads, plains)]
+    return f"{pooled:.2f} ±{(max(rounds) - min(rounds)) / 2:.2f}"
+
+
+def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endpoints: Sequence[str]) -> list[str]:
+    lines = [f"{'variant':<11} {'api':<5} {'requests':>8} {'req/s':>7} {'p50 ms':>6} {'p99 ms':>6} "
+             f"{'CPU ms':>6} {'p50 x plain':>11} {'p99 x plain':>11}"]
+    for endpoint in endpoints:
+        for name in names:
+            loads, plains = results[(name, endpoint)], results[(PLAIN, endpoint)]
+            requests = sum(len(load.latency_ns) for load in loads)
+            cpu_ms = 1e3 * sum(load.cpu_seconds for load in loads) / requests
+            throughput = requests / sum(load.seconds for load in loads)
+            lines.append(f"{name:<11} {endpoint:<5} {requests:>8,} {throughput:>7.1f} "
+                         f"{percentile_ms(loads, 0.5):>6.2f} {percentile_ms(loads, 0.99):>6.2f} {cpu_ms:>6.2f} "
+                         f"{ratio_text(loads, plains, 0.5):>11} {ratio_text(loads, plains, 0.99):>11}")
+    return lines
+
+
+def server_note(server: Server, idle_cpu_seconds: float) -> str:
+    """Its exit code, its CPU time while the others were loaded, the xsp options in effect, its trace file."""
+    note = f"`{server.name}`: exit code {server.process.returncode}, {idle_cpu_seconds:.1f} s CPU while idle"
+    if server.trace_file is None:
+        return note
+    import xsp
+
+    written = server.trace_file.exists()
+    trace = (f"trace file {server.trace_file.stat().st_size / 1e6:.1f} MB, {len(xsp.load(server.trace_file).spans):,} "
+             "spans" if written else "**no trace file written**")
+    options = {key: value for key, value in server.health.get("xsp_options", {}).items() if key != "output"}
+    return f"{note}, xsp options {options}, {trace}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=5.0, help="load per variant, endpoint and round")
+    parser.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
+    parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction in the third variant")
+    parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
+    parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
+    args = parser.parse_args(argv)
+    endpoints = [name for name in args.endpoints.split(",") if name]
+    variants = {PLAIN: {MODE_ENV: PLAIN}, "xsp": {MODE_ENV: "xsp"},
+                f"xsp s={args.sample:g}": {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample)}}
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
+    began = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix="xsp-production-"))
+    servers: list[Server] = []
+    results: dict[tuple[str, str], list[Load]] = {}
+    try:
+        servers = [start_server(name, settings, folder) for name, settings in variants.items()]
+        for server in servers:
+            wait_ready(server)
+            for endpoint in endpoints:  # warm-up
+                drive(server, ENDPOINTS[endpoint], args.concurrency, WARMUP_SECONDS)
+        idle_cpu_seconds = {server.name: cpu_seconds(server) for server in servers}
+        for round_index in range(args.rounds):
+            shift = round_index % len(servers)
+            for endpoint in endpoints:
+                for server in servers[shift:] + servers[:shift]:
+                    load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
+                    results.setdefault((server.name, endpoint), []).append(load)
+                    print(f"round {round_index + 1}/{args.rounds} {server.name:<11} {endpoint:<5} "
+                          f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
+        for server in servers:  # its CPU time while the others were loaded
+            loaded = sum(load.cpu_seconds for endpoint in endpoints for load in results[(server.name, endpoint)])
+            idle_cpu_seconds[server.name] = cpu_seconds(server) - idle_cpu_seconds[server.name] - loaded
+    except BaseException:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+        raise
+    finally:
+        stop(servers)
+        for server in servers:
+            if server.process.returncode != 0 or (server.trace_file and not server.trace_file.exists()):
+                print(f"{server.name}: exit code {server.process.returncode}, {server.log}:\n{tail(server.log)}",
+                      file=sys.stderr)
+    command = " ".join(["python benchmarks/production.py", *(sys.argv[1:] if argv is None else argv)])
+    lines = [
+        "# A real inference service under xsp", "",
+        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, Python {platform.python_version()}; `{command}` "
+        f"({time.monotonic() - began:.0f} s).", "",
+        f"FastAPI + uvicorn + OpenTelemetry (spans dropped by a null exporter), a 2-layer transformer on CPU "
+        f"with 1 torch thread, {SEQUENCE_LENGTH} tokens a request; {args.concurrency} closed-loop keep-alive "
+        f"clients on the same machine. {args.rounds} interleaved rounds of {args.seconds:g} s per variant and "
+        "endpoint (*sync*: a `def` handler in FastAPI's thread pool; *async*: an `async def` one on the event "
+        "loop). *CPU ms*: the server's CPU time per request (the clients' is not counted). Ratios: pooled "
+        "percentiles over plain's; ± is half the range of the per-round ratios.", "",
+        "```", *table(results, list(variants), endpoints), "```", "",
+        *(f"* {server_note(server, idle_cpu_seconds[server.name])}" for server in servers),
+    ]
+    record(lines, RESULTS)
+    if args.keep:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
