@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -280,3 +283,48 @@ def test_step_and_layer_latency_are_exported_as_metrics_and_kept_in_the_file(rec
         path: deep for path in session.trace.spans[session.trace.spans[col.LEVEL] == "layer"][col.PATH].astype(str)}
     assert {kv.key: kv.value.string_value for kv in resource}["service.name"] == "svc"
     assert latency["metrics_export"]["sent"] >= 1 and latency["metrics_export"]["failed"] == 0
+
+
+class Nested(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monkeypatch, tmp_path):
+    import xsp.session.options as session_options
+    from xsp.session.rotation import leveled_over_steps
+
+    monkeypatch.setattr(session_options, "ALWAYS_ON_WINDOW_S", 0.1)  # windows soon show how deep the layers go
+    model, x = Nested(), torch.randn(2, 8)
+    output = tmp_path / "rotating.xsp.parquet"
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=output, sample=0.5, slow_factor=0) as session:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            model(x)
+            time.sleep(0.001)
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    runs = roots.groupby(roots[col.LEVELED_RUN].astype(str))[col.STEP].apply(set)
+    assert {"model", "model+layer<=1", "model+layer"} <= set(runs.index)
+    assert set(roots[roots[col.LEVELED_RUN] == "model"][col.SAMPLING].astype(str)) == {"model_only"}
+    layers = spans[spans[col.LEVEL] == "layer"]
+    depth_of_step = layers.groupby(col.STEP)[col.CALL_DEPTH].max()
+    assert depth_of_step[depth_of_step.index.isin(runs["model+layer<=1"])].max() == 1
+    assert depth_of_step[depth_of_step.index.isin(runs["model+layer"])].max() == 2
+    result = leveled_over_steps(xsp.load(output))
+    assert result is not None
+    by_run = result.overhead.set_index("run")["steps"].to_dict()
+    assert by_run["model"] == len(runs["model"]) and by_run["model+layer<=1"] == len(runs["model+layer<=1"])
+    merged = result.trace.spans
+    sources = merged[merged[col.LEVEL] == "layer"].set_index(col.NAME)[col.LEVELED_RUN].to_dict()
+    assert sources["model.block"] == "model+layer<=1" and sources["model.block.0"] == "model+layer"
+    report = subprocess.run([sys.executable, "-m", "xsp", "report", str(output)], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "80"})
+    assert report.returncode == 0, report.stderr
+    assert "Leveled over the drawn steps" in report.stdout and "from run" in report.stdout
+    assert max(map(len, report.stdout.splitlines())) <= 80

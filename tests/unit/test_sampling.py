@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from xsp.core.schema import StepSampling
-from xsp.record.sampling import REASONS, WARMUP_STEPS, NoteKind, SamplingPolicy, StepSampler
+from xsp.record.sampling import (
+    EVERY_DEPTH,
+    MODEL_ONLY_LIMIT,
+    REASONS,
+    WARMUP_STEPS,
+    DepthPlan,
+    NoteKind,
+    SamplingPolicy,
+    StepSampler,
+)
 from xsp.table.latency import BOUNDS_S, MAX_LAYERS, OTHER_LAYERS, Histogram, Latencies, LatencyHistograms
 
 
@@ -30,7 +39,7 @@ def test_a_policy_out_of_range_is_refused_naming_the_option(rate, slow_factor, s
 
 def test_the_rate_is_the_share_of_steps_drawn():
     sampler, thread = StepSampler(SamplingPolicy.parse(0.1, slow_factor=0), seed=1), Thread()
-    deep = sum(sampler.decide(thread, step) for step in range(10_000))
+    deep = sum(sampler.decide(thread, step) != MODEL_ONLY_LIMIT for step in range(10_000))
     assert 900 <= deep <= 1100
     assert sampler.decided[StepSampling.SAMPLED] == deep
     assert sampler.begun == 10_000
@@ -78,7 +87,7 @@ def test_a_capture_takes_the_steps_from_the_one_asked_for_and_one_at_a_time():
 def test_the_current_request_is_noted_and_an_unsampled_one_stays_shallow():
     answers = iter([(0xABC, 0x12, True), (0xDEF, 0x34, False), None])
     sampler, thread = StepSampler(SamplingPolicy.parse(1.0), ambient=lambda: next(answers)), Thread()
-    assert [sampler.decide(thread, step) for step in range(3)] == [True, False, True]
+    assert [sampler.decide(thread, step) for step in range(3)] == [EVERY_DEPTH, MODEL_ONLY_LIMIT, EVERY_DEPTH]
     assert [(note[2], note[3], note[4]) for note in thread.step_notes] == [
         (REASONS.index(StepSampling.SAMPLED), 0xABC, 0x12),
         (REASONS.index(StepSampling.REQUEST_NOT_SAMPLED), 0xDEF, 0x34),
@@ -90,7 +99,7 @@ def test_a_failing_context_probe_joins_no_request():
         raise RuntimeError("context")
 
     sampler, thread = StepSampler(SamplingPolicy.parse(1.0), ambient=broken), Thread()
-    assert sampler.decide(thread, 0) is True
+    assert sampler.decide(thread, 0) == EVERY_DEPTH
     assert sampler.probe_errors == 1 and thread.step_notes[0][3:5] == (0, 0)
 
 
@@ -108,3 +117,17 @@ def test_histograms_count_each_bucket_and_bound_the_layer_series():
     assert len(series[OTHER_LAYERS]) == 5 * 3
     later = histograms.add(Latencies(step_ns=np.array([5]), layer_ns={"model/new": np.array([7])}))
     assert list(later) == [OTHER_LAYERS] and histograms.step.count == 3
+
+
+def test_drawn_steps_take_the_plans_in_turn_and_armed_ones_the_deepest():
+    sampler, thread = StepSampler(SamplingPolicy.parse(1.0, slow_factor=0)), Thread()
+    shallow, deep = DepthPlan("model+layer<=1", 1, frozenset({"model", "layer"})), DepthPlan(
+        "model+layer", 0, frozenset({"model", "layer"}))
+    sampler.rotate([shallow, deep])
+    assert [sampler.decide(thread, step) for step in range(4)] == [1, 0, 1, 0]
+    sampler.capture(1)
+    assert sampler.decide(thread, 4) == 0  # a captured step: the deepest plan
+    sampler.rotate([DepthPlan("model+layer<=2", 2, frozenset({"model", "layer"})), deep])  # learnt deeper
+    assert sampler.plans == [shallow, deep, DepthPlan("model+layer<=2", 2, frozenset({"model", "layer"}))]
+    sampler.decide(thread, 5)
+    assert [note[5] for note in thread.step_notes] == [1, 2, 1, 2, 2, 3]  # 1 + the plan's place in plans

@@ -146,7 +146,7 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         sampler = recording.sampler
         if sampler is not None and steps.type and not buffer.open_steps and steps.start_ns != buffer.decided_ns:
             buffer.decided_ns = steps.start_ns  # a step began: how deep it is recorded
-            buffer.shallow = not sampler.decide(buffer, start)
+            buffer.step_limit = sampler.decide(buffer, start)
         buffer.roots.append((start, _root_flags(module, training)))
         return start
 
@@ -358,8 +358,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             start = begin_root(buffer, self)
             if buffer.skipping:
                 return _unrecorded_root(_orig, buffer, self, args, kwargs)
-        elif depth > deepest or buffer.shallow:  # (shallow: a step an always-on session did not sample)
-            return _orig(self, *args, **kwargs)
+        elif depth > deepest or (buffer.step_limit and (buffer.step_limit < 0 or depth > buffer.step_limit)):
+            return _orig(self, *args, **kwargs)  # (step_limit: a step an always-on session records less deep)
         elif buffer.skipping:
             buffer.depth = depth + 1
             try:

@@ -63,7 +63,7 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "site_scopes", "shallow", "decided_ns", "step_notes", "_lock",
+        "site_of", "site_scopes", "step_limit", "decided_ns", "step_notes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -86,9 +86,10 @@ class ThreadBuffer:
         """``torch.jit.trace`` calls running on this thread: xsp records nothing inside them."""
         self.skipping = False
         """The running top-level call belongs to a step the schedule does not record."""
-        self.shallow = False
-        """The running step is timed at the model level only (an always-on session did not sample
-        it): calls inside its top-level calls pass through unrecorded."""
+        self.step_limit = 0
+        """How deep the running step is recorded (an always-on session's decision): 0, every
+        depth; -1, the model level only (calls inside its top-level calls pass through
+        unrecorded); ``k``, layers down to module call depth ``k``."""
         self.decided_ns = 0
         """Start of the automatic step whose depth was last decided on this thread."""
         self.step_notes: list[tuple[int, ...]] = []
@@ -479,7 +480,7 @@ class Recording:
         self.sampler = sampler
         if sampler is None:
             for buffer in list(self.buffers):
-                buffer.shallow = False
+                buffer.step_limit = 0
                 buffer.decided_ns = 0
 
     def compact(self) -> None:

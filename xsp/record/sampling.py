@@ -6,7 +6,13 @@ steps is recorded at the deeper levels the session asked for; so are the steps a
 (slower than :attr:`SamplingPolicy.slow_factor` times the running median of the last
 :data:`MEDIAN_STEPS` steps) and the steps a capture asked for (:meth:`StepSampler.capture`). The
 other steps pass their layers through unrecorded: the module-call wrapper tests one flag of the
-thread (``ThreadBuffer.shallow``) per call.
+thread (``ThreadBuffer.step_limit``) per call.
+
+The deep steps drawn rotate through the runs of a leveled experiment (:meth:`StepSampler.rotate`:
+layers to depth 1, 2, ..., every layer, then operators), and the steps not drawn are its
+model-only run: the figures over a window are then leveled, free of xsp's own overhead, without
+running anything twice. The steps after a slow one, and those a capture asks for, are recorded
+at every level.
 
 When an OpenTelemetry span is current where a step begins (the service's HTTP or gRPC span, set
 by its instrumentation, on its thread or asyncio task), the step joins that span's trace: its
@@ -49,7 +55,8 @@ class NoteKind(enum.IntEnum):
     """What a step note (:attr:`ThreadBuffer.step_notes`) says."""
 
     DECISION = 0
-    """A step began: ``(time_ns, DECISION, reason, trace_id, span_id, 0, 0)``."""
+    """A step began: ``(time_ns, DECISION, reason, trace_id, span_id, plan, 0)`` (``plan``: 1 + the
+    index in :attr:`StepSampler.plans` of how deep it is recorded, 0 for the model level only)."""
     SLOW = 1
     """The thread's step that ended before ``time_ns`` was slow: ``(time_ns, SLOW, 0, 0, 0,
     duration_ns, median_ns)``."""
@@ -61,6 +68,23 @@ REASONS: Final = (StepSampling.MODEL_ONLY, StepSampling.SAMPLED, StepSampling.AF
 _MODEL_ONLY, _SAMPLED, _AFTER_SLOW, _CAPTURE, _NOT_SAMPLED = range(len(REASONS))
 DEEP_REASONS: Final = frozenset({StepSampling.SAMPLED, StepSampling.AFTER_SLOW, StepSampling.CAPTURE})
 """Reasons of the steps recorded at every level the session asked for."""
+
+
+MODEL_ONLY_LIMIT: Final = -1
+"""``ThreadBuffer.step_limit`` of a step timed at the model level only."""
+EVERY_DEPTH: Final = 0
+
+
+@dataclass(frozen=True)
+class DepthPlan:
+    """How deep a drawn step is recorded: one run of a leveled experiment."""
+
+    label: str
+    """The run's name (``model+layer<=1``, ``model+layer``, ``model+layer+operator``)."""
+    step_limit: int
+    """``ThreadBuffer.step_limit`` for the step: 0, every module call depth; ``k``, down to ``k``."""
+    levels: frozenset[str]
+    """The levels whose spans the step keeps."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +173,11 @@ class StepSampler:
         """Steps found slow so far."""
         self.probe_errors = 0
         """Steps whose current OpenTelemetry span could not be read (they join no request)."""
+        self.plans: list[DepthPlan] = []
+        """Every depth plan used so far (notes name them by position: the list only grows)."""
+        self._rotation: list[int] = []
+        self._turn = 0
+        self._full = -1
 
     @property
     def median_ns(self) -> int:
@@ -177,9 +206,23 @@ class StepSampler:
         with self._lock:
             self._capture_left = 0
 
-    def decide(self, buffer: NotedThread, time_ns: int) -> bool:
+    def rotate(self, plans: list[DepthPlan]) -> None:
+        """Drawn steps are recorded by these plans in turn; steps after a slow one and captured
+        ones by the last (the deepest)."""
+        with self._lock:
+            known = {plan.label: index for index, plan in enumerate(self.plans)}
+            order = []
+            for plan in plans:
+                if plan.label not in known:
+                    known[plan.label] = len(self.plans)
+                    self.plans.append(plan)
+                order.append(known[plan.label])
+            self._rotation, self._full = order, (order[-1] if order else -1)
+
+    def decide(self, buffer: NotedThread, time_ns: int) -> int:
         """A step of ``buffer``'s thread begins (its first top-level call starts at ``time_ns``):
-        True when it is recorded below the model level. Notes the decision in the buffer."""
+        how deep it is recorded (``ThreadBuffer.step_limit``: :data:`MODEL_ONLY_LIMIT`, 0 for
+        every depth, or a depth). Notes the decision in the buffer."""
         trace_id = span_id = 0
         request_sampled = True
         if self.ambient is not None:
@@ -198,10 +241,26 @@ class StepSampler:
             reason = _SAMPLED
         else:
             reason = _MODEL_ONLY
-        buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, 0, 0))
+        plan, limit = -1, MODEL_ONLY_LIMIT
+        if reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE:
+            plan, limit = self._plan(reason == _SAMPLED)
+        buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, plan + 1, 0))
         self.decided[REASONS[reason]] += 1
         self.begun += 1
-        return reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE
+        return limit
+
+    def _plan(self, drawn: bool) -> tuple[int, int]:
+        """The plan (its index, -1 for none) and step limit of a deep step."""
+        rotation = self._rotation
+        if not rotation:
+            return -1, EVERY_DEPTH
+        if drawn:
+            turn = self._turn
+            self._turn = turn + 1  # (two threads may take the same turn: the rotation stays about even)
+            plan = rotation[turn % len(rotation)]
+        else:
+            plan = self._full
+        return plan, self.plans[plan].step_limit
 
     def _armed(self) -> int:
         with self._lock:  # several threads may take the last armed step

@@ -113,7 +113,7 @@ class step(span):  # noqa: N801
             buffer.open_steps += 1
             sampler = recording.sampler
             if sampler is not None and buffer.open_steps == 1 and not buffer.depth:
-                buffer.shallow = not sampler.decide(buffer, self._start)
+                buffer.step_limit = sampler.decide(buffer, self._start)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

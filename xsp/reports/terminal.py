@@ -20,8 +20,10 @@ from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
+from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
+from xsp.session.rotation import leveled_over_steps
 
 STEPS_SHOWN = 20
 Format = Callable[[object], str]
@@ -371,6 +373,39 @@ def top_level_check(trace: Trace) -> str:
             f"latency of {latency_ms:.3f} ms (± {interval_ms:.3f} ms); the rest is the model's own code")
 
 
+def _always_on_section(trace: Trace, console: Console, top: int) -> None:
+    """An always-on trace: how its steps were recorded, and its layers leveled over the drawn steps."""
+    sampling = trace.metadata.get("sampling")
+    if not sampling:
+        return
+    steps = sampling.get("steps") or {}
+    deep = sum(steps.get(reason.value, 0) for reason in DEEP_REASONS)
+    total = sum(steps.values())
+    _say(console, f"Always on (sample {sampling.get('rate', 0):g}): {counted(total, 'step')} timed, {deep:,} recorded "
+                  f"deep ({steps.get('sampled', 0):,} drawn, {steps.get('after_slow', 0):,} after a slow step, "
+                  f"{steps.get('capture', 0):,} captured); {steps.get('request_not_sampled', 0):,} in requests the "
+                  f"application did not sample; {sampling.get('slow_steps_found', 0):,} slow steps; median step "
+                  f"{sampling.get('median_step_ns', 0) / 1e6:.3f} ms", "bold")
+    result = leveled_over_steps(trace)
+    if result is None:
+        return
+    runs = result.overhead
+    _show(console, runs, "Leveled over the drawn steps (each depth a run of its own; nothing run twice)", [
+        ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model ms", number()),
+        ("model_latency_ci_ms", "± 95%", number()), ("overhead", "overhead vs model", share)])
+    best = analysis.top_layers(result.trace, k=top)
+    if best.empty:
+        return
+    spans = result.trace.spans
+    source = spans.drop_duplicates(col.NAME).set_index(col.NAME)[col.LEVELED_RUN].astype(str)
+    steps_of = dict(zip(runs["run"], runs["steps"]))
+    best = best.assign(run=best["name"].map(source), steps=best["name"].map(source).map(steps_of),
+                       mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
+    _show(console, best, f"Top {counted(len(best), 'layer')} by self time, leveled (free of xsp's own overhead)", [
+        ("name", "layer", text), ("mean_ms", "mean ms incl.", number()), ("mean_ci_share", "± 95%", share),
+        ("run", "from run", text), ("steps", "steps", number(0)), ("share", "share", share)])
+
+
 def _leveled_table(trace: Trace, console: Console) -> None:
     leveled = trace.metadata.get("leveled")
     if not leveled:
@@ -558,6 +593,7 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
     _recommendations(trace, console)
     _latency_tables(trace, console)
     _step_tables(trace, console)
+    _always_on_section(trace, console, top)
     _leveled_table(trace, console)
     _layer_tables(trace, console, top)
     if lines:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from xsp.core import schema as col
 from xsp.core.rank import RankInfo
 from xsp.io.segments import SegmentWriter
+from xsp.record.sampling import DepthPlan
 from xsp.record.window import Window
 from xsp.table.build import build_table
 from xsp.table.latency import Latencies, LatencyHistograms, window_latencies
@@ -57,10 +58,12 @@ class WindowInterpreter:
         segments: where a streaming session writes each window (None: windows are kept in
             :attr:`tables`).
         latency: count each window's step and layer durations (:attr:`latency`; an always-on session).
+        depth_plans: the always-on session's sampler's depth plans, which its step notes name.
     """
 
     def __init__(self, tracers: list[Tracer], state: StepState, warn: Callable[[str], None], host_to_epoch_ns: int = 0,
-                 rank: RankInfo | None = None, segments: SegmentWriter | None = None, latency: bool = False) -> None:
+                 rank: RankInfo | None = None, segments: SegmentWriter | None = None, latency: bool = False,
+                 depth_plans: list[DepthPlan] | None = None) -> None:
         self.tracers = tracers
         self.state = state
         self.warn = warn
@@ -82,6 +85,12 @@ class WindowInterpreter:
         """The step and layer histograms of the windows so far (None: not counted)."""
         self.on_latencies: Callable[[Latencies, dict[str, Any]], None] | None = None
         """Told each window's durations and its layer series as counted (the OTLP metrics)."""
+        self.on_deeper_layers: Callable[[int], None] | None = None
+        """Told the deepest module call depth of layers each time a window shows a deeper one
+        (an always-on session's rotation learns it)."""
+        self.deepest_layer = 0
+        self.depth_plans: list[DepthPlan] = [] if depth_plans is None else depth_plans
+        """The depth plans step notes name (the always-on session's sampler's list, which only grows)."""
         self._in_helper = False
         self._latencies: Latencies | None = None
         self._watchers: list[Callable[[pd.DataFrame], bool]] = []
@@ -119,7 +128,7 @@ class WindowInterpreter:
                 self.warn(f"tracer {tracer.name} failed while collecting its spans, which are lost: {exc}")
         result = build_table(frames, self.host_to_epoch_ns, self.state, session_row, sort=True,
                              step_numbers=window.step_numbers,
-                             step_notes=StepNotes.of(window.buffers, self.host_to_epoch_ns))
+                             step_notes=StepNotes.of(window.buffers, self.host_to_epoch_ns, self.depth_plans))
         for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
             self.state.latest_step.pop(thread_id, None)
         if self.rank is not None:
@@ -152,6 +161,10 @@ class WindowInterpreter:
     def _count_latencies(self, latencies: Latencies) -> None:
         assert self.latency is not None
         series = self.latency.add(latencies)
+        if latencies.deepest_layer > self.deepest_layer:
+            self.deepest_layer = latencies.deepest_layer
+            if self.on_deeper_layers is not None:
+                self.on_deeper_layers(latencies.deepest_layer)
         if self.on_latencies is not None:
             try:
                 self.on_latencies(latencies, series)

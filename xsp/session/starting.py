@@ -24,6 +24,7 @@ from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
+from xsp.session.rotation import depth_plans
 from xsp.session.running import RunningSession, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.signals import StopSignals
@@ -73,8 +74,14 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         if output is not None and not any(tracer.collects_at_end for tracer in tracers):
             segments = SegmentWriter(output)
         started: list[Tracer] = []
+        if options.sampling_env_problem is not None:
+            warn(options.sampling_env_problem)
+        sampler = None if options.sampling is None else always_on_sampler(options)
         interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
-                                        clock.host_to_epoch_ns, rank, segments, latency=options.sampling is not None)
+                                        clock.host_to_epoch_ns, rank, segments, latency=sampler is not None,
+                                        depth_plans=None if sampler is None else sampler.plans)
+        if sampler is not None:  # the drawn steps rotate through the layer depths the windows show
+            interpreter.on_deeper_layers = lambda deepest: sampler.rotate(depth_plans(options.levels, deepest))
         windows = None
         if target is not None or segments is not None:
             windows = WindowWorker(recording, interpreter, target, options, rank, warn)
@@ -86,11 +93,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         steps = None if options.schedule is None else ScheduledSteps(options.schedule, recording)
         if steps is not None:
             steps.pause_first()
-        sampler = None
-        if options.sampling_env_problem is not None:
-            warn(options.sampling_env_problem)
-        if options.sampling is not None:
-            sampler = StepSampler(options.sampling, otel_context_probe())
+        if sampler is not None:
             recording.sample_steps(sampler)
         watching = watch_step_ends(options, recording, tracers, windows, segments is not None, steps, sampler)
         for tracer in tracers:
@@ -128,6 +131,15 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         for note in segments.take_notes():
             warn(note)
     return run
+
+
+def always_on_sampler(options: TraceOptions) -> StepSampler:
+    """The step sampler of an always-on session: its drawn steps rotate through the leveled runs
+    of its levels (learnt deeper as windows show deeper layers)."""
+    assert options.sampling is not None
+    sampler = StepSampler(options.sampling, otel_context_probe())
+    sampler.rotate(depth_plans(options.levels, 1))
+    return sampler
 
 
 def latency_metrics(options: TraceOptions, target: OtlpTarget, rank: RankInfo | None,

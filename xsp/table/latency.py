@@ -32,6 +32,8 @@ class Latencies:
     step_ns: np.ndarray
     layer_ns: dict[str, np.ndarray] = field(default_factory=dict)
     deep_steps: int = 0
+    deepest_layer: int = 0
+    """The deepest module call depth of the window's layer spans (0: none)."""
 
 
 def window_latencies(spans: pd.DataFrame) -> Latencies:
@@ -46,7 +48,9 @@ def window_latencies(spans: pd.DataFrame) -> Latencies:
     frame = pd.DataFrame({"path": spans[col.PATH].astype(str).to_numpy()[layers], "ns": durations[layers]})
     layer_ns = {str(path): group.to_numpy(dtype=np.int64) for path, group in frame.groupby("path", sort=False)["ns"]}
     deep_steps = int(spans[col.STEP][layers].nunique())
-    return Latencies(step_ns=step_ns, layer_ns=layer_ns, deep_steps=deep_steps)
+    depths = spans[col.CALL_DEPTH][layers]
+    deepest = int(depths.max()) if depths.notna().any() else 0
+    return Latencies(step_ns=step_ns, layer_ns=layer_ns, deep_steps=deep_steps, deepest_layer=deepest)
 
 
 @dataclass

@@ -6,17 +6,19 @@ level in the steps that were not sampled."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.record.sampling import DEEP_REASONS, REASONS, NoteKind
+from xsp.record.sampling import DEEP_REASONS, REASONS, DepthPlan, NoteKind
 from xsp.record.window import WindowBuffer
 from xsp.table.walks import categories_at
 
+MODEL_RUN: str = "model"
+"""The leveled run the steps timed at the model level only make up."""
 SHALLOW_DROPPED_LEVELS: frozenset[str] = frozenset(
     level.value for level in col.Level if level not in (col.Level.MODEL, col.Level.INPUT, col.Level.SYSTEM))
 """Levels a step that was not sampled keeps none of (the model level, its input waits and the
@@ -30,6 +32,9 @@ class StepNotes:
     thread: np.ndarray
     time_ns: np.ndarray
     reason: np.ndarray
+    plan: np.ndarray
+    """1 + the index of the decision's depth plan in :attr:`plans` (0: none)."""
+    plans: Sequence[DepthPlan]
     trace_id: list[int]
     span_id: np.ndarray
     slow_thread: np.ndarray
@@ -38,8 +43,9 @@ class StepNotes:
     slow_median_ns: np.ndarray
 
     @classmethod
-    def of(cls, buffers: Iterable[WindowBuffer], host_to_epoch_ns: int) -> StepNotes | None:
-        """The notes of a window's buffers (None when it has none)."""
+    def of(cls, buffers: Iterable[WindowBuffer], host_to_epoch_ns: int,
+           plans: Sequence[DepthPlan] = ()) -> StepNotes | None:
+        """The notes of a window's buffers (None when it has none); ``plans``: the sampler's."""
         decisions: list[tuple[int, ...]] = []
         slow: list[tuple[int, ...]] = []
         for buffer in buffers:
@@ -53,7 +59,8 @@ class StepNotes:
 
         decisions.sort(key=lambda row: (row[0], row[1]))
         return cls(thread=ints(decisions, 0), time_ns=ints(decisions, 1) + host_to_epoch_ns,
-                   reason=ints(decisions, 3), trace_id=[row[4] for row in decisions],
+                   reason=ints(decisions, 3), plan=ints(decisions, 6), plans=list(plans),
+                   trace_id=[row[4] for row in decisions],
                    span_id=np.array([row[5] for row in decisions], dtype=np.uint64).astype(np.int64),
                    slow_thread=ints(slow, 0), slow_time_ns=ints(slow, 1) + host_to_epoch_ns,
                    slow_duration_ns=ints(slow, 6), slow_median_ns=ints(slow, 7))
@@ -112,12 +119,11 @@ def apply_step_notes(spans: pd.DataFrame, notes: StepNotes) -> pd.DataFrame:
     _mark_slow(spans, roots, threads, ends, notes)
     deep_codes = [code for code, reason in enumerate(REASONS) if reason in DEEP_REASONS]
     shallow_roots = decided[~np.isin(notes.reason[found], deep_codes)]
-    shallow_steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[shallow_roots]
-    if not len(shallow_steps):
-        return spans
-    below_model = spans[col.LEVEL].isin(SHALLOW_DROPPED_LEVELS).to_numpy(dtype=bool)
-    in_shallow = np.isin(spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan), shallow_steps)
-    dropped = below_model & in_shallow
+    steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)
+    dropped = _runs_of_plans(spans, decided, notes.plan[found], notes, steps)
+    if len(shallow_roots):
+        dropped |= spans[col.LEVEL].isin(SHALLOW_DROPPED_LEVELS).to_numpy(dtype=bool) & np.isin(
+            steps, steps[shallow_roots])
     if not dropped.any():
         return spans
     return spans[~dropped].reset_index(drop=True)
@@ -143,3 +149,26 @@ def _mark_slow(spans: pd.DataFrame, roots: np.ndarray, threads: np.ndarray, ends
         changed = True
     if changed:
         spans[col.ATTRIBUTES] = pd.array(column, dtype="string")
+
+
+def _runs_of_plans(spans: pd.DataFrame, roots: np.ndarray, plan_codes: np.ndarray, notes: StepNotes,
+                   steps: np.ndarray) -> np.ndarray:
+    """Each decided step root's ``leveled_run`` (its depth plan's label; the steps recorded at the
+    model level only: ``model``), in place; returns the rows of levels a deep step's plan does not keep."""
+    dropped = np.zeros(len(spans), dtype=bool)
+    if not len(roots) or spans[col.LEVELED_RUN].notna().any():  # (a leveled merge's own runs are kept)
+        return dropped
+    labels = np.array([MODEL_RUN, *(plan.label for plan in notes.plans)], dtype=object)
+    known = plan_codes <= len(notes.plans)
+    runs = np.full(len(spans), None, dtype=object)
+    runs[roots[known]] = labels[plan_codes[known]]
+    spans[col.LEVELED_RUN] = pd.array(runs, dtype="string")
+    levels = spans[col.LEVEL].astype(str).to_numpy()
+    for code in np.unique(plan_codes[known & (plan_codes > 0)]).tolist():
+        plan = notes.plans[code - 1]
+        planned_steps = steps[roots[known & (plan_codes == code)]]
+        dropped |= np.isin(steps, planned_steps) & ~np.isin(levels, list(plan.levels | KEPT_LEVELS))
+    return dropped
+
+
+KEPT_LEVELS: frozenset[str] = frozenset({col.Level.MODEL.value, col.Level.INPUT.value, col.Level.SYSTEM.value})

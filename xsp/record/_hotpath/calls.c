@@ -367,8 +367,10 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
             result = call_original(self, &call);
             goto done;
         }
-        if (SLOT(buffer, self->buffer_slots.shallow) == Py_True) {  /* a step an always-on session did not
-                                                                       sample: timed at the model level only */
+        PyObject *limit = SLOT(buffer, self->buffer_slots.step_limit);
+        long long deepest = limit != NULL && PyLong_CheckExact(limit) ? as_ll(limit) : 0;
+        if (deepest != 0 && (deepest < 0 || depth > deepest)) {
+            /* a step an always-on session records to a depth only (-1: the model level only) */
             result = call_original(self, &call);
             goto done;
         }

@@ -1,0 +1,56 @@
+"""The depth plans an always-on session's drawn steps rotate through: the runs of a leveled
+experiment (:func:`xsp.session.leveled_merge.level_runs`) but the model-only one, which the steps
+not drawn already are. Learnt again as the windows show how deep the model's module calls go."""
+
+from __future__ import annotations
+
+from xsp.core import schema as col
+from xsp.core.levels import parse_levels
+from xsp.core.schema import Level
+from xsp.io.trace import Trace
+from xsp.record.sampling import EVERY_DEPTH, MODEL_ONLY_LIMIT, DepthPlan
+from xsp.session.leveled_merge import LeveledResult, LeveledRun, level_runs, merge_runs
+
+
+def depth_plans(levels: tuple[Level, ...], deepest: int) -> list[DepthPlan]:
+    """The plans for ``levels``, the layer level run once per module call depth down to
+    ``deepest`` (the deepest seen so far; 1 before any)."""
+    plans = []
+    for run in level_runs(levels, max(deepest, 1)):
+        if run.is_metric or run.levels[-1] in (Level.MODEL, Level.INPUT):
+            continue
+        if Level.LAYER in run.levels:
+            limit = EVERY_DEPTH if run.layer_depth is None else run.layer_depth
+        else:
+            limit = MODEL_ONLY_LIMIT
+        kept = frozenset({level.value for level in run.levels} | {Level.MODEL.value, Level.INPUT.value})
+        plans.append(DepthPlan(run.label, limit, kept))
+    return plans
+
+
+def leveled_over_steps(trace: Trace) -> LeveledResult | None:
+    """The leveled figures of an always-on trace: its drawn steps, each recorded by one depth plan,
+    merged as the runs of a leveled experiment (the steps timed at the model level only are the
+    model-only run), so each layer's time comes from steps that recorded nothing below it. None
+    where the trace has no such runs (not always on, or no step drawn)."""
+    spans = trace.spans
+    if col.SAMPLING not in spans or not spans[col.SAMPLING].notna().any():
+        return None
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna() & spans[col.LEVELED_RUN].notna()]
+    labels = roots[col.LEVELED_RUN].astype(str)
+    if labels.nunique() < 2:
+        return None
+    steps = spans[col.STEP]
+    runs = []
+    for label, members in roots.groupby(labels, sort=False):
+        levels, depth = _run_of_label(str(label))
+        chosen = spans[steps.isin(members[col.STEP]).fillna(False).to_numpy(dtype=bool)].reset_index(drop=True)
+        runs.append(LeveledRun(levels, Trace(spans=chosen, metadata=dict(trace.metadata)), depth))
+    return merge_runs(runs)
+
+
+def _run_of_label(label: str) -> tuple[tuple[Level, ...], int | None]:
+    """The levels and layer depth a run's label names (:func:`xsp.session.leveled_merge.run_label`)."""
+    names, _, depth = label.partition("<=")
+    levels = parse_levels(names.replace("+", ","))
+    return levels, int(depth) if depth else None
