@@ -328,3 +328,41 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
     assert report.returncode == 0, report.stderr
     assert "Leveled over the drawn steps" in report.stdout and "from run" in report.stdout
     assert max(map(len, report.stdout.splitlines())) <= 80
+
+
+def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypatch, tmp_path):
+    import xsp.session.options as session_options
+
+    monkeypatch.setattr(session_options, "ALWAYS_ON_WINDOW_S", 0.1)
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    model, x = Net(), torch.randn(2, 8)
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    sealed_while_running = []
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", sample=0.2, slow_factor=0,
+                                    rotate=0.4) as session:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            model(x)
+            time.sleep(0.001)
+            if not sealed_while_running and (folder / "part-0.xsp.parquet").exists():
+                sealed_while_running.append(xsp.load(folder / "part-0.xsp.parquet"))
+    parts = sorted(folder.glob("part-*.xsp.parquet"), key=lambda path: int(path.name.split("-")[1].split(".")[0]))
+    assert len(parts) >= 3
+    first = sealed_while_running[0]  # read while the session ran
+    assert first.metadata["part"] == {**first.metadata["part"], "index": 0, "last": False}
+    assert len(step_roots(first.spans)) > 0
+    whole = xsp.load(tmp_path / "runs")
+    assert whole.metadata["parts"] == [str(path) for path in parts]
+    assert whole.metadata["part"] == {"index": len(parts) - 1, "last": True}
+    roots = step_roots(whole.spans)
+    assert roots[col.STEP].astype(int).tolist() == list(range(len(roots)))  # every step once, across the parts
+    assert len(roots) == len(step_roots(session.trace.spans)) + sum(
+        len(step_roots(xsp.load(path).spans)) for path in parts[:-1])
+    assert (whole.spans[col.KIND] == "session").sum() == 1
+
+
+def test_rotate_needs_a_dataset_and_a_time_or_a_size():
+    with pytest.raises(ValueError, match="dataset=DIR"):
+        xsp.trace(rotate="1h")
+    with pytest.raises(ValueError, match="rotate must be a time"):
+        xsp.trace(rotate="soon", dataset="d")

@@ -63,6 +63,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--slow-factor", metavar="X", type=float, default=DEFAULT_SLOW_FACTOR,
                         help="with --sample: a step slower than X times the running median is slow, and the next "
                              f"steps are recorded deep; 0: no such rule (default: {DEFAULT_SLOW_FACTOR:g})")
+    parser.add_argument("--rotate", metavar="WHEN", default=None,
+                        help="with --dataset, for a program that runs for days: write the trace as parts "
+                             "(DIR/run=ID/rank=N/part-K.xsp.parquet), each sealed and readable after this long or "
+                             "this large: 1h, 500MB, or 1h,500MB")
     parser.add_argument("--dataset", metavar="DIR", default=None,
                         help="write the trace into this folder of runs instead, as "
                              "DIR/run=ID/rank=N/SCRIPT.xsp.parquet (one Parquet dataset for DuckDB, Spark or Trino; "
@@ -266,10 +270,11 @@ def run(options: argparse.Namespace) -> int:
                                            calibrate=options.calibrate, span_budget=options.span_budget,
                                            dataset=options.dataset, layer_depth=options.layer_depth,
                                            nvtx=options.nvtx, sample=options.sample,
-                                           slow_factor=options.slow_factor)
+                                           slow_factor=options.slow_factor, rotate=options.rotate)
     except ValueError as exc:
-        raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")) \
-            from None
+        raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")
+                       .replace("rotate must", "--rotate must").replace("dataset=DIR too (xsp run --dataset)",
+                                                                        "--dataset DIR too")) from None
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")

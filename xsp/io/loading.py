@@ -5,6 +5,7 @@ files of every rank of a distributed job as one trace."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
             raise TraceNotFoundError("no trace files given")
         return _joined(files)
     if os.path.isdir(path):
-        return _joined(traces_in(Path(path)))
+        return _joined(_parts_joined(traces_in(Path(path))))
     if not os.path.lexists(path):
         ranks = rank_files(path)
         if ranks:
@@ -78,6 +79,33 @@ def traces_in(folder: Path) -> list[Path]:
         raise TraceNotFoundError(f"{folder} is a folder with no traces ({col.FILE_SUFFIX}, "
                                  f"{', '.join(FOREIGN_SUFFIXES)} files)")
     return found
+
+
+PART_FILE = re.compile(r"^part-(\d+)" + re.escape(col.FILE_SUFFIX) + "$")
+"""A part of a trace written in parts (``xsp.trace(rotate=...)``): ``part-<k>.xsp.parquet``."""
+
+
+def _parts_joined(files: list[Path]) -> list[Path | list[Path]]:
+    """``files`` with the parts of one trace (one folder's ``part-<k>`` files) together, in order."""
+    by_folder: dict[Path, list[tuple[int, Path]]] = {}
+    joined: list[Path | list[Path]] = []
+    for file in files:
+        found = PART_FILE.match(file.name)
+        if found is None:
+            joined.append(file)
+        else:
+            by_folder.setdefault(file.parent, []).append((int(found.group(1)), file))
+    joined.extend([file for _, file in sorted(parts)] for parts in by_folder.values())
+    return joined
+
+
+def _in_parts(files: list[Path]) -> Trace:
+    """The parts of one trace as one: their spans one after another, the last part's metadata
+    (which ends the session), every part's file in ``metadata["parts"]``."""
+    traces = [_one(file) for file in files]
+    spans = concat_spans(trace.spans for trace in traces)
+    metadata = {**traces[-1].metadata, "parts": [str(file) for file in files]}
+    return Trace(spans=spans.reset_index(drop=True), metadata=metadata)
 
 
 def _one(path: PathArg) -> Trace:
@@ -151,7 +179,17 @@ def _ranks_apart(by_rank: dict[int, Trace]) -> bool:
     return True
 
 
-def _joined(files: list[Path], newest_job: bool = False) -> Trace:
+def _read(entry: Path | list[Path]) -> Trace:
+    """One file, or the parts of one trace."""
+    return _in_parts(entry) if isinstance(entry, list) else _one(entry)
+
+
+def _named(entry: Path | list[Path]) -> Path:
+    """What names an entry of :func:`_joined`: the file, or the last part."""
+    return entry[-1] if isinstance(entry, list) else entry
+
+
+def _joined(files: Sequence[Path | list[Path]], newest_job: bool = False) -> Trace:
     """Several files as one trace: each keeps its rank (from its spans or metadata), else its
     position in ``files``; every rank's metadata under ``metadata["ranks"]``.
 
@@ -160,8 +198,8 @@ def _joined(files: list[Path], newest_job: bool = False) -> Trace:
     others named in ``metadata["ignored_files"]``.
     """
     if len(files) == 1:
-        return _noting_missing_ranks(_one(files[0]))
-    traces = [(file, _one(file)) for file in files]
+        return _noting_missing_ranks(_read(files[0]))
+    traces = [(_named(file), _read(file)) for file in files]
     jobs = {_job_of(trace) for _, trace in traces}
     ignored: list[str] = []
     if len(jobs) > 1:

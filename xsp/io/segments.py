@@ -409,6 +409,40 @@ class SegmentWriter:
                 continue
         return self.folders()
 
+    def seal(self, path: Path, metadata: dict[str, Any]) -> Path:
+        """Write every window so far as the trace file ``path`` (one part of a long session's
+        trace) and forget them: the windows after are the next part's.
+
+        Raises:
+            OSError: the file could not be written (the windows are all still here).
+        """
+        self.flush()
+        written = sorted((path.name, path) for folder in self.folders() for path in folder.glob(SEGMENT_PATTERN))
+        waiting = [table for _, table in self.pending]
+
+        def tables() -> Iterator[pa.Table]:
+            for _, segment in written:
+                yield read_segment(segment)
+            for table in waiting:
+                yield canonical_table(table)
+
+        sealed = write_trace_tables(path, tables(), metadata)
+        for _, segment in written:
+            segment.unlink(missing_ok=True)
+        self.pending = self.pending[len(waiting):]
+        return sealed
+
+    def written_bytes(self) -> int:
+        """What the windows written so far take on disk (and in memory, waiting)."""
+        on_disk = 0
+        for folder in self.folders():
+            for segment in folder.glob(SEGMENT_PATTERN):
+                try:
+                    on_disk += segment.stat().st_size
+                except OSError:
+                    pass
+        return on_disk + sum(table.nbytes for _, table in self.pending)
+
     def discard(self) -> None:
         for folder in (self.directory, self.spool):
             if folder is not None:

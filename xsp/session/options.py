@@ -70,6 +70,10 @@ class TraceOptions:
     """Always on (``sample=``): which steps are recorded below the model level (None: every step)."""
     sampling_env_problem: str | None = None
     """``XSP_SAMPLE`` was set but could not be used (said at the start)."""
+    rotate_s: float | None = None
+    """With ``dataset``: the file is sealed as a part, and the next begun, this often (None: never)."""
+    rotate_bytes: int | None = None
+    """With ``dataset``: ... or once its windows take this many bytes (None: no limit)."""
 
     @classmethod
     def parse(cls, levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
@@ -78,7 +82,8 @@ class TraceOptions:
               schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
               span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
               backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-              sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR) -> TraceOptions:
+              sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+              rotate: str | float | None = None) -> TraceOptions:
         """The options of :func:`xsp.trace`, checked.
 
         Raises:
@@ -86,6 +91,9 @@ class TraceOptions:
         """
         budget = checked_span_budget(span_budget)
         sampling, env_problem = _sampling(sample, slow_factor)
+        rotate_s, rotate_bytes = parse_rotation(rotate)
+        if (rotate_s or rotate_bytes) and dataset is None:
+            raise ValueError("rotate writes the trace as parts of a dataset: give dataset=DIR too (xsp run --dataset)")
         return cls(
             levels=parse_levels(levels), output=None if output is None else Path(output).absolute(),
             target=OtlpTarget.resolve(otlp_endpoint, otlp_protocol),
@@ -95,7 +103,39 @@ class TraceOptions:
             dataset=None if dataset is None else Path(dataset).absolute(), backward=backward,
             layer_depth=checked_layer_depth(layer_depth), nvtx=nvtx_ranges.wanted(nvtx),
             window_s=WINDOW_S if sampling is None else ALWAYS_ON_WINDOW_S, window_events=WINDOW_EVENTS,
-            sampling=sampling, sampling_env_problem=env_problem)
+            sampling=sampling, sampling_env_problem=env_problem, rotate_s=rotate_s, rotate_bytes=rotate_bytes)
+
+
+_SECONDS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_BYTES: Final = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+
+
+def parse_rotation(rotate: str | float | None) -> tuple[float | None, int | None]:
+    """``rotate`` as (seconds, bytes): a number of seconds, or ``30m``, ``1h``, ``500MB``, or both
+    (``1h,500MB``: whichever comes first). Raises ValueError naming the option."""
+    if rotate is None:
+        return None, None
+    if isinstance(rotate, (int, float)) and not isinstance(rotate, bool):
+        if rotate <= 0:
+            raise ValueError(f"rotate must be above 0 seconds, not {rotate}")
+        return float(rotate), None
+    seconds: float | None = None
+    size: int | None = None
+    for part in str(rotate).replace(" ", "").lower().split(","):
+        number = part.rstrip("smhdkgb")
+        unit = part[len(number):]
+        try:
+            value = float(number)
+        except ValueError:
+            value = -1.0
+        if value <= 0 or unit not in {**_SECONDS, **_BYTES, "": 1}:
+            raise ValueError(f"rotate must be a time (30m, 1h, 2d) or a size (500MB, 2GB), or both "
+                             f"(1h,500MB), not {rotate!r}")
+        if unit in _BYTES:
+            size = int(value * _BYTES[unit])
+        else:
+            seconds = value * _SECONDS.get(unit, 1.0)
+    return seconds, size
 
 
 def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy | None, str | None]:

@@ -10,16 +10,17 @@ which makes the process one rank of a job, renames it at the end (:meth:`Running
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xsp.core import contention, machine_speed
-from xsp.core.clock import ClockSync
+from xsp.core.clock import ClockSync, now_ns
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, rank_path
-from xsp.core.schema import Level
+from xsp.core.schema import FILE_SUFFIX, Level
 from xsp.export.metrics import LatencyMetrics
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
@@ -50,6 +51,8 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
     if options.dataset is not None:
         assert run_id is not None
         path = dataset_path(options.dataset, run_id, 0 if rank is None else rank.rank, options.service_name)
+        if options.rotate_s or options.rotate_bytes:
+            path = part_path(path.parent, 0)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # the program runs on; the trace stays in memory (session.trace)
@@ -60,6 +63,14 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
     if options.output is not None and rank is not None:
         return rank_path(options.output, rank.rank)
     return options.output
+
+
+PART_PREFIX = "part-"
+
+
+def part_path(folder: Path, index: int) -> Path:
+    """Part ``index`` of a trace written in parts (``rotate``): ``<folder>/part-<index>.xsp.parquet``."""
+    return folder / f"{PART_PREFIX}{index}{FILE_SUFFIX}"
 
 
 @dataclass(eq=False)
@@ -111,6 +122,39 @@ class RunningSession:
     """The socket ``xsp capture`` reaches it at (None: none could be made, or none was asked for)."""
     desk: CaptureDesk | None = None
     """What answers the control channel's requests."""
+    part: int = 0
+    """With ``rotate``: the part being written (its file is :attr:`output`)."""
+    part_started_ns: int = 0
+    """When that part began (host clock)."""
+    ending: bool = False
+    """The session's end has begun: the part being written is the last (no more are sealed)."""
+
+    def rotate_if_due(self) -> None:
+        """With ``rotate``, after a window is written: once the part is old or large enough, seal it
+        (its windows become a trace file of their own, readable while the program runs) and
+        begin the next; a part that cannot be written stays for the next try (said once)."""
+        options, segments = self.options, self.interpreter.segments
+        if (segments is None or self.output is None or self.ending
+                or not (options.rotate_s or options.rotate_bytes)):
+            return
+        started = self.part_started_ns or self.start_ns
+        aged = options.rotate_s is not None and now_ns() - started >= options.rotate_s * 1e9
+        grown = options.rotate_bytes is not None and segments.written_bytes() >= options.rotate_bytes
+        if not (aged or grown):
+            return
+        metadata = {**self.start_metadata(), "part": {"index": self.part, "sealed_at_ns": time.time_ns(),
+                                                      "last": False}}
+        try:
+            segments.seal(self.output, metadata)
+        except OSError as exc:
+            if self.part_started_ns >= 0:
+                self.warn(f"part {self.part} of the trace could not be written ({exc}); its windows are kept for the "
+                          "next part")
+            self.part_started_ns = -1  # said once; tried again at the next window
+            return
+        self.part += 1
+        self.part_started_ns = now_ns()
+        self.output = part_path(self.output.parent, self.part)
 
     def step_sampler(self) -> StepSampler:
         """The session's step sampler; a session that samples no steps gets one that records
@@ -127,7 +171,8 @@ class RunningSession:
         self.control = ControlChannel.open(self.desk.handle, self.warn)
 
     def close_control(self) -> None:
-        """Take no more requests (the session is ending)."""
+        """Take no more requests, and seal no more parts (the session is ending)."""
+        self.ending = True
         if self.control is not None:
             self.control.close()
         if self.desk is not None:

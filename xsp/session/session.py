@@ -117,11 +117,12 @@ class Session:
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
                  backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-                 sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR, *,
+                 sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+                 rotate: str | float | None = None, *,
                  options: TraceOptions | None = None) -> None:
         self.options = options if options is not None else TraceOptions.parse(
             levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
-            span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor)
+            span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor, rotate)
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
         self.run: RunningSession | None = None

@@ -121,6 +121,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler,
         metrics=metrics)
     run.open_control()
+    if windows is not None and (options.rotate_s or options.rotate_bytes):
+        windows.after_window = run.rotate_if_due
     if segments is not None:
         try:
             segments.start(run.start_metadata())

@@ -21,7 +21,8 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
           backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-          sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR) -> Session:
+          sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+          rotate: str | float | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -67,6 +68,10 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
             level.
         slow_factor: with ``sample``, a step slower than this many times the running median
             step is slow: the next steps are recorded deep (0: no such rule).
+        rotate: with ``dataset``, for a program that runs for days: write the trace as parts,
+            ``<dataset>/run=<id>/rank=<rank>/part-<k>.xsp.parquet``, each sealed (and readable)
+            after this long or this large: ``"1h"``, ``"500MB"``, ``"1h,500MB"``, or seconds.
+            :func:`xsp.load` of the folder reads the parts as one trace.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -83,4 +88,4 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
                    calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-                   layer_depth=layer_depth, nvtx=nvtx, sample=sample, slow_factor=slow_factor)
+                   layer_depth=layer_depth, nvtx=nvtx, sample=sample, slow_factor=slow_factor, rotate=rotate)

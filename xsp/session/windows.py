@@ -84,6 +84,8 @@ class WindowWorker:
         """The session's end was met while taking the windows waiting: none comes after them."""
         self.held: list[Window] = []
         """Windows taken during a DataLoader wait, handed over when it ends (:meth:`release_held`)."""
+        self.after_window: Callable[[], None] | None = None
+        """Called on the worker's thread after each window is written (a session in parts seals one)."""
         self.finished = False
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
@@ -133,16 +135,20 @@ class WindowWorker:
         while (window := self._next_window()) is not None:
             interpreter = self.interpreter
             interpreter.prepare(window)
-            if self._interpreted_in_helper(window):
-                continue
-            try:
-                spans = interpreter.interpret(window)
-            except Exception as exc:  # its records are lost; the file says how many were dropped
-                self.warn(f"the spans of a finished step could not be interpreted: {exc}")
-                continue
-            if self.exporter is not None and resource is not None:
-                export_table(spans, resource, self.exporter, self.report, self.session_ids,
-                             self.options.span_budget)
+            if not self._interpreted_in_helper(window):
+                try:
+                    spans = interpreter.interpret(window)
+                except Exception as exc:  # its records are lost; the file says how many were dropped
+                    self.warn(f"the spans of a finished step could not be interpreted: {exc}")
+                    continue
+                if self.exporter is not None and resource is not None:
+                    export_table(spans, resource, self.exporter, self.report, self.session_ids,
+                                 self.options.span_budget)
+            if self.after_window is not None:
+                try:
+                    self.after_window()
+                except Exception as exc:  # the windows are all still there for the file at the end
+                    self.warn(f"the trace could not be sealed as a part: {exc}")
 
     def _next_window(self) -> Window | None:
         """The next window to interpret: the windows waiting (up to :data:`MAX_MERGED`), as one.
