@@ -145,8 +145,7 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
         buffer.skipping = False
         sampler = recording.sampler
         if sampler is not None and steps.type and not buffer.open_steps and steps.start_ns != buffer.decided_ns:
-            buffer.decided_ns = steps.start_ns  # a step began: how deep it is recorded
-            buffer.step_limit = sampler.decide(buffer, start)
+            sampler.step_begins(buffer, start)  # a step began: how deep it is recorded
         buffer.roots.append((start, _root_flags(module, training)))
         return start
 

@@ -124,6 +124,16 @@ class NotedThread(Protocol):
     step_notes: list[tuple[int, ...]]
 
 
+class SteppingThread(NotedThread, Protocol):
+    """A recording thread whose steps the sampler follows (:class:`xsp.record.recording.ThreadBuffer`)."""
+
+    decided_ns: int
+    step_limit: int
+
+    @property
+    def steps(self) -> Any: ...
+
+
 AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
 
 
@@ -218,6 +228,15 @@ class StepSampler:
                     self.plans.append(plan)
                 order.append(known[plan.label])
             self._rotation, self._full = order, (order[-1] if order else -1)
+
+    def step_begins(self, buffer: SteppingThread, time_ns: int, before_ns: int = 0) -> None:
+        """A step of ``buffer``'s thread begins with a top-level call at ``time_ns``: decide how deep
+        it is recorded (``buffer.step_limit``). ``before_ns``: how long the step before it lasted,
+        where the caller knows (xsp's C wrapper; 0: it was told through ``on_long_step``)."""
+        if before_ns:
+            self.step_ended(before_ns, buffer)
+        buffer.decided_ns = buffer.steps.start_ns
+        buffer.step_limit = self.decide(buffer, time_ns)
 
     def decide(self, buffer: NotedThread, time_ns: int) -> int:
         """A step of ``buffer``'s thread begins (its first top-level call starts at ``time_ns``):

@@ -59,6 +59,8 @@ class StepListeners(Protocol):
     def on_long_step(self) -> Callable[[int], None] | None: ...
     @property
     def on_ended_thread_step(self) -> Callable[[Any, int], None] | None: ...
+    @property
+    def sampler(self) -> Any: ...
 
 
 class StepsThread(Protocol):
@@ -430,6 +432,9 @@ class AutoSteps:
         recording = self._buffer.recording
         if recording.on_long_step is not None and (end_ns - start_ns >= recording.long_step_ns
                                                    or end_ns >= recording.report_after_ns):
-            recording.on_long_step(end_ns - start_ns)
+            recording.on_long_step(end_ns - start_ns)  # (an always-on session's sampler hears it there)
             return True
+        sampler = recording.sampler
+        if sampler is not None:  # it learns what a slow step is from every step (xsp's C wrapper tells it its own)
+            sampler.step_ended(end_ns - start_ns, self._buffer)
         return False

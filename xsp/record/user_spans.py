@@ -113,7 +113,7 @@ class step(span):  # noqa: N801
             buffer.open_steps += 1
             sampler = recording.sampler
             if sampler is not None and buffer.open_steps == 1 and not buffer.depth:
-                buffer.step_limit = sampler.decide(buffer, self._start)
+                sampler.step_begins(buffer, self._start)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -126,6 +126,9 @@ class step(span):  # noqa: N801
         buffer.open_steps -= 1
         end_ns = now_ns()
         duration_ns = end_ns - self._start
-        if (not buffer.open_steps and not buffer.depth and recording.on_long_step is not None
+        outermost = not buffer.open_steps and not buffer.depth
+        if (outermost and recording.on_long_step is not None
                 and (duration_ns >= recording.long_step_ns or end_ns >= recording.report_after_ns)):
-            recording.on_long_step(duration_ns)
+            recording.on_long_step(duration_ns)  # (an always-on session's sampler hears it there)
+        elif outermost and recording.sampler is not None:
+            recording.sampler.step_ended(duration_ns, buffer)

@@ -199,7 +199,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
 
     window_ns = int(options.window_s * 1e9) if streaming else NEVER
     window_events = options.window_events if streaming else NEVER
-    every_step = bool(flushers) or steps is not None or sampler is not None
+    every_step = bool(flushers) or steps is not None  # (a sampler hears the others from xsp's C wrapper)
 
     def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
         assert windows is not None

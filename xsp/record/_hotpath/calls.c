@@ -266,22 +266,33 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         if (id != -1) return NULL;
     }
     if ((plan.recording_dict = PyObject_GenericGetDict(self->recording, NULL)) == NULL) return NULL;
-    PyObject *sampler = PyDict_GetItemWithError(plan.recording_dict, s_sampler);  /* borrowed */
-    if (sampler != Py_None) {  /* an always-on session decides each step's depth in Python; or an error */
+    PyObject *sampler = PyDict_GetItemWithError(plan.recording_dict, s_sampler);
+    if (sampler == NULL) {  /* no sampler slot (or an error): Python decides */
         Py_DECREF(plan.recording_dict);
         return NULL;
     }
-    int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict);
+    Py_INCREF(sampler);  /* an always-on session's: told of each step that begins (step_begins) */
+    int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict, &plan);
+    if (!laned) plan.step_start_ns = plan.step_end_ns = 0;
     int planned = laned ? laned : plan_call(self, buffer, module, &plan);
     Py_DECREF(plan.recording_dict);
-    if (planned <= 0) return NULL;
+    if (planned <= 0) {
+        Py_DECREF(sampler);
+        return NULL;
+    }
     PyObject *dict = PyObject_GenericGetDict(module, NULL);
-    if (dict == NULL) return NULL;
+    if (dict == NULL) {
+        Py_DECREF(sampler);
+        return NULL;
+    }
     long flags = plan.grad ? ROOT_GRAD : 0;
     PyObject *mode = PyDict_GetItemWithError(dict, s_training);  /* borrowed */
     int training = mode == NULL ? -2 : PyObject_IsTrue(mode);
     Py_DECREF(dict);
-    if (PyErr_Occurred()) return NULL;
+    if (PyErr_Occurred()) {
+        Py_DECREF(sampler);
+        return NULL;
+    }
     flags |= training == -2 ? ROOT_MODE_UNKNOWN : training ? ROOT_TRAINING : 0;
     /* from here the call is C's */
     *declined = 0;
@@ -291,6 +302,15 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
     if (laned) slot_set(steps, self->steps_slots.start_ns, start);
     else if (begin_step(self, buffer, module, &plan, start) < 0) goto done;
+    if (sampler != Py_None && (laned || plan.opens)) {  /* a step begins: how deep it is recorded */
+        long long before_ns = laned || plan.finish != 0 ? plan.step_end_ns - plan.step_start_ns : 0;
+        PyObject *before = PyLong_FromLongLong(before_ns > 0 ? before_ns : 0);
+        PyObject *told = before == NULL ? NULL : PyObject_CallMethodObjArgs(sampler, s_step_begins, buffer, start,
+                                                                             before, NULL);
+        Py_XDECREF(before);
+        if (told == NULL) PyErr_Clear();  /* the sampler's trouble never fails the user's call */
+        Py_XDECREF(told);
+    }
     slot_set(buffer, slots->skipping, Py_False);
     if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;
     Py_ssize_t length = 0;
@@ -308,6 +328,7 @@ done:
     Py_XDECREF(end);
     Py_XDECREF(out);
     Py_DECREF(steps);
+    Py_DECREF(sampler);
     return result;
 }
 

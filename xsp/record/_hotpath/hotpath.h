@@ -66,7 +66,7 @@
 extern PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
     *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step, *s_is_library, *s_intern,
-    *s_sampler;
+    *s_sampler, *s_step_begins;
 extern PyObject *no_error;
 
 /* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of eight int64s, CALL_FIELDS
@@ -378,7 +378,8 @@ PyObject *fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds);
 extern PyTypeObject FastCallType;
 int slot_is_zero(PyObject *obj, Py_ssize_t offset);
 int nobody_to_tell(PyObject *dict, long long start_ns, long long end_ns);
-int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyObject *recording_dict);
+int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyObject *recording_dict,
+               CallPlan *plan);
 int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan);
 int open_step(FastCall *self, PyObject *steps, PyObject *module, CallPlan *plan, PyObject *start,
                      PyObject *resumed);

@@ -29,7 +29,8 @@ int nobody_to_tell(PyObject *dict, long long start_ns, long long end_ns) {
  * this call only decides that step, told to nobody, and opens the next the same way, which leaves
  * every slot but start_ns as it is (what the Python wrapper does inline). 1 when the call takes
  * it, 0 when not, -1 on error. */
-int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyObject *recording_dict) {
+int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyObject *recording_dict,
+               CallPlan *plan) {
     const StepsSlots *ss = &self->steps_slots;
     PyObject *lane = SLOT(steps, ss->lane), *lane_grad = SLOT(steps, ss->lane_grad);
     if (lane == NULL || lane_grad == NULL || !PyLong_CheckExact(lane) || (lane_grad == Py_True) != (grad == 1))
@@ -39,6 +40,8 @@ int takes_lane(FastCall *self, PyObject *steps, PyObject *module, int grad, PyOb
     if (lane_module != (void *)module) return 0;
     long long start_ns = slot_ll(steps, ss->start_ns), last_end_ns = slot_ll(steps, ss->last_end_ns);
     if (PyErr_Occurred()) return -1;
+    plan->step_start_ns = start_ns;  /* the step this call decides (an always-on session's sampler hears it) */
+    plan->step_end_ns = last_end_ns;
     return nobody_to_tell(recording_dict, start_ns, last_end_ns);
 }
 
