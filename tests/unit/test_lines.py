@@ -235,10 +235,8 @@ def test_diff_by_line_attributes_a_slower_line_to_it(user):
     # the line that must stay unchanged sleeps 0 ms: three 1 ms sleeps overslept by more than 5% in
     # one trace than in the other on a busy CI machine (its change is then real, not xsp's error);
     # a call that does nothing moves by less than the 20 µs a change must have to be judged
-    # (three times slower, over 16 steps: on two cores shared with four other processes, twice as
-    # slow over 12 steps once overslept into a verdict of noise)
-    base = _trace(lambda: user.run(user.Net(8.0, tiny_ms=0.0), 16))
-    new = _trace(lambda: user.run(user.Net(24.0, tiny_ms=0.0), 16))
+    base = _trace(lambda: user.run(user.Net(8.0, tiny_ms=0.0), 12))
+    new = _trace(lambda: user.run(user.Net(16.0, tiny_ms=0.0), 12))
     result = xsp.diff(base, new, by="line", machine_speed=False)
     table = result.table.set_index("key")
     big = f"user_lines.py:{_line(user, 'BIG')} Net.forward"
