@@ -46,11 +46,7 @@ class StepCapture:
     def take(self, spans: pd.DataFrame) -> bool:
         """Keep the spans of this window's captured steps; True once all have come (the file is
         then written and the caller told)."""
-        if self.done:
-            return True
-        if self.caller.gone():  # it stopped waiting: no file that nobody asked for any more
-            self.done = True
-            self.on_abandon()
+        if self.done or self.abandoned_if_gone():
             return True
         if col.SAMPLING not in spans:
             return False
@@ -65,6 +61,14 @@ class StepCapture:
         if len(self.steps_taken) >= self.wanted:
             self._write()
         return self.done
+
+    def abandoned_if_gone(self) -> bool:
+        """The caller stopped waiting: no file that nobody asks for any more (True when so)."""
+        if self.done or not self.caller.gone():
+            return False
+        self.done = True
+        self.on_abandon()
+        return True
 
     def _write(self) -> None:
         self.done = True
@@ -161,6 +165,8 @@ class CaptureDesk:
             caller.refuse(str(exc))
             return
         with self._lock:
+            if self.pending is not None:
+                self.pending.abandoned_if_gone()  # a caller that gave up holds the process no longer
             if self.closing or (self.pending is not None and not self.pending.done):
                 caller.refuse("the session is ending" if self.closing
                               else "a capture of this process is already under way")
