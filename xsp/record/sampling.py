@@ -47,6 +47,8 @@ SLOW_SHARE: Final = 0.01
 """At most this share of the steps (and at least the first slow one's) is recorded deep because a
 step before was slow: on a busy machine a step five times the median is not rare, and deep
 recording must stay the exception."""
+MEDIAN_EVERY: Final = 8
+"""After the warm-up, one step in this many is added to the running median."""
 WARMUP_STEPS: Final = 20
 """Steps timed before a step can be called slow (the median of fewer says little)."""
 
@@ -177,8 +179,10 @@ class StepSampler:
         self._capture_first = 0
         self.begun = 0
         """Steps begun (decided) so far, on every thread: a capture's steps are counted on from it."""
-        self.decided: Counter[StepSampling] = Counter()
-        """Steps decided so far, by reason."""
+        self._counts = [0] * len(REASONS)
+        self._slow_threshold_ns = 0
+        """Steps longer than this are slow (0: none yet, the median is not known)."""
+        self._ended = 0
         self.slow_steps = 0
         """Steps found slow so far."""
         self.probe_errors = 0
@@ -264,7 +268,7 @@ class StepSampler:
         if reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE:
             plan, limit = self._plan(reason == _SAMPLED)
         buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, plan + 1, 0))
-        self.decided[REASONS[reason]] += 1
+        self._counts[reason] += 1
         self.begun += 1
         return limit
 
@@ -291,25 +295,38 @@ class StepSampler:
                 return _AFTER_SLOW
         return _SAMPLED if self._draw() < self.policy.rate else _MODEL_ONLY
 
+    @property
+    def decided(self) -> Counter[StepSampling]:
+        """Steps decided so far, by reason."""
+        return Counter({reason: count for reason, count in zip(REASONS, self._counts) if count})
+
     def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
         """A step of ``buffer``'s thread lasted ``duration_ns``: a slow one arms the next steps
-        (and is noted in the buffer)."""
-        policy = self.policy
-        median = self.median_ns
-        if (policy.slow_factor and buffer is not None and len(self._sorted) >= WARMUP_STEPS
-                and duration_ns > policy.slow_factor * median):
-            self.slow_steps += 1
-            buffer.step_notes.append((now_ns(), NoteKind.SLOW, 0, 0, 0, duration_ns, median))
-            armed_so_far = self.decided[StepSampling.AFTER_SLOW]
-            with self._lock:
-                if armed_so_far + policy.slow_steps <= max(policy.slow_steps, SLOW_SHARE * self.begun):
-                    self._slow_left = max(self._slow_left, policy.slow_steps)
+        (and is noted in the buffer). The running median is kept over every step during the
+        warm-up, then over one step in :data:`MEDIAN_EVERY` (a comparison is all the others cost)."""
+        threshold = self._slow_threshold_ns
+        if threshold and duration_ns > threshold and buffer is not None:
+            self._slow(duration_ns, buffer)
+        self._ended += 1
+        if self._ended > WARMUP_STEPS and self._ended % MEDIAN_EVERY:
+            return
         with self._lock:  # steps end on many threads of a server
             recent, ordered = self._recent, self._sorted
             if len(recent) == recent.maxlen:
                 del ordered[bisect.bisect_left(ordered, recent[0])]
             recent.append(duration_ns)
             bisect.insort(ordered, duration_ns)
+            if len(ordered) >= WARMUP_STEPS and self.policy.slow_factor:
+                self._slow_threshold_ns = int(self.policy.slow_factor * ordered[len(ordered) // 2])
+
+    def _slow(self, duration_ns: int, buffer: NotedThread) -> None:
+        policy = self.policy
+        self.slow_steps += 1
+        buffer.step_notes.append((now_ns(), NoteKind.SLOW, 0, 0, 0, duration_ns, self.median_ns))
+        armed_so_far = self._counts[_AFTER_SLOW]
+        with self._lock:
+            if armed_so_far + policy.slow_steps <= max(policy.slow_steps, SLOW_SHARE * self.begun):
+                self._slow_left = max(self._slow_left, policy.slow_steps)
 
     def as_metadata(self) -> dict[str, Any]:
         """The trace's ``sampling``: the policy and what it decided."""
