@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Each request inside an OpenTelemetry span, one process per configuration, GC on. RSS read every "
         f"tenth of the run; growth = the end minus after the first tenth (goal for xsp: at most {GOAL_MB} MB).",
         "",
-        "| configuration | RSS after warm-up (MB) | RSS at the end (MB) | growth (MB) | µs a request | RSS each tenth (MB) |",
+        "| configuration | RSS after warm-up (MB) | RSS at the end (MB) | growth (MB) | µs a request "
+        "| RSS each tenth (MB) |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
         *(f"| {config} | {warm:.0f} | {end:.0f} | {growth:+.0f} | {per_request:.1f} | {marks} |"
           for config, warm, end, growth, per_request, marks in rows),

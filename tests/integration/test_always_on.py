@@ -327,6 +327,7 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
                             env={**os.environ, "COLUMNS": "80"})
     assert report.returncode == 0, report.stderr
     assert "Leveled over the drawn steps" in report.stdout and "from run" in report.stdout
+    assert "by self time (the " in report.stdout and " recorded deep)" in report.stdout  # shares of deep steps
     assert max(map(len, report.stdout.splitlines())) <= 80
 
 
@@ -366,3 +367,26 @@ def test_rotate_needs_a_dataset_and_a_time_or_a_size():
         xsp.trace(rotate="1h")
     with pytest.raises(ValueError, match="rotate must be a time"):
         xsp.trace(rotate="soon", dataset="d")
+
+
+@pytest.mark.heavy  # waits out the sends' timeouts
+def test_a_collector_that_never_answers_costs_one_warning_per_signal_and_no_sdk_line(capfd):
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    model, x = Net(), torch.randn(2, 8)
+    try:
+        with pytest.warns(xsp.XspWarning) as said, torch.no_grad():
+            with xsp.trace(levels="model,layer", output=None, sample=0.5, otlp_protocol="http/protobuf",
+                           otlp_endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}") as session:
+                for _ in range(20):
+                    model(x)
+            session.wait_for_export(30)
+    finally:
+        silent.close()
+    metrics = session.trace.metadata["latency"]["metrics_export"]
+    assert metrics["failed"] >= 1 and metrics["sent"] == 0
+    assert [str(w.message) for w in said if "latency metrics:" in str(w.message)] != []
+    assert "Failed to export" not in capfd.readouterr().err  # the SDK's own lines stay out of the program's stderr

@@ -228,3 +228,24 @@ def test_a_torchrun_job_is_captured_on_every_rank_at_the_same_steps(tmp_path):
         steps[rank] = captured.metadata["capture"]["steps"]
         assert (spans[col.LEVEL] == "layer").any()
     assert steps[0] == steps[1] and len(steps[0]) == 3
+
+
+@pytest.mark.heavy  # a parent and its child under xsp
+def test_a_parent_that_is_no_launcher_is_not_captured_through_its_children(tmp_path):
+    stop = tmp_path / "stop"
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys; subprocess.run([sys.executable, '-m', 'xsp', 'run', '-o', sys.argv[1], '--', "
+        "sys.argv[2], sys.argv[3]])"), str(tmp_path / "child.xsp.parquet"), str(script), str(stop)])
+    try:
+        import psutil
+
+        wait_for(lambda: any(socket_path(child.pid).exists() for child in psutil.Process(parent.pid).children(True)))
+        done = xsp_cli("capture", str(parent.pid), "--steps", "2", "-o", str(tmp_path / "cap.xsp.parquet"))
+    finally:
+        stop.touch()
+        parent.wait(timeout=120)
+    assert done.returncode == 2
+    assert f"process {parent.pid} runs no xsp session" in done.stderr and "no launcher of a job's ranks" in done.stderr
+    assert not list(tmp_path.glob("cap*.xsp.parquet"))

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from xsp.cli._common import CliError, error_console
 from xsp.core.control import Op, Reply, socket_path
+from xsp.core.figures import counted
 
 DEFAULT_STEPS: Final = 10
 DEFAULT_TIMEOUT_S: Final = 600.0
@@ -78,15 +79,21 @@ def run(options: argparse.Namespace) -> int:
         rank = target.rank if target.rank is not None else index
         target.output = output if len(targets) == 1 else rank_path(output, rank)
     deadline = time.monotonic() + options.timeout
+    written: list[str] = []
     try:
         for target in targets:
             start(target, options.steps, levels, first)
         out = error_console()
         for target in targets:
-            done = wait_done(target, deadline)
+            try:
+                done = wait_done(target, deadline)
+            except CliError as exc:
+                also = f" ({', '.join(written)} written)" if written else ""
+                raise CliError(f"{exc}{also}") from None
+            written.append(str(done["output"]))
             who = f"process {target.pid}" + ("" if target.rank is None else f" (rank {target.rank})")
-            out.print(f"xsp: captured {done['steps']} steps of {who} -> {done['output']}", markup=False,
-                      highlight=False)
+            out.print(f"xsp: captured {counted(int(done['steps']), 'step')} of {who} -> {done['output']}",
+                      markup=False, highlight=False)
     finally:
         for target in targets:
             if target.connection is not None:
@@ -114,11 +121,21 @@ def find_targets(pid: int) -> list[Target]:
         children = process.children(recursive=True)
     except psutil.Error:
         children = []
-    found = [Target(child.pid, socket_path(child.pid)) for child in children if socket_path(child.pid).exists()]
+    found = [Target(child.pid, socket_path(child.pid)) for child in children
+             if socket_path(child.pid).exists() and _is_rank(child)]
     if not found:
         raise CliError(f"process {pid} runs no xsp session (nothing listens at {own}; a session listens unless "
-                       "XSP_CONTROL=0)")
+                       "XSP_CONTROL=0, from when the program's xsp.trace() starts), and is no launcher of a job's "
+                       "ranks that do")
     return found
+
+
+def _is_rank(process: Any) -> bool:
+    """A process a launcher (torchrun) started as one rank of a job: it has ``RANK`` set."""
+    try:
+        return "RANK" in process.environ()
+    except Exception:  # it ended, or cannot be read
+        return False
 
 
 def _connect(target: Target) -> socket.socket:

@@ -15,6 +15,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from xsp._version import __version__
+from xsp.export.delivery import ExportReport, sdk_messages_into
 from xsp.export.target import OtlpTarget, Protocol
 from xsp.table.latency import BOUNDS_S, Latencies
 
@@ -23,8 +24,10 @@ LAYER_DURATION: Final = "xsp.layer.duration"
 LAYER_PATH: Final = "xsp.layer.path"
 EXPORT_INTERVAL_S: Final = 10.0
 """How often the histograms are sent."""
-SHUTDOWN_WAIT_S: Final = 5.0
-"""At the session's end, how long the last send may take."""
+SEND_TIMEOUT_S: Final = 2.0
+"""How long one send may take (a collector that never answers must not hold the program's exit)."""
+SHUTDOWN_WAIT_S: Final = 3.0
+"""At the session's end, how long the last send may take (a send's own timeout, and a little more)."""
 METRICS_PATH: Final = "/v1/metrics"
 
 
@@ -44,10 +47,10 @@ def metric_exporter(target: OtlpTarget) -> MetricExporter:
     if target.protocol is Protocol.GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
 
-        return Grpc(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+        return Grpc(endpoint=endpoint, insecure=endpoint.startswith("http://"), timeout=SEND_TIMEOUT_S)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
-    return Http(endpoint=endpoint)
+    return Http(endpoint=endpoint, timeout=SEND_TIMEOUT_S)
 
 
 class CountedExporter(MetricExporter):
@@ -59,11 +62,15 @@ class CountedExporter(MetricExporter):
         self.sent = 0
         self.failed = 0
         self.last_ok = True
+        self.said = ExportReport(target="metrics")
+        """What the SDK logged while sending (kept out of the program's log, said in xsp's one warning)."""
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         try:
-            result = self.exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception:
+            with sdk_messages_into(self.said):
+                result = self.exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:
+            self.said.sdk_messages.append(f"{type(exc).__name__}: {exc}")
             result = MetricExportResult.FAILURE
         self.last_ok = result is MetricExportResult.SUCCESS
         if self.last_ok:
@@ -123,6 +130,17 @@ class LatencyMetrics:
             return False
         return self.exporter.last_ok
 
-    def as_metadata(self) -> dict[str, int]:
-        """How the sends went (``sent`` and ``failed``, each a send of every histogram)."""
-        return {"sent": self.exporter.sent, "failed": self.exporter.failed}
+    def as_metadata(self) -> dict[str, Any]:
+        """How the sends went (``sent`` and ``failed``, each a send of every histogram; what the SDK said)."""
+        return {"sent": self.exporter.sent, "failed": self.exporter.failed,
+                "messages": list(dict.fromkeys(self.exporter.said.sdk_messages))[:5]}
+
+    def problem(self) -> str | None:
+        """One line on the sends that failed (None: none did)."""
+        failed = self.exporter.failed
+        if not failed:
+            return None
+        said = list(dict.fromkeys(self.exporter.said.sdk_messages))
+        because = f" (the SDK said: {said[0]})" if said else ""
+        return (f"latency metrics: {failed} of {failed + self.exporter.sent} sends to the collector failed{because}; "
+                "the trace file keeps the same histograms (metadata 'latency')")

@@ -248,18 +248,31 @@ def _step_tables(trace: Trace, console: Console) -> None:
             ("share", "share", share)])
 
 
+def deep_steps(trace: Trace) -> tuple[Trace, str]:
+    """An always-on trace's steps recorded below the model level (the only ones with layers: shares
+    of all steps' time would mean nothing), and how a title names them; other traces whole."""
+    spans = trace.spans
+    if not trace.metadata.get("sampling") or col.SAMPLING not in spans:
+        return trace, "all steps"
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])]
+    kept = spans[spans[col.STEP].isin(roots[col.STEP]).fillna(False).to_numpy(dtype=bool)]
+    return Trace(spans=kept.reset_index(drop=True), metadata=trace.metadata), f"the {counted(len(roots), 'step')} " \
+        "recorded deep"
+
+
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
     if layers.empty:
         return
+    trace, which = deep_steps(trace)
     best = analysis.top_layers(trace, k=top)
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
-    _show(console, best, f"Top {counted(len(best), 'layer')} by self time (all steps)", [
+    _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which})", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
         ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()),
         *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "share", share)])
-    _show(console, analysis.layer_type_summary(trace), "Time per layer type (self time, all steps)", [
+    _show(console, analysis.layer_type_summary(trace), f"Time per layer type (self time, {which})", [
         ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
         ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()), ("share", "share", share)])
 

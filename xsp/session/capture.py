@@ -73,8 +73,11 @@ class StepCapture:
     def _write(self) -> None:
         self.done = True
         spans = concat_spans(self.parts).sort_values(col.START_NS, kind="stable").reset_index(drop=True)
-        metadata = {**self.metadata, "capture": {**self.metadata.get("capture", {}), "steps": self.steps_taken,
-                                                 "written_at_ns": time.time_ns()}}
+        kept = self.levels | ALWAYS_KEPT_LEVELS
+        metadata = {**self.metadata, "levels": [level.value for level in col.Level if level.value in kept],
+                    "sampling": None,  # (the session's counts, not this file's: its steps are all captured)
+                    "capture": {**self.metadata.get("capture", {}), "steps": self.steps_taken,
+                                "written_at_ns": time.time_ns()}}
         try:
             write_trace(self.output, spans, metadata)
         except Exception as exc:

@@ -127,9 +127,11 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
         recorded_dropped = recording.dropped
     last = run.interpreter.interpret(window, session_row(run, end_ns, error))
     run.end_captures("the session ended")
-    if run.metrics is not None and not run.metrics.close():
-        run.warn("the last latency metrics could not be sent to the collector; the trace file keeps them "
-                 "(metadata 'latency')")
+    if run.metrics is not None:
+        run.metrics.close()
+        problem = run.metrics.problem()
+        if problem is not None:
+            run.warn(problem)
     children = None if handing_over else collect_children(run, following)
     for note in dict.fromkeys(recording.notes):
         run.warn(note)
