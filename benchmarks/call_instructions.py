@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="callgrind processes at once (each uses one core)")
     parser.add_argument("--configurations", default=";".join(CONFIGURATIONS),
                         help="the configurations to count, separated by ; (plain is always counted)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the markdown file the table is recorded in")
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             by_layout[key] = job.result()
             print(f"{key[0]} {key[1]} layout {key[2]}: {by_layout[key]:,} instructions per iteration",
                   file=sys.stderr, flush=True)
-    record(report(by_layout, args, chosen, plain_leaf_ns()), RESULTS)
+    record(report(by_layout, args, chosen, plain_leaf_ns()), args.results)
     return 0
 
 

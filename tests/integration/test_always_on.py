@@ -390,3 +390,23 @@ def test_a_collector_that_never_answers_costs_one_warning_per_signal_and_no_sdk_
     assert metrics["failed"] >= 1 and metrics["sent"] == 0
     assert [str(w.message) for w in said if "latency metrics:" in str(w.message)] != []
     assert "Failed to export" not in capfd.readouterr().err  # the SDK's own lines stay out of the program's stderr
+
+
+def test_a_block_that_joins_a_session_says_its_own_sample_is_not_used():
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None) as outer:
+        with pytest.warns(xsp.XspWarning, match=r"its sample= is not used: that session decides how deep each step "
+                                                r"is recorded \(every step at every level\)"):
+            with xsp.trace(levels="model,layer", output=None, sample=0.1):
+                model(x)
+    assert (outer.trace.spans[col.LEVEL] == "layer").sum() == 4
+
+
+def test_slow_factor_without_sample_is_refused(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    environment = {key: value for key, value in os.environ.items() if key != "XSP_SAMPLE"}
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "--slow-factor", "3", "--", str(script)],
+                          capture_output=True, text=True, env=environment)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "xsp: error: --slow-factor applies to always-on sessions only: give --sample too\n"

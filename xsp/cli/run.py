@@ -60,7 +60,7 @@ def register(commands: Any) -> None:
                              "this fraction of steps (0 to 1), and those after a slow step, at every level asked for; "
                              "steps inside an OpenTelemetry request span join its trace (default: XSP_SAMPLE, else "
                              "every step at every level)")
-    parser.add_argument("--slow-factor", metavar="X", type=float, default=DEFAULT_SLOW_FACTOR,
+    parser.add_argument("--slow-factor", metavar="X", type=float, default=None,
                         help="with --sample: a step slower than X times the running median is slow, and the next "
                              f"steps are recorded deep; 0: no such rule (default: {DEFAULT_SLOW_FACTOR:g})")
     parser.add_argument("--rotate", metavar="WHEN", default=None,
@@ -235,7 +235,7 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.io.parquet import check_writable
-    from xsp.session.options import TraceOptions
+    from xsp.session.options import SAMPLE_VARIABLE, TraceOptions
     from xsp.session.session import Session
 
     levels = parse_levels(options.levels)
@@ -263,6 +263,8 @@ def run(options: argparse.Namespace) -> int:
         if options.output:
             check_output(options.output, str(script))  # the trace would overwrite the script
             check_writable(options.output)  # fail before the script runs, not after
+    if options.slow_factor is not None and options.sample is None and not os.environ.get(SAMPLE_VARIABLE):
+        raise CliError("--slow-factor applies to always-on sessions only: give --sample too")
     try:
         trace_options = TraceOptions.parse(levels, output=options.output, otlp_endpoint=options.otlp,
                                            service_name=_service_name(options, script),
@@ -270,7 +272,8 @@ def run(options: argparse.Namespace) -> int:
                                            calibrate=options.calibrate, span_budget=options.span_budget,
                                            dataset=options.dataset, layer_depth=options.layer_depth,
                                            nvtx=options.nvtx, sample=options.sample,
-                                           slow_factor=options.slow_factor, rotate=options.rotate)
+                                           slow_factor=DEFAULT_SLOW_FACTOR if options.slow_factor is None
+                                           else options.slow_factor, rotate=options.rotate)
     except ValueError as exc:
         raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")
                        .replace("rotate must", "--rotate must").replace("dataset=DIR too (xsp run --dataset)",

@@ -83,7 +83,11 @@ class ControlChannel:
             try:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # an earlier process of the same id ended without removing it
-                listener.bind(str(path))
+                try:
+                    listener.bind(str(path))
+                except FileNotFoundError:  # another session removed the folder, empty, just now
+                    private_folder(folder)
+                    listener.bind(str(path))
                 path.chmod(0o600)
                 listener.listen(4)
             except OSError as exc:
@@ -106,6 +110,8 @@ class ControlChannel:
         if os.getpid() == self.owner_pid:
             with contextlib.suppress(OSError):
                 self.path.unlink()
+            with contextlib.suppress(OSError):  # the folder, where no other session listens in it
+                self.path.parent.rmdir()
 
     def _serve(self) -> None:
         while not self.closed:

@@ -87,7 +87,7 @@ def _start_child_session(plan: ChildPlan) -> None:
     stopping signal with its default action came (``Pool.terminate``), which then ends it."""
     warnings.filterwarnings("ignore", category=XspWarning)
     session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
-                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False)
+                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, listens=False)
     session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
     session.__enter__()
     child_session.end_with_process(session, plan)
@@ -119,12 +119,15 @@ class Session:
                  backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
                  sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
                  rotate: str | float | None = None, *,
-                 options: TraceOptions | None = None) -> None:
+                 options: TraceOptions | None = None, listens: bool = True) -> None:
         self.options = options if options is not None else TraceOptions.parse(
             levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
             span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor, rotate)
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
+        self.listens = listens
+        """It listens for ``xsp capture`` (not a followed child process's own session: the parent's is
+        what a user captures)."""
         self.run: RunningSession | None = None
         """What the session records with while it runs, and ran with once it has ended (None
         before it starts, and in a block that joined another session until it ends)."""
@@ -206,10 +209,15 @@ class Session:
                 _process.join(self)
         if active is not None:
             where = "" if active.thread_id == self.thread_id else f" (started in thread {active.thread_id})"
+            sampling = ""
+            if self.options.sampling != active.options.sampling:  # a recording samples its steps one way
+                theirs = active.options.sampling
+                sampling = (f"; its sample= is not used: that session decides how deep each step is recorded "
+                            f"({'every step at every level' if theirs is None else f'sample {theirs.rate:g}'})")
             self.warn(f"xsp.trace() is already active{where}; this block joins that session: its calls are "
                       "recorded in that session's trace, and in a trace of its own, written when the block ends "
                       "(its model and layer calls); if it outlives that session it takes the recording over "
-                      "without a gap")
+                      f"without a gap{sampling}")
             if active.thread_id != self.thread_id and not active.running.is_set():
                 active.running.wait()  # that session is still starting: record this block's calls from its first
             self.joined = JoinedStart(ClockSync.measure(), contention.thread_times_ns(),
@@ -240,7 +248,7 @@ class Session:
     def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
         assert self.recording is not None
         self.run = starting.start(self.options, self.thread_id, self.recording, self.warn, self.signals,
-                                  self.end_by_os_exit, running, start_ns)
+                                  self.end_by_os_exit, running, start_ns, listens=self.listens)
         if self.following is None:
             try:
                 options = self.options

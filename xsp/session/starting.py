@@ -36,13 +36,14 @@ from xsp.tracers.registry import tracers_for
 
 def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Callable[[str], None],
           signals: StopSignals, on_os_exit: Callable[[int], None], running: list[Tracer] | None = None,
-          start_ns: int | None = None) -> RunningSession:
+          start_ns: int | None = None, listens: bool = True) -> RunningSession:
     """Start a session of ``options`` opened on thread ``thread_id`` (native id), recording into
     ``recording``; ``warn`` says what goes wrong, ``signals`` are installed (where this is that
     thread, and the main one), and ``on_os_exit`` is called if the program calls ``os._exit``.
     ``running``: tracers already recording into ``recording``, which it keeps (it takes over the
     recording of a session that ended, on that session's thread, see ``Session.keeps``);
-    ``start_ns``: when it starts recording, if not now (the moment it took over)."""
+    ``start_ns``: when it starts recording, if not now (the moment it took over); ``listens``: it
+    opens a control socket for ``xsp capture``."""
     adopted = {tracer.name: tracer for tracer in running or ()}
     clock = ClockSync.measure()
     machine_speed.measure()  # before the tracers: the program's machine as the session found it
@@ -120,7 +121,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
         steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler,
         metrics=metrics)
-    run.open_control()
+    if listens:
+        run.open_control()
     if windows is not None and (options.rotate_s or options.rotate_bytes):
         windows.after_window = run.rotate_if_due
     if segments is not None:
