@@ -3,10 +3,11 @@ recorded below the model level, and note the request it serves.
 
 Every step is timed at the model level (its ``predict`` or step span). A fraction ``RATE`` of
 steps is recorded at the deeper levels the session asked for; so are the steps after a slow one
-(slower than :attr:`SamplingPolicy.slow_factor` times the running median of the last
-:data:`MEDIAN_STEPS` steps) and the steps a capture asked for (:meth:`StepSampler.capture`). The
-other steps pass their layers through unrecorded: the module-call wrapper tests one flag of the
-thread (``ThreadBuffer.step_limit``) per call.
+(slower than :attr:`SamplingPolicy.slow_factor` times the running median of
+:data:`MEDIAN_STEPS` steps: every step of the warm-up, then one in :data:`MEDIAN_EVERY`) and
+the steps a capture asked for (:meth:`StepSampler.capture`). The other steps pass their layers
+through unrecorded: the module-call wrapper tests one flag of the thread
+(``ThreadBuffer.step_limit``) per call.
 
 The deep steps drawn rotate through the runs of a leveled experiment (:meth:`StepSampler.rotate`:
 layers to depth 1, 2, ..., every layer, then operators), and the steps not drawn are its
@@ -20,8 +21,8 @@ note keeps the trace and span ids, and the span table puts the step's root under
 (:mod:`xsp.table.sampling`). A request the application's sampler dropped records nothing below
 the model level, and its spans are not exported.
 
-The hot path only appends a tuple per step (:data:`DECISION`); the notes become columns when a
-window is interpreted.
+The hot path only appends a tuple per step (:attr:`NoteKind.DECISION`); the notes become columns
+when a window is interpreted.
 """
 
 from __future__ import annotations
