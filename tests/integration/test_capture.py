@@ -249,3 +249,18 @@ def test_a_parent_that_is_no_launcher_is_not_captured_through_its_children(tmp_p
     assert done.returncode == 2
     assert f"process {parent.pid} runs no xsp session" in done.stderr and "no launcher of a job's ranks" in done.stderr
     assert not list(tmp_path.glob("cap*.xsp.parquet"))
+
+
+def test_sockets_of_killed_processes_are_cleared_and_the_folder_left_empty_is_removed(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = tmp_path / "xsp"
+    folder.mkdir(mode=0o700)
+    ended = folder / "4194999.sock"  # past any pid in use: a process killed before it removed its socket
+    ended.touch()
+    with xsp.trace(levels="model", output=None):
+        assert socket_path(os.getpid(), folder).exists()
+        assert not ended.exists()
+        torch.nn.Linear(2, 2)(torch.zeros(1, 2))
+    assert not folder.exists()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from xsp.core.control import CONTROL_VARIABLE, Reply, control_folder, private_folder, socket_path
+from xsp.core.control import CONTROL_VARIABLE, SOCKET_SUFFIX, Reply, control_folder, private_folder, socket_path
 from xsp.core.threads import start_thread
 
 REQUEST_TIMEOUT_S: Final = 5.0
@@ -79,6 +79,7 @@ class ControlChannel:
         problem = private_folder(folder)
         path = socket_path(os.getpid(), folder)
         if problem is None:
+            _forget_ended(folder)
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 with contextlib.suppress(FileNotFoundError):
@@ -145,6 +146,25 @@ class ControlChannel:
             caller.refuse("a request is one JSON object on one line")
             return
         self.handle(request, caller)
+
+
+def _forget_ended(folder: Path) -> None:
+    """Remove the sockets of processes that have ended without removing their own (killed)."""
+    try:
+        found = list(folder.glob(f"*{SOCKET_SUFFIX}"))
+    except OSError:
+        return
+    for path in found:
+        name = path.name[:-len(SOCKET_SUFFIX)]
+        if not name.isdigit():
+            continue
+        try:
+            os.kill(int(name), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        except OSError:  # alive (another user's, which cannot be signalled): left
+            pass
 
 
 def _peer_uid(connection: socket.socket) -> int | None:
