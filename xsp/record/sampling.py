@@ -200,11 +200,6 @@ class StepSampler:
         values = self._sorted
         return values[len(values) // 2] if values else 0
 
-    @property
-    def capture_left(self) -> int:
-        """Steps a capture still asks for."""
-        return self._capture_left
-
     def capture(self, steps: int, first: int | None = None) -> int | None:
         """Record ``steps`` steps (on any thread) at every level the session has, from the step
         numbered ``first`` in :attr:`begun`'s count (None: the next). Returns that number, or None
@@ -331,6 +326,7 @@ class StepSampler:
 
     def as_metadata(self) -> dict[str, Any]:
         """The trace's ``sampling``: the policy and what it decided."""
-        return {**self.policy.as_metadata(), "steps": {reason.value: self.decided[reason] for reason in REASONS},
+        steps = {reason.value: count for reason, count in zip(REASONS, self._counts)}
+        return {**self.policy.as_metadata(), "steps": steps,
                 "slow_steps_found": self.slow_steps, "median_step_ns": self.median_ns,
                 "joins_requests": self.ambient is not None, "probe_errors": self.probe_errors}

@@ -282,7 +282,7 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
             **run.interpreter.latency.as_metadata(),
             "metrics_export": None if run.metrics is None else run.metrics.as_metadata()},
         "windows": run.interpreter.window_count,
-        "part": ({"index": run.part, "last": True} if run.options.rotate_s or run.options.rotate_bytes else None),
+        "part": ({"index": run.part, "last": True} if run.options.rotates else None),
         "schedule": None if run.steps is None else run.steps.as_metadata(),
         "streamed_windows": 0 if run.interpreter.segments is None else run.interpreter.segments.count,
         "closed_windows": 0 if run.windows is None else run.windows.closed_windows,

@@ -75,6 +75,11 @@ class TraceOptions:
     rotate_bytes: int | None = None
     """With ``dataset``: ... or once its windows take this many bytes (None: no limit)."""
 
+    @property
+    def rotates(self) -> bool:
+        """The trace is written in parts (``rotate``)."""
+        return bool(self.rotate_s or self.rotate_bytes)
+
     @classmethod
     def parse(cls, levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
               otlp_endpoint: str | None = None, service_name: str | None = None, otlp_protocol: str | None = None,

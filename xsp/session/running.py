@@ -51,7 +51,7 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
     if options.dataset is not None:
         assert run_id is not None
         path = dataset_path(options.dataset, run_id, 0 if rank is None else rank.rank, options.service_name)
-        if options.rotate_s or options.rotate_bytes:
+        if options.rotates:
             path = part_path(path.parent, 0)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,8 +134,7 @@ class RunningSession:
         (its windows become a trace file of their own, readable while the program runs) and
         begin the next; a part that cannot be written stays for the next try (said once)."""
         options, segments = self.options, self.interpreter.segments
-        if (segments is None or self.output is None or self.ending
-                or not (options.rotate_s or options.rotate_bytes)):
+        if segments is None or self.output is None or self.ending or not options.rotates:
             return
         started = self.part_started_ns or self.start_ns
         aged = options.rotate_s is not None and now_ns() - started >= options.rotate_s * 1e9

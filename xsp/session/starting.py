@@ -123,7 +123,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         metrics=metrics)
     if listens:
         run.open_control()
-    if windows is not None and (options.rotate_s or options.rotate_bytes):
+    if windows is not None and options.rotates:
         windows.after_window = run.rotate_if_due
     if segments is not None:
         try:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
+from xsp.table.sampling import step_roots
 
 BOUNDS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0)
@@ -38,9 +39,8 @@ class Latencies:
 
 def window_latencies(spans: pd.DataFrame) -> Latencies:
     """The step roots' durations, and the layer forwards' by path (steps recorded at the layer level)."""
-    roots = (spans[col.PARENT_ID].isna() & spans[col.STEP].notna()).to_numpy(dtype=bool)
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.int64)
-    step_ns = durations[roots]
+    step_ns = durations[step_roots(spans)]
     layers = ((spans[col.LEVEL] == col.Level.LAYER.value)
               & (spans[col.KIND] == col.SpanKind.FORWARD.value)).to_numpy(dtype=bool)
     if not layers.any():

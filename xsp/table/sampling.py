@@ -19,10 +19,11 @@ from xsp.table.walks import categories_at
 
 MODEL_RUN: str = "model"
 """The leveled run the steps timed at the model level only make up."""
-SHALLOW_DROPPED_LEVELS: frozenset[str] = frozenset(
-    level.value for level in col.Level if level not in (col.Level.MODEL, col.Level.INPUT, col.Level.SYSTEM))
-"""Levels a step that was not sampled keeps none of (the model level, its input waits and the
-system's samples stay)."""
+KEPT_LEVELS: frozenset[str] = frozenset({col.Level.MODEL.value, col.Level.INPUT.value, col.Level.SYSTEM.value})
+"""Levels every step keeps, however deep it was recorded (the model level, its input waits, the
+system's samples)."""
+SHALLOW_DROPPED_LEVELS: frozenset[str] = frozenset(level.value for level in col.Level) - KEPT_LEVELS
+"""Levels a step that was not sampled keeps none of."""
 
 
 @dataclass
@@ -169,6 +170,3 @@ def _runs_of_plans(spans: pd.DataFrame, roots: np.ndarray, plan_codes: np.ndarra
         planned_steps = steps[roots[known & (plan_codes == code)]]
         dropped |= np.isin(steps, planned_steps) & ~np.isin(levels, list(plan.levels | KEPT_LEVELS))
     return dropped
-
-
-KEPT_LEVELS: frozenset[str] = frozenset({col.Level.MODEL.value, col.Level.INPUT.value, col.Level.SYSTEM.value})
