@@ -27,7 +27,7 @@ from xsp.core.schema import Level, SpanKind, Status
 from xsp.record.schedule import Schedule, ScheduleError
 
 if TYPE_CHECKING:
-    from xsp import analysis
+    import xsp.analysis as analysis
     from xsp.core import schema
     from xsp.gate.baseline import Summary, summarize
     from xsp.gate.diff import Diff, diff
