@@ -81,18 +81,25 @@ class ControlChannel:
         if problem is None:
             _forget_ended(folder)
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            # bound under another name and renamed once private: the socket never shows at its
+            # path with the umask's mode (a caller that found it there saw 0755 for a moment)
+            binding = path.with_suffix(".binding")
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # an earlier process of the same id ended without removing it
+                for stale in (path, binding):
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()  # an earlier process of the same id ended without removing it
                 try:
-                    listener.bind(str(path))
+                    listener.bind(str(binding))
                 except FileNotFoundError:  # another session removed the folder, empty, just now
                     private_folder(folder)
-                    listener.bind(str(path))
-                path.chmod(0o600)
+                    listener.bind(str(binding))
+                binding.chmod(0o600)
                 listener.listen(4)
+                os.replace(binding, path)
             except OSError as exc:
                 listener.close()
+                with contextlib.suppress(OSError):
+                    binding.unlink()
                 problem = f"cannot listen at {path}: {exc.strerror or exc}"
             else:
                 return cls(listener, path, handle)
