@@ -1,4 +1,5 @@
-"""A loopback stand-in for Jaeger v2 (no Jaeger binary reaches these machines): OTLP/gRPC in, the
+"""A loopback stand-in for Jaeger v2 (no Jaeger binary reaches these machines): OTLP in (gRPC, and
+HTTP's ``POST /v1/traces`` on the query port; metrics posted there are taken and dropped), the
 query API out (``/api/v3/traces`` and ``/api/v3/traces/{id}``) as Jaeger documents it: answers
 streamed as ``{"result": TracesData}`` objects (OTLP JSON: hex ids, 64-bit integers as strings,
 enums as numbers), errors as ``{"error": {...}}``, both bounds of a search's time range required,
@@ -8,6 +9,7 @@ at most ``query.search_depth`` traces a search and no paging, and big traces cut
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import threading
 import urllib.parse
@@ -111,6 +113,20 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(status, [{"error": {"grpcCode": 5 if status == 404 else 3, "httpCode": status,
                                         "message": message}}])
 
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        if self.path == "/v1/traces":
+            self.store.take(pb.ExportTraceServiceRequest.FromString(body))
+        elif self.path != "/v1/metrics":
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         url = urllib.parse.urlparse(self.path)
         store = self.store
@@ -154,7 +170,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class JaegerStandIn:
-    """Start with ``with JaegerStandIn() as jaeger:``; ``jaeger.otlp`` and ``jaeger.query`` are the URLs."""
+    """Start with ``with JaegerStandIn() as jaeger:``; ``jaeger.otlp`` (gRPC) and ``jaeger.query`` (the
+    query API, and OTLP over HTTP) are the URLs."""
 
     def __init__(self, max_trace_size: int = 0, base64_ids: bool = False, max_results: int = 0) -> None:
         self.store = Store(max_trace_size=max_trace_size, base64_ids=base64_ids, max_results=max_results)

@@ -1,7 +1,8 @@
 """A real inference service (FastAPI, uvicorn, OpenTelemetry's FastAPI instrumentation; the
 example in examples/service/serve.py) inside ``xsp.trace(sample=...)``: each sampled request's
 trace in the collector holds the HTTP server span, then xsp's predict span, then its layers; and
-``xsp capture`` records the running service's next requests."""
+``xsp capture`` records the running service's next requests; a request's trace pulled from Jaeger
+holds the file's spans of that request."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from pathlib import Path
 import pytest
 
 import xsp
+from tests.jaeger_standin import JaegerStandIn
 from xsp.core import schema as col
 from xsp.core.control import socket_path
 
 from .otlp_receiver import HttpReceiver
+from .test_pull import same_table
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -103,6 +106,38 @@ def test_each_sampled_request_trace_holds_the_http_span_then_predict_then_its_la
     roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
     assert len(roots) == 6
     assert set(roots[col.TRACE_ID].astype(str)) == {span.trace_id for span in servers}
+
+
+@pytest.mark.heavy  # a service, and Jaeger's stand-in
+def test_a_request_trace_pulled_from_jaeger_holds_the_file_spans_of_that_request(tmp_path):
+    with JaegerStandIn() as jaeger:  # the application's spans and xsp's, over OTLP/HTTP as Jaeger v2 takes them
+        server = Server(tmp_path, XSP_BENCH_SAMPLE="1.0", OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.query,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        try:
+            for i in range(4):
+                assert request(server.port, "POST", "/predict" if i % 2 else "/predict_async", TOKENS)[0] == 200
+        finally:
+            code, err = server.stop()
+        assert code == 0, err
+        spans = xsp.load(server.output).spans
+        roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+        assert len(roots) == 4 and roots[col.REMOTE_PARENT_ID].notna().all()
+        first = str(roots[col.TRACE_ID].iloc[0])
+        pulled_file = tmp_path / "request.xsp.parquet"
+        cli = subprocess.run([sys.executable, "-m", "xsp", "pull", "--trace", first, "--jaeger", jaeger.query,
+                              "-o", str(pulled_file)], capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        assert "not recorded by xsp" in cli.stderr  # the request's HTTP spans came along, and it says so
+        for trace_id in roots[col.TRACE_ID].astype(str):
+            pulled = xsp.load(pulled_file).spans if trace_id == first else xsp.pull(trace_id=trace_id,
+                                                                                    jaeger=jaeger.query).spans
+            mine = spans[spans[col.TRACE_ID] == trace_id]
+            ours = pulled[pulled[col.SPAN_ID].isin(mine[col.SPAN_ID])]
+            same_table(ours, mine)  # every span xsp exported into the request's trace, as the file has it
+            others = pulled[~pulled[col.SPAN_ID].isin(mine[col.SPAN_ID])]
+            root = mine[mine[col.PARENT_ID].isna()]
+            assert int(root[col.REMOTE_PARENT_ID].iloc[0]) in set(others[col.SPAN_ID])  # the HTTP server span
+            assert (others[col.KIND] == col.SpanKind.USER.value).all()
 
 
 @pytest.mark.heavy  # a service and two captures

@@ -91,6 +91,9 @@ def run(options: argparse.Namespace) -> int:
         return 1
     out.print(f"xsp: {len(trace.spans):,} spans of {report['traces']:,} traces from {options.jaeger} "
               f"({report['queries']} queries) -> {options.output}", markup=False)
+    if report["other_spans"]:
+        out.print(f"xsp: {report['other_spans']:,} of them not recorded by xsp (the application's own, such as a "
+                  "request's HTTP span): kept as user spans at the model level", markup=False)
     if report["truncated_traces"]:
         out.print(f"xsp: warning: {report['truncated_traces']} trace(s) came without some of their spans (Jaeger "
                   "cut them to its max_trace_size): their subtrees are incomplete", markup=False)

@@ -71,6 +71,9 @@ class PullReport:
     aggregates: int = 0
     malformed: int = 0
     """Spans left out: no trace or span id that reads as one, or no start or end time."""
+    other_spans: int = 0
+    """Spans kept that xsp did not record (no ``xsp.level``): the application's own, such as the
+    HTTP span of a request whose trace holds xsp's (as user spans at the model level)."""
     cut_ranges: list[str] = field(default_factory=list)
     """Ranges still at the search's limit at the smallest split (some traces there may be missing)."""
     missing: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -317,10 +320,11 @@ class Collected:
                                            for p in rows[col.PARENT_ID]], dtype="Int64")
         columns[col.START_NS] = np.array(rows[col.START_NS], dtype=np.int64)
         columns[col.END_NS] = np.array(rows[col.END_NS], dtype=np.int64)
-        levels, kinds, others = [], [], []
+        levels, kinds, others, ours = [], [], [], []
         typed: dict[str, list[Any]] = {column: [None] * count for column in col.COLUMN_ATTRIBUTE_KEYS}
         metadata = None
         for row, attributes in enumerate(rows["attrs"]):
+            ours.append(col.ATTR_LEVEL in attributes)
             levels.append(attributes.pop(col.ATTR_LEVEL, col.Level.MODEL.value))
             kinds.append(attributes.pop(col.ATTR_KIND, col.SpanKind.USER.value))
             kept = attributes.pop(col.ATTR_SESSION_METADATA, None)
@@ -338,7 +342,22 @@ class Collected:
                 columns[column] = pd.array(values, dtype="Int64") if column in INT_COLUMNS else values
         frame = pd.DataFrame(columns)
         frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
-        return conform(frame), metadata
+        self.report.other_spans = count - sum(ours)
+        return _under_remote_parents(conform(frame), np.array(ours, dtype=bool)), metadata
+
+
+def _under_remote_parents(spans: pd.DataFrame, ours: np.ndarray) -> pd.DataFrame:
+    """xsp's spans as their file holds them: a step's root exported as the child of a span of the
+    application's own instrumentation (its request's span, :data:`~xsp.core.schema.REMOTE_PARENT_ID`)
+    is a root again, with that span as its remote parent; the application's spans stay, as they came."""
+    if ours.all() or not ours.any():
+        return spans
+    parents = spans[col.PARENT_ID]
+    remote = ours & parents.isin(spans.loc[~ours, col.SPAN_ID]).to_numpy(dtype=bool)
+    if remote.any():
+        spans[col.REMOTE_PARENT_ID] = spans[col.REMOTE_PARENT_ID].mask(remote, parents)
+        spans[col.PARENT_ID] = parents.mask(remote)
+    return spans
 
 
 # pulling ---------------------------------------------------------------------------------
