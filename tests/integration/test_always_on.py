@@ -410,3 +410,53 @@ def test_slow_factor_without_sample_is_refused(tmp_path):
                           capture_output=True, text=True, env=environment)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "xsp: error: --slow-factor applies to always-on sessions only: give --sample too\n"
+
+
+LONG_RUN = """
+import json, sys, psutil, torch
+import xsp
+from opentelemetry.sdk.trace import TracerProvider
+requests, folder = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+tracer = TracerProvider().get_tracer("service")
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+x = torch.randn(4, 32)
+process = psutil.Process()
+rss = []
+with xsp.trace(levels="model,layer", sample=0.01, dataset=folder, rotate="4MB"), torch.no_grad():
+    for request in range(requests):
+        with tracer.start_as_current_span("POST /predict"):
+            model(x)
+        if request % (requests // 10) == 0:
+            rss.append(process.memory_info().rss)
+    rss.append(process.memory_info().rss)
+print(json.dumps(rss))
+"""
+
+
+@pytest.mark.heavy  # a million requests, a minute or two
+def test_a_million_requests_always_on_keep_memory_flat_and_the_trace_in_readable_parts(tmp_path):
+    requests = 1_000_000
+    service = subprocess.Popen([sys.executable, "-c", LONG_RUN, str(requests), str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "XSP_RUN_ID": "svc"})
+    first_part = tmp_path / "run=svc" / "rank=0" / "part-0.xsp.parquet"
+    read_while_running = None
+    while service.poll() is None:  # another process reads the first part as the service runs
+        if read_while_running is None and first_part.exists():
+            read_while_running = xsp.load(first_part)
+        time.sleep(0.5)
+    out, err = service.communicate()
+    assert service.returncode == 0, err
+    assert "warning" not in err.lower(), err
+    assert read_while_running is not None and read_while_running.metadata["part"]["last"] is False
+    assert len(step_roots(read_while_running.spans)) > 0
+    rss_mb = [value / 2**20 for value in json.loads(out.strip().splitlines()[-1])]
+    # flat after warm-up: the first fifth, in which the first windows (10 s) and parts are written
+    assert rss_mb[-1] - rss_mb[2] <= 50, [round(value) for value in rss_mb]
+    parts = list((tmp_path / "run=svc").glob("rank=*/part-*.xsp.parquet"))
+    assert len(parts) >= 3, parts
+    whole = xsp.load(tmp_path)
+    roots = step_roots(whole.spans)
+    assert len(roots) == requests and roots[col.STEP].astype(int).tolist() == list(range(requests))
+    deep = roots[roots[col.SAMPLING] != StepSampling.MODEL_ONLY.value]
+    assert 0.005 * requests < len(deep) < 0.02 * requests
