@@ -306,11 +306,14 @@ def _root_attributes(buffer: WindowBuffer, starts: np.ndarray, depth: np.ndarray
     roots = buffer.root_columns
     if not len(roots):
         return attributes
-    flags_at = dict(zip(as_numpy(roots.start).tolist(), as_numpy(roots.flags).tolist()))
-    for row in np.flatnonzero(depth == 0).tolist():
-        flags = flags_at.get(int(starts[row]))
-        if flags is not None:
-            attributes[row] = _ROOT_ATTRIBUTES[flags]
+    root_starts, root_flags = as_numpy(roots.start), as_numpy(roots.flags)
+    order = np.argsort(root_starts, kind="stable")
+    root_starts, root_flags = root_starts[order], root_flags[order]
+    top = np.flatnonzero(depth == 0)  # by columns: an always-on window has a top-level call a request
+    at = np.searchsorted(root_starts, starts[top], side="right") - 1  # (of equal starts, the last, as a dict kept)
+    found = (at >= 0) & (root_starts[np.maximum(at, 0)] == starts[top])
+    texts = np.array([_ROOT_ATTRIBUTES[flags] for flags in range(len(_ROOT_ATTRIBUTES))], dtype=object)
+    attributes[top[found]] = texts[root_flags[at[found]]]
     return attributes
 
 

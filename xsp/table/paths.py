@@ -86,26 +86,37 @@ SESSION_SCOPE = "session"
 
 def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, names: np.ndarray,
                        state: StepState) -> None:
-    """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them."""
+    """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them.
+
+    By codes, not a Python step a name: an always-on service's window has a trace, and so a
+    scope, for every request."""
     if not len(rows):
         return
-    scope_codes, scope_values = pd.factorize(scopes)
-    name_codes, name_values = pd.factorize(names)
-    groups, first, inverse = np.unique(scope_codes.astype(np.int64) * (len(name_values) + 1) + name_codes,
-                                       return_index=True, return_inverse=True)
-    keys = [(scope_values[scope_codes[i]], name_values[name_codes[i]]) for i in first.tolist()]
-    occurrence[rows] += np.array([state.occurrences[key] for key in keys], dtype=np.int64)[inverse]
-    highest = np.full(len(groups), -1, dtype=np.int64)
-    np.maximum.at(highest, inverse, occurrence[rows])
-    for key, value in zip(keys, highest.tolist()):
-        state.occurrences[key] = max(state.occurrences[key], value + 1)
+    prior_scopes, prior_names, prior_next = state.occurrences
+    known = len(prior_scopes)
+    scope_codes, scope_values = pd.factorize(np.concatenate([prior_scopes, scopes]))
+    name_codes, name_values = pd.factorize(np.concatenate([prior_names, names]))
+    key_codes, key_values = pd.factorize(scope_codes.astype(np.int64) * (len(name_values) + 1) + name_codes)
+    next_of_key = np.zeros(len(key_values), dtype=np.int64)
+    next_of_key[key_codes[:known]] = prior_next
+    occurrence[rows] += next_of_key[key_codes[known:]]
+    np.maximum.at(next_of_key, key_codes[known:], occurrence[rows].astype(np.int64) + 1)
     # a trace's counts go on only into the next window (a step whose records came late, a request
     # with a step in each): a session of days has millions of traces, and would keep them all
-    traces = {scope for scope in scope_values.tolist() if scope != SESSION_SCOPE}
-    keep = traces | state.recent_traces
-    for key in [key for key in state.occurrences if key[0] != SESSION_SCOPE and key[0] not in keep]:
-        del state.occurrences[key]
-    state.recent_traces = traces
+    in_window = np.unique(scope_codes[known:])
+    kept_scope = np.zeros(len(scope_values), dtype=bool)
+    kept_scope[in_window] = True
+    recent = pd.Index(scope_values).get_indexer(state.recent_traces)
+    kept_scope[recent[recent >= 0]] = True
+    is_session = np.asarray(scope_values, dtype=object) == SESSION_SCOPE
+    kept_scope |= is_session
+    first = np.unique(key_codes, return_index=True)[1]  # a row of each key, in the order of the codes
+    kept = kept_scope[scope_codes[first]]
+    all_scopes, all_names = scope_values[scope_codes[first]], name_values[name_codes[first]]
+    state.occurrences = (np.asarray(all_scopes[kept], dtype=object), np.asarray(all_names[kept], dtype=object),
+                         next_of_key[kept])
+    traces = in_window[~is_session[in_window]]
+    state.recent_traces = np.asarray(scope_values[traces], dtype=object)
 
 
 def _text(value: str) -> pa.Scalar:

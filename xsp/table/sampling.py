@@ -47,24 +47,28 @@ class StepNotes:
     def of(cls, buffers: Iterable[WindowBuffer], host_to_epoch_ns: int,
            plans: Sequence[DepthPlan] = ()) -> StepNotes | None:
         """The notes of a window's buffers (None when it has none); ``plans``: the sampler's."""
-        decisions: list[tuple[int, ...]] = []
-        slow: list[tuple[int, ...]] = []
+        threads: list[int] = []
+        notes: list[tuple[int, ...]] = []
         for buffer in buffers:
-            for note in buffer.step_notes:
-                (decisions if note[1] == NoteKind.DECISION else slow).append((buffer.thread_id, *note))
-        if not decisions and not slow:
+            threads.extend([buffer.thread_id] * len(buffer.step_notes))
+            notes.extend(buffer.step_notes)
+        if not notes:
             return None
-
-        def ints(rows: list[tuple[int, ...]], field: int) -> np.ndarray:
-            return np.array([row[field] for row in rows], dtype=np.int64)
-
-        decisions.sort(key=lambda row: (row[0], row[1]))
-        return cls(thread=ints(decisions, 0), time_ns=ints(decisions, 1) + host_to_epoch_ns,
-                   reason=ints(decisions, 3), plan=ints(decisions, 6), plans=list(plans),
-                   trace_id=[row[4] for row in decisions],
-                   span_id=np.array([row[5] for row in decisions], dtype=np.uint64).astype(np.int64),
-                   slow_thread=ints(slow, 0), slow_time_ns=ints(slow, 1) + host_to_epoch_ns,
-                   slow_duration_ns=ints(slow, 6), slow_median_ns=ints(slow, 7))
+        # by columns, not a Python call a note: an always-on window holds a note for every step
+        thread = np.array(threads, dtype=np.int64)
+        times, kinds, reasons, trace_ids, span_ids, fifth, sixth = zip(*notes)
+        time_ns = np.array(times, dtype=np.int64) + host_to_epoch_ns
+        decision = np.array(kinds, dtype=np.int64) == NoteKind.DECISION
+        slow = np.flatnonzero(~decision)
+        decisions = np.flatnonzero(decision)
+        decisions = decisions[np.lexsort((time_ns[decisions], thread[decisions]))]
+        fifth_column, sixth_column = np.array(fifth, dtype=np.int64), np.array(sixth, dtype=np.int64)
+        return cls(thread=thread[decisions], time_ns=time_ns[decisions],
+                   reason=np.array(reasons, dtype=np.int64)[decisions], plan=fifth_column[decisions],
+                   plans=list(plans), trace_id=np.array(trace_ids, dtype=object)[decisions].tolist(),
+                   span_id=np.array(span_ids, dtype=np.uint64)[decisions].astype(np.int64),
+                   slow_thread=thread[slow], slow_time_ns=time_ns[slow], slow_duration_ns=fifth_column[slow],
+                   slow_median_ns=sixth_column[slow])
 
     def decision_of(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """For each step root (its thread, start and end), the position of its decision (the
@@ -137,12 +141,15 @@ def _mark_slow(spans: pd.DataFrame, roots: np.ndarray, threads: np.ndarray, ends
         return
     column = spans[col.ATTRIBUTES].astype(object).tolist()
     changed = False
+    ordered = roots[np.lexsort((ends[roots], threads[roots]))]  # by thread, then end
+    ordered_threads, ordered_ends = threads[ordered], ends[ordered]
     for thread, time_ns, duration_ns, median_ns in zip(notes.slow_thread.tolist(), notes.slow_time_ns.tolist(),
                                                        notes.slow_duration_ns.tolist(), notes.slow_median_ns.tolist()):
-        mine = roots[(threads[roots] == thread) & (ends[roots] <= time_ns)]
-        if not len(mine) or median_ns <= 0:
+        low, high = np.searchsorted(ordered_threads, [thread, thread + 1])
+        at = low + int(np.searchsorted(ordered_ends[low:high], time_ns, side="right")) - 1
+        if at < low or median_ns <= 0:
             continue
-        row = int(mine[np.argmax(ends[mine])])
+        row = int(ordered[at])
         text = column[row]
         attributes = json.loads(text) if isinstance(text, str) else {}
         attributes[col.ATTR_STEP_SLOW] = round(duration_ns / median_ns, 3)

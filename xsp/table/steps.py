@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -76,10 +75,11 @@ class StepState:
     """Steps numbered so far."""
     latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
     """Per thread, the latest step's (start_ns, step, trace id)."""
-    occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """Names seen so far below the session and at the root of each trace of the last two
-    windows, for ``path``."""
-    recent_traces: set[str] = field(default_factory=set)
+    occurrences: tuple[np.ndarray, np.ndarray, np.ndarray] = field(default_factory=lambda: (
+        np.zeros(0, dtype=object), np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64)))
+    """For ``path``: the scopes, names and counts to go on from, of the names seen so far below
+    the session (scope ``session``) and at the root of each trace (scope: its id) of the last two windows."""
+    recent_traces: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
     """The traces the last window counted names at the root of."""
     layers_in_step: dict[int, int] = field(default_factory=dict)
     """Layer spans numbered so far in steps that a later window may continue."""
@@ -126,6 +126,19 @@ class _TraceCodes:
             self.values.append(trace_id)
         return found
 
+    def codes(self, trace_ids: list[str]) -> np.ndarray:
+        """The codes of many trace ids at once (an always-on window has a trace a request)."""
+        if not trace_ids:
+            return np.zeros(0, dtype=np.int64)
+        positions, distinct = pd.factorize(np.asarray(trace_ids, dtype=object))
+        codes = pd.Index(self.values, dtype=object).get_indexer(distinct)
+        new = np.flatnonzero(codes < 0)
+        codes[new] = len(self.values) + np.arange(len(new))
+        added = distinct[new].tolist()
+        self._codes.update(zip(added, codes[new].tolist()))
+        self.values.extend(added)
+        return codes[positions]
+
 
 def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,
                  new_trace_id: Callable[[], str], step_numbers: list[int] | None = None,
@@ -165,9 +178,9 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     job = state.job_id
     joined = (notes.joined_trace_ids(threads[step_roots], starts[step_roots], ends[step_roots]) if notes is not None
               else [None] * len(step_roots))
-    for root, request_trace in zip(step_roots.tolist(), joined):
-        trace_of[root] = traces.code(request_trace or (new_trace_id() if job is None
-                                                       else step_trace_id(job, int(step_of[root]))))
+    trace_of[step_roots] = traces.codes([
+        request_trace or (new_trace_id() if job is None else step_trace_id(job, step))
+        for step, request_trace in zip(step_of[step_roots].tolist(), joined)])
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]
@@ -191,7 +204,9 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     if state.attach_to_session:
         unplaced = loose[step_of[loose] < 0]
         parents[unplaced] = session
-    for root in step_roots.tolist():
+    # each thread's latest step (the roots are in order of start): one a thread, not one a step
+    latest = step_roots[::-1][np.unique(threads[step_roots][::-1], return_index=True)[1]]
+    for root in latest.tolist():
         state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]),
                                                    traces.values[trace_of[root]])
     if len(step_roots):
