@@ -1,0 +1,131 @@
+"""Where an always-on session's CPU goes, per request: the request's own thread, and the helper
+that interprets the windows.
+
+One process per configuration (``--sample`` 0, 0.01 and every step recorded, ``full``) serves
+``--requests`` requests of the example service's transformer (and ``none``: no xsp, the twin's
+own difference, which the others' are read against) (examples/service/serve.py), each
+inside an OpenTelemetry span, on one thread, with one torch thread:
+
+* *request thread*: each traced request is paired with a call of an untraced twin of the model
+  (a deep copy whose modules call the original ``nn.Module.__call__``, so xsp never sees it),
+  in alternating order; the median of the pairs' differences in the thread's CPU time is what
+  xsp adds to a request where it runs (the pairs cancel the machine's drift, which moves single
+  runs by 20% and more here).
+* *window helper*: the CPU time of interpreting the windows (the spans built, the file's
+  segments written), taken in this process rather than in a forked helper so that it is counted
+  alone (a forked helper adds its copy-on-write faults on top), per request.
+
+Prints a table and records it in benchmarks/results/always_on_costs.md.
+
+Usage: python benchmarks/always_on_costs.py [--requests 6000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from _results import record
+
+RESULTS = Path(__file__).resolve().parent / "results" / "always_on_costs.md"
+SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
+CONFIGS = ("none", "0", "0.01", "full")
+
+CHILD = """
+import copy, json, statistics, sys, tempfile, time
+sys.path.insert(0, sys.argv[3])
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from serve import TinyTransformer
+import xsp
+import xsp.session.windows as windows
+
+config, requests = sys.argv[1], int(sys.argv[2])
+helper_s = []
+def in_this_process(function, deadline_s):
+    began = time.thread_time()
+    try:
+        return function()
+    finally:
+        helper_s.append(time.thread_time() - began)
+windows.run_forked = in_this_process
+torch.set_num_threads(1)
+tracer = TracerProvider().get_tracer("service")
+model = TinyTransformer().eval()
+twin = copy.deepcopy(model)
+for module in twin.modules():
+    module.__class__ = type(type(module).__name__, (type(module),), {"__call__": torch.nn.Module.__call__})
+tokens = torch.randint(0, 1000, (1, 32))
+options = {} if config in ("full", "none") else {"sample": float(config)}
+traced, plain = [], []
+with tempfile.TemporaryDirectory() as folder, torch.no_grad():
+    for _ in range(100):
+        model(tokens)
+    import contextlib
+    session = (contextlib.nullcontext() if config == "none"
+               else xsp.trace(levels="model,layer", output=folder + "/run.xsp.parquet", **options))
+    with session:
+        for request in range(requests):
+            pairs = ((model, traced), (twin, plain)) if request % 2 else ((twin, plain), (model, traced))
+            for called, times in pairs:
+                began = time.thread_time_ns()
+                with tracer.start_as_current_span("POST /predict"):
+                    called(tokens)
+                times.append(time.thread_time_ns() - began)
+differences = [a - b for a, b in zip(traced, plain)]
+print(json.dumps({"plain_us": statistics.median(plain) / 1e3, "added_us": statistics.median(differences) / 1e3,
+                  "helper_us": 1e6 * sum(helper_s) / requests, "windows": len(helper_s)}))
+"""
+
+
+def run_child(config: str, requests: int) -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", CHILD, config, str(requests), str(SERVICE)], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=15000)
+    args = parser.parse_args(argv)
+    rows = []
+    for config in CONFIGS:
+        found = run_child(config, args.requests)
+        rows.append((config, found))
+        print(f"{config}: +{found['added_us']:.1f} us on the request's thread, {found['helper_us']:.1f} us helper",
+              file=sys.stderr, flush=True)
+    from xsp.core.metadata import cpu_model
+
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Always on: where the CPU goes, per request",
+        "",
+        f"Last run: {stamp}, {cpu_model()}, Python {platform.python_version()}; "
+        f"`python benchmarks/always_on_costs.py --requests {args.requests}`.",
+        "",
+        "The example service's transformer, one request at a time inside an OpenTelemetry span, "
+        "levels model and layer. *Request thread*: median over pairs of (traced request - untraced "
+        "twin's request), in thread CPU time. *Window helper*: CPU of interpreting the windows, per "
+        "",
+        "request, counted in this process (a forked helper adds its copy-on-write faults). *Added*: the "
+        "pair difference less the same difference without xsp (`none`: the model against its twin alone).",
+        "",
+        "| sample | untraced request (µs) | pair difference (µs) | added on the request's thread (µs) "
+        "| window helper (µs a request) | windows |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {config} | {found['plain_us']:.0f} | {found['added_us']:+.1f} | "
+          f"{found['added_us'] - rows[0][1]['added_us']:+.1f} | {found['helper_us']:.1f} | {found['windows']:.0f} |"
+          for config, found in rows),
+    ]
+    record(lines, RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
