@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.schema import STEP_KINDS, Level, SpanKind, Status
+from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.trace import Trace
 from xsp.record.steps import GENERATE_SUFFIX
+from xsp.table.sampling import step_roots as step_root_positions
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
 """Where input waits live (the model level in traces recorded before the input level)."""
@@ -28,8 +29,7 @@ def spans_of(source: Trace | pd.DataFrame) -> pd.DataFrame:
 def step_roots(spans: pd.DataFrame) -> pd.DataFrame:
     """The root span of each step: a model call that is its own step, an automatic or explicit
     ``step`` span, or an imported ``ProfilerStep#N``."""
-    return spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()
-                 & spans[col.KIND].isin([k.value for k in STEP_KINDS])]
+    return spans.iloc[step_root_positions(spans)]
 
 
 def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from xsp.core.schema import Level
 from xsp.io.trace import Trace
 from xsp.record.sampling import EVERY_DEPTH, MODEL_ONLY_LIMIT, DepthPlan
 from xsp.session.leveled_merge import LeveledResult, LeveledRun, level_runs, merge_runs
+from xsp.table.sampling import step_roots
 
 
 def depth_plans(levels: tuple[Level, ...], deepest: int) -> list[DepthPlan]:
@@ -36,7 +37,8 @@ def leveled_over_steps(trace: Trace) -> LeveledResult | None:
     spans = trace.spans
     if col.SAMPLING not in spans or not spans[col.SAMPLING].notna().any():
         return None
-    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna() & spans[col.LEVELED_RUN].notna()]
+    roots = spans.iloc[step_roots(spans)]
+    roots = roots[roots[col.LEVELED_RUN].notna()]
     labels = roots[col.LEVELED_RUN].astype(str)
     if labels.nunique() < 2:
         return None

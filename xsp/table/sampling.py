@@ -93,8 +93,12 @@ class StepNotes:
 
 
 def step_roots(spans: pd.DataFrame) -> np.ndarray:
-    """Positions of the roots of steps (no parent in the table, a step number)."""
-    return np.flatnonzero((spans[col.PARENT_ID].isna() & spans[col.STEP].notna()).to_numpy(dtype=bool))
+    """Positions of the roots of steps: spans with no parent in the table and a step number, of a
+    step's kind (a model call that is its own step, an automatic or explicit ``step`` span, an
+    imported ``ProfilerStep#N``; a root of a helper thread's work placed in a step is not one).
+    The one rule for what a step root is: every other module asks here."""
+    return np.flatnonzero((spans[col.PARENT_ID].isna() & spans[col.STEP].notna()
+                           & spans[col.KIND].isin([kind.value for kind in col.STEP_KINDS])).to_numpy(dtype=bool))
 
 
 def apply_step_notes(spans: pd.DataFrame, notes: StepNotes) -> pd.DataFrame:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, sample_table, step_averages
+from xsp.table.sampling import step_roots
 
 
 def annotate_steps(table: pd.DataFrame) -> None:
@@ -16,8 +17,7 @@ def annotate_steps(table: pd.DataFrame) -> None:
     samples = sample_table(table)
     if samples.empty:
         return
-    roots = np.flatnonzero((table[col.PARENT_ID].isna() & table[col.STEP].notna()
-                            & table[col.KIND].isin([k.value for k in col.STEP_KINDS])).to_numpy())
+    roots = step_roots(table)
     if not len(roots):
         return
     averages = step_averages(samples, table[col.START_NS].to_numpy(dtype=np.int64)[roots],
