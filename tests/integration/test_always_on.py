@@ -460,3 +460,29 @@ def test_a_million_requests_always_on_keep_memory_flat_and_the_trace_in_readable
     assert len(roots) == requests and roots[col.STEP].astype(int).tolist() == list(range(requests))
     deep = roots[roots[col.SAMPLING] != StepSampling.MODEL_ONLY.value]
     assert 0.005 * requests < len(deep) < 0.02 * requests
+
+
+def test_xsp_sample_is_not_used_by_a_leveled_experiment_nor_its_calibration(monkeypatch):
+    monkeypatch.setenv("XSP_SAMPLE", "0")  # a service's setting: model level only, were it used
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), pytest.warns(xsp.XspWarning, match="XSP_SAMPLE is not used by a leveled experiment"):
+        result = xsp.leveled(lambda: model(x), levels="model,layer", repeat=3, warmup=1, rounds=1)
+    spans = result.trace.spans
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert len(layers) == 4  # Net's layers, from a run that recorded them (at XSP_SAMPLE=0 it would have none)
+    assert result.trace.metadata["leveled"]["calibration"]["layer"]["events"] > 0  # calibrated with layers too
+    assert col.SAMPLING not in spans or spans[col.SAMPLING].isna().all()
+
+
+@pytest.mark.heavy  # a leveled run of a script
+def test_xsp_run_leveled_says_xsp_sample_is_not_used_and_records_every_step(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+                      "with torch.no_grad():\n    for _ in range(3):\n        model(torch.randn(4, 8))\n")
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "--leveled", "--levels", "model,layer", "--warmup", "1",
+                           "--rounds", "1", "-o", str(tmp_path / "lv.xsp.parquet"), "--", str(script)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "XSP_SAMPLE": "0"})
+    assert done.returncode == 0, done.stderr
+    assert "xsp: XSP_SAMPLE is not used by --leveled" in done.stderr
+    spans = xsp.load(tmp_path / "lv.xsp.parquet").spans
+    assert (spans[col.LEVEL] == "layer").any()

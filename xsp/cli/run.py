@@ -265,15 +265,22 @@ def run(options: argparse.Namespace) -> int:
             check_writable(options.output)  # fail before the script runs, not after
     if options.slow_factor is not None and options.sample is None and not os.environ.get(SAMPLE_VARIABLE):
         raise CliError("--slow-factor applies to always-on sessions only: give --sample too")
+    from xsp.session.options import without_environment_sampling
+
+    leveled_ignores_environment = without_environment_sampling() if options.leveled else contextlib.nullcontext()
+    if options.leveled and options.sample is None and os.environ.get(SAMPLE_VARIABLE, "").strip():
+        error_console().print(f"xsp: {SAMPLE_VARIABLE} is not used by --leveled: each run records every step at "
+                              "every level it runs", markup=False)
     try:
-        trace_options = TraceOptions.parse(levels, output=options.output, otlp_endpoint=options.otlp,
-                                           service_name=_service_name(options, script),
-                                           otlp_protocol=options.otlp_protocol, schedule=schedule,
-                                           calibrate=options.calibrate, span_budget=options.span_budget,
-                                           dataset=options.dataset, layer_depth=options.layer_depth,
-                                           nvtx=options.nvtx, sample=options.sample,
-                                           slow_factor=DEFAULT_SLOW_FACTOR if options.slow_factor is None
-                                           else options.slow_factor, rotate=options.rotate)
+        with leveled_ignores_environment:
+            trace_options = TraceOptions.parse(levels, output=options.output, otlp_endpoint=options.otlp,
+                                               service_name=_service_name(options, script),
+                                               otlp_protocol=options.otlp_protocol, schedule=schedule,
+                                               calibrate=options.calibrate, span_budget=options.span_budget,
+                                               dataset=options.dataset, layer_depth=options.layer_depth,
+                                               nvtx=options.nvtx, sample=options.sample,
+                                               slow_factor=DEFAULT_SLOW_FACTOR if options.slow_factor is None
+                                               else options.slow_factor, rotate=options.rotate)
     except ValueError as exc:
         raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")
                        .replace("rotate must", "--rotate must").replace("dataset=DIR too (xsp run --dataset)",

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from xsp.analysis.model import TRIM_FRACTION
 from xsp.core import schema as col
+from xsp.core.errors import XspWarning, warn
 from xsp.core.figures import counted
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.schema import Level, SpanKind
@@ -48,6 +49,7 @@ from xsp.session.leveled_merge import (
     pooled,
 )
 from xsp.session.leveled_rounds import RoundsLog, RoundsStopped, note_rounds, run_rounds
+from xsp.session.options import environment_sampling_set, without_environment_sampling
 
 STEP_NAME = "leveled"
 """Each call of the function under :func:`leveled` is one step of this name."""
@@ -318,6 +320,9 @@ def leveled(fn: Callable[[], Any], levels: LevelsArg = ("model", "layer", "opera
     settings = LeveledSettings(parse_levels(levels), warmup=warmup, rounds=rounds, target=target, budget_s=budget_s,
                                compensate=compensate, by_depth=by_depth, trim=trim,
                                backward=trace_options.pop("backward", None))
+    if environment_sampling_set():
+        warn(XspWarning("xsp: XSP_SAMPLE is not used by a leveled experiment: each of its runs records every step "
+                        "at every level it runs"))
     work = _Calls(fn, steps_per_run(fn) if repeat is None else repeat, warmup, trace_options)
     try:
         result, _ = run_leveled(work, settings, progress)
@@ -346,8 +351,10 @@ class _Calls:
         from xsp.record.user_spans import step
         from xsp.session.tracing import trace
 
-        with run_cut_short_unsaid(), trace(levels=levels, output=None, layer_depth=layer_depth, backward=backward,
-                                          **self.trace_options) as session:
+        with without_environment_sampling():  # each run records every step: XSP_SAMPLE is the service's
+            session = trace(levels=levels, output=None, layer_depth=layer_depth, backward=backward,
+                            **self.trace_options)
+        with run_cut_short_unsaid(), session:
             # the first steps after a session starts run cold (its buffers and hooks are
             # fresh): they are traced like the others and left out
             for _ in range(self.warmup + self.repeat):
@@ -361,7 +368,9 @@ class _Calls:
         """One call of ``fn``."""
         from xsp.session.tracing import trace
 
-        with trace(levels=levels, output=None, schedule=None, backward=False) as session:
+        with without_environment_sampling():
+            session = trace(levels=levels, output=None, schedule=None, backward=False)
+        with session:
             self.fn()
         if session.trace is None:
             raise RuntimeError(f"the run {label} produced no trace: {session.warnings}")

@@ -5,6 +5,9 @@ from them as it runs (the file's name for this rank, a collector found unreachab
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -143,13 +146,32 @@ def parse_rotation(rotate: str | float | None) -> tuple[float | None, int | None
     return seconds, size
 
 
+_ENVIRONMENT_SAMPLING: ContextVar[bool] = ContextVar("xsp_environment_sampling", default=True)
+
+
+@contextmanager
+def without_environment_sampling() -> Iterator[None]:
+    """Sessions made inside read no ``XSP_SAMPLE``: xsp's own measuring sessions (calibration, the
+    runs of a leveled experiment) record every step at every level, whatever the service sets."""
+    token = _ENVIRONMENT_SAMPLING.set(False)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT_SAMPLING.reset(token)
+
+
+def environment_sampling_set() -> bool:
+    """Whether ``XSP_SAMPLE`` is set (to anything)."""
+    return bool(os.environ.get(SAMPLE_VARIABLE, "").strip())
+
+
 def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy | None, str | None]:
     """The sampling asked for, else ``XSP_SAMPLE``'s (a value it cannot use is a problem to say,
     not an error: the environment is not the program's own call)."""
     if sample is not None:
         return SamplingPolicy.parse(sample, slow_factor), None
     from_env = os.environ.get(SAMPLE_VARIABLE, "").strip()
-    if not from_env:
+    if not from_env or not _ENVIRONMENT_SAMPLING.get():
         return None, None
     try:
         return SamplingPolicy.parse(from_env, slow_factor), None

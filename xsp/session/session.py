@@ -32,7 +32,7 @@ from xsp.session import child_session, children, ending, exit_guard, starting
 from xsp.session.children import ChildPlan, ChildState, Following
 from xsp.session.ending import Finished, JoinedStart
 from xsp.session.joining import ProcessClaim
-from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions
+from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions, without_environment_sampling
 from xsp.session.running import RunningSession
 from xsp.session.signals import StopSignals, Terminated, end_by_signal
 from xsp.session.windows import EXIT_WAIT_S
@@ -98,7 +98,8 @@ def _start_child_session(plan: ChildPlan) -> None:
 
 def calibration_session(levels: tuple[str, ...]) -> Session:
     """A session that calibration measures in (:data:`xsp.session.calibration.SessionOpener`)."""
-    return Session(levels=levels, output=None, schedule=None)
+    with without_environment_sampling():
+        return Session(levels=levels, output=None, schedule=None)
 
 
 class Session:
