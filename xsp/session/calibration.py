@@ -148,14 +148,9 @@ def _model_cost(open_session: SessionOpener, leaf: _Leaf, x: torch.Tensor, neste
     predicts: list[float] = []
     for _ in range(REPEATS):
         with open_session(("model",)) as session:
-            for _ in range(CALLS):
-                began = time.perf_counter_ns()
-                leaf(x)
-                between = time.perf_counter_ns()
-                twin(x)
-                ended = time.perf_counter_ns()
-                differences.append(2 * between - began - ended)
-                plain.append(ended - between)
+            paired, untraced = _paired_calls(leaf, twin, x, CALLS)
+        differences.extend(paired)
+        plain.extend(untraced)
         predicts.extend(_model_calls(session.trace))
     inside = _median(predicts) - _median(plain) if predicts else 0.0
     return LevelCost(Level.MODEL.value, max(inside, 0.0), max(_median(differences), 0.0), len(predicts),
@@ -178,7 +173,8 @@ def _nested_pass_through_ns(open_session: SessionOpener, fan: _Fan, x: torch.Ten
     return max(_median(differences) / CHILDREN, 0.0)
 
 
-def _paired_calls(fan: _Fan, twin: _Fan, x: torch.Tensor, pairs: int) -> tuple[list[int], list[int]]:
+def _paired_calls(fan: torch.nn.Module, twin: torch.nn.Module, x: torch.Tensor,
+                  pairs: int) -> tuple[list[int], list[int]]:
     """``pairs`` calls of ``fan``, each right before a call of ``twin``: per pair, how much longer
     the fan's call took than the twin's, and the twin's call."""
     differences, plain = [], []
