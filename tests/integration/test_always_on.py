@@ -451,8 +451,10 @@ def test_a_million_requests_always_on_keep_memory_flat_and_the_trace_in_readable
     assert read_while_running is not None and read_while_running.metadata["part"]["last"] is False
     assert len(step_roots(read_while_running.spans)) > 0
     rss_mb = [value / 2**20 for value in json.loads(out.strip().splitlines()[-1])]
-    # flat after warm-up: the first fifth, in which the first windows (10 s) and parts are written
-    assert rss_mb[-1] - rss_mb[2] <= 50, [round(value) for value in rss_mb]
+    # flat after warm-up (the first tenth): the highest of the second half at most 50 MB above the
+    # highest of the first (a window, 10 s of steps, comes and goes: where the marks fall on it moves
+    # single readings by tens of megabytes; a leak raises the peaks)
+    assert max(rss_mb[6:]) - max(rss_mb[1:6]) <= 50, [round(value) for value in rss_mb]
     parts = list((tmp_path / "run=svc").glob("rank=*/part-*.xsp.parquet"))
     assert len(parts) >= 3, parts
     whole = xsp.load(tmp_path)
