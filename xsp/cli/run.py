@@ -265,10 +265,10 @@ def run(options: argparse.Namespace) -> int:
             check_writable(options.output)  # fail before the script runs, not after
     if options.slow_factor is not None and options.sample is None and not os.environ.get(SAMPLE_VARIABLE):
         raise CliError("--slow-factor applies to always-on sessions only: give --sample too")
-    from xsp.session.options import without_environment_sampling
+    from xsp.session.options import environment_sampling_set, without_environment_sampling
 
     leveled_ignores_environment = without_environment_sampling() if options.leveled else contextlib.nullcontext()
-    if options.leveled and options.sample is None and os.environ.get(SAMPLE_VARIABLE, "").strip():
+    if options.leveled and options.sample is None and environment_sampling_set():
         error_console().print(f"xsp: {SAMPLE_VARIABLE} is not used by --leveled: each run records every step at "
                               "every level it runs", markup=False)
     try:
