@@ -1,8 +1,9 @@
 """xsp's C accelerator, where it was built: ``xsp.record._hotpath`` (``xsp/record/_hotpath/``).
 
-Two things run there when it is available: the common cases of the ``nn.Module.__call__``
-wrapper (:mod:`xsp.tracers.module_calls.interceptor`) and the packing of raw records into columns
-(:func:`xsp.record.recording.extend_columns`). Each has a Python twin that does the same (tests run
+Three things run there when it is available: the common cases of the ``nn.Module.__call__``
+wrapper (:mod:`xsp.tracers.module_calls.interceptor`), the packing of raw records into columns
+(:func:`xsp.record.recording.extend_columns`), and an always-on session's decision of each step's
+depth (:class:`xsp.record.sampling.StepSampler`'s core). Each has a Python twin that does the same (tests run
 both), so xsp works where the extension could not be built (no C compiler at install time),
 only with a dearer module call.
 """

@@ -44,7 +44,7 @@ from xsp.record.columns import (
 )
 from xsp.record.model_naming import ModelNames
 from xsp.record.nvtx import NvtxRanges
-from xsp.record.sampling import StepSampler
+from xsp.record.sampling import StepCore, StepSampler
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
 from xsp.record.window import Window, WindowBuffer, split_columns
@@ -363,9 +363,10 @@ class Recording:
         """Set once module calls push their start as CUPTI external correlation ids."""
         self.nvtx: NvtxRanges | None = None
         """With NVTX on (``xsp.trace(nvtx=True)``): the ranges that spans push and pop as they run."""
-        self.sampler: StepSampler | None = None
-        """An always-on session's: decides at each step's start whether it is recorded below the
-        model level. While set, top-level calls take the Python path (which asks it)."""
+        self.sampler: StepCore | None = None
+        """The per-step part of an always-on session's step sampler (:meth:`sample_steps`), which xsp's C
+        wrapper and the Python paths tell of each step that begins and ends: it decides at each
+        step's start whether the step is recorded below the model level."""
         self.paused = False
         """True while the steps that begin are not recorded (a profiling schedule): top-level
         calls then only keep the step bookkeeping going, and nothing below them is recorded."""
@@ -477,7 +478,7 @@ class Recording:
     def sample_steps(self, sampler: StepSampler | None) -> None:
         """Have ``sampler`` decide the depth of each step that begins from now on (None: every
         step is recorded at every level again)."""
-        self.sampler = sampler
+        self.sampler = None if sampler is None else sampler.core
         if sampler is None:
             for buffer in list(self.buffers):
                 buffer.step_limit = 0

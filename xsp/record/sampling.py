@@ -28,8 +28,9 @@ when a window is interpreted.
 from __future__ import annotations
 
 import bisect
+import contextvars
 import enum
-import random
+import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from typing import Any, Final, Protocol
 
 from xsp.core.clock import now_ns
 from xsp.core.schema import StepSampling
+from xsp.record import hotpath
 
 MEDIAN_STEPS: Final = 255
 """Steps the running median of step durations is taken over."""
@@ -138,6 +140,8 @@ class SteppingThread(NotedThread, Protocol):
 
 
 AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
+ContextLocation = tuple[contextvars.ContextVar[Any], str]
+"""Where OpenTelemetry keeps the current span: its context variable, and the span's key in it."""
 
 
 def otel_context_probe() -> AmbientContext | None:
@@ -159,46 +163,240 @@ def otel_context_probe() -> AmbientContext | None:
     return ambient
 
 
+def otel_context_location() -> ContextLocation | None:
+    """Where ``opentelemetry.trace.get_current_span`` reads the current span, so that xsp's C
+    sampler reads it there without running the API's Python (about 3 µs a request, its caches
+    cold after the model ran); None where OpenTelemetry keeps its context elsewhere (another
+    ``OTEL_PYTHON_CONTEXT``) or is laid out otherwise. The sampler checks the reading against
+    the API's before it relies on it (:class:`StepSampler`)."""
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+        from opentelemetry.trace import propagation
+    except ImportError:  # pragma: no cover - opentelemetry-sdk is a dependency
+        return None
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    key = getattr(propagation, "_SPAN_KEY", None)
+    if type(runtime) is not ContextVarsRuntimeContext or not isinstance(variable, contextvars.ContextVar):
+        return None
+    return (variable, key) if isinstance(key, str) else None
+
+
+class StepCore(Protocol):
+    """The per-step part of a :class:`StepSampler` (C where xsp's extension is built, else
+    :class:`PySamplerCore`): what the recording calls as steps begin and end."""
+
+    armed: int
+    begun: int
+    probe_errors: int
+
+    @property
+    def median_ns(self) -> int: ...
+
+    def step_begins(self, buffer: SteppingThread, time_ns: int, before_ns: int = 0, /) -> None: ...
+
+    def decide(self, buffer: NotedThread, time_ns: int, /) -> int: ...
+
+    def step_ended(self, duration_ns: int, buffer: NotedThread | None, /) -> None: ...
+
+    def note(self, buffer: NotedThread, time_ns: int, reason: int, trace_id: int | None, span_id: int | None,
+             plan: int, /) -> None: ...
+
+    def draw(self) -> float: ...
+
+    def ambient_span(self) -> tuple[int | None, int | None, bool]: ...
+
+    def counts(self) -> list[int]: ...
+
+
+_MASK_64: Final = (1 << 64) - 1
+
+
+class PySamplerCore:
+    """The Python twin of xsp's C ``SamplerCore`` (``xsp/record/_hotpath/sampler.c``): the same
+    draws from the same seed, the same notes and counts (tests hold the two equal). Used where the
+    extension is not built.
+
+    Args:
+        rate: the fraction of steps drawn for deep recording.
+        slow_factor: a step this many times the running median is slow (0: none is).
+        seed: of the draws (splitmix64).
+        ambient: the Python probe of the current OpenTelemetry span (None: steps join no request).
+        on_armed: ``(buffer, time_ns, trace_id, span_id) -> step limit``: decides, notes and counts
+            a step while :attr:`armed` (after a slow step, or captured).
+        on_plan: ``() -> (plan, step limit)`` of a drawn step.
+        on_slow: ``(duration_ns, buffer)``: a step was slow.
+        median_steps, warmup_steps, median_every: the running median's (see the module).
+        context: where OpenTelemetry keeps the current span (the C core reads it there; here the
+            probe does).
+    """
+
+    def __init__(self, rate: float, slow_factor: float, seed: int, ambient: AmbientContext | None,
+                 on_armed: Callable[[Any, int, int | None, int | None], int],
+                 on_plan: Callable[[], tuple[int, int]], on_slow: Callable[[int, Any], None],
+                 median_steps: int, warmup_steps: int, median_every: int,
+                 context: ContextLocation | None = None) -> None:
+        self.rate, self.slow_factor = rate, slow_factor
+        self._draws = seed & _MASK_64
+        self.ambient, self.on_armed, self.on_plan, self.on_slow = ambient, on_armed, on_plan, on_slow
+        self.median_steps, self.warmup_steps, self.median_every = median_steps, warmup_steps, median_every
+        self.armed = 0
+        self.begun = self.ended = self.threshold_ns = self.probe_errors = 0
+        self._counts = [0] * len(REASONS)
+        self._recent: deque[int] = deque(maxlen=median_steps)
+        self._sorted: list[int] = []
+
+    @property
+    def median_ns(self) -> int:
+        values = self._sorted
+        return values[len(values) // 2] if values else 0
+
+    def draw(self) -> float:
+        self._draws = (self._draws + 0x9E3779B97F4A7C15) & _MASK_64
+        z = self._draws
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK_64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK_64
+        return ((z ^ (z >> 31)) >> 11) * 2.0 ** -53
+
+    def counts(self) -> list[int]:
+        return list(self._counts)
+
+    def ambient_span(self) -> tuple[int | None, int | None, bool]:
+        if self.ambient is None:
+            return None, None, True
+        try:
+            current = self.ambient()
+        except Exception:  # the application's context must never break its own call
+            self.probe_errors += 1
+            return None, None, True
+        return (None, None, True) if current is None else (current[0], current[1], bool(current[2]))
+
+    def step_begins(self, buffer: SteppingThread, time_ns: int, before_ns: int = 0) -> None:
+        if before_ns > 0:
+            self.step_ended(before_ns, buffer)
+        buffer.decided_ns = buffer.steps.start_ns
+        buffer.step_limit = self.decide(buffer, time_ns)
+
+    def decide(self, buffer: NotedThread, time_ns: int) -> int:
+        trace_id, span_id, request_sampled = self.ambient_span()
+        plan, limit = -1, MODEL_ONLY_LIMIT
+        if not request_sampled:
+            reason = _NOT_SAMPLED
+        elif self.armed:
+            return self.on_armed(buffer, time_ns, trace_id, span_id)
+        elif self.draw() < self.rate:
+            reason = _SAMPLED
+            plan, limit = self.on_plan()
+        else:
+            reason = _MODEL_ONLY
+        self.note(buffer, time_ns, reason, trace_id, span_id, plan)
+        return limit
+
+    def note(self, buffer: NotedThread, time_ns: int, reason: int, trace_id: int | None, span_id: int | None,
+             plan: int) -> None:
+        buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id or 0, span_id or 0, plan + 1, 0))
+        self._counts[reason] += 1
+        self.begun += 1
+
+    def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
+        if self.threshold_ns and duration_ns > self.threshold_ns and buffer is not None:
+            self.on_slow(duration_ns, buffer)
+        self.ended += 1
+        if self.ended > self.warmup_steps and self.ended % self.median_every:
+            return
+        recent, ordered = self._recent, self._sorted
+        if len(recent) == recent.maxlen:
+            del ordered[bisect.bisect_left(ordered, recent[0])]
+        recent.append(duration_ns)
+        bisect.insort(ordered, duration_ns)
+        if len(ordered) >= self.warmup_steps and self.slow_factor:
+            self.threshold_ns = int(self.slow_factor * ordered[len(ordered) // 2])
+
+
+def new_core(*args: Any, **kwargs: Any) -> StepCore:
+    """xsp's C ``SamplerCore`` where the extension is built, else :class:`PySamplerCore` (same arguments)."""
+    extension = hotpath.load()
+    core: StepCore = (PySamplerCore if extension is None else extension.SamplerCore)(*args, **kwargs)
+    return core
+
+
+def _reads_alike(core: StepCore, ambient: AmbientContext) -> bool:
+    """Whether ``core`` reads the current OpenTelemetry span as ``ambient`` does: on a sampled span
+    and an unsampled one of known ids, and on what is current here."""
+    try:
+        from opentelemetry import trace as otel_trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    except ImportError:  # pragma: no cover - opentelemetry-sdk is a dependency
+        return False
+
+    def as_probed() -> tuple[int | None, int | None, bool]:
+        found = ambient()
+        return (None, None, True) if found is None else (found[0], found[1], bool(found[2]))
+
+    readings = [(core.ambient_span(), as_probed())]
+    for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT):
+        span = NonRecordingSpan(SpanContext(0x5A3F_0001_0002_0003_0004_0005_0006_0007, 0x0A0B_0C0D_0E0F_1011,
+                                            is_remote=False, trace_flags=TraceFlags(flags)))
+        with otel_trace.use_span(span):
+            readings.append((core.ambient_span(), as_probed()))
+    return all(read == probed for read, probed in readings)
+
+
 class StepSampler:
     """Decides each step's depth as it begins, and learns step durations as they end.
+
+    The per-step work is its :attr:`core`'s (in C where xsp's extension is built): what the
+    recording calls. This class owns the policy, the capture, the steps after a slow one and the
+    depth plans, which the core calls back for.
 
     Args:
         policy: the rate and the slow-step rule.
         ambient: the probe of the current OpenTelemetry span (None: steps join no request).
         seed: of the random draws (tests).
+        context: where OpenTelemetry keeps the current span (:func:`otel_context_location`), for
+            the C core to read it there; checked against ``ambient`` first.
     """
 
-    def __init__(self, policy: SamplingPolicy, ambient: AmbientContext | None = None, seed: int | None = None) -> None:
+    def __init__(self, policy: SamplingPolicy, ambient: AmbientContext | None = None, seed: int | None = None,
+                 context: ContextLocation | None = None) -> None:
         self.policy = policy
         self.ambient = ambient
-        self._draw = random.Random(seed).random
-        self._recent: deque[int] = deque(maxlen=MEDIAN_STEPS)
-        self._sorted: list[int] = []
         self._lock = threading.Lock()
         self._slow_left = 0
         self._capture_left = 0
         self._capture_first = 0
-        self.begun = 0
-        """Steps begun (decided) so far, on every thread: a capture's steps are counted on from it."""
-        self._counts = [0] * len(REASONS)
-        self._slow_threshold_ns = 0
-        """Steps longer than this are slow (0: none yet, the median is not known)."""
-        self._ended = 0
         self.slow_steps = 0
         """Steps found slow so far."""
-        self.probe_errors = 0
-        """Steps whose current OpenTelemetry span could not be read (they join no request)."""
         self.plans: list[DepthPlan] = []
         """Every depth plan used so far (notes name them by position: the list only grows)."""
         self._rotation: list[int] = []
         self._turn = 0
         self._full = -1
+        seed_value = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) & _MASK_64
+        arguments = (policy.rate, policy.slow_factor, seed_value, ambient, self._armed, self._plan, self._slow,
+                     MEDIAN_STEPS, WARMUP_STEPS, MEDIAN_EVERY)
+        core = new_core(*arguments, context=context if ambient is not None else None)
+        if context is not None and ambient is not None and not _reads_alike(core, ambient):
+            core = new_core(*arguments)
+        self.core: StepCore = core
+        """What the recording calls as each step begins and ends
+        (:meth:`xsp.record.recording.Recording.sample_steps`)."""
+
+    @property
+    def begun(self) -> int:
+        """Steps begun (decided) so far, on every thread: a capture's steps are counted on from it."""
+        return self.core.begun
+
+    @property
+    def probe_errors(self) -> int:
+        """Steps whose current OpenTelemetry span could not be read (they join no request)."""
+        return self.core.probe_errors
 
     @property
     def median_ns(self) -> int:
         """The running median step duration (0 before any step ended)."""
-        values = self._sorted
-        return values[len(values) // 2] if values else 0
+        return self.core.median_ns
 
     def capture(self, steps: int, first: int | None = None) -> int | None:
         """Record ``steps`` steps (on any thread) at every level the session has, from the step
@@ -209,12 +407,18 @@ class StepSampler:
                 return None
             self._capture_first = self.begun if first is None else max(int(first), 0)
             self._capture_left = max(int(steps), 0)
+            self._rearm()
             return self._capture_first
 
     def cancel_capture(self) -> None:
         """Forget the steps a capture still asks for."""
         with self._lock:
             self._capture_left = 0
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """(under the lock) The core hands steps back while a capture or slow steps are due."""
+        self.core.armed = int(bool(self._capture_left or self._slow_left))
 
     def rotate(self, plans: list[DepthPlan]) -> None:
         """Drawn steps are recorded by these plans in turn; steps after a slow one and captured
@@ -233,42 +437,21 @@ class StepSampler:
         """A step of ``buffer``'s thread begins with a top-level call at ``time_ns``: decide how deep
         it is recorded (``buffer.step_limit``). ``before_ns``: how long the step before it lasted,
         where the caller knows (xsp's C wrapper; 0: it was told through ``on_long_step``)."""
-        if before_ns:
-            self.step_ended(before_ns, buffer)
-        buffer.decided_ns = buffer.steps.start_ns
-        buffer.step_limit = self.decide(buffer, time_ns)
+        self.core.step_begins(buffer, time_ns, before_ns)
 
     def decide(self, buffer: NotedThread, time_ns: int) -> int:
         """A step of ``buffer``'s thread begins (its first top-level call starts at ``time_ns``):
         how deep it is recorded (``ThreadBuffer.step_limit``: :data:`MODEL_ONLY_LIMIT`, 0 for
         every depth, or a depth). Notes the decision in the buffer."""
-        trace_id = span_id = 0
-        request_sampled = True
-        if self.ambient is not None:
-            try:
-                current = self.ambient()
-            except Exception:  # the application's context must never break its own call
-                current = None
-                self.probe_errors += 1
-            if current is not None:
-                trace_id, span_id, request_sampled = current
-        if not request_sampled:
-            reason = _NOT_SAMPLED
-        elif self._capture_left or self._slow_left:
-            reason = self._armed()
-        elif self._draw() < self.policy.rate:
-            reason = _SAMPLED
-        else:
-            reason = _MODEL_ONLY
-        plan, limit = -1, MODEL_ONLY_LIMIT
-        if reason == _SAMPLED or reason == _AFTER_SLOW or reason == _CAPTURE:
-            plan, limit = self._plan(reason == _SAMPLED)
-        buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id, span_id, plan + 1, 0))
-        self._counts[reason] += 1
-        self.begun += 1
-        return limit
+        return self.core.decide(buffer, time_ns)
 
-    def _plan(self, drawn: bool) -> tuple[int, int]:
+    def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
+        """A step of ``buffer``'s thread lasted ``duration_ns``: a slow one arms the next steps
+        (and is noted in the buffer). The running median is kept over every step during the
+        warm-up, then over one step in :data:`MEDIAN_EVERY` (a comparison is all the others cost)."""
+        self.core.step_ended(duration_ns, buffer)
+
+    def _plan(self, drawn: bool = True) -> tuple[int, int]:
         """The plan (its index, -1 for none) and step limit of a deep step."""
         rotation = self._rotation
         if not rotation:
@@ -281,52 +464,43 @@ class StepSampler:
             plan = self._full
         return plan, self.plans[plan].step_limit
 
-    def _armed(self) -> int:
+    def _armed(self, buffer: NotedThread, time_ns: int, trace_id: int | None, span_id: int | None) -> int:
+        """The core's decision while steps after a slow one or of a capture are due."""
         with self._lock:  # several threads may take the last armed step
+            reason = -1
             if self._capture_left and self.begun >= self._capture_first:
                 self._capture_left -= 1
-                return _CAPTURE
-            if self._slow_left:
+                reason = _CAPTURE
+            elif self._slow_left:
                 self._slow_left -= 1
-                return _AFTER_SLOW
-        return _SAMPLED if self._draw() < self.policy.rate else _MODEL_ONLY
+                reason = _AFTER_SLOW
+            self._rearm()
+        if reason < 0:
+            reason = _SAMPLED if self.core.draw() < self.policy.rate else _MODEL_ONLY
+        plan, limit = -1, MODEL_ONLY_LIMIT
+        if reason != _MODEL_ONLY:
+            plan, limit = self._plan(reason == _SAMPLED)
+        self.core.note(buffer, time_ns, reason, trace_id, span_id, plan)
+        return limit
 
     @property
     def decided(self) -> Counter[StepSampling]:
         """Steps decided so far, by reason."""
-        return Counter({reason: count for reason, count in zip(REASONS, self._counts) if count})
-
-    def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
-        """A step of ``buffer``'s thread lasted ``duration_ns``: a slow one arms the next steps
-        (and is noted in the buffer). The running median is kept over every step during the
-        warm-up, then over one step in :data:`MEDIAN_EVERY` (a comparison is all the others cost)."""
-        threshold = self._slow_threshold_ns
-        if threshold and duration_ns > threshold and buffer is not None:
-            self._slow(duration_ns, buffer)
-        self._ended += 1
-        if self._ended > WARMUP_STEPS and self._ended % MEDIAN_EVERY:
-            return
-        with self._lock:  # steps end on many threads of a server
-            recent, ordered = self._recent, self._sorted
-            if len(recent) == recent.maxlen:
-                del ordered[bisect.bisect_left(ordered, recent[0])]
-            recent.append(duration_ns)
-            bisect.insort(ordered, duration_ns)
-            if len(ordered) >= WARMUP_STEPS and self.policy.slow_factor:
-                self._slow_threshold_ns = int(self.policy.slow_factor * ordered[len(ordered) // 2])
+        return Counter({reason: count for reason, count in zip(REASONS, self.core.counts()) if count})
 
     def _slow(self, duration_ns: int, buffer: NotedThread) -> None:
         policy = self.policy
         self.slow_steps += 1
         buffer.step_notes.append((now_ns(), NoteKind.SLOW, 0, 0, 0, duration_ns, self.median_ns))
-        armed_so_far = self._counts[_AFTER_SLOW]
+        armed_so_far = self.core.counts()[_AFTER_SLOW]
         with self._lock:
             if armed_so_far + policy.slow_steps <= max(policy.slow_steps, SLOW_SHARE * self.begun):
                 self._slow_left = max(self._slow_left, policy.slow_steps)
+                self._rearm()
 
     def as_metadata(self) -> dict[str, Any]:
         """The trace's ``sampling``: the policy and what it decided."""
-        steps = {reason.value: count for reason, count in zip(REASONS, self._counts)}
+        steps = {reason.value: count for reason, count in zip(REASONS, self.core.counts())}
         return {**self.policy.as_metadata(), "steps": steps,
                 "slow_steps_found": self.slow_steps, "median_step_ns": self.median_ns,
                 "joins_requests": self.ambient is not None, "probe_errors": self.probe_errors}

@@ -19,7 +19,7 @@ from xsp.export.target import OtlpTarget, probe, span_budget_env_problem
 from xsp.io.segments import SegmentWriter
 from xsp.record.columns import NEVER
 from xsp.record.recording import Recording
-from xsp.record.sampling import StepSampler, otel_context_probe
+from xsp.record.sampling import StepSampler, otel_context_location, otel_context_probe
 from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
@@ -141,7 +141,7 @@ def always_on_sampler(options: TraceOptions) -> StepSampler:
     """The step sampler of an always-on session: its drawn steps rotate through the leveled runs
     of its levels (learnt deeper as windows show deeper layers)."""
     assert options.sampling is not None
-    sampler = StepSampler(options.sampling, otel_context_probe())
+    sampler = StepSampler(options.sampling, otel_context_probe(), context=otel_context_location())
     sampler.rotate(depth_plans(options.levels, 1))
     return sampler
 

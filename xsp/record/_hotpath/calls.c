@@ -304,12 +304,17 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     else if (begin_step(self, buffer, module, &plan, start) < 0) goto done;
     if (sampler != Py_None && (laned || plan.opens)) {  /* a step begins: how deep it is recorded */
         long long before_ns = laned || plan.finish != 0 ? plan.step_end_ns - plan.step_start_ns : 0;
-        PyObject *before = PyLong_FromLongLong(before_ns > 0 ? before_ns : 0);
-        PyObject *told = before == NULL ? NULL : PyObject_CallMethodObjArgs(sampler, s_step_begins, buffer, start,
-                                                                             before, NULL);
-        Py_XDECREF(before);
-        if (told == NULL) PyErr_Clear();  /* the sampler's trouble never fails the user's call */
-        Py_XDECREF(told);
+        if (before_ns < 0) before_ns = 0;
+        if (is_sampler_core(sampler)) {
+            if (sampler_step_begins(sampler, buffer, start, before_ns) < 0) PyErr_Clear();
+        } else {
+            PyObject *before = PyLong_FromLongLong(before_ns);
+            PyObject *told = before == NULL ? NULL : PyObject_CallMethodObjArgs(sampler, s_step_begins, buffer, start,
+                                                                                 before, NULL);
+            Py_XDECREF(before);
+            if (told == NULL) PyErr_Clear();  /* the sampler's trouble never fails the user's call */
+            Py_XDECREF(told);
+        }
     }
     slot_set(buffer, slots->skipping, Py_False);
     if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;

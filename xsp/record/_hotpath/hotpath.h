@@ -399,5 +399,9 @@ PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer);
 int events_init(StepEvents *self, PyObject *args, PyObject *kwds);
 extern PyTypeObject BackwardCallType;
 extern PyTypeObject StepEventsType;
+extern PyTypeObject SamplerCoreType;
+int sampler_core_ready(void);
+int is_sampler_core(PyObject *obj);
+int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns);
 
 #endif

@@ -49,13 +49,15 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_is_library, "is_library");
     INTERN(s_intern, "intern");
     if ((no_error = PyLong_FromLong(NO_ERROR)) == NULL) return NULL;
-    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&StepEventsType) < 0 || PyType_Ready(&BackwardCallType) < 0)
+    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&StepEventsType) < 0 || PyType_Ready(&BackwardCallType) < 0
+        || sampler_core_ready() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "FastCall", (PyObject *)&FastCallType) < 0
         || PyModule_AddObjectRef(module, "StepEvents", (PyObject *)&StepEventsType) < 0
-        || PyModule_AddObjectRef(module, "BackwardCall", (PyObject *)&BackwardCallType) < 0) {
+        || PyModule_AddObjectRef(module, "BackwardCall", (PyObject *)&BackwardCallType) < 0
+        || PyModule_AddObjectRef(module, "SamplerCore", (PyObject *)&SamplerCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,0 +1,180 @@
+"""The per-step part of the step sampler (xsp/record/_hotpath/sampler.c) against its Python twin
+(xsp.record.sampling.PySamplerCore), and its reading of OpenTelemetry's current span against the
+API's, on threads and asyncio tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+from typing import Any
+
+import pytest
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.trace import INVALID_SPAN
+
+from xsp.core.schema import StepSampling
+from xsp.record import hotpath
+from xsp.record.sampling import (
+    DepthPlan,
+    NoteKind,
+    PySamplerCore,
+    SamplingPolicy,
+    StepSampler,
+    otel_context_location,
+    otel_context_probe,
+)
+
+BUILT = hotpath.load()
+
+
+def _require_built() -> Any:
+    if BUILT is None:
+        if os.environ.get("XSP_REQUIRE_HOTPATH"):
+            pytest.fail("xsp.record._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
+        pytest.skip("xsp.record._hotpath is not built here (no C compiler at install, or XSP_PURE_PYTHON set)")
+    return BUILT
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.start_ns = 0
+
+
+class Thread:
+    """What a ThreadBuffer gives the sampler."""
+
+    def __init__(self) -> None:
+        self.step_notes: list[tuple[int, ...]] = []
+        self.steps = Steps()
+        self.decided_ns = 0
+        self.step_limit = 0
+
+
+def sampler_on(core: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> StepSampler:
+    """A StepSampler of seed 11 whose core is the C one (``c``) or the Python twin (``python``)."""
+    if core == "c":
+        _require_built()
+    with monkeypatch.context() as patch:
+        if core == "python":
+            patch.setattr(hotpath, "load", lambda: None)
+        sampler = StepSampler(SamplingPolicy.parse(options.pop("rate", 0.2), slow_factor=3, slow_steps=2),
+                              otel_context_probe(), seed=11, context=otel_context_location())
+    expected = PySamplerCore if core == "python" else BUILT.SamplerCore
+    assert type(sampler.core) is expected
+    return sampler
+
+
+def serve(sampler: StepSampler, tracer: Any) -> dict[str, Any]:
+    """A scripted run: requests in sampled and unsampled spans and in none, a slow step, a capture;
+    what the sampler noted and decided."""
+    layers = frozenset({"model", "layer"})
+    sampler.rotate([DepthPlan("model+layer<=1", 1, layers), DepthPlan("model+layer", 0, layers)])
+    thread, limits = Thread(), []
+    for step in range(400):
+        thread.steps.start_ns = 1_000 * step
+        before_ns = 0 if step == 0 else (9_000_000 if step in (150, 151, 300) else 1_000_000 + step)
+        if step == 200:
+            assert sampler.capture(4) == 200
+        if step % 3 == 0:
+            sampler.step_begins(thread, 1_000 * step, before_ns)
+        else:
+            sampled = step % 3 == 1
+            with tracer(sampled).start_as_current_span("request"):
+                sampler.step_begins(thread, 1_000 * step, before_ns)
+        limits.append(thread.step_limit)
+    decisions = [note for note in thread.step_notes if note[1] == NoteKind.DECISION]
+    slow = [note[1:] for note in thread.step_notes if note[1] == NoteKind.SLOW]  # (their time is the clock's)
+    return {"limits": limits, "decisions": [note[:3] + (note[3] != 0, note[4] != 0) + note[5:] for note in decisions],
+            "slow": slow, "decided": sampler.decided, "median_ns": sampler.median_ns, "begun": sampler.begun,
+            "slow_steps": sampler.slow_steps, "metadata": sampler.as_metadata()}
+
+
+@pytest.fixture
+def tracer():
+    providers = {True: TracerProvider(sampler=ALWAYS_ON), False: TracerProvider(sampler=ALWAYS_OFF)}
+    return lambda sampled: providers[sampled].get_tracer("service")
+
+
+def test_the_c_core_decides_as_its_python_twin(monkeypatch, tracer):
+    c_run = serve(sampler_on("c", monkeypatch), tracer)
+    python_run = serve(sampler_on("python", monkeypatch), tracer)
+    assert c_run == python_run
+    decided = c_run["decided"]
+    # every kind of decision was made: the comparison covers each path
+    assert set(decided) == set(StepSampling), decided
+    assert decided[StepSampling.CAPTURE] == 4 and c_run["slow_steps"] == 3
+    assert min(c_run["limits"]) == -1 and max(c_run["limits"]) >= 0
+
+
+def test_the_c_core_reads_the_current_span_as_opentelemetry_does_on_threads_and_tasks(tracer):
+    built = _require_built()
+    location = otel_context_location()
+    assert location is not None, "OpenTelemetry keeps its context where xsp reads it"
+    probe = otel_context_probe()
+    core = built.SamplerCore(0.0, 0.0, 1, probe, None, None, None, 255, 20, 8, location)
+
+    def as_api() -> tuple[Any, Any, bool]:
+        found = probe()
+        return (None, None, True) if found is None else found
+
+    readings: list[tuple[Any, Any]] = []
+
+    def request(sampled: bool) -> None:
+        with tracer(sampled).start_as_current_span("request"):
+            readings.append((core.ambient_span(), as_api()))
+        readings.append((core.ambient_span(), as_api()))
+
+    threads = [threading.Thread(target=request, args=(index % 2 == 0,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    async def task(sampled: bool) -> None:
+        with tracer(sampled).start_as_current_span("request"):
+            await asyncio.sleep(0)
+            readings.append((core.ambient_span(), as_api()))
+
+    async def tasks() -> None:
+        await asyncio.gather(*(task(index % 2 == 0) for index in range(4)))
+
+    asyncio.run(tasks())
+    with otel_trace.use_span(INVALID_SPAN):
+        readings.append((core.ambient_span(), as_api()))
+    contextvars.Context().run(lambda: readings.append((core.ambient_span(), as_api())))
+    assert all(read == api for read, api in readings), readings
+    trace_ids = {read[0] for read, _ in readings if read[0] is not None}
+    assert len(trace_ids) == 8  # each thread's and task's own request
+    assert {read[2] for read, _ in readings} == {True, False}
+    assert core.probe_errors == 0
+
+
+def test_a_context_read_elsewhere_than_the_api_reads_it_is_not_used(tracer):
+    _require_built()
+    elsewhere = (contextvars.ContextVar("elsewhere"), "current-span")
+    sampler = StepSampler(SamplingPolicy.parse(0.0), otel_context_probe(), context=elsewhere)
+    with tracer(True).start_as_current_span("request") as span:
+        trace_id, span_id, sampled = sampler.core.ambient_span()
+    assert (trace_id, span_id, sampled) == (span.get_span_context().trace_id, span.get_span_context().span_id, True)
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_a_failing_probe_is_counted_and_the_step_joins_no_request(core, monkeypatch):
+    def broken() -> None:
+        raise RuntimeError("no context here")
+
+    if core == "c":
+        _require_built()
+    with monkeypatch.context() as patch:
+        if core == "python":
+            patch.setattr(hotpath, "load", lambda: None)
+        sampler = StepSampler(SamplingPolicy.parse(0.0), ambient=broken)
+    thread = Thread()
+    sampler.step_begins(thread, 5)
+    assert sampler.probe_errors == 1
+    assert thread.step_notes == [(5, NoteKind.DECISION, 0, 0, 0, 0, 0)]
+    assert thread.step_limit == -1
