@@ -221,6 +221,8 @@ class OperatorTracer(Tracer):
             self._counted = 0
             self._facts = {"record_path": "xsp's RecordFunction observer (C++)", "uncertainty_ns": 0}
             self._follow_lines(recording, on_thread=None)
+            # an always-on session's steps recorded without operators run with them paused
+            recording.gate_operators(self._observer.pause_thread, self._observer.pause_address)
             return
         self._start_profiler(recording)
 
@@ -280,6 +282,8 @@ class OperatorTracer(Tracer):
 
     def stop(self) -> None:
         if self._observer is not None:
+            if self._recording is not None:
+                self._recording.gate_operators(None)
             self._observer.stop()
             if self._lines is not None:
                 self._lines.stop()

@@ -128,3 +128,52 @@ def test_where_the_observer_cannot_be_built_the_profiler_records_and_it_is_said(
     assert len(said) == 1 and "the C++ compiler could not be run" in said[0], done.stderr
     assert (operators(xsp.load(tmp_path / "run.xsp.parquet"))[col.NAME] == "aten::addmm").sum() == 3
     assert not list(Path(tmp_path / "empty-cache").rglob("*.so"))
+
+
+def profiler_sees_operators() -> bool:
+    """Whether PyTorch's profiler records this thread's operators (RecordFunction is on here)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        torch.ones(3).add(1)
+    return any(event.name == "aten::add" for event in profiler.events())
+
+
+@needs_observer
+@pytest.mark.parametrize("pure_python", [False, True], ids=["c_wrapper", "python_wrapper"])
+def test_an_always_on_step_without_operators_records_none_and_the_thread_records_again_after(
+        tmp_path, monkeypatch, pure_python):
+    """The steps an always-on session times at the model level, and those of its rotation without
+    the operator level, run their model call with the thread's operator records paused: nothing is
+    recorded there to be dropped later (it cost 80-160 us a request of the example transformer),
+    and the thread records again after each call, a failing one too."""
+    if pure_python:
+        monkeypatch.setenv("XSP_PURE_PYTHON", "1")
+    observer = xsp.record.operator_observer.observer()
+    model, inputs, wrong = small().eval(), torch.randn(2, 8), torch.randn(2, 5)
+    with xsp.trace(levels="model,layer,operator", sample=0.0, slow_factor=0,
+                   output=tmp_path / "none.xsp.parquet"), torch.no_grad():
+        for _ in range(30):
+            model(inputs)
+        recorded_in_steps = observer.recorded()
+        torch.ones(2).mul(3)  # between steps the thread records
+        recorded_between = observer.recorded() - recorded_in_steps
+        with pytest.raises(RuntimeError):
+            model(wrong)  # a call that fails inside a step recorded without operators
+        torch.ones(2).mul(3)
+        recorded_after_failure = observer.recorded() - recorded_in_steps - recorded_between
+    assert recorded_in_steps == 0
+    assert recorded_between >= 2 and recorded_after_failure >= 2
+    assert profiler_sees_operators()
+
+    with xsp.trace(levels="model,layer,operator", sample=1.0, slow_factor=0,
+                   output=tmp_path / "all.xsp.parquet"), torch.no_grad():
+        for _ in range(40):
+            model(inputs)
+        recorded = observer.recorded()
+    spans = xsp.load(tmp_path / "all.xsp.parquet").spans
+    ops = spans[spans[col.LEVEL] == col.Level.OPERATOR.value]
+    roots = spans[spans[col.LEVEL] == col.Level.MODEL.value]
+    with_operators = set(roots[roots[col.LEVELED_RUN].astype(str).str.contains("operator")][col.STEP])
+    assert with_operators and len(with_operators) < 40  # the rotation ran plans without operators too
+    assert set(ops[col.STEP].dropna()) == with_operators
+    assert recorded == len(ops)  # none recorded to be dropped
+    assert profiler_sees_operators()

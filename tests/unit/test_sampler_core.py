@@ -52,6 +52,7 @@ class Thread:
         self.steps = Steps()
         self.decided_ns = 0
         self.step_limit = 0
+        self.step_operators = True
 
 
 def sampler_on(core: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> StepSampler:
@@ -72,7 +73,8 @@ def serve(sampler: StepSampler, tracer: Any) -> dict[str, Any]:
     """A scripted run: requests in sampled and unsampled spans and in none, a slow step, a capture;
     what the sampler noted and decided."""
     layers = frozenset({"model", "layer"})
-    sampler.rotate([DepthPlan("model+layer<=1", 1, layers), DepthPlan("model+layer", 0, layers)])
+    sampler.rotate([DepthPlan("model+layer<=1", 1, layers), DepthPlan("model+layer", 0, layers),
+                    DepthPlan("model+layer+operator", 0, layers | {"operator"})])
     thread, limits = Thread(), []
     for step in range(400):
         thread.steps.start_ns = 1_000 * step
@@ -85,7 +87,7 @@ def serve(sampler: StepSampler, tracer: Any) -> dict[str, Any]:
             sampled = step % 3 == 1
             with tracer(sampled).start_as_current_span("request"):
                 sampler.step_begins(thread, 1_000 * step, before_ns)
-        limits.append(thread.step_limit)
+        limits.append((thread.step_limit, thread.step_operators))
     decisions = [note for note in thread.step_notes if note[1] == NoteKind.DECISION]
     slow = [note[1:] for note in thread.step_notes if note[1] == NoteKind.SLOW]  # (their time is the clock's)
     return {"limits": limits, "decisions": [note[:3] + (note[3] != 0, note[4] != 0) + note[5:] for note in decisions],
@@ -107,7 +109,11 @@ def test_the_c_core_decides_as_its_python_twin(monkeypatch, tracer):
     # every kind of decision was made: the comparison covers each path
     assert set(decided) == set(StepSampling), decided
     assert decided[StepSampling.CAPTURE] == 4 and c_run["slow_steps"] == 3
-    assert min(c_run["limits"]) == -1 and max(c_run["limits"]) >= 0
+    assert {limit for limit, _ in c_run["limits"]} == {-1, 0, 1}
+    # operators in the steps of the plan that has them, and in captured and after-slow ones (the deepest)
+    assert {operators for limit, operators in c_run["limits"] if limit == -1} == {False}
+    assert {operators for limit, operators in c_run["limits"] if limit == 1} == {False}
+    assert {operators for limit, operators in c_run["limits"] if limit == 0} == {False, True}
 
 
 def test_the_c_core_reads_the_current_span_as_opentelemetry_does_on_threads_and_tasks(tracer):

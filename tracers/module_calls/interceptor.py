@@ -152,6 +152,16 @@ def _root_call(recording: Recording) -> Callable[[ThreadBuffer, nn.Module], int]
     return begin_root
 
 
+def _paused_operators(recording: Recording, buffer: ThreadBuffer) -> Callable[[int], int] | None:
+    """The operator level's switch, having paused the thread's operator records, when the running
+    step of an always-on session records no operators (the caller resumes them with it); else
+    None. (xsp's C wrapper does the same.)"""
+    pause = recording.operator_pause
+    if pause is None or buffer.step_operators or recording.sampler is None:
+        return None
+    return pause if pause(1) else None
+
+
 def _called_by_setup_library() -> bool:
     """Whether the module call being begun (by a wrapper in this file) was made by PyTorch's
     setup code (``SETUP_LIBRARIES``) rather than the user's."""
@@ -296,10 +306,13 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
         ranged = enter_range is not None and enter_range(self, True) != NO_RANGE
         if push is not None:
             push(start)
+        paused = _paused_operators(recording, buffer)
         try:
             out = _orig(self, *args, **kwargs)
         except BaseException as exc:
             end = _now()
+            if paused is not None:
+                paused(0)
             if pop is not None:
                 pop()
             if ranged:
@@ -308,6 +321,8 @@ def _make_roots_wrapper(recording: Recording, original: Callable[..., Any], corr
             _record_failure(buffer, self, args, kwargs, start, end, exc, 0)
             raise
         end = _now()
+        if paused is not None:
+            paused(0)
         if pop is not None:
             pop()
         if ranged:
@@ -373,10 +388,13 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         ranged = enter_range is not None and enter_range(self, depth == 0) != NO_RANGE
         if push is not None:  # CUPTI tracing: the call's start names it to the CUDA calls inside
             push(start)
+        paused = None if outer else _paused_operators(recording, buffer)
         try:
             out = _orig(self, *args, **kwargs)
         except BaseException as exc:
             end = _now()
+            if paused is not None:
+                paused(0)
             if pop is not None:
                 pop()
             if ranged:
@@ -385,6 +403,8 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
             _record_failure(buffer, self, args, kwargs, start, end, exc, depth)
             raise
         end = _now()
+        if paused is not None:
+            paused(0)
         if pop is not None:
             pop()
         if ranged:

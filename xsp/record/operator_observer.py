@@ -33,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 
 SOURCE: Final = Path(__file__).resolve().parent / "_operators" / "observer.cpp"
-ABI_VERSION: Final = 2
+ABI_VERSION: Final = 3
 CACHE_VARIABLE: Final = "XSP_CACHE_DIR"
 DISABLE_VARIABLE: Final = "XSP_OPERATOR_OBSERVER"
 """``XSP_OPERATOR_OBSERVER=0`` records the operator level with PyTorch's profiler instead."""
@@ -157,11 +157,24 @@ class OperatorObserver:
         lib.xsp_ops_threads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         lib.xsp_ops_threads.restype = ctypes.c_int64
         lib.xsp_ops_now_ns.restype = ctypes.c_int64
+        lib.xsp_ops_pause_thread.argtypes = [ctypes.c_int]
+        lib.xsp_ops_pause_thread.restype = ctypes.c_int
         if lib.xsp_ops_abi_version() != ABI_VERSION:
             raise ObserverUnavailable("the observer built in the cache is of another version")
         self.names: list[str] = []
         self.shapes: list[str] = []
         self.dtypes: list[str] = []
+
+    def pause_thread(self, pause: int) -> int:
+        """Pause (1) or resume (0) the calling thread's records (PyTorch's RecordFunction callbacks
+        of the thread: its operators then cost what they cost without xsp). Only what this paused
+        is resumed. Returns 1 when the thread's state changed."""
+        return int(self.library.xsp_ops_pause_thread(int(pause)))
+
+    @property
+    def pause_address(self) -> int:
+        """The address of :meth:`pause_thread`'s C function (``int f(int)``), for xsp's C wrapper."""
+        return int(ctypes.cast(self.library.xsp_ops_pause_thread, ctypes.c_void_p).value or 0)
 
     def start(self, shapes: bool, max_records: int) -> None:
         if self.library.xsp_ops_start(int(shapes), max_records) != 0:

@@ -63,7 +63,7 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "site_scopes", "step_limit", "decided_ns", "step_notes", "_lock",
+        "site_of", "site_scopes", "step_limit", "step_operators", "decided_ns", "step_notes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -90,6 +90,10 @@ class ThreadBuffer:
         """How deep the running step is recorded (an always-on session's decision): 0, every
         depth; -1, the model level only (calls inside its top-level calls pass through
         unrecorded); ``k``, layers down to module call depth ``k``."""
+        self.step_operators = True
+        """Whether the running step records the operator level (an always-on session's decision):
+        its top-level calls run with the thread's operator callbacks paused when not
+        (:meth:`Recording.gate_operators`)."""
         self.decided_ns = 0
         """Start of the automatic step whose depth was last decided on this thread."""
         self.step_notes: list[tuple[int, ...]] = []
@@ -364,6 +368,10 @@ class Recording:
         self.nvtx: NvtxRanges | None = None
         """With NVTX on (``xsp.trace(nvtx=True)``): the ranges that spans push and pop as they run."""
         self.sampler: StepCore | None = None
+        self.operator_pause: Callable[[int], int] | None = None
+        """The operator level's per-thread switch (:meth:`gate_operators`)."""
+        self.operator_gate = 0
+        """Its address, for xsp's C wrapper (0: none)."""
         """The per-step part of an always-on session's step sampler (:meth:`sample_steps`), which xsp's C
         wrapper and the Python paths tell of each step that begins and ends: it decides at each
         step's start whether the step is recorded below the model level."""
@@ -475,6 +483,15 @@ class Recording:
             self.max_events, self.kept_events = max_events, 0
             self.report_after_ns = self.report_at_events = NEVER
 
+    def gate_operators(self, pause: Callable[[int], int] | None, address: int = 0) -> None:
+        """While the operator level records through a per-thread switch: ``pause(1)`` pauses the
+        calling thread's operator records and ``pause(0)`` resumes them (``address``: the same
+        function's, ``int f(int)``, for xsp's C wrapper). A top-level call of a step recorded
+        without operators runs paused. None: no switch (operators are recorded in every step and
+        those of steps without them are dropped when their window is interpreted)."""
+        self.operator_pause = pause
+        self.operator_gate = address if pause is not None else 0
+
     def sample_steps(self, sampler: StepSampler | None) -> None:
         """Have ``sampler`` decide the depth of each step that begins from now on (None: every
         step is recorded at every level again)."""
@@ -482,6 +499,7 @@ class Recording:
         if sampler is None:
             for buffer in list(self.buffers):
                 buffer.step_limit = 0
+                buffer.step_operators = True
                 buffer.decided_ns = 0
 
     def compact(self) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from xsp.core.clock import now_ns
-from xsp.core.schema import StepSampling
+from xsp.core.schema import Level, StepSampling
 from xsp.record import hotpath
 
 MEDIAN_STEPS: Final = 255
@@ -134,6 +134,7 @@ class SteppingThread(NotedThread, Protocol):
 
     decided_ns: int
     step_limit: int
+    step_operators: bool
 
     @property
     def steps(self) -> Any: ...
@@ -198,6 +199,8 @@ class StepCore(Protocol):
 
     def decide(self, buffer: NotedThread, time_ns: int, /) -> int: ...
 
+    def depth(self, buffer: NotedThread, time_ns: int, /) -> tuple[int, bool]: ...
+
     def step_ended(self, duration_ns: int, buffer: NotedThread | None, /) -> None: ...
 
     def note(self, buffer: NotedThread, time_ns: int, reason: int, trace_id: int | None, span_id: int | None,
@@ -223,9 +226,10 @@ class PySamplerCore:
         slow_factor: a step this many times the running median is slow (0: none is).
         seed: of the draws (splitmix64).
         ambient: the Python probe of the current OpenTelemetry span (None: steps join no request).
-        on_armed: ``(buffer, time_ns, trace_id, span_id) -> step limit``: decides, notes and counts
-            a step while :attr:`armed` (after a slow step, or captured).
-        on_plan: ``() -> (plan, step limit)`` of a drawn step.
+        on_armed: ``(buffer, time_ns, trace_id, span_id) -> (step limit, operators)``: decides,
+            notes and counts a step while :attr:`armed` (after a slow step, or captured).
+        on_plan: ``() -> (plan, step limit, operators)`` of a drawn step (``operators``: whether it
+            records the operator level).
         on_slow: ``(duration_ns, buffer)``: a step was slow.
         median_steps, warmup_steps, median_every: the running median's (see the module).
         context: where OpenTelemetry keeps the current span (the C core reads it there; here the
@@ -233,8 +237,8 @@ class PySamplerCore:
     """
 
     def __init__(self, rate: float, slow_factor: float, seed: int, ambient: AmbientContext | None,
-                 on_armed: Callable[[Any, int, int | None, int | None], int],
-                 on_plan: Callable[[], tuple[int, int]], on_slow: Callable[[int, Any], None],
+                 on_armed: Callable[[Any, int, int | None, int | None], tuple[int, bool]],
+                 on_plan: Callable[[], tuple[int, int, bool]], on_slow: Callable[[int, Any], None],
                  median_steps: int, warmup_steps: int, median_every: int,
                  context: ContextLocation | None = None) -> None:
         self.rate, self.slow_factor = rate, slow_factor
@@ -276,22 +280,26 @@ class PySamplerCore:
         if before_ns > 0:
             self.step_ended(before_ns, buffer)
         buffer.decided_ns = buffer.steps.start_ns
-        buffer.step_limit = self.decide(buffer, time_ns)
+        buffer.step_limit, buffer.step_operators = self.depth(buffer, time_ns)
 
     def decide(self, buffer: NotedThread, time_ns: int) -> int:
+        return self.depth(buffer, time_ns)[0]
+
+    def depth(self, buffer: NotedThread, time_ns: int) -> tuple[int, bool]:
+        """The step's limit, and whether it records operators (what :meth:`decide` decides)."""
         trace_id, span_id, request_sampled = self.ambient_span()
-        plan, limit = -1, MODEL_ONLY_LIMIT
+        plan, limit, operators = -1, MODEL_ONLY_LIMIT, False
         if not request_sampled:
             reason = _NOT_SAMPLED
         elif self.armed:
             return self.on_armed(buffer, time_ns, trace_id, span_id)
         elif self.draw() < self.rate:
             reason = _SAMPLED
-            plan, limit = self.on_plan()
+            plan, limit, operators = self.on_plan()
         else:
             reason = _MODEL_ONLY
         self.note(buffer, time_ns, reason, trace_id, span_id, plan)
-        return limit
+        return limit, operators
 
     def note(self, buffer: NotedThread, time_ns: int, reason: int, trace_id: int | None, span_id: int | None,
              plan: int) -> None:
@@ -451,20 +459,22 @@ class StepSampler:
         warm-up, then over one step in :data:`MEDIAN_EVERY` (a comparison is all the others cost)."""
         self.core.step_ended(duration_ns, buffer)
 
-    def _plan(self, drawn: bool = True) -> tuple[int, int]:
-        """The plan (its index, -1 for none) and step limit of a deep step."""
+    def _plan(self, drawn: bool = True) -> tuple[int, int, bool]:
+        """The plan (its index, -1 for none), step limit and operator level of a deep step."""
         rotation = self._rotation
         if not rotation:
-            return -1, EVERY_DEPTH
+            return -1, EVERY_DEPTH, True
         if drawn:
             turn = self._turn
             self._turn = turn + 1  # (two threads may take the same turn: the rotation stays about even)
             plan = rotation[turn % len(rotation)]
         else:
             plan = self._full
-        return plan, self.plans[plan].step_limit
+        chosen = self.plans[plan]
+        return plan, chosen.step_limit, Level.OPERATOR.value in chosen.levels
 
-    def _armed(self, buffer: NotedThread, time_ns: int, trace_id: int | None, span_id: int | None) -> int:
+    def _armed(self, buffer: NotedThread, time_ns: int, trace_id: int | None,
+               span_id: int | None) -> tuple[int, bool]:
         """The core's decision while steps after a slow one or of a capture are due."""
         with self._lock:  # several threads may take the last armed step
             reason = -1
@@ -477,11 +487,11 @@ class StepSampler:
             self._rearm()
         if reason < 0:
             reason = _SAMPLED if self.core.draw() < self.policy.rate else _MODEL_ONLY
-        plan, limit = -1, MODEL_ONLY_LIMIT
+        plan, limit, operators = -1, MODEL_ONLY_LIMIT, False
         if reason != _MODEL_ONLY:
-            plan, limit = self._plan(reason == _SAMPLED)
+            plan, limit, operators = self._plan(reason == _SAMPLED)
         self.core.note(buffer, time_ns, reason, trace_id, span_id, plan)
-        return limit
+        return limit, operators
 
     @property
     def decided(self) -> Counter[StepSampling]:

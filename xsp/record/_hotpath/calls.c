@@ -272,6 +272,12 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         return NULL;
     }
     Py_INCREF(sampler);  /* an always-on session's: told of each step that begins (step_begins) */
+    operator_pause_function pause_operators = NULL;  /* the operator level's switch, while one is set */
+    if (sampler != Py_None) {
+        PyObject *gate = PyDict_GetItemWithError(plan.recording_dict, s_operator_gate);
+        if (gate != NULL && PyLong_CheckExact(gate)) pause_operators = (operator_pause_function)PyLong_AsVoidPtr(gate);
+        PyErr_Clear();
+    }
     int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict, &plan);
     if (!laned) plan.step_start_ns = plan.step_end_ns = 0;
     int planned = laned ? laned : plan_call(self, buffer, module, &plan);
@@ -320,7 +326,10 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;
     Py_ssize_t length = 0;
     if (self->mode == MODE_ROOTS) self->running_thread = thread;
+    /* a step recorded without operators: its call runs with the thread's operator records paused */
+    int paused = pause_operators != NULL && SLOT(buffer, slots->step_operators) == Py_False && pause_operators(1) == 1;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
+    if (paused) pause_operators(0);  /* after a failure too */
     if (self->running_thread == thread) self->running_thread = 0;  /* after a failure too */
     if (out == NULL) goto done;
     if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;

@@ -66,8 +66,9 @@
 extern PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
     *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step, *s_is_library, *s_intern,
-    *s_sampler, *s_step_begins;
+    *s_sampler, *s_step_begins, *s_operator_gate;
 extern PyObject *no_error;
+typedef int (*operator_pause_function)(int pause);  /* Recording.gate_operators' switch */
 
 /* ThreadBuffer.packed_calls' layout: an int64 row count, then rows of eight int64s, CALL_FIELDS
  * (packed_roots': rows of two, ROOT_FIELDS). */
@@ -99,7 +100,8 @@ extern PyObject *no_error;
 typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
-        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes, step_limit;
+        hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes, step_limit,
+        step_operators;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,

@@ -4,7 +4,7 @@
 PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
     *s_intern_descriptor, *s_intern_module, *s_compact,
     *s_training, *s_shape, *s_backward_hooks, *s_paused, *s_model_names, *s_on_long_step, *s_is_library, *s_intern,
-    *s_sampler, *s_step_begins;
+    *s_sampler, *s_step_begins, *s_operator_gate;
 PyObject *no_error;
 
 static PyMethodDef hotpath_functions[] = {
@@ -44,6 +44,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_paused, "paused");
     INTERN(s_sampler, "sampler");
     INTERN(s_step_begins, "step_begins");
+    INTERN(s_operator_gate, "operator_gate");
     INTERN(s_model_names, "model_names");
     INTERN(s_on_long_step, "on_long_step");
     INTERN(s_is_library, "is_library");

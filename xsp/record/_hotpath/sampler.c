@@ -36,7 +36,7 @@ typedef struct {
     PyObject *on_slow;   /* (duration_ns, buffer) -> None */
 } SamplerCore;
 
-static PyObject *s_decided_ns, *s_step_limit, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context;
+static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context;
 
 static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
     uint64_t z = (self->draws += 0x9E3779B97F4A7C15ULL);
@@ -153,12 +153,13 @@ static int note_decision(SamplerCore *self, PyObject *buffer, PyObject *time, in
     return 0;
 }
 
-/* PySamplerCore.decide */
-static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int *failed) {
+/* PySamplerCore.depth: the step's limit, and in *operators whether it records operators. */
+static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int *operators, int *failed) {
     PyObject *trace, *span_id;
     int sampled;
     long long limit = MODEL_ONLY_LIMIT, plan = -1;
     *failed = 0;
+    *operators = 0;
     ambient_span(self, &trace, &span_id, &sampled);
     int reason = REASON_MODEL_ONLY;
     if (!sampled) {
@@ -168,26 +169,30 @@ static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int
                                                          span_id ? span_id : Py_None, NULL);
         Py_XDECREF(trace);
         Py_XDECREF(span_id);
-        if (decided == NULL) {
+        if (decided == NULL || !PyTuple_Check(decided) || PyTuple_GET_SIZE(decided) != 2) {
+            if (decided != NULL) PyErr_SetString(PyExc_TypeError, "on_armed gives (limit, operators)");
+            Py_XDECREF(decided);
             *failed = 1;
             return MODEL_ONLY_LIMIT;
         }
-        limit = PyLong_AsLongLong(decided);
+        limit = PyLong_AsLongLong(PyTuple_GET_ITEM(decided, 0));
+        *operators = PyObject_IsTrue(PyTuple_GET_ITEM(decided, 1));
         Py_DECREF(decided);
-        if (limit == -1 && PyErr_Occurred()) *failed = 1;
+        if (PyErr_Occurred() || *operators < 0) *failed = 1;
         return limit;
     } else if (draw_unit(self) < self->rate) {
         reason = REASON_SAMPLED;
         PyObject *chosen = PyObject_CallNoArgs(self->on_plan);
-        if (chosen == NULL || !PyTuple_Check(chosen) || PyTuple_GET_SIZE(chosen) != 2) {
-            if (chosen != NULL) PyErr_SetString(PyExc_TypeError, "on_plan gives (plan, limit)");
+        if (chosen == NULL || !PyTuple_Check(chosen) || PyTuple_GET_SIZE(chosen) != 3) {
+            if (chosen != NULL) PyErr_SetString(PyExc_TypeError, "on_plan gives (plan, limit, operators)");
             Py_XDECREF(chosen);
             goto failure;
         }
         plan = PyLong_AsLongLong(PyTuple_GET_ITEM(chosen, 0));
         limit = PyLong_AsLongLong(PyTuple_GET_ITEM(chosen, 1));
+        *operators = PyObject_IsTrue(PyTuple_GET_ITEM(chosen, 2));
         Py_DECREF(chosen);
-        if (PyErr_Occurred()) goto failure;
+        if (PyErr_Occurred() || *operators < 0) goto failure;
     }
     if (note_decision(self, buffer, time, reason, trace, span_id, plan) < 0) goto failure;
     Py_XDECREF(trace);
@@ -239,7 +244,7 @@ static int step_ended(SamplerCore *self, long long duration_ns, PyObject *buffer
 }
 
 /* What the step's thread records of it: buffer.decided_ns = buffer.steps.start_ns;
- * buffer.step_limit = decide(...). */
+ * buffer.step_limit, buffer.step_operators = depth(...). */
 int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns) {
     SamplerCore *self = (SamplerCore *)core;
     if (before_ns > 0 && step_ended(self, before_ns, buffer) < 0) return -1;
@@ -251,13 +256,14 @@ int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long l
         return -1;
     }
     Py_DECREF(start);
-    int failed;
-    long long limit = decide(self, buffer, time, &failed);
+    int failed, operators;
+    long long limit = decide(self, buffer, time, &operators, &failed);
     if (failed) return -1;
     PyObject *limit_object = PyLong_FromLongLong(limit);
     if (limit_object == NULL) return -1;
     int status = PyObject_SetAttr(buffer, s_step_limit, limit_object);
     Py_DECREF(limit_object);
+    if (status == 0) status = PyObject_SetAttr(buffer, s_step_operators, operators ? Py_True : Py_False);
     return status;
 }
 
@@ -281,9 +287,19 @@ static PyObject *core_decide(SamplerCore *self, PyObject *const *argv, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "decide(buffer, time_ns)");
         return NULL;
     }
-    int failed;
-    long long limit = decide(self, argv[0], argv[1], &failed);
+    int failed, operators;
+    long long limit = decide(self, argv[0], argv[1], &operators, &failed);
     return failed ? NULL : PyLong_FromLongLong(limit);
+}
+
+static PyObject *core_depth(SamplerCore *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "depth(buffer, time_ns)");
+        return NULL;
+    }
+    int failed, operators;
+    long long limit = decide(self, argv[0], argv[1], &operators, &failed);
+    return failed ? NULL : Py_BuildValue("(LO)", limit, operators ? Py_True : Py_False);
 }
 
 static PyObject *core_step_ended(SamplerCore *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -350,6 +366,8 @@ static PyMethodDef core_methods[] = {
      "step_begins(buffer, time_ns, before_ns=0): decide the step beginning on buffer's thread."},
     {"decide", (PyCFunction)(void (*)(void))core_decide, METH_FASTCALL,
      "decide(buffer, time_ns) -> step limit, the decision noted in buffer.step_notes."},
+    {"depth", (PyCFunction)(void (*)(void))core_depth, METH_FASTCALL,
+     "depth(buffer, time_ns) -> (step limit, whether it records operators), the decision noted."},
     {"step_ended", (PyCFunction)(void (*)(void))core_step_ended, METH_FASTCALL,
      "step_ended(duration_ns, buffer): learn a step's duration; a slow one calls on_slow."},
     {"note", (PyCFunction)(void (*)(void))core_note, METH_FASTCALL,
@@ -456,6 +474,7 @@ int sampler_core_ready(void) {
 #define INTERN_OR_FAIL(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
     INTERN_OR_FAIL(s_decided_ns, "decided_ns");
     INTERN_OR_FAIL(s_step_limit, "step_limit");
+    INTERN_OR_FAIL(s_step_operators, "step_operators");
     INTERN_OR_FAIL(s_step_notes, "step_notes");
     INTERN_OR_FAIL(s_steps, "steps");
     INTERN_OR_FAIL(s_start_ns, "start_ns");

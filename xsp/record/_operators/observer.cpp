@@ -28,7 +28,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 constexpr uint8_t kUser = 1;      // flags: a user annotation (record_function)
 constexpr uint8_t kBackward = 2;  // flags: an autograd node's call
 
@@ -268,6 +268,25 @@ void xsp_ops_stop() {
 }
 
 int64_t xsp_ops_dropped() { return dropped.exchange(0); }
+
+// Pause (1) or resume (0) the calling thread's RecordFunction callbacks: an always-on session's
+// step recorded without operators runs its model call paused, so that its operators cost what
+// they cost without xsp (no inputs boxed for the callback, no record made and dropped later).
+// Only what this function paused is resumed: a thread whose RecordFunction someone else turned
+// off stays off. Returns 1 when the call changed the thread's state.
+int xsp_ops_pause_thread(int pause) {
+    thread_local bool paused_here = false;
+    if (pause) {
+        if (paused_here || !at::isRecordFunctionEnabled()) return 0;
+        at::enableRecordFunction(false);
+        paused_here = true;
+        return 1;
+    }
+    if (!paused_here) return 0;
+    at::enableRecordFunction(true);
+    paused_here = false;
+    return 1;
+}
 
 // Records kept since the start (a session's windows are sized by them too).
 int64_t xsp_ops_recorded() { return recorded.load(std::memory_order_relaxed); }
