@@ -132,6 +132,49 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsy
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--levels", ","], "no level named in ','"),
+    (["--levels", ""], "no level named in ''"),
+    (["--layer-depth", "100000000000000000000"], "--layer-depth must be at most 10,000"),
+    (["--top", "-1", "--report"], "--top must be at least 1"),
+    (["--warmup", "3"], "--warmup applies to leveled runs only"),
+    (["--rounds", "2", "--target", "5", "--no-depth"], "--rounds, --target, --no-depth apply to leveled runs only"),
+    (["--budget", "1"], "--budget applies to leveled runs only"),
+    (["--no-compensate"], "--no-compensate applies to leveled runs only"),
+    (["--otlp", ""], "--otlp is empty"),
+    (["--otlp", "  "], "--otlp is empty"),
+    (["-o", "trace.json"], "-o trace.json names a .json file, but xsp writes a Parquet trace"),
+    (["-o", "out/run.json.gz"], "give it a .xsp.parquet name (run.xsp.parquet)"),
+    (["-o", "nsys.sqlite"], "names a .sqlite file"),
+])
+def test_every_run_option_is_checked_before_the_script_runs(options, message, capsys, tmp_path, monkeypatch):
+    """An option that would change nothing, or make xsp fail later, is one line and exit 2: the
+    script never runs."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "marks.py"
+    script.write_text("open('ran', 'w').close()\n")
+    assert main(["run", *options, "--", str(script)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "ran").exists()
+
+
+def test_leveled_options_keep_their_defaults_with_leveled(tmp_path, monkeypatch):
+    from xsp.cli import run as run_command
+
+    seen = {}
+    monkeypatch.setattr(run_command, "_run_leveled", lambda options, *rest: seen.update(vars(options)) or 0)
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    assert main(["run", "--leveled", "-o", str(tmp_path / "l.xsp.parquet"), "--", str(script)]) == 0
+    assert seen["warmup"] == run_command.DEFAULT_WARMUP and seen["target"] == run_command.DEFAULT_TARGET_PERCENT
+
+
+def test_the_api_refuses_an_output_named_as_another_tools_trace(tmp_path):
+    with pytest.raises(ValueError, match=r"output .*x\.json names a \.json file"):
+        xsp.trace(output=tmp_path / "x.json")
+
+
 def test_recommend_prints_the_rules_that_fire_as_text_and_json(shared_traces, capsys):
     trace = str(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")
     assert main(["recommend", trace]) == 0

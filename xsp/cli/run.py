@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from xsp.cli._common import (
     CliError,
@@ -28,7 +28,7 @@ from xsp.core import schema as col
 from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
-from xsp.core.options import checked_layer_depth, checked_span_budget
+from xsp.core.options import checked_layer_depth, checked_output_name, checked_span_budget
 from xsp.core.schema import DEFAULT_OUTPUT, Level, SpanKind
 from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
@@ -80,15 +80,16 @@ def register(commands: Any) -> None:
                         help="run the script once per level prefix (model; model,layer at each module depth; "
                              "...) and merge the runs so that each span's time comes from the run that traced "
                              "nothing deeper")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="with --leveled: steps at the start of each run left out of the figures (default: 2)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="with --leveled: steps at the start of each run left out of the figures "
+                             f"(default: {DEFAULT_WARMUP})")
     parser.add_argument("--rounds", type=int, default=None,
                         help="with --leveled: repeat the runs this many times, interleaved, and pool them (default: "
                              "until the model latency and top-level layers are within --target, at least 5 rounds, "
                              "as xsp.leveled)")
-    parser.add_argument("--target", type=float, default=2.0, metavar="PERCENT",
+    parser.add_argument("--target", type=float, default=None, metavar="PERCENT",
                         help="with --leveled: the 95%% interval's half-width, in percent of a figure, that is precise "
-                             "enough (default: 2)")
+                             f"enough (default: {DEFAULT_TARGET_PERCENT:g})")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="with --leveled: how long past the first round more rounds may run, even below the "
                              "minimum of 5 (default: the 5, then more while one second per run of a round lasts)")
@@ -239,6 +240,7 @@ def run(options: argparse.Namespace) -> int:
     from xsp.session.session import Session
 
     levels = parse_levels(options.levels)
+    _check_plain_options(options)
     schedule = None if options.schedule is None else Schedule.parse(options.schedule)
     if schedule is not None and options.leveled:
         raise CliError("--schedule and --leveled cannot be combined (--leveled chooses its own steps: --warmup)")
@@ -365,6 +367,30 @@ def _end_as_stopped(cause: BaseException) -> int:
     if isinstance(cause, _LeveledTerminated):
         end_by_signal(cause.signum)  # the process ends here
     raise cause
+
+
+LEVELED_ONLY: Final = ("warmup", "rounds", "target", "budget", "no_depth", "no_compensate")
+"""Options of ``--leveled`` runs only (given without it, they would change nothing)."""
+DEFAULT_WARMUP: Final = 2
+DEFAULT_TARGET_PERCENT: Final = 2.0
+
+
+def _check_plain_options(options: argparse.Namespace) -> None:
+    """What a run takes whether leveled or not: refused before anything runs, one line each."""
+    if options.top < 1:
+        raise CliError("--top must be at least 1")
+    if options.otlp is not None and not options.otlp.strip():
+        raise CliError("--otlp is empty: give the collector's URL (http://localhost:4317), or leave --otlp out")
+    if options.output:
+        checked_output_name(options.output, "-o")
+    given = ["--" + name.replace("_", "-") for name in LEVELED_ONLY if getattr(options, name) not in (None, False)]
+    if given and not options.leveled:
+        raise CliError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to leveled runs only: "
+                       "add --leveled, or leave " + ("it" if len(given) == 1 else "them") + " out")
+    if options.warmup is None:
+        options.warmup = DEFAULT_WARMUP
+    if options.target is None:
+        options.target = DEFAULT_TARGET_PERCENT
 
 
 def _check_leveled(options: argparse.Namespace) -> None:

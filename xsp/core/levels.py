@@ -29,8 +29,10 @@ def parse_levels(levels: LevelsArg) -> tuple[Level, ...]:
     for item in items:
         text = item.value if isinstance(item, Level) else str(item)
         names.extend(part.strip() for part in text.split(",") if part.strip())
-    parsed = {Level.MODEL, Level.INPUT}
     valid = ", ".join(level.value for level in LEVELS)
+    if items and not names:  # "," or "": a typing slip, not a choice of the model level alone
+        raise UnknownLevelError(f"no level named in {','.join(map(str, items))!r} (valid levels: {valid})")
+    parsed = {Level.MODEL, Level.INPUT}
     for name in names:
         try:
             parsed.add(Level(name.lower()))

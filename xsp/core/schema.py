@@ -26,6 +26,12 @@ SCHEMA_VERSION: Final = 1
 """Version of the span table layout; bumped on any incompatible change."""
 
 FILE_SUFFIX: Final = ".xsp.parquet"
+KINETO_SUFFIXES: Final = (".json", ".json.gz")
+"""Names of the Kineto (PyTorch profiler) traces xsp reads."""
+NSYS_SUFFIXES: Final = (".sqlite", ".sqlite3", ".db")
+"""Names that say a file is meant as an SQLite export (Nsight Systems), whatever its bytes."""
+FOREIGN_SUFFIXES: Final = (*KINETO_SUFFIXES, *NSYS_SUFFIXES)
+"""Names of the traces other tools write, which xsp reads as those tools' formats."""
 DEFAULT_OUTPUT: Final = "run" + FILE_SUFFIX
 """The trace file a session writes when it is given none."""
 METADATA_KEY: Final = b"xsp"

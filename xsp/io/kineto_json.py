@@ -14,6 +14,7 @@ from typing import Any, Final, Union
 
 import msgspec
 
+from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
 from xsp.io.parquet import gunzip_bounded
 
@@ -171,7 +172,7 @@ _DECODER = msgspec.json.Decoder(_File)
 _ANY_DECODER = msgspec.json.Decoder(_AnyFile)
 
 
-KINETO_SUFFIXES = (".json", ".json.gz")
+KINETO_SUFFIXES = col.KINETO_SUFFIXES
 
 
 def is_kineto_path(path: str | os.PathLike[str]) -> bool:

@@ -56,10 +56,8 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
     return _noting_missing_ranks(_one(path))
 
 
-NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db")
-"""Names that say a file is meant as an SQLite export, whatever its bytes."""
-
-FOREIGN_SUFFIXES = (".json", ".json.gz", *NSYS_SUFFIXES)
+NSYS_SUFFIXES = col.NSYS_SUFFIXES
+FOREIGN_SUFFIXES = col.FOREIGN_SUFFIXES
 """Names of the traces other tools write that a folder is searched for when it holds no xsp trace."""
 
 

@@ -14,7 +14,7 @@ from typing import Final
 
 from xsp.core.levels import LevelsArg, parse_levels
 from xsp.core.metadata import default_service_name
-from xsp.core.options import checked_layer_depth, checked_span_budget
+from xsp.core.options import checked_layer_depth, checked_output_name, checked_span_budget
 from xsp.core.schema import DEFAULT_OUTPUT, Level
 from xsp.export.target import OtlpTarget, span_budget_from_env
 from xsp.record import nvtx as nvtx_ranges
@@ -98,6 +98,8 @@ class TraceOptions:
             ValueError: an option is out of range or cannot be parsed (the message names it).
         """
         budget = checked_span_budget(span_budget)
+        if output is not None:
+            checked_output_name(str(output))
         sampling, env_problem = _sampling(sample, slow_factor)
         rotate_s, rotate_bytes = parse_rotation(rotate)
         if (rotate_s or rotate_bytes) and dataset is None:
