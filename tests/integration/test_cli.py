@@ -175,6 +175,32 @@ def test_the_api_refuses_an_output_named_as_another_tools_trace(tmp_path):
         xsp.trace(output=tmp_path / "x.json")
 
 
+def test_a_script_that_does_not_compile_gets_pythons_own_lines_and_exit_code(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "broken.py"
+    script.write_text("print('a')\ndef f(\n")
+    python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert main(["run", "--", "broken.py"]) == python.returncode == 1
+    captured = capsys.readouterr()
+    assert captured.err == python.stderr and "SyntaxError: '(' was never closed" in captured.err
+    assert captured.out == python.stdout == ""
+    assert not (tmp_path / col.DEFAULT_OUTPUT).exists()  # nothing ran: no trace
+
+
+def test_xsps_closing_line_starts_a_line_of_its_own_after_output_left_open(tmp_path):
+    script = tmp_path / "open_line.py"
+    script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.ones(1, 2))\nprint('no newline', end='')\n")
+    together = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "t.xsp.parquet", "--", script.name],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert together.returncode == 0
+    assert together.stdout.startswith("no newline\n"), together.stdout
+    assert any(line.startswith("xsp: 2 spans") for line in together.stdout.splitlines())
+    apart = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "a.xsp.parquet", "--", script.name],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert apart.stdout == "no newline"  # the program's output is its own, unchanged
+    assert apart.stderr.startswith("xsp: 2 spans"), apart.stderr
+
+
 def test_recommend_prints_the_rules_that_fire_as_text_and_json(shared_traces, capsys):
     trace = str(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")
     assert main(["recommend", trace]) == 0

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from xsp._version import __version__
 from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
 from xsp.cli._common import CliError, error_console, error_line, xsp_warnings_to_stderr
-from xsp.cli.run import ScriptInterrupted
+from xsp.cli.run import ScriptInterrupted, ScriptSyntaxError
 from xsp.core.errors import XspError
 
+SCRIPT_SYNTAX_ERROR = 1
+"""What python exits with when the script does not compile."""
 SUBCOMMANDS = (run, report, recommend, diff, summary, import_, export, push, pull, recover, capture, doctor)
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), where the process cannot end by the signal itself."""
@@ -58,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
     except ScriptInterrupted:  # the script's traceback is printed; its trace file written
         return SCRIPT_INTERRUPTED
+    except ScriptSyntaxError as exc:  # as `python script.py` says it, and exits
+        exc.print()
+        return SCRIPT_SYNTAX_ERROR
 
 
 def _silence_stdout() -> None:

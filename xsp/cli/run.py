@@ -10,7 +10,7 @@ import re
 import runpy
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -129,9 +129,12 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
         raise CliError(f"no such script: {script}")
     try:
         source = script.read_bytes()
-        compile(source, str(script), "exec")
+        compile(source, os.path.abspath(script), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise CliError(f"{script} is not a Python script (line {exc.lineno}: {exc.msg})") from None
+        interpreter = source.split(b"\n", 1)[0] if source.startswith(b"#!") else b""
+        if interpreter and b"python" not in interpreter:  # a shell script, say: xsp runs Python scripts only
+            raise CliError(f"{script} is not a Python script ({interpreter.decode(errors='replace')})") from None
+        raise ScriptSyntaxError(exc) from None  # a Python script that does not compile: as python says it
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot read {script}: {exc}") from None
     return script, command[1:]
@@ -184,6 +187,19 @@ def _print_script_error(error: BaseException) -> None:
     sys.excepthook(type(error), error, error.__traceback__)
 
 
+class ScriptSyntaxError(Exception):
+    """The script does not compile: the CLI says so as python would (its own lines, exit 1),
+    and nothing runs."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    def print(self) -> None:
+        error = self.error.with_traceback(None)  # xsp's own frames are not the script's
+        sys.excepthook(type(error), error, None)  # python's "File ..., line N", the caret, the message
+
+
 class ScriptInterrupted(Exception):
     """The script was interrupted (Ctrl-C): the CLI exits as python would, by SIGINT."""
 
@@ -204,6 +220,59 @@ def _run_as_main(path: str) -> None:
             sys.modules["__main__"] = saved
 
 
+class LineEnds:
+    """Whether the script left a line open on stdout or stderr (its last write there did not
+    end in a newline): xsp's first line after the script then starts on a line of its own, so
+    that ``grep '^xsp: '`` finds it. Follows writes through ``sys.stdout`` and ``sys.stderr``
+    (``print``); what the script writes to the descriptors directly is not seen."""
+
+    def __init__(self) -> None:
+        self.open_line = {"stdout": False, "stderr": False}
+        self.last = "stderr"
+        self._followed: list[Any] = []
+
+    def follow(self) -> None:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            try:
+                stream.write = self._noting(name, stream.write)
+            except (AttributeError, TypeError):  # a stream without an instance dict: not followed
+                continue
+            self._followed.append(stream)
+
+    def _noting(self, name: str, write: Callable[[str], int]) -> Callable[[str], int]:
+        open_line = self.open_line
+
+        def noted(text: str) -> int:
+            if isinstance(text, str) and text:
+                open_line[name] = text[-1] != "\n"
+                self.last = name
+            return write(text)
+
+        return noted
+
+    def stop(self) -> None:
+        for stream in self._followed:
+            try:
+                del stream.write
+            except AttributeError:  # the script put its own in place: left as it is
+                pass
+        self._followed = []
+
+    def end_line(self) -> None:
+        """Start a new line on stderr where the script left one open there (or on stdout, when
+        both go to the same place)."""
+        try:
+            together = os.path.sameopenfile(1, 2)
+        except OSError:
+            together = False
+        if self.open_line[self.last] if together else self.open_line["stderr"]:
+            sys.stdout.flush()
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.open_line = {"stdout": False, "stderr": False}
+
+
 def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     """Run the script once inside ``session``; its exit status (its traceback printed as python would).
 
@@ -215,9 +284,15 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     sys.path.insert(0, str(script.resolve().parent))
     status = 0
     failure: BaseException | None = None
+    line_ends = LineEnds()
     try:
+        line_ends.follow()
         with session:
-            _run_as_main(os.path.abspath(script))
+            try:
+                _run_as_main(os.path.abspath(script))
+            finally:
+                line_ends.stop()
+                line_ends.end_line()  # before the session's own lines (writing the trace, warnings)
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except _LeveledTerminated:  # a signal stopped a leveled run: not the script's failure
