@@ -358,7 +358,7 @@ def test_missing_driver_and_missing_package_are_reasons(monkeypatch):
         raise ImportError("No module named 'cupti'")
 
     assert CuptiSource(module=no_driver).available().startswith("no CUDA driver: CUDA driver is not found")
-    assert "pip install cupti-python" in CuptiSource(module=not_installed).available()
+    assert "pip install \"xsp[cuda12]\"" in CuptiSource(module=not_installed).available()
 
 
 def test_a_refused_activity_kind_disables_the_tracer_and_releases_cupti(fake):

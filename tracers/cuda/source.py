@@ -88,6 +88,10 @@ _CONFLICT = ("another CUPTI client holds the process's one subscription (PyTorch
              "PyTorch's profiler in CUDA mode cannot run at once")
 
 
+NOT_INSTALLED: Final = ('cupti-python is not installed: pip install "xsp[cuda12]" for a CUDA 12 PyTorch, '
+                        '"xsp[cuda13]" for a CUDA 13 one (Linux x86_64/aarch64)')
+
+
 def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str | None:
     """None when CUPTI can trace here, else why not (one line).
 
@@ -98,7 +102,7 @@ def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str 
     try:
         cupti = load()
     except ImportError:
-        return "cupti-python is not installed (pip install cupti-python, Linux x86_64/aarch64 only)"
+        return NOT_INSTALLED
     except Exception as exc:
         return f"cupti-python cannot be imported: {type(exc).__name__}: {exc}"
     if torch_profiler_active():
