@@ -251,6 +251,25 @@ def test_a_value_that_never_ends_is_refused_past_the_cap(tmp_path, monkeypatch):
     assert sum(sizes) <= (2 << 20) + (256 << 10)
 
 
+@pytest.mark.parametrize("value_bytes, refused", [(900 << 10, False), (1536 << 10, True), (3 << 20, True)])
+@pytest.mark.parametrize("followed", [False, True], ids=["last_event", "events_after"])
+def test_a_value_longer_than_the_cap_is_refused_even_when_it_ends(tmp_path, monkeypatch, value_bytes, refused,
+                                                                   followed):
+    """docs/cli.md: a value longer than 256 MiB is refused as no trace's. A 300 MiB name that
+    ended before the file did was imported (2.3 GB resident); here with a cap of 1 MiB."""
+    event = b'{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 1, "tid": 1, "ts": %d, "dur": 1}'
+    events = [event % (b"a" * value_bytes, 5)] + ([event % (b"b", 10), event % (b"c", 20)] if followed else [])
+    path = tmp_path / "long_value.json"
+    path.write_bytes(b'{"schemaVersion": 1, "traceEvents": [' + b", ".join(events) + b"]}")
+    monkeypatch.setattr(kineto_json, "PIECE_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto_events, "MAX_VALUE_BYTES", 1 << 20)
+    if refused:
+        with pytest.raises(xsp.TraceFormatError, match="is longer than 1 MiB"):
+            xsp.load(path)
+    else:
+        assert len(xsp.load(path).spans) >= 1
+
+
 def _deep_args_trace(tmp_path: Path, depth: int, events=(), name="deep.json") -> Path:
     """A trace with one event whose args nest ``depth`` levels (the args object is the first)."""
     deep = {"ph": "X", "cat": "cpu_op", "name": "deep", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "args": "ARGS"}

@@ -108,6 +108,17 @@ def test_truncated_file(recorded, tmp_path, keep):
         xsp.load(path)
 
 
+@pytest.mark.parametrize("appended", [b"garbage\n", b"PAR1" * 3, "first half"])
+def test_a_file_with_bytes_appended_says_so_not_truncated(recorded, tmp_path, appended):
+    data = recorded[0].read_bytes()
+    extra = data[: len(data) // 2] if appended == "first half" else appended
+    path = tmp_path / "added.xsp.parquet"
+    path.write_bytes(data + extra)
+    with pytest.raises(xsp.TraceFormatError,
+                       match=rf"has {len(extra):,} bytes after the end of its Parquet data \(at byte {len(data):,}\)"):
+        xsp.load(path)
+
+
 def test_corrupt_middle(recorded, tmp_path):
     data = bytearray(recorded[0].read_bytes())
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")

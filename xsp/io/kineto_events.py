@@ -219,7 +219,7 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str], 
             for piece in pieces:
                 waiting.append(piece)
                 waiting_bytes += len(piece)
-                if waiting_bytes < len(pending):
+                if waiting_bytes < len(pending) and len(pending) + waiting_bytes <= MAX_VALUE_BYTES:
                     continue  # a value longer than a piece is scanned again once its bytes doubled, not at each piece
                 data = pending + waiting[0] if len(waiting) == 1 else b"".join([pending, *waiting])
                 waiting.clear()
@@ -228,10 +228,21 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str], 
                 offset += consumed
                 pending = data[consumed:]
                 del data
-                if len(pending) > MAX_VALUE_BYTES:
+                if len(pending) > MAX_VALUE_BYTES:  # (scanned at the latest once past the limit: never let through)
                     raise TraceFormatError(
                         f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
                         f"than {MAX_VALUE_BYTES >> 20} MiB")
+        if len(pending) + waiting_bytes > MAX_VALUE_BYTES:  # the last value may end past the limit: scan up to it first
+            data = b"".join([pending, *waiting])
+            waiting.clear()
+            consumed = scanner.scan(data, False)
+            offset += consumed
+            pending = data[consumed:]
+            del data
+            if len(pending) > MAX_VALUE_BYTES:
+                raise TraceFormatError(
+                    f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
+                    f"than {MAX_VALUE_BYTES >> 20} MiB")
         scanner.scan(b"".join([pending, *waiting]), True)
     except kineto.Invalid as exc:
         raise TraceFormatError(f"{source} {exc}") from None

@@ -560,6 +560,37 @@ def check_span_columns(source: Path, schema: pa.Schema) -> None:
             raise TraceFormatError(f"{source} is corrupt: column {name} holds {kind}, not {dtype}")
 
 
+APPENDED_SEARCH_BYTES: Final = 64 << 20
+"""How far back from a file's end the end of its Parquet data is looked for (something appended)."""
+
+
+def _parquet_end_before(handle: Any, size: int) -> int | None:
+    """Where a Parquet file's data ends, when more was written after it: the last "PAR1" within
+    :data:`APPENDED_SEARCH_BYTES` of the end whose footer length before it fits the file. None
+    where there is none (then the file is cut short, not added to)."""
+    start = max(size - APPENDED_SEARCH_BYTES, 0)
+    handle.seek(start)
+    tail = handle.read(size - start)
+    at = len(tail)
+    while (at := tail.rfind(_PARQUET_MAGIC, 0, at)) >= 0:
+        end = start + at + 4
+        if at >= 4:
+            footer_bytes = int.from_bytes(tail[at - 4:at], "little")
+            if 0 < footer_bytes <= at - 4 and _is_footer(tail[at - 4 - footer_bytes:at + 4]):
+                return end
+    return None
+
+
+def _is_footer(footer: bytes) -> bool:
+    """Whether ``footer`` (the metadata, its length, "PAR1") is a Parquet file's footer: parsed,
+    not guessed from its magic alone."""
+    try:
+        pq.read_metadata(pa.BufferReader(_PARQUET_MAGIC + footer))
+    except (pa.ArrowException, OSError, ValueError):
+        return False
+    return True
+
+
 def _check_parquet_framing(source: Path) -> None:
     try:
         size = source.stat().st_size
@@ -570,6 +601,12 @@ def _check_parquet_framing(source: Path) -> None:
         head = handle.read(4)
         if head != _PARQUET_MAGIC:
             raise TraceFormatError(f"{source} is not an xsp trace (not a Parquet file)")
-        handle.seek(max(size - 4, 0))
-        if size < 12 or handle.read(4) != _PARQUET_MAGIC:
+        handle.seek(max(size - 8, 0))
+        last = handle.read(8)
+        footer_fits = size >= 12 and 0 < int.from_bytes(last[:4], "little") <= size - 12
+        if size < 12 or last[4:] != _PARQUET_MAGIC or not footer_fits:
+            end = _parquet_end_before(handle, size)
+            if end is not None:
+                raise TraceFormatError(f"{source} has {size - end:,} bytes after the end of its Parquet data "
+                                       f"(at byte {end:,}): something was appended to the trace")
             raise TraceFormatError(f"{source} is truncated (no Parquet footer)")
