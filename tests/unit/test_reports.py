@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from rich.console import Console
@@ -199,6 +200,37 @@ def test_shortened_names_never_read_the_same():
     numbered = distinct_middles(same_tail, 20)
     assert len(set(numbered.values())) == 3 and all(len(s) <= 20 for s in numbered.values())
     assert distinct_middles(["short", "short"], 20) == {"short": "short"}
+
+
+def test_a_shortened_path_keeps_its_last_parts_whole():
+    from xsp.reports.terminal import distinct_middles, shorten
+
+    path = "model.resnet.encoder.stages.3.layers.0.layer.1.convolution"
+    assert shorten(path, 32) == "…3.layers.0.layer.1.convolution"
+    assert shorten(path, 30) == "…layers.0.layer.1.convolution"
+    assert shorten("model[0]/resnet[0]/embedder[0]/embedder[0]", 24) == "…embedder[0]/embedder[0]"
+    # the issue's: "model.resnet.en…cut.convolution" and "m…3.layers.0.layer.1.convolution"
+    names = ["model.resnet.encoder.stages.0.layers.0.shortcut.convolution",
+             "model.resnet.encoder.stages.3.layers.0.layer.1.convolution", "model.resnet.embedder.embedder.convolution"]
+    shown = distinct_middles(names, 32)
+    assert shown == {names[0]: "…0.layers.0.shortcut.convolution", names[1]: "…3.layers.0.layer.1.convolution",
+                     names[2]: "…embedder.embedder.convolution"}
+    # a kernel's signature is no path: its middle goes
+    kernel = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>"
+    assert shorten(kernel, 30) == "void at::native…unctor<float>>"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_two_shortened_names_of_a_table_read_alike(seed):
+    from xsp.reports.terminal import distinct_middles
+
+    rng = np.random.default_rng(seed)
+    parts = ["model", "encoder", "layers", "block", "attention", "conv", "0", "1", "2", "10", "norm"]
+    names = {".".join(rng.choice(parts, size=rng.integers(2, 12))) for _ in range(60)}
+    for limit in (8, 12, 20, 30):
+        shown = distinct_middles(sorted(names), limit)
+        assert len(set(shown.values())) == len(names), (limit, shown)
+        assert all(len(text) <= limit for text in shown.values())
 
 
 def test_the_reports_gpu_idle_time_is_the_recommendations(shared_traces):

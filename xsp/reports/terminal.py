@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import numpy as np
 import pandas as pd
@@ -61,9 +63,47 @@ def middle(value: str, limit: int) -> str:
     return value[:head] + "…" + value[len(value) - (limit - 1 - head):]
 
 
+PATH_SEPARATORS: Final = "./"
+"""What separates the parts of a layer path (``model.encoder.layers.0``) or a diff key (``model[0]/conv[0]``)."""
+
+
+def is_path(value: str) -> bool:
+    """Whether ``value`` reads as a path of parts (a layer's, a diff key), not a kernel or operator
+    signature (spaces, brackets of arguments or templates)."""
+    return any(separator in value for separator in PATH_SEPARATORS) and not any(
+        char.isspace() or char in "(<," for char in value)
+
+
+def path_tail(value: str, room: int) -> str:
+    """The longest end of ``value`` made of whole parts that fits ``room`` characters ("" where
+    not even its last part does)."""
+    for at, char in enumerate(value):
+        if char in PATH_SEPARATORS and len(value) - at - 1 <= room:
+            return value[at + 1:]
+    return ""
+
+
+def shorten(value: str, limit: int, head: int = 0) -> str:
+    """``value`` in at most ``limit`` characters: a path keeps its last parts whole after "…"
+    (``…stages.3.layers.0.convolution``), with its first ``head`` characters before it; any other
+    name, and a path whose last part alone is too long, loses its middle (:func:`middle`)."""
+    if len(value) <= limit:
+        return value
+    if limit <= 1:
+        return "…"[:limit]
+    head = min(max(head, 0), limit - 2)
+    if is_path(value):
+        tail = path_tail(value, limit - 1 - head)
+        if tail:
+            return value[:head] + "…" + tail
+    if not head:
+        return middle(value, limit)
+    return value[:head] + "…" + value[len(value) - (limit - 1 - head):]
+
+
 def short(limit: int) -> Format:
     def render(value: object) -> str:
-        return middle(text(value), limit)
+        return shorten(text(value), limit)
     return render
 
 
@@ -117,31 +157,29 @@ def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width
 
 
 def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
-    """Each of ``values`` shortened to ``limit`` characters (see ``middle``) such that different
-    values stay different: where two would read the same, more of their tails is kept (a layer
-    path's tail tells siblings apart), and failing that they are numbered."""
-    shortened = {value: middle(value, limit) for value in dict.fromkeys(values)}
+    """Each of ``values`` shortened to ``limit`` characters (see :func:`shorten`: a path keeps its
+    last parts whole) such that different values stay different: where two would read the same,
+    the shortest start that tells them apart is kept before the "…", and failing that they are
+    numbered."""
+    shortened = {value: shorten(value, limit) for value in dict.fromkeys(values)}
     if len(set(shortened.values())) == len(shortened):
         return shortened
     by_text: dict[str, list[str]] = {}
     for value, text_ in shortened.items():
         by_text.setdefault(text_, []).append(value)
     for group in (group for group in by_text.values() if len(group) > 1):
-        for head in range(max(limit - 1, 0) // 2 - 1, -1, -1):
-            tails = {value: value[:head] + "…" + value[len(value) - (limit - 1 - head):] for value in group}
+        for head in range(1, max(limit - 1, 1)):
+            tails = {value: shorten(value, limit, head) for value in group}
             if len(set(tails.values())) == len(group):
                 shortened.update(tails)
                 break
-        else:
-            for number_, value in enumerate(group, 1):
-                mark = f"#{number_}"
-                shortened[value] = middle(value, max(limit - len(mark), 1)) + mark
-    seen: dict[str, int] = {}
-    for value, text_ in shortened.items():  # a tail kept above may equal another name's shortening
-        seen[text_] = seen.get(text_, 0) + 1
-        if seen[text_] > 1:
-            mark = f"#{seen[text_]}"
-            shortened[value] = middle(value, max(limit - len(mark), 1)) + mark
+    # what still reads alike (a group no start told apart, or a start kept above that equals
+    # another name's shortening) is numbered, each name its own number in this table
+    counts = Counter(shortened.values())
+    alike = [value for value, text_ in shortened.items() if counts[text_] > 1]
+    for number_, value in enumerate(alike, 1):
+        mark = f"#{number_}"
+        shortened[value] = shorten(value, max(limit - len(mark), 1)) + mark
     return shortened
 
 
