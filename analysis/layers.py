@@ -81,8 +81,8 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Time per module type (``Conv2d``, ``Linear``...), from self times.
 
     Columns: ``module_type``, ``layers`` (distinct modules: a module's forward and backward
-    spans are one), ``calls`` (forward and backward spans), ``total_self_ms``, ``mean_ms``
-    (mean inclusive duration per call), ``share`` (of the steps' time).
+    spans are one), ``calls`` (forward and backward spans), ``total_self_ms``, ``mean_self_ms``
+    (per call), ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
     spans = spans_of(source)
     table = layer_table(spans)
@@ -91,7 +91,7 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     table = table.assign(module=names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)))
     grouped = table.groupby("module_type", sort=False, observed=True).agg(
         layers=("module", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),
-        mean_ms=("duration_ms", "mean")).reset_index()
+        mean_self_ms=("self_ms", "mean"), mean_ms=("duration_ms", "mean")).reset_index()
     step_ms = _step_time_ms(spans)
     grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan
     return grouped.sort_values("total_self_ms", ascending=False, kind="stable").reset_index(drop=True)

@@ -292,3 +292,29 @@ def test_failed_steps_are_counted_apart_and_left_out_of_latency_and_throughput(f
     assert "completed steps only" in report
     assert f"{8 // fail_every} steps ended by an exception (status error), left out of latency" in report
     assert max(len(line) for line in report.splitlines()) <= 80
+
+
+def test_layer_tables_give_self_and_inclusive_time_per_call_and_intervals_in_percent(tmp_path):
+    """One meaning per column: both layer times per call (self was a total over calls beside a
+    per-call inclusive mean, so self read larger than inclusive), every "± 95%" in percent, and
+    "1 round", not "1 rounds"."""
+    from xsp.reports.terminal import render_report
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with xsp.trace(levels="model,layer", output=None) as session, torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(2, 8))
+    trace = session.trace
+    trace.metadata["leveled"] = {"rounds": 1, "unmatched": 0, "overhead": [
+        {"run": "model", "steps": 5, "model_latency_ms": 2.0, "model_latency_ci_ms": 0.1, "overhead": 0.0,
+         "metric": False}]}
+    console = Console(width=100, record=True, color_system=None)
+    render_report(trace, console)
+    out = console.export_text()
+    layer_table = out[out.index("by self time (all steps; ms per call)"):out.index("Time per layer type")]
+    assert layer_table.count("ms/call") == 2 and "incl." in layer_table  # (headings wrap at their column's width)
+    assert "1 round)" in out and "1 rounds" not in out
+    runs = out[out.index("Leveled runs"):].splitlines()[:8]
+    assert any(line.split()[:4] == ["model", "5", "2.000", "5.0%"] for line in runs)  # ± 0.1 of 2.0 ms: in percent
+    table = analysis.top_layers(trace)
+    assert (table["mean_self_ms"] <= table["mean_ms"] + 1e-9).all()

@@ -573,12 +573,14 @@ def _write_leveled(result: Any, options: argparse.Namespace, rounds: int) -> Non
         result.save(options.output)
     shown = console()
     runs = result.overhead.assign(run=[f"{r.run} (metrics)" if r.metric else r.run
-                                       for r in result.overhead.itertuples()])
+                                       for r in result.overhead.itertuples()],
+                                  model_latency_ci_share=result.overhead["model_latency_ci_ms"]
+                                  / result.overhead["model_latency_ms"])
     shown.print(f"Leveled runs, {count_of(rounds, 'round')} (model latency: trimmed mean over the measured steps, "
                 "with its 95% interval; a metrics run's durations are not used)", markup=False)
     shown.print(frame_table(runs, "", [("run", "run", text), ("steps", "steps", number(0)),
                                        ("model_latency_ms", "model latency ms", number()),
-                                       ("model_latency_ci_ms", "± 95% ms", number()),
+                                       ("model_latency_ci_share", "± 95%", share),
                                        ("overhead", "overhead vs model", share)], width=shown.width))
     where = f" -> {options.output}" if options.output else ""
     out.print(f"xsp: merged {count_of(len(result.trace.spans), 'span')} of step {details['merged_step']}{where}; "

@@ -306,13 +306,16 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     best = analysis.top_layers(trace, k=top)
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
-    _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which})", [
+    # both times per call (a total beside a mean read as self larger than inclusive); the share is
+    # the layer's self time over all its calls, of the steps' time
+    _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which}; ms per call)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()),
-        *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "share", share)])
-    _show(console, analysis.layer_type_summary(trace), f"Time per layer type (self time, {which})", [
+        ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
+        *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "self share", share)])
+    _show(console, analysis.layer_type_summary(trace), f"Time per layer type (by self time, {which}; ms per call)", [
         ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
-        ("total_self_ms", "self ms", number()), ("mean_ms", "mean ms incl.", number()), ("share", "share", share)])
+        ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
+        ("share", "self share", share)])
 
 
 def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
@@ -441,9 +444,10 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     if result is None:
         return
     runs = result.overhead
+    runs = runs.assign(model_latency_ci_share=runs["model_latency_ci_ms"] / runs["model_latency_ms"])
     _show(console, runs, "Leveled over the drawn steps (each depth a run of its own; nothing run twice)", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model ms", number()),
-        ("model_latency_ci_ms", "± 95%", number()), ("overhead", "overhead vs model", share)])
+        ("model_latency_ci_share", "± 95%", share), ("overhead", "overhead vs model", share)])
     best = analysis.top_layers(result.trace, k=top)
     if best.empty:
         return
@@ -453,7 +457,7 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     best = best.assign(run=best["name"].map(source), steps=best["name"].map(source).map(steps_of),
                        mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     _show(console, best, f"Top {counted(len(best), 'layer')} by self time, leveled (free of xsp's own overhead)", [
-        ("name", "layer", text), ("mean_ms", "mean ms incl.", number()), ("mean_ci_share", "± 95%", share),
+        ("name", "layer", text), ("mean_ms", "incl. ms/call", number()), ("mean_ci_share", "± 95%", share),
         ("run", "from run", text), ("steps", "steps", number(0)), ("share", "share", share)])
 
 
@@ -466,10 +470,12 @@ def _leveled_table(trace: Trace, console: Console) -> None:
         return
     if "model_latency_ci_ms" not in runs:  # results from before the intervals
         runs["model_latency_ci_ms"] = np.nan
+    runs["model_latency_ci_share"] = runs["model_latency_ci_ms"] / runs["model_latency_ms"]
     _show(console, runs, f"Leveled runs (durations merged from each span's own run; "
-                         f"{leveled.get('unmatched', 0)} spans did not repeat; {leveled.get('rounds', 1)} rounds)", [
+                         f"{leveled.get('unmatched', 0)} spans did not repeat; "
+                         f"{counted(int(leveled.get('rounds', 1)), 'round')})", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
-        ("model_latency_ci_ms", "± 95%", number()), ("overhead", "overhead vs model", share),
+        ("model_latency_ci_share", "± 95%", share), ("overhead", "overhead vs model", share),
         ("metric", "metric run", text)])
     if leveled.get("by_depth"):
         _say(console, f"Layers leveled by module depth: {leveled.get('layer_depths')} depths, "
