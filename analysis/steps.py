@@ -99,7 +99,9 @@ def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``session_ms`` (the traced block, or the trace's extent when it has no session
     span), ``steps``, ``steps_ms`` (time inside at least one step), ``coverage`` (their
-    ratio), ``outside_ms`` (the rest: set-up, evaluation outside steps, the end of the run).
+    ratio), ``outside_ms`` (the rest), and that rest by where: ``before_ms`` (before the first
+    step: start-up, model construction), ``between_ms`` (between steps: input, evaluation outside
+    steps, the program's own work), ``after_ms`` (after the last step: the end of the run).
     """
     spans = spans_of(source)
     session = spans[spans[col.KIND] == SpanKind.SESSION.value]
@@ -110,11 +112,16 @@ def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
     else:
         start = end = 0
     roots = step_roots(spans)
-    inside = union_length(roots[col.START_NS].to_numpy(dtype=np.int64), roots[col.END_NS].to_numpy(dtype=np.int64))
+    starts, ends = roots[col.START_NS].to_numpy(dtype=np.int64), roots[col.END_NS].to_numpy(dtype=np.int64)
+    inside = union_length(starts, ends)
     session_ms, steps_ms = (end - start) / 1e6, inside / 1e6
+    outside_ms = max(session_ms - steps_ms, 0.0)
+    before_ms = max(int(starts.min()) - start, 0) / 1e6 if len(roots) else outside_ms
+    after_ms = max(end - int(ends.max()), 0) / 1e6 if len(roots) else 0.0
     return pd.DataFrame([{"session_ms": session_ms, "steps": len(roots), "steps_ms": steps_ms,
                           "coverage": steps_ms / session_ms if session_ms else np.nan,
-                          "outside_ms": max(session_ms - steps_ms, 0.0)}])
+                          "outside_ms": outside_ms, "before_ms": before_ms, "after_ms": after_ms,
+                          "between_ms": max(outside_ms - before_ms - after_ms, 0.0)}])
 
 
 def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:

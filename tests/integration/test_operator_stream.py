@@ -177,3 +177,31 @@ def test_an_always_on_step_without_operators_records_none_and_the_thread_records
     assert set(ops[col.STEP].dropna()) == with_operators
     assert recorded == len(ops)  # none recorded to be dropped
     assert profiler_sees_operators()
+
+
+@needs_observer
+def test_all_steps_means_the_steps_and_what_ran_outside_them_is_said_apart(tmp_path):
+    """Weight initialisation inside the session ran before the first step: it is no operator of
+    "all steps" (ResNet-50's aten::normal_ and aten::uniform_ were 58% of that table), and the
+    report says what ran outside the steps, and where."""
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    with xsp.trace(levels="model,layer,operator", output=tmp_path / "init.xsp.parquet") as session:
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))  # aten::uniform_ here
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.ones(2, 64))
+    trace = session.trace
+    ops = operators(trace)
+    assert (ops[ops[col.NAME] == "aten::uniform_"][col.STEP].isna()).all()  # the initialisation: no step's
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console, top=30)
+    out = console.export_text()
+    table = out[out.index("by self time (all steps)", out.index("operator")):]
+    table = table[:table.index("Outside every step")]
+    assert "aten::uniform_" not in table and "aten::linear" in table
+    flat = " ".join(out.replace("\n  ", " ").split())  # prose wraps at 80 columns
+    assert "Outside every step, not in these figures:" in flat and "before the first step (model construction" in flat
+    assert "ran outside every step: " in flat

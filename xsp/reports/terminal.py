@@ -268,9 +268,12 @@ def _step_tables(trace: Trace, console: Console) -> None:
     """What share of the session the steps cover, where the step time went, the user's spans."""
     coverage = analysis.step_coverage(trace).iloc[0]
     if coverage["steps"]:
+        rest = ", ".join(f"{coverage[key]:,.3f} ms {where}" for key, where in (
+            ("before_ms", "before the first step (start-up, model construction)"), ("between_ms", "between steps"),
+            ("after_ms", "after the last")) if coverage[key] > 0)
         _say(console, f"Steps cover {share(coverage['coverage'])} of the session "
               f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
-              f"{coverage['outside_ms']:,.3f} ms ran outside every step")
+              f"{coverage['outside_ms']:,.3f} ms ran outside every step" + (f": {rest}" if rest else ""))
         summary = analysis.step_summary(trace)
         parts = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
                  if summary[f"{p}_ms"].sum() > 0]
@@ -286,12 +289,24 @@ def _step_tables(trace: Trace, console: Console) -> None:
             ("share", "share", share)])
 
 
+WHOLE_TRACE: Final = "whole trace"
+ALL_STEPS: Final = "all steps"
+
+
 def deep_steps(trace: Trace) -> tuple[Trace, str]:
-    """An always-on trace's steps recorded below the model level (the only ones with layers: shares
-    of all steps' time would mean nothing), and how a title names them; other traces whole."""
+    """The spans the per-step tables count, and how a title names them: an always-on trace's
+    steps recorded below the model level (the only ones with layers: shares of all steps' time
+    would mean nothing); another trace's steps (what ran outside them, model construction,
+    start-up, between steps, is said apart: :func:`outside_steps_line`); a trace without steps,
+    whole."""
     spans = trace.spans
     if not trace.metadata.get("sampling") or col.SAMPLING not in spans:
-        return trace, "all steps"
+        in_step = spans[col.STEP].notna().to_numpy(dtype=bool)
+        if not in_step.any():
+            return trace, WHOLE_TRACE
+        if in_step.all():
+            return trace, ALL_STEPS
+        return Trace(spans=spans[in_step].reset_index(drop=True), metadata=trace.metadata), ALL_STEPS
     roots = spans[spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])]
     kept = spans[spans[col.STEP].isin(roots[col.STEP]).fillna(False).to_numpy(dtype=bool)]
     return Trace(spans=kept.reset_index(drop=True), metadata=trace.metadata), f"the {counted(len(roots), 'step')} " \
@@ -368,6 +383,7 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
 
 def lines_table(trace: Trace, console: Console, top: int) -> None:
     """The hottest lines of the user's code (``xsp report --lines``), each with its text."""
+    trace, which = deep_steps(trace)
     found = analysis.lines(trace)
     if found.empty:
         _say(console, "no line of your code in this trace: it was recorded without call sites (an xsp older "
@@ -379,19 +395,46 @@ def lines_table(trace: Trace, console: Console, top: int) -> None:
         where=[f"{paths[f]}:{n}" for f, n in zip(hottest["file"], hottest["line"])],
         code=[line_text(f, n) or "" for f, n in zip(hottest["file"], hottest["line"])])
     gpu = bool(found["kernel_ms"].sum() > 0)
-    _show(console, hottest, f"Top {counted(len(hottest), 'line')} of your code by self time (all steps)", [
+    _show(console, hottest, f"Top {counted(len(hottest), 'line')} of your code by self time ({which})", [
         ("where", "line", text), ("calls", "calls", number(0)), ("self_ms", "self ms", number()),
         ("inclusive_ms", "incl ms", number()), *([("kernel_ms", "GPU ms", number())] if gpu else []),
         ("self_share", "share", share), ("code", "code", text)])
 
 
+def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
+    """What of ``level`` ran outside every step of a trace that has steps, by where: before the
+    first step (model construction, weight initialisation, start-up), between steps, after the
+    last; None when nothing did (or the trace has no steps)."""
+    spans = trace.spans
+    steps = spans[col.STEP].notna()
+    outside = spans[(spans[col.LEVEL] == level.value).to_numpy(dtype=bool) & ~steps.to_numpy(dtype=bool)]
+    if outside.empty or not steps.any():
+        return None
+    in_steps = spans[steps.to_numpy(dtype=bool)]
+    first_ns, last_ns = int(in_steps[col.START_NS].min()), int(in_steps[col.END_NS].max())
+    duration_ms = (outside[col.END_NS] - outside[col.START_NS]).astype("float64") / 1e6
+    before = duration_ms[(outside[col.START_NS] < first_ns).to_numpy(dtype=bool)].sum()
+    after = duration_ms[(outside[col.START_NS] >= last_ns).to_numpy(dtype=bool)].sum()
+    between = duration_ms.sum() - before - after
+    parts = [f"{ms:,.3f} ms {where}" for ms, where in ((before, "before the first step (model construction, "
+                                                                "start-up)"), (between, "between steps"),
+                                                       (after, "after the last step")) if ms > 0]
+    return (f"Outside every step, not in these figures: {counted(len(outside), what)}, "
+            + ", ".join(parts or ["0.000 ms"]))
+
+
 def _operator_tables(trace: Trace, console: Console, top: int) -> None:
+    whole = trace
+    trace, which = deep_steps(trace)
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    _show(console, ops.head(top), f"Top {counted(min(top, len(ops)), 'operator')} by self time (all steps)", [
+    _show(console, ops.head(top), f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
         ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", "self us", number(1)),
         ("total_us", "total us", number(1)), ("share", "share", share)])
+    outside = outside_steps_line(whole, Level.OPERATOR, "operator")
+    if outside:
+        _say(console, outside)
     backward = analysis.backward_time_per_layer(trace)
     if not backward.empty and backward["backward_operators"].sum() > 0:
         _show(console, backward.head(top), "Backward time per forward layer (by autograd sequence number)", [
