@@ -35,7 +35,8 @@ from xsp.tracers.module_calls import native_torch as _native_torch
 BUILT = hotpath.load()
 
 
-def _require_built() -> Any:
+def require_built() -> Any:
+    """xsp.record._hotpath, or the test skips (fails under XSP_REQUIRE_HOTPATH, as in CI)."""
     if BUILT is None:
         if os.environ.get("XSP_REQUIRE_HOTPATH"):
             pytest.fail("xsp.record._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
@@ -45,7 +46,7 @@ def _require_built() -> Any:
 
 @pytest.fixture
 def c_module() -> Any:
-    return _require_built()
+    return require_built()
 
 
 # packing -----------------------------------------------------------------------------------

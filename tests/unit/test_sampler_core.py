@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import threading
 from typing import Any
 
@@ -16,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import INVALID_SPAN
 
+from tests.unit.test_hotpath import require_built
 from xsp.core.schema import StepSampling
 from xsp.record import hotpath
 from xsp.record.sampling import (
@@ -29,14 +29,6 @@ from xsp.record.sampling import (
 )
 
 BUILT = hotpath.load()
-
-
-def _require_built() -> Any:
-    if BUILT is None:
-        if os.environ.get("XSP_REQUIRE_HOTPATH"):
-            pytest.fail("xsp.record._hotpath is not built (XSP_REQUIRE_HOTPATH is set)")
-        pytest.skip("xsp.record._hotpath is not built here (no C compiler at install, or XSP_PURE_PYTHON set)")
-    return BUILT
 
 
 class Steps:
@@ -58,7 +50,7 @@ class Thread:
 def sampler_on(core: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> StepSampler:
     """A StepSampler of seed 11 whose core is the C one (``c``) or the Python twin (``python``)."""
     if core == "c":
-        _require_built()
+        require_built()
     with monkeypatch.context() as patch:
         if core == "python":
             patch.setattr(hotpath, "load", lambda: None)
@@ -117,7 +109,7 @@ def test_the_c_core_decides_as_its_python_twin(monkeypatch, tracer):
 
 
 def test_the_c_core_reads_the_current_span_as_opentelemetry_does_on_threads_and_tasks(tracer):
-    built = _require_built()
+    built = require_built()
     location = otel_context_location()
     assert location is not None, "OpenTelemetry keeps its context where xsp reads it"
     probe = otel_context_probe()
@@ -160,7 +152,7 @@ def test_the_c_core_reads_the_current_span_as_opentelemetry_does_on_threads_and_
 
 
 def test_a_context_read_elsewhere_than_the_api_reads_it_is_not_used(tracer):
-    _require_built()
+    require_built()
     elsewhere = (contextvars.ContextVar("elsewhere"), "current-span")
     sampler = StepSampler(SamplingPolicy.parse(0.0), otel_context_probe(), context=elsewhere)
     with tracer(True).start_as_current_span("request") as span:
@@ -174,7 +166,7 @@ def test_a_failing_probe_is_counted_and_the_step_joins_no_request(core, monkeypa
         raise RuntimeError("no context here")
 
     if core == "c":
-        _require_built()
+        require_built()
     with monkeypatch.context() as patch:
         if core == "python":
             patch.setattr(hotpath, "load", lambda: None)
