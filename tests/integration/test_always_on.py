@@ -327,7 +327,7 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
                             env={**os.environ, "COLUMNS": "80"})
     assert report.returncode == 0, report.stderr
     assert "Leveled over the drawn steps" in report.stdout and "from run" in report.stdout
-    assert "by self time (the " in report.stdout and " recorded deep)" in report.stdout  # shares of deep steps
+    assert "by self time (the " in report.stdout and " recorded deep; ms per call)" in report.stdout  # deep steps
     assert max(map(len, report.stdout.splitlines())) <= 80
 
 
