@@ -431,3 +431,12 @@ def test_run_layer_depth_records_the_outer_depths_only(tmp_path, capsys, monkeyp
     assert "--layer-depth must be 1 or more" in capsys.readouterr().err
     assert main(["run", "--leveled", "--layer-depth", "2", "--", str(script)]) == 2
     assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_a_trace_without_steps_reports_its_tables_over_the_whole_trace(shared_traces, capsys):
+    """A Kineto trace of no ProfilerStep said "no steps in this trace", then "Top 3 operators ...
+    (all steps)"."""
+    assert main(["report", str(shared_traces / "kineto" / "a100_alexnet.json.gz"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "no steps in this trace" in out and "operators by self time (whole trace)" in out
+    assert "(all steps" not in out
