@@ -318,3 +318,29 @@ def test_layer_tables_give_self_and_inclusive_time_per_call_and_intervals_in_per
     assert any(line.split()[:4] == ["model", "5", "2.000", "5.0%"] for line in runs)  # ± 0.1 of 2.0 ms: in percent
     table = analysis.top_layers(trace)
     assert (table["mean_self_ms"] <= table["mean_ms"] + 1e-9).all()
+
+
+def test_a_tables_time_unit_follows_its_largest_figure_and_is_in_the_heading(shared_traces, capsys):
+    """Operators were shown in µs as 18,913,012.8: each table's unit now comes from its largest
+    figure (µs below 10 ms, then ms, then s), named in its heading."""
+    import re
+
+    import pandas as pd
+
+    from xsp.cli.main import main
+    from xsp.reports.terminal import time_unit
+
+    assert time_unit(pd.Series([12.5, 9_999.0]))[:2] == (1.0, "us")
+    assert time_unit(pd.Series([10.0]), pd.Series([18_913_012.8]))[:2] == (1e3, "ms")
+    assert time_unit(pd.Series([2e10]))[:2] == (1e6, "s")
+    assert time_unit()[:2] == (1.0, "us")
+    for trace in sorted((shared_traces / "kineto").glob("*.json.gz")):
+        assert main(["report", str(trace), "--top", "5"]) == 0
+        out = capsys.readouterr().out
+        for title in ("operators by self time", "kernels by total time"):
+            if title not in out:
+                continue
+            table = out[out.index(title):].split("\n\n")[0]
+            table = "\n".join(table.splitlines()[:10])
+            assert not re.search(r"\d{1,3}(,\d{3}){2,}\.\d", table), (trace.name, table)  # no 1,000,000.0 and up
+            assert re.search(r"(self|total) (us|ms|s)\b", table.replace("\n", " ")) or "ms" in table or "us" in table

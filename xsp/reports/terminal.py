@@ -39,6 +39,18 @@ def number(digits: int = 3) -> Format:
     return render
 
 
+def time_unit(*columns_us: pd.Series) -> tuple[float, str, Format]:
+    """The unit a table's microsecond figures read best in, chosen by the largest of them (µs
+    below 10 ms, ms below 10,000 s, else s): its divisor, its name for the headings, and the
+    format of a figure in it."""
+    largest = max((float(column.max()) for column in columns_us if len(column)), default=0.0)
+    if largest < 1e4:
+        return 1.0, "us", number(1)
+    if largest < 1e10:
+        return 1e3, "ms", number(3)
+    return 1e6, "s", number(3)
+
+
 def share(value: object) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return "-"
@@ -345,9 +357,12 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
                   f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
-    _show(console, kernels.head(top), f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
-        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", "total us", number(1)),
-        ("mean_us", "mean us", number(1)), ("share", "share", share)])
+    shown = kernels.head(top)
+    scale, unit, figure = time_unit(shown["total_us"], shown["mean_us"])
+    shown = shown.assign(total_time=shown["total_us"] / scale, mean_time=shown["mean_us"] / scale)
+    _show(console, shown, f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
+        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_time", f"total {unit}", figure),
+        ("mean_time", f"mean {unit}", figure), ("share", "share", share)])
     per_operator = analysis.kernel_time_per_operator(trace)
     if not per_operator.empty:
         _show(console, per_operator.head(top), "Kernel time per operator", [
@@ -429,9 +444,12 @@ def _operator_tables(trace: Trace, console: Console, top: int) -> None:
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    _show(console, ops.head(top), f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
-        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", "self us", number(1)),
-        ("total_us", "total us", number(1)), ("share", "share", share)])
+    shown = ops.head(top)
+    scale, unit, figure = time_unit(shown["self_us"], shown["total_us"])
+    shown = shown.assign(self_time=shown["self_us"] / scale, total_time=shown["total_us"] / scale)
+    _show(console, shown, f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
+        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_time", f"self {unit}", figure),
+        ("total_time", f"total {unit}", figure), ("share", "share", share)])
     outside = outside_steps_line(whole, Level.OPERATOR, "operator")
     if outside:
         _say(console, outside)
