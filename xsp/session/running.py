@@ -10,6 +10,7 @@ which makes the process one rank of a job, renames it at the end (:meth:`Running
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,11 +129,19 @@ class RunningSession:
     """When that part began (host clock)."""
     ending: bool = False
     """The session's end has begun: the part being written is the last (no more are sealed)."""
+    sealing: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    """Held while a part is sealed, and while the end begins: the end never takes the path of a
+    part being sealed (the window thread's rotation and the ending thread raced: the last file
+    went to the sealed part's path, over it, with the next part's index)."""
 
     def rotate_if_due(self) -> None:
         """With ``rotate``, after a window is written: once the part is old or large enough, seal it
         (its windows become a trace file of their own, readable while the program runs) and
         begin the next; a part that cannot be written stays for the next try (said once)."""
+        with self.sealing:
+            self._rotate_if_due()
+
+    def _rotate_if_due(self) -> None:
         options, segments = self.options, self.interpreter.segments
         if segments is None or self.output is None or self.ending or not options.rotates:
             return
@@ -170,8 +179,10 @@ class RunningSession:
         self.control = ControlChannel.open(self.desk.handle, self.warn)
 
     def close_control(self) -> None:
-        """Take no more requests, and seal no more parts (the session is ending)."""
-        self.ending = True
+        """Take no more requests, and seal no more parts (the session is ending): a part being
+        sealed is sealed first, so that :attr:`output` is the last part's path from here on."""
+        with self.sealing:
+            self.ending = True
         if self.control is not None:
             self.control.close()
         if self.desk is not None:
