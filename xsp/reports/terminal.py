@@ -51,6 +51,13 @@ def time_unit(*columns_us: pd.Series) -> tuple[float, str, Format]:
     return 1e6, "s", number(3)
 
 
+def in_time_unit(frame: pd.DataFrame, columns_us: Sequence[str]) -> tuple[pd.DataFrame, str, Format]:
+    """``frame`` with its microsecond ``columns_us`` in the unit :func:`time_unit` chooses for
+    them (same names), that unit's name, and the format of a figure in it."""
+    scale, unit, figure = time_unit(*(frame[name] for name in columns_us))
+    return frame.assign(**{name: frame[name] / scale for name in columns_us}), unit, figure
+
+
 def share(value: object) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return "-"
@@ -357,12 +364,10 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
                   f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
-    shown = kernels.head(top)
-    scale, unit, figure = time_unit(shown["total_us"], shown["mean_us"])
-    shown = shown.assign(total_time=shown["total_us"] / scale, mean_time=shown["mean_us"] / scale)
+    shown, unit, figure = in_time_unit(kernels.head(top), ["total_us", "mean_us"])
     _show(console, shown, f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
-        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_time", f"total {unit}", figure),
-        ("mean_time", f"mean {unit}", figure), ("share", "share", share)])
+        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", f"total {unit}", figure),
+        ("mean_us", f"mean {unit}", figure), ("share", "share", share)])
     per_operator = analysis.kernel_time_per_operator(trace)
     if not per_operator.empty:
         _show(console, per_operator.head(top), "Kernel time per operator", [
@@ -444,12 +449,10 @@ def _operator_tables(trace: Trace, console: Console, top: int) -> None:
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    shown = ops.head(top)
-    scale, unit, figure = time_unit(shown["self_us"], shown["total_us"])
-    shown = shown.assign(self_time=shown["self_us"] / scale, total_time=shown["total_us"] / scale)
+    shown, unit, figure = in_time_unit(ops.head(top), ["self_us", "total_us"])
     _show(console, shown, f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
-        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_time", f"self {unit}", figure),
-        ("total_time", f"total {unit}", figure), ("share", "share", share)])
+        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", f"self {unit}", figure),
+        ("total_us", f"total {unit}", figure), ("share", "share", share)])
     outside = outside_steps_line(whole, Level.OPERATOR, "operator")
     if outside:
         _say(console, outside)
