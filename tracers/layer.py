@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import pandas as pd
+from typing import TYPE_CHECKING, ClassVar
 
 from xsp.core import schema as col
+from xsp.core.lazy import lazy_module
 from xsp.core.schema import Level, SpanKind
 from xsp.record.window import Window
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
 from xsp.tracers.module_calls.rows import backward_rows, module_call_rows
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 class LayerTracer(ModuleCallTracer):

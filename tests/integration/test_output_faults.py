@@ -23,7 +23,7 @@ import xsp
 from xsp.cli.main import main
 from xsp.core import schema as col
 from xsp.core.errors import XspError
-from xsp.io.parquet import atomic_output
+from xsp.io.outputs import atomic_output
 
 SCRIPT = "import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(3):\n    m(torch.randn(2, 4))\nprint('done')\n"
 

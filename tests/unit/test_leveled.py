@@ -13,7 +13,8 @@ from xsp.analysis.model import trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.session.calibration import LevelCost, calibrate
-from xsp.session.leveled_merge import LeveledRun, RunPlan, level_runs, merge_runs, nest_in_parents, run_label
+from xsp.session.leveled_merge import LeveledRun, merge_runs, nest_in_parents
+from xsp.session.leveled_plans import RunPlan, level_runs, run_label
 from xsp.session.leveled_rounds import MAX_ROUNDS, MIN_ROUNDS, precise_enough
 from xsp.session.session import calibration_session
 from xsp.table.build import conform

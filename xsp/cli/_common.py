@@ -74,7 +74,7 @@ class CliError(Exception):
 
 def check_output(output: str, source: str) -> None:
     """Refuse an output path that is empty or names the input file (it would be overwritten)."""
-    from xsp.io.parquet import same_file
+    from xsp.io.outputs import same_file
 
     if not output:
         raise CliError("the output path is empty")

@@ -77,7 +77,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.io.parquet import write_text_output
+    from xsp.io.outputs import write_text_output
     if options.output is not None:
         for source in (options.base, options.new):
             check_output(options.output, source)

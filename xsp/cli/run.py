@@ -310,10 +310,11 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.io.parquet import check_writable
+    from xsp.io.outputs import check_writable
     from xsp.session.options import SAMPLE_VARIABLE, TraceOptions
-    from xsp.session.session import Session
 
+    # Everything the command line says is checked before torch, pandas and pyarrow are imported:
+    # a mistyped script name is answered at once.
     levels = parse_levels(options.levels)
     _check_plain_options(options)
     schedule = None if options.schedule is None else Schedule.parse(options.schedule)
@@ -368,6 +369,8 @@ def run(options: argparse.Namespace) -> int:
         if options.sample is not None:
             raise CliError("--sample and --leveled cannot be combined (--leveled runs the script once per level)")
         return _run_leveled(options, trace_options, script, script_args)
+    from xsp.session.session import Session
+
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(options=trace_options)

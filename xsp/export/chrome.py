@@ -15,7 +15,7 @@ from xsp.analysis.memory import memory_timeline
 from xsp.analysis.system import system_metrics
 from xsp.core import schema as col
 from xsp.core.schema import Level
-from xsp.io.parquet import write_output
+from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
 
 _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.INPUT_SHAPES,
@@ -215,7 +215,7 @@ def write_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as Chrome/Perfetto JSON, atomically.
 
     Raises:
-        xsp.io.parquet.OutputError: the file could not be written (nothing is left at ``path``).
+        xsp.io.outputs.OutputError: the file could not be written (nothing is left at ``path``).
     """
     document_fields = msgspec.json.encode(_document_fields(trace))
 

@@ -12,12 +12,16 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from xsp.export.encoding import EncodedBatch
+from xsp.core.lazy import lazy_module
 from xsp.export.target import OtlpTarget, Protocol
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import export as sdk_export
+    from opentelemetry.sdk.trace.export import SpanExporter
+else:
+    sdk_export = lazy_module("opentelemetry.sdk.trace.export")
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""
@@ -74,6 +78,8 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
     it carries ``xsp_answers`` (:class:`CollectorAnswers`), which :func:`export_batch` reads.
     It also sends batches xsp encoded itself (:class:`xsp.export.encoding.EncodedBatch`), through
     the same connection, settings and retries."""
+    from xsp.export.encoding import EncodedBatch
+
     timeout: dict[str, float] = {}
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
         timeout["timeout"] = DEFAULT_TIMEOUT_S
@@ -124,13 +130,13 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
         """Posts an encoded batch's bytes through the SDK's own HTTP client (its retries, headers
         and compression)."""
 
-        def export(self, spans: Any) -> SpanExportResult:
+        def export(self, spans: Any) -> sdk_export.SpanExportResult:
             if not isinstance(spans, EncodedBatch):
                 return super().export(spans)
             if self._shutdown:
-                return SpanExportResult.FAILURE
+                return sdk_export.SpanExportResult.FAILURE
             outcome = self._client.export(spans.payload())
-            return SpanExportResult.SUCCESS if outcome.success else SpanExportResult.FAILURE
+            return sdk_export.SpanExportResult.SUCCESS if outcome.success else sdk_export.SpanExportResult.FAILURE
 
     answers = CollectorAnswers()
     session = requests.Session()
@@ -296,7 +302,7 @@ def _send(part: Sequence[Any], exporter: SpanExporter, report: ExportReport,
     except Exception as exc:  # exporters should not raise; a broken one must not escape
         report.error = f"{type(exc).__name__}: {exc}"
         return "failed", 0.0
-    if result is SpanExportResult.SUCCESS:
+    if result is sdk_export.SpanExportResult.SUCCESS:
         return "sent", 0.0
     status = answers.status if answers is not None else None
     said = " ".join(report.heard)

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, overload
+from typing import TYPE_CHECKING, Any, Final, overload
 
 import numpy as np
-import pandas as pd
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
 from xsp._version import __version__
 from xsp.core import schema as col
+from xsp.core.lazy import lazy_module
 from xsp.record.hotpath import optional_extension
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 PROTOBUF: Any = optional_extension("xsp.export._protobuf")
 """xsp's C span encoder, or None where it is not built (then the SDK path is used)."""

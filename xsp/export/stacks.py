@@ -37,7 +37,7 @@ from xsp.analysis.lines import line_label, relative_files, texts
 from xsp.core import schema as col
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level
-from xsp.io.parquet import write_text_output
+from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
 
 SPEEDSCOPE_SCHEMA: Final = "https://www.speedscope.app/file-format-schema.json"

@@ -36,7 +36,8 @@ from xsp.core.levels import missing_levels
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
-from xsp.io.parquet import dictionary_columns, gunzip_bounded, write_output
+from xsp.io.outputs import write_output
+from xsp.io.parquet import dictionary_columns, gunzip_bounded
 from xsp.io.trace import Trace
 
 FORMAT: Final = "xsp-summary"

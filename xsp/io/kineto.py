@@ -73,12 +73,12 @@ from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state, null_column
 from xsp.table.validation import LATEST_NS
 from xsp.table.walks import (
-    MEMORY_POOL,
     arrow_codes,
     arrow_strings,
     categorical,
     categories_at,
     inside_any,
+    memory_pool,
     nullable_ints,
     strings_at,
 )
@@ -240,7 +240,7 @@ def _in_order(events: EventColumns, order: np.ndarray | None) -> EventColumns:
         elif isinstance(column, pd.arrays.IntegerArray):
             setattr(events, name, column.take(order))
         elif isinstance(column, pa.Array):
-            setattr(events, name, pc.take(column, positions, memory_pool=MEMORY_POOL))
+            setattr(events, name, pc.take(column, positions, memory_pool=memory_pool()))
     return events
 
 
@@ -273,7 +273,7 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     level_codes = _LEVEL_OF_CATEGORY[category] if count else np.zeros(0, dtype=np.int64)
     annotation_rows = np.flatnonzero(category == _CATEGORY_INDEX["user_annotation"])
     # matched by Arrow, not a Python string an annotation: a CPU-only trace has millions of them
-    annotation_names = _decoded(pc.take(events.name, pa.array(annotation_rows), memory_pool=MEMORY_POOL))
+    annotation_names = _decoded(pc.take(events.name, pa.array(annotation_rows), memory_pool=memory_pool()))
     step_numbers = pc.struct_field(pc.extract_regex(annotation_names, PROFILER_STEP.pattern), [0])
     is_step_name = step_numbers.is_valid().to_numpy(zero_copy_only=False)
     step_rows = annotation_rows[is_step_name]

@@ -25,18 +25,14 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.lazy import lazy_module
+from xsp.io.outputs import atomic_output
 from xsp.io.parquet import (
     arrow_table,
-    atomic_output,
     canonical_table,
     check_span_columns,
     in_start_order,
@@ -46,6 +42,17 @@ from xsp.io.parquet import (
     writer_options,
 )
 from xsp.table.steps import SESSION_NAME
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
+    pc = lazy_module("pyarrow.compute")
+    pq = lazy_module("pyarrow.parquet")
 
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
@@ -69,7 +76,7 @@ class WindowsMoved(Exception):
     to the spool), or following was cancelled: the trace is written from :meth:`SegmentWriter.tables`."""
 
 
-SEGMENT_IPC_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="lz4")
+SEGMENT_COMPRESSION: Final = "lz4"
 """Windows are written as Arrow IPC files with LZ4 buffers, their texts as dictionaries, not as
 Parquet: they live until the end of the run, which reads them back once into the trace file.
 Side by side on an operator window (220k spans): Parquet with LZ4 took 0.54 µs/span to write and
@@ -81,10 +88,10 @@ of its own; Parquet's page checksums covered the windows before)."""
 
 
 def write_segment(table: pa.Table, path: Path | None) -> None:
-    """One window's spans as a segment file at ``path`` (see :data:`SEGMENT_IPC_OPTIONS`; None:
+    """One window's spans as a segment file at ``path`` (see :data:`SEGMENT_COMPRESSION`; None:
     made in memory only)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema, options=SEGMENT_IPC_OPTIONS) as writer:
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=SEGMENT_COMPRESSION)) as writer:
         writer.write_table(table)
     data = sink.getvalue()
     trailer = SEGMENT_TRAILER + zlib.crc32(data).to_bytes(4, "little")

@@ -27,7 +27,7 @@ from xsp.analysis.findings import SHARE_OF, STEP_TIME
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
-from xsp.io.parquet import write_text_output
+from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
 from xsp.table.walks import depth_of, parent_positions
 
@@ -550,7 +550,7 @@ def write_html(trace: Trace, path: str | os.PathLike[str], rank: int | None = No
     distributed job), atomically.
 
     Raises:
-        xsp.io.parquet.OutputError: the file could not be written (nothing is left at ``path``).
+        xsp.io.outputs.OutputError: the file could not be written (nothing is left at ``path``).
     """
     return write_text_output(path, render_html(trace, rank))
 

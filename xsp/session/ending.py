@@ -12,20 +12,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import pandas as pd
-import pyarrow as pa
-
+from xsp.core import machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
 from xsp.core.figures import counted
+from xsp.core.lazy import lazy_module
 from xsp.core.metadata import memory_peaks
 from xsp.core.rank import RankInfo
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.core.threads import start_thread
-from xsp.export.delivery import ExportReport
-from xsp.export.otlp import OtlpExport
 from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
 from xsp.io.segments import SegmentWriter
 from xsp.io.trace import Trace
@@ -42,6 +39,16 @@ from xsp.session.windows import DROPPED_WINDOWS, wait_at_exit
 from xsp.table.build import conform, new_step_state
 from xsp.table.steps import SESSION_NAME
 from xsp.tracers.registry import tracers_for
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import OtlpExport
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
 
 OWN_LEVELS: Final = (Level.MODEL, Level.LAYER)
 """The levels made from the threads' own records alone: a joined block's own trace has these."""
@@ -269,7 +276,7 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
                    children: ChildSpans | None = None) -> dict[str, Any]:
     recording = run.recording
     return {
-        **run.described(run.clock.remeasured()),
+        **run.described(run.clock.remeasured(), machine_speed.confirmed()),
         "tracer_details": tracer_details(run),
         "threads": {
             str(thread_id): name for thread_id, name in itertools.chain(

@@ -42,12 +42,11 @@ from xsp.session.leveled_merge import (
     DEFAULT_TARGET,
     LeveledResult,
     LeveledRun,
-    RunPlan,
-    level_runs,
     measured_steps,
     merge_runs,
     pooled,
 )
+from xsp.session.leveled_plans import RunPlan, level_runs
 from xsp.session.leveled_rounds import RoundsLog, RoundsStopped, note_rounds, run_rounds
 from xsp.session.options import environment_sampling_set, without_environment_sampling
 

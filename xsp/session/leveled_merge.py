@@ -7,83 +7,28 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from xsp.analysis.model import TRIM_FRACTION, model_latency, step_roots, trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
-from xsp.core.levels import LevelsArg, parse_levels
-from xsp.core.schema import LEVELS, METRIC_LEVELS, Level
+from xsp.core.lazy import lazy_module
+from xsp.core.schema import LEVELS, Level
 from xsp.io.trace import Trace
+from xsp.session.leveled_plans import LabelledRun
 from xsp.table.build import concat_spans
 from xsp.table.level_costs import LevelCost, compensation_ns
 from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
 
-
-def run_label(levels: Sequence[Level], layer_depth: int | None = None) -> str:
-    """``model+layer+operator``: how a run is named in tables and in ``leveled_run`` (the
-    input level, which always comes with the model level, goes unnamed); a run that records
-    layers down to a depth only is ``model+layer<=2``."""
-    label = "+".join(level.value for level in levels if level is not Level.INPUT)
-    return label if layer_depth is None else f"{label}<={layer_depth}"
-
-
-class _Labelled:
-    """What a run's levels and layer depth say about it (for :class:`RunPlan` and :class:`LeveledRun`)."""
-
-    levels: tuple[Level, ...]
-    layer_depth: int | None
-
-    @property
-    def label(self) -> str:
-        return run_label(self.levels, self.layer_depth)
-
-    @property
-    def is_metric(self) -> bool:
-        return any(level in METRIC_LEVELS for level in self.levels)
-
-
-@dataclass(frozen=True)
-class RunPlan(_Labelled):
-    """One run of a leveled experiment, before it runs: its levels, and for a run whose deepest
-    level is the layer level, the module call depth it records down to (None: every depth)."""
-
-    levels: tuple[Level, ...]
-    layer_depth: int | None = None
-
-
-def level_runs(levels: LevelsArg, layer_depths: int = 1) -> list[RunPlan]:
-    """The runs of a leveled experiment: each timing prefix, then one run per metric level.
-
-    ``("model", "layer", "operator", "flops")`` gives model; model+layer;
-    model+layer+operator; model+layer+flops (FLOPs are counted under the layers, without the
-    operator level's profiler, so that their paths match the operators'). With
-    ``layer_depths`` above 1 (the deepest module call depth of the model), the layer level is
-    run once per depth: model+layer<=1, ..., model+layer<=D-1, then model+layer at every
-    depth, so that each layer's time comes from a run that recorded nothing below it.
-    """
-    parsed = parse_levels(levels)
-    # system samples are not spans of a step: they make no run (a leveled trace has none)
-    timing = [level for level in parsed if level not in METRIC_LEVELS and level is not Level.SYSTEM]
-    first = 2 if Level.INPUT in timing else 1  # the input level comes with the model level
-    runs: list[RunPlan] = []
-    for i in range(first - 1, len(timing)):
-        prefix = tuple(timing[: i + 1])
-        if prefix[-1] is Level.LAYER:
-            runs.extend(RunPlan(prefix, depth) for depth in range(1, max(layer_depths, 1)))
-        runs.append(RunPlan(prefix))
-    base = [level for level in timing if level in (Level.MODEL, Level.INPUT, Level.LAYER)]
-    if Level.FLOPS in parsed:
-        runs.append(RunPlan((*base, Level.FLOPS)))
-    if Level.GPU_METRICS in parsed:
-        gpu = [level for level in timing if level in (Level.CUDA_API, Level.KERNEL)]
-        runs.append(RunPlan((*base, *gpu, Level.GPU_METRICS)))
-    return runs
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 @dataclass
-class LeveledRun(_Labelled):
+class LeveledRun(LabelledRun):
     """One traced run of a leveled experiment."""
 
     levels: tuple[Level, ...]

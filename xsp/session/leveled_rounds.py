@@ -14,7 +14,8 @@ from xsp.analysis.model import TRIM_FRACTION, model_latency, trimmed_mean, trimm
 from xsp.core import schema as col
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
-from xsp.session.leveled_merge import DEFAULT_TARGET, LeveledResult, RunPlan
+from xsp.session.leveled_merge import DEFAULT_TARGET, LeveledResult
+from xsp.session.leveled_plans import RunPlan
 from xsp.table.walks import parent_positions
 
 MAX_ROUNDS = 30

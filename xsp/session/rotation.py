@@ -1,6 +1,5 @@
-"""The depth plans an always-on session's drawn steps rotate through: the runs of a leveled
-experiment (:func:`xsp.session.leveled_merge.level_runs`) but the model-only one, which the steps
-not drawn already are. Learnt again as the windows show how deep the model's module calls go."""
+"""An always-on trace's leveled figures: its drawn steps rotated through the depth plans
+(:func:`xsp.session.leveled_plans.depth_plans`), merged as the runs of a leveled experiment."""
 
 from __future__ import annotations
 
@@ -8,25 +7,8 @@ from xsp.core import schema as col
 from xsp.core.levels import parse_levels
 from xsp.core.schema import Level
 from xsp.io.trace import Trace
-from xsp.record.sampling import EVERY_DEPTH, MODEL_ONLY_LIMIT, DepthPlan
-from xsp.session.leveled_merge import LeveledResult, LeveledRun, level_runs, merge_runs
+from xsp.session.leveled_merge import LeveledResult, LeveledRun, merge_runs
 from xsp.table.sampling import step_roots
-
-
-def depth_plans(levels: tuple[Level, ...], deepest: int) -> list[DepthPlan]:
-    """The plans for ``levels``, the layer level run once per module call depth down to
-    ``deepest`` (the deepest seen so far; 1 before any)."""
-    plans = []
-    for run in level_runs(levels, max(deepest, 1)):
-        if run.is_metric or run.levels[-1] in (Level.MODEL, Level.INPUT):
-            continue
-        if Level.LAYER in run.levels:
-            limit = EVERY_DEPTH if run.layer_depth is None else run.layer_depth
-        else:
-            limit = MODEL_ONLY_LIMIT
-        kept = frozenset({level.value for level in run.levels} | {Level.MODEL.value, Level.INPUT.value})
-        plans.append(DepthPlan(run.label, limit, kept))
-    return plans
 
 
 def leveled_over_steps(trace: Trace) -> LeveledResult | None:
@@ -52,7 +34,7 @@ def leveled_over_steps(trace: Trace) -> LeveledResult | None:
 
 
 def _run_of_label(label: str) -> tuple[tuple[Level, ...], int | None]:
-    """The levels and layer depth a run's label names (:func:`xsp.session.leveled_merge.run_label`)."""
+    """The levels and layer depth a run's label names (:func:`xsp.session.leveled_plans.run_label`)."""
     names, _, depth = label.partition("<=")
     levels = parse_levels(names.replace("+", ","))
     return levels, int(depth) if depth else None

@@ -15,14 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, rank_path
 from xsp.core.schema import FILE_SUFFIX, Level
-from xsp.export.metrics import LatencyMetrics
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
 from xsp.record.sampling import SamplingPolicy, StepSampler
@@ -34,6 +33,9 @@ from xsp.session.output_name import OutputName
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.windows import WindowWorker
 from xsp.tracers.base import Tracer
+
+if TYPE_CHECKING:
+    from xsp.export.metrics import LatencyMetrics
 
 
 def stop_quietly(tracer: Tracer, warn: Callable[[str], None]) -> None:
@@ -150,8 +152,8 @@ class RunningSession:
         grown = options.rotate_bytes is not None and segments.written_bytes() >= options.rotate_bytes
         if not (aged or grown):
             return
-        metadata = {**self.start_metadata(), "part": {"index": self.part, "sealed_at_ns": time.time_ns(),
-                                                      "last": False}}
+        metadata = {**self.start_metadata(), "machine_speed": machine_speed.measure(),
+                    "part": {"index": self.part, "sealed_at_ns": time.time_ns(), "last": False}}
         try:
             segments.seal(self.output, metadata)
         except OSError as exc:
@@ -219,8 +221,9 @@ class RunningSession:
         """Give the output's name back (the file, if written, stays)."""
         self.output_name.release()
 
-    def described(self, clock: ClockSync) -> dict[str, Any]:
-        """The metadata known from the start: host, versions, levels, tracers, clock."""
+    def described(self, clock: ClockSync, machine_times: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The metadata known from the start: host, versions, levels, tracers, clock; and the
+        machine's speed where it was timed (:mod:`xsp.core.machine_speed`, at the end)."""
         nvtx = self.recording.nvtx
         return {
             **environment(),
@@ -233,7 +236,7 @@ class RunningSession:
                       "drift_ns": clock.drift_ns},
             "distributed": None if self.rank is None else self.rank.as_metadata(),
             "run_id": self.run_id,
-            "machine_speed": machine_speed.confirmed(),
+            "machine_speed": machine_times,
             "contention": contention.since(self.threads_at_start),
             "nvtx": None if nvtx is None else nvtx.facts(),
             "sampling": None if self.sampler is None else self.sampler.as_metadata(),

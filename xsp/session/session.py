@@ -12,15 +12,13 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from xsp.core import contention
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning, warn
 from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
-from xsp.export.delivery import ExportReport
-from xsp.export.otlp import OtlpExport
 from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
@@ -38,6 +36,10 @@ from xsp.session.signals import StopSignals, Terminated, end_by_signal
 from xsp.session.windows import EXIT_WAIT_S
 from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
+
+if TYPE_CHECKING:
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import OtlpExport
 
 F = TypeVar("F", bound=Callable[..., Any])
 

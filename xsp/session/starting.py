@@ -8,13 +8,12 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from xsp.core import contention, machine_speed
+from xsp.core import contention
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo, rank_info, run_id
-from xsp.export.metrics import LatencyMetrics, metric_exporter
-from xsp.export.otlp import resource_for
 from xsp.export.target import OtlpTarget, probe, span_budget_env_problem
 from xsp.io.segments import SegmentWriter
 from xsp.record.columns import NEVER
@@ -22,9 +21,9 @@ from xsp.record.recording import Recording
 from xsp.record.sampling import StepSampler, otel_context_location, otel_context_probe
 from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
+from xsp.session.leveled_plans import depth_plans
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
-from xsp.session.rotation import depth_plans
 from xsp.session.running import RunningSession, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.signals import StopSignals
@@ -32,6 +31,9 @@ from xsp.session.windows import WindowWorker
 from xsp.table.build import new_step_state
 from xsp.tracers.base import Tracer
 from xsp.tracers.registry import tracers_for
+
+if TYPE_CHECKING:
+    from xsp.export.metrics import LatencyMetrics
 
 
 def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Callable[[str], None],
@@ -46,7 +48,6 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     opens a control socket for ``xsp capture``."""
     adopted = {tracer.name: tracer for tracer in running or ()}
     clock = ClockSync.measure()
-    machine_speed.measure()  # before the tracers: the program's machine as the session found it
     threads_at_start = contention.thread_times_ns()
     rank = rank_info()
     this_run = None if options.dataset is None else run_id(rank)
@@ -150,6 +151,9 @@ def latency_metrics(options: TraceOptions, target: OtlpTarget, rank: RankInfo | 
                     warn: Callable[[str], None]) -> LatencyMetrics | None:
     """The step and layer latency histograms sent to ``target``'s collector (None, said, when
     the SDK's exporter cannot be made)."""
+    from xsp.export.metrics import LatencyMetrics, metric_exporter
+    from xsp.export.otlp import resource_for
+
     try:
         resource = resource_for(options.service_name, {
             **environment(), "distributed": None if rank is None else rank.as_metadata()})

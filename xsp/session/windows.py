@@ -11,16 +11,14 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Final
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.clock import now_ns
+from xsp.core.lazy import lazy_module
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
-from xsp.export.otlp import OtlpExport, export_table, resource_for, start_export
 from xsp.export.target import OtlpTarget
 from xsp.io.segments import warm_up as warm_up_writing
 from xsp.record.recording import Recording
@@ -28,6 +26,13 @@ from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from xsp.export.otlp import OtlpExport
+else:
+    pd = lazy_module("pandas")
 
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
@@ -125,6 +130,8 @@ class WindowWorker:
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
+        from xsp.export.otlp import export_table, resource_for  # OpenTelemetry's SDK: off the program's thread
+
         resource = None if self.exporter is None else resource_for(self.options.service_name, {
             **environment(), "distributed": None if self.rank is None else self.rank.as_metadata()})
         if self.forks:
@@ -196,6 +203,8 @@ class WindowWorker:
 
     def export_last(self, spans: pd.DataFrame, metadata: dict[str, Any],
                     on_done: Callable[[ExportReport], None]) -> OtlpExport:
+        from xsp.export.otlp import start_export
+
         assert self.target is not None and self.exporter is not None
         return start_export(spans, metadata, self.target, self.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,

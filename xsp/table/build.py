@@ -6,14 +6,12 @@ import functools
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-from pandas.api.types import union_categoricals
 
 from xsp.core import schema as col
+from xsp.core.lazy import lazy_module
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import session_trace_id
 from xsp.table import late_records, paths, steps
@@ -21,11 +19,11 @@ from xsp.table import parents as hierarchy
 from xsp.table.sampling import StepNotes, apply_step_notes
 from xsp.table.step_samples import annotate_steps
 from xsp.table.walks import (
-    MEMORY_POOL,
     arrow_strings,
     categorical,
     categories_at,
     ids_at,
+    memory_pool,
     nearest_marked,
     null_categories,
     nullable_ints,
@@ -33,6 +31,13 @@ from xsp.table.walks import (
     set_texts,
     untouched_zeros,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
 
 
 def empty_table() -> pd.DataFrame:
@@ -48,7 +53,7 @@ def _empty_table() -> pd.DataFrame:
 def string_array(values: Any) -> pd.api.extensions.ExtensionArray:
     """Python strings (or None) as pandas' "string" dtype, converted by Arrow in one go."""
     try:
-        return arrow_strings(pa.array(values, type=pa.large_string(), memory_pool=MEMORY_POOL))
+        return arrow_strings(pa.array(values, type=pa.large_string(), memory_pool=memory_pool()))
     except (pa.ArrowException, TypeError):
         return pd.array([None if v is None or v is pd.NA else str(v) for v in values], dtype="string")
 
@@ -126,7 +131,7 @@ def concat_spans(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
             arrays = [array if len(array.categories) else pd.Categorical.from_codes(
                 array.codes, dtype=pd.CategoricalDtype(present)) for array in arrays]
         try:
-            values = union_categoricals(arrays, sort_categories=True)
+            values = pd.api.types.union_categoricals(arrays, sort_categories=True)
         except TypeError:  # categories of different dtypes (text and objects): joined as text
             values = categorical(pa.concat_arrays([plain_strings(pd.Series(array)) for array in arrays]))
         joined[name] = values

@@ -4,14 +4,12 @@ described in :mod:`xsp.core.schema`; C writes them where it is built (``xsp/tabl
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from xsp.core import schema as col
+from xsp.core.lazy import lazy_module
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.schema import Level
 from xsp.record.hotpath import optional_extension
@@ -24,16 +22,25 @@ from xsp.table.steps import (
     Structure,
 )
 from xsp.table.walks import (
-    MEMORY_POOL,
     arrow_codes,
     arrow_strings,
     categories_at,
     chain_ends,
     known_categories,
+    memory_pool,
     plain_strings,
     text_codes,
     untouched_zeros,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
+    pc = lazy_module("pyarrow.compute")
 
 SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
 """Levels whose spans skip enclosing spans of their own level when anchoring their path."""
@@ -126,12 +133,12 @@ def _text(value: str) -> pa.Scalar:
 def _own_texts(names: pa.Array, occurrence: np.ndarray) -> pa.Array:
     """Each own part of a path, ``name[k]``, as text."""
     return pc.binary_join_element_wise(
-        names, _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=MEMORY_POOL), _text("]"),
-        _text(""), memory_pool=MEMORY_POOL)
+        names, _text("["), pc.cast(pa.array(occurrence), pa.large_string(), memory_pool=memory_pool()), _text("]"),
+        _text(""), memory_pool=memory_pool())
 
 
 def _take(array: pa.Array | pa.ChunkedArray, positions: np.ndarray) -> pa.Array | pa.ChunkedArray:
-    return pc.take(array, pa.array(positions), memory_pool=MEMORY_POOL)
+    return pc.take(array, pa.array(positions), memory_pool=memory_pool())
 
 
 def _narrow(positions: np.ndarray) -> np.ndarray:
@@ -219,7 +226,7 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     if rank is None:
         texts = plain_strings(pd.Series(_written_paths(part_codes, part_texts, own_occurrence, own_anchor, order,
                                                        bounds), copy=False))
-        in_text_order = pc.sort_indices(texts, memory_pool=MEMORY_POOL).to_numpy()
+        in_text_order = pc.sort_indices(texts, memory_pool=memory_pool()).to_numpy()
         if _repeats(texts, in_text_order):
             # a name holding "/" spelt another span's path: one category for both
             text_of, unique_texts = arrow_codes(texts)
@@ -464,7 +471,7 @@ def _joined_paths(name_column: pa.LargeStringArray, occurrence: np.ndarray, anch
     """The paths joined in Arrow one tree layer at a time (where the C filler is not built)."""
     count = len(name_column)
     own = _own_texts(pa.concat_arrays([name_column, pa.array([SESSION_NAME], type=pa.large_string())],
-                                      memory_pool=MEMORY_POOL), occurrence)
+                                      memory_pool=memory_pool()), occurrence)
     position = np.empty(count + 1, dtype=np.int64)
     position[order] = np.arange(count + 1)
     unplaced = int(bounds[0])  # rows on a cycle (layer -1) get no path
@@ -473,11 +480,11 @@ def _joined_paths(name_column: pa.LargeStringArray, occurrence: np.ndarray, anch
         members = order[bounds[current]:bounds[current + 1]]
         above = position[anchor[members]] - bounds[current - 1]
         chunks.append(pc.binary_join_element_wise(_take(chunks[-1], above), _take(own, members), _text("/"),
-                                                  memory_pool=MEMORY_POOL))
+                                                  memory_pool=memory_pool()))
     # the last take is the largest moment: Arrow takes from layers as chunks by joining them
     # first, so join them here and let the layers go before taking
     del own
-    in_layer_order = pa.concat_arrays(chunks, memory_pool=MEMORY_POOL)
+    in_layer_order = pa.concat_arrays(chunks, memory_pool=memory_pool())
     del chunks
     if count >= LARGE_TABLE_ROWS:
         release_freed_memory()

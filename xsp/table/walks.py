@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from xsp.core import schema as col
+from xsp.core.lazy import lazy_module
 from xsp.core.schema import Level
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
+    pc = lazy_module("pyarrow.compute")
 
 NONE = -1
 
-MEMORY_POOL = pa.system_memory_pool()
-"""Where xsp's own Arrow columns are allocated. Arrow's default (mimalloc) hands out fresh
-pages that fault on first touch; on the virtual machines we measured, taking 10 MB of paths
-cost 60-110 ms from it and 23 ms from the system allocator, which reuses memory Python freed.
-Passed explicitly to each call, so the process's default pool is left alone."""
+@functools.cache
+def memory_pool() -> pa.MemoryPool:
+    """Where xsp's own Arrow columns are allocated. Arrow's default (mimalloc) hands out fresh
+    pages that fault on first touch; on the virtual machines we measured, taking 10 MB of paths
+    cost 60-110 ms from it and 23 ms from the system allocator, which reuses memory Python freed.
+    Passed explicitly to each call, so the process's default pool is left alone."""
+    return pa.system_memory_pool()
 
 
 def parent_positions(spans: pd.DataFrame) -> np.ndarray:
@@ -62,7 +72,7 @@ def nullable_ints(values: np.ndarray, missing: np.ndarray) -> pd.arrays.IntegerA
 def arrow_strings(array: pa.Array | pa.ChunkedArray) -> pd.api.extensions.ExtensionArray:
     """Wrap an Arrow string array as pandas' "string" dtype without converting element by element."""
     if array.type != pa.large_string():
-        array = pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
+        array = pc.cast(array, pa.large_string(), memory_pool=memory_pool())
     return pd.arrays.ArrowStringArray(array)
 
 
@@ -70,7 +80,7 @@ def strings_at(codes: np.ndarray, values: Any) -> pd.api.extensions.ExtensionArr
     """``values[code]`` for each code (null for a negative one) as a string column, expanded by
     Arrow: no Python string per row."""
     table = pa.array(list(values), type=pa.large_string())
-    return arrow_strings(pc.take(table, pa.array(codes, mask=codes < 0), memory_pool=MEMORY_POOL))
+    return arrow_strings(pc.take(table, pa.array(codes, mask=codes < 0), memory_pool=memory_pool()))
 
 
 def _smallest_codes(codes: np.ndarray, categories: int) -> np.ndarray:
@@ -116,11 +126,11 @@ def arrow_codes(array: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Large
         array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
     if not pa.types.is_dictionary(array.type):
         if array.type != pa.large_string():
-            array = pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
-        array = pc.dictionary_encode(array, memory_pool=MEMORY_POOL)
+            array = pc.cast(array, pa.large_string(), memory_pool=memory_pool())
+        array = pc.dictionary_encode(array, memory_pool=memory_pool())
     texts = array.dictionary
     if texts.type != pa.large_string():
-        texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
+        texts = pc.cast(texts, pa.large_string(), memory_pool=memory_pool())
     return array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False), texts
 
 
@@ -147,7 +157,7 @@ def text_codes(column: pd.Series) -> tuple[np.ndarray, pa.LargeStringArray]:
         if isinstance(texts, pa.ChunkedArray):  # categories joined from Arrow-backed ones
             texts = texts.combine_chunks()
         if texts.type != pa.large_string():
-            texts = pc.cast(texts, pa.large_string(), memory_pool=MEMORY_POOL)
+            texts = pc.cast(texts, pa.large_string(), memory_pool=memory_pool())
         return column.cat.codes.to_numpy().astype(np.int64), texts
     return arrow_codes(plain_strings(column))
 
@@ -182,7 +192,7 @@ def plain_strings(column: pd.Series) -> pa.LargeStringArray:
     if isinstance(column.dtype, pd.CategoricalDtype):
         array = pa.array(column.array)
         array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-        return pc.cast(array, pa.large_string(), memory_pool=MEMORY_POOL)
+        return pc.cast(array, pa.large_string(), memory_pool=memory_pool())
     array = pa.array(column.array, type=pa.large_string(), from_pandas=True)
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
