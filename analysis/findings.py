@@ -27,8 +27,6 @@ FIX: Final = "fix"
 PATHS: Final = "paths"
 COLUMNS: Final = (RULE, SEVERITY, SHARE, EVIDENCE, FIX, PATHS)
 
-ATTR_WORKERS: Final = "xsp.input.num_workers"
-ATTR_PIN_MEMORY: Final = "xsp.input.pin_memory"
 MAX_PATHS: Final = 5
 """Paths named per recommendation at most (the largest first)."""
 

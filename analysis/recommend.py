@@ -19,14 +19,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
 from xsp.analysis.findings import (
-    ATTR_PIN_MEMORY,
-    ATTR_WORKERS,
     COLUMNS,
     CPU_BOUND_SHARE,
     DATALOADER_SHARE,
@@ -125,11 +124,57 @@ def _cpus(ctx: Context) -> int:
     return int(ctx.metadata.get("cpus_available") or ctx.metadata.get("cpu_count") or 0)
 
 
-def _workers_used(waits: pd.DataFrame) -> int | None:
-    """The fewest DataLoader workers among the input waits (None: not recorded)."""
-    workers = [int(a[ATTR_WORKERS]) for a in map(_attributes, waits[col.ATTRIBUTES].tolist())
-               if isinstance(a.get(ATTR_WORKERS), int)]
-    return min(workers) if workers else None
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The DataLoader settings the input waits recorded (None: not recorded, as in imported
+    traces): the fewest workers, whether every wait's loader pinned memory and kept its workers,
+    and the smallest prefetch factor."""
+
+    workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+
+    @classmethod
+    def of(cls, waits: pd.DataFrame) -> LoaderSettings:
+        attributes = list(map(_attributes, waits[col.ATTRIBUTES].tolist())) if col.ATTRIBUTES in waits else []
+
+        def values(key: str, kind: type) -> list[Any]:
+            return [a[key] for a in attributes if isinstance(a.get(key), kind)]
+
+        workers = [n for n in values(col.ATTR_INPUT_WORKERS, int) if not isinstance(n, bool)]
+        pinned = values(col.ATTR_INPUT_PIN_MEMORY, bool)
+        persistent = values(col.ATTR_INPUT_PERSISTENT_WORKERS, bool)
+        prefetch = [n for n in values(col.ATTR_INPUT_PREFETCH_FACTOR, int) if not isinstance(n, bool)]
+        return cls(min(workers) if workers else None, all(pinned) if pinned else None,
+                   all(persistent) if persistent else None, min(prefetch) if prefetch else None)
+
+    def changes(self, workers: int | None, on_gpu: bool) -> list[str]:
+        """The DataLoader arguments that would change something: more workers than now
+        (``workers``), and with workers, keeping them across epochs and fetching further ahead;
+        pinned memory on a GPU. A setting not recorded is suggested as a default to check."""
+        suggested = []
+        if workers is not None and (self.workers is None or workers > self.workers):
+            suggested.append(f"num_workers={workers}")
+        with_workers = bool(workers or self.workers)
+        if on_gpu and self.pin_memory is not True:
+            suggested.append("pin_memory=True")
+        if with_workers and self.persistent_workers is not True:
+            suggested.append("persistent_workers=True")
+        if with_workers and (self.prefetch_factor is None or self.prefetch_factor < PREFETCH_AHEAD):
+            suggested.append(f"prefetch_factor={PREFETCH_AHEAD}")
+        return suggested
+
+    def described(self) -> str:
+        """The settings recorded, as the loader's arguments (empty where none was)."""
+        known = [(name, value) for name, value in (("num_workers", self.workers), ("pin_memory", self.pin_memory),
+                                                   ("persistent_workers", self.persistent_workers),
+                                                   ("prefetch_factor", self.prefetch_factor)) if value is not None]
+        return ", ".join(f"{name}={value}" for name, value in known)
+
+
+PREFETCH_AHEAD: Final = 4
+"""The prefetch factor suggested where the loader's is lower (PyTorch's default is 2)."""
 
 
 def suggested_workers(used: int | None, cpus: int) -> int:
@@ -160,22 +205,27 @@ def input_bound(ctx: Context) -> Finding | None:
     if share < INPUT_MODERATE:
         return None
     high = share >= INPUT_HIGH
-    used, cpus = _workers_used(waits), _cpus(ctx)
+    settings, cpus, on_gpu = LoaderSettings.of(waits), _cpus(ctx), bool(ctx.device())
+    used = settings.workers
     suggested = suggested_workers(used, cpus)
+    # per-sample work already runs in the workers where there are some: it must get cheaper
+    cheaper = ("make each batch cheaper to fetch: move per-sample work (decoding, augmentation) onto the GPU or "
+               "do it once ahead of training" if used else
+               "move per-sample work (decoding, augmentation) into the workers or onto the GPU")
     if used and suggested <= used:  # more workers than CPUs only take turns: each batch must get cheaper
-        advice = (f"every CPU already runs a DataLoader worker (num_workers={used} of {cpus} CPUs): make each "
-                  "batch cheaper to fetch: move per-sample work (decoding, augmentation) onto the GPU or do it "
-                  "once ahead of training, and keep the workers fetching ahead (persistent_workers=True, "
-                  "prefetch_factor=4)")
+        changes = settings.changes(None, on_gpu)
+        advice = (f"every CPU already runs a DataLoader worker (num_workers={used} of {cpus} CPUs): {cheaper}"
+                  + (f"; and fetch further ahead: DataLoader(..., {', '.join(changes)})" if changes else ""))
     else:
-        advice = (f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., num_workers={suggested}, "
-                  "pin_memory=True, persistent_workers=True, prefetch_factor=4); move per-sample work (decoding, "
-                  "augmentation) into the workers or onto the GPU")
+        changes = settings.changes(suggested, on_gpu)
+        advice = (f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., {', '.join(changes)}); "
+                  f"{cheaper}" if changes else cheaper)
+    loader = settings.described()
     return Finding(
         Severity.HIGH if high else Severity.MEDIUM, share,
         f"the loop waited for input {_pct(share)} of {ctx.time_name} ({ctx.per_step_ms(waited_ns)}): "
         f"{'highly' if high else 'moderately'} input-bound (>= {INPUT_HIGH if high else INPUT_MODERATE:.0%})"
-        f"{_worker_fetches(ctx)}",
+        f"{f'; its DataLoader had {loader}' if loader else ''}{_worker_fetches(ctx)}",
         advice,
         _top(waits[col.NAME].astype(str).tolist(), waits[col.DURATION_NS].to_numpy(dtype=np.float64)))
 
@@ -186,22 +236,19 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     share = ctx.share(waited_ns)
     if share <= DATALOADER_SHARE:
         return None
-    attributes = [_attributes(text) for text in waits[col.ATTRIBUTES].tolist()]
-    used = _workers_used(waits)
+    settings = LoaderSettings.of(waits)
+    used = settings.workers
     if used is None:
         return None
     cpus = _cpus(ctx)
     if cpus and used >= cpus:
         return None  # every CPU already loads: the fix is in the input pipeline, not the worker count
     suggested = suggested_workers(used, cpus)
-    pinned = [a.get(ATTR_PIN_MEMORY) for a in attributes if ATTR_PIN_MEMORY in a]
-    on_gpu = bool(ctx.device())
-    pin = ", pin_memory=True" if on_gpu and pinned and not any(pinned) else ""
     return Finding(
         Severity.HIGH if used == 0 and share >= INPUT_HIGH else Severity.MEDIUM, share,
         f"DataLoader with num_workers={used}{f' of {cpus} CPUs' if cpus else ''}; the loop waited for it "
         f"{_pct(share)} of {ctx.time_name} (> {DATALOADER_SHARE:.0%}){_worker_fetches(ctx)}",
-        f"DataLoader(dataset, ..., num_workers={suggested}, persistent_workers=True{pin})",
+        f"DataLoader(dataset, ..., {', '.join(settings.changes(suggested, bool(ctx.device())))})",
         _top(waits[col.NAME].astype(str).tolist()))
 
 

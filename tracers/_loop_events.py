@@ -52,6 +52,8 @@ GENERATION_MODULE: Final = "transformers.generation.utils"
 DYNAMO_CALLBACKS: Final = "torch._dynamo.callback"
 ATTR_WORKERS: Final = col.ATTR_INPUT_WORKERS
 ATTR_PIN_MEMORY: Final = col.ATTR_INPUT_PIN_MEMORY
+ATTR_PERSISTENT_WORKERS: Final = col.ATTR_INPUT_PERSISTENT_WORKERS
+ATTR_PREFETCH_FACTOR: Final = col.ATTR_INPUT_PREFETCH_FACTOR
 ATTR_COMPILE_ID: Final = "xsp.compile.id"
 ATTR_COMPILE_TRIGGER: Final = "xsp.compile.trigger"
 
@@ -155,7 +157,9 @@ class LoopEvents:
             began = now_ns()
             steps.wait_begins(began)
             attributes = {ATTR_WORKERS: getattr(loader, "_num_workers", getattr(loader, "num_workers", None)),
-                          ATTR_PIN_MEMORY: getattr(loader, "_pin_memory", getattr(loader, "pin_memory", None))}
+                          ATTR_PIN_MEMORY: getattr(loader, "_pin_memory", getattr(loader, "pin_memory", None)),
+                          ATTR_PERSISTENT_WORKERS: getattr(loader, "_persistent_workers", None),
+                          ATTR_PREFETCH_FACTOR: getattr(loader, "_prefetch_factor", None)}
             error = None
             start = now_ns()
             try:

@@ -100,7 +100,9 @@ def check_mnist_train(trace: xsp.Trace) -> None:
     for parts in parts_per_step(trace):
         assert {"input", "predict", "backward", "optimizer"} <= set(parts)
     waits = model_spans(trace, SpanKind.INPUT)
-    assert json.loads(waits[col.ATTRIBUTES].iloc[0])["xsp.input.num_workers"] == 2
+    loader = json.loads(waits[col.ATTRIBUTES].iloc[0])  # the loader's settings, as the advice reads them
+    assert loader[col.ATTR_INPUT_WORKERS] == 2 and loader[col.ATTR_INPUT_PREFETCH_FACTOR] == 2
+    assert loader[col.ATTR_INPUT_PERSISTENT_WORKERS] is False
     # the two workers' fetches, each in its process, below a process span of the worker
     fetches = trace.spans[trace.spans[col.KIND] == SpanKind.FETCH.value]
     assert len(fetches) >= 6 and fetches[col.PROCESS_ID].nunique() == 2 and fetches[col.STEP].isna().all()

@@ -131,7 +131,9 @@ def test_a_training_loop_is_one_step_per_optimizer_step(training):
     assert (optimizer[col.END_NS].to_numpy() == ends).all()
     waits = spans[spans[col.KIND] == SpanKind.INPUT.value]
     assert set(waits[col.NAME]) == {"DataLoader.__iter__", "DataLoader.__next__"}
-    assert json.loads(waits[col.ATTRIBUTES].iloc[-1]) == {"xsp.input.num_workers": 0, "xsp.input.pin_memory": False}
+    assert json.loads(waits[col.ATTRIBUTES].iloc[-1]) == {  # a single-process loader has no prefetch factor
+        col.ATTR_INPUT_WORKERS: 0, col.ATTR_INPUT_PIN_MEMORY: False, col.ATTR_INPUT_PERSISTENT_WORKERS: False,
+        col.ATTR_INPUT_PREFETCH_FACTOR: None}
     assert waits[col.STEP].isna().sum() == 1  # the epoch's last next(), which raised StopIteration
     assert set(waits[col.LEVEL]) == {"input"}
 

@@ -43,12 +43,16 @@ def kernels_trace(kernel_rows, metadata, step_us=100, launch_us=1):
 
 
 # input ----------------------------------------------------------------------------------------
-def input_trace(wait_us, workers=None, pin=None, metadata=None):
+def input_trace(wait_us, workers=None, pin=None, metadata=None, persistent=None, prefetch=None):
     attributes = {}
     if workers is not None:
         attributes["xsp.input.num_workers"] = workers
     if pin is not None:
         attributes["xsp.input.pin_memory"] = pin
+    if persistent is not None:
+        attributes[col.ATTR_INPUT_PERSISTENT_WORKERS] = persistent
+    if prefetch is not None:
+        attributes[col.ATTR_INPUT_PREFETCH_FACTOR] = prefetch
     rows = step([(2, 1, "input", "input", "DataLoader.__next__", 0, wait_us,
                   {col.ATTRIBUTES: json.dumps(attributes) if attributes else None}),
                  (3, 1, "model", "predict", "net", wait_us, 100, {})])
@@ -84,6 +88,32 @@ def test_dataloader_workers_when_the_loader_has_fewer_workers_than_cpus():
     full = fired(input_trace(30, workers=2, metadata={"cpus_available": 2}))
     assert "dataloader_workers" not in full and "num_workers=2," not in full["input_bound"]["fix"]
     assert "every CPU already runs a DataLoader worker (num_workers=2 of 2 CPUs)" in full["input_bound"]["fix"]
+
+
+def test_input_advice_asks_only_for_settings_the_loader_does_not_have():
+    # the loader of the report that asked for all of this: 2 workers that keep running, doing
+    # the augmentation already; 8 CPUs
+    found = fired(input_trace(30, workers=2, pin=False, persistent=True, prefetch=2,
+                              metadata={"cpus_available": 8}))
+    advice = found["input_bound"]["fix"]
+    assert "num_workers=4" in advice and "prefetch_factor=4" in advice
+    assert "persistent_workers" not in advice and "into the workers" not in advice
+    assert "pin_memory" not in advice  # no GPU: pinning changes nothing
+    assert "make each batch cheaper to fetch" in advice
+    assert ("its DataLoader had num_workers=2, pin_memory=False, persistent_workers=True, prefetch_factor=2"
+            in found["input_bound"]["evidence"])
+    assert found["dataloader_workers"]["fix"] == "DataLoader(dataset, ..., num_workers=4, prefetch_factor=4)"
+    # everything already set, every CPU a worker: only the batch's own cost is left to cut
+    full = fired(input_trace(30, workers=2, pin=True, persistent=True, prefetch=4, metadata={"cpus_available": 2}))
+    assert full["input_bound"]["fix"] == (
+        "every CPU already runs a DataLoader worker (num_workers=2 of 2 CPUs): make each batch cheaper to fetch: "
+        "move per-sample work (decoding, augmentation) onto the GPU or do it once ahead of training")
+    # no workers: the per-sample work moves into them
+    none = fired(input_trace(30, workers=0, pin=True, metadata={"cpus_available": 4, **A100}))["input_bound"]["fix"]
+    assert "num_workers=4, persistent_workers=True, prefetch_factor=4" in none and "into the workers" in none
+    assert "pin_memory" not in none  # pinned already, on a GPU
+    unpinned = fired(input_trace(30, workers=0, pin=False, metadata={"cpus_available": 4, **A100}))
+    assert "pin_memory=True" in unpinned["input_bound"]["fix"]
 
 
 # GPU time -------------------------------------------------------------------------------------
