@@ -169,3 +169,66 @@ def test_the_flame_chart_has_a_row_per_thread_and_depth(layer_report):
     lanes = set(re.findall(r"\(\d+\) \\u00b7 depth (\d+)|\(\d+\) · depth (\d+)", text))  # "MainThread (tid) · depth 0"
     depths = {int(a or b) for a, b in lanes}
     assert depths == {0, 1}  # the model call (the step), its layers
+
+
+READ_BACK = """<script>
+window.addEventListener("load", () => {
+  const rgb = (text) => (text.match(/[0-9.]+/g) || []).map(Number);
+  const hot = document.querySelector("table.source tr.hot");
+  const cells = hot ? Array.from(hot.querySelectorAll("td.t")).map((td) => rgb(getComputedStyle(td).color)) : [];
+  const seen = {
+    hot_text: cells, hot_background: hot ? rgb(getComputedStyle(hot).backgroundColor) : [],
+    ticks: Array.from(document.querySelectorAll("#chart-timeline .xtick text")).map((t) => t.textContent),
+    axis: (document.querySelector("#chart-timeline .xtitle") || {}).textContent,
+    icicle_fills: Array.from(document.querySelectorAll("#chart-icicle path.surface")).map(
+      (p) => getComputedStyle(p).fill),
+    icicle_labels: Array.from(document.querySelectorAll("#chart-icicle text.slicetext")).map((t) => t.textContent),
+  };
+  const out = document.createElement("pre");
+  out.id = "read-back";
+  out.textContent = JSON.stringify(seen);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _blend(rgba: list[float]) -> tuple[float, ...]:
+    """A computed rgba() colour over the page's white."""
+    alpha = rgba[3] if len(rgba) > 3 else 1.0
+    return tuple(alpha * c + (1 - alpha) * 255 for c in rgba[:3])
+
+
+def test_chromium_shows_the_hot_line_legible_the_icicle_by_level_and_the_axis_in_ms(chromium, tmp_path):
+    """Issue 62 item 7 as a reader meets it: what Chromium computed and drew, read back from the
+    page, and a screenshot of it that is not blank."""
+    import json
+
+    from PIL import Image
+
+    from tests.unit.test_html_readability import WCAG_AA, contrast
+    from xsp.reports.html import LEVEL_COLOURS, render_html
+
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.Linear(8, 2))
+    with xsp.trace(output=None, levels="model,layer,operator") as session, torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 8))
+    page = tmp_path / "readable.html"
+    page.write_text(render_html(session.trace).replace("</body>", READ_BACK + "</body>"))
+    dom = open_page(chromium, page, tmp_path, "--dump-dom")
+    assert console_errors(dom.stderr) == []
+    seen = json.loads(re.search(r'<pre id="read-back">(.*?)</pre>', dom.stdout, re.S).group(1).replace("&quot;", '"'))
+    background = _blend(seen["hot_background"])
+    assert seen["hot_text"] and all(contrast(tuple(text[:3]), background) >= WCAG_AA for text in seen["hot_text"])
+    assert seen["axis"] == "ms from the step's start"
+    assert seen["ticks"] and all(re.fullmatch(r"[0-9.,]+", tick.replace("\u2212", "-").lstrip("-"))
+                                 for tick in seen["ticks"])  # 0.1, 0.2: no 0.5M, no µ
+    fills = {tuple(round(c) for c in _blend([float(x) for x in re.findall(r"[0-9.]+", fill)])) for fill in
+             seen["icicle_fills"]}
+    expected = {tuple(int(LEVEL_COLOURS[level][i:i + 2], 16) for i in (1, 3, 5)) for level in
+                ("model", "layer", "operator")}
+    assert expected <= fills
+    assert "model.0.0" not in seen["icicle_labels"] and "0" in seen["icicle_labels"]
+    shot = tmp_path / "readable.png"
+    open_page(chromium, page, tmp_path, f"--screenshot={shot}")
+    colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50  # text, charts and colours drawn: not a blank page

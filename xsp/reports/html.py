@@ -29,6 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
+from xsp.reports.terminal import shorten
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -37,6 +38,13 @@ ICICLE_NODES = 2000
 """Nodes of the aggregated hierarchy drawn at most (the largest, with their ancestors)."""
 TOP = 15
 _LEVEL_ORDER = ["model", "input", "layer", "operator", "cuda_api", "kernel"]
+LEVEL_COLOURS = {"model": "#4c78a8", "input": "#72b7b2", "layer": "#f58518", "operator": "#54a24b",
+                 "cuda_api": "#b279a2", "kernel": "#e45756", "user": "#eeca3b"}
+"""One colour per level, the same in every chart (Tableau 10)."""
+OTHER_COLOUR = "#9d9d9d"
+ICICLE_LABEL_CHARACTERS = 32
+"""An icicle box's label at most: the node's own name (its parent's is in the box above); the
+full name is on hover."""
 
 
 def _figure_html(figure: go.Figure, chart_id: str) -> str:
@@ -256,12 +264,14 @@ def timeline_section(trace: Trace) -> str:
             continue
         part = chosen[rows]
         figure.add_trace(go.Bar(
-            base=(part[col.START_NS] - origin).to_numpy(dtype=float) / 1e3,
-            x=part[col.DURATION_NS].to_numpy(dtype=float) / 1e3, y=lanes[rows], orientation="h", name=level,
+            base=(part[col.START_NS] - origin).to_numpy(dtype=float) / 1e6,
+            x=part[col.DURATION_NS].to_numpy(dtype=float) / 1e6, y=lanes[rows], orientation="h", name=level,
+            marker_color=LEVEL_COLOURS.get(level, OTHER_COLOUR),
             text=part[col.NAME].astype(str), textposition="inside", insidetextanchor="start",
-            hovertemplate="%{text}<br>%{base:.1f} us + %{x:.1f} us<extra>" + level + "</extra>"))
+            hovertemplate="%{text}<br>%{base:,.3f} ms + %{x:,.3f} ms<extra>" + level + "</extra>"))
     figure.update_layout(title="Flame chart of " + title[0].lower() + title[1:], barmode="overlay",
-                         xaxis_title="us from the step's start", height=max(420, 26 * len(order) + 120),
+                         xaxis={"title": "ms from the step's start", "tickformat": ",~f"},
+                         height=max(420, 26 * len(order) + 120),
                          yaxis={"categoryorder": "array", "categoryarray": order[::-1]}, bargap=0.05)
     return _figure_html(figure, "chart-timeline")
 
@@ -272,13 +282,26 @@ def icicle_section(trace: Trace) -> str:
     tree = analysis.aggregated_tree(trace, max_nodes=ICICLE_NODES)
     if tree.empty or len(tree) < 2:
         return ""
+    names = tree["name"].astype(str)
+    parent_names = tree["parent_path"].map(dict(zip(tree["path"], names))).fillna("")
+    labels = [shorten(own_name(name, parent), ICICLE_LABEL_CHARACTERS) for name, parent in zip(names, parent_names)]
     figure = go.Figure(go.Icicle(
-        ids=tree["path"], parents=tree["parent_path"], labels=tree["name"].astype(str).str.slice(0, 60),
-        values=tree["self_ms"], branchvalues="remainder", customdata=tree[["level", "total_ms", "calls"]],
-        hovertemplate="%{label}<br>%{customdata[0]}: %{customdata[1]:.3f} ms per step, "
-                      "%{customdata[2]:.1f} calls<extra></extra>", maxdepth=5))
+        ids=tree["path"], parents=tree["parent_path"], labels=labels,
+        marker={"colors": [LEVEL_COLOURS.get(level, OTHER_COLOUR) for level in tree["level"]]},
+        values=tree["self_ms"], branchvalues="remainder",
+        customdata=np.column_stack([names, tree["level"], tree["total_ms"], tree["calls"]]),
+        hovertemplate="%{customdata[0]}<br>%{customdata[1]}: %{customdata[2]:,.3f} ms per step, "
+                      "%{customdata[3]:.1f} calls<extra></extra>", maxdepth=5))
     figure.update_layout(title="Where a step's time goes (mean per step; click a box to zoom)", height=560)
     return _figure_html(figure, "chart-icicle")
+
+
+def own_name(name: str, parent: str) -> str:
+    """What a node adds to its parent's name: ``encoder.layer.0.attention`` under
+    ``encoder.layer.0`` is ``attention``; a name that does not extend its parent's stays whole."""
+    if parent and name.startswith(parent) and name[len(parent):len(parent) + 1] in (".", "/"):
+        return name[len(parent) + 1:]
+    return name
 
 
 def system_section(trace: Trace) -> str:
@@ -364,8 +387,9 @@ td, th { border: 1px solid #ddd; padding: 4px 8px; text-align: left; }
 li.medium b:first-child { color: #b60; }
 table.source { font-family: ui-monospace, monospace; font-size: 0.85em; border: none; }
 table.source td { border: none; padding: 0 8px; white-space: pre; }
-table.source td.n, table.source td.t { color: #777; text-align: right; }
-table.source tr.gap td { color: #aaa; }
+table.source td.n, table.source td.t { color: #595959; text-align: right; }
+table.source tr.gap td { color: #595959; }
+table.source tr.hot td { color: #000; }
 """
 
 SOURCE_FILES = 3
@@ -376,10 +400,16 @@ SOURCE_LINES = 400
 """Lines of one file shown at most."""
 
 
+HEAT_RGB = (220, 40, 0)
+HEAT_MOST = 0.6
+"""The hottest line's red, over white: black text on it keeps a contrast of 7:1 (WCAG AA asks
+4.5:1)."""
+
+
 def _heat(fraction: float) -> str:
     """A background from white (no time) to red (the hottest line)."""
-    alpha = 0.08 + 0.72 * min(max(fraction, 0.0), 1.0)
-    return f"background: rgba(220, 40, 0, {alpha:.2f})"
+    alpha = 0.08 + (HEAT_MOST - 0.08) * min(max(fraction, 0.0), 1.0)
+    return f"background: rgba({', '.join(map(str, HEAT_RGB))}, {alpha:.2f})"
 
 
 def _shown_numbers(hot: list[int], length: int) -> list[int]:
@@ -425,8 +455,9 @@ def source_section(trace: Trace) -> str:
             code = html.escape(text[number - 1]) if text is not None and number <= len(text) else ""
             if number in per_line:
                 ms, share = per_line[number]
-                body.append(f"<tr style='{_heat(ms / hottest)}'><td class='n'>{number}</td><td class='t'>{ms:,.3f} ms"
-                            f"</td><td class='t'>{'' if np.isnan(share) else f'{share:.1%}'}</td><td>{code}</td></tr>")
+                shown_share = "" if np.isnan(share) else f"{share:.1%}"
+                body.append(f"<tr class='hot' style='{_heat(ms / hottest)}'><td class='n'>{number}</td>"
+                            f"<td class='t'>{ms:,.3f} ms</td><td class='t'>{shown_share}</td><td>{code}</td></tr>")
             else:
                 body.append(f"<tr><td class='n'>{number}</td><td></td><td></td><td>{code}</td></tr>")
         parts.append("<table class='source'>" + "".join(body) + "</table>")
