@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -440,3 +441,29 @@ def test_a_trace_without_steps_reports_its_tables_over_the_whole_trace(shared_tr
     out = capsys.readouterr().out
     assert "no steps in this trace" in out and "operators by self time (whole trace)" in out
     assert "(all steps" not in out
+
+
+def test_every_line_fits_80_columns_warnings_and_errors_too(tiny, tmp_path):
+    """Read in an 80-column terminal ($COLUMNS, as a terminal sets it): xsp's warnings, errors
+    and closing line wrap at its width; into a pipe or a log each stays one line, for grep."""
+    narrow = {**os.environ, "COLUMNS": "80"}
+    deep = tmp_path / ("a-long-folder-name-" * 4) / "trace.xsp.parquet"
+
+    def lines_of(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        done = subprocess.run([sys.executable, "-m", "xsp", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, env=env)
+        return done, (done.stdout + done.stderr).splitlines()
+
+    # every level this machine cannot record: the warning naming their cause is long
+    levels = "model,layer,cuda_api,kernel,gpu_metrics"
+    done, lines = lines_of("run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2", env=narrow)
+    assert done.returncode == 0, done.stderr
+    assert max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
+    if "not recorded" in done.stderr:  # on a GPU machine every level may be there
+        piped = lines_of("run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2",
+                         env={k: v for k, v in os.environ.items() if k != "COLUMNS"})[0]
+        warning = next(line for line in piped.stderr.splitlines() if "not recorded" in line)
+        assert len(warning) > 80 and " ".join(done.stderr.split()).count(" ".join(warning.split())) == 1
+    done, lines = lines_of("report", str(deep.with_name("missing.xsp.parquet")), env=narrow)
+    assert done.returncode == 2 and max(map(len, lines)) <= 80
+    assert "no such trace file" in done.stderr

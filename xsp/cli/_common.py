@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import stat
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,7 +88,11 @@ def console() -> Console:
 
 
 def error_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    """The console of xsp's own lines (warnings, errors, what was written), on stderr: wrapped
+    at the terminal's width (or $COLUMNS where set), so that each fits an 80-column terminal;
+    one line per message into a pipe or a log, where grep and CI systems read them whole."""
+    wraps = sys.stderr.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    return Console(stderr=True, highlight=False, soft_wrap=not wraps)
 
 
 LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
