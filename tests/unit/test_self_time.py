@@ -52,6 +52,18 @@ def test_a_child_is_clipped_to_its_parent():
     assert self_ns(spans, np.ones(2, dtype=bool)).tolist() == [50, 350]
 
 
+def test_a_leveled_merges_leaf_layer_keeps_its_whole_time_as_self_time():
+    # placed from several runs' figures, a sibling (Flatten) ended inside a leaf (Conv2d): the
+    # merge's parents hold, so the leaf's self time is its whole time (it read 0.308 of 0.323 ms)
+    rows = [("model", "model", 0, 700, 1), ("Conv2d.0", "layer", 250, 575, 1), ("Flatten.0", "layer", 535, 550, 1)]
+    placed = table(rows, parents=[None, 0, 0])
+    placed[col.DURATION_CI_NS] = pd.array([7, 5, 1], dtype="Int64")  # a leveled merge's intervals
+    layers = layer_table(placed).set_index("name")
+    assert (layers["self_ms"] == layers["duration_ms"]).all()
+    recorded = table(rows, parents=[None, 0, 0])  # one run's positions: Flatten ran inside the Conv2d
+    assert layer_table(recorded).set_index("name").loc["Conv2d.0", "self_ms"] * 1e6 == 325 - 15
+
+
 def test_spans_of_other_threads_are_never_moved_inside_each_other():
     spans = table([("model", "model", 0, 100, 1), ("a", "layer", 10, 90, 1), ("b", "layer", 20, 30, 2)],
                   parents=[None, 0, 0])

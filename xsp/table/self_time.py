@@ -8,7 +8,10 @@ the three agree and none of them can print more time than ran:
   trace may hold siblings that overlap; their shared time is taken off the parent once).
 * A span that lies inside a sibling on its thread counts as that sibling's child here. So the
   chain a depth cap hung side by side (:data:`xsp.table.parents.MAX_DEPTH`: each sibling inside
-  the one before it) keeps its true self times: the cap loses depth, never time.
+  the one before it) keeps its true self times: the cap loses depth, never time. Not in a
+  leveled merge (its ``duration_ci_ns`` is set): its spans were placed with durations from
+  several runs, so siblings may overlap by where they were placed, while the merge's parents
+  are what ran inside what (a leaf layer's self time is then its whole time).
 
 So a span's self time is never negative and never more than its duration, and where siblings on
 a thread do not overlap without nesting (as in any call stack), the self times of a tree add up
@@ -54,7 +57,8 @@ def self_ns(spans: pd.DataFrame, counted: np.ndarray, parents: np.ndarray | None
     threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
     counted = np.asarray(counted, dtype=bool)
     stacked = parents
-    for _ in range(1 + _RESTACKS):  # a span moved in beside the sibling's own children may nest in one
+    placed = col.DURATION_CI_NS in spans and bool(spans[col.DURATION_CI_NS].notna().any())
+    for _ in range(0 if placed else 1 + _RESTACKS):  # a span moved in beside the sibling's own children may nest in one
         again = stacked_parents(stacked, counted, threads, start, end)
         if again is stacked:  # (in a call stack's tree, the first pass already: nothing moved)
             break
