@@ -117,3 +117,20 @@ def _numbers(values) -> list[float]:
 
     import numpy as np
     return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).astype(float).tolist()
+
+
+def test_the_charts_of_all_steps_count_only_the_steps():
+    """Issue 62 item 1: weight initialisation before the first step (aten::uniform_, normal_)
+    is not a step's time: the operator and layer charts leave it out, and say whose time they show."""
+    from xsp.reports.html import layers_section, operators_section
+
+    with xsp.trace(output=None, levels="model,layer,operator") as session, torch.no_grad():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())  # built inside: its init is recorded
+        for _ in range(3):
+            model(torch.ones(4, 8))
+    spans = session.trace.spans
+    outside = spans[spans["step"].isna() & (spans["level"] == "operator")]["name"].astype(str)
+    assert outside.str.contains("uniform_").any()  # the initialisation was recorded, outside the steps
+    operators = _figure_data(operators_section(session.trace))[0]
+    assert not any("uniform_" in name for name in operators["y"])
+    assert "ms (all steps)" in operators_section(session.trace) and "ms (all steps)" in layers_section(session.trace)

@@ -29,7 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import shorten
+from xsp.reports.terminal import deep_steps, shorten
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -99,35 +99,38 @@ def steps_section(trace: Trace) -> str:
 
 
 def layers_section(trace: Trace) -> str:
+    trace, which = deep_steps(trace)  # the steps' time: what ran outside them is not a step's
     top = analysis.top_layers(trace, k=TOP)
     if top.empty:
         return ""
     top = top.iloc[::-1]
     bars = go.Figure(go.Bar(x=top["total_self_ms"], y=top["name"] + " (" + top["kind"] + ")", orientation="h"))
-    bars.update_layout(title=f"Top {counted(len(top), 'layer')} by self time", xaxis_title="ms (all steps)")
+    bars.update_layout(title=f"Top {counted(len(top), 'layer')} by self time", xaxis_title=f"ms ({which})")
     types = analysis.layer_type_summary(trace).head(TOP)
     pie = go.Figure(go.Bar(x=types["module_type"], y=types["total_self_ms"]))
-    pie.update_layout(title="Time per layer type (self time)", yaxis_title="ms (all steps)")
+    pie.update_layout(title="Time per layer type (self time)", yaxis_title=f"ms ({which})")
     return _figure_html(bars, "chart-top-layers") + _figure_html(pie, "chart-layer-types")
 
 
-def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: str, chart_id: str) -> str:
+def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: str, chart_id: str,
+                     which: str) -> str:
     """Horizontal bars of the rows' ``value_us`` (shown in ms), with calls and share on hover."""
     table = table.iloc[::-1]
     figure = go.Figure(go.Bar(x=table[value_us] / 1e3, y=table["name"].str.slice(0, 80), orientation="h",
                               customdata=table[["count", "share"]].to_numpy(),
                               hovertemplate="%{y}<br>%{x:.3f} ms, %{customdata[0]} calls, "
                                             f"%{{customdata[1]:.1%}} of {share_of}<extra></extra>"))
-    figure.update_layout(title=f"Top {len(table)} {what}", xaxis_title="ms (all steps)",
+    figure.update_layout(title=f"Top {len(table)} {what}", xaxis_title=f"ms ({which})",
                          height=max(420, 28 * len(table)))
     return _figure_html(figure, chart_id)
 
 
 def operators_section(trace: Trace) -> str:
+    trace, which = deep_steps(trace)
     ops = analysis.operator_table(trace).head(TOP)
     if ops.empty:
         return ""
-    return _top_names_chart(ops, "self_us", "operators by self time", "operator time", "chart-operators")
+    return _top_names_chart(ops, "self_us", "operators by self time", "operator time", "chart-operators", which)
 
 
 def leveled_section(trace: Trace) -> str:
@@ -157,13 +160,15 @@ def leveled_section(trace: Trace) -> str:
 
 
 def kernels_section(trace: Trace) -> str:
+    trace, which = deep_steps(trace)
     kernels = analysis.kernels_by_name(trace).head(TOP)
     if kernels.empty:
         return ""
-    return _top_names_chart(kernels, "total_us", "kernels by total time", "GPU time", "chart-kernels")
+    return _top_names_chart(kernels, "total_us", "kernels by total time", "GPU time", "chart-kernels", which)
 
 
 def gpu_cpu_section(trace: Trace) -> str:
+    trace, which = deep_steps(trace)
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if per_layer.empty or not (per_layer["kernels"] > 0).any():
         return ""
@@ -172,7 +177,7 @@ def gpu_cpu_section(trace: Trace) -> str:
     figure = go.Figure([
         go.Bar(x=grouped["gpu_us"] / 1e3, y=grouped.index, orientation="h", name="GPU busy"),
         go.Bar(x=grouped["cpu_us"] / 1e3, y=grouped.index, orientation="h", name="non-GPU")])
-    figure.update_layout(barmode="stack", title="GPU vs CPU time per layer", xaxis_title="ms (all steps)")
+    figure.update_layout(barmode="stack", title="GPU vs CPU time per layer", xaxis_title=f"ms ({which})")
     return _figure_html(figure, "chart-gpu-cpu")
 
 

@@ -370,34 +370,41 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
         ("mean_us", f"mean {unit}", figure), ("share", "share", share)])
     per_operator = analysis.kernel_time_per_operator(trace)
     if not per_operator.empty:
-        _show(console, per_operator.head(top), "Kernel time per operator", [
+        shown, unit, figure = in_time_unit(per_operator.head(top), ["kernel_us"])
+        _show(console, shown, "Kernel time per operator", [
             ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
-            ("kernel_us", "kernel us", number(1)), ("share", "share", share)])
-    per_layer = analysis.gpu_vs_cpu_per_layer(trace)
+            ("kernel_us", f"kernel {unit}", figure), ("share", "share", share)])
+    in_steps, which = deep_steps(trace)
+    per_layer = analysis.gpu_vs_cpu_per_layer(in_steps)
     if not per_layer.empty and (per_layer["kernels"] > 0).any():
         grouped = per_layer.groupby("name", sort=False,
                                     observed=True)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
         grouped = grouped.sort_values("duration_us", ascending=False).head(top).reset_index()
-        _show(console, grouped, "GPU vs CPU time per layer (all steps)", [
-            ("name", "layer", text), ("duration_us", "wall us", number(1)), ("gpu_us", "GPU busy us", number(1)),
-            ("cpu_us", "non-GPU us", number(1)), ("kernels", "kernels", number(0))])
+        shown, unit, figure = in_time_unit(grouped, ["duration_us", "gpu_us", "cpu_us"])
+        _show(console, shown, f"GPU vs CPU time per layer ({which})", [
+            ("name", "layer", text), ("duration_us", f"wall {unit}", figure),
+            ("gpu_us", f"GPU busy {unit}", figure), ("cpu_us", f"non-GPU {unit}", figure),
+            ("kernels", "kernels", number(0))])
     memory = analysis.memory_operations(trace)
     if not memory.empty:
-        _show(console, memory, "Memory copies and sets", [
+        shown, unit, figure = in_time_unit(memory, ["total_us"])
+        _show(console, shown, "Memory copies and sets", [
             ("kind", "kind", text), ("direction", "direction", text), ("count", "count", number(0)),
-            ("total_us", "total us", number(1)), ("bytes", "bytes", number(0)),
+            ("total_us", f"total {unit}", figure), ("bytes", "bytes", number(0)),
             ("bandwidth_gb_s", "GB/s", number(2))])
     sync = analysis.synchronization(trace)
     if not sync.empty:
-        _show(console, sync.head(top), "Synchronisation", [
+        shown, unit, figure = in_time_unit(sync.head(top), ["total_us", "mean_us"])
+        _show(console, shown, "Synchronisation", [
             ("where", "where", text), ("name", "name", text), ("count", "count", number(0)),
-            ("total_us", "total us", number(1)), ("mean_us", "mean us", number(2))])
+            ("total_us", f"total {unit}", figure), ("mean_us", f"mean {unit}", figure)])
     launch = analysis.launch_overhead(trace)
-    _show(console, launch.head(STEPS_SHOWN), "Launch overhead per step", [
-        ("step", "step", number(0)), ("kernels", "kernels", number(0)), ("launch_us", "launch us", number(1)),
-        ("kernel_us", "kernel us", number(1)), ("launch_to_kernel", "launch/kernel", number(2)),
+    shown, unit, figure = in_time_unit(launch.head(STEPS_SHOWN), ["launch_us", "kernel_us", "mean_launch_delay_us"])
+    _show(console, shown, "Launch overhead per step", [
+        ("step", "step", number(0)), ("kernels", "kernels", number(0)), ("launch_us", f"launch {unit}", figure),
+        ("kernel_us", f"kernel {unit}", figure), ("launch_to_kernel", "launch/kernel", number(2)),
         ("kernels_shorter_than_launch", "kernels < launch", number(0)),
-        ("mean_launch_delay_us", "mean delay us", number(1))])
+        ("mean_launch_delay_us", f"mean delay {unit}", figure)])
     _roofline_table(trace, console, top)
 
 
@@ -458,9 +465,10 @@ def _operator_tables(trace: Trace, console: Console, top: int) -> None:
         _say(console, outside)
     backward = analysis.backward_time_per_layer(trace)
     if not backward.empty and backward["backward_operators"].sum() > 0:
-        _show(console, backward.head(top), "Backward time per forward layer (by autograd sequence number)", [
-            ("forward_layer", "forward layer", text), ("backward_layer_us", "backward span us", number(1)),
-            ("backward_operator_us", "backward operators us", number(1)),
+        shown, unit, figure = in_time_unit(backward.head(top), ["backward_layer_us", "backward_operator_us"])
+        _show(console, shown, "Backward time per forward layer (by autograd sequence number)", [
+            ("forward_layer", "forward layer", text), ("backward_layer_us", f"backward span {unit}", figure),
+            ("backward_operator_us", f"backward operators {unit}", figure),
             ("backward_operators", "operators", number(0))])
 
 
@@ -582,10 +590,11 @@ def _roofline_table(trace: Trace, console: Console, top: int) -> None:
 
 
 def _memory_tables(trace: Trace, console: Console, top: int) -> None:
-    by_type = analysis.memory_by_layer_type(trace)
+    in_steps, which = deep_steps(trace)
+    by_type = analysis.memory_by_layer_type(in_steps)
     if by_type.empty:
         return
-    _show(console, by_type.head(top), "Memory allocated per layer type (forward calls, all steps)", [
+    _show(console, by_type.head(top), f"Memory allocated per layer type (forward calls, {which})", [
         ("module_type", "type", text), ("device", "device", text), ("layers", "calls", number(0)),
         ("mean_allocated_bytes", "bytes per call", number(0)), ("max_peak_bytes", "max peak bytes", number(0))])
 
