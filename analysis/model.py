@@ -12,6 +12,7 @@ from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.trace import Trace
 from xsp.record.steps import GENERATE_SUFFIX
 from xsp.table.sampling import step_roots as step_root_positions
+from xsp.table.walks import nearest_marked, parent_positions
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
 """Where input waits live (the model level in traces recorded before the input level)."""
@@ -24,6 +25,31 @@ TRIM_FRACTION = 0.2
 def spans_of(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """The span table of ``source``: a trace's, or the table itself (every analysis takes either)."""
     return source.spans if isinstance(source, Trace) else source
+
+
+def within_steps(source: Trace | pd.DataFrame) -> np.ndarray:
+    """Which spans are a step's work (bool per row): under a step's root, or in a step and
+    overlapping its root's time (another thread's work meanwhile). A span numbered with a step
+    but run before its root began (an inference loop's ``torch.ones`` before the model call
+    that is the step) is between steps: it is not in the step's time, so not in its shares."""
+    spans = spans_of(source)
+    steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)
+    within = np.zeros(len(spans), dtype=bool)
+    roots = step_root_positions(spans)
+    if not len(roots):
+        return within
+    is_root = np.zeros(len(spans), dtype=bool)
+    is_root[roots] = True
+    within |= nearest_marked(parent_positions(spans), is_root, include_self=True) >= 0
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    extent = pd.DataFrame({"step": steps[roots], "start": starts[roots], "end": ends[roots]}).groupby("step").agg(
+        start=("start", "min"), end=("end", "max"))
+    numbered = ~np.isnan(steps)
+    first = extent["start"].reindex(steps[numbered]).to_numpy(dtype=np.float64, na_value=np.nan)
+    last = extent["end"].reindex(steps[numbered]).to_numpy(dtype=np.float64, na_value=np.nan)
+    within[numbered] |= (starts[numbered] < last) & (ends[numbered] > first)
+    return within
 
 
 def step_roots(spans: pd.DataFrame) -> pd.DataFrame:

@@ -134,3 +134,5 @@ def test_the_charts_of_all_steps_count_only_the_steps():
     operators = _figure_data(operators_section(session.trace))[0]
     assert not any("uniform_" in name for name in operators["y"])
     assert "ms (all steps)" in operators_section(session.trace) and "ms (all steps)" in layers_section(session.trace)
+    shares = [float(share) for share in re.findall(r"<td class='t'>([0-9.]+)%</td>", source_section(session.trace))]
+    assert shares and sum(shares) <= 100.05  # the line that built the model is not a share of the steps

@@ -344,3 +344,25 @@ def test_a_tables_time_unit_follows_its_largest_figure_and_is_in_the_heading(sha
             table = "\n".join(table.splitlines()[:10])
             assert not re.search(r"\d{1,3}(,\d{3}){2,}\.\d", table), (trace.name, table)  # no 1,000,000.0 and up
             assert re.search(r"(self|total) (us|ms|s)\b", table.replace("\n", " ")) or "ms" in table or "us" in table
+
+
+def test_a_steps_work_is_what_runs_under_its_root_or_beside_it():
+    """An inference loop's step is its model call: the batch made before the call (numbered with
+    the step) is between steps, so per-step tables and shares leave it out and say it apart."""
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.analysis.model import within_steps
+    from xsp.core.schema import Level
+    from xsp.reports.terminal import deep_steps, outside_steps_line
+
+    rows = [(1, None, "operator", "operator", "aten::ones", 0, 5, {}),  # the batch, before the call
+            (2, None, "model", "predict", "net", 10, 100, {}),
+            (3, 2, "operator", "operator", "aten::addmm", 20, 80, {}),
+            (4, 3, "kernel", "kernel", "gemm", 90, 120, {}),  # ran on after the call returned
+            (5, None, "operator", "operator", "aten::copy_", 50, 60, {col.THREAD_ID: 2})]  # another thread, meanwhile
+    trace = make_trace(rows)
+    assert within_steps(trace).tolist() == [False, True, True, True, True]
+    kept, which = deep_steps(trace)
+    assert which == "all steps" and "aten::ones" not in set(kept.spans[col.NAME].astype(str))
+    assert outside_steps_line(trace, Level.OPERATOR, "operator") == (
+        "Outside every step, not in these figures: 1 operator, 0.005 ms before the first step (model construction, "
+        "start-up)")

@@ -430,6 +430,7 @@ def source_section(trace: Trace) -> str:
     from xsp.analysis.lines import relative_files
     from xsp.reports.source import file_lines
 
+    trace, which = deep_steps(trace)  # shares of the steps' time: the model built before them is not in it
     found = analysis.lines(trace)
     if found.empty:
         return ""
@@ -438,7 +439,8 @@ def source_section(trace: Trace) -> str:
     names = relative_files(files)
     hottest = float(found["self_ms"].max()) or 1.0
     parts = [_note(f"The line of your code that made each recorded call, and the time under it (self: not under "
-                   f"another line); {min(len(by_file), SOURCE_FILES)} of {len(by_file)} files, the hottest first. "
+                   f"another line; {which}); {min(len(by_file), SOURCE_FILES)} of {len(by_file)} files, the hottest "
+                   "first. "
                    "A layer called inside another layer of a library (nn.Sequential) counts on the line that called "
                    "the outer one; xsp report --lines lists them too.")]
     for file in files:

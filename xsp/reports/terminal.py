@@ -16,6 +16,7 @@ from rich.text import Text
 
 from xsp import analysis
 from xsp.analysis.lines import relative_files
+from xsp.analysis.model import within_steps
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
@@ -320,9 +321,9 @@ def deep_steps(trace: Trace) -> tuple[Trace, str]:
     whole."""
     spans = trace.spans
     if not trace.metadata.get("sampling") or col.SAMPLING not in spans:
-        in_step = spans[col.STEP].notna().to_numpy(dtype=bool)
-        if not in_step.any():
+        if not spans[col.STEP].notna().any():
             return trace, WHOLE_TRACE
+        in_step = within_steps(spans)
         if in_step.all():
             return trace, ALL_STEPS
         return Trace(spans=spans[in_step].reset_index(drop=True), metadata=trace.metadata), ALL_STEPS
@@ -433,11 +434,11 @@ def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
     first step (model construction, weight initialisation, start-up), between steps, after the
     last; None when nothing did (or the trace has no steps)."""
     spans = trace.spans
-    steps = spans[col.STEP].notna()
-    outside = spans[(spans[col.LEVEL] == level.value).to_numpy(dtype=bool) & ~steps.to_numpy(dtype=bool)]
+    steps = within_steps(spans)
+    outside = spans[(spans[col.LEVEL] == level.value).to_numpy(dtype=bool) & ~steps]
     if outside.empty or not steps.any():
         return None
-    in_steps = spans[steps.to_numpy(dtype=bool)]
+    in_steps = spans[steps]
     first_ns, last_ns = int(in_steps[col.START_NS].min()), int(in_steps[col.END_NS].max())
     duration_ms = (outside[col.END_NS] - outside[col.START_NS]).astype("float64") / 1e6
     before = duration_ms[(outside[col.START_NS] < first_ns).to_numpy(dtype=bool)].sum()
