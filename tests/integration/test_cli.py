@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -443,27 +444,51 @@ def test_a_trace_without_steps_reports_its_tables_over_the_whole_trace(shared_tr
     assert "(all steps" not in out
 
 
-def test_every_line_fits_80_columns_warnings_and_errors_too(tiny, tmp_path):
-    """Read in an 80-column terminal ($COLUMNS, as a terminal sets it): xsp's warnings, errors
-    and closing line wrap at its width; into a pipe or a log each stays one line, for grep."""
-    narrow = {**os.environ, "COLUMNS": "80"}
+def _in_terminal(args: list[str], cwd: Path, columns: int = 80) -> tuple[int, str]:
+    """Run the CLI with its stderr on a pseudo-terminal ``columns`` wide (a person's terminal);
+    its exit status and what the terminal showed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    try:
+        done = subprocess.run([sys.executable, "-m", "xsp", *args], cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=follower, text=True, timeout=300)
+    finally:
+        os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the terminal closed: everything was read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    lines = []
+    for line in shown.decode(errors="replace").replace("\r\n", "\n").split("\n"):
+        line = re.split(r"\x1b\[2K|\r", line)[-1]  # what is left of a line the progress spinner erased
+        lines.append(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line))
+    return done.returncode, done.stdout + "\n".join(lines)
+
+
+def test_every_line_fits_an_80_column_terminal_warnings_and_errors_too(tiny, tmp_path):
+    """Read in an 80-column terminal: xsp's warnings, errors and closing line wrap at its width;
+    into a pipe or a log each stays one line, for grep."""
     deep = tmp_path / ("a-long-folder-name-" * 4) / "trace.xsp.parquet"
-
-    def lines_of(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-        done = subprocess.run([sys.executable, "-m", "xsp", *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300, env=env)
-        return done, (done.stdout + done.stderr).splitlines()
-
-    # every level this machine cannot record: the warning naming their cause is long
-    levels = "model,layer,cuda_api,kernel,gpu_metrics"
-    done, lines = lines_of("run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2", env=narrow)
-    assert done.returncode == 0, done.stderr
+    levels = "model,layer,cuda_api,kernel,gpu_metrics"  # what this machine cannot record: a long warning
+    status, shown = _in_terminal(["run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2"], tmp_path)
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert status == 0 and any(line.startswith("xsp: ") for line in lines), shown
     assert max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
-    if "not recorded" in done.stderr:  # on a GPU machine every level may be there
-        piped = lines_of("run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2",
-                         env={k: v for k, v in os.environ.items() if k != "COLUMNS"})[0]
+    if "not recorded" in shown:  # on a GPU machine every level may be there
+        piped = xsp_cli("run", "--levels", levels, "-o", str(deep), "--", str(tiny), "2", cwd=tmp_path)
         warning = next(line for line in piped.stderr.splitlines() if "not recorded" in line)
-        assert len(warning) > 80 and " ".join(done.stderr.split()).count(" ".join(warning.split())) == 1
-    done, lines = lines_of("report", str(deep.with_name("missing.xsp.parquet")), env=narrow)
-    assert done.returncode == 2 and max(map(len, lines)) <= 80
-    assert "no such trace file" in done.stderr
+        assert len(warning) > 80 and " ".join(warning.split()) in " ".join(shown.split())
+    status, shown = _in_terminal(["report", str(deep.with_name("missing.xsp.parquet"))], tmp_path)
+    assert status == 2 and "no such trace file" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80, shown

@@ -374,13 +374,14 @@ def test_compiled_and_scripted_code_has_the_line_that_called_it(user):
 
 
 def test_the_html_report_shows_the_hottest_file_as_annotated_source(user):
-    from xsp.reports.html import render_html
+    from xsp.reports.html import HEAT_MOST, render_html
 
     page = render_html(_trace(lambda: user.run(user.Net(8.0), 2)))
     section = page[page.index("<h2>Where in your code</h2>"):]
     section = section[:section.index("</section>")]
     assert "user_lines.py" in section
     big = _line(user, "BIG")
-    row = re.search(rf"<tr style='background: rgba\(220, 40, 0, ([0-9.]+)\)'><td class='n'>{big}</td>", section)
-    assert row is not None and float(row.group(1)) == pytest.approx(0.80)  # the hottest line: the darkest
+    row = re.search(rf"<tr class='hot' style='background: rgba\(220, 40, 0, ([0-9.]+)\)'><td class='n'>{big}</td>",
+                    section)
+    assert row is not None and float(row.group(1)) == pytest.approx(HEAT_MOST)  # the hottest line: the darkest
     assert "x = self.big(x)  # BIG" in section

@@ -89,10 +89,10 @@ def console() -> Console:
 
 def error_console() -> Console:
     """The console of xsp's own lines (warnings, errors, what was written), on stderr: wrapped
-    at the terminal's width (or $COLUMNS where set), so that each fits an 80-column terminal;
-    one line per message into a pipe or a log, where grep and CI systems read them whole."""
-    wraps = sys.stderr.isatty() or os.environ.get("COLUMNS", "").isdigit()
-    return Console(stderr=True, highlight=False, soft_wrap=not wraps)
+    at the terminal's width, so that each fits an 80-column terminal; one line per message into
+    a pipe or a log, where grep and CI systems read them whole. ($COLUMNS alone decides nothing:
+    GNU readline exports it into every child of a process that loaded it, pipes included.)"""
+    return Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
