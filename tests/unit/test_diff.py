@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -1004,3 +1005,17 @@ def test_too_few_steps_for_any_verdict_is_inconclusive():
     result = diff(run(1, steps=3), run(2, steps=3))
     assert result.verdict is dcol.Verdict.INCONCLUSIVE
     assert "too few steps to tell a 5% change from noise: record at least 5 steps a side" in result.inconclusive[1]
+
+
+def test_a_key_that_moved_past_the_threshold_without_a_significant_test_is_never_unchanged():
+    """A new user's diff: a model call 10x slower over 5 noisy steps a side (q=0.016 at an FDR of
+    0.01) read "unchanged". It moved, and the test could not say: it reads unjudged, with why."""
+    result = diff(run(1, steps=5, noise=0.6), run(2, steps=5, noise=0.6, slower={name: 0.3 for name in LAYERS}))
+    model = row(result, "net[0]")
+    assert model[dcol.VERDICT] == "unchanged" and model[dcol.ADJUSTED_RATIO] > 1.15
+    assert model[dcol.Q_VALUE] > 0.01
+    assert model[dcol.NOTE].startswith(dcol.NOT_SIGNIFICANT_NOTE)
+    assert diff_formats.shown_verdict(SimpleNamespace(**model)) == "unjudged"
+    text = diff_formats.text(result)
+    assert "unchanged" not in text.split("Model (median per step):")[1].splitlines()[1]
+    assert result.verdict is dcol.Verdict.INCONCLUSIVE

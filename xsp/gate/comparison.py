@@ -47,6 +47,7 @@ from xsp.gate.diff_columns import (
     NEW_RUNS,
     NEW_SAMPLES,
     NEW_TOTAL_NS,
+    NOT_SIGNIFICANT_NOTE,
     NOTE,
     ONE_SAMPLE_NOTE,
     P_VALUE,
@@ -247,6 +248,9 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     note = np.full(count, None, dtype=object)
     note[both & ~tested & ~overlap] = ONE_SAMPLE_NOTE
     note[tested & ~reached] = BELOW_UNCHANGED_NOTE
+    not_shown = tested & reached & large & ~significant & (verdict == Verdict.UNCHANGED.value)
+    note[not_shown] = [f"{NOT_SIGNIFICANT_NOTE} (q={q:.2g}; the smallest change it could show: {d:.0%})"
+                       for q, d in zip(q_values[not_shown], detectable[not_shown])]
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
     note[waited] = (f"{WAITED_NOTE} {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "

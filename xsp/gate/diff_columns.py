@@ -52,7 +52,10 @@ WITH_RUN_NOTE: Final = "moved with the whole run"
 ONE_SAMPLE_NOTE: Final = "one sample on a side: no verdict"
 BELOW_UNCHANGED_NOTE: Final = "not judged: the key above it did not change"
 """The note of a key whose family was not tested (hierarchical testing: its parent did not change)."""
-UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE, BELOW_UNCHANGED_NOTE)
+NOT_SIGNIFICANT_NOTE: Final = "moved past the threshold, but not significantly"
+"""The note of a key whose median moved by more than the threshold without its test showing it
+(too few steps or too noisy a side): no evidence either way, never ``unchanged``."""
+UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE, BELOW_UNCHANGED_NOTE, NOT_SIGNIFICANT_NOTE)
 """The notes of keys that are ``unchanged`` because they were not judged (reports show them so)."""
 
 
