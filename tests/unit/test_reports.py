@@ -296,7 +296,7 @@ def test_failed_steps_are_counted_apart_and_left_out_of_latency_and_throughput(f
 
 def test_layer_tables_give_self_and_inclusive_time_per_call_and_intervals_in_percent(tmp_path):
     """One meaning per column: both layer times per call (self was a total over calls beside a
-    per-call inclusive mean, so self read larger than inclusive), every "± 95%" in percent, and
+    per-call inclusive mean, so self read larger than inclusive), every 95% interval in percent (±5.0%), and
     "1 round", not "1 rounds"."""
     from xsp.reports.terminal import render_report
 
@@ -315,7 +315,8 @@ def test_layer_tables_give_self_and_inclusive_time_per_call_and_intervals_in_per
     assert layer_table.count("ms/call") == 2 and "incl." in layer_table  # (headings wrap at their column's width)
     assert "1 round)" in out and "1 rounds" not in out
     runs = out[out.index("Leveled runs"):].splitlines()[:8]
-    assert any(line.split()[:4] == ["model", "5", "2.000", "5.0%"] for line in runs)  # ± 0.1 of 2.0 ms: in percent
+    assert any(line.split()[:4] == ["model", "5", "2.000", "±5.0%"] for line in runs)  # ± 0.1 of 2.0 ms: in percent
+    assert "95%" in "".join(runs[:4]) and "CI" in "".join(runs[:4]) and "False" not in "".join(runs)
     table = analysis.top_layers(trace)
     assert (table["mean_self_ms"] <= table["mean_ms"] + 1e-9).all()
 

@@ -564,7 +564,7 @@ def _leveled_rounds(options: argparse.Namespace, trace_options: TraceOptions, sc
 
 def _write_leveled(result: Any, options: argparse.Namespace, rounds: int) -> None:
     """Write a leveled result (partial or whole) and say what it holds."""
-    from xsp.reports.terminal import frame_table, number, share, text
+    from xsp.reports.terminal import CI_HEADING, frame_table, number, plus_minus_share, share, text
 
     out = error_console()
     details = result.trace.metadata["leveled"]
@@ -583,10 +583,11 @@ def _write_leveled(result: Any, options: argparse.Namespace, rounds: int) -> Non
                 "with its 95% interval; a metrics run's durations are not used)", markup=False)
     shown.print(frame_table(runs, "", [("run", "run", text), ("steps", "steps", number(0)),
                                        ("model_latency_ms", "model latency ms", number()),
-                                       ("model_latency_ci_share", "± 95%", share),
+                                       ("model_latency_ci_share", CI_HEADING, plus_minus_share),
                                        ("overhead", "overhead vs model", share)], width=shown.width))
     where = f" -> {options.output}" if options.output else ""
-    out.print(f"xsp: merged {count_of(len(result.trace.spans), 'span')} of step {details['merged_step']}{where}; "
+    out.print(f"xsp: merged {count_of(len(result.trace.spans), 'span')} into one step, shaped as the deepest run's "
+              f"step {details['merged_step']} and timed over every run's measured steps{where}; "
               f"{count_of(len(result.unmatched), 'span')} did not repeat identically and keep the deepest run's time",
               markup=False)
     if partial:

@@ -59,6 +59,23 @@ def in_time_unit(frame: pd.DataFrame, columns_us: Sequence[str]) -> tuple[pd.Dat
     return frame.assign(**{name: frame[name] / scale for name in columns_us}), unit, figure
 
 
+CI_HEADING: Final = "95% CI"
+"""The heading of a column of 95% intervals' half-widths, each as a share of its figure (±6.6%)."""
+
+
+def plus_minus_share(value: object) -> str:
+    """A 95% interval's half-width as a share of its figure: ``±6.6%``."""
+    shown = share(value)
+    return shown if shown == "-" else f"±{shown}"
+
+
+def yes_no(value: object) -> str:
+    """A flag as a reader says it: ``yes`` or blank (unknown: ``-``)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    return "yes" if bool(value) else ""
+
+
 def share(value: object) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return "-"
@@ -346,7 +363,7 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which}; ms per call)", [
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
-        *([("mean_ci_share", "± 95%", share)] if leveled else []), ("share", "self share", share)])
+        *([("mean_ci_share", CI_HEADING, plus_minus_share)] if leveled else []), ("share", "self share", share)])
     _show(console, analysis.layer_type_summary(trace), f"Time per layer type (by self time, {which}; ms per call)", [
         ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
@@ -520,7 +537,7 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     runs = runs.assign(model_latency_ci_share=runs["model_latency_ci_ms"] / runs["model_latency_ms"])
     _show(console, runs, "Leveled over the drawn steps (each depth a run of its own; nothing run twice)", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model ms", number()),
-        ("model_latency_ci_share", "± 95%", share), ("overhead", "overhead vs model", share)])
+        ("model_latency_ci_share", CI_HEADING, plus_minus_share), ("overhead", "overhead vs model", share)])
     best = analysis.top_layers(result.trace, k=top)
     if best.empty:
         return
@@ -530,8 +547,9 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     best = best.assign(run=best["name"].map(source), steps=best["name"].map(source).map(steps_of),
                        mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     _show(console, best, f"Top {counted(len(best), 'layer')} by self time, leveled (free of xsp's own overhead)", [
-        ("name", "layer", text), ("mean_ms", "incl. ms/call", number()), ("mean_ci_share", "± 95%", share),
-        ("run", "from run", text), ("steps", "steps", number(0)), ("share", "share", share)])
+        ("name", "layer", text), ("mean_ms", "incl. ms/call", number()),
+        ("mean_ci_share", CI_HEADING, plus_minus_share), ("run", "from run", text), ("steps", "steps", number(0)),
+        ("share", "share", share)])
 
 
 def _leveled_table(trace: Trace, console: Console) -> None:
@@ -548,10 +566,10 @@ def _leveled_table(trace: Trace, console: Console) -> None:
                          f"{leveled.get('unmatched', 0)} spans did not repeat; "
                          f"{counted(int(leveled.get('rounds', 1)), 'round')})", [
         ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model latency ms", number()),
-        ("model_latency_ci_share", "± 95%", share), ("overhead", "overhead vs model", share),
-        ("metric", "metric run", text)])
+        ("model_latency_ci_share", CI_HEADING, plus_minus_share), ("overhead", "overhead vs model", share),
+        ("metric", "metric run", yes_no)])
     if leveled.get("by_depth"):
-        _say(console, f"Layers leveled by module depth: {leveled.get('layer_depths')} depths, "
+        _say(console, f"Layers leveled by module depth: {counted(int(leveled.get('layer_depths') or 0), 'depth')}, "
                       f"{leveled.get('runs_per_round', len(runs))} runs a round; each layer's time from the run that "
                       "recorded nothing below it")
     _say(console, top_level_check(trace))
