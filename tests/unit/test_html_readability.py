@@ -89,6 +89,7 @@ def test_the_icicle_is_coloured_by_level_with_short_labels_and_full_names_on_hov
     assert all(len(label) <= 32 for label in icicle["labels"])
     assert not any(label.startswith("model.") for label in icicle["labels"])  # no parent's name repeated
     assert "%{customdata[0]}" in icicle["hovertemplate"]
+    assert '"uniformtext":{"minsize":10,"mode":"hide"}' in icicle_section(nested)  # no unreadable specks
 
 
 def test_a_nodes_own_name_drops_its_parents():
@@ -103,6 +104,7 @@ def test_the_flame_chart_reads_in_plain_milliseconds(nested):
     section = timeline_section(nested)
     assert "ms from the step's start" in section and "us from" not in section
     assert '"tickformat":",~f"' in section  # plain numbers: 0.5, 1, 1,000; never 0.5M
+    assert '"uniformtext":{"minsize":10,"mode":"hide"}' in section
     bars = _figure_data(section)
     step_ms = max(base + width for bar in bars for base, width in zip(_numbers(bar["base"]), _numbers(bar["x"])))
     assert step_ms < 1_000  # milliseconds, not microseconds: a toy step is well under a second

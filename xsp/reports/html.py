@@ -42,6 +42,9 @@ LEVEL_COLOURS = {"model": "#4c78a8", "input": "#72b7b2", "layer": "#f58518", "op
                  "cuda_api": "#b279a2", "kernel": "#e45756", "user": "#eeca3b"}
 """One colour per level, the same in every chart (Tableau 10)."""
 OTHER_COLOUR = "#9d9d9d"
+READABLE_TEXT = {"minsize": 10, "mode": "hide"}
+"""A box's label is shown at 10 px or not at all (hover still names it): plotly would shrink it
+to fit, into specks no one can read."""
 ICICLE_LABEL_CHARACTERS = 32
 """An icicle box's label at most: the node's own name (its parent's is in the box above); the
 full name is on hover."""
@@ -277,7 +280,8 @@ def timeline_section(trace: Trace) -> str:
     figure.update_layout(title="Flame chart of " + title[0].lower() + title[1:], barmode="overlay",
                          xaxis={"title": "ms from the step's start", "tickformat": ",~f"},
                          height=max(420, 26 * len(order) + 120),
-                         yaxis={"categoryorder": "array", "categoryarray": order[::-1]}, bargap=0.05)
+                         yaxis={"categoryorder": "array", "categoryarray": order[::-1]}, bargap=0.05,
+                         uniformtext=READABLE_TEXT)
     return _figure_html(figure, "chart-timeline")
 
 
@@ -297,7 +301,8 @@ def icicle_section(trace: Trace) -> str:
         customdata=np.column_stack([names, tree["level"], tree["total_ms"], tree["calls"]]),
         hovertemplate="%{customdata[0]}<br>%{customdata[1]}: %{customdata[2]:,.3f} ms per step, "
                       "%{customdata[3]:.1f} calls<extra></extra>", maxdepth=5))
-    figure.update_layout(title="Where a step's time goes (mean per step; click a box to zoom)", height=560)
+    figure.update_layout(title="Where a step's time goes (mean per step; click a box to zoom)", height=560,
+                         uniformtext=READABLE_TEXT)
     return _figure_html(figure, "chart-icicle")
 
 
