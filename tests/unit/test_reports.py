@@ -367,3 +367,30 @@ def test_a_steps_work_is_what_runs_under_its_root_or_beside_it():
     assert outside_steps_line(trace, Level.OPERATOR, "operator") == (
         "Outside every step, not in these figures: 1 operator, 0.005 ms before the first step (model construction, "
         "start-up)")
+
+
+def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
+    """A new user's ResNet: one convolution's first call took 32 ms, the next ones 1-2 ms, and
+    it led the layer table; the report says the first step's warm-up is in those figures, and
+    how to record without it."""
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.reports.terminal import render_report, warmup_line
+
+    def steps(first_us: int) -> xsp.Trace:
+        rows, span_id, at = [], 1, 0
+        for step, length in enumerate([first_us, 100, 110, 90]):
+            rows.append((span_id, None, "model", "predict", "net", at, at + length, {"step": step}))
+            rows.append((span_id + 1, span_id, "layer", "forward", "net.conv", at + 1, at + length - 1,
+                         {"step": step, col.MODULE_TYPE: "Conv2d"}))
+            span_id, at = span_id + 2, at + length + 10
+        return make_trace(rows)
+
+    slow = steps(3_200)
+    line = warmup_line(slow)
+    assert line is not None and line.startswith("The first step took 3.200 ms, 32.0x the median of the others")
+    assert "--schedule skip_first=1" in line
+    console = Console(width=80, record=True, color_system=None)
+    render_report(slow, console)
+    out = console.export_text()
+    assert out.index("The first step took") < out.index("Top 1 layer by self time")
+    assert warmup_line(steps(250)) is None  # 2.5x: not warm-up

@@ -350,10 +350,35 @@ def deep_steps(trace: Trace) -> tuple[Trace, str]:
         "recorded deep"
 
 
+WARMUP_FACTOR: Final = 3.0
+"""A first step slower than this many times the median of the others is called warm-up."""
+
+
+def warmup_line(trace: Trace) -> str | None:
+    """What a slow first step (warm-up: lazy initialisation, caches, kernels chosen on first
+    use) does to the figures over all steps, and how to record without it; None where the first
+    step is not slow, or there are fewer than 3 steps, or the trace is always on (its tables
+    count the steps recorded deep)."""
+    if trace.metadata.get("sampling") or trace.metadata.get("leveled"):
+        return None
+    latency = analysis.model_latency(trace)
+    if len(latency) < 3:
+        return None
+    first, rest = float(latency["latency_ms"].iloc[0]), latency["latency_ms"].iloc[1:].median()
+    if not rest > 0 or first < WARMUP_FACTOR * rest:
+        return None
+    return (f"The first step took {first:,.3f} ms, {first / rest:.1f}x the median of the others ({rest:,.3f} ms): its "
+            f"warm-up is in these figures. To record without it: xsp run --schedule skip_first=1 (or "
+            f"xsp.trace(schedule=\"skip_first=1\")), or run more steps")
+
+
 def _layer_tables(trace: Trace, console: Console, top: int) -> None:
     layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
     if layers.empty:
         return
+    warmup = warmup_line(trace)
+    if warmup:
+        _say(console, warmup, "yellow")
     trace, which = deep_steps(trace)
     best = analysis.top_layers(trace, k=top)
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
