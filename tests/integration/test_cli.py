@@ -492,3 +492,11 @@ def test_every_line_fits_an_80_column_terminal_warnings_and_errors_too(tiny, tmp
     status, shown = _in_terminal(["report", str(deep.with_name("missing.xsp.parquet"))], tmp_path)
     assert status == 2 and "no such trace file" in shown
     assert max(len(line) for line in shown.splitlines()) <= 80, shown
+
+
+def test_the_closing_line_says_when_it_replaced_an_earlier_trace(tiny, tmp_path):
+    """Following the README in order, a second `xsp run` replaced the first run's trace unsaid."""
+    first = xsp_cli("run", "--", str(tiny), "2", cwd=tmp_path)
+    assert first.returncode == 0 and "replacing" not in first.stderr
+    second = xsp_cli("run", "--", str(tiny), "2", cwd=tmp_path)
+    assert "-> run.xsp.parquet (replacing the earlier trace there)" in second.stderr

@@ -341,6 +341,8 @@ def run(options: argparse.Namespace) -> int:
         if options.output:
             check_output(options.output, str(script))  # the trace would overwrite the script
             check_writable(options.output)  # fail before the script runs, not after
+    # a trace already there is replaced: said in the closing line (`xsp diff` needs two names)
+    options.replaces = bool(options.output) and not options.dataset and os.path.isfile(options.output)
     if options.slow_factor is not None and options.sample is None and not os.environ.get(SAMPLE_VARIABLE):
         raise CliError("--slow-factor applies to always-on sessions only: give --sample too")
     from xsp.session.options import environment_sampling_set, without_environment_sampling
@@ -621,6 +623,8 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     steps = int(counted[col.STEP].dropna().nunique())
     where = (f" -> {_shown(session.output, started_in)}" if session.output is not None and session.write_error is None
              else "")
+    if where and getattr(options, "replaces", False) and os.path.abspath(options.output) == str(session.output):
+        where += " (replacing the earlier trace there)"
     out.print(f"xsp: {count_of(len(counted), 'span')}, {count_of(steps, 'step')}{where}", markup=False)
     export = session.export
     if export is not None:
