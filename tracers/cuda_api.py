@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level
 from xsp.record.recording import Recording
 from xsp.record.window import Window
@@ -20,11 +20,6 @@ from xsp.tracers.cuda.records import ActivityColumns
 from xsp.tracers.cuda.rows import api_rows
 from xsp.tracers.cuda.source import API_KINDS, SOURCE, CuptiSource, pairing_note, record_path
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 class CuptiTracer(Tracer):

@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Recording
 from xsp.record.window import Window
 from xsp.tracers.base import Tracer
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 NORM_FLOPS_PER_ELEMENT = 5
 """Mean, variance, normalise and scale-shift, per element (and softmax's max, exp, sum, divide)."""

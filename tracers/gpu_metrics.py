@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.record.recording import Recording
 from xsp.record.window import Window
 from xsp.tracers.base import Tracer
 from xsp.tracers.cuda.source import cupti_error_text, cupti_module, measure_cupti_offset, probe
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 SAMPLING_INTERVAL_NS = 100_000
 HARDWARE_BUFFER_BYTES = 256 << 20

@@ -7,19 +7,14 @@ id, so it inherits that call's operator, layer, step and model ancestors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level
 from xsp.tracers.cuda.records import ActivityColumns
 from xsp.tracers.cuda.rows import activity_rows
 from xsp.tracers.cuda.source import ACTIVITY_KINDS
 from xsp.tracers.cuda_api import CuptiTracer
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 class KernelTracer(CuptiTracer):

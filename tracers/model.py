@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.record.marks import SPAN_KIND_OF_MARK, MarkKind
 from xsp.record.recording import Recording
@@ -20,11 +20,6 @@ from xsp.tracers._loop_events import LoopEvents
 from xsp.tracers.module_calls.call_context import Mode
 from xsp.tracers.module_calls.lifecycle import ModuleCallTracer
 from xsp.tracers.module_calls.rows import as_numpy, module_call_rows, site_columns
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 class ModelTracer(ModuleCallTracer):

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.record.operator_lines import OPERATOR_LINES_VARIABLE, LineChanges, OperatorLines, operator_sites
 from xsp.record.operator_observer import (
@@ -46,11 +46,6 @@ from xsp.tracers.operator_profiler import (
     unmarked_thread_names,
     without_kineto_chatter,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 def observer_rows(taken: Taken, lines: LineChanges | None = None, sites: CallSites | None = None) -> pd.DataFrame:

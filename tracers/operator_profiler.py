@@ -30,22 +30,17 @@ import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.core.threads import start_thread
 from xsp.record.operator_lines import LineChanges, operator_sites
 from xsp.record.sites import NO_SITE, CallSites
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 CLOCK_MARKER = "xsp::clock"
 THREAD_MARKER = "xsp::thread#"

@@ -23,21 +23,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from xsp.core.clock import now_ns
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level
 from xsp.core.threads import start_thread
 from xsp.record.recording import Recording
 from xsp.record.samples import EnergyMethod, Sample, SampleSource, SystemMetric, sample_rows
 from xsp.record.window import Window
 from xsp.tracers.base import Tracer
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 DEFAULT_HZ: Final = 10.0
 HZ_ENV: Final = "XSP_SYSTEM_HZ"

@@ -12,20 +12,15 @@ import ctypes.util
 import json
 import re
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.tracers.cuda.clock import CuptiClock
 from xsp.tracers.cuda.records import EXTERNAL_KIND_CUSTOM0, ActivityColumns, Family, Kind
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 # cupti.ActivityMemcpyKind, written as Kineto and Nsight write them
 COPY_KINDS: Final = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",

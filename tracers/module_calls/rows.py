@@ -9,25 +9,19 @@ import re
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
 from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
 from xsp.record.sites import CallSites
 from xsp.record.window import Window, WindowBuffer
 from xsp.table.walks import arrow_strings, categories_at
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
 
 BACKWARD_SUFFIX = col.BACKWARD_SUFFIX
 

@@ -16,21 +16,16 @@ import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level
 from xsp.export.target import DEFAULT_SPAN_BUDGET
 from xsp.table.build import string_array
 from xsp.table.walks import NONE, depth_of, nearest_marked, parent_positions
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 TOP_NAMES: Final = 5
 ATTR_AGGREGATED_COUNT: Final = "xsp.aggregated.count"

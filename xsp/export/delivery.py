@@ -14,14 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import otel_span_export as sdk_export
 from xsp.export.target import OtlpTarget, Protocol
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import export as sdk_export
     from opentelemetry.sdk.trace.export import SpanExporter
-else:
-    sdk_export = lazy_module("opentelemetry.sdk.trace.export")
 
 DEFAULT_TIMEOUT_S = 5.0
 """Export timeout when OTEL_EXPORTER_OTLP_TIMEOUT is not set: bounds the delay at exit."""

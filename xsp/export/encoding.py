@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import Any, Final, overload
 
 import numpy as np
 from opentelemetry.attributes import BoundedAttributes
@@ -26,13 +26,8 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
 from xsp._version import __version__
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.record.hotpath import optional_extension
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 PROTOBUF: Any = optional_extension("xsp.export._protobuf")
 """xsp's C span encoder, or None where it is not built (then the SDK path is used)."""

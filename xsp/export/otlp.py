@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 from opentelemetry import trace as otel_trace
@@ -32,7 +32,7 @@ from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlag
 
 from xsp._version import __version__
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.threads import start_thread
 from xsp.export import encoding
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
@@ -40,11 +40,6 @@ from xsp.export.delivery import RETRY_BUDGET_S, ExportReport, export_batch, make
 from xsp.export.encoding import EncodedBatch, SpanColumns, resource_and_scope
 from xsp.export.target import OtlpTarget
 from xsp.table.walks import depth_of, parent_positions
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 BATCH_SIZE = 512
 

@@ -10,27 +10,19 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
 from xsp.core.errors import SchemaVersionError, TraceFormatError, TraceNotFoundError, XspWarning, warn
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
+from xsp.core.lazy import pyarrow_compute as pc
+from xsp.core.lazy import pyarrow_parquet as pq
 from xsp.io.outputs import beside, describe_os_error, write_output
 from xsp.table.validation import impossible_spans, parents_not_in_the_table
 from xsp.table.walks import arrow_strings, categorical, parent_positions
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
-    pc = lazy_module("pyarrow.compute")
-    pq = lazy_module("pyarrow.parquet")
 
 _PARQUET_MAGIC = b"PAR1"
 ARROW_SCHEMA_KEY: Final = b"ARROW:schema"

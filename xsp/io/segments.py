@@ -25,11 +25,14 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
+from xsp.core.lazy import pyarrow_compute as pc
+from xsp.core.lazy import pyarrow_parquet as pq
 from xsp.io.outputs import atomic_output
 from xsp.io.parquet import (
     arrow_table,
@@ -42,17 +45,6 @@ from xsp.io.parquet import (
     writer_options,
 )
 from xsp.table.steps import SESSION_NAME
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
-    pc = lazy_module("pyarrow.compute")
-    pq = lazy_module("pyarrow.parquet")
 
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"

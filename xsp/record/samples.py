@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
+from xsp.core.lazy import pandas as pd
 
 
 class SampleSource(str, enum.Enum):

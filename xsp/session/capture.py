@@ -11,11 +11,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from xsp.core import schema as col
 from xsp.core.control import Op, Reply
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.levels import parse_levels
 from xsp.io.outputs import check_writable
 from xsp.io.parquet import write_trace
@@ -23,11 +23,6 @@ from xsp.record.sampling import StepSampler
 from xsp.session.control import Caller
 from xsp.session.interpreting import WindowInterpreter
 from xsp.table.build import concat_spans
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 ALWAYS_KEPT_LEVELS: Final = frozenset({col.Level.MODEL.value, col.Level.INPUT.value})
 MAX_CAPTURE_STEPS: Final = 10_000

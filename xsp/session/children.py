@@ -42,19 +42,14 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind, Status
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 try:
     from xsp.session._around import Around

@@ -18,7 +18,8 @@ from xsp.core import machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
 from xsp.core.figures import counted
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
 from xsp.core.metadata import memory_peaks
 from xsp.core.rank import RankInfo
 from xsp.core.schema import Level, SpanKind, Status
@@ -41,14 +42,9 @@ from xsp.table.steps import SESSION_NAME
 from xsp.tracers.registry import tracers_for
 
 if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
 
     from xsp.export.delivery import ExportReport
     from xsp.export.otlp import OtlpExport
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
 
 OWN_LEVELS: Final = (Level.MODEL, Level.LAYER)
 """The levels made from the threads' own records alone: a joined block's own trace has these."""

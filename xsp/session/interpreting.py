@@ -11,12 +11,13 @@ import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
 from xsp.core.rank import RankInfo
 from xsp.io.segments import SegmentWriter
 from xsp.record.sampling import DepthPlan
@@ -26,13 +27,6 @@ from xsp.table.latency import Latencies, LatencyHistograms, window_latencies
 from xsp.table.sampling import StepNotes
 from xsp.table.steps import StepState
 from xsp.tracers.base import Tracer
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
 
 
 @dataclasses.dataclass

@@ -7,24 +7,18 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xsp.analysis.model import TRIM_FRACTION, model_latency, step_roots, trimmed_mean, trimmed_mean_ci
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import LEVELS, Level
 from xsp.io.trace import Trace
 from xsp.session.leveled_plans import LabelledRun
 from xsp.table.build import concat_spans
 from xsp.table.level_costs import LevelCost, compensation_ns
 from xsp.table.walks import depth_of, parent_positions, sum_into_ancestors
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 @dataclass

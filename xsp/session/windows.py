@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.clock import now_ns
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
 from xsp.core.threads import start_thread
@@ -28,11 +28,8 @@ from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from xsp.export.otlp import OtlpExport
-else:
-    pd = lazy_module("pandas")
 
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""

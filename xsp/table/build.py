@@ -6,12 +6,13 @@ import functools
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.rank import session_trace_id
 from xsp.table import late_records, paths, steps
@@ -31,13 +32,6 @@ from xsp.table.walks import (
     set_texts,
     untouched_zeros,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
 
 
 def empty_table() -> pd.DataFrame:

@@ -17,14 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level
 from xsp.table.walks import set_texts
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 if TYPE_CHECKING:
     from xsp.table.steps import StepState

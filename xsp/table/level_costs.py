@@ -8,19 +8,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import sum_into_ancestors
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 COMPENSATED_KINDS: Final = frozenset({SpanKind.PREDICT.value, SpanKind.FORWARD.value, SpanKind.BACKWARD.value,
                                       SpanKind.OPERATOR.value})

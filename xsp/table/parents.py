@@ -19,20 +19,14 @@ more than one API call carries.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import chain_ends, depth_of, ids_at, nearest_before, position_type
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 _RANK = {level.value: level.rank for level in Level}
 NO_PARENT = -1

@@ -4,12 +4,14 @@ described in :mod:`xsp.core.schema`; C writes them where it is built (``xsp/tabl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
+from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.memory_release import LARGE_TABLE_ROWS, release_freed_memory
 from xsp.core.schema import Level
 from xsp.record.hotpath import optional_extension
@@ -32,15 +34,6 @@ from xsp.table.walks import (
     text_codes,
     untouched_zeros,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.compute as pc
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
-    pc = lazy_module("pyarrow.compute")
 
 SKIPPING_LEVELS = (Level.LAYER.value, Level.OPERATOR.value)
 """Levels whose spans skip enclosing spans of their own level when anchoring their path."""

@@ -8,20 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.record.sampling import DEEP_REASONS, REASONS, DepthPlan, NoteKind
 from xsp.record.window import WindowBuffer
 from xsp.table.walks import categories_at
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 MODEL_RUN: str = "model"
 """The leveled run the steps timed at the model level only make up."""

@@ -20,19 +20,12 @@ to no more than its root's duration.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.table.parents import inclusion_parents
 from xsp.table.walks import parent_positions
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 _RESTACKS = 16
 """Passes over siblings that a first pass gave new siblings (spans of identical intervals, one

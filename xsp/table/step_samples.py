@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, sample_table, step_averages
 from xsp.table.sampling import step_roots
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 
 def annotate_steps(table: pd.DataFrame) -> None:

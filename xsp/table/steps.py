@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.rank import step_trace_id
 from xsp.core.schema import PROFILER_STEP_NAME, STEP_KINDS, Level
 from xsp.table.sampling import StepNotes
@@ -30,11 +30,6 @@ from xsp.table.walks import (
     nearest_before,
     nearest_marked,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 NONE = -1
 

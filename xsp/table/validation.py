@@ -9,19 +9,14 @@ they are, they turn into a latency of -0.001 ms and steps that cover 300% of a r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import parent_positions
-
-if TYPE_CHECKING:
-    import pandas as pd
-else:
-    pd = lazy_module("pandas")
 
 LATEST_NS: Final = 1 << 62
 """The latest time a span may have (epoch ns, early 2116)."""

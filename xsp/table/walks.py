@@ -5,22 +5,15 @@ from __future__ import annotations
 import functools
 import mmap
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
 from xsp.core import schema as col
-from xsp.core.lazy import lazy_module
+from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
+from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.schema import Level
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.compute as pc
-else:
-    pd = lazy_module("pandas")
-    pa = lazy_module("pyarrow")
-    pc = lazy_module("pyarrow.compute")
 
 NONE = -1
 
