@@ -72,3 +72,31 @@ def test_entering_a_session_leaves_the_heavy_imports_and_the_speed_probe_for_lat
     assert answer["heavy"] == [], "imported on the program's thread as the session started"
     assert answer["probed_at_entry"] == 0
     assert "python_loop_ns" in answer["probed_at_end"]  # the machine was timed, at the end
+
+
+FORKS_AT_ONCE = textwrap.dedent("""
+    import multiprocessing, sys, signal
+    import torch, xsp
+
+    def work(i):
+        signal.alarm(60)  # a child stuck on an import lock the session's thread held dies, and says so
+        import pandas, pyarrow
+        return i + len(pandas.DataFrame({"a": [1]}))
+
+    if __name__ == "__main__":
+        with xsp.trace(output=sys.argv[1]):  # its thread imports pandas and pyarrow now, beside this
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                print(pool.map(work, range(4)))
+""")
+
+
+def test_a_program_that_forks_as_the_session_starts_gets_children_that_can_import(tmp_path):
+    """The window thread imports pandas and pyarrow beside the program: a child forked meanwhile
+    inherited their import locks, held, and hung on its own `import pandas` (killed by its alarm).
+    Forks wait for those imports instead."""
+    script = tmp_path / "pool.py"
+    script.write_text(FORKS_AT_ONCE)
+    for _ in range(3):  # the fork lands at a different moment of the imports each time
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "run.xsp.parquet")], capture_output=True,
+                              text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout == "[1, 2, 3, 4]\n", done.stderr[-2000:]

@@ -15,9 +15,14 @@ the program's own ``import pandas`` is untouched.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging  # noqa: F401  (its fork hook is registered before this module's: see below)
+import os
+import threading
 import types
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 
 class LazyModule(types.ModuleType):
@@ -29,6 +34,59 @@ class LazyModule(types.ModuleType):
         value = getattr(importlib.import_module(self.__name__), attribute)
         setattr(self, attribute, value)
         return value
+
+
+HEAVY_MODULES: Final = ("pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "pyarrow.ipc")
+"""What interpreting a session's records needs: the window thread imports them as it starts."""
+
+_IMPORTING = threading.Lock()
+"""Held while a thread of xsp imports beside the program; a fork waits for it (:func:`forks_wait`)."""
+
+
+@contextlib.contextmanager
+def forks_wait() -> Iterator[None]:
+    """While the block runs (imports on a thread of xsp's), a fork of the process waits for it.
+
+    A child forked while another thread is inside an import inherits that module's import lock,
+    held by a thread it does not have: its own import of the module then waits forever (a
+    DataLoader worker, a Pool's, xsp's own end in the child). The program's forks wait instead,
+    at most as long as the imports take, and only while they run. Nothing in the block may fork."""
+    with _IMPORTING:
+        yield
+
+
+def import_modules(names: tuple[str, ...]) -> None:
+    """Import ``names`` now (inside :func:`forks_wait` when beside the program)."""
+    for name in names:
+        importlib.import_module(name)
+
+
+FORK_WAIT_S: Final = 10.0
+"""The longest a fork waits for xsp's imports: past it, the fork goes on (never a hang of the
+program's own; the child may then wait on a module those imports held)."""
+_fork = threading.local()
+
+
+def _hold_for_fork() -> None:
+    _fork.held = _IMPORTING.acquire(timeout=FORK_WAIT_S)
+
+
+def _free_in_parent() -> None:
+    if getattr(_fork, "held", False):
+        _fork.held = False
+        _IMPORTING.release()
+
+
+def _fresh_in_child() -> None:
+    global _IMPORTING
+    _fork.held = False
+    _IMPORTING = threading.Lock()  # no thread of the parent's imports here
+
+
+# Hooks run before a fork in the reverse order of their registration, and logging's takes
+# logging's lock, which an import on xsp's thread needs (getLogger): registered after it, this
+# hook waits for the imports before logging's lock is taken.
+os.register_at_fork(before=_hold_for_fork, after_in_parent=_free_in_parent, after_in_child=_fresh_in_child)
 
 
 def lazy_module(name: str) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.clock import now_ns
+from xsp.core.lazy import HEAVY_MODULES, forks_wait, import_modules
 from xsp.core.lazy import pandas as pd
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
@@ -127,15 +128,19 @@ class WindowWorker:
         return state.session_trace_id, state.session_span_id
 
     def _run(self) -> None:
-        from xsp.export.otlp import export_table, resource_for  # OpenTelemetry's SDK: off the program's thread
+        # pandas, pyarrow and OpenTelemetry's SDK, imported here beside the program, which they
+        # would have kept from its first line; a fork of the program meanwhile waits for them
+        with forks_wait():
+            import_modules((*HEAVY_MODULES, "xsp.export.otlp"))
+            from xsp.export.otlp import export_table, resource_for
 
-        resource = None if self.exporter is None else resource_for(self.options.service_name, {
-            **environment(), "distributed": None if self.rank is None else self.rank.as_metadata()})
-        if self.forks:
-            try:
-                warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
-            except Exception:  # helpers would risk a hang: windows are interpreted here instead
-                self.forks = False
+            resource = None if self.exporter is None else resource_for(self.options.service_name, {
+                **environment(), "distributed": None if self.rank is None else self.rank.as_metadata()})
+            if self.forks:
+                try:
+                    warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
+                except Exception:  # helpers would risk a hang: windows are interpreted here instead
+                    self.forks = False
         while (window := self._next_window()) is not None:
             interpreter = self.interpreter
             interpreter.prepare(window)
