@@ -158,8 +158,10 @@ class LoopEvents:
             steps.wait_begins(began)
             attributes = {ATTR_WORKERS: getattr(loader, "_num_workers", getattr(loader, "num_workers", None)),
                           ATTR_PIN_MEMORY: getattr(loader, "_pin_memory", getattr(loader, "pin_memory", None)),
-                          ATTR_PERSISTENT_WORKERS: getattr(loader, "_persistent_workers", None),
-                          ATTR_PREFETCH_FACTOR: getattr(loader, "_prefetch_factor", None)}
+                          ATTR_PERSISTENT_WORKERS: getattr(loader, "_persistent_workers",
+                                                           getattr(loader, "persistent_workers", None)),
+                          ATTR_PREFETCH_FACTOR: getattr(loader, "_prefetch_factor", getattr(loader, "prefetch_factor",
+                                                                                            None))}
             error = None
             start = now_ns()
             try:
