@@ -48,7 +48,8 @@ ENTER = textwrap.dedent("""
     sys.meta_path.remove(imports)
     heavy = sorted({name for name in seen for top in sys.argv[2:] if name == top or name.startswith(top + ".")})
     times = session.trace.metadata.get("machine_speed") or {}
-    print(json.dumps({"heavy": heavy, "probed_at_entry": probed, "probed_at_end": sorted(times)}))
+    print(json.dumps({"heavy": heavy, "probed_at_entry": probed, "probed_at_end": sorted(times),
+                      "switch_s": sys.getswitchinterval()}))
 """)
 
 
@@ -72,6 +73,7 @@ def test_entering_a_session_leaves_the_heavy_imports_and_the_speed_probe_for_lat
     assert answer["heavy"] == [], "imported on the program's thread as the session started"
     assert answer["probed_at_entry"] == 0
     assert "python_loop_ns" in answer["probed_at_end"]  # the machine was timed, at the end
+    assert answer["switch_s"] == 0.005  # Python's GIL switch interval, as the program had it
 
 
 FORKS_AT_ONCE = textwrap.dedent("""

@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import logging  # noqa: F401  (its fork hook is registered before this module's: see below)
 import os
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -39,6 +40,14 @@ class LazyModule(types.ModuleType):
 HEAVY_MODULES: Final = ("pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "pyarrow.ipc")
 """What interpreting a session's records needs: the window thread imports them as it starts."""
 
+IMPORT_SWITCH_S: Final = 1e-4
+"""The GIL's switch interval while xsp imports beside the program: a thread of the program that
+wants the GIL back (after a torch operator released it) waits about this long for it, not
+Python's 5 ms, so the imports do not slow the steps they overlap."""
+_switch_s: float | None = None
+"""The program's switch interval while xsp's imports run with :data:`IMPORT_SWITCH_S`."""
+_ours_s = IMPORT_SWITCH_S
+""":data:`IMPORT_SWITCH_S` as Python keeps it (whole microseconds)."""
 _IMPORTING = threading.Lock()
 """Held while a thread of xsp imports beside the program; a fork waits for it (:func:`forks_wait`)."""
 
@@ -50,9 +59,25 @@ def forks_wait() -> Iterator[None]:
     A child forked while another thread is inside an import inherits that module's import lock,
     held by a thread it does not have: its own import of the module then waits forever (a
     DataLoader worker, a Pool's, xsp's own end in the child). The program's forks wait instead,
-    at most as long as the imports take, and only while they run. Nothing in the block may fork."""
+    at most as long as the imports take, and only while they run. Nothing in the block may fork.
+    Meanwhile the GIL changes hands every :data:`IMPORT_SWITCH_S`, so that the program's threads
+    are not held up by the imports."""
+    global _switch_s, _ours_s
     with _IMPORTING:
-        yield
+        _switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(IMPORT_SWITCH_S)
+        _ours_s = sys.getswitchinterval()
+        try:
+            yield
+        finally:
+            _restore_switch()
+
+
+def _restore_switch() -> None:
+    global _switch_s
+    if _switch_s is not None and sys.getswitchinterval() == _ours_s:  # unless the program set its own
+        sys.setswitchinterval(_switch_s)
+    _switch_s = None
 
 
 def import_modules(names: tuple[str, ...]) -> None:
@@ -81,6 +106,7 @@ def _fresh_in_child() -> None:
     global _IMPORTING
     _fork.held = False
     _IMPORTING = threading.Lock()  # no thread of the parent's imports here
+    _restore_switch()  # (forked past the wait: the block's end is not the child's)
 
 
 # Hooks run before a fork in the reverse order of their registration, and logging's takes
