@@ -11,6 +11,10 @@ checkers see as the module itself::
 The first attribute read imports the module; each attribute read is then kept on the stand-in,
 so later reads cost what a module's attribute read costs. Nothing is put in ``sys.modules``:
 the program's own ``import pandas`` is untouched.
+
+The session's window thread imports them as it starts, beside the program: :func:`forks_wait`
+keeps that from harming the program (its forks wait for the imports; its threads get the GIL
+back quickly meanwhile).
 """
 
 from __future__ import annotations
