@@ -394,3 +394,5 @@ def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
     out = console.export_text()
     assert out.index("The first step took") < out.index("Top 1 layer by self time")
     assert warmup_line(steps(250)) is None  # 2.5x: not warm-up
+    from xsp.reports.html import layers_section
+    assert "The first step took 3.200 ms" in layers_section(slow) and "first step" not in layers_section(steps(250))

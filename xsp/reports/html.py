@@ -29,7 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import deep_steps, shorten
+from xsp.reports.terminal import deep_steps, shorten, warmup_line
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -102,6 +102,7 @@ def steps_section(trace: Trace) -> str:
 
 
 def layers_section(trace: Trace) -> str:
+    warmup = warmup_line(trace)
     trace, which = deep_steps(trace)  # the steps' time: what ran outside them is not a step's
     top = analysis.top_layers(trace, k=TOP)
     if top.empty:
@@ -112,7 +113,8 @@ def layers_section(trace: Trace) -> str:
     types = analysis.layer_type_summary(trace).head(TOP)
     pie = go.Figure(go.Bar(x=types["module_type"], y=types["total_self_ms"]))
     pie.update_layout(title="Time per layer type (self time)", yaxis_title=f"ms ({which})")
-    return _figure_html(bars, "chart-top-layers") + _figure_html(pie, "chart-layer-types")
+    return (_note(warmup) if warmup else "") + _figure_html(bars, "chart-top-layers") + _figure_html(
+        pie, "chart-layer-types")
 
 
 def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: str, chart_id: str,
