@@ -365,12 +365,16 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")
                        .replace("rotate must", "--rotate must").replace("dataset=DIR too (xsp run --dataset)",
                                                                         "--dataset DIR too")) from None
+    from xsp.core.lazy import import_in_background
+
     if options.leveled:
         if options.layer_depth is not None:
             raise CliError("--layer-depth and --leveled cannot be combined (--leveled runs every depth in turn)")
         if options.sample is not None:
             raise CliError("--sample and --leveled cannot be combined (--leveled runs the script once per level)")
+        import_in_background()  # beside the script's own imports, not beside its first steps
         return _run_leveled(options, trace_options, script, script_args)
+    import_in_background()
     from xsp.session.session import Session
 
     started_in = os.getcwd()
