@@ -42,7 +42,6 @@ from xsp.table.steps import SESSION_NAME
 from xsp.tracers.registry import tracers_for
 
 if TYPE_CHECKING:
-
     from xsp.export.delivery import ExportReport
     from xsp.export.otlp import OtlpExport
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.clock import now_ns
-from xsp.core.lazy import HEAVY_MODULES, forks_wait, import_modules
+from xsp.core.lazy import SESSION_MODULES, forks_wait, import_modules
 from xsp.core.lazy import pandas as pd
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
@@ -29,7 +29,6 @@ from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 
 if TYPE_CHECKING:
-
     from xsp.export.otlp import OtlpExport
 
 EXIT_WAIT_S = 8.0
@@ -131,7 +130,7 @@ class WindowWorker:
         # pandas, pyarrow and OpenTelemetry's SDK, imported here beside the program, which they
         # would have kept from its first line; a fork of the program meanwhile waits for them
         with forks_wait():
-            import_modules((*HEAVY_MODULES, "xsp.export.otlp"))
+            import_modules(SESSION_MODULES)
             from xsp.export.otlp import export_table, resource_for
 
             resource = None if self.exporter is None else resource_for(self.options.service_name, {
