@@ -32,10 +32,19 @@ STEPS_SHOWN = 20
 Format = Callable[[object], str]
 
 
+MISSING = "-"
+"""How a cell with no value reads."""
+
+
+def missing(value: object) -> bool:
+    """Whether a cell has no value: None, pandas' NA or NaN."""
+    return value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+
+
 def number(digits: int = 3) -> Format:
     def render(value: object) -> str:
-        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-            return "-"
+        if missing(value):
+            return MISSING
         return f"{float(value):,.{digits}f}"  # type: ignore[arg-type]
     return render
 
@@ -65,27 +74,26 @@ CI_HEADING: Final = "95% CI"
 
 def plus_minus_share(value: object) -> str:
     """A 95% interval's half-width as a share of its figure: ``±6.6%``."""
-    shown = share(value)
-    return shown if shown == "-" else f"±{shown}"
+    return MISSING if missing(value) else f"±{share(value)}"
 
 
 def yes_no(value: object) -> str:
     """A flag as a reader says it: ``yes`` or blank (unknown: ``-``)."""
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "-"
+    if missing(value):
+        return MISSING
     return "yes" if bool(value) else ""
 
 
 def share(value: object) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "-"
+    if missing(value):
+        return MISSING
     return f"{100 * float(value):.1f}%"  # type: ignore[arg-type]
 
 
 def text(value: object) -> str:
     """A cell's text: on one line, with no control character a terminal would act on."""
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "-"
+    if missing(value):
+        return MISSING
     return one_line(str(value))
 
 
