@@ -264,3 +264,39 @@ def test_sockets_of_killed_processes_are_cleared_and_the_folder_left_empty_is_re
         assert not ended.exists()
         torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     assert not folder.exists()
+
+
+LONG_WINDOWS_SERVICE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import torch
+    import xsp
+    from xsp.session import options
+
+    options.ALWAYS_ON_WINDOW_S = 3600.0  # no window would close during this test but for the capture
+    stop = Path(sys.argv[1])
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 16)
+    with torch.no_grad(), xsp.trace(sample=0, slow_factor=0, output=sys.argv[2]):
+        while not stop.exists():
+            model(x)
+            time.sleep(0.002)
+""")
+
+
+def test_a_capture_closes_windows_sooner_than_an_always_on_sessions_hour(tmp_path):
+    stop, script = tmp_path / "stop", tmp_path / "service.py"
+    script.write_text(LONG_WINDOWS_SERVICE)
+    process = subprocess.Popen([sys.executable, str(script), str(stop), str(tmp_path / "whole.xsp.parquet")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: socket_path(process.pid).exists() or process.poll() is not None)
+        done = xsp_cli("capture", str(process.pid), "--steps", "3", "--timeout", "60",
+                       "-o", str(tmp_path / "cap.xsp.parquet"))
+    finally:
+        stop.touch()
+        out, err = process.communicate(timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert process.returncode == 0, err
+    spans = xsp.load(tmp_path / "cap.xsp.parquet").spans
+    assert (spans[col.LEVEL] == "layer").sum() == 3 * 3

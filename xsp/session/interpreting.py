@@ -88,6 +88,8 @@ class WindowInterpreter:
         self.on_deeper_layers: Callable[[int], None] | None = None
         """Told the deepest module call depth of layers each time a window shows a deeper one
         (an always-on session's rotation learns it)."""
+        self.on_watch: Callable[[], None] | None = None
+        """Told when a watcher comes (a capture: the session then closes windows sooner)."""
         self.deepest_layer = 0
         self.depth_plans: list[DepthPlan] = [] if depth_plans is None else depth_plans
         """The depth plans step notes name (the always-on session's sampler's list, which only grows)."""
@@ -101,6 +103,13 @@ class WindowInterpreter:
         capture); windows are interpreted in this process meanwhile."""
         with self._watch_lock:
             self._watchers.append(watcher)
+        if self.on_watch is not None:
+            self.on_watch()
+
+    @property
+    def watching(self) -> bool:
+        """A watcher waits for spans (a capture is under way)."""
+        return bool(self._watchers)
 
     @property
     def helpers_can_interpret(self) -> bool:

@@ -22,7 +22,7 @@ from xsp.record.sampling import StepSampler, otel_context_location, otel_context
 from xsp.session import exit_guard
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.leveled_plans import depth_plans
-from xsp.session.options import TraceOptions
+from xsp.session.options import CAPTURE_WINDOW_S, TraceOptions
 from xsp.session.output_name import OutputName
 from xsp.session.running import RunningSession, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
@@ -204,12 +204,17 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
         return []
 
     window_ns = int(options.window_s * 1e9) if streaming else NEVER
+    capture_window_ns = min(window_ns, int(CAPTURE_WINDOW_S * 1e9))
     window_events = options.window_events if streaming else NEVER
     every_step = bool(flushers) or steps is not None  # (a sampler hears the others from xsp's C wrapper)
 
-    def next_window_due() -> None:  # WINDOW_S or WINDOW_EVENTS past the last window
+    def window_ns_now() -> int:
         assert windows is not None
-        recording.report_after_ns = windows.closed_ns + window_ns
+        return capture_window_ns if windows.interpreter.watching else window_ns
+
+    def next_window_due() -> None:  # WINDOW_S (CAPTURE_WINDOW_S while capturing) or WINDOW_EVENTS past the last window
+        assert windows is not None
+        recording.report_after_ns = windows.closed_ns + window_ns_now()
         recording.report_at_events = windows.closed_events + window_events
 
     def window_if_due(long_step: bool = False) -> None:
@@ -217,7 +222,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
         # request decides no step on any thread (each one's only step is decided when the
         # thread has ended), so windows come due there too
         assert windows is not None
-        if (long_step or now_ns() - windows.closed_ns >= window_ns
+        if (long_step or now_ns() - windows.closed_ns >= window_ns_now()
                 or recording.kept_events - windows.closed_events >= window_events):
             buffer = getattr(recording.local, "b", None)
             waiting = buffer is not None and buffer.input_waits > 0
@@ -249,6 +254,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     watching: list[Callable[[], None]] = []
     if windows is not None:
         next_window_due()
+        windows.interpreter.on_watch = next_window_due
         recording.on_new_thread.append(window_if_due)
         watching.append(window_if_due)
         recording.on_wait_over = wait_over
@@ -265,6 +271,7 @@ def stop_watching(run: RunningSession) -> None:
     recording.on_ended_thread_step = None
     recording.window_deferred = False
     recording.long_step_ns = recording.report_after_ns = recording.report_at_events = NEVER
+    run.interpreter.on_watch = None  # a capture would move the next session's windows
     for hello in run.watching:
         if hello in recording.on_new_thread:
             recording.on_new_thread.remove(hello)
