@@ -9,11 +9,12 @@ its next request when the last is answered, on a keep-alive connection) at the `
 round loads each variant in turn (the order rotated from round to round) while all servers stay up.
 
 Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
-time per request, and p50/p99 as ratios to plain (pooled; ± is half the range of the per-round
-ratios). The servers are then stopped with SIGTERM and each xsp trace file is checked. Prints a
-table and records it in benchmarks/results/production.md.
+time per request, and p50/p99 as ratios to plain (pooled over the rounds, with a 95% bootstrap
+interval over rounds, each variant's round drawn with plain's of the same round). The servers
+are then stopped with SIGTERM and each xsp trace file is checked. Prints a table and records it
+in benchmarks/results/production.md.
 
-Usage: python benchmarks/production.py [--rounds 6] [--seconds 5] [--concurrency 4] [--sample 0.01]
+Usage: python benchmarks/production.py [--rounds 12] [--seconds 5] [--concurrency 4] [--sample 0.01]
        [--endpoints sync,async] [--keep]
 """
 
@@ -57,6 +58,7 @@ PLAIN = "plain"
 VOCABULARY, SEQUENCE_LENGTH = 1000, 32
 STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, REQUEST_TIMEOUT_S = 120.0, 120.0, 30.0
 WARMUP_SECONDS = 2.0
+BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 400, 0
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps([random.Random(0).randrange(VOCABULARY) for _ in range(SEQUENCE_LENGTH)]).encode()
 HEADERS = {"Content-Type": "application/json"}
@@ -184,24 +186,37 @@ def percentile_ms(loads: Sequence[Load], fraction: float) -> float:
     return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)] / 1e6
 
 
-def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
+def ratio_interval(loads: list[Load], plains: list[Load], fraction: float) -> tuple[float, float, float]:
+    """The pooled percentile's ratio to plain's, and its 95% bootstrap interval: rounds drawn with
+    replacement, a variant's and plain's of the same round together (they met the same machine)."""
     pooled = percentile_ms(loads, fraction) / percentile_ms(plains, fraction)
-    rounds = [percentile_ms([a], fraction) / percentile_ms([b], fraction) for a, b in zip(loads, plains)]
-    return f"{pooled:.2f} ±{(max(rounds) - min(rounds)) / 2:.2f}"
+    draw = random.Random(BOOTSTRAP_SEED)
+    ratios = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        chosen = [draw.randrange(len(loads)) for _ in loads]
+        ratios.append(percentile_ms([loads[i] for i in chosen], fraction)
+                      / percentile_ms([plains[i] for i in chosen], fraction))
+    ratios.sort()
+    return pooled, ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]
+
+
+def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
+    pooled, low, high = ratio_interval(loads, plains, fraction)
+    return f"{pooled:.3f} [{low:.2f},{high:.2f}]"
 
 
 def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endpoints: Sequence[str]) -> list[str]:
-    lines = [f"{'variant':<11} {'api':<5} {'requests':>8} {'req/s':>7} {'p50 ms':>6} {'p99 ms':>6} "
-             f"{'CPU ms':>6} {'p50 x plain':>11} {'p99 x plain':>11}"]
+    lines = [f"{'variant':<11} {'api':<5} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p99 ms':>6} "
+             f"{'CPU ms':>6} {'p50 x plain [95% CI]':>20} {'p99 x plain [95% CI]':>20}"]
     for endpoint in endpoints:
         for name in names:
             loads, plains = results[(name, endpoint)], results[(PLAIN, endpoint)]
             requests = sum(len(load.latency_ns) for load in loads)
             cpu_ms = 1e3 * sum(load.cpu_seconds for load in loads) / requests
             throughput = requests / sum(load.seconds for load in loads)
-            lines.append(f"{name:<11} {endpoint:<5} {requests:>8,} {throughput:>7.1f} "
+            lines.append(f"{name:<11} {endpoint:<5} {requests:>8,} {throughput:>6.0f} "
                          f"{percentile_ms(loads, 0.5):>6.2f} {percentile_ms(loads, 0.99):>6.2f} {cpu_ms:>6.2f} "
-                         f"{ratio_text(loads, plains, 0.5):>11} {ratio_text(loads, plains, 0.99):>11}")
+                         f"{ratio_text(loads, plains, 0.5):>20} {ratio_text(loads, plains, 0.99):>20}")
     return lines
 
 
@@ -221,7 +236,7 @@ def server_note(server: Server, idle_cpu_seconds: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=5.0, help="load per variant, endpoint and round")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction in the third variant")
@@ -274,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"clients on the same machine. {args.rounds} interleaved rounds of {args.seconds:g} s per variant and "
         "endpoint (*sync*: a `def` handler in FastAPI's thread pool; *async*: an `async def` one on the event "
         "loop). *CPU ms*: the server's CPU time per request (the clients' is not counted). Ratios: pooled "
-        "percentiles over plain's; ± is half the range of the per-round ratios.", "",
+        "percentiles over plain's, with a 95% bootstrap interval over rounds (a variant's round drawn with "
+        "plain's same round).", "",
         "```", *table(results, list(variants), endpoints), "```", "",
         *(f"* {server_note(server, idle_cpu_seconds[server.name])}" for server in servers),
     ]
