@@ -31,10 +31,13 @@ from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
+from xsp.record.compiled_kernels import Frame, kernel_name, kernel_sources
 from xsp.table.parents import infer_parent_positions
 from xsp.table.self_time import self_ns
 from xsp.table.walks import category_values, nearest_ancestor
 
+Site = tuple[str, float, str]
+"""A line as the table groups them: file, line number, function."""
 LINE_COLUMNS = ["file", "line", "function", "calls", "self_ms", "inclusive_ms", "kernel_ms", "share",
                 "self_share", "threads"]
 
@@ -123,31 +126,43 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     # around a model call, on the line that called it, holds it
     parents, _ = infer_parent_positions(spans)
     owner = line_of_each_span(spans, parents)
-    if not (owner >= 0).any():
+    fused, fused_sites = compiled_kernel_lines(spans, kernel_sources(source.metadata) if isinstance(source, Trace)
+                                               else {})
+    if not (owner >= 0).any() and not len(fused):
         return _empty()
     files, functions = texts(spans, col.CALL_FILE), texts(spans, col.CALL_FUNCTION)
     numbers = spans[col.CALL_LINE].astype("Int64").to_numpy(dtype=np.float64, na_value=np.nan)
-    owned = np.flatnonzero(owner >= 0)
-    sites = pd.MultiIndex.from_arrays([files[owner[owned]], numbers[owner[owned]],
-                                       pd.Series(functions[owner[owned]]).fillna("").to_numpy(dtype=object)])
-    codes_of_owned, keys = pd.factorize(sites)
+    fused_rows = np.unique(fused)
+    owned = np.setdiff1d(np.flatnonzero(owner >= 0), fused_rows)
+    # a compiled kernel is counted on the lines of the operators it fuses, a share each (see lines())
+    shares = 1.0 / np.bincount(fused, minlength=len(spans))[fused] if len(fused) else np.zeros(0)
+    rows = np.concatenate([owned, fused])
+    weights = np.concatenate([np.ones(len(owned)), shares])
+    sites = pd.MultiIndex.from_arrays([
+        np.concatenate([files[owner[owned]], np.array([site[0] for site in fused_sites], dtype=object)]),
+        np.concatenate([numbers[owner[owned]], np.array([site[1] for site in fused_sites], dtype=np.float64)]),
+        np.concatenate([pd.Series(functions[owner[owned]]).fillna("").to_numpy(dtype=object),
+                        np.array([site[2] for site in fused_sites], dtype=object)])])
+    codes, keys = pd.factorize(sites)
     line = np.full(len(spans), -1, dtype=np.int64)
-    line[owned] = codes_of_owned
+    line[owned] = codes[:len(owned)]
+    line[fused_rows] = -2  # on lines of their own, below; never the line of a span under them
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     on_gpu = levels == Level.KERNEL.value
     host = ~on_gpu
     own_time = self_ns(spans, host, parents)
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     parent_line = np.where(parents >= 0, line[np.maximum(parents, 0)], -1)
-    outermost = host & (line >= 0) & (parent_line != line)
-    kernels = on_gpu & (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy() & (line >= 0)
-    counted = host & (line >= 0)
+    is_kernel = on_gpu & (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy()
+    outermost = host[rows] & ((parent_line[rows] != line[rows]) | (line[rows] == -2))
+    kernels = is_kernel[rows]
+    counted = host[rows]
     count = len(keys)
-    self_total = np.bincount(line[counted], weights=own_time[counted], minlength=count)
-    inclusive = np.bincount(line[outermost], weights=durations[outermost], minlength=count)
-    calls = np.bincount(line[outermost], minlength=count)
-    kernel_total = np.bincount(line[kernels], weights=durations[kernels], minlength=count)
-    threads = pd.Series(spans[col.THREAD_ID].to_numpy()[counted]).groupby(line[counted], observed=True).nunique()
+    self_total = np.bincount(codes[counted], weights=(own_time[rows] * weights)[counted], minlength=count)
+    inclusive = np.bincount(codes[outermost], weights=(durations[rows] * weights)[outermost], minlength=count)
+    calls = np.bincount(codes[outermost], minlength=count)
+    kernel_total = np.bincount(codes[kernels], weights=(durations[rows] * weights)[kernels], minlength=count)
+    threads = pd.Series(spans[col.THREAD_ID].to_numpy()[rows][counted]).groupby(codes[counted], observed=True).nunique()
     step_ns = float(step_roots(spans)[col.DURATION_NS].sum())
     file_of, number_of, function_of = (keys.get_level_values(i) for i in range(3))
     table = pd.DataFrame({
@@ -162,4 +177,30 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)
 
 
-__all__ = ["lines", "line_of_each_span", "line_keys", "line_label", "relative_files", "texts", "LINE_COLUMNS"]
+def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) -> tuple[np.ndarray, list[Site]]:
+    """The spans of kernels that ``torch.compile`` generated, and the lines they are counted on:
+    positions (a span once per line) and those lines (file, line, function), one per position.
+    A kernel's lines are those of the operators it fuses (inductor's provenance, kept in the
+    trace's metadata: :func:`xsp.record.compiled_kernels.kernel_sources`)."""
+    if not sources or col.NAME not in spans or spans.empty:
+        return np.zeros(0, dtype=np.int64), []
+    names = texts(spans, col.NAME)
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    candidates = np.flatnonzero((levels == Level.OPERATOR.value) | (levels == Level.KERNEL.value))
+    lines_of: dict[str, list[Site]] = {}
+    for name, chains in sources.items():
+        lines_of[name] = list(dict.fromkeys((chain[-1][0], float(chain[-1][1]), chain[-1][2]) for chain in chains))
+    positions: list[int] = []
+    sites: list[Site] = []
+    kernel_lines = {name: lines_of.get(kernel_name(name)) for name in set(names[candidates].tolist())
+                    if isinstance(name, str)}
+    for position in candidates.tolist():
+        found = kernel_lines.get(names[position])
+        if found:
+            positions.extend([position] * len(found))
+            sites.extend(found)
+    return np.asarray(positions, dtype=np.int64), sites
+
+
+__all__ = ["compiled_kernel_lines", "lines", "line_of_each_span", "line_keys", "line_label", "relative_files", "texts",
+           "LINE_COLUMNS"]

@@ -36,6 +36,7 @@ from xsp.record.sites import CallSites
 from xsp.record.window import Window
 from xsp.table.walks import categories_at
 from xsp.tracers.base import Tracer
+from xsp.tracers.compiled_kernels import CompiledKernels
 from xsp.tracers.operator_profiler import (
     SKIPPED_PREFIXES,
     mark_thread,
@@ -204,6 +205,8 @@ class OperatorTracer(Tracer):
         self._lines: OperatorLines | None = None
         self._line_changes: LineChanges | None = None
         self._observer = operator_observer() if self.records_operators else None
+        self._compiled = CompiledKernels() if self.records_operators else None
+        """Where the kernels compiled during the session come from (inductor's provenance)."""
         self.collects_at_end = self._observer is None
         """Through PyTorch's profiler, its records are read when it stops: steps are not
         exported before the session ends. The observer's stream like the layer level's."""
@@ -216,6 +219,8 @@ class OperatorTracer(Tracer):
 
     def start(self, recording: Recording) -> None:
         self._recording = recording
+        if self._compiled is not None:
+            self._compiled.install()
         if self._observer is not None:
             self._observer.start(shapes=True, max_records=recording.max_events)
             self._counted = 0
@@ -281,6 +286,9 @@ class OperatorTracer(Tracer):
                                    "the model or layer call it ran under")
 
     def stop(self) -> None:
+        if self._compiled is not None:
+            self._compiled.read()
+            self._compiled.uninstall()
         if self._observer is not None:
             if self._recording is not None:
                 self._recording.gate_operators(None)
@@ -304,11 +312,13 @@ class OperatorTracer(Tracer):
             own_profiler_running(False)
 
     def metadata(self) -> dict[str, Any]:
-        return self._facts
+        return {**self._facts, **(self._compiled.details() if self._compiled is not None else {})}
 
     def prepare(self, window: Window) -> None:
         """In the session's process: the observer's finished records of the window, and the
         user's lines up to its end, taken into it (a forked helper may then make the rows)."""
+        if self._compiled is not None:
+            self._compiled.read()
         if self._observer is None:
             return
         if window.closed_ns is None:  # the last window: everything, the lines followed to the end

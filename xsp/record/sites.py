@@ -113,6 +113,13 @@ def library_folders() -> tuple[str, ...]:
     return tuple(sorted(normalized, key=len))
 
 
+def library_file(filename: str) -> bool:
+    """Whether code in ``filename`` is a library's (see the module's docs), by its path alone."""
+    if filename.startswith(_GENERATED_LIBRARY_PREFIXES):
+        return True
+    return not filename.startswith("<") and _absolute(filename).startswith(library_folders())
+
+
 def default_inductor_folder() -> str:
     """Where ``torch.compile``'s inductor writes the code it generates, unless told otherwise
     (as torch._inductor.runtime.cache_dir_utils.default_cache_dir says)."""

@@ -1,0 +1,118 @@
+"""Compiled kernels to the user's lines: inductor's provenance read (xsp.record.compiled_kernels)
+and a fused kernel's time counted on the lines of the operators it fuses (xsp.analysis.lines),
+on hand-made provenance and spans. The real compiler's: tests/integration/test_compiled_code.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+import xsp
+from xsp.analysis.lines import compiled_kernel_lines, lines
+from xsp.core import schema as col
+from xsp.record.compiled_kernels import (
+    METADATA_KEY,
+    kernel_name,
+    kernel_sources,
+    parse_stack_trace,
+    sources_of_metrics,
+)
+
+MODEL_CODE = textwrap.dedent("""
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            y = x * 2
+            z = torch.relu(y)
+            return z.sum()
+""")
+
+
+def trace_text(*frames: tuple[str, int, str, str]) -> str:
+    """A stack trace as inductor keeps one (Python's traceback format, a caret line under each)."""
+    return "".join(f'  File "{file}", line {line}, in {function}\n    {code}\n    ^^^^\n'
+                   for file, line, function, code in frames)
+
+
+def test_a_stack_trace_is_read_as_frames_outermost_first():
+    text = trace_text(("/a/net.py", 15, "forward", "x = self.block(x)"), ("/a/net.py", 9, "forward", "y = x * 2"))
+    assert parse_stack_trace(text) == [("/a/net.py", 15, "forward", "x = self.block(x)"),
+                                       ("/a/net.py", 9, "forward", "y = x * 2")]
+    assert parse_stack_trace("no frames here") == []
+
+
+def test_sources_keep_the_users_frames_by_qualified_name_and_drop_the_handle(tmp_path):
+    model = tmp_path / "net.py"
+    model.write_text(MODEL_CODE)
+    library = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "module.py")
+    provenance = {
+        "cpp_fused_mul_relu_0:1": [trace_text((str(model), 8, "forward", "z = torch.relu(y)")),
+                                   trace_text((str(model), 7, "forward", "y = x * 2"),
+                                              (library, 1775, "_call_impl", "return forward_call(*args)"))],
+        "cpp_fused_sum_1:2": [trace_text((library, 10, "inner", "pass"))],  # no user frame: no source
+    }
+    sources = sources_of_metrics([json.dumps(provenance), "not json"])
+    assert sources == {"cpp_fused_mul_relu_0": [[(str(model), 8, "Net.forward", "z = torch.relu(y)")],
+                                                [(str(model), 7, "Net.forward", "y = x * 2")]]}
+
+
+def test_kernel_names_lose_inductors_graph_prefix():
+    assert kernel_name("graph_0_cpp_fused_mul_relu_0") == "cpp_fused_mul_relu_0"
+    assert kernel_name("triton_poi_fused_mul_relu_0") == "triton_poi_fused_mul_relu_0"
+    assert kernel_name("aten::mul") == "aten::mul"
+
+
+def compiled_trace(sources: dict) -> xsp.Trace:
+    """A step: the compiled model's call on line 20 of the script, the compiled call inside it,
+    and two generated kernels: one fusing lines 7 and 8, one on line 9 (40 and 30 ns)."""
+    spans = pd.DataFrame({
+        col.SPAN_ID: [1, 2, 3, 4], col.PARENT_ID: [None, 1, 2, 2],
+        col.NAME: ["model", "Torch-Compiled Region: 0/0", "graph_0_cpp_fused_mul_relu_0", "graph_0_cpp_fused_sum_1"],
+        col.LEVEL: ["model", "operator", "operator", "operator"],
+        col.KIND: ["predict", "operator", "operator", "operator"],
+        col.START_NS: [0, 10, 20, 60], col.END_NS: [100, 95, 60, 90], col.THREAD_ID: [1, 1, 1, 1],
+        col.STEP: [0, 0, 0, 0], col.CALL_FILE: ["/a/run.py", "/a/run.py", "/a/run.py", "/a/run.py"],
+        col.CALL_LINE: [20, 20, 20, 20], col.CALL_FUNCTION: ["main"] * 4, col.CORRELATION_ID: [None] * 4})
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    metadata = {"tracer_details": {"operator": {METADATA_KEY: sources}}}
+    return xsp.Trace(spans.astype({col.PARENT_ID: "Int64", col.THREAD_ID: "Int64", col.CALL_LINE: "Int64",
+                                   col.CORRELATION_ID: "Int64"}), metadata)
+
+
+SOURCES = {"cpp_fused_mul_relu_0": [[["/a/net.py", 8, "Net.forward", "z = torch.relu(y)"]],
+                                    [["/a/net.py", 7, "Net.forward", "y = x * 2"]]],
+           "cpp_fused_sum_1": [[["/a/net.py", 9, "Net.forward", "return z.sum()"]]]}
+
+
+def test_a_fused_kernels_time_is_shared_by_the_lines_of_its_operators():
+    found = lines(compiled_trace(SOURCES)).set_index("line")
+    assert found.loc[7, "self_ms"] == pytest.approx(20 / 1e6) and found.loc[8, "self_ms"] == pytest.approx(20 / 1e6)
+    assert found.loc[9, "self_ms"] == pytest.approx(30 / 1e6)
+    assert found.loc[7, "function"] == "Net.forward" and found.loc[7, "file"] == "/a/net.py"
+    assert found.loc[7, "calls"] == 1 and found.loc[7, "inclusive_ms"] == pytest.approx(20 / 1e6)
+    # the calling line keeps the rest: the model's and the compiled region's own time, not the kernels'
+    assert found.loc[20, "self_ms"] == pytest.approx((100 - 40 - 30) / 1e6)
+    assert found.loc[20, "inclusive_ms"] == pytest.approx(100 / 1e6)
+    assert found["self_ms"].sum() == pytest.approx(100 / 1e6)  # every nanosecond once
+
+
+def test_without_provenance_a_kernel_stays_on_the_calling_line():
+    found = lines(compiled_trace({})).set_index("line")
+    assert list(found.index) == [20] and found.loc[20, "self_ms"] == pytest.approx(100 / 1e6)
+    positions, sites = compiled_kernel_lines(compiled_trace({}).spans, {})
+    assert len(positions) == 0 and sites == []
+
+
+def test_damaged_sources_are_skipped_not_fatal():
+    kept = SOURCES["cpp_fused_mul_relu_0"]
+    damaged = {"tracer_details": {"operator": {METADATA_KEY: {"cpp_fused_sum_1": [[["/a/net.py", "x"]]],
+                                                              "cpp_fused_mul_relu_0": kept}}}}
+    assert set(kernel_sources(damaged)) == {"cpp_fused_mul_relu_0"}
+    assert kernel_sources({}) == {}

@@ -1,0 +1,93 @@
+"""Inductor's provenance of the kernels ``torch.compile`` generates while a session records
+operators: turned on for the session's compiles, read from dynamo's compilation metrics, kept
+in the trace's metadata (see :mod:`xsp.record.compiled_kernels`)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Final
+
+from xsp.record.compiled_kernels import AMBIGUOUS_KEY, METADATA_KEY, Frame, sources_of_metrics
+from xsp.tracers._post_import import forget, when_imported
+
+INDUCTOR_CONFIG: Final = "torch._inductor.config"
+DYNAMO_UTILS: Final = "torch._dynamo.utils"
+
+
+class CompiledKernels:
+    """Inductor's provenance of the kernels compiled while a session runs (see the module's text)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[int] = set()
+        self._sources: dict[str, list[list[Frame]]] = {}
+        self._ambiguous: set[str] = set()
+        self._restore: list[tuple[Any, str, Any, Any]] = []
+
+    def install(self) -> None:
+        """Turn the tracking on for compiles from now on (at once if inductor's config is imported,
+        else when it is: importing it here would cost the session a second and more)."""
+        when_imported(INDUCTOR_CONFIG, self._configure)
+
+    def uninstall(self) -> None:
+        """Stop turning it on; what the session set is set back (unless changed since)."""
+        forget(INDUCTOR_CONFIG, self._configure)
+        for owner, name, ours, before in reversed(self._restore):
+            try:
+                if getattr(owner, name) == ours:
+                    setattr(owner, name, before)
+            except Exception:  # a config that refuses: the user's compiles keep ours, harmlessly
+                pass
+        self._restore = []
+
+    def _configure(self, config: ModuleType) -> None:
+        for owner, name, value in ((getattr(config, "trace", None), "provenance_tracking_level", 1),
+                                   (getattr(config, "cpp", None), "enable_kernel_profile", True)):
+            if owner is None or not hasattr(owner, name):
+                continue
+            before = getattr(owner, name)
+            if before:  # the user's own setting stands
+                continue
+            setattr(owner, name, value)
+            self._restore.append((owner, name, value, before))
+
+    def read(self) -> None:
+        """Take the sources of compiles made since the last read (a window's close, the end)."""
+        utils = sys.modules.get(DYNAMO_UTILS)
+        metrics = getattr(utils, "get_compilation_metrics", None)
+        if metrics is None:
+            return
+        try:
+            compiles = list(metrics())
+        except Exception:  # dynamo's bookkeeping changed: no sources, times stay on the calling line
+            return
+        with self._lock:
+            for compiled in compiles:
+                if id(compiled) in self._seen:
+                    continue
+                self._seen.add(id(compiled))
+                texts = getattr(compiled, "inductor_provenance", None)
+                if not texts:
+                    continue
+                for name, chains in sources_of_metrics(sorted(texts)).items():
+                    known = self._sources.get(name)
+                    if known is None:
+                        self._sources[name] = chains
+                    elif sorted(known) != sorted(chains):
+                        self._ambiguous.add(name)
+
+    def details(self) -> dict[str, Any]:
+        """For the trace's metadata: each kernel's operators' frames, and the ambiguous names."""
+        self.read()
+        with self._lock:
+            sources = {name: [[list(frame) for frame in chain] for chain in chains]
+                       for name, chains in sorted(self._sources.items()) if name not in self._ambiguous}
+            ambiguous = sorted(self._ambiguous)
+        details: dict[str, Any] = {}
+        if sources:
+            details[METADATA_KEY] = sources
+        if ambiguous:
+            details[AMBIGUOUS_KEY] = ambiguous
+        return details
