@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Final
 
-from xsp.record.sites import library_file
+from xsp.record.sites import library_file, library_folders
 
 METADATA_KEY: Final = "compiled_kernels"
 """In the operator tracer's details (``metadata["tracer_details"]["operator"]``): kernel name to
@@ -65,8 +65,9 @@ def users_frames(chain: list[Frame]) -> list[Frame]:
     """``chain`` without library frames (torch's, xsp's wrapper of module calls, which dynamo
     traced through): the user's own, as call sites name them (:mod:`xsp.record.sites`), their
     functions by qualified name (``Net.forward``, as a code object's ``co_qualname``)."""
+    folders = library_folders()
     return [(file, line, qualified_name(file, line, function), code) for file, line, function, code in chain
-            if not library_file(file)]
+            if not library_file(file, folders)]
 
 
 def qualified_name(file: str, line: int, function: str) -> str:

@@ -113,11 +113,18 @@ def library_folders() -> tuple[str, ...]:
     return tuple(sorted(normalized, key=len))
 
 
-def library_file(filename: str) -> bool:
-    """Whether code in ``filename`` is a library's (see the module's docs), by its path alone."""
+def library_file(filename: str, folders: tuple[str, ...]) -> bool:
+    """Whether code in ``filename`` is a library's (see the module's docs), by its absolute path
+    under ``folders`` (:func:`library_folders`'s). Made of C calls only where it can (string
+    tests, ``os.getcwd``): it runs when xsp's C wrapper meets a new code object, which may be
+    inside a compiled call after a graph break, where dynamo's frame hook would take each Python
+    function it called (``posixpath.abspath``...) for a frame to compile. So the file's own path
+    is not resolved through symbolic links (the library folders are listed both ways instead)."""
     if filename.startswith(_GENERATED_LIBRARY_PREFIXES):
         return True
-    return not filename.startswith("<") and _absolute(filename).startswith(library_folders())
+    if filename.startswith("<"):  # <stdin>, <string>, a notebook's cell...
+        return False
+    return _absolute(filename).startswith(folders)
 
 
 def default_inductor_folder() -> str:
@@ -133,7 +140,7 @@ def default_inductor_folder() -> str:
 def made_by_torch_compile(code: CodeType) -> bool:
     """Whether dynamo made ``code``: its compiled version of a user's function (kept in its map
     of rewritten code) or a function that resumes one after a graph break. Dict and string tests
-    only, for the reason :meth:`CallSites._classify` gives."""
+    only, for the reason :func:`library_file` gives."""
     if "torch_dynamo_resume_in" in code.co_name:
         return True
     rewritten = getattr(getattr(sys.modules.get("torch._dynamo.utils"), "orig_code_map", None), "values", None)
@@ -184,23 +191,10 @@ class CallSites:
         known = self.classified.get(id(code))
         if known is not None and known[0] is code:
             return known[1]
-        library = self._classify(code.co_filename) or made_by_torch_compile(code)
+        library = library_file(code.co_filename, self.folders) or made_by_torch_compile(code)
         if len(self.classified) < MAX_CLASSIFIED:
             self.classified[id(code)] = (code, library)
         return library
-
-    def _classify(self, filename: str) -> bool:
-        """Whether ``filename`` is a library's, by its absolute path. Made of C calls only where
-        it can (string tests, ``os.getcwd``): it runs when xsp's C wrapper meets a new code
-        object, which may be inside a compiled call after a graph break, where dynamo's frame
-        hook would take each Python function it called (``posixpath.abspath``...) for a frame to
-        compile. So the file's own path is not resolved through symbolic links (the library
-        folders are listed both ways instead)."""
-        if filename.startswith(_GENERATED_LIBRARY_PREFIXES):
-            return True
-        if filename.startswith("<"):  # <stdin>, <string>, a notebook's cell...
-            return False
-        return _absolute(filename).startswith(self.folders)
 
     def intern(self, code: CodeType, offset: int) -> int:
         """The site id of ``code`` at instruction ``offset`` (a user frame's), made on first use;
