@@ -21,7 +21,8 @@ class CompiledKernels:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[int] = set()
+        self._read: dict[int, object] = {}
+        """The compiles of the last read, by id (held: an id is not reused while its object lives)."""
         self._sources: dict[str, list[list[Frame]]] = {}
         self._ambiguous: set[str] = set()
         self._restore: list[tuple[Any, str, Any, Any]] = []
@@ -64,10 +65,10 @@ class CompiledKernels:
         except Exception:  # dynamo's bookkeeping changed: no sources, times stay on the calling line
             return
         with self._lock:
-            for compiled in compiles:
-                if id(compiled) in self._seen:
-                    continue
-                self._seen.add(id(compiled))
+            # dynamo keeps the last 64: a compile not among the last read's is new
+            new = [compiled for compiled in compiles if id(compiled) not in self._read]
+            self._read = {id(compiled): compiled for compiled in compiles}
+            for compiled in new:
                 texts = getattr(compiled, "inductor_provenance", None)
                 if not texts:
                     continue

@@ -286,8 +286,7 @@ class OperatorTracer(Tracer):
                                    "the model or layer call it ran under")
 
     def stop(self) -> None:
-        if self._compiled is not None:
-            self._compiled.read()
+        if self._compiled is not None:  # (what it read is taken into the metadata: details())
             self._compiled.uninstall()
         if self._observer is not None:
             if self._recording is not None:

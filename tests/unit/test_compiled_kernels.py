@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 
 import pandas as pd
@@ -16,6 +17,7 @@ import xsp
 from xsp.analysis.lines import compiled_kernel_lines, lines
 from xsp.core import schema as col
 from xsp.record.compiled_kernels import (
+    AMBIGUOUS_KEY,
     METADATA_KEY,
     kernel_name,
     kernel_sources,
@@ -116,3 +118,48 @@ def test_damaged_sources_are_skipped_not_fatal():
                                                               "cpp_fused_mul_relu_0": kept}}}}
     assert set(kernel_sources(damaged)) == {"cpp_fused_mul_relu_0"}
     assert kernel_sources({}) == {}
+
+
+class FakeCompile:
+    """One of dynamo's compilation metrics: only the field xsp reads."""
+
+    def __init__(self, provenance: dict) -> None:
+        self.inductor_provenance = {json.dumps(provenance)}
+
+
+def test_each_compile_is_read_once_and_a_name_two_compiles_disagree_on_is_ambiguous(tmp_path, monkeypatch):
+    import types
+
+    from xsp.tracers.compiled_kernels import DYNAMO_UTILS, CompiledKernels
+
+    model = tmp_path / "net.py"
+    model.write_text(MODEL_CODE)
+    mul = trace_text((str(model), 7, "forward", "y = x * 2"))
+    relu = trace_text((str(model), 8, "forward", "z = torch.relu(y)"))
+    compiles = [FakeCompile({"cpp_fused_mul_0:1": [mul]})]
+    monkeypatch.setitem(sys.modules, DYNAMO_UTILS, types.SimpleNamespace(get_compilation_metrics=lambda: compiles))
+    kernels = CompiledKernels()
+    kernels.read()
+    kernels.read()  # the same compile again: nothing new, nothing ambiguous
+    assert kernel_sources({"tracer_details": {"operator": kernels.details()}}) == {
+        "cpp_fused_mul_0": [[(str(model), 7, "Net.forward", "y = x * 2")]]}
+    compiles.append(FakeCompile({"cpp_fused_relu_1:1": [relu], "cpp_fused_mul_0:2": [relu]}))  # another graph
+    details = kernels.details()
+    assert set(details[METADATA_KEY]) == {"cpp_fused_relu_1"}
+    assert details[AMBIGUOUS_KEY] == ["cpp_fused_mul_0"]
+
+
+def test_the_session_sets_inductors_options_back_but_never_the_users_own(monkeypatch):
+    import types
+
+    from xsp.tracers.compiled_kernels import INDUCTOR_CONFIG, CompiledKernels
+
+    config = types.ModuleType(INDUCTOR_CONFIG)  # a stand-in for inductor's config, imported already
+    config.trace = types.SimpleNamespace(provenance_tracking_level=0)
+    config.cpp = types.SimpleNamespace(enable_kernel_profile=True)  # the user's own
+    monkeypatch.setitem(sys.modules, INDUCTOR_CONFIG, config)
+    kernels = CompiledKernels()
+    kernels.install()
+    assert config.trace.provenance_tracking_level == 1 and config.cpp.enable_kernel_profile is True
+    kernels.uninstall()
+    assert config.trace.provenance_tracking_level == 0 and config.cpp.enable_kernel_profile is True
