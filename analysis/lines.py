@@ -126,8 +126,8 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     # around a model call, on the line that called it, holds it
     parents, _ = infer_parent_positions(spans)
     owner = line_of_each_span(spans, parents)
-    fused, fused_sites = compiled_kernel_lines(spans, kernel_sources(source.metadata) if isinstance(source, Trace)
-                                               else {})
+    fused, fused_codes, fused_sites = compiled_kernel_lines(
+        spans, kernel_sources(source.metadata) if isinstance(source, Trace) else {})
     if not (owner >= 0).any() and not len(fused):
         return _empty()
     files, functions = texts(spans, col.CALL_FILE), texts(spans, col.CALL_FUNCTION)
@@ -138,11 +138,12 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     shares = 1.0 / np.bincount(fused, minlength=len(spans))[fused] if len(fused) else np.zeros(0)
     rows = np.concatenate([owned, fused])
     weights = np.concatenate([np.ones(len(owned)), shares])
+    fused_files, fused_numbers, fused_functions = (np.array([site[i] for site in fused_sites], dtype=dtype)[fused_codes]
+                                                   for i, dtype in enumerate((object, np.float64, object)))
     sites = pd.MultiIndex.from_arrays([
-        np.concatenate([files[owner[owned]], np.array([site[0] for site in fused_sites], dtype=object)]),
-        np.concatenate([numbers[owner[owned]], np.array([site[1] for site in fused_sites], dtype=np.float64)]),
-        np.concatenate([pd.Series(functions[owner[owned]]).fillna("").to_numpy(dtype=object),
-                        np.array([site[2] for site in fused_sites], dtype=object)])])
+        np.concatenate([files[owner[owned]], fused_files]),
+        np.concatenate([numbers[owner[owned]], fused_numbers]),
+        np.concatenate([pd.Series(functions[owner[owned]]).fillna("").to_numpy(dtype=object), fused_functions])])
     codes, keys = pd.factorize(sites)
     line = np.full(len(spans), -1, dtype=np.int64)
     line[owned] = codes[:len(owned)]
@@ -177,29 +178,36 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)
 
 
-def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) -> tuple[np.ndarray, list[Site]]:
+def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]
+                          ) -> tuple[np.ndarray, np.ndarray, list[Site]]:
     """The spans of kernels that ``torch.compile`` generated, and the lines they are counted on:
-    positions (a span once per line) and those lines (file, line, function), one per position.
-    A kernel's lines are those of the operators it fuses (inductor's provenance, kept in the
-    trace's metadata: :func:`xsp.record.compiled_kernels.kernel_sources`)."""
+    positions (a span once per line of its own), each one's line as a position in the list of
+    distinct lines, and that list (file, line, function). A kernel's lines are those of the
+    operators it fuses (inductor's provenance, kept in the trace's metadata:
+    :func:`xsp.record.compiled_kernels.kernel_sources`)."""
+    nothing = np.zeros(0, dtype=np.int64)
     if not sources or col.NAME not in spans or spans.empty:
-        return np.zeros(0, dtype=np.int64), []
-    names = texts(spans, col.NAME)
+        return nothing, nothing, []
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     candidates = np.flatnonzero((levels == Level.OPERATOR.value) | (levels == Level.KERNEL.value))
-    lines_of: dict[str, list[Site]] = {}
-    for name, chains in sources.items():
-        lines_of[name] = list(dict.fromkeys((chain[-1][0], float(chain[-1][1]), chain[-1][2]) for chain in chains))
-    positions: list[int] = []
-    sites: list[Site] = []
-    kernel_lines = {name: lines_of.get(kernel_name(name)) for name in set(names[candidates].tolist())
-                    if isinstance(name, str)}
-    for position in candidates.tolist():
-        found = kernel_lines.get(names[position])
-        if found:
-            positions.extend([position] * len(found))
-            sites.extend(found)
-    return np.asarray(positions, dtype=np.int64), sites
+    # (a categorical's codes: a million operators are factorized without a text made per row)
+    name_codes, names = pd.factorize(spans[col.NAME].iloc[candidates], use_na_sentinel=False)
+    distinct: dict[Site, int] = {}
+    lines_of_name = []  # per distinct span name: its kernel's lines, as positions in ``distinct``
+    for name in names:
+        chains = sources.get(kernel_name(name), []) if isinstance(name, str) else []
+        sites = dict.fromkeys((chain[-1][0], float(chain[-1][1]), chain[-1][2]) for chain in chains)
+        lines_of_name.append([distinct.setdefault(site, len(distinct)) for site in sites])
+    counts = np.array([len(found) for found in lines_of_name], dtype=np.int64)
+    if not len(name_codes) or not counts.any():
+        return nothing, nothing, []
+    # each matched span's lines, in span order: a row per name, padded, read row by row
+    table = np.full((len(names), int(counts.max())), -1, dtype=np.int64)
+    for row, found in enumerate(lines_of_name):
+        table[row, :len(found)] = found
+    positions = np.repeat(candidates, counts[name_codes])
+    site_codes = table[name_codes[counts[name_codes] > 0]].reshape(-1)
+    return positions, site_codes[site_codes >= 0], list(distinct)
 
 
 __all__ = ["compiled_kernel_lines", "lines", "line_of_each_span", "line_keys", "line_label", "relative_files", "texts",

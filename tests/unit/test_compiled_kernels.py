@@ -108,8 +108,17 @@ def test_a_fused_kernels_time_is_shared_by_the_lines_of_its_operators():
 def test_without_provenance_a_kernel_stays_on_the_calling_line():
     found = lines(compiled_trace({})).set_index("line")
     assert list(found.index) == [20] and found.loc[20, "self_ms"] == pytest.approx(100 / 1e6)
-    positions, sites = compiled_kernel_lines(compiled_trace({}).spans, {})
-    assert len(positions) == 0 and sites == []
+    positions, codes, sites = compiled_kernel_lines(compiled_trace({}).spans, {})
+    assert len(positions) == len(codes) == 0 and sites == []
+
+
+def test_each_run_of_a_kernel_is_placed_on_each_of_its_lines():
+    spans = compiled_trace(SOURCES).spans
+    spans = pd.concat([spans, spans.iloc[[2]]], ignore_index=True)  # the fused kernel ran twice
+    spans.loc[1, col.NAME] = None  # a span without a name is no kernel
+    positions, codes, sites = compiled_kernel_lines(spans, kernel_sources(compiled_trace(SOURCES).metadata))
+    placed = sorted((int(position), sites[code][1]) for position, code in zip(positions, codes))
+    assert placed == [(2, 7.0), (2, 8.0), (3, 9.0), (4, 7.0), (4, 8.0)]
 
 
 def test_damaged_sources_are_skipped_not_fatal():
