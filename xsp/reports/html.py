@@ -29,7 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import deep_steps, shorten, warmup_line
+from xsp.reports.terminal import StepView, deep_steps, shorten, warmup_line
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -101,9 +101,9 @@ def steps_section(trace: Trace) -> str:
     return text + _figure_html(figure, "chart-steps") + table
 
 
-def layers_section(trace: Trace) -> str:
+def layers_section(trace: Trace, step_view: StepView | None = None) -> str:
     warmup = warmup_line(trace)
-    trace, which = deep_steps(trace)  # the steps' time: what ran outside them is not a step's
+    trace, which = step_view or deep_steps(trace)  # the steps' time: what ran outside them is not a step's
     top = analysis.top_layers(trace, k=TOP)
     if top.empty:
         return ""
@@ -130,8 +130,8 @@ def _top_names_chart(table: pd.DataFrame, value_us: str, what: str, share_of: st
     return _figure_html(figure, chart_id)
 
 
-def operators_section(trace: Trace) -> str:
-    trace, which = deep_steps(trace)
+def operators_section(trace: Trace, step_view: StepView | None = None) -> str:
+    trace, which = step_view or deep_steps(trace)
     ops = analysis.operator_table(trace).head(TOP)
     if ops.empty:
         return ""
@@ -164,16 +164,16 @@ def leveled_section(trace: Trace) -> str:
     return section + _figure_html(bars, "chart-leveled-layers")
 
 
-def kernels_section(trace: Trace) -> str:
-    trace, which = deep_steps(trace)
+def kernels_section(trace: Trace, step_view: StepView | None = None) -> str:
+    trace, which = step_view or deep_steps(trace)
     kernels = analysis.kernels_by_name(trace).head(TOP)
     if kernels.empty:
         return ""
     return _top_names_chart(kernels, "total_us", "kernels by total time", "GPU time", "chart-kernels", which)
 
 
-def gpu_cpu_section(trace: Trace) -> str:
-    trace, which = deep_steps(trace)
+def gpu_cpu_section(trace: Trace, step_view: StepView | None = None) -> str:
+    trace, which = step_view or deep_steps(trace)
     per_layer = analysis.gpu_vs_cpu_per_layer(trace)
     if per_layer.empty or not (per_layer["kernels"] > 0).any():
         return ""
@@ -431,13 +431,13 @@ def _shown_numbers(hot: list[int], length: int) -> list[int]:
     return shown[:SOURCE_LINES]
 
 
-def source_section(trace: Trace) -> str:
+def source_section(trace: Trace, step_view: StepView | None = None) -> str:
     """The hottest files of the user's code as annotated source: each line with time gets its
     self time, its share of the step time and a heat colour (the hottest line darkest)."""
     from xsp.analysis.lines import relative_files
     from xsp.reports.source import file_lines
 
-    trace, which = deep_steps(trace)  # shares of the steps' time: the model built before them is not in it
+    trace, which = step_view or deep_steps(trace)  # shares of the steps' time: the model built before them is not in it
     found = analysis.lines(trace)
     if found.empty:
         return ""
@@ -561,6 +561,7 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
         ranks_part += _note(f"The sections below show rank {chosen} (xsp report --rank N for another), and so does the "
                             "line above.")
     meta = trace.metadata
+    step_view = deep_steps(trace)  # the steps the sections count, made once
     sections = [
         ("Ranks and communication", ranks_part),
         ("Summary", summary_section(trace)),
@@ -568,9 +569,9 @@ def render_html(trace: Trace, rank: int | None = None) -> str:
         ("Where a step's time goes", icicle_section(trace)),
         ("Model latency", latency_section(trace)), ("Steps", steps_section(trace)),
         ("Leveled runs", leveled_section(trace)),
-        ("Layers", layers_section(trace)), ("Where in your code", source_section(trace)),
-        ("Operators", operators_section(trace)),
-        ("Kernels", kernels_section(trace)), ("GPU vs CPU time per layer", gpu_cpu_section(trace)),
+        ("Layers", layers_section(trace, step_view)), ("Where in your code", source_section(trace, step_view)),
+        ("Operators", operators_section(trace, step_view)), ("Kernels", kernels_section(trace, step_view)),
+        ("GPU vs CPU time per layer", gpu_cpu_section(trace, step_view)),
         ("Roofline", roofline_section(trace)), ("Timeline", timeline_section(trace)),
         ("Memory", memory_section(trace)), ("System", system_section(trace)),
         ("Hierarchy diagnostics", diagnostics_section(trace)),

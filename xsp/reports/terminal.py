@@ -338,7 +338,11 @@ WHOLE_TRACE: Final = "whole trace"
 ALL_STEPS: Final = "all steps"
 
 
-def deep_steps(trace: Trace) -> tuple[Trace, str]:
+StepView = tuple[Trace, str]
+"""What :func:`deep_steps` gives: made once per report and handed to each section that counts steps."""
+
+
+def deep_steps(trace: Trace) -> StepView:
     """The spans the per-step tables count, and how a title names them: an always-on trace's
     steps recorded below the model level (the only ones with layers: shares of all steps' time
     would mean nothing); another trace's steps (what ran outside them, model construction,
@@ -380,14 +384,14 @@ def warmup_line(trace: Trace) -> str | None:
             f"xsp.trace(schedule=\"skip_first=1\")), or run more steps")
 
 
-def _layer_tables(trace: Trace, console: Console, top: int) -> None:
+def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
     if layers.empty:
         return
     warmup = warmup_line(trace)
     if warmup:
         _say(console, warmup, "yellow")
-    trace, which = deep_steps(trace)
+    trace, which = step_view or deep_steps(trace)
     best = analysis.top_layers(trace, k=top)
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
@@ -403,7 +407,7 @@ def _layer_tables(trace: Trace, console: Console, top: int) -> None:
         ("share", "self share", share)])
 
 
-def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
+def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     kernels = analysis.kernels_by_name(trace)
     if kernels.empty:
         return
@@ -425,7 +429,7 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
         _show(console, shown, "Kernel time per operator", [
             ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
             ("kernel_us", f"kernel {unit}", figure), ("share", "share", share)])
-    in_steps, which = deep_steps(trace)
+    in_steps, which = step_view or deep_steps(trace)
     per_layer = analysis.gpu_vs_cpu_per_layer(in_steps)
     if not per_layer.empty and (per_layer["kernels"] > 0).any():
         grouped = per_layer.groupby("name", sort=False,
@@ -459,9 +463,10 @@ def _gpu_tables(trace: Trace, console: Console, top: int) -> None:
     _roofline_table(trace, console, top)
 
 
-def lines_table(trace: Trace, console: Console, top: int) -> None:
-    """The hottest lines of the user's code (``xsp report --lines``), each with its text."""
-    trace, which = deep_steps(trace)
+def lines_table(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
+    """The hottest lines of the user's code (``xsp report --lines``), each with its text
+    (``step_view``: :func:`deep_steps` of ``trace``, where the caller has it already)."""
+    trace, which = step_view or deep_steps(trace)
     found = analysis.lines(trace)
     if found.empty:
         _say(console, "no line of your code in this trace: it was recorded without call sites (an xsp older "
@@ -501,9 +506,9 @@ def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
             + ", ".join(parts or ["0.000 ms"]))
 
 
-def _operator_tables(trace: Trace, console: Console, top: int) -> None:
+def _operator_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     whole = trace
-    trace, which = deep_steps(trace)
+    trace, which = step_view or deep_steps(trace)
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
@@ -641,8 +646,8 @@ def _roofline_table(trace: Trace, console: Console, top: int) -> None:
         ("bound", "bound", text)])
 
 
-def _memory_tables(trace: Trace, console: Console, top: int) -> None:
-    in_steps, which = deep_steps(trace)
+def _memory_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
+    in_steps, which = step_view or deep_steps(trace)
     by_type = analysis.memory_by_layer_type(in_steps)
     if by_type.empty:
         return
@@ -773,16 +778,17 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
         if trace.metadata.get("distributed"):
             _ranks_section(trace, console)
     _recommendations(trace, console)
+    step_view = deep_steps(trace)
     _latency_tables(trace, console)
     _step_tables(trace, console)
     _always_on_section(trace, console, top)
     _leveled_table(trace, console)
-    _layer_tables(trace, console, top)
+    _layer_tables(trace, console, top, step_view)
     if lines:
-        lines_table(trace, console, top)
-    _operator_tables(trace, console, top)
+        lines_table(trace, console, top, step_view)
+    _operator_tables(trace, console, top, step_view)
     _flops_table(trace, console, top)
-    _gpu_tables(trace, console, top)
-    _memory_tables(trace, console, top)
+    _gpu_tables(trace, console, top, step_view)
+    _memory_tables(trace, console, top, step_view)
     _system_tables(trace, console)
     _diagnostics(trace, console)
