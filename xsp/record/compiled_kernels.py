@@ -33,6 +33,9 @@ the frames of each operator it fuses (see :func:`kernel_sources`)."""
 AMBIGUOUS_KEY: Final = "compiled_kernels_ambiguous"
 """Kernel names that two compiles gave different sources: their time stays on the line that
 called the compiled code."""
+EXTERN_PREFIX: Final = "extern_kernels."
+"""Inductor's name for an operator compiled code calls as it is (``extern_kernels.addmm``): it runs
+as the operator (``aten::addmm``), under no name of its own, so its source is not kept."""
 GRAPH_PREFIX: Final = re.compile(r"^graph_\d+_")
 """Inductor names a CPU kernel's profiler event ``graph_<N>_<kernel>``."""
 _FRAME: Final = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
@@ -118,6 +121,8 @@ def sources_of_metrics(provenance_texts: list[str]) -> dict[str, list[list[Frame
             if not isinstance(key, str) or not isinstance(traces, list):
                 continue
             name = key.rsplit(":", 1)[0]
+            if name.startswith(EXTERN_PREFIX):
+                continue
             chains = [chain for chain in (users_frames(parse_stack_trace(t)) for t in traces if isinstance(t, str))
                       if chain]
             if chains:
