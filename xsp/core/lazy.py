@@ -38,6 +38,7 @@ class LazyModule(types.ModuleType):
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("__") and attribute.endswith("__"):
             raise AttributeError(attribute)  # copy, pickle and inspect probing dunders import nothing
+        background_imports_done()  # (two threads importing pandas at once can each get it half made)
         value = getattr(importlib.import_module(self.__name__), attribute)
         setattr(self, attribute, value)
         return value
@@ -54,8 +55,9 @@ _switch_s: float | None = None
 """The program's switch interval while xsp's imports run with :data:`IMPORT_SWITCH_S`."""
 _ours_s = IMPORT_SWITCH_S
 """:data:`IMPORT_SWITCH_S` as Python keeps it (whole microseconds)."""
-_IMPORTING = threading.Lock()
-"""Held while a thread of xsp imports beside the program; a fork waits for it (:func:`forks_wait`)."""
+_IMPORTING = threading.RLock()
+"""Held while a thread of xsp imports beside the program; a fork waits for it (:func:`forks_wait`),
+and so do xsp's own imports on other threads (:func:`background_imports_done`)."""
 
 
 @contextlib.contextmanager
@@ -77,6 +79,16 @@ def forks_wait() -> Iterator[None]:
             yield
         finally:
             _restore_switch()
+
+
+def background_imports_done() -> None:
+    """Wait until xsp's imports beside the program (on another thread) are done, at most
+    :data:`FORK_WAIT_S`. Two threads importing pandas or pyarrow at once can deadlock on their
+    modules' import locks, which Python breaks by handing one of them a module half made (the
+    session's end then failed: ``partially initialized module 'pandas'``). So xsp imports them on
+    one thread at a time: the stand-ins' first reads wait, and so does a session's end."""
+    if _IMPORTING.acquire(timeout=FORK_WAIT_S):
+        _IMPORTING.release()
 
 
 def _restore_switch() -> None:
@@ -129,7 +141,7 @@ def _free_in_parent() -> None:
 def _fresh_in_child() -> None:
     global _IMPORTING
     _fork.held = False
-    _IMPORTING = threading.Lock()  # no thread of the parent's imports here
+    _IMPORTING = threading.RLock()  # no thread of the parent's imports here
     _restore_switch()  # (forked past the wait: the block's end is not the child's)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from xsp.core import contention
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.errors import XspWarning, warn
+from xsp.core.lazy import background_imports_done
 from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.io.trace import Trace
@@ -320,6 +321,7 @@ class Session:
         that block takes over the recording, with the tracers its levels keep, for what follows."""
         exit_guard.unguard()
         self.signals.hold()  # a second Ctrl-C or a SIGTERM now would leave no file: held until written
+        background_imports_done()  # what the end imports, the window thread may be importing still
         successor: Session | None = None
         kept: list[Tracer] = []
         run = self.run
@@ -351,6 +353,7 @@ class Session:
         copy, self.copy = self.copy, None
         if copy is None or self.joined is None:
             return
+        background_imports_done()
         self._tell_finishing(True)
         try:
             self._took(ending.finish_joined(self.options, self.thread_id, self.joined, copy, end_ns, error, self.warn,

@@ -6,6 +6,7 @@ the program."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import queue
@@ -130,7 +131,8 @@ class WindowWorker:
         # pandas, pyarrow and OpenTelemetry's SDK, imported here beside the program, which they
         # would have kept from its first line; a fork of the program meanwhile waits for them
         with forks_wait():
-            import_modules(SESSION_MODULES)
+            with contextlib.suppress(Exception):  # what fails here fails again, said, where it is used
+                import_modules(SESSION_MODULES)
             from xsp.export.otlp import export_table, resource_for
 
             resource = None if self.exporter is None else resource_for(self.options.service_name, {
