@@ -45,7 +45,8 @@ def window_latencies(spans: pd.DataFrame) -> Latencies:
               & (spans[col.KIND] == col.SpanKind.FORWARD.value)).to_numpy(dtype=bool)
     if not layers.any():
         return Latencies(step_ns=step_ns)
-    frame = pd.DataFrame({"path": spans[col.PATH].astype(str).to_numpy()[layers], "ns": durations[layers]})
+    # the layer rows first: an always-on window is mostly model-level rows, whose paths are not needed
+    frame = pd.DataFrame({"path": spans[col.PATH][layers].astype(str).to_numpy(), "ns": durations[layers]})
     layer_ns = {str(path): group.to_numpy(dtype=np.int64) for path, group in frame.groupby("path", sort=False)["ns"]}
     deep_steps = int(spans[col.STEP][layers].nunique())
     depths = spans[col.CALL_DEPTH][layers]
