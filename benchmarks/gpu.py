@@ -134,12 +134,16 @@ def _linking(workload: Workload, iterations: int) -> dict[str, Any]:
     launched = spans[col.LEVEL].to_numpy()[parents[kernels]] == Level.CUDA_API.value
     layered = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels] >= 0
     details = trace.metadata["tracer_details"].get("kernel", {})
-    dropped = {what: count for what, count in (trace.metadata.get("dropped") or {}).items() if "CUPTI" in what}
+    # CUPTI's drops and the records it timed wrong (gpu_no_timestamp, gpu_time_outside_session...)
+    dropped = {what: count for what, count in (trace.metadata.get("dropped") or {}).items()
+               if "CUPTI" in what or what.startswith("gpu_")}
     return {"kernels": len(kernels), "launched": float(launched.mean()) if len(kernels) else 0.0,
             "layered": float(layered.mean()) if len(kernels) else 0.0,
             "api_calls": int((spans[col.LEVEL] == Level.CUDA_API.value).sum()),
             "kernel_ms": spans[col.DURATION_NS].to_numpy()[kernels].sum() / 1e6,
             "dropped_records": sum(dropped.values()), "dropped": dropped,
+            "buffers_with_records_dropped": details.get("buffers_with_records_dropped"),
+            "most_records_dropped_in_a_buffer": details.get("most_records_dropped_in_a_buffer"),
             "record_path": details.get("record_path"), "cupti_release": details.get("cupti_release"),
             "why_not_c": details.get("why_not_c"), "warnings": trace.metadata.get("warnings", []),
             "clock": details.get("clock"), "clock_drift_ns": details.get("drift_ns")}

@@ -207,9 +207,11 @@ class FakeCupti:
             api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
             self._emit([api])
 
-    def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000, untimed: bool = False) -> None:
+    def launch(self, kernel: str = "_Z6vecAddPfS_S_i", work_ns: int = 20_000, untimed: bool = False,
+               misclocked_ns: int = 0) -> None:
         """A cudaLaunchKernel on this thread, and the kernel it runs (``untimed``: a kernel record
-        CUPTI could not time, start and end 0)."""
+        CUPTI could not time, start and end 0; ``misclocked_ns``: added to the kernel's times, as
+        CUPTI did to the first kernels of a session in pytorch#192021, about -1e14)."""
         with self.lock:
             self.correlation += 1
             correlation = self.correlation
@@ -231,7 +233,7 @@ class FakeCupti:
             external.external_id, external.correlation_id = top, correlation
             records.append(external)
         if int(real.ActivityKind.CONCURRENT_KERNEL) in self.enabled:
-            begins = 0 if untimed else end + 5_000
+            begins = 0 if untimed else end + 5_000 + misclocked_ns
             records.append(kernel_record(kernel, begins, begins + work_ns if begins else 0, correlation))
         self._emit(records)
 

@@ -451,7 +451,9 @@ def test_records_cupti_dropped_are_in_the_trace_and_the_report(c_path):
             c_path.library.add_dropped(5)
     trace = session.trace
     assert trace.metadata["dropped"] == {_cupti_records.Lost.BY_CUPTI.value: 5}
-    assert trace.metadata["tracer_details"]["kernel"]["records_dropped_by_cupti"] == 5
+    details = trace.metadata["tracer_details"]["kernel"]
+    assert details["records_dropped_by_cupti"] == 5
+    assert details["buffers_with_records_dropped"] == 1 and details["most_records_dropped_in_a_buffer"] == 5
     console = Console(width=200, record=True, color_system=None)
     render_report(trace, console)
     assert "dropped: 5 CUDA activity records CUPTI dropped" in console.export_text()
@@ -616,6 +618,52 @@ def test_gpu_records_without_a_time_are_counted_not_drawn(fake):
     console = Console(width=200, record=True, color_system=None)
     render_report(trace, console)
     assert "3 gpu_no_timestamp" in console.export_text()
+
+
+def test_kernels_timed_off_the_clock_are_counted_not_drawn(fake):
+    """pytorch#192021: CUPTI timed a session's first kernels ~1e14 ns before their own launches;
+    drawn, they would lie a day before the run, outside every layer."""
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    class Misclocked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            fake.launch(misclocked_ns=-fake.get_timestamp())  # near CUPTI's epoch: hours before
+            fake.launch()
+            return x
+
+    with pytest.warns(xsp.XspWarning, match="3 gpu_time_outside_session"):
+        with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
+            for _ in range(3):
+                Misclocked()(torch.randn(2, 8))
+    trace = session.trace
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert len(kernels) == 3 and (kernels[col.PARENT_ID].notna()).all()
+    assert trace.metadata["dropped"] == {"gpu_time_outside_session": 3}
+    console = Console(width=200, record=True, color_system=None)
+    render_report(trace, console)
+    assert "3 gpu_time_outside_session" in console.export_text()
+
+
+def test_times_out_of_range_are_left_out_of_the_columns():
+    hour_ns = 3_600 * 10**9
+    opened_ns = 30 * hour_ns
+    read_ns = opened_ns + hour_ns
+    columns = _stored([
+        _api(1, opened_ns + 100, opened_ns + 200),
+        kernel_record("launched", opened_ns + 300, opened_ns + 400, 1),
+        kernel_record("before its launch", opened_ns + 100 - 20_000_000, opened_ns + 400, 1),
+        kernel_record("a day early", opened_ns - 24 * hour_ns, opened_ns - 24 * hour_ns + 10, 7),
+        kernel_record("in the future", read_ns + 2 * 10**9, read_ns + 3 * 10**9, 8),
+        kernel_record("launch not here", opened_ns + 50, opened_ns + 60, 9),
+        _api(2, opened_ns - 2 * 10**9, opened_ns - 10**9 - 1)])
+    kept, lost = columns.without_times_out_of_range(CuptiClock.constant(0), opened_ns, read_ns)
+    assert sorted(kept[Family.KERNEL]["correlation_id"].tolist()) == [1, 9]
+    assert kept[Family.API]["correlation_id"].tolist() == [1]
+    assert lost == {"gpu_time_outside_session": 3, "gpu_before_its_launch": 1}
+    unchecked, lost = columns.without_times_out_of_range(CuptiClock.constant(0), None, read_ns)
+    assert unchecked.count(Family.API) == 2 and lost["gpu_time_outside_session"] == 1  # the future only
 
 
 def test_impossible_times_are_left_out_of_the_columns():

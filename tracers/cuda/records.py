@@ -110,6 +110,21 @@ class Lost(str, enum.Enum):
     """Activities CUPTI wrote without a time (its header: concurrent-kernel records "may contain
     invalid (0) timestamps"): drawn, they would lie near the epoch, 56 years before the run."""
     END_BEFORE_START = "gpu_end_before_start"
+    OUTSIDE_SESSION = "gpu_time_outside_session"
+    """Records timed well before the subscription opened or after they were read: a timestamp not
+    on the clock of the others (pytorch#192021: once the timestamp callback had been registered
+    again, CUPTI's first kernel records of a session came about 1e14 ns off)."""
+    BEFORE_LAUNCH = "gpu_before_its_launch"
+    """GPU work timed to start well before the API call that launched it began (the same fault,
+    within the subscription's time)."""
+
+
+OUTSIDE_SESSION_SLACK_NS: Final = 1_000_000_000
+"""How far before the subscription opened, or after its records were read, a record may lie
+before it is counted out of range (the clock's measured uncertainty is microseconds)."""
+BEFORE_LAUNCH_SLACK_NS: Final = 10_000_000
+"""How far before its launch's start GPU work may be timed before it is counted out of range
+(CUPTI puts GPU times on the CPU's time base within microseconds; the fault is hours)."""
 
 
 def _empty(family: Family) -> dict[str, np.ndarray]:
@@ -164,6 +179,38 @@ class ActivityColumns:
                 lost[Lost.NO_TIMESTAMP.value] += int(untimed.sum())
                 lost[Lost.END_BEFORE_START.value] += int(backwards.sum())
                 columns = columns.where(family, ~(untimed | backwards))
+        return columns, +lost
+
+    def without_times_out_of_range(self, clock: CuptiClock, opened_ns: int | None, read_ns: int,
+                                   ) -> tuple[ActivityColumns, Counter[str]]:
+        """These records less those whose times cannot be right, and how many of each were left
+        out: a time more than :data:`OUTSIDE_SESSION_SLACK_NS` before ``opened_ns`` (when the
+        subscription opened, host clock; None: not checked) or after ``read_ns`` (when they were
+        read), and GPU work timed more than :data:`BEFORE_LAUNCH_SLACK_NS` before the start of
+        the API call that launched it (when that call is among these records)."""
+        lost: Counter[str] = Counter()
+        columns = self
+        api = self[Family.API]
+        order = np.lexsort((api["start"], api["correlation_id"]))  # of a repeated id, the earliest first
+        launch_ids, launch_starts = api["correlation_id"][order], api["start"][order].astype(np.int64)
+        for family in Family:
+            times = self[family]
+            if "start" not in times or not len(times["start"]):
+                continue
+            starts, ends = clock.to_host_ns(times["start"]), clock.to_host_ns(times["end"])
+            outside = ends > read_ns + OUTSIDE_SESSION_SLACK_NS
+            if opened_ns is not None:
+                outside |= starts < opened_ns - OUTSIDE_SESSION_SLACK_NS
+            early = np.zeros(len(starts), dtype=bool)
+            if family is not Family.API and len(launch_ids):
+                at = np.minimum(np.searchsorted(launch_ids, times["correlation_id"]), len(launch_ids) - 1)
+                launched = launch_ids[at] == times["correlation_id"]
+                early = ~outside & launched & (times["start"].astype(np.int64)
+                                               < launch_starts[at] - BEFORE_LAUNCH_SLACK_NS)
+            if outside.any() or early.any():
+                lost[Lost.OUTSIDE_SESSION.value] += int(outside.sum())
+                lost[Lost.BEFORE_LAUNCH.value] += int(early.sum())
+                columns = columns.where(family, ~(outside | early))
         return columns, +lost
 
     def split(self, closed_ns: int, held_threads: frozenset[int], clock: CuptiClock,
@@ -465,7 +512,9 @@ class NativeRecords:
             if drained[key]:
                 lost[what.value] += drained[key]
         self.totals.update({key: drained[key] for key in ("records", "buffers", "bytes", "other_kinds",
-                                                          "size_mismatch", "dropped_by_cupti")})
+                                                          "size_mismatch", "dropped_by_cupti", "buffers_with_drops")})
+        self.totals["most_dropped_in_a_buffer"] = max(self.totals["most_dropped_in_a_buffer"],
+                                                      drained["most_dropped_in_a_buffer"])
         return ActivityColumns(families, self.kernel_names), lost
 
     def use_host_clock(self) -> bool:
@@ -499,4 +548,6 @@ class NativeRecords:
                 "records_read": self.totals["records"], "buffers_read": self.totals["buffers"],
                 "records_of_other_kinds": self.totals["other_kinds"],
                 "records_of_unexpected_size": self.totals["size_mismatch"],
-                "records_dropped_by_cupti": self.totals["dropped_by_cupti"]}
+                "records_dropped_by_cupti": self.totals["dropped_by_cupti"],
+                "buffers_with_records_dropped": self.totals["buffers_with_drops"],
+                "most_records_dropped_in_a_buffer": self.totals["most_dropped_in_a_buffer"]}

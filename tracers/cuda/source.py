@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Final
 
+from xsp.core.clock import now_ns
 from xsp.core.threads import start_thread
 from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.record.window import Window
@@ -258,6 +259,8 @@ class CuptiSource:
         self.cupti_timestamp_offset_ns: int | None = None
         """With CUPTI on xsp's clock: what ``cupti.get_timestamp()`` read against it (expected ~0)."""
         self._thread_id_type_before: int | None = None
+        self.opened_ns: int | None = None
+        """When the subscription last opened (host clock): no record of it can be much older."""
         self.warnings: list[str] = []
 
     @property
@@ -295,6 +298,7 @@ class CuptiSource:
     def _open(self, cupti: Any) -> None:
         if torch_profiler_active():
             raise RuntimeError(_CONFLICT)
+        self.opened_ns = now_ns()
         self.record_queries = os.environ.get(RECORD_QUERIES_ENV, "") not in ("", "0")
         # records made before a kind is disabled still arrive with the final flush: what this
         # subscription leaves out holds until the next one
@@ -480,6 +484,8 @@ class CuptiSource:
             columns, lost = self.drain()
             columns, impossible = columns.without_impossible_times()
             lost.update(impossible)
+            columns, out_of_range = columns.without_times_out_of_range(self.clock, self.opened_ns, now_ns())
+            lost.update(out_of_range)
             columns = self._carried.then(columns)
             if window.closed_ns is None:
                 self._carried = ActivityColumns()

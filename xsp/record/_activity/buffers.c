@@ -94,8 +94,11 @@ void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, siz
     (void)size;
     size_t dropped = 0;
     get_num_dropped_fn get_num_dropped = BINDING.get_num_dropped;
-    if (get_num_dropped != NULL && get_num_dropped(context, stream_id, &dropped) == CUPTI_OK && dropped > 0)
+    if (get_num_dropped != NULL && get_num_dropped(context, stream_id, &dropped) == CUPTI_OK && dropped > 0) {
         add_count(&COUNTS.dropped_by_cupti, dropped);
+        add_count(&COUNTS.buffers_with_drops, 1);
+        raise_count(&COUNTS.most_dropped_in_a_buffer, dropped);
+    }
     if (buffer == NULL) return;
     pthread_mutex_lock(&POOL.lock);
     if (!owned(buffer)) {

@@ -36,6 +36,8 @@ extern buffer_pool POOL;
 /* Counts since the last drain, added to from any thread. */
 typedef struct {
     uint64_t dropped_by_cupti;  /* cuptiActivityGetNumDroppedRecords, summed per completed buffer */
+    uint64_t buffers_with_drops; /* completed buffers whose context and stream had dropped records */
+    uint64_t most_dropped_in_a_buffer; /* the largest of those counts */
     uint64_t buffers_refused;   /* requests declined: max_buffers were out (CUPTI drops records then) */
     uint64_t correlation_failed; /* external-id pushes or pops CUPTI refused */
     uint64_t foreign_buffers;   /* completed buffers xsp did not hand out (another client's) */
@@ -61,5 +63,10 @@ void pool_trim(void);
 
 static inline uint64_t take_count(uint64_t *count) { return __atomic_exchange_n(count, 0, __ATOMIC_ACQ_REL); }
 static inline void add_count(uint64_t *count, uint64_t value) { __atomic_add_fetch(count, value, __ATOMIC_RELAXED); }
+static inline void raise_count(uint64_t *count, uint64_t value) {
+    uint64_t seen = __atomic_load_n(count, __ATOMIC_RELAXED);
+    while (value > seen && !__atomic_compare_exchange_n(count, &seen, value, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
 
 #endif

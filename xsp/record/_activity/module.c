@@ -322,6 +322,8 @@ static PyObject *drain_result(drain_columns *taken, size_t buffers, size_t bytes
         || set_count(result, "unreadable", taken->unreadable) < 0 || set_count(result, "cut_short", taken->cut_short) < 0
         || set_count(result, "size_mismatch", taken->size_mismatch) < 0
         || set_count(result, "dropped_by_cupti", take_count(&COUNTS.dropped_by_cupti)) < 0
+        || set_count(result, "buffers_with_drops", take_count(&COUNTS.buffers_with_drops)) < 0
+        || set_count(result, "most_dropped_in_a_buffer", take_count(&COUNTS.most_dropped_in_a_buffer)) < 0
         || set_count(result, "buffers_refused", take_count(&COUNTS.buffers_refused)) < 0
         || set_count(result, "correlation_failed", take_count(&COUNTS.correlation_failed)) < 0
         || set_count(result, "foreign_buffers", take_count(&COUNTS.foreign_buffers)) < 0)
