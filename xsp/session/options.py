@@ -35,7 +35,7 @@ ALWAYS_ON_WINDOW_S = 60.0
 """An always-on session's windows close this long apart (OpenTelemetry's default interval for
 exporting metrics, whose figures come from the windows). Each window costs about the same
 whatever it holds (a helper process forked, about 130 ms of CPU, and 150-190 ms of
-interpretation before its first span), on top of about 12 µs a request. The example service at
+interpretation before its first span), on top of about 15 µs a request. The example service at
 400 requests a second spent 54-71 µs a request off its request thread with 10 s windows, 33-42
 with 30 s (``benchmarks/production.py``). ``WINDOW_EVENTS`` still bounds what a window holds."""
 CAPTURE_WINDOW_S = 1.0
