@@ -658,18 +658,18 @@ def test_times_out_of_range_are_left_out_of_the_columns():
         kernel_record("in the future", read_ns + 2 * 10**9, read_ns + 3 * 10**9, 8),
         kernel_record("launch not here", opened_ns + 50, opened_ns + 60, 9),
         _api(2, opened_ns - 2 * 10**9, opened_ns - 10**9 - 1)])
-    kept, lost = columns.without_times_out_of_range(CuptiClock.constant(0), opened_ns, read_ns)
+    kept, lost = columns.without_bad_times(CuptiClock.constant(0), opened_ns, read_ns)
     assert sorted(kept[Family.KERNEL]["correlation_id"].tolist()) == [1, 9]
     assert kept[Family.API]["correlation_id"].tolist() == [1]
     assert lost == {"gpu_time_outside_session": 3, "gpu_before_its_launch": 1}
-    unchecked, lost = columns.without_times_out_of_range(CuptiClock.constant(0), None, read_ns)
+    unchecked, lost = columns.without_bad_times(CuptiClock.constant(0), None, read_ns)
     assert unchecked.count(Family.API) == 2 and lost["gpu_time_outside_session"] == 1  # the future only
 
 
 def test_impossible_times_are_left_out_of_the_columns():
     columns = _stored([_api(1, 10, 20), kernel_record("k", 0, 0, 1), kernel_record("k", 50, 40, 2),
                        kernel_record("k", 30, 0, 3), kernel_record("k", 30, 60, 4), _memcpy(5, 0, 0, 8, 1)])
-    kept, lost = columns.without_impossible_times()
+    kept, lost = columns.without_bad_times(CuptiClock.constant(0), None, read_ns=100)
     assert kept[Family.KERNEL]["correlation_id"].tolist() == [4] and kept.count(Family.MEMCPY) == 0
     assert kept.count(Family.API) == 1
     assert lost == {"gpu_no_timestamp": 3, "gpu_end_before_start": 1}

@@ -163,31 +163,14 @@ class ActivityColumns:
                              for name, values in self.families[family].items()} for family in Family}
         return ActivityColumns(families, later.kernel_names)
 
-    def without_impossible_times(self) -> tuple[ActivityColumns, Counter[str]]:
-        """These records less those no span can be drawn of (a start or end of 0, an end before
-        the start), and how many of each were left out."""
-        lost: Counter[str] = Counter()
-        columns = self
-        for family in Family:
-            times = self[family]
-            if "start" not in times or not len(times["start"]):
-                continue
-            start, end = times["start"], times["end"]
-            untimed = (start == 0) | (end == 0)
-            backwards = ~untimed & (end < start)
-            if untimed.any() or backwards.any():
-                lost[Lost.NO_TIMESTAMP.value] += int(untimed.sum())
-                lost[Lost.END_BEFORE_START.value] += int(backwards.sum())
-                columns = columns.where(family, ~(untimed | backwards))
-        return columns, +lost
-
-    def without_times_out_of_range(self, clock: CuptiClock, opened_ns: int | None, read_ns: int,
-                                   ) -> tuple[ActivityColumns, Counter[str]]:
-        """These records less those whose times cannot be right, and how many of each were left
-        out: a time more than :data:`OUTSIDE_SESSION_SLACK_NS` before ``opened_ns`` (when the
-        subscription opened, host clock; None: not checked) or after ``read_ns`` (when they were
-        read), and GPU work timed more than :data:`BEFORE_LAUNCH_SLACK_NS` before the start of
-        the API call that launched it (when that call is among these records)."""
+    def without_bad_times(self, clock: CuptiClock, opened_ns: int | None, read_ns: int,
+                          ) -> tuple[ActivityColumns, Counter[str]]:
+        """These records less those no span can be drawn of, or drawn where it happened, and how
+        many of each were left out: a start or end of 0; an end before the start; a time more
+        than :data:`OUTSIDE_SESSION_SLACK_NS` before ``opened_ns`` (when the subscription
+        opened, host clock; None: not checked) or after ``read_ns`` (when they were read); GPU
+        work timed more than :data:`BEFORE_LAUNCH_SLACK_NS` before the start of the API call
+        that launched it (when that call is among these records)."""
         lost: Counter[str] = Counter()
         columns = self
         api = self[Family.API]
@@ -197,20 +180,25 @@ class ActivityColumns:
             times = self[family]
             if "start" not in times or not len(times["start"]):
                 continue
-            starts, ends = clock.to_host_ns(times["start"]), clock.to_host_ns(times["end"])
-            outside = ends > read_ns + OUTSIDE_SESSION_SLACK_NS
+            start, end = times["start"], times["end"]
+            untimed = (start == 0) | (end == 0)
+            backwards = ~untimed & (end < start)
+            timed = ~(untimed | backwards)
+            outside = timed & (clock.to_host_ns(end) > read_ns + OUTSIDE_SESSION_SLACK_NS)
             if opened_ns is not None:
-                outside |= starts < opened_ns - OUTSIDE_SESSION_SLACK_NS
-            early = np.zeros(len(starts), dtype=bool)
+                outside |= timed & (clock.to_host_ns(start) < opened_ns - OUTSIDE_SESSION_SLACK_NS)
+            early = np.zeros(len(start), dtype=bool)
             if family is not Family.API and len(launch_ids):
                 at = np.minimum(np.searchsorted(launch_ids, times["correlation_id"]), len(launch_ids) - 1)
                 launched = launch_ids[at] == times["correlation_id"]
-                early = ~outside & launched & (times["start"].astype(np.int64)
-                                               < launch_starts[at] - BEFORE_LAUNCH_SLACK_NS)
-            if outside.any() or early.any():
-                lost[Lost.OUTSIDE_SESSION.value] += int(outside.sum())
-                lost[Lost.BEFORE_LAUNCH.value] += int(early.sum())
-                columns = columns.where(family, ~(outside | early))
+                early = timed & ~outside & launched & (start.astype(np.int64)
+                                                       < launch_starts[at] - BEFORE_LAUNCH_SLACK_NS)
+            for what, rows in ((Lost.NO_TIMESTAMP, untimed), (Lost.END_BEFORE_START, backwards),
+                               (Lost.OUTSIDE_SESSION, outside), (Lost.BEFORE_LAUNCH, early)):
+                lost[what.value] += int(rows.sum())
+            keep = timed & ~outside & ~early
+            if not keep.all():
+                columns = columns.where(family, keep)
         return columns, +lost
 
     def split(self, closed_ns: int, held_threads: frozenset[int], clock: CuptiClock,

@@ -482,10 +482,8 @@ class CuptiSource:
             if self.running:
                 self._measure_clock()
             columns, lost = self.drain()
-            columns, impossible = columns.without_impossible_times()
-            lost.update(impossible)
-            columns, out_of_range = columns.without_times_out_of_range(self.clock, self.opened_ns, now_ns())
-            lost.update(out_of_range)
+            columns, bad_times = columns.without_bad_times(self.clock, self.opened_ns, now_ns())
+            lost.update(bad_times)
             columns = self._carried.then(columns)
             if window.closed_ns is None:
                 self._carried = ActivityColumns()
