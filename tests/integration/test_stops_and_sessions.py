@@ -425,6 +425,42 @@ def test_two_threads_two_sessions_keep_every_call(tmp_path, trial):
 
 
 @pytest.mark.filterwarnings("ignore::xsp.XspWarning")
+@pytest.mark.parametrize("started_first_ends_first", [True, False])
+def test_a_session_names_its_own_model_first_when_a_joined_thread_called_its_model_first(
+        tmp_path, started_first_ends_first):
+    joined_called, started_called, started_done, joined_done = (threading.Event() for _ in range(4))
+
+    def joined() -> None:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        with torch.no_grad(), xsp.trace(output=tmp_path / "joined.xsp.parquet"):
+            model(torch.randn(1, 4))  # the first model the session sees is bound to "model" here
+            joined_called.set()
+            assert started_called.wait(60)
+            if started_first_ends_first:
+                assert started_done.wait(60)
+            model(torch.randn(1, 4))
+        joined_done.set()
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with torch.no_grad(), xsp.trace(output=tmp_path / "started.xsp.parquet") as started:
+        worker = threading.Thread(target=joined)
+        worker.start()
+        assert joined_called.wait(60)
+        model(torch.randn(1, 4))
+        started_called.set()
+        if not started_first_ends_first:
+            assert joined_done.wait(60)
+    started_done.set()
+    worker.join()
+    for name in ("started", "joined"):
+        spans = xsp.load(tmp_path / f"{name}.xsp.parquet").spans
+        predicts = spans[spans[col.KIND] == "predict"]
+        own = predicts[predicts[col.THREAD_ID] == (started.thread_id if name == "started" else worker.native_id)]
+        assert set(own[col.NAME]) == {"model"}, name
+        assert set(predicts[col.NAME]) <= {"model", "Sequential_0"}
+
+
+@pytest.mark.filterwarnings("ignore::xsp.XspWarning")
 def test_a_session_handed_over_between_threads_loses_nothing(tmp_path):
     first_ended, five_done = threading.Event(), threading.Event()
     made: dict[str, int] = {}

@@ -1,6 +1,8 @@
 """The names of a session's top-level models: each the first name it is bound to in the code
 that calls it and that no other model has, else its class name with the lowest free index
-(``Sequential_0``); named again, those of one thread first, for a session's own trace."""
+(``Sequential_0``). The models first called on the session's own thread are named first: two
+threads' models bound to one name, the session's own trace gives it to its thread's model,
+whichever thread called first."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class ModelNames:
         """Each named model's first calling thread, class name and the names it was bound to
         there: what :meth:`rename` names it from again."""
         self._lock = threading.Lock()
+        self._owner_thread_id: int | None = None
 
     def name(self, module: Any, candidates: list[str]) -> str:
         """Name the top-level model ``module``: the first of ``candidates`` (names it is bound
@@ -28,28 +31,35 @@ class ModelNames:
             known = self.names.get(id(module))
             if known is not None:
                 return known
-            self._bindings[id(module)] = (threading.get_native_id(), type(module).__name__, candidates)
-            name = _free_name(type(module).__name__, candidates, set(self.names.values()))
-            self.names[id(module)] = name
-            return name
+            thread_id = threading.get_native_id()
+            self._bindings[id(module)] = (thread_id, type(module).__name__, candidates)
+            if thread_id == self._owner_thread_id:  # another thread's model may hold the name it is bound to
+                self.names.update(self._names_first_of(thread_id))
+            else:
+                self.names[id(module)] = _free_name(type(module).__name__, candidates, set(self.names.values()))
+            return self.names[id(module)]
 
-    def rename(self, thread_id: int) -> None:
-        """A session takes the recording over: its trace names the models afresh (see
-        :meth:`names_for`)."""
-        names = self.names_for(thread_id)
+    def own(self, thread_id: int) -> None:
+        """The session of thread ``thread_id`` owns the recording (it started it, or took it
+        over): its trace names the models afresh, those first called on that thread first (see
+        :meth:`names_for`), and so does every model named from now on."""
         with self._lock:
-            self.names.update(names)  # in place: the wrappers hold this dict; no key ever goes missing
+            self._owner_thread_id = thread_id
+            self.names.update(self._names_first_of(thread_id))  # in place: the wrappers hold this dict
 
     def names_for(self, thread_id: int) -> dict[int, str]:
         """The models named as :meth:`name` would, those first called on thread ``thread_id``
         first: a session's own trace (two threads' models bound to one name: each session's own
         keeps it)."""
         with self._lock:
-            order = sorted(self._bindings, key=lambda model: self._bindings[model][0] != thread_id)
-            names: dict[int, str] = {}
-            for model in order:
-                _, class_name, candidates = self._bindings[model]
-                names[model] = _free_name(class_name, candidates, set(names.values()))
+            return self._names_first_of(thread_id)
+
+    def _names_first_of(self, thread_id: int) -> dict[int, str]:
+        order = sorted(self._bindings, key=lambda model: self._bindings[model][0] != thread_id)
+        names: dict[int, str] = {}
+        for model in order:
+            _, class_name, candidates = self._bindings[model]
+            names[model] = _free_name(class_name, candidates, set(names.values()))
         return names
 
 

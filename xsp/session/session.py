@@ -201,6 +201,7 @@ class Session:
             self.thread_id = threading.get_native_id()
             if active is None:  # claimed before any tracer starts: a second session sees it
                 self.recording = Recording(self.options.max_events)
+                self.recording.models.own(self.thread_id)
                 self.recording.backward_hooks = self.options.backward
                 self.recording.layer_depth = self.options.layer_depth
                 self._open_nvtx(self.recording)
@@ -434,7 +435,7 @@ class Session:
                 recording.take_back(recording.end_copy(copy, drain=False))
                 since_ns = copy.start_ns
             recording.restart_counts(self.options.max_events)
-            recording.models.rename(self.thread_id)
+            recording.models.own(self.thread_id)
             recording.backward_hooks = self.options.backward
             recording.layer_depth = self.options.layer_depth
             recording.paused = False
