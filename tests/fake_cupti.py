@@ -12,6 +12,8 @@ C callbacks on flush, and the external-id stack is the library's, pushed from C.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 import time
 from typing import Any
@@ -54,6 +56,13 @@ class FakeCupti:
         self.skew_ns = skew_ns
         """Added to record times only, not to get_timestamp(): a clock the measurement misses."""
         self.held_by_other = held_by_other
+        self.holder_name: str | None = None
+        """What CUPTI calls the client that holds it (``CUPTI for Nsight Systems``), told to a
+        ``cuptiSubscribe_v2`` it refuses; None: CUPTI does not say."""
+        self.has_subscribe_v2 = True
+        """cupti-python binds ``cuptiSubscribe_v2`` and libcupti has it (CUPTI 13.3 on)."""
+        self.subscriber_names: list[str] = []
+        """The names clients gave ``cuptiSubscribe_v2``."""
         self.per_call_switch = per_call_switch
         """Has ``activity_enable_runtime_api``/``_driver_api`` (cupti-python's bindings of 12.6 on do)."""
         self.silenced: set[tuple[int, int]] = set()
@@ -102,6 +111,19 @@ class FakeCupti:
         self.subscribers += 1
         self.calls.append(("subscribe",))
         return 1234
+
+    def subscribe_v2(self, callback: Any, userdata: Any, p_params: int) -> int:
+        """``cuptiSubscribe_v2``: refused, CUPTI writes the holder's name where the caller asked
+        (cupti-python without it: an AttributeError, as for a missing binding)."""
+        if not self.has_subscribe_v2:
+            raise RuntimeError("cuptiSubscribe_v2 is not found in libcupti")  # no status: not CUPTI's refusal
+        size, name, old_name, old_size = struct.unpack("<QQQQ", ctypes.string_at(p_params, 32))
+        assert size == 40 and old_size >= 64
+        self.subscriber_names.append(ctypes.string_at(name).decode())
+        if (self.held_by_other or self.subscribers) and self.holder_name is not None:
+            ctypes.memmove(old_name, self.holder_name.encode()[:old_size - 1] + b"\0",
+                           min(len(self.holder_name) + 1, old_size))
+        return self.subscribe(callback, userdata)
 
     def unsubscribe(self, handle: int) -> None:
         self.subscribers -= 1

@@ -39,6 +39,8 @@ class CuptiTracer(Tracer):
 
     def __init__(self, source: CuptiSource = SOURCE) -> None:
         self.source = source
+        self._notes: list[str] = []
+        """The session's notes (said once, when it ends)."""
 
     def available(self) -> str | None:
         return self.source.available()
@@ -46,13 +48,21 @@ class CuptiTracer(Tracer):
     def start(self, recording: Recording) -> None:
         self.source.acquire(self.name, self.kinds)
         INTERCEPTOR.correlate(self.source.correlation_hooks())
+        source = self.source
+        self._notes = recording.notes
+        # while another client holds CUPTI, layer calls push no id onto its stack
+        self.source.listen(self.name, lambda: INTERCEPTOR.correlate(None),
+                           lambda: INTERCEPTOR.correlate(source.correlation_hooks()))
         for note in (self.source.path_note, self.source.pairing):
             if note is not None:
                 recording.notes.append(note)
 
     def stop(self) -> None:
-        """Flush and release CUPTI; problems on the way are raised together, after cleaning up."""
+        """Flush and release CUPTI; problems on the way are raised together, after cleaning up.
+        Each time xsp let go of CUPTI for another client is said once (a note of the session)."""
         self.source.release(self.name)
+        for down in self.source.stand_downs:
+            self._notes.append(down.describe())
         if not self.source.running:
             INTERCEPTOR.correlate(None)
         if self.source.warnings:

@@ -344,7 +344,113 @@ def test_another_subscriber_makes_the_levels_unavailable_with_one_warning(fake):
 
 def test_pytorchs_profiler_and_the_cuda_levels_exclude_each_other(fake, monkeypatch):
     monkeypatch.setattr(torch.autograd.profiler, "_is_profiler_enabled", True)
-    assert "PyTorch's profiler in CUDA mode cannot run at once" in _cupti.SOURCE.available()
+    reason = _cupti.SOURCE.available()
+    assert reason.startswith("CUPTI is held by PyTorch's profiler, recording in this process: ")
+    assert "PyTorch's profiler in CUDA mode cannot run at once" in reason
+
+
+@pytest.mark.parametrize("has_subscribe_v2", [True, False], ids=["subscribe-v2", "subscribe"])
+def test_the_client_that_holds_cupti_is_named_where_cupti_says(fake, has_subscribe_v2):
+    fake.held_by_other, fake.holder_name, fake.has_subscribe_v2 = True, "CUPTI for Nsight Systems", has_subscribe_v2
+    reason = _cupti.SOURCE.available()
+    assert "another CUPTI client holds" in reason and "MULTIPLE_SUBSCRIBERS" in reason
+    assert ("CUPTI is held by 'CUPTI for Nsight Systems'" in reason) == has_subscribe_v2
+    messages, trace = _warned(fake, "model,layer,kernel")
+    assert len(messages) == 1 and "levels cuda_api, kernel are not recorded" in messages[0]
+    assert ("'CUPTI for Nsight Systems'" in messages[0]) == has_subscribe_v2
+    assert trace.metadata["unavailable"]["kernel"] == reason
+    fake.held_by_other = False
+    _trace(fake)
+    assert fake.subscriber_names[-1:] == (["xsp"] if has_subscribe_v2 else [])  # xsp names itself to CUPTI
+
+
+class FakeKineto:
+    """PyTorch's profiler as CUPTI sees it: ``_prepare_profiler`` with CUDA activities registers
+    Kineto's buffer callbacks and enables its kinds, so xsp must have let go by then;
+    ``_disable_profiler`` lets go (or, ``keeps_cupti``, stays subscribed, as a Kineto on demand)."""
+
+    def __init__(self, fake: FakeCupti, keeps_cupti: bool = False) -> None:
+        self.fake, self.keeps_cupti = fake, keeps_cupti
+        self.found: list[tuple[int, set[int], int]] = []
+        """At each CUDA start: xsp's subscriptions, the kinds xsp left enabled, its ids on the stack."""
+
+    def prepare(self, config, activities, activity_filter=None) -> None:
+        if any(activity.name == "CUDA" for activity in activities):
+            self.found.append((self.fake.subscribers, set(self.fake.enabled), self.fake.stack_depth))
+            self.fake.held_by_other, self.fake.holder_name = True, "CUPTI for Kineto"
+
+    def enable(self, config, activities) -> None:
+        pass
+
+    def disable(self) -> str:
+        self.fake.held_by_other = self.keeps_cupti
+        return "kineto results"
+
+
+def _with_torch_profiler(fake: FakeCupti, kineto: FakeKineto, monkeypatch, activities) -> tuple[list[str], xsp.Trace]:
+    """Two steps, two more inside PyTorch's profiler (started as ``torch.profiler.profile`` does),
+    two after it: xsp's warnings and trace."""
+    profiler = torch.autograd.profiler
+    monkeypatch.setattr(profiler, "_prepare_profiler", kineto.prepare)
+    monkeypatch.setattr(profiler, "_enable_profiler", kineto.enable)
+    monkeypatch.setattr(profiler, "_disable_profiler", kineto.disable)
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(2, 8))
+            # as torch.profiler.profile.__enter__ and __exit__ call them, looked up by name
+            profiler._prepare_profiler(object(), activities)
+            profiler._enable_profiler(object(), activities)
+            for _ in range(2):
+                model(torch.randn(2, 8))
+            assert profiler._disable_profiler() == "kineto results"
+            for _ in range(2):
+                model(torch.randn(2, 8))
+    assert session.trace is not None
+    return [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)], session.trace
+
+
+def test_pytorchs_profiler_started_inside_a_session_takes_cupti_and_xsp_takes_it_back(fake, monkeypatch):
+    kineto = FakeKineto(fake)
+    activities = {torch.autograd.ProfilerActivity.CPU, torch.autograd.ProfilerActivity.CUDA}
+    messages, trace = _with_torch_profiler(fake, kineto, monkeypatch, activities)
+    # Kineto found CUPTI free: no subscription, no kind, no id of xsp's on the stack
+    assert kineto.found == [(0, set(), 0)]
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert sorted(kernels[col.STEP].unique().tolist()) == [0, 1, 4, 5]  # none from Kineto's steps
+    assert len(kernels) == 4 * 5
+    assert len(messages) == 1 and messages[0].startswith(
+        "xsp: PyTorch's profiler started with CUDA activities: xsp's CUDA levels let go of CUPTI for it")
+    (down,) = trace.metadata["tracer_details"]["kernel"]["cupti_stood_down"]
+    steps = trace.spans[trace.spans[col.KIND] == "predict"].sort_values(col.START_NS)
+    assert steps[col.END_NS].iloc[1] <= down["from_ns"] < down["to_ns"] <= steps[col.START_NS].iloc[4]
+    assert down["taken_back"] is True and "could_not_come_back" not in down
+    assert fake.subscribers == 0 and fake.enabled == set() and fake.stack_depth == 0
+    assert torch.autograd.profiler._prepare_profiler == kineto.prepare  # PyTorch's functions given back
+
+
+def test_cupti_kept_by_the_other_client_is_said_and_the_trace_keeps_what_came_before(fake, monkeypatch):
+    kineto = FakeKineto(fake, keeps_cupti=True)
+    messages, trace = _with_torch_profiler(fake, kineto, monkeypatch, {torch.autograd.ProfilerActivity.CUDA})
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert sorted(kernels[col.STEP].unique().tolist()) == [0, 1]
+    assert len(messages) == 1 and messages[0].startswith("xsp: PyTorch's profiler started with CUDA activities: ")
+    assert "could not take CUPTI back when it stopped" in messages[0] and "'CUPTI for Kineto'" in messages[0]
+    (down,) = trace.metadata["tracer_details"]["kernel"]["cupti_stood_down"]
+    assert "CUPTI for Kineto" in down["could_not_come_back"] and down["to_ns"] is not None
+    assert down["taken_back"] is False
+    assert fake.enabled == set() and fake.stack_depth == 0
+
+
+def test_pytorchs_profiler_without_cuda_leaves_the_cuda_levels_recording(fake, monkeypatch):
+    kineto = FakeKineto(fake)
+    messages, trace = _with_torch_profiler(fake, kineto, monkeypatch, {torch.autograd.ProfilerActivity.CPU})
+    assert kineto.found == [] and messages == []
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert sorted(kernels[col.STEP].unique().tolist()) == list(range(6))
+    assert "cupti_stood_down" not in trace.metadata["tracer_details"]["kernel"]
 
 
 def test_missing_driver_and_missing_package_are_reasons(monkeypatch):

@@ -525,6 +525,14 @@ class NativeRecords:
     def pop(self) -> None:
         self.module.pop()
 
+    def register_again(self) -> None:
+        """Register the C callbacks once more (another CUPTI client registered its own meanwhile).
+
+        Raises:
+            RuntimeError: CUPTI refused the callbacks.
+        """
+        self.zeroed_by_xsp = bool(self.module.register(BUFFER_BYTES, MAX_BUFFERS))
+
     def close(self) -> None:
         """After the last drain of a subscription: the pool's idle buffers are freed."""
         self.module.trim()

@@ -30,8 +30,10 @@ CUPTI release (see :mod:`xsp.tracers.cuda.records`), through cupti-python otherw
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,9 +57,11 @@ from xsp.tracers.cuda.records import (
     RecordStore,
 )
 from xsp.tracers.cuda.rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
+from xsp.tracers.cuda.torch_profiler_watch import TorchProfilerWatch
 from xsp.tracers.module_calls.call_context import Correlation
 
-__all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "Kind", "measure_cupti_offset", "probe"]
+__all__ = ["ACTIVITY_KINDS", "API_KINDS", "SOURCE", "CuptiSource", "HeldElsewhere", "Kind", "StandDown",
+           "measure_cupti_offset", "probe", "subscribe"]
 
 
 def cupti_error_text(exc: BaseException) -> str:
@@ -88,6 +92,8 @@ _CONFLICT = ("another CUPTI client holds the process's one subscription (PyTorch
              "activities, Nsight Systems or Compute, or another profiler); xsp's CUDA levels and "
              "PyTorch's profiler in CUDA mode cannot run at once")
 
+_HELD_BY_TORCH = f"CUPTI is held by PyTorch's profiler, recording in this process: {_CONFLICT}"
+
 
 NOT_INSTALLED: Final = ('cupti-python is not installed: pip install "xsp[cuda12]" for a CUDA 12 PyTorch, '
                         '"xsp[cuda13]" for a CUDA 13 one (Linux x86_64/aarch64)')
@@ -107,7 +113,7 @@ def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str 
     except Exception as exc:
         return f"cupti-python cannot be imported: {type(exc).__name__}: {exc}"
     if torch_profiler_active():
-        return _CONFLICT
+        return _HELD_BY_TORCH
     try:
         cupti.get_timestamp()
     except RuntimeError as exc:  # cupti's NotSupportedError: no driver
@@ -123,10 +129,72 @@ def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str 
         return f"PyTorch cannot query CUDA: {exc}"
     if not holding:  # a subscription held elsewhere (Nsight, a profiler) shows here
         try:
-            cupti.unsubscribe(cupti.subscribe(_ignore_callback, None))
+            cupti.unsubscribe(subscribe(cupti))
+        except HeldElsewhere as exc:
+            return str(exc)
         except Exception as exc:
             return f"{_CONFLICT} ({cupti_error_text(exc)})"
     return None
+
+
+SUBSCRIBER_NAME: Final = b"xsp"
+"""How xsp names itself to CUPTI (CUPTI shows ``CUPTI for xsp`` to a client it refuses)."""
+_OLD_SUBSCRIBER_NAME_BYTES: Final = 64
+"""``CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN``: room for the name of the client that holds CUPTI."""
+
+
+class _SubscriberParams(ctypes.Structure):
+    """``CUpti_SubscriberParams`` of ``cupti_callbacks.h`` (CUPTI 13.3 on), for ``cuptiSubscribe_v2``."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("subscriber_name", ctypes.c_char_p),
+                ("old_subscriber_name", ctypes.c_void_p), ("old_subscriber_size", ctypes.c_size_t),
+                ("allow_multiple_subscribers", ctypes.c_uint8), ("padding", ctypes.c_uint8 * 7)]
+
+
+class HeldElsewhere(RuntimeError):
+    """Another CUPTI client holds the process's subscription (its name in the message where CUPTI
+    said it)."""
+
+    def __init__(self, holder: str | None, error: str) -> None:
+        self.holder = holder
+        named = f"CUPTI is held by {holder!r}: " if holder else ""
+        super().__init__(f"{named}{_CONFLICT} ({error})")
+
+
+def subscribe(cupti: Any) -> Any:
+    """Subscribe to CUPTI as ``xsp``, through ``cuptiSubscribe_v2`` where cupti-python binds it and
+    this libcupti has it, so that a refusal names the client that holds CUPTI (Nsight Systems,
+    another profiler); else through ``cuptiSubscribe``.
+
+    Raises:
+        HeldElsewhere: another client holds the subscription.
+        Exception: any other refusal, as cupti-python raised it.
+    """
+    subscribe_v2 = getattr(cupti, "subscribe_v2", None)
+    if subscribe_v2 is not None:
+        holder = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_BYTES)
+        params = _SubscriberParams(struct_size=ctypes.sizeof(_SubscriberParams), subscriber_name=SUBSCRIBER_NAME,
+                                   old_subscriber_name=ctypes.addressof(holder),
+                                   old_subscriber_size=_OLD_SUBSCRIBER_NAME_BYTES)
+        try:
+            return subscribe_v2(_ignore_callback, None, ctypes.addressof(params))
+        except Exception as exc:
+            if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
+                name = holder.value.decode("utf-8", "replace").strip()
+                raise HeldElsewhere(name or None, cupti_error_text(exc)) from None
+            if getattr(exc, "status", None) is not None:
+                raise
+            # a libcupti older than 13.3 has no cuptiSubscribe_v2: cupti-python cannot find it
+    try:
+        return cupti.subscribe(_ignore_callback, None)
+    except Exception as exc:
+        if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
+            raise HeldElsewhere(None, cupti_error_text(exc)) from None
+        raise
+
+
+_MULTIPLE_SUBSCRIBERS: Final = 39
+"""``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``."""
 
 
 # Which CUPTI ----------------------------------------------------------------------------------
@@ -185,6 +253,38 @@ def record_path() -> tuple[str, str | None]:
 
 
 # The shared source ---------------------------------------------------------------------------
+@dataclass
+class StandDown:
+    """A time xsp let go of CUPTI for another client: no CUDA record of xsp's from ``from_ns``
+    to ``to_ns`` (host clock; the metadata has them in epoch ns, as the spans)."""
+
+    why: str
+    from_ns: int
+    host_to_epoch_ns: int = field(default_factory=lambda: time.time_ns() - now_ns())
+    to_ns: int | None = None
+    """When xsp took CUPTI back, or the session ended (None: still down)."""
+    taken_back: bool = False
+    """xsp took CUPTI back at ``to_ns`` (False: the session ended first, or CUPTI refused)."""
+    could_not_come_back: str | None = None
+    """Why CUPTI could not be taken back when the other client let go (None: it was, or the
+    other client has not let go)."""
+
+    def describe(self) -> str:
+        """One line for the user."""
+        head = (f"{self.why}: xsp's CUDA levels let go of CUPTI for it (CUPTI records for one client at a time); "
+                "their records until then are kept")
+        if self.could_not_come_back is not None:
+            return f"{head}, but they could not take CUPTI back when it stopped, and recorded nothing after: " \
+                   f"{self.could_not_come_back}"
+        return f"{head}, and they recorded again once it had stopped" if self.taken_back else head
+
+    def metadata(self) -> dict[str, Any]:
+        return {"why": self.why, "from_ns": self.from_ns + self.host_to_epoch_ns,
+                "to_ns": None if self.to_ns is None else self.to_ns + self.host_to_epoch_ns,
+                "taken_back": self.taken_back,
+                **({"could_not_come_back": self.could_not_come_back} if self.could_not_come_back else {})}
+
+
 @dataclass
 class _Flusher:
     """Flushes CUPTI's completed buffers on its own thread when a step ends."""
@@ -260,12 +360,28 @@ class CuptiSource:
         """With CUPTI on xsp's clock: what ``cupti.get_timestamp()`` read against it (expected ~0)."""
         self._thread_id_type_before: int | None = None
         self.opened_ns: int | None = None
-        """When the subscription last opened (host clock): no record of it can be much older."""
+        """When the subscription opened (host clock; a stand-down keeps it): no record of it can
+        be much older."""
         self.warnings: list[str] = []
+        self._watch = TorchProfilerWatch(self._torch_profiler_starting, self._torch_profiler_stopped)
+        self._down: StandDown | None = None
+        """Why and since when xsp has let go of CUPTI for another client, while it has."""
+        self.stand_downs: list[StandDown] = []
+        """Every time this subscription let go of CUPTI for another client (the last perhaps
+        still open: ``to_ns`` None)."""
+        self._listeners: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
+
+    def listen(self, user: str, stood_down: Callable[[], None], came_back: Callable[[], None]) -> None:
+        """Have ``user`` told when xsp lets go of CUPTI for another client (``stood_down``, on the
+        thread that starts that client) and when it has taken CUPTI back (``came_back``); until
+        ``user`` releases the source."""
+        with self._lock:
+            self._listeners[user] = (stood_down, came_back)
 
     @property
     def running(self) -> bool:
-        return bool(self._users)
+        """Subscribed for some user, and recording (not stood down for another client)."""
+        return bool(self._users) and self._down is None
 
     def available(self) -> str | None:
         return probe(self._module, holding=self.running)
@@ -279,50 +395,74 @@ class CuptiSource:
         with self._lock:
             cupti = self._module()
             if not self._users:
+                self.stand_downs = []
                 self._open(cupti)
+                self._watch.install()
+            elif self._down is not None:  # its kinds are enabled when CUPTI is taken back
+                self._users[user] = kinds
+                return
             self._users[user] = kinds
-            for kind in (*kinds, Kind.EXTERNAL_CORRELATION):
-                if kind not in self._enabled:
-                    try:
-                        cupti.activity_enable(int(kind))
-                    except Exception as exc:
-                        if not self._enabled:
-                            self._close(cupti)
-                            self._users.pop(user, None)
-                        raise RuntimeError(f"CUPTI refused activity kind {kind.name}: "
-                                           f"{cupti_error_text(exc)}") from None
-                    self._enabled.add(kind)
-                    if kind in API_KINDS and not self.record_queries:
-                        self._leave_out_queries(cupti, kind)
+            try:
+                self._enable(cupti, kinds)
+            except RuntimeError:
+                if not self._enabled:
+                    self._close(cupti)
+                    self._users.pop(user, None)
+                    self._watch.remove()
+                raise
 
-    def _open(self, cupti: Any) -> None:
-        if torch_profiler_active():
-            raise RuntimeError(_CONFLICT)
-        self.opened_ns = now_ns()
-        self.record_queries = os.environ.get(RECORD_QUERIES_ENV, "") not in ("", "0")
-        # records made before a kind is disabled still arrive with the final flush: what this
-        # subscription leaves out holds until the next one
-        self.left_out, self.left_out_count = frozenset(), 0
+    def _enable(self, cupti: Any, kinds: tuple[Kind, ...]) -> None:
+        for kind in (*kinds, Kind.EXTERNAL_CORRELATION):
+            if kind not in self._enabled:
+                try:
+                    cupti.activity_enable(int(kind))
+                except Exception as exc:
+                    raise RuntimeError(f"CUPTI refused activity kind {kind.name}: "
+                                       f"{cupti_error_text(exc)}") from None
+                self._enabled.add(kind)
+                if kind in API_KINDS and not self.record_queries:
+                    self._leave_out_queries(cupti, kind)
+
+    def _open(self, cupti: Any, again: bool = False) -> None:
+        """Subscribe and set CUPTI up (``again``: taking CUPTI back after a stand-down, when
+        what the subscription has counted and left out so far still holds)."""
+        if torch_profiler_active() and not again:
+            raise RuntimeError(_HELD_BY_TORCH)
+        if not again:
+            self.opened_ns = now_ns()
+            self.record_queries = os.environ.get(RECORD_QUERIES_ENV, "") not in ("", "0")
+            # records made before a kind is disabled still arrive with the final flush: what this
+            # subscription leaves out holds until the next one
+            self.left_out, self.left_out_count = frozenset(), 0
         try:
             # one subscription, held for the session: it fails when another client holds one
-            self._subscriber = cupti.subscribe(_ignore_callback, None)
+            self._subscriber = subscribe(cupti)
+        except HeldElsewhere:
+            raise
         except Exception as exc:
             raise RuntimeError(f"{_CONFLICT} ({cupti_error_text(exc)})") from None
         try:
             self._thread_id_type_before = _thread_id_type(cupti)
             cupti.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
-            self._register_buffers(cupti)
+            self._register_buffers(cupti, again)
         except Exception as exc:
             self._give_back_settings(cupti)
             self._unsubscribe(cupti)
             raise RuntimeError(f"CUPTI could not be set up: {cupti_error_text(exc)}") from None
-        self._start_clock(cupti)
+        self._start_clock(cupti, again)
         self._flusher = _Flusher(lambda: cupti.activity_flush_all(0))
         self._flusher.start()
 
-    def _register_buffers(self, cupti: Any) -> None:
+    def _register_buffers(self, cupti: Any, again: bool = False) -> None:
         """Hand CUPTI xsp's C buffer callbacks, or, where the C path cannot run, cupti-python's
-        (never both: the process has one pair, and the last registered receives every buffer)."""
+        (never both: the process has one pair, and the last registered receives every buffer).
+        ``again``: after a stand-down, the same path registers its callbacks once more."""
+        if again and self.native is not None:
+            self.native.register_again()
+            return
+        if again and self.python_path_reason is not None:
+            cupti.activity_register_callbacks(_buffer_requested, self.store.on_completed)
+            return
         self.native, self.python_path_reason = None, None
         self.releases = (cupti_python_release(), torch_cuda_release())
         self.pairing = pairing_note(*self.releases)
@@ -336,10 +476,14 @@ class CuptiSource:
         if self.native is None:
             cupti.activity_register_callbacks(_buffer_requested, self.store.on_completed)
 
-    def _start_clock(self, cupti: Any) -> None:
+    def _start_clock(self, cupti: Any, again: bool = False) -> None:
         """Put CUPTI on xsp's host clock where the C path can (before any kind is enabled), else
-        measure the first offset of CUPTI's own."""
+        measure the first offset of CUPTI's own (``again``: after a stand-down, the clock so far
+        goes on, for the records made before it)."""
         on_host_clock = self.native is not None and self.native.use_host_clock()
+        if again and (self.clock.mode is ClockMode.HOST_CALLBACK) == on_host_clock:
+            self._measure_clock()
+            return
         self.cupti_timestamp_offset_ns = None
         if on_host_clock:
             self.clock = CuptiClock.constant(0, ClockMode.HOST_CALLBACK)
@@ -377,6 +521,12 @@ class CuptiSource:
         """Stop tracing for ``user``; the last one out flushes everything and unsubscribes."""
         with self._lock:
             kinds = self._users.pop(user, ())
+            self._listeners.pop(user, None)
+            if self._down is not None:  # CUPTI is another client's: nothing of xsp's is set
+                if not self._users:
+                    self._end_stand_down(now_ns())
+                    self._watch.remove()
+                return
             cupti = self._module()
             still_wanted = {kind for wanted in self._users.values() for kind in wanted}
             if self._users:
@@ -386,6 +536,55 @@ class CuptiSource:
                     self._disable(cupti, kind)
             if not self._users:
                 self._close(cupti)
+                self._watch.remove()
+
+    # another client takes CUPTI ---------------------------------------------------------
+    def _torch_profiler_starting(self) -> None:
+        self.stand_down("PyTorch's profiler started with CUDA activities")
+
+    def _torch_profiler_stopped(self) -> None:
+        self.come_back()
+
+    def stand_down(self, why: str) -> None:
+        """Let go of CUPTI for another client (``why``: which), keeping every record made so far
+        (flushed, read with the next window): kinds off, settings set back, unsubscribed, as at
+        the end of a session. The users stay; :meth:`come_back` takes CUPTI back for them."""
+        with self._lock:
+            if not self._users or self._down is not None:
+                return
+            self._close(self._module())
+            self._down = StandDown(why, now_ns())
+            self.stand_downs.append(self._down)
+            listeners = list(self._listeners.values())
+        for stood_down, _ in listeners:
+            stood_down()
+
+    def come_back(self) -> None:
+        """Take CUPTI back after a stand-down, for the users still here. Where CUPTI is still
+        held, or refuses, xsp stays down, and the stand-down says why."""
+        with self._lock:
+            down = self._down
+            if down is None:
+                return
+            cupti = self._module()
+            try:
+                self._open(cupti, again=True)
+                self._enable(cupti, tuple(dict.fromkeys(kind for kinds in self._users.values() for kind in kinds)))
+            except Exception as exc:
+                if self._subscriber is not None:
+                    self._close(cupti)
+                down.could_not_come_back = f"{exc}"
+                return
+            down.taken_back = True
+            self._end_stand_down(now_ns())
+            listeners = list(self._listeners.values())
+        for _, came_back in listeners:
+            came_back()
+
+    def _end_stand_down(self, at_ns: int) -> None:
+        if self._down is not None:
+            self._down.to_ns = at_ns
+            self._down = None
 
     def _close(self, cupti: Any) -> None:
         if self._flusher is not None:
@@ -513,6 +712,8 @@ class CuptiSource:
         details.update({"cupti_python": self.releases[0], "torch_cuda": self.releases[1]})
         if self.pairing is not None:
             details["cupti_pairing"] = self.pairing
+        if self.stand_downs:
+            details["cupti_stood_down"] = [down.metadata() for down in self.stand_downs]
         return details
 
     # external correlation around layer calls -------------------------------------------
