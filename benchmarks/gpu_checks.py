@@ -12,6 +12,11 @@ benchmarks/results/gpu_checks.json and rewrites gpu_checks.md from it):
 * ``operator``: a ResNet-50 training step (forward, backward, SGD) at batch 32 with the
   operator, cuda_api and kernel levels: spans of all three, kernels linked to a launch and to an
   operator, records dropped.
+* ``shared``: CUPTI shared with PyTorch's profiler (issue 63): ResNet-50 inference at batch 8, 3
+  steps under the CUDA levels, 3 inside a ``torch.profiler.profile`` with CUDA activities started
+  in the session (xsp lets go of CUPTI: none of its kernels there, all of the profiler's), 3
+  after it (xsp took CUPTI back); then a session started inside a profiler (its CUDA levels
+  unavailable, the profiler's kernels whole).
 * ``metrics``: the gpu_metrics level with the kernel level on ResNet-50 inference at batch 32
   for about ``--seconds`` of GPU time (more than one decode of PM samples): samples, the metric
   set CUPTI took, DRAM bandwidth against the device's peak, FP32/16/64 FLOP rate, and the share
@@ -20,7 +25,7 @@ benchmarks/results/gpu_checks.json and rewrites gpu_checks.md from it):
 Needs a CUDA GPU and cupti-python (``metrics``: cupti-python 13.3 or later); without them it says
 so and exits 2. :func:`launch_windows` and :func:`level_counts` also run on imported traces.
 
-Usage: python benchmarks/gpu_checks.py --part clock|operator|metrics [--seconds S]
+Usage: python benchmarks/gpu_checks.py --part clock|operator|shared|metrics [--seconds S]
 """
 
 from __future__ import annotations
@@ -180,6 +185,54 @@ def operator_part() -> dict[str, Any]:
             "warnings": session.trace.metadata.get("warnings", [])}
 
 
+def _profiler_kernels(profiler: Any) -> int:
+    """GPU kernels in a torch.profiler capture."""
+    from torch.autograd import DeviceType
+
+    return sum(1 for event in profiler.events() if event.device_type == DeviceType.CUDA)
+
+
+def shared_part() -> dict[str, Any]:
+    """CUPTI shared with PyTorch's profiler (issue 63, item 3): started inside a session with the
+    CUDA levels (xsp steps aside, and takes CUPTI back when it stops), and the other way round."""
+    import xsp
+    from xsp.core import schema as col
+    from xsp.core.schema import SpanKind
+
+    model, images = _resnet(8)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.no_grad():
+        for _ in range(3):
+            model(pixel_values=images)
+        torch.cuda.synchronize()
+        with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as inside:
+            for _ in range(3):
+                model(pixel_values=images)
+                torch.cuda.synchronize()
+            with torch.profiler.profile(activities=activities) as profiler:
+                for _ in range(3):
+                    model(pixel_values=images)
+                    torch.cuda.synchronize()
+            for _ in range(3):
+                model(pixel_values=images)
+                torch.cuda.synchronize()
+        profiled_inside = _profiler_kernels(profiler)
+        with torch.profiler.profile(activities=activities) as outer:
+            with xsp.trace(levels="model,kernel", output=None) as refused:
+                model(pixel_values=images)
+                torch.cuda.synchronize()
+    spans = inside.trace.spans
+    kernels = spans[spans[col.KIND].astype(str) == SpanKind.KERNEL.value]
+    details = inside.trace.metadata["tracer_details"].get("kernel", {})
+    return {"xsp_kernels_per_step": {int(step): int(count) for step, count in kernels.groupby(col.STEP).size().items()},
+            "stood_down": details.get("cupti_stood_down"), "cupti_subscription": details.get("cupti_subscription"),
+            "cupti_api_version": details.get("cupti_api_version"), "record_path": details.get("record_path"),
+            "profiler_kernels_inside_a_session": profiled_inside, "dropped": _dropped(inside.trace),
+            "warnings": inside.trace.metadata.get("warnings", []),
+            "profiler_kernels_around_a_session": _profiler_kernels(outer),
+            "session_inside_the_profiler": refused.trace.metadata.get("unavailable", {})}
+
+
 def metrics_part(seconds: float) -> dict[str, Any]:
     from xsp.core import schema as col
     from xsp.core.schema import SpanKind
@@ -263,6 +316,21 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
                   f"to a launch, {operator['linked_to_operator']:.1%} under an operator; records read by the "
                   f"{operator['record_path']} path; dropped {operator['dropped'] or 'none'}; warnings "
                   f"{operator['warnings'] or 'none'}.", ""]
+    shared = summary.get("shared")
+    if shared:
+        lines += [f"## CUPTI shared with PyTorch's profiler ({shared['run_date']}, cupti-python "
+                  f"{shared['cupti_python']})", "",
+                  "ResNet-50 inference, batch 8: 3 steps under xsp (model, layer, cuda_api, kernel), 3 inside "
+                  "`torch.profiler.profile` (CPU and CUDA) started in the session, 3 after it.", "",
+                  f"* xsp's kernels per step: {shared['xsp_kernels_per_step']} (none expected in steps 3-5)",
+                  "* the profiler's kernels, started inside the session: "
+                  f"{shared['profiler_kernels_inside_a_session']:,}",
+                  f"* xsp let go of CUPTI: {shared['stood_down']}",
+                  f"* subscription: {shared['cupti_subscription']}, CUPTI API {shared['cupti_api_version']}, "
+                  f"{shared['record_path']} path; dropped {shared['dropped'] or 'none'}",
+                  f"* the other way round, the profiler's kernels around a session: "
+                  f"{shared['profiler_kernels_around_a_session']:,}; that session's unavailable levels: "
+                  f"{shared['session_inside_the_profiler']}", ""]
     metrics = summary.get("metrics")
     if metrics:
         lines += [f"## gpu_metrics (PM sampling) ({metrics['run_date']}, cupti-python {metrics['cupti_python']})", ""]
@@ -287,7 +355,7 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("clock", "operator", "metrics"), required=True)
+    parser.add_argument("--part", choices=("clock", "operator", "shared", "metrics"), required=True)
     parser.add_argument("--seconds", type=float, default=60.0, help="clock: run length; metrics: about 1/20 of it")
     args = parser.parse_args(argv)
     from gpu import cuda_problem
@@ -302,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         result = clock_part(args.seconds)
     elif args.part == "operator":
         result = operator_part()
+    elif args.part == "shared":
+        result = shared_part()
     else:
         result = metrics_part(max(args.seconds / 20, 2.0))
     result.update(run_date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

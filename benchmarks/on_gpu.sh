@@ -12,8 +12,9 @@
 # batch 1 and 32 under every level against torch.profiler, with kernel counts, dropped records,
 # the clock and the untraced speed after xsp), "more" (a training step and BERT, timed the same
 # way), then "tests" (the GPU suites, and the C record path on the fake libcupti) alongside
-# "checks" (benchmarks/gpu_checks.py: every kernel inside its launch's window over a 60 s run, and
-# the operator level with both CUDA levels; neither is timed, so they share the machine), then
+# "checks" (benchmarks/gpu_checks.py: every kernel inside its launch's window over a 60 s run, the
+# operator level with both CUDA levels, and CUPTI shared with torch.profiler; none is timed, so they
+# share the machine), then
 # "metrics" (the gpu_metrics level, on the newer CUPTI of .whl/pm, alone: its counters see the
 # whole device), "probe", "examples" (xsp run on ResNet-50 and a training loop), "nsight" (xsp run
 # --nvtx under nsys, where it is installed, exported and imported back) and "suite" (the unit and
@@ -138,10 +139,11 @@ if want tests; then
 fi
 
 if want checks; then
-    part "checks: kernels inside their launch windows over 60 s; the operator level with both CUDA levels"
+    part "checks: kernels inside their launch windows over 60 s; the operator level with both CUDA levels; CUPTI shared"
     if cuda_or_skip "benchmarks/gpu_checks.py"; then
         timeout 150 python3 benchmarks/gpu_checks.py --part clock --seconds 60
         timeout 90 python3 benchmarks/gpu_checks.py --part operator
+        timeout 90 python3 benchmarks/gpu_checks.py --part shared
     fi
 fi
 if [ -n "$tests_pid" ]; then

@@ -63,6 +63,11 @@ class FakeCupti:
         """cupti-python binds ``cuptiSubscribe_v2`` and libcupti has it (CUPTI 13.3 on)."""
         self.subscriber_names: list[str] = []
         """The names clients gave ``cuptiSubscribe_v2``."""
+        self.other_shares = False
+        """The client holding CUPTI (``held_by_other``) subscribed in the multi-subscriber mode:
+        a client asking for it too subscribes beside it (CUPTI 13.5)."""
+        self.shared = False
+        """xsp's subscription shares CUPTI: its calls must then be the ``_v2`` ones, made in C."""
         self.per_call_switch = per_call_switch
         """Has ``activity_enable_runtime_api``/``_driver_api`` (cupti-python's bindings of 12.6 on do)."""
         self.silenced: set[tuple[int, int]] = set()
@@ -95,6 +100,10 @@ class FakeCupti:
         now = time.perf_counter_ns()
         return now + self.clock_offset_ns + int(self.slew * (now - self._slew_from_ns))
 
+    def is_enabled(self, kind: int) -> bool:
+        """xsp has enabled records of ``kind``: as CUPTI's one subscriber, or for its shared one."""
+        return int(kind) in self.enabled or (self.library is not None and bool(self.library.enabled_v2(int(kind))))
+
     def undelivered(self) -> int:
         """Records made but never handed to xsp (still in CUPTI's buffers)."""
         return len(self.pending) if self.library is None else int(self.library.staged())
@@ -117,38 +126,60 @@ class FakeCupti:
         (cupti-python without it: an AttributeError, as for a missing binding)."""
         if not self.has_subscribe_v2:
             raise RuntimeError("cuptiSubscribe_v2 is not found in libcupti")  # no status: not CUPTI's refusal
-        size, name, old_name, old_size = struct.unpack("<QQQQ", ctypes.string_at(p_params, 32))
+        size, name, old_name, old_size, allow = struct.unpack("<QQQQB", ctypes.string_at(p_params, 33))
         assert size == 40 and old_size >= 64
         self.subscriber_names.append(ctypes.string_at(name).decode())
-        if (self.held_by_other or self.subscribers) and self.holder_name is not None:
+        if self.holder_name is not None and (self.held_by_other or self.subscribers):
             ctypes.memmove(old_name, self.holder_name.encode()[:old_size - 1] + b"\0",
                            min(len(self.holder_name) + 1, old_size))
-        return self.subscribe(callback, userdata)
+        assert not allow or self.library is not None, "xsp asked to share CUPTI off its C path"
+        if allow and self.held_by_other and self.other_shares and not self.subscribers:
+            self.subscribers += 1
+            self.calls.append(("subscribe", "shared"))
+        else:
+            self.subscribe(callback, userdata)
+        if allow:
+            self.shared = True
+            self.library.set_shared(1234)
+        return 1234
 
     def unsubscribe(self, handle: int) -> None:
         self.subscribers -= 1
         self.calls.append(("unsubscribe",))
+        if self.shared:
+            self.shared = False
+            self.library.set_shared(None)
+
+    def _one_subscriber_call(self, name: str) -> None:
+        """cupti-python's calls for the process's one subscriber, which xsp must not make while
+        it shares CUPTI."""
+        assert not self.shared, f"xsp called {name} while it shares CUPTI (the _v2 form is needed)"
 
     def set_thread_id_type(self, kind: int) -> None:
+        self._one_subscriber_call("set_thread_id_type")
         assert kind in (int(real.ActivityThreadIdType.SYSTEM), int(real.ActivityThreadIdType.DEFAULT))
         self.thread_id_type = kind
         self.calls.append(("thread_id_type", kind))
 
     def get_thread_id_type(self) -> int:
+        self._one_subscriber_call("get_thread_id_type")
         return self.thread_id_type
 
     # activity API -----------------------------------------------------------------------
     def activity_register_callbacks(self, requested: Any, completed: Any) -> None:
+        self._one_subscriber_call("activity_register_callbacks")
         self.python_callbacks += 1
         size, _ = requested()
         assert size > 0
         self.completed = completed
 
     def activity_enable(self, kind: int) -> None:
+        self._one_subscriber_call("activity_enable")
         self.enabled.add(kind)
         self.calls.append(("enable", kind))
 
     def activity_disable(self, kind: int) -> None:
+        self._one_subscriber_call("activity_disable")
         self.enabled.discard(kind)
         self.calls.append(("disable", kind))
         self._ending()
@@ -160,6 +191,7 @@ class FakeCupti:
         self._switch(int(real.ActivityKind.DRIVER), cbid, enable)
 
     def _switch(self, kind: int, cbid: int, enable: int) -> None:
+        self._one_subscriber_call("activity_enable_runtime_api")
         if not self.per_call_switch:
             raise AttributeError("module 'cupti.cupti' has no attribute 'activity_enable_runtime_api'")
         if enable:
@@ -181,6 +213,7 @@ class FakeCupti:
             self._ending()
 
     def activity_push_external_correlation_id(self, kind: int, external_id: int) -> None:
+        self._one_subscriber_call("activity_push_external_correlation_id")
         assert kind == int(real.ExternalCorrelationKind.CUSTOM0)
         assert self.library is None, "xsp pushed through cupti-python while its C path pushes"
         self._stack.append(external_id)
@@ -217,7 +250,7 @@ class FakeCupti:
         calls = ((real.ActivityKind.RUNTIME, self.RuntimeApiTraceCbid.cudaGetDevice_v3020),
                  (real.ActivityKind.DRIVER, self.DriverApiTraceCbid.cuDevicePrimaryCtxGetState))
         for kind, cbid in calls:
-            if int(kind) not in self.enabled or (int(kind), int(cbid)) in self.silenced:
+            if not self.is_enabled(kind) or (int(kind), int(cbid)) in self.silenced:
                 continue
             with self.lock:
                 self.correlation += 1
@@ -241,20 +274,20 @@ class FakeCupti:
         time.sleep(0)  # the call takes a little time
         end = self.get_timestamp() + self.skew_ns
         records: list[Any] = []
-        if int(real.ActivityKind.RUNTIME) in self.enabled:
+        if self.is_enabled(real.ActivityKind.RUNTIME):
             api = real.ActivityAPI()
             api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
             api.cbid = int(self.RuntimeApiTraceCbid.cudaLaunchKernel_v7000)
             api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
             records.append(api)
         top = self._top_external_id()
-        if top and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
+        if top and self.is_enabled(real.ActivityKind.EXTERNAL_CORRELATION):
             external = real.ActivityExternalCorrelation()
             external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
             external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
             external.external_id, external.correlation_id = top, correlation
             records.append(external)
-        if int(real.ActivityKind.CONCURRENT_KERNEL) in self.enabled:
+        if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL):
             begins = 0 if untimed else end + 5_000 + misclocked_ns
             records.append(kernel_record(kernel, begins, begins + work_ns if begins else 0, correlation))
         self._emit(records)

@@ -14,6 +14,8 @@
 typedef void (*requested_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*completed_fn)(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid);
 typedef uint64_t (*timestamp_fn)(void);
+typedef void (*requested_v2_fn)(uint8_t **buffer, size_t *size, size_t *max_records, void *info);
+typedef void (*completed_v2_fn)(uint8_t *buffer, size_t size, size_t valid, void *info);
 
 #define KINDS 64
 #define OK 0
@@ -21,6 +23,7 @@ typedef uint64_t (*timestamp_fn)(void);
 #define MAX_LIMIT_REACHED 12
 #define INVALID_KIND 21
 #define QUEUE_EMPTY 18
+#define NOT_SUPPORTED 27
 
 static requested_fn requested;
 static completed_fn completed;
@@ -38,6 +41,22 @@ static long registrations, flushes, dirty_buffers, refused_requests, pushes;
 static __thread uint64_t external_ids[256];
 static __thread int depth;
 
+/* CUPTI 13.5's multi-subscriber mode, for the one subscriber the tests made (`shared`, its
+ * handle): the one-subscriber calls are refused while it lasts, as the header says of some, so
+ * that a call xsp makes in the wrong form shows. */
+static void *shared;
+static requested_v2_fn requested_v2;
+static completed_v2_fn completed_v2;
+static int enabled_v2[KINDS];
+static int zeroed_v2 = -1, thread_id_type_v2 = -1;
+static long silenced_v2, refused_one_subscriber_calls;
+
+static int refuse_while_shared(void) {
+    if (shared == NULL) return 0;
+    __atomic_add_fetch(&refused_one_subscriber_calls, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 /* CUPTI's calls ------------------------------------------------------------------------------ */
 int cuptiGetVersion(uint32_t *out) {
     *out = version;
@@ -45,14 +64,18 @@ int cuptiGetVersion(uint32_t *out) {
 }
 
 int cuptiActivityRegisterCallbacks(requested_fn on_requested, completed_fn on_completed) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (on_requested == NULL || on_completed == NULL) return INVALID_PARAMETER;
     requested = on_requested;
     completed = on_completed;
+    requested_v2 = NULL;
+    completed_v2 = NULL;
     registrations++;
     return OK;
 }
 
 int cuptiActivitySetAttribute(int attribute, size_t *value_size, void *value) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (attribute != 5 || *value_size != 1) return INVALID_PARAMETER;
     zeroed_attribute = *(uint8_t *)value;
     attribute_sets++;
@@ -68,6 +91,7 @@ int cuptiActivityGetAttribute(int attribute, size_t *value_size, void *value) {
 
 /* CUPTI's clock: the client's callback where one is registered, else CLOCK_REALTIME (Linux). */
 int cuptiActivityRegisterTimestampCallback(timestamp_fn callback) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (callback == NULL && version < 130400) return INVALID_PARAMETER; /* documented up to 13.2 */
     timestamp_callback = callback;
     timestamp_registrations++;
@@ -81,6 +105,7 @@ static size_t size_at(const uint8_t *record) {
 }
 
 int cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, void **record) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (buffer == NULL) return INVALID_PARAMETER;
     uint8_t *at = *record == NULL ? buffer : (uint8_t *)*record + size_at(*record);
     if (at >= buffer + valid) return MAX_LIMIT_REACHED;
@@ -101,6 +126,7 @@ int cuptiActivityGetNumDroppedRecords(void *context, uint32_t stream_id, size_t 
 }
 
 int cuptiActivityPushExternalCorrelationId(int kind, uint64_t id) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (kind != 3 || depth == 256) return INVALID_PARAMETER;
     external_ids[depth++] = id;
     __atomic_add_fetch(&pushes, 1, __ATOMIC_RELAXED);
@@ -108,10 +134,102 @@ int cuptiActivityPushExternalCorrelationId(int kind, uint64_t id) {
 }
 
 int cuptiActivityPopExternalCorrelationId(int kind, uint64_t *last) {
+    if (refuse_while_shared()) return NOT_SUPPORTED;
     if (kind != 3) return INVALID_PARAMETER;
     if (depth == 0) return QUEUE_EMPTY;
     *last = external_ids[--depth];
     return OK;
+}
+
+/* The _v2 calls: only for the shared subscriber, while it lasts ------------------------------- */
+#define CHECK_SUBSCRIBER(subscriber) \
+    if ((subscriber) == NULL || (subscriber) != shared) return INVALID_PARAMETER
+
+int cuptiActivityRegisterCallbacks_v2(void *subscriber, requested_v2_fn on_requested, completed_v2_fn on_completed) {
+    CHECK_SUBSCRIBER(subscriber);
+    if (on_requested == NULL || on_completed == NULL) return INVALID_PARAMETER;
+    requested_v2 = on_requested;
+    completed_v2 = on_completed;
+    registrations++;
+    return OK;
+}
+
+int cuptiActivityGetNextRecord_v2(void *subscriber, uint8_t *buffer, size_t valid, void **record) {
+    CHECK_SUBSCRIBER(subscriber);
+    void *saved = shared;
+    shared = NULL; /* the same walk */
+    int status = cuptiActivityGetNextRecord(buffer, valid, record);
+    shared = saved;
+    return status;
+}
+
+int cuptiActivitySetAttribute_v2(void *subscriber, int attribute, size_t *value_size, void *value) {
+    CHECK_SUBSCRIBER(subscriber);
+    if (attribute == 5 && *value_size == 1) {
+        zeroed_v2 = *(uint8_t *)value;
+    } else if (attribute == 21 && *value_size == 4) {
+        thread_id_type_v2 = *(int32_t *)value;
+    } else if (attribute == 22 && *value_size == sizeof(timestamp_fn)) {
+        timestamp_callback = *(timestamp_fn *)value;
+        timestamp_registrations++;
+    } else {
+        return INVALID_PARAMETER;
+    }
+    attribute_sets++;
+    return OK;
+}
+
+int cuptiActivityGetNumDroppedRecords_v2(void *subscriber, void *context, uint32_t stream_id, size_t *dropped) {
+    CHECK_SUBSCRIBER(subscriber);
+    return cuptiActivityGetNumDroppedRecords(context, stream_id, dropped);
+}
+
+int cuptiActivityPushExternalCorrelationId_v2(void *subscriber, int kind, uint64_t id) {
+    CHECK_SUBSCRIBER(subscriber);
+    if (kind != 3 || depth == 256) return INVALID_PARAMETER;
+    external_ids[depth++] = id;
+    __atomic_add_fetch(&pushes, 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+int cuptiActivityPopExternalCorrelationId_v2(void *subscriber, int kind, uint64_t *last) {
+    CHECK_SUBSCRIBER(subscriber);
+    if (kind != 3) return INVALID_PARAMETER;
+    if (depth == 0) return QUEUE_EMPTY;
+    *last = external_ids[--depth];
+    return OK;
+}
+
+int cuptiActivityEnable_v2(void *subscriber, uint32_t kind, void *config) {
+    (void)config;
+    CHECK_SUBSCRIBER(subscriber);
+    if (kind >= KINDS) return 21;
+    enabled_v2[kind] = 1;
+    return OK;
+}
+
+int cuptiActivityDisable_v2(void *subscriber, uint32_t kind, void *config) {
+    (void)config;
+    CHECK_SUBSCRIBER(subscriber);
+    if (kind >= KINDS) return 21;
+    enabled_v2[kind] = 0;
+    return OK;
+}
+
+static int switch_api_v2(void *subscriber, uint8_t enable) {
+    CHECK_SUBSCRIBER(subscriber);
+    silenced_v2 += enable ? -1 : 1;
+    return OK;
+}
+
+int cuptiActivityEnableRuntimeApi_v2(void *subscriber, uint32_t cbid, uint8_t enable) {
+    (void)cbid;
+    return switch_api_v2(subscriber, enable);
+}
+
+int cuptiActivityEnableDriverApi_v2(void *subscriber, uint32_t cbid, uint8_t enable) {
+    (void)cbid;
+    return switch_api_v2(subscriber, enable);
 }
 
 /* Delivery: buffers filled with whole records, completed from a thread of the library's -------- */
@@ -134,7 +252,10 @@ static uint8_t *request(size_t *size) {
     uint8_t *buffer = NULL;
     size_t max_records = 0;
     *size = 0;
-    requested(&buffer, size, &max_records);
+    if (requested_v2 != NULL)
+        requested_v2(&buffer, size, &max_records, NULL);
+    else
+        requested(&buffer, size, &max_records);
     if (buffer == NULL) {
         pthread_mutex_lock(&lock);
         refused_requests++;
@@ -147,6 +268,13 @@ static uint8_t *request(size_t *size) {
         pthread_mutex_unlock(&lock);
     }
     return buffer;
+}
+
+static void complete(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid) {
+    if (completed_v2 != NULL)
+        completed_v2(buffer, size, valid, NULL);
+    else
+        completed(context, stream_id, buffer, size, valid);
 }
 
 static void deliver_records(delivery *job) {
@@ -171,7 +299,7 @@ static void deliver_records(delivery *job) {
             at += record;
             job->delivered_records++;
         }
-        completed(NULL, 0, buffer, size, used);
+        complete(NULL, 0, buffer, size, used);
         if (used == 0) return; /* a record larger than a buffer: never delivered */
     }
 }
@@ -183,7 +311,7 @@ static void deliver_raw(delivery *job) {
         if (buffer == NULL) continue;
         size_t length = job->length < size ? job->length : size;
         memcpy(buffer, job->bytes, length);
-        completed(NULL, 7, buffer, size, job->valid < length ? job->valid : length);
+        complete(NULL, 7, buffer, size, job->valid < length ? job->valid : length);
     }
 }
 
@@ -198,7 +326,7 @@ static void *deliver(void *argument) {
 
 int cuptiActivityFlushAll(uint32_t flag) {
     (void)flag;
-    if (completed == NULL) return OK;
+    if (completed == NULL && completed_v2 == NULL) return OK;
     pthread_mutex_lock(&lock);
     delivery job = {.bytes = staged, .length = staged_bytes};
     staged = NULL;
@@ -239,7 +367,7 @@ int fake_stage(const uint8_t *bytes, size_t length) {
 /* Deliver `bytes` as one buffer's contents with `valid` valid bytes, `buffers` times on each of
  * `threads` threads at once (none of them Python's). Returns the requests refused. */
 long fake_deliver_raw(const uint8_t *bytes, size_t length, size_t valid, int threads, int buffers) {
-    if (completed == NULL || threads < 1 || threads > 64) return -1;
+    if ((completed == NULL && completed_v2 == NULL) || threads < 1 || threads > 64) return -1;
     long refused_before = refused_requests;
     pthread_t ids[64];
     delivery job = {.bytes = bytes, .length = length, .valid = valid, .raw = 1, .buffers = buffers};
@@ -253,7 +381,7 @@ long fake_deliver_raw(const uint8_t *bytes, size_t length, size_t valid, int thr
 /* Complete a buffer xsp never handed out (as one requested before xsp registered would be). */
 void fake_complete_foreign(void) {
     static uint8_t foreign[64];
-    if (completed != NULL) completed(NULL, 0, foreign, sizeof(foreign), 0);
+    if (completed != NULL || completed_v2 != NULL) complete(NULL, 0, foreign, sizeof(foreign), 0);
 }
 
 void fake_add_dropped(size_t count) {
@@ -282,6 +410,27 @@ long fake_attribute_sets(void) { return attribute_sets; }
 void fake_reset_attribute(int value) { zeroed_attribute = value; }
 long fake_timestamp_registrations(void) { return timestamp_registrations; }
 int fake_has_timestamp_callback(void) { return timestamp_callback != NULL; }
+
+/* The shared subscriber (NULL: none; its v2 registration and settings then go with it). */
+void fake_set_shared(void *subscriber) {
+    shared = subscriber;
+    if (subscriber == NULL) {
+        requested_v2 = NULL;
+        completed_v2 = NULL;
+        memset(enabled_v2, 0, sizeof(enabled_v2));
+        zeroed_v2 = thread_id_type_v2 = -1;
+    }
+}
+int fake_enabled_v2(uint32_t kind) { return kind < KINDS && enabled_v2[kind]; }
+int fake_any_enabled_v2(void) {
+    for (int kind = 0; kind < KINDS; kind++)
+        if (enabled_v2[kind]) return 1;
+    return 0;
+}
+int fake_zeroed_v2(void) { return zeroed_v2; }
+int fake_thread_id_type_v2(void) { return thread_id_type_v2; }
+long fake_silenced_v2(void) { return silenced_v2; }
+long fake_refused_one_subscriber_calls(void) { return refused_one_subscriber_calls; }
 
 /* What CUPTI would stamp a record with now. */
 uint64_t fake_timestamp(void) {

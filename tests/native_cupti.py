@@ -74,6 +74,8 @@ RELEASES = (
     Release("13.4", 130401, "13", "7", "5", "2"),
 )
 NEWEST = RELEASES[-1]
+SHARING = Release("13.5", 130500, "13", "7", "5", "2")
+"""A CUPTI with the multi-subscriber mode (13.5: the records of 13.4)."""
 KINDS = {"api": (4, 5), "kernel": (3, 10), "memcpy": (1,), "memset": (2,), "sync": (38,), "external": (39,),
          "memcpy_peer": (22,)}
 
@@ -106,6 +108,10 @@ class FakeLibcupti:
             getattr(lib, name).restype = ctypes.c_long
         lib.fake_timestamp.restype = ctypes.c_uint64
         lib.fake_reset_attribute.argtypes = [ctypes.c_int]
+        lib.fake_set_shared.argtypes = [ctypes.c_void_p]
+        lib.fake_enabled_v2.argtypes = [ctypes.c_uint32]
+        for name in ("fake_silenced_v2", "fake_refused_one_subscriber_calls"):
+            getattr(lib, name).restype = ctypes.c_long
         lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
         self.names: dict[str, ctypes.Array[ctypes.c_char]] = {}
         """Kernel names, kept alive: records point at them, as at CUPTI's own strings."""

@@ -38,7 +38,7 @@ from xsp.tracers.kernel import KernelTracer  # noqa: E402
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR  # noqa: E402
 
 from ..fake_cupti import CuptiError, FakeCupti, kernel_record  # noqa: E402
-from ..native_cupti import assert_same_columns  # noqa: E402
+from ..native_cupti import NEWEST, SHARING, assert_same_columns  # noqa: E402
 
 
 def _api(correlation: int, start: int, end: int, cbid: int = 211, kind: int = 5, thread: int = 42) -> object:
@@ -523,6 +523,72 @@ def c_path(fake_libcupti, monkeypatch):
     monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     return fake
+
+
+@pytest.fixture
+def sharing_cupti(c_path, fake_libcupti):
+    """The C path's stand-in CUPTI as 13.5 is: it can share CUPTI between subscribers."""
+    fake_libcupti.release(SHARING)
+    yield c_path
+    fake_libcupti.release(NEWEST)
+
+
+def test_with_cupti_13_5_xsp_records_beside_another_client_that_shares_cupti(sharing_cupti):
+    fake = sharing_cupti
+    fake.held_by_other, fake.other_shares, fake.holder_name = True, True, "CUPTI for Nsight Systems"
+    library = fake.library
+    refused_before = library.refused_one_subscriber_calls()
+    assert _cupti.SOURCE.available() is None
+    model = _model(fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            # every setting is xsp's subscriber's own: its thread ids, its zeroed buffers, its clock
+            assert fake.shared and library.thread_id_type_v2() == 1 and library.zeroed_v2() == 1
+            assert library.has_timestamp_callback() and library.silenced_v2() > 0
+            for _ in range(3):
+                model(torch.randn(2, 8))
+    trace = session.trace
+    by_layer = gpu.kernel_time_per_layer(trace)
+    assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"model.0": 6, "model.2": 9}
+    assert trace.metadata["hierarchy"]["external_linked"] == 15
+    details = trace.metadata["tracer_details"]["kernel"]
+    assert details["cupti_subscription"] == "shared with other clients (CUPTI's multi-subscriber mode)"
+    assert details["clock"] == ClockMode.HOST_CALLBACK.value
+    # no call of the one-subscriber forms while shared, and nothing of xsp's left behind
+    assert library.refused_one_subscriber_calls() == refused_before and fake.enabled == set()
+    assert fake.subscribers == 0 and not fake.shared and not library.any_enabled_v2() and fake.stack_depth == 0
+    assert library.silenced_v2() == 0 and not library.has_timestamp_callback()
+
+
+def test_a_shared_subscription_steps_aside_for_pytorchs_profiler_and_shares_again_after(sharing_cupti, monkeypatch):
+    fake = sharing_cupti
+    kineto = FakeKineto(fake)
+    refused_before = fake.library.refused_one_subscriber_calls()
+    messages, trace = _with_torch_profiler(fake, kineto, monkeypatch, {torch.autograd.ProfilerActivity.CUDA})
+    assert kineto.found == [(0, set(), 0)] and not fake.library.any_enabled_v2()
+    # the records read as the shared subscription ended (twice) are all in the trace
+    kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert sorted(kernels[col.STEP].unique().tolist()) == [0, 1, 4, 5] and len(kernels) == 4 * 5
+    assert trace.metadata["tracer_details"]["kernel"]["cupti_subscription"].startswith("shared")
+    assert fake.library.refused_one_subscriber_calls() == refused_before
+    assert len(messages) == 1 and fake.subscribers == 0 and not fake.shared
+
+
+def test_a_client_that_holds_cupti_alone_refuses_xsp_asking_to_share_it_by_name(sharing_cupti):
+    fake = sharing_cupti
+    fake.held_by_other, fake.holder_name = True, "CUPTI for Nsight Systems"
+    reason = _cupti.SOURCE.available()
+    assert reason.startswith("CUPTI is held by 'CUPTI for Nsight Systems': another CUPTI client holds")
+    messages, trace = _warned(fake, "model,layer,kernel")
+    assert len(messages) == 1 and "'CUPTI for Nsight Systems'" in messages[0]
+    assert not fake.shared and fake.subscribers == 0
+
+
+def test_before_cupti_13_5_xsp_holds_cupti_alone(c_path):
+    trace = _trace(c_path)
+    assert trace.metadata["tracer_details"]["kernel"]["cupti_subscription"] == "xsp alone"
+    assert ("subscribe", "shared") not in c_path.calls and ("subscribe",) in c_path.calls
 
 
 def test_on_the_c_path_layer_calls_push_their_ids_from_c_and_cupti_python_reads_no_record(c_path):

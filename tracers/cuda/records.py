@@ -525,6 +525,22 @@ class NativeRecords:
     def pop(self) -> None:
         self.module.pop()
 
+    @staticmethod
+    def can_share(library: str | None = None, major: int | None = None) -> bool:
+        """True when the C path binds here to a libcupti that can share CUPTI with other clients
+        (13.5's multi-subscriber mode, with every ``_v2`` call xsp makes)."""
+        try:
+            NativeRecords.bind_only(library, major)
+        except OSError:
+            return False
+        return bool(native_module().can_share())
+
+    @staticmethod
+    def share(subscriber: int | None) -> None:
+        """Make every CUPTI call of the C path for xsp's ``subscriber`` (its ``_v2`` form): set
+        before :meth:`open` registers the callbacks; None goes back to the one-subscriber calls."""
+        native_module().share(subscriber)
+
     def register_again(self) -> None:
         """Register the C callbacks once more (another CUPTI client registered its own meanwhile).
 

@@ -55,6 +55,7 @@ from xsp.tracers.cuda.records import (
     Lost,
     NativeRecords,
     RecordStore,
+    native_module,
 )
 from xsp.tracers.cuda.rows import RECORD_QUERIES_ENV, cupti_module, query_cbids, without_calls
 from xsp.tracers.cuda.torch_profiler_watch import TorchProfilerWatch
@@ -99,12 +100,14 @@ NOT_INSTALLED: Final = ('cupti-python is not installed: pip install "xsp[cuda12]
                         '"xsp[cuda13]" for a CUDA 13 one (Linux x86_64/aarch64)')
 
 
-def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str | None:
+def probe(load: Callable[[], Any] = cupti_module, holding: bool = False,
+          share: Callable[[], bool] = lambda: False) -> str | None:
     """None when CUPTI can trace here, else why not (one line).
 
     Args:
         load: returns the ``cupti`` module (a seam for tests).
         holding: xsp already holds the subscription (so a test subscription would fail).
+        share: whether xsp would ask to share CUPTI (asked only once the driver checks pass).
     """
     try:
         cupti = load()
@@ -129,7 +132,7 @@ def probe(load: Callable[[], Any] = cupti_module, holding: bool = False) -> str 
         return f"PyTorch cannot query CUDA: {exc}"
     if not holding:  # a subscription held elsewhere (Nsight, a profiler) shows here
         try:
-            cupti.unsubscribe(subscribe(cupti))
+            cupti.unsubscribe(subscribe(cupti, share=share())[0])
         except HeldElsewhere as exc:
             return str(exc)
         except Exception as exc:
@@ -161,32 +164,40 @@ class HeldElsewhere(RuntimeError):
         super().__init__(f"{named}{_CONFLICT} ({error})")
 
 
-def subscribe(cupti: Any) -> Any:
-    """Subscribe to CUPTI as ``xsp``, through ``cuptiSubscribe_v2`` where cupti-python binds it and
-    this libcupti has it, so that a refusal names the client that holds CUPTI (Nsight Systems,
-    another profiler); else through ``cuptiSubscribe``.
+def subscribe(cupti: Any, share: bool = False) -> tuple[Any, bool]:
+    """Subscribe to CUPTI as ``xsp``: ``(handle, shared)``.
+
+    Through ``cuptiSubscribe_v2`` where cupti-python binds it and this libcupti has it (13.3 on),
+    so that a refusal names the client that holds CUPTI (Nsight Systems, another profiler); else
+    through ``cuptiSubscribe``. ``share``: ask for CUPTI 13.5's multi-subscriber mode, in which
+    clients that ask for it too subscribe beside xsp (only where xsp then makes every call in its
+    ``_v2`` form); ``shared`` says whether CUPTI granted it.
 
     Raises:
-        HeldElsewhere: another client holds the subscription.
+        HeldElsewhere: another client holds CUPTI alone.
         Exception: any other refusal, as cupti-python raised it.
     """
     subscribe_v2 = getattr(cupti, "subscribe_v2", None)
     if subscribe_v2 is not None:
-        holder = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_BYTES)
-        params = _SubscriberParams(struct_size=ctypes.sizeof(_SubscriberParams), subscriber_name=SUBSCRIBER_NAME,
-                                   old_subscriber_name=ctypes.addressof(holder),
-                                   old_subscriber_size=_OLD_SUBSCRIBER_NAME_BYTES)
-        try:
-            return subscribe_v2(_ignore_callback, None, ctypes.addressof(params))
-        except Exception as exc:
-            if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
-                name = holder.value.decode("utf-8", "replace").strip()
-                raise HeldElsewhere(name or None, cupti_error_text(exc)) from None
-            if getattr(exc, "status", None) is not None:
-                raise
-            # a libcupti older than 13.3 has no cuptiSubscribe_v2: cupti-python cannot find it
+        for allow in (True, False) if share else (False,):
+            holder = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_BYTES)
+            params = _SubscriberParams(struct_size=ctypes.sizeof(_SubscriberParams),
+                                       subscriber_name=SUBSCRIBER_NAME, old_subscriber_name=ctypes.addressof(holder),
+                                       old_subscriber_size=_OLD_SUBSCRIBER_NAME_BYTES,
+                                       allow_multiple_subscribers=allow)
+            try:
+                return subscribe_v2(_ignore_callback, None, ctypes.addressof(params)), allow
+            except Exception as exc:
+                if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
+                    if allow:  # a client that holds CUPTI alone refuses a sharing one as any other
+                        continue
+                    name = holder.value.decode("utf-8", "replace").strip()
+                    raise HeldElsewhere(name or None, cupti_error_text(exc)) from None
+                if getattr(exc, "status", None) is not None:
+                    raise
+                break  # a libcupti older than 13.3 has no cuptiSubscribe_v2: cupti-python cannot find it
     try:
-        return cupti.subscribe(_ignore_callback, None)
+        return cupti.subscribe(_ignore_callback, None), False
     except Exception as exc:
         if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
             raise HeldElsewhere(None, cupti_error_text(exc)) from None
@@ -253,6 +264,38 @@ def record_path() -> tuple[str, str | None]:
 
 
 # The shared source ---------------------------------------------------------------------------
+class SharedControl:
+    """cupti-python's control calls as xsp makes them while it shares CUPTI with other clients
+    (13.5's multi-subscriber mode): those that act for one subscriber go through their ``_v2``
+    forms, in xsp's C record path (cupti-python does not bind them); the rest (flushes, which are
+    for every subscriber, the clock, the enums) are cupti-python's own."""
+
+    get_thread_id_type = None
+    """Not supported while CUPTI is shared: the thread-id type is each subscriber's own."""
+
+    def __init__(self, cupti: Any, native: Any) -> None:
+        self._cupti = cupti
+        self._native = native
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cupti, name)
+
+    def activity_enable(self, kind: int) -> None:
+        self._native.enable_kind(int(kind), True)
+
+    def activity_disable(self, kind: int) -> None:
+        self._native.enable_kind(int(kind), False)
+
+    def activity_enable_runtime_api(self, cbid: int, enable: int) -> None:
+        self._native.enable_api(int(Kind.RUNTIME), int(cbid), bool(enable))
+
+    def activity_enable_driver_api(self, cbid: int, enable: int) -> None:
+        self._native.enable_api(int(Kind.DRIVER), int(cbid), bool(enable))
+
+    def set_thread_id_type(self, kind: int) -> None:
+        self._native.set_thread_id_type(int(kind))
+
+
 @dataclass
 class StandDown:
     """A time xsp let go of CUPTI for another client: no CUDA record of xsp's from ``from_ns``
@@ -370,6 +413,14 @@ class CuptiSource:
         """Every time this subscription let go of CUPTI for another client (the last perhaps
         still open: ``to_ns`` None)."""
         self._listeners: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
+        self._shared: SharedControl | None = None
+        """The control calls for xsp's subscriber while it shares CUPTI (13.5's multi-subscriber
+        mode); None while xsp is CUPTI's one subscriber."""
+        self.shared_subscription = False
+        """The subscription shared CUPTI with other clients (kept for the metadata)."""
+        self._drained_at_close: tuple[ActivityColumns, Counter[str]] | None = None
+        """Records read as a shared subscription ended: CUPTI reads them for a subscriber that
+        still exists, so they are read before it unsubscribes, and handed over at the next drain."""
 
     def listen(self, user: str, stood_down: Callable[[], None], came_back: Callable[[], None]) -> None:
         """Have ``user`` told when xsp lets go of CUPTI for another client (``stood_down``, on the
@@ -384,7 +435,11 @@ class CuptiSource:
         return bool(self._users) and self._down is None
 
     def available(self) -> str | None:
-        return probe(self._module, holding=self.running)
+        return probe(self._module, holding=self.running, share=self._can_share)
+
+    def _can_share(self) -> bool:
+        """The C path would run here on a libcupti that shares CUPTI (13.5): xsp then asks to."""
+        return self._use_native and NativeRecords.can_share(self._library, _major(cupti_python_release()))
 
     def acquire(self, user: str, kinds: tuple[Kind, ...]) -> None:
         """Start (or widen) tracing for ``user``.
@@ -393,15 +448,15 @@ class CuptiSource:
             RuntimeError: CUPTI refused; the message says why (another subscriber, no permission).
         """
         with self._lock:
-            cupti = self._module()
             if not self._users:
                 self.stand_downs = []
-                self._open(cupti)
+                self._open(self._module())
                 self._watch.install()
             elif self._down is not None:  # its kinds are enabled when CUPTI is taken back
                 self._users[user] = kinds
                 return
             self._users[user] = kinds
+            cupti = self._control()
             try:
                 self._enable(cupti, kinds)
             except RuntimeError:
@@ -423,6 +478,10 @@ class CuptiSource:
                 if kind in API_KINDS and not self.record_queries:
                     self._leave_out_queries(cupti, kind)
 
+    def _control(self) -> Any:
+        """What xsp's control calls go to: cupti-python, or their ``_v2`` forms while CUPTI is shared."""
+        return self._shared if self._shared is not None else self._module()
+
     def _open(self, cupti: Any, again: bool = False) -> None:
         """Subscribe and set CUPTI up (``again``: taking CUPTI back after a stand-down, when
         what the subscription has counted and left out so far still holds)."""
@@ -435,19 +494,27 @@ class CuptiSource:
             # subscription leaves out holds until the next one
             self.left_out, self.left_out_count = frozenset(), 0
         try:
-            # one subscription, held for the session: it fails when another client holds one
-            self._subscriber = subscribe(cupti)
+            # one subscription, held for the session: it fails when another client holds CUPTI
+            # alone; shared, beside other clients that share it too (CUPTI 13.5)
+            self._subscriber, share = subscribe(cupti, share=self._can_share())
         except HeldElsewhere:
             raise
         except Exception as exc:
             raise RuntimeError(f"{_CONFLICT} ({cupti_error_text(exc)})") from None
+        self.shared_subscription = share
+        control = cupti
         try:
-            self._thread_id_type_before = _thread_id_type(cupti)
-            cupti.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
+            if share:
+                NativeRecords.share(self._subscriber)
+                control = self._shared = SharedControl(cupti, native_module())
+            self._thread_id_type_before = _thread_id_type(control)
+            control.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
             self._register_buffers(cupti, again)
+            if share and self.native is None:
+                raise RuntimeError(f"the C record path could not start: {self.python_path_reason}")
         except Exception as exc:
-            self._give_back_settings(cupti)
-            self._unsubscribe(cupti)
+            self._give_back_settings(control)
+            self._unsubscribe(control)
             raise RuntimeError(f"CUPTI could not be set up: {cupti_error_text(exc)}") from None
         self._start_clock(cupti, again)
         self._flusher = _Flusher(lambda: cupti.activity_flush_all(0))
@@ -487,8 +554,9 @@ class CuptiSource:
         self.cupti_timestamp_offset_ns = None
         if on_host_clock:
             self.clock = CuptiClock.constant(0, ClockMode.HOST_CALLBACK)
-            try:
-                self.cupti_timestamp_offset_ns = measure_cupti_offset(cupti.get_timestamp)[0]
+            try:  # a shared subscription's clock is its own: cuptiGetTimestamp reads CUPTI's default one
+                if not self.shared_subscription:
+                    self.cupti_timestamp_offset_ns = measure_cupti_offset(cupti.get_timestamp)[0]
             except Exception:
                 pass
         else:
@@ -527,7 +595,7 @@ class CuptiSource:
                     self._end_stand_down(now_ns())
                     self._watch.remove()
                 return
-            cupti = self._module()
+            cupti = self._control()
             still_wanted = {kind for wanted in self._users.values() for kind in wanted}
             if self._users:
                 still_wanted.add(Kind.EXTERNAL_CORRELATION)
@@ -552,7 +620,7 @@ class CuptiSource:
         with self._lock:
             if not self._users or self._down is not None:
                 return
-            self._close(self._module())
+            self._close(self._control())
             self._down = StandDown(why, now_ns())
             self.stand_downs.append(self._down)
             listeners = list(self._listeners.values())
@@ -566,13 +634,13 @@ class CuptiSource:
             down = self._down
             if down is None:
                 return
-            cupti = self._module()
             try:
-                self._open(cupti, again=True)
+                self._open(self._module(), again=True)
+                cupti = self._control()
                 self._enable(cupti, tuple(dict.fromkeys(kind for kinds in self._users.values() for kind in kinds)))
             except Exception as exc:
                 if self._subscriber is not None:
-                    self._close(cupti)
+                    self._close(self._control())
                 down.could_not_come_back = f"{exc}"
                 return
             down.taken_back = True
@@ -601,6 +669,12 @@ class CuptiSource:
             self.warnings.append(f"CUPTI's final flush failed; records still in its buffers are lost: "
                                  f"{cupti_error_text(exc)}")
         self._measure_clock()
+        if self._shared is not None and self.native is not None:
+            columns, lost = self.native.drain()
+            if self._drained_at_close is not None:  # an earlier close's (a stand-down's), not drained yet
+                earlier, earlier_lost = self._drained_at_close
+                columns, lost = earlier.then(columns), earlier_lost + lost
+            self._drained_at_close = columns, lost
         self._give_back_settings(cupti)
         self._unsubscribe(cupti)
 
@@ -653,12 +727,21 @@ class CuptiSource:
             except Exception as exc:
                 self.warnings.append(f"CUPTI unsubscribe failed: {cupti_error_text(exc)}")
             self._subscriber = None
+        if self._shared is not None:  # the C path's calls are the one-subscriber ones again
+            self._shared = None
+            try:
+                NativeRecords.share(None)
+            except Exception:
+                pass
 
     def drain(self) -> tuple[ActivityColumns, Counter[str]]:
         """Every record completed so far, as columns (what CUPTI could not leave out left out
         here), and the counts of what was lost."""
         native = self.native
         columns, lost = native.drain() if native is not None else self.store.drain()
+        if self._drained_at_close is not None:
+            (earlier, earlier_lost), self._drained_at_close = self._drained_at_close, None
+            columns, lost = earlier.then(columns), earlier_lost + lost
         columns, left_out = without_calls(columns, self.left_out)
         self.left_out_count += left_out
         if native is not None and not self.running:
@@ -709,7 +792,9 @@ class CuptiSource:
             details.update(self.native.metadata())
         else:
             details.update({"record_path": "Python (cupti-python)", "why_not_c": self.python_path_reason})
-        details.update({"cupti_python": self.releases[0], "torch_cuda": self.releases[1]})
+        details.update({"cupti_python": self.releases[0], "torch_cuda": self.releases[1],
+                        "cupti_subscription": "shared with other clients (CUPTI's multi-subscriber mode)"
+                        if self.shared_subscription else "xsp alone"})
         if self.pairing is not None:
             details["cupti_pairing"] = self.pairing
         if self.stand_downs:

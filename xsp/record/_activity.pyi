@@ -64,3 +64,27 @@ def layouts() -> dict[str, dict[str, tuple[int, str, int]]]:
 def known_releases() -> list[dict[str, Any]]: ...
 def pool_stats() -> dict[str, int]: ...
 def trim() -> None: ...
+def can_share() -> bool:
+    """True when the bound libcupti has CUPTI 13.5's multi-subscriber calls (every ``_v2`` call
+    xsp makes), so that xsp can share CUPTI with other clients."""
+
+def share(subscriber: int | None, /) -> None:
+    """Make every CUPTI call of this module for xsp's ``subscriber`` handle (the ``_v2`` forms),
+    from the buffer callbacks' registration on; None goes back to the one-subscriber calls.
+
+    Raises:
+        RuntimeError: the bound libcupti cannot share CUPTI.
+    """
+
+def enable_kind(kind: int, on: bool, /) -> None:
+    """``cuptiActivityEnable_v2`` / ``Disable_v2`` for xsp's subscriber.
+
+    Raises:
+        RuntimeError: not sharing, or CUPTI refused (its result code in ``status``).
+    """
+
+def enable_api(kind: int, cbid: int, on: bool, /) -> None:
+    """Records of one runtime (``kind`` 5) or driver (4) API call on or off, for xsp's subscriber."""
+
+def set_thread_id_type(thread_id_type: int, /) -> None:
+    """The thread-id type of xsp's subscriber's records (its ``CUPTI_ACTIVITY_ATTR_THREAD_ID_TYPE``)."""

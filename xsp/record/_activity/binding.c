@@ -54,6 +54,64 @@ static void *symbol(void *handle, const char *name, char *why, size_t why_size) 
     return address;
 }
 
+/* The _v2 calls of the multi-subscriber mode: every one, or none. */
+static void bind_sharing_calls(cupti_binding *bound) {
+    void *handle = bound->handle;
+    bound->register_callbacks_v2 = (register_callbacks_v2_fn)dlsym(handle, "cuptiActivityRegisterCallbacks_v2");
+    bound->get_next_record_v2 = (get_next_record_v2_fn)dlsym(handle, "cuptiActivityGetNextRecord_v2");
+    bound->set_attribute_v2 = (set_attribute_v2_fn)dlsym(handle, "cuptiActivitySetAttribute_v2");
+    bound->get_num_dropped_v2 = (get_num_dropped_v2_fn)dlsym(handle, "cuptiActivityGetNumDroppedRecords_v2");
+    bound->push_external_v2 = (push_external_v2_fn)dlsym(handle, "cuptiActivityPushExternalCorrelationId_v2");
+    bound->pop_external_v2 = (pop_external_v2_fn)dlsym(handle, "cuptiActivityPopExternalCorrelationId_v2");
+    bound->enable_v2 = (enable_kind_v2_fn)dlsym(handle, "cuptiActivityEnable_v2");
+    bound->disable_v2 = (enable_kind_v2_fn)dlsym(handle, "cuptiActivityDisable_v2");
+    bound->enable_runtime_api_v2 = (enable_api_v2_fn)dlsym(handle, "cuptiActivityEnableRuntimeApi_v2");
+    bound->enable_driver_api_v2 = (enable_api_v2_fn)dlsym(handle, "cuptiActivityEnableDriverApi_v2");
+    if (bound->register_callbacks_v2 == NULL || bound->get_next_record_v2 == NULL || bound->set_attribute_v2 == NULL
+        || bound->get_num_dropped_v2 == NULL || bound->push_external_v2 == NULL || bound->pop_external_v2 == NULL
+        || bound->enable_v2 == NULL || bound->disable_v2 == NULL || bound->enable_runtime_api_v2 == NULL
+        || bound->enable_driver_api_v2 == NULL) {
+        bound->register_callbacks_v2 = NULL;
+    }
+}
+
+int binding_can_share(void) {
+    return BINDING.handle != NULL && BINDING.version >= MULTI_SUBSCRIBER_VERSION && BINDING.register_callbacks_v2 != NULL;
+}
+
+cupti_result binding_next_record(uint8_t *buffer, size_t valid_size, void **record) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    return subscriber != NULL ? BINDING.get_next_record_v2(subscriber, buffer, valid_size, record)
+                              : BINDING.get_next_record(buffer, valid_size, record);
+}
+
+cupti_result binding_set_attribute(int attribute, size_t *value_size, void *value) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    return subscriber != NULL ? BINDING.set_attribute_v2(subscriber, attribute, value_size, value)
+                              : BINDING.set_attribute(attribute, value_size, value);
+}
+
+cupti_result binding_num_dropped(void *context, uint32_t stream_id, size_t *dropped) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    if (subscriber != NULL) return BINDING.get_num_dropped_v2(subscriber, context, stream_id, dropped);
+    get_num_dropped_fn get_num_dropped = BINDING.get_num_dropped;
+    return get_num_dropped != NULL ? get_num_dropped(context, stream_id, dropped) : -1;
+}
+
+cupti_result binding_push(uint64_t id) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    if (subscriber != NULL) return BINDING.push_external_v2(subscriber, EXTERNAL_KIND_CUSTOM0, id);
+    push_external_fn push = BINDING.push_external;
+    return push != NULL ? push(EXTERNAL_KIND_CUSTOM0, id) : -1;
+}
+
+cupti_result binding_pop(uint64_t *last_id) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    if (subscriber != NULL) return BINDING.pop_external_v2(subscriber, EXTERNAL_KIND_CUSTOM0, last_id);
+    pop_external_fn pop = BINDING.pop_external;
+    return pop != NULL ? pop(EXTERNAL_KIND_CUSTOM0, last_id) : -1;
+}
+
 int bind_cupti(const char *path, unsigned major, char *why, size_t why_size) {
     static loaded_cuptis found;
     found.count = 0;
@@ -108,6 +166,7 @@ int bind_cupti(const char *path, unsigned major, char *why, size_t why_size) {
     }
     bound.get_attribute = (get_attribute_fn)dlsym(handle, "cuptiActivityGetAttribute");
     bound.register_timestamp = (register_timestamp_fn)dlsym(handle, "cuptiActivityRegisterTimestampCallback");
+    bind_sharing_calls(&bound);
     cupti_result status = get_version(&bound.version);
     if (status != CUPTI_OK) {
         snprintf(why, why_size, "cuptiGetVersion failed (CUPTI error %d)", status);
@@ -123,6 +182,7 @@ int bind_cupti(const char *path, unsigned major, char *why, size_t why_size) {
     if (BINDING.handle == handle) { /* bound already: CUPTI's callbacks may be reading BINDING now */
         BINDING.version = bound.version;
         BINDING.release = bound.release;
+        if (BINDING.subscriber == NULL) bind_sharing_calls(&BINDING);
         dlclose(handle); /* a NOLOAD handle: only a reference count */
         return 0;
     }

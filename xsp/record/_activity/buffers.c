@@ -93,8 +93,7 @@ void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
 void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size) {
     (void)size;
     size_t dropped = 0;
-    get_num_dropped_fn get_num_dropped = BINDING.get_num_dropped;
-    if (get_num_dropped != NULL && get_num_dropped(context, stream_id, &dropped) == CUPTI_OK && dropped > 0) {
+    if (binding_num_dropped(context, stream_id, &dropped) == CUPTI_OK && dropped > 0) {
         add_count(&COUNTS.dropped_by_cupti, dropped);
         add_count(&COUNTS.buffers_with_drops, 1);
         raise_count(&COUNTS.most_dropped_in_a_buffer, dropped);
@@ -114,6 +113,25 @@ void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, siz
         POOL.queued++;
     }
     pthread_mutex_unlock(&POOL.lock);
+}
+
+/* The _v2 forms, for xsp's subscriber while it shares CUPTI: the dropped count is the
+ * subscriber's (its context and stream are reserved for future use). */
+static void on_buffer_requested_v2(uint8_t **buffer, size_t *size, size_t *max_records, void *info) {
+    (void)info;
+    on_buffer_requested(buffer, size, max_records);
+}
+
+static void on_buffer_completed_v2(uint8_t *buffer, size_t size, size_t valid_size, void *info) {
+    (void)info;
+    on_buffer_completed(NULL, 0, buffer, size, valid_size);
+}
+
+cupti_result register_pool_callbacks(void) {
+    subscriber_handle subscriber = BINDING.subscriber;
+    if (subscriber != NULL)
+        return BINDING.register_callbacks_v2(subscriber, on_buffer_requested_v2, on_buffer_completed_v2);
+    return BINDING.register_callbacks(on_buffer_requested, on_buffer_completed);
 }
 
 size_t pool_take_queue(completed_buffer *out) {

@@ -52,6 +52,10 @@ int pool_configure(size_t buffer_bytes, size_t max_buffers, int zeroing);
 void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);
 void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size);
 
+/* Register the pool's callbacks with CUPTI: for xsp's subscriber while it shares CUPTI (the _v2
+ * call), else the process's one pair. */
+cupti_result register_pool_callbacks(void);
+
 /* Move the queued buffers into `out` (room for max_buffers); returns how many. */
 size_t pool_take_queue(completed_buffer *out);
 

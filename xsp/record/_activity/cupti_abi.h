@@ -30,7 +30,13 @@ typedef int cupti_result;
 #define KIND_LIMIT 64 /* kinds below this are looked up in tables */
 
 #define ATTR_ZEROED_OUT_ACTIVITY_BUFFER 5 /* CUpti_ActivityAttribute; value: uint8_t */
+#define ATTR_THREAD_ID_TYPE 21            /* per subscriber (13.5); value: CUpti_ActivityThreadIdType (int) */
+#define ATTR_TIMESTAMP_CALLBACK 22        /* per subscriber (13.5); value: a timestamp_fn, NULL unregisters */
 #define EXTERNAL_KIND_CUSTOM0 3           /* CUpti_ExternalCorrelationKind */
+
+/* CUPTI 13.5's multi-subscriber mode: cuptiSubscribe_v2 with allowMultipleSubscribers set, then
+ * every activity call made for one subscriber through its _v2 form, which takes the handle. */
+#define MULTI_SUBSCRIBER_VERSION 130500
 
 typedef void (*buffer_requested_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*buffer_completed_fn)(void *context, uint32_t stream_id, uint8_t *buffer, size_t size,
@@ -46,6 +52,24 @@ typedef cupti_result (*register_timestamp_fn)(timestamp_fn clock);
 typedef cupti_result (*get_num_dropped_fn)(void *context, uint32_t stream_id, size_t *dropped);
 typedef cupti_result (*push_external_fn)(int kind, uint64_t id);
 typedef cupti_result (*pop_external_fn)(int kind, uint64_t *last_id);
+
+/* The _v2 forms (CUPTI 13.5): the same, for one subscriber. The buffer callbacks' _v2 types take
+ * an info struct last, which xsp does not read. */
+typedef void *subscriber_handle;
+typedef void (*buffer_requested_v2_fn)(uint8_t **buffer, size_t *size, size_t *max_records, void *info);
+typedef void (*buffer_completed_v2_fn)(uint8_t *buffer, size_t size, size_t valid_size, void *info);
+typedef cupti_result (*register_callbacks_v2_fn)(subscriber_handle subscriber, buffer_requested_v2_fn requested,
+                                                 buffer_completed_v2_fn completed);
+typedef cupti_result (*get_next_record_v2_fn)(subscriber_handle subscriber, uint8_t *buffer, size_t valid_size,
+                                              void **record);
+typedef cupti_result (*set_attribute_v2_fn)(subscriber_handle subscriber, int attribute, size_t *value_size,
+                                            void *value);
+typedef cupti_result (*get_num_dropped_v2_fn)(subscriber_handle subscriber, void *context, uint32_t stream_id,
+                                              size_t *dropped);
+typedef cupti_result (*push_external_v2_fn)(subscriber_handle subscriber, int kind, uint64_t id);
+typedef cupti_result (*pop_external_v2_fn)(subscriber_handle subscriber, int kind, uint64_t *last_id);
+typedef cupti_result (*enable_kind_v2_fn)(subscriber_handle subscriber, uint32_t kind, void *config);
+typedef cupti_result (*enable_api_v2_fn)(subscriber_handle subscriber, uint32_t cbid, uint8_t enable);
 
 /* The record families xsp reads, each a set of kinds sharing one layout. */
 enum family { FAMILY_API, FAMILY_KERNEL, FAMILY_MEMCPY, FAMILY_MEMSET, FAMILY_SYNC, FAMILY_EXTERNAL, FAMILY_PEER, FAMILIES };

@@ -24,6 +24,8 @@ static struct {
     int zeroed_changed;   /* CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER set to 1 by xsp */
     uint8_t zeroed_before; /* its value before */
     int clock_changed;    /* a timestamp callback registered by xsp */
+    int shared_zeroed;    /* the same two, set for xsp's subscriber while it shares CUPTI */
+    int shared_clock;
 } SETTINGS;
 static pthread_mutex_t DRAIN_LOCK = PTHREAD_MUTEX_INITIALIZER; /* one drain at a time: NAMES is its */
 
@@ -98,14 +100,12 @@ static PyObject *new_column(char **data, size_t rows, uint8_t type) {
 
 /* external correlation --------------------------------------------------------------------- */
 static void push_external_id(uint64_t external_id) {
-    push_external_fn push = BINDING.push_external;
-    if (push == NULL || push(EXTERNAL_KIND_CUSTOM0, external_id) != CUPTI_OK) add_count(&COUNTS.correlation_failed, 1);
+    if (binding_push(external_id) != CUPTI_OK) add_count(&COUNTS.correlation_failed, 1);
 }
 
 static void pop_external_id(void) {
-    pop_external_fn pop = BINDING.pop_external;
     uint64_t last;
-    if (pop == NULL || pop(EXTERNAL_KIND_CUSTOM0, &last) != CUPTI_OK) add_count(&COUNTS.correlation_failed, 1);
+    if (binding_pop(&last) != CUPTI_OK) add_count(&COUNTS.correlation_failed, 1);
 }
 
 static const xsp_correlation CORRELATION = {push_external_id, pop_external_id};
@@ -162,7 +162,11 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
     }
     if (pool_configure((size_t)buffer_bytes, (size_t)max_buffers, zero_whole ? ZERO_WHOLE : ZERO_WRITTEN) < 0)
         return PyErr_NoMemory();
-    if (!SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
+    if (BINDING.subscriber != NULL) { /* xsp's own subscriber's setting: CUPTI's default (0) before */
+        uint8_t zeroed = 1;
+        size_t size = sizeof(zeroed);
+        SETTINGS.shared_zeroed = binding_set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) == CUPTI_OK;
+    } else if (!SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
         uint8_t before = 0; /* CUPTI's documented default, where the value cannot be read */
         size_t size = sizeof(before);
         if (BINDING.get_attribute != NULL
@@ -175,12 +179,13 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
             SETTINGS.zeroed_changed = 1;
         }
     }
-    cupti_result status = BINDING.register_callbacks(on_buffer_requested, on_buffer_completed);
+    cupti_result status = register_pool_callbacks();
     if (status != CUPTI_OK) {
-        PyErr_Format(PyExc_RuntimeError, "cuptiActivityRegisterCallbacks failed (CUPTI error %d)", status);
+        PyErr_Format(PyExc_RuntimeError, "cuptiActivityRegisterCallbacks%s failed (CUPTI error %d)",
+                     BINDING.subscriber != NULL ? "_v2" : "", status);
         return NULL;
     }
-    return PyBool_FromLong(SETTINGS.zeroed_changed);
+    return PyBool_FromLong(BINDING.subscriber != NULL ? SETTINGS.shared_zeroed : SETTINGS.zeroed_changed);
 }
 
 /* xsp's host clock, what time.perf_counter_ns() reads on Linux: CUPTI calls it from any thread. */
@@ -213,6 +218,12 @@ static int running_under_wsl(void) {
 
 static PyObject *use_host_clock(PyObject *module, PyObject *unused) {
     WSL_RAW_CLOCK = BINDING.version >= 130000 && running_under_wsl();
+    if (BINDING.handle != NULL && BINDING.subscriber != NULL) { /* the subscriber's own clock attribute */
+        timestamp_fn clock = host_clock_ns;
+        size_t size = sizeof(clock);
+        SETTINGS.shared_clock = binding_set_attribute(ATTR_TIMESTAMP_CALLBACK, &size, &clock) == CUPTI_OK;
+        return PyBool_FromLong(SETTINGS.shared_clock);
+    }
     if (BINDING.handle == NULL || BINDING.register_timestamp == NULL) Py_RETURN_FALSE;
     if (BINDING.register_timestamp(host_clock_ns) != CUPTI_OK) Py_RETURN_FALSE;
     SETTINGS.clock_changed = 1;
@@ -222,6 +233,23 @@ static PyObject *use_host_clock(PyObject *module, PyObject *unused) {
 /* Every process-wide setting register() and use_host_clock() changed, set back. */
 static PyObject *restore(PyObject *module, PyObject *unused) {
     char failed[256] = "";
+    if (BINDING.subscriber != NULL) { /* xsp's subscriber's own settings, before it unsubscribes */
+        if (SETTINGS.shared_zeroed) {
+            uint8_t zeroed = 0;
+            size_t size = sizeof(zeroed);
+            if (binding_set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) == CUPTI_OK)
+                SETTINGS.shared_zeroed = 0;
+        }
+        if (SETTINGS.shared_clock) {
+            timestamp_fn none = NULL;
+            size_t size = sizeof(none);
+            if (binding_set_attribute(ATTR_TIMESTAMP_CALLBACK, &size, &none) == CUPTI_OK) SETTINGS.shared_clock = 0;
+        }
+        if (SETTINGS.shared_zeroed || SETTINGS.shared_clock) {
+            /* they go with the subscription, which xsp ends next: nothing stays changed for others */
+            SETTINGS.shared_zeroed = SETTINGS.shared_clock = 0;
+        }
+    }
     if (SETTINGS.zeroed_changed) {
         uint8_t before = SETTINGS.zeroed_before;
         size_t size = sizeof(before);
@@ -248,6 +276,69 @@ static PyObject *restore(PyObject *module, PyObject *unused) {
         PyErr_Format(PyExc_OSError, "CUPTI did not take back %s", failed);
         return NULL;
     }
+    Py_RETURN_NONE;
+}
+
+/* sharing CUPTI (13.5's multi-subscriber mode) ---------------------------------------------- */
+static PyObject *can_share(PyObject *module, PyObject *unused) { return PyBool_FromLong(binding_can_share()); }
+
+static PyObject *share(PyObject *module, PyObject *handle) {
+    void *subscriber = handle == Py_None ? NULL : PyLong_AsVoidPtr(handle);
+    if (subscriber == NULL && PyErr_Occurred()) return NULL;
+    if (subscriber != NULL && !binding_can_share()) {
+        PyErr_SetString(PyExc_RuntimeError, "this libcupti cannot share CUPTI (13.5's _v2 calls are missing)");
+        return NULL;
+    }
+    BINDING.subscriber = subscriber;
+    Py_RETURN_NONE;
+}
+
+/* A RuntimeError whose `status` is CUPTI's result code, as cupti-python's errors have. */
+static PyObject *shared_failure(const char *call, cupti_result status) {
+    PyObject *error = PyObject_CallFunction(PyExc_RuntimeError, "N",
+                                            PyUnicode_FromFormat("%s failed (CUPTI error %d)", call, status));
+    if (error == NULL) return NULL;
+    PyObject *code = PyLong_FromLong(status);
+    if (code != NULL && PyObject_SetAttrString(error, "status", code) == 0) PyErr_SetObject(PyExc_RuntimeError, error);
+    Py_XDECREF(code);
+    Py_DECREF(error);
+    return NULL;
+}
+
+static int sharing(void) {
+    if (BINDING.subscriber != NULL) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "xsp does not share CUPTI now (call share first)");
+    return 0;
+}
+
+static PyObject *enable_kind(PyObject *module, PyObject *args) {
+    unsigned int kind;
+    int on;
+    if (!PyArg_ParseTuple(args, "Ip", &kind, &on) || !sharing()) return NULL;
+    cupti_result status = (on ? BINDING.enable_v2 : BINDING.disable_v2)(BINDING.subscriber, kind, NULL);
+    if (status != CUPTI_OK) return shared_failure(on ? "cuptiActivityEnable_v2" : "cuptiActivityDisable_v2", status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *enable_api(PyObject *module, PyObject *args) {
+    unsigned int kind, cbid;
+    int on;
+    if (!PyArg_ParseTuple(args, "IIp", &kind, &cbid, &on) || !sharing()) return NULL;
+    int runtime = kind == KIND_RUNTIME;
+    cupti_result status = (runtime ? BINDING.enable_runtime_api_v2 : BINDING.enable_driver_api_v2)(
+        BINDING.subscriber, cbid, (uint8_t)(on ? 1 : 0));
+    if (status != CUPTI_OK)
+        return shared_failure(runtime ? "cuptiActivityEnableRuntimeApi_v2" : "cuptiActivityEnableDriverApi_v2", status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_thread_id_type(PyObject *module, PyObject *value) {
+    long type = PyLong_AsLong(value);
+    if ((type == -1 && PyErr_Occurred()) || !sharing()) return NULL;
+    int32_t stored = (int32_t)type;
+    size_t size = sizeof(stored);
+    cupti_result status = binding_set_attribute(ATTR_THREAD_ID_TYPE, &size, &stored);
+    if (status != CUPTI_OK) return shared_failure("cuptiActivitySetAttribute_v2 (thread-id type)", status);
     Py_RETURN_NONE;
 }
 
@@ -354,7 +445,7 @@ static PyObject *drain(PyObject *module, PyObject *unused) {
     count = pool_take_queue(buffers);
     for (size_t i = 0; i < count; i++) {
         bytes += buffers[i].valid_size;
-        if (!failed && read_buffer(taken, BINDING.release, BINDING.get_next_record, buffers[i].data,
+        if (!failed && read_buffer(taken, BINDING.release, binding_next_record, buffers[i].data,
                                    buffers[i].valid_size, &NAMES) < 0)
             failed = 1;
     }
@@ -455,6 +546,11 @@ static PyMethodDef activity_functions[] = {
     {"known_releases", known_releases, METH_NOARGS, "known_releases() -> list: the CUPTI releases xsp reads."},
     {"pool_stats", pool_stats, METH_NOARGS, "pool_stats() -> dict: the buffer pool's sizes and counts."},
     {"trim", trim, METH_NOARGS, "trim(): free the pool's idle buffers."},
+    {"can_share", can_share, METH_NOARGS, "can_share() -> bool: the bound libcupti has 13.5's multi-subscriber calls."},
+    {"share", share, METH_O, "share(handle | None): make every call for xsp's subscriber `handle` (None: stop)."},
+    {"enable_kind", enable_kind, METH_VARARGS, "enable_kind(kind, on): cuptiActivityEnable_v2 / Disable_v2."},
+    {"enable_api", enable_api, METH_VARARGS, "enable_api(kind, cbid, on): one API call's records on or off."},
+    {"set_thread_id_type", set_thread_id_type, METH_O, "set_thread_id_type(type): the subscriber's thread ids."},
     {NULL, NULL, 0, NULL},
 };
 
