@@ -76,6 +76,7 @@ class FakeCupti:
         self.enabled: set[int] = set()
         self.completed: Any = None
         self.pending: list[Any] = []
+        self.dropped_pending = 0
         self._stack: list[int] = []
         self._pushes = 0
         self.correlation = 0
@@ -211,6 +212,21 @@ class FakeCupti:
                 self.completed(records)
         if flag:
             self._ending()
+
+    def activity_get_num_dropped_records(self, context: int, stream_id: int, dropped: int) -> None:
+        """What CUPTI dropped since it was last asked (the Python path asks after each buffer)."""
+        assert self.library is None, "xsp read CUPTI's drops through cupti-python on its C path"
+        with self.lock:
+            count, self.dropped_pending = self.dropped_pending, 0
+        ctypes.c_size_t.from_address(dropped).value = count
+
+    def add_dropped(self, count: int) -> None:
+        """CUPTI dropped ``count`` records (its buffers were full): on either path."""
+        if self.library is not None:
+            self.library.add_dropped(count)
+        else:
+            with self.lock:
+                self.dropped_pending += count
 
     def activity_push_external_correlation_id(self, kind: int, external_id: int) -> None:
         self._one_subscriber_call("activity_push_external_correlation_id")

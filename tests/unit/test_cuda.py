@@ -611,16 +611,16 @@ def test_on_the_c_path_layer_calls_push_their_ids_from_c_and_cupti_python_reads_
     assert session.trace.metadata["hierarchy"]["external_linked"] == 15
 
 
-def test_records_cupti_dropped_are_in_the_trace_and_the_report(c_path):
+def test_records_cupti_dropped_are_in_the_trace_and_the_report(fake):
     from rich.console import Console
 
     from xsp.reports.terminal import render_report
 
-    model = _model(c_path)
+    model = _model(fake)
     with pytest.warns(xsp.XspWarning, match="5 CUDA activity records CUPTI dropped"):
         with xsp.trace(levels="model,layer,cuda_api,kernel", output=None) as session, torch.no_grad():
             model(torch.randn(2, 8))
-            c_path.library.add_dropped(5)
+            fake.add_dropped(5)
     trace = session.trace
     assert trace.metadata["dropped"] == {_cupti_records.Lost.BY_CUPTI.value: 5}
     details = trace.metadata["tracer_details"]["kernel"]
@@ -629,6 +629,16 @@ def test_records_cupti_dropped_are_in_the_trace_and_the_report(c_path):
     console = Console(width=200, record=True, color_system=None)
     render_report(trace, console)
     assert "dropped: 5 CUDA activity records CUPTI dropped" in console.export_text()
+
+
+def test_records_cupti_dropped_after_its_last_buffer_are_counted_at_the_end(fake):
+    model = _model(fake)
+    with pytest.warns(xsp.XspWarning, match="3 CUDA activity records CUPTI dropped"):
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+            fake.activity_flush_all(0)  # every record handed over
+            fake.add_dropped(3)  # then dropped, with no buffer completed after
+    assert session.trace.metadata["dropped"] == {_cupti_records.Lost.BY_CUPTI.value: 3}
 
 
 def test_without_the_c_path_records_are_read_through_cupti_python_with_one_warning(monkeypatch, tmp_path):

@@ -372,6 +372,20 @@ class RecordStore:
     lock: threading.Lock = field(default_factory=threading.Lock)
     kernel_names: dict[str, int] = field(default_factory=dict)
     """Every kernel name drained so far, by id (ids hold across drains, as the C path's do)."""
+    cupti_drops: Counter[str] = field(default_factory=Counter)
+    """Over the subscription, as the C path counts them: ``records_dropped_by_cupti``,
+    ``buffers_with_records_dropped``, ``most_records_dropped_in_a_buffer``."""
+
+    def count_cupti_drops(self, dropped: int) -> None:
+        """CUPTI said it dropped ``dropped`` records since the last buffer it completed."""
+        if dropped <= 0:
+            return
+        with self.lock:
+            self.dropped[Lost.BY_CUPTI.value] += dropped
+            self.cupti_drops["records_dropped_by_cupti"] += dropped
+            self.cupti_drops["buffers_with_records_dropped"] += 1
+            self.cupti_drops["most_records_dropped_in_a_buffer"] = max(
+                self.cupti_drops["most_records_dropped_in_a_buffer"], dropped)
 
     def on_completed(self, activities: Iterable[Any]) -> None:
         """cupti-python's buffer-completed callback: each record's bytes copied, one lock per buffer."""
@@ -540,6 +554,10 @@ class NativeRecords:
         """Make every CUPTI call of the C path for xsp's ``subscriber`` (its ``_v2`` form): set
         before :meth:`open` registers the callbacks; None goes back to the one-subscriber calls."""
         native_module().share(subscriber)
+
+    def count_drops(self) -> None:
+        """Have the next drain count what CUPTI dropped after its last completed buffer."""
+        self.module.count_drops()
 
     def register_again(self) -> None:
         """Register the C callbacks once more (another CUPTI client registered its own meanwhile).

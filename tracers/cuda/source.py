@@ -528,7 +528,7 @@ class CuptiSource:
             self.native.register_again()
             return
         if again and self.python_path_reason is not None:
-            cupti.activity_register_callbacks(_buffer_requested, self.store.on_completed)
+            cupti.activity_register_callbacks(_buffer_requested, self._python_buffer_completed)
             return
         self.native, self.python_path_reason = None, None
         self.releases = (cupti_python_release(), torch_cuda_release())
@@ -541,7 +541,22 @@ class CuptiSource:
         else:
             self.python_path_reason = "the C record path is switched off for this source"
         if self.native is None:
-            cupti.activity_register_callbacks(_buffer_requested, self.store.on_completed)
+            cupti.activity_register_callbacks(_buffer_requested, self._python_buffer_completed)
+
+    def _python_buffer_completed(self, activities: Any) -> None:
+        """cupti-python's buffer-completed callback: the records kept, and what CUPTI dropped
+        since the last buffer counted (cupti-python hands over no context or stream: CUPTI's
+        global queue's count, which is every buffer's since CUDA 12)."""
+        self.store.on_completed(activities)
+        self._count_python_drops()
+
+    def _count_python_drops(self) -> None:
+        dropped = ctypes.c_size_t(0)
+        try:
+            self._module().activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
+        except Exception:  # a cupti-python without it: CUPTI's drops go uncounted, as before
+            return
+        self.store.count_cupti_drops(int(dropped.value))
 
     def _start_clock(self, cupti: Any, again: bool = False) -> None:
         """Put CUPTI on xsp's host clock where the C path can (before any kind is enabled), else
@@ -669,6 +684,10 @@ class CuptiSource:
             self.warnings.append(f"CUPTI's final flush failed; records still in its buffers are lost: "
                                  f"{cupti_error_text(exc)}")
         self._measure_clock()
+        if self.native is None:  # drops after the last completed buffer
+            self._count_python_drops()
+        else:
+            self.native.count_drops()
         if self._shared is not None and self.native is not None:
             columns, lost = self.native.drain()
             if self._drained_at_close is not None:  # an earlier close's (a stand-down's), not drained yet
@@ -791,7 +810,9 @@ class CuptiSource:
         if self.native is not None:
             details.update(self.native.metadata())
         else:
-            details.update({"record_path": "Python (cupti-python)", "why_not_c": self.python_path_reason})
+            details.update({"record_path": "Python (cupti-python)", "why_not_c": self.python_path_reason,
+                            "records_dropped_by_cupti": 0, "buffers_with_records_dropped": 0,
+                            "most_records_dropped_in_a_buffer": 0, **self.store.cupti_drops})
         details.update({"cupti_python": self.releases[0], "torch_cuda": self.releases[1],
                         "cupti_subscription": "shared with other clients (CUPTI's multi-subscriber mode)"
                         if self.shared_subscription else "xsp alone"})

@@ -64,6 +64,9 @@ def layouts() -> dict[str, dict[str, tuple[int, str, int]]]:
 def known_releases() -> list[dict[str, Any]]: ...
 def pool_stats() -> dict[str, int]: ...
 def trim() -> None: ...
+def count_drops() -> None:
+    """Count what CUPTI dropped since its last completed buffer (its global queue's count), for
+    the next :func:`drain`: called after the final flush."""
 def can_share() -> bool:
     """True when the bound libcupti has CUPTI 13.5's multi-subscriber calls (every ``_v2`` call
     xsp makes), so that xsp can share CUPTI with other clients."""

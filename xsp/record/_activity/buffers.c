@@ -90,14 +90,18 @@ void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
     *max_records = 0; /* as many as fit */
 }
 
-void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size) {
-    (void)size;
+void count_cupti_drops(void *context, uint32_t stream_id) {
     size_t dropped = 0;
     if (binding_num_dropped(context, stream_id, &dropped) == CUPTI_OK && dropped > 0) {
         add_count(&COUNTS.dropped_by_cupti, dropped);
         add_count(&COUNTS.buffers_with_drops, 1);
         raise_count(&COUNTS.most_dropped_in_a_buffer, dropped);
     }
+}
+
+void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size) {
+    (void)size;
+    count_cupti_drops(context, stream_id);
     if (buffer == NULL) return;
     pthread_mutex_lock(&POOL.lock);
     if (!owned(buffer)) {

@@ -52,6 +52,11 @@ int pool_configure(size_t buffer_bytes, size_t max_buffers, int zeroing);
 void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);
 void on_buffer_completed(void *context, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid_size);
 
+/* Add what CUPTI dropped since it was last asked (of `context` and `stream_id`; NULL and 0: its
+ * global queue, every buffer's since CUDA 12) to COUNTS: at each completed buffer, and once at
+ * the end, for drops after the last one. */
+void count_cupti_drops(void *context, uint32_t stream_id);
+
 /* Register the pool's callbacks with CUPTI: for xsp's subscriber while it shares CUPTI (the _v2
  * call), else the process's one pair. */
 cupti_result register_pool_callbacks(void);

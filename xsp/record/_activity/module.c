@@ -519,6 +519,11 @@ static PyObject *pool_stats(PyObject *module, PyObject *unused) {
                          (Py_ssize_t)free_count, "queued", (Py_ssize_t)queued);
 }
 
+static PyObject *count_drops(PyObject *module, PyObject *unused) {
+    if (BINDING.handle != NULL) count_cupti_drops(NULL, 0);
+    Py_RETURN_NONE;
+}
+
 static PyObject *trim(PyObject *module, PyObject *unused) {
     pool_trim();
     Py_RETURN_NONE;
@@ -546,6 +551,8 @@ static PyMethodDef activity_functions[] = {
     {"known_releases", known_releases, METH_NOARGS, "known_releases() -> list: the CUPTI releases xsp reads."},
     {"pool_stats", pool_stats, METH_NOARGS, "pool_stats() -> dict: the buffer pool's sizes and counts."},
     {"trim", trim, METH_NOARGS, "trim(): free the pool's idle buffers."},
+    {"count_drops", count_drops, METH_NOARGS,
+     "count_drops(): count what CUPTI dropped since the last completed buffer (at the end)."},
     {"can_share", can_share, METH_NOARGS, "can_share() -> bool: the bound libcupti has 13.5's multi-subscriber calls."},
     {"share", share, METH_O, "share(handle | None): make every call for xsp's subscriber `handle` (None: stop)."},
     {"enable_kind", enable_kind, METH_VARARGS, "enable_kind(kind, on): cuptiActivityEnable_v2 / Disable_v2."},
