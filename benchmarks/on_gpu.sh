@@ -143,7 +143,7 @@ if want checks; then
     if cuda_or_skip "benchmarks/gpu_checks.py"; then
         timeout 150 python3 benchmarks/gpu_checks.py --part clock --seconds 60
         timeout 90 python3 benchmarks/gpu_checks.py --part operator
-        timeout 90 python3 benchmarks/gpu_checks.py --part shared
+        timeout 120 python3 benchmarks/gpu_checks.py --part shared
     fi
 fi
 if [ -n "$tests_pid" ]; then
