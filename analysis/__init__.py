@@ -15,6 +15,7 @@ from xsp.analysis.gpu import (
     kernels_by_name,
     launch_overhead,
     memory_operations,
+    replayed_layers,
     synchronization,
 )
 from xsp.analysis.inputs import input_per_step, input_waits, input_workers
@@ -44,7 +45,8 @@ __all__ = [
     "operator_table", "backward_attribution", "backward_time_per_layer",
     "hierarchy", "structure", "diagnostics_table", "layer_table", "layer_type_summary", "top_layers",
     "model_latency", "model_summary", "kernel_table", "kernels_by_name", "kernel_time_per_layer",
-    "kernel_time_per_operator", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization", "gpu_utilization",
+    "kernel_time_per_operator", "replayed_layers", "gpu_vs_cpu_per_layer", "memory_operations", "synchronization",
+    "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
     "peak_for", "trace_peak", "input_waits", "input_per_step", "input_workers", "system_metrics", "system_per_step",
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",

@@ -6,6 +6,8 @@ Durations are in microseconds (``_us``) unless a column says otherwise.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -30,6 +32,36 @@ def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
     return texts_at(spans[col.NAME], positions)
 
 
+def capture_marks(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows`` (GPU activities), the position of the ``graph_node`` span that marks
+    where the CUDA graph node that ran it was captured, or -1 (not run by a graph launch, or its
+    graph captured outside the trace). A replay reports the executable graph's node, a clone of
+    the captured one: the clone's mark names its original (``original_node_id``)."""
+    found = np.full(len(rows), -1, dtype=np.int64)
+    if col.GRAPH_NODE_ID not in spans or not len(rows):
+        return found
+    marks = np.flatnonzero((spans[col.KIND] == SpanKind.GRAPH_NODE.value).to_numpy())
+    if not len(marks):
+        return found
+    mark_ids = spans[col.GRAPH_NODE_ID].to_numpy(dtype=np.float64, na_value=np.nan)[marks]
+    originals = [json.loads(text or "{}").get("original_node_id", 0)
+                 for text in spans[col.ATTRIBUTES].iloc[marks].fillna("{}")]
+    captured = {int(node): int(position) for node, position, original in zip(mark_ids, marks, originals)
+                if not original and not np.isnan(node)}
+    original_of = {int(node): int(original) for node, original in zip(mark_ids, originals)
+                   if original and not np.isnan(node)}
+    resolved: dict[int, int] = {}
+    for node in {*captured, *original_of}:
+        at, hops = node, 0
+        while at not in captured and at in original_of and hops < 8:  # a clone of a clone, at most a few
+            at, hops = original_of[at], hops + 1
+        if at in captured:
+            resolved[node] = captured[at]
+    wanted = pd.Series(spans[col.GRAPH_NODE_ID].iloc[rows].to_numpy(dtype=np.float64, na_value=np.nan))
+    positions = wanted.map(lambda node: resolved.get(int(node), -1) if node == node else -1)
+    return positions.to_numpy(dtype=np.int64)
+
+
 def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """One row per kernel, with where it came from.
 
@@ -37,14 +69,23 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``correlation_id``, ``grid``, ``block``, ``registers_per_thread``, ``shared_memory_bytes``,
     ``bytes`` (memory the kernel moved, when recorded), ``launch`` (the CUDA API call),
     ``launch_duration_us``, ``launch_delay_us`` (kernel start minus launch start), ``operator``
-    (innermost operator above the launch), ``layer`` (innermost layer), ``span_id``.
+    (innermost operator above the launch), ``layer`` (innermost layer), ``graph_node_id`` (the
+    CUDA graph node that ran it, when a graph launch did), ``replayed`` (True for such a kernel
+    whose node was captured in the trace: its ``operator`` and ``layer`` are those that made the
+    node at capture, not those around the replay), ``span_id``.
     """
     spans = spans_of(source)
     parents = parent_positions(spans)
     kernels = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL))
     launch = parents[kernels]
-    operator = nearest_ancestor(spans, of_level(spans, Level.OPERATOR), parents)[kernels]
-    layer = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)[kernels]
+    operator_of = nearest_ancestor(spans, of_level(spans, Level.OPERATOR), parents)
+    layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
+    capture = capture_marks(spans, kernels)
+    replayed = capture >= 0
+    at = np.where(replayed, capture, kernels)  # a replayed kernel is where its node was captured
+    operator, layer = operator_of[at], layer_of[at]
+    graph_nodes = (spans[col.GRAPH_NODE_ID].iloc[kernels].to_numpy() if col.GRAPH_NODE_ID in spans
+                   else pd.array([pd.NA] * len(kernels), dtype="Int64"))
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     has_launch = launch >= 0
@@ -60,8 +101,73 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "launch_duration_us": np.where(has_launch, durations[np.maximum(launch, 0)] / 1e3, np.nan),
         "launch_delay_us": np.where(has_launch, (starts[kernels] - starts[np.maximum(launch, 0)]) / 1e3, np.nan),
         "operator": _name_at(spans, operator), "layer": _name_at(spans, layer),
+        "graph_node_id": graph_nodes, "replayed": replayed,
         "span_id": rows[col.SPAN_ID].to_numpy(),
     })
+
+
+REPLAYED_LAYER_COLUMNS = ("step", "launch_span_id", "layer", "path", "depth", "kernels", "kernel_us",
+                          "gpu_start_ns", "gpu_end_ns")
+
+
+def replayed_layers(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """The layer tree of every CUDA graph replay, with the time of the GPU work it ran.
+
+    A replay runs kernels (copies, sets) without calling the model's modules; each ran a graph
+    node, and the node was made inside a layer while the graph was captured. Per replay (its
+    ``cudaGraphLaunch``) and per layer that made nodes of it, at capture, or holds such layers:
+    ``kernels`` (its own and its children's activities), ``kernel_us`` (their summed duration),
+    ``gpu_start_ns`` and ``gpu_end_ns`` (the first start and last end). ``layer`` and ``path``
+    are the capture-time layer's (its path names the capture step); ``depth`` 0 is the outermost
+    layer. Replays whose graph was captured before the trace began have no row: their kernels
+    keep their launch (``kernel_table``'s ``replayed`` is False).
+
+    Columns: ``step``, ``launch_span_id``, ``layer``, ``path``, ``depth``, ``kernels``,
+    ``kernel_us``, ``gpu_start_ns``, ``gpu_end_ns``.
+    """
+    spans = spans_of(source)
+    activities = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
+    capture = capture_marks(spans, activities)
+    kept = capture >= 0
+    if not kept.any():
+        return pd.DataFrame({name: [] for name in REPLAYED_LAYER_COLUMNS})
+    activities, capture = activities[kept], capture[kept]
+    parents = parent_positions(spans)
+    layers = of_level(spans, Level.LAYER)
+    chains: dict[int, list[int]] = {}  # per capture mark: its layer ancestors, innermost first
+    for mark in np.unique(capture).tolist():
+        chain, at = [], parents[mark]
+        while at >= 0:
+            if layers[at]:
+                chain.append(int(at))
+            at = parents[at]
+        chains[mark] = chain
+    lengths = np.array([len(chains[mark]) for mark in capture.tolist()], dtype=np.int64)
+    owner = np.repeat(np.arange(len(activities)), lengths)
+    layer = np.array([position for mark in capture.tolist() for position in chains[mark]], dtype=np.int64)
+    depth = np.array([len(chains[mark]) - 1 - index for mark in capture.tolist()
+                      for index in range(len(chains[mark]))], dtype=np.int64)
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)[activities]
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)[activities]
+    launch = parents[activities]
+    ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
+    frame = pd.DataFrame({
+        "launch": launch[owner], "layer_at": layer, "depth": depth,
+        "duration_us": (ends - starts)[owner] / 1e3, "start": starts[owner], "end": ends[owner],
+        "step": spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[activities][owner]})
+    grouped = frame.groupby(["launch", "layer_at", "depth"], sort=False).agg(
+        step=("step", "first"), kernels=("duration_us", "size"), kernel_us=("duration_us", "sum"),
+        gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max")).reset_index()
+    at = grouped["layer_at"].to_numpy(dtype=np.int64)
+    result = pd.DataFrame({
+        "step": pd.array(grouped["step"].to_numpy(), dtype="Float64").astype("Int64"),
+        "launch_span_id": pd.array(np.where(grouped["launch"] >= 0, ids[np.maximum(grouped["launch"], 0)], 0),
+                                   dtype="Int64"),
+        "layer": _name_at(spans, at), "path": texts_at(spans[col.PATH], at), "depth": grouped["depth"],
+        "kernels": grouped["kernels"], "kernel_us": grouped["kernel_us"],
+        "gpu_start_ns": grouped["gpu_start_ns"], "gpu_end_ns": grouped["gpu_end_ns"]})
+    result.loc[grouped["launch"].to_numpy() < 0, "launch_span_id"] = pd.NA
+    return result.sort_values(["launch_span_id", "gpu_start_ns", "depth"], kind="stable").reset_index(drop=True)
 
 
 def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -18,6 +18,10 @@ benchmarks/results/gpu_checks.json and rewrites gpu_checks.md from it):
   after it (xsp took CUPTI back); then a session started inside a profiler (its CUDA levels
   unavailable, the profiler's kernels whole); then two sessions, each after 5 s idle, with what
   they dropped (pytorch#192021 misclocked the first kernels of such sessions: counted, not drawn).
+* ``graphs``: CUDA graph replays (issue 63): a small model captured with ``torch.cuda.graph``
+  inside a session with the kernel level, replayed 5 times: replayed kernels with a graph node,
+  attributed to their capture-time layers, the replays' layer trees; then the same model under
+  ``torch.compile(mode="reduce-overhead")``.
 * ``metrics``: the gpu_metrics level with the kernel level on ResNet-50 inference at batch 32
   for about ``--seconds`` of GPU time (more than one decode of PM samples): samples, the metric
   set CUPTI took, DRAM bandwidth against the device's peak, FP32/16/64 FLOP rate, and the share
@@ -26,7 +30,7 @@ benchmarks/results/gpu_checks.json and rewrites gpu_checks.md from it):
 Needs a CUDA GPU and cupti-python (``metrics``: cupti-python 13.3 or later); without them it says
 so and exits 2. :func:`launch_windows` and :func:`level_counts` also run on imported traces.
 
-Usage: python benchmarks/gpu_checks.py --part clock|operator|shared|metrics [--seconds S]
+Usage: python benchmarks/gpu_checks.py --part clock|operator|shared|graphs|metrics [--seconds S]
 """
 
 from __future__ import annotations
@@ -245,6 +249,62 @@ def shared_part() -> dict[str, Any]:
             "sessions_after_5_s_idle": after_idle}
 
 
+def _graph_summary(trace: Any) -> dict[str, Any]:
+    from xsp import analysis
+
+    kernels = analysis.kernel_table(trace)
+    replayed = kernels[kernels["replayed"]] if len(kernels) else kernels
+    with_node = kernels["graph_node_id"].notna() if len(kernels) else kernels
+    tree = analysis.replayed_layers(trace)
+    return {"kernels": len(kernels), "with_a_graph_node": int(with_node.sum()) if len(kernels) else 0,
+            "replayed_on_a_capture_layer": len(replayed),
+            "replayed_by_layer": {str(k): int(v) for k, v in replayed.groupby("layer").size().items()},
+            "replays": int(tree["launch_span_id"].nunique()) if len(tree) else 0, "tree_rows": len(tree),
+            "graph_nodes": trace.metadata["tracer_details"].get("kernel", {}).get("graph_nodes"),
+            "dropped": _dropped(trace)}
+
+
+def graphs_part() -> dict[str, Any]:
+    """CUDA graph replays on their capture-time layers (issue 63, item 2): a model captured with
+    ``torch.cuda.graph`` inside a session and replayed 5 times, then the same model under
+    ``torch.compile(mode="reduce-overhead")``."""
+    import xsp
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU())
+                                  for _ in range(4)]).cuda().eval()
+    static = torch.randn(64, 1024, device="cuda")
+    result: dict[str, Any] = {}
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(static)
+        torch.cuda.current_stream().wait_stream(side)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(static)
+            for _ in range(5):
+                with xsp.step("replay"):
+                    graph.replay()
+                torch.cuda.synchronize()
+        result["cuda_graph"] = _graph_summary(session.trace)
+        try:
+            compiled = torch.compile(model, mode="reduce-overhead")
+            for _ in range(3):
+                compiled(static)
+            torch.cuda.synchronize()
+            with xsp.trace(levels="model,layer,kernel", output=None) as compiled_session:
+                for _ in range(5):
+                    compiled(static)
+                torch.cuda.synchronize()
+            result["reduce_overhead"] = _graph_summary(compiled_session.trace)
+        except Exception as exc:  # the CUDA graph check above stands on its own
+            result["reduce_overhead"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return result
+
+
 def metrics_part(seconds: float) -> dict[str, Any]:
     from xsp.core import schema as col
     from xsp.core.schema import SpanKind
@@ -328,6 +388,14 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
                   f"to a launch, {operator['linked_to_operator']:.1%} under an operator; records read by the "
                   f"{operator['record_path']} path; dropped {operator['dropped'] or 'none'}; warnings "
                   f"{operator['warnings'] or 'none'}.", ""]
+    graphs = summary.get("graphs")
+    if graphs:
+        lines += [f"## CUDA graph replays on their capture-time layers ({graphs['run_date']})", "",
+                  "4 blocks of Linear(1024)+ReLU at batch 64: captured with `torch.cuda.graph` inside a session and "
+                  "replayed 5 times; then `torch.compile(mode=\"reduce-overhead\")` (captured at warm-up, before "
+                  "its session: its replays keep their launch).", "",
+                  f"* torch.cuda.graph: {graphs['cuda_graph']}",
+                  f"* reduce-overhead: {graphs['reduce_overhead']}", ""]
     shared = summary.get("shared")
     if shared:
         lines += [f"## CUPTI shared with PyTorch's profiler ({shared['run_date']}, cupti-python "
@@ -369,7 +437,7 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("clock", "operator", "shared", "metrics"), required=True)
+    parser.add_argument("--part", choices=("clock", "operator", "shared", "graphs", "metrics"), required=True)
     parser.add_argument("--seconds", type=float, default=60.0, help="clock: run length; metrics: about 1/20 of it")
     args = parser.parse_args(argv)
     from gpu import cuda_problem
@@ -386,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         result = operator_part()
     elif args.part == "shared":
         result = shared_part()
+    elif args.part == "graphs":
+        result = graphs_part()
     else:
         result = metrics_part(max(args.seconds / 20, 2.0))
     result.update(run_date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

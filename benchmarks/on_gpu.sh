@@ -13,7 +13,8 @@
 # the clock and the untraced speed after xsp), "more" (a training step and BERT, timed the same
 # way), then "tests" (the GPU suites, and the C record path on the fake libcupti) alongside
 # "checks" (benchmarks/gpu_checks.py: every kernel inside its launch's window over a 60 s run, the
-# operator level with both CUDA levels, and CUPTI shared with torch.profiler; none is timed, so they
+# operator level with both CUDA levels, CUPTI shared with torch.profiler, and CUDA graph replays on
+# their capture-time layers; none is timed, so they
 # share the machine), then
 # "metrics" (the gpu_metrics level, on the newer CUPTI of .whl/pm, alone: its counters see the
 # whole device), "probe", "examples" (xsp run on ResNet-50 and a training loop), "nsight" (xsp run
@@ -144,6 +145,7 @@ if want checks; then
         timeout 150 python3 benchmarks/gpu_checks.py --part clock --seconds 60
         timeout 90 python3 benchmarks/gpu_checks.py --part operator
         timeout 120 python3 benchmarks/gpu_checks.py --part shared
+        timeout 150 python3 benchmarks/gpu_checks.py --part graphs
     fi
 fi
 if [ -n "$tests_pid" ]; then

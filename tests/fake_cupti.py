@@ -39,8 +39,15 @@ class CuptiError(Exception):
 MULTIPLE_SUBSCRIBERS = int(real.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
 
 
+NODE_HANDLES, GRAPH_HANDLES = 0x10_0000, 0x20_0000
+"""Where the fake's graph node and graph handles begin (a handle is its id plus this)."""
+
+
 class FakeCupti:
     Result = real.Result
+    CallbackDomain = real.CallbackDomain
+    ResourceData = real.ResourceData
+    GraphData = real.GraphData
     RuntimeApiTraceCbid = api_enum(real, Kind.RUNTIME)
     DriverApiTraceCbid = api_enum(real, Kind.DRIVER)
 
@@ -63,6 +70,16 @@ class FakeCupti:
         """cupti-python binds ``cuptiSubscribe_v2`` and libcupti has it (CUPTI 13.3 on)."""
         self.subscriber_names: list[str] = []
         """The names clients gave ``cuptiSubscribe_v2``."""
+        self.callback: Any = None
+        """The subscriber's callback (what CUPTI calls for the callbacks enabled)."""
+        self.callbacks_enabled: set[tuple[int, int]] = set()
+        """``(domain, cbid)`` of the callbacks enabled on xsp's subscription."""
+        self.capturing_graph: int | None = None
+        """While set, launches on any thread are captured into this graph (stream capture): each
+        makes a node, and no kernel runs."""
+        self.captured: list[int] = []
+        """The nodes captured, in order."""
+        self._next_node = 1
         self.other_shares = False
         """The client holding CUPTI (``held_by_other``) subscribed in the multi-subscriber mode:
         a client asking for it too subscribes beside it (CUPTI 13.5)."""
@@ -120,7 +137,78 @@ class FakeCupti:
             raise CuptiError(MULTIPLE_SUBSCRIBERS)
         self.subscribers += 1
         self.calls.append(("subscribe",))
+        self.callback = callback
         return 1234
+
+    def enable_callback(self, enable: int, subscriber: int, domain: int, cbid: int) -> None:
+        assert subscriber == 1234
+        (self.callbacks_enabled.add if enable else self.callbacks_enabled.discard)((int(domain), int(cbid)))
+
+    def get_graph_node_id(self, node: int) -> int:
+        return node - NODE_HANDLES
+
+    def get_graph_id(self, graph: int) -> int:
+        return graph - GRAPH_HANDLES
+
+    # CUDA graphs --------------------------------------------------------------------------
+    def _graph_callback(self, cbid: int, node: int, graph: int, original: int = 0) -> None:
+        """CUPTI's resource callback for a node made (13) or cloned (20), on this thread, with a
+        ``CUpti_ResourceData`` whose descriptor is a ``CUpti_GraphData``, as CUPTI passes them."""
+        domain = int(real.CallbackDomain.RESOURCE)
+        if (domain, cbid) not in self.callbacks_enabled or self.callback is None:
+            return
+        graph_data = np.zeros(1, dtype=real.graph_data_dtype)
+        graph_data["node"], graph_data["graph"] = node + NODE_HANDLES, graph + GRAPH_HANDLES
+        graph_data["original_node"] = original + NODE_HANDLES if original else 0
+        graph_data["node_type"] = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+        resource = np.zeros(1, dtype=real.resource_data_dtype)
+        resource["resource_descriptor"] = graph_data.ctypes.data
+        self.callback(None, domain, cbid, resource.ctypes.data)
+
+    def instantiate(self, executable_graph: int) -> list[int]:
+        """cudaGraphInstantiate of the captured nodes: each cloned into ``executable_graph``; the
+        clones' ids, in order."""
+        clones = []
+        for node in self.captured:
+            clone = self._new_node()
+            self._graph_callback(20, clone, executable_graph, original=node)
+            clones.append(clone)
+        return clones
+
+    def replay(self, clones: list[int], executable_graph: int, work_ns: int = 20_000) -> None:
+        """A cudaGraphLaunch on this thread, and one kernel per node, each with its node's id."""
+        with self.lock:
+            self.correlation += 1
+            correlation = self.correlation
+        start = self.get_timestamp() + self.skew_ns
+        end = self.get_timestamp() + self.skew_ns + 1_000
+        records: list[Any] = []
+        if self.is_enabled(real.ActivityKind.RUNTIME):
+            api = real.ActivityAPI()
+            api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
+            api.cbid = int(self.RuntimeApiTraceCbid.cudaGraphLaunch_v10000)
+            api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
+            records.append(api)
+        top = self._top_external_id()
+        if top and self.is_enabled(real.ActivityKind.EXTERNAL_CORRELATION):
+            external = real.ActivityExternalCorrelation()
+            external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
+            external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
+            external.external_id, external.correlation_id = top, correlation
+            records.append(external)
+        if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL):
+            begins = end + 5_000
+            for clone in clones:
+                kernel = kernel_record("_Z6vecAddPfS_S_i", begins, begins + work_ns, correlation)
+                kernel.graph_id, kernel.graph_node_id = executable_graph, clone
+                records.append(kernel)
+                begins += work_ns
+        self._emit(records)
+
+    def _new_node(self) -> int:
+        with self.lock:
+            node, self._next_node = self._next_node, self._next_node + 1
+        return node
 
     def subscribe_v2(self, callback: Any, userdata: Any, p_params: int) -> int:
         """``cuptiSubscribe_v2``: refused, CUPTI writes the holder's name where the caller asked
@@ -288,6 +376,10 @@ class FakeCupti:
             correlation = self.correlation
         start = self.get_timestamp() + self.skew_ns
         time.sleep(0)  # the call takes a little time
+        if self.capturing_graph is not None:  # captured: the launch makes a node, inside the call
+            node = self._new_node()
+            self.captured.append(node)
+            self._graph_callback(13, node, self.capturing_graph)
         end = self.get_timestamp() + self.skew_ns
         records: list[Any] = []
         if self.is_enabled(real.ActivityKind.RUNTIME):
@@ -303,7 +395,7 @@ class FakeCupti:
             external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
             external.external_id, external.correlation_id = top, correlation
             records.append(external)
-        if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL):
+        if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL) and self.capturing_graph is None:
             begins = 0 if untimed else end + 5_000 + misclocked_ns
             records.append(kernel_record(kernel, begins, begins + work_ns if begins else 0, correlation))
         self._emit(records)
@@ -327,7 +419,8 @@ _FIELDS = {"ActivityAPI": ("activity_api_dtype", ("kind", "start", "end", "corre
            KERNEL_RECORD.__name__: (f"activity_kernel{KERNEL_RECORD.__name__[len('ActivityKernel'):]}_dtype",
                                     ("kind", "start", "end", "correlation_id", "grid_x", "grid_y", "grid_z",
                                      "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory",
-                                     "dynamic_shared_memory", "stream_id", "device_id", "graph_id"))}
+                                     "dynamic_shared_memory", "stream_id", "device_id", "graph_id",
+                                     "graph_node_id"))}
 
 
 def to_bytes(record: Any, library: Any) -> bytes:

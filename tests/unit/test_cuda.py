@@ -453,6 +453,72 @@ def test_pytorchs_profiler_without_cuda_leaves_the_cuda_levels_recording(fake, m
     assert "cupti_stood_down" not in trace.metadata["tracer_details"]["kernel"]
 
 
+class Replaying(torch.nn.Module):
+    """Runs the instantiated graph, as ``torch.cuda.CUDAGraph.replay()`` does: one launch, no module inside."""
+
+    def __init__(self, fake: FakeCupti, clones: list[int], executable_graph: int) -> None:
+        super().__init__()
+        self.fake, self.clones, self.executable_graph = fake, clones, executable_graph
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fake.replay(self.clones, self.executable_graph)
+        return x
+
+
+def test_replayed_kernels_belong_to_the_layers_that_captured_their_graph_nodes(fake):
+    model = torch.nn.Sequential(torch.nn.Sequential(Launching(fake, 2)), torch.nn.ReLU(), Launching(fake, 3)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))  # step 0: eager
+            fake.capturing_graph = 1  # step 1: captured (as torch.cuda.graph does): nodes, no kernels
+            model(torch.randn(2, 8))
+            fake.capturing_graph = None
+            clones = fake.instantiate(executable_graph=2)
+            replayer = Replaying(fake, clones, 2)
+            for _ in range(3):  # steps 2-4: replays
+                replayer(torch.randn(2, 8))
+    trace = session.trace
+    assert trace.metadata["tracer_details"]["kernel"]["graph_nodes"] == "followed"
+    spans = trace.spans
+    marks = spans[spans[col.KIND] == SpanKind.GRAPH_NODE.value]
+    assert sorted(marks[col.NAME].unique()) == ["captured kernel node", "cloned kernel node"] and len(marks) == 10
+    table = gpu.kernel_table(trace)
+    replayed = table[table["replayed"]]
+    assert len(replayed) == 3 * 5 and set(replayed["step"]) == {2, 3, 4}
+    assert (replayed["launch"] == "cudaGraphLaunch").all()
+    # each replayed kernel on the layer that made its node at capture, not on the one that replayed it
+    assert replayed.groupby("layer").size().to_dict() == {"model.0.0": 3 * 2, "model.2": 3 * 3}
+    eager = table[~table["replayed"]]
+    assert len(eager) == 5 and eager["graph_node_id"].isna().all()
+    by_layer = gpu.kernel_time_per_layer(trace)
+    assert dict(zip(by_layer["layer"], by_layer["kernels"])) == {"model.0.0": 4 * 2, "model.2": 4 * 3}
+    tree = gpu.replayed_layers(trace)
+    assert list(tree.columns) == list(gpu.REPLAYED_LAYER_COLUMNS)
+    assert tree["launch_span_id"].nunique() == 3 and set(tree["step"]) == {2, 3, 4}
+    one = tree[tree["launch_span_id"] == tree["launch_span_id"].iloc[0]].set_index("layer")
+    assert one["kernels"].to_dict() == {"model.0": 2, "model.0.0": 2, "model.2": 3}
+    assert one["depth"].to_dict() == {"model.0": 0, "model.0.0": 1, "model.2": 0}
+    assert one.loc["model.0", "gpu_end_ns"] <= one.loc["model.2", "gpu_start_ns"]
+    assert one.loc["model.0", "kernel_us"] == one.loc["model.0.0", "kernel_us"] > 0
+    assert one.loc["model.2", "path"] == "model[0]/model.2[0]"  # where it was captured
+
+
+def test_replays_of_a_graph_captured_before_the_session_keep_their_launch(fake):
+    fake.capturing_graph = 1
+    fake.callbacks_enabled.clear()
+    fake.launch()  # captured before any session: no callback enabled, no mark
+    fake.capturing_graph = None
+    clones = fake.instantiate(executable_graph=2)
+    replayer = Replaying(fake, clones, 2)
+    with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+        replayer(torch.randn(2, 8))
+    table = gpu.kernel_table(session.trace)
+    assert len(table) == 1 and not table["replayed"].any() and table["graph_node_id"].notna().all()
+    assert table["layer"].tolist() == [None] or table["layer"].isna().all()
+    assert gpu.replayed_layers(session.trace).empty
+
+
 def test_missing_driver_and_missing_package_are_reasons(monkeypatch):
     def no_driver() -> object:
         class Module:

@@ -76,11 +76,12 @@ FIELDS: Final[dict[Family, dict[str, str]]] = {
     Family.KERNEL: {"start": "u8", "end": "u8", "correlation_id": "u4", "name": "u4",
                     "grid_x": "i4", "grid_y": "i4", "grid_z": "i4", "block_x": "i4", "block_y": "i4",
                     "block_z": "i4", "registers_per_thread": "u2", "static_shared_memory": "i4",
-                    "dynamic_shared_memory": "i4", "stream_id": "u4", "device_id": "u4", "graph_id": "u4"},
+                    "dynamic_shared_memory": "i4", "stream_id": "u4", "device_id": "u4", "graph_id": "u4",
+                    "graph_node_id": "u8"},
     Family.MEMCPY: {"start": "u8", "end": "u8", "correlation_id": "u4", "bytes": "u8", "copy_kind": "u1",
-                    "stream_id": "u4", "device_id": "u4"},
+                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8"},
     Family.MEMSET: {"start": "u8", "end": "u8", "correlation_id": "u4", "bytes": "u8", "value": "u4",
-                    "stream_id": "u4", "device_id": "u4"},
+                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8"},
     Family.SYNC: {"start": "u8", "end": "u8", "correlation_id": "u4", "type": "i4", "stream_id": "u4",
                   "cuda_event_id": "u4"},
     Family.EXTERNAL: {"external_kind": "i4", "external_id": "u8", "correlation_id": "u4"},
@@ -105,6 +106,7 @@ class Lost(str, enum.Enum):
     CUT_SHORT = "CUPTI buffers cut short (the records after an incomplete one are lost)"
     CORRELATION = "external correlation ids CUPTI refused"
     FOREIGN = "CUPTI buffers of another client (not read)"
+    GRAPH_NODE_UNREADABLE = "CUDA graph node callbacks xsp could not read"
     OUT_OF_MEMORY = "CUPTI record drains that ran out of memory (their records are lost)"
     NO_TIMESTAMP = "gpu_no_timestamp"
     """Activities CUPTI wrote without a time (its header: concurrent-kernel records "may contain
@@ -250,7 +252,7 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
         return (Kind.CONCURRENT_KERNEL, record.start, record.end, record.correlation_id, record.name,
                 record.grid_x, record.grid_y, record.grid_z, record.block_x, record.block_y, record.block_z,
                 record.registers_per_thread, record.static_shared_memory, record.dynamic_shared_memory,
-                record.stream_id, record.device_id, record.graph_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
     if kind == Kind.RUNTIME or kind == Kind.DRIVER:
         return (kind, record.start, record.end, record.correlation_id, record.cbid, record.thread_id,
                 record.process_id, record.return_value)
@@ -258,10 +260,10 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
         return (kind, record.external_kind, record.external_id, record.correlation_id)
     if kind == Kind.MEMCPY:
         return (kind, record.start, record.end, record.correlation_id, record.bytes, record.copy_kind,
-                record.stream_id, record.device_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
     if kind == Kind.MEMSET:
         return (kind, record.start, record.end, record.correlation_id, record.bytes, record.value,
-                record.stream_id, record.device_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
     if kind == Kind.SYNCHRONIZATION:
         return (kind, record.start, record.end, record.correlation_id, record.type, record.stream_id,
                 record.cuda_event_id)
@@ -302,9 +304,11 @@ _RAW_FIELDS = {
     "API": ("kind", "start", "end", "correlation_id", "cbid", "thread_id", "process_id", "return_value"),
     "Kernel": ("kind", "start", "end", "correlation_id", "name", "grid_x", "grid_y", "grid_z", "block_x",
                "block_y", "block_z", "registers_per_thread", "static_shared_memory", "dynamic_shared_memory",
-               "stream_id", "device_id", "graph_id"),
-    "Memcpy": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id"),
-    "Memset": ("kind", "start", "end", "correlation_id", "bytes", "value", "stream_id", "device_id"),
+               "stream_id", "device_id", "graph_id", "graph_node_id"),
+    "Memcpy": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id", "graph_id",
+               "graph_node_id"),
+    "Memset": ("kind", "start", "end", "correlation_id", "bytes", "value", "stream_id", "device_id", "graph_id",
+               "graph_node_id"),
     "Synchronization": ("kind", "start", "end", "correlation_id", "type", "stream_id", "cuda_event_id"),
     "ExternalCorrelation": ("kind", "external_kind", "external_id", "correlation_id"),
     "MemcpyPtoP": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id",

@@ -229,6 +229,16 @@ def api_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     })
 
 
+def graph_nodes(family: dict[str, np.ndarray]) -> pd.arrays.IntegerArray:
+    """The graph node that ran each activity (null: not run by a graph launch, CUPTI's 0). A
+    family without the column (peer copies) has none."""
+    nodes = family.get("graph_node_id")
+    if nodes is None:
+        count = len(family["start"])
+        return _nullable(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool))
+    return _nullable(nodes.astype(np.int64), nodes == 0)
+
+
 def _kernel_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
     kernel = columns[Family.KERNEL]
     count = columns.count(Family.KERNEL)
@@ -248,6 +258,7 @@ def _kernel_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
         col.SHARED_MEMORY_BYTES: static.astype(np.int64) + dynamic,
         col.STREAM_ID: kernel["stream_id"].astype(np.int64),
         col.DEVICE_ID: kernel["device_id"].astype(np.int64),
+        col.GRAPH_NODE_ID: graph_nodes(kernel),
         col.ATTRIBUTES: _per_distinct(details, lambda d: json.dumps({
             "static_shared_memory": d[1], "dynamic_shared_memory": d[2], "mangled_name": names[d[0]],
             "graph_id": d[3]})),
@@ -274,6 +285,7 @@ def _copies(copy: dict[str, np.ndarray], clock: CuptiClock, ends: tuple[str, ...
         col.COPY_KIND: directions,
         col.STREAM_ID: copy["stream_id"].astype(np.int64),
         col.DEVICE_ID: copy["device_id"].astype(np.int64),
+        col.GRAPH_NODE_ID: graph_nodes(copy),
         col.ATTRIBUTES: np.array(details, dtype=object),
     })
 
@@ -300,6 +312,7 @@ def _set_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
         col.BYTES: memset["bytes"].astype(np.int64),
         col.STREAM_ID: memset["stream_id"].astype(np.int64),
         col.DEVICE_ID: memset["device_id"].astype(np.int64),
+        col.GRAPH_NODE_ID: graph_nodes(memset),
         col.ATTRIBUTES: _per_distinct(memset["value"].astype(np.int64), lambda value: json.dumps({"value": value})),
     })
 

@@ -45,6 +45,8 @@ from xsp.core.threads import start_thread
 from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.record.window import Window
 from xsp.tracers.cuda.clock import ClockMode, CuptiClock, measure_cupti_offset
+from xsp.tracers.cuda.graphs import CALLBACKS as GRAPH_CALLBACKS
+from xsp.tracers.cuda.graphs import RESOURCE_DOMAIN, GraphNodeMarks
 from xsp.tracers.cuda.records import (
     ACTIVITY_KINDS,
     API_KINDS,
@@ -164,14 +166,15 @@ class HeldElsewhere(RuntimeError):
         super().__init__(f"{named}{_CONFLICT} ({error})")
 
 
-def subscribe(cupti: Any, share: bool = False) -> tuple[Any, bool]:
+def subscribe(cupti: Any, share: bool = False, callback: Callable[..., None] | None = None) -> tuple[Any, bool]:
     """Subscribe to CUPTI as ``xsp``: ``(handle, shared)``.
 
     Through ``cuptiSubscribe_v2`` where cupti-python binds it and this libcupti has it (13.3 on),
     so that a refusal names the client that holds CUPTI (Nsight Systems, another profiler); else
     through ``cuptiSubscribe``. ``share``: ask for CUPTI 13.5's multi-subscriber mode, in which
     clients that ask for it too subscribe beside xsp (only where xsp then makes every call in its
-    ``_v2`` form); ``shared`` says whether CUPTI granted it.
+    ``_v2`` form); ``shared`` says whether CUPTI granted it. ``callback``: what CUPTI calls for
+    the callbacks enabled on the subscription (None: none will be).
 
     Raises:
         HeldElsewhere: another client holds CUPTI alone.
@@ -186,7 +189,7 @@ def subscribe(cupti: Any, share: bool = False) -> tuple[Any, bool]:
                                        old_subscriber_size=_OLD_SUBSCRIBER_NAME_BYTES,
                                        allow_multiple_subscribers=allow)
             try:
-                return subscribe_v2(_ignore_callback, None, ctypes.addressof(params)), allow
+                return subscribe_v2(callback or _ignore_callback, None, ctypes.addressof(params)), allow
             except Exception as exc:
                 if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
                     if allow:  # a client that holds CUPTI alone refuses a sharing one as any other
@@ -197,7 +200,7 @@ def subscribe(cupti: Any, share: bool = False) -> tuple[Any, bool]:
                     raise
                 break  # a libcupti older than 13.3 has no cuptiSubscribe_v2: cupti-python cannot find it
     try:
-        return cupti.subscribe(_ignore_callback, None), False
+        return cupti.subscribe(callback or _ignore_callback, None), False
     except Exception as exc:
         if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
             raise HeldElsewhere(None, cupti_error_text(exc)) from None
@@ -418,6 +421,10 @@ class CuptiSource:
         mode); None while xsp is CUPTI's one subscriber."""
         self.shared_subscription = False
         """The subscription shared CUPTI with other clients (kept for the metadata)."""
+        self.graph_nodes = GraphNodeMarks()
+        """The CUDA graph nodes made or cloned while the subscription is open."""
+        self.graph_nodes_reason: str | None = None
+        """Why graph nodes are not followed (None: they are)."""
         self._drained_at_close: tuple[ActivityColumns, Counter[str]] | None = None
         """Records read as a shared subscription ended: CUPTI reads them for a subscriber that
         still exists, so they are read before it unsubscribes, and handed over at the next drain."""
@@ -478,6 +485,21 @@ class CuptiSource:
                 if kind in API_KINDS and not self.record_queries:
                     self._leave_out_queries(cupti, kind)
 
+    def _on_callback(self, userdata: Any, domain: int, cbid: int, cbdata: Any) -> None:
+        """The subscription's callback: CUDA graph nodes made or cloned (the only ones enabled)."""
+        self.graph_nodes.on_callback(self._module(), domain, cbid, cbdata)
+
+    def _follow_graphs(self, cupti: Any) -> None:
+        """Have CUPTI call back when a CUDA graph node is made or cloned (see
+        :mod:`xsp.tracers.cuda.graphs`); where it cannot, replayed kernels keep only their launch."""
+        self.graph_nodes_reason = None
+        try:
+            for cbid in GRAPH_CALLBACKS:
+                cupti.enable_callback(1, self._subscriber, RESOURCE_DOMAIN, cbid)
+        except Exception as exc:
+            self.graph_nodes_reason = (f"CUDA graph nodes are not followed (replayed kernels keep their launch, not "
+                                       f"the layers that made them): {cupti_error_text(exc)}")
+
     def _control(self) -> Any:
         """What xsp's control calls go to: cupti-python, or their ``_v2`` forms while CUPTI is shared."""
         return self._shared if self._shared is not None else self._module()
@@ -496,12 +518,13 @@ class CuptiSource:
         try:
             # one subscription, held for the session: it fails when another client holds CUPTI
             # alone; shared, beside other clients that share it too (CUPTI 13.5)
-            self._subscriber, share = subscribe(cupti, share=self._can_share())
+            self._subscriber, share = subscribe(cupti, share=self._can_share(), callback=self._on_callback)
         except HeldElsewhere:
             raise
         except Exception as exc:
             raise RuntimeError(f"{_CONFLICT} ({cupti_error_text(exc)})") from None
         self.shared_subscription = share
+        self._follow_graphs(cupti)
         control = cupti
         try:
             if share:
@@ -791,6 +814,10 @@ class CuptiSource:
             else:
                 columns, self._carried = columns.split(window.closed_ns, window.held_thread_ids, self.clock)
             window.derived["cupti_records"] = columns
+            window.derived["cupti_graph_nodes"] = self.graph_nodes.take(window.closed_ns, window.held_thread_ids)
+            unreadable = self.graph_nodes.take_unreadable()
+            if unreadable:
+                lost[Lost.GRAPH_NODE_UNREADABLE.value] += unreadable
             window.dropped.update(lost)
         return window.derived["cupti_records"]  # type: ignore[no-any-return]
 
@@ -818,6 +845,7 @@ class CuptiSource:
                         if self.shared_subscription else "xsp alone"})
         if self.pairing is not None:
             details["cupti_pairing"] = self.pairing
+        details["graph_nodes"] = "followed" if self.graph_nodes_reason is None else self.graph_nodes_reason
         if self.stand_downs:
             details["cupti_stood_down"] = [down.metadata() for down in self.stand_downs]
         return details
@@ -875,7 +903,7 @@ def _buffer_requested() -> tuple[int, int]:
 
 
 def _ignore_callback(*_: Any) -> None:
-    """The subscription exists to hold CUPTI; its callbacks are never enabled."""
+    """A test subscription's callback: none is enabled on it."""
 
 
 def _synchronize_device() -> None:

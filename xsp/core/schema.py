@@ -104,6 +104,9 @@ class SpanKind(str, enum.Enum):
     FETCH = "fetch"  # a DataLoader worker fetching and collating one batch, in its process (input level)
     COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
     # its duration is not the kernel's)
+    GRAPH_NODE = "graph_node"  # a CUDA graph node made while a graph was captured, or cloned when it
+    # was instantiated: an instant on the thread that made it (kernel level), under the layer and
+    # operator that made it
 
 
 STEP_KINDS: Final = frozenset({SpanKind.STEP, SpanKind.PREDICT})
@@ -201,6 +204,9 @@ is their sum); negative for a layer whose untimed call cost was given back to it
 SAMPLING: Final = "sampling"
 """On the root of each step of an always-on session: why it was or was not recorded below the
 model level (:class:`StepSampling`). Null elsewhere."""
+GRAPH_NODE_ID: Final = "graph_node_id"
+"""CUPTI's id of a CUDA graph node: on a kernel, copy or set that a graph launch ran (a replay),
+the node that ran it; on a ``graph_node`` span, the node made or cloned. Null elsewhere."""
 REMOTE_PARENT_ID: Final = "remote_parent_id"
 """On the root of a step that began inside an OpenTelemetry span of the application (a request's
 server span): that span's id. The step's spans carry that span's trace id, and the root is exported
@@ -266,6 +272,7 @@ COLUMNS: Final[dict[str, str]] = {
     PROCESS_ID: "Int64",
     SAMPLING: CATEGORY,
     REMOTE_PARENT_ID: "Int64",
+    GRAPH_NODE_ID: "Int64",
     ATTRIBUTES: "string",
 }
 REQUIRED_COLUMNS: Final = (
@@ -371,5 +378,6 @@ COLUMN_ATTRIBUTE_KEYS: Final[dict[str, str]] = {
     RANK: ATTR_RANK,
     PROCESS_ID: ATTR_PROCESS_ID,
     SAMPLING: "xsp.step.sampling",
+    GRAPH_NODE_ID: "xsp.cuda.graph_node_id",
 }
 """Typed columns exported as span attributes, and the key each one gets."""

@@ -84,7 +84,7 @@ typedef struct {
     uint8_t type;
 } field_layout;
 
-#define MAX_FIELDS 16
+#define MAX_FIELDS 20
 
 typedef struct {
     const char *name;
