@@ -238,6 +238,8 @@ class FakeCupti:
         if self.shared:
             self.shared = False
             self.library.set_shared(None)
+            # a client that shares CUPTI still holds it: the one-subscriber calls stay refused
+            self.library.set_others_sharing(int(self.held_by_other and self.other_shares))
 
     def _one_subscriber_call(self, name: str) -> None:
         """cupti-python's calls for the process's one subscriber, which xsp must not make while

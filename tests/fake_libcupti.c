@@ -51,8 +51,10 @@ static int enabled_v2[KINDS];
 static int zeroed_v2 = -1, thread_id_type_v2 = -1;
 static long silenced_v2, refused_one_subscriber_calls;
 
+static int others_sharing; /* another client still shares CUPTI after xsp's subscriber left */
+
 static int refuse_while_shared(void) {
-    if (shared == NULL) return 0;
+    if (shared == NULL && !others_sharing) return 0;
     __atomic_add_fetch(&refused_one_subscriber_calls, 1, __ATOMIC_RELAXED);
     return 1;
 }
@@ -104,8 +106,14 @@ static size_t size_at(const uint8_t *record) {
     return kind < KINDS ? sizes[kind] : 0;
 }
 
+static int next_record(uint8_t *buffer, size_t valid, void **record);
+
 int cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, void **record) {
     if (refuse_while_shared()) return NOT_SUPPORTED;
+    return next_record(buffer, valid, record);
+}
+
+static int next_record(uint8_t *buffer, size_t valid, void **record) {
     if (buffer == NULL) return INVALID_PARAMETER;
     uint8_t *at = *record == NULL ? buffer : (uint8_t *)*record + size_at(*record);
     if (at >= buffer + valid) return MAX_LIMIT_REACHED;
@@ -156,11 +164,7 @@ int cuptiActivityRegisterCallbacks_v2(void *subscriber, requested_v2_fn on_reque
 
 int cuptiActivityGetNextRecord_v2(void *subscriber, uint8_t *buffer, size_t valid, void **record) {
     CHECK_SUBSCRIBER(subscriber);
-    void *saved = shared;
-    shared = NULL; /* the same walk */
-    int status = cuptiActivityGetNextRecord(buffer, valid, record);
-    shared = saved;
-    return status;
+    return next_record(buffer, valid, record);
 }
 
 int cuptiActivitySetAttribute_v2(void *subscriber, int attribute, size_t *value_size, void *value) {
@@ -414,12 +418,17 @@ int fake_has_timestamp_callback(void) { return timestamp_callback != NULL; }
 /* The shared subscriber (NULL: none; its v2 registration and settings then go with it). */
 void fake_set_shared(void *subscriber) {
     shared = subscriber;
-    if (subscriber == NULL) {
+    if (subscriber == NULL) { /* its registration goes; the kinds it left enabled show */
         requested_v2 = NULL;
         completed_v2 = NULL;
-        memset(enabled_v2, 0, sizeof(enabled_v2));
         zeroed_v2 = thread_id_type_v2 = -1;
     }
+}
+void fake_set_others_sharing(int on) { others_sharing = on; }
+void fake_reset_v2(void) {
+    memset(enabled_v2, 0, sizeof(enabled_v2));
+    others_sharing = 0;
+    silenced_v2 = 0;
 }
 int fake_enabled_v2(uint32_t kind) { return kind < KINDS && enabled_v2[kind]; }
 int fake_any_enabled_v2(void) {

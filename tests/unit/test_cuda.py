@@ -345,8 +345,8 @@ def test_another_subscriber_makes_the_levels_unavailable_with_one_warning(fake):
 def test_pytorchs_profiler_and_the_cuda_levels_exclude_each_other(fake, monkeypatch):
     monkeypatch.setattr(torch.autograd.profiler, "_is_profiler_enabled", True)
     reason = _cupti.SOURCE.available()
-    assert reason.startswith("CUPTI is held by PyTorch's profiler, recording in this process: ")
-    assert "PyTorch's profiler in CUDA mode cannot run at once" in reason
+    assert reason.startswith("PyTorch's profiler is recording in this process, and may hold CUPTI: ")
+    assert "another CUPTI client holds CUPTI and does not share it" in reason
 
 
 @pytest.mark.parametrize("has_subscribe_v2", [True, False], ids=["subscribe-v2", "subscribe"])
@@ -371,19 +371,23 @@ class FakeKineto:
 
     def __init__(self, fake: FakeCupti, keeps_cupti: bool = False) -> None:
         self.fake, self.keeps_cupti = fake, keeps_cupti
+        self.held_before = False
         self.found: list[tuple[int, set[int], int]] = []
         """At each CUDA start: xsp's subscriptions, the kinds xsp left enabled, its ids on the stack."""
 
     def prepare(self, config, activities, activity_filter=None) -> None:
         if any(activity.name == "CUDA" for activity in activities):
-            self.found.append((self.fake.subscribers, set(self.fake.enabled), self.fake.stack_depth))
+            library = self.fake.library
+            enabled = set(self.fake.enabled) | {kind for kind in range(64) if library and library.enabled_v2(kind)}
+            self.found.append((self.fake.subscribers, enabled, self.fake.stack_depth))
+            self.held_before = self.fake.held_by_other
             self.fake.held_by_other, self.fake.holder_name = True, "CUPTI for Kineto"
 
     def enable(self, config, activities) -> None:
         pass
 
     def disable(self) -> str:
-        self.fake.held_by_other = self.keeps_cupti
+        self.fake.held_by_other = self.keeps_cupti or self.held_before
         return "kineto results"
 
 
@@ -442,6 +446,52 @@ def test_cupti_kept_by_the_other_client_is_said_and_the_trace_keeps_what_came_be
     assert "CUPTI for Kineto" in down["could_not_come_back"] and down["to_ns"] is not None
     assert down["taken_back"] is False
     assert fake.enabled == set() and fake.stack_depth == 0
+
+
+def test_cupti_let_go_late_by_the_other_client_is_taken_back_at_a_later_step_end(fake, monkeypatch):
+    monkeypatch.setattr(_cupti, "COME_BACK_RETRY_NS", 0)
+    kineto = FakeKineto(fake, keeps_cupti=True)  # Kineto finalizes CUPTI on a later CUDA call
+    profiler = torch.autograd.profiler
+    monkeypatch.setattr(profiler, "_prepare_profiler", kineto.prepare)
+    monkeypatch.setattr(profiler, "_disable_profiler", kineto.disable)
+    model = _model(fake)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))  # step 0
+            profiler._prepare_profiler(object(), {torch.autograd.ProfilerActivity.CUDA})
+            model(torch.randn(2, 8))  # step 1: the profiler's
+            profiler._disable_profiler()
+            model(torch.randn(2, 8))  # step 2: CUPTI still held; the step end tries, and is refused
+            fake.held_by_other = False  # Kineto lets go
+            model(torch.randn(2, 8))  # step 3: the next step end takes CUPTI back
+            model(torch.randn(2, 8))  # step 4: recorded
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    kernels = session.trace.spans[session.trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    steps = set(kernels[col.STEP].unique().tolist())
+    assert {0, 4} <= steps and not {1, 2} & steps
+    (down,) = session.trace.metadata["tracer_details"]["kernel"]["cupti_stood_down"]
+    assert down["taken_back"] is True and "could_not_come_back" not in down
+    assert len(messages) == 1 and "they recorded again once it had stopped" in messages[0]
+
+
+def test_a_profiler_that_fails_to_start_gives_cupti_back_at_once(fake, monkeypatch):
+    def refuse(config, activities, activity_filter=None) -> None:
+        raise RuntimeError("Profiler is already enabled")
+
+    monkeypatch.setattr(torch.autograd.profiler, "_prepare_profiler", refuse)
+    model = _model(fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
+            model(torch.randn(2, 8))
+            with pytest.raises(RuntimeError, match="already enabled"):
+                torch.autograd.profiler._prepare_profiler(object(), {torch.autograd.ProfilerActivity.CUDA})
+            model(torch.randn(2, 8))
+    kernels = session.trace.spans[session.trace.spans[col.KIND] == SpanKind.KERNEL.value]
+    assert sorted(kernels[col.STEP].unique().tolist()) == [0, 1]
+    (down,) = session.trace.metadata["tracer_details"]["kernel"]["cupti_stood_down"]
+    assert down["taken_back"] is True
 
 
 def test_pytorchs_profiler_without_cuda_leaves_the_cuda_levels_recording(fake, monkeypatch):
@@ -597,6 +647,7 @@ def sharing_cupti(c_path, fake_libcupti):
     fake_libcupti.release(SHARING)
     yield c_path
     fake_libcupti.release(NEWEST)
+    fake_libcupti.reset_v2()
 
 
 def test_with_cupti_13_5_xsp_records_beside_another_client_that_shares_cupti(sharing_cupti):
@@ -610,7 +661,8 @@ def test_with_cupti_13_5_xsp_records_beside_another_client_that_shares_cupti(sha
         warnings.simplefilter("error", xsp.XspWarning)
         with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
             # every setting is xsp's subscriber's own: its thread ids, its zeroed buffers, its clock
-            assert fake.shared and library.thread_id_type_v2() == 1 and library.zeroed_v2() == 1
+            # (not the zeroed-buffer attribute, which may be the process's: CUPTI zeroes xsp's buffers)
+            assert fake.shared and library.thread_id_type_v2() == 1 and library.zeroed_v2() == -1
             assert library.has_timestamp_callback() and library.silenced_v2() > 0
             for _ in range(3):
                 model(torch.randn(2, 8))
@@ -629,11 +681,13 @@ def test_with_cupti_13_5_xsp_records_beside_another_client_that_shares_cupti(sha
 
 def test_a_shared_subscription_steps_aside_for_pytorchs_profiler_and_shares_again_after(sharing_cupti, monkeypatch):
     fake = sharing_cupti
+    fake.held_by_other, fake.other_shares = True, True  # a client that shares CUPTI: xsp shares too
     kineto = FakeKineto(fake)
     refused_before = fake.library.refused_one_subscriber_calls()
     messages, trace = _with_torch_profiler(fake, kineto, monkeypatch, {torch.autograd.ProfilerActivity.CUDA})
     assert kineto.found == [(0, set(), 0)] and not fake.library.any_enabled_v2()
-    # the records read as the shared subscription ended (twice) are all in the trace
+    # the records read as the shared subscription ended (twice, before each unsubscription: the
+    # one-subscriber calls stay refused while the other client shares CUPTI) are all in the trace
     kernels = trace.spans[trace.spans[col.KIND] == SpanKind.KERNEL.value]
     assert sorted(kernels[col.STEP].unique().tolist()) == [0, 1, 4, 5] and len(kernels) == 4 * 5
     assert trace.metadata["tracer_details"]["kernel"]["cupti_subscription"].startswith("shared")

@@ -91,11 +91,11 @@ def torch_profiler_active() -> bool:
         return False
 
 
-_CONFLICT = ("another CUPTI client holds the process's one subscription (PyTorch's profiler with CUDA "
-             "activities, Nsight Systems or Compute, or another profiler); xsp's CUDA levels and "
-             "PyTorch's profiler in CUDA mode cannot run at once")
+_CONFLICT = ("another CUPTI client holds CUPTI and does not share it (PyTorch's profiler with CUDA "
+             "activities, Nsight Systems or Compute, or another profiler); xsp's CUDA levels cannot record "
+             "while it does, and PyTorch's profiler in CUDA mode cannot run inside them")
 
-_HELD_BY_TORCH = f"CUPTI is held by PyTorch's profiler, recording in this process: {_CONFLICT}"
+_HELD_BY_TORCH = f"PyTorch's profiler is recording in this process, and may hold CUPTI: {_CONFLICT}"
 
 
 NOT_INSTALLED: Final = ('cupti-python is not installed: pip install "xsp[cuda12]" for a CUDA 12 PyTorch, '
@@ -182,7 +182,10 @@ def subscribe(cupti: Any, share: bool = False, callback: Callable[..., None] | N
     """
     subscribe_v2 = getattr(cupti, "subscribe_v2", None)
     if subscribe_v2 is not None:
-        for allow in (True, False) if share else (False,):
+        name = ""
+        # plainly first: xsp never puts CUPTI into the multi-subscriber mode itself (a mode that may
+        # outlast it); it shares only with a client that holds CUPTI in that mode already
+        for allow in (False, True) if share else (False,):
             holder = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_BYTES)
             params = _SubscriberParams(struct_size=ctypes.sizeof(_SubscriberParams),
                                        subscriber_name=SUBSCRIBER_NAME, old_subscriber_name=ctypes.addressof(holder),
@@ -192,9 +195,9 @@ def subscribe(cupti: Any, share: bool = False, callback: Callable[..., None] | N
                 return subscribe_v2(callback or _ignore_callback, None, ctypes.addressof(params)), allow
             except Exception as exc:
                 if getattr(exc, "status", None) == _MULTIPLE_SUBSCRIBERS:
-                    if allow:  # a client that holds CUPTI alone refuses a sharing one as any other
+                    name = name or holder.value.decode("utf-8", "replace").strip()
+                    if share and not allow:  # perhaps a client that shares: ask to share with it
                         continue
-                    name = holder.value.decode("utf-8", "replace").strip()
                     raise HeldElsewhere(name or None, cupti_error_text(exc)) from None
                 if getattr(exc, "status", None) is not None:
                     raise
@@ -207,6 +210,8 @@ def subscribe(cupti: Any, share: bool = False, callback: Callable[..., None] | N
         raise
 
 
+COME_BACK_RETRY_NS: Final = 1_000_000_000
+"""While xsp waits to take CUPTI back, how often a step end tries."""
 _MULTIPLE_SUBSCRIBERS: Final = 39
 """``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``."""
 
@@ -311,13 +316,17 @@ class StandDown:
     """When xsp took CUPTI back, or the session ended (None: still down)."""
     taken_back: bool = False
     """xsp took CUPTI back at ``to_ns`` (False: the session ended first, or CUPTI refused)."""
+    other_stopped: bool = False
+    """The other client has stopped: xsp tries to take CUPTI back at step ends until it can (a
+    client may let go of CUPTI some time after it stops: Kineto finalizes on a later CUDA call)."""
+    last_try_ns: int = 0
     could_not_come_back: str | None = None
     """Why CUPTI could not be taken back when the other client let go (None: it was, or the
     other client has not let go)."""
 
     def describe(self) -> str:
         """One line for the user."""
-        head = (f"{self.why}: xsp's CUDA levels let go of CUPTI for it (CUPTI records for one client at a time); "
+        head = (f"{self.why}: xsp's CUDA levels let go of CUPTI for it (it takes CUPTI for itself); "
                 "their records until then are kept")
         if self.could_not_come_back is not None:
             return f"{head}, but they could not take CUPTI back when it stopped, and recorded nothing after: " \
@@ -421,6 +430,9 @@ class CuptiSource:
         mode); None while xsp is CUPTI's one subscriber."""
         self.shared_subscription = False
         """The subscription shared CUPTI with other clients (kept for the metadata)."""
+        self._drain_lock = threading.Lock()
+        """One reader of the C path's buffers at a time (a window's drain, or a shared
+        subscription's close), and the hand-over of what the close read."""
         self.graph_nodes = GraphNodeMarks()
         """The CUDA graph nodes made or cloned while the subscription is open."""
         self.graph_nodes_reason: str | None = None
@@ -457,6 +469,8 @@ class CuptiSource:
         with self._lock:
             if not self._users:
                 self.stand_downs = []
+                with self._drain_lock:  # what an earlier subscription's failed start read is not this one's
+                    self._drained_at_close = None
                 self._open(self._module())
                 self._watch.install()
             elif self._down is not None:  # its kinds are enabled when CUPTI is taken back
@@ -532,9 +546,7 @@ class CuptiSource:
                 control = self._shared = SharedControl(cupti, native_module())
             self._thread_id_type_before = _thread_id_type(control)
             control.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
-            self._register_buffers(cupti, again)
-            if share and self.native is None:
-                raise RuntimeError(f"the C record path could not start: {self.python_path_reason}")
+            self._register_buffers(cupti, again, shared=share)
         except Exception as exc:
             self._give_back_settings(control)
             self._unsubscribe(control)
@@ -543,10 +555,16 @@ class CuptiSource:
         self._flusher = _Flusher(lambda: cupti.activity_flush_all(0))
         self._flusher.start()
 
-    def _register_buffers(self, cupti: Any, again: bool = False) -> None:
+    def _register_buffers(self, cupti: Any, again: bool = False, shared: bool = False) -> None:
         """Hand CUPTI xsp's C buffer callbacks, or, where the C path cannot run, cupti-python's
         (never both: the process has one pair, and the last registered receives every buffer).
-        ``again``: after a stand-down, the same path registers its callbacks once more."""
+        ``again``: after a stand-down, the same path registers its callbacks once more.
+        ``shared``: CUPTI is shared, and only the C path's per-subscriber callbacks may be
+        registered (cupti-python's are the process's one pair).
+
+        Raises:
+            RuntimeError: shared, and the C path could not start.
+        """
         if again and self.native is not None:
             self.native.register_again()
             return
@@ -563,6 +581,8 @@ class CuptiSource:
                 self.python_path_reason = str(exc)
         else:
             self.python_path_reason = "the C record path is switched off for this source"
+        if self.native is None and shared:
+            raise RuntimeError(f"the C record path could not start while CUPTI is shared: {self.python_path_reason}")
         if self.native is None:
             cupti.activity_register_callbacks(_buffer_requested, self._python_buffer_completed)
 
@@ -619,9 +639,13 @@ class CuptiSource:
                 f"times xsp's C path's cost, under the GIL): {self.python_path_reason}")
 
     def step_ended(self) -> None:
-        """A step ended: flush CUPTI's completed buffers, on the flusher thread."""
+        """A step ended: flush CUPTI's completed buffers, on the flusher thread; while xsp waits to
+        take CUPTI back from a client that has stopped, try again (at most once a second)."""
         if self._flusher is not None:
             self._flusher.request()
+        down = self._down
+        if down is not None and down.other_stopped and now_ns() - down.last_try_ns >= COME_BACK_RETRY_NS:
+            self.come_back()
 
     def release(self, user: str) -> None:
         """Stop tracing for ``user``; the last one out flushes everything and unsubscribes."""
@@ -649,6 +673,9 @@ class CuptiSource:
         self.stand_down("PyTorch's profiler started with CUDA activities")
 
     def _torch_profiler_stopped(self) -> None:
+        down = self._down
+        if down is not None:
+            down.other_stopped = True
         self.come_back()
 
     def stand_down(self, why: str) -> None:
@@ -658,12 +685,15 @@ class CuptiSource:
         with self._lock:
             if not self._users or self._down is not None:
                 return
+            listeners = list(self._listeners.values())
+        for stood_down, _ in listeners:  # layer calls stop pushing ids before CUPTI is let go
+            stood_down()
+        with self._lock:
+            if not self._users or self._down is not None:
+                return
             self._close(self._control())
             self._down = StandDown(why, now_ns())
             self.stand_downs.append(self._down)
-            listeners = list(self._listeners.values())
-        for stood_down, _ in listeners:
-            stood_down()
 
     def come_back(self) -> None:
         """Take CUPTI back after a stand-down, for the users still here. Where CUPTI is still
@@ -672,6 +702,7 @@ class CuptiSource:
             down = self._down
             if down is None:
                 return
+            down.last_try_ns = now_ns()
             try:
                 self._open(self._module(), again=True)
                 cupti = self._control()
@@ -681,7 +712,7 @@ class CuptiSource:
                     self._close(self._control())
                 down.could_not_come_back = f"{exc}"
                 return
-            down.taken_back = True
+            down.taken_back, down.could_not_come_back = True, None
             self._end_stand_down(now_ns())
             listeners = list(self._listeners.values())
         for _, came_back in listeners:
@@ -712,11 +743,12 @@ class CuptiSource:
         else:
             self.native.count_drops()
         if self._shared is not None and self.native is not None:
-            columns, lost = self.native.drain()
-            if self._drained_at_close is not None:  # an earlier close's (a stand-down's), not drained yet
-                earlier, earlier_lost = self._drained_at_close
-                columns, lost = earlier.then(columns), earlier_lost + lost
-            self._drained_at_close = columns, lost
+            with self._drain_lock:
+                columns, lost = self.native.drain()
+                if self._drained_at_close is not None:  # an earlier close's (a stand-down's), not drained yet
+                    earlier, earlier_lost = self._drained_at_close
+                    columns, lost = earlier.then(columns), earlier_lost + lost
+                self._drained_at_close = columns, lost
         self._give_back_settings(cupti)
         self._unsubscribe(cupti)
 
@@ -763,27 +795,28 @@ class CuptiSource:
             self.left_out = self.left_out | {(int(kind), cbid) for cbid in cbids}
 
     def _unsubscribe(self, cupti: Any) -> None:
+        if self._shared is not None:  # the C path's calls are the one-subscriber ones again, first:
+            self._shared = None  # none is made for a subscriber that is gone
+            try:
+                NativeRecords.share(None)
+            except Exception:
+                pass
         if self._subscriber is not None:
             try:
                 cupti.unsubscribe(self._subscriber)
             except Exception as exc:
                 self.warnings.append(f"CUPTI unsubscribe failed: {cupti_error_text(exc)}")
             self._subscriber = None
-        if self._shared is not None:  # the C path's calls are the one-subscriber ones again
-            self._shared = None
-            try:
-                NativeRecords.share(None)
-            except Exception:
-                pass
 
     def drain(self) -> tuple[ActivityColumns, Counter[str]]:
         """Every record completed so far, as columns (what CUPTI could not leave out left out
         here), and the counts of what was lost."""
         native = self.native
-        columns, lost = native.drain() if native is not None else self.store.drain()
-        if self._drained_at_close is not None:
-            (earlier, earlier_lost), self._drained_at_close = self._drained_at_close, None
-            columns, lost = earlier.then(columns), earlier_lost + lost
+        with self._drain_lock:
+            columns, lost = native.drain() if native is not None else self.store.drain()
+            if self._drained_at_close is not None:
+                (earlier, earlier_lost), self._drained_at_close = self._drained_at_close, None
+                columns, lost = earlier.then(columns), earlier_lost + lost
         columns, left_out = without_calls(columns, self.left_out)
         self.left_out_count += left_out
         if native is not None and not self.running:

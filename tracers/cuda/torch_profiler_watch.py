@@ -79,13 +79,24 @@ class TorchProfilerWatch:
     def _starting(self, original: Callable[..., Any]) -> Callable[..., Any]:
         before = self._before
 
+        after = self._after
+
         def starting(config: Any, activities: Any, *args: Any, **kwargs: Any) -> Any:
-            if wants_cuda(activities):
+            cuda = wants_cuda(activities)
+            if cuda:
                 try:
                     before()
                 except Exception:  # the user's profiler starts whatever happens to xsp's levels
                     pass
-            return original(config, activities, *args, **kwargs)
+            try:
+                return original(config, activities, *args, **kwargs)
+            except BaseException:
+                if cuda:  # it never started: no stop will follow, so CUPTI is taken back now
+                    try:
+                        after()
+                    except Exception:
+                        pass
+                raise
 
         return starting
 

@@ -162,10 +162,10 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
     }
     if (pool_configure((size_t)buffer_bytes, (size_t)max_buffers, zero_whole ? ZERO_WHOLE : ZERO_WRITTEN) < 0)
         return PyErr_NoMemory();
-    if (BINDING.subscriber != NULL) { /* xsp's own subscriber's setting: CUPTI's default (0) before */
-        uint8_t zeroed = 1;
-        size_t size = sizeof(zeroed);
-        SETTINGS.shared_zeroed = binding_set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) == CUPTI_OK;
+    if (BINDING.subscriber != NULL) {
+        /* shared: the zeroed-buffer attribute is not documented per subscriber, and set for the
+         * process it would leave the other clients' buffers uninitialised: CUPTI zeroes xsp's */
+        SETTINGS.shared_zeroed = 0;
     } else if (!SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
         uint8_t before = 0; /* CUPTI's documented default, where the value cannot be read */
         size_t size = sizeof(before);
