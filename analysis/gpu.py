@@ -57,9 +57,17 @@ def capture_marks(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
             at, hops = original_of[at], hops + 1
         if at in captured:
             resolved[node] = captured[at]
-    wanted = pd.Series(spans[col.GRAPH_NODE_ID].iloc[rows].to_numpy(dtype=np.float64, na_value=np.nan))
-    positions = wanted.map(lambda node: resolved.get(int(node), -1) if node == node else -1)
-    return positions.to_numpy(dtype=np.int64)
+    if not resolved:
+        return found
+    keys = np.array(sorted(resolved), dtype=np.int64)
+    values = np.array([resolved[key] for key in keys.tolist()], dtype=np.int64)
+    wanted = spans[col.GRAPH_NODE_ID].iloc[rows].to_numpy(dtype=np.float64, na_value=np.nan)
+    known = np.flatnonzero(~np.isnan(wanted))
+    nodes = wanted[known].astype(np.int64)
+    at = np.minimum(np.searchsorted(keys, nodes), len(keys) - 1)
+    matched = keys[at] == nodes
+    found[known[matched]] = values[at[matched]]
+    return found
 
 
 def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -142,11 +150,20 @@ def replayed_layers(source: Trace | pd.DataFrame) -> pd.DataFrame:
                 chain.append(int(at))
             at = parents[at]
         chains[mark] = chain
-    lengths = np.array([len(chains[mark]) for mark in capture.tolist()], dtype=np.int64)
-    owner = np.repeat(np.arange(len(activities)), lengths)
-    layer = np.array([position for mark in capture.tolist() for position in chains[mark]], dtype=np.int64)
-    depth = np.array([len(chains[mark]) - 1 - index for mark in capture.tolist()
-                      for index in range(len(chains[mark]))], dtype=np.int64)
+    # one row per (activity, layer above its mark), built per mark (a few hundred), not per activity
+    marks, inverse = np.unique(capture, return_inverse=True)
+    by_mark = np.argsort(inverse, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(marks)))])
+    owners, layer_parts, depths = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)], [np.empty(0, np.int64)]
+    for index, mark in enumerate(marks.tolist()):
+        chain = np.array(chains[mark], dtype=np.int64)
+        members = by_mark[bounds[index]:bounds[index + 1]]
+        if not len(chain) or not len(members):
+            continue
+        owners.append(np.repeat(members, len(chain)))
+        layer_parts.append(np.tile(chain, len(members)))
+        depths.append(np.tile(np.arange(len(chain) - 1, -1, -1, dtype=np.int64), len(members)))
+    owner, layer, depth = np.concatenate(owners), np.concatenate(layer_parts), np.concatenate(depths)
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)[activities]
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)[activities]
     launch = parents[activities]

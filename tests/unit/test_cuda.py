@@ -554,6 +554,20 @@ def test_replayed_kernels_belong_to_the_layers_that_captured_their_graph_nodes(f
     assert one.loc["model.2", "path"] == "model[0]/model.2[0]"  # where it was captured
 
 
+def test_replays_captured_without_the_layer_level_have_no_layer_tree(fake):
+    model = _model(fake)
+    with xsp.trace(levels="model,kernel", output=None) as session, torch.no_grad():
+        fake.capturing_graph = 1
+        model(torch.randn(2, 8))
+        fake.capturing_graph = None
+        replayer = Replaying(fake, fake.instantiate(executable_graph=2), 2)
+        replayer(torch.randn(2, 8))
+    table = gpu.kernel_table(session.trace)
+    assert table["replayed"].sum() == 5 and table["layer"].isna().all()
+    tree = gpu.replayed_layers(session.trace)
+    assert tree.empty and list(tree.columns) == list(gpu.REPLAYED_LAYER_COLUMNS)
+
+
 def test_replays_of_a_graph_captured_before_the_session_keep_their_launch(fake):
     fake.capturing_graph = 1
     fake.callbacks_enabled.clear()
