@@ -210,5 +210,30 @@ def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Fram
     return positions, site_codes[site_codes >= 0], list(distinct)
 
 
-__all__ = ["compiled_kernel_lines", "lines", "line_of_each_span", "line_keys", "line_label", "relative_files", "texts",
-           "LINE_COLUMNS"]
+def fused_line_rows(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) -> pd.DataFrame:
+    """Rows that put the time of each kernel ``torch.compile`` generated on the lines of the
+    operators it fuses, for comparisons by line (``xsp diff --by line``): per kernel span and per
+    line of it, an operator row on that line, a child of the kernel span, holding its share of
+    the kernel's time (equal shares, as :func:`lines` counts them), at the kernel's start, in its
+    step. Empty where the trace has no compiled kernel with a known source."""
+    positions, codes, sites = compiled_kernel_lines(spans, sources)
+    if not len(positions):
+        return spans.iloc[0:0]
+    shares = 1.0 / np.bincount(positions, minlength=len(spans))[positions]
+    rows = spans.iloc[positions].reset_index(drop=True)
+    durations = np.rint(rows[col.DURATION_NS].to_numpy(dtype=np.float64) * shares).astype(np.int64)
+    first_id = int(spans[col.SPAN_ID].max()) + 1 if len(spans) else 1
+    rows[col.PARENT_ID] = pd.array(spans[col.SPAN_ID].to_numpy(dtype=np.int64)[positions], dtype="Int64")
+    rows[col.SPAN_ID] = np.arange(first_id, first_id + len(rows), dtype=np.int64)
+    rows[col.DURATION_NS] = durations
+    rows[col.END_NS] = rows[col.START_NS].to_numpy(dtype=np.int64) + durations
+    rows[col.LEVEL] = Level.OPERATOR.value
+    rows[col.KIND] = SpanKind.OPERATOR.value
+    rows[col.CALL_FILE] = [sites[code][0] for code in codes]
+    rows[col.CALL_LINE] = pd.array([int(sites[code][1]) for code in codes], dtype="Int64")
+    rows[col.CALL_FUNCTION] = [sites[code][2] for code in codes]
+    return rows
+
+
+__all__ = ["compiled_kernel_lines", "fused_line_rows", "lines", "line_of_each_span", "line_keys", "line_label",
+           "relative_files", "texts", "LINE_COLUMNS"]

@@ -106,6 +106,48 @@ def test_a_fused_kernels_time_is_shared_by_the_lines_of_its_operators():
     assert found["self_ms"].sum() == pytest.approx(100 / 1e6)  # every nanosecond once
 
 
+def compiled_steps(fused_ns: int, steps: int = 12) -> xsp.Trace:
+    """``steps`` steps of :func:`compiled_trace`'s shape, in microseconds: the mul+relu kernel
+    takes ``fused_ns`` (the sum kernel 30 µs)."""
+    frames = []
+    for step in range(steps):
+        spans = compiled_trace(SOURCES).spans.copy()
+        begin = step * 1_000_000
+        spans[col.START_NS] = begin + spans[col.START_NS] * 1000
+        spans[col.END_NS] = begin + spans[col.END_NS] * 1000
+        spans.loc[2, col.END_NS] = spans.loc[2, col.START_NS] + fused_ns
+        spans.loc[3, col.START_NS] = spans.loc[2, col.END_NS]
+        spans.loc[3, col.END_NS] = spans.loc[3, col.START_NS] + 30_000
+        spans.loc[[0, 1], col.END_NS] = spans.loc[3, col.END_NS] + 5_000
+        spans[col.SPAN_ID] = spans[col.SPAN_ID] + 10 * step
+        spans[col.PARENT_ID] = spans[col.PARENT_ID] + 10 * step
+        spans[col.STEP] = step
+        frames.append(spans)
+    spans = pd.concat(frames, ignore_index=True)
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    return xsp.Trace(spans, {"tracer_details": {"operator": {METADATA_KEY: SOURCES}}})
+
+
+def test_by_line_a_fused_kernels_time_is_a_key_of_each_of_its_lines():
+    from xsp.gate.diff_columns import KEY, PARENT_KEY, TOTAL_NS, KeyBy
+    from xsp.gate.key_samples import key_samples
+
+    trace = compiled_steps(fused_ns=40_000, steps=1)
+    keys = key_samples(trace.spans, KeyBy.LINE, kernel_sources=kernel_sources(trace.metadata)).set_index(KEY)
+    assert keys.loc["net.py:7 Net.forward", TOTAL_NS] == keys.loc["net.py:8 Net.forward", TOTAL_NS] == 20_000
+    assert keys.loc["net.py:9 Net.forward", TOTAL_NS] == 30_000
+    assert set(keys.loc[["net.py:7 Net.forward", "net.py:9 Net.forward"], PARENT_KEY]) == {"run.py:20 main"}
+    assert key_samples(trace.spans, KeyBy.LINE)[KEY].tolist() == ["run.py:20 main"]  # without the sources
+
+
+def test_diff_by_line_finds_the_lines_of_a_fused_kernel_that_got_slower():
+    result = xsp.diff(compiled_steps(fused_ns=40_000), compiled_steps(fused_ns=400_000), by="line",
+                      machine_speed=False)
+    verdicts = result.table.set_index("key")["verdict"].to_dict()
+    assert verdicts["net.py:7 Net.forward"] == verdicts["net.py:8 Net.forward"] == "regressed"
+    assert verdicts["net.py:9 Net.forward"] == "unchanged"
+
+
 def test_without_provenance_a_kernel_stays_on_the_calling_line():
     found = lines(compiled_trace({})).set_index("line")
     assert list(found.index) == [20] and found.loc[20, "self_ms"] == pytest.approx(100 / 1e6)

@@ -39,6 +39,7 @@ from xsp.gate import key_samples as keyed
 from xsp.io.outputs import write_output
 from xsp.io.parquet import dictionary_columns, gunzip_bounded
 from xsp.io.trace import Trace
+from xsp.record.compiled_kernels import kernel_sources
 
 FORMAT: Final = "xsp-summary"
 FORMAT_VERSION: Final = 3
@@ -213,7 +214,8 @@ def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slic
         if missing:
             raise ValueError(f"{source or 'the trace'} has no {', '.join(missing)} level (it has "
                              f"{', '.join(sorted(recorded)) or 'no spans'}): a summary of it would be empty there")
-    keys = {by: keyed.key_samples(spans, by, levels, steps) for by in dcol.KeyBy if only is None or by is only}
+    sources = kernel_sources(trace.metadata)
+    keys = {by: keyed.key_samples(spans, by, levels, steps, sources) for by in dcol.KeyBy if only is None or by is only}
     metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
     if isinstance(metadata.get("created_at"), str):
         metadata["created_at"] = _to_the_second(metadata["created_at"])

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from xsp.analysis.lines import line_keys
+from xsp.analysis.lines import fused_line_rows, line_keys
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
@@ -37,11 +37,13 @@ from xsp.gate.diff_columns import (
 )
 from xsp.gate.significance import from_quantiles
 from xsp.io.kineto import STEP_NAME
+from xsp.record.compiled_kernels import Frame
 from xsp.table.walks import arrow_strings, nearest_ancestor, parent_positions, plain_strings
 
 
 def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level, ...] | None = None,
-                steps: slice | list[int] | None = None) -> pd.DataFrame:
+                steps: slice | list[int] | None = None,
+                kernel_sources: dict[str, list[list[Frame]]] | None = None) -> pd.DataFrame:
     """One row per key of one run: its spans' count and total, and its per-step samples.
 
     Args:
@@ -52,9 +54,17 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
         steps: the steps to keep, as step numbers or as a slice of the run's steps in order
             (``slice(5, None)`` leaves out the first five); spans outside steps are kept only
             when this is None.
+        kernel_sources: by line, the sources of the kernels ``torch.compile`` generated (the
+            trace's :func:`xsp.record.compiled_kernels.kernel_sources`): each such kernel's time
+            is then a key of each line of the operators it fuses too, a share each, under the
+            line that called the compiled code (:func:`xsp.analysis.lines.fused_line_rows`).
     """
     if not len(spans):
         return _empty_keys()
+    if by is KeyBy.LINE and kernel_sources:
+        fused = fused_line_rows(spans, kernel_sources)
+        if len(fused):
+            spans = pd.concat([spans, fused], ignore_index=True)
     parents = parent_positions(spans)
     kept = np.ones(len(spans), dtype=bool)
     if levels is not None:
