@@ -88,3 +88,22 @@ def test_the_report_lists_the_fused_lines_with_their_text(compiled_run):
                           text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert "y = x * 2" in done.stdout and "z = torch.relu(y)" in done.stdout
+
+
+COMPILED_BEFORE = PROGRAM.replace(
+    "    with torch.no_grad(), xsp.trace(", "    with torch.no_grad():\n        model(x)  # compiled before the session\n"
+    "    with torch.no_grad(), xsp.trace(")
+
+
+def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variables(tmp_path):
+    script, output = tmp_path / "net.py", tmp_path / "net.xsp.parquet"
+    script.write_text(COMPILED_BEFORE)
+    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"),
+                   "INDUCTOR_PROVENANCE": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
+    done = subprocess.run([sys.executable, str(script), str(output)], capture_output=True, text=True,
+                          timeout=600, env=environment, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "restored 1 True" in done.stdout  # the user's own settings stand
+    found = lines(xsp.load(output))
+    mine = found[found["file"] == str(script)].set_index("line")
+    assert {line_of("MUL"), line_of("RELU")} <= set(mine.index), found
