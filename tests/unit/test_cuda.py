@@ -552,6 +552,16 @@ def test_replayed_kernels_belong_to_the_layers_that_captured_their_graph_nodes(f
     assert one.loc["model.0", "gpu_end_ns"] <= one.loc["model.2", "gpu_start_ns"]
     assert one.loc["model.0", "kernel_us"] == one.loc["model.0.0", "kernel_us"] > 0
     assert one.loc["model.2", "path"] == "model[0]/model.2[0]"  # where it was captured
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    report = console.export_text()
+    assert "CUDA graph replays by the layer that captured them" in report
+    table = report.split("CUDA graph replays by the layer that captured them")[1]
+    assert "model.0.0" in table and "model.2" in table
 
 
 def test_replays_captured_without_the_layer_level_have_no_layer_tree(fake):

@@ -429,6 +429,15 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
         _show(console, shown, "Kernel time per operator", [
             ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
             ("kernel_us", f"kernel {unit}", figure), ("share", "share", share)])
+    replayed = analysis.replayed_layers(trace)
+    if not replayed.empty:  # a replayed graph's kernels, on the layers that captured them
+        grouped = replayed.groupby(["depth", "layer"], sort=False, observed=True).agg(
+            replays=("launch_span_id", "nunique"), kernels=("kernels", "sum"), kernel_us=("kernel_us", "sum"))
+        grouped = grouped.reset_index().sort_values("kernel_us", ascending=False, kind="stable").head(top)
+        shown, unit, figure = in_time_unit(grouped, ["kernel_us"])
+        _show(console, shown, "CUDA graph replays by the layer that captured them", [
+            ("layer", "layer", short(50)), ("replays", "replays", number(0)), ("kernels", "kernels", number(0)),
+            ("kernel_us", f"kernel {unit}", figure)])
     in_steps, which = step_view or deep_steps(trace)
     per_layer = analysis.gpu_vs_cpu_per_layer(in_steps)
     if not per_layer.empty and (per_layer["kernels"] > 0).any():
