@@ -91,8 +91,8 @@ def test_the_report_lists_the_fused_lines_with_their_text(compiled_run):
 
 
 COMPILED_BEFORE = PROGRAM.replace(
-    "    with torch.no_grad(), xsp.trace(", "    with torch.no_grad():\n        model(x)  # compiled before the session\n"
-    "    with torch.no_grad(), xsp.trace(")
+    "    with torch.no_grad(), xsp.trace(",
+    "    with torch.no_grad():\n        model(x)  # compiled before the session\n    with torch.no_grad(), xsp.trace(")
 
 
 def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variables(tmp_path):
