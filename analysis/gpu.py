@@ -43,31 +43,47 @@ def capture_marks(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     marks = np.flatnonzero((spans[col.KIND] == SpanKind.GRAPH_NODE.value).to_numpy())
     if not len(marks):
         return found
-    mark_ids = spans[col.GRAPH_NODE_ID].to_numpy(dtype=np.float64, na_value=np.nan)[marks]
+    # node ids are each process's own (a graph counter per process): every rank has the same ones
+    process = _process_keys(spans)
+    mark_ids = spans[col.GRAPH_NODE_ID].array[marks]
     originals = [json.loads(text or "{}").get("original_node_id", 0)
                  for text in spans[col.ATTRIBUTES].iloc[marks].fillna("{}")]
-    captured = {int(node): int(position) for node, position, original in zip(mark_ids, marks, originals)
-                if not original and not np.isnan(node)}
-    original_of = {int(node): int(original) for node, original in zip(mark_ids, originals)
-                   if original and not np.isnan(node)}
-    resolved: dict[int, int] = {}
-    for node in {*captured, *original_of}:
-        at, hops = node, 0
-        while at not in captured and at in original_of and hops < 8:  # a clone of a clone, at most a few
+    captured: dict[tuple[int, int], int] = {}
+    original_of: dict[tuple[int, int], tuple[int, int]] = {}
+    for node, position, original in zip(mark_ids, marks.tolist(), originals):
+        if node is pd.NA:
+            continue
+        key = (int(process[position]), int(node))
+        if original:  # a clone: CUPTI may also have said it made it (inside the instantiation)
+            original_of[key] = (key[0], int(original))
+        else:
+            captured.setdefault(key, position)
+    resolved: dict[tuple[int, int], int] = {}
+    for key in {*captured, *original_of}:
+        at, hops = key, 0
+        while at in original_of and hops < 8:  # a clone is never the captured node, whatever else was said
             at, hops = original_of[at], hops + 1
         if at in captured:
-            resolved[node] = captured[at]
+            resolved[key] = captured[at]
     if not resolved:
         return found
-    keys = np.array(sorted(resolved), dtype=np.int64)
-    values = np.array([resolved[key] for key in keys.tolist()], dtype=np.int64)
-    wanted = spans[col.GRAPH_NODE_ID].iloc[rows].to_numpy(dtype=np.float64, na_value=np.nan)
-    known = np.flatnonzero(~np.isnan(wanted))
-    nodes = wanted[known].astype(np.int64)
-    at = np.minimum(np.searchsorted(keys, nodes), len(keys) - 1)
-    matched = keys[at] == nodes
-    found[known[matched]] = values[at[matched]]
+    table = pd.DataFrame(list(resolved), columns=["process", "node"]).assign(position=list(resolved.values()))
+    wanted = spans[col.GRAPH_NODE_ID].array[rows]
+    known = np.flatnonzero(~pd.isna(wanted))
+    query = pd.DataFrame({"process": process[rows[known]], "node": np.asarray(wanted[known], dtype=np.int64)})
+    matched = query.merge(table, on=["process", "node"], how="left")["position"].to_numpy(dtype=np.float64)
+    hit = ~np.isnan(matched)
+    found[known[hit]] = matched[hit].astype(np.int64)
     return found
+
+
+def _process_keys(spans: pd.DataFrame) -> np.ndarray:
+    """One number per process that recorded each span (its rank and child process id together)."""
+    keys = np.zeros(len(spans), dtype=np.int64)
+    for column, scale in ((col.RANK, 1 << 32), (col.PROCESS_ID, 1)):
+        if column in spans:
+            keys += (spans[column].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64) + 1) * scale
+    return keys
 
 
 def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -90,9 +106,11 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
     capture = capture_marks(spans, kernels)
     replayed = capture >= 0
-    at = np.where(replayed, capture, kernels)  # a replayed kernel is where its node was captured
-    operator, layer = operator_of[at], layer_of[at]
-    graph_nodes = (spans[col.GRAPH_NODE_ID].iloc[kernels].to_numpy() if col.GRAPH_NODE_ID in spans
+    # a replayed kernel is where its node was captured, where the capture's tree is in the trace
+    safe = np.maximum(capture, 0)
+    operator = np.where(replayed & (operator_of[safe] >= 0), operator_of[safe], operator_of[kernels])
+    layer = np.where(replayed & (layer_of[safe] >= 0), layer_of[safe], layer_of[kernels])
+    graph_nodes = (spans[col.GRAPH_NODE_ID].array[kernels] if col.GRAPH_NODE_ID in spans
                    else pd.array([pd.NA] * len(kernels), dtype="Int64"))
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from xsp.analysis.model import spans_of, step_kind, step_roots
 from xsp.core import schema as col
-from xsp.core.schema import GPU_ACTIVITY_KINDS, Level
+from xsp.core.schema import GPU_ACTIVITY_KINDS, Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.self_time import self_ns
 from xsp.table.walks import parent_positions, union_length
@@ -36,7 +36,8 @@ def level_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     roots = step_roots(spans)
     step_ms = union_length(roots[col.START_NS].to_numpy(dtype=np.int64),
                            roots[col.END_NS].to_numpy(dtype=np.int64)) / 1e6
-    in_steps = spans[spans[col.STEP].notna()]
+    # graph-node marks are instants of the host, no GPU work: not counted among the kernel level's spans
+    in_steps = spans[spans[col.STEP].notna() & (spans[col.KIND] != SpanKind.GRAPH_NODE.value)]
     rows = [{"level": "steps", "spans": len(roots), "time_ms": step_ms, "share": 1.0 if step_ms else np.nan}]
     for level in TIMED_LEVELS:
         mine = in_steps[in_steps[col.LEVEL] == level.value]
@@ -69,8 +70,8 @@ def aggregated_tree(source: Trace | pd.DataFrame, max_nodes: int = 2000) -> pd.D
     (with their ancestors).
     """
     spans = spans_of(source)
-    chosen = (spans[col.STEP].notna() & spans[col.LEVEL].isin([level.value for level in TIMED_LEVELS])).to_numpy(
-        copy=True)
+    chosen = (spans[col.STEP].notna() & spans[col.LEVEL].isin([level.value for level in TIMED_LEVELS])
+              & (spans[col.KIND] != SpanKind.GRAPH_NODE.value)).to_numpy(copy=True)
     parents = parent_positions(spans)
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     # a CUDA API call's kernels hang from the call's parent instead

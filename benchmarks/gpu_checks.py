@@ -256,7 +256,11 @@ def _graph_summary(trace: Any) -> dict[str, Any]:
     replayed = kernels[kernels["replayed"]] if len(kernels) else kernels
     with_node = kernels["graph_node_id"].notna() if len(kernels) else kernels
     tree = analysis.replayed_layers(trace)
+    layers = set(replayed["layer"].dropna()) if len(kernels) else set()
     return {"kernels": len(kernels), "with_a_graph_node": int(with_node.sum()) if len(kernels) else 0,
+            "every_graph_kernel_on_a_capture_layer": bool(len(replayed)) and len(replayed) == int(with_node.sum())
+            and int(replayed["layer"].notna().sum()) == len(replayed),
+            "capture_layers": sorted(layers),
             "replayed_on_a_capture_layer": len(replayed),
             "replayed_by_layer": {str(k): int(v) for k, v in replayed.groupby("layer").size().items()},
             "replays": int(tree["launch_span_id"].nunique()) if len(tree) else 0, "tree_rows": len(tree),

@@ -79,6 +79,10 @@ class FakeCupti:
         makes a node, and no kernel runs."""
         self.captured: list[int] = []
         """The nodes captured, in order."""
+        self.reports_source_node = True
+        """Replayed records name the captured node they came from (``sourceGraphNodeId``, CUPTI
+        13.4 on); False: only the executable graph's node (older CUPTI)."""
+        self._original_of: dict[int, int] = {}
         self._next_node = 1
         self.other_shares = False
         """The client holding CUPTI (``held_by_other``) subscribed in the multi-subscriber mode:
@@ -169,8 +173,10 @@ class FakeCupti:
         """cudaGraphInstantiate of the captured nodes: each cloned into ``executable_graph``; the
         clones' ids, in order."""
         clones = []
-        for node in self.captured:
+        for node in self.captured:  # CUPTI makes each clone (13), then says what it cloned (20)
             clone = self._new_node()
+            self._original_of[clone] = node
+            self._graph_callback(13, clone, executable_graph)
             self._graph_callback(20, clone, executable_graph, original=node)
             clones.append(clone)
         return clones
@@ -201,6 +207,8 @@ class FakeCupti:
             for clone in clones:
                 kernel = kernel_record("_Z6vecAddPfS_S_i", begins, begins + work_ns, correlation)
                 kernel.graph_id, kernel.graph_node_id = executable_graph, clone
+                if self.reports_source_node and hasattr(kernel, "source_graph_node_id"):
+                    kernel.source_graph_node_id = self._original_of.get(clone, 0)
                 records.append(kernel)
                 begins += work_ns
         self._emit(records)
@@ -422,7 +430,8 @@ _FIELDS = {"ActivityAPI": ("activity_api_dtype", ("kind", "start", "end", "corre
                                     ("kind", "start", "end", "correlation_id", "grid_x", "grid_y", "grid_z",
                                      "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory",
                                      "dynamic_shared_memory", "stream_id", "device_id", "graph_id",
-                                     "graph_node_id"))}
+                                     "graph_node_id", *(("source_graph_node_id",) if hasattr(
+                                         KERNEL_RECORD(), "source_graph_node_id") else ())))}
 
 
 def to_bytes(record: Any, library: Any) -> bytes:

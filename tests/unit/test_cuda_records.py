@@ -110,6 +110,9 @@ def test_cs_offsets_are_cupti_pythons_in_every_record_version():
         for version in versions[family]:
             dtype = getattr(cupti, f"{prefixes[family]}{version}_dtype")
             for name, (offset, format_, size) in fields.items():
+                if name not in dtype.fields:  # a field only the newer versions have: C reads 0 from the others
+                    assert name == "source_graph_node_id" and dtype.itemsize <= offset, (family, version, name)
+                    continue
                 field_dtype, field_offset = dtype.fields[name][:2]
                 assert (field_offset, field_dtype.itemsize) == (offset, size), (family, version, name)
                 if name != "name":  # the name is a pointer in the record, an id in the column

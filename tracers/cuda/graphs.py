@@ -1,11 +1,13 @@
 """CUDA graphs: the nodes made while a graph is captured, and cloned when it is instantiated.
 
 A replayed graph runs its kernels without a launch call each: CUPTI reports them under the one
-``cudaGraphLaunch``, with the id of the graph node that ran each (``graphNodeId``). To attach
-them to the layers and operators that made them, xsp has CUPTI call it back when a graph node is
-made (``CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED``: during stream capture, inside the captured
-launch, on the capturing thread) or cloned (``GRAPHNODE_CLONED``: when the graph is
+``cudaGraphLaunch``, with the id of the graph node that ran each (``graphNodeId``) and, from
+CUPTI 13.4, of the node it was instantiated from (``sourceGraphNodeId``). To attach them to the
+layers and operators that made them, xsp has CUPTI call it back when a graph node is made
+(``CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED``: during stream capture, inside the captured launch,
+on the capturing thread) and, before 13.4, cloned (``GRAPHNODE_CLONED``: when the graph is
 instantiated, the executable graph's nodes are clones, and a replay reports the clone's id).
+Only nodes whose runs CUPTI records are marked: kernels, copies and sets.
 Each callback records one mark (node id, original node id, graph id, node type, thread, time):
 nothing is resolved on the hot path. The marks become ``graph_node`` spans, instants on the
 thread that made them, which the tree builder places under the layer and operator running
@@ -36,13 +38,19 @@ NODE_CREATED: Final = 13
 NODE_CLONED: Final = 20
 """``CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED``."""
 CALLBACKS: Final = (NODE_CREATED, NODE_CLONED)
+SOURCE_NODE_VERSION: Final = 130400
+"""From this CUPTI API version (13.4) kernel, copy and set records carry ``sourceGraphNodeId``, the
+captured node a replayed one was instantiated from: the clones need no callback."""
+RECORDED_NODE_TYPES: Final = frozenset({0, 1, 2})
+"""The node types whose runs CUPTI records (kernel, memcpy, memset): the only ones marked."""
 
 NODE_TYPES: Final = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait event",
                      7: "event record", 8: "semaphore signal", 9: "semaphore wait", 10: "memory alloc",
                      11: "memory free", 12: "batch memory op", 13: "conditional"}
 """``CUgraphNodeType`` names (cuda.h)."""
-MADE: Final = {NODE_CREATED: "captured", NODE_CLONED: "cloned"}
-"""How a mark's node came to be, in its span's attributes (``made``)."""
+MADE: Final = {NODE_CREATED: "made", NODE_CLONED: "cloned"}
+"""How a mark's node came to be, in its span's attributes (``made``): made (in a stream capture,
+or as an executable graph's node when it is instantiated) or cloned from another node."""
 
 
 @dataclass
@@ -63,6 +71,8 @@ class GraphNodeMarks:
                 return
             resource = cbdata if hasattr(cbdata, "resource_descriptor") else cupti.ResourceData.from_ptr(int(cbdata))
             graph = cupti.GraphData.from_ptr(int(resource.resource_descriptor))
+            if int(graph.node_type) not in RECORDED_NODE_TYPES:
+                return
             node_id = int(cupti.get_graph_node_id(int(graph.node)))
             original = int(cupti.get_graph_node_id(int(graph.original_node))) if (
                 int(cbid) == NODE_CLONED and int(graph.original_node)) else 0
@@ -95,7 +105,7 @@ class GraphNodeMarks:
 
 def graph_node_rows(marks: list[tuple[int, ...]]) -> pd.DataFrame:
     """One ``graph_node`` span per mark: an instant at the time and on the thread that made the
-    node, its id in ``graph_node_id``, the rest in the attributes (``made``: captured or cloned,
+    node, its id in ``graph_node_id``, the rest in the attributes (``made``: made or cloned,
     ``graph_id``, ``node_type``, ``original_node_id`` of a clone)."""
     if not marks:
         return pd.DataFrame()

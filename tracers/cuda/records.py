@@ -77,11 +77,13 @@ FIELDS: Final[dict[Family, dict[str, str]]] = {
                     "grid_x": "i4", "grid_y": "i4", "grid_z": "i4", "block_x": "i4", "block_y": "i4",
                     "block_z": "i4", "registers_per_thread": "u2", "static_shared_memory": "i4",
                     "dynamic_shared_memory": "i4", "stream_id": "u4", "device_id": "u4", "graph_id": "u4",
-                    "graph_node_id": "u8"},
+                    "graph_node_id": "u8", "source_graph_node_id": "u8"},
     Family.MEMCPY: {"start": "u8", "end": "u8", "correlation_id": "u4", "bytes": "u8", "copy_kind": "u1",
-                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8"},
+                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8",
+                    "source_graph_node_id": "u8"},
     Family.MEMSET: {"start": "u8", "end": "u8", "correlation_id": "u4", "bytes": "u8", "value": "u4",
-                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8"},
+                    "stream_id": "u4", "device_id": "u4", "graph_id": "u4", "graph_node_id": "u8",
+                    "source_graph_node_id": "u8"},
     Family.SYNC: {"start": "u8", "end": "u8", "correlation_id": "u4", "type": "i4", "stream_id": "u4",
                   "cuda_event_id": "u4"},
     Family.EXTERNAL: {"external_kind": "i4", "external_id": "u8", "correlation_id": "u4"},
@@ -252,7 +254,8 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
         return (Kind.CONCURRENT_KERNEL, record.start, record.end, record.correlation_id, record.name,
                 record.grid_x, record.grid_y, record.grid_z, record.block_x, record.block_y, record.block_z,
                 record.registers_per_thread, record.static_shared_memory, record.dynamic_shared_memory,
-                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id,
+                getattr(record, "source_graph_node_id", 0))
     if kind == Kind.RUNTIME or kind == Kind.DRIVER:
         return (kind, record.start, record.end, record.correlation_id, record.cbid, record.thread_id,
                 record.process_id, record.return_value)
@@ -260,10 +263,12 @@ def record_tuple(record: Any) -> tuple[Any, ...] | None:
         return (kind, record.external_kind, record.external_id, record.correlation_id)
     if kind == Kind.MEMCPY:
         return (kind, record.start, record.end, record.correlation_id, record.bytes, record.copy_kind,
-                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id,
+                getattr(record, "source_graph_node_id", 0))
     if kind == Kind.MEMSET:
         return (kind, record.start, record.end, record.correlation_id, record.bytes, record.value,
-                record.stream_id, record.device_id, record.graph_id, record.graph_node_id)
+                record.stream_id, record.device_id, record.graph_id, record.graph_node_id,
+                getattr(record, "source_graph_node_id", 0))
     if kind == Kind.SYNCHRONIZATION:
         return (kind, record.start, record.end, record.correlation_id, record.type, record.stream_id,
                 record.cuda_event_id)
@@ -304,17 +309,20 @@ _RAW_FIELDS = {
     "API": ("kind", "start", "end", "correlation_id", "cbid", "thread_id", "process_id", "return_value"),
     "Kernel": ("kind", "start", "end", "correlation_id", "name", "grid_x", "grid_y", "grid_z", "block_x",
                "block_y", "block_z", "registers_per_thread", "static_shared_memory", "dynamic_shared_memory",
-               "stream_id", "device_id", "graph_id", "graph_node_id"),
+               "stream_id", "device_id", "graph_id", "graph_node_id", "source_graph_node_id"),
     "Memcpy": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id", "graph_id",
-               "graph_node_id"),
+               "graph_node_id", "source_graph_node_id"),
     "Memset": ("kind", "start", "end", "correlation_id", "bytes", "value", "stream_id", "device_id", "graph_id",
-               "graph_node_id"),
+               "graph_node_id", "source_graph_node_id"),
     "Synchronization": ("kind", "start", "end", "correlation_id", "type", "stream_id", "cuda_event_id"),
     "ExternalCorrelation": ("kind", "external_kind", "external_id", "correlation_id"),
     "MemcpyPtoP": ("kind", "start", "end", "correlation_id", "bytes", "copy_kind", "stream_id", "device_id",
                    "src_device_id", "dst_device_id"),
 }
 """The fields kept of each record family, in the order of the tuples above."""
+_OPTIONAL_FIELDS: Final = frozenset({"source_graph_node_id"})
+"""Fields the older record versions lack (kernel 13, memcpy 7 and memset 5, CUPTI 13.4, have
+them): 0 there."""
 _RECORD_CLASS = re.compile(r"Activity(API|Kernel|MemcpyPtoP|Memcpy|Memset|Synchronization|ExternalCorrelation)(\d*)$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -349,7 +357,7 @@ def raw_layout(record_type: type) -> RawLayout | None:
         dtype = getattr(module, f"activity_{_CAMEL.sub('_', family).lower()}{version}_dtype", None)
         fields = _RAW_FIELDS[family]
         names = getattr(dtype, "names", None) or ()
-        if dtype is not None and set(fields) <= set(names) and hasattr(record_type, "ptr"):
+        if dtype is not None and set(fields) - _OPTIONAL_FIELDS <= set(names) and hasattr(record_type, "ptr"):
             layout = RawLayout(dtype, fields, int(dtype.fields["name"][1]) if family == "Kernel" else None)
     _LAYOUTS[record_type] = layout
     return layout
@@ -358,7 +366,9 @@ def raw_layout(record_type: type) -> RawLayout | None:
 def decode(layout: RawLayout, blobs: list[bytes], names: list[str]) -> list[tuple[Any, ...]]:
     """The tuples of the records whose bytes are ``blobs`` (``names``: their kernels' names)."""
     values = np.frombuffer(b"".join(blobs), dtype=layout.dtype)
-    columns: list[list[Any]] = [values[name].tolist() for name in layout.fields]
+    present = layout.dtype.names or ()
+    columns: list[list[Any]] = [values[name].tolist() if name in present else [0] * len(values)
+                                for name in layout.fields]
     if layout.name_offset is not None:
         columns[0] = [Kind.CONCURRENT_KERNEL] * len(values)
         columns[4] = names

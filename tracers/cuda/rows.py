@@ -230,12 +230,16 @@ def api_rows(columns: ActivityColumns, clock: CuptiClock) -> pd.DataFrame:
 
 
 def graph_nodes(family: dict[str, np.ndarray]) -> pd.arrays.IntegerArray:
-    """The graph node that ran each activity (null: not run by a graph launch, CUPTI's 0). A
-    family without the column (peer copies) has none."""
+    """The graph node that ran each activity: the captured node it was instantiated from where
+    CUPTI says (13.4 on), else the node of the executable graph (null: not run by a graph
+    launch, CUPTI's 0). A family without the column (peer copies) has none."""
     nodes = family.get("graph_node_id")
     if nodes is None:
         count = len(family["start"])
         return _nullable(np.zeros(count, dtype=np.int64), np.ones(count, dtype=bool))
+    source = family.get("source_graph_node_id")
+    if source is not None:
+        nodes = np.where(source != 0, source, nodes)
     return _nullable(nodes.astype(np.int64), nodes == 0)
 
 

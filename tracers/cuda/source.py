@@ -46,7 +46,7 @@ from xsp.record.hotpath import PURE_PYTHON_ENV
 from xsp.record.window import Window
 from xsp.tracers.cuda.clock import ClockMode, CuptiClock, measure_cupti_offset
 from xsp.tracers.cuda.graphs import CALLBACKS as GRAPH_CALLBACKS
-from xsp.tracers.cuda.graphs import RESOURCE_DOMAIN, GraphNodeMarks
+from xsp.tracers.cuda.graphs import NODE_CREATED, RESOURCE_DOMAIN, SOURCE_NODE_VERSION, GraphNodeMarks
 from xsp.tracers.cuda.records import (
     ACTIVITY_KINDS,
     API_KINDS,
@@ -507,8 +507,12 @@ class CuptiSource:
         """Have CUPTI call back when a CUDA graph node is made or cloned (see
         :mod:`xsp.tracers.cuda.graphs`); where it cannot, replayed kernels keep only their launch."""
         self.graph_nodes_reason = None
+        # from CUPTI 13.4 each replayed record names the captured node it came from: clones need no
+        # callback (one that may come inside cudaGraphInstantiate, which PyTorch calls without the GIL)
+        version = self.native.bound.get("version") if self.native is not None else None
+        callbacks = GRAPH_CALLBACKS if version is None or version < SOURCE_NODE_VERSION else (NODE_CREATED,)
         try:
-            for cbid in GRAPH_CALLBACKS:
+            for cbid in callbacks:
                 cupti.enable_callback(1, self._subscriber, RESOURCE_DOMAIN, cbid)
         except Exception as exc:
             self.graph_nodes_reason = (f"CUDA graph nodes are not followed (replayed kernels keep their launch, not "
@@ -538,7 +542,6 @@ class CuptiSource:
         except Exception as exc:
             raise RuntimeError(f"{_CONFLICT} ({cupti_error_text(exc)})") from None
         self.shared_subscription = share
-        self._follow_graphs(cupti)
         control = cupti
         try:
             if share:
@@ -547,6 +550,7 @@ class CuptiSource:
             self._thread_id_type_before = _thread_id_type(control)
             control.set_thread_id_type(_SYSTEM_THREAD_IDS)  # thread ids as threading.get_native_id()
             self._register_buffers(cupti, again, shared=share)
+            self._follow_graphs(cupti)
         except Exception as exc:
             self._give_back_settings(control)
             self._unsubscribe(control)

@@ -22,7 +22,7 @@ _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.IN
                 col.OUTPUT_SHAPES, col.PARAM_COUNT, col.CALL_DEPTH, col.EXEC_INDEX, col.SOURCE,
                 col.CALL_FILE, col.CALL_LINE, col.CALL_FUNCTION,
                 col.BATCH_SIZE, col.CORRELATION_ID, col.GRID, col.BLOCK, col.REGISTERS_PER_THREAD,
-                col.SHARED_MEMORY_BYTES, col.BYTES, col.COPY_KIND, col.FLOPS, col.STATUS,
+                col.SHARED_MEMORY_BYTES, col.BYTES, col.COPY_KIND, col.FLOPS, col.GRAPH_NODE_ID, col.STATUS,
                 col.STATUS_MESSAGE)
 
 

@@ -37,13 +37,17 @@ static int grow(family_columns *family, const family_layout *layout) {
 }
 
 static inline int append_record(family_columns *family, const family_layout *layout, const uint8_t *record,
-                                name_table *names) {
+                                size_t size, name_table *names) {
     if (family->rows == family->capacity && grow(family, layout) < 0) return -1;
     size_t row = family->rows;
     for (int i = 0; i < layout->field_count; i++) {
         const field_layout *field = &layout->fields[i];
         char *data = family->columns[i].data;
         const uint8_t *value = record + field->offset;
+        if (field->optional && (size_t)field->offset + field_width(field->type) > size) {
+            memset(data + row * field_width(field->type), 0, field_width(field->type)); /* an older version */
+            continue;
+        }
         switch (field->type) {
         case U8: data[row] = (char)*value; break;
         case U16: memcpy(data + row * 2, value, 2); break;
@@ -99,7 +103,7 @@ int read_buffer(drain_columns *out, const release_sizes *release, get_next_recor
         } else {
             if (size != record_size(release, kind) && (next != NULL || size < record_size(release, kind)))
                 out->size_mismatch++;
-            if (append_record(&out->families[family], &FAMILY_LAYOUTS[family], at, names) < 0) return -1;
+            if (append_record(&out->families[family], &FAMILY_LAYOUTS[family], at, size, names) < 0) return -1;
             out->records++;
         }
         at = next;

@@ -82,6 +82,7 @@ typedef struct {
     const char *name; /* as cupti-python names the field, and the column xsp makes of it */
     uint16_t offset;
     uint8_t type;
+    uint8_t optional; /* only the newer record versions have it: 0 where a record is too short */
 } field_layout;
 
 #define MAX_FIELDS 20

@@ -10,20 +10,21 @@ const family_layout FAMILY_LAYOUTS[FAMILIES] = {
     [FAMILY_API] = {"api", 40, 8, {
         {"kind", 0, U32}, {"start", 8, U64}, {"end", 16, U64}, {"correlation_id", 32, U32},
         {"cbid", 4, U32}, {"thread_id", 28, U32}, {"process_id", 24, U32}, {"return_value", 36, U32}}},
-    [FAMILY_KERNEL] = {"kernel", 160, 17, {
+    [FAMILY_KERNEL] = {"kernel", 160, 18, {
         {"start", 16, U64}, {"end", 24, U64}, {"correlation_id", 92, U32}, {"name", 104, NAME},
         {"grid_x", 52, I32}, {"grid_y", 56, I32}, {"grid_z", 60, I32},
         {"block_x", 64, I32}, {"block_y", 68, I32}, {"block_z", 72, I32},
         {"registers_per_thread", 6, U16}, {"static_shared_memory", 76, I32}, {"dynamic_shared_memory", 80, I32},
-        {"stream_id", 48, U32}, {"device_id", 40, U32}, {"graph_id", 156, U32}, {"graph_node_id", 144, U64}}},
-    [FAMILY_MEMCPY] = {"memcpy", 76, 9, {
+        {"stream_id", 48, U32}, {"device_id", 40, U32}, {"graph_id", 156, U32}, {"graph_node_id", 144, U64},
+        {"source_graph_node_id", 240, U64, 1}}}, /* kernel 13 (CUPTI 13.4) on */
+    [FAMILY_MEMCPY] = {"memcpy", 76, 10, {
         {"start", 16, U64}, {"end", 24, U64}, {"correlation_id", 44, U32}, {"bytes", 8, U64},
         {"copy_kind", 4, U8}, {"stream_id", 40, U32}, {"device_id", 32, U32},
-        {"graph_id", 72, U32}, {"graph_node_id", 64, U64}}},
-    [FAMILY_MEMSET] = {"memset", 76, 9, {
+        {"graph_id", 72, U32}, {"graph_node_id", 64, U64}, {"source_graph_node_id", 104, U64, 1}}}, /* memcpy 7 */
+    [FAMILY_MEMSET] = {"memset", 76, 10, {
         {"start", 16, U64}, {"end", 24, U64}, {"correlation_id", 44, U32}, {"bytes", 8, U64},
         {"value", 4, U32}, {"stream_id", 40, U32}, {"device_id", 32, U32},
-        {"graph_id", 72, U32}, {"graph_node_id", 64, U64}}},
+        {"graph_id", 72, U32}, {"graph_node_id", 64, U64}, {"source_graph_node_id", 96, U64, 1}}}, /* memset 5 */
     [FAMILY_SYNC] = {"sync", 40, 6, {
         {"start", 8, U64}, {"end", 16, U64}, {"correlation_id", 24, U32}, {"type", 4, I32},
         {"stream_id", 32, U32}, {"cuda_event_id", 36, U32}}},
