@@ -188,20 +188,7 @@ class FakeCupti:
             correlation = self.correlation
         start = self.get_timestamp() + self.skew_ns
         end = self.get_timestamp() + self.skew_ns + 1_000
-        records: list[Any] = []
-        if self.is_enabled(real.ActivityKind.RUNTIME):
-            api = real.ActivityAPI()
-            api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
-            api.cbid = int(self.RuntimeApiTraceCbid.cudaGraphLaunch_v10000)
-            api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
-            records.append(api)
-        top = self._top_external_id()
-        if top and self.is_enabled(real.ActivityKind.EXTERNAL_CORRELATION):
-            external = real.ActivityExternalCorrelation()
-            external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
-            external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
-            external.external_id, external.correlation_id = top, correlation
-            records.append(external)
+        records = self._call_records(self.RuntimeApiTraceCbid.cudaGraphLaunch_v10000, start, end, correlation)
         if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL):
             begins = end + 5_000
             for clone in clones:
@@ -212,6 +199,25 @@ class FakeCupti:
                 records.append(kernel)
                 begins += work_ns
         self._emit(records)
+
+    def _call_records(self, cbid: Any, start: int, end: int, correlation: int) -> list[Any]:
+        """The records of a runtime call on this thread: its own, and the external id on top of
+        the stack when it was made (each where its kind is enabled)."""
+        records: list[Any] = []
+        if self.is_enabled(real.ActivityKind.RUNTIME):
+            api = real.ActivityAPI()
+            api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
+            api.cbid = int(cbid)
+            api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
+            records.append(api)
+        top = self._top_external_id()
+        if top and self.is_enabled(real.ActivityKind.EXTERNAL_CORRELATION):
+            external = real.ActivityExternalCorrelation()
+            external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
+            external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
+            external.external_id, external.correlation_id = top, correlation
+            records.append(external)
+        return records
 
     def _new_node(self) -> int:
         with self.lock:
@@ -391,20 +397,7 @@ class FakeCupti:
             self.captured.append(node)
             self._graph_callback(13, node, self.capturing_graph)
         end = self.get_timestamp() + self.skew_ns
-        records: list[Any] = []
-        if self.is_enabled(real.ActivityKind.RUNTIME):
-            api = real.ActivityAPI()
-            api.kind, api.start, api.end, api.correlation_id = int(real.ActivityKind.RUNTIME), start, end, correlation
-            api.cbid = int(self.RuntimeApiTraceCbid.cudaLaunchKernel_v7000)
-            api.thread_id, api.process_id, api.return_value = threading.get_native_id(), 1, 0
-            records.append(api)
-        top = self._top_external_id()
-        if top and self.is_enabled(real.ActivityKind.EXTERNAL_CORRELATION):
-            external = real.ActivityExternalCorrelation()
-            external.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
-            external.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
-            external.external_id, external.correlation_id = top, correlation
-            records.append(external)
+        records = self._call_records(self.RuntimeApiTraceCbid.cudaLaunchKernel_v7000, start, end, correlation)
         if self.is_enabled(real.ActivityKind.CONCURRENT_KERNEL) and self.capturing_graph is None:
             begins = 0 if untimed else end + 5_000 + misclocked_ns
             records.append(kernel_record(kernel, begins, begins + work_ns if begins else 0, correlation))

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -391,14 +392,19 @@ class FakeKineto:
         self.fake.held_by_other = self.keeps_cupti or self.held_before
         return "kineto results"
 
+    def install(self, monkeypatch) -> Any:
+        """In place of the functions PyTorch's profiler calls (looked up by name): the module."""
+        profiler = torch.autograd.profiler
+        monkeypatch.setattr(profiler, "_prepare_profiler", self.prepare)
+        monkeypatch.setattr(profiler, "_enable_profiler", self.enable)
+        monkeypatch.setattr(profiler, "_disable_profiler", self.disable)
+        return profiler
+
 
 def _with_torch_profiler(fake: FakeCupti, kineto: FakeKineto, monkeypatch, activities) -> tuple[list[str], xsp.Trace]:
     """Two steps, two more inside PyTorch's profiler (started as ``torch.profiler.profile`` does),
     two after it: xsp's warnings and trace."""
-    profiler = torch.autograd.profiler
-    monkeypatch.setattr(profiler, "_prepare_profiler", kineto.prepare)
-    monkeypatch.setattr(profiler, "_enable_profiler", kineto.enable)
-    monkeypatch.setattr(profiler, "_disable_profiler", kineto.disable)
+    profiler = kineto.install(monkeypatch)
     model = _model(fake)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -452,9 +458,7 @@ def test_cupti_kept_by_the_other_client_is_said_and_the_trace_keeps_what_came_be
 def test_cupti_let_go_late_by_the_other_client_is_taken_back_at_a_later_step_end(fake, monkeypatch):
     monkeypatch.setattr(_cupti, "COME_BACK_RETRY_NS", 0)
     kineto = FakeKineto(fake, keeps_cupti=True)  # Kineto finalizes CUPTI on a later CUDA call
-    profiler = torch.autograd.profiler
-    monkeypatch.setattr(profiler, "_prepare_profiler", kineto.prepare)
-    monkeypatch.setattr(profiler, "_disable_profiler", kineto.disable)
+    profiler = kineto.install(monkeypatch)
     model = _model(fake)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
