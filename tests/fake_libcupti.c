@@ -188,10 +188,14 @@ int cuptiActivityGetNumDroppedRecords_v2(void *subscriber, void *context, uint32
     return cuptiActivityGetNumDroppedRecords(context, stream_id, dropped);
 }
 
+/* each subscriber's own stack of external ids (the one-subscriber calls have the process's) */
+static __thread uint64_t shared_ids[256];
+static __thread int shared_depth;
+
 int cuptiActivityPushExternalCorrelationId_v2(void *subscriber, int kind, uint64_t id) {
     CHECK_SUBSCRIBER(subscriber);
-    if (kind != 3 || depth == 256) return INVALID_PARAMETER;
-    external_ids[depth++] = id;
+    if (kind != 3 || shared_depth == 256) return INVALID_PARAMETER;
+    shared_ids[shared_depth++] = id;
     __atomic_add_fetch(&pushes, 1, __ATOMIC_RELAXED);
     return OK;
 }
@@ -199,8 +203,8 @@ int cuptiActivityPushExternalCorrelationId_v2(void *subscriber, int kind, uint64
 int cuptiActivityPopExternalCorrelationId_v2(void *subscriber, int kind, uint64_t *last) {
     CHECK_SUBSCRIBER(subscriber);
     if (kind != 3) return INVALID_PARAMETER;
-    if (depth == 0) return QUEUE_EMPTY;
-    *last = external_ids[--depth];
+    if (shared_depth == 0) return QUEUE_EMPTY;
+    *last = shared_ids[--shared_depth];
     return OK;
 }
 
@@ -395,8 +399,12 @@ void fake_add_dropped(size_t count) {
 }
 
 /* The calling thread's external id on top of CUPTI's stack (0: none), and the stack's depth. */
-uint64_t fake_top_external_id(void) { return depth ? external_ids[depth - 1] : 0; }
-int fake_depth(void) { return depth; }
+uint64_t fake_top_external_id(void) {
+    if (shared != NULL) return shared_depth ? shared_ids[shared_depth - 1] : 0; /* what its records get */
+    return depth ? external_ids[depth - 1] : 0;
+}
+int fake_depth(void) { return depth + shared_depth; }
+int fake_process_depth(void) { return depth; }
 int fake_zeroed_attribute(void) { return zeroed_attribute; }
 long fake_registrations(void) { return registrations; }
 long fake_flushes(void) { return flushes; }
@@ -418,7 +426,8 @@ int fake_has_timestamp_callback(void) { return timestamp_callback != NULL; }
 /* The shared subscriber (NULL: none; its v2 registration and settings then go with it). */
 void fake_set_shared(void *subscriber) {
     shared = subscriber;
-    if (subscriber == NULL) { /* its registration goes; the kinds it left enabled show */
+    if (subscriber == NULL) { /* its registration and its stack go; the kinds it left enabled show */
+        shared_depth = 0; /* (the calling thread's: the tests unsubscribe where they pushed) */
         requested_v2 = NULL;
         completed_v2 = NULL;
         zeroed_v2 = thread_id_type_v2 = -1;

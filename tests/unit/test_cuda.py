@@ -766,6 +766,38 @@ def test_a_shared_subscription_steps_aside_for_pytorchs_profiler_and_shares_agai
     assert len(messages) == 1 and fake.subscribers == 0 and not fake.shared
 
 
+def test_a_layer_call_open_across_a_stand_down_pops_from_the_stack_it_pushed_to(sharing_cupti, monkeypatch):
+    fake = sharing_cupti
+    fake.held_by_other, fake.other_shares = True, True
+    kineto = FakeKineto(fake)
+    profiler = kineto.install(monkeypatch)
+    inside, release, depths = threading.Event(), threading.Event(), []
+
+    class Waiting(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()
+            assert release.wait(60)
+            return x
+
+    def other_thread() -> None:
+        with torch.no_grad():
+            torch.nn.Sequential(Waiting())(torch.randn(2, 8))  # pushed for xsp's shared subscriber
+        depths.append(fake.library.process_depth())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", xsp.XspWarning)
+        with xsp.trace(levels="model,layer,kernel", output=None) as session:
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            assert inside.wait(60)
+            profiler._prepare_profiler(object(), {torch.autograd.ProfilerActivity.CUDA})  # xsp lets go
+            release.set()  # the call returns while CUPTI is Kineto's: nothing popped from its stack
+            worker.join()
+            profiler._disable_profiler()
+    assert depths == [0]
+    assert _cupti_records.Lost.CORRELATION.value not in session.trace.metadata["dropped"]
+
+
 def test_a_client_that_holds_cupti_alone_refuses_xsp_asking_to_share_it_by_name(sharing_cupti):
     fake = sharing_cupti
     fake.held_by_other, fake.holder_name = True, "CUPTI for Nsight Systems"

@@ -98,16 +98,27 @@ cupti_result binding_num_dropped(void *context, uint32_t stream_id, size_t *drop
     return get_num_dropped != NULL ? get_num_dropped(context, stream_id, dropped) : -1;
 }
 
+/* Which stack each of the thread's open pushes went to (1: xsp's subscriber's, 0: the process's),
+ * so that its pop goes to the same one though CUPTI was shared or let go in between. */
+#define TRACKED_PUSHES 256
+static __thread uint8_t PUSHED_SHARED[TRACKED_PUSHES];
+static __thread int PUSHED_DEPTH;
+
 cupti_result binding_push(uint64_t id) {
     subscriber_handle subscriber = BINDING.subscriber;
+    if (PUSHED_DEPTH < TRACKED_PUSHES) PUSHED_SHARED[PUSHED_DEPTH] = subscriber != NULL;
+    PUSHED_DEPTH++;
     if (subscriber != NULL) return BINDING.push_external_v2(subscriber, EXTERNAL_KIND_CUSTOM0, id);
     push_external_fn push = BINDING.push_external;
     return push != NULL ? push(EXTERNAL_KIND_CUSTOM0, id) : -1;
 }
 
 cupti_result binding_pop(uint64_t *last_id) {
+    int shared = 0;
+    if (PUSHED_DEPTH > 0 && --PUSHED_DEPTH < TRACKED_PUSHES) shared = PUSHED_SHARED[PUSHED_DEPTH];
     subscriber_handle subscriber = BINDING.subscriber;
-    if (subscriber != NULL) return BINDING.pop_external_v2(subscriber, EXTERNAL_KIND_CUSTOM0, last_id);
+    if (shared) /* pushed for xsp's subscriber: if it has gone since, its stack went with it */
+        return subscriber != NULL ? BINDING.pop_external_v2(subscriber, EXTERNAL_KIND_CUSTOM0, last_id) : CUPTI_OK;
     pop_external_fn pop = BINDING.pop_external;
     return pop != NULL ? pop(EXTERNAL_KIND_CUSTOM0, last_id) : -1;
 }
