@@ -349,7 +349,9 @@ def test_every_output_format_parses():
     document = json.loads(diff_formats.as_json(result))
     assert document["verdict"] == "regressed"
     assert len(document["rows"]) == len(result.table)
-    assert set(document["rows"][0]) >= set(dcol.DIFF_COLUMNS)
+    assert set(document["rows"][0]) >= {*dcol.DIFF_COLUMNS, "verdict_shown"}
+    shown = {row["key"]: row["verdict_shown"] for row in document["rows"]}
+    assert shown == {row.key: diff_formats.shown_verdict(row) for row in result.table.itertuples(index=False)}
     suites = ET.fromstring(diff_formats.junit(result))
     cases = suites.findall(".//testcase")
     assert len(cases) == len(result.table)

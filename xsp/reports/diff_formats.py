@@ -100,10 +100,15 @@ def markdown(result: Diff) -> str:
 
 def as_json(result: Diff) -> str:
     """``{"verdict": ..., "rows": [...], ...}``: each row holds the columns of ``table`` (a text
-    longer than :data:`~xsp.core.safe_text.CI_NAME_CHARACTERS` is cut in its middle, saying so)."""
+    longer than :data:`~xsp.core.safe_text.CI_NAME_CHARACTERS` is cut in its middle, saying so),
+    and ``verdict_shown``, its verdict as the text and markdown show it (``unjudged`` where it is
+    ``unchanged`` only because it was not judged: :func:`shown_verdict`)."""
+    rows = _records(result.table)
+    for row, shown in zip(rows, (shown_verdict(row) for row in result.table.itertuples(index=False))):
+        row["verdict_shown"] = shown
     document = {
         "verdict": result.verdict.value,
-        "rows": _records(result.table),
+        "rows": rows,
         "changes": _records(result.changes),
         "breakdown": _records(result.breakdown[[dcol.DEPTH, col.LEVEL, dcol.KEY, dcol.DELTA_NS, dcol.RATIO,
                                                 dcol.EXPLAINS,
