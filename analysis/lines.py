@@ -34,7 +34,7 @@ from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import Frame, kernel_name, kernel_sources
 from xsp.table.parents import infer_parent_positions
 from xsp.table.self_time import self_ns
-from xsp.table.walks import category_values, nearest_ancestor
+from xsp.table.walks import category_values, nearest_ancestor, parent_positions
 
 Site = tuple[str, float, str]
 """A line as the table groups them: file, line number, function."""
@@ -50,10 +50,16 @@ def _empty() -> pd.DataFrame:
 
 def line_of_each_span(spans: pd.DataFrame, parents: np.ndarray | None = None) -> np.ndarray:
     """For each span, the position of the span whose line it is counted on: itself when it
-    has a line, else the nearest span above it that has one (-1: none)."""
+    has a line, else the nearest span above it that has one (-1: none). What runs inside a
+    ``compile`` span is the compiler's work, whatever frames it ran in (the functions PyTorch
+    makes with ``exec``, ``<string>``): it is counted on the line that made the compiled call."""
     if col.CALL_LINE not in spans:
         return np.full(len(spans), -1, dtype=np.int64)
     has_line = (spans[col.CALL_FILE].notna() & spans[col.CALL_LINE].notna()).to_numpy()
+    compiling = (spans[col.KIND] == SpanKind.COMPILE.value).to_numpy() if col.KIND in spans else None
+    if compiling is not None and compiling.any():
+        parents = parent_positions(spans) if parents is None else parents
+        has_line = has_line & (nearest_ancestor(spans, compiling, parents) < 0)
     return nearest_ancestor(spans, has_line, parents, include_self=True)
 
 
