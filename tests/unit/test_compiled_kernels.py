@@ -148,6 +148,22 @@ def test_diff_by_line_finds_the_lines_of_a_fused_kernel_that_got_slower():
     assert verdicts["net.py:9 Net.forward"] == "unchanged"
 
 
+def test_the_report_says_why_known_sources_found_no_kernel_span():
+    from rich.console import Console
+
+    from xsp.reports.terminal import lines_table
+
+    trace = compiled_trace({"cpp_fused_add_7": SOURCES["cpp_fused_sum_1"]})  # a kernel that never ran as a span
+    console = Console(width=80, record=True, color_system=None)
+    lines_table(trace, console, 10)
+    said = " ".join(console.export_text().split())
+    assert "1 compiled kernel with known source lines, but none ran as a span" in said
+    assert "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1" in said
+    console = Console(width=80, record=True, color_system=None)
+    lines_table(compiled_trace(SOURCES), console, 10)
+    assert "none ran as a span" not in console.export_text()
+
+
 def test_without_provenance_a_kernel_stays_on_the_calling_line():
     found = lines(compiled_trace({})).set_index("line")
     assert list(found.index) == [20] and found.loc[20, "self_ms"] == pytest.approx(100 / 1e6)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
-from xsp.analysis.lines import relative_files
+from xsp.analysis.lines import compiled_kernel_lines, relative_files
 from xsp.analysis.model import within_steps
 from xsp.core import schema as col
 from xsp.core.figures import counted
@@ -23,6 +23,7 @@ from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
+from xsp.record.compiled_kernels import kernel_sources
 from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
@@ -491,6 +492,12 @@ def lines_table(trace: Trace, console: Console, top: int, step_view: StepView | 
         ("where", "line", text), ("calls", "calls", number(0)), ("self_ms", "self ms", number()),
         ("inclusive_ms", "incl ms", number()), *([("kernel_ms", "GPU ms", number())] if gpu else []),
         ("self_share", "share", share), ("code", "code", text)])
+    sources = kernel_sources(trace.metadata)
+    if sources and not len(compiled_kernel_lines(trace.spans, sources)[0]):
+        _say(console, f"{counted(len(sources), 'compiled kernel')} with known source lines, but none ran as a span "
+                      "of this trace, so their time stays on the line that called the compiled code: on a CPU, "
+                      "inductor shows its kernels to the profiler only with TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1 "
+                      "(xsp sets it for the compiles a session with the operator level makes)", "yellow")
 
 
 def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
