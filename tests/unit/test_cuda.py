@@ -202,10 +202,18 @@ def fake(request, monkeypatch):
     if request.param == "c":
         library = request.getfixturevalue("fake_libcupti")
         fake = FakeCupti(library=library)
-        source = CuptiSource(module=lambda: fake, library=str(library.path))
-    else:
-        fake = FakeCupti()
-        source = CuptiSource(module=lambda: fake, native=False)
+        return _installed(fake, CuptiSource(module=lambda: fake, library=str(library.path)), monkeypatch)
+    return request.getfixturevalue("python_fake")
+
+
+@pytest.fixture
+def python_fake(monkeypatch):
+    """A stand-in CUPTI whose records go through cupti-python's callback."""
+    fake = FakeCupti()
+    return _installed(fake, CuptiSource(module=lambda: fake, native=False), monkeypatch)
+
+
+def _installed(fake: FakeCupti, source: CuptiSource, monkeypatch) -> FakeCupti:
     monkeypatch.setattr(_cupti, "SOURCE", source)
     monkeypatch.setattr(CudaApiTracer.__init__, "__defaults__", (source,))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -606,9 +614,8 @@ def test_replays_of_a_graph_captured_before_the_session_keep_their_launch(fake):
     assert gpu.replayed_layers(session.trace).empty
 
 
-def test_without_the_captured_node_in_records_clones_lead_to_it(fake):
-    if fake.library is not None:
-        pytest.skip("the C path's CUPTI here is 13.4: its records name the captured node")
+def test_without_the_captured_node_in_records_clones_lead_to_it(python_fake):
+    fake = python_fake  # (the C path's stand-in CUPTI is 13.4, whose records name the captured node)
     fake.reports_source_node = False  # CUPTI before 13.4: a replay names its executable graph's node only
     model = _model(fake)
     with xsp.trace(levels="model,layer,kernel", output=None) as session, torch.no_grad():
