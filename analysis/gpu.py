@@ -160,21 +160,18 @@ def replayed_layers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     activities, capture = activities[kept], capture[kept]
     parents = parent_positions(spans)
     layers = of_level(spans, Level.LAYER)
-    chains: dict[int, list[int]] = {}  # per capture mark: its layer ancestors, innermost first
-    for mark in np.unique(capture).tolist():
-        chain, at = [], parents[mark]
-        while at >= 0:
-            if layers[at]:
-                chain.append(int(at))
-            at = parents[at]
-        chains[mark] = chain
     # one row per (activity, layer above its mark), built per mark (a few hundred), not per activity
     marks, inverse = np.unique(capture, return_inverse=True)
     by_mark = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(marks)))])
     owners, layer_parts, depths = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)], [np.empty(0, np.int64)]
     for index, mark in enumerate(marks.tolist()):
-        chain = np.array(chains[mark], dtype=np.int64)
+        ancestors, at = [], parents[mark]  # the mark's layer ancestors, innermost first
+        while at >= 0:
+            if layers[at]:
+                ancestors.append(int(at))
+            at = parents[at]
+        chain = np.array(ancestors, dtype=np.int64)
         members = by_mark[bounds[index]:bounds[index + 1]]
         if not len(chain) or not len(members):
             continue

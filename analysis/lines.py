@@ -141,7 +141,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     fused_rows = np.unique(fused)
     owned = np.setdiff1d(np.flatnonzero(owner >= 0), fused_rows)
     # a compiled kernel is counted on the lines of the operators it fuses, a share each (see lines())
-    shares = 1.0 / np.bincount(fused, minlength=len(spans))[fused] if len(fused) else np.zeros(0)
+    shares = fused_shares(fused, len(spans))
     rows = np.concatenate([owned, fused])
     weights = np.concatenate([np.ones(len(owned)), shares])
     fused_files, fused_numbers, fused_functions = (np.array([site[i] for site in fused_sites], dtype=dtype)[fused_codes]
@@ -216,6 +216,12 @@ def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Fram
     return positions, site_codes[site_codes >= 0], list(distinct)
 
 
+def fused_shares(positions: np.ndarray, count: int) -> np.ndarray:
+    """Each of :func:`compiled_kernel_lines`'s placements' share of its kernel span's time (of
+    ``count`` spans): equal, one over the kernel's lines."""
+    return 1.0 / np.bincount(positions, minlength=count)[positions] if len(positions) else np.zeros(0)
+
+
 def fused_line_rows(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) -> pd.DataFrame:
     """Rows that put the time of each kernel ``torch.compile`` generated on the lines of the
     operators it fuses, for comparisons by line (``xsp diff --by line``): per kernel span and per
@@ -225,7 +231,7 @@ def fused_line_rows(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) 
     positions, codes, sites = compiled_kernel_lines(spans, sources)
     if not len(positions):
         return spans.iloc[0:0]
-    shares = 1.0 / np.bincount(positions, minlength=len(spans))[positions]
+    shares = fused_shares(positions, len(spans))
     rows = spans.iloc[positions].reset_index(drop=True)
     durations = np.rint(rows[col.DURATION_NS].to_numpy(dtype=np.float64) * shares).astype(np.int64)
     first_id = int(spans[col.SPAN_ID].max()) + 1 if len(spans) else 1
@@ -241,5 +247,5 @@ def fused_line_rows(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]) 
     return rows
 
 
-__all__ = ["compiled_kernel_lines", "fused_line_rows", "lines", "line_of_each_span", "line_keys", "line_label",
-           "relative_files", "texts", "LINE_COLUMNS"]
+__all__ = ["compiled_kernel_lines", "fused_line_rows", "fused_shares", "lines", "line_of_each_span", "line_keys",
+           "line_label", "relative_files", "texts", "LINE_COLUMNS"]

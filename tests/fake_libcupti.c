@@ -208,20 +208,21 @@ int cuptiActivityPopExternalCorrelationId_v2(void *subscriber, int kind, uint64_
     return OK;
 }
 
+static int switch_kind_v2(void *subscriber, uint32_t kind, int on) {
+    CHECK_SUBSCRIBER(subscriber);
+    if (kind >= KINDS) return INVALID_KIND;
+    enabled_v2[kind] = on;
+    return OK;
+}
+
 int cuptiActivityEnable_v2(void *subscriber, uint32_t kind, void *config) {
     (void)config;
-    CHECK_SUBSCRIBER(subscriber);
-    if (kind >= KINDS) return 21;
-    enabled_v2[kind] = 1;
-    return OK;
+    return switch_kind_v2(subscriber, kind, 1);
 }
 
 int cuptiActivityDisable_v2(void *subscriber, uint32_t kind, void *config) {
     (void)config;
-    CHECK_SUBSCRIBER(subscriber);
-    if (kind >= KINDS) return 21;
-    enabled_v2[kind] = 0;
-    return OK;
+    return switch_kind_v2(subscriber, kind, 0);
 }
 
 static int switch_api_v2(void *subscriber, uint8_t enable) {

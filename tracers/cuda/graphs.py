@@ -91,11 +91,12 @@ class GraphNodeMarks:
         with self.lock:
             marks, self.marks = self.marks, []
             if closed_ns is None:
-                return list(marks)
+                return marks
             held = set(held_threads)
-            later = [mark for mark in marks if mark[6] >= closed_ns or mark[5] in held]
-            self.marks = later + self.marks
-        return [mark for mark in marks if not (mark[6] >= closed_ns or mark[5] in held)]
+            now: list[tuple[int, ...]] = []
+            for mark in marks:
+                (self.marks if mark[6] >= closed_ns or mark[5] in held else now).append(mark)
+        return now
 
     def take_unreadable(self) -> int:
         with self.lock:

@@ -747,12 +747,8 @@ class CuptiSource:
         else:
             self.native.count_drops()
         if self._shared is not None and self.native is not None:
-            with self._drain_lock:
-                columns, lost = self.native.drain()
-                if self._drained_at_close is not None:  # an earlier close's (a stand-down's), not drained yet
-                    earlier, earlier_lost = self._drained_at_close
-                    columns, lost = earlier.then(columns), earlier_lost + lost
-                self._drained_at_close = columns, lost
+            with self._drain_lock:  # after an earlier close's (a stand-down's), when not drained yet
+                self._drained_at_close = self._after_drained_at_close(*self.native.drain())
         self._give_back_settings(cupti)
         self._unsubscribe(cupti)
 
@@ -817,15 +813,22 @@ class CuptiSource:
         here), and the counts of what was lost."""
         native = self.native
         with self._drain_lock:
-            columns, lost = native.drain() if native is not None else self.store.drain()
-            if self._drained_at_close is not None:
-                (earlier, earlier_lost), self._drained_at_close = self._drained_at_close, None
-                columns, lost = earlier.then(columns), earlier_lost + lost
+            drained = native.drain() if native is not None else self.store.drain()
+            columns, lost = self._after_drained_at_close(*drained)
         columns, left_out = without_calls(columns, self.left_out)
         self.left_out_count += left_out
         if native is not None and not self.running:
             native.close()  # the subscription's last drain: its idle buffers are freed
         return columns, lost
+
+    def _after_drained_at_close(self, columns: ActivityColumns, lost: Counter[str],
+                                ) -> tuple[ActivityColumns, Counter[str]]:
+        """``columns`` (and ``lost``) after the records read at a close and not handed over yet,
+        which are handed over here (with :attr:`_drain_lock` held)."""
+        if self._drained_at_close is None:
+            return columns, lost
+        (earlier, earlier_lost), self._drained_at_close = self._drained_at_close, None
+        return earlier.then(columns), earlier_lost + lost
 
     def records_for(self, window: Window, flush: bool = False) -> ActivityColumns:
         """The records of one collection round: drained once (what was lost counted in the

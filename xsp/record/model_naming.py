@@ -19,7 +19,7 @@ class ModelNames:
         module-call wrapper holds it)."""
         self._bindings: dict[int, tuple[int, str, list[str]]] = {}
         """Each named model's first calling thread, class name and the names it was bound to
-        there: what :meth:`rename` names it from again."""
+        there: what :meth:`own` and :meth:`names_for` name it from again."""
         self._lock = threading.Lock()
         self._owner_thread_id: int | None = None
 

@@ -24,8 +24,7 @@ static struct {
     int zeroed_changed;   /* CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER set to 1 by xsp */
     uint8_t zeroed_before; /* its value before */
     int clock_changed;    /* a timestamp callback registered by xsp */
-    int shared_zeroed;    /* the same two, set for xsp's subscriber while it shares CUPTI */
-    int shared_clock;
+    int shared_clock;     /* a timestamp callback set for xsp's subscriber while it shares CUPTI */
 } SETTINGS;
 static pthread_mutex_t DRAIN_LOCK = PTHREAD_MUTEX_INITIALIZER; /* one drain at a time: NAMES is its */
 
@@ -162,11 +161,9 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
     }
     if (pool_configure((size_t)buffer_bytes, (size_t)max_buffers, zero_whole ? ZERO_WHOLE : ZERO_WRITTEN) < 0)
         return PyErr_NoMemory();
-    if (BINDING.subscriber != NULL) {
-        /* shared: the zeroed-buffer attribute is not documented per subscriber, and set for the
-         * process it would leave the other clients' buffers uninitialised: CUPTI zeroes xsp's */
-        SETTINGS.shared_zeroed = 0;
-    } else if (!SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
+    /* shared, the zeroed-buffer attribute is left alone: it is not documented per subscriber, and
+     * set for the process it would leave the other clients' buffers uninitialised; CUPTI zeroes xsp's */
+    if (BINDING.subscriber == NULL && !SETTINGS.zeroed_changed) { /* once: a second register must not take xsp's own value as the user's */
         uint8_t before = 0; /* CUPTI's documented default, where the value cannot be read */
         size_t size = sizeof(before);
         if (BINDING.get_attribute != NULL
@@ -185,7 +182,7 @@ static PyObject *register_callbacks(PyObject *module, PyObject *args) {
                      BINDING.subscriber != NULL ? "_v2" : "", status);
         return NULL;
     }
-    return PyBool_FromLong(BINDING.subscriber != NULL ? SETTINGS.shared_zeroed : SETTINGS.zeroed_changed);
+    return PyBool_FromLong(BINDING.subscriber == NULL && SETTINGS.zeroed_changed);
 }
 
 /* xsp's host clock, what time.perf_counter_ns() reads on Linux: CUPTI calls it from any thread. */
@@ -233,22 +230,11 @@ static PyObject *use_host_clock(PyObject *module, PyObject *unused) {
 /* Every process-wide setting register() and use_host_clock() changed, set back. */
 static PyObject *restore(PyObject *module, PyObject *unused) {
     char failed[256] = "";
-    if (BINDING.subscriber != NULL) { /* xsp's subscriber's own settings, before it unsubscribes */
-        if (SETTINGS.shared_zeroed) {
-            uint8_t zeroed = 0;
-            size_t size = sizeof(zeroed);
-            if (binding_set_attribute(ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed) == CUPTI_OK)
-                SETTINGS.shared_zeroed = 0;
-        }
-        if (SETTINGS.shared_clock) {
-            timestamp_fn none = NULL;
-            size_t size = sizeof(none);
-            if (binding_set_attribute(ATTR_TIMESTAMP_CALLBACK, &size, &none) == CUPTI_OK) SETTINGS.shared_clock = 0;
-        }
-        if (SETTINGS.shared_zeroed || SETTINGS.shared_clock) {
-            /* they go with the subscription, which xsp ends next: nothing stays changed for others */
-            SETTINGS.shared_zeroed = SETTINGS.shared_clock = 0;
-        }
+    if (BINDING.subscriber != NULL && SETTINGS.shared_clock) { /* xsp's subscriber's own, before it unsubscribes */
+        timestamp_fn none = NULL;
+        size_t size = sizeof(none);
+        binding_set_attribute(ATTR_TIMESTAMP_CALLBACK, &size, &none);
+        SETTINGS.shared_clock = 0; /* refused or not, it goes with the subscription, which xsp ends next */
     }
     if (SETTINGS.zeroed_changed) {
         uint8_t before = SETTINGS.zeroed_before;
