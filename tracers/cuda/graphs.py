@@ -53,11 +53,16 @@ MADE: Final = {NODE_CREATED: "made", NODE_CLONED: "cloned"}
 or as an executable graph's node when it is instantiated) or cloned from another node."""
 
 
+GraphNodeMark = tuple[int, int, int, int, int, int, int]
+"""One mark: callback id, node id, original node id (clones), graph id, node type, native thread id,
+time (ns)."""
+
+
 @dataclass
 class GraphNodeMarks:
     """The marks of the graph nodes made since the last window took them (any thread adds)."""
 
-    marks: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
+    marks: list[GraphNodeMark] = field(default_factory=list)
     """``(callback id, node id, original node id (0: none), graph id, node type, thread, time ns)``."""
     unreadable: int = 0
     """Callbacks whose data could not be read (counted in the trace's dropped records)."""
@@ -85,7 +90,7 @@ class GraphNodeMarks:
         with self.lock:
             self.marks.append(mark)
 
-    def take(self, closed_ns: int | None = None, held_threads: Iterable[int] = ()) -> list[tuple[int, ...]]:
+    def take(self, closed_ns: int | None = None, held_threads: Iterable[int] = ()) -> list[GraphNodeMark]:
         """The marks of a window taken at ``closed_ns`` (None: every mark); those made after it,
         or on a thread it left for later (``held_threads``), stay for the next."""
         with self.lock:
@@ -93,7 +98,7 @@ class GraphNodeMarks:
             if closed_ns is None:
                 return marks
             held = set(held_threads)
-            now: list[tuple[int, ...]] = []
+            now: list[GraphNodeMark] = []
             for mark in marks:
                 (self.marks if mark[6] >= closed_ns or mark[5] in held else now).append(mark)
         return now
@@ -104,7 +109,7 @@ class GraphNodeMarks:
         return count
 
 
-def graph_node_rows(marks: list[tuple[int, ...]]) -> pd.DataFrame:
+def graph_node_rows(marks: list[GraphNodeMark]) -> pd.DataFrame:
     """One ``graph_node`` span per mark: an instant at the time and on the thread that made the
     node, its id in ``graph_node_id``, the rest in the attributes (``made``: made or cloned,
     ``graph_id``, ``node_type``, ``original_node_id`` of a clone)."""
