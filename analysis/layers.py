@@ -4,6 +4,13 @@ Layers nest (``encoder`` contains ``encoder.layer.0``), so summing their duratio
 time twice. Every table therefore carries ``self_ms``: a layer's time minus the time of the
 layers directly inside it (:mod:`xsp.table.self_time`). Self times add up to the time spent in
 layers, once.
+
+Code that ``torch.compile`` compiled runs no layer of its own: its modules were traced into
+kernels. Given a trace (not a bare table), the layer table adds a row per layer of the compiled
+module per compiled call (``compiled`` true), holding that layer's share of the kernels
+inductor generated (the rule: :func:`xsp.record.compiled_kernels.layers_of_metrics`). Operators
+that compiled code calls as they are (``aten::addmm`` for a ``Linear``) stay on the layer that
+called the compiled code.
 """
 
 from __future__ import annotations
@@ -11,14 +18,97 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from xsp.analysis.compiled import compiled_keys
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
 from xsp.io.trace import Trace
+from xsp.record.compiled_kernels import LayerShare, kernel_layers
 from xsp.table.self_time import self_ns
+from xsp.table.walks import nearest_ancestor, parent_positions, texts_at
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
-                 "duration_ms", "duration_ci_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source"]
+                 "duration_ms", "duration_ci_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source",
+                 "compiled"]
+COMPILED_BACKWARD = "CompiledFunctionBackward"
+"""The autograd node a compiled graph's backward runs under: its kernels count on the layers' backward."""
+
+
+def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[LayerShare]]
+                        ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The layers of compiled code, from the spans of its work (:mod:`xsp.analysis.compiled`:
+    the CPU kernels inductor generated, run as operators, and the operators it calls as they are)
+    and their layers (:func:`xsp.record.compiled_kernels.kernel_layers`).
+
+    Returns the rows (:data:`LAYER_COLUMNS`, ``compiled`` true): one per layer per call of the
+    layer or model that ran the compiled code (the *caller*), named under the caller
+    (``model.blocks.0``); ``self_ms`` the layer's share of the kernels, ``duration_ms`` that and
+    its sub-layers' (``blocks.0`` holds ``blocks.0.fc``). Then, for the callers that are layers,
+    their positions in ``spans`` and the time (ns) the compiled layers take off their self time.
+    """
+    nothing = np.zeros(0, dtype=np.int64)
+    empty = pd.DataFrame({name: pd.Series(dtype=object) for name in LAYER_COLUMNS})
+    if not layers_of_kernel or spans.empty:
+        return empty, nothing, np.zeros(0)
+    parents = parent_positions(spans)
+    operators = np.flatnonzero((spans[col.LEVEL] == Level.OPERATOR.value).to_numpy())
+    codes, names = compiled_keys(spans, operators, parents)
+    shares_of = [layers_of_kernel.get(name, []) if isinstance(name, str) else [] for name in names]
+    counts = np.array([len(shares) for shares in shares_of], dtype=np.int64)
+    if not len(codes) or not counts.any():
+        return empty, nothing, np.zeros(0)
+    # one entry per (span, layer), read from a table of the distinct (name, layer) pairs
+    pairs = [(code, *share) for code, shares in enumerate(shares_of) for share in shares]
+    first_pair = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    positions = np.repeat(operators, counts[codes])
+    span_codes = np.repeat(codes, counts[codes])
+    within = np.arange(len(positions)) - np.repeat(np.cumsum(counts[codes]) - counts[codes], counts[codes])
+    pair_at = first_pair[span_codes] + within
+    is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
+    callers = nearest_ancestor(spans, is_layer | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy(), parents)
+    backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents) >= 0
+    entries = pd.DataFrame({
+        "caller": callers[positions], "backward": backward[positions],
+        "path": [pairs[at][1] for at in pair_at], "module_type": [pairs[at][2] for at in pair_at],
+        "own_ns": spans[col.DURATION_NS].to_numpy(dtype=np.float64)[positions]
+        * np.array([pairs[at][3] for at in pair_at]),
+        "start_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[positions]})
+    entries = entries[entries["caller"] >= 0]
+    rows = entries.groupby(["caller", "backward", "path"], sort=False).agg(
+        module_type=("module_type", "first"), own_ns=("own_ns", "sum"), start_ns=("start_ns", "min")).reset_index()
+    if rows.empty:
+        return empty, nothing, np.zeros(0)
+    # a layer's inclusive time: its own and its sub-layers' (of the same call): each row adds its
+    # own time to the rows of its path's prefixes
+    paths = rows["path"].drop_duplicates().tolist()
+    known = set(paths)
+    prefixes = {path: [prefix for prefix in (path.rsplit(".", cut)[0] for cut in range(1, path.count(".") + 1))
+                       if prefix in known] for path in paths}
+    ancestry = pd.DataFrame([(path, prefix) for path, found in prefixes.items() for prefix in found],
+                            columns=["path", "prefix"])
+    lifted = rows[["caller", "backward", "path", "own_ns"]].merge(ancestry, on="path").groupby(
+        ["caller", "backward", "prefix"])["own_ns"].sum()
+    below = lifted.reindex(pd.MultiIndex.from_frame(rows[["caller", "backward", "path"]]), fill_value=0.0)
+    inclusive_ns = rows["own_ns"].to_numpy() + below.to_numpy(dtype=np.float64)
+    caller = rows["caller"].to_numpy(dtype=np.int64)
+    depth = spans[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=0.0)[caller] if col.CALL_DEPTH in spans \
+        else np.zeros(len(rows))
+    caller_name = texts_at(spans[col.NAME], caller)
+    suffix = np.where(rows["backward"].to_numpy(dtype=bool), BACKWARD_SUFFIX, "")
+    name = [f"{owner}.{path}{end}" for owner, path, end in zip(caller_name, rows["path"], suffix)]
+    table = pd.DataFrame({
+        "step": spans[col.STEP].to_numpy()[caller], "path": [f"{at}/{n}" for at, n in
+                                                             zip(texts_at(spans[col.PATH], caller), name)],
+        "name": name,
+        "kind": np.where(rows["backward"].to_numpy(dtype=bool), SpanKind.BACKWARD.value, SpanKind.FORWARD.value),
+        "module_type": rows["module_type"].to_numpy(),
+        "call_depth": (depth + 1 + np.array([len(prefixes[path]) for path in rows["path"]])).astype(np.int64),
+        "exec_index": pd.array([pd.NA] * len(rows), dtype="Int64"), "start_ns": rows["start_ns"].to_numpy(),
+        "duration_ms": inclusive_ns / 1e6, "duration_ci_ms": np.full(len(rows), np.nan),
+        "self_ms": rows["own_ns"].to_numpy() / 1e6, "param_count": pd.array([pd.NA] * len(rows), dtype="Int64"),
+        "input_shapes": None, "output_shapes": None, "source": None, "compiled": True})
+    outermost = np.array([not prefixes[path] for path in rows["path"]]) & is_layer[caller]
+    return table[LAYER_COLUMNS], caller[outermost], inclusive_ns[outermost]
 
 
 def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -28,11 +118,16 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``module_type``, ``call_depth``, ``exec_index``, ``start_ns``, ``duration_ms``,
     ``duration_ci_ms`` (of a leveled trace: the half-width of the duration's 95% interval; NaN
     elsewhere), ``self_ms`` (duration minus layers directly inside), ``param_count``, ``input_shapes``,
-    ``output_shapes``, ``source`` (file:line of the module's class).
+    ``output_shapes``, ``source`` (file:line of the module's class), ``compiled`` (a layer of
+    compiled code: its share of the kernels inductor generated; see the module's text).
     """
     spans = spans_of(source)
     is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
-    own_ns = self_ns(spans, is_layer)[is_layer]
+    compiled, callers, taken_ns = compiled_layer_rows(
+        spans, kernel_layers(source.metadata) if isinstance(source, Trace) else {})
+    own_all = self_ns(spans, is_layer)
+    np.subtract.at(own_all, callers, taken_ns)
+    own_ns = own_all[is_layer]
     layers = spans[is_layer]
     duration = layers[col.DURATION_NS].to_numpy(dtype=np.float64)
     table = pd.DataFrame({
@@ -46,7 +141,10 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "self_ms": own_ns / 1e6,
         "param_count": layers[col.PARAM_COUNT].to_numpy(), "input_shapes": layers[col.INPUT_SHAPES].to_numpy(),
         "output_shapes": layers[col.OUTPUT_SHAPES].to_numpy(), "source": layers[col.SOURCE].to_numpy(),
+        "compiled": False,
     })
+    if len(compiled):
+        table = pd.concat([table, compiled], ignore_index=True)
     return table.sort_values(["start_ns", "call_depth"], kind="stable").reset_index(drop=True)[LAYER_COLUMNS]
 
 
@@ -64,7 +162,7 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     ``by`` is ``self_ms`` (default: where time is spent, not double counted) or ``total_ms``.
     """
     spans = spans_of(source)
-    table = layer_table(spans)
+    table = layer_table(source)
     grouped = table.groupby(["name", "kind"], sort=False, observed=True).agg(
         module_type=("module_type", "first"), calls=("duration_ms", "size"),
         total_ms=("duration_ms", "sum"), mean_ms=("duration_ms", "mean"),
@@ -85,7 +183,7 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     (per call), ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
     spans = spans_of(source)
-    table = layer_table(spans)
+    table = layer_table(source)
     backward = (table["kind"] == SpanKind.BACKWARD.value).to_numpy()
     names = table["name"].astype(str)
     table = table.assign(module=names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)))

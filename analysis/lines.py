@@ -27,14 +27,15 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from xsp.analysis.compiled import compiled_keys
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.record.compiled_kernels import Frame, kernel_name, kernel_sources
+from xsp.record.compiled_kernels import Frame, kernel_sources
 from xsp.table.parents import infer_parent_positions
 from xsp.table.self_time import self_ns
-from xsp.table.walks import category_values, nearest_ancestor, parent_positions
+from xsp.table.walks import category_values, nearest_ancestor, nearest_marked, parent_positions
 
 Site = tuple[str, float, str]
 """A line as the table groups them: file, line number, function."""
@@ -133,7 +134,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     parents, _ = infer_parent_positions(spans)
     owner = line_of_each_span(spans, parents)
     fused, fused_codes, fused_sites = compiled_kernel_lines(
-        spans, kernel_sources(source.metadata) if isinstance(source, Trace) else {})
+        spans, kernel_sources(source.metadata) if isinstance(source, Trace) else {}, inside=True)
     if not (owner >= 0).any() and not len(fused):
         return _empty()
     files, functions = texts(spans, col.CALL_FILE), texts(spans, col.CALL_FUNCTION)
@@ -161,7 +162,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     parent_line = np.where(parents >= 0, line[np.maximum(parents, 0)], -1)
     is_kernel = on_gpu & (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy()
-    outermost = host[rows] & ((parent_line[rows] != line[rows]) | (line[rows] == -2))
+    outermost = host[rows] & (parent_line[rows] != line[rows])  # (a placed span under a placed one is inside it)
     kernels = is_kernel[rows]
     counted = host[rows]
     count = len(keys)
@@ -184,7 +185,7 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)
 
 
-def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]]
+def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Frame]]], inside: bool = False
                           ) -> tuple[np.ndarray, np.ndarray, list[Site]]:
     """The spans of kernels that ``torch.compile`` generated, and the lines they are counted on:
     positions (a span once per line of its own), each one's line as a position in the list of
@@ -196,12 +197,12 @@ def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Fram
         return nothing, nothing, []
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     candidates = np.flatnonzero((levels == Level.OPERATOR.value) | (levels == Level.KERNEL.value))
-    # (a categorical's codes: a million operators are factorized without a text made per row)
-    name_codes, names = pd.factorize(spans[col.NAME].iloc[candidates], use_na_sentinel=False)
+    parents = parent_positions(spans)
+    name_codes, names = compiled_keys(spans, candidates, parents)
     distinct: dict[Site, int] = {}
-    lines_of_name = []  # per distinct span name: its kernel's lines, as positions in ``distinct``
+    lines_of_name = []  # per distinct key: its kernel's lines, as positions in ``distinct``
     for name in names:
-        chains = sources.get(kernel_name(name), []) if isinstance(name, str) else []
+        chains = sources.get(name, []) if isinstance(name, str) else []
         sites = dict.fromkeys((chain[-1][0], float(chain[-1][1]), chain[-1][2]) for chain in chains)
         lines_of_name.append([distinct.setdefault(site, len(distinct)) for site in sites])
     counts = np.array([len(found) for found in lines_of_name], dtype=np.int64)
@@ -213,7 +214,29 @@ def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Fram
         table[row, :len(found)] = found
     positions = np.repeat(candidates, counts[name_codes])
     site_codes = table[name_codes[counts[name_codes] > 0]].reshape(-1)
-    return positions, site_codes[site_codes >= 0], list(distinct)
+    site_codes = site_codes[site_codes >= 0]
+    if inside:
+        positions, site_codes = _with_spans_inside(positions, site_codes, parents)
+    return positions, site_codes, list(distinct)
+
+
+def _with_spans_inside(positions: np.ndarray, site_codes: np.ndarray, parents: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The placements (span positions, sorted, and their lines) with each span under a placed
+    one placed on the lines of its nearest placed ancestor."""
+    placed = np.zeros(len(parents), dtype=bool)
+    placed[positions] = True
+    ancestor = nearest_marked(parents, placed)
+    inner = np.flatnonzero((ancestor >= 0) & ~placed)
+    if not len(inner):
+        return positions, site_codes
+    per_span = np.bincount(positions, minlength=len(parents))
+    first = np.concatenate([[0], np.cumsum(per_span)[:-1]])  # where each span's placements begin
+    counts = per_span[ancestor[inner]]
+    starts = np.repeat(first[ancestor[inner]], counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return (np.concatenate([positions, np.repeat(inner, counts)]),
+            np.concatenate([site_codes, site_codes[starts + offsets]]))
 
 
 def fused_shares(positions: np.ndarray, count: int) -> np.ndarray:

@@ -4,16 +4,30 @@ in the trace's metadata (see :mod:`xsp.record.compiled_kernels`)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from types import ModuleType
 from typing import Any, Final
 
-from xsp.record.compiled_kernels import AMBIGUOUS_KEY, METADATA_KEY, Frame, sources_of_metrics
+from xsp.record.compiled_kernels import (
+    AMBIGUOUS_KEY,
+    LAYERS_KEY,
+    METADATA_KEY,
+    Frame,
+    LayerHints,
+    LayerShare,
+    layer_hints,
+    layers_of_metrics,
+    sources_of_metrics,
+)
 from xsp.tracers._post_import import forget, when_imported
 
 INDUCTOR_CONFIG: Final = "torch._inductor.config"
 DYNAMO_UTILS: Final = "torch._dynamo.utils"
+COMPILE_FX: Final = "torch._inductor.compile_fx"
+"""Where inductor's entry point lives: dynamo's ``inductor`` backend imports ``compile_fx`` from it
+at each compile, so a wrapper set there sees every graph, whether FX's cache answers or not."""
 
 
 class CompiledKernels:
@@ -24,6 +38,9 @@ class CompiledKernels:
         self._read: dict[int, object] = {}
         """The compiles of the last read, by id (held: an id is not reused while its object lives)."""
         self._sources: dict[str, list[list[Frame]]] = {}
+        self._layers: dict[str, list[LayerShare]] = {}
+        self._hints: LayerHints = {}
+        """Each operator's stack trace to the modules that ran it, from the graphs compiled."""
         self._ambiguous: set[str] = set()
         self._restore: list[tuple[Any, str, Any, Any]] = []
 
@@ -31,10 +48,12 @@ class CompiledKernels:
         """Turn the tracking on for compiles from now on (at once if inductor's config is imported,
         else when it is: importing it here would cost the session a second and more)."""
         when_imported(INDUCTOR_CONFIG, self._configure)
+        when_imported(COMPILE_FX, self._wrap_compile)
 
     def uninstall(self) -> None:
         """Stop turning it on; what the session set is set back (unless changed since)."""
         forget(INDUCTOR_CONFIG, self._configure)
+        forget(COMPILE_FX, self._wrap_compile)
         for owner, name, ours, before in reversed(self._restore):
             try:
                 if getattr(owner, name) == ours:
@@ -54,6 +73,30 @@ class CompiledKernels:
             setattr(owner, name, value)
             self._restore.append((owner, name, value, before))
 
+    def _wrap_compile(self, module: ModuleType) -> None:
+        compile_fx = getattr(module, "compile_fx", None)
+        if not callable(compile_fx):
+            return
+        notice = self._notice
+
+        @functools.wraps(compile_fx)
+        def compile_fx_noticed(model_: Any, *args: Any, **kwargs: Any) -> Any:
+            notice(model_)
+            return compile_fx(model_, *args, **kwargs)
+
+        module.compile_fx = compile_fx_noticed  # type: ignore[attr-defined]
+        self._restore.append((module, "compile_fx", compile_fx_noticed, compile_fx))
+
+    def _notice(self, graph_module: Any) -> None:
+        """Keep the modules of each operator of a graph about to be compiled (compile time only)."""
+        try:
+            hints = layer_hints(graph_module)
+        except Exception:  # a graph of another shape: its kernels stay on the calling layer
+            return
+        with self._lock:
+            for trace, modules in hints.items():
+                self._hints.setdefault(trace, {}).update(modules)
+
     def read(self) -> None:
         """Take the sources of compiles made since the last read (a window's close, the end)."""
         utils = sys.modules.get(DYNAMO_UTILS)
@@ -72,11 +115,18 @@ class CompiledKernels:
                 texts = getattr(compiled, "inductor_provenance", None)
                 if not texts:
                     continue
-                for name, chains in sources_of_metrics(sorted(texts)).items():
+                compile_id = str(getattr(compiled, "compile_id", ""))
+                for name, chains in sources_of_metrics(sorted(texts), compile_id).items():
                     known = self._sources.get(name)
                     if known is None:
                         self._sources[name] = chains
                     elif sorted(known) != sorted(chains):
+                        self._ambiguous.add(name)
+                for name, shares in layers_of_metrics(sorted(texts), self._hints, compile_id).items():
+                    seen = self._layers.get(name)
+                    if seen is None:
+                        self._layers[name] = shares
+                    elif seen != shares:
                         self._ambiguous.add(name)
 
     def details(self) -> dict[str, Any]:
@@ -85,10 +135,14 @@ class CompiledKernels:
         with self._lock:
             sources = {name: [[list(frame) for frame in chain] for chain in chains]
                        for name, chains in sorted(self._sources.items()) if name not in self._ambiguous}
+            layers = {name: [list(share) for share in shares]
+                      for name, shares in sorted(self._layers.items()) if name not in self._ambiguous}
             ambiguous = sorted(self._ambiguous)
         details: dict[str, Any] = {}
         if sources:
             details[METADATA_KEY] = sources
+        if layers:
+            details[LAYERS_KEY] = layers
         if ambiguous:
             details[AMBIGUOUS_KEY] = ambiguous
         return details

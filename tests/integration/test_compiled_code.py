@@ -1,6 +1,7 @@
 """``torch.compile``d code traced to its source on CPU, with the real compiler: each kernel that
 inductor generates counts on the lines of the operators it fuses (``xsp report --lines``,
-``xsp.analysis.lines``), and the session leaves inductor's configuration as it found it."""
+``xsp.analysis.lines``) and on the layers that ran them (the layer table), and the session leaves
+inductor's configuration as it found it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import textwrap
 import pytest
 
 import xsp
+from xsp.analysis.layers import layer_table
 from xsp.analysis.lines import lines
-from xsp.record.compiled_kernels import kernel_name, kernel_sources
+from xsp.record.compiled_kernels import kernel_layers, kernel_name, kernel_sources
 
 PROGRAM = textwrap.dedent("""
     import sys
@@ -22,15 +24,24 @@ PROGRAM = textwrap.dedent("""
     import xsp
 
 
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x) * 0.5  # SCALE
+
+
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(64, 64)
+            self.blocks = torch.nn.ModuleList([Scale(), Scale()])
 
         def forward(self, x):
             y = x * 2  # MUL
             z = torch.relu(y)  # RELU
-            return self.fc(z).sum(dim=1)  # SUM
+            h = self.fc(z)  # FC
+            for block in self.blocks:
+                h = block(h)
+            return h.sum(dim=1)  # SUM
 
 
     model = torch.compile(Net())
@@ -79,9 +90,42 @@ def test_a_fused_kernel_lands_on_the_lines_of_the_operators_it_fuses(compiled_ru
     assert mul["function"] == relu["function"] == "Net.forward"
     assert mul["self_ms"] >= kernel_ms / 2 * 0.999 and relu["self_ms"] >= kernel_ms / 2 * 0.999
     assert mul["calls"] >= 4 and relu["calls"] >= 4
-    assert line_of("SUM") in mine.index  # the sum's kernel (and the matrix multiply's call) too
+    assert line_of("SUM") in mine.index  # the sum's kernel too
+    # the Linear's matrix multiply, which compiled code calls as it is, on the line that calls the Linear
+    matmuls = spans[(spans["name"] == "aten::addmm") & spans["parent_id"].isin(
+        spans.loc[spans["name"].astype(str).str.startswith("Torch-Compiled Region"), "span_id"])]
+    assert len(matmuls) == 4
+    assert mine.loc[line_of("FC"), "calls"] == 4
+    assert mine.loc[line_of("FC"), "inclusive_ms"] == pytest.approx(matmuls["duration_ns"].sum() / 1e6)
     # the compiler's own work (functions PyTorch made with exec) counts on the calling line, not on <string>
     assert not found["file"].astype(str).str.startswith("<").any(), found[["file", "line", "function"]]
+
+
+def test_a_compiled_model_has_its_layers_with_their_shares_of_the_kernels(compiled_run):
+    _, output, _ = compiled_run
+    trace = xsp.load(output)
+    table = layer_table(trace)
+    compiled = table[table["compiled"]]
+    last = compiled[compiled["step"] == compiled["step"].max()].set_index("name")
+    assert set(last.index) == {"model.fc", "model.blocks.0", "model.blocks.1"}, last
+    assert last.loc["model.fc", "module_type"] == "Linear" and last.loc["model.blocks.0", "module_type"] == "Scale"
+    spans = trace.spans
+    step = spans[spans["step"] == compiled["step"].max()]
+    region = step[step["name"].astype(str).str.startswith("Torch-Compiled Region")]
+    assert len(region) == 1
+    # the Linear's matrix multiply, which compiled code calls as it is, is all the fc's (its only caller)
+    matmul = step[(step["parent_id"] == region["span_id"].iloc[0]) & (step["name"] == "aten::addmm")]
+    assert len(matmul) == 1
+    assert last.loc["model.fc", "self_ms"] == pytest.approx(matmul["duration_ns"].iloc[0] / 1e6)
+    # one line (the loop) runs both blocks: their shares of the kernel fusing tanh and * 0.5 are equal
+    fused = [name for name, shares in kernel_layers(trace.metadata).items()
+             if {path for path, _, _ in shares} == {"blocks.0", "blocks.1"}]
+    assert fused, kernel_layers(trace.metadata)
+    assert last.loc["model.blocks.0", "self_ms"] == pytest.approx(last.loc["model.blocks.1", "self_ms"])
+    assert last.loc["model.blocks.0", "self_ms"] > 0
+    regions = spans[spans["name"].astype(str).str.startswith("Torch-Compiled Region")]
+    per_step = regions.groupby("step")["duration_ns"].sum() / 1e6
+    assert (compiled.groupby("step")["self_ms"].sum() <= per_step.reindex(compiled["step"].unique())).all()
 
 
 def test_the_report_lists_the_fused_lines_with_their_text(compiled_run):
@@ -93,8 +137,9 @@ def test_the_report_lists_the_fused_lines_with_their_text(compiled_run):
 
 
 COMPILED_BEFORE = PROGRAM.replace(
-    "    with torch.no_grad(), xsp.trace(",
-    "    with torch.no_grad():\n        model(x)  # compiled before the session\n    with torch.no_grad(), xsp.trace(")
+    "\nwith torch.no_grad(), xsp.trace(",
+    "\nwith torch.no_grad():\n    model(x)  # compiled before the session\nwith torch.no_grad(), xsp.trace(")
+assert COMPILED_BEFORE != PROGRAM
 
 
 def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variables(tmp_path):
@@ -109,3 +154,5 @@ def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variab
     found = lines(xsp.load(output))
     mine = found[found["file"] == str(script)].set_index("line")
     assert {line_of("MUL"), line_of("RELU")} <= set(mine.index), found
+    # its graph was compiled before the session, unseen: no layers of compiled code
+    assert not layer_table(xsp.load(output))["compiled"].any()

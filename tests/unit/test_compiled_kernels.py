@@ -59,11 +59,12 @@ def test_sources_keep_the_users_frames_by_qualified_name_and_drop_the_handle(tmp
                                    trace_text((str(model), 7, "forward", "y = x * 2"),
                                               (library, 1775, "_call_impl", "return forward_call(*args)"))],
         "cpp_fused_sum_1:2": [trace_text((library, 10, "inner", "pass"))],  # no user frame: no source
-        "extern_kernels.addmm:3": [trace_text((str(model), 9, "forward", "return z.sum()"))],  # runs as aten::addmm
+        "extern_kernels.addmm:3": [trace_text((str(model), 9, "forward", "return z.sum()"))],  # aten::addmm in compile 0/0
     }
-    sources = sources_of_metrics([json.dumps(provenance), "not json"])
+    sources = sources_of_metrics([json.dumps(provenance), "not json"], "0/0")
     assert sources == {"cpp_fused_mul_relu_0": [[(str(model), 8, "Net.forward", "z = torch.relu(y)")],
-                                                [(str(model), 7, "Net.forward", "y = x * 2")]]}
+                                                [(str(model), 7, "Net.forward", "y = x * 2")]],
+                       "aten::addmm@0/0": [[(str(model), 9, "Net.forward", "return z.sum()")]]}
 
 
 def test_kernel_names_lose_inductors_graph_prefix():
@@ -164,6 +165,33 @@ def test_the_report_says_why_known_sources_found_no_kernel_span():
     assert "none ran as a span" not in console.export_text()
 
 
+def test_an_operator_compiled_code_calls_as_it_is_lands_on_the_line_that_calls_it_in_its_compile():
+    trace = compiled_trace({**SOURCES, "aten::addmm@0/0": [[["/a/net.py", 11, "Net.forward", "h = self.fc(z)"]],
+                                                          [["/a/net.py", 13, "Net.forward", "return self.head(h)"]]],
+                            "aten::expand@0/0": [[["/a/net.py", 12, "Net.forward", "never"]]]})
+    spans = trace.spans
+    extra = spans.iloc[[3, 3]].copy()  # the matrix multiply (5), and what it calls itself (6)
+    extra[col.SPAN_ID] = [5, 6]
+    extra[col.PARENT_ID] = pd.array([2, 5], dtype="Int64")
+    extra[col.NAME] = ["aten::addmm", "aten::expand"]
+    spans = spans.copy()
+    spans.loc[3, col.END_NS] = 70  # the sum kernel: 60-70, the matrix multiply 70-90 (expand 80-85)
+    extra[col.START_NS], extra[col.END_NS] = [70, 80], [90, 85]
+    spans = pd.concat([spans, extra], ignore_index=True)
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    found = lines(xsp.Trace(spans, trace.metadata)).set_index("line")
+    # half of it on each of the two lines that call it in its compile, and what it calls itself
+    # (the expand) with it: one call each, half its time each
+    for line in (11, 13):
+        assert found.loc[line, "self_ms"] == found.loc[line, "inclusive_ms"] == pytest.approx(10 / 1e6)
+        assert found.loc[line, "calls"] == 1
+    assert found.loc[20, "self_ms"] == pytest.approx((100 - 40 - 10 - 20) / 1e6)
+    assert found["self_ms"].sum() == pytest.approx(100 / 1e6)  # every nanosecond once
+    assert 12 not in found.index
+    spans[col.NAME] = spans[col.NAME].replace({"Torch-Compiled Region: 0/0": "Torch-Compiled Region: 1/0"})
+    assert 11 not in lines(xsp.Trace(spans, trace.metadata)).set_index("line").index  # another compile's
+
+
 def test_without_provenance_a_kernel_stays_on_the_calling_line():
     found = lines(compiled_trace({})).set_index("line")
     assert list(found.index) == [20] and found.loc[20, "self_ms"] == pytest.approx(100 / 1e6)
@@ -231,3 +259,205 @@ def test_the_session_sets_inductors_options_back_but_never_the_users_own(monkeyp
     assert config.trace.provenance_tracking_level == 1 and config.cpp.enable_kernel_profile is True
     kernels.uninstall()
     assert config.trace.provenance_tracking_level == 0 and config.cpp.enable_kernel_profile is True
+
+
+# --- layers of compiled code ---
+
+class Node:
+    """A node of the graph dynamo hands to inductor: only the meta xsp reads."""
+
+    def __init__(self, trace: str | None, *stack: tuple[str, type]) -> None:
+        self.meta = {"stack_trace": trace, "nn_module_stack": {f"key{i}": entry for i, entry in enumerate(stack)}}
+
+
+class Block(torch.nn.Module):
+    pass
+
+
+def graph_module(*nodes: Node):
+    import types
+
+    return types.SimpleNamespace(graph=types.SimpleNamespace(nodes=list(nodes)))
+
+
+MUL = trace_text(("/a/net.py", 20, "forward", "x = block(x)"), ("/a/net.py", 9, "forward", "y = x * 2"))
+RELU = trace_text(("/a/net.py", 20, "forward", "x = block(x)"), ("/a/net.py", 10, "forward", "z = torch.relu(y)"))
+ADD = trace_text(("/a/net.py", 21, "forward", "return x + 1"))
+FC = trace_text(("/a/net.py", 20, "forward", "x = block(x)"), ("/a/net.py", 11, "forward", "return self.fc(z)"))
+HEAD = trace_text(("/a/net.py", 22, "forward", "return self.head(x)"))
+
+
+def hints_of_two_blocks():
+    from xsp.record.compiled_kernels import layer_hints
+
+    blocks = [(f"L['self'].blocks.{i}", Block) for i in range(2)]
+    return layer_hints(graph_module(
+        *(Node(MUL, block) for block in blocks), *(Node(RELU, block) for block in blocks),
+        *(Node(FC, block, (f"{block[0]}.fc", torch.nn.Linear)) for block in blocks),
+        Node(ADD), Node(HEAD, ("L['self'].head", torch.nn.Linear)), Node(None, blocks[0])))
+
+
+def test_the_graph_dynamo_compiles_names_the_modules_of_each_stack_trace():
+    hints = hints_of_two_blocks()
+    assert hints[MUL] == {"blocks.0": "Block", "blocks.1": "Block"}  # one line runs in both blocks
+    assert hints[FC] == {"blocks.0.fc": "Linear", "blocks.1.fc": "Linear"}  # the innermost module
+    assert hints[ADD] == {"": ""}  # the compiled module's own code
+    assert None not in hints and len(hints) == 5
+
+
+def test_a_kernels_time_is_shared_by_its_operators_then_by_the_modules_that_ran_them():
+    from xsp.record.compiled_kernels import layers_of_metrics
+
+    provenance = {"cpp_fused_add_mul_relu_0:1": [MUL, RELU, ADD], "cpp_fused_add_mul_relu_0:3": [MUL],
+                  "cpp_fused_unknown_1:2": ["  File \"/a/x.py\", line 1, in f\n    g()\n"],
+                  "extern_kernels.addmm:4": [FC], "extern_kernels.addmm:5": [HEAD],
+                  "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:6": [HEAD]}
+    third = pytest.approx(1 / 3)
+    assert layers_of_metrics([json.dumps(provenance)], hints_of_two_blocks(), "0/1") == {
+        # three operators (a third each); the mul's and the relu's thirds split by the two blocks;
+        # the add's third is the compiled module's own: it stays on the calling layer
+        "cpp_fused_add_mul_relu_0": [("blocks.0", "Block", third), ("blocks.1", "Block", third)],
+        # an operator called as it is, keyed with its compile: one module per call, three call it
+        "aten::addmm@0/1": [("blocks.0.fc", "Linear", third), ("blocks.1.fc", "Linear", third),
+                            ("head", "Linear", third)],
+        "aten::_scaled_dot_product_flash_attention_for_cpu@0/1": [("head", "Linear", 1.0)]}
+
+
+def test_inductors_names_of_operators_called_as_they_are():
+    from xsp.record.compiled_kernels import called_operator
+
+    assert called_operator("extern_kernels.mm") == "aten::mm"
+    assert called_operator("torch.ops.aten.convolution.default") == "aten::convolution"
+    assert called_operator("torch.ops.mylib.op.default") == "mylib::op"
+    assert called_operator("cpp_fused_mul_0") is None and called_operator("torch.ops.") is None
+
+
+def layered_trace(*, caller_is_layer: bool = False, backward: bool = False) -> xsp.Trace:
+    """A step: the model (or, with ``caller_is_layer``, a layer ``model.net`` inside it) calls
+    compiled code: a fused kernel (60 ns), the matrix multiply it calls as it is (40 ns, with an
+    operator of its own inside: 10 ns), in compile 0/0."""
+    names = ["model", "model.net", "Torch-Compiled Region: 0/0", "graph_0_cpp_fused_add_mul_relu_0", "aten::addmm",
+             "aten::expand"]
+    spans = pd.DataFrame({
+        col.SPAN_ID: [1, 2, 3, 4, 5, 6], col.PARENT_ID: [None, 1, 2, 3, 3, 5], col.NAME: names,
+        col.LEVEL: ["model", "layer", "operator", "operator", "operator", "operator"],
+        col.KIND: ["predict", "forward", "operator", "operator", "operator", "operator"],
+        col.PATH: ["model[0]", "model[0]/model.net[0]", None, None, None, None],
+        col.MODULE_TYPE: ["Net", "Inner", None, None, None, None],
+        col.CALL_DEPTH: [0, 1, None, None, None, None],
+        col.START_NS: [0, 5, 10, 20, 80, 85], col.END_NS: [200, 195, 190, 80, 120, 95], col.THREAD_ID: [1] * 6,
+        col.STEP: [0] * 6, col.CORRELATION_ID: [None] * 6})
+    if not caller_is_layer:
+        spans = spans.drop(index=1).reset_index(drop=True)
+        spans.loc[1, col.PARENT_ID] = 1
+    if backward:
+        spans.loc[spans[col.NAME] == "Torch-Compiled Region: 0/0", col.NAME] = "CompiledFunctionBackward"
+        spans.loc[spans[col.NAME] == "aten::addmm", col.NAME] = "aten::mm"
+    for column in (col.EXEC_INDEX, col.DURATION_CI_NS, col.PARAM_COUNT, col.INPUT_SHAPES, col.OUTPUT_SHAPES,
+                   col.SOURCE):
+        spans[column] = None
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    from xsp.record.compiled_kernels import LAYERS_KEY
+
+    metadata = {"tracer_details": {"operator": {LAYERS_KEY: {
+        "cpp_fused_add_mul_relu_0": [["blocks.0", "Block", 1 / 3], ["blocks.1", "Block", 1 / 3]],
+        "aten::addmm@0/0": [["blocks.0.fc", "Linear", 0.5], ["head", "Linear", 0.5]],
+        "aten::expand@0/0": [["blocks.1", "Block", 1.0]],  # (called by the addmm here)
+        "aten::addmm@1/0": [["other", "Linear", 1.0]]}}}}
+    return xsp.Trace(spans.astype({col.PARENT_ID: "Int64", col.THREAD_ID: "Int64", col.CORRELATION_ID: "Int64",
+                                   col.CALL_DEPTH: "Int64"}), metadata)
+
+
+def test_the_layer_table_has_the_layers_of_compiled_code_under_the_model():
+    from xsp.analysis.layers import layer_table, top_layers
+
+    table = layer_table(layered_trace()).set_index("name")
+    assert table["compiled"].all()
+    assert set(table.index) == {"model.blocks.0", "model.blocks.1", "model.blocks.0.fc", "model.head"}
+    assert table.loc["model.blocks.0", "self_ms"] == pytest.approx(20 / 1e6)  # a third of the kernel
+    assert table.loc["model.blocks.0.fc", "self_ms"] == pytest.approx(20 / 1e6)  # half the matrix multiply
+    assert table.loc["model.head", "self_ms"] == pytest.approx(20 / 1e6)  # (aten::expand, inside it, is its own)
+    assert table.loc["model.blocks.0", "duration_ms"] == pytest.approx(40 / 1e6)  # with its fc's
+    assert table.loc["model.blocks.1", "duration_ms"] == pytest.approx(20 / 1e6)
+    assert table.loc["model.blocks.0.fc", "call_depth"] == 2 and table.loc["model.blocks.0", "call_depth"] == 1
+    assert table.loc["model.blocks.0.fc", "module_type"] == "Linear"
+    assert table.loc["model.blocks.0.fc", "path"] == "model[0]/model.blocks.0.fc"
+    assert (table["kind"] == "forward").all() and (table["step"] == 0).all()
+    top = top_layers(layered_trace()).set_index("name")
+    assert top.loc["model.blocks.0", "calls"] == 1 and top.loc["model.blocks.0", "total_self_ms"] == pytest.approx(2e-5)
+
+
+def test_an_operator_called_as_it_is_takes_the_layers_of_its_own_compile():
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace()
+    spans = trace.spans.copy()
+    spans[col.NAME] = spans[col.NAME].replace({"Torch-Compiled Region: 0/0": "Torch-Compiled Region: 1/0"})
+    table = layer_table(xsp.Trace(spans, trace.metadata)).set_index("name")
+    assert set(table.index) == {"model.blocks.0", "model.blocks.1", "model.other"}
+    assert table.loc["model.other", "self_ms"] == pytest.approx(40 / 1e6)
+
+
+def test_a_layer_that_calls_compiled_code_hands_its_layers_their_time():
+    from xsp.analysis.layers import layer_table
+
+    table = layer_table(layered_trace(caller_is_layer=True)).set_index("name")
+    assert "model.net.blocks.0" in table.index and not table.loc["model.net", "compiled"]
+    # 190 ns of its own, less the compiled layers' 80 ns (a third twice of 60, half twice of 40)
+    assert table.loc["model.net", "self_ms"] == pytest.approx((190 - 80) / 1e6)
+    assert table["self_ms"].sum() == pytest.approx(190 / 1e6)  # every nanosecond once
+
+
+def test_a_compiled_backwards_kernels_are_its_layers_backward():
+    from xsp.analysis.layers import layer_table
+
+    table = layer_table(layered_trace(backward=True)).set_index("name")
+    # the matrix multiply is in no compiled region (so no compile of its own): it stays on the model
+    assert set(table.index) == {"model.blocks.0.backward", "model.blocks.1.backward"}
+    assert (table["kind"] == "backward").all()
+
+
+def test_without_layers_of_compiled_code_the_table_is_the_layer_spans():
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace(caller_is_layer=True)
+    bare = xsp.Trace(trace.spans, {})
+    table = layer_table(bare)
+    assert table["name"].tolist() == ["model.net"] and not table["compiled"].any()
+    assert table.loc[0, "self_ms"] == pytest.approx(190 / 1e6)
+    assert layer_table(trace.spans)["name"].tolist() == ["model.net"]  # a bare table has no metadata
+    damaged = xsp.Trace(trace.spans, {"tracer_details": {"operator": {"compiled_kernel_layers": {"k": [["x"]]}}}})
+    assert layer_table(damaged)["name"].tolist() == ["model.net"]
+
+
+def test_the_session_notices_each_graph_inductor_compiles_and_sets_compile_fx_back(monkeypatch):
+    import types
+
+    from xsp.tracers.compiled_kernels import COMPILE_FX, DYNAMO_UTILS, CompiledKernels
+
+    calls = []
+
+    def compile_fx(model_, example_inputs, **kwargs):
+        calls.append((model_, example_inputs, kwargs))
+        return "compiled"
+
+    module = types.ModuleType(COMPILE_FX)
+    module.compile_fx = compile_fx
+    monkeypatch.setitem(sys.modules, COMPILE_FX, module)
+    compiles = []
+    monkeypatch.setitem(sys.modules, DYNAMO_UTILS, types.SimpleNamespace(get_compilation_metrics=lambda: compiles))
+    kernels = CompiledKernels()
+    kernels.install()
+    assert module.compile_fx is not compile_fx
+    graph = graph_module(Node(MUL, ("L['self'].blocks.0", Block)))
+    assert module.compile_fx(graph, [1], inner_compile=None) == "compiled"
+    assert calls == [(graph, [1], {"inner_compile": None})]
+    assert module.compile_fx("not a graph", []) == "compiled"  # a graph it cannot read: compiled all the same
+    compiles.append(types.SimpleNamespace(inductor_provenance={json.dumps({"cpp_fused_mul_0:1": [MUL]})},
+                                          compile_id="0/0"))
+    from xsp.record.compiled_kernels import kernel_layers
+
+    assert kernel_layers({"tracer_details": {"operator": kernels.details()}}) == {
+        "cpp_fused_mul_0": [("blocks.0", "Block", 1.0)]}
+    kernels.uninstall()
+    assert module.compile_fx is compile_fx

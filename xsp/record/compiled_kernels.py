@@ -29,19 +29,36 @@ from xsp.record.sites import library_file, library_folders
 
 METADATA_KEY: Final = "compiled_kernels"
 """In the operator tracer's details (``metadata["tracer_details"]["operator"]``): kernel name to
-the frames of each operator it fuses (see :func:`kernel_sources`)."""
+the frames of each operator it fuses (see :func:`kernel_sources`); an operator that compiled code
+calls as it is, by its :func:`called_key`."""
+LAYERS_KEY: Final = "compiled_kernel_layers"
+"""In the operator tracer's details: kernel name (or :func:`called_key`) to the layers of the
+operators it fuses, each as ``[path, module type, share]`` (see :func:`kernel_layers`)."""
+CALLED_SEPARATOR: Final = "@"
+"""Between an operator's name and its compile's id in a :func:`called_key` (no kernel name has one)."""
 AMBIGUOUS_KEY: Final = "compiled_kernels_ambiguous"
 """Kernel names that two compiles gave different sources: their time stays on the line that
 called the compiled code."""
 EXTERN_PREFIX: Final = "extern_kernels."
 """Inductor's name for an operator compiled code calls as it is (``extern_kernels.addmm``): it runs
 as the operator (``aten::addmm``), under no name of its own, so its source is not kept."""
+TORCH_OPS_PREFIX: Final = "torch.ops."
+"""Inductor's name for an operator it falls back to (``torch.ops.aten.convolution.default``)."""
 GRAPH_PREFIX: Final = re.compile(r"^graph_\d+_")
 """Inductor names a CPU kernel's profiler event ``graph_<N>_<kernel>``."""
+_ROOT: Final = re.compile(r"^[LG]\[[^\]]*\]\.?")
+"""The root of a module path in dynamo's ``nn_module_stack`` (``L['self'].blocks.0``): the local or
+global that held the compiled module."""
 _FRAME: Final = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
 
 Frame = tuple[str, int, str, str]
 """A frame of a kernel's operator: file, line, function, and the line's code."""
+LayerShare = tuple[str, str, float]
+"""A layer a compiled kernel's time is counted on: its module path below the compiled module
+(``blocks.0.fc``), its module type (``Linear``), and its share of the kernel's time."""
+LayerHints = dict[str, dict[str, str]]
+"""An operator's stack trace (inductor's text, as its provenance gives it) to the module paths
+that ran it and their types: the path is ``""`` for an operator of the compiled module itself."""
 
 
 def kernel_name(event_name: str) -> str:
@@ -106,9 +123,10 @@ def _functions_of(file: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found, key=lambda item: item[2] - item[1]))  # the narrowest (innermost) first
 
 
-def sources_of_metrics(provenance_texts: list[str]) -> dict[str, list[list[Frame]]]:
+def sources_of_metrics(provenance_texts: list[str], compile_id: str = "") -> dict[str, list[list[Frame]]]:
     """Kernel name (without inductor's ``:handle``) to its operators' frames, from the JSON texts
-    of a compile's ``inductor_provenance``."""
+    of a compile's ``inductor_provenance``; an operator the compiled code calls as it is, by its
+    :func:`called_key` with ``compile_id`` (dynamo's id of the compile)."""
     sources: dict[str, list[list[Frame]]] = {}
     for text in provenance_texts:
         try:
@@ -121,14 +139,127 @@ def sources_of_metrics(provenance_texts: list[str]) -> dict[str, list[list[Frame
             if not isinstance(key, str) or not isinstance(traces, list):
                 continue
             name = key.rsplit(":", 1)[0]
-            if name.startswith(EXTERN_PREFIX):
-                continue
+            called = called_operator(name)
+            if called is not None:
+                name = called_key(called, compile_id)
             chains = [chain for chain in (users_frames(parse_stack_trace(t)) for t in traces if isinstance(t, str))
                       if chain]
             if chains:
                 sources.setdefault(name, [])
                 sources[name].extend(chain for chain in chains if chain not in sources[name])
     return sources
+
+
+def layer_hints(graph_module: Any) -> LayerHints:
+    """The modules each operator's stack trace ran in, from the graph dynamo hands to inductor:
+    each node keeps its stack trace and the stack of modules it was traced in
+    (``nn_module_stack``, outermost first). Several modules share a trace where one line runs
+    them all (``for block in self.blocks: x = block(x)``)."""
+    hints: LayerHints = {}
+    for node in graph_module.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if not trace or not isinstance(trace, str):
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        innermost = list(stack.values())[-1] if stack else None
+        path, module_type = ("", "") if innermost is None else (
+            _ROOT.sub("", str(innermost[0]), count=1), getattr(innermost[1], "__name__", str(innermost[1])))
+        hints.setdefault(trace, {})[path] = module_type
+    return hints
+
+
+def called_key(operator: str, compile_id: str) -> str:
+    """How the sources and layers of an operator that compiled code calls as it is are keyed:
+    by its name and its compile's id (``aten::addmm@0/0``), as two compiles call it for
+    different lines and modules. The span of a compiled call names its compile id
+    (``Torch-Compiled Region: 0/0``)."""
+    return f"{operator}{CALLED_SEPARATOR}{compile_id}"
+
+
+def called_operator(key: str) -> str | None:
+    """The operator a key of inductor's provenance names where compiled code calls it as it is
+    (``extern_kernels.addmm`` and ``torch.ops.aten.convolution.default`` are ``aten::addmm`` and
+    ``aten::convolution``, as the operator level names their spans); None for a generated kernel."""
+    for prefix, namespace in ((EXTERN_PREFIX, "aten"), (TORCH_OPS_PREFIX, None)):
+        if key.startswith(prefix):
+            rest = key[len(prefix):]
+            if namespace is None:
+                namespace, _, rest = rest.partition(".")
+            return f"{namespace}::{rest.split('.', 1)[0]}" if namespace and rest else None
+    return None
+
+
+def _shares(traces: list[str], hints: LayerHints, per_module: bool) -> list[LayerShare]:
+    shares: dict[tuple[str, str], float] = {}
+    if per_module:  # one call, one module: each module that calls it has an equal share
+        modules = {module for trace in traces for module in (hints.get(trace) or {}).items()}
+        for module in modules:
+            shares[module] = 1.0 / len(modules)
+    else:  # a kernel's operators have equal shares, each split among the modules that ran it
+        for trace in traces:
+            of_trace = hints.get(trace) or {}
+            for module in of_trace.items():
+                shares[module] = shares.get(module, 0.0) + 1.0 / len(traces) / len(of_trace)
+    return [(path, module_type, share) for (path, module_type), share in sorted(shares.items()) if path]
+
+
+def layers_of_metrics(provenance_texts: list[str], hints: LayerHints, compile_id: str = ""
+                      ) -> dict[str, list[LayerShare]]:
+    """The layers the time of a compile's kernels is counted on, from the JSON texts of its
+    ``inductor_provenance`` and the :func:`layer_hints` of its graphs: by generated kernel's
+    name, and for an operator the compiled code calls as it is (``aten::addmm``) by its
+    :func:`called_key` with ``compile_id``.
+
+    The rules, as no record says which layer one run of a kernel served: a generated kernel's
+    time is shared equally among the operators it fuses (its distinct stack traces), and an
+    operator's share equally among the modules that ran its line (``for block in self.blocks``
+    runs one line in each block). An operator called as it is runs for one module per call: each
+    module whose code calls it has an equal share of each call. The share of code of the
+    compiled module itself (no module below it), or of a stack trace without hints, is left out:
+    it stays on the layer that called the compiled code."""
+    traces_of: dict[str, list[str]] = {}
+    called: set[str] = set()
+    for text in provenance_texts:
+        try:
+            mapping = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(mapping, dict):
+            continue
+        for key, traces in mapping.items():
+            if not isinstance(key, str) or not isinstance(traces, list):
+                continue
+            name = key.rsplit(":", 1)[0]
+            operator = called_operator(name)
+            if operator is not None:
+                name = called_key(operator, compile_id)
+                called.add(name)
+            known = traces_of.setdefault(name, [])
+            known.extend(t for t in traces if isinstance(t, str) and t not in known)
+    layers: dict[str, list[LayerShare]] = {}
+    for name, traces in traces_of.items():
+        shares = _shares(traces, hints, per_module=name in called)
+        if shares:
+            layers[name] = shares
+    return layers
+
+
+def _read_shares(found: Any) -> dict[str, list[LayerShare]]:
+    layers: dict[str, list[LayerShare]] = {}
+    for name, shares in (found if isinstance(found, dict) else {}).items():
+        try:
+            layers[str(name)] = [(str(path), str(module_type), float(share)) for path, module_type, share in shares]
+        except (TypeError, ValueError):  # a damaged entry: that kernel stays on the calling layer
+            continue
+    return layers
+
+
+def kernel_layers(metadata: dict[str, Any]) -> dict[str, list[LayerShare]]:
+    """From a trace's metadata: the layers each generated kernel's time is counted on (see
+    :func:`layers_of_metrics`). Empty for a trace without compiled code, or one whose compiles
+    were made before the session (their graphs were not seen)."""
+    details = (metadata.get("tracer_details") or {}).get("operator") or {}
+    return _read_shares(details.get(LAYERS_KEY))
 
 
 def kernel_sources(metadata: dict[str, Any]) -> dict[str, list[list[Frame]]]:

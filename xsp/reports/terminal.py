@@ -23,7 +23,7 @@ from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
-from xsp.record.compiled_kernels import kernel_sources
+from xsp.record.compiled_kernels import kernel_layers, kernel_sources
 from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
@@ -387,13 +387,15 @@ def warmup_line(trace: Trace) -> str | None:
 
 def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
-    if layers.empty:
+    if layers.empty and not kernel_layers(trace.metadata):
         return
     warmup = warmup_line(trace)
     if warmup:
         _say(console, warmup, "yellow")
     trace, which = step_view or deep_steps(trace)
     best = analysis.top_layers(trace, k=top)
+    if best.empty:
+        return
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     # both times per call (a total beside a mean read as self larger than inclusive); the share is
@@ -406,6 +408,11 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
         ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
         ("share", "self share", share)])
+    compiled = analysis.layer_table(trace)["compiled"]
+    if compiled.any():
+        _say(console, f"{counted(int(compiled.sum()), 'call')} of layers inside compiled code hold their shares of "
+                      "the kernels torch.compile made: equal shares where one kernel serves several operators "
+                      "or layers (docs/analyses.md, \"Compiled code\")")
 
 
 def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:

@@ -1,0 +1,64 @@
+"""Which spans are the work of code ``torch.compile`` compiled, and the key under which a trace's
+metadata keeps their sources (:func:`xsp.record.compiled_kernels.kernel_sources`) and layers
+(:func:`xsp.record.compiled_kernels.kernel_layers`).
+
+Two kinds of spans run compiled code: the kernels inductor generated (``graph_0_cpp_fused_mul_0``
+on CPU, ``triton_poi_fused_mul_0`` on GPU), known by their kernel's name, and the operators the
+compiled code calls as they are (``aten::addmm`` for a ``Linear``): right under the span of the
+compiled call (``Torch-Compiled Region: 0/0``, or its graph's call inside it), known by their
+name and their compile's id,
+as two compiles call the same operator for different lines and modules.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from xsp.core import schema as col
+from xsp.record.compiled_kernels import called_key, kernel_name
+from xsp.table.walks import nearest_ancestor, text_matches, texts_at
+
+COMPILED_REGION: Final = "Torch-Compiled Region: "
+"""The name of the span of one call of compiled code, before its compile id (``0/0``)."""
+REGION_PATTERN: Final = re.compile(re.escape(COMPILED_REGION))
+CALL_PATTERN: Final = re.compile(re.escape("## Call CompiledFxGraph"))
+"""The span of the call of one compiled graph, inside its region, where PyTorch's profiler makes one."""
+OPERATOR_PATTERN: Final = re.compile("::")
+"""An operator's name has its namespace (``aten::addmm``)."""
+
+
+def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarray
+                  ) -> tuple[np.ndarray, list[object]]:
+    """The key of each span at ``positions``, as codes into a list of keys (a million spans of a
+    few names cost a few texts): the kernel's name for a generated kernel (without inductor's
+    ``graph_0_`` prefix), the :func:`called_key` of an operator that compiled code calls as it
+    is, the span's name for any other (no key of the metadata's; None for a span without one).
+    ``parents``: :func:`xsp.table.walks.parent_positions` of ``spans``."""
+    codes, names = pd.factorize(spans[col.NAME].iloc[positions], use_na_sentinel=False)
+    keys: list[object] = [kernel_name(name) if isinstance(name, str) else None for name in names]
+    is_region = text_matches(spans[col.NAME], REGION_PATTERN)
+    if not is_region.any() or not len(positions):
+        return codes, keys
+    operator_named = text_matches(spans[col.NAME], OPERATOR_PATTERN, anywhere=True)
+    region = nearest_ancestor(spans, is_region, parents)[positions]
+    parent = np.maximum(parents[positions], 0)
+    # right under the call: an operator's own work (what aten::addmm calls) is not the compiled
+    # code's call, nor is the compiler's (its first call compiles inside the region)
+    calls = is_region | text_matches(spans[col.NAME], CALL_PATTERN)
+    called = np.flatnonzero((region >= 0) & (parents[positions] >= 0) & calls[parent] & operator_named[positions])
+    if not len(called):
+        return codes, keys
+    regions = texts_at(spans[col.NAME], region[called])
+    called_codes, called_keys = pd.factorize(np.array(
+        [called_key(str(keys[code]), str(text)[len(COMPILED_REGION):]) for code, text in zip(codes[called], regions)],
+        dtype=object))
+    codes = codes.copy()
+    codes[called] = len(keys) + called_codes
+    return codes, keys + list(called_keys)
+
+
+__all__ = ["COMPILED_REGION", "compiled_keys"]
