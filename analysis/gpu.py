@@ -12,11 +12,21 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from xsp.analysis.compiled import compiled_keys
 from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions, text_codes, texts_at, union_length
+from xsp.record.compiled_kernels import CALLED_SEPARATOR, LayerShare, kernel_layers
+from xsp.table.walks import (
+    nearest_ancestor,
+    nearest_marked,
+    of_level,
+    parent_positions,
+    text_codes,
+    texts_at,
+    union_length,
+)
 
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -237,12 +247,78 @@ def _kernel_time_by(source: Trace | pd.DataFrame, key: str) -> pd.DataFrame:
     return grouped.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def compiled_kernel_shares(spans: pd.DataFrame, kernels: np.ndarray, layers_of_kernel: dict[str, list[LayerShare]]
+                           ) -> pd.DataFrame:
+    """The layers of compiled code each kernel at ``kernels`` (span positions) is counted on: a
+    kernel inductor generated (``triton_poi_fused_mul_0``) by its name, and a kernel launched by
+    an operator that compiled code calls as it is (``aten::mm``'s cuBLAS kernel) by that call
+    (:mod:`xsp.analysis.compiled`); shares as the layer table has them
+    (:func:`xsp.record.compiled_kernels.kernel_layers`).
+
+    Columns: ``kernel`` (place in ``kernels``), ``layer`` (named under the layer or model that
+    ran the compiled code: ``model.blocks.0``), ``share`` (of the kernel's time).
+    """
+    empty = pd.DataFrame({"kernel": pd.Series(dtype=np.int64), "layer": pd.Series(dtype=object),
+                          "share": pd.Series(dtype=np.float64)})
+    if not layers_of_kernel or not len(kernels):
+        return empty
+    parents = parent_positions(spans)
+    kernel_codes, kernel_keys = compiled_keys(spans, kernels, parents)
+    operators = np.flatnonzero(of_level(spans, Level.OPERATOR))
+    operator_codes, operator_keys = compiled_keys(spans, operators, parents)
+    called_key_of = np.full(len(spans), -1, dtype=np.int64)
+    is_called = np.array([isinstance(key, str) and CALLED_SEPARATOR in key and key in layers_of_kernel
+                          for key in operator_keys], dtype=bool)
+    called_key_of[operators] = np.where(is_called[operator_codes], operator_codes, -1)
+    marked = called_key_of >= 0
+    calling = nearest_marked(parents, marked)[kernels]
+    callers = nearest_ancestor(spans, of_level(spans, Level.LAYER) | (spans[col.KIND] == SpanKind.PREDICT.value)
+                               .to_numpy(), parents)[kernels]
+    # each kernel's source of shares: its own name's, else the call's that launched it
+    own = np.array([isinstance(key, str) and key in layers_of_kernel for key in kernel_keys], dtype=bool)
+    source = np.where(own[kernel_codes], kernel_codes,
+                      np.where(calling >= 0, len(kernel_keys) + called_key_of[np.maximum(calling, 0)], -1))
+    keys = [*kernel_keys, *operator_keys]
+    table = pd.DataFrame([(code, path, share) for code in np.unique(source[source >= 0]).tolist()
+                          for path, _, share in layers_of_kernel[str(keys[code])]],
+                         columns=["source", "path", "share"])
+    placed = np.flatnonzero((source >= 0) & (callers >= 0))
+    if not len(placed) or table.empty:
+        return empty
+    found = pd.DataFrame({"kernel": placed, "source": source[placed],
+                          "caller": texts_at(spans[col.NAME], callers[placed])}).merge(table, on="source")
+    return pd.DataFrame({"kernel": found["kernel"].to_numpy(dtype=np.int64),
+                         "layer": (found["caller"].astype(str) + "." + found["path"]).to_numpy(dtype=object),
+                         "share": found["share"].to_numpy(dtype=np.float64)}).sort_values("kernel", kind="stable")
+
+
 def kernel_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """Kernel time attributed to the innermost layer above each launch, over all steps.
+    """Kernel time attributed to the innermost layer above each launch, over all steps. Given a
+    trace (not a bare table), the kernels of compiled code count on its layers, by their shares
+    (:func:`compiled_kernel_shares`); the rest of their time stays on the launch's layer.
 
     Columns: ``layer``, ``kernels``, ``kernel_us``, ``mean_kernel_us``, ``share`` (of all kernel time).
     """
-    return _kernel_time_by(source, "layer")
+    layers_of_kernel = kernel_layers(source.metadata) if isinstance(source, Trace) else {}
+    if not layers_of_kernel:
+        return _kernel_time_by(source, "layer")
+    spans = spans_of(source)
+    table = kernel_table(source)
+    shares = compiled_kernel_shares(spans, np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL)), layers_of_kernel)
+    if shares.empty:
+        return _kernel_time_by(source, "layer")
+    durations = table["duration_us"].to_numpy(dtype=np.float64)
+    given = np.bincount(shares["kernel"].to_numpy(), weights=shares["share"].to_numpy(), minlength=len(table))
+    kept = table.assign(duration_us=durations * (1.0 - given))
+    moved = pd.DataFrame({"layer": shares["layer"].to_numpy(),
+                          "duration_us": durations[shares["kernel"].to_numpy()] * shares["share"].to_numpy()})
+    whole = pd.concat([kept[(given < 1.0 - 1e-9) & kept["layer"].notna().to_numpy()][["layer", "duration_us"]],
+                       moved], ignore_index=True)
+    grouped = whole.groupby("layer", sort=False, observed=True)["duration_us"].agg(
+        kernels="size", kernel_us="sum", mean_kernel_us="mean").reset_index()
+    total = durations.sum()
+    grouped["share"] = grouped["kernel_us"] / total if total else np.nan
+    return grouped.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def kernel_time_per_operator(source: Trace | pd.DataFrame) -> pd.DataFrame:

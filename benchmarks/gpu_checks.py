@@ -21,7 +21,9 @@ benchmarks/results/gpu_checks.json and rewrites gpu_checks.md from it):
 * ``graphs``: CUDA graph replays (issue 63): a small model captured with ``torch.cuda.graph``
   inside a session with the kernel level, replayed 5 times: replayed kernels with a graph node,
   attributed to their capture-time layers, the replays' layer trees; then the same model under
-  ``torch.compile(mode="reduce-overhead")``.
+  ``torch.compile(mode="reduce-overhead")``; then under ``torch.compile`` compiled inside a session
+  with the operator and CUDA levels: Triton kernels with known layers and lines, and the GPU time
+  per layer of compiled code.
 * ``metrics``: the gpu_metrics level with the kernel level on ResNet-50 inference at batch 32
   for about ``--seconds`` of GPU time (more than one decode of PM samples): samples, the metric
   set CUPTI took, DRAM bandwidth against the device's peak, FP32/16/64 FLOP rate, and the share
@@ -306,7 +308,38 @@ def graphs_part() -> dict[str, Any]:
             result["reduce_overhead"] = _graph_summary(compiled_session.trace)
         except Exception as exc:  # the CUDA graph check above stands on its own
             result["reduce_overhead"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        result["compiled_layers"] = _compiled_layers_summary(model, static)
+    except Exception as exc:  # the checks above stand on their own
+        result["compiled_layers"] = {"error": f"{type(exc).__name__}: {exc}"}
     return result
+
+
+def _compiled_layers_summary(model: Any, static: Any) -> dict[str, Any]:
+    """Issue 63, item 1 on a GPU: ``torch.compile`` (default mode) compiled inside a session with
+    the operator and CUDA levels: the Triton kernels with known layers and lines, and the GPU
+    time per layer of compiled code (``kernel_time_per_layer``)."""
+    import xsp
+    from xsp.analysis import kernel_time_per_layer
+    from xsp.record.compiled_kernels import kernel_layers, kernel_name, kernel_sources
+
+    compiled = torch.compile(model)
+    with torch.no_grad(), xsp.trace(levels="model,layer,operator,cuda_api,kernel", output=None) as session:
+        for _ in range(5):
+            compiled(static)
+        torch.cuda.synchronize()
+    trace = session.trace
+    spans = trace.spans
+    kernels = spans[spans["kind"].astype(str) == "kernel"]
+    names = kernels["name"].astype(str).map(kernel_name)
+    layers, sources = kernel_layers(trace.metadata), kernel_sources(trace.metadata)
+    per_layer = kernel_time_per_layer(trace)
+    return {"kernels": len(kernels), "triton_kernels": int(names.str.startswith("triton").sum()),
+            "with_layers": int(names.isin(set(layers)).sum()), "with_lines": int(names.isin(set(sources)).sum()),
+            "called_operators_with_layers": sorted(key for key in layers if "@" in key),
+            "kernel_us_per_layer": {str(row.layer): round(float(row.kernel_us), 1)
+                                    for row in per_layer.head(12).itertuples()},
+            "dropped": _dropped(trace)}
 
 
 def metrics_part(seconds: float) -> dict[str, Any]:
@@ -399,7 +432,9 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
                   "replayed 5 times; then `torch.compile(mode=\"reduce-overhead\")` (captured at warm-up, before "
                   "its session: its replays keep their launch).", "",
                   f"* torch.cuda.graph: {graphs['cuda_graph']}",
-                  f"* reduce-overhead: {graphs['reduce_overhead']}", ""]
+                  f"* reduce-overhead: {graphs['reduce_overhead']}",
+                  f"* torch.compile, compiled in a session with the operator and CUDA levels (layers and lines "
+                  f"of Triton kernels): {graphs.get('compiled_layers')}", ""]
     shared = summary.get("shared")
     if shared:
         lines += [f"## CUPTI shared with PyTorch's profiler ({shared['run_date']}, cupti-python "

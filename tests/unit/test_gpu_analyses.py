@@ -141,3 +141,49 @@ def test_roofline_from_counters_and_kernels():
 def test_peak_table_lookup(name, memory, expected):
     peak = roofline.peak_for(name, memory)
     assert (peak.name if peak else None) == expected
+
+
+def compiled_gpu_trace(caller_is_layer: bool = True) -> Trace:
+    """A layer ``model.net`` calls compiled code (compile 0/0) that launches a Triton kernel
+    (20 µs) and calls ``aten::mm`` as it is, whose cuBLAS kernel takes 40 µs; an eager kernel
+    (10 µs) runs after it in the same layer."""
+    from xsp.record.compiled_kernels import LAYERS_KEY
+
+    rows = [
+        (1, None, "model", "predict", "model", 0, 200, {}),
+        (2, 1, "layer", "forward", "model.net", 0, 190, {col.MODULE_TYPE: "Inner"}),
+        (3, 2, "operator", "operator", "Torch-Compiled Region: 0/0", 10, 100, {}),
+        (4, 3, "cuda_api", "runtime", "cuLaunchKernel", 20, 25, {}),
+        (5, 4, "kernel", "kernel", "triton_poi_fused_mul_0", 30, 50, {col.CORRELATION_ID: 1}),
+        (6, 3, "operator", "operator", "aten::mm", 40, 60, {}),
+        (7, 6, "cuda_api", "runtime", "cudaLaunchKernel", 45, 50, {}),
+        (8, 7, "kernel", "kernel", "sm90_xmma_gemm", 50, 90, {col.CORRELATION_ID: 2}),
+        (9, 2, "operator", "operator", "aten::relu", 120, 130, {}),
+        (10, 9, "cuda_api", "runtime", "cudaLaunchKernel", 121, 125, {}),
+        (11, 10, "kernel", "kernel", "relu_kernel", 130, 140, {col.CORRELATION_ID: 3}),
+    ]
+    if not caller_is_layer:  # the compiled model itself: no layer above its kernels
+        rows = [row if row[0] != 3 else (3, 1, *row[2:]) for row in rows if row[0] not in (2, 9, 10, 11)]
+    layers = {"triton_poi_fused_mul_0": [["blocks.0", "Block", 0.5], ["blocks.1", "Block", 0.25]],
+              "aten::mm@0/0": [["blocks.0.fc", "Linear", 1.0]],
+              "aten::mm@1/0": [["other", "Linear", 1.0]]}
+    return make_trace(rows, {"tracer_details": {"operator": {LAYERS_KEY: layers}}})
+
+
+def test_the_kernels_of_compiled_code_count_on_its_layers():
+    table = gpu.kernel_time_per_layer(compiled_gpu_trace()).set_index("layer")
+    assert table.loc["model.net.blocks.0", "kernel_us"] == pytest.approx(10)  # half the Triton kernel
+    assert table.loc["model.net.blocks.1", "kernel_us"] == pytest.approx(5)
+    assert table.loc["model.net.blocks.0.fc", "kernel_us"] == pytest.approx(40)  # the matrix multiply's kernel
+    assert table.loc["model.net", "kernel_us"] == pytest.approx(5 + 10)  # the Triton kernel's rest, the eager one
+    assert table["kernel_us"].sum() == pytest.approx(70) and table["share"].sum() == pytest.approx(1)
+    assert "model.net.other" not in table.index  # another compile's matrix multiply
+    bare = gpu.kernel_time_per_layer(compiled_gpu_trace().spans).set_index("layer")  # no metadata: the launch's layer
+    assert bare["kernel_us"].to_dict() == {"model.net": pytest.approx(70)}
+
+
+def test_a_compiled_models_kernels_count_on_its_layers_under_the_model():
+    table = gpu.kernel_time_per_layer(compiled_gpu_trace(caller_is_layer=False)).set_index("layer")
+    assert table["kernel_us"].to_dict() == {"model.blocks.0.fc": pytest.approx(40), "model.blocks.0": pytest.approx(10),
+                                            "model.blocks.1": pytest.approx(5)}
+    assert table["share"].sum() == pytest.approx(55 / 60)  # the rest of the Triton kernel is the model's own
