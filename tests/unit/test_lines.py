@@ -281,6 +281,20 @@ def test_speedscope_is_valid_balanced_and_round_trips(user):
     assert all(f["file"] == user.__file__ for f in line_frames)
 
 
+def test_the_speedscope_file_is_written_as_the_events_come_and_is_the_document(user, tmp_path, monkeypatch):
+    from xsp.export import stacks
+
+    trace = _trace(lambda: user.in_threads(user.Net(1.0), user.Net(1.0), 2), levels="model,layer,operator")
+    monkeypatch.setattr(stacks, "EVENTS_PER_WRITE", 3)  # many writes per profile
+    written = json.loads(stacks.write_speedscope(trace, tmp_path / "run.speedscope.json").read_text())
+    assert written == speedscope_document(trace)
+    assert len(written["profiles"]) > 1
+    _validated(written)
+    empty = xsp.Trace(trace.spans.iloc[0:0])
+    assert json.loads(stacks.write_speedscope(empty, tmp_path / "empty.json").read_text()) == speedscope_document(
+        empty)
+
+
 def test_folded_stacks_add_up_and_put_lines_under_models_and_layers(user):
     trace = _trace(lambda: user.run(user.Net(2.0), 3))
     stacks = collapsed_stacks(trace)

@@ -37,7 +37,7 @@ from xsp.analysis.lines import line_label, relative_files, texts
 from xsp.core import schema as col
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level
-from xsp.io.outputs import write_text_output
+from xsp.io.outputs import write_output, write_text_output
 from xsp.io.trace import Trace
 
 SPEEDSCOPE_SCHEMA: Final = "https://www.speedscope.app/file-format-schema.json"
@@ -186,9 +186,66 @@ def collapsed_stacks(trace: Trace) -> Counter[str]:
     return totals
 
 
+EVENTS_PER_WRITE: Final = 65_536
+"""Events of a profile encoded and written at a time: the file is written as the events come,
+with no document of millions of events in memory."""
+
+
 def write_speedscope(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` as a speedscope file (open it at https://www.speedscope.app)."""
-    return write_text_output(path, json.dumps(speedscope_document(trace), separators=(",", ":")))
+    """Write ``trace`` as a speedscope file (open it at https://www.speedscope.app), atomically:
+    the same document as :func:`speedscope_document`, written profile by profile as the frames'
+    events come (each thread's are in a block), the shared frames last (JSON's fields have no
+    order), so that memory does not grow with the events.
+
+    Raises:
+        xsp.io.outputs.OutputError: the file could not be written (nothing is left at ``path``).
+    """
+    origin = int(trace.spans[col.START_NS].min()) if len(trace.spans) else 0
+    names = trace.thread_names()
+    service = trace.metadata.get("service_name") or "xsp trace"
+
+    def encode(value: Any) -> bytes:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+    def write(temporary: Path) -> None:
+        frames: dict[Frame, int] = {}
+        with open(temporary, "wb") as out:
+            out.write(b'{"$schema":' + encode(SPEEDSCOPE_SCHEMA) + b',"profiles":[')
+            thread: tuple[int | None, int] | None = None
+            end = 0
+            batch: list[bytes] = []
+            written = 0  # events of the open profile written so far
+
+            def flush() -> None:
+                nonlocal written
+                if batch:
+                    out.write((b"," if written else b"") + b",".join(batch))
+                    written += len(batch)
+                    batch.clear()
+
+            for event in frame_events(trace):
+                at = event.at_ns - origin
+                if event.thread != thread:
+                    if thread is not None:
+                        flush()
+                        out.write(b'],"endValue":' + encode(end) + b"},")
+                    thread, end, written = event.thread, at, 0
+                    out.write(b'{"type":"evented","name":' + encode(_thread_label(thread, names))
+                              + b',"unit":"nanoseconds","startValue":' + encode(at) + b',"events":[')
+                index = frames.setdefault(event.frame, len(frames))
+                batch.append(b'{"type":"%s","frame":%d,"at":%d}' % (b"O" if event.opened else b"C", index, at))
+                end = max(end, at)
+                if len(batch) >= EVENTS_PER_WRITE:
+                    flush()
+            if thread is not None:
+                flush()
+                out.write(b'],"endValue":' + encode(end) + b"}")
+            shared = [{"name": f.name, **({"file": f.file} if f.file else {}), **({"line": f.line} if f.line else {})}
+                      for f in frames]
+            out.write(b'],"shared":' + encode({"frames": shared}) + b',"name":' + encode(str(service))
+                      + b',"activeProfileIndex":0,"exporter":' + encode(f"xsp {__version__}") + b"}")
+
+    return write_output(path, write)
 
 
 def write_collapsed(trace: Trace, path: str | os.PathLike[str]) -> Path:
