@@ -4,7 +4,7 @@ The V100 trace of ../shared/traces is repeated end to end (``--repeat`` copies, 
 benchmarks/kineto_import.py builds them: 16 give 1.97M spans) and imported once into an
 .xsp.parquet file. Then each tool runs in a fresh process of its own, as a user runs it from the
 shell: ``xsp.load``, ``xsp report`` (output to /dev/null), ``xsp export --format chrome``,
-``speedscope`` and ``collapsed``. Per tool: wall time of the process (imports included), peak
+``speedscope``, ``collapsed`` and ``perfetto``. Per tool: wall time of the process (imports included), peak
 memory of the process (xsp.load's is what loading alone costs). Best of ``--runs`` by time, with
 the least peak of the runs. Results go to benchmarks/results/large_trace_tools.md.
 
@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                      "-o", str(folder / "out.speedscope.json")])),
             "xsp export --format collapsed": (RUN_TOOL, json.dumps(["export", str(trace), "--format", "collapsed",
                                                                     "-o", str(folder / "out.folded")])),
+            "xsp export --format perfetto": (RUN_TOOL, json.dumps(["export", str(trace), "--format", "perfetto",
+                                                                   "-o", str(folder / "out.pftrace")])),
         }
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.runs):  # tools alternate from run to run
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "peak_mb": min(figures["peak_mb"], best[name]["peak_mb"])}
                 print(f"{name}: {figures['wall_s']:.1f} s, {figures['peak_mb']:.0f} MB", flush=True)
         sizes = {name: (folder / file).stat().st_size for name, file in
-                 (("chrome", "out.json"), ("speedscope", "out.speedscope.json"), ("collapsed", "out.folded"))}
+                 (("chrome", "out.json"), ("speedscope", "out.speedscope.json"), ("collapsed", "out.folded"),
+                  ("perfetto", "out.pftrace"))}
         trace_mb = trace.stat().st_size / 2**20
     spans = int(best["xsp.load"]["spans"])
     lines = [

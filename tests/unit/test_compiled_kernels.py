@@ -59,7 +59,7 @@ def test_sources_keep_the_users_frames_by_qualified_name_and_drop_the_handle(tmp
                                    trace_text((str(model), 7, "forward", "y = x * 2"),
                                               (library, 1775, "_call_impl", "return forward_call(*args)"))],
         "cpp_fused_sum_1:2": [trace_text((library, 10, "inner", "pass"))],  # no user frame: no source
-        "extern_kernels.addmm:3": [trace_text((str(model), 9, "forward", "return z.sum()"))],  # aten::addmm in compile 0/0
+        "extern_kernels.addmm:3": [trace_text((str(model), 9, "forward", "return z.sum()"))],  # aten::addmm, 0/0
     }
     sources = sources_of_metrics([json.dumps(provenance), "not json"], "0/0")
     assert sources == {"cpp_fused_mul_relu_0": [[(str(model), 8, "Net.forward", "z = torch.relu(y)")],

@@ -13,29 +13,40 @@ class Format(str, Enum):
     CHROME = "chrome"
     SPEEDSCOPE = "speedscope"
     COLLAPSED = "collapsed"
+    PERFETTO = "perfetto"
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("export", help="write a trace as Chrome/Perfetto JSON, speedscope or folded stacks",
+    parser = commands.add_parser("export", help="write a trace as Chrome/Perfetto JSON, Perfetto protobuf, speedscope "
+                                                "or folded stacks",
                                  description="Convert a trace (.xsp.parquet, PyTorch profiler .json/.json.gz or "
                                              "Nsight Systems .sqlite) to another format.")
     parser.add_argument("file", help=TRACE_FILE_HELP)
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.CHROME.value,
-                        help="output format: chrome (default; chrome://tracing and ui.perfetto.dev), speedscope "
-                             "(speedscope.app) or collapsed (folded stacks for flamegraph.pl), the last two with "
-                             "the lines of your code as frames")
+                        help="output format: chrome (default; chrome://tracing and ui.perfetto.dev), perfetto "
+                             "(Perfetto's protobuf for ui.perfetto.dev: a seventh of the size, for traces too large "
+                             "for JSON), speedscope (speedscope.app) or collapsed (folded stacks for "
+                             "flamegraph.pl), the last two with the lines of your code as frames")
     parser.add_argument("-o", "--output", required=True, help="file to write")
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
     from xsp.export.chrome import write_chrome
+    from xsp.export.perfetto import write_perfetto
     from xsp.export.stacks import write_collapsed, write_speedscope
     from xsp.io.loading import load
     check_output(options.output, options.file)
     trace = load(options.file)
+    chosen = Format(options.format)
+    if chosen is Format.PERFETTO:
+        target, cut = write_perfetto(trace, options.output)
+        error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}" + (
+            f" ({cut} cut at the end of a span they overlap on their thread or stream)" if cut else ""),
+            markup=False)
+        return 0
     writer = {Format.CHROME: write_chrome, Format.SPEEDSCOPE: write_speedscope,
-              Format.COLLAPSED: write_collapsed}[Format(options.format)]
+              Format.COLLAPSED: write_collapsed}[chosen]
     target = writer(trace, options.output)
     error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}", markup=False)
     return 0
