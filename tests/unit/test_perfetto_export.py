@@ -138,3 +138,18 @@ def test_the_cli_writes_it_and_says_how_many_spans_were_cut(tmp_path):
     assert done.stderr.strip() == f"xsp: wrote 8 spans to {out} (1 cut at the end of a span they overlap on their " \
                                   "thread or stream)"
     assert sum(len(items) for items in slices(read(out))[0].values()) == 7
+
+
+def test_a_chrome_file_too_large_for_the_ui_points_to_perfetto(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from xsp.cli import export
+
+    source = hand_made().save(tmp_path / "run.xsp.parquet")
+    monkeypatch.setattr(export, "LARGE_JSON_BYTES", 100)
+    assert export.run(argparse.Namespace(file=str(source), output=str(tmp_path / "t.json"), format="chrome")) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "the Perfetto UI may fail to open JSON this large; --format perfetto" in said
+    monkeypatch.setattr(export, "LARGE_JSON_BYTES", 2**30)
+    assert export.run(argparse.Namespace(file=str(source), output=str(tmp_path / "u.json"), format="chrome")) == 0
+    assert "--format perfetto" not in capsys.readouterr().err

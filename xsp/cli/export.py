@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 from xsp.cli._common import TRACE_FILE_HELP, check_output, error_console
+
+LARGE_JSON_BYTES: Final = 2**30
+"""Past this, a Chrome JSON file is more than the Perfetto UI reliably parses in a browser tab."""
 
 
 class Format(str, Enum):
@@ -49,4 +52,9 @@ def run(options: argparse.Namespace) -> int:
               Format.COLLAPSED: write_collapsed}[chosen]
     target = writer(trace, options.output)
     error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}", markup=False)
+    size = target.stat().st_size if chosen is Format.CHROME and target.is_file() else 0
+    if size > LARGE_JSON_BYTES:
+        error_console().print(f"xsp: {target} is {size / 2**30:.1f} GiB: the Perfetto UI may fail to open JSON "
+                              "this large; --format perfetto writes the spans in Perfetto's protobuf, a fraction "
+                              "of the size", markup=False)
     return 0
