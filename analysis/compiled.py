@@ -19,16 +19,39 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.record.compiled_kernels import called_key, kernel_name
+from xsp.core.schema import BACKWARD_SUFFIX
+from xsp.record.compiled_kernels import NAMED_MARK, called_key, kernel_name
 from xsp.table.walks import nearest_ancestor, text_matches, texts_at
 
 COMPILED_REGION: Final = "Torch-Compiled Region: "
 """The name of the span of one call of compiled code, before its compile id (``0/0``)."""
 REGION_PATTERN: Final = re.compile(re.escape(COMPILED_REGION))
-CALL_PATTERN: Final = re.compile(re.escape("## Call CompiledFxGraph"))
-"""The span of the call of one compiled graph, inside its region, where PyTorch's profiler makes one."""
+CALL_PATTERN: Final = re.compile(r"## Call CompiledFxGraph|CompiledFunction$")
+"""The spans of the call of one compiled graph inside its region: PyTorch's profiler's, and the
+autograd function a graph that trains runs as (its backward, ``CompiledFunctionBackward``, runs
+in no region: the operators it calls as they are stay on the layer that called it)."""
 OPERATOR_PATTERN: Final = re.compile("::")
 """An operator's name has its namespace (``aten::addmm``)."""
+
+
+COMPILED_BACKWARD: Final = "CompiledFunctionBackward"
+"""The autograd node a compiled graph's backward runs under: its kernels count on the layers' backward."""
+ORIGINAL_MODULE: Final = "._orig_mod"
+"""What a compiled module's layer name ends with inside ``torch.compile``'s wrapper (the layer
+``model.body._orig_mod`` is ``model.body`` compiled)."""
+
+
+def compiled_layer_name(caller: str | None, path: str, backward: bool) -> str:
+    """The name of the layer ``path`` of compiled code (a :data:`LayerShare`'s path), as an eager
+    run names it: below the layer (or model) ``caller`` that called the compiled code
+    (``model.blocks.0``), or the path's own name for a module a compiled function called
+    (``/model.blocks.0``); with ``.backward`` for its backward."""
+    if path.startswith(NAMED_MARK):
+        name = path[len(NAMED_MARK):]
+    else:
+        owner = (caller or "").removesuffix(BACKWARD_SUFFIX).removesuffix(ORIGINAL_MODULE)
+        name = f"{owner}.{path}" if owner else path
+    return name + (BACKWARD_SUFFIX if backward else "")
 
 
 def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarray
@@ -61,4 +84,4 @@ def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarra
     return codes, keys + list(called_keys)
 
 
-__all__ = ["COMPILED_REGION", "compiled_keys"]
+__all__ = ["COMPILED_BACKWARD", "COMPILED_REGION", "compiled_keys", "compiled_layer_name", "REGION_PATTERN"]

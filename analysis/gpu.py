@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xsp.analysis.compiled import compiled_keys
+from xsp.analysis.compiled import COMPILED_BACKWARD, compiled_keys, compiled_layer_name
 from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -272,8 +272,8 @@ def compiled_kernel_shares(spans: pd.DataFrame, kernels: np.ndarray, layers_of_k
     called_key_of[operators] = np.where(is_called[operator_codes], operator_codes, -1)
     marked = called_key_of >= 0
     calling = nearest_marked(parents, marked)[kernels]
-    callers = nearest_ancestor(spans, of_level(spans, Level.LAYER) | (spans[col.KIND] == SpanKind.PREDICT.value)
-                               .to_numpy(), parents)[kernels]
+    is_module = of_level(spans, Level.LAYER) | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy()
+    callers = nearest_ancestor(spans, is_module, parents)[kernels]
     # each kernel's source of shares: its own name's, else the call's that launched it
     own = np.array([isinstance(key, str) and key in layers_of_kernel for key in kernel_keys], dtype=bool)
     source = np.where(own[kernel_codes], kernel_codes,
@@ -282,13 +282,15 @@ def compiled_kernel_shares(spans: pd.DataFrame, kernels: np.ndarray, layers_of_k
     table = pd.DataFrame([(code, path, share) for code in np.unique(source[source >= 0]).tolist()
                           for path, _, share in layers_of_kernel[str(keys[code])]],
                          columns=["source", "path", "share"])
-    placed = np.flatnonzero((source >= 0) & (callers >= 0))
+    placed = np.flatnonzero(source >= 0)
     if not len(placed) or table.empty:
         return empty
-    found = pd.DataFrame({"kernel": placed, "source": source[placed],
+    backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents)[kernels] >= 0
+    found = pd.DataFrame({"kernel": placed, "source": source[placed], "backward": backward[placed],
                           "caller": texts_at(spans[col.NAME], callers[placed])}).merge(table, on="source")
-    return pd.DataFrame({"kernel": found["kernel"].to_numpy(dtype=np.int64),
-                         "layer": (found["caller"].astype(str) + "." + found["path"]).to_numpy(dtype=object),
+    layers = [compiled_layer_name(caller, path, bool(back))
+              for caller, path, back in zip(found["caller"], found["path"], found["backward"])]
+    return pd.DataFrame({"kernel": found["kernel"].to_numpy(dtype=np.int64), "layer": np.array(layers, dtype=object),
                          "share": found["share"].to_numpy(dtype=np.float64)}).sort_values("kernel", kind="stable")
 
 

@@ -18,20 +18,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.compiled import compiled_keys
+from xsp.analysis.compiled import COMPILED_BACKWARD, REGION_PATTERN, compiled_keys, compiled_layer_name
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import LayerShare, kernel_layers
 from xsp.table.self_time import self_ns
-from xsp.table.walks import nearest_ancestor, parent_positions, texts_at
+from xsp.table.walks import nearest_ancestor, parent_positions, text_matches, texts_at
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
                  "duration_ms", "duration_ci_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source",
                  "compiled"]
-COMPILED_BACKWARD = "CompiledFunctionBackward"
-"""The autograd node a compiled graph's backward runs under: its kernels count on the layers' backward."""
 
 
 def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[LayerShare]]
@@ -65,7 +63,11 @@ def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[La
     within = np.arange(len(positions)) - np.repeat(np.cumsum(counts[codes]) - counts[codes], counts[codes])
     pair_at = first_pair[span_codes] + within
     is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
-    callers = nearest_ancestor(spans, is_layer | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy(), parents)
+    is_module = is_layer | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy()
+    callers = nearest_ancestor(spans, is_module, parents)
+    # a compiled function called under no model or layer (inside an xsp.step): its call is the caller
+    callers = np.where(callers >= 0, callers, nearest_ancestor(spans, text_matches(spans[col.NAME], REGION_PATTERN),
+                                                               parents))
     backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents) >= 0
     entries = pd.DataFrame({
         "caller": callers[positions], "backward": backward[positions],
@@ -93,9 +95,9 @@ def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[La
     caller = rows["caller"].to_numpy(dtype=np.int64)
     depth = spans[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=0.0)[caller] if col.CALL_DEPTH in spans \
         else np.zeros(len(rows))
-    caller_name = texts_at(spans[col.NAME], caller)
-    suffix = np.where(rows["backward"].to_numpy(dtype=bool), BACKWARD_SUFFIX, "")
-    name = [f"{owner}.{path}{end}" for owner, path, end in zip(caller_name, rows["path"], suffix)]
+    caller_name = texts_at(spans[col.NAME], np.where(is_module[caller], caller, -1))
+    name = [compiled_layer_name(owner, path, bool(back))
+            for owner, path, back in zip(caller_name, rows["path"], rows["backward"])]
     table = pd.DataFrame({
         "step": spans[col.STEP].to_numpy()[caller], "path": [f"{at}/{n}" for at, n in
                                                              zip(texts_at(spans[col.PATH], caller), name)],
@@ -125,7 +127,8 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
     compiled, callers, taken_ns = compiled_layer_rows(
         spans, kernel_layers(source.metadata) if isinstance(source, Trace) else {})
-    own_all = self_ns(spans, is_layer)
+    # a compile inside a layer's first call is the compiler's time (step_breakdown's compile), not the layer's
+    own_all = self_ns(spans, is_layer | (spans[col.KIND] == SpanKind.COMPILE.value).to_numpy())
     np.subtract.at(own_all, callers, taken_ns)
     own_ns = own_all[is_layer]
     layers = spans[is_layer]

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from xsp.record.compiled_kernels import (
     AMBIGUOUS_KEY,
+    CALLED_SEPARATOR,
     LAYERS_KEY,
     METADATA_KEY,
     Frame,
@@ -116,16 +117,23 @@ class CompiledKernels:
                 if not texts:
                     continue
                 compile_id = str(getattr(compiled, "compile_id", ""))
+                # a compile's forward and backward come as two compiles of one id: an operator
+                # called as it is in both has the lines and modules of both
                 for name, chains in sources_of_metrics(sorted(texts), compile_id).items():
                     known = self._sources.get(name)
                     if known is None:
                         self._sources[name] = chains
+                    elif CALLED_SEPARATOR in name:
+                        known.extend(chain for chain in chains if chain not in known)
                     elif sorted(known) != sorted(chains):
                         self._ambiguous.add(name)
                 for name, shares in layers_of_metrics(sorted(texts), self._hints, compile_id).items():
                     seen = self._layers.get(name)
                     if seen is None:
                         self._layers[name] = shares
+                    elif CALLED_SEPARATOR in name:
+                        modules = sorted({(path, module_type) for path, module_type, _ in [*seen, *shares]})
+                        self._layers[name] = [(path, module_type, 1.0 / len(modules)) for path, module_type in modules]
                     elif seen != shares:
                         self._ambiguous.add(name)
 

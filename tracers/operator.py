@@ -330,6 +330,9 @@ class OperatorTracer(Tracer):
         dropped = self._observer.dropped()
         if dropped:
             window.dropped["operator calls past max_events"] += dropped
+        failed = self._observer.failed()
+        if failed:
+            window.dropped["operator calls the observer failed to record"] += failed
         window.derived["operator_records"] = (taken, lines)
 
     def collect(self, window: Window) -> pd.DataFrame:

@@ -156,3 +156,31 @@ def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variab
     assert {line_of("MUL"), line_of("RELU")} <= set(mine.index), found
     # its graph was compiled before the session, unseen: no layers of compiled code
     assert not layer_table(xsp.load(output))["compiled"].any()
+
+
+DYNAMIC = textwrap.dedent("""
+    import sys
+    import torch
+    import xsp
+
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()))
+    with torch.no_grad(), xsp.trace(levels="model,layer,operator", output=sys.argv[1]) as session:
+        for batch in range(2, 7):
+            model(torch.randn(batch, 16))
+    compiles = session.trace.spans
+    print("compiles", int((compiles["kind"] == "compile").sum()))
+""")
+
+
+def test_the_operator_level_reads_no_symbolic_shape_so_a_new_batch_size_compiles_once(tmp_path):
+    """Reading a fake tensor's symbolic sizes as numbers makes dynamo specialize them: every new
+    batch size would recompile (seconds a step). As without xsp: the first compile, then one
+    with a dynamic batch size for all the others."""
+    script = tmp_path / "dynamic.py"
+    script.write_text(DYNAMIC)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run.xsp.parquet")], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiles 2" in done.stdout, done.stdout
+    assert "dropped" not in done.stderr  # no call lost to a shape that could not be read

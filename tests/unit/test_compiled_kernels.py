@@ -461,3 +461,88 @@ def test_the_session_notices_each_graph_inductor_compiles_and_sets_compile_fx_ba
         "cpp_fused_mul_0": [("blocks.0", "Block", 1.0)]}
     kernels.uninstall()
     assert module.compile_fx is compile_fx
+
+
+def test_compiled_layers_are_named_as_an_eager_run_names_them():
+    from xsp.analysis.compiled import compiled_layer_name
+    from xsp.record.compiled_kernels import module_path
+
+    assert module_path("L['self'].blocks.0") == "blocks.0" and module_path("L['self']") == ""
+    assert module_path("L['model'].layers.0") == "/model.layers.0"  # a compiled function's variable
+    assert module_path("G['net']") == "/net"
+    assert compiled_layer_name("model", "blocks.0", False) == "model.blocks.0"
+    # the backward's caller is the model's backward span; a compiled submodule's, its _orig_mod
+    assert compiled_layer_name("model.backward", "blocks.0.fc1", True) == "model.blocks.0.fc1.backward"
+    assert compiled_layer_name("model.body._orig_mod", "blocks.0", False) == "model.body.blocks.0"
+    assert compiled_layer_name("model", "/net.layers.0", False) == "net.layers.0"
+    assert compiled_layer_name(None, "blocks.0", False) == "blocks.0"
+
+
+def test_a_compiled_function_under_a_step_has_its_models_layers_by_their_variable():
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace()
+    spans = trace.spans.copy()
+    spans.loc[0, [col.LEVEL, col.KIND, col.NAME]] = ["model", "step", "step"]  # no model call: a step
+    layers = {"cpp_fused_add_mul_relu_0": [["/net.blocks.0", "Block", 0.5]],
+              "aten::addmm@0/0": [["/net.head", "Linear", 1.0]]}
+    table = layer_table(xsp.Trace(spans, {"tracer_details": {"operator": {"compiled_kernel_layers": layers}}}))
+    assert table.set_index("name")["self_ms"].to_dict() == {"net.blocks.0": pytest.approx(30 / 1e6),
+                                                            "net.head": pytest.approx(40 / 1e6)}
+
+
+def test_an_operator_a_training_graph_calls_runs_under_its_autograd_function():
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace()
+    spans = trace.spans.copy()
+    wrapper = spans.iloc[[1]].copy()  # region (3) > CompiledFunction (9) > the kernel and the matrix multiply
+    wrapper[[col.SPAN_ID, col.PARENT_ID, col.NAME]] = [9, 3, "CompiledFunction"]
+    spans.loc[spans[col.PARENT_ID] == 3, col.PARENT_ID] = 9
+    spans = pd.concat([spans, wrapper], ignore_index=True).astype({col.PARENT_ID: "Int64"})
+    names = set(layer_table(xsp.Trace(spans, trace.metadata))["name"])
+    assert names == {"model.blocks.0", "model.blocks.1", "model.blocks.0.fc", "model.head"}
+
+
+def test_a_compiles_forward_and_backward_share_its_called_operators(monkeypatch):
+    import types
+
+    from xsp.record.compiled_kernels import kernel_layers
+    from xsp.tracers.compiled_kernels import DYNAMO_UTILS, CompiledKernels
+
+    forward = types.SimpleNamespace(inductor_provenance={json.dumps({"extern_kernels.mm:1": [FC]})},
+                                    compile_id="0/0")
+    backward = types.SimpleNamespace(inductor_provenance={json.dumps({"extern_kernels.mm:2": [HEAD]})},
+                                     compile_id="0/0")  # dynamo files the backward under the forward's id
+    compiles = [forward, backward]
+    monkeypatch.setitem(sys.modules, DYNAMO_UTILS, types.SimpleNamespace(get_compilation_metrics=lambda: compiles))
+    from xsp.tracers.compiled_kernels import COMPILE_FX
+
+    module = types.ModuleType(COMPILE_FX)
+    module.compile_fx = lambda model_, *args, **kwargs: None
+    monkeypatch.setitem(sys.modules, COMPILE_FX, module)
+    kernels = CompiledKernels()
+    kernels.install()
+    blocks = [(f"L['self'].blocks.{i}", Block) for i in range(2)]
+    module.compile_fx(graph_module(*(Node(FC, block, (f"{block[0]}.fc", torch.nn.Linear)) for block in blocks),
+                                   Node(HEAD, ("L['self'].head", torch.nn.Linear))))
+    details = kernels.details()
+    kernels.uninstall()
+    assert kernel_layers({"tracer_details": {"operator": details}})["aten::mm@0/0"] == [
+        ("blocks.0.fc", "Linear", pytest.approx(1 / 3)), ("blocks.1.fc", "Linear", pytest.approx(1 / 3)),
+        ("head", "Linear", pytest.approx(1 / 3))]
+    assert "compiled_kernels_ambiguous" not in details
+
+
+def test_a_compile_in_a_layers_first_call_is_not_the_layers_own_time():
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace(caller_is_layer=True)
+    spans = trace.spans.copy()
+    compile_span = spans.iloc[[1]].copy()  # a compile of 50 ns inside model.net, before the compiled call
+    compile_span[[col.SPAN_ID, col.PARENT_ID, col.NAME, col.LEVEL, col.KIND, col.START_NS, col.END_NS]] = [
+        9, 2, "torch.compile", "model", "compile", 6, 9]
+    spans = pd.concat([spans, compile_span], ignore_index=True).astype({col.PARENT_ID: "Int64"})
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    table = layer_table(xsp.Trace(spans, trace.metadata)).set_index("name")
+    assert table.loc["model.net", "self_ms"] == pytest.approx((190 - 80 - 3) / 1e6)

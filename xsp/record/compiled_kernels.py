@@ -46,9 +46,13 @@ TORCH_OPS_PREFIX: Final = "torch.ops."
 """Inductor's name for an operator it falls back to (``torch.ops.aten.convolution.default``)."""
 GRAPH_PREFIX: Final = re.compile(r"^graph_\d+_")
 """Inductor names a CPU kernel's profiler event ``graph_<N>_<kernel>``."""
-_ROOT: Final = re.compile(r"^[LG]\[[^\]]*\]\.?")
+_ROOT: Final = re.compile(r"^[LG]\['(?P<name>[^']*)'\]\.?")
 """The root of a module path in dynamo's ``nn_module_stack`` (``L['self'].blocks.0``): the local or
-global that held the compiled module."""
+global that held the module (``self``: the compiled module itself)."""
+NAMED_MARK: Final = "/"
+"""Before a :data:`LayerShare`'s path that is a whole layer name (``/model.blocks.0``): a module a
+compiled *function* called, named as the variable that held it (as an eager run names a model
+after its variable), not below the layer that called the compiled code."""
 _FRAME: Final = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
 
 Frame = tuple[str, int, str, str]
@@ -150,6 +154,19 @@ def sources_of_metrics(provenance_texts: list[str], compile_id: str = "") -> dic
     return sources
 
 
+def module_path(dynamo_path: str) -> str:
+    """A module's path as a :data:`LayerShare` keeps it, from dynamo's (``L['self'].blocks.0`` is
+    ``blocks.0``, below the compiled module; ``L['model'].blocks.0`` is ``/model.blocks.0``: a
+    compiled function's variable ``model``)."""
+    root = _ROOT.match(dynamo_path)
+    if root is None:
+        return dynamo_path
+    rest = dynamo_path[root.end():]
+    if root["name"] == "self":
+        return rest
+    return NAMED_MARK + root["name"] + ("." + rest if rest else "")
+
+
 def layer_hints(graph_module: Any) -> LayerHints:
     """The modules each operator's stack trace ran in, from the graph dynamo hands to inductor:
     each node keeps its stack trace and the stack of modules it was traced in
@@ -163,7 +180,7 @@ def layer_hints(graph_module: Any) -> LayerHints:
         stack = node.meta.get("nn_module_stack") or {}
         innermost = list(stack.values())[-1] if stack else None
         path, module_type = ("", "") if innermost is None else (
-            _ROOT.sub("", str(innermost[0]), count=1), getattr(innermost[1], "__name__", str(innermost[1])))
+            module_path(str(innermost[0])), getattr(innermost[1], "__name__", str(innermost[1])))
         hints.setdefault(trace, {})[path] = module_type
     return hints
 

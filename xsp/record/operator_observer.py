@@ -33,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 
 SOURCE: Final = Path(__file__).resolve().parent / "_operators" / "observer.cpp"
-ABI_VERSION: Final = 3
+ABI_VERSION: Final = 4
 CACHE_VARIABLE: Final = "XSP_CACHE_DIR"
 DISABLE_VARIABLE: Final = "XSP_OPERATOR_OBSERVER"
 """``XSP_OPERATOR_OBSERVER=0`` records the operator level with PyTorch's profiler instead."""
@@ -145,6 +145,7 @@ class OperatorObserver:
         lib.xsp_ops_start.argtypes = [ctypes.c_int, ctypes.c_int64]
         lib.xsp_ops_start.restype = ctypes.c_int
         lib.xsp_ops_dropped.restype = ctypes.c_int64
+        lib.xsp_ops_failed.restype = ctypes.c_int64
         lib.xsp_ops_recorded.restype = ctypes.c_int64
         lib.xsp_ops_take.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         lib.xsp_ops_take.restype = ctypes.c_int64
@@ -190,6 +191,10 @@ class OperatorObserver:
     def dropped(self) -> int:
         """Records not kept since the last call (past the session's ``max_events``)."""
         return int(self.library.xsp_ops_dropped())
+
+    def failed(self) -> int:
+        """Calls since the last call whose record could not be made (an error inside the observer)."""
+        return int(self.library.xsp_ops_failed())
 
     def take(self, cut_ns: int = TAKE_EVERYTHING, held_since_ns: int = 2**62,
              held_threads: frozenset[int] = frozenset()) -> Taken:

@@ -28,7 +28,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 constexpr uint8_t kUser = 1;      // flags: a user annotation (record_function)
 constexpr uint8_t kBackward = 2;  // flags: an autograd node's call
 
@@ -85,7 +85,8 @@ std::atomic<bool> recording{false};
 std::atomic<bool> record_shapes{true};
 std::atomic<int64_t> kept{0};
 std::atomic<int64_t> max_records{INT64_MAX};
-std::atomic<int64_t> dropped{0};
+std::atomic<int64_t> dropped{0};  // past max_records
+std::atomic<int64_t> failed{0};   // a call whose record could not be made (an exception in here)
 std::atomic<int64_t> recorded{0};  // records kept since the start, taken or not
 at::CallbackHandle handle = 0;
 
@@ -115,6 +116,14 @@ inline uint64_t mix(uint64_t hash, uint64_t value) {
     return hash * 0x100000001b3ULL;
 }
 
+// Whether a tensor's sizes are plain numbers. Under torch.compile, dynamo traces with fake tensors
+// whose sizes may be symbols: reading them as numbers would make the compiler guard on (specialize)
+// each one, and recompile for every new batch size. Those tensors, and nested ones, have their
+// shape written empty, as PyTorch's profiler does.
+bool concrete_sizes(const at::Tensor& tensor) {
+    return !tensor.is_nested() && !tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
 // The inputs' shapes and dtypes as the profiler writes them: "[[2, 8], [8, 8], []]" and
 // ["float", "float", "Scalar"] (a tensor's dtype as its TypeMeta names it).
 int32_t signature_of(ThreadBuffer& mine, c10::ArrayRef<const c10::IValue> inputs) {
@@ -127,6 +136,10 @@ int32_t signature_of(ThreadBuffer& mine, c10::ArrayRef<const c10::IValue> inputs
                 continue;
             }
             hash = mix(hash, 2 + static_cast<uint64_t>(tensor.scalar_type()));
+            if (!concrete_sizes(tensor)) {
+                hash = mix(hash, 5);
+                continue;
+            }
             auto sizes = tensor.sizes();
             hash = mix(hash, sizes.size());
             for (auto size : sizes) hash = mix(hash, static_cast<uint64_t>(size));
@@ -150,7 +163,7 @@ int32_t signature_of(ThreadBuffer& mine, c10::ArrayRef<const c10::IValue> inputs
         if (input.isTensor() && input.toTensor().defined()) {
             const auto& tensor = input.toTensor();
             bool first_dim = true;
-            for (auto size : tensor.sizes()) {
+            for (auto size : concrete_sizes(tensor) ? tensor.sizes() : c10::IntArrayRef()) {
                 if (!first_dim) dims += ", ";
                 first_dim = false;
                 dims += std::to_string(size);
@@ -206,7 +219,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) try 
     record.start_ns = now_ns();
     return started;
 } catch (...) {  // never into PyTorch: a call not recorded is counted
-    dropped.fetch_add(1, std::memory_order_relaxed);
+    failed.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
 }
 
@@ -225,7 +238,7 @@ void on_end(const at::RecordFunction&, at::ObserverContext* context) try {
     mine.records.push_back(started->record);
     recorded.fetch_add(1, std::memory_order_relaxed);
 } catch (...) {
-    dropped.fetch_add(1, std::memory_order_relaxed);
+    failed.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::mutex take_lock;
@@ -246,6 +259,7 @@ int xsp_ops_start(int shapes, int64_t most_records) {
     max_records.store(most_records > 0 ? most_records : INT64_MAX);
     kept.store(0);
     dropped.store(0);
+    failed.store(0);
     recorded.store(0);
     if (handle == 0) {
         auto callback = at::RecordFunctionCallback(on_start, on_end)
@@ -268,6 +282,8 @@ void xsp_ops_stop() {
 }
 
 int64_t xsp_ops_dropped() { return dropped.exchange(0); }
+
+int64_t xsp_ops_failed() { return failed.exchange(0); }
 
 // Pause (1) or resume (0) the calling thread's RecordFunction callbacks: an always-on session's
 // step recorded without operators runs its model call paused, so that its operators cost what
