@@ -408,7 +408,7 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
         ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
         ("share", "self share", share)])
-    compiled = analysis.layer_table(trace)["compiled"]
+    compiled = analysis.layer_table(trace)["compiled"] if kernel_layers(trace.metadata) else pd.Series(dtype=bool)
     if compiled.any():
         _say(console, f"{counted(int(compiled.sum()), 'call')} of layers inside compiled code hold their shares of "
                       "the kernels torch.compile made: equal shares where one kernel serves several operators "
