@@ -11,30 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_wire.h"
+
 enum { SLICE_BEGIN = 1, SLICE_END = 2, NEEDS_INCREMENTAL_STATE = 2 };
 #define BLOCK_BYTES (8u << 20)
-
-typedef struct {
-    char *data;
-    size_t length, capacity;
-} Buffer;
-
-static inline size_t varint_size(uint64_t value) {
-    size_t size = 1;
-    while (value >= 0x80) {
-        value >>= 7;
-        size++;
-    }
-    return size;
-}
-
-static inline void put_varint(Buffer *b, uint64_t value) {
-    while (value >= 0x80) {
-        b->data[b->length++] = (char)((value & 0x7F) | 0x80);
-        value >>= 7;
-    }
-    b->data[b->length++] = (char)value;
-}
 
 static int flush(Buffer *b, PyObject *out) {
     if (!b->length) return 0;

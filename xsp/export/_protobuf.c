@@ -10,12 +10,9 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { TYPE_INT = 1, TYPE_STRING = 2 };
+#include "_wire.h"
 
-typedef struct {
-    char *data;
-    size_t length, capacity;
-} Buffer;
+enum { TYPE_INT = 1, TYPE_STRING = 2 };
 
 static int reserve(Buffer *buffer, size_t more) {
     if (buffer->length + more <= buffer->capacity) return 0;
@@ -29,24 +26,6 @@ static int reserve(Buffer *buffer, size_t more) {
     buffer->data = grown;
     buffer->capacity = capacity;
     return 0;
-}
-
-static inline size_t varint_size(uint64_t value) {
-    size_t size = 1;
-    while (value >= 0x80) {
-        value >>= 7;
-        size++;
-    }
-    return size;
-}
-
-/* the caller reserved room */
-static inline void put_varint(Buffer *b, uint64_t value) {
-    while (value >= 0x80) {
-        b->data[b->length++] = (char)((value & 0x7F) | 0x80);
-        value >>= 7;
-    }
-    b->data[b->length++] = (char)value;
 }
 
 static inline void put_bytes(Buffer *b, const char *bytes, size_t size) {

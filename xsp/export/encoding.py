@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from xsp._version import __version__
 from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
+from xsp.export.wire import varint
 from xsp.record.hotpath import optional_extension
 
 PROTOBUF: Any = optional_extension("xsp.export._protobuf")
@@ -48,15 +49,6 @@ SCOPE_NAME: Final = "xsp"
 def available() -> bool:
     """Whether spans can be encoded here (the C encoder is built and the SDK's encoder found)."""
     return PROTOBUF is not None and _encode_attributes is not None and encode_spans is not None
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def field(tag: int, payload: bytes) -> bytes:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level
+from xsp.export.wire import varint
 from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
@@ -42,18 +43,6 @@ SLICE_END: Final = 2
 GPU_PID_BASE: Final = 2_000_000_000
 """Processes for GPUs (Perfetto names a process by a number): above any real pid and the
 rank-numbered ones (1,000,000,000 + rank)."""
-
-
-def varint(value: int) -> bytes:
-    """``value`` as a protobuf varint (a negative one as its 64-bit two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def field(number: int, value: int | bytes | str) -> bytes:
@@ -229,4 +218,4 @@ def write_perfetto(trace: Trace, path: str | os.PathLike[str],
     return write_output(path, write), cut
 
 
-__all__ = ["write_perfetto", "write_slices_in_python", "varint", "field", "packet"]
+__all__ = ["write_perfetto", "write_slices_in_python", "field", "packet"]

@@ -22,6 +22,7 @@ import ast
 import functools
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -127,11 +128,10 @@ def _functions_of(file: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found, key=lambda item: item[2] - item[1]))  # the narrowest (innermost) first
 
 
-def sources_of_metrics(provenance_texts: list[str], compile_id: str = "") -> dict[str, list[list[Frame]]]:
-    """Kernel name (without inductor's ``:handle``) to its operators' frames, from the JSON texts
-    of a compile's ``inductor_provenance``; an operator the compiled code calls as it is, by its
-    :func:`called_key` with ``compile_id`` (dynamo's id of the compile)."""
-    sources: dict[str, list[list[Frame]]] = {}
+def provenance_entries(provenance_texts: list[str], compile_id: str) -> Iterator[tuple[str, list[str], bool]]:
+    """Each entry of a compile's ``inductor_provenance`` (JSON texts; damaged ones skipped): its
+    name without inductor's ``:handle`` (an operator called as it is: its :func:`called_key` with
+    ``compile_id``), its stack traces, and whether it is such an operator."""
     for text in provenance_texts:
         try:
             mapping = json.loads(text)
@@ -143,14 +143,21 @@ def sources_of_metrics(provenance_texts: list[str], compile_id: str = "") -> dic
             if not isinstance(key, str) or not isinstance(traces, list):
                 continue
             name = key.rsplit(":", 1)[0]
-            called = called_operator(name)
-            if called is not None:
-                name = called_key(called, compile_id)
-            chains = [chain for chain in (users_frames(parse_stack_trace(t)) for t in traces if isinstance(t, str))
-                      if chain]
-            if chains:
-                sources.setdefault(name, [])
-                sources[name].extend(chain for chain in chains if chain not in sources[name])
+            operator = called_operator(name)
+            yield (name if operator is None else called_key(operator, compile_id),
+                   [trace for trace in traces if isinstance(trace, str)], operator is not None)
+
+
+def sources_of_metrics(provenance_texts: list[str], compile_id: str = "") -> dict[str, list[list[Frame]]]:
+    """Kernel name (without inductor's ``:handle``) to its operators' frames, from the JSON texts
+    of a compile's ``inductor_provenance``; an operator the compiled code calls as it is, by its
+    :func:`called_key` with ``compile_id`` (dynamo's id of the compile)."""
+    sources: dict[str, list[list[Frame]]] = {}
+    for name, traces, _ in provenance_entries(provenance_texts, compile_id):
+        chains = [chain for chain in (users_frames(parse_stack_trace(trace)) for trace in traces) if chain]
+        if chains:
+            sources.setdefault(name, [])
+            sources[name].extend(chain for chain in chains if chain not in sources[name])
     return sources
 
 
@@ -236,23 +243,11 @@ def layers_of_metrics(provenance_texts: list[str], hints: LayerHints, compile_id
     it stays on the layer that called the compiled code."""
     traces_of: dict[str, list[str]] = {}
     called: set[str] = set()
-    for text in provenance_texts:
-        try:
-            mapping = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(mapping, dict):
-            continue
-        for key, traces in mapping.items():
-            if not isinstance(key, str) or not isinstance(traces, list):
-                continue
-            name = key.rsplit(":", 1)[0]
-            operator = called_operator(name)
-            if operator is not None:
-                name = called_key(operator, compile_id)
-                called.add(name)
-            known = traces_of.setdefault(name, [])
-            known.extend(t for t in traces if isinstance(t, str) and t not in known)
+    for name, traces, is_called in provenance_entries(provenance_texts, compile_id):
+        if is_called:
+            called.add(name)
+        known = traces_of.setdefault(name, [])
+        known.extend(trace for trace in traces if trace not in known)
     layers: dict[str, list[LayerShare]] = {}
     for name, traces in traces_of.items():
         shares = _shares(traces, hints, per_module=name in called)
