@@ -21,7 +21,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.schema import BACKWARD_SUFFIX
 from xsp.record.compiled_kernels import NAMED_MARK, called_key, kernel_name
-from xsp.table.walks import nearest_ancestor, text_matches, texts_at
+from xsp.table.walks import nearest_ancestor, text_matches
 
 COMPILED_REGION: Final = "Torch-Compiled Region: "
 """The name of the span of one call of compiled code, before its compile id (``0/0``)."""
@@ -75,13 +75,13 @@ def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarra
     called = np.flatnonzero((region >= 0) & (parents[positions] >= 0) & calls[parent] & operator_named[positions])
     if not len(called):
         return codes, keys
-    regions = texts_at(spans[col.NAME], region[called])
-    called_codes, called_keys = pd.factorize(np.array(
-        [called_key(str(keys[code]), str(text)[len(COMPILED_REGION):]) for code, text in zip(codes[called], regions)],
-        dtype=object))
+    # a key per distinct (operator, region name) pair, not per span
+    region_codes, region_names = pd.factorize(spans[col.NAME].iloc[region[called]], use_na_sentinel=False)
+    pairs, pair_of_span = np.unique(np.stack([codes[called], region_codes], axis=1), axis=0, return_inverse=True)
+    called_keys = [called_key(str(keys[code]), str(region_names[at])[len(COMPILED_REGION):]) for code, at in pairs]
     codes = codes.copy()
-    codes[called] = len(keys) + called_codes
-    return codes, keys + list(called_keys)
+    codes[called] = len(keys) + pair_of_span.reshape(-1)
+    return codes, keys + called_keys
 
 
 __all__ = ["COMPILED_BACKWARD", "COMPILED_REGION", "compiled_keys", "compiled_layer_name", "REGION_PATTERN"]

@@ -288,9 +288,11 @@ def compiled_kernel_shares(spans: pd.DataFrame, kernels: np.ndarray, layers_of_k
     backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents)[kernels] >= 0
     found = pd.DataFrame({"kernel": placed, "source": source[placed], "backward": backward[placed],
                           "caller": texts_at(spans[col.NAME], callers[placed])}).merge(table, on="source")
-    layers = [compiled_layer_name(caller, path, bool(back))
-              for caller, path, back in zip(found["caller"], found["path"], found["backward"])]
-    return pd.DataFrame({"kernel": found["kernel"].to_numpy(dtype=np.int64), "layer": np.array(layers, dtype=object),
+    # a name per distinct (caller, path, direction), not per kernel
+    named, distinct = pd.factorize(pd.MultiIndex.from_frame(found[["caller", "path", "backward"]]))
+    names = np.array([compiled_layer_name(caller, path, bool(back)) for caller, path, back in distinct],
+                     dtype=object)
+    return pd.DataFrame({"kernel": found["kernel"].to_numpy(dtype=np.int64), "layer": names[named],
                          "share": found["share"].to_numpy(dtype=np.float64)}).sort_values("kernel", kind="stable")
 
 
@@ -314,10 +316,13 @@ def kernel_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
     kept = table.assign(duration_us=durations * (1.0 - given))
     moved = pd.DataFrame({"layer": shares["layer"].to_numpy(),
                           "duration_us": durations[shares["kernel"].to_numpy()] * shares["share"].to_numpy()})
-    whole = pd.concat([kept[(given < 1.0 - 1e-9) & kept["layer"].notna().to_numpy()][["layer", "duration_us"]],
-                       moved], ignore_index=True)
-    grouped = whole.groupby("layer", sort=False, observed=True)["duration_us"].agg(
-        kernels="size", kernel_us="sum", mean_kernel_us="mean").reset_index()
+    stays = (given < 1.0 - 1e-9) & kept["layer"].notna().to_numpy()
+    whole = pd.concat([kept[stays][["layer", "duration_us"]].assign(kernel=np.flatnonzero(stays)),
+                       moved.assign(kernel=shares["kernel"].to_numpy())], ignore_index=True)
+    # a kernel shared by layers is one of each one's kernels, its mean over what each holds of it
+    grouped = whole.groupby("layer", sort=False, observed=True).agg(
+        kernels=("kernel", "nunique"), kernel_us=("duration_us", "sum")).reset_index()
+    grouped["mean_kernel_us"] = grouped["kernel_us"] / grouped["kernels"]
     total = durations.sum()
     grouped["share"] = grouped["kernel_us"] / total if total else np.nan
     return grouped.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)

@@ -8,9 +8,8 @@ layers, once.
 Code that ``torch.compile`` compiled runs no layer of its own: its modules were traced into
 kernels. Given a trace (not a bare table), the layer table adds a row per layer of the compiled
 module per compiled call (``compiled`` true), holding that layer's share of the kernels
-inductor generated (the rule: :func:`xsp.record.compiled_kernels.layers_of_metrics`). Operators
-that compiled code calls as they are (``aten::addmm`` for a ``Linear``) stay on the layer that
-called the compiled code.
+inductor generated and of the operators compiled code calls as they are (``aten::addmm`` for a
+``Linear``); the rule: :func:`xsp.record.compiled_kernels.layers_of_metrics`.
 """
 
 from __future__ import annotations
@@ -69,28 +68,29 @@ def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[La
     callers = np.where(callers >= 0, callers, nearest_ancestor(spans, text_matches(spans[col.NAME], REGION_PATTERN),
                                                                parents))
     backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents) >= 0
+    pair_paths = np.array([pair[1] for pair in pairs], dtype=object)
+    pair_types = np.array([pair[2] for pair in pairs], dtype=object)
+    pair_shares = np.array([pair[3] for pair in pairs], dtype=np.float64)
     entries = pd.DataFrame({
         "caller": callers[positions], "backward": backward[positions],
-        "path": [pairs[at][1] for at in pair_at], "module_type": [pairs[at][2] for at in pair_at],
-        "own_ns": spans[col.DURATION_NS].to_numpy(dtype=np.float64)[positions]
-        * np.array([pairs[at][3] for at in pair_at]),
+        "path": pair_paths[pair_at], "module_type": pair_types[pair_at],
+        "own_ns": spans[col.DURATION_NS].to_numpy(dtype=np.float64)[positions] * pair_shares[pair_at],
         "start_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[positions]})
     entries = entries[entries["caller"] >= 0]
     rows = entries.groupby(["caller", "backward", "path"], sort=False).agg(
         module_type=("module_type", "first"), own_ns=("own_ns", "sum"), start_ns=("start_ns", "min")).reset_index()
     if rows.empty:
         return empty, nothing, np.zeros(0)
-    # a layer's inclusive time: its own and its sub-layers' (of the same call): each row adds its
-    # own time to the rows of its path's prefixes
-    paths = rows["path"].drop_duplicates().tolist()
-    known = set(paths)
-    prefixes = {path: [prefix for prefix in (path.rsplit(".", cut)[0] for cut in range(1, path.count(".") + 1))
-                       if prefix in known] for path in paths}
-    ancestry = pd.DataFrame([(path, prefix) for path, found in prefixes.items() for prefix in found],
-                            columns=["path", "prefix"])
-    lifted = rows[["caller", "backward", "path", "own_ns"]].merge(ancestry, on="path").groupby(
-        ["caller", "backward", "prefix"])["own_ns"].sum()
-    below = lifted.reindex(pd.MultiIndex.from_frame(rows[["caller", "backward", "path"]]), fill_value=0.0)
+    # a layer's inclusive time: its own and its sub-layers' (of the same call, same direction):
+    # each row adds its own time to the rows of its path's prefixes that the call has
+    keys = rows[["caller", "backward", "path"]]
+    ancestry = pd.DataFrame([(path, path.rsplit(".", cut)[0]) for path in keys["path"].drop_duplicates().tolist()
+                             for cut in range(1, path.count(".") + 1)], columns=["path", "prefix"], dtype=object)
+    nested = rows[["caller", "backward", "path", "own_ns"]].merge(ancestry, on="path").merge(
+        keys.rename(columns={"path": "prefix"}), on=["caller", "backward", "prefix"])
+    index = pd.MultiIndex.from_frame(keys)
+    below = nested.groupby(["caller", "backward", "prefix"])["own_ns"].sum().reindex(index, fill_value=0.0)
+    above = nested.groupby(["caller", "backward", "path"]).size().reindex(index, fill_value=0).to_numpy()
     inclusive_ns = rows["own_ns"].to_numpy() + below.to_numpy(dtype=np.float64)
     caller = rows["caller"].to_numpy(dtype=np.int64)
     depth = spans[col.CALL_DEPTH].to_numpy(dtype=np.float64, na_value=0.0)[caller] if col.CALL_DEPTH in spans \
@@ -99,17 +99,17 @@ def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[La
     name = [compiled_layer_name(owner, path, bool(back))
             for owner, path, back in zip(caller_name, rows["path"], rows["backward"])]
     table = pd.DataFrame({
-        "step": spans[col.STEP].to_numpy()[caller], "path": [f"{at}/{n}" for at, n in
+        "step": spans[col.STEP].to_numpy()[caller], "path": [n if at is None else f"{at}/{n}" for at, n in
                                                              zip(texts_at(spans[col.PATH], caller), name)],
         "name": name,
         "kind": np.where(rows["backward"].to_numpy(dtype=bool), SpanKind.BACKWARD.value, SpanKind.FORWARD.value),
         "module_type": rows["module_type"].to_numpy(),
-        "call_depth": (depth + 1 + np.array([len(prefixes[path]) for path in rows["path"]])).astype(np.int64),
+        "call_depth": (depth + 1 + above).astype(np.int64),
         "exec_index": pd.array([pd.NA] * len(rows), dtype="Int64"), "start_ns": rows["start_ns"].to_numpy(),
         "duration_ms": inclusive_ns / 1e6, "duration_ci_ms": np.full(len(rows), np.nan),
         "self_ms": rows["own_ns"].to_numpy() / 1e6, "param_count": pd.array([pd.NA] * len(rows), dtype="Int64"),
         "input_shapes": None, "output_shapes": None, "source": None, "compiled": True})
-    outermost = np.array([not prefixes[path] for path in rows["path"]]) & is_layer[caller]
+    outermost = (above == 0) & is_layer[caller]
     return table[LAYER_COLUMNS], caller[outermost], inclusive_ns[outermost]
 
 

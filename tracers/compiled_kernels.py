@@ -40,6 +40,8 @@ class CompiledKernels:
         """The compiles of the last read, by id (held: an id is not reused while its object lives)."""
         self._sources: dict[str, list[list[Frame]]] = {}
         self._layers: dict[str, list[LayerShare]] = {}
+        self._provenance: dict[str, set[str]] = {}
+        """Each compile id's provenance texts: its forward's and its backward's (two compiles of one id)."""
         self._hints: LayerHints = {}
         """Each operator's stack trace to the modules that ran it, from the graphs compiled."""
         self._ambiguous: set[str] = set()
@@ -129,13 +131,16 @@ class CompiledKernels:
                         self._ambiguous.add(name)
                 for name, shares in layers_of_metrics(sorted(texts), self._hints, compile_id).items():
                     seen = self._layers.get(name)
+                    if CALLED_SEPARATOR in name:
+                        continue  # below, from all of its compile's texts
                     if seen is None:
                         self._layers[name] = shares
-                    elif CALLED_SEPARATOR in name:
-                        modules = sorted({(path, module_type) for path, module_type, _ in [*seen, *shares]})
-                        self._layers[name] = [(path, module_type, 1.0 / len(modules)) for path, module_type in modules]
                     elif seen != shares:
                         self._ambiguous.add(name)
+                of_compile = self._provenance.setdefault(compile_id, set())
+                of_compile.update(texts)
+                self._layers.update({name: shares for name, shares in layers_of_metrics(
+                    sorted(of_compile), self._hints, compile_id).items() if CALLED_SEPARATOR in name})
 
     def details(self) -> dict[str, Any]:
         """For the trace's metadata: each kernel's operators' frames, and the ambiguous names."""

@@ -525,12 +525,14 @@ def test_a_compiles_forward_and_backward_share_its_called_operators(monkeypatch)
     kernels.install()
     blocks = [(f"L['self'].blocks.{i}", Block) for i in range(2)]
     module.compile_fx(graph_module(*(Node(FC, block, (f"{block[0]}.fc", torch.nn.Linear)) for block in blocks),
-                                   Node(HEAD, ("L['self'].head", torch.nn.Linear))))
+                                   Node(HEAD, ("L['self'].head", torch.nn.Linear)), Node(ADD)))
+    backward.inductor_provenance.add(json.dumps({"extern_kernels.mm:3": [ADD]}))  # the compiled module's own
     details = kernels.details()
     kernels.uninstall()
+    # four modules call it (the compiled module itself among them, whose quarter stays on the caller)
     assert kernel_layers({"tracer_details": {"operator": details}})["aten::mm@0/0"] == [
-        ("blocks.0.fc", "Linear", pytest.approx(1 / 3)), ("blocks.1.fc", "Linear", pytest.approx(1 / 3)),
-        ("head", "Linear", pytest.approx(1 / 3))]
+        ("blocks.0.fc", "Linear", pytest.approx(1 / 4)), ("blocks.1.fc", "Linear", pytest.approx(1 / 4)),
+        ("head", "Linear", pytest.approx(1 / 4))]
     assert "compiled_kernels_ambiguous" not in details
 
 
@@ -546,3 +548,24 @@ def test_a_compile_in_a_layers_first_call_is_not_the_layers_own_time():
     spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
     table = layer_table(xsp.Trace(spans, trace.metadata)).set_index("name")
     assert table.loc["model.net", "self_ms"] == pytest.approx((190 - 80 - 3) / 1e6)
+
+
+def test_a_call_with_a_forward_and_a_backward_counts_each_layers_time_once():
+    """Nesting is found within each call and direction: a backward row's sub-layer is not a
+    forward row's, so the forward's outermost rows still hand their time to the calling layer."""
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace(caller_is_layer=True)
+    spans = trace.spans.copy()
+    # the kernel's row runs in the backward (blocks.0, blocks.1), the matrix multiply's in the forward
+    # (blocks.0.fc, head): blocks.0.fc has no blocks.0 row in its own direction
+    wrapper = spans[spans[col.NAME] == "Torch-Compiled Region: 0/0"].copy()  # an operator span
+    wrapper[[col.SPAN_ID, col.PARENT_ID, col.NAME, col.START_NS, col.END_NS]] = [9, 3, "CompiledFunctionBackward", 15,
+                                                                             85]
+    spans.loc[spans[col.NAME] == "graph_0_cpp_fused_add_mul_relu_0", col.PARENT_ID] = 9
+    spans = pd.concat([spans, wrapper], ignore_index=True).astype({col.PARENT_ID: "Int64"})
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    table = layer_table(xsp.Trace(spans, trace.metadata)).set_index("name")
+    assert table.loc["model.net.blocks.0.fc", "call_depth"] == 2  # directly under model.net
+    assert table.loc["model.net.blocks.0.backward", "duration_ms"] == pytest.approx(20 / 1e6)  # not the fc's
+    assert table["self_ms"].sum() == pytest.approx(190 / 1e6)  # every nanosecond once

@@ -43,8 +43,8 @@ def run(options: argparse.Namespace) -> int:
     trace = load(options.file)
     chosen = Format(options.format)
     if chosen is Format.PERFETTO:
-        target, cut = write_perfetto(trace, options.output)
-        error_console().print(f"xsp: wrote {len(trace.spans)} spans to {target}" + (
+        target, written, cut = write_perfetto(trace, options.output)
+        error_console().print(f"xsp: wrote {written} spans to {target}" + (
             f" ({cut} cut at the end of a span they overlap on their thread or stream)" if cut else ""),
             markup=False)
         return 0

@@ -153,7 +153,8 @@ def _ints(column: pd.Series, missing: int) -> np.ndarray:
 
 def _track_of_each_span(spans: pd.DataFrame, tracks: _Tracks) -> np.ndarray:
     """Each span's track (a place in the uuid table the tracks make, in order)."""
-    several = col.RANK in spans and bool(spans[col.RANK].notna().any())
+    # as the Chrome export decides: ranks apart only for a job's trace (an imported one numbers its rank alone)
+    several = bool(tracks.ranks) and col.RANK in spans and bool(spans[col.RANK].notna().any())
     ranks = _ints(spans[col.RANK], -1) if several else np.full(len(spans), -1, dtype=np.int64)
     threads = spans[col.THREAD_ID]
     on_device = (threads.isna() & spans[col.DEVICE_ID].notna()).to_numpy()
@@ -177,19 +178,21 @@ def _interned(kind: int, texts: Iterable[str]) -> bytes:
 
 
 def write_perfetto(trace: Trace, path: str | os.PathLike[str],
-                   write_slices: Callable[..., int] | None = None) -> tuple[Path, int]:
+                   write_slices: Callable[..., int] | None = None) -> tuple[Path, int, int]:
     """Write ``trace``'s spans as a Perfetto protobuf trace (see the module's text), atomically.
 
-    Returns the file and how many spans were cut at the end of a span they overlap on their
-    track. ``write_slices``: the slices' encoder (default: the C one, else
-    :func:`write_slices_in_python`).
+    Returns the file, the number of spans written (a trace's system samples and memory events are
+    not) and how many of them were cut at the end of a span they overlap on their track.
+    ``write_slices``: the slices' encoder (default: the C one, else :func:`write_slices_in_python`).
 
     Raises:
         xsp.io.outputs.OutputError: the file could not be written (nothing is left at ``path``).
     """
     spans = trace.spans
     levels = spans[col.LEVEL].to_numpy(dtype=object)
-    timed = spans[(levels != Level.SYSTEM.value) & (levels != Level.MEMORY.value)]
+    needed = [name for name in (col.NAME, col.LEVEL, col.START_NS, col.END_NS, col.THREAD_ID, col.DEVICE_ID,
+                                col.STREAM_ID, col.RANK) if name in spans]
+    timed = spans[needed][(levels != Level.SYSTEM.value) & (levels != Level.MEMORY.value)]
     tracks = _Tracks(trace)
     uuid_of_span = _track_of_each_span(timed, tracks)
     # the uuid table the encoder indexes: tracks are numbered by uuid (1, 2, ...), slot 0 unused
@@ -215,7 +218,7 @@ def write_perfetto(trace: Trace, path: str | os.PathLike[str],
                          np.ascontiguousarray(name_codes[order].astype(np.int64) + 1),
                          np.ascontiguousarray(level_codes[order].astype(np.int64) + 1), uuid_table, SEQUENCE_ID)
 
-    return write_output(path, write), cut
+    return write_output(path, write), len(timed), cut
 
 
 __all__ = ["write_perfetto", "write_slices_in_python", "field", "packet"]
