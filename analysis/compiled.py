@@ -26,14 +26,16 @@ from xsp.table.walks import nearest_ancestor, text_matches
 COMPILED_REGION: Final = "Torch-Compiled Region: "
 """The name of the span of one call of compiled code, before its compile id (``0/0``)."""
 REGION_PATTERN: Final = re.compile(re.escape(COMPILED_REGION))
-CALL_PATTERN: Final = re.compile(r"## Call CompiledFxGraph|CompiledFunction$")
-"""The spans of the call of one compiled graph inside its region: PyTorch's profiler's, and the
-autograd function a graph that trains runs as (its backward, ``CompiledFunctionBackward``, runs
-in no region: the operators it calls as they are stay on the layer that called it)."""
+CALL_PATTERN: Final = re.compile(r"## Call CompiledFxGraph|CompiledFunction$|CompiledFunctionBackward$")
+"""The spans of the call of one compiled graph: PyTorch's profiler's, inside its region, and the
+autograd function a graph that trains runs as, and its backward (which runs in no region: its
+compile is its forward's, found by their autograd sequence number)."""
 OPERATOR_PATTERN: Final = re.compile("::")
 """An operator's name has its namespace (``aten::addmm``)."""
 
 
+COMPILED_FORWARD: Final = "CompiledFunction"
+"""The autograd function a compiled graph that trains runs as (in its region)."""
 COMPILED_BACKWARD: Final = "CompiledFunctionBackward"
 """The autograd node a compiled graph's backward runs under: its kernels count on the layers' backward."""
 ORIGINAL_MODULE: Final = "._orig_mod"
@@ -54,6 +56,35 @@ def compiled_layer_name(caller: str | None, path: str, backward: bool) -> str:
     return name + (BACKWARD_SUFFIX if backward else "")
 
 
+def _backward_regions(spans: pd.DataFrame, region_of: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """For each span under a compiled graph's backward (``CompiledFunctionBackward``, which runs in
+    no region), the region of its forward: the ``CompiledFunction`` call of the same autograd
+    sequence number (and process), the latest one begun before the backward; else -1."""
+    found = np.full(len(spans), -1, dtype=np.int64)
+    if col.SEQUENCE_NUMBER not in spans:
+        return found
+    names = spans[col.NAME]
+    forwards = np.flatnonzero((names == COMPILED_FORWARD).to_numpy() & (region_of >= 0))
+    backwards = np.flatnonzero((names == COMPILED_BACKWARD).to_numpy())
+    if not len(forwards) or not len(backwards):
+        return found
+    sequence = spans[col.SEQUENCE_NUMBER].to_numpy(dtype=np.float64, na_value=np.nan)
+    process = (spans[col.PROCESS_ID].to_numpy(dtype=np.float64, na_value=-1.0) if col.PROCESS_ID in spans
+               else np.zeros(len(spans)))
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    latest: dict[tuple[float, float], list[tuple[int, int]]] = {}
+    for at in forwards[np.argsort(starts[forwards], kind="stable")].tolist():
+        latest.setdefault((process[at], sequence[at]), []).append((int(starts[at]), int(region_of[at])))
+    region_of_backward = np.full(len(spans), -1, dtype=np.int64)
+    for at in backwards.tolist():
+        before = [region for start, region in latest.get((process[at], sequence[at]), []) if start <= starts[at]]
+        if before:
+            region_of_backward[at] = before[-1]
+    under = nearest_ancestor(spans, region_of_backward >= 0, parents, include_self=False)
+    found[under >= 0] = region_of_backward[under[under >= 0]]
+    return found
+
+
 def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarray
                   ) -> tuple[np.ndarray, list[object]]:
     """The key of each span at ``positions``, as codes into a list of keys (a million spans of a
@@ -67,7 +98,9 @@ def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarra
     if not is_region.any() or not len(positions):
         return codes, keys
     operator_named = text_matches(spans[col.NAME], OPERATOR_PATTERN, anywhere=True)
-    region = nearest_ancestor(spans, is_region, parents)[positions]
+    region_of = nearest_ancestor(spans, is_region, parents)
+    backward_of = _backward_regions(spans, region_of, parents)
+    region = np.where(region_of[positions] >= 0, region_of[positions], backward_of[positions])
     parent = np.maximum(parents[positions], 0)
     # right under the call: an operator's own work (what aten::addmm calls) is not the compiled
     # code's call, nor is the compiler's (its first call compiles inside the region)

@@ -569,3 +569,32 @@ def test_a_call_with_a_forward_and_a_backward_counts_each_layers_time_once():
     assert table.loc["model.net.blocks.0.fc", "call_depth"] == 2  # directly under model.net
     assert table.loc["model.net.blocks.0.backward", "duration_ms"] == pytest.approx(20 / 1e6)  # not the fc's
     assert table["self_ms"].sum() == pytest.approx(190 / 1e6)  # every nanosecond once
+
+
+def test_a_compiled_backwards_matrix_multiplies_take_their_forwards_compile():
+    """The backward runs in no region: its compile is its forward's, found by the autograd
+    sequence number the CompiledFunction call and its backward node share."""
+    from xsp.analysis.layers import layer_table
+
+    trace = layered_trace()
+    spans = trace.spans.copy()
+    spans[col.SEQUENCE_NUMBER] = pd.array([None] * len(spans), dtype="Int64")
+    forward = spans[spans[col.NAME] == "Torch-Compiled Region: 0/0"].copy()  # region (3) > CompiledFunction (9)
+    forward[[col.SPAN_ID, col.PARENT_ID, col.NAME, col.SEQUENCE_NUMBER]] = [9, 3, "CompiledFunction", 5]
+    backward = spans.iloc[[0]].copy()  # later: model.backward (10) > CompiledFunctionBackward (11) > mm (12)
+    backward[[col.SPAN_ID, col.NAME, col.LEVEL, col.KIND, col.START_NS, col.END_NS]] = [
+        10, "model.backward", "layer", "backward", 300, 400]
+    node = forward.copy()
+    node[[col.SPAN_ID, col.PARENT_ID, col.NAME, col.START_NS, col.END_NS]] = [11, 10, "CompiledFunctionBackward", 310,
+                                                                         390]
+    matmul = spans[spans[col.NAME] == "aten::addmm"].copy()
+    matmul[[col.SPAN_ID, col.PARENT_ID, col.START_NS, col.END_NS, col.SEQUENCE_NUMBER]] = [12, 11, 320, 380, None]
+    spans = pd.concat([spans, forward, backward, node, matmul], ignore_index=True)
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    spans = spans.astype({col.PARENT_ID: "Int64", col.SEQUENCE_NUMBER: "Int64"})
+    table = layer_table(xsp.Trace(spans, trace.metadata)).set_index("name")
+    assert table.loc["model.blocks.0.fc.backward", "self_ms"] == pytest.approx(30 / 1e6)  # half the 60 ns
+    assert table.loc["model.head.backward", "kind"] == "backward"
+    other = spans.copy()
+    other.loc[other[col.NAME] == "CompiledFunctionBackward", col.SEQUENCE_NUMBER] = 6  # another forward's backward
+    assert "model.head.backward" not in set(layer_table(xsp.Trace(other, trace.metadata))["name"])
