@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.schema import BACKWARD_SUFFIX
+from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
 from xsp.record.compiled_kernels import NAMED_MARK, called_key, kernel_name
 from xsp.table.walks import nearest_ancestor, text_matches
 
@@ -54,6 +54,20 @@ def compiled_layer_name(caller: str | None, path: str, backward: bool) -> str:
         owner = (caller or "").removesuffix(BACKWARD_SUFFIX).removesuffix(ORIGINAL_MODULE)
         name = f"{owner}.{path}" if owner else path
     return name + (BACKWARD_SUFFIX if backward else "")
+
+
+def compiled_callers(spans: pd.DataFrame, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every span: its *caller*, the nearest layer or model call above it (for compiled code,
+    the one that called it), else the nearest compiled region (a compiled function called under
+    no model or layer, inside an ``xsp.step``: its call is its caller); which spans are layers or
+    model calls (a caller that is not names no layer); and which spans run in a compiled backward."""
+    is_module = (spans[col.LEVEL] == Level.LAYER.value).to_numpy() | (
+        spans[col.KIND] == SpanKind.PREDICT.value).to_numpy()
+    callers = nearest_ancestor(spans, is_module, parents)
+    callers = np.where(callers >= 0, callers, nearest_ancestor(spans, text_matches(spans[col.NAME], REGION_PATTERN),
+                                                               parents))
+    backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents) >= 0
+    return callers, is_module, backward
 
 
 def _backward_regions(spans: pd.DataFrame, region_of: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -117,4 +131,5 @@ def compiled_keys(spans: pd.DataFrame, positions: np.ndarray, parents: np.ndarra
     return codes, keys + called_keys
 
 
-__all__ = ["COMPILED_BACKWARD", "COMPILED_REGION", "compiled_keys", "compiled_layer_name", "REGION_PATTERN"]
+__all__ = ["COMPILED_BACKWARD", "COMPILED_REGION", "compiled_callers", "compiled_keys", "compiled_layer_name",
+           "REGION_PATTERN"]

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xsp.analysis.compiled import COMPILED_BACKWARD, compiled_keys, compiled_layer_name
+from xsp.analysis.compiled import compiled_callers, compiled_keys, compiled_layer_name
 from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -263,31 +263,29 @@ def compiled_kernel_shares(spans: pd.DataFrame, kernels: np.ndarray, layers_of_k
     if not layers_of_kernel or not len(kernels):
         return empty
     parents = parent_positions(spans)
-    kernel_codes, kernel_keys = compiled_keys(spans, kernels, parents)
     operators = np.flatnonzero(of_level(spans, Level.OPERATOR))
-    operator_codes, operator_keys = compiled_keys(spans, operators, parents)
+    # the kernels' and the operators' keys at once: one walk of the tree, one list of keys
+    codes, keys = compiled_keys(spans, np.concatenate([kernels, operators]), parents)
+    kernel_codes, operator_codes = codes[:len(kernels)], codes[len(kernels):]
+    known = np.array([isinstance(key, str) and key in layers_of_kernel for key in keys], dtype=bool)
+    is_called = known & np.array([isinstance(key, str) and CALLED_SEPARATOR in key for key in keys], dtype=bool)
     called_key_of = np.full(len(spans), -1, dtype=np.int64)
-    is_called = np.array([isinstance(key, str) and CALLED_SEPARATOR in key and key in layers_of_kernel
-                          for key in operator_keys], dtype=bool)
     called_key_of[operators] = np.where(is_called[operator_codes], operator_codes, -1)
-    marked = called_key_of >= 0
-    calling = nearest_marked(parents, marked)[kernels]
-    is_module = of_level(spans, Level.LAYER) | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy()
-    callers = nearest_ancestor(spans, is_module, parents)[kernels]
+    calling = nearest_marked(parents, called_key_of >= 0)[kernels]
+    callers, is_module, backward = compiled_callers(spans, parents)
     # each kernel's source of shares: its own name's, else the call's that launched it
-    own = np.array([isinstance(key, str) and key in layers_of_kernel for key in kernel_keys], dtype=bool)
-    source = np.where(own[kernel_codes], kernel_codes,
-                      np.where(calling >= 0, len(kernel_keys) + called_key_of[np.maximum(calling, 0)], -1))
-    keys = [*kernel_keys, *operator_keys]
+    source = np.where(known[kernel_codes], kernel_codes,
+                      np.where(calling >= 0, called_key_of[np.maximum(calling, 0)], -1))
     table = pd.DataFrame([(code, path, share) for code in np.unique(source[source >= 0]).tolist()
                           for path, _, share in layers_of_kernel[str(keys[code])]],
                          columns=["source", "path", "share"])
     placed = np.flatnonzero(source >= 0)
     if not len(placed) or table.empty:
         return empty
-    backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents)[kernels] >= 0
-    found = pd.DataFrame({"kernel": placed, "source": source[placed], "backward": backward[placed],
-                          "caller": texts_at(spans[col.NAME], callers[placed])}).merge(table, on="source")
+    caller = callers[kernels[placed]]
+    found = pd.DataFrame({"kernel": placed, "source": source[placed], "backward": backward[kernels[placed]],
+                          "caller": texts_at(spans[col.NAME], np.where(is_module[caller], caller, -1))}
+                         ).merge(table, on="source")
     # a name per distinct (caller, path, direction), not per kernel
     named, distinct = pd.factorize(pd.MultiIndex.from_frame(found[["caller", "path", "backward"]]))
     names = np.array([compiled_layer_name(caller, path, bool(back)) for caller, path, back in distinct],

@@ -17,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.compiled import COMPILED_BACKWARD, REGION_PATTERN, compiled_keys, compiled_layer_name
+from xsp.analysis.compiled import compiled_callers, compiled_keys, compiled_layer_name
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import LayerShare, kernel_layers
 from xsp.table.self_time import self_ns
-from xsp.table.walks import nearest_ancestor, parent_positions, text_matches, texts_at
+from xsp.table.walks import parent_positions, ranges, texts_at
 
 LAYER_COLUMNS = ["step", "path", "name", "kind", "module_type", "call_depth", "exec_index", "start_ns",
                  "duration_ms", "duration_ci_ms", "self_ms", "param_count", "input_shapes", "output_shapes", "source",
@@ -56,18 +56,10 @@ def compiled_layer_rows(spans: pd.DataFrame, layers_of_kernel: dict[str, list[La
         return empty, nothing, np.zeros(0)
     # one entry per (span, layer), read from a table of the distinct (name, layer) pairs
     pairs = [(code, *share) for code, shares in enumerate(shares_of) for share in shares]
-    first_pair = np.concatenate([[0], np.cumsum(counts)[:-1]])
     positions = np.repeat(operators, counts[codes])
-    span_codes = np.repeat(codes, counts[codes])
-    within = np.arange(len(positions)) - np.repeat(np.cumsum(counts[codes]) - counts[codes], counts[codes])
-    pair_at = first_pair[span_codes] + within
+    pair_at = ranges((np.cumsum(counts) - counts)[codes], counts[codes])
     is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy()
-    is_module = is_layer | (spans[col.KIND] == SpanKind.PREDICT.value).to_numpy()
-    callers = nearest_ancestor(spans, is_module, parents)
-    # a compiled function called under no model or layer (inside an xsp.step): its call is the caller
-    callers = np.where(callers >= 0, callers, nearest_ancestor(spans, text_matches(spans[col.NAME], REGION_PATTERN),
-                                                               parents))
-    backward = nearest_ancestor(spans, (spans[col.NAME] == COMPILED_BACKWARD).to_numpy(), parents) >= 0
+    callers, is_module, backward = compiled_callers(spans, parents)
     pair_paths = np.array([pair[1] for pair in pairs], dtype=object)
     pair_types = np.array([pair[2] for pair in pairs], dtype=object)
     pair_shares = np.array([pair[3] for pair in pairs], dtype=np.float64)

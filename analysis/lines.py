@@ -35,7 +35,7 @@ from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import Frame, kernel_sources
 from xsp.table.parents import infer_parent_positions
 from xsp.table.self_time import self_ns
-from xsp.table.walks import category_values, nearest_ancestor, nearest_marked, parent_positions
+from xsp.table.walks import category_values, nearest_ancestor, nearest_marked, parent_positions, ranges
 
 Site = tuple[str, float, str]
 """A line as the table groups them: file, line number, function."""
@@ -208,13 +208,11 @@ def compiled_kernel_lines(spans: pd.DataFrame, sources: dict[str, list[list[Fram
     counts = np.array([len(found) for found in lines_of_name], dtype=np.int64)
     if not len(name_codes) or not counts.any():
         return nothing, nothing, []
-    # each matched span's lines, in span order: a row per name, padded, read row by row
-    table = np.full((len(names), int(counts.max())), -1, dtype=np.int64)
-    for row, found in enumerate(lines_of_name):
-        table[row, :len(found)] = found
+    # each matched span's lines, in span order, read from all names' lines one after the other
+    flat = np.array([code for found in lines_of_name for code in found], dtype=np.int64)
+    first = np.cumsum(counts) - counts
     positions = np.repeat(candidates, counts[name_codes])
-    site_codes = table[name_codes[counts[name_codes] > 0]].reshape(-1)
-    site_codes = site_codes[site_codes >= 0]
+    site_codes = flat[ranges(first[name_codes], counts[name_codes])]
     if inside:
         positions, site_codes = _with_spans_inside(positions, site_codes, parents)
     return positions, site_codes, list(distinct)
@@ -231,12 +229,10 @@ def _with_spans_inside(positions: np.ndarray, site_codes: np.ndarray, parents: n
     if not len(inner):
         return positions, site_codes
     per_span = np.bincount(positions, minlength=len(parents))
-    first = np.concatenate([[0], np.cumsum(per_span)[:-1]])  # where each span's placements begin
+    first = np.cumsum(per_span) - per_span  # where each span's placements begin
     counts = per_span[ancestor[inner]]
-    starts = np.repeat(first[ancestor[inner]], counts)
-    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     return (np.concatenate([positions, np.repeat(inner, counts)]),
-            np.concatenate([site_codes, site_codes[starts + offsets]]))
+            np.concatenate([site_codes, site_codes[ranges(first[ancestor[inner]], counts)]]))
 
 
 def fused_shares(positions: np.ndarray, count: int) -> np.ndarray:

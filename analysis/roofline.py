@@ -28,7 +28,7 @@ from xsp.analysis.model import model_latency, spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import parent_positions, sum_into_ancestors
+from xsp.table.walks import parent_positions, ranges, sum_into_ancestors
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
         last = np.searchsorted(s_start, k_end, side="left")
         count = np.maximum(last - first, 0)
         kernel_of = np.repeat(np.arange(len(runs)), count)
-        sample_of = np.repeat(first, count) + (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count))
+        sample_of = ranges(first, count)
         overlap = (np.minimum(k_end[kernel_of], s_end[sample_of])
                    - np.maximum(k_start[kernel_of], s_start[sample_of])).clip(min=0).astype(np.float64)
         busy = np.bincount(sample_of, weights=overlap, minlength=len(mine))

@@ -8,7 +8,7 @@ import functools
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from xsp.record.compiled_kernels import (
     AMBIGUOUS_KEY,
@@ -29,6 +29,23 @@ DYNAMO_UTILS: Final = "torch._dynamo.utils"
 COMPILE_FX: Final = "torch._inductor.compile_fx"
 """Where inductor's entry point lives: dynamo's ``inductor`` backend imports ``compile_fx`` from it
 at each compile, so a wrapper set there sees every graph, whether FX's cache answers or not."""
+
+
+Read = TypeVar("Read", list[list[Frame]], list[LayerShare])
+
+
+def _merged(found: dict[str, Read], read: dict[str, Read]) -> set[str]:
+    """Put a compile's ``read`` into ``found``; the kernel names it gives another value than an
+    earlier compile did (ambiguous). An operator called as it is (its key names its compile) takes
+    the value read from its whole compile."""
+    ambiguous: set[str] = set()
+    for name, value in read.items():
+        known = found.get(name)
+        if known is None or CALLED_SEPARATOR in name:
+            found[name] = value
+        elif sorted(known) != sorted(value):
+            ambiguous.add(name)
+    return ambiguous
 
 
 class CompiledKernels:
@@ -119,28 +136,15 @@ class CompiledKernels:
                 if not texts:
                     continue
                 compile_id = str(getattr(compiled, "compile_id", ""))
-                # a compile's forward and backward come as two compiles of one id: an operator
-                # called as it is in both has the lines and modules of both
-                for name, chains in sources_of_metrics(sorted(texts), compile_id).items():
-                    known = self._sources.get(name)
-                    if known is None:
-                        self._sources[name] = chains
-                    elif CALLED_SEPARATOR in name:
-                        known.extend(chain for chain in chains if chain not in known)
-                    elif sorted(known) != sorted(chains):
-                        self._ambiguous.add(name)
-                for name, shares in layers_of_metrics(sorted(texts), self._hints, compile_id).items():
-                    seen = self._layers.get(name)
-                    if CALLED_SEPARATOR in name:
-                        continue  # below, from all of its compile's texts
-                    if seen is None:
-                        self._layers[name] = shares
-                    elif seen != shares:
-                        self._ambiguous.add(name)
+                # a compile's forward and backward come as two compiles of one id: each is read with
+                # the other's texts, so an operator called as it is in both has the lines and modules
+                # of both (the whole compile's, replacing what was read of it); a kernel name that
+                # another compile gave other sources or layers is ambiguous
                 of_compile = self._provenance.setdefault(compile_id, set())
                 of_compile.update(texts)
-                self._layers.update({name: shares for name, shares in layers_of_metrics(
-                    sorted(of_compile), self._hints, compile_id).items() if CALLED_SEPARATOR in name})
+                every = sorted(of_compile)
+                self._ambiguous |= _merged(self._sources, sources_of_metrics(every, compile_id))
+                self._ambiguous |= _merged(self._layers, layers_of_metrics(every, self._hints, compile_id))
 
     def details(self) -> dict[str, Any]:
         """For the trace's metadata: each kernel's operators' frames, and the ambiguous names."""

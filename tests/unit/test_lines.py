@@ -285,8 +285,10 @@ def test_the_speedscope_file_is_written_as_the_events_come_and_is_the_document(u
     from xsp.export import stacks
 
     trace = _trace(lambda: user.in_threads(user.Net(1.0), user.Net(1.0), 2), levels="model,layer,operator")
+    whole = stacks.write_speedscope(trace, tmp_path / "whole.speedscope.json").read_bytes()  # one write a profile
     monkeypatch.setattr(stacks, "EVENTS_PER_WRITE", 3)  # many writes per profile
     written = json.loads(stacks.write_speedscope(trace, tmp_path / "run.speedscope.json").read_text())
+    assert json.dumps(written, separators=(",", ":")).encode() == whole
     assert written == speedscope_document(trace)
     assert len(written["profiles"]) > 1
     _validated(written)

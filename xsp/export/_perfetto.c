@@ -54,15 +54,6 @@ static void put_event(Buffer *b, uint64_t at_ns, int type, uint64_t track_uuid, 
     b->data[b->length++] = NEEDS_INCREMENTAL_STATE;
 }
 
-static int check(Py_buffer *view, Py_ssize_t count, const char *what) {
-    if (view->len < (Py_ssize_t)sizeof(int64_t) * count) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, %zd wanted", what, view->len,
-                     (Py_ssize_t)sizeof(int64_t) * count);
-        return -1;
-    }
-    return 0;
-}
-
 /* write_slices(out, tracks, starts, ends, name_iids, category_iids, track_uuids, sequence_id) -> int */
 static PyObject *write_slices(PyObject *module, PyObject *args) {
     PyObject *out;
@@ -77,8 +68,9 @@ static PyObject *write_slices(PyObject *module, PyObject *args) {
     int64_t *open_ends = NULL;
     Py_ssize_t count = tracks.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t track_count = uuids.len / (Py_ssize_t)sizeof(int64_t);
-    if (check(&starts, count, "starts") < 0 || check(&ends, count, "ends") < 0 || check(&names, count, "names") < 0
-        || check(&categories, count, "categories") < 0)
+    Py_ssize_t item = (Py_ssize_t)sizeof(int64_t);
+    if (check(&starts, item, count, "starts") < 0 || check(&ends, item, count, "ends") < 0
+        || check(&names, item, count, "names") < 0 || check(&categories, item, count, "categories") < 0)
         goto done;
     block.data = PyMem_Malloc(block.capacity);
     open_ends = PyMem_Malloc(sizeof(int64_t) * (size_t)(count ? count : 1));

@@ -101,14 +101,6 @@ static int put_attribute(Buffer *span, const Column *column, Py_ssize_t row) {
     return 0;
 }
 
-static int check(Py_buffer *view, Py_ssize_t item, Py_ssize_t count, const char *what) {
-    if (view->len < item * count) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, %zd wanted", what, view->len, item * count);
-        return -1;
-    }
-    return 0;
-}
-
 /* encode_spans(rows, trace_ids, span_ids, parent_ids, has_parent, name_codes, names, start_ns, end_ns,
  *              status_codes, message_codes, messages, linked, link, columns, extra_codes, extras,
  *              flags) -> bytes */

@@ -1,5 +1,6 @@
 /* Protobuf's wire format, the little of it xsp's encoders write by hand (_protobuf.c: OTLP spans;
- * _perfetto.c: Perfetto's TrackEvents): a growing byte buffer and varints. */
+ * _perfetto.c: Perfetto's TrackEvents): a growing byte buffer and varints; and the check that a
+ * column handed over holds its rows. Included after Python.h. */
 #ifndef XSP_EXPORT_WIRE_H
 #define XSP_EXPORT_WIRE_H
 
@@ -27,6 +28,15 @@ static inline void put_varint(Buffer *b, uint64_t value) {
         value >>= 7;
     }
     b->data[b->length++] = (char)value;
+}
+
+/* that `view` holds `count` items of `item` bytes; else a ValueError, -1 */
+static int check(Py_buffer *view, Py_ssize_t item, Py_ssize_t count, const char *what) {
+    if (view->len < item * count) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, %zd wanted", what, view->len, item * count);
+        return -1;
+    }
+    return 0;
 }
 
 #endif

@@ -15,6 +15,7 @@ from xsp.analysis.memory import memory_timeline
 from xsp.analysis.system import system_metrics
 from xsp.core import schema as col
 from xsp.core.schema import Level
+from xsp.export.processes import Processes
 from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
 
@@ -67,11 +68,9 @@ def _event_chunks(trace: Trace) -> Iterator[list[dict[str, Any]]]:
     """:func:`chrome_events`' events, :data:`SPAN_CHUNK_ROWS` spans' worth at a time, then the
     memory, counter and naming events."""
     spans = trace.spans
-    meta = trace.metadata
     origin = _origin(spans)
-    ranks = meta.get("ranks") or {}
-    several = bool(ranks) and col.RANK in spans and spans[col.RANK].notna().any()
-    process = _Processes(meta, ranks if several else {})
+    process = Processes.of(trace)
+    several = process.several
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     timed = spans[(levels != Level.SYSTEM.value) & (levels != Level.MEMORY.value)]
     threads: set[tuple[Any, int]] = set()
@@ -110,7 +109,7 @@ def _values(column: pd.Series) -> list[Any]:
     return values
 
 
-def _span_events(spans: pd.DataFrame, origin: int, process: _Processes, several: bool,
+def _span_events(spans: pd.DataFrame, origin: int, process: Processes, several: bool,
                  threads: set[tuple[Any, int]], gpus: set[tuple[Any, Any, Any]]) -> list[dict[str, Any]]:
     """One "X" event per span of ``spans``; adds the threads and GPU streams they are on."""
     count = len(spans)
@@ -150,34 +149,6 @@ def _span_events(spans: pd.DataFrame, origin: int, process: _Processes, several:
 
 
 _decode_attributes = msgspec.json.Decoder(dict).decode
-
-
-class _Processes:
-    """The Chrome process of each rank's host threads and GPUs."""
-
-    def __init__(self, meta: dict[str, Any], ranks: dict[str, Any]) -> None:
-        self.meta = meta
-        self.ranks = {int(rank): rank_meta for rank, rank_meta in ranks.items()}
-        pids = [int(rank_meta.get("pid", 0)) for rank_meta in self.ranks.values()]
-        self.unique = len(set(pids)) == len(pids)
-        """Every rank ran as its own pid (one host): its pid is its process; else rank-numbered ones."""
-
-    def host(self, rank: Any) -> int:
-        if rank is None:
-            return int(self.meta.get("pid", 0))
-        pid = int(self.ranks.get(int(rank), {}).get("pid", 0))
-        return pid if self.unique and pid else 1_000_000_000 + int(rank)
-
-    def host_name(self, rank: Any) -> str:
-        if rank is None:
-            return f"{self.meta.get('service_name', 'xsp')} ({self.host(None)})"
-        rank_meta = self.ranks.get(int(rank), {})
-        return f"{rank_meta.get('service_name') or self.meta.get('service_name', 'xsp')} rank {int(rank)} " \
-               f"({rank_meta.get('pid', '?')})"
-
-    @staticmethod
-    def gpu(rank: Any, device: Any) -> str:
-        return f"GPU {device}" if rank is None else f"rank {int(rank)} GPU {device}"
 
 
 def _memory_events(trace: Trace, origin: int, pid: int, threads: set[int]) -> list[dict[str, Any]]:

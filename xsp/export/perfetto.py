@@ -8,8 +8,9 @@ interned), and the file is written in blocks as the spans are encoded, in C wher
 extension is built (``xsp/export/_perfetto.c``), else in Python.
 
 Tracks: each host thread on its process (per rank, where a trace has several, as the Chrome
-export names them), each GPU stream on a ``GPU <device>`` process. Each span is a slice on its
-track (its name, its level as the category), from its start to its end in epoch nanoseconds.
+export has them: :class:`xsp.export.processes.Processes`), each GPU stream on a ``GPU <device>``
+process. Each span is a slice on its track (its name, its level as the category), from its start
+to its end in epoch nanoseconds.
 A track's slices nest: a span that overlaps another on its track without fitting in it (some
 imported traces have them) is cut at that span's end, and the cut is counted. What the
 Chrome export adds beside the spans (arguments, memory events, counter tracks) is left out: open
@@ -28,6 +29,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.schema import Level
+from xsp.export.processes import Processes
 from xsp.export.wire import varint
 from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
@@ -99,12 +101,7 @@ class _Tracks:
     """The file's tracks: a uuid each, and their descriptor packets."""
 
     def __init__(self, trace: Trace) -> None:
-        meta = trace.metadata
-        ranks = meta.get("ranks") or {}
-        self.meta = meta
-        self.ranks = {int(rank): rank_meta for rank, rank_meta in ranks.items()}
-        pids = [int(rank_meta.get("pid", 0)) for rank_meta in self.ranks.values()]
-        self.unique_pids = len(set(pids)) == len(pids)
+        self.processes_of_ranks = Processes.of(trace)
         self.thread_names = trace.thread_names()
         self.descriptors: list[bytes] = []
         self.processes: dict[Any, int] = {}
@@ -119,18 +116,9 @@ class _Tracks:
             self.descriptors.append(packet(field(60, field(1, uuid) + field(3, field(1, pid) + field(6, name)))))
         return self.processes[key]
 
-    def host_pid(self, rank: int | None) -> int:
-        if rank is None:
-            return int(self.meta.get("pid", 0))
-        pid = int(self.ranks.get(rank, {}).get("pid", 0))
-        return pid if self.unique_pids and pid else 1_000_000_000 + rank
-
     def thread(self, rank: int | None, thread: int) -> int:
-        pid = self.host_pid(rank)
-        service = (self.ranks.get(rank, {}) if rank is not None else {}).get("service_name") or self.meta.get(
-            "service_name", "xsp")
-        process_name = f"{service} ({pid})" if rank is None else f"{service} rank {rank} ({pid})"
-        self._process(("host", rank), pid, process_name)
+        pid = self.processes_of_ranks.host(rank)
+        self._process(("host", rank), pid, self.processes_of_ranks.host_name(rank))
         uuid = self._uuid()
         name = self.thread_names.get((rank, thread), f"thread {thread}")
         # (a thread's track is its process's child without a parent_uuid: Perfetto joins them by pid)
@@ -139,9 +127,8 @@ class _Tracks:
         return uuid
 
     def stream(self, rank: int | None, device: int, stream: int) -> int:
-        name = f"GPU {device}" if rank is None else f"rank {rank} GPU {device}"
         pid = GPU_PID_BASE + (0 if rank is None else rank) * 1_000 + device
-        parent = self._process(("gpu", rank, device), pid, name)
+        parent = self._process(("gpu", rank, device), pid, Processes.gpu(rank, device))
         uuid = self._uuid()
         self.descriptors.append(packet(field(60, field(1, uuid) + field(2, f"stream {stream}") + field(5, parent))))
         return uuid
@@ -153,8 +140,7 @@ def _ints(column: pd.Series, missing: int) -> np.ndarray:
 
 def _track_of_each_span(spans: pd.DataFrame, tracks: _Tracks) -> np.ndarray:
     """Each span's track (a place in the uuid table the tracks make, in order)."""
-    # as the Chrome export decides: ranks apart only for a job's trace (an imported one numbers its rank alone)
-    several = bool(tracks.ranks) and col.RANK in spans and bool(spans[col.RANK].notna().any())
+    several = tracks.processes_of_ranks.several
     ranks = _ints(spans[col.RANK], -1) if several else np.full(len(spans), -1, dtype=np.int64)
     threads = spans[col.THREAD_ID]
     on_device = (threads.isna() & spans[col.DEVICE_ID].notna()).to_numpy()

@@ -21,13 +21,14 @@ so every frame closes before its caller does: the stacks never hold more time th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 import pandas as pd
@@ -127,27 +128,11 @@ def _thread_label(thread: tuple[int | None, int], names: dict[tuple[int | None, 
 
 
 def speedscope_document(trace: Trace) -> dict[str, Any]:
-    """The speedscope file of ``trace`` (see the module's docs), as a JSON-ready dict."""
-    frames: dict[Frame, int] = {}
-    profiles: dict[Any, dict[str, Any]] = {}
-    origin = int(trace.spans[col.START_NS].min()) if len(trace.spans) else 0
-    names = trace.thread_names()
-    for event in frame_events(trace):
-        index = frames.setdefault(event.frame, len(frames))
-        profile = profiles.get(event.thread)
-        if profile is None:
-            profile = profiles[event.thread] = {
-                "type": "evented", "name": _thread_label(event.thread, names),
-                "unit": "nanoseconds", "startValue": event.at_ns - origin, "endValue": event.at_ns - origin,
-                "events": []}
-        at = event.at_ns - origin
-        profile["events"].append({"type": "O" if event.opened else "C", "frame": index, "at": at})
-        profile["endValue"] = max(profile["endValue"], at)
-    shared = [{"name": f.name, **({"file": f.file} if f.file else {}), **({"line": f.line} if f.line else {})}
-              for f in frames]
-    service = trace.metadata.get("service_name") or "xsp trace"
-    return {"$schema": SPEEDSCOPE_SCHEMA, "shared": {"frames": shared}, "profiles": list(profiles.values()),
-            "name": str(service), "activeProfileIndex": 0, "exporter": f"xsp {__version__}"}
+    """The speedscope file of ``trace`` (see the module's docs), as a JSON-ready dict: what
+    :func:`write_speedscope` writes, read back."""
+    out = io.BytesIO()
+    _write_speedscope(trace, out)
+    return dict(json.loads(out.getvalue()))
 
 
 def collapsed_stacks(trace: Trace) -> Counter[str]:
@@ -192,14 +177,21 @@ with no document of millions of events in memory."""
 
 
 def write_speedscope(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` as a speedscope file (open it at https://www.speedscope.app), atomically:
-    the same document as :func:`speedscope_document`, written profile by profile as the frames'
-    events come (each thread's are in a block), the shared frames last (JSON's fields have no
-    order), so that memory does not grow with the events.
+    """Write ``trace`` as a speedscope file (open it at https://www.speedscope.app), atomically,
+    profile by profile as the frames' events come (each thread's are in a block), the shared
+    frames last (JSON's fields have no order), so that memory does not grow with the events.
 
     Raises:
         xsp.io.outputs.OutputError: the file could not be written (nothing is left at ``path``).
     """
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as out:
+            _write_speedscope(trace, out)
+
+    return write_output(path, write)
+
+
+def _write_speedscope(trace: Trace, out: BinaryIO) -> None:
     origin = int(trace.spans[col.START_NS].min()) if len(trace.spans) else 0
     names = trace.thread_names()
     service = trace.metadata.get("service_name") or "xsp trace"
@@ -207,45 +199,41 @@ def write_speedscope(trace: Trace, path: str | os.PathLike[str]) -> Path:
     def encode(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
-    def write(temporary: Path) -> None:
-        frames: dict[Frame, int] = {}
-        with open(temporary, "wb") as out:
-            out.write(b'{"$schema":' + encode(SPEEDSCOPE_SCHEMA) + b',"profiles":[')
-            thread: tuple[int | None, int] | None = None
-            end = 0
-            batch: list[bytes] = []
-            written = 0  # events of the open profile written so far
+    frames: dict[Frame, int] = {}
+    out.write(b'{"$schema":' + encode(SPEEDSCOPE_SCHEMA) + b',"profiles":[')
+    thread: tuple[int | None, int] | None = None
+    end = 0
+    batch: list[bytes] = []
+    written = 0  # events of the open profile written so far
 
-            def flush() -> None:
-                nonlocal written
-                if batch:
-                    out.write((b"," if written else b"") + b",".join(batch))
-                    written += len(batch)
-                    batch.clear()
+    def flush() -> None:
+        nonlocal written
+        if batch:
+            out.write((b"," if written else b"") + b",".join(batch))
+            written += len(batch)
+            batch.clear()
 
-            for event in frame_events(trace):
-                at = event.at_ns - origin
-                if event.thread != thread:
-                    if thread is not None:
-                        flush()
-                        out.write(b'],"endValue":' + encode(end) + b"},")
-                    thread, end, written = event.thread, at, 0
-                    out.write(b'{"type":"evented","name":' + encode(_thread_label(thread, names))
-                              + b',"unit":"nanoseconds","startValue":' + encode(at) + b',"events":[')
-                index = frames.setdefault(event.frame, len(frames))
-                batch.append(b'{"type":"%s","frame":%d,"at":%d}' % (b"O" if event.opened else b"C", index, at))
-                end = max(end, at)
-                if len(batch) >= EVENTS_PER_WRITE:
-                    flush()
+    for event in frame_events(trace):
+        at = event.at_ns - origin
+        if event.thread != thread:
             if thread is not None:
                 flush()
-                out.write(b'],"endValue":' + encode(end) + b"}")
-            shared = [{"name": f.name, **({"file": f.file} if f.file else {}), **({"line": f.line} if f.line else {})}
-                      for f in frames]
-            out.write(b'],"shared":' + encode({"frames": shared}) + b',"name":' + encode(str(service))
-                      + b',"activeProfileIndex":0,"exporter":' + encode(f"xsp {__version__}") + b"}")
-
-    return write_output(path, write)
+                out.write(b'],"endValue":' + encode(end) + b"},")
+            thread, end, written = event.thread, at, 0
+            out.write(b'{"type":"evented","name":' + encode(_thread_label(thread, names))
+                      + b',"unit":"nanoseconds","startValue":' + encode(at) + b',"events":[')
+        index = frames.setdefault(event.frame, len(frames))
+        batch.append(b'{"type":"%s","frame":%d,"at":%d}' % (b"O" if event.opened else b"C", index, at))
+        end = max(end, at)
+        if len(batch) >= EVENTS_PER_WRITE:
+            flush()
+    if thread is not None:
+        flush()
+        out.write(b'],"endValue":' + encode(end) + b"}")
+    shared = [{"name": f.name, **({"file": f.file} if f.file else {}), **({"line": f.line} if f.line else {})}
+              for f in frames]
+    out.write(b'],"shared":' + encode({"frames": shared}) + b',"name":' + encode(str(service))
+              + b',"activeProfileIndex":0,"exporter":' + encode(f"xsp {__version__}") + b"}")
 
 
 def write_collapsed(trace: Trace, path: str | os.PathLike[str]) -> Path:

@@ -256,7 +256,12 @@ def layers_of_metrics(provenance_texts: list[str], hints: LayerHints, compile_id
     return layers
 
 
-def _read_shares(found: Any) -> dict[str, list[LayerShare]]:
+def kernel_layers(metadata: dict[str, Any]) -> dict[str, list[LayerShare]]:
+    """From a trace's metadata: the layers each generated kernel's time is counted on (see
+    :func:`layers_of_metrics`). Empty for a trace without compiled code, or one whose compiles
+    were made before the session (their graphs were not seen)."""
+    details = (metadata.get("tracer_details") or {}).get("operator") or {}
+    found = details.get(LAYERS_KEY)
     layers: dict[str, list[LayerShare]] = {}
     for name, shares in (found if isinstance(found, dict) else {}).items():
         try:
@@ -264,14 +269,6 @@ def _read_shares(found: Any) -> dict[str, list[LayerShare]]:
         except (TypeError, ValueError):  # a damaged entry: that kernel stays on the calling layer
             continue
     return layers
-
-
-def kernel_layers(metadata: dict[str, Any]) -> dict[str, list[LayerShare]]:
-    """From a trace's metadata: the layers each generated kernel's time is counted on (see
-    :func:`layers_of_metrics`). Empty for a trace without compiled code, or one whose compiles
-    were made before the session (their graphs were not seen)."""
-    details = (metadata.get("tracer_details") or {}).get("operator") or {}
-    return _read_shares(details.get(LAYERS_KEY))
 
 
 def kernel_sources(metadata: dict[str, Any]) -> dict[str, list[list[Frame]]]:

@@ -237,6 +237,14 @@ def chain_ends(pointer: np.ndarray) -> np.ndarray:
     return jump
 
 
+def ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The runs ``firsts[i], firsts[i] + 1, ..., firsts[i] + counts[i] - 1``, one after the other,
+    without a Python loop (the items of each row of a ragged table, read row by row)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return (np.repeat(np.asarray(firsts, dtype=np.int64), counts)
+            + np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+
+
 def depth_of(parents: np.ndarray) -> np.ndarray:
     """Number of ancestors of each span, from :func:`parent_positions` (by pointer jumping)."""
     depth = (parents >= 0).astype(np.int64)
