@@ -115,50 +115,92 @@ def _document(source: Path) -> dict[str, Any]:
     return msgspec.json.decode(gzip.open(source).read() if source.suffix == ".gz" else source.read_bytes())
 
 
-def repeated_trace(source: Path, copies: int, target: Path) -> int:
-    """``source`` repeated ``copies`` times end to end (see the module's docstring); its events."""
-    import gzip
-    import re
+class _Repetition:
+    """How ``source``'s events are repeated end to end: each copy shifted in time past the one
+    before, its correlation, external, flow and step ids shifted so that no two copies share one."""
 
-    import msgspec
+    def __init__(self, source: Path) -> None:
+        import re
 
-    document = _document(source)
-    events = document["traceEvents"]
-    timed = [e for e in events if "ts" in e]
-    first = min(float(e["ts"]) for e in timed)
-    period = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed) - first + 1000.0
-    id_stride = 1 + max(max((int(e.get("args", {}).get(key, 0)) for key in SHIFTED_ARGS
-                             if isinstance(e.get("args", {}).get(key, 0), int)), default=0) for e in events)
-    id_stride = max(id_stride, 1 + max((int(e["id"]) for e in events if isinstance(e.get("id"), int)), default=0))
-    step = re.compile(r"^(ProfilerStep#)(\d+)$")
-    steps = sum(1 for e in events if e.get("ph") == "X" and step.match(str(e.get("name", ""))))
-    out: list[dict[str, object]] = []
-    for copy in range(copies):
-        for event in events:
-            if copy and "ts" not in event:
+        self.document = _document(source)
+        events = self.events = self.document.pop("traceEvents")
+        timed = [e for e in events if "ts" in e]
+        first = min((float(e["ts"]) for e in timed), default=0.0)
+        self.period = max((float(e["ts"]) + float(e.get("dur", 0)) for e in timed), default=first) - first + 1000.0
+        stride = 1 + max((max((int(e.get("args", {}).get(key, 0)) for key in SHIFTED_ARGS
+                               if isinstance(e.get("args", {}).get(key, 0), int)), default=0) for e in events),
+                         default=0)
+        self.id_stride = max(stride, 1 + max((int(e["id"]) for e in events if isinstance(e.get("id"), int)),
+                                             default=0))
+        self.step = re.compile(r"^(ProfilerStep#)(\d+)$")
+        self.steps = sum(1 for e in events if e.get("ph") == "X" and self.step.match(str(e.get("name", ""))))
+
+    def copy(self, number: int) -> list[dict[str, Any]]:
+        """The events of copy ``number`` (0: the source's own, metadata included; the others
+        leave the metadata events out)."""
+        if number == 0:
+            return self.events
+        out = []
+        for event in self.events:
+            if "ts" not in event:
                 continue  # metadata (process and thread names) once
-            if copy == 0:
-                out.append(event)
-                continue
             shifted = dict(event)
-            shifted["ts"] = float(event["ts"]) + copy * period
+            shifted["ts"] = float(event["ts"]) + number * self.period
             if isinstance(event.get("id"), int):
-                shifted["id"] = event["id"] + copy * id_stride
+                shifted["id"] = event["id"] + number * self.id_stride
             args = event.get("args")
             if args:
                 args = dict(args)
                 for key in SHIFTED_ARGS:
                     if isinstance(args.get(key), int) and args[key] >= 0:
-                        args[key] += copy * id_stride
+                        args[key] += number * self.id_stride
                 shifted["args"] = args
-            found = step.match(str(event.get("name", "")))
+            found = self.step.match(str(event.get("name", "")))
             if found:
-                shifted["name"] = f"{found.group(1)}{int(found.group(2)) + copy * steps}"
+                shifted["name"] = f"{found.group(1)}{int(found.group(2)) + number * self.steps}"
             out.append(shifted)
-    document["traceEvents"] = out
+        return out
+
+
+def repeated_trace(source: Path, copies: int, target: Path) -> int:
+    """``source`` repeated ``copies`` times end to end (see the module's docstring), gzipped; its events."""
+    import gzip
+
+    import msgspec
+
+    repetition = _Repetition(source)
+    document = dict(repetition.document)
+    document["traceEvents"] = [event for number in range(copies) for event in repetition.copy(number)]
     with gzip.open(target, "wb", compresslevel=6) as file:
         file.write(msgspec.json.encode(document))
-    return len(out)
+    return len(document["traceEvents"])
+
+
+def write_repeated_trace(source: Path, target: Path, copies: int | None = None, target_bytes: int | None = None) -> int:
+    """``source`` repeated end to end as plain JSON, written copy by copy (never held whole):
+    ``copies`` times, or until the file holds ``target_bytes``. Its top-level fields come after its
+    events, as Kineto writes them. Returns the events written."""
+    import msgspec
+
+    repetition = _Repetition(source)
+    encoder = msgspec.json.Encoder()
+    written = events = number = 0
+    with open(target, "wb") as file:
+        file.write(b'{"traceEvents":[')
+        if not any("ts" in event for event in repetition.events):
+            copies = 1  # nothing to repeat: one copy, whatever the size asked for
+        while (copies is None or number < copies) and (target_bytes is None or written < target_bytes):
+            batch = repetition.copy(number)
+            text = encoder.encode(batch)[1:-1]
+            if written and text:
+                file.write(b",")
+            file.write(text)
+            written += len(text)
+            events += len(batch)
+            number += 1
+        fields = encoder.encode(repetition.document)[1:-1]
+        file.write(b"]" + (b"," + fields if fields else b"") + b"}")
+    return events
 
 
 def run(code: str, argument: str, timeout_s: float = 1800) -> dict[str, float]:

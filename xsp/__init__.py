@@ -19,6 +19,7 @@ from xsp.core.errors import (
     SchemaVersionError,
     TraceFormatError,
     TraceNotFoundError,
+    TraceTooLargeError,
     UnknownLevelError,
     XspError,
     XspWarning,
@@ -70,6 +71,6 @@ __all__ = [
     "__version__", "analysis", "schema", "trace", "span", "step", "load", "pull", "Trace", "Session", "Level",
     "SpanKind",
     "Status", "leveled", "LeveledResult", "XspError", "XspWarning", "UnknownLevelError", "TraceFormatError",
-    "TraceNotFoundError", "Schedule", "ScheduleError",
+    "TraceNotFoundError", "TraceTooLargeError", "Schedule", "ScheduleError",
     "SchemaVersionError", "diff", "Diff", "Summary", "summarize",
 ]

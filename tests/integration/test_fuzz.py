@@ -267,12 +267,12 @@ def test_the_c_scanner_gives_the_msgspec_readers_verdict_and_rows(folder, monkey
     with contract("kineto-c-vs-msgspec", data, ".json", ()):
         monkeypatch.delenv("XSP_PURE_PYTHON", raising=False)
         try:  # the error types are the other tests' business: here only the verdicts
-            scanned = scanned_events(path, kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED, kineto.DEVICE_CATEGORIES)
+            scanned = scanned_events(path, kineto.CATEGORY_NAMES, kineto.LAUNCH_LINKED, kineto.DEVICE_CATEGORIES)
             scanner_says = "read" if scanned is not None else "left to msgspec"
         except Exception as exc:
             scanned, scanner_says = None, f"refused: {type(exc).__name__}: {exc}"
         try:
-            decoded = decoded_events(kineto.decode(path), kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED,
+            decoded = decoded_events(kineto.decode(path), kineto.CATEGORY_NAMES, kineto.LAUNCH_LINKED,
                                      kineto.DEVICE_CATEGORIES)
             msgspec_says = "read"
         except Exception as exc:

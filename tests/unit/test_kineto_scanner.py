@@ -37,11 +37,11 @@ def scanner_built(monkeypatch):
 
 
 def _scanned(path: Path):
-    return scanned_events(path, kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED, kineto.DEVICE_CATEGORIES)
+    return scanned_events(path, kineto.CATEGORY_NAMES, kineto.LAUNCH_LINKED, kineto.DEVICE_CATEGORIES)
 
 
 def _decoded(path: Path):
-    return decoded_events(kineto.decode(path), kineto._CATEGORY_NAMES, kineto._LAUNCH_LINKED,
+    return decoded_events(kineto.decode(path), kineto.CATEGORY_NAMES, kineto.LAUNCH_LINKED,
                           kineto.DEVICE_CATEGORIES)
 
 

@@ -11,6 +11,9 @@ from xsp.cli._common import CliError, beside, check_output, error_console, progr
 from xsp.core.figures import counted
 from xsp.core.schema import FILE_SUFFIX
 
+HELD_WHOLE_EVENTS = 1 << 20
+"""A window larger than this is said: memory is bounded by the longest step, not by the trace."""
+
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("import", help="convert a PyTorch profiler trace or an Nsight Systems export "
@@ -27,28 +30,39 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     source = Path(options.trace)
-    from xsp.io.kineto import load_kineto  # the importers, only for this command
-    from xsp.io.kineto_json import is_kineto_path
-    from xsp.io.nsys import load_nsys
+    from xsp.io.kineto_json import is_kineto_path  # the importers, only for this command
     from xsp.io.nsys_export import is_nsys_path
 
-    if is_kineto_path(source):
-        load = load_kineto
-    elif is_nsys_path(source):
-        load = load_nsys
-    elif source.exists():
-        raise CliError(f"{source} is neither a Kineto trace (.json, .json.gz) nor an SQLite file (an Nsight "
-                       "Systems export)")
-    else:
+    if not is_kineto_path(source) and not is_nsys_path(source):
+        if source.exists():
+            raise CliError(f"{source} is neither a Kineto trace (.json, .json.gz) nor an SQLite file (an Nsight "
+                           "Systems export)")
         raise CliError(f"no such trace file: {source}")
     output = beside(source, source.name.split(".")[0] + FILE_SUFFIX) if options.output is None else options.output
     check_output(str(output), str(source))
-    with progress(f"reading {source}") as say:
-        trace = load(source)
-        say(f"writing {output}")
-        trace.save(output)
-    hierarchy = trace.metadata["hierarchy"]
+    if is_kineto_path(source):
+        from xsp.io.kineto_stream import import_kineto
+
+        with progress(f"importing {source}"):
+            imported = import_kineto(source, output)  # a window at a time: a trace of any size
+        spans, steps, metadata = imported.spans, imported.steps, imported.metadata
+        if imported.read_whole_because is not None:
+            error_console().print(f"xsp: {source} was read whole, not a window at a time: "
+                                  f"{imported.read_whole_because}", markup=False)
+        elif (imported.largest_window_events or 0) > HELD_WHOLE_EVENTS:
+            error_console().print(f"xsp: {imported.largest_window_events:,} events were held at once: a window "
+                                  "cannot cut a step (or spans that overlap across threads), so memory grows with "
+                                  "the largest step", markup=False)
+    else:
+        from xsp.io.nsys import load_nsys
+
+        with progress(f"reading {source}") as say:
+            trace = load_nsys(source)
+            say(f"writing {output}")
+            trace.save(output)
+        spans, steps, metadata = len(trace.spans), len(trace.steps), trace.metadata
+    hierarchy = metadata["hierarchy"]
     error_console().print(
-        f"xsp: {len(trace.spans)} spans, {counted(len(trace.steps), 'step')}, {hierarchy['launched']} of "
+        f"xsp: {spans} spans, {counted(steps, 'step')}, {hierarchy['launched']} of "
         f"{hierarchy['gpu_activities']} GPU activities linked to their launch -> {output}", markup=False)
     return 0

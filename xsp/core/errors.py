@@ -27,6 +27,10 @@ class TraceNotFoundError(XspError, FileNotFoundError):
     """No trace file at the given path."""
 
 
+class TraceTooLargeError(XspError, MemoryError):
+    """A trace that would not fit in the machine's free memory if it were loaded whole."""
+
+
 class XspWarning(UserWarning):
     """Something xsp could not do; the user's program carries on regardless."""
 

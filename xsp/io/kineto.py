@@ -44,7 +44,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -125,10 +126,10 @@ FLOP_COUNTERS = {  # instruction counters -> floating-point operations per instr
     "smsp__sass_thread_inst_executed_op_dmul_pred_on.sum": 1,
     "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum": 2,
 }
-_LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
+LAUNCH_LINKED = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 
 
-def _nanoseconds(values: Sequence[int | float] | np.ndarray) -> np.ndarray:
+def microseconds_to_ns(values: Sequence[int | float] | np.ndarray) -> np.ndarray:
     """Microseconds (integers exactly, fractions to the nanosecond) as int64 nanoseconds."""
     as_float = np.asarray(values, dtype=np.float64)
     whole = np.floor(as_float)
@@ -172,13 +173,13 @@ _NO_TEXTS = pa.array([], type=pa.large_string())
 _NO_INTS = np.zeros(0, dtype=np.int64)
 """What an event column is replaced with once its row column is made."""
 
-_CATEGORY_NAMES = list(CATEGORIES)
-_CATEGORY_INDEX = {cat: i for i, cat in enumerate(_CATEGORY_NAMES)}
+CATEGORY_NAMES = list(CATEGORIES)
+_CATEGORY_INDEX = {cat: i for i, cat in enumerate(CATEGORY_NAMES)}
 _LEVEL_NAMES = [level.value for level in Level]
 _KIND_NAMES = [kind.value for kind in SpanKind]
-_LEVEL_OF_CATEGORY = np.array([_LEVEL_NAMES.index(CATEGORIES[c][0].value) for c in _CATEGORY_NAMES])
-_KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in _CATEGORY_NAMES])
-_DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in _CATEGORY_NAMES])
+_LEVEL_OF_CATEGORY = np.array([_LEVEL_NAMES.index(CATEGORIES[c][0].value) for c in CATEGORY_NAMES])
+_KIND_OF_CATEGORY = np.array([_KIND_NAMES.index(CATEGORIES[c][1].value) for c in CATEGORY_NAMES])
+_DEVICE_CATEGORY = np.array([c in DEVICE_CATEGORIES for c in CATEGORY_NAMES])
 _STEP_CODE = _KIND_NAMES.index(SpanKind.STEP.value)
 _OPERATOR_LEVEL = _LEVEL_NAMES.index(Level.OPERATOR.value)
 _INPUT_CODE = _KIND_NAMES.index(SpanKind.INPUT.value)
@@ -256,8 +257,8 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
     counts = events.counts
     category = events.category.astype(np.int64)
     count = len(category)
-    start = _nanoseconds(events.ts_us) + base
-    end = start + np.maximum(_nanoseconds(events.dur_us), 0)
+    start = microseconds_to_ns(events.ts_us) + base
+    end = start + np.maximum(microseconds_to_ns(events.dur_us), 0)
     events.ts_us = events.dur_us = np.zeros(0)
     on_device = _DEVICE_CATEGORY[category] if count else np.zeros(0, dtype=bool)
     device_rows = np.flatnonzero(on_device)
@@ -354,12 +355,25 @@ def kineto_rows(events: EventColumns) -> tuple[pd.DataFrame, dict[str, Any]]:
 def read_events(source: Path) -> EventColumns:
     """The trace's events as columns: by the C scanner where it reads the file, else by msgspec."""
     dropped_args: list[tuple[int, int]] = []
-    events = scanned_events(source, _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES, dropped_args)
+    events = scanned_events(source, CATEGORY_NAMES, LAUNCH_LINKED, DEVICE_CATEGORIES, dropped_args)
     if events is None:
-        events = decoded_events(decode(source, dropped_args), _CATEGORY_NAMES, _LAUNCH_LINKED, DEVICE_CATEGORIES)
+        events = decoded_events(decode(source, dropped_args), CATEGORY_NAMES, LAUNCH_LINKED, DEVICE_CATEGORIES)
         if dropped_args:
             events.counts[ARGS_TOO_DEEP] += len(dropped_args)
     return events
+
+
+@contextmanager
+def unreadable_as_format_error(source: Path) -> Iterator[None]:
+    """What a file that is no readable Kineto trace raises as it is read, as a
+    :class:`TraceFormatError`: text that is not UTF-8, a field of the wrong kind, a time past any
+    clock (what the fuzzer found, tests/unit/test_fuzz_found.py) is one line, never a traceback."""
+    try:
+        yield
+    except (UnicodeDecodeError, msgspec.ValidationError, msgspec.DecodeError, pa.ArrowInvalid,
+            OverflowError) as exc:
+        raise TraceFormatError(f"{source} is not a Kineto trace xsp can read: {type(exc).__name__}: "
+                               f"{str(exc)[:200]}") from None
 
 
 def load_kineto(path: str | os.PathLike[str]) -> Trace:
@@ -375,14 +389,8 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     if not source.is_file():
         raise TraceNotFoundError(f"no such trace file: {source}")
     with collector_paused():
-        try:
+        with unreadable_as_format_error(source):
             rows, metadata = kineto_rows(read_events(source))
-        except (UnicodeDecodeError, msgspec.ValidationError, msgspec.DecodeError, pa.ArrowInvalid,
-                OverflowError) as exc:
-            # text that is not UTF-8, a field of the wrong kind, a time past any clock: what the
-            # fuzzer found (tests/unit/test_fuzz_found.py) is one line, never a traceback
-            raise TraceFormatError(f"{source} is not a Kineto trace xsp can read: {type(exc).__name__}: "
-                                   f"{str(exc)[:200]}") from None
         release_freed_memory()
         frames = iter([rows])  # build_table holds the only reference, and lets the rows go as it goes
         del rows
@@ -391,20 +399,27 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
         result = build_table(frames, 0, new_step_state(attach_to_session=False), live_records=False)
         release_freed_memory()
     spans = result.spans
-    present = set(spans[col.LEVEL].unique())
-    levels = [level.value for level in Level if level.value in present]
+    metadata = imported_metadata(source, metadata, result.diagnostics, set(spans[col.LEVEL].unique()))
+    return Trace(spans=spans, metadata=metadata)
+
+
+def imported_metadata(source: Path, metadata: dict[str, Any], hierarchy: dict[str, int],
+                      present_levels: set[str]) -> dict[str, Any]:
+    """An imported trace's metadata: what :func:`kineto_rows` found (``metadata``), the tree's
+    diagnostics and the levels its spans have; what was left out is warned of here, once."""
+    levels = [level.value for level in Level if level.value in present_levels]
     not_imported = metadata.get("not_imported") or {}
     lost = {f"Kineto events {what}": int(not_imported[key]) for key, what in LOST.items() if not_imported.get(key)}
     if not_imported.get(ARGS_TOO_DEEP):  # the events are imported, without their arguments
         lost[f"Kineto events' arguments nested more than {ARGS_MAX_DEPTH} levels"] = int(not_imported[ARGS_TOO_DEEP])
     metadata = {**metadata, "schema_version": col.SCHEMA_VERSION, "xsp_version": __version__,
-                "imported_from": str(source), "levels": levels, "hierarchy": result.diagnostics,
+                "imported_from": str(source), "levels": levels, "hierarchy": hierarchy,
                 "dropped": lost, "service_name": source.name.split(".")[0],
                 "device": _device_name(metadata["device_properties"])}
     if lost:  # every command that reads the file says so, not only xsp import
         warn(XspWarning(f"{source}: {', '.join(f'{count} {what}' for what, count in lost.items())} "
                                  "were left out"))
-    return Trace(spans=spans, metadata=metadata)
+    return metadata
 
 
 def kineto_arguments(spans: pd.DataFrame) -> list[dict[str, Any] | None]:

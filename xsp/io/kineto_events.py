@@ -161,6 +161,15 @@ def _read_ahead(pieces: Iterator[bytes], depth: int = 2) -> Generator[bytes, Non
         thread.join()
 
 
+FILE_ORDER: Final = "file_order"
+"""The raw event table's column of each event's place among the file's rows (0, 1, 2...)."""
+INT_COLUMNS: Final = ("pid", "tid", "correlation", "device", "stream", "registers", "shared_memory", "bytes",
+                      "sequence", "external")
+"""The raw event table's integer columns (``MISSING`` where absent)."""
+INTERNED_COLUMNS: Final = ("name", "input_dims", "grid", "block")
+"""The raw event table's texts that repeat (codes into their distinct texts, as the scanner keeps them)."""
+
+
 def _strings(blocks: dict[str, Any], name: str, count: int, empty_is_null: bool) -> pa.LargeStringArray:
     offsets = np.frombuffer(blocks.pop(f"{name}.offsets"), dtype=np.int64)
     validity = None
@@ -187,34 +196,115 @@ def _interned(blocks: dict[str, Any], name: str) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(indices, texts)
 
 
-def _left_to_msgspec(scanner: Any, dropped_args: list[tuple[int, int]] | None) -> EventColumns | None:
-    """None, for a file the scanner leaves to msgspec, which is told the arguments to drop."""
-    if dropped_args is not None:
-        dropped_args.extend(scanner.dropped_args)
-    return None
-
-
-def scanned_events(source: Path, categories: list[str], linked: frozenset[str], device: frozenset[str],
-                   dropped_args: list[tuple[int, int]] | None = None) -> EventColumns | None:
-    """The events read by the C scanner; None where it is not built or leaves the file to msgspec.
-
-    Where it leaves the file to msgspec, it has still read it to the end, checking only its JSON:
-    a file that is not JSON fails here, holding no more of it than a piece, and ``dropped_args``
-    (when given) gets the (start, stop) offsets of the ``"args"`` members nested too deeply, for
-    :func:`xsp.io.kineto_json.decode` to drop as the scanner does.
+def _raw_table(blocks: dict[str, Any], count: int, first_row: int) -> pa.Table:
+    """The scanner's columns as one Arrow table (no copy of the numbers): the raw events.
 
     Raises:
-        TraceFormatError: not JSON, truncated, nested past any plausible depth, a value longer than
-            ``MAX_VALUE_BYTES``; a corrupt or truncated gzip stream or a decompression bomb.
+        pa.ArrowInvalid: a text that is not UTF-8 (the file is msgspec's to read, which says so).
     """
-    kineto = optional_extension("xsp.io._kineto")
-    if kineto is None:
-        return None
-    scanner = kineto.Scanner(categories, sorted(linked), sorted(device))
-    pending = b""
-    waiting: list[bytes] = []  # pieces not scanned yet
-    waiting_bytes = offset = 0
-    try:
+    columns: dict[str, pa.Array] = {
+        "category": pa.array(np.frombuffer(blocks.pop("category"), dtype=np.int8)),
+        "ts": pa.array(np.frombuffer(blocks.pop("ts"), dtype=np.float64)),
+        "dur": pa.array(np.frombuffer(blocks.pop("dur"), dtype=np.float64)),
+    }
+    for key in INT_COLUMNS:
+        columns[key] = pa.array(np.frombuffer(blocks.pop(key), dtype=np.int64))
+    for key in INTERNED_COLUMNS:
+        columns[key] = _interned(blocks, key)
+    columns["attributes"] = _strings(blocks, "attributes", count, empty_is_null=True)
+    columns[FILE_ORDER] = pa.array(np.arange(first_row, first_row + count, dtype=np.int64))
+    return pa.table(columns)
+
+
+_WRITTEN_OTHERWISE: Final = ("events written otherwise than PyTorch's profiler writes them: flow events in place of "
+                              "correlation ids, text where numbers belong or the like")
+
+
+class LeftToMsgspec(Exception):
+    """The C scanner is not built, or leaves this file to msgspec's reader, which is to drop the
+    ``"args"`` members at ``dropped_args`` (offsets the scanner found nested too deeply)."""
+
+    def __init__(self, dropped_args: list[tuple[int, int]], reason: str) -> None:
+        super().__init__(reason)
+        self.dropped_args = dropped_args
+        self.reason = reason
+        """Why, for the user: ``the fast reader is not built``, or what the file holds."""
+
+
+class EventScan:
+    """One pass of the C scanner over a file: its events as raw tables (:func:`_raw_table`, at
+    most ``rows_per_table`` rows each, all of them in one where None), then what the file says
+    besides them (its top-level fields, its threads' names, the events left out)."""
+
+    def __init__(self, source: Path, categories: list[str], linked: frozenset[str], device: frozenset[str],
+                 rows_per_table: int | None = None) -> None:
+        self.source = source
+        self.categories, self.linked, self.device = categories, linked, device
+        self.rows_per_table = rows_per_table
+        self.fields = FileFields()
+        self.thread_names: dict[str, str] = {}
+        self.counts: Counter[str] = Counter()
+        self.rows = 0
+        """The events kept as rows (complete events of an imported category)."""
+        self.events = 0
+        """The events the file holds, of every phase (once the last table is given)."""
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The raw event tables, in file order; ``fields``, ``thread_names`` and ``counts`` are set
+        once the last is given.
+
+        Raises:
+            LeftToMsgspec: the scanner is not built or leaves the file to msgspec (raised at the
+                first table where it is not built, else after the last, the file checked to be JSON).
+            TraceFormatError: not JSON, truncated, nested past any plausible depth, a value longer
+                than ``MAX_VALUE_BYTES``; a corrupt or truncated gzip stream or a decompression bomb.
+        """
+        kineto = optional_extension("xsp.io._kineto")
+        if kineto is None:
+            raise LeftToMsgspec([], "xsp's fast reader is not built here")
+        scanner = kineto.Scanner(self.categories, sorted(self.linked), sorted(self.device))
+        limit = self.rows_per_table
+        given = 0
+        try:
+            for _ in self._scanning(scanner):
+                if limit is not None and scanner.rows >= limit:
+                    count = scanner.rows
+                    yield _raw_table(scanner.columns(), count, self.rows)
+                    self.rows += count
+                    given += 1
+        except kineto.Invalid as exc:
+            raise TraceFormatError(f"{self.source} {exc}") from None
+        except kineto.Unsupported:
+            raise LeftToMsgspec(list(scanner.dropped_args), _WRITTEN_OTHERWISE) from None
+        except pa.ArrowInvalid:
+            raise LeftToMsgspec(list(scanner.dropped_args), "text that is not UTF-8") from None
+        try:
+            self.fields = msgspec.json.decode(
+                b"{" + b",".join(b'"%s":%s' % pair for pair in scanner.top_fields) + b"}", type=FileFields)
+            count = scanner.rows
+            last = _raw_table(scanner.columns(), count, self.rows)
+        except msgspec.DecodeError:
+            raise LeftToMsgspec(list(scanner.dropped_args), "top-level fields of another form") from None
+        except pa.ArrowInvalid:
+            raise LeftToMsgspec(list(scanner.dropped_args), "text that is not UTF-8") from None
+        self.rows += count
+        self.events = scanner.events
+        self.thread_names = {str(tid): name for tid, name in scanner.thread_names}
+        self.counts = Counter({f"ignored {what} events": n for what, n in scanner.ignored.items()})
+        if scanner.missing_times:
+            self.counts[MISSING_TIMES] = scanner.missing_times
+        if scanner.dropped_args:
+            self.counts[ARGS_TOO_DEEP] = len(scanner.dropped_args)
+        if count or not given:
+            yield last
+
+    def _scanning(self, scanner: Any) -> Iterator[None]:
+        """Feeds the file to ``scanner`` piece by piece, pausing after each piece it scanned; the
+        last scan (``final``) is made before it ends."""
+        source = self.source
+        pending = b""
+        waiting: list[bytes] = []  # pieces not scanned yet
+        waiting_bytes = offset = 0
         with closing(_read_ahead(inflated_pieces(source))) as pieces:
             for piece in pieces:
                 waiting.append(piece)
@@ -232,6 +322,7 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str], 
                     raise TraceFormatError(
                         f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
                         f"than {MAX_VALUE_BYTES >> 20} MiB")
+                yield
         if len(pending) + waiting_bytes > MAX_VALUE_BYTES:  # the last value may end past the limit: scan up to it first
             data = b"".join([pending, *waiting])
             waiting.clear()
@@ -244,48 +335,58 @@ def scanned_events(source: Path, categories: list[str], linked: frozenset[str], 
                     f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
                     f"than {MAX_VALUE_BYTES >> 20} MiB")
         scanner.scan(b"".join([pending, *waiting]), True)
-    except kineto.Invalid as exc:
-        raise TraceFormatError(f"{source} {exc}") from None
-    except kineto.Unsupported:
-        return _left_to_msgspec(scanner, dropped_args)
-    count = scanner.rows
-    blocks = scanner.columns()
-    try:
-        name = _interned(blocks, "name")
-        attributes = _strings(blocks, "attributes", count, empty_is_null=True)
-        input_dims, grid, block = (_interned(blocks, key) for key in ("input_dims", "grid", "block"))
-    except pa.ArrowInvalid:
-        return _left_to_msgspec(scanner, dropped_args)
-    try:
-        fields = msgspec.json.decode(b"{" + b",".join(b'"%s":%s' % pair for pair in scanner.top_fields) + b"}",
-                                     type=FileFields)
-    except msgspec.DecodeError:
-        return _left_to_msgspec(scanner, dropped_args)
+
+
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    """A table's column as one array (no copy where it is one chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def events_from_table(table: pa.Table, fields: FileFields, thread_names: dict[str, str],
+                      counts: Counter[str]) -> EventColumns:
+    """Raw events (:class:`EventScan`'s tables, or rows of them read back) as the columns that
+    :func:`xsp.io.kineto.kineto_rows` takes, in the table's order."""
+    count = len(table)
 
     def ints(key: str) -> np.ndarray:
-        return np.frombuffer(blocks.pop(key), dtype=np.int64)
+        return np.asarray(_array(table[key]).to_numpy(zero_copy_only=False), dtype=np.int64)
 
-    tid = ints("tid")
-    counts: Counter[str] = Counter({f"ignored {what} events": n for what, n in scanner.ignored.items()})
-    if scanner.missing_times:
-        counts[MISSING_TIMES] = scanner.missing_times
-    if scanner.dropped_args:
-        counts[ARGS_TOO_DEEP] = len(scanner.dropped_args)
     return EventColumns(
-        category=np.frombuffer(blocks.pop("category"), dtype=np.int8),
-        ts_us=np.frombuffer(blocks.pop("ts"), dtype=np.float64),
-        dur_us=np.frombuffer(blocks.pop("dur"), dtype=np.float64),
+        category=np.asarray(_array(table["category"]).to_numpy(zero_copy_only=False), dtype=np.int8),
+        ts_us=np.asarray(_array(table["ts"]).to_numpy(zero_copy_only=False), dtype=np.float64),
+        dur_us=np.asarray(_array(table["dur"]).to_numpy(zero_copy_only=False), dtype=np.float64),
         process=pd.factorize(ints("pid"))[0].astype(np.int64),
-        thread=pd.arrays.IntegerArray(tid, np.zeros(count, dtype=bool)),
-        name=name, attributes=attributes,
+        thread=pd.arrays.IntegerArray(ints("tid"), np.zeros(count, dtype=bool)),
+        name=_array(table["name"]), attributes=_array(table["attributes"]),
         correlation=ints("correlation"), device=ints("device"), stream=ints("stream"),
         registers=ints("registers"), shared_memory=ints("shared_memory"), bytes=ints("bytes"),
         sequence=ints("sequence"), external=ints("external"),
-        input_dims=input_dims, grid=grid, block=block,
-        fields=fields,
-        thread_names={str(tid_): name_ for tid_, name_ in scanner.thread_names},
-        counts=counts,
+        input_dims=_array(table["input_dims"]), grid=_array(table["grid"]), block=_array(table["block"]),
+        fields=fields, thread_names=thread_names, counts=counts,
     )
+
+
+def scanned_events(source: Path, categories: list[str], linked: frozenset[str], device: frozenset[str],
+                   dropped_args: list[tuple[int, int]] | None = None) -> EventColumns | None:
+    """The events read by the C scanner; None where it is not built or leaves the file to msgspec.
+
+    Where it leaves the file to msgspec, it has still read it to the end, checking only its JSON:
+    a file that is not JSON fails here, holding no more of it than a piece, and ``dropped_args``
+    (when given) gets the (start, stop) offsets of the ``"args"`` members nested too deeply, for
+    :func:`xsp.io.kineto_json.decode` to drop as the scanner does.
+
+    Raises:
+        TraceFormatError: not JSON, truncated, nested past any plausible depth, a value longer than
+            ``MAX_VALUE_BYTES``; a corrupt or truncated gzip stream or a decompression bomb.
+    """
+    scan = EventScan(source, categories, linked, device)
+    try:
+        (table,) = scan.tables()
+    except LeftToMsgspec as left:
+        if dropped_args is not None:
+            dropped_args.extend(left.dropped_args)
+        return None
+    return events_from_table(table, scan.fields, scan.thread_names, scan.counts)
 
 
 # ---- the msgspec reader ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
 from xsp.core.rank import rank_files
+from xsp.io.memory_needed import check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
 from xsp.io.trace import Trace
@@ -113,6 +114,10 @@ def _one(path: PathArg) -> Trace:
     from xsp.io.nsys_export import is_nsys_path
 
     try:
+        if is_kineto_path(path) and os.path.isfile(path):
+            check_fits(Path(path), kineto_memory_bytes(Path(path)),
+                       f"`xsp import {path}` converts it a window at a time, in bounded memory, into an "
+                       ".xsp.parquet file that DuckDB queries without loading it (docs/fleet.md)")
         if is_kineto_path(path):
             return _with_rank(load_kineto(path))
         if is_nsys_path(path):
@@ -123,6 +128,9 @@ def _one(path: PathArg) -> Trace:
             unfinished = load_unfinished(path)
             if unfinished is not None:
                 return _with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
+        if os.path.isfile(path):
+            check_fits(Path(path), parquet_memory_bytes(Path(path)),
+                       "DuckDB queries it without loading it (docs/fleet.md)")
         spans, metadata = read_trace(path)
     except XspError:
         raise

@@ -110,6 +110,11 @@ def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndar
     kept_scope[recent[recent >= 0]] = True
     is_session = np.asarray(scope_values, dtype=object) == SESSION_SCOPE
     kept_scope |= is_session
+    # the session's own trace, and each thread's latest step's, can take roots any number of windows
+    # later (an import's loose roots, work on a thread after its step): their counts go on too
+    lasting = pd.Index(scope_values).get_indexer([state.session_trace_id,
+                                                  *(trace for _, _, trace in state.latest_step.values())])
+    kept_scope[lasting[lasting >= 0]] = True
     first = np.unique(key_codes, return_index=True)[1]  # a row of each key, in the order of the codes
     kept = kept_scope[scope_codes[first]]
     all_scopes, all_names = scope_values[scope_codes[first]], name_values[name_codes[first]]
