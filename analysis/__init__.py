@@ -5,7 +5,14 @@ and returns a pandas DataFrame with documented columns. Nothing here plots or pr
 """
 
 from xsp.analysis.compensate import compensated
-from xsp.analysis.distributed import clock_offsets, collectives, communication, rank_steps, stragglers
+from xsp.analysis.distributed import (
+    clock_offsets,
+    collective_skew,
+    collectives,
+    communication,
+    rank_steps,
+    stragglers,
+)
 from xsp.analysis.gpu import (
     gpu_utilization,
     gpu_vs_cpu_per_layer,
@@ -52,5 +59,5 @@ __all__ = [
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
-    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "lines",
+    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew", "lines",
 ]

@@ -352,3 +352,22 @@ def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
             "late_ms": float(group["late_ms"].median()),
         })
     return pd.DataFrame(rows, columns=columns)
+
+
+def collective_skew(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Per collective every rank entered (its step, op and number ``k`` in the step), how far apart
+    the ranks entered it, on a common clock: ``skew_ns`` (the latest entry less the first), the
+    latest rank and the first.
+
+    Columns: ``step``, ``op``, ``k``, ``skew_ns``, ``latest_rank``, ``first_rank``, ``ranks``.
+    """
+    metadata = source.metadata if isinstance(source, Trace) else {}
+    entries = _entries(collectives(source), metadata)
+    columns = ["step", "op", "k", "skew_ns", "latest_rank", "first_rank", "ranks"]
+    if entries.empty:
+        return pd.DataFrame({name: pd.Series(dtype="int64") for name in columns})
+    ordered = entries.sort_values(["step", "op", "k", "start_ns", "rank"], kind="stable")
+    grouped = ordered.groupby(["step", "op", "k"], observed=True, sort=True)
+    table = grouped.agg(skew_ns=("late_ns", "max"), latest_rank=("rank", "last"), first_rank=("rank", "first"),
+                        ranks=("rank", "nunique")).reset_index()
+    return table[columns]

@@ -57,3 +57,71 @@ def test_a_1_gb_trace_imports_within_the_memory_bound(shared_traces, tmp_path):
     assert metadata["hierarchy"]["roots"] == COPIES * 6
     assert f"{COPIES * 123378} spans, {COPIES * 5} steps" in result.stderr
     assert "held at once" not in result.stderr and "read whole" not in result.stderr  # a window at a time
+
+
+_REPORT = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
+from xsp.cli.main import main
+code = main(["report", sys.argv[1]])
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+print(json.dumps({{"code": code, "peak_mb": peak}}))
+"""
+JOB_RANKS = 64
+JOB_PEAK_BOUND_MB = 1536
+"""The bound the report of 64 ranks is held to (the issue's 4 GB is for 1,024; 2.2 GB measured there)."""
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_the_report_of_a_64_rank_job_stays_within_its_bound_and_finds_what_was_injected(shared_traces, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from job_dataset import write_job
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        name = write_job(shared_traces / "kineto" / "a100_nccl_rank0.json.gz", tmp_path, JOB_RANKS,
+                         ranks_per_host=8, host_offset_ns=1_234_567, late={(37, 5): 333_000})
+    result = subprocess.run([sys.executable, "-c", _REPORT.format(limit=ADDRESS_SPACE_BYTES), str(name)],
+                            capture_output=True, text=True, timeout=800)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["code"] == 0 and figures["peak_mb"] <= JOB_PEAK_BOUND_MB, figures
+    report = result.stdout
+    assert f"Distributed job synthetic-job: {JOB_RANKS} ranks" in report
+    assert "Clocks: 8 hosts" in report and "offsets 0 to 8,642 µs" in report  # 7 x 1,234.567 µs
+    assert "largest 333.0 µs (all_reduce 0 of step 5, rank 37 last)" in report
+    assert "   5    37  2.331" in report  # the straggler table: step 5, rank 37, 7 x 333 µs late
+    assert f"the 16 latest of {JOB_RANKS} ranks" in report
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(600)
+def test_sigterm_ends_an_import_with_nothing_left_behind(shared_traces, tmp_path):
+    import signal
+    import time
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from kineto_import import write_repeated_trace
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    source = tmp_path / "x6.json"
+    write_repeated_trace(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz", source, copies=6)
+    output = tmp_path / "out" / "x6.xsp.parquet"
+    output.parent.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "xsp", "import", str(source), "-o", str(output)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(output.parent.glob(".xsp-import-*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until it has begun to write its scratch files
+    assert process.poll() is None, "the import ended before it could be stopped"
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and stderr.strip().splitlines()[-1] == "xsp: interrupted"
+    assert list(output.parent.iterdir()) == []  # no scratch folder, no partial output

@@ -4,6 +4,9 @@ into a ``.xsp.parquet`` file."""
 from __future__ import annotations
 
 import argparse
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,26 @@ from xsp.core.schema import FILE_SUFFIX
 
 HELD_WHOLE_EVENTS = 1 << 20
 """A window larger than this is said: memory is bounded by the longest step, not by the trace."""
+
+
+@contextmanager
+def _ended_by_signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler, a closed terminal) end the import as Ctrl-C does: its scratch
+    files and the partial output are removed, and it says it was interrupted."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, interrupt)
+        except (ValueError, OSError):  # not the main thread: left as they are
+            pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def register(commands: Any) -> None:
@@ -43,16 +66,16 @@ def run(options: argparse.Namespace) -> int:
     if is_kineto_path(source):
         from xsp.io.kineto_stream import import_kineto
 
-        with progress(f"importing {source}"):
+        with progress(f"importing {source}"), _ended_by_signals_as_interrupts():
             imported = import_kineto(source, output)  # a window at a time: a trace of any size
         spans, steps, metadata = imported.spans, imported.steps, imported.metadata
         if imported.read_whole_because is not None:
             error_console().print(f"xsp: {source} was read whole, not a window at a time: "
                                   f"{imported.read_whole_because}", markup=False)
         elif (imported.largest_window_events or 0) > HELD_WHOLE_EVENTS:
-            error_console().print(f"xsp: {imported.largest_window_events:,} events were held at once: a window "
-                                  "cannot cut a step (or spans that overlap across threads), so memory grows with "
-                                  "the largest step", markup=False)
+            error_console().print(f"xsp: {imported.largest_window_events:,} events were held at once: the trace "
+                                  "cannot be cut while a span is open (a step, or a record_function around the "
+                                  "whole loop), so memory grows with the longest such stretch", markup=False)
     else:
         from xsp.io.nsys import load_nsys
 

@@ -32,6 +32,26 @@ def run(options: argparse.Namespace) -> int:
         raise CliError("--top must be at least 1")
     if options.html is not None:
         check_output(options.html, options.file)
+    job = None
+    if options.html is None:  # a job's cross-rank tables, read without loading the job
+        from xsp.analysis.job import load_job
+
+        with progress(f"reading the job {options.file}"):
+            job = load_job(options.file)
+    if job is not None:
+        if options.rank is not None and options.rank not in job.ranks:
+            raise CliError(f"{options.file} holds no rank {options.rank} (ranks: {', '.join(map(str, job.ranks))})")
+        chosen = job.ranks[0] if options.rank is None else options.rank
+        with progress(f"reading rank {chosen}"):
+            rank_trace = load(job.metadata["ranks"][str(chosen)]["file"])
+        from xsp.reports.terminal import render_job_report
+
+        with progress("analysing"):
+            out = console()
+            with out.capture() as captured:
+                render_job_report(job, rank_trace, out, top=options.top, lines=options.lines)
+        out.file.write(captured.get())
+        return 0
     with progress(f"reading {options.file}"):
         trace = load(options.file)
     if options.rank is not None and options.rank not in trace.ranks:

@@ -144,7 +144,7 @@ class Summary:
         except _OlderFormat:
             raise TraceFormatError(f"{path} " + _REGENERATE.format(suffix=SUFFIX)) from None
         except (ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError, OSError, zlib.error,
-                pa.ArrowException) as exc:
+                OverflowError, pa.ArrowException) as exc:
             raise TraceFormatError(f"{path} is not a readable xsp summary: {exc}") from None
         except RecursionError:
             raise TraceFormatError(f"{path} is not a readable xsp summary: its JSON is nested too deeply") from None
@@ -178,9 +178,24 @@ def _from_parquet(raw: bytes) -> Summary:
         if part[dcol.KEY].isna().any():
             raise ValueError("a key that is null")
         if len(part) or by.value in facts.get("keys", {}):
-            part[dcol.SAMPLES_NS] = [np.asarray(samples, dtype=np.int64) for samples in part[dcol.SAMPLES_NS]]
+            part[dcol.SAMPLES_NS] = [_samples(samples) for samples in part[dcol.SAMPLES_NS]]
             keys[by] = part.loc[:, [*dcol.KEY_COLUMNS, *(c for c in dcol.OPTIONAL_KEY_COLUMNS if c in part)]]
     return Summary(keys=keys, metadata=facts.get("metadata") or {})
+
+
+_LARGEST_NS: Final = float(2**62)
+"""Past any duration a summary holds (146 years), and within int64 once rounded."""
+
+
+def _samples(samples: Any) -> np.ndarray:
+    """A key's samples as nanoseconds (int64).
+
+    Raises:
+        ValueError: not a list of whole nanoseconds a duration can be (a number, or one past int64)."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.ndim != 1 or not np.isfinite(values).all() or (np.abs(values) > _LARGEST_NS).any():
+        raise ValueError("samples that are not a list of durations in nanoseconds")
+    return np.rint(values).astype(np.int64)
 
 
 def _from_json(raw: bytes) -> Summary:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -56,6 +57,7 @@ from xsp.io.kineto import (
 )
 from xsp.io.kineto_events import FILE_ORDER, MISSING, EventScan, LeftToMsgspec, events_from_table
 from xsp.io.kineto_json import collector_paused
+from xsp.io.loading import rank_of_metadata
 from xsp.io.memory_needed import check_fits, kineto_memory_bytes
 from xsp.io.outputs import OutputError, describe_os_error, destination
 from xsp.io.parquet import arrow_table, in_start_order, write_trace_tables
@@ -226,9 +228,15 @@ def _scratch_errors(output: Path, scratch: Path) -> Iterator[None]:
     except OSError as exc:
         raise OutputError(f"cannot write {output}: its scratch files in {scratch.parent} failed "
                           f"({describe_os_error(exc)})") from None
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None  # Ctrl-C while DuckDB ran: as anywhere else
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OutputError(f"cannot write {output}: cutting the trace into windows failed ({first})") from None
+    except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
+        if "interrupt" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _write_raw(tables: Iterator[pa.Table], raw: _Raw) -> None:
@@ -451,6 +459,9 @@ def _window_tables(source: Path, windows: _Windows, scan: EventScan, base_ns: in
         result = build_table(iter([rows]), 0, state, live_records=False)
         del rows
         spans = result.spans
+        rank = rank_of_metadata(found)
+        if rank is not None:  # as xsp.load gives a rank's trace, so as saving it writes it
+            spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
         totals.hierarchy.update(result.diagnostics)
         totals.levels.update(str(level) for level in spans[col.LEVEL].dropna().unique())
         totals.spans += len(spans)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def load(path: PathArg | Sequence[PathArg]) -> Trace:
         ranks = rank_files(path)
         if ranks:
             return _joined(list(ranks.values()), newest_job=True)
-    return _noting_missing_ranks(_one(path))
+    return noting_missing_ranks(_one(path))
 
 
 NSYS_SUFFIXES = col.NSYS_SUFFIXES
@@ -139,7 +140,7 @@ def _one(path: PathArg) -> Trace:
     return _with_rank(Trace(spans=spans, metadata=metadata))
 
 
-def _rank_of(metadata: dict[str, Any]) -> int | None:
+def rank_of_metadata(metadata: dict[str, Any]) -> int | None:
     job = metadata.get("distributed")
     if isinstance(job, dict) and isinstance(job.get("rank"), int):
         return int(job["rank"])
@@ -149,7 +150,7 @@ def _rank_of(metadata: dict[str, Any]) -> int | None:
 def _with_rank(trace: Trace) -> Trace:
     """A rank's file whose spans carry no rank (its process group was set up inside the
     session): the rank from its metadata."""
-    rank = _rank_of(trace.metadata)
+    rank = rank_of_metadata(trace.metadata)
     if rank is None:
         return trace
     spans = trace.spans
@@ -158,31 +159,92 @@ def _with_rank(trace: Trace) -> Trace:
     return trace
 
 
-def _job_of(trace: Trace) -> str | None:
-    job = trace.metadata.get("distributed")
-    return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
-
-
 RANKS_APART = "ranks_apart"
 """Metadata of a joined trace whose ranks' times do not overlap (True): its cross-rank figures
 (who waited for whom) mean nothing, and reports leave them out."""
 
 
-def _ranks_apart(by_rank: dict[int, Trace]) -> bool:
+@dataclass
+class JobMember:
+    """What joining one file into a job takes from it: its metadata, the ranks its spans carry,
+    and when its spans begin and end."""
+
+    file: Path
+    metadata: dict[str, Any]
+    ranks_in_spans: list[int]
+    first_start_ns: int | None
+    last_end_ns: int | None
+
+
+@dataclass
+class JobLayout:
+    """A job's files, by rank, and the joined trace's metadata (every rank's under ``ranks``)."""
+
+    members: dict[int, JobMember]
+    metadata: dict[str, Any]
+
+
+def _ranks_apart(members: dict[int, JobMember]) -> bool:
     """Whether some rank's spans end before another's begin (and warn so): ranks of one job run
     together, and files of different runs joined as ranks make every cross-rank figure (who
     waited for whom) meaningless. Asked only of files that do not name their job."""
-    spans = {rank: trace.spans for rank, trace in by_rank.items() if len(trace.spans)}
-    if len(spans) < 2:
+    timed = {rank: member for rank, member in members.items()
+             if member.first_start_ns is not None and member.last_end_ns is not None}
+    if len(timed) < 2:
         return False
-    latest_start = max(int(s[col.START_NS].min()) for s in spans.values())
-    earliest_end = min(int(s[col.END_NS].max()) for s in spans.values())
+    latest_start = max(int(member.first_start_ns or 0) for member in timed.values())
+    earliest_end = min(int(member.last_end_ns or 0) for member in timed.values())
     if latest_start <= earliest_end:
         return False
-    files = ", ".join(str(by_rank[rank].metadata.get("file")) for rank in sorted(spans))
+    files = ", ".join(str(timed[rank].file) for rank in sorted(timed))
     warn(XspWarning(f"the ranks' times do not overlap ({files}): the files may come from "
                              "different runs, and what one rank waited for another is meaningless"))
     return True
+
+
+def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
+    """Which rank each file holds, and the joined metadata, for files of one job: each keeps its
+    rank (from its metadata, else from its spans), else its position in ``members``.
+
+    Files of several distributed jobs are refused, or with ``newest_job`` (the rank files found
+    for one name: an earlier job may have left some) only the newest job's are kept, and the
+    others named in ``metadata["ignored_files"]``.
+
+    Raises:
+        TraceFormatError: several jobs (without ``newest_job``), or two files of one rank.
+    """
+    jobs = {_job_of_metadata(member.metadata) for member in members}
+    ignored: list[str] = []
+    if len(jobs) > 1:
+        if not newest_job:
+            raise TraceFormatError(f"the files hold {len(jobs)} different jobs ({', '.join(sorted(map(str, jobs)))}): "
+                                   "load the files of one job at a time")
+        newest = max(members, key=lambda member: member.file.stat().st_mtime)
+        keep = _job_of_metadata(newest.metadata)
+        ignored = [str(member.file) for member in members if _job_of_metadata(member.metadata) != keep]
+        members = [member for member in members if _job_of_metadata(member.metadata) == keep]
+    by_rank: dict[int, JobMember] = {}
+    for position, member in enumerate(members):
+        rank = rank_of_metadata(member.metadata)
+        if rank is None:
+            rank = member.ranks_in_spans[0] if len(member.ranks_in_spans) == 1 else position
+        if rank in by_rank:
+            raise TraceFormatError(f"{member.file} and {by_rank[rank].file} both hold rank {rank}: load the "
+                                   "files of one run at a time")
+        member.metadata["file"] = str(member.file)
+        by_rank[rank] = member
+    ranks = sorted(by_rank)
+    # files that name their job are its ranks; files that do not (a profiler's) may be anything
+    apart = jobs == {None} and _ranks_apart(by_rank)
+    first = by_rank[ranks[0]].metadata
+    metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
+                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart}
+    return JobLayout({rank: by_rank[rank] for rank in ranks}, metadata)
+
+
+def _job_of_metadata(metadata: dict[str, Any]) -> str | None:
+    job = metadata.get("distributed")
+    return str(job.get("job_id")) if isinstance(job, dict) and job.get("job_id") is not None else None
 
 
 def _read(entry: Path | list[Path]) -> Trace:
@@ -195,60 +257,47 @@ def _named(entry: Path | list[Path]) -> Path:
     return entry[-1] if isinstance(entry, list) else entry
 
 
+def _member(file: Path, trace: Trace) -> JobMember:
+    spans = trace.spans
+    present = spans[col.RANK].dropna().unique() if col.RANK in spans else []
+    timed = len(spans) > 0
+    return JobMember(file, trace.metadata, [int(rank) for rank in present],
+                     int(spans[col.START_NS].min()) if timed else None, int(spans[col.END_NS].max()) if timed else None)
+
+
 def _joined(files: Sequence[Path | list[Path]], newest_job: bool = False) -> Trace:
-    """Several files as one trace: each keeps its rank (from its spans or metadata), else its
-    position in ``files``; every rank's metadata under ``metadata["ranks"]``.
-
-    Files of several distributed jobs are refused, or with ``newest_job`` (the rank files found
-    for one name: an earlier job may have left some) only the newest job's are read, and the
-    others named in ``metadata["ignored_files"]``.
-    """
+    """Several files as one trace (:func:`job_layout`), every rank's spans with its rank."""
     if len(files) == 1:
-        return _noting_missing_ranks(_read(files[0]))
-    traces = [(_named(file), _read(file)) for file in files]
-    jobs = {_job_of(trace) for _, trace in traces}
-    ignored: list[str] = []
-    if len(jobs) > 1:
-        if not newest_job:
-            raise TraceFormatError(f"the files hold {len(jobs)} different jobs ({', '.join(sorted(map(str, jobs)))}): "
-                                   "load the files of one job at a time")
-        newest = max(traces, key=lambda item: item[0].stat().st_mtime)
-        keep = _job_of(newest[1])
-        ignored = [str(file) for file, trace in traces if _job_of(trace) != keep]
-        traces = [(file, trace) for file, trace in traces if _job_of(trace) == keep]
-        if len(traces) == 1:
-            trace = _noting_missing_ranks(traces[0][1])
-            trace.metadata["ignored_files"] = ignored
-            return trace
-    by_rank: dict[int, Trace] = {}
-    for position, (file, trace) in enumerate(traces):
-        spans = trace.spans
-        rank = _rank_of(trace.metadata)
-        if rank is None:
-            present = spans[col.RANK].dropna().unique() if col.RANK in spans else []
-            rank = int(present[0]) if len(present) == 1 else position
-        if rank in by_rank:
-            raise TraceFormatError(f"{file} and {by_rank[rank].metadata.get('file')} both hold rank {rank}: load the "
-                                   "files of one run at a time")
-        spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
-        trace.metadata["file"] = str(file)
-        by_rank[rank] = trace
-    ranks = sorted(by_rank)
-    # files that name their job are its ranks; files that do not (a profiler's) may be anything
-    apart = jobs == {None} and _ranks_apart(by_rank)
-    spans = concat_spans(by_rank[r].spans for r in ranks)
+        return noting_missing_ranks(_read(files[0]))
+    _check_job_fits([_named(file) for file in files])
+    traces = {id(trace.metadata): trace for trace in (_read(file) for file in files)}
+    layout = job_layout([_member(_named(file), trace) for file, trace in zip(files, traces.values())], newest_job)
+    if len(layout.members) == 1:
+        member = next(iter(layout.members.values()))
+        trace = noting_missing_ranks(traces[id(member.metadata)])
+        trace.metadata["ignored_files"] = layout.metadata["ignored_files"]
+        return trace
+    by_rank = {rank: traces[id(member.metadata)] for rank, member in layout.members.items()}
+    for rank, trace in by_rank.items():
+        trace.spans[col.RANK] = pd.array(np.full(len(trace.spans), rank), dtype="Int64")
+    spans = concat_spans(by_rank[r].spans for r in sorted(by_rank))
     spans = spans.sort_values([col.START_NS, col.RANK], kind="stable").reset_index(drop=True)
-    first = by_rank[ranks[0]].metadata
-    metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
-                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart}
-    return _noting_missing_ranks(Trace(spans=spans, metadata=metadata), ranks)
+    return noting_missing_ranks(Trace(spans=spans, metadata=layout.metadata), sorted(by_rank))
 
 
-def _noting_missing_ranks(trace: Trace, ranks: list[int] | None = None) -> Trace:
+def _check_job_fits(files: list[Path]) -> None:
+    """Refuse a job whose files together need more than the free memory (each may fit alone)."""
+    needed = sum(parquet_memory_bytes(file) for file in files if file.name.endswith(col.FILE_SUFFIX)
+                 and file.is_file())
+    check_fits(f"the job of {len(files)} files in {files[0].parent}", needed,
+               "`xsp report` of the job reads its cross-rank tables without loading it whole, then one rank's file")
+
+
+def noting_missing_ranks(trace: Trace, ranks: list[int] | None = None) -> Trace:
     """``metadata["missing_ranks"]``: the ranks of the job (by its world size) with no file."""
     job = trace.metadata.get("distributed")
     world = job.get("world_size") if isinstance(job, dict) and job.get("job_id") is not None else None
     if isinstance(world, int) and world > 1:  # a job xsp recorded (an imported rank knows no job)
-        present = set(ranks if ranks is not None else [r for r in [_rank_of(trace.metadata)] if r is not None])
+        present = set(ranks if ranks is not None else [r for r in [rank_of_metadata(trace.metadata)] if r is not None])
         trace.metadata["missing_ranks"] = sorted(set(range(world)) - present)
     return trace

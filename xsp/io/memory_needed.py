@@ -10,11 +10,13 @@ from typing import Final
 
 from xsp.core.errors import TraceTooLargeError
 
-KINETO_BYTES_PER_JSON_BYTE: Final = 2.2
-"""What the in-memory import holds at its peak for each byte of a trace's (inflated) JSON: 1.8-2.1
-for the V100 trace repeated to 0.4 and 1 GB (benchmarks/results/large_kineto_import.md)."""
-PARQUET_BYTES_PER_DATA_BYTE: Final = 2.0
-"""What loading an ``.xsp.parquet`` file holds at its peak for each byte of its uncompressed data."""
+KINETO_BYTES_PER_JSON_BYTE: Final = 3.0
+"""What loading a trace's (inflated) JSON and reporting on it holds at its peak, per byte: 1.8-2.1
+to load the V100 trace repeated to 0.4 and 1 GB (benchmarks/results/large_kineto_import.md), 2.9
+for ``xsp report`` of the 1 GB one."""
+PARQUET_BYTES_PER_DATA_BYTE: Final = 6.0
+"""The same for an ``.xsp.parquet`` file, per byte of its uncompressed data: ``xsp report`` of the
+1 GB trace's import peaked at 6.2 times it (``xsp.load`` alone at 3.9)."""
 MIN_GZIP_INFLATION: Final = 3
 """Kineto JSON inflates 10-15 times from gzip: a large stream's recorded size (modulo 4 GiB) is taken
 with as many 4 GiB as it takes to reach at least this many times the file's size."""
@@ -22,11 +24,35 @@ MAX_DEFLATE_RATIO: Final = 1032
 """The most deflate can inflate: a file smaller than 4 GiB / this cannot hold a wrapped size."""
 
 
+CGROUP_FILES: Final = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+"""A container's memory limit and use (cgroup v2, then v1), which the machine's figures do not show."""
+
+
+def _cgroup_room_bytes() -> int | None:
+    for limit_file, usage_file in CGROUP_FILES:
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max", or v1's huge number: no limit
+            return max(int(limit) - usage, 0)
+    return None
+
+
 def free_memory_bytes() -> int:
-    """Memory the process could take: what the system has available, and free swap."""
+    """Memory the process could take: what the system has available and free swap, or less where
+    its container's limit leaves less."""
     import psutil
 
-    return int(psutil.virtual_memory().available + psutil.swap_memory().free)
+    free = int(psutil.virtual_memory().available + psutil.swap_memory().free)
+    room = _cgroup_room_bytes()
+    return free if room is None else min(free, room)
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 1 << 30 else f"{max(count, 1 << 20) / 2**20:.0f} MiB"
 
 
 def inflated_bytes(path: Path) -> int:
@@ -64,7 +90,7 @@ def parquet_memory_bytes(path: Path) -> int:
     return int(data * PARQUET_BYTES_PER_DATA_BYTE)
 
 
-def check_fits(path: Path, needed_bytes: int, instead: str) -> None:
+def check_fits(path: Path | str, needed_bytes: int, instead: str) -> None:
     """Refuse to load ``path`` whole where it needs more than the free memory.
 
     Raises:
@@ -72,5 +98,5 @@ def check_fits(path: Path, needed_bytes: int, instead: str) -> None:
     """
     free = free_memory_bytes()
     if needed_bytes > free:
-        raise TraceTooLargeError(f"{path} is too large to load whole here: it needs about "
-                                 f"{needed_bytes / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; {instead}")
+        raise TraceTooLargeError(f"{path} is too large to load whole here: it needs about {_size(needed_bytes)} "
+                                 f"and {_size(free)} is free; {instead}")

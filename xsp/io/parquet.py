@@ -292,16 +292,7 @@ def read_arrow_trace(path: str | os.PathLike[str]) -> pa.Table:
     return _read_table(source, parquet)
 
 
-def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Read a trace written by :func:`write_trace`.
-
-    Raises:
-        FileNotFoundError: no such file.
-        TraceFormatError: not an xsp trace, truncated or corrupt.
-        SchemaVersionError: written by a newer xsp with a newer span schema.
-    """
-    source = Path(path)
-    parquet, footer = _read_parquet(source)
+def _checked_metadata(source: Path, footer: dict[bytes, bytes]) -> dict[str, Any]:
     raw = footer.get(col.METADATA_KEY)
     if raw is None:
         raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
@@ -318,6 +309,43 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         raise SchemaVersionError(
             f"{source} uses span schema {version}, newer than this xsp's {col.SCHEMA_VERSION}: "
             "upgrade xsp to read it")
+    return metadata
+
+
+def _check_footer(source: Path, footer: dict[bytes, bytes], stored: pa.Schema) -> None:
+    expected = footer.get(CHECKSUM_KEY)
+    if expected is not None and expected != _footer_checksum(footer[col.METADATA_KEY], stored,
+                                                             footer.get(PANDAS_KEY, b"")):
+        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
+
+
+def read_trace_metadata(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pq.ParquetFile]:
+    """A trace file's metadata, checked as :func:`read_trace` checks it, and the file, open to read
+    columns from; its spans are not read.
+
+    Raises:
+        TraceNotFoundError: no such file.
+        TraceFormatError: not an xsp trace, truncated or corrupt.
+        SchemaVersionError: written by a newer xsp with a newer span schema.
+    """
+    source = Path(path)
+    parquet, footer = _read_parquet(source)
+    metadata = _checked_metadata(source, footer)
+    _check_footer(source, footer, parquet.schema_arrow)
+    return metadata, parquet
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Read a trace written by :func:`write_trace`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TraceFormatError: not an xsp trace, truncated or corrupt.
+        SchemaVersionError: written by a newer xsp with a newer span schema.
+    """
+    source = Path(path)
+    parquet, footer = _read_parquet(source)
+    metadata = _checked_metadata(source, footer)
     # the categoricals' texts are read as Arrow dictionaries: each distinct text once, never a string a row
     stored = parquet.schema_arrow  # the types as written (a text column read as a dictionary is text there)
     categories = [name for name in stored.names if col.COLUMNS.get(name) == col.CATEGORY]
@@ -327,9 +355,7 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     table = _read_table(source, parquet)
-    expected = footer.get(CHECKSUM_KEY)
-    if expected is not None and expected != _footer_checksum(raw, stored, footer.get(PANDAS_KEY, b"")):
-        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
+    _check_footer(source, footer, stored)
     owner = [table]
     del table
     spans = spans_from_owned_arrow(source, owner)

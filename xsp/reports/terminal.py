@@ -30,6 +30,8 @@ from xsp.reports.source import line_text
 from xsp.session.rotation import leveled_over_steps
 
 STEPS_SHOWN = 20
+RANKS_SHOWN = 16
+"""A job's per-rank table shows at most this many ranks: the latest."""
 Format = Callable[[object], str]
 
 
@@ -738,7 +740,13 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         _say(console, f"Distributed job {job.get('job_id', '?')}: {len(ranks)} ranks of world size "
                       f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
     apart = bool(trace.metadata.get(RANKS_APART))
-    _show(console, communication, "Communication per rank (medians over steps)", [
+    title = "Communication per rank (medians over steps)"
+    if len(communication) > RANKS_SHOWN:
+        communication = communication.sort_values(["late_ms", "step_ms"], ascending=False, kind="stable").head(
+            RANKS_SHOWN).sort_values("rank")
+        title = (f"Communication per rank (medians over steps): the {RANKS_SHOWN} latest of {len(ranks)} ranks "
+                 "(xsp.analysis.communication has them all)")
+    _show(console, communication, title, [
         ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
         ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
         ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
@@ -747,6 +755,7 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         _say(console, "The ranks' times do not overlap (files of different runs?): who waited for whom is not shown",
              "yellow")
         return
+    _clocks_and_skew(trace, console)
     stragglers = analysis.stragglers(trace)
     stragglers = stragglers[stragglers["step"] >= 0]
     if not stragglers.empty:
@@ -764,6 +773,26 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         _show(console, worst.sort_values("step"), "Stragglers: the latest rank per step (worst steps)", [
             ("step", "step", number(0)), ("straggler", "rank", number(0)), ("late_ms", "late ms", number()),
             ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
+
+
+def _clocks_and_skew(trace: Trace, console: Console) -> None:
+    """How the ranks' clocks were put on one, and how far apart the ranks entered each collective."""
+    hosts = {str(meta.get("host")) for meta in (trace.metadata.get("ranks") or {}).values()}
+    if len(hosts) > 1:
+        offsets = analysis.clock_offsets(trace)
+        if offsets:
+            reference = min(offsets)
+            _say(console, f"Clocks: {len(hosts)} hosts; every rank put on rank {reference}'s clock by the ends of the "
+                          f"blocking collectives (offsets {min(offsets.values()) / 1e3:,.0f} to "
+                          f"{max(offsets.values()) / 1e3:,.0f} µs)")
+    skew = analysis.collective_skew(trace)
+    skew = skew[skew["step"] >= 0]
+    if len(skew):
+        worst = skew.sort_values("skew_ns", ascending=False, kind="stable").iloc[0]
+        _say(console, f"Collective skew (the last rank's entry less the first's): median "
+                      f"{float(skew['skew_ns'].median()) / 1e3:,.1f} µs over {len(skew)} collectives, largest "
+                      f"{float(worst['skew_ns']) / 1e3:,.1f} µs ({worst['op']} {int(worst['k'])} of step "
+                      f"{int(worst['step'])}, rank {int(worst['latest_rank'])} last)")
 
 
 def _ddp_buckets_unseen(trace: Trace) -> bool:
@@ -786,20 +815,47 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
         KeyError: ``rank`` is not a rank of the trace.
     """
     ranks = trace.ranks
-    if rank is not None and rank not in ranks:
-        raise KeyError(f"the trace holds no rank {rank} (ranks: {', '.join(map(str, ranks)) or 'none'})")
     if len(ranks) > 1:
-        console.print(Text("xsp report of a distributed job", style="bold"), no_wrap=True)
-        _ranks_section(trace, console)
-        chosen = ranks[0] if rank is None else rank
-        console.print()
-        _say(console, f"Rank {chosen} in detail (xsp report --rank N for another)", "bold")
+        chosen = _chosen_rank(ranks, rank)
+        _job_section(trace, console, chosen)
         trace = trace.for_rank(chosen)
         _header(trace, console)
     else:
+        if rank is not None and rank not in ranks:
+            raise KeyError(f"the trace holds no rank {rank} (ranks: {', '.join(map(str, ranks)) or 'none'})")
         _header(trace, console)  # the title first, then one rank's communication
         if trace.metadata.get("distributed"):
             _ranks_section(trace, console)
+    _rank_sections(trace, console, top, lines)
+
+
+def render_job_report(job: Trace, rank_trace: Trace, console: Console, top: int = 10, lines: bool = False) -> None:
+    """:func:`render_report` of a distributed job read without loading it: its cross-rank tables
+    from ``job`` (:func:`xsp.analysis.job.load_job`), then the report of one rank from
+    ``rank_trace``, that rank's own file."""
+    _job_section(job, console, _chosen_rank(job.ranks, rank_trace.ranks[0] if rank_trace.ranks else None))
+    _header(rank_trace, console)
+    _rank_sections(rank_trace, console, top, lines)
+
+
+def _chosen_rank(ranks: list[int], rank: int | None) -> int:
+    """``rank``, else the first of ``ranks``.
+
+    Raises:
+        KeyError: ``rank`` is not one of them."""
+    if rank is not None and rank not in ranks:
+        raise KeyError(f"the trace holds no rank {rank} (ranks: {', '.join(map(str, ranks)) or 'none'})")
+    return ranks[0] if rank is None else rank
+
+
+def _job_section(trace: Trace, console: Console, chosen: int) -> None:
+    console.print(Text("xsp report of a distributed job", style="bold"), no_wrap=True)
+    _ranks_section(trace, console)
+    console.print()
+    _say(console, f"Rank {chosen} in detail (xsp report --rank N for another)", "bold")
+
+
+def _rank_sections(trace: Trace, console: Console, top: int, lines: bool) -> None:
     _recommendations(trace, console)
     step_view = deep_steps(trace)
     _latency_tables(trace, console)

@@ -74,10 +74,14 @@ def _as_strings(series: pd.Series) -> pd.api.extensions.ExtensionArray:
         return string_array(series.astype(object).where(series.notna(), None).tolist())
 
 
-def conform(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with exactly the schema's columns, in order, with the schema's dtypes."""
+def conform(frame: pd.DataFrame, names: Iterable[str] | None = None) -> pd.DataFrame:
+    """``frame`` with exactly the schema's columns (or those of them ``names`` says), in order,
+    with the schema's dtypes."""
     out = {}
+    kept = None if names is None else set(names)
     for name, dtype in col.COLUMNS.items():
+        if kept is not None and name not in kept:
+            continue
         if name in frame:
             series = frame[name]
             if str(series.dtype) == dtype:

@@ -1,0 +1,202 @@
+"""A distributed job's cross-rank tables, read from its rank files without loading them.
+
+A job of 1,024 ranks is 1,024 trace files; loaded whole it would need the memory of all of them.
+Its cross-rank figures (:func:`xsp.analysis.stragglers`, :func:`xsp.analysis.rank_steps`,
+:func:`xsp.analysis.communication`, :func:`xsp.analysis.clock_offsets`,
+:func:`xsp.analysis.collective_skew`)
+read few of its spans: the collectives, each step's root and, for the overlap of communication
+with computation, only where each rank computed. DuckDB reads those from the files (their
+columns, without the rest) into a small table of the same columns:
+
+* every collective span (Python calls, enqueueing calls, the backend's work, NCCL kernels), whole;
+* each step's root, whole;
+* where each rank computed in each step, as the union of its computing spans (kernels other than
+  NCCL's where it has some, else operators other than communication): one ``kernel`` span
+  ``xsp.busy`` a stretch of busy time, which covers exactly the time the spans covered;
+* each rank's first span, and its first ``DistributedDataParallel`` span, so that every rank and
+  what it ran are known.
+
+The functions above give the same figures on this table as on the whole job (the tests compare
+them), in memory that grows with the ranks and collectives, not with the spans.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xsp.analysis.distributed import BACKEND_WORK, ENQUEUE, NCCL_KERNEL
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError
+from xsp.core.rank import rank_files
+from xsp.io.loading import (
+    PART_FILE,
+    JobMember,
+    job_layout,
+    noting_missing_ranks,
+    rank_of_metadata,
+    traces_in,
+)
+from xsp.io.parquet import read_trace_metadata
+from xsp.io.trace import Trace
+from xsp.table.build import conform
+
+BUSY: Final = "xsp.busy"
+"""The name of a stretch of a rank's computing time in a job's table."""
+DUCKDB_MEMORY_MB: Final = 1024
+_STEP_KIND_VALUES = sorted(kind.value for kind in col.STEP_KINDS)
+JOB_COLUMNS: Final = (col.SPAN_ID, col.PARENT_ID, col.RANK, col.LEVEL, col.KIND, col.NAME, col.STEP, col.THREAD_ID,
+                      col.START_NS, col.END_NS, col.DURATION_NS, col.BYTES, col.INPUT_SHAPES, col.ATTRIBUTES,
+                      col.MODULE_TYPE)
+"""The columns of a job's table: what its cross-rank tables read."""
+
+
+def job_files(path: str | os.PathLike[str]) -> tuple[list[Path], bool] | None:
+    """The trace files of the job ``path`` names, and whether only the newest job's are meant: a
+    folder of xsp traces, or the name a job's ranks wrote their files beside (``ddp.xsp.parquet``
+    for ``ddp.rank0.xsp.parquet``, ...). None where it names no job of several xsp trace files (one
+    file, a folder of profiler traces, a trace written in parts)."""
+    given = Path(path)
+    if given.is_dir():
+        try:
+            files, newest = traces_in(given), False
+        except TraceFormatError:
+            return None
+    elif not given.exists():
+        files, newest = list(rank_files(given).values()), True
+    else:
+        return None
+    if len(files) < 2 or not all(f.name.endswith(col.FILE_SUFFIX) and not PART_FILE.match(f.name) for f in files):
+        return None
+    return files, newest
+
+
+def _member(file: Path) -> JobMember:
+    metadata, parquet = read_trace_metadata(file)
+    starts: list[int] = []
+    ends: list[int] = []
+    names = parquet.schema_arrow.names
+    for group in range(parquet.metadata.num_row_groups):
+        row_group = parquet.metadata.row_group(group)
+        for name, found in ((col.START_NS, starts), (col.END_NS, ends)):
+            statistics = row_group.column(names.index(name)).statistics if name in names else None
+            if statistics is not None and statistics.has_min_max:
+                found.append(statistics.min if name == col.START_NS else statistics.max)
+    if len(starts) != parquet.metadata.num_row_groups or len(ends) != len(starts):  # no statistics: read them
+        times = parquet.read(columns=[col.START_NS, col.END_NS])
+        starts = [int(np.min(times[col.START_NS]))] if len(times) else []
+        ends = [int(np.max(times[col.END_NS]))] if len(times) else []
+    in_spans: list[int] = []
+    if rank_of_metadata(metadata) is None and col.RANK in names:
+        present = parquet.read(columns=[col.RANK])[col.RANK].drop_null().unique()
+        in_spans = [int(rank) for rank in present.to_pylist()]
+    return JobMember(file, metadata, in_spans, int(min(starts)) if starts else None,
+                     int(max(ends)) if ends else None)
+
+
+def load_job(path: str | os.PathLike[str]) -> Trace | None:
+    """The job ``path`` names (:func:`job_files`) as a trace of the spans its cross-rank tables
+    read (see the module's docstring), with the metadata :func:`xsp.load` gives the whole job;
+    None where ``path`` names no job of several xsp trace files, or where one file of it is left.
+
+    Raises:
+        TraceFormatError: a file is not a readable trace, or the files hold several jobs (a
+            folder), or two files of one rank.
+    """
+    found = job_files(path)
+    if found is None:
+        return None
+    files, newest = found
+    layout = job_layout([_member(file) for file in files], newest_job=newest)
+    if len(layout.members) < 2:
+        return None
+    spans = _job_rows({rank: member.file for rank, member in layout.members.items()})
+    return noting_missing_ranks(Trace(spans=spans, metadata=layout.metadata), sorted(layout.members))
+
+
+def _regex(pattern: Any) -> str:
+    return "'" + str(pattern.pattern).replace("'", "''") + "'"
+
+
+_COMM_PREFIXES: Final = ("nccl", "c10d::", "gloo:", "mpi:", "ucc:", "xccl:", "hccl:")
+"""What every communication span's name begins with (the patterns are tried on those alone)."""
+
+
+def _job_rows(files: dict[int, Path]) -> pd.DataFrame:
+    """The rows of the job's files that its cross-rank tables read (DuckDB, within its memory
+    limit, spilling past it): the collectives, step roots and each rank's first and DDP spans
+    whole, and the stretches of time each rank computed."""
+    import tempfile
+
+    import duckdb  # only for a job read from its files
+
+    with tempfile.TemporaryDirectory(prefix="xsp-job-") as spill:
+        connection = duckdb.connect(config={"memory_limit": f"{DUCKDB_MEMORY_MB}MB",
+                                            "threads": min(os.cpu_count() or 1, 4), "temp_directory": spill,
+                                            "preserve_insertion_order": False})
+        try:
+            return _rows_read(connection, files)
+        finally:
+            connection.close()
+
+
+def _rows_read(connection: Any, files: dict[int, Path]) -> pd.DataFrame:
+    connection.register("ranks", pa.table({"file": [str(path) for path in files.values()],
+                                           "job_rank": pa.array(list(files), type=pa.int64())}))
+    connection.read_parquet([str(path) for path in files.values()], filename=True, file_row_number=True,
+                            union_by_name=True).create_view("raw")
+    prefixed = " OR ".join(f"starts_with(name, '{prefix}')" for prefix in _COMM_PREFIXES)
+    comm = (f"coalesce(kind = '{col.SpanKind.COLLECTIVE.value}' OR (({prefixed}) AND ("
+            f"regexp_matches(name, {_regex(BACKEND_WORK)}) OR regexp_matches(name, {_regex(ENQUEUE)}) "
+            f"OR regexp_matches(name, {_regex(NCCL_KERNEL)}))), false)")
+    kernel = f"coalesce(level = '{col.Level.KERNEL.value}' AND kind = '{col.SpanKind.KERNEL.value}', false)"
+    operator = f"coalesce(level = '{col.Level.OPERATOR.value}' AND kind = '{col.SpanKind.OPERATOR.value}', false)"
+    root = (f"coalesce({col.PARENT_ID} IS NULL AND {col.STEP} IS NOT NULL AND kind IN "
+            f"({', '.join(repr(k) for k in _STEP_KIND_VALUES)}), false)")
+    ranked = "raw JOIN ranks ON raw.filename = ranks.file"
+    whole = ", ".join([*(f"raw.{name}" for name in JOB_COLUMNS if name != col.RANK),
+                       f"ranks.job_rank AS {col.RANK}", "file_row_number"])
+    kept = connection.sql(f"SELECT {whole} FROM {ranked} WHERE {comm} OR {root} OR file_row_number = 0"
+                          ).to_arrow_table()
+    ddp = connection.sql(f"""
+        SELECT {whole} FROM {ranked}
+        WHERE {col.MODULE_TYPE} = 'DistributedDataParallel' AND NOT ({comm} OR {root} OR file_row_number = 0)
+        QUALIFY row_number() OVER (PARTITION BY ranks.job_rank ORDER BY file_row_number) = 1""").to_arrow_table()
+    stretches = connection.sql(f"""
+        WITH narrow AS (SELECT ranks.job_rank AS {col.RANK}, {col.STEP}, {col.START_NS}, {col.END_NS},
+                               {comm} AS comm, {kernel} AS kernel, {operator} AS operator FROM {ranked}),
+        computes AS (SELECT {col.RANK}, bool_or(kernel AND NOT comm) AS on_gpu FROM narrow GROUP BY {col.RANK}),
+        busy AS (SELECT n.{col.RANK}, n.{col.STEP}, n.{col.START_NS}, n.{col.END_NS} FROM narrow n
+                 JOIN computes c ON n.{col.RANK} = c.{col.RANK}
+                 WHERE NOT n.comm AND ((c.on_gpu AND n.kernel) OR (NOT c.on_gpu AND n.operator))),
+        reached AS (SELECT *, max({col.END_NS}) OVER (
+                                  PARTITION BY {col.RANK}, {col.STEP} ORDER BY {col.START_NS}, {col.END_NS}
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM busy),
+        stretched AS (SELECT *, sum(CASE WHEN reach IS NULL OR {col.START_NS} > reach THEN 1 ELSE 0 END) OVER (
+                                    PARTITION BY {col.RANK}, {col.STEP} ORDER BY {col.START_NS}, {col.END_NS}
+                                    ROWS UNBOUNDED PRECEDING) AS stretch FROM reached)
+        SELECT {col.RANK}, {col.STEP}, min({col.START_NS}) AS {col.START_NS}, max({col.END_NS}) AS {col.END_NS}
+        FROM stretched GROUP BY {col.RANK}, {col.STEP}, stretch""").to_arrow_table()
+    count = len(stretches)
+    stretches = stretches.append_column(col.LEVEL, pa.array([col.Level.KERNEL.value] * count)).append_column(
+        col.KIND, pa.array([col.SpanKind.KERNEL.value] * count)).append_column(
+        col.NAME, pa.array([BUSY] * count)).append_column(
+        col.PARENT_ID, pa.array(np.full(count, -1, dtype=np.int64))).append_column(
+        col.SPAN_ID, pa.array(-1 - np.arange(count, dtype=np.int64))).append_column(
+        col.DURATION_NS, pc.subtract(stretches[col.END_NS], stretches[col.START_NS]))
+    whole_rows = pa.concat_tables([kept, ddp], promote_options="permissive")
+    table = pa.concat_tables([whole_rows, stretches], promote_options="permissive")
+    # in the order of the whole job's table: by start, then rank, then each file's own order
+    keys = pa.table({"start": table[col.START_NS], "rank": table[col.RANK],
+                     "row": pc.fill_null(table["file_row_number"], np.iinfo(np.int64).max)})
+    order = pc.sort_indices(keys, sort_keys=[("start", "ascending"), ("rank", "ascending"), ("row", "ascending")])
+    table = table.take(order)
+    frame = table.drop_columns([c for c in table.column_names if c not in JOB_COLUMNS]).to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int64Dtype()}.get)
+    return conform(frame, JOB_COLUMNS)

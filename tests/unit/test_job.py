@@ -1,0 +1,94 @@
+"""A distributed job's cross-rank tables read from its rank files without loading them
+(xsp.analysis.job): the same figures as on the whole job loaded, what was injected found."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import xsp
+from xsp import analysis
+from xsp.analysis.job import BUSY, load_job
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST_OFFSET_NS = 1_234_567
+LATE = {(3, 5): 250_000, (1, 6): 40_000}
+
+
+@pytest.fixture(scope="module")
+def job_name(shared_traces, tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from job_dataset import write_job
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    folder = tmp_path_factory.mktemp("job")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return write_job(shared_traces / "kineto" / "a100_nccl_rank0.json.gz", folder, 4, ranks_per_host=2,
+                         host_offset_ns=HOST_OFFSET_NS, late=LATE)
+
+
+@pytest.fixture(scope="module")
+def both(job_name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xsp.load(job_name), load_job(job_name)
+
+
+@pytest.mark.parametrize("table", ["stragglers", "rank_steps", "communication", "collective_skew", "collectives"])
+def test_the_job_read_from_its_files_gives_the_whole_job_s_figures(both, table):
+    whole, job = both
+    assert getattr(analysis, table)(job).equals(getattr(analysis, table)(whole))
+
+
+def test_it_holds_a_fraction_of_the_spans_and_the_same_metadata(both):
+    whole, job = both
+    assert len(job.spans) < len(whole.spans) / 5 and (job.spans["name"] == BUSY).any()
+    assert job.ranks == whole.ranks == [0, 1, 2, 3]
+    assert job.metadata["ranks"].keys() == whole.metadata["ranks"].keys()
+    assert analysis.clock_offsets(job) == analysis.clock_offsets(whole)
+
+
+def test_what_was_injected_is_found_to_the_nanosecond(both):
+    _, job = both
+    assert analysis.clock_offsets(job) == {0: 0, 1: 0, 2: HOST_OFFSET_NS, 3: HOST_OFFSET_NS}
+    stragglers = analysis.stragglers(job).set_index("step")
+    skew = analysis.collective_skew(job)
+    for (rank, step), delay_ns in LATE.items():
+        assert int(stragglers.loc[step, "straggler"]) == rank
+        assert round(stragglers.loc[step, "late_ms"] * 1e6) == 7 * delay_ns  # seven collectives a step
+        in_step = skew[skew["step"] == step]
+        assert set(in_step["skew_ns"]) == {delay_ns} and set(in_step["latest_rank"]) == {rank}
+    assert set(skew[skew["step"] == 4]["skew_ns"]) == {0}
+
+
+def test_the_report_of_the_job_is_the_one_of_the_whole_job(job_name, both, capsys):
+    from rich.console import Console
+
+    from xsp.cli.main import main
+    from xsp.reports.terminal import render_report
+
+    whole, _ = both
+    recorded = Console(record=True, width=80, file=open("/dev/null", "w"))  # noqa: SIM115
+    render_report(whole, recorded, rank=2)
+    assert main(["report", str(job_name), "--rank", "2"]) == 0
+    printed = capsys.readouterr().out
+    expected = recorded.export_text()
+    assert "Collective skew" in expected and "Clocks: 2 hosts" in expected
+    assert [line.rstrip() for line in printed.splitlines()] == [line.rstrip() for line in expected.splitlines()]
+
+
+def test_a_rank_the_job_has_not_is_one_line(job_name, capsys):
+    from xsp.cli.main import main
+
+    assert main(["report", str(job_name), "--rank", "9"]) == 2
+    assert capsys.readouterr().err.strip() == f"xsp: error: {job_name} holds no rank 9 (ranks: 0, 1, 2, 3)"
+
+
+def test_one_file_or_no_job_is_not_read_as_one(job_name, shared_traces):
+    assert load_job(job_name.with_name("job.rank0.xsp.parquet")) is None
+    assert load_job(shared_traces / "kineto") is None  # profiler traces: loaded whole, as before
