@@ -92,3 +92,45 @@ def test_a_rank_the_job_has_not_is_one_line(job_name, capsys):
 def test_one_file_or_no_job_is_not_read_as_one(job_name, shared_traces):
     assert load_job(job_name.with_name("job.rank0.xsp.parquet")) is None
     assert load_job(shared_traces / "kineto") is None  # profiler traces: loaded whole, as before
+
+
+def _copy_job(job_name, folder, change=None):
+    """The job's rank files copied into ``folder``, each table changed by ``change``."""
+    import pyarrow.parquet as pq
+
+    from xsp.io.parquet import read_trace_metadata, write_trace_tables
+
+    folder.mkdir()
+    for path in sorted(job_name.parent.glob("job.rank*.xsp.parquet")):
+        metadata, _ = read_trace_metadata(path)
+        table = pq.read_table(path)
+        write_trace_tables(folder / path.name, iter([change(table) if change else table]), metadata)
+    return folder / job_name.name
+
+
+def test_a_corrupt_rank_file_is_refused_not_read(job_name, tmp_path):
+    copied = _copy_job(job_name, tmp_path / "corrupt")
+    damaged = copied.with_name("job.rank2.xsp.parquet")
+    data = bytearray(damaged.read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 400] = bytes(400)
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(xsp.TraceFormatError, match="job.rank2"):
+        load_job(copied)
+
+
+def test_rank_files_without_the_optional_columns_are_read(job_name, both, tmp_path, capsys):
+    from xsp.cli.main import main
+    from xsp.core import schema as col
+
+    optional = [col.BYTES, col.MODULE_TYPE, col.INPUT_SHAPES, col.CALL_DEPTH]
+    copied = _copy_job(job_name, tmp_path / "plain", lambda table: table.drop_columns(
+        [name for name in optional if name in table.column_names]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        job = load_job(copied)
+    _, full = both
+    assert analysis.stragglers(job).equals(analysis.stragglers(full))
+    assert analysis.rank_steps(job)["bytes"].eq(0).all()  # no payload column: none known, as in a whole load
+    assert main(["report", str(copied), "--rank", "1"]) == 0
+    assert "Rank 1 in detail" in capsys.readouterr().out

@@ -262,10 +262,11 @@ def test_the_rank_column_is_written_as_saving_the_whole_import_writes_it(shared_
 
 
 def test_a_container_s_memory_limit_bounds_the_free_memory(tmp_path, monkeypatch):
-    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit, usage, stat = tmp_path / "memory.max", tmp_path / "memory.current", tmp_path / "memory.stat"
     limit.write_text(str(3 << 30))
-    usage.write_text(str(1 << 30))
-    monkeypatch.setattr(memory_needed, "CGROUP_FILES", ((str(limit), str(usage)),))
+    usage.write_text(str(2 << 30))
+    stat.write_text(f"anon 1\ninactive_file {1 << 30}\n")  # page cache the kernel takes back counts as room
+    monkeypatch.setattr(memory_needed, "CGROUP_FILES", ((str(limit), str(usage), str(stat), "inactive_file"),))
     assert memory_needed.free_memory_bytes() <= 2 << 30
     limit.write_text("max")
     assert memory_needed.free_memory_bytes() > 0  # no limit: the machine's figure

@@ -49,7 +49,7 @@ def run(options: argparse.Namespace) -> int:
         with progress("analysing"):
             out = console()
             with out.capture() as captured:
-                render_job_report(job, rank_trace, out, top=options.top, lines=options.lines)
+                render_job_report(job, chosen, rank_trace, out, top=options.top, lines=options.lines)
         out.file.write(captured.get())
         return 0
     with progress(f"reading {options.file}"):

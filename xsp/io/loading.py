@@ -223,6 +223,8 @@ def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
         keep = _job_of_metadata(newest.metadata)
         ignored = [str(member.file) for member in members if _job_of_metadata(member.metadata) != keep]
         members = [member for member in members if _job_of_metadata(member.metadata) == keep]
+    if len(members) == 1:  # one file of the newest job left: read as it is, with the others named
+        return JobLayout({0: members[0]}, {**members[0].metadata, "ignored_files": ignored})
     by_rank: dict[int, JobMember] = {}
     for position, member in enumerate(members):
         rank = rank_of_metadata(member.metadata)
@@ -269,7 +271,7 @@ def _joined(files: Sequence[Path | list[Path]], newest_job: bool = False) -> Tra
     """Several files as one trace (:func:`job_layout`), every rank's spans with its rank."""
     if len(files) == 1:
         return noting_missing_ranks(_read(files[0]))
-    _check_job_fits([_named(file) for file in files])
+    _check_job_fits([part for file in files for part in (file if isinstance(file, list) else [file])])
     traces = {id(trace.metadata): trace for trace in (_read(file) for file in files)}
     layout = job_layout([_member(_named(file), trace) for file, trace in zip(files, traces.values())], newest_job)
     if len(layout.members) == 1:

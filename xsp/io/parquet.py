@@ -424,6 +424,13 @@ def spans_from_owned_arrow(source: Path, owner: list[pa.Table]) -> pd.DataFrame:
         else:
             columns[name] = column.to_pandas()
         del column
+    left_out = [name for name in col.COLUMNS if name not in columns]
+    if left_out:  # known columns another writer left out: null, as xsp writes them
+        from xsp.table.build import null_column
+
+        count = len(next(iter(columns.values()))) if columns else 0
+        for name in left_out:
+            columns[name] = null_column(col.COLUMNS[name], count)
     return pd.DataFrame(columns, copy=False)
 
 

@@ -829,11 +829,15 @@ def render_report(trace: Trace, console: Console, top: int = 10, rank: int | Non
     _rank_sections(trace, console, top, lines)
 
 
-def render_job_report(job: Trace, rank_trace: Trace, console: Console, top: int = 10, lines: bool = False) -> None:
+def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console, top: int = 10,
+                      lines: bool = False) -> None:
     """:func:`render_report` of a distributed job read without loading it: its cross-rank tables
-    from ``job`` (:func:`xsp.analysis.job.load_job`), then the report of one rank from
-    ``rank_trace``, that rank's own file."""
-    _job_section(job, console, _chosen_rank(job.ranks, rank_trace.ranks[0] if rank_trace.ranks else None))
+    from ``job`` (:func:`xsp.analysis.job.load_job`), then the report of ``rank`` from
+    ``rank_trace``, that rank's own file.
+
+    Raises:
+        KeyError: ``rank`` is not a rank of the job."""
+    _job_section(job, console, _chosen_rank(job.ranks, rank))
     _header(rank_trace, console)
     _rank_sections(rank_trace, console, top, lines)
 
