@@ -4,10 +4,12 @@ trace does not (its peak is about 1.9 GB at this size: benchmarks/results/large_
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,15 @@ DuckDB's 512 MB; the in-memory import peaks at 1.9 GB on this trace)."""
 ADDRESS_SPACE_BYTES = 4 << 30
 """The process's address space (ulimit -v): Arrow's and DuckDB's allocators reserve far more
 address space than they touch, so the bound on what is touched is the peak RSS below."""
+
+def _benchmark(module: str) -> Any:
+    """A module of benchmarks/ (the traces and jobs they make are the tests' too)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
 
 _IMPORT = """
 import json, resource, sys
@@ -34,11 +45,7 @@ print(json.dumps({{"code": code, "peak_mb": peak}}))
 @pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_a_1_gb_trace_imports_within_the_memory_bound(shared_traces, tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from kineto_import import write_repeated_trace
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    write_repeated_trace = _benchmark("kineto_import").write_repeated_trace
     source = tmp_path / "x25.json"
     events = write_repeated_trace(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz", source, copies=COPIES)
     assert source.stat().st_size > 1_000_000_000
@@ -76,11 +83,7 @@ JOB_PEAK_BOUND_MB = 1536
 @pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_the_report_of_a_64_rank_job_stays_within_its_bound_and_finds_what_was_injected(shared_traces, tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from job_dataset import write_job
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    write_job = _benchmark("job_dataset").write_job
     import warnings
 
     with warnings.catch_warnings():
@@ -106,11 +109,7 @@ def test_sigterm_ends_an_import_with_nothing_left_behind(shared_traces, tmp_path
     import signal
     import time
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from kineto_import import write_repeated_trace
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    write_repeated_trace = _benchmark("kineto_import").write_repeated_trace
     source = tmp_path / "x6.json"
     write_repeated_trace(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz", source, copies=6)
     output = tmp_path / "out" / "x6.xsp.parquet"

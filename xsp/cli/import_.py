@@ -23,7 +23,9 @@ def _ended_by_signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP (a scheduler, a closed terminal) end the import as Ctrl-C does: its scratch
     files and the partial output are removed, and it says it was interrupted."""
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        # as SIGINT, not an exception raised here: DuckDB, inside a query, stops on SIGINT alone
+        # (an exception from this handler it would clear, and go on)
+        signal.raise_signal(signal.SIGINT)
 
     previous = {}
     for signum in (signal.SIGTERM, signal.SIGHUP):
