@@ -10,6 +10,7 @@ from xsp.analysis.distributed import (
     collective_skew,
     collectives,
     communication,
+    communication_of_steps,
     rank_steps,
     stragglers,
 )
@@ -59,5 +60,6 @@ __all__ = [
     "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
-    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew", "lines",
+    "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew",
+    "communication_of_steps", "lines",
 ]

@@ -333,7 +333,11 @@ def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``rank``, ``steps``, ``step_ms``, ``comm_ms``, ``comm_share``, ``overlap_share``,
     ``collectives_per_step``, ``bytes_per_step``, ``late_ms``.
     """
-    per_step = rank_steps(source)
+    return communication_of_steps(rank_steps(source))
+
+
+def communication_of_steps(per_step: pd.DataFrame) -> pd.DataFrame:
+    """:func:`communication` of a :func:`rank_steps` table (for a caller that has one already)."""
     columns = ["rank", "steps", "step_ms", "comm_ms", "comm_share", "overlap_share", "collectives_per_step",
                "bytes_per_step", "late_ms"]
     if per_step.empty:
@@ -359,7 +363,8 @@ def collective_skew(source: Trace | pd.DataFrame) -> pd.DataFrame:
     the ranks entered it, on a common clock: ``skew_ns`` (the latest entry less the first), the
     latest rank and the first.
 
-    Columns: ``step``, ``op``, ``k``, ``skew_ns``, ``latest_rank``, ``first_rank``, ``ranks``.
+    Columns: ``step``, ``op``, ``k``, ``skew_ns``, ``latest_rank``, ``first_rank`` (both null where
+    every rank entered at once), ``ranks``.
     """
     metadata = source.metadata if isinstance(source, Trace) else {}
     entries = _entries(collectives(source), metadata)
@@ -370,4 +375,7 @@ def collective_skew(source: Trace | pd.DataFrame) -> pd.DataFrame:
     grouped = ordered.groupby(["step", "op", "k"], observed=True, sort=True)
     table = grouped.agg(skew_ns=("late_ns", "max"), latest_rank=("rank", "last"), first_rank=("rank", "first"),
                         ranks=("rank", "nunique")).reset_index()
+    together = table["skew_ns"].to_numpy() == 0  # no rank was last, none first
+    for name in ("latest_rank", "first_rank"):
+        table[name] = table[name].astype("Int64").mask(together)
     return table[columns]

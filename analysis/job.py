@@ -152,6 +152,7 @@ def _job_rows(files: dict[int, Path], present: set[str]) -> pd.DataFrame:
                                             "threads": min(os.cpu_count() or 1, 4), "temp_directory": spill,
                                             "preserve_insertion_order": False})
         try:
+            connection.execute("SET enable_progress_bar = false")  # the library prints nothing
             return _rows_read(connection, files, present)
         finally:
             connection.close()

@@ -63,7 +63,8 @@ def test_what_was_injected_is_found_to_the_nanosecond(both):
         assert round(stragglers.loc[step, "late_ms"] * 1e6) == 7 * delay_ns  # seven collectives a step
         in_step = skew[skew["step"] == step]
         assert set(in_step["skew_ns"]) == {delay_ns} and set(in_step["latest_rank"]) == {rank}
-    assert set(skew[skew["step"] == 4]["skew_ns"]) == {0}
+    entered_together = skew[skew["step"] == 4]
+    assert set(entered_together["skew_ns"]) == {0} and entered_together["latest_rank"].isna().all()
 
 
 def test_the_report_of_the_job_is_the_one_of_the_whole_job(job_name, both, capsys):
@@ -134,3 +135,27 @@ def test_rank_files_without_the_optional_columns_are_read(job_name, both, tmp_pa
     assert analysis.rank_steps(job)["bytes"].eq(0).all()  # no payload column: none known, as in a whole load
     assert main(["report", str(copied), "--rank", "1"]) == 0
     assert "Rank 1 in detail" in capsys.readouterr().out
+
+
+def test_a_large_job_s_table_shows_the_ranks_latest_over_all_steps(shared_traces, tmp_path, capsys):
+    from xsp.cli.main import main
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from job_dataset import write_job
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        name = write_job(shared_traces / "kineto" / "a100_nccl_rank0.json.gz", tmp_path, 20,
+                         late={(17, 5): 300_000, (3, 6): 300_000})
+    assert main(["report", str(name)]) == 0
+    printed = capsys.readouterr().out
+    words = " ".join(printed.split())  # as read, whatever the lines' wrapping
+    assert "the 16 of 20 ranks latest over all steps" in words
+    table = printed.split("rank  steps")[1].split("Clocks:")[0]
+    shown = [int(line.split()[0]) for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert len(shown) == 16 and {3, 17} <= set(shown)  # late in one step of three: a median of 0, all the same
+    assert "Ranks 3, 17 each entered the collectives last in 1 of 3 steps" in words
+    assert main(["report", str(name), "--rank", "99"]) == 2
+    assert "(ranks: 0, 1, 2, 3, 4, 5, 6, 7, ... 19 (20 ranks))" in capsys.readouterr().err

@@ -40,7 +40,7 @@ def run(options: argparse.Namespace) -> int:
             job = load_job(options.file)
     if job is not None:
         if options.rank is not None and options.rank not in job.ranks:
-            raise CliError(f"{options.file} holds no rank {options.rank} (ranks: {', '.join(map(str, job.ranks))})")
+            raise CliError(f"{options.file} holds no rank {options.rank} (ranks: {_listed(job.ranks)})")
         chosen = job.ranks[0] if options.rank is None else options.rank
         with progress(f"reading rank {chosen}"):
             rank_trace = load(job.metadata["ranks"][str(chosen)]["file"])
@@ -56,7 +56,7 @@ def run(options: argparse.Namespace) -> int:
         trace = load(options.file)
     if options.rank is not None and options.rank not in trace.ranks:
         raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
-                       f"{', '.join(map(str, trace.ranks)) or 'none, it is one process'})")
+                       f"{_listed(trace.ranks) or 'none, it is one process'})")
     from xsp.reports.terminal import render_report  # the analyses, only for this command
 
     with progress("analysing"):  # the analyses run before the first table is printed
@@ -71,3 +71,10 @@ def run(options: argparse.Namespace) -> int:
             target = write_html(trace, options.html, rank=options.rank)
         error_console().print(f"xsp: wrote the HTML report to {target}", markup=False)
     return 0
+
+
+def _listed(ranks: list[int]) -> str:
+    """Ranks for one line: a job of a thousand is not listed whole."""
+    if len(ranks) <= 12:
+        return ", ".join(map(str, ranks))
+    return f"{', '.join(map(str, ranks[:8]))}, ... {ranks[-1]} ({len(ranks)} ranks)"

@@ -299,6 +299,7 @@ def _windows(raw: _Raw, base_ns: int, window_events: int, memory_mb: int) -> _Wi
                                         "temp_directory": str(raw.folder / "spill"),
                                         "preserve_insertion_order": True})  # an ORDER BY's rows in order
     try:
+        connection.execute("SET enable_progress_bar = false")  # the library prints nothing
         connection.read_parquet(str(raw.narrow)).create_view("events")
         device, launch, fine = _codes(_DEVICE_CODES), _codes(_LAUNCH_CODES), _fine(base_ns)
         cuts = sorted(row[0] for row in connection.execute(f"""

@@ -732,7 +732,8 @@ def _ranks_section(trace: Trace, console: Console) -> None:
         _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
     if ignored:
         _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
-    communication = analysis.communication(trace)
+    per_step = analysis.rank_steps(trace)
+    communication = analysis.communication_of_steps(per_step)
     if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
         return
     job = trace.metadata.get("distributed") or {}
@@ -741,11 +742,13 @@ def _ranks_section(trace: Trace, console: Console) -> None:
                       f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
     apart = bool(trace.metadata.get(RANKS_APART))
     title = "Communication per rank (medians over steps)"
-    if len(communication) > RANKS_SHOWN:
-        communication = communication.sort_values(["late_ms", "step_ms"], ascending=False, kind="stable").head(
-            RANKS_SHOWN).sort_values("rank")
-        title = (f"Communication per rank (medians over steps): the {RANKS_SHOWN} latest of {len(ranks)} ranks "
-                 "(xsp.analysis.communication has them all)")
+    if len(communication) > RANKS_SHOWN:  # the ranks that held the others up most, over all steps
+        late_total = per_step.groupby("rank")["late_ms"].sum(min_count=1)
+        ordered = communication.assign(late_total=communication["rank"].map(late_total).fillna(0.0))
+        communication = ordered.sort_values(["late_total", "step_ms"], ascending=False, kind="stable").head(
+            RANKS_SHOWN).sort_values("rank").drop(columns="late_total")
+        title = (f"Communication per rank (medians over steps): the {RANKS_SHOWN} of {len(ranks)} ranks latest over "
+                 "all steps (xsp.analysis.communication has them all)")
     _show(console, communication, title, [
         ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
         ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
@@ -761,7 +764,10 @@ def _ranks_section(trace: Trace, console: Console) -> None:
     if not stragglers.empty:
         counts = stragglers["straggler"].dropna().value_counts()
         if len(counts):
-            _say(console, f"Rank {int(counts.index[0])} entered the collectives last in {int(counts.iloc[0])} of "
+            most = sorted(int(rank) for rank in counts.index[counts == counts.iloc[0]])
+            who = (f"Rank {most[0]}" if len(most) == 1 else "Ranks " + ", ".join(map(str, most[:5]))
+                   + (f" and {len(most) - 5} more" if len(most) > 5 else "") + " each")
+            _say(console, f"{who} entered the collectives last in {int(counts.iloc[0])} of "
                           f"{counted(len(stragglers), 'step')} (late ms: the time the other ranks waited for it)")
         else:
             _say(console, f"No rank held the others up in any of {len(stragglers)} steps (none was 50 µs late)")
@@ -785,9 +791,11 @@ def _clocks_and_skew(trace: Trace, console: Console) -> None:
             _say(console, f"Clocks: {len(hosts)} hosts; every rank put on rank {reference}'s clock by the ends of the "
                           f"blocking collectives (offsets {min(offsets.values()) / 1e3:,.0f} to "
                           f"{max(offsets.values()) / 1e3:,.0f} µs)")
+    if len(trace.ranks) < 2:  # one rank's file: no other to be apart from
+        return
     skew = analysis.collective_skew(trace)
     skew = skew[skew["step"] >= 0]
-    if len(skew):
+    if len(skew) and skew["skew_ns"].max() > 0:
         worst = skew.sort_values("skew_ns", ascending=False, kind="stable").iloc[0]
         _say(console, f"Collective skew (the last rank's entry less the first's): median "
                       f"{float(skew['skew_ns'].median()) / 1e3:,.1f} µs over {len(skew)} collectives, largest "
