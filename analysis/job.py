@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.distributed import BACKEND_WORK, ENQUEUE, NCCL_KERNEL, collectives
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError
+from xsp.core.errors import TraceFormatError, first_line
 from xsp.core.rank import rank_files
 from xsp.io.loading import (
     PART_FILE,
@@ -80,9 +80,9 @@ def job_files(path: str | os.PathLike[str]) -> tuple[list[Path], bool] | None:
     return files, newest
 
 
-def _member(file: Path) -> JobMember:
-    """What joining ``file`` into its job takes from it, its pages' checksums verified on the way
-    (DuckDB, which reads it next, verifies none)."""
+def _member(file: Path) -> tuple[JobMember, list[str]]:
+    """What joining ``file`` into its job takes from it, and its columns; its pages' checksums
+    verified on the way (DuckDB, which reads it next, verifies none)."""
     metadata, parquet = read_trace_metadata(file)
     schema = parquet.schema_arrow
     check_span_columns(file, schema)
@@ -99,7 +99,7 @@ def _member(file: Path) -> JobMember:
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise TraceFormatError(f"{file} is corrupt: {exc}") from None
     in_spans = sorted(ranks) if rank_of_metadata(metadata) is None else []
-    return JobMember(file, metadata, in_spans, first_start, last_end)
+    return JobMember(file, metadata, in_spans, first_start, last_end), schema.names
 
 
 def load_job(path: str | os.PathLike[str]) -> Trace | None:
@@ -115,19 +115,18 @@ def load_job(path: str | os.PathLike[str]) -> Trace | None:
     if found is None:
         return None
     files, newest = found
-    layout = job_layout([_member(file) for file in files], newest_job=newest)
+    read = [_member(file) for file in files]
+    layout = job_layout([member for member, _ in read], newest_job=newest)
     if len(layout.members) < 2:
         return None
-    present: set[str] = set()
-    for member in layout.members.values():
-        present.update(read_trace_metadata(member.file)[1].schema_arrow.names)
+    kept = {id(member) for member in layout.members.values()}
+    present = {name for member, names in read if id(member) in kept for name in names}
     import duckdb
 
     try:
         spans = _job_rows({rank: member.file for rank, member in layout.members.items()}, present)
     except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TraceFormatError(f"{path}: its rank files could not be read together ({first})") from None
+        raise TraceFormatError(f"{path}: its rank files could not be read together ({first_line(exc)})") from None
     return noting_missing_ranks(Trace(spans=spans, metadata=layout.metadata), sorted(layout.members))
 
 

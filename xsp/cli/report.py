@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from xsp.cli._common import TRACE_FILE_HELP, CliError, check_output, console, error_console, progress
@@ -38,31 +39,31 @@ def run(options: argparse.Namespace) -> int:
 
         with progress(f"reading the job {options.file}"):
             job = load_job(options.file)
+    from xsp.reports.terminal import render_job_report, render_report  # the analyses, only for this command
+
+    render: Callable[[Any], None]
     if job is not None:
         if options.rank is not None and options.rank not in job.ranks:
             raise CliError(f"{options.file} holds no rank {options.rank} (ranks: {_listed(job.ranks)})")
         chosen = job.ranks[0] if options.rank is None else options.rank
         with progress(f"reading rank {chosen}"):
             rank_trace = load(job.metadata["ranks"][str(chosen)]["file"])
-        from xsp.reports.terminal import render_job_report
 
-        with progress("analysing"):
-            out = console()
-            with out.capture() as captured:
-                render_job_report(job, chosen, rank_trace, out, top=options.top, lines=options.lines)
-        out.file.write(captured.get())
-        return 0
-    with progress(f"reading {options.file}"):
-        trace = load(options.file)
-    if options.rank is not None and options.rank not in trace.ranks:
-        raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
-                       f"{_listed(trace.ranks) or 'none, it is one process'})")
-    from xsp.reports.terminal import render_report  # the analyses, only for this command
+        def render(out: Any) -> None:
+            render_job_report(job, chosen, rank_trace, out, top=options.top, lines=options.lines)
+    else:
+        with progress(f"reading {options.file}"):
+            trace = load(options.file)
+        if options.rank is not None and options.rank not in trace.ranks:
+            raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
+                           f"{_listed(trace.ranks) or 'none, it is one process'})")
 
+        def render(out: Any) -> None:
+            render_report(trace, out, top=options.top, rank=options.rank, lines=options.lines)
     with progress("analysing"):  # the analyses run before the first table is printed
         out = console()
         with out.capture() as captured:
-            render_report(trace, out, top=options.top, rank=options.rank, lines=options.lines)
+            render(out)
     out.file.write(captured.get())  # printed once the spinner is gone: as rendered, colours included
     if options.html:
         from xsp.reports.html import write_html

@@ -31,6 +31,13 @@ class TraceTooLargeError(XspError, MemoryError):
     """A trace that would not fit in the machine's free memory if it were loaded whole."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: its first (a library's error may run to a page), or the
+    exception's type where it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class XspWarning(UserWarning):
     """Something xsp could not do; the user's program carries on regardless."""
 

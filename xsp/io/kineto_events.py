@@ -302,38 +302,35 @@ class EventScan:
         """Feeds the file to ``scanner`` piece by piece, pausing after each piece it scanned; the
         last scan (``final``) is made before it ends."""
         source = self.source
+        offset = 0
+
+        def unscanned(data: bytes) -> bytes:
+            """What ``scanner`` leaves of ``data`` (a value the piece cuts), which must stay short."""
+            nonlocal offset
+            consumed = scanner.scan(data, False)
+            offset += consumed
+            if len(data) - consumed > MAX_VALUE_BYTES:  # (scanned at the latest once past the limit: never let through)
+                raise TraceFormatError(
+                    f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
+                    f"than {MAX_VALUE_BYTES >> 20} MiB")
+            return data[consumed:]
+
         pending = b""
         waiting: list[bytes] = []  # pieces not scanned yet
-        waiting_bytes = offset = 0
+        waiting_bytes = 0
         with closing(_read_ahead(inflated_pieces(source))) as pieces:
             for piece in pieces:
                 waiting.append(piece)
                 waiting_bytes += len(piece)
                 if waiting_bytes < len(pending) and len(pending) + waiting_bytes <= MAX_VALUE_BYTES:
                     continue  # a value longer than a piece is scanned again once its bytes doubled, not at each piece
-                data = pending + waiting[0] if len(waiting) == 1 else b"".join([pending, *waiting])
+                pending = unscanned(pending + waiting[0] if len(waiting) == 1 else b"".join([pending, *waiting]))
                 waiting.clear()
                 waiting_bytes = 0
-                consumed = scanner.scan(data, False)
-                offset += consumed
-                pending = data[consumed:]
-                del data
-                if len(pending) > MAX_VALUE_BYTES:  # (scanned at the latest once past the limit: never let through)
-                    raise TraceFormatError(
-                        f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
-                        f"than {MAX_VALUE_BYTES >> 20} MiB")
                 yield
         if len(pending) + waiting_bytes > MAX_VALUE_BYTES:  # the last value may end past the limit: scan up to it first
-            data = b"".join([pending, *waiting])
+            pending = unscanned(b"".join([pending, *waiting]))
             waiting.clear()
-            consumed = scanner.scan(data, False)
-            offset += consumed
-            pending = data[consumed:]
-            del data
-            if len(pending) > MAX_VALUE_BYTES:
-                raise TraceFormatError(
-                    f"{source} is not a plausible Kineto trace: an event or field at byte {offset} is longer "
-                    f"than {MAX_VALUE_BYTES >> 20} MiB")
         scanner.scan(b"".join([pending, *waiting]), True)
 
 

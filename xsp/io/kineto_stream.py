@@ -35,13 +35,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, first_line
 from xsp.core.memory_release import release_freed_memory
 from xsp.core.schema import Level
 from xsp.io.kineto import (
@@ -57,10 +56,11 @@ from xsp.io.kineto import (
 )
 from xsp.io.kineto_events import FILE_ORDER, MISSING, EventScan, LeftToMsgspec, events_from_table
 from xsp.io.kineto_json import collector_paused
-from xsp.io.loading import rank_of_metadata
+from xsp.io.loading import with_rank
 from xsp.io.memory_needed import check_fits, kineto_memory_bytes
 from xsp.io.outputs import OutputError, describe_os_error, destination
 from xsp.io.parquet import arrow_table, in_start_order, write_trace_tables
+from xsp.io.trace import Trace
 from xsp.table.build import build_table, new_step_state
 from xsp.table.validation import LATEST_NS
 
@@ -231,8 +231,8 @@ def _scratch_errors(output: Path, scratch: Path) -> Iterator[None]:
     except duckdb.InterruptException:
         raise KeyboardInterrupt from None  # Ctrl-C while DuckDB ran: as anywhere else
     except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OutputError(f"cannot write {output}: cutting the trace into windows failed ({first})") from None
+        raise OutputError(f"cannot write {output}: cutting the trace into windows failed ({first_line(exc)})") \
+            from None
     except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
         if "interrupt" in str(exc).lower():
             raise KeyboardInterrupt from None
@@ -459,10 +459,7 @@ def _window_tables(source: Path, windows: _Windows, scan: EventScan, base_ns: in
         totals.metadata = found
         result = build_table(iter([rows]), 0, state, live_records=False)
         del rows
-        spans = result.spans
-        rank = rank_of_metadata(found)
-        if rank is not None:  # as xsp.load gives a rank's trace, so as saving it writes it
-            spans[col.RANK] = pd.array(np.full(len(spans), rank), dtype="Int64")
+        spans = with_rank(Trace(spans=result.spans, metadata=found)).spans  # as xsp.load gives it, and saves it
         totals.hierarchy.update(result.diagnostics)
         totals.levels.update(str(level) for level in spans[col.LEVEL].dropna().unique())
         totals.spans += len(spans)

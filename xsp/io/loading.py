@@ -120,15 +120,15 @@ def _one(path: PathArg) -> Trace:
                        f"`xsp import {path}` converts it a window at a time, in bounded memory, into an "
                        ".xsp.parquet file that DuckDB queries without loading it (docs/fleet.md)")
         if is_kineto_path(path):
-            return _with_rank(load_kineto(path))
+            return with_rank(load_kineto(path))
         if is_nsys_path(path):
-            return _with_rank(load_nsys(path))
+            return with_rank(load_nsys(path))
         if str(path).endswith(NSYS_SUFFIXES) and os.path.isfile(path):
             raise TraceFormatError(f"{path} is not an SQLite file, so no Nsight Systems export (empty or damaged?)")
         if not os.path.lexists(path):
             unfinished = load_unfinished(path)
             if unfinished is not None:
-                return _with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
+                return with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
         if os.path.isfile(path):
             check_fits(Path(path), parquet_memory_bytes(Path(path)),
                        "DuckDB queries it without loading it (docs/fleet.md)")
@@ -137,7 +137,7 @@ def _one(path: PathArg) -> Trace:
         raise
     except Exception as exc:  # whatever else a damaged file provokes: still the caller's one error type
         raise TraceFormatError(f"{path} could not be read: {type(exc).__name__}: {exc}") from None
-    return _with_rank(Trace(spans=spans, metadata=metadata))
+    return with_rank(Trace(spans=spans, metadata=metadata))
 
 
 def rank_of_metadata(metadata: dict[str, Any]) -> int | None:
@@ -147,9 +147,9 @@ def rank_of_metadata(metadata: dict[str, Any]) -> int | None:
     return None
 
 
-def _with_rank(trace: Trace) -> Trace:
-    """A rank's file whose spans carry no rank (its process group was set up inside the
-    session): the rank from its metadata."""
+def with_rank(trace: Trace) -> Trace:
+    """A rank's trace whose spans carry no rank (its process group was set up inside the
+    session, or an imported profiler trace): the rank from its metadata, in place."""
     rank = rank_of_metadata(trace.metadata)
     if rank is None:
         return trace
@@ -272,14 +272,15 @@ def _joined(files: Sequence[Path | list[Path]], newest_job: bool = False) -> Tra
     if len(files) == 1:
         return noting_missing_ranks(_read(files[0]))
     _check_job_fits([part for file in files for part in (file if isinstance(file, list) else [file])])
-    traces = {id(trace.metadata): trace for trace in (_read(file) for file in files)}
-    layout = job_layout([_member(_named(file), trace) for file, trace in zip(files, traces.values())], newest_job)
+    traces = [_read(file) for file in files]
+    members = [_member(_named(file), trace) for file, trace in zip(files, traces)]
+    trace_of = {id(member): trace for member, trace in zip(members, traces)}
+    layout = job_layout(members, newest_job)
     if len(layout.members) == 1:
-        member = next(iter(layout.members.values()))
-        trace = noting_missing_ranks(traces[id(member.metadata)])
+        trace = noting_missing_ranks(trace_of[id(next(iter(layout.members.values())))])
         trace.metadata["ignored_files"] = layout.metadata["ignored_files"]
         return trace
-    by_rank = {rank: traces[id(member.metadata)] for rank, member in layout.members.items()}
+    by_rank = {rank: trace_of[id(member)] for rank, member in layout.members.items()}
     for rank, trace in by_rank.items():
         trace.spans[col.RANK] = pd.array(np.full(len(trace.spans), rank), dtype="Int64")
     spans = concat_spans(by_rank[r].spans for r in sorted(by_rank))

@@ -312,13 +312,6 @@ def _checked_metadata(source: Path, footer: dict[bytes, bytes]) -> dict[str, Any
     return metadata
 
 
-def _check_footer(source: Path, footer: dict[bytes, bytes], stored: pa.Schema) -> None:
-    expected = footer.get(CHECKSUM_KEY)
-    if expected is not None and expected != _footer_checksum(footer[col.METADATA_KEY], stored,
-                                                             footer.get(PANDAS_KEY, b"")):
-        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
-
-
 def read_trace_metadata(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pq.ParquetFile]:
     """A trace file's metadata, checked as :func:`read_trace` checks it, and the file, open to read
     columns from; its spans are not read.
@@ -331,7 +324,10 @@ def read_trace_metadata(path: str | os.PathLike[str]) -> tuple[dict[str, Any], p
     source = Path(path)
     parquet, footer = _read_parquet(source)
     metadata = _checked_metadata(source, footer)
-    _check_footer(source, footer, parquet.schema_arrow)
+    expected = footer.get(CHECKSUM_KEY)
+    if expected is not None and expected != _footer_checksum(footer[col.METADATA_KEY], parquet.schema_arrow,
+                                                             footer.get(PANDAS_KEY, b"")):
+        raise TraceFormatError(f"{source} is corrupt: its xsp metadata or column list fails its checksum")
     return metadata, parquet
 
 
@@ -344,8 +340,7 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         SchemaVersionError: written by a newer xsp with a newer span schema.
     """
     source = Path(path)
-    parquet, footer = _read_parquet(source)
-    metadata = _checked_metadata(source, footer)
+    metadata, parquet = read_trace_metadata(source)
     # the categoricals' texts are read as Arrow dictionaries: each distinct text once, never a string a row
     stored = parquet.schema_arrow  # the types as written (a text column read as a dictionary is text there)
     categories = [name for name in stored.names if col.COLUMNS.get(name) == col.CATEGORY]
@@ -355,7 +350,6 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise TraceFormatError(f"{source} is corrupt: {exc}") from None
     table = _read_table(source, parquet)
-    _check_footer(source, footer, stored)
     owner = [table]
     del table
     spans = spans_from_owned_arrow(source, owner)
