@@ -172,6 +172,45 @@ def test_xsp_import_says_how_many_events_a_step_held(shared_traces, tmp_path, ca
     assert "123,378 events were held at once" in capsys.readouterr().err
 
 
+@pytest.fixture
+def signal_handlers_kept():
+    """The test's own SIGINT, SIGTERM and SIGHUP handlers, as they were before it (an interrupted
+    import leaves them ignored: its process is ending)."""
+    import signal
+
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("became", [None, RuntimeError], ids=["swallowed", "became another error"])
+def test_a_signal_a_library_swallows_still_ends_the_import(shared_traces, tmp_path, capsys, monkeypatch, became,
+                                                           signal_handlers_kept):
+    import os
+    import signal
+
+    from xsp.cli.main import INTERRUPTED, main
+    from xsp.io import kineto_stream
+
+    def swallowing(source, output):  # as DuckDB or a finalizer may: the KeyboardInterrupt never comes out
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            if became is not None:
+                raise became("Query interrupted") from None
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal, while it finishes: ignored
+        return import_kineto(source, output)
+
+    monkeypatch.setattr(kineto_stream, "import_kineto", swallowing)
+    output = tmp_path / "a.xsp.parquet"
+    source = shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz"
+    assert main(["import", str(source), "-o", str(output)]) == INTERRUPTED
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "xsp: interrupted"
+    assert not output.exists() and list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a late SIGINT cannot kill it as it exits
+
+
 def _write(path, events, **fields):
     path.write_text(json.dumps({"traceEvents": events, **fields}))
     return path

@@ -7,6 +7,7 @@ import argparse
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +19,45 @@ HELD_WHOLE_EVENTS = 1 << 20
 """A window larger than this is said: memory is bounded by the longest step, not by the trace."""
 
 
+@dataclass
+class _Stopping:
+    """Whether a signal asked the import to stop, and which."""
+
+    signal_number: int | None = None
+
+
 @contextmanager
-def _ended_by_signals_as_interrupts() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a scheduler, a closed terminal) end the import as Ctrl-C does: its scratch
-    files and the partial output are removed, and it says it was interrupted."""
-    def interrupt(signum: int, frame: Any) -> None:
-        # as SIGINT, not an exception raised here: DuckDB, inside a query, stops on SIGINT alone
-        # (an exception from this handler it would clear, and go on)
-        signal.raise_signal(signal.SIGINT)
+def _ended_by_signals_as_interrupts() -> Iterator[_Stopping]:
+    """SIGINT, SIGTERM and SIGHUP (Ctrl-C, a scheduler, a closed terminal) end the import alike:
+    its scratch files and the partial output are removed, and it says it was interrupted.
+
+    The first signal raises KeyboardInterrupt; later ones are ignored, so that the clean-up is
+    not itself interrupted (DuckDB, stopped inside a query, may send the process SIGINT again).
+    The first is also remembered: an interrupt that a library swallowed still ends the import.
+    """
+    stopping = _Stopping()
+
+    def stop(signum: int, frame: Any) -> None:
+        if stopping.signal_number is None:
+            stopping.signal_number = signum
+            # raised here, inside DuckDB's check for signals too: it stops its query on it
+            raise KeyboardInterrupt
 
     previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
-            previous[signum] = signal.signal(signum, interrupt)
+            previous[signum] = signal.signal(signum, stop)
         except (ValueError, OSError):  # not the main thread: left as they are
             pass
     try:
-        yield
+        yield stopping
+    except BaseException:
+        if stopping.signal_number is not None:  # whatever the interrupt became on its way out
+            raise KeyboardInterrupt from None
+        raise
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, handler in previous.items():  # once stopping, ignored to the end of the process
+            signal.signal(signum, handler if stopping.signal_number is None else signal.SIG_IGN)
 
 
 def register(commands: Any) -> None:
@@ -68,8 +88,11 @@ def run(options: argparse.Namespace) -> int:
     if is_kineto_path(source):
         from xsp.io.kineto_stream import import_kineto
 
-        with progress(f"importing {source}"), _ended_by_signals_as_interrupts():
+        with progress(f"importing {source}"), _ended_by_signals_as_interrupts() as stopping:
             imported = import_kineto(source, output)  # a window at a time: a trace of any size
+            if stopping.signal_number is not None:  # the interrupt was swallowed on its way
+                Path(output).unlink(missing_ok=True)
+                raise KeyboardInterrupt
         spans, steps, metadata = imported.spans, imported.steps, imported.metadata
         if imported.read_whole_because is not None:
             error_console().print(f"xsp: {source} was read whole, not a window at a time: "

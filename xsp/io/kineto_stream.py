@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import duckdb  # loaded with this module: an extension interrupted as it loads aborts the process
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -219,8 +220,6 @@ def import_kineto(source: str | os.PathLike[str], output: str | os.PathLike[str]
 def _scratch_errors(output: Path, scratch: Path) -> Iterator[None]:
     """What fails in the scratch folder (a full disk, DuckDB out of memory or spill space) as one
     :class:`OutputError` line."""
-    import duckdb
-
     try:
         yield
     except OutputError:
@@ -290,7 +289,6 @@ def _codes(codes: list[int]) -> str:
 def _windows(raw: _Raw, base_ns: int, window_events: int, memory_mb: int) -> _Windows:
     """Cut the raw events into windows (DuckDB, within ``memory_mb``) and sort them into their
     windows' files."""
-    import duckdb  # only for an import in windows
 
     schema = raw.schema if raw.schema is not None else pa.schema([])
     if raw.narrow is None:
