@@ -22,7 +22,7 @@ holds that call. Self times of all lines add up to the host time spent under a l
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -64,11 +64,14 @@ def line_of_each_span(spans: pd.DataFrame, parents: np.ndarray | None = None) ->
     return nearest_ancestor(spans, has_line, parents, include_self=True)
 
 
-def line_keys(spans: pd.DataFrame, parents: np.ndarray) -> pd.Series:
+def line_keys(spans: pd.DataFrame, parents: np.ndarray,
+              shown_files: Callable[[Iterable[object]], Mapping[object, str]] | None = None) -> pd.Series:
     """Per span, ``"file:line function"`` where it is the outermost span of its line (it has a
     line, and the nearest span above it with a line has another one), else None: what
     ``xsp diff --by line`` compares. The file is given relative to the folder that holds every
-    file of the run's lines, so two checkouts of one project in different places match."""
+    file of the run's lines, so two checkouts of one project in different places match
+    (``shown_files``: how the files are shown instead, given them all; the default is
+    :func:`relative_files`)."""
     keys = pd.Series(np.full(len(spans), None, dtype=object), index=spans.index)
     if col.CALL_LINE not in spans or spans.empty:
         return keys
@@ -82,7 +85,7 @@ def line_keys(spans: pd.DataFrame, parents: np.ndarray) -> pd.Series:
     rows = np.flatnonzero(has_line)
     outer = rows[(above[rows] < 0) | (files[np.maximum(above[rows], 0)] != files[rows])
                  | (numbers[np.maximum(above[rows], 0)] != numbers[rows])]
-    shown = relative_files(files[rows])
+    shown = (relative_files if shown_files is None else shown_files)(files[rows])
     text = [line_label(shown[files[i]], int(numbers[i]), functions[i]) for i in outer]
     values = np.full(len(spans), None, dtype=object)
     values[outer] = text

@@ -17,7 +17,6 @@ from xsp.cli._common import (
     steps_kept,
 )
 from xsp.core.levels import parse_levels
-from xsp.core.rank import rank_path
 
 
 def register(commands: Any) -> None:
@@ -43,21 +42,15 @@ def default_output(path: str, summary_suffix: str) -> str:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.gate.baseline import LEGACY_SUFFIXES, SUFFIX, summarize  # the analyses, only for this command
-    from xsp.io.loading import load
+    from xsp.gate.baseline import LEGACY_SUFFIXES, SUFFIX, summarize_file  # the analyses, only for this command
 
     output = options.output or default_output(options.file, SUFFIX)
     if output.endswith(LEGACY_SUFFIXES):
         raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
     steps = steps_kept(options)
-    trace = load(options.file)
-    if len(trace.ranks) > 1:
-        raise CliError(f"{options.file} holds {len(trace.ranks)} ranks of a distributed job: summarise one rank's "
-                       f"file ({rank_path(options.file, trace.ranks[0]).name})")
     levels = parse_levels(options.levels) if options.levels else None
-    summary = summarize(trace, levels=levels, steps=steps,
-                        source=Path(options.file).name)
+    summary = summarize_file(options.file, levels=levels, steps=steps, source=Path(options.file).name)
     written = summary.save(output)
     size, trace_size = os.path.getsize(written), os.path.getsize(options.file)
     keys = len(next(iter(summary.keys.values())))

@@ -31,14 +31,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, TraceTooLargeError
 from xsp.core.levels import missing_levels
+from xsp.core.rank import rank_path
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
 from xsp.io.outputs import write_output
 from xsp.io.parquet import dictionary_columns, gunzip_bounded
 from xsp.io.trace import Trace
+from xsp.io.tree_windows import TreeWindows
 from xsp.record.compiled_kernels import kernel_sources
 
 FORMAT: Final = "xsp-summary"
@@ -218,24 +220,98 @@ def summarize(trace: Trace, levels: tuple[Level, ...] | None = None, steps: slic
     by path and by name, or by ``only`` one of them."""
     spans = trace.spans
     present = trace.steps
+    recorded = set(spans[col.LEVEL].dropna().astype(str)) if levels is not None else set()
+    compared = _compared(present, recorded, levels, steps, source)
+    sources = kernel_sources(trace.metadata)
+    keys = {by: keyed.key_samples(spans, by, levels, steps, sources) for by in _key_kinds(only)}
+    return _summary(trace.metadata, keys, len(compared), len(spans), levels, source)
+
+
+def summarize_windows(windows: TreeWindows, levels: tuple[Level, ...] | None = None,
+                      steps: slice | list[int] | None = None, source: str | None = None,
+                      only: dcol.KeyBy | None = None) -> Summary:
+    """:func:`summarize` of a trace file too large to load, from its windows of whole trees
+    (:func:`xsp.io.tree_windows.tree_windows`): the same summary, in memory bounded by the
+    largest window and the keys' samples. The file is read once."""
+    compared = _compared(windows.steps, windows.levels, levels, steps, source)
+    sources = kernel_sources(windows.metadata)
+    chosen = keyed.chosen_steps(windows.steps, steps)
+    kinds = _key_kinds(only)
+    parts: dict[dcol.KeyBy, list[keyed.KeyParts]] = {by: [] for by in kinds}
+    for spans, order in windows.frames():
+        for by in kinds:
+            parts[by].append(keyed.key_parts(spans, order, by, levels, chosen, sources))
+    keys = {by: keyed.keys_from_parts(parts[by], by) for by in kinds}
+    return _summary(windows.metadata, keys, len(compared), windows.spans, levels, source)
+
+
+def summarize_file(path: str | os.PathLike[str], levels: tuple[Level, ...] | None = None,
+                   steps: slice | list[int] | None = None, source: str | None = None,
+                   only: dcol.KeyBy | None = None, what: str = "summarise") -> Summary:
+    """:func:`summarize` of the trace file ``path`` (:func:`xsp.load` reads it), of one process: an
+    ``.xsp.parquet`` file too large to load whole is summarised a window of whole trees at a time
+    (:func:`summarize_windows`), to the same summary.
+
+    Raises:
+        xsp.XspError: the file could not be read, or (not an ``.xsp.parquet`` file) is too large.
+        ValueError: it holds several ranks (``what``: what to do with one rank's file instead),
+            or ``steps`` or ``levels`` leave nothing.
+    """
+    from xsp.io.loading import load
+    from xsp.io.tree_windows import tree_windows
+
+    try:
+        trace = load(path)
+    except TraceTooLargeError:
+        if not str(path).endswith(col.FILE_SUFFIX):
+            raise
+        windows = tree_windows(path)
+        _one_rank(path, windows.ranks, what)
+        return summarize_windows(windows, levels, steps, source, only)
+    _one_rank(path, trace.ranks, what)
+    return summarize(trace, levels, steps, source, only)
+
+
+def _one_rank(path: str | os.PathLike[str], ranks: list[int], what: str) -> None:
+    """A trace of one process: the steps of several ranks would pool into one sample.
+
+    Raises:
+        ValueError: it holds several ranks."""
+    if len(ranks) > 1:
+        raise ValueError(f"{path} holds {len(ranks)} ranks of a distributed job: {what} one rank's file "
+                         f"({rank_path(path, ranks[0]).name})")
+
+
+def _key_kinds(only: dcol.KeyBy | None) -> list[dcol.KeyBy]:
+    return [by for by in dcol.KeyBy if only is None or by is only]
+
+
+def _compared(present: list[int], recorded: set[str], levels: tuple[Level, ...] | None,
+              steps: slice | list[int] | None, source: str | None) -> list[int]:
+    """The steps compared of a run whose steps are ``present`` and levels ``recorded``.
+
+    Raises:
+        ValueError: ``steps`` leaves none, or a level of ``levels`` was not recorded."""
     compared = present if steps is None else (present[steps] if isinstance(steps, slice) else
                                               sorted(set(present) & {int(s) for s in steps}))
     if present and not compared:
         raise ValueError(f"{source or 'the trace'}: the steps asked for leave none of its {len(present)} steps "
                          f"({present[0]}-{present[-1]}) to compare")
     if levels is not None:
-        recorded = set(spans[col.LEVEL].dropna().astype(str))
         missing = missing_levels(levels, recorded)
         if missing:
             raise ValueError(f"{source or 'the trace'} has no {', '.join(missing)} level (it has "
                              f"{', '.join(sorted(recorded)) or 'no spans'}): a summary of it would be empty there")
-    sources = kernel_sources(trace.metadata)
-    keys = {by: keyed.key_samples(spans, by, levels, steps, sources) for by in dcol.KeyBy if only is None or by is only}
-    metadata: dict[str, Any] = {key: trace.metadata[key] for key in _METADATA_KEPT if key in trace.metadata}
+    return compared
+
+
+def _summary(trace_metadata: dict[str, Any], keys: dict[dcol.KeyBy, pd.DataFrame], steps: int, spans: int,
+             levels: tuple[Level, ...] | None, source: str | None) -> Summary:
+    metadata: dict[str, Any] = {key: trace_metadata[key] for key in _METADATA_KEPT if key in trace_metadata}
     if isinstance(metadata.get("created_at"), str):
         metadata["created_at"] = _to_the_second(metadata["created_at"])
-    metadata["steps"] = len(compared)
-    metadata["spans"] = len(spans)
+    metadata["steps"] = steps
+    metadata["spans"] = spans
     if source is not None:
         metadata["source"] = source
     if levels is not None:

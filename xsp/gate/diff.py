@@ -30,9 +30,8 @@ from xsp.core.schema import Level
 from xsp.gate import comparison, significance, verdicts
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
-from xsp.gate.baseline import Summary, is_summary_path, summarize
+from xsp.gate.baseline import Summary, is_summary_path, summarize, summarize_file
 from xsp.gate.diff_columns import KeyBy, Verdict
-from xsp.io.loading import load
 from xsp.io.trace import Trace
 
 Source = Trace | Summary | str | os.PathLike[str]
@@ -443,7 +442,7 @@ def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summ
         original = summary.metadata.get("source")
         summary.metadata["source"] = Path(source).name + (f" (summary of {original})" if original else "")
     else:
-        summary = summarize(_one_rank(load(source), source), steps=steps, source=Path(source).name, only=by)
+        summary = summarize_file(source, steps=steps, source=Path(source).name, only=by, what="compare")
     if by not in summary.keys:
         raise TraceFormatError(f"the summary of {summary.metadata.get('source', 'a run')} has no keys by {by.value}")
     return summary

@@ -362,6 +362,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (float, np.floating)):
+        if math.isinf(value):  # JSON has no infinity: said as text (a detectable change no steps could show)
+            return "inf" if value > 0 else "-inf"
         return None if math.isnan(value) else float(value)
     if value is pd.NA:
         return None

@@ -1,0 +1,165 @@
+"""A trace file read a window of whole trees at a time, and the summaries made that way: the same
+as those of the trace loaded whole, on every shared trace and on traces xsp recorded."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import xsp
+from xsp.core import schema as col
+from xsp.core.schema import Level
+from xsp.gate.baseline import Summary, summarize, summarize_windows
+from xsp.gate.diff_columns import SAMPLES_NS, KeyBy
+from xsp.io import memory_needed
+from xsp.io.parquet import arrow_table, write_trace_tables
+from xsp.io.tree_windows import tree_windows
+
+SHARED = ["kineto/a100_alexnet.json.gz", "kineto/a100_cupti_counters.json.gz",
+          "kineto/a100_event_sync_multistream.json.gz", "kineto/a100_nccl_rank0.json.gz", "kineto/a100_triton.json.gz",
+          "kineto/cpu_only_rank34.json.gz", "kineto/sampled_rank0.json.gz", "kineto/v100_2rank_train_rank1.json.gz",
+          "nsys/saxpy_mpi_cuda_rank0.sqlite"]
+CHOICES = [(None, None), ((Level.OPERATOR,), None), (None, slice(2, None)), ((Level.LAYER, Level.KERNEL), [3, 4])]
+
+
+def assert_same_keys(whole: pd.DataFrame, windowed: pd.DataFrame) -> None:
+    assert list(whole.columns) == list(windowed.columns) and len(whole) == len(windowed)
+    for column in whole.columns:
+        for expected, found in zip(whole[column].tolist(), windowed[column].tolist()):
+            if column == SAMPLES_NS:
+                assert np.array_equal(expected, found), column
+            elif pd.isna(expected) if np.isscalar(expected) or expected is None else False:
+                assert found is None or (np.isscalar(found) and pd.isna(found)), (column, expected, found)
+            else:
+                assert expected == found, (column, expected, found)
+
+
+def assert_same_summaries(trace: xsp.Trace, path, window_spans: int) -> None:
+    windows = tree_windows(path, window_spans=window_spans)
+    compared = 0
+    for levels, steps in CHOICES:
+        try:
+            whole = summarize(trace, levels, steps, "run")
+        except ValueError as refused:  # a level or steps the trace lacks: refused alike
+            with pytest.raises(ValueError, match=re.escape(str(refused))):
+                summarize_windows(windows, levels, steps, "run")
+            continue
+        windowed = summarize_windows(windows, levels, steps, "run")
+        assert windowed.metadata == whole.metadata
+        for by in KeyBy:
+            assert_same_keys(whole.keys[by], windowed.keys[by])
+        compared += 1
+    assert compared
+
+
+@pytest.fixture(scope="module")
+def shared_files(shared_traces, tmp_path_factory):
+    """Each shared trace as an .xsp.parquet file, and loaded from it."""
+    folder = tmp_path_factory.mktemp("shared")
+    files = {}
+    for name in SHARED:
+        path = folder / (name.split("/")[1].split(".")[0] + col.FILE_SUFFIX)
+        xsp.load(shared_traces / name).save(path)
+        files[name] = (path, xsp.load(path))
+    return files
+
+
+@pytest.mark.parametrize("window_spans", [1, 1 << 18])
+@pytest.mark.parametrize("name", SHARED)
+def test_a_summary_made_a_window_at_a_time_is_the_whole_trace_s(shared_files, name, window_spans):
+    path, trace = shared_files[name]
+    assert_same_summaries(trace, path, window_spans)
+
+
+def test_windows_hold_whole_trees_and_every_span_once_in_the_loaded_order(shared_files):
+    path, trace = shared_files["kineto/v100_2rank_train_rank1.json.gz"]
+    windows = tree_windows(path, window_spans=1)
+    assert windows.count > 2 and windows.spans == len(trace.spans)
+    assert windows.steps == trace.steps and windows.levels == set(trace.spans[col.LEVEL].astype(str))
+    seen = []
+    for spans, order in windows.frames():
+        ids = set(spans[col.SPAN_ID])
+        assert set(spans[col.PARENT_ID].dropna()) <= ids  # every parent in the window
+        assert (np.diff(order[:, 0]) >= 0).all() and len(order) == len(spans)
+        seen.append(spans)
+    together = pd.concat(seen).sort_values([col.START_NS, col.SPAN_ID], kind="stable")
+    loaded = trace.spans.sort_values([col.START_NS, col.SPAN_ID], kind="stable")
+    assert together[col.SPAN_ID].tolist() == loaded[col.SPAN_ID].tolist()
+
+
+def _recorded_run(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(16, 4)))
+    path = tmp_path / "run.xsp.parquet"
+    with xsp.trace(output=path, levels="model,layer,operator"):
+        for _ in range(6):  # a step each
+            model(torch.randn(2, 8)).sum()
+    return path
+
+
+def test_a_recorded_run_with_layers_and_lines_is_summarised_alike(tmp_path):
+    path = _recorded_run(tmp_path)
+    trace = xsp.load(path)
+    assert len(summarize(trace).keys[KeyBy.LINE])  # its lines are compared too
+    for window_spans in (1, 1 << 18):
+        assert_same_summaries(trace, path, window_spans)
+
+
+def test_a_file_out_of_start_order_is_read_in_the_loaded_order(shared_files, tmp_path):
+    path, trace = shared_files["kineto/a100_nccl_rank0.json.gz"]
+    table = arrow_table(trace.spans)
+    half = len(table) // 2
+    shuffled = tmp_path / "shuffled.xsp.parquet"
+    write_trace_tables(shuffled, iter([table.slice(half), table.slice(0, half)]), trace.metadata)
+    windows = tree_windows(shuffled, window_spans=50)
+    assert not windows.in_file_order
+    assert_same_summaries(xsp.load(shuffled), shuffled, 50)
+
+
+def test_parents_in_a_loop_are_one_error_and_missing_parents_are_roots(shared_files, tmp_path):
+    path, trace = shared_files["kineto/a100_alexnet.json.gz"]
+    spans = trace.spans.copy()
+    ids = spans[col.SPAN_ID].to_numpy()
+    spans[col.PARENT_ID] = pd.array([ids[1], ids[0]] + spans[col.PARENT_ID].tolist()[2:], dtype="Int64")
+    looped = tmp_path / "looped.xsp.parquet"
+    write_trace_tables(looped, iter([arrow_table(spans)]), trace.metadata)
+    with pytest.raises(xsp.TraceFormatError, match="loop"):
+        tree_windows(looped)
+    spans = trace.spans.copy()
+    spans[col.PARENT_ID] = pd.array([ids.max() + 10] + spans[col.PARENT_ID].tolist()[1:], dtype="Int64")
+    orphaned = tmp_path / "orphaned.xsp.parquet"
+    write_trace_tables(orphaned, iter([arrow_table(spans)]), trace.metadata)
+    with pytest.warns(xsp.XspWarning, match="1 spans name a parent that is not in the file"):
+        windows = tree_windows(orphaned, window_spans=1)
+    assert sum(len(frame) for frame, _ in windows.frames()) == len(spans)
+
+
+@pytest.fixture
+def little_free_memory(monkeypatch):
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
+
+
+def test_xsp_summary_and_diff_of_a_trace_too_large_to_load_read_it_in_windows(shared_files, tmp_path, capsys,
+                                                                               monkeypatch):
+    from xsp.cli.main import main
+
+    path, trace = shared_files["kineto/v100_2rank_train_rank1.json.gz"]
+    assert main(["summary", str(path), "-o", str(tmp_path / "whole.xsp-summary.parquet")]) == 0
+    assert main(["diff", str(path), str(path), "--by", "name", "--format", "json", "--fail-on", "never"]) == 0
+    whole_diff = capsys.readouterr().out
+    rows = json.loads(whole_diff)["rows"]  # strict JSON: five steps a side can show no change, said "inf"
+    assert "inf" in {row["detectable_change"] for row in rows}
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(xsp.TraceTooLargeError):
+        xsp.load(path)
+    assert main(["summary", str(path), "-o", str(tmp_path / "windows.xsp-summary.parquet")]) == 0
+    whole, windowed = (Summary.load(tmp_path / f"{name}.xsp-summary.parquet") for name in ("whole", "windows"))
+    assert whole.metadata == windowed.metadata
+    for by in KeyBy:
+        assert_same_keys(whole.keys[by], windowed.keys[by])
+    assert main(["diff", str(path), str(path), "--by", "name", "--format", "json", "--fail-on", "never"]) == 0
+    assert capsys.readouterr().out == whole_diff

@@ -1,0 +1,255 @@
+"""A trace file read a window of whole trees at a time, for analyses of a trace too large to load.
+
+A *window* is a run of the trace's trees (each root span with all of its descendants, kernels
+included), about :data:`WINDOW_SPANS` spans, never part of a tree: every span's parent is in its
+window, so the in-memory analyses that walk the tree (parents, nearest ancestors, the paths of
+keys) give on a window what they give on the whole trace for its spans. Memory is bounded by the
+largest window, so by the largest tree: a root span around the whole run (a ``record_function``
+around the loop) is held whole.
+
+DuckDB pairs each span with its parent's row without loading the trace (in
+:data:`DUCKDB_MEMORY_MB`, spilling beside the trace); the roots are found by pointer jumping on
+one integer a span; the file is then read once, in its own order, a row group at a time, and each
+window handed over as soon as its last span is read.
+
+Each window's rows are in the order :func:`xsp.load` puts the whole trace in, restricted to the
+window, and :attr:`TreeWindows.order` gives each row's place in that order, so that "the first
+span of ..." means the same on windows as on the whole.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xsp.core import schema as col
+from xsp.core.errors import TraceFormatError, XspWarning, first_line, warn
+from xsp.io.parquet import check_span_columns, in_start_order, read_trace_metadata, spans_from_owned_arrow
+from xsp.table.validation import impossible_spans
+from xsp.table.walks import parent_positions
+
+WINDOW_SPANS: Final = 1 << 18
+"""Spans a window holds, about: whole trees are added until it holds this many."""
+DUCKDB_MEMORY_MB: Final = 512
+READ_ROWS: Final = 1 << 16
+"""Rows read from the file at a time."""
+MAX_JUMPS: Final = 64
+"""Pointer-jumping rounds: 2**64 levels of nesting; a file still unresolved names parents in a loop."""
+ORDER_KEYS: Final = ("start_ns", "call_depth_or_minus_one", "file_row")
+"""The columns of :attr:`TreeWindows.order`: a span's place in the loaded trace, compared in this order."""
+_FILE_ROW: Final = "__xsp_file_row"
+
+
+@dataclass
+class TreeWindows:
+    """A trace file cut into windows of whole trees (see the module's text)."""
+
+    source: Path
+    metadata: dict[str, Any]
+    spans: int
+    steps: list[int]
+    """The step numbers present, as :attr:`xsp.Trace.steps` gives them."""
+    levels: set[str]
+    """The levels recorded."""
+    ranks: list[int]
+    """The ranks present, as :attr:`xsp.Trace.ranks` gives them."""
+    in_file_order: bool
+    """The file's spans are in start order, so :func:`xsp.load` keeps its order."""
+    window_of_row: np.ndarray = field(repr=False)
+    last_row: np.ndarray = field(repr=False)
+    """Per window, the file row of its last span."""
+    columns: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """How many windows."""
+        return len(self.last_row)
+
+    def frames(self, columns: list[str] | None = None) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+        """Each window as a span table with the dtypes of :func:`xsp.load`, in its order, and the
+        rows' places in the loaded trace (:data:`ORDER_KEYS`, one row each). Windows come as they
+        are completed by the file's order. ``columns``: the columns read (all by default; the
+        tree's and the order's are always read).
+
+        Raises:
+            TraceFormatError: the file is corrupt, or holds spans no recording can.
+        """
+        import pyarrow.parquet as pq
+
+        wanted = list(self.columns) if columns is None else [
+            name for name in self.columns if name in set(columns) | {col.SPAN_ID, col.PARENT_ID, col.START_NS,
+                                                                       col.END_NS, col.DURATION_NS, col.CALL_DEPTH}]
+        pending: dict[int, list[pa.RecordBatch]] = {}
+        completing = np.argsort(self.last_row, kind="stable")
+        done = 0
+        cursor = 0
+        try:
+            parquet = pq.ParquetFile(self.source, page_checksum_verification=True)
+            for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=wanted, use_threads=False):
+                rows = np.arange(cursor, cursor + batch.num_rows, dtype=np.int64)
+                batch = batch.append_column(_FILE_ROW, pa.array(rows))
+                windows = self.window_of_row[cursor:cursor + batch.num_rows]
+                cursor += batch.num_rows
+                if len(windows) and windows[0] == windows[-1] and (windows == windows[0]).all():
+                    pending.setdefault(int(windows[0]), []).append(batch)
+                else:
+                    order = np.argsort(windows, kind="stable")
+                    cuts = np.flatnonzero(np.diff(windows[order])) + 1
+                    for part in np.split(order, cuts):
+                        pending.setdefault(int(windows[part[0]]), []).append(batch.take(pa.array(part)))
+                while done < len(completing) and self.last_row[completing[done]] < cursor:
+                    number = int(completing[done])
+                    done += 1
+                    yield self._frame(pending.pop(number, []))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise TraceFormatError(f"{self.source} is corrupt: {exc}") from None
+        if cursor != self.spans:
+            raise TraceFormatError(f"{self.source} changed while it was read ({cursor} spans, not {self.spans})")
+
+    def _frame(self, batches: list[pa.RecordBatch]) -> tuple[pd.DataFrame, np.ndarray]:
+        table = pa.Table.from_batches(batches)
+        if not self.in_file_order:
+            table = in_start_order(table)
+        rows = table[_FILE_ROW].to_numpy()
+        order = np.empty((len(rows), len(ORDER_KEYS)), dtype=np.int64)
+        order[:, 0] = table[col.START_NS].to_numpy() if not self.in_file_order else 0
+        depth = table[col.CALL_DEPTH] if col.CALL_DEPTH in table.column_names else None
+        order[:, 1] = pc.fill_null(depth, -1).to_numpy() if depth is not None and not self.in_file_order else 0
+        order[:, 2] = rows
+        owner = [table.drop_columns([_FILE_ROW])]
+        del table
+        spans = spans_from_owned_arrow(self.source, owner)
+        impossible = impossible_spans(spans, parent_positions(spans))
+        if impossible:
+            raise TraceFormatError(f"{self.source} holds spans no recording can ({'; '.join(impossible)}): damaged, "
+                                   "or not written by xsp as it is; not read")
+        return spans, order
+
+
+def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
+                 memory_mb: int = DUCKDB_MEMORY_MB) -> TreeWindows:
+    """Cut the trace file ``path`` (``.xsp.parquet``) into windows of whole trees, reading only its
+    tree's columns (see the module's text).
+
+    Raises:
+        TraceNotFoundError: no such file.
+        TraceFormatError: not an xsp trace, corrupt, or its spans name their parents in a loop.
+        SchemaVersionError: written by a newer xsp.
+    """
+    import duckdb
+
+    source = Path(path)
+    metadata, parquet = read_trace_metadata(source)
+    check_span_columns(source, parquet.schema_arrow)
+    names = parquet.schema_arrow.names
+    spill = tempfile.TemporaryDirectory(prefix=".xsp-windows-", dir=_spill_folder(source))
+    with spill as spill_name:
+        connection = duckdb.connect(config={"memory_limit": f"{memory_mb}MB", "threads": min(os.cpu_count() or 1, 4),
+                                            "temp_directory": spill_name, "preserve_insertion_order": True})
+        try:
+            connection.execute("SET enable_progress_bar = false")
+            return _cut(connection, source, metadata, names, window_spans)
+        except duckdb.InterruptException:
+            raise KeyboardInterrupt from None
+        except duckdb.Error as exc:
+            raise TraceFormatError(f"{source} could not be cut into windows: {first_line(exc)}") from None
+        finally:
+            connection.close()
+
+
+def _spill_folder(source: Path) -> str | None:
+    """Beside the trace where that can be written (a trace too large for memory is large), else
+    the system's temporary folder."""
+    folder = source.resolve().parent
+    return str(folder) if os.access(folder, os.W_OK) else None
+
+
+def _cut(connection: Any, source: Path, metadata: dict[str, Any], names: list[str],
+         window_spans: int) -> TreeWindows:
+    spans = "read_parquet($path, file_row_number = true)"
+    given = {"path": str(source)}
+    facts = connection.execute(
+        f"SELECT count(*), coalesce(bool_and(later), true) FROM (SELECT {col.START_NS} >= lag({col.START_NS}) "
+        f"OVER (ORDER BY file_row_number) AS later FROM {spans})", given).fetchone()
+    count, in_order = int(facts[0]), bool(facts[1])
+    steps = sorted(int(row[0]) for row in connection.execute(
+        f"SELECT DISTINCT {col.STEP} FROM {spans} WHERE {col.STEP} IS NOT NULL", given).fetchall()) \
+        if col.STEP in names else []
+    levels = {str(row[0]) for row in connection.execute(
+        f"SELECT DISTINCT {col.LEVEL} FROM {spans} WHERE {col.LEVEL} IS NOT NULL", given).fetchall()}
+    ranks = sorted(int(row[0]) for row in connection.execute(
+        f"SELECT DISTINCT {col.RANK} FROM {spans} WHERE {col.RANK} IS NOT NULL", given).fetchall()) \
+        if col.RANK in names else []
+    # each span's parent's row (a parent named by several rows: the first), else its own
+    relation = connection.sql(
+        f"WITH s AS (SELECT file_row_number AS row, {col.SPAN_ID} AS id, {col.PARENT_ID} AS parent FROM {spans}), "
+        "ids AS (SELECT id, min(row) AS row FROM s GROUP BY id) "
+        "SELECT coalesce(ids.row, s.row) AS up, (s.parent IS NOT NULL AND ids.row IS NULL) AS orphan "
+        "FROM s LEFT JOIN ids ON s.parent = ids.id ORDER BY s.row", params=given)
+    table = _fetched(relation)
+    up = table["up"].to_numpy().astype(np.int64 if count >= 1 << 31 else np.int32)
+    orphans = int(pc.sum(table["orphan"]).as_py() or 0)
+    del table
+    if orphans:
+        warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or spans "
+                        "left out of it): they are read as roots"))
+    root = _roots(source, up)
+    del up
+    window_of_row, last_row = _windows(root, window_spans)
+    return TreeWindows(source=source, metadata=metadata, spans=count, steps=steps, levels=levels, ranks=ranks,
+                       in_file_order=in_order, window_of_row=window_of_row, last_row=last_row, columns=names)
+
+
+def _fetched(relation: Any) -> pa.Table:
+    """A DuckDB result as one Arrow table (DuckDB 1 and 2 name the call differently)."""
+    reader = relation.to_arrow_reader() if hasattr(relation, "to_arrow_reader") else relation.fetch_arrow_reader()
+    return reader.read_all()
+
+
+def _roots(source: Path, up: np.ndarray) -> np.ndarray:
+    """Each row's root row, by pointer jumping: ``up`` becomes ``up[up]`` until nothing moves.
+
+    Raises:
+        TraceFormatError: the spans name their parents in a loop."""
+    parent = up
+    for _ in range(MAX_JUMPS):
+        higher = up[up]
+        if np.array_equal(higher, up):
+            if np.array_equal(parent[up], up):  # each a root indeed: no loop jumped onto itself
+                return up
+            break
+        up = higher
+    raise TraceFormatError(f"{source} holds spans whose parents form a loop: damaged, or not written by xsp as it "
+                           "is; not read")
+
+
+def _windows(root: np.ndarray, window_spans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's window, and each window's last row: trees in the order of their roots' rows,
+    whole, ``window_spans`` spans a window about."""
+    if not len(root):
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+    sizes = np.bincount(root, minlength=len(root))
+    roots = np.flatnonzero(sizes)  # in row order
+    before = np.cumsum(sizes[roots]) - sizes[roots]
+    numbers = (before // max(window_spans, 1)).astype(np.int64)
+    _, numbers = np.unique(numbers, return_inverse=True)  # numbered without gaps
+    del sizes
+    window_of_root = np.zeros(len(root), dtype=np.int32)
+    window_of_root[roots] = numbers
+    window_of_row = window_of_root[root]
+    del window_of_root
+    last_row = np.full(int(numbers.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last_row, window_of_row, np.arange(len(root), dtype=np.int64))
+    return window_of_row, last_row
+
+
+__all__ = ["ORDER_KEYS", "TreeWindows", "WINDOW_SPANS", "tree_windows"]
