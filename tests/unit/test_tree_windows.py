@@ -68,7 +68,7 @@ def shared_files(shared_traces, tmp_path_factory):
     return files
 
 
-@pytest.mark.parametrize("window_spans", [1, 1 << 18])
+@pytest.mark.parametrize("window_spans", [1, 1 << 16])
 @pytest.mark.parametrize("name", SHARED)
 def test_a_summary_made_a_window_at_a_time_is_the_whole_trace_s(shared_files, name, window_spans):
     path, trace = shared_files[name]
@@ -105,7 +105,7 @@ def test_a_recorded_run_with_layers_and_lines_is_summarised_alike(tmp_path):
     path = _recorded_run(tmp_path)
     trace = xsp.load(path)
     assert len(summarize(trace).keys[KeyBy.LINE])  # its lines are compared too
-    for window_spans in (1, 1 << 18):
+    for window_spans in (1, 1 << 16):
         assert_same_summaries(trace, path, window_spans)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from xsp.gate import key_samples as keyed
 from xsp.io.outputs import write_output
 from xsp.io.parquet import dictionary_columns, gunzip_bounded
 from xsp.io.trace import Trace
-from xsp.io.tree_windows import TreeWindows
+from xsp.io.tree_windows import TreeWindows, scratch_folder
 from xsp.record.compiled_kernels import kernel_sources
 
 FORMAT: Final = "xsp-summary"
@@ -237,11 +238,13 @@ def summarize_windows(windows: TreeWindows, levels: tuple[Level, ...] | None = N
     sources = kernel_sources(windows.metadata)
     chosen = keyed.chosen_steps(windows.steps, steps)
     kinds = _key_kinds(only)
-    parts: dict[dcol.KeyBy, list[keyed.KeyParts]] = {by: [] for by in kinds}
-    for spans, order in windows.frames():
-        for by in kinds:
-            parts[by].append(keyed.key_parts(spans, order, by, levels, chosen, sources))
-    keys = {by: keyed.keys_from_parts(parts[by], by) for by in kinds}
+    with tempfile.TemporaryDirectory(prefix=".xsp-summary-", dir=scratch_folder(windows.source)) as scratch:
+        added = {by: keyed.KeySamplesSum(by, spill=Path(scratch) / by.value) for by in kinds}
+        for spans, order in windows.frames():
+            for by in kinds:
+                added[by].add(keyed.key_parts(spans, order, by, levels, chosen, sources))
+            del spans
+        keys = {by: added[by].result() for by in kinds}
     return _summary(windows.metadata, keys, len(compared), windows.spans, levels, source)
 
 

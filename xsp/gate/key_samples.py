@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from xsp.analysis.lines import fused_line_rows, line_keys, relative_files
 from xsp.core import schema as col
@@ -64,8 +67,9 @@ def key_samples(spans: pd.DataFrame, by: KeyBy = KeyBy.PATH, levels: tuple[Level
     present = sorted(int(s) for s in spans[col.STEP].dropna().unique()) if len(spans) else []
     order = np.zeros((len(spans), 3), dtype=np.int64)
     order[:, 2] = np.arange(len(spans))
-    parts = key_parts(spans, order, by, levels, chosen_steps(present, steps), kernel_sources)
-    return keys_from_parts([parts], by)
+    added = KeySamplesSum(by)
+    added.add(key_parts(spans, order, by, levels, chosen_steps(present, steps), kernel_sources))
+    return added.result()
 
 
 def chosen_steps(present: list[int], steps: slice | list[int] | None) -> list[int] | None:
@@ -87,19 +91,22 @@ _MARKED_FILE: Final = re.compile("\x00([^\x00]*)\x00")
 
 @dataclass
 class KeyParts:
-    """What one part of a run (a window of whole trees, or all of it) tells of its keys: added
-    up over the parts by :func:`keys_from_parts`, it gives :func:`key_samples` of the whole."""
+    """What one part of a run (a window of whole trees, or all of it) tells of its keys, each
+    numbered from 0 in the part (its *code*): added up over the parts by :class:`KeySamplesSum`,
+    it gives :func:`key_samples` of the whole."""
 
     keys: pd.DataFrame
-    """Per key: its first span's place, level, kind, name and parent's key; count, total; the
-    sums for its interval in and outside steps; its first shapes and dtypes, with their places."""
+    """Per key, by code: its level and text; its first span's place, kind, name and parent's key;
+    count, total; the sums for its interval in and outside steps; its first shapes and dtypes,
+    with their places."""
     in_steps: pd.DataFrame
-    """Per key and step: the time of its spans in the step."""
+    """Per key and step: the time of its spans in the step (``code``, ``step``, ``d``)."""
     outside_steps: pd.DataFrame
-    """Per span outside steps: its key and time (one sample each, for keys never in a step)."""
+    """Per span outside steps: its key, unit (a number of its own) and time (one sample each, for
+    keys never in a step)."""
     kernel_units: pd.DataFrame
     """Per layer key and unit (a step, or a layer span outside steps): kernels launched under it."""
-    layer_keys: pd.DataFrame
+    layer_codes: np.ndarray
     """The keys of layer spans."""
     line_files: set[object] = field(default_factory=set)
     """The files of the part's lines (keys by line name them marked, to be shown once all are known)."""
@@ -193,78 +200,255 @@ def key_parts(spans: pd.DataFrame, order: np.ndarray, by: KeyBy, levels: tuple[L
     unit = np.where(in_step, np.nan_to_num(step_values).astype(np.int64), -1 - place[rows, 3])
     return KeyParts(
         keys=keys,
-        in_steps=_named(in_steps, keys),
-        outside_steps=_named(pd.DataFrame({"code": code[~in_step], "d": duration[~in_step]}), keys),
-        kernel_units=_named(_kernel_units(spans, parents, rows, code, unit), keys),
-        layer_keys=keys.loc[np.unique(code[(level_values[rows] == Level.LAYER.value)]), _LEVEL_KEY],
+        in_steps=in_steps,
+        outside_steps=pd.DataFrame({"code": code[~in_step], "unit": unit[~in_step], "d": duration[~in_step]}),
+        kernel_units=_kernel_units(spans, parents, rows, code, unit),
+        layer_codes=np.unique(code[(level_values[rows] == Level.LAYER.value)]),
         line_files=line_files)
 
 
-def _named(frame: pd.DataFrame, keys: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its key codes replaced by the keys' level and text."""
-    codes = frame.pop("code").to_numpy(dtype=np.int64)
-    frame.insert(0, KEY, keys[KEY].to_numpy(dtype=object)[codes])
-    frame.insert(0, col.LEVEL, keys[col.LEVEL].to_numpy(dtype=object)[codes])
-    return frame
+SPILLED_MEMORY_MB: Final = 512
+"""DuckDB's memory for adding up the samples of a run kept on disk."""
+_FIRSTS: Final = (col.LEVEL, KEY, col.KIND, col.NAME, PARENT_KEY)
+_SUMS: Final = (COUNT, TOTAL_NS, "_ci_in", "_ci_out")
+_ANY: Final = ("_unknown_in", "_unknown_out")
+_FIRST_VALUES: Final = (col.INPUT_SHAPES, INPUT_DTYPES)
 
 
-def keys_from_parts(parts: list[KeyParts], by: KeyBy = KeyBy.PATH) -> pd.DataFrame:
-    """:func:`key_samples` of a run from the :class:`KeyParts` of its parts (each key's rows
-    added up, its first span the earliest in the run)."""
-    keyed = [part for part in parts if len(part.keys)]
-    if not keyed:
-        return _empty_keys()
-    every = pd.concat([part.keys for part in keyed], ignore_index=True)
-    every = every.sort_values(list(_ORDER), kind="stable")
-    group = every.groupby(_LEVEL_KEY, sort=False, dropna=False)
-    keys = group.head(1).reset_index(drop=True)  # in order of their first span, as it ran
-    index = pd.MultiIndex.from_frame(keys[_LEVEL_KEY])
-    summed = group[[COUNT, TOTAL_NS, "_ci_in", "_ci_out"]].sum().reindex(index)
-    unknown = group[["_unknown_in", "_unknown_out"]].any().reindex(index)
-    firsts = {}
-    for column in (col.INPUT_SHAPES, INPUT_DTYPES):
-        places = [f"{column}{name}" for name in _ORDER]
-        found = every[every[column].notna()].sort_values(places, kind="stable")
-        firsts[column] = found.groupby(_LEVEL_KEY, sort=False, dropna=False)[column].first().reindex(index)
-    position = pd.Series(np.arange(len(keys)), index=index)
-    in_steps = pd.concat([part.in_steps for part in keyed], ignore_index=True)
-    in_steps = in_steps.groupby([*_LEVEL_KEY, col.STEP], sort=False, dropna=False)["d"].sum().reset_index()
-    stepped = np.zeros(len(keys), dtype=bool)
-    step_code = position.reindex(pd.MultiIndex.from_frame(in_steps[_LEVEL_KEY])).to_numpy(dtype=np.int64)
-    stepped[step_code] = True
-    outside = pd.concat([part.outside_steps for part in keyed], ignore_index=True)
-    outside_code = position.reindex(pd.MultiIndex.from_frame(outside[_LEVEL_KEY])).to_numpy(dtype=np.int64)
-    alone = ~stepped[outside_code]  # a key seen in steps takes its samples from its steps only
-    sample_code = np.concatenate([step_code, outside_code[alone]])
-    values = np.concatenate([in_steps["d"].to_numpy(dtype=np.int64), outside["d"].to_numpy(dtype=np.int64)[alone]])
-    sorting = np.lexsort((values, sample_code))  # by key, then by value: each key's samples sorted
-    values, sample_code = values[sorting], sample_code[sorting]
-    bounds = np.searchsorted(sample_code, np.arange(len(keys) + 1))
-    sample_count = np.diff(bounds)
-    squares = np.where(stepped, summed["_ci_in"].to_numpy(), summed["_ci_out"].to_numpy())
-    unknowns = np.where(stepped, unknown["_unknown_in"].to_numpy(), unknown["_unknown_out"].to_numpy())
-    table = pd.DataFrame({
-        col.LEVEL: keys[col.LEVEL].to_numpy(dtype=object),
-        col.KIND: keys[col.KIND].to_numpy(dtype=object),
-        col.NAME: keys[col.NAME].to_numpy(dtype=object),
-        KEY: keys[KEY].to_numpy(dtype=object),
-        PARENT_KEY: keys[PARENT_KEY].to_numpy(dtype=object),
-        COUNT: summed[COUNT].to_numpy(dtype=np.int64),
-        TOTAL_NS: summed[TOTAL_NS].to_numpy(dtype=np.int64),
-        SAMPLES_NS: [values[bounds[i]:bounds[i + 1]] for i in range(len(keys))],
-        SAMPLE_COUNT: sample_count,
-        col.INPUT_SHAPES: _objects(firsts[col.INPUT_SHAPES]),
-        KERNELS_PER_STEP: _kernels_per_step(keyed, position),
-        INPUT_DTYPES: _objects(firsts[INPUT_DTYPES]),
-        CI_NS: np.where((sample_count == 1) & ~unknowns, np.sqrt(squares), np.nan),
-    })
-    files = set().union(*(part.line_files for part in parts))
-    if by is KeyBy.LINE and files:
-        shown = relative_files(files)
-        for column in (KEY, PARENT_KEY):
-            table[column] = [_MARKED_FILE.sub(lambda found: shown.get(found.group(1), found.group(1)), text)
-                             if isinstance(text, str) else text for text in table[column]]
-    return table
+class KeySamplesSum:
+    """:func:`key_samples` of a run added up from the :class:`KeyParts` of its parts, one at a
+    time (:meth:`add`), in memory that grows with the keys and their samples, not with the spans:
+    each key's rows are added up, its first span the earliest in the run."""
+
+    def __init__(self, by: KeyBy, spill: Path | None = None) -> None:
+        """``spill``: a folder where the samples are kept until the end (a run too large to hold),
+        instead of memory."""
+        self.by = by
+        self._samples: _HeldSamples | _SpilledSamples = _HeldSamples() if spill is None else _SpilledSamples(spill)
+        self._codes: dict[tuple[object, object], int] = {}
+        self._firsts: dict[str, list[object]] = {name: [] for name in _FIRSTS}
+        self._places = np.zeros((0, len(_ORDER)), dtype=np.int64)
+        self._sums = np.zeros((0, len(_SUMS)), dtype=np.float64)
+        self._counts = np.zeros((0, 2), dtype=np.int64)
+        self._unknown = np.zeros((0, len(_ANY)), dtype=bool)
+        self._values: dict[str, list[object]] = {name: [] for name in _FIRST_VALUES}
+        self._value_places = {name: np.zeros((0, len(_ORDER)), dtype=np.int64) for name in _FIRST_VALUES}
+        self._units: list[np.ndarray] = []
+        self._layers: list[np.ndarray] = []
+        self._files: set[object] = set()
+
+    def add(self, parts: KeyParts) -> None:
+        """Add one part's keys."""
+        self._files |= parts.line_files
+        keys = parts.keys
+        if not len(keys):
+            return
+        known = len(self._codes)
+        codes = np.array([self._codes.setdefault(pair, len(self._codes))
+                          for pair in zip(keys[col.LEVEL].tolist(), keys[KEY].tolist())], dtype=np.int64)
+        new = codes >= known
+        self._grow(len(self._codes))
+        places = keys[list(_ORDER)].to_numpy(dtype=np.int64)
+        earlier = new | _earlier(places, self._places[codes])
+        for name in _FIRSTS:
+            column = self._firsts[name]
+            column.extend([None] * (len(self._codes) - len(column)))
+            for code, value in zip(codes[earlier].tolist(), keys[name].to_numpy(dtype=object)[earlier].tolist()):
+                column[code] = value
+        self._places[codes[earlier]] = places[earlier]
+        np.add.at(self._counts, codes, keys[[COUNT, TOTAL_NS]].to_numpy(dtype=np.int64))
+        np.add.at(self._sums, codes, keys[list(_SUMS)].to_numpy(dtype=np.float64))
+        self._unknown[codes] |= keys[list(_ANY)].to_numpy(dtype=bool)
+        for name in _FIRST_VALUES:
+            values = self._values[name]
+            values.extend([None] * (len(self._codes) - len(values)))
+            found = keys[[f"{name}{order}" for order in _ORDER]].to_numpy(dtype=np.int64)
+            held = self._value_places[name]
+            better = keys[name].notna().to_numpy() & _earlier(found, held[codes])
+            for code, value in zip(codes[better].tolist(), keys[name].to_numpy(dtype=object)[better].tolist()):
+                values[code] = value
+            held[codes[better]] = found[better]
+        steps, outside = parts.in_steps, parts.outside_steps
+        self._samples.add(
+            codes[np.concatenate([steps["code"].to_numpy(dtype=np.int64),
+                                  outside["code"].to_numpy(dtype=np.int64)])].astype(np.int32),
+            np.concatenate([steps[col.STEP].to_numpy(dtype=np.int64), outside["unit"].to_numpy(dtype=np.int64)]),
+            np.arange(len(steps) + len(outside)) < len(steps),
+            np.concatenate([steps["d"].to_numpy(dtype=np.int64), outside["d"].to_numpy(dtype=np.int64)]))
+        units = parts.kernel_units
+        self._units.append(np.column_stack([codes[units["code"].to_numpy(dtype=np.int64)],
+                                            units["unit"].to_numpy(dtype=np.int64),
+                                            units["kernels"].to_numpy(dtype=np.int64)]))
+        self._layers.append(codes[parts.layer_codes])
+
+    def _grow(self, count: int) -> None:
+        """Room for ``count`` keys."""
+        extra = count - len(self._places)
+        if extra <= 0:
+            return
+        latest = np.full((extra, len(_ORDER)), np.iinfo(np.int64).max, dtype=np.int64)
+        self._places = np.concatenate([self._places, latest])
+        self._sums = np.concatenate([self._sums, np.zeros((extra, len(_SUMS)))])
+        self._counts = np.concatenate([self._counts, np.zeros((extra, 2), dtype=np.int64)])
+        self._unknown = np.concatenate([self._unknown, np.zeros((extra, len(_ANY)), dtype=bool)])
+        for name in _FIRST_VALUES:
+            self._value_places[name] = np.concatenate([self._value_places[name], latest])
+
+    def result(self) -> pd.DataFrame:
+        """The key-samples frame of every part added (see :func:`key_samples`)."""
+        count = len(self._codes)
+        if not count:
+            return _empty_keys()
+        order = np.lexsort(self._places.T[::-1])  # keys in order of their first span, as it ran
+        rank = np.empty(count, dtype=np.int64)
+        rank[order] = np.arange(count)
+        stepped, values, bounds = self._samples.by_key(count)
+        sample_count = np.diff(bounds)[order]
+        squares = np.where(stepped, self._sums[:, 2], self._sums[:, 3])[order]
+        unknown = np.where(stepped, self._unknown[:, 0], self._unknown[:, 1])[order]
+        firsts = {name: np.array(self._firsts[name], dtype=object)[order] for name in _FIRSTS}
+        table = pd.DataFrame({
+            col.LEVEL: firsts[col.LEVEL],
+            col.KIND: firsts[col.KIND],
+            col.NAME: firsts[col.NAME],
+            KEY: firsts[KEY],
+            PARENT_KEY: firsts[PARENT_KEY],
+            COUNT: self._counts[order, 0],
+            TOTAL_NS: self._counts[order, 1],
+            SAMPLES_NS: [values[bounds[code]:bounds[code + 1]] for code in order.tolist()],
+            SAMPLE_COUNT: sample_count,
+            col.INPUT_SHAPES: np.array(self._values[col.INPUT_SHAPES], dtype=object)[order],
+            KERNELS_PER_STEP: self._kernels_per_step()[order],
+            INPUT_DTYPES: np.array(self._values[INPUT_DTYPES], dtype=object)[order],
+            CI_NS: np.where((sample_count == 1) & ~unknown, np.sqrt(squares), np.nan),
+        })
+        if self.by is KeyBy.LINE and self._files:
+            shown = relative_files(self._files)
+            for column in (KEY, PARENT_KEY):
+                table[column] = [_MARKED_FILE.sub(lambda found: shown.get(found.group(1), found.group(1)), text)
+                                 if isinstance(text, str) else text for text in table[column]]
+        return table
+
+    def _kernels_per_step(self) -> np.ndarray:
+        """Median kernels launched per step under each layer key (NaN for other keys, or no kernels)."""
+        result = np.full(len(self._codes), np.nan)
+        units = _table(self._units, 3)
+        if not len(units):  # no kernel at all: no figure, as for a trace without the kernel level
+            return result
+        result[np.concatenate(self._layers)] = 0.0  # a layer whose kernels are all gone launches 0
+        per_unit = pd.DataFrame(units).groupby([0, 1], sort=False)[2].sum()
+        medians = per_unit.groupby(level=0, sort=False).median()
+        result[medians.index.to_numpy(dtype=np.int64)] = medians.to_numpy(dtype=np.float64)
+        return result
+
+
+class _HeldSamples:
+    """The rows of each key's samples (:meth:`add`), held in memory, and the samples they make."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, codes: np.ndarray, units: np.ndarray, in_step: np.ndarray, durations: np.ndarray) -> None:
+        """Rows: a key's time in a step (``in_step``, ``units`` the step), or a span's time outside
+        every step (``units`` a number of its own)."""
+        self._parts.append((codes, units, in_step, durations))
+
+    def by_key(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Whether each key ran in steps, and its samples: ``values[bounds[k]:bounds[k + 1]]``,
+        sorted. A key seen in steps takes its samples from its steps only (its times in a step
+        added up over the parts), another one sample a span."""
+        codes, units, in_step, durations = (np.concatenate(column) for column in zip(*self._parts)) if self._parts \
+            else (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool),
+                  np.zeros(0, dtype=np.int64))
+        self._parts = []
+        stepped = np.zeros(count, dtype=bool)
+        stepped[codes[in_step]] = True
+        kept = in_step | ~stepped[codes]
+        codes, units, in_step, durations = codes[kept], units[kept], in_step[kept], durations[kept]
+        sorting = np.lexsort((units, ~in_step, codes))
+        codes, units, in_step, durations = codes[sorting], units[sorting], in_step[sorting], durations[sorting]
+        first = np.ones(len(codes), dtype=bool)
+        first[1:] = (codes[1:] != codes[:-1]) | (units[1:] != units[:-1]) | (in_step[1:] != in_step[:-1])
+        starts = np.flatnonzero(first)
+        codes, values = codes[starts], np.add.reduceat(durations, starts) if len(starts) else durations[:0]
+        sorting = np.lexsort((values, codes))  # by key, then by value: each key's samples sorted
+        values = values[sorting]
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=count))])
+        return stepped, values, bounds
+
+
+class _SpilledSamples:
+    """:class:`_HeldSamples` kept in a Parquet file in ``folder`` and added up by DuckDB (within
+    :data:`SPILLED_MEMORY_MB`, spilling there too): for a run whose samples are too many to hold
+    twice (a trace of millions of spans, each a key of its own in each step)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._path = folder / "samples.parquet"
+        self._writer: pq.ParquetWriter | None = None
+
+    def add(self, codes: np.ndarray, units: np.ndarray, in_step: np.ndarray, durations: np.ndarray) -> None:
+        """As :meth:`_HeldSamples.add`."""
+        table = pa.table({"code": codes, "unit": units, "in_step": in_step, "d": durations})
+        if self._writer is None:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
+        self._writer.write_table(table)
+
+    def by_key(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`_HeldSamples.by_key`."""
+        import duckdb
+
+        stepped = np.zeros(count, dtype=bool)
+        if self._writer is None:
+            return stepped, np.zeros(0, dtype=np.int64), np.zeros(count + 1, dtype=np.int64)
+        self._writer.close()
+        self._writer = None
+        connection = duckdb.connect(config={"memory_limit": f"{SPILLED_MEMORY_MB}MB", "threads": 2,
+                                            "temp_directory": str(self._folder / "duckdb"),
+                                            "preserve_insertion_order": True})
+        try:
+            connection.execute("SET enable_progress_bar = false")
+            connection.execute(f"CREATE VIEW rows AS SELECT * FROM read_parquet('{_quoted(self._path)}')")
+            connection.execute("CREATE TABLE sums AS SELECT code, in_step, sum(d)::BIGINT AS d FROM rows "
+                               "GROUP BY code, in_step, unit")
+            found = connection.sql("SELECT DISTINCT code FROM sums WHERE in_step").fetchnumpy()["code"]
+            stepped[np.asarray(found, dtype=np.int64)] = True
+            kept = "FROM sums WHERE in_step OR code NOT IN (SELECT code FROM sums WHERE in_step)"
+            total = int(connection.execute(f"SELECT count(*) {kept}").fetchall()[0][0])
+            values = np.zeros(total, dtype=np.int64)
+            per_key = np.zeros(count, dtype=np.int64)
+            result = connection.sql(f"SELECT code, d {kept} ORDER BY code, d")
+            reader = result.to_arrow_reader() if hasattr(result, "to_arrow_reader") else result.fetch_arrow_reader()
+            at = 0
+            for batch in reader:
+                values[at:at + batch.num_rows] = batch.column(1).to_numpy()
+                per_key += np.bincount(batch.column(0).to_numpy(), minlength=count)
+                at += batch.num_rows
+        finally:
+            connection.close()
+            self._path.unlink(missing_ok=True)
+        return stepped, values, np.concatenate([[0], np.cumsum(per_key)])
+
+
+def _quoted(path: Path) -> str:
+    """A path inside an SQL string literal."""
+    return str(path).replace("'", "''")
+
+
+def _table(parts: list[np.ndarray], columns: int) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros((0, columns), dtype=np.int64)
+
+
+def _earlier(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, whether place ``a`` comes before place ``b`` (compared column by column)."""
+    result = np.zeros(len(a), dtype=bool)
+    decided = np.zeros(len(a), dtype=bool)
+    for column in range(a.shape[1]):
+        less, more = a[:, column] < b[:, column], a[:, column] > b[:, column]
+        result |= ~decided & less
+        decided |= less | more
+    return result
 
 
 def _objects(values: pd.Series) -> np.ndarray:
@@ -336,8 +520,8 @@ def _empty_keys() -> pd.DataFrame:
 
 def _empty_parts() -> KeyParts:
     nothing = pd.DataFrame({name: pd.Series(dtype=object) for name in _LEVEL_KEY})
-    return KeyParts(keys=nothing.iloc[0:0], in_steps=nothing, outside_steps=nothing, kernel_units=nothing,
-                    layer_keys=nothing)
+    return KeyParts(keys=nothing, in_steps=nothing, outside_steps=nothing, kernel_units=nothing,
+                    layer_codes=np.zeros(0, dtype=np.int64))
 
 
 def _first_values(spans: pd.DataFrame, column: str, rows: np.ndarray, code: np.ndarray,
@@ -403,20 +587,4 @@ def _kernel_units(spans: pd.DataFrame, parents: np.ndarray, rows: np.ndarray, co
     return counted.rename("kernels").reset_index()
 
 
-def _kernels_per_step(parts: list[KeyParts], position: pd.Series) -> np.ndarray:
-    """Median kernels launched per step under each layer key (NaN for other keys, or no kernels)."""
-    result = np.full(len(position), np.nan)
-    layers = pd.concat([part.layer_keys for part in parts], ignore_index=True)
-    if not len(layers):
-        return result
-    units = pd.concat([part.kernel_units for part in parts], ignore_index=True)
-    if not len(units):  # no kernel at all: no figure, as for a trace without the kernel level
-        return result
-    result[position.reindex(pd.MultiIndex.from_frame(layers)).to_numpy(dtype=np.int64)] = 0.0
-    per_unit = units.groupby([*_LEVEL_KEY, "unit"], sort=False, dropna=False)["kernels"].sum()
-    medians = per_unit.groupby(level=[0, 1], sort=False, dropna=False).median()
-    result[position.reindex(medians.index).to_numpy(dtype=np.int64)] = medians.to_numpy(dtype=np.float64)
-    return result
-
-
-__all__ = ["KeyParts", "chosen_steps", "key_parts", "key_samples", "keys_from_parts", "pool_runs"]
+__all__ = ["KeyParts", "chosen_steps", "key_parts", "key_samples", "KeySamplesSum", "pool_runs"]

@@ -37,7 +37,7 @@ from xsp.io.parquet import check_span_columns, in_start_order, read_trace_metada
 from xsp.table.validation import impossible_spans
 from xsp.table.walks import parent_positions
 
-WINDOW_SPANS: Final = 1 << 18
+WINDOW_SPANS: Final = 1 << 16
 """Spans a window holds, about: whole trees are added until it holds this many."""
 DUCKDB_MEMORY_MB: Final = 512
 READ_ROWS: Final = 1 << 16
@@ -151,36 +151,39 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
     metadata, parquet = read_trace_metadata(source)
     check_span_columns(source, parquet.schema_arrow)
     names = parquet.schema_arrow.names
-    spill = tempfile.TemporaryDirectory(prefix=".xsp-windows-", dir=_spill_folder(source))
+    spill = tempfile.TemporaryDirectory(prefix=".xsp-windows-", dir=scratch_folder(source))
     with spill as spill_name:
         connection = duckdb.connect(config={"memory_limit": f"{memory_mb}MB", "threads": min(os.cpu_count() or 1, 4),
                                             "temp_directory": spill_name, "preserve_insertion_order": True})
         try:
             connection.execute("SET enable_progress_bar = false")
-            return _cut(connection, source, metadata, names, window_spans)
+            facts, up = _parents(connection, source, names)
         except duckdb.InterruptException:
             raise KeyboardInterrupt from None
         except duckdb.Error as exc:
             raise TraceFormatError(f"{source} could not be cut into windows: {first_line(exc)}") from None
         finally:
-            connection.close()
+            connection.close()  # its memory let go before the roots are found
+    root = _roots(source, up)
+    del up
+    window_of_row, last_row = _windows(root, window_spans)
+    return TreeWindows(source=source, metadata=metadata, window_of_row=window_of_row, last_row=last_row,
+                       columns=names, **facts)
 
 
-def _spill_folder(source: Path) -> str | None:
-    """Beside the trace where that can be written (a trace too large for memory is large), else
-    the system's temporary folder."""
+def scratch_folder(source: Path) -> str | None:
+    """Where to spill what a trace too large to load needs: beside the trace where that can be
+    written (a trace too large for memory is large), else the system's temporary folder."""
     folder = source.resolve().parent
     return str(folder) if os.access(folder, os.W_OK) else None
 
 
-def _cut(connection: Any, source: Path, metadata: dict[str, Any], names: list[str],
-         window_spans: int) -> TreeWindows:
+def _parents(connection: Any, source: Path, names: list[str]) -> tuple[dict[str, Any], np.ndarray]:
+    """What :class:`TreeWindows` says of the whole trace, and each span's parent's row (its own for
+    a root)."""
     spans = "read_parquet($path, file_row_number = true)"
     given = {"path": str(source)}
-    facts = connection.execute(
-        f"SELECT count(*), coalesce(bool_and(later), true) FROM (SELECT {col.START_NS} >= lag({col.START_NS}) "
-        f"OVER (ORDER BY file_row_number) AS later FROM {spans})", given).fetchone()
-    count, in_order = int(facts[0]), bool(facts[1])
+    count = int(connection.execute(f"SELECT count(*) FROM {spans}", given).fetchall()[0][0])
     steps = sorted(int(row[0]) for row in connection.execute(
         f"SELECT DISTINCT {col.STEP} FROM {spans} WHERE {col.STEP} IS NOT NULL", given).fetchall()) \
         if col.STEP in names else []
@@ -193,26 +196,34 @@ def _cut(connection: Any, source: Path, metadata: dict[str, Any], names: list[st
     relation = connection.sql(
         f"WITH s AS (SELECT file_row_number AS row, {col.SPAN_ID} AS id, {col.PARENT_ID} AS parent FROM {spans}), "
         "ids AS (SELECT id, min(row) AS row FROM s GROUP BY id) "
-        "SELECT coalesce(ids.row, s.row) AS up, (s.parent IS NOT NULL AND ids.row IS NULL) AS orphan "
-        "FROM s LEFT JOIN ids ON s.parent = ids.id ORDER BY s.row", params=given)
-    table = _fetched(relation)
-    up = table["up"].to_numpy().astype(np.int64 if count >= 1 << 31 else np.int32)
-    orphans = int(pc.sum(table["orphan"]).as_py() or 0)
-    del table
+        "SELECT s.row, coalesce(ids.row, s.row) AS up, (s.parent IS NOT NULL AND ids.row IS NULL) AS orphan "
+        "FROM s LEFT JOIN ids ON s.parent = ids.id", params=given)
+    up = np.zeros(count, dtype=np.int64 if count >= 1 << 31 else np.int32)
+    orphans = 0
+    reader = relation.to_arrow_reader() if hasattr(relation, "to_arrow_reader") else relation.fetch_arrow_reader()
+    for batch in reader:  # in no order (none asked for: no sort of every row)
+        up[batch.column(0).to_numpy()] = batch.column(1).to_numpy()
+        orphans += int(pc.sum(batch.column(2)).as_py() or 0)
     if orphans:
         warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or spans "
                         "left out of it): they are read as roots"))
-    root = _roots(source, up)
-    del up
-    window_of_row, last_row = _windows(root, window_spans)
-    return TreeWindows(source=source, metadata=metadata, spans=count, steps=steps, levels=levels, ranks=ranks,
-                       in_file_order=in_order, window_of_row=window_of_row, last_row=last_row, columns=names)
+    return {"spans": count, "steps": steps, "levels": levels, "ranks": ranks,
+            "in_file_order": _in_start_order(source)}, up
 
 
-def _fetched(relation: Any) -> pa.Table:
-    """A DuckDB result as one Arrow table (DuckDB 1 and 2 name the call differently)."""
-    reader = relation.to_arrow_reader() if hasattr(relation, "to_arrow_reader") else relation.fetch_arrow_reader()
-    return reader.read_all()
+def _in_start_order(source: Path) -> bool:
+    """Whether the file's spans are in start order (read a column at a time)."""
+    import pyarrow.parquet as pq
+
+    latest = None
+    for batch in pq.ParquetFile(source).iter_batches(batch_size=1 << 20, columns=[col.START_NS], use_threads=False):
+        starts = batch.column(0).to_numpy(zero_copy_only=False)
+        if not len(starts):
+            continue
+        if (latest is not None and starts[0] < latest) or not (starts[1:] >= starts[:-1]).all():
+            return False
+        latest = starts[-1]
+    return True
 
 
 def _roots(source: Path, up: np.ndarray) -> np.ndarray:
@@ -239,17 +250,19 @@ def _windows(root: np.ndarray, window_spans: int) -> tuple[np.ndarray, np.ndarra
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
     sizes = np.bincount(root, minlength=len(root))
     roots = np.flatnonzero(sizes)  # in row order
-    before = np.cumsum(sizes[roots]) - sizes[roots]
-    numbers = (before // max(window_spans, 1)).astype(np.int64)
-    _, numbers = np.unique(numbers, return_inverse=True)  # numbered without gaps
+    sizes = sizes[roots]
+    numbers = ((np.cumsum(sizes) - sizes) // max(window_spans, 1)).astype(np.int64)
     del sizes
+    _, numbers = np.unique(numbers, return_inverse=True)  # numbered without gaps
     window_of_root = np.zeros(len(root), dtype=np.int32)
     window_of_root[roots] = numbers
     window_of_row = window_of_root[root]
     del window_of_root
+    # each window's last row: the first met reading the rows backwards
+    windows, from_the_end = np.unique(window_of_row[::-1], return_index=True)
     last_row = np.full(int(numbers.max()) + 1, -1, dtype=np.int64)
-    np.maximum.at(last_row, window_of_row, np.arange(len(root), dtype=np.int64))
+    last_row[windows] = len(root) - 1 - from_the_end
     return window_of_row, last_row
 
 
-__all__ = ["ORDER_KEYS", "TreeWindows", "WINDOW_SPANS", "tree_windows"]
+__all__ = ["ORDER_KEYS", "TreeWindows", "WINDOW_SPANS", "scratch_folder", "tree_windows"]

@@ -1,0 +1,135 @@
+"""``xsp summary`` of a trace too large to load: a window of whole trees at a time
+(:func:`xsp.gate.baseline.summarize_windows`), against loading it whole (:func:`xsp.gate.baseline.summarize`
+of ``xsp.load``), side by side on the same .xsp.parquet file, then windowed alone on a larger one.
+
+The traces are the V100 trace of ../shared/traces repeated end to end (benchmarks/kineto_import.py),
+imported with ``xsp import`` (a window at a time). Each summary is a fresh process; side by side the
+two alternate, best of ``--runs``. Peak memory is the process's own (VmHWM). The goal (issue 64):
+at most 2 GB whatever the size. Both summaries of the side-by-side trace are compared key by key.
+
+Usage: python benchmarks/large_summary.py [--runs N] [--copies C] [--large-copies C] [--scratch DIR]
+Results go to benchmarks/results/large_summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from _results import record
+from kineto_import import DEFAULT_TRACE, PEAK, run, write_repeated_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "large_summary.md"
+
+WHOLE = PEAK + """
+import json, sys, time
+t0 = time.perf_counter()
+import xsp
+from xsp.gate.baseline import summarize
+summary = summarize(xsp.load(sys.argv[1]), source="run")
+summary.save(sys.argv[1] + ".whole.xsp-summary.parquet")
+print(json.dumps({"s": time.perf_counter() - t0, "peak_rss_mb": peak_mb(), "spans": summary.metadata["spans"]}))
+"""
+
+WINDOWED = PEAK + """
+import json, sys, time
+t0 = time.perf_counter()
+from xsp.gate.baseline import summarize_windows
+from xsp.io.tree_windows import tree_windows
+windows = tree_windows(sys.argv[1])
+summary = summarize_windows(windows, source="run")
+summary.save(sys.argv[1] + ".windows.xsp-summary.parquet")
+print(json.dumps({"s": time.perf_counter() - t0, "peak_rss_mb": peak_mb(), "spans": summary.metadata["spans"],
+                  "windows": windows.count}))
+"""
+
+
+def _imported(copies: int, scratch: Path) -> tuple[Path, int]:
+    from xsp.io.kineto_stream import import_kineto
+
+    source = scratch / f"x{copies}.json"
+    events = write_repeated_trace(DEFAULT_TRACE, source, copies=copies)
+    output = scratch / f"x{copies}.xsp.parquet"
+    import_kineto(source, output)
+    source.unlink()
+    return output, events
+
+
+def _same(path: Path) -> bool:
+    from xsp.gate.baseline import Summary
+    from xsp.gate.diff_columns import SAMPLES_NS
+
+    whole = Summary.load(f"{path}.whole.xsp-summary.parquet")
+    windowed = Summary.load(f"{path}.windows.xsp-summary.parquet")
+    if whole.metadata != windowed.metadata:
+        return False
+    for by, frame in whole.keys.items():
+        other = windowed.keys[by]
+        if list(frame.columns) != list(other.columns) or len(frame) != len(other):
+            return False
+        for column in frame.columns:
+            left, right = frame[column].tolist(), other[column].tolist()
+            if column == SAMPLES_NS:
+                left, right = [list(v) for v in left], [list(v) for v in right]
+            if [None if v != v else v for v in left] != [None if v != v else v for v in right]:
+                return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--copies", type=int, default=24, help="copies of the V100 trace side by side")
+    parser.add_argument("--large-copies", type=int, default=96, help="copies for the windowed summary alone")
+    parser.add_argument("--scratch", default=None)
+    options = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="xsp-summary-", dir=options.scratch))
+    try:
+        path, events = _imported(options.copies, scratch)
+        best: dict[str, dict[str, float]] = {}
+        for _ in range(options.runs):
+            for name, code in (("loaded whole", WHOLE), ("a window at a time", WINDOWED)):
+                figures = run(code, str(path))
+                if name not in best or figures["wall_s"] < best[name]["wall_s"]:
+                    best[name] = figures
+        same = _same(path)
+        large, large_events = _imported(options.large_copies, scratch)
+        alone = run(WINDOWED, str(large))
+        rows = [(f"{events:,} events, {path.stat().st_size / 2**20:,.0f} MB", name, figures)
+                for name, figures in best.items()]
+        rows.append((f"{large_events:,} events, {large.stat().st_size / 2**20:,.0f} MB", "a window at a time", alone))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# xsp summary of a trace too large to load",
+        "",
+        f"Last run: {stamp}, Python {platform.python_version()}, `python benchmarks/large_summary.py --runs "
+        f"{options.runs} --copies {options.copies} --large-copies {options.large_copies}`: the V100 trace repeated, "
+        "imported with `xsp import`; each summary a fresh process (interpreter start included), side by side "
+        f"best of {options.runs}.",
+        "",
+        "| trace | summary | spans | windows | wall s | peak MB |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for trace, name, figures in rows:
+        windows = f"{int(figures['windows']):,}" if "windows" in figures else ""
+        lines.append(f"| {trace} | {name} | {int(figures['spans']):,} | {windows} | {figures['wall_s']:.1f} | "
+                     f"{figures['peak_rss_mb']:,.0f} |")
+    whole, windowed = best["loaded whole"], best["a window at a time"]
+    lines += ["", f"Side by side: the windowed summary takes {windowed['peak_rss_mb'] / whole['peak_rss_mb']:.2f}x "
+              f"the memory and {windowed['wall_s'] / whole['wall_s']:.2f}x the time of the summary of the trace "
+              f"loaded whole; the two summaries are {'the same' if same else 'DIFFERENT'}, key by key."]
+    record(lines, RESULTS)
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
