@@ -61,6 +61,10 @@ def _imported(copies: int, scratch: Path) -> tuple[Path, int]:
     return output, events
 
 
+def _described(copies: int, events: int, path: Path) -> str:
+    return f"V100 x{copies}: {events / 1e6:.1f}M events, .xsp.parquet of {path.stat().st_size / 2**20:,.0f} MB"
+
+
 def _same(path: Path) -> bool:
     from xsp.gate.baseline import Summary
     from xsp.gate.diff_columns import SAMPLES_NS
@@ -101,9 +105,8 @@ def main() -> None:
         same = _same(path)
         large, large_events = _imported(options.large_copies, scratch)
         alone = run(WINDOWED, str(large))
-        rows = [(f"{events:,} events, {path.stat().st_size / 2**20:,.0f} MB", name, figures)
-                for name, figures in best.items()]
-        rows.append((f"{large_events:,} events, {large.stat().st_size / 2**20:,.0f} MB", "a window at a time", alone))
+        rows = [(_described(options.copies, events, path), name, figures) for name, figures in best.items()]
+        rows.append((_described(options.large_copies, large_events, large), "a window at a time", alone))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -163,3 +163,21 @@ def test_xsp_summary_and_diff_of_a_trace_too_large_to_load_read_it_in_windows(sh
         assert_same_keys(whole.keys[by], windowed.keys[by])
     assert main(["diff", str(path), str(path), "--by", "name", "--format", "json", "--fail-on", "never"]) == 0
     assert capsys.readouterr().out == whole_diff
+
+
+def test_a_windowed_summary_out_of_memory_is_one_error_and_leaves_no_scratch(shared_files, tmp_path, capsys,
+                                                                              monkeypatch):
+    import shutil
+
+    from xsp.cli.main import main
+    from xsp.gate import key_samples
+
+    path, _ = shared_files["kineto/a100_nccl_rank0.json.gz"]
+    trace = tmp_path / "nccl.xsp.parquet"
+    shutil.copy(path, trace)
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(key_samples, "SPILLED_MEMORY_MB", 0)  # DuckDB can hold nothing: out of memory
+    assert main(["summary", str(trace), "-o", str(tmp_path / "nccl.xsp-summary.parquet")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith("xsp: error: adding up the samples in ") and "failed (" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nccl.xsp.parquet"]  # no scratch, no summary

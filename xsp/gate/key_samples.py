@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from xsp.analysis.lines import fused_line_rows, line_keys, relative_files
 from xsp.core import schema as col
+from xsp.core.errors import first_line
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
     CI_NS,
@@ -42,6 +43,7 @@ from xsp.gate.diff_columns import (
 )
 from xsp.gate.significance import from_quantiles
 from xsp.io.kineto import STEP_NAME
+from xsp.io.outputs import OutputError
 from xsp.record.compiled_kernels import Frame
 from xsp.table.walks import arrow_strings, nearest_ancestor, parent_positions, plain_strings
 
@@ -408,26 +410,35 @@ class _SpilledSamples:
                                             "temp_directory": str(self._folder / "duckdb"),
                                             "preserve_insertion_order": True})
         try:
-            connection.execute("SET enable_progress_bar = false")
-            connection.execute(f"CREATE VIEW rows AS SELECT * FROM read_parquet('{_quoted(self._path)}')")
-            connection.execute("CREATE TABLE sums AS SELECT code, in_step, sum(d)::BIGINT AS d FROM rows "
-                               "GROUP BY code, in_step, unit")
-            found = connection.sql("SELECT DISTINCT code FROM sums WHERE in_step").fetchnumpy()["code"]
-            stepped[np.asarray(found, dtype=np.int64)] = True
-            kept = "FROM sums WHERE in_step OR code NOT IN (SELECT code FROM sums WHERE in_step)"
-            total = int(connection.execute(f"SELECT count(*) {kept}").fetchall()[0][0])
-            values = np.zeros(total, dtype=np.int64)
-            per_key = np.zeros(count, dtype=np.int64)
-            result = connection.sql(f"SELECT code, d {kept} ORDER BY code, d")
-            reader = result.to_arrow_reader() if hasattr(result, "to_arrow_reader") else result.fetch_arrow_reader()
-            at = 0
-            for batch in reader:
-                values[at:at + batch.num_rows] = batch.column(1).to_numpy()
-                per_key += np.bincount(batch.column(0).to_numpy(), minlength=count)
-                at += batch.num_rows
+            return self._added_up(connection, count)
+        except duckdb.InterruptException:
+            raise KeyboardInterrupt from None
+        except duckdb.Error as exc:  # out of memory or of spill space: the machine's
+            raise OutputError(f"adding up the samples in {self._folder} failed ({first_line(exc)})") from None
         finally:
             connection.close()
             self._path.unlink(missing_ok=True)
+
+    def _added_up(self, connection: Any, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`by_key`, by DuckDB on ``connection``."""
+        stepped = np.zeros(count, dtype=bool)
+        connection.execute("SET enable_progress_bar = false")
+        connection.execute(f"CREATE VIEW rows AS SELECT * FROM read_parquet('{_quoted(self._path)}')")
+        connection.execute("CREATE TABLE sums AS SELECT code, in_step, sum(d)::BIGINT AS d FROM rows "
+                           "GROUP BY code, in_step, unit")
+        found = connection.sql("SELECT DISTINCT code FROM sums WHERE in_step").fetchnumpy()["code"]
+        stepped[np.asarray(found, dtype=np.int64)] = True
+        kept = "FROM sums WHERE in_step OR code NOT IN (SELECT code FROM sums WHERE in_step)"
+        total = int(connection.execute(f"SELECT count(*) {kept}").fetchall()[0][0])
+        values = np.zeros(total, dtype=np.int64)
+        per_key = np.zeros(count, dtype=np.int64)
+        result = connection.sql(f"SELECT code, d {kept} ORDER BY code, d")
+        reader = result.to_arrow_reader() if hasattr(result, "to_arrow_reader") else result.fetch_arrow_reader()
+        at = 0
+        for batch in reader:
+            values[at:at + batch.num_rows] = batch.column(1).to_numpy()
+            per_key += np.bincount(batch.column(0).to_numpy(), minlength=count)
+            at += batch.num_rows
         return stepped, values, np.concatenate([[0], np.cumsum(per_key)])
 
 

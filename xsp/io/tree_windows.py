@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, XspWarning, first_line, warn
+from xsp.io.outputs import OutputError
 from xsp.io.parquet import check_span_columns, in_start_order, read_trace_metadata, spans_from_owned_arrow
 from xsp.table.validation import impossible_spans
 from xsp.table.walks import parent_positions
@@ -160,6 +161,8 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
             facts, up = _parents(connection, source, names)
         except duckdb.InterruptException:
             raise KeyboardInterrupt from None
+        except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
+            raise OutputError(f"{source} could not be cut into windows in {spill_name}: {first_line(exc)}") from None
         except duckdb.Error as exc:
             raise TraceFormatError(f"{source} could not be cut into windows: {first_line(exc)}") from None
         finally:
