@@ -27,29 +27,40 @@ def spans_of(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return source.spans if isinstance(source, Trace) else source
 
 
-def within_steps(source: Trace | pd.DataFrame) -> np.ndarray:
+def within_steps(source: Trace | pd.DataFrame, extents: pd.DataFrame | None = None) -> np.ndarray:
     """Which spans are a step's work (bool per row): under a step's root, or in a step and
     overlapping its root's time (another thread's work meanwhile). A span numbered with a step
     but run before its root began (an inference loop's ``torch.ones`` before the model call
-    that is the step) is between steps: it is not in the step's time, so not in its shares."""
+    that is the step) is between steps: it is not in the step's time, so not in its shares.
+    ``extents``: the steps' times (:func:`step_extents`) where ``source`` is part of a trace
+    (a window of whole trees of it) whose other parts hold step roots too."""
     spans = spans_of(source)
     steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)
     within = np.zeros(len(spans), dtype=bool)
     roots = step_root_positions(spans)
-    if not len(roots):
+    if not len(roots) and (extents is None or extents.empty):
         return within
     is_root = np.zeros(len(spans), dtype=bool)
     is_root[roots] = True
     within |= nearest_marked(parent_positions(spans), is_root, include_self=True) >= 0
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)
-    extent = pd.DataFrame({"step": steps[roots], "start": starts[roots], "end": ends[roots]}).groupby("step").agg(
-        start=("start", "min"), end=("end", "max"))
+    extent = step_extents(spans) if extents is None else extents
     numbered = ~np.isnan(steps)
     first = extent["start"].reindex(steps[numbered]).to_numpy(dtype=np.float64, na_value=np.nan)
     last = extent["end"].reindex(steps[numbered]).to_numpy(dtype=np.float64, na_value=np.nan)
     within[numbered] |= (starts[numbered] < last) & (ends[numbered] > first)
     return within
+
+
+def step_extents(spans: pd.DataFrame) -> pd.DataFrame:
+    """Each step's time: from its roots' first start to their last end (``start``, ``end``, by
+    step number)."""
+    roots = step_root_positions(spans)
+    steps = spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[roots]
+    return pd.DataFrame({"step": steps, "start": spans[col.START_NS].to_numpy(dtype=np.int64)[roots],
+                         "end": spans[col.END_NS].to_numpy(dtype=np.int64)[roots]}).groupby("step").agg(
+        start=("start", "min"), end=("end", "max"))
 
 
 def step_roots(spans: pd.DataFrame) -> pd.DataFrame:

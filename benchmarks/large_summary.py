@@ -1,11 +1,14 @@
-"""``xsp summary`` of a trace too large to load: a window of whole trees at a time
-(:func:`xsp.gate.baseline.summarize_windows`), against loading it whole (:func:`xsp.gate.baseline.summarize`
-of ``xsp.load``), side by side on the same .xsp.parquet file, then windowed alone on a larger one.
+"""``xsp summary`` and ``xsp report`` of a trace too large to load: a window of whole trees at a time
+(:func:`xsp.gate.baseline.summarize_windows`, :func:`xsp.analysis.windowed.windowed_report`), against
+loading it whole (``xsp.load``, then :func:`xsp.gate.baseline.summarize` or the report), side by side
+on the same .xsp.parquet file, then windowed alone on a larger one.
 
 The traces are the V100 trace of ../shared/traces repeated end to end (benchmarks/kineto_import.py),
 imported with ``xsp import`` (a window at a time). Each summary is a fresh process; side by side the
 two alternate, best of ``--runs``. Peak memory is the process's own (VmHWM). The goal (issue 64):
 at most 2 GB whatever the size. Both summaries of the side-by-side trace are compared key by key.
+
+The report's figures are the same either way (tests/unit/test_tree_windows.py compares them).
 
 Usage: python benchmarks/large_summary.py [--runs N] [--copies C] [--large-copies C] [--scratch DIR]
 Results go to benchmarks/results/large_summary.md.
@@ -48,6 +51,32 @@ summary.save(sys.argv[1] + ".windows.xsp-summary.parquet")
 print(json.dumps({"s": time.perf_counter() - t0, "peak_rss_mb": peak_mb(), "spans": summary.metadata["spans"],
                   "windows": windows.count}))
 """
+
+REPORT_WHOLE = PEAK + """
+import io, json, sys, time
+t0 = time.perf_counter()
+from rich.console import Console
+import xsp
+from xsp.reports.terminal import render_report
+trace = xsp.load(sys.argv[1])
+render_report(trace, Console(file=io.StringIO(), width=100))
+print(json.dumps({"s": time.perf_counter() - t0, "peak_rss_mb": peak_mb(), "spans": len(trace.spans)}))
+"""
+
+REPORT_WINDOWED = PEAK + """
+import io, json, sys, time
+t0 = time.perf_counter()
+from rich.console import Console
+from xsp.analysis.windowed import windowed_report
+from xsp.io.tree_windows import tree_windows
+from xsp.reports.terminal import render_windowed_report
+windows = tree_windows(sys.argv[1])
+render_windowed_report(windowed_report(windows), Console(file=io.StringIO(), width=100))
+print(json.dumps({"s": time.perf_counter() - t0, "peak_rss_mb": peak_mb(), "spans": windows.spans,
+                  "windows": windows.count}))
+"""
+TOOLS = (("summary", "loaded whole", WHOLE), ("summary", "a window at a time", WINDOWED),
+         ("report", "loaded whole", REPORT_WHOLE), ("report", "a window at a time", REPORT_WINDOWED))
 
 
 def _imported(copies: int, scratch: Path) -> tuple[Path, int]:
@@ -96,39 +125,43 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="xsp-summary-", dir=options.scratch))
     try:
         path, events = _imported(options.copies, scratch)
-        best: dict[str, dict[str, float]] = {}
+        best: dict[tuple[str, str], dict[str, float]] = {}
         for _ in range(options.runs):
-            for name, code in (("loaded whole", WHOLE), ("a window at a time", WINDOWED)):
+            for tool, how, code in TOOLS:
                 figures = run(code, str(path))
-                if name not in best or figures["wall_s"] < best[name]["wall_s"]:
-                    best[name] = figures
+                if (tool, how) not in best or figures["wall_s"] < best[tool, how]["wall_s"]:
+                    best[tool, how] = figures
         same = _same(path)
         large, large_events = _imported(options.large_copies, scratch)
-        alone = run(WINDOWED, str(large))
-        rows = [(_described(options.copies, events, path), name, figures) for name, figures in best.items()]
-        rows.append((_described(options.large_copies, large_events, large), "a window at a time", alone))
+        rows = [(_described(options.copies, events, path), tool, how, figures) for (tool, how), figures in best.items()]
+        for tool, how, code in TOOLS:
+            if how != "loaded whole":
+                rows.append((_described(options.large_copies, large_events, large), tool, how, run(code, str(large))))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "# xsp summary of a trace too large to load",
+        "# xsp summary and xsp report of a trace too large to load",
         "",
         f"Last run: {stamp}, Python {platform.python_version()}, `python benchmarks/large_summary.py --runs "
         f"{options.runs} --copies {options.copies} --large-copies {options.large_copies}`: the V100 trace repeated, "
         "imported with `xsp import`; each summary a fresh process (interpreter start included), side by side "
         f"best of {options.runs}.",
         "",
-        "| trace | summary | spans | windows | wall s | peak MB |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| trace | tool | read | spans | windows | wall s | peak MB |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for trace, name, figures in rows:
+    for trace, tool, how, figures in rows:
         windows = f"{int(figures['windows']):,}" if "windows" in figures else ""
-        lines.append(f"| {trace} | {name} | {int(figures['spans']):,} | {windows} | {figures['wall_s']:.1f} | "
-                     f"{figures['peak_rss_mb']:,.0f} |")
-    whole, windowed = best["loaded whole"], best["a window at a time"]
-    lines += ["", f"Side by side: the windowed summary takes {windowed['peak_rss_mb'] / whole['peak_rss_mb']:.2f}x "
-              f"the memory and {windowed['wall_s'] / whole['wall_s']:.2f}x the time of the summary of the trace "
-              f"loaded whole; the two summaries are {'the same' if same else 'DIFFERENT'}, key by key."]
+        lines.append(f"| {trace} | xsp {tool} | {how} | {int(figures['spans']):,} | {windows} | "
+                     f"{figures['wall_s']:.1f} | {figures['peak_rss_mb']:,.0f} |")
+    lines.append("")
+    for tool in ("summary", "report"):
+        whole, windowed = best[tool, "loaded whole"], best[tool, "a window at a time"]
+        lines.append(f"Side by side, xsp {tool} a window at a time takes "
+                     f"{windowed['peak_rss_mb'] / whole['peak_rss_mb']:.2f}x the memory and "
+                     f"{windowed['wall_s'] / whole['wall_s']:.2f}x the time of the {tool} of the trace loaded whole.")
+    lines.append(f"The two summaries are {'the same' if same else 'DIFFERENT'}, key by key.")
     record(lines, RESULTS)
     if not same:
         sys.exit(1)

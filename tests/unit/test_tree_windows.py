@@ -3,6 +3,7 @@ as those of the trace loaded whole, on every shared trace and on traces xsp reco
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -181,3 +182,55 @@ def test_a_windowed_summary_out_of_memory_is_one_error_and_leaves_no_scratch(sha
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and error.startswith("xsp: error: adding up the samples in ") and "failed (" in error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nccl.xsp.parquet"]  # no scratch, no summary
+
+
+_SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ operators? by self time|"
+                      r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|"
+                      r"This trace is too large)", re.M)
+
+
+def _rendered(render, *arguments) -> str:
+    from rich.console import Console
+
+    out = io.StringIO()
+    render(*arguments, Console(file=out, width=80, color_system=None))
+    return out.getvalue()
+
+
+def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: int) -> None:
+    from xsp.analysis.windowed import windowed_report
+    from xsp.reports.terminal import render_report, render_windowed_report
+
+    whole = _rendered(render_report, trace)
+    windowed = _rendered(render_windowed_report, windowed_report(tree_windows(path, window_spans=window_spans)))
+    starts = [found.start() for found in _SECTION.finditer(windowed)] + [len(windowed)]
+    sections = [windowed[:starts[0]]] + [windowed[a:b] for a, b in zip(starts, starts[1:])]
+    assert sections[-1].startswith("This trace is too large to load here")
+    for section in sections[:-1]:  # each section as the whole trace's report prints it
+        assert section.rstrip("\n") in whole, section
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_report_of_a_trace_read_a_tree_at_a_time_shows_the_whole_trace_s_figures(shared_files, name):
+    path, trace = shared_files[name]
+    if len(trace.ranks) > 1:
+        pytest.skip("a file of several ranks is reported rank by rank")
+    assert_windowed_report_is_the_whole_s(trace, path, 1)
+
+
+def test_the_report_of_a_recorded_run_read_in_windows_shows_its_figures(tmp_path):
+    path = _recorded_run(tmp_path)
+    assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+
+
+def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, capsys, monkeypatch):
+    from xsp.cli.main import main
+
+    path, _ = shared_files["kineto/a100_nccl_rank0.json.gz"]
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Top 10 kernels by total time" in out and "read a window of whole steps at a time" in " ".join(out.split())
+    assert main(["report", str(path), "--html", str(path.parent / "r.html")]) == 2  # it needs the trace whole
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "too large to load whole here" in error

@@ -29,6 +29,7 @@ def register(commands: Any) -> None:
 
 def run(options: argparse.Namespace) -> int:
     from xsp.io.loading import load
+    from xsp.io.trace import Trace
     if options.top < 1:
         raise CliError("--top must be at least 1")
     if options.html is not None:
@@ -39,7 +40,11 @@ def run(options: argparse.Namespace) -> int:
 
         with progress(f"reading the job {options.file}"):
             job = load_job(options.file)
-    from xsp.reports.terminal import render_job_report, render_report  # the analyses, only for this command
+    from xsp.reports.terminal import (  # the analyses, only for this command
+        render_job_report,
+        render_report,
+        render_windowed_report,
+    )
 
     render: Callable[[Any], None]
     if job is not None:
@@ -53,13 +58,19 @@ def run(options: argparse.Namespace) -> int:
             render_job_report(job, chosen, rank_trace, out, top=options.top, lines=options.lines)
     else:
         with progress(f"reading {options.file}"):
-            trace = load(options.file)
-        if options.rank is not None and options.rank not in trace.ranks:
-            raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
-                           f"{_listed(trace.ranks) or 'none, it is one process'})")
+            loaded = _loaded(options)
+        if isinstance(loaded, Trace):
+            trace = loaded
+            if options.rank is not None and options.rank not in trace.ranks:
+                raise CliError(f"{options.file} holds no rank {options.rank} (ranks: "
+                               f"{_listed(trace.ranks) or 'none, it is one process'})")
 
-        def render(out: Any) -> None:
-            render_report(trace, out, top=options.top, rank=options.rank, lines=options.lines)
+            def render(out: Any) -> None:
+                render_report(trace, out, top=options.top, rank=options.rank, lines=options.lines)
+        else:  # too large to load: its tables read a window at a time
+
+            def render(out: Any) -> None:
+                render_windowed_report(loaded, out, top=options.top)
     with progress("analysing"):  # the analyses run before the first table is printed
         out = console()
         with out.capture() as captured:
@@ -72,6 +83,32 @@ def run(options: argparse.Namespace) -> int:
             target = write_html(trace, options.html, rank=options.rank)
         error_console().print(f"xsp: wrote the HTML report to {target}", markup=False)
     return 0
+
+
+def _loaded(options: argparse.Namespace) -> Any:
+    """The trace ``options.file`` names, loaded; or, an .xsp.parquet file too large to load (and no
+    --html, --lines or --rank asked for, which need it whole), the report's tables read a window of
+    whole trees at a time (:func:`xsp.analysis.windowed.windowed_report`).
+
+    Raises:
+        xsp.TraceTooLargeError: too large to load, and not to be read a window at a time."""
+    from xsp.core.errors import TraceTooLargeError
+    from xsp.core.schema import FILE_SUFFIX
+    from xsp.io.loading import load
+
+    try:
+        return load(options.file)
+    except TraceTooLargeError:
+        if not options.file.endswith(FILE_SUFFIX) or options.html or options.lines or options.rank is not None:
+            raise
+    from xsp.analysis.windowed import windowed_report
+    from xsp.io.tree_windows import tree_windows
+
+    windows = tree_windows(options.file)
+    if len(windows.ranks) > 1:
+        raise CliError(f"{options.file} is too large to load here and holds {len(windows.ranks)} ranks: report each "
+                       "rank's file, or the job's folder (xsp report reads a job without loading it)")
+    return windowed_report(windows)
 
 
 def _listed(ranks: list[int]) -> str:

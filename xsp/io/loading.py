@@ -131,8 +131,8 @@ def _one(path: PathArg) -> Trace:
                 return with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
         if os.path.isfile(path):
             check_fits(Path(path), parquet_memory_bytes(Path(path)),
-                       "xsp summary and xsp diff read it a window at a time, and DuckDB queries it without "
-                       "loading it (docs/fleet.md)")
+                       "xsp report (its main tables), xsp summary and xsp diff read it a window at a time, and "
+                       "DuckDB queries it without loading it (docs/fleet.md)")
         spans, metadata = read_trace(path)
     except XspError:
         raise

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, XspWarning, first_line, warn
+from xsp.core.memory_release import release_freed_memory
 from xsp.io.outputs import OutputError
 from xsp.io.parquet import check_span_columns, in_start_order, read_trace_metadata, spans_from_owned_arrow
 from xsp.table.validation import impossible_spans
@@ -45,6 +46,9 @@ READ_ROWS: Final = 1 << 16
 """Rows read from the file at a time."""
 MAX_JUMPS: Final = 64
 """Pointer-jumping rounds: 2**64 levels of nesting; a file still unresolved names parents in a loop."""
+RELEASE_EVERY: Final = 8
+"""Windows after which the memory they freed is given back to the system (glibc and Arrow keep
+it otherwise, and a long trace's peak grows with its windows)."""
 ORDER_KEYS: Final = ("start_ns", "call_depth_or_minus_one", "file_row")
 """The columns of :attr:`TreeWindows.order`: a span's place in the loaded trace, compared in this order."""
 _FILE_ROW: Final = "__xsp_file_row"
@@ -111,6 +115,8 @@ class TreeWindows:
                     number = int(completing[done])
                     done += 1
                     yield self._frame(pending.pop(number, []))
+                    if done % RELEASE_EVERY == 0:  # what the windows before freed, given back
+                        release_freed_memory()
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise TraceFormatError(f"{self.source} is corrupt: {exc}") from None
         if cursor != self.spans:

@@ -17,6 +17,7 @@ from rich.text import Text
 from xsp import analysis
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
 from xsp.analysis.model import within_steps
+from xsp.analysis.windowed import OutsideSteps, WindowedReport
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
@@ -267,19 +268,34 @@ def _say(console: Console, line: str, style: str | None = None) -> None:
 
 
 def _header(trace: Trace, console: Console) -> None:
-    meta = trace.metadata
+    levels = {str(level): int(count) for level, count in trace.spans[col.LEVEL].value_counts().items() if count}
+    _header_of(trace.metadata, levels, len(trace.spans), len(trace.steps), console)
+
+
+_LEVEL_ORDER: Final = {level.value: place for place, level in enumerate(Level)}
+
+
+def _most_first(levels: dict[str, int]) -> list[tuple[str, int]]:
+    """Levels by their spans, most first; equal counts in the levels' order, model first."""
+    return sorted(levels.items(), key=lambda item: (-item[1], _LEVEL_ORDER.get(item[0], len(_LEVEL_ORDER)), item[0]))
+
+
+def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, steps: int, console: Console) -> None:
+    """The report's first lines: what ran where, the spans per level, the steps."""
     console.print(Text("xsp report", style="bold"), no_wrap=True)
     _say(console, f"service={meta.get('service_name', '?')}  device={meta.get('device', '?')}  "
                   f"torch={meta.get('torch_version', '?')}")
     if meta.get("imported_from"):
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
-    levels = {level: count for level, count in trace.spans[col.LEVEL].value_counts().items() if count}
-    _say(console, f"{len(trace.spans)} spans ({', '.join(f'{k} {v}' for k, v in levels.items())}), "
-                  f"{counted(len(trace.steps), 'step')}, levels recorded: {', '.join(meta.get('levels', []))}")
-    for level, reason in (meta.get("unavailable") or {}).items():
+    recorded = meta.get("levels")
+    _say(console, f"{spans} spans ({', '.join(f'{k} {v}' for k, v in _most_first(levels))}), "
+                  f"{counted(steps, 'step')}, levels recorded: "
+                  f"{', '.join(map(str, recorded)) if isinstance(recorded, list) else ''}")
+    unavailable = meta.get("unavailable")
+    for level, reason in (unavailable.items() if isinstance(unavailable, dict) else []):
         _say(console, f"level {level} not recorded: {reason}", "yellow")
-    dropped = meta.get("dropped") or {}
-    if dropped:
+    dropped = meta.get("dropped")
+    if isinstance(dropped, dict) and dropped:
         _say(console, f"dropped: {', '.join(f'{v} {k}' for k, v in dropped.items())}", "yellow")
 
 
@@ -429,10 +445,7 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
                   f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
                   f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
                   f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
-    shown, unit, figure = in_time_unit(kernels.head(top), ["total_us", "mean_us"])
-    _show(console, shown, f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
-        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", f"total {unit}", figure),
-        ("mean_us", f"mean {unit}", figure), ("share", "share", share)])
+    _kernel_table(kernels, console, top)
     per_operator = analysis.kernel_time_per_operator(trace)
     if not per_operator.empty:
         shown, unit, figure = in_time_unit(per_operator.head(top), ["kernel_us"])
@@ -482,6 +495,13 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
     _roofline_table(trace, console, top)
 
 
+def _kernel_table(kernels: pd.DataFrame, console: Console, top: int) -> None:
+    shown, unit, figure = in_time_unit(kernels.head(top), ["total_us", "mean_us"])
+    _show(console, shown, f"Top {counted(min(top, len(kernels)), 'kernel')} by total time", [
+        ("name", "kernel", short(70)), ("count", "count", number(0)), ("total_us", f"total {unit}", figure),
+        ("mean_us", f"mean {unit}", figure), ("share", "share", share)])
+
+
 def lines_table(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     """The hottest lines of the user's code (``xsp report --lines``), each with its text
     (``step_view``: :func:`deep_steps` of ``trace``, where the caller has it already)."""
@@ -523,11 +543,15 @@ def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
     duration_ms = (outside[col.END_NS] - outside[col.START_NS]).astype("float64") / 1e6
     before = duration_ms[(outside[col.START_NS] < first_ns).to_numpy(dtype=bool)].sum()
     after = duration_ms[(outside[col.START_NS] >= last_ns).to_numpy(dtype=bool)].sum()
-    between = duration_ms.sum() - before - after
-    parts = [f"{ms:,.3f} ms {where}" for ms, where in ((before, "before the first step (model construction, "
-                                                                "start-up)"), (between, "between steps"),
-                                                       (after, "after the last step")) if ms > 0]
-    return (f"Outside every step, not in these figures: {counted(len(outside), what)}, "
+    return _outside_text(OutsideSteps(len(outside), before, duration_ms.sum() - before - after, after), what)
+
+
+def _outside_text(outside: OutsideSteps, what: str) -> str:
+    parts = [f"{ms:,.3f} ms {where}" for ms, where in ((outside.before_ms, "before the first step (model "
+                                                                           "construction, start-up)"),
+                                                       (outside.between_ms, "between steps"),
+                                                       (outside.after_ms, "after the last step")) if ms > 0]
+    return (f"Outside every step, not in these figures: {counted(outside.count, what)}, "
             + ", ".join(parts or ["0.000 ms"]))
 
 
@@ -537,13 +561,7 @@ def _operator_tables(trace: Trace, console: Console, top: int, step_view: StepVi
     ops = analysis.operator_table(trace)
     if ops.empty:
         return
-    shown, unit, figure = in_time_unit(ops.head(top), ["self_us", "total_us"])
-    _show(console, shown, f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
-        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", f"self {unit}", figure),
-        ("total_us", f"total {unit}", figure), ("share", "share", share)])
-    outside = outside_steps_line(whole, Level.OPERATOR, "operator")
-    if outside:
-        _say(console, outside)
+    _operator_table(ops, which, outside_steps_line(whole, Level.OPERATOR, "operator"), console, top)
     backward = analysis.backward_time_per_layer(trace)
     if not backward.empty and backward["backward_operators"].sum() > 0:
         shown, unit, figure = in_time_unit(backward.head(top), ["backward_layer_us", "backward_operator_us"])
@@ -551,6 +569,15 @@ def _operator_tables(trace: Trace, console: Console, top: int, step_view: StepVi
             ("forward_layer", "forward layer", text), ("backward_layer_us", f"backward span {unit}", figure),
             ("backward_operator_us", f"backward operators {unit}", figure),
             ("backward_operators", "operators", number(0))])
+
+
+def _operator_table(ops: pd.DataFrame, which: str, outside: str | None, console: Console, top: int) -> None:
+    shown, unit, figure = in_time_unit(ops.head(top), ["self_us", "total_us"])
+    _show(console, shown, f"Top {counted(min(top, len(ops)), 'operator')} by self time ({which})", [
+        ("name", "operator", short(60)), ("count", "calls", number(0)), ("self_us", f"self {unit}", figure),
+        ("total_us", f"total {unit}", figure), ("share", "share", share)])
+    if outside:
+        _say(console, outside)
 
 
 def _flops_table(trace: Trace, console: Console, top: int) -> None:
@@ -848,6 +875,32 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
     _job_section(job, console, _chosen_rank(job.ranks, rank))
     _header(rank_trace, console)
     _rank_sections(rank_trace, console, top, lines)
+
+
+WINDOWED_SECTIONS_LEFT_OUT: Final = (
+    "recommendations", "where the step time went and your spans", "layers", "FLOPs", "kernel time per operator",
+    "GPU busy and idle time", "copies", "synchronisation", "launch overhead", "memory", "system",
+    "the backward time per layer")
+"""What the report of a trace read a window at a time does not show yet."""
+
+
+def render_windowed_report(report: WindowedReport, console: Console, top: int = 10) -> None:
+    """The report of a trace too large to load, from its tables read a window of whole trees at a
+    time (:func:`xsp.analysis.windowed.windowed_report`): its header, the steps' latency, the
+    top operators and kernels, each as :func:`render_report` prints it; then what is not shown."""
+    _header_of(report.metadata, report.level_counts, report.spans, len(report.steps), console)
+    _latency_tables(report.steps_trace, console)
+    if len(report.operators):
+        outside = report.operators_outside
+        _operator_table(report.operators, ALL_STEPS if report.steps else WHOLE_TRACE,
+                        _outside_text(outside, "operator") if outside is not None else None, console, top)
+    if len(report.kernels):
+        _kernel_table(report.kernels, console, top)
+    console.print()
+    _say(console, "This trace is too large to load here, so it was read a window of whole steps at a time, and "
+                  f"these are not shown: {', '.join(WINDOWED_SECTIONS_LEFT_OUT)}. Load it where it fits for them, "
+                  "or query the file with DuckDB (docs/fleet.md); xsp summary and xsp diff read it whole in "
+                  "windows.", "yellow")
 
 
 def _chosen_rank(ranks: list[int], rank: int | None) -> int:
