@@ -230,7 +230,8 @@ def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, cap
     monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "Top 10 kernels by total time" in out and "read a window of whole steps at a time" in " ".join(out.split())
-    assert main(["report", str(path), "--html", str(path.parent / "r.html")]) == 2  # it needs the trace whole
+    assert "Top 10 kernels by total time" in out and "read a window of whole trees at a time" in " ".join(out.split())
+    assert main(["report", str(path), "--html", str(path.parent / "r.html"), "--lines"]) == 2  # they need it whole
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "too large to load whole here" in error
+    assert "--html and --lines need it loaded whole: without --html and --lines, xsp report prints" in error

@@ -98,16 +98,23 @@ def _loaded(options: argparse.Namespace) -> Any:
 
     try:
         return load(options.file)
-    except TraceTooLargeError:
-        if not options.file.endswith(FILE_SUFFIX) or options.html or options.lines or options.rank is not None:
+    except TraceTooLargeError as refused:
+        if not options.file.endswith(FILE_SUFFIX):
             raise
+        whole = [option for option, given in (("--html", options.html), ("--lines", options.lines),
+                                              ("--rank", options.rank is not None)) if given]
+        if whole:
+            raise CliError(f"{refused}; {' and '.join(whole)} need{'s' if len(whole) == 1 else ''} it loaded whole: "
+                           f"without {' and '.join(whole)}, xsp report prints its main tables reading it a window "
+                           "at a time") from None
     from xsp.analysis.windowed import windowed_report
     from xsp.io.tree_windows import tree_windows
 
     windows = tree_windows(options.file)
     if len(windows.ranks) > 1:
-        raise CliError(f"{options.file} is too large to load here and holds {len(windows.ranks)} ranks: report each "
-                       "rank's file, or the job's folder (xsp report reads a job without loading it)")
+        raise CliError(f"{options.file} is too large to load here and holds {len(windows.ranks)} ranks: the report "
+                       "of several ranks in one file needs it loaded whole (a job written a file a rank, as "
+                       "torchrun's ranks write them, is reported without loading it)")
     return windowed_report(windows)
 
 

@@ -413,6 +413,10 @@ class _SpilledSamples:
             return self._added_up(connection, count)
         except duckdb.InterruptException:
             raise KeyboardInterrupt from None
+        except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
+            if "interrupt" in str(exc).lower():
+                raise KeyboardInterrupt from None
+            raise
         except duckdb.Error as exc:  # out of memory or of spill space: the machine's
             raise OutputError(f"adding up the samples in {self._folder} failed ({first_line(exc)})") from None
         finally:

@@ -167,6 +167,10 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
             facts, up = _parents(connection, source, names)
         except duckdb.InterruptException:
             raise KeyboardInterrupt from None
+        except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
+            if "interrupt" in str(exc).lower():
+                raise KeyboardInterrupt from None
+            raise
         except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
             raise OutputError(f"{source} could not be cut into windows in {spill_name}: {first_line(exc)}") from None
         except duckdb.Error as exc:

@@ -878,10 +878,11 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "recommendations", "where the step time went and your spans", "layers", "FLOPs", "kernel time per operator",
-    "GPU busy and idle time", "copies", "synchronisation", "launch overhead", "memory", "system",
-    "the backward time per layer")
-"""What the report of a trace read a window at a time does not show yet."""
+    "recommendations", "the steps' share of the session and where their time went", "your spans",
+    "the warm-up note", "layers", "FLOPs", "kernel time per operator", "GPU busy and idle time", "copies",
+    "synchronisation", "launch overhead", "memory", "communication", "system", "the hierarchy's diagnostics")
+"""The sections of the report of a trace loaded whole that the report read a window at a time
+does not make (where the trace has them)."""
 
 
 def render_windowed_report(report: WindowedReport, console: Console, top: int = 10) -> None:
@@ -897,10 +898,10 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     if len(report.kernels):
         _kernel_table(report.kernels, console, top)
     console.print()
-    _say(console, "This trace is too large to load here, so it was read a window of whole steps at a time, and "
-                  f"these are not shown: {', '.join(WINDOWED_SECTIONS_LEFT_OUT)}. Load it where it fits for them, "
-                  "or query the file with DuckDB (docs/fleet.md); xsp summary and xsp diff read it whole in "
-                  "windows.", "yellow")
+    _say(console, "This trace is too large to load here, so it was read a window of whole trees at a time, and "
+                  "only the tables above were made. The report of the trace loaded whole (where it fits) also has, "
+                  f"where the trace holds them: {', '.join(WINDOWED_SECTIONS_LEFT_OUT)}. DuckDB queries the file "
+                  "without loading it (docs/fleet.md).", "yellow")
 
 
 def _chosen_rank(ranks: list[int], rank: int | None) -> int:
