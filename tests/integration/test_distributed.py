@@ -109,8 +109,10 @@ def test_four_ranks_find_the_one_that_sleeps(tmp_path):
 
 
 def test_at_the_default_levels_ddp_s_gradient_all_reduces_find_the_rank_that_sleeps(tmp_path):
+    # 120 ms: far beyond what a busy two-core machine delays a rank by (at 40 ms, rank 0 was the later
+    # one in 3 of 7 steps while the heavy suite ran)
     result = torchrun(2, "-m", "xsp", "run", "-o", "job.xsp.parquet", "--", str(EXAMPLE), "--steps", "6",
-                      "--slow-rank", "1", "--delay-ms", "40", cwd=tmp_path)
+                      "--slow-rank", "1", "--delay-ms", "120", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     trace = xsp.load(tmp_path / "job.xsp.parquet")
     stragglers = analysis.stragglers(trace)
