@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -51,6 +52,26 @@ def within_steps(source: Trace | pd.DataFrame, extents: pd.DataFrame | None = No
     last = extent["end"].reindex(steps[numbered]).to_numpy(dtype=np.float64, na_value=np.nan)
     within[numbered] |= (starts[numbered] < last) & (ends[numbered] > first)
     return within
+
+
+@dataclass
+class OutsideSteps:
+    """The spans of one level that ran outside every step of a trace with steps, by where."""
+
+    count: int
+    before_ms: float
+    between_ms: float
+    after_ms: float
+
+
+def outside_steps(starts_ns: np.ndarray, ends_ns: np.ndarray, first_ns: int, last_ns: int) -> OutsideSteps:
+    """The spans outside every step (their starts and ends) by where they ran: before the steps'
+    work began at ``first_ns``, after it ended at ``last_ns``, or between steps."""
+    duration_ms = (ends_ns - starts_ns).astype(np.float64) / 1e6
+    before = float(duration_ms[starts_ns < first_ns].sum())
+    after = float(duration_ms[starts_ns >= last_ns].sum())
+    return OutsideSteps(count=len(starts_ns), before_ms=before, between_ms=float(duration_ms.sum()) - before - after,
+                        after_ms=after)
 
 
 def step_extents(spans: pd.DataFrame) -> pd.DataFrame:

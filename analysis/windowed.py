@@ -18,14 +18,14 @@ ran, so that equal times are listed as the whole trace lists them.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from xsp.analysis.gpu import kernels_by_name
-from xsp.analysis.model import step_extents, within_steps
+from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import operator_table
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -36,16 +36,6 @@ from xsp.table.sampling import step_roots as step_root_positions
 
 STEP_TRACE_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value)
 """The kinds of span the steps' latency reads, beside the steps' roots."""
-
-
-@dataclass
-class OutsideSteps:
-    """The spans of one level that ran outside every step of a trace with steps, by where."""
-
-    count: int = 0
-    before_ms: float = 0.0
-    between_ms: float = 0.0
-    after_ms: float = 0.0
 
 
 @dataclass
@@ -65,7 +55,6 @@ class WindowedReport:
     """The operators outside every step (None where the trace has no steps, or none ran outside)."""
     kernels: pd.DataFrame
     """:func:`xsp.analysis.kernels_by_name` of the whole trace."""
-    left_out: list[str] = field(default_factory=list)
 
 
 def windowed_report(windows: TreeWindows) -> WindowedReport:
@@ -90,8 +79,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         if wanted.any():
             kept.append(_own_rows(spans[wanted]))
             kept_order.append(order[wanted])
-        trace = Trace(spans=spans, metadata=windows.metadata)
-        kernels.add(kernels_by_name(trace), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)))
+        kernels.add(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)))
         if windows.steps:
             within = within_steps(spans, extents)
             if within.any():
@@ -201,16 +189,12 @@ def _in_loaded_order(frames: list[pd.DataFrame], orders: list[np.ndarray], metad
 
 
 def _outside(parts: list[np.ndarray], first_ns: int, last_ns: int) -> OutsideSteps | None:
-    """What :func:`xsp.reports.terminal.outside_steps_line` counts, from each window's spans of the
-    level outside every step (their starts and ends) and the first and last time of the steps' work."""
+    """:func:`xsp.analysis.model.outside_steps` of each window's spans of the level outside every
+    step (their starts and ends), the steps' work from ``first_ns`` to ``last_ns``; None where none."""
     times = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
     if not len(times) or first_ns > last_ns:
         return None
-    duration_ms = (times[:, 1] - times[:, 0]).astype(np.float64) / 1e6
-    before = float(duration_ms[times[:, 0] < first_ns].sum())
-    after = float(duration_ms[times[:, 0] >= last_ns].sum())
-    return OutsideSteps(count=len(times), before_ms=before, between_ms=float(duration_ms.sum()) - before - after,
-                        after_ms=after)
+    return outside_steps(times[:, 0], times[:, 1], first_ns, last_ns)
 
 
-__all__ = ["OutsideSteps", "WindowedReport", "windowed_report"]
+__all__ = ["WindowedReport", "windowed_report"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class XspError(Exception):
@@ -36,6 +38,22 @@ def first_line(exc: BaseException) -> str:
     exception's type where it says nothing."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def duckdb_interrupts() -> Iterator[None]:
+    """Ctrl-C inside a DuckDB query raised as KeyboardInterrupt, as anywhere else: DuckDB raises its
+    own InterruptException, or, where its result is read through Arrow, a RuntimeError saying so."""
+    import duckdb
+
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except RuntimeError as exc:
+        if "interrupt" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
 
 
 class XspWarning(UserWarning):

@@ -269,20 +269,22 @@ def summarize_file(path: str | os.PathLike[str], levels: tuple[Level, ...] | Non
         if not str(path).endswith(col.FILE_SUFFIX):
             raise
         windows = tree_windows(path)
-        _one_rank(path, windows.ranks, what)
+        one_process(path, windows.ranks, what)
         return summarize_windows(windows, levels, steps, source, only)
-    _one_rank(path, trace.ranks, what)
+    one_process(path, trace.ranks, what)
     return summarize(trace, levels, steps, source, only)
 
 
-def _one_rank(path: str | os.PathLike[str], ranks: list[int], what: str) -> None:
-    """A trace of one process: the steps of several ranks would pool into one sample.
+def one_process(name: object, ranks: list[int], what: str) -> None:
+    """Refuse a trace of several ranks (the steps of several ranks would pool into one sample);
+    ``name``: its file, or what it is; ``what``: what to do with one rank instead.
 
     Raises:
         ValueError: it holds several ranks."""
     if len(ranks) > 1:
-        raise ValueError(f"{path} holds {len(ranks)} ranks of a distributed job: {what} one rank's file "
-                         f"({rank_path(path, ranks[0]).name})")
+        instead = f"({rank_path(name, ranks[0]).name})" if isinstance(name, (str, os.PathLike)) else \
+            "or trace.for_rank(r)"
+        raise ValueError(f"{name} holds {len(ranks)} ranks of a distributed job: {what} one rank's file {instead}")
 
 
 def _key_kinds(only: dcol.KeyBy | None) -> list[dcol.KeyBy]:

@@ -25,12 +25,11 @@ from xsp.core.figures import percent as _pct
 from xsp.core.levels import missing_levels, parse_levels
 from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, machine_spread, speed_ratio, steady
-from xsp.core.rank import rank_path
 from xsp.core.schema import Level
 from xsp.gate import comparison, significance, verdicts
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
-from xsp.gate.baseline import Summary, is_summary_path, summarize, summarize_file
+from xsp.gate.baseline import Summary, is_summary_path, one_process, summarize, summarize_file
 from xsp.gate.diff_columns import KeyBy, Verdict
 from xsp.io.trace import Trace
 
@@ -379,15 +378,6 @@ def _speed_warnings(shift: float, measured: float | None, speed: float, normaliz
     return said
 
 
-def _one_rank(trace: Trace, name: object) -> Trace:
-    """A trace of one process: the steps of several ranks would pool into one sample."""
-    if len(trace.ranks) > 1:
-        example = rank_path(name, trace.ranks[0]).name if isinstance(name, (str, os.PathLike)) else "a rank's file"
-        raise ValueError(f"{name} holds {len(trace.ranks)} ranks of a distributed job: compare one rank's file "
-                         f"({example}) or trace.for_rank(r)")
-    return trace
-
-
 def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The key-samples frame of one side (its runs pooled) and what it was."""
     folder = None
@@ -435,8 +425,8 @@ def _summary(source: Source, steps: slice | list[int] | None, by: KeyBy) -> Summ
     if isinstance(source, Summary):
         summary = source
     elif isinstance(source, Trace):
-        summary = summarize(_one_rank(source, "the trace"), steps=steps,
-                            source=source.source.name if source.source else None, only=by)
+        one_process("the trace", source.ranks, "compare")
+        summary = summarize(source, steps=steps, source=source.source.name if source.source else None, only=by)
     elif is_summary_path(source):
         summary = Summary.load(source)
         original = summary.metadata.get("source")

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from xsp.analysis.lines import fused_line_rows, line_keys, relative_files
 from xsp.core import schema as col
-from xsp.core.errors import first_line
+from xsp.core.errors import duckdb_interrupts, first_line
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
     CI_NS,
@@ -302,8 +302,6 @@ class KeySamplesSum:
         if not count:
             return _empty_keys()
         order = np.lexsort(self._places.T[::-1])  # keys in order of their first span, as it ran
-        rank = np.empty(count, dtype=np.int64)
-        rank[order] = np.arange(count)
         stepped, values, bounds = self._samples.by_key(count)
         sample_count = np.diff(bounds)[order]
         squares = np.where(stepped, self._sums[:, 2], self._sums[:, 3])[order]
@@ -410,13 +408,8 @@ class _SpilledSamples:
                                             "temp_directory": str(self._folder / "duckdb"),
                                             "preserve_insertion_order": True})
         try:
-            return self._added_up(connection, count)
-        except duckdb.InterruptException:
-            raise KeyboardInterrupt from None
-        except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
-            if "interrupt" in str(exc).lower():
-                raise KeyboardInterrupt from None
-            raise
+            with duckdb_interrupts():
+                return self._added_up(connection, count)
         except duckdb.Error as exc:  # out of memory or of spill space: the machine's
             raise OutputError(f"adding up the samples in {self._folder} failed ({first_line(exc)})") from None
         finally:
@@ -427,7 +420,7 @@ class _SpilledSamples:
         """:meth:`by_key`, by DuckDB on ``connection``."""
         stepped = np.zeros(count, dtype=bool)
         connection.execute("SET enable_progress_bar = false")
-        connection.execute(f"CREATE VIEW rows AS SELECT * FROM read_parquet('{_quoted(self._path)}')")
+        connection.read_parquet(str(self._path)).create_view("rows")
         connection.execute("CREATE TABLE sums AS SELECT code, in_step, sum(d)::BIGINT AS d FROM rows "
                            "GROUP BY code, in_step, unit")
         found = connection.sql("SELECT DISTINCT code FROM sums WHERE in_step").fetchnumpy()["code"]
@@ -446,11 +439,6 @@ class _SpilledSamples:
         return stepped, values, np.concatenate([[0], np.cumsum(per_key)])
 
 
-def _quoted(path: Path) -> str:
-    """A path inside an SQL string literal."""
-    return str(path).replace("'", "''")
-
-
 def _table(parts: list[np.ndarray], columns: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, columns), dtype=np.int64)
 
@@ -464,11 +452,6 @@ def _earlier(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         result |= ~decided & less
         decided |= less | more
     return result
-
-
-def _objects(values: pd.Series) -> np.ndarray:
-    """Values as objects, None where missing."""
-    return np.array([None if pd.isna(value) else value for value in values], dtype=object)
 
 
 NUMBERED_STEP: Final = rf"^{STEP_NAME}[0-9]+\["

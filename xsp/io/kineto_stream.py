@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, TraceNotFoundError, first_line
+from xsp.core.errors import TraceFormatError, TraceNotFoundError, duckdb_interrupts, first_line
 from xsp.core.memory_release import release_freed_memory
 from xsp.core.schema import Level
 from xsp.io.kineto import (
@@ -221,21 +221,16 @@ def _scratch_errors(output: Path, scratch: Path) -> Iterator[None]:
     """What fails in the scratch folder (a full disk, DuckDB out of memory or spill space) as one
     :class:`OutputError` line."""
     try:
-        yield
+        with duckdb_interrupts():
+            yield
     except OutputError:
         raise
     except OSError as exc:
         raise OutputError(f"cannot write {output}: its scratch files in {scratch.parent} failed "
                           f"({describe_os_error(exc)})") from None
-    except duckdb.InterruptException:
-        raise KeyboardInterrupt from None  # Ctrl-C while DuckDB ran: as anywhere else
     except duckdb.Error as exc:
         raise OutputError(f"cannot write {output}: cutting the trace into windows failed ({first_line(exc)})") \
             from None
-    except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
-        if "interrupt" in str(exc).lower():
-            raise KeyboardInterrupt from None
-        raise
 
 
 def _write_raw(tables: Iterator[pa.Table], raw: _Raw) -> None:

@@ -354,15 +354,25 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     del table
     spans = spans_from_owned_arrow(source, owner)
     parents = parent_positions(spans)  # once, for both checks (an argsort of every id)
-    impossible = impossible_spans(spans, parents)
-    if impossible:
-        raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
-                               "not written by xsp as it is; not read")
+    refuse_impossible_spans(source, spans, parents)
     orphans = parents_not_in_the_table(spans, parents)
     if orphans:
         warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
                                  "spans left out of it): they are read as roots"))
     return spans, metadata
+
+
+def refuse_impossible_spans(source: Path, spans: pd.DataFrame, parents: np.ndarray) -> None:
+    """Refuse a table of spans that no recording can hold (``parents``: its
+    :func:`xsp.table.walks.parent_positions`).
+
+    Raises:
+        TraceFormatError: one line, saying what is impossible.
+    """
+    impossible = impossible_spans(spans, parents)
+    if impossible:
+        raise TraceFormatError(f"{source} holds spans no recording can ({'; '.join(impossible)}): damaged, or "
+                               "not written by xsp as it is; not read")
 
 
 def _footer_checksum(metadata_json: bytes, schema: pa.Schema, pandas_json: bytes = b"") -> bytes:

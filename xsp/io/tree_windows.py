@@ -32,11 +32,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, XspWarning, first_line, warn
+from xsp.core.errors import TraceFormatError, XspWarning, duckdb_interrupts, first_line, warn
 from xsp.core.memory_release import release_freed_memory
 from xsp.io.outputs import OutputError
-from xsp.io.parquet import check_span_columns, in_start_order, read_trace_metadata, spans_from_owned_arrow
-from xsp.table.validation import impossible_spans
+from xsp.io.parquet import (
+    check_span_columns,
+    in_start_order,
+    read_trace_metadata,
+    refuse_impossible_spans,
+    spans_from_owned_arrow,
+)
 from xsp.table.walks import parent_positions
 
 WINDOW_SPANS: Final = 1 << 16
@@ -135,10 +140,7 @@ class TreeWindows:
         owner = [table.drop_columns([_FILE_ROW])]
         del table
         spans = spans_from_owned_arrow(self.source, owner)
-        impossible = impossible_spans(spans, parent_positions(spans))
-        if impossible:
-            raise TraceFormatError(f"{self.source} holds spans no recording can ({'; '.join(impossible)}): damaged, "
-                                   "or not written by xsp as it is; not read")
+        refuse_impossible_spans(self.source, spans, parent_positions(spans))
         return spans, order
 
 
@@ -163,14 +165,9 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
         connection = duckdb.connect(config={"memory_limit": f"{memory_mb}MB", "threads": min(os.cpu_count() or 1, 4),
                                             "temp_directory": spill_name, "preserve_insertion_order": True})
         try:
-            connection.execute("SET enable_progress_bar = false")
-            facts, up = _parents(connection, source, names)
-        except duckdb.InterruptException:
-            raise KeyboardInterrupt from None
-        except RuntimeError as exc:  # DuckDB's result, read through Arrow, says an interrupt so
-            if "interrupt" in str(exc).lower():
-                raise KeyboardInterrupt from None
-            raise
+            with duckdb_interrupts():
+                connection.execute("SET enable_progress_bar = false")
+                facts, up = _parents(connection, source, names)
         except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
             raise OutputError(f"{source} could not be cut into windows in {spill_name}: {first_line(exc)}") from None
         except duckdb.Error as exc:

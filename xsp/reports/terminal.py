@@ -16,8 +16,8 @@ from rich.text import Text
 
 from xsp import analysis
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
-from xsp.analysis.model import within_steps
-from xsp.analysis.windowed import OutsideSteps, WindowedReport
+from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
+from xsp.analysis.windowed import WindowedReport
 from xsp.core import schema as col
 from xsp.core.figures import counted
 from xsp.core.safe_text import one_line
@@ -540,10 +540,8 @@ def outside_steps_line(trace: Trace, level: Level, what: str) -> str | None:
         return None
     in_steps = spans[steps]
     first_ns, last_ns = int(in_steps[col.START_NS].min()), int(in_steps[col.END_NS].max())
-    duration_ms = (outside[col.END_NS] - outside[col.START_NS]).astype("float64") / 1e6
-    before = duration_ms[(outside[col.START_NS] < first_ns).to_numpy(dtype=bool)].sum()
-    after = duration_ms[(outside[col.START_NS] >= last_ns).to_numpy(dtype=bool)].sum()
-    return _outside_text(OutsideSteps(len(outside), before, duration_ms.sum() - before - after, after), what)
+    return _outside_text(outside_steps(outside[col.START_NS].to_numpy(dtype=np.int64),
+                                       outside[col.END_NS].to_numpy(dtype=np.int64), first_ns, last_ns), what)
 
 
 def _outside_text(outside: OutsideSteps, what: str) -> str:
