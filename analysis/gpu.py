@@ -224,10 +224,13 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
     # and names as codes, not a Python string per kernel (hundreds of thousands of long names)
     codes, names = text_codes(spans[col.NAME])
     codes = codes[kernels]
-    durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels] / 1e3, index=codes,
-                          name="duration_us")
+    durations = pd.Series(spans[col.DURATION_NS].to_numpy(dtype=np.float64)[kernels], index=codes,
+                          name="duration_ns")
+    # sums of whole nanoseconds, exact in any order: the tables of parts of a trace add up to its own
     grouped = durations.groupby(level=0, sort=False, observed=True).agg(
-        count="size", total_us="sum", mean_us="mean", min_us="min", max_us="max")
+        count="size", total_us="sum", min_us="min", max_us="max") / [1, 1e3, 1e3, 1e3]
+    grouped.insert(2, "mean_us", grouped["total_us"] / grouped["count"])
+    grouped["count"] = grouped["count"].astype(np.int64)
     found = grouped.index.to_numpy(dtype=np.int64)
     grouped.insert(0, "name", pd.Index(names.take(pa.array(found, mask=found < 0)).to_pylist(),
                                        dtype=object if not len(found) else None))
@@ -239,10 +242,13 @@ def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
 def _kernel_time_by(source: Trace | pd.DataFrame, key: str) -> pd.DataFrame:
     kernels = kernel_table(source)
+    kernels = kernels.assign(duration_ns=whole_ns(kernels["duration_us"]))
     attributed = kernels[kernels[key].notna()]
-    grouped = attributed.groupby(key, sort=False, observed=True)["duration_us"].agg(
-        kernels="size", kernel_us="sum", mean_kernel_us="mean").reset_index()
-    total = kernels["duration_us"].sum()
+    grouped = attributed.groupby(key, sort=False, observed=True)["duration_ns"].agg(
+        kernels="size", kernel_us="sum").reset_index()
+    grouped["kernel_us"] /= 1e3
+    grouped["mean_kernel_us"] = grouped["kernel_us"] / grouped["kernels"]
+    total = kernels["duration_ns"].sum() / 1e3
     grouped["share"] = grouped["kernel_us"] / total if total else np.nan
     return grouped.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)
 
@@ -380,10 +386,11 @@ def memory_operations(source: Trace | pd.DataFrame) -> pd.DataFrame:
     rows = spans[_kind_mask(spans, SpanKind.MEMCPY, SpanKind.MEMSET)]
     frame = pd.DataFrame({
         "kind": rows[col.KIND].to_numpy(), "direction": rows[col.COPY_KIND].fillna("").to_numpy(),
-        "duration_us": rows[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e3,
+        "duration_ns": rows[col.DURATION_NS].to_numpy(dtype=np.float64),
         "bytes": rows[col.BYTES].fillna(0).to_numpy(dtype=np.float64)})
     grouped = frame.groupby(["kind", "direction"], sort=True, observed=True).agg(
-        count=("duration_us", "size"), total_us=("duration_us", "sum"), bytes=("bytes", "sum")).reset_index()
+        count=("duration_ns", "size"), total_us=("duration_ns", "sum"), bytes=("bytes", "sum")).reset_index()
+    grouped["total_us"] /= 1e3
     grouped["bandwidth_gb_s"] = np.where(grouped["total_us"] > 0, grouped["bytes"] / (grouped["total_us"] * 1e3),
                                          np.nan)
     return grouped
@@ -401,8 +408,10 @@ def synchronization(source: Trace | pd.DataFrame) -> pd.DataFrame:
     frames = []
     for where, rows in (("host", host), ("device", device)):
         if len(rows):
-            grouped = (rows[col.DURATION_NS].astype("float64") / 1e3).groupby(rows[col.NAME], observed=True).agg(
-                count="size", total_us="sum", mean_us="mean").reset_index().rename(columns={col.NAME: "name"})
+            grouped = rows[col.DURATION_NS].astype("float64").groupby(rows[col.NAME], observed=True).agg(
+                count="size", total_us="sum").reset_index().rename(columns={col.NAME: "name"})
+            grouped["total_us"] /= 1e3
+            grouped["mean_us"] = grouped["total_us"] / grouped["count"]
             grouped.insert(0, "where", where)
             frames.append(grouped)
     if not frames:
@@ -422,6 +431,30 @@ def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -
     return (union_length(starts, ends), int(gaps[host_bound].sum()), int(gaps[idle & ~host_bound].sum()))
 
 
+ACTIVITY_TIME_COLUMNS = ("step", "device_id", "stream_id", "start", "end", "launch")
+
+
+def activity_times(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """Every GPU activity (kernel, copy, set) of the trace, what :func:`gpu_utilization` reads of
+    it: ``step``, ``device_id``, ``stream_id``, ``start`` and ``end`` (ns), ``launch`` (the start
+    of the API call that launched it, the least int64 where none did). Made of whole trees each,
+    these tables add up (concatenated) to the whole trace's."""
+    spans = spans_of(source)
+    parents = parent_positions(spans)
+    rows = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
+    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
+    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
+    launch = parents[rows]
+    launch_start = np.where(launch >= 0, starts[np.maximum(launch, 0)], np.iinfo(np.int64).min)
+    return pd.DataFrame({"step": spans[col.STEP].to_numpy()[rows], "device_id": spans[col.DEVICE_ID].to_numpy()[rows],
+                         "stream_id": spans[col.STREAM_ID].to_numpy()[rows], "start": starts[rows],
+                         "end": ends[rows], "launch": launch_start})
+
+
+UTILIZATION_COLUMNS = ("step", "device_id", "stream_id", "activities", "window_us", "busy_us", "host_bound_idle_us",
+                       "other_idle_us", "utilization")
+
+
 def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd.DataFrame:
     """Busy and idle GPU time per step and stream (or, with ``per_stream=False``, per step and
     device: the device is idle only while all its streams are, and ``stream_id`` is empty).
@@ -434,16 +467,7 @@ def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd
     Columns: ``step``, ``device_id``, ``stream_id``, ``activities``, ``window_us``, ``busy_us``,
     ``host_bound_idle_us``, ``other_idle_us``, ``utilization`` (busy over window).
     """
-    spans = spans_of(source)
-    parents = parent_positions(spans)
-    rows = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
-    starts = spans[col.START_NS].to_numpy(dtype=np.int64)
-    ends = spans[col.END_NS].to_numpy(dtype=np.int64)
-    launch = parents[rows]
-    launch_start = np.where(launch >= 0, starts[np.maximum(launch, 0)], np.iinfo(np.int64).min)
-    frame = pd.DataFrame({"step": spans[col.STEP].to_numpy()[rows], "device_id": spans[col.DEVICE_ID].to_numpy()[rows],
-                          "stream_id": spans[col.STREAM_ID].to_numpy()[rows], "start": starts[rows],
-                          "end": ends[rows], "launch": launch_start})
+    frame = activity_times(source)
     if not per_stream:
         frame["stream_id"] = pd.NA
     out = []
@@ -455,8 +479,45 @@ def gpu_utilization(source: Trace | pd.DataFrame, per_stream: bool = True) -> pd
         out.append({"step": step, "device_id": device, "stream_id": stream, "activities": len(group),
                     "window_us": window / 1e3, "busy_us": busy / 1e3, "host_bound_idle_us": host_bound / 1e3,
                     "other_idle_us": other / 1e3, "utilization": busy / window if window else np.nan})
-    return pd.DataFrame(out, columns=["step", "device_id", "stream_id", "activities", "window_us", "busy_us",
-                                      "host_bound_idle_us", "other_idle_us", "utilization"])
+    return pd.DataFrame(out, columns=list(UTILIZATION_COLUMNS))
+
+
+LAUNCH_SUM_COLUMNS = ("kernels", "launch_us", "kernel_us", "kernels_shorter_than_launch", "launch_delay_us",
+                      "delays")
+
+
+def launch_sums(kernels: pd.DataFrame) -> pd.DataFrame:
+    """What :func:`launch_overhead` adds up per step of ``kernels`` (a :func:`kernel_table`):
+    ``step``, ``kernels``, ``launch_us``, ``kernel_us``, ``kernels_shorter_than_launch``,
+    ``launch_delay_us`` (summed) and ``delays`` (kernels with a launch). Summed by step, the
+    tables of parts of a trace are the whole trace's."""
+    exact = kernels.assign(shorter=kernels["duration_us"] < kernels["launch_duration_us"],
+                           **{name: whole_ns(kernels[name]) for name in _LAUNCH_TIMES})
+    sums = exact.groupby("step", dropna=False, sort=True, observed=True).agg(
+        kernels=("duration_us", "size"), launch_us=("launch_duration_us", "sum"), kernel_us=("duration_us", "sum"),
+        kernels_shorter_than_launch=("shorter", "sum"), launch_delay_us=("launch_delay_us", "sum"),
+        delays=("launch_delay_us", "count")).reset_index()
+    sums[["launch_us", "kernel_us", "launch_delay_us"]] /= 1e3
+    return sums
+
+
+_LAUNCH_TIMES = ("duration_us", "launch_duration_us", "launch_delay_us")
+
+
+def whole_ns(microseconds: pd.Series) -> pd.Series:
+    """Times in µs made of whole nanoseconds, as those nanoseconds: their sums are exact in any
+    order, so that the tables of parts of a trace add up to the whole trace's to the last digit."""
+    return np.rint(microseconds.astype("float64") * 1e3)
+
+
+def launch_overhead_of(sums: pd.DataFrame) -> pd.DataFrame:
+    """:func:`launch_overhead` from :func:`launch_sums` (one row a step)."""
+    overhead = sums.assign(
+        launch_to_kernel=np.where(sums["kernel_us"] > 0, sums["launch_us"] / sums["kernel_us"].where(
+            sums["kernel_us"] > 0, 1.0), np.nan),
+        mean_launch_delay_us=sums["launch_delay_us"] / sums["delays"].where(sums["delays"] > 0, np.nan))
+    return overhead[["step", "kernels", "launch_us", "kernel_us", "launch_to_kernel", "kernels_shorter_than_launch",
+                     "mean_launch_delay_us"]]
 
 
 def launch_overhead(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -466,13 +527,4 @@ def launch_overhead(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``kernel_us``, ``launch_to_kernel`` (ratio), ``kernels_shorter_than_launch``,
     ``mean_launch_delay_us`` (kernel start minus launch start).
     """
-    kernels = kernel_table(source)
-    kernels = kernels.assign(shorter=kernels["duration_us"] < kernels["launch_duration_us"])
-    grouped = kernels.groupby("step", dropna=False, sort=True, observed=True).agg(
-        kernels=("duration_us", "size"), launch_us=("launch_duration_us", "sum"), kernel_us=("duration_us", "sum"),
-        kernels_shorter_than_launch=("shorter", "sum"), mean_launch_delay_us=("launch_delay_us", "mean"),
-    ).reset_index()
-    grouped["launch_to_kernel"] = np.where(grouped["kernel_us"] > 0, grouped["launch_us"] / grouped["kernel_us"],
-                                           np.nan)
-    return grouped[["step", "kernels", "launch_us", "kernel_us", "launch_to_kernel", "kernels_shorter_than_launch",
-                    "mean_launch_delay_us"]]
+    return launch_overhead_of(launch_sums(kernel_table(source)))

@@ -39,11 +39,13 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     own_ns = self_ns(spans, is_op)[is_op]
     ops = spans[is_op]
     duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
-    frame = pd.DataFrame({"name": ops[col.NAME].to_numpy(dtype=object), "total_us": duration / 1e3,
-                          "self_us": own_ns / 1e3})
+    # sums of whole nanoseconds, exact in any order: the tables of parts of a trace add up to its own
+    frame = pd.DataFrame({"name": ops[col.NAME].to_numpy(dtype=object), "total_us": duration,
+                          "self_us": np.asarray(own_ns, dtype=np.float64)})
     table = frame.groupby("name", sort=False,
                           observed=True).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
                                                   self_us=("self_us", "sum")).reset_index()
+    table[["total_us", "self_us"]] /= 1e3
     table["mean_us"] = table["total_us"] / table["count"]
     total = table["self_us"].sum()
     table["share"] = table["self_us"] / total if total else np.nan

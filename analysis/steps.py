@@ -28,7 +28,7 @@ PARTS: dict[str, SpanKind] = {
 BREAKDOWN_COLUMNS = ["step", "name", "latency_ms", *(f"{part}_ms" for part in PARTS), "other_ms"]
 
 
-def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def step_breakdown(source: Trace | pd.DataFrame, parts: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per step: its time in forward (model calls, less their compilation), backward,
     optimizer, input (DataLoader waits) and compile, and the ``other`` rest.
 
@@ -37,14 +37,17 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
     counts once, for the innermost part it lies in (a closure optimizer's forwards and
     backwards are forward and backward, not optimizer too), so the parts add up to at most
     ``latency_ms`` and ``other_ms`` is the rest.
+
+    ``parts``: :func:`part_times` of the whole trace, where ``source`` holds only some of its
+    spans (its steps' roots: a trace read a window at a time).
     """
     spans = spans_of(source)
     roots = step_roots(spans)
     out = pd.DataFrame({"step": roots[col.STEP].astype("int64").to_numpy(), "name": roots[col.NAME].to_numpy(),
                         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6})
-    own_ms = _part_self_ms(spans)
+    own_ns = part_times(spans) if parts is None else parts
     for part, kind in PARTS.items():
-        per_step = own_ms[own_ms["kind"] == kind.value].groupby("step", observed=True)["ms"].sum()
+        per_step = own_ns[own_ns["kind"] == kind.value].groupby("step", observed=True)["ns"].sum() / 1e6
         out[f"{part}_ms"] = out["step"].map(per_step).fillna(0.0).to_numpy()
     part_columns = [f"{part}_ms" for part in PARTS]
     total = out[part_columns].sum(axis=1).to_numpy()
@@ -56,9 +59,13 @@ def step_breakdown(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("step").reset_index(drop=True)[BREAKDOWN_COLUMNS]
 
 
-def _part_self_ms(spans: pd.DataFrame) -> pd.DataFrame:
+def part_times(spans: pd.DataFrame) -> pd.DataFrame:
     """Each model-level part span's own time: its duration less the part spans inside it (at
-    any depth, through spans of other kinds), with its ``kind`` and ``step``."""
+    any depth, through spans of other kinds). Made of whole trees each, these tables add up
+    (concatenated) to the whole trace's.
+
+    Columns: ``kind``, ``step``, ``ns``.
+    """
     kinds = spans[col.KIND].to_numpy(dtype=object)
     is_part = (spans[col.LEVEL].isin([Level.MODEL.value, Level.INPUT.value]).to_numpy()
                & np.isin(kinds, [kind.value for kind in PARTS.values()]) & spans[col.STEP].notna().to_numpy())
@@ -68,33 +75,35 @@ def _part_self_ms(spans: pd.DataFrame) -> pd.DataFrame:
     nested = is_part & (outer >= 0)
     np.add.at(inside, outer[nested], duration[nested])
     rows = np.flatnonzero(is_part)
+    # whole nanoseconds: their sums are exact in any order, a trace's parts add up to its own
     return pd.DataFrame({"kind": kinds[rows], "step": spans[col.STEP].to_numpy()[rows],
-                         "ms": np.maximum(duration[rows] - inside[rows], 0.0) / 1e6})
+                         "ns": np.maximum(duration[rows] - inside[rows], 0.0)})
 
 
-def step_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def step_summary(source: Trace | pd.DataFrame, parts: pd.DataFrame | None = None) -> pd.DataFrame:
     """:func:`step_breakdown` over all steps of each name (numbered steps such as
-    ``ProfilerStep#N`` together): the mean of every part, and its share of the step.
+    ``ProfilerStep#N`` together): the mean of every part, and its share of the step
+    (``parts`` as :func:`step_breakdown` takes them).
 
     Columns: ``name``, ``steps``, ``latency_ms`` (mean), then ``<part>_ms`` and
     ``<part>_share`` for forward, backward, optimizer, input, compile and other.
     """
-    breakdown = step_breakdown(source)
-    parts = [*PARTS, "other"]
+    breakdown = step_breakdown(source, parts)
+    named = [*PARTS, "other"]
     rows = []
     for name, group in breakdown.groupby(breakdown["name"].map(step_kind), sort=False, observed=True):
         latency = float(group["latency_ms"].sum())
         row: dict[str, object] = {"name": name, "steps": len(group), "latency_ms": latency / len(group)}
-        for part in parts:
+        for part in named:
             total = float(group[f"{part}_ms"].sum())
             row[f"{part}_ms"] = total / len(group)
             row[f"{part}_share"] = total / latency if latency else np.nan
         rows.append(row)
-    columns = ["name", "steps", "latency_ms", *(f"{p}_ms" for p in parts), *(f"{p}_share" for p in parts)]
+    columns = ["name", "steps", "latency_ms", *(f"{p}_ms" for p in named), *(f"{p}_share" for p in named)]
     return pd.DataFrame(rows, columns=columns)
 
 
-def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def step_coverage(source: Trace | pd.DataFrame, extent_ns: tuple[int, int] | None = None) -> pd.DataFrame:
     """How much of the session the steps cover: one row.
 
     Columns: ``session_ms`` (the traced block, or the trace's extent when it has no session
@@ -102,11 +111,16 @@ def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ratio), ``outside_ms`` (the rest), and that rest by where: ``before_ms`` (before the first
     step: start-up, model construction), ``between_ms`` (between steps: input, evaluation outside
     steps, the program's own work), ``after_ms`` (after the last step: the end of the run).
+
+    ``extent_ns``: the first start and last end of every span of the trace, where ``source``
+    holds only some of them (its session spans and steps' roots: a trace read a window at a time).
     """
     spans = spans_of(source)
     session = spans[spans[col.KIND] == SpanKind.SESSION.value]
     if len(session):
         start, end = int(session[col.START_NS].min()), int(session[col.END_NS].max())
+    elif extent_ns is not None:
+        start, end = extent_ns
     elif len(spans):
         start, end = int(spans[col.START_NS].min()), int(spans[col.END_NS].max())
     else:
@@ -124,20 +138,21 @@ def step_coverage(source: Trace | pd.DataFrame) -> pd.DataFrame:
                           "between_ms": max(outside_ms - before_ms - after_ms, 0.0)}])
 
 
-def user_spans(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def user_spans(source: Trace | pd.DataFrame, extent_ns: tuple[int, int] | None = None) -> pd.DataFrame:
     """The user's own spans (``xsp.span``), by name.
 
     Columns: ``name``, ``count``, ``total_ms``, ``mean_ms``, ``in_steps`` (how many of them
     ran inside a step), ``threads`` (on how many threads they ran), ``share`` (the session's time
     during which at least one of them ran, over the session's: spans of one name that overlap,
     on several threads, are counted once, so that it never exceeds 1; ``total_ms`` adds them).
+    ``extent_ns`` as :func:`step_coverage` takes it.
     """
     spans = spans_of(source)
     user = spans[(spans[col.KIND] == SpanKind.USER.value) & (spans[col.LEVEL] == Level.MODEL.value)]
     columns = ["name", "count", "total_ms", "mean_ms", "in_steps", "threads", "share"]
     if user.empty:
         return pd.DataFrame(columns=columns)
-    session_ms = float(step_coverage(spans)["session_ms"].iloc[0])
+    session_ms = float(step_coverage(spans, extent_ns)["session_ms"].iloc[0])
     frame = pd.DataFrame({"name": user[col.NAME].to_numpy(), "ms": user[col.DURATION_NS].to_numpy() / 1e6,
                           "in_step": user[col.STEP].notna().to_numpy(), "thread": user[col.THREAD_ID].to_numpy(),
                           "start": user[col.START_NS].to_numpy(dtype=np.int64),

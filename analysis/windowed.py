@@ -8,7 +8,16 @@
 * the operators by self time over the steps' work (:func:`xsp.analysis.operator_table` of the
   spans :func:`xsp.analysis.model.within_steps` keeps, the steps' times known beforehand), and
   what ran outside every step;
-* the kernels by name (:func:`xsp.analysis.kernels_by_name`).
+* how much of the session the steps cover, where their time went and the user's spans
+  (:func:`xsp.analysis.step_coverage`, :func:`xsp.analysis.step_summary`,
+  :func:`xsp.analysis.user_spans`: the session's spans, the user's model-level spans and each
+  window's :func:`xsp.analysis.steps.part_times` kept, the trace's extent known);
+* the system level's samples (kept: one a metric every interval);
+* the kernels by name (:func:`xsp.analysis.kernels_by_name`), kernel time per operator, copies,
+  synchronisation and launch overhead per step, each added up by its key;
+* the GPU's busy and idle time per step and device (:func:`xsp.analysis.gpu_utilization`): its
+  activities' times are written to a scratch file, and DuckDB sweeps them in the order of their
+  starts (a step's activities can lie in several windows).
 
 Each window's table is made by the function the whole trace's is, and the tables are added up by
 name: counts and times summed, means and shares made again, and names in the order they first
@@ -17,25 +26,45 @@ ran, so that equal times are listed as the whole trace lists them.
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from xsp.analysis.gpu import kernels_by_name
+from xsp.analysis.gpu import (
+    UTILIZATION_COLUMNS,
+    activity_times,
+    kernel_table,
+    kernels_by_name,
+    launch_overhead_of,
+    launch_sums,
+    memory_operations,
+    synchronization,
+    whole_ns,
+)
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import operator_table
+from xsp.analysis.steps import part_times
 from xsp.core import schema as col
+from xsp.core.errors import duckdb_interrupts, first_line
 from xsp.core.schema import Level, SpanKind
+from xsp.io.outputs import OutputError
 from xsp.io.trace import Trace
-from xsp.io.tree_windows import TreeWindows
-from xsp.table.build import concat_spans
+from xsp.io.tree_windows import TreeWindows, scratch_folder
+from xsp.table.build import concat_spans, empty_table
 from xsp.table.sampling import step_roots as step_root_positions
 
-STEP_TRACE_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value)
-"""The kinds of span the steps' latency reads, beside the steps' roots."""
+KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value, SpanKind.SESSION.value)
+"""The kinds of span kept from every window, beside the steps' roots, the user's model-level
+spans and the system level's samples: the steps' latency and the session's time read them."""
+SWEEP_MEMORY_MB = 512
+"""DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
 
 
 @dataclass
@@ -47,71 +76,262 @@ class WindowedReport:
     steps: list[int]
     level_counts: dict[str, int]
     """Spans per level."""
-    steps_trace: Trace
-    """The spans the steps' latency reads: :func:`xsp.analysis.model_latency` of it is the whole trace's."""
+    kept: Trace
+    """The steps' roots, model calls, compiles, input waits, session spans, the user's
+    model-level spans and the system level's samples, in the order :func:`xsp.load` gives them:
+    :func:`xsp.analysis.model_latency` of it is the whole trace's."""
+    extent_ns: tuple[int, int] | None
+    """The first start and last end of every span (None: no span)."""
+    parts: pd.DataFrame
+    """:func:`xsp.analysis.steps.part_times` of the whole trace."""
     operators: pd.DataFrame
     """:func:`xsp.analysis.operator_table` of the steps' work (of the whole trace where it has no steps)."""
     operators_outside: OutsideSteps | None
     """The operators outside every step (None where the trace has no steps, or none ran outside)."""
     kernels: pd.DataFrame
     """:func:`xsp.analysis.kernels_by_name` of the whole trace."""
+    kernels_per_operator: pd.DataFrame | None
+    """:func:`xsp.analysis.kernel_time_per_operator` of the whole trace; None where it replayed CUDA
+    graphs (a replayed kernel counts on the operator that captured its node, which another window
+    can hold)."""
+    utilization: pd.DataFrame
+    """:func:`xsp.analysis.gpu_utilization` of the whole trace, per step and device."""
+    memory: pd.DataFrame
+    """:func:`xsp.analysis.memory_operations` of the whole trace."""
+    synchronization: pd.DataFrame
+    """:func:`xsp.analysis.synchronization` of the whole trace."""
+    launch: pd.DataFrame
+    """:func:`xsp.analysis.launch_overhead` of the whole trace."""
 
 
 def windowed_report(windows: TreeWindows) -> WindowedReport:
-    """The report's tables of the trace ``windows`` reads, in one reading of the file.
+    """The report's tables of the trace ``windows`` reads, in one reading of the file (and a
+    first one of the steps' roots' columns). DuckDB sweeps the GPU's activities in a scratch
+    folder beside the trace (:func:`xsp.io.tree_windows.scratch_folder`), removed after.
 
     Raises:
         TraceFormatError: the file is corrupt.
+        OutputError: the sweep ran out of memory or of scratch space.
     """
     extents = _step_extents(windows)
     levels: Counter[str] = Counter()
     kept: list[pd.DataFrame] = []
     kept_order: list[np.ndarray] = []
+    parts: list[pd.DataFrame] = []
     operators = _ByName(("count", "total_us", "self_us"))
     kernels = _ByName(("count", "total_us"), smallest=("min_us",), largest=("max_us",))
+    per_operator = _ByName(("kernels", "kernel_us"))
+    kernel_ns = 0.0
+    replays_graphs = False
+    memory: list[pd.DataFrame] = []
+    sync: list[pd.DataFrame] = []
+    launch: list[pd.DataFrame] = []
     outside: list[np.ndarray] = []
     first_ns, last_ns = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    for spans, order in windows.frames():
-        levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
-        wanted = np.zeros(len(spans), dtype=bool)
-        wanted[step_root_positions(spans)] = True
-        wanted |= spans[col.KIND].isin(STEP_TRACE_KINDS).to_numpy(dtype=bool)
-        if wanted.any():
-            kept.append(_own_rows(spans[wanted]))
-            kept_order.append(order[wanted])
-        kernels.add(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)))
-        if windows.steps:
-            within = within_steps(spans, extents)
-            if within.any():
-                first_ns = min(first_ns, int(spans[col.START_NS].to_numpy()[within].min()))
-                last_ns = max(last_ns, int(spans[col.END_NS].to_numpy()[within].max()))
-            operator = (spans[col.LEVEL] == Level.OPERATOR.value).to_numpy(dtype=bool) & ~within
-            outside.append(np.column_stack([spans[col.START_NS].to_numpy(dtype=np.int64)[operator],
-                                            spans[col.END_NS].to_numpy(dtype=np.int64)[operator]]))
-            view = spans[within].reset_index(drop=True)
-            view_order = order[within]
-        else:
-            view, view_order = spans, order
-        is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
-        operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
-    steps_trace = _in_loaded_order(kept, kept_order, windows.metadata)
-    operator_figures = operators.result()
-    operator_figures["mean_us"] = operator_figures["total_us"] / operator_figures["count"]
-    total = operator_figures["self_us"].sum()
-    operator_figures["share"] = operator_figures["self_us"] / total if total else np.nan
-    operator_figures = operator_figures.sort_values("self_us", ascending=False, kind="stable").reset_index(drop=True)
-    kernel_figures = kernels.result()
-    kernel_figures["mean_us"] = kernel_figures["total_us"] / kernel_figures["count"]
-    total = kernel_figures["total_us"].sum()
-    kernel_figures["share"] = kernel_figures["total_us"] / total if total else np.nan
-    kernel_figures = kernel_figures[["name", "count", "total_us", "mean_us", "min_us", "max_us", "share"]]
-    kernel_figures = kernel_figures.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
+    extent = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
+    with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
+        activities = _Activities(Path(scratch))
+        for spans, order in windows.frames():
+            levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
+            if len(spans):
+                extent = [min(extent[0], int(spans[col.START_NS].min())), max(extent[1], int(spans[col.END_NS].max()))]
+            wanted = _kept_rows(spans)
+            if wanted.any():
+                kept.append(_own_rows(spans[wanted]))
+                kept_order.append(order[wanted])
+            parts.append(part_times(spans))
+            kernels.add(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)))
+            table = kernel_table(spans)
+            kernel_ns += float(whole_ns(table["duration_us"]).sum())
+            replays_graphs |= bool(_is_kind(spans, SpanKind.GRAPH_NODE).any())
+            per_operator.add(*_kernels_per_operator(table, spans, order))
+            launch.append(launch_sums(table))
+            memory.append(memory_operations(spans))
+            sync.append(synchronization(spans))
+            activities.add(activity_times(spans))
+            if windows.steps:
+                within = within_steps(spans, extents)
+                if within.any():
+                    first_ns = min(first_ns, int(spans[col.START_NS].to_numpy()[within].min()))
+                    last_ns = max(last_ns, int(spans[col.END_NS].to_numpy()[within].max()))
+                operator = (spans[col.LEVEL] == Level.OPERATOR.value).to_numpy(dtype=bool) & ~within
+                outside.append(np.column_stack([spans[col.START_NS].to_numpy(dtype=np.int64)[operator],
+                                                spans[col.END_NS].to_numpy(dtype=np.int64)[operator]]))
+                view = spans[within].reset_index(drop=True)
+                view_order = order[within]
+            else:
+                view, view_order = spans, order
+            is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
+            operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
+        utilization = activities.utilization()
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
-        steps_trace=steps_trace,
-        operators=operator_figures[["name", "count", "total_us", "self_us", "mean_us", "share"]],
+        kept=_in_loaded_order(kept, kept_order, windows.metadata),
+        extent_ns=(extent[0], extent[1]) if extent[0] <= extent[1] else None,
+        parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
+        operators=_operator_figures(operators.result()),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
-        kernels=kernel_figures)
+        kernels=_kernel_figures(kernels.result()),
+        kernels_per_operator=None if replays_graphs else _per_operator_figures(per_operator.result(), kernel_ns / 1e3),
+        utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
+        launch=_launch_figures(launch))
+
+
+def _kept_rows(spans: pd.DataFrame) -> np.ndarray:
+    """The rows of a window kept to the end (see :attr:`WindowedReport.kept`)."""
+    wanted = np.zeros(len(spans), dtype=bool)
+    wanted[step_root_positions(spans)] = True
+    wanted |= spans[col.KIND].isin(KEPT_KINDS).to_numpy(dtype=bool)
+    level = spans[col.LEVEL]
+    wanted |= ((level == Level.MODEL.value) & (spans[col.KIND] == SpanKind.USER.value)).to_numpy(dtype=bool)
+    wanted |= ((level == Level.SYSTEM.value) & (spans[col.KIND] == SpanKind.SAMPLE.value)).to_numpy(dtype=bool)
+    return wanted
+
+
+def _operator_figures(added: pd.DataFrame) -> pd.DataFrame:
+    figures = added.assign(mean_us=added["total_us"] / added["count"])
+    total = figures["self_us"].sum()
+    figures["share"] = figures["self_us"] / total if total else np.nan
+    figures = figures.sort_values("self_us", ascending=False, kind="stable").reset_index(drop=True)
+    return figures[["name", "count", "total_us", "self_us", "mean_us", "share"]]
+
+
+def _kernel_figures(added: pd.DataFrame) -> pd.DataFrame:
+    figures = added.assign(mean_us=added["total_us"] / added["count"])
+    total = figures["total_us"].sum()
+    figures["share"] = figures["total_us"] / total if total else np.nan
+    figures = figures[["name", "count", "total_us", "mean_us", "min_us", "max_us", "share"]]
+    return figures.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _kernels_per_operator(table: pd.DataFrame, spans: pd.DataFrame, order: np.ndarray
+                          ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A window's kernel time per operator (``table``: its :func:`xsp.analysis.gpu.kernel_table`),
+    and each operator's first kernel's place in the loaded trace."""
+    attributed = table[table["operator"].notna()]
+    grouped = attributed.groupby("operator", sort=False, observed=True)["duration_us"].agg(
+        kernels="size", kernel_us="sum").reset_index().rename(columns={"operator": "name"})
+    rows = np.flatnonzero(_is_kind(spans, SpanKind.KERNEL) & (spans[col.LEVEL] == Level.KERNEL.value).to_numpy())
+    places = pd.DataFrame(order[rows[table["operator"].notna().to_numpy()]], columns=["o0", "o1", "o2"])
+    places.insert(0, "name", attributed["operator"].to_numpy())
+    return grouped, places.groupby("name", sort=False).first()
+
+
+def _per_operator_figures(added: pd.DataFrame, kernel_us: float) -> pd.DataFrame:
+    figures = added.rename(columns={"name": "operator"})
+    figures["mean_kernel_us"] = figures["kernel_us"] / figures["kernels"]
+    figures["share"] = figures["kernel_us"] / kernel_us if kernel_us else np.nan
+    figures = figures[["operator", "kernels", "kernel_us", "mean_kernel_us", "share"]]
+    return figures.sort_values("kernel_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _memory_figures(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    every = pd.concat(parts, ignore_index=True) if parts else memory_operations(empty_table())
+    every = every.assign(total_us=whole_ns(every["total_us"]))
+    added = every.groupby(["kind", "direction"], sort=True, observed=True)[["count", "total_us", "bytes"]].sum()
+    added = added.reset_index()
+    added["total_us"] /= 1e3
+    added["bandwidth_gb_s"] = np.where(added["total_us"] > 0, added["bytes"] / (added["total_us"] * 1e3), np.nan)
+    return added
+
+
+def _sync_figures(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    found = [part for part in parts if len(part)]
+    if not found:
+        return synchronization(empty_table())
+    every = pd.concat(found, ignore_index=True)
+    every = every.assign(host_first=(every["where"] != "host").astype(int), total_us=whole_ns(every["total_us"]))
+    added = every.groupby(["host_first", "where", "name"], sort=True, observed=True)[["count", "total_us"]].sum()
+    added = added.reset_index().drop(columns="host_first")
+    added["total_us"] /= 1e3
+    added["mean_us"] = added["total_us"] / added["count"]
+    return added.sort_values("total_us", ascending=False).reset_index(drop=True)
+
+
+def _launch_figures(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    found = [part for part in parts if len(part)]
+    every = pd.concat(found, ignore_index=True) if found else launch_sums(kernel_table(empty_table()))
+    times = ["launch_us", "kernel_us", "launch_delay_us"]
+    every = every.assign(**{name: whole_ns(every[name]) for name in times})
+    added = every.groupby("step", dropna=False, sort=True, observed=True)[
+        ["kernels", "launch_us", "kernel_us", "kernels_shorter_than_launch", "launch_delay_us", "delays"]].sum()
+    added[times] /= 1e3
+    return launch_overhead_of(added.reset_index())
+
+
+class _Activities:
+    """The GPU's activities of every window (:func:`xsp.analysis.gpu.activity_times`), written to a
+    Parquet file in ``folder`` and swept by DuckDB in the order of their starts, per step and
+    device, as :func:`xsp.analysis.gpu.gpu_utilization` sweeps them (``per_stream=False``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._path = folder / "activities.parquet"
+        self._writer: pq.ParquetWriter | None = None
+
+    def add(self, times: pd.DataFrame) -> None:
+        if not len(times):
+            return
+        table = pa.table({
+            "step": pa.Array.from_pandas(pd.Series(times["step"]).astype("Int64")),
+            "device": pa.Array.from_pandas(pd.Series(times["device_id"]).astype("Int64")),
+            "start_ns": times["start"].to_numpy(dtype=np.int64), "end_ns": times["end"].to_numpy(dtype=np.int64),
+            "launch_ns": times["launch"].to_numpy(dtype=np.int64)})
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
+        self._writer.write_table(table)
+
+    def utilization(self) -> pd.DataFrame:
+        """:func:`xsp.analysis.gpu_utilization` (``per_stream=False``) of the activities added.
+
+        Raises:
+            OutputError: DuckDB ran out of memory or of scratch space.
+        """
+        if self._writer is None:
+            return pd.DataFrame({name: [] for name in UTILIZATION_COLUMNS})
+        self._writer.close()
+        self._writer = None
+        import duckdb
+
+        connection = duckdb.connect(config={"memory_limit": f"{SWEEP_MEMORY_MB}MB", "threads": 2,
+                                            "temp_directory": str(self._folder / "duckdb"),
+                                            "preserve_insertion_order": False})
+        try:
+            with duckdb_interrupts():
+                connection.execute("SET enable_progress_bar = false")
+                found = connection.execute(_SWEEP, {"path": str(self._path)}).df()
+        except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
+            raise OutputError(f"the GPU's activities could not be swept in {self._folder}: {first_line(exc)}") from None
+        finally:
+            connection.close()
+            self._path.unlink(missing_ok=True)
+        window = found["window_ns"].to_numpy(dtype=np.int64)
+        idle = found["idle_ns"].to_numpy(dtype=np.int64)
+        host_bound = found["host_bound_ns"].to_numpy(dtype=np.int64)
+        busy = window - idle
+        return pd.DataFrame({
+            "step": found["step"].astype("Int64"), "device_id": found["device"].astype("Int64"),
+            "stream_id": pd.array([pd.NA] * len(found), dtype="Int64"),
+            "activities": found["activities"].to_numpy(dtype=np.int64), "window_us": window / 1e3,
+            "busy_us": busy / 1e3, "host_bound_idle_us": host_bound / 1e3, "other_idle_us": (idle - host_bound) / 1e3,
+            "utilization": np.where(window > 0, busy / np.where(window > 0, window, 1), np.nan)})
+
+
+_SWEEP = """
+WITH swept AS (
+    SELECT step, device, start_ns, end_ns, launch_ns,
+           max(end_ns) OVER (PARTITION BY step, device ORDER BY start_ns
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_ns
+    FROM read_parquet($path))
+SELECT step, device, count(*) AS activities, max(end_ns) - min(start_ns) AS window_ns,
+       sum(CASE WHEN start_ns > covered_ns THEN start_ns - covered_ns ELSE 0 END)::BIGINT AS idle_ns,
+       sum(CASE WHEN start_ns > covered_ns AND launch_ns >= covered_ns THEN start_ns - covered_ns ELSE 0 END
+           )::BIGINT AS host_bound_ns
+FROM swept GROUP BY step, device ORDER BY step NULLS LAST, device NULLS LAST
+"""
+"""Per step and device, the activities' window, their idle gaps (a start after every earlier
+start's activity ended: ``covered_ns``) and those whose launch began after the GPU went idle
+(the host's); the busy time is the window less the gaps."""
 
 
 def _step_extents(windows: TreeWindows) -> pd.DataFrame:
@@ -154,7 +374,8 @@ class _ByName:
 
     def add(self, table: pd.DataFrame, places: pd.DataFrame) -> None:
         if len(table):
-            self.parts.append(table[["name", *self.summed, *self.smallest, *self.largest]].join(places, on="name"))
+            exact = table.assign(**{name: whole_ns(table[name]) for name in self.summed if name.endswith("_us")})
+            self.parts.append(exact[["name", *self.summed, *self.smallest, *self.largest]].join(places, on="name"))
         if len(self.parts) > 64:  # a long trace: its names added up as it goes
             self.parts = [self._added()]
 
@@ -174,14 +395,15 @@ class _ByName:
             return pd.DataFrame({name: pd.Series(dtype="float64" if name != "name" else object)
                                  for name in ("name", *self.summed, *self.smallest, *self.largest)})
         added = self._added().sort_values(["o0", "o1", "o2"], kind="stable")
+        for name in self.summed:
+            if name.endswith("_us"):  # summed as whole nanoseconds (:func:`xsp.analysis.gpu.whole_ns`)
+                added[name] /= 1e3
         return added.drop(columns=["o0", "o1", "o2"]).reset_index(drop=True)
 
 
 def _in_loaded_order(frames: list[pd.DataFrame], orders: list[np.ndarray], metadata: dict[str, Any]) -> Trace:
     """The rows kept of every window as one trace, in the order :func:`xsp.load` gives them."""
     if not frames:
-        from xsp.table.build import empty_table
-
         return Trace(spans=empty_table(), metadata=metadata)
     spans = concat_spans(frames).reset_index(drop=True)
     order = np.concatenate(orders)

@@ -185,8 +185,10 @@ def test_a_windowed_summary_out_of_memory_is_one_error_and_leaves_no_scratch(sha
 
 
 _SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ operators? by self time|"
-                      r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|"
-                      r"This trace is too large)", re.M)
+                      r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
+                      r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
+                      r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
+                      r"Hierarchy diagnostics|This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:
@@ -208,6 +210,25 @@ def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: 
     assert sections[-1].startswith("This trace is too large to load here")
     for section in sections[:-1]:  # each section as the whole trace's report prints it
         assert section.rstrip("\n") in whole, section
+    # and every section it makes that the whole trace's report has
+    assert [found.group(1) for found in _SECTION.finditer(whole)] == [
+        found.group(1) for found in _SECTION.finditer(windowed)][:-1]
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_gpu_s_busy_and_idle_time_swept_from_windows_is_the_whole_trace_s(shared_files, name):
+    from xsp.analysis import gpu_utilization
+    from xsp.analysis.windowed import windowed_report
+
+    path, trace = shared_files[name]
+    whole = gpu_utilization(trace, per_stream=False)
+    windowed = windowed_report(tree_windows(path, window_spans=1)).utilization
+    assert list(windowed.columns) == list(whole.columns) and len(windowed) == len(whole)
+    for column in ("step", "device_id"):
+        assert windowed[column].astype("Float64").tolist() == whole[column].astype("Float64").tolist()
+    for column in ("activities", "window_us", "busy_us", "host_bound_idle_us", "other_idle_us", "utilization"):
+        assert np.allclose(windowed[column].to_numpy(dtype=float), whole[column].to_numpy(dtype=float),
+                           rtol=0, atol=1e-9, equal_nan=True), column
 
 
 @pytest.mark.parametrize("name", SHARED)

@@ -328,9 +328,12 @@ def _latency_tables(trace: Trace, console: Console) -> None:
           + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns)
 
 
-def _step_tables(trace: Trace, console: Console) -> None:
-    """What share of the session the steps cover, where the step time went, the user's spans."""
-    coverage = analysis.step_coverage(trace).iloc[0]
+def _step_tables(trace: Trace, console: Console, extent_ns: tuple[int, int] | None = None,
+                 parts: pd.DataFrame | None = None) -> None:
+    """What share of the session the steps cover, where the step time went, the user's spans
+    (``extent_ns`` and ``parts`` as :func:`xsp.analysis.step_coverage` and
+    :func:`xsp.analysis.step_summary` take them, for a trace that holds only some spans)."""
+    coverage = analysis.step_coverage(trace, extent_ns).iloc[0]
     if coverage["steps"]:
         rest = ", ".join(f"{coverage[key]:,.3f} ms {where}" for key, where in (
             ("before_ms", "before the first step (start-up, model construction)"), ("between_ms", "between steps"),
@@ -338,14 +341,14 @@ def _step_tables(trace: Trace, console: Console) -> None:
         _say(console, f"Steps cover {share(coverage['coverage'])} of the session "
               f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
               f"{coverage['outside_ms']:,.3f} ms ran outside every step" + (f": {rest}" if rest else ""))
-        summary = analysis.step_summary(trace)
-        parts = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
+        summary = analysis.step_summary(trace, parts)
+        shown = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
                  if summary[f"{p}_ms"].sum() > 0]
         columns: list[tuple[str, str, Format]] = [("name", "step name", text), ("steps", "steps", number(0)),
                                                   ("latency_ms", "mean ms", number())]
-        columns += [(f"{p}_share", p, share) for p in parts]
+        columns += [(f"{p}_share", p, share) for p in shown]
         _show(console, summary, "Where the step time went (share of step time, all steps)", columns)
-    spans = analysis.user_spans(trace)
+    spans = analysis.user_spans(trace, extent_ns)
     if not spans.empty:
         _show(console, spans, "Your spans (xsp.span, profiler annotations), share of the session they cover", [
             ("name", "span", text), ("count", "count", number(0)), ("total_ms", "total ms", number()),
@@ -438,20 +441,9 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
     if kernels.empty:
         return
     # per device, as the recommendations count it: a device is idle only while all its streams are
-    utilization = analysis.gpu_utilization(trace, per_stream=False)
-    busy, window = utilization["busy_us"].sum(), utilization["window_us"].sum()
-    _say(console, f"GPU: {int(kernels['count'].sum()):,} kernels, "
-                  f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; the GPU busy "
-                  f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
-                  f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
-                  f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
+    _gpu_line(kernels, analysis.gpu_utilization(trace, per_stream=False), console)
     _kernel_table(kernels, console, top)
-    per_operator = analysis.kernel_time_per_operator(trace)
-    if not per_operator.empty:
-        shown, unit, figure = in_time_unit(per_operator.head(top), ["kernel_us"])
-        _show(console, shown, "Kernel time per operator", [
-            ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
-            ("kernel_us", f"kernel {unit}", figure), ("share", "share", share)])
+    _per_operator_table(analysis.kernel_time_per_operator(trace), console, top)
     replayed = analysis.replayed_layers(trace)
     if not replayed.empty:  # a replayed graph's kernels, on the layers that captured them
         grouped = replayed.groupby(["depth", "layer"], sort=False, observed=True).agg(
@@ -472,27 +464,50 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
             ("name", "layer", text), ("duration_us", f"wall {unit}", figure),
             ("gpu_us", f"GPU busy {unit}", figure), ("cpu_us", f"non-GPU {unit}", figure),
             ("kernels", "kernels", number(0))])
-    memory = analysis.memory_operations(trace)
+    _transfer_tables(analysis.memory_operations(trace), analysis.synchronization(trace),
+                     analysis.launch_overhead(trace), console, top)
+    _roofline_table(trace, console, top)
+
+
+def _gpu_line(kernels: pd.DataFrame, utilization: pd.DataFrame, console: Console) -> None:
+    """The kernels' count and time, and the GPU's busy and idle time (``utilization``: per device)."""
+    busy, window = utilization["busy_us"].sum(), utilization["window_us"].sum()
+    _say(console, f"GPU: {int(kernels['count'].sum()):,} kernels, "
+                  f"{kernels['total_us'].sum() / 1e3:,.3f} ms of kernel time; the GPU busy "
+                  f"{100 * busy / window if window else 0:.1f}% of its active window, idle "
+                  f"{utilization['host_bound_idle_us'].sum() / 1e3:,.3f} ms waiting for the host and "
+                  f"{utilization['other_idle_us'].sum() / 1e3:,.3f} ms on other waits")
+
+
+def _per_operator_table(per_operator: pd.DataFrame, console: Console, top: int) -> None:
+    if per_operator.empty:
+        return
+    shown, unit, figure = in_time_unit(per_operator.head(top), ["kernel_us"])
+    _show(console, shown, "Kernel time per operator", [
+        ("operator", "operator", short(60)), ("kernels", "kernels", number(0)),
+        ("kernel_us", f"kernel {unit}", figure), ("share", "share", share)])
+
+
+def _transfer_tables(memory: pd.DataFrame, sync: pd.DataFrame, launch: pd.DataFrame, console: Console,
+                     top: int) -> None:
+    """Copies and sets, synchronisation and launch overhead per step."""
     if not memory.empty:
         shown, unit, figure = in_time_unit(memory, ["total_us"])
         _show(console, shown, "Memory copies and sets", [
             ("kind", "kind", text), ("direction", "direction", text), ("count", "count", number(0)),
             ("total_us", f"total {unit}", figure), ("bytes", "bytes", number(0)),
             ("bandwidth_gb_s", "GB/s", number(2))])
-    sync = analysis.synchronization(trace)
     if not sync.empty:
         shown, unit, figure = in_time_unit(sync.head(top), ["total_us", "mean_us"])
         _show(console, shown, "Synchronisation", [
             ("where", "where", text), ("name", "name", text), ("count", "count", number(0)),
             ("total_us", f"total {unit}", figure), ("mean_us", f"mean {unit}", figure)])
-    launch = analysis.launch_overhead(trace)
     shown, unit, figure = in_time_unit(launch.head(STEPS_SHOWN), ["launch_us", "kernel_us", "mean_launch_delay_us"])
     _show(console, shown, "Launch overhead per step", [
         ("step", "step", number(0)), ("kernels", "kernels", number(0)), ("launch_us", f"launch {unit}", figure),
         ("kernel_us", f"kernel {unit}", figure), ("launch_to_kernel", "launch/kernel", number(2)),
         ("kernels_shorter_than_launch", "kernels < launch", number(0)),
         ("mean_launch_delay_us", f"mean delay {unit}", figure)])
-    _roofline_table(trace, console, top)
 
 
 def _kernel_table(kernels: pd.DataFrame, console: Console, top: int) -> None:
@@ -876,29 +891,38 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "recommendations", "the steps' share of the session and where their time went", "your spans",
-    "the warm-up note", "layers", "FLOPs", "kernel time per operator", "GPU busy and idle time", "copies",
-    "synchronisation", "launch overhead", "memory", "communication", "system", "the hierarchy's diagnostics")
+    "recommendations", "layers (with the warm-up note, GPU against CPU time and memory per layer type)", "FLOPs",
+    "CUDA graph replays", "communication", "always-on and leveled figures")
 """The sections of the report of a trace loaded whole that the report read a window at a time
 does not make (where the trace has them)."""
 
 
 def render_windowed_report(report: WindowedReport, console: Console, top: int = 10) -> None:
     """The report of a trace too large to load, from its tables read a window of whole trees at a
-    time (:func:`xsp.analysis.windowed.windowed_report`): its header, the steps' latency, the
-    top operators and kernels, each as :func:`render_report` prints it; then what is not shown."""
+    time (:func:`xsp.analysis.windowed.windowed_report`), each section as :func:`render_report`
+    prints it; then what is not shown."""
     _header_of(report.metadata, report.level_counts, report.spans, len(report.steps), console)
-    _latency_tables(report.steps_trace, console)
+    _latency_tables(report.kept, console)
+    _step_tables(report.kept, console, report.extent_ns, report.parts)
     if len(report.operators):
         outside = report.operators_outside
         _operator_table(report.operators, ALL_STEPS if report.steps else WHOLE_TRACE,
                         _outside_text(outside, "operator") if outside is not None else None, console, top)
+    left_out = list(WINDOWED_SECTIONS_LEFT_OUT)
     if len(report.kernels):
+        _gpu_line(report.kernels, report.utilization, console)
         _kernel_table(report.kernels, console, top)
+        if report.kernels_per_operator is not None:
+            _per_operator_table(report.kernels_per_operator, console, top)
+        else:
+            left_out.insert(3, "kernel time per operator")
+        _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
+    _system_tables(report.kept, console)
+    _diagnostics(report.kept, console)
     console.print()
     _say(console, "This trace is too large to load here, so it was read a window of whole trees at a time, and "
                   "only the tables above were made. The report of the trace loaded whole (where it fits) also has, "
-                  f"where the trace holds them: {', '.join(WINDOWED_SECTIONS_LEFT_OUT)}. DuckDB queries the file "
+                  f"where the trace holds them: {', '.join(left_out)}. DuckDB queries the file "
                   "without loading it (docs/fleet.md).", "yellow")
 
 
