@@ -11,13 +11,13 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.gpu import kernel_table
+from xsp.analysis.evidence import Evidence, evidence_of
+from xsp.analysis.gpu import gpu_utilization
 from xsp.analysis.model import step_roots
 from xsp.core import schema as col
 from xsp.core.figures import milliseconds
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
-from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
 RULE: Final = "rule"
 SEVERITY: Final = "severity"
@@ -148,8 +148,6 @@ FP32_MATMUL = re.compile(r"sgemm|scudnn|implicit_convolve_s|_f32f32_f32f32|fft2d
                           re.IGNORECASE)
 TF32 = re.compile(r"tf32|s1688|s16816", re.IGNORECASE)
 LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
-FUSED_OPTIMIZER = re.compile(r"_foreach_|_fused_|multi_tensor_apply", re.IGNORECASE)
-OPTIMIZER_ANNOTATION = "Optimizer.step#"
 _DEVICE_CAPABILITY: Final = (("H100", 9, 0), ("H200", 9, 0), ("H20", 9, 0), ("GH200", 9, 0), ("B200", 10, 0),
                              ("A100", 8, 0), ("A10", 8, 6), ("A30", 8, 0), ("A40", 8, 6), ("L4", 8, 9),
                              ("L40", 8, 9), ("RTX 40", 8, 9), ("RTX 30", 8, 6), ("V100", 7, 0), ("T4", 7, 5),
@@ -158,9 +156,14 @@ _DEVICE_CAPABILITY: Final = (("H100", 9, 0), ("H200", 9, 0), ("H20", 9, 0), ("GH
 
 # ---------------------------------------------------------------------------------------------
 class Context:
-    """What several rules read, computed once."""
+    """What several rules read, computed once. ``extent_ns``, ``evidence`` and ``usage`` are
+    given where ``trace`` holds only some spans of the trace judged (its steps' roots, model
+    calls, input waits and fetches: one read a window at a time): the first start and last end of
+    all its spans, :func:`xsp.analysis.evidence.added_evidence` of its windows and the GPU's busy
+    and idle time of its steps' work per step and device."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, extent_ns: tuple[int, int] | None = None, evidence: Evidence | None = None,
+                 usage: pd.DataFrame | None = None) -> None:
         self.trace = trace
         self.spans = trace.spans
         self.metadata = trace.metadata
@@ -173,25 +176,27 @@ class Context:
             self.step_ns = float(roots[col.DURATION_NS].sum())
             self.in_steps = spans[col.STEP].notna().to_numpy()
         else:
-            extent = (int(spans[col.END_NS].max()) - int(spans[col.START_NS].min())) if len(spans) else 0
-            self.step_ns = float(max(extent, 0))
+            first, last = extent_ns if extent_ns is not None else (
+                (int(spans[col.START_NS].min()), int(spans[col.END_NS].max())) if len(spans) else (0, 0))
+            self.step_ns = float(max(last - first, 0))
             self.in_steps = np.ones(len(spans), dtype=bool)
-        self._parents: np.ndarray | None = None
-        self._kernels: pd.DataFrame | None = None
+        self._evidence = evidence
+        self._usage = usage
 
     @property
-    def parents(self) -> np.ndarray:
-        if self._parents is None:
-            self._parents = parent_positions(self.spans)
-        return self._parents
+    def evidence(self) -> Evidence:
+        """What the rules read of the steps' work (:mod:`xsp.analysis.evidence`)."""
+        if self._evidence is None:
+            self._evidence = evidence_of(self.spans, self.in_steps)
+        return self._evidence
 
     @property
-    def kernels(self) -> pd.DataFrame:
-        """:func:`kernel_table` of the spans in steps."""
-        if self._kernels is None:
-            table = kernel_table(self.spans)
-            self._kernels = table[table["step"].notna()] if self.steps else table
-        return self._kernels
+    def usage(self) -> pd.DataFrame:
+        """:func:`xsp.analysis.gpu_utilization` of the steps' work, per step and device."""
+        if self._usage is None:
+            self._usage = gpu_utilization(self.spans if not self.steps else self.spans[self.in_steps],
+                                          per_stream=False)
+        return self._usage
 
     def share(self, ns: float) -> float:
         return min(ns / self.step_ns, 1.0) if self.step_ns > 0 else 0.0
@@ -225,14 +230,3 @@ class Context:
         if in_steps:
             mask &= self.in_steps
         return self.spans[mask]
-
-    def operator_names(self, rows: np.ndarray) -> list[str]:
-        """For each span position, the path (else name) of its innermost operator (else itself)."""
-        operators = nearest_ancestor(self.spans, of_level(self.spans, Level.OPERATOR), self.parents)
-        paths = self.spans[col.PATH].to_numpy(dtype=object, na_value=None)
-        names = self.spans[col.NAME].to_numpy(dtype=object, na_value=None)
-        found = []
-        for row in rows.tolist():
-            at = int(operators[row]) if operators[row] >= 0 else row
-            found.append(str(paths[at] or names[at]))
-        return found

@@ -431,24 +431,31 @@ def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -
     return (union_length(starts, ends), int(gaps[host_bound].sum()), int(gaps[idle & ~host_bound].sum()))
 
 
-ACTIVITY_TIME_COLUMNS = ("step", "device_id", "stream_id", "start", "end", "launch")
+ACTIVITY_TIME_COLUMNS = ("step", "device_id", "stream_id", "start", "end", "launch", "launch_end", "launch_step",
+                         "kernel")
 
 
 def activity_times(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Every GPU activity (kernel, copy, set) of the trace, what :func:`gpu_utilization` reads of
-    it: ``step``, ``device_id``, ``stream_id``, ``start`` and ``end`` (ns), ``launch`` (the start
-    of the API call that launched it, the least int64 where none did). Made of whole trees each,
-    these tables add up (concatenated) to the whole trace's."""
+    it: ``step``, ``device_id``, ``stream_id``, ``start`` and ``end`` (ns), ``launch`` and
+    ``launch_end`` (the start and end of the API call that launched it, the least int64 where
+    none did), ``launch_step`` (whether that call has a step), ``kernel`` (whether it is a
+    kernel). Made of whole trees each, these tables add up (concatenated) to the whole trace's."""
     spans = spans_of(source)
     parents = parent_positions(spans)
     rows = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)
     launch = parents[rows]
-    launch_start = np.where(launch >= 0, starts[np.maximum(launch, 0)], np.iinfo(np.int64).min)
+    has_launch = launch >= 0
+    at = np.maximum(launch, 0)
+    least = np.iinfo(np.int64).min
     return pd.DataFrame({"step": spans[col.STEP].to_numpy()[rows], "device_id": spans[col.DEVICE_ID].to_numpy()[rows],
                          "stream_id": spans[col.STREAM_ID].to_numpy()[rows], "start": starts[rows],
-                         "end": ends[rows], "launch": launch_start})
+                         "end": ends[rows], "launch": np.where(has_launch, starts[at], least),
+                         "launch_end": np.where(has_launch, ends[at], least),
+                         "launch_step": has_launch & spans[col.STEP].notna().to_numpy(dtype=bool)[at],
+                         "kernel": (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy(dtype=bool)[rows]})
 
 
 UTILIZATION_COLUMNS = ("step", "device_id", "stream_id", "activities", "window_us", "busy_us", "host_bound_idle_us",

@@ -33,7 +33,6 @@ from xsp.analysis.findings import (
     FIX,
     FP32_MATMUL,
     FP32_MATMUL_SHARE,
-    FUSED_OPTIMIZER,
     GEMM,
     HOST_IDLE_HIGH,
     HOST_IDLE_MODERATE,
@@ -46,7 +45,6 @@ from xsp.analysis.findings import (
     MATMUL_SHARE,
     MAX_PATHS,
     MEMORY_CAPACITY,
-    OPTIMIZER_ANNOTATION,
     OPTIMIZER_OPERATORS,
     OPTIMIZER_SHARE,
     PATHS,
@@ -68,7 +66,6 @@ from xsp.analysis.findings import (
     Severity,
     Threshold,
 )
-from xsp.analysis.gpu import SYNC_CALLS, gpu_utilization
 from xsp.analysis.inputs import input_spans, input_workers
 from xsp.core import schema as col
 from xsp.core.figures import milliseconds, three_digits
@@ -253,8 +250,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
 
 
 def gpu_idle(ctx: Context) -> Finding | None:
-    spans = ctx.spans if not ctx.steps else ctx.spans[ctx.in_steps]
-    usage = gpu_utilization(spans, per_stream=False)
+    usage = ctx.usage
     if not len(usage):
         return None
     window_us = float(usage["window_us"].sum())
@@ -280,96 +276,103 @@ def _plain_id(value: Any) -> str:
 
 
 def small_kernels(ctx: Context) -> Finding | None:
-    kernels = ctx.kernels
-    kernels = kernels[kernels["launch_duration_us"].notna()]
-    if not len(kernels):
+    kernels = ctx.evidence.kernels
+    launched = int(kernels["launched"].sum())
+    if not launched:
         return None
-    short = (kernels["duration_us"] < kernels["launch_duration_us"]).to_numpy()
-    fraction = float(short.mean())
-    launch_ns = float(kernels["launch_duration_us"].sum()) * 1e3
-    launch_share = ctx.share(launch_ns)
+    short = int(kernels["short"].sum())
+    fraction = short / launched
+    launch_share = ctx.share(float(kernels["launch_ns"].sum()))
     if fraction < SHORT_KERNEL_FRACTION or launch_share < LAUNCH_MODERATE:
         return None
-    short_rows = kernels[short]
+    short_rows = kernels[kernels["short"] > 0]
+    median_kernel_us, median_launch_us = ctx.evidence.kernel_medians_us
     return Finding(
         Severity.HIGH if launch_share >= LAUNCH_HIGH else Severity.MEDIUM,
-        ctx.share(float(short_rows["launch_duration_us"].sum()) * 1e3),
-        f"{int(short.sum())} of {len(kernels)} kernels ({_pct(fraction)}) ran shorter than the CPU call that "
-        f"launched them (median kernel {three_digits(float(kernels['duration_us'].median()))} us, launch "
-        f"{three_digits(float(kernels['launch_duration_us'].median()))} us); launches took {_pct(launch_share)} "
-        f"of {ctx.time_name}: "
+        ctx.share(float(short_rows["short_launch_ns"].sum())),
+        f"{short} of {launched} kernels ({_pct(fraction)}) ran shorter than the CPU call that "
+        f"launched them (median kernel {three_digits(median_kernel_us)} us, launch "
+        f"{three_digits(median_launch_us)} us); launches took {_pct(launch_share)} of {ctx.time_name}: "
         "launch-bound",
         "fuse small kernels: torch.compile(model); or capture the step in a CUDA graph "
         "(torch.compile(model, mode=\"reduce-overhead\")); or raise the batch size so each kernel does more",
-        _top([str(name) for name in short_rows["operator"].fillna(short_rows["name"]).tolist()],
-             short_rows["launch_duration_us"].to_numpy(dtype=np.float64)))
+        _top(_kernel_places(short_rows, "operator"), short_rows["short_launch_ns"].to_numpy(dtype=np.float64)))
+
+
+def _kernel_places(kernels: pd.DataFrame, *where: str) -> list[str]:
+    """Per row of :attr:`xsp.analysis.evidence.Evidence.kernels`, the first of ``where`` (its
+    ``layer``, ``operator``) it has, else the kernel's name."""
+    found = kernels["name"]
+    for column in reversed(where):
+        found = kernels[column].where(kernels[column].notna(), found)
+    return [str(name) for name in found.tolist()]
 
 
 def pageable_memcpy(ctx: Context) -> Finding | None:
-    copies = ctx.of(Level.KERNEL, SpanKind.MEMCPY)
-    pageable = copies[copies[col.NAME].str.contains("Pageable", case=False, na=False).to_numpy()]
+    pageable = ctx.evidence.pageable
     if not len(pageable):
         return None
-    copy_ns = float(pageable[col.DURATION_NS].sum())
+    copy_ns = float(pageable["ns"].sum())
     share = ctx.share(copy_ns)
-    directions = Counter(str(kind) for kind in pageable[col.COPY_KIND].fillna("?").tolist())
-    moved = int(pageable[col.BYTES].fillna(0).sum())
-    rows = np.flatnonzero(ctx.spans.index.isin(pageable.index))
+    directions: Counter[str] = Counter()
+    for direction, count in zip(pageable["direction"].tolist(), pageable["count"].tolist()):
+        directions[str(direction)] += int(count)
     return Finding(
         _severity(share), share,
-        f"{len(pageable)} copies from or to pageable host memory "
+        f"{int(pageable['count'].sum())} copies from or to pageable host memory "
         f"({', '.join(f'{kind} x{count}' for kind, count in directions.most_common())}; "
-        f"{three_digits(moved / 1e6)} MB, "
+        f"{three_digits(float(pageable['bytes'].sum()) / 1e6)} MB, "
         f"{milliseconds(copy_ns / 1e6)}): an async copy of pageable memory is staged and runs synchronously",
         "pin host memory: DataLoader(..., pin_memory=True), or x = x.pin_memory(); then "
         "x.to(\"cuda\", non_blocking=True)",
-        _top_of_each(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows],
-                     [str(kind) for kind in ctx.spans[col.COPY_KIND].iloc[rows].fillna("?").tolist()]))
+        _top_of_each(pageable["path"].astype(str).tolist(), pageable["ns"].to_numpy(dtype=np.float64),
+                     pageable["direction"].astype(str).tolist()))
 
 
 def blocking_sync(ctx: Context) -> Finding | None:
-    api = ctx.of(Level.CUDA_API)
-    names = api[col.NAME].astype(str)
-    blocking = names.str.startswith(tuple(call for call in SYNC_CALLS if "WaitEvent" not in call)) | (
-        names == "cudaMemcpy") | names.str.startswith("cuMemcpyDtoH")
-    calls = api[blocking.to_numpy()]
+    calls = ctx.evidence.blocking
     if not len(calls):
         return None
-    blocked_ns = float(calls[col.DURATION_NS].sum())
+    blocked_ns = float(calls["ns"].sum())
     share = ctx.share(blocked_ns)
     if share < 0.01:
         return None
-    to_host = ctx.of(Level.KERNEL, SpanKind.MEMCPY)
-    to_host = to_host[to_host[col.COPY_KIND].fillna("").str.startswith("DtoH").to_numpy()]
-    counts = Counter(names[blocking.to_numpy()].tolist())
-    rows = np.flatnonzero(ctx.spans.index.isin(calls.index))
-    per_step = f" ({three_digits(len(to_host) / ctx.steps)} device-to-host copies per step)" \
-        if ctx.steps and len(to_host) \
-        else f" ({len(to_host)} device-to-host copies)" if len(to_host) else ""
+    to_host = ctx.evidence.to_host_copies
+    counts: Counter[str] = Counter()
+    for call, count in zip(calls["call"].tolist(), calls["count"].tolist()):
+        counts[str(call)] += int(count)
+    per_step = f" ({three_digits(to_host / ctx.steps)} device-to-host copies per step)" \
+        if ctx.steps and to_host \
+        else f" ({to_host} device-to-host copies)" if to_host else ""
     return Finding(
         _severity(share), share,
         f"the host blocked {_pct(share)} of {ctx.time_name} ({milliseconds(blocked_ns / 1e6)}) in "
-        f"{len(calls)} synchronising calls ({', '.join(f'{name} x{n}' for name, n in counts.most_common(3))})"
-        f"{per_step}",
+        f"{int(calls['count'].sum())} synchronising calls "
+        f"({', '.join(f'{name} x{n}' for name, n in counts.most_common(3))}){per_step}",
         "keep values on the GPU inside the loop: accumulate with total += loss.detach() and call .item() once "
         "per logging interval; avoid torch.cuda.synchronize() and .cpu()/.tolist() on the hot path",
-        _top(ctx.operator_names(rows), ctx.spans[col.DURATION_NS].to_numpy(dtype=np.float64)[rows]))
+        _top(calls["path"].astype(str).tolist(), calls["ns"].to_numpy(dtype=np.float64)))
 
 
 def _kernel_time(ctx: Context, pattern: re.Pattern[str], exclude: re.Pattern[str] | None = None) -> tuple[
         float, pd.DataFrame]:
-    kernels = ctx.kernels
+    """The kernels whose names match ``pattern`` (not ``exclude``): their time (ns), and their rows."""
+    kernels = ctx.evidence.kernels
     names = kernels["name"].astype(str)
     mask = names.str.contains(pattern).to_numpy(dtype=bool, copy=True)
     if exclude is not None:
         mask &= ~names.str.contains(exclude).to_numpy()
     chosen = kernels[mask]
-    return float(chosen["duration_us"].sum()) * 1e3, chosen
+    return float(chosen["duration_ns"].sum()), chosen
+
+
+def _kernel_ns(ctx: Context) -> float:
+    return float(ctx.evidence.kernels["duration_ns"].sum())
 
 
 def no_tf32(ctx: Context) -> Finding | None:
     capability = ctx.capability()
-    kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
+    kernel_ns = _kernel_ns(ctx)
     if capability is None or capability < (8, 0) or kernel_ns <= 0:
         return None
     fp32_ns, fp32 = _kernel_time(ctx, FP32_MATMUL, TF32)
@@ -381,18 +384,17 @@ def no_tf32(ctx: Context) -> Finding | None:
         f"cudnn.allow_tf32={ctx.metadata.get('tf32_cudnn')}")
     return Finding(
         _severity(ctx.share(fp32_ns)), ctx.share(fp32_ns),
-        f"{_pct(fraction)} of kernel time is in full-fp32 matmul/convolution kernels ({len(fp32)} launches, e.g. "
-        f"{str(fp32['name'].iloc[0])[:60]}) on a compute capability {capability[0]}.{capability[1]} GPU whose "
-        f"Tensor Cores run TF32{settings}",
+        f"{_pct(fraction)} of kernel time is in full-fp32 matmul/convolution kernels ({int(fp32['count'].sum())} "
+        f"launches, e.g. {str(fp32['name'].iloc[0])[:60]}) on a compute capability {capability[0]}.{capability[1]} "
+        f"GPU whose Tensor Cores run TF32{settings}",
         "torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True  "
         "(or torch.set_float32_matmul_precision(\"high\"))",
-        _top([str(name) for name in fp32["operator"].fillna(fp32["name"]).tolist()],
-             fp32["duration_us"].to_numpy(dtype=np.float64)))
+        _top(_kernel_places(fp32, "operator"), fp32["duration_ns"].to_numpy(dtype=np.float64)))
 
 
 def no_amp(ctx: Context) -> Finding | None:
     capability = ctx.capability()
-    kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
+    kernel_ns = _kernel_ns(ctx)
     if capability is None or capability < (7, 0) or kernel_ns <= 0:
         return None
     matmul_ns, matmul = _kernel_time(ctx, GEMM)
@@ -407,12 +409,11 @@ def no_amp(ctx: Context) -> Finding | None:
         f"{capability[0]}.{capability[1]} GPU with 16-bit Tensor Cores",
         f"with torch.autocast(\"cuda\", dtype=torch.{dtype}): output = model(x); loss = criterion(output, y)"
         + ("  (and torch.amp.GradScaler(\"cuda\") for training)" if dtype == "float16" else ""),
-        _top([str(name) for name in matmul["operator"].fillna(matmul["name"]).tolist()],
-             matmul["duration_us"].to_numpy(dtype=np.float64)))
+        _top(_kernel_places(matmul, "operator"), matmul["duration_ns"].to_numpy(dtype=np.float64)))
 
 
 def channels_last(ctx: Context) -> Finding | None:
-    kernel_ns = float(ctx.kernels["duration_us"].sum()) * 1e3
+    kernel_ns = _kernel_ns(ctx)
     if kernel_ns <= 0:
         return None
     converting_ns, converting = _kernel_time(ctx, LAYOUT_CONVERSION)
@@ -421,42 +422,27 @@ def channels_last(ctx: Context) -> Finding | None:
         return None
     return Finding(
         _severity(ctx.share(converting_ns)), ctx.share(converting_ns),
-        f"{len(converting)} layout conversion kernels (NCHW <-> NHWC) take {_pct(fraction)} of kernel time: "
-        "convolutions run in channels-last internally and convert contiguous (NCHW) tensors on every call",
+        f"{int(converting['count'].sum())} layout conversion kernels (NCHW <-> NHWC) take {_pct(fraction)} of "
+        "kernel time: convolutions run in channels-last internally and convert contiguous (NCHW) tensors on every "
+        "call",
         "model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)",
-        _top([str(name) for name in converting["layer"].fillna(converting["operator"]).fillna(
-            converting["name"]).tolist()], converting["duration_us"].to_numpy(dtype=np.float64)))
+        _top(_kernel_places(converting, "layer", "operator"), converting["duration_ns"].to_numpy(dtype=np.float64)))
 
 
 def unfused_optimizer(ctx: Context) -> Finding | None:
-    spans = ctx.spans
-    model = (spans[col.LEVEL] == Level.MODEL.value).to_numpy() & ctx.in_steps
-    steps = spans[model & ((spans[col.KIND] == SpanKind.OPTIMIZER.value).to_numpy()
-                           | spans[col.NAME].str.startswith(OPTIMIZER_ANNOTATION).fillna(False).to_numpy())]
-    if not len(steps):
+    calls = ctx.evidence.optimizer_calls
+    if not len(calls):
         return None
-    optimizer_ns = float(steps[col.DURATION_NS].sum())
+    optimizer_ns = float(calls["ns"].sum())
     share = ctx.share(optimizer_ns)
     if share < OPTIMIZER_SHARE:
         return None
-    operators = spans[(spans[col.LEVEL] == Level.OPERATOR.value).to_numpy()
-                      & (spans[col.KIND] == SpanKind.OPERATOR.value).to_numpy()]
-    if not len(operators):
+    if not ctx.evidence.operators:
         return None  # which implementation ran is not recorded
-    op_start = operators[col.START_NS].to_numpy(dtype=np.int64)
-    op_end = operators[col.END_NS].to_numpy(dtype=np.int64)
-    op_thread = operators[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
-    op_names = operators[col.NAME].astype(str).to_numpy(dtype=object)
-    counts, fused = [], False
-    for start, end, thread in zip(steps[col.START_NS].tolist(), steps[col.END_NS].tolist(),
-                                  steps[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan).tolist()):
-        inside = (op_start >= start) & (op_end <= end) & ((op_thread == thread) | np.isnan(thread))
-        counts.append(int(inside.sum()))
-        fused |= any(FUSED_OPTIMIZER.search(name) for name in op_names[inside])
-    per_step = float(np.median(counts))
-    if fused or per_step < OPTIMIZER_OPERATORS:
+    per_step = float(np.median(calls["operators"].to_numpy(dtype=np.int64)))
+    if bool(calls["fused"].any()) or per_step < OPTIMIZER_OPERATORS:
         return None
-    name = str(steps[col.NAME].iloc[0])
+    name = str(calls["name"].iloc[0])
     optimizer = name.split("#", 1)[1] if "#" in name else name
     optimizer = optimizer.rsplit(".", 1)[0] or "Adam"
     return Finding(
@@ -483,33 +469,32 @@ def _grid_blocks(grids: pd.Series) -> np.ndarray:
 
 def gpu_underutilized(ctx: Context) -> Finding | None:
     sms = ctx.device().get("numSms")
-    kernels = ctx.kernels
+    kernels = ctx.evidence.kernels
     if not sms or not len(kernels):
         return None
     blocks = _grid_blocks(kernels["grid"])
     known = ~np.isnan(blocks)
     if not known.any():
         return None
-    duration = kernels["duration_us"].to_numpy(dtype=np.float64)[known]
-    kernel_ns = float(duration.sum()) * 1e3
+    duration = kernels["duration_ns"].to_numpy(dtype=np.float64)[known]
+    kernel_ns = float(duration.sum())
     if ctx.share(kernel_ns) < KERNEL_SHARE or kernel_ns <= 0:
         return None
     efficiency = float((duration * np.minimum(blocks[known] / float(sms), 1.0)).sum() / duration.sum())
     if efficiency >= SM_EFFICIENCY:
         return None
-    sizes = ctx.spans[col.BATCH_SIZE].dropna()
-    batch = int(sizes.median()) if len(sizes) else None
+    sizes = ctx.evidence.batch_sizes
+    batch = int(np.median(sizes)) if len(sizes) else None
     under = kernels[known][blocks[known] < float(sms)]
     return Finding(
         Severity.HIGH if efficiency < SM_EFFICIENCY / 2 else Severity.MEDIUM,
         ctx.share(kernel_ns * (1.0 - efficiency)),
         f"SM efficiency {efficiency:.2f} (< {SM_EFFICIENCY}): kernels weighted by time launch fewer blocks than the "
-        f"GPU's {int(sms)} SMs ({len(under)} of {int(known.sum())} kernels)"
+        f"GPU's {int(sms)} SMs ({int(under['count'].sum())} of {int(kernels['count'][known].sum())} kernels)"
         + (f"; batch size {batch}" if batch else ""),
         (f"raise the batch size (batch_size={batch * 2} or more, as memory allows)" if batch else
          "raise the batch size, as memory allows") + "; or serve several requests per call",
-        _top([str(name) for name in under["layer"].fillna(under["operator"]).fillna(under["name"]).tolist()],
-             under["duration_us"].to_numpy(dtype=np.float64)))
+        _top(_kernel_places(under, "layer", "operator"), under["duration_ns"].to_numpy(dtype=np.float64)))
 
 
 def memory_near_capacity(ctx: Context) -> Finding | None:
@@ -589,7 +574,12 @@ def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     largest first; a list). An empty frame says no rule fired; ``docs/recommendations.md`` says
     what each rule needs recorded.
     """
-    context = Context(trace if isinstance(trace, Trace) else Trace(spans=trace, metadata={}))
+    return recommendations_of(Context(trace if isinstance(trace, Trace) else Trace(spans=trace, metadata={})))
+
+
+def recommendations_of(context: Context) -> pd.DataFrame:
+    """:func:`recommend` of the trace ``context`` reads (one read a window at a time gives its
+    context the evidence of all its windows)."""
     rows = []
     for rule, check in CHECKS.items():
         finding = check(context)
@@ -605,4 +595,4 @@ def recommend(trace: Trace | pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-__all__ = ["Rule", "Severity", "Threshold", "RULES", "recommend"]
+__all__ = ["Rule", "Severity", "Threshold", "RULES", "recommend", "recommendations_of"]

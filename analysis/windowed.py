@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from xsp.analysis.evidence import Evidence, added_evidence, evidence_of
+from xsp.analysis.findings import Context
 from xsp.analysis.gpu import (
     UTILIZATION_COLUMNS,
     activity_times,
@@ -50,6 +52,7 @@ from xsp.analysis.gpu import (
 )
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import operator_table
+from xsp.analysis.recommend import recommendations_of
 from xsp.analysis.steps import part_times
 from xsp.core import schema as col
 from xsp.core.errors import duckdb_interrupts, first_line
@@ -60,9 +63,11 @@ from xsp.io.tree_windows import TreeWindows, scratch_folder
 from xsp.table.build import concat_spans, empty_table
 from xsp.table.sampling import step_roots as step_root_positions
 
-KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value, SpanKind.SESSION.value)
-"""The kinds of span kept from every window, beside the steps' roots, the user's model-level
-spans and the system level's samples: the steps' latency and the session's time read them."""
+KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value, SpanKind.SESSION.value,
+              SpanKind.FETCH.value)
+"""The kinds of span kept from every window, beside the steps' roots, the backward passes, the
+user's model-level spans and the system level's samples: the steps' latency, the session's time
+and the recommendations about input and threads read them."""
 SWEEP_MEMORY_MB = 512
 """DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
 
@@ -82,6 +87,8 @@ class WindowedReport:
     :func:`xsp.analysis.model_latency` of it is the whole trace's."""
     extent_ns: tuple[int, int] | None
     """The first start and last end of every span (None: no span)."""
+    recommendations: pd.DataFrame
+    """:func:`xsp.analysis.recommend` of the whole trace."""
     parts: pd.DataFrame
     """:func:`xsp.analysis.steps.part_times` of the whole trace."""
     operators: pd.DataFrame
@@ -127,10 +134,12 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     sync: list[pd.DataFrame] = []
     launch: list[pd.DataFrame] = []
     outside: list[np.ndarray] = []
+    evidence: list[Evidence] = []
     first_ns, last_ns = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     extent = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
+    has_steps = not extents.empty  # as the recommendations' context counts steps: by their roots
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
-        activities = _Activities(Path(scratch))
+        activities = _Activities(Path(scratch), has_steps)
         for spans, order in windows.frames():
             levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
             if len(spans):
@@ -149,6 +158,10 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             memory.append(memory_operations(spans))
             sync.append(synchronization(spans))
             activities.add(activity_times(spans))
+            in_steps = spans[col.STEP].notna().to_numpy(dtype=bool) if has_steps else np.ones(len(spans), dtype=bool)
+            evidence.append(evidence_of(spans, in_steps, order))
+            if len(evidence) > 64:  # a long trace: its evidence added up as it goes
+                evidence = [added_evidence(evidence)]
             if windows.steps:
                 within = within_steps(spans, extents)
                 if within.any():
@@ -163,11 +176,14 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
                 view, view_order = spans, order
             is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
             operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
-        utilization = activities.utilization()
+        utilization, in_step_usage, medians = activities.swept()
+    kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
+    extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
+    context = Context(kept_trace, extent_ns, replace(added_evidence(evidence), kernel_medians_us=medians),
+                      in_step_usage)
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
-        kept=_in_loaded_order(kept, kept_order, windows.metadata),
-        extent_ns=(extent[0], extent[1]) if extent[0] <= extent[1] else None,
+        kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(operators.result()),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
@@ -183,7 +199,8 @@ def _kept_rows(spans: pd.DataFrame) -> np.ndarray:
     wanted[step_root_positions(spans)] = True
     wanted |= spans[col.KIND].isin(KEPT_KINDS).to_numpy(dtype=bool)
     level = spans[col.LEVEL]
-    wanted |= ((level == Level.MODEL.value) & (spans[col.KIND] == SpanKind.USER.value)).to_numpy(dtype=bool)
+    wanted |= ((level == Level.MODEL.value) & spans[col.KIND].isin([SpanKind.USER.value, SpanKind.BACKWARD.value])
+               ).to_numpy(dtype=bool)
     wanted |= ((level == Level.SYSTEM.value) & (spans[col.KIND] == SpanKind.SAMPLE.value)).to_numpy(dtype=bool)
     return wanted
 
@@ -262,33 +279,47 @@ def _launch_figures(parts: list[pd.DataFrame]) -> pd.DataFrame:
 class _Activities:
     """The GPU's activities of every window (:func:`xsp.analysis.gpu.activity_times`), written to a
     Parquet file in ``folder`` and swept by DuckDB in the order of their starts, per step and
-    device, as :func:`xsp.analysis.gpu.gpu_utilization` sweeps them (``per_stream=False``)."""
+    device, as :func:`xsp.analysis.gpu.gpu_utilization` sweeps them (``per_stream=False``): of
+    every activity, and of the steps' work (the recommendations'; ``has_steps``: the trace has
+    steps, else the steps' work is all of it)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, has_steps: bool) -> None:
         self._folder = folder
         self._path = folder / "activities.parquet"
+        self._has_steps = has_steps
         self._writer: pq.ParquetWriter | None = None
 
     def add(self, times: pd.DataFrame) -> None:
         if not len(times):
             return
+        step = pd.Series(times["step"]).astype("Int64")
+        launched = times["launch_end"].to_numpy(dtype=np.int64) != np.iinfo(np.int64).min
+        # the kernels the recommendations' medians read: in the steps' work, with a launch call
+        counted = times["kernel"].to_numpy(dtype=bool) & launched & (step.notna().to_numpy(dtype=bool)
+                                                                      if self._has_steps else True)
+        start, end = times["start"].to_numpy(dtype=np.int64), times["end"].to_numpy(dtype=np.int64)
+        launch, launch_end = times["launch"].to_numpy(dtype=np.int64), times["launch_end"].to_numpy(dtype=np.int64)
         table = pa.table({
-            "step": pa.Array.from_pandas(pd.Series(times["step"]).astype("Int64")),
+            "step": pa.Array.from_pandas(step),
             "device": pa.Array.from_pandas(pd.Series(times["device_id"]).astype("Int64")),
-            "start_ns": times["start"].to_numpy(dtype=np.int64), "end_ns": times["end"].to_numpy(dtype=np.int64),
-            "launch_ns": times["launch"].to_numpy(dtype=np.int64)})
+            "start_ns": start, "end_ns": end, "launch_ns": launch,
+            "launch_step": times["launch_step"].to_numpy(dtype=bool),
+            "kernel_ns": pa.array(end - start, mask=~counted),
+            "launch_call_ns": pa.array(launch_end - launch, mask=~counted)})
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
         self._writer.write_table(table)
 
-    def utilization(self) -> pd.DataFrame:
-        """:func:`xsp.analysis.gpu_utilization` (``per_stream=False``) of the activities added.
+    def swept(self) -> tuple[pd.DataFrame, pd.DataFrame, tuple[float, float]]:
+        """:func:`xsp.analysis.gpu_utilization` (``per_stream=False``) of the activities added, and
+        of those of the steps' work; the median kernel and launch call of the steps' work (µs).
 
         Raises:
             OutputError: DuckDB ran out of memory or of scratch space.
         """
         if self._writer is None:
-            return pd.DataFrame({name: [] for name in UTILIZATION_COLUMNS})
+            empty = pd.DataFrame({name: [] for name in UTILIZATION_COLUMNS})
+            return empty, empty, (np.nan, np.nan)
         self._writer.close()
         self._writer = None
         import duckdb
@@ -296,42 +327,57 @@ class _Activities:
         connection = duckdb.connect(config={"memory_limit": f"{SWEEP_MEMORY_MB}MB", "threads": 2,
                                             "temp_directory": str(self._folder / "duckdb"),
                                             "preserve_insertion_order": False})
+        given = {"path": str(self._path)}
         try:
             with duckdb_interrupts():
                 connection.execute("SET enable_progress_bar = false")
-                found = connection.execute(_SWEEP, {"path": str(self._path)}).df()
+                every = connection.execute(_SWEEP.format(launch="launch_ns", where="TRUE"), given).df()
+                in_steps = connection.execute(_SWEEP.format(
+                    launch=f"CASE WHEN launch_step THEN launch_ns ELSE {np.iinfo(np.int64).min} END",
+                    where="step IS NOT NULL"), given).df() if self._has_steps else every
+                medians = connection.execute(
+                    "SELECT median(kernel_ns), median(launch_call_ns) FROM read_parquet($path) "
+                    "WHERE kernel_ns IS NOT NULL", given).fetchall()[0]
         except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
             raise OutputError(f"the GPU's activities could not be swept in {self._folder}: {first_line(exc)}") from None
         finally:
             connection.close()
             self._path.unlink(missing_ok=True)
-        window = found["window_ns"].to_numpy(dtype=np.int64)
-        idle = found["idle_ns"].to_numpy(dtype=np.int64)
-        host_bound = found["host_bound_ns"].to_numpy(dtype=np.int64)
-        busy = window - idle
-        return pd.DataFrame({
-            "step": found["step"].astype("Int64"), "device_id": found["device"].astype("Int64"),
-            "stream_id": pd.array([pd.NA] * len(found), dtype="Int64"),
-            "activities": found["activities"].to_numpy(dtype=np.int64), "window_us": window / 1e3,
-            "busy_us": busy / 1e3, "host_bound_idle_us": host_bound / 1e3, "other_idle_us": (idle - host_bound) / 1e3,
-            "utilization": np.where(window > 0, busy / np.where(window > 0, window, 1), np.nan)})
+        found = tuple(np.nan if value is None else float(value) / 1e3 for value in medians)
+        return _utilization(every), _utilization(in_steps), (found[0], found[1])
+
+
+def _utilization(found: pd.DataFrame) -> pd.DataFrame:
+    """:func:`xsp.analysis.gpu_utilization`'s table of what :data:`_SWEEP` found."""
+    window = found["window_ns"].to_numpy(dtype=np.int64)
+    idle = found["idle_ns"].to_numpy(dtype=np.int64)
+    host_bound = found["host_bound_ns"].to_numpy(dtype=np.int64)
+    busy = window - idle
+    return pd.DataFrame({
+        "step": found["step"].astype("Int64"), "device_id": found["device"].astype("Int64"),
+        "stream_id": pd.array([pd.NA] * len(found), dtype="Int64"),
+        "activities": found["activities"].to_numpy(dtype=np.int64), "window_us": window / 1e3,
+        "busy_us": busy / 1e3, "host_bound_idle_us": host_bound / 1e3, "other_idle_us": (idle - host_bound) / 1e3,
+        "utilization": np.where(window > 0, busy / np.where(window > 0, window, 1), np.nan)})
 
 
 _SWEEP = """
-WITH swept AS (
+WITH chosen AS (SELECT step, device, start_ns, end_ns, {launch} AS launch_ns FROM read_parquet($path) WHERE {where}),
+swept AS (
     SELECT step, device, start_ns, end_ns, launch_ns,
            max(end_ns) OVER (PARTITION BY step, device ORDER BY start_ns
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_ns
-    FROM read_parquet($path))
+    FROM chosen)
 SELECT step, device, count(*) AS activities, max(end_ns) - min(start_ns) AS window_ns,
-       sum(CASE WHEN start_ns > covered_ns THEN start_ns - covered_ns ELSE 0 END)::BIGINT AS idle_ns,
-       sum(CASE WHEN start_ns > covered_ns AND launch_ns >= covered_ns THEN start_ns - covered_ns ELSE 0 END
-           )::BIGINT AS host_bound_ns
+       coalesce(sum(CASE WHEN start_ns > covered_ns THEN start_ns - covered_ns ELSE 0 END), 0)::BIGINT AS idle_ns,
+       coalesce(sum(CASE WHEN start_ns > covered_ns AND launch_ns >= covered_ns THEN start_ns - covered_ns ELSE 0 END),
+                0)::BIGINT AS host_bound_ns
 FROM swept GROUP BY step, device ORDER BY step NULLS LAST, device NULLS LAST
 """
 """Per step and device, the activities' window, their idle gaps (a start after every earlier
 start's activity ended: ``covered_ns``) and those whose launch began after the GPU went idle
-(the host's); the busy time is the window less the gaps."""
+(the host's); the busy time is the window less the gaps. ``{launch}``: the launch's start;
+``{where}``: the activities swept."""
 
 
 def _step_extents(windows: TreeWindows) -> pd.DataFrame:

@@ -4,14 +4,18 @@ the real traces of ../shared/traces."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
 import xsp
 from tests.unit.test_gpu_analyses import make_trace
 from xsp.analysis.recommend import COLUMNS, RULES, Rule, recommend
+from xsp.analysis.windowed import windowed_report
 from xsp.core import schema as col
 from xsp.io.trace import Trace
+from xsp.io.tree_windows import tree_windows
 
 A100 = {"device_properties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0,
                                "numSms": 108, "totalGlobalMem": 80 * 2**30}]}
@@ -21,8 +25,14 @@ P100 = {"device_properties": [{"id": 0, "name": "Tesla P100", "computeMajor": 6,
 
 
 def fired(trace: Trace) -> dict[str, dict[str, object]]:
+    """The rules that fire on ``trace``; the same, word for word, where it is read a tree at a time."""
     table = recommend(trace)
     assert list(table.columns) == list(COLUMNS)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / ("trace" + col.FILE_SUFFIX)
+        Trace(spans=trace.spans, metadata={"schema_version": col.SCHEMA_VERSION, **trace.metadata}).save(path)
+        windowed = windowed_report(tree_windows(path, window_spans=1)).recommendations
+    assert windowed.to_dict("records") == table.to_dict("records")
     return {row["rule"]: row for row in table.to_dict("records")}
 
 

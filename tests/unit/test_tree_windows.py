@@ -188,7 +188,7 @@ _SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ oper
                       r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
-                      r"Hierarchy diagnostics|This trace is too large)", re.M)
+                      r"Hierarchy diagnostics|Recommendations|\d+\. \[|This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:

@@ -753,8 +753,8 @@ def _diagnostics(trace: Trace, console: Console) -> None:
                       f"{row.meaning}")
 
 
-def _recommendations(trace: Trace, console: Console) -> None:
-    table = analysis.recommend(trace)
+def _recommendations(table: pd.DataFrame, console: Console) -> None:
+    """The recommendations (:func:`xsp.analysis.recommend`'s ``table``), most at stake first."""
     if table.empty:
         return
     console.print("[bold]Recommendations[/bold] (most at stake first; details: xsp recommend FILE)")
@@ -891,7 +891,7 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "recommendations", "layers (with the warm-up note, GPU against CPU time and memory per layer type)", "FLOPs",
+    "layers (with the warm-up note, GPU against CPU time and memory per layer type)", "FLOPs",
     "CUDA graph replays", "communication", "always-on and leveled figures")
 """The sections of the report of a trace loaded whole that the report read a window at a time
 does not make (where the trace has them)."""
@@ -902,6 +902,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     time (:func:`xsp.analysis.windowed.windowed_report`), each section as :func:`render_report`
     prints it; then what is not shown."""
     _header_of(report.metadata, report.level_counts, report.spans, len(report.steps), console)
+    _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
     if len(report.operators):
@@ -915,7 +916,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
         if report.kernels_per_operator is not None:
             _per_operator_table(report.kernels_per_operator, console, top)
         else:
-            left_out.insert(3, "kernel time per operator")
+            left_out.insert(2, "kernel time per operator")
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
     _system_tables(report.kept, console)
     _diagnostics(report.kept, console)
@@ -944,7 +945,7 @@ def _job_section(trace: Trace, console: Console, chosen: int) -> None:
 
 
 def _rank_sections(trace: Trace, console: Console, top: int, lines: bool) -> None:
-    _recommendations(trace, console)
+    _recommendations(analysis.recommend(trace), console)
     step_view = deep_steps(trace)
     _latency_tables(trace, console)
     _step_tables(trace, console)
