@@ -17,6 +17,7 @@ from xsp.analysis.distributed import (
 from xsp.analysis.gpu import (
     gpu_utilization,
     gpu_vs_cpu_per_layer,
+    gpu_vs_cpu_sums,
     kernel_table,
     kernel_time_per_layer,
     kernel_time_per_operator,
@@ -27,7 +28,15 @@ from xsp.analysis.gpu import (
     synchronization,
 )
 from xsp.analysis.inputs import input_per_step, input_waits, input_workers
-from xsp.analysis.layers import layer_table, layer_type_summary, top_layers
+from xsp.analysis.layers import (
+    layer_sums,
+    layer_table,
+    layer_type_summary,
+    layer_type_summary_of,
+    module_sums,
+    top_layers,
+    top_layers_of,
+)
 from xsp.analysis.lines import lines
 from xsp.analysis.memory import layer_memory, memory_by_layer_type, memory_timeline
 from xsp.analysis.model import model_latency, model_summary
@@ -61,5 +70,6 @@ __all__ = [
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
     "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew",
-    "communication_of_steps", "lines",
+    "communication_of_steps", "lines", "layer_sums", "module_sums", "top_layers_of", "layer_type_summary_of",
+    "gpu_vs_cpu_sums",
 ]

@@ -4,10 +4,9 @@ trace: :func:`evidence_of` a part (the whole trace, or a window of whole trees o
 :func:`added_evidence` of several parts. The rules then decide alike on a trace loaded whole and
 on one read a window at a time.
 
-Each table keeps its keys in the order their first span comes in the loaded trace (``o0``,
-``o1``, ``o2``: a place as :class:`xsp.io.tree_windows.TreeWindows` gives it), so that names of
-equal weight are listed alike either way. Times are whole nanoseconds, whose sums are exact in
-any order.
+Each table keeps its keys in the order their first span comes in the loaded trace
+(:mod:`xsp.analysis.in_order`), so that names of equal weight are listed alike either way.
+Times are whole nanoseconds, whose sums are exact in any order.
 """
 
 from __future__ import annotations
@@ -19,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from xsp.analysis.gpu import SYNC_CALLS, kernel_table, whole_ns
+from xsp.analysis.in_order import PLACE, added_in_order, grouped_in_order, row_places
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions
 
-PLACE = ["o0", "o1", "o2"]
 KERNEL_KEYS = ["name", "operator", "layer", "grid"]
 KERNEL_SUMS = ["count", "duration_ns", "launched", "launch_ns", "short", "short_launch_ns"]
 COPY_KEYS = ["path", "direction"]
@@ -70,8 +69,7 @@ class Evidence:
 def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | None = None) -> Evidence:
     """The evidence of ``spans`` (whole trees), of the rows ``in_steps`` (the steps' work);
     ``order``: each row's place in the loaded trace (N x 3), where ``spans`` is part of a trace."""
-    places = order if order is not None else np.column_stack(
-        [np.arange(len(spans), dtype=np.int64), np.zeros((len(spans), 2), dtype=np.int64)])
+    places = order if order is not None else row_places(len(spans))
     parents = parent_positions(spans)
     kernels, medians = _kernels(spans, in_steps, places)
     level = spans[col.LEVEL]
@@ -87,12 +85,12 @@ def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | N
     paths = _operator_paths(spans, parents)
     durations = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     rows = np.flatnonzero(pageable)
-    pageable_table = _grouped(pd.DataFrame({
+    pageable_table = grouped_in_order(pd.DataFrame({
         "path": paths[rows], "direction": directions.fillna("?").astype(str).to_numpy(dtype=object)[rows],
         "count": 1, "ns": durations[rows],
         "bytes": spans[col.BYTES].fillna(0).to_numpy(dtype=np.float64)[rows]}), places[rows], COPY_KEYS, COPY_SUMS)
     rows = np.flatnonzero(blocking)
-    blocking_table = _grouped(pd.DataFrame({
+    blocking_table = grouped_in_order(pd.DataFrame({
         "call": names.to_numpy(dtype=object)[rows], "path": paths[rows], "count": 1, "ns": durations[rows]}),
         places[rows], CALL_KEYS, CALL_SUMS)
     return Evidence(kernels=kernels, pageable=pageable_table, blocking=blocking_table,
@@ -105,31 +103,16 @@ def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | N
 def added_evidence(parts: list[Evidence]) -> Evidence:
     """The evidence of the trace whose parts (whole trees each) are ``parts``; its kernel
     medians unknown (NaN)."""
-    def added(tables: list[pd.DataFrame], keys: list[str], sums: list[str]) -> pd.DataFrame:
-        every = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=[*keys, *sums, *PLACE])
-        return _grouped(every.drop(columns=PLACE), every[PLACE].to_numpy(dtype=np.int64), keys, sums)
-
     calls = pd.concat([part.optimizer_calls for part in parts], ignore_index=True) if parts else \
         pd.DataFrame(columns=[*OPTIMIZER_CALL_COLUMNS, *PLACE])
     calls = calls.sort_values(PLACE, kind="stable").reset_index(drop=True)
     return Evidence(
-        kernels=added([part.kernels for part in parts], KERNEL_KEYS, KERNEL_SUMS),
-        pageable=added([part.pageable for part in parts], COPY_KEYS, COPY_SUMS),
-        blocking=added([part.blocking for part in parts], CALL_KEYS, CALL_SUMS),
+        kernels=added_in_order([part.kernels for part in parts], KERNEL_KEYS, KERNEL_SUMS),
+        pageable=added_in_order([part.pageable for part in parts], COPY_KEYS, COPY_SUMS),
+        blocking=added_in_order([part.blocking for part in parts], CALL_KEYS, CALL_SUMS),
         to_host_copies=sum(part.to_host_copies for part in parts), optimizer_calls=calls,
         operators=any(part.operators for part in parts),
         batch_sizes=np.concatenate([part.batch_sizes for part in parts]) if parts else np.zeros(0))
-
-
-def _grouped(frame: pd.DataFrame, places: np.ndarray, keys: list[str], sums: list[str]) -> pd.DataFrame:
-    """``frame``'s ``sums`` added up by ``keys`` (a missing key is a key), with each key's first
-    place, in the order of those places."""
-    with_places = frame.assign(**{name: places[:, at] if len(places) else np.zeros(0, dtype=np.int64)
-                                  for at, name in enumerate(PLACE)})
-    with_places = with_places.sort_values(PLACE, kind="stable")
-    group = with_places.groupby(keys, sort=False, dropna=False, observed=True)
-    added = group[sums].sum().join(group[PLACE].first())
-    return added.reset_index()[[*keys, *sums, *PLACE]]
 
 
 def _kernels(spans: pd.DataFrame, in_steps: np.ndarray, places: np.ndarray) -> tuple[pd.DataFrame, tuple[float, float]]:
@@ -151,7 +134,7 @@ def _kernels(spans: pd.DataFrame, in_steps: np.ndarray, places: np.ndarray) -> t
         "short_launch_ns": np.where(short, launch_ns, 0.0)})
     medians = (float(np.median(duration_ns[launched])) / 1e3, float(np.median(launch_ns[launched])) / 1e3) \
         if launched.any() else (np.nan, np.nan)
-    return _grouped(frame, places[rows], KERNEL_KEYS, KERNEL_SUMS), medians
+    return grouped_in_order(frame, places[rows], KERNEL_KEYS, KERNEL_SUMS), medians
 
 
 def _operator_paths(spans: pd.DataFrame, parents: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from xsp.analysis.compiled import compiled_callers, compiled_keys, compiled_layer_name
+from xsp.analysis.in_order import grouped_in_order, row_places
 from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -374,6 +375,24 @@ def gpu_vs_cpu_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "gpu_us": gpu_ns / 1e3, "cpu_us": np.maximum(duration - gpu_ns, 0) / 1e3,
         "kernels": [len(owners.get(r, ())) for r in layer_rows.tolist()],
     })
+
+
+GPU_VS_CPU_KEYS = ["name"]
+GPU_VS_CPU_SUMS = ["duration_ns", "gpu_ns", "cpu_ns", "kernels"]
+
+
+def gpu_vs_cpu_sums(per_layer: pd.DataFrame, places: np.ndarray | None = None) -> pd.DataFrame:
+    """:func:`gpu_vs_cpu_per_layer` added up per layer name, in the order they first ran:
+    ``duration_ns``, ``gpu_ns``, ``cpu_ns`` (whole nanoseconds: exact in any order), ``kernels``;
+    with each name's first place (``places``: one per row, default its position;
+    :mod:`xsp.analysis.in_order`). Added up by name, the sums of parts of a trace are the whole
+    trace's."""
+    rows = pd.DataFrame({"name": per_layer["name"], "duration_ns": whole_ns(per_layer["duration_us"]),
+                         "gpu_ns": whole_ns(per_layer["gpu_us"]), "cpu_ns": whole_ns(per_layer["cpu_us"]),
+                         "kernels": per_layer["kernels"].astype(np.int64)})
+    rows = rows[rows["name"].notna()]
+    chosen = (places if places is not None else row_places(len(per_layer)))[rows.index.to_numpy()]
+    return grouped_in_order(rows.reset_index(drop=True), chosen, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS)
 
 
 def memory_operations(source: Trace | pd.DataFrame) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from xsp.analysis.compiled import compiled_callers, compiled_keys, compiled_layer_name
+from xsp.analysis.in_order import grouped_in_order, row_places
 from xsp.analysis.model import spans_of, step_roots
 from xsp.core import schema as col
 from xsp.core.schema import BACKWARD_SUFFIX, Level, SpanKind
@@ -147,27 +148,85 @@ def _step_time_ms(spans: pd.DataFrame) -> float:
     return float(step_roots(spans)[col.DURATION_NS].sum()) / 1e6
 
 
+LAYER_KEYS = ["name", "kind"]
+LAYER_SUMS = ["calls", "total_ns", "self_ns", "ci_squared_ms2", "ci_calls"]
+MODULE_KEYS = ["module_type", "module"]
+MODULE_SUMS = ["calls", "total_ns", "self_ns"]
+
+
+def layer_sums(table: pd.DataFrame, places: np.ndarray | None = None) -> pd.DataFrame:
+    """What :func:`top_layers` adds up of a :func:`layer_table`, per layer (``name`` and
+    ``kind``, in the order they first ran): ``module_type`` (the first call's), ``calls``,
+    ``total_ns`` and ``self_ns`` (whole nanoseconds: exact in any order), ``ci_squared_ms2``
+    (the calls' 95% intervals squared, added) and ``ci_calls`` (the calls with one); with the
+    first call's place (``places``: one per row, default its position; :mod:`xsp.analysis.in_order`).
+    Added up by layer, the sums of parts of a trace are the whole trace's."""
+    ci = table["duration_ci_ms"].astype("float64")
+    rows = pd.DataFrame({
+        "name": table["name"], "kind": table["kind"], "module_type": table["module_type"], "calls": 1,
+        "total_ns": np.rint(table["duration_ms"].astype("float64") * 1e6),
+        "self_ns": np.rint(table["self_ms"].astype("float64") * 1e6),
+        "ci_squared_ms2": (ci ** 2).fillna(0.0), "ci_calls": ci.notna().astype(np.int64)})
+    rows = rows[rows["name"].notna() & rows["kind"].notna()]
+    chosen = (places if places is not None else row_places(len(table)))[rows.index.to_numpy()]
+    return grouped_in_order(rows.reset_index(drop=True), chosen, LAYER_KEYS, LAYER_SUMS, ["module_type"])
+
+
+def top_layers_of(sums: pd.DataFrame, step_ms: float, k: int = 10, by: str = "self_ms") -> pd.DataFrame:
+    """:func:`top_layers` from :func:`layer_sums` and the steps' time."""
+    calls = sums["calls"].to_numpy(dtype=np.float64)
+    grouped = pd.DataFrame({
+        "name": sums["name"], "kind": sums["kind"], "module_type": sums["module_type"], "calls": sums["calls"],
+        "total_ms": sums["total_ns"] / 1e6, "mean_ms": sums["total_ns"] / 1e6 / calls,
+        "total_self_ms": sums["self_ns"] / 1e6, "mean_self_ms": sums["self_ns"] / 1e6 / calls,
+        "mean_ci_ms": np.where(sums["ci_calls"] == sums["calls"], np.sqrt(sums["ci_squared_ms2"]) / calls, np.nan)})
+    grouped = grouped[["name", "kind", "module_type", "calls", "total_ms", "mean_ms", "total_self_ms", "mean_self_ms",
+                       "mean_ci_ms"]]
+    grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan
+    key = "total_self_ms" if by == "self_ms" else by
+    return grouped.sort_values(key, ascending=False, kind="stable").head(k).reset_index(drop=True)
+
+
 def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -> pd.DataFrame:
     """The ``k`` layers (by module path and kind, over all steps) with the most time.
 
     Columns: ``name``, ``kind``, ``module_type``, ``calls``, ``total_ms``, ``mean_ms``,
-    ``mean_ci_ms`` (of a leveled trace: the half-width of ``mean_ms``'s 95% interval, its
-    calls' intervals added in quadrature; NaN elsewhere), ``total_self_ms``, ``mean_self_ms``,
+    ``total_self_ms``, ``mean_self_ms``, ``mean_ci_ms`` (of a leveled trace: the half-width of
+    ``mean_ms``'s 95% interval, its calls' intervals added in quadrature; NaN elsewhere),
     ``share`` (total self time over the steps' time).
     ``by`` is ``self_ms`` (default: where time is spent, not double counted) or ``total_ms``.
     """
-    spans = spans_of(source)
-    table = layer_table(source)
-    grouped = table.groupby(["name", "kind"], sort=False, observed=True).agg(
-        module_type=("module_type", "first"), calls=("duration_ms", "size"),
-        total_ms=("duration_ms", "sum"), mean_ms=("duration_ms", "mean"),
-        total_self_ms=("self_ms", "sum"), mean_self_ms=("self_ms", "mean"),
-        mean_ci_ms=("duration_ci_ms", lambda v: float(np.sqrt((v.to_numpy() ** 2).sum())) / len(v)
-                    if v.notna().all() else np.nan)).reset_index()
-    step_ms = _step_time_ms(spans)
+    return top_layers_of(layer_sums(layer_table(source)), _step_time_ms(spans_of(source)), k, by)
+
+
+def module_sums(table: pd.DataFrame, places: np.ndarray | None = None) -> pd.DataFrame:
+    """What :func:`layer_type_summary` adds up of a :func:`layer_table`, per module type and
+    module (a module's forward and backward calls are one), in the order they first ran:
+    ``calls``, ``total_ns``, ``self_ns`` (``places`` as :func:`layer_sums` takes them). Added up
+    by module, the sums of parts of a trace are the whole trace's."""
+    backward = (table["kind"] == SpanKind.BACKWARD.value).to_numpy()
+    names = table["name"].astype(str)
+    rows = pd.DataFrame({
+        "module_type": table["module_type"], "module": names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)),
+        "calls": 1, "total_ns": np.rint(table["duration_ms"].astype("float64") * 1e6),
+        "self_ns": np.rint(table["self_ms"].astype("float64") * 1e6)})
+    rows = rows[rows["module_type"].notna()]
+    chosen = (places if places is not None else row_places(len(table)))[rows.index.to_numpy()]
+    return grouped_in_order(rows.reset_index(drop=True), chosen, MODULE_KEYS, MODULE_SUMS)
+
+
+def layer_type_summary_of(sums: pd.DataFrame, step_ms: float) -> pd.DataFrame:
+    """:func:`layer_type_summary` from :func:`module_sums` and the steps' time."""
+    grouped = sums.groupby("module_type", sort=False, observed=True).agg(
+        layers=("module", "nunique"), calls=("calls", "sum"), total_self_ns=("self_ns", "sum"),
+        total_ns=("total_ns", "sum")).reset_index()
+    calls = grouped["calls"].to_numpy(dtype=np.float64)
+    grouped = pd.DataFrame({
+        "module_type": grouped["module_type"], "layers": grouped["layers"], "calls": grouped["calls"],
+        "total_self_ms": grouped["total_self_ns"] / 1e6, "mean_self_ms": grouped["total_self_ns"] / 1e6 / calls,
+        "mean_ms": grouped["total_ns"] / 1e6 / calls})
     grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan
-    key = "total_self_ms" if by == "self_ms" else by
-    return grouped.sort_values(key, ascending=False, kind="stable").head(k).reset_index(drop=True)
+    return grouped.sort_values("total_self_ms", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -177,14 +236,4 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     spans are one), ``calls`` (forward and backward spans), ``total_self_ms``, ``mean_self_ms``
     (per call), ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
-    spans = spans_of(source)
-    table = layer_table(source)
-    backward = (table["kind"] == SpanKind.BACKWARD.value).to_numpy()
-    names = table["name"].astype(str)
-    table = table.assign(module=names.where(~backward, names.str.removesuffix(BACKWARD_SUFFIX)))
-    grouped = table.groupby("module_type", sort=False, observed=True).agg(
-        layers=("module", "nunique"), calls=("duration_ms", "size"), total_self_ms=("self_ms", "sum"),
-        mean_self_ms=("self_ms", "mean"), mean_ms=("duration_ms", "mean")).reset_index()
-    step_ms = _step_time_ms(spans)
-    grouped["share"] = grouped["total_self_ms"] / step_ms if step_ms else np.nan
-    return grouped.sort_values("total_self_ms", ascending=False, kind="stable").reset_index(drop=True)
+    return layer_type_summary_of(module_sums(layer_table(source)), _step_time_ms(spans_of(source)))

@@ -40,8 +40,12 @@ import pyarrow.parquet as pq
 from xsp.analysis.evidence import Evidence, added_evidence, evidence_of
 from xsp.analysis.findings import Context
 from xsp.analysis.gpu import (
+    GPU_VS_CPU_KEYS,
+    GPU_VS_CPU_SUMS,
     UTILIZATION_COLUMNS,
     activity_times,
+    gpu_vs_cpu_per_layer,
+    gpu_vs_cpu_sums,
     kernel_table,
     kernels_by_name,
     launch_overhead_of,
@@ -50,6 +54,8 @@ from xsp.analysis.gpu import (
     synchronization,
     whole_ns,
 )
+from xsp.analysis.in_order import added_in_order
+from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS, layer_sums, layer_table, module_sums
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import operator_table
 from xsp.analysis.recommend import recommendations_of
@@ -60,6 +66,7 @@ from xsp.core.schema import Level, SpanKind
 from xsp.io.outputs import OutputError
 from xsp.io.trace import Trace
 from xsp.io.tree_windows import TreeWindows, scratch_folder
+from xsp.record.compiled_kernels import kernel_layers
 from xsp.table.build import concat_spans, empty_table
 from xsp.table.sampling import step_roots as step_root_positions
 
@@ -89,6 +96,9 @@ class WindowedReport:
     """The first start and last end of every span (None: no span)."""
     recommendations: pd.DataFrame
     """:func:`xsp.analysis.recommend` of the whole trace."""
+    layers: LayerSums | None
+    """The layers of the steps' work (of the whole trace where it has no steps); None for an
+    always-on trace (its layer tables count the steps recorded deep)."""
     parts: pd.DataFrame
     """:func:`xsp.analysis.steps.part_times` of the whole trace."""
     operators: pd.DataFrame
@@ -138,6 +148,9 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     first_ns, last_ns = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     extent = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     has_steps = not extents.empty  # as the recommendations' context counts steps: by their roots
+    # an always-on trace's layer tables count its steps recorded deep, whose roots other windows hold
+    layered = not windows.metadata.get("sampling")
+    layers = _Layers()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
         for spans, order in windows.frames():
@@ -176,6 +189,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
                 view, view_order = spans, order
             is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
             operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
+            if layered:
+                layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
         utilization, in_step_usage, medians = activities.swept()
     kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
     extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
@@ -184,6 +199,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
+        layers=layers.result() if layered else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(operators.result()),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
@@ -191,6 +207,57 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         kernels_per_operator=None if replays_graphs else _per_operator_figures(per_operator.result(), kernel_ns / 1e3),
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
         launch=_launch_figures(launch))
+
+
+@dataclass
+class LayerSums:
+    """The layers' sums of a trace read a window at a time."""
+
+    layers: pd.DataFrame
+    """:func:`xsp.analysis.layer_sums`."""
+    modules: pd.DataFrame
+    """:func:`xsp.analysis.module_sums`."""
+    compiled_calls: int
+    """Calls of layers inside compiled code (:func:`xsp.analysis.layer_table`'s ``compiled``)."""
+    gpu_vs_cpu: pd.DataFrame
+    """:func:`xsp.analysis.gpu_vs_cpu_sums`."""
+
+
+class _Layers:
+    """:class:`LayerSums` of the windows added."""
+
+    def __init__(self) -> None:
+        self.layers: list[pd.DataFrame] = []
+        self.modules: list[pd.DataFrame] = []
+        self.gpu_vs_cpu: list[pd.DataFrame] = []
+        self.compiled_calls = 0
+
+    def add(self, trace: Trace, order: np.ndarray) -> None:
+        """The layers of ``trace`` (whole trees of the steps' work), each row's place in ``order``."""
+        spans = trace.spans
+        is_layer = (spans[col.LEVEL] == Level.LAYER.value).to_numpy(dtype=bool)
+        if is_layer.any() or kernel_layers(trace.metadata):
+            table = layer_table(trace)
+            # the layer table's own order (start, then depth), as the whole trace's is
+            places = np.column_stack([table["start_ns"].to_numpy(dtype=np.int64),
+                                      pd.to_numeric(table["call_depth"]).fillna(-1).to_numpy(dtype=np.int64),
+                                      np.zeros(len(table), dtype=np.int64)])
+            self.layers.append(layer_sums(table, places))
+            self.modules.append(module_sums(table, places))
+            self.compiled_calls += int(table["compiled"].sum())
+        if is_layer.any():
+            self.gpu_vs_cpu.append(gpu_vs_cpu_sums(gpu_vs_cpu_per_layer(trace), order[is_layer]))
+        if len(self.layers) > 64:  # a long trace: added up as it goes
+            self.layers = [added_in_order(self.layers, LAYER_KEYS, LAYER_SUMS, ["module_type"])]
+            self.modules = [added_in_order(self.modules, MODULE_KEYS, MODULE_SUMS)]
+        if len(self.gpu_vs_cpu) > 64:
+            self.gpu_vs_cpu = [added_in_order(self.gpu_vs_cpu, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS)]
+
+    def result(self) -> LayerSums:
+        return LayerSums(layers=added_in_order(self.layers, LAYER_KEYS, LAYER_SUMS, ["module_type"]),
+                         modules=added_in_order(self.modules, MODULE_KEYS, MODULE_SUMS),
+                         compiled_calls=self.compiled_calls,
+                         gpu_vs_cpu=added_in_order(self.gpu_vs_cpu, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS))
 
 
 def _kept_rows(spans: pd.DataFrame) -> np.ndarray:

@@ -188,7 +188,9 @@ _SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ oper
                       r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
-                      r"Hierarchy diagnostics|Recommendations|\d+\. \[|This trace is too large)", re.M)
+                      r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|Top \d+ layers? by self time|"
+                      r"Time per layer type|GPU vs CPU time per layer|[\d,]+ calls? of layers inside compiled code|"
+                      r"This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from xsp import analysis
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
-from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
+from xsp.analysis.model import OutsideSteps, outside_steps, step_roots, within_steps
 from xsp.analysis.windowed import WindowedReport
 from xsp.core import schema as col
 from xsp.core.figures import counted
@@ -411,10 +411,21 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
     if layers.empty and not kernel_layers(trace.metadata):
         return
     warmup = warmup_line(trace)
+    trace, which = step_view or deep_steps(trace)
+    table = analysis.layer_table(trace)
+    step_ms = float(step_roots(trace.spans)[col.DURATION_NS].sum()) / 1e6
+    _layer_section(warmup, analysis.layer_sums(table), analysis.module_sums(table), int(table["compiled"].sum()),
+                   step_ms, which, console, top)
+
+
+def _layer_section(warmup: str | None, layers: pd.DataFrame, modules: pd.DataFrame, compiled_calls: int,
+                   step_ms: float, which: str, console: Console, top: int) -> None:
+    """The warm-up note, the top layers and the time per layer type (from
+    :func:`xsp.analysis.layer_sums` and :func:`xsp.analysis.module_sums` of the steps' layers,
+    ``compiled_calls`` of them in compiled code)."""
     if warmup:
         _say(console, warmup, "yellow")
-    trace, which = step_view or deep_steps(trace)
-    best = analysis.top_layers(trace, k=top)
+    best = analysis.top_layers_of(layers, step_ms, k=top)
     if best.empty:
         return
     leveled = best["mean_ci_ms"].notna().any()  # a leveled trace: each figure with its 95% interval
@@ -425,13 +436,13 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
         ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
         *([("mean_ci_share", CI_HEADING, plus_minus_share)] if leveled else []), ("share", "self share", share)])
-    _show(console, analysis.layer_type_summary(trace), f"Time per layer type (by self time, {which}; ms per call)", [
-        ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
-        ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
-        ("share", "self share", share)])
-    compiled = analysis.layer_table(trace)["compiled"] if kernel_layers(trace.metadata) else pd.Series(dtype=bool)
-    if compiled.any():
-        _say(console, f"{counted(int(compiled.sum()), 'call')} of layers inside compiled code hold their shares of "
+    _show(console, analysis.layer_type_summary_of(modules, step_ms),
+          f"Time per layer type (by self time, {which}; ms per call)", [
+              ("module_type", "type", text), ("layers", "modules", number(0)), ("calls", "calls", number(0)),
+              ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
+              ("share", "self share", share)])
+    if compiled_calls:
+        _say(console, f"{counted(compiled_calls, 'call')} of layers inside compiled code hold their shares of "
                       "the kernels torch.compile made: equal shares where one kernel serves several operators "
                       "or layers (docs/analyses.md, \"Compiled code\")")
 
@@ -454,19 +465,24 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
             ("layer", "layer", short(50)), ("replays", "replays", number(0)), ("kernels", "kernels", number(0)),
             ("kernel_us", f"kernel {unit}", figure)])
     in_steps, which = step_view or deep_steps(trace)
-    per_layer = analysis.gpu_vs_cpu_per_layer(in_steps)
-    if not per_layer.empty and (per_layer["kernels"] > 0).any():
-        grouped = per_layer.groupby("name", sort=False,
-                                    observed=True)[["duration_us", "gpu_us", "cpu_us", "kernels"]].sum()
-        grouped = grouped.sort_values("duration_us", ascending=False).head(top).reset_index()
-        shown, unit, figure = in_time_unit(grouped, ["duration_us", "gpu_us", "cpu_us"])
-        _show(console, shown, f"GPU vs CPU time per layer ({which})", [
-            ("name", "layer", text), ("duration_us", f"wall {unit}", figure),
-            ("gpu_us", f"GPU busy {unit}", figure), ("cpu_us", f"non-GPU {unit}", figure),
-            ("kernels", "kernels", number(0))])
+    _gpu_vs_cpu_table(analysis.gpu_vs_cpu_sums(analysis.gpu_vs_cpu_per_layer(in_steps)), which, console, top)
     _transfer_tables(analysis.memory_operations(trace), analysis.synchronization(trace),
                      analysis.launch_overhead(trace), console, top)
     _roofline_table(trace, console, top)
+
+
+def _gpu_vs_cpu_table(sums: pd.DataFrame, which: str, console: Console, top: int) -> None:
+    """The layers' wall, GPU busy and other time (:func:`xsp.analysis.gpu_vs_cpu_sums`), longest first."""
+    if sums.empty or not (sums["kernels"] > 0).any():
+        return
+    grouped = pd.DataFrame({"name": sums["name"], "duration_us": sums["duration_ns"] / 1e3,
+                            "gpu_us": sums["gpu_ns"] / 1e3, "cpu_us": sums["cpu_ns"] / 1e3, "kernels": sums["kernels"]})
+    grouped = grouped.sort_values("duration_us", ascending=False, kind="stable").head(top).reset_index(drop=True)
+    shown, unit, figure = in_time_unit(grouped, ["duration_us", "gpu_us", "cpu_us"])
+    _show(console, shown, f"GPU vs CPU time per layer ({which})", [
+        ("name", "layer", text), ("duration_us", f"wall {unit}", figure),
+        ("gpu_us", f"GPU busy {unit}", figure), ("cpu_us", f"non-GPU {unit}", figure),
+        ("kernels", "kernels", number(0))])
 
 
 def _gpu_line(kernels: pd.DataFrame, utilization: pd.DataFrame, console: Console) -> None:
@@ -891,8 +907,7 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "layers (with the warm-up note, GPU against CPU time and memory per layer type)", "FLOPs",
-    "CUDA graph replays", "communication", "always-on and leveled figures")
+    "memory per layer type", "FLOPs", "CUDA graph replays", "communication", "always-on and leveled figures")
 """The sections of the report of a trace loaded whole that the report read a window at a time
 does not make (where the trace has them)."""
 
@@ -905,18 +920,27 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
+    which = ALL_STEPS if report.steps else WHOLE_TRACE
+    layers = report.layers
+    if layers is not None and (report.level_counts.get(Level.LAYER.value) or kernel_layers(report.metadata)):
+        _layer_section(warmup_line(report.kept), layers.layers, layers.modules, layers.compiled_calls,
+                       float(step_roots(report.kept.spans)[col.DURATION_NS].sum()) / 1e6, which, console, top)
     if len(report.operators):
         outside = report.operators_outside
-        _operator_table(report.operators, ALL_STEPS if report.steps else WHOLE_TRACE,
+        _operator_table(report.operators, which,
                         _outside_text(outside, "operator") if outside is not None else None, console, top)
     left_out = list(WINDOWED_SECTIONS_LEFT_OUT)
+    if layers is None:
+        left_out.insert(0, "layers")
     if len(report.kernels):
         _gpu_line(report.kernels, report.utilization, console)
         _kernel_table(report.kernels, console, top)
         if report.kernels_per_operator is not None:
             _per_operator_table(report.kernels_per_operator, console, top)
         else:
-            left_out.insert(2, "kernel time per operator")
+            left_out.insert(0, "kernel time per operator")
+        if layers is not None:
+            _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
     _system_tables(report.kept, console)
     _diagnostics(report.kept, console)
