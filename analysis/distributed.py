@@ -173,11 +173,11 @@ def clock_offsets(source: Trace | pd.DataFrame, metadata: dict[str, Any] | None 
     Zero for ranks on one host (they share its clock). Across hosts, the median difference of
     the ends of the same blocking collectives (which end together on every rank).
     """
-    return _offsets(collectives(source), metadata if metadata is not None else _metadata(source))
+    return offsets_of(collectives(source), metadata if metadata is not None else _metadata(source))
 
 
-def _offsets(table: pd.DataFrame, metadata: dict[str, Any]) -> dict[int, int]:
-    """:func:`clock_offsets` of a :func:`collectives` table."""
+def offsets_of(table: pd.DataFrame, metadata: dict[str, Any]) -> dict[int, int]:
+    """:func:`clock_offsets` of a :func:`collectives` table and the trace's metadata."""
     if table.empty:
         return {}
     ranks = sorted(int(r) for r in table["rank"].unique())
@@ -200,7 +200,7 @@ def _entries(table: pd.DataFrame, metadata: dict[str, Any]) -> pd.DataFrame:
     with its lateness: how much later than the first rank this rank entered it."""
     if table.empty:
         return table.assign(k=pd.Series(dtype="int64"), late_ns=pd.Series(dtype="int64"))
-    offsets = _offsets(table, metadata)
+    offsets = offsets_of(table, metadata)
     entries = _occurrences(table[table["source"] == _entry_source(table)])
     entries = entries.assign(start_ns=entries["start_ns"] - entries["rank"].map(offsets).fillna(0).astype("int64"))
     ranks = entries["rank"].nunique()
@@ -243,29 +243,124 @@ def stragglers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _compute_intervals(spans: pd.DataFrame, comm_names: np.ndarray) -> pd.DataFrame | None:
-    """Where a rank computes: GPU kernels other than NCCL's where the kernel level was recorded,
-    else operators other than communication; None with neither (a model-level forward or
-    backward span holds its collectives: it cannot say whether they overlapped computation)."""
+COMPUTE_COLUMNS: Final = ["rank", "step", "start_ns", "end_ns", "kernel"]
+
+
+def compute_intervals(spans: pd.DataFrame) -> pd.DataFrame:
+    """Where each rank may compute: GPU kernels other than NCCL's (``kernel`` true) and operators
+    other than communication. A rank's computation is its kernels where the kernel level was
+    recorded, else its operators (:func:`computing`). ``step`` is -1 outside every step. Made of
+    whole trees each, these tables add up (concatenated) to the whole trace's."""
+    spans = _ranked(spans)
+    names = spans[col.NAME]
+    comm_names = (text_matches(names, BACKEND_WORK) | text_matches(names, ENQUEUE) | text_matches(names, NCCL_KERNEL)
+                  | (spans[col.KIND] == SpanKind.COLLECTIVE.value).to_numpy())
     levels, kinds = spans[col.LEVEL], spans[col.KIND]
     kernels = ((levels == Level.KERNEL.value) & (kinds == SpanKind.KERNEL.value)).to_numpy() & ~comm_names
-    if kernels.any():
-        return spans[kernels]
     operators = ((levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value)).to_numpy() & ~comm_names
-    if operators.any():
-        return spans[operators]
-    return None
+    rows = kernels | operators
+    return pd.DataFrame({"rank": spans[col.RANK].to_numpy(dtype=np.float64, na_value=np.nan)[rows],
+                         "step": spans[col.STEP].to_numpy(dtype=np.float64, na_value=-1.0)[rows].astype(np.int64),
+                         "start_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[rows],
+                         "end_ns": spans[col.END_NS].to_numpy(dtype=np.int64)[rows], "kernel": kernels[rows]})
 
 
-def _by_step(steps: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-             weights: np.ndarray | None = None) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Intervals (and a weight each) grouped by their step: one pass, not one scan per step."""
-    weights = np.zeros(len(steps)) if weights is None else weights
-    order = np.argsort(steps, kind="stable")
-    keys, first = np.unique(steps[order], return_index=True)
-    bounds = list(first[1:]) + [len(order)]
-    return {int(key): (starts[order[a:b]], ends[order[a:b]], weights[order[a:b]])
-            for key, a, b in zip(keys.tolist(), first.tolist(), bounds)}
+def computing(compute: pd.DataFrame) -> dict[int, bool]:
+    """Per rank with a compute level (:func:`compute_intervals`): whether it is the kernels'
+    (else the operators'). A rank without either (only a model-level forward or backward span
+    holds its collectives) cannot say whether they overlapped computation."""
+    found: dict[int, bool] = {}
+    for rank, kernel in zip(compute["rank"].tolist(), compute["kernel"].tolist()):
+        if rank == rank:  # not NaN
+            found[int(rank)] = found.get(int(rank), False) or bool(kernel)
+    return found
+
+
+def step_bounds(spans: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's steps: from their roots' first start to their last end (``rank``, ``step``,
+    ``start``, ``end``, by rank and step)."""
+    roots = step_roots(_ranked(spans))
+    return roots.groupby([col.RANK, col.STEP], observed=True).agg(
+        start=(col.START_NS, "min"), end=(col.END_NS, "max")).reset_index().rename(
+        columns={col.RANK: "rank", col.STEP: "step"}).astype({"rank": np.int64, "step": np.int64})
+
+
+def step_collectives(table: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
+    """The collectives of each rank's step (a :func:`collectives` table, as its communication time
+    is best seen) that ran within the step's time, clipped to it: ``rank``, ``step``,
+    ``start_ns``, ``end_ns``, ``bytes``."""
+    timing = _timing_source(table) if not table.empty else None
+    chosen = table[table["source"] == timing] if timing else table.iloc[:0]
+    merged = chosen[["rank", "step", "start_ns", "end_ns", "bytes"]].merge(bounds, on=["rank", "step"])
+    inside = (merged["start_ns"] < merged["end"]) & (merged["end_ns"] > merged["start"])
+    merged = merged[inside.to_numpy(dtype=bool)]
+    return pd.DataFrame({"rank": merged["rank"].to_numpy(dtype=np.int64),
+                         "step": merged["step"].to_numpy(dtype=np.int64),
+                         "start_ns": np.maximum(merged["start_ns"], merged["start"]).to_numpy(dtype=np.int64),
+                         "end_ns": np.minimum(merged["end_ns"], merged["end"]).to_numpy(dtype=np.int64),
+                         "bytes": merged["bytes"].fillna(0).to_numpy(dtype=np.float64)})
+
+
+OVERLAP_COLUMNS: Final = ["rank", "step", "busy_ns", "both_ns"]
+
+
+def overlap_unions(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step with communication (:func:`step_collectives`): the time its computation
+    ran (``busy_ns``: its chosen :func:`compute_intervals` of the step, overlaps counted once)
+    and the time either ran (``both_ns``)."""
+    chosen = computing(compute)
+    rows = []
+    for (rank, step), group in comm.groupby(["rank", "step"], sort=True):
+        if int(rank) not in chosen:
+            continue
+        busy = compute[(compute["rank"] == rank) & (compute["step"] == step)
+                       & (compute["kernel"] == chosen[int(rank)])]
+        busy_starts, busy_ends = busy["start_ns"].to_numpy(dtype=np.int64), busy["end_ns"].to_numpy(dtype=np.int64)
+        rows.append((int(rank), int(step), union_length(busy_starts, busy_ends), union_length(
+            np.concatenate([group["start_ns"].to_numpy(dtype=np.int64), busy_starts]),
+            np.concatenate([group["end_ns"].to_numpy(dtype=np.int64), busy_ends]))))
+    return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
+
+
+def lateness(table: pd.DataFrame, metadata: dict[str, Any]) -> dict[tuple[int, int], float]:
+    """Per rank and step, the rank's lateness into the step's collectives (ms, as in
+    :func:`stragglers`); empty with one rank."""
+    entries = _entries(table, metadata)
+    if entries.empty or entries["rank"].nunique() < 2:
+        return {}
+    late = entries.groupby(["rank", "step"], observed=True)["late_ns"].sum() / 1e6
+    return {(int(r), int(s)): float(v) for (r, s), v in late.items()}
+
+
+def rank_steps_of(bounds: pd.DataFrame, comm: pd.DataFrame, unions: pd.DataFrame, computed: dict[int, bool],
+                  late: dict[tuple[int, int], float]) -> pd.DataFrame:
+    """:func:`rank_steps` from its parts: :func:`step_bounds`, :func:`step_collectives`,
+    :func:`overlap_unions`, :func:`computing` and :func:`lateness`."""
+    per_step = comm.groupby(["rank", "step"], sort=False).agg(collectives=("bytes", "size"), bytes=("bytes", "sum"))
+    union_of = {(int(r), int(s)): (int(b), int(both)) for r, s, b, both in unions[OVERLAP_COLUMNS].itertuples(
+        index=False)}
+    comm_ns = {key: union_length(group["start_ns"].to_numpy(dtype=np.int64), group["end_ns"].to_numpy(dtype=np.int64))
+               for key, group in comm.groupby(["rank", "step"], sort=False)}
+    rows = []
+    for rank, step, start, end in bounds[["rank", "step", "start", "end"]].itertuples(index=False):
+        key = (int(rank), int(step))
+        communicated = comm_ns.get(key, 0)
+        if int(rank) not in computed:
+            overlap_ms = float("nan")
+        elif communicated:
+            busy_ns, both_ns = union_of.get(key, (0, communicated))
+            overlap_ms = (communicated + busy_ns - both_ns) / 1e6
+        else:
+            overlap_ms = 0.0
+        counted = per_step.loc[key] if key in per_step.index else None
+        rows.append({
+            "rank": int(rank), "step": int(step), "step_ms": (end - start) / 1e6, "comm_ms": communicated / 1e6,
+            "overlap_ms": overlap_ms, "collectives": int(counted["collectives"]) if counted is not None else 0,
+            "bytes": int(counted["bytes"]) if counted is not None else 0,
+            "late_ms": late.get(key, float("nan")),
+        })
+    return pd.DataFrame(rows, columns=["rank", "step", "step_ms", "comm_ms", "overlap_ms", "collectives", "bytes",
+                                       "late_ms"])
 
 
 def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
@@ -279,51 +374,12 @@ def rank_steps(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """
     spans = _ranked(spans_of(source))
     table = collectives(spans)
-    timing = _timing_source(table) if not table.empty else None
-    entries = _entries(table, _metadata(source))  # the trace's metadata says which host each rank ran on
-    several = not entries.empty and entries["rank"].nunique() > 1
-    late = (entries.groupby(["rank", "step"],
-                            observed=True)["late_ns"].sum() / 1e6) if several else pd.Series(dtype="float64")
-    lateness = {(int(r), int(s)): float(v) for (r, s), v in late.items()}
-    names = spans[col.NAME]
-    comm_names = (text_matches(names, BACKEND_WORK) | text_matches(names, ENQUEUE) | text_matches(names, NCCL_KERNEL)
-                  | (spans[col.KIND] == SpanKind.COLLECTIVE.value).to_numpy())
-    roots = step_roots(spans)
-    rows = []
-    for rank in sorted(int(r) for r in spans[col.RANK].dropna().unique()):
-        on_rank = (spans[col.RANK] == rank).to_numpy()
-        rank_spans, rank_comm = spans[on_rank], comm_names[on_rank]
-        compute = _compute_intervals(rank_spans, rank_comm)
-        busy_by_step = None if compute is None else _by_step(
-            compute[col.STEP].fillna(-1).to_numpy(dtype=np.int64), compute[col.START_NS].to_numpy(dtype=np.int64),
-            compute[col.END_NS].to_numpy(dtype=np.int64))
-        comm = table[(table["rank"] == rank) & (table["source"] == timing)] if timing else table.iloc[:0]
-        comm_by_step = _by_step(comm["step"].to_numpy(dtype=np.int64), comm["start_ns"].to_numpy(dtype=np.int64),
-                                comm["end_ns"].to_numpy(dtype=np.int64), comm["bytes"].fillna(0).to_numpy(
-                                    dtype=np.float64))
-        empty = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros(0),)
-        rank_roots = roots[(roots[col.RANK] == rank).to_numpy()]
-        bounds = rank_roots.groupby(col.STEP, observed=True).agg(start=(col.START_NS, "min"), end=(col.END_NS, "max"))
-        for step, start, end in zip(bounds.index.tolist(), bounds["start"].tolist(), bounds["end"].tolist()):
-            comm_starts, comm_ends, payload = comm_by_step.get(int(step), empty)
-            inside = (comm_starts < end) & (comm_ends > start)
-            comm_starts, comm_ends = np.maximum(comm_starts[inside], start), np.minimum(comm_ends[inside], end)
-            comm_ns = union_length(comm_starts, comm_ends)
-            if busy_by_step is None:
-                overlap_ms = float("nan")
-            elif comm_ns:
-                busy_starts, busy_ends, _ = busy_by_step.get(int(step), empty)
-                both = union_length(np.concatenate([comm_starts, busy_starts]), np.concatenate([comm_ends, busy_ends]))
-                overlap_ms = (comm_ns + union_length(busy_starts, busy_ends) - both) / 1e6
-            else:
-                overlap_ms = 0.0
-            rows.append({
-                "rank": rank, "step": int(step), "step_ms": (end - start) / 1e6, "comm_ms": comm_ns / 1e6,
-                "overlap_ms": overlap_ms, "collectives": int(inside.sum()), "bytes": int(payload[inside].sum()),
-                "late_ms": lateness.get((rank, int(step)), float("nan")),
-            })
-    return pd.DataFrame(rows, columns=["rank", "step", "step_ms", "comm_ms", "overlap_ms", "collectives", "bytes",
-                                       "late_ms"])
+    bounds = step_bounds(spans)
+    comm = step_collectives(table, bounds)
+    compute = compute_intervals(spans)
+    # the trace's metadata says which host each rank ran on
+    return rank_steps_of(bounds, comm, overlap_unions(comm, compute), computing(compute),
+                         lateness(table, _metadata(source)))
 
 
 def communication(source: Trace | pd.DataFrame) -> pd.DataFrame:
