@@ -188,9 +188,9 @@ _SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ oper
                       r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
-                      r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|Top \d+ layers? by self time|"
-                      r"Time per layer type|GPU vs CPU time per layer|[\d,]+ calls? of layers inside compiled code|"
-                      r"This trace is too large)", re.M)
+                      r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|"
+                      r"Top \d+ layers? by self time|Time per layer type|GPU vs CPU time per layer|"
+                      r"[\d,]+ calls? of layers inside compiled code|This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:
@@ -258,3 +258,18 @@ def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, cap
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "too large to load whole here" in error
     assert "--html and --lines need it loaded whole: without --html and --lines, xsp report prints" in error
+
+
+def test_a_trace_whose_report_would_not_fit_is_reported_in_windows_though_it_would_load(shared_files, capsys,
+                                                                                          monkeypatch):
+    from xsp.cli.main import main
+    from xsp.io.memory_needed import analysis_memory_bytes, parquet_memory_bytes
+
+    path, _ = shared_files["kineto/a100_nccl_rank0.json.gz"]
+    load_bytes, report_bytes = parquet_memory_bytes(path), analysis_memory_bytes(path)
+    assert report_bytes > load_bytes  # free memory for the load, not for the report made of it
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: int((load_bytes + report_bytes) / 2 / 0.9))
+    xsp.load(path)
+    assert main(["report", str(path)]) == 0
+    assert "read a window of whole trees at a time" in " ".join(capsys.readouterr().out.split())
+    assert main(["summary", str(path), "-o", str(path.parent / "nccl.xsp-summary.parquet")]) == 0

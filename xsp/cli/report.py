@@ -28,7 +28,7 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    from xsp.io.loading import load
+    from xsp.io.loading import load_to_analyse
     from xsp.io.trace import Trace
     if options.top < 1:
         raise CliError("--top must be at least 1")
@@ -52,7 +52,7 @@ def run(options: argparse.Namespace) -> int:
             raise CliError(f"{options.file} holds no rank {options.rank} (ranks: {_listed(job.ranks)})")
         chosen = job.ranks[0] if options.rank is None else options.rank
         with progress(f"reading rank {chosen}"):
-            rank_trace = load(job.metadata["ranks"][str(chosen)]["file"])
+            rank_trace = load_to_analyse(job.metadata["ranks"][str(chosen)]["file"])
 
         def render(out: Any) -> None:
             render_job_report(job, chosen, rank_trace, out, top=options.top, lines=options.lines)
@@ -94,10 +94,10 @@ def _loaded(options: argparse.Namespace) -> Any:
         xsp.TraceTooLargeError: too large to load, and not to be read a window at a time."""
     from xsp.core.errors import TraceTooLargeError
     from xsp.core.schema import FILE_SUFFIX
-    from xsp.io.loading import load
+    from xsp.io.loading import load_to_analyse
 
     try:
-        return load(options.file)
+        return load_to_analyse(options.file)
     except TraceTooLargeError as refused:
         if not options.file.endswith(FILE_SUFFIX):
             raise

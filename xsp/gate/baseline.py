@@ -260,11 +260,11 @@ def summarize_file(path: str | os.PathLike[str], levels: tuple[Level, ...] | Non
         ValueError: it holds several ranks (``what``: what to do with one rank's file instead),
             or ``steps`` or ``levels`` leave nothing.
     """
-    from xsp.io.loading import load
+    from xsp.io.loading import load_to_analyse
     from xsp.io.tree_windows import tree_windows
 
     try:
-        trace = load(path)
+        trace = load_to_analyse(path)
     except TraceTooLargeError:
         if not str(path).endswith(col.FILE_SUFFIX):
             raise

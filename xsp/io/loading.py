@@ -17,13 +17,30 @@ import pandas as pd
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
 from xsp.core.rank import rank_files
-from xsp.io.memory_needed import check_fits, kineto_memory_bytes, parquet_memory_bytes
+from xsp.io.memory_needed import analysis_memory_bytes, check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
 from xsp.io.trace import Trace
 from xsp.table.build import concat_spans
 
 PathArg = str | os.PathLike[str]
+
+
+READ_IN_WINDOWS: Final = ("xsp report, xsp summary and xsp diff read it a window at a time, and DuckDB queries it "
+                          "without loading it (docs/fleet.md)")
+"""What reads an ``.xsp.parquet`` file too large to load, in bounded memory."""
+
+
+def load_to_analyse(path: PathArg) -> Trace:
+    """:func:`load` of a trace that a report or summary will analyse whole: an ``.xsp.parquet``
+    file is refused where the analysis, not only the load, needs more than the free memory.
+
+    Raises:
+        xsp.TraceTooLargeError: it does not fit (see :func:`load` for the rest).
+    """
+    if str(path).endswith(col.FILE_SUFFIX) and os.path.isfile(path):
+        check_fits(Path(path), analysis_memory_bytes(Path(path)), READ_IN_WINDOWS)
+    return load(path)
 
 
 def load(path: PathArg | Sequence[PathArg]) -> Trace:
@@ -130,9 +147,7 @@ def _one(path: PathArg) -> Trace:
             if unfinished is not None:
                 return with_rank(Trace(spans=unfinished[0], metadata=unfinished[1]))
         if os.path.isfile(path):
-            check_fits(Path(path), parquet_memory_bytes(Path(path)),
-                       "xsp report (its main tables), xsp summary and xsp diff read it a window at a time, and "
-                       "DuckDB queries it without loading it (docs/fleet.md)")
+            check_fits(Path(path), parquet_memory_bytes(Path(path)), READ_IN_WINDOWS)
         spans, metadata = read_trace(path)
     except XspError:
         raise

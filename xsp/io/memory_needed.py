@@ -17,6 +17,13 @@ repeated to 0.4 and 1 GB (benchmarks/results/large_kineto_import.md). ``xsp repo
 PARQUET_BYTES_PER_DATA_BYTE: Final = 4.0
 """The same for an ``.xsp.parquet`` file, per byte of its uncompressed data: ``xsp.load`` of the
 1 GB trace's import peaked at 3.9 times it (``xsp report`` at 6.2)."""
+ANALYSIS_BYTES_PER_DATA_BYTE: Final = 6.5
+"""What ``xsp report``, ``xsp summary`` and ``xsp diff`` of an ``.xsp.parquet`` file loaded whole
+hold at their peak, per byte of its uncompressed data: ``xsp report`` of the 1 GB trace's import
+peaked at 6.2 times it. Past the free memory, they read the file a window at a time instead."""
+HEADROOM: Final = 0.9
+"""The share of the free memory a load counts on: the rest covers the estimates' spread and what
+other processes take meanwhile (a report whose estimate fit by 0.04 of 22 GiB was killed)."""
 MIN_GZIP_INFLATION: Final = 3
 """Kineto JSON inflates 10-15 times from gzip: a large stream's recorded size (modulo 4 GiB) is taken
 with as many 4 GiB as it takes to reach at least this many times the file's size."""
@@ -93,6 +100,18 @@ def kineto_memory_bytes(path: Path) -> int:
 def parquet_memory_bytes(path: Path) -> int:
     """About the peak memory of loading an ``.xsp.parquet`` file whole (0 where its footer cannot be
     read: the reader says what is wrong)."""
+    return int(_data_bytes(path) * PARQUET_BYTES_PER_DATA_BYTE)
+
+
+def analysis_memory_bytes(path: Path) -> int:
+    """About the peak memory of a report or summary of an ``.xsp.parquet`` file loaded whole (0
+    where its footer cannot be read)."""
+    return int(_data_bytes(path) * ANALYSIS_BYTES_PER_DATA_BYTE)
+
+
+def _data_bytes(path: Path) -> int:
+    """An ``.xsp.parquet`` file's uncompressed data (0 where its footer cannot be read: the reader
+    says what is wrong)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -100,17 +119,17 @@ def parquet_memory_bytes(path: Path) -> int:
         metadata = pq.read_metadata(path)
     except (pa.ArrowException, OSError):
         return 0
-    data = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-    return int(data * PARQUET_BYTES_PER_DATA_BYTE)
+    return sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
 
 
 def check_fits(path: Path | str, needed_bytes: int, instead: str) -> None:
-    """Refuse to load ``path`` whole where it needs more than the free memory.
+    """Refuse to load ``path`` whole where it needs more than the free memory (less
+    :data:`HEADROOM`).
 
     Raises:
         TraceTooLargeError: one line, with the figures and ``instead``: what reads it in bounded memory.
     """
     free = free_memory_bytes()
-    if needed_bytes > free:
+    if needed_bytes > HEADROOM * free:
         raise TraceTooLargeError(f"{path} is too large to load whole here: it needs about {_size(needed_bytes)} "
                                  f"and {_size(free)} is free; {instead}")
