@@ -28,15 +28,27 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from xsp.analysis.distributed import (
+    OVERLAP_COLUMNS,
+    collectives,
+    compute_intervals,
+    computing,
+    lateness,
+    offsets_of,
+    rank_steps_of,
+    step_bounds,
+    step_collectives,
+)
 from xsp.analysis.evidence import Evidence, added_evidence, evidence_of
 from xsp.analysis.findings import Context
 from xsp.analysis.gpu import (
@@ -75,6 +87,7 @@ KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.val
 """The kinds of span kept from every window, beside the steps' roots, the backward passes, the
 user's model-level spans and the system level's samples: the steps' latency, the session's time
 and the recommendations about input and threads read them."""
+_Found = TypeVar("_Found")
 SWEEP_MEMORY_MB = 512
 """DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
 
@@ -96,6 +109,8 @@ class WindowedReport:
     """The first start and last end of every span (None: no span)."""
     recommendations: pd.DataFrame
     """:func:`xsp.analysis.recommend` of the whole trace."""
+    communication: RankCommunication | None
+    """The communication of one rank's file of a distributed job (None: not such a file)."""
     layers: LayerSums | None
     """The layers of the steps' work (of the whole trace where it has no steps); None for an
     always-on trace (its layer tables count the steps recorded deep)."""
@@ -153,6 +168,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     layers = _Layers()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
+        # one rank's file of a job: its communication (a file of several ranks is reported loaded whole)
+        communication = _Communication(Path(scratch)) if windows.metadata.get("distributed") else None
         for spans, order in windows.frames():
             levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
             if len(spans):
@@ -171,6 +188,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             memory.append(memory_operations(spans))
             sync.append(synchronization(spans))
             activities.add(activity_times(spans))
+            if communication is not None:
+                communication.add(spans)
             in_steps = spans[col.STEP].notna().to_numpy(dtype=bool) if has_steps else np.ones(len(spans), dtype=bool)
             evidence.append(evidence_of(spans, in_steps, order))
             if len(evidence) > 64:  # a long trace: its evidence added up as it goes
@@ -192,14 +211,15 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             if layered:
                 layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
         utilization, in_step_usage, medians = activities.swept()
-    kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
+        kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
+        ranks = communication.result(kept_trace) if communication is not None else None
     extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
     context = Context(kept_trace, extent_ns, replace(added_evidence(evidence), kernel_medians_us=medians),
                       in_step_usage)
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
-        layers=layers.result() if layered else None,
+        layers=layers.result() if layered else None, communication=ranks,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(operators.result()),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
@@ -343,6 +363,127 @@ def _launch_figures(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return launch_overhead_of(added.reset_index())
 
 
+@dataclass
+class RankCommunication:
+    """The communication of one rank's file of a distributed job, read a window at a time."""
+
+    per_step: pd.DataFrame
+    """:func:`xsp.analysis.rank_steps` of the whole trace."""
+    clock_offsets: dict[int, int]
+    """:func:`xsp.analysis.clock_offsets` of the whole trace."""
+
+
+class _Communication:
+    """The collectives of every window (few), and where the rank computed (its kernels, or its
+    operators: many), written to a Parquet file in ``folder``; at the end, DuckDB finds how long
+    its computation ran in each step with communication, and with it
+    (:func:`xsp.analysis.distributed.overlap_unions`)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._path = folder / "computation.parquet"
+        self._writer: pq.ParquetWriter | None = None
+        self._collectives: list[pd.DataFrame] = []
+        self._computing: dict[int, bool] = {}
+
+    def add(self, spans: pd.DataFrame) -> None:
+        """A window's spans (whole trees)."""
+        found = collectives(spans)
+        if len(found):
+            self._collectives.append(found)
+        compute = compute_intervals(spans)
+        for rank, kernel in computing(compute).items():
+            self._computing[rank] = self._computing.get(rank, False) or kernel
+        if not len(compute):
+            return
+        table = pa.table({"rank": pa.Array.from_pandas(pd.Series(compute["rank"]).astype("Int64")),
+                          "step": compute["step"].to_numpy(dtype=np.int64),
+                          "start_ns": compute["start_ns"].to_numpy(dtype=np.int64),
+                          "end_ns": compute["end_ns"].to_numpy(dtype=np.int64),
+                          "kernel": compute["kernel"].to_numpy(dtype=bool)})
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
+        self._writer.write_table(table)
+
+    def result(self, kept: Trace) -> RankCommunication:
+        """The communication, the steps' roots in ``kept``.
+
+        Raises:
+            OutputError: DuckDB ran out of memory or of scratch space.
+        """
+        table = pd.concat(self._collectives, ignore_index=True).sort_values(
+            ["start_ns", "rank"], kind="stable").reset_index(drop=True) if self._collectives else collectives(
+            empty_table())
+        bounds = step_bounds(kept.spans)
+        comm = step_collectives(table, bounds)
+        unions = pd.DataFrame({name: pd.Series(dtype=np.int64) for name in OVERLAP_COLUMNS})
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            chosen = pd.DataFrame({"rank": list(self._computing), "kernel": list(self._computing.values())})
+            unions = _in_duckdb(self._folder, "the rank's computation", lambda connection: _overlaps(
+                connection, str(self._path), comm, chosen))
+            self._path.unlink(missing_ok=True)
+        return RankCommunication(
+            per_step=rank_steps_of(bounds, comm, unions, self._computing, lateness(table, kept.metadata)),
+            clock_offsets=offsets_of(table, kept.metadata))
+
+
+def _overlaps(connection: Any, path: str, comm: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:
+    """:func:`xsp.analysis.distributed.overlap_unions` of the computation in ``path``."""
+    empty = pd.DataFrame({name: pd.Series(dtype=np.int64) for name in OVERLAP_COLUMNS})
+    if comm.empty or chosen.empty:
+        return empty
+    connection.register("comm", comm[["rank", "step", "start_ns", "end_ns"]])
+    connection.register("chosen", chosen)
+    connection.execute(
+        "CREATE TEMP TABLE busy AS SELECT c.rank, c.step, c.start_ns, c.end_ns FROM read_parquet($path) c "
+        "JOIN chosen k ON c.rank = k.rank AND c.kernel = k.kernel "
+        "JOIN (SELECT DISTINCT rank, step FROM comm) s ON c.rank = s.rank AND c.step = s.step", {"path": path})
+    busy = connection.execute(_UNION.format(rows="busy")).df()
+    both = connection.execute(_UNION.format(
+        rows="(SELECT rank, step, start_ns, end_ns FROM busy UNION ALL SELECT rank, step, start_ns, end_ns FROM comm "
+             "WHERE rank IN (SELECT rank FROM chosen))")).df()
+    merged = both.rename(columns={"union_ns": "both_ns"}).merge(
+        busy.rename(columns={"union_ns": "busy_ns"}), on=["rank", "step"], how="left")
+    merged["busy_ns"] = merged["busy_ns"].fillna(0)
+    return merged[OVERLAP_COLUMNS].astype(np.int64)
+
+
+_UNION = """
+SELECT rank, step, (max(end_ns) - min(start_ns)
+       - coalesce(sum(CASE WHEN start_ns > covered_ns THEN start_ns - covered_ns ELSE 0 END), 0))::BIGINT AS union_ns
+FROM (SELECT rank, step, start_ns, end_ns,
+             max(end_ns) OVER (PARTITION BY rank, step ORDER BY start_ns
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_ns
+      FROM {rows})
+GROUP BY rank, step
+"""
+"""Per rank and step, the time covered by the intervals ``{rows}`` (overlaps counted once): their
+extent less the gaps, as :func:`xsp.table.walks.union_length` counts it."""
+
+
+def _in_duckdb(folder: Path, what: str, work: Callable[[Any], _Found]) -> _Found:
+    """``work`` done on a DuckDB connection that spills into ``folder``, within
+    :data:`SWEEP_MEMORY_MB` (``what``: what it reads, for the error).
+
+    Raises:
+        OutputError: it ran out of memory or of scratch space.
+    """
+    import duckdb
+
+    connection = duckdb.connect(config={"memory_limit": f"{SWEEP_MEMORY_MB}MB", "threads": 2,
+                                        "temp_directory": str(folder / "duckdb"), "preserve_insertion_order": False})
+    try:
+        with duckdb_interrupts():
+            connection.execute("SET enable_progress_bar = false")
+            return work(connection)
+    except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
+        raise OutputError(f"{what} could not be swept in {folder}: {first_line(exc)}") from None
+    finally:
+        connection.close()
+
+
 class _Activities:
     """The GPU's activities of every window (:func:`xsp.analysis.gpu.activity_times`), written to a
     Parquet file in ``folder`` and swept by DuckDB in the order of their starts, per step and
@@ -389,29 +530,22 @@ class _Activities:
             return empty, empty, (np.nan, np.nan)
         self._writer.close()
         self._writer = None
-        import duckdb
-
-        connection = duckdb.connect(config={"memory_limit": f"{SWEEP_MEMORY_MB}MB", "threads": 2,
-                                            "temp_directory": str(self._folder / "duckdb"),
-                                            "preserve_insertion_order": False})
-        given = {"path": str(self._path)}
         try:
-            with duckdb_interrupts():
-                connection.execute("SET enable_progress_bar = false")
-                every = connection.execute(_SWEEP.format(launch="launch_ns", where="TRUE"), given).df()
-                in_steps = connection.execute(_SWEEP.format(
-                    launch=f"CASE WHEN launch_step THEN launch_ns ELSE {np.iinfo(np.int64).min} END",
-                    where="step IS NOT NULL"), given).df() if self._has_steps else every
-                medians = connection.execute(
-                    "SELECT median(kernel_ns), median(launch_call_ns) FROM read_parquet($path) "
-                    "WHERE kernel_ns IS NOT NULL", given).fetchall()[0]
-        except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
-            raise OutputError(f"the GPU's activities could not be swept in {self._folder}: {first_line(exc)}") from None
+            every, in_steps, medians = _in_duckdb(self._folder, "the GPU's activities", self._sweep)
         finally:
-            connection.close()
             self._path.unlink(missing_ok=True)
         found = tuple(np.nan if value is None else float(value) / 1e3 for value in medians)
         return _utilization(every), _utilization(in_steps), (found[0], found[1])
+
+    def _sweep(self, connection: Any) -> tuple[pd.DataFrame, pd.DataFrame, tuple[Any, ...]]:
+        given = {"path": str(self._path)}
+        every = connection.execute(_SWEEP.format(launch="launch_ns", where="TRUE"), given).df()
+        in_steps = connection.execute(_SWEEP.format(
+            launch=f"CASE WHEN launch_step THEN launch_ns ELSE {np.iinfo(np.int64).min} END",
+            where="step IS NOT NULL"), given).df() if self._has_steps else every
+        medians = connection.execute("SELECT median(kernel_ns), median(launch_call_ns) FROM read_parquet($path) "
+                                     "WHERE kernel_ns IS NOT NULL", given).fetchall()[0]
+        return every, in_steps, medians
 
 
 def _utilization(found: pd.DataFrame) -> pd.DataFrame:

@@ -184,7 +184,8 @@ def test_a_windowed_summary_out_of_memory_is_one_error_and_leaves_no_scratch(sha
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nccl.xsp.parquet"]  # no scratch, no summary
 
 
-_SECTION = re.compile(r"^(Model latency over steps|Latency per step|Top \d+ operators? by self time|"
+_SECTION = re.compile(r"^(Communication per rank|Clocks: |Model latency over steps|Latency per step|"
+                      r"Top \d+ operators? by self time|"
                       r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -781,38 +781,7 @@ def _recommendations(table: pd.DataFrame, console: Console) -> None:
 def _ranks_section(trace: Trace, console: Console) -> None:
     """A distributed job: each rank's step latency, communication and lateness, and the steps'
     stragglers. With one rank, its communication only (when it made collectives)."""
-    ranks = trace.ranks
-    missing, ignored = trace.metadata.get("missing_ranks") or [], trace.metadata.get("ignored_files") or []
-    if missing:
-        listed = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
-    if ignored:
-        _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
-    per_step = analysis.rank_steps(trace)
-    communication = analysis.communication_of_steps(per_step)
-    if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
-        return
-    job = trace.metadata.get("distributed") or {}
-    if len(ranks) > 1:
-        _say(console, f"Distributed job {job.get('job_id', '?')}: {len(ranks)} ranks of world size "
-                      f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
-    apart = bool(trace.metadata.get(RANKS_APART))
-    title = "Communication per rank (medians over steps)"
-    if len(communication) > RANKS_SHOWN:  # the ranks that held the others up most, over all steps
-        late_total = per_step.groupby("rank")["late_ms"].sum(min_count=1)
-        ordered = communication.assign(late_total=communication["rank"].map(late_total).fillna(0.0))
-        communication = ordered.sort_values(["late_total", "step_ms"], ascending=False, kind="stable").head(
-            RANKS_SHOWN).sort_values("rank").drop(columns="late_total")
-        title = (f"Communication per rank (medians over steps): the {RANKS_SHOWN} of {len(ranks)} ranks latest over "
-                 "all steps (xsp.analysis.communication has them all)")
-    _show(console, communication, title, [
-        ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
-        ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
-        ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
-        *([] if apart else [("late_ms", "late ms", number())])])
-    if apart:
-        _say(console, "The ranks' times do not overlap (files of different runs?): who waited for whom is not shown",
-             "yellow")
+    if not _communication_section(trace.metadata, trace.ranks, analysis.rank_steps(trace), console):
         return
     _clocks_and_skew(trace, console)
     stragglers = analysis.stragglers(trace)
@@ -837,16 +806,48 @@ def _ranks_section(trace: Trace, console: Console) -> None:
             ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
 
 
+def _communication_section(metadata: dict[str, Any], ranks: list[int], per_step: pd.DataFrame,
+                           console: Console) -> bool:
+    """The ranks missing or left out, and each rank's step latency, communication and lateness
+    (``per_step``: :func:`xsp.analysis.rank_steps`); whether the ranks' collectives can be put
+    side by side (a table was shown and their times overlap)."""
+    missing, ignored = metadata.get("missing_ranks") or [], metadata.get("ignored_files") or []
+    if missing:
+        listed = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
+    if ignored:
+        _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
+    communication = analysis.communication_of_steps(per_step)
+    if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
+        return False
+    job = metadata.get("distributed") or {}
+    if len(ranks) > 1:
+        _say(console, f"Distributed job {job.get('job_id', '?')}: {len(ranks)} ranks of world size "
+                      f"{job.get('world_size', '?')}, backend {job.get('backend') or '?'}", "bold")
+    apart = bool(metadata.get(RANKS_APART))
+    title = "Communication per rank (medians over steps)"
+    if len(communication) > RANKS_SHOWN:  # the ranks that held the others up most, over all steps
+        late_total = per_step.groupby("rank")["late_ms"].sum(min_count=1)
+        ordered = communication.assign(late_total=communication["rank"].map(late_total).fillna(0.0))
+        communication = ordered.sort_values(["late_total", "step_ms"], ascending=False, kind="stable").head(
+            RANKS_SHOWN).sort_values("rank").drop(columns="late_total")
+        title = (f"Communication per rank (medians over steps): the {RANKS_SHOWN} of {len(ranks)} ranks latest over "
+                 "all steps (xsp.analysis.communication has them all)")
+    _show(console, communication, title, [
+        ("rank", "rank", number(0)), ("steps", "steps", number(0)), ("step_ms", "step ms", number()),
+        ("comm_ms", "comm ms", number()), ("comm_share", "comm", share),
+        ("overlap_share", "overlapped", share), ("collectives_per_step", "colls", number(0)),
+        *([] if apart else [("late_ms", "late ms", number())])])
+    if apart:
+        _say(console, "The ranks' times do not overlap (files of different runs?): who waited for whom is not shown",
+             "yellow")
+        return False
+    return True
+
+
 def _clocks_and_skew(trace: Trace, console: Console) -> None:
     """How the ranks' clocks were put on one, and how far apart the ranks entered each collective."""
-    hosts = {str(meta.get("host")) for meta in (trace.metadata.get("ranks") or {}).values()}
-    if len(hosts) > 1:
-        offsets = analysis.clock_offsets(trace)
-        if offsets:
-            reference = min(offsets)
-            _say(console, f"Clocks: {len(hosts)} hosts; every rank put on rank {reference}'s clock by the ends of the "
-                          f"blocking collectives (offsets {min(offsets.values()) / 1e3:,.0f} to "
-                          f"{max(offsets.values()) / 1e3:,.0f} µs)")
+    _clock_line(trace.metadata, lambda: analysis.clock_offsets(trace), console)
     if len(trace.ranks) < 2:  # one rank's file: no other to be apart from
         return
     skew = analysis.collective_skew(trace)
@@ -857,6 +858,19 @@ def _clocks_and_skew(trace: Trace, console: Console) -> None:
                       f"{float(skew['skew_ns'].median()) / 1e3:,.1f} µs over {len(skew)} collectives, largest "
                       f"{float(worst['skew_ns']) / 1e3:,.1f} µs ({worst['op']} {int(worst['k'])} of step "
                       f"{int(worst['step'])}, rank {int(worst['latest_rank'])} last)")
+
+
+def _clock_line(metadata: dict[str, Any], offsets_of: Callable[[], dict[int, int]], console: Console) -> None:
+    """How the ranks' clocks were put on one, where they ran on several hosts (``offsets_of``:
+    :func:`xsp.analysis.clock_offsets` of the trace)."""
+    hosts = {str(meta.get("host")) for meta in (metadata.get("ranks") or {}).values()}
+    if len(hosts) > 1:
+        offsets = offsets_of()
+        if offsets:
+            reference = min(offsets)
+            _say(console, f"Clocks: {len(hosts)} hosts; every rank put on rank {reference}'s clock by the ends of the "
+                          f"blocking collectives (offsets {min(offsets.values()) / 1e3:,.0f} to "
+                          f"{max(offsets.values()) / 1e3:,.0f} µs)")
 
 
 def _ddp_buckets_unseen(trace: Trace) -> bool:
@@ -907,7 +921,7 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "memory per layer type", "FLOPs", "CUDA graph replays", "communication", "always-on and leveled figures")
+    "memory per layer type", "FLOPs", "CUDA graph replays", "always-on and leveled figures")
 """The sections of the report of a trace loaded whole that the report read a window at a time
 does not make (where the trace has them)."""
 
@@ -917,6 +931,9 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     time (:func:`xsp.analysis.windowed.windowed_report`), each section as :func:`render_report`
     prints it; then what is not shown."""
     _header_of(report.metadata, report.level_counts, report.spans, len(report.steps), console)
+    ranks = report.communication
+    if ranks is not None and _communication_section(report.metadata, report.kept.ranks, ranks.per_step, console):
+        _clock_line(report.metadata, lambda: ranks.clock_offsets, console)
     _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
