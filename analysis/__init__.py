@@ -48,6 +48,8 @@ from xsp.analysis.roofline import (
     counters_per_kernel,
     kernel_roofline,
     layer_flops,
+    layer_flops_of,
+    layer_flops_sums,
     model_flops,
     peak_for,
     trace_peak,
@@ -71,5 +73,5 @@ __all__ = [
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
     "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew",
     "communication_of_steps", "lines", "layer_sums", "module_sums", "top_layers_of", "layer_type_summary_of",
-    "gpu_vs_cpu_sums",
+    "gpu_vs_cpu_sums", "layer_flops_sums", "layer_flops_of",
 ]

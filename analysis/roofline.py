@@ -188,13 +188,13 @@ def counted_spans(spans: pd.DataFrame) -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
-def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
-    """FLOPs and bytes per layer: the layer span's own figures, or those of the operators
-    (the ``flops`` level) or kernels below it, each counted in every layer that encloses it.
+LAYER_FLOPS_SUMS = ["calls", "flops", "bytes", "duration_ns"]
 
-    Columns: ``name``, ``calls``, ``flops`` (all calls), ``flops_per_call``, ``bytes``,
-    ``duration_us``, ``achieved_tflops``, ``arithmetic_intensity``.
-    """
+
+def layer_flops_sums(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """What :func:`layer_flops` adds up per layer name: ``calls``, ``flops``, ``bytes`` and
+    ``duration_ns`` (0 where none was known). Made of whole trees each, these tables added up by
+    name are the whole trace's."""
     spans = spans_of(source)
     layers = np.flatnonzero((spans[col.LEVEL] == Level.LAYER.value).to_numpy())
     flops = spans[col.FLOPS].astype("float64").to_numpy(na_value=np.nan)
@@ -209,8 +209,14 @@ def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
     layer_bytes = np.where(~np.isnan(moved[layers]), moved[layers], total_bytes[layers])
     frame = pd.DataFrame({"name": spans[col.NAME].to_numpy(dtype=object)[layers], "flops": layer_flops_,
                           "bytes": layer_bytes, "duration_ns": spans[col.DURATION_NS].to_numpy()[layers]})
-    grouped = frame.groupby("name", observed=True).agg(calls=("duration_ns", "size"), flops=("flops", "sum"),
-                                        bytes=("bytes", "sum"), duration_ns=("duration_ns", "sum")).reset_index()
+    return frame.groupby("name", observed=True).agg(calls=("duration_ns", "size"), flops=("flops", "sum"),
+                                                     bytes=("bytes", "sum"),
+                                                     duration_ns=("duration_ns", "sum")).reset_index()
+
+
+def layer_flops_of(sums: pd.DataFrame) -> pd.DataFrame:
+    """:func:`layer_flops` from :func:`layer_flops_sums` (added up by name, in name order)."""
+    grouped = sums.copy()
     grouped["flops"] = grouped["flops"].replace(0, np.nan)
     grouped["bytes"] = grouped["bytes"].replace(0, np.nan)
     grouped["flops_per_call"] = grouped["flops"] / grouped["calls"]
@@ -220,6 +226,16 @@ def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
     columns = ["name", "calls", "flops", "flops_per_call", "bytes", "duration_us", "achieved_tflops",
                "arithmetic_intensity"]
     return grouped[columns].sort_values("flops", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def layer_flops(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """FLOPs and bytes per layer: the layer span's own figures, or those of the operators
+    (the ``flops`` level) or kernels below it, each counted in every layer that encloses it.
+
+    Columns: ``name``, ``calls``, ``flops`` (all calls), ``flops_per_call``, ``bytes``,
+    ``duration_us``, ``achieved_tflops``, ``arithmetic_intensity``.
+    """
+    return layer_flops_of(layer_flops_sums(source))
 
 
 def model_flops(trace: Trace) -> pd.DataFrame:

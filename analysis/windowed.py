@@ -71,6 +71,7 @@ from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import operator_table
 from xsp.analysis.recommend import recommendations_of
+from xsp.analysis.roofline import LAYER_FLOPS_SUMS, layer_flops_sums
 from xsp.analysis.steps import part_times
 from xsp.core import schema as col
 from xsp.core.errors import duckdb_interrupts, first_line
@@ -109,6 +110,8 @@ class WindowedReport:
     """The first start and last end of every span (None: no span)."""
     recommendations: pd.DataFrame
     """:func:`xsp.analysis.recommend` of the whole trace."""
+    layer_flops: pd.DataFrame | None
+    """:func:`xsp.analysis.layer_flops_sums` of the whole trace (None: it has no layers)."""
     communication: RankCommunication | None
     """The communication of one rank's file of a distributed job (None: not such a file)."""
     layers: LayerSums | None
@@ -166,6 +169,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     # an always-on trace's layer tables count its steps recorded deep, whose roots other windows hold
     layered = not windows.metadata.get("sampling")
     layers = _Layers()
+    flops: list[pd.DataFrame] = []
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
         # one rank's file of a job: its communication (a file of several ranks is reported loaded whole)
@@ -210,6 +214,9 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
             if layered:
                 layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
+            if (spans[col.LEVEL] == Level.LAYER.value).any():
+                flops = _flops_added([*flops, layer_flops_sums(spans)]) if len(flops) > 64 else [
+                    *flops, layer_flops_sums(spans)]
         utilization, in_step_usage, medians = activities.swept()
         kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
         ranks = communication.result(kept_trace) if communication is not None else None
@@ -220,6 +227,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
         layers=layers.result() if layered else None, communication=ranks,
+        layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(operators.result()),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
@@ -278,6 +286,12 @@ class _Layers:
                          modules=added_in_order(self.modules, MODULE_KEYS, MODULE_SUMS),
                          compiled_calls=self.compiled_calls,
                          gpu_vs_cpu=added_in_order(self.gpu_vs_cpu, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS))
+
+
+def _flops_added(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """:func:`xsp.analysis.layer_flops_sums` of several windows, as one (in a list)."""
+    every = pd.concat(parts, ignore_index=True)
+    return [every.groupby("name", observed=True)[LAYER_FLOPS_SUMS].sum().reset_index()]
 
 
 def _kept_rows(spans: pd.DataFrame) -> np.ndarray:

@@ -191,7 +191,7 @@ _SECTION = re.compile(r"^(Communication per rank|Clocks: |Model latency over ste
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
                       r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|"
                       r"Top \d+ layers? by self time|Time per layer type|GPU vs CPU time per layer|"
-                      r"[\d,]+ calls? of layers inside compiled code|This trace is too large)", re.M)
+                      r"[\d,]+ calls? of layers inside compiled code|FLOPs per layer|This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:
@@ -244,6 +244,19 @@ def test_the_report_of_a_trace_read_a_tree_at_a_time_shows_the_whole_trace_s_fig
 
 def test_the_report_of_a_recorded_run_read_in_windows_shows_its_figures(tmp_path):
     path = _recorded_run(tmp_path)
+    assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+
+
+def test_the_report_of_a_run_recorded_with_flops_read_in_windows_shows_its_figures(tmp_path):
+    from xsp.reports.terminal import render_report
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    path = tmp_path / "flops.xsp.parquet"
+    with xsp.trace(output=path, levels="model,layer,operator,flops"):
+        for _ in range(4):
+            model(torch.randn(2, 8))
+    assert "FLOPs per layer" in _rendered(render_report, xsp.load(path))
     assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
 
 

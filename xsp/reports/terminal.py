@@ -609,8 +609,9 @@ def _operator_table(ops: pd.DataFrame, which: str, outside: str | None, console:
         _say(console, outside)
 
 
-def _flops_table(trace: Trace, console: Console, top: int) -> None:
-    flops = analysis.layer_flops(trace).dropna(subset=["flops"])
+def _flops_table(flops: pd.DataFrame, console: Console, top: int) -> None:
+    """The layers' FLOPs (:func:`xsp.analysis.layer_flops`), most first."""
+    flops = flops.dropna(subset=["flops"])
     if flops.empty:
         return
     _show(console, flops.head(top), "FLOPs per layer (each layer includes the layers inside it)", [
@@ -921,7 +922,8 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
 
 
 WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "memory per layer type", "FLOPs", "CUDA graph replays", "always-on and leveled figures")
+    "memory per layer type", "FLOPs per kernel (the roofline)", "CUDA graph replays",
+    "always-on and leveled figures")
 """The sections of the report of a trace loaded whole that the report read a window at a time
 does not make (where the trace has them)."""
 
@@ -946,6 +948,8 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
         outside = report.operators_outside
         _operator_table(report.operators, which,
                         _outside_text(outside, "operator") if outside is not None else None, console, top)
+    if report.layer_flops is not None:
+        _flops_table(analysis.layer_flops_of(report.layer_flops), console, top)
     left_out = list(WINDOWED_SECTIONS_LEFT_OUT)
     if layers is None:
         left_out.insert(0, "layers")
@@ -996,7 +1000,7 @@ def _rank_sections(trace: Trace, console: Console, top: int, lines: bool) -> Non
     if lines:
         lines_table(trace, console, top, step_view)
     _operator_tables(trace, console, top, step_view)
-    _flops_table(trace, console, top)
+    _flops_table(analysis.layer_flops(trace), console, top)
     _gpu_tables(trace, console, top, step_view)
     _memory_tables(trace, console, top, step_view)
     _system_tables(trace, console)
