@@ -66,12 +66,14 @@ class Evidence:
     :func:`evidence_of` finds them; :func:`added_evidence` cannot (the caller sets them)."""
 
 
-def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | None = None) -> Evidence:
+def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | None = None,
+                kernels: pd.DataFrame | None = None) -> Evidence:
     """The evidence of ``spans`` (whole trees), of the rows ``in_steps`` (the steps' work);
-    ``order``: each row's place in the loaded trace (N x 3), where ``spans`` is part of a trace."""
+    ``order``: each row's place in the loaded trace (N x 3), where ``spans`` is part of a trace;
+    ``kernels``: its :func:`xsp.analysis.kernel_table`, where the caller has it."""
     places = order if order is not None else row_places(len(spans))
     parents = parent_positions(spans)
-    kernels, medians = _kernels(spans, in_steps, places)
+    kernel_groups, medians = _kernels(spans, kernel_table(spans) if kernels is None else kernels, in_steps, places)
     level = spans[col.LEVEL]
     kind = spans[col.KIND]
     copies = ((level == Level.KERNEL.value) & (kind == SpanKind.MEMCPY.value)).to_numpy(dtype=bool) & in_steps
@@ -93,7 +95,7 @@ def evidence_of(spans: pd.DataFrame, in_steps: np.ndarray, order: np.ndarray | N
     blocking_table = grouped_in_order(pd.DataFrame({
         "call": names.to_numpy(dtype=object)[rows], "path": paths[rows], "count": 1, "ns": durations[rows]}),
         places[rows], CALL_KEYS, CALL_SUMS)
-    return Evidence(kernels=kernels, pageable=pageable_table, blocking=blocking_table,
+    return Evidence(kernels=kernel_groups, pageable=pageable_table, blocking=blocking_table,
                     to_host_copies=int(to_host.sum()), optimizer_calls=_optimizer_calls(spans, in_steps, places),
                     operators=bool(((level == Level.OPERATOR.value) & (kind == SpanKind.OPERATOR.value)).any()),
                     batch_sizes=spans[col.BATCH_SIZE].dropna().to_numpy(dtype=np.float64),
@@ -115,9 +117,10 @@ def added_evidence(parts: list[Evidence]) -> Evidence:
         batch_sizes=np.concatenate([part.batch_sizes for part in parts]) if parts else np.zeros(0))
 
 
-def _kernels(spans: pd.DataFrame, in_steps: np.ndarray, places: np.ndarray) -> tuple[pd.DataFrame, tuple[float, float]]:
-    """The kernels' table of :attr:`Evidence.kernels`, and their medians."""
-    table = kernel_table(spans)
+def _kernels(spans: pd.DataFrame, table: pd.DataFrame, in_steps: np.ndarray, places: np.ndarray
+             ) -> tuple[pd.DataFrame, tuple[float, float]]:
+    """The kernels' table of :attr:`Evidence.kernels` (``table``: the spans' kernel table), and
+    their medians."""
     rows = np.flatnonzero((spans[col.LEVEL] == Level.KERNEL.value).to_numpy()
                           & (spans[col.KIND] == SpanKind.KERNEL.value).to_numpy())
     chosen = in_steps[rows]

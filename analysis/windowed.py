@@ -195,7 +195,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             if communication is not None:
                 communication.add(spans)
             in_steps = spans[col.STEP].notna().to_numpy(dtype=bool) if has_steps else np.ones(len(spans), dtype=bool)
-            evidence.append(evidence_of(spans, in_steps, order))
+            evidence.append(evidence_of(spans, in_steps, order, table))
             if len(evidence) > 64:  # a long trace: its evidence added up as it goes
                 evidence = [added_evidence(evidence)]
             if windows.steps:
