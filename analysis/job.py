@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.distributed import BACKEND_WORK, ENQUEUE, NCCL_KERNEL, collectives
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, first_line
+from xsp.core.errors import TraceFormatError, first_line, imported_duckdb
 from xsp.core.rank import rank_files
 from xsp.io.loading import (
     PART_FILE,
@@ -121,7 +121,7 @@ def load_job(path: str | os.PathLike[str]) -> Trace | None:
         return None
     kept = {id(member) for member in layout.members.values()}
     present = {name for member, names in read if id(member) in kept for name in names}
-    import duckdb
+    duckdb = imported_duckdb()
 
     try:
         spans = _job_rows({rank: member.file for rank, member in layout.members.items()}, present)

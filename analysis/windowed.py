@@ -26,6 +26,7 @@ ran, so that equal times are listed as the whole trace lists them.
 
 from __future__ import annotations
 
+import enum
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -69,12 +70,12 @@ from xsp.analysis.gpu import (
 from xsp.analysis.in_order import added_in_order
 from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS, layer_sums, layer_table, module_sums
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
-from xsp.analysis.operators import operator_table
+from xsp.analysis.operators import BACKWARD_NODE, operator_table
 from xsp.analysis.recommend import recommendations_of
 from xsp.analysis.roofline import LAYER_FLOPS_SUMS, layer_flops_sums
 from xsp.analysis.steps import part_times
 from xsp.core import schema as col
-from xsp.core.errors import duckdb_interrupts, first_line
+from xsp.core.errors import duckdb_interrupts, first_line, imported_duckdb
 from xsp.core.schema import Level, SpanKind
 from xsp.io.outputs import OutputError
 from xsp.io.trace import Trace
@@ -91,6 +92,39 @@ and the recommendations about input and threads read them."""
 _Found = TypeVar("_Found")
 SWEEP_MEMORY_MB = 512
 """DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
+
+
+class LeftOut(str, enum.Enum):
+    """A section of the report of a trace loaded whole that :func:`windowed_report` does not make,
+    in the report's order."""
+
+    ALWAYS_ON = "the always-on figures and layers (of the steps recorded deep)"
+    LEVELED = "the leveled runs"
+    BACKWARD = "backward time per forward layer"
+    GRAPH_REPLAYS = "CUDA graph replays, and kernel time per operator where graphs were replayed"
+    ROOFLINE = "FLOPs per kernel (the roofline)"
+    LAYER_MEMORY = "memory allocated per layer type"
+
+
+def _left_out(spans: pd.DataFrame) -> set[LeftOut]:
+    """What of a window's spans the report would show loaded whole, and not in windows."""
+    found: set[LeftOut] = set()
+    level, kind = spans[col.LEVEL], spans[col.KIND]
+    if (level == Level.MEMORY.value).any():
+        found.add(LeftOut.LAYER_MEMORY)
+    if (kind == SpanKind.COUNTERS.value).any() or (level == Level.GPU_METRICS.value).any() or (
+            (kind == SpanKind.KERNEL.value) & spans[col.FLOPS].notna()).any():
+        found.add(LeftOut.ROOFLINE)
+    backward = ((level == Level.LAYER.value) & (kind == SpanKind.BACKWARD.value)).any() or (
+        (level == Level.OPERATOR.value) & spans[col.SEQUENCE_NUMBER].notna()
+        & spans[col.NAME].astype(str).str.contains(BACKWARD_NODE.pattern, regex=True)).any()
+    if backward:
+        found.add(LeftOut.BACKWARD)
+    return found
+
+
+def _ordered(found: set[LeftOut]) -> list[LeftOut]:
+    return [member for member in LeftOut if member in found]
 
 
 @dataclass
@@ -110,6 +144,9 @@ class WindowedReport:
     """The first start and last end of every span (None: no span)."""
     recommendations: pd.DataFrame
     """:func:`xsp.analysis.recommend` of the whole trace."""
+    left_out: list[LeftOut]
+    """The sections of the report of the trace loaded whole that this trace has and these tables
+    do not make."""
     layer_flops: pd.DataFrame | None
     """:func:`xsp.analysis.layer_flops_sums` of the whole trace (None: it has no layers)."""
     communication: RankCommunication | None
@@ -170,6 +207,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     layered = not windows.metadata.get("sampling")
     layers = _Layers()
     flops: list[pd.DataFrame] = []
+    left_out: set[LeftOut] = set()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
         # one rank's file of a job: its communication (a file of several ranks is reported loaded whole)
@@ -187,6 +225,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             table = kernel_table(spans)
             kernel_ns += float(whole_ns(table["duration_us"]).sum())
             replays_graphs |= bool(_is_kind(spans, SpanKind.GRAPH_NODE).any())
+            left_out |= _left_out(spans)
             per_operator.add(*_kernels_per_operator(table, spans, order))
             launch.append(launch_sums(table))
             memory.append(memory_operations(spans))
@@ -227,6 +266,10 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
         layers=layers.result() if layered else None, communication=ranks,
+        left_out=_ordered((left_out if Level.LAYER.value in levels else left_out - {LeftOut.BACKWARD}) | (
+            {LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
+            {LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set()) | (
+            {LeftOut.LEVELED} if windows.metadata.get("leveled") else set())),
         layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(operators.result()),
@@ -484,7 +527,7 @@ def _in_duckdb(folder: Path, what: str, work: Callable[[Any], _Found]) -> _Found
     Raises:
         OutputError: it ran out of memory or of scratch space.
     """
-    import duckdb
+    duckdb = imported_duckdb()
 
     connection = duckdb.connect(config={"memory_limit": f"{SWEEP_MEMORY_MB}MB", "threads": 2,
                                         "temp_directory": str(folder / "duckdb"), "preserve_insertion_order": False})
@@ -493,7 +536,8 @@ def _in_duckdb(folder: Path, what: str, work: Callable[[Any], _Found]) -> _Found
             connection.execute("SET enable_progress_bar = false")
             return work(connection)
     except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
-        raise OutputError(f"{what} could not be swept in {folder}: {first_line(exc)}") from None
+        raise OutputError(f"{what} could not be added up in {SWEEP_MEMORY_MB} MB of memory, spilling into "
+                          f"{folder.parent} ({first_line(exc)}): free memory or disk space there") from None
     finally:
         connection.close()
 

@@ -172,7 +172,7 @@ def test_the_summary_and_report_of_a_trace_too_large_to_load_stay_within_their_b
     text = " ".join(report.stdout.split())
     for section in ("Communication per rank", "Recommendations", "Model latency over steps", "Steps cover",
                     "Top 10 operators by self time", "GPU: ", "Kernel time per operator", "Memory copies and sets",
-                    "Launch overhead per step", "read a window of whole trees at a time"):
+                    "Launch overhead per step", "read a part at a time"):
         assert section in text, section
     summary = Summary.load(output)
     assert summary.metadata["spans"] == SUMMARY_COPIES * 123378 and summary.metadata["steps"] == SUMMARY_COPIES * 5

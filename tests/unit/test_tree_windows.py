@@ -211,6 +211,7 @@ def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: 
     starts = [found.start() for found in _SECTION.finditer(windowed)] + [len(windowed)]
     sections = [windowed[:starts[0]]] + [windowed[a:b] for a, b in zip(starts, starts[1:])]
     assert sections[-1].startswith("This trace is too large to load here")
+    assert "Backward time per forward layer" not in whole or "backward time per forward layer" in sections[-1]
     for section in sections[:-1]:  # each section as the whole trace's report prints it
         assert section.rstrip("\n") in whole, section
     # and every section it makes that the whole trace's report has
@@ -260,6 +261,19 @@ def test_the_report_of_a_run_recorded_with_flops_read_in_windows_shows_its_figur
     assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
 
 
+def test_the_report_of_a_training_run_read_in_windows_names_what_it_leaves_out(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "train.xsp.parquet"
+    with xsp.trace(output=path, levels="model,layer,operator"):
+        for _ in range(4):
+            optimizer.zero_grad()
+            model(torch.randn(2, 8)).sum().backward()
+            optimizer.step()
+    assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+
+
 def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, capsys, monkeypatch):
     from xsp.cli.main import main
 
@@ -267,7 +281,7 @@ def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, cap
     monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "Top 10 kernels by total time" in out and "read a window of whole trees at a time" in " ".join(out.split())
+    assert "Top 10 kernels by total time" in out and "read a part at a time" in " ".join(out.split())
     assert main(["report", str(path), "--html", str(path.parent / "r.html"), "--lines"]) == 2  # they need it whole
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "too large to load whole here" in error
@@ -285,5 +299,5 @@ def test_a_trace_whose_report_would_not_fit_is_reported_in_windows_though_it_wou
     monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: int((load_bytes + report_bytes) / 2 / 0.9))
     xsp.load(path)
     assert main(["report", str(path)]) == 0
-    assert "read a window of whole trees at a time" in " ".join(capsys.readouterr().out.split())
+    assert "read a part at a time" in " ".join(capsys.readouterr().out.split())
     assert main(["summary", str(path), "-o", str(path.parent / "nccl.xsp-summary.parquet")]) == 0

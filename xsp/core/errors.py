@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType, ModuleType
+from typing import Any
 
 
 class XspError(Exception):
@@ -40,11 +44,42 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals held while DuckDB loads (:func:`imported_duckdb`)."""
+
+
+def imported_duckdb() -> ModuleType:
+    """DuckDB's module, loaded with Ctrl-C (and SIGTERM and SIGHUP, where Python handles them) held
+    until it is done: a KeyboardInterrupt inside its extension's set-up aborts the process
+    (nanobind's "Critical nanobind error") or leaves the module half made. A signal that came
+    meanwhile is handled as soon as the module is loaded."""
+    if "duckdb" in sys.modules or threading.current_thread() is not threading.main_thread():
+        import duckdb
+
+        return duckdb
+    came: list[tuple[int, FrameType | None]] = []
+    previous: dict[int, Callable[[int, FrameType | None], Any]] = {}
+    for held in HELD_SIGNALS:
+        handler = signal.getsignal(held)
+        if callable(handler):  # a Python handler (KeyboardInterrupt's, or xsp's own): not the system's
+            previous[held] = handler
+            signal.signal(held, lambda number, frame: came.append((number, frame)))
+    try:
+        import duckdb
+    finally:
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+    if came:
+        number, frame = came[0]
+        previous[number](number, frame)
+    return duckdb
+
+
 @contextmanager
 def duckdb_interrupts() -> Iterator[None]:
     """Ctrl-C inside a DuckDB query raised as KeyboardInterrupt, as anywhere else: DuckDB raises its
     own InterruptException, or, where its result is read through Arrow, a RuntimeError saying so."""
-    import duckdb
+    duckdb = imported_duckdb()
 
     try:
         yield

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from xsp.analysis.lines import fused_line_rows, line_keys, relative_files
 from xsp.core import schema as col
-from xsp.core.errors import duckdb_interrupts, first_line
+from xsp.core.errors import duckdb_interrupts, first_line, imported_duckdb
 from xsp.core.schema import Level, SpanKind
 from xsp.gate.diff_columns import (
     CI_NS,
@@ -397,7 +397,7 @@ class _SpilledSamples:
 
     def by_key(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """As :meth:`_HeldSamples.by_key`."""
-        import duckdb
+        duckdb = imported_duckdb()
 
         stepped = np.zeros(count, dtype=bool)
         if self._writer is None:

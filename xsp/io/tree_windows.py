@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema as col
-from xsp.core.errors import TraceFormatError, XspWarning, duckdb_interrupts, first_line, warn
+from xsp.core.errors import TraceFormatError, XspWarning, duckdb_interrupts, first_line, imported_duckdb, warn
 from xsp.core.memory_release import release_freed_memory
 from xsp.io.outputs import OutputError
 from xsp.io.parquet import (
@@ -154,7 +154,7 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
         TraceFormatError: not an xsp trace, corrupt, or its spans name their parents in a loop.
         SchemaVersionError: written by a newer xsp.
     """
-    import duckdb
+    duckdb = imported_duckdb()
 
     source = Path(path)
     metadata, parquet = read_trace_metadata(source)

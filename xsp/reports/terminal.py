@@ -921,13 +921,6 @@ def render_job_report(job: Trace, rank: int, rank_trace: Trace, console: Console
     _rank_sections(rank_trace, console, top, lines)
 
 
-WINDOWED_SECTIONS_LEFT_OUT: Final = (
-    "memory per layer type", "FLOPs per kernel (the roofline)", "CUDA graph replays",
-    "always-on and leveled figures")
-"""The sections of the report of a trace loaded whole that the report read a window at a time
-does not make (where the trace has them)."""
-
-
 def render_windowed_report(report: WindowedReport, console: Console, top: int = 10) -> None:
     """The report of a trace too large to load, from its tables read a window of whole trees at a
     time (:func:`xsp.analysis.windowed.windowed_report`), each section as :func:`render_report`
@@ -939,7 +932,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
-    which = ALL_STEPS if report.steps else WHOLE_TRACE
+    which = deep_steps(report.kept)[1]  # the steps' work, as the trace loaded whole names it
     layers = report.layers
     if layers is not None and (report.level_counts.get(Level.LAYER.value) or kernel_layers(report.metadata)):
         _layer_section(warmup_line(report.kept), layers.layers, layers.modules, layers.compiled_calls,
@@ -950,26 +943,22 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
                         _outside_text(outside, "operator") if outside is not None else None, console, top)
     if report.layer_flops is not None:
         _flops_table(analysis.layer_flops_of(report.layer_flops), console, top)
-    left_out = list(WINDOWED_SECTIONS_LEFT_OUT)
-    if layers is None:
-        left_out.insert(0, "layers")
     if len(report.kernels):
         _gpu_line(report.kernels, report.utilization, console)
         _kernel_table(report.kernels, console, top)
         if report.kernels_per_operator is not None:
             _per_operator_table(report.kernels_per_operator, console, top)
-        else:
-            left_out.insert(0, "kernel time per operator")
         if layers is not None:
             _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
     _system_tables(report.kept, console)
     _diagnostics(report.kept, console)
     console.print()
-    _say(console, "This trace is too large to load here, so it was read a window of whole trees at a time, and "
-                  "only the tables above were made. The report of the trace loaded whole (where it fits) also has, "
-                  f"where the trace holds them: {', '.join(left_out)}. DuckDB queries the file "
-                  "without loading it (docs/fleet.md).", "yellow")
+    left_out = "; ".join(section.value for section in report.left_out)
+    _say(console, "This trace is too large to load here, so it was read a part at a time (each step with everything "
+                  "under it), to the same figures as the trace loaded whole" + (
+                      f". Left out, as they need it whole: {left_out}" if left_out else "") +
+                  ". xsp.analysis.windowed.windowed_report gives these tables in Python.", "yellow")
 
 
 def _chosen_rank(ranks: list[int], rank: int | None) -> int:
