@@ -11,10 +11,12 @@ follows that number back to the forward operator and its layer; backward layer s
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from xsp.analysis.in_order import row_places
 from xsp.analysis.model import spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
@@ -97,6 +99,66 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+@dataclass
+class BackwardParts:
+    """What :func:`backward_time_per_layer` reads of (a part of) a trace: tables that add up over
+    parts (windows of whole trees) by concatenation."""
+
+    forward: pd.DataFrame
+    """Forward operators with a sequence number: ``step`` (NaN outside steps), ``seq``, ``layer``
+    (the innermost layer's name, None without one), and the operator's place (``o0``, ``o1``,
+    ``o2``: :mod:`xsp.analysis.in_order`); the first of each step and sequence number only."""
+    backward: pd.DataFrame
+    """The outermost backward operators: ``step``, ``seq``, ``ns``."""
+    layers: pd.DataFrame
+    """The backward layer spans: ``forward_layer``, ``ns``."""
+
+
+def backward_parts(spans: pd.DataFrame, places: np.ndarray | None = None) -> BackwardParts:
+    """:class:`BackwardParts` of ``spans`` (whole trees; ``places``: each row's place in the
+    loaded trace, N x 3, default its position)."""
+    parents = parent_positions(spans)
+    layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
+    names = spans[col.NAME].to_numpy(dtype=object)
+    levels = category_values(spans[col.LEVEL])
+    kinds = category_values(spans[col.KIND])
+    steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
+    sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
+    duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    at = places if places is not None else row_places(len(spans))
+    is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(sequence)
+    is_backward_op = is_op & text_matches(spans[col.NAME], BACKWARD_NODE, anywhere=True)
+    forward = np.flatnonzero(is_op & ~is_backward_op)
+    forward_table = pd.DataFrame({
+        "step": steps[forward], "seq": sequence[forward],
+        "layer": np.where(layer_of[forward] >= 0, names[np.maximum(layer_of[forward], 0)], None),
+        "o0": at[forward, 0], "o1": at[forward, 1], "o2": at[forward, 2]})
+    forward_table = forward_table.sort_values(["o0", "o1", "o2"], kind="stable").drop_duplicates(
+        ["step", "seq"]).reset_index(drop=True)
+    backward = np.flatnonzero(is_backward_op)
+    engine = np.array([parents[row] >= 0 and str(names[parents[row]]).startswith(ENGINE_PREFIX)
+                       for row in backward.tolist()], dtype=bool)
+    outermost = backward[~engine] if len(backward) else backward
+    layers = np.flatnonzero((levels == Level.LAYER.value) & (kinds == SpanKind.BACKWARD.value))
+    return BackwardParts(
+        forward=forward_table,
+        backward=pd.DataFrame({"step": steps[outermost], "seq": sequence[outermost], "ns": duration[outermost]}),
+        layers=pd.DataFrame({"forward_layer": [str(name).removesuffix(col.BACKWARD_SUFFIX) for name in names[layers]],
+                             "ns": duration[layers]}))
+
+
+def backward_table_of(layer_ns: pd.Series, operators: pd.DataFrame) -> pd.DataFrame:
+    """:func:`backward_time_per_layer` from the backward layer spans' time per forward layer
+    (``layer_ns``) and the attributed backward operators' (``operators``: ``ns`` and ``count``
+    per forward layer)."""
+    out = pd.DataFrame({"backward_layer_us": layer_ns / 1e3, "backward_operator_us": operators["ns"] / 1e3,
+                        "backward_operators": operators["count"]}).fillna({"backward_operator_us": 0.0,
+                                                                          "backward_operators": 0})
+    out["backward_operators"] = out["backward_operators"].astype("int64")
+    return out.rename_axis("forward_layer").reset_index().sort_values(
+        "backward_operator_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
 def backward_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Backward time per forward layer, over all steps.
 
@@ -104,13 +166,8 @@ def backward_time_per_layer(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``backward_operator_us`` (outermost backward operators attributed to it, by sequence
     number), ``backward_operators``.
     """
-    table = backward_attribution(source)
-    table = table[table["forward_layer"].notna() & table["outermost"]]
-    layers = table[table["kind"] == "layer"].groupby("forward_layer", observed=True)["duration_us"].sum()
-    ops = table[table["kind"] == "operator"].groupby("forward_layer", observed=True)["duration_us"].agg(["sum", "size"])
-    out = pd.DataFrame({"backward_layer_us": layers, "backward_operator_us": ops["sum"],
-                        "backward_operators": ops["size"]}).fillna({"backward_operator_us": 0.0,
-                                                                   "backward_operators": 0})
-    out["backward_operators"] = out["backward_operators"].astype("int64")
-    return out.rename_axis("forward_layer").reset_index().sort_values(
-        "backward_operator_us", ascending=False, kind="stable").reset_index(drop=True)
+    parts = backward_parts(spans_of(source))
+    joined = parts.backward.merge(parts.forward[["step", "seq", "layer"]], on=["step", "seq"])
+    joined = joined[joined["layer"].notna()]
+    operators = joined.groupby("layer").agg(ns=("ns", "sum"), count=("ns", "size"))
+    return backward_table_of(parts.layers.groupby("forward_layer")["ns"].sum(), operators)

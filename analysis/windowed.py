@@ -70,7 +70,7 @@ from xsp.analysis.gpu import (
 from xsp.analysis.in_order import added_in_order
 from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS, layer_sums, layer_table, module_sums
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
-from xsp.analysis.operators import BACKWARD_NODE, operator_table
+from xsp.analysis.operators import BackwardParts, backward_parts, backward_table_of, operator_table
 from xsp.analysis.recommend import recommendations_of
 from xsp.analysis.roofline import LAYER_FLOPS_SUMS, layer_flops_sums
 from xsp.analysis.steps import part_times
@@ -100,7 +100,6 @@ class LeftOut(str, enum.Enum):
 
     ALWAYS_ON = "the always-on figures and layers (of the steps recorded deep)"
     LEVELED = "the leveled runs"
-    BACKWARD = "backward time per forward layer"
     GRAPH_REPLAYS = "CUDA graph replays, and kernel time per operator where graphs were replayed"
     ROOFLINE = "FLOPs per kernel (the roofline)"
     LAYER_MEMORY = "memory allocated per layer type"
@@ -115,11 +114,6 @@ def _left_out(spans: pd.DataFrame) -> set[LeftOut]:
     if (kind == SpanKind.COUNTERS.value).any() or (level == Level.GPU_METRICS.value).any() or (
             (kind == SpanKind.KERNEL.value) & spans[col.FLOPS].notna()).any():
         found.add(LeftOut.ROOFLINE)
-    backward = ((level == Level.LAYER.value) & (kind == SpanKind.BACKWARD.value)).any() or (
-        (level == Level.OPERATOR.value) & spans[col.SEQUENCE_NUMBER].notna()
-        & spans[col.NAME].astype(str).str.contains(BACKWARD_NODE.pattern, regex=True)).any()
-    if backward:
-        found.add(LeftOut.BACKWARD)
     return found
 
 
@@ -147,6 +141,8 @@ class WindowedReport:
     left_out: list[LeftOut]
     """The sections of the report of the trace loaded whole that this trace has and these tables
     do not make."""
+    backward: pd.DataFrame
+    """:func:`xsp.analysis.backward_time_per_layer` of the steps' work."""
     layer_flops: pd.DataFrame | None
     """:func:`xsp.analysis.layer_flops_sums` of the whole trace (None: it has no layers)."""
     communication: RankCommunication | None
@@ -210,6 +206,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     left_out: set[LeftOut] = set()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
+        backward = _Backward(Path(scratch))
         # one rank's file of a job: its communication (a file of several ranks is reported loaded whole)
         communication = _Communication(Path(scratch)) if windows.metadata.get("distributed") else None
         for spans, order in windows.frames():
@@ -253,11 +250,13 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
             if layered:
                 layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
+            backward.add(backward_parts(view, view_order))
             if (spans[col.LEVEL] == Level.LAYER.value).any():
                 flops = _flops_added([*flops, layer_flops_sums(spans)]) if len(flops) > 64 else [
                     *flops, layer_flops_sums(spans)]
         utilization, in_step_usage, medians = activities.swept()
         kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
+        backward_table = backward.result()
         ranks = communication.result(kept_trace) if communication is not None else None
     extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
     context = Context(kept_trace, extent_ns, replace(added_evidence(evidence), kernel_medians_us=medians),
@@ -265,9 +264,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
-        layers=layers.result() if layered else None, communication=ranks,
-        left_out=_ordered((left_out if Level.LAYER.value in levels else left_out - {LeftOut.BACKWARD}) | (
-            {LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
+        layers=layers.result() if layered else None, communication=ranks, backward=backward_table,
+        left_out=_ordered(left_out | ({LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
             {LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set()) | (
             {LeftOut.LEVELED} if windows.metadata.get("leveled") else set())),
         layer_flops=_flops_added(flops)[0] if flops else None,
@@ -540,6 +538,63 @@ def _in_duckdb(folder: Path, what: str, work: Callable[[Any], _Found]) -> _Found
                           f"{folder.parent} ({first_line(exc)}): free memory or disk space there") from None
     finally:
         connection.close()
+
+
+class _Backward:
+    """:func:`xsp.analysis.backward_time_per_layer` of the windows added: their forward operators
+    and backward operators written to Parquet files in ``folder``, and joined by DuckDB by step
+    and sequence number (a step's backward runs on the autograd thread, in trees of its own),
+    each to the first forward operator of the two (in the loaded order)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._paths = {"forward": folder / "forward.parquet", "backward": folder / "backward.parquet"}
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._layers: list[pd.DataFrame] = []
+
+    def add(self, parts: BackwardParts) -> None:
+        for name, table in (("forward", parts.forward), ("backward", parts.backward)):
+            if not len(table):
+                continue
+            arrow = pa.Table.from_pandas(table.assign(step=table["step"].fillna(NO_STEP)), preserve_index=False)
+            if name not in self._writers:
+                self._writers[name] = pq.ParquetWriter(self._paths[name], arrow.schema, compression="none")
+            self._writers[name].write_table(arrow)
+        if len(parts.layers):
+            self._layers = [pd.concat([*self._layers, parts.layers], ignore_index=True).groupby(
+                "forward_layer", as_index=False)["ns"].sum()]
+
+    def result(self) -> pd.DataFrame:
+        """The table (see the class's text).
+
+        Raises:
+            OutputError: DuckDB ran out of memory or of scratch space.
+        """
+        for writer in self._writers.values():
+            writer.close()
+        layer_ns = self._layers[0].set_index("forward_layer")["ns"] if self._layers else pd.Series(dtype=np.float64)
+        operators = pd.DataFrame({"ns": pd.Series(dtype=np.float64), "count": pd.Series(dtype=np.int64)})
+        if len(self._writers) == 2:
+            given = {name: str(path) for name, path in self._paths.items()}
+            found = _in_duckdb(self._folder, "the backward operators",
+                               lambda connection: connection.execute(_BACKWARD, given).df())
+            operators = found.set_index("layer")[["ns", "count"]]
+        return backward_table_of(layer_ns, operators)
+
+
+NO_STEP = -1.0
+"""The step of a span outside every step, as the join reads it (a missing step matches a missing step)."""
+_BACKWARD = """
+WITH ranked AS (
+    SELECT step, seq, layer, row_number() OVER (PARTITION BY step, seq ORDER BY o0, o1, o2) AS n
+    FROM read_parquet($forward)),
+first AS (SELECT step, seq, layer FROM ranked WHERE n = 1)
+SELECT f.layer AS layer, sum(b.ns)::DOUBLE AS ns, count(*) AS count
+FROM read_parquet($backward) b JOIN first f ON b.step = f.step AND b.seq = f.seq
+WHERE f.layer IS NOT NULL GROUP BY f.layer
+"""
+"""Per forward layer, the backward operators of the step and sequence number of its first
+forward operator: their time and how many."""
 
 
 class _Activities:

@@ -591,7 +591,11 @@ def _operator_tables(trace: Trace, console: Console, top: int, step_view: StepVi
     if ops.empty:
         return
     _operator_table(ops, which, outside_steps_line(whole, Level.OPERATOR, "operator"), console, top)
-    backward = analysis.backward_time_per_layer(trace)
+    _backward_table(analysis.backward_time_per_layer(trace), console, top)
+
+
+def _backward_table(backward: pd.DataFrame, console: Console, top: int) -> None:
+    """Backward time per forward layer (:func:`xsp.analysis.backward_time_per_layer`)."""
     if not backward.empty and backward["backward_operators"].sum() > 0:
         shown, unit, figure = in_time_unit(backward.head(top), ["backward_layer_us", "backward_operator_us"])
         _show(console, shown, "Backward time per forward layer (by autograd sequence number)", [
@@ -941,6 +945,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
         outside = report.operators_outside
         _operator_table(report.operators, which,
                         _outside_text(outside, "operator") if outside is not None else None, console, top)
+        _backward_table(report.backward, console, top)
     if report.layer_flops is not None:
         _flops_table(analysis.layer_flops_of(report.layer_flops), console, top)
     if len(report.kernels):
