@@ -54,6 +54,26 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values("self_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
+class _Autograd:
+    """What backward attribution reads of a span table: each span's parent, innermost layer, name,
+    step, sequence number and duration; which spans are forward and backward operators (those with
+    a sequence number) and backward layer spans."""
+
+    def __init__(self, spans: pd.DataFrame) -> None:
+        self.parents = parent_positions(spans)
+        self.layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), self.parents)
+        self.names = spans[col.NAME].to_numpy(dtype=object)
+        levels = category_values(spans[col.LEVEL])
+        kinds = category_values(spans[col.KIND])
+        self.steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
+        self.sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
+        self.duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+        is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(self.sequence)
+        self.backward_operators = is_op & text_matches(spans[col.NAME], BACKWARD_NODE, anywhere=True)
+        self.forward_operators = is_op & ~self.backward_operators
+        self.backward_layers = (levels == Level.LAYER.value) & (kinds == SpanKind.BACKWARD.value)
+
+
 def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """Every backward span with the forward layer (and operator) that produced it.
 
@@ -66,17 +86,10 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
     backward of), ``outermost`` (an engine span, or a node without one: sum these).
     """
     spans = spans_of(source)
-    parents = parent_positions(spans)
-    layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
-    names = spans[col.NAME].to_numpy(dtype=object)
-    levels = category_values(spans[col.LEVEL])
-    kinds = category_values(spans[col.KIND])
-    steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
-    sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
-    duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
-    is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(sequence)
-    is_backward_op = is_op & text_matches(spans[col.NAME], BACKWARD_NODE, anywhere=True)
-    forward_ops = np.flatnonzero(is_op & ~is_backward_op)
+    found = _Autograd(spans)
+    parents, layer_of, names, steps, sequence, duration = (
+        found.parents, found.layer_of, found.names, found.steps, found.sequence, found.duration)
+    is_backward_op, forward_ops = found.backward_operators, np.flatnonzero(found.forward_operators)
     first_forward = (pd.DataFrame({"step": steps[forward_ops], "seq": sequence[forward_ops], "row": forward_ops})
                      .groupby(["step", "seq"], dropna=False, observed=True)["row"].min())
     rows = []
@@ -88,8 +101,7 @@ def backward_attribution(source: Trace | pd.DataFrame) -> pd.DataFrame:
                      "name": names[row], "duration_us": duration[row] / 1e3, "sequence_number": sequence[row],
                      "forward_operator": None if forward is None else names[forward],
                      "forward_layer": forward_layer, "outermost": not engine_parent})
-    backward_layers = np.flatnonzero((levels == Level.LAYER.value) & (kinds == SpanKind.BACKWARD.value))
-    for row in backward_layers.tolist():
+    for row in np.flatnonzero(found.backward_layers).tolist():
         rows.append({"span_id": int(spans[col.SPAN_ID].iat[row]), "step": steps[row], "kind": "layer",
                      "name": names[row], "duration_us": duration[row] / 1e3, "sequence_number": np.nan,
                      "forward_operator": None, "forward_layer": str(names[row]).removesuffix(col.BACKWARD_SUFFIX),
@@ -117,29 +129,22 @@ class BackwardParts:
 def backward_parts(spans: pd.DataFrame, places: np.ndarray | None = None) -> BackwardParts:
     """:class:`BackwardParts` of ``spans`` (whole trees; ``places``: each row's place in the
     loaded trace, N x 3, default its position)."""
-    parents = parent_positions(spans)
-    layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
-    names = spans[col.NAME].to_numpy(dtype=object)
-    levels = category_values(spans[col.LEVEL])
-    kinds = category_values(spans[col.KIND])
-    steps = spans[col.STEP].astype("float64").to_numpy(na_value=np.nan)
-    sequence = spans[col.SEQUENCE_NUMBER].astype("float64").to_numpy(na_value=np.nan)
-    duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
+    found = _Autograd(spans)
+    parents, layer_of, names, steps, sequence, duration = (
+        found.parents, found.layer_of, found.names, found.steps, found.sequence, found.duration)
     at = places if places is not None else row_places(len(spans))
-    is_op = (levels == Level.OPERATOR.value) & (kinds == SpanKind.OPERATOR.value) & ~np.isnan(sequence)
-    is_backward_op = is_op & text_matches(spans[col.NAME], BACKWARD_NODE, anywhere=True)
-    forward = np.flatnonzero(is_op & ~is_backward_op)
+    forward = np.flatnonzero(found.forward_operators)
     forward_table = pd.DataFrame({
         "step": steps[forward], "seq": sequence[forward],
         "layer": np.where(layer_of[forward] >= 0, names[np.maximum(layer_of[forward], 0)], None),
         "o0": at[forward, 0], "o1": at[forward, 1], "o2": at[forward, 2]})
     forward_table = forward_table.sort_values(["o0", "o1", "o2"], kind="stable").drop_duplicates(
         ["step", "seq"]).reset_index(drop=True)
-    backward = np.flatnonzero(is_backward_op)
+    backward = np.flatnonzero(found.backward_operators)
     engine = np.array([parents[row] >= 0 and str(names[parents[row]]).startswith(ENGINE_PREFIX)
                        for row in backward.tolist()], dtype=bool)
     outermost = backward[~engine] if len(backward) else backward
-    layers = np.flatnonzero((levels == Level.LAYER.value) & (kinds == SpanKind.BACKWARD.value))
+    layers = np.flatnonzero(found.backward_layers)
     return BackwardParts(
         forward=forward_table,
         backward=pd.DataFrame({"step": steps[outermost], "seq": sequence[outermost], "ns": duration[outermost]}),
