@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,7 +67,7 @@ from xsp.analysis.gpu import (
     synchronization,
     whole_ns,
 )
-from xsp.analysis.in_order import added_in_order
+from xsp.analysis.in_order import PLACE, InOrderParts, grouped_in_order
 from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS, layer_sums, layer_table, module_sums
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import BackwardParts, backward_parts, backward_table_of, operator_table
@@ -186,9 +186,9 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     kept: list[pd.DataFrame] = []
     kept_order: list[np.ndarray] = []
     parts: list[pd.DataFrame] = []
-    operators = _ByName(("count", "total_us", "self_us"))
-    kernels = _ByName(("count", "total_us"), smallest=("min_us",), largest=("max_us",))
-    per_operator = _ByName(("kernels", "kernel_us"))
+    operators = InOrderParts(["name"], OPERATOR_SUMS)
+    kernels = InOrderParts(["name"], KERNEL_SUMS, smallest=["min_us"], largest=["max_us"])
+    per_operator = InOrderParts(["name"], PER_OPERATOR_SUMS)
     kernel_ns = 0.0
     replays_graphs = False
     memory: list[pd.DataFrame] = []
@@ -218,12 +218,13 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
                 kept.append(_own_rows(spans[wanted]))
                 kept_order.append(order[wanted])
             parts.append(part_times(spans))
-            kernels.add(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)))
+            kernels.add(_by_name(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)),
+                                 KERNEL_SUMS, ["min_us"], ["max_us"]))
             table = kernel_table(spans)
             kernel_ns += float(whole_ns(table["duration_us"]).sum())
             replays_graphs |= bool(_is_kind(spans, SpanKind.GRAPH_NODE).any())
             left_out |= _left_out(spans)
-            per_operator.add(*_kernels_per_operator(table, spans, order))
+            per_operator.add(_by_name(*_kernels_per_operator(table, spans, order), PER_OPERATOR_SUMS))
             launch.append(launch_sums(table))
             memory.append(memory_operations(spans))
             sync.append(synchronization(spans))
@@ -247,7 +248,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             else:
                 view, view_order = spans, order
             is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
-            operators.add(operator_table(view), _first_places(view, view_order, is_operator.to_numpy(dtype=bool)))
+            places = _first_places(view, view_order, is_operator.to_numpy(dtype=bool))
+            operators.add(_by_name(operator_table(view), places, OPERATOR_SUMS))
             if layered:
                 layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
             backward.add(backward_parts(view, view_order))
@@ -270,10 +272,11 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             {LeftOut.LEVELED} if windows.metadata.get("leveled") else set())),
         layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
-        operators=_operator_figures(operators.result()),
+        operators=_operator_figures(_named(operators.result(), OPERATOR_SUMS)),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
-        kernels=_kernel_figures(kernels.result()),
-        kernels_per_operator=None if replays_graphs else _per_operator_figures(per_operator.result(), kernel_ns / 1e3),
+        kernels=_kernel_figures(_named(kernels.result(), KERNEL_SUMS)),
+        kernels_per_operator=None if replays_graphs else _per_operator_figures(
+            _named(per_operator.result(), PER_OPERATOR_SUMS), kernel_ns / 1e3),
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
         launch=_launch_figures(launch))
 
@@ -296,9 +299,9 @@ class _Layers:
     """:class:`LayerSums` of the windows added."""
 
     def __init__(self) -> None:
-        self.layers: list[pd.DataFrame] = []
-        self.modules: list[pd.DataFrame] = []
-        self.gpu_vs_cpu: list[pd.DataFrame] = []
+        self.layers = InOrderParts(LAYER_KEYS, LAYER_SUMS, ["module_type"])
+        self.modules = InOrderParts(MODULE_KEYS, MODULE_SUMS)
+        self.gpu_vs_cpu = InOrderParts(GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS)
         self.compiled_calls = 0
 
     def add(self, trace: Trace, order: np.ndarray) -> None:
@@ -311,22 +314,15 @@ class _Layers:
             places = np.column_stack([table["start_ns"].to_numpy(dtype=np.int64),
                                       pd.to_numeric(table["call_depth"]).fillna(-1).to_numpy(dtype=np.int64),
                                       np.zeros(len(table), dtype=np.int64)])
-            self.layers.append(layer_sums(table, places))
-            self.modules.append(module_sums(table, places))
+            self.layers.add(layer_sums(table, places))
+            self.modules.add(module_sums(table, places))
             self.compiled_calls += int(table["compiled"].sum())
         if is_layer.any():
-            self.gpu_vs_cpu.append(gpu_vs_cpu_sums(gpu_vs_cpu_per_layer(trace), order[is_layer]))
-        if len(self.layers) > 64:  # a long trace: added up as it goes
-            self.layers = [added_in_order(self.layers, LAYER_KEYS, LAYER_SUMS, ["module_type"])]
-            self.modules = [added_in_order(self.modules, MODULE_KEYS, MODULE_SUMS)]
-        if len(self.gpu_vs_cpu) > 64:
-            self.gpu_vs_cpu = [added_in_order(self.gpu_vs_cpu, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS)]
+            self.gpu_vs_cpu.add(gpu_vs_cpu_sums(gpu_vs_cpu_per_layer(trace), order[is_layer]))
 
     def result(self) -> LayerSums:
-        return LayerSums(layers=added_in_order(self.layers, LAYER_KEYS, LAYER_SUMS, ["module_type"]),
-                         modules=added_in_order(self.modules, MODULE_KEYS, MODULE_SUMS),
-                         compiled_calls=self.compiled_calls,
-                         gpu_vs_cpu=added_in_order(self.gpu_vs_cpu, GPU_VS_CPU_KEYS, GPU_VS_CPU_SUMS))
+        return LayerSums(layers=self.layers.result(), modules=self.modules.result(),
+                         compiled_calls=self.compiled_calls, gpu_vs_cpu=self.gpu_vs_cpu.result())
 
 
 def _flops_added(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:
@@ -724,41 +720,29 @@ def _first_places(spans: pd.DataFrame, order: np.ndarray, rows: np.ndarray) -> p
     return places.groupby("name", sort=False).first()
 
 
-class _ByName:
-    """Tables by name of the windows, added up: ``summed`` columns summed, ``smallest`` and
-    ``largest`` the least and most of the windows'; names in the order they first ran."""
+OPERATOR_SUMS = ["count", "total_us", "self_us"]
+KERNEL_SUMS = ["count", "total_us"]
+PER_OPERATOR_SUMS = ["kernels", "kernel_us"]
 
-    def __init__(self, summed: tuple[str, ...], smallest: tuple[str, ...] = (), largest: tuple[str, ...] = ()):
-        self.summed, self.smallest, self.largest = summed, smallest, largest
-        self.parts: list[pd.DataFrame] = []
 
-    def add(self, table: pd.DataFrame, places: pd.DataFrame) -> None:
-        if len(table):
-            exact = table.assign(**{name: whole_ns(table[name]) for name in self.summed if name.endswith("_us")})
-            self.parts.append(exact[["name", *self.summed, *self.smallest, *self.largest]].join(places, on="name"))
-        if len(self.parts) > 64:  # a long trace: its names added up as it goes
-            self.parts = [self._added()]
+def _by_name(table: pd.DataFrame, places: pd.DataFrame, sums: list[str], smallest: Sequence[str] = (),
+             largest: Sequence[str] = ()) -> pd.DataFrame:
+    """A window's table by name (one row a name) for :class:`xsp.analysis.in_order.InOrderParts`:
+    each name at its first span's place (``places``, by name), its times (``_us``) summed as
+    whole nanoseconds (:func:`xsp.analysis.gpu.whole_ns`)."""
+    exact = table.assign(**{name: whole_ns(table[name]) for name in sums if name.endswith("_us")})
+    at = places.reindex(table["name"]).fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+    return grouped_in_order(exact[["name", *sums, *smallest, *largest]].reset_index(drop=True), at, ["name"], sums,
+                            smallest=smallest, largest=largest)
 
-    def _added(self) -> pd.DataFrame:
-        every = pd.concat(self.parts, ignore_index=True)
-        group = every.groupby("name", sort=False)
-        figures = {name: "sum" for name in self.summed} | {name: "min" for name in self.smallest} | {
-            name: "max" for name in self.largest}
-        added = group.agg(figures)
-        places = every.sort_values(["o0", "o1", "o2"], kind="stable").groupby("name", sort=False)[
-            ["o0", "o1", "o2"]].first()
-        return added.join(places).reset_index()
 
-    def result(self) -> pd.DataFrame:
-        """The names' figures, in the order they first ran."""
-        if not self.parts:
-            return pd.DataFrame({name: pd.Series(dtype="float64" if name != "name" else object)
-                                 for name in ("name", *self.summed, *self.smallest, *self.largest)})
-        added = self._added().sort_values(["o0", "o1", "o2"], kind="stable")
-        for name in self.summed:
-            if name.endswith("_us"):  # summed as whole nanoseconds (:func:`xsp.analysis.gpu.whole_ns`)
-                added[name] /= 1e3
-        return added.drop(columns=["o0", "o1", "o2"]).reset_index(drop=True)
+def _named(added: pd.DataFrame, sums: list[str]) -> pd.DataFrame:
+    """The names' figures of :func:`_by_name` tables added up, in the order they first ran."""
+    figures = added.drop(columns=PLACE)
+    for name in sums:
+        if name.endswith("_us"):
+            figures[name] = figures[name] / 1e3
+    return figures
 
 
 def _in_loaded_order(frames: list[pd.DataFrame], orders: list[np.ndarray], metadata: dict[str, Any]) -> Trace:
