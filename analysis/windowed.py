@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from xsp.analysis.distributed import (
     OVERLAP_COLUMNS,
@@ -78,6 +77,7 @@ from xsp.core import schema as col
 from xsp.core.errors import duckdb_interrupts, first_line, imported_duckdb
 from xsp.core.schema import Level, SpanKind
 from xsp.io.outputs import OutputError
+from xsp.io.spill_file import SpillFile
 from xsp.io.trace import Trace
 from xsp.io.tree_windows import TreeWindows, scratch_folder
 from xsp.record.compiled_kernels import kernel_layers
@@ -432,8 +432,7 @@ class _Communication:
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder
-        self._path = folder / "computation.parquet"
-        self._writer: pq.ParquetWriter | None = None
+        self._computation = SpillFile(folder / "computation.parquet")
         self._collectives: list[pd.DataFrame] = []
         self._computing: dict[int, bool] = {}
 
@@ -452,9 +451,7 @@ class _Communication:
                           "start_ns": compute["start_ns"].to_numpy(dtype=np.int64),
                           "end_ns": compute["end_ns"].to_numpy(dtype=np.int64),
                           "kernel": compute["kernel"].to_numpy(dtype=bool)})
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
-        self._writer.write_table(table)
+        self._computation.add(table)
 
     def result(self, kept: Trace) -> RankCommunication:
         """The communication, the steps' roots in ``kept``.
@@ -468,13 +465,11 @@ class _Communication:
         bounds = step_bounds(kept.spans)
         comm = step_collectives(table, bounds)
         unions = pd.DataFrame({name: pd.Series(dtype=np.int64) for name in OVERLAP_COLUMNS})
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._computation.close():
             chosen = pd.DataFrame({"rank": list(self._computing), "kernel": list(self._computing.values())})
             unions = _in_duckdb(self._folder, "the rank's computation", lambda connection: _overlaps(
-                connection, str(self._path), comm, chosen))
-            self._path.unlink(missing_ok=True)
+                connection, str(self._computation.path), comm, chosen))
+            self._computation.path.unlink(missing_ok=True)
         return RankCommunication(
             per_step=rank_steps_of(bounds, comm, unions, self._computing, lateness(table, kept.metadata)),
             clock_offsets=offsets_of(table, kept.metadata))
@@ -544,18 +539,15 @@ class _Backward:
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder
-        self._paths = {"forward": folder / "forward.parquet", "backward": folder / "backward.parquet"}
-        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._files = {name: SpillFile(folder / f"{name}.parquet") for name in ("forward", "backward")}
         self._layers: list[pd.DataFrame] = []
 
     def add(self, parts: BackwardParts) -> None:
         for name, table in (("forward", parts.forward), ("backward", parts.backward)):
             if not len(table):
                 continue
-            arrow = pa.Table.from_pandas(table.assign(step=table["step"].fillna(NO_STEP)), preserve_index=False)
-            if name not in self._writers:
-                self._writers[name] = pq.ParquetWriter(self._paths[name], arrow.schema, compression="none")
-            self._writers[name].write_table(arrow)
+            self._files[name].add(pa.Table.from_pandas(table.assign(step=table["step"].fillna(NO_STEP)),
+                                                       preserve_index=False))
         if len(parts.layers):
             self._layers = [pd.concat([*self._layers, parts.layers], ignore_index=True).groupby(
                 "forward_layer", as_index=False)["ns"].sum()]
@@ -566,12 +558,11 @@ class _Backward:
         Raises:
             OutputError: DuckDB ran out of memory or of scratch space.
         """
-        for writer in self._writers.values():
-            writer.close()
+        written = [file.close() for file in self._files.values()]
         layer_ns = self._layers[0].set_index("forward_layer")["ns"] if self._layers else pd.Series(dtype=np.float64)
         operators = pd.DataFrame({"ns": pd.Series(dtype=np.float64), "count": pd.Series(dtype=np.int64)})
-        if len(self._writers) == 2:
-            given = {name: str(path) for name, path in self._paths.items()}
+        if all(written):
+            given = {name: str(file.path) for name, file in self._files.items()}
             found = _in_duckdb(self._folder, "the backward operators",
                                lambda connection: connection.execute(_BACKWARD, given).df())
             operators = found.set_index("layer")[["ns", "count"]]
@@ -602,9 +593,8 @@ class _Activities:
 
     def __init__(self, folder: Path, has_steps: bool) -> None:
         self._folder = folder
-        self._path = folder / "activities.parquet"
+        self._file = SpillFile(folder / "activities.parquet")
         self._has_steps = has_steps
-        self._writer: pq.ParquetWriter | None = None
 
     def add(self, times: pd.DataFrame) -> None:
         if not len(times):
@@ -623,9 +613,7 @@ class _Activities:
             "launch_step": times["launch_step"].to_numpy(dtype=bool),
             "kernel_ns": pa.array(end - start, mask=~counted),
             "launch_call_ns": pa.array(launch_end - launch, mask=~counted)})
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
-        self._writer.write_table(table)
+        self._file.add(table)
 
     def swept(self) -> tuple[pd.DataFrame, pd.DataFrame, tuple[float, float]]:
         """:func:`xsp.analysis.gpu_utilization` (``per_stream=False``) of the activities added, and
@@ -634,20 +622,18 @@ class _Activities:
         Raises:
             OutputError: DuckDB ran out of memory or of scratch space.
         """
-        if self._writer is None:
+        if not self._file.close():
             empty = pd.DataFrame({name: [] for name in UTILIZATION_COLUMNS})
             return empty, empty, (np.nan, np.nan)
-        self._writer.close()
-        self._writer = None
         try:
             every, in_steps, medians = _in_duckdb(self._folder, "the GPU's activities", self._sweep)
         finally:
-            self._path.unlink(missing_ok=True)
+            self._file.path.unlink(missing_ok=True)
         found = tuple(np.nan if value is None else float(value) / 1e3 for value in medians)
         return _utilization(every), _utilization(in_steps), (found[0], found[1])
 
     def _sweep(self, connection: Any) -> tuple[pd.DataFrame, pd.DataFrame, tuple[Any, ...]]:
-        given = {"path": str(self._path)}
+        given = {"path": str(self._file.path)}
         every = connection.execute(_SWEEP.format(launch="launch_ns", where="TRUE"), given).df()
         in_steps = connection.execute(_SWEEP.format(
             launch=f"CASE WHEN launch_step THEN launch_ns ELSE {np.iinfo(np.int64).min} END",

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from xsp.analysis.lines import fused_line_rows, line_keys, relative_files
 from xsp.core import schema as col
@@ -44,6 +43,7 @@ from xsp.gate.diff_columns import (
 from xsp.gate.significance import from_quantiles
 from xsp.io.kineto import STEP_NAME
 from xsp.io.outputs import OutputError
+from xsp.io.spill_file import SpillFile
 from xsp.record.compiled_kernels import Frame
 from xsp.table.walks import arrow_strings, nearest_ancestor, parent_positions, plain_strings
 
@@ -384,26 +384,19 @@ class _SpilledSamples:
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder
-        self._path = folder / "samples.parquet"
-        self._writer: pq.ParquetWriter | None = None
+        self._file = SpillFile(folder / "samples.parquet")
 
     def add(self, codes: np.ndarray, units: np.ndarray, in_step: np.ndarray, durations: np.ndarray) -> None:
         """As :meth:`_HeldSamples.add`."""
-        table = pa.table({"code": codes, "unit": units, "in_step": in_step, "d": durations})
-        if self._writer is None:
-            self._folder.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="none")
-        self._writer.write_table(table)
+        self._file.add(pa.table({"code": codes, "unit": units, "in_step": in_step, "d": durations}))
 
     def by_key(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """As :meth:`_HeldSamples.by_key`."""
         duckdb = imported_duckdb()
 
         stepped = np.zeros(count, dtype=bool)
-        if self._writer is None:
+        if not self._file.close():
             return stepped, np.zeros(0, dtype=np.int64), np.zeros(count + 1, dtype=np.int64)
-        self._writer.close()
-        self._writer = None
         connection = duckdb.connect(config={"memory_limit": f"{SPILLED_MEMORY_MB}MB", "threads": 2,
                                             "temp_directory": str(self._folder / "duckdb"),
                                             "preserve_insertion_order": True})
@@ -414,13 +407,13 @@ class _SpilledSamples:
             raise OutputError(f"adding up the samples in {self._folder} failed ({first_line(exc)})") from None
         finally:
             connection.close()
-            self._path.unlink(missing_ok=True)
+            self._file.path.unlink(missing_ok=True)
 
     def _added_up(self, connection: Any, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`by_key`, by DuckDB on ``connection``."""
         stepped = np.zeros(count, dtype=bool)
         connection.execute("SET enable_progress_bar = false")
-        connection.read_parquet(str(self._path)).create_view("rows")
+        connection.read_parquet(str(self._file.path)).create_view("rows")
         connection.execute("CREATE TABLE sums AS SELECT code, in_step, sum(d)::BIGINT AS d FROM rows "
                            "GROUP BY code, in_step, unit")
         found = connection.sql("SELECT DISTINCT code FROM sums WHERE in_step").fetchnumpy()["code"]
