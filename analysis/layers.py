@@ -144,7 +144,8 @@ def layer_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["start_ns", "call_depth"], kind="stable").reset_index(drop=True)[LAYER_COLUMNS]
 
 
-def _step_time_ms(spans: pd.DataFrame) -> float:
+def step_time_ms(spans: pd.DataFrame) -> float:
+    """The steps' time (ms): their roots' durations added up, what layer shares are of."""
     return float(step_roots(spans)[col.DURATION_NS].sum()) / 1e6
 
 
@@ -196,7 +197,7 @@ def top_layers(source: Trace | pd.DataFrame, k: int = 10, by: str = "self_ms") -
     ``share`` (total self time over the steps' time).
     ``by`` is ``self_ms`` (default: where time is spent, not double counted) or ``total_ms``.
     """
-    return top_layers_of(layer_sums(layer_table(source)), _step_time_ms(spans_of(source)), k, by)
+    return top_layers_of(layer_sums(layer_table(source)), step_time_ms(spans_of(source)), k, by)
 
 
 def module_sums(table: pd.DataFrame, places: np.ndarray | None = None) -> pd.DataFrame:
@@ -236,4 +237,4 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     spans are one), ``calls`` (forward and backward spans), ``total_self_ms``, ``mean_self_ms``
     (per call), ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
-    return layer_type_summary_of(module_sums(layer_table(source)), _step_time_ms(spans_of(source)))
+    return layer_type_summary_of(module_sums(layer_table(source)), step_time_ms(spans_of(source)))

@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
+from xsp.analysis.layers import step_time_ms
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
-from xsp.analysis.model import OutsideSteps, outside_steps, step_roots, within_steps
+from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
 from xsp.analysis.windowed import WindowedReport
 from xsp.core import schema as col
 from xsp.core.figures import counted
@@ -413,7 +414,7 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
     warmup = warmup_line(trace)
     trace, which = step_view or deep_steps(trace)
     table = analysis.layer_table(trace)
-    step_ms = float(step_roots(trace.spans)[col.DURATION_NS].sum()) / 1e6
+    step_ms = step_time_ms(trace.spans)
     _layer_section(warmup, analysis.layer_sums(table), analysis.module_sums(table), int(table["compiled"].sum()),
                    step_ms, which, console, top)
 
@@ -940,7 +941,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     layers = report.layers
     if layers is not None and (report.level_counts.get(Level.LAYER.value) or kernel_layers(report.metadata)):
         _layer_section(warmup_line(report.kept), layers.layers, layers.modules, layers.compiled_calls,
-                       float(step_roots(report.kept.spans)[col.DURATION_NS].sum()) / 1e6, which, console, top)
+                       step_time_ms(report.kept.spans), which, console, top)
     if len(report.operators):
         outside = report.operators_outside
         _operator_table(report.operators, which,
