@@ -14,6 +14,8 @@ inductor generated and of the operators compiled code calls as they are (``aten:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -238,3 +240,22 @@ def layer_type_summary(source: Trace | pd.DataFrame) -> pd.DataFrame:
     (per call), ``mean_ms`` (mean inclusive duration per call), ``share`` (of the steps' time).
     """
     return layer_type_summary_of(module_sums(layer_table(source)), step_time_ms(spans_of(source)))
+
+
+@dataclass(frozen=True)
+class TopLevelLayers:
+    """The forward calls of a trace's top-level layers (call depth 1): how many, and their time."""
+
+    calls: int
+    ns: int
+
+    def __add__(self, other: TopLevelLayers) -> TopLevelLayers:
+        return TopLevelLayers(self.calls + other.calls, self.ns + other.ns)
+
+
+def top_level_layers(spans: pd.DataFrame) -> TopLevelLayers:
+    """The forward calls of the top-level layers in ``spans`` (of parts of a trace, added up:
+    the whole trace's)."""
+    top = ((spans[col.LEVEL] == Level.LAYER.value) & (spans[col.KIND] == SpanKind.FORWARD.value)
+           & (spans[col.CALL_DEPTH] == 1)).to_numpy(dtype=bool, na_value=False)
+    return TopLevelLayers(int(top.sum()), int(spans[col.DURATION_NS].to_numpy(dtype=np.int64)[top].sum()))

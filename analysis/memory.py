@@ -9,6 +9,8 @@ usually) is not in the totals, only what the traced code allocated and has not f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -70,6 +72,23 @@ def memory_timeline(source: Trace | pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["time_ns", "device"], kind="stable").reset_index(drop=True)[EVENT_COLUMNS]
 
 
+def _layers_over(parents: np.ndarray, rows: np.ndarray, is_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair of a layer and a memory event under it (the event ``rows``' ancestors that are
+    layers, ``is_layer``): the layer's row and the event's index in ``rows``."""
+    pairs_layer, pairs_event = [], []
+    event, ancestor = np.arange(len(rows)), parents[rows]
+    while len(event):
+        keep = ancestor >= 0
+        event, ancestor = event[keep], ancestor[keep]
+        hit = is_layer[ancestor]
+        pairs_layer.append(ancestor[hit])
+        pairs_event.append(event[hit])
+        ancestor = parents[ancestor]
+    if not pairs_layer:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(pairs_layer), np.concatenate(pairs_event)
+
+
 def layer_memory(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """One row per layer span (forward and backward; and each model call, kind ``predict``) and
     device it allocated on: ``step``,
@@ -82,28 +101,19 @@ def layer_memory(source: Trace | pd.DataFrame) -> pd.DataFrame:
     if not len(rows):
         return pd.DataFrame(columns=LAYER_COLUMNS)
     signed, devices, live = _signed_live(spans, rows)
-    parents = parent_positions(spans)
     is_layer = ((spans[col.LEVEL] == Level.LAYER.value)
                 | (spans[col.KIND] == SpanKind.PREDICT.value)).to_numpy()  # the whole model's call too
     times = spans[col.START_NS].to_numpy(dtype=np.int64)[rows]
-    pairs_layer, pairs_event = [], []
-    event, ancestor = np.arange(len(rows)), parents[rows]
-    while len(event):
-        keep = ancestor >= 0
-        event, ancestor = event[keep], ancestor[keep]
-        hit = is_layer[ancestor]
-        pairs_layer.append(ancestor[hit])
-        pairs_event.append(event[hit])
-        ancestor = parents[ancestor]
-    layer_of = np.concatenate(pairs_layer) if pairs_layer else np.zeros(0, dtype=np.int64)
-    event_of = np.concatenate(pairs_event) if pairs_event else np.zeros(0, dtype=np.int64)
+    layer_of, event_of = _layers_over(parent_positions(spans), rows, is_layer)
     if not len(layer_of):
         return pd.DataFrame(columns=LAYER_COLUMNS)
     pairs = pd.DataFrame({"layer": layer_of, "device": devices[event_of], "signed": signed[event_of],
-                          "live": live[event_of], "time": times[event_of]})
+                          "live": live[event_of], "time": times[event_of], "event": event_of})
     pairs["allocated"] = np.maximum(pairs["signed"], 0)
     pairs["freed"] = np.maximum(-pairs["signed"], 0)
-    pairs = pairs.sort_values(["layer", "device", "time"], kind="stable")
+    # a layer's first event: its earliest, and of those at one time the first in the table, as
+    # the live bytes were counted (what was live before it is what the layer began with)
+    pairs = pairs.sort_values(["layer", "device", "time", "event"], kind="stable")
     first = pairs.groupby(["layer", "device"], sort=False, observed=True).first()
     table = pairs.groupby(["layer", "device"], sort=False, observed=True).agg(
         allocations=("allocated", lambda values: int((values > 0).sum())), allocated_bytes=("allocated", "sum"),
@@ -134,10 +144,50 @@ def memory_by_layer_type(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``max_peak_bytes``; most allocated first. A layer's bytes are its own and its sublayers'."""
     table = layer_memory(source)
     table = table[table["kind"] == SpanKind.FORWARD.value]
-    if table.empty:
+    return memory_type_table(table.groupby(["module_type", "device"], observed=True, dropna=False).agg(
+        layers=("path", "size"), allocated_bytes=("allocated_bytes", "sum"), net_bytes=("net_bytes", "sum"),
+        max_peak_bytes=("peak_bytes", "max")).reset_index())
+
+
+def memory_type_table(sums: pd.DataFrame) -> pd.DataFrame:
+    """:func:`memory_by_layer_type`'s table of its sums per module type (None: unknown) and
+    device (``layers``, ``allocated_bytes``, ``net_bytes``, ``max_peak_bytes``), however they
+    were added up: most allocated first, ties in the order of type and device."""
+    if sums.empty:
         return pd.DataFrame(columns=TYPE_COLUMNS)
-    grouped = table.groupby([table["module_type"].fillna("?"), "device"], observed=True).agg(
-        layers=("path", "size"), allocated_bytes=("allocated_bytes", "sum"),
-        mean_allocated_bytes=("allocated_bytes", "mean"), net_bytes=("net_bytes", "sum"),
-        max_peak_bytes=("peak_bytes", "max")).reset_index()
-    return grouped.sort_values("allocated_bytes", ascending=False, kind="stable").reset_index(drop=True)[TYPE_COLUMNS]
+    table = sums.assign(module_type=sums["module_type"].astype(object).where(sums["module_type"].notna(), "?"))
+    table = table.groupby(["module_type", "device"], observed=True).agg(
+        layers=("layers", "sum"), allocated_bytes=("allocated_bytes", "sum"), net_bytes=("net_bytes", "sum"),
+        max_peak_bytes=("max_peak_bytes", "max")).reset_index()
+    table["mean_allocated_bytes"] = table["allocated_bytes"] / table["layers"]
+    return table.sort_values("allocated_bytes", ascending=False, kind="stable").reset_index(drop=True)[TYPE_COLUMNS]
+
+
+@dataclass
+class ForwardMemory:
+    """A table's memory events and forward layers, for :func:`memory_by_layer_type` of a trace
+    read a part at a time: the live bytes need every event of the trace in time order."""
+
+    events: pd.DataFrame
+    """Each memory event: ``row`` (in the table), ``device``, ``time_ns``, ``signed_bytes``
+    (negative: a free)."""
+    pairs: pd.DataFrame
+    """Each forward layer and event under it: ``layer_row``, ``module_type``, ``event_row``."""
+
+
+def forward_memory(source: Trace | pd.DataFrame) -> ForwardMemory:
+    """The memory events and forward layers of ``source`` (see :class:`ForwardMemory`)."""
+    spans = spans_of(source)
+    rows = _events(spans)
+    sizes = spans[col.BYTES].fillna(0).to_numpy(dtype=np.int64)[rows]
+    kinds = spans[col.KIND].to_numpy(dtype=object)
+    signed = np.where(kinds[rows] == SpanKind.FREE.value, -sizes, sizes)
+    events = pd.DataFrame({"row": rows, "device": _device_names(spans)[rows],
+                           "time_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[rows], "signed_bytes": signed})
+    forward = ((spans[col.LEVEL] == Level.LAYER.value).to_numpy() & (kinds == SpanKind.FORWARD.value))
+    layer_of, event_of = _layers_over(parent_positions(spans), rows, forward) if len(rows) and forward.any() else (
+        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    pairs = pd.DataFrame({"layer_row": layer_of,
+                          "module_type": spans[col.MODULE_TYPE].to_numpy(dtype=object)[layer_of],
+                          "event_row": rows[event_of]})
+    return ForwardMemory(events, pairs)

@@ -146,27 +146,47 @@ def kernel_roofline(trace: Trace, peak: GpuPeak | None = None) -> pd.DataFrame:
     ``arithmetic_intensity``, ``achieved_tflops``, ``bound`` (memory/compute by the ridge point,
     empty when unknown), ``ridge_point``.
     """
-    spans = trace.spans
-    peak = peak or trace_peak(trace)
+    return kernel_roofline_of(roofline_sums(trace.spans), counters_per_kernel(trace.spans),
+                              peak or trace_peak(trace))
+
+
+ROOFLINE_SUMS = ["kernels", "kernel_ns", "flops", "dram_bytes", "counter_flops", "counters"]
+"""What :func:`roofline_sums` adds up per kernel name (missing: no such span in the part)."""
+
+
+def roofline_sums(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel name (``name``), the sums :func:`kernel_roofline` is made of: its kernels'
+    count, time, ``flops`` and ``bytes`` (``kernels``, ``kernel_ns``, ``flops``, ``dram_bytes``)
+    and its counter ranges' FLOPs and count (``counter_flops``, ``counters``). The sums of parts
+    of a trace, added up by name (``min_count=1``), are the whole trace's."""
     counters = spans[(spans[col.KIND] == SpanKind.COUNTERS.value) & spans[col.FLOPS].notna()]
     kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
-    counted = counters.groupby(col.NAME, observed=True)[col.FLOPS].agg(["sum", "size"])
-    per_name = kernels.groupby(col.NAME,
-                               observed=True).agg(count=(col.DURATION_NS, "size"), kernel_ns=(col.DURATION_NS, "sum"),
-                                             flops=(col.FLOPS, "sum"), dram_bytes=(col.BYTES, "sum"))
-    names = sorted(set(per_name.index) | set(counted.index))
-    table = pd.DataFrame(index=pd.Index(names, name="name"))
-    table["count"] = per_name["count"].reindex(names).astype("float64").fillna(
-        counted["size"].reindex(names).astype("float64")).astype("Int64")
-    flops = per_name["flops"].reindex(names).astype("float64").replace(0, np.nan)
-    table["flops"] = flops.fillna(counted["sum"].reindex(names).astype("float64"))
-    table["dram_bytes"] = per_name["dram_bytes"].reindex(names).astype("float64").replace(0, np.nan)
-    sampled = counters_per_kernel(spans)
+    per_name = kernels.groupby(col.NAME, observed=True).agg(
+        kernels=(col.DURATION_NS, "size"), kernel_ns=(col.DURATION_NS, "sum"), flops=(col.FLOPS, "sum"),
+        dram_bytes=(col.BYTES, "sum")).astype("float64")
+    counted = counters.groupby(col.NAME, observed=True).agg(
+        counter_flops=(col.FLOPS, "sum"), counters=(col.FLOPS, "size")).astype("float64")
+    table = per_name.join(counted, how="outer")
+    table.index = table.index.astype(object)
+    return table.rename_axis("name").reset_index()[["name", *ROOFLINE_SUMS]]
+
+
+def kernel_roofline_of(sums: pd.DataFrame, sampled: pd.DataFrame, peak: GpuPeak | None) -> pd.DataFrame:
+    """:func:`kernel_roofline`'s table of its :func:`roofline_sums` (of every part, added up by
+    name), :func:`counters_per_kernel` and the GPU's peak."""
+    sums = sums.groupby("name", observed=True).sum(min_count=1) if sums["name"].duplicated().any() else (
+        sums.set_index("name"))
+    names = sorted(sums.index)
+    sums = sums.reindex(names)
+    table = pd.DataFrame(index=pd.Index(names, name="name", dtype=object))
+    table["count"] = sums["kernels"].fillna(sums["counters"]).astype("Int64")
+    table["flops"] = sums["flops"].replace(0, np.nan).fillna(sums["counter_flops"])
+    table["dram_bytes"] = sums["dram_bytes"].replace(0, np.nan)
     if not sampled.empty:
         by_name = sampled.groupby("name", observed=True)[["flops", "dram_bytes"]].sum(min_count=1).reindex(names)
         table["flops"] = table["flops"].fillna(by_name["flops"].replace(0, np.nan))
         table["dram_bytes"] = table["dram_bytes"].fillna(by_name["dram_bytes"].replace(0, np.nan))
-    table["kernel_us"] = per_name["kernel_ns"].reindex(names).astype("float64") / 1e3
+    table["kernel_us"] = sums["kernel_ns"] / 1e3
     table["arithmetic_intensity"] = table["flops"] / table["dram_bytes"]
     table["achieved_tflops"] = table["flops"] / (table["kernel_us"] * 1e6)
     ridge = peak.ridge_point() if peak else np.nan

@@ -6,8 +6,12 @@
   they read only the steps' roots, the model calls, torch.compile's spans and the waits for
   input, which are kept from each window (few: a handful a step) and analysed together;
 * the operators by self time over the steps' work (:func:`xsp.analysis.operator_table` of the
-  spans :func:`xsp.analysis.model.within_steps` keeps, the steps' times known beforehand), and
-  what ran outside every step;
+  spans :func:`xsp.analysis.model.within_steps` keeps, the steps' times known beforehand; of an
+  always-on trace, the spans of its steps recorded deep, known beforehand too), and what ran
+  outside every step;
+* the layers, backward time per forward layer, FLOPs per layer and per kernel, memory per layer
+  type and a leveled experiment's check of its top-level layers, over the same spans, each added
+  up by its key (memory's live bytes and backward's join by DuckDB, as below);
 * how much of the session the steps cover, where their time went and the user's spans
   (:func:`xsp.analysis.step_coverage`, :func:`xsp.analysis.step_summary`,
   :func:`xsp.analysis.user_spans`: the session's spans, the user's model-level spans and each
@@ -67,11 +71,29 @@ from xsp.analysis.gpu import (
     whole_ns,
 )
 from xsp.analysis.in_order import PLACE, InOrderParts, grouped_in_order
-from xsp.analysis.layers import LAYER_KEYS, LAYER_SUMS, MODULE_KEYS, MODULE_SUMS, layer_sums, layer_table, module_sums
+from xsp.analysis.layers import (
+    LAYER_KEYS,
+    LAYER_SUMS,
+    MODULE_KEYS,
+    MODULE_SUMS,
+    TopLevelLayers,
+    layer_sums,
+    layer_table,
+    module_sums,
+    top_level_layers,
+)
+from xsp.analysis.memory import ForwardMemory, forward_memory, memory_type_table
 from xsp.analysis.model import OutsideSteps, outside_steps, step_extents, within_steps
 from xsp.analysis.operators import BackwardParts, backward_parts, backward_table_of, operator_table
 from xsp.analysis.recommend import recommendations_of
-from xsp.analysis.roofline import LAYER_FLOPS_SUMS, layer_flops_sums
+from xsp.analysis.roofline import (
+    LAYER_FLOPS_SUMS,
+    ROOFLINE_SUMS,
+    kernel_roofline_of,
+    layer_flops_sums,
+    roofline_sums,
+    trace_peak,
+)
 from xsp.analysis.steps import part_times
 from xsp.core import schema as col
 from xsp.core.errors import duckdb_interrupts, first_line, imported_duckdb
@@ -81,6 +103,7 @@ from xsp.io.spill_file import SpillFile
 from xsp.io.trace import Trace
 from xsp.io.tree_windows import TreeWindows, scratch_folder
 from xsp.record.compiled_kernels import kernel_layers
+from xsp.record.sampling import DEEP_REASONS
 from xsp.table.build import concat_spans, empty_table
 from xsp.table.sampling import step_roots as step_root_positions
 
@@ -98,22 +121,17 @@ class LeftOut(str, enum.Enum):
     """A section of the report of a trace loaded whole that :func:`windowed_report` does not make,
     in the report's order."""
 
-    ALWAYS_ON = "the always-on figures and layers (of the steps recorded deep)"
-    LEVELED = "the leveled runs"
+    ALWAYS_ON = "the always-on layers leveled over the drawn steps"
     GRAPH_REPLAYS = "CUDA graph replays, and kernel time per operator where graphs were replayed"
-    ROOFLINE = "FLOPs per kernel (the roofline)"
-    LAYER_MEMORY = "memory allocated per layer type"
+    ROOFLINE = "FLOPs per kernel (the roofline) where the GPU's counters were sampled"
 
 
 def _left_out(spans: pd.DataFrame) -> set[LeftOut]:
     """What of a window's spans the report would show loaded whole, and not in windows."""
     found: set[LeftOut] = set()
     level, kind = spans[col.LEVEL], spans[col.KIND]
-    if (level == Level.MEMORY.value).any():
-        found.add(LeftOut.LAYER_MEMORY)
-    if (kind == SpanKind.COUNTERS.value).any() or (level == Level.GPU_METRICS.value).any() or (
-            (kind == SpanKind.KERNEL.value) & spans[col.FLOPS].notna()).any():
-        found.add(LeftOut.ROOFLINE)
+    if ((level == Level.GPU_METRICS.value) & (kind == SpanKind.COUNTERS.value)).any():
+        found.add(LeftOut.ROOFLINE)  # its samples are shared among the kernels they overlap, in any window
     return found
 
 
@@ -147,13 +165,14 @@ class WindowedReport:
     """:func:`xsp.analysis.layer_flops_sums` of the whole trace (None: it has no layers)."""
     communication: RankCommunication | None
     """The communication of one rank's file of a distributed job (None: not such a file)."""
-    layers: LayerSums | None
-    """The layers of the steps' work (of the whole trace where it has no steps); None for an
-    always-on trace (its layer tables count the steps recorded deep)."""
+    layers: LayerSums
+    """The layers of the steps' work (of the whole trace where it has no steps; of an always-on
+    trace's steps recorded deep)."""
     parts: pd.DataFrame
     """:func:`xsp.analysis.steps.part_times` of the whole trace."""
     operators: pd.DataFrame
-    """:func:`xsp.analysis.operator_table` of the steps' work (of the whole trace where it has no steps)."""
+    """:func:`xsp.analysis.operator_table` of the steps' work (of the whole trace where it has no steps;
+    of an always-on trace's steps recorded deep)."""
     operators_outside: OutsideSteps | None
     """The operators outside every step (None where the trace has no steps, or none ran outside)."""
     kernels: pd.DataFrame
@@ -170,6 +189,13 @@ class WindowedReport:
     """:func:`xsp.analysis.synchronization` of the whole trace."""
     launch: pd.DataFrame
     """:func:`xsp.analysis.launch_overhead` of the whole trace."""
+    top_level: TopLevelLayers | None
+    """:func:`xsp.analysis.layers.top_level_layers` of the whole trace, for a leveled trace's
+    table (None: the trace is not leveled)."""
+    roofline: pd.DataFrame | None
+    """:func:`xsp.analysis.kernel_roofline` of the whole trace (None: it sampled the GPU's counters)."""
+    layer_memory: pd.DataFrame
+    """:func:`xsp.analysis.memory_by_layer_type` of the steps' work (as :attr:`layers` counts it)."""
 
 
 def windowed_report(windows: TreeWindows) -> WindowedReport:
@@ -181,7 +207,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         TraceFormatError: the file is corrupt.
         OutputError: the sweep ran out of memory or of scratch space.
     """
-    extents = _step_extents(windows)
+    known = _steps_known(windows)
+    extents, deep_steps = known.extents, known.deep_steps
     levels: Counter[str] = Counter()
     kept: list[pd.DataFrame] = []
     kept_order: list[np.ndarray] = []
@@ -199,16 +226,18 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     first_ns, last_ns = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     extent = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     has_steps = not extents.empty  # as the recommendations' context counts steps: by their roots
-    # an always-on trace's layer tables count its steps recorded deep, whose roots other windows hold
-    layered = not windows.metadata.get("sampling")
     layers = _Layers()
     flops: list[pd.DataFrame] = []
+    roofline: list[pd.DataFrame] = []
+    top_level = TopLevelLayers(0, 0)
     left_out: set[LeftOut] = set()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
         backward = _Backward(Path(scratch))
         # one rank's file of a job: its communication (a file of several ranks is reported loaded whole)
         communication = _Communication(Path(scratch)) if windows.metadata.get("distributed") else None
+        # the live bytes count every memory event: written only where some layer can own one
+        layer_memory = _LayerMemory(Path(scratch)) if known.forward_layers else None
         for spans, order in windows.frames():
             levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
             if len(spans):
@@ -243,16 +272,24 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
                 operator = (spans[col.LEVEL] == Level.OPERATOR.value).to_numpy(dtype=bool) & ~within
                 outside.append(np.column_stack([spans[col.START_NS].to_numpy(dtype=np.int64)[operator],
                                                 spans[col.END_NS].to_numpy(dtype=np.int64)[operator]]))
-                view = spans[within].reset_index(drop=True)
-                view_order = order[within]
+                # the steps' work; an always-on trace's, of its steps recorded deep (whose roots other
+                # windows can hold): the spans numbered with one of them
+                chosen = within if deep_steps is None else np.isin(
+                    spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan), deep_steps)
+                view = spans[chosen].reset_index(drop=True)
+                view_order = order[chosen]
             else:
                 view, view_order = spans, order
             is_operator = ((view[col.LEVEL] == Level.OPERATOR.value) & (view[col.KIND] == SpanKind.OPERATOR.value))
             places = _first_places(view, view_order, is_operator.to_numpy(dtype=bool))
             operators.add(_by_name(operator_table(view), places, OPERATOR_SUMS))
-            if layered:
-                layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
+            layers.add(Trace(spans=view, metadata=windows.metadata), view_order)
+            if layer_memory is not None and (spans[col.LEVEL] == Level.MEMORY.value).any():
+                layer_memory.add(forward_memory(view), view_order)
             backward.add(backward_parts(view, view_order))
+            roofline = [_roofline_added(roofline)] if len(roofline) > 64 else roofline
+            roofline.append(roofline_sums(spans))
+            top_level += top_level_layers(spans)
             if (spans[col.LEVEL] == Level.LAYER.value).any():
                 flops = _flops_added([*flops, layer_flops_sums(spans)]) if len(flops) > 64 else [
                     *flops, layer_flops_sums(spans)]
@@ -260,16 +297,17 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         kept_trace = _in_loaded_order(kept, kept_order, windows.metadata)
         backward_table = backward.result()
         ranks = communication.result(kept_trace) if communication is not None else None
+        by_type = layer_memory.result() if layer_memory is not None else memory_type_table(pd.DataFrame())
     extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
     context = Context(kept_trace, extent_ns, replace(added_evidence(evidence), kernel_medians_us=medians),
                       in_step_usage)
     return WindowedReport(
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
-        layers=layers.result() if layered else None, communication=ranks, backward=backward_table,
-        left_out=_ordered(left_out | ({LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
-            {LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set()) | (
-            {LeftOut.LEVELED} if windows.metadata.get("leveled") else set())),
+        layers=layers.result(), communication=ranks, backward=backward_table,
+        left_out=_ordered(left_out | (
+            {LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
+            {LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set())),
         layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(_named(operators.result(), OPERATOR_SUMS)),
@@ -278,7 +316,10 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         kernels_per_operator=None if replays_graphs else _per_operator_figures(
             _named(per_operator.result(), PER_OPERATOR_SUMS), kernel_ns / 1e3),
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
-        launch=_launch_figures(launch))
+        launch=_launch_figures(launch), layer_memory=by_type,
+        top_level=top_level if windows.metadata.get("leveled") else None,
+        roofline=None if LeftOut.ROOFLINE in left_out else kernel_roofline_of(
+            _roofline_added(roofline), pd.DataFrame(), trace_peak(kept_trace)))
 
 
 @dataclass
@@ -584,6 +625,85 @@ WHERE f.layer IS NOT NULL GROUP BY f.layer
 forward operator: their time and how many."""
 
 
+def _roofline_added(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """:func:`xsp.analysis.roofline.roofline_sums` of parts, as one table."""
+    if not parts:
+        return pd.DataFrame({"name": pd.Series(dtype=object), **{name: pd.Series(dtype=np.float64)
+                                                                  for name in ROOFLINE_SUMS}})
+    every = pd.concat(parts, ignore_index=True)
+    return every.groupby("name", sort=False, observed=True)[ROOFLINE_SUMS].sum(min_count=1).reset_index()
+
+
+class _LayerMemory:
+    """:func:`xsp.analysis.memory_by_layer_type` of the steps' work of every window: its memory
+    events and the forward layers over them written to Parquet files in ``folder``; DuckDB counts
+    the live bytes over every event in time order (as the trace loaded whole counts them) and
+    adds up each layer's, then each type's."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._files = {name: SpillFile(folder / f"memory_{name}.parquet") for name in ("events", "pairs")}
+
+    def add(self, memory: ForwardMemory, order: np.ndarray) -> None:
+        if not len(memory.events):
+            return
+        at = order[memory.events["row"].to_numpy(dtype=np.int64)]
+        self._files["events"].add(pa.table({
+            "o0": at[:, 0], "o1": at[:, 1], "o2": at[:, 2], "device": memory.events["device"].to_numpy(dtype=object),
+            "time_ns": memory.events["time_ns"].to_numpy(dtype=np.int64),
+            "signed": memory.events["signed_bytes"].to_numpy(dtype=np.int64)}))
+        if not len(memory.pairs):
+            return
+        layer = order[memory.pairs["layer_row"].to_numpy(dtype=np.int64)]
+        event = order[memory.pairs["event_row"].to_numpy(dtype=np.int64)]
+        self._files["pairs"].add(pa.table({
+            "l0": layer[:, 0], "l1": layer[:, 1], "l2": layer[:, 2],
+            "module_type": pa.array(memory.pairs["module_type"].to_numpy(dtype=object), type=pa.string(),
+                                    from_pandas=True),
+            "o0": event[:, 0], "o1": event[:, 1], "o2": event[:, 2]}))
+
+    def result(self) -> pd.DataFrame:
+        """The table (see the class's text).
+
+        Raises:
+            OutputError: DuckDB ran out of memory or of scratch space.
+        """
+        written = [file.close() for file in self._files.values()]
+        sums = pd.DataFrame(columns=["module_type", "device", "layers", "allocated_bytes", "net_bytes",
+                                     "max_peak_bytes"])
+        try:
+            if all(written):
+                given = {name: str(file.path) for name, file in self._files.items()}
+                sums = _in_duckdb(self._folder, "the memory events",
+                                  lambda connection: connection.execute(_LAYER_MEMORY, given).df())
+        finally:
+            for file in self._files.values():
+                file.path.unlink(missing_ok=True)
+        return memory_type_table(sums)
+
+
+_LAYER_MEMORY = """
+WITH live AS (
+    SELECT o0, o1, o2, device, time_ns, signed,
+           sum(signed) OVER (PARTITION BY device ORDER BY time_ns, o0, o1, o2 ROWS UNBOUNDED PRECEDING) AS live
+    FROM read_parquet($events)),
+paired AS (
+    SELECT p.l0, p.l1, p.l2, p.module_type, e.device, e.signed, e.live,
+           row_number() OVER (PARTITION BY p.l0, p.l1, p.l2, e.device ORDER BY e.time_ns, e.o0, e.o1, e.o2) AS n
+    FROM read_parquet($pairs) p JOIN live e ON p.o0 = e.o0 AND p.o1 = e.o1 AND p.o2 = e.o2),
+layers AS (
+    SELECT any_value(module_type) AS module_type, device, sum(greatest(signed, 0)) AS allocated,
+           sum(signed) AS net, max(live) - max(CASE WHEN n = 1 THEN live - signed END) AS above
+    FROM paired GROUP BY l0, l1, l2, device)
+SELECT module_type, device, count(*)::BIGINT AS layers, sum(allocated)::BIGINT AS allocated_bytes,
+       sum(net)::BIGINT AS net_bytes, max(greatest(above, 0))::BIGINT AS max_peak_bytes
+FROM layers GROUP BY module_type, device
+"""
+"""Each event's live bytes on its device (every event before it in time, ties in the loaded
+order), each forward layer's allocations, net bytes and peak above what was live before its
+first event, and their sums per module type and device."""
+
+
 class _Activities:
     """The GPU's activities of every window (:func:`xsp.analysis.gpu.activity_times`), written to a
     Parquet file in ``folder`` and swept by DuckDB in the order of their starts, per step and
@@ -676,14 +796,38 @@ start's activity ended: ``covered_ns``) and those whose launch began after the G
 ``{where}``: the activities swept."""
 
 
-def _step_extents(windows: TreeWindows) -> pd.DataFrame:
-    """Every step's time, from the roots of every window (a first reading of the tree's columns)."""
-    found = [step_extents(spans) for spans, _ in windows.frames(
-        columns=[col.STEP, col.KIND, col.PARENT_ID, col.START_NS, col.END_NS])]
+@dataclass
+class _StepsKnown:
+    """What a first reading of a few columns of every window finds."""
+
+    extents: pd.DataFrame
+    """Every step's time (:func:`xsp.analysis.model.step_extents`)."""
+    deep_steps: np.ndarray | None
+    """An always-on trace's steps recorded deep (None: not always on), as
+    :func:`xsp.reports.terminal.deep_steps` finds them: the steps of roots sampled deep."""
+    forward_layers: bool
+    """The trace has forward layers (what memory per layer type counts)."""
+
+
+def _steps_known(windows: TreeWindows) -> _StepsKnown:
+    """See :class:`_StepsKnown`."""
+    always_on = bool(windows.metadata.get("sampling"))
+    found, deep = [], []
+    forward_layers = False
+    for spans, _ in windows.frames(columns=[col.STEP, col.KIND, col.PARENT_ID, col.START_NS, col.END_NS, col.LEVEL,
+                                            *([col.SAMPLING] if always_on else [])]):
+        found.append(step_extents(spans))
+        forward_layers |= bool(((spans[col.LEVEL] == Level.LAYER.value)
+                                & (spans[col.KIND] == SpanKind.FORWARD.value)).any())
+        if always_on:
+            roots = spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])
+            deep.append(spans[col.STEP][roots.to_numpy(dtype=bool)].dropna().to_numpy(dtype=np.float64))
+    deep_steps = np.unique(np.concatenate(deep)) if deep else (np.zeros(0) if always_on else None)
     if not found:
-        return pd.DataFrame({"start": [], "end": []})
+        return _StepsKnown(pd.DataFrame({"start": [], "end": []}), deep_steps, forward_layers)
     every = pd.concat(found)
-    return every.groupby(level=0).agg(start=("start", "min"), end=("end", "max"))
+    return _StepsKnown(every.groupby(level=0).agg(start=("start", "min"), end=("end", "max")), deep_steps,
+                       forward_layers)
 
 
 def _own_rows(spans: pd.DataFrame) -> pd.DataFrame:

@@ -190,9 +190,11 @@ _SECTION = re.compile(r"^(Communication per rank|Clocks: |Model latency over ste
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
                       r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
                       r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|"
+                      r"Always on \(|Leveled over the drawn steps|Top \d+ layers? by self time, leveled|"
                       r"Top \d+ layers? by self time|Time per layer type|GPU vs CPU time per layer|"
                       r"[\d,]+ calls? of layers inside compiled code|FLOPs per layer|"
-                      r"Backward time per forward layer|This trace is too large)", re.M)
+                      r"Backward time per forward layer|Memory allocated per layer type|FLOPs per kernel|Leveled runs|"
+                      r"This trace is too large)", re.M)
 
 
 def _rendered(render, *arguments) -> str:
@@ -203,7 +205,10 @@ def _rendered(render, *arguments) -> str:
     return out.getvalue()
 
 
-def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: int) -> None:
+def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: int,
+                                          left_out: tuple[str, ...] = ()) -> None:
+    """Each section of the windowed report is the whole report's, and it makes every section the
+    whole report makes, but the ``left_out`` ones (their headings' starts, as the report names them)."""
     from xsp.analysis.windowed import windowed_report
     from xsp.reports.terminal import render_report, render_windowed_report
 
@@ -215,8 +220,10 @@ def assert_windowed_report_is_the_whole_s(trace: xsp.Trace, path, window_spans: 
     for section in sections[:-1]:  # each section as the whole trace's report prints it
         assert section.rstrip("\n") in whole, section
     # and every section it makes that the whole trace's report has
-    assert [found.group(1) for found in _SECTION.finditer(whole)] == [
+    assert [found.group(1) for found in _SECTION.finditer(whole) if not found.group(1).startswith(left_out)] == [
         found.group(1) for found in _SECTION.finditer(windowed)][:-1]
+    for heading in left_out:  # present in the whole report, and named as left out
+        assert re.search(f"^{re.escape(heading)}", whole, re.M), heading
 
 
 @pytest.mark.parametrize("name", SHARED)
@@ -275,6 +282,75 @@ def test_the_report_of_a_training_run_read_in_windows_shows_its_backward_time(tm
             optimizer.step()
     assert "Backward time per forward layer" in _rendered(render_report, xsp.load(path))
     assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+
+
+def test_the_report_of_a_run_recorded_with_memory_read_in_windows_shows_memory_per_layer_type(tmp_path):
+    from xsp.analysis.windowed import windowed_report
+    from xsp.reports.terminal import render_report
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    path = tmp_path / "memory.xsp.parquet"
+    with xsp.trace(output=path, levels="model,layer,operator,memory"):
+        for batch in (2, 16, 4, 32):
+            model(torch.randn(batch, 8))
+    assert "Memory allocated per layer type" in _rendered(render_report, xsp.load(path))
+    assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+    table = windowed_report(tree_windows(path, window_spans=1)).layer_memory
+    pd.testing.assert_frame_equal(table, xsp.analysis.memory_by_layer_type(xsp.load(path)))
+
+
+def test_the_report_of_a_leveled_run_read_in_windows_shows_its_leveled_runs(tmp_path):
+    from xsp.reports.terminal import render_report
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        path = xsp.leveled(lambda: model(x), levels="model,layer", repeat=3, warmup=1, rounds=1).save(
+            tmp_path / "leveled.xsp.parquet")
+    whole = _rendered(render_report, xsp.load(path))
+    assert "Leveled runs" in whole and "Top-level layers add up to" in whole
+    assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
+
+
+def test_the_report_of_an_always_on_run_read_in_windows_counts_the_steps_recorded_deep(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    path = tmp_path / "always_on.xsp.parquet"
+    with torch.no_grad(), xsp.trace(output=path, levels="model,layer,operator,memory", sample=0.3):
+        for _ in range(60):
+            model(torch.randn(2, 8))  # an operator between steps, numbered with the step before
+    trace = xsp.load(path)
+    assert 0 < trace.spans[col.SAMPLING].isin(["sampled"]).sum() < 60
+    assert_windowed_report_is_the_whole_s(trace, path, 1, left_out=(
+        "Leveled over the drawn steps", "Top 3 layers by self time, leveled"))
+
+
+def test_memory_per_layer_type_counts_the_live_bytes_of_every_window(tmp_path):
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.analysis.windowed import windowed_report
+
+    # two threads' steps overlap; each allocates inside its layer while the other holds memory,
+    # so a layer's peak depends on events in the other's window (and two events share a time)
+    rows = [(1, None, "model", "step", "s0", 0, 100, {}), (2, 1, "layer", "forward", "A", 10, 90,
+                                                           {col.MODULE_TYPE: "Block"}),
+            (3, None, "model", "step", "s1", 5, 95, {"step": 1}),
+            (4, 3, "layer", "forward", "B", 15, 85, {col.MODULE_TYPE: "Linear", "step": 1})]
+    events = [(20, "alloc", 100, 2), (25, "alloc", 500, 4), (30, "alloc", 300, 2), (30, "free", 500, 4),
+              (40, "free", 100, 2), (50, "alloc", 80, 4), (60, "free", 300, 2)]
+    for i, (at, kind, size, parent) in enumerate(events):
+        rows.append((10 + i, parent, "memory", kind, kind, at, at, {col.BYTES: size, "step": 0 if parent == 2 else 1}))
+    trace = make_trace(rows, {"schema_version": col.SCHEMA_VERSION})
+    spans = trace.spans
+    spans.loc[spans[col.STEP] == 1, col.THREAD_ID] = 2
+    path = trace.save(tmp_path / "memory.xsp.parquet")
+    whole = xsp.analysis.memory_by_layer_type(xsp.load(path))
+    # B began with A's 100 live and held 600 at most; A's 900 counts B's 500, freed at A's 30 but after it
+    assert whole["module_type"].tolist() == ["Linear", "Block"] and whole["max_peak_bytes"].tolist() == [500, 900]
+    windows = tree_windows(path, window_spans=1)
+    assert len(list(windows.frames())) == 2
+    pd.testing.assert_frame_equal(windowed_report(windows).layer_memory, whole)
 
 
 def test_xsp_report_reads_a_trace_too_large_to_load_in_windows(shared_files, capsys, monkeypatch):

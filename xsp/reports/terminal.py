@@ -15,9 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
-from xsp.analysis.layers import step_time_ms
+from xsp.analysis.layers import TopLevelLayers, step_time_ms, top_level_layers
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
 from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
+from xsp.analysis.roofline import GpuPeak, trace_peak
 from xsp.analysis.windowed import WindowedReport
 from xsp.core import schema as col
 from xsp.core.figures import counted
@@ -469,7 +470,7 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
     _gpu_vs_cpu_table(analysis.gpu_vs_cpu_sums(analysis.gpu_vs_cpu_per_layer(in_steps)), which, console, top)
     _transfer_tables(analysis.memory_operations(trace), analysis.synchronization(trace),
                      analysis.launch_overhead(trace), console, top)
-    _roofline_table(trace, console, top)
+    _roofline_table(analysis.kernel_roofline(trace), analysis.trace_peak(trace), console, top)
 
 
 def _gpu_vs_cpu_table(sums: pd.DataFrame, which: str, console: Console, top: int) -> None:
@@ -624,29 +625,27 @@ def _flops_table(flops: pd.DataFrame, console: Console, top: int) -> None:
         ("bytes", "bytes (all calls)", number(0)), ("arithmetic_intensity", "FLOP/byte", number(2))])
 
 
-def top_level_check(trace: Trace) -> str:
-    """How the top-level layers of a leveled trace add up against the model-only run's latency:
-    the check that leveled figures are consistent (their gap is the model's own code)."""
-    leveled = trace.metadata.get("leveled") or {}
+def top_level_check(metadata: dict[str, Any], top_level: TopLevelLayers) -> str:
+    """How the top-level layers of a leveled trace (``metadata``'s; their sums, ``top_level``)
+    add up against the model-only run's latency: the check that leveled figures are consistent
+    (their gap is the model's own code)."""
+    leveled = metadata.get("leveled") or {}
     runs = pd.DataFrame(leveled.get("overhead") or [])
     model_only = runs[runs["run"] == Level.MODEL.value] if len(runs) else runs
-    spans = trace.spans
-    top = spans[(spans[col.LEVEL] == Level.LAYER.value) & (spans[col.KIND] == "forward")
-                & (spans[col.CALL_DEPTH] == 1)]
-    if model_only.empty or top.empty:
+    if model_only.empty or not top_level.calls:
         return "no model-only run or no top-level layers: nothing to check the leveled figures against"
     latency_ms = float(model_only["model_latency_ms"].iloc[0])
     interval_ms = float(model_only.get("model_latency_ci_ms", pd.Series([np.nan])).iloc[0])
-    total_ms = float(top[col.DURATION_NS].sum()) / 1e6
+    total_ms = top_level.ns / 1e6
     return (f"Top-level layers add up to {total_ms:.3f} ms, {total_ms / latency_ms - 1:+.1%} off the model-only "
             f"latency of {latency_ms:.3f} ms (± {interval_ms:.3f} ms); the rest is the model's own code")
 
 
-def _always_on_section(trace: Trace, console: Console, top: int) -> None:
-    """An always-on trace: how its steps were recorded, and its layers leveled over the drawn steps."""
-    sampling = trace.metadata.get("sampling")
+def _always_on_line(metadata: dict[str, Any], console: Console) -> bool:
+    """An always-on trace's line (how its steps were recorded); False: not always on."""
+    sampling = metadata.get("sampling")
     if not sampling:
-        return
+        return False
     steps = sampling.get("steps") or {}
     deep = sum(steps.get(reason.value, 0) for reason in DEEP_REASONS)
     total = sum(steps.values())
@@ -655,6 +654,13 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
                   f"{steps.get('capture', 0):,} captured); {steps.get('request_not_sampled', 0):,} in requests the "
                   f"application did not sample; {sampling.get('slow_steps_found', 0):,} slow steps; median step "
                   f"{sampling.get('median_step_ns', 0) / 1e6:.3f} ms", "bold")
+    return True
+
+
+def _always_on_section(trace: Trace, console: Console, top: int) -> None:
+    """An always-on trace: how its steps were recorded, and its layers leveled over the drawn steps."""
+    if not _always_on_line(trace.metadata, console):
+        return
     result = leveled_over_steps(trace)
     if result is None:
         return
@@ -677,8 +683,8 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
         ("share", "share", share)])
 
 
-def _leveled_table(trace: Trace, console: Console) -> None:
-    leveled = trace.metadata.get("leveled")
+def _leveled_table(metadata: dict[str, Any], top_level: TopLevelLayers, console: Console) -> None:
+    leveled = metadata.get("leveled")
     if not leveled:
         return
     runs = pd.DataFrame(leveled.get("overhead") or [])
@@ -697,7 +703,7 @@ def _leveled_table(trace: Trace, console: Console) -> None:
         _say(console, f"Layers leveled by module depth: {counted(int(leveled.get('layer_depths') or 0), 'depth')}, "
                       f"{leveled.get('runs_per_round', len(runs))} runs a round; each layer's time from the run that "
                       "recorded nothing below it")
-    _say(console, top_level_check(trace))
+    _say(console, top_level_check(metadata, top_level))
     for burst in leveled.get("bursts") or []:
         _say(console, f"run {burst['run']} of round {burst['round']} was hit by a burst of noise (its steps spread "
                       f"±{burst['spread']:.1%}, the runs before it ±{burst['typical']:.1%}): run again", "yellow")
@@ -720,11 +726,10 @@ def _leveled_table(trace: Trace, console: Console) -> None:
             for level, cost in costs.items()))
 
 
-def _roofline_table(trace: Trace, console: Console, top: int) -> None:
-    roof = analysis.kernel_roofline(trace).dropna(subset=["flops"])
+def _roofline_table(roofline: pd.DataFrame, peak: GpuPeak | None, console: Console, top: int) -> None:
+    roof = roofline.dropna(subset=["flops"])
     if roof.empty:
         return
-    peak = analysis.trace_peak(trace)
     title = "FLOPs per kernel" + (f" (roofline ridge {peak.ridge_point():.1f} FLOP/byte on {peak.name})"
                                   if peak else "")
     _show(console, roof.sort_values("flops", ascending=False).head(top), title, [
@@ -735,7 +740,10 @@ def _roofline_table(trace: Trace, console: Console, top: int) -> None:
 
 def _memory_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     in_steps, which = step_view or deep_steps(trace)
-    by_type = analysis.memory_by_layer_type(in_steps)
+    _memory_table(analysis.memory_by_layer_type(in_steps), which, console, top)
+
+
+def _memory_table(by_type: pd.DataFrame, which: str, console: Console, top: int) -> None:
     if by_type.empty:
         return
     _show(console, by_type.head(top), f"Memory allocated per layer type (forward calls, {which})", [
@@ -937,11 +945,14 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
-    which = deep_steps(report.kept)[1]  # the steps' work, as the trace loaded whole names it
+    _always_on_line(report.metadata, console)
+    if report.top_level is not None:
+        _leveled_table(report.metadata, report.top_level, console)
+    in_steps, which = deep_steps(report.kept)  # the steps' work, as the trace loaded whole names it
     layers = report.layers
-    if layers is not None and (report.level_counts.get(Level.LAYER.value) or kernel_layers(report.metadata)):
+    if report.level_counts.get(Level.LAYER.value) or kernel_layers(report.metadata):
         _layer_section(warmup_line(report.kept), layers.layers, layers.modules, layers.compiled_calls,
-                       step_time_ms(report.kept.spans), which, console, top)
+                       step_time_ms(in_steps.spans), which, console, top)
     if len(report.operators):
         outside = report.operators_outside
         _operator_table(report.operators, which,
@@ -954,9 +965,11 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
         _kernel_table(report.kernels, console, top)
         if report.kernels_per_operator is not None:
             _per_operator_table(report.kernels_per_operator, console, top)
-        if layers is not None:
-            _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
+        _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
+        if report.roofline is not None:
+            _roofline_table(report.roofline, trace_peak(report.kept), console, top)
+    _memory_table(report.layer_memory, which, console, top)
     _system_tables(report.kept, console)
     _diagnostics(report.kept, console)
     console.print()
@@ -990,7 +1003,8 @@ def _rank_sections(trace: Trace, console: Console, top: int, lines: bool) -> Non
     _latency_tables(trace, console)
     _step_tables(trace, console)
     _always_on_section(trace, console, top)
-    _leveled_table(trace, console)
+    if trace.metadata.get("leveled"):
+        _leveled_table(trace.metadata, top_level_layers(trace.spans), console)
     _layer_tables(trace, console, top, step_view)
     if lines:
         lines_table(trace, console, top, step_view)
