@@ -239,3 +239,21 @@ def test_damaged_or_foreign_files_are_a_format_error(tmp_path, damage):
         pq.write_table(table, path)
     with pytest.raises(TraceFormatError, match="not a readable xsp summary"):
         Summary.load(path)
+
+
+def test_a_file_of_several_ranks_is_refused_naming_a_rank_file_only_where_one_is_there(tmp_path):
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.gate.baseline import summarize_file
+
+    rows = [(1, None, "model", "predict", "model", 0, 100, {col.RANK: 0}),
+            (2, 1, "layer", "forward", "model.0", 10, 90, {col.RANK: 0}),
+            (3, None, "model", "predict", "model", 0, 100, {col.RANK: 1}),
+            (4, 3, "layer", "forward", "model.0", 10, 90, {col.RANK: 1})]
+    path = make_trace(rows, {"schema_version": col.SCHEMA_VERSION}).save(tmp_path / "job.xsp.parquet")
+    with pytest.raises(ValueError, match="holds 2 ranks") as refused:
+        summarize_file(path)
+    assert "job.rank0.xsp.parquet" in str(refused.value) and ".for_rank(0).save(" in str(refused.value)
+    xsp.load(path).for_rank(0).save(tmp_path / "job.rank0.xsp.parquet")  # as the message says
+    with pytest.raises(ValueError, match=r"summarise one rank's file \(job\.rank0\.xsp\.parquet\)"):
+        summarize_file(path)
+    assert len(summarize_file(tmp_path / "job.rank0.xsp.parquet").keys)

@@ -282,9 +282,19 @@ def one_process(name: object, ranks: list[int], what: str) -> None:
     Raises:
         ValueError: it holds several ranks."""
     if len(ranks) > 1:
-        instead = f"({rank_path(name, ranks[0]).name})" if isinstance(name, (str, os.PathLike)) else \
-            "or trace.for_rank(r)"
-        raise ValueError(f"{name} holds {len(ranks)} ranks of a distributed job: {what} one rank's file {instead}")
+        raise ValueError(f"{name} holds {len(ranks)} ranks of a distributed job: {what} {_one_rank(name, ranks[0])}")
+
+
+def _one_rank(name: object, rank: int) -> str:
+    """How to take one rank of the trace ``name``: its own file where the job wrote one, else the
+    Python that writes it (a file of ranks merged, or an import, has none beside it)."""
+    if not isinstance(name, (str, os.PathLike)):
+        return "trace.for_rank(r)"
+    own = rank_path(name, rank)
+    if own.is_file():
+        return f"one rank's file ({own.name})"
+    return (f"one rank at a time: python -c \"import xsp; xsp.load('{name}').for_rank({rank}).save('{own}')\" "
+            "writes that of rank " + str(rank))
 
 
 def _key_kinds(only: dcol.KeyBy | None) -> list[dcol.KeyBy]:
