@@ -163,6 +163,16 @@ def test_a_cut_gzip_file_is_called_truncated(tmp_path):
         xsp.load(path)
 
 
+@pytest.mark.parametrize(("name", "content", "said"), [
+    ("empty.json", b"", "is empty$"), ("blank.json", b" \n\t\n", r"is empty \(blanks only\)"),
+    ("empty.json.gz", b"", "is empty$"), ("nothing.json.gz", gzip.compress(b""), "is empty$")])
+def test_an_empty_file_is_called_empty_not_truncated(tmp_path, name, content, said):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(xsp.TraceFormatError, match=said):
+        xsp.load(path)
+
+
 def test_a_gzip_trailer_with_a_wrong_size_is_corrupt(tmp_path):
     packed = gzip.compress(_SMALL_TRACE)
     path = tmp_path / "odd.json.gz"

@@ -199,7 +199,9 @@ def _sniff(source: Path, head: bytes) -> None:
     """Refuse, from its first bytes, a file that cannot be a Chrome trace (a JSON object): a file
     of zeros named .json is not read whole first."""
     first = _first_text(head)
-    if first[:1] == b"{" or (not first and len(head) < SNIFF_BYTES):
+    if not first and len(head) < SNIFF_BYTES:
+        raise TraceFormatError(f"{source} is empty" + (" (blanks only)" if head else ""))
+    if first[:1] == b"{" or not first:
         return
     shown = first or head[:16]
     raise TraceFormatError(f"{source} is not valid Kineto JSON: a trace begins with '{{', this file with {shown!r}")
