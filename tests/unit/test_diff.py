@@ -116,6 +116,16 @@ def test_a_and_a_pairs_raise_no_alarm():
     assert verdicts.count(dcol.Verdict.UNCHANGED) >= 19
 
 
+def test_runs_without_lines_compared_by_line_say_so_and_not_that_they_share_no_key():
+    result = xsp.diff(run(1), run(2), by="line")
+    assert result.table.empty and result.settings["levels"] == []
+    reason = result.nothing_judged()
+    assert reason is not None and reason.startswith("neither run recorded the lines of code")
+    from xsp.reports.diff_formats import text
+
+    assert "by line at no level;" in text(result, width=200)
+
+
 def test_a_significant_change_below_the_threshold_or_min_delta_is_unchanged():
     base, new = run(1, noise=0.002), run(2, slower={"net.b": 0.03}, noise=0.002)
     result = diff(base, new, min_delta_us=5)  # 3% < 5%: significant, but not reported

@@ -89,6 +89,11 @@ class Diff:
         both = table[(table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)]
         if (both[dcol.TEST] != dcol.Test.NONE.value).any():
             return None
+        if table.empty and self.settings.get("by") == dcol.KeyBy.LINE.value:
+            return ("neither run recorded the lines of code that made its calls (xsp records them with the layers "
+                    "it traces; an imported trace has none): compare by name or path")
+        if table.empty:
+            return "neither run has spans at the levels compared: there is nothing to compare"
         if both.empty:
             return (f"the runs share no key at the levels compared ({len(table)} keys, each in one run only): "
                     "are they runs of one program?")

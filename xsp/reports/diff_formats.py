@@ -201,7 +201,7 @@ def _settings_line(settings: dict[str, Any]) -> str:
     speed = settings.get("machine_speed_ratio")
     machines = (f"; new machine {speed:.2f}x the base's time for xsp's fixed work" if speed is not None
                 else "; machine speed not recorded in both runs")
-    return (f"by {settings.get('by')} at {', '.join(settings.get('levels', []))}; threshold "
+    return (f"by {settings.get('by')} at {', '.join(settings.get('levels', [])) or 'no level'}; threshold "
             f"{settings.get('threshold', 0):.0%}, min delta {settings.get('min_delta_us'):g} µs, "
             f"FDR {settings.get('alpha')} ({settings.get('keys_tested')} keys tested){judged}{machines}")
 
