@@ -500,3 +500,19 @@ def test_the_closing_line_says_when_it_replaced_an_earlier_trace(tiny, tmp_path)
     assert first.returncode == 0 and "replacing" not in first.stderr
     second = xsp_cli("run", "--", str(tiny), "2", cwd=tmp_path)
     assert "-> run.xsp.parquet (replacing the earlier trace there)" in second.stderr
+
+
+def test_ctrl_c_while_the_cli_loads_ends_in_one_line():
+    # the interrupt comes while xsp.cli.main is imported, as a Ctrl-C in the command's first 0.1 s does
+    program = """
+import importlib.abc, sys
+class Interrupting(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "xsp.cli.main":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupting())
+from xsp.cli.entry import entry_point
+entry_point()
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "xsp: interrupted\n", "")

@@ -191,7 +191,8 @@ def test_a_signal_a_library_swallows_still_ends_the_import(shared_traces, tmp_pa
     import os
     import signal
 
-    from xsp.cli.main import INTERRUPTED, main
+    from xsp.cli.main import main
+    from xsp.core.errors import INTERRUPTED
     from xsp.io import kineto_stream
 
     def swallowing(source, output):  # as DuckDB or a finalizer may: the KeyboardInterrupt never comes out

@@ -12,13 +12,11 @@ from xsp._version import __version__
 from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
 from xsp.cli._common import CliError, error_console, error_line, xsp_warnings_to_stderr
 from xsp.cli.run import ScriptInterrupted, ScriptSyntaxError
-from xsp.core.errors import XspError
+from xsp.core.errors import INTERRUPTED, XspError
 
 SCRIPT_SYNTAX_ERROR = 1
 """What python exits with when the script does not compile."""
 SUBCOMMANDS = (run, report, recommend, diff, summary, import_, export, push, pull, recover, capture, doctor)
-INTERRUPTED = 130
-"""Exit status after Ctrl-C (128 + SIGINT), where the process cannot end by the signal itself."""
 SCRIPT_INTERRUPTED = -2
 """What ``main`` returns when the profiled script was interrupted: the entry point then ends
 the process by SIGINT, as python does."""

@@ -10,7 +10,11 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, Final
+
+INTERRUPTED: Final = 130
+"""Exit status of a command interrupted by Ctrl-C (128 + SIGINT), where the process cannot end by
+the signal itself."""
 
 
 class XspError(Exception):
