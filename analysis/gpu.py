@@ -7,6 +7,8 @@ Durations are in microseconds (``_us``) unless a column says otherwise.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -43,30 +45,87 @@ def _name_at(spans: pd.DataFrame, positions: np.ndarray) -> np.ndarray:
     return texts_at(spans[col.NAME], positions)
 
 
-def capture_marks(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """For each of ``rows`` (GPU activities), the position of the ``graph_node`` span that marks
-    where the CUDA graph node that ran it was captured, or -1 (not run by a graph launch, or its
-    graph captured outside the trace). A replay reports the executable graph's node, a clone of
-    the captured one: the clone's mark names its original (``original_node_id``)."""
-    found = np.full(len(rows), -1, dtype=np.int64)
-    if col.GRAPH_NODE_ID not in spans or not len(rows):
-        return found
-    marks = np.flatnonzero((spans[col.KIND] == SpanKind.GRAPH_NODE.value).to_numpy())
+CAPTURE_SITE_COLUMNS = ("process", "node", "original", "o0", "o1", "o2", "operator", "layer")
+CHAIN_COLUMNS = ("process", "node", "o0", "o1", "o2", "layer_span_id", "layer", "path", "depth")
+
+
+@dataclass(frozen=True)
+class CaptureSites:
+    """Where the CUDA graph nodes of a trace were captured (the ``graph_node`` spans that mark
+    them): per node a replay runs (its process and node id, a clone resolved to the node it was
+    cloned from), the innermost operator and layer above its mark (``operator``, ``layer``:
+    names, None where none), and the layers above it (``chains``: one row a layer, its span id,
+    name, path and depth, 0 the outermost). Made of the :func:`capture_site_parts` of every part
+    of a trace (:func:`capture_sites`), so that a window can attribute the replays of a graph
+    another window captured."""
+
+    nodes: pd.DataFrame
+    """Indexed by ``process`` and ``node``: ``o0``-``o2`` (the captured mark's place),
+    ``operator``, ``layer``."""
+    chains: pd.DataFrame
+    """Per captured mark (``o0``-``o2``), its layers, innermost first."""
+
+
+def capture_site_parts(spans: pd.DataFrame, places: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The marks of graph nodes in ``spans`` (a trace or a window of whole trees of it; ``places``:
+    its rows' places in the loaded trace, row positions where None) and the layers above each:
+    what :func:`capture_sites` puts together."""
+    places = row_places(len(spans)) if places is None else places
+    marks = (np.flatnonzero((spans[col.KIND] == SpanKind.GRAPH_NODE.value).to_numpy())
+             if col.GRAPH_NODE_ID in spans and len(spans) else np.zeros(0, dtype=np.int64))
+    nodes = spans[col.GRAPH_NODE_ID].array[marks] if len(marks) else pd.array([], dtype="Int64")
+    marks = marks[~pd.isna(nodes)] if len(marks) else marks
     if not len(marks):
-        return found
-    # node ids are each process's own (a graph counter per process): every rank has the same ones
-    process = _process_keys(spans)
-    mark_ids = spans[col.GRAPH_NODE_ID].array[marks]
+        return (pd.DataFrame({name: pd.Series(dtype=object if name in ("operator", "layer") else np.int64)
+                              for name in CAPTURE_SITE_COLUMNS}),
+                pd.DataFrame({name: pd.Series(dtype=object if name in ("layer", "path") else np.int64)
+                              for name in CHAIN_COLUMNS}))
+    parents = parent_positions(spans)
+    layers = of_level(spans, Level.LAYER)
+    process = _process_keys(spans)[marks]
+    node = np.asarray(spans[col.GRAPH_NODE_ID].array[marks], dtype=np.int64)
+    # a clone (made by the instantiation) names the node it was cloned from
     originals = [json.loads(text or "{}").get("original_node_id", 0)
                  for text in spans[col.ATTRIBUTES].iloc[marks].fillna("{}")]
+    at = places[marks]
+    sites = pd.DataFrame({
+        "process": process, "node": node, "original": np.asarray(originals, dtype=np.int64),
+        "o0": at[:, 0], "o1": at[:, 1], "o2": at[:, 2],
+        "operator": _name_at(spans, nearest_ancestor(spans, of_level(spans, Level.OPERATOR), parents)[marks]),
+        "layer": _name_at(spans, nearest_ancestor(spans, layers, parents)[marks])})
+    rows: list[np.ndarray] = []  # (mark index, layer position, depth) per layer above each mark
+    for index, mark in enumerate(marks.tolist()):
+        ancestors, above = [], parents[mark]  # the mark's layer ancestors, innermost first
+        while above >= 0:
+            if layers[above]:
+                ancestors.append(int(above))
+            above = parents[above]
+        if ancestors:
+            chain = np.array(ancestors, dtype=np.int64)
+            rows.append(np.column_stack([np.full(len(chain), index), chain,
+                                         np.arange(len(chain) - 1, -1, -1, dtype=np.int64)]))
+    found = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
+    owner, layer = found[:, 0], found[:, 1]
+    chains = pd.DataFrame({
+        "process": process[owner], "node": node[owner], "o0": at[owner, 0], "o1": at[owner, 1], "o2": at[owner, 2],
+        "layer_span_id": spans[col.SPAN_ID].to_numpy(dtype=np.int64)[layer], "layer": _name_at(spans, layer),
+        "path": texts_at(spans[col.PATH], layer), "depth": found[:, 2]})
+    return sites, chains
+
+
+def capture_sites(parts: Sequence[tuple[pd.DataFrame, pd.DataFrame]]) -> CaptureSites:
+    """The :class:`CaptureSites` of a trace, of the :func:`capture_site_parts` of its parts."""
+    if not parts:
+        parts = [capture_site_parts(pd.DataFrame())]
+    marks = pd.concat([part[0] for part in parts], ignore_index=True).sort_values(["o0", "o1", "o2"], kind="stable")
+    chains = pd.concat([part[1] for part in parts], ignore_index=True)
     captured: dict[tuple[int, int], int] = {}
     original_of: dict[tuple[int, int], tuple[int, int]] = {}
-    for node, position, original in zip(mark_ids, marks.tolist(), originals):
-        if node is pd.NA:
-            continue
-        key = (int(process[position]), int(node))
+    for position, (process, node, original) in enumerate(zip(
+            marks["process"].tolist(), marks["node"].tolist(), marks["original"].tolist())):
+        key = (process, node)
         if original:  # a clone: CUPTI may also have said it made it (inside the instantiation)
-            original_of[key] = (key[0], int(original))
+            original_of[key] = (process, original)
         else:
             captured.setdefault(key, position)
     resolved: dict[tuple[int, int], int] = {}
@@ -76,15 +135,39 @@ def capture_marks(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
             at, hops = original_of[at], hops + 1
         if at in captured:
             resolved[key] = captured[at]
-    if not resolved:
+    chosen = marks.iloc[list(resolved.values())][["o0", "o1", "o2", "operator", "layer"]]
+    nodes = chosen.set_index(pd.MultiIndex.from_tuples(list(resolved), names=["process", "node"]) if resolved
+                             else pd.MultiIndex.from_arrays([[], []], names=["process", "node"]))
+    return CaptureSites(nodes, chains.drop(columns=["process", "node"]).drop_duplicates(ignore_index=True))
+
+
+def _own_sites(spans: pd.DataFrame) -> CaptureSites:
+    """The :class:`CaptureSites` of ``spans``' own marks (none made where it has none: the common case)."""
+    if col.GRAPH_NODE_ID not in spans or not (spans[col.KIND] == SpanKind.GRAPH_NODE.value).any():
+        return capture_sites([])
+    return capture_sites([capture_site_parts(spans)])
+
+
+def _captured_at(spans: pd.DataFrame, rows: np.ndarray, sites: CaptureSites) -> pd.DataFrame:
+    """For each of ``rows`` (GPU activities) run by a graph node captured in the trace, the place of
+    the mark where it was captured and the operator and layer above it (NaN place: no such node)."""
+    found = pd.DataFrame({"o0": np.full(len(rows), np.nan), "o1": np.nan, "o2": np.nan,
+                          "operator": np.full(len(rows), None, dtype=object),
+                          "layer": np.full(len(rows), None, dtype=object)})
+    if col.GRAPH_NODE_ID not in spans or not len(rows) or sites.nodes.empty:
         return found
-    table = pd.DataFrame(list(resolved), columns=["process", "node"]).assign(position=list(resolved.values()))
     wanted = spans[col.GRAPH_NODE_ID].array[rows]
     known = np.flatnonzero(~pd.isna(wanted))
-    query = pd.DataFrame({"process": process[rows[known]], "node": np.asarray(wanted[known], dtype=np.int64)})
-    matched = query.merge(table, on=["process", "node"], how="left")["position"].to_numpy(dtype=np.float64)
-    hit = ~np.isnan(matched)
-    found[known[hit]] = matched[hit].astype(np.int64)
+    if not len(known):
+        return found
+    query = pd.MultiIndex.from_arrays([_process_keys(spans)[rows[known]], np.asarray(wanted[known], dtype=np.int64)],
+                                      names=["process", "node"])
+    matched = sites.nodes.reindex(query)
+    for name in ("o0", "o1", "o2"):
+        found.loc[known, name] = matched[name].to_numpy(dtype=np.float64)
+    for name in ("operator", "layer"):
+        values = matched[name].to_numpy(dtype=object)
+        found.loc[known, name] = np.where(pd.isna(values), None, values)
     return found
 
 
@@ -97,7 +180,7 @@ def _process_keys(spans: pd.DataFrame) -> np.ndarray:
     return keys
 
 
-def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def kernel_table(source: Trace | pd.DataFrame, sites: CaptureSites | None = None) -> pd.DataFrame:
     """One row per kernel, with where it came from.
 
     Columns: ``step``, ``name``, ``start_ns``, ``duration_us``, ``device_id``, ``stream_id``,
@@ -107,7 +190,8 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     (innermost operator above the launch), ``layer`` (innermost layer), ``graph_node_id`` (the
     CUDA graph node that ran it, when a graph launch did), ``replayed`` (True for such a kernel
     whose node was captured in the trace: its ``operator`` and ``layer`` are those that made the
-    node at capture, not those around the replay), ``span_id``.
+    node at capture, not those around the replay), ``span_id``. ``sites``: where the trace's
+    graph nodes were captured (:func:`capture_sites`; by default, of ``source``'s own marks).
     """
     spans = spans_of(source)
     parents = parent_positions(spans)
@@ -115,12 +199,14 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     launch = parents[kernels]
     operator_of = nearest_ancestor(spans, of_level(spans, Level.OPERATOR), parents)
     layer_of = nearest_ancestor(spans, of_level(spans, Level.LAYER), parents)
-    capture = capture_marks(spans, kernels)
-    replayed = capture >= 0
+    captured = _captured_at(spans, kernels, _own_sites(spans) if sites is None else sites)
+    replayed = captured["o0"].notna().to_numpy()
     # a replayed kernel is where its node was captured, where the capture's tree is in the trace
-    safe = np.maximum(capture, 0)
-    operator = np.where(replayed & (operator_of[safe] >= 0), operator_of[safe], operator_of[kernels])
-    layer = np.where(replayed & (layer_of[safe] >= 0), layer_of[safe], layer_of[kernels])
+    captured_operator, captured_layer = captured["operator"].to_numpy(), captured["layer"].to_numpy()
+    operator = np.where(replayed & captured["operator"].notna().to_numpy(), captured_operator,
+                        _name_at(spans, operator_of[kernels]))
+    layer = np.where(replayed & captured["layer"].notna().to_numpy(), captured_layer,
+                     _name_at(spans, layer_of[kernels]))
     graph_nodes = (spans[col.GRAPH_NODE_ID].array[kernels] if col.GRAPH_NODE_ID in spans
                    else pd.array([pd.NA] * len(kernels), dtype="Int64"))
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)
@@ -137,7 +223,7 @@ def kernel_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "launch": _name_at(spans, launch),
         "launch_duration_us": np.where(has_launch, durations[np.maximum(launch, 0)] / 1e3, np.nan),
         "launch_delay_us": np.where(has_launch, (starts[kernels] - starts[np.maximum(launch, 0)]) / 1e3, np.nan),
-        "operator": _name_at(spans, operator), "layer": _name_at(spans, layer),
+        "operator": operator, "layer": layer,
         "graph_node_id": graph_nodes, "replayed": replayed,
         "span_id": rows[col.SPAN_ID].to_numpy(),
     })
@@ -147,7 +233,7 @@ REPLAYED_LAYER_COLUMNS = ("step", "launch_span_id", "layer", "path", "depth", "k
                           "gpu_start_ns", "gpu_end_ns")
 
 
-def replayed_layers(source: Trace | pd.DataFrame) -> pd.DataFrame:
+def replayed_layers(source: Trace | pd.DataFrame, sites: CaptureSites | None = None) -> pd.DataFrame:
     """The layer tree of every CUDA graph replay, with the time of the GPU work it ran.
 
     A replay runs kernels (copies, sets) without calling the model's modules; each ran a graph
@@ -160,57 +246,94 @@ def replayed_layers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     keep their launch (``kernel_table``'s ``replayed`` is False).
 
     Columns: ``step``, ``launch_span_id``, ``layer``, ``path``, ``depth``, ``kernels``,
-    ``kernel_us``, ``gpu_start_ns``, ``gpu_end_ns``.
+    ``kernel_us``, ``gpu_start_ns``, ``gpu_end_ns``. ``sites``: as :func:`kernel_table` takes them.
     """
     spans = spans_of(source)
     activities = np.flatnonzero(_kind_mask(spans, SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET))
-    capture = capture_marks(spans, activities)
-    kept = capture >= 0
+    sites = _own_sites(spans) if sites is None else sites
+    captured = _captured_at(spans, activities, sites)
+    kept = captured["o0"].notna().to_numpy()
     if not kept.any():
         return pd.DataFrame({name: [] for name in REPLAYED_LAYER_COLUMNS})
-    activities, capture = activities[kept], capture[kept]
+    activities = activities[kept]
+    marks = captured.loc[kept, ["o0", "o1", "o2"]].astype(np.int64).reset_index(drop=True)
+    # one row per (activity, layer above its mark): by mark, then activity, then layer innermost first
+    pairs = marks.assign(activity=np.arange(len(marks))).merge(sites.chains, on=["o0", "o1", "o2"])
+    if pairs.empty:
+        return pd.DataFrame({name: [] for name in REPLAYED_LAYER_COLUMNS})
+    pairs = pairs.sort_values(["o0", "o1", "o2", "activity", "depth"], ascending=[True, True, True, True, False],
+                              kind="stable")
+    owner = pairs["activity"].to_numpy(dtype=np.int64)
     parents = parent_positions(spans)
-    layers = of_level(spans, Level.LAYER)
-    # one row per (activity, layer above its mark), built per mark (a few hundred), not per activity
-    marks, inverse = np.unique(capture, return_inverse=True)
-    by_mark = np.argsort(inverse, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(marks)))])
-    owners, layer_parts, depths = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)], [np.empty(0, np.int64)]
-    for index, mark in enumerate(marks.tolist()):
-        ancestors, at = [], parents[mark]  # the mark's layer ancestors, innermost first
-        while at >= 0:
-            if layers[at]:
-                ancestors.append(int(at))
-            at = parents[at]
-        chain = np.array(ancestors, dtype=np.int64)
-        members = by_mark[bounds[index]:bounds[index + 1]]
-        if not len(chain) or not len(members):
-            continue
-        owners.append(np.repeat(members, len(chain)))
-        layer_parts.append(np.tile(chain, len(members)))
-        depths.append(np.tile(np.arange(len(chain) - 1, -1, -1, dtype=np.int64), len(members)))
-    owner, layer, depth = np.concatenate(owners), np.concatenate(layer_parts), np.concatenate(depths)
     starts = spans[col.START_NS].to_numpy(dtype=np.int64)[activities]
     ends = spans[col.END_NS].to_numpy(dtype=np.int64)[activities]
     launch = parents[activities]
     ids = spans[col.SPAN_ID].to_numpy(dtype=np.int64)
     frame = pd.DataFrame({
-        "launch": launch[owner], "layer_at": layer, "depth": depth,
+        "launch": launch[owner], "layer_at": pairs["layer_span_id"].to_numpy(dtype=np.int64),
+        "depth": pairs["depth"].to_numpy(dtype=np.int64),
         "duration_us": (ends - starts)[owner] / 1e3, "start": starts[owner], "end": ends[owner],
-        "step": spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[activities][owner]})
+        "step": spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan)[activities][owner],
+        "layer": pairs["layer"].to_numpy(dtype=object), "path": pairs["path"].to_numpy(dtype=object)})
     grouped = frame.groupby(["launch", "layer_at", "depth"], sort=False).agg(
         step=("step", "first"), kernels=("duration_us", "size"), kernel_us=("duration_us", "sum"),
-        gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max")).reset_index()
-    at = grouped["layer_at"].to_numpy(dtype=np.int64)
+        gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max"), layer=("layer", "first"),
+        path=("path", "first")).reset_index()
     result = pd.DataFrame({
         "step": pd.array(grouped["step"].to_numpy(), dtype="Float64").astype("Int64"),
         "launch_span_id": pd.array(np.where(grouped["launch"] >= 0, ids[np.maximum(grouped["launch"], 0)], 0),
                                    dtype="Int64"),
-        "layer": _name_at(spans, at), "path": texts_at(spans[col.PATH], at), "depth": grouped["depth"],
-        "kernels": grouped["kernels"], "kernel_us": grouped["kernel_us"],
+        "layer": grouped["layer"].to_numpy(dtype=object), "path": grouped["path"].to_numpy(dtype=object),
+        "depth": grouped["depth"], "kernels": grouped["kernels"], "kernel_us": grouped["kernel_us"],
         "gpu_start_ns": grouped["gpu_start_ns"], "gpu_end_ns": grouped["gpu_end_ns"]})
     result.loc[grouped["launch"].to_numpy() < 0, "launch_span_id"] = pd.NA
     return result.sort_values(["launch_span_id", "gpu_start_ns", "depth"], kind="stable").reset_index(drop=True)
+
+
+REPLAY_KEYS = ["depth", "layer"]
+REPLAY_SUMS = ["replays", "kernels", "kernel_ns"]
+REPLAY_FIRST = ["unlaunched", "launch_span_id", "gpu_start_ns"]
+"""A capture-time layer's first row in :func:`replayed_layers`' order (replays without a launch last)."""
+
+
+def replay_sums(replayed: pd.DataFrame) -> pd.DataFrame:
+    """:func:`replayed_layers`' rows added up per capture-time layer (``depth``, ``layer``):
+    ``replays``, ``kernels`` and ``kernel_ns`` (whole nanoseconds: exact in any order), with the
+    layer's first row in that table's order (``unlaunched``, ``launch_span_id``,
+    ``gpu_start_ns``). The tables of parts of a trace (a replay lies in one part) added up by
+    :func:`replay_sums_added` are the whole trace's."""
+    launch = replayed["launch_span_id"].astype("Int64")
+    frame = pd.DataFrame({
+        "depth": replayed["depth"].to_numpy(dtype=np.int64), "layer": replayed["layer"].to_numpy(dtype=object),
+        "launch": launch, "kernels": replayed["kernels"].to_numpy(dtype=np.int64),
+        "kernel_ns": whole_ns(replayed["kernel_us"]).to_numpy(dtype=np.float64),
+        "unlaunched": launch.isna().to_numpy(), "launch_span_id": launch.fillna(0).to_numpy(dtype=np.int64),
+        "gpu_start_ns": replayed["gpu_start_ns"].to_numpy(dtype=np.int64)})
+    group = frame.groupby(REPLAY_KEYS, sort=False)
+    sums = group.agg(replays=("launch", "nunique"), kernels=("kernels", "sum"), kernel_ns=("kernel_ns", "sum"))
+    return sums.join(group[REPLAY_FIRST].first()).reset_index()[[*REPLAY_KEYS, *REPLAY_SUMS, *REPLAY_FIRST]]
+
+
+def replay_sums_added(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The :func:`replay_sums` of parts of a trace, as one table."""
+    every = pd.concat(list(parts), ignore_index=True) if parts else replay_sums(
+        pd.DataFrame({name: [] for name in REPLAYED_LAYER_COLUMNS}))
+    every = every.sort_values([*REPLAY_FIRST, "depth"], kind="stable")
+    group = every.groupby(REPLAY_KEYS, sort=False)
+    return group[REPLAY_SUMS].sum().join(group[REPLAY_FIRST].first()).reset_index()[
+        [*REPLAY_KEYS, *REPLAY_SUMS, *REPLAY_FIRST]]
+
+
+def replay_table_of(sums: pd.DataFrame) -> pd.DataFrame:
+    """Per capture-time layer of CUDA graph replays (``depth``, ``layer``): ``replays``,
+    ``kernels`` and ``kernel_us``, most kernel time first (of :func:`replay_sums`)."""
+    ordered = sums.sort_values([*REPLAY_FIRST, "depth"], kind="stable")
+    ordered = ordered.sort_values("kernel_ns", ascending=False, kind="stable").reset_index(drop=True)
+    return pd.DataFrame({"depth": ordered["depth"].to_numpy(dtype=np.int64),
+                         "layer": ordered["layer"].to_numpy(dtype=object),
+                         "replays": ordered["replays"].to_numpy(dtype=np.int64),
+                         "kernels": ordered["kernels"].to_numpy(dtype=np.int64),
+                         "kernel_us": ordered["kernel_ns"].to_numpy(dtype=np.float64) / 1e3})
 
 
 def kernels_by_name(source: Trace | pd.DataFrame) -> pd.DataFrame:

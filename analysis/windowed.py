@@ -59,7 +59,10 @@ from xsp.analysis.gpu import (
     GPU_VS_CPU_KEYS,
     GPU_VS_CPU_SUMS,
     UTILIZATION_COLUMNS,
+    CaptureSites,
     activity_times,
+    capture_site_parts,
+    capture_sites,
     gpu_vs_cpu_per_layer,
     gpu_vs_cpu_sums,
     kernel_table,
@@ -67,6 +70,10 @@ from xsp.analysis.gpu import (
     launch_overhead_of,
     launch_sums,
     memory_operations,
+    replay_sums,
+    replay_sums_added,
+    replay_table_of,
+    replayed_layers,
     synchronization,
     whole_ns,
 )
@@ -122,7 +129,6 @@ class LeftOut(str, enum.Enum):
     in the report's order."""
 
     ALWAYS_ON = "the always-on layers leveled over the drawn steps"
-    GRAPH_REPLAYS = "CUDA graph replays, and kernel time per operator where graphs were replayed"
     ROOFLINE = "FLOPs per kernel (the roofline) where the GPU's counters were sampled"
 
 
@@ -177,10 +183,11 @@ class WindowedReport:
     """The operators outside every step (None where the trace has no steps, or none ran outside)."""
     kernels: pd.DataFrame
     """:func:`xsp.analysis.kernels_by_name` of the whole trace."""
-    kernels_per_operator: pd.DataFrame | None
-    """:func:`xsp.analysis.kernel_time_per_operator` of the whole trace; None where it replayed CUDA
-    graphs (a replayed kernel counts on the operator that captured its node, which another window
-    can hold)."""
+    kernels_per_operator: pd.DataFrame
+    """:func:`xsp.analysis.kernel_time_per_operator` of the whole trace (a replayed kernel counts on
+    the operator that captured its node, which another window can hold)."""
+    graph_replays: pd.DataFrame
+    """:func:`xsp.analysis.gpu.replay_table_of` the whole trace's CUDA graph replays."""
     utilization: pd.DataFrame
     """:func:`xsp.analysis.gpu_utilization` of the whole trace, per step and device."""
     memory: pd.DataFrame
@@ -209,6 +216,8 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     """
     known = _steps_known(windows)
     extents, deep_steps = known.extents, known.deep_steps
+    sites = _capture_sites(windows) if known.graph_nodes else None
+    replays: list[pd.DataFrame] = []
     levels: Counter[str] = Counter()
     kept: list[pd.DataFrame] = []
     kept_order: list[np.ndarray] = []
@@ -217,7 +226,6 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     kernels = InOrderParts(["name"], KERNEL_SUMS, smallest=["min_us"], largest=["max_us"])
     per_operator = InOrderParts(["name"], PER_OPERATOR_SUMS)
     kernel_ns = 0.0
-    replays_graphs = False
     memory: list[pd.DataFrame] = []
     sync: list[pd.DataFrame] = []
     launch: list[pd.DataFrame] = []
@@ -249,9 +257,11 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             parts.append(part_times(spans))
             kernels.add(_by_name(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)),
                                  KERNEL_SUMS, ["min_us"], ["max_us"]))
-            table = kernel_table(spans)
+            table = kernel_table(spans, sites)
             kernel_ns += float(whole_ns(table["duration_us"]).sum())
-            replays_graphs |= bool(_is_kind(spans, SpanKind.GRAPH_NODE).any())
+            if sites is not None:
+                replays = [replay_sums_added(replays)] if len(replays) > 64 else replays
+                replays.append(replay_sums(replayed_layers(spans, sites)))
             left_out |= _left_out(spans)
             per_operator.add(_by_name(*_kernels_per_operator(table, spans, order), PER_OPERATOR_SUMS))
             launch.append(launch_sums(table))
@@ -305,16 +315,14 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
         layers=layers.result(), communication=ranks, backward=backward_table,
-        left_out=_ordered(left_out | (
-            {LeftOut.GRAPH_REPLAYS} if replays_graphs else set()) | (
-            {LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set())),
+        left_out=_ordered(left_out | ({LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set())),
         layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(_named(operators.result(), OPERATOR_SUMS)),
         operators_outside=_outside(outside, first_ns, last_ns) if windows.steps else None,
         kernels=_kernel_figures(_named(kernels.result(), KERNEL_SUMS)),
-        kernels_per_operator=None if replays_graphs else _per_operator_figures(
-            _named(per_operator.result(), PER_OPERATOR_SUMS), kernel_ns / 1e3),
+        kernels_per_operator=_per_operator_figures(_named(per_operator.result(), PER_OPERATOR_SUMS), kernel_ns / 1e3),
+        graph_replays=replay_table_of(replay_sums_added(replays)),
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
         launch=_launch_figures(launch), layer_memory=by_type,
         top_level=top_level if windows.metadata.get("leveled") else None,
@@ -807,27 +815,42 @@ class _StepsKnown:
     :func:`xsp.reports.terminal.deep_steps` finds them: the steps of roots sampled deep."""
     forward_layers: bool
     """The trace has forward layers (what memory per layer type counts)."""
+    graph_nodes: bool
+    """The trace marks where CUDA graph nodes were captured."""
 
 
 def _steps_known(windows: TreeWindows) -> _StepsKnown:
     """See :class:`_StepsKnown`."""
     always_on = bool(windows.metadata.get("sampling"))
     found, deep = [], []
-    forward_layers = False
+    forward_layers = graph_nodes = False
     for spans, _ in windows.frames(columns=[col.STEP, col.KIND, col.PARENT_ID, col.START_NS, col.END_NS, col.LEVEL,
                                             *([col.SAMPLING] if always_on else [])]):
         found.append(step_extents(spans))
         forward_layers |= bool(((spans[col.LEVEL] == Level.LAYER.value)
                                 & (spans[col.KIND] == SpanKind.FORWARD.value)).any())
+        graph_nodes |= bool((spans[col.KIND] == SpanKind.GRAPH_NODE.value).any())
         if always_on:
             roots = spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])
             deep.append(spans[col.STEP][roots.to_numpy(dtype=bool)].dropna().to_numpy(dtype=np.float64))
     deep_steps = np.unique(np.concatenate(deep)) if deep else (np.zeros(0) if always_on else None)
     if not found:
-        return _StepsKnown(pd.DataFrame({"start": [], "end": []}), deep_steps, forward_layers)
+        return _StepsKnown(pd.DataFrame({"start": [], "end": []}), deep_steps, forward_layers, graph_nodes)
     every = pd.concat(found)
     return _StepsKnown(every.groupby(level=0).agg(start=("start", "min"), end=("end", "max")), deep_steps,
-                       forward_layers)
+                       forward_layers, graph_nodes)
+
+
+_CAPTURE_COLUMNS = [col.SPAN_ID, col.PARENT_ID, col.KIND, col.LEVEL, col.NAME, col.PATH, col.GRAPH_NODE_ID,
+                    col.ATTRIBUTES, col.RANK, col.PROCESS_ID]
+"""What :func:`xsp.analysis.gpu.capture_site_parts` reads of a window."""
+
+
+def _capture_sites(windows: TreeWindows) -> CaptureSites:
+    """Where the trace's CUDA graph nodes were captured, from a reading of every window: a replay
+    and the capture of its graph can lie in different windows."""
+    return capture_sites([capture_site_parts(spans, order)
+                          for spans, order in windows.frames(columns=_CAPTURE_COLUMNS)])
 
 
 def _own_rows(spans: pd.DataFrame) -> pd.DataFrame:

@@ -1161,3 +1161,39 @@ def test_doctor_says_which_record_path_runs_and_why(fake_libcupti, monkeypatch):
     assert record_path_here()[:2] == ("Python (cupti-python)", "XSP_PURE_PYTHON is set")
     monkeypatch.setattr(_cupti, "probe", lambda holding=False: "no CUDA driver: ...")
     assert record_path_here()[:2] == ("none", "no CUDA driver: ...")
+
+
+def test_graph_replays_read_in_windows_are_the_whole_trace_s(fake, tmp_path):
+    from tests.unit.test_tree_windows import assert_windowed_report_is_the_whole_s
+    from xsp.analysis.windowed import windowed_report
+    from xsp.io.tree_windows import tree_windows
+
+    model = torch.nn.Sequential(torch.nn.Sequential(Launching(fake, 2)), torch.nn.ReLU(), Launching(fake, 3)).eval()
+    path = tmp_path / "replays.xsp.parquet"
+    with xsp.trace(levels="model,layer,operator,kernel", output=path), torch.no_grad():
+        model(torch.randn(2, 8))  # step 0: eager
+        fake.capturing_graph = 1  # step 1: captured, in a window of its own (a window of one tree below)
+        model(torch.randn(2, 8))
+        fake.capturing_graph = None
+        replayer = Replaying(fake, fake.instantiate(executable_graph=2), 2)
+        for _ in range(3):  # steps 2-4: replays, each in a window without the capture
+            replayer(torch.randn(2, 8))
+    trace = xsp.load(path)
+    windows = tree_windows(path, window_spans=1)
+    report = windowed_report(windows)
+    assert not report.left_out
+    per_operator = report.kernels_per_operator
+    assert per_operator is not None
+    pd.testing.assert_frame_equal(per_operator, gpu.kernel_time_per_operator(trace))
+    replays = gpu.replay_table_of(gpu.replay_sums(gpu.replayed_layers(trace)))
+    assert replays.set_index("layer")["replays"].to_dict() == {"model.0": 3, "model.0.0": 3, "model.2": 3}
+    pd.testing.assert_frame_equal(report.graph_replays, replays)
+    assert_windowed_report_is_the_whole_s(trace, path, 1)
+    # a window of a replay alone finds where its kernels' nodes were captured in the sites of all
+    sites = gpu.capture_sites([gpu.capture_site_parts(spans, order) for spans, order in windows.frames()])
+    replay_windows = [spans for spans, _ in windows.frames() if (spans[col.NAME] == "cudaGraphLaunch").any()]
+    assert len(replay_windows) == 3
+    for spans in replay_windows:
+        table = gpu.kernel_table(spans, sites)
+        assert table["replayed"].all() and sorted(set(table["layer"])) == ["model.0.0", "model.2"]
+        assert not gpu.kernel_table(spans)["replayed"].any()  # its own marks: none, the capture is elsewhere

@@ -188,7 +188,7 @@ _SECTION = re.compile(r"^(Communication per rank|Clocks: |Model latency over ste
                       r"Top \d+ operators? by self time|"
                       r"Top \d+ kernels? by total time|Outside every step|no steps in this trace|Steps cover|"
                       r"Where the step time went|Your spans|GPU: |Kernel time per operator|Memory copies and sets|"
-                      r"Synchronisation|Launch overhead per step|System metrics|Energy per step|"
+                      r"Synchronisation|Launch overhead per step|System metrics|Energy per step|CUDA graph replays|"
                       r"Hierarchy diagnostics|Recommendations|\d+\. \[|The first step took|"
                       r"Always on \(|Leveled over the drawn steps|Top \d+ layers? by self time, leveled|"
                       r"Top \d+ layers? by self time|Time per layer type|GPU vs CPU time per layer|"

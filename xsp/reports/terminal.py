@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from xsp import analysis
+from xsp.analysis.gpu import replay_sums, replay_table_of
 from xsp.analysis.layers import TopLevelLayers, step_time_ms, top_level_layers
 from xsp.analysis.lines import compiled_kernel_lines, relative_files
 from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
@@ -457,20 +458,22 @@ def _gpu_tables(trace: Trace, console: Console, top: int, step_view: StepView | 
     _gpu_line(kernels, analysis.gpu_utilization(trace, per_stream=False), console)
     _kernel_table(kernels, console, top)
     _per_operator_table(analysis.kernel_time_per_operator(trace), console, top)
-    replayed = analysis.replayed_layers(trace)
-    if not replayed.empty:  # a replayed graph's kernels, on the layers that captured them
-        grouped = replayed.groupby(["depth", "layer"], sort=False, observed=True).agg(
-            replays=("launch_span_id", "nunique"), kernels=("kernels", "sum"), kernel_us=("kernel_us", "sum"))
-        grouped = grouped.reset_index().sort_values("kernel_us", ascending=False, kind="stable").head(top)
-        shown, unit, figure = in_time_unit(grouped, ["kernel_us"])
-        _show(console, shown, "CUDA graph replays by the layer that captured them", [
-            ("layer", "layer", short(50)), ("replays", "replays", number(0)), ("kernels", "kernels", number(0)),
-            ("kernel_us", f"kernel {unit}", figure)])
+    _replay_table(replay_table_of(replay_sums(analysis.replayed_layers(trace))), console, top)
     in_steps, which = step_view or deep_steps(trace)
     _gpu_vs_cpu_table(analysis.gpu_vs_cpu_sums(analysis.gpu_vs_cpu_per_layer(in_steps)), which, console, top)
     _transfer_tables(analysis.memory_operations(trace), analysis.synchronization(trace),
                      analysis.launch_overhead(trace), console, top)
     _roofline_table(analysis.kernel_roofline(trace), analysis.trace_peak(trace), console, top)
+
+
+def _replay_table(replays: pd.DataFrame, console: Console, top: int) -> None:
+    """A replayed graph's kernels, on the layers that captured them."""
+    if replays.empty:
+        return
+    shown, unit, figure = in_time_unit(replays.head(top), ["kernel_us"])
+    _show(console, shown, "CUDA graph replays by the layer that captured them", [
+        ("layer", "layer", short(50)), ("replays", "replays", number(0)), ("kernels", "kernels", number(0)),
+        ("kernel_us", f"kernel {unit}", figure)])
 
 
 def _gpu_vs_cpu_table(sums: pd.DataFrame, which: str, console: Console, top: int) -> None:
@@ -963,8 +966,8 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     if len(report.kernels):
         _gpu_line(report.kernels, report.utilization, console)
         _kernel_table(report.kernels, console, top)
-        if report.kernels_per_operator is not None:
-            _per_operator_table(report.kernels_per_operator, console, top)
+        _per_operator_table(report.kernels_per_operator, console, top)
+        _replay_table(report.graph_replays, console, top)
         _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
         if report.roofline is not None:
