@@ -173,6 +173,22 @@ def test_an_empty_file_is_called_empty_not_truncated(tmp_path, name, content, sa
         xsp.load(path)
 
 
+def test_a_gzip_file_of_several_members_is_read_whole_as_gzip_reads_it(tmp_path):
+    from xsp.io.kineto_json import inflated_pieces
+    from xsp.io.memory_needed import MIN_GZIP_INFLATION, inflated_bytes
+
+    half = len(_SMALL_TRACE) // 2  # concatenated files, or blocked gzip: the members are one text
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(_SMALL_TRACE[:half]) + gzip.compress(_SMALL_TRACE[half:]))
+    assert len(xsp.load(path).spans) == 200
+    assert b"".join(inflated_pieces(path)) == _SMALL_TRACE
+    assert inflated_bytes(path) >= MIN_GZIP_INFLATION * path.stat().st_size  # its trailer gives the last member's
+    cut = tmp_path / "cut.json.gz"  # a second member cut short is a truncated file
+    cut.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(xsp.TraceFormatError, match="truncated"):
+        xsp.load(cut)
+
+
 def test_a_gzip_trailer_with_a_wrong_size_is_corrupt(tmp_path):
     packed = gzip.compress(_SMALL_TRACE)
     path = tmp_path / "odd.json.gz"

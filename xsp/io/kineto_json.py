@@ -16,7 +16,7 @@ import msgspec
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
-from xsp.io.parquet import gunzip_bounded
+from xsp.io.parquet import GZIP_MAGIC, gunzip_bounded
 
 MISSING = -(2**63)
 """Stands for an absent integer until a column's null mask is made."""
@@ -225,7 +225,7 @@ def _read_bytes(source: Path) -> bytes | bytearray:
     try:
         with source.open("rb") as handle:
             head = handle.read(SNIFF_BYTES)
-            if head[:2] == b"\x1f\x8b":
+            if head[:2] == GZIP_MAGIC:
                 try:
                     inflated, _ = gunzip_bounded(head, SNIFF_BYTES)  # a truncated stream is fine here
                 except zlib.error as exc:
@@ -273,7 +273,7 @@ def inflated_pieces(source: Path) -> Iterator[bytes]:
     try:
         with source.open("rb") as handle:
             head = handle.read(2)
-            if head != b"\x1f\x8b":
+            if head != GZIP_MAGIC:
                 yield head
                 while piece := handle.read(PIECE_BYTES):
                     yield piece
@@ -282,7 +282,14 @@ def inflated_pieces(source: Path) -> Iterator[bytes]:
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
             total = 0
             data = head
-            while not inflater.eof:
+            while True:
+                if inflater.eof:  # a member ended: gzip reads the members that follow it as one text
+                    data = inflater.unused_data
+                    while len(data) < 2 and (more := handle.read(READ_BYTES)):
+                        data += more
+                    if not data.startswith(GZIP_MAGIC):  # the file's end (bytes after the stream: ignored)
+                        return
+                    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
                 if not data:
                     data = handle.read(READ_BYTES)
                 try:

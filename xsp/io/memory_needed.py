@@ -78,7 +78,8 @@ def _size(count: int) -> str:
 
 def inflated_bytes(path: Path) -> int:
     """The size of a trace's text: the file's, or a gzip file's inflated size as its trailer gives it
-    (the size modulo 4 GiB, made plausible)."""
+    (the size modulo 4 GiB, made plausible; at least :data:`MIN_GZIP_INFLATION` times the file, as
+    the trailer of a file of several members gives only its last member's size)."""
     size = path.stat().st_size
     with path.open("rb") as file:
         if file.read(2) != b"\x1f\x8b" or size < 18:
@@ -86,7 +87,7 @@ def inflated_bytes(path: Path) -> int:
         file.seek(-4, os.SEEK_END)
         recorded = int.from_bytes(file.read(4), "little")
     if size * MAX_DEFLATE_RATIO < 1 << 32:
-        return recorded
+        return max(recorded, MIN_GZIP_INFLATION * size)
     while recorded < MIN_GZIP_INFLATION * size:
         recorded += 1 << 32
     return recorded

@@ -30,13 +30,27 @@ CHECKSUM_KEY = b"xsp.checksum"
 """Parquet key-value metadata key of the footer checksum (see :func:`_footer_checksum`)."""
 
 
+GZIP_MAGIC: Final = b"\x1f\x8b"
+"""The first bytes of a gzip member."""
+
+
 def gunzip_bounded(data: bytes, cap_bytes: int) -> tuple[bytes, bool]:
     """Inflate gzip ``data``, stopping past ``cap_bytes`` (a decompression bomb never takes the
     machine's memory). Returns what was inflated (longer than ``cap_bytes`` when stopped there)
-    and whether the gzip stream was complete; a damaged stream raises ``zlib.error``."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    inflated = inflater.decompress(data, cap_bytes + 1)
-    return inflated, inflater.eof
+    and whether the gzip stream was complete; a damaged stream raises ``zlib.error``. Members
+    one after another (files concatenated, blocked gzip) are one text, as gzip reads them;
+    bytes after the last member that begin no other are ignored."""
+    pieces: list[bytes] = []
+    size = 0
+    rest = data
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        piece = inflater.decompress(rest, cap_bytes + 1 - size)
+        pieces.append(piece)
+        size += len(piece)
+        rest = inflater.unused_data
+        if size > cap_bytes or not inflater.eof or not rest.startswith(GZIP_MAGIC):
+            return b"".join(pieces), inflater.eof
 
 
 TEXT_DTYPES: Final = frozenset({"string", col.CATEGORY})
