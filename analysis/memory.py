@@ -39,11 +39,16 @@ def _events(spans: pd.DataFrame) -> np.ndarray:
                           & np.isin(kinds, [SpanKind.ALLOC.value, SpanKind.FREE.value]))
 
 
+def _signed_sizes(spans: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The event ``rows``' sizes, negative for a free."""
+    sizes = spans[col.BYTES].fillna(0).to_numpy(dtype=np.int64)[rows]
+    return np.where(spans[col.KIND].to_numpy(dtype=object)[rows] == SpanKind.FREE.value, -sizes, sizes)
+
+
 def _signed_live(spans: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For the event ``rows``: signed size, device name and live bytes on that device just
     after the event (in time order per device, from the session's start)."""
-    sizes = spans[col.BYTES].fillna(0).to_numpy(dtype=np.int64)[rows]
-    signed = np.where(spans[col.KIND].to_numpy(dtype=object)[rows] == SpanKind.FREE.value, -sizes, sizes)
+    signed = _signed_sizes(spans, rows)
     devices = _device_names(spans)[rows]
     times = spans[col.START_NS].to_numpy(dtype=np.int64)[rows]
     live = np.zeros(len(rows), dtype=np.int64)
@@ -179,12 +184,10 @@ def forward_memory(source: Trace | pd.DataFrame) -> ForwardMemory:
     """The memory events and forward layers of ``source`` (see :class:`ForwardMemory`)."""
     spans = spans_of(source)
     rows = _events(spans)
-    sizes = spans[col.BYTES].fillna(0).to_numpy(dtype=np.int64)[rows]
-    kinds = spans[col.KIND].to_numpy(dtype=object)
-    signed = np.where(kinds[rows] == SpanKind.FREE.value, -sizes, sizes)
     events = pd.DataFrame({"row": rows, "device": _device_names(spans)[rows],
-                           "time_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[rows], "signed_bytes": signed})
-    forward = ((spans[col.LEVEL] == Level.LAYER.value).to_numpy() & (kinds == SpanKind.FORWARD.value))
+                           "time_ns": spans[col.START_NS].to_numpy(dtype=np.int64)[rows],
+                           "signed_bytes": _signed_sizes(spans, rows)})
+    forward = ((spans[col.LEVEL] == Level.LAYER.value) & (spans[col.KIND] == SpanKind.FORWARD.value)).to_numpy()
     layer_of, event_of = _layers_over(parent_positions(spans), rows, forward) if len(rows) and forward.any() else (
         np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     pairs = pd.DataFrame({"layer_row": layer_of,

@@ -171,11 +171,20 @@ def roofline_sums(spans: pd.DataFrame) -> pd.DataFrame:
     return table.rename_axis("name").reset_index()[["name", *ROOFLINE_SUMS]]
 
 
+def roofline_sums_added(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The :func:`roofline_sums` of parts of a trace, as one table (a name's missing in every part
+    stays missing)."""
+    if not parts:
+        return pd.DataFrame({"name": pd.Series(dtype=object), **{name: pd.Series(dtype=np.float64)
+                                                                  for name in ROOFLINE_SUMS}})
+    every = pd.concat(parts, ignore_index=True)
+    return every.groupby("name", sort=False, observed=True)[ROOFLINE_SUMS].sum(min_count=1).reset_index()
+
+
 def kernel_roofline_of(sums: pd.DataFrame, sampled: pd.DataFrame, peak: GpuPeak | None) -> pd.DataFrame:
-    """:func:`kernel_roofline`'s table of its :func:`roofline_sums` (of every part, added up by
-    name), :func:`counters_per_kernel` and the GPU's peak."""
-    sums = sums.groupby("name", observed=True).sum(min_count=1) if sums["name"].duplicated().any() else (
-        sums.set_index("name"))
+    """:func:`kernel_roofline`'s table of its :func:`roofline_sums` (of every part of a trace:
+    :func:`roofline_sums_added`), :func:`counters_per_kernel` and the GPU's peak."""
+    sums = sums.set_index("name")
     names = sorted(sums.index)
     sums = sums.reindex(names)
     table = pd.DataFrame(index=pd.Index(names, name="name", dtype=object))

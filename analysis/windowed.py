@@ -95,10 +95,10 @@ from xsp.analysis.operators import BackwardParts, backward_parts, backward_table
 from xsp.analysis.recommend import recommendations_of
 from xsp.analysis.roofline import (
     LAYER_FLOPS_SUMS,
-    ROOFLINE_SUMS,
     kernel_roofline_of,
     layer_flops_sums,
     roofline_sums,
+    roofline_sums_added,
     trace_peak,
 )
 from xsp.analysis.steps import part_times
@@ -110,8 +110,8 @@ from xsp.io.spill_file import SpillFile
 from xsp.io.trace import Trace
 from xsp.io.tree_windows import TreeWindows, scratch_folder
 from xsp.record.compiled_kernels import kernel_layers
-from xsp.record.sampling import DEEP_REASONS
 from xsp.table.build import concat_spans, empty_table
+from xsp.table.sampling import deep_roots
 from xsp.table.sampling import step_roots as step_root_positions
 
 KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value, SpanKind.SESSION.value,
@@ -238,6 +238,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     flops: list[pd.DataFrame] = []
     roofline: list[pd.DataFrame] = []
     top_level = TopLevelLayers(0, 0)
+    leveled = bool(windows.metadata.get("leveled"))
     left_out: set[LeftOut] = set()
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
@@ -297,9 +298,10 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             if layer_memory is not None and (spans[col.LEVEL] == Level.MEMORY.value).any():
                 layer_memory.add(forward_memory(view), view_order)
             backward.add(backward_parts(view, view_order))
-            roofline = [_roofline_added(roofline)] if len(roofline) > 64 else roofline
+            roofline = [roofline_sums_added(roofline)] if len(roofline) > 64 else roofline
             roofline.append(roofline_sums(spans))
-            top_level += top_level_layers(spans)
+            if leveled:
+                top_level += top_level_layers(spans)
             if (spans[col.LEVEL] == Level.LAYER.value).any():
                 flops = _flops_added([*flops, layer_flops_sums(spans)]) if len(flops) > 64 else [
                     *flops, layer_flops_sums(spans)]
@@ -325,9 +327,9 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         graph_replays=replay_table_of(replay_sums_added(replays)),
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
         launch=_launch_figures(launch), layer_memory=by_type,
-        top_level=top_level if windows.metadata.get("leveled") else None,
+        top_level=top_level if leveled else None,
         roofline=None if LeftOut.ROOFLINE in left_out else kernel_roofline_of(
-            _roofline_added(roofline), pd.DataFrame(), trace_peak(kept_trace)))
+            roofline_sums_added(roofline), pd.DataFrame(), trace_peak(kept_trace)))
 
 
 @dataclass
@@ -633,15 +635,6 @@ WHERE f.layer IS NOT NULL GROUP BY f.layer
 forward operator: their time and how many."""
 
 
-def _roofline_added(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """:func:`xsp.analysis.roofline.roofline_sums` of parts, as one table."""
-    if not parts:
-        return pd.DataFrame({"name": pd.Series(dtype=object), **{name: pd.Series(dtype=np.float64)
-                                                                  for name in ROOFLINE_SUMS}})
-    every = pd.concat(parts, ignore_index=True)
-    return every.groupby("name", sort=False, observed=True)[ROOFLINE_SUMS].sum(min_count=1).reset_index()
-
-
 class _LayerMemory:
     """:func:`xsp.analysis.memory_by_layer_type` of the steps' work of every window: its memory
     events and the forward layers over them written to Parquet files in ``folder``; DuckDB counts
@@ -831,8 +824,7 @@ def _steps_known(windows: TreeWindows) -> _StepsKnown:
                                 & (spans[col.KIND] == SpanKind.FORWARD.value)).any())
         graph_nodes |= bool((spans[col.KIND] == SpanKind.GRAPH_NODE.value).any())
         if always_on:
-            roots = spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])
-            deep.append(spans[col.STEP][roots.to_numpy(dtype=bool)].dropna().to_numpy(dtype=np.float64))
+            deep.append(spans[col.STEP][deep_roots(spans)].dropna().to_numpy(dtype=np.float64))
     deep_steps = np.unique(np.concatenate(deep)) if deep else (np.zeros(0) if always_on else None)
     if not found:
         return _StepsKnown(pd.DataFrame({"start": [], "end": []}), deep_steps, forward_layers, graph_nodes)

@@ -32,6 +32,7 @@ from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
 from xsp.session.rotation import leveled_over_steps
+from xsp.table.sampling import deep_roots
 
 STEPS_SHOWN = 20
 RANKS_SHOWN = 16
@@ -381,7 +382,7 @@ def deep_steps(trace: Trace) -> StepView:
         if in_step.all():
             return trace, ALL_STEPS
         return Trace(spans=spans[in_step].reset_index(drop=True), metadata=trace.metadata), ALL_STEPS
-    roots = spans[spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin([reason.value for reason in DEEP_REASONS])]
+    roots = spans[deep_roots(spans)]
     kept = spans[spans[col.STEP].isin(roots[col.STEP]).fillna(False).to_numpy(dtype=bool)]
     return Trace(spans=kept.reset_index(drop=True), metadata=trace.metadata), f"the {counted(len(roots), 'step')} " \
         "recorded deep"

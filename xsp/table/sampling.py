@@ -101,6 +101,14 @@ def step_roots(spans: pd.DataFrame) -> np.ndarray:
                            & spans[col.KIND].isin([kind.value for kind in col.STEP_KINDS])).to_numpy(dtype=bool))
 
 
+def deep_roots(spans: pd.DataFrame) -> np.ndarray:
+    """Which spans (bool per row) are roots an always-on session recorded below the model level
+    (their ``sampling`` a deep reason): their steps are its steps recorded deep. The one rule for
+    those steps: the report and its windowed twin both ask here."""
+    return (spans[col.PARENT_ID].isna() & spans[col.SAMPLING].isin(
+        [reason.value for reason in DEEP_REASONS])).to_numpy(dtype=bool)
+
+
 def apply_step_notes(spans: pd.DataFrame, notes: StepNotes) -> pd.DataFrame:
     """``spans`` (one window's table, built with ``notes`` deciding the joined trace ids) with
     each step root's ``sampling`` and ``remote_parent_id``, the slow steps' ratio to the median
