@@ -1,5 +1,5 @@
-"""``python -m xsp`` runs the CLI."""
+"""``python -m xsp`` runs the CLI, through the same entry point as the ``xsp`` command."""
 
-from xsp.cli.main import entry_point
+from xsp.cli.entry import entry_point
 
 entry_point()

@@ -516,3 +516,7 @@ entry_point()
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr, done.stdout) == (130, "xsp: interrupted\n", "")
+    as_module = program.replace("from xsp.cli.entry import entry_point\nentry_point()", "import runpy\n"
+                                "runpy.run_module('xsp', run_name='__main__')")  # python -m xsp
+    done = subprocess.run([sys.executable, "-c", as_module], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "xsp: interrupted\n", "")
