@@ -21,7 +21,12 @@
   synchronisation and launch overhead per step, each added up by its key;
 * the GPU's busy and idle time per step and device (:func:`xsp.analysis.gpu_utilization`): its
   activities' times are written to a scratch file, and DuckDB sweeps them in the order of their
-  starts (a step's activities can lie in several windows).
+  starts (a step's activities can lie in several windows);
+* the roofline's share of the GPU's sampled counters (:func:`xsp.analysis.counters_per_kernel`):
+  the samples and the kernels are written to scratch files, and DuckDB shares each sample among
+  the kernels that ran during it;
+* an always-on trace's steps that its leveled runs recorded (known from a first reading), kept
+  whole up to :data:`LEVELED_MEMORY_BYTES`, for :func:`xsp.session.rotation.leveled_over_steps`.
 
 Each window's table is made by the function the whole trace's is, and the tables are added up by
 name: counts and times summed, means and shares made again, and names in the order they first
@@ -122,23 +127,19 @@ and the recommendations about input and threads read them."""
 _Found = TypeVar("_Found")
 SWEEP_MEMORY_MB = 512
 """DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
+LEVELED_MEMORY_BYTES = 1 << 30
+"""The most an always-on trace's leveled steps may take, held and merged over their leveled runs
+(:class:`WindowedReport` ``leveled_steps``): more, and that table is left out."""
+LEVELED_BYTES_PER_SPAN = 2_000
+"""What a span of those steps takes, held and merged: 480 bytes held and 1,300 more at the merge's
+peak, measured on an always-on trace of 92,561 spans."""
 
 
 class LeftOut(str, enum.Enum):
     """A section of the report of a trace loaded whole that :func:`windowed_report` does not make,
     in the report's order."""
 
-    ALWAYS_ON = "the always-on layers leveled over the drawn steps"
-    ROOFLINE = "FLOPs per kernel (the roofline) where the GPU's counters were sampled"
-
-
-def _left_out(spans: pd.DataFrame) -> set[LeftOut]:
-    """What of a window's spans the report would show loaded whole, and not in windows."""
-    found: set[LeftOut] = set()
-    level, kind = spans[col.LEVEL], spans[col.KIND]
-    if ((level == Level.GPU_METRICS.value) & (kind == SpanKind.COUNTERS.value)).any():
-        found.add(LeftOut.ROOFLINE)  # its samples are shared among the kernels they overlap, in any window
-    return found
+    ALWAYS_ON = "the always-on layers leveled over the drawn steps (more spans than this report holds)"
 
 
 def _ordered(found: set[LeftOut]) -> list[LeftOut]:
@@ -199,10 +200,15 @@ class WindowedReport:
     top_level: TopLevelLayers | None
     """:func:`xsp.analysis.layers.top_level_layers` of the whole trace, for a leveled trace's
     table (None: the trace is not leveled)."""
-    roofline: pd.DataFrame | None
-    """:func:`xsp.analysis.kernel_roofline` of the whole trace (None: it sampled the GPU's counters)."""
+    roofline: pd.DataFrame
+    """:func:`xsp.analysis.kernel_roofline` of the whole trace."""
     layer_memory: pd.DataFrame
     """:func:`xsp.analysis.memory_by_layer_type` of the steps' work (as :attr:`layers` counts it)."""
+    leveled_steps: Trace | None = None
+    """An always-on trace's steps that its leveled runs recorded, every span numbered with one of
+    them, in the loaded order: what :func:`xsp.session.rotation.leveled_over_steps` merges, to the
+    whole trace's figures (None: not always on, no step drawn, or more than
+    :data:`LEVELED_MEMORY_BYTES` takes: then :attr:`left_out` says so)."""
 
 
 def windowed_report(windows: TreeWindows) -> WindowedReport:
@@ -240,6 +246,12 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
     top_level = TopLevelLayers(0, 0)
     leveled = bool(windows.metadata.get("leveled"))
     left_out: set[LeftOut] = set()
+    leveled_steps = known.leveled_steps
+    if leveled_steps is not None and known.leveled_spans * LEVELED_BYTES_PER_SPAN > LEVELED_MEMORY_BYTES:
+        left_out.add(LeftOut.ALWAYS_ON)
+        leveled_steps = None
+    on_leveled_steps: list[pd.DataFrame] = []
+    on_leveled_order: list[np.ndarray] = []
     with tempfile.TemporaryDirectory(prefix=".xsp-report-", dir=scratch_folder(windows.source)) as scratch:
         activities = _Activities(Path(scratch), has_steps)
         backward = _Backward(Path(scratch))
@@ -247,6 +259,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         communication = _Communication(Path(scratch)) if windows.metadata.get("distributed") else None
         # the live bytes count every memory event: written only where some layer can own one
         layer_memory = _LayerMemory(Path(scratch)) if known.forward_layers else None
+        sampled = _SampledCounters(Path(scratch))
         for spans, order in windows.frames():
             levels.update(spans[col.LEVEL].dropna().astype(str).tolist())
             if len(spans):
@@ -255,6 +268,11 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             if wanted.any():
                 kept.append(_own_rows(spans[wanted]))
                 kept_order.append(order[wanted])
+            if leveled_steps is not None:
+                wanted = np.isin(spans[col.STEP].to_numpy(dtype=np.float64, na_value=np.nan), leveled_steps)
+                if wanted.any():
+                    on_leveled_steps.append(_own_rows(spans[wanted]))
+                    on_leveled_order.append(order[wanted])
             parts.append(part_times(spans))
             kernels.add(_by_name(kernels_by_name(spans), _first_places(spans, order, _is_kind(spans, SpanKind.KERNEL)),
                                  KERNEL_SUMS, ["min_us"], ["max_us"]))
@@ -263,7 +281,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
             if sites is not None:
                 replays = [replay_sums_added(replays)] if len(replays) > 64 else replays
                 replays.append(replay_sums(replayed_layers(spans, sites)))
-            left_out |= _left_out(spans)
+            sampled.add(spans)
             per_operator.add(_by_name(*_kernels_per_operator(table, spans, order), PER_OPERATOR_SUMS))
             launch.append(launch_sums(table))
             memory.append(memory_operations(spans))
@@ -310,6 +328,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         backward_table = backward.result()
         ranks = communication.result(kept_trace) if communication is not None else None
         by_type = layer_memory.result() if layer_memory is not None else memory_type_table(pd.DataFrame())
+        counters = sampled.result()
     extent_ns = (extent[0], extent[1]) if extent[0] <= extent[1] else None
     context = Context(kept_trace, extent_ns, replace(added_evidence(evidence), kernel_medians_us=medians),
                       in_step_usage)
@@ -317,7 +336,9 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         metadata=windows.metadata, spans=windows.spans, steps=windows.steps, level_counts=dict(levels),
         kept=kept_trace, extent_ns=extent_ns, recommendations=recommendations_of(context),
         layers=layers.result(), communication=ranks, backward=backward_table,
-        left_out=_ordered(left_out | ({LeftOut.ALWAYS_ON} if windows.metadata.get("sampling") else set())),
+        left_out=_ordered(left_out),
+        leveled_steps=None if leveled_steps is None else _in_loaded_order(on_leveled_steps, on_leveled_order,
+                                                                           windows.metadata),
         layer_flops=_flops_added(flops)[0] if flops else None,
         parts=pd.concat(parts, ignore_index=True) if parts else part_times(empty_table()),
         operators=_operator_figures(_named(operators.result(), OPERATOR_SUMS)),
@@ -328,8 +349,7 @@ def windowed_report(windows: TreeWindows) -> WindowedReport:
         utilization=utilization, memory=_memory_figures(memory), synchronization=_sync_figures(sync),
         launch=_launch_figures(launch), layer_memory=by_type,
         top_level=top_level if leveled else None,
-        roofline=None if LeftOut.ROOFLINE in left_out else kernel_roofline_of(
-            roofline_sums_added(roofline), pd.DataFrame(), trace_peak(kept_trace)))
+        roofline=kernel_roofline_of(roofline_sums_added(roofline), counters, trace_peak(kept_trace)))
 
 
 @dataclass
@@ -705,6 +725,82 @@ order), each forward layer's allocations, net bytes and peak above what was live
 first event, and their sums per module type and device."""
 
 
+class _SampledCounters:
+    """The GPU's sampled counters (the ``gpu_metrics`` level's ``counters`` spans) and the kernels
+    of every window, written to Parquet files in ``folder``; DuckDB shares each sample among the
+    kernels that ran on its device during it, by their time in it, as
+    :func:`xsp.analysis.counters_per_kernel` shares them: a sample and the kernels it overlaps
+    can lie in any windows."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._files = {name: SpillFile(folder / f"counters_{name}.parquet") for name in ("samples", "kernels")}
+        self._samples = False
+
+    def add(self, spans: pd.DataFrame) -> None:
+        level, kind = spans[col.LEVEL], spans[col.KIND]
+        samples = spans[((level == Level.GPU_METRICS.value) & (kind == SpanKind.COUNTERS.value)).to_numpy(dtype=bool)]
+        self._samples |= bool(len(samples))
+        if len(samples):
+            self._files["samples"].add(pa.table({
+                **_on_device(samples),
+                "flops": pa.array(samples[col.FLOPS].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan),
+                                  type=pa.float64(), from_pandas=True),
+                "dram_bytes": pa.array(samples[col.BYTES].astype("Float64").to_numpy(dtype=np.float64,
+                                                                                     na_value=np.nan),
+                                       type=pa.float64(), from_pandas=True)}))
+        kernels = spans[((level == Level.KERNEL.value) & (kind == SpanKind.KERNEL.value)).to_numpy(dtype=bool)]
+        if len(kernels):
+            self._files["kernels"].add(pa.table({
+                **_on_device(kernels),
+                "name": pa.array(kernels[col.NAME].to_numpy(dtype=object), type=pa.string(), from_pandas=True)}))
+
+    def result(self) -> pd.DataFrame:
+        """Per kernel name, the FLOPs and DRAM bytes shared out of the samples (``name``, ``flops``,
+        ``dram_bytes``; empty where no sample met a kernel).
+
+        Raises:
+            OutputError: DuckDB ran out of memory or of scratch space.
+        """
+        written = [file.close() for file in self._files.values()]
+        found = pd.DataFrame({"name": pd.Series(dtype=object), "flops": pd.Series(dtype=np.float64),
+                              "dram_bytes": pd.Series(dtype=np.float64)})
+        try:
+            if all(written) and self._samples:
+                given = {name: str(file.path) for name, file in self._files.items()}
+                found = _in_duckdb(self._folder, "the GPU's sampled counters",
+                                   lambda connection: connection.execute(_SHARED_SAMPLES, given).df())
+        finally:
+            for file in self._files.values():
+                file.path.unlink(missing_ok=True)
+        return found
+
+
+def _on_device(spans: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The device (-1: none) and times of ``spans``, as :func:`xsp.analysis.counters_per_kernel` reads them."""
+    return {"device": spans[col.DEVICE_ID].astype("Int64").fillna(-1).to_numpy(dtype=np.int64),
+            "start_ns": spans[col.START_NS].to_numpy(dtype=np.int64),
+            "end_ns": spans[col.END_NS].to_numpy(dtype=np.int64)}
+
+
+_SHARED_SAMPLES = """
+WITH samples AS (SELECT row_number() OVER () AS sample, * FROM read_parquet($samples)),
+pairs AS (
+    SELECT s.sample, k.name, s.flops, s.dram_bytes,
+           greatest(least(k.end_ns, s.end_ns) - greatest(k.start_ns, s.start_ns), 0)::DOUBLE AS overlap
+    FROM read_parquet($kernels) k JOIN samples s
+      ON k.device = s.device AND s.end_ns > k.start_ns AND s.start_ns < k.end_ns),
+shared AS (
+    SELECT name, flops, dram_bytes,
+           CASE WHEN busy > 0 THEN overlap / busy ELSE 0 END AS share
+    FROM (SELECT *, sum(overlap) OVER (PARTITION BY sample) AS busy FROM pairs))
+SELECT name, sum(flops * share) AS flops, sum(dram_bytes * share) AS dram_bytes FROM shared GROUP BY name
+"""
+"""Each sample's counts shared among the kernels on its device that ran during it (ended after it
+began and began before it ended), by their time in it; a sample no kernel ran in is no one's.
+Missing counts stay missing, and a name's sum is missing only where all of its counts are."""
+
+
 class _Activities:
     """The GPU's activities of every window (:func:`xsp.analysis.gpu.activity_times`), written to a
     Parquet file in ``folder`` and swept by DuckDB in the order of their starts, per step and
@@ -810,27 +906,47 @@ class _StepsKnown:
     """The trace has forward layers (what memory per layer type counts)."""
     graph_nodes: bool
     """The trace marks where CUDA graph nodes were captured."""
+    leveled_steps: np.ndarray | None = None
+    """An always-on trace's steps whose roots name a leveled run (the model-only steps and those
+    drawn), where they name two runs or more (None: nothing to level)."""
+    leveled_spans: int = 0
+    """The spans numbered with one of them."""
 
 
 def _steps_known(windows: TreeWindows) -> _StepsKnown:
     """See :class:`_StepsKnown`."""
     always_on = bool(windows.metadata.get("sampling"))
-    found, deep = [], []
+    found, deep, labelled = [], [], []
+    counted: list[tuple[np.ndarray, np.ndarray]] = []
+    runs: set[str] = set()
     forward_layers = graph_nodes = False
     for spans, _ in windows.frames(columns=[col.STEP, col.KIND, col.PARENT_ID, col.START_NS, col.END_NS, col.LEVEL,
-                                            *([col.SAMPLING] if always_on else [])]):
+                                            *([col.SAMPLING, col.LEVELED_RUN] if always_on else [])]):
         found.append(step_extents(spans))
         forward_layers |= bool(((spans[col.LEVEL] == Level.LAYER.value)
                                 & (spans[col.KIND] == SpanKind.FORWARD.value)).any())
         graph_nodes |= bool((spans[col.KIND] == SpanKind.GRAPH_NODE.value).any())
         if always_on:
             deep.append(spans[col.STEP][deep_roots(spans)].dropna().to_numpy(dtype=np.float64))
+            roots = spans.iloc[step_root_positions(spans)]
+            roots = roots[roots[col.LEVELED_RUN].notna()]
+            labelled.append(roots[col.STEP].to_numpy(dtype=np.float64))
+            runs.update(roots[col.LEVELED_RUN].astype(str).unique().tolist())
+            counted.append(np.unique(spans[col.STEP].dropna().to_numpy(dtype=np.float64), return_counts=True))
     deep_steps = np.unique(np.concatenate(deep)) if deep else (np.zeros(0) if always_on else None)
-    if not found:
-        return _StepsKnown(pd.DataFrame({"start": [], "end": []}), deep_steps, forward_layers, graph_nodes)
-    every = pd.concat(found)
-    return _StepsKnown(every.groupby(level=0).agg(start=("start", "min"), end=("end", "max")), deep_steps,
-                       forward_layers, graph_nodes)
+    leveled_steps, leveled_spans = _leveled_steps(labelled, counted) if len(runs) >= 2 else (None, 0)
+    extents = pd.concat(found).groupby(level=0).agg(start=("start", "min"), end=("end", "max")) if found else \
+        pd.DataFrame({"start": [], "end": []})
+    return _StepsKnown(extents, deep_steps, forward_layers, graph_nodes, leveled_steps, leveled_spans)
+
+
+def _leveled_steps(labelled: list[np.ndarray], counted: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, int]:
+    """The steps whose roots name a leveled run (``labelled``, each window's), and the spans
+    numbered with them (``counted``: each window's steps and their spans)."""
+    steps = np.unique(np.concatenate(labelled))
+    numbers = np.concatenate([found for found, _ in counted])
+    spans = np.concatenate([count for _, count in counted])
+    return steps, int(spans[np.isin(numbers, steps)].sum())
 
 
 _CAPTURE_COLUMNS = [col.SPAN_ID, col.PARENT_ID, col.KIND, col.LEVEL, col.NAME, col.PATH, col.GRAPH_NODE_ID,

@@ -315,6 +315,8 @@ def test_the_report_of_a_leveled_run_read_in_windows_shows_its_leveled_runs(tmp_
 
 
 def test_the_report_of_an_always_on_run_read_in_windows_counts_the_steps_recorded_deep(tmp_path):
+    from xsp.reports.terminal import render_report
+
     torch = pytest.importorskip("torch")
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     path = tmp_path / "always_on.xsp.parquet"
@@ -323,8 +325,39 @@ def test_the_report_of_an_always_on_run_read_in_windows_counts_the_steps_recorde
             model(torch.randn(2, 8))  # an operator between steps, numbered with the step before
     trace = xsp.load(path)
     assert 0 < trace.spans[col.SAMPLING].isin(["sampled"]).sum() < 60
-    assert_windowed_report_is_the_whole_s(trace, path, 1, left_out=(
-        "Leveled over the drawn steps", "Top 3 layers by self time, leveled"))
+    assert "Leveled over the drawn steps" in _rendered(render_report, trace)
+    assert_windowed_report_is_the_whole_s(trace, path, 1)
+
+
+def test_an_always_on_run_s_layers_are_leveled_over_its_drawn_steps_read_in_windows(tmp_path, monkeypatch):
+    from xsp.analysis import windowed
+    from xsp.session.rotation import leveled_over_steps
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()), torch.nn.Linear(16, 4))
+    path = tmp_path / "always_on.xsp.parquet"
+    with torch.no_grad(), xsp.trace(output=path, levels="model,layer", sample=0.5):
+        for _ in range(80):
+            model(torch.randn(2, 8))
+    whole = leveled_over_steps(xsp.load(path))
+    assert whole is not None and len(whole.overhead) >= 2  # the model-only run and the layers
+    for window_spans in (1, 50, 10_000):
+        report = windowed.windowed_report(tree_windows(path, window_spans=window_spans))
+        assert report.leveled_steps is not None and windowed.LeftOut.ALWAYS_ON not in report.left_out
+        found = leveled_over_steps(report.leveled_steps)
+        assert found is not None
+        pd.testing.assert_frame_equal(found.overhead, whole.overhead)
+        # the same spans and figures (a window's categories hold only its own texts)
+        pd.testing.assert_frame_equal(found.trace.spans.astype(object), whole.trace.spans.astype(object))
+    # steps too many to hold: the table is left out, and said to be
+    monkeypatch.setattr(windowed, "LEVELED_MEMORY_BYTES", windowed.LEVELED_BYTES_PER_SPAN * 10)
+    report = windowed.windowed_report(tree_windows(path, window_spans=50))
+    assert report.leveled_steps is None and report.left_out == [windowed.LeftOut.ALWAYS_ON]
+    from xsp.reports.terminal import render_windowed_report
+
+    text = " ".join(_rendered(render_windowed_report, report).split())
+    assert "Leveled over the drawn steps" not in text
+    assert "Left out, as they need it whole: the always-on layers leveled over the drawn steps" in text
 
 
 def test_memory_per_layer_type_counts_the_live_bytes_of_every_window(tmp_path):
@@ -380,3 +413,40 @@ def test_a_trace_whose_report_would_not_fit_is_reported_in_windows_though_it_wou
     assert main(["report", str(path)]) == 0
     assert "read a part at a time" in " ".join(capsys.readouterr().out.split())
     assert main(["summary", str(path), "-o", str(path.parent / "nccl.xsp-summary.parquet")]) == 0
+
+
+def test_the_roofline_of_sampled_counters_read_in_windows_is_the_whole_trace_s(tmp_path):
+    """Each sample of the GPU's counters is shared among the kernels that ran during it, whichever
+    windows hold them: a kernel spanning two samples, a sample no kernel ran in, a second device."""
+    from xsp.analysis.windowed import windowed_report
+    from xsp.core.schema import SpanKind
+    from xsp.table.build import conform
+
+    def span(level: Level, kind: SpanKind, name: str, start: int, end: int, device: int, **counts: float) -> dict:
+        return {col.LEVEL: level.value, col.KIND: kind.value, col.NAME: name, col.START_NS: start, col.END_NS: end,
+                col.DEVICE_ID: device, **{getattr(col, key.upper()): value for key, value in counts.items()}}
+
+    rows = [span(Level.GPU_METRICS, SpanKind.COUNTERS, "pm_sample", start, start + 100, device,
+                 flops=1_000.0 + start, bytes=10.0 + start / 10)
+            for device in (0, 1) for start in range(0, 1_000, 100)]
+    rows[3][col.FLOPS] = None  # a sample whose FLOPs were not counted
+    rows += [span(Level.KERNEL, SpanKind.KERNEL, name, start, end, device)
+             for name, start, end, device in [("gemm", 0, 150, 0), ("relu", 50, 100, 0), ("gemm", 150, 420, 0),
+                                              ("copy", 500, 510, 0), ("gemm", 0, 1_000, 1), ("relu", 990, 1_200, 1)]]
+    spans = conform(pd.DataFrame(rows))
+    spans[col.SPAN_ID] = np.arange(1, len(spans) + 1)
+    spans[col.DURATION_NS] = spans[col.END_NS] - spans[col.START_NS]
+    metadata = {"schema_version": col.SCHEMA_VERSION, "device": "cuda:0 NVIDIA A100-SXM4-80GB"}
+    path = xsp.Trace(spans=spans, metadata=metadata).save(tmp_path / "counters.xsp.parquet")
+    trace = xsp.load(path)
+    whole = xsp.analysis.kernel_roofline(trace)
+    assert whole["flops"].notna().all() and (whole["flops"] > 0).all()  # every kernel met a sample
+    for window_spans in (1, 7, 1_000):
+        found = windowed_report(tree_windows(path, window_spans=window_spans)).roofline
+        assert found["name"].tolist() == whole["name"].tolist()
+        for column in ("count", "flops", "dram_bytes", "kernel_us", "arithmetic_intensity", "achieved_tflops",
+                       "ridge_point"):
+            assert np.allclose(found[column].to_numpy(dtype=float), whole[column].to_numpy(dtype=float), rtol=1e-12,
+                               atol=0, equal_nan=True), column
+        assert found["bound"].tolist() == whole["bound"].tolist()
+    assert_windowed_report_is_the_whole_s(trace, path, 1)

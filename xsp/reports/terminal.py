@@ -663,8 +663,13 @@ def _always_on_line(metadata: dict[str, Any], console: Console) -> bool:
 
 def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     """An always-on trace: how its steps were recorded, and its layers leveled over the drawn steps."""
-    if not _always_on_line(trace.metadata, console):
-        return
+    if _always_on_line(trace.metadata, console):
+        _leveled_over_steps_tables(trace, console, top)
+
+
+def _leveled_over_steps_tables(trace: Trace, console: Console, top: int) -> None:
+    """An always-on trace's layers leveled over its drawn steps (``trace``: the trace, or the spans
+    of the steps its leveled runs recorded)."""
     result = leveled_over_steps(trace)
     if result is None:
         return
@@ -949,7 +954,8 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
     _recommendations(report.recommendations, console)
     _latency_tables(report.kept, console)
     _step_tables(report.kept, console, report.extent_ns, report.parts)
-    _always_on_line(report.metadata, console)
+    if _always_on_line(report.metadata, console) and report.leveled_steps is not None:
+        _leveled_over_steps_tables(report.leveled_steps, console, top)
     if report.top_level is not None:
         _leveled_table(report.metadata, report.top_level, console)
     in_steps, which = deep_steps(report.kept)  # the steps' work, as the trace loaded whole names it
@@ -971,8 +977,7 @@ def render_windowed_report(report: WindowedReport, console: Console, top: int = 
         _replay_table(report.graph_replays, console, top)
         _gpu_vs_cpu_table(layers.gpu_vs_cpu, which, console, top)
         _transfer_tables(report.memory, report.synchronization, report.launch, console, top)
-        if report.roofline is not None:
-            _roofline_table(report.roofline, trace_peak(report.kept), console, top)
+        _roofline_table(report.roofline, trace_peak(report.kept), console, top)
     _memory_table(report.layer_memory, which, console, top)
     _system_tables(report.kept, console)
     _diagnostics(report.kept, console)
