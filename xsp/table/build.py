@@ -99,6 +99,18 @@ def conform(frame: pd.DataFrame, names: Iterable[str] | None = None) -> pd.DataF
     return pd.DataFrame(out, copy=False)  # pandas would copy every column: a table of millions of rows twice
 
 
+def _conformed(table: pd.DataFrame) -> pd.DataFrame:
+    """``conform(table)`` for a table of build_table's own, which nothing else holds: itself where
+    it has the schema's columns in order, its dtypes and a plain index already (a window's
+    table always has), not a new frame of the same columns."""
+    index = table.index
+    if (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1
+            and list(table.columns) == list(col.COLUMNS)
+            and all(str(dtype) == col.COLUMNS[name] for name, dtype in table.dtypes.items())):
+        return table
+    return conform(table)
+
+
 def concat_spans(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
     """Span tables one after another (their columns' union, in the order first seen), their
     :data:`xsp.core.schema.CATEGORY` columns categorical: pandas turns categoricals of different
@@ -310,7 +322,7 @@ def build_table(frames: Iterable[pd.DataFrame], host_to_epoch_ns: int, state: st
     if unset.any():
         set_texts(table, unset, col.STATUS, col.Status.OK.value)
     diagnostics.spans = len(table)
-    table = conform(table)
+    table = _conformed(table)
     if large:
         release_freed_memory()
     late_calls, late_activities = late_records.adopt_late(table, state) if live_records else (0, 0)

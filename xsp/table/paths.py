@@ -84,44 +84,64 @@ SESSION_SCOPE = "session"
 """The scope of the names right below the session (the others' is their trace's id)."""
 
 
-def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, names: np.ndarray,
-                       state: StepState) -> None:
+def _carry_occurrences(occurrence: np.ndarray, rows: np.ndarray, scopes: np.ndarray, trace_values: list[str],
+                       names: np.ndarray, name_texts: pa.LargeStringArray, state: StepState) -> None:
     """Continue the counts of ``rows`` (keyed by scope and name) from earlier windows; update them.
+    ``scopes``: each row's trace code (a position in ``trace_values``), or ``len(trace_values)``
+    for the session scope; ``names``: its name's code among ``name_texts``.
 
     By codes, not a Python step a name: an always-on service's window has a trace, and so a
-    scope, for every request."""
+    scope, for every request. Only the earlier windows' texts are matched to this window's, in
+    one pass each; the window's own scopes and names are codes already."""
     if not len(rows):
         return
     prior_scopes, prior_names, prior_next = state.occurrences
     known = len(prior_scopes)
-    scope_codes, scope_values = pd.factorize(np.concatenate([prior_scopes, scopes]))
-    name_codes, name_values = pd.factorize(np.concatenate([prior_names, names]))
-    key_codes, key_values = pd.factorize(scope_codes.astype(np.int64) * (len(name_values) + 1) + name_codes)
+    traces = len(trace_values)
+    lasting = [state.session_trace_id, *(trace for _, _, trace in state.latest_step.values())]
+    recent = len(state.recent_traces)
+    # every scope text as an id among the distinct ones (the window's traces and the session's
+    # scope first): equal texts, equal ids, so the codes below are those of the texts themselves
+    text_ids, texts = pd.factorize(np.concatenate([
+        np.array([*trace_values, SESSION_SCOPE], dtype=object), np.asarray(prior_scopes, dtype=object),
+        np.asarray(state.recent_traces, dtype=object), np.array(lasting, dtype=object)]))
+    texts = np.asarray(texts, dtype=object)
+    window_ids = text_ids[:traces + 1]
+    scope_codes, scope_ids = pd.factorize(np.concatenate([text_ids[traces + 1:traces + 1 + known],
+                                                          window_ids[scopes]]))
+    scope_ids = np.asarray(scope_ids, dtype=np.int64)
+    name_ids, name_values = pd.factorize(np.concatenate([np.asarray(name_texts.to_numpy(zero_copy_only=False),
+                                                                    dtype=object),
+                                                         np.asarray(prior_names, dtype=object)]))
+    name_values = np.asarray(name_values, dtype=object)
+    name_codes, name_of_code = pd.factorize(np.concatenate([name_ids[len(name_texts):], name_ids[names]]))
+    key_codes, key_values = pd.factorize(scope_codes.astype(np.int64) * (len(name_of_code) + 1) + name_codes)
     next_of_key = np.zeros(len(key_values), dtype=np.int64)
     next_of_key[key_codes[:known]] = prior_next
     occurrence[rows] += next_of_key[key_codes[known:]]
     np.maximum.at(next_of_key, key_codes[known:], occurrence[rows].astype(np.int64) + 1)
     # a trace's counts go on only into the next window (a step whose records came late, a request
     # with a step in each): a session of days has millions of traces, and would keep them all
-    in_window = np.unique(scope_codes[known:])
-    kept_scope = np.zeros(len(scope_values), dtype=bool)
-    kept_scope[in_window] = True
-    recent = pd.Index(scope_values).get_indexer(state.recent_traces)
-    kept_scope[recent[recent >= 0]] = True
-    is_session = np.asarray(scope_values, dtype=object) == SESSION_SCOPE
+    kept_scope = np.zeros(len(scope_ids), dtype=bool)
+    kept_scope[scope_codes[known:]] = True
+    in_window = np.flatnonzero(kept_scope)  # in the order of the codes
+    scope_of_id = np.full(len(texts), NONE, dtype=np.int64)
+    scope_of_id[scope_ids] = np.arange(len(scope_ids))
+    matched = scope_of_id[text_ids[traces + 1 + known:traces + 1 + known + recent]]
+    kept_scope[matched[matched >= 0]] = True
+    is_session = scope_ids == window_ids[traces]  # the distinct texts' ids: equal ids, equal texts
     kept_scope |= is_session
     # the session's own trace, and each thread's latest step's, can take roots any number of windows
     # later (an import's loose roots, work on a thread after its step): their counts go on too
-    lasting = pd.Index(scope_values).get_indexer([state.session_trace_id,
-                                                  *(trace for _, _, trace in state.latest_step.values())])
-    kept_scope[lasting[lasting >= 0]] = True
+    matched = scope_of_id[text_ids[traces + 1 + known + recent:]]
+    kept_scope[matched[matched >= 0]] = True
     first = np.unique(key_codes, return_index=True)[1]  # a row of each key, in the order of the codes
     kept = kept_scope[scope_codes[first]]
-    all_scopes, all_names = scope_values[scope_codes[first]], name_values[name_codes[first]]
-    state.occurrences = (np.asarray(all_scopes[kept], dtype=object), np.asarray(all_names[kept], dtype=object),
+    state.occurrences = (texts[scope_ids[scope_codes[first[kept]]]],
+                         name_values[np.asarray(name_of_code, dtype=np.int64)[name_codes[first[kept]]]],
                          next_of_key[kept])
-    traces = in_window[~is_session[in_window]]
-    state.recent_traces = np.asarray(scope_values[traces], dtype=object)
+    window_traces = in_window[~is_session[in_window]]
+    state.recent_traces = texts[scope_ids[window_traces]]
 
 
 def _text(value: str) -> pa.Scalar:
@@ -195,10 +215,8 @@ def assign_paths(spans: pd.DataFrame, shape: Structure, state: StepState) -> pd.
     if session < count:
         carried[session] = False
     rows = np.flatnonzero(carried)
-    scopes = np.where(anchor[rows] == session, SESSION_SCOPE,
-                      np.array(shape.trace_values, dtype=object)[shape.trace_codes[rows]])
-    _carry_occurrences(occurrence, rows, scopes, name_texts.take(pa.array(name_codes[rows])).to_numpy(
-        zero_copy_only=False), state)
+    scopes = np.where(anchor[rows] == session, len(shape.trace_values), shape.trace_codes[rows])
+    _carry_occurrences(occurrence, rows, scopes, shape.trace_values, name_codes[rows], name_texts, state)
     occurrence = np.append(occurrence, 0)
     occurrence[session] = 0  # the session row is named SESSION_NAME, so its own part is SESSION_PATH
     anchor[session] = NONE

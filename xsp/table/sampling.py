@@ -13,9 +13,11 @@ import numpy as np
 
 from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
+from xsp.core.lazy import pyarrow as pa
+from xsp.core.lazy import pyarrow_compute as pc
 from xsp.record.sampling import DEEP_REASONS, REASONS, DepthPlan, NoteKind
 from xsp.record.window import WindowBuffer
-from xsp.table.walks import categories_at
+from xsp.table.walks import arrow_strings, categories_at, plain_strings
 
 MODEL_RUN: str = "model"
 """The leveled run the steps timed at the model level only make up."""
@@ -89,7 +91,17 @@ class StepNotes:
     def joined_trace_ids(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str | None]:
         """For each step root, the trace id (32 hex digits) of the request span it began in, or None."""
         found = self.decision_of(threads, starts, ends)
-        return [None if at < 0 or not self.trace_id[at] else f"{self.trace_id[at]:032x}" for at in found.tolist()]
+        trace_ids = self.trace_id
+        return hex_trace_ids([trace_ids[at] if at >= 0 else 0 for at in found.tolist()])
+
+
+def hex_trace_ids(trace_ids: list[int]) -> list[str | None]:
+    """Each trace id as 32 hex digits (None for 0): by its 16 bytes, a third of the time of a
+    format a trace (an always-on window has one a request); any past 128 bits, formatted."""
+    try:
+        return [trace_id.to_bytes(16, "big").hex() if trace_id else None for trace_id in trace_ids]
+    except OverflowError:
+        return [f"{trace_id:032x}" if trace_id else None for trace_id in trace_ids]
 
 
 def step_roots(spans: pd.DataFrame) -> np.ndarray:
@@ -151,24 +163,33 @@ def _mark_slow(spans: pd.DataFrame, roots: np.ndarray, threads: np.ndarray, ends
     """The step root that ended last on its thread before each slow note gets its ratio to the median."""
     if not len(notes.slow_time_ns):
         return
-    column = spans[col.ATTRIBUTES].astype(object).tolist()
-    changed = False
     ordered = roots[np.lexsort((ends[roots], threads[roots]))]  # by thread, then end
     ordered_threads, ordered_ends = threads[ordered], ends[ordered]
-    for thread, time_ns, duration_ns, median_ns in zip(notes.slow_thread.tolist(), notes.slow_time_ns.tolist(),
-                                                       notes.slow_duration_ns.tolist(), notes.slow_median_ns.tolist()):
+    slow_threads = notes.slow_thread
+    at = np.full(len(slow_threads), -1, dtype=np.int64)  # each note's root among ``ordered``
+    for thread in np.unique(slow_threads).tolist():
         low, high = np.searchsorted(ordered_threads, [thread, thread + 1])
-        at = low + int(np.searchsorted(ordered_ends[low:high], time_ns, side="right")) - 1
-        if at < low or median_ns <= 0:
-            continue
-        row = int(ordered[at])
-        text = column[row]
+        mine = np.flatnonzero(slow_threads == thread)
+        at[mine] = low + np.searchsorted(ordered_ends[low:high], notes.slow_time_ns[mine], side="right") - 1
+        at[mine[at[mine] < low]] = -1
+    marked = (at >= 0) & (notes.slow_median_ns > 0)
+    if not marked.any():
+        return
+    # only the rows marked are read and written as Python strings: the column stays in Arrow
+    rows = ordered[at[marked]]
+    texts = dict(zip(rows.tolist(), spans[col.ATTRIBUTES].iloc[rows].astype(object).tolist()))
+    for row, duration_ns, median_ns in zip(rows.tolist(), notes.slow_duration_ns[marked].tolist(),
+                                           notes.slow_median_ns[marked].tolist()):
+        text = texts[row]
         attributes = json.loads(text) if isinstance(text, str) else {}
         attributes[col.ATTR_STEP_SLOW] = round(duration_ns / median_ns, 3)
-        column[row] = json.dumps(attributes, ensure_ascii=False)
-        changed = True
-    if changed:
-        spans[col.ATTRIBUTES] = pd.array(column, dtype="string")
+        texts[row] = json.dumps(attributes, ensure_ascii=False)
+    changed = np.zeros(len(spans), dtype=bool)
+    changed[list(texts)] = True
+    column = pc.replace_with_mask(plain_strings(spans[col.ATTRIBUTES]), pa.array(changed),
+                                  pa.array([texts[row] for row in np.flatnonzero(changed).tolist()],
+                                           type=pa.large_string()))
+    spans[col.ATTRIBUTES] = pd.array(arrow_strings(column), dtype="string")
 
 
 def _runs_of_plans(spans: pd.DataFrame, roots: np.ndarray, plan_codes: np.ndarray, notes: StepNotes,
@@ -183,9 +204,10 @@ def _runs_of_plans(spans: pd.DataFrame, roots: np.ndarray, plan_codes: np.ndarra
     runs = np.full(len(spans), None, dtype=object)
     runs[roots[known]] = labels[plan_codes[known]]
     spans[col.LEVELED_RUN] = pd.array(runs, dtype="string")
-    levels = spans[col.LEVEL].astype(str).to_numpy()
     for code in np.unique(plan_codes[known & (plan_codes > 0)]).tolist():
         plan = notes.plans[code - 1]
         planned_steps = steps[roots[known & (plan_codes == code)]]
-        dropped |= np.isin(steps, planned_steps) & ~np.isin(levels, list(plan.levels | KEPT_LEVELS))
+        # by category, not a text a row (a row without a level is in no plan's levels either)
+        dropped |= np.isin(steps, planned_steps) & ~spans[col.LEVEL].isin(list(plan.levels | KEPT_LEVELS)).to_numpy(
+            dtype=bool)
     return dropped

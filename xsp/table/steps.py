@@ -118,26 +118,31 @@ class _TraceCodes:
     def __init__(self) -> None:
         self.values: list[str] = []
         self._codes: dict[str, int] = {}
+        self._indexed = 0
+        """How many of :attr:`values` are in ``_codes`` (those added at once are looked up only if asked)."""
 
     def code(self, trace_id: str) -> int:
         found = self._codes.get(trace_id)
+        if found is None and self._indexed < len(self.values):
+            self._codes.update(zip(self.values[self._indexed:], range(self._indexed, len(self.values))))
+            self._indexed = len(self.values)
+            found = self._codes.get(trace_id)
         if found is None:
             found = self._codes[trace_id] = len(self.values)
             self.values.append(trace_id)
+            self._indexed = len(self.values)
         return found
 
     def codes(self, trace_ids: list[str]) -> np.ndarray:
         """The codes of many trace ids at once (an always-on window has a trace a request)."""
         if not trace_ids:
             return np.zeros(0, dtype=np.int64)
-        positions, distinct = pd.factorize(np.asarray(trace_ids, dtype=object))
-        codes = pd.Index(self.values, dtype=object).get_indexer(distinct)
-        new = np.flatnonzero(codes < 0)
-        codes[new] = len(self.values) + np.arange(len(new))
-        added = distinct[new].tolist()
-        self._codes.update(zip(added, codes[new].tolist()))
-        self.values.extend(added)
-        return codes[positions]
+        # the known ids first, in one pass: they keep their codes, and the new ones take the next
+        # codes in order of first appearance
+        known = len(self.values)
+        positions, distinct = pd.factorize(np.array([*self.values, *trace_ids], dtype=object))
+        self.values.extend(np.asarray(distinct, dtype=object)[known:].tolist())
+        return positions[known:].astype(np.int64, copy=False)
 
 
 def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | None, state: StepState,

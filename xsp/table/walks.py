@@ -361,7 +361,13 @@ def nearest_before(values: np.ndarray, strict: bool) -> np.ndarray:
     count = len(values)
     positions = position_type(count)
     pointer = np.arange(-1, count - 1, dtype=positions)
-    active = np.arange(1, count, dtype=positions)
+    # a position past every earlier value has no answer: settled at once (spans one after another,
+    # a service's requests, would otherwise each walk back through all the earlier ones)
+    earlier_max = np.maximum.accumulate(values[:-1])
+    past_all = values[1:] >= earlier_max if strict else values[1:] > earlier_max
+    pointer[1:][past_all] = NONE
+    active = (np.flatnonzero(~past_all) + 1).astype(positions, copy=False)
+    del earlier_max, past_all
     rounds = 0
     few = max(256, count >> 10)
     while len(active):
