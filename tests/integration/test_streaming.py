@@ -52,6 +52,9 @@ def short_windows(monkeypatch):
 
 
 def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, short_windows):
+    import pyarrow as pa
+
+    pool = pa.default_memory_pool().backend_name
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
     with xsp.trace(output=tmp_path / "run.xsp.parquet") as streamed:
         _loop(model, 30)
@@ -75,6 +78,8 @@ def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, sh
         # up under a lock a fork may have copied as held: test_helper_fork.py), nor the last (the
         # session's own, interpreted in this process once the block ended; not counted when empty)
         assert 1 <= streamed.trace.metadata["helper_windows"] <= streamed.trace.metadata["windows"] - 1
+        # a helper takes Arrow's memory from the system allocator; this process keeps its own
+        assert pa.default_memory_pool().backend_name == pool
 
 
 def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fails(tmp_path, short_windows,
