@@ -82,6 +82,14 @@ def trace_peak(trace: Trace) -> GpuPeak | None:
     return peak_for(str(trace.metadata.get("device", "")))
 
 
+def counter_samples_and_kernels(spans: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What :func:`counters_per_kernel` shares: the GPU's sampled counters (the ``gpu_metrics``
+    level's ``counters`` spans), and the kernels they are shared among."""
+    level, kind = spans[col.LEVEL], spans[col.KIND]
+    return (spans[((level == Level.GPU_METRICS.value) & (kind == SpanKind.COUNTERS.value)).to_numpy(dtype=bool)],
+            spans[((level == Level.KERNEL.value) & (kind == SpanKind.KERNEL.value)).to_numpy(dtype=bool)])
+
+
 def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """FLOPs and DRAM bytes of each kernel, shared out of the GPU's sampled counters.
 
@@ -93,9 +101,7 @@ def counters_per_kernel(source: Trace | pd.DataFrame) -> pd.DataFrame:
     Columns: ``span_id``, ``name``, ``flops``, ``dram_bytes`` (floats; one row per kernel
     that overlapped a sample).
     """
-    spans = spans_of(source)
-    samples = spans[(spans[col.LEVEL] == Level.GPU_METRICS.value) & (spans[col.KIND] == SpanKind.COUNTERS.value)]
-    kernels = spans[(spans[col.LEVEL] == Level.KERNEL.value) & (spans[col.KIND] == SpanKind.KERNEL.value)]
+    samples, kernels = counter_samples_and_kernels(spans_of(source))
     empty = pd.DataFrame({"span_id": pd.Series(dtype="int64"), "name": pd.Series(dtype="object"),
                           "flops": pd.Series(dtype="float64"), "dram_bytes": pd.Series(dtype="float64")})
     if samples.empty or kernels.empty:

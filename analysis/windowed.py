@@ -100,6 +100,7 @@ from xsp.analysis.operators import BackwardParts, backward_parts, backward_table
 from xsp.analysis.recommend import recommendations_of
 from xsp.analysis.roofline import (
     LAYER_FLOPS_SUMS,
+    counter_samples_and_kernels,
     kernel_roofline_of,
     layer_flops_sums,
     roofline_sums,
@@ -735,12 +736,9 @@ class _SampledCounters:
     def __init__(self, folder: Path) -> None:
         self._folder = folder
         self._files = {name: SpillFile(folder / f"counters_{name}.parquet") for name in ("samples", "kernels")}
-        self._samples = False
 
     def add(self, spans: pd.DataFrame) -> None:
-        level, kind = spans[col.LEVEL], spans[col.KIND]
-        samples = spans[((level == Level.GPU_METRICS.value) & (kind == SpanKind.COUNTERS.value)).to_numpy(dtype=bool)]
-        self._samples |= bool(len(samples))
+        samples, kernels = counter_samples_and_kernels(spans)
         if len(samples):
             self._files["samples"].add(pa.table({
                 **_on_device(samples),
@@ -749,7 +747,6 @@ class _SampledCounters:
                 "dram_bytes": pa.array(samples[col.BYTES].astype("Float64").to_numpy(dtype=np.float64,
                                                                                      na_value=np.nan),
                                        type=pa.float64(), from_pandas=True)}))
-        kernels = spans[((level == Level.KERNEL.value) & (kind == SpanKind.KERNEL.value)).to_numpy(dtype=bool)]
         if len(kernels):
             self._files["kernels"].add(pa.table({
                 **_on_device(kernels),
@@ -766,7 +763,7 @@ class _SampledCounters:
         found = pd.DataFrame({"name": pd.Series(dtype=object), "flops": pd.Series(dtype=np.float64),
                               "dram_bytes": pd.Series(dtype=np.float64)})
         try:
-            if all(written) and self._samples:
+            if all(written):  # some sample, and some kernel to share it among
                 given = {name: str(file.path) for name, file in self._files.items()}
                 found = _in_duckdb(self._folder, "the GPU's sampled counters",
                                    lambda connection: connection.execute(_SHARED_SAMPLES, given).df())
