@@ -690,18 +690,23 @@ class _LayerMemory:
         Raises:
             OutputError: DuckDB ran out of memory or of scratch space.
         """
-        written = [file.close() for file in self._files.values()]
-        sums = pd.DataFrame(columns=["module_type", "device", "layers", "allocated_bytes", "net_bytes",
-                                     "max_peak_bytes"])
-        try:
-            if all(written):
-                given = {name: str(file.path) for name, file in self._files.items()}
-                sums = _in_duckdb(self._folder, "the memory events",
-                                  lambda connection: connection.execute(_LAYER_MEMORY, given).df())
-        finally:
-            for file in self._files.values():
-                file.path.unlink(missing_ok=True)
-        return memory_type_table(sums)
+        sums = _queried(self._folder, self._files, "the memory events", _LAYER_MEMORY)
+        return memory_type_table(pd.DataFrame(columns=["module_type", "device", "layers", "allocated_bytes",
+                                                       "net_bytes", "max_peak_bytes"]) if sums is None else sums)
+
+
+def _queried(folder: Path, files: dict[str, SpillFile], what: str, query: str) -> pd.DataFrame | None:
+    """``query`` run by DuckDB (:func:`_in_duckdb`) over ``files``, each given as a parameter by its
+    name, and the files removed after; None where one of them holds nothing (nothing to query)."""
+    written = [file.close() for file in files.values()]
+    try:
+        if not all(written):
+            return None
+        given = {name: str(file.path) for name, file in files.items()}
+        return _in_duckdb(folder, what, lambda connection: connection.execute(query, given).df())
+    finally:
+        for file in files.values():
+            file.path.unlink(missing_ok=True)
 
 
 _LAYER_MEMORY = """
@@ -759,18 +764,10 @@ class _SampledCounters:
         Raises:
             OutputError: DuckDB ran out of memory or of scratch space.
         """
-        written = [file.close() for file in self._files.values()]
-        found = pd.DataFrame({"name": pd.Series(dtype=object), "flops": pd.Series(dtype=np.float64),
-                              "dram_bytes": pd.Series(dtype=np.float64)})
-        try:
-            if all(written):  # some sample, and some kernel to share it among
-                given = {name: str(file.path) for name, file in self._files.items()}
-                found = _in_duckdb(self._folder, "the GPU's sampled counters",
-                                   lambda connection: connection.execute(_SHARED_SAMPLES, given).df())
-        finally:
-            for file in self._files.values():
-                file.path.unlink(missing_ok=True)
-        return found
+        # None: no sample, or no kernel to share one among
+        found = _queried(self._folder, self._files, "the GPU's sampled counters", _SHARED_SAMPLES)
+        return pd.DataFrame({"name": pd.Series(dtype=object), "flops": pd.Series(dtype=np.float64),
+                             "dram_bytes": pd.Series(dtype=np.float64)}) if found is None else found
 
 
 def _on_device(spans: pd.DataFrame) -> dict[str, np.ndarray]:
