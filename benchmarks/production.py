@@ -80,7 +80,7 @@ class Load:
 
     latency_ns: list[int]
     seconds: float
-    cpu_seconds: float
+    cpu: Cpu
 
 
 def start_server(name: str, settings: dict[str, str], folder: Path) -> Server:
@@ -112,9 +112,22 @@ def wait_ready(server: Server) -> None:
     raise RuntimeError(f"{server.name}: not ready (exit code {server.process.poll()}):\n{tail(server.log)}")
 
 
-def cpu_seconds(server: Server) -> float:
-    """CPU time of the server's session (its threads and living helpers) and of the helpers it reaped."""
-    ticks = 0
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds of a server: all of it (its process, the helpers living in its session and
+    those it reaped), of it xsp's threads (named ``xsp-...`` in the OS) and its helper processes."""
+
+    total: float
+    xsp_threads: float
+    helpers: float
+
+    def __sub__(self, other: Cpu) -> Cpu:
+        return Cpu(self.total - other.total, self.xsp_threads - other.xsp_threads, self.helpers - other.helpers)
+
+
+def cpu_seconds(server: Server) -> Cpu:
+    """The server's CPU time so far (:class:`Cpu`)."""
+    total = xsp_threads = helpers = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -123,10 +136,30 @@ def cpu_seconds(server: Server) -> float:
         except OSError:
             continue
         if int(fields[3]) == server.process.pid:  # its session id
-            ticks += int(fields[11]) + int(fields[12])
+            ticks = int(fields[11]) + int(fields[12])
+            total += ticks
             if int(entry.name) == server.process.pid:
-                ticks += int(fields[13]) + int(fields[14])
-    return ticks / CLOCK_TICKS_PER_S
+                reaped = int(fields[13]) + int(fields[14])
+                total += reaped
+                helpers += reaped
+                xsp_threads += xsp_thread_ticks(entry.path)
+            else:
+                helpers += ticks
+    return Cpu(total / CLOCK_TICKS_PER_S, xsp_threads / CLOCK_TICKS_PER_S, helpers / CLOCK_TICKS_PER_S)
+
+
+def xsp_thread_ticks(process: str) -> int:
+    """CPU ticks of the process's living threads that xsp named (xsp.core.threads)."""
+    ticks = 0
+    for task in os.scandir(Path(process, "task")):
+        try:
+            stat = Path(task.path, "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:].startswith("xsp-"):
+            fields = stat.rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def drive(server: Server, path: str, concurrency: int, seconds: float) -> Load:
@@ -207,15 +240,19 @@ def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
 
 def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endpoints: Sequence[str]) -> list[str]:
     lines = [f"{'variant':<11} {'api':<5} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p99 ms':>6} "
-             f"{'CPU ms':>6} {'p50 x plain [95% CI]':>20} {'p99 x plain [95% CI]':>20}"]
+             f"{'CPU ms':>6} {'xsp thr µs':>10} {'helper µs':>9} {'p50 x plain [95% CI]':>20} "
+             f"{'p99 x plain [95% CI]':>20}"]
     for endpoint in endpoints:
         for name in names:
             loads, plains = results[(name, endpoint)], results[(PLAIN, endpoint)]
             requests = sum(len(load.latency_ns) for load in loads)
-            cpu_ms = 1e3 * sum(load.cpu_seconds for load in loads) / requests
+            cpu_ms = 1e3 * sum(load.cpu.total for load in loads) / requests
+            threads_us = 1e6 * sum(load.cpu.xsp_threads for load in loads) / requests
+            helpers_us = 1e6 * sum(load.cpu.helpers for load in loads) / requests
             throughput = requests / sum(load.seconds for load in loads)
             lines.append(f"{name:<11} {endpoint:<5} {requests:>8,} {throughput:>6.0f} "
                          f"{percentile_ms(loads, 0.5):>6.2f} {percentile_ms(loads, 0.99):>6.2f} {cpu_ms:>6.2f} "
+                         f"{threads_us:>10.1f} {helpers_us:>9.1f} "
                          f"{ratio_text(loads, plains, 0.5):>20} {ratio_text(loads, plains, 0.99):>20}")
     return lines
 
@@ -257,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             wait_ready(server)
             for endpoint in endpoints:  # warm-up
                 drive(server, ENDPOINTS[endpoint], args.concurrency, WARMUP_SECONDS)
-        idle_cpu_seconds = {server.name: cpu_seconds(server) for server in servers}
+        idle_cpu_seconds = {server.name: cpu_seconds(server).total for server in servers}
         for round_index in range(args.rounds):
             shift = round_index % len(servers)
             for endpoint in endpoints:
@@ -267,8 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"round {round_index + 1}/{args.rounds} {server.name:<11} {endpoint:<5} "
                           f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
         for server in servers:  # its CPU time while the others were loaded
-            loaded = sum(load.cpu_seconds for endpoint in endpoints for load in results[(server.name, endpoint)])
-            idle_cpu_seconds[server.name] = cpu_seconds(server) - idle_cpu_seconds[server.name] - loaded
+            loaded = sum(load.cpu.total for endpoint in endpoints for load in results[(server.name, endpoint)])
+            idle_cpu_seconds[server.name] = cpu_seconds(server).total - idle_cpu_seconds[server.name] - loaded
     except BaseException:
         print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
         raise
@@ -288,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"with 1 torch thread, {SEQUENCE_LENGTH} tokens a request; {args.concurrency} closed-loop keep-alive "
         f"clients on the same machine. {args.rounds} interleaved rounds of {args.seconds:g} s per variant and "
         "endpoint (*sync*: a `def` handler in FastAPI's thread pool; *async*: an `async def` one on the event "
-        "loop). *CPU ms*: the server's CPU time per request (the clients' is not counted). Ratios: pooled "
+        "loop). *CPU ms*: the server's CPU time per request (the clients' is not counted); of it, *xsp thr µs* "
+        "on xsp's threads (its window and control threads) and *helper µs* in the helper processes xsp forks "
+        "to interpret its windows (the rest is on the threads that serve the requests). Ratios: pooled "
         "percentiles over plain's, with a 95% bootstrap interval over rounds (a variant's round drawn with "
         "plain's same round).", "",
         "```", *table(results, list(variants), endpoints), "```", "",

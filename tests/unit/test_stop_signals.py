@@ -137,3 +137,18 @@ def test_a_streaming_sessions_threads_take_no_stopping_signal(tmp_path):
             status = (Path("/proc/self/task") / str(native_id) / "status").read_text()
             blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
             assert all(blocked >> (signum - 1) & 1 for signum in STOPPING_SIGNALS), name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a thread's name in /proc")
+def test_a_streaming_sessions_threads_carry_their_names_in_the_operating_system(tmp_path):
+    """``top -H``, ``ps -L`` and ``perf`` tell xsp's threads from the program's (each of Python's
+    own is ``python`` there); a name past Linux's 15 bytes is cut, not refused."""
+    with xsp.trace(output=tmp_path / "run.xsp.parquet"):
+        threads = {thread.name: thread.native_id for thread in threading.enumerate() if thread.name.startswith("xsp-")}
+        assert {"xsp-windows", "xsp-control"} <= set(threads)
+        for name, native_id in threads.items():
+            assert (Path("/proc/self/task") / str(native_id) / "comm").read_text().strip() == name[:15]
+    names: list[str] = []
+    start_thread(lambda: names.append(Path("/proc/thread-self/comm").read_text().strip()),
+                 "xsp-a-name-longer-than-fifteen").join()
+    assert names == ["xsp-a-name-long"]

@@ -1,4 +1,6 @@
-"""xsp's own background threads, started with the stopping signals blocked in them.
+"""xsp's own background threads, started with the stopping signals blocked in them, each named
+in the operating system as in Python (``top -H``, ``ps -L``, ``perf`` and ``/proc/PID/task/*/comm``
+then tell xsp's threads from the program's, where every thread of Python's own is ``python``).
 
 The kernel gives a signal sent to the process to any thread that does not block it. Python runs
 the handler only in the main thread, and a main thread waiting in a semaphore (an idle ``Pool``
@@ -9,7 +11,11 @@ threads those start (Arrow's pool, started from a helper's first write, inherits
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Final
@@ -19,9 +25,43 @@ STOPPING_SIGNALS: Final = tuple(getattr(signal, name) for name in ("SIGTERM", "S
 """The signals a session handles while it runs (:mod:`xsp.session.signals`)."""
 
 
+OS_NAME_BYTES: Final = 15
+"""The longest thread name Linux keeps (16 bytes with its terminating zero)."""
+_PR_SET_NAME: Final = 15
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        # the process's own symbols, libc's among them (find_library would run ldconfig in a subprocess)
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the operating system (its first 15 bytes; Linux
+    only, and nothing where it cannot be set)."""
+    prctl = _prctl()
+    if prctl is not None:
+        with contextlib.suppress(Exception):
+            prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:OS_NAME_BYTES]), 0, 0, 0)
+
+
+def _named(target: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        name_this_thread(name)
+        return target(*args)
+
+    return run
+
+
 def start_thread(target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()) -> threading.Thread:
-    """Start a daemon thread of xsp's that never takes a stopping signal."""
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    """Start a daemon thread of xsp's that never takes a stopping signal, named ``name`` in Python
+    and in the operating system."""
+    thread = threading.Thread(target=_named(target, name), args=args, name=name, daemon=True)
     if not hasattr(signal, "pthread_sigmask"):
         thread.start()
         return thread
