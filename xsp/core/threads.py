@@ -12,7 +12,6 @@ threads those start (Arrow's pool, started from a helper's first write, inherits
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import signal
 import sys
@@ -34,6 +33,8 @@ _PR_SET_NAME: Final = 15
 def _prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here, at the first thread's start: what imports this module (every command) need not
+
     try:
         # the process's own symbols, libc's among them (find_library would run ldconfig in a subprocess)
         return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
@@ -47,7 +48,7 @@ def name_this_thread(name: str) -> None:
     prctl = _prctl()
     if prctl is not None:
         with contextlib.suppress(Exception):
-            prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:OS_NAME_BYTES]), 0, 0, 0)
+            prctl(_PR_SET_NAME, name.encode()[:OS_NAME_BYTES], 0, 0, 0)
 
 
 def _named(target: Callable[..., Any], name: str) -> Callable[..., Any]:
