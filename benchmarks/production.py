@@ -129,36 +129,38 @@ def cpu_seconds(server: Server) -> Cpu:
     """The server's CPU time so far (:class:`Cpu`)."""
     total = xsp_threads = helpers = 0
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        stat = read_stat(entry.path) if entry.name.isdigit() else None
+        if stat is None or int(stat[1][3]) != server.process.pid:  # not of its session
             continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == server.process.pid:  # its session id
-            ticks = int(fields[11]) + int(fields[12])
-            total += ticks
-            if int(entry.name) == server.process.pid:
-                reaped = int(fields[13]) + int(fields[14])
-                total += reaped
-                helpers += reaped
-                xsp_threads += xsp_thread_ticks(entry.path)
-            else:
-                helpers += ticks
+        ticks = int(stat[1][11]) + int(stat[1][12])
+        total += ticks
+        if int(entry.name) == server.process.pid:
+            reaped = int(stat[1][13]) + int(stat[1][14])
+            total += reaped
+            helpers += reaped
+            xsp_threads += xsp_thread_ticks(entry.path)
+        else:
+            helpers += ticks
     return Cpu(total / CLOCK_TICKS_PER_S, xsp_threads / CLOCK_TICKS_PER_S, helpers / CLOCK_TICKS_PER_S)
+
+
+def read_stat(path: str) -> tuple[str, list[str]] | None:
+    """A process's (or thread's) name and the fields after it in its ``stat``; None once it has ended."""
+    try:
+        stat = Path(path, "stat").read_text()
+    except OSError:
+        return None
+    name, fields = stat[stat.index("(") + 1:].rsplit(")", 1)
+    return name, fields.split()
 
 
 def xsp_thread_ticks(process: str) -> int:
     """CPU ticks of the process's living threads that xsp named (xsp.core.threads)."""
     ticks = 0
     for task in os.scandir(Path(process, "task")):
-        try:
-            stat = Path(task.path, "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1:].startswith("xsp-"):
-            fields = stat.rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
+        stat = read_stat(task.path)
+        if stat is not None and stat[0].startswith("xsp-"):
+            ticks += int(stat[1][11]) + int(stat[1][12])
     return ticks
 
 
