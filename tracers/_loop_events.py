@@ -35,6 +35,7 @@ import torch
 
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
+from xsp.core.lazy import background_imports_done
 from xsp.record import hotpath
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording, ThreadBuffer
@@ -322,6 +323,11 @@ class LoopEvents:
         buffer_of = self.recording.buffer
 
         def started(arguments: Any) -> None:
+            # dynamo iterates numpy's module dicts as it traces, which xsp's imports beside the
+            # program (pandas, pyarrow) may be growing meanwhile: the compile failed with
+            # "dictionary changed size during iteration". A compile takes seconds; the imports'
+            # rest is a fraction of one, so it waits for them.
+            background_imports_done()
             self._stack("compile").append(now_ns())
 
         def ended(arguments: Any) -> None:

@@ -322,6 +322,44 @@ def test_torch_compile_compiles_the_same_frames_and_its_compile_time_is_no_laten
     assert latency["latency_ms"].iloc[0] * 1e6 < calls[col.DURATION_NS].iloc[0] - compiles[col.DURATION_NS].sum() + 1
 
 
+def test_a_compile_waits_for_xsps_imports_beside_the_program():
+    """Dynamo iterates numpy's module dicts while it traces; xsp's imports beside the program
+    (pandas, pyarrow) grow them: a compile that overlapped them failed with "dictionary changed
+    size during iteration". A compile now begins once they are done."""
+    pytest.importorskip("torch._dynamo")
+    import threading
+
+    from torch._dynamo.callback import callback_handler
+
+    from xsp.core.lazy import forks_wait
+
+    importing, inside, still_importing_at_compile = threading.Event(), [False], []
+
+    def imports_beside_the_program() -> None:
+        with forks_wait():  # what xsp's own import thread holds while it imports
+            inside[0] = True
+            importing.set()
+            threading.Event().wait(3.0)
+            inside[0] = False
+
+    def compile_begins(arguments: object) -> None:
+        still_importing_at_compile.append(inside[0])
+
+    torch._dynamo.reset()
+    with xsp.trace(output=None):
+        callback_handler.register_start_callback(compile_begins)  # after xsp's, so it runs after xsp's
+        try:
+            importer = threading.Thread(target=imports_beside_the_program)
+            importer.start()
+            importing.wait()
+            compiled = torch.compile(lambda x: torch.relu(x) + 1, backend="eager")
+            assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
+            importer.join()
+        finally:
+            callback_handler.remove_start_callback(compile_begins)
+    assert still_importing_at_compile == [False]
+
+
 @pytest.mark.parametrize("backward", ["Tensor.backward", "torch.autograd.backward"])
 def test_a_compiled_training_step_breaks_where_it_breaks_plainly_and_is_still_recorded(backward):
     """The backward pass and the optimizer step are xsp's events of a training loop: inside a

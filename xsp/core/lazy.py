@@ -86,7 +86,9 @@ def background_imports_done() -> None:
     :data:`FORK_WAIT_S`. Two threads importing pandas or pyarrow at once can deadlock on their
     modules' import locks, which Python breaks by handing one of them a module half made (the
     session's end then failed: ``partially initialized module 'pandas'``). So xsp imports them on
-    one thread at a time: the stand-ins' first reads wait, and so does a session's end."""
+    one thread at a time: the stand-ins' first reads wait, and so does a session's end. So does a
+    ``torch.compile`` that begins meanwhile: dynamo iterates numpy's module dicts, which the imports
+    grow."""
     if _IMPORTING.acquire(timeout=FORK_WAIT_S):
         _IMPORTING.release()
 
