@@ -101,7 +101,7 @@ typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
         hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes, step_limit,
-        step_operators;
+        step_operators, decided_ns, step_notes;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -404,6 +404,9 @@ extern PyTypeObject StepEventsType;
 extern PyTypeObject SamplerCoreType;
 int sampler_core_ready(void);
 int is_sampler_core(PyObject *obj);
-int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns);
+/* slots: where a ThreadBuffer (and steps: its AutoSteps) keeps what the sampler reads and writes,
+ * or NULL for any object with those attributes. */
+int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns, const BufferSlots *slots,
+                        const StepsSlots *steps_slots);
 
 #endif

@@ -128,10 +128,27 @@ static void ambient_span(SamplerCore *self, PyObject **trace, PyObject **span_id
     }
 }
 
+/* obj.name, read from its slot at *offset where given (a generic attribute lookup passes
+ * CPython's type-attribute cache, which a step's lookups share with the program's: what xsp does
+ * a step it does without one); new reference, NULL with AttributeError when unset. */
+static PyObject *field(PyObject *obj, const Py_ssize_t *offset, PyObject *name) {
+    if (offset == NULL) return PyObject_GetAttr(obj, name);
+    PyObject *value = SLOT(obj, *offset);
+    if (value == NULL) PyErr_SetObject(PyExc_AttributeError, name);
+    return Py_XNewRef(value);
+}
+
+/* obj.name = value, into its slot at *offset where given. */
+static int set_field(PyObject *obj, const Py_ssize_t *offset, PyObject *name, PyObject *value) {
+    if (offset == NULL) return PyObject_SetAttr(obj, name, value);
+    slot_set(obj, *offset, value);
+    return 0;
+}
+
 /* Note a decided step in the buffer and count it (PySamplerCore.note). */
 static int note_decision(SamplerCore *self, PyObject *buffer, PyObject *time, int reason, PyObject *trace,
-                         PyObject *span_id, long long plan) {
-    PyObject *notes = PyObject_GetAttr(buffer, s_step_notes);
+                         PyObject *span_id, long long plan, const BufferSlots *slots) {
+    PyObject *notes = field(buffer, slots ? &slots->step_notes : NULL, s_step_notes);
     if (notes == NULL) return -1;
     PyObject *kind = PyLong_FromLong(NOTE_DECISION), *why = PyLong_FromLong(reason);
     PyObject *zero = PyLong_FromLong(0), *planned = PyLong_FromLongLong(plan + 1);
@@ -154,7 +171,8 @@ static int note_decision(SamplerCore *self, PyObject *buffer, PyObject *time, in
 }
 
 /* PySamplerCore.depth: the step's limit, and in *operators whether it records operators. */
-static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int *operators, int *failed) {
+static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int *operators, int *failed,
+                        const BufferSlots *slots) {
     PyObject *trace, *span_id;
     int sampled;
     long long limit = MODEL_ONLY_LIMIT, plan = -1;
@@ -194,7 +212,7 @@ static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int
         Py_DECREF(chosen);
         if (PyErr_Occurred() || *operators < 0) goto failure;
     }
-    if (note_decision(self, buffer, time, reason, trace, span_id, plan) < 0) goto failure;
+    if (note_decision(self, buffer, time, reason, trace, span_id, plan, slots) < 0) goto failure;
     Py_XDECREF(trace);
     Py_XDECREF(span_id);
     return limit;
@@ -245,25 +263,27 @@ static int step_ended(SamplerCore *self, long long duration_ns, PyObject *buffer
 
 /* What the step's thread records of it: buffer.decided_ns = buffer.steps.start_ns;
  * buffer.step_limit, buffer.step_operators = depth(...). */
-int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns) {
+int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns, const BufferSlots *slots,
+                        const StepsSlots *steps_slots) {
     SamplerCore *self = (SamplerCore *)core;
     if (before_ns > 0 && step_ended(self, before_ns, buffer) < 0) return -1;
-    PyObject *steps = PyObject_GetAttr(buffer, s_steps);
-    PyObject *start = steps == NULL ? NULL : PyObject_GetAttr(steps, s_start_ns);
+    PyObject *steps = field(buffer, slots ? &slots->steps : NULL, s_steps);
+    PyObject *start = steps == NULL ? NULL : field(steps, steps_slots ? &steps_slots->start_ns : NULL, s_start_ns);
     Py_XDECREF(steps);
-    if (start == NULL || PyObject_SetAttr(buffer, s_decided_ns, start) < 0) {
+    if (start == NULL || set_field(buffer, slots ? &slots->decided_ns : NULL, s_decided_ns, start) < 0) {
         Py_XDECREF(start);
         return -1;
     }
     Py_DECREF(start);
     int failed, operators;
-    long long limit = decide(self, buffer, time, &operators, &failed);
+    long long limit = decide(self, buffer, time, &operators, &failed, slots);
     if (failed) return -1;
     PyObject *limit_object = PyLong_FromLongLong(limit);
     if (limit_object == NULL) return -1;
-    int status = PyObject_SetAttr(buffer, s_step_limit, limit_object);
+    int status = set_field(buffer, slots ? &slots->step_limit : NULL, s_step_limit, limit_object);
     Py_DECREF(limit_object);
-    if (status == 0) status = PyObject_SetAttr(buffer, s_step_operators, operators ? Py_True : Py_False);
+    if (status == 0)
+        status = set_field(buffer, slots ? &slots->step_operators : NULL, s_step_operators, operators ? Py_True : Py_False);
     return status;
 }
 
@@ -278,7 +298,7 @@ static PyObject *core_step_begins(SamplerCore *self, PyObject *const *argv, Py_s
     }
     long long before_ns = nargs == 3 ? PyLong_AsLongLong(argv[2]) : 0;
     if (before_ns == -1 && PyErr_Occurred()) return NULL;
-    if (sampler_step_begins((PyObject *)self, argv[0], argv[1], before_ns) < 0) return NULL;
+    if (sampler_step_begins((PyObject *)self, argv[0], argv[1], before_ns, NULL, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -288,7 +308,7 @@ static PyObject *core_decide(SamplerCore *self, PyObject *const *argv, Py_ssize_
         return NULL;
     }
     int failed, operators;
-    long long limit = decide(self, argv[0], argv[1], &operators, &failed);
+    long long limit = decide(self, argv[0], argv[1], &operators, &failed, NULL);
     return failed ? NULL : PyLong_FromLongLong(limit);
 }
 
@@ -298,7 +318,7 @@ static PyObject *core_depth(SamplerCore *self, PyObject *const *argv, Py_ssize_t
         return NULL;
     }
     int failed, operators;
-    long long limit = decide(self, argv[0], argv[1], &operators, &failed);
+    long long limit = decide(self, argv[0], argv[1], &operators, &failed, NULL);
     return failed ? NULL : Py_BuildValue("(LO)", limit, operators ? Py_True : Py_False);
 }
 
@@ -326,7 +346,7 @@ static PyObject *core_note(SamplerCore *self, PyObject *const *argv, Py_ssize_t 
         return NULL;
     }
     if (note_decision(self, argv[0], argv[1], (int)reason, argv[3] == Py_None ? NULL : argv[3],
-                      argv[4] == Py_None ? NULL : argv[4], plan) < 0)
+                      argv[4] == Py_None ? NULL : argv[4], plan, NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
