@@ -312,7 +312,8 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         long long before_ns = laned || plan.finish != 0 ? plan.step_end_ns - plan.step_start_ns : 0;
         if (before_ns < 0) before_ns = 0;
         if (is_sampler_core(sampler)) {
-            if (sampler_step_begins(sampler, buffer, start, before_ns, slots, &self->steps_slots) < 0) PyErr_Clear();
+            if (sampler_step_begins(sampler, buffer, start, before_ns, slots, steps, &self->steps_slots) < 0)
+                PyErr_Clear();
         } else {
             PyObject *before = PyLong_FromLongLong(before_ns);
             PyObject *told = before == NULL ? NULL : PyObject_CallMethodObjArgs(sampler, s_step_begins, buffer, start,

@@ -404,9 +404,10 @@ extern PyTypeObject StepEventsType;
 extern PyTypeObject SamplerCoreType;
 int sampler_core_ready(void);
 int is_sampler_core(PyObject *obj);
-/* slots: where a ThreadBuffer (and steps: its AutoSteps) keeps what the sampler reads and writes,
- * or NULL for any object with those attributes. */
+/* slots: where `buffer`, a ThreadBuffer, keeps what the sampler reads and writes; steps: the
+ * buffer's steps, an AutoSteps whose slots are steps_slots. NULL, NULL, NULL: any object with
+ * those attributes. */
 int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns, const BufferSlots *slots,
-                        const StepsSlots *steps_slots);
+                        PyObject *steps, const StepsSlots *steps_slots);
 
 #endif

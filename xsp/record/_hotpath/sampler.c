@@ -264,10 +264,10 @@ static int step_ended(SamplerCore *self, long long duration_ns, PyObject *buffer
 /* What the step's thread records of it: buffer.decided_ns = buffer.steps.start_ns;
  * buffer.step_limit, buffer.step_operators = depth(...). */
 int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long long before_ns, const BufferSlots *slots,
-                        const StepsSlots *steps_slots) {
+                        PyObject *steps, const StepsSlots *steps_slots) {
     SamplerCore *self = (SamplerCore *)core;
     if (before_ns > 0 && step_ended(self, before_ns, buffer) < 0) return -1;
-    PyObject *steps = field(buffer, slots ? &slots->steps : NULL, s_steps);
+    steps = steps != NULL ? Py_NewRef(steps) : PyObject_GetAttr(buffer, s_steps);
     PyObject *start = steps == NULL ? NULL : field(steps, steps_slots ? &steps_slots->start_ns : NULL, s_start_ns);
     Py_XDECREF(steps);
     if (start == NULL || set_field(buffer, slots ? &slots->decided_ns : NULL, s_decided_ns, start) < 0) {
@@ -298,7 +298,7 @@ static PyObject *core_step_begins(SamplerCore *self, PyObject *const *argv, Py_s
     }
     long long before_ns = nargs == 3 ? PyLong_AsLongLong(argv[2]) : 0;
     if (before_ns == -1 && PyErr_Occurred()) return NULL;
-    if (sampler_step_begins((PyObject *)self, argv[0], argv[1], before_ns, NULL, NULL) < 0) return NULL;
+    if (sampler_step_begins((PyObject *)self, argv[0], argv[1], before_ns, NULL, NULL, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
