@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import threading
 from typing import Any
 
@@ -176,3 +177,38 @@ def test_a_failing_probe_is_counted_and_the_step_joins_no_request(core, monkeypa
     assert sampler.probe_errors == 1
     assert thread.step_notes == [(5, NoteKind.DECISION, 0, 0, 0, 0, 0)]
     assert thread.step_limit == -1
+
+
+def test_the_c_core_reads_a_plain_spans_context_without_its_python_and_asks_a_changed_class(tracer, monkeypatch):
+    built = require_built()
+    location = otel_context_location()
+    assert location is not None and len(location[2]) == 2, "the SDK's span and NonRecordingSpan read plainly"
+    core = built.SamplerCore(0.0, 0.0, 1, otel_context_probe(), None, None, None, 255, 20, 8, location)
+    frames: list[str] = []
+
+    def python_calls_of(read: Any) -> Any:
+        frames.clear()
+        previous = sys.getprofile()
+        sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+        try:
+            return read()
+        finally:
+            sys.setprofile(previous)
+
+    with tracer(True).start_as_current_span("request") as span:
+        expected = span.get_span_context()
+        core.ambient_span()  # the class's version tag is given by the first lookup
+        read = python_calls_of(core.ambient_span)
+        assert read == (expected.trace_id, expected.span_id, True)
+        assert "get_span_context" not in frames, frames
+
+        seen: list[Any] = []
+        original = type(span).get_span_context
+
+        def replaced(self: Any) -> Any:
+            seen.append(self)
+            return original(self)
+
+        monkeypatch.setattr(type(span), "get_span_context", replaced)
+        assert python_calls_of(core.ambient_span) == read
+        assert seen == [span], "a class whose get_span_context was replaced is asked again"

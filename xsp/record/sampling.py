@@ -28,6 +28,7 @@ when a window is interpreted.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import contextvars
 import enum
 import os
@@ -141,8 +142,9 @@ class SteppingThread(NotedThread, Protocol):
 
 
 AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
-ContextLocation = tuple[contextvars.ContextVar[Any], str]
-"""Where OpenTelemetry keeps the current span: its context variable, and the span's key in it."""
+ContextLocation = tuple[contextvars.ContextVar[Any], str, tuple[Callable[..., Any], ...]]
+"""Where OpenTelemetry keeps the current span: its context variable, the span's key in it, and the
+``get_span_context`` functions known to give the span's ``_context`` (:func:`plain_span_readers`)."""
 
 
 def otel_context_probe() -> AmbientContext | None:
@@ -181,7 +183,29 @@ def otel_context_location() -> ContextLocation | None:
     key = getattr(propagation, "_SPAN_KEY", None)
     if type(runtime) is not ContextVarsRuntimeContext or not isinstance(variable, contextvars.ContextVar):
         return None
-    return (variable, key) if isinstance(key, str) else None
+    return (variable, key, plain_span_readers()) if isinstance(key, str) else None
+
+
+def plain_span_readers() -> tuple[Callable[..., Any], ...]:
+    """The ``get_span_context`` functions of OpenTelemetry's span classes (the SDK's spans and
+    ``NonRecordingSpan``) that give the span's ``_context``, seen doing so here: for a span of a
+    class that has one of them, the C sampler reads ``_context`` instead of calling it (two frames
+    of Python a request). A version that reads otherwise is left out, and its spans are asked."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    context = SpanContext(0x5A3F_0001_0002_0003_0004_0005_0006_0008, 0x0A0B_0C0D_0E0F_1012, is_remote=False,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    made = (lambda: NonRecordingSpan(context),
+            lambda: TracerProvider(sampler=ALWAYS_ON, shutdown_on_exit=False).get_tracer("xsp").start_span("probe"))
+    readers: list[Callable[..., Any]] = []
+    for make in made:
+        with contextlib.suppress(Exception):  # a version whose spans are made otherwise: not read plainly
+            span = make()
+            if span.get_span_context() is getattr(span, "_context", None):
+                readers.append(type(span).get_span_context)
+    return tuple(readers)
 
 
 class StepCore(Protocol):

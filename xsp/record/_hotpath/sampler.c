@@ -5,8 +5,9 @@
  * Why C: the decision runs once per request of a service, right after the request's model ran,
  * with the processor's caches full of the model's weights. In Python (the OpenTelemetry span read,
  * the draw, the note) it cost 9-13 µs a request there, against 2.5 µs warm, which was about half of
- * what an unsampled request paid for xsp. Here it touches a few objects and runs no frame of Python
- * but OpenTelemetry's get_span_context. The rare cases (a step after a slow one or of a capture, a
+ * what an unsampled request paid for xsp. Here it touches a few objects and runs no frame of Python:
+ * the span's context is read from its `_context` where its class's get_span_context is known to
+ * give just that (reads_plainly), else by calling it. The rare cases (a step after a slow one or of a capture, a
  * drawn step's depth plan, a slow step's note) call back into the owning StepSampler. */
 #include "hotpath.h"
 
@@ -17,6 +18,7 @@
 #define NOTE_DECISION 0  /* NoteKind.DECISION */
 #define MODEL_ONLY_LIMIT (-1)
 #define MEDIAN_CAPACITY 1024
+#define SPAN_TYPES 4  /* the span classes a process meets: the SDK's, NonRecordingSpan */
 
 typedef struct {
     PyObject_HEAD
@@ -30,13 +32,19 @@ typedef struct {
     int recent_next, recent_size;
     long long *recent, *sorted;
     PyObject *context_var, *span_key;  /* OpenTelemetry's current context and its span's key (NULL: no fast read) */
+    PyObject *plain_readers;  /* get_span_context functions known to give self._context (a tuple, or NULL) */
+    int span_types_seen;
+    PyObject *span_types[SPAN_TYPES];  /* span classes met so far, each with */
+    unsigned int span_tags[SPAN_TYPES];  /* its version tag when judged (0: none) */
+    char span_plain[SPAN_TYPES];  /* whether its get_span_context is a plain reader then */
     PyObject *ambient;   /* () -> (trace id, span id, sampled) | None, or None */
     PyObject *on_armed;  /* (buffer, time_ns, trace_id, span_id) -> step limit */
     PyObject *on_plan;   /* () -> (plan index, step limit) of a drawn step */
     PyObject *on_slow;   /* (duration_ns, buffer) -> None */
 } SamplerCore;
 
-static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context;
+static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context,
+    *s_context;
 
 static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
     uint64_t z = (self->draws += 0x9E3779B97F4A7C15ULL);
@@ -46,6 +54,51 @@ static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
 }
 
 static double draw_unit(SamplerCore *self) { return (double)(next_draw(self) >> 11) * 0x1.0p-53; }
+
+/* Whether `type`'s get_span_context is one of the plain readers (it gives the span's `_context`,
+ * which no class attribute stands in front of): 1, 0, or -1 on error. */
+static int judge_span_type(SamplerCore *self, PyTypeObject *type) {
+    PyObject *reader = PyObject_GetAttr((PyObject *)type, s_get_span_context);
+    if (reader == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int plain = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->plain_readers); i++)
+        plain |= reader == PyTuple_GET_ITEM(self->plain_readers, i);
+    Py_DECREF(reader);
+    if (!plain) return 0;
+    PyObject *shadow = PyObject_GetAttr((PyObject *)type, s_context);
+    Py_XDECREF(shadow);
+    if (shadow != NULL) return 0;
+    PyErr_Clear();
+    return 1;
+}
+
+/* Whether `span`'s context can be read from its `_context` without running its
+ * get_span_context (Python, two frames a request): its class was judged plain at the version
+ * tag it has now. A class changed since (a method replaced, on it or a base) is judged again. */
+static int reads_plainly(SamplerCore *self, PyObject *span) {
+    if (self->plain_readers == NULL) return 0;
+    PyTypeObject *type = Py_TYPE(span);
+    if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    int slot = 0;
+    while (slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type) slot++;
+    if (slot < self->span_types_seen && self->span_tags[slot] == type->tp_version_tag) return self->span_plain[slot];
+    if (slot == SPAN_TYPES) return 0;  /* more classes than a process has: the method for the rest */
+    int plain = judge_span_type(self, type);
+    if (plain < 0 || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (slot == self->span_types_seen) {
+        self->span_types[slot] = Py_NewRef((PyObject *)type);
+        self->span_types_seen++;
+    }
+    self->span_tags[slot] = type->tp_version_tag;
+    self->span_plain[slot] = (char)plain;
+    return plain;
+}
 
 /* The current OpenTelemetry span's (trace id, span id, sampled), read where get_current_span
  * reads it: 1 with *trace and *span set (new references; 0 and 0 when no valid span is current),
@@ -64,7 +117,8 @@ static int read_span(SamplerCore *self, PyObject **trace, PyObject **span_id, in
     Py_XINCREF(span);
     Py_DECREF(context);
     if (span == NULL) return PyErr_Occurred() ? -1 : 1;
-    PyObject *span_context = PyObject_CallMethodNoArgs(span, s_get_span_context);
+    PyObject *span_context = reads_plainly(self, span) ? PyObject_GenericGetAttr(span, s_context)
+                                                       : PyObject_CallMethodNoArgs(span, s_get_span_context);
     Py_DECREF(span);
     if (span_context == NULL) return -1;
     int status = 1;
@@ -415,16 +469,19 @@ static PyMemberDef core_members[] = {
 };
 
 #define EACH_CORE_FIELD(DO) \
-    DO(self->context_var); DO(self->span_key); DO(self->ambient); DO(self->on_armed); DO(self->on_plan); \
+    DO(self->context_var); DO(self->span_key); DO(self->plain_readers); DO(self->ambient); DO(self->on_armed); DO(self->on_plan); \
     DO(self->on_slow)
 
 static int core_traverse(SamplerCore *self, visitproc visit, void *arg) {
     EACH_CORE_FIELD(Py_VISIT);
+    for (int slot = 0; slot < self->span_types_seen; slot++) Py_VISIT(self->span_types[slot]);
     return 0;
 }
 
 static int core_clear(SamplerCore *self) {
     EACH_CORE_FIELD(Py_CLEAR);
+    for (int slot = 0; slot < self->span_types_seen; slot++) Py_CLEAR(self->span_types[slot]);
+    self->span_types_seen = 0;
     return 0;
 }
 
@@ -452,15 +509,18 @@ static int core_init(SamplerCore *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "median_steps from 1 to 1024, median_every from 1, warmup_steps from 0");
         return -1;
     }
-    PyObject *context_var = NULL, *span_key = NULL;
+    PyObject *context_var = NULL, *span_key = NULL, *plain_readers = NULL;
     if (context != Py_None) {
-        if (!PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 2
-            || !PyContextVar_CheckExact(PyTuple_GET_ITEM(context, 0))) {
-            PyErr_SetString(PyExc_TypeError, "context: (the ContextVar of OpenTelemetry's context, the span's key)");
+        Py_ssize_t size = PyTuple_Check(context) ? PyTuple_GET_SIZE(context) : 0;
+        if ((size != 2 && size != 3) || !PyContextVar_CheckExact(PyTuple_GET_ITEM(context, 0))
+            || (size == 3 && !PyTuple_Check(PyTuple_GET_ITEM(context, 2)))) {
+            PyErr_SetString(PyExc_TypeError, "context: (the ContextVar of OpenTelemetry's context, the span's key[, "
+                                             "the get_span_context functions that give the span's _context])");
             return -1;
         }
         context_var = PyTuple_GET_ITEM(context, 0);
         span_key = PyTuple_GET_ITEM(context, 1);
+        if (size == 3) plain_readers = PyTuple_GET_ITEM(context, 2);
     }
     long long *recent = PyMem_Calloc((size_t)median_steps, sizeof(long long));
     long long *sorted = PyMem_Calloc((size_t)median_steps, sizeof(long long));
@@ -483,6 +543,9 @@ static int core_init(SamplerCore *self, PyObject *args, PyObject *kwds) {
     self->median_every = median_every;
     Py_XSETREF(self->context_var, Py_XNewRef(context_var));
     Py_XSETREF(self->span_key, Py_XNewRef(span_key));
+    Py_XSETREF(self->plain_readers, Py_XNewRef(plain_readers));
+    for (int slot = 0; slot < self->span_types_seen; slot++) Py_CLEAR(self->span_types[slot]);
+    self->span_types_seen = 0;
     Py_XSETREF(self->ambient, Py_NewRef(ambient));
     Py_XSETREF(self->on_armed, Py_NewRef(on_armed));
     Py_XSETREF(self->on_plan, Py_NewRef(on_plan));
@@ -499,6 +562,7 @@ int sampler_core_ready(void) {
     INTERN_OR_FAIL(s_steps, "steps");
     INTERN_OR_FAIL(s_start_ns, "start_ns");
     INTERN_OR_FAIL(s_get_span_context, "get_span_context");
+    INTERN_OR_FAIL(s_context, "_context");
     return PyType_Ready(&SamplerCoreType);
 }
 
