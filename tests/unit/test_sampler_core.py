@@ -14,7 +14,7 @@ import pytest
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
-from opentelemetry.trace import INVALID_SPAN
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan
 
 from tests.unit.test_hotpath import require_built
 from xsp.core.schema import StepSampling
@@ -27,6 +27,7 @@ from xsp.record.sampling import (
     StepSampler,
     otel_context_location,
     otel_context_probe,
+    reads_context_plainly,
 )
 
 BUILT = hotpath.load()
@@ -182,7 +183,7 @@ def test_a_failing_probe_is_counted_and_the_step_joins_no_request(core, monkeypa
 def test_the_c_core_reads_a_plain_spans_context_without_its_python_and_asks_a_changed_class(tracer, monkeypatch):
     built = require_built()
     location = otel_context_location()
-    assert location is not None and len(location[2]) == 2, "the SDK's span and NonRecordingSpan read plainly"
+    assert location is not None
     core = built.SamplerCore(0.0, 0.0, 1, otel_context_probe(), None, None, None, 255, 20, 8, location)
     frames: list[str] = []
 
@@ -212,3 +213,19 @@ def test_the_c_core_reads_a_plain_spans_context_without_its_python_and_asks_a_ch
         monkeypatch.setattr(type(span), "get_span_context", replaced)
         assert python_calls_of(core.ambient_span) == read
         assert seen == [span], "a class whose get_span_context was replaced is asked again"
+
+
+def test_the_span_classes_read_plainly_are_opentelemetrys_own_and_no_class_that_reads_otherwise(tracer):
+    class Remembering(NonRecordingSpan):
+        def get_span_context(self) -> Any:
+            return super().get_span_context()
+
+    class Shadowed(NonRecordingSpan):
+        _context = None
+
+    sampled, dropped = tracer(True).start_span("request"), tracer(False).start_span("dropped")
+    assert type(sampled) is not type(dropped)
+    assert reads_context_plainly(type(sampled)) and reads_context_plainly(type(dropped))
+    assert reads_context_plainly(NonRecordingSpan)
+    assert not reads_context_plainly(Remembering) and not reads_context_plainly(Shadowed)
+    assert not reads_context_plainly(object)

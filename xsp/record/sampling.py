@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import enum
 import os
+import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -142,9 +143,9 @@ class SteppingThread(NotedThread, Protocol):
 
 
 AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
-ContextLocation = tuple[contextvars.ContextVar[Any], str, tuple[Callable[..., Any], ...]]
-"""Where OpenTelemetry keeps the current span: its context variable, the span's key in it, and the
-``get_span_context`` functions known to give the span's ``_context`` (:func:`plain_span_readers`)."""
+ContextLocation = tuple[contextvars.ContextVar[Any], str, Callable[[type], bool]]
+"""Where OpenTelemetry keeps the current span: its context variable, the span's key in it, and
+which span classes give their context as their ``_context`` (:func:`reads_context_plainly`)."""
 
 
 def otel_context_probe() -> AmbientContext | None:
@@ -183,25 +184,36 @@ def otel_context_location() -> ContextLocation | None:
     key = getattr(propagation, "_SPAN_KEY", None)
     if type(runtime) is not ContextVarsRuntimeContext or not isinstance(variable, contextvars.ContextVar):
         return None
-    return (variable, key, plain_span_readers()) if isinstance(key, str) else None
+    return (variable, key, reads_context_plainly) if isinstance(key, str) else None
 
 
-def plain_span_readers() -> tuple[Callable[..., Any], ...]:
-    """The ``get_span_context`` functions of OpenTelemetry's span classes (the SDK's spans and
-    ``NonRecordingSpan``) that give the span's ``_context``, seen doing so here: for a span of a
-    class that has one of them, the C sampler reads ``_context`` instead of calling it (two frames
-    of Python a request). A version that reads otherwise is left out, and its spans are asked."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+def reads_context_plainly(span_class: type) -> bool:
+    """Whether a span of ``span_class`` gives its ``_context`` from ``get_span_context`` and does
+    nothing else, so that xsp's C sampler may read ``_context`` instead of calling it (two frames of
+    Python a request): its ``get_span_context`` is the SDK span's or ``NonRecordingSpan``'s, seen
+    giving ``_context`` in this version of OpenTelemetry, and no class attribute ``_context``
+    stands in front of the span's own. The sampler asks once a class, and again when it changes."""
+    if "_context" in dir(span_class):
+        return False
+    return getattr(span_class, "get_span_context", None) in _plain_span_readers()
+
+
+def _plain_span_readers() -> tuple[Callable[..., Any], ...]:
+    """The ``get_span_context`` functions seen giving the span's ``_context``: ``NonRecordingSpan``'s
+    and, once OpenTelemetry's SDK is imported (never imported here: a span of the SDK's means it is),
+    the SDK span's."""
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
     context = SpanContext(0x5A3F_0001_0002_0003_0004_0005_0006_0008, 0x0A0B_0C0D_0E0F_1012, is_remote=False,
                           trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    made = (lambda: NonRecordingSpan(context),
-            lambda: TracerProvider(sampler=ALWAYS_ON, shutdown_on_exit=False).get_tracer("xsp").start_span("probe"))
+    made: list[Callable[[], Any]] = [lambda: NonRecordingSpan(context)]
+    sdk = sys.modules.get("opentelemetry.sdk.trace")
+    if sdk is not None:
+        provider = sdk.TracerProvider(sampler=sdk.sampling.ALWAYS_ON, shutdown_on_exit=False)
+        made.append(lambda: provider.get_tracer("xsp").start_span("probe"))
     readers: list[Callable[..., Any]] = []
     for make in made:
-        with contextlib.suppress(Exception):  # a version whose spans are made otherwise: not read plainly
+        with contextlib.suppress(Exception):  # a version whose spans are made otherwise: none read plainly
             span = make()
             if span.get_span_context() is getattr(span, "_context", None):
                 readers.append(type(span).get_span_context)

@@ -32,7 +32,7 @@ typedef struct {
     int recent_next, recent_size;
     long long *recent, *sorted;
     PyObject *context_var, *span_key;  /* OpenTelemetry's current context and its span's key (NULL: no fast read) */
-    PyObject *plain_readers;  /* get_span_context functions known to give self._context (a tuple, or NULL) */
+    PyObject *span_judge;  /* (span class) -> whether its get_span_context gives just self._context, or NULL */
     int span_types_seen;
     PyObject *span_types[SPAN_TYPES];  /* span classes met so far, each with */
     unsigned int span_tags[SPAN_TYPES];  /* its version tag when judged (0: none) */
@@ -44,7 +44,7 @@ typedef struct {
 } SamplerCore;
 
 static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context,
-    *s_context;
+    *s_span_context_field;
 
 static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
     uint64_t z = (self->draws += 0x9E3779B97F4A7C15ULL);
@@ -55,42 +55,26 @@ static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
 
 static double draw_unit(SamplerCore *self) { return (double)(next_draw(self) >> 11) * 0x1.0p-53; }
 
-/* Whether `type`'s get_span_context is one of the plain readers (it gives the span's `_context`,
- * which no class attribute stands in front of): 1, 0, or -1 on error. */
-static int judge_span_type(SamplerCore *self, PyTypeObject *type) {
-    PyObject *reader = PyObject_GetAttr((PyObject *)type, s_get_span_context);
-    if (reader == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int plain = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->plain_readers); i++)
-        plain |= reader == PyTuple_GET_ITEM(self->plain_readers, i);
-    Py_DECREF(reader);
-    if (!plain) return 0;
-    PyObject *shadow = PyObject_GetAttr((PyObject *)type, s_context);
-    Py_XDECREF(shadow);
-    if (shadow != NULL) return 0;
-    PyErr_Clear();
-    return 1;
-}
-
 /* Whether `span`'s context can be read from its `_context` without running its
- * get_span_context (Python, two frames a request): its class was judged plain at the version
- * tag it has now. A class changed since (a method replaced, on it or a base) is judged again. */
+ * get_span_context (Python, two frames a request): its class was judged plain (span_judge) at
+ * the version tag it has now. A class changed since (a method replaced, on it or a base) is
+ * judged again. */
 static int reads_plainly(SamplerCore *self, PyObject *span) {
-    if (self->plain_readers == NULL) return 0;
+    if (self->span_judge == NULL) return 0;
     PyTypeObject *type = Py_TYPE(span);
     if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
     int slot = 0;
     while (slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type) slot++;
     if (slot < self->span_types_seen && self->span_tags[slot] == type->tp_version_tag) return self->span_plain[slot];
     if (slot == SPAN_TYPES) return 0;  /* more classes than a process has: the method for the rest */
-    int plain = judge_span_type(self, type);
-    if (plain < 0 || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+    PyObject *judged = PyObject_CallOneArg(self->span_judge, (PyObject *)type);  /* once a class and change */
+    int plain = judged == NULL ? -1 : PyObject_IsTrue(judged);
+    Py_XDECREF(judged);
+    if (plain < 0) {  /* a judge that fails says no, once: the class's spans are asked */
         PyErr_Clear();
-        return 0;
+        plain = 0;
     }
+    if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
     if (slot == self->span_types_seen) {
         self->span_types[slot] = Py_NewRef((PyObject *)type);
         self->span_types_seen++;
@@ -117,7 +101,7 @@ static int read_span(SamplerCore *self, PyObject **trace, PyObject **span_id, in
     Py_XINCREF(span);
     Py_DECREF(context);
     if (span == NULL) return PyErr_Occurred() ? -1 : 1;
-    PyObject *span_context = reads_plainly(self, span) ? PyObject_GenericGetAttr(span, s_context)
+    PyObject *span_context = reads_plainly(self, span) ? PyObject_GenericGetAttr(span, s_span_context_field)
                                                        : PyObject_CallMethodNoArgs(span, s_get_span_context);
     Py_DECREF(span);
     if (span_context == NULL) return -1;
@@ -469,8 +453,8 @@ static PyMemberDef core_members[] = {
 };
 
 #define EACH_CORE_FIELD(DO) \
-    DO(self->context_var); DO(self->span_key); DO(self->plain_readers); DO(self->ambient); DO(self->on_armed); DO(self->on_plan); \
-    DO(self->on_slow)
+    DO(self->context_var); DO(self->span_key); DO(self->span_judge); DO(self->ambient); DO(self->on_armed); \
+    DO(self->on_plan); DO(self->on_slow)
 
 static int core_traverse(SamplerCore *self, visitproc visit, void *arg) {
     EACH_CORE_FIELD(Py_VISIT);
@@ -509,18 +493,18 @@ static int core_init(SamplerCore *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "median_steps from 1 to 1024, median_every from 1, warmup_steps from 0");
         return -1;
     }
-    PyObject *context_var = NULL, *span_key = NULL, *plain_readers = NULL;
+    PyObject *context_var = NULL, *span_key = NULL, *span_judge = NULL;
     if (context != Py_None) {
         Py_ssize_t size = PyTuple_Check(context) ? PyTuple_GET_SIZE(context) : 0;
         if ((size != 2 && size != 3) || !PyContextVar_CheckExact(PyTuple_GET_ITEM(context, 0))
-            || (size == 3 && !PyTuple_Check(PyTuple_GET_ITEM(context, 2)))) {
+            || (size == 3 && !PyCallable_Check(PyTuple_GET_ITEM(context, 2)))) {
             PyErr_SetString(PyExc_TypeError, "context: (the ContextVar of OpenTelemetry's context, the span's key[, "
-                                             "the get_span_context functions that give the span's _context])");
+                                             "(span class) -> whether its get_span_context gives just _context])");
             return -1;
         }
         context_var = PyTuple_GET_ITEM(context, 0);
         span_key = PyTuple_GET_ITEM(context, 1);
-        if (size == 3) plain_readers = PyTuple_GET_ITEM(context, 2);
+        if (size == 3) span_judge = PyTuple_GET_ITEM(context, 2);
     }
     long long *recent = PyMem_Calloc((size_t)median_steps, sizeof(long long));
     long long *sorted = PyMem_Calloc((size_t)median_steps, sizeof(long long));
@@ -543,7 +527,7 @@ static int core_init(SamplerCore *self, PyObject *args, PyObject *kwds) {
     self->median_every = median_every;
     Py_XSETREF(self->context_var, Py_XNewRef(context_var));
     Py_XSETREF(self->span_key, Py_XNewRef(span_key));
-    Py_XSETREF(self->plain_readers, Py_XNewRef(plain_readers));
+    Py_XSETREF(self->span_judge, Py_XNewRef(span_judge));
     for (int slot = 0; slot < self->span_types_seen; slot++) Py_CLEAR(self->span_types[slot]);
     self->span_types_seen = 0;
     Py_XSETREF(self->ambient, Py_NewRef(ambient));
@@ -562,7 +546,7 @@ int sampler_core_ready(void) {
     INTERN_OR_FAIL(s_steps, "steps");
     INTERN_OR_FAIL(s_start_ns, "start_ns");
     INTERN_OR_FAIL(s_get_span_context, "get_span_context");
-    INTERN_OR_FAIL(s_context, "_context");
+    INTERN_OR_FAIL(s_span_context_field, "_context");
     return PyType_Ready(&SamplerCoreType);
 }
 
