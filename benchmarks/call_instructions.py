@@ -29,9 +29,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Final
 
 import torch
 from _results import record
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from torch import nn
 from workload_instructions import LAYOUT_STRIDE, counted_under_callgrind, instrument_from_here, run_measured
 
@@ -43,18 +46,24 @@ LEAVES = 10
 MODELS = ("top-level only", "10 nested", "10 nested, keyword", "10 in nested Sequentials")
 SEQUENTIAL_CALLS = LEAVES + 3
 """Module calls of the last model below its top-level call: two Sequentials of five leaves in a third."""
-CONFIGURATIONS: dict[str, tuple[str | None, bool, bool, float | None]] = {
-    # name: (levels or None, pure Python, call sites, sample)
-    "plain": (None, False, True, None),
-    "model": ("model", False, True, None),
-    "model+layer": ("model,layer", False, True, None),
-    "model+layer, no call sites": ("model,layer", False, False, None),
-    "model+layer, always on, not sampled": ("model,layer", False, True, 0.0),
-    "model, python": ("model", True, True, None),
-    "model+layer, python": ("model,layer", True, True, None),
+CONFIGURATIONS: dict[str, tuple[str | None, bool, bool, float | None, bool]] = {
+    # name: (levels or None, pure Python, call sites, sample, each call in a request's span)
+    "plain": (None, False, True, None, False),
+    "model": ("model", False, True, None, False),
+    "model+layer": ("model,layer", False, True, None, False),
+    "model+layer, no call sites": ("model,layer", False, False, None, False),
+    "model+layer, always on, not sampled": ("model,layer", False, True, 0.0, False),
+    "plain, in a request's span": (None, False, True, None, True),
+    "model+layer, always on, not sampled, in a request's span": ("model,layer", False, True, 0.0, True),
+    "model, python": ("model", True, True, None, False),
+    "model+layer, python": ("model,layer", True, True, None, False),
 }
 """``always on, not sampled``: ``xsp.trace(sample=0)`` (with no step drawn, and none slow: the
-steps of an always-on session that are timed at the model level only)."""
+steps of an always-on session that are timed at the model level only). ``in a request's span``:
+each iteration runs inside an OpenTelemetry span (the SDK's, sampled, sent nowhere), as a
+service's requests do under its instrumentation; its cost is counted against ``plain, in a
+request's span``."""
+SPAN_BASELINE: Final = "plain, in a request's span"
 
 
 class Leaf(nn.Module):
@@ -97,15 +106,24 @@ def child(model_name: str, configuration: str, calls: int) -> None:
     """Run inside callgrind: build, warm up, then the measured loop (run_measured)."""
     torch.set_num_threads(1)
     model, x = build(model_name), torch.zeros(4, 8)
+    levels, _, _, sample, in_span = CONFIGURATIONS[configuration]
+    tracer = TracerProvider(sampler=ALWAYS_ON).get_tracer("service")
 
     def loop(n: int) -> None:
         with torch.no_grad():
             for _ in range(n):
                 model(x)
 
+    def loop_in_spans(n: int) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                with tracer.start_as_current_span("request"):
+                    model(x)
+
+    if in_span:
+        loop = loop_in_spans
     instrument_from_here()
     loop(50)
-    levels, _, _, sample = CONFIGURATIONS[configuration]
     if levels is None:
         run_measured(loop, calls)
         return
@@ -144,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("call_instructions: valgrind is not installed", file=sys.stderr)
         return 2
-    chosen = ["plain", *(name for name in args.configurations.split(";") if name in CONFIGURATIONS and name != "plain")]
+    named = [name for name in args.configurations.split(";") if name in CONFIGURATIONS and name != "plain"]
+    if any(CONFIGURATIONS[name][4] for name in named) and SPAN_BASELINE not in named:
+        named.insert(0, SPAN_BASELINE)
+    chosen = ["plain", *named]
     by_layout: dict[tuple[str, str, int], int] = {}
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(model_name, configuration, layout): pool.submit(counted, model_name, configuration, args.calls,
@@ -197,7 +218,9 @@ def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace,
         f"calls no module; a nested call: the extra of the model calling {LEAVES} leaves, per leaf; in nested "
         f"Sequentials: per module call of {SEQUENTIAL_CALLS}, the leaves called by torch's code two levels down). "
         "`python`: xsp's C part switched off (`XSP_PURE_PYTHON=1`); `no call sites`: `XSP_CALL_SITES=0`, "
-        "the line of the user's code that made each call not recorded. Each loop runs in "
+        "the line of the user's code that made each call not recorded; `in a request's span`: each iteration "
+        "inside an OpenTelemetry span (the SDK's, sampled), counted against `plain, in a request's span`. "
+        "Each loop runs in "
         f"{args.layouts} memory layouts (0, {LAYOUT_STRIDE}, {2 * LAYOUT_STRIDE}... classes made before anything "
         "else), since which type attribute lookups collide in CPython's 4096-slot cache changes with the "
         "layout (one layout of the plain ten-leaf loop missed 22 lookups an iteration, ~7,000 instructions, "
@@ -211,19 +234,20 @@ def report(by_layout: dict[tuple[str, str, int], int], args: argparse.Namespace,
     ]
 
     def extra(configuration: str, model_name: str, layout: int | None = None) -> int:
+        baseline = SPAN_BASELINE if CONFIGURATIONS[configuration][4] else "plain"
         if layout is None:
-            return counts[(model_name, configuration)] - counts[(model_name, "plain")]
-        return by_layout[(model_name, configuration, layout)] - by_layout[(model_name, "plain", layout)]
+            return counts[(model_name, configuration)] - counts[(model_name, baseline)]
+        return by_layout[(model_name, configuration, layout)] - by_layout[(model_name, baseline, layout)]
 
     ns_per_instruction = leaf_ns / ((counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES)
     lines[4] += (f" A plain leaf call took {leaf_ns:,.0f} ns here outside valgrind: one instruction is about "
                  f"{ns_per_instruction:.3f} ns (100 ns, about {100 / ns_per_instruction:,.0f} instructions).")
     for configuration in chosen:
         row = [f"{counts[(model_name, configuration)]:,}" for model_name in MODELS]
-        if configuration == "plain":
-            per_leaf = (counts[(nested, "plain")] - counts[(top, "plain")]) / LEAVES
-            per_keyword_leaf = (counts[(keyword, "plain")] - counts[(top, "plain")]) / LEAVES
-            per_call = (counts[(sequentials, "plain")] - counts[(top, "plain")]) / SEQUENTIAL_CALLS
+        if CONFIGURATIONS[configuration][0] is None:  # a baseline: what the program's own calls cost
+            per_leaf = (counts[(nested, configuration)] - counts[(top, configuration)]) / LEAVES
+            per_keyword_leaf = (counts[(keyword, configuration)] - counts[(top, configuration)]) / LEAVES
+            per_call = (counts[(sequentials, configuration)] - counts[(top, configuration)]) / SEQUENTIAL_CALLS
             costs = ["", f"({per_leaf:,.0f} per leaf call)", f"({per_keyword_leaf:,.0f})", f"({per_call:,.0f})", ""]
         else:
             top_cost = extra(configuration, top)

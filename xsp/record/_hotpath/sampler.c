@@ -75,6 +75,9 @@ static int reads_plainly(SamplerCore *self, PyObject *span) {
         plain = 0;
     }
     if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    /* found again: the judge ran Python, during which another thread may have judged a class */
+    for (slot = 0; slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type;) slot++;
+    if (slot == SPAN_TYPES) return plain;
     if (slot == self->span_types_seen) {
         self->span_types[slot] = Py_NewRef((PyObject *)type);
         self->span_types_seen++;
