@@ -7,8 +7,9 @@
  * the draw, the note) it cost 9-13 µs a request there, against 2.5 µs warm, which was about half of
  * what an unsampled request paid for xsp. Here it touches a few objects and runs no frame of Python:
  * the span's context is read from its `_context` where its class's get_span_context is known to
- * give just that (reads_plainly), else by calling it. The rare cases (a step after a slow one or of a capture, a
- * drawn step's depth plan, a slow step's note) call back into the owning StepSampler. */
+ * give just that (reads_plainly), else by calling it. The rare cases (a step after a slow one or
+ * of a capture, a drawn step's depth plan, a slow step's note) call back into the owning
+ * StepSampler. */
 #include "hotpath.h"
 
 #define REASONS 5        /* len(xsp.record.sampling.REASONS) */
