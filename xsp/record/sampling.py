@@ -142,6 +142,10 @@ class SteppingThread(NotedThread, Protocol):
     def steps(self) -> Any: ...
 
 
+PROBE_TRACE_ID: Final = 0x5A3F_0001_0002_0003_0004_0005_0006_0007
+PROBE_SPAN_ID: Final = 0x0A0B_0C0D_0E0F_1011
+"""The ids of the spans xsp makes to see how OpenTelemetry's spans read (they are never exported)."""
+
 AmbientContext = Callable[[], "tuple[int, int, bool] | None"]
 ContextLocation = tuple[contextvars.ContextVar[Any], str, Callable[[type], bool]]
 """Where OpenTelemetry keeps the current span: its context variable, the span's key in it, and
@@ -204,8 +208,7 @@ def _plain_span_readers() -> tuple[Callable[..., Any], ...]:
     the SDK span's."""
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    context = SpanContext(0x5A3F_0001_0002_0003_0004_0005_0006_0008, 0x0A0B_0C0D_0E0F_1012, is_remote=False,
-                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    context = SpanContext(PROBE_TRACE_ID, PROBE_SPAN_ID, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
     made: list[Callable[[], Any]] = [lambda: NonRecordingSpan(context)]
     sdk = sys.modules.get("opentelemetry.sdk.trace")
     if sdk is not None:
@@ -380,8 +383,8 @@ def _reads_alike(core: StepCore, ambient: AmbientContext) -> bool:
 
     readings = [(core.ambient_span(), as_probed())]
     for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT):
-        span = NonRecordingSpan(SpanContext(0x5A3F_0001_0002_0003_0004_0005_0006_0007, 0x0A0B_0C0D_0E0F_1011,
-                                            is_remote=False, trace_flags=TraceFlags(flags)))
+        span = NonRecordingSpan(SpanContext(PROBE_TRACE_ID, PROBE_SPAN_ID, is_remote=False,
+                                            trace_flags=TraceFlags(flags)))
         with otel_trace.use_span(span):
             readings.append((core.ambient_span(), as_probed()))
     return all(read == probed for read, probed in readings)

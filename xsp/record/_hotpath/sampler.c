@@ -56,6 +56,13 @@ static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
 
 static double draw_unit(SamplerCore *self) { return (double)(next_draw(self) >> 11) * 0x1.0p-53; }
 
+/* Where `type` is among the span classes met so far: its index, or span_types_seen when it is not. */
+static int span_type_slot(const SamplerCore *self, PyTypeObject *type) {
+    int slot = 0;
+    while (slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type) slot++;
+    return slot;
+}
+
 /* Whether `span`'s context can be read from its `_context` without running its
  * get_span_context (Python, two frames a request): its class was judged plain (span_judge) at
  * the version tag it has now. A class changed since (a method replaced, on it or a base) is
@@ -64,8 +71,7 @@ static int reads_plainly(SamplerCore *self, PyObject *span) {
     if (self->span_judge == NULL) return 0;
     PyTypeObject *type = Py_TYPE(span);
     if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-    int slot = 0;
-    while (slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type) slot++;
+    int slot = span_type_slot(self, type);
     if (slot < self->span_types_seen && self->span_tags[slot] == type->tp_version_tag) return self->span_plain[slot];
     if (slot == SPAN_TYPES) return 0;  /* more classes than a process has: the method for the rest */
     PyObject *judged = PyObject_CallOneArg(self->span_judge, (PyObject *)type);  /* once a class and change */
@@ -77,7 +83,7 @@ static int reads_plainly(SamplerCore *self, PyObject *span) {
     }
     if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
     /* found again: the judge ran Python, during which another thread may have judged a class */
-    for (slot = 0; slot < self->span_types_seen && self->span_types[slot] != (PyObject *)type;) slot++;
+    slot = span_type_slot(self, type);
     if (slot == SPAN_TYPES) return plain;
     if (slot == self->span_types_seen) {
         self->span_types[slot] = Py_NewRef((PyObject *)type);
