@@ -1,10 +1,13 @@
 """What xsp costs a real inference service, as its users meet it: latency and throughput over HTTP.
 
 Starts the example service (examples/service/serve.py: FastAPI + uvicorn + OpenTelemetry, a
-small transformer on CPU) three times, as separate processes: ``plain`` (no xsp), ``xsp`` (the
-whole server inside ``xsp.trace(levels=("model", "layer"))``) and ``xsp s=<fraction>`` (the same
-with ``sample``). Each is warmed up, then driven over loopback by closed-loop clients (each sends
-its next request when the last is answered, on a keep-alive connection) at the ``def`` endpoint
+small transformer on CPU) four times, as separate processes: ``plain`` (no xsp), ``plain twin``
+(the same again), ``xsp`` (the whole server inside ``xsp.trace(levels=("model", "layer"))``) and
+``xsp s=<fraction>`` (the same with ``sample``). The twin runs exactly plain's code: its ratios to
+plain are how much two processes of one program differ here (their memory layouts, hash seeds
+and caches differ), the spread below which no variant's ratio says anything. Each is warmed
+up, then driven over loopback by closed-loop clients (each sends its next request when the
+last is answered, on a keep-alive connection) at the ``def`` endpoint
 (FastAPI's thread pool) and the ``async def`` one (the event loop). Rounds are interleaved: every
 round loads each variant in turn (the order rotated from round to round) while all servers stay up.
 
@@ -55,6 +58,7 @@ MODE_ENV, SAMPLE_ENV, OUTPUT_ENV = "XSP_BENCH_MODE", "XSP_BENCH_SAMPLE", "XSP_BE
 CLEARED_ENV = ("XSP_SAMPLE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 """The caller's settings that would change what a variant does (xsp's sampling, span export)."""
 PLAIN = "plain"
+PLAIN_TWIN = "plain twin"
 VOCABULARY, SEQUENCE_LENGTH = 1000, 32
 STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, REQUEST_TIMEOUT_S = 120.0, 120.0, 30.0
 WARMUP_SECONDS = 2.0
@@ -283,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
     endpoints = [name for name in args.endpoints.split(",") if name]
-    variants = {PLAIN: {MODE_ENV: PLAIN}, "xsp": {MODE_ENV: "xsp"},
+    variants = {PLAIN: {MODE_ENV: PLAIN}, PLAIN_TWIN: {MODE_ENV: PLAIN}, "xsp": {MODE_ENV: "xsp"},
                 f"xsp s={args.sample:g}": {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample)}}
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
     began = time.monotonic()
@@ -331,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "on xsp's threads (its window and control threads) and *helper µs* in the helper processes xsp forks "
         "to interpret its windows (the rest is on the threads that serve the requests). Ratios: pooled "
         "percentiles over plain's, with a 95% bootstrap interval over rounds (a variant's round drawn with "
-        "plain's same round).", "",
+        "plain's same round). *plain twin* is a second server running plain's code: its ratios are how much two "
+        "processes of one program differ on this machine, the resolution of every other ratio.", "",
         "```", *table(results, list(variants), endpoints), "```", "",
         *(f"* {server_note(server, idle_cpu_seconds[server.name])}" for server in servers),
     ]
