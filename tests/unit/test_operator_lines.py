@@ -4,6 +4,7 @@ lines, each thread apart; never over another tool's trace function."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -255,6 +256,52 @@ def test_a_tracer_cannot_follow_lines_while_another_does():
     second.stop()
     second.take()
     assert not operator_lines.LINES.traced_here()
+
+
+RACE_SCRIPT = """
+import threading
+from xsp.record import operator_lines
+from xsp.record.sites import CallSites
+
+holder = {}
+
+
+def taken_out():  # on the program's new thread, at its first line: the session ends meanwhile
+    if threading.current_thread() is threading.main_thread():
+        return
+    follower = holder.pop("follower")
+    follower.stop()
+    follower.take()  # the last reference to the C tracer goes with it
+
+
+def helper(i):
+    return i * 2
+
+
+def user_work():
+    return sum(helper(i) for i in range(1000))
+
+
+holder["follower"] = operator_lines.OperatorLines(CallSites(), on_thread=taken_out)
+assert holder["follower"].start() is None
+worker = threading.Thread(target=user_work)
+worker.start()
+worker.join()
+print("followed", "follower" not in holder)
+"""
+
+
+@needs_c
+def test_a_thread_starting_as_the_lines_stop_runs_on(tmp_path):
+    """A thread's first event runs Python (on_thread, and the code caches' misses); a session
+    ending meanwhile takes the tracer out and drops it. The thread then runs on, untraced: it
+    used to read the freed tracer and crash the program (1 run in 4 of `xsp run` with operators
+    through PyTorch's profiler)."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["followed", "True"]
 
 
 @needs_c

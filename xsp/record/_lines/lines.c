@@ -65,6 +65,14 @@ static _Thread_local ThreadLines *local_lines = NULL;
 static _Thread_local uint64_t local_generation = 0;
 static PyObject *s_is_library, *s_intern, *s_f_trace_lines;
 
+/* Whether `self` is still the tracer installed, with this thread's lines of its installation.
+ * Read again wherever Python may have run (a cache miss asks `sites`; a thread's first event
+ * calls on_thread): another thread may meanwhile have taken the tracer out (its threads' lines
+ * are then freed at the next install, or when the tracer goes) or put it in again. */
+static inline int following(LineTracer *self) {
+    return self->installed && active == self && local_generation == self->generation;
+}
+
 static inline int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -142,12 +150,15 @@ static void take_stack(LineTracer *self, ThreadLines *lines, PyFrameObject *fram
         Py_DECREF(frame);
         frame = back;
     }
+    int64_t sites[STACK_DEPTH];
     for (int i = found - 1; i >= 0; i--) {
         PyCodeObject *code = PyFrame_GetCode(users[i]);
-        push(lines, site_of(self, (PyObject *)code, frame_offset(users[i])));
+        sites[found - 1 - i] = site_of(self, (PyObject *)code, frame_offset(users[i]));
         Py_DECREF(code);
         Py_DECREF(users[i]);
     }
+    if (!following(self)) return;  /* Python ran above: `lines` may be gone */
+    for (int k = 0; k < found; k++) push(lines, sites[k]);
     change_to(self, lines, top_site(lines));
 }
 
@@ -165,12 +176,12 @@ static ThreadLines *thread_lines(LineTracer *self, PyFrameObject *frame, int wha
     PyFrameObject *outer = what == PyTrace_CALL ? PyFrame_GetBack(frame) : (PyFrameObject *)Py_NewRef(frame);
     take_stack(self, lines, outer);
     Py_XDECREF(outer);
-    if (self->on_thread != NULL) {  /* no trace events while it runs: this is one */
+    if (self->on_thread != NULL && following(self)) {  /* no trace events while it runs: this is one */
         PyObject *result = PyObject_CallNoArgs(self->on_thread);
         if (result == NULL) PyErr_Clear();
         Py_XDECREF(result);
     }
-    return lines;
+    return following(self) ? lines : NULL;
 }
 
 /* Code PyTorch made with exec while it compiles (a "<string>" file, in a torch module's
@@ -191,11 +202,22 @@ static int generated_by_torch(PyFrameObject *frame, PyCodeObject *code) {
     return torch;
 }
 
+static void follow(LineTracer *self, PyFrameObject *frame, int what);
+
 static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg) {
     LineTracer *self = active;
     if (self == NULL || (what != PyTrace_CALL && what != PyTrace_LINE && what != PyTrace_RETURN)) return 0;
+    /* held while the event is followed: Python may run there, and another thread take the tracer
+     * out and drop it (a session ending as a thread of the program starts) */
+    Py_INCREF(self);
+    follow(self, frame, what);
+    Py_DECREF(self);
+    return 0;
+}
+
+static void follow(LineTracer *self, PyFrameObject *frame, int what) {
     ThreadLines *lines = thread_lines(self, frame, what);
-    if (lines == NULL) return 0;
+    if (lines == NULL) return;
     PyCodeObject *code = PyFrame_GetCode(frame);
     CodeEntry *entry = &self->codes[code_slot((PyObject *)code, CODE_CACHE)];
     int known = entry->code == (PyObject *)code;
@@ -208,12 +230,20 @@ static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg
         library = 1;  /* decided once, at the code object's first event: its entry keeps it */
         entry->library = 1;
     }
+    if (!following(self)) {  /* a miss ran Python: `lines` may be gone */
+        Py_DECREF(code);
+        return;
+    }
     if (library) {
         if (what != PyTrace_RETURN) quiet(frame);
     } else if (what == PyTrace_CALL) {
         push(lines, NO_SITE);  /* its first line event follows at once */
     } else if (what == PyTrace_LINE) {
         int64_t site = site_of(self, (PyObject *)code, frame_offset(frame));
+        if (!following(self)) {  /* a miss ran Python */
+            Py_DECREF(code);
+            return;
+        }
         if (lines->depth == 0 && lines->hidden == 0) push(lines, site);
         else if (lines->hidden == 0) lines->stack[lines->depth - 1] = site;
         if (lines->hidden == 0) change_to(self, lines, site);
@@ -223,7 +253,6 @@ static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg
         change_to(self, lines, top_site(lines));
     }
     Py_DECREF(code);
-    return 0;
 }
 
 static void free_threads(LineTracer *self) {
