@@ -65,12 +65,14 @@ static _Thread_local ThreadLines *local_lines = NULL;
 static _Thread_local uint64_t local_generation = 0;
 static PyObject *s_is_library, *s_intern, *s_f_trace_lines;
 
-/* Whether `self` is still the tracer installed, with this thread's lines of its installation.
- * Read again wherever Python may have run (a cache miss asks `sites`; a thread's first event
- * calls on_thread): another thread may meanwhile have taken the tracer out (its threads' lines
- * are then freed at the next install, or when the tracer goes) or put it in again. */
-static inline int following(LineTracer *self) {
-    return self->installed && active == self && local_generation == self->generation;
+/* Whether `self` is still the tracer installed, in its installation `generation` (the one the
+ * thread's lines belong to). Read again wherever Python may have run (a cache miss asks `sites`;
+ * a thread's first event calls on_thread): another thread may meanwhile have taken the tracer
+ * out (its threads' lines are then freed at the next install, or when the tracer goes) or put it
+ * in again. The generation is the caller's copy, not the thread-local: each read of a shared
+ * library's thread-local is a call. */
+static inline int following(LineTracer *self, uint64_t generation) {
+    return self->installed && active == self && self->generation == generation;
 }
 
 static inline int64_t now_ns(void) {
@@ -136,6 +138,7 @@ static inline int frame_offset(PyFrameObject *frame) { return PyFrame_GetLasti(f
 /* The user frames on the stack from `frame` outwards, as the thread's first event finds them:
  * pushed outermost first, each at the line it runs; the library frames among them quietened. */
 static void take_stack(LineTracer *self, ThreadLines *lines, PyFrameObject *frame) {
+    uint64_t generation = self->generation;
     PyFrameObject *users[STACK_DEPTH];
     int found = 0;
     Py_XINCREF(frame);
@@ -157,7 +160,7 @@ static void take_stack(LineTracer *self, ThreadLines *lines, PyFrameObject *fram
         Py_DECREF(code);
         Py_DECREF(users[i]);
     }
-    if (!following(self)) return;  /* Python ran above: `lines` may be gone */
+    if (!following(self, generation)) return;  /* Python ran above: `lines` may be gone */
     for (int k = 0; k < found; k++) push(lines, sites[k]);
     change_to(self, lines, top_site(lines));
 }
@@ -171,17 +174,18 @@ static ThreadLines *thread_lines(LineTracer *self, PyFrameObject *frame, int wha
     lines->current = INT64_MIN;  /* the first change is always written */
     lines->next = self->threads;
     self->threads = lines;
+    uint64_t generation = self->generation;
     local_lines = lines;
-    local_generation = self->generation;
+    local_generation = generation;
     PyFrameObject *outer = what == PyTrace_CALL ? PyFrame_GetBack(frame) : (PyFrameObject *)Py_NewRef(frame);
     take_stack(self, lines, outer);
     Py_XDECREF(outer);
-    if (self->on_thread != NULL && following(self)) {  /* no trace events while it runs: this is one */
+    if (self->on_thread != NULL && following(self, generation)) {  /* no trace events while it runs: this is one */
         PyObject *result = PyObject_CallNoArgs(self->on_thread);
         if (result == NULL) PyErr_Clear();
         Py_XDECREF(result);
     }
-    return following(self) ? lines : NULL;
+    return following(self, generation) ? lines : NULL;
 }
 
 /* Code PyTorch made with exec while it compiles (a "<string>" file, in a torch module's
@@ -216,6 +220,7 @@ static int trace(PyObject *unused, PyFrameObject *frame, int what, PyObject *arg
 }
 
 static void follow(LineTracer *self, PyFrameObject *frame, int what) {
+    uint64_t generation = self->generation;  /* the lines thread_lines gives are of this installation */
     ThreadLines *lines = thread_lines(self, frame, what);
     if (lines == NULL) return;
     PyCodeObject *code = PyFrame_GetCode(frame);
@@ -230,7 +235,7 @@ static void follow(LineTracer *self, PyFrameObject *frame, int what) {
         library = 1;  /* decided once, at the code object's first event: its entry keeps it */
         entry->library = 1;
     }
-    if (!following(self)) {  /* a miss ran Python: `lines` may be gone */
+    if (!following(self, generation)) {  /* a miss ran Python: `lines` may be gone */
         Py_DECREF(code);
         return;
     }
@@ -240,7 +245,7 @@ static void follow(LineTracer *self, PyFrameObject *frame, int what) {
         push(lines, NO_SITE);  /* its first line event follows at once */
     } else if (what == PyTrace_LINE) {
         int64_t site = site_of(self, (PyObject *)code, frame_offset(frame));
-        if (!following(self)) {  /* a miss ran Python */
+        if (!following(self, generation)) {  /* a miss ran Python */
             Py_DECREF(code);
             return;
         }
