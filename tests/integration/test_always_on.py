@@ -332,7 +332,7 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
     assert max(map(len, report.stdout.splitlines())) <= 80
 
 
-def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypatch, tmp_path):
+def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypatch, tmp_path, capsys):
     import xsp.session.options as session_options
 
     monkeypatch.setattr(session_options, "ALWAYS_ON_WINDOW_S", 0.1)
@@ -361,6 +361,19 @@ def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypa
     assert len(roots) == len(step_roots(session.trace.spans)) + sum(
         len(step_roots(xsp.load(path).spans)) for path in parts[:-1])
     assert (whole.spans[col.KIND] == "session").sum() == 1
+    # a service that ran for days has more parts than the machine loads at once: said so, in one line naming
+    # the newest part, which xsp report still reads (a window at a time)
+    from xsp.cli.main import main
+    from xsp.io import memory_needed
+
+    monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 16)
+    with pytest.raises(xsp.TraceTooLargeError, match=rf"\({len(parts)} parts\) is too large to load whole here"):
+        xsp.load(tmp_path / "runs")
+    assert main(["report", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and f"the newest {parts[-1]}," in error
+    assert main(["report", str(parts[-1])]) == 0
+    assert "read a part at a time" in " ".join(capsys.readouterr().out.split())
 
 
 def test_rotate_needs_a_dataset_and_a_time_or_a_size():

@@ -118,7 +118,13 @@ def _parts_joined(files: list[Path]) -> list[Path | list[Path]]:
 
 def _in_parts(files: list[Path]) -> Trace:
     """The parts of one trace as one: their spans one after another, the last part's metadata
-    (which ends the session), every part's file in ``metadata["parts"]``."""
+    (which ends the session), every part's file in ``metadata["parts"]``.
+
+    Raises:
+        xsp.TraceTooLargeError: the parts together need more than the free memory (each part
+            is a trace file of its own, which the message names the newest of).
+    """
+    _check_parts_fit(files)
     traces = [_one(file) for file in files]
     spans = concat_spans(trace.spans for trace in traces)
     metadata = {**traces[-1].metadata, "parts": [str(file) for file in files]}
@@ -317,6 +323,20 @@ def _check_job_fits(files: list[Path]) -> None:
     check_fits(f"the job of {len(files)} files in {files[0].parent}", needed,
                "`xsp report` of the job (without --html) reads its cross-rank tables without loading it whole, then "
                "one rank's file")
+
+
+PARTS_COPIES: Final = 2
+"""Parts loaded as one trace hold each part's table and the joined one at once."""
+
+
+def _check_parts_fit(files: list[Path]) -> None:
+    """Refuse the parts of one trace where, loaded together, they need more than the free
+    memory: a service that ran for days has more parts than any machine loads at once."""
+    needed = PARTS_COPIES * sum(parquet_memory_bytes(file) for file in files if file.is_file())
+    check_fits(f"the trace in {files[-1].parent} ({len(files)} parts)", needed,
+               f"each part is a trace file of its own, which xsp report reads (a window at a time where it is "
+               f"too large to load), the newest {files[-1]}, and DuckDB queries them all without loading them "
+               "(docs/fleet.md)")
 
 
 def noting_missing_ranks(trace: Trace, ranks: list[int] | None = None) -> Trace:
