@@ -118,13 +118,7 @@ def _parts_joined(files: list[Path]) -> list[Path | list[Path]]:
 
 def _in_parts(files: list[Path]) -> Trace:
     """The parts of one trace as one: their spans one after another, the last part's metadata
-    (which ends the session), every part's file in ``metadata["parts"]``.
-
-    Raises:
-        xsp.TraceTooLargeError: the parts together need more than the free memory (each part
-            is a trace file of its own, which the message names the newest of).
-    """
-    _check_parts_fit(files)
+    (which ends the session), every part's file in ``metadata["parts"]``."""
     traces = [_one(file) for file in files]
     spans = concat_spans(trace.spans for trace in traces)
     metadata = {**traces[-1].metadata, "parts": [str(file) for file in files]}
@@ -292,6 +286,8 @@ def _member(file: Path, trace: Trace) -> JobMember:
 def _joined(files: Sequence[Path | list[Path]], newest_job: bool = False) -> Trace:
     """Several files as one trace (:func:`job_layout`), every rank's spans with its rank."""
     if len(files) == 1:
+        if isinstance(files[0], list):  # one trace in parts (a job's are counted with the job's files below)
+            _check_parts_fit(files[0])
         return noting_missing_ranks(_read(files[0]))
     _check_job_fits([part for file in files for part in (file if isinstance(file, list) else [file])])
     traces = [_read(file) for file in files]
@@ -315,25 +311,29 @@ JOINED_COPIES: Final = 2
 551 MB of Parquet, twice what one load of each file takes."""
 
 
+def _joined_memory_bytes(files: list[Path]) -> int:
+    """About the peak memory of loading ``files`` as one trace: each file's table, and the one
+    made of them, are held at once while they are joined."""
+    return JOINED_COPIES * sum(parquet_memory_bytes(file) for file in files
+                               if file.name.endswith(col.FILE_SUFFIX) and file.is_file())
+
+
 def _check_job_fits(files: list[Path]) -> None:
     """Refuse a job whose files together need more than the free memory (each may fit alone)."""
-    # each rank's table, and the job's made of them, are held at once while they are joined
-    needed = JOINED_COPIES * sum(parquet_memory_bytes(file) for file in files if file.name.endswith(col.FILE_SUFFIX)
-                                 and file.is_file())
-    check_fits(f"the job of {len(files)} files in {files[0].parent}", needed,
+    check_fits(f"the job of {len(files)} files in {files[0].parent}", _joined_memory_bytes(files),
                "`xsp report` of the job (without --html) reads its cross-rank tables without loading it whole, then "
                "one rank's file")
 
 
-PARTS_COPIES: Final = 2
-"""Parts loaded as one trace hold each part's table and the joined one at once."""
-
-
 def _check_parts_fit(files: list[Path]) -> None:
     """Refuse the parts of one trace where, loaded together, they need more than the free
-    memory: a service that ran for days has more parts than any machine loads at once."""
-    needed = PARTS_COPIES * sum(parquet_memory_bytes(file) for file in files if file.is_file())
-    check_fits(f"the trace in {files[-1].parent} ({len(files)} parts)", needed,
+    memory (each may fit alone): a service that ran for days has more parts than any machine
+    loads at once. The message names the newest part, a trace file of its own.
+
+    Raises:
+        xsp.TraceTooLargeError: they do not fit.
+    """
+    check_fits(f"the trace in {files[-1].parent} ({len(files)} parts)", _joined_memory_bytes(files),
                f"each part is a trace file of its own, which xsp report reads (a window at a time where it is "
                f"too large to load), the newest {files[-1]}, and DuckDB queries them all without loading them "
                "(docs/fleet.md)")
