@@ -55,7 +55,7 @@ from xsp.analysis.roofline import (
     trace_peak,
 )
 from xsp.analysis.steps import step_breakdown, step_coverage, step_summary, user_spans
-from xsp.analysis.system import energy_per_step, system_metrics, system_per_step
+from xsp.analysis.system import energy_per_step, gc_collections, system_metrics, system_per_step
 from xsp.table import parents as hierarchy
 from xsp.table import paths as structure
 from xsp.table.parents import diagnostics_table
@@ -68,7 +68,7 @@ __all__ = [
     "gpu_utilization",
     "launch_overhead", "GPU_PEAKS", "counters_per_kernel", "kernel_roofline", "layer_flops", "model_flops",
     "peak_for", "trace_peak", "input_waits", "input_per_step", "input_workers", "system_metrics", "system_per_step",
-    "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
+    "gc_collections", "energy_per_step", "layer_memory", "memory_by_layer_type", "memory_timeline",
     "recommend", "level_summary", "aggregated_tree", "compensated",
     "step_breakdown", "step_summary", "step_coverage", "user_spans",
     "collectives", "stragglers", "rank_steps", "communication", "clock_offsets", "collective_skew",

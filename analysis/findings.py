@@ -55,6 +55,7 @@ class Rule(str, enum.Enum):
     GPU_UNDERUTILIZED = "gpu_underutilized"
     MEMORY_NEAR_CAPACITY = "memory_near_capacity"
     CPU_THREADS = "cpu_threads"
+    GC_PAUSES = "gc_pauses"
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,10 @@ MEMORY_CAPACITY = 0.90
 """PyTorch TensorBoard plugin: peak memory > 90% of the device."""
 CPU_BOUND_SHARE = 0.5
 """Share of step time in forward and backward for a CPU run's thread count to matter."""
+GC_SHARE = 0.01
+GC_MODERATE = 0.03
+GC_HIGH = 0.10
+"""Garbage collection's share of step time past which it is flagged (low, medium, high)."""
 
 RULES: Final[dict[Rule, Threshold]] = {
     Rule.INPUT_BOUND: Threshold("input waits >= 5% of step time (medium), >= 20% (high)",
@@ -139,6 +144,9 @@ RULES: Final[dict[Rule, Threshold]] = {
     Rule.CPU_THREADS: Threshold("more intra-op threads than CPUs available, or 1 thread of >= 4 CPUs in a "
                                 "CPU-bound run (forward and backward >= 50% of step time)",
                                 "PyTorch CPU performance tuning guide"),
+    Rule.GC_PAUSES: Threshold(f"garbage collections >= {GC_SHARE:.0%} of step time (low), >= {GC_MODERATE:.0%} "
+                              f"(medium), >= {GC_HIGH:.0%} (high)",
+                              "Python gc.freeze() documentation; Instagram's gc.freeze in production"),
 }
 
 GEMM = re.compile(r"gemm|conv|cudnn|xmma|cutlass|implicit|winograd|fft", re.IGNORECASE)

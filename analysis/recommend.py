@@ -33,6 +33,9 @@ from xsp.analysis.findings import (
     FIX,
     FP32_MATMUL,
     FP32_MATMUL_SHARE,
+    GC_HIGH,
+    GC_MODERATE,
+    GC_SHARE,
     GEMM,
     HOST_IDLE_HIGH,
     HOST_IDLE_MODERATE,
@@ -67,6 +70,8 @@ from xsp.analysis.findings import (
     Threshold,
 )
 from xsp.analysis.inputs import input_spans, input_workers
+from xsp.analysis.model import step_roots
+from xsp.analysis.system import gc_spans, gc_time_within
 from xsp.core import schema as col
 from xsp.core.figures import milliseconds, three_digits
 from xsp.core.schema import Level, SpanKind
@@ -542,6 +547,31 @@ def cpu_threads(ctx: Context) -> Finding | None:
     return None
 
 
+def gc_pauses(ctx: Context) -> Finding | None:
+    found = gc_spans(ctx.spans)
+    if found.empty:
+        return None
+    full = found[found["generation"] == 2]
+    if ctx.steps:  # what the steps in flight waited for; collections between steps delay none
+        roots = step_roots(ctx.spans)
+        starts, ends = roots[col.START_NS].to_numpy(), roots[col.END_NS].to_numpy()
+        total_ns = float(gc_time_within(found, starts, ends).sum())
+        full_ns = float(gc_time_within(full, starts, ends).sum())
+    else:
+        total_ns, full_ns = float(found[col.DURATION_NS].sum()), float(full[col.DURATION_NS].sum())
+    share = ctx.share(total_ns)
+    if share < GC_SHARE:
+        return None
+    return Finding(
+        _severity(share, GC_MODERATE, GC_HIGH), share,
+        f"garbage collections took {_pct(share)} of {ctx.time_name} (>= {GC_SHARE:.0%}), "
+        f"{ctx.per_step_ms(total_ns)}; full ones (generation 2), which walk every object the program keeps, "
+        f"{milliseconds(full_ns / 1e6)} of it; every Python thread waits while one runs",
+        "gc.freeze() once the model is built and warmed up: what exists then leaves every later collection; "
+        "gc.set_threshold(...) higher collects the young generation less often",
+        [])
+
+
 CHECKS: Final[dict[Rule, Callable[[Context], Finding | None]]] = {
     Rule.INPUT_BOUND: input_bound,
     Rule.DATALOADER_WORKERS: dataloader_workers,
@@ -556,6 +586,7 @@ CHECKS: Final[dict[Rule, Callable[[Context], Finding | None]]] = {
     Rule.GPU_UNDERUTILIZED: gpu_underutilized,
     Rule.MEMORY_NEAR_CAPACITY: memory_near_capacity,
     Rule.CPU_THREADS: cpu_threads,
+    Rule.GC_PAUSES: gc_pauses,
 }
 
 

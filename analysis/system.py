@@ -1,5 +1,5 @@
 """The system level: sampled CPU, memory, GPU utilisation, power and energy, and their share
-of each step.
+of each step; and the garbage collections of CPython's collector (:func:`gc_collections`).
 
 Samples are intervals (see :mod:`xsp.record.samples`); a metric's value at ``time_ns`` is its value
 over the interval that ends there (its average for rates such as CPU percent or power, its
@@ -20,6 +20,7 @@ from xsp.record.samples import STEP_ATTRIBUTE_PREFIX, UNITS, EnergyMethod, Syste
 
 METRIC_COLUMNS = ["time_ns", "source", "device", "metric", "value", "unit"]
 STEP_COLUMNS = ["step", "name", "device", "metric", "value", "unit"]
+GC_COLUMNS = ["generation", "collections", "total_ms", "mean_ms", "max_ms", "collected", "wall_share"]
 ENERGY_COLUMNS = ["step", "name", "device", "energy_j", "method", "batch_size", "energy_per_item_j"]
 _UNIT_OF = {metric.value: unit for metric, unit in UNITS.items()}
 
@@ -36,6 +37,64 @@ def system_metrics(source: Trace | pd.DataFrame) -> pd.DataFrame:
                         "value": samples["value"].to_numpy(dtype=np.float64),
                         "unit": samples["metric"].map(_UNIT_OF).fillna("")})
     return out.sort_values(["time_ns", "device", "metric"], kind="stable").reset_index(drop=True)[METRIC_COLUMNS]
+
+
+def gc_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """The ``gc`` spans (system level) of a span table, with their ``generation`` and ``collected``."""
+    found = spans[(spans[col.LEVEL] == col.Level.SYSTEM.value) & (spans[col.KIND] == col.SpanKind.GC.value)]
+    attributes = [json.loads(text) if isinstance(text, str) else {} for text in found[col.ATTRIBUTES].tolist()]
+    out = found[[col.START_NS, col.END_NS, col.DURATION_NS]].copy()
+    out["generation"] = np.array([a.get(col.ATTR_GC_GENERATION, -1) for a in attributes], dtype=np.int64)
+    out["collected"] = np.array([a.get(col.ATTR_GC_COLLECTED, 0) for a in attributes], dtype=np.int64)
+    return out
+
+
+def gc_time_within(gc: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The garbage collection time (of :func:`gc_spans` ``gc``) inside each interval ``starts[i]``
+    to ``ends[i]``, in ns: what a step or request in flight then waited for."""
+    gc_starts = gc[col.START_NS].to_numpy(dtype=np.int64)
+    gc_ends = gc[col.END_NS].to_numpy(dtype=np.int64)
+    if not len(gc_starts):
+        return np.zeros(len(starts), dtype=np.int64)
+    order = np.argsort(gc_starts, kind="stable")
+    gc_starts, gc_ends = gc_starts[order], np.maximum.accumulate(gc_ends[order])
+    # merged into disjoint runs (collections of several processes may overlap), then the time
+    # covered before each moment: covered(t) = runs' lengths before t's run + t's part of it
+    new_run = np.concatenate(([True], gc_starts[1:] > gc_ends[:-1]))
+    run_starts = gc_starts[new_run]
+    run_ends = np.maximum.reduceat(gc_ends, np.flatnonzero(new_run))
+    before = np.concatenate(([0], np.cumsum(run_ends - run_starts)))
+
+    def covered(at: np.ndarray) -> np.ndarray:
+        run = np.searchsorted(run_starts, at, side="right") - 1
+        inside = np.clip(at - run_starts[np.maximum(run, 0)], 0, (run_ends - run_starts)[np.maximum(run, 0)])
+        return np.where(run >= 0, before[np.maximum(run, 0)] + inside, 0)
+
+    return covered(np.asarray(ends, dtype=np.int64)) - covered(np.asarray(starts, dtype=np.int64))
+
+
+def gc_collections(source: Trace | pd.DataFrame) -> pd.DataFrame:
+    """What CPython's garbage collector took, per generation (recorded with the system level):
+    ``generation`` (0, 1, 2: 2 is a full collection, which walks every object the program
+    keeps), ``collections``, ``total_ms``, ``mean_ms``, ``max_ms``, ``collected`` (objects
+    freed) and ``wall_share`` (``total_ms`` over the trace's wall time, first span's start to
+    last span's end). Every Python thread waits while a collection runs, so a collection inside
+    a step or request is part of its latency. Empty when none was recorded."""
+    spans = spans_of(source)
+    found = gc_spans(spans)
+    if found.empty:
+        return pd.DataFrame(columns=GC_COLUMNS)
+    wall_ns = float(spans[col.END_NS].max() - spans[col.START_NS].min())
+    grouped = found.groupby("generation")
+    out = pd.DataFrame({
+        "collections": grouped.size(),
+        "total_ms": grouped[col.DURATION_NS].sum() / 1e6,
+        "mean_ms": grouped[col.DURATION_NS].mean() / 1e6,
+        "max_ms": grouped[col.DURATION_NS].max() / 1e6,
+        "collected": grouped["collected"].sum(),
+    }).reset_index()
+    out["wall_share"] = out["total_ms"] * 1e6 / wall_ns if wall_ns > 0 else 0.0
+    return out.astype({"generation": "int64", "collections": "int64", "collected": "int64"})[GC_COLUMNS]
 
 
 def _step_attributes(spans: pd.DataFrame) -> list[tuple[int, str, dict[str, object]]]:

@@ -16,7 +16,8 @@
   (:func:`xsp.analysis.step_coverage`, :func:`xsp.analysis.step_summary`,
   :func:`xsp.analysis.user_spans`: the session's spans, the user's model-level spans and each
   window's :func:`xsp.analysis.steps.part_times` kept, the trace's extent known);
-* the system level's samples (kept: one a metric every interval);
+* the system level's samples (kept: one a metric every interval) and garbage collections (kept:
+  :func:`xsp.analysis.gc_collections`, and the recommendation about them, read all of them);
 * the kernels by name (:func:`xsp.analysis.kernels_by_name`), kernel time per operator, copies,
   synchronisation and launch overhead per step, each added up by its key;
 * the GPU's busy and idle time per step and device (:func:`xsp.analysis.gpu_utilization`): its
@@ -123,8 +124,9 @@ from xsp.table.sampling import step_roots as step_root_positions
 KEPT_KINDS = (SpanKind.PREDICT.value, SpanKind.COMPILE.value, SpanKind.INPUT.value, SpanKind.SESSION.value,
               SpanKind.FETCH.value)
 """The kinds of span kept from every window, beside the steps' roots, the backward passes, the
-user's model-level spans and the system level's samples: the steps' latency, the session's time
-and the recommendations about input and threads read them."""
+user's model-level spans and the system level's samples and garbage collections: the steps'
+latency, the session's time and the recommendations about input, threads and collections read
+them."""
 _Found = TypeVar("_Found")
 SWEEP_MEMORY_MB = 512
 """DuckDB's memory for the sweep of the GPU's activities (it spills beyond it)."""
@@ -158,7 +160,8 @@ class WindowedReport:
     """Spans per level."""
     kept: Trace
     """The steps' roots, model calls, compiles, input waits, session spans, the user's
-    model-level spans and the system level's samples, in the order :func:`xsp.load` gives them:
+    model-level spans and the system level's samples and garbage collections, in the order
+    :func:`xsp.load` gives them:
     :func:`xsp.analysis.model_latency` of it is the whole trace's."""
     extent_ns: tuple[int, int] | None
     """The first start and last end of every span (None: no span)."""
@@ -411,7 +414,8 @@ def _kept_rows(spans: pd.DataFrame) -> np.ndarray:
     level = spans[col.LEVEL]
     wanted |= ((level == Level.MODEL.value) & spans[col.KIND].isin([SpanKind.USER.value, SpanKind.BACKWARD.value])
                ).to_numpy(dtype=bool)
-    wanted |= ((level == Level.SYSTEM.value) & (spans[col.KIND] == SpanKind.SAMPLE.value)).to_numpy(dtype=bool)
+    wanted |= ((level == Level.SYSTEM.value) & spans[col.KIND].isin([SpanKind.SAMPLE.value, SpanKind.GC.value])
+               ).to_numpy(dtype=bool)
     return wanted
 
 

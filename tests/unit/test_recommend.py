@@ -274,12 +274,38 @@ def test_cpu_threads_oversubscribed_or_unused():
     assert "cpu_threads" not in fired(make_trace(work, {"torch_num_threads": 1, "cpus_available": 2}))
 
 
+def gc_steps(collections_us, generation=2):
+    """Two concurrent steps (requests in flight together): 0..1000 us and 500..1500 us; and
+    collections (start, end) of ``generation``, which every step in flight waits for."""
+    rows = [(1, None, "model", "step", "request", 0, 1000, {col.STEP: 0}),
+            (2, None, "model", "step", "request", 500, 1500, {col.STEP: 1})]
+    for offset, (start, end) in enumerate(collections_us):
+        rows.append((10 + offset, None, "system", "gc", f"gc generation {generation}", start, end,
+                     {col.ATTRIBUTES: json.dumps({col.ATTR_GC_GENERATION: generation, col.ATTR_GC_COLLECTED: 0}),
+                      col.STEP: None}))
+    return make_trace(rows, {})
+
+
+def test_garbage_collections_are_judged_by_what_the_steps_in_flight_waited_for():
+    # 60 us inside both steps (2 x 60 of 2,000 us of step time: 6%), and a long one between runs
+    found = fired(gc_steps([(600, 660), (1600, 9000)]))["gc_pauses"]
+    assert found["severity"] == "medium" and found["share"] == pytest.approx(0.06)
+    assert "6.0% of step time" in found["evidence"] and "gc.freeze()" in found["fix"]
+    assert "0.0600 ms per step over 2 steps" in found["evidence"]
+    assert fired(gc_steps([(600, 760)]))["gc_pauses"]["severity"] == "high"  # 320 of 2,000 us: 16%
+    young = fired(gc_steps([(100, 140)], generation=0))["gc_pauses"]  # inside the first step only: 2%
+    assert young["severity"] == "low" and young["share"] == pytest.approx(0.02)
+    assert "full ones (generation 2), which walk every object the program keeps, 0 ms of it" in young["evidence"]
+    assert "gc_pauses" not in fired(gc_steps([(100, 105), (2000, 9000)]))  # 0.25% inside; the rest between steps
+    assert "gc_pauses" not in fired(gc_steps([]))
+
+
 def test_rules_are_sorted_by_severity_then_share_and_all_documented():
     table = recommend(input_trace(30, workers=0, metadata={"cpus_available": 8, "torch_num_threads": 16}))
     assert table["rule"].tolist()[:2] == ["input_bound", "dataloader_workers"]
     ranks = table["severity"].map({"high": 0, "medium": 1, "low": 2}).tolist()
     assert ranks == sorted(ranks)
-    assert set(RULES) == set(Rule) and len(Rule) == 13
+    assert set(RULES) == set(Rule) and len(Rule) == 14
     assert recommend(make_trace([], {})).empty
 
 

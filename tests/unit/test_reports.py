@@ -396,3 +396,22 @@ def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
     assert warmup_line(steps(250)) is None  # 2.5x: not warm-up
     from xsp.reports.html import layers_section
     assert "The first step took 3.200 ms" in layers_section(slow) and "first step" not in layers_section(steps(250))
+
+
+def test_the_report_shows_what_garbage_collection_took_per_generation_and_recommends_freezing():
+    rows = [(1, None, "model", "step", "request", 0, 1000, {col.STEP: 0}),
+            (2, 1, "model", "predict", "model", 0, 1000, {col.STEP: 0})]
+    for index, (generation, start, end) in enumerate([(0, 100, 110), (0, 300, 312), (2, 500, 580)]):
+        rows.append((10 + index, None, "system", "gc", f"gc generation {generation}", start, end,
+                     {col.STEP: None, col.ATTRIBUTES: json.dumps({col.ATTR_GC_GENERATION: generation,
+                                                                  col.ATTR_GC_COLLECTED: 4})}))
+    console = Console(width=80, record=True, color_system=None)
+    render_report(make_trace(rows), console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    heading = next(i for i, line in enumerate(lines) if line.startswith("Garbage collections"))
+    rule = next(i for i in range(heading, len(lines)) if set(lines[i]) == {"─"})
+    assert [line.split()[:3] for line in lines[rule + 1:rule + 3]] == [["0", "2", "0.022"], ["2", "1", "0.080"]]
+    assert lines[rule + 2].split()[-1] == "8.0%"  # 80 of 1,000 us of wall time
+    said = "\n".join(lines)
+    assert "gc_pauses" in said and "gc.freeze()" in said

@@ -191,7 +191,8 @@ def test_a_session_samples_this_machine_and_each_step_carries_its_averages(tmp_p
     expected = {"unavailable"} if details["cpu_energy"] == "unavailable" else {"counter", "estimated"}
     assert set(host["method"]) <= expected
     # samples are intervals that follow one another, none twice
-    for _, group in trace.spans[trace.spans[col.LEVEL] == "system"].groupby(col.NAME):
+    samples = trace.spans[(trace.spans[col.LEVEL] == "system") & (trace.spans[col.KIND] == "sample")]
+    for _, group in samples.groupby(col.NAME):
         starts, ends = group[col.START_NS].to_numpy(), group[col.END_NS].to_numpy()
         order = np.argsort(starts)
         assert (starts[order][1:] == ends[order][:-1]).all()
@@ -243,3 +244,73 @@ def test_host_cpu_share_stays_within_0_and_100_when_float_sums_jitter(tmp_path):
     assert rose["cpu_percent"] == 100.0
     half, _ = reader.interval((big, big * 2, 1, None), (big + 0.005, big * 2 + 0.01, 1, None), 0.01)
     assert half["cpu_percent"] == pytest.approx(50.0, abs=1e-3)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_session_records_each_garbage_collection_with_its_generation_and_thread(tmp_path):
+    import gc
+    import threading
+
+    callbacks_before = list(gc.callbacks)
+    model = torch.nn.Linear(8, 8)
+    with xsp.trace(levels="model,system", output=tmp_path / "gc.xsp.parquet") as session:
+        for _ in range(5):
+            model(torch.randn(4, 8))
+        cycles = [_Cycle() for _ in range(500)]
+        del cycles
+        gc.collect(1)
+        gc.collect()
+    assert gc.callbacks == callbacks_before  # the level's callback left with the session
+    assert session.warnings == []
+    trace = xsp.load(tmp_path / "gc.xsp.parquet")
+    found = trace.spans[trace.spans[col.KIND] == "gc"]
+    assert (found[col.LEVEL] == "system").all() and (found[col.DURATION_NS] > 0).all()
+    attributes = [json.loads(text) for text in found[col.ATTRIBUTES]]
+    generations = [a[col.ATTR_GC_GENERATION] for a in attributes]
+    assert {1, 2} <= set(generations)
+    assert set(found[col.NAME]) >= {"gc generation 1", "gc generation 2"}
+    # this thread ran the explicit ones; xsp's own threads (imports, sampling) allocate and collect too
+    assert threading.get_native_id() in {a[col.ATTR_THREAD_ID] for a in attributes if a[col.ATTR_GC_GENERATION] == 2}
+    assert sum(a[col.ATTR_GC_COLLECTED] for a in attributes) >= 500  # the cycles, freed by the collect(1)
+    details = trace.metadata["tracer_details"]["system"]
+    assert details["gc_collections"] == len(found) and details["gc_collections_dropped"] == 0
+    table = analysis.gc_collections(trace)
+    assert list(table.columns) == ["generation", "collections", "total_ms", "mean_ms", "max_ms", "collected",
+                                   "wall_share"]
+    assert table["collections"].sum() == len(found)
+    assert table.set_index("generation").loc[2, "collections"] == generations.count(2)
+    assert ((table["wall_share"] > 0) & (table["wall_share"] < 1)).all()
+
+
+def gc_trace(steps_us, gc_us, generation=2):
+    """Steps (start, end) on one thread, and collections (start, end) of ``generation``."""
+    rows = [(index + 1, None, "model", "step", "train_step", start, end, {col.STEP: index})
+            for index, (start, end) in enumerate(steps_us)]
+    for offset, (start, end) in enumerate(gc_us):
+        rows.append((100 + offset, None, "system", "gc", f"gc generation {generation}", start, end,
+                     {col.ATTRIBUTES: json.dumps({col.ATTR_GC_GENERATION: generation, col.ATTR_GC_COLLECTED: 3}),
+                      col.STEP: None}))
+    from tests.unit.test_gpu_analyses import make_trace
+    return make_trace(rows)
+
+
+def test_the_collections_table_sums_each_generation_over_the_wall_time():
+    trace = gc_trace([(0, 1000)], [(100, 150), (300, 310)])
+    (row,) = analysis.gc_collections(trace).to_dict("records")
+    assert row["generation"] == 2 and row["collections"] == 2 and row["collected"] == 6
+    assert row["total_ms"] == pytest.approx(0.060) and row["max_ms"] == pytest.approx(0.050)
+    assert row["mean_ms"] == pytest.approx(0.030) and row["wall_share"] == pytest.approx(0.06)
+    assert analysis.gc_collections(gc_trace([(0, 1000)], [])).empty
+
+
+def test_collection_time_inside_intervals_counts_each_interval_in_flight_and_overlaps_once():
+    from xsp.analysis.system import gc_spans, gc_time_within
+
+    # two collections that overlap (two processes), one apart; three intervals, two of them concurrent
+    spans = gc_trace([(0, 10)], [(100, 200), (150, 250), (400, 420)]).spans
+    within = gc_time_within(gc_spans(spans), np.array([0, 120, 0, 500]) * 1000, np.array([1000, 410, 90, 600]) * 1000)
+    assert within.tolist() == [170_000, 140_000, 0, 0]  # 100..250 and 400..420; 120..250 and 400..410

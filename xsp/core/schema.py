@@ -100,6 +100,8 @@ class SpanKind(str, enum.Enum):
     ALLOC = "alloc"  # tensor memory allocated: an instant, ``bytes`` its size (memory level)
     FREE = "free"  # tensor memory freed: an instant, ``bytes`` its size (memory level)
     SAMPLE = "sample"  # one interval of system metrics (system level)
+    GC = "gc"  # one garbage collection by CPython's collector, on the thread that ran it (system level);
+    # every Python thread waits for it (it holds the GIL)
     PROCESS = "process"  # a child process the session followed, from its start to its end (model level)
     FETCH = "fetch"  # a DataLoader worker fetching and collating one batch, in its process (input level)
     COUNTERS = "counters"  # a range measured with hardware counters (kernel level; replayed, so
@@ -336,6 +338,12 @@ ATTR_COLLECTIVE_WORK_NS: Final = "xsp.collective.work_ns"
 launch (the span's start) to its completion. The span itself is the launch."""
 ATTR_STEP_SLOW: Final = "xsp.step.slow_over_median"
 """On a step an always-on session found slow: its duration over the running median of steps."""
+ATTR_GC_GENERATION: Final = "xsp.gc.generation"
+"""The oldest generation a garbage collection (``gc`` span) examined: 0, 1 or 2 (a full collection)."""
+ATTR_GC_COLLECTED: Final = "xsp.gc.collected"
+"""Objects a garbage collection found unreachable and freed."""
+ATTR_GC_UNCOLLECTABLE: Final = "xsp.gc.uncollectable"
+"""Objects a garbage collection found unreachable but could not free (``gc.garbage``)."""
 ATTR_RANK: Final = "xsp.rank"
 """On every span of a distributed job: the rank that recorded it."""
 ATTR_PROCESS_ID: Final = "process.pid"

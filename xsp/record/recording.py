@@ -403,7 +403,7 @@ class Recording:
         another level needs what it has (the operator level's profiler records memory events
         when the memory level is on too)."""
         self.samples: list[Any] = []
-        """System samples since the last window (appended by the system level's sampler)."""
+        """System samples and garbage collections since the last window (appended by the system level)."""
         self.samplers: list[Callable[[], None]] = []
         """Called when a window is taken, to sample up to that moment (so a step that just
         ended is covered by the samples of its own window)."""

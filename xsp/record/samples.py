@@ -1,4 +1,5 @@
-"""System samples: the records of the ``system`` level, and each step's averages of them.
+"""System samples and garbage collections: the records of the ``system`` level, and each step's
+averages of the samples.
 
 The system level's sampler thread (:mod:`xsp.tracers.system`) reads counters a few times a
 second and records, for each source, one interval ``(source, device, start_ns, end_ns,
@@ -7,7 +8,13 @@ use at its end, and on NVIDIA GPUs utilisation, memory, power, SM clock and the 
 Each becomes a ``sample`` span of the system level, its metrics in ``attributes`` under
 ``xsp.system.<metric>``.
 
-A step overlaps some of those intervals: :func:`step_averages` gives each step the time-weighted
+The level also records each garbage collection of CPython's collector (:class:`GcPause`, from
+``gc.callbacks``): which generation, how long, what it freed, on which thread. Every Python thread
+waits while one runs (the collector holds the GIL), so a collection inside a request is part of
+that request's latency, and a full one (generation 2) walks every object the program keeps. Each
+becomes a ``gc`` span of the system level.
+
+A step overlaps some of the samples' intervals: :func:`step_averages` gives each step the time-weighted
 averages of every metric over it, and the energy it used, with how that energy was obtained
 (:class:`EnergyMethod`); :mod:`xsp.table.step_samples` writes them on the step roots of a built
 window.
@@ -89,6 +96,40 @@ class Sample(NamedTuple):
     end_ns: int
     metrics: dict[str, float]
     energy_method: str
+
+
+class GcPause(NamedTuple):
+    """One garbage collection, as the system level records it (``gc.callbacks``' start and stop)."""
+
+    thread_id: int
+    """The native id of the thread that ran it (the one whose allocation set it off)."""
+    start_ns: int
+    end_ns: int
+    generation: int
+    collected: int
+    uncollectable: int
+
+
+GC_NAME: Final = "gc generation {generation}"
+"""The name of a ``gc`` span."""
+
+
+def gc_rows(pauses: list[GcPause]) -> pd.DataFrame:
+    """``gc`` spans (system level) from recorded collections, times on the host clock. Like the
+    samples they hang under no span: the thread that ran each is in its attributes
+    (``xsp.thread_id``), since every thread waited for it."""
+    if not pauses:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        col.LEVEL: col.Level.SYSTEM.value,
+        col.KIND: col.SpanKind.GC.value,
+        col.NAME: [GC_NAME.format(generation=p.generation) for p in pauses],
+        col.START_NS: np.array([p.start_ns for p in pauses], dtype=np.int64),
+        col.END_NS: np.array([p.end_ns for p in pauses], dtype=np.int64),
+        col.ATTRIBUTES: [json.dumps({col.ATTR_GC_GENERATION: p.generation, col.ATTR_GC_COLLECTED: p.collected,
+                                     col.ATTR_GC_UNCOLLECTABLE: p.uncollectable, col.ATTR_THREAD_ID: p.thread_id})
+                         for p in pauses],
+    })
 
 
 def sample_rows(samples: list[Sample]) -> pd.DataFrame:

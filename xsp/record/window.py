@@ -63,7 +63,8 @@ class Window:
     """The numbers of the window's steps in order of their start, when the session numbers
     them itself (a schedule keeps only some steps)."""
     samples: list[Any] = field(default_factory=list)
-    """System samples (:class:`xsp.record.samples.Sample`) taken since the previous window."""
+    """The system level's records since the previous window: samples
+    (:class:`xsp.record.samples.Sample`) and garbage collections (:class:`xsp.record.samples.GcPause`)."""
     ended_thread_ids: list[int] = field(default_factory=list)
     """Threads that have ended and recorded for the last time in this window: what the session
     keeps per thread for later windows is forgotten for them."""

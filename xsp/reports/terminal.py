@@ -761,6 +761,7 @@ def _memory_table(by_type: pd.DataFrame, which: str, console: Console, top: int)
 
 
 def _system_tables(trace: Trace, console: Console) -> None:
+    _gc_table(trace, console)
     metrics = analysis.system_metrics(trace)
     if metrics.empty:
         return
@@ -778,6 +779,16 @@ def _system_tables(trace: Trace, console: Console) -> None:
         _show(console, per_device.reset_index(), "Energy per step", [
             ("device", "device", text), ("steps", "steps", number(0)), ("energy_j", "J per step", number(3)),
             ("per_item_j", "J per item", number(4)), ("method", "how", text)])
+
+
+def _gc_table(trace: Trace, console: Console) -> None:
+    collections = analysis.gc_collections(trace)
+    if collections.empty:
+        return
+    _show(console, collections, "Garbage collections (system level; every Python thread waits while one runs)", [
+        ("generation", "generation", number(0)), ("collections", "collections", number(0)),
+        ("total_ms", "total ms", number(3)), ("mean_ms", "mean ms", number(3)), ("max_ms", "max ms", number(3)),
+        ("wall_share", "of wall time", share)])
 
 
 def _diagnostics(trace: Trace, console: Console) -> None:
