@@ -251,31 +251,51 @@ class _Cycle:
         self.me = self
 
 
-def test_a_session_records_each_garbage_collection_with_its_generation_and_thread(tmp_path):
+class _Collecting(torch.nn.Module):
+    """A layer whose forward sets off a full collection (as an allocation past the threshold does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import gc
+
+        gc.collect()
+        return x
+
+
+def test_a_session_records_each_garbage_collection_under_the_span_it_interrupted(tmp_path):
     import gc
     import threading
 
+    from xsp.export.chrome import chrome_events
+
     callbacks_before = list(gc.callbacks)
-    model = torch.nn.Linear(8, 8)
-    with xsp.trace(levels="model,system", output=tmp_path / "gc.xsp.parquet") as session:
-        for _ in range(5):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Collecting())
+    with xsp.trace(levels="model,layer,system", output=tmp_path / "gc.xsp.parquet") as session:
+        for _ in range(3):
             model(torch.randn(4, 8))
         cycles = [_Cycle() for _ in range(500)]
         del cycles
         gc.collect(1)
-        gc.collect()
     assert gc.callbacks == callbacks_before  # the level's callback left with the session
     assert session.warnings == []
     trace = xsp.load(tmp_path / "gc.xsp.parquet")
-    found = trace.spans[trace.spans[col.KIND] == "gc"]
+    spans = trace.spans
+    found = spans[spans[col.KIND] == "gc"]
     assert (found[col.LEVEL] == "system").all() and (found[col.DURATION_NS] > 0).all()
     attributes = [json.loads(text) for text in found[col.ATTRIBUTES]]
     generations = [a[col.ATTR_GC_GENERATION] for a in attributes]
     assert {1, 2} <= set(generations)
     assert set(found[col.NAME]) >= {"gc generation 1", "gc generation 2"}
-    # this thread ran the explicit ones; xsp's own threads (imports, sampling) allocate and collect too
-    assert threading.get_native_id() in {a[col.ATTR_THREAD_ID] for a in attributes if a[col.ATTR_GC_GENERATION] == 2}
     assert sum(a[col.ATTR_GC_COLLECTED] for a in attributes) >= 500  # the cycles, freed by the collect(1)
+    # each full one ran on this thread, inside the layer that set it off, in that layer's step
+    full = found[found[col.NAME] == "gc generation 2"]
+    assert len(full) == 3 and (full[col.THREAD_ID] == threading.get_native_id()).all()
+    by_id = spans.set_index(col.SPAN_ID)
+    assert [by_id.loc[parent, col.NAME] for parent in full[col.PARENT_ID]] == ["model.1"] * 3
+    assert sorted(full[col.STEP].tolist()) == [0, 1, 2]
+    # the one after the loop delayed no step: it hangs from the session, with no step
+    (after,) = found[found[col.NAME] == "gc generation 1"].sort_values(col.START_NS).tail(1).itertuples()
+    assert by_id.loc[getattr(after, col.PARENT_ID), col.KIND] == "session" and pd.isna(getattr(after, col.STEP))
+    assert trace.metadata["hierarchy"]["other_without_thread"] == 0
     details = trace.metadata["tracer_details"]["system"]
     assert details["gc_collections"] == len(found) and details["gc_collections_dropped"] == 0
     table = analysis.gc_collections(trace)
@@ -284,6 +304,11 @@ def test_a_session_records_each_garbage_collection_with_its_generation_and_threa
     assert table["collections"].sum() == len(found)
     assert table.set_index("generation").loc[2, "collections"] == generations.count(2)
     assert ((table["wall_share"] > 0) & (table["wall_share"] < 1)).all()
+    # a slice on its thread's track in the Chrome and Perfetto views
+    events = chrome_events(trace)
+    slices = [e for e in (events["traceEvents"] if isinstance(events, dict) else events)
+              if e.get("ph") == "X" and e["name"] == "gc generation 2"]
+    assert len(slices) == 3 and {e["tid"] for e in slices} == {threading.get_native_id()}
 
 
 def gc_trace(steps_us, gc_us, generation=2):

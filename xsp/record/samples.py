@@ -12,7 +12,7 @@ The level also records each garbage collection of CPython's collector (:class:`G
 ``gc.callbacks``): which generation, how long, what it freed, on which thread. Every Python thread
 waits while one runs (the collector holds the GIL), so a collection inside a request is part of
 that request's latency, and a full one (generation 2) walks every object the program keeps. Each
-becomes a ``gc`` span of the system level.
+becomes a ``gc`` span of the system level on the thread that ran it.
 
 A step overlaps some of the samples' intervals: :func:`step_averages` gives each step the time-weighted
 averages of every metric over it, and the energy it used, with how that energy was obtained
@@ -115,9 +115,9 @@ GC_NAME: Final = "gc generation {generation}"
 
 
 def gc_rows(pauses: list[GcPause]) -> pd.DataFrame:
-    """``gc`` spans (system level) from recorded collections, times on the host clock. Like the
-    samples they hang under no span: the thread that ran each is in its attributes
-    (``xsp.thread_id``), since every thread waited for it."""
+    """``gc`` spans (system level) from recorded collections, times on the host clock, each on the
+    thread that ran it: the tree puts it under the span it interrupted there (a layer, an
+    operator, a request's model call), though every Python thread waited for it."""
     if not pauses:
         return pd.DataFrame()
     return pd.DataFrame({
@@ -126,9 +126,9 @@ def gc_rows(pauses: list[GcPause]) -> pd.DataFrame:
         col.NAME: [GC_NAME.format(generation=p.generation) for p in pauses],
         col.START_NS: np.array([p.start_ns for p in pauses], dtype=np.int64),
         col.END_NS: np.array([p.end_ns for p in pauses], dtype=np.int64),
+        col.THREAD_ID: pd.array([p.thread_id for p in pauses], dtype="Int64"),
         col.ATTRIBUTES: [json.dumps({col.ATTR_GC_GENERATION: p.generation, col.ATTR_GC_COLLECTED: p.collected,
-                                     col.ATTR_GC_UNCOLLECTABLE: p.uncollectable, col.ATTR_THREAD_ID: p.thread_id})
-                         for p in pauses],
+                                     col.ATTR_GC_UNCOLLECTABLE: p.uncollectable}) for p in pauses],
     })
 
 

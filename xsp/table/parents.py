@@ -278,7 +278,8 @@ def infer_parent_positions(spans: pd.DataFrame,
         external_parents(spans, parents, diagnostics)
     diagnostics.flattened = cap_depth(parents)
     diagnostics.spans = count
-    samples = int((spans[col.LEVEL] == Level.SYSTEM.value).sum())  # roots by design: no thread, no step
+    # roots by design: no thread, no step (the system level's garbage collections have a thread)
+    samples = int(((spans[col.LEVEL] == Level.SYSTEM.value).to_numpy(dtype=bool) & ~has_thread).sum())
     diagnostics.other_without_thread = int(count - len(rows) - diagnostics.gpu_activities - samples)
     diagnostics.roots = int((parents == NO_PARENT).sum())
     return parents, diagnostics

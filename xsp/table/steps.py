@@ -6,8 +6,9 @@
   after a forward, on the same thread) joins the latest step its thread started before it,
   else the step running on another thread when it started (autograd and NCCL threads), whose
   root becomes its parent;
-  model-level roots outside every step (``xsp.span("preprocess")`` before the model call)
-  hang from the session span in the session's own trace, with no step.
+  model-level roots outside every step (``xsp.span("preprocess")`` before the model call),
+  and garbage collections outside every step, hang from the session span in the session's own
+  trace, with no step.
 * The **execution index** numbers each step's spans in the order they began.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
 from xsp.core.rank import step_trace_id
-from xsp.core.schema import PROFILER_STEP_NAME, STEP_KINDS, Level
+from xsp.core.schema import PROFILER_STEP_NAME, STEP_KINDS, Level, SpanKind
 from xsp.table.sampling import StepNotes
 from xsp.table.walks import (
     category_values,
@@ -50,6 +51,9 @@ ANY_PROFILER_STEP: Final = f"{PROFILER_STEP_NAME}*"
 
 ROOT_LEVELS = (Level.MODEL.value, Level.INPUT.value)
 """Levels whose spans outside every step stay outside (the others join the step before them)."""
+ROOT_KINDS = (SpanKind.GC.value,)
+"""Kinds of the other levels whose spans outside every step stay outside too: a garbage
+collection between two requests delays neither of them."""
 
 
 def outermost_step(is_step: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -189,7 +193,8 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     loose = np.flatnonzero((parents < 0) & (step_of < 0))
     if session_row is not None:
         loose = loose[loose != session_row]
-    below_model = loose[~spans[col.LEVEL].iloc[loose].isin(ROOT_LEVELS).to_numpy(dtype=bool)]
+    below_model = loose[~(spans[col.LEVEL].iloc[loose].isin(ROOT_LEVELS).to_numpy(dtype=bool)
+                          | spans[col.KIND].iloc[loose].isin(ROOT_KINDS).to_numpy(dtype=bool))]
     found = _latest_step_on_thread(step_roots, threads, starts, below_model)
     hit = found >= 0
     step_of[below_model[hit]] = step_of[found[hit]]
