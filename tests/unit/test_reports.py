@@ -415,3 +415,7 @@ def test_the_report_shows_what_garbage_collection_took_per_generation_and_recomm
     assert lines[rule + 2].split()[-1] == "8.0%"  # 80 of 1,000 us of wall time
     said = "\n".join(lines)
     assert "gc_pauses" in said and "gc.freeze()" in said
+    from xsp.reports.html import system_section
+
+    assert ("generation 0: 2 in 0.022 ms (2.2% of wall time, the longest 0.012 ms); generation 2: 1 in 0.080 ms "
+            "(8.0% of wall time, the longest 0.080 ms)") in system_section(make_trace(rows))

@@ -316,11 +316,24 @@ def own_name(name: str, parent: str) -> str:
     return name
 
 
+def gc_note(trace: Trace) -> str:
+    """What the garbage collector took, per generation, in one line (empty when none was recorded)."""
+    collections = analysis.gc_collections(trace)
+    if collections.empty:
+        return ""
+    parts = [f"generation {row.generation}: {row.collections:,} in {row.total_ms:,.3f} ms "
+             f"({100 * row.wall_share:.1f}% of wall time, the longest {row.max_ms:,.3f} ms)"
+             for row in collections.itertuples()]
+    return _note("Garbage collections (every Python thread waits while one runs): " + "; ".join(parts))
+
+
 def system_section(trace: Trace) -> str:
-    """Sampled CPU, memory, GPU utilisation and power over the session, one panel per unit."""
+    """Sampled CPU, memory, GPU utilisation and power over the session, one panel per unit, and
+    the garbage collector's time per generation."""
+    collected = gc_note(trace)
     metrics = analysis.system_metrics(trace)
     if metrics.empty:
-        return ""
+        return collected
     units = list(dict.fromkeys(metrics["unit"]))
     figure = make_subplots(rows=len(units), cols=1, shared_xaxes=True, subplot_titles=units, vertical_spacing=0.08)
     origin = int(metrics["time_ns"].min())
@@ -340,7 +353,7 @@ def system_section(trace: Trace) -> str:
                                                     how=("method", lambda m: ", ".join(sorted(set(m)))))
         text = _note("Energy per step: " + "; ".join(f"{device} {row.joules:.3f} J ({row.how})"
                                                      for device, row in per_device.iterrows()))
-    return text + _figure_html(figure, "chart-system")
+    return collected + text + _figure_html(figure, "chart-system")
 
 
 def memory_section(trace: Trace) -> str:
