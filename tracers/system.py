@@ -256,6 +256,7 @@ class SystemTracer(Tracer):
         self._reading_ns = 0
         self._failures = 0
         self._gc_start_ns: int | None = None
+        self._gc_process = 0
         self._gc_pauses = 0
         self._gc_dropped = 0
 
@@ -276,11 +277,14 @@ class SystemTracer(Tracer):
         recording.samplers.append(self.sample)
         self._stopping.clear()
         self._thread = start_thread(self._run, "xsp-system")
+        self._gc_process = os.getpid()
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         # the collector holds the GIL while it runs: no other collection starts in between
         try:
+            if os.getpid() != self._gc_process:  # a forked child (a DataLoader worker) takes no windows
+                return
             if phase == "start":
                 self._gc_start_ns = now_ns()
                 return

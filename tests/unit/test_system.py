@@ -4,6 +4,7 @@ and energy, and a real session sampling this machine."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
@@ -339,3 +340,24 @@ def test_collection_time_inside_intervals_counts_each_interval_in_flight_and_ove
     spans = gc_trace([(0, 10)], [(100, 200), (150, 250), (400, 420)]).spans
     within = gc_time_within(gc_spans(spans), np.array([0, 120, 0, 500]) * 1000, np.array([1000, 410, 90, 600]) * 1000)
     assert within.tolist() == [170_000, 140_000, 0, 0]  # 100..250 and 400..420; 120..250 and 400..410
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_keeps_no_collections_it_could_never_hand_over(tmp_path):
+    """A DataLoader worker forked during a session inherits the level's callback but takes no
+    windows: what it would keep only grows."""
+    import gc
+
+    with xsp.trace(levels="model,system", output=tmp_path / "fork.xsp.parquet"):
+        (tracer,) = [callback.__self__ for callback in gc.callbacks
+                     if isinstance(getattr(callback, "__self__", None), SystemTracer)]
+        pid = os.fork()
+        if pid == 0:  # the child: its collections are not counted
+            before = tracer.metadata()["gc_collections"]
+            gc.collect()
+            os._exit(0 if tracer.metadata()["gc_collections"] == before else 1)
+        _, status = os.waitpid(pid, 0)
+        counted = tracer.metadata()["gc_collections"]
+        gc.collect()
+        assert tracer.metadata()["gc_collections"] == counted + 1  # the parent's still are
+    assert os.waitstatus_to_exitcode(status) == 0
