@@ -565,8 +565,10 @@ def gc_pauses(ctx: Context) -> Finding | None:
     return Finding(
         _severity(share, GC_MODERATE, GC_HIGH), share,
         f"garbage collections took {_pct(share)} of {ctx.time_name} (>= {GC_SHARE:.0%}), "
-        f"{ctx.per_step_ms(total_ns)}; full ones (generation 2), which walk every object the program keeps, "
-        f"{milliseconds(full_ns / 1e6)} of it; every Python thread waits while one runs",
+        f"{ctx.per_step_ms(total_ns)}"
+        + (f"; full ones (generation 2), which walk every object the program keeps, {milliseconds(full_ns / 1e6)} "
+           "of it" if full_ns > 0 else "")
+        + "; every Python thread waits while one runs",
         "gc.freeze() once the model is built and warmed up: what exists then leaves every later collection; "
         "gc.set_threshold(...) higher collects the young generation less often",
         [])

@@ -77,14 +77,16 @@ def gc_collections(source: Trace | pd.DataFrame) -> pd.DataFrame:
     """What CPython's garbage collector took, per generation (recorded with the system level):
     ``generation`` (0, 1, 2: 2 is a full collection, which walks every object the program
     keeps), ``collections``, ``total_ms``, ``mean_ms``, ``max_ms``, ``collected`` (objects
-    freed) and ``wall_share`` (``total_ms`` over the trace's wall time, first span's start to
-    last span's end). Every Python thread waits while a collection runs, so a collection inside
+    freed) and ``wall_share`` (``total_ms`` over the trace's wall time: the session's, else first
+    span's start to last span's end). Every Python thread waits while a collection runs, so a collection inside
     a step or request is part of its latency. Empty when none was recorded."""
     spans = spans_of(source)
     found = gc_spans(spans)
     if found.empty:
         return pd.DataFrame(columns=GC_COLUMNS)
-    wall_ns = float(spans[col.END_NS].max() - spans[col.START_NS].min())
+    sessions = spans[spans[col.KIND] == col.SpanKind.SESSION.value]
+    timed = sessions if len(sessions) else spans  # the session's time, where it has a span
+    wall_ns = float(timed[col.END_NS].max() - timed[col.START_NS].min())
     grouped = found.groupby("generation")
     out = pd.DataFrame({
         "collections": grouped.size(),

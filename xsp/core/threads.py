@@ -51,10 +51,25 @@ def name_this_thread(name: str) -> None:
             prctl(_PR_SET_NAME, name.encode()[:OS_NAME_BYTES], 0, 0, 0)
 
 
+_own_threads: set[int] = set()
+"""The idents of the threads :func:`start_thread` started that are running."""
+
+
+def on_own_thread() -> bool:
+    """Whether the calling thread is one of xsp's (started by :func:`start_thread`): what it
+    does is xsp's work, not the program's."""
+    return threading.get_ident() in _own_threads
+
+
 def _named(target: Callable[..., Any], name: str) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
-        name_this_thread(name)
-        return target(*args)
+        ident = threading.get_ident()
+        _own_threads.add(ident)
+        try:
+            name_this_thread(name)
+            return target(*args)
+        finally:
+            _own_threads.discard(ident)
 
     return run
 
