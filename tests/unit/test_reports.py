@@ -406,9 +406,12 @@ def test_the_report_shows_what_garbage_collection_took_per_generation_and_recomm
                      {col.STEP: None, col.ATTRIBUTES: json.dumps({col.ATTR_GC_GENERATION: generation,
                                                                   col.ATTR_GC_COLLECTED: 4})}))
     console = Console(width=80, record=True, color_system=None)
-    render_report(make_trace(rows), console)
+    system = {"gc_collections": 3, "gc_collections_by_xsp": 12, "gc_ms_by_xsp": 41.5}
+    render_report(make_trace(rows, {"tracer_details": {"system": system}}), console)
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= 80
+    assert "Not in the table: 12 collections on xsp's own threads (its imports and windows), 41.5 ms: xsp's cost, " \
+           "not the program's" in " ".join(line.strip() for line in lines)
     heading = next(i for i, line in enumerate(lines) if line.startswith("Garbage collections"))
     rule = next(i for i in range(heading, len(lines)) if set(lines[i]) == {"─"})
     assert [line.split()[:3] for line in lines[rule + 1:rule + 3]] == [["0", "2", "0.022"], ["2", "1", "0.080"]]

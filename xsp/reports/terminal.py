@@ -22,7 +22,7 @@ from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
 from xsp.analysis.roofline import GpuPeak, trace_peak
 from xsp.analysis.windowed import WindowedReport
 from xsp.core import schema as col
-from xsp.core.figures import counted
+from xsp.core.figures import counted, milliseconds
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.loading import RANKS_APART
@@ -789,6 +789,12 @@ def _gc_table(trace: Trace, console: Console) -> None:
         ("generation", "generation", number(0)), ("collections", "collections", number(0)),
         ("total_ms", "total ms", number(3)), ("mean_ms", "mean ms", number(3)), ("max_ms", "max ms", number(3)),
         ("wall_share", "of wall time", share)])
+    details = (trace.metadata.get("tracer_details") or {}).get("system") or {}
+    own = details.get("gc_collections_by_xsp")
+    if isinstance(own, int) and own:
+        _say(console, f"Not in the table: {counted(own, 'collection')} on xsp's own threads (its imports and "
+                      f"windows), {milliseconds(float(details.get('gc_ms_by_xsp') or 0))}: xsp's cost, not the "
+                      "program's")
 
 
 def _diagnostics(trace: Trace, console: Console) -> None:
