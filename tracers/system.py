@@ -47,6 +47,8 @@ RAPL_ROOT: Final = Path("/sys/class/powercap")
 MAX_GC_PAUSES: Final = 100_000
 """Garbage collections kept per window at most (a loop that allocates without pause collects
 generation 0 some hundred times a second); those past it are counted, not kept."""
+DROPPED_GC: Final = "garbage collections past a window's limit"
+"""What the recording's drop count (which the session's end says) calls those."""
 
 M = SystemMetric
 
@@ -302,6 +304,7 @@ class SystemTracer(Tracer):
                 return
             if len(recording.samples) >= MAX_GC_PAUSES:
                 self._gc_dropped += 1
+                recording.dropped[DROPPED_GC] += 1
                 return
             recording.samples.append(GcPause(threading.get_native_id(), start_ns, now_ns(), info["generation"],
                                              info["collected"], info["uncollectable"]))

@@ -365,3 +365,18 @@ def test_a_forked_child_keeps_no_collections_it_could_never_hand_over(tmp_path):
         gc.collect()
         assert tracer.metadata()["gc_collections"] == counted + 1  # the parent's still are
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_collections_past_a_windows_limit_are_counted_and_said(tmp_path, monkeypatch):
+    import gc
+
+    monkeypatch.setattr(system_tracer, "MAX_GC_PAUSES", 2)
+    with pytest.warns(Warning, match=system_tracer.DROPPED_GC), \
+            xsp.trace(levels="model,system", output=tmp_path / "cap.xsp.parquet") as session:
+        for _ in range(6):
+            gc.collect(0)
+    trace = xsp.load(tmp_path / "cap.xsp.parquet")
+    details = trace.metadata["tracer_details"]["system"]
+    assert details["gc_collections_dropped"] >= 4
+    assert trace.metadata["dropped"][system_tracer.DROPPED_GC] == details["gc_collections_dropped"]
+    assert any(system_tracer.DROPPED_GC in warning for warning in session.warnings)
