@@ -263,15 +263,20 @@ class _Collecting(torch.nn.Module):
         return x
 
 
-def test_a_session_records_each_garbage_collection_under_the_span_it_interrupted(tmp_path):
+def test_a_session_records_each_garbage_collection_under_the_span_it_interrupted(tmp_path, monkeypatch):
     import gc
     import threading
 
+    from xsp.core.lazy import background_imports_done
     from xsp.export.chrome import chrome_events
 
+    # a gc.collect() called while another thread's collection runs does nothing: let xsp's
+    # threads (its imports, the sampler) be still while this one collects
+    monkeypatch.setenv(system_tracer.HZ_ENV, "1")
     callbacks_before = list(gc.callbacks)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Collecting())
     with xsp.trace(levels="model,layer,system", output=tmp_path / "gc.xsp.parquet") as session:
+        background_imports_done()
         for _ in range(3):
             model(torch.randn(4, 8))
         cycles = [_Cycle() for _ in range(500)]
