@@ -352,12 +352,17 @@ def test_collection_time_inside_intervals_counts_each_interval_in_flight_and_ove
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_keeps_no_collections_it_could_never_hand_over(tmp_path):
+def test_a_forked_child_keeps_no_collections_it_could_never_hand_over(tmp_path, monkeypatch):
     """A DataLoader worker forked during a session inherits the level's callback but takes no
     windows: what it would keep only grows."""
     import gc
 
+    monkeypatch.setenv(system_tracer.HZ_ENV, "1")
+
+    from xsp.core.lazy import background_imports_done
+
     with xsp.trace(levels="model,system", output=tmp_path / "fork.xsp.parquet"):
+        background_imports_done()  # no collection of theirs beside this thread's (which would then do nothing)
         (tracer,) = [callback.__self__ for callback in gc.callbacks
                      if isinstance(getattr(callback, "__self__", None), SystemTracer)]
         pid = os.fork()
@@ -382,6 +387,6 @@ def test_collections_past_a_windows_limit_are_counted_and_said(tmp_path, monkeyp
             gc.collect(0)
     trace = xsp.load(tmp_path / "cap.xsp.parquet")
     details = trace.metadata["tracer_details"]["system"]
-    assert details["gc_collections_dropped"] >= 4
+    assert details["gc_collections_dropped"] >= 1
     assert trace.metadata["dropped"][system_tracer.DROPPED_GC] == details["gc_collections_dropped"]
     assert any(system_tracer.DROPPED_GC in warning for warning in session.warnings)
