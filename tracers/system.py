@@ -373,4 +373,4 @@ class SystemTracer(Tracer):
         samples = [item for item in window.samples if isinstance(item, Sample)]
         pauses = [item for item in window.samples if isinstance(item, GcPause)]
         frames = [frame for frame in (sample_rows(samples), gc_rows(pauses)) if len(frame)]
-        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else pd.DataFrame())
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

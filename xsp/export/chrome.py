@@ -14,10 +14,11 @@ import pandas as pd
 from xsp.analysis.memory import memory_timeline
 from xsp.analysis.system import system_metrics
 from xsp.core import schema as col
-from xsp.core.schema import Level, SpanKind
+from xsp.core.schema import Level
 from xsp.export.processes import Processes
 from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
+from xsp.record.samples import is_sample
 
 _ARG_COLUMNS = (col.LEVEL, col.KIND, col.STEP, col.PATH, col.MODULE_TYPE, col.INPUT_SHAPES,
                 col.OUTPUT_SHAPES, col.PARAM_COUNT, col.CALL_DEPTH, col.EXEC_INDEX, col.SOURCE,
@@ -72,10 +73,7 @@ def _event_chunks(trace: Trace) -> Iterator[list[dict[str, Any]]]:
     process = Processes.of(trace)
     several = process.several
     levels = spans[col.LEVEL].to_numpy(dtype=object)
-    # the system level's samples are counters, not slices; its garbage collections are slices
-    kinds = spans[col.KIND].to_numpy(dtype=object) if col.KIND in spans else np.full(len(spans), None)
-    samples = (levels == Level.SYSTEM.value) & (kinds != SpanKind.GC.value)
-    timed = spans[~samples & (levels != Level.MEMORY.value)]
+    timed = spans[~is_sample(spans) & (levels != Level.MEMORY.value)]
     threads: set[tuple[Any, int]] = set()
     gpus: set[tuple[Any, Any, Any]] = set()
     for first in range(0, len(timed), SPAN_CHUNK_ROWS):

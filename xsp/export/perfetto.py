@@ -28,12 +28,13 @@ import numpy as np
 import pandas as pd
 
 from xsp.core import schema as col
-from xsp.core.schema import Level, SpanKind
+from xsp.core.schema import Level
 from xsp.export.processes import Processes
 from xsp.export.wire import varint
 from xsp.io.outputs import write_output
 from xsp.io.trace import Trace
 from xsp.record.hotpath import optional_extension
+from xsp.record.samples import is_sample
 
 ENCODER: Any = optional_extension("xsp.export._perfetto")
 SEQUENCE_ID: Final = 1
@@ -178,10 +179,7 @@ def write_perfetto(trace: Trace, path: str | os.PathLike[str],
     levels = spans[col.LEVEL].to_numpy(dtype=object)
     needed = [name for name in (col.NAME, col.LEVEL, col.START_NS, col.END_NS, col.THREAD_ID, col.DEVICE_ID,
                                 col.STREAM_ID, col.RANK) if name in spans]
-    # the system level's samples are counters, not slices; its garbage collections are slices
-    kinds = spans[col.KIND].to_numpy(dtype=object) if col.KIND in spans else np.full(len(spans), None)
-    samples = (levels == Level.SYSTEM.value) & (kinds != SpanKind.GC.value)
-    timed = spans[needed][~samples & (levels != Level.MEMORY.value)]
+    timed = spans[needed][~is_sample(spans) & (levels != Level.MEMORY.value)]
     tracks = _Tracks(trace)
     uuid_of_span = _track_of_each_span(timed, tracks)
     # the uuid table the encoder indexes: tracks are numbered by uuid (1, 2, ...), slot 0 unused

@@ -132,6 +132,14 @@ def gc_rows(pauses: list[GcPause]) -> pd.DataFrame:
     })
 
 
+def is_sample(spans: pd.DataFrame) -> np.ndarray:
+    """Per row of ``spans``: whether it is a system sample, an interval of metrics (the system
+    level's spans but its garbage collections): a counter's values, not a slice of a thread."""
+    levels = spans[col.LEVEL].to_numpy(dtype=object)
+    kinds = spans[col.KIND].to_numpy(dtype=object) if col.KIND in spans else np.full(len(spans), None)
+    return np.asarray((levels == col.Level.SYSTEM.value) & (kinds != col.SpanKind.GC.value), dtype=bool)
+
+
 def sample_rows(samples: list[Sample]) -> pd.DataFrame:
     """``sample`` spans (system level) from recorded samples, times on the host clock."""
     if not samples:
