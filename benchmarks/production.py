@@ -10,6 +10,11 @@ up, then driven over loopback by closed-loop clients (each sends its next reques
 last is answered, on a keep-alive connection) at the ``def`` endpoint
 (FastAPI's thread pool) and the ``async def`` one (the event loop). Rounds are interleaved: every
 round loads each variant in turn (the order rotated from round to round) while all servers stay up.
+Rounds are short and many (40 of 2 s by default): the machine's own drift (other tenants of the host)
+then falls alike on the variants of a round, and two processes of one program differ by about 1%
+instead of 3% (rounds of 5 s, twelve of them). Before the next variant is loaded, the helper
+processes the last one left running are waited for (at most ``SETTLE_S``), so that none of its work
+falls in another's round.
 
 Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
 time per request, and p50/p99 as ratios to plain (pooled over the rounds, with a 95% bootstrap
@@ -17,7 +22,7 @@ interval over rounds, each variant's round drawn with plain's of the same round)
 are then stopped with SIGTERM and each xsp trace file is checked. Prints a table and records it
 in benchmarks/results/production.md.
 
-Usage: python benchmarks/production.py [--rounds 12] [--seconds 5] [--concurrency 4] [--sample 0.01]
+Usage: python benchmarks/production.py [--rounds 40] [--seconds 2] [--concurrency 4] [--sample 0.01]
        [--endpoints sync,async] [--keep]
 """
 
@@ -62,6 +67,8 @@ PLAIN_TWIN = "plain twin"
 VOCABULARY, SEQUENCE_LENGTH = 1000, 32
 STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, REQUEST_TIMEOUT_S = 120.0, 120.0, 30.0
 WARMUP_SECONDS = 2.0
+SETTLE_S = 5.0
+"""After a round of one variant, how long its helper processes still running are waited for."""
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 400, 0
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps([random.Random(0).randrange(VOCABULARY) for _ in range(SEQUENCE_LENGTH)]).encode()
@@ -203,6 +210,22 @@ def drive(server: Server, path: str, concurrency: int, seconds: float) -> Load:
                 cpu_seconds(server) - cpu_before)
 
 
+def settle(server: Server) -> None:
+    """Wait (at most :data:`SETTLE_S`) until no helper process of ``server`` runs."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and helpers_running(server):
+        time.sleep(0.05)
+
+
+def helpers_running(server: Server) -> bool:
+    """Whether a process of ``server``'s session other than the server itself is running."""
+    for entry in os.scandir("/proc"):
+        stat = read_stat(entry.path) if entry.name.isdigit() and int(entry.name) != server.process.pid else None
+        if stat is not None and int(stat[1][3]) == server.process.pid and stat[1][0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def stop(servers: Sequence[Server]) -> None:
     """SIGTERM (uvicorn shuts down, the xsp block writes its file); SIGKILL past the deadline."""
     for server in servers:
@@ -279,8 +302,8 @@ def server_note(server: Server, idle_cpu_seconds: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--seconds", type=float, default=5.0, help="load per variant, endpoint and round")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=2.0, help="load per variant, endpoint and round")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction in the third variant")
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
@@ -306,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for endpoint in endpoints:
                 for server in servers[shift:] + servers[:shift]:
                     load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
+                    settle(server)
                     results.setdefault((server.name, endpoint), []).append(load)
                     print(f"round {round_index + 1}/{args.rounds} {server.name:<11} {endpoint:<5} "
                           f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
