@@ -46,3 +46,41 @@ def test_helpers_never_wait_on_a_lock_the_program_held_when_they_were_forked(tmp
     assert "could not interpret a window" not in done.stderr, done.stderr
     helper_windows, closed_windows = map(int, done.stdout.split())
     assert helper_windows >= 1 and closed_windows >= 20  # helpers did the windows (those waiting together)
+
+
+def test_an_always_on_sessions_helpers_yield_the_cpu_and_other_sessions_helpers_do_not(tmp_path):
+    """An always-on session serves requests: its helpers run at the lowest priority, so that a
+    request thread that becomes runnable takes the CPU from them. A session of every step (a
+    training loop keeping the cores busy) keeps its helpers at the program's priority: its
+    windows, a second apart, must keep pace."""
+    script = tmp_path / "niceness.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch
+        import xsp, xsp.session.options
+        from xsp.session.interpreting import WindowInterpreter
+        xsp.session.options.WINDOW_S = xsp.session.options.ALWAYS_ON_WINDOW_S = 0.0  # a helper a step end
+        interpret_in_helper = WindowInterpreter.interpret_in_helper
+        def noted(self, window):  # in the helper: its niceness, appended to the session's file
+            with open(os.environ["NICENESS_FILE"], "a") as file:
+                file.write(f"{os.nice(0)}\\n")
+            return interpret_in_helper(self, window)
+        WindowInterpreter.interpret_in_helper = noted
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        for name, sample in (("every_step", None), ("always_on", 0.5)):
+            os.environ["NICENESS_FILE"] = os.path.join(sys.argv[1], name + ".txt")
+            with torch.no_grad(), xsp.trace(levels="model,layer", sample=sample,
+                                            output=os.path.join(sys.argv[1], name + ".xsp.parquet")) as session:
+                for _ in range(20):
+                    model(torch.randn(2, 8))
+            assert session.trace.metadata["helper_windows"] >= 1, session.trace.metadata
+        print(os.nice(0))
+    """))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "could not interpret a window" not in done.stderr, done.stderr
+    program = int(done.stdout.split()[-1])
+    every_step = {int(line) for line in (tmp_path / "every_step.txt").read_text().split()}
+    always_on = {int(line) for line in (tmp_path / "always_on.txt").read_text().split()}
+    assert every_step == {program}
+    assert always_on == {min(program + 19, 19)}

@@ -42,6 +42,24 @@ def test_a_child_past_its_deadline_is_stopped():
     assert time.monotonic() - began < 10
 
 
+def spin(seconds: float) -> str:
+    """Busy for ``seconds`` (never asleep: runnable all along)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "done"
+
+
+def test_a_child_still_runnable_at_its_deadline_is_given_it_again_then_stopped():
+    """A helper of low priority on a busy machine waits for a CPU: it is not stuck on a lock,
+    and its deadline is renewed, a few times."""
+    assert run_forked(lambda: spin(1.0), deadline_s=0.4) == "done"
+    began = time.monotonic()
+    with pytest.raises(ForkFailed, match="too long"):
+        run_forked(lambda: spin(60), deadline_s=0.4)
+    assert time.monotonic() - began < 10  # the deadline, given again RUNNABLE_EXTENSIONS times
+
+
 @pytest.fixture
 def pipe_held_elsewhere(monkeypatch):
     """Each helper's pipe is also held open by another process, as by a process the program forks

@@ -13,8 +13,9 @@ The child runs only the function: it ignores SIGINT (Ctrl-C reaches the whole pr
 parent decides what happens), dies of SIGTERM and SIGHUP as a process without handlers does, and
 leaves with ``os._exit`` whatever happens, so that nothing of the parent (``atexit`` handlers,
 buffered output, the rest of the user's program) ever runs in it. The parent waits without the
-GIL and gives up on a child past its deadline (a lock that another thread held at the fork); an
-alarm ends such a child even when its parent is gone.
+GIL and gives up on a child past its deadline (a lock that another thread held at the fork), unless
+the child is still runnable then (given a low priority on a busy machine, it waits for a CPU): it
+gets the deadline again, a few times. An alarm ends such a child even when its parent is gone.
 
 The result is read by its length, not to the pipe's end: a process the program forks on another
 thread while the pipe is open holds a copy of its write end (fork copies every descriptor), and
@@ -34,6 +35,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final, TypeVar
 
 T = TypeVar("T")
@@ -43,6 +45,9 @@ LENGTH: Final = struct.Struct("<Q")
 """The result's length in bytes, written before it: the parent knows when it has all of it."""
 EXIT_CHECK_S: Final = 0.25
 """How often the parent, waiting for data, checks whether the child has died."""
+RUNNABLE_EXTENSIONS: Final = 4
+"""A child still runnable at its deadline (waiting for a CPU, or on one: a helper of low priority
+on a machine kept busy) is not stuck on a lock: it is given the deadline again, this many times."""
 
 
 class ForkFailed(Exception):
@@ -77,7 +82,7 @@ def run_forked(function: Callable[[], T], deadline_s: float) -> T:
         _child(function, read_fd, write_fd, deadline_s)  # never returns
     os.close(write_fd)
     try:
-        payload = _read_result(read_fd, pid, time.monotonic() + deadline_s)
+        payload = _read_result(read_fd, pid, deadline_s)
     finally:
         os.close(read_fd)
     try:
@@ -99,7 +104,8 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
         for signum, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN),
                                (signal.SIGHUP, signal.SIG_IGN), (signal.SIGALRM, signal.SIG_DFL)):
             signal.signal(signum, action)
-        signal.alarm(math.ceil(deadline_s) + 1)  # ends the child past its deadline even if the parent died
+        # ends the child past its last deadline even if the parent died
+        signal.alarm(math.ceil(deadline_s * (1 + RUNNABLE_EXTENSIONS)) + 1)
         # the parent's objects are never garbage here: a collection would walk every one of them
         # (the program's, the model's), and its writes to their headers copy their pages
         gc.freeze()
@@ -115,18 +121,23 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
         os._exit(status)
 
 
-def _read_result(read_fd: int, pid: int, deadline: float) -> bytes:
+def _read_result(read_fd: int, pid: int, deadline_s: float) -> bytes:
     """The child's result, once all of it is read; the child is reaped. Empty where the child
     ended without writing it all.
 
     Raises:
-        ForkFailed: past ``deadline`` (the child is then killed).
+        ForkFailed: ``deadline_s`` past, the child not runnable (it waits on something that never
+            comes), or past its :data:`RUNNABLE_EXTENSIONS` (the child is then killed).
     """
     received = bytearray()
     expected: int | None = None
     exited = False
+    deadline, extensions = time.monotonic() + deadline_s, 0
     while expected is None or len(received) < expected:
         remaining = deadline - time.monotonic()
+        if remaining <= 0 and extensions < RUNNABLE_EXTENSIONS and _runnable(pid):
+            deadline, extensions = deadline + deadline_s, extensions + 1
+            continue
         if remaining <= 0:
             _kill(pid)
             raise ForkFailed("the helper process took too long and was stopped")
@@ -146,6 +157,15 @@ def _read_result(read_fd: int, pid: int, deadline: float) -> bytes:
     if not exited:
         _reap(pid)
     return bytes(received) if expected is not None and len(received) == expected else b""
+
+
+def _runnable(pid: int) -> bool:
+    """Whether the child is running or waiting for a CPU (its state in ``/proc``: ``R``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith("R")
 
 
 def _ended(pid: int) -> bool:

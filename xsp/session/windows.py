@@ -41,6 +41,11 @@ DROPPED_WINDOWS: Final = "spans of windows no folder could take and memory could
 MAX_MERGED: Final = 4
 """Windows waiting that are interpreted as one, at most: fewer forks when the windows fall behind,
 and no window so large that interpreting it takes more memory than a few windows' worth."""
+ALWAYS_ON_HELPER_NICENESS: Final = 19
+"""How much an always-on session's helper processes lower their priority (``os.nice``): a request
+thread that becomes runnable takes the CPU from them at once, and their work (a window a minute)
+is done in the CPU time the service leaves. Other sessions' helpers keep the program's priority:
+a training loop keeps every core busy, and its windows (one a second) must keep pace with it."""
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
@@ -82,6 +87,8 @@ class WindowWorker:
         """The session's records kept when the last window closed."""
         self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
         """Windows are interpreted in forked helper processes (until one fails)."""
+        self.helper_niceness = ALWAYS_ON_HELPER_NICENESS if options.sampling is not None else 0
+        """How much the helpers lower their priority (see :data:`ALWAYS_ON_HELPER_NICENESS`)."""
         self.closed_windows = 0
         """Windows handed over while the session ran (several waiting are interpreted as one)."""
         self.stopping = False
@@ -186,7 +193,8 @@ class WindowWorker:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         try:
-            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window), deadline_s)
+            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness),
+                                deadline_s)
         except ForkFailed as exc:
             self.forks = False
             self.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
@@ -219,12 +227,16 @@ _pending_exports: list[OtlpExport] = []
 _exit_wait_registered = False
 
 
-def _interpret_in_helper(interpreter: WindowInterpreter, window: Window) -> WindowResult:
-    """In a forked helper process: ``window`` interpreted, with Arrow's default memory pool made the
-    system allocator's (the user's process keeps its own). Arrow's default, mimalloc, maps fresh
-    pages and hands them back with system calls: in a helper, which lives for one window, that
-    was most of its kernel time (a window of 50,000 requests: 235-300 ms of the helper's CPU with
-    the system allocator, 370-410 ms with mimalloc, 200-250 ms of it in the kernel)."""
+def _interpret_in_helper(interpreter: WindowInterpreter, window: Window, niceness: int = 0) -> WindowResult:
+    """In a forked helper process, its priority lowered by ``niceness``: ``window`` interpreted, with
+    Arrow's default memory pool made the system allocator's (the user's process keeps its own).
+    Arrow's default, mimalloc, maps fresh pages and hands them back with system calls: in a
+    helper, which lives for one window, that was most of its kernel time (a window of 50,000
+    requests: 235-300 ms of the helper's CPU with the system allocator, 370-410 ms with mimalloc,
+    200-250 ms of it in the kernel)."""
+    if niceness:
+        with contextlib.suppress(OSError):  # a system that refuses it: the helper runs as the program does
+            os.nice(niceness)
     pa.set_memory_pool(pa.system_memory_pool())
     return interpreter.interpret_in_helper(window)
 
