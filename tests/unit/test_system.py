@@ -263,6 +263,49 @@ class _Collecting(torch.nn.Module):
         return x
 
 
+def test_a_collection_inside_a_call_that_outlives_its_window_is_placed_under_that_call(tmp_path, monkeypatch):
+    """A thread inside a module call when a window closes keeps its records for a later window:
+    a collection that interrupted that call waits with them, and lands under the call."""
+    import gc
+    import threading
+
+    import xsp.session.options
+    from xsp.core.lazy import background_imports_done
+
+    monkeypatch.setenv(system_tracer.HZ_ENV, "1")
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
+    collected, release = threading.Event(), threading.Event()
+
+    class CollectThenWait(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gc.collect()
+            collected.set()
+            release.wait(60)
+            return x
+
+    waiting = torch.nn.Sequential(torch.nn.Linear(8, 8), CollectThenWait())
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with torch.no_grad(), xsp.trace(levels="model,layer,system", output=tmp_path / "held.xsp.parquet") as session:
+        background_imports_done()
+        thread = threading.Thread(target=lambda: waiting(torch.randn(2, 8)))
+        thread.start()
+        assert collected.wait(60)
+        for _ in range(3):  # steps of this thread close windows while the other waits inside its call
+            other(torch.randn(2, 8))
+        release.set()
+        thread.join()
+        waiting_thread = thread.native_id
+    assert session.warnings == []
+    trace = xsp.load(tmp_path / "held.xsp.parquet")
+    assert trace.metadata["windows"] >= 3
+    spans = trace.spans
+    full = spans[(spans[col.KIND] == "gc") & (spans[col.THREAD_ID] == waiting_thread)]
+    assert len(full) == 1
+    by_id = spans.set_index(col.SPAN_ID)
+    parent = by_id.loc[full[col.PARENT_ID].iloc[0]]
+    assert parent[col.NAME] == "waiting.1" and parent[col.THREAD_ID] == waiting_thread  # the layer it interrupted
+
+
 def test_a_session_records_each_garbage_collection_under_the_span_it_interrupted(tmp_path, monkeypatch):
     import gc
     import threading

@@ -44,6 +44,7 @@ from xsp.record.columns import (
 )
 from xsp.record.model_naming import ModelNames
 from xsp.record.nvtx import NvtxRanges
+from xsp.record.samples import GcPause
 from xsp.record.sampling import StepCore, StepSampler
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
 from xsp.record.steps import AutoSteps
@@ -506,6 +507,15 @@ class Recording:
         for buffer in list(self.buffers):
             buffer.compact()
 
+    def _hold_thread_pauses(self, samples: list[Any], held: frozenset[int]) -> list[Any]:
+        """``samples`` less the garbage collections of ``held`` threads, which go back to the
+        recording, ahead of what came since, for the window that takes those threads' records."""
+        waiting = [sample for sample in samples if isinstance(sample, GcPause) and sample.thread_id in held]
+        if not waiting:
+            return samples
+        self.samples[:0] = waiting  # one slice assignment: a collection recorded meanwhile stays after them
+        return [sample for sample in samples if not (isinstance(sample, GcPause) and sample.thread_id in held)]
+
     def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is
@@ -542,6 +552,8 @@ class Recording:
                 self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended[:max(room, 0)])
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
         samples, self.samples = self.samples, []
+        if held and not handing_over:  # a held thread's collections wait with the spans they interrupted
+            samples = self._hold_thread_pauses(samples, held)
         return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
                       step_numbers=kept_steps or None, samples=samples,
                       ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
