@@ -510,11 +510,13 @@ class Recording:
     def _hold_thread_pauses(self, samples: list[Any], held: frozenset[int]) -> list[Any]:
         """``samples`` less the garbage collections of ``held`` threads, which go back to the
         recording, ahead of what came since, for the window that takes those threads' records."""
-        waiting = [sample for sample in samples if isinstance(sample, GcPause) and sample.thread_id in held]
-        if not waiting:
-            return samples
-        self.samples[:0] = waiting  # one slice assignment: a collection recorded meanwhile stays after them
-        return [sample for sample in samples if not (isinstance(sample, GcPause) and sample.thread_id in held)]
+        taken: list[Any] = []
+        waiting: list[Any] = []
+        for sample in samples:
+            (waiting if isinstance(sample, GcPause) and sample.thread_id in held else taken).append(sample)
+        if waiting:
+            self.samples[:0] = waiting  # one slice assignment: a collection recorded meanwhile stays after them
+        return taken
 
     def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
