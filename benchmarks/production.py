@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -139,20 +139,26 @@ class Cpu:
 def cpu_seconds(server: Server) -> Cpu:
     """The server's CPU time so far (:class:`Cpu`)."""
     total = xsp_threads = helpers = 0
-    for entry in os.scandir("/proc"):
-        stat = read_stat(entry.path) if entry.name.isdigit() else None
-        if stat is None or int(stat[1][3]) != server.process.pid:  # not of its session
-            continue
-        ticks = int(stat[1][11]) + int(stat[1][12])
+    for path, pid, fields in session_processes(server):
+        ticks = int(fields[11]) + int(fields[12])
         total += ticks
-        if int(entry.name) == server.process.pid:
-            reaped = int(stat[1][13]) + int(stat[1][14])
+        if pid == server.process.pid:
+            reaped = int(fields[13]) + int(fields[14])
             total += reaped
             helpers += reaped
-            xsp_threads += xsp_thread_ticks(entry.path)
+            xsp_threads += xsp_thread_ticks(path)
         else:
             helpers += ticks
     return Cpu(total / CLOCK_TICKS_PER_S, xsp_threads / CLOCK_TICKS_PER_S, helpers / CLOCK_TICKS_PER_S)
+
+
+def session_processes(server: Server) -> Iterator[tuple[str, int, list[str]]]:
+    """The living processes of ``server``'s session (the server, its helpers): each one's ``/proc``
+    folder, pid and ``stat`` fields after its name."""
+    for entry in os.scandir("/proc"):
+        stat = read_stat(entry.path) if entry.name.isdigit() else None
+        if stat is not None and int(stat[1][3]) == server.process.pid:
+            yield entry.path, int(entry.name), stat[1]
 
 
 def read_stat(path: str) -> tuple[str, list[str]] | None:
@@ -219,11 +225,8 @@ def settle(server: Server) -> None:
 
 def helpers_running(server: Server) -> bool:
     """Whether a process of ``server``'s session other than the server itself is running."""
-    for entry in os.scandir("/proc"):
-        stat = read_stat(entry.path) if entry.name.isdigit() and int(entry.name) != server.process.pid else None
-        if stat is not None and int(stat[1][3]) == server.process.pid and stat[1][0] not in ("Z", "X"):
-            return True
-    return False
+    return any(pid != server.process.pid and fields[0] not in ("Z", "X")
+               for _, pid, fields in session_processes(server))
 
 
 def stop(servers: Sequence[Server]) -> None:
