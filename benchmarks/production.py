@@ -14,7 +14,10 @@ Rounds are short and many (40 of 2 s by default): the machine's own drift (other
 then falls alike on the variants of a round, and two processes of one program differ by about 1%
 instead of 3% (rounds of 5 s, twelve of them). Before the next variant is loaded, the helper
 processes the last one left running are waited for (at most ``SETTLE_S``), so that none of its work
-falls in another's round.
+falls in another's round. With ``--servers K``, each variant runs as K servers, started in turn
+(plain, twin, xsp, xsp s=..., then the second of each, ...): two processes of one program differ by
+1-2% (their memory layouts), and two xsp servers by up to 3 points, so a variant's figures pooled
+over several servers say more than any one server's.
 
 Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
 time per request, and p50/p99 as ratios to plain (pooled over the rounds, with a 95% bootstrap
@@ -23,7 +26,7 @@ are then stopped with SIGTERM and each xsp trace file is checked. Prints a table
 in benchmarks/results/production.md.
 
 Usage: python benchmarks/production.py [--rounds 40] [--seconds 2] [--concurrency 4] [--sample 0.01]
-       [--endpoints sync,async] [--keep]
+       [--servers 1] [--endpoints sync,async] [--keep]
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ HEADERS = {"Content-Type": "application/json"}
 @dataclass
 class Server:
     name: str
+    variant: str
     process: subprocess.Popen[bytes]
     port: int
     log: Path
@@ -94,8 +98,8 @@ class Load:
     cpu: Cpu
 
 
-def start_server(name: str, settings: dict[str, str], folder: Path) -> Server:
-    tag = name.replace(" ", "_").replace("=", "")
+def start_server(name: str, settings: dict[str, str], folder: Path, variant: str | None = None) -> Server:
+    tag = name.replace(" ", "_").replace("=", "").replace("#", "")
     trace_file = folder / f"{tag}.xsp.parquet" if settings[MODE_ENV] != PLAIN else None
     environment = {key: value for key, value in os.environ.items() if key not in CLEARED_ENV}
     environment.update(settings, **{OUTPUT_ENV: str(trace_file or "")})
@@ -106,7 +110,7 @@ def start_server(name: str, settings: dict[str, str], folder: Path) -> Server:
     with open(log, "wb") as stderr:  # a session of its own: a Ctrl-C reaches this script alone
         process = subprocess.Popen([sys.executable, str(SERVER), str(port)], env=environment,
                                    stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
-    return Server(name, process, port, log, trace_file)
+    return Server(name, variant or name, process, port, log, trace_file)
 
 
 def wait_ready(server: Server) -> None:
@@ -289,9 +293,13 @@ def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endp
     return lines
 
 
-def server_note(server: Server, idle_cpu_seconds: float) -> str:
-    """Its exit code, its CPU time while the others were loaded, the xsp options in effect, its trace file."""
-    note = f"`{server.name}`: exit code {server.process.returncode}, {idle_cpu_seconds:.1f} s CPU while idle"
+def server_note(server: Server, loads: Sequence[Load], idle_cpu_seconds: float) -> str:
+    """Its exit code, its CPU time a request under load and while the others were loaded, the xsp
+    options in effect, its trace file."""
+    requests = sum(len(load.latency_ns) for load in loads)
+    cpu_ms = 1e3 * sum(load.cpu.total for load in loads) / max(requests, 1)
+    note = (f"`{server.name}`: exit code {server.process.returncode}, {cpu_ms:.3f} ms CPU a request under load, "
+            f"{idle_cpu_seconds:.1f} s CPU while idle")
     if server.trace_file is None:
         return note
     import xsp
@@ -303,15 +311,26 @@ def server_note(server: Server, idle_cpu_seconds: float) -> str:
     return f"{note}, xsp options {options}, {trace}"
 
 
+def servers_text(servers: int) -> str:
+    """How many servers each variant ran as, for the results' description (nothing when one)."""
+    if servers == 1:
+        return ""
+    return (f"Each variant ran as {servers} servers, started in turn (one of each, then the next of each); a "
+            "variant's figures pool its servers' requests, and each server's own CPU a request is listed below. ")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=2.0, help="load per variant, endpoint and round")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction in the third variant")
+    parser.add_argument("--servers", type=int, default=1, help="servers of each variant, started in turn")
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
+    if args.servers < 1:
+        parser.error(f"--servers must be 1 or more, not {args.servers}")
     endpoints = [name for name in args.endpoints.split(",") if name]
     variants = {PLAIN: {MODE_ENV: PLAIN}, PLAIN_TWIN: {MODE_ENV: PLAIN}, "xsp": {MODE_ENV: "xsp"},
                 f"xsp s={args.sample:g}": {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample)}}
@@ -319,9 +338,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="xsp-production-"))
     servers: list[Server] = []
+    # each variant's loads by endpoint, its servers' pooled (each round adds one a server, so that a
+    # variant's i-th load and plain's met the same round); and each server's own
     results: dict[tuple[str, str], list[Load]] = {}
+    server_loads: dict[str, list[Load]] = {}
     try:
-        servers = [start_server(name, settings, folder) for name, settings in variants.items()]
+        servers = [start_server(name if args.servers == 1 else f"{name} #{number + 1}", settings, folder, name)
+                   for number in range(args.servers) for name, settings in variants.items()]
         for server in servers:
             wait_ready(server)
             for endpoint in endpoints:  # warm-up
@@ -333,11 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for server in servers[shift:] + servers[:shift]:
                     load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
                     settle(server)
-                    results.setdefault((server.name, endpoint), []).append(load)
-                    print(f"round {round_index + 1}/{args.rounds} {server.name:<11} {endpoint:<5} "
+                    results.setdefault((server.variant, endpoint), []).append(load)
+                    server_loads.setdefault(server.name, []).append(load)
+                    print(f"round {round_index + 1}/{args.rounds} {server.name:<14} {endpoint:<5} "
                           f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
         for server in servers:  # its CPU time while the others were loaded
-            loaded = sum(load.cpu.total for endpoint in endpoints for load in results[(server.name, endpoint)])
+            loaded = sum(load.cpu.total for load in server_loads[server.name])
             idle_cpu_seconds[server.name] = cpu_seconds(server).total - idle_cpu_seconds[server.name] - loaded
     except BaseException:
         print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
@@ -356,16 +380,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({time.monotonic() - began:.0f} s).", "",
         f"FastAPI + uvicorn + OpenTelemetry (spans dropped by a null exporter), a 2-layer transformer on CPU "
         f"with 1 torch thread, {SEQUENCE_LENGTH} tokens a request; {args.concurrency} closed-loop keep-alive "
-        f"clients on the same machine. {args.rounds} interleaved rounds of {args.seconds:g} s per variant and "
-        "endpoint (*sync*: a `def` handler in FastAPI's thread pool; *async*: an `async def` one on the event "
-        "loop). *CPU ms*: the server's CPU time per request (the clients' is not counted); of it, *xsp thr µs* "
-        "on xsp's threads (its window and control threads) and *helper µs* in the helper processes xsp forks "
-        "to interpret its windows (the rest is on the threads that serve the requests). Ratios: pooled "
-        "percentiles over plain's, with a 95% bootstrap interval over rounds (a variant's round drawn with "
-        "plain's same round). *plain twin* is a second server running plain's code: its ratios are how much two "
-        "processes of one program differ on this machine, the resolution of every other ratio.", "",
+        f"clients on the same machine. {servers_text(args.servers)}{args.rounds} interleaved rounds of "
+        f"{args.seconds:g} s per variant and endpoint (*sync*: a `def` handler in FastAPI's thread pool; "
+        "*async*: an `async def` one on the event loop). *CPU ms*: the server's CPU time per request (the "
+        "clients' is not counted); of it, *xsp thr µs* on xsp's threads (its window and control threads) and "
+        "*helper µs* in the helper processes xsp forks to interpret its windows (the rest is on the threads "
+        "that serve the requests). Ratios: pooled percentiles over plain's, with a 95% bootstrap interval over "
+        "rounds (a variant's round drawn with plain's same round). *plain twin* is a second server running "
+        "plain's code: its ratios are how much two processes of one program differ on this machine, the "
+        "resolution of every other ratio.", "",
         "```", *table(results, list(variants), endpoints), "```", "",
-        *(f"* {server_note(server, idle_cpu_seconds[server.name])}" for server in servers),
+        *(f"* {server_note(server, server_loads[server.name], idle_cpu_seconds[server.name])}" for server in servers),
     ]
     record(lines, RESULTS)
     if args.keep:
