@@ -274,6 +274,11 @@ def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
     return f"{pooled:.3f} [{low:.2f},{high:.2f}]"
 
 
+def cpu_ms_per_request(loads: Sequence[Load]) -> float:
+    """The server's CPU time a request over ``loads``, in milliseconds."""
+    return 1e3 * sum(load.cpu.total for load in loads) / sum(len(load.latency_ns) for load in loads)
+
+
 def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endpoints: Sequence[str]) -> list[str]:
     lines = [f"{'variant':<11} {'api':<5} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p99 ms':>6} "
              f"{'CPU ms':>6} {'xsp thr µs':>10} {'helper µs':>9} {'p50 x plain [95% CI]':>20} "
@@ -282,7 +287,7 @@ def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endp
         for name in names:
             loads, plains = results[(name, endpoint)], results[(PLAIN, endpoint)]
             requests = sum(len(load.latency_ns) for load in loads)
-            cpu_ms = 1e3 * sum(load.cpu.total for load in loads) / requests
+            cpu_ms = cpu_ms_per_request(loads)
             threads_us = 1e6 * sum(load.cpu.xsp_threads for load in loads) / requests
             helpers_us = 1e6 * sum(load.cpu.helpers for load in loads) / requests
             throughput = requests / sum(load.seconds for load in loads)
@@ -296,9 +301,8 @@ def table(results: dict[tuple[str, str], list[Load]], names: Sequence[str], endp
 def server_note(server: Server, loads: Sequence[Load], idle_cpu_seconds: float) -> str:
     """Its exit code, its CPU time a request under load and while the others were loaded, the xsp
     options in effect, its trace file."""
-    requests = sum(len(load.latency_ns) for load in loads)
-    cpu_ms = 1e3 * sum(load.cpu.total for load in loads) / max(requests, 1)
-    note = (f"`{server.name}`: exit code {server.process.returncode}, {cpu_ms:.3f} ms CPU a request under load, "
+    note = (f"`{server.name}`: exit code {server.process.returncode}, "
+            f"{cpu_ms_per_request(loads):.3f} ms CPU a request under load, "
             f"{idle_cpu_seconds:.1f} s CPU while idle")
     if server.trace_file is None:
         return note
