@@ -254,6 +254,37 @@ def test_xsp_sample_from_the_environment(monkeypatch):
     assert (session.trace.spans[col.LEVEL] == "layer").sum() == 4
 
 
+def windows_closed(tmp_path, seconds: float, **options) -> int:
+    """Windows an always-on session writing to a file closed while a loop of steps ran ``seconds``."""
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "w.xsp.parquet", sample=0.0,
+                                    **options) as session:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            model(x)
+            time.sleep(0.002)
+    return int(session.trace.metadata["closed_windows"])
+
+
+def test_window_s_and_xsp_window_s_set_how_often_an_always_on_session_writes(monkeypatch, tmp_path):
+    monkeypatch.delenv("XSP_WINDOW_S", raising=False)
+    assert windows_closed(tmp_path, 1.0) == 0  # 60 s by default: the session's end writes the one window
+    assert windows_closed(tmp_path, 1.0, window_s=0.2) >= 3
+    monkeypatch.setenv("XSP_WINDOW_S", "0.2")
+    assert windows_closed(tmp_path, 1.0) >= 3
+    assert windows_closed(tmp_path, 1.0, window_s=30) == 0  # the argument before the environment
+    monkeypatch.setenv("XSP_WINDOW_S", "often")
+    with pytest.warns(xsp.XspWarning, match="XSP_WINDOW_S is not used: it must be a number of seconds above 0, "
+                                            "not 'often'; windows close every 60 s"):
+        assert windows_closed(tmp_path, 0.5) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "10", True])
+def test_a_window_interval_that_is_no_number_of_seconds_is_refused(bad):
+    with pytest.raises(ValueError, match="window_s must be a number of seconds above 0"):
+        xsp.trace(sample=0.1, window_s=bad)
+
+
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "x"])
 def test_a_sample_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="sample"):

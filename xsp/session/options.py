@@ -4,6 +4,7 @@ from them as it runs (the file's name for this rank, a collector found unreachab
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,12 +33,16 @@ WINDOW_S = 1.0
 then interpreted and written to disk (and exported) while the program runs on. (Read as each
 session's options are made: a test may change it.)"""
 ALWAYS_ON_WINDOW_S = 60.0
-"""An always-on session's windows close this long apart (OpenTelemetry's default interval for
+"""An always-on session's windows close this long apart, unless ``window_s`` or
+:data:`WINDOW_VARIABLE` says otherwise (OpenTelemetry's default interval for
 exporting metrics, whose figures come from the windows). Each window costs about the same
 whatever it holds (a helper process forked, about 130 ms of CPU, and 150-190 ms of
 interpretation before its first span), on top of about 15 µs a request. The example service at
 400 requests a second spent 54-71 µs a request off its request thread with 10 s windows, 33-42
 with 30 s (``benchmarks/production.py``). ``WINDOW_EVENTS`` still bounds what a window holds."""
+WINDOW_VARIABLE: Final = "XSP_WINDOW_S"
+"""An always-on session's window interval, in seconds, where ``window_s`` is not given (a service's
+setting, as ``XSP_SAMPLE`` is; ``xsp run`` passes it on)."""
 CAPTURE_WINDOW_S = 1.0
 """While a capture (``xsp capture``) is under way, windows close at most this long apart: its file
 is complete about a second after its last step, not a window's time later."""
@@ -79,6 +84,8 @@ class TraceOptions:
     """Always on (``sample=``): which steps are recorded below the model level (None: every step)."""
     sampling_env_problem: str | None = None
     """``XSP_SAMPLE`` was set but could not be used (said at the start)."""
+    window_env_problem: str | None = None
+    """``XSP_WINDOW_S`` was set but could not be used (said at the start)."""
     rotate_s: float | None = None
     """With ``dataset``: the file is sealed as a part, and the next begun, this often (None: never)."""
     rotate_bytes: int | None = None
@@ -97,7 +104,7 @@ class TraceOptions:
               span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
               backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
               sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
-              rotate: str | float | None = None) -> TraceOptions:
+              rotate: str | float | None = None, window_s: float | None = None) -> TraceOptions:
         """The options of :func:`xsp.trace`, checked.
 
         Raises:
@@ -108,6 +115,7 @@ class TraceOptions:
             checked_output_name(str(output))
         sampling, env_problem = _sampling(sample, slow_factor)
         rotate_s, rotate_bytes = parse_rotation(rotate)
+        windows_s, window_problem = _window_interval(window_s, sampling is not None)
         if (rotate_s or rotate_bytes) and dataset is None:
             raise ValueError("rotate writes the trace as parts of a dataset: give dataset=DIR too (xsp run --dataset)")
         return cls(
@@ -118,8 +126,31 @@ class TraceOptions:
             span_budget=span_budget_from_env() if budget is None else budget, span_budget_from_env=budget is None,
             dataset=None if dataset is None else Path(dataset).absolute(), backward=backward,
             layer_depth=checked_layer_depth(layer_depth), nvtx=nvtx_ranges.wanted(nvtx),
-            window_s=WINDOW_S if sampling is None else ALWAYS_ON_WINDOW_S, window_events=WINDOW_EVENTS,
-            sampling=sampling, sampling_env_problem=env_problem, rotate_s=rotate_s, rotate_bytes=rotate_bytes)
+            window_s=windows_s, window_events=WINDOW_EVENTS, sampling=sampling, sampling_env_problem=env_problem,
+            window_env_problem=window_problem, rotate_s=rotate_s, rotate_bytes=rotate_bytes)
+
+
+def _window_interval(window_s: float | None, always_on: bool) -> tuple[float, str | None]:
+    """How often the session's windows close, and the problem with ``XSP_WINDOW_S`` where it was
+    set but cannot be used (said, not raised: the environment is not the program's own call).
+    Raises ValueError naming ``window_s`` where it is out of range."""
+    if window_s is not None:
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not 0 < window_s < math.inf:
+            raise ValueError(f"window_s must be a number of seconds above 0, not {window_s!r}")
+        return float(window_s), None
+    if not always_on:
+        return WINDOW_S, None
+    from_env = os.environ.get(WINDOW_VARIABLE, "").strip()
+    if not from_env:
+        return ALWAYS_ON_WINDOW_S, None
+    try:
+        value = float(from_env)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        return ALWAYS_ON_WINDOW_S, (f"{WINDOW_VARIABLE} is not used: it must be a number of seconds above 0, not "
+                                    f"{from_env!r}; windows close every {ALWAYS_ON_WINDOW_S:g} s")
+    return value, None
 
 
 _SECONDS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -122,11 +122,11 @@ class Session:
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
                  backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
                  sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
-                 rotate: str | float | None = None, *,
+                 rotate: str | float | None = None, window_s: float | None = None, *,
                  options: TraceOptions | None = None, listens: bool = True) -> None:
         self.options = options if options is not None else TraceOptions.parse(
             levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
-            span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor, rotate)
+            span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor, rotate, window_s)
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
         self.listens = listens

@@ -76,8 +76,9 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         if output is not None and not any(tracer.collects_at_end for tracer in tracers):
             segments = SegmentWriter(output)
         started: list[Tracer] = []
-        if options.sampling_env_problem is not None:
-            warn(options.sampling_env_problem)
+        for problem in (options.sampling_env_problem, options.window_env_problem):
+            if problem is not None:
+                warn(problem)
         sampler = None if options.sampling is None else always_on_sampler(options)
         interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
                                         clock.host_to_epoch_ns, rank, segments, latency=sampler is not None,

@@ -22,7 +22,7 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
           backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
           sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
-          rotate: str | float | None = None) -> Session:
+          rotate: str | float | None = None, window_s: float | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
     Args:
@@ -72,6 +72,11 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
             ``<dataset>/run=<id>/rank=<rank>/part-<k>.xsp.parquet``, each sealed (and readable)
             after this long or this large: ``"1h"``, ``"500MB"``, ``"1h,500MB"``, or seconds.
             :func:`xsp.load` of the folder reads the parts as one trace.
+        window_s: how often, in seconds, what was recorded is interpreted and written (and
+            exported) while the program runs: a window closes at the first step end this long
+            after the last. Default 1 s, and 60 s with ``sample`` (or ``XSP_WINDOW_S`` there).
+            Each window of an always-on session costs a few tenths of a second of CPU whatever
+            it holds: longer windows cost less, and a request's spans reach the collector later.
 
     Raises:
         xsp.UnknownLevelError: a level name that does not exist.
@@ -88,4 +93,5 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
     return Session(levels=levels, output=output, otlp_endpoint=otlp_endpoint, service_name=service_name,
                    otlp_protocol=otlp_protocol, max_events=max_events, long_step_s=long_step_s, schedule=schedule,
                    calibrate=calibrate, span_budget=span_budget, dataset=dataset, backward=backward,
-                   layer_depth=layer_depth, nvtx=nvtx, sample=sample, slow_factor=slow_factor, rotate=rotate)
+                   layer_depth=layer_depth, nvtx=nvtx, sample=sample, slow_factor=slow_factor, rotate=rotate,
+                   window_s=window_s)
