@@ -19,6 +19,13 @@ falls in another's round. With ``--servers K``, each variant runs as K servers, 
 1-2% (their memory layouts), and two xsp servers by up to 3 points, so a variant's figures pooled
 over several servers say more than any one server's.
 
+``--split`` runs, instead of ``xsp`` on every request, three variants that each take one part of
+``xsp s=<fraction>``'s cost out: ``no windows`` (the same session, its windows never closing while
+the run lasts: ``XSP_WINDOW_S`` past its end), ``no steps`` (the same session with its module-call
+wrapper taken out, so that no step is recorded: the session's mere presence,
+benchmarks/split_server.py) and ``timer`` (no xsp; every top-level module call timed by a C object
+of a few lines, benchmarks/timer_floor.c: the floor of any model-level tracer).
+
 Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
 time per request, and p50/p99 as ratios to plain (pooled over the rounds, with a 95% bootstrap
 interval over rounds, each variant's round drawn with plain's of the same round). The servers
@@ -26,7 +33,7 @@ are then stopped with SIGTERM and each xsp trace file is checked. Prints a table
 in benchmarks/results/production.md.
 
 Usage: python benchmarks/production.py [--rounds 40] [--seconds 2] [--concurrency 4] [--sample 0.01]
-       [--servers 1] [--endpoints sync,async] [--keep]
+       [--servers 1] [--endpoints sync,async] [--split] [--keep]
 """
 
 from __future__ import annotations
@@ -59,11 +66,16 @@ from xsp.core.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "production.md"
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "service" / "serve.py"
+SPLIT_SERVER = Path(__file__).resolve().parent / "split_server.py"
+SPLIT_ENV = "XSP_BENCH_SPLIT"  # read by split_server.py
+WINDOW_ENV = "XSP_WINDOW_S"
+NO_WINDOWS_S = 1e9
+"""``XSP_WINDOW_S`` of the ``no windows`` variant: no window closes while the run lasts."""
 HOST = "127.0.0.1"
 ENDPOINTS = {"sync": "/predict", "async": "/predict_async"}
 HEALTH_PATH = "/health"
 MODE_ENV, SAMPLE_ENV, OUTPUT_ENV = "XSP_BENCH_MODE", "XSP_BENCH_SAMPLE", "XSP_BENCH_OUTPUT"  # read by serve.py
-CLEARED_ENV = ("XSP_SAMPLE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+CLEARED_ENV = ("XSP_SAMPLE", "XSP_WINDOW_S", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 """The caller's settings that would change what a variant does (xsp's sampling, span export)."""
 PLAIN = "plain"
 PLAIN_TWIN = "plain twin"
@@ -99,6 +111,7 @@ class Load:
 
 
 def start_server(name: str, settings: dict[str, str], folder: Path, variant: str | None = None) -> Server:
+    """Start the service with ``settings`` in its environment (split_server.py's where they name a split)."""
     tag = name.replace(" ", "_").replace("=", "").replace("#", "")
     trace_file = folder / f"{tag}.xsp.parquet" if settings[MODE_ENV] != PLAIN else None
     environment = {key: value for key, value in os.environ.items() if key not in CLEARED_ENV}
@@ -108,7 +121,8 @@ def start_server(name: str, settings: dict[str, str], folder: Path, variant: str
         port = int(probe.getsockname()[1])
     log = folder / f"{tag}.stderr.txt"
     with open(log, "wb") as stderr:  # a session of its own: a Ctrl-C reaches this script alone
-        process = subprocess.Popen([sys.executable, str(SERVER), str(port)], env=environment,
+        script = SPLIT_SERVER if SPLIT_ENV in settings else SERVER
+        process = subprocess.Popen([sys.executable, str(script), str(port)], env=environment,
                                    stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
     return Server(name, variant or name, process, port, log, trace_file)
 
@@ -323,6 +337,26 @@ def servers_text(servers: int) -> str:
             "variant's figures pool its servers' requests, and each server's own CPU a request is listed below. ")
 
 
+def split_text(sample: float) -> str:
+    """What the variants of ``--split`` are, for the results' description."""
+    return (f" With `--split`, three variants each take one part of *xsp s={sample:g}*'s cost out: *no windows* "
+            "is the same session with no window closing while the run lasts (`XSP_WINDOW_S` past its end: no helper "
+            "process, nothing interpreted), *no steps* the same session with xsp's module-call wrapper taken out "
+            "once it started (no step recorded: the session's threads, imports and objects alone), *timer* no xsp "
+            "but every top-level module call timed by a C object of a few lines (`benchmarks/timer_floor.c`: the "
+            "floor of any model-level tracer).")
+
+
+def variants_of(sample: float, split: bool) -> dict[str, dict[str, str]]:
+    """Each variant's name and the settings of its servers (see the module's text)."""
+    sampled = {MODE_ENV: "xsp", SAMPLE_ENV: str(sample)}
+    variants = {PLAIN: {MODE_ENV: PLAIN}, PLAIN_TWIN: {MODE_ENV: PLAIN}}
+    if not split:
+        return {**variants, "xsp": {MODE_ENV: "xsp"}, f"xsp s={sample:g}": sampled}
+    return {**variants, f"xsp s={sample:g}": sampled, "no windows": {**sampled, WINDOW_ENV: f"{NO_WINDOWS_S:g}"},
+            "no steps": {**sampled, SPLIT_ENV: "no_steps"}, "timer": {MODE_ENV: PLAIN, SPLIT_ENV: "timer"}}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
@@ -331,13 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction in the third variant")
     parser.add_argument("--servers", type=int, default=1, help="servers of each variant, started in turn")
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
+    parser.add_argument("--split", action="store_true",
+                        help="instead of xsp on every request, xsp s=... without windows, without steps, and a C timer")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
     if args.servers < 1:
         parser.error(f"--servers must be 1 or more, not {args.servers}")
     endpoints = [name for name in args.endpoints.split(",") if name]
-    variants = {PLAIN: {MODE_ENV: PLAIN}, PLAIN_TWIN: {MODE_ENV: PLAIN}, "xsp": {MODE_ENV: "xsp"},
-                f"xsp s={args.sample:g}": {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample)}}
+    variants = variants_of(args.sample, args.split)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="xsp-production-"))
@@ -392,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "that serve the requests). Ratios: pooled percentiles over plain's, with a 95% bootstrap interval over "
         "rounds (a variant's round drawn with plain's same round). *plain twin* is a second server running "
         "plain's code: its ratios are how much two processes of one program differ on this machine, the "
-        "resolution of every other ratio.", "",
+        f"resolution of every other ratio.{split_text(args.sample) if args.split else ''}", "",
         "```", *table(results, list(variants), endpoints), "```", "",
         *(f"* {server_note(server, server_loads[server.name], idle_cpu_seconds[server.name])}" for server in servers),
     ]

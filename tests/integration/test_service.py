@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("opentelemetry.instrumentation.fastapi")
 
 SERVE = Path(__file__).resolve().parents[2] / "examples" / "service" / "serve.py"
+SPLIT_SERVE = Path(__file__).resolve().parents[2] / "benchmarks" / "split_server.py"
 TOKENS = json.dumps(list(range(32)))
 
 
@@ -51,11 +53,11 @@ def request(port: int, method: str, path: str, body: str | None = None) -> tuple
 
 
 class Server:
-    def __init__(self, tmp_path: Path, **environment: str) -> None:
+    def __init__(self, tmp_path: Path, script: Path = SERVE, **environment: str) -> None:
         self.port = free_port()
         self.output = tmp_path / "service.xsp.parquet"
         env = {**os.environ, "XSP_BENCH_MODE": "xsp", "XSP_BENCH_OUTPUT": str(self.output), **environment}
-        self.process = subprocess.Popen([sys.executable, str(SERVE), str(self.port)], env=env,
+        self.process = subprocess.Popen([sys.executable, str(script), str(self.port)], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while True:
@@ -106,6 +108,31 @@ def test_each_sampled_request_trace_holds_the_http_span_then_predict_then_its_la
     roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
     assert len(roots) == 6
     assert set(roots[col.TRACE_ID].astype(str)) == {span.trace_id for span in servers}
+
+
+@pytest.mark.heavy  # two services
+def test_the_benchmark_split_servers_serve_without_steps_and_with_a_bare_timer(tmp_path):
+    """benchmarks/production.py --split: a session whose wrapper is out records no step, and
+    ends cleanly (its wrapper put back first); the C timer in place of nn.Module.__call__ serves."""
+    server = Server(tmp_path, SPLIT_SERVE, XSP_BENCH_SPLIT="no_steps", XSP_BENCH_SAMPLE="1.0")
+    try:
+        for path in ("/predict", "/predict_async"):
+            assert request(server.port, "POST", path, TOKENS)[0] == 200
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    assert "warning" not in err.lower() and "replaced" not in err, err
+    spans = xsp.load(server.output).spans
+    assert spans[col.STEP].notna().sum() == 0 and len(spans) == 1  # the session's span alone
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here to build benchmarks/timer_floor.c")
+    server = Server(tmp_path, SPLIT_SERVE, XSP_BENCH_SPLIT="timer", XSP_BENCH_MODE="plain")
+    try:
+        status, body = request(server.port, "POST", "/predict", TOKENS)
+        assert status == 200 and "label" in json.loads(body)
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
 
 
 @pytest.mark.heavy  # a service, and Jaeger's stand-in

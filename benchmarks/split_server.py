@@ -1,0 +1,83 @@
+"""The example service (examples/service/serve.py) with one part of xsp's cost taken out, for
+``benchmarks/production.py --split``. ``XSP_BENCH_SPLIT`` says which:
+
+* ``no_steps``: the server runs inside ``xsp.trace(...)`` as ``serve.py`` does, but xsp's module-call
+  wrapper is taken out of ``nn.Module.__call__`` as soon as the session has started (and put back
+  before it ends): the session's threads, imports and objects are there, yet no step is ever
+  recorded, so no window ever closes;
+* ``timer``: no xsp at all; ``nn.Module.__call__`` is replaced by a C object that reads the clock
+  around each top-level module call and keeps the readings in memory (``benchmarks/timer_floor.c``,
+  built here with the machine's C compiler): what timing every request's model call costs by
+  itself, the floor of any model-level tracer.
+
+Usage: XSP_BENCH_SPLIT=no_steps XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+SPLIT_ENV = "XSP_BENCH_SPLIT"
+NO_STEPS, TIMER = "no_steps", "timer"
+SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
+TIMER_SOURCE = Path(__file__).resolve().parent / "timer_floor.c"
+
+sys.path.insert(0, str(SERVICE))
+import serve  # noqa: E402  (the example service, found beside it)
+
+
+@contextmanager
+def session_without_steps(options: dict[str, Any]) -> Iterator[Any]:
+    """``xsp.trace(**options)`` with its module-call wrapper taken out while the block runs."""
+    import xsp
+
+    with xsp.trace(**options) as session:
+        wrapper = nn.Module.__dict__["__call__"]
+        original = getattr(wrapper, "original", None)
+        if original is None:
+            raise SystemExit("xsp's C wrapper is not built here: nothing to take out")
+        nn.Module.__call__ = original  # type: ignore[method-assign]
+        try:
+            yield session
+        finally:
+            nn.Module.__call__ = wrapper  # type: ignore[method-assign]  # xsp takes its own out
+
+
+def install_timer() -> None:
+    """Build timer_floor.c and put its Timer in ``nn.Module.__call__``."""
+    folder = Path(tempfile.mkdtemp(prefix="xsp-timer-floor-"))
+    built = folder / f"timer_floor{sysconfig.get_config_var('EXT_SUFFIX')}"
+    compiler = os.environ.get("CC", "cc")
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(TIMER_SOURCE),
+                    "-o", str(built)], check=True)
+    spec = importlib.util.spec_from_file_location("timer_floor", built)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    nn.Module.__call__ = module.Timer(nn.Module.__call__)  # type: ignore[method-assign]
+
+
+def main() -> int:
+    split = os.environ.get(SPLIT_ENV)
+    if split == NO_STEPS:
+        serve.xsp_session = session_without_steps  # type: ignore[assignment]
+    elif split == TIMER:
+        install_timer()
+    else:
+        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS} or {TIMER}, not {split!r}")
+    return serve.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
