@@ -214,6 +214,34 @@ def test_a_slow_step_arms_deep_recording_of_the_next_steps(wrapper):
     assert session.trace.metadata["sampling"]["slow_steps_found"] >= 1
 
 
+def test_a_layer_failing_in_a_step_not_sampled_leaves_the_next_deep_steps_whole(wrapper):
+    """In a step recorded at the model level only, xsp's C wrapper passes the calls inside
+    straight through; a failure there must not leave them passed through in later steps."""
+    model, x = Sometimes(), torch.randn(2, 4)
+    real_forward, failing = model.inner.forward, [False]
+
+    def inner(value):
+        if failing[0]:
+            raise RuntimeError("bad request")
+        return real_forward(value)
+
+    model.inner.forward = inner
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.0, slow_factor=20) as session:
+        for i in range(40):
+            failing[0] = i == 25
+            model.sleep_s = 0.3 if i == 30 else 0.002
+            try:
+                model(x)
+            except RuntimeError:
+                assert i == 25
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    deep = set(roots[roots[col.SAMPLING] == "after_slow"][col.STEP].astype(int))
+    layers = spans[spans[col.LEVEL] == "layer"]
+    assert len(deep) == 3
+    assert sorted(layers[col.STEP].astype(int)) == sorted(deep)  # one layer call in each deep step, none elsewhere
+
+
 def test_explicit_steps_are_sampled_too(wrapper):
     model, x = Net(), torch.randn(2, 8)
     with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.0) as session:

@@ -326,7 +326,14 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     slot_set(buffer, slots->skipping, Py_False);
     if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;
     Py_ssize_t length = 0;
-    if (self->mode == MODE_ROOTS) self->running_thread = thread;
+    /* the calls inside pass straight through: the model level's, and a step an always-on session
+     * records at the model level only (its step_limit -1), as the depth test below would */
+    long long step_limit = self->mode == MODE_ROOTS ? 0 : slot_ll(buffer, slots->step_limit);
+    if (step_limit == -1 && PyErr_Occurred()) {  /* no step_limit, or not an int: the depth test decides */
+        PyErr_Clear();
+        step_limit = 0;
+    }
+    if (self->mode == MODE_ROOTS || step_limit == -1) self->running_thread = thread;
     /* a step recorded without operators: its call runs with the thread's operator records paused */
     int paused = pause_operators != NULL && SLOT(buffer, slots->step_operators) == Py_False && pause_operators(1) == 1;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
@@ -376,7 +383,7 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
     uint64_t thread = current_thread();
-    if (self->running_thread == thread) return call_original(self, &call);  /* MODE_ROOTS */
+    if (self->running_thread == thread) return call_original(self, &call);  /* inside a call passing them through */
     PyObject *buffer = thread_buffer(self->local, &self->cache, thread);
     if (buffer == NULL && !PyErr_Occurred())  /* this thread's first record */
         buffer = PyObject_CallMethodNoArgs(self->recording, s_new_buffer);

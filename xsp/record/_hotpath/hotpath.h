@@ -198,9 +198,10 @@ typedef struct {
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
     uint64_t running_thread;
-    /* MODE_ROOTS: the thread (current_thread) whose top-level call this wrapper runs right now, 0
-     * when none: a module call on that thread while it runs is a pass-through, known without the
-     * thread's buffer and its depth (~50 instructions a layer call). Whenever it names a thread,
+    /* The thread (current_thread) whose top-level call this wrapper runs right now, in MODE_ROOTS
+     * or (MODE_ALL) in a step an always-on session records at the model level only (its buffer's
+     * step_limit -1), 0 when none: a module call on that thread while it runs is a pass-through,
+     * known without the thread's buffer and its depth (~50 instructions a layer call). Whenever it names a thread,
      * that thread's buffer's depth is 1 or more; when it does not (another thread's top-level call
      * took it, or the Python path runs the call), the buffer says. A field, not a thread-local: a
      * thread-local of a shared library costs a call (__tls_get_addr) at each read. */
