@@ -307,6 +307,18 @@ def test_window_s_and_xsp_window_s_set_how_often_an_always_on_session_writes(mon
         assert windows_closed(tmp_path, 0.5) == 0
 
 
+def test_a_window_interval_past_any_run_keeps_steps_on_the_fast_path(tmp_path):
+    """The next window's due time stays an int64, which xsp's C wrapper reads at each step."""
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "w.xsp.parquet", sample=0.0,
+                                    window_s=1e12) as session:
+        model(x)
+        assert session.run is not None
+        assert session.run.recording.report_after_ns < 2**63
+        model(x)
+    assert session.trace.metadata["closed_windows"] == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "10", True])
 def test_a_window_interval_that_is_no_number_of_seconds_is_refused(bad):
     with pytest.raises(ValueError, match="window_s must be a number of seconds above 0"):

@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from xsp.core import contention
 from xsp.core.clock import ClockSync, now_ns
@@ -34,6 +34,9 @@ from xsp.tracers.registry import tracers_for
 
 if TYPE_CHECKING:
     from xsp.export.metrics import LatencyMetrics
+
+LONGEST_WINDOW_NS: Final = 1 << 62
+"""The longest window interval kept (about 146 years): longer ones are as good as never."""
 
 
 def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Callable[[str], None],
@@ -204,7 +207,9 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     if not flushers and windows is None and steps is None and sampler is None:
         return []
 
-    window_ns = int(options.window_s * 1e9) if streaming else NEVER
+    # capped, so that the next window's due time stays an int64 (xsp's C wrapper reads it; one past
+    # it would send every step to the Python path)
+    window_ns = min(int(options.window_s * 1e9), LONGEST_WINDOW_NS) if streaming else NEVER
     capture_window_ns = min(window_ns, int(CAPTURE_WINDOW_S * 1e9))
     window_events = options.window_events if streaming else NEVER
     every_step = bool(flushers) or steps is not None  # (a sampler hears the others from xsp's C wrapper)
