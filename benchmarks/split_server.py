@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -65,6 +66,7 @@ def install_timer() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    shutil.rmtree(folder)  # loaded: the process keeps its mapping
     nn.Module.__call__ = module.Timer(nn.Module.__call__)  # type: ignore[method-assign]
 
 
