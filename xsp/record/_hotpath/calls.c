@@ -327,13 +327,9 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     if (record_root(slots, buffer, start, start_ns, flags, self->compact_at) < 0) goto done;
     Py_ssize_t length = 0;
     /* the calls inside pass straight through: the model level's, and a step an always-on session
-     * records at the model level only (its step_limit -1), as the depth test below would */
-    long long step_limit = self->mode == MODE_ROOTS ? 0 : slot_ll(buffer, slots->step_limit);
-    if (step_limit == -1 && PyErr_Occurred()) {  /* no step_limit, or not an int: the depth test decides */
-        PyErr_Clear();
-        step_limit = 0;
-    }
-    if (self->mode == MODE_ROOTS || step_limit == -1) self->running_thread = thread;
+     * records at the model level only, as the depth test in fastcall_vectorcall would */
+    if (self->mode == MODE_ROOTS || step_limit_of(buffer, slots) == MODEL_ONLY_LIMIT)
+        self->running_thread = thread;
     /* a step recorded without operators: its call runs with the thread's operator records paused */
     int paused = pause_operators != NULL && SLOT(buffer, slots->step_operators) == Py_False && pause_operators(1) == 1;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
@@ -410,8 +406,7 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
             result = call_original(self, &call);
             goto done;
         }
-        PyObject *limit = SLOT(buffer, self->buffer_slots.step_limit);
-        long long deepest = limit != NULL && PyLong_CheckExact(limit) ? as_ll(limit) : 0;
+        long long deepest = step_limit_of(buffer, &self->buffer_slots);
         if (deepest != 0 && (deepest < 0 || depth > deepest)) {
             /* a step an always-on session records to a depth only (-1: the model level only) */
             result = call_original(self, &call);

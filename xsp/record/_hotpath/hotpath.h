@@ -61,6 +61,7 @@
 #define ROOT_TRAINING 1
 #define ROOT_GRAD 2
 #define ROOT_MODE_UNKNOWN 4
+#define MODEL_ONLY_LIMIT (-1)  /* ThreadBuffer.step_limit of a step recorded at the model level only */
 #define CONSTANTS 8  /* len(auto_steps.hotpath_constants()) */
 
 extern PyObject *s_b, *s___dict__, *s_new_buffer, *s_is_compiling_flag, *s_long_step_ns, *s_report_after_ns,
@@ -200,9 +201,9 @@ typedef struct {
     uint64_t running_thread;
     /* The thread (current_thread) whose top-level call this wrapper runs right now, in MODE_ROOTS
      * or (MODE_ALL) in a step an always-on session records at the model level only (its buffer's
-     * step_limit -1), 0 when none: a module call on that thread while it runs is a pass-through,
-     * known without the thread's buffer and its depth (~50 instructions a layer call). Whenever it names a thread,
-     * that thread's buffer's depth is 1 or more; when it does not (another thread's top-level call
+     * step_limit MODEL_ONLY_LIMIT), 0 when none: a module call on that thread while it runs is a
+     * pass-through, known without the thread's buffer and its depth (~50 instructions a layer
+     * call). Whenever it names a thread, that thread's buffer's depth is 1 or more; when it does not (another thread's top-level call
      * took it, or the Python path runs the call), the buffer says. A field, not a thread-local: a
      * thread-local of a shared library costs a call (__tls_get_addr) at each read. */
 } FastCall;
@@ -288,6 +289,13 @@ static inline long long as_ll(PyObject *value) {
 #else
     return PyLong_AsLongLong(value);
 #endif
+}
+
+/* How deep the thread's running step is recorded (ThreadBuffer.step_limit): 0 (every depth) where
+ * the slot holds no int. */
+static inline long long step_limit_of(PyObject *buffer, const BufferSlots *slots) {
+    PyObject *limit = SLOT(buffer, slots->step_limit);
+    return limit != NULL && PyLong_CheckExact(limit) ? as_ll(limit) : 0;
 }
 
 /* callable(module, *args, **kwargs), from the arguments as they came. */

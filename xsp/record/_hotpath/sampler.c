@@ -17,7 +17,6 @@
 #define REASON_MODEL_ONLY 0
 #define REASON_NOT_SAMPLED 4
 #define NOTE_DECISION 0  /* NoteKind.DECISION */
-#define MODEL_ONLY_LIMIT (-1)
 #define MEDIAN_CAPACITY 1024
 #define SPAN_TYPES 4  /* the span classes a process meets: the SDK's, NonRecordingSpan */
 
