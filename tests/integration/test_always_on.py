@@ -307,6 +307,42 @@ def test_window_s_and_xsp_window_s_set_how_often_an_always_on_session_writes(mon
         assert windows_closed(tmp_path, 0.5) == 0
 
 
+def steps_for(model, x, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        model(x)
+        time.sleep(0.002)
+
+
+def test_a_window_taken_in_a_burst_of_requests_is_interpreted_in_the_pause_after_it(tmp_path):
+    # window_s=4: the window comes due at the burst's end and may wait 2 s for a pause; the
+    # burst goes on 0.3 s past it, then the program pauses (a service between bursts)
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "b.xsp.parquet", sample=0.0,
+                                    window_s=4.0) as session:
+        steps_for(model, x, 4.3)
+        time.sleep(2.5)
+    meta = session.trace.metadata
+    assert meta["closed_windows"] == 1 and meta["helper_windows"] >= 1
+    assert meta["window_waits"] == {"after_pause": 1, "past_wait": 0}
+
+
+def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interval(tmp_path):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "n.xsp.parquet", sample=0.0,
+                                    window_s=0.6) as session:
+        steps_for(model, x, 3.0)
+    meta = session.trace.metadata
+    assert meta["window_waits"]["past_wait"] >= 1
+
+
+def test_only_an_always_on_session_waits_for_a_pause(tmp_path):
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "p.xsp.parquet") as session:
+        model(x)
+    assert session.trace.metadata["window_waits"] is None
+
+
 def test_a_window_interval_past_any_run_keeps_steps_on_the_fast_path(tmp_path):
     """The next window's due time stays an int64, which xsp's C wrapper reads at each step."""
     model, x = Net(), torch.randn(2, 8)

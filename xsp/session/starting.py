@@ -24,6 +24,7 @@ from xsp.session.interpreting import WindowInterpreter
 from xsp.session.leveled_plans import depth_plans
 from xsp.session.options import CAPTURE_WINDOW_S, TraceOptions
 from xsp.session.output_name import OutputName
+from xsp.session.pauses import WAIT_FRACTION, PauseWait
 from xsp.session.running import RunningSession, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.signals import StopSignals
@@ -90,7 +91,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
             interpreter.on_deeper_layers = lambda deepest: sampler.rotate(depth_plans(options.levels, deepest))
         windows = None
         if target is not None or segments is not None:
-            windows = WindowWorker(recording, interpreter, target, options, rank, warn)
+            windows = WindowWorker(recording, interpreter, target, options, rank, warn,
+                                   None if sampler is None else pause_wait_of(sampler, options))
         metrics = None
         if options.sampling is not None and target is not None:
             metrics = latency_metrics(options, target, rank, warn)
@@ -140,6 +142,12 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         for note in segments.take_notes():
             warn(note)
     return run
+
+
+def pause_wait_of(sampler: StepSampler, options: TraceOptions) -> PauseWait:
+    """Where an always-on session's windows wait for a pause in its steps (told by ``sampler``'s
+    count of steps begun) before their work starts."""
+    return PauseWait(lambda: sampler.begun, options.window_s * WAIT_FRACTION)
 
 
 def always_on_sampler(options: TraceOptions) -> StepSampler:

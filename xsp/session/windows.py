@@ -29,6 +29,7 @@ from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
 from xsp.session.interpreting import WindowInterpreter, WindowResult
 from xsp.session.options import TraceOptions
+from xsp.session.pauses import PauseWait
 
 if TYPE_CHECKING:
     from xsp.export.otlp import OtlpExport
@@ -67,10 +68,13 @@ class WindowWorker:
         options: the session's options (its service name and span budget).
         rank: the session's rank in a distributed job, which the export's resource names.
         warn: how a problem is said (the session's warning).
+        pause_wait: where a window's work waits for a pause in the program's steps first (an
+            always-on session's, :mod:`xsp.session.pauses`); None: it starts at once.
     """
 
     def __init__(self, recording: Recording, interpreter: WindowInterpreter, target: OtlpTarget | None,
-                 options: TraceOptions, rank: RankInfo | None, warn: Callable[[str], None]) -> None:
+                 options: TraceOptions, rank: RankInfo | None, warn: Callable[[str], None],
+                 pause_wait: PauseWait | None = None) -> None:
         self.recording = recording
         self.interpreter = interpreter
         self.options = options
@@ -100,6 +104,7 @@ class WindowWorker:
         self.finished = False
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
+        self.pause_wait = pause_wait
         self.thread = start_thread(self._run, "xsp-windows")
 
     def close_window(self, hold: bool = False) -> None:
@@ -130,6 +135,12 @@ class WindowWorker:
             for window in held:
                 self.queue.put(window)
 
+    def wait_counts(self) -> dict[str, int] | None:
+        """How the windows' work began: after a pause in the steps, or past its longest wait
+        (None: it never waits, as in any session but an always-on one)."""
+        wait = self.pause_wait
+        return None if wait is None else {"after_pause": wait.after_pause, "past_wait": wait.past_wait}
+
     @property
     def session_ids(self) -> tuple[str, int]:
         state = self.interpreter.state
@@ -152,7 +163,9 @@ class WindowWorker:
                     self.forks = False
         while (window := self._next_window()) is not None:
             interpreter = self.interpreter
-            interpreter.prepare(window)
+            interpreter.prepare(window)  # at once: what only this process holds (CUPTI's buffers) is taken in
+            if self.pause_wait is not None and window.closed_ns is not None:
+                self.pause_wait.wait(window.closed_ns, lambda: self.interpreter.watching)
             if not self._interpreted_in_helper(window):
                 try:
                     spans = interpreter.interpret(window)
@@ -205,6 +218,8 @@ class WindowWorker:
 
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""
+        if self.pause_wait is not None:
+            self.pause_wait.hurry.set()
         with self.closing:
             self.finished = True
             held, self.held = self.held, []

@@ -1,0 +1,64 @@
+"""Where an always-on session's closed window waits for a pause in the program's steps before its
+work starts (xsp/session/pauses.py), told by a hand-made count of steps begun."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from xsp.core.clock import now_ns
+from xsp.session.pauses import PauseWait
+
+
+class Steps:
+    """A count of steps begun that goes up at each reading while ``going`` (a program that never pauses)."""
+
+    def __init__(self, going: bool) -> None:
+        self.going = going
+        self.begun = 0
+
+    def __call__(self) -> int:
+        if self.going:
+            self.begun += 1
+        return self.begun
+
+
+def never_skip() -> bool:
+    return False
+
+
+def test_a_window_starts_in_the_first_pause_of_the_steps():
+    wait = PauseWait(Steps(going=False), longest_wait_s=60.0, pause_s=0.02)
+    wait.wait(now_ns(), never_skip)
+    assert (wait.after_pause, wait.past_wait) == (1, 0)
+
+
+def test_steps_that_never_pause_hold_a_window_back_no_longer_than_its_longest_wait():
+    wait = PauseWait(Steps(going=True), longest_wait_s=0.1, pause_s=0.02)
+    wait.wait(now_ns(), never_skip)
+    assert (wait.after_pause, wait.past_wait) == (0, 1)
+
+
+def test_a_window_taken_longer_ago_than_its_longest_wait_starts_at_once():
+    steps = Steps(going=True)
+    wait = PauseWait(steps, longest_wait_s=0.5, pause_s=10.0)
+    wait.wait(now_ns() - 10**9, never_skip)  # a backlog: waiting would only add to it
+    assert (wait.after_pause, wait.past_wait) == (0, 1)
+    assert steps.begun == 1  # read once, never waited on
+
+
+def test_the_session_ending_stops_the_wait_at_once():
+    wait = PauseWait(Steps(going=True), longest_wait_s=600.0, pause_s=600.0)
+    ended = threading.Thread(target=wait.wait, args=(now_ns(), never_skip))
+    ended.start()
+    time.sleep(0.05)
+    wait.hurry.set()
+    ended.join(timeout=30)
+    assert not ended.is_alive()
+    assert (wait.after_pause, wait.past_wait) == (0, 0)
+
+
+def test_a_capture_being_recorded_is_not_held_back():
+    wait = PauseWait(Steps(going=True), longest_wait_s=600.0, pause_s=600.0)
+    wait.wait(now_ns(), lambda: True)  # returns without waiting: the test would hang otherwise
+    assert (wait.after_pause, wait.past_wait) == (0, 0)

@@ -1,0 +1,68 @@
+"""When an always-on session starts the work of a closed window: in the first pause of the
+program's steps, so that the helper process (its fork, which holds the interpreter's lock while
+the page tables are copied; its CPU time; the pages the program copies while it lives) falls
+between a service's requests instead of among them.
+
+A window comes due at a step's end, so in a service loaded in bursts it was always taken, and
+its helper forked, in the middle of a burst: measured on the example service
+(benchmarks/production.py), windows cost 1-2.6 points of the median latency and most of the
+99th percentile's 8-27%. The window is still taken at the step's end (a fraction of a
+millisecond); only its interpretation waits, for a pause (no step begun for
+:data:`PAUSE_S`) or until :data:`WAIT_FRACTION` of the window interval has passed, whichever
+comes first. A service that never pauses has its windows interpreted as before, that much later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from xsp.core.clock import now_ns
+
+PAUSE_S: Final = 0.25
+"""No step begun for this long: the program has paused (a service between bursts of requests)."""
+WAIT_FRACTION: Final = 0.5
+"""A closed window waits for a pause at most this fraction of the window interval after it was
+taken: its spans reach the file (and the collector) at most 1.5 intervals after they happened."""
+
+
+class PauseWait:
+    """Waits for a pause in the program's steps, told by a count of steps begun.
+
+    Args:
+        steps_begun: the count of steps begun so far, on every thread (the always-on sampler's).
+        longest_wait_s: the longest a window waits after it was taken.
+        pause_s: how long without a step begun makes a pause.
+    """
+
+    def __init__(self, steps_begun: Callable[[], int], longest_wait_s: float, pause_s: float = PAUSE_S) -> None:
+        self.steps_begun = steps_begun
+        self.longest_wait_ns = int(longest_wait_s * 1e9)
+        self.pause_s = pause_s
+        self.hurry = threading.Event()
+        """Set: no more waiting (the session ends)."""
+        self.after_pause = 0
+        """Windows whose work started in a pause of the steps."""
+        self.past_wait = 0
+        """Windows whose work started when their longest wait was over, the steps going on."""
+
+    def wait(self, taken_ns: int, skip: Callable[[], bool]) -> None:
+        """Return once the steps pause, ``longest_wait_s`` after ``taken_ns`` (the window's
+        taking, host clock), when :attr:`hurry` is set, or when ``skip()`` says not to wait
+        (a capture is being recorded: its caller waits for the file)."""
+        deadline_ns = taken_ns + self.longest_wait_ns
+        seen = self.steps_begun()
+        while not self.hurry.is_set() and not skip():
+            left_s = (deadline_ns - now_ns()) / 1e9
+            if left_s <= 0:
+                self.past_wait += 1
+                return
+            waited_s = min(self.pause_s, left_s)
+            if self.hurry.wait(waited_s):
+                return
+            begun = self.steps_begun()
+            if begun == seen and waited_s >= self.pause_s:
+                self.after_pause += 1
+                return
+            seen = begun
