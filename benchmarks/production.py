@@ -14,7 +14,9 @@ Rounds are short and many (40 of 2 s by default): the machine's own drift (other
 then falls alike on the variants of a round, and two processes of one program differ by about 1%
 instead of 3% (rounds of 5 s, twelve of them). Before the next variant is loaded, the helper
 processes the last one left running are waited for (at most ``SETTLE_S``), so that none of its work
-falls in another's round. With ``--servers K``, each variant runs as K servers, started in turn
+falls in another's round; an always-on server starts a window's work in the first pause of its
+steps (xsp/session/pauses.py), so the pause that ends its round is waited for first, and the
+round's CPU time counts through the wait. With ``--servers K``, each variant runs as K servers, started in turn
 (plain, twin, xsp, xsp s=..., then the second of each, ...): two processes of one program differ by
 1-2% (their memory layouts), and two xsp servers by up to 3 points, so a variant's figures pooled
 over several servers say more than any one server's.
@@ -63,6 +65,7 @@ import torch
 from _results import record
 
 from xsp.core.metadata import cpu_model
+from xsp.session.pauses import PAUSE_S
 
 RESULTS = Path(__file__).resolve().parent / "results" / "production.md"
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "service" / "serve.py"
@@ -75,6 +78,7 @@ HOST = "127.0.0.1"
 ENDPOINTS = {"sync": "/predict", "async": "/predict_async"}
 HEALTH_PATH = "/health"
 MODE_ENV, SAMPLE_ENV, OUTPUT_ENV = "XSP_BENCH_MODE", "XSP_BENCH_SAMPLE", "XSP_BENCH_OUTPUT"  # read by serve.py
+SAMPLE_OPTION = "sample"  # of the xsp options serve.py's /health gives: the server runs always on
 CLEARED_ENV = ("XSP_SAMPLE", "XSP_WINDOW_S", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 """The caller's settings that would change what a variant does (xsp's sampling, span export)."""
 PLAIN = "plain"
@@ -84,6 +88,9 @@ STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, REQUEST_TIMEOUT_S = 120.0, 120.0, 30.0
 WARMUP_SECONDS = 2.0
 SETTLE_S = 5.0
 """After a round of one variant, how long its helper processes still running are waited for."""
+PAUSE_NOTICED_S = 2 * PAUSE_S + 0.1
+"""After a round of an always-on server, how long until its session has noticed the pause (it
+looks every ``PAUSE_S``) and forked the helper of a window taken in the round."""
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 400, 0
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps([random.Random(0).randrange(VOCABULARY) for _ in range(SEQUENCE_LENGTH)]).encode()
@@ -235,10 +242,24 @@ def drive(server: Server, path: str, concurrency: int, seconds: float) -> Load:
 
 
 def settle(server: Server) -> None:
-    """Wait (at most :data:`SETTLE_S`) until no helper process of ``server`` runs."""
+    """Wait (at most :data:`SETTLE_S`) until no helper process of ``server`` runs. An always-on
+    session starts a window's work in the first pause of its steps (xsp/session/pauses.py): the
+    pause that ends the round is waited for first, so that the helper it forks is waited for too."""
+    if SAMPLE_OPTION in server.health.get("xsp_options", {}):
+        time.sleep(PAUSE_NOTICED_S)
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline and helpers_running(server):
         time.sleep(0.05)
+
+
+def loaded_round(server: Server, path: str, concurrency: int, seconds: float) -> Load:
+    """One round of ``server``: :func:`drive`, then :func:`settle`; the round's CPU time counts
+    the settling too, so that the work of a window taken in the round is the round's."""
+    cpu_before = cpu_seconds(server)
+    load = drive(server, path, concurrency, seconds)
+    settle(server)
+    load.cpu = cpu_seconds(server) - cpu_before
+    return load
 
 
 def helpers_running(server: Server) -> bool:
@@ -393,8 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shift = round_index % len(servers)
             for endpoint in endpoints:
                 for server in servers[shift:] + servers[:shift]:
-                    load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
-                    settle(server)
+                    load = loaded_round(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
                     results.setdefault((server.variant, endpoint), []).append(load)
                     server_loads.setdefault(server.name, []).append(load)
                     print(f"round {round_index + 1}/{args.rounds} {server.name:<14} {endpoint:<5} "
@@ -421,8 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"with 1 torch thread, {SEQUENCE_LENGTH} tokens a request; {args.concurrency} closed-loop keep-alive "
         f"clients on the same machine. {servers_text(args.servers)}{args.rounds} interleaved rounds of "
         f"{args.seconds:g} s per variant and endpoint (*sync*: a `def` handler in FastAPI's thread pool; "
-        "*async*: an `async def` one on the event loop). *CPU ms*: the server's CPU time per request (the "
-        "clients' is not counted); of it, *xsp thr µs* on xsp's threads (its window and control threads) and "
+        "*async*: an `async def` one on the event loop). *CPU ms*: the server's CPU time per request over "
+        "its rounds and the waits after them for its helpers (the clients' is not counted); of it, "
+        "*xsp thr µs* on xsp's threads (its window and control threads) and "
         "*helper µs* in the helper processes xsp forks to interpret its windows (the rest is on the threads "
         "that serve the requests). Ratios: pooled percentiles over plain's, with a 95% bootstrap interval over "
         "rounds (a variant's round drawn with plain's same round). *plain twin* is a second server running "
