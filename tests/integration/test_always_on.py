@@ -324,7 +324,21 @@ def test_a_window_taken_in_a_burst_of_requests_is_interpreted_in_the_pause_after
         time.sleep(2.5)
     meta = session.trace.metadata
     assert meta["closed_windows"] == 1 and meta["helper_windows"] >= 1
-    assert meta["window_waits"] == {"after_pause": 1, "past_wait": 0}
+    assert meta["window_waits"] == {"after_pause": 1, "past_wait": 0, "at_once": 0}
+
+
+def test_a_long_step_under_way_is_no_pause(wrapper, tmp_path):
+    # steps of 0.4 s back to back (slow requests, one after another): no step begins for 0.4 s at
+    # a time, yet one is always under way, so the window taken at 2 s waits its whole second
+    model, x = Sometimes(), torch.randn(2, 4)
+    model.sleep_s = 0.4
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "l.xsp.parquet", sample=0.0,
+                                    window_s=2.0) as session:
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:
+            model(x)
+    waits = session.trace.metadata["window_waits"]
+    assert waits["after_pause"] == 0 and waits["past_wait"] >= 1, waits
 
 
 def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interval(tmp_path):

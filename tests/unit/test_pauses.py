@@ -23,42 +23,61 @@ class Steps:
         return self.begun
 
 
-def never_skip() -> bool:
+def never() -> bool:
     return False
 
 
+def counts(wait: PauseWait) -> tuple[int, int, int]:
+    return wait.after_pause, wait.past_wait, wait.at_once
+
+
 def test_a_window_starts_in_the_first_pause_of_the_steps():
-    wait = PauseWait(Steps(going=False), longest_wait_s=60.0, pause_s=0.02)
-    wait.wait(now_ns(), never_skip)
-    assert (wait.after_pause, wait.past_wait) == (1, 0)
+    wait = PauseWait(Steps(going=False), never, longest_wait_s=60.0, pause_s=0.02)
+    wait.wait(now_ns(), never, never)
+    assert counts(wait) == (1, 0, 0)
+
+
+def test_a_step_under_way_is_no_pause_however_long_since_the_last_began():
+    running = iter([True] * 3 + [False])  # a long step (a slow request), then none
+    wait = PauseWait(Steps(going=False), lambda: next(running), longest_wait_s=60.0, pause_s=0.02)
+    wait.wait(now_ns(), never, never)
+    assert counts(wait) == (1, 0, 0)
+    assert next(running, "all read") == "all read"  # it asked until the step was over
 
 
 def test_steps_that_never_pause_hold_a_window_back_no_longer_than_its_longest_wait():
-    wait = PauseWait(Steps(going=True), longest_wait_s=0.1, pause_s=0.02)
-    wait.wait(now_ns(), never_skip)
-    assert (wait.after_pause, wait.past_wait) == (0, 1)
+    wait = PauseWait(Steps(going=True), never, longest_wait_s=0.1, pause_s=0.02)
+    wait.wait(now_ns(), never, never)
+    assert counts(wait) == (0, 1, 0)
 
 
 def test_a_window_taken_longer_ago_than_its_longest_wait_starts_at_once():
     steps = Steps(going=True)
-    wait = PauseWait(steps, longest_wait_s=0.5, pause_s=10.0)
-    wait.wait(now_ns() - 10**9, never_skip)  # a backlog: waiting would only add to it
-    assert (wait.after_pause, wait.past_wait) == (0, 1)
+    wait = PauseWait(steps, never, longest_wait_s=0.5, pause_s=10.0)
+    wait.wait(now_ns() - 10**9, never, never)  # a backlog: waiting would only add to it
+    assert counts(wait) == (0, 1, 0)
     assert steps.begun == 1  # read once, never waited on
 
 
+def test_a_window_waits_no_longer_once_the_next_one_is_taken():
+    wait = PauseWait(Steps(going=True), never, longest_wait_s=600.0, pause_s=0.01)
+    polls = iter([False, False, True])
+    wait.wait(now_ns(), never, lambda: next(polls))  # returns: the test would hang otherwise
+    assert counts(wait) == (0, 1, 0)
+
+
 def test_the_session_ending_stops_the_wait_at_once():
-    wait = PauseWait(Steps(going=True), longest_wait_s=600.0, pause_s=600.0)
-    ended = threading.Thread(target=wait.wait, args=(now_ns(), never_skip))
+    wait = PauseWait(Steps(going=True), never, longest_wait_s=600.0, pause_s=600.0)
+    ended = threading.Thread(target=wait.wait, args=(now_ns(), never, never))
     ended.start()
     time.sleep(0.05)
     wait.hurry.set()
     ended.join(timeout=30)
     assert not ended.is_alive()
-    assert (wait.after_pause, wait.past_wait) == (0, 0)
+    assert counts(wait) == (0, 0, 1)
 
 
 def test_a_capture_being_recorded_is_not_held_back():
-    wait = PauseWait(Steps(going=True), longest_wait_s=600.0, pause_s=600.0)
-    wait.wait(now_ns(), lambda: True)  # returns without waiting: the test would hang otherwise
-    assert (wait.after_pause, wait.past_wait) == (0, 0)
+    wait = PauseWait(Steps(going=True), never, longest_wait_s=600.0, pause_s=600.0)
+    wait.wait(now_ns(), lambda: True, never)  # returns without waiting: the test would hang otherwise
+    assert counts(wait) == (0, 0, 1)

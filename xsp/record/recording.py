@@ -518,6 +518,10 @@ class Recording:
             self.samples[:0] = waiting  # one slice assignment: a collection recorded meanwhile stays after them
         return taken
 
+    def calls_running(self) -> bool:
+        """Whether a thread is inside a module call now (a step under way)."""
+        return any(buffer.depth for buffer in list(self.buffers))
+
     def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is

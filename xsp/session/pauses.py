@@ -7,9 +7,11 @@ A window comes due at a step's end, so in a service loaded in bursts it was alwa
 its helper forked, in the middle of a burst: measured on the example service
 (benchmarks/production.py), windows cost 1-2.6 points of the median latency and most of the
 99th percentile's 8-27%. The window is still taken at the step's end (a fraction of a
-millisecond); only its interpretation waits, for a pause (no step begun for
-:data:`PAUSE_S`) or until :data:`WAIT_FRACTION` of the window interval has passed, whichever
-comes first. A service that never pauses has its windows interpreted as before, that much later.
+millisecond); only its interpretation waits, for a pause (no step begun for :data:`PAUSE_S` and
+none under way) or until :data:`WAIT_FRACTION` of the window interval has passed, whichever
+comes first, or until the next window is taken (windows that come due by their size, every
+few seconds under a heavy load, do not pile up). A service that never pauses has its windows
+interpreted as before, that much later.
 """
 
 from __future__ import annotations
@@ -21,48 +23,61 @@ from typing import Final
 from xsp.core.clock import now_ns
 
 PAUSE_S: Final = 0.25
-"""No step begun for this long: the program has paused (a service between bursts of requests)."""
+"""No step begun for this long, and none under way: the program has paused (a service between
+bursts of requests)."""
+LOOKS_PER_PAUSE: Final = 5
+"""How often the steps are looked at while a window waits, per :data:`PAUSE_S`: a pause is seen
+at most a fifth of it late."""
 WAIT_FRACTION: Final = 0.5
 """A closed window waits for a pause at most this fraction of the window interval after it was
 taken: its spans reach the file (and the collector) at most 1.5 intervals after they happened."""
 
 
 class PauseWait:
-    """Waits for a pause in the program's steps, told by a count of steps begun.
+    """Waits for a pause in the program's steps, told by a count of steps begun and whether a
+    step is under way.
 
     Args:
         steps_begun: the count of steps begun so far, on every thread (the always-on sampler's).
+        step_running: whether a step is under way now (a thread inside a module call).
         longest_wait_s: the longest a window waits after it was taken.
         pause_s: how long without a step begun makes a pause.
     """
 
-    def __init__(self, steps_begun: Callable[[], int], longest_wait_s: float, pause_s: float = PAUSE_S) -> None:
+    def __init__(self, steps_begun: Callable[[], int], step_running: Callable[[], bool], longest_wait_s: float,
+                 pause_s: float = PAUSE_S) -> None:
         self.steps_begun = steps_begun
+        self.step_running = step_running
         self.longest_wait_ns = int(longest_wait_s * 1e9)
-        self.pause_s = pause_s
+        self.pause_ns = int(pause_s * 1e9)
         self.hurry = threading.Event()
         """Set: no more waiting (the session ends)."""
         self.after_pause = 0
         """Windows whose work started in a pause of the steps."""
         self.past_wait = 0
-        """Windows whose work started when their longest wait was over, the steps going on."""
+        """Windows whose work started with the steps going on: their longest wait was over, or
+        the next window was taken."""
+        self.at_once = 0
+        """Windows whose work started without waiting: a capture was being recorded, or the
+        session was ending."""
 
-    def wait(self, taken_ns: int, skip: Callable[[], bool]) -> None:
+    def wait(self, taken_ns: int, skip: Callable[[], bool], next_taken: Callable[[], bool]) -> None:
         """Return once the steps pause, ``longest_wait_s`` after ``taken_ns`` (the window's
-        taking, host clock), when :attr:`hurry` is set, or when ``skip()`` says not to wait
-        (a capture is being recorded: its caller waits for the file)."""
+        taking, host clock), once ``next_taken()`` says the next window is taken, when
+        :attr:`hurry` is set, or when ``skip()`` says not to wait (a capture is being recorded:
+        its caller waits for the file). Each way is counted."""
         deadline_ns = taken_ns + self.longest_wait_ns
-        seen = self.steps_begun()
+        seen, changed_ns = self.steps_begun(), now_ns()
         while not self.hurry.is_set() and not skip():
-            left_s = (deadline_ns - now_ns()) / 1e9
-            if left_s <= 0:
+            now = now_ns()
+            if now >= deadline_ns or next_taken():
                 self.past_wait += 1
                 return
-            waited_s = min(self.pause_s, left_s)
-            if self.hurry.wait(waited_s):
-                return
             begun = self.steps_begun()
-            if begun == seen and waited_s >= self.pause_s:
+            if begun != seen:
+                seen, changed_ns = begun, now
+            elif now - changed_ns >= self.pause_ns and not self.step_running():
                 self.after_pause += 1
                 return
-            seen = begun
+            self.hurry.wait(min(self.pause_ns / LOOKS_PER_PAUSE, deadline_ns - now) / 1e9)
+        self.at_once += 1

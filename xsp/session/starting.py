@@ -92,7 +92,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         windows = None
         if target is not None or segments is not None:
             windows = WindowWorker(recording, interpreter, target, options, rank, warn,
-                                   None if sampler is None else pause_wait_of(sampler, options))
+                                   None if sampler is None else pause_wait_of(sampler, recording, options))
         metrics = None
         if options.sampling is not None and target is not None:
             metrics = latency_metrics(options, target, rank, warn)
@@ -144,10 +144,10 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     return run
 
 
-def pause_wait_of(sampler: StepSampler, options: TraceOptions) -> PauseWait:
+def pause_wait_of(sampler: StepSampler, recording: Recording, options: TraceOptions) -> PauseWait:
     """Where an always-on session's windows wait for a pause in its steps (told by ``sampler``'s
-    count of steps begun) before their work starts."""
-    return PauseWait(lambda: sampler.begun, options.window_s * WAIT_FRACTION)
+    count of steps begun and ``recording``'s calls under way) before their work starts."""
+    return PauseWait(lambda: sampler.begun, recording.calls_running, options.window_s * WAIT_FRACTION)
 
 
 def always_on_sampler(options: TraceOptions) -> StepSampler:

@@ -136,10 +136,12 @@ class WindowWorker:
                 self.queue.put(window)
 
     def wait_counts(self) -> dict[str, int] | None:
-        """How the windows' work began: after a pause in the steps, or past its longest wait
-        (None: it never waits, as in any session but an always-on one)."""
+        """How the work of the windows began (windows waiting together are interpreted, and
+        counted, as one): after a pause in the steps, with the steps going on, or at once (a
+        capture, the session's end). None: it never waits, as in any session but an always-on one."""
         wait = self.pause_wait
-        return None if wait is None else {"after_pause": wait.after_pause, "past_wait": wait.past_wait}
+        return None if wait is None else {"after_pause": wait.after_pause, "past_wait": wait.past_wait,
+                                          "at_once": wait.at_once}
 
     @property
     def session_ids(self) -> tuple[str, int]:
@@ -165,7 +167,8 @@ class WindowWorker:
             interpreter = self.interpreter
             interpreter.prepare(window)  # at once: what only this process holds (CUPTI's buffers) is taken in
             if self.pause_wait is not None and window.closed_ns is not None:
-                self.pause_wait.wait(window.closed_ns, lambda: self.interpreter.watching)
+                self.pause_wait.wait(window.closed_ns, lambda: self.interpreter.watching,
+                                     lambda: not self.queue.empty())
             if not self._interpreted_in_helper(window):
                 try:
                     spans = interpreter.interpret(window)
