@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import xsp
 from xsp.core import schema as col
+from xsp.core.figures import counted
 from xsp.core.schema import StepSampling
 from xsp.record import hotpath
 from xsp.record.sampling import DEFAULT_SLOW_STEPS, SLOW_SHARE
@@ -339,6 +340,33 @@ def test_a_long_step_under_way_is_no_pause(wrapper, tmp_path):
             model(x)
     waits = session.trace.metadata["window_waits"]
     assert waits["after_pause"] == 0 and waits["past_wait"] >= 1, waits
+
+
+KILLED_ALWAYS_ON = """
+import os, signal, sys, time, torch, xsp
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+with torch.no_grad(), xsp.trace(levels="model,layer", output=sys.argv[1], sample=0.05, window_s=0.5):
+    for _ in range(5):  # bursts of requests and pauses: windows are written while it runs
+        burst = time.monotonic()
+        while time.monotonic() - burst < 0.3:
+            model(torch.randn(2, 8))
+        time.sleep(0.6)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_report_of_a_killed_always_on_run_counts_the_steps_in_its_file(tmp_path):
+    script, output = tmp_path / "killed.py", tmp_path / "svc.xsp.parquet"
+    script.write_text(KILLED_ALWAYS_ON)
+    done = subprocess.run([sys.executable, str(script), str(output)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    steps = len(xsp.load(output).steps)  # read from the windows written before the kill
+    assert steps > 0
+    report = subprocess.run([sys.executable, "-m", "xsp", "report", str(output)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert report.returncode == 0, report.stderr
+    line = next(line for line in report.stdout.splitlines() if line.startswith("Always on"))
+    assert "the session did not end" in line and f"{counted(steps, 'step')} timed" in line, line
 
 
 def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interval(tmp_path):

@@ -1,5 +1,5 @@
 """Where an always-on session's closed window waits for a pause in the program's steps before its
-work starts (xsp/session/pauses.py), told by a hand-made count of steps begun."""
+work starts (xsp/session/pauses.py), told by a hand-made time of the last step's start."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from xsp.session.pauses import PauseWait
 
 
 class Steps:
-    """A count of steps begun that goes up at each reading while ``going`` (a program that never pauses)."""
+    """When the last step began: just now at each reading while ``going`` (a program that never
+    pauses), else long ago. Counts the readings."""
 
     def __init__(self, going: bool) -> None:
         self.going = going
-        self.begun = 0
+        self.readings = 0
 
     def __call__(self) -> int:
-        if self.going:
-            self.begun += 1
-        return self.begun
+        self.readings += 1
+        return now_ns() if self.going else 1
 
 
 def never() -> bool:
@@ -35,6 +35,14 @@ def test_a_window_starts_in_the_first_pause_of_the_steps():
     wait = PauseWait(Steps(going=False), never, longest_wait_s=60.0, pause_s=0.02)
     wait.wait(now_ns(), never, never)
     assert counts(wait) == (1, 0, 0)
+
+
+def test_a_pause_is_seen_once_it_has_lasted_from_the_last_step_on():
+    began_ns = now_ns()  # the last step began now; none after it
+    wait = PauseWait(lambda: began_ns, never, longest_wait_s=60.0, pause_s=0.05)
+    wait.wait(began_ns, never, never)
+    assert counts(wait) == (1, 0, 0)
+    assert now_ns() - began_ns >= 0.05e9  # not before the pause was whole
 
 
 def test_a_step_under_way_is_no_pause_however_long_since_the_last_began():
@@ -56,7 +64,7 @@ def test_a_window_taken_longer_ago_than_its_longest_wait_starts_at_once():
     wait = PauseWait(steps, never, longest_wait_s=0.5, pause_s=10.0)
     wait.wait(now_ns() - 10**9, never, never)  # a backlog: waiting would only add to it
     assert counts(wait) == (0, 1, 0)
-    assert steps.begun == 1  # read once, never waited on
+    assert steps.readings == 0  # never waited on
 
 
 def test_a_window_waits_no_longer_once_the_next_one_is_taken():

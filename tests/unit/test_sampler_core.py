@@ -85,7 +85,7 @@ def serve(sampler: StepSampler, tracer: Any) -> dict[str, Any]:
     decisions = [note for note in thread.step_notes if note[1] == NoteKind.DECISION]
     slow = [note[1:] for note in thread.step_notes if note[1] == NoteKind.SLOW]  # (their time is the clock's)
     return {"limits": limits, "decisions": [note[:3] + (note[3] != 0, note[4] != 0) + note[5:] for note in decisions],
-            "slow": slow, "decided": sampler.decided, "median_ns": sampler.median_ns, "begun": sampler.begun,
+            "slow": slow, "decided": sampler.decided, "median_ns": sampler.median_ns, "begun": sampler.begun, "last_begun_ns": sampler.last_begun_ns,
             "slow_steps": sampler.slow_steps, "metadata": sampler.as_metadata()}
 
 
@@ -100,6 +100,7 @@ def test_the_c_core_decides_as_its_python_twin(monkeypatch, tracer):
     python_run = serve(sampler_on("python", monkeypatch), tracer)
     assert c_run == python_run
     decided = c_run["decided"]
+    assert c_run["last_begun_ns"] == 1_000 * 399  # the last step's start, told as it began
     # every kind of decision was made: the comparison covers each path
     assert set(decided) == set(StepSampling), decided
     assert decided[StepSampling.CAPTURE] == 4 and c_run["slow_steps"] == 3

@@ -60,6 +60,7 @@ class SamplerCore:
 
     armed: int
     begun: int
+    last_begun_ns: int
     ended: int
     probe_errors: int
     threshold_ns: int

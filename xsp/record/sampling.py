@@ -229,6 +229,7 @@ class StepCore(Protocol):
 
     armed: int
     begun: int
+    last_begun_ns: int
     probe_errors: int
 
     @property
@@ -286,6 +287,8 @@ class PySamplerCore:
         self.median_steps, self.warmup_steps, self.median_every = median_steps, warmup_steps, median_every
         self.armed = 0
         self.begun = self.ended = self.threshold_ns = self.probe_errors = 0
+        self.last_begun_ns = 0
+        """When the last step decided began (host clock; 0: none yet)."""
         self._counts = [0] * len(REASONS)
         self._recent: deque[int] = deque(maxlen=median_steps)
         self._sorted: list[int] = []
@@ -345,6 +348,7 @@ class PySamplerCore:
         buffer.step_notes.append((time_ns, NoteKind.DECISION, reason, trace_id or 0, span_id or 0, plan + 1, 0))
         self._counts[reason] += 1
         self.begun += 1
+        self.last_begun_ns = time_ns
 
     def step_ended(self, duration_ns: int, buffer: NotedThread | None) -> None:
         if self.threshold_ns and duration_ns > self.threshold_ns and buffer is not None:
@@ -434,6 +438,11 @@ class StepSampler:
     def begun(self) -> int:
         """Steps begun (decided) so far, on every thread: a capture's steps are counted on from it."""
         return self.core.begun
+
+    @property
+    def last_begun_ns(self) -> int:
+        """When the last step decided began, on any thread (host clock; 0: none yet)."""
+        return self.core.last_begun_ns
 
     @property
     def probe_errors(self) -> int:

@@ -645,25 +645,44 @@ def top_level_check(metadata: dict[str, Any], top_level: TopLevelLayers) -> str:
             f"latency of {latency_ms:.3f} ms (± {interval_ms:.3f} ms); the rest is the model's own code")
 
 
-def _always_on_line(metadata: dict[str, Any], console: Console) -> bool:
-    """An always-on trace's line (how its steps were recorded); False: not always on."""
+def _always_on_line(metadata: dict[str, Any], console: Console, in_file: dict[str, int] | None = None) -> bool:
+    """An always-on trace's line (how its steps were recorded); False: not always on. ``in_file``:
+    the trace's steps counted by how they were recorded (:func:`_steps_by_sampling`), said instead
+    of the session's counts where it never wrote them (a killed run: its counts are all 0)."""
     sampling = metadata.get("sampling")
     if not sampling:
         return False
     steps = sampling.get("steps") or {}
+    ended = sum(steps.values()) > 0 or not in_file
+    if not ended:
+        steps = in_file or {}
     deep = sum(steps.get(reason.value, 0) for reason in DEEP_REASONS)
     total = sum(steps.values())
-    _say(console, f"Always on (sample {sampling.get('rate', 0):g}): {counted(total, 'step')} timed, {deep:,} recorded "
-                  f"deep ({steps.get('sampled', 0):,} drawn, {steps.get('after_slow', 0):,} after a slow step, "
-                  f"{steps.get('capture', 0):,} captured); {steps.get('request_not_sampled', 0):,} in requests the "
-                  f"application did not sample; {sampling.get('slow_steps_found', 0):,} slow steps; median step "
-                  f"{sampling.get('median_step_ns', 0) / 1e6:.3f} ms", "bold")
+    counts = (f"{counted(total, 'step')} timed, {deep:,} recorded deep ({steps.get('sampled', 0):,} drawn, "
+              f"{steps.get('after_slow', 0):,} after a slow step, {steps.get('capture', 0):,} captured); "
+              f"{steps.get('request_not_sampled', 0):,} in requests the application did not sample")
+    if ended:
+        _say(console, f"Always on (sample {sampling.get('rate', 0):g}): {counts}; "
+                      f"{sampling.get('slow_steps_found', 0):,} slow steps; median step "
+                      f"{sampling.get('median_step_ns', 0) / 1e6:.3f} ms", "bold")
+    else:
+        _say(console, f"Always on (sample {sampling.get('rate', 0):g}), the steps in this file (the session did not "
+                      f"end, so its own counts were never written): {counts}", "bold")
     return True
+
+
+def _steps_by_sampling(spans: pd.DataFrame) -> dict[str, int]:
+    """The step roots of ``spans`` counted by how each was recorded (the ``sampling`` column)."""
+    if col.SAMPLING not in spans.columns:
+        return {}
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+    reasons = roots[col.SAMPLING].dropna().astype(str)
+    return {str(reason): int(count) for reason, count in reasons.value_counts().items()}
 
 
 def _always_on_section(trace: Trace, console: Console, top: int) -> None:
     """An always-on trace: how its steps were recorded, and its layers leveled over the drawn steps."""
-    if _always_on_line(trace.metadata, console):
+    if _always_on_line(trace.metadata, console, _steps_by_sampling(trace.spans)):
         _leveled_over_steps_tables(trace, console, top)
 
 

@@ -26,27 +26,29 @@ PAUSE_S: Final = 0.25
 """No step begun for this long, and none under way: the program has paused (a service between
 bursts of requests)."""
 LOOKS_PER_PAUSE: Final = 5
-"""How often the steps are looked at while a window waits, per :data:`PAUSE_S`: a pause is seen
-at most a fifth of it late."""
+"""While a step longer than :data:`PAUSE_S` is under way, how often it is looked at again, per
+:data:`PAUSE_S`."""
 WAIT_FRACTION: Final = 0.5
 """A closed window waits for a pause at most this fraction of the window interval after it was
 taken: its spans reach the file (and the collector) at most 1.5 intervals after they happened."""
 
 
 class PauseWait:
-    """Waits for a pause in the program's steps, told by a count of steps begun and whether a
-    step is under way.
+    """Waits for a pause in the program's steps, told by when the last step began and whether a
+    step is under way. It looks when a pause could first be seen (:data:`PAUSE_S` after the last
+    step began): while steps keep coming, about four times a second.
 
     Args:
-        steps_begun: the count of steps begun so far, on every thread (the always-on sampler's).
+        last_begun_ns: when the last step began, on any thread (host clock, as
+            :func:`xsp.core.clock.now_ns`; the always-on sampler's).
         step_running: whether a step is under way now (a thread inside a module call).
         longest_wait_s: the longest a window waits after it was taken.
         pause_s: how long without a step begun makes a pause.
     """
 
-    def __init__(self, steps_begun: Callable[[], int], step_running: Callable[[], bool], longest_wait_s: float,
+    def __init__(self, last_begun_ns: Callable[[], int], step_running: Callable[[], bool], longest_wait_s: float,
                  pause_s: float = PAUSE_S) -> None:
-        self.steps_begun = steps_begun
+        self.last_begun_ns = last_begun_ns
         self.step_running = step_running
         self.longest_wait_ns = int(longest_wait_s * 1e9)
         self.pause_ns = int(pause_s * 1e9)
@@ -67,17 +69,18 @@ class PauseWait:
         :attr:`hurry` is set, or when ``skip()`` says not to wait (a capture is being recorded:
         its caller waits for the file). Each way is counted."""
         deadline_ns = taken_ns + self.longest_wait_ns
-        seen, changed_ns = self.steps_begun(), now_ns()
         while not self.hurry.is_set() and not skip():
             now = now_ns()
             if now >= deadline_ns or next_taken():
                 self.past_wait += 1
                 return
-            begun = self.steps_begun()
-            if begun != seen:
-                seen, changed_ns = begun, now
-            elif now - changed_ns >= self.pause_ns and not self.step_running():
+            quiet_ns = now - self.last_begun_ns()
+            if quiet_ns < self.pause_ns:  # look again when this quiet could have become a pause
+                sleep_ns = self.pause_ns - quiet_ns
+            elif self.step_running():  # a long step under way
+                sleep_ns = self.pause_ns // LOOKS_PER_PAUSE
+            else:
                 self.after_pause += 1
                 return
-            self.hurry.wait(min(self.pause_ns / LOOKS_PER_PAUSE, deadline_ns - now) / 1e9)
+            self.hurry.wait(min(sleep_ns, deadline_ns - now) / 1e9)
         self.at_once += 1

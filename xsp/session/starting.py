@@ -145,9 +145,10 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
 
 
 def pause_wait_of(sampler: StepSampler, recording: Recording, options: TraceOptions) -> PauseWait:
-    """Where an always-on session's windows wait for a pause in its steps (told by ``sampler``'s
-    count of steps begun and ``recording``'s calls under way) before their work starts."""
-    return PauseWait(lambda: sampler.begun, recording.calls_running, options.window_s * WAIT_FRACTION)
+    """Where an always-on session's windows wait for a pause in its steps (told by when
+    ``sampler`` saw the last step begin and by ``recording``'s calls under way) before their
+    work starts."""
+    return PauseWait(lambda: sampler.last_begun_ns, recording.calls_running, options.window_s * WAIT_FRACTION)
 
 
 def always_on_sampler(options: TraceOptions) -> StepSampler:

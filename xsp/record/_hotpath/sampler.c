@@ -26,6 +26,7 @@ typedef struct {
     double slow_factor;
     uint64_t draws;  /* splitmix64's state */
     long long begun, ended, threshold_ns, probe_errors;
+    long long last_begun_ns;  /* when the last step decided began (0: none yet) */
     long long counts[REASONS];
     int armed;
     int median_steps, warmup_steps, median_every;
@@ -214,6 +215,9 @@ static int note_decision(SamplerCore *self, PyObject *buffer, PyObject *time, in
     if (status < 0) return -1;
     self->counts[reason]++;
     self->begun++;
+    long long began_ns = PyLong_AsLongLong(time);
+    if (began_ns == -1 && PyErr_Occurred()) PyErr_Clear();  /* a pause is then seen later, never wrongly */
+    else self->last_begun_ns = began_ns;
     return 0;
 }
 
@@ -454,6 +458,8 @@ static PyGetSetDef core_getset[] = {
 static PyMemberDef core_members[] = {
     {"armed", T_INT, offsetof(SamplerCore, armed), 0, "Nonzero while steps after a slow one or of a capture are due."},
     {"begun", T_LONGLONG, offsetof(SamplerCore, begun), READONLY, "Steps decided so far."},
+    {"last_begun_ns", T_LONGLONG, offsetof(SamplerCore, last_begun_ns), READONLY,
+     "When the last step decided began (host clock, ns; 0: none yet)."},
     {"ended", T_LONGLONG, offsetof(SamplerCore, ended), READONLY, "Step durations heard so far."},
     {"probe_errors", T_LONGLONG, offsetof(SamplerCore, probe_errors), READONLY,
      "Steps whose current OpenTelemetry span could not be read."},
