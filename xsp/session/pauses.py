@@ -63,6 +63,10 @@ class PauseWait:
         """Windows whose work started without waiting: a capture was being recorded, or the
         session was ending."""
 
+    def as_metadata(self) -> dict[str, int]:
+        """How many windows' work began each way (the file's ``window_waits``)."""
+        return {"after_pause": self.after_pause, "past_wait": self.past_wait, "at_once": self.at_once}
+
     def wait(self, taken_ns: int, skip: Callable[[], bool], next_taken: Callable[[], bool]) -> None:
         """Return once the steps pause, ``longest_wait_s`` after ``taken_ns`` (the window's
         taking, host clock), once ``next_taken()`` says the next window is taken, when

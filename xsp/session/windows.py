@@ -139,9 +139,7 @@ class WindowWorker:
         """How the work of the windows began (windows waiting together are interpreted, and
         counted, as one): after a pause in the steps, with the steps going on, or at once (a
         capture, the session's end). None: it never waits, as in any session but an always-on one."""
-        wait = self.pause_wait
-        return None if wait is None else {"after_pause": wait.after_pause, "past_wait": wait.past_wait,
-                                          "at_once": wait.at_once}
+        return None if self.pause_wait is None else self.pause_wait.as_metadata()
 
     @property
     def session_ids(self) -> tuple[str, int]:
