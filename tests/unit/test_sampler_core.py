@@ -85,7 +85,8 @@ def serve(sampler: StepSampler, tracer: Any) -> dict[str, Any]:
     decisions = [note for note in thread.step_notes if note[1] == NoteKind.DECISION]
     slow = [note[1:] for note in thread.step_notes if note[1] == NoteKind.SLOW]  # (their time is the clock's)
     return {"limits": limits, "decisions": [note[:3] + (note[3] != 0, note[4] != 0) + note[5:] for note in decisions],
-            "slow": slow, "decided": sampler.decided, "median_ns": sampler.median_ns, "begun": sampler.begun, "last_begun_ns": sampler.last_begun_ns,
+            "slow": slow, "decided": sampler.decided, "median_ns": sampler.median_ns, "begun": sampler.begun,
+            "last_begun_ns": sampler.last_begun_ns,
             "slow_steps": sampler.slow_steps, "metadata": sampler.as_metadata()}
 
 

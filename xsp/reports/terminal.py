@@ -32,7 +32,7 @@ from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
 from xsp.session.rotation import leveled_over_steps
-from xsp.table.sampling import deep_roots
+from xsp.table.sampling import deep_roots, step_roots
 
 STEPS_SHOWN = 20
 RANKS_SHOWN = 16
@@ -675,8 +675,7 @@ def _steps_by_sampling(spans: pd.DataFrame) -> dict[str, int]:
     """The step roots of ``spans`` counted by how each was recorded (the ``sampling`` column)."""
     if col.SAMPLING not in spans.columns:
         return {}
-    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
-    reasons = roots[col.SAMPLING].dropna().astype(str)
+    reasons = spans[col.SAMPLING].iloc[step_roots(spans)].dropna().astype(str)
     return {str(reason): int(count) for reason, count in reasons.value_counts().items()}
 
 

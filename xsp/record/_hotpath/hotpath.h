@@ -203,9 +203,10 @@ typedef struct {
      * or (MODE_ALL) in a step an always-on session records at the model level only (its buffer's
      * step_limit MODEL_ONLY_LIMIT), 0 when none: a module call on that thread while it runs is a
      * pass-through, known without the thread's buffer and its depth (~50 instructions a layer
-     * call). Whenever it names a thread, that thread's buffer's depth is 1 or more; when it does not (another thread's top-level call
-     * took it, or the Python path runs the call), the buffer says. A field, not a thread-local: a
-     * thread-local of a shared library costs a call (__tls_get_addr) at each read. */
+     * call). Whenever it names a thread, that thread's buffer's depth is 1 or more; when it does
+     * not (another thread's top-level call took it, or the Python path runs the call), the buffer
+     * says. A field, not a thread-local: a thread-local of a shared library costs a call
+     * (__tls_get_addr) at each read. */
 } FastCall;
 
 /* The calling thread's id: its thread state's, unique for the interpreter's life and never 0. */
