@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -170,6 +171,44 @@ def test_requests_served_on_threads_each_land_in_their_own_trace():
     pairs = {(int(t, 16), int(p) & (2**64 - 1)) for t, p in zip(roots[col.TRACE_ID].astype(str),
                                                                 roots[col.REMOTE_PARENT_ID].astype("int64"))}
     assert pairs == set(served)
+
+
+class Meeting(torch.nn.Module):
+    """Waits in its forward until every thread is inside its own step, then calls its inner layer."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.meet = threading.Barrier(threads, timeout=30)
+
+    def forward(self, x):
+        self.meet.wait()
+        return self.inner(x)
+
+
+def test_steps_open_on_more_threads_at_once_than_pass_through_each_keep_their_depth(wrapper):
+    # 10 steps open at once, more than the C wrapper's entries for threads whose layer calls pass
+    # straight through (8): each step's layer is recorded exactly when the step was drawn deep,
+    # whichever thread took or missed an entry and in whatever order the steps end
+    threads, rounds = 10, 6
+    model, x = Meeting(threads), torch.randn(2, 4)
+
+    def serve(_: int) -> None:
+        for _ in range(rounds):
+            with torch.no_grad():
+                model(x)
+
+    with xsp.trace(levels="model,layer", output=None, sample=0.5) as session:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(serve, range(threads)))
+    spans = session.trace.spans
+    roots = step_roots(spans)
+    assert len(roots) == threads * rounds
+    layered = set(spans.loc[spans[col.LEVEL] == "layer", col.STEP].astype(int))
+    deep = set(roots.loc[roots[col.SAMPLING] != StepSampling.MODEL_ONLY.value, col.STEP].astype(int))
+    assert layered == deep
+    assert 0 < len(deep) < threads * rounds
+    assert len(spans[spans[col.LEVEL] == "layer"]) == len(deep)
 
 
 def test_requests_served_as_asyncio_tasks_each_land_in_their_own_trace():

@@ -328,13 +328,13 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     Py_ssize_t length = 0;
     /* the calls inside pass straight through: the model level's, and a step an always-on session
      * records at the model level only, as the depth test in fastcall_vectorcall would */
-    if (self->mode == MODE_ROOTS || step_limit_of(buffer, slots) == MODEL_ONLY_LIMIT)
-        self->running_thread = thread;
+    int running = self->mode == MODE_ROOTS || step_limit_of(buffer, slots) == MODEL_ONLY_LIMIT
+                      ? enter_running(self, thread) : -1;
     /* a step recorded without operators: its call runs with the thread's operator records paused */
     int paused = pause_operators != NULL && SLOT(buffer, slots->step_operators) == Py_False && pause_operators(1) == 1;
     out = run_and_record(self, buffer, call, 0, start, start_ns, &end, &end_ns, &length);
     if (paused) pause_operators(0);  /* after a failure too */
-    if (self->running_thread == thread) self->running_thread = 0;  /* after a failure too */
+    if (running >= 0) self->running_threads[running] = 0;  /* after a failure too */
     if (out == NULL) goto done;
     if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
@@ -379,7 +379,7 @@ PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *argv, size_t 
     }
     const Call call = {.argv = argv, .nargsf = nargsf, .nargs = nargs - 1, .kwnames = kwnames};
     uint64_t thread = current_thread();
-    if (self->running_thread == thread) return call_original(self, &call);  /* inside a call passing them through */
+    if (passes_through(self, thread)) return call_original(self, &call);  /* inside a call passing them through */
     PyObject *buffer = thread_buffer(self->local, &self->cache, thread);
     if (buffer == NULL && !PyErr_Occurred())  /* this thread's first record */
         buffer = PyObject_CallMethodNoArgs(self->recording, s_new_buffer);
