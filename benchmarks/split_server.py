@@ -8,9 +8,14 @@
 * ``timer``: no xsp at all; ``nn.Module.__call__`` is replaced by a C object that reads the clock
   around each top-level module call and keeps the readings in memory (``benchmarks/timer_floor.c``,
   built here with the machine's C compiler): what timing every request's model call costs by
-  itself, the floor of any model-level tracer.
+  itself, the floor of any model-level tracer;
+* ``switch``: the server runs inside ``xsp.trace(...)`` as ``serve.py`` does, and ``POST
+  /xsp_steps?on=false`` takes xsp's module-call wrapper out (no step recorded), ``?on=true`` puts it
+  back: ``benchmarks/steps_in_process.py`` loads one process with its steps on and off in turn, so
+  that the steps' cost is measured free of how two processes differ (their memory layouts).
 
-Usage: XSP_BENCH_SPLIT=no_steps XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
+Usage: XSP_BENCH_SPLIT=no_steps|switch XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
+       XSP_BENCH_SPLIT=timer python benchmarks/split_server.py PORT
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from typing import Any
 from torch import nn
 
 SPLIT_ENV = "XSP_BENCH_SPLIT"
-NO_STEPS, TIMER = "no_steps", "timer"
+NO_STEPS, TIMER, SWITCH = "no_steps", "timer", "switch"
+STEPS_PATH = "/xsp_steps"
+"""``switch``: POST here with ``on=true`` or ``on=false``."""
 SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
 TIMER_SOURCE = Path(__file__).resolve().parent / "timer_floor.c"
 
@@ -55,6 +62,45 @@ def session_without_steps(options: dict[str, Any]) -> Iterator[Any]:
             nn.Module.__call__ = wrapper  # type: ignore[method-assign]  # xsp takes its own out
 
 
+class StepSwitch:
+    """xsp's module-call wrapper, put in ``nn.Module.__call__`` or taken out on request."""
+
+    def __init__(self) -> None:
+        self.wrapper: Any = None
+
+    @contextmanager
+    def session(self, options: dict[str, Any]) -> Iterator[Any]:
+        """``xsp.trace(**options)``, its wrapper kept here, and put back before the session ends
+        (whatever the last request asked)."""
+        import xsp
+
+        with xsp.trace(**options) as session:
+            wrapper = nn.Module.__dict__["__call__"]
+            if getattr(wrapper, "original", None) is None:
+                raise SystemExit("xsp's C wrapper is not built here: nothing to take out")
+            self.wrapper = wrapper
+            try:
+                yield session
+            finally:
+                nn.Module.__call__ = wrapper  # type: ignore[method-assign]
+
+    def app(self, model: nn.Module, provider: Any, health: dict[str, Any]) -> Any:
+        """The example service's app with ``POST /xsp_steps?on=...`` added."""
+        app = BUILD_APP(model, provider, health)
+
+        @app.post(STEPS_PATH)
+        async def steps(on: bool) -> dict[str, bool]:  # on the event loop: between requests, not beside one
+            if self.wrapper is None:
+                raise RuntimeError("the session has not started")
+            nn.Module.__call__ = self.wrapper if on else self.wrapper.original  # type: ignore[method-assign]
+            return {"on": on}
+
+        return app
+
+
+BUILD_APP = serve.build_app
+
+
 def install_timer() -> None:
     """Build timer_floor.c and put its Timer in ``nn.Module.__call__``."""
     folder = Path(tempfile.mkdtemp(prefix="xsp-timer-floor-"))
@@ -76,8 +122,12 @@ def main() -> int:
         serve.xsp_session = session_without_steps  # type: ignore[assignment]
     elif split == TIMER:
         install_timer()
+    elif split == SWITCH:
+        switch = StepSwitch()
+        serve.xsp_session = switch.session  # type: ignore[assignment]
+        serve.build_app = switch.app  # type: ignore[assignment]
     else:
-        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS} or {TIMER}, not {split!r}")
+        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS}, {TIMER} or {SWITCH}, not {split!r}")
     return serve.main()
 
 

@@ -135,6 +135,23 @@ def test_the_benchmark_split_servers_serve_without_steps_and_with_a_bare_timer(t
     assert code == 0, err
 
 
+def test_the_benchmark_switch_server_records_steps_only_while_they_are_on(tmp_path):
+    """benchmarks/steps_in_process.py: one process, its xsp wrapper taken out and put back on request."""
+    server = Server(tmp_path, SPLIT_SERVE, XSP_BENCH_SPLIT="switch", XSP_BENCH_SAMPLE="0.0")
+    try:
+        for on, requests in (("false", 2), ("true", 3), ("false", 4)):
+            assert request(server.port, "POST", f"/xsp_steps?on={on}") == (200, f'{{"on":{on}}}'.encode())
+            for _ in range(requests):
+                assert request(server.port, "POST", "/predict_async", TOKENS)[0] == 200
+        assert request(server.port, "POST", "/xsp_steps?on=maybe")[0] == 422
+    finally:
+        code, err = server.stop()  # steps off: the session puts its wrapper back before it ends
+    assert code == 0, err
+    assert "warning" not in err.lower() and "replaced" not in err, err
+    spans = xsp.load(server.output).spans
+    assert spans[col.STEP].nunique() == 3  # the requests served while the steps were on
+
+
 @pytest.mark.heavy  # a service, and Jaeger's stand-in
 def test_a_request_trace_pulled_from_jaeger_holds_the_file_spans_of_that_request(tmp_path):
     with JaegerStandIn() as jaeger:  # the application's spans and xsp's, over OTLP/HTTP as Jaeger v2 takes them

@@ -1,0 +1,185 @@
+"""What an always-on session's steps cost a real inference service, measured inside one process.
+
+benchmarks/production.py compares separate processes: plain against xsp. Two processes of one
+program differ here by up to 1-2% (their memory layouts, benchmarks/results/production.md's *plain
+twin*), as much as the steps' cost itself. This benchmark takes that difference out: it starts the
+example service (examples/service/serve.py) inside ``xsp.trace(levels=("model", "layer"),
+sample=<fraction>)`` with benchmarks/split_server.py's ``switch``, which takes xsp's module-call
+wrapper out of ``nn.Module.__call__`` and puts it back on request, and loads each server with its
+steps *off* (the session present, no step recorded) and *on* (every request a step, the fraction
+drawn recorded with its layers) in turn, the order alternated from round to round. The session's
+windows never close while the run lasts (``XSP_WINDOW_S`` past its end): their work is
+benchmarks/production.py's to measure.
+
+Reported per endpoint (*sync*: a ``def`` handler in FastAPI's thread pool; *async*: an ``async
+def`` one on the event loop): requests, throughput, p50, p90 and p99 latency and the server's CPU
+time a request with the steps off and on, and *on* over *off*: pooled percentiles with a 95%
+bootstrap interval over rounds (each round's *on* drawn with its *off*), and the CPU time a request
+the steps add. Prints a table and records it in benchmarks/results/steps_in_process.md.
+
+Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
+       [--sample 0.01] [--servers 2] [--endpoints sync,async] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from _results import record
+from production import (
+    ENDPOINTS,
+    HOST,
+    MODE_ENV,
+    NO_WINDOWS_S,
+    REQUEST_TIMEOUT_S,
+    SAMPLE_ENV,
+    SPLIT_ENV,
+    WARMUP_SECONDS,
+    WINDOW_ENV,
+    Load,
+    Server,
+    cpu_ms_per_request,
+    drive,
+    percentile_ms,
+    ratio_interval,
+    start_server,
+    stop,
+    tail,
+    wait_ready,
+)
+from split_server import STEPS_PATH, SWITCH
+
+from xsp.core.metadata import cpu_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "steps_in_process.md"
+OFF, ON = "off", "on"
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+def switch_steps(server: Server, on: bool) -> None:
+    """Put the server's xsp wrapper in (``on``) or take it out."""
+    connection = http.client.HTTPConnection(HOST, server.port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        connection.request("POST", f"{STEPS_PATH}?on={'true' if on else 'false'}")
+        answer = connection.getresponse()
+        body = answer.read()
+    finally:
+        connection.close()
+    if answer.status != 200:
+        raise RuntimeError(f"{server.name}: steps {'on' if on else 'off'}: HTTP {answer.status} {body[:200]!r}\n"
+                           f"{tail(server.log)}")
+
+
+def states_in_order(round_index: int, server_index: int) -> tuple[str, str]:
+    """Off then on, or on then off: alternated, so that neither always meets a round's start."""
+    return (OFF, ON) if (round_index + server_index) % 2 == 0 else (ON, OFF)
+
+
+def table(results: dict[tuple[str, str], list[Load]], endpoints: Sequence[str]) -> list[str]:
+    lines = [f"{'api':<5} {'steps':<5} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p90 ms':>6} {'p99 ms':>6} "
+             f"{'CPU µs':>6}"]
+    for endpoint in endpoints:
+        for state in (OFF, ON):
+            loads = results[(endpoint, state)]
+            requests = sum(len(load.latency_ns) for load in loads)
+            throughput = requests / sum(load.seconds for load in loads)
+            lines.append(f"{endpoint:<5} {state:<5} {requests:>8,} {throughput:>6.0f} "
+                         + " ".join(f"{percentile_ms(loads, fraction):>6.2f}" for fraction in PERCENTILES)
+                         + f" {1e3 * cpu_ms_per_request(loads):>6.0f}")
+    lines += ["", f"{'api':<5} " + " ".join(f"{f'p{round(100 * f)} on/off [95% CI]':>22}" for f in PERCENTILES)
+              + f" {'CPU µs a request on-off':>24}"]
+    for endpoint in endpoints:
+        ons, offs = results[(endpoint, ON)], results[(endpoint, OFF)]
+        ratios = []
+        for fraction in PERCENTILES:
+            pooled, low, high = ratio_interval(ons, offs, fraction)
+            ratios.append(f"{pooled:.4f} [{low:.3f},{high:.3f}]")
+        added_us = 1e3 * (cpu_ms_per_request(ons) - cpu_ms_per_request(offs))
+        lines.append(f"{endpoint:<5} " + " ".join(f"{text:>22}" for text in ratios) + f" {added_us:>+24.1f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=2.0, help="load per state, endpoint, server and round")
+    parser.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
+    parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction")
+    parser.add_argument("--servers", type=int, default=2, help="server processes, each loaded in every round")
+    parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
+    parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
+    args = parser.parse_args(argv)
+    endpoints = [name for name in args.endpoints.split(",") if name]
+    unknown = [name for name in endpoints if name not in ENDPOINTS]
+    if args.servers < 1 or args.rounds < 1 or not endpoints or unknown:
+        parser.error(f"--servers and --rounds must be 1 or more, --endpoints some of {','.join(ENDPOINTS)}")
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
+    began = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix="xsp-steps-in-process-"))
+    settings = {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample), WINDOW_ENV: f"{NO_WINDOWS_S:g}", SPLIT_ENV: SWITCH}
+    servers: list[Server] = []
+    results: dict[tuple[str, str], list[Load]] = {}
+    try:
+        servers = [start_server(f"switch #{number + 1}", settings, folder, "switch") for number in range(args.servers)]
+        for server in servers:
+            wait_ready(server)
+            for on in (False, True):
+                switch_steps(server, on)
+                for endpoint in endpoints:
+                    drive(server, ENDPOINTS[endpoint], args.concurrency, WARMUP_SECONDS)
+        for round_index in range(args.rounds):
+            for endpoint in endpoints:
+                for server_index, server in enumerate(servers):
+                    for state in states_in_order(round_index, server_index):
+                        switch_steps(server, state == ON)
+                        load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
+                        results.setdefault((endpoint, state), []).append(load)
+                        print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} steps {state:<3} "
+                              f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
+    except BaseException:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+        raise
+    finally:
+        stop(servers)
+        for server in servers:
+            if server.process.returncode != 0 or (server.trace_file and not server.trace_file.exists()):
+                print(f"{server.name}: exit code {server.process.returncode}, {server.log}:\n{tail(server.log)}",
+                      file=sys.stderr)
+    command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
+    lines = [
+        "# An always-on session's steps, measured inside one process", "",
+        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, Python {platform.python_version()}; `{command}` "
+        f"({time.monotonic() - began:.0f} s).", "",
+        f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
+        f"thread) inside `xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})`, its windows never "
+        f"closing; {args.concurrency} closed-loop keep-alive clients on the same machine. {args.servers} "
+        f"server process(es), each loaded in every round with xsp's module-call wrapper taken out (*off*: the "
+        f"session present, no step recorded) and put back (*on*), {args.seconds:g} s each, in alternating "
+        f"order; {args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over "
+        "rounds (each round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU "
+        "time a request.", "",
+        "```", *table(results, endpoints), "```",
+    ]
+    record(lines, RESULTS)
+    if args.keep:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
