@@ -357,6 +357,22 @@ def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
     assert session.output == output and output.exists() and not writer_file(output).exists()
 
 
+def test_only_a_dead_holders_claim_is_forgotten(tmp_path):
+    import socket
+
+    from xsp.io.output_claim import forget_dead_claim, writer_file
+
+    output = tmp_path / "run.xsp.parquet"
+    assert not forget_dead_claim(output)  # no claim
+    for holder in (os.getppid(), os.getpid()):  # a live process's, this one's own: kept
+        writer_file(output).write_text(f"{socket.gethostname()}\n{holder}\n")
+        assert not forget_dead_claim(output) and writer_file(output).exists()
+    writer_file(output).write_text("another-host\n999999999\n")  # another machine's: cannot be told dead
+    assert not forget_dead_claim(output) and writer_file(output).exists()
+    writer_file(output).write_text(f"{socket.gethostname()}\n999999999\n")
+    assert forget_dead_claim(output) and not writer_file(output).exists()
+
+
 # Sessions in several threads: every call of every thread is kept in the file of the block that
 # made it (a block that joined another session's has a file of its own: issue 59, item 4), each
 # call once in each file that has it, and each model named as its code calls it (issue 43).

@@ -21,6 +21,7 @@ import xsp.session.options
 import xsp.session.session
 import xsp.session.windows
 from xsp.core import schema as col
+from xsp.io.output_claim import writer_file
 from xsp.io.segments import SEGMENT_PATTERN, UNFINISHED, UNFINISHED_MESSAGE, SegmentWriter, unfinished_sessions
 from xsp.session.forked import ForkFailed, fork_available
 from xsp.tracers.layer import LayerTracer
@@ -140,6 +141,7 @@ def test_a_killed_run_is_recovered_with_its_closed_windows(tmp_path):
     assert done.returncode == -signal.SIGKILL
     assert not output.exists()
     assert len(unfinished_sessions(output)) == 1
+    assert writer_file(output).exists()  # the killed run's claim on its name
     unfinished = xsp.load(output)  # read from the windows while no file exists
     assert unfinished.metadata["recovered"]["windows"] >= 1
     assert len(unfinished.steps) > 100
@@ -154,6 +156,7 @@ def test_a_killed_run_is_recovered_with_its_closed_windows(tmp_path):
     assert trace.spans[col.PARENT_ID].dropna().isin(set(trace.spans[col.SPAN_ID])).all()
     assert len(trace.steps) == len(unfinished.steps)
     assert leftovers(tmp_path) == []
+    assert not writer_file(output).exists()  # its holder is dead: recover gave the name back
     again = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True, text=True)
     assert again.returncode == 2 and again.stderr.startswith("xsp: error: nothing to recover")
 

@@ -97,6 +97,20 @@ def _take(writer: Path) -> bool:
     return True
 
 
+def forget_dead_claim(output: Path) -> bool:
+    """Remove the claim on ``output`` that a process which died left behind (a killed run's, once
+    ``xsp recover`` wrote its file); a live or unknown holder's claim stays. True when one was removed."""
+    writer = writer_file(output)
+    holder = _holder(writer)
+    if holder is None or _alive(*holder) or holder == (socket.gethostname(), os.getpid()):
+        return False
+    try:
+        os.unlink(writer)
+    except OSError:
+        return False
+    return True
+
+
 def claim(output: Path) -> Claim:
     """Claim ``output`` for this process, or the first free numbered name beside it.
 

@@ -33,6 +33,7 @@ from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.lazy import pyarrow_parquet as pq
+from xsp.io.output_claim import forget_dead_claim
 from xsp.io.outputs import atomic_output
 from xsp.io.parquet import (
     arrow_table,
@@ -542,6 +543,7 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
     written = write_trace_tables(Path(into) if into is not None else Path(output), iter(tables), metadata)
     for folder in found[0]:
         shutil.rmtree(folder, ignore_errors=True)
+    forget_dead_claim(Path(output))  # the killed run's claim on its name: nobody holds it now
     return written, metadata
 
 
