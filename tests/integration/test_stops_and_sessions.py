@@ -158,6 +158,7 @@ def test_ctrl_c_twice_still_leaves_a_complete_file(tmp_path):
     status, out, err = finished(process)
     assert status == -signal.SIGINT, err  # how python ends on an uncaught KeyboardInterrupt
     assert "KeyboardInterrupt" in err
+    assert "xsp" not in err.split("KeyboardInterrupt")[0].split("Traceback")[-1], err  # the program's lines only
     trace = xsp.load(tmp_path / "run.xsp.parquet")
     assert "SIGINT" in trace.metadata["signals"]
     assert len(trace.steps) >= 50

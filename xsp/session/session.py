@@ -33,7 +33,7 @@ from xsp.session.ending import Finished, JoinedStart
 from xsp.session.joining import ProcessClaim
 from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions, without_environment_sampling
 from xsp.session.running import RunningSession
-from xsp.session.signals import StopSignals, Terminated, end_by_signal
+from xsp.session.signals import StopSignals, Terminated, drop_handler_frames, end_by_signal
 from xsp.session.windows import EXIT_WAIT_S
 from xsp.tracers.base import Tracer
 from xsp.tracers.module_calls.interceptor import INTERCEPTOR
@@ -265,6 +265,8 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         end_ns = now_ns()
+        if exc is not None:
+            drop_handler_frames(exc)
         with _process.lock:
             nested = self._nested
             if nested is not None:

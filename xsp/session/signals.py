@@ -157,6 +157,25 @@ class StopSignals:
         return None
 
 
+_HANDLER_CODE = StopSignals._on_signal.__code__
+
+
+def drop_handler_frames(error: BaseException) -> None:
+    """Take the frames of xsp's signal handler out of ``error``'s traceback (in place): a Ctrl-C
+    then shows the line the program was at, as in a plain run, not a line of xsp's it never wrote
+    (the handler calls Python's own, which raises ``KeyboardInterrupt`` inside it)."""
+    kept = None
+    entry = error.__traceback__
+    while entry is not None:
+        if entry.tb_frame.f_code is not _HANDLER_CODE:
+            kept = entry
+        elif kept is None:
+            error.__traceback__ = entry.tb_next
+        else:
+            kept.tb_next = entry.tb_next
+        entry = entry.tb_next
+
+
 def _children_unheard() -> None:
     """The program ends here by a stopping signal, as it would have at once without xsp: what its
     child processes do from now on is no longer its to hear. (A DataLoader's workers die by the
