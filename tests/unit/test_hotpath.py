@@ -434,6 +434,31 @@ def test_the_c_wrapper_reads_each_grad_mode_as_torch_does(c_module, monkeypatch,
         assert (by_c[col.KIND] == col.SpanKind.BACKWARD.value).any()
 
 
+def _checkpointed_program() -> None:
+    """A model checkpointed whole: its forward runs again inside the backward, on this thread."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    for _ in range(3):
+        x = torch.randn(2, 4, requires_grad=True)
+        torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False).sum().backward()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-graph-task", "binding-graph-task"])
+@pytest.mark.parametrize("levels", ["model", "model,layer"])
+def test_the_c_wrapper_tells_a_recomputation_inside_a_backward_as_torch_does(c_module, monkeypatch, levels, native):
+    """The C wrapper asks torch::autograd::get_current_graph_task_id directly where it is found
+    (Linux, macOS), else through torch._C._current_graph_task_id: either way a block recomputed
+    inside the backward (the model's own forward, again) is no new step, as the Python wrapper records it."""
+    if sys.platform.startswith("linux"):
+        assert _native_torch.graph_task_id_address(), "get_current_graph_task_id not found in libtorch_cpu"
+    if not native:
+        monkeypatch.setattr(_module_calls, "graph_task_id_address", lambda: 0)
+    by_c = _trace(_checkpointed_program, levels, True, monkeypatch)
+    by_python = _trace(_checkpointed_program, levels, False, monkeypatch)
+    assert _structure(by_c) == _structure(by_python)
+    assert by_c[col.STEP].dropna().nunique() == 3
+
+
 def test_a_top_level_calls_shapes_are_compared_by_value(c_module, monkeypatch):
     """The C wrapper reuses the last top-level call's shape index when the shapes are equal: dims
     past 256 are equal ints that are different objects, and a single dim's change is a miss."""

@@ -91,7 +91,7 @@ from xsp.tracers.module_calls.jit_dynamo import (
     set_aside_while_jit_traces,
 )
 from xsp.tracers.module_calls.model_names import model_name
-from xsp.tracers.module_calls.native_torch import grad_mode_address
+from xsp.tracers.module_calls.native_torch import grad_mode_address, graph_task_id_address
 from xsp.tracers.module_calls.ranges import NO_RANGE, ModuleRanges, range_calls, ranges_of
 
 
@@ -238,7 +238,8 @@ def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, or
                                         _record_failure, hook_backward, ThreadBuffer, AutoSteps, hotpath_constants(),
                                         COMPACT_AT, grad_mode_address(), capsule, GRAPH_TASK_ID,
                                         (recording.layer_depth or 0) if mode is Mode.ALL else 0,
-                                        recording.sites if recording.sites.enabled else None)
+                                        recording.sites if recording.sites.enabled else None,
+                                        graph_task_id_address())
     except (TypeError, AttributeError) as exc:  # the C part finds each slot by name and type: refused, never guessed
         recording.notes.append(hotpath.mismatch_note(exc))
         return slow

@@ -258,7 +258,9 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         Py_DECREF(tracing);
         if (traced) return NULL;
     }
-    if (self->graph_task_id != NULL) {  /* a backward runs on this thread: a checkpoint's recomputation, Python's */
+    if (self->native_graph_task_id != NULL) {  /* a backward runs on this thread: as below, without the binding */
+        if (self->native_graph_task_id() != -1) return NULL;
+    } else if (self->graph_task_id != NULL) {  /* a backward runs on this thread: a checkpoint's recomputation, Python's */
         PyObject *task = PyObject_CallNoArgs(self->graph_task_id);
         if (task == NULL) return NULL;
         long long id = PyLong_Check(task) ? as_ll(task) : -1;
@@ -554,19 +556,22 @@ void find_shape_descriptor(FastCall *self) {
 static const char *kwlist[] = {"mode", "original", "slow", "local", "recording", "now", "grad_enabled",
                                "jit_tracing", "tensor_type", "describe_inputs", "describe", "on_error",
                                "hook_backward", "buffer_type", "steps_type", "step_constants", "compact_at",
-                               "native_grad_mode", "correlation", "graph_task_id", "max_depth", "sites", NULL};
+                               "native_grad_mode", "correlation", "graph_task_id", "max_depth", "sites",
+                               "native_graph_task_id", NULL};
 
 int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *items[FIELDS] = {NULL}, *constants = NULL;
     Py_ssize_t compact_at = 512;
     int mode = 0;
     PyObject *native_grad_mode = NULL, *correlation = NULL, *graph_task_id = NULL, *sites = NULL;
+    PyObject *native_graph_task_id = NULL;
     long long max_depth = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OOLO", (char **)kwlist, &mode, &items[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOOOOOOOOOO!|nO!OOLOO!", (char **)kwlist, &mode, &items[0],
                                      &items[1], &items[2], &items[3], &items[4], &items[5], &items[6], &items[7],
                                      &items[8], &items[9], &items[10], &items[11], &items[12], &items[13],
                                      &PyTuple_Type, &constants, &compact_at, &PyLong_Type, &native_grad_mode,
-                                     &correlation, &graph_task_id, &max_depth, &sites))
+                                     &correlation, &graph_task_id, &max_depth, &sites, &PyLong_Type,
+                                     &native_graph_task_id))
         return -1;
     const xsp_correlation *hooks = NULL;
     if (correlation != NULL && correlation != Py_None) {
@@ -575,6 +580,8 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     }
     void *grad_mode_address = native_grad_mode == NULL ? NULL : PyLong_AsVoidPtr(native_grad_mode);
     if (grad_mode_address == NULL && PyErr_Occurred()) return -1;
+    void *graph_task_address = native_graph_task_id == NULL ? NULL : PyLong_AsVoidPtr(native_graph_task_id);
+    if (graph_task_address == NULL && PyErr_Occurred()) return -1;
     if (mode != MODE_ROOTS && mode != MODE_ALL) {
         PyErr_SetString(PyExc_ValueError, "mode must be 1 (roots) or 2 (all)");
         return -1;
@@ -613,6 +620,7 @@ int fastcall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->sites, sites == NULL || sites == Py_None ? NULL : Py_NewRef(sites));
     EACH_SITE_CACHED(Py_CLEAR);  /* entries of another table's ids */
     self->native_grad_mode = (grad_mode_function)grad_mode_address;
+    self->native_graph_task_id = (graph_task_function)graph_task_address;
     self->original_call = PyVectorcall_Function(self->original);
     find_shape_descriptor(self);
     self->vectorcall = fastcall_vectorcall;
@@ -645,7 +653,9 @@ PyTypeObject FastCallType = {
                         "tensor_type, describe_inputs, describe, on_error, hook_backward, buffer_type, "
                         "steps_type, step_constants, compact_at=512, native_grad_mode=0): nn.Module.__call__, "
                         "called as fast(module, *args, **kwargs). native_grad_mode: the address of "
-                        "c10::GradMode::is_enabled, called instead of grad_enabled (0: not). max_depth: in ALL mode, "
+                        "c10::GradMode::is_enabled, called instead of grad_enabled (0: not). native_graph_task_id: the "
+                        "address of torch::autograd::get_current_graph_task_id, called instead of graph_task_id "
+                        "(0: not). max_depth: in ALL mode, "
                         "calls deeper than this pass through unrecorded (0: every depth). sites: the recording's "
                         "xsp.record.sites.CallSites, whose ids each record's call site is (None: no call sites)."),
     .tp_basicsize = sizeof(FastCall),

@@ -154,6 +154,7 @@ typedef struct {
 /* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
  * returns it as C's bool); found by tracers/module_calls/native_torch.py. */
 typedef bool (*grad_mode_function)(void);
+typedef int (*graph_task_function)(void);
 
 typedef struct {
     PyObject_HEAD
@@ -186,6 +187,7 @@ typedef struct {
     PyObject *steps_type;     /* AutoSteps */
     PyObject *correlation_capsule;  /* xsp.record._activity.correlation, or NULL */
     PyObject *graph_task_id;  /* torch._C._current_graph_task_id (-1: no backward runs on this thread), or NULL */
+    graph_task_function native_graph_task_id;  /* what that binding returns, called directly; NULL: the binding */
     const xsp_correlation *correlation;  /* what it holds: CUPTI external ids pushed around each call */
     PyObject *nvtx_capsule;   /* xsp.record._nvtx.ranges, or NULL: no NVTX ranges */
     const xsp_nvtx *nvtx;     /* what it holds: an NVTX range pushed and popped around each call */
