@@ -56,6 +56,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -281,6 +282,38 @@ def stop(servers: Sequence[Server]) -> None:
             server.process.wait()
 
 
+@contextmanager
+def servers_stopped(servers: list[Server], folder: Path) -> Iterator[None]:
+    """Stop ``servers`` (as started into the list by the block) when the block ends, saying which
+    ended badly; where the block fails, say where their logs and traces are kept."""
+    try:
+        yield
+    except BaseException:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+        raise
+    finally:
+        stop(servers)
+        for server in servers:
+            if server.process.returncode != 0 or (server.trace_file and not server.trace_file.exists()):
+                print(f"{server.name}: exit code {server.process.returncode}, {server.log}:\n{tail(server.log)}",
+                      file=sys.stderr)
+
+
+def last_run_line(command: str, began: float) -> str:
+    """When, on what, and with which command the results were measured (``began``: monotonic)."""
+    return (f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, Python {platform.python_version()}; `{command}` "
+            f"({time.monotonic() - began:.0f} s).")
+
+
+def leave_folder(folder: Path, keep: bool) -> None:
+    """Remove the servers' folder, or say where it is kept."""
+    if keep:
+        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder)
+
+
 def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
@@ -402,9 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # variant's i-th load and plain's met the same round); and each server's own
     results: dict[tuple[str, str], list[Load]] = {}
     server_loads: dict[str, list[Load]] = {}
-    try:
-        servers = [start_server(name if args.servers == 1 else f"{name} #{number + 1}", settings, folder, name)
-                   for number in range(args.servers) for name, settings in variants.items()]
+    with servers_stopped(servers, folder):
+        servers += [start_server(name if args.servers == 1 else f"{name} #{number + 1}", settings, folder, name)
+                    for number in range(args.servers) for name, settings in variants.items()]
         for server in servers:
             wait_ready(server)
             for endpoint in endpoints:  # warm-up
@@ -422,21 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for server in servers:  # its CPU time while the others were loaded
             loaded = sum(load.cpu.total for load in server_loads[server.name])
             idle_cpu_seconds[server.name] = cpu_seconds(server).total - idle_cpu_seconds[server.name] - loaded
-    except BaseException:
-        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
-        raise
-    finally:
-        stop(servers)
-        for server in servers:
-            if server.process.returncode != 0 or (server.trace_file and not server.trace_file.exists()):
-                print(f"{server.name}: exit code {server.process.returncode}, {server.log}:\n{tail(server.log)}",
-                      file=sys.stderr)
     command = " ".join(["python benchmarks/production.py", *(sys.argv[1:] if argv is None else argv)])
     lines = [
         "# A real inference service under xsp", "",
-        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, Python {platform.python_version()}; `{command}` "
-        f"({time.monotonic() - began:.0f} s).", "",
+        last_run_line(command, began), "",
         f"FastAPI + uvicorn + OpenTelemetry (spans dropped by a null exporter), a 2-layer transformer on CPU "
         f"with 1 torch thread, {SEQUENCE_LENGTH} tokens a request; {args.concurrency} closed-loop keep-alive "
         f"clients on the same machine. {servers_text(args.servers)}{args.rounds} interleaved rounds of "
@@ -453,10 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *(f"* {server_note(server, server_loads[server.name], idle_cpu_seconds[server.name])}" for server in servers),
     ]
     record(lines, RESULTS)
-    if args.keep:
-        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
-    else:
-        shutil.rmtree(folder)
+    leave_folder(folder, args.keep)
     return 0
 
 

@@ -25,18 +25,13 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
-import platform
-import shutil
 import signal
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
 from _results import record
 from production import (
     ENDPOINTS,
@@ -52,16 +47,16 @@ from production import (
     Server,
     cpu_ms_per_request,
     drive,
+    last_run_line,
+    leave_folder,
     percentile_ms,
     ratio_interval,
+    servers_stopped,
     start_server,
-    stop,
     tail,
     wait_ready,
 )
 from split_server import STEPS_PATH, SWITCH
-
-from xsp.core.metadata import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "steps_in_process.md"
 OFF, ON = "off", "on"
@@ -131,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample), WINDOW_ENV: f"{NO_WINDOWS_S:g}", SPLIT_ENV: SWITCH}
     servers: list[Server] = []
     results: dict[tuple[str, str], list[Load]] = {}
-    try:
-        servers = [start_server(f"switch #{number + 1}", settings, folder, "switch") for number in range(args.servers)]
+    with servers_stopped(servers, folder):
+        servers += [start_server(f"switch #{number + 1}", settings, folder, "switch") for number in range(args.servers)]
         for server in servers:
             wait_ready(server)
             for on in (False, True):
@@ -148,21 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         results.setdefault((endpoint, state), []).append(load)
                         print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} steps {state:<3} "
                               f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
-    except BaseException:
-        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
-        raise
-    finally:
-        stop(servers)
-        for server in servers:
-            if server.process.returncode != 0 or (server.trace_file and not server.trace_file.exists()):
-                print(f"{server.name}: exit code {server.process.returncode}, {server.log}:\n{tail(server.log)}",
-                      file=sys.stderr)
     command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
     lines = [
         "# An always-on session's steps, measured inside one process", "",
-        f"Last run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, Python {platform.python_version()}; `{command}` "
-        f"({time.monotonic() - began:.0f} s).", "",
+        last_run_line(command, began), "",
         f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
         f"thread) inside `xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})`, its windows never "
         f"closing; {args.concurrency} closed-loop keep-alive clients on the same machine. {args.servers} "
@@ -174,10 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "```", *table(results, endpoints), "```",
     ]
     record(lines, RESULTS)
-    if args.keep:
-        print(f"servers' logs and traces kept in {folder}", file=sys.stderr)
-    else:
-        shutil.rmtree(folder)
+    leave_folder(folder, args.keep)
     return 0
 
 

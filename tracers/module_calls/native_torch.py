@@ -37,22 +37,11 @@ LIBTORCH_CPU_NAMES: Final = ("libtorch_cpu.so", "libtorch_cpu.dylib")
 def grad_mode_address() -> int:
     """The address of ``c10::GradMode::is_enabled`` in the libc10 torch loaded, or 0 when it is
     not found (another platform or build) or does not agree with ``torch.is_grad_enabled``."""
-    no_load = getattr(os, "RTLD_NOLOAD", None)
-    if no_load is None:  # Windows: no such flag; the binding is used
+    function = _loaded_function(LIBC10_NAMES, GRAD_MODE_SYMBOL)
+    if function is None:  # another platform or build (Windows: no RTLD_NOLOAD): the binding is used
         return 0
-    library_folder = Path(torch.__file__).parent / "lib"
-    for name in LIBC10_NAMES:
-        path = library_folder / name
-        if not path.exists():
-            continue
-        try:  # RTLD_NOLOAD: the copy torch already loaded, or nothing
-            function = ctypes.CDLL(str(path), mode=no_load | os.RTLD_LAZY)[GRAD_MODE_SYMBOL]
-        except (OSError, AttributeError):
-            continue
-        function.restype, function.argtypes = ctypes.c_bool, []
-        if _agrees_with_torch(function):
-            return ctypes.cast(function, ctypes.c_void_p).value or 0
-    return 0
+    function.restype, function.argtypes = ctypes.c_bool, []
+    return (ctypes.cast(function, ctypes.c_void_p).value or 0) if _agrees_with_torch(function) else 0
 
 
 @functools.cache
