@@ -154,6 +154,8 @@ typedef struct {
 /* c10::GradMode::is_enabled(), a C++ function of no arguments returning a bool (the Itanium ABI
  * returns it as C's bool); found by tracers/module_calls/native_torch.py. */
 typedef bool (*grad_mode_function)(void);
+/* torch::autograd::get_current_graph_task_id(), which torch declares returning an int (-1: no
+ * backward runs on the thread); found by tracers/module_calls/native_torch.py. */
 typedef int (*graph_task_function)(void);
 
 typedef struct {
@@ -209,7 +211,7 @@ typedef struct {
      * pass-through, known without the thread's buffer and its depth (~50 instructions a layer
      * call). One entry a thread, so that the concurrent requests of a threaded server all pass
      * through (with one entry, each step that began took it from the others, whose layer calls
-     * then looked up their buffers: +21 us a step at 4 threads against +8 at one). Whenever an
+     * then looked up their buffers and depths). Whenever an
      * entry names a thread, that thread's buffer's depth is 1 or more; a thread in no entry (all
      * taken, or the Python path runs the call) is told by its buffer. Fields, not a thread-local:
      * a thread-local of a shared library costs a call (__tls_get_addr) at each read. */
