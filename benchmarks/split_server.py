@@ -28,7 +28,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +45,6 @@ sys.path.insert(0, str(SERVICE))
 import serve  # noqa: E402  (the example service, found beside it)
 
 
-@contextmanager
-def session_without_steps(options: dict[str, Any]) -> Iterator[Any]:
-    """``xsp.trace(**options)`` with its module-call wrapper taken out while the block runs."""
-    import xsp
-
-    with xsp.trace(**options) as session:
-        wrapper = nn.Module.__dict__["__call__"]
-        original = getattr(wrapper, "original", None)
-        if original is None:
-            raise SystemExit("xsp's C wrapper is not built here: nothing to take out")
-        nn.Module.__call__ = original  # type: ignore[method-assign]
-        try:
-            yield session
-        finally:
-            nn.Module.__call__ = wrapper  # type: ignore[method-assign]  # xsp takes its own out
-
-
 class StepSwitch:
     """xsp's module-call wrapper, put in ``nn.Module.__call__`` or taken out on request."""
 
@@ -69,9 +52,9 @@ class StepSwitch:
         self.wrapper: Any = None
 
     @contextmanager
-    def session(self, options: dict[str, Any]) -> Iterator[Any]:
-        """``xsp.trace(**options)``, its wrapper kept here, and put back before the session ends
-        (whatever the last request asked)."""
+    def session(self, options: dict[str, Any], steps: bool = True) -> Iterator[Any]:
+        """``xsp.trace(**options)``, its wrapper kept here (in place, or taken out at once where not
+        ``steps``), and put back before the session ends (xsp takes its own out), whatever was asked."""
         import xsp
 
         with xsp.trace(**options) as session:
@@ -79,10 +62,17 @@ class StepSwitch:
             if getattr(wrapper, "original", None) is None:
                 raise SystemExit("xsp's C wrapper is not built here: nothing to take out")
             self.wrapper = wrapper
+            self.steps(steps)
             try:
                 yield session
             finally:
                 nn.Module.__call__ = wrapper  # type: ignore[method-assign]
+
+    def steps(self, on: bool) -> None:
+        """Put the wrapper in (every module call recorded as xsp records it) or take it out."""
+        if self.wrapper is None:
+            raise RuntimeError("the session has not started")
+        nn.Module.__call__ = self.wrapper if on else self.wrapper.original  # type: ignore[method-assign]
 
     def app(self, model: nn.Module, provider: Any, health: dict[str, Any]) -> Any:
         """The example service's app with ``POST /xsp_steps?on=...`` added."""
@@ -90,12 +80,15 @@ class StepSwitch:
 
         @app.post(STEPS_PATH)
         async def steps(on: bool) -> dict[str, bool]:  # on the event loop: between requests, not beside one
-            if self.wrapper is None:
-                raise RuntimeError("the session has not started")
-            nn.Module.__call__ = self.wrapper if on else self.wrapper.original  # type: ignore[method-assign]
+            self.steps(on)
             return {"on": on}
 
         return app
+
+
+def session_without_steps(options: dict[str, Any]) -> AbstractContextManager[Any]:
+    """``xsp.trace(**options)`` with its module-call wrapper taken out while the block runs."""
+    return StepSwitch().session(options, steps=False)
 
 
 BUILD_APP = serve.build_app
