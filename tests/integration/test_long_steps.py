@@ -99,6 +99,49 @@ def test_explicit_steps_with_inner_model_calls_are_not_split(tmp_path):
     assert_same_spans(session.trace, receiver.sink.spans)
 
 
+def test_a_threads_decided_steps_reach_the_collector_while_its_next_step_is_open(tmp_path):
+    """A server's thread is almost always inside a step (its last one is decided only when its
+    next begins): windows closed on other threads still take its decided steps, and leave the
+    open one whole for later."""
+    served, release = threading.Event(), threading.Event()
+    background = Small()
+
+    def serve():
+        with torch.no_grad():
+            for _ in range(3):  # steps 0 and 1 decided, step 2 open while it waits
+                background(torch.randn(3, 4))
+        served.set()
+        release.wait(60)
+
+    model = Small()
+    with GrpcReceiver() as receiver:
+        # windows close by time, each at the first step end past it: all on this thread's steps
+        with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint, service_name="xsp-test",
+                       window_s=0.1) as session:
+            worker = threading.Thread(target=serve)
+            worker.start()
+            assert served.wait(60)
+
+            def background_steps_sent() -> int:
+                with torch.no_grad():
+                    model(torch.randn(1, 4))  # a step of this thread's ends: a window closes here
+                return sum(span.name == "background" for span in receiver.sink.spans)
+
+            arrived = wait_for(lambda: background_steps_sent() >= 2)
+            open_step_sent = background_steps_sent() > 2
+            release.set()
+            worker.join()
+        session.wait_for_export(30)
+    assert arrived, "the waiting thread's decided steps were not sent while it waited"
+    assert not open_step_sent, "the waiting thread's open step was sent before it was decided"
+    spans = session.trace.spans
+    layers = spans[spans[col.LEVEL] == "layer"]
+    by_id = spans.set_index(col.SPAN_ID)
+    parents = by_id.loc[layers[col.PARENT_ID].astype("int64")]
+    assert (parents[col.STEP].to_numpy() == layers[col.STEP].to_numpy()).all()
+    assert_same_spans(session.trace, receiver.sink.spans)
+
+
 def test_threads_with_windows_keep_a_consistent_tree(tmp_path):
     models = [Small() for _ in range(4)]
 

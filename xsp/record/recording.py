@@ -522,12 +522,17 @@ class Recording:
         """Whether a thread is inside a module call now (a step under way)."""
         return any(buffer.depth for buffer in list(self.buffers))
 
-    def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
+    def take_window(self, final: bool = False, handing_over: bool = False, cut_open_steps: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is
-        separated from the spans inside it or from its step. ``handing_over``: the session that
-        takes it ends and another takes the recording over: a thread inside an automatic step
-        gives what it recorded before that step began (:meth:`ThreadBuffer.drain_before`)."""
+        separated from the spans inside it or from its step. ``cut_open_steps``: a thread inside
+        an automatic step gives what it recorded before that step began, its decided steps
+        (:meth:`ThreadBuffer.drain_before`), and keeps the open step whole for a later window. A
+        server's threads are almost always inside one (a step is decided when the thread's next
+        one begins), so without it their spans would wait for a window that happens to close on
+        them: only where every record of a thread is in its buffer (nothing the operator or CUDA
+        levels hold per thread, which go by whole threads). ``handing_over``: the session that
+        takes it ends and another takes the recording over (cuts the open steps too)."""
         for sample_now in list(self.samplers):
             try:
                 sample_now()
@@ -540,7 +545,7 @@ class Recording:
                   for buffer in buffers]
         with self._copy_lock:
             taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
-            if handing_over:
+            if handing_over or (cut_open_steps and not final):
                 for buffer, take in zip(buffers, taking):
                     cut = 0 if take or buffer.open_steps else _open_step_start(buffer)
                     if cut:
