@@ -325,7 +325,7 @@ class OperatorTracer(Tracer):
             lines = self._lines.take() if self._lines is not None else None
             self._lines = None
         else:
-            taken = self._observer.take(window.closed_ns, window.closed_ns, window.held_thread_ids)
+            taken = self._observer.take(window.closed_ns, window.closed_ns, window.held_since_ns())
             lines = self._lines.take_before(window.closed_ns) if self._lines is not None else None
         dropped = self._observer.dropped()
         if dropped:

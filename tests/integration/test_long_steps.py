@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -99,28 +100,47 @@ def test_explicit_steps_with_inner_model_calls_are_not_split(tmp_path):
     assert_same_spans(session.trace, receiver.sink.spans)
 
 
-def test_a_threads_decided_steps_reach_the_collector_while_its_next_step_is_open(tmp_path):
+class CollectThenWait(torch.nn.Module):
+    """Sets off a full collection at each call; the ``wait_at``-th call then waits for ``release``."""
+
+    def __init__(self, wait_at: int) -> None:
+        super().__init__()
+        self.calls, self.wait_at = 0, wait_at
+        self.waiting, self.release = threading.Event(), threading.Event()
+
+    def forward(self, x):
+        gc.collect()
+        self.calls += 1
+        if self.calls == self.wait_at:
+            self.waiting.set()
+            self.release.wait(60)
+        return x
+
+
+@pytest.mark.parametrize("levels, in_each_step", [("model,layer", "background.0"),
+                                                  ("model,layer,operator", "aten::addmm"),
+                                                  ("model,layer,system", "gc generation 2")])
+def test_a_threads_decided_steps_reach_the_collector_while_its_next_step_is_open(tmp_path, levels, in_each_step):
     """A server's thread is almost always inside a step (its last one is decided only when its
-    next begins): windows closed on other threads still take its decided steps, and leave the
-    open one whole for later."""
-    served, release = threading.Event(), threading.Event()
-    background = Small()
+    next begins): windows closed on other threads still take its decided steps, with what the
+    deeper levels recorded of them elsewhere (operators, collections), and leave the open one
+    whole for later."""
+    collecting = CollectThenWait(wait_at=3)
+    background = torch.nn.Sequential(torch.nn.Linear(4, 4), collecting)
 
     def serve():
         with torch.no_grad():
-            for _ in range(3):  # steps 0 and 1 decided, step 2 open while it waits
+            for _ in range(3):  # steps 0 and 1 decided; step 2 open, waiting inside its call
                 background(torch.randn(3, 4))
-        served.set()
-        release.wait(60)
 
     model = Small()
     with GrpcReceiver() as receiver:
         # windows close by time, each at the first step end past it: all on this thread's steps
-        with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint, service_name="xsp-test",
-                       window_s=0.1) as session:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet", levels=levels, otlp_endpoint=receiver.endpoint,
+                       service_name="xsp-test", window_s=0.1) as session:
             worker = threading.Thread(target=serve)
             worker.start()
-            assert served.wait(60)
+            assert collecting.waiting.wait(60)
 
             def background_steps_sent() -> int:
                 with torch.no_grad():
@@ -129,11 +149,17 @@ def test_a_threads_decided_steps_reach_the_collector_while_its_next_step_is_open
 
             arrived = wait_for(lambda: background_steps_sent() >= 2)
             open_step_sent = background_steps_sent() > 2
-            release.set()
+            sent_while_waiting = list(receiver.sink.spans)
+            collecting.release.set()
             worker.join()
         session.wait_for_export(30)
     assert arrived, "the waiting thread's decided steps were not sent while it waited"
     assert not open_step_sent, "the waiting thread's open step was sent before it was decided"
+    names_by_trace: dict[str, set[str]] = {}
+    for span in sent_while_waiting:
+        names_by_trace.setdefault(span.trace_id, set()).add(span.name)
+    sent_steps = [names for names in names_by_trace.values() if "background" in names]
+    assert len(sent_steps) == 2 and all(in_each_step in names for names in sent_steps), sent_steps
     spans = session.trace.spans
     layers = spans[spans[col.LEVEL] == "layer"]
     by_id = spans.set_index(col.SPAN_ID)

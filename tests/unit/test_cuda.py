@@ -27,11 +27,13 @@ from xsp.analysis import gpu  # noqa: E402
 from xsp.cli.doctor import tracer_rows  # noqa: E402
 from xsp.core import schema as col  # noqa: E402
 from xsp.core.schema import Level, SpanKind  # noqa: E402
+from xsp.record.window import HELD_WHOLLY  # noqa: E402
 from xsp.table.walks import nearest_ancestor, of_level, parent_positions  # noqa: E402
 from xsp.tracers.cuda import records as _cupti_records  # noqa: E402
 from xsp.tracers.cuda import rows as _cupti_rows  # noqa: E402
 from xsp.tracers.cuda import source as _cupti  # noqa: E402
 from xsp.tracers.cuda.clock import ClockMode, CuptiClock  # noqa: E402
+from xsp.tracers.cuda.graphs import GraphNodeMarks  # noqa: E402
 from xsp.tracers.cuda.records import Family, RecordStore, columns_from_tuples  # noqa: E402
 from xsp.tracers.cuda.rows import activity_rows, api_rows, demangle  # noqa: E402
 from xsp.tracers.cuda.source import CuptiSource  # noqa: E402
@@ -84,6 +86,34 @@ def _stored(records: list[object]) -> _cupti_records.ActivityColumns:
     kept, dropped = store.drain()
     assert not dropped
     return kept
+
+
+# windows of threads inside a step ----------------------------------------------------------
+def test_a_window_leaves_a_held_threads_cuda_calls_since_its_open_step_with_the_kernels_they_launched():
+    """Thread 7's decided steps went with the window, its open step (from 4,000) did not; thread 8
+    was left whole; thread 9 was taken."""
+    records = _stored([
+        _api(1, 1_000, 1_100, thread=7), kernel_record("_Z1ai", 1_200, 1_300, 1),
+        _api(2, 5_000, 5_100, thread=7), kernel_record("_Z1bi", 5_200, 5_300, 2),
+        _api(3, 2_000, 2_100, thread=8), kernel_record("_Z1ci", 2_200, 2_300, 3),
+        _api(4, 3_000, 3_100, thread=9), kernel_record("_Z1di", 3_200, 3_300, 4),
+        _api(5, 11_000, 11_100, thread=9), kernel_record("_Z1ei", 11_200, 11_300, 5),  # after the window
+    ])
+    now, later = records.split(10_000, {7: 4_000, 8: HELD_WHOLLY}, CuptiClock.constant(0))
+    assert sorted(now[Family.API]["correlation_id"].tolist()) == [1, 4]
+    assert sorted(now[Family.KERNEL]["correlation_id"].tolist()) == [1, 4]
+    assert sorted(later[Family.API]["correlation_id"].tolist()) == [2, 3, 5]
+    assert sorted(later[Family.KERNEL]["correlation_id"].tolist()) == [2, 3, 5]
+
+
+def test_a_window_leaves_the_graph_nodes_a_held_thread_made_in_its_open_step():
+    marks = GraphNodeMarks()
+    made = [(0, node, 0, 1, 0, thread, at) for node, thread, at in
+            ((1, 7, 1_000), (2, 7, 5_000), (3, 8, 2_000), (4, 9, 3_000), (5, 9, 11_000))]
+    marks.marks.extend(made)
+    now = marks.take(10_000, {7: 4_000, 8: HELD_WHOLLY})
+    assert [mark[1] for mark in now] == [1, 4]
+    assert [mark[1] for mark in marks.take()] == [2, 3, 5]
 
 
 # conversion --------------------------------------------------------------------------------

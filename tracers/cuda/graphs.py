@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -90,17 +90,20 @@ class GraphNodeMarks:
         with self.lock:
             self.marks.append(mark)
 
-    def take(self, closed_ns: int | None = None, held_threads: Iterable[int] = ()) -> list[GraphNodeMark]:
+    def take(self, closed_ns: int | None = None, held_since_ns: Mapping[int, int] | None = None,
+             ) -> list[GraphNodeMark]:
         """The marks of a window taken at ``closed_ns`` (None: every mark); those made after it,
-        or on a thread it left for later (``held_threads``), stay for the next."""
+        or on a thread it left for later since that thread's time in ``held_since_ns``
+        (``Window.held_since_ns``), stay for the next."""
+        held = held_since_ns or {}
         with self.lock:
             marks, self.marks = self.marks, []
             if closed_ns is None:
                 return marks
-            held = set(held_threads)
             now: list[GraphNodeMark] = []
             for mark in marks:
-                (self.marks if mark[6] >= closed_ns or mark[5] in held else now).append(mark)
+                later = mark[6] >= closed_ns or mark[6] >= held.get(mark[5], closed_ns)
+                (self.marks if later else now).append(mark)
         return now
 
     def take_unreadable(self) -> int:

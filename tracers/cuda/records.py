@@ -23,7 +23,7 @@ import re
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Final
@@ -205,15 +205,18 @@ class ActivityColumns:
                 columns = columns.where(family, keep)
         return columns, +lost
 
-    def split(self, closed_ns: int, held_threads: frozenset[int], clock: CuptiClock,
+    def split(self, closed_ns: int, held_since_ns: Mapping[int, int], clock: CuptiClock,
               ) -> tuple[ActivityColumns, ActivityColumns]:
         """``(now, later)``: the records of a window taken at ``closed_ns`` (host clock), and
-        those that belong to a later one: CUDA calls made after it was taken or on a thread it
-        left for later (``held_threads``), with the GPU work and external ids they launched. GPU
-        work whose launch is not among these records goes by its own start."""
+        those that belong to a later one: CUDA calls made after it was taken, or on a thread it
+        left for later since that thread's time in ``held_since_ns`` (``Window.held_since_ns``),
+        with the GPU work and external ids they launched. GPU work whose launch is not among
+        these records goes by its own start."""
         api = self[Family.API]
-        api_later = ((clock.to_host_ns(api["start"]) >= closed_ns)
-                     | np.isin(api["thread_id"], np.fromiter(held_threads, dtype=np.int64)))
+        api_host_ns = clock.to_host_ns(api["start"])
+        api_later = api_host_ns >= closed_ns
+        for thread, since_ns in held_since_ns.items():
+            api_later |= (api["thread_id"] == thread) & (api_host_ns >= since_ns)
         launches = api["correlation_id"]
         later_launches = launches[api_later]
         later = {Family.API: api_later}

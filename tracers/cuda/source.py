@@ -852,9 +852,10 @@ class CuptiSource:
             if window.closed_ns is None:
                 self._carried = ActivityColumns()
             else:
-                columns, self._carried = columns.split(window.closed_ns, window.held_thread_ids, self.clock)
+                columns, self._carried = columns.split(window.closed_ns, window.held_since_ns(), self.clock)
             window.derived["cupti_records"] = columns
-            window.derived["cupti_graph_nodes"] = self.graph_nodes.take(window.closed_ns, window.held_thread_ids)
+            window.derived["cupti_graph_nodes"] = self.graph_nodes.take(
+                window.closed_ns, None if window.closed_ns is None else window.held_since_ns())
             unreadable = self.graph_nodes.take_unreadable()
             if unreadable:
                 lost[Lost.GRAPH_NODE_UNREADABLE.value] += unreadable

@@ -26,6 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,7 +34,7 @@ from typing import Any, Final
 import numpy as np
 
 SOURCE: Final = Path(__file__).resolve().parent / "_operators" / "observer.cpp"
-ABI_VERSION: Final = 4
+ABI_VERSION: Final = 5
 CACHE_VARIABLE: Final = "XSP_CACHE_DIR"
 DISABLE_VARIABLE: Final = "XSP_OPERATOR_OBSERVER"
 """``XSP_OPERATOR_OBSERVER=0`` records the operator level with PyTorch's profiler instead."""
@@ -147,7 +148,7 @@ class OperatorObserver:
         lib.xsp_ops_dropped.restype = ctypes.c_int64
         lib.xsp_ops_failed.restype = ctypes.c_int64
         lib.xsp_ops_recorded.restype = ctypes.c_int64
-        lib.xsp_ops_take.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        lib.xsp_ops_take.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         lib.xsp_ops_take.restype = ctypes.c_int64
         lib.xsp_ops_copy.argtypes = [ctypes.c_void_p]
         for name in ("xsp_ops_name", "xsp_ops_shapes", "xsp_ops_dtypes"):
@@ -197,14 +198,18 @@ class OperatorObserver:
         return int(self.library.xsp_ops_failed())
 
     def take(self, cut_ns: int = TAKE_EVERYTHING, held_since_ns: int = 2**62,
-             held_threads: frozenset[int] = frozenset()) -> Taken:
+             held_threads: Mapping[int, int] | None = None) -> Taken:
         """The finished records of a window ending at ``cut_ns`` (every record with the default):
-        of the threads not in ``held_threads``, those that ended by then, and of any thread none
-        that started at or after ``held_since_ns`` (where the held threads' open steps began)."""
-        held = np.array(sorted(held_threads), dtype=np.int32)
+        those that ended by then, of any thread none that started at or after ``held_since_ns``
+        (where the held threads' open steps began), and of each thread of ``held_threads`` none
+        that started at or after its time there (``Window.held_since_ns``: the window left its
+        records since then for later)."""
+        threads = sorted((held_threads or {}).items())
+        held = np.array([thread for thread, _ in threads], dtype=np.int32)
+        held_from = np.array([since_ns for _, since_ns in threads], dtype=np.int64)
         with self._lock:
-            count = self.library.xsp_ops_take(cut_ns, held_since_ns, held.ctypes.data if len(held) else None,
-                                              len(held))
+            count = self.library.xsp_ops_take(cut_ns, held_since_ns, held.ctypes.data if threads else None,
+                                              held_from.ctypes.data if threads else None, len(threads))
             records = np.empty(count, dtype=RECORD)
             self.library.xsp_ops_copy(records.ctypes.data if count else None)
             self._new_texts()

@@ -507,13 +507,15 @@ class Recording:
         for buffer in list(self.buffers):
             buffer.compact()
 
-    def _hold_thread_pauses(self, samples: list[Any], held: frozenset[int]) -> list[Any]:
-        """``samples`` less the garbage collections of ``held`` threads, which go back to the
-        recording, ahead of what came since, for the window that takes those threads' records."""
+    def _hold_thread_pauses(self, samples: list[Any], held_since_ns: dict[int, int]) -> list[Any]:
+        """``samples`` less the garbage collections that belong to held threads' records left for
+        later (``Window.held_since_ns``), which go back to the recording, ahead of what came since,
+        for the window that takes those records."""
         taken: list[Any] = []
         waiting: list[Any] = []
         for sample in samples:
-            (waiting if isinstance(sample, GcPause) and sample.thread_id in held else taken).append(sample)
+            since_ns = held_since_ns.get(sample.thread_id) if isinstance(sample, GcPause) else None
+            (waiting if since_ns is not None and sample.start_ns >= since_ns else taken).append(sample)
         if waiting:
             self.samples[:0] = waiting  # one slice assignment: a collection recorded meanwhile stays after them
         return taken
@@ -522,17 +524,16 @@ class Recording:
         """Whether a thread is inside a module call now (a step under way)."""
         return any(buffer.depth for buffer in list(self.buffers))
 
-    def take_window(self, final: bool = False, handing_over: bool = False, cut_open_steps: bool = False) -> Window:
+    def take_window(self, final: bool = False, handing_over: bool = False) -> Window:
         """Drain every thread; unless ``final``, threads inside a module call or a step (explicit,
         or automatic and not yet decided) are left for a later window, so that no span is
-        separated from the spans inside it or from its step. ``cut_open_steps``: a thread inside
-        an automatic step gives what it recorded before that step began, its decided steps
-        (:meth:`ThreadBuffer.drain_before`), and keeps the open step whole for a later window. A
-        server's threads are almost always inside one (a step is decided when the thread's next
-        one begins), so without it their spans would wait for a window that happens to close on
-        them: only where every record of a thread is in its buffer (nothing the operator or CUDA
-        levels hold per thread, which go by whole threads). ``handing_over``: the session that
-        takes it ends and another takes the recording over (cuts the open steps too)."""
+        separated from the spans inside it or from its step. A thread inside an automatic step
+        gives what it recorded before that step began, its decided steps
+        (:meth:`ThreadBuffer.drain_before`), and keeps the open step whole for later: a server's
+        threads are almost always inside one (a step is decided when the thread's next one
+        begins), and their spans would otherwise wait for a window that happens to close on
+        them. ``handing_over``: the session that takes it ends and another takes the recording
+        over (the garbage collections of threads left for later go with it all the same)."""
         for sample_now in list(self.samplers):
             try:
                 sample_now()
@@ -545,11 +546,13 @@ class Recording:
                   for buffer in buffers]
         with self._copy_lock:
             taken = [buffer.drain() for buffer, take in zip(buffers, taking) if take]
-            if handing_over or (cut_open_steps and not final):
+            cuts: dict[int, int] = {}
+            if not final:
                 for buffer, take in zip(buffers, taking):
                     cut = 0 if take or buffer.open_steps else _open_step_start(buffer)
                     if cut:
                         taken.append(buffer.drain_before(cut))
+                        cuts[buffer.thread_id] = cut
             for copy in self.copies:
                 copy.buffers.extend(drained for drained in taken if drained.thread_id == copy.thread_id)
             returned, self.returned = self.returned, []
@@ -563,12 +566,13 @@ class Recording:
                 self.ended_threads.update((buffer.thread_id, buffer.thread_name) for buffer in ended[:max(room, 0)])
         kept_steps = sorted(step for buffer in taken for step in buffer.kept_steps)
         samples, self.samples = self.samples, []
+        window = Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
+                        step_numbers=kept_steps or None, samples=samples,
+                        ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
+                        held_thread_ids=held, held_from_ns=cuts, sites=self.sites)
         if held and not handing_over:  # a held thread's collections wait with the spans they interrupted
-            samples = self._hold_thread_pauses(samples, held)
-        return Window(taken, final=final, external_ids=self.external_ids, model_names=dict(self.model_names),
-                      step_numbers=kept_steps or None, samples=samples,
-                      ended_thread_ids=[buffer.thread_id for buffer in ended], closed_ns=closed_ns,
-                      held_thread_ids=held, sites=self.sites)
+            window.samples = self._hold_thread_pauses(samples, window.held_since_ns())
+        return window
 
     def start_copy(self, thread_id: int) -> ThreadCopy:
         """A block that joined the session begins on thread ``thread_id``: from now on, each

@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from xsp.record.columns import BackwardColumns, CallColumns, Interner, MarkColumns, RootColumns
 from xsp.record.sites import CallSites
+
+HELD_WHOLLY: Final = -(2**62)
+"""In :meth:`Window.held_since_ns`: every record of the thread belongs to a later window."""
 
 
 @dataclass
@@ -71,8 +74,11 @@ class Window:
     closed_ns: int | None = None
     """When the window was taken (host clock); None for the last one, which takes everything."""
     held_thread_ids: frozenset[int] = frozenset()
-    """Threads whose records were left for a later window (inside a module call or a step):
-    records made elsewhere (CUPTI's) on those threads belong to a later window too."""
+    """Threads whose records were left for a later window, all or those of their open step
+    (inside a module call or a step): see :meth:`held_since_ns`."""
+    held_from_ns: dict[int, int] = field(default_factory=dict)
+    """Of :attr:`held_thread_ids`, the threads inside an automatic step whose decided steps this
+    window took, each with where its open step began (``Recording.take_window``)."""
     sites: CallSites | None = None
     """The recording's call sites, which the site ids of the window's records index."""
 
@@ -90,8 +96,14 @@ class Window:
                    step_numbers=[number for numbers in numbered for number in numbers] if numbered else None,
                    samples=[sample for window in windows for sample in window.samples],
                    ended_thread_ids=[thread for window in windows for thread in window.ended_thread_ids],
-                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids,
+                   closed_ns=last.closed_ns, held_thread_ids=last.held_thread_ids, held_from_ns=last.held_from_ns,
                    sites=next((window.sites for window in windows if window.sites is not None), None))
+
+    def held_since_ns(self) -> dict[int, int]:
+        """For each held thread, from when its records belong to a later window: what was made
+        elsewhere on it (CUPTI's records, the operator level's, garbage collections) that started
+        at or after that time waits with its open step (:data:`HELD_WHOLLY`: all of it)."""
+        return {thread: self.held_from_ns.get(thread, HELD_WHOLLY) for thread in self.held_thread_ids}
 
     @property
     def records(self) -> int:

@@ -20,7 +20,6 @@ from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
-from xsp.core.schema import Level
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
 from xsp.export.target import OtlpTarget
@@ -48,11 +47,6 @@ ALWAYS_ON_HELPER_NICENESS: Final = 19
 thread that becomes runnable takes the CPU from them at once, and their work (a window a minute)
 is done in the CPU time the service leaves. Other sessions' helpers keep the program's priority:
 a training loop keeps every core busy, and its windows (one a second) must keep pace with it."""
-THREAD_BUFFER_LEVELS: Final = frozenset({Level.MODEL, Level.INPUT, Level.LAYER})
-"""Levels that keep every record of a thread in its buffer: a session recording no other can
-take a thread's decided steps while its open step goes on (``Recording.take_window``'s
-``cut_open_steps``). The operator and CUDA levels hold records per thread elsewhere, which windows
-take by whole threads, and the system level holds a thread's garbage collections the same way."""
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
@@ -111,8 +105,6 @@ class WindowWorker:
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
         self.pause_wait = pause_wait
-        self.cuts_open_steps = THREAD_BUFFER_LEVELS.issuperset(options.levels)
-        """Each window takes the decided steps of threads inside a step (see :data:`THREAD_BUFFER_LEVELS`)."""
         self.thread = start_thread(self._run, "xsp-windows")
 
     def close_window(self, hold: bool = False) -> None:
@@ -126,7 +118,7 @@ class WindowWorker:
             if self.finished:  # a window taken now would come after the last one interpreted
                 return
             self.closed_ns, self.closed_events = now_ns(), recording.kept_events
-            window = recording.take_window(cut_open_steps=self.cuts_open_steps)
+            window = recording.take_window()
             if not window.empty:
                 self.closed_windows += 1
                 if hold:

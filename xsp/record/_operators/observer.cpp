@@ -28,7 +28,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 constexpr uint8_t kUser = 1;      // flags: a user annotation (record_function)
 constexpr uint8_t kBackward = 2;  // flags: an autograd node's call
 
@@ -308,10 +308,12 @@ int xsp_ops_pause_thread(int pause) {
 int64_t xsp_ops_recorded() { return recorded.load(std::memory_order_relaxed); }
 
 // Move the finished records that belong to the window ending at `cut_ns` aside (xsp_ops_copy
-// hands them out): of the threads not `held`, those that ended by `cut_ns`; of any thread, never
-// one that started at or after `held_since_ns` (what the held threads still have open may hold it).
-// A negative cut takes everything. Returns how many were moved aside.
-int64_t xsp_ops_take(int64_t cut_ns, int64_t held_since_ns, const int32_t* held, int64_t held_count) {
+// hands them out): those that ended by `cut_ns`; of any thread, never one that started at or after
+// `held_since_ns` (what the held threads still have open may hold it), and of each thread `held[i]`,
+// none that started at or after `held_from[i]` (where its open step began: the window took the
+// thread's steps before it). A negative cut takes everything. Returns how many were moved aside.
+int64_t xsp_ops_take(int64_t cut_ns, int64_t held_since_ns, const int32_t* held, const int64_t* held_from,
+                     int64_t held_count) {
     std::lock_guard<std::mutex> take_guard(take_lock);
     taken.clear();
     std::vector<std::shared_ptr<ThreadBuffer>> all;
@@ -320,18 +322,18 @@ int64_t xsp_ops_take(int64_t cut_ns, int64_t held_since_ns, const int32_t* held,
         all = buffers;
     }
     for (auto& each : all) {
-        bool is_held = false;
-        for (int64_t i = 0; i < held_count; ++i) is_held |= held[i] == each->thread;
+        int64_t since_ns = held_since_ns;
+        for (int64_t i = 0; i < held_count; ++i)
+            if (held[i] == each->thread && held_from[i] < since_ns) since_ns = held_from[i];
         std::lock_guard<std::mutex> guard(each->lock);
         if (cut_ns < 0) {
             taken.insert(taken.end(), each->records.begin(), each->records.end());
             each->records.clear();
             continue;
         }
-        if (is_held) continue;
         std::vector<Record> left;
         for (const auto& record : each->records) {
-            if (record.end_ns <= cut_ns && record.start_ns < held_since_ns) {
+            if (record.end_ns <= cut_ns && record.start_ns < since_ns) {
                 taken.push_back(record);
             } else {
                 left.push_back(record);
