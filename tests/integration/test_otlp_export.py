@@ -260,7 +260,7 @@ def test_push_sends_any_trace_file_later(kind, tmp_path, shared_traces, capsys, 
     with HttpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         assert main(["push", str(path), "--otlp", receiver.endpoint]) == 0
-    assert f"{len(expected)} spans sent" in capsys.readouterr().err
+    assert f"{len(expected):,} spans sent" in capsys.readouterr().err
     if kind == "xsp":
         assert sorted(span.span_id for span in receiver.sink.spans) == sorted(expected[col.SPAN_ID].tolist())
     else:  # an import makes new ids each time it is read

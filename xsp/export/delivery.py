@@ -202,17 +202,17 @@ class ExportReport:
         """One line: what was sent, and why the rest was not."""
         folded = ""
         if self.traces_folded:
-            left_out = f", {self.dropped_by_budget} left out" if self.dropped_by_budget else ""
-            folded = (f" ({self.spans_folded} spans of {self.traces_folded} traces over the span budget sent as "
-                      f"{self.aggregates} aggregates{left_out}; the trace file keeps them all)")
+            left_out = f", {self.dropped_by_budget:,} left out" if self.dropped_by_budget else ""
+            folded = (f" ({self.spans_folded:,} spans of {self.traces_folded:,} traces over the span budget sent as "
+                      f"{self.aggregates:,} aggregates{left_out}; the trace file keeps them all)")
         if self.not_sampled_by_request:
-            folded += (f" ({self.not_sampled_by_request} spans of requests the application's sampler dropped not "
+            folded += (f" ({self.not_sampled_by_request:,} spans of requests the application's sampler dropped not "
                        "sent; the trace file keeps them)")
         if self.error is None:
-            return f"{self.exported} spans sent to {self.target}{folded}"
+            return f"{self.exported:,} spans sent to {self.target}{folded}"
         said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
-        return (f"OTLP export to {self.target}: {self.exported} of {self.submitted} spans sent; {self.error}{said}; "
-                "the trace file keeps every span (send it again with `xsp push FILE`)")
+        return (f"OTLP export to {self.target}: {self.exported:,} of {self.submitted:,} spans sent; "
+                f"{self.error}{said}; the trace file keeps every span (send it again with `xsp push FILE`)")
 
 
 SDK_RETRY: Final = "retrying in"
