@@ -7,8 +7,10 @@ holds the file's spans of that request."""
 from __future__ import annotations
 
 import http.client
+import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -212,3 +214,25 @@ def test_capture_of_a_running_service(tmp_path):
     # and deep steps of its own only after a slow one (at sample 0: a busy machine's pause arms the next 3)
     after_slow = set(roots[roots[col.SAMPLING] == "after_slow"][col.STEP].astype(int))
     assert deep == captured | after_slow
+
+
+@pytest.mark.heavy  # the example service under `xsp run`, loaded for half a minute
+def test_the_long_serving_benchmark_checks_what_it_reports(tmp_path, monkeypatch):
+    """benchmarks/long_serving.py, briefly: the service under `xsp run --sample --dataset --rotate
+    --otlp`, paced load on both endpoints, a capture half-way, SIGTERM at the end; its report's
+    claims hold (every request a step, xsp's roots under the request spans, the capture done)."""
+    monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
+    long_serving = importlib.import_module("long_serving")
+    results = tmp_path / "long_serving.md"
+    monkeypatch.setattr(long_serving, "RESULTS", results)
+    monkeypatch.setattr(long_serving, "WARMUP_MARKS", 0)
+    assert long_serving.main(["--minutes", "0.4", "--mark-s", "6", "--rate", "20", "--rotate", "8s",
+                              "--capture-steps", "5"]) == 0
+    report = results.read_text()
+    assert "exit code 0" in report
+    assert "(every request a step)" in report
+    assert ", 0 under a span the collector never got" in report
+    assert re.search(r"Capture.*: exit 0 after [\d.]+ s, 5 steps in its file", report)
+    rows = [line for line in report.splitlines() if re.match(r"\| \d+ \| [\d,]+ \|", line)]
+    assert len(rows) >= 3  # one a stretch
+    assert re.search(r"\*\*Parts\*\*: [2-9]\d* parts", report)  # rotated while it ran
