@@ -198,13 +198,13 @@ class OperatorObserver:
         return int(self.library.xsp_ops_failed())
 
     def take(self, cut_ns: int = TAKE_EVERYTHING, held_since_ns: int = 2**62,
-             held_threads: Mapping[int, int] | None = None) -> Taken:
+             held_threads_since_ns: Mapping[int, int] | None = None) -> Taken:
         """The finished records of a window ending at ``cut_ns`` (every record with the default):
-        those that ended by then, of any thread none that started at or after ``held_since_ns``
-        (where the held threads' open steps began), and of each thread of ``held_threads`` none
-        that started at or after its time there (``Window.held_since_ns``: the window left its
-        records since then for later)."""
-        threads = sorted((held_threads or {}).items())
+        those that ended by then, of any thread none that started at or after ``held_since_ns``,
+        and of each thread in ``held_threads_since_ns`` none that started at or after its time
+        there (``Window.held_since_ns``: the window left that thread's records since then for
+        later)."""
+        threads = sorted((held_threads_since_ns or {}).items())
         held = np.array([thread for thread, _ in threads], dtype=np.int32)
         held_from = np.array([since_ns for _, since_ns in threads], dtype=np.int64)
         with self._lock:
