@@ -29,7 +29,6 @@ import argparse
 import gzip
 import http.client
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -40,28 +39,35 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 from _results import record
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from production import (
+    ENDPOINTS,
+    HEADERS,
+    HOST,
+    REQUEST_TIMEOUT_S,
+    Server,
+    last_run_line,
+    leave_folder,
+    tail,
+    wait_ready,
+)
 
 import xsp
 from xsp.core import schema as col
+from xsp.table.sampling import deep_roots, step_roots
 
 RESULTS = Path(__file__).resolve().parent / "results" / "long_serving.md"
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "service" / "serve.py"
-HOST = "127.0.0.1"
-ENDPOINTS = ("/predict", "/predict_async")
+PATHS = tuple(ENDPOINTS.values())  # `def` and `async def`
 BODY = b"[" + b",".join(str(token).encode() for token in range(32)) + b"]"
-HEADERS = {"Content-Type": "application/json"}
 XSP_SCOPE = "xsp"
 SERVER_SPAN_KIND = 2  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_SERVER
-STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 300.0
-REQUEST_TIMEOUT_S = 30.0
 WARMUP_MARKS = 2
 """Marks before the memory baseline: imports, first windows and caches settle in the first minutes."""
 GOAL_GROWTH_MB = 50.0
@@ -153,7 +159,7 @@ class Traffic:
 def client(port: int, index: int, interval_s: float, traffic: Traffic) -> None:
     """Send a request every ``interval_s`` (paced from a fixed schedule), alternating endpoints
     by client, on one keep-alive connection; note each answer."""
-    path, mine = ENDPOINTS[index % len(ENDPOINTS)], traffic.answered[index]
+    path, mine = PATHS[index % len(PATHS)], traffic.answered[index]
     connection = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT_S)
     due = time.monotonic() + interval_s * index / len(traffic.answered)
     try:
@@ -184,20 +190,6 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while process.poll() is None and time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT_S)
-            connection.request("GET", "/health")
-            connection.getresponse().read()
-            connection.close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the service did not start (exit code {process.poll()}):\n{log.read_text()[-3000:]}")
-
-
 def cpu_seconds(process: psutil.Process) -> float:
     """The server's CPU time, with that of the helper processes it reaped (windows' interpreters)."""
     times = process.cpu_times()
@@ -210,8 +202,7 @@ def sealed_parts(dataset: Path) -> list[Path]:
 
 def steps_in(path: Path) -> int:
     """Steps in a sealed part, read while the service runs (as a user's notebook would)."""
-    spans = xsp.load(path).spans
-    return int(spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()][col.STEP].nunique())
+    return len(step_roots(xsp.load(path).spans))
 
 
 @dataclass
@@ -275,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     traffic = Traffic([[] for _ in range(args.clients)])
     began = time.monotonic()
     try:
-        wait_ready(server, port, log)
+        wait_ready(Server("the service", "xsp run", server, port, log, None))
         process = psutil.Process(server.pid)
         threads = [threading.Thread(target=client, args=(port, index, args.clients / args.rate, traffic), daemon=True)
                    for index in range(args.clients)]
@@ -317,16 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     time.sleep(2.0)  # the last spans the service's own processor flushed as it ended
     receiver.shutdown()
     if traffic.failures:
-        print(f"long_serving.py: a request failed: {traffic.failures[0]}\n{log.read_text()[-3000:]}", file=sys.stderr)
+        print(f"long_serving.py: a request failed: {traffic.failures[0]}\n{tail(log)}", file=sys.stderr)
         return 1
     lines = report(args, command, began, marks, captured, exit_code, traffic, received, dataset, log)
     record(lines, RESULTS)
-    if not args.keep:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-    else:
-        print(f"kept: {folder}", file=sys.stderr)
+    leave_folder(folder, args.keep)
     return 0
 
 
@@ -335,19 +321,17 @@ def report(args: argparse.Namespace, command: str, began: float, marks: list[Mar
            dataset: Path, log: Path) -> list[str]:
     trace = xsp.load(dataset)
     spans = trace.spans
-    steps = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+    steps = spans.iloc[step_roots(spans)]
     sampling = Counter(steps[col.SAMPLING].astype(str))
-    deep = sampling.total() - sampling.get("model_only", 0) - sampling.get("request_not_sampled", 0)
+    deep = int(deep_roots(steps).sum())
     under_server, under_app, orphans = received.xsp_roots()
     export = trace.metadata.get("export", {})
     baseline = marks[min(WARMUP_MARKS, len(marks) - 1)] if marks else None
     growth = marks[-1].rss_mb - baseline.rss_mb if marks and baseline else float("nan")
     answered = traffic.count()
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Hours of serving under xsp", "",
-        f"Last run: {when}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"`{command}` ({(time.monotonic() - began) / 60:.0f} min).", "",
+        last_run_line(command, began), "",
         f"The example service under `xsp run --sample {args.sample} --dataset DIR --rotate {args.rotate} --otlp URL`, "
         f"{args.clients} clients sending {args.rate:g} requests a second together (paced; half to `def`, half to "
         "`async def`), its spans and xsp's sent to a loopback OTLP/HTTP receiver. Each row is one stretch: "
