@@ -61,10 +61,10 @@ def test_an_always_on_sessions_helpers_yield_the_cpu_and_other_sessions_helpers_
         from xsp.session.interpreting import WindowInterpreter
         xsp.session.options.WINDOW_S = xsp.session.options.ALWAYS_ON_WINDOW_S = 0.0  # a helper a step end
         interpret_in_helper = WindowInterpreter.interpret_in_helper
-        def noted(self, window):  # in the helper: its niceness, appended to the session's file
+        def noted(self, window, *rest):  # in the helper: its niceness, appended to the session's file
             with open(os.environ["NICENESS_FILE"], "a") as file:
                 file.write(f"{os.nice(0)}\\n")
-            return interpret_in_helper(self, window)
+            return interpret_in_helper(self, window, *rest)
         WindowInterpreter.interpret_in_helper = noted
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
         for name, sample in (("every_step", None), ("always_on", 0.5)):

@@ -44,6 +44,8 @@ def test_each_long_step_reaches_the_collector_before_the_block_ends(tmp_path):
     assert sum(s.name == "model" for s in receiver.sink.spans) == 3
     trace = xsp.load(tmp_path / "run.xsp.parquet")
     assert trace.metadata["windows"] >= 3
+    # helper processes interpreted the windows and made their spans ready; this process only sent them
+    assert trace.metadata["helper_windows"] >= 1, trace.metadata
     assert report.error is None and report.exported == len(trace.spans)
     assert_same_spans(trace, receiver.sink.spans)
     spans = trace.spans
@@ -224,3 +226,37 @@ def test_with_the_operator_level_no_step_leaves_before_its_operators(tmp_path):
     inside = [predicts.loc[step, col.START_NS] <= start and end <= predicts.loc[step, col.END_NS]
               for step, start, end in zip(operators[col.STEP], operators[col.START_NS], operators[col.END_NS])]
     assert len(operators) and all(inside)
+
+
+def test_a_helper_that_fails_while_the_session_exports_leaves_every_span_sent_once(tmp_path, monkeypatch):
+    """Windows are interpreted, and made ready to send, by helper processes; the session only
+    sends. When a helper fails, the windows from then on are interpreted and sent by the session
+    itself: the collector still gets every span of the file, none twice, and the failure is said once."""
+    import xsp.session.windows as windows
+    from xsp.session.forked import ForkFailed
+
+    real_run_forked, calls = windows.run_forked, []
+
+    def fails_after_one(function, deadline_s):
+        calls.append(deadline_s)
+        if len(calls) > 1:
+            raise ForkFailed("fork failed: no memory")
+        return real_run_forked(function, deadline_s)
+
+    monkeypatch.setattr(windows, "run_forked", fails_after_one)
+    model = Small()
+    with GrpcReceiver() as receiver:
+        with pytest.warns(xsp.XspWarning, match="helper process could not interpret a window") as said:
+            with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint,
+                           service_name="xsp-test", long_step_s=0.0) as session:
+                for _ in range(6):
+                    with torch.no_grad():
+                        model(torch.randn(2, 4))
+                    time.sleep(0.05)  # a window a step, not several merged
+            report = session.wait_for_export(30)
+    assert len([w for w in said if "helper" in str(w.message)]) == 1
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.metadata["helper_windows"] == 1 and trace.metadata["windows"] >= 3, trace.metadata
+    assert report.error is None and report.failed == 0 and report.exported == len(trace.spans)
+    assert trace.steps == list(range(6))
+    assert_same_spans(trace, receiver.sink.spans)

@@ -150,3 +150,58 @@ def test_a_table_sent_in_chunks_sends_every_span_as_the_sdk_path_does() -> None:
     sent = sdk_request(trace.spans, trace.metadata).resource_spans[0].scope_spans[0].spans
     sdk = {span.span_id: span for span in sent}
     assert all(sdk[span.span_id] == span for span in exporter.spans)
+
+
+class Collecting:
+    """An exporter that takes encoded batches and keeps the spans their requests hold."""
+
+    xsp_encoded = True
+
+    def __init__(self) -> None:
+        self.spans: list = []
+
+    def export(self, batch: encoding.EncodedBatch):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        request = ExportTraceServiceRequest.FromString(batch.payload())
+        self.spans += list(request.resource_spans[0].scope_spans[0].spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_a_table_made_ready_in_one_process_and_sent_from_another_sends_and_counts_as_one_export() -> None:
+    """A helper process makes a window's spans ready (prepare_export) and hands them back
+    pickled; the session only sends them (send_prepared): what reaches the collector, and every
+    count of the report, is what export_table gives in one go."""
+    import pickle
+
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import export_table, prepare_export, send_prepared
+
+    trace = traced_run()
+    resource = resource_for("svc", trace.metadata)
+    whole, whole_report = Collecting(), ExportReport(target="test")
+    export_table(trace.spans, resource, whole, whole_report, span_budget=3)
+    prepared = prepare_export(trace.spans, encoding.resource_and_scope(resource), None, span_budget=3)
+    assert prepared.chunks and prepared.spans is None
+    handed, handed_report = Collecting(), ExportReport(target="test")
+    send_prepared(pickle.loads(pickle.dumps(prepared)), resource, handed, handed_report)
+    assert whole_report.traces_folded > 0  # the budget folded the deepest levels: counted alike
+    counted = ("to_send", "submitted", "exported", "failed", "traces_folded", "spans_folded", "aggregates",
+               "dropped_by_budget", "step_traces", "not_sampled_by_request")
+    assert {name: getattr(handed_report, name) for name in counted} == {
+        name: getattr(whole_report, name) for name in counted}
+    assert handed_report.exported == len(handed.spans) > 0
+    assert sorted(span.SerializeToString() for span in handed.spans) == sorted(
+        span.SerializeToString() for span in whole.spans)
+
+
+def test_spans_that_could_not_be_made_ready_count_as_failed_and_say_why() -> None:
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import PreparedExport, send_prepared
+
+    trace = traced_run()
+    exporter, report = Collecting(), ExportReport(target="test")
+    unready = PreparedExport(to_send=5, not_sampled_by_request=0, rows=5, error="ValueError: no columns")
+    send_prepared(unready, resource_for("svc", trace.metadata), exporter, report)
+    assert (report.to_send, report.submitted, report.failed, report.exported) == (5, 5, 5, 0)
+    assert report.error == "ValueError: no columns" and exporter.spans == []

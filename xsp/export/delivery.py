@@ -219,6 +219,10 @@ SDK_RETRY: Final = "retrying in"
 """What the OTLP exporters of the SDK log when they send a batch again after a transient error."""
 
 
+MESSAGES_KEPT: Final = 20
+"""What the SDK said during an export, kept for the report: at most this many messages."""
+
+
 class _SdkMessages(logging.Filter):
     """Keeps what the SDK logs on xsp's export threads (and only there) out of the user's log."""
 
@@ -234,7 +238,7 @@ class _SdkMessages(logging.Filter):
         if SDK_RETRY in message:  # the SDK waits and sends again on its own: a retry all the same
             self.report.retries += 1
         self.report.heard.append(message)
-        if len(self.report.sdk_messages) < 20:
+        if len(self.report.sdk_messages) < MESSAGES_KEPT:
             self.report.sdk_messages.append(message)
         return False
 

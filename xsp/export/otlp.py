@@ -18,8 +18,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -36,7 +36,14 @@ from xsp.core.lazy import pandas as pd
 from xsp.core.threads import start_thread
 from xsp.export import encoding
 from xsp.export.budget import DEFAULT_SPAN_BUDGET, within_budget
-from xsp.export.delivery import RETRY_BUDGET_S, ExportReport, export_batch, make_exporter, sdk_messages_into
+from xsp.export.delivery import (
+    MESSAGES_KEPT,
+    RETRY_BUDGET_S,
+    ExportReport,
+    export_batch,
+    make_exporter,
+    sdk_messages_into,
+)
 from xsp.export.encoding import EncodedBatch, SpanColumns, resource_and_scope
 from xsp.export.target import OtlpTarget
 from xsp.table.walks import depth_of, parent_positions
@@ -268,16 +275,135 @@ def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     """Encode ``spans`` from their columns (:mod:`xsp.export.encoding`) and send them in batches
     of ``batch_size`` rows. ``chunk_rows`` consecutive rows of the table are made ready for the
     encoder at a time (a slice, not a copy); within one, parents go before their children."""
+    for table, order in encoded_chunks(spans, resource_and_scope(resource), session, chunk_rows):
+        send_chunk(table, order, exporter, report, batch_size)
+
+
+def encoded_chunks(spans: pd.DataFrame, encoded_resource: tuple[bytes, bytes], session: tuple[str, int] | None,
+                   chunk_rows: int = ENCODED_CHUNK) -> Iterator[tuple[SpanColumns, np.ndarray]]:
+    """``spans`` made ready for the encoder ``chunk_rows`` rows at a time: each chunk's columns
+    and its rows in the order they are sent (parents before their children)."""
     if session is None:
         session = session_of(spans)
-    encoded_resource = resource_and_scope(resource)
-    chunk_rows = max(chunk_rows, batch_size)
+    chunk_rows = max(chunk_rows, ENCODED_BATCH_SIZE)
     for chunk_first in range(0, len(spans), chunk_rows):
         chunk = spans.iloc[chunk_first:chunk_first + chunk_rows]
-        table = SpanColumns(chunk, encoded_resource, session)
-        order = _parents_first(chunk.reset_index(drop=True))
-        for first in range(0, len(order), batch_size):
-            export_batch(EncodedBatch(table, order[first:first + batch_size]), exporter, report)
+        yield SpanColumns(chunk, encoded_resource, session), _parents_first(chunk.reset_index(drop=True))
+
+
+def send_chunk(table: SpanColumns, order: np.ndarray, exporter: SpanExporter, report: ExportReport,
+               batch_size: int = ENCODED_BATCH_SIZE) -> None:
+    """Send one chunk's rows, in ``order``, in batches of ``batch_size``."""
+    for first in range(0, len(order), batch_size):
+        export_batch(EncodedBatch(table, order[first:first + batch_size]), exporter, report)
+
+
+@dataclass
+class PreparedExport:
+    """A span table made ready to send (:func:`prepare_export`), with what the report must count
+    of it: everything up to the sending itself, which can be done in another process (a helper
+    that interpreted the window) and handed over pickled."""
+
+    to_send: int
+    """Spans handed to the export (those of unsampled requests not among them)."""
+    not_sampled_by_request: int
+    traces_folded: int = 0
+    spans_folded: int = 0
+    aggregates: int = 0
+    dropped_by_budget: int = 0
+    step_traces: int = 0
+    rows: int = 0
+    """Rows to send: the table's after the span budget folded it."""
+    messages: list[str] = field(default_factory=list)
+    """What the preparation said (the span budget could not be applied)."""
+    chunks: list[tuple[SpanColumns, np.ndarray]] = field(default_factory=list)
+    """The encoded path's chunks (:func:`encoded_chunks`)."""
+    spans: pd.DataFrame | None = None
+    """The table to send through SDK spans, where it is not encoded from its columns."""
+    error: str | None = None
+    """Why the spans could not even be made ready: they all count as failed."""
+
+    def count_into(self, report: ExportReport) -> None:
+        """Add what was counted before sending to ``report``."""
+        report.not_sampled_by_request += self.not_sampled_by_request
+        report.to_send += self.to_send
+        report.traces_folded += self.traces_folded
+        report.spans_folded += self.spans_folded
+        report.aggregates += self.aggregates
+        report.dropped_by_budget += self.dropped_by_budget
+        report.step_traces += self.step_traces
+        report.sdk_messages.extend(self.messages[:max(MESSAGES_KEPT - len(report.sdk_messages), 0)])
+
+
+def prepare_export(spans: pd.DataFrame, encoded_resource: tuple[bytes, bytes] | None,
+                   session: tuple[str, int] | None = None, span_budget: int = DEFAULT_SPAN_BUDGET,
+                   metadata: Mapping[str, Any] | None = None, sent_before: tuple[int, int] = (0, 0)) -> PreparedExport:
+    """``spans`` made ready to send: unsampled requests' steps left out, the span budget
+    applied, each step root put under its request's span, and (``encoded_resource`` given) the
+    columns made ready for xsp's encoder; None: sent through SDK spans. ``metadata`` and
+    ``sent_before`` (step traces, spans submitted so far): the last table's (see :func:`export_table`)."""
+    spans, unsampled = without_unsampled_requests(spans)
+    prepared = PreparedExport(to_send=len(spans), not_sampled_by_request=unsampled)
+    try:
+        folded = within_budget(spans, span_budget)
+    except Exception as exc:  # folding is for the viewer's sake: send the raw spans rather than none
+        prepared.messages.append(f"the span budget could not be applied: {type(exc).__name__}: {exc}")
+    else:
+        spans = folded.spans
+        prepared.traces_folded, prepared.spans_folded = folded.traces_folded, folded.raw_spans_folded
+        prepared.aggregates, prepared.dropped_by_budget = folded.aggregates, folded.dropped
+    prepared.step_traces = _step_traces(spans, session)
+    spans = under_request_spans(spans)  # after the budget, which finds each step's root by its missing parent
+    prepared.rows = len(spans)
+    if metadata is not None:  # the last table: what the session sent in all goes with it
+        traces_before, submitted_before = sent_before
+        spans = with_session_metadata(spans, metadata, sent={"traces": traces_before + prepared.step_traces + 1,
+                                                             "spans": submitted_before + len(spans)})
+    if encoded_resource is None:
+        prepared.spans = spans
+        return prepared
+    heard = ExportReport(target="")  # what the SDK's attribute cleaning logs, kept out of the user's log
+    try:
+        with sdk_messages_into(heard):
+            prepared.chunks = list(encoded_chunks(spans, encoded_resource, session))
+    except Exception as exc:
+        prepared.error = f"{type(exc).__name__}: {exc}"
+    prepared.messages += heard.sdk_messages
+    return prepared
+
+
+def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanExporter, report: ExportReport,
+                  session: tuple[str, int] | None = None, deadline_s: float | None = None) -> ExportReport:
+    """Send a table :func:`prepare_export` made ready, counting exactly into ``report``: spans
+    that could not be made ready, or not sent, count as failed. Batches the collector refuses
+    are split or retried (see :func:`export_batch`) for at most ``deadline_s`` seconds from now
+    (default :data:`RETRY_BUDGET_S`)."""
+    report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
+    prepared.count_into(report)
+    submitted_before = report.submitted
+    try:
+        if prepared.error is not None:
+            raise ExportNotReady(prepared.error)
+        with sdk_messages_into(report):
+            for table, order in prepared.chunks:
+                send_chunk(table, order, exporter, report)
+            if prepared.spans is not None and len(prepared.spans):
+                build_sdk_spans(prepared.spans, resource, lambda batch: export_batch(batch, exporter, report), session)
+    except Exception as exc:
+        report.error = report.error or (str(exc) if isinstance(exc, ExportNotReady) else f"{type(exc).__name__}: {exc}")
+        unsent = prepared.rows - (report.submitted - submitted_before)
+        report.submitted += unsent
+        report.failed += unsent
+    return report
+
+
+class ExportNotReady(Exception):
+    """The spans could not be made ready to send (the message says why)."""
+
+
+def sends_encoded(exporter: SpanExporter) -> bool:
+    """Whether ``exporter`` takes batches xsp encoded from the columns, and the encoder is built here."""
+    return encoding.available() and bool(getattr(exporter, "xsp_encoded", False))
 
 
 def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter, report: ExportReport,
@@ -295,38 +421,10 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`). ``metadata``: the trace's,
     sent on the session span (:func:`with_session_metadata`) so that ``xsp pull`` gets it back.
     """
-    report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
-    spans, unsampled = without_unsampled_requests(spans)
-    report.not_sampled_by_request += unsampled
-    report.to_send += len(spans)
-    submitted_before = report.submitted
-    try:
-        folded = within_budget(spans, span_budget)
-    except Exception as exc:  # folding is for the viewer's sake: send the raw spans rather than none
-        report.sdk_messages.append(f"the span budget could not be applied: {type(exc).__name__}: {exc}")
-    else:
-        spans = folded.spans
-        report.traces_folded += folded.traces_folded
-        report.spans_folded += folded.raw_spans_folded
-        report.aggregates += folded.aggregates
-        report.dropped_by_budget += folded.dropped
-    report.step_traces += _step_traces(spans, session)
-    spans = under_request_spans(spans)  # after the budget, which finds each step's root by its missing parent
-    if metadata is not None:  # the last table: what the session sent in all goes with it
-        spans = with_session_metadata(spans, metadata, sent={"traces": report.step_traces + 1,
-                                                             "spans": report.submitted + len(spans)})
-    try:
-        with sdk_messages_into(report):
-            if encoded and encoding.available() and getattr(exporter, "xsp_encoded", False):
-                send_encoded(spans, resource, exporter, report, session)
-            else:
-                build_sdk_spans(spans, resource, lambda batch: export_batch(batch, exporter, report), session)
-    except Exception as exc:
-        report.error = report.error or f"{type(exc).__name__}: {exc}"
-        unsent = len(spans) - (report.submitted - submitted_before)
-        report.submitted += unsent
-        report.failed += unsent
-    return report
+    encoded_resource = resource_and_scope(resource) if encoded and sends_encoded(exporter) else None
+    prepared = prepare_export(spans, encoded_resource, session, span_budget, metadata,
+                              sent_before=(report.step_traces, report.submitted))
+    return send_prepared(prepared, resource, exporter, report, session, deadline_s)
 
 
 @dataclass

@@ -44,6 +44,8 @@ class WindowResult:
     warnings: list[str]
     latencies: Latencies | None = None
     """The window's step and layer durations (an always-on session's), for the session to count."""
+    prepared: Any = None
+    """What the helper's ``then`` made of the window's spans (the export, made ready to send)."""
 
 
 class WindowInterpreter:
@@ -188,19 +190,21 @@ class WindowInterpreter:
             spans[col.RANK] = pd.array(np.full(len(spans), self.rank.rank), dtype="Int64")
         self._keep(spans)
 
-    def interpret_in_helper(self, window: Window) -> WindowResult:
+    def interpret_in_helper(self, window: Window, then: Callable[[pd.DataFrame], Any] | None = None) -> WindowResult:
         """In a forked helper process: interpret ``window`` as :meth:`interpret` does, and say
-        what the session must know of it (its warnings are said by the parent)."""
+        what the session must know of it (its warnings are said by the parent). ``then``: given
+        the window's spans, what it returns is handed back too (:attr:`WindowResult.prepared`)."""
         said: list[str] = []
         self.warn = said.append
         self.tables = []
         self._in_helper = True
         spans = self.interpret(window)
+        prepared = None if then is None else then(spans)
         return WindowResult(state=self.state, diagnostics=self.last_diagnostics, dropped=window.dropped,
                             segments=self.segments.count if self.segments is not None else 0,
                             spans_in_memory=spans if self.tables else None,
                             pending=self.segments.pending if self.segments is not None else [], warnings=said,
-                            latencies=self._latencies)
+                            latencies=self._latencies, prepared=prepared)
 
     def adopt(self, result: WindowResult) -> None:
         """Take over what a helper process learnt from interpreting one window."""

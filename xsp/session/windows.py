@@ -32,7 +32,9 @@ from xsp.session.options import TraceOptions
 from xsp.session.pauses import PauseWait
 
 if TYPE_CHECKING:
-    from xsp.export.otlp import OtlpExport
+    from opentelemetry.sdk.resources import Resource
+
+    from xsp.export.otlp import OtlpExport, PreparedExport
 
 EXIT_WAIT_S = 8.0
 """At interpreter exit, how long to wait for an OTLP export still running."""
@@ -89,8 +91,11 @@ class WindowWorker:
         """When the last window closed (on the host clock)."""
         self.closed_events = 0
         """The session's records kept when the last window closed."""
-        self.forks = self.exporter is None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
-        """Windows are interpreted in forked helper processes (until one fails)."""
+        self.forks = interpreter.segments is not None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
+        """Windows are interpreted in forked helper processes (until one fails); where the session
+        exports, the helper also makes the window's spans ready to send (:func:`prepare_export`)."""
+        self.encoded_resource: tuple[bytes, bytes] | None = None
+        """The export's resource and scope as xsp's encoder writes them (made once)."""
         self.helper_niceness = ALWAYS_ON_HELPER_NICENESS if options.sampling is not None else 0
         """How much the helpers lower their priority (see :data:`ALWAYS_ON_HELPER_NICENESS`)."""
         self.closed_windows = 0
@@ -152,10 +157,17 @@ class WindowWorker:
         with forks_wait():
             with contextlib.suppress(Exception):  # what fails here fails again, said, where it is used
                 import_modules(SESSION_MODULES)
-            from xsp.export.otlp import export_table, resource_for
+            from xsp.export.encoding import resource_and_scope
+            from xsp.export.otlp import export_table, resource_for, sends_encoded
 
             resource = None if self.exporter is None else resource_for(self.options.service_name, {
                 **environment(), "distributed": None if self.rank is None else self.rank.as_metadata()})
+            if self.exporter is not None and resource is not None and self.forks:
+                try:  # a helper sends nothing: it hands back batches this process only posts
+                    self.encoded_resource = resource_and_scope(resource) if sends_encoded(self.exporter) else None
+                except Exception:
+                    self.encoded_resource = None
+                self.forks = self.encoded_resource is not None
             if self.forks:
                 try:
                     warm_up_writing()  # helpers then find Arrow's and Parquet's statics set up (see warm_up)
@@ -167,7 +179,7 @@ class WindowWorker:
             if self.pause_wait is not None and window.closed_ns is not None:
                 self.pause_wait.wait(window.closed_ns, lambda: self.interpreter.watching,
                                      lambda: not self.queue.empty())
-            if not self._interpreted_in_helper(window):
+            if not self._interpreted_in_helper(window, resource):
                 try:
                     spans = interpreter.interpret(window)
                 except Exception as exc:  # its records are lost; the file says how many were dropped
@@ -200,21 +212,32 @@ class WindowWorker:
             waiting.append(later)
         return window if len(waiting) == 1 else Window.merged(waiting)
 
-    def _interpreted_in_helper(self, window: Window) -> bool:
-        """Interpret ``window`` in a forked helper process; False when it must be done here."""
+    def _interpreted_in_helper(self, window: Window, resource: Resource | None) -> bool:
+        """Interpret ``window`` in a forked helper process (and send the spans it made ready, where
+        the session exports); False when it must be done here."""
         interpreter = self.interpreter
         if not self.forks or not interpreter.helpers_can_interpret:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
+        encoded = self.encoded_resource
+        exporting = self.exporter is not None and resource is not None and encoded is not None
+        then = None
+        if exporting and encoded is not None:
+            then = functools.partial(_ready_to_send, encoded, self.session_ids, self.options.span_budget)
         try:
-            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness),
-                                deadline_s)
+            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness,
+                                                  then), deadline_s)
         except ForkFailed as exc:
             self.forks = False
             self.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
                               "in this process from now on")
             return False
         interpreter.adopt(result)
+        from xsp.export.otlp import PreparedExport, send_prepared  # imported by _run already
+
+        if exporting and isinstance(result.prepared, PreparedExport):
+            assert self.exporter is not None and resource is not None
+            send_prepared(result.prepared, resource, self.exporter, self.report, self.session_ids)
         return True
 
     def finish_windows(self) -> None:
@@ -243,7 +266,20 @@ _pending_exports: list[OtlpExport] = []
 _exit_wait_registered = False
 
 
-def _interpret_in_helper(interpreter: WindowInterpreter, window: Window, niceness: int = 0) -> WindowResult:
+def _ready_to_send(encoded_resource: tuple[bytes, bytes], session: tuple[str, int], span_budget: int,
+                   spans: pd.DataFrame) -> PreparedExport:
+    """In a helper: the window's spans made ready to send (the parent only posts the batches)."""
+    from xsp.export.otlp import PreparedExport, prepare_export  # imported by the parent's window thread
+
+    try:
+        return prepare_export(spans, encoded_resource, session, span_budget)
+    except Exception as exc:  # the parent counts them all as failed, and says why
+        return PreparedExport(to_send=len(spans), not_sampled_by_request=0, rows=len(spans),
+                              error=f"{type(exc).__name__}: {exc}")
+
+
+def _interpret_in_helper(interpreter: WindowInterpreter, window: Window, niceness: int = 0,
+                         then: Callable[[pd.DataFrame], PreparedExport] | None = None) -> WindowResult:
     """In a forked helper process, its priority lowered by ``niceness``: ``window`` interpreted, with
     Arrow's default memory pool made the system allocator's (the user's process keeps its own).
     Arrow's default, mimalloc, maps fresh pages and hands them back with system calls: in a
@@ -254,7 +290,7 @@ def _interpret_in_helper(interpreter: WindowInterpreter, window: Window, nicenes
         with contextlib.suppress(OSError):  # a system that refuses it: the helper runs as the program does
             os.nice(niceness)
     pa.set_memory_pool(pa.system_memory_pool())
-    return interpreter.interpret_in_helper(window)
+    return interpreter.interpret_in_helper(window, then)
 
 
 def wait_at_exit(export: OtlpExport) -> None:
