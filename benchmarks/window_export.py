@@ -19,7 +19,8 @@ window_s=3)``:
 
 Reported per variant (its rounds pooled): the model calls, their p50, p99 and p99.9 latency, how
 many took over 2 ms and the longest; the CPU time of the session's window thread per 1,000 steps
-(what the program's threads compete with for the GIL); and the spans the export sent and failed.
+(what the program's threads compete with for the GIL); the windows, and how many of them helper
+processes interpreted; the trace files' spans, and the spans the export sent and failed.
 The rounds interleave the variants, so that the machine's drift falls on all alike.
 
 Prints a table and records it in benchmarks/results/window_export.md.
@@ -105,7 +106,8 @@ def child(variant: str, seconds: float, endpoint: str | None, folder: Path) -> d
     report = session.wait_for_export(30) if endpoint else None
     return {"latency_ns": latencies, "window_thread_s": ticks / CLOCK_TICKS_PER_S,
             "exported": None if report is None else report.exported,
-            "failed": None if report is None else report.failed}
+            "failed": None if report is None else report.failed, "file_spans": len(session.trace.spans),
+            "helper_windows": session.trace.metadata["helper_windows"], "windows": session.trace.metadata["windows"]}
 
 
 def percentile_ms(values: list[int], fraction: float) -> float:
@@ -126,7 +128,8 @@ def run_variant(variant: str, seconds: float, endpoint: str, folder: Path) -> di
 
 def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = [f"{'variant':<16} {'steps':>7} {'p50 ms':>6} {'p99 ms':>6} {'p99.9 ms':>8} {'>2 ms':>5} {'max ms':>6} "
-             f"{'window thr ms/1k steps':>22} {'sent':>7} {'failed':>6}"]
+             f"{'window thr ms/1k steps':>22} {'windows':>7} {'helpers':>7} {'file spans':>10} {'sent':>7} "
+             f"{'failed':>6}"]
     for variant, runs in results.items():
         latencies = [value for run in runs for value in run["latency_ns"]]
         thread_ms = sum(run["window_thread_s"] for run in runs) * 1e3
@@ -135,7 +138,9 @@ def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
         lines.append(f"{variant:<16} {len(latencies):>7,} {percentile_ms(latencies, 0.5):>6.2f} "
                      f"{percentile_ms(latencies, 0.99):>6.2f} {percentile_ms(latencies, 0.999):>8.2f} "
                      f"{sum(value > SLOW_NS for value in latencies):>5} {max(latencies) / 1e6:>6.1f} "
-                     f"{thread_ms * 1000 / len(latencies):>22.1f} {sent:>7} {failed:>6}")
+                     f"{thread_ms * 1000 / len(latencies):>22.1f} {sum(run['windows'] for run in runs):>7} "
+                     f"{sum(run['helper_windows'] for run in runs):>7} {sum(run['file_spans'] for run in runs):>10,} "
+                     f"{sent:>7} {failed:>6}")
     return lines
 
 
@@ -180,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "OTLP/HTTP to a loopback receiver (its own process), the windows made ready to send by the helper processes "
         "that interpret them; *otlp, in thread*: the same with `XSP_HELPER_PROCESS=0`, interpreted and made ready on "
         "the session's window thread (the way every exporting session worked before). *window thr*: the CPU time of "
-        "the session's window thread, which the loop's thread competes with for the GIL.", "",
+        "the session's window thread, which the loop's thread competes with for the GIL. *windows*: the windows "
+        "written; *helpers*: those a helper process interpreted; *file spans*: the trace files' spans; *sent*, "
+        "*failed*: the export's count of them.", "",
         "```", *table(results), "```"], RESULTS)
     return 0
 

@@ -236,3 +236,25 @@ def test_the_long_serving_benchmark_checks_what_it_reports(tmp_path, monkeypatch
     rows = [line for line in report.splitlines() if re.match(r"\| \d+ \| [\d,]+ \|", line)]
     assert len(rows) >= 3  # one a stretch
     assert re.search(r"\*\*Parts\*\*: [2-9]\d* parts", report)  # rotated while it ran
+
+
+@pytest.mark.heavy  # three processes running the example's model for a few seconds each
+def test_the_window_export_benchmark_checks_what_it_reports(tmp_path, monkeypatch):
+    """benchmarks/window_export.py, briefly: an exporting session's windows go to helpers (unless
+    XSP_HELPER_PROCESS=0), and every span of its file is sent, none failed."""
+    monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
+    window_export = importlib.import_module("window_export")
+    results = tmp_path / "window_export.md"
+    monkeypatch.setattr(window_export, "RESULTS", results)
+    assert window_export.main(["--seconds", "7", "--rounds", "1"]) == 0
+    rows = {line[:16].strip(): line[16:].split() for line in results.read_text().splitlines()
+            if line.startswith(("file ", "otlp"))}
+    assert set(rows) == {"file", "otlp", "otlp, in thread"}
+    for variant, cells in rows.items():
+        windows, helpers, file_spans, sent, failed = cells[-5:]
+        assert int(windows) >= 2, (variant, cells)
+        if variant == "file":
+            assert int(helpers) >= 1 and (sent, failed) == ("-", "-")
+        else:
+            assert (int(helpers) == 0) == (variant == "otlp, in thread"), (variant, cells)
+            assert sent == file_spans and failed == "0", (variant, cells)
