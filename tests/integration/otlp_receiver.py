@@ -118,12 +118,14 @@ class GrpcReceiver:
 
 class HttpReceiver:
     """An OTLP/HTTP receiver; ``max_body_bytes`` answers 413 to larger requests, ``busy`` answers
-    the first requests 429 with each ``Retry-After`` (seconds) in turn."""
+    the first requests 429 with each ``Retry-After`` (seconds) in turn; while :attr:`rejecting`,
+    trace requests are answered 400 (a failure no one retries)."""
 
     def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None) -> None:
         self.sink = sink = Sink()
         self.statuses: list[int] = []
-        statuses, refusals = self.statuses, list(busy or [])
+        self.rejecting = False
+        statuses, refusals, receiver = self.statuses, list(busy or []), self
 
         class Handler(BaseHTTPRequestHandler):
             def refuse(self, status: int, retry_after: float | None = None) -> None:
@@ -141,6 +143,9 @@ class HttpReceiver:
                     return
                 if refusals:
                     self.refuse(429, refusals.pop(0))
+                    return
+                if receiver.rejecting and self.path == "/v1/traces":
+                    self.refuse(400)
                     return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)

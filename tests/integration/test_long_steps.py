@@ -260,3 +260,36 @@ def test_a_helper_that_fails_while_the_session_exports_leaves_every_span_sent_on
     assert report.error is None and report.failed == 0 and report.exported == len(trace.spans)
     assert trace.steps == list(range(6))
     assert_same_spans(trace, receiver.sink.spans)
+
+
+def test_a_collector_that_failed_a_window_gets_the_windows_after_it_came_back(tmp_path):
+    """A service runs for days; its collector restarts. The windows sent while it was down are
+    counted as failed (the file keeps them), and the windows after it came back reach it: one
+    failure does not end the session's export."""
+    from .otlp_receiver import HttpReceiver
+
+    model = Small()
+
+    def step_answered(receiver, status) -> bool:
+        with torch.no_grad():
+            model(torch.randn(2, 4))  # a step ends: the one before it is decided, its window sent
+        return status in receiver.statuses[-1:]
+
+    with HttpReceiver() as receiver:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint,
+                       otlp_protocol="http/protobuf", service_name="xsp-test", long_step_s=0.0) as session:
+            assert wait_for(lambda: step_answered(receiver, 200))
+            receiver.rejecting = True  # the collector goes down (answers 400)
+            assert wait_for(lambda: step_answered(receiver, 400))
+            receiver.rejecting = False  # and comes back
+            assert wait_for(lambda: step_answered(receiver, 200))
+        report = session.wait_for_export(30)
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    first_refusal = receiver.statuses.index(400)
+    assert 200 in receiver.statuses[first_refusal:], receiver.statuses  # sent again after the failure
+    assert report.tried_again >= 1 and trace.metadata["export"]["tried_again"] == report.tried_again
+    received = [span.span_id for span in receiver.sink.spans]
+    assert len(received) == len(set(received)) == report.exported
+    assert set(received) < set(trace.spans[col.SPAN_ID])  # the file keeps every span, sent or not
+    assert report.failed > 0 and report.exported + report.failed == report.submitted
+    assert report.state == "failed" and f"{report.exported:,} of {report.submitted:,} spans sent" in report.summary()

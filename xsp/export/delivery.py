@@ -182,12 +182,26 @@ class ExportReport:
     """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
     heard: list[str] = field(default_factory=list, repr=False)
     """What the SDK said during the batch being sent (cleared before each)."""
+    stopped: bool = field(default=False, repr=False)
+    """A batch failed for good: the batches after it count as failed unsent, until
+    :meth:`try_again` (a session's next window)."""
+    tried_again: int = 0
+    """Exports started again after a batch had failed for good (a session's later windows:
+    a collector that restarted gets the spans of the windows after it came back)."""
+
+    def try_again(self) -> None:
+        """Send the batches of the next export, though a batch before them failed for good
+        (``error`` keeps the first failure)."""
+        if self.stopped:
+            self.stopped = False
+            self.tried_again += 1
 
     def as_metadata(self) -> dict[str, Any]:
         """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
         record = asdict(self)
         record.pop("deadline")
         record.pop("heard")
+        record.pop("stopped")
         return {**record, "state": self.state}
 
     @property
@@ -259,7 +273,8 @@ def sdk_messages_into(report: ExportReport) -> Iterator[None]:
 
 
 def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportReport) -> None:
-    """Send one batch; after the first batch that fails for good the rest count as failed unsent.
+    """Send one batch; after the first batch that fails for good the rest count as failed unsent
+    (until ``report.try_again()``).
 
     A batch the collector finds too large (HTTP 413, a gRPC message over its limit) is sent
     again in halves, down to single spans; one it refuses for now (429, 502-504) is sent again
@@ -270,7 +285,7 @@ def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportRep
         report.deadline = time.monotonic() + RETRY_BUDGET_S
     waiting = [batch]
     backoff_s = 1.0
-    while waiting and report.error is None:
+    while waiting and not report.stopped:
         part = waiting.pop()
         outcome, pause_s = _send(part, exporter, report, backoff_s)
         if outcome == "sent":
@@ -287,6 +302,7 @@ def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportRep
             waiting.append(part)
         else:
             report.error = report.error or _failure_text(outcome, report)
+            report.stopped = True
             waiting.append(part)
     report.failed += sum(len(part) for part in waiting)
 
@@ -301,7 +317,7 @@ def _send(part: Sequence[Any], exporter: SpanExporter, report: ExportReport,
     try:
         result = exporter.export(part)
     except Exception as exc:  # exporters should not raise; a broken one must not escape
-        report.error = f"{type(exc).__name__}: {exc}"
+        report.error = report.error or f"{type(exc).__name__}: {exc}"
         return "failed", 0.0
     if result is sdk_export.SpanExportResult.SUCCESS:
         return "sent", 0.0

@@ -391,6 +391,7 @@ def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanEx
                 build_sdk_spans(prepared.spans, resource, lambda batch: export_batch(batch, exporter, report), session)
     except Exception as exc:
         report.error = report.error or (str(exc) if isinstance(exc, ExportNotReady) else f"{type(exc).__name__}: {exc}")
+        report.stopped = True
         unsent = prepared.rows - (report.submitted - submitted_before)
         report.submitted += unsent
         report.failed += unsent

@@ -186,6 +186,7 @@ class WindowWorker:
                     self.warn(f"the spans of a finished step could not be interpreted: {exc}")
                     continue
                 if self.exporter is not None and resource is not None:
+                    self.report.try_again()  # a collector that failed an earlier window may be back
                     export_table(spans, resource, self.exporter, self.report, self.session_ids,
                                  self.options.span_budget)
             if self.after_window is not None:
@@ -237,6 +238,7 @@ class WindowWorker:
 
         if exporting and isinstance(result.prepared, PreparedExport):
             assert self.exporter is not None and resource is not None
+            self.report.try_again()  # a collector that failed an earlier window may be back
             send_prepared(result.prepared, resource, self.exporter, self.report, self.session_ids)
         return True
 
@@ -257,6 +259,7 @@ class WindowWorker:
         from xsp.export.otlp import start_export
 
         assert self.target is not None and self.exporter is not None
+        self.report.try_again()
         return start_export(spans, metadata, self.target, self.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
                             span_budget=self.options.span_budget, deadline_s=EXIT_WAIT_S)
