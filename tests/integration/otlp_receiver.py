@@ -121,7 +121,7 @@ class HttpReceiver:
     the first requests 429 with each ``Retry-After`` (seconds) in turn; while :attr:`rejecting`,
     trace requests are answered 400 (a failure no one retries)."""
 
-    def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None) -> None:
+    def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None, port: int = 0) -> None:
         self.sink = sink = Sink()
         self.statuses: list[int] = []
         self.rejecting = False
@@ -176,7 +176,7 @@ class HttpReceiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

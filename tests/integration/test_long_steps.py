@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -293,3 +294,47 @@ def test_a_collector_that_failed_a_window_gets_the_windows_after_it_came_back(tm
     assert set(received) < set(trace.spans[col.SPAN_ID])  # the file keeps every span, sent or not
     assert report.failed > 0 and report.exported + report.failed == report.submitted
     assert report.state == "failed" and f"{report.exported:,} of {report.submitted:,} spans sent" in report.summary()
+
+
+def test_an_always_on_session_whose_collector_starts_after_it_sends_once_it_answers(tmp_path):
+    """A service's collector (a sidecar) may start after the service: its always-on session says
+    so once, counts the windows it could not send as failed (the file keeps them), and sends the
+    windows after the collector answers."""
+    import socket
+
+    from .otlp_receiver import HttpReceiver
+
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = Small()
+
+    def steps_for(seconds: float) -> None:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            with torch.no_grad():
+                model(torch.randn(2, 4))
+            time.sleep(0.01)
+
+    with contextlib.ExitStack() as collector:
+        with pytest.warns(xsp.XspWarning, match=rf"OTLP endpoint \S*:{port}\S* does not answer now: .*tries it "
+                                                r"again at each window.*trace file only") as said:
+            with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=f"http://127.0.0.1:{port}",
+                           otlp_protocol="http/protobuf", service_name="xsp-test", sample=0.5,
+                           window_s=0.2) as session:
+                steps_for(0.8)  # windows close while nothing listens
+                receiver = collector.enter_context(HttpReceiver(port=port))  # the collector starts
+                assert wait_for(lambda: (steps_for(0.1), len(receiver.sink.spans))[1] > 0)
+                steps_for(0.5)
+            report = session.wait_for_export(30)  # the last window and the session span, sent at the end
+    messages = [str(w.message) for w in said]
+    assert len([message for message in messages if "does not answer now" in message]) == 1, messages
+    # and the export's one line at the end: what was sent of what, and why the rest was not
+    assert any(f"{report.exported:,} of {report.submitted:,} spans sent; the collector did not answer" in message
+               for message in messages), messages
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    received = [span.span_id for span in receiver.sink.spans]
+    assert report.tried_again == 1 and report.failed > 0 and len(received) == len(set(received)) > 0
+    assert report.exported + report.failed == report.submitted
+    assert set(received) <= set(trace.spans[col.SPAN_ID])
+    assert trace.metadata["otlp"] is not None and trace.metadata["export"]["tried_again"] == 1

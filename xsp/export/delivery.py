@@ -189,6 +189,12 @@ class ExportReport:
     """Exports started again after a batch had failed for good (a session's later windows:
     a collector that restarted gets the spans of the windows after it came back)."""
 
+    def stop(self, reason: str) -> None:
+        """A batch failed for good (or the collector does not answer): the batches after it
+        count as failed unsent, until :meth:`try_again`; ``error`` keeps the first reason."""
+        self.error = self.error or reason
+        self.stopped = True
+
     def try_again(self) -> None:
         """Send the batches of the next export, though a batch before them failed for good
         (``error`` keeps the first failure)."""
@@ -301,8 +307,7 @@ def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportRep
             backoff_s = min(backoff_s * 2, 8.0)
             waiting.append(part)
         else:
-            report.error = report.error or _failure_text(outcome, report)
-            report.stopped = True
+            report.stop(_failure_text(outcome, report))
             waiting.append(part)
     report.failed += sum(len(part) for part in waiting)
 

@@ -390,8 +390,7 @@ def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanEx
             if prepared.spans is not None and len(prepared.spans):
                 build_sdk_spans(prepared.spans, resource, lambda batch: export_batch(batch, exporter, report), session)
     except Exception as exc:
-        report.error = report.error or (str(exc) if isinstance(exc, ExportNotReady) else f"{type(exc).__name__}: {exc}")
-        report.stopped = True
+        report.stop(str(exc) if isinstance(exc, ExportNotReady) else f"{type(exc).__name__}: {exc}")
         unsent = prepared.rows - (report.submitted - submitted_before)
         report.submitted += unsent
         report.failed += unsent

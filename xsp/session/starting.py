@@ -60,7 +60,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     try:
         if output is not None:
             output = output_name.take(output, warn)
-        target = open_export(options, output, warn)
+        target, collector_down = open_export(options, output, warn)
         tracers, unavailable = tracers_for(options.levels)
         tracers = [adopted.pop(tracer.name, tracer) for tracer in tracers]
         for tracer in adopted.values():  # kept for a level no tracer records here now: it stops
@@ -92,7 +92,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         windows = None
         if target is not None or segments is not None:
             windows = WindowWorker(recording, interpreter, target, options, rank, warn,
-                                   None if sampler is None else pause_wait_of(sampler, recording, options))
+                                   None if sampler is None else pause_wait_of(sampler, recording, options),
+                                   collector_down)
         metrics = None
         if options.sampling is not None and target is not None:
             metrics = latency_metrics(options, target, rank, warn)
@@ -176,21 +177,30 @@ def latency_metrics(options: TraceOptions, target: OtlpTarget, rank: RankInfo | 
         return None
 
 
-def open_export(options: TraceOptions, output: Path | None, warn: Callable[[str], None]) -> OtlpTarget | None:
-    """The collector to export to, probed: None where none was asked for or it does not answer
-    (said, with where the spans are instead)."""
+def open_export(options: TraceOptions, output: Path | None,
+                warn: Callable[[str], None]) -> tuple[OtlpTarget | None, str | None]:
+    """The collector to export to, probed, and why it does not answer now (None: it does).
+    The collector is None where none was asked for, or where it does not answer and the session
+    is not always on (said, with where the spans are instead). An always-on session (a service,
+    whose collector may start after it) keeps it and tries it again at each window."""
     if options.target is None:
-        return None
+        return None, None
     problem = span_budget_env_problem()
     if problem is not None and options.span_budget_from_env:
         warn(problem)
     unreachable = probe(options.target)
-    if unreachable is not None:
-        where = f" ({output})" if output else ""
-        warn(f"OTLP endpoint {options.target.endpoint} not used: {unreachable}; the spans are in the trace file "
-             f"only{where}")
-        return None
-    return options.target
+    if unreachable is None:
+        return options.target, None
+    where = f" ({output})" if output else ""
+    if options.sampling is not None:
+        kept = f"the spans of the windows until then are in the trace file only{where}" if output else (
+            "the spans of the windows until then are not sent (the session's trace keeps them)")
+        warn(f"OTLP endpoint {options.target.endpoint} does not answer now: {unreachable}; the session tries it "
+             f"again at each window, and {kept}")
+        return options.target, unreachable
+    warn(f"OTLP endpoint {options.target.endpoint} not used: {unreachable}; the spans are in the trace file "
+         f"only{where}")
+    return None, None
 
 
 def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:

@@ -22,7 +22,7 @@ from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
-from xsp.export.target import OtlpTarget
+from xsp.export.target import OtlpTarget, probe
 from xsp.io.segments import warm_up as warm_up_writing
 from xsp.record.recording import Recording
 from xsp.record.window import Window
@@ -76,7 +76,7 @@ class WindowWorker:
 
     def __init__(self, recording: Recording, interpreter: WindowInterpreter, target: OtlpTarget | None,
                  options: TraceOptions, rank: RankInfo | None, warn: Callable[[str], None],
-                 pause_wait: PauseWait | None = None) -> None:
+                 pause_wait: PauseWait | None = None, collector_down: str | None = None) -> None:
         self.recording = recording
         self.interpreter = interpreter
         self.options = options
@@ -85,6 +85,8 @@ class WindowWorker:
         self.target = target
         self.exporter = None if target is None else make_exporter(target)
         self.report = ExportReport(target="" if target is None else f"{target.protocol.value} {target.endpoint}")
+        if collector_down is not None:  # nothing is sent until the collector answers (_resume_if_answering)
+            self.report.stop(f"the collector did not answer ({collector_down})")
         self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
@@ -186,7 +188,7 @@ class WindowWorker:
                     self.warn(f"the spans of a finished step could not be interpreted: {exc}")
                     continue
                 if self.exporter is not None and resource is not None:
-                    self.report.try_again()  # a collector that failed an earlier window may be back
+                    self._resume_if_answering()
                     export_table(spans, resource, self.exporter, self.report, self.session_ids,
                                  self.options.span_budget)
             if self.after_window is not None:
@@ -238,9 +240,17 @@ class WindowWorker:
 
         if exporting and isinstance(result.prepared, PreparedExport):
             assert self.exporter is not None and resource is not None
-            self.report.try_again()  # a collector that failed an earlier window may be back
+            self._resume_if_answering()
             send_prepared(result.prepared, resource, self.exporter, self.report, self.session_ids)
         return True
+
+    def _resume_if_answering(self) -> None:
+        """Before a window's export: where an earlier batch failed for good (or the collector
+        did not answer at the start), send again if the collector answers now (a collector that
+        restarted gets the windows after it came back); else this window's spans count as
+        failed unsent, at the cost of a connection attempt."""
+        if self.report.stopped and self.target is not None and probe(self.target) is None:
+            self.report.try_again()
 
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""
@@ -259,7 +269,7 @@ class WindowWorker:
         from xsp.export.otlp import start_export
 
         assert self.target is not None and self.exporter is not None
-        self.report.try_again()
+        self._resume_if_answering()
         return start_export(spans, metadata, self.target, self.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
                             span_budget=self.options.span_budget, deadline_s=EXIT_WAIT_S)
