@@ -460,10 +460,16 @@ def test_step_and_layer_latency_are_exported_as_metrics_and_kept_in_the_file(rec
         steps = receiver.sink.histograms("xsp.step.duration")
         layers = receiver.sink.histograms("xsp.layer.duration")
         resource = receiver.sink.metrics[-1].resource_metrics[0].resource.attributes
+        step_point, = [metric.histogram.data_points[0] for metric in
+                       receiver.sink.metrics[-1].resource_metrics[0].scope_metrics[0].metrics
+                       if metric.name == "xsp.step.duration"]
     assert [(count, attributes) for attributes, count, _ in steps] == [(30, {})]
     latency = session.trace.metadata["latency"]
     assert latency["step"]["count"] == 30 and sum(latency["step"]["bucket_counts"]) == 30
     assert abs(steps[0][2] - latency["step"]["sum_ns"] / 1e9) < 1e-6
+    assert list(step_point.bucket_counts) == latency["step"]["bucket_counts"]  # the file's figures, bucket by bucket
+    assert list(step_point.explicit_bounds) == latency["bounds_s"]
+    assert (step_point.min, step_point.max) == (latency["step"]["min_ns"] / 1e9, latency["step"]["max_ns"] / 1e9)
     deep = latency["deep_steps"]
     assert deep == int((step_roots(session.trace.spans)[col.SAMPLING].isin(["sampled", "after_slow"])).sum())
     by_path = {attributes["xsp.layer.path"]: count for attributes, count, _ in layers}
