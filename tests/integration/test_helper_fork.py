@@ -84,3 +84,40 @@ def test_an_always_on_sessions_helpers_yield_the_cpu_and_other_sessions_helpers_
     always_on = {int(line) for line in (tmp_path / "always_on.txt").read_text().split()}
     assert every_step == {program}
     assert always_on == {min(program + 19, 19)}
+
+
+def test_a_helper_stuck_when_the_session_ends_is_stopped_soon_and_its_window_kept(tmp_path, monkeypatch):
+    """A service's SIGTERM ends its session, which waits for the helper interpreting a window. A
+    helper that makes no progress then (asleep or stopped, as one deadlocked on a lock held at
+    the fork) is stopped within seconds, not at its deadline (a minute and more, past a
+    scheduler's grace period), and its window is interpreted by the session itself."""
+    import os
+    import signal
+
+    import pytest
+    import torch
+
+    import xsp
+    import xsp.session.options
+    import xsp.session.windows as windows
+    from xsp.session.forked import fork_available
+
+    if not fork_available():
+        pytest.skip("forked helpers run on Linux only")
+    interpret_in_helper = windows._interpret_in_helper
+
+    def stuck(*args, **kwargs):  # in the helper: stopped for good, as a deadlocked one sleeps
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return interpret_in_helper(*args, **kwargs)
+
+    monkeypatch.setattr(xsp.session.options, "WINDOW_S", 0.0)  # a window at every step end
+    monkeypatch.setattr(windows, "_interpret_in_helper", stuck)
+    monkeypatch.setattr(windows, "HELPER_DEADLINE_S", 30.0)  # its deadline alone would say "took too long"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with pytest.warns(xsp.XspWarning, match="helper process made no progress for 2 s while the program ended"):
+        with torch.no_grad(), xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            for _ in range(6):
+                model(torch.randn(2, 8))
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert trace.steps == list(range(6)) and trace.metadata["helper_windows"] == 0
+    assert session.trace.metadata["closed_windows"] >= 2

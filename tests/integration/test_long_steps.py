@@ -238,11 +238,11 @@ def test_a_helper_that_fails_while_the_session_exports_leaves_every_span_sent_on
 
     real_run_forked, calls = windows.run_forked, []
 
-    def fails_after_one(function, deadline_s):
+    def fails_after_one(function, deadline_s, ending=None):
         calls.append(deadline_s)
         if len(calls) > 1:
             raise ForkFailed("fork failed: no memory")
-        return real_run_forked(function, deadline_s)
+        return real_run_forked(function, deadline_s, ending)
 
     monkeypatch.setattr(windows, "run_forked", fails_after_one)
     model = Small()

@@ -91,7 +91,7 @@ def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fai
         _loop(model, 30)
     monkeypatch.delenv(xsp.session.windows.HELPER_ENV)
 
-    def fails(function, deadline_s):
+    def fails(function, deadline_s, ending=None):
         raise ForkFailed("fork failed: no memory")
 
     monkeypatch.setattr(xsp.session.windows, "run_forked", fails)

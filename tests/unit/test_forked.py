@@ -106,3 +106,17 @@ def test_nothing_of_the_parent_runs_in_the_child():
     assert done.returncode == 0, done.stderr
     assert done.stdout == "buffered 42\nexit handler\n"
     assert done.stderr == ""
+
+
+def test_while_the_program_ends_a_child_that_makes_no_progress_is_stopped_and_one_that_works_is_not(monkeypatch):
+    """Once ``ending`` is set, a child asleep with its CPU time unchanged for STALLED_S is stuck
+    (stopped long before its deadline); a child busy all along finishes."""
+    import threading
+
+    monkeypatch.setattr(xsp.session.forked, "STALLED_S", 0.3)
+    ending = threading.Event()
+    ending.set()
+    with pytest.raises(ForkFailed, match="made no progress for 0.3 s while the program ended"):
+        run_forked(lambda: time.sleep(60), deadline_s=60, ending=ending)
+    assert run_forked(lambda: spin(1.0), deadline_s=60, ending=ending) == "done"
+    assert run_forked(lambda: "quick", deadline_s=60, ending=threading.Event()) == "quick"

@@ -32,6 +32,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -45,6 +46,11 @@ LENGTH: Final = struct.Struct("<Q")
 """The result's length in bytes, written before it: the parent knows when it has all of it."""
 EXIT_CHECK_S: Final = 0.25
 """How often the parent, waiting for data, checks whether the child has died."""
+STALLED_S: Final = 2.0
+"""While the program ends (and waits for it), a helper whose CPU time has not moved for this long,
+asleep or stopped, is stuck (a lock another thread held at the fork): it is stopped then rather
+than at its deadline, which would hold the program's exit for a minute (past a scheduler's grace
+period, and its SIGKILL would lose the trace file's end)."""
 RUNNABLE_EXTENSIONS: Final = 4
 """A child still runnable at its deadline (waiting for a CPU, or on one: a helper of low priority
 on a machine kept busy) is not stuck on a lock: it is given the deadline again, this many times."""
@@ -60,12 +66,16 @@ def fork_available() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
-def run_forked(function: Callable[[], T], deadline_s: float) -> T:
+def run_forked(function: Callable[[], T], deadline_s: float, ending: threading.Event | None = None) -> T:
     """Run ``function()`` in a forked child and return what it returned.
+
+    Once ``ending`` is set (the program is ending, and waits for this), a child that makes no
+    progress for :data:`STALLED_S` (asleep or stopped, its CPU time unchanged) is stuck: it is
+    killed then, not at its deadline.
 
     Raises:
         ForkFailed: the fork failed, ``function`` raised (the message names the exception), the
-            child died or ran past ``deadline_s`` (it is then killed).
+            child died, ran past ``deadline_s`` or stalled while the program ends (it is then killed).
     """
     read_fd, write_fd = os.pipe()
     try:
@@ -82,7 +92,7 @@ def run_forked(function: Callable[[], T], deadline_s: float) -> T:
         _child(function, read_fd, write_fd, deadline_s)  # never returns
     os.close(write_fd)
     try:
-        payload = _read_result(read_fd, pid, deadline_s)
+        payload = _read_result(read_fd, pid, deadline_s, ending)
     finally:
         os.close(read_fd)
     try:
@@ -121,19 +131,27 @@ def _child(function: Callable[[], object], read_fd: int, write_fd: int, deadline
         os._exit(status)
 
 
-def _read_result(read_fd: int, pid: int, deadline_s: float) -> bytes:
+def _read_result(read_fd: int, pid: int, deadline_s: float, ending: threading.Event | None = None) -> bytes:
     """The child's result, once all of it is read; the child is reaped. Empty where the child
     ended without writing it all.
 
     Raises:
         ForkFailed: ``deadline_s`` past, the child not runnable (it waits on something that never
-            comes), or past its :data:`RUNNABLE_EXTENSIONS` (the child is then killed).
+            comes), or past its :data:`RUNNABLE_EXTENSIONS`; or, ``ending`` set, the child stalled
+            (the child is then killed).
     """
     received = bytearray()
     expected: int | None = None
     exited = False
     deadline, extensions = time.monotonic() + deadline_s, 0
+    progress: tuple[int, float] | None = None  # (the child's CPU ticks, when they last changed), while ending
     while expected is None or len(received) < expected:
+        if ending is not None and ending.is_set() and not exited:
+            progress = _progress(pid, progress)
+            if progress is not None and time.monotonic() - progress[1] >= STALLED_S:
+                _kill(pid)
+                raise ForkFailed(f"the helper process made no progress for {STALLED_S:g} s while the program ended, "
+                                 "and was stopped")
         remaining = deadline - time.monotonic()
         if remaining <= 0 and extensions < RUNNABLE_EXTENSIONS and _runnable(pid):
             deadline, extensions = deadline + deadline_s, extensions + 1
@@ -157,6 +175,22 @@ def _read_result(read_fd: int, pid: int, deadline_s: float) -> bytes:
     if not exited:
         _reap(pid)
     return bytes(received) if expected is not None and len(received) == expected else b""
+
+
+def _progress(pid: int, last: tuple[int, float] | None) -> tuple[int, float] | None:
+    """The child's CPU ticks and when they last changed (``last``: as seen before), or None while
+    it is running, waiting for a CPU or for the disk (state ``R`` or ``D``: not stuck), or ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("R", "D", "Z"):
+        return None
+    ticks = int(fields[11]) + int(fields[12])
+    if last is None or last[0] != ticks:
+        return ticks, time.monotonic()
+    return last
 
 
 def _runnable(pid: int) -> bool:

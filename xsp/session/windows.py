@@ -112,6 +112,8 @@ class WindowWorker:
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
         self.pause_wait = pause_wait
+        self.ending = threading.Event()
+        """Set when the session ends and waits for the windows: a helper that stalls is stopped sooner."""
         self.thread = start_thread(self._run, "xsp-windows")
 
     def close_window(self, hold: bool = False) -> None:
@@ -229,7 +231,7 @@ class WindowWorker:
             then = functools.partial(_ready_to_send, encoded, self.session_ids, self.options.span_budget)
         try:
             result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness,
-                                                  then), deadline_s)
+                                                  then), deadline_s, self.ending)
         except ForkFailed as exc:
             self.forks = False
             self.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
@@ -254,6 +256,7 @@ class WindowWorker:
 
     def finish_windows(self) -> None:
         """Wait until every window handed over so far is interpreted, written and exported."""
+        self.ending.set()
         if self.pause_wait is not None:
             self.pause_wait.hurry.set()
         with self.closing:
