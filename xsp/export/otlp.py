@@ -275,7 +275,7 @@ def send_encoded(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     """Encode ``spans`` from their columns (:mod:`xsp.export.encoding`) and send them in batches
     of ``batch_size`` rows. ``chunk_rows`` consecutive rows of the table are made ready for the
     encoder at a time (a slice, not a copy); within one, parents go before their children."""
-    for table, order in encoded_chunks(spans, resource_and_scope(resource), session, chunk_rows):
+    for table, order in encoded_chunks(spans, resource_and_scope(resource), session, max(chunk_rows, batch_size)):
         send_chunk(table, order, exporter, report, batch_size)
 
 
@@ -285,7 +285,6 @@ def encoded_chunks(spans: pd.DataFrame, encoded_resource: tuple[bytes, bytes], s
     and its rows in the order they are sent (parents before their children)."""
     if session is None:
         session = session_of(spans)
-    chunk_rows = max(chunk_rows, ENCODED_BATCH_SIZE)
     for chunk_first in range(0, len(spans), chunk_rows):
         chunk = spans.iloc[chunk_first:chunk_first + chunk_rows]
         yield SpanColumns(chunk, encoded_resource, session), _parents_first(chunk.reset_index(drop=True))
