@@ -177,15 +177,20 @@ def _read_result(read_fd: int, pid: int, deadline_s: float, ending: threading.Ev
     return bytes(received) if expected is not None and len(received) == expected else b""
 
 
-def _progress(pid: int, last: tuple[int, float] | None) -> tuple[int, float] | None:
-    """The child's CPU ticks and when they last changed (``last``: as seen before), or None while
-    it is running, waiting for a CPU or for the disk (state ``R`` or ``D``: not stuck), or ended."""
+def _stat(pid: int) -> list[str] | None:
+    """The child's ``/proc`` stat fields after its name (its state first); None once it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("R", "D", "Z"):
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _progress(pid: int, last: tuple[int, float] | None) -> tuple[int, float] | None:
+    """The child's CPU ticks and when they last changed (``last``: as seen before), or None while
+    it is running, waiting for a CPU or for the disk (state ``R`` or ``D``: not stuck), or ended."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("R", "D", "Z"):
         return None
     ticks = int(fields[11]) + int(fields[12])
     if last is None or last[0] != ticks:
@@ -195,11 +200,8 @@ def _progress(pid: int, last: tuple[int, float] | None) -> tuple[int, float] | N
 
 def _runnable(pid: int) -> bool:
     """Whether the child is running or waiting for a CPU (its state in ``/proc``: ``R``)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].startswith("R")
+    fields = _stat(pid)
+    return fields is not None and fields[0] == "R"
 
 
 def _ended(pid: int) -> bool:

@@ -224,11 +224,9 @@ class WindowWorker:
         if not self.forks or not interpreter.helpers_can_interpret:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
-        encoded = self.encoded_resource
-        exporting = self.exporter is not None and resource is not None and encoded is not None
-        then = None
-        if exporting and encoded is not None:
-            then = functools.partial(_ready_to_send, encoded, self.session_ids, self.options.span_budget)
+        then = None  # set only where the session exports (its resource encoded once, in _run)
+        if self.encoded_resource is not None:
+            then = functools.partial(_ready_to_send, self.encoded_resource, self.session_ids, self.options.span_budget)
         try:
             result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness,
                                                   then), deadline_s, self.ending)
@@ -240,7 +238,7 @@ class WindowWorker:
         interpreter.adopt(result)
         from xsp.export.otlp import PreparedExport, send_prepared  # imported by _run already
 
-        if exporting and isinstance(result.prepared, PreparedExport):
+        if then is not None and isinstance(result.prepared, PreparedExport):
             assert self.exporter is not None and resource is not None
             self._resume_if_answering()
             send_prepared(result.prepared, resource, self.exporter, self.report, self.session_ids)
