@@ -40,12 +40,14 @@ def points(metrics_data) -> dict[str, list]:
 def test_the_file_s_histograms_are_sent_cumulative_while_the_session_runs_and_at_its_end() -> None:
     exporter = Keeping()
     metrics = LatencyMetrics(exporter, Resource.create({"service.name": "svc"}), interval_s=0.05)
-    file = LatencyHistograms()  # what the session keeps for the file, from the same windows
+    file = LatencyHistograms()  # what the session keeps for the file: what the metrics send
     windows = [Latencies(np.array([150_000, 700_000, 3_000_000]), {"encoder": np.array([90_000])}, deep_steps=1),
                Latencies(np.array([2_000_000_000, 400_000]), {"encoder": np.array([120_000, 100_000])}, deep_steps=2)]
-    metrics.record(windows[0], file.add(windows[0]))
+    file.add(windows[0])
+    metrics.record(file)
     assert exporter.arrived.wait(5)  # sent while it runs, not only at the end
-    metrics.record(windows[1], file.add(windows[1]))
+    file.add(windows[1])
+    metrics.record(file)
     assert metrics.close() and metrics.as_metadata()["sent"] == len(exporter.sent) >= 2
     last = points(exporter.sent[-1])
     step, = last[STEP_DURATION]

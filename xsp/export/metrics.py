@@ -11,7 +11,6 @@ import threading
 import time
 from typing import Any, Final
 
-import numpy as np
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     HistogramDataPoint,
@@ -30,7 +29,7 @@ from xsp._version import __version__
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, sdk_messages_into
 from xsp.export.target import OtlpTarget, Protocol
-from xsp.table.latency import BOUNDS_S, Histogram, Latencies
+from xsp.table.latency import BOUNDS_S, Histogram, LatencyHistograms
 
 STEP_DURATION: Final = "xsp.step.duration"
 LAYER_DURATION: Final = "xsp.layer.duration"
@@ -106,10 +105,10 @@ class CountedExporter(MetricExporter):
 class LatencyMetrics:
     """The session's latency histograms, counted a window at a time and sent periodically.
 
-    Each window's durations are counted into xsp's own histograms (:class:`xsp.table.latency.Histogram`,
-    the file's: a few array operations per series), and a thread of xsp's sends their cumulative
-    figures every ``interval_s`` as the OTLP metrics the SDK's explicit-bucket histograms would
-    be. The SDK's instruments took a call of about 3.5 µs per step, on the thread that interprets
+    What is sent is the session's own histograms (:class:`xsp.table.latency.LatencyHistograms`, the
+    file's), as they were after the last window was counted: a thread of xsp's sends their
+    cumulative figures every ``interval_s`` as the OTLP metrics the SDK's explicit-bucket
+    histograms would be. The SDK's instruments took a call of about 3.5 µs per step, on the thread that interprets
     the windows, beside the program's threads under the GIL.
 
     Args:
@@ -130,12 +129,12 @@ class LatencyMetrics:
         self.sending = threading.Lock()
         self.thread = start_thread(self._send_periodically, "xsp-metrics")
 
-    def record(self, latencies: Latencies, series: dict[str, np.ndarray]) -> None:
-        """One window's durations (``series``: its layer durations as the histograms counted them)."""
+    def record(self, histograms: LatencyHistograms) -> None:
+        """The session's histograms as they are now (the file's, a window just counted into them):
+        what the next send sends."""
+        step, layers = histograms.step.copy(), {path: layer.copy() for path, layer in histograms.layers.items()}
         with self.lock:
-            self.step.add(latencies.step_ns)
-            for path, values_ns in series.items():
-                self.layers.setdefault(path, Histogram()).add(values_ns)
+            self.step, self.layers = step, layers
 
     def metrics_data(self) -> MetricsData | None:
         """The histograms so far, cumulative since the session began (None: nothing counted yet)."""

@@ -85,8 +85,8 @@ class WindowInterpreter:
         """What the tracers dropped while interpreting windows."""
         self.latency = LatencyHistograms() if latency else None
         """The step and layer histograms of the windows so far (None: not counted)."""
-        self.on_latencies: Callable[[Latencies, dict[str, Any]], None] | None = None
-        """Told each window's durations and its layer series as counted (the OTLP metrics)."""
+        self.on_latencies: Callable[[LatencyHistograms], None] | None = None
+        """Told the histograms so far each time a window is counted into them (the OTLP metrics)."""
         self.on_deeper_layers: Callable[[int], None] | None = None
         """Told the deepest module call depth of layers each time a window shows a deeper one
         (an always-on session's rotation learns it)."""
@@ -171,14 +171,14 @@ class WindowInterpreter:
 
     def _count_latencies(self, latencies: Latencies) -> None:
         assert self.latency is not None
-        series = self.latency.add(latencies)
+        self.latency.add(latencies)
         if latencies.deepest_layer > self.deepest_layer:
             self.deepest_layer = latencies.deepest_layer
             if self.on_deeper_layers is not None:
                 self.on_deeper_layers(latencies.deepest_layer)
         if self.on_latencies is not None:
             try:
-                self.on_latencies(latencies, series)
+                self.on_latencies(self.latency)
             except Exception as exc:  # metrics are a view: the spans and the file go on
                 self.on_latencies = None
                 self.warn(f"latency metrics are not exported any more: {type(exc).__name__}: {exc}")

@@ -80,6 +80,10 @@ class Histogram:
         return {"count": self.count, "sum_ns": self.sum_ns, "min_ns": self.min_ns, "max_ns": self.max_ns,
                 "bucket_counts": self.counts}
 
+    def copy(self) -> Histogram:
+        """The figures as they are now (later windows count into this one, not the copy)."""
+        return Histogram(list(self.counts), self.count, self.sum_ns, self.min_ns, self.max_ns)
+
 
 @dataclass
 class LatencyHistograms:
