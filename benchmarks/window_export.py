@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from _results import record
+from production import CLOCK_TICKS_PER_S, read_stat
 
 RESULTS = Path(__file__).resolve().parent / "results" / "window_export.md"
 SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
@@ -53,23 +54,16 @@ WINDOW_S = 3.0
 PAUSE_S = 2e-4
 SLOW_NS = 2_000_000
 WINDOW_THREAD = "xsp-windows"
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def thread_ticks(name: str) -> int:
     """CPU clock ticks of this process's threads called ``name``."""
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                if comm.read().strip() != name:
-                    continue
-            with open(f"/proc/self/task/{task}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total
+    ticks = 0
+    for task in os.scandir("/proc/self/task"):
+        stat = read_stat(task.path)
+        if stat is not None and stat[0] == name:
+            ticks += int(stat[1][11]) + int(stat[1][12])
+    return ticks
 
 
 def child(variant: str, seconds: float, endpoint: str | None, folder: Path) -> dict[str, Any]:
