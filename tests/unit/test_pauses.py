@@ -46,11 +46,41 @@ def test_a_pause_is_seen_once_it_has_lasted_from_the_last_step_on():
 
 
 def test_a_step_under_way_is_no_pause_however_long_since_the_last_began():
-    running = iter([True] * 3 + [False])  # a long step (a slow request), then none
+    running = iter([True] * 3 + [False] * 2)  # a long step (a slow request), then none (seen twice)
     wait = PauseWait(Steps(going=False), lambda: next(running), longest_wait_s=60.0, pause_s=0.02)
     wait.wait(now_ns(), never, never)
     assert counts(wait) == (1, 0, 0)
     assert next(running, "all read") == "all read"  # it asked until the step was over
+
+
+class BackToBack:
+    """Long steps one after another: each look finds one under way, except the looks listed in
+    ``gaps`` (counted from 0), which fall between one step's end and the next one's start; the
+    next step begins right after each gap."""
+
+    def __init__(self, gaps: set[int]) -> None:
+        self.gaps = gaps
+        self.looks = 0
+        self.began_ns = 1  # long ago: only whether a step runs tells
+
+    def last_begun_ns(self) -> int:
+        return self.began_ns
+
+    def running(self) -> bool:
+        look, self.looks = self.looks, self.looks + 1
+        if look in self.gaps:
+            return False
+        if look - 1 in self.gaps:
+            self.began_ns += 1  # the step after the gap began (a moment after the look)
+        return True
+
+
+def test_the_gap_between_long_steps_back_to_back_is_no_pause():
+    steps = BackToBack(gaps={2, 5})
+    wait = PauseWait(steps.last_begun_ns, steps.running, longest_wait_s=0.3, pause_s=0.02)
+    wait.wait(now_ns(), never, never)
+    assert counts(wait) == (0, 1, 0)
+    assert steps.looks > 6  # it looked past both gaps
 
 
 def test_steps_that_never_pause_hold_a_window_back_no_longer_than_its_longest_wait():
