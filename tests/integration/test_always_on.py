@@ -334,6 +334,7 @@ def windows_closed(tmp_path, seconds: float, **options) -> int:
     return int(session.trace.metadata["closed_windows"])
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_window_s_and_xsp_window_s_set_how_often_an_always_on_session_writes(monkeypatch, tmp_path):
     monkeypatch.delenv("XSP_WINDOW_S", raising=False)
     assert windows_closed(tmp_path, 1.0) == 0  # 60 s by default: the session's end writes the one window
@@ -394,6 +395,7 @@ with torch.no_grad(), xsp.trace(levels="model,layer", output=sys.argv[1], sample
 """
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_report_of_a_killed_always_on_run_counts_the_steps_in_its_file(tmp_path):
     script, output = tmp_path / "killed.py", tmp_path / "svc.xsp.parquet"
     script.write_text(KILLED_ALWAYS_ON)

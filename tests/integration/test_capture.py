@@ -66,7 +66,8 @@ class Service:
         return self.process.returncode, out, err
 
 
-@pytest.mark.parametrize("options", [("--sample", "0", "--slow-factor", "0"), ()], ids=["always-on", "every-step"])
+@pytest.mark.parametrize("options", [pytest.param(("--sample", "0", "--slow-factor", "0"), id="always-on"),
+                                     pytest.param((), id="every-step", marks=pytest.mark.heavy)])
 def test_capture_writes_the_next_steps_at_every_level_while_the_process_runs_on(tmp_path, options):
     service = Service(tmp_path, *options)
     try:

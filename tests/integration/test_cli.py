@@ -478,6 +478,7 @@ def _in_terminal(args: list[str], cwd: Path, columns: int = 80) -> tuple[int, st
     return done.returncode, done.stdout + "\n".join(lines)
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_every_line_fits_an_80_column_terminal_warnings_and_errors_too(tiny, tmp_path):
     """Read in an 80-column terminal: xsp's warnings, errors and closing line wrap at its width;
     into a pipe or a log each stays one line, for grep."""
@@ -496,6 +497,7 @@ def test_every_line_fits_an_80_column_terminal_warnings_and_errors_too(tiny, tmp
     assert max(len(line) for line in shown.splitlines()) <= 80, shown
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_closing_line_says_when_it_replaced_an_earlier_trace(tiny, tmp_path):
     """Following the README in order, a second `xsp run` replaced the first run's trace unsaid."""
     first = xsp_cli("run", "--", str(tiny), "2", cwd=tmp_path)

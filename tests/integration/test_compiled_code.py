@@ -17,6 +17,8 @@ from xsp.analysis.layers import layer_table
 from xsp.analysis.lines import lines
 from xsp.record.compiled_kernels import kernel_layers, kernel_name, kernel_sources
 
+pytestmark = pytest.mark.heavy  # each compile of its own takes tens of seconds
+
 PROGRAM = textwrap.dedent("""
     import sys
     import torch
@@ -142,7 +144,6 @@ COMPILED_BEFORE = PROGRAM.replace(
 assert COMPILED_BEFORE != PROGRAM
 
 
-@pytest.mark.heavy  # a compile of its own: tens of seconds
 def test_a_model_compiled_before_the_session_has_its_lines_with_inductors_variables(tmp_path):
     script, output = tmp_path / "net.py", tmp_path / "net.xsp.parquet"
     script.write_text(COMPILED_BEFORE)
@@ -173,7 +174,6 @@ DYNAMIC = textwrap.dedent("""
 """)
 
 
-@pytest.mark.heavy  # a compile of its own: tens of seconds
 def test_the_operator_level_reads_no_symbolic_shape_so_a_new_batch_size_compiles_once(tmp_path):
     """Reading a fake tensor's symbolic sizes as numbers makes dynamo specialize them: every new
     batch size would recompile (seconds a step). As without xsp: the first compile, then one

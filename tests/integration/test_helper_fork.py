@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_helpers_never_wait_on_a_lock_the_program_held_when_they_were_forked(tmp_path):
     """While windows are forked, another thread keeps registering C++ exit handlers (as PyTorch
     does at an op's first use), which takes glibc's lock of them: a helper that set up a C++

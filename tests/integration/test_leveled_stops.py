@@ -111,6 +111,7 @@ def test_the_scripts_failing_exit_ends_the_runs_with_its_status(tmp_path, stop_a
         assert "stopped by the script's exit status 3 before the leveled rounds began, so nothing was written" in err
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_api_writes_the_rounds_that_finished_then_raises_as_the_function_did(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     calls = []

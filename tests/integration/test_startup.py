@@ -92,6 +92,7 @@ FORKS_AT_ONCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_a_program_that_forks_as_the_session_starts_gets_children_that_can_import(tmp_path):
     """The window thread imports pandas and pyarrow beside the program: a child forked meanwhile
     inherited their import locks, held, and hung on its own `import pandas` (killed by its alarm).

@@ -1193,6 +1193,7 @@ def test_doctor_says_which_record_path_runs_and_why(fake_libcupti, monkeypatch):
     assert record_path_here()[:2] == ("none", "no CUDA driver: ...")
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_graph_replays_read_in_windows_are_the_whole_trace_s(fake, tmp_path):
     from tests.unit.test_tree_windows import assert_windowed_report_is_the_whole_s
     from xsp.analysis.windowed import windowed_report

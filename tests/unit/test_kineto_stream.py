@@ -28,7 +28,7 @@ def in_memory(shared_traces):
     return {name: xsp.load(shared_traces / "kineto" / f"{name}.json.gz") for name in SHARED}
 
 
-@pytest.mark.parametrize("window_events", [1, 5000, 1 << 30])
+@pytest.mark.parametrize("window_events", [1, pytest.param(5000, marks=pytest.mark.heavy), 1 << 30])
 @pytest.mark.parametrize("name", SHARED)
 def test_a_trace_imported_in_windows_is_the_one_imported_whole(shared_traces, in_memory, tmp_path, name,
                                                                window_events):

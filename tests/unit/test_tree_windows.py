@@ -155,6 +155,7 @@ def little_free_memory(monkeypatch):
     monkeypatch.setattr(memory_needed, "free_memory_bytes", lambda: 1 << 20)
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_xsp_summary_and_diff_of_a_trace_too_large_to_load_read_it_in_windows(shared_files, tmp_path, capsys,
                                                                                monkeypatch):
     from xsp.cli.main import main
@@ -295,6 +296,7 @@ def test_the_report_of_a_training_run_read_in_windows_shows_its_backward_time(tm
     assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_report_of_a_run_recorded_with_memory_read_in_windows_shows_memory_per_layer_type(tmp_path):
     from xsp.analysis.windowed import windowed_report
     from xsp.reports.terminal import render_report
@@ -325,6 +327,7 @@ def test_the_report_of_a_leveled_run_read_in_windows_shows_its_leveled_runs(tmp_
     assert_windowed_report_is_the_whole_s(xsp.load(path), path, 1)
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_report_of_an_always_on_run_read_in_windows_counts_the_steps_recorded_deep(tmp_path):
     from xsp.reports.terminal import render_report
 
@@ -428,6 +431,7 @@ def test_a_trace_whose_report_would_not_fit_is_reported_in_windows_though_it_wou
     assert main(["summary", str(path), "-o", str(path.parent / "nccl.xsp-summary.parquet")]) == 0
 
 
+@pytest.mark.heavy  # seconds of runs: the quick run keeps under ten minutes on two cores
 def test_the_roofline_of_sampled_counters_read_in_windows_is_the_whole_trace_s(tmp_path):
     """Each sample of the GPU's counters is shared among the kernels that ran during it, whichever
     windows hold them: a kernel spanning two samples, a sample no kernel ran in, a second device."""
