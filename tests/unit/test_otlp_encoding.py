@@ -205,3 +205,39 @@ def test_spans_that_could_not_be_made_ready_count_as_failed_and_say_why() -> Non
     send_prepared(unready, resource_for("svc", trace.metadata), exporter, report)
     assert (report.to_send, report.submitted, report.failed, report.exported) == (5, 5, 5, 0)
     assert report.error == "ValueError: no columns" and exporter.spans == []
+
+
+class Slow(Collecting):
+    """Takes ``delay_s`` over each batch (a collector far away)."""
+
+    delay_s = 0.05
+
+    def export(self, batch: encoding.EncodedBatch):
+        import time
+
+        time.sleep(self.delay_s)
+        return super().export(batch)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_the_export_seconds_count_every_windows_send_and_the_last_export_whole() -> None:
+    """A windowed session sends each window's spans, then the rest at its end, into one report:
+    its ``seconds`` are all of them, not the last export's alone."""
+    from xsp.export.delivery import ExportReport
+    from xsp.export.otlp import prepare_export, send_prepared, start_export
+    from xsp.export.target import OtlpTarget, Protocol
+
+    trace = traced_run()
+    resource = resource_for("svc", trace.metadata)
+    exporter, report = Slow(), ExportReport(target="test")
+    for _ in range(3):  # three windows' batches, each made ready elsewhere
+        send_prepared(prepare_export(trace.spans, encoding.resource_and_scope(resource), None), resource, exporter,
+                      report)
+    windows_batches = len(exporter.spans) // len(trace.spans)
+    assert windows_batches == 3 and report.seconds >= 3 * Slow.delay_s
+    target = OtlpTarget("http://127.0.0.1:1/v1/traces", Protocol.HTTP)
+    last = start_export(trace.spans, trace.metadata, target, "svc", exporter=exporter, report=report).wait(60)
+    assert last.done and last.exported == 4 * len(trace.spans)
+    assert last.seconds >= 4 * Slow.delay_s  # the windows' sends kept, the last one added

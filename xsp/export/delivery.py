@@ -154,6 +154,9 @@ class ExportReport:
     failed: int = 0
     error: str | None = None
     seconds: float = 0.0
+    """Seconds this process spent exporting, over the whole session: each window's sending (and
+    its preparing, where that was done in this process), and all of the last export (its
+    exporter made and shut down)."""
     done: bool = False
     sdk_messages: list[str] = field(default_factory=list)
     """What the OpenTelemetry SDK logged while exporting (folded into xsp's one warning)."""

@@ -377,6 +377,7 @@ def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanEx
     that could not be made ready, or not sent, count as failed. Batches the collector refuses
     are split or retried (see :func:`export_batch`) for at most ``deadline_s`` seconds from now
     (default :data:`RETRY_BUDGET_S`)."""
+    began = time.perf_counter()
     report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
     prepared.count_into(report)
     submitted_before = report.submitted
@@ -393,6 +394,7 @@ def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanEx
         unsent = prepared.rows - (report.submitted - submitted_before)
         report.submitted += unsent
         report.failed += unsent
+    report.seconds += time.perf_counter() - began
     return report
 
 
@@ -420,9 +422,11 @@ def export_table(spans: pd.DataFrame, resource: Resource, exporter: SpanExporter
     ``deadline_s`` seconds from now (default :data:`RETRY_BUDGET_S`). ``metadata``: the trace's,
     sent on the session span (:func:`with_session_metadata`) so that ``xsp pull`` gets it back.
     """
+    began = time.perf_counter()
     encoded_resource = resource_and_scope(resource) if encoded and sends_encoded(exporter) else None
     prepared = prepare_export(spans, encoded_resource, session, span_budget, metadata,
                               sent_before=(report.step_traces, report.submitted))
+    report.seconds += time.perf_counter() - began
     return send_prepared(prepared, resource, exporter, report, session, deadline_s)
 
 
@@ -473,7 +477,7 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
     export = OtlpExport(report, on_done=on_done)
 
     def run() -> None:
-        began, handed_before = time.perf_counter(), report.to_send
+        began, handed_before, seconds_before = time.perf_counter(), report.to_send, report.seconds
         try:
             sink = exporter or make_exporter(target)
             export_table(spans, resource_for(service_name, metadata), sink, report, session, span_budget, deadline_s,
@@ -487,7 +491,8 @@ def start_export(spans: pd.DataFrame, metadata: Mapping[str, Any], target: OtlpT
             if report.to_send == handed_before:  # failed before the spans were handed over
                 report.to_send += len(spans)
         finally:
-            report.seconds = time.perf_counter() - began
+            # the windows' exports before this one, and all of this one (export_table's own count in it)
+            report.seconds = seconds_before + time.perf_counter() - began
             report.done = True
         if on_done is not None:
             with contextlib.suppress(Exception):  # the outcome is in the report either way

@@ -8,10 +8,10 @@ its helper forked, in the middle of a burst: measured on the example service
 (benchmarks/production.py), windows cost 1-2.6 points of the median latency and most of the
 99th percentile's 8-27%. The window is still taken at the step's end (a fraction of a
 millisecond); only its interpretation waits, for a pause (no step begun for :data:`PAUSE_S` and
-none under way, seen twice with no step begun between) or until :data:`WAIT_FRACTION` of the window interval has passed, whichever
-comes first, or until the next window is taken (windows that come due by their size, every
-few seconds under a heavy load, do not pile up). A service that never pauses has its windows
-interpreted as before, that much later.
+none under way, seen twice with no step begun between) or until :data:`WAIT_FRACTION` of the
+window interval has passed, whichever comes first, or until the next window is taken
+(windows that come due by their size, every few seconds under a heavy load, do not pile up).
+A service that never pauses has its windows interpreted as before, that much later.
 """
 
 from __future__ import annotations
