@@ -105,6 +105,62 @@ def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fai
         assert session.trace.steps == list(range(30))
 
 
+def _timed_loop(model: nn.Module, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model(torch.randn(2, 8))
+            time.sleep(0.01)
+
+
+@pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
+def test_a_helper_that_failed_once_is_tried_again_later(tmp_path, short_windows, monkeypatch):
+    """One helper failing (a fork refused while memory was short) moves the windows into the
+    program's process for a while only: a service running for days gets its helpers back."""
+    real_run_forked, calls = xsp.session.windows.run_forked, []
+
+    def fails_the_second(function, deadline_s, ending=None):
+        calls.append(deadline_s)
+        if len(calls) == 2:
+            raise ForkFailed("fork failed: no memory")
+        return real_run_forked(function, deadline_s, ending)
+
+    monkeypatch.setattr(xsp.session.windows, "run_forked", fails_the_second)
+    monkeypatch.setattr(xsp.session.windows, "HELPER_RETRY_FIRST_S", 0.3)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with pytest.warns(xsp.XspWarning, match=r"helper process could not interpret a window \(fork failed: no memory\); "
+                                            r"windows are interpreted in this process, and a helper is tried again "
+                                            r"in 0.3 s") as said:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            _timed_loop(model, 1.5)
+    assert len([w for w in said if "helper" in str(w.message)]) == 1
+    meta = session.trace.metadata
+    assert meta["helper_failures"] == 1 and len(calls) >= 3, (meta, calls)
+    assert meta["helper_windows"] == len(calls) - 1  # every window after the wait went to a helper again
+    assert session.trace.steps == list(range(len(session.trace.steps)))
+
+
+@pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
+def test_helpers_that_keep_failing_are_tried_less_and_less_often(tmp_path, short_windows, monkeypatch):
+    calls: list[float] = []
+
+    def fails(function, deadline_s, ending=None):
+        calls.append(time.monotonic())
+        raise ForkFailed("fork failed: no memory")
+
+    monkeypatch.setattr(xsp.session.windows, "run_forked", fails)
+    monkeypatch.setattr(xsp.session.windows, "HELPER_RETRY_FIRST_S", 0.1)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with pytest.warns(xsp.XspWarning, match="helper process could not interpret a window") as said:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            _timed_loop(model, 1.6)
+    assert len([w for w in said if "helper" in str(w.message)]) == 1  # said once, counted in the file
+    assert session.trace.metadata["helper_failures"] == len(calls) >= 2
+    gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
+    assert all(gap >= 0.1 * 2 ** i for i, gap in enumerate(gaps)), gaps  # each wait twice the one before
+    assert session.trace.metadata["helper_windows"] == 0 and session.trace.metadata["closed_windows"] > len(calls)
+
+
 @pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
 def test_what_a_helper_process_finds_wrong_is_said_by_the_program(tmp_path, short_windows, monkeypatch):
     def broken(self, window):

@@ -289,6 +289,7 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         "streamed_windows": 0 if run.interpreter.segments is None else run.interpreter.segments.count,
         "closed_windows": 0 if run.windows is None else run.windows.closed_windows,
         "helper_windows": run.interpreter.helper_windows,
+        "helper_failures": 0 if run.windows is None else run.windows.helper_failures,
         "window_waits": None if run.windows is None else run.windows.wait_counts(),
         "process_id": os.getpid(),
         "child_processes": None if children is None else {

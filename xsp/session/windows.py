@@ -52,6 +52,13 @@ a training loop keeps every core busy, and its windows (one a second) must keep 
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
+HELPER_RETRY_FIRST_S: Final = 60.0
+HELPER_RETRY_MAX_S: Final = 3600.0
+"""After a helper process fails, windows are interpreted in the program's process, and a helper is
+tried again :data:`HELPER_RETRY_FIRST_S` later, then twice as long after each failure in a row, at
+most this long apart. A service that runs for days is not left paying for every later window's
+interpretation because one helper failed once (a fork refused while memory was short, a helper
+killed by the out-of-memory killer)."""
 
 
 class WindowWorker:
@@ -61,7 +68,8 @@ class WindowWorker:
     When the session only streams, and every tracer can be interpreted in a forked child
     (``interprets_in_child``), each window is interpreted in a helper process forked at that
     moment (:mod:`xsp.session.forked`): the thread only waits, without the GIL, so the user's loop does
-    not. If a helper fails, the window and those after it are interpreted in the thread.
+    not. If a helper fails, the window and those after it are interpreted in the thread until a
+    helper is tried again (:data:`HELPER_RETRY_FIRST_S`, then longer while they keep failing).
 
     Args:
         recording: the session's recording, whose windows it takes.
@@ -94,8 +102,14 @@ class WindowWorker:
         self.closed_events = 0
         """The session's records kept when the last window closed."""
         self.forks = interpreter.segments is not None and fork_available() and os.environ.get(HELPER_ENV, "1") != "0"
-        """Windows are interpreted in forked helper processes (until one fails); where the session
-        exports, the helper also makes the window's spans ready to send (:func:`prepare_export`)."""
+        """Windows are interpreted in forked helper processes (in this process for a while after one
+        fails); where the session exports, the helper also makes the window's spans ready to send
+        (:func:`prepare_export`)."""
+        self.helper_failures = 0
+        """Helper processes that failed (the file's ``helper_failures``); the first is said."""
+        self.failures_in_a_row = 0
+        self.helpers_again_ns = 0
+        """After a helper failed: when a helper is tried again (host clock)."""
         self.encoded_resource: tuple[bytes, bytes] | None = None
         """The export's resource and scope as xsp's encoder writes them (made once)."""
         self.helper_niceness = ALWAYS_ON_HELPER_NICENESS if options.sampling is not None else 0
@@ -221,7 +235,7 @@ class WindowWorker:
         """Interpret ``window`` in a forked helper process (and send the spans it made ready, where
         the session exports); False when it must be done here."""
         interpreter = self.interpreter
-        if not self.forks or not interpreter.helpers_can_interpret:
+        if not self.forks or not interpreter.helpers_can_interpret or now_ns() < self.helpers_again_ns:
             return False
         deadline_s = HELPER_DEADLINE_S + HELPER_DEADLINE_PER_EVENT_S * window.records
         then = None  # set only where the session exports (its resource encoded once, in _run)
@@ -231,10 +245,9 @@ class WindowWorker:
             result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.helper_niceness,
                                                   then), deadline_s, self.ending)
         except ForkFailed as exc:
-            self.forks = False
-            self.warn(f"a helper process could not interpret a window ({exc}); windows are interpreted "
-                              "in this process from now on")
+            self._helper_failed(str(exc))
             return False
+        self.failures_in_a_row = 0
         interpreter.adopt(result)
         from xsp.export.otlp import PreparedExport, send_prepared  # imported by _run already
 
@@ -243,6 +256,19 @@ class WindowWorker:
             self._resume_if_answering()
             send_prepared(result.prepared, resource, self.exporter, self.report, self.session_ids)
         return True
+
+    def _helper_failed(self, why: str) -> None:
+        """Interpret the windows in this process for a while (for good once the session ends); the
+        first failure is said, the others counted in the file."""
+        self.helper_failures += 1
+        self.failures_in_a_row += 1
+        if self.ending.is_set():
+            self.forks = False
+        wait_s = min(HELPER_RETRY_FIRST_S * 2 ** (self.failures_in_a_row - 1), HELPER_RETRY_MAX_S)
+        self.helpers_again_ns = now_ns() + int(wait_s * 1e9)
+        if self.helper_failures == 1:
+            self.warn(f"a helper process could not interpret a window ({why}); windows are interpreted in this "
+                      f"process{'' if not self.forks else f', and a helper is tried again in {wait_s:g} s'}")
 
     def _resume_if_answering(self) -> None:
         """Before a window's export: where an earlier batch failed for good (or the collector
