@@ -103,6 +103,24 @@ def test_explicit_steps_with_inner_model_calls_are_not_split(tmp_path):
     assert_same_spans(session.trace, receiver.sink.spans)
 
 
+def collect_here() -> None:
+    """A full collection, run on this thread: ``gc.collect()`` does nothing while a collection
+    set off on another thread (xsp's own, importing at the session's start) is under way."""
+    ran: list[int] = []
+    thread = threading.get_ident()
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and threading.get_ident() == thread:
+            ran.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        while not ran:
+            gc.collect()
+    finally:
+        gc.callbacks.remove(seen)
+
+
 class CollectThenWait(torch.nn.Module):
     """Sets off a full collection at each call; the ``wait_at``-th call then waits for ``release``."""
 
@@ -112,7 +130,7 @@ class CollectThenWait(torch.nn.Module):
         self.waiting, self.release = threading.Event(), threading.Event()
 
     def forward(self, x):
-        gc.collect()
+        collect_here()
         self.calls += 1
         if self.calls == self.wait_at:
             self.waiting.set()
