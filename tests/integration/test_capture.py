@@ -301,3 +301,99 @@ def test_a_capture_closes_windows_sooner_than_an_always_on_sessions_hour(tmp_pat
     assert process.returncode == 0, err
     spans = xsp.load(tmp_path / "cap.xsp.parquet").spans
     assert (spans[col.LEVEL] == "layer").sum() == 3 * 3
+
+
+BURSTS_SERVICE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import torch
+
+    stop, bursts = Path(sys.argv[1]), Path(sys.argv[2])
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        while not stop.exists():  # quiet, but for the bursts of requests asked for by a file
+            for burst in sorted(bursts.glob("burst-*")):
+                for _ in range(int(burst.read_text())):
+                    model(x)
+                    time.sleep(0.002)
+                burst.unlink()
+            time.sleep(0.01)
+""")
+
+
+class Bursts:
+    """The script above under ``xsp run --sample 0``: steps only in the bursts :meth:`serve` asks for."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.stop, self.bursts, self.made = tmp_path / "stop", tmp_path / "bursts", 0
+        self.bursts.mkdir()
+        script = tmp_path / "bursts.py"
+        script.write_text(BURSTS_SERVICE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "xsp", "run", "--sample", "0", "--slow-factor", "0", "-o",
+             str(tmp_path / "service.xsp.parquet"), "--", str(script), str(self.stop), str(self.bursts)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: socket_path(self.process.pid).exists() or self.process.poll() is not None)
+        assert self.process.poll() is None, self.process.communicate()
+
+    def serve(self, steps: int) -> None:
+        """A burst of ``steps`` requests, served before this returns."""
+        self.made += 1
+        burst = self.bursts / f"burst-{self.made:04d}"
+        burst.write_text(str(steps))
+        wait_for(lambda: not burst.exists())
+
+    def capturing(self) -> bool:
+        from xsp.cli.capture import Target, ask
+
+        return bool(ask(Target(self.process.pid, socket_path(self.process.pid)), {"op": "status"})["capturing"])
+
+    def capture(self, output: Path, *options: str) -> subprocess.Popen[str]:
+        """``xsp capture`` started, and asked to capture, before this returns."""
+        started = subprocess.Popen([sys.executable, "-m", "xsp", "capture", str(self.process.pid), *options, "-o",
+                                    str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: self.capturing() or started.poll() is not None)
+        return started
+
+    def end(self) -> tuple[int, str, str]:
+        self.stop.touch()
+        out, err = self.process.communicate(timeout=120)
+        return self.process.returncode, out, err
+
+
+def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_goes_quiet(tmp_path):
+    service = Bursts(tmp_path)
+    try:
+        service.serve(3)
+        capture = service.capture(tmp_path / "burst.xsp.parquet", "--steps", "5", "--timeout", "60")
+        service.serve(20)  # then nothing: no step ends to close a window at
+        out, err = capture.communicate(timeout=120)
+    finally:
+        code, _, service_err = service.end()
+    assert capture.returncode == 0, err
+    assert code == 0, service_err
+    captured = xsp.load(tmp_path / "burst.xsp.parquet")
+    first = captured.metadata["capture"]["from_step"]
+    assert captured.steps == list(range(first, first + 5))
+
+
+def test_a_capture_after_one_its_caller_gave_up_holds_only_its_own_steps(tmp_path):
+    service = Bursts(tmp_path)
+    try:
+        service.serve(3)
+        given_up = service.capture(tmp_path / "given-up.xsp.parquet", "--steps", "5", "--timeout", "1")
+        _, given_up_err = given_up.communicate(timeout=120)  # no step came in its second
+        service.serve(10)  # captured for the capture given up: nobody told the service yet
+        capture = service.capture(tmp_path / "next.xsp.parquet", "--steps", "5", "--timeout", "60")
+        service.serve(10)
+        out, err = capture.communicate(timeout=120)
+    finally:
+        code, _, service_err = service.end()
+    assert given_up.returncode == 2 and "did not complete the capture in time" in given_up_err
+    assert capture.returncode == 0, err
+    assert code == 0, service_err
+    assert not (tmp_path / "given-up.xsp.parquet").exists()
+    captured = xsp.load(tmp_path / "next.xsp.parquet")
+    first = captured.metadata["capture"]["from_step"]
+    assert first >= 13 and captured.steps == list(range(first, first + 5)), (first, captured.steps)

@@ -32,8 +32,10 @@ class StepCapture:
     """One capture under way: the spans of its steps so far, and where they go."""
 
     def __init__(self, caller: Caller, output: Path, steps: int, levels: frozenset[str],
-                 metadata: dict[str, Any], on_abandon: Callable[[], None]) -> None:
+                 metadata: dict[str, Any], on_abandon: Callable[[], None], first_step: int = 0) -> None:
         self.caller = caller
+        self.first_step = first_step
+        """Steps before it were captured for an earlier capture (one its caller gave up on)."""
         self.on_abandon = on_abandon
         self.output = output
         self.wanted = steps
@@ -52,6 +54,7 @@ class StepCapture:
             return False
         roots = (spans[col.PARENT_ID].isna() & (spans[col.SAMPLING] == col.StepSampling.CAPTURE.value)).fillna(False)
         found = spans[roots.to_numpy(dtype=bool)].sort_values(col.START_NS)
+        found = found[(found[col.STEP] >= self.first_step).fillna(False).to_numpy(dtype=bool)]
         steps = [int(step) for step in found[col.STEP].dropna().tolist()][:self.wanted - len(self.steps_taken)]
         if steps:
             mine = spans[col.STEP].isin(steps).fillna(False).to_numpy(dtype=bool)
@@ -127,9 +130,12 @@ class CaptureDesk:
             return
         if op == Op.STATUS.value:
             sampler = self.sampler()
+            with self._lock:  # a capture whose caller gave up is under way no longer
+                if self.pending is not None:
+                    self.pending.abandoned_if_gone()
+                capturing = self.pending is not None and not self.pending.done
             caller.say(Reply.STATUS, pid=os.getpid(), steps_begun=sampler.begun, rank=self.rank,
-                       levels=[level.value for level in self.levels],
-                       capturing=self.pending is not None and not self.pending.done)
+                       levels=[level.value for level in self.levels], capturing=capturing)
             caller.end()
         elif op == Op.CAPTURE.value:
             self._capture(request, caller)
@@ -181,7 +187,8 @@ class CaptureDesk:
                 return
             metadata = {**self.metadata(), "capture": {"requested_steps": steps, "levels": sorted(asked),
                                                        "from_step": start}}
-            capture = StepCapture(caller, Path(output), steps, frozenset(asked), metadata, sampler.cancel_capture)
+            capture = StepCapture(caller, Path(output), steps, frozenset(asked), metadata, sampler.cancel_capture,
+                                  first_step=start)
             self.pending = capture
             self.interpreter.watch_spans(capture.take)
         caller.say(Reply.ACCEPTED, from_step=start, steps=steps)

@@ -280,6 +280,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     if windows is not None:
         next_window_due()
         windows.interpreter.on_watch = next_window_due
+        windows.after_timed_window(next_window_due)
         recording.on_new_thread.append(window_if_due)
         watching.append(window_if_due)
         recording.on_wait_over = wait_over

@@ -28,7 +28,7 @@ from xsp.record.recording import Recording
 from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
 from xsp.session.interpreting import WindowInterpreter, WindowResult
-from xsp.session.options import TraceOptions
+from xsp.session.options import CAPTURE_WINDOW_S, TraceOptions
 from xsp.session.pauses import PauseWait
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ class WindowWorker:
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
         self.pause_wait = pause_wait
+        self.due_again: Callable[[], None] | None = None
+        """Set by :meth:`after_timed_window`."""
         self.ending = threading.Event()
         """Set when the session ends and waits for the windows: a helper that stalls is stopped sooner."""
         self.thread = start_thread(self._run, "xsp-windows")
@@ -150,6 +152,21 @@ class WindowWorker:
                     self.queue.put(window)
         finally:
             self.closing.release()
+
+    def after_timed_window(self, due_again: Callable[[], None]) -> None:
+        """Call ``due_again`` after each window this worker closes by time (as a step end would
+        have, so that the steps know when the next one is due)."""
+        self.due_again = due_again
+
+    def _close_window_by_time(self) -> None:
+        """While a capture waits for its steps, close a window when one is due though no step
+        ends: a service's burst of requests that the capture asked for, then quiet, leaves its
+        decided steps in the recording, with no step end to take them."""
+        if (self.interpreter.watching and not self.finished
+                and now_ns() - self.closed_ns >= int(CAPTURE_WINDOW_S * 1e9)):
+            self.close_window()
+            if self.due_again is not None:
+                self.due_again()
 
     def release_held(self) -> None:
         """Hand over the windows :meth:`close_window` held."""
@@ -219,7 +236,12 @@ class WindowWorker:
         then grows by fewer windows than it would one at a time."""
         if self.stopping:
             return None
-        window = self.queue.get()
+        while True:
+            try:
+                window = self.queue.get(timeout=CAPTURE_WINDOW_S)
+                break
+            except queue.Empty:
+                self._close_window_by_time()
         if window is None:
             return None
         waiting = [window]
