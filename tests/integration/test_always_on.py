@@ -528,6 +528,35 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
     assert max(map(len, report.stdout.splitlines())) <= 80
 
 
+PARTS_SCRIPT = """
+import time, torch
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+end = time.monotonic() + 2.0
+with torch.no_grad():
+    while time.monotonic() < end:
+        model(torch.randn(2, 8))
+        time.sleep(0.001)
+"""
+
+
+def test_xsp_runs_closing_line_counts_every_part_of_a_run_written_in_parts(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(PARTS_SCRIPT)
+    environment = {**os.environ, "XSP_WINDOW_S": "0.1", "XSP_RUN_ID": "svc"}
+    command = [sys.executable, "-m", "xsp", "run", "--sample", "0.2", "--dataset", "runs", "--rotate", "0.4s", "--",
+               str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    parts = list(folder.glob("part-*.xsp.parquet"))
+    assert len(parts) >= 3
+    whole = xsp.load(folder)
+    steps = whole.spans[col.STEP].dropna().nunique()
+    line = (f"xsp: {counted(len(whole.spans), 'span')}, {counted(steps, 'step')} in {len(parts)} parts -> "
+            f"{os.path.join('runs', 'run=svc', 'rank=0')}{os.sep}")
+    assert line in done.stderr, done.stderr
+
+
 def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypatch, tmp_path, capsys):
     import xsp.session.options as session_options
 
