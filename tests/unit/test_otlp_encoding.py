@@ -241,3 +241,21 @@ def test_the_export_seconds_count_every_windows_send_and_the_last_export_whole()
     last = start_export(trace.spans, trace.metadata, target, "svc", exporter=exporter, report=report).wait(60)
     assert last.done and last.exported == 4 * len(trace.spans)
     assert last.seconds >= 4 * Slow.delay_s  # the windows' sends kept, the last one added
+
+
+def test_a_long_sdk_message_is_kept_cut_between_words_and_its_retry_still_counted() -> None:
+    import logging
+
+    from xsp.export.delivery import MESSAGE_CHARS, ExportReport, sdk_messages_into
+
+    report = ExportReport(target="test")
+    cause = "Max retries exceeded with url: /v1/metrics (Caused by NewConnectionError(...)) " * 4
+    said = f"Transient error {cause}encountered while exporting metrics batch, retrying in 1s."
+    assert len(said) > MESSAGE_CHARS and said.index("retrying in") > MESSAGE_CHARS
+    logger = logging.getLogger("opentelemetry.exporter.test")
+    with sdk_messages_into(report):
+        logger.warning(said)
+    assert report.retries == 1  # counted from the whole line, not from what is kept of it
+    kept = report.sdk_messages[0]
+    assert kept.endswith(" ...") and len(kept) <= MESSAGE_CHARS + 4
+    assert said.startswith(kept.removesuffix(" ...") + " ")  # cut where a word ends

@@ -244,6 +244,8 @@ SDK_RETRY: Final = "retrying in"
 
 MESSAGES_KEPT: Final = 20
 """What the SDK said during an export, kept for the report: at most this many messages."""
+MESSAGE_CHARS: Final = 300
+"""The first line of each SDK message, kept up to this many characters (cut between words)."""
 
 
 class _SdkMessages(logging.Filter):
@@ -257,9 +259,11 @@ class _SdkMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.thread != self.thread:
             return True
-        message = record.getMessage().splitlines()[0][:300]
-        if SDK_RETRY in message:  # the SDK waits and sends again on its own: a retry all the same
+        lines = record.getMessage().splitlines()
+        line = lines[0] if lines else ""
+        if SDK_RETRY in line:  # the SDK waits and sends again on its own: a retry all the same
             self.report.retries += 1
+        message = line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS].rsplit(" ", 1)[0] + " ..."
         self.report.heard.append(message)
         if len(self.report.sdk_messages) < MESSAGES_KEPT:
             self.report.sdk_messages.append(message)
