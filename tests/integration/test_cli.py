@@ -524,3 +524,27 @@ entry_point()
                                 "runpy.run_module('xsp', run_name='__main__')")  # python -m xsp
     done = subprocess.run([sys.executable, "-c", as_module], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr, done.stdout) == (130, "xsp: interrupted\n", "")
+
+
+def test_xsp_summary_of_a_run_in_parts_gives_its_share_of_every_part(tmp_path, capsys, monkeypatch):
+    import time
+
+    import torch
+
+    import xsp.session.options as session_options
+
+    monkeypatch.setattr(session_options, "ALWAYS_ON_WINDOW_S", 0.1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", sample=0.2, slow_factor=0,
+                                    rotate=0.3):
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            model(torch.randn(2, 8))
+            time.sleep(0.001)
+    parts = list((tmp_path / "runs").rglob("part-*.xsp.parquet"))
+    assert len(parts) >= 2
+    output = tmp_path / "base.xsp-summary.parquet"
+    assert main(["summary", str(tmp_path / "runs"), "-o", str(output)]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    share = output.stat().st_size / sum(path.stat().st_size for path in parts)
+    assert f"{share:.1%} of the trace)" in said, said

@@ -52,8 +52,26 @@ def run(options: argparse.Namespace) -> int:
     levels = parse_levels(options.levels) if options.levels else None
     summary = summarize_file(options.file, levels=levels, steps=steps, source=Path(options.file).name)
     written = summary.save(output)
-    size, trace_size = os.path.getsize(written), os.path.getsize(options.file)
+    size, trace_size = os.path.getsize(written), trace_bytes(options.file)
     keys = len(next(iter(summary.keys.values())))
-    error_console().print(f"xsp: summary of {keys} keys -> {written} ({size / 1024:.1f} KiB, "
-                          f"{size / max(trace_size, 1):.1%} of the trace)", markup=False)
+    share = "" if not trace_size else f", {size / trace_size:.1%} of the trace"
+    error_console().print(f"xsp: summary of {keys} keys -> {written} ({size / 1024:.1f} KiB{share})", markup=False)
     return 0
+
+
+def trace_bytes(path: str) -> int:
+    """The bytes of the files the trace at ``path`` is read from: the file; a folder's traces (a
+    dataset, a job's ranks); a job's rank files beside the name it was given (0: none found)."""
+    from xsp.core.rank import rank_files
+    from xsp.io.loading import traces_in
+
+    try:
+        if os.path.isdir(path):
+            files = traces_in(Path(path))
+        elif os.path.isfile(path):
+            files = [Path(path)]
+        else:
+            files = list(rank_files(path).values())
+        return sum(file.stat().st_size for file in files)
+    except OSError:  # (a TraceNotFoundError too)
+        return 0
