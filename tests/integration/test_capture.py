@@ -136,6 +136,11 @@ def test_capture_says_in_one_line_what_is_wrong(tmp_path):
     assert ended.returncode == 2 and ended.stderr == f"xsp: error: no process {sleeper.pid} is running\n"
     bad = xsp_cli("capture", "1", "--steps", "0")
     assert bad.returncode == 2 and bad.stderr == "xsp: error: --steps must be 1 or more, not 0\n"
+    for pid in ("0", "-5"):  # no process, said alike
+        no_pid = xsp_cli("capture", "--", pid)
+        assert no_pid.returncode == 2 and no_pid.stderr == f"xsp: error: PID must be a process id above 0, not {pid}\n"
+    unnamed = xsp_cli("capture", "1", "-o", "")
+    assert unnamed.returncode == 2 and unnamed.stderr == "xsp: error: -o must name a file, not an empty string\n"
 
 
 def test_another_users_process_is_refused(monkeypatch, capsys):

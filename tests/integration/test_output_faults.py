@@ -67,12 +67,15 @@ def test_every_output_fault_is_one_line_and_a_nonzero_exit(command, case, trace_
         script.write_text(SCRIPT)
         argv = ["run", "-o", target, "--", str(script)]
     status = main(argv)
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert status != 0
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith("xsp: error: cannot write"), err
     assert "Traceback" not in err
     assert leftovers(tmp_path) == []
+    if command != "run":  # said before any work: no report rendered, then refused
+        assert said.out == "", said.out[:500]
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path):

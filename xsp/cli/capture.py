@@ -60,6 +60,10 @@ class Target:
 
 
 def run(options: argparse.Namespace) -> int:
+    if options.pid < 1:
+        raise CliError(f"PID must be a process id above 0, not {options.pid}")
+    if options.output is not None and not options.output.strip():
+        raise CliError("-o must name a file, not an empty string")
     if options.steps < 1:
         raise CliError(f"--steps must be 1 or more, not {options.steps}")
     if options.timeout <= 0:

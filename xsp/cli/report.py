@@ -33,7 +33,10 @@ def run(options: argparse.Namespace) -> int:
     if options.top < 1:
         raise CliError("--top must be at least 1")
     if options.html is not None:
+        from xsp.io.outputs import check_writable
+
         check_output(options.html, options.file)
+        check_writable(options.html)  # before the report is rendered, not after
     job = None
     if options.html is None:  # a job's cross-rank tables, read without loading the job
         from xsp.analysis.job import load_job
