@@ -623,15 +623,15 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     if trace is None:
         return status or 1
     counted = trace.columns([col.KIND, col.STEP])  # a long run's spans stay on disk unless the report is asked for
-    written = session.output is not None and session.write_error is None
-    where = f" -> {_shown(session.output, started_in)}" if written and session.output is not None else ""
+    written = session.output if session.write_error is None else None
+    where = f" -> {_shown(written, started_in)}" if written is not None else ""
     parts = int((trace.metadata.get("part") or {}).get("index") or 0) + 1
-    if written and session.output is not None and parts > 1:  # the whole run, not its last part
+    if written is not None and parts > 1:  # the whole run, not its last part
         from xsp.io.loading import load
 
         try:
-            counted = load(session.output.parent).columns([col.KIND, col.STEP])
-            where = f" in {parts} parts -> {_shown(session.output.parent, started_in)}{os.sep}"
+            counted = load(written.parent).columns([col.KIND, col.STEP])
+            where = f" in {parts} parts -> {_shown(written.parent, started_in)}{os.sep}"
         except Exception:  # the parts before could not be read back: the last one is named as such
             where = f" in the last of {parts} parts{where}"
     predicts = int((counted[col.KIND] == SpanKind.PREDICT.value).sum())

@@ -130,10 +130,8 @@ class CaptureDesk:
             return
         if op == Op.STATUS.value:
             sampler = self.sampler()
-            with self._lock:  # a capture whose caller gave up is under way no longer
-                if self.pending is not None:
-                    self.pending.abandoned_if_gone()
-                capturing = self.pending is not None and not self.pending.done
+            with self._lock:
+                capturing = self._under_way()
             caller.say(Reply.STATUS, pid=os.getpid(), steps_begun=sampler.begun, rank=self.rank,
                        levels=[level.value for level in self.levels], capturing=capturing)
             caller.end()
@@ -174,9 +172,7 @@ class CaptureDesk:
             caller.refuse(str(exc))
             return
         with self._lock:
-            if self.pending is not None:
-                self.pending.abandoned_if_gone()  # a caller that gave up holds the process no longer
-            if self.closing or (self.pending is not None and not self.pending.done):
+            if self.closing or self._under_way():
                 caller.refuse("the session is ending" if self.closing
                               else "a capture of this process is already under way")
                 return
@@ -192,6 +188,14 @@ class CaptureDesk:
             self.pending = capture
             self.interpreter.watch_spans(capture.take)
         caller.say(Reply.ACCEPTED, from_step=start, steps=steps)
+
+    def _under_way(self) -> bool:
+        """(under the lock) Whether a capture holds the process; one whose caller gave up holds it
+        no longer (it is dropped here)."""
+        if self.pending is None:
+            return False
+        self.pending.abandoned_if_gone()
+        return not self.pending.done
 
     def close(self, why: str) -> None:
         """The session ends: a capture still under way gets the reason it is incomplete."""

@@ -245,7 +245,8 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     def window_if_due(long_step: bool = False) -> None:
         # at a step end, and at a thread's first record: a server that starts a thread per
         # request decides no step on any thread (each one's only step is decided when the
-        # thread has ended), so windows come due there too
+        # thread has ended), so windows come due there too; and on the window thread about
+        # once a second while a capture waits (its steps may be the last for a while)
         assert windows is not None
         if (long_step or now_ns() - windows.closed_ns >= window_ns_now()
                 or recording.kept_events - windows.closed_events >= window_events):
@@ -280,7 +281,7 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     if windows is not None:
         next_window_due()
         windows.interpreter.on_watch = next_window_due
-        windows.after_timed_window(next_window_due)
+        windows.close_by_time_with(window_if_due)
         recording.on_new_thread.append(window_if_due)
         watching.append(window_if_due)
         recording.on_wait_over = wait_over

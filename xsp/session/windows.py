@@ -126,8 +126,8 @@ class WindowWorker:
         """No window is taken any more (:meth:`finish_windows`): what is recorded stays in the
         recording, for the session's last window or the session it is handed over to."""
         self.pause_wait = pause_wait
-        self.due_again: Callable[[], None] | None = None
-        """Set by :meth:`after_timed_window`."""
+        self.window_if_due: Callable[[], None] | None = None
+        """Set by :meth:`close_by_time_with`."""
         self.ending = threading.Event()
         """Set when the session ends and waits for the windows: a helper that stalls is stopped sooner."""
         self.thread = start_thread(self._run, "xsp-windows")
@@ -153,20 +153,12 @@ class WindowWorker:
         finally:
             self.closing.release()
 
-    def after_timed_window(self, due_again: Callable[[], None]) -> None:
-        """Call ``due_again`` after each window this worker closes by time (as a step end would
-        have, so that the steps know when the next one is due)."""
-        self.due_again = due_again
-
-    def _close_window_by_time(self) -> None:
-        """While a capture waits for its steps, close a window when one is due though no step
-        ends: a service's burst of requests that the capture asked for, then quiet, leaves its
-        decided steps in the recording, with no step end to take them."""
-        if (self.interpreter.watching and not self.finished
-                and now_ns() - self.closed_ns >= int(CAPTURE_WINDOW_S * 1e9)):
-            self.close_window()
-            if self.due_again is not None:
-                self.due_again()
+    def close_by_time_with(self, window_if_due: Callable[[], None]) -> None:
+        """While a capture waits for its steps, call ``window_if_due`` (what a step end calls: it
+        closes a window when one is due) about every :data:`CAPTURE_WINDOW_S`, though no step ends:
+        a service's burst of requests that the capture asked for, then quiet, leaves its decided
+        steps in the recording, with no step end to take them."""
+        self.window_if_due = window_if_due
 
     def release_held(self) -> None:
         """Hand over the windows :meth:`close_window` held."""
@@ -241,7 +233,8 @@ class WindowWorker:
                 window = self.queue.get(timeout=CAPTURE_WINDOW_S)
                 break
             except queue.Empty:
-                self._close_window_by_time()
+                if self.interpreter.watching and self.window_if_due is not None:
+                    self.window_if_due()
         if window is None:
             return None
         waiting = [window]
