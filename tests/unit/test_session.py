@@ -293,6 +293,48 @@ def test_four_threads_running_models_at_once_keep_their_spans_apart():
     assert trace.metadata["dropped"] == {}
 
 
+def _binding_globals_at_every_step_of_naming(bound: dict[str, object]):
+    """A tracer that, at every bytecode xsp runs while scanning for a model's name, binds a new
+    name in ``bound``: what another thread's module-level loop does at a thread switch there."""
+    from tracers.module_calls import model_names
+
+    added = iter(range(10**6))
+
+    def at_opcode(frame, event, arg):
+        if event == "opcode":
+            bound[f"_bound_meanwhile_{next(added)}"] = None
+        return at_opcode
+
+    def at_call(frame, event, arg):
+        if frame.f_code.co_filename == model_names.__file__ and frame.f_code.co_name == "<listcomp>":
+            frame.f_trace_opcodes = True
+            return at_opcode
+        return None
+
+    return at_call
+
+
+def test_a_model_is_named_while_another_thread_binds_new_globals(monkeypatch):
+    """A script whose main loop runs at module level binds globals (``i``, ``y``) while a worker
+    thread calls its model for the first time: naming it scans those globals. It raised
+    'dictionary changed size during iteration' in the worker's call (CI saw the worker's model
+    vanish from the trace)."""
+    import sys
+
+    bound = globals()
+    before = set(bound)
+    model = Net().eval()
+    sys.settrace(_binding_globals_at_every_step_of_naming(bound))
+    try:
+        with xsp.trace(output=None) as session, torch.no_grad():
+            model(torch.randn(2, 4))
+    finally:
+        sys.settrace(None)
+        for name in set(bound) - before:
+            del bound[name]
+    assert set(session.trace.spans[col.NAME]) >= {"model", "model.head"}
+
+
 def test_nested_trace_is_a_span_of_the_outer_session_and_has_a_trace_of_its_own():
     model = Net()
     with pytest.warns(xsp.XspWarning, match="already active"):

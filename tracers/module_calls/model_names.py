@@ -32,13 +32,22 @@ def _skipped(frame: FrameType, module: Any) -> bool:
     return frame.f_locals.get("self") is module
 
 
+def _snapshot(mapping: Any) -> dict[str, Any]:
+    """A copy of ``mapping``, taken in one step under the GIL: another thread may add names to it
+    meanwhile (a script's loop at module level binds globals as it runs), and iterating the dict
+    itself would then raise in the user's thread."""
+    return dict(mapping) if not isinstance(mapping, dict) else mapping.copy()
+
+
 def _bound_names(module: Any, frame: FrameType) -> list[str]:
-    names = [name for name, value in frame.f_locals.items() if value is module and name != "self"]
-    owner = frame.f_locals.get("self")
+    local_names = _snapshot(frame.f_locals)
+    names = [name for name, value in local_names.items() if value is module and name != "self"]
+    owner = local_names.get("self")
     if owner is not None:
         members = owner._modules if isinstance(owner, torch.nn.Module) else getattr(owner, "__dict__", {})
-        names += [name for name, value in members.items() if value is module]
-    names += [name for name, value in frame.f_globals.items() if value is module and not name.startswith("__")]
+        names += [name for name, value in _snapshot(members).items() if value is module]
+    names += [name for name, value in _snapshot(frame.f_globals).items()
+              if value is module and not name.startswith("__")]
     return names
 
 
@@ -58,4 +67,10 @@ def binding_names(module: Any, frame: FrameType | None) -> list[str]:
 def model_name(session_recording: Recording, module: Any, frame: FrameType | None) -> str:
     """The model's name in this session, found from ``frame`` (the calling code) the first time."""
     known = session_recording.model_names.get(id(module))
-    return known if known is not None else session_recording.models.name(module, binding_names(module, frame))
+    if known is not None:
+        return known
+    try:
+        candidates = binding_names(module, frame)
+    except Exception:  # noqa: BLE001 - the user's call must go on: the model is then named by its class
+        candidates = []
+    return session_recording.models.name(module, candidates)
