@@ -601,6 +601,29 @@ def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypa
     assert "read a part at a time" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.heavy  # seconds of steps, until three parts are sealed
+def test_parts_rotated_by_size_are_near_that_size_not_a_fraction_of_it(monkeypatch, tmp_path):
+    """A part is Parquet, compressed; its windows, while the session runs, are not. Sizes were
+    compared before compression: `rotate="512KB"` sealed parts of about 190 KB."""
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    limit = 512 << 10
+    model, x = Net(), torch.randn(2, 8)
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", rotate="512KB", window_s=0.05):
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and not (folder / "part-3.xsp.parquet").exists():
+            for _ in range(50):
+                model(x)
+                time.sleep(0.0002)
+    parts = sorted(folder.glob("part-*.xsp.parquet"), key=lambda path: int(path.name.split("-")[1].split(".")[0]))
+    assert len(parts) >= 4
+    # the first part is sealed before how much the windows compress is known, the last when the
+    # session ends: the parts between hold what was asked
+    between = [path.stat().st_size for path in parts[1:-1]]
+    assert all(0.5 * limit <= size <= 1.5 * limit for size in between), (between, limit)
+    assert xsp.load(tmp_path / "runs").spans[col.STEP].dropna().nunique() > 0
+
+
 def test_rotate_needs_a_dataset_and_a_time_or_a_size():
     with pytest.raises(ValueError, match="dataset=DIR"):
         xsp.trace(rotate="1h")

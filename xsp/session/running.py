@@ -129,6 +129,12 @@ class RunningSession:
     """With ``rotate``: the part being written (its file is :attr:`output`)."""
     part_started_ns: int = 0
     """When that part began (host clock)."""
+    part_bytes_per_window_byte: float = 1.0
+    """With a size to ``rotate`` at: what a sealed part takes on disk for each byte its windows took
+    before (a part is compressed Parquet, a window's segment is not), learned at each seal. 1
+    until the first seal: the first part is the smaller."""
+    part_windows: int = 0
+    """With a size to ``rotate`` at: the windows written into the part being written so far."""
     ending: bool = False
     """The session's end has begun: the part being written is the last (no more are sealed)."""
     sealing: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -149,13 +155,23 @@ class RunningSession:
             return
         started = self.part_started_ns or self.start_ns
         aged = options.rotate_s is not None and now_ns() - started >= options.rotate_s * 1e9
-        grown = options.rotate_bytes is not None and segments.written_bytes() >= options.rotate_bytes
+        grown, written = False, 0
+        if options.rotate_bytes is not None:
+            # sealed before a next window of the part's mean size would take it past the size: a
+            # part is about that large at most, unless a window is larger by itself
+            written = segments.written_bytes()
+            self.part_windows += 1
+            next_window = written / self.part_windows
+            grown = (written + next_window) * self.part_bytes_per_window_byte > options.rotate_bytes
         if not (aged or grown):
             return
         metadata = {**self.start_metadata(), "machine_speed": machine_speed.measure(),
                     "part": {"index": self.part, "sealed_at_ns": time.time_ns(), "last": False}}
         try:
-            segments.seal(self.output, metadata)
+            sealed = segments.seal(self.output, metadata)
+            if written > 0:
+                self.part_bytes_per_window_byte = sealed.stat().st_size / written
+            self.part_windows = 0
         except OSError as exc:
             if self.part_started_ns >= 0:
                 self.warn(f"part {self.part} of the trace could not be written ({exc}); its windows are kept for the "
