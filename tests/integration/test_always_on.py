@@ -664,6 +664,17 @@ def test_a_block_that_joins_a_session_says_its_own_sample_is_not_used():
     assert (outer.trace.spans[col.LEVEL] == "layer").sum() == 4
 
 
+def test_slow_factor_without_sampling_is_refused_by_the_api_as_by_the_cli(monkeypatch):
+    """It was accepted and did nothing: no step is slow where every step is recorded deep."""
+    monkeypatch.delenv("XSP_SAMPLE", raising=False)
+    with pytest.raises(ValueError, match="slow_factor applies to always-on sessions only: give sample too"):
+        xsp.trace(slow_factor=3, output=None)
+    monkeypatch.setenv("XSP_SAMPLE", "0.5")  # sampling from the environment: the factor applies to it
+    with xsp.trace(slow_factor=3, output=None) as session:
+        pass
+    assert session.trace.metadata["sampling"]["slow_factor"] == 3
+
+
 def test_slow_factor_without_sample_is_refused(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("print('ran')\n")

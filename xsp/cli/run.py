@@ -359,8 +359,7 @@ def run(options: argparse.Namespace) -> int:
                                                calibrate=options.calibrate, span_budget=options.span_budget,
                                                dataset=options.dataset, layer_depth=options.layer_depth,
                                                nvtx=options.nvtx, sample=options.sample,
-                                               slow_factor=DEFAULT_SLOW_FACTOR if options.slow_factor is None
-                                               else options.slow_factor, rotate=options.rotate)
+                                               slow_factor=options.slow_factor, rotate=options.rotate)
     except ValueError as exc:
         raise CliError(str(exc).replace("sample must", "--sample must").replace("slow_factor", "--slow-factor")
                        .replace("rotate must", "--rotate must").replace("dataset=DIR too (xsp run --dataset)",

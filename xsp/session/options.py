@@ -103,7 +103,7 @@ class TraceOptions:
               schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
               span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
               backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-              sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+              sample: float | None = None, slow_factor: float | None = None,
               rotate: str | float | None = None, window_s: float | None = None) -> TraceOptions:
         """The options of :func:`xsp.trace`, checked.
 
@@ -113,7 +113,9 @@ class TraceOptions:
         budget = checked_span_budget(span_budget)
         if output is not None:
             checked_output_name(str(output))
-        sampling, env_problem = _sampling(sample, slow_factor)
+        sampling, env_problem = _sampling(sample, DEFAULT_SLOW_FACTOR if slow_factor is None else slow_factor)
+        if slow_factor is not None and sample is None and not environment_sampling_set():
+            raise ValueError("slow_factor applies to always-on sessions only: give sample too")
         rotate_s, rotate_bytes = parse_rotation(rotate)
         windows_s, window_problem = _window_interval(window_s, sampling is not None)
         if (rotate_s or rotate_bytes) and dataset is None:

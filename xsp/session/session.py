@@ -24,7 +24,6 @@ from xsp.io.trace import Trace
 from xsp.record import nvtx as nvtx_ranges
 from xsp.record.columns import DEFAULT_MAX_EVENTS
 from xsp.record.recording import Recording, ThreadCopy
-from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
 from xsp.record.user_spans import span
 from xsp.session import child_session, children, ending, exit_guard, starting
@@ -121,7 +120,7 @@ class Session:
                  schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
                  span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
                  backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-                 sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+                 sample: float | None = None, slow_factor: float | None = None,
                  rotate: str | float | None = None, window_s: float | None = None, *,
                  options: TraceOptions | None = None, listens: bool = True) -> None:
         self.options = options if options is not None else TraceOptions.parse(

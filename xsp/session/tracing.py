@@ -8,7 +8,6 @@ import os
 from xsp.core.levels import LevelsArg
 from xsp.core.schema import DEFAULT_OUTPUT
 from xsp.record.columns import DEFAULT_MAX_EVENTS
-from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
 from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S
 from xsp.session.session import Session
@@ -21,7 +20,7 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
           schedule: Schedule | str | dict[str, int] | None = None, calibrate: bool = False,
           span_budget: int | None = None, dataset: str | os.PathLike[str] | None = None,
           backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
-          sample: float | None = None, slow_factor: float = DEFAULT_SLOW_FACTOR,
+          sample: float | None = None, slow_factor: float | None = None,
           rotate: str | float | None = None, window_s: float | None = None) -> Session:
     """Profile the code in a ``with`` block (or each call of a decorated function).
 
@@ -66,8 +65,9 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
             that span's trace; a request the application's sampler dropped is recorded at the
             model level only and not exported. Default ``XSP_SAMPLE``, else every step at every
             level.
-        slow_factor: with ``sample``, a step slower than this many times the running median
-            step is slow: the next steps are recorded deep (0: no such rule).
+        slow_factor: with ``sample`` (or ``XSP_SAMPLE``), a step slower than this many times the
+            running median step is slow: the next steps are recorded deep (0: no such rule;
+            default 5). Without sampling it is refused (ValueError).
         rotate: with ``dataset``, for a program that runs for days: write the trace as parts,
             ``<dataset>/run=<id>/rank=<rank>/part-<k>.xsp.parquet``, each sealed (and readable)
             after this long or this large: ``"1h"``, ``"500MB"``, ``"1h,500MB"``, or seconds.
