@@ -313,6 +313,17 @@ def test_a_summary_judges_as_its_trace_did(tmp_path):
     assert found == 8 and false == 0
 
 
+def test_a_run_of_thousands_of_steps_against_its_own_summary_is_judged_not_a_traceback(tmp_path):
+    """The smallest p-value two samples of 1,100 steps can give is 2 / C(2200, 1100): past any
+    float, it raised OverflowError out of xsp diff."""
+    base = run(3, steps=1100)
+    baseline = summarize(base).save(tmp_path / "base.xsp-summary.parquet")
+    result = diff(base, baseline)
+    assert result.verdict is not dcol.Verdict.REGRESSED
+    assert significance.smallest_p(1100, 1100) == 0.0
+    assert significance.smallest_p(5, 5) == pytest.approx(2 / 252)
+
+
 def test_summaries_round_trip_and_stand_in_for_a_trace(tmp_path):
     base, new = run(1), run(2, slower={"net.b": 0.3})
     path = summarize(base, source="base").save(tmp_path / "base.xsp-summary.parquet")

@@ -248,9 +248,11 @@ def detectable_between_runs(base: list[np.ndarray], new: list[np.ndarray], rows:
 def smallest_p(base_samples: int, new_samples: int) -> float:
     """The smallest two-sided p-value a Mann-Whitney U test of these sample sizes can give
     (every sample of one side above every sample of the other)."""
-    from math import comb
+    from math import exp, lgamma
 
-    return min(1.0, 2.0 / comb(base_samples + new_samples, base_samples))
+    # 2 / comb(n + m, n), in logarithms: the binomial of a few thousand steps a side is past any float
+    log_ways = lgamma(base_samples + new_samples + 1) - lgamma(base_samples + 1) - lgamma(new_samples + 1)
+    return min(1.0, 2.0 * exp(-log_ways))
 
 
 def sample_stats(samples: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
