@@ -38,6 +38,7 @@ from xsp.core.rank import rank_path
 from xsp.core.schema import Level
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
+from xsp.gate.significance import sample_stats
 from xsp.io.outputs import write_output
 from xsp.io.parquet import dictionary_columns, gunzip_bounded
 from xsp.io.trace import Trace
@@ -111,6 +112,8 @@ class Summary:
             # an optional column only where it holds something (a leveled trace's intervals)
             optional = [c for c in dcol.OPTIONAL_KEY_COLUMNS if c in frame and frame[c].notna().any()]
             frame = frame.loc[:, [*dcol.KEY_COLUMNS, *optional]].copy()
+            if dcol.STEP_CV not in frame:  # (a summary saved again keeps the figure it was made with)
+                frame[dcol.STEP_CV] = sample_stats(list(frame[dcol.SAMPLES_NS]))[2]
             frame[dcol.SAMPLES_NS] = [kept_samples(samples) for samples in frame[dcol.SAMPLES_NS]]
             frames.append(frame.assign(**{BY: by.value}))
         table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(

@@ -61,6 +61,7 @@ from xsp.gate.diff_columns import (
     SAMPLES_NS,
     SCATTER_FACTOR,
     SCATTER_FLOOR,
+    STEP_CV,
     TEST,
     TOTAL_NS,
     UNIFORM_SHIFT_FLOOR,
@@ -88,6 +89,15 @@ from xsp.gate.significance import (
     sample_stats,
 )
 from xsp.gate.verdicts import explains
+
+
+def _summarised_cv(merged: pd.DataFrame, suffix: str, side: pd.DataFrame, from_samples: np.ndarray) -> np.ndarray:
+    """A side's coefficients of variation: a summary's, taken of all its samples where it kept them
+    (:data:`~xsp.gate.diff_columns.STEP_CV`), else those of the samples at hand."""
+    if STEP_CV not in side:
+        return from_samples
+    kept = merged[STEP_CV + suffix if STEP_CV + suffix in merged else STEP_CV].to_numpy(dtype=np.float64)
+    return np.where(np.isnan(kept), from_samples, kept)
 
 
 def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05, min_delta_ns: int = 20_000,
@@ -135,6 +145,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     new_samples = [s if isinstance(s, np.ndarray) else empty for s in merged[SAMPLES_NS + "_new"]]
     n_base, base_median, base_cv = sample_stats(base_samples)
     n_new, new_median, new_cv = sample_stats(new_samples)
+    base_cv = _summarised_cv(merged, "_base", base, base_cv)
+    new_cv = _summarised_cv(merged, "_new", new, new_cv)
     both = in_base & in_new
     delta, ratio = _change(base_median, new_median, both)
     delta = np.where(both, delta, np.where(in_new, new_median, -base_median))  # added: all of it; removed: minus

@@ -110,7 +110,11 @@ DTYPE_PATTERN: Final = "|".join(re.escape(name) for name in DTYPE_ATTRIBUTES)
 CI_NS: Final = "ci_ns"
 """Of a leveled trace's key (one figure per key): the half-width of the 95% interval of that
 figure, from its spans' ``duration_ci_ns`` (NaN elsewhere, and for a key with several steps)."""
-OPTIONAL_KEY_COLUMNS: Final = (CI_NS,)
+STEP_CV: Final = "step_cv"
+"""Of a summary's key: the coefficient of variation of every per-step sample it had, taken before
+only quantiles of them were kept (which leave out the tails: a run and its own summary told two
+figures). NaN elsewhere: a trace's samples are all there."""
+OPTIONAL_KEY_COLUMNS: Final = (CI_NS, STEP_CV)
 """Key-samples columns that a summary keeps when they are there (older summaries lack them)."""
 RUN_MEDIANS_NS: Final = "run_medians_ns"
 """Of a frame pooled from several runs (:func:`pool_runs`): the median of each run the key

@@ -37,6 +37,7 @@ from xsp.gate.diff_columns import (
     RUNS,
     SAMPLE_COUNT,
     SAMPLES_NS,
+    STEP_CV,
     TOTAL_NS,
     KeyBy,
 )
@@ -494,6 +495,7 @@ def pool_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
         first[TOTAL_NS] = round(sum(int(row[TOTAL_NS]) for row in seen) / runs)
         first[RUN_MEDIANS_NS] = np.array([float(np.median(row[SAMPLES_NS])) for row in seen if len(row[SAMPLES_NS])])
         first[CI_NS] = np.nan  # an interval is one run's: pooled runs are judged by their spread
+        first[STEP_CV] = np.nan  # so is a summary's spread: the pooled samples give theirs
         for column in (col.INPUT_SHAPES, INPUT_DTYPES, PARENT_KEY):
             present = [row.get(column) for row in seen if isinstance(row.get(column), str)]
             first[column] = present[0] if present else first.get(column)
