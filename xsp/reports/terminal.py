@@ -292,7 +292,7 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
     if meta.get("imported_from"):
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
     recorded = meta.get("levels")
-    _say(console, f"{spans} spans ({', '.join(f'{k} {v}' for k, v in _most_first(levels))}), "
+    _say(console, f"{spans:,} spans ({', '.join(f'{k} {v:,}' for k, v in _most_first(levels))}), "
                   f"{counted(steps, 'step')}, levels recorded: "
                   f"{', '.join(map(str, recorded)) if isinstance(recorded, list) else ''}")
     unavailable = meta.get("unavailable")
@@ -300,7 +300,8 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
         _say(console, f"level {level} not recorded: {reason}", "yellow")
     dropped = meta.get("dropped")
     if isinstance(dropped, dict) and dropped:
-        _say(console, f"dropped: {', '.join(f'{v} {k}' for k, v in dropped.items())}", "yellow")
+        counts = (f"{v:,} {k}" if isinstance(v, int) else f"{v} {k}" for k, v in dropped.items())
+        _say(console, f"dropped: {', '.join(counts)}", "yellow")
 
 
 def _latency_tables(trace: Trace, console: Console) -> None:
