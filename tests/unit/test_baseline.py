@@ -14,6 +14,7 @@ from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError
 from xsp.gate import diff_columns as dcol
 from xsp.gate.baseline import QUANTILES, SUFFIX, Summary, summarize
+from xsp.gate.significance import sample_stats
 
 
 def key_table(rows: list[dict]) -> pd.DataFrame:
@@ -63,7 +64,10 @@ def round_trip(frames: dict[str, pd.DataFrame], tmp_path) -> dict[str, pd.DataFr
 def assert_faithful(sent: pd.DataFrame, back: pd.DataFrame) -> None:
     """Every column as sent, and each key's samples its :data:`QUANTILES` evenly spaced quantiles
     (all of them where it had no more), to the nanosecond."""
-    assert list(back.columns) == list(dcol.KEY_COLUMNS)
+    assert list(back.columns) == [*dcol.KEY_COLUMNS, dcol.STEP_CV]
+    # how much each key varies between steps, taken of all its samples before they were cut
+    full = [np.sort(np.asarray(samples, dtype=np.int64)) for samples in sent[dcol.SAMPLES_NS]]
+    np.testing.assert_allclose(back[dcol.STEP_CV].to_numpy(float), sample_stats(full)[2])
     for column in (col.LEVEL, col.KIND, col.NAME, dcol.KEY, dcol.PARENT_KEY, col.INPUT_SHAPES, dcol.INPUT_DTYPES):
         assert [None if pd.isna(v) else v for v in back[column]] == [None if pd.isna(v) else v for v in sent[column]], (
             column)
@@ -97,7 +101,7 @@ def test_keys_by_name_that_stand_for_one_path_come_back_as_themselves(tmp_path):
 def test_an_empty_table_comes_back_empty(tmp_path):
     empty = key_table([])
     back = round_trip({dcol.KeyBy.PATH.value: empty, dcol.KeyBy.NAME.value: empty}, tmp_path)
-    assert all(len(frame) == 0 and list(frame.columns) == list(dcol.KEY_COLUMNS) for frame in back.values())
+    assert all(len(frame) == 0 and list(frame.columns) == [*dcol.KEY_COLUMNS, dcol.STEP_CV] for frame in back.values())
 
 
 @pytest.mark.parametrize("name", ["a100_alexnet.json.gz", "cpu_only_rank34.json.gz",
