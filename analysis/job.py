@@ -37,9 +37,8 @@ import pyarrow.compute as pc
 from xsp.analysis.distributed import BACKEND_WORK, ENQUEUE, NCCL_KERNEL, collectives
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, first_line, imported_duckdb
-from xsp.core.rank import rank_files
+from xsp.core.rank import PART_FILE, rank_files
 from xsp.io.loading import (
-    PART_FILE,
     JobMember,
     job_layout,
     noting_missing_ranks,

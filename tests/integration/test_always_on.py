@@ -410,6 +410,50 @@ def test_the_report_of_a_killed_always_on_run_counts_the_steps_in_its_file(tmp_p
     assert "the session did not end" in line and f"{counted(steps, 'step')} timed" in line, line
 
 
+KILLED_IN_PARTS = """
+import os, signal, sys, time, torch, xsp
+from pathlib import Path
+folder = Path(sys.argv[1])
+parts = folder / "run=svc" / "rank=0"
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+with torch.no_grad(), xsp.trace(levels="model,layer", dataset=folder, rotate=0.3, window_s=0.1):
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up and not (parts / "part-1.xsp.parquet").exists():
+        model(torch.randn(2, 8))
+        time.sleep(0.001)
+    end = time.monotonic() + 0.3  # windows past the last sealed part
+    while time.monotonic() < end:
+        model(torch.randn(2, 8))
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("named", ["first part", "folder"])
+def test_recovering_a_killed_run_in_parts_writes_the_next_part_never_over_a_sealed_one(tmp_path, named):
+    """A run in parts writes every window into its first part's hidden folder, so `xsp recover
+    part-0.xsp.parquet` looked right, and wrote the windows after the last sealed part over part-0."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_PARTS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
+    assert done.returncode == -9, done.stderr
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    sealed = {path.name: path.read_bytes() for path in folder.glob("part-*.xsp.parquet")}
+    assert len(sealed) >= 2
+    target = folder / "part-0.xsp.parquet" if named == "first part" else folder
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(target)], capture_output=True, text=True,
+                               timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    next_part = folder / f"part-{len(sealed)}.xsp.parquet"
+    assert f"-> {next_part}" in recovered.stderr, recovered.stderr
+    assert all((folder / name).read_bytes() == content for name, content in sealed.items())  # none written over
+    assert xsp.load(next_part).metadata["part"] == {"index": len(sealed), "last": True}
+    roots = step_roots(xsp.load(tmp_path / "runs").spans)
+    assert roots[col.STEP].astype(int).tolist() == list(range(len(roots)))  # every step once, none lost
+    assert len(roots) > sum(len(step_roots(xsp.load(folder / name).spans)) for name in sealed)
+
+
 def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interval(tmp_path):
     model, x = Net(), torch.randn(2, 8)
     with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "n.xsp.parquet", sample=0.0,
@@ -696,7 +740,7 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.L
 x = torch.randn(4, 32)
 process = psutil.Process()
 rss = []
-with xsp.trace(levels="model,layer", sample=0.01, dataset=folder, rotate="4MB"), torch.no_grad():
+with xsp.trace(levels="model,layer", sample=0.01, dataset=folder, rotate="1MB"), torch.no_grad():
     for request in range(requests):
         with tracer.start_as_current_span("POST /predict"):
             model(x)

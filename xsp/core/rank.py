@@ -195,6 +195,26 @@ def _partition_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
 
 
+PART_PREFIX: Final = "part-"
+PART_FILE: Final = re.compile(r"^" + re.escape(PART_PREFIX) + r"(\d+)" + re.escape(FILE_SUFFIX) + "$")
+"""A part of a trace written in parts (``xsp.trace(rotate=...)``): ``part-<k>.xsp.parquet``."""
+
+
+def part_path(folder: Path, index: int) -> Path:
+    """Part ``index`` of a trace written in parts (``rotate``): ``<folder>/part-<index>.xsp.parquet``."""
+    return folder / f"{PART_PREFIX}{index}{FILE_SUFFIX}"
+
+
+def next_free_part(path: Path) -> Path:
+    """Where the windows of ``path``, a part, go when ``path`` is already a sealed part of its run:
+    the part after the last one in its folder (a run in parts writes every part's windows into
+    the first part's hidden segment folder, so a killed run's windows follow its last sealed
+    part, whatever that folder is named)."""
+    indexes = [int(found.group(1)) for file in path.parent.glob(f"{PART_PREFIX}*{FILE_SUFFIX}")
+               if (found := PART_FILE.match(file.name)) is not None]
+    return part_path(path.parent, max(indexes, default=-1) + 1)
+
+
 def dataset_path(root: str | os.PathLike[str], run: str, rank: int, name: str) -> Path:
     """Where a run's rank writes its trace in a dataset of runs:
     ``<root>/run=<run>/rank=<rank>/<name>.xsp.parquet``, so that every trace under ``root`` is

@@ -5,7 +5,6 @@ files of every rank of a distributed job as one trace."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
-from xsp.core.rank import rank_files
+from xsp.core.rank import PART_FILE, rank_files
 from xsp.io.memory_needed import analysis_memory_bytes, check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
 from xsp.io.segments import load_unfinished
@@ -96,10 +95,6 @@ def traces_in(folder: Path) -> list[Path]:
         raise TraceNotFoundError(f"{folder} is a folder with no traces ({col.FILE_SUFFIX}, "
                                  f"{', '.join(FOREIGN_SUFFIXES)} files)")
     return found
-
-
-PART_FILE = re.compile(r"^part-(\d+)" + re.escape(col.FILE_SUFFIX) + "$")
-"""A part of a trace written in parts (``xsp.trace(rotate=...)``): ``part-<k>.xsp.parquet``."""
 
 
 def _parts_joined(files: list[Path]) -> list[Path | list[Path]]:

@@ -33,6 +33,7 @@ from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.lazy import pyarrow_parquet as pq
+from xsp.core.rank import PART_FILE, next_free_part
 from xsp.io.output_claim import forget_dead_claim
 from xsp.io.outputs import atomic_output
 from xsp.io.parquet import (
@@ -163,6 +164,20 @@ def unfinished_sessions(output: str | os.PathLike[str]) -> list[list[Path]]:
     for folder in found:
         sessions.setdefault(_pid_of(folder), []).append(folder)
     return sorted(sessions.values(), key=lambda folders: max(_mtime(p) for p in folders), reverse=True)
+
+
+def unfinished_outputs(folder: Path) -> list[Path]:
+    """The trace files that unfinished sessions left windows for in ``folder`` (their hidden
+    ``.NAME.xsp-segments.PID`` folders there): ``folder/NAME`` each, in name order."""
+    names = set()
+    try:
+        for child in folder.iterdir():
+            name, infix, pid = child.name.rpartition(SEGMENT_DIR_INFIX)
+            if infix and name.startswith(".") and pid.isdigit() and child.is_dir():
+                names.add(name[1:])
+    except OSError:
+        return []
+    return [folder / name for name in sorted(names)]
 
 
 def _belongs_to(folder: Path, output: Path) -> bool:
@@ -525,10 +540,20 @@ def _recovered(folders: list[Path]) -> tuple[list[pa.Table], dict[str, Any]]:
     return tables, metadata
 
 
+def recovered_path(output: Path) -> Path:
+    """Where :func:`recover` writes the windows left for ``output``: ``output`` itself, unless it
+    is a part of a trace written in parts that was already sealed (the run's windows all go to its
+    first part's folder, and follow its last sealed part): then the part after the last one."""
+    if PART_FILE.match(output.name) is not None and output.exists():
+        return next_free_part(output)
+    return output
+
+
 def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None = None) -> tuple[Path, dict[str, Any]]:
     """Build the trace file of a session that never wrote it from its segments, newest session first.
 
-    Writes ``into`` (default ``output``), removes the session's segment folders (beside the
+    Writes ``into`` (default ``output``, or for a part already sealed the part after the last:
+    :func:`recovered_path`), removes the session's segment folders (beside the
     output, and in the spool), and returns the path and the file's metadata
     (``metadata["recovered"]`` says from what).
 
@@ -540,7 +565,11 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
     if not found:
         raise TraceNotFoundError(f"no unfinished session to recover for {output}")
     tables, metadata = _recovered(found[0])
-    written = write_trace_tables(Path(into) if into is not None else Path(output), iter(tables), metadata)
+    target = Path(into) if into is not None else recovered_path(Path(output))
+    found_part = PART_FILE.match(target.name)
+    if found_part is not None:
+        metadata["part"] = {"index": int(found_part.group(1)), "last": True}
+    written = write_trace_tables(target, iter(tables), metadata)
     for folder in found[0]:
         shutil.rmtree(folder, ignore_errors=True)
     forget_dead_claim(Path(output))  # the killed run's claim on its name: nobody holds it now

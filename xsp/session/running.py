@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.metadata import environment
-from xsp.core.rank import RankInfo, current_backend, dataset_path, rank_info, rank_path
-from xsp.core.schema import FILE_SUFFIX, Level
+from xsp.core.rank import RankInfo, current_backend, dataset_path, part_path, rank_info, rank_path
+from xsp.core.schema import Level
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
 from xsp.record.sampling import SamplingPolicy, StepSampler
@@ -66,14 +66,6 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
     if options.output is not None and rank is not None:
         return rank_path(options.output, rank.rank)
     return options.output
-
-
-PART_PREFIX = "part-"
-
-
-def part_path(folder: Path, index: int) -> Path:
-    """Part ``index`` of a trace written in parts (``rotate``): ``<folder>/part-<index>.xsp.parquet``."""
-    return folder / f"{PART_PREFIX}{index}{FILE_SUFFIX}"
 
 
 @dataclass(eq=False)
