@@ -454,6 +454,25 @@ def test_recovering_a_killed_run_in_parts_writes_the_next_part_never_over_a_seal
     assert len(roots) > sum(len(step_roots(xsp.load(folder / name).spans)) for name in sealed)
 
 
+def test_a_dataset_whose_first_part_is_not_sealed_yet_loads_from_its_windows(monkeypatch, tmp_path):
+    """Its only content was the hidden folder of windows, whose session.json was taken for a
+    PyTorch profiler trace: 'session.json is JSON but not a Chrome trace', from load and report."""
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    model, x = Net(), torch.randn(2, 8)
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", rotate="100MB", window_s=0.05):
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and not list(folder.glob(".part-0.xsp.parquet.xsp-segments.*/window-*")):
+            model(x)
+            time.sleep(0.001)
+        assert not list(folder.glob("part-*"))
+        while_running = xsp.load(tmp_path / "runs")
+    assert len(step_roots(while_running.spans)) > 0 and while_running.metadata["recovered"]["windows"] >= 1
+    from xsp.cli.main import main
+
+    assert main(["report", str(tmp_path / "runs")]) == 0
+
+
 def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interval(tmp_path):
     model, x = Net(), torch.randn(2, 8)
     with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "n.xsp.parquet", sample=0.0,

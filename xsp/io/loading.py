@@ -18,7 +18,7 @@ from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspW
 from xsp.core.rank import PART_FILE, rank_files
 from xsp.io.memory_needed import analysis_memory_bytes, check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
-from xsp.io.segments import load_unfinished
+from xsp.io.segments import SEGMENT_DIR_INFIX, load_unfinished, unfinished_outputs
 from xsp.io.trace import Trace
 from xsp.table.build import concat_spans
 
@@ -81,14 +81,21 @@ FOREIGN_SUFFIXES = col.FOREIGN_SUFFIXES
 
 def traces_in(folder: Path) -> list[Path]:
     """The trace files under ``folder`` (and its subfolders) that :func:`load` joins: its xsp
-    traces, or where there are none, its PyTorch profiler traces and Nsight Systems exports (a
+    traces; where none is written yet, those that runs writing them (or killed first) left windows
+    for, which :func:`load` reads; else its PyTorch profiler traces and Nsight Systems exports (a
     profiler's ``tensorboard_trace_handler`` writes one file per rank into one folder).
 
     Raises:
         xsp.TraceNotFoundError: it holds none of them.
     """
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    # a hidden folder is a running (or killed) session's windows, never a trace of its own
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     found = [p for p in files if p.name.endswith(col.FILE_SUFFIX)]
+    if not found:  # a run still writing its first file (or killed first): its windows, read as load() reads them
+        places = {p.parent for p in folder.rglob(f".*{SEGMENT_DIR_INFIX}*")}
+        found = sorted(output for place in places for output in unfinished_outputs(place)
+                       if output.name.endswith(col.FILE_SUFFIX))
     if not found:
         found = [p for p in files if p.name.endswith(FOREIGN_SUFFIXES)]
     if not found:
