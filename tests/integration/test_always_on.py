@@ -687,6 +687,18 @@ def test_parts_rotated_by_size_are_near_that_size_not_a_fraction_of_it(monkeypat
     assert xsp.load(tmp_path / "runs").spans[col.STEP].dropna().nunique() > 0
 
 
+def test_an_always_on_session_rotating_by_time_seals_its_parts_that_often(monkeypatch, tmp_path):
+    """Parts are sealed as windows close, and an always-on session's close every 60 s: rotate=0.3
+    (or `--rotate 2s`) sealed nothing until the end, and said nothing."""
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    monkeypatch.delenv("XSP_WINDOW_S", raising=False)
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", sample=0.2, rotate=0.3):
+        steps_for(model, x, 1.5)
+    parts = list((tmp_path / "runs" / "run=svc" / "rank=0").glob("part-*.xsp.parquet"))
+    assert len(parts) >= 3, parts
+
+
 def test_rotate_needs_a_dataset_and_a_time_or_a_size():
     with pytest.raises(ValueError, match="dataset=DIR"):
         xsp.trace(rotate="1h")

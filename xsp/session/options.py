@@ -118,6 +118,8 @@ class TraceOptions:
             raise ValueError("slow_factor applies to always-on sessions only: give sample too")
         rotate_s, rotate_bytes = parse_rotation(rotate)
         windows_s, window_problem = _window_interval(window_s, sampling is not None)
+        if rotate_s is not None:  # a part is sealed when a window closes: at least as often as parts are due
+            windows_s = min(windows_s, rotate_s)
         if (rotate_s or rotate_bytes) and dataset is None:
             raise ValueError("rotate writes the trace as parts of a dataset: give dataset=DIR too (xsp run --dataset)")
         return cls(

@@ -70,7 +70,8 @@ def trace(levels: LevelsArg = DEFAULT_LEVELS, output: str | os.PathLike[str] | N
             default 5). Without sampling it is refused (ValueError).
         rotate: with ``dataset``, for a program that runs for days: write the trace as parts,
             ``<dataset>/run=<id>/rank=<rank>/part-<k>.xsp.parquet``, each sealed (and readable)
-            after this long or this large: ``"1h"``, ``"500MB"``, ``"1h,500MB"``, or seconds.
+            after this long or this large: ``"1h"``, ``"500MB"``, ``"1h,500MB"``, or seconds (parts are
+            sealed as windows close: windows then close at least as often as parts are due).
             :func:`xsp.load` of the folder reads the parts as one trace.
         window_s: how often, in seconds, what was recorded is interpreted and written (and
             exported) while the program runs: a window closes at the first step end this long
