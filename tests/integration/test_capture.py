@@ -141,6 +141,10 @@ def test_capture_says_in_one_line_what_is_wrong(tmp_path):
         assert no_pid.returncode == 2 and no_pid.stderr == f"xsp: error: PID must be a process id above 0, not {pid}\n"
     unnamed = xsp_cli("capture", "1", "-o", "")
     assert unnamed.returncode == 2 and unnamed.stderr == "xsp: error: -o must name a file, not an empty string\n"
+    kineto_named = xsp_cli("capture", "1", "-o", "x.json")  # written as Parquet, it was then read as Kineto JSON
+    assert kineto_named.returncode == 2 and kineto_named.stderr == (
+        "xsp: error: -o x.json names a .json file, but xsp writes a Parquet trace: give it a .xsp.parquet name "
+        "(x.xsp.parquet)\n")
 
 
 def test_another_users_process_is_refused(monkeypatch, capsys):

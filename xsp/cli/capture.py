@@ -17,6 +17,7 @@ from typing import Any, Final
 from xsp.cli._common import CliError, error_console
 from xsp.core.control import Op, Reply, socket_path
 from xsp.core.figures import counted
+from xsp.core.options import checked_output_name
 
 DEFAULT_STEPS: Final = 10
 DEFAULT_TIMEOUT_S: Final = 600.0
@@ -64,6 +65,7 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"PID must be a process id above 0, not {options.pid}")
     if options.output is not None and not options.output.strip():
         raise CliError("-o must name a file, not an empty string")
+    checked_output_name(options.output, "-o")  # (a ValueError: the one line main() says)
     if options.steps < 1:
         raise CliError(f"--steps must be 1 or more, not {options.steps}")
     if options.timeout <= 0:
