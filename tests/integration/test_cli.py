@@ -292,6 +292,25 @@ def test_ctrl_c_ends_the_run_as_python_ends_it_and_keeps_the_trace(tmp_path):
     assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 1
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_ctrl_c_lets_the_scripts_other_threads_finish_as_python_does(tmp_path):
+    """Python waits for a script's non-daemon threads before it ends by SIGINT; xsp ended the
+    process at once: the threads' work and output were lost."""
+    script = tmp_path / "threads.py"
+    script.write_text("import threading, time, torch\n"
+                      "def work():\n"
+                      "    time.sleep(1.0)\n"
+                      "    torch.nn.Linear(2, 2)(torch.randn(1, 2))\n"
+                      "    print('worker finished', flush=True)\n"
+                      "threading.Thread(target=work).start()\n"
+                      "raise KeyboardInterrupt\n")
+    plain, profiled = plain_and_profiled(script, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == -2  # killed by SIGINT, once the thread finished
+    assert profiled.stdout == plain.stdout == "worker finished\n"
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)
+    assert (tmp_path / "out.xsp.parquet").is_file()
+
+
 def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     result = xsp_cli("run", "--otlp", "http://127.0.0.1:9", "--", str(tiny), "1", cwd=tmp_path)
     assert result.returncode == 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from xsp._version import __version__
 from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
@@ -74,9 +74,21 @@ def _silence_stdout() -> None:
 
 def entry_point() -> None:
     status = main()
-    if status == SCRIPT_INTERRUPTED:  # end as python ends on Ctrl-C: killed by SIGINT
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(INTERRUPTED if status == SCRIPT_INTERRUPTED else status)
+    if status == SCRIPT_INTERRUPTED:
+        # end as python ends on Ctrl-C: it waits for the script's other (non-daemon) threads and
+        # runs its atexit functions, then ends by SIGINT. An uncaught KeyboardInterrupt of the
+        # main module does exactly that; the script's traceback is printed already, so this one's
+        # is not (xsp had killed itself by SIGINT at once: the threads' work and output were lost)
+        sys.excepthook = _quiet_for_interrupt(sys.excepthook)
+        raise KeyboardInterrupt
+    sys.exit(status)
+
+
+def _quiet_for_interrupt(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook``, printing nothing for a KeyboardInterrupt."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            hook(kind, value, traceback)
+
+    return excepthook
