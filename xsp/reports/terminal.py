@@ -663,9 +663,11 @@ def _always_on_line(metadata: dict[str, Any], console: Console, in_file: dict[st
               f"{steps.get('after_slow', 0):,} after a slow step, {steps.get('capture', 0):,} captured); "
               f"{steps.get('request_not_sampled', 0):,} in requests the application did not sample")
     if ended:
-        _say(console, f"Always on (sample {sampling.get('rate', 0):g}): {counts}; "
-                      f"{sampling.get('slow_steps_found', 0):,} slow steps; median step "
-                      f"{sampling.get('median_step_ns', 0) / 1e6:.3f} ms", "bold")
+        factor = sampling.get("slow_factor", 0)
+        slow = (f"{sampling.get('slow_steps_found', 0):,} slow steps (over {factor:g}x the running median of recent "
+                f"steps, {sampling.get('median_step_ns', 0) / 1e6:.3f} ms at the end)" if factor
+                else "no slow-step rule")
+        _say(console, f"Always on (sample {sampling.get('rate', 0):g}): {counts}; {slow}", "bold")
     else:
         _say(console, f"Always on (sample {sampling.get('rate', 0):g}), the steps in this file (the session did not "
                       f"end, so its own counts were never written): {counts}", "bold")
