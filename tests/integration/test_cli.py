@@ -126,6 +126,10 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     (["report", "missing.xsp.parquet"], "no such trace file"),
     (["recommend", "missing.xsp.parquet"], "no such trace file"),
     (["export", "missing.xsp.parquet", "-o", "x.json"], "no such trace file"),
+    # what argparse itself refuses (it printed its usage block first)
+    (["capture", "abc"], "xsp capture: error: argument pid: invalid int value: 'abc' (see xsp capture --help)"),
+    (["capture", "1", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["frob"], "xsp: error: argument COMMAND: invalid choice: 'frob'"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

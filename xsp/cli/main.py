@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from xsp._version import __version__
 from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
@@ -22,8 +22,17 @@ SCRIPT_INTERRUPTED = -2
 the process by SIGINT, as python does."""
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse, saying a command line it cannot parse in one line (with where help is), as every
+    other bad input is said, instead of its usage block and then the error. Its subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="xsp", description="Across-stack profiler for PyTorch models.")
     parser.add_argument("--version", action="version", version=f"xsp {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
