@@ -220,6 +220,20 @@ def test_a_shortened_path_keeps_its_last_parts_whole():
     assert shorten(kernel, 30) == "void at::native…unctor<float>>"
 
 
+def test_paths_told_apart_keep_their_last_part_whole():
+    """Two paths that differ only far from their ends were told apart by a long start, which left
+    one letter of the last part: 'model.resnet.encoder.stages.0…n' (a new user's ResNet report)."""
+    from xsp.reports.terminal import distinct_middles
+
+    names = ["model.resnet.encoder.stages.0.layers.0.shortcut.convolution",
+             "model.resnet.encoder.stages.1.layers.0.shortcut.convolution",
+             "model.resnet.encoder.stages.0.layers.1.shortcut.convolution"]
+    for limit in range(14, 40):
+        shown = distinct_middles(names, limit)
+        assert len(set(shown.values())) == 3 and all(len(text) <= limit for text in shown.values())
+        assert all(text.rstrip("#0123456789").endswith("convolution") for text in shown.values()), (limit, shown)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_two_shortened_names_of_a_table_read_alike(seed):
     from xsp.reports.terminal import distinct_middles

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -209,6 +210,10 @@ def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width
     return widths
 
 
+PATH_PART: Final = re.compile(r"[./]")
+"""Splits a layer path or diff key into its parts."""
+
+
 def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
     """Each of ``values`` shortened to ``limit`` characters (see :func:`shorten`: a path keeps its
     last parts whole) such that different values stay different: where two would read the same,
@@ -223,7 +228,10 @@ def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
     for group in (group for group in by_text.values() if len(group) > 1):
         for head in range(1, max(limit - 1, 1)):
             tails = {value: shorten(value, limit, head) for value in group}
-            if len(set(tails.values())) == len(group):
+            # a start kept before the "…" never leaves a path without its last part whole (a long
+            # start read "model.resnet.encoder.stages.0…n"): the number below says more then
+            if len(set(tails.values())) == len(group) and all(
+                    not is_path(value) or tails[value].endswith(PATH_PART.split(value)[-1]) for value in group):
                 shortened.update(tails)
                 break
     # what still reads alike (a group no start told apart, or a start kept above that equals
