@@ -150,7 +150,7 @@ def test_few_samples_fall_back_to_ranges_and_one_sample_gives_no_verdict():
     assert np.isnan(slowed[dcol.P_VALUE])
     single = diff(run(1, steps=1), run(2, steps=1, slower={"net.b": 0.5}))
     assert row(single, "net[0]/net.b[0]")[dcol.TEST] == dcol.Test.NONE.value
-    assert single.verdict is dcol.Verdict.UNCHANGED
+    assert single.verdict is dcol.Verdict.NO_VERDICT
     assert "no verdict" in row(single, "net[0]/net.b[0]")[dcol.NOTE]
     assert any("steps" in warning for warning in single.warnings)
 
@@ -165,9 +165,16 @@ def test_a_diff_that_judged_no_key_has_no_verdict_and_fails_the_gate(tmp_path, c
     assert diff_formats.text(single).startswith("xsp diff: NO VERDICT")
     assert "## xsp diff: **no verdict**" in diff_formats.markdown(single)
     assert diff(run(1), run(2)).nothing_judged() is None
+    # the API, JSON and JUnit say so too (they said "unchanged", and JUnit passed: a CI reader's green)
+    assert single.verdict is dcol.Verdict.NO_VERDICT
+    assert json.loads(diff_formats.as_json(single))["verdict"] == "no verdict"
     suites = ET.fromstring(diff_formats.junit(single))  # JUnit: unjudged keys are skipped tests, not passed ones
-    assert suites.find("testsuite").get("skipped") == str(len(single.table))
-    assert all(case.find("skipped") is not None for case in suites.findall(".//testcase"))
+    suite = suites.find("testsuite")
+    assert suite.get("skipped") == str(len(single.table)) and suite.get("errors") == "1"
+    cases = suites.findall(".//testcase")
+    assert all(case.find("skipped") is not None for case in cases if case.get("name") != "whole run")
+    whole = next(case for case in cases if case.get("name") == "whole run").find("error")
+    assert whole.get("type") == "no_verdict" and "too few steps a side" in whole.get("message")
     run(1, steps=1).save(tmp_path / "a.xsp.parquet")
     run(2, steps=1).save(tmp_path / "b.xsp.parquet")
     assert main(["diff", str(tmp_path / "a.xsp.parquet"), str(tmp_path / "b.xsp.parquet")]) == 2

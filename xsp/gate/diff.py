@@ -25,7 +25,7 @@ from xsp.core.figures import percent as _pct
 from xsp.core.levels import missing_levels, parse_levels
 from xsp.core.machine_speed import METADATA_KEY as MACHINE_SPEED
 from xsp.core.machine_speed import SAME_SPEED, machine_spread, speed_ratio, steady
-from xsp.core.schema import Level
+from xsp.core.schema import Level, SpanKind
 from xsp.gate import comparison, significance, verdicts
 from xsp.gate import diff_columns as dcol
 from xsp.gate import key_samples as keyed
@@ -94,10 +94,11 @@ class Diff:
                     "it traces; an imported trace has none): compare by name or path")
         if table.empty:
             return "neither run has spans at the levels compared: there is nothing to compare"
-        if both.empty:
-            return (f"the runs share no key at the levels compared ({len(table)} keys, each in one run only): "
-                    "are they runs of one program?")
-        return (f"{len(both)} keys are in both runs, but too few steps a side to judge any "
+        shared = both[both[col.KIND] != SpanKind.SESSION.value] if col.KIND in both else both
+        if shared.empty:  # (the session's own span: one a run, in any two)
+            return (f"the runs share no key at the levels compared but the session ({len(table)} keys, the others "
+                    "each in one run only): are they runs of one program?")
+        return (f"{len(shared)} keys are in both runs, but too few steps a side to judge any "
                 f"(base {self.base.get('steps', '?')}, new {self.new.get('steps', '?')}): record at least "
                 f"{dcol.MIN_RANK_SAMPLES} steps a side")
 
@@ -302,7 +303,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     if result.verdict is Verdict.INCONCLUSIVE:  # why, and what would make it conclusive: said first
         warnings[:0] = inconclusive
     unjudged = result.nothing_judged()
-    if unjudged is not None:  # "unchanged" would read as a verdict: say that nothing was compared
+    if unjudged is not None:  # "unchanged" would read as a verdict (JSON, JUnit, the API): nothing was compared
+        result.verdict = Verdict.NO_VERDICT
         warnings.insert(0, f"no key could be judged, so there is no verdict: {unjudged}")
     return result
 

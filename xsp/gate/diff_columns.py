@@ -23,7 +23,7 @@ class KeyBy(str, enum.Enum):
 
 
 class Verdict(str, enum.Enum):
-    """What happened to a key (and, for the first three, to the whole run)."""
+    """What happened to a key (and, for the first three and the last two, to the whole run)."""
 
     REGRESSED = "regressed"
     IMPROVED = "improved"
@@ -34,6 +34,9 @@ class Verdict(str, enum.Enum):
     """The whole run only: nothing regressed, but a change of the threshold at a top-level key
     (a model call, a step) could not have been detected (too few steps, too noisy a machine,
     processes too far apart): no evidence either way."""
+    NO_VERDICT = "no verdict"
+    """The whole run only: no key could be judged (the runs share none, or have too few steps a
+    side): nothing was compared (:meth:`xsp.gate.diff.Diff.nothing_judged` says why)."""
 
 
 class Judged(str, enum.Enum):

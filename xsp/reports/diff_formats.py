@@ -126,7 +126,7 @@ def junit(result: Diff) -> str:
     """JUnit XML: one testcase per compared key, a failure for each regression; an inconclusive
     comparison adds a testcase ``whole run`` with an error saying why (no evidence to pass)."""
     shown = [shown_verdict(row) for row in result.table.itertuples(index=False)]
-    inconclusive = result.verdict is Verdict.INCONCLUSIVE
+    inconclusive = result.verdict in (Verdict.INCONCLUSIVE, Verdict.NO_VERDICT)
     suite = ET.Element("testsuite", name="xsp diff", tests=str(len(result.table) + inconclusive),
                        failures=str(int((result.table[dcol.VERDICT] == Verdict.REGRESSED.value).sum())),
                        errors=str(int(inconclusive)), skipped=str(shown.count(UNJUDGED)))
@@ -146,10 +146,12 @@ def junit(result: Diff) -> str:
             ET.SubElement(case, "skipped", message=xml_text(f"unjudged: {row.note}"))
         else:
             ET.SubElement(case, "system-out").text = f"{verdict}: {_signed_time(row.delta_ns)}"
-    if inconclusive:
+    if inconclusive:  # no evidence to pass: the whole run is an error
+        reasons = result.inconclusive if result.verdict is Verdict.INCONCLUSIVE else [str(result.nothing_judged())]
         case = ET.SubElement(suite, "testcase", classname="xsp.diff", name="whole run", time="0")
-        error = ET.SubElement(case, "error", type="inconclusive", message=xml_text(one_line(result.inconclusive[0])))
-        error.text = xml_text("\n".join(one_line(reason) for reason in result.inconclusive[1:]))
+        error = ET.SubElement(case, "error", type=result.verdict.value.replace(" ", "_"),
+                              message=xml_text(one_line(reasons[0])))
+        error.text = xml_text("\n".join(one_line(reason) for reason in reasons[1:]))
     suites = ET.Element("testsuites")
     suites.append(suite)
     ET.indent(suites)
@@ -180,12 +182,8 @@ def _describe(info: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-NO_VERDICT = "no verdict"
-"""The headline of a diff that judged no key (:meth:`xsp.gate.diff.Diff.nothing_judged`)."""
-
-
 def _headline(result: Diff) -> str:
-    return NO_VERDICT if result.nothing_judged() is not None else result.verdict.value
+    return result.verdict.value
 
 
 def _settings_line(settings: dict[str, Any]) -> str:
