@@ -563,6 +563,12 @@ def test_a_key_that_changed_by_less_than_a_step_waited_for_a_cpu_is_not_judged_f
     model_line = diff_formats.text(result).split("Model (median per step):\n")[1].splitlines()[0]
     assert model_line.rstrip().endswith("unjudged"), model_line
     assert row(diff(base, new, machine_speed=False), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"  # --raw
+    # the kernel's count covers the whole run, its start-up too: spread over few steps it can come to more than
+    # a step takes; a step waits its run's share of its own time at most (a 66x regression was left unjudged)
+    slow_start = busy(run(2, slower={"net.b": 2.0}), 5000)
+    result = diff(busy(run(1), 5000), slow_start)
+    assert row(result, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed" and result.verdict is dcol.Verdict.REGRESSED
+    assert max(result.settings["wait_per_step_us"]) < 0.12 * 1400
     # more than the wait, or a quiet machine (under 5% of the ready time waited): judged
     assert row(diff(base, busy(run(2, slower={"net.b": 0.8}), 100)), "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
     quiet_base, quiet_new = busy(run(1), 10, 0.04), busy(run(2, slower={"net.b": 0.3}), 100, 0.04)

@@ -198,8 +198,10 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     judged_threshold = max(threshold, machine_noise) if machine_speed and not normalize else threshold
     waits_ns = (0.0, 0.0)  # judging raw times, or against the common shift: no key is left unjudged for waits
     if machine_speed and not normalize:
-        waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps")),
-                    contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps")))
+        waits_ns = (contention.wait_per_step_ns(base_info.get(contention.METADATA_KEY), base_info.get("steps"),
+                                                _step_ns(base_keys, base_info.get("steps"))),
+                    contention.wait_per_step_ns(new_info.get(contention.METADATA_KEY), new_info.get("steps"),
+                                                _step_ns(new_keys, new_info.get("steps"))))
     table = comparison.compare_keys(base_keys, new_keys, threshold=judged_threshold,
                                min_delta_ns=round(min_delta_us * 1000), alpha=alpha,
                                normalize=normalize, speed=speed, waits_ns=waits_ns)
@@ -307,6 +309,16 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
         result.verdict = Verdict.NO_VERDICT
         warnings.insert(0, f"no key could be judged, so there is no verdict: {unjudged}")
     return result
+
+
+def _step_ns(keys: pd.DataFrame, steps: object) -> float | None:
+    """A run's mean time a step in its top-level spans (its steps, or its model calls where it
+    marks none; not the session's), from its keys; None where it cannot be told."""
+    if not isinstance(steps, (int, float)) or steps < 1 or keys.empty:
+        return None
+    top = keys[keys[dcol.PARENT_KEY].isna() & (keys[col.KIND] != SpanKind.SESSION.value)]
+    total = float(top[dcol.TOTAL_NS].sum())
+    return total / float(steps) if total > 0 else None
 
 
 def top_level(table: pd.DataFrame) -> pd.DataFrame:
