@@ -303,6 +303,18 @@ def test_a_link_to_a_pipe_such_as_dev_stdout_is_still_written(trace_file, tmp_pa
     assert json.loads(done.stdout)["traceEvents"]
 
 
+def test_xsp_run_into_dev_null_keeps_the_scripts_exit_status(tmp_path):
+    """The closing line read the trace back to count it: /dev/null said 'xsp: error: /dev/null', exit 2,
+    after the script had run and exited 0."""
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\nprint('ran')\n")
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "/dev/null", "--", str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("xsp: trace written -> /dev/null (not a file it can be read back "
+                                                    "from, so its spans are not counted here)")
+
+
 def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
     zeros = tmp_path / "zeros.json"
     with zeros.open("wb") as handle:

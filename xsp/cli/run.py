@@ -25,6 +25,7 @@ from xsp.cli._common import (
     xsp_warnings_to_stderr,
 )
 from xsp.core import schema as col
+from xsp.core.errors import XspError
 from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
@@ -621,9 +622,14 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
     out = error_console()
     if trace is None:
         return status or 1
-    counted = trace.columns([col.KIND, col.STEP])  # a long run's spans stay on disk unless the report is asked for
     written = session.output if session.write_error is None else None
     where = f" -> {_shown(written, started_in)}" if written is not None else ""
+    try:
+        counted = trace.columns([col.KIND, col.STEP])  # a long run's spans stay on disk unless the report is asked for
+    except (OSError, XspError):  # written where it cannot be read back (-o /dev/null, /dev/stdout)
+        out.print(f"xsp: trace written{where} (not a file it can be read back from, so its spans are not "
+                  "counted here)", markup=False)
+        return status
     parts = int((trace.metadata.get("part") or {}).get("index") or 0) + 1
     if written is not None and parts > 1:  # the whole run, not its last part
         from xsp.io.loading import load
