@@ -315,6 +315,21 @@ def test_xsp_run_into_dev_null_keeps_the_scripts_exit_status(tmp_path):
                                                     "from, so its spans are not counted here)")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_run_into_a_device_keeps_its_windows_in_the_spool_not_in_dev(tmp_path):
+    """-o /dev/full: the windows the file could not take were kept in /dev/.full.xsp-segments.PID."""
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\n")
+    before = set(Path("/dev").glob(".full.xsp-segments.*"))
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "/dev/full", "--", str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "XSP_SPOOL_DIR": str(tmp_path / "spool")})
+    assert done.returncode == 0, done.stderr
+    assert set(Path("/dev").glob(".full.xsp-segments.*")) == before
+    kept = list((tmp_path / "spool").rglob("*full.xsp-segments.*"))
+    assert len(kept) == 1 and f"kept in {kept[0]} (" in done.stderr, done.stderr
+
+
 def test_a_huge_file_that_is_not_json_is_refused_from_its_first_bytes(tmp_path):
     zeros = tmp_path / "zeros.json"
     with zeros.open("wb") as handle:

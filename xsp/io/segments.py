@@ -258,6 +258,10 @@ class SegmentWriter:
             OSError: neither the folder nor the spool folder can be made.
         """
         self._start_metadata = {**start_metadata, "output": str(self.output.absolute())}
+        if self._to_a_device():
+            self._make(self._spool_folder())
+            self.started = True
+            return
         try:
             self._make(self.directory)
         except OSError as exc:
@@ -265,6 +269,11 @@ class SegmentWriter:
             self._notes.append(f"windows cannot be written beside the output ({exc}); they go to {self.spool} "
                                f"(`xsp recover {self.output}` finds them there)")
         self.started = True
+
+    def _to_a_device(self) -> bool:
+        """The output is a device or a pipe (-o /dev/null): its folder (/dev) is no place for a run's
+        windows, which go to the spool."""
+        return self.output.exists() and not self.output.is_file()
 
     def _make(self, folder: Path) -> None:
         if folder.exists():  # a recycled pid's leftovers: they are not this session's
@@ -399,7 +408,7 @@ class SegmentWriter:
         and the session's final metadata beside them, so that ``xsp recover`` writes the file the
         session meant to. Returns the folders holding the windows."""
         self.flush()
-        for folder in (self.directory, self._spool_folder()):
+        for folder in (self.directory, self._spool_folder())[self._to_a_device():]:
             try:
                 if not (folder / START_FILE).exists():
                     self._make(folder)
