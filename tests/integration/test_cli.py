@@ -130,6 +130,13 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     (["capture", "abc"], "xsp capture: error: argument pid: invalid int value: 'abc' (see xsp capture --help)"),
     (["capture", "1", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["frob"], "xsp: error: argument COMMAND: invalid choice: 'frob'"),
+    # what is no trace, under a trace's name: it replaced a trace there (xsp report then failed on it)
+    (["export", "a.xsp.parquet", "-o", "b.xsp.parquet"], "b.xsp.parquet names an xsp trace (.xsp.parquet), but this "
+                                                         "writes a chrome file"),
+    (["summary", "a.xsp.parquet", "-o", "b.xsp.parquet"], "but this writes a summary"),
+    (["summary", "a.xsp.parquet", "-o", "b.json"], "give it a .xsp-summary.parquet name (b.xsp-summary.parquet)"),
+    (["report", "a.xsp.parquet", "--html", "b.xsp.parquet"], "but this writes an HTML report"),
+    (["diff", "a.xsp.parquet", "c.xsp.parquet", "-o", "b.xsp.parquet"], "but this writes a text report"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -83,6 +83,15 @@ def check_output(output: str, source: str) -> None:
         raise CliError(f"{output} is the input file; choose another output path")
 
 
+def check_not_a_trace_name(output: str, writes: str) -> None:
+    """Refuse to write what is no trace (``writes``: what is written, in words) under an xsp
+    trace's name: it replaced a trace there, which ``xsp report`` then failed to read."""
+    from xsp.core.schema import FILE_SUFFIX
+
+    if str(output).lower().endswith(FILE_SUFFIX):
+        raise CliError(f"{output} names an xsp trace ({FILE_SUFFIX}), but this writes {writes}: give it another name")
+
+
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
 

@@ -9,7 +9,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from xsp.cli._common import CliError, add_step_selection, check_output, console, steps_kept
+from xsp.cli._common import CliError, add_step_selection, check_not_a_trace_name, check_output, console, steps_kept
 from xsp.gate.diff_columns import Verdict
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def run(options: argparse.Namespace) -> int:
     if options.output is not None:
         for source in (options.base, options.new):
             check_output(options.output, source)
+        check_not_a_trace_name(options.output, f"a {options.format} report")
     steps = steps_kept(options)
     from xsp.gate.diff import diff  # scipy and the analyses, only for this command
 

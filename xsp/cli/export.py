@@ -6,7 +6,7 @@ import argparse
 from enum import Enum
 from typing import Any, Final
 
-from xsp.cli._common import TRACE_FILE_HELP, check_output, error_console
+from xsp.cli._common import TRACE_FILE_HELP, check_not_a_trace_name, check_output, error_console
 
 LARGE_JSON_BYTES: Final = 2**30
 """Past this, a Chrome JSON file is more than the Perfetto UI reliably parses in a browser tab."""
@@ -40,8 +40,9 @@ def run(options: argparse.Namespace) -> int:
     from xsp.export.stacks import write_collapsed, write_speedscope
     from xsp.io.loading import load
     check_output(options.output, options.file)
-    trace = load(options.file)
     chosen = Format(options.format)
+    check_not_a_trace_name(options.output, f"a {chosen.value} file")
+    trace = load(options.file)
     if chosen is Format.PERFETTO:
         target, written, cut = write_perfetto(trace, options.output)
         error_console().print(f"xsp: wrote {written} spans to {target}" + (

@@ -6,7 +6,15 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from xsp.cli._common import TRACE_FILE_HELP, CliError, check_output, console, error_console, progress
+from xsp.cli._common import (
+    TRACE_FILE_HELP,
+    CliError,
+    check_not_a_trace_name,
+    check_output,
+    console,
+    error_console,
+    progress,
+)
 
 
 def register(commands: Any) -> None:
@@ -36,6 +44,7 @@ def run(options: argparse.Namespace) -> int:
         from xsp.io.outputs import check_writable
 
         check_output(options.html, options.file)
+        check_not_a_trace_name(options.html, "an HTML report")
         check_writable(options.html)  # before the report is rendered, not after
     job = None
     if options.html is None:  # a job's cross-rank tables, read without loading the job

@@ -12,11 +12,13 @@ from xsp.cli._common import (
     CliError,
     add_step_selection,
     beside,
+    check_not_a_trace_name,
     check_output,
     error_console,
     steps_kept,
 )
 from xsp.core.levels import parse_levels
+from xsp.core.options import checked_output_name
 
 
 def register(commands: Any) -> None:
@@ -48,6 +50,12 @@ def run(options: argparse.Namespace) -> int:
     if output.endswith(LEGACY_SUFFIXES):
         raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
+    check_not_a_trace_name(output, f"a summary (name it with {SUFFIX})")
+    try:
+        checked_output_name(output, "-o")  # a .json name: xsp diff would read it as a PyTorch profiler trace
+    except ValueError as exc:
+        raise CliError(str(exc).replace("a Parquet trace: give it a .xsp.parquet name", "a Parquet summary: give it a "
+                       f"{SUFFIX} name").replace(".xsp.parquet)", f"{SUFFIX})")) from None
     steps = steps_kept(options)
     levels = parse_levels(options.levels) if options.levels else None
     summary = summarize_file(options.file, levels=levels, steps=steps, source=Path(options.file).name)
