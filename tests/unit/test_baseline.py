@@ -261,3 +261,10 @@ def test_a_file_of_several_ranks_is_refused_naming_a_rank_file_only_where_one_is
     with pytest.raises(ValueError, match=r"summarise one rank's file \(job\.rank0\.xsp\.parquet\)"):
         summarize_file(path)
     assert len(summarize_file(tmp_path / "job.rank0.xsp.parquet").keys)
+
+
+def test_a_summary_given_where_a_trace_is_read_says_what_it_is(tmp_path):
+    """It said 'a Parquet file but not an xsp trace (no xsp metadata)'."""
+    path = Summary(keys={dcol.KeyBy.PATH: HAND_MADE}, metadata={"source": "test"}).save(tmp_path / f"s{SUFFIX}")
+    with pytest.raises(xsp.TraceFormatError, match=r"is an xsp summary, which xsp diff reads as a run to compare"):
+        xsp.load(path)

@@ -36,6 +36,8 @@ DEFAULT_OUTPUT: Final = "run" + FILE_SUFFIX
 """The trace file a session writes when it is given none."""
 METADATA_KEY: Final = b"xsp"
 """Parquet key-value metadata key that holds the trace's metadata as JSON."""
+SUMMARY_METADATA_KEY: Final = b"xsp.summary"
+"""The Parquet footer key of an xsp summary (``xsp summary``, what ``xsp diff`` reads as a baseline)."""
 
 
 class Level(str, enum.Enum):

@@ -56,7 +56,7 @@ QUANTILES: Final = 5
 the middle one is the key's median."""
 BY: Final = "by"
 """The column saying how each row's key was made (a :class:`~xsp.gate.diff_columns.KeyBy` value)."""
-SCHEMA_KEY: Final = b"xsp.summary"
+SCHEMA_KEY: Final = col.SUMMARY_METADATA_KEY
 __all__ = ["QUANTILES", "SUFFIX", "Summary", "is_summary_path", "summarize"]
 MAX_BYTES: Final = 64 * 1024 * 1024
 """Largest summary read (a baseline is kilobytes to a megabyte; anything bigger is not one)."""

@@ -308,6 +308,9 @@ def read_arrow_trace(path: str | os.PathLike[str]) -> pa.Table:
 
 def _checked_metadata(source: Path, footer: dict[bytes, bytes]) -> dict[str, Any]:
     raw = footer.get(col.METADATA_KEY)
+    if raw is None and col.SUMMARY_METADATA_KEY in footer:
+        raise TraceFormatError(f"{source} is an xsp summary, which xsp diff reads as a run to compare (xsp diff "
+                               f"{source} NEW): it holds per-key samples, not spans")
     if raw is None:
         raise TraceFormatError(f"{source} is a Parquet file but not an xsp trace (no xsp metadata)")
     try:
