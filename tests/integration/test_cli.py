@@ -328,6 +328,11 @@ def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "unreachable" in warnings[0]
     assert (tmp_path / "run.xsp.parquet").is_file()
+    # the file says so too (it had no otlp and no export at all, as if none had been asked for)
+    metadata = xsp.load(tmp_path / "run.xsp.parquet").metadata
+    assert metadata["otlp"]["endpoint"] == "http://127.0.0.1:9"
+    assert metadata["export"]["state"] == "failed" and metadata["export"]["exported"] == 0
+    assert metadata["export"]["error"].startswith("not used: 127.0.0.1:9 is unreachable")
 
 
 @pytest.mark.parametrize("endpoint", [pytest.param("http://127.0.0.1:abc", marks=pytest.mark.heavy),

@@ -189,8 +189,8 @@ def finish_joined(options: TraceOptions, thread_id: int, joined: JoinedStart, co
     run = RunningSession(
         options=options, thread_id=thread_id, warn=warn, recording=recording, clock=joined.clock,
         threads_at_start=joined.threads_at_start, rank=joined.rank, run_id=None, output_name=output_name,
-        output=output, target=None, interpreter=interpreter, tracers=tracers, unavailable=unavailable, windows=None,
-        steps=None, start_ns=copy.start_ns)
+        output=output, target=None, collector_down=None, interpreter=interpreter, tracers=tracers,
+        unavailable=unavailable, windows=None, steps=None, start_ns=copy.start_ns)
     try:
         interpreter.prepare(window)
         interpreter.interpret(window, session_row(run, end_ns, error))
@@ -270,6 +270,12 @@ def collect_children(run: RunningSession, following: Following | None) -> ChildS
 def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata: SessionMetadata,
                    children: ChildSpans | None = None) -> dict[str, Any]:
     recording = run.recording
+    asked = run.options.target  # (run.target is None where the collector did not answer at the start)
+    not_used = None
+    if asked is not None and run.target is None and run.collector_down is not None:
+        from xsp.export.delivery import ExportReport as NotUsed  # (imported where a collector was asked for)
+
+        not_used = NotUsed(target=asked.endpoint, error=f"not used: {run.collector_down}", done=True).as_metadata()
     return {
         **run.described(run.clock.remeasured(), machine_speed.confirmed()),
         "tracer_details": tracer_details(run),
@@ -295,10 +301,9 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         "child_processes": None if children is None else {
             "followed": children.processes, "untraced": children.untraced, "steps": children.steps,
             "ranks_not_followed": children.ranks, "dataloader_workers_started_before": children.workers_before},
-        "otlp": None if run.target is None else {"endpoint": run.target.endpoint,
-                                              "protocol": run.target.protocol.value},
-        "export": (None if run.windows is None or run.windows.exporter is None
-                   else run.windows.report.as_metadata()),
+        "otlp": None if asked is None else {"endpoint": asked.endpoint, "protocol": asked.protocol.value},
+        "export": (run.windows.report.as_metadata() if run.windows is not None and run.windows.exporter is not None
+                   else not_used),
         **session_metadata(),
     }
 

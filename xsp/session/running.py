@@ -95,6 +95,9 @@ class RunningSession:
     """The trace file (None when none is written): see :func:`output_for`."""
     target: OtlpTarget | None
     """The collector spans are exported to (None: none asked for, or found unreachable at the start)."""
+    collector_down: str | None
+    """Why the collector asked for did not answer at the start (None: it did, or none was asked
+    for); where :attr:`target` is None then, nothing was sent to it."""
     interpreter: WindowInterpreter
     """Turns closed windows into span tables and keeps what they leave (segments, counts)."""
     tracers: list[Tracer]

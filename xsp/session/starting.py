@@ -126,7 +126,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     run = RunningSession(
         options=options, thread_id=thread_id, warn=warn, recording=recording, clock=clock,
         threads_at_start=threads_at_start, rank=rank, run_id=this_run, output_name=output_name, output=output,
-        target=target, interpreter=interpreter, tracers=started, unavailable=unavailable, windows=windows,
+        target=target, collector_down=collector_down, interpreter=interpreter, tracers=started,
+        unavailable=unavailable, windows=windows,
         steps=steps, start_ns=now_ns() if start_ns is None else start_ns, watching=watching, sampler=sampler,
         metrics=metrics)
     if listens:
@@ -181,7 +182,8 @@ def open_export(options: TraceOptions, output: Path | None,
                 warn: Callable[[str], None]) -> tuple[OtlpTarget | None, str | None]:
     """The collector to export to, probed, and why it does not answer now (None: it does).
     The collector is None where none was asked for, or where it does not answer and the session
-    is not always on (said, with where the spans are instead). An always-on session (a service,
+    is not always on (said, with where the spans are instead, and the reason returned: the
+    trace's ``export`` records it). An always-on session (a service,
     whose collector may start after it) keeps it and tries it again at each window."""
     if options.target is None:
         return None, None
@@ -200,7 +202,7 @@ def open_export(options: TraceOptions, output: Path | None,
         return options.target, unreachable
     warn(f"OTLP endpoint {options.target.endpoint} not used: {unreachable}; the spans are in the trace file "
          f"only{where}")
-    return None, None
+    return None, unreachable
 
 
 def _step_end_hook(tracer: Tracer) -> Callable[[], None] | None:
