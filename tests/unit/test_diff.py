@@ -389,6 +389,9 @@ def test_every_output_format_parses():
     assert len(cases) == len(result.table)
     failed = [case.get("name") for case in cases if case.find("failure") is not None]
     assert sorted(failed) == sorted(result.table[result.table[dcol.VERDICT] == "regressed"][dcol.KEY])
+    # a failure's text is the key and its figures, not a 200-column line padded with spaces
+    texts = [case.find("failure").text for case in cases if case.find("failure") is not None]
+    assert all("  " not in text and text.split(": ", 1)[0] in failed for text in texts), texts
     markdown = diff_formats.markdown(result)
     assert "## xsp diff: **regressed**" in markdown and "| `net[0]/net.b[0]` |" in markdown
     text = diff_formats.text(result)

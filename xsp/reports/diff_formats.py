@@ -141,7 +141,7 @@ def junit(result: Diff) -> str:
             failure = ET.SubElement(case, "failure", type="regression",
                                     message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
                                             f"q={_p(row.q_value)}")
-            failure.text = xml_text(_key_line(row, 200).strip())
+            failure.text = xml_text(f"{one_line(str(row.key))}: {' '.join(_figures(row).split())}")
         elif verdict == UNJUDGED:  # a test that could not be run: JUnit's skipped, with the reason
             ET.SubElement(case, "skipped", message=xml_text(f"unjudged: {row.note}"))
         else:
@@ -252,12 +252,6 @@ def _figures(row: Any, suffix: str = "") -> str:
         f" ({_ratio(row.adjusted_ratio)} judged)")
     return (f"{_time(row.base_median_ns):>9} -> {_time(row.new_median_ns):>9} {_ratio(row.ratio):>7}{judged} "
             f"q={_p(row.q_value)}{suffix}")
-
-
-def _key_line(row: Any, width: int, suffix: str = "") -> str:
-    """A key and its figures (then ``suffix``) in ``width`` columns: on one line where the key
-    keeps :data:`KEY_ROOM` columns, else the figures on the next line."""
-    return _key_lines(pd.DataFrame([row._asdict()]), width, suffix=suffix)[0]
 
 
 def _key_lines(rows: pd.DataFrame, width: int, verdicts: bool = False, suffix: str = "") -> list[str]:
