@@ -524,6 +524,10 @@ def test_a_change_under_what_the_machines_own_timing_varied_by_is_not_judged():
     base.metadata["machine_speed"]["spread"], new.metadata["machine_speed"]["spread"] = 0.01, 0.015
     quiet = diff(base, new)  # a quiet machine: the threshold given stands
     assert quiet.settings["judged_threshold"] == 0.05 and row(quiet, "net[0]/net.b[0]")[dcol.VERDICT] == "regressed"
+    # just above the threshold given: the figures tell it apart ("under 5%, not 5%" said nothing)
+    base.metadata["machine_speed"]["spread"], new.metadata["machine_speed"]["spread"] = 0.03, 0.021
+    close = diff(base, new)
+    assert any("changes under 5.1%, not 5.0%," in warning for warning in close.warnings), close.warnings
 
 
 def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():

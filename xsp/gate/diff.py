@@ -217,8 +217,11 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"were divided by {speed:.2f} before they were judged, which can explain a change away, "
                         "never make one")
     if judged_threshold > threshold:
-        warnings.append(f"the machines' own timing of xsp's fixed work varied by up to {machine_noise:.0%} during "
-                        f"these runs (busy machines): changes under {judged_threshold:.0%}, not {threshold:.0%}, "
+        digits = next((d for d in range(1, 4) if f"{judged_threshold:.{d}%}" != f"{threshold:.{d}%}"), 3) if (
+            f"{judged_threshold:.0%}" == f"{threshold:.0%}") else 0  # never "under 5%, not 5%"
+        warnings.append(f"the machines' own timing of xsp's fixed work varied by up to {machine_noise:.{digits}%} "
+                        f"during these runs (busy machines): changes under {judged_threshold:.{digits}%}, not "
+                        f"{threshold:.{digits}%}, "
                         "cannot be told from that noise and are not judged (run on a quieter machine, or pass --raw "
                         "to judge at the threshold given)")
     scatter_floor = float(table.attrs.get(dcol.SCATTER_FLOOR, 0.0))
