@@ -183,6 +183,20 @@ def test_a_diff_that_judged_no_key_has_no_verdict_and_fails_the_gate(tmp_path, c
     assert main(["diff", str(tmp_path / "a.xsp.parquet"), str(tmp_path / "b.xsp.parquet"), "--fail-on", "never"]) == 0
 
 
+def test_a_diff_written_to_a_file_says_its_verdict_and_where(tmp_path, capsys):
+    """With -o it printed nothing at all: no verdict, no 'wrote' line."""
+    from xsp.cli.main import main
+
+    run(1).save(tmp_path / "a.xsp.parquet")
+    run(2, slower={"net.b": 0.3}).save(tmp_path / "b.xsp.parquet")
+    out = tmp_path / "diff.md"
+    assert main(["diff", str(tmp_path / "a.xsp.parquet"), str(tmp_path / "b.xsp.parquet"), "--format", "markdown",
+                 "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == f"xsp diff: regressed -> {out} (markdown)"
+    assert out.read_text().startswith("## xsp diff: **regressed**")
+
+
 def test_skipping_every_step_is_an_error_not_an_empty_comparison():
     with pytest.raises(ValueError, match="leave none of its 40 steps"):
         diff(run(1), run(2), steps=slice(100, None))

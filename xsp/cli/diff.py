@@ -9,7 +9,15 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from xsp.cli._common import CliError, add_step_selection, check_not_a_trace_name, check_output, console, steps_kept
+from xsp.cli._common import (
+    CliError,
+    add_step_selection,
+    check_not_a_trace_name,
+    check_output,
+    console,
+    error_console,
+    steps_kept,
+)
 from xsp.gate.diff_columns import Verdict
 
 if TYPE_CHECKING:
@@ -93,6 +101,7 @@ def run(options: argparse.Namespace) -> int:
     text = render(result, form)
     if options.output is not None:
         write_text_output(options.output, text)
+        error_console().print(f"xsp diff: {result.verdict.value} -> {options.output} ({form.value})", markup=False)
     else:
         console().file.write(text)
     if form is Format.MARKDOWN and os.environ.get(STEP_SUMMARY):
