@@ -141,7 +141,7 @@ def junit(result: Diff) -> str:
             failure = ET.SubElement(case, "failure", type="regression",
                                     message=f"{_signed_time(row.delta_ns)} ({_ratio(row.ratio)}) per step, "
                                             f"q={_p(row.q_value)}")
-            failure.text = xml_text(f"{one_line(str(row.key))}: {' '.join(_figures(row).split())}")
+            failure.text = xml_text(f"{one_line(capped(str(row.key)))}: {' '.join(_figures(row).split())}")
         elif verdict == UNJUDGED:  # a test that could not be run: JUnit's skipped, with the reason
             ET.SubElement(case, "skipped", message=xml_text(f"unjudged: {row.note}"))
         else:
