@@ -51,11 +51,8 @@ def run(options: argparse.Namespace) -> int:
         raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
     check_not_a_trace_name(output, f"a summary (name it with {SUFFIX})")
-    try:
-        checked_output_name(output, "-o")  # a .json name: xsp diff would read it as a PyTorch profiler trace
-    except ValueError as exc:
-        raise CliError(str(exc).replace("a Parquet trace: give it a .xsp.parquet name", "a Parquet summary: give it a "
-                       f"{SUFFIX} name").replace(".xsp.parquet)", f"{SUFFIX})")) from None
+    # a .json name: xsp diff would read it as a PyTorch profiler trace (a ValueError: the one line main() says)
+    checked_output_name(output, "-o", writes="a Parquet summary", suffix=SUFFIX)
     steps = steps_kept(options)
     levels = parse_levels(options.levels) if options.levels else None
     summary = summarize_file(options.file, levels=levels, steps=steps, source=Path(options.file).name)

@@ -29,11 +29,13 @@ def checked_span_budget(budget: int | None, name: str = "span_budget") -> int | 
     return budget
 
 
-def checked_output_name(output: str | None, name: str = "output") -> str | None:
+def checked_output_name(output: str | None, name: str = "output", writes: str = "a Parquet trace",
+                        suffix: str = FILE_SUFFIX) -> str | None:
     """``output``, or ValueError when its name says another tool's format (``x.json``: xsp would
-    write Parquet under it, then read it back as a Kineto trace and fail)."""
+    write Parquet under it, then read it back as a Kineto trace and fail). ``writes`` and
+    ``suffix``: what is written there, and the name it takes (a summary's, for one)."""
     if output is not None and str(output).lower().endswith(FOREIGN_SUFFIXES):
         stem = str(output).rsplit("/", 1)[-1].split(".", 1)[0] or "run"
         raise ValueError(f"{name} {output} names a {'.' + str(output).lower().split('.', 1)[-1]} file, but xsp writes "
-                         f"a Parquet trace: give it a {FILE_SUFFIX} name ({stem}{FILE_SUFFIX})")
+                         f"{writes}: give it a {suffix} name ({stem}{suffix})")
     return output

@@ -273,9 +273,9 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
     asked = run.options.target  # (run.target is None where the collector did not answer at the start)
     not_used = None
     if asked is not None and run.target is None and run.collector_down is not None:
-        from xsp.export.delivery import ExportReport as NotUsed  # (imported where a collector was asked for)
+        from xsp.export.delivery import ExportReport  # (imported where a collector was asked for)
 
-        not_used = NotUsed(target=asked.endpoint, error=f"not used: {run.collector_down}", done=True).as_metadata()
+        not_used = ExportReport(target=asked.endpoint, error=f"not used: {run.collector_down}", done=True).as_metadata()
     return {
         **run.described(run.clock.remeasured(), machine_speed.confirmed()),
         "tracer_details": tracer_details(run),
