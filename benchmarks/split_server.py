@@ -12,9 +12,14 @@
 * ``switch``: the server runs inside ``xsp.trace(...)`` as ``serve.py`` does, and ``POST
   /xsp_steps?on=false`` takes xsp's module-call wrapper out (no step recorded), ``?on=true`` puts it
   back: ``benchmarks/steps_in_process.py`` loads one process with its steps on and off in turn, so
-  that the steps' cost is measured free of how two processes differ (their memory layouts).
+  that the steps' cost is measured free of how two processes differ (their memory layouts);
+* ``presence``: the server starts with no xsp session; ``POST /xsp_session?on=true`` starts one
+  (``xsp.trace(...)`` as ``serve.py`` would, its module-call wrapper taken out at once: no step is
+  ever recorded) and ``?on=false`` ends it: ``benchmarks/steps_in_process.py --presence`` loads one
+  process with a live session and without one in turn, so that what a session's mere presence
+  costs (its threads, signal handlers and objects) is measured free of how two processes differ.
 
-Usage: XSP_BENCH_SPLIT=no_steps|switch XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
+Usage: XSP_BENCH_SPLIT=no_steps|switch|presence XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
        XSP_BENCH_SPLIT=timer python benchmarks/split_server.py PORT
 """
 
@@ -28,16 +33,18 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 SPLIT_ENV = "XSP_BENCH_SPLIT"
-NO_STEPS, TIMER, SWITCH = "no_steps", "timer", "switch"
+NO_STEPS, TIMER, SWITCH, PRESENCE = "no_steps", "timer", "switch", "presence"
 STEPS_PATH = "/xsp_steps"
 """``switch``: POST here with ``on=true`` or ``on=false``."""
+SESSION_PATH = "/xsp_session"
+"""``presence``: POST here with ``on=true`` (a session starts, with no steps) or ``on=false`` (it ends)."""
 SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
 TIMER_SOURCE = Path(__file__).resolve().parent / "timer_floor.c"
 
@@ -86,6 +93,40 @@ class StepSwitch:
         return app
 
 
+class SessionSwitch:
+    """An xsp session with no steps, started and ended on request, in a server that has none at first."""
+
+    def __init__(self) -> None:
+        self.options: dict[str, Any] = {}
+        self.live: ExitStack | None = None
+
+    def no_session(self, options: dict[str, Any]) -> AbstractContextManager[Any]:
+        """What ``serve.py`` would run the server inside: nothing, its options kept for later."""
+        self.options = options
+        return nullcontext()
+
+    def session(self, on: bool) -> None:
+        """Start a session with no steps (``on``), or end the live one."""
+        if on and self.live is None:
+            live = ExitStack()
+            live.enter_context(session_without_steps(self.options))
+            self.live = live
+        elif not on and self.live is not None:
+            live, self.live = self.live, None
+            live.close()
+
+    def app(self, model: nn.Module, provider: Any, health: dict[str, Any]) -> Any:
+        """The example service's app with ``POST /xsp_session?on=...`` added."""
+        app = BUILD_APP(model, provider, health)
+
+        @app.post(SESSION_PATH)
+        async def session(on: bool) -> dict[str, bool]:  # on the event loop (the main thread), between requests
+            self.session(on)
+            return {"on": on}
+
+        return app
+
+
 def session_without_steps(options: dict[str, Any]) -> AbstractContextManager[Any]:
     """``xsp.trace(**options)`` with its module-call wrapper taken out while the block runs."""
     return StepSwitch().session(options, steps=False)
@@ -119,8 +160,16 @@ def main() -> int:
         switch = StepSwitch()
         serve.xsp_session = switch.session  # type: ignore[assignment]
         serve.build_app = switch.app  # type: ignore[assignment]
+    elif split == PRESENCE:
+        sessions = SessionSwitch()
+        serve.xsp_session = sessions.no_session  # type: ignore[assignment]
+        serve.build_app = sessions.app  # type: ignore[assignment]
+        try:
+            return serve.main()
+        finally:
+            sessions.session(False)
     else:
-        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS}, {TIMER} or {SWITCH}, not {split!r}")
+        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS}, {TIMER}, {SWITCH} or {PRESENCE}, not {split!r}")
     return serve.main()
 
 

@@ -17,8 +17,14 @@ time a request with the steps off and on, and *on* over *off*: pooled percentile
 bootstrap interval over rounds (each round's *on* drawn with its *off*), and the CPU time a request
 the steps add. Prints a table and records it in benchmarks/results/steps_in_process.md.
 
+With ``--presence``, what is switched is the session itself instead of its steps (split_server.py's
+``presence``): each server starts with no session, and is loaded with none (*off*) and with one
+started, its wrapper taken out (*on*: its threads, signal handlers and objects, no step recorded),
+in turn, a session started and ended between loads. That is production.py's *no steps* against
+*plain*, free of how two processes differ. Recorded in benchmarks/results/presence_in_process.md.
+
 Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
-       [--sample 0.01] [--servers 2] [--endpoints sync,async] [--keep]
+       [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence] [--keep]
 """
 
 from __future__ import annotations
@@ -56,18 +62,20 @@ from production import (
     tail,
     wait_ready,
 )
-from split_server import STEPS_PATH, SWITCH
+from split_server import PRESENCE, SESSION_PATH, STEPS_PATH, SWITCH
 
 RESULTS = Path(__file__).resolve().parent / "results" / "steps_in_process.md"
+PRESENCE_RESULTS = Path(__file__).resolve().parent / "results" / "presence_in_process.md"
 OFF, ON = "off", "on"
 PERCENTILES = (0.5, 0.9, 0.99)
 
 
-def switch_steps(server: Server, on: bool) -> None:
-    """Put the server's xsp wrapper in (``on``) or take it out."""
+def switch_steps(server: Server, on: bool, path: str = STEPS_PATH) -> None:
+    """Put the server's xsp wrapper in (``on``) or take it out; with ``path`` SESSION_PATH, start a
+    session without steps or end it."""
     connection = http.client.HTTPConnection(HOST, server.port, timeout=REQUEST_TIMEOUT_S)
     try:
-        connection.request("POST", f"{STEPS_PATH}?on={'true' if on else 'false'}")
+        connection.request("POST", f"{path}?on={'true' if on else 'false'}")
         answer = connection.getresponse()
         body = answer.read()
     finally:
@@ -82,15 +90,15 @@ def states_in_order(round_index: int, server_index: int) -> tuple[str, str]:
     return (OFF, ON) if (round_index + server_index) % 2 == 0 else (ON, OFF)
 
 
-def table(results: dict[tuple[str, str], list[Load]], endpoints: Sequence[str]) -> list[str]:
-    lines = [f"{'api':<5} {'steps':<5} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p90 ms':>6} {'p99 ms':>6} "
+def table(results: dict[tuple[str, str], list[Load]], endpoints: Sequence[str], switched: str = "steps") -> list[str]:
+    lines = [f"{'api':<5} {switched:<7} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p90 ms':>6} {'p99 ms':>6} "
              f"{'CPU µs':>6}"]
     for endpoint in endpoints:
         for state in (OFF, ON):
             loads = results[(endpoint, state)]
             requests = sum(len(load.latency_ns) for load in loads)
             throughput = requests / sum(load.seconds for load in loads)
-            lines.append(f"{endpoint:<5} {state:<5} {requests:>8,} {throughput:>6.0f} "
+            lines.append(f"{endpoint:<5} {state:<7} {requests:>8,} {throughput:>6.0f} "
                          + " ".join(f"{percentile_ms(loads, fraction):>6.2f}" for fraction in PERCENTILES)
                          + f" {1e3 * cpu_ms_per_request(loads):>6.0f}")
     lines += ["", f"{'api':<5} " + " ".join(f"{f'p{round(100 * f)} on/off [95% CI]':>22}" for f in PERCENTILES)
@@ -114,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=0.01, help="xsp's sample fraction")
     parser.add_argument("--servers", type=int, default=2, help="server processes, each loaded in every round")
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
+    parser.add_argument("--presence", action="store_true",
+                        help="switch the session itself (no steps) instead of its steps")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
     endpoints = [name for name in args.endpoints.split(",") if name]
@@ -123,27 +133,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="xsp-steps-in-process-"))
-    settings = {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample), WINDOW_ENV: f"{NO_WINDOWS_S:g}", SPLIT_ENV: SWITCH}
+    split, path = (PRESENCE, SESSION_PATH) if args.presence else (SWITCH, STEPS_PATH)
+    settings = {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample), WINDOW_ENV: f"{NO_WINDOWS_S:g}", SPLIT_ENV: split}
     servers: list[Server] = []
     results: dict[tuple[str, str], list[Load]] = {}
     with servers_stopped(servers, folder):
-        servers += [start_server(f"switch #{number + 1}", settings, folder, "switch") for number in range(args.servers)]
+        servers += [start_server(f"{split} #{number + 1}", settings, folder, split) for number in range(args.servers)]
         for server in servers:
             wait_ready(server)
             for on in (False, True):
-                switch_steps(server, on)
+                switch_steps(server, on, path)
                 for endpoint in endpoints:
                     drive(server, ENDPOINTS[endpoint], args.concurrency, WARMUP_SECONDS)
         for round_index in range(args.rounds):
             for endpoint in endpoints:
                 for server_index, server in enumerate(servers):
                     for state in states_in_order(round_index, server_index):
-                        switch_steps(server, state == ON)
+                        switch_steps(server, state == ON, path)
                         load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
                         results.setdefault((endpoint, state), []).append(load)
-                        print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} steps {state:<3} "
+                        print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} {state:<3} "
                               f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
     command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.presence:
+        lines = presence_lines(command, began, args, results, endpoints)
+        record(lines, PRESENCE_RESULTS)
+        leave_folder(folder, args.keep)
+        return 0
     lines = [
         "# An always-on session's steps, measured inside one process", "",
         last_run_line(command, began), "",
@@ -160,6 +176,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     record(lines, RESULTS)
     leave_folder(folder, args.keep)
     return 0
+
+
+def presence_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
+                   endpoints: Sequence[str]) -> list[str]:
+    """The results file of a ``--presence`` run."""
+    return [
+        "# An always-on session's presence, measured inside one process", "",
+        last_run_line(command, began), "",
+        f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
+        f"thread), started with no xsp session; {args.concurrency} closed-loop keep-alive clients on the same "
+        f"machine. {args.servers} server process(es), each loaded in every round with no session (*off*; one "
+        f"ran and ended before the first round, so that every import is made) and with a live "
+        f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})` whose module-call wrapper was "
+        f"taken out as it started (*on*: its threads, signal handlers and objects, no step recorded), "
+        f"{args.seconds:g} s each, in alternating order, the session started and ended between loads; "
+        f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
+        "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request.", "",
+        "```", *table(results, endpoints, "session"), "```",
+    ]
 
 
 if __name__ == "__main__":

@@ -154,6 +154,29 @@ def test_the_benchmark_switch_server_records_steps_only_while_they_are_on(tmp_pa
     assert spans[col.STEP].nunique() == 3  # the requests served while the steps were on
 
 
+def test_the_benchmark_presence_server_starts_and_ends_a_session_without_steps_on_request(tmp_path):
+    """benchmarks/steps_in_process.py --presence: one process, a session (no steps) started and ended
+    between loads; one still live when the server stops ends with it."""
+    server = Server(tmp_path, SPLIT_SERVE, XSP_BENCH_SPLIT="presence", XSP_BENCH_SAMPLE="1.0")
+    try:
+        assert request(server.port, "POST", "/predict", TOKENS)[0] == 200
+        assert not server.output.exists()  # no session yet
+        assert request(server.port, "POST", "/xsp_session?on=true") == (200, b'{"on":true}')
+        assert request(server.port, "POST", "/predict_async", TOKENS)[0] == 200
+        assert request(server.port, "POST", "/xsp_session?on=false") == (200, b'{"on":false}')
+        ended = xsp.load(server.output).spans
+        assert len(ended) == 1 and ended[col.STEP].isna().all()  # the session's span alone: no step
+        server.output.unlink()
+        assert request(server.port, "POST", "/xsp_session?on=true")[0] == 200
+        assert request(server.port, "POST", "/predict", TOKENS)[0] == 200
+    finally:
+        code, err = server.stop()  # the live session ends with the server
+    assert code == 0, err
+    assert "warning" not in err.lower() and "replaced" not in err, err
+    spans = xsp.load(server.output).spans
+    assert len(spans) == 1 and spans[col.STEP].isna().all()
+
+
 @pytest.mark.heavy  # a service, and Jaeger's stand-in
 def test_a_request_trace_pulled_from_jaeger_holds_the_file_spans_of_that_request(tmp_path):
     with JaegerStandIn() as jaeger:  # the application's spans and xsp's, over OTLP/HTTP as Jaeger v2 takes them
