@@ -152,6 +152,20 @@ def test_loading_two_files_of_one_rank_is_an_error(monkeypatch, tmp_path):
         xsp.load([tmp_path / "a.rank0.xsp.parquet", tmp_path / "b.rank0.xsp.parquet"])
 
 
+def test_a_folder_of_separate_runs_is_refused_not_read_as_ranks(tmp_path):
+    """Two runs of one process each are no job: read as its ranks, every cross-rank figure was made up."""
+    for name in ("monday", "tuesday"):
+        with xsp.trace(levels="model,layer", output=tmp_path / f"{name}.xsp.parquet"):
+            train()
+    with pytest.raises(TraceFormatError, match=r"2 separate runs, not the ranks of one job .*load one file at a time"):
+        xsp.load(tmp_path)
+    with pytest.raises(TraceFormatError, match="separate runs"):
+        xsp.load([tmp_path / "monday.xsp.parquet", tmp_path / "tuesday.xsp.parquet"])
+    assert xsp.load(tmp_path / "monday.xsp.parquet").ranks == []  # each alone, as it is
+    (tmp_path / "tuesday.xsp.parquet").unlink()
+    assert xsp.load(tmp_path).metadata["distributed"] is None  # a folder of one run reads as that run
+
+
 def _profiler_trace(path, rank: int, start_us: float) -> None:
     """A PyTorch profiler trace of one rank, as ``tensorboard_trace_handler`` writes it."""
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": start_us + 10 * i,

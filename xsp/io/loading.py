@@ -231,6 +231,12 @@ def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
     Raises:
         TraceFormatError: several jobs (without ``newest_job``), or two files of one rank.
     """
+    alone = [member for member in members if _recorded_alone(member)]
+    if len(members) > 1 and alone:
+        shown = ", ".join(str(member.file) for member in members[:3]) + (", ..." if len(members) > 3 else "")
+        raise TraceFormatError(f"the files hold {len(members)} separate runs, not the ranks of one job ({shown}): "
+                               f"{alone[0].file} was recorded by a process of no distributed job; load one file "
+                               "at a time (xsp diff takes a folder of runs as one side)")
     jobs = {_job_of_metadata(member.metadata) for member in members}
     ignored: list[str] = []
     if len(jobs) > 1:
@@ -260,6 +266,15 @@ def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
     metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
                 "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart}
     return JobLayout({rank: by_rank[rank] for rank in ranks}, metadata)
+
+
+def _recorded_alone(member: JobMember) -> bool:
+    """Whether the file is xsp's record of a process that belonged to no distributed job (its
+    session found no rank, and its spans carry none): a run of its own, never one rank of a job.
+    Imported traces (a profiler's, with a ``source``) may be ranks without saying so."""
+    metadata = member.metadata
+    return ("source" not in metadata and "distributed" in metadata and metadata["distributed"] is None
+            and not member.ranks_in_spans)
 
 
 def _job_of_metadata(metadata: dict[str, Any]) -> str | None:
