@@ -296,6 +296,7 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         "closed_windows": 0 if run.windows is None else run.windows.closed_windows,
         "helper_windows": run.interpreter.helper_windows,
         "helper_failures": 0 if run.windows is None else run.windows.helper_failures,
+        "helpers_behind": 0 if run.windows is None else run.windows.helpers_behind,
         "window_waits": None if run.windows is None else run.windows.wait_counts(),
         "process_id": os.getpid(),
         "child_processes": None if children is None else {
