@@ -281,3 +281,25 @@ def test_the_window_export_benchmark_checks_what_it_reports(tmp_path, monkeypatc
         else:
             assert (int(helpers) == 0) == (variant == "otlp, in thread"), (variant, cells)
             assert sent == file_spans and failed == "0", (variant, cells)
+
+
+def test_the_step_parts_benchmark_measures_both_wrappers_part_by_part(tmp_path, monkeypatch):
+    """benchmarks/step_parts.py, briefly: both variants timed on and off, every part of every call
+    positive, and the wrappers put back as they were (xsp's taken out by its session)."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here to build benchmarks/timer_floor.c")
+    monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
+    step_parts = importlib.import_module("step_parts")
+    results = tmp_path / "step_parts.md"
+    monkeypatch.setattr(step_parts, "RESULTS", results)
+    import torch
+
+    before = torch.nn.Module.__dict__["__call__"]
+    assert step_parts.main(["--blocks", "2"]) == 0
+    assert torch.nn.Module.__dict__["__call__"] is before
+    rows = [line.split() for line in results.read_text().splitlines() if line.startswith(("xsp ", "timer "))]
+    assert [row[:2] for row in rows] == [[variant, state] for variant in ("xsp", "timer")
+                                         for state in ("on", "off", "adds")]
+    for row in rows:
+        if row[1] != "adds":
+            assert row[2] == "20" and all(float(value) > 0 for value in row[3:]), row
