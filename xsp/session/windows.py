@@ -259,10 +259,7 @@ class WindowWorker:
         one, or are waiting beside it). At niceness 19 on a machine whose cores other work keeps
         busy, a helper gets almost no CPU: the windows waiting for it held the program's memory
         (RSS 276 to 644 MB under two spinning processes, a million requests) and no part was sealed."""
-        if self.helper_niceness and (self.merged_last or not self.queue.empty()):
-            self.helpers_behind += 1
-            return 0
-        return self.helper_niceness
+        return 0 if self.merged_last or not self.queue.empty() else self.helper_niceness
 
     def _interpreted_in_helper(self, window: Window, resource: Resource | None) -> bool:
         """Interpret ``window`` in a forked helper process (and send the spans it made ready, where
@@ -274,8 +271,11 @@ class WindowWorker:
         then = None  # set only where the session exports (its resource encoded once, in _run)
         if self.encoded_resource is not None:
             then = functools.partial(_ready_to_send, self.encoded_resource, self.session_ids, self.options.span_budget)
+        niceness = self.niceness_now()
+        if niceness != self.helper_niceness:
+            self.helpers_behind += 1
         try:
-            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, self.niceness_now(),
+            result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, niceness,
                                                   then), deadline_s, self.ending)
         except ForkFailed as exc:
             self._helper_failed(str(exc))
