@@ -159,11 +159,7 @@ def read_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="xsp-read-ahead") as pool:
-        try:
-            upcoming = pool.submit(next, tables, None)
-        except RuntimeError:  # the interpreter is exiting (a session that ends at exit): read here
-            yield from tables
-            return
+        upcoming = pool.submit(next, tables, None)
         while True:
             table = upcoming.result()
             if table is None:
