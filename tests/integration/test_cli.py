@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +17,7 @@ import pytest
 import xsp
 from xsp.cli.main import main
 from xsp.core import schema as col
+from xsp.core.schema import Level
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SCRIPT = """
@@ -320,6 +323,117 @@ def test_ctrl_c_lets_the_scripts_other_threads_finish_as_python_does(tmp_path):
     assert profiled.stdout == plain.stdout == "worker finished\n"
     assert own_lines(profiled.stderr) == own_lines(plain.stderr)
     assert (tmp_path / "out.xsp.parquet").is_file()
+
+
+@pytest.mark.parametrize("ending, status", [("", 0), pytest.param("raise SystemExit(3)\n", 3, marks=pytest.mark.heavy),
+                                            pytest.param("raise ValueError('main failed')\n", 1,
+                                                         marks=pytest.mark.heavy)])
+def test_threads_the_main_thread_left_running_are_traced_until_they_end(tmp_path, ending, status):
+    """Python waits for a script's non-daemon threads before it exits; xsp ended the trace when the
+    main thread returned, so the steps its threads took after that were missing, and said nowhere.
+    An idle ThreadPoolExecutor never shut down must not hold the end up (Python ends its workers at
+    exit)."""
+    script = tmp_path / "workers.py"
+    script.write_text("import threading, time, torch\n"
+                      "from concurrent.futures import ThreadPoolExecutor\n"
+                      "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+                      "pool = ThreadPoolExecutor(2)\n"
+                      "pool.submit(print, 'pool ran', flush=True).result()\n"
+                      "def work():\n"
+                      "    time.sleep(0.5)\n"
+                      "    for _ in range(20):\n"
+                      "        model(torch.randn(2, 4))\n"
+                      "    print('worker finished', flush=True)\n"
+                      "threading.Thread(target=work).start()\n"
+                      "print('main returns', flush=True)\n" + ending)
+    plain, profiled = plain_and_profiled(script, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == status, profiled.stderr
+    assert profiled.stdout == plain.stdout == "pool ran\nmain returns\nworker finished\n"
+    assert own_lines(profiled.stderr) == own_lines(plain.stderr)
+    assert "20 steps -> out.xsp.parquet" in profiled.stderr, profiled.stderr
+    assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 20
+
+
+WORKER_LEFT_RUNNING = ("import threading, time, torch\n"
+                       "model = torch.nn.Linear(4, 4)\n"
+                       "def work():\n"
+                       "    for _ in range({calls}):\n"
+                       "        model(torch.randn(2, 4))\n"
+                       "        time.sleep({pause_s})\n"
+                       "    print('worker finished', flush=True)\n"
+                       "threading.Thread(target=work).start()\n"
+                       "print('main returns', flush=True)\n")
+
+
+def test_threads_left_running_are_exported_too_when_the_trace_ends_at_exit(tmp_path):
+    """The trace of a script whose threads outlive its main thread ends at exit, where Python no
+    longer starts thread pools: its OTLP export (OpenTelemetry's resource detection runs on one)
+    sent nothing."""
+    from .otlp_receiver import HttpReceiver
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_LEFT_RUNNING.format(calls=15, pause_s=0.02))
+    with HttpReceiver() as receiver:
+        result = xsp_cli("run", "--otlp", receiver.endpoint, "--otlp-protocol", "http/protobuf", "-o",
+                         "out.xsp.parquet", "--", str(script), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "warning" not in result.stderr, result.stderr
+        spans = xsp.load(tmp_path / "out.xsp.parquet").spans
+        assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 15
+        assert f"{len(spans)} spans sent to http/protobuf" in result.stderr, result.stderr
+
+
+WORKER_AFTER_MAIN = ("import sys, threading, time, torch\n"
+                     "from concurrent.futures import ThreadPoolExecutor\n"
+                     "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+                     "pool = ThreadPoolExecutor(2)  # never shut down: Python ends it before the thread below\n"
+                     "pool.submit(model, torch.randn(2, 4)).result()\n"
+                     "def work():\n"
+                     "    threading.main_thread().join()\n"
+                     "    x, steps, start = torch.randn(2, 4), 0, time.monotonic()\n"
+                     "    while time.monotonic() - start < float(sys.argv[1]):  # the script's own argv still\n"
+                     "        model(x)\n"
+                     "        steps += 1\n"
+                     "    print(steps, flush=True)\n"
+                     "threading.Thread(target=work).start()\n")
+
+
+@pytest.mark.parametrize("options", [(), pytest.param(("--sample", "0.5"), marks=pytest.mark.heavy),
+                                     pytest.param(("--dataset", "runs", "--rotate", "1s"), marks=pytest.mark.heavy)])
+def test_a_thread_stepping_for_many_windows_after_the_main_thread_ended_is_traced_whole(tmp_path, options):
+    """The trace of a script whose thread outlives its main thread ends at exit, after it. Python
+    shuts thread pools down before it waits for the thread, and each window interpreted meanwhile
+    used one (pyarrow converts a table's columns on a pool): the first attempt passed the tests
+    (one window) and lost the whole trace of a long run. The thread here steps for several of
+    the run's windows, and begins only once the main thread has ended."""
+    script = tmp_path / "after_main.py"
+    script.write_text(WORKER_AFTER_MAIN)
+    output = () if "--dataset" in options else ("-o", "out.xsp.parquet")
+    result = xsp_cli("run", *output, *options, "--", str(script), "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower() and "Traceback" not in result.stderr, result.stderr
+    steps = int(result.stdout)
+    trace = xsp.load(tmp_path / ("runs" if "--dataset" in options else "out.xsp.parquet"))
+    assert len(trace.steps) == steps + 1  # the one step on the pool, while the main thread ran
+    if "--sample" not in options:
+        assert (trace.spans[col.LEVEL] == Level.LAYER.value).sum() == 2 * (steps + 1)
+
+
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_a_stopping_signal_while_python_waits_for_the_threads_writes_the_trace_and_ends_by_it(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_LEFT_RUNNING.format(calls=3000, pause_s=0.01))
+    process = subprocess.Popen([sys.executable, "-m", "xsp", "run", "-o", "out.xsp.parquet", "--", str(script)],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "main returns\n"
+    time.sleep(1.0)  # the worker's steps go on, Python waits for it
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == -signal.SIGTERM, err  # as a plain run ends by it
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    steps = len(xsp.load(tmp_path / "out.xsp.parquet").steps)
+    assert 10 < steps < 3000 and f"{steps} steps -> out.xsp.parquet" in err, err
 
 
 def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):

@@ -26,7 +26,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 STEPS = {"mnist_train": 6, "hf_train": 3, "hf_generate": 2, "compile_inference": 5, "compile_train": 4,
          "jit_trace": 4, "jit_script": 4, "autocast_bf16": 3, "two_models": 4, "threaded_server": 12,
          "grad_accumulation": 6, "accumulate_dataloader": 3, "lbfgs_closure": 5, "checkpointing": 4,
-         "quantized_inference": 4, "os_exit": 5, "process_pool": 6}
+         "quantized_inference": 4, "os_exit": 5, "process_pool": 6, "unjoined_workers": 6}
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -191,6 +191,15 @@ def check_threaded_server(trace: xsp.Trace) -> None:
     by_id = trace.spans.set_index(col.SPAN_ID)
     assert (by_id.loc[layers[col.PARENT_ID].astype("int64"), col.THREAD_ID].to_numpy()
             == layers[col.THREAD_ID].to_numpy()).all()
+
+
+def check_unjoined_workers(trace: xsp.Trace) -> None:
+    # every request was scored after the main thread had ended: the trace went on until the workers did
+    calls = model_spans(trace, SpanKind.PREDICT)
+    assert len(analysis.model_latency(trace)) == len(calls) == 6
+    session = trace.spans[trace.spans[col.KIND] == SpanKind.SESSION.value]
+    assert (calls[col.THREAD_ID] != session[col.THREAD_ID].iloc[0]).all()  # each a step of a worker
+    assert (calls[col.END_NS] <= session[col.END_NS].iloc[0]).all()
 
 
 def forwards_per_step(trace: xsp.Trace, name: str) -> list[int]:

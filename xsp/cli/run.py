@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -24,6 +25,7 @@ from xsp.cli._common import (
     error_console,
     xsp_warnings_to_stderr,
 )
+from xsp.cli.script_threads import ScriptThreads
 from xsp.core import schema as col
 from xsp.core.errors import XspError
 from xsp.core.figures import counted as count_of
@@ -274,8 +276,32 @@ class LineEnds:
         self.open_line = {"stdout": False, "stderr": False}
 
 
-def _run_script(script: Path, script_args: list[str], session: Session) -> int:
-    """Run the script once inside ``session``; its exit status (its traceback printed as python would).
+@dataclasses.dataclass
+class _LeftOpen:
+    """The session of a script whose main thread ended while threads it started still ran. Python
+    waits for them before it exits, and they may go on calling the model: the session ends after
+    them, at exit (:func:`_end_at_exit`), so that their steps are in the trace too."""
+
+    session_end: contextlib.ExitStack
+    line_ends: LineEnds
+    failure: BaseException | None = None
+    """What ended the main thread (not SystemExit): the session ends with it, as it would have."""
+
+    def end(self) -> None:
+        self.line_ends.stop()
+        self.line_ends.end_line()  # before the session's own lines (writing the trace, warnings)
+        failure = self.failure
+        if failure is None:
+            self.session_end.close()
+        else:
+            self.session_end.__exit__(type(failure), failure, failure.__traceback__)
+
+
+def _run_script(script: Path, script_args: list[str], session: Session,
+                may_leave_open: bool = True) -> tuple[int, _LeftOpen | None]:
+    """Run the script once inside ``session``; its exit status (its traceback printed as python
+    would), and, where ``may_leave_open``, the session left open where threads the script started
+    still run when its main thread ends (the caller ends it at exit, after them), else None.
 
     Raises:
         ScriptInterrupted: a KeyboardInterrupt ended the script (after the trace was written).
@@ -286,14 +312,29 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
     status = 0
     failure: BaseException | None = None
     line_ends = LineEnds()
+    left_open: _LeftOpen | None = None
     try:
         line_ends.follow()
-        with session:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(session)
+            interrupted = False
+            threads = ScriptThreads()
             try:
                 _run_as_main(os.path.abspath(script))
+            except SystemExit:
+                raise
+            except Exception as error:
+                failure = error
+                raise
+            except BaseException:  # Ctrl-C, or a stopping signal (Terminated): the process ends now
+                interrupted = True
+                raise
             finally:
-                line_ends.stop()
-                line_ends.end_line()  # before the session's own lines (writing the trace, warnings)
+                if may_leave_open and not interrupted and threads.running():
+                    left_open = _LeftOpen(stack.pop_all(), line_ends, failure)
+                else:
+                    line_ends.stop()
+                    line_ends.end_line()  # before the session's own lines (writing the trace, warnings)
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except _LeveledTerminated:  # a signal stopped a leveled run: not the script's failure
@@ -302,12 +343,48 @@ def _run_script(script: Path, script_args: list[str], session: Session) -> int:
         failure = error
         status = 1
     finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
+        if left_open is None:  # else the script's threads run on: they see its argv and path, as in a plain run
+            sys.argv, sys.path[:] = saved_argv, saved_path
     if failure is not None:
         _print_script_error(failure)
         if isinstance(failure, KeyboardInterrupt):
             raise ScriptInterrupted() from None
-    return status
+    return status, left_open
+
+
+@dataclasses.dataclass
+class _EndAtExit:
+    """Ends a session left open for the script's threads once Python has waited for them (atexit
+    runs after that), or at a stopping signal meanwhile (then the process ends by it), and says
+    what was written. The exit status stays the script's: Python has taken it already."""
+
+    left_open: _LeftOpen
+    session: Session
+    script: Path
+    options: argparse.Namespace
+    status: int
+    started_in: str
+    ended: bool = False
+
+    def __call__(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        with xsp_warnings_to_stderr():
+            try:
+                self.left_open.end()
+                _summarise(self.session, self.script, self.options, self.status, self.started_in)
+            except Exception as exc:  # never a traceback at exit
+                error_console().print(f"xsp: error: ending the trace after the script's threads failed: {exc}",
+                                      markup=False)
+
+    def stopped(self, signum: int) -> None:
+        """A stopping signal came while Python waited for the threads: the trace ends now, then
+        the process, by the signal (as a plain run would have ended)."""
+        from xsp.session.signals import end_by_signal
+
+        self()
+        end_by_signal(signum)
 
 
 def run(options: argparse.Namespace) -> int:
@@ -384,7 +461,12 @@ def run(options: argparse.Namespace) -> int:
         session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         writing = ProgressLine()
         session.on_finishing.append(lambda busy: writing.show("xsp: writing the trace") if busy else writing.hide())
-        status = _run_script(script, script_args, session)
+        status, left_open = _run_script(script, script_args, session)
+        if left_open is not None:  # its threads still run: the trace ends after them, as Python exits
+            ending = _EndAtExit(left_open, session, script, options, status, started_in)
+            session.left_open(ending.stopped)
+            atexit.register(ending)
+            return status
         status = _summarise(session, script, options, status, started_in)
     return status
 
@@ -536,7 +618,7 @@ class _ScriptRuns:
         session = Session(options=dataclasses.replace(self.trace_options, levels=levels, output=None, calibrate=False,
                                                       backward=backward, layer_depth=layer_depth))
         with run_cut_short_unsaid():
-            status = _run_script(self.script, self.script_args, session)
+            status, _ = _run_script(self.script, self.script_args, session, may_leave_open=False)  # each run ends here
         if status != 0:
             raise _ScriptFailed(status)
         warmup = self.options.warmup

@@ -14,6 +14,7 @@ Configuration follows the standard variables: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOI
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -120,7 +121,26 @@ def resource_for(service_name: str, metadata: Mapping[str, Any]) -> Resource:
             ATTR_WORLD_SIZE: int(job.get("world_size", 0)),
             ATTR_JOB_ID: str(job.get("job_id", "")),
         })
-    return Resource.create(attributes)
+    try:
+        detected = _detected(*(os.environ.get(name, "") for name in RESOURCE_VARIABLES))
+    except RuntimeError:  # exit has begun before anything was detected: the detectors' pool is refused
+        from opentelemetry.sdk.resources import OTELResourceDetector
+
+        detected = OTELResourceDetector().detect()  # the variables, read here
+    return detected.merge(Resource(attributes))
+
+
+RESOURCE_VARIABLES: Final = ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS")
+"""What OpenTelemetry's resource detectors read: a change of any is detected again."""
+
+
+@functools.lru_cache(maxsize=4)
+def _detected(*variables: str) -> Resource:
+    """What OpenTelemetry's resource detectors find (``Resource.create``), once a process while
+    ``variables`` (the values of :data:`RESOURCE_VARIABLES`) stay the same. They run on a thread
+    pool, which Python refuses once it has begun to exit, where ``xsp run`` may end a session (and
+    export it) after the script's threads: :func:`resource_for` then reads the variables only."""
+    return Resource.create({})
 
 
 def span_attributes(spans: pd.DataFrame) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from xsp.core.lazy import pyarrow_parquet as pq
 from xsp.io.outputs import beside, describe_os_error, write_output
 from xsp.table.validation import impossible_spans, parents_not_in_the_table
 from xsp.table.walks import arrow_strings, categorical, parent_positions
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 _PARQUET_MAGIC = b"PAR1"
 ARROW_SCHEMA_KEY: Final = b"ARROW:schema"
@@ -92,7 +95,10 @@ def arrow_table(spans: pd.DataFrame, in_order: bool = False, dictionaries: bool 
     before the categoricals' codes become texts (a text column costs far more to sort).
     ``dictionaries``: categoricals stay Arrow dictionaries (a session's windows on disk, which
     :func:`canonical_table` makes texts when they are read back)."""
-    table = pa.Table.from_pandas(spans, preserve_index=False)
+    try:
+        table = pa.Table.from_pandas(spans, preserve_index=False)
+    except RuntimeError:  # Python refuses thread-pool work once it has begun to exit: converted on this thread
+        table = pa.Table.from_pandas(spans, preserve_index=False, nthreads=1)
     if in_order:
         table = in_start_order(table)
     schema = pa.schema([pa.field(f.name, f.type if dictionaries and pa.types.is_dictionary(f.type)
@@ -159,13 +165,24 @@ def read_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="xsp-read-ahead") as pool:
-        upcoming = pool.submit(next, tables, None)
+        upcoming = _read_next(pool, tables)
         while True:
-            table = upcoming.result()
+            table = next(tables, None) if upcoming is None else upcoming.result()
             if table is None:
                 return
-            upcoming = pool.submit(next, tables, None)
+            upcoming = _read_next(pool, tables)
             yield table
+
+
+def _read_next(pool: concurrent.futures.ThreadPoolExecutor,
+               tables: Iterator[pa.Table]) -> concurrent.futures.Future[pa.Table | None] | None:
+    """The next of ``tables``, being read on ``pool``; None where Python refuses new thread-pool
+    work (it has begun to exit: a session of ``xsp run`` that ends after the script's threads),
+    and the caller reads it on its own thread."""
+    try:
+        return pool.submit(next, tables, None)
+    except RuntimeError:
+        return None
 
 
 def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],

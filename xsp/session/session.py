@@ -171,6 +171,13 @@ class Session:
         """Called with the status after the session ended because the program called ``os._exit``
         (the process then exits; the CLI says what was written)."""
 
+    def left_open(self, on_stop: Callable[[int], None]) -> None:
+        """The main thread has left this session's block while the program's threads still run
+        (``xsp run`` ends the session at exit, after them): a stopping signal from now on calls
+        ``on_stop(signum)``, which ends the session and then the process by the signal, instead of
+        unwinding a block that no longer runs."""
+        self.signals.end_by(on_stop)
+
     @property
     def output(self) -> Path | None:
         """The trace file: the one asked for until the session starts, which decides this

@@ -81,6 +81,7 @@ class StopSignals:
         self._held: list[int] = []
         self._holding = False
         self._exiting = False
+        self._on_stop: Callable[[int], None] | None = None
 
     def install(self) -> None:
         """Handle the stopping signals (main thread only; elsewhere a no-op)."""
@@ -95,6 +96,14 @@ class StopSignals:
                 signal.signal(signum, self._on_signal)
                 self._saved[signum] = previous
                 send_to_main_thread(signum)
+
+    def end_by(self, on_stop: Callable[[int], None]) -> None:
+        """From now on, a stopping signal whose action was the default (Ctrl-C's included) calls
+        ``on_stop(signum)``, which ends the session and then the process by the signal, instead of
+        raising in the main thread: the main thread has left the session's block (Python waits
+        for the program's threads at exit, where an exception would be ignored and the process
+        finalised with its threads still running)."""
+        self._on_stop = on_stop
 
     def hold(self) -> None:
         """From now on, keep stopping signals for :meth:`release` (the file is being written)."""
@@ -145,6 +154,10 @@ class StopSignals:
             self._held.append(signum)
             return None
         previous = self._saved.get(signum, signal.SIG_DFL)
+        if self._on_stop is not None and (previous is signal.SIG_DFL or previous is signal.default_int_handler):
+            _children_unheard()
+            self._on_stop(signum)
+            return None
         if previous is signal.SIG_DFL:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
