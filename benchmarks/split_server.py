@@ -17,9 +17,13 @@
   (``xsp.trace(...)`` as ``serve.py`` would, its module-call wrapper taken out at once: no step is
   ever recorded) and ``?on=false`` ends it: ``benchmarks/steps_in_process.py --presence`` loads one
   process with a live session and without one in turn, so that what a session's mere presence
-  costs (its threads, signal handlers and objects) is measured free of how two processes differ.
+  costs (its threads, signal handlers and objects) is measured free of how two processes differ;
+* ``whole``: as ``presence``, but the session started on request is the whole of it, as ``serve.py``
+  runs (its wrapper in place: every request a step, the fraction drawn recorded with its layers,
+  windows closing as they are due); ending it writes its trace file, before the request answers:
+  ``benchmarks/steps_in_process.py --whole`` measures everything xsp costs inside one process.
 
-Usage: XSP_BENCH_SPLIT=no_steps|switch|presence XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
+Usage: XSP_BENCH_SPLIT=no_steps|switch|presence|whole XSP_BENCH_MODE=xsp python benchmarks/split_server.py PORT
        XSP_BENCH_SPLIT=timer python benchmarks/split_server.py PORT
 """
 
@@ -40,11 +44,12 @@ from typing import Any
 from torch import nn
 
 SPLIT_ENV = "XSP_BENCH_SPLIT"
-NO_STEPS, TIMER, SWITCH, PRESENCE = "no_steps", "timer", "switch", "presence"
+NO_STEPS, TIMER, SWITCH, PRESENCE, WHOLE = "no_steps", "timer", "switch", "presence", "whole"
 STEPS_PATH = "/xsp_steps"
 """``switch``: POST here with ``on=true`` or ``on=false``."""
 SESSION_PATH = "/xsp_session"
-"""``presence``: POST here with ``on=true`` (a session starts, with no steps) or ``on=false`` (it ends)."""
+"""``presence`` and ``whole``: POST here with ``on=true`` (a session starts: with no steps, or the whole
+of it) or ``on=false`` (it ends)."""
 SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
 TIMER_SOURCE = Path(__file__).resolve().parent / "timer_floor.c"
 
@@ -94,11 +99,13 @@ class StepSwitch:
 
 
 class SessionSwitch:
-    """An xsp session with no steps, started and ended on request, in a server that has none at first."""
+    """An xsp session, with no steps (or, ``whole``, the whole of it), started and ended on
+    request, in a server that has none at first."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = False) -> None:
         self.options: dict[str, Any] = {}
         self.live: ExitStack | None = None
+        self.whole = whole
 
     def no_session(self, options: dict[str, Any]) -> AbstractContextManager[Any]:
         """What ``serve.py`` would run the server inside: nothing, its options kept for later."""
@@ -106,10 +113,10 @@ class SessionSwitch:
         return nullcontext()
 
     def session(self, on: bool) -> None:
-        """Start a session with no steps (``on``), or end the live one."""
+        """Start a session (``on``), or end the live one."""
         if on and self.live is None:
             live = ExitStack()
-            live.enter_context(session_without_steps(self.options))
+            live.enter_context(BUILD_SESSION(self.options) if self.whole else session_without_steps(self.options))
             self.live = live
         elif not on and self.live is not None:
             live, self.live = self.live, None
@@ -133,6 +140,7 @@ def session_without_steps(options: dict[str, Any]) -> AbstractContextManager[Any
 
 
 BUILD_APP = serve.build_app
+BUILD_SESSION = serve.xsp_session
 
 
 def install_timer() -> None:
@@ -160,8 +168,8 @@ def main() -> int:
         switch = StepSwitch()
         serve.xsp_session = switch.session  # type: ignore[assignment]
         serve.build_app = switch.app  # type: ignore[assignment]
-    elif split == PRESENCE:
-        sessions = SessionSwitch()
+    elif split in (PRESENCE, WHOLE):
+        sessions = SessionSwitch(whole=split == WHOLE)
         serve.xsp_session = sessions.no_session  # type: ignore[assignment]
         serve.build_app = sessions.app  # type: ignore[assignment]
         try:
@@ -169,7 +177,7 @@ def main() -> int:
         finally:
             sessions.session(False)
     else:
-        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS}, {TIMER}, {SWITCH} or {PRESENCE}, not {split!r}")
+        raise SystemExit(f"{SPLIT_ENV} must be {NO_STEPS}, {TIMER}, {SWITCH}, {PRESENCE} or {WHOLE}, not {split!r}")
     return serve.main()
 
 

@@ -23,8 +23,15 @@ started, its wrapper taken out (*on*: its threads, signal handlers and objects, 
 in turn, a session started and ended between loads. That is production.py's *no steps* against
 *plain*, free of how two processes differ. Recorded in benchmarks/results/presence_in_process.md.
 
+With ``--whole``, the session switched on is the whole of it (split_server.py's ``whole``): its
+wrapper in place, every request a step, the fraction drawn recorded with its layers, its windows
+closing every ``--window-s`` seconds (default: xsp's own, 60 s) and its file written as it ends,
+between loads. That is production.py's *xsp* against *plain*, free of how two processes differ.
+Recorded in benchmarks/results/whole_in_process.md.
+
 Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
-       [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence] [--keep]
+       [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence | --whole [--window-s S]]
+       [--keep]
 """
 
 from __future__ import annotations
@@ -62,10 +69,11 @@ from production import (
     tail,
     wait_ready,
 )
-from split_server import PRESENCE, SESSION_PATH, STEPS_PATH, SWITCH
+from split_server import PRESENCE, SESSION_PATH, STEPS_PATH, SWITCH, WHOLE
 
 RESULTS = Path(__file__).resolve().parent / "results" / "steps_in_process.md"
 PRESENCE_RESULTS = Path(__file__).resolve().parent / "results" / "presence_in_process.md"
+WHOLE_RESULTS = Path(__file__).resolve().parent / "results" / "whole_in_process.md"
 OFF, ON = "off", "on"
 PERCENTILES = (0.5, 0.9, 0.99)
 
@@ -124,8 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="of: " + ",".join(ENDPOINTS))
     parser.add_argument("--presence", action="store_true",
                         help="switch the session itself (no steps) instead of its steps")
+    parser.add_argument("--whole", action="store_true",
+                        help="switch the whole session (its steps, windows and file) instead of its steps")
+    parser.add_argument("--window-s", type=float, default=None,
+                        help="with --whole: how often the session's windows close (default: xsp's own)")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
+    if args.presence and args.whole:
+        parser.error("--presence and --whole cannot be combined")
+    if args.window_s is not None and (not args.whole or args.window_s <= 0):
+        parser.error("--window-s applies to --whole, and must be above 0")
     endpoints = [name for name in args.endpoints.split(",") if name]
     unknown = [name for name in endpoints if name not in ENDPOINTS]
     if args.servers < 1 or args.rounds < 1 or not endpoints or unknown:
@@ -133,8 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the servers are stopped too
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="xsp-steps-in-process-"))
-    split, path = (PRESENCE, SESSION_PATH) if args.presence else (SWITCH, STEPS_PATH)
+    split, path = (PRESENCE, SESSION_PATH) if args.presence else (WHOLE, SESSION_PATH) if args.whole \
+        else (SWITCH, STEPS_PATH)
     settings = {MODE_ENV: "xsp", SAMPLE_ENV: str(args.sample), WINDOW_ENV: f"{NO_WINDOWS_S:g}", SPLIT_ENV: split}
+    if args.whole:  # the windows close as in production, or as often as asked
+        del settings[WINDOW_ENV]
+        if args.window_s is not None:
+            settings[WINDOW_ENV] = f"{args.window_s:g}"
     servers: list[Server] = []
     results: dict[tuple[str, str], list[Load]] = {}
     with servers_stopped(servers, folder):
@@ -155,9 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} {state:<3} "
                               f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
     command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
-    if args.presence:
-        lines = presence_lines(command, began, args, results, endpoints)
-        record(lines, PRESENCE_RESULTS)
+    if args.presence or args.whole:
+        lines = (presence_lines if args.presence else whole_lines)(command, began, args, results, endpoints)
+        record(lines, PRESENCE_RESULTS if args.presence else WHOLE_RESULTS)
         leave_folder(folder, args.keep)
         return 0
     lines = [
@@ -193,6 +214,27 @@ def presence_lines(command: str, began: float, args: argparse.Namespace, results
         f"{args.seconds:g} s each, in alternating order, the session started and ended between loads; "
         f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
         "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request.", "",
+        "```", *table(results, endpoints, "session"), "```",
+    ]
+
+
+def whole_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
+                endpoints: Sequence[str]) -> list[str]:
+    """The results file of a ``--whole`` run."""
+    windows = "xsp's default windows (60 s)" if args.window_s is None else f"windows closing every {args.window_s:g} s"
+    return [
+        "# An always-on session, the whole of it, measured inside one process", "",
+        last_run_line(command, began), "",
+        f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
+        f"thread), started with no xsp session; {args.concurrency} closed-loop keep-alive clients on the same "
+        f"machine. {args.servers} server process(es), each loaded in every round with no session (*off*; one "
+        f"ran and ended before the first round, so that every import is made) and with a live "
+        f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})` as the example runs it (*on*: every "
+        f"request a step, the fraction drawn recorded with its layers, {windows}), {args.seconds:g} s each, "
+        f"in alternating order; the session started before its load and ended (its file written) after it. "
+        f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
+        "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request "
+        "(a window's helper process not counted).", "",
         "```", *table(results, endpoints, "session"), "```",
     ]
 

@@ -436,6 +436,101 @@ def test_a_stopping_signal_while_python_waits_for_the_threads_writes_the_trace_a
     assert 10 < steps < 3000 and f"{steps} steps -> out.xsp.parquet" in err, err
 
 
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_ctrl_c_while_python_waits_for_the_threads_ends_as_in_a_plain_run(tmp_path):
+    """Plain Python prints the KeyboardInterrupt as an exception ignored while it waits for the
+    threads, stops waiting and exits with the script's status (0): so does xsp, its trace written."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_LEFT_RUNNING.format(calls=3000, pause_s=0.01))
+    endings = []
+    for command in ([str(script)], ["-m", "xsp", "run", "-o", "out.xsp.parquet", "--", str(script)]):
+        process = subprocess.Popen([sys.executable, *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert process.stdout is not None
+        assert process.stdout.readline() == "main returns\n"
+        time.sleep(1.0)  # the worker's steps go on, Python waits for it
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        endings.append((process.returncode, err))
+    (plain_status, plain_err), (status, err) = endings
+    assert status == plain_status == 0, err
+    ignored = "Exception ignored in: <module 'threading'"
+    assert ignored in plain_err and ignored in err
+    assert err.rstrip().endswith("KeyboardInterrupt:") and plain_err.rstrip().endswith("KeyboardInterrupt:")
+    steps = len(xsp.load(tmp_path / "out.xsp.parquet").steps)
+    assert 10 < steps < 3000 and f"{steps} steps -> out.xsp.parquet" in err, err
+
+
+LEFT_TO_OTHERS = {
+    "pool": ("from concurrent.futures import ThreadPoolExecutor\n"
+             "pool = ThreadPoolExecutor(2)  # never shut down: Python runs its queued jobs at exit\n"
+             "def job(calls):\n"
+             "    for _ in range(calls):\n"
+             "        model(torch.randn(2, 4))\n"
+             "for _ in range(8):\n"
+             "    pool.submit(job, 50)\n"),
+    "children": ("import multiprocessing\n"
+                 "def child(calls):\n"
+                 "    for _ in range(calls):\n"
+                 "        model(torch.randn(2, 4))\n"
+                 "if __name__ == '__main__':\n"
+                 "    for _ in range(2):  # not daemons, never joined: multiprocessing joins them at exit\n"
+                 "        multiprocessing.get_context('fork').Process(target=child, args=(200,)).start()\n"),
+}
+
+
+@pytest.mark.parametrize("left", ["pool", pytest.param("children", marks=pytest.mark.heavy)])
+def test_work_left_to_a_pool_or_child_processes_when_the_main_thread_returns_is_traced(tmp_path, left):
+    """Python runs a thread pool's queued jobs, and waits for the child processes that are not
+    daemons, before it exits: xsp ended the trace when the main thread returned, with none of
+    their steps (1,014 of 20,000 for the pool; 0 for the children, said to have run untraced)."""
+    script = tmp_path / "left.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(4, 4)\n" + LEFT_TO_OTHERS[left])
+    result = xsp_cli("run", "-o", "out.xsp.parquet", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
+    assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 400, result.stderr
+
+
+def test_a_thread_left_running_finds_the_script_still_main(tmp_path):
+    """A thread the main thread left running pickled a class of the script's: xsp had put its own
+    ``__main__`` back, so the lookup failed where a plain run saves it."""
+    script = tmp_path / "saver.py"
+    script.write_text("import io, threading, time, torch\n"
+                      "class Net(torch.nn.Module):\n"
+                      "    def __init__(self):\n"
+                      "        super().__init__()\n"
+                      "        self.linear = torch.nn.Linear(4, 4)\n"
+                      "    def forward(self, x):\n"
+                      "        return self.linear(x)\n"
+                      "net = Net()\n"
+                      "def work():\n"
+                      "    threading.main_thread().join()\n"
+                      "    net(torch.randn(2, 4))\n"
+                      "    torch.save(net, io.BytesIO())\n"
+                      "    print('saved', flush=True)\n"
+                      "threading.Thread(target=work).start()\n")
+    plain, profiled = plain_and_profiled(script, cwd=tmp_path)
+    assert profiled.returncode == plain.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout == "saved\n"
+    assert len(xsp.load(tmp_path / "out.xsp.parquet").steps) == 1
+
+
+def test_leveled_refuses_a_script_that_leaves_threads_running(tmp_path):
+    """--leveled runs the script several times in one process: a thread one run left running went
+    on into the next runs, its steps uncounted and its time in theirs, and a script whose steps
+    were all in such a thread was said to have made none."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_LEFT_RUNNING.format(calls=30, pause_s=0.001))
+    result = xsp_cli("run", "--leveled", "-o", "out.xsp.parquet", "--", str(script), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("xsp: error:")]
+    assert len(errors) == 1 and "left threads or child processes running" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout.count("worker finished") == 1  # one run only, its thread let finish
+
+
 def test_unreachable_otlp_endpoint_is_one_warning(tiny, tmp_path):
     result = xsp_cli("run", "--otlp", "http://127.0.0.1:9", "--", str(tiny), "1", cwd=tmp_path)
     assert result.returncode == 0

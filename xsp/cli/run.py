@@ -9,6 +9,7 @@ import dataclasses
 import os
 import re
 import runpy
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from xsp.cli._common import (
     error_console,
     xsp_warnings_to_stderr,
 )
-from xsp.cli.script_threads import ScriptThreads
+from xsp.cli.left_running import LeftRunning, join_children
 from xsp.core import schema as col
 from xsp.core.errors import XspError
 from xsp.core.figures import counted as count_of
@@ -207,10 +208,13 @@ class ScriptInterrupted(Exception):
     """The script was interrupted (Ctrl-C): the CLI exits as python would, by SIGINT."""
 
 
-def _run_as_main(path: str) -> None:
+def _run_as_main(path: str, stays_main: bool) -> None:
     """Run the script at ``path`` (absolute) as ``python script.py`` does: as module ``__main__``,
     with its absolute path as ``__file__`` and in its tracebacks, and ``sys.argv[0]`` as the user
-    typed it (``runpy.run_path`` would set it to the path it was given)."""
+    typed it (``runpy.run_path`` would set it to the path it was given). Where ``stays_main``, it
+    stays ``__main__`` after it has run, as in a plain run: its threads and exit functions may
+    still pickle its classes, or start processes that import it; else xsp's own ``__main__`` is
+    put back (the script runs again)."""
     code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)
     module = ModuleType("__main__")
     module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
@@ -219,7 +223,7 @@ def _run_as_main(path: str) -> None:
     try:
         exec(code, module.__dict__)  # noqa: S102 - running the user's script is this command's job
     finally:
-        if saved is not None:
+        if saved is not None and not stays_main:
             sys.modules["__main__"] = saved
 
 
@@ -278,9 +282,9 @@ class LineEnds:
 
 @dataclasses.dataclass
 class _LeftOpen:
-    """The session of a script whose main thread ended while threads it started still ran. Python
-    waits for them before it exits, and they may go on calling the model: the session ends after
-    them, at exit (:func:`_end_at_exit`), so that their steps are in the trace too."""
+    """The session of a script whose main thread ended while threads or child processes it started
+    still ran. Python waits for them before it exits, and they may go on calling the model: the
+    session ends after them, at exit (:class:`_EndAtExit`), so that their steps are in the trace too."""
 
     session_end: contextlib.ExitStack
     line_ends: LineEnds
@@ -313,14 +317,15 @@ def _run_script(script: Path, script_args: list[str], session: Session,
     failure: BaseException | None = None
     line_ends = LineEnds()
     left_open: _LeftOpen | None = None
+    still_running = False
     try:
         line_ends.follow()
         with contextlib.ExitStack() as stack:
             stack.enter_context(session)
             interrupted = False
-            threads = ScriptThreads()
+            left_running = LeftRunning()
             try:
-                _run_as_main(os.path.abspath(script))
+                _run_as_main(os.path.abspath(script), stays_main=may_leave_open)
             except SystemExit:
                 raise
             except Exception as error:
@@ -330,7 +335,8 @@ def _run_script(script: Path, script_args: list[str], session: Session,
                 interrupted = True
                 raise
             finally:
-                if may_leave_open and not interrupted and threads.running():
+                still_running = not interrupted and left_running.any()
+                if may_leave_open and still_running:
                     left_open = _LeftOpen(stack.pop_all(), line_ends, failure)
                 else:
                     line_ends.stop()
@@ -349,14 +355,19 @@ def _run_script(script: Path, script_args: list[str], session: Session,
         _print_script_error(failure)
         if isinstance(failure, KeyboardInterrupt):
             raise ScriptInterrupted() from None
+    if still_running and not may_leave_open:
+        raise CliError(f"{script} left threads or child processes running when its main thread returned: "
+                       "--leveled runs it several times in one process, and they would run on into the next run "
+                       "(join them before the script ends, or profile it without --leveled)")
     return status, left_open
 
 
 @dataclasses.dataclass
 class _EndAtExit:
-    """Ends a session left open for the script's threads once Python has waited for them (atexit
-    runs after that), or at a stopping signal meanwhile (then the process ends by it), and says
-    what was written. The exit status stays the script's: Python has taken it already."""
+    """Ends a session left open for what the script left running, at ``atexit`` (after Python
+    has waited for the threads) once its child processes that are not daemons have ended too, or
+    at a stopping signal meanwhile (:meth:`stopped`), and says what was written. The exit status
+    stays the script's: Python has taken it already."""
 
     left_open: _LeftOpen
     session: Session
@@ -369,6 +380,12 @@ class _EndAtExit:
     def __call__(self) -> None:
         if self.ended:
             return
+        join_children()  # a stopping signal meanwhile ends the session (stopped)
+        self.end()
+
+    def end(self) -> None:
+        if self.ended:
+            return
         self.ended = True
         with xsp_warnings_to_stderr():
             try:
@@ -379,11 +396,15 @@ class _EndAtExit:
                                       markup=False)
 
     def stopped(self, signum: int) -> None:
-        """A stopping signal came while Python waited for the threads: the trace ends now, then
-        the process, by the signal (as a plain run would have ended)."""
+        """A stopping signal came while Python waited for the threads: the trace ends now. Then
+        SIGTERM or SIGHUP ends the process (as it would have ended a plain run), and Ctrl-C
+        raises KeyboardInterrupt where Python waits, as in a plain run (Python prints it as an
+        exception ignored, stops waiting and exits with the script's status)."""
         from xsp.session.signals import end_by_signal
 
-        self()
+        self.end()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         end_by_signal(signum)
 
 
@@ -623,7 +644,7 @@ class _ScriptRuns:
             raise _ScriptFailed(status)
         warmup = self.options.warmup
         if session.trace is None or len(session.trace.steps) <= warmup:
-            raise CliError(f"{self.script} made no steps after the {warmup} warm-up steps in the {label} run, so "
+            raise CliError(f"{self.script} made no steps after the {warmup} warm-up steps in its run ({label}), so "
                            "there was nothing to measure (is it a PyTorch script that calls its model more than "
                            "--warmup times?)")
         return session.trace
