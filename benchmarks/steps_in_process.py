@@ -31,7 +31,7 @@ Recorded in benchmarks/results/whole_in_process.md.
 
 Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
        [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence | --whole [--window-s S]]
-       [--keep]
+       [--settle-s S] [--keep]
 """
 
 from __future__ import annotations
@@ -136,8 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="switch the whole session (its steps, windows and file) instead of its steps")
     parser.add_argument("--window-s", type=float, default=None,
                         help="with --whole: how often the session's windows close (default: xsp's own)")
+    parser.add_argument("--settle-s", type=float, default=None,
+                        help="after each switch, load the server this long unmeasured (with --whole, 0.5 s by "
+                             "default: what a session's start costs, once in a service's life, is left out)")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
+    if args.settle_s is None:
+        args.settle_s = 0.5 if args.whole else 0.0
     if args.presence and args.whole:
         parser.error("--presence and --whole cannot be combined")
     if args.window_s is not None and (not args.whole or args.window_s <= 0):
@@ -171,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for server_index, server in enumerate(servers):
                     for state in states_in_order(round_index, server_index):
                         switch_steps(server, state == ON, path)
+                        if args.settle_s > 0:
+                            drive(server, ENDPOINTS[endpoint], args.concurrency, args.settle_s)
                         load = drive(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
                         results.setdefault((endpoint, state), []).append(load)
                         print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} {state:<3} "
@@ -231,7 +238,8 @@ def whole_lines(command: str, began: float, args: argparse.Namespace, results: d
         f"ran and ended before the first round, so that every import is made) and with a live "
         f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})` as the example runs it (*on*: every "
         f"request a step, the fraction drawn recorded with its layers, {windows}), {args.seconds:g} s each, "
-        f"in alternating order; the session started before its load and ended (its file written) after it. "
+        f"in alternating order, each after {args.settle_s:g} s of unmeasured load; the session started before "
+        f"it (its start, once in a service's life, left out) and ended (its file written) after its load. "
         f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
         "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request "
         "(a window's helper process not counted).", "",

@@ -177,6 +177,30 @@ def test_the_benchmark_presence_server_starts_and_ends_a_session_without_steps_o
     assert len(spans) == 1 and spans[col.STEP].isna().all()
 
 
+def test_the_benchmark_whole_server_starts_and_ends_a_whole_session_on_request(tmp_path):
+    """benchmarks/steps_in_process.py --whole: one process, a whole session (every request a step,
+    its file written as it ends) started and ended between loads."""
+    server = Server(tmp_path, SPLIT_SERVE, XSP_BENCH_SPLIT="whole", XSP_BENCH_SAMPLE="1.0")
+    try:
+        assert request(server.port, "POST", "/predict", TOKENS)[0] == 200
+        assert not server.output.exists()  # no session yet
+        for _ in range(2):
+            assert request(server.port, "POST", "/xsp_session?on=true") == (200, b'{"on":true}')
+            assert request(server.port, "POST", "/predict", TOKENS)[0] == 200
+            assert request(server.port, "POST", "/predict_async", TOKENS)[0] == 200
+            assert request(server.port, "POST", "/xsp_session?on=false") == (200, b'{"on":false}')
+            trace = xsp.load(server.output)  # written before the answer: the next load meets no writing
+            assert len(trace.steps) == 2
+            assert (trace.spans[col.LEVEL] == "layer").any()  # sampled: recorded deep
+            server.output.unlink()
+        assert request(server.port, "POST", "/predict", TOKENS)[0] == 200  # no session: nothing recorded
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    assert "warning" not in err.lower(), err
+    assert not server.output.exists()
+
+
 @pytest.mark.heavy  # a service, and Jaeger's stand-in
 def test_a_request_trace_pulled_from_jaeger_holds_the_file_spans_of_that_request(tmp_path):
     with JaegerStandIn() as jaeger:  # the application's spans and xsp's, over OTLP/HTTP as Jaeger v2 takes them
