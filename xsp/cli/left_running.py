@@ -24,17 +24,35 @@ class LeftRunning:
     def __init__(self) -> None:
         self.threads_before: frozenset[threading.Thread] = frozenset(threading.enumerate())
 
-    def threads(self) -> list[threading.Thread]:
-        """The threads started since that run still and are not daemons (the workers of thread
-        pools included: Python runs their queued work at exit; xsp's own are daemons)."""
+    def threads(self, pool_workers: bool = True) -> list[threading.Thread]:
+        """The threads started since that run still and are not daemons (xsp's own are daemons).
+        ``pool_workers``: the workers of ``concurrent.futures`` thread pools too (Python runs
+        their queued jobs at exit); an idle one never ends before that, and does nothing meanwhile."""
         current = threading.current_thread()
+        workers = set() if pool_workers else _pool_workers()
         return [thread for thread in threading.enumerate()
                 if thread not in self.threads_before and thread is not current and not thread.daemon
-                and thread.is_alive()]
+                and thread not in workers and thread.is_alive()]
 
     def any(self) -> bool:
         """Whether Python will wait for something the script started: a thread, or a child process."""
         return bool(self.threads()) or bool(_children())
+
+    def working(self) -> bool:
+        """Whether threads the script started run on that are neither daemons nor pool workers
+        (which may sit idle until exit)."""
+        return bool(self.threads(pool_workers=False))
+
+
+def _pool_workers() -> set[threading.Thread]:
+    """The worker threads of ``concurrent.futures``' thread pools, told apart as Python's own exit
+    hook tells them (no public API lists them); none where the pools were never imported."""
+    pools = sys.modules.get("concurrent.futures.thread")
+    workers: Any = getattr(pools, "_threads_queues", None)
+    try:
+        return set(workers.keys()) if workers is not None else set()
+    except Exception:  # a later Python's internals: no worker is told apart
+        return set()
 
 
 def _children() -> list[Any]:

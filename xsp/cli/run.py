@@ -335,7 +335,7 @@ def _run_script(script: Path, script_args: list[str], session: Session,
                 interrupted = True
                 raise
             finally:
-                still_running = not interrupted and left_running.any()
+                still_running = not interrupted and (left_running.any() if may_leave_open else left_running.working())
                 if may_leave_open and still_running:
                     left_open = _LeftOpen(stack.pop_all(), line_ends, failure)
                 else:
@@ -356,7 +356,7 @@ def _run_script(script: Path, script_args: list[str], session: Session,
         if isinstance(failure, KeyboardInterrupt):
             raise ScriptInterrupted() from None
     if still_running and not may_leave_open:
-        raise CliError(f"{script} left threads or child processes running when its main thread returned: "
+        raise CliError(f"{script} left threads running when its main thread returned: "
                        "--leveled runs it several times in one process, and they would run on into the next run "
                        "(join them before the script ends, or profile it without --leveled)")
     return status, left_open
