@@ -461,6 +461,8 @@ def test_ctrl_c_while_python_waits_for_the_threads_ends_as_in_a_plain_run(tmp_pa
     ignored = "Exception ignored in: <module 'threading'"
     assert ignored in plain_err and ignored in err
     assert "KeyboardInterrupt" in err and "KeyboardInterrupt" in plain_err
+    shown = err[err.index(ignored):].split("KeyboardInterrupt")[0]
+    assert shown == plain_err[plain_err.index(ignored):].split("KeyboardInterrupt")[0]  # no frame of xsp's in it
     steps = len(xsp.load(tmp_path / "out.xsp.parquet").steps)
     assert 10 < steps < 3000 and f"{steps} steps -> out.xsp.parquet" in err, err
 

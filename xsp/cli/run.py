@@ -404,8 +404,28 @@ class _EndAtExit:
 
         self.end()
         if signum == signal.SIGINT:
+            _unraisable_without_own_frames()
             raise KeyboardInterrupt
         end_by_signal(signum)
+
+
+def _unraisable_without_own_frames() -> None:
+    """Have the next exception Python prints as ignored (the KeyboardInterrupt raised where it
+    waits for the threads) printed without xsp's frames (its signal handler), as a plain run
+    prints it: from Python's own wait."""
+    previous = sys.unraisablehook
+    own = _own_code()
+
+    def hook(unraisable: Any) -> None:
+        sys.unraisablehook = previous
+        error = unraisable.exc_value
+        if isinstance(error, KeyboardInterrupt):
+            error.__traceback__ = _without_own_frames(error.__traceback__, own)
+            unraisable = type(unraisable)((unraisable.exc_type, error, error.__traceback__, unraisable.err_msg,
+                                           unraisable.object))
+        previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def run(options: argparse.Namespace) -> int:
