@@ -88,6 +88,23 @@ def test_a_model_bound_to_no_name_is_its_class_with_an_index():
     assert model_calls(traced(work))[col.NAME].tolist() == ["Sequential_0", "Sequential_1"]
 
 
+def test_a_model_called_by_a_thread_pool_or_a_thread_is_not_named_by_pythons_own_code():
+    """A pool's worker holds the model as ``fn``, a thread as ``_target``: not names of the user's."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    pooled, threaded = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+
+    def work():
+        with torch.no_grad(), ThreadPoolExecutor(1) as pool:
+            pool.submit(pooled, torch.randn(1, 4)).result()
+            thread = threading.Thread(target=threaded, args=(torch.randn(1, 4),))
+            thread.start()
+            thread.join()
+
+    assert sorted(model_calls(traced(work))[col.NAME].tolist()) == ["Sequential_0", "Sequential_1"]
+
+
 # -- a training loop --------------------------------------------------------------------
 class Net(nn.Module):
     def __init__(self) -> None:

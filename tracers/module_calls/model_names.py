@@ -4,13 +4,15 @@ Model-level spans are named by their model and layer names start with it, so tha
 models called in one iteration (even two ``nn.Sequential``) never share names or paths. The
 name is found once per model, at its first top-level call, by looking at the code that made
 the call: its local variables, the attributes of its ``self``, then its module's globals.
-Frames inside PyTorch, and frames of the model's own methods (``generate()`` calling
+Frames inside PyTorch and Python's standard library (a thread pool's worker holds the model as
+``fn``, a thread as ``_target``), and frames of the model's own methods (``generate()`` calling
 ``self(...)``), are skipped in favour of the user's code above them.
 """
 
 from __future__ import annotations
 
 import os
+import sysconfig
 from types import FrameType
 from typing import Any, Final
 
@@ -21,13 +23,21 @@ from xsp.record.recording import Recording
 
 _TORCH_DIR: Final = os.path.dirname(torch.__file__) + os.sep
 _XSP_DIRS: Final = (os.path.dirname(__file__) + os.sep, os.path.dirname(recording.__file__) + os.sep)
+_STANDARD_LIBRARY: Final = tuple(dict.fromkeys(
+    sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "platstdlib") if sysconfig.get_paths().get(name)))
+_INSTALLED: Final = tuple(dict.fromkeys(
+    sysconfig.get_paths()[name] + os.sep for name in ("purelib", "platlib") if sysconfig.get_paths().get(name)))
+"""Packages installed beside the standard library (its ``site-packages``, often inside it): not
+skipped, since a library's own binding (a pipeline's ``self.model``) names the model well."""
 FRAMES_SEARCHED: Final = 8
 """How far up the calling code a binding is looked for."""
 
 
 def _skipped(frame: FrameType, module: Any) -> bool:
     filename = frame.f_code.co_filename
-    if filename.startswith(_TORCH_DIR) or filename.startswith(_XSP_DIRS):
+    if filename.startswith(_TORCH_DIR) or filename.startswith(_XSP_DIRS) or filename.startswith("<frozen "):
+        return True
+    if filename.startswith(_STANDARD_LIBRARY) and not filename.startswith(_INSTALLED):
         return True
     return frame.f_locals.get("self") is module
 
