@@ -23,10 +23,10 @@ from xsp.record.recording import Recording
 
 _TORCH_DIR: Final = os.path.dirname(torch.__file__) + os.sep
 _XSP_DIRS: Final = (os.path.dirname(__file__) + os.sep, os.path.dirname(recording.__file__) + os.sep)
-_STANDARD_LIBRARY: Final = tuple(dict.fromkeys(
-    sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "platstdlib") if sysconfig.get_paths().get(name)))
-_INSTALLED: Final = tuple(dict.fromkeys(
-    sysconfig.get_paths()[name] + os.sep for name in ("purelib", "platlib") if sysconfig.get_paths().get(name)))
+_PATHS: Final = sysconfig.get_paths()
+_STANDARD_LIBRARY: Final = tuple(dict.fromkeys(_PATHS[name] + os.sep for name in ("stdlib", "platstdlib")
+                                               if _PATHS.get(name)))
+_INSTALLED: Final = tuple(dict.fromkeys(_PATHS[name] + os.sep for name in ("purelib", "platlib") if _PATHS.get(name)))
 """Packages installed beside the standard library (its ``site-packages``, often inside it): not
 skipped, since a library's own binding (a pipeline's ``self.model``) names the model well."""
 FRAMES_SEARCHED: Final = 8
