@@ -307,6 +307,26 @@ def test_the_window_export_benchmark_checks_what_it_reports(tmp_path, monkeypatc
             assert sent == file_spans and failed == "0", (variant, cells)
 
 
+def test_the_cold_step_benchmark_pairs_every_wrapper_at_every_eviction(tmp_path, monkeypatch):
+    """benchmarks/cold_step.py, briefly: a row per eviction and wrapper, each call timed off and
+    on, the pair count right, and the wrappers put back as they were."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here to build benchmarks/timer_floor.c")
+    monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
+    cold_step = importlib.import_module("cold_step")
+    results = tmp_path / "cold_step.md"
+    monkeypatch.setattr(cold_step, "RESULTS", results)
+    import torch
+
+    before = torch.nn.Module.__dict__["__call__"]
+    assert cold_step.main(["--blocks", "2", "--calls", "5", "--evict-mb", "0", "1"]) == 0
+    assert torch.nn.Module.__dict__["__call__"] is before
+    rows = [line.split() for line in results.read_text().splitlines() if line[:8].strip().isdigit()]
+    assert [row[:2] for row in rows] == [["0", "xsp"], ["0", "timer"], ["1", "xsp"], ["1", "timer"]]
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0 and row[5].endswith("/2"), row
+
+
 def test_the_step_parts_benchmark_measures_both_wrappers_part_by_part(tmp_path, monkeypatch):
     """benchmarks/step_parts.py, briefly: both variants timed on and off, every part of every call
     positive, and the wrappers put back as they were (xsp's taken out by its session)."""
