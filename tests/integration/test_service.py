@@ -307,20 +307,27 @@ def test_the_window_export_benchmark_checks_what_it_reports(tmp_path, monkeypatc
             assert sent == file_spans and failed == "0", (variant, cells)
 
 
-def test_the_cold_step_benchmark_pairs_every_wrapper_at_every_eviction(tmp_path, monkeypatch):
-    """benchmarks/cold_step.py, briefly: a row per eviction and wrapper, each call timed off and
-    on, the pair count right, and the wrappers put back as they were."""
+def ran_with_the_timer(benchmark: str, results: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run a benchmark of benchmarks/ that builds timer_floor.c (skipped without a C compiler) with
+    ``argv``, its results written to ``results``: whether it returned 0 and left
+    ``nn.Module.__call__`` as it found it."""
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler here to build benchmarks/timer_floor.c")
     monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
-    cold_step = importlib.import_module("cold_step")
-    results = tmp_path / "cold_step.md"
-    monkeypatch.setattr(cold_step, "RESULTS", results)
+    module = importlib.import_module(benchmark)
+    monkeypatch.setattr(module, "RESULTS", results)
     import torch
 
     before = torch.nn.Module.__dict__["__call__"]
-    assert cold_step.main(["--blocks", "2", "--calls", "5", "--evict-mb", "0", "1"]) == 0
-    assert torch.nn.Module.__dict__["__call__"] is before
+    return module.main(argv) == 0 and torch.nn.Module.__dict__["__call__"] is before
+
+
+def test_the_cold_step_benchmark_pairs_every_wrapper_at_every_eviction(tmp_path, monkeypatch):
+    """benchmarks/cold_step.py, briefly: a row per eviction and wrapper, each call timed off and
+    on, the pair count right, and the wrappers put back as they were."""
+    results = tmp_path / "cold_step.md"
+    assert ran_with_the_timer("cold_step", results, ["--blocks", "2", "--calls", "5", "--evict-mb", "0", "1"],
+                              monkeypatch)
     rows = [line.split() for line in results.read_text().splitlines() if line[:8].strip().isdigit()]
     assert [row[:2] for row in rows] == [["0", "xsp"], ["0", "timer"], ["1", "xsp"], ["1", "timer"]]
     for row in rows:
@@ -330,17 +337,8 @@ def test_the_cold_step_benchmark_pairs_every_wrapper_at_every_eviction(tmp_path,
 def test_the_step_parts_benchmark_measures_both_wrappers_part_by_part(tmp_path, monkeypatch):
     """benchmarks/step_parts.py, briefly: both variants timed on and off, every part of every call
     positive, and the wrappers put back as they were (xsp's taken out by its session)."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler here to build benchmarks/timer_floor.c")
-    monkeypatch.syspath_prepend(str(SERVE.parents[2] / "benchmarks"))
-    step_parts = importlib.import_module("step_parts")
     results = tmp_path / "step_parts.md"
-    monkeypatch.setattr(step_parts, "RESULTS", results)
-    import torch
-
-    before = torch.nn.Module.__dict__["__call__"]
-    assert step_parts.main(["--blocks", "2"]) == 0
-    assert torch.nn.Module.__dict__["__call__"] is before
+    assert ran_with_the_timer("step_parts", results, ["--blocks", "2"], monkeypatch)
     rows = [line.split() for line in results.read_text().splitlines() if line.startswith(("xsp ", "timer "))]
     assert [row[:2] for row in rows] == [[variant, state] for variant in ("xsp", "timer")
                                          for state in ("on", "off", "adds")]
