@@ -184,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
     command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
     if args.presence or args.whole:
-        lines = (presence_lines if args.presence else whole_lines)(command, began, args, results, endpoints)
-        record(lines, PRESENCE_RESULTS if args.presence else WHOLE_RESULTS)
+        record(session_lines(command, began, args, results, endpoints),
+               PRESENCE_RESULTS if args.presence else WHOLE_RESULTS)
         leave_folder(folder, args.keep)
         return 0
     lines = [
@@ -206,43 +206,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def presence_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
-                   endpoints: Sequence[str]) -> list[str]:
-    """The results file of a ``--presence`` run."""
+def session_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
+                  endpoints: Sequence[str]) -> list[str]:
+    """The results file of a ``--presence`` or a ``--whole`` run: a session switched on and off
+    between loads, with no step (its presence) or the whole of it."""
+    session = f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})`"
+    if args.presence:
+        title = "# An always-on session's presence, measured inside one process"
+        on = (f"{session} whose module-call wrapper was taken out as it started (*on*: its threads, signal "
+              f"handlers and objects, no step recorded), {args.seconds:g} s each, in alternating order, the "
+              f"session started and ended between loads;")
+        cpu = "*CPU µs*: the server's CPU time a request."
+    else:
+        windows = ("xsp's default windows (60 s)" if args.window_s is None
+                   else f"windows closing every {args.window_s:g} s")
+        title = "# An always-on session, the whole of it, measured inside one process"
+        on = (f"{session} as the example runs it (*on*: every request a step, the fraction drawn recorded with "
+              f"its layers, {windows}), {args.seconds:g} s each, in alternating order, each after "
+              f"{args.settle_s:g} s of unmeasured load; the session started before it (its start, once in a "
+              f"service's life, left out) and ended (its file written) after its load.")
+        cpu = "*CPU µs*: the server's CPU time a request (a window's helper process not counted)."
     return [
-        "# An always-on session's presence, measured inside one process", "",
+        title, "",
         last_run_line(command, began), "",
         f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
         f"thread), started with no xsp session; {args.concurrency} closed-loop keep-alive clients on the same "
         f"machine. {args.servers} server process(es), each loaded in every round with no session (*off*; one "
-        f"ran and ended before the first round, so that every import is made) and with a live "
-        f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})` whose module-call wrapper was "
-        f"taken out as it started (*on*: its threads, signal handlers and objects, no step recorded), "
-        f"{args.seconds:g} s each, in alternating order, the session started and ended between loads; "
+        f"ran and ended before the first round, so that every import is made) and with a live {on} "
         f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
-        "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request.", "",
-        "```", *table(results, endpoints, "session"), "```",
-    ]
-
-
-def whole_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
-                endpoints: Sequence[str]) -> list[str]:
-    """The results file of a ``--whole`` run."""
-    windows = "xsp's default windows (60 s)" if args.window_s is None else f"windows closing every {args.window_s:g} s"
-    return [
-        "# An always-on session, the whole of it, measured inside one process", "",
-        last_run_line(command, began), "",
-        f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
-        f"thread), started with no xsp session; {args.concurrency} closed-loop keep-alive clients on the same "
-        f"machine. {args.servers} server process(es), each loaded in every round with no session (*off*; one "
-        f"ran and ended before the first round, so that every import is made) and with a live "
-        f"`xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})` as the example runs it (*on*: every "
-        f"request a step, the fraction drawn recorded with its layers, {windows}), {args.seconds:g} s each, "
-        f"in alternating order, each after {args.settle_s:g} s of unmeasured load; the session started before "
-        f"it (its start, once in a service's life, left out) and ended (its file written) after its load. "
-        f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
-        "round's *on* drawn with its *off*, of the same process). *CPU µs*: the server's CPU time a request "
-        "(a window's helper process not counted).", "",
+        f"round's *on* drawn with its *off*, of the same process). {cpu}", "",
         "```", *table(results, endpoints, "session"), "```",
     ]
 
