@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 import xsp
 from xsp.core import schema as col
 from xsp.core.figures import counted
+from xsp.core.lazy import background_imports_done
 from xsp.core.schema import StepSampling
 from xsp.record import hotpath
 from xsp.record.sampling import DEFAULT_SLOW_STEPS, SLOW_SHARE
@@ -480,6 +482,30 @@ def test_windows_of_steps_that_never_pause_wait_no_longer_than_half_their_interv
         steps_for(model, x, 3.0)
     meta = session.trace.metadata
     assert meta["window_waits"]["past_wait"] >= 1
+
+
+def thread_wakes(native_id: int) -> int:
+    """How often a thread of this process has slept and woken (Linux)."""
+    status = (Path("/proc/self/task") / str(native_id) / "status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("voluntary_ctxt_switches:")).split()[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts a thread's wakes in /proc")
+def test_the_threads_of_an_always_on_session_never_wake_between_windows_without_a_capture(tmp_path):
+    """Each wake of a thread of xsp's takes the GIL from the program's (an event loop's), on a core
+    the program may need: a service between two windows, with no capture asked for, sees none."""
+    model, x = Net(), torch.randn(2, 8)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "q.xsp.parquet", sample=0.01):
+        model(x)
+        background_imports_done()  # the windows' thread imports what it works with as the session starts
+        time.sleep(0.5)
+        threads = {thread.name: thread.native_id for thread in threading.enumerate() if thread.name.startswith("xsp-")}
+        assert {"xsp-windows", "xsp-control"} <= set(threads)
+        before = {name: thread_wakes(native_id) for name, native_id in threads.items()}
+        time.sleep(2.5)
+        after = {name: thread_wakes(native_id) for name, native_id in threads.items()}
+        model(x)
+    assert after == before
 
 
 def test_only_an_always_on_session_waits_for_a_pause(tmp_path):

@@ -282,7 +282,11 @@ def watch_step_ends(options: TraceOptions, recording: Recording, tracers: list[T
     watching: list[Callable[[], None]] = []
     if windows is not None:
         next_window_due()
-        windows.interpreter.on_watch = next_window_due
+        def watcher_came() -> None:
+            next_window_due()
+            windows.watcher_came()
+
+        windows.interpreter.on_watch = watcher_came
         windows.close_by_time_with(window_if_due)
         recording.on_new_thread.append(window_if_due)
         watching.append(window_if_due)

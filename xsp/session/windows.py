@@ -12,6 +12,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.clock import now_ns
@@ -49,6 +50,16 @@ ALWAYS_ON_HELPER_NICENESS: Final = 19
 thread that becomes runnable takes the CPU from them at once, and their work (a window a minute)
 is done in the CPU time the service leaves. Other sessions' helpers keep the program's priority:
 a training loop keeps every core busy, and its windows (one a second) must keep pace with it."""
+
+
+class Wake(Enum):
+    """What the worker's queue holds besides windows and the end (None)."""
+
+    WATCHER = "watcher"
+    """A capture began watching: the worker, blocked with nothing to do, starts closing windows by
+    time (:meth:`WindowWorker.close_by_time_with`)."""
+
+
 HELPER_DEADLINE_S: Final = 60.0
 HELPER_DEADLINE_PER_EVENT_S: Final = 200e-6
 """A helper process taking longer than this (plus this per record) is stopped (a deadlock)."""
@@ -95,7 +106,7 @@ class WindowWorker:
         self.report = ExportReport(target="" if target is None else f"{target.protocol.value} {target.endpoint}")
         if collector_down is not None:  # nothing is sent until the collector answers (_resume_if_answering)
             self.report.stop(f"the collector did not answer ({collector_down})")
-        self.queue: queue.SimpleQueue[Window | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[Window | Wake | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
         """When the last window closed (on the host clock)."""
@@ -163,8 +174,16 @@ class WindowWorker:
         """While a capture waits for its steps, call ``window_if_due`` (what a step end calls: it
         closes a window when one is due) about every :data:`CAPTURE_WINDOW_S`, though no step ends:
         a service's burst of requests that the capture asked for, then quiet, leaves its decided
-        steps in the recording, with no step end to take them."""
+        steps in the recording, with no step end to take them. With no capture, the worker waits
+        for a window without waking: each wake of a thread of xsp's takes the GIL from the
+        program's threads (an event loop's) on a core the program may need. :meth:`watcher_came`
+        starts the looking."""
         self.window_if_due = window_if_due
+
+    def watcher_came(self) -> None:
+        """A capture began watching (:attr:`WindowInterpreter.on_watch`): the worker, perhaps
+        waiting for a window with no deadline, starts looking every :data:`CAPTURE_WINDOW_S`."""
+        self.queue.put(Wake.WATCHER)
 
     def release_held(self) -> None:
         """Hand over the windows :meth:`close_window` held."""
@@ -235,17 +254,25 @@ class WindowWorker:
         if self.stopping:
             return None
         while True:
-            try:
-                window = self.queue.get(timeout=CAPTURE_WINDOW_S)
+            window_if_due = self.window_if_due if self.interpreter.watching else None
+            if window_if_due is None:
+                window = self.queue.get()
+            else:
+                try:
+                    window = self.queue.get(timeout=CAPTURE_WINDOW_S)
+                except queue.Empty:
+                    if self.interpreter.watching:
+                        window_if_due()
+                    continue
+            if window is not Wake.WATCHER:
                 break
-            except queue.Empty:
-                if self.interpreter.watching and self.window_if_due is not None:
-                    self.window_if_due()
         if window is None:
             return None
         waiting = [window]
         while len(waiting) < MAX_MERGED and not self.queue.empty():
             later = self.queue.get_nowait()
+            if later is Wake.WATCHER:
+                continue
             if later is None:
                 self.stopping = True
                 break
