@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
@@ -509,6 +512,32 @@ def test_the_probe_rounds_agree_on_a_quiet_machine_and_say_how_far_they_spread()
     assert 0 <= measured["spread"] < 10  # a number (how large is the machine's business, not the test's)
     assert machine_speed.steady({**measured, "spread": 0.01}) and not machine_speed.steady({**measured, "spread": 0.2})
     assert machine_speed.steady({"version": 1, "python_loop_ns": 5})  # an older trace: no rounds kept
+
+
+PROBE_ALONE = """
+import resource, time
+import numpy as np
+np.ones(4) / 2.0  # a first use of NumPy starts its BLAS's threads, once in any program
+time.sleep(0.3)
+from xsp.core import machine_speed
+def process_s():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+process, thread = process_s(), time.thread_time()
+machine_speed._probe()
+time.sleep(0.3)
+print(round((process_s() - process) - (time.thread_time() - thread), 4))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+                    reason="a BLAS pool's threads spin on a machine of several cores (getrusage counts them)")
+def test_the_machine_speed_probe_keeps_to_its_own_thread():
+    """A session times its fixed work as it starts and ends: a BLAS product there would wake a
+    thread of the BLAS pool on every core, which spins for a tenth of a second after it."""
+    done = subprocess.run([sys.executable, "-c", PROBE_ALONE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 0.02  # CPU seconds on other threads than the probe's (0.1-0.2 with BLAS)
 
 
 def test_a_burst_of_load_at_one_of_the_two_moments_makes_a_run_unsteady_not_slower(monkeypatch):
