@@ -44,6 +44,7 @@ class StepCapture:
         self.steps_taken: list[int] = []
         self.parts: list[pd.DataFrame] = []
         self.done = False
+        self._abandoning = threading.Lock()
 
     def take(self, spans: pd.DataFrame) -> bool:
         """Keep the spans of this window's captured steps; True once all have come (the file is
@@ -66,12 +67,21 @@ class StepCapture:
         return self.done
 
     def abandoned_if_gone(self) -> bool:
-        """The caller stopped waiting: no file that nobody asks for any more (True when so)."""
-        if self.done or not self.caller.gone():
-            return False
-        self.done = True
-        self.on_abandon()
+        """The caller stopped waiting: no file that nobody asks for any more (True when so, to
+        the one caller that dropped it). Asked on the windows' thread and the control thread: the
+        sampler's capture is cancelled before the other finds the process free for the next one,
+        whose arming it would otherwise cancel."""
+        with self._abandoning:
+            if self.done or not self.caller.gone():
+                return False
+            self.done = True
+            self.on_abandon()
         return True
+
+    def over(self) -> bool:
+        """Nobody waits for this capture any more: its file is written, or it failed, or its
+        caller hung up (it is dropped now)."""
+        return self.abandoned_if_gone() or self.done
 
     def _write(self) -> None:
         self.done = True
@@ -186,7 +196,7 @@ class CaptureDesk:
             capture = StepCapture(caller, Path(output), steps, frozenset(asked), metadata, sampler.cancel_capture,
                                   first_step=start)
             self.pending = capture
-            self.interpreter.watch_spans(capture.take)
+            self.interpreter.watch_spans(capture.take, capture.over)
         caller.say(Reply.ACCEPTED, from_step=start, steps=steps)
 
     def _under_way(self) -> bool:

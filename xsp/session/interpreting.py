@@ -98,15 +98,40 @@ class WindowInterpreter:
         self._in_helper = False
         self._latencies: Latencies | None = None
         self._watchers: list[Callable[[pd.DataFrame], bool]] = []
+        self._given_up: dict[Callable[[pd.DataFrame], bool], Callable[[], bool]] = {}
         self._watch_lock = threading.Lock()
 
-    def watch_spans(self, watcher: Callable[[pd.DataFrame], bool]) -> None:
+    def watch_spans(self, watcher: Callable[[pd.DataFrame], bool], given_up: Callable[[], bool] | None = None) -> None:
         """Show ``watcher`` each window's spans from the next one on, until it returns True (a
-        capture); windows are interpreted in this process meanwhile."""
+        capture), or until ``given_up()`` says nobody waits for it any more (its caller hung up;
+        asked at each window, and about once a second between windows: :meth:`forget_given_up`);
+        windows are interpreted in this process meanwhile."""
         with self._watch_lock:
             self._watchers.append(watcher)
+            if given_up is not None:
+                self._given_up[watcher] = given_up
         if self.on_watch is not None:
             self.on_watch()
+
+    def forget_given_up(self) -> None:
+        """Stop showing windows to the watchers nobody waits for any more."""
+        with self._watch_lock:
+            asked = list(self._given_up.items())
+        gone = []
+        for watcher, given_up in asked:
+            try:
+                if given_up():
+                    gone.append(watcher)
+            except Exception:  # (it is asked again at the next window, with its spans)
+                continue
+        if gone:
+            self._forget(gone)
+
+    def _forget(self, watchers: list[Callable[[pd.DataFrame], bool]]) -> None:
+        with self._watch_lock:
+            self._watchers = [watcher for watcher in self._watchers if watcher not in watchers]
+            for watcher in watchers:
+                self._given_up.pop(watcher, None)
 
     @property
     def watching(self) -> bool:
@@ -166,8 +191,7 @@ class WindowInterpreter:
                 self.warn(f"a capture failed and was stopped: {type(exc).__name__}: {exc}")
             if done:
                 finished.append(watcher)
-        with self._watch_lock:
-            self._watchers = [watcher for watcher in self._watchers if watcher not in finished]
+        self._forget(finished)
 
     def _count_latencies(self, latencies: Latencies) -> None:
         assert self.latency is not None

@@ -261,6 +261,7 @@ class WindowWorker:
                 try:
                     window = self.queue.get(timeout=CAPTURE_WINDOW_S)
                 except queue.Empty:
+                    self.interpreter.forget_given_up()  # a capture whose caller gave up
                     if self.interpreter.watching:
                         window_if_due()
                     continue
