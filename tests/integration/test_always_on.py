@@ -256,6 +256,26 @@ def test_a_slow_step_arms_deep_recording_of_the_next_steps(wrapper):
     assert session.trace.metadata["sampling"]["slow_steps_found"] >= 1
 
 
+def test_the_leveled_figures_come_from_the_drawn_steps_not_those_recorded_after_a_slow_one():
+    """Steps after a slow one come in slow stretches: in the deepest run, they would make its
+    overhead look larger than it is (the report calls the runs the drawn steps')."""
+    from xsp.session.rotation import leveled_over_steps
+
+    model, x = Sometimes(), torch.randn(2, 4)
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.3, slow_factor=20) as session:
+        for i in range(60):
+            model.sleep_s = 0.3 if i == 30 else 0.002
+            model(x)
+    roots = step_roots(session.trace.spans)
+    reasons = roots[col.SAMPLING].astype(str)
+    assert (reasons == "after_slow").sum() == 3 and (reasons == "sampled").any()
+    result = leveled_over_steps(session.trace)
+    assert result is not None
+    drawn = roots[reasons.isin(["sampled", "model_only"])]
+    expected = drawn[col.LEVELED_RUN].astype(str).value_counts().to_dict()
+    assert result.overhead.set_index("run")["steps"].to_dict() == expected
+
+
 def test_a_layer_failing_in_a_step_not_sampled_leaves_the_next_deep_steps_whole(wrapper):
     """In a step recorded at the model level only, xsp's C wrapper passes the calls inside
     straight through; a failure there must not leave them passed through in later steps."""
