@@ -72,6 +72,8 @@ def test_every_output_fault_is_one_line_and_a_nonzero_exit(command, case, trace_
     assert status != 0
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith("xsp: error: cannot write"), err
+    if case == "below a file":
+        assert lines[-1].endswith(f"{tmp_path / 'afile'} is a file, not a directory"), err
     assert "Traceback" not in err
     assert leftovers(tmp_path) == []
     if command != "run":  # said before any work: no report rendered, then refused

@@ -408,6 +408,9 @@ def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
     out = console.export_text()
     assert out.index("The first step took") < out.index("Top 1 layer by self time")
     assert warmup_line(steps(250)) is None  # 2.5x: not warm-up
+    captured = steps(3_200)
+    captured.metadata["capture"] = {"steps": [0, 1, 2, 3]}
+    assert warmup_line(captured) is None  # a capture of a process running on: no warm-up, and no schedule applies
     from xsp.reports.html import layers_section
     assert "The first step took 3.200 ms" in layers_section(slow) and "first step" not in layers_section(steps(250))
 

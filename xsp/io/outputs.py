@@ -58,6 +58,9 @@ def destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
     try:
         given.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        blocking = next((folder for folder in given.parents if folder.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            raise OutputError(f"cannot write {path}: {blocking} is a file, not a directory") from None
         raise OutputError(f"cannot write {path}: cannot create its directory "
                           f"({describe_os_error(exc)})") from None
     return given, False

@@ -405,8 +405,9 @@ def warmup_line(trace: Trace) -> str | None:
     """What a slow first step (warm-up: lazy initialisation, caches, kernels chosen on first
     use) does to the figures over all steps, and how to record without it; None where the first
     step is not slow, or there are fewer than 3 steps, or the trace is always on (its tables
-    count the steps recorded deep)."""
-    if trace.metadata.get("sampling") or trace.metadata.get("leveled"):
+    count the steps recorded deep), or a capture of a running process (its first step is no
+    warm-up, and no schedule applies to it)."""
+    if trace.metadata.get("sampling") or trace.metadata.get("leveled") or trace.metadata.get("capture"):
         return None
     latency = analysis.model_latency(trace)
     if len(latency) < 3:
