@@ -387,6 +387,30 @@ def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_
     assert captured.steps == list(range(first, first + 5))
 
 
+def test_a_capture_of_exactly_as_many_requests_as_it_asks_for_completes_though_no_more_come(tmp_path):
+    """The last captured step is decided when the thread's next one begins, which a quiet service
+    never begins: a capture waiting decides it once its thread has been quiet for a moment."""
+    service = Bursts(tmp_path)
+    try:
+        service.serve(3)
+        capture = service.capture(tmp_path / "exact.xsp.parquet", "--steps", "2", "--timeout", "60")
+        service.serve(2)  # then nothing
+        out, err = capture.communicate(timeout=120)
+        service.serve(2)  # the service goes on as before: its next steps are steps of their own
+    finally:
+        code, _, service_err = service.end()
+    assert capture.returncode == 0, err
+    assert code == 0, service_err
+    captured = xsp.load(tmp_path / "exact.xsp.parquet")
+    first = captured.metadata["capture"]["from_step"]
+    assert captured.steps == [first, first + 1]
+    assert (captured.spans[col.LEVEL] == "layer").sum() == 2 * 3
+    spans = xsp.load(tmp_path / "service.xsp.parquet").spans
+    roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+    assert len(roots) == 7 and sorted(roots[col.STEP].astype(int)) == list(range(7))
+    assert (roots[col.SAMPLING].astype(str) == "capture").sum() == 2
+
+
 def test_a_capture_after_one_its_caller_gave_up_holds_only_its_own_steps(tmp_path):
     service = Bursts(tmp_path)
     try:

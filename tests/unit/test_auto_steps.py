@@ -333,3 +333,35 @@ def test_evaluation_calls_around_a_gradient_only_loop_are_steps_of_their_own():
     marks = loop.end()
     assert [name for name, _, _ in marks] == ["train_step"] * 6
     assert len(loop.decided) == 10  # 2 x (1 + 3 + 1) steps, none swallowed another
+
+
+def test_a_quiet_threads_one_call_step_is_decided_from_another_thread_only_when_nothing_else_can_be():
+    """While a capture waits, a quiet service's last step is decided by the windows' thread (its
+    own thread would decide it at its next request, which may not come)."""
+    from xsp.core.clock import now_ns
+    from xsp.record import hotpath
+    from xsp.record.recording import Recording
+
+    if hotpath.HOTPATH is None:
+        pytest.skip("xsp's C part is not built here (its Python twin decides nothing)")
+    recording = Recording()
+    told: list[int] = []
+    recording.on_long_step, recording.long_step_ns = told.append, 0
+    buffer = recording.buffer()
+    steps = buffer.steps
+    start = now_ns() - 10_000_000
+    steps.call_begins(MODEL, start, False)
+    steps.call_ends(start + 1_000)
+    assert recording.decide_quiet_steps(quiet_ns=60_000_000_000) == 0  # not quiet for a minute yet
+    buffer.depth = 1  # a call under way
+    assert recording.decide_quiet_steps(quiet_ns=1_000_000) == 0
+    buffer.depth = 0
+    assert recording.decide_quiet_steps(quiet_ns=1_000_000) == 1
+    assert told == [1_000] and not steps.holding and steps.lane == 0
+    steps.call_begins(MODEL, now_ns(), False)  # the thread's next call: a step of its own
+    assert steps.holding and told == [1_000]
+    later = now_ns()
+    steps.call_ends(later)
+    steps.call_begins(HEAD, later + 1, False)  # another model joins the step: not the lane any more
+    steps.call_ends(later + 2)
+    assert recording.decide_quiet_steps(quiet_ns=0) == 0 and steps.holding

@@ -212,6 +212,5 @@ def wait_done(target: Target, deadline: float) -> dict[str, Any]:
     try:
         return _read_reply(target, target.connection, deadline)
     except TimeoutError:
-        raise CliError(f"process {target.pid} did not complete the capture in time (no file was written; a step "
-                       "is complete once the next one has begun, so it may serve too few steps: try a larger "
-                       "--timeout)") from None
+        raise CliError(f"process {target.pid} did not complete the capture in time (no file was written; it may "
+                       "serve too few steps: try a larger --timeout)") from None

@@ -55,6 +55,10 @@ def pack_columns(rows: Sequence[tuple[int, ...]], itemsizes: Sequence[int], /) -
 def split_rows(data: Any, itemsizes: Sequence[int], /) -> tuple[bytes, ...]:
     """The int64 rows of ``data`` split into one bytes object per column, each of its item size."""
 
+def decide_quiet_step(buffer: Any, now_ns: int, quiet_ns: int, none: Any, inference: Any, /) -> tuple[int, int] | None:
+    """The thread's open one-call inference step decided from another thread, once no call has run on
+    the thread for ``quiet_ns``: its ``(start_ns, end_ns)``, or None (left as it is)."""
+
 class SamplerCore:
     """The per-step part of an always-on session's StepSampler (xsp/record/_hotpath/sampler.c); its
     Python twin is xsp.record.sampling.PySamplerCore."""

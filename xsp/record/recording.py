@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsp.core.clock import now_ns
+from xsp.record import hotpath
 from xsp.record.columns import (
     COMPACT_AT,
     DEFAULT_MAX_EVENTS,
@@ -47,7 +48,7 @@ from xsp.record.nvtx import NvtxRanges
 from xsp.record.samples import GcPause
 from xsp.record.sampling import StepCore, StepSampler
 from xsp.record.sites import NO_SITE, SITE_SCOPES_BYTES, CallSites
-from xsp.record.steps import AutoSteps
+from xsp.record.steps import AutoSteps, hotpath_constants
 from xsp.record.window import Window, WindowBuffer, split_columns
 
 _getframe = sys._getframe
@@ -617,6 +618,25 @@ class Recording:
             buffer.depth = buffer.open_steps = 0
             buffer.steps.finish(thread_ended=True)
         return ended
+
+    def decide_quiet_steps(self, quiet_ns: int) -> int:
+        """Decide each thread's open step that is one inference call of one model, ended at least
+        ``quiet_ns`` ago, with no call under way on its thread: a step is decided when its thread's
+        next one begins, and a quiet service's last step would wait for the next request (a
+        capture of it, with it). Done by xsp's C part alone, where no other thread can run between
+        its reads and writes of the step (its Python twin leaves the steps as they are). The number
+        decided."""
+        hot = hotpath.HOTPATH
+        if hot is None:
+            return 0
+        none, inference = hotpath_constants()[:2]
+        decided = 0
+        for buffer in list(self.buffers):
+            ended = hot.decide_quiet_step(buffer, now_ns(), quiet_ns, none, inference)
+            if ended is not None:
+                buffer.steps.decided_elsewhere(*ended)
+                decided += 1
+        return decided
 
     def finish_steps(self) -> None:
         """Decide every thread's open automatic step (the session is ending)."""

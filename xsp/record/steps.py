@@ -348,6 +348,12 @@ class AutoSteps:
         self._reset()
         self.wait_ns = self.resume_ns = 0
 
+    def decided_elsewhere(self, start_ns: int, end_ns: int) -> None:
+        """Another thread decided this thread's open step (:meth:`Recording.decide_quiet_steps
+        <xsp.record.recording.Recording.decide_quiet_steps>`): tell whoever listens, as its next
+        call would have."""
+        self._decided(start_ns, end_ns)
+
     # ---------------------------------------------------------------------------------
     def _open(self, kind: StepType, start_ns: int, leader: int | None) -> None:
         waited, resumed = self.wait_ns, (self.resume_ns if kind is _TRAIN else 0)

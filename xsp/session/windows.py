@@ -30,7 +30,7 @@ from xsp.record.window import Window
 from xsp.session.forked import ForkFailed, fork_available, run_forked
 from xsp.session.interpreting import WindowInterpreter, WindowResult
 from xsp.session.options import CAPTURE_WINDOW_S, TraceOptions
-from xsp.session.pauses import PauseWait
+from xsp.session.pauses import PAUSE_S, PauseWait
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
@@ -263,6 +263,8 @@ class WindowWorker:
                 except queue.Empty:
                     self.interpreter.forget_given_up()  # a capture whose caller gave up
                     if self.interpreter.watching:
+                        # a quiet service's last captured step, which its next request would decide
+                        self.recording.decide_quiet_steps(int(PAUSE_S * 1e9))
                         window_if_due()
                     continue
             if window is not Wake.WATCHER:

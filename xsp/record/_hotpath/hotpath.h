@@ -385,6 +385,7 @@ int store_value(char *column, int size, Py_ssize_t row, long long value);
 PyObject *pack_columns(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *split_rows(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *empty_packed(PyObject *module, PyObject *size_object);
+PyObject *decide_quiet_step(PyObject *module, PyObject *const *argv, Py_ssize_t nargs);
 long long call_site(FastCall *self, PyObject *buffer, long long depth);
 void open_site_scope(FastCall *self, PyObject *buffer, long long depth);
 int record_call(FastCall *self, PyObject *buffer, const Call *call, long long depth, PyObject *out,

@@ -14,6 +14,9 @@ static PyMethodDef hotpath_functions[] = {
      "pack_columns(rows, itemsizes) -> tuple of bytes, one per column."},
     {"split_rows", (PyCFunction)(void (*)(void))split_rows, METH_FASTCALL,
      "split_rows(data, itemsizes) -> tuple of bytes, one per column of data's int64 rows."},
+    {"decide_quiet_step", (PyCFunction)(void (*)(void))decide_quiet_step, METH_FASTCALL,
+     "decide_quiet_step(buffer, now_ns, quiet_ns, none, inference) -> (start_ns, end_ns) of the thread's open "
+     "one-call inference step, decided from another thread once it has been quiet that long, or None."},
     {NULL, NULL, 0, NULL},
 };
 

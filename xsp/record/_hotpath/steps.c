@@ -235,3 +235,67 @@ int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyObject *
     if (end_ns > last_end_ns) slot_set(steps, ss->last_end_ns, end);
     return 0;
 }
+
+/* decide_quiet_step(buffer, now_ns, quiet_ns, none, inference): the thread's open step decided
+ * from another thread, as its next call would decide it, where that step is one inference call
+ * of one model (the lane), no call is under way on the thread, and the call ended quiet_ns or
+ * more before now_ns: (start_ns, end_ns) of the step decided, else None. No Python runs between
+ * its reads and writes, nor between top_call's plan and begin_step: a call that begins after it
+ * opens a new step. (A call that C hands to Python, AutoSteps.call_begins, could be interrupted
+ * by it between two of its reads, once its thread has been quiet for quiet_ns: its step then
+ * begins as a new one all the same, with stale join notes that its step's end clears.) `none`
+ * and `inference`: the step types of hotpath_constants(). */
+PyObject *decide_quiet_step(PyObject *module, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "decide_quiet_step(buffer, now_ns, quiet_ns, none, inference)");
+        return NULL;
+    }
+    PyObject *buffer = argv[0], *none = argv[3], *inference = argv[4];
+    long long now_ns = PyLong_AsLongLong(argv[1]), quiet_ns = PyLong_AsLongLong(argv[2]);
+    if (PyErr_Occurred()) return NULL;
+    BufferSlots bs;
+    StepsSlots ss;
+    PyObject *steps = PyObject_GetAttrString(buffer, "steps");
+    if (steps == NULL) return NULL;
+    PyObject *result = NULL;
+    if (find_slots((PyObject *)Py_TYPE(buffer), (PyObject *)Py_TYPE(steps), &bs, &ss) < 0) goto done;
+    PyObject *type = SLOT(steps, ss.type), *lane = SLOT(steps, ss.lane), *leader = SLOT(steps, ss.leader);
+    PyObject *lane_grad = SLOT(steps, ss.lane_grad), *python_decides = SLOT(steps, ss.python_decides);
+    PyObject *name = SLOT(steps, ss.name);
+    if (type != inference || lane == NULL || leader == NULL || !PyLong_CheckExact(lane) || !PyLong_CheckExact(leader)
+        || lane_grad != Py_False || python_decides != Py_False || name == NULL || !PyUnicode_Check(name)
+        || PyUnicode_GET_LENGTH(name) != 0 || !slot_is_zero(buffer, bs.depth) || !slot_is_zero(buffer, bs.open_steps)
+        || !slot_is_zero(steps, ss.nested) || !slot_is_zero(steps, ss.wait_ns) || !slot_is_zero(steps, ss.joiner)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    int same = PyObject_RichCompareBool(lane, leader, Py_EQ);  /* ints: no Python runs */
+    long long pieces = slot_ll(steps, ss.pieces), start_ns = slot_ll(steps, ss.start_ns);
+    long long end_ns = slot_ll(steps, ss.last_end_ns);
+    if (same < 0 || PyErr_Occurred()) goto done;
+    /* the call's end not written yet (its thread is between its depth and its step's end): its next look */
+    if (!same || as_ll(lane) == 0 || pieces != 1 || end_ns <= start_ns || now_ns - end_ns < quiet_ns) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) goto done;
+    slot_set(steps, ss.lane, zero);  /* AutoSteps.finish of a one-call inference step: no mark, then _reset */
+    slot_set(steps, ss.lane_grad, Py_False);
+    slot_set(steps, ss.type, none);
+    slot_set(steps, ss.start_ns, zero);
+    slot_set(steps, ss.last_end_ns, zero);
+    slot_set(steps, ss.closed_ns, zero);
+    slot_set(steps, ss.leader, Py_None);
+    slot_set(steps, ss.pieces, zero);
+    slot_set(steps, ss.trained, Py_False);
+    slot_set(steps, ss.closed_by, zero);
+    slot_set(steps, ss.resume_ns, zero);
+    int forgot = forget_joins(&ss, steps, zero);
+    Py_DECREF(zero);
+    if (forgot < 0) goto done;
+    result = Py_BuildValue("(LL)", start_ns, end_ns);
+done:
+    Py_DECREF(steps);
+    return result;
+}
