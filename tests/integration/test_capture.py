@@ -390,6 +390,10 @@ def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_
 def test_a_capture_of_exactly_as_many_requests_as_it_asks_for_completes_though_no_more_come(tmp_path):
     """The last captured step is decided when the thread's next one begins, which a quiet service
     never begins: a capture waiting decides it once its thread has been quiet for a moment."""
+    from xsp.record import hotpath
+
+    if hotpath.HOTPATH is None:
+        pytest.skip("xsp's C part is not built here (its Python twin leaves the step to the next request)")
     service = Bursts(tmp_path)
     try:
         service.serve(3)
