@@ -349,8 +349,9 @@ class Bursts:
     def serve(self, steps: int) -> None:
         """A burst of ``steps`` requests, served before this returns."""
         self.made += 1
-        burst = self.bursts / f"burst-{self.made:04d}"
-        burst.write_text(str(steps))
+        burst, pending = self.bursts / f"burst-{self.made:04d}", self.bursts / f".pending-{self.made:04d}"
+        pending.write_text(str(steps))
+        pending.rename(burst)  # whole when the service finds it (a file it read empty ended the service)
         wait_for(lambda: not burst.exists())
 
     def capturing(self) -> bool:
@@ -365,6 +366,14 @@ class Bursts:
         wait_for(lambda: self.capturing() or started.poll() is not None)
         return started
 
+    def capture_then_serve(self, output: Path, steps: int, served: int) -> tuple[int, str]:
+        """A capture of ``steps`` asked for, then ``served`` requests, then quiet: the capture's exit
+        code and what it said, once it ended."""
+        capture = self.capture(output, "--steps", str(steps), "--timeout", "60")
+        self.serve(served)
+        _, err = capture.communicate(timeout=120)
+        return capture.returncode, err
+
     def end(self) -> tuple[int, str, str]:
         self.stop.touch()
         out, err = self.process.communicate(timeout=120)
@@ -375,12 +384,10 @@ def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_
     service = Bursts(tmp_path)
     try:
         service.serve(3)
-        capture = service.capture(tmp_path / "burst.xsp.parquet", "--steps", "5", "--timeout", "60")
-        service.serve(20)  # then nothing: no step ends to close a window at
-        out, err = capture.communicate(timeout=120)
+        captured_code, err = service.capture_then_serve(tmp_path / "burst.xsp.parquet", 5, 20)  # no step ends after
     finally:
         code, _, service_err = service.end()
-    assert capture.returncode == 0, err
+    assert captured_code == 0, err
     assert code == 0, service_err
     captured = xsp.load(tmp_path / "burst.xsp.parquet")
     first = captured.metadata["capture"]["from_step"]
@@ -397,13 +404,11 @@ def test_a_capture_of_exactly_as_many_requests_as_it_asks_for_completes_though_n
     service = Bursts(tmp_path)
     try:
         service.serve(3)
-        capture = service.capture(tmp_path / "exact.xsp.parquet", "--steps", "2", "--timeout", "60")
-        service.serve(2)  # then nothing
-        out, err = capture.communicate(timeout=120)
+        captured_code, err = service.capture_then_serve(tmp_path / "exact.xsp.parquet", 2, 2)
         service.serve(2)  # the service goes on as before: its next steps are steps of their own
     finally:
         code, _, service_err = service.end()
-    assert capture.returncode == 0, err
+    assert captured_code == 0, err
     assert code == 0, service_err
     captured = xsp.load(tmp_path / "exact.xsp.parquet")
     first = captured.metadata["capture"]["from_step"]
