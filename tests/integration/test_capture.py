@@ -380,16 +380,25 @@ class Bursts:
         return self.process.returncode, out, err
 
 
-def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_goes_quiet(tmp_path):
+def captured_then_quiet(tmp_path: Path, steps: int, served: int, served_after: int = 0) -> xsp.Trace:
+    """A :class:`Bursts` service that served 3 requests is asked to capture ``steps``, then serves
+    ``served`` requests and goes quiet (``served_after`` more once the capture ended): the
+    capture's trace (the capture and the service both ended well)."""
     service = Bursts(tmp_path)
     try:
         service.serve(3)
-        captured_code, err = service.capture_then_serve(tmp_path / "burst.xsp.parquet", 5, 20)  # no step ends after
+        captured_code, err = service.capture_then_serve(tmp_path / "cap.xsp.parquet", steps, served)
+        if served_after:
+            service.serve(served_after)
     finally:
         code, _, service_err = service.end()
     assert captured_code == 0, err
     assert code == 0, service_err
-    captured = xsp.load(tmp_path / "burst.xsp.parquet")
+    return xsp.load(tmp_path / "cap.xsp.parquet")
+
+
+def test_a_capture_asked_for_before_a_burst_is_complete_though_the_service_then_goes_quiet(tmp_path):
+    captured = captured_then_quiet(tmp_path, steps=5, served=20)  # no step ends after them
     first = captured.metadata["capture"]["from_step"]
     assert captured.steps == list(range(first, first + 5))
 
@@ -401,16 +410,8 @@ def test_a_capture_of_exactly_as_many_requests_as_it_asks_for_completes_though_n
 
     if hotpath.HOTPATH is None:
         pytest.skip("xsp's C part is not built here (its Python twin leaves the step to the next request)")
-    service = Bursts(tmp_path)
-    try:
-        service.serve(3)
-        captured_code, err = service.capture_then_serve(tmp_path / "exact.xsp.parquet", 2, 2)
-        service.serve(2)  # the service goes on as before: its next steps are steps of their own
-    finally:
-        code, _, service_err = service.end()
-    assert captured_code == 0, err
-    assert code == 0, service_err
-    captured = xsp.load(tmp_path / "exact.xsp.parquet")
+    # then the service goes on as before: its next steps are steps of their own
+    captured = captured_then_quiet(tmp_path, steps=2, served=2, served_after=2)
     first = captured.metadata["capture"]["from_step"]
     assert captured.steps == [first, first + 1]
     assert (captured.spans[col.LEVEL] == "layer").sum() == 2 * 3
