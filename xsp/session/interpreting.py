@@ -97,8 +97,8 @@ class WindowInterpreter:
         """The depth plans step notes name (the always-on session's sampler's list, which only grows)."""
         self._in_helper = False
         self._latencies: Latencies | None = None
-        self._watchers: list[Callable[[pd.DataFrame], bool]] = []
-        self._given_up: dict[Callable[[pd.DataFrame], bool], Callable[[], bool]] = {}
+        self._watchers: list[tuple[Callable[[pd.DataFrame], bool], Callable[[], bool] | None]] = []
+        """Each watcher, with what says that nobody waits for it any more (None: nothing does)."""
         self._watch_lock = threading.Lock()
 
     def watch_spans(self, watcher: Callable[[pd.DataFrame], bool], given_up: Callable[[], bool] | None = None) -> None:
@@ -107,20 +107,18 @@ class WindowInterpreter:
         asked at each window, and about once a second between windows: :meth:`forget_given_up`);
         windows are interpreted in this process meanwhile."""
         with self._watch_lock:
-            self._watchers.append(watcher)
-            if given_up is not None:
-                self._given_up[watcher] = given_up
+            self._watchers.append((watcher, given_up))
         if self.on_watch is not None:
             self.on_watch()
 
     def forget_given_up(self) -> None:
         """Stop showing windows to the watchers nobody waits for any more."""
         with self._watch_lock:
-            asked = list(self._given_up.items())
+            asked = list(self._watchers)
         gone = []
         for watcher, given_up in asked:
             try:
-                if given_up():
+                if given_up is not None and given_up():
                     gone.append(watcher)
             except Exception:  # (it is asked again at the next window, with its spans)
                 continue
@@ -129,9 +127,7 @@ class WindowInterpreter:
 
     def _forget(self, watchers: list[Callable[[pd.DataFrame], bool]]) -> None:
         with self._watch_lock:
-            self._watchers = [watcher for watcher in self._watchers if watcher not in watchers]
-            for watcher in watchers:
-                self._given_up.pop(watcher, None)
+            self._watchers = [pair for pair in self._watchers if pair[0] not in watchers]
 
     @property
     def watching(self) -> bool:
@@ -181,7 +177,7 @@ class WindowInterpreter:
 
     def _show_watchers(self, spans: pd.DataFrame) -> None:
         with self._watch_lock:
-            watchers = list(self._watchers)
+            watchers = [watcher for watcher, _ in self._watchers]
         finished = []
         for watcher in watchers:
             try:

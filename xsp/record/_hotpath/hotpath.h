@@ -423,6 +423,7 @@ int open_step(FastCall *self, PyObject *steps, PyObject *module, CallPlan *plan,
                      PyObject *resumed);
 int note_join(const StepsSlots *ss, PyObject *steps, PyObject *module, PyObject *start);
 int forget_joins(const StepsSlots *ss, PyObject *steps, PyObject *zero);
+int reset_step(const StepsSlots *ss, PyObject *steps, PyObject *none, PyObject *zero);
 int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan, PyObject *start);
 int end_step_piece(FastCall *self, PyObject *buffer, PyObject *steps, PyObject *end, long long end_ns);
 PyObject *events_buffer(StepEvents *self);

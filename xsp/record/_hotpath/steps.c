@@ -176,6 +176,21 @@ int forget_joins(const StepsSlots *ss, PyObject *steps, PyObject *zero) {
     return 0;
 }
 
+/* AutoSteps._reset of the slots C reads (the step decided: no step open), with joiner = 0 and
+ * joined = [] (forget_joins); `none`: the type of no step. The lane is the caller's. */
+int reset_step(const StepsSlots *ss, PyObject *steps, PyObject *none, PyObject *zero) {
+    slot_set(steps, ss->lane_grad, Py_False);
+    slot_set(steps, ss->type, none);
+    slot_set(steps, ss->start_ns, zero);
+    slot_set(steps, ss->last_end_ns, zero);
+    slot_set(steps, ss->closed_ns, zero);
+    slot_set(steps, ss->leader, Py_None);
+    slot_set(steps, ss->pieces, zero);
+    slot_set(steps, ss->trained, Py_False);
+    slot_set(steps, ss->closed_by, zero);
+    return forget_joins(ss, steps, zero);
+}
+
 /* Carry the plan out (call_begins's writes); the call starts at `start`. */
 int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan, PyObject *start) {
     const StepsSlots *ss = &self->steps_slots;
@@ -205,16 +220,7 @@ int begin_step(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *pla
                 goto done;
         }
         Py_SETREF(resumed, plan->finish == FINISH_TRAINING ? Py_NewRef(SLOT(steps, ss->closed_ns)) : Py_NewRef(zero));
-        slot_set(steps, ss->lane_grad, Py_False);
-        slot_set(steps, ss->type, self->step_none);
-        slot_set(steps, ss->start_ns, zero);
-        slot_set(steps, ss->last_end_ns, zero);
-        slot_set(steps, ss->closed_ns, zero);
-        slot_set(steps, ss->leader, Py_None);
-        slot_set(steps, ss->pieces, zero);
-        slot_set(steps, ss->trained, Py_False);
-        slot_set(steps, ss->closed_by, zero);
-        if (forget_joins(ss, steps, zero) < 0) goto done;
+        if (reset_step(ss, steps, self->step_none, zero) < 0) goto done;
     }
     status = open_step(self, steps, module, plan, start, resumed);
 done:
@@ -281,17 +287,8 @@ PyObject *decide_quiet_step(PyObject *module, PyObject *const *argv, Py_ssize_t 
     PyObject *zero = PyLong_FromLong(0);
     if (zero == NULL) goto done;
     slot_set(steps, ss.lane, zero);  /* AutoSteps.finish of a one-call inference step: no mark, then _reset */
-    slot_set(steps, ss.lane_grad, Py_False);
-    slot_set(steps, ss.type, none);
-    slot_set(steps, ss.start_ns, zero);
-    slot_set(steps, ss.last_end_ns, zero);
-    slot_set(steps, ss.closed_ns, zero);
-    slot_set(steps, ss.leader, Py_None);
-    slot_set(steps, ss.pieces, zero);
-    slot_set(steps, ss.trained, Py_False);
-    slot_set(steps, ss.closed_by, zero);
     slot_set(steps, ss.resume_ns, zero);
-    int forgot = forget_joins(&ss, steps, zero);
+    int forgot = reset_step(&ss, steps, none, zero);
     Py_DECREF(zero);
     if (forgot < 0) goto done;
     result = Py_BuildValue("(LL)", start_ns, end_ns);
