@@ -67,7 +67,7 @@ OVERLAP = textwrap.dedent("""
                 model(x)
                 times.append((time.perf_counter() - start) * 1e3)
     times.sort()
-    print(statistics.median(times), times[int(len(times) * 0.9)], times[-1])
+    print(statistics.median(times), times[int(len(times) * 0.9)], times[-1], len(times))
 """)
 OVERLAP_MODES = ("none", "lazy", "preimported", "xsp run")
 ENTRY_GOAL_S = 0.3
@@ -157,15 +157,17 @@ def main() -> None:
         "block's first line. What it defers (pandas, pyarrow, OpenTelemetry's SDK, the machine-speed probe) "
         "is paid by the window thread in the background and at the block's end.",
         "",
-        "Steps in the session's first second, while its thread imports beside them (a small CNN, 1 thread; "
-        "medians over the rounds of each process's median, p90 and longest step, ms):",
+        "Steps in the session's first second, while its thread imports (a small CNN, 1 thread; "
+        "medians over the rounds of each process's median, p90 and longest step, ms, and of the steps made in it):",
         "",
-        "| session | median step | p90 step | longest step |",
-        "|---|---:|---:|---:|",
+        "| session | median step | p90 step | longest step | steps in the second |",
+        "|---|---:|---:|---:|---:|",
         *[f"| {mode} | {median([r[0] for r in overlap[mode]]):.3f} | {median([r[1] for r in overlap[mode]]):.3f} | "
-          f"{median([r[2] for r in overlap[mode]]):.3f} |" for mode in OVERLAP_MODES],
+          f"{median([r[2] for r in overlap[mode]]):.3f} | {median([r[3] for r in overlap[mode]]):.0f} |"
+          for mode in OVERLAP_MODES],
         "",
-        "`none`: no xsp; `lazy`: `with xsp.trace():` as it is, its thread importing beside the first steps; "
+        "`none`: no xsp; `lazy`: `with xsp.trace():` as it is, its window thread importing as it starts (the "
+        "first model call waits for those imports before its clock is read: its step is the longest); "
         "`preimported`: pandas, pyarrow and OpenTelemetry's SDK imported before the session, as every session did "
         "before its imports were made lazy; `xsp run`: the same script unchanged under `xsp run`, which starts "
         "those imports before the script, beside its own `import torch`.",
