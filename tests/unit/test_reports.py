@@ -439,3 +439,19 @@ def test_the_report_shows_what_garbage_collection_took_per_generation_and_recomm
 
     assert ("generation 0: 2 in 0.022 ms (2.2% of wall time, the longest 0.012 ms); generation 2: 1 in 0.080 ms "
             "(8.0% of wall time, the longest 0.080 ms)") in system_section(make_trace(rows))
+
+
+def test_siblings_deep_in_a_model_keep_the_part_where_they_differ():
+    """README's first report, at 80 columns, named four of its top ten layers
+    '…0.layer.1.convolution#1' and the like: which stage each was, nothing said."""
+    from xsp.reports.terminal import distinct_middles
+
+    names = [f"model.resnet.encoder.stages.{stage}.layers.0.{part}.convolution"
+             for stage in range(4) for part in ("layer.1", "shortcut")]
+    shown = distinct_middles([*names, "model.resnet.embedder.convolution"], 30)
+    assert shown[names[7]] == "…stages.3…shortcut.convolution"
+    assert shown[names[6]] == "…stages.3…layer.1.convolution"
+    assert len(set(shown.values())) == len(names) + 1 and not any("#" in text for text in shown.values())
+    for limit in range(12, 40):
+        narrow = distinct_middles(names, limit)
+        assert len(set(narrow.values())) == len(names) and all(len(text) <= limit for text in narrow.values())

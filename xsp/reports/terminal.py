@@ -234,6 +234,18 @@ def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
                     not is_path(value) or tails[value].endswith(PATH_PART.split(value)[-1]) for value in group):
                 shortened.update(tails)
                 break
+    # what still reads alike keeps, before its end, the parts where it differs from the others
+    # ("…stages.3…layer.1.convolution"): siblings of a deep model differ far from both ends
+    counts = Counter(shortened.values())
+    alike = [value for value, text_ in shortened.items() if counts[text_] > 1]
+    if alike:
+        groups: dict[str, list[str]] = {}
+        for value in alike:
+            groups.setdefault(shortened[value], []).append(value)
+        windowed = {value: with_difference(value, groups[shortened[value]], limit) for value in alike}
+        taken = Counter(text_ for value, text_ in shortened.items() if value not in windowed)
+        taken.update(text_ for text_ in windowed.values() if text_ is not None)
+        shortened.update({value: text_ for value, text_ in windowed.items() if text_ is not None and taken[text_] == 1})
     # what still reads alike (a group no start told apart, or a start kept above that equals
     # another name's shortening) is numbered, each name its own number in this table
     counts = Counter(shortened.values())
@@ -242,6 +254,35 @@ def distinct_middles(values: Sequence[str], limit: int) -> dict[str, str]:
         mark = f"#{number_}"
         shortened[value] = shorten(value, max(limit - len(mark), 1)) + mark
     return shortened
+
+
+def with_difference(value: str, others: Sequence[str], limit: int) -> str | None:
+    """``value``, a path, in at most ``limit`` characters as "…" + the part where it first
+    differs from the nearest of ``others`` (with the part before it: ``stages.3``) + "…" + its
+    last parts whole; None where that does not fit or ``value`` is no path."""
+    if not is_path(value):
+        return None
+    tokens = re.split(r"([./])", value)  # parts at even places, their separators between
+    parts = tokens[::2]
+    differ = 0
+    for other in others:
+        if other == value or not is_path(other):
+            continue
+        theirs = re.split(r"[./]", other)
+        same = next((at for at, (mine, their) in enumerate(zip(parts, theirs)) if mine != their),
+                    min(len(parts), len(theirs)))
+        differ = max(differ, same)  # past the parts it shares with the nearest
+    if differ >= len(parts) - 1:
+        return None  # it differs in its last part: the end already tells it apart
+    first = max(differ - 1, 0)
+    window = "".join(tokens[2 * first:2 * differ + 1])
+    for start in range(differ + 1, len(parts)):
+        tail = "".join(tokens[2 * start:])
+        joined = window + tokens[2 * start - 1] + tail if start == differ + 1 else window + "…" + tail
+        text_ = ("" if first == 0 else "…") + joined
+        if len(text_) <= limit:
+            return text_
+    return None
 
 
 def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[tuple[str, str, Format]],
@@ -446,8 +487,12 @@ def _layer_section(warmup: str | None, layers: pd.DataFrame, modules: pd.DataFra
     best = best.assign(mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
     # both times per call (a total beside a mean read as self larger than inclusive); the share is
     # the layer's self time over all its calls, of the steps' time
-    _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which}; ms per call)", [
-        ("name", "layer", text), ("kind", "kind", text), ("module_type", "type", text), ("calls", "calls", number(0)),
+    # one kind in every row (forward, in inference) says nothing a row: its room goes to the names
+    kinds = best["kind"].astype(str).unique()
+    one_kind = "" if len(kinds) != 1 else "" if kinds[0] == "forward" else f"; {kinds[0]}"
+    kind_column = [] if len(kinds) == 1 else [("kind", "kind", text)]
+    _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which}{one_kind}; ms per call)", [
+        ("name", "layer", text), *kind_column, ("module_type", "type", text), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
         *([("mean_ci_share", CI_HEADING, plus_minus_share)] if leveled else []), ("share", "self share", share)])
     _show(console, analysis.layer_type_summary_of(modules, step_ms),
