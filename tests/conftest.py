@@ -28,6 +28,9 @@ hypothesis_settings.load_profile("xsp")
 
 # the operator level's observer is built (once a test run) into a temporary folder, never the user's cache
 os.environ.setdefault("XSP_CACHE_DIR", tempfile.mkdtemp(prefix="xsp-tests-cache-"))
+# and torch.compile's caches too: an entry a test made (its code run by exec, named "<doc>") was
+# what a user's compile of the same model then got back, with "<doc>" for its lines
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="xsp-tests-inductor-"))
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _ORIGINAL_CALL = nn.Module.__call__

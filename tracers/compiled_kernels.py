@@ -15,11 +15,13 @@ from xsp.record.compiled_kernels import (
     CALLED_SEPARATOR,
     LAYERS_KEY,
     METADATA_KEY,
+    REBASED_KEY,
     Frame,
     LayerHints,
     LayerShare,
     layer_hints,
     layers_of_metrics,
+    rebased_provenance,
     sources_of_metrics,
 )
 from xsp.tracers._post_import import forget, when_imported
@@ -62,6 +64,8 @@ class CompiledKernels:
         self._hints: LayerHints = {}
         """Each operator's stack trace to the modules that ran it, from the graphs compiled."""
         self._ambiguous: set[str] = set()
+        self._rebased = 0
+        """Stack traces of compiles FX's graph cache answered, taken from this program's graphs."""
         self._restore: list[tuple[Any, str, Any, Any]] = []
 
     def install(self) -> None:
@@ -140,6 +144,10 @@ class CompiledKernels:
                 # the other's texts, so an operator called as it is in both has the lines and modules
                 # of both (the whole compile's, replacing what was read of it); a kernel name that
                 # another compile gave other sources or layers is ambiguous
+                # one FX's graph cache answered may name the files of the program that first
+                # compiled it: its traces become this program's (same lines, same functions)
+                texts, replaced = rebased_provenance(list(texts), self._hints)
+                self._rebased += replaced
                 of_compile = self._provenance.setdefault(compile_id, set())
                 of_compile.update(texts)
                 every = sorted(of_compile)
@@ -155,6 +163,7 @@ class CompiledKernels:
             layers = {name: [list(share) for share in shares]
                       for name, shares in sorted(self._layers.items()) if name not in self._ambiguous}
             ambiguous = sorted(self._ambiguous)
+            rebased = self._rebased
         details: dict[str, Any] = {}
         if sources:
             details[METADATA_KEY] = sources
@@ -162,4 +171,6 @@ class CompiledKernels:
             details[LAYERS_KEY] = layers
         if ambiguous:
             details[AMBIGUOUS_KEY] = ambiguous
+        if rebased:
+            details[REBASED_KEY] = rebased
         return details

@@ -598,3 +598,35 @@ def test_a_compiled_backwards_matrix_multiplies_take_their_forwards_compile():
     other = spans.copy()
     other.loc[other[col.NAME] == "CompiledFunctionBackward", col.SEQUENCE_NUMBER] = 6  # another forward's backward
     assert "model.head.backward" not in set(layer_table(xsp.Trace(other, trace.metadata))["name"])
+
+
+def test_a_compile_the_graph_cache_answered_takes_this_programs_files():
+    """FX's graph cache gave a compile the provenance of the program that first made it (the same
+    model in another file): the kernels' lines named that file, and no layer was found."""
+    import json
+
+    from xsp.record.compiled_kernels import layers_of_metrics, rebased_provenance, sources_of_metrics
+
+    def trace(file: str) -> str:
+        return (f'  File "{file}", line 18, in forward\n    x = block(x)\n'
+                f'  File "{file}", line 9, in forward\n    return torch.relu(self.fc(x * 2))\n'
+                "                                   ^^^^^\n")
+
+    mine, theirs = "/home/me/bench.py", "/home/me/old/train.py"
+    hints = {trace(mine): {"blocks.0": "Block", "blocks.1": "Block"}}
+    cached = [json.dumps({"cpp_fused_mul_0:1": [trace(theirs)]})]
+    assert layers_of_metrics(cached, hints) == {}  # as it was: nothing matched
+    texts, replaced = rebased_provenance(cached, hints)
+    assert replaced == 1
+    shares = [("blocks.0", "Block", 0.5), ("blocks.1", "Block", 0.5)]
+    assert layers_of_metrics(texts, hints) == {"cpp_fused_mul_0": shares}
+    assert {chain[-1][0] for chain in sources_of_metrics(texts)["cpp_fused_mul_0"]} == {mine}
+    # its own program's provenance, other code, and code run by exec (no code to compare) stay as they are
+    assert rebased_provenance([json.dumps({"k:1": [trace(mine)]})], hints) == ([json.dumps({"k:1": [trace(mine)]})], 0)
+    other = trace(theirs).replace("x * 2", "x * 3")
+    assert rebased_provenance([json.dumps({"k:1": [other]})], hints)[1] == 0
+    bare = '  File "<doc>", line 18, in forward\n  File "<doc>", line 9, in forward\n'
+    assert rebased_provenance([json.dumps({"k:1": [bare]})], hints)[1] == 0
+    # two traces of this program alike but for their files: which one is meant, nothing says
+    both = {**hints, trace("/home/me/copy.py"): {"blocks.0": "Block"}}
+    assert rebased_provenance(cached, both)[1] == 0

@@ -22,7 +22,7 @@ import ast
 import functools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,6 +40,10 @@ CALLED_SEPARATOR: Final = "@"
 AMBIGUOUS_KEY: Final = "compiled_kernels_ambiguous"
 """Kernel names that two compiles gave different sources: their time stays on the line that
 called the compiled code."""
+REBASED_KEY: Final = "compiled_kernels_rebased"
+"""In the operator tracer's details: how many stack traces of compiles that FX's graph cache
+answered named another program's files and were taken from this program's graphs instead
+(:func:`rebased_provenance`)."""
 EXTERN_PREFIX: Final = "extern_kernels."
 """Inductor's name for an operator compiled code calls as it is (``extern_kernels.addmm``): it runs
 as the operator (``aten::addmm``), under no name of its own, so its source is not kept."""
@@ -54,6 +58,7 @@ NAMED_MARK: Final = "/"
 """Before a :data:`LayerShare`'s path that is a whole layer name (``/model.blocks.0``): a module a
 compiled *function* called, named as the variable that held it (as an eager run names a model
 after its variable), not below the layer that called the compiled code."""
+_FILE_NAME: Final = re.compile(r'File "[^"]*"')
 _FRAME: Final = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
 
 Frame = tuple[str, int, str, str]
@@ -126,6 +131,58 @@ def _functions_of(file: str) -> tuple[tuple[str, int, int], ...]:
 
     visit(tree, "")
     return tuple(sorted(found, key=lambda item: item[2] - item[1]))  # the narrowest (innermost) first
+
+
+def trace_shape(trace: str) -> str:
+    """A stack trace with its files left out: its frames' lines, functions and code (with Python's
+    marks of the columns that ran), as the same code in another file gives it."""
+    return _FILE_NAME.sub('File ""', trace)
+
+
+def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str]) -> tuple[list[str], int]:
+    """A compile's ``inductor_provenance`` with its stack traces as this program's graphs give them
+    (``current_traces``, the traces of the graphs seen at compile time), and how many traces were
+    replaced.
+
+    FX's graph cache answers a compile of a graph it has seen with the kernels *and* the
+    provenance of the compile that first made them, which may have been another program's:
+    another file with the same model's code, an earlier notebook kernel (its cells are files of
+    their own), a script since moved. Their stack traces name that program's files, which no
+    graph of this one has: the kernels' lines pointed there, and none of the compile's layers was
+    found. A trace that the current graphs do not hold is replaced by the one current trace of
+    the same :func:`trace_shape` (the same code on the same lines, in another file); where none
+    or several have it, it stays as inductor gave it (a stack trace of code run by ``exec``
+    keeps no code to compare)."""
+    current = set(current_traces)
+    by_shape: dict[str, list[str]] = {}
+    for trace in current:
+        by_shape.setdefault(trace_shape(trace), []).append(trace)
+    replaced = 0
+
+    def rebased(trace: Any) -> Any:
+        nonlocal replaced
+        if not isinstance(trace, str) or trace in current:
+            return trace
+        same = by_shape.get(trace_shape(trace), [])
+        if len(same) != 1:
+            return trace
+        replaced += 1
+        return same[0]
+
+    texts: list[str] = []
+    for text in provenance_texts:
+        try:
+            mapping = json.loads(text)
+        except ValueError:
+            mapping = None
+        if not isinstance(mapping, dict):
+            texts.append(text)
+            continue
+        before = replaced
+        mapping = {key: [rebased(trace) for trace in traces] if isinstance(traces, list) else traces
+                   for key, traces in mapping.items()}
+        texts.append(json.dumps(mapping) if replaced > before else text)
+    return texts, replaced
 
 
 def provenance_entries(provenance_texts: list[str], compile_id: str) -> Iterator[tuple[str, list[str], bool]]:
