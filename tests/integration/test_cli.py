@@ -138,6 +138,7 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
                                                          "writes a chrome file"),
     (["summary", "a.xsp.parquet", "-o", "b.xsp.parquet"], "but this writes a summary"),
     (["summary", "a.xsp.parquet", "-o", "b.json"], "give it a .xsp-summary.parquet name (b.xsp-summary.parquet)"),
+    (["summary", "a.xsp.parquet", "-o", ""], "the output path is empty"),  # it wrote the default name
     (["report", "a.xsp.parquet", "--html", "b.xsp.parquet"], "but this writes an HTML report"),
     (["diff", "a.xsp.parquet", "c.xsp.parquet", "-o", "b.xsp.parquet"], "but this writes a text report"),
 ])
@@ -158,6 +159,9 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsy
     (["--budget", "1"], "--budget applies to leveled runs only"),
     (["--no-compensate"], "--no-compensate applies to leveled runs only"),
     (["--otlp", ""], "--otlp is empty"),
+    # said before the script runs: it ran, and its trace was then written nowhere, exit 0
+    (["-o", ""], "the output path is empty"),
+    (["--dataset", ""], "the --dataset folder is empty"),  # it wrote run.xsp.parquet where it ran
     (["--otlp", "  "], "--otlp is empty"),
     (["-o", "trace.json"], "-o trace.json names a .json file, but xsp writes a Parquet trace"),
     (["-o", "out/run.json.gz"], "give it a .xsp.parquet name (run.xsp.parquet)"),

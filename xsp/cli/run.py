@@ -442,6 +442,8 @@ def run(options: argparse.Namespace) -> int:
     script, script_args = _script_and_args(options.command)
     checked_span_budget(options.span_budget, "--span-budget")
     checked_layer_depth(options.layer_depth, "--layer-depth")
+    if options.dataset == "":
+        raise CliError("the --dataset folder is empty")
     if options.dataset:
         if options.leveled:
             raise CliError("--dataset and --leveled cannot be combined (a leveled run writes one merged file: -o)")
@@ -457,9 +459,8 @@ def run(options: argparse.Namespace) -> int:
     else:
         if options.output is None:
             options.output = DEFAULT_OUTPUT
-        if options.output:
-            check_output(options.output, str(script))  # the trace would overwrite the script
-            check_writable(options.output)  # fail before the script runs, not after
+        check_output(options.output, str(script))  # "" (empty) or the script itself, said before it runs
+        check_writable(options.output)  # fail before the script runs, not after
     # a trace already there is replaced: said in the closing line (`xsp diff` needs two names)
     options.replaces = bool(options.output) and not options.dataset and os.path.isfile(options.output)
     if options.slow_factor is not None and options.sample is None and not os.environ.get(SAMPLE_VARIABLE):

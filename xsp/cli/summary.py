@@ -46,7 +46,7 @@ def default_output(path: str, summary_suffix: str) -> str:
 def run(options: argparse.Namespace) -> int:
     from xsp.gate.baseline import LEGACY_SUFFIXES, SUFFIX, summarize_file  # the analyses, only for this command
 
-    output = options.output or default_output(options.file, SUFFIX)
+    output = default_output(options.file, SUFFIX) if options.output is None else options.output
     if output.endswith(LEGACY_SUFFIXES):
         raise CliError(f"{output}: summaries are Parquet files now; name it with {SUFFIX}")
     check_output(output, options.file)
