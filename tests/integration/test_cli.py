@@ -106,6 +106,22 @@ def test_run_shows_the_scripts_own_traceback_when_it_fails(tmp_path):
     assert xsp.load(tmp_path / "run.xsp.parquet").spans[col.STATUS].eq("error").any()
 
 
+def test_run_takes_a_folder_with_a_main_as_python_does(tmp_path):
+    """`python app` runs app/__main__.py with app first on sys.path; xsp said 'no such script: app'."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "helper.py").write_text("WORD = 'found'\n")
+    (tmp_path / "app" / "__main__.py").write_text(
+        "import sys, torch\nfrom helper import WORD\ntorch.nn.Linear(2, 2)(torch.randn(1, 2))\n"
+        "print(WORD, sys.argv[0], __file__.endswith('__main__.py'))\nsys.exit(3)\n")
+    plain = subprocess.run([sys.executable, "app"], capture_output=True, text=True, cwd=tmp_path, check=False)
+    result = xsp_cli("run", "--", "app", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (plain.returncode, plain.stdout) == (3, "found app True\n")
+    assert len(xsp.load(tmp_path / "run.xsp.parquet").steps) == 1
+    (tmp_path / "empty").mkdir()
+    refused = xsp_cli("run", "--", "empty", cwd=tmp_path)
+    assert refused.returncode == 2 and "empty is a folder with no __main__.py" in refused.stderr
+
+
 def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     assert xsp_cli("run", "--report", "--", str(tiny), "2", cwd=tmp_path).returncode == 0
     report = xsp_cli("report", "run.xsp.parquet", "--top", "3", cwd=tmp_path)

@@ -114,6 +114,12 @@ def register(commands: Any) -> None:
 _PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?")
 
 
+def main_file(script: Path) -> Path:
+    """The file that runs for ``script``: itself, or a folder's ``__main__.py`` (``python app/``
+    runs it, the folder first on ``sys.path``)."""
+    return script / "__main__.py" if script.is_dir() else script
+
+
 def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
     if command and command[0] == "--":
         command = command[1:]
@@ -129,11 +135,13 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
         if not command:
             raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
     script = Path(command[0])
-    if not script.is_file():
+    if script.is_dir() and not main_file(script).is_file():
+        raise CliError(f"{script} is a folder with no __main__.py: python would not run it either")
+    if not main_file(script).is_file():
         raise CliError(f"no such script: {script}")
     try:
-        source = script.read_bytes()
-        compile(source, os.path.abspath(script), "exec", dont_inherit=True)
+        source = main_file(script).read_bytes()
+        compile(source, os.path.abspath(main_file(script)), "exec", dont_inherit=True)
     except SyntaxError as exc:
         interpreter = source.split(b"\n", 1)[0] if source.startswith(b"#!") else b""
         if interpreter and b"python" not in interpreter:  # a shell script, say: xsp runs Python scripts only
@@ -312,7 +320,7 @@ def _run_script(script: Path, script_args: list[str], session: Session,
     """
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *script_args]
-    sys.path.insert(0, str(script.resolve().parent))
+    sys.path.insert(0, str(script.resolve() if script.is_dir() else script.resolve().parent))
     status = 0
     failure: BaseException | None = None
     line_ends = LineEnds()
@@ -325,7 +333,7 @@ def _run_script(script: Path, script_args: list[str], session: Session,
             interrupted = False
             left_running = LeftRunning()
             try:
-                _run_as_main(os.path.abspath(script), stays_main=may_leave_open)
+                _run_as_main(os.path.abspath(main_file(script)), stays_main=may_leave_open)
             except SystemExit:
                 raise
             except Exception as error:
