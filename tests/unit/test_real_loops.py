@@ -590,3 +590,22 @@ def test_xsp_frames_are_skipped_as_frames_and_inlined_where_called():
                  interceptor._make_all_wrapper.__code__):
         assert trace_rules.check_file(code.co_filename).skipped, code.co_filename
         assert not trace_rules.check_file(code.co_filename, is_inlined_call=True).skipped
+
+
+def test_the_time_between_steps_is_whole_nanoseconds_not_a_rounding_error():
+    """A session of one step said 2.8e-14 ms ran between its steps (a difference of ms figures)."""
+    import numpy as np
+    import pandas as pd
+
+    from xsp.core import schema as col
+    from xsp.table.build import conform
+
+    frame = pd.DataFrame({col.NAME: ["session", "model"], col.LEVEL: ["model", "model"],
+                          col.KIND: [col.SpanKind.SESSION.value, col.SpanKind.PREDICT.value],
+                          col.START_NS: [0, 926_756_583], col.END_NS: [1_899_144_321, 1_838_422_746],
+                          col.THREAD_ID: [1, 1], col.STEP: pd.array([None, 0], dtype="Int64")})
+    frame[col.SPAN_ID] = np.arange(1, 3)
+    frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
+    coverage = analysis.step_coverage(conform(frame)).iloc[0]
+    assert coverage["between_ms"] == 0.0 and coverage["steps"] == 1
+    assert coverage["before_ms"] == 926.756583 and coverage["after_ms"] == 60.721575
