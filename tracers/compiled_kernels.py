@@ -140,14 +140,14 @@ class CompiledKernels:
                 if not texts:
                     continue
                 compile_id = str(getattr(compiled, "compile_id", ""))
+                # one FX's graph cache answered may name the files of the program that first
+                # compiled it: its traces become this program's (the same code on the same lines)
+                texts, replaced = rebased_provenance(list(texts), self._hints)
+                self._rebased += replaced
                 # a compile's forward and backward come as two compiles of one id: each is read with
                 # the other's texts, so an operator called as it is in both has the lines and modules
                 # of both (the whole compile's, replacing what was read of it); a kernel name that
                 # another compile gave other sources or layers is ambiguous
-                # one FX's graph cache answered may name the files of the program that first
-                # compiled it: its traces become this program's (same lines, same functions)
-                texts, replaced = rebased_provenance(list(texts), self._hints)
-                self._rebased += replaced
                 of_compile = self._provenance.setdefault(compile_id, set())
                 of_compile.update(texts)
                 every = sorted(of_compile)

@@ -135,13 +135,13 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
         if not command:
             raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
     script = Path(command[0])
-    if script.is_dir() and not main_file(script).is_file():
-        raise CliError(f"{script} is a folder with no __main__.py: python would not run it either")
-    if not main_file(script).is_file():
-        raise CliError(f"no such script: {script}")
+    runs = main_file(script)
+    if not runs.is_file():
+        raise CliError(f"{script} is a folder with no __main__.py: python would not run it either" if script.is_dir()
+                       else f"no such script: {script}")
     try:
-        source = main_file(script).read_bytes()
-        compile(source, os.path.abspath(main_file(script)), "exec", dont_inherit=True)
+        source = runs.read_bytes()
+        compile(source, os.path.abspath(runs), "exec", dont_inherit=True)
     except SyntaxError as exc:
         interpreter = source.split(b"\n", 1)[0] if source.startswith(b"#!") else b""
         if interpreter and b"python" not in interpreter:  # a shell script, say: xsp runs Python scripts only

@@ -262,13 +262,13 @@ def with_difference(value: str, others: Sequence[str], limit: int) -> str | None
     last parts whole; None where that does not fit or ``value`` is no path."""
     if not is_path(value):
         return None
-    tokens = re.split(r"([./])", value)  # parts at even places, their separators between
+    tokens = re.split(f"({PATH_PART.pattern})", value)  # parts at even places, their separators between
     parts = tokens[::2]
     differ = 0
     for other in others:
         if other == value or not is_path(other):
             continue
-        theirs = re.split(r"[./]", other)
+        theirs = PATH_PART.split(other)
         same = next((at for at, (mine, their) in enumerate(zip(parts, theirs)) if mine != their),
                     min(len(parts), len(theirs)))
         differ = max(differ, same)  # past the parts it shares with the nearest
@@ -489,8 +489,8 @@ def _layer_section(warmup: str | None, layers: pd.DataFrame, modules: pd.DataFra
     # the layer's self time over all its calls, of the steps' time
     # one kind in every row (forward, in inference) says nothing a row: its room goes to the names
     kinds = best["kind"].astype(str).unique()
-    one_kind = "" if len(kinds) != 1 else "" if kinds[0] == "forward" else f"; {kinds[0]}"
-    kind_column = [] if len(kinds) == 1 else [("kind", "kind", text)]
+    kind_column = [("kind", "kind", text)] if len(kinds) > 1 else []
+    one_kind = f"; {kinds[0]}" if len(kinds) == 1 and kinds[0] != SpanKind.FORWARD.value else ""
     _show(console, best, f"Top {counted(len(best), 'layer')} by self time ({which}{one_kind}; ms per call)", [
         ("name", "layer", text), *kind_column, ("module_type", "type", text), ("calls", "calls", number(0)),
         ("mean_self_ms", "self ms/call", number()), ("mean_ms", "incl. ms/call", number()),
