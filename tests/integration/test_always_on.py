@@ -13,9 +13,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import xsp
@@ -24,6 +26,7 @@ from xsp.core.figures import counted
 from xsp.core.lazy import background_imports_done
 from xsp.core.schema import StepSampling
 from xsp.record import hotpath
+from xsp.record.columns import count_packed_rows
 from xsp.record.sampling import DEFAULT_SLOW_STEPS, SLOW_SHARE
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver
@@ -173,6 +176,54 @@ def test_requests_served_on_threads_each_land_in_their_own_trace():
     pairs = {(int(t, 16), int(p) & (2**64 - 1)) for t, p in zip(roots[col.TRACE_ID].astype(str),
                                                                 roots[col.REMOTE_PARENT_ID].astype("int64"))}
     assert pairs == set(served)
+
+
+class HighIds(IdGenerator):
+    """Trace and span ids with their top bits set: no half of them fits a signed 64-bit int."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def generate_span_id(self) -> int:
+        self.made += 1
+        return 2**64 - self.made
+
+    def generate_trace_id(self) -> int:
+        self.made += 1
+        return 2**128 - 2**64 - self.made
+
+
+def test_the_c_sampler_notes_each_step_as_a_packed_row_and_its_ids_come_back_whole():
+    """An always-on step's decision is one row of int64s, not a tuple kept until its window; while
+    a view holds the rows (they cannot grow), the notes are tuples, and none is lost."""
+    if hotpath.HOTPATH is None:
+        pytest.skip("xsp's C wrapper is not built here")
+    tracer = TracerProvider(id_generator=HighIds()).get_tracer("service")
+    model, x = Net(), torch.randn(2, 8)
+    served = []
+
+    def serve() -> None:
+        with tracer.start_as_current_span("request") as request:
+            model(x)
+        served.append((request.get_span_context().trace_id, request.get_span_context().span_id))
+
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.0, window_s=1e6) as session:
+        model(x)  # the model's first call names it (Python's path)
+        for _ in range(6):
+            serve()
+        assert session.run is not None
+        buffer = session.run.recording.local.b
+        assert count_packed_rows(buffer.packed_notes) >= 6
+        assert not [note for note in buffer.step_notes if note[3]]  # no decision in a request as a tuple
+        with memoryview(buffer.packed_notes):
+            for _ in range(20):
+                serve()
+        assert len([note for note in buffer.step_notes if note[3]]) > 0
+    roots = step_roots(session.trace.spans)
+    pairs = {(int(t, 16), int(p) & (2**64 - 1)) for t, p in zip(roots[col.TRACE_ID].astype(str),
+                                                                roots[col.REMOTE_PARENT_ID].astype("Int64"))
+             if p is not pd.NA}
+    assert pairs == set(served) and len(served) == 26
 
 
 class Meeting(torch.nn.Module):

@@ -3,10 +3,25 @@ notes made table columns (xsp/table/sampling.py, xsp/table/latency.py)."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
 from xsp.core.schema import StepSampling
+from xsp.record.columns import (
+    NOTE_BYTES,
+    NOTE_FIELDS,
+    BackwardColumns,
+    CallColumns,
+    Interner,
+    MarkColumns,
+    RootColumns,
+    count_packed_rows,
+    note_rows,
+    notes_buffer,
+    split_packed_notes,
+)
 from xsp.record.sampling import (
     EVERY_DEPTH,
     MODEL_ONLY_LIMIT,
@@ -17,7 +32,9 @@ from xsp.record.sampling import (
     SamplingPolicy,
     StepSampler,
 )
+from xsp.record.window import WindowBuffer
 from xsp.table.latency import BOUNDS_S, MAX_LAYERS, OTHER_LAYERS, Histogram, Latencies, LatencyHistograms
+from xsp.table.sampling import StepNotes
 
 
 class Thread:
@@ -131,3 +148,45 @@ def test_drawn_steps_take_the_plans_in_turn_and_armed_ones_the_deepest():
     assert sampler.plans == [shallow, deep, DepthPlan("model+layer<=2", 2, frozenset({"model", "layer"}))]
     sampler.decide(thread, 5)
     assert [note[5] for note in thread.step_notes] == [1, 2, 1, 2, 2, 3]  # 1 + the plan's place in plans
+
+
+def window_buffer(thread_id: int, step_notes: list[tuple[int, ...]], packed_notes: bytes = b"") -> WindowBuffer:
+    empty = Interner()
+    return WindowBuffer(thread_id, "t", CallColumns(), MarkColumns(), BackwardColumns(), RootColumns(), empty, empty,
+                        empty, [], step_notes, notes_buffer(packed_notes))
+
+
+def packed(notes: list[tuple[int, ...]]) -> bytes:
+    """Notes as xsp's C sampler packs them: the trace id in two halves, each id's bits as int64."""
+    rows = [(time, kind, reason, trace >> 64, trace & (2**64 - 1), span, fifth, sixth)
+            for time, kind, reason, trace, span, fifth, sixth in notes]
+    return struct.pack(f"{len(rows) * NOTE_FIELDS}Q", *(value for row in rows for value in row))
+
+
+NOTES = [(100, NoteKind.DECISION, 0, 2**128 - 3, 2**64 - 5, 0, 0), (200, NoteKind.SLOW, 0, 0, 0, 9_000, 3_000),
+         (300, NoteKind.DECISION, 2, 0, 0, 2, 0), (400, NoteKind.DECISION, 1, 0x1F << 64 | 7, 11, 1, 0)]
+
+
+@pytest.mark.parametrize("as_packed", [(), (0, 2, 3), (0, 1, 2, 3)])
+def test_step_notes_read_the_same_packed_or_as_tuples(as_packed):
+    tuples = [note for i, note in enumerate(NOTES) if i not in as_packed]
+    rows = packed([note for i, note in enumerate(NOTES) if i in as_packed])
+    notes = StepNotes.of([window_buffer(7, tuples, rows)], host_to_epoch_ns=1_000)
+    assert notes is not None
+    assert notes.time_ns.tolist() == [1_100, 1_300, 1_400] and notes.reason.tolist() == [0, 2, 1]
+    assert notes.plan.tolist() == [0, 2, 1] and notes.span_id.astype(np.uint64).tolist() == [2**64 - 5, 0, 11]
+    assert notes.slow_time_ns.tolist() == [1_200] and notes.slow_duration_ns.tolist() == [9_000]
+    assert notes.slow_median_ns.tolist() == [3_000]
+    starts, ends = np.array([1_050, 1_250, 1_350, 1_450]), np.array([1_150, 1_350, 1_450, 1_500])
+    assert notes.joined_trace_ids(np.full(4, 7), starts, ends) == [
+        "ffffffffffffffff" "fffffffffffffffd", None, f"{0x1F:016x}{7:016x}", None]
+
+
+def test_a_window_and_a_thread_split_their_packed_notes_at_a_time():
+    rows = packed(NOTES)
+    before, after = split_packed_notes(notes_buffer(rows), 300)
+    assert (note_rows(before), note_rows(after)) == (rows[:2 * NOTE_BYTES], rows[2 * NOTE_BYTES:])
+    assert count_packed_rows(after) == 2
+    later = window_buffer(7, [], rows).since(250)
+    assert note_rows(later.packed_notes) == rows[2 * NOTE_BYTES:]
+    assert split_packed_notes(notes_buffer(), 5) == (notes_buffer(), notes_buffer())

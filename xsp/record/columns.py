@@ -4,6 +4,7 @@ typed arrays."""
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
 from array import array
@@ -118,6 +119,34 @@ module, depth, inputs, outputs, error and call site (:mod:`xsp.record.sites`).""
 ROOT_FIELDS: Final = 2
 """Fields of a top-level call's record (``ThreadBuffer.roots``' tuples and packed rows)."""
 
+NOTE_FIELDS: Final = 8
+"""Fields of a packed step note (``ThreadBuffer.packed_notes``' rows of int64s, behind their
+count as ``packed_calls``' are): the note's time, kind and reason, its trace id's high and low 64
+bits, its span id's 64 bits, and the note's last two fields (:class:`xsp.record.sampling.NoteKind`
+says what each holds)."""
+
+NOTE_BYTES: Final = NOTE_FIELDS * 8
+
+
+def notes_buffer(rows: bytes = b"") -> bytearray:
+    """A ``ThreadBuffer.packed_notes`` holding ``rows`` (packed notes, whole rows), behind their count.
+    Empty, it holds only the count: xsp's C sampler grows it as the notes come, doubling it."""
+    return bytearray(struct.pack("q", len(rows) // NOTE_BYTES)) + rows
+
+
+def note_rows(packed: bytes | bytearray) -> bytes:
+    """The rows a ``packed_notes`` buffer holds (a copy, without their count)."""
+    count = count_packed_rows(packed) if len(packed) >= 8 else 0
+    return bytes(memoryview(packed)[8:8 + count * NOTE_BYTES])
+
+
+def split_packed_notes(packed: bytes | bytearray, cut_ns: int) -> tuple[bytearray, bytearray]:
+    """A ``packed_notes`` buffer (rows in time order) as two: the notes from before ``cut_ns``, and
+    those from it on."""
+    rows = note_rows(packed)
+    cut = bisect.bisect_left(memoryview(rows).cast("q")[::NOTE_FIELDS], cut_ns) * NOTE_BYTES
+    return notes_buffer(rows[:cut]), notes_buffer(rows[cut:])
+
 
 FIRST_PACKED_ROWS: Final = 64
 """Rows of a thread's first ``packed_calls`` and ``packed_roots`` (one page). A thread's first
@@ -144,7 +173,7 @@ def packed_rows(rows: int = COMPACT_AT, fields: int = CALL_FIELDS) -> bytearray:
     return bytearray(size) if fast is None else fast.empty_packed(size)  # type: ignore[no-any-return]
 
 
-def count_packed_rows(packed: bytearray) -> int:
+def count_packed_rows(packed: bytes | bytearray) -> int:
     """The row count a ``packed_calls`` or ``packed_roots`` buffer starts with."""
     return int(memoryview(packed)[:8].cast("q")[0])
 

@@ -42,7 +42,9 @@ from xsp.record.columns import (
     count_packed_rows,
     extend_columns,
     extend_from_packed_rows,
+    notes_buffer,
     packed_rows,
+    split_packed_notes,
 )
 from xsp.record.model_naming import ModelNames
 from xsp.record.nvtx import NvtxRanges
@@ -66,7 +68,8 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "site_scopes", "step_limit", "step_operators", "decided_ns", "step_notes", "_lock",
+        "site_of", "site_scopes", "step_limit", "step_operators", "decided_ns", "step_notes", "packed_notes",
+        "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -101,6 +104,10 @@ class ThreadBuffer:
         """Start of the automatic step whose depth was last decided on this thread."""
         self.step_notes: list[tuple[int, ...]] = []
         """What an always-on session decided of this thread's steps (:mod:`xsp.record.sampling`)."""
+        self.packed_notes = notes_buffer()
+        """The decisions xsp's C sampler noted, packed as ``packed_calls`` is, in rows of
+        ``NOTE_FIELDS`` (a step a row, no object made); ``step_notes`` holds the rest (slow
+        steps, the Python path's)."""
         self.kept_lengths = (0, 0, 0, 0)
         """Lengths of the call, mark, backward and root columns when a step was last kept (a schedule)."""
         self.kept_steps: list[int] = []
@@ -231,9 +238,10 @@ class ThreadBuffer:
         with self._lock:
             self._compact_locked()
             notes, self.step_notes = self.step_notes, []
+            packed, self.packed_notes = self.packed_notes, notes_buffer()
             drained = WindowBuffer(self.thread_id, self.thread_name, self.call_columns, self.mark_columns,
                                    self.backward_columns, self.root_columns, self.modules, self.descriptors,
-                                   self.strings, self.kept_steps, notes)
+                                   self.strings, self.kept_steps, notes, packed)
             self._call_columns = self._mark_columns = self._backward_columns = self._root_columns = None
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []
         return drained
@@ -251,8 +259,9 @@ class ThreadBuffer:
             roots, self._root_columns = split_columns(self.root_columns, self.root_columns.start, cut_ns)
             notes = [note for note in self.step_notes if note[0] < cut_ns]
             self.step_notes = self.step_notes[len(notes):]
+            packed, self.packed_notes = split_packed_notes(self.packed_notes, cut_ns)
             drained = WindowBuffer(self.thread_id, self.thread_name, calls, marks, backward, roots, self.modules,
-                                   self.descriptors, self.strings, self.kept_steps, notes)
+                                   self.descriptors, self.strings, self.kept_steps, notes, packed)
             self.kept_lengths, self.kept_steps = (0, 0, 0, 0), []  # the open step is not decided yet
         return drained
 

@@ -9,7 +9,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from xsp.record.columns import BackwardColumns, CallColumns, Interner, MarkColumns, RootColumns
+from xsp.record.columns import (
+    BackwardColumns,
+    CallColumns,
+    Interner,
+    MarkColumns,
+    RootColumns,
+    notes_buffer,
+    split_packed_notes,
+)
 from xsp.record.sites import CallSites
 
 HELD_WHOLLY: Final = -(2**62)
@@ -33,6 +41,8 @@ class WindowBuffer:
     """Numbers of the scheduled steps in these columns, in order."""
     step_notes: list[tuple[int, ...]] = field(default_factory=list)
     """An always-on session's notes of these steps (:mod:`xsp.record.sampling`), by time."""
+    packed_notes: bytearray = field(default_factory=notes_buffer)
+    """More of them, packed (``ThreadBuffer.packed_notes``), by time."""
 
     def string(self, index: int) -> str | None:
         return None if index < 0 else self.strings.values[index]
@@ -44,7 +54,8 @@ class WindowBuffer:
             mark_columns=split_columns(self.mark_columns, self.mark_columns.start, start_ns)[1],
             backward_columns=split_columns(self.backward_columns, self.backward_columns.call, start_ns)[1],
             root_columns=split_columns(self.root_columns, self.root_columns.start, start_ns)[1],
-            kept_steps=[], step_notes=[note for note in self.step_notes if note[0] >= start_ns])
+            kept_steps=[], step_notes=[note for note in self.step_notes if note[0] >= start_ns],
+            packed_notes=split_packed_notes(self.packed_notes, start_ns)[1])
 
 
 @dataclass

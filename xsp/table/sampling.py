@@ -5,9 +5,11 @@ level in the steps that were not sampled."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
+from xsp.record.columns import NOTE_FIELDS, note_rows
 from xsp.record.sampling import DEEP_REASONS, REASONS, DepthPlan, NoteKind
 from xsp.record.window import WindowBuffer
 from xsp.table.walks import arrow_strings, categories_at, plain_strings
@@ -38,7 +41,9 @@ class StepNotes:
     plan: np.ndarray
     """1 + the index of the decision's depth plan in :attr:`plans` (0: none)."""
     plans: Sequence[DepthPlan]
-    trace_id: list[int]
+    trace_high: np.ndarray
+    """The high 64 bits of each decision's trace id (uint64; 0 with :attr:`trace_low`: none)."""
+    trace_low: np.ndarray
     span_id: np.ndarray
     slow_thread: np.ndarray
     slow_time_ns: np.ndarray
@@ -49,28 +54,29 @@ class StepNotes:
     def of(cls, buffers: Iterable[WindowBuffer], host_to_epoch_ns: int,
            plans: Sequence[DepthPlan] = ()) -> StepNotes | None:
         """The notes of a window's buffers (None when it has none); ``plans``: the sampler's."""
-        threads: list[int] = []
-        notes: list[tuple[int, ...]] = []
+        threads: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
         for buffer in buffers:
-            threads.extend([buffer.thread_id] * len(buffer.step_notes))
-            notes.extend(buffer.step_notes)
-        if not notes:
+            # by columns, not a Python call a note: an always-on window holds a note for every step
+            for rows in (np.frombuffer(note_rows(buffer.packed_notes), dtype=np.int64).reshape(-1, NOTE_FIELDS),
+                         _note_rows(buffer.step_notes)):
+                if len(rows):
+                    threads.append(np.full(len(rows), buffer.thread_id, dtype=np.int64))
+                    parts.append(rows)
+        if not parts:
             return None
-        # by columns, not a Python call a note: an always-on window holds a note for every step
-        thread = np.array(threads, dtype=np.int64)
-        times, kinds, reasons, trace_ids, span_ids, fifth, sixth = zip(*notes)
-        time_ns = np.array(times, dtype=np.int64) + host_to_epoch_ns
-        decision = np.array(kinds, dtype=np.int64) == NoteKind.DECISION
+        notes = np.concatenate(parts)
+        thread = np.concatenate(threads)
+        time_ns = notes[:, 0] + host_to_epoch_ns
+        decision = notes[:, 1] == NoteKind.DECISION
         slow = np.flatnonzero(~decision)
         decisions = np.flatnonzero(decision)
         decisions = decisions[np.lexsort((time_ns[decisions], thread[decisions]))]
-        fifth_column, sixth_column = np.array(fifth, dtype=np.int64), np.array(sixth, dtype=np.int64)
-        return cls(thread=thread[decisions], time_ns=time_ns[decisions],
-                   reason=np.array(reasons, dtype=np.int64)[decisions], plan=fifth_column[decisions],
-                   plans=list(plans), trace_id=np.array(trace_ids, dtype=object)[decisions].tolist(),
-                   span_id=np.array(span_ids, dtype=np.uint64)[decisions].astype(np.int64),
-                   slow_thread=thread[slow], slow_time_ns=time_ns[slow], slow_duration_ns=fifth_column[slow],
-                   slow_median_ns=sixth_column[slow])
+        return cls(thread=thread[decisions], time_ns=time_ns[decisions], reason=notes[decisions, 2],
+                   plan=notes[decisions, 6], plans=list(plans), trace_high=notes[decisions, 3].view(np.uint64),
+                   trace_low=notes[decisions, 4].view(np.uint64), span_id=notes[decisions, 5],
+                   slow_thread=thread[slow], slow_time_ns=time_ns[slow], slow_duration_ns=notes[slow, 6],
+                   slow_median_ns=notes[slow, 7])
 
     def decision_of(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """For each step root (its thread, start and end), the position of its decision (the
@@ -91,17 +97,38 @@ class StepNotes:
     def joined_trace_ids(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str | None]:
         """For each step root, the trace id (32 hex digits) of the request span it began in, or None."""
         found = self.decision_of(threads, starts, ends)
-        trace_ids = self.trace_id
-        return hex_trace_ids([trace_ids[at] if at >= 0 else 0 for at in found.tolist()])
+        joined = found >= 0
+        high = np.zeros(len(found), dtype=np.uint64)
+        low = np.zeros(len(found), dtype=np.uint64)
+        high[joined], low[joined] = self.trace_high[found[joined]], self.trace_low[found[joined]]
+        return hex_trace_ids(high, low)
 
 
-def hex_trace_ids(trace_ids: list[int]) -> list[str | None]:
-    """Each trace id as 32 hex digits (None for 0): by its 16 bytes, a third of the time of a
-    format a trace (an always-on window has one a request); any past 128 bits, formatted."""
-    try:
-        return [trace_id.to_bytes(16, "big").hex() if trace_id else None for trace_id in trace_ids]
-    except OverflowError:
-        return [f"{trace_id:032x}" if trace_id else None for trace_id in trace_ids]
+_LOW_64: Final = (1 << 64) - 1
+
+
+def _note_rows(notes: list[tuple[int, ...]]) -> np.ndarray:
+    """Step notes kept as tuples (:attr:`WindowBuffer.step_notes`) as packed notes' rows."""
+    if not notes:
+        return np.empty((0, NOTE_FIELDS), dtype=np.int64)
+    times, kinds, reasons, trace_ids, span_ids, fifth, sixth = zip(*notes)
+    as_bits = functools.partial(np.array, dtype=np.uint64)
+    return np.column_stack([
+        np.array(times, dtype=np.int64), np.array(kinds, dtype=np.int64), np.array(reasons, dtype=np.int64),
+        as_bits([trace_id >> 64 & _LOW_64 for trace_id in trace_ids]).view(np.int64),
+        as_bits([trace_id & _LOW_64 for trace_id in trace_ids]).view(np.int64),
+        as_bits([span_id & _LOW_64 for span_id in span_ids]).view(np.int64),
+        np.array(fifth, dtype=np.int64), np.array(sixth, dtype=np.int64)])
+
+
+def hex_trace_ids(high: np.ndarray, low: np.ndarray) -> list[str | None]:
+    """Each trace id, given as its high and low 64 bits, as 32 hex digits (None for 0): one hex
+    text of them all, cut in pieces (an always-on window has a trace a request)."""
+    halves = np.empty((len(high), 2), dtype=">u8")
+    halves[:, 0], halves[:, 1] = high, low
+    text = halves.tobytes().hex()
+    none = ((high == 0) & (low == 0)).tolist()
+    return [None if none[row] else text[at:at + 32] for row, at in enumerate(range(0, 32 * len(none), 32))]
 
 
 def step_roots(spans: pd.DataFrame) -> np.ndarray:

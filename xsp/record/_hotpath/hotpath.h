@@ -77,6 +77,9 @@ typedef int (*operator_pause_function)(int pause);  /* Recording.gate_operators'
 #define CALL_FIELDS 8
 #define PACKED_ROW_BYTES (CALL_FIELDS * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
+/* ThreadBuffer.packed_notes' rows (no header: its length says how many): NOTE_FIELDS int64s, the
+ * fields of step_notes' tuples with the trace id in two halves (xsp/record/columns.py NOTE_FIELDS). */
+#define NOTE_FIELDS 8
 /* The buffers in self->cache, for EACH_FIELD lists. */
 #define EACH_CACHED(DO) \
     DO(self->cache.buffers[0]); DO(self->cache.buffers[1]); DO(self->cache.buffers[2]); DO(self->cache.buffers[3])
@@ -102,7 +105,7 @@ typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
         hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes, step_limit,
-        step_operators, decided_ns, step_notes;
+        step_operators, decided_ns, step_notes, packed_notes;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,

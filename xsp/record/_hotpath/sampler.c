@@ -193,31 +193,103 @@ static int set_field(PyObject *obj, const Py_ssize_t *offset, PyObject *name, Py
     return 0;
 }
 
-/* Note a decided step in the buffer and count it (PySamplerCore.note). */
+/* `value`, a non-negative int below 2**128, as its low and high 64 bits: 0, or -1 with an
+ * exception (OverflowError past 128 bits or below 0). Before 3.12, from its digits (a few
+ * shifts, where the generic conversion costs some 800 instructions a note). */
+static int split_128(PyObject *value, uint64_t *low, uint64_t *high) {
+#if PY_VERSION_HEX < 0x030C0000 && defined(__SIZEOF_INT128__)
+    const PyLongObject *number = (const PyLongObject *)value;
+    Py_ssize_t digits = Py_SIZE(number);
+    int top_bits = 128 - (int)(digits - 1) * PyLong_SHIFT;  /* room in the result for the top digit */
+    if (digits >= 0 && (digits <= 128 / PyLong_SHIFT || (top_bits > 0 && number->ob_digit[digits - 1] >> top_bits == 0))) {
+        unsigned __int128 whole = 0;
+        for (Py_ssize_t i = digits - 1; i >= 0; i--) whole = whole << PyLong_SHIFT | number->ob_digit[i];
+        *low = (uint64_t)whole;
+        *high = (uint64_t)(whole >> 64);
+        return 0;
+    }
+#endif
+    unsigned char bytes[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t needed = PyLong_AsNativeBytes(value, bytes, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN
+                                             | Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    if (needed < 0) return -1;
+    if (needed > 16) {
+        PyErr_SetString(PyExc_OverflowError, "an id past 128 bits");
+        return -1;
+    }
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)value, bytes, 16, 1, 0) < 0) return -1;
+#endif
+    *low = *high = 0;
+    for (int i = 7; i >= 0; i--) {
+        *low = *low << 8 | bytes[i];
+        *high = *high << 8 | bytes[i + 8];
+    }
+    return 0;
+}
+
+/* A decision's note as one row of buffer.packed_notes (an int64 count, then rows of NOTE_FIELDS
+ * int64s: the time, DECISION, the reason, the trace id's high and low halves, the span id, plan +
+ * 1, 0) where a tuple of seven would be made and kept until its window, then read back one object
+ * at a time: an always-on session notes every step. A full buffer doubles (a window's notes fill
+ * it a dozen times at most). 1 when packed; 0 when not and the note belongs in step_notes (ids
+ * that are no ints of 128 and 64 bits, a buffer a view holds). */
+static int pack_note(PyObject *packed, long long time_ns, int reason, PyObject *trace, PyObject *span_id,
+                     long long plan) {
+    uint64_t high = 0, low = 0, span = 0, unused;
+    if (trace != NULL && (!PyLong_CheckExact(trace) || split_128(trace, &low, &high) < 0)) goto declined;
+    if (span_id != NULL && (!PyLong_CheckExact(span_id) || split_128(span_id, &span, &unused) < 0 || unused != 0))
+        goto declined;
+    const int64_t row[NOTE_FIELDS] = {time_ns, NOTE_DECISION, reason, (int64_t)high, (int64_t)low, (int64_t)span,
+                                      plan + 1, 0};
+    const Py_ssize_t row_bytes = (Py_ssize_t)sizeof(row);
+    int64_t count = packed_count_of(packed);
+    if (count < 0 || PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
+    if (!packed_fits(packed, count, row_bytes, 1)
+        && PyByteArray_Resize(packed, PACKED_HEADER + 2 * ((Py_ssize_t)count + 1) * row_bytes) < 0)
+        goto declined;  /* a view holds it, or no memory */
+    char *bytes = PyByteArray_AS_STRING(packed);  /* after growing: it may have moved */
+    memcpy(bytes + PACKED_HEADER + count * row_bytes, row, sizeof(row));
+    count++;
+    memcpy(bytes, &count, sizeof(count));
+    return 1;
+declined:
+    PyErr_Clear();
+    return 0;
+}
+
+/* Note a decided step in the buffer and count it (PySamplerCore.note): packed where the buffer
+ * has packed_notes (pack_note), else a tuple in step_notes. */
 static int note_decision(SamplerCore *self, PyObject *buffer, PyObject *time, int reason, PyObject *trace,
                          PyObject *span_id, long long plan, const BufferSlots *slots) {
-    PyObject *notes = field(buffer, slots ? &slots->step_notes : NULL, s_step_notes);
-    if (notes == NULL) return -1;
-    PyObject *kind = PyLong_FromLong(NOTE_DECISION), *why = PyLong_FromLong(reason);
-    PyObject *zero = PyLong_FromLong(0), *planned = PyLong_FromLongLong(plan + 1);
-    PyObject *note = NULL;
-    if (kind != NULL && why != NULL && zero != NULL && planned != NULL)
-        note = PyTuple_Pack(7, time, kind, why, trace != NULL ? trace : zero, span_id != NULL ? span_id : zero, planned,
-                            zero);
-    Py_XDECREF(kind);
-    Py_XDECREF(why);
-    Py_XDECREF(zero);
-    Py_XDECREF(planned);
-    int status = note == NULL || !PyList_Check(notes) ? -1 : PyList_Append(notes, note);
-    if (note != NULL && !PyList_Check(notes)) PyErr_SetString(PyExc_TypeError, "step_notes must be a list");
-    Py_XDECREF(note);
-    Py_DECREF(notes);
-    if (status < 0) return -1;
+    long long began_ns = PyLong_AsLongLong(time);
+    int timed = !(began_ns == -1 && PyErr_Occurred());
+    if (!timed) PyErr_Clear();  /* a pause is then seen later, never wrongly */
+    PyObject *packed = slots != NULL ? SLOT(buffer, slots->packed_notes) : NULL;
+    if (!timed || packed == NULL || !PyByteArray_CheckExact(packed)
+        || !pack_note(packed, began_ns, reason, trace, span_id, plan)) {
+        PyObject *notes = field(buffer, slots ? &slots->step_notes : NULL, s_step_notes);
+        if (notes == NULL) return -1;
+        PyObject *kind = PyLong_FromLong(NOTE_DECISION), *why = PyLong_FromLong(reason);
+        PyObject *zero = PyLong_FromLong(0), *planned = PyLong_FromLongLong(plan + 1);
+        PyObject *note = NULL;
+        if (kind != NULL && why != NULL && zero != NULL && planned != NULL)
+            note = PyTuple_Pack(7, time, kind, why, trace != NULL ? trace : zero, span_id != NULL ? span_id : zero,
+                                planned, zero);
+        Py_XDECREF(kind);
+        Py_XDECREF(why);
+        Py_XDECREF(zero);
+        Py_XDECREF(planned);
+        int status = note == NULL || !PyList_Check(notes) ? -1 : PyList_Append(notes, note);
+        if (note != NULL && !PyList_Check(notes)) PyErr_SetString(PyExc_TypeError, "step_notes must be a list");
+        Py_XDECREF(note);
+        Py_DECREF(notes);
+        if (status < 0) return -1;
+    }
     self->counts[reason]++;
     self->begun++;
-    long long began_ns = PyLong_AsLongLong(time);
-    if (began_ns == -1 && PyErr_Occurred()) PyErr_Clear();  /* a pause is then seen later, never wrongly */
-    else self->last_begun_ns = began_ns;
+    if (timed) self->last_begun_ns = began_ns;
     return 0;
 }
 

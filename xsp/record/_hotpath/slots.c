@@ -62,6 +62,7 @@ int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *b, Step
         {buffer_type, "hot2_outputs_id", &b->hot2_outputs_id}, {buffer_type, "site_scopes", &b->site_scopes},
         {buffer_type, "step_limit", &b->step_limit}, {buffer_type, "step_operators", &b->step_operators},
         {buffer_type, "decided_ns", &b->decided_ns}, {buffer_type, "step_notes", &b->step_notes},
+        {buffer_type, "packed_notes", &b->packed_notes},
         {steps_type, "lane", &s->lane}, {steps_type, "lane_grad", &s->lane_grad},
         {steps_type, "start_ns", &s->start_ns}, {steps_type, "last_end_ns", &s->last_end_ns},
         {steps_type, "type", &s->type}, {steps_type, "closed_ns", &s->closed_ns}, {steps_type, "leader", &s->leader},
