@@ -428,6 +428,21 @@ def steps_for(model, x, seconds: float) -> None:
         time.sleep(0.002)
 
 
+def steps_until(model, x, done, at_least_s: float, give_up_s: float = 60.0) -> None:
+    """Steps 1 ms apart for ``at_least_s``, then until ``done()``: on a busy machine the windows
+    (and the parts sealed from them) come later than the steps' seconds say."""
+    began = time.monotonic()
+    while time.monotonic() - began < give_up_s:
+        model(x)
+        time.sleep(0.001)
+        if time.monotonic() - began >= at_least_s and done():
+            return
+
+
+def sealed_parts(folder: Path) -> list[Path]:
+    return sorted(folder.glob("part-*.xsp.parquet"), key=lambda path: int(path.name.split("-")[1].split(".")[0]))
+
+
 def test_a_window_taken_in_a_burst_of_requests_is_interpreted_in_the_pause_after_it(tmp_path):
     # window_s=4: the window comes due at the burst's end and may wait 2 s for a pause; the
     # burst goes on 0.3 s past it, then the program pauses (a service between bursts)
@@ -660,10 +675,16 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
     model, x = Nested(), torch.randn(2, 8)
     output = tmp_path / "rotating.xsp.parquet"
     with torch.no_grad(), xsp.trace(levels="model,layer", output=output, sample=0.5, slow_factor=0) as session:
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            model(x)
-            time.sleep(0.001)
+        assert session.run is not None and session.run.sampler is not None
+        sampler, learnt_at = session.run.sampler, []
+
+        def deep_plans_drawn_a_while() -> bool:
+            """The plans to depth 1 and 2 learnt from a window, then 0.5 s of steps drawn in turn."""
+            if not learnt_at and {plan.label for plan in sampler.plans} >= {"model+layer<=1", "model+layer"}:
+                learnt_at.append(time.monotonic())
+            return bool(learnt_at) and time.monotonic() - learnt_at[0] > 0.5
+
+        steps_until(model, x, deep_plans_drawn_a_while, at_least_s=1.5)
     spans = session.trace.spans
     roots = step_roots(spans)
     runs = roots.groupby(roots[col.LEVELED_RUN].astype(str))[col.STEP].apply(set)
@@ -689,11 +710,12 @@ def test_drawn_steps_rotate_through_the_layer_depths_and_level_the_figures(monke
 
 
 PARTS_SCRIPT = """
-import time, torch
+import pathlib, time, torch
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
-end = time.monotonic() + 2.0
-with torch.no_grad():
-    while time.monotonic() < end:
+began = time.monotonic()
+parts = pathlib.Path("runs", "run=svc", "rank=0")
+with torch.no_grad():  # 2 s, then until three parts are sealed (later on a busy machine)
+    while time.monotonic() - began < 60 and (time.monotonic() - began < 2 or len(list(parts.glob("part-*"))) < 3):
         model(torch.randn(2, 8))
         time.sleep(0.001)
 """
@@ -727,13 +749,14 @@ def test_a_long_session_is_written_in_parts_each_readable_while_it_runs(monkeypa
     sealed_while_running = []
     with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", sample=0.2, slow_factor=0,
                                     rotate=0.4) as session:
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            model(x)
-            time.sleep(0.001)
+
+        def three_sealed() -> bool:
             if not sealed_while_running and (folder / "part-0.xsp.parquet").exists():
                 sealed_while_running.append(xsp.load(folder / "part-0.xsp.parquet"))
-    parts = sorted(folder.glob("part-*.xsp.parquet"), key=lambda path: int(path.name.split("-")[1].split(".")[0]))
+            return len(sealed_parts(folder)) >= 3
+
+        steps_until(model, x, three_sealed, at_least_s=2.0)
+    parts = sealed_parts(folder)
     assert len(parts) >= 3
     first = sealed_while_running[0]  # read while the session ran
     assert first.metadata["part"] == {**first.metadata["part"], "index": 0, "last": False}
@@ -790,9 +813,10 @@ def test_an_always_on_session_rotating_by_time_seals_its_parts_that_often(monkey
     monkeypatch.setenv("XSP_RUN_ID", "svc")
     monkeypatch.delenv("XSP_WINDOW_S", raising=False)
     model, x = Net(), torch.randn(2, 8)
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
     with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path / "runs", sample=0.2, rotate=0.3):
-        steps_for(model, x, 1.5)
-    parts = list((tmp_path / "runs" / "run=svc" / "rank=0").glob("part-*.xsp.parquet"))
+        steps_until(model, x, lambda: len(sealed_parts(folder)) >= 3, at_least_s=1.5)
+    parts = sealed_parts(folder)
     assert len(parts) >= 3, parts
 
 
