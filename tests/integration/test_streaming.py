@@ -24,6 +24,7 @@ from xsp.core import schema as col
 from xsp.io.output_claim import writer_file
 from xsp.io.segments import SEGMENT_PATTERN, UNFINISHED, UNFINISHED_MESSAGE, SegmentWriter, unfinished_sessions
 from xsp.session.forked import ForkFailed, fork_available
+from xsp.session.interpreting import WindowInterpreter
 from xsp.tracers.layer import LayerTracer
 
 KILLED = """
@@ -138,6 +139,63 @@ def test_a_helper_that_failed_once_is_tried_again_later(tmp_path, short_windows,
     assert meta["helper_failures"] == 1 and len(calls) >= 3, (meta, calls)
     assert meta["helper_windows"] == len(calls) - 1  # every window after the wait went to a helper again
     assert session.trace.steps == list(range(len(session.trace.steps)))
+
+
+@pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
+@pytest.mark.parametrize("raised, after_it_ran", [(TypeError, False), (AttributeError, True)])
+def test_a_helper_that_failed_unforeseen_leaves_every_window_whole(tmp_path, short_windows, monkeypatch, raised,
+                                                                     after_it_ran):
+    """Something other than ForkFailed raised where a helper runs (a benchmark's wrapper, before or
+    after the helper had run): the windows thread ended there, and every window after it was lost,
+    with a traceback and no warning. It is a helper's failure: said once, the window interpreted here."""
+    real_run_forked, calls = xsp.session.windows.run_forked, []
+
+    def raises_the_second(function, deadline_s, ending=None):
+        calls.append(deadline_s)
+        if len(calls) == 2 and not after_it_ran:
+            raise raised("counted() takes 2 positional arguments but 3 were given")
+        result = real_run_forked(function, deadline_s, ending)
+        if len(calls) == 2:
+            raise raised("'NoneType' object has no attribute 'records'")
+        return result
+
+    monkeypatch.setattr(xsp.session.windows, "run_forked", raises_the_second)
+    monkeypatch.setattr(xsp.session.windows, "HELPER_RETRY_FIRST_S", 0.3)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    said_once = rf"helper process could not interpret a window \({raised.__name__}: "
+    with pytest.warns(xsp.XspWarning, match=said_once) as said:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session, torch.no_grad():
+            end, made = time.monotonic() + 1.5, 0
+            while time.monotonic() < end:
+                model(torch.randn(2, 8))
+                made += 1
+                time.sleep(0.01)
+    assert len([w for w in said if "helper" in str(w.message)]) == 1
+    meta = session.trace.metadata
+    assert meta["helper_failures"] == 1 and len(calls) >= 3 and meta["helper_windows"] >= 1, (meta, calls)
+    assert session.trace.steps == list(range(made))  # every step once, the failed window's too
+
+
+@pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")
+def test_a_window_whose_helper_ran_but_could_not_be_taken_over_is_said_and_the_windows_go_on(tmp_path, short_windows,
+                                                                                            monkeypatch):
+    real_adopt, adopted = WindowInterpreter.adopt, []
+
+    def fails_the_second(self, result):
+        adopted.append(result)
+        if len(adopted) == 2:
+            raise KeyError("segments")
+        return real_adopt(self, result)
+
+    monkeypatch.setattr(WindowInterpreter, "adopt", fails_the_second)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    with pytest.warns(xsp.XspWarning, match=r"what a helper process learnt of a window could not be taken over "
+                                            r"\(KeyError: 'segments'\): that window's spans may be missing") as said:
+        with xsp.trace(output=tmp_path / "run.xsp.parquet") as session:
+            _timed_loop(model, 1.5)
+    assert len([w for w in said if "taken over" in str(w.message)]) == 1
+    assert len(adopted) >= 3 and session.trace.metadata["helper_windows"] == len(adopted) - 1
+    assert len(session.trace.steps) > 0
 
 
 @pytest.mark.skipif(not fork_available(), reason="forked helpers run on Linux only")

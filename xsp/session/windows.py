@@ -231,7 +231,13 @@ class WindowWorker:
             if self.pause_wait is not None and window.closed_ns is not None:
                 self.pause_wait.wait(window.closed_ns, lambda: self.interpreter.watching,
                                      lambda: not self.queue.empty())
-            if not self._interpreted_in_helper(window, resource):
+            try:
+                in_helper = self._interpreted_in_helper(window, resource)
+            except Exception as exc:  # taking over what it learnt failed part-way: the windows after go on
+                self.warn(f"what a helper process learnt of a window could not be taken over ({type(exc).__name__}: "
+                          f"{exc}): that window's spans may be missing from the trace")
+                in_helper = True
+            if not in_helper:
                 try:
                     spans = interpreter.interpret(window)
                 except Exception as exc:  # its records are lost; the file says how many were dropped
@@ -307,8 +313,8 @@ class WindowWorker:
         try:
             result = run_forked(functools.partial(_interpret_in_helper, interpreter, window, niceness,
                                                   then), deadline_s, self.ending)
-        except ForkFailed as exc:
-            self._helper_failed(str(exc))
+        except Exception as exc:  # nothing of it taken over: here, its segment is written in place of a helper's
+            self._helper_failed(str(exc) if isinstance(exc, ForkFailed) else f"{type(exc).__name__}: {exc}")
             return False
         self.failures_in_a_row = 0
         interpreter.adopt(result)
