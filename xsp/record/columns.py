@@ -5,6 +5,7 @@ typed arrays."""
 from __future__ import annotations
 
 import bisect
+import enum
 import struct
 import sys
 from array import array
@@ -119,12 +120,26 @@ module, depth, inputs, outputs, error and call site (:mod:`xsp.record.sites`).""
 ROOT_FIELDS: Final = 2
 """Fields of a top-level call's record (``ThreadBuffer.roots``' tuples and packed rows)."""
 
-NOTE_FIELDS: Final = 8
-"""Fields of a packed step note (``ThreadBuffer.packed_notes``' rows of int64s, behind their
-count as ``packed_calls``' are): the note's time, kind and reason, its trace id's high and low 64
-bits, its span id's 64 bits, and the note's last two fields (:class:`xsp.record.sampling.NoteKind`
-says what each holds)."""
+class NoteField(enum.IntEnum):
+    """The fields of a packed step note, by their place in ``ThreadBuffer.packed_notes``' rows of
+    int64s (behind the rows' count, as ``packed_calls``' are): a step note's
+    (:class:`xsp.record.sampling.NoteKind`) with its trace id in two halves."""
 
+    TIME_NS = 0
+    KIND = 1
+    REASON = 2
+    TRACE_HIGH = 3
+    """The trace id's high 64 bits (its bits as an int64)."""
+    TRACE_LOW = 4
+    SPAN_ID = 5
+    """The span id's 64 bits, as an int64."""
+    PLAN_OR_DURATION_NS = 6
+    """A decision's 1 + its depth plan's index (0: none); a slow step's duration."""
+    MEDIAN_NS = 7
+    """A slow step's running median (0 in a decision)."""
+
+
+NOTE_FIELDS: Final = len(NoteField)
 NOTE_BYTES: Final = NOTE_FIELDS * 8
 
 
@@ -144,7 +159,7 @@ def split_packed_notes(packed: bytes | bytearray, cut_ns: int) -> tuple[bytearra
     """A ``packed_notes`` buffer (rows in time order) as two: the notes from before ``cut_ns``, and
     those from it on."""
     rows = note_rows(packed)
-    cut = bisect.bisect_left(memoryview(rows).cast("q")[::NOTE_FIELDS], cut_ns) * NOTE_BYTES
+    cut = bisect.bisect_left(memoryview(rows).cast("q")[NoteField.TIME_NS::NOTE_FIELDS], cut_ns) * NOTE_BYTES
     return notes_buffer(rows[:cut]), notes_buffer(rows[cut:])
 
 

@@ -5,7 +5,6 @@ level in the steps that were not sampled."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
-from xsp.record.columns import NOTE_FIELDS, note_rows
+from xsp.record.columns import NOTE_FIELDS, NoteField, note_rows
 from xsp.record.sampling import DEEP_REASONS, REASONS, DepthPlan, NoteKind
 from xsp.record.window import WindowBuffer
 from xsp.table.walks import arrow_strings, categories_at, plain_strings
@@ -67,16 +66,19 @@ class StepNotes:
             return None
         notes = np.concatenate(parts)
         thread = np.concatenate(threads)
-        time_ns = notes[:, 0] + host_to_epoch_ns
-        decision = notes[:, 1] == NoteKind.DECISION
+        time_ns = notes[:, NoteField.TIME_NS] + host_to_epoch_ns
+        decision = notes[:, NoteField.KIND] == NoteKind.DECISION
         slow = np.flatnonzero(~decision)
         decisions = np.flatnonzero(decision)
         decisions = decisions[np.lexsort((time_ns[decisions], thread[decisions]))]
-        return cls(thread=thread[decisions], time_ns=time_ns[decisions], reason=notes[decisions, 2],
-                   plan=notes[decisions, 6], plans=list(plans), trace_high=notes[decisions, 3].view(np.uint64),
-                   trace_low=notes[decisions, 4].view(np.uint64), span_id=notes[decisions, 5],
-                   slow_thread=thread[slow], slow_time_ns=time_ns[slow], slow_duration_ns=notes[slow, 6],
-                   slow_median_ns=notes[slow, 7])
+        decided, slow_notes = notes[decisions], notes[slow]
+        return cls(thread=thread[decisions], time_ns=time_ns[decisions], reason=decided[:, NoteField.REASON],
+                   plan=decided[:, NoteField.PLAN_OR_DURATION_NS], plans=list(plans),
+                   trace_high=decided[:, NoteField.TRACE_HIGH].view(np.uint64),
+                   trace_low=decided[:, NoteField.TRACE_LOW].view(np.uint64), span_id=decided[:, NoteField.SPAN_ID],
+                   slow_thread=thread[slow], slow_time_ns=time_ns[slow],
+                   slow_duration_ns=slow_notes[:, NoteField.PLAN_OR_DURATION_NS],
+                   slow_median_ns=slow_notes[:, NoteField.MEDIAN_NS])
 
     def decision_of(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """For each step root (its thread, start and end), the position of its decision (the
@@ -105,20 +107,23 @@ class StepNotes:
 
 
 _LOW_64: Final = (1 << 64) - 1
+_BITS: Final = frozenset({NoteField.TRACE_HIGH, NoteField.TRACE_LOW, NoteField.SPAN_ID})
+"""Fields held as 64 bits (unsigned in a tuple note, their bits as int64 packed)."""
 
 
 def _note_rows(notes: list[tuple[int, ...]]) -> np.ndarray:
-    """Step notes kept as tuples (:attr:`WindowBuffer.step_notes`) as packed notes' rows."""
+    """Step notes kept as tuples (:attr:`WindowBuffer.step_notes`) as packed notes' rows (the
+    trace id's bits past 128 dropped)."""
     if not notes:
         return np.empty((0, NOTE_FIELDS), dtype=np.int64)
     times, kinds, reasons, trace_ids, span_ids, fifth, sixth = zip(*notes)
-    as_bits = functools.partial(np.array, dtype=np.uint64)
-    return np.column_stack([
-        np.array(times, dtype=np.int64), np.array(kinds, dtype=np.int64), np.array(reasons, dtype=np.int64),
-        as_bits([trace_id >> 64 & _LOW_64 for trace_id in trace_ids]).view(np.int64),
-        as_bits([trace_id & _LOW_64 for trace_id in trace_ids]).view(np.int64),
-        as_bits([span_id & _LOW_64 for span_id in span_ids]).view(np.int64),
-        np.array(fifth, dtype=np.int64), np.array(sixth, dtype=np.int64)])
+    columns = {NoteField.TIME_NS: times, NoteField.KIND: kinds, NoteField.REASON: reasons,
+               NoteField.TRACE_HIGH: [trace_id >> 64 & _LOW_64 for trace_id in trace_ids],
+               NoteField.TRACE_LOW: [trace_id & _LOW_64 for trace_id in trace_ids],
+               NoteField.SPAN_ID: [span_id & _LOW_64 for span_id in span_ids],
+               NoteField.PLAN_OR_DURATION_NS: fifth, NoteField.MEDIAN_NS: sixth}
+    return np.column_stack([np.array(columns[field], dtype=np.uint64 if field in _BITS else np.int64).view(np.int64)
+                            for field in NoteField])
 
 
 def hex_trace_ids(high: np.ndarray, low: np.ndarray) -> list[str | None]:
