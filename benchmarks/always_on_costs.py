@@ -57,13 +57,13 @@ forked = windows.run_forked
 def children_s():
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-def counted(function, deadline_s):
+def counted(function, deadline_s, *rest):
     began, before = time.thread_time(), children_s()
     try:
-        return forked(function, deadline_s)
+        return forked(function, deadline_s, *rest)
     finally:  # the helper is reaped before run_forked returns
         helper_s.append(time.thread_time() - began + children_s() - before)
-        helper_records.append(function.args[-1].records)  # the window's
+        helper_records.append(next(arg.records for arg in function.args if hasattr(arg, "records")))  # the window
 windows.run_forked = counted
 torch.set_num_threads(1)
 tracer = TracerProvider().get_tracer("service")
