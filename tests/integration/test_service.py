@@ -334,6 +334,22 @@ def test_the_cold_step_benchmark_pairs_every_wrapper_at_every_eviction(tmp_path,
         assert float(row[2]) > 0 and float(row[3]) > 0 and row[5].endswith("/2"), row
 
 
+@pytest.mark.heavy  # two runs of python under valgrind, minutes each
+def test_the_step_misses_benchmark_counts_what_xsps_step_adds(tmp_path, monkeypatch):
+    """benchmarks/step_misses.py, briefly: the plain and xsp loops counted under callgrind, and
+    xsp's step adding instructions and lines fetched to every call."""
+    if shutil.which("valgrind") is None or shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("valgrind and a C compiler count the step's misses; one is not here")
+    results = tmp_path / "step_misses.md"
+    assert ran_with_the_timer("step_misses", results, ["--calls", "3"], monkeypatch)
+    rows = {" ".join(line.split()[2:-7]): [float(value) for value in line.split()[-7:]]
+            for line in results.read_text().splitlines() if line.startswith("this tree ")}
+    assert list(rows) == ["plain", "xsp", "xsp adds"]
+    assert all(value >= 0 for value in rows["plain"] + rows["xsp"]) and rows["plain"][0] > 0
+    assert rows["xsp adds"][0] > 1_000, rows  # instructions: xsp's step is more than a pass-through
+    assert all(abs(adds - (xsp - plain)) <= 0.11 for plain, xsp, adds in zip(*rows.values()))  # of one run
+
+
 def test_the_step_parts_benchmark_measures_both_wrappers_part_by_part(tmp_path, monkeypatch):
     """benchmarks/step_parts.py, briefly: both variants timed on and off, every part of every call
     positive, and the wrappers put back as they were (xsp's taken out by its session)."""
