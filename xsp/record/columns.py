@@ -120,6 +120,7 @@ module, depth, inputs, outputs, error and call site (:mod:`xsp.record.sites`).""
 ROOT_FIELDS: Final = 2
 """Fields of a top-level call's record (``ThreadBuffer.roots``' tuples and packed rows)."""
 
+
 class NoteField(enum.IntEnum):
     """The fields of a packed step note, by their place in ``ThreadBuffer.packed_notes``' rows of
     int64s (behind the rows' count, as ``packed_calls``' are): a step note's
