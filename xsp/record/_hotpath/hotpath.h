@@ -77,7 +77,7 @@ typedef int (*operator_pause_function)(int pause);  /* Recording.gate_operators'
 #define CALL_FIELDS 8
 #define PACKED_ROW_BYTES (CALL_FIELDS * (Py_ssize_t)sizeof(int64_t))
 #define ROOT_FIELDS 2
-/* ThreadBuffer.packed_notes' rows (no header: its length says how many): NOTE_FIELDS int64s, the
+/* ThreadBuffer.packed_notes' rows, behind their count as packed_calls' are: NOTE_FIELDS int64s, the
  * fields of step_notes' tuples with the trace id in two halves, in xsp/record/columns.py's NoteField order. */
 #define NOTE_FIELDS 8
 /* The buffers in self->cache, for EACH_FIELD lists. */

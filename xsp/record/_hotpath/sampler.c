@@ -243,17 +243,8 @@ static int pack_note(PyObject *packed, long long time_ns, int reason, PyObject *
         goto declined;
     const int64_t row[NOTE_FIELDS] = {time_ns, NOTE_DECISION, reason, (int64_t)high, (int64_t)low, (int64_t)span,
                                       plan + 1, 0};
-    const Py_ssize_t row_bytes = (Py_ssize_t)sizeof(row);
-    int64_t count = packed_count_of(packed);
-    if (count < 0 || PyByteArray_GET_SIZE(packed) < PACKED_HEADER) return 0;
-    if (!packed_fits(packed, count, row_bytes, 1)
-        && PyByteArray_Resize(packed, PACKED_HEADER + 2 * ((Py_ssize_t)count + 1) * row_bytes) < 0)
-        goto declined;  /* a view holds it, or no memory */
-    char *bytes = PyByteArray_AS_STRING(packed);  /* after growing: it may have moved */
-    memcpy(bytes + PACKED_HEADER + count * row_bytes, row, sizeof(row));
-    count++;
-    memcpy(bytes, &count, sizeof(count));
-    return 1;
+    /* full: grown to twice its rows (0 where a view holds it, or no memory) */
+    return append_packed_row(packed, row, NOTE_FIELDS, 2 * ((Py_ssize_t)packed_count_of(packed) + 1)) > 0;
 declined:
     PyErr_Clear();
     return 0;
