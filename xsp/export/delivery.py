@@ -191,12 +191,28 @@ class ExportReport:
     tried_again: int = 0
     """Exports started again after a batch had failed for good (a session's later windows:
     a collector that restarted gets the spans of the windows after it came back)."""
+    unanswered: str | None = None
+    """Why the collector did not answer when the session started (None: it did), as the probe
+    said. Not a failure by itself: it becomes ``error`` only once a span goes unsent because of it."""
 
     def stop(self, reason: str) -> None:
-        """A batch failed for good (or the collector does not answer): the batches after it
-        count as failed unsent, until :meth:`try_again`; ``error`` keeps the first reason."""
+        """A batch failed for good: the batches after it count as failed unsent, until
+        :meth:`try_again`; ``error`` keeps the first reason."""
         self.error = self.error or reason
         self.stopped = True
+
+    def hold(self, unanswered: str) -> None:
+        """The collector does not answer yet: batches count as failed unsent until
+        :meth:`try_again` (``unanswered`` is their reason, should any be)."""
+        self.unanswered = unanswered
+        self.stopped = True
+
+    def count_unsent(self, spans: int) -> None:
+        """``spans`` handed over but not sent: failed, for the reason the export stopped."""
+        if spans:
+            self.failed += spans
+            self.error = self.error or (f"the collector did not answer ({self.unanswered})"
+                                        if self.unanswered is not None else "the export stopped")
 
     def try_again(self) -> None:
         """Send the batches of the next export, though a batch before them failed for good
@@ -232,7 +248,9 @@ class ExportReport:
             folded += (f" ({self.not_sampled_by_request:,} spans of requests the application's sampler dropped not "
                        "sent; the trace file keeps them)")
         if self.error is None:
-            return f"{self.exported:,} spans sent to {self.target}{folded}"
+            late = (f" (the collector did not answer at first: {self.unanswered}; every span was sent once it did)"
+                    if self.unanswered is not None and self.tried_again else "")
+            return f"{self.exported:,} spans sent to {self.target}{folded}{late}"
         said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
         return (f"OTLP export to {self.target}: {self.exported:,} of {self.submitted:,} spans sent; "
                 f"{self.error}{said}; the trace file keeps every span (send it again with `xsp push FILE`)")
@@ -316,7 +334,7 @@ def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportRep
         else:
             report.stop(_failure_text(outcome, report))
             waiting.append(part)
-    report.failed += sum(len(part) for part in waiting)
+    report.count_unsent(sum(len(part) for part in waiting))
 
 
 def _send(part: Sequence[Any], exporter: SpanExporter, report: ExportReport,

@@ -105,7 +105,7 @@ class WindowWorker:
         self.exporter = None if target is None else make_exporter(target)
         self.report = ExportReport(target="" if target is None else f"{target.protocol.value} {target.endpoint}")
         if collector_down is not None:  # nothing is sent until the collector answers (_resume_if_answering)
-            self.report.stop(f"the collector did not answer ({collector_down})")
+            self.report.hold(collector_down)
         self.queue: queue.SimpleQueue[Window | Wake | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
