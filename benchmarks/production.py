@@ -29,8 +29,9 @@ benchmarks/split_server.py) and ``timer`` (no xsp; every top-level module call t
 of a few lines, benchmarks/timer_floor.c: the floor of any model-level tracer).
 
 Reported per variant and endpoint: requests, throughput, p50 and p99 latency, the server's CPU
-time per request, and p50/p99 as ratios to plain (pooled over the rounds, with a 95% bootstrap
-interval over rounds, each variant's round drawn with plain's of the same round). The servers
+time per request, and p50/p99 as ratios to plain (pooled over the rounds and servers, with a 95%
+bootstrap interval over servers and rounds: each variant's servers drawn on their own, each
+variant's round with plain's of the same round). The servers
 are then stopped with SIGTERM and each xsp trace file is checked. Prints a table and records it
 in benchmarks/results/production.md.
 
@@ -116,6 +117,9 @@ class Load:
     latency_ns: list[int]
     seconds: float
     cpu: Cpu
+    server: int = 0
+    """Which of its variant's servers it loaded (``--servers``), from 0."""
+    round: int = 0
 
 
 def start_server(name: str, settings: dict[str, str], folder: Path, variant: str | None = None) -> Server:
@@ -337,8 +341,31 @@ def ratio_interval(loads: list[Load], plains: list[Load], fraction: float) -> tu
     return pooled, ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]
 
 
+def ratio_interval_over_servers(loads: list[Load], plains: list[Load], fraction: float) -> tuple[float, float, float]:
+    """As :func:`ratio_interval`, for variants that ran as separate processes: each draw takes the
+    variant's servers and plain's with replacement, each its own (two processes of one program
+    differ by as much as the cost measured: an interval over rounds alone leaves that out), then
+    the rounds with replacement, a variant's and plain's of the same round together."""
+    pooled = percentile_ms(loads, fraction) / percentile_ms(plains, fraction)
+    by_key = {(load.server, load.round): load for load in loads}
+    plain_by_key = {(load.server, load.round): load for load in plains}
+    servers, plain_servers = sorted({key[0] for key in by_key}), sorted({key[0] for key in plain_by_key})
+    rounds = sorted({key[1] for key in by_key} & {key[1] for key in plain_by_key})
+    draw = random.Random(BOOTSTRAP_SEED)
+    ratios = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        chosen = [draw.choice(servers) for _ in servers]
+        chosen_plain = [draw.choice(plain_servers) for _ in plain_servers]
+        chosen_rounds = [draw.choice(rounds) for _ in rounds]
+        ratios.append(percentile_ms([by_key[(server, index)] for server in chosen for index in chosen_rounds], fraction)
+                      / percentile_ms([plain_by_key[(server, index)] for server in chosen_plain
+                                       for index in chosen_rounds], fraction))
+    ratios.sort()
+    return pooled, ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]
+
+
 def ratio_text(loads: list[Load], plains: list[Load], fraction: float) -> str:
-    pooled, low, high = ratio_interval(loads, plains, fraction)
+    pooled, low, high = ratio_interval_over_servers(loads, plains, fraction)
     return f"{pooled:.3f} [{low:.2f},{high:.2f}]"
 
 
@@ -448,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for endpoint in endpoints:
                 for server in servers[shift:] + servers[:shift]:
                     load = loaded_round(server, ENDPOINTS[endpoint], args.concurrency, args.seconds)
+                    load.server, load.round = servers.index(server) // len(variants), round_index
                     results.setdefault((server.variant, endpoint), []).append(load)
                     server_loads.setdefault(server.name, []).append(load)
                     print(f"round {round_index + 1}/{args.rounds} {server.name:<14} {endpoint:<5} "
@@ -468,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "*xsp thr µs* on xsp's threads (its window and control threads) and "
         "*helper µs* in the helper processes xsp forks to interpret its windows (the rest is on the threads "
         "that serve the requests). Ratios: pooled percentiles over plain's, with a 95% bootstrap interval over "
-        "rounds (a variant's round drawn with plain's same round). *plain twin* is a second server running "
+        "servers and rounds (each variant's servers drawn on their own, a variant's round with plain's same round; "
+        "with one server a variant, over rounds only). *plain twin* is a second server running "
         "plain's code: its ratios are how much two processes of one program differ on this machine, the "
         f"resolution of every other ratio.{split_text(args.sample) if args.split else ''}", "",
         "```", *table(results, list(variants), endpoints), "```", "",
