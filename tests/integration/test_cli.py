@@ -149,6 +149,9 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     (["capture", "abc"], "xsp capture: error: argument pid: invalid int value: 'abc' (see xsp capture --help)"),
     (["capture", "1", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["frob"], "xsp: error: argument COMMAND: invalid choice: 'frob'"),
+    # an option the subcommand does not have: its help is where to look (it said `see xsp --help`)
+    (["report", "a.xsp.parquet", "--bogus"], "xsp report: error: unrecognized arguments: --bogus (see xsp report "
+                                             "--help)"),
     # what is no trace, under a trace's name: it replaced a trace there (xsp report then failed on it)
     (["export", "a.xsp.parquet", "-o", "b.xsp.parquet"], "b.xsp.parquet names an xsp trace (.xsp.parquet), but this "
                                                          "writes a chrome file"),

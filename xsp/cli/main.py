@@ -27,8 +27,21 @@ class _OneLineErrors(argparse.ArgumentParser):
     other bad input is said, instead of its usage block and then the error. Its subcommands'
     parsers are of this class too."""
 
+    commands: dict[str, argparse.ArgumentParser] | None = None
+    """The subcommands' parsers by name (the top-level parser's)."""
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but an argument no parser knows is said by the subcommand it followed
+        (``xsp report: ... (see xsp report --help)``), where argparse names the top-level one."""
+        known, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = (self.commands or {}).get(getattr(known, "command", None) or "", self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return known
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in SUBCOMMANDS:
         module.register(commands)
+    parser.commands = dict(commands.choices)
     return parser
 
 
