@@ -209,8 +209,10 @@ def environment_sampling_set() -> bool:
 
 
 def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy | None, str | None]:
-    """The sampling asked for, else ``XSP_SAMPLE``'s (a value it cannot use is a problem to say,
-    not an error: the environment is not the program's own call)."""
+    """The sampling asked for, else ``XSP_SAMPLE``'s. A value it cannot use is a problem to say,
+    not an error (the environment is not the program's own call), and the session then runs as
+    with ``XSP_SAMPLE=0``: a service's mistyped setting must not record every request at every
+    level, a tracing cost many times the always-on one."""
     if sample is not None:
         return SamplingPolicy.parse(sample, slow_factor), None
     from_env = os.environ.get(SAMPLE_VARIABLE, "").strip()
@@ -219,5 +221,7 @@ def _sampling(sample: float | None, slow_factor: float) -> tuple[SamplingPolicy 
     try:
         return SamplingPolicy.parse(from_env, slow_factor), None
     except ValueError as exc:
-        return None, f"{SAMPLE_VARIABLE} is not used: {exc}; every step is recorded at every level"
+        return (SamplingPolicy.parse(0.0, slow_factor),
+                f"{SAMPLE_VARIABLE} is not used: {exc}; the session runs always on as with {SAMPLE_VARIABLE}=0 "
+                "(every step timed at the model level, none sampled deeper)")
 
