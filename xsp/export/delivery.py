@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core.lazy import otel_span_export as sdk_export
@@ -220,6 +220,12 @@ class ExportReport:
         if self.stopped:
             self.stopped = False
             self.tried_again += 1
+
+    @classmethod
+    def from_metadata(cls, recorded: Mapping[str, Any]) -> ExportReport:
+        """The report a trace file recorded (``metadata["export"]``, :meth:`as_metadata`), read back."""
+        names = {entry.name for entry in fields(cls) if entry.init}
+        return cls(**{key: value for key, value in recorded.items() if key in names})
 
     def as_metadata(self) -> dict[str, Any]:
         """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
