@@ -39,8 +39,19 @@ def test_batches_handed_over_while_the_collector_does_not_answer_fail_for_that_r
     report.done = True
     assert exporter.sent == list(range(4)) and (report.submitted, report.exported, report.failed) == (7, 4, 3)
     assert report.state == "failed"
-    assert report.summary().startswith("OTLP export to http/protobuf http://collector:4318: 4 of 7 spans sent; the "
-                                       "collector did not answer (collector:4318 is unreachable (Connection refused))")
+    assert report.summary() == ("OTLP export to http/protobuf http://collector:4318: 4 of 7 spans sent; the collector "
+                                "did not answer (collector:4318 is unreachable (Connection refused)); the trace file "
+                                "keeps every span (`xsp push FILE` sends them all again, the 4 sent already included)")
+
+
+def test_an_export_that_sent_nothing_says_push_sends_the_file() -> None:
+    report = ExportReport(target="grpc collector:4317")
+    report.hold("collector:4317 is unreachable (Connection refused)")
+    export_batch(list(range(3)), Answering(), report)
+    report.done = True
+    assert report.summary().endswith("0 of 3 spans sent; the collector did not answer (collector:4317 is unreachable "
+                                     "(Connection refused)); the trace file keeps every span (send it with "
+                                     "`xsp push FILE`)")
 
 
 def test_a_collector_that_answered_from_the_start_says_nothing_of_answering_late() -> None:

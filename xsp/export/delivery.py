@@ -258,8 +258,11 @@ class ExportReport:
                     if self.unanswered is not None and self.tried_again else "")
             return f"{self.exported:,} spans sent to {self.target}{folded}{late}"
         said = f" (the SDK said: {'; '.join(dict.fromkeys(self.sdk_messages))})" if self.sdk_messages else ""
+        # xsp push sends a file's every span: where some reached the collector, they would be there twice
+        again = ("send it with `xsp push FILE`" if self.exported == 0 else
+                 f"`xsp push FILE` sends them all again, the {self.exported:,} sent already included")
         return (f"OTLP export to {self.target}: {self.exported:,} of {self.submitted:,} spans sent; "
-                f"{self.error}{said}; the trace file keeps every span (send it again with `xsp push FILE`)")
+                f"{self.error}{said}; the trace file keeps every span ({again})")
 
 
 SDK_RETRY: Final = "retrying in"
