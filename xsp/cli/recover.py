@@ -14,7 +14,8 @@ from xsp.core.errors import TraceNotFoundError
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "recover", help="write the trace file of a run killed before it finished",
-        description="A run that writes a trace file streams each closed window (about one a second) to "
+        description="A run that writes a trace file streams each closed window (about one a second; an "
+                    "always-on run, --sample, every 60 s or XSP_WINDOW_S) to "
                     "a hidden folder beside it, .FILE.xsp-segments.PID (or, when that folder takes no writes, to "
                     "a spool folder in the temporary folder or $XSP_SPOOL_DIR), and builds FILE from them at its "
                     "end. If the process was killed first (SIGKILL, the OOM killer), or FILE could not be written "
