@@ -468,3 +468,59 @@ def test_xsp_run_never_says_a_script_whose_children_ran_untraced_called_no_modul
     assert result.returncode == 0, result.stderr
     assert "so there was nothing to profile" not in result.stderr
     assert "called no torch.nn.Module in its own process, and 1 child process ran untraced" in result.stderr
+
+
+def _sampling_of_children(trace: xsp.Trace) -> tuple[set[str], int, int]:
+    """The ``sampling`` of the children's steps, how many there are, and the children's layer spans."""
+    spans = trace.spans
+    predicts = _kinds(spans, SpanKind.PREDICT)
+    children = predicts[predicts[col.PROCESS_ID].notna()]
+    layers = spans[(spans[col.LEVEL] == "layer") & spans[col.PROCESS_ID].notna()]
+    return set(children[col.SAMPLING].dropna().astype(str)), len(children), len(layers)
+
+
+def test_the_children_of_an_always_on_session_are_always_on_too(tmp_path):
+    """A server's worker processes (uvicorn --workers, a Pool) under `xsp run --sample 0.01` recorded
+    every request at every level, as if no sample had been given: the plan a child carries had no
+    sampling. It now has the session's: the children's steps are timed at the model level and drawn."""
+    context = multiprocessing.get_context("fork")
+    with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet", sample=0.0, slow_factor=0):
+        process = context.Process(target=_work, args=(CALLS,))
+        process.start()
+        process.join()
+        with context.Pool(2) as pool:
+            assert pool.map(_work, [CALLS] * 4) == [CALLS] * 4
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    samplings, steps, layers = _sampling_of_children(trace)
+    assert steps == 5 * CALLS and samplings == {"model_only"} and layers == 0
+    # the session's counts are its children's too (they read 0, and the report said the session
+    # "did not end, so its own counts were never written")
+    predicts = _kinds(trace.spans, SpanKind.PREDICT)
+    counted_in_file = int((predicts[col.SAMPLING] == "model_only").sum())
+    assert trace.metadata["sampling"]["steps"]["model_only"] == counted_in_file > 0
+    assert trace.metadata["sampling"]["median_step_ns"] > 0
+
+
+@pytest.mark.heavy  # each spawned child imports torch: `python -m pytest -m heavy`
+def test_spawned_workers_of_xsp_run_sample_are_always_on(tmp_path):
+    script = tmp_path / "workers.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, torch
+
+        def work(calls):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            with torch.no_grad():
+                for _ in range(calls):
+                    model(torch.randn(2, 8))
+            return calls
+
+        if __name__ == "__main__":
+            with multiprocessing.get_context("spawn").Pool(2) as pool:
+                print(sum(pool.map(work, [{CALLS}] * 4)))
+    """))
+    profiled = subprocess.run([sys.executable, "-m", "xsp", "run", "--sample", "0", "--slow-factor", "0", "-o",
+                               "run.xsp.parquet", "--", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+    assert profiled.returncode == 0 and profiled.stdout == f"{4 * CALLS}\n", profiled.stderr
+    samplings, steps, layers = _sampling_of_children(xsp.load(tmp_path / "run.xsp.parquet"))
+    assert steps == 4 * CALLS and samplings == {"model_only"} and layers == 0

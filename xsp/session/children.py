@@ -99,13 +99,18 @@ class ChildPlan:
     parent_pid: int
     dataloader_worker: bool = False
     """The process is a DataLoader's worker (told in the parent, from the function it runs)."""
+    sample: float | None = None
+    """The parent's session is always on: the fraction of steps the child records deep (None: it
+    is not, and the child records every step, unless ``XSP_SAMPLE`` says otherwise)."""
+    slow_factor: float | None = None
+    """With ``sample``: the parent's slow-step factor."""
     starter: Callable[[ChildPlan], None] | None = field(default=None, compare=False)
     arrival: Callable[..., ChildPlan] | None = field(default=None, compare=False)
 
     @property
-    def fields(self) -> tuple[str, tuple[str, ...], int, bool, int | None, int, bool]:
+    def fields(self) -> tuple[str, tuple[str, ...], int, bool, int | None, int, bool, float | None, float | None]:
         return (self.folder, self.levels, self.max_events, self.backward, self.layer_depth, self.parent_pid,
-                self.dataloader_worker)
+                self.dataloader_worker, self.sample, self.slow_factor)
 
     def trace_path(self, pid: int) -> Path:
         """Where child ``pid`` writes its trace."""
@@ -236,6 +241,12 @@ class ChildSpans:
     workers_before: list[int]
     """Ids of the DataLoader workers the session's loops waited for that were started before it
     (``persistent_workers=True`` keeps an epoch's workers for the next): not followed."""
+    sampled_steps: Counter[str] = field(default_factory=Counter)
+    """Always on: the children's steps by how they were recorded (their ``sampling`` counts), summed."""
+    slow_steps_found: int = 0
+    """Always on: the slow steps the children found, summed."""
+    median_step_ns: int = 0
+    """Always on: the running median of the child that took the most steps, at its end."""
 
 
 class Following:
@@ -259,14 +270,17 @@ class Following:
 
     @classmethod
     def open(cls, levels: tuple[Level, ...], max_events: int, backward: bool, layer_depth: int | None,
-             starter: Callable[[ChildPlan], None], arrival: Callable[..., ChildPlan]) -> Following:
-        """Follow the processes started from now on (see the module docs)."""
+             starter: Callable[[ChildPlan], None], arrival: Callable[..., ChildPlan],
+             sampling: tuple[float, float] | None = None) -> Following:
+        """Follow the processes started from now on (see the module docs); ``sampling``, an always-on
+        session's (its sample fraction and slow-step factor), goes with them."""
         # a child's own children are followed in its parent's folder: when the child is killed, or
         # outlives its parent's session, the parent's removal of its folder leaves nothing behind
         inside = _followed_by.folder if _followed_by is not None and os.path.isdir(_followed_by.folder) else None
         folder = tempfile.mkdtemp(prefix="xsp-children-", dir=inside)
+        sample, slow_factor = sampling if sampling is not None else (None, None)
         plan = ChildPlan(folder, tuple(level.value for level in levels), max_events, backward, layer_depth,
-                         os.getpid(), starter=starter, arrival=arrival)
+                         os.getpid(), sample=sample, slow_factor=slow_factor, starter=starter, arrival=arrival)
         following = cls(plan, follow=os.environ.get(FOLLOW_ENV, "1") != "0")
         _PATCH.push(following)
         return following
@@ -310,6 +324,9 @@ class Following:
         processes: dict[str, dict[str, Any]] = {}
         untraced: dict[str, str] = {}
         dropped: Counter[str] = Counter()
+        sampled: Counter[str] = Counter()
+        slow_steps_found = 0
+        busiest = (0, 0)  # (steps, running median at the end) of the child that took the most
         steps = steps_before
         for pid, name, ref, planned in self.started:
             key = str(pid)
@@ -321,6 +338,11 @@ class Following:
                                                         steps)
                     steps += added
                     dropped.update(child.metadata.get("dropped") or {})
+                    child_sampling = child.metadata.get("sampling") or {}
+                    sampled.update(child_sampling.get("steps") or {})
+                    slow_steps_found += int(child_sampling.get("slow_steps_found") or 0)
+                    busiest = max(busiest, (sum((child_sampling.get("steps") or {}).values()),
+                                            int(child_sampling.get("median_step_ns") or 0)))
                     own = child.metadata.get("child_processes") or {}
                     processes[key] = {"name": name, "kind": "session", "spans": len(spans),
                                       "warnings": list(child.metadata.get("warnings") or []),
@@ -348,7 +370,7 @@ class Following:
         shutil.rmtree(self.plan.folder, ignore_errors=True)
         started = {pid for pid, *_ in self.started}
         return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks),
-                          sorted(set(input_worker_pids) - started))
+                          sorted(set(input_worker_pids) - started), sampled, slow_steps_found, busiest[1])
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it

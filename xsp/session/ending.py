@@ -276,8 +276,19 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         from xsp.export.delivery import ExportReport  # (imported where a collector was asked for)
 
         not_used = ExportReport(target=asked.endpoint, error=f"not used: {run.collector_down}", done=True).as_metadata()
+    described = run.described(run.clock.remeasured(), machine_speed.confirmed())
+    sampling = described.get("sampling")
+    if sampling and children is not None and (children.sampled_steps or children.slow_steps_found):
+        # the steps its followed children (a server's workers) took count as the session's own
+        steps = Counter(sampling.get("steps") or {})
+        steps.update(children.sampled_steps)
+        described["sampling"] = {**sampling, "steps": dict(steps),
+                                 "slow_steps_found": int(sampling.get("slow_steps_found") or 0)
+                                 + children.slow_steps_found,
+                                 "median_step_ns": int(sampling.get("median_step_ns") or 0)
+                                 or children.median_step_ns}
     return {
-        **run.described(run.clock.remeasured(), machine_speed.confirmed()),
+        **described,
         "tracer_details": tracer_details(run),
         "threads": {
             str(thread_id): name for thread_id, name in itertools.chain(

@@ -73,11 +73,12 @@ os.register_at_fork(after_in_child=_forget_session_in_child)
 
 
 def _child_plan(folder: str, levels: tuple[str, ...], max_events: int, backward: bool, layer_depth: int | None,
-                parent_pid: int, dataloader_worker: bool) -> ChildPlan:
+                parent_pid: int, dataloader_worker: bool, sample: float | None = None,
+                slow_factor: float | None = None) -> ChildPlan:
     """In a child process started by spawn or forkserver, as ``multiprocessing`` unpickles its
     process: the plan it carries, begun (before the process's function runs)."""
-    plan = ChildPlan(folder, levels, max_events, backward, layer_depth, parent_pid, dataloader_worker,
-                     starter=_start_child_session, arrival=_child_plan)
+    plan = ChildPlan(folder, levels, max_events, backward, layer_depth, parent_pid, dataloader_worker, sample,
+                     slow_factor, starter=_start_child_session, arrival=_child_plan)
     children.begin(plan)
     return plan
 
@@ -89,7 +90,8 @@ def _start_child_session(plan: ChildPlan) -> None:
     stopping signal with its default action came (``Pool.terminate``), which then ends it."""
     warnings.filterwarnings("ignore", category=XspWarning)
     session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
-                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, listens=False)
+                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, sample=plan.sample,
+                      slow_factor=None if plan.sample is None else plan.slow_factor, listens=False)
     session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
     session.__enter__()
     child_session.end_with_process(session, plan)
@@ -263,8 +265,11 @@ class Session:
         if self.following is None:
             try:
                 options = self.options
-                self.following = Following.open(options.levels, options.max_events, options.backward,
-                                                options.layer_depth, starter=_start_child_session, arrival=_child_plan)
+                sampling = options.sampling
+                self.following = Following.open(
+                    options.levels, options.max_events, options.backward, options.layer_depth,
+                    starter=_start_child_session, arrival=_child_plan,
+                    sampling=None if sampling is None else (sampling.rate, sampling.slow_factor))
             except Exception as exc:  # the session runs on; child processes are then not followed
                 self.warn(f"child processes are not followed: {type(exc).__name__}: {exc}")
 
