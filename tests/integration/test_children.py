@@ -524,3 +524,32 @@ def test_spawned_workers_of_xsp_run_sample_are_always_on(tmp_path):
     assert profiled.returncode == 0 and profiled.stdout == f"{4 * CALLS}\n", profiled.stderr
     samplings, steps, layers = _sampling_of_children(xsp.load(tmp_path / "run.xsp.parquet"))
     assert steps == 4 * CALLS and samplings == {"model_only"} and layers == 0
+
+
+def test_a_bare_forked_child_exits_as_it_would_and_the_forks_are_said(tmp_path):
+    """A pre-forking server (gunicorn) under `xsp run`: each worker's `sys.exit(0)` became exit code 1
+    (gunicorn logged every worker's stop as an error), and the warning said the script called no
+    module at all, though its workers did."""
+    script = tmp_path / "prefork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, torch
+
+        model = torch.nn.Linear(4, 2)
+        codes = []
+        for exit_code in (0, 3):
+            pid = os.fork()
+            if pid == 0:
+                with torch.no_grad():
+                    model(torch.randn(1, 4))
+                sys.exit(exit_code)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print(codes)
+    """))
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    profiled = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "run.xsp.parquet", "--", str(script)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert plain.stdout == profiled.stdout == "[0, 3]\n", profiled.stderr
+    assert plain.returncode == profiled.returncode == 0
+    assert ("called no torch.nn.Module in its own process; the 2 processes it forked with os.fork() (a server's "
+            "workers) are not followed: start xsp.trace() in each worker (docs/processes.md)") in profiled.stderr
+    assert xsp.load(tmp_path / "run.xsp.parquet").metadata["child_processes"]["forked_not_followed"] == 2

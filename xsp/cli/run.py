@@ -752,8 +752,8 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
 
     trace = session.trace
     out = error_console()
-    if trace is None:
-        return status or 1
+    if trace is None:  # a child the script forked (a server's worker) exits as it would have: the trace is the parent's
+        return status if session.forked else status or 1
     written = session.output if session.write_error is None else None
     where = f" -> {_shown(written, started_in)}" if written is not None else ""
     try:
@@ -786,10 +786,16 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
         elif report.error is None:  # a failure was the session's one warning, already shown
             out.print(f"xsp: {report.summary()}", markup=False)
     if predicts == 0:
-        untraced = len((trace.metadata.get("child_processes") or {}).get("untraced") or {})
+        children = trace.metadata.get("child_processes") or {}
+        untraced = len(children.get("untraced") or {})
+        forked = int(children.get("forked_not_followed") or 0)
         if untraced:  # its children may have: what they did is not in the trace, as said above
             out.print(f"warning: {script} called no torch.nn.Module in its own process, and "
                       f"{count_of(untraced, 'child process', 'child processes')} ran untraced", markup=False)
+        elif forked:  # a pre-forking server (gunicorn): its workers serve, and nothing starts their session
+            out.print(f"warning: {script} called no torch.nn.Module in its own process; the "
+                      f"{count_of(forked, 'process', 'processes')} it forked with os.fork() (a server's workers) are "
+                      "not followed: start xsp.trace() in each worker (docs/processes.md)", markup=False)
         else:
             out.print(f"warning: {script} called no torch.nn.Module, so there was nothing to profile "
                       "(is it a PyTorch script?)", markup=False)

@@ -50,6 +50,7 @@ from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind, Status
+from xsp.core.threads import on_own_thread
 
 try:
     from xsp.session._around import Around
@@ -247,6 +248,8 @@ class ChildSpans:
     """Always on: the slow steps the children found, summed."""
     median_step_ns: int = 0
     """Always on: the running median of the child that took the most steps, at its end."""
+    forked_alone: int = 0
+    """Processes the program forked with ``os.fork()`` itself: not followed."""
 
 
 class Following:
@@ -267,6 +270,13 @@ class Following:
         self.ranks: list[int] = []
         """Processes started by ``torch.multiprocessing.spawn``: ranks, not followed (see
         :data:`SPAWNED_RANK_MODULE`)."""
+        self.forked_alone = 0
+        """Processes the program forked with ``os.fork()`` itself (gunicorn's workers), not through
+        ``multiprocessing``: not followed, as nothing starts their session."""
+
+    def forked(self) -> None:
+        """The program forked a process of its own (see :attr:`forked_alone`)."""
+        self.forked_alone += 1
 
     @classmethod
     def open(cls, levels: tuple[Level, ...], max_events: int, backward: bool, layer_depth: int | None,
@@ -370,7 +380,8 @@ class Following:
         shutil.rmtree(self.plan.folder, ignore_errors=True)
         started = {pid for pid, *_ in self.started}
         return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks),
-                          sorted(set(input_worker_pids) - started), sampled, slow_steps_found, busiest[1])
+                          sorted(set(input_worker_pids) - started), sampled, slow_steps_found, busiest[1],
+                          self.forked_alone)
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it
@@ -469,6 +480,8 @@ class _StartPatch:
         self.installed: Callable[[Any], None] | None = None
         """The ``Process.start`` installed (around the one found), while some session follows."""
         self.lock = threading.Lock()
+        self.starting = threading.local()
+        """``on``: this thread is inside ``Process.start`` (its fork is ``multiprocessing``'s)."""
 
     def push(self, following: Following) -> None:
         with self.lock:
@@ -496,11 +509,13 @@ class _StartPatch:
         following = self.followings[-1] if self.followings else None
         if following is None or process.pid is not None:  # started before: this start fails, as in a plain run
             return None
+        self.starting.on = True
         rank = _target_module(process) == SPAWNED_RANK_MODULE  # known before start, which forgets its target
         return following, None if rank else following.plan_for(process), rank
 
     def after_start(self, process: Any, planned: tuple[Following, ChildPlan | None, bool] | None,
                     failed: bool) -> None:
+        self.starting.on = False
         if planned is not None:
             following, plan, rank = planned
             following.started_process(process, plan, rank)
@@ -510,7 +525,15 @@ class _StartPatch:
         follows, starts afresh)."""
         self.followings = []
         self.lock = threading.Lock()
+        self.starting = threading.local()
         self.put_back()
+
+    def forked_in_parent(self) -> None:
+        """In the parent of a fork: one the program made with ``os.fork()`` itself (not a
+        ``multiprocessing`` start, nor a helper process of xsp's) is counted by the innermost
+        following session."""
+        if self.followings and not getattr(self.starting, "on", False) and not on_own_thread():
+            self.followings[-1].forked()
 
 
 def _fetch_start(index: Any) -> int:
@@ -557,4 +580,4 @@ def wrapped(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 _PATCH = _StartPatch()
-os.register_at_fork(after_in_child=_PATCH.after_fork)
+os.register_at_fork(after_in_child=_PATCH.after_fork, after_in_parent=_PATCH.forked_in_parent)

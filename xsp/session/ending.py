@@ -312,7 +312,8 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
         "process_id": os.getpid(),
         "child_processes": None if children is None else {
             "followed": children.processes, "untraced": children.untraced, "steps": children.steps,
-            "ranks_not_followed": children.ranks, "dataloader_workers_started_before": children.workers_before},
+            "ranks_not_followed": children.ranks, "dataloader_workers_started_before": children.workers_before,
+            "forked_not_followed": children.forked_alone},
         "otlp": None if asked is None else {"endpoint": asked.endpoint, "protocol": asked.protocol.value},
         "export": (run.windows.report.as_metadata() if run.windows is not None and run.windows.exporter is not None
                    else not_used),
