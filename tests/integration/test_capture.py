@@ -460,3 +460,54 @@ def test_a_capture_given_up_is_dropped_before_the_next_step_comes(tmp_path):
     spans = xsp.load(tmp_path / "service.xsp.parquet").spans
     roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
     assert len(roots) == 7 and set(roots[col.SAMPLING].astype(str)) == {"model_only"}
+
+
+WORKERS = textwrap.dedent("""
+    import multiprocessing, os, sys, time
+    from pathlib import Path
+    import torch
+
+    def serve(stop):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        with torch.no_grad():
+            while not Path(stop).exists():
+                model(torch.randn(2, 16))
+                time.sleep(0.002)
+
+    if __name__ == "__main__":
+        workers = [multiprocessing.get_context("fork").Process(target=serve, args=(sys.argv[1],)) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        print(" ".join(str(worker.pid) for worker in workers), flush=True)
+        for worker in workers:
+            worker.join()
+""")
+
+
+def test_a_server_with_workers_refuses_at_once_and_its_workers_are_captured(tmp_path):
+    """`uvicorn --workers 2` under `xsp run --sample`: the master's capture waited out its timeout
+    (600 s by default), then said the process may serve too few steps; a worker's said it ran no
+    xsp session. The master now says where its steps run, and a worker answers."""
+    stop, script = tmp_path / "stop", tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    server = subprocess.Popen([sys.executable, "-m", "xsp", "run", "--sample", "0", "-o",
+                               str(tmp_path / "server.xsp.parquet"), "--", str(script), str(stop)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        workers = [int(pid) for pid in server.stdout.readline().split()]
+        wait_for(lambda: all(socket_path(pid).exists() for pid in [server.pid, *workers]))
+        master = xsp_cli("capture", str(server.pid), "--steps", "3", "-o", str(tmp_path / "master.xsp.parquet"),
+                         "--timeout", "60")
+        worker = xsp_cli("capture", str(workers[0]), "--steps", "3", "-o", str(tmp_path / "worker.xsp.parquet"))
+    finally:
+        stop.touch()
+        _, err = server.communicate(timeout=120)
+    assert master.returncode == 2 and not (tmp_path / "master.xsp.parquet").exists()
+    assert (f"it has begun no step of its own: its model runs in the 2 child processes it started "
+            f"({workers[0]}, {workers[1]}); capture one of those") in master.stderr, master.stderr
+    assert worker.returncode == 0, worker.stderr
+    roots = xsp.load(tmp_path / "worker.xsp.parquet").spans
+    roots = roots[roots[col.PARENT_ID].isna() & roots[col.STEP].notna()]
+    assert len(roots) == 3 and set(roots[col.SAMPLING].astype(str)) == {"capture"}
+    assert server.returncode == 0, err

@@ -20,6 +20,7 @@ from xsp.core.levels import parse_levels
 from xsp.io.outputs import check_writable
 from xsp.io.parquet import write_trace
 from xsp.record.sampling import StepSampler
+from xsp.session.children import followed_alive
 from xsp.session.control import Caller
 from xsp.session.interpreting import WindowInterpreter
 from xsp.table.build import concat_spans
@@ -180,6 +181,12 @@ class CaptureDesk:
             check_writable(output)
         except Exception as exc:
             caller.refuse(str(exc))
+            return
+        if self.sampler().begun == 0 and (workers := followed_alive()):  # a server's master: its workers serve
+            shown = ", ".join(str(pid) for pid in workers[:8]) + (", ..." if len(workers) > 8 else "")
+            caller.refuse("it has begun no step of its own: its model runs in the "
+                          f"{len(workers)} child processes it started ({shown}); capture one of those where they run "
+                          "always on (xsp run --sample), or start xsp.trace() in each (docs/processes.md)")
             return
         with self._lock:
             if self.closing or self._under_way():

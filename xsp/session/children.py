@@ -318,6 +318,15 @@ class Following:
         elif process.pid is not None:
             self.started.append((int(process.pid), str(process.name), weakref.ref(process), plan is not None))
 
+    def alive(self) -> list[int]:
+        """The ids of the processes it follows that are running now."""
+        running = []
+        for pid, _, ref, planned in list(self.started):
+            process = ref()
+            if planned and process is not None and process.is_alive():
+                running.append(pid)
+        return running
+
     def close(self) -> None:
         """Follow no process started from now on."""
         _PATCH.pop(self)
@@ -534,6 +543,13 @@ class _StartPatch:
         following session."""
         if self.followings and not getattr(self.starting, "on", False) and not on_own_thread():
             self.followings[-1].forked()
+
+
+def followed_alive() -> list[int]:
+    """The ids of the running processes this process's innermost following session follows
+    (a server's workers, where it started them through ``multiprocessing``)."""
+    followings = list(_PATCH.followings)
+    return followings[-1].alive() if followings else []
 
 
 def _fetch_start(index: Any) -> int:

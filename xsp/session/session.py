@@ -91,7 +91,8 @@ def _start_child_session(plan: ChildPlan) -> None:
     warnings.filterwarnings("ignore", category=XspWarning)
     session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
                       backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, sample=plan.sample,
-                      slow_factor=None if plan.sample is None else plan.slow_factor, listens=False)
+                      slow_factor=None if plan.sample is None else plan.slow_factor,
+                      listens=plan.sample is not None)  # a server's worker, always on: `xsp capture PID` reaches it
     session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
     session.__enter__()
     child_session.end_with_process(session, plan)
@@ -131,8 +132,8 @@ class Session:
         """What the session was asked to do, checked (``options``, where given, is used as it is,
         and the other arguments are not read)."""
         self.listens = listens
-        """It listens for ``xsp capture`` (not a followed child process's own session: the parent's is
-        what a user captures)."""
+        """It listens for ``xsp capture`` (a followed child process's own session only where always on,
+        a server's worker: otherwise the parent's is what a user captures)."""
         self.run: RunningSession | None = None
         """What the session records with while it runs, and ran with once it has ended (None
         before it starts, and in a block that joined another session until it ends)."""
