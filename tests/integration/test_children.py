@@ -84,20 +84,24 @@ def test_a_process_and_a_pools_workers_forked_in_a_session_are_in_its_trace(tmp_
     assert len(session.trace.metadata["child_processes"]["followed"]) >= 2
 
 
+WORK_SCRIPT = textwrap.dedent("""
+    import multiprocessing, sys, torch
+
+    def work(calls):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        with torch.no_grad():
+            for _ in range(calls):
+                model(torch.randn(2, 8))
+        return calls
+""")
+"""A script's ``work``, as ``_work`` above: run by the children it starts (its ``__main__`` added)."""
+
+
 @pytest.mark.heavy  # each spawned child imports torch: `python -m pytest -m heavy`
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_children_started_by_spawn_and_forkserver_are_in_its_trace(tmp_path, method):
     script = tmp_path / "children.py"
-    script.write_text(textwrap.dedent(f"""
-        import multiprocessing, sys, torch
-
-        def work(calls):
-            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-            with torch.no_grad():
-                for _ in range(calls):
-                    model(torch.randn(2, 8))
-            return calls
-
+    script.write_text(WORK_SCRIPT + textwrap.dedent(f"""
         if __name__ == "__main__":
             context = multiprocessing.get_context("{method}")
             process = context.Process(target=work, args=({CALLS},))
@@ -504,16 +508,7 @@ def test_the_children_of_an_always_on_session_are_always_on_too(tmp_path):
 @pytest.mark.heavy  # each spawned child imports torch: `python -m pytest -m heavy`
 def test_spawned_workers_of_xsp_run_sample_are_always_on(tmp_path):
     script = tmp_path / "workers.py"
-    script.write_text(textwrap.dedent(f"""
-        import multiprocessing, torch
-
-        def work(calls):
-            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-            with torch.no_grad():
-                for _ in range(calls):
-                    model(torch.randn(2, 8))
-            return calls
-
+    script.write_text(WORK_SCRIPT + textwrap.dedent(f"""
         if __name__ == "__main__":
             with multiprocessing.get_context("spawn").Pool(2) as pool:
                 print(sum(pool.map(work, [{CALLS}] * 4)))
