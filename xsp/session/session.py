@@ -92,7 +92,8 @@ def _start_child_session(plan: ChildPlan) -> None:
     session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
                       backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, sample=plan.sample,
                       slow_factor=None if plan.sample is None else plan.slow_factor,
-                      listens=plan.sample is not None)  # a server's worker, always on: `xsp capture PID` reaches it
+                      # a server's worker, always on: `xsp capture PID` reaches it (a DataLoader's takes no steps)
+                      listens=plan.sample is not None and not plan.dataloader_worker)
     session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
     session.__enter__()
     child_session.end_with_process(session, plan)
