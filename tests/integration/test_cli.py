@@ -168,6 +168,23 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(argv, message, capsy
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["-5MB", "-5s"])
+def test_a_negative_rotate_is_said_by_its_own_check(value, capsys, tmp_path, monkeypatch):
+    """argparse took `-5MB` for an option: `argument --rotate: expected one argument`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("print(1)\n")
+    assert main(["run", "--dataset", "runs", "--rotate", value, "--", "x.py", "--rotate", "-1s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"xsp: error: --rotate must be a time (30m, 1h, 2d) or a size (500MB, 2GB), or both (1h,500MB), "
+                   f"not '{value}'")
+
+
+def test_a_scripts_own_rotate_argument_is_left_as_it_is(tmp_path):
+    (tmp_path / "args.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    done = xsp_cli("run", "-o", "a.xsp.parquet", "args.py", "--rotate", "-1s", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "['--rotate', '-1s']\n", done.stderr
+
+
 @pytest.mark.parametrize("options, message", [
     (["--levels", ","], "no level named in ','"),
     (["--levels", ""], "no level named in ''"),

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from xsp._version import __version__
 from xsp.cli import capture, diff, doctor, export, import_, pull, push, recommend, recover, report, run, summary
@@ -22,6 +22,15 @@ SCRIPT_INTERRUPTED = -2
 the process by SIGINT, as python does."""
 
 
+class _ParseFailed(Exception):
+    """What argparse would have said, raised while a command line is tried (see ``parse_args``)."""
+
+
+UNIT_VALUED: Final = ("--rotate",)
+"""Options whose value has a unit (``5s``, ``500MB``): argparse takes ``-5s`` for an option, and says
+"expected one argument" instead of what is wrong with the value."""
+
+
 class _OneLineErrors(argparse.ArgumentParser):
     """argparse, saying a command line it cannot parse in one line (with where help is), as every
     other bad input is said, instead of its usage block and then the error. Its subcommands'
@@ -29,19 +38,46 @@ class _OneLineErrors(argparse.ArgumentParser):
 
     commands: dict[str, argparse.ArgumentParser] | None = None
     """The subcommands' parsers by name (the top-level parser's)."""
+    trying: bool = False
+    """A command line is being tried: an error is raised (:class:`_ParseFailed`), not said."""
 
     def error(self, message: str) -> NoReturn:
+        if _OneLineErrors.trying:
+            raise _ParseFailed(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         """As argparse's, but an argument no parser knows is said by the subcommand it followed
-        (``xsp report: ... (see xsp report --help)``), where argparse names the top-level one."""
-        known, extras = self.parse_known_args(args, namespace)
+        (``xsp report: ... (see xsp report --help)``), where argparse names the top-level one; and
+        a value with a unit that begins with ``-`` (``--rotate -5s``) is said by its own check."""
+        arguments = list(sys.argv[1:] if args is None else args)
+        _OneLineErrors.trying = True
+        try:
+            known, extras = self.parse_known_args(arguments, namespace)
+        except _ParseFailed as failed:
+            _OneLineErrors.trying = False
+            if str(failed) in {f"argument {option}: expected one argument" for option in UNIT_VALUED}:
+                arguments = _negative_value_joined(arguments)
+            known, extras = self.parse_known_args(arguments, namespace)  # says what is wrong, as argparse would
+        finally:
+            _OneLineErrors.trying = False
         if extras:
             command = (self.commands or {}).get(getattr(known, "command", None) or "", self)
             command.error(f"unrecognized arguments: {' '.join(extras)}")
         return known
+
+
+def _negative_value_joined(arguments: list[str]) -> list[str]:
+    """The first ``--rotate -5s`` before any ``--`` as ``--rotate=-5s`` (only where argparse found
+    no value for it: a script's own arguments are never changed)."""
+    for index, argument in enumerate(arguments[:-1]):
+        if argument == "--":
+            break
+        following = arguments[index + 1]
+        if argument in UNIT_VALUED and following[:1] == "-" and following[1:2].isdigit():
+            return [*arguments[:index], f"{argument}={following}", *arguments[index + 2:]]
+    return arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
