@@ -242,12 +242,8 @@ class ChildSpans:
     workers_before: list[int]
     """Ids of the DataLoader workers the session's loops waited for that were started before it
     (``persistent_workers=True`` keeps an epoch's workers for the next): not followed."""
-    sampled_steps: Counter[str] = field(default_factory=Counter)
-    """Always on: the children's steps by how they were recorded (their ``sampling`` counts), summed."""
-    slow_steps_found: int = 0
-    """Always on: the slow steps the children found, summed."""
-    median_step_ns: int = 0
-    """Always on: the running median of the child that took the most steps, at its end."""
+    samplings: list[dict[str, Any]] = field(default_factory=list)
+    """Always on: each child's ``metadata["sampling"]`` (how its steps were recorded)."""
     forked_alone: int = 0
     """Processes the program forked with ``os.fork()`` itself: not followed."""
 
@@ -343,9 +339,7 @@ class Following:
         processes: dict[str, dict[str, Any]] = {}
         untraced: dict[str, str] = {}
         dropped: Counter[str] = Counter()
-        sampled: Counter[str] = Counter()
-        slow_steps_found = 0
-        busiest = (0, 0)  # (steps, running median at the end) of the child that took the most
+        samplings: list[dict[str, Any]] = []
         steps = steps_before
         for pid, name, ref, planned in self.started:
             key = str(pid)
@@ -357,11 +351,8 @@ class Following:
                                                         steps)
                     steps += added
                     dropped.update(child.metadata.get("dropped") or {})
-                    child_sampling = child.metadata.get("sampling") or {}
-                    sampled.update(child_sampling.get("steps") or {})
-                    slow_steps_found += int(child_sampling.get("slow_steps_found") or 0)
-                    busiest = max(busiest, (sum((child_sampling.get("steps") or {}).values()),
-                                            int(child_sampling.get("median_step_ns") or 0)))
+                    if child.metadata.get("sampling"):
+                        samplings.append(child.metadata["sampling"])
                     own = child.metadata.get("child_processes") or {}
                     processes[key] = {"name": name, "kind": "session", "spans": len(spans),
                                       "warnings": list(child.metadata.get("warnings") or []),
@@ -389,8 +380,7 @@ class Following:
         shutil.rmtree(self.plan.folder, ignore_errors=True)
         started = {pid for pid, *_ in self.started}
         return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks),
-                          sorted(set(input_worker_pids) - started), sampled, slow_steps_found, busiest[1],
-                          self.forked_alone)
+                          sorted(set(input_worker_pids) - started), samplings, self.forked_alone)
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it

@@ -277,16 +277,8 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
 
         not_used = ExportReport(target=asked.endpoint, error=f"not used: {run.collector_down}", done=True).as_metadata()
     described = run.described(run.clock.remeasured(), machine_speed.confirmed())
-    sampling = described.get("sampling")
-    if sampling and children is not None and (children.sampled_steps or children.slow_steps_found):
-        # the steps its followed children (a server's workers) took count as the session's own
-        steps = Counter(sampling.get("steps") or {})
-        steps.update(children.sampled_steps)
-        described["sampling"] = {**sampling, "steps": dict(steps),
-                                 "slow_steps_found": int(sampling.get("slow_steps_found") or 0)
-                                 + children.slow_steps_found,
-                                 "median_step_ns": int(sampling.get("median_step_ns") or 0)
-                                 or children.median_step_ns}
+    if described.get("sampling") and children is not None and children.samplings:
+        described["sampling"] = with_children_sampling(described["sampling"], children.samplings)
     return {
         **described,
         "tracer_details": tracer_details(run),
@@ -319,6 +311,20 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
                    else not_used),
         **session_metadata(),
     }
+
+
+def with_children_sampling(own: dict[str, Any], children: list[dict[str, Any]]) -> dict[str, Any]:
+    """An always-on session's ``sampling`` metadata with its followed children's (a server's
+    workers'): their steps and slow steps count as its own; its running median, where it took no
+    step, is that of the child that took the most."""
+    steps = Counter(own.get("steps") or {})
+    slow_steps_found = int(own.get("slow_steps_found") or 0)
+    for child in children:
+        steps.update(child.get("steps") or {})
+        slow_steps_found += int(child.get("slow_steps_found") or 0)
+    busiest = max(children, key=lambda child: sum((child.get("steps") or {}).values()))
+    return {**own, "steps": dict(steps), "slow_steps_found": slow_steps_found,
+            "median_step_ns": int(own.get("median_step_ns") or 0) or int(busiest.get("median_step_ns") or 0)}
 
 
 class TraceWriter:
