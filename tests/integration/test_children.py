@@ -548,3 +548,86 @@ def test_a_bare_forked_child_exits_as_it_would_and_the_forks_are_said(tmp_path):
     assert ("called no torch.nn.Module in its own process; the 2 processes it forked with os.fork() (a server's "
             "workers) are not followed: start xsp.trace() in each worker (docs/processes.md)") in profiled.stderr
     assert xsp.load(tmp_path / "run.xsp.parquet").metadata["child_processes"]["forked_not_followed"] == 2
+
+
+def _serve_until(stop: Any, deadline_s: float) -> None:
+    """A server's worker: steps until told to stop (at most ``deadline_s``)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    ends = time.monotonic() + deadline_s
+    with torch.no_grad():
+        while not stop.is_set() and time.monotonic() < ends:
+            model(torch.randn(2, 8))
+            time.sleep(0.002)
+
+
+def _exported_ids(received: list[Any]) -> list[tuple[str, int, int | None]]:
+    return [(span.trace_id, span.span_id, span.parent_id) for span in received]
+
+
+def _file_ids(spans: pd.DataFrame) -> list[tuple[str, int, int | None]]:
+    parents = spans[col.PARENT_ID].astype("Int64")
+    return [(str(trace), int(span_id), None if pd.isna(parent) else int(parent))
+            for trace, span_id, parent in zip(spans[col.TRACE_ID], spans[col.SPAN_ID], parents)]
+
+
+def test_a_worker_of_an_always_on_session_exports_its_own_windows_while_it_serves(tmp_path, monkeypatch):
+    """A server's workers (uvicorn --workers) under `xsp run --sample`: their spans reached the
+    collector only when the whole service stopped, and where OTEL_EXPORTER_OTLP_ENDPOINT was set,
+    twice (each worker's session sent its own at its end, then the session sent them again). A
+    worker now sends its windows as they close, to the session's collector, and the session sends
+    none of them again: what the collector holds is the file, span for span."""
+    from .otlp_receiver import GrpcReceiver
+
+    context = multiprocessing.get_context("fork")
+    with GrpcReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet", sample=1.0,
+                       window_s=0.2) as session:
+            stop = context.Event()
+            worker = context.Process(target=_serve_until, args=(stop, 120))
+            worker.start()
+            seen_while_serving = False
+            waited_until = time.monotonic() + 60
+            while worker.is_alive() and time.monotonic() < waited_until and not seen_while_serving:
+                time.sleep(0.05)
+                with receiver.sink.lock:
+                    seen_while_serving = any(span.resource.get("process.pid") == worker.pid
+                                             for span in receiver.sink.spans)
+            serving = worker.is_alive()
+            stop.set()
+            worker.join()
+        report = session.wait_for_export()
+        assert seen_while_serving and serving
+        with receiver.sink.lock:
+            received = list(receiver.sink.spans)
+    spans = session.trace.spans
+    assert sorted(_exported_ids(received)) == sorted(_file_ids(spans))  # each once, with the file's ids
+    by_process = {span.resource.get("process.pid") for span in received}
+    assert by_process == {os.getpid(), worker.pid}
+    # the worker's session span is sent below the session's, in its trace: the file's process span
+    process = _kinds(spans, SpanKind.PROCESS)
+    session_span = _kinds(spans, SpanKind.SESSION)
+    assert len(process) == 1 and set(process[col.TRACE_ID]) == set(session_span[col.TRACE_ID])
+    assert report is not None and report.state == "done" and report.exported == len(spans) == report.submitted
+    assert session.trace.metadata["child_processes"]["followed"][str(worker.pid)]["export"]["exported"] > 0
+
+
+def test_the_children_of_a_session_not_always_on_leave_the_export_to_it(tmp_path, monkeypatch):
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set, each child's session exported its spans at its end,
+    and the session exported them again with its own."""
+    from .otlp_receiver import GrpcReceiver
+
+    context = multiprocessing.get_context("fork")
+    with GrpcReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet") as session:
+            process = context.Process(target=_work, args=(CALLS,))
+            process.start()
+            process.join()
+        report = session.wait_for_export()
+        with receiver.sink.lock:
+            received = list(receiver.sink.spans)
+    assert report is not None and report.state == "done"
+    assert sorted(_exported_ids(received)) == sorted(_file_ids(session.trace.spans))
+    assert {span.resource.get("process.pid") for span in received} == {os.getpid()}
+    assert session.trace.metadata["child_processes"]["followed"][str(process.pid)]["export"] is None

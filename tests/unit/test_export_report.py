@@ -59,3 +59,23 @@ def test_a_collector_that_answered_from_the_start_says_nothing_of_answering_late
     export_batch(list(range(2)), exporter, report)
     report.done = True
     assert report.summary() == "2 spans sent to grpc collector:4317" and report.unanswered is None
+
+
+def test_what_a_worker_exported_itself_counts_in_the_sessions_export() -> None:
+    target = "grpc http://collector:4317"
+    report = ExportReport(target=target, submitted=3, exported=3, to_send=3, done=True)
+    worker = ExportReport(target=target, submitted=10, exported=10, to_send=10, spans_folded=4, done=True)
+    report.add_process(ExportReport.from_metadata(worker.as_metadata()), "4242")
+    assert (report.submitted, report.exported, report.failed, report.spans_folded) == (13, 13, 0, 4)
+    assert report.state == "done" and report.summary().startswith("13 spans sent to grpc")
+
+
+def test_a_worker_whose_export_failed_or_was_cut_off_makes_the_sessions_fail_and_says_which() -> None:
+    target = "grpc http://collector:4317"
+    report = ExportReport(target=target, submitted=3, exported=3, to_send=3, done=True)
+    report.add_process(ExportReport(target=target, submitted=8, exported=5, failed=3, to_send=8,
+                                    error="StatusCode.UNAVAILABLE", done=True), "11")
+    report.add_process(ExportReport(target=target, submitted=6, exported=2, to_send=6, cut_off=True), "12")
+    assert (report.exported, report.failed) == (10, 7)
+    assert report.state == "failed" and report.error == "process 11: StatusCode.UNAVAILABLE"
+    assert "10 of 17 spans sent; process 11: StatusCode.UNAVAILABLE" in report.summary()

@@ -221,6 +221,23 @@ class ExportReport:
             self.stopped = False
             self.tried_again += 1
 
+    def add_process(self, other: ExportReport, process: str) -> None:
+        """Count in what process ``process`` exported itself (an always-on session's worker sends
+        its own windows): its spans sent, failed and folded are this export's too, and its error,
+        where this one has none, this one's."""
+        for name in ("submitted", "exported", "failed", "traces_folded", "spans_folded", "aggregates",
+                     "dropped_by_budget", "splits", "retries", "to_send", "step_traces", "not_sampled_by_request",
+                     "tried_again"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.sdk_messages.extend(message for message in other.sdk_messages if message not in self.sdk_messages)
+        error = other.error
+        unsent = other.to_send - other.exported - other.failed - other.dropped_by_budget
+        if other.cut_off and unsent > 0:  # its process ended before its export did: those never went
+            self.failed += unsent
+            error = error or "it ended before its export did"
+        if error is not None and self.error is None:
+            self.error = f"process {process}: {error}"
+
     @classmethod
     def from_metadata(cls, recorded: Mapping[str, Any]) -> ExportReport:
         """The report a trace file recorded (``metadata["export"]``, :meth:`as_metadata`), read back."""

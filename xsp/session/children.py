@@ -17,7 +17,11 @@ process's function runs. Either way it begins:
 * in any other process, a session of its own with the session's levels, which writes its trace
   into the session's children folder when the process ends (its function returns or raises,
   it exits, or SIGTERM ends it, as ``Pool.terminate`` ends a pool's workers). It says nothing:
-  its warnings are in its trace, and the session says them.
+  its warnings are in its trace, and the session says them. Its session span is in the
+  session's trace, below the session's span. It exports nothing (the session exports its spans at the
+  end, ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment notwithstanding), unless the session
+  is always on and exports (a server's worker, serving for days): it then exports its own
+  windows as they close, to the session's collector, and the session exports none of its spans.
 
 When the session ends, :meth:`Following.collect` adds each child's spans to the session's: with
 their ``process_id``, below a ``process`` span of the child's (in the session's trace, below its
@@ -42,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
@@ -85,6 +89,16 @@ class ChildState(str, enum.Enum):
     """Its session could not start (the file says why): the process ran untraced."""
 
 
+class ChildExport(NamedTuple):
+    """Where a child of an always-on session that exports sends its own windows: the session's
+    collector, under the session's service name and span budget."""
+
+    endpoint: str
+    protocol: str
+    service_name: str
+    span_budget: int
+
+
 @dataclass
 class ChildPlan:
     """What a child process needs to follow its parent's session: where to write, what to record.
@@ -105,13 +119,21 @@ class ChildPlan:
     is not, and the child records every step, unless ``XSP_SAMPLE`` says otherwise)."""
     slow_factor: float | None = None
     """With ``sample``: the parent's slow-step factor."""
+    window_s: float | None = None
+    """How often the parent's windows close (None: the child's default)."""
+    export: ChildExport | None = None
+    """With ``sample``: where the child exports its windows as they close (None: it exports nothing,
+    and the parent exports its spans with its own at the end)."""
+    below: tuple[str, int] | None = None
+    """The (trace id, span id) of the parent's session span, which the child's hangs below."""
     starter: Callable[[ChildPlan], None] | None = field(default=None, compare=False)
     arrival: Callable[..., ChildPlan] | None = field(default=None, compare=False)
 
     @property
-    def fields(self) -> tuple[str, tuple[str, ...], int, bool, int | None, int, bool, float | None, float | None]:
+    def fields(self) -> tuple[str, tuple[str, ...], int, bool, int | None, int, bool, float | None, float | None,
+                              float | None, ChildExport | None, tuple[str, int] | None]:
         return (self.folder, self.levels, self.max_events, self.backward, self.layer_depth, self.parent_pid,
-                self.dataloader_worker, self.sample, self.slow_factor)
+                self.dataloader_worker, self.sample, self.slow_factor, self.window_s, self.export, self.below)
 
     def trace_path(self, pid: int) -> Path:
         """Where child ``pid`` writes its trace."""
@@ -246,6 +268,9 @@ class ChildSpans:
     """Always on: each child's ``metadata["sampling"]`` (how its steps were recorded)."""
     forked_alone: int = 0
     """Processes the program forked with ``os.fork()`` itself: not followed."""
+    to_send: list[pd.DataFrame] = field(default_factory=list)
+    """Those of :attr:`tables` the session exports: the children that exported their own (an
+    always-on session's, with a collector) are left out."""
 
 
 class Following:
@@ -277,16 +302,21 @@ class Following:
     @classmethod
     def open(cls, levels: tuple[Level, ...], max_events: int, backward: bool, layer_depth: int | None,
              starter: Callable[[ChildPlan], None], arrival: Callable[..., ChildPlan],
-             sampling: tuple[float, float] | None = None) -> Following:
+             sampling: tuple[float, float] | None = None, window_s: float | None = None,
+             export: ChildExport | None = None, below: tuple[str, int] | None = None) -> Following:
         """Follow the processes started from now on (see the module docs); ``sampling``, an always-on
-        session's (its sample fraction and slow-step factor), goes with them."""
+        session's (its sample fraction and slow-step factor), goes with them, and with it ``export``,
+        where the children send their own windows; ``window_s`` is how often the session's windows
+        close, and ``below`` its session span's (trace id, span id)."""
         # a child's own children are followed in its parent's folder: when the child is killed, or
         # outlives its parent's session, the parent's removal of its folder leaves nothing behind
         inside = _followed_by.folder if _followed_by is not None and os.path.isdir(_followed_by.folder) else None
         folder = tempfile.mkdtemp(prefix="xsp-children-", dir=inside)
         sample, slow_factor = sampling if sampling is not None else (None, None)
         plan = ChildPlan(folder, tuple(level.value for level in levels), max_events, backward, layer_depth,
-                         os.getpid(), sample=sample, slow_factor=slow_factor, starter=starter, arrival=arrival)
+                         os.getpid(), sample=sample, slow_factor=slow_factor, window_s=window_s,
+                         export=export if sampling is not None else None, below=below, starter=starter,
+                         arrival=arrival)
         following = cls(plan, follow=os.environ.get(FOLLOW_ENV, "1") != "0")
         _PATCH.push(following)
         return following
@@ -336,6 +366,7 @@ class Following:
         from xsp.io.loading import load
 
         tables: list[pd.DataFrame] = []
+        to_send: list[pd.DataFrame] = []
         processes: dict[str, dict[str, Any]] = {}
         untraced: dict[str, str] = {}
         dropped: Counter[str] = Counter()
@@ -354,19 +385,24 @@ class Following:
                     if child.metadata.get("sampling"):
                         samplings.append(child.metadata["sampling"])
                     own = child.metadata.get("child_processes") or {}
+                    exported = child.metadata.get("export")
                     processes[key] = {"name": name, "kind": "session", "spans": len(spans),
                                       "warnings": list(child.metadata.get("warnings") or []),
                                       "dropped": dict(child.metadata.get("dropped") or {}),
-                                      "untraced_children": dict(own.get("untraced") or {})}
+                                      "untraced_children": dict(own.get("untraced") or {}),
+                                      "export": exported}
                     for grandchild, facts in (own.get("followed") or {}).items():  # its own children, below it
                         processes.setdefault(grandchild, {**facts, "parent": pid})
                     tables.append(spans)
+                    if not exported:  # a child that exported its own (always on) is not sent again
+                        to_send.append(spans)
                     continue
                 if fetch_path.exists():
                     spans = _fetch_spans(fetch_path, pid, name, host_to_epoch_ns, session_trace_id, session_span_id)
                     processes[key] = {"name": name, "kind": "dataloader_worker", "spans": len(spans)}
                     if len(spans) > 1:  # a worker that fetched nothing has nothing to show
                         tables.append(spans)
+                        to_send.append(spans)
                     continue
             except Exception as exc:  # one unreadable child costs its spans, said
                 untraced[key] = f"{name}: its spans could not be read ({type(exc).__name__}: {exc})"
@@ -380,7 +416,7 @@ class Following:
         shutil.rmtree(self.plan.folder, ignore_errors=True)
         started = {pid for pid, *_ in self.started}
         return ChildSpans(tables, processes, untraced, dropped, steps - steps_before, list(self.ranks),
-                          sorted(set(input_worker_pids) - started), samplings, self.forked_alone)
+                          sorted(set(input_worker_pids) - started), samplings, self.forked_alone, to_send)
 
     def _why_nothing(self, pid: int, process: Any, planned: bool) -> str | None:
         """Why child ``pid`` handed no spans over, or None when none of its code ever ran: it

@@ -157,8 +157,10 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
                                               if cut else ""))
     export = None
     if run.windows is not None and run.windows.exporter is not None:
-        if children is not None and children.tables:
-            last = pd.concat([last, *children.tables], ignore_index=True)
+        if children is not None and children.to_send:
+            last = pd.concat([last, *children.to_send], ignore_index=True)
+        if children is not None:
+            count_children_exports(run.windows.report, children)
         export = run.windows.export_last(last, metadata, writer.record_export)
         wait_at_exit(export)
     return Finished(trace, writer, export)
@@ -265,6 +267,16 @@ def collect_children(run: RunningSession, following: Following | None) -> ChildS
         run.warn(f"{len(found.untraced)} of {total} child processes started in the session handed no spans "
                  f"over: what they did is not in the trace: {'; '.join(reasons)}{more}")
     return found
+
+
+def count_children_exports(report: ExportReport, children: ChildSpans) -> None:
+    """The session's export counts in what its followed children exported themselves (an always-on
+    session's workers send their own windows)."""
+    from xsp.export.delivery import ExportReport  # (imported where a collector was asked for)
+
+    for pid, facts in children.processes.items():
+        if facts.get("export") and "parent" not in facts:  # a child's own children are in its counts
+            report.add_process(ExportReport.from_metadata(facts["export"]), pid)
 
 
 def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata: SessionMetadata,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import multiprocessing.util
 import os
@@ -27,7 +28,7 @@ from xsp.record.recording import Recording, ThreadCopy
 from xsp.record.schedule import Schedule
 from xsp.record.user_spans import span
 from xsp.session import child_session, children, ending, exit_guard, starting
-from xsp.session.children import ChildPlan, ChildState, Following
+from xsp.session.children import ChildExport, ChildPlan, ChildState, Following
 from xsp.session.ending import Finished, JoinedStart
 from xsp.session.joining import ProcessClaim
 from xsp.session.options import DEFAULT_LEVELS, DEFAULT_LONG_STEP_S, TraceOptions, without_environment_sampling
@@ -74,11 +75,12 @@ os.register_at_fork(after_in_child=_forget_session_in_child)
 
 def _child_plan(folder: str, levels: tuple[str, ...], max_events: int, backward: bool, layer_depth: int | None,
                 parent_pid: int, dataloader_worker: bool, sample: float | None = None,
-                slow_factor: float | None = None) -> ChildPlan:
+                slow_factor: float | None = None, window_s: float | None = None, export: ChildExport | None = None,
+                below: tuple[str, int] | None = None) -> ChildPlan:
     """In a child process started by spawn or forkserver, as ``multiprocessing`` unpickles its
     process: the plan it carries, begun (before the process's function runs)."""
     plan = ChildPlan(folder, levels, max_events, backward, layer_depth, parent_pid, dataloader_worker, sample,
-                     slow_factor, starter=_start_child_session, arrival=_child_plan)
+                     slow_factor, window_s, export, below, starter=_start_child_session, arrival=_child_plan)
     children.begin(plan)
     return plan
 
@@ -89,9 +91,18 @@ def _start_child_session(plan: ChildPlan) -> None:
     process does: its function returned or raised (``multiprocessing``'s exit hooks), or a
     stopping signal with its default action came (``Pool.terminate``), which then ends it."""
     warnings.filterwarnings("ignore", category=XspWarning)
-    session = Session(levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events,
-                      backward=plan.backward, layer_depth=plan.layer_depth, nvtx=False, sample=plan.sample,
-                      slow_factor=None if plan.sample is None else plan.slow_factor,
+    export = plan.export
+    options = TraceOptions.parse(
+        levels=plan.levels, output=plan.trace_path(os.getpid()), max_events=plan.max_events, backward=plan.backward,
+        layer_depth=plan.layer_depth, nvtx=False, sample=plan.sample,
+        slow_factor=None if plan.sample is None else plan.slow_factor, window_s=plan.window_s,
+        otlp_endpoint=None if export is None else export.endpoint,
+        otlp_protocol=None if export is None else export.protocol,
+        service_name=None if export is None else export.service_name,
+        span_budget=None if export is None else export.span_budget)
+    if export is None:  # the parent sends its spans (OTEL_EXPORTER_OTLP_ENDPOINT would name a collector here too)
+        options = dataclasses.replace(options, target=None)
+    session = Session(options=options, below=plan.below,
                       # a server's worker, always on: `xsp capture PID` reaches it (a DataLoader's takes no steps)
                       listens=plan.sample is not None and not plan.dataloader_worker)
     session.signals = StopSignals(on_default=functools.partial(child_session.end, session, plan))
@@ -126,7 +137,8 @@ class Session:
                  backward: bool = True, layer_depth: int | None = None, nvtx: bool | None = None,
                  sample: float | None = None, slow_factor: float | None = None,
                  rotate: str | float | None = None, window_s: float | None = None, *,
-                 options: TraceOptions | None = None, listens: bool = True) -> None:
+                 options: TraceOptions | None = None, listens: bool = True,
+                 below: tuple[str, int] | None = None) -> None:
         self.options = options if options is not None else TraceOptions.parse(
             levels, output, otlp_endpoint, service_name, otlp_protocol, max_events, long_step_s, schedule, calibrate,
             span_budget, dataset, backward, layer_depth, nvtx, sample, slow_factor, rotate, window_s)
@@ -135,6 +147,9 @@ class Session:
         self.listens = listens
         """It listens for ``xsp capture`` (a followed child process's own session only where always on,
         a server's worker: otherwise the parent's is what a user captures)."""
+        self.below = below
+        """The (trace id, span id) of the span the session's own is exported below, in its trace (a
+        followed child process's session, below its parent's session span; None: a trace of its own)."""
         self.run: RunningSession | None = None
         """What the session records with while it runs, and ran with once it has ended (None
         before it starts, and in a block that joined another session until it ends)."""
@@ -263,15 +278,22 @@ class Session:
     def _start(self, running: list[Tracer] | None = None, start_ns: int | None = None) -> None:
         assert self.recording is not None
         self.run = starting.start(self.options, self.thread_id, self.recording, self.warn, self.signals,
-                                  self.end_by_os_exit, running, start_ns, listens=self.listens)
+                                  self.end_by_os_exit, running, start_ns, listens=self.listens,
+                                  below=self.below)
         if self.following is None:
             try:
                 options = self.options
                 sampling = options.sampling
+                target = self.run.target if sampling is not None else None
+                state = self.run.interpreter.state
                 self.following = Following.open(
                     options.levels, options.max_events, options.backward, options.layer_depth,
                     starter=_start_child_session, arrival=_child_plan,
-                    sampling=None if sampling is None else (sampling.rate, sampling.slow_factor))
+                    sampling=None if sampling is None else (sampling.rate, sampling.slow_factor),
+                    window_s=options.window_s,
+                    export=None if target is None else ChildExport(target.endpoint, target.protocol.value,
+                                                                   options.service_name, options.span_budget),
+                    below=(state.session_trace_id, state.session_span_id))
             except Exception as exc:  # the session runs on; child processes are then not followed
                 self.warn(f"child processes are not followed: {type(exc).__name__}: {exc}")
 

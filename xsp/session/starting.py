@@ -42,14 +42,15 @@ LONGEST_WINDOW_NS: Final = 1 << 62
 
 def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Callable[[str], None],
           signals: StopSignals, on_os_exit: Callable[[int], None], running: list[Tracer] | None = None,
-          start_ns: int | None = None, listens: bool = True) -> RunningSession:
+          start_ns: int | None = None, listens: bool = True, below: tuple[str, int] | None = None) -> RunningSession:
     """Start a session of ``options`` opened on thread ``thread_id`` (native id), recording into
     ``recording``; ``warn`` says what goes wrong, ``signals`` are installed (where this is that
     thread, and the main one), and ``on_os_exit`` is called if the program calls ``os._exit``.
     ``running``: tracers already recording into ``recording``, which it keeps (it takes over the
     recording of a session that ended, on that session's thread, see ``Session.keeps``);
     ``start_ns``: when it starts recording, if not now (the moment it took over); ``listens``: it
-    opens a control socket for ``xsp capture``."""
+    opens a control socket for ``xsp capture``; ``below``: the (trace id, span id) its session span
+    is exported below (a followed child process's, below its parent's session span)."""
     adopted = {tracer.name: tracer for tracer in running or ()}
     clock = ClockSync.measure()
     threads_at_start = contention.thread_times_ns()
@@ -84,7 +85,8 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
             if problem is not None:
                 warn(problem)
         sampler = None if options.sampling is None else always_on_sampler(options)
-        interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id), warn,
+        interpreter = WindowInterpreter(started, new_step_state(job_id=None if rank is None else rank.job_id,
+                                                                  below=below), warn,
                                         clock.host_to_epoch_ns, rank, segments, latency=sampler is not None,
                                         depth_plans=None if sampler is None else sampler.plans)
         if sampler is not None:  # the drawn steps rotate through the layer depths the windows show
