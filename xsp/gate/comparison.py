@@ -118,7 +118,8 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     times the keys' scatter (:func:`key_scatter`), how far the keys of these two runs moved
     against each other (up to :data:`MAX_SCATTER_FLOOR`); and where the whole run moved alike
     (its keys' common shift, left over after any machine-speed correction) by less than
-    :data:`UNIFORM_SHIFT_FLOOR`, the keys that moved with it are not judged from one run a side
+    :data:`UNIFORM_SHIFT_FLOOR`, the keys that moved with it (within :data:`MAX_SCATTER_FLOOR` of
+    it where too few keys measure the scatter) are not judged from one run a side
     (processes of one program differ that much on a busy machine; a note says so). A key is
     never called regressed when its measured median fell, nor improved when it rose.
 
@@ -194,14 +195,21 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     scatter = key_scatter(levels, ratio, one_run_a_side, base_median, min_delta_ns)
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.log(np.nan_to_num(adjusted_ratio, nan=1.0))
-    floor = min(SCATTER_FACTOR * scatter, float(np.log1p(MAX_SCATTER_FLOOR)))
+    run_shift = shift / factor
+    shift_measured = int(_below_model(levels, ratio, ranked).sum()) >= MIN_SHIFT_KEYS
+    floor = 0.0 if scatter is None else min(SCATTER_FACTOR * scatter, float(np.log1p(MAX_SCATTER_FLOOR)))
     large[one_run_a_side] &= np.abs(logs[one_run_a_side]) >= floor
     # the whole run moved alike, by less than processes of one program can: from one run a side
     # no key that moved with it is judged (see UNIFORM_SHIFT_FLOOR)
-    run_shift = shift / factor
     with_run = np.zeros(count, dtype=bool)
-    if not normalize and scatter > 0 and abs(np.log(run_shift)) < np.log1p(UNIFORM_SHIFT_FLOOR):
-        with_run = one_run_a_side & large & (np.abs(logs - np.log(run_shift)) < max(np.log1p(threshold), floor))
+    if not normalize and shift_measured and abs(np.log(run_shift)) < np.log1p(UNIFORM_SHIFT_FLOOR):
+        along = max(float(np.log1p(threshold)), floor)
+        if scatter is None and abs(np.log(run_shift)) >= np.log1p(threshold):
+            # too few keys to measure how far the keys of two processes sit apart around the run's
+            # move: as far as such processes can (a model of 3 layers, run twice unchanged, failed
+            # the gate: its layers +23% alike, its model call, glue between them, +34%)
+            along = float(np.log1p(MAX_SCATTER_FLOOR))
+        with_run = one_run_a_side & large & (np.abs(logs - np.log(run_shift)) < along)
         large &= ~with_run
     # against the common shift, never against what was measured: a key whose median fell is not
     # called slower because the rest of its run slowed down more
@@ -308,7 +316,7 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     table.attrs[LARGEST_FAMILY] = int(family_size[tested & reached].max()) if (tested & reached).any() else 0
     table.attrs[COMMON_SHIFT] = shift
     table.attrs[JUDGED_FACTOR] = factor
-    table.attrs[KEY_SCATTER] = scatter
+    table.attrs[KEY_SCATTER] = float("nan") if scatter is None else scatter
     table.attrs[SCATTER_FLOOR] = float(np.expm1(floor))
     table.attrs[UNJUDGED_SHIFT] = float(run_shift) if with_run.any() else 1.0
     table.attrs[WAITED_KEYS] = int(waited.sum())
@@ -367,11 +375,11 @@ def common_shift(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray) -> f
 
 
 def key_scatter(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray, base_median: np.ndarray,
-                min_delta_ns: float) -> float:
+                min_delta_ns: float) -> float | None:
     """How far the keys of two runs moved against each other: the robust standard deviation
     (1.4826 times the median absolute deviation) of their log ratios, over the keys below the
-    model level that were rank-tested and last at least ``min_delta_ns`` in the base run (0.0
-    with fewer than :data:`MIN_SCATTER_KEYS` of them).
+    model level that were rank-tested and last at least ``min_delta_ns`` in the base run (None,
+    not measured, with fewer than :data:`MIN_SCATTER_KEYS` of them).
 
     Steps of one run share one process: its memory layout, the cores its threads got, the load
     it met. So a key can sit some percent off in one process and not in the next, the same in
@@ -382,7 +390,7 @@ def key_scatter(levels: np.ndarray, ratio: np.ndarray, tested: np.ndarray, base_
     """
     chosen = _below_model(levels, ratio, tested) & (base_median >= min_delta_ns)
     if int(chosen.sum()) < MIN_SCATTER_KEYS:
-        return 0.0
+        return None
     logs = np.log(ratio[chosen])
     return float(1.4826 * np.median(np.abs(logs - np.median(logs))))
 

@@ -208,8 +208,9 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     waited_keys = int(table.attrs.get(dcol.WAITED_KEYS, 0))
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
+    one_run_a_side = min(int(base_info.get("runs") or 1), int(new_info.get("runs") or 1)) == 1
     warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0,
-                                steady=not unsteady)
+                                steady=not unsteady, one_run_a_side=one_run_a_side)
     if busier:
         shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
         warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
@@ -260,8 +261,10 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"small changes cannot be told from noise (warm up, pin threads, run more steps)")
     tested = table[table[dcol.TEST].isin([dcol.Test.RANK.value, dcol.Test.RANK_AND_RUNS.value])]
     by_interval = int((table[dcol.TEST] == dcol.Test.INTERVAL.value).sum())
+    # the session is one sample a run whatever the steps: its being untested says nothing of them
     unjudged_top = ((table[dcol.VERDICT] == Verdict.UNCHANGED.value) & table[dcol.PARENT_KEY].isna()
-                    & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.TEST] != dcol.Test.INTERVAL.value))
+                    & (table[dcol.BASE_SAMPLES] > 0) & (table[dcol.NEW_SAMPLES] > 0)
+                    & (table[col.KIND] != SpanKind.SESSION.value) & (table[dcol.TEST] != dcol.Test.INTERVAL.value))
     if by_interval:
         warnings.append(f"leveled traces: {by_interval} keys judged by their leveled figures' 95% intervals (one "
                         "figure a side; a z test on the difference)")
@@ -287,7 +290,7 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                 "levels": sorted(kept, key=lambda v: level_rank.get(v, len(Level))),
                 "keys_tested": len(tested) + by_interval, "normalize": normalize,
                 "common_shift": round(shift, 4),
-                "key_scatter": round(float(table.attrs.get(dcol.KEY_SCATTER, 0.0)), 4),
+                "key_scatter": _measured(float(table.attrs.get(dcol.KEY_SCATTER, 0.0))),
                 "scatter_floor": round(scatter_floor, 4),
                 "unjudged_shift": round(unjudged_shift, 4),
                 "machine_speed_ratio": None if measured_speed is None else round(measured_speed, 4),
@@ -372,11 +375,17 @@ def _inconclusive(table: pd.DataFrame, threshold: float, alpha: float, judged_th
     return reasons
 
 
+def _measured(value: float) -> float | None:
+    """A figure for the settings, rounded; None where it was not measured (NaN)."""
+    return None if math.isnan(value) else round(value, 4)
+
+
 def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,
-                    unjudged: bool = False, steady: bool = True) -> list[str]:
+                    unjudged: bool = False, steady: bool = True, one_run_a_side: bool = False) -> list[str]:
     """What the reader must know of the two machines' speeds and of keys moving together
     (``unjudged``: the move was left unjudged, which its own warning says; ``steady``: both
-    machines timed their fixed work steadily, so that ``measured`` can be trusted)."""
+    machines timed their fixed work steadily, so that ``measured`` can be trusted;
+    ``one_run_a_side``: no side pooled several runs, so the spread between processes is unknown)."""
     said = []
     if speed != 1.0:
         said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
@@ -394,6 +403,10 @@ def _speed_warnings(shift: float, measured: float | None, speed: float, normaliz
     elif not steady:
         said.append(f"{moved}; the machines were too busy to time their own speed, so a slower machine cannot be "
                     "told from slower code")
+    elif speed == 1.0 and one_run_a_side:  # two processes of one program can sit apart as a whole
+        said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
+                    f"{SAME_SPEED:.0%}): the machines do not explain it; it is the program's, or how one of these "
+                    "processes fell (compare several runs a side to tell)")
     elif speed == 1.0:
         said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
                     f"{SAME_SPEED:.0%}): the change is the program's")
