@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pyarrow.dataset as pads
 import pytest
 import torch
 from torch import nn
@@ -70,6 +71,12 @@ def test_duckdb_queries_a_hundred_trace_files_as_one_dataset(monkeypatch, tmp_pa
     assert set(layers["module_type"]) == {"Linear", "ReLU"}
     # each file is still a trace xsp reads on its own
     assert len(xsp.load(files[0]).spans) == len(spans)
+    # pandas and pyarrow read the folder as one dataset too: a file leaves out the column its
+    # folder names (they refused the file's int64 rank against the folder's int32)
+    frame = pd.read_parquet(root)
+    assert len(frame) == 100 * len(spans)
+    assert sorted(frame[col.RANK].astype(int).unique()) == list(range(ranks)) and frame["run"].nunique() == runs
+    assert pads.dataset(root, partitioning="hive").count_rows() == 100 * len(spans)
 
 
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`

@@ -207,6 +207,9 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
 
         first = arrow_table(empty_table())
     columns = canonical_schema(first.schema)
+    named = folder_named_columns(Path(path))
+    if named:
+        columns = pa.schema([field for field in columns if field.name not in named])
     pandas_json = pandas_metadata(columns)
 
     def footer(metadata_json: bytes, checksum: bytes | None = None) -> dict[bytes, bytes]:
@@ -237,6 +240,15 @@ def write_trace_tables(path: str | os.PathLike[str], tables: Iterator[pa.Table],
                 rewritten.unlink()
 
     return write_output(path, write)
+
+
+def folder_named_columns(path: Path) -> set[str]:
+    """The span columns that ``path``'s folders name, Hive style (``rank=0`` in a dataset of runs):
+    a file there leaves them out. Readers of the dataset (pandas, pyarrow, Spark) take a column
+    from the folder, and refused the file's own as another type (int64 against the folder's
+    int32); ``xsp.load`` gives a rank's spans their rank from the file's metadata."""
+    return {part.split("=", 1)[0] for part in path.parent.parts
+            if "=" in part and part.split("=", 1)[0] in col.COLUMNS}
 
 
 LATE_METADATA_PLACEHOLDER: Final = b'{"xsp": "metadata written at the end"}'.ljust(1 << 14)
