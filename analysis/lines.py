@@ -126,8 +126,10 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     ``calls`` (the line's outermost spans: how many calls it made), ``self_ms`` (host time of
     the line's spans not spent under another line), ``inclusive_ms`` (time of its outermost
     spans), ``kernel_ms`` (GPU kernel time launched under the line; 0 without the kernel
-    level), ``share`` (``inclusive_ms`` over the steps' time; NaN without steps),
-    ``self_share`` (``self_ms`` over the steps' time), ``threads`` (threads it ran on).
+    level), ``share`` (the part of ``inclusive_ms`` inside steps, over the steps' time; NaN
+    without steps), ``self_share`` (the same of ``self_ms``), ``threads`` (threads it ran on).
+    Time outside every step (building the model, loading data before the loop) counts in the
+    milliseconds, never in the shares: a share is of the steps, so they add up to at most 1.
     """
     spans = spans_of(source)
     if spans.empty or col.CALL_LINE not in spans:
@@ -174,6 +176,11 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
     calls = np.bincount(codes[outermost], minlength=count)
     kernel_total = np.bincount(codes[kernels], weights=(durations[rows] * weights)[kernels], minlength=count)
     threads = pd.Series(spans[col.THREAD_ID].to_numpy()[rows][counted]).groupby(codes[counted], observed=True).nunique()
+    in_steps = spans[col.STEP].notna().to_numpy(dtype=bool)[rows] if col.STEP in spans else np.zeros(len(rows), bool)
+    self_in_steps = np.bincount(codes[counted & in_steps], weights=(own_time[rows] * weights)[counted & in_steps],
+                                minlength=count)
+    inclusive_in_steps = np.bincount(codes[outermost & in_steps],
+                                     weights=(durations[rows] * weights)[outermost & in_steps], minlength=count)
     step_ns = float(step_roots(spans)[col.DURATION_NS].sum())
     file_of, number_of, function_of = (keys.get_level_values(i) for i in range(3))
     table = pd.DataFrame({
@@ -181,8 +188,8 @@ def lines(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "function": pd.Series(np.asarray(function_of, dtype=object)).replace("", None).to_numpy(dtype=object),
         "calls": calls.astype(np.int64), "self_ms": self_total / 1e6, "inclusive_ms": inclusive / 1e6,
         "kernel_ms": kernel_total / 1e6,
-        "share": inclusive / step_ns if step_ns else np.full(count, np.nan),
-        "self_share": self_total / step_ns if step_ns else np.full(count, np.nan),
+        "share": inclusive_in_steps / step_ns if step_ns else np.full(count, np.nan),
+        "self_share": self_in_steps / step_ns if step_ns else np.full(count, np.nan),
         "threads": threads.reindex(range(count), fill_value=0).to_numpy(dtype=np.int64),
     })
     return table.sort_values(["self_ms", "inclusive_ms"], ascending=False, kind="stable").reset_index(drop=True)

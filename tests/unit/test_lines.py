@@ -401,3 +401,21 @@ def test_the_html_report_shows_the_hottest_file_as_annotated_source(user):
                     section)
     assert row is not None and float(row.group(1)) == pytest.approx(HEAT_MOST)  # the hottest line: the darkest
     assert "x = self.big(x)  # BIG" in section
+
+
+def test_time_outside_every_step_counts_in_no_share(user):
+    """Operators run while a model is built (its weights' aten::uniform_, outside every step)
+    counted in the shares, whose denominator is the steps' time: they summed to 109%."""
+
+    def program() -> None:
+        for _ in range(3):
+            torch.nn.Linear(512, 512)  # built inside the session: operators outside every step
+        user.run(user.Net(), 3)
+
+    trace = _trace(program, levels="model,layer,operator")
+    spans = trace.spans
+    outside = spans[(spans[col.LEVEL] == "operator") & spans[col.STEP].isna() & spans[col.CALL_LINE].notna()]
+    assert len(outside) > 0
+    found = lines(trace)
+    assert found["self_share"].sum() == pytest.approx(1.0, abs=0.02)
+    assert found["share"].max() <= 1.0 + 1e-9
