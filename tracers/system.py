@@ -2,10 +2,13 @@
 
 Every ``interval_s`` (default 0.1 s: 10 Hz; ``XSP_SYSTEM_HZ`` changes it) the thread reads:
 
-* the process: CPU time used (user + system, all threads) and resident memory (psutil);
+* the process: CPU time used (user + system, all threads, from the kernel's nanosecond clock
+  of the process) and resident memory (psutil);
 * the host: busy and total CPU time over all CPUs, memory in use (psutil), and the CPU
   packages' energy counters (RAPL, ``/sys/class/powercap/intel-rapl:N/energy_uj``) where
-  they are readable (often only by root);
+  they are readable (often only by root). The kernel counts the host's CPU time in clock ticks
+  (10 ms); an interval shorter than :data:`MIN_HOST_TICKS` of them over all CPUs has no host
+  CPU figure (it would read 0% or 100%);
 * each NVIDIA GPU the process can see (nvidia-ml-py, imported as ``pynvml``): utilisation,
   memory used, power, SM clock and the total-energy counter (Volta and later; older GPUs
   integrate the power readings instead).
@@ -49,6 +52,11 @@ MAX_GC_PAUSES: Final = 100_000
 generation 0 some hundred times a second); those past it are counted, not kept."""
 DROPPED_GC: Final = "garbage collections past a window's limit"
 """What the recording's drop count (which the session's end says) calls those."""
+
+MIN_HOST_TICKS: Final = 10
+"""The host's CPU time, counted over all CPUs in the kernel's clock ticks, that an interval needs
+for a busy share: with fewer, one tick more or less moves it by over 10 points (a 4.5 ms session
+read 100%, another 0%)."""
 
 M = SystemMetric
 
@@ -96,8 +104,8 @@ class ProcessReader(_Reader):
         self.process = psutil.Process()
 
     def read(self) -> tuple[float, int]:
-        times = self.process.cpu_times()
-        return times.user + times.system, self.process.memory_info().rss
+        # the process's CPU clock, in ns (psutil's counts ticks of 10 ms: a session of 4.5 ms read 0% or 200%)
+        return time.process_time(), self.process.memory_info().rss
 
     def interval(self, before: Any, after: Any, seconds: float) -> tuple[dict[str, float], EnergyMethod]:
         return ({M.CPU_PERCENT.value: max(after[0] - before[0], 0.0) / seconds * 100, M.RSS_BYTES.value: after[1]},
@@ -129,6 +137,7 @@ class HostReader(_Reader):
         super().__init__()
         self.psutil = psutil
         self.rapl = rapl_counters(rapl_root)
+        self.tick_s = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
     def read(self) -> tuple[float, float, int, list[int] | None]:
         times = self.psutil.cpu_times()
@@ -146,9 +155,10 @@ class HostReader(_Reader):
         total = after[1] - before[1]
         # busy = total - idle is a difference of large float sums: over a short interval it can come
         # out a few ulps below the previous reading, so the share is clamped to what it can be.
-        busy_share = min(max((after[0] - before[0]) / total, 0.0), 1.0) if total > 0 else 0.0
-        metrics = {M.CPU_PERCENT.value: busy_share * 100,
-                   M.MEMORY_USED_BYTES.value: after[2]}
+        metrics = {M.MEMORY_USED_BYTES.value: after[2]}
+        if total >= MIN_HOST_TICKS * self.tick_s:
+            busy_share = min(max((after[0] - before[0]) / total, 0.0), 1.0)
+            metrics[M.CPU_PERCENT.value] = busy_share * 100
         if before[3] is None or after[3] is None:
             return metrics, EnergyMethod.UNAVAILABLE
         used_uj = sum((now - then) % limit for now, then, (_, limit) in zip(after[3], before[3], self.rapl))

@@ -19,7 +19,15 @@ from xsp.core import schema as col
 from xsp.core.threads import start_thread
 from xsp.record.samples import EnergyMethod, step_averages
 from xsp.tracers import system as system_tracer
-from xsp.tracers.system import GpuReader, HostReader, SystemTracer, rapl_counters, sampling_hz, visible_gpus
+from xsp.tracers.system import (
+    GpuReader,
+    HostReader,
+    ProcessReader,
+    SystemTracer,
+    rapl_counters,
+    sampling_hz,
+    visible_gpus,
+)
 
 S = 1_000_000_000
 
@@ -81,7 +89,8 @@ def test_host_energy_comes_from_the_rapl_package_counters_across_a_wrap(tmp_path
     assert sample is not None and sample.energy_method == "counter"
     assert sample.metrics["energy_j"] == pytest.approx(0.2 + 0.05)
     assert sample.metrics["power_w"] == pytest.approx(0.5)
-    assert 0 <= sample.metrics["cpu_percent"] <= 100 and sample.metrics["memory_used_bytes"] > 0
+    # (read at once: too few of the kernel's CPU ticks for a busy share, which is then left out)
+    assert 0 <= sample.metrics.get("cpu_percent", 0) <= 100 and sample.metrics["memory_used_bytes"] > 0
 
 
 def test_unreadable_rapl_means_no_host_energy(tmp_path):
@@ -240,12 +249,33 @@ def test_host_cpu_share_stays_within_0_and_100_when_float_sums_jitter(tmp_path):
     # ulps lower than before (CI saw -3.6e-08 %), and a busy share can never pass the total.
     reader = HostReader(rapl_root=tmp_path / "absent")
     big = 123456789.123
-    fell, _ = reader.interval((big, big * 2, 1, None), (big - 1e-7, big * 2 + 0.01, 1, None), 0.01)
+    fell, _ = reader.interval((big, big * 2, 1, None), (big - 1e-7, big * 2 + 1.0, 1, None), 0.5)
     assert fell["cpu_percent"] == 0.0
-    rose, _ = reader.interval((big, big * 2, 1, None), (big + 0.02, big * 2 + 0.01, 1, None), 0.01)
+    rose, _ = reader.interval((big, big * 2, 1, None), (big + 2.0, big * 2 + 1.0, 1, None), 0.5)
     assert rose["cpu_percent"] == 100.0
-    half, _ = reader.interval((big, big * 2, 1, None), (big + 0.005, big * 2 + 0.01, 1, None), 0.01)
+    half, _ = reader.interval((big, big * 2, 1, None), (big + 0.5, big * 2 + 1.0, 1, None), 0.5)
     assert half["cpu_percent"] == pytest.approx(50.0, abs=1e-3)
+
+
+def test_an_interval_too_short_for_the_kernels_cpu_ticks_has_no_host_cpu_share(tmp_path):
+    """The host's CPU time is counted in ticks of 10 ms: a session of 4.5 ms read 100% in one run
+    and 0% in the next. Under 10 ticks over all CPUs, the interval has memory but no busy share."""
+    reader = HostReader(rapl_root=tmp_path / "absent")
+    tick = reader.tick_s
+    short, _ = reader.interval((1.0, 2.0, 1, None), (1.0 + tick, 2.0 + tick, 7, None), 0.0045)
+    assert "cpu_percent" not in short and short["memory_used_bytes"] == 7
+    long, _ = reader.interval((1.0, 2.0, 1, None), (1.0 + 5 * tick, 2.0 + 10 * tick, 7, None), 0.05)
+    assert long["cpu_percent"] == pytest.approx(50.0)
+
+
+def test_the_process_cpu_time_is_read_finer_than_the_kernels_ticks():
+    """psutil's process CPU time moves in ticks of 10 ms: 3 ms of work read 0 or 10 ms."""
+    reader = ProcessReader()
+    before, _ = reader.read()
+    while time.process_time() - before < 0.003:
+        pass
+    after, rss = reader.read()
+    assert after - before >= 0.003 and rss > 0
 
 
 class _Cycle:
