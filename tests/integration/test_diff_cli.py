@@ -276,6 +276,10 @@ def test_a_summary_is_small_and_stands_in_for_the_base(runs, tmp_path):
     (["summary", "{base}", "-o", "{base}"], "input file"),
     (["diff", "{base}", "{base}", "--threshold", "5"], "write 5% for 5 percent, or 0.05 as a fraction"),
     (["diff", "{base}", "{base}", "--threshold=-5%"], "--threshold"),
+    # argparse took -5% for an option ("expected one argument"), and 3000% met the library's check
+    (["diff", "{base}", "{base}", "--threshold", "-5%"], "--threshold '-5%' is not a share"),
+    (["diff", "{base}", "{base}", "--min-delta", "-5us"], "--min-delta '-5us' is not a duration"),
+    (["diff", "{base}", "{base}", "--threshold", "3000%"], "--threshold 3000% is not below 1000%"),
     (["diff", "{base}", "{base}", "--threshold", "nan"], "--threshold"),
     (["diff", "{base}", "{base}", "--levels", "kernel"], "level(s) kernel asked for but recorded in neither run"),
     (["diff", "{base}", "{base}", "--levels", "model,operator"], "operator"),

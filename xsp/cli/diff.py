@@ -7,7 +7,7 @@ import enum
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from xsp.cli._common import (
     CliError,
@@ -138,6 +138,10 @@ def fails(result: Diff, fail_on: FailOn) -> bool:
     return result.verdict is Verdict.REGRESSED
 
 
+MAX_THRESHOLD: Final = 10.0
+"""The threshold :func:`xsp.gate.diff.diff` takes below (1000%)."""
+
+
 def parse_share(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05; a bare number over 1 (``5``: 500% or 5%?) is refused."""
     value = text.strip()
@@ -150,6 +154,8 @@ def parse_share(text: str) -> float:
     if share > 1 and not value.endswith("%"):
         raise CliError(f"--threshold {text} would be {share:.0%}: write {value}% for {value} percent, "
                        f"or {share / 100:g} as a fraction")
+    if share >= MAX_THRESHOLD:
+        raise CliError(f"--threshold {text} is not below {MAX_THRESHOLD:.0%}: no change would be reported")
     return share
 
 

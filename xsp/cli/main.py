@@ -26,7 +26,7 @@ class _ParseFailed(Exception):
     """What argparse would have said, raised while a command line is tried (see ``parse_args``)."""
 
 
-UNIT_VALUED: Final = ("--rotate",)
+UNIT_VALUED: Final = ("--rotate", "--threshold", "--min-delta")
 """Options whose value has a unit (``5s``, ``500MB``): argparse takes ``-5s`` for an option, and says
 "expected one argument" instead of what is wrong with the value."""
 
@@ -69,7 +69,8 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 
 def _negative_value_joined(arguments: list[str]) -> list[str]:
-    """The first ``--rotate -5s`` before any ``--`` as ``--rotate=-5s`` (only where argparse found
+    """The first ``--rotate -5s`` (or another of :data:`UNIT_VALUED`) before any ``--`` as
+    ``--rotate=-5s`` (only where argparse found
     no value for it: a script's own arguments are never changed)."""
     for index, argument in enumerate(arguments[:-1]):
         if argument == "--":
