@@ -103,9 +103,10 @@ def input_waits(source: Trace | pd.DataFrame) -> pd.DataFrame:
     workers = [_attribute(text, col.ATTR_INPUT_WORKERS) for text in attributes.tolist()]
     pinned = [_attribute(text, col.ATTR_INPUT_PIN_MEMORY) for text in attributes.tolist()]
     return pd.DataFrame({
-        "step": waits[col.STEP].astype("Int64").to_numpy(),
+        # Int64 arrays, not to_numpy(): with a null among them numpy made them floats (step 0.0)
+        "step": waits[col.STEP].astype("Int64").array,
         "name": waits[col.NAME].to_numpy(),
-        "thread_id": waits[col.THREAD_ID].astype("Int64").to_numpy(),
+        "thread_id": waits[col.THREAD_ID].astype("Int64").array,
         "start_ns": waits[col.START_NS].to_numpy(dtype=np.int64),
         "wait_ms": waits[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6,
         "num_workers": pd.array(workers, dtype="Int64"),

@@ -49,7 +49,8 @@ def loop_on_a_gpu():
 
 def test_each_wait_carries_the_loader_settings_and_its_batch_copy():
     waits = analysis.input_waits(loop_on_a_gpu())
-    assert waits["step"].tolist() == [0, 1]
+    assert waits["step"].tolist() == [0, 1] and str(waits["step"].dtype) == "Int64"
+    assert str(waits["thread_id"].dtype) == "Int64"
     assert np.allclose(waits["wait_ms"], 0.1)
     assert waits["num_workers"].tolist() == [4, 4] and waits["pin_memory"].tolist() == [True, True]
     # the two copies launched between the wait and the model call; not the model's own upload
