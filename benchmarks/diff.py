@@ -210,6 +210,23 @@ with torch.inference_mode():
 """
 
 
+TINY_CHILD = r"""
+import sys, torch, xsp
+torch.manual_seed(0)
+torch.set_num_threads(1)
+steps, out = int(sys.argv[1]), sys.argv[2]
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 10)).eval()
+x = torch.randn(64, 64)
+with torch.inference_mode():
+    model(x)
+    with xsp.trace(levels="model,layer", output=out):
+        for _ in range(steps):
+            model(x)
+"""
+"""A model of 3 layers, too few keys to measure the keys' scatter (two unchanged processes of it
+failed the gate: every layer +23%, the model call +34%)."""
+
+
 def summary_sizes(folder: Path, step_counts: Sequence[int]) -> list[dict[str, object]]:
     """ResNet-50 (random weights, from its config) traced for each step count at two depths,
     and the size of its baseline summary beside the trace's."""
@@ -328,10 +345,15 @@ BUSY = "import time\nend = time.time() + float(__import__('sys').argv[1])\nwhile
 
 
 def profile_model(model: str, steps: int, out: Path) -> Path:
-    """One plain run of ``model`` (``mlp``: the small MLP above; ``resnet50``: ResNet-50 at batch 1,
-    model and layer levels, as the README's example) in a process of its own."""
+    """One plain run of ``model`` (``mlp``: the small MLP above; ``tiny``: :data:`TINY_CHILD`;
+    ``resnet50``: ResNet-50 at batch 1, model and layer levels, as the README's example) in a
+    process of its own."""
     if model == "mlp":
         return profile(0.0, steps, out)
+    if model == "tiny":
+        subprocess.run([sys.executable, "-c", TINY_CHILD, str(steps), str(out)], check=True, capture_output=True,
+                       text=True)
+        return out
     subprocess.run([sys.executable, "-c", RESNET_CHILD, "model,layer", str(steps), str(out)], check=True,
                    capture_output=True, text=True)
     return out
@@ -407,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only: A/A over every pairing of RUNS runs on a loaded machine (diff_loaded.md)")
     parser.add_argument("--busy", type=int, nargs="+", default=[1, 2],
                         help="processes spinning meanwhile, a table row for each (default: 1 2)")
-    parser.add_argument("--model", choices=("mlp", "resnet50"), nargs="+", default=["mlp"],
+    parser.add_argument("--model", choices=("mlp", "tiny", "resnet50"), nargs="+", default=["mlp"],
                         help="with --all-pairings: the programs run, a row each (default: mlp; resnet50: ResNet-50 "
                              "at batch 1, model and layer levels)")
     parser.add_argument("--trials", type=int, default=1,

@@ -963,3 +963,25 @@ def test_xsp_run_leveled_says_xsp_sample_is_not_used_and_records_every_step(tmp_
     assert "xsp: XSP_SAMPLE is not used by --leveled" in done.stderr
     spans = xsp.load(tmp_path / "lv.xsp.parquet").spans
     assert (spans[col.LEVEL] == "layer").any()
+
+
+def test_a_service_gone_quiet_after_a_burst_exports_its_last_requests_within_a_window(tmp_path):
+    """A window closes at a step end: a service quiet after a burst kept its last requests' spans
+    until its next request, so they were not in Jaeger for as long as it stayed quiet. The window
+    thread now closes a window each interval the service is quiet."""
+    tracer = tracer_of()
+    model, x = Net(), torch.randn(2, 8)
+    with GrpcReceiver() as receiver:
+        with torch.no_grad(), xsp.trace(levels="model,layer", output=tmp_path / "t.xsp.parquet", sample=1.0,
+                                        otlp_endpoint=receiver.endpoint, window_s=0.3) as session:
+            for _ in range(5):
+                with tracer.start_as_current_span("POST /predict"):
+                    model(x)
+            waited_until = time.monotonic() + 60
+            arrived = 0
+            while time.monotonic() < waited_until and arrived < 5:  # no step meanwhile
+                time.sleep(0.05)
+                with receiver.sink.lock:
+                    arrived = sum(span.name == "model" for span in receiver.sink.spans)
+        session.wait_for_export(30)
+        assert arrived == 5

@@ -574,8 +574,9 @@ def test_a_worker_of_an_always_on_session_exports_its_own_windows_while_it_serve
     """A server's workers (uvicorn --workers) under `xsp run --sample`: their spans reached the
     collector only when the whole service stopped, and where OTEL_EXPORTER_OTLP_ENDPOINT was set,
     twice (each worker's session sent its own at its end, then the session sent them again). A
-    worker now sends its windows as they close, to the session's collector, and the session sends
-    none of them again: what the collector holds is the file, span for span."""
+    worker now sends its windows as they close, to the session's collector, but its last, which
+    the session sends with its own; none is sent twice: what the collector holds is the file, span
+    for span."""
     from .otlp_receiver import GrpcReceiver
 
     context = multiprocessing.get_context("fork")
@@ -609,7 +610,11 @@ def test_a_worker_of_an_always_on_session_exports_its_own_windows_while_it_serve
     session_span = _kinds(spans, SpanKind.SESSION)
     assert len(process) == 1 and set(process[col.TRACE_ID]) == set(session_span[col.TRACE_ID])
     assert report is not None and report.state == "done" and report.exported == len(spans) == report.submitted
-    assert session.trace.metadata["child_processes"]["followed"][str(worker.pid)]["export"]["exported"] > 0
+    worker_export = session.trace.metadata["child_processes"]["followed"][str(worker.pid)]["export"]
+    assert worker_export["exported"] > 0
+    # its last window, the session's to send: a worker its parent terminated as it sent it lost it
+    # (uvicorn's master on Ctrl-C), and the session said nothing
+    assert worker_export["left_to_another"] > 0 and worker_export["state"] == "done"
 
 
 def test_the_children_of_a_session_not_always_on_leave_the_export_to_it(tmp_path, monkeypatch):

@@ -181,6 +181,8 @@ class ExportReport:
     sent, as the request's own spans are not (the trace file keeps them)."""
     cut_off: bool = False
     """The process ended before the export did (its bounded wait at exit ran out)."""
+    left_to_another: int = 0
+    """Spans left to another process to send (a followed child's last window: its parent sends it)."""
     deadline: float | None = field(default=None, repr=False)
     """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
     heard: list[str] = field(default_factory=list, repr=False)
@@ -220,6 +222,12 @@ class ExportReport:
         if self.stopped:
             self.stopped = False
             self.tried_again += 1
+
+    def leave_to_another(self, spans: int) -> None:
+        """The last ``spans`` are left to another process to send (a followed child's last window,
+        its parent's to send): this export is done without them."""
+        self.left_to_another += spans
+        self.done = True
 
     def add_process(self, other: ExportReport, process: str) -> None:
         """Count in what process ``process`` exported itself (an always-on session's worker sends

@@ -21,7 +21,8 @@ process's function runs. Either way it begins:
   session's trace, below the session's span. It exports nothing (the session exports its spans at the
   end, ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment notwithstanding), unless the session
   is always on and exports (a server's worker, serving for days): it then exports its own
-  windows as they close, to the session's collector, and the session exports none of its spans.
+  windows as they close, to the session's collector, but the last, which the session exports
+  with its own (:data:`UNSENT_SUFFIX`); the session exports none of its other spans.
 
 When the session ends, :meth:`Following.collect` adds each child's spans to the session's: with
 their ``process_id``, below a ``process`` span of the child's (in the session's trace, below its
@@ -87,6 +88,17 @@ class ChildState(str, enum.Enum):
     """Its session records: the process's function runs after this, never before."""
     FAILED = "failed"
     """Its session could not start (the file says why): the process ran untraced."""
+
+
+UNSENT_SUFFIX: Final = ".unsent"
+"""Beside a followed child's trace, when it exports its own windows: the span ids of its last
+window, which it leaves to the session to send with its own last export (a child that sent it
+itself as it ended was killed mid-send when its parent stopped it: uvicorn's master, on Ctrl-C)."""
+
+
+def unsent_ids_path(trace_path: Path) -> Path:
+    """Where a followed child that exports writes the span ids of its last window (see :data:`UNSENT_SUFFIX`)."""
+    return trace_path.with_name(trace_path.name + UNSENT_SUFFIX)
 
 
 class ChildExport(NamedTuple):
@@ -394,8 +406,13 @@ class Following:
                     for grandchild, facts in (own.get("followed") or {}).items():  # its own children, below it
                         processes.setdefault(grandchild, {**facts, "parent": pid})
                     tables.append(spans)
-                    if not exported:  # a child that exported its own (always on) is not sent again
+                    if not exported:
                         to_send.append(spans)
+                    else:  # it sent its own windows but the last, which it left to the session
+                        unsent = unsent_ids_path(trace_path)
+                        if unsent.exists():
+                            ids = np.fromfile(unsent, dtype=np.int64)
+                            to_send.append(spans[spans[col.SPAN_ID].isin(ids).to_numpy(dtype=bool)])
                     continue
                 if fetch_path.exists():
                     spans = _fetch_spans(fetch_path, pid, name, host_to_epoch_ns, session_trace_id, session_span_id)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from xsp.core import machine_speed
 from xsp.core import schema as col
 from xsp.core.clock import ClockSync
@@ -31,7 +33,7 @@ from xsp.record.columns import NEVER
 from xsp.record.recording import ThreadCopy
 from xsp.record.window import Window
 from xsp.session import starting
-from xsp.session.children import ChildSpans, Following
+from xsp.session.children import ChildSpans, Following, unsent_ids_path
 from xsp.session.interpreting import WindowInterpreter
 from xsp.session.options import TraceOptions
 from xsp.session.output_name import OutputName
@@ -147,6 +149,16 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
     if unexpected:
         run.warn("some records were dropped: " + ", ".join(
             f"{count} {what}" for what, count in sorted(unexpected.items())))
+    exports = run.windows is not None and run.windows.exporter is not None
+    if exports and children is not None:
+        assert run.windows is not None
+        count_children_exports(run.windows.report, children)
+        if children.to_send:
+            last = pd.concat([last, *children.to_send], ignore_index=True)
+    leaves_last = exports and run.interpreter.state.session_parent_id is not None  # a followed child's
+    if leaves_last:
+        assert run.windows is not None
+        run.windows.report.leave_to_another(len(last))  # (in its file's metadata, which its parent reads)
     metadata = final_metadata(run, dropped, session_metadata, children)
     trace = writer.write(run.interpreter, metadata)
     if interrupted is not None:
@@ -156,14 +168,26 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
                                               + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
                                               if cut else ""))
     export = None
-    if run.windows is not None and run.windows.exporter is not None:
-        if children is not None and children.to_send:
-            last = pd.concat([last, *children.to_send], ignore_index=True)
-        if children is not None:
-            count_children_exports(run.windows.report, children)
+    if leaves_last:
+        leave_last_window(run, last)
+    elif exports:
+        assert run.windows is not None
         export = run.windows.export_last(last, metadata, writer.record_export)
         wait_at_exit(export)
     return Finished(trace, writer, export)
+
+
+def leave_last_window(run: RunningSession, last: pd.DataFrame) -> None:
+    """In a followed child that exports its windows: its last window is left to the session, which
+    sends it with its own last export (the child's parent may end it as it sends: uvicorn's master
+    terminates its workers on Ctrl-C, and their last windows were lost). Its span ids go beside
+    the child's trace (:func:`xsp.session.children.unsent_ids_path`)."""
+    if run.output is None:
+        return
+    try:
+        last[col.SPAN_ID].to_numpy(dtype=np.int64).tofile(unsent_ids_path(run.output))
+    except OSError as exc:
+        run.warn(f"the last window's {len(last):,} spans could not be left to the session to send: {exc}")
 
 
 def finish_joined(options: TraceOptions, thread_id: int, joined: JoinedStart, copy: ThreadCopy, end_ns: int,

@@ -263,7 +263,19 @@ class WindowWorker:
             return None
         while True:
             window_if_due = self.window_if_due if self.interpreter.watching else None
-            if window_if_due is None:
+            quiet_s = self.options.window_s if self.options.sampling is not None else None
+            if window_if_due is None and quiet_s is not None and self.window_if_due is not None:
+                # always on: a service gone quiet after a burst would keep its last requests'
+                # spans, with no step end to take them, until its next request (for hours); one
+                # wake a window interval closes them into a window, as a capture's looking does
+                try:
+                    window = self.queue.get(timeout=quiet_s)
+                except queue.Empty:
+                    if now_ns() - self.closed_ns >= quiet_s * 1e9:
+                        self.recording.decide_quiet_steps(int(PAUSE_S * 1e9))
+                        self.window_if_due()
+                    continue
+            elif window_if_due is None:
                 window = self.queue.get()
             else:
                 try:
