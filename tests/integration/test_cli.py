@@ -855,3 +855,23 @@ def test_xsp_summary_of_a_run_in_parts_gives_its_share_of_every_part(tmp_path, c
     said = " ".join(capsys.readouterr().err.split())
     share = output.stat().st_size / sum(path.stat().st_size for path in parts)
     assert f"{share:.1%} of the trace)" in said, said
+
+
+def test_an_installed_command_on_path_is_run_as_a_script(tmp_path):
+    """`xsp run --sample 0.01 -- uvicorn app:app` said "no such script: uvicorn": a console script
+    is found on PATH (this interpreter's own first), as a shell finds it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    tool = tools / "mytool"
+    tool.write_text(f"#!{sys.executable}\n" + TINY_SCRIPT)
+    tool.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    environment = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+    plain = subprocess.run([str(tool), "2"], cwd=work, capture_output=True, text=True, timeout=300)
+    traced = subprocess.run([sys.executable, "-m", "xsp", "run", "-o", "t.xsp.parquet", "--", "mytool", "2"],
+                            cwd=work, capture_output=True, text=True, timeout=300, env=environment)
+    assert traced.returncode == plain.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout and (work / "t.xsp.parquet").is_file()
+    missing = xsp_cli("run", "--", "no-such-tool-here", cwd=work)
+    assert missing.returncode == 2 and missing.stderr.strip() == "xsp: error: no such script: no-such-tool-here"

@@ -135,6 +135,8 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
         if not command:
             raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
     script = Path(command[0])
+    if not script.exists() and os.sep not in command[0]:
+        script = installed_command(command[0]) or script
     runs = main_file(script)
     if not runs.is_file():
         raise CliError(f"{script} is a folder with no __main__.py: python would not run it either" if script.is_dir()
@@ -150,6 +152,20 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot read {script}: {exc}") from None
     return script, command[1:]
+
+
+def installed_command(name: str) -> Path | None:
+    """The console script ``name`` (``uvicorn``, ``torchrun``) that ``xsp run -- NAME`` means when no
+    file of that name is here: this interpreter's own first (a shell's PATH may hold a wrapper, as
+    pyenv's shims are), else the first on PATH; None where there is none."""
+    import shutil
+    import sysconfig
+
+    own = Path(sysconfig.get_path("scripts")) / name
+    if own.is_file():
+        return own
+    found = shutil.which(name)
+    return None if found is None else Path(found)
 
 
 def _exit_status(code: Any) -> int:
