@@ -511,3 +511,28 @@ def test_a_server_with_workers_refuses_at_once_and_its_workers_are_captured(tmp_
     roots = roots[roots[col.PARENT_ID].isna() & roots[col.STEP].notna()]
     assert len(roots) == 3 and set(roots[col.SAMPLING].astype(str)) == {"capture"}
     assert server.returncode == 0, err
+
+
+def _wait_until_set(stop: object) -> None:
+    stop.wait(120)  # type: ignore[attr-defined]
+
+
+def test_a_followed_child_of_a_session_not_always_on_is_told_apart_from_a_process_with_no_xsp(tmp_path, capsys):
+    """A worker of `xsp run` without --sample was said to run "no xsp session": it runs one, which
+    answers no capture; its parent's does."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    with xsp.trace(levels="model", output=tmp_path / "t.xsp.parquet"):
+        child = context.Process(target=_wait_until_set, args=(stop,))
+        child.start()
+        try:
+            status = main(["capture", str(child.pid), "--steps", "1", "-o", str(tmp_path / "c.xsp.parquet")])
+        finally:
+            stop.set()
+            child.join()
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert f"process {child.pid} runs no xsp session that listens, but process {os.getpid()}, which started it" in err
+    assert "only where the session is always on" in err

@@ -130,10 +130,25 @@ def find_targets(pid: int) -> list[Target]:
     found = [Target(child.pid, socket_path(child.pid)) for child in children
              if socket_path(child.pid).exists() and _is_rank(child)]
     if not found:
+        parent = _listening_parent(process)
+        if parent is not None:  # a worker its xsp session may follow: those listen where it is always on
+            raise CliError(f"process {pid} runs no xsp session that listens, but process {parent}, which started it, "
+                           f"does: the child processes an xsp session follows answer a capture only where the session "
+                           f"is always on (xsp run --sample, xsp.trace(sample=...)); `xsp capture {parent}` captures "
+                           "that process's own steps")
         raise CliError(f"process {pid} runs no xsp session (nothing listens at {own}; a session listens unless "
                        "XSP_CONTROL=0, from when the program's xsp.trace() starts), and is no launcher of a job's "
                        "ranks that do")
     return found
+
+
+def _listening_parent(process: Any) -> int | None:
+    """The nearest ancestor of ``process`` that runs an xsp session (its socket listens), if any."""
+    try:
+        ancestors = process.parents()
+    except Exception:  # it ended, or cannot be read
+        return None
+    return next((ancestor.pid for ancestor in ancestors if socket_path(ancestor.pid).exists()), None)
 
 
 def _is_rank(process: Any) -> bool:
