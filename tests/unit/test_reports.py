@@ -408,6 +408,14 @@ def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
     out = console.export_text()
     assert out.index("The first step took") < out.index("Top 1 layer by self time")
     assert warmup_line(steps(250)) is None  # 2.5x: not warm-up
+    # the next step as slow (a ResNet on a busy machine): skipping the first alone would keep it
+    two = make_trace([(i + 1, None, "model", "predict", "net", i * 10_000_000, i * 10_000_000 + length,
+                       {"step": i}) for i, length in enumerate([2_627_000, 2_652_000, 580_000, 222_000, 40_000])])
+    assert warmup_line(two) == (
+        "The first 2 steps took 2,627.000 and 2,652.000 ms, each 3x or more the median of the others (222.000 ms): "
+        "their "
+        "warm-up is in these figures. To record without it: xsp run --schedule skip_first=2 (or "
+        "xsp.trace(schedule=\"skip_first=2\")), or run more steps")
     captured = steps(3_200)
     captured.metadata["capture"] = {"steps": [0, 1, 2, 3]}
     assert warmup_line(captured) is None  # a capture of a process running on: no warm-up, and no schedule applies
@@ -455,3 +463,36 @@ def test_siblings_deep_in_a_model_keep_the_part_where_they_differ():
     for limit in range(12, 40):
         narrow = distinct_middles(names, limit)
         assert len(set(narrow.values())) == len(names) and all(len(text) <= limit for text in narrow.values())
+
+
+def test_the_report_says_when_the_machine_was_busy():
+    """A run whose threads waited for a CPU 42% of their ready time: the report gave its figures
+    with no word of it (the waits were in the metadata, read only by xsp diff)."""
+    from xsp.reports.html import latency_section
+
+    rows = [(i + 1, None, "model", "predict", "net", i * 1000, i * 1000 + 500, {"step": i}) for i in range(3)]
+    busy, quiet = make_trace(rows), make_trace(rows)
+    busy.metadata["contention"] = {"waited_share": 0.42}
+    quiet.metadata["contention"] = {"waited_share": 0.01}
+    said = "The machine was busy: the program's threads waited for a CPU 42% of the time they were ready to run"
+    for trace, shown in ((busy, True), (quiet, False)):
+        console = Console(width=80, record=True, color_system=None)
+        render_report(trace, console)
+        assert (said in " ".join(console.export_text().split())) is shown
+        assert ("The machine was busy" in latency_section(trace)) is shown
+
+
+def test_the_wait_for_xsps_imports_before_the_first_step_is_said_to_be_xsps():
+    """The README's example: 456 ms "before the first step (start-up, model construction)", of
+    which the model was built before the session: the first recorded call waited for the modules
+    xsp imports beside the program."""
+    rows = [(1, None, "model", "span", "preprocess", 0, 1_000, {}),
+            *[(i + 2, None, "model", "predict", "net", 300_000 + i * 1_000, 300_500 + i * 1_000, {"step": i})
+              for i in range(3)]]
+    trace = make_trace(rows)
+    trace.metadata["imports_wait_ms"] = 290.0
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    text = " ".join(console.export_text().split())
+    assert ("before the first step (start-up, model construction; 290.000 ms of it xsp's own: the first recorded "
+            "call waited for the modules xsp imports beside the program)") in text

@@ -363,6 +363,9 @@ class Recording:
         self.max_events = max_events
         self.kept_events = 0
         self.dropped: Counter[str] = Counter()
+        self.imports_wait_ns = 0
+        """How long the program's threads waited, at their first recorded call, for the imports xsp
+        makes beside the program (:meth:`new_buffer`): xsp's own start, before the first step."""
         self.long_step_ns = NEVER
         """Steps at least this long are reported to ``on_long_step``."""
         self.report_after_ns = NEVER
@@ -458,8 +461,11 @@ class Recording:
         a garbage collection it sets off, up to 100 ms), and a small model's calls took 16 ms instead
         of 35 µs. No call is timed until they are done: the thread's first call waits for them
         before its clock is read, and the program's code between the session's start and its first
-        model call (building the model, loading data) runs beside them."""
+        model call (building the model, loading data) runs beside them. The wait is counted
+        (:attr:`imports_wait_ns`): the report says it is xsp's, not the program's start-up."""
+        began_ns = now_ns()
         background_imports_done()
+        self.imports_wait_ns += now_ns() - began_ns
         buffer = ThreadBuffer(self)
         with self._lock:
             self.buffers.append(buffer)

@@ -29,7 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import StepView, deep_steps, shorten, warmup_line
+from xsp.reports.terminal import StepView, busy_machine_line, deep_steps, shorten, warmup_line
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -68,7 +68,8 @@ def latency_section(trace: Trace) -> str:
                                   name="latency"))
     figure.update_layout(title="Model latency per step", xaxis_title="step", yaxis_title="ms")
     figure.update_xaxes(tickformat="d", dtick=max(1, len(latency) // 20))
-    return _figure_html(figure, "chart-latency")
+    busy = busy_machine_line(trace.metadata)
+    return ("" if busy is None else _note(busy)) + _figure_html(figure, "chart-latency")
 
 
 STEP_PARTS = ("forward", "backward", "optimizer", "input", "compile", "other")

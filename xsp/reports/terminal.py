@@ -22,6 +22,7 @@ from xsp.analysis.lines import compiled_kernel_lines, relative_files
 from xsp.analysis.model import OutsideSteps, outside_steps, within_steps
 from xsp.analysis.roofline import GpuPeak, trace_peak
 from xsp.analysis.windowed import WindowedReport
+from xsp.core import contention
 from xsp.core import schema as col
 from xsp.core.figures import counted, milliseconds
 from xsp.core.safe_text import one_line
@@ -351,6 +352,9 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
     if isinstance(dropped, dict) and dropped:
         counts = (f"{v:,} {k}" if isinstance(v, int) else f"{v} {k}" for k, v in dropped.items())
         _say(console, f"dropped: {', '.join(counts)}", "yellow")
+    busy = busy_machine_line(meta)
+    if busy is not None:
+        _say(console, busy, "yellow")
 
 
 def _latency_tables(trace: Trace, console: Console) -> None:
@@ -389,8 +393,13 @@ def _step_tables(trace: Trace, console: Console, extent_ns: tuple[int, int] | No
     :func:`xsp.analysis.step_summary` take them, for a trace that holds only some spans)."""
     coverage = analysis.step_coverage(trace, extent_ns).iloc[0]
     if coverage["steps"]:
+        waited_ms = float(trace.metadata.get("imports_wait_ms") or 0.0)
+        before = "before the first step (start-up, model construction)"
+        if waited_ms >= 1 and coverage["before_ms"] >= waited_ms:  # xsp's own start, not the program's
+            before = (f"before the first step (start-up, model construction; {waited_ms:,.3f} ms of it xsp's own: "
+                      "the first recorded call waited for the modules xsp imports beside the program)")
         rest = ", ".join(f"{coverage[key]:,.3f} ms {where}" for key, where in (
-            ("before_ms", "before the first step (start-up, model construction)"), ("between_ms", "between steps"),
+            ("before_ms", before), ("between_ms", "between steps"),
             ("after_ms", "after the last")) if coverage[key] > 0)
         _say(console, f"Steps cover {share(coverage['coverage'])} of the session "
               f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
@@ -453,12 +462,39 @@ def warmup_line(trace: Trace) -> str | None:
     latency = analysis.model_latency(trace)
     if len(latency) < 3:
         return None
-    first, rest = float(latency["latency_ms"].iloc[0]), latency["latency_ms"].iloc[1:].median()
+    times = latency["latency_ms"].to_numpy(dtype=np.float64)
+    first, rest = float(times[0]), float(np.median(times[1:]))
     if not rest > 0 or first < WARMUP_FACTOR * rest:
         return None
+    # the steps at the start that are as slow: skipping the first alone would leave the next (a
+    # ResNet on a busy machine: 2,627 then 2,652 ms, then 580, 222, 40)
+    slow = int(np.argmin(np.append(times, 0.0) >= WARMUP_FACTOR * rest))
+    if slow > 1 and slow <= len(times) - 2:
+        shown = (" and ".join(f"{ms:,.3f}" for ms in times[:slow]) if slow == 2
+                 else f"{times[:slow].min():,.3f} to {times[:slow].max():,.3f}")
+        others = float(np.median(times[slow:]))
+        return (f"The first {slow} steps took {shown} ms, each {WARMUP_FACTOR:g}x or more the median of the others "
+                f"({others:,.3f} ms): their warm-up is in these figures. To record without it: xsp run --schedule "
+                f"skip_first={slow} (or xsp.trace(schedule=\"skip_first={slow}\")), or run more steps")
     return (f"The first step took {first:,.3f} ms, {first / rest:.1f}x the median of the others ({rest:,.3f} ms): its "
             f"warm-up is in these figures. To record without it: xsp run --schedule skip_first=1 (or "
             f"xsp.trace(schedule=\"skip_first=1\")), or run more steps")
+
+
+BUSY_SHARE: Final = 0.10
+"""The share of their ready time a run's threads waited for a CPU from which the report says the
+machine was busy."""
+
+
+def busy_machine_line(metadata: dict[str, object]) -> str | None:
+    """That the machine was busy while the run recorded, from the kernel's count of the time its
+    threads waited for a CPU (:mod:`xsp.core.contention`); None where they waited little, or it
+    was not kept."""
+    waited = contention.waited_share(metadata.get(contention.METADATA_KEY))  # type: ignore[arg-type]
+    if waited is None or waited < BUSY_SHARE:
+        return None
+    return (f"The machine was busy: the program's threads waited for a CPU {waited:.0%} of the time they were ready "
+            "to run (the kernel's count). Its times are longer than on a quiet machine, and vary more")
 
 
 def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:

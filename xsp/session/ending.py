@@ -323,6 +323,7 @@ def final_metadata(run: RunningSession, dropped: Counter[str], session_metadata:
                 recording.ended_threads.items(),
                 ((buffer.thread_id, buffer.thread_name) for buffer in list(recording.buffers)))},
         "memory": memory_peaks(),
+        "imports_wait_ms": round(recording.imports_wait_ns / 1e6, 3),
         "dropped": dict(dropped),
         "hierarchy": run.interpreter.hierarchy(),
         "latency": None if run.interpreter.latency is None else {
