@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -875,3 +876,26 @@ def test_an_installed_command_on_path_is_run_as_a_script(tmp_path):
     assert traced.stdout == plain.stdout and (work / "t.xsp.parquet").is_file()
     missing = xsp_cli("run", "--", "no-such-tool-here", cwd=work)
     assert missing.returncode == 2 and missing.stderr.strip() == "xsp: error: no such script: no-such-tool-here"
+
+
+def test_a_model_whose_class_is_defined_where_no_file_is_is_recorded(tmp_path):
+    """A model class defined in `python -c` code (or a REPL: its __main__ has no file) failed both
+    tracers ("source code not available"): every call was lost, and the benchmark of xsp diff's
+    gate compared traces holding only their session span."""
+    code = textwrap.dedent("""
+        import torch, xsp
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(4, 4)
+            def forward(self, x):
+                return self.linear(x)
+        with xsp.trace(levels="model,layer", output="t.xsp.parquet") as session:
+            for _ in range(3):
+                Net()(torch.ones(1, 4))
+        print(session.trace.spans["kind"].value_counts().to_dict(), session.warnings)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "'predict': 3" in done.stdout and "'forward': 3" in done.stdout and done.stdout.rstrip().endswith("[]")
+    assert "XspWarning" not in done.stderr, done.stderr

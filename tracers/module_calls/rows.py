@@ -38,7 +38,7 @@ def class_source(cls: type) -> str | None:
     says), or None when Python cannot tell."""
     try:
         path = inspect.getsourcefile(cls)
-    except TypeError:  # a built-in class
+    except (TypeError, OSError):  # a built-in class; one defined where no file is (python -c, a REPL)
         return None
     if not path:
         return None
