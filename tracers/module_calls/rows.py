@@ -38,7 +38,7 @@ def class_source(cls: type) -> str | None:
     says), or None when Python cannot tell."""
     try:
         path = inspect.getsourcefile(cls)
-    except (TypeError, OSError):  # a built-in class; one defined where no file is (python -c, a REPL)
+    except Exception:  # a built-in class; one defined where no file is (python -c, a REPL): no place, its calls kept
         return None
     if not path:
         return None
@@ -46,7 +46,7 @@ def class_source(cls: type) -> str | None:
     if line is None:
         try:
             _, line = inspect.getsourcelines(cls)
-        except (OSError, TypeError):
+        except Exception:
             return None
     return f"{path}:{line}"
 
