@@ -125,3 +125,23 @@ def test_the_script_keeps_its_exit_status_when_the_file_cannot_be_written(tmp_pa
     assert recovered.returncode == 0, recovered.stderr
     assert "could not write its file" in recovered.stderr
     assert _steps(output) == STEPS
+
+
+def test_windows_no_folder_can_take_at_the_end_are_said_lost_with_their_count(full_disk, monkeypatch, tmp_path):
+    """With the spool unwritable too, the windows were lost and counted in the metadata, while the
+    warning said they were kept in the folders it named."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setenv(segments.SPOOL_ENV, str(blocker / "spool"))  # no spool folder can be made either
+    output, fill = full_disk
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(10)])
+    with pytest.warns(xsp.XspWarning) as said, xsp.trace(levels="model,layer", output=output) as session:
+        for step in range(STEPS):
+            model(torch.randn(2, 16))
+            if step == 5:
+                fill()
+    lost = session.trace.metadata["dropped"][segments.LOST_AT_END]
+    assert lost > 0
+    messages = [str(w.message) for w in said]
+    assert any(f"{lost:,} spans of its windows could be written nowhere and are lost" in m for m in messages), messages
+    assert not any("its windows and metadata are kept in" in m for m in messages)

@@ -387,3 +387,39 @@ def test_windows_that_wait_are_interpreted_as_one_so_the_backlog_stays_one_windo
     meta = session.trace.metadata
     assert meta["closed_windows"] >= 20 and meta["windows"] <= meta["closed_windows"] - 10
     assert xsp.load(tmp_path / "run.xsp.parquet").steps == list(range(30))
+
+
+LIVE = """
+import os, sys, time, torch, xsp
+model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)])
+with torch.no_grad(), xsp.trace(output=sys.argv[1], window_s=0.1):
+    for _ in range(100):
+        model(torch.randn(2, 8))
+        time.sleep(0.005)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
+def test_recover_refuses_a_run_still_running_and_takes_none_of_its_windows(tmp_path):
+    """`xsp recover` of a live run took its windows (its first steps were then missing from the
+    file it wrote at its end, over the "recovered" one) and said it had recovered a run that did
+    not finish."""
+    script, output, stop = tmp_path / "live.py", tmp_path / "run.xsp.parquet", tmp_path / "stop"
+    script.write_text(LIVE)
+    live = subprocess.Popen([sys.executable, str(script), str(output), str(stop)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        waited_until = time.monotonic() + 120
+        while not unfinished_sessions(output) and time.monotonic() < waited_until:
+            time.sleep(0.05)
+        refused = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True,
+                                 text=True, timeout=120)
+    finally:
+        stop.touch()
+        _, err = live.communicate(timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"(process {live.pid}) is still running" in refused.stderr
+    assert live.returncode == 0, err
+    assert xsp.load(output).steps == list(range(100))

@@ -79,3 +79,18 @@ def test_a_worker_whose_export_failed_or_was_cut_off_makes_the_sessions_fail_and
     assert (report.exported, report.failed) == (10, 7)
     assert report.state == "failed" and report.error == "process 11: StatusCode.UNAVAILABLE"
     assert "10 of 17 spans sent; process 11: StatusCode.UNAVAILABLE" in report.summary()
+
+
+def test_an_ending_session_retries_nothing_past_its_exit_wait() -> None:
+    """A collector answering 503 held a run's exit 30 s for the window being sent (each send may
+    retry for 30 s), then 8 s more for the last: once hurried, no send retries past that."""
+    import time
+
+    report = ExportReport(target="grpc http://collector:4317")
+    report.start_sending(30.0)
+    assert report.deadline is not None and report.deadline > time.monotonic() + 29
+    report.hurry(2.0)
+    assert report.deadline <= time.monotonic() + 2.0
+    report.start_sending(30.0)  # the next window's send, and the last export's: no later either
+    assert report.deadline <= time.monotonic() + 2.0
+    assert "hurried_until" not in report.as_metadata()

@@ -185,6 +185,8 @@ class ExportReport:
     """Spans left to another process to send (a followed child's last window: its parent sends it)."""
     deadline: float | None = field(default=None, repr=False)
     """``time.monotonic()`` past which nothing is retried (None: :data:`RETRY_BUDGET_S` from the first batch)."""
+    hurried_until: float | None = field(default=None, repr=False)
+    """Set by :meth:`hurry`: no deadline later than this."""
     heard: list[str] = field(default_factory=list, repr=False)
     """What the SDK said during the batch being sent (cleared before each)."""
     stopped: bool = field(default=False, repr=False)
@@ -223,6 +225,18 @@ class ExportReport:
             self.stopped = False
             self.tried_again += 1
 
+    def hurry(self, seconds: float) -> None:
+        """Nothing is retried past ``seconds`` from now, whatever later sends allow (the session is
+        ending: a collector answering 503 held a run's exit for 30 s a window, then 8 s more)."""
+        until = time.monotonic() + seconds
+        self.hurried_until = until if self.hurried_until is None else min(self.hurried_until, until)
+        self.deadline = until if self.deadline is None else min(self.deadline, until)
+
+    def start_sending(self, budget_s: float) -> None:
+        """A send begins, which may retry for ``budget_s`` (no later than :meth:`hurry` allows)."""
+        deadline = time.monotonic() + budget_s
+        self.deadline = deadline if self.hurried_until is None else min(deadline, self.hurried_until)
+
     def leave_to_another(self, spans: int) -> None:
         """The last ``spans`` are left to another process to send (a followed child's last window,
         its parent's to send): this export is done without them."""
@@ -256,6 +270,7 @@ class ExportReport:
         """The outcome, as recorded in the trace file's metadata (``metadata["export"]``)."""
         record = asdict(self)
         record.pop("deadline")
+        record.pop("hurried_until")
         record.pop("heard")
         record.pop("stopped")
         return {**record, "state": self.state}

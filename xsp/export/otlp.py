@@ -398,7 +398,7 @@ def send_prepared(prepared: PreparedExport, resource: Resource, exporter: SpanEx
     are split or retried (see :func:`export_batch`) for at most ``deadline_s`` seconds from now
     (default :data:`RETRY_BUDGET_S`)."""
     began = time.perf_counter()
-    report.deadline = time.monotonic() + (RETRY_BUDGET_S if deadline_s is None else deadline_s)
+    report.start_sending(RETRY_BUDGET_S if deadline_s is None else deadline_s)
     prepared.count_into(report)
     submitted_before = report.submitted
     try:

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -35,7 +36,7 @@ from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.lazy import pyarrow_parquet as pq
 from xsp.core.rank import PART_FILE, next_free_part
 from xsp.io.output_claim import forget_dead_claim
-from xsp.io.outputs import atomic_output
+from xsp.io.outputs import OutputError, atomic_output
 from xsp.io.parquet import (
     arrow_table,
     canonical_table,
@@ -568,11 +569,16 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
 
     Raises:
         TraceNotFoundError: no unfinished session wrote ``output``.
-        OutputError: the file could not be written (the segments are kept).
+        OutputError: the session is still running (:func:`still_running`), or the file could not
+            be written (the segments are kept).
     """
     found = unfinished_sessions(output)
     if not found:
         raise TraceNotFoundError(f"no unfinished session to recover for {output}")
+    running = still_running(found[0])
+    if running is not None:  # its windows are its own: taken, they were lost, and its file overwrote ours
+        raise OutputError(f"the run writing {output} (process {running}) is still running: it writes the file "
+                          "itself when it ends; xsp recover is for a run that was killed")
     tables, metadata = _recovered(found[0])
     target = Path(into) if into is not None else recovered_path(Path(output))
     found_part = PART_FILE.match(target.name)
@@ -583,6 +589,36 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
         shutil.rmtree(folder, ignore_errors=True)
     forget_dead_claim(Path(output))  # the killed run's claim on its name: nobody holds it now
     return written, metadata
+
+
+def still_running(folders: list[Path]) -> int | None:
+    """The process id of the session that left ``folders`` (one session's segment folders) where it
+    still runs on this machine; None where it has ended, its id now being another process's (one
+    started after the session), or it ran on another machine (which cannot be asked)."""
+    pid = _pid_of(folders[0])
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    started_ns = None
+    for folder in folders:
+        try:
+            facts = json.loads((folder / START_FILE).read_text())
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(facts.get("host"), str) and facts["host"] != socket.gethostname():
+            return None
+        if isinstance(facts.get("session_start_ns"), int):
+            started_ns = facts["session_start_ns"]
+    import psutil
+
+    try:
+        created_s = psutil.Process(int(pid)).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:  # another user's process: alive
+        return int(pid)
+    if started_ns is not None and created_s > started_ns / 1e9 + 1:  # the id was given to a later process
+        return None
+    return int(pid)
 
 
 def load_unfinished(output: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]] | None:

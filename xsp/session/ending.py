@@ -472,9 +472,14 @@ class TraceWriter:
         except OSError as exc:
             self.error = str(exc)
             segments.keep([(segments.count + 1 + i, table) for i, table in enumerate(kept)])
+            lost_before = segments.dropped_spans
             folders = segments.keep_finished(metadata)
+            lost = segments.dropped_spans - lost_before
             where = " and ".join(str(folder) for folder in folders) or "no folder (none could be written)"
-            self.warn(f"the trace file was not written: {exc}; its windows and metadata are kept in {where} "
+            kept_where = (f"its windows and metadata are kept in {where}" if not lost else
+                          f"{lost:,} spans of its windows could be written nowhere and are lost (counted in its "
+                          f"dropped records); what was kept, and its metadata, are in {where}")
+            self.warn(f"the trace file was not written: {exc}; {kept_where} "
                       f"(`xsp recover {self.output}` writes it once the cause is fixed)")
             for note in segments.take_notes():
                 self.warn(note)

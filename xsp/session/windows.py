@@ -362,8 +362,11 @@ class WindowWorker:
             self.report.try_again()
 
     def finish_windows(self) -> None:
-        """Wait until every window handed over so far is interpreted, written and exported."""
+        """Wait until every window handed over so far is interpreted, written and exported (their
+        exports, and the last one, retry what the collector refuses for :data:`EXIT_WAIT_S` in all)."""
         self.ending.set()
+        if self.exporter is not None:
+            self.report.hurry(EXIT_WAIT_S)
         if self.pause_wait is not None:
             self.pause_wait.hurry.set()
         with self.closing:
