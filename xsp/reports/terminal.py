@@ -369,7 +369,7 @@ def _latency_tables(trace: Trace, console: Console) -> None:
         columns.append(("failed", "failed", number(0)))
     columns += [("mean_ms", "mean", number()), ("p50_ms", "p50", number()), ("p90_ms", "p90", number()),
                 ("p99_ms", "p99", number()), ("trimmed_mean_ms", "trimmed mean", number()),
-                ("throughput_per_s", "throughput/s", number(1))]
+                ("throughput_per_s", "items/s", number(1))]
     _show(console, summary, "Model latency over steps (ms)" + (", completed steps only" if failed else ""), columns)
     if failed:
         errors = latency[latency["status"].astype(object) == Status.ERROR.value]["latency_ms"]
@@ -380,7 +380,7 @@ def _latency_tables(trace: Trace, console: Console) -> None:
     columns = [("step", "step", number(0)), ("name", "name", text), ("latency_ms", "latency ms", number())]
     if latency["compile_ms"].sum() > 0:
         columns.append(("compile_ms", "compile ms (not latency)", number()))
-    columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "throughput/s", number(1)),
+    columns += [("batch_size", "batch", number(0)), ("throughput_per_s", "items/s", number(1)),
                 ("status", "status", text)]
     _show(console, shown, f"Latency per step ({counted(len(latency), 'step')}"
           + (f", first and last {STEPS_SHOWN // 2})" if many else ")"), columns)
