@@ -317,18 +317,17 @@ class Following:
              sampling: tuple[float, float] | None = None, window_s: float | None = None,
              export: ChildExport | None = None, below: tuple[str, int] | None = None) -> Following:
         """Follow the processes started from now on (see the module docs); ``sampling``, an always-on
-        session's (its sample fraction and slow-step factor), goes with them, and with it ``export``,
-        where the children send their own windows; ``window_s`` is how often the session's windows
-        close, and ``below`` its session span's (trace id, span id)."""
+        session's (its sample fraction and slow-step factor), goes with them, and ``export``, an
+        always-on session's collector, where the children send their own windows; ``window_s`` is
+        how often the session's windows close, and ``below`` its session span's (trace id, span id)."""
         # a child's own children are followed in its parent's folder: when the child is killed, or
         # outlives its parent's session, the parent's removal of its folder leaves nothing behind
         inside = _followed_by.folder if _followed_by is not None and os.path.isdir(_followed_by.folder) else None
         folder = tempfile.mkdtemp(prefix="xsp-children-", dir=inside)
         sample, slow_factor = sampling if sampling is not None else (None, None)
         plan = ChildPlan(folder, tuple(level.value for level in levels), max_events, backward, layer_depth,
-                         os.getpid(), sample=sample, slow_factor=slow_factor, window_s=window_s,
-                         export=export if sampling is not None else None, below=below, starter=starter,
-                         arrival=arrival)
+                         os.getpid(), sample=sample, slow_factor=slow_factor, window_s=window_s, export=export,
+                         below=below, starter=starter, arrival=arrival)
         following = cls(plan, follow=os.environ.get(FOLLOW_ENV, "1") != "0")
         _PATCH.push(following)
         return following

@@ -15,14 +15,12 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
-from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.lazy import SESSION_MODULES, forks_wait, import_modules
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
-from xsp.core.schema import SpanKind
 from xsp.core.threads import start_thread
 from xsp.export.delivery import ExportReport, make_exporter
 from xsp.export.target import OtlpTarget, probe
@@ -383,11 +381,6 @@ class WindowWorker:
 
         assert self.target is not None and self.exporter is not None
         self._resume_if_answering()
-        parent = self.interpreter.state.session_parent_id
-        if parent is not None:  # a followed child's: its session span is sent below its parent's
-            spans = spans.copy()
-            session_row = (spans[col.KIND] == SpanKind.SESSION.value) & spans[col.PARENT_ID].isna()
-            spans.loc[session_row.to_numpy(dtype=bool), col.PARENT_ID] = parent
         return start_export(spans, metadata, self.target, self.options.service_name,
                             exporter=self.exporter, report=self.report, session=self.session_ids, on_done=on_done,
                             span_budget=self.options.span_budget, deadline_s=EXIT_WAIT_S)

@@ -213,9 +213,10 @@ def new_step_state(attach_to_session: bool = True, job_id: str | None = None,
     distributed job ``job_id`` shares its session spans' trace id with every other rank. ``below``:
     the (trace id, span id) of the span the session's own is exported below, in that span's trace
     (a followed child process's session, below its parent's)."""
-    trace_id = new_trace_ids(1)[0] if job_id is None else session_trace_id(job_id)
     if below is not None:
         trace_id = below[0]
+    else:
+        trace_id = new_trace_ids(1)[0] if job_id is None else session_trace_id(job_id)
     return steps.StepState(session_trace_id=trace_id, session_span_id=int(new_span_ids(1)[0]),
                            session_parent_id=None if below is None else int(below[1]),
                            attach_to_session=attach_to_session, job_id=job_id)

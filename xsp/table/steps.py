@@ -76,9 +76,10 @@ class StepState:
     session_trace_id: str
     session_span_id: int
     session_parent_id: int | None = None
-    """The span the session's own span is exported below (None: none): a followed child process's
-    session, below its parent's session span, in its trace. In the child's own file it is a root
-    (the parent's session span is not there); the parent makes it a child of its own as it reads it."""
+    """The span the session's own span hangs below (None: none): a followed child process's session,
+    below its parent's session span, in its trace. In the child's own file it is a root (the
+    parent's session span is not there); the parent makes it a child of its own as it reads it,
+    and sends it so with the child's last window."""
     steps: int = 0
     """Steps numbered so far."""
     latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
