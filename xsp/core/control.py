@@ -18,6 +18,8 @@ from typing import Final
 CONTROL_VARIABLE: Final = "XSP_CONTROL"
 """``XSP_CONTROL=0``: sessions open no control socket (``xsp capture`` cannot reach them)."""
 SOCKET_SUFFIX: Final = ".sock"
+MAKE_TRIES: Final = 5
+"""How often the folder is made again when another session removes it just as it is made."""
 
 
 class Op(str, enum.Enum):
@@ -51,11 +53,25 @@ def socket_path(pid: int, folder: Path | None = None) -> Path:
 
 def private_folder(folder: Path) -> str | None:
     """Make ``folder`` (mode 0700) if needed; a sentence saying why it cannot be used, or None."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        found = os.lstat(folder)
-    except OSError as exc:
-        return f"cannot make {folder}: {exc.strerror or exc}"
+    for _ in range(MAKE_TRIES):
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            return f"cannot make {folder}: {exc.strerror or exc}"
+        try:
+            found = os.lstat(folder)
+            break
+        except FileNotFoundError:
+            # another session of this user's, ending, removed it (empty) between the two calls:
+            # the workers of one server start and end together
+            continue
+        except OSError as exc:
+            return f"cannot look at {folder}: {exc.strerror or exc}"
+    else:
+        return f"cannot make {folder}: it was removed each time it was made ({MAKE_TRIES} times)"
     if not stat.S_ISDIR(found.st_mode):
         return f"{folder} is not a folder"
     if found.st_uid != os.getuid():
