@@ -153,6 +153,9 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     # an option the subcommand does not have: its help is where to look (it said `see xsp --help`)
     (["report", "a.xsp.parquet", "--bogus"], "xsp report: error: unrecognized arguments: --bogus (see xsp report "
                                              "--help)"),
+    # `xsp run` keeps its script's words under the name argparse gives the subcommand: a traceback
+    (["run", "-o", "a.xsp.parquet", "-q", "--", "x.py"], "xsp run: error: unrecognized arguments: -q (see xsp run "
+                                                          "--help)"),
     # what is no trace, under a trace's name: it replaced a trace there (xsp report then failed on it)
     (["export", "a.xsp.parquet", "-o", "b.xsp.parquet"], "b.xsp.parquet names an xsp trace (.xsp.parquet), but this "
                                                          "writes a chrome file"),

@@ -63,7 +63,9 @@ class _OneLineErrors(argparse.ArgumentParser):
         finally:
             _OneLineErrors.trying = False
         if extras:
-            command = (self.commands or {}).get(getattr(known, "command", None) or "", self)
+            # the first word that names a subcommand: `xsp run` keeps its script's words in `command`
+            named = next((argument for argument in arguments if argument in (self.commands or {})), "")
+            command = (self.commands or {}).get(named, self)
             command.error(f"unrecognized arguments: {' '.join(extras)}")
         return known
 
