@@ -85,6 +85,12 @@ INPUT_MODERATE, INPUT_HIGH = 0.05, 0.20
 """TF profiler: moderately input-bound at 5% of step time, highly at 20%."""
 DATALOADER_SHARE = 0.05
 """PyTorch TensorBoard plugin: more DataLoader workers when the DataLoader takes > 5% of the step."""
+EPOCH_TURNS_SHARE = 0.5
+"""The share of the loop's input waits spent where one epoch turns to the next (workers stopping
+and starting) past which keeping the workers (``persistent_workers=True``) leads the advice."""
+WORKERS_SATURATED = 0.9
+"""How busy a DataLoader's workers were (fetching, of their time alive) past which fetching further
+ahead (``prefetch_factor``) cannot shorten the loop's waits: they already fetch all the time."""
 HOST_IDLE_MODERATE, HOST_IDLE_HIGH = 0.10, 0.30
 """GPU idle waiting on the host, as a share of the GPU's busy window (HTA's host-wait idle)."""
 LAUNCH_MODERATE, LAUNCH_HIGH = 0.03, 0.15

@@ -32,6 +32,26 @@ def input_spans(spans: pd.DataFrame) -> pd.DataFrame:
     return spans[(spans[col.KIND] == SpanKind.INPUT.value) & spans[col.LEVEL].isin(INPUT_LEVELS)]
 
 
+def epoch_turns(waits: pd.DataFrame) -> np.ndarray:
+    """Which of ``waits`` (:func:`input_spans` rows) turn from one epoch to the next, a boolean
+    per row: each ``iter(loader)`` (``DataLoader.__iter__``: the epoch's workers start, where
+    they do not persist), the wait after it on its thread (their first batch) and the wait before
+    it (the last epoch's end, where its workers stop)."""
+    turns = np.zeros(len(waits), dtype=bool)
+    if not len(waits):
+        return turns
+    threads = waits[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=-1.0)  # no thread: one of its own
+    order = np.lexsort((waits[col.START_NS].to_numpy(dtype=np.int64), threads))
+    starts_epoch = (waits[col.NAME].astype(str) == col.INPUT_ITER_NAME).to_numpy()[order]
+    ordered_threads = threads[order]
+    for at in np.flatnonzero(starts_epoch).tolist():
+        turns[order[at]] = True
+        for near in (at - 1, at + 1):
+            if 0 <= near < len(order) and ordered_threads[near] == ordered_threads[at]:
+                turns[order[near]] = True
+    return turns
+
+
 def _attribute(text: Any, key: str) -> Any:
     if not isinstance(text, str):
         return None

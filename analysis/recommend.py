@@ -29,6 +29,7 @@ from xsp.analysis.findings import (
     COLUMNS,
     CPU_BOUND_SHARE,
     DATALOADER_SHARE,
+    EPOCH_TURNS_SHARE,
     EVIDENCE,
     FIX,
     FP32_MATMUL,
@@ -63,13 +64,14 @@ from xsp.analysis.findings import (
     SIXTEEN_BIT_SHARE,
     SM_EFFICIENCY,
     TF32,
+    WORKERS_SATURATED,
     Context,
     Finding,
     Rule,
     Severity,
     Threshold,
 )
-from xsp.analysis.inputs import input_spans, input_workers
+from xsp.analysis.inputs import epoch_turns, input_spans, input_workers
 from xsp.analysis.model import step_roots
 from xsp.analysis.system import gc_spans, gc_time_within
 from xsp.core import schema as col
@@ -187,6 +189,13 @@ def suggested_workers(used: int | None, cpus: int) -> int:
     return min(used * 2, cpus) if cpus else used * 2
 
 
+def _workers_busy(ctx: Context) -> float | None:
+    """How busy the DataLoader's workers were, on average (fetching, of their time alive); None
+    where no worker was followed."""
+    workers = input_workers(ctx.spans)
+    return float(workers["busy"].mean()) if len(workers) and int(workers["batches"].sum()) else None
+
+
 def _worker_fetches(ctx: Context) -> str:
     """What the DataLoader's workers were doing meanwhile, from their fetch spans (docs/processes.md):
     each batch's fetch time and how busy they were; empty where no worker was followed."""
@@ -210,18 +219,35 @@ def input_bound(ctx: Context) -> Finding | None:
     settings, cpus, on_gpu = LoaderSettings.of(waits), _cpus(ctx), bool(ctx.device())
     used = settings.workers
     suggested = suggested_workers(used, cpus)
+    busy = _workers_busy(ctx)
+    saturated = busy is not None and busy >= WORKERS_SATURATED
     # per-sample work already runs in the workers where there are some: it must get cheaper
-    cheaper = ("make each batch cheaper to fetch: move per-sample work (decoding, augmentation) onto the GPU or "
-               "do it once ahead of training" if used else
-               "move per-sample work (decoding, augmentation) into the workers or onto the GPU")
-    if used and suggested <= used:  # more workers than CPUs only take turns: each batch must get cheaper
-        changes = settings.changes(None, on_gpu)
+    if used:
+        cheaper = ("make each batch cheaper to fetch: " + (
+            "move per-sample work (decoding, augmentation) onto the GPU or do it once ahead of training" if on_gpu
+            else "do per-sample work (decoding, augmentation) once ahead of training, or on whole batches at once"))
+    else:
+        cheaper = ("move per-sample work (decoding, augmentation) into the workers or onto the GPU" if on_gpu
+                   else "move per-sample work (decoding, augmentation) into the workers")
+    turns_ns = float(waits[col.DURATION_NS].to_numpy(dtype=np.float64)[epoch_turns(waits)].sum())
+    if used and settings.persistent_workers is False and turns_ns >= EPOCH_TURNS_SHARE * waited_ns:
+        # the workers stop at each epoch's end and start again: the waits are their start-up
+        epochs = int((waits[col.NAME].astype(str) == col.INPUT_ITER_NAME).sum())
+        advice = ("keep the workers from one epoch to the next: DataLoader(..., persistent_workers=True); "
+                  f"stopping and starting them where the epochs turn ({epochs} epoch start"
+                  f"{'s' if epochs != 1 else ''}) "
+                  f"took {milliseconds(turns_ns / 1e6)} of the {milliseconds(waited_ns / 1e6)} the loop waited")
+    elif used and suggested <= used:  # more workers than CPUs only take turns: each batch must get cheaper
+        changes = [change for change in settings.changes(None, on_gpu)
+                   if not (saturated and change.startswith("prefetch_factor"))]
         advice = (f"every CPU already runs a DataLoader worker (num_workers={used} of {cpus} CPUs): {cheaper}"
                   + (f"; and fetch further ahead: DataLoader(..., {', '.join(changes)})" if changes else ""))
     else:
         changes = settings.changes(suggested, on_gpu)
         advice = (f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., {', '.join(changes)}); "
                   f"{cheaper}" if changes else cheaper)
+    if saturated and used:
+        advice += f" (the workers fetched {_pct(busy or 0.0)} of their time: fetching further ahead cannot help)"
     loader = settings.described()
     return Finding(
         Severity.HIGH if high else Severity.MEDIUM, share,

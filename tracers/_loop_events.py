@@ -45,8 +45,8 @@ from xsp.tracers.module_calls.call_context import dynamo_compiling
 from xsp.tracers.module_calls.call_values import error_text
 from xsp.tracers.module_calls.model_names import model_name
 
-NEXT_NAME: Final = "DataLoader.__next__"
-ITER_NAME: Final = "DataLoader.__iter__"
+NEXT_NAME: Final = col.INPUT_NEXT_NAME
+ITER_NAME: Final = col.INPUT_ITER_NAME
 BACKWARD_NAME: Final = "backward"
 COMPILE_NAME: Final = "torch.compile"
 GENERATION_MODULE: Final = "transformers.generation.utils"
