@@ -234,6 +234,30 @@ def test_paths_told_apart_keep_their_last_part_whole():
         assert all(text.rstrip("#0123456789").endswith("convolution") for text in shown.values()), (limit, shown)
 
 
+def test_wide_characters_count_as_the_two_columns_they_take():
+    """CJK names were measured in characters: rich then cut each to half its column, where all
+    nine layers read "日本語のとても長い名前のモデル …", or "モデル.0…" in a 49-column table."""
+    from rich.cells import cell_len
+
+    from xsp.reports.terminal import distinct_middles, shorten
+
+    assert shorten("モデル.0.全結合", 16) == "モデル.0.全結合"  # 15 columns: whole
+    assert shorten("モデル.0.全結合", 12) == "…0.全結合"
+    names = [f"日本語のとても長い名前のモデル.{block}.{part}" for block in range(3) for part in ("全結合", "活性化")]
+    for limit in (10, 14, 20, 30):
+        shown = distinct_middles(names, limit)
+        assert len(set(shown.values())) == len(names) and all(cell_len(text) <= limit for text in shown.values())
+    rows = [(1, None, "model", "step", "s", 0, 1000, {}),
+            (2, 1, "model", "predict", "モデル", 0, 1000, {"module_type": "Sequential"})]
+    rows += [(3 + i, 2, "layer", "forward", f"モデル.{i // 2}.{('全結合', '活性化')[i % 2]}", i * 100, i * 100 + 90,
+              {"module_type": ("Linear", "ReLU")[i % 2]}) for i in range(6)]
+    console = Console(width=80, record=True, color_system=None)
+    render_report(make_trace(rows), console)
+    lines = console.export_text().splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    assert sum(line.startswith(("モデル.0.全結合 ", "モデル.2.活性化 ")) for line in lines) == 2, "\n".join(lines)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_two_shortened_names_of_a_table_read_alike(seed):
     from xsp.reports.terminal import distinct_middles

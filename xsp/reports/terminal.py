@@ -11,6 +11,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -107,15 +108,35 @@ def text(value: object) -> str:
     return one_line(str(value))
 
 
+def display_width(value: str) -> int:
+    """How many terminal columns ``value`` takes: two for each wide character (CJK, most emoji)."""
+    return cell_len(value)
+
+
+def head_cells(value: str, room: int) -> str:
+    """The longest start of ``value`` that fits ``room`` terminal columns."""
+    taken = 0
+    for at, char in enumerate(value):
+        taken += cell_len(char)
+        if taken > room:
+            return value[:at]
+    return value
+
+
+def tail_cells(value: str, room: int) -> str:
+    """The longest end of ``value`` that fits ``room`` terminal columns."""
+    return head_cells(value[::-1], room)[::-1]
+
+
 def middle(value: str, limit: int) -> str:
-    """``value`` shortened to ``limit`` characters by replacing its middle with "…" (the start
+    """``value`` shortened to ``limit`` terminal columns by replacing its middle with "…" (the start
     and the end of a layer path or kernel name say the most)."""
-    if len(value) <= limit:
+    if display_width(value) <= limit:
         return value
     if limit <= 1:
         return "…"[:limit]
     head = (limit - 1 + 1) // 2
-    return value[:head] + "…" + value[len(value) - (limit - 1 - head):]
+    return head_cells(value, head) + "…" + tail_cells(value, limit - 1 - head)
 
 
 PATH_SEPARATORS: Final = "./"
@@ -133,7 +154,7 @@ def path_tail(value: str, room: int) -> str:
     """The longest end of ``value`` made of whole parts that fits ``room`` characters ("" where
     not even its last part does)."""
     for at, char in enumerate(value):
-        if char in PATH_SEPARATORS and len(value) - at - 1 <= room:
+        if char in PATH_SEPARATORS and display_width(value[at + 1:]) <= room:
             return value[at + 1:]
     return ""
 
@@ -142,7 +163,7 @@ def shorten(value: str, limit: int, head: int = 0) -> str:
     """``value`` in at most ``limit`` characters: a path keeps its last parts whole after "…"
     (``…stages.3.layers.0.convolution``), with its first ``head`` characters before it; any other
     name, and a path whose last part alone is too long, loses its middle (:func:`middle`)."""
-    if len(value) <= limit:
+    if display_width(value) <= limit:
         return value
     if limit <= 1:
         return "…"[:limit]
@@ -150,10 +171,10 @@ def shorten(value: str, limit: int, head: int = 0) -> str:
     if is_path(value):
         tail = path_tail(value, limit - 1 - head)
         if tail:
-            return value[:head] + "…" + tail
+            return head_cells(value, head) + "…" + tail
     if not head:
         return middle(value, limit)
-    return value[:head] + "…" + value[len(value) - (limit - 1 - head):]
+    return head_cells(value, head) + "…" + tail_cells(value, limit - 1 - head)
 
 
 def short(limit: int) -> Format:
@@ -193,11 +214,11 @@ def _shrink(widths: list[int], columns: list[int], floors: list[int], excess: in
     return excess
 
 
-def _fit(cells: list[list[str]], headings: list[str], numeric: list[bool], width: int) -> list[int]:
+def _fit(rows: list[list[str]], headings: list[str], numeric: list[bool], width: int) -> list[int]:
     """Column widths that fit ``width`` while every column stays: text columns give up characters
     (the widest first) down to ``MIN_TEXT_WIDTH``; then number headings wrap inside words (a
     number itself is never cut); then text goes down to ``LAST_TEXT_WIDTH``."""
-    values = [max((len(row[i]) for row in cells), default=0) for i in range(len(headings))]
+    values = [max((display_width(row[i]) for row in rows), default=0) for i in range(len(headings))]
     widths = [max(found, *(len(word) for word in heading.split())) for found, heading in zip(values, headings)]
     widths = [found if is_number else max(found, min(len(heading), MIN_TEXT_WIDTH))
               for found, heading, is_number in zip(widths, headings, numeric)]
@@ -281,7 +302,7 @@ def with_difference(value: str, others: Sequence[str], limit: int) -> str | None
         tail = "".join(tokens[2 * start:])
         joined = window + tokens[2 * start - 1] + tail if start == differ + 1 else window + "…" + tail
         text_ = ("" if first == 0 else "…") + joined
-        if len(text_) <= limit:
+        if display_width(text_) <= limit:
             return text_
     return None
 
