@@ -1,8 +1,9 @@
 """Where in my code: time by the line of the user's program that made each call.
 
-A model call, a layer call and a user span (``xsp.span``, ``xsp.step``) carry the line of the
-user's code that made it (``call_file``, ``call_line``, ``call_function``: the first frame outside
-torch, xsp and other libraries; see :mod:`xsp.record.sites`). A span without a line of its own
+A model call, a layer call, a user span (``xsp.span``, ``xsp.step``), an input wait (the loop's
+``for`` line), a backward pass and an optimizer step carry the line of the user's code that
+made it (``call_file``, ``call_line``, ``call_function``: the first frame outside torch, xsp and
+other libraries; see :mod:`xsp.record.sites`). A span without a line of its own
 (an operator, a CUDA API call, a kernel through its launch) takes the line of the nearest span
 above it that has one: a kernel is the line's that called the layer that launched it.
 

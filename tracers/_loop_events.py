@@ -92,7 +92,7 @@ class LoopEvents:
                 self._fast = hotpath.HOTPATH.StepEvents(recording.local, recording.new_buffer, now_ns, error_text,
                                                         self._optimizer_names, ThreadBuffer, AutoSteps,
                                                         hotpath_constants(), MarkKind.BACKWARD, MarkKind.OPTIMIZER,
-                                                        BACKWARD_NAME)
+                                                        BACKWARD_NAME, recording.sites.of_frame)
             except (TypeError, AttributeError) as exc:  # a slot the C part needs is missing: hooks in Python
                 recording.notes.append(hotpath.mismatch_note(exc))
 
@@ -142,6 +142,7 @@ class LoopEvents:
         hands_over = name != ITER_NAME  # a next() always follows __iter__ at once: its wait hands over
         iterators_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         worker_pids = recording.input_worker_pids
+        site_of = recording.sites.of_frame
 
         @functools.wraps(original)
         def wait(loader: Any) -> Any:
@@ -164,6 +165,7 @@ class LoopEvents:
                           ATTR_PREFETCH_FACTOR: getattr(loader, "_prefetch_factor", getattr(loader, "prefetch_factor",
                                                                                             None))}
             error = None
+            site = site_of(sys._getframe(1))  # the loop's line (`for batch in loader:`): where the time went
             start = now_ns()
             try:
                 return original(loader)
@@ -175,7 +177,7 @@ class LoopEvents:
                 raise
             finally:
                 end = now_ns()
-                buffer.marks.append((MarkKind.INPUT, start, end, name, attributes, error))
+                buffer.marks.append((MarkKind.INPUT, start, end, name, attributes, error, site))
                 steps.piece_ends(end)
                 buffer.input_waits -= 1
                 if hands_over and recording.window_deferred and not buffer.input_waits:
@@ -192,6 +194,7 @@ class LoopEvents:
         buffer_of = self.recording.buffer
         names = self._optimizer_names
         fast = self._fast
+        site_of = self.recording.sites.of_frame
         if fast is not None:
             begins, ends = fast.optimizer_begins, fast.optimizer_ends
 
@@ -226,7 +229,7 @@ class LoopEvents:
             name = names.get(type(opt))
             if name is None:
                 name = names[type(opt)] = f"{type(opt).__name__}.step"
-            buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None))
+            buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None, site_of(sys._getframe(1))))
             buffer.steps.optimizer_ends(start, end, id(opt))
 
         self._handles += [optimizer.register_optimizer_step_pre_hook(before),
@@ -270,6 +273,7 @@ class LoopEvents:
     # backward passes -----------------------------------------------------------------
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         buffer_of = self.recording.buffer
+        site_of = self.recording.sites.of_frame
         fast = self._fast
         if fast is not None:  # no Python frame (dynamo never runs it: it rewrites Tensor.backward itself)
             return hotpath.HOTPATH.BackwardCall(fast, original)  # type: ignore[union-attr, no-any-return]
@@ -288,7 +292,8 @@ class LoopEvents:
                 raise
             finally:
                 end = now_ns()
-                buffer.marks.append((MarkKind.BACKWARD, start, end, BACKWARD_NAME, None, error))
+                site = site_of(sys._getframe(1))
+                buffer.marks.append((MarkKind.BACKWARD, start, end, BACKWARD_NAME, None, error, site))
                 buffer.steps.piece_ends(end, trains=True)
 
         return backward

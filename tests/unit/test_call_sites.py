@@ -110,6 +110,14 @@ def mixed():
     return nn.Sequential(nn.ReLU(), TwoCalls(), nn.Sequential(nn.Sigmoid(), TwoCalls()), nn.Tanh())
 
 
+def train(model, loader, optimizer):
+    for x, y in loader:  # LOOP
+        loss = (model(x) - y).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()  # BACKWARD
+        optimizer.step()  # OPTIMIZER
+
+
 def from_library_only(model, x):
     thread = threading.Thread(target=model, args=(x,), name="library")  # threading calls the model
     thread.start()
@@ -246,6 +254,30 @@ def test_user_spans_record_their_with_statement_or_the_decorated_call(user, monk
     assert _sites_of(spans, **{col.NAME: "decorated"}) == {(file, _line(user, "DECORATED"), "call_decorated")}
     assert _sites_of(spans, **{col.KIND: SpanKind.PREDICT.value}) == {
         (file, _line(user, "INSIDE_SPAN"), "with_span"), (file, _line(user, "IN_DECORATED"), "decorated")}
+
+
+@paths
+def test_input_waits_backward_passes_and_optimizer_steps_have_the_users_lines(user, monkeypatch, c):
+    """They had none: a loop waiting on its DataLoader 90% of its steps was missing from "where in
+    your code", whose hottest line was then a model call of 1%."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    if c and hotpath.load() is None:
+        pytest.skip("xsp.record._hotpath is not built here")
+    model = nn.Linear(4, 4)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with monkeypatch.context() as patch:
+        if not c:
+            patch.setattr(hotpath, "HOTPATH", None)
+        with xsp.trace(levels="model", output=None) as session:
+            user.train(model, loader, optimizer)
+    spans, file = session.trace.spans, user.__file__
+    assert _sites_of(spans, **{col.KIND: SpanKind.INPUT.value}) == {(file, _line(user, "LOOP"), "train")}
+    assert _sites_of(spans, **{col.KIND: SpanKind.BACKWARD.value}) == {(file, _line(user, "BACKWARD"), "train")}
+    assert _sites_of(spans, **{col.KIND: SpanKind.OPTIMIZER.value}) == {(file, _line(user, "OPTIMIZER"), "train")}
+    assert {_line(user, marker) for marker in ("LOOP", "BACKWARD", "OPTIMIZER")} <= set(
+        xsp.analysis.lines(session.trace)["line"].tolist())
 
 
 def test_an_explicit_step_records_its_with_statement(monkeypatch):

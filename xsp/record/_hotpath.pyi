@@ -34,7 +34,7 @@ class StepEvents:
 
     def __init__(self, local: Any, new_buffer: Any, now: Any, error_text: Any, optimizer_names: Any,
                  buffer_type: type, steps_type: type, step_constants: Sequence[Any], mark_backward: Any,
-                 mark_optimizer: Any, backward_name: str) -> None: ...
+                 mark_optimizer: Any, backward_name: str, site_of: Any = None) -> None: ...
     def optimizer_begins(self, optimizer: Any, /) -> bool:
         """An optimizer step starts; True when ``AutoSteps.optimizer_begins`` must hear."""
     def optimizer_ends(self, optimizer: Any, /) -> tuple[int, int] | None:

@@ -1,7 +1,8 @@
 """Call sites: the line in the user's code that made a module call or opened a user span.
 
-A recorded module call (``predict`` and ``layer`` spans) and an ``xsp.span``/``xsp.step`` carry
-the call site of the user's code that made it: the file, line and function of the first frame,
+A recorded module call (``predict`` and ``layer`` spans), an ``xsp.span``/``xsp.step``, a wait
+for a DataLoader batch, a backward pass and an optimizer step carry the call site of the user's
+code that made it: the file, line and function of the first frame,
 walking outwards from the call, whose code is not a library's.
 
 Which frames are the user's

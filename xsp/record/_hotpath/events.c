@@ -20,6 +20,17 @@ PyObject *events_buffer(StepEvents *self) {
     return buffer;
 }
 
+/* The site id (new reference) of the first user frame from the calling thread's current frame
+ * outwards, through recording.sites.of_frame; NULL, with no exception, where there is no site
+ * table or asking it failed (a line is never worth a failed backward pass). */
+static PyObject *caller_site(StepEvents *self) {
+    if (self->site_of == NULL || self->site_of == Py_None) return NULL;
+    PyObject *frame = (PyObject *)PyEval_GetFrame();  /* borrowed */
+    PyObject *site = PyObject_CallOneArg(self->site_of, frame == NULL ? Py_None : frame);
+    if (site == NULL) PyErr_Clear();
+    return site;
+}
+
 /* A piece of the open step ended at `end` (AutoSteps.piece_ends with trains, and the common
  * case of optimizer_ends); 1 when `optimizer` and no step is open: the caller asks Python. */
 int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, PyObject *optimizer) {
@@ -70,14 +81,16 @@ PyObject *backward_done(StepEvents *self, PyObject *buffer, PyObject *start, PyO
         error = PyObject_CallOneArg(self->error_text, value ? value : Py_None);
         if (error == NULL) PyErr_Clear();
     }
+    PyObject *site = caller_site(self);
     if ((end = read_clock(self->now, &end_ns)) == NULL
-        || append_mark(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
-                       error ? error : Py_None) < 0
+        || append_mark_at(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
+                          error ? error : Py_None, site) < 0
         || piece_ended(self, buffer, end, end_ns, NULL) < 0) {
         if (out == NULL) PyErr_Clear();
         else Py_CLEAR(out);
     }
     if (type != NULL) PyErr_Restore(type, value, traceback);
+    Py_XDECREF(site);
     Py_DECREF(start);
     Py_XDECREF(end);
     Py_XDECREF(error);
@@ -183,7 +196,7 @@ PyObject *events_optimizer_begins(StepEvents *self, PyObject *optimizer) {
 PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer) {
     PyObject *buffer = events_buffer(self);
     if (buffer == NULL) return NULL;
-    PyObject *start = NULL, *end = NULL, *name = NULL, *result = NULL;
+    PyObject *start = NULL, *end = NULL, *name = NULL, *result = NULL, *site = NULL;
     long long end_ns;
     if ((end = read_clock(self->now, &end_ns)) == NULL) goto done;
     PyObject *starts = SLOT(buffer, self->buffer_slots.optimizer_starts);
@@ -212,7 +225,9 @@ PyObject *events_optimizer_ends(StepEvents *self, PyObject *optimizer) {
         Py_DECREF(class_name);
         if (name == NULL || PyDict_SetItem(self->optimizer_names, kind, name) < 0) goto done;
     }
-    if (append_mark(&self->buffer_slots, buffer, self->mark_optimizer, start, end, name, Py_None, Py_None) < 0) goto done;
+    site = caller_site(self);
+    if (append_mark_at(&self->buffer_slots, buffer, self->mark_optimizer, start, end, name, Py_None, Py_None, site) < 0)
+        goto done;
     int asks = piece_ended(self, buffer, end, end_ns, optimizer);
     if (asks < 0) goto done;
     result = asks ? PyTuple_Pack(2, start, end) : Py_NewRef(Py_None);
@@ -220,6 +235,7 @@ done:
     Py_XDECREF(start);
     Py_XDECREF(end);
     Py_XDECREF(name);
+    Py_XDECREF(site);
     Py_DECREF(buffer);
     return result;
 }
@@ -234,14 +250,15 @@ static PyMethodDef events_methods[] = {
 
 static const char *events_kwlist[] = {"local", "new_buffer", "now", "error_text", "optimizer_names", "buffer_type",
                                       "steps_type", "step_constants", "mark_backward", "mark_optimizer",
-                                      "backward_name", NULL};
+                                      "backward_name", "site_of", NULL};
 
 int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
     PyObject *local, *new_buffer, *now, *error_text, *names, *buffer_type, *steps_type, *constants, *backward,
-        *optimizer, *backward_name;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!O!O!O!OOU", (char **)events_kwlist, &local, &new_buffer, &now,
-                                     &error_text, &PyDict_Type, &names, &PyType_Type, &buffer_type, &PyType_Type,
-                                     &steps_type, &PyTuple_Type, &constants, &backward, &optimizer, &backward_name))
+        *optimizer, *backward_name, *site_of = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!O!O!O!OOU|O", (char **)events_kwlist, &local, &new_buffer,
+                                     &now, &error_text, &PyDict_Type, &names, &PyType_Type, &buffer_type, &PyType_Type,
+                                     &steps_type, &PyTuple_Type, &constants, &backward, &optimizer, &backward_name,
+                                     &site_of))
         return -1;
     if (PyTuple_GET_SIZE(constants) != CONSTANTS) {
         PyErr_SetString(PyExc_TypeError, "step_constants: as auto_steps.hotpath_constants() gives them");
@@ -250,10 +267,10 @@ int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
     if (find_slots(buffer_type, steps_type, &self->buffer_slots, &self->steps_slots) < 0) return -1;
     PyObject *values[] = {local, new_buffer, now, error_text, names, buffer_type, steps_type,
                           PyTuple_GET_ITEM(constants, 0), PyTuple_GET_ITEM(constants, 2), backward, optimizer,
-                          backward_name};
+                          backward_name, site_of};
     PyObject **fields[] = {&self->local, &self->new_buffer, &self->now, &self->error_text, &self->optimizer_names,
                            &self->buffer_type, &self->steps_type, &self->step_none, &self->step_train,
-                           &self->mark_backward, &self->mark_optimizer, &self->backward_name};
+                           &self->mark_backward, &self->mark_optimizer, &self->backward_name, &self->site_of};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         Py_INCREF(values[i]);
         Py_XSETREF(*fields[i], values[i]);
@@ -264,7 +281,7 @@ int events_init(StepEvents *self, PyObject *args, PyObject *kwds) {
 #define EACH_EVENTS_FIELD(DO) \
     DO(self->local); DO(self->new_buffer); DO(self->now); DO(self->error_text); DO(self->optimizer_names); \
     DO(self->buffer_type); DO(self->steps_type); DO(self->step_none); DO(self->step_train); \
-    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); EACH_CACHED(DO)
+    DO(self->mark_backward); DO(self->mark_optimizer); DO(self->backward_name); DO(self->site_of); EACH_CACHED(DO)
 
 GC_FUNCTIONS(events, StepEvents, EACH_EVENTS_FIELD)
 
@@ -272,7 +289,7 @@ PyTypeObject StepEventsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "xsp.record._hotpath.StepEvents",
     .tp_doc = PyDoc_STR("StepEvents(local, new_buffer, now, error_text, optimizer_names, buffer_type, steps_type, "
-                        "step_constants, mark_backward, mark_optimizer, backward_name): backward passes and "
+                        "step_constants, mark_backward, mark_optimizer, backward_name, site_of=None): backward passes and "
                         "optimizer steps, recorded."),
     .tp_basicsize = sizeof(StepEvents),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

@@ -267,6 +267,7 @@ typedef struct {
     PyObject *optimizer_names;  /* type -> "<class name>.step" */
     PyObject *buffer_type, *steps_type;
     PyObject *step_none, *step_train, *mark_backward, *mark_optimizer, *backward_name;
+    PyObject *site_of;          /* recording.sites.of_frame, or NULL: the user's line of each mark */
     BufferSlots buffer_slots;
     StepsSlots steps_slots;
 } StepEvents;
@@ -360,6 +361,8 @@ int find_slots(PyObject *buffer_type, PyObject *steps_type, BufferSlots *b, Step
 PyObject *thread_buffer(PyObject *local, BufferCache *cache, uint64_t thread);
 int append_mark(const BufferSlots *slots, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
                        PyObject *name, PyObject *attributes, PyObject *error);
+int append_mark_at(const BufferSlots *slots, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
+                   PyObject *name, PyObject *attributes, PyObject *error, PyObject *site);
 long long dict_ll(PyObject *dict, PyObject *name);
 int unpacked(const Call *call, PyObject **args, PyObject **kwargs);
 PyObject *read_clock(PyObject *now_function, long long *ns);

@@ -105,12 +105,19 @@ PyObject *thread_buffer(PyObject *local, BufferCache *cache, uint64_t thread) {
 /* Append (kind, start, end, name, attributes, error) to buffer.marks, as the Python side does. */
 int append_mark(const BufferSlots *slots, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
                        PyObject *name, PyObject *attributes, PyObject *error) {
+    return append_mark_at(slots, buffer, kind, start, end, name, attributes, error, NULL);
+}
+
+/* As append_mark, with the site id of the user's line that made it (NULL: none, a row of six). */
+int append_mark_at(const BufferSlots *slots, PyObject *buffer, PyObject *kind, PyObject *start, PyObject *end,
+                   PyObject *name, PyObject *attributes, PyObject *error, PyObject *site) {
     PyObject *marks = SLOT(buffer, slots->marks);
     if (marks == NULL || !PyList_Check(marks)) {
         PyErr_SetString(PyExc_TypeError, "xsp: a thread buffer without its marks");
         return -1;
     }
-    PyObject *row = PyTuple_Pack(6, kind, start, end, name, attributes, error);
+    PyObject *row = site == NULL ? PyTuple_Pack(6, kind, start, end, name, attributes, error)
+                                 : PyTuple_Pack(7, kind, start, end, name, attributes, error, site);
     if (row == NULL) return -1;
     int appended = PyList_Append(marks, row);
     Py_DECREF(row);
