@@ -60,6 +60,27 @@ def test_models_are_named_by_the_variables_attributes_and_globals_that_hold_them
     assert calls[col.NAME].tolist() == ["encoder_global", "local_head", "encoder", "head"]
 
 
+class Holder:
+    """Holds a model as an attribute; not a module, not callable."""
+
+    def __init__(self) -> None:
+        self.model = nn.Sequential(nn.Linear(4, 4))
+
+
+def test_a_model_called_through_an_attribute_is_named_by_it():
+    """``net.backbone(x)`` was named ``Sequential_0``: a class and an index, where the README
+    promises the attribute the code calls it through."""
+    net = Pipeline()
+    holder = Holder()
+
+    def work():
+        with torch.no_grad():
+            net.encoder(torch.randn(1, 4))
+            holder.model(torch.randn(1, 4))
+
+    assert model_calls(traced(work))[col.NAME].tolist() == ["net.encoder", "holder.model"]
+
+
 def test_two_sequentials_never_share_layer_names_or_paths():
     models = [nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))]
 

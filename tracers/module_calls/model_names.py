@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from types import FrameType
+from types import BuiltinFunctionType, FrameType, FunctionType, MethodType, ModuleType
 from typing import Any, Final
 
 import torch
@@ -29,6 +29,9 @@ _STANDARD_LIBRARY: Final = tuple(dict.fromkeys(_PATHS[name] + os.sep for name in
 _INSTALLED: Final = tuple(dict.fromkeys(_PATHS[name] + os.sep for name in ("purelib", "platlib") if _PATHS.get(name)))
 """Packages installed beside the standard library (its ``site-packages``, often inside it): not
 skipped, since a library's own binding (a pipeline's ``self.model``) names the model well."""
+_NO_MEMBERS: Final = (type, ModuleType, FunctionType, MethodType, BuiltinFunctionType)
+"""What binds no model in its attributes: classes and modules of code (their attributes are the
+program's definitions), functions."""
 FRAMES_SEARCHED: Final = 8
 """How far up the calling code a binding is looked for."""
 
@@ -56,9 +59,30 @@ def _bound_names(module: Any, frame: FrameType) -> list[str]:
     if owner is not None:
         members = owner._modules if isinstance(owner, torch.nn.Module) else getattr(owner, "__dict__", {})
         names += [name for name, value in _snapshot(members).items() if value is module]
-    names += [name for name, value in _snapshot(frame.f_globals).items()
-              if value is module and not name.startswith("__")]
+    global_names = _snapshot(frame.f_globals)
+    names += [name for name, value in global_names.items() if value is module and not name.startswith("__")]
+    if not names:  # called through an attribute: `net.backbone(x)`, `holder.model(x)` at module level
+        for scope in (local_names, global_names):
+            names += [f"{name}.{member}" for name, value in scope.items()
+                      if name != "self" and not name.startswith("__") and value is not module
+                      for member in _members_bound_to(value, module)]
+            if names:
+                break
     return names
+
+
+def _members_bound_to(owner: Any, module: Any) -> list[str]:
+    """The attributes of ``owner`` (its submodules, for a module) that are ``module``; none for
+    what has no attributes of its own (numbers, functions, classes and modules of code)."""
+    if isinstance(owner, torch.nn.Module):
+        members = owner.__dict__.get("_modules") or {}
+    elif isinstance(owner, _NO_MEMBERS) or not hasattr(owner, "__dict__"):
+        return []
+    else:
+        members = getattr(owner, "__dict__", None)
+        if not isinstance(members, dict):
+            return []
+    return [member for member, value in _snapshot(members).items() if value is module]
 
 
 def binding_names(module: Any, frame: FrameType | None) -> list[str]:
