@@ -452,3 +452,27 @@ def test_a_module_classs_source_line_is_the_one_inspect_gives(tmp_path, monkeypa
     for cls in classes:
         assert class_source(cls) == f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}", cls
     assert class_source(models_here.Decorated).endswith(":7")  # the decorator's line, as inspect says
+
+
+def test_a_class_of_a_notebook_cell_is_placed_by_its_methods_code(tmp_path):
+    """A class of a notebook's cell has no source file to its module (``__main__`` of the
+    kernel): its place was null, where its methods' code names the cell's file, whose lines
+    IPython keeps in linecache. Where no lines are kept (``python -c``), it stays unplaced."""
+    import linecache
+
+    from xsp.tracers.module_calls.rows import class_source
+
+    def defined(code: str, filename: str, lines: bool) -> type:
+        if lines:
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        namespace: dict[str, Any] = {"nn": nn, "__name__": "a_kernels_main_not_imported"}
+        exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - a cell's code, as IPython runs it
+        return namespace["Cell"]
+
+    code = "import math\n\nclass Cell(nn.Module):\n    def forward(self, x):\n        return x\n"
+    cell = str(tmp_path / "ipykernel_1" / "205268494.py")  # IPython's name for a cell: no such file
+    try:
+        assert class_source(defined(code, cell, lines=True)) == f"{cell}:3"
+    finally:
+        linecache.cache.pop(cell, None)
+    assert class_source(defined(code, "<string>", lines=False)) is None

@@ -38,10 +38,10 @@ def class_source(cls: type) -> str | None:
     says), or None when Python cannot tell."""
     try:
         path = inspect.getsourcefile(cls)
-    except Exception:  # a built-in class; one defined where no file is (python -c, a REPL): no place, its calls kept
-        return None
+    except Exception:  # a built-in class; one defined where no file is (python -c, a REPL): its methods may say
+        path = None
     if not path:
-        return None
+        return _source_of_methods(cls)
     line = _class_line(path, cls.__name__)
     if line is None:
         try:
@@ -49,6 +49,27 @@ def class_source(cls: type) -> str | None:
         except Exception:
             return None
     return f"{path}:{line}"
+
+
+def _source_of_methods(cls: type) -> str | None:
+    """``file:line`` of ``cls`` from the code of the methods it defines, where its module has no
+    file: a class of a notebook's cell (``__main__`` of a kernel), whose methods' code names the
+    cell's file (``/tmp/ipykernel_…/….py``, in :mod:`linecache`). The line is that of its
+    ``class`` statement where the cell's text says it, else of its first method; None where no
+    method of its own has code in a file Python keeps the lines of (``python -c``, a REPL)."""
+    try:
+        codes = [getattr(value, "__code__", None) for value in vars(cls).values()]
+        codes = [code for code in codes if code is not None and getattr(code, "co_qualname", "").startswith(
+            f"{cls.__qualname__}.")]
+        if not codes:
+            return None
+        first = min(codes, key=lambda code: code.co_firstlineno)
+        path = first.co_filename
+        if not linecache.getlines(path):
+            return None
+        return f"{path}:{_class_line(path, cls.__name__) or first.co_firstlineno}"
+    except Exception:
+        return None
 
 
 def _class_line(path: str, name: str) -> int | None:
