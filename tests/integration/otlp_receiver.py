@@ -119,9 +119,11 @@ class GrpcReceiver:
 class HttpReceiver:
     """An OTLP/HTTP receiver; ``max_body_bytes`` answers 413 to larger requests, ``busy`` answers
     the first requests 429 with each ``Retry-After`` (seconds) in turn; while :attr:`rejecting`,
-    trace requests are answered 400 (a failure no one retries)."""
+    trace requests are answered 400 (a failure no one retries); without ``takes_metrics``, metrics
+    are answered 404, as a collector of traces only (Jaeger) does."""
 
-    def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None, port: int = 0) -> None:
+    def __init__(self, max_body_bytes: int | None = None, busy: list[float] | None = None, port: int = 0,
+                 takes_metrics: bool = True) -> None:
         self.sink = sink = Sink()
         self.statuses: list[int] = []
         self.rejecting = False
@@ -149,6 +151,9 @@ class HttpReceiver:
                     return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/v1/metrics" and not takes_metrics:  # Jaeger's receiver takes traces only
+                    self.refuse(404)
+                    return
                 if self.path == "/v1/metrics":
                     metrics_request = metrics_pb.ExportMetricsServiceRequest()
                     metrics_request.ParseFromString(body)

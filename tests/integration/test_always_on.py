@@ -660,6 +660,20 @@ def test_step_and_layer_latency_are_exported_as_metrics_and_kept_in_the_file(rec
     assert latency["metrics_export"]["sent"] >= 1 and latency["metrics_export"]["failed"] == 0
 
 
+def test_metrics_a_traces_only_collector_refuses_are_one_warning_and_the_spans_reach_it():
+    model, x = Net(), torch.randn(2, 8)
+    with HttpReceiver(takes_metrics=False) as receiver:
+        with pytest.warns(xsp.XspWarning) as said, torch.no_grad():
+            with xsp.trace(levels="model,layer", output=None, sample=0.5, otlp_endpoint=receiver.endpoint,
+                           otlp_protocol="http/protobuf") as session:
+                for _ in range(10):
+                    model(x)
+            report = session.wait_for_export(30)
+    assert report.error is None and report.exported == len(session.trace.spans)
+    messages = [str(w.message) for w in said]
+    assert len(messages) == 1 and messages[0].startswith("xsp: latency metrics: 1 of 1 sends to the collector failed")
+
+
 class Nested(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -849,7 +863,10 @@ def test_a_collector_that_never_answers_costs_one_warning_per_signal_and_no_sdk_
         silent.close()
     metrics = session.trace.metadata["latency"]["metrics_export"]
     assert metrics["failed"] >= 1 and metrics["sent"] == 0
-    assert [str(w.message) for w in said if "latency metrics:" in str(w.message)] != []
+    # one collector, one warning: the spans' failure says the metrics' too
+    about_metrics = [str(w.message) for w in said if "latency metrics" in str(w.message)]
+    assert len(about_metrics) == 1 and "spans sent" in about_metrics[0], about_metrics
+    assert "its latency metrics failed too (" in about_metrics[0]
     assert "Failed to export" not in capfd.readouterr().err  # the SDK's own lines stay out of the program's stderr
 
 

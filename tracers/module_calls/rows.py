@@ -9,6 +9,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -58,9 +59,9 @@ def _source_of_methods(cls: type) -> str | None:
     ``class`` statement where the cell's text says it, else of its first method; None where no
     method of its own has code in a file Python keeps the lines of (``python -c``, a REPL)."""
     try:
-        codes = [getattr(value, "__code__", None) for value in vars(cls).values()]
-        codes = [code for code in codes if code is not None and getattr(code, "co_qualname", "").startswith(
-            f"{cls.__qualname__}.")]
+        codes: list[CodeType] = [
+            code for code in (getattr(value, "__code__", None) for value in vars(cls).values())
+            if isinstance(code, CodeType) and getattr(code, "co_qualname", "").startswith(f"{cls.__qualname__}.")]
         if not codes:
             return None
         first = min(codes, key=lambda code: code.co_firstlineno)

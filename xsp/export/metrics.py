@@ -184,6 +184,15 @@ class LatencyMetrics:
         return {"sent": self.exporter.sent, "failed": self.exporter.failed,
                 "messages": list(dict.fromkeys(self.exporter.said.sdk_messages))[:5]}
 
+    def problem_beside_spans(self) -> str | None:
+        """The sends that failed, said after the spans' export failed to the same collector (None:
+        none did): the SDK's words are the spans' already."""
+        failed = self.exporter.failed
+        if not failed:
+            return None
+        return (f"its latency metrics failed too ({failed} of {failed + self.exporter.sent} sends; the trace file "
+                "keeps the same histograms, metadata 'latency')")
+
     def problem(self) -> str | None:
         """One line on the sends that failed (None: none did)."""
         failed = self.exporter.failed

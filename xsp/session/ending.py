@@ -131,11 +131,10 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
         recorded_dropped = recording.dropped
     last = run.interpreter.interpret(window, session_row(run, end_ns, error))
     run.end_captures("the session ended")
+    metrics_problem = beside_spans = None
     if run.metrics is not None:
         run.metrics.close()
-        problem = run.metrics.problem()
-        if problem is not None:
-            run.warn(problem)
+        metrics_problem, beside_spans = run.metrics.problem(), run.metrics.problem_beside_spans()
     children = None if handing_over else collect_children(run, following)
     for note in dict.fromkeys(recording.notes):
         run.warn(note)
@@ -168,10 +167,14 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
                                               + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
                                               if cut else ""))
     export = None
+    if metrics_problem is not None and not (exports and not leaves_last):
+        run.warn(metrics_problem)
     if leaves_last:
         leave_last_window(run, last)
     elif exports:
         assert run.windows is not None
+        # one warning for one collector: where the spans' export fails too, it says both
+        writer.metrics_problems = (metrics_problem, beside_spans) if metrics_problem is not None else None
         export = run.windows.export_last(last, metadata, writer.record_export)
         wait_at_exit(export)
     return Finished(trace, writer, export)
@@ -390,6 +393,9 @@ class TraceWriter:
         """The metadata and the windows kept in memory, for the file being written as windows land."""
         self._followed: Path | BaseException | None = None
         """What writing as windows land gave: the file, or why it did not."""
+        self.metrics_problems: tuple[str, str | None] | None = None
+        """The latency metrics' failed sends to the collector the spans go to, said with the
+        export's outcome (alone, and beside the spans' failure): one warning for one collector."""
 
     def follow(self, interpreter: WindowInterpreter) -> None:
         """Start writing the file from the session's windows as they land (on a thread of its
@@ -499,8 +505,11 @@ class TraceWriter:
                 self.trace.save(self.output)
             except OSError as exc:
                 self.error = str(exc)
+        alone, beside_spans = self.metrics_problems or (None, None)
         if report.error is not None:
-            self.warn(report.summary())
+            self.warn(report.summary() + (f"; {beside_spans}" if beside_spans else ""))
+        elif alone is not None:
+            self.warn(alone)
 
 
 def tracer_details(run: RunningSession) -> dict[str, Any]:
