@@ -258,6 +258,23 @@ def test_wide_characters_count_as_the_two_columns_they_take():
     assert sum(line.startswith(("モデル.0.全結合 ", "モデル.2.活性化 ")) for line in lines) == 2, "\n".join(lines)
 
 
+def test_an_import_says_what_it_left_out_but_the_profilers_own_markers():
+    """A PyTorch profiler file with profile_memory: its allocations were left out of the import
+    (no memory level, no layer memory) and the report did not say so."""
+    rows = [(1, None, "model", "step", "s", 0, 100, {}), (2, 1, "operator", "operator", "aten::mm", 0, 50, {})]
+    trace = make_trace(rows)
+    trace.metadata.update({"imported_from": "kin.json", "not_imported": {
+        "ignored cpu_instant_event events": 1234, "ignored Trace events": 1, "ignored i events": 2}})
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    text = " ".join(console.export_text().split())
+    assert "not imported from the file: 1,234 cpu_instant_event events (metadata 'not_imported')" in text
+    trace.metadata["not_imported"] = {"ignored Trace events": 1, "ignored i events": 2}
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    assert "not imported" not in console.export_text()
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_two_shortened_names_of_a_table_read_alike(seed):
     from xsp.reports.terminal import distinct_middles

@@ -348,6 +348,9 @@ def _header(trace: Trace, console: Console) -> None:
 
 
 _LEVEL_ORDER: Final = {level.value: place for place, level in enumerate(Level)}
+KINETO_BOOKKEEPING: Final = frozenset({"ignored Trace events", "ignored i events"})
+"""What every PyTorch profiler file holds and xsp leaves out without loss: the profiler's own span
+("PyTorch Profiler (0)") and its markers ("Iteration Start", "Record Window End")."""
 
 
 def _most_first(levels: dict[str, int]) -> list[tuple[str, int]]:
@@ -362,6 +365,14 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
                   f"torch={meta.get('torch_version', '?')}")
     if meta.get("imported_from"):
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
+        left_out = meta.get("not_imported")
+        left_out = {what: count for what, count in left_out.items() if what not in KINETO_BOOKKEEPING} if isinstance(
+            left_out, dict) else {}
+        if left_out:  # a profiler's memory events among them: the memory analyses have none
+            _say(console, "not imported from the file: " + ", ".join(
+                f"{count:,} {what.removeprefix('ignored ')}" if isinstance(count, int) else f"{count} {what}"
+                for what, count in left_out.items())
+                + " (metadata 'not_imported')", "yellow")
     recorded = meta.get("levels")
     _say(console, f"{spans:,} spans ({', '.join(f'{k} {v:,}' for k, v in _most_first(levels))}), "
                   f"{counted(steps, 'step')}, levels recorded: "
