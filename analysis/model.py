@@ -100,7 +100,8 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     see :func:`xsp.analysis.input_waits`), ``batch_size`` (the samples of the step's first model:
     summed over its calls made by the step itself, so that k accumulated micro-batches count k
     times, while calls made inside an optimizer step (a closure's) or a ``generate()`` count
-    once; null when unknown), ``throughput_per_s`` (``batch_size / latency``), ``status``.
+    once; null when unknown), ``throughput_per_s`` (``batch_size / latency``; null for a step an
+    exception ended), ``status``.
     """
     spans = spans_of(source)
     roots = step_roots(spans)
@@ -118,7 +119,9 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     out["input_ms"] = out["step"].map(waits.groupby(col.STEP, observed=True)[col.DURATION_NS].sum()).fillna(0).astype(
         "float64").to_numpy() / 1e6
     out["batch_size"] = out["step"].map(batch).astype("Int64")
-    out["throughput_per_s"] = (out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3))
+    throughput = out["batch_size"].astype("Float64") / (out["latency_ms"] / 1e3)
+    # a step ended by an exception delivered no items: no throughput (its latency stays)
+    out["throughput_per_s"] = throughput.mask(out["status"].astype(object) == Status.ERROR.value)
     return out.sort_values("step").reset_index(drop=True)[
         ["step", "name", "latency_ms", "compile_ms", "input_ms", "batch_size", "throughput_per_s", "status"]]
 

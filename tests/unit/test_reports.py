@@ -334,6 +334,8 @@ def test_failed_steps_are_counted_apart_and_left_out_of_latency_and_throughput(f
                 pass
     latency = analysis.model_latency(session.trace)
     completed = latency[latency["status"] == "ok"]["latency_ms"]
+    assert latency[latency["status"] == "error"]["throughput_per_s"].isna().all()  # it delivered no items
+    assert latency[latency["status"] == "ok"]["throughput_per_s"].notna().all()
     summary = analysis.model_summary(session.trace).iloc[0]
     assert summary["steps"] == len(completed) == 8 - 8 // fail_every and summary["failed"] == 8 // fail_every
     if len(completed):
