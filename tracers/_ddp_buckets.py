@@ -108,7 +108,11 @@ class BucketHook:
         self.running.append(record)
         if bucket.is_last():
             self._after_finalisation(observer)
-        return future.then(functools.partial(_completed, record))
+        # beside the future, not chained to it: a callback chained with then() makes its own
+        # future, whose failure wraps the all-reduce's ("Got the following error when running the
+        # callback: ..."), with xsp's frames in it; the program's exceptions stay its own
+        future.add_done_callback(functools.partial(_completed, record))
+        return future
 
     def _describe(self, collectives: Collectives, bucket: Any) -> dict[str, Any]:
         """The bucket's span attributes: what does not change between passes is worked out once
@@ -132,6 +136,8 @@ class BucketHook:
             return hook(state, bucket)
         buffer = bucket.buffer()
         buffer.mul_(self.scale)  # as the reducer scales gradients without a hook: by the reciprocal
+        # as PyTorch's own allreduce_hook: a Python hook's future must be completed by Python (its
+        # value a Python object), so a failed all-reduce reaches backward wrapped once, by then()
         return self.group.allreduce([buffer]).get_future().then(_first_tensor)
 
     def _after_finalisation(self, observer: DdpBuckets) -> None:
@@ -150,13 +156,13 @@ class BucketHook:
             observer.record(running, 0)
 
 
-def _completed(record: _Bucket, future: Any) -> Any:
+def _completed(record: _Bucket, future: Any) -> None:
+    """The bucket's all-reduce ended (a callback beside its future: its failure is the program's)."""
     record.completed_ns = now_ns()
     try:
-        return future.value()
+        future.value()
     except BaseException as exc:
         record.error = error_text(exc)
-        raise
 
 
 class DdpBuckets:

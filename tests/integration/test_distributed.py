@@ -201,6 +201,46 @@ def test_ddp_s_communication_hooks_run_as_they_would_and_every_bucket_is_recorde
     assert per_rank[0] == per_rank[1] == per_rank[2]
 
 
+FAILING_HOOK = r"""
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+dist.init_process_group("gloo")
+
+def failing(state, bucket):
+    def fail(future):
+        raise ValueError("the program's hook failed")
+    return default_hooks.allreduce_hook(state, bucket).then(fail)
+
+ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+ddp(torch.randn(2, 4)).sum().backward()  # xsp's hook is in place from here
+ddp.register_comm_hook(None, failing)
+try:
+    ddp(torch.randn(2, 4)).sum().backward()
+except RuntimeError as exc:  # a file per rank: the ranks' lines on one stdout may interleave
+    with open(f"said.{dist.get_rank()}", "w") as said:
+        said.write(f"{type(exc).__name__} {str(exc).split('At:')[0].strip()}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_failing_all_reduce_fails_backward_with_the_programs_own_error(tmp_path):
+    """xsp's timing of each bucket was chained to its future with then(): a failure came back
+    wrapped once more ("Got the following error when running the callback: RuntimeError: Got the
+    following error ..."), with xsp's frames in it."""
+    (tmp_path / "failing.py").write_text(FAILING_HOOK)
+
+    def said(*command: str) -> list[str]:
+        done = torchrun(2, *command, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return [(tmp_path / f"said.{rank}").read_text() for rank in (0, 1)]
+
+    plain = said("failing.py")
+    assert plain[0] == plain[1] and "ValueError: the program's hook failed" in plain[0]
+    assert plain[0].count("Got the following error") == 1
+    assert said("-m", "xsp", "run", "-o", "job.xsp.parquet", "--", "failing.py") == plain
+
+
 def test_a_step_of_every_rank_is_one_distributed_trace(tmp_path):
     with GrpcReceiver() as receiver:
         result = torchrun(2, "-m", "xsp", "run", "--otlp", receiver.endpoint, "-o", "ddp.xsp.parquet", "--",
