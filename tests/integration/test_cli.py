@@ -902,3 +902,35 @@ def test_a_model_whose_class_is_defined_where_no_file_is_is_recorded(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "'predict': 3" in done.stdout and "'forward': 3" in done.stdout and done.stdout.rstrip().endswith("[]")
     assert "XspWarning" not in done.stderr, done.stderr
+
+
+SIGTERM_WHILE_WRITING = """
+import os, signal, sys
+import xsp.session.ending as ending
+from xsp.cli.main import main
+
+finish = ending.finish
+
+def finish_after_a_sigterm(*args, **kwargs):  # torchrun ending a failed job's other ranks, at this moment
+    os.kill(os.getpid(), signal.SIGTERM)
+    return finish(*args, **kwargs)
+
+ending.finish = finish_after_a_sigterm
+sys.exit(main(["run", "-o", "failed.xsp.parquet", "--", "failing.py"]))
+"""
+
+
+def test_a_failed_scripts_traceback_is_said_though_a_sigterm_comes_while_the_trace_is_written(tmp_path):
+    """The traceback came after the trace was written: torchrun's SIGTERM to the other ranks of a
+    job whose rank failed ended them first, and their tracebacks were never printed, nor a word
+    of the signal (3 of 3 jobs)."""
+    (tmp_path / "failing.py").write_text("import torch\ntorch.nn.Linear(2, 2)(torch.ones(1, 2))\n"
+                                         "raise RuntimeError('the rank failed')\n")
+    (tmp_path / "drive.py").write_text(SIGTERM_WHILE_WRITING)
+    done = subprocess.run([sys.executable, "drive.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM
+    assert "RuntimeError: the rank failed" in done.stderr
+    assert ("warning: xsp: SIGTERM came while the trace was being written: held until it was complete "
+            f"({tmp_path / 'failed.xsp.parquet'}), and delivered now") in done.stderr
+    assert done.stderr.index("the rank failed") < done.stderr.index("SIGTERM came")
+    assert len(xsp.load(tmp_path / "failed.xsp.parquet").spans) >= 2

@@ -339,6 +339,7 @@ def _run_script(script: Path, script_args: list[str], session: Session,
     sys.path.insert(0, str(script.resolve() if script.is_dir() else script.resolve().parent))
     status = 0
     failure: BaseException | None = None
+    said = False
     line_ends = LineEnds()
     left_open: _LeftOpen | None = None
     still_running = False
@@ -354,6 +355,10 @@ def _run_script(script: Path, script_args: list[str], session: Session,
                 raise
             except Exception as error:
                 failure = error
+                # said now, as python says it, before the trace is written: a stopping signal
+                # meanwhile (torchrun ending the other ranks when one fails) left it unsaid
+                _print_script_error(error)
+                said = True
                 raise
             except BaseException:  # Ctrl-C, or a stopping signal (Terminated): the process ends now
                 interrupted = True
@@ -376,7 +381,8 @@ def _run_script(script: Path, script_args: list[str], session: Session,
         if left_open is None:  # else the script's threads run on: they see its argv and path, as in a plain run
             sys.argv, sys.path[:] = saved_argv, saved_path
     if failure is not None:
-        _print_script_error(failure)
+        if not said:
+            _print_script_error(failure)
         if isinstance(failure, KeyboardInterrupt):
             raise ScriptInterrupted() from None
     if still_running and not may_leave_open:

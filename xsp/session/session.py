@@ -382,9 +382,16 @@ class Session:
                 self._tell_finishing(False)
         finally:
             run.release_output()
-            self.signals.release(exc)
+            self.signals.release(exc, functools.partial(self._say_held, run.output))
             if successor is not None:
                 successor._continue(self, kept, end_ns)
+
+    def _say_held(self, output: Path | None, names: list[str]) -> None:
+        """Stopping signals came while the trace was written, were held, and are delivered now
+        (the process may end by them before the program or the CLI says anything more)."""
+        written = output is not None and output.exists()
+        self.warn(f"{' and '.join(names)} came while the trace was being written: held until "
+                  f"{f'it was complete ({output})' if written else 'the session ended'}, and delivered now")
 
     def _end_joined(self, end_ns: int, error: str | None) -> None:
         """This block joined another session and ends before it: its own trace and file."""

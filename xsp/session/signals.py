@@ -115,10 +115,12 @@ class StopSignals:
         before they came."""
         self._holding = self._exiting = True
 
-    def release(self, ending_by: BaseException | None) -> None:
+    def release(self, ending_by: BaseException | None, before_delivery: Callable[[list[str]], None] | None = None
+                ) -> None:
         """Put the program's own handlers back, then deliver what was held back, unless the
         process is already ending by that kind of signal (``ending_by``) or by its own exit
-        (:meth:`hold_until_exit`)."""
+        (:meth:`hold_until_exit`); ``before_delivery`` is told the names of those delivered
+        first (the process may end by them, before the caller could say anything)."""
         for signum, previous in self._saved.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 if signal.getsignal(signum) == self._on_signal:  # the program may have replaced ours
@@ -127,10 +129,12 @@ class StopSignals:
         held, self._held, self._holding = self._held, [], False
         if self._exiting:
             return
-        for signum in dict.fromkeys(held):
-            if isinstance(ending_by, Terminated) or (
-                    isinstance(ending_by, KeyboardInterrupt) and signum == signal.SIGINT):
-                continue
+        delivered = [signum for signum in dict.fromkeys(held) if not (isinstance(ending_by, Terminated) or (
+            isinstance(ending_by, KeyboardInterrupt) and signum == signal.SIGINT))]
+        if delivered and before_delivery is not None:
+            with contextlib.suppress(Exception):
+                before_delivery([signal_name(signum) for signum in delivered])
+        for signum in delivered:
             os.kill(os.getpid(), signum)
 
     def forget(self) -> None:
