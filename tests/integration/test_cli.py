@@ -580,6 +580,21 @@ def test_leveled_refuses_a_script_that_leaves_threads_running(tmp_path):
     assert result.stdout.count("worker finished") == 1  # one run only, its thread let finish
 
 
+def test_leveled_refuses_a_rank_of_a_distributed_job(tmp_path, monkeypatch, capsys):
+    """Under torchrun, each run made the process group and the DDP model again in one process:
+    the ranks then waited for each other in DDP's constructor for good, with no word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("print('ran')\n")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["run", "--leveled", "-o", "out.xsp.parquet", "--", "x.py"]) == 2
+    said = capsys.readouterr()
+    assert said.err.strip() == ("xsp: error: --leveled runs the script several times in one process, which a rank of "
+                                "a distributed job (rank 1 of 2) cannot do: profile the job without --leveled, or run "
+                                "--leveled on one process of it")
+    assert "ran" not in said.out
+
+
 @pytest.mark.heavy  # a subprocess run or more: `python -m pytest -m heavy`
 def test_leveled_takes_a_script_that_leaves_an_idle_thread_pool(tmp_path):
     """An idle pool's workers run until exit and do nothing meanwhile: not work left running."""

@@ -33,6 +33,7 @@ from xsp.core.figures import counted as count_of
 from xsp.core.levels import parse_levels
 from xsp.core.metadata import service_name_from_environment
 from xsp.core.options import checked_layer_depth, checked_output_name, checked_span_budget
+from xsp.core.rank import rank_info
 from xsp.core.schema import DEFAULT_OUTPUT, Level, SpanKind
 from xsp.record.sampling import DEFAULT_SLOW_FACTOR
 from xsp.record.schedule import Schedule
@@ -642,6 +643,13 @@ def _check_leveled(options: argparse.Namespace) -> None:
         raise CliError("--budget must be 0 or more seconds")
     if options.otlp:
         raise CliError("--leveled writes one merged trace file; send it with xsp export afterwards, not --otlp")
+    ranked = rank_info()
+    if ranked is not None:
+        # each run of the script makes its process group and DDP model again in one process: the
+        # ranks then wait for each other in DDP's constructor, for good (a job of 2 ranks hung)
+        raise CliError(f"--leveled runs the script several times in one process, which a rank of a distributed job "
+                       f"(rank {ranked.rank} of {ranked.world_size}) cannot do: profile the job without --leveled, "
+                       "or run --leveled on one process of it")
 
 
 def _run_leveled(options: argparse.Namespace, trace_options: TraceOptions, script: Path,
