@@ -153,6 +153,9 @@ def test_run_then_report_then_export_then_doctor(tiny, tmp_path):
     # an option the subcommand does not have: its help is where to look (it said `see xsp --help`)
     (["report", "a.xsp.parquet", "--bogus"], "xsp report: error: unrecognized arguments: --bogus (see xsp report "
                                              "--help)"),
+    # torchrun's ranks are programs of their own: the trace held torchrun's one span, with a wrong hint
+    (["run", "--", "torchrun", "--nproc_per_node", "2", "train.py"], "put xsp inside it: torchrun [its options] -m "
+                                                                     "xsp run [options] -- SCRIPT [ARGS...]"),
     # `xsp run` keeps its script's words under the name argparse gives the subcommand: a traceback
     (["run", "-o", "a.xsp.parquet", "-q", "--", "x.py"], "xsp run: error: unrecognized arguments: -q (see xsp run "
                                                           "--help)"),

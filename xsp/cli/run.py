@@ -136,6 +136,10 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
         if not command:
             raise CliError("no script given: use xsp run [options] -- SCRIPT [ARGS...]")
     script = Path(command[0])
+    if script.name in LAUNCHERS and not script.exists():
+        # its ranks are new programs it starts, which no session follows: the trace held one span
+        raise CliError(f"xsp run -- {script.name} would trace {script.name} itself, not the ranks it starts: put xsp "
+                       f"inside it: {script.name} [its options] -m xsp run [options] -- SCRIPT [ARGS...]")
     if not script.exists() and os.sep not in command[0]:
         script = installed_command(command[0]) or script
     runs = main_file(script)
@@ -153,6 +157,10 @@ def _script_and_args(command: list[str]) -> tuple[Path, list[str]]:
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot read {script}: {exc}") from None
     return script, command[1:]
+
+
+LAUNCHERS: Final = frozenset({"torchrun"})
+"""Installed commands that start the program as new processes of their own (a job's ranks)."""
 
 
 def installed_command(name: str) -> Path | None:
