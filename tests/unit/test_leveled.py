@@ -571,6 +571,10 @@ def test_progress_says_the_run_the_round_and_the_time_left_from_the_runs_so_far(
     assert [(p.round_number, p.run_number) for p in heard] == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
     assert [p.seconds_left for p in heard] == [None, 10.0, 8.0, 6.0, 4.0, 2.0]
     assert heard[1].text() == "leveled round 1 of 3, run 2 of 2: model+layer; about 10 s left"
+    import dataclasses
+
+    almost_done = dataclasses.replace(heard[1], seconds_left=0.2)
+    assert almost_done.text().endswith("model+layer; under 1 s left")  # it said "about under 1 s"
 
 
 def test_the_budget_is_respected_and_what_it_cut_is_said():

@@ -126,7 +126,8 @@ class RunProgress:
         if self.seconds_left is not None:
             until = "" if not self.adaptive else (
                 f" for {self.rounds} rounds" if self.round_number <= self.rounds else " for this round")
-            left = f"; about {duration_text(self.seconds_left)} left{until}"
+            text = duration_text(self.seconds_left)
+            left = f"; {text if text.startswith('under') else f'about {text}'} left{until}"
         return f"leveled {rounds}, run {self.run_number} of {self.runs}: {self.label}{again}{left}"
 
 
