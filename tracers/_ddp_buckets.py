@@ -29,6 +29,7 @@ reducer takes one hook, for good), recording nothing and doing what the reducer 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -48,6 +49,9 @@ from xsp.tracers.module_calls.call_values import error_text
 
 DDP_MODULE: Final = "torch.nn.parallel.distributed"
 ALL_REDUCE: Final = "all_reduce"
+BROADCAST: Final = "broadcast"
+REGISTRATIONS: Final = frozenset({"register_comm_hook", "_register_builtin_comm_hook"})
+"""The DDP methods kept replaced once a model carries xsp's hook (the program's later registrations reach it)."""
 NOT_RECORDED_NOTE: Final = ("DDP's gradient all-reduces of a model are not recorded: the program registered its "
                             "communication hook before xsp started (the operator level records them)")
 
@@ -56,6 +60,8 @@ _patched_classes: dict[type, dict[str, Any]] = {}
 registered through them (the program's later registrations must still reach xsp's hook)."""
 _hooks: weakref.WeakKeyDictionary[Any, BucketHook] = weakref.WeakKeyDictionary()
 """The hook xsp registered on each DDP model."""
+_forwarding = threading.local()
+"""``ddp``: the DDP model whose forward the thread is in (its reducer's rebuild is that model's)."""
 _lock = threading.Lock()
 _observer: DdpBuckets | None = None
 """The session's observer (None: no session; hooks then record nothing)."""
@@ -233,15 +239,23 @@ def _patch(module: ModuleType) -> None:
     ddp_class = getattr(module, "DistributedDataParallel", None)
     if not isinstance(ddp_class, type):
         return
+    reducer_class = getattr(sys.modules.get("torch.distributed"), "Reducer", None)
+    replaced: list[tuple[type, str, Callable[[Any], Any]]] = [
+        (ddp_class, "forward", _observed_forward), (ddp_class, "register_comm_hook", _register_comm_hook),
+        (ddp_class, "_register_builtin_comm_hook", _register_builtin_comm_hook)]
+    if isinstance(reducer_class, type):
+        replaced.append((reducer_class, "_rebuild_buckets", _timed_rebuild))
     with _lock:
-        methods = _patched_classes.setdefault(ddp_class, {})
-        for name, make in (("forward", _observed_forward), ("register_comm_hook", _register_comm_hook),
-                           ("_register_builtin_comm_hook", _register_builtin_comm_hook)):
-            original = ddp_class.__dict__.get(name)
+        for owner, name, make in replaced:
+            methods = _patched_classes.setdefault(owner, {})
+            original = owner.__dict__.get(name)
             if name in methods or original is None:
                 continue
             replacement = make(original)
-            setattr(ddp_class, name, replacement)
+            try:
+                setattr(owner, name, replacement)
+            except (AttributeError, TypeError):  # a class of C that takes no attribute: not timed
+                continue
             methods[name] = (original, replacement)
 
 
@@ -249,11 +263,42 @@ def _observed_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def observed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         observer = _observer
-        if observer is not None and self not in _hooks and not dynamo_compiling():
+        if observer is None:
+            return forward(self, *args, **kwargs)
+        if self not in _hooks and not dynamo_compiling():
             observer.observe(self)
-        return forward(self, *args, **kwargs)
+        outer = getattr(_forwarding, "ddp", None)
+        _forwarding.ddp = self
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _forwarding.ddp = outer
 
     return observed_forward
+
+
+def _timed_rebuild(rebuild: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """The reducer's bucket rebuild, at a DDP model's second training forward: its broadcast of the
+    new buckets (from C++, which Python never sees) waits for every rank, one time. Recorded as a
+    ``collective`` span ``broadcast`` where it rebuilt: without it, a rank's wait there for a slow
+    one was forward time, and the slow rank's lateness at that step was blamed on the others."""
+    @functools.wraps(rebuild)
+    def rebuild_buckets(reducer: Any) -> bool:
+        observer, ddp = _observer, getattr(_forwarding, "ddp", None)
+        if observer is None or ddp is None or dynamo_compiling():
+            return rebuild(reducer)
+        start = now_ns()
+        rebuilt = rebuild(reducer)
+        if rebuilt:
+            end = now_ns()
+            try:
+                attributes = observer.collectives.describe_call(BROADCAST, None, ddp.process_group)
+                observer.buffer_of().marks.append((MarkKind.COLLECTIVE, start, end, BROADCAST, attributes, None))
+            except Exception:  # a rebuild whose broadcast cannot be described: counted, never raised
+                observer.recording.dropped["collectives"] += 1
+        return rebuilt
+
+    return rebuild_buckets
 
 
 def _register_comm_hook(register: Callable[..., Any]) -> Callable[..., Any]:
@@ -318,7 +363,7 @@ def _unpatch_unused() -> None:
         keep_registrations = len(_hooks) > 0
         for ddp_class, methods in list(_patched_classes.items()):
             for name, (original, replacement) in list(methods.items()):
-                if name != "forward" and keep_registrations:
+                if name in REGISTRATIONS and keep_registrations:
                     continue
                 if ddp_class.__dict__.get(name) is replacement:
                     setattr(ddp_class, name, original)
