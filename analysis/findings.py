@@ -13,6 +13,7 @@ import pandas as pd
 
 from xsp.analysis.evidence import Evidence, evidence_of
 from xsp.analysis.gpu import gpu_utilization
+from xsp.analysis.inputs import input_workers
 from xsp.analysis.model import step_roots
 from xsp.core import schema as col
 from xsp.core.figures import milliseconds
@@ -196,6 +197,7 @@ class Context:
             self.in_steps = np.ones(len(spans), dtype=bool)
         self._evidence = evidence
         self._usage = usage
+        self._workers: pd.DataFrame | None = None
 
     @property
     def evidence(self) -> Evidence:
@@ -211,6 +213,13 @@ class Context:
             self._usage = gpu_utilization(self.spans if not self.steps else self.spans[self.in_steps],
                                           per_stream=False)
         return self._usage
+
+    @property
+    def workers(self) -> pd.DataFrame:
+        """:func:`xsp.analysis.input_workers`: the DataLoader workers the session followed."""
+        if self._workers is None:
+            self._workers = input_workers(self.spans)
+        return self._workers
 
     def share(self, ns: float) -> float:
         return min(ns / self.step_ns, 1.0) if self.step_ns > 0 else 0.0

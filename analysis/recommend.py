@@ -71,7 +71,7 @@ from xsp.analysis.findings import (
     Severity,
     Threshold,
 )
-from xsp.analysis.inputs import epoch_turns, input_spans, input_workers
+from xsp.analysis.inputs import epoch_turns, input_spans
 from xsp.analysis.model import step_roots
 from xsp.analysis.system import gc_spans, gc_time_within
 from xsp.core import schema as col
@@ -192,14 +192,14 @@ def suggested_workers(used: int | None, cpus: int) -> int:
 def _workers_busy(ctx: Context) -> float | None:
     """How busy the DataLoader's workers were, on average (fetching, of their time alive); None
     where no worker was followed."""
-    workers = input_workers(ctx.spans)
+    workers = ctx.workers
     return float(workers["busy"].mean()) if len(workers) and int(workers["batches"].sum()) else None
 
 
 def _worker_fetches(ctx: Context) -> str:
     """What the DataLoader's workers were doing meanwhile, from their fetch spans (docs/processes.md):
     each batch's fetch time and how busy they were; empty where no worker was followed."""
-    workers = input_workers(ctx.spans)
+    workers = ctx.workers
     batches = int(workers["batches"].sum()) if len(workers) else 0
     if not batches:
         return ""
