@@ -44,6 +44,7 @@ from xsp.io.kineto_json import (
     Flow,
     FlowEnd,
     Metadata,
+    ignored_key,
     inflated_pieces,
     phase,
 )
@@ -290,7 +291,7 @@ class EventScan:
         self.rows += count
         self.events = scanner.events
         self.thread_names = {str(tid): name for tid, name in scanner.thread_names}
-        self.counts = Counter({f"ignored {what} events": n for what, n in scanner.ignored.items()})
+        self.counts = Counter({ignored_key(what): n for what, n in scanner.ignored.items()})
         if scanner.missing_times:
             self.counts[MISSING_TIMES] = scanner.missing_times
         if scanner.dropped_args:
@@ -492,14 +493,14 @@ def _complete_events(events: list[Any], categories: dict[str, int], counts: Coun
             if event.cat not in categories:
                 cat = event.cat.lower()
                 if cat not in categories:  # old traces write Kernel, Runtime...
-                    counts[f"ignored {event.cat or 'uncategorised'} events"] += 1
+                    counts[ignored_key(event.cat or 'uncategorised')] += 1
                     continue
                 event.cat = cat
             kept.append(event)
     noisy = {kind for kind in Counter(map(type, events)) if kind is not Complete and kind not in QUIET_PHASES}
     if noisy:
         skipped = Counter(event.cat or phase(event) for event in events if type(event) in noisy)
-        counts.update({f"ignored {what} events": count for what, count in skipped.items()})
+        counts.update({ignored_key(what): count for what, count in skipped.items()})
     return kept
 
 

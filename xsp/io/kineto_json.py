@@ -87,6 +87,17 @@ QUIET_PHASES = frozenset({FlowEnd, Flow, _FlowStep, Metadata})
 """Phases read but not worth reporting as ignored: flows and metadata."""
 
 
+def ignored_key(what: str) -> str:
+    """The ``not_imported`` count of the events of category (or phase) ``what`` left out."""
+    return f"ignored {what} events"
+
+
+IGNORED_WITHOUT_LOSS: Final = frozenset({ignored_key("Trace"), ignored_key("i")})
+"""``not_imported`` counts of what every PyTorch profiler file holds and nothing is lost without:
+the profiler's own span ("PyTorch Profiler (0)") and its markers ("Iteration Start", "Record
+Window End")."""
+
+
 def phase(event: Any) -> str:
     return str(getattr(event, "phase", "") or type(event).__struct_config__.tag)
 

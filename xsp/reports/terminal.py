@@ -28,6 +28,7 @@ from xsp.core import schema as col
 from xsp.core.figures import counted, milliseconds
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
+from xsp.io.kineto_json import IGNORED_WITHOUT_LOSS
 from xsp.io.loading import RANKS_APART
 from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import kernel_layers, kernel_sources
@@ -348,9 +349,6 @@ def _header(trace: Trace, console: Console) -> None:
 
 
 _LEVEL_ORDER: Final = {level.value: place for place, level in enumerate(Level)}
-KINETO_BOOKKEEPING: Final = frozenset({"ignored Trace events", "ignored i events"})
-"""What every PyTorch profiler file holds and xsp leaves out without loss: the profiler's own span
-("PyTorch Profiler (0)") and its markers ("Iteration Start", "Record Window End")."""
 
 
 def _most_first(levels: dict[str, int]) -> list[tuple[str, int]]:
@@ -365,9 +363,9 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
                   f"torch={meta.get('torch_version', '?')}")
     if meta.get("imported_from"):
         _say(console, "imported from " + middle(str(meta["imported_from"]), console.width - 16))
-        left_out = meta.get("not_imported")
-        left_out = {what: count for what, count in left_out.items() if what not in KINETO_BOOKKEEPING} if isinstance(
-            left_out, dict) else {}
+        counts = meta.get("not_imported")
+        left_out = {what: count for what, count in (counts.items() if isinstance(counts, dict) else ())
+                    if what not in IGNORED_WITHOUT_LOSS}
         if left_out:  # a profiler's memory events among them: the memory analyses have none
             _say(console, "not imported from the file: " + ", ".join(
                 f"{count:,} {what.removeprefix('ignored ')}" if isinstance(count, int) else f"{count} {what}"
