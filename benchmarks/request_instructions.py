@@ -80,9 +80,10 @@ def child(place: str, traced: bool, requests: int) -> None:
         import xsp
 
         xsp.trace(output=None, levels=("model", "layer"), sample=SAMPLE).__enter__()  # ends with the process
-    loop = asyncio.new_event_loop()
     run: Callable[[int], None]
     if place == "async":
+        loop = asyncio.new_event_loop()
+
         def run(count: int) -> None:
             for _ in range(count):
                 loop.run_until_complete(loop.create_task(request_task()))

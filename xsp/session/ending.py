@@ -167,7 +167,7 @@ def _finish(run: RunningSession, writer: TraceWriter, end_ns: int, error: str | 
                                               + ", ".join(f"{count} {what}" for what, count in sorted(cut.items()))
                                               if cut else ""))
     export = None
-    if metrics_problem is not None and not (exports and not leaves_last):
+    if metrics_problem is not None and (leaves_last or not exports):  # no export of this process's to say it
         run.warn(metrics_problem)
     if leaves_last:
         leave_last_window(run, last)
