@@ -45,8 +45,6 @@ from xsp.tracers.module_calls.call_context import dynamo_compiling
 from xsp.tracers.module_calls.call_values import error_text
 from xsp.tracers.module_calls.model_names import model_name
 
-NEXT_NAME: Final = col.INPUT_NEXT_NAME
-ITER_NAME: Final = col.INPUT_ITER_NAME
 BACKWARD_NAME: Final = "backward"
 COMPILE_NAME: Final = "torch.compile"
 GENERATION_MODULE: Final = "transformers.generation.utils"
@@ -132,14 +130,15 @@ class LoopEvents:
 
         for cls in dataloader._BaseDataLoaderIter.__subclasses__():
             if "_next_data" in cls.__dict__:
-                self._patches.append(_Patch(cls, "_next_data", self._input_wait(cls.__dict__["_next_data"], NEXT_NAME)))
+                waits = self._input_wait(cls.__dict__["_next_data"], col.INPUT_NEXT_NAME)
+                self._patches.append(_Patch(cls, "_next_data", waits))
         self._patches.append(_Patch(dataloader.DataLoader, "__iter__",
-                                    self._input_wait(dataloader.DataLoader.__dict__["__iter__"], ITER_NAME)))
+                                    self._input_wait(dataloader.DataLoader.__dict__["__iter__"], col.INPUT_ITER_NAME)))
 
     def _input_wait(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
         recording = self.recording
         buffer_of = recording.buffer
-        hands_over = name != ITER_NAME  # a next() always follows __iter__ at once: its wait hands over
+        hands_over = name != col.INPUT_ITER_NAME  # a next() always follows __iter__ at once: its wait hands over
         iterators_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         worker_pids = recording.input_worker_pids
         site_of = recording.sites.of_frame
