@@ -207,6 +207,33 @@ def test_backward_layer_spans_sit_in_their_steps_tree(training):
     assert training.metadata["dropped"] == {}
 
 
+class _Wrapper(nn.Module):
+    """Returns what the module it wraps returns, as DistributedDataParallel does."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+def test_a_wrapper_and_the_module_it_wraps_have_their_backward_nested_not_ambiguous():
+    model = _Wrapper(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    with xsp.trace(levels=("model", "layer"), output=None) as session:
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+    spans = session.trace.spans
+    backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == "backward")]
+    outer, inner = backward[backward[col.NAME] == "model.backward"], backward[backward[col.NAME] == "model.module.backward"]
+    assert len(outer) == len(inner) == 3
+    # one output, one graph node: the same interval; the forward's depth says which is outside
+    assert (outer[col.START_NS].to_numpy() == inner[col.START_NS].to_numpy()).all()
+    assert outer[col.CALL_DEPTH].tolist() == [0] * 3 and inner[col.CALL_DEPTH].tolist() == [1] * 3
+    assert inner[col.PARENT_ID].tolist() == outer[col.SPAN_ID].tolist()
+    assert session.trace.metadata["hierarchy"]["ambiguous"] == 0
+
+
 def test_shares_of_a_training_step_add_up_and_none_exceeds_the_whole(training):
     breakdown = analysis.step_breakdown(training)
     parts = breakdown[["forward_ms", "backward_ms", "optimizer_ms", "input_ms", "compile_ms", "other_ms"]]

@@ -401,8 +401,13 @@ def backward_rows(window: Window) -> pd.DataFrame:
     # a call's backward is named as its forward was (a module made inside forward() has no
     # path of its own); forward calls of earlier windows fall back to the module's path
     forward_names: dict[int, str] = {}
+    forward_depths: dict[int, int] = {}
     if len(calls) and any(len(buffer.backward_columns) for buffer in window.buffers):
-        forward_names = dict(zip(calls[col.START_NS].tolist(), calls[col.NAME].tolist()))
+        starts = calls[col.START_NS].tolist()
+        forward_names = dict(zip(starts, calls[col.NAME].tolist()))
+        # a wrapper and the module it wraps (DDP and its .module) share one output, so their
+        # backward spans share an interval: the forward's depth says which is outside
+        forward_depths = dict(zip(starts, calls[col.CALL_DEPTH].tolist()))
     frames = []
     for buffer in window.buffers:
         cols = buffer.backward_columns
@@ -440,6 +445,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
             col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
             col.END_NS: paired[col.END_NS].to_numpy(dtype=np.int64),
             col.THREAD_ID: buffer.thread_id,
+            col.CALL_DEPTH: pd.array([forward_depths.get(call) for call in paired["call"].tolist()], dtype="Int64"),
             col.NAME: backward_names,
             col.MODULE_TYPE: [f[0] for f in facts],
             col.PARAM_COUNT: [f[1] for f in facts],
