@@ -16,6 +16,9 @@ from xsp.table.sampling import step_roots as step_root_positions
 from xsp.table.walks import nearest_marked, parent_positions
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
+STEP_WORK_KINDS = (SpanKind.PREDICT.value, SpanKind.BACKWARD.value, SpanKind.OPTIMIZER.value)
+"""The model-level parts of a step whose failure fails the step, caught by the program or not:
+a training step whose backward pass raised updated nothing."""
 """Where input waits live (the model level in traces recorded before the input level)."""
 NUMBERED_STEP = re.compile(r"^(.*)#\d+$")
 """Names that number their step (Kineto's ``ProfilerStep#12``): steps of one kind."""
@@ -101,7 +104,8 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     summed over its calls made by the step itself, so that k accumulated micro-batches count k
     times, while calls made inside an optimizer step (a closure's) or a ``generate()`` count
     once; null when unknown), ``throughput_per_s`` (``batch_size / latency``; null for a step an
-    exception ended), ``status``.
+    exception ended), ``status`` (``error`` when the step's model call, backward pass or
+    optimizer step raised, even where the program caught it).
     """
     spans = spans_of(source)
     roots = step_roots(spans)
@@ -111,7 +115,7 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
         "step": roots[col.STEP].astype("Int64").to_numpy(),
         "name": roots[col.NAME].to_numpy(),
         "latency_ms": roots[col.DURATION_NS].to_numpy(dtype=np.float64) / 1e6,
-        "status": roots[col.STATUS].to_numpy(),
+        "status": _step_status(spans, roots),
     })
     out["compile_ms"] = out["step"].map(compiles).fillna(0).astype("float64").to_numpy() / 1e6
     out["latency_ms"] = out["latency_ms"] - out["compile_ms"]
@@ -124,6 +128,18 @@ def model_latency(source: Trace | pd.DataFrame) -> pd.DataFrame:
     out["throughput_per_s"] = throughput.mask(out["status"].astype(object) == Status.ERROR.value)
     return out.sort_values("step").reset_index(drop=True)[
         ["step", "name", "latency_ms", "compile_ms", "input_ms", "batch_size", "throughput_per_s", "status"]]
+
+
+def _step_status(spans: pd.DataFrame, roots: pd.DataFrame) -> np.ndarray:
+    """Each root's step's status: ``error`` where the root or a model call, backward pass or
+    optimizer step of the step failed (a ``train_step`` span itself never records an error)."""
+    status = roots[col.STATUS].to_numpy(dtype=object).copy()
+    failed = ((spans[col.LEVEL] == Level.MODEL.value) & spans[col.KIND].isin(STEP_WORK_KINDS)
+              & (spans[col.STATUS] == Status.ERROR.value)).to_numpy(dtype=bool, na_value=False)
+    if failed.any():
+        failed_steps = pd.unique(spans[col.STEP][failed].dropna())
+        status[roots[col.STEP].isin(failed_steps).to_numpy(dtype=bool, na_value=False)] = Status.ERROR.value
+    return status
 
 
 def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:

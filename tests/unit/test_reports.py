@@ -351,6 +351,36 @@ def test_failed_steps_are_counted_apart_and_left_out_of_latency_and_throughput(f
     assert max(len(line) for line in report.splitlines()) <= 80
 
 
+class _FailsBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("bad gradient")
+
+
+def test_a_training_step_whose_backward_raised_and_was_caught_is_a_failed_step():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with xsp.trace(levels="model", output=None) as session:
+        for i in range(4):
+            optimizer.zero_grad()
+            out = model(torch.randn(2, 4))
+            try:
+                (_FailsBackward.apply(out) if i == 2 else out).sum().backward()
+            except RuntimeError:
+                continue  # no update this step
+            optimizer.step()
+    latency = analysis.model_latency(session.trace)
+    assert latency["name"].tolist() == ["train_step"] * 4
+    assert latency["status"].tolist() == ["ok", "ok", "error", "ok"]
+    assert latency["throughput_per_s"].isna().tolist() == [False, False, True, False]
+    summary = analysis.model_summary(session.trace).iloc[0]
+    assert (summary["steps"], summary["failed"]) == (3, 1)
+
+
 def test_layer_tables_give_self_and_inclusive_time_per_call_and_intervals_in_percent(tmp_path):
     """One meaning per column: both layer times per call (self was a total over calls beside a
     per-call inclusive mean, so self read larger than inclusive), every 95% interval in percent (±5.0%), and
