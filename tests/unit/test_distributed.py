@@ -427,6 +427,29 @@ def test_rank_files_of_an_earlier_job_are_left_out_and_a_missing_rank_is_named(m
     assert alone.ranks == [0] and alone.metadata["missing_ranks"] == [1]
 
 
+def test_a_rank_file_with_no_spans_is_named_in_the_job_report(monkeypatch, tmp_path):
+    import pyarrow.parquet as pq
+    from rich.console import Console
+
+    from xsp.analysis.job import load_job
+    from xsp.reports.terminal import render_job_report, render_report
+
+    output = tmp_path / "job.xsp.parquet"
+    for rank in (0, 1, 2):
+        record_rank(monkeypatch, output, rank, world=3)
+    emptied = tmp_path / "job.rank1.xsp.parquet"  # as `xsp recover` leaves a rank killed before its first window
+    table = pq.read_table(emptied)
+    pq.write_table(table.slice(0, 0), emptied)
+    whole, job = xsp.load(output), load_job(output)  # `xsp report --html` reads it whole, `xsp report` not
+    for trace, render in ((whole, render_report), (job, lambda job, out: render_job_report(job, 0, whole, out))):
+        assert trace.metadata["empty_ranks"] == [1] and trace.metadata["missing_ranks"] == []
+        console = Console(width=80, record=True, color_system=None)
+        render(trace, console)
+        text = " ".join(console.export_text().split())
+        assert "the file of rank(s) 1 holds no spans" in text
+    assert "empty_ranks" not in xsp.load(tmp_path / "job.rank0.xsp.parquet").metadata
+
+
 def test_ranks_that_enter_together_have_no_straggler():
     table = analysis.stragglers(job_table(late_rank=-1, delay_ms=0.0, ranks=3))
     assert table["straggler"].isna().all() and (table["late_ms"] == 0).all()

@@ -194,6 +194,11 @@ class JobMember:
     last_end_ns: int | None
 
 
+EMPTY_RANKS: Final = "empty_ranks"
+"""The job metadata's ranks whose file holds no span (a process killed before its first window
+was written, recovered empty): counted as ranks, with nothing of theirs in any table."""
+
+
 @dataclass
 class JobLayout:
     """A job's files, by rank, and the joined trace's metadata (every rank's under ``ranks``)."""
@@ -264,7 +269,8 @@ def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
     apart = jobs == {None} and _ranks_apart(by_rank)
     first = by_rank[ranks[0]].metadata
     metadata = {**first, "ranks": {str(r): by_rank[r].metadata for r in ranks},
-                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart}
+                "files": [by_rank[r].metadata["file"] for r in ranks], "ignored_files": ignored, RANKS_APART: apart,
+                EMPTY_RANKS: [r for r in ranks if by_rank[r].first_start_ns is None]}
     return JobLayout({rank: by_rank[rank] for rank in ranks}, metadata)
 
 

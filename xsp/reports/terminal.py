@@ -29,7 +29,7 @@ from xsp.core.figures import counted, milliseconds
 from xsp.core.safe_text import one_line
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.kineto_json import IGNORED_WITHOUT_LOSS
-from xsp.io.loading import RANKS_APART
+from xsp.io.loading import EMPTY_RANKS, RANKS_APART
 from xsp.io.trace import Trace
 from xsp.record.compiled_kernels import kernel_layers, kernel_sources
 from xsp.record.sampling import DEEP_REASONS
@@ -998,6 +998,11 @@ def _communication_section(metadata: dict[str, Any], ranks: list[int], per_step:
         _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
     if ignored:
         _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
+    empty = metadata.get(EMPTY_RANKS) or []
+    if empty:
+        listed = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
+        _say(console, f"the file of rank(s) {listed} holds no spans (its process ended before its first window "
+                      "was written, or recorded nothing): the tables have nothing of it", "yellow")
     communication = analysis.communication_of_steps(per_step)
     if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
         return False
