@@ -225,7 +225,8 @@ def test_a_wrapper_and_the_module_it_wraps_have_their_backward_nested_not_ambigu
             model(torch.randn(4, 8)).sum().backward()
     spans = session.trace.spans
     backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == "backward")]
-    outer, inner = backward[backward[col.NAME] == "model.backward"], backward[backward[col.NAME] == "model.module.backward"]
+    outer = backward[backward[col.NAME] == "model.backward"]
+    inner = backward[backward[col.NAME] == "model.module.backward"]
     assert len(outer) == len(inner) == 3
     # one output, one graph node: the same interval; the forward's depth says which is outside
     assert (outer[col.START_NS].to_numpy() == inner[col.START_NS].to_numpy()).all()
