@@ -287,6 +287,86 @@ def test_requests_served_as_asyncio_tasks_each_land_in_their_own_trace():
     assert len(layers) == 30 * 4
 
 
+def test_two_endpoints_models_on_one_thread_never_share_a_step_across_requests(wrapper):
+    """A worker thread serves /classify and /embed in turn, each with its own model; a request
+    that runs both is one step. (The second model once joined the step of the request before:
+    in that request's trace, with the time between the requests in its latency.)"""
+    tracer = tracer_of()
+    classifier, embedder, x = Net(), torch.nn.Sequential(torch.nn.Linear(8, 4)), torch.randn(2, 8)
+    served = []
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=1.0) as session:
+        for i in range(12):
+            with tracer.start_as_current_span("request") as request:
+                served.append(request.get_span_context().trace_id)
+                if i % 3 == 2:  # both models in one request
+                    embedder(classifier(x)[:, :1].expand(2, 8).contiguous())
+                else:
+                    (classifier if i % 3 == 0 else embedder)(x)
+            time.sleep(0.002)  # between requests: no request's time
+    spans = session.trace.spans
+    roots = step_roots(spans).sort_values(col.START_NS)
+    assert [int(t, 16) for t in roots[col.TRACE_ID].astype(str)] == served
+    assert roots[col.NAME].tolist() == ["classifier", "embedder", "inference_step"] * 4
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert len(predicts) == 16 and (predicts.groupby(col.STEP)[col.TRACE_ID].nunique() == 1).all()
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_asyncio_requests_taking_turns_between_two_models_keep_each_call_in_its_requests_trace(pure_python,
+                                                                                                monkeypatch):
+    if pure_python:
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    tracer = tracer_of()
+    encoder, head, x = Net(), torch.nn.Linear(2, 2), torch.randn(2, 8)
+
+    async def handle() -> int:
+        with tracer.start_as_current_span("request") as request:
+            with torch.no_grad():
+                hidden = encoder(x)
+            await asyncio.sleep(0.001)  # the other requests' encoders run here
+            with torch.no_grad():
+                head(hidden)
+            return request.get_span_context().trace_id
+
+    async def serve() -> list[int]:
+        return list(await asyncio.gather(*(handle() for _ in range(8))))
+
+    with xsp.trace(levels="model,layer", output=None, sample=1.0) as session:
+        served = asyncio.run(serve())
+    spans = session.trace.spans
+    predicts = spans[spans[col.KIND] == "predict"]
+    assert len(predicts) == 16
+    by_trace = predicts.groupby(predicts[col.TRACE_ID].astype(str))[col.NAME].apply(sorted)
+    assert sorted(int(t, 16) for t in by_trace.index) == sorted(served)
+    assert by_trace.tolist() == [["encoder", "head"]] * 8
+
+
+def test_operators_between_requests_model_calls_never_land_in_another_requests_trace():
+    """A request's input and output operators run outside its model call: the next request's
+    input once joined the step of the request before, in that request's trace."""
+    tracer = tracer_of()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    ran_in: list[tuple[int, int, int]] = []
+    with torch.no_grad(), xsp.trace(levels="model,layer,operator", output=None, sample=1.0) as session:
+        for i in range(8):
+            with tracer.start_as_current_span("request") as request:
+                began = time.time_ns()
+                x = torch.randn(1, 8) * (i + 1)  # the request's input: operators before its model call
+                model(x).softmax(-1)  # and after it
+                ran_in.append((request.get_span_context().trace_id, began, time.time_ns()))
+            time.sleep(0.005)  # between requests: what runs in the next lies well after this one
+    spans = session.trace.spans
+    operators = spans[spans[col.LEVEL] == "operator"]
+    windows = {format(trace, "032x"): (began, ended) for trace, began, ended in ran_in}
+    requested = operators[operators[col.TRACE_ID].astype(str).isin(windows)]
+    assert len(requested) > 0
+    for trace, start in zip(requested[col.TRACE_ID].astype(str), requested[col.START_NS]):
+        began, ended = windows[trace]
+        assert began - 1_000_000 <= start <= ended + 1_000_000  # in its own request (the clocks are two)
+    randn = operators[operators[col.NAME] == "aten::randn"]
+    assert len(randn) == 8 and not randn[col.TRACE_ID].astype(str).isin(windows).any()  # the session's
+
+
 def test_a_slow_step_arms_deep_recording_of_the_next_steps(wrapper):
     model, x = Sometimes(), torch.randn(2, 4)
     # steps of 2 ms, one of 300 ms: only the one can pass 20 times the median, on a busy machine too

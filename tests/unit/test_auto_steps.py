@@ -22,7 +22,7 @@ class Loop:
 
     def __init__(self) -> None:
         self.decided: list[int] = []
-        recording = SimpleNamespace(on_long_step=self.decided.append, long_step_ns=0)
+        recording = SimpleNamespace(on_long_step=self.decided.append, long_step_ns=0, sampler=None)
         self.buffer = SimpleNamespace(marks=[], open_steps=0, depth=0, recording=recording, optimizer_starts=[])
         self.steps = AutoSteps(self.buffer)  # type: ignore[arg-type]
         self.now = BASE

@@ -47,6 +47,7 @@ class Thread:
         self.decided_ns = 0
         self.step_limit = 0
         self.step_operators = True
+        self.step_trace: int | None = None
 
 
 def sampler_on(core: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> StepSampler:
@@ -110,6 +111,24 @@ def test_the_c_core_decides_as_its_python_twin(monkeypatch, tracer):
     assert {operators for limit, operators in c_run["limits"] if limit == -1} == {False}
     assert {operators for limit, operators in c_run["limits"] if limit == 1} == {False}
     assert {operators for limit, operators in c_run["limits"] if limit == 0} == {False, True}
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_a_step_keeps_its_requests_trace_and_another_requests_span_is_told_apart(core, monkeypatch, tracer):
+    sampler, thread = sampler_on(core, monkeypatch), Thread()
+    with tracer(True).start_as_current_span("request") as request:
+        sampler.step_begins(thread, 1_000)
+        assert thread.step_trace == request.get_span_context().trace_id
+        assert not sampler.core.other_request(thread)
+        with tracer(True).start_as_current_span("postprocess"):  # a span of the same request
+            assert not sampler.core.other_request(thread)
+    with tracer(True).start_as_current_span("next request"):
+        assert sampler.core.other_request(thread)
+    assert sampler.core.other_request(thread)  # no request now, one then
+    sampler.step_begins(thread, 2_000)
+    assert thread.step_trace is None and not sampler.core.other_request(thread)
+    with tracer(False).start_as_current_span("unsampled request"):
+        assert sampler.core.other_request(thread)
 
 
 def test_the_c_core_reads_the_current_span_as_opentelemetry_does_on_threads_and_tasks(tracer):

@@ -68,8 +68,8 @@ class ThreadBuffer:
         "hot_module", "hot_module_id", "hot_inputs", "hot_inputs_id", "hot_outputs", "hot_outputs_id",
         "hot2_module", "hot2_module_id", "hot2_inputs", "hot2_inputs_id", "hot2_outputs", "hot2_outputs_id",
         "modules", "descriptors", "strings", "module_ids", "descriptor_ids", "intern_module", "intern_descriptor",
-        "site_of", "site_scopes", "step_limit", "step_operators", "decided_ns", "step_notes", "packed_notes",
-        "_lock",
+        "site_of", "site_scopes", "step_limit", "step_operators", "decided_ns", "step_trace", "step_notes",
+        "packed_notes", "_lock",
     )
 
     call_columns = MadeOnFirstUse(CallColumns)
@@ -102,6 +102,10 @@ class ThreadBuffer:
         (:meth:`Recording.gate_operators`)."""
         self.decided_ns = 0
         """Start of the automatic step whose depth was last decided on this thread."""
+        self.step_trace: int | None = None
+        """The trace id of the application's span (a request's) current where that step began
+        (None: none was): another model's call under another request's span begins a step of its
+        own instead of joining it (an always-on session's; :meth:`StepCore.other_request`)."""
         self.step_notes: list[tuple[int, ...]] = []
         """What an always-on session decided of this thread's steps (:mod:`xsp.record.sampling`)."""
         self.packed_notes = notes_buffer()

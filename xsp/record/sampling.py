@@ -129,6 +129,7 @@ class NotedThread(Protocol):
     """The thread a decision is made for (:class:`xsp.record.recording.ThreadBuffer`)."""
 
     step_notes: list[tuple[int, ...]]
+    step_trace: int | None
 
 
 class SteppingThread(NotedThread, Protocol):
@@ -250,6 +251,11 @@ class StepCore(Protocol):
 
     def ambient_span(self) -> tuple[int | None, int | None, bool]: ...
 
+    def other_request(self, buffer: NotedThread, /) -> bool:
+        """Whether the application's span current now belongs to another trace than the one
+        current where ``buffer``'s open step began (``buffer.step_trace``)."""
+        ...
+
     def counts(self) -> list[int]: ...
 
 
@@ -318,6 +324,9 @@ class PySamplerCore:
             return None, None, True
         return (None, None, True) if current is None else (current[0], current[1], bool(current[2]))
 
+    def other_request(self, buffer: NotedThread) -> bool:
+        return self.ambient_span()[0] != buffer.step_trace
+
     def step_begins(self, buffer: SteppingThread, time_ns: int, before_ns: int = 0) -> None:
         if before_ns > 0:
             self.step_ended(before_ns, buffer)
@@ -330,6 +339,7 @@ class PySamplerCore:
     def depth(self, buffer: NotedThread, time_ns: int) -> tuple[int, bool]:
         """The step's limit, and whether it records operators (what :meth:`decide` decides)."""
         trace_id, span_id, request_sampled = self.ambient_span()
+        buffer.step_trace = trace_id
         plan, limit, operators = -1, MODEL_ONLY_LIMIT, False
         if not request_sampled:
             reason = _NOT_SAMPLED

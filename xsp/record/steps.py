@@ -19,7 +19,9 @@ step, so a step must be what they think of as one iteration:
   (``optimizer.step(closure)``, LBFGS) is one step per ``step()``: the model calls of its closure
   are inside it and decide nothing.
 * **inference**: the first model called leads. Each of its calls starts a step; other models
-  called before its next call (a head after its encoder) join that step, and an input wait
+  called before its next call (a head after its encoder) join that step (in an always-on
+  session, only under the same request's trace: a call under another request's span begins a
+  step of its own), and an input wait
   (a DataLoader's ``next()``) before the leading call belongs to its step. A model called
   :data:`HANDOVER_CALLS` times without the leader (a second loop over another model, the
   quantized one after the float one) leads from its first of those calls on.
@@ -162,6 +164,14 @@ class AutoSteps:
         """True while this thread has records that belong to a step not yet decided."""
         return self.type is not _NONE or self.wait_ns != 0
 
+    def _other_request(self) -> bool:
+        """Another model's call is under another request's span than the open step (an
+        always-on session's, which joins each step to its request's trace): it begins a step of
+        its own, in its own request's trace, instead of joining the step of the request before
+        (two endpoints' models on one worker thread, or asyncio tasks taking turns)."""
+        sampler = self._buffer.recording.sampler
+        return sampler is not None and bool(sampler.other_request(self._buffer))
+
     def _suspended(self) -> bool:
         return bool(self._buffer.open_steps or self.nested or self._buffer.depth)
 
@@ -221,7 +231,7 @@ class AutoSteps:
                 decided = self._finish(self.last_end_ns)
             if leads and self.waited:
                 self.waited, self.python_decides = False, bool(self.tentative)
-        elif kind is _INFERENCE and (training or module_id == self.leader):
+        elif kind is _INFERENCE and (training or module_id == self.leader or self._other_request()):
             decided = self._finish(self.last_end_ns)
         elif kind is _INFERENCE:
             joined = self._joins(module_id, start_ns)

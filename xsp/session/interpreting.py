@@ -162,7 +162,7 @@ class WindowInterpreter:
                              step_numbers=window.step_numbers,
                              step_notes=StepNotes.of(window.buffers, self.host_to_epoch_ns, self.depth_plans))
         for thread_id in window.ended_thread_ids:  # no later window has spans of theirs
-            self.state.latest_step.pop(thread_id, None)
+            self.state.forget_thread(thread_id)
         if self.rank is not None:
             result.spans[col.RANK] = pd.array(np.full(len(result.spans), self.rank.rank), dtype="Int64")
         if self.latency is not None:

@@ -5,7 +5,8 @@
 * A span belongs to the step of its root. A root that is not a step (a backward pass
   after a forward, on the same thread) joins the latest step its thread started before it,
   else the step running on another thread when it started (autograd and NCCL threads), whose
-  root becomes its parent;
+  root becomes its parent; a step in a request's trace (an always-on session's) takes no root
+  that began after it ended (the next request's input, before its model call);
   model-level roots outside every step (``xsp.span("preprocess")`` before the model call),
   and garbage collections outside every step, hang from the session span in the session's own
   trace, with no step.
@@ -84,6 +85,8 @@ class StepState:
     """Steps numbered so far."""
     latest_step: dict[int, tuple[int, int, str]] = field(default_factory=dict)
     """Per thread, the latest step's (start_ns, step, trace id)."""
+    request_step_ends: dict[int, int] = field(default_factory=dict)
+    """Per thread, where the latest step ended, when it joined a request's trace."""
     occurrences: tuple[np.ndarray, np.ndarray, np.ndarray] = field(default_factory=lambda: (
         np.zeros(0, dtype=object), np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64)))
     """For ``path``: the scopes, names and counts to go on from, of the names seen so far below
@@ -105,6 +108,11 @@ class StepState:
     recent_owners: dict[tuple[int, int], tuple[int, Any, str]] = field(default_factory=dict)
     """Those of the last two windows, for CUDA records that come late (:mod:`xsp.table.late_records`)."""
     recent_launches: dict[int, tuple[int, Any, str]] = field(default_factory=dict)
+
+    def forget_thread(self, thread_id: int) -> None:
+        """A thread ended: no later window has spans of its to place in its latest step."""
+        self.latest_step.pop(thread_id, None)
+        self.request_step_ends.pop(thread_id, None)
 
 
 @dataclass
@@ -205,17 +213,24 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     below_model = loose[~(spans[col.LEVEL].iloc[loose].isin(ROOT_LEVELS).to_numpy(dtype=bool)
                           | spans[col.KIND].iloc[loose].isin(ROOT_KINDS).to_numpy(dtype=bool))]
     found = _latest_step_on_thread(step_roots, threads, starts, below_model)
-    hit = found >= 0
+    # a step in a request's trace takes no work after it: a service's next request begins there
+    # (its input's operators, before its model call), and the request's own post-processing is
+    # no part of the step's tree either; the session's trace keeps both
+    in_request = np.zeros(count, dtype=bool)
+    in_request[step_roots] = [request_trace is not None for request_trace in joined]
+    hit = (found >= 0) & ~(in_request[np.maximum(found, 0)] & (starts[below_model] > ends[np.maximum(found, 0)]))
     step_of[below_model[hit]] = step_of[found[hit]]
     trace_of[below_model[hit]] = trace_of[found[hit]]
     # without a step anywhere (an import of a trace with none), no root below the model level
     # can be placed in one: skip the loop, one lookup a root
-    unplaced_roots = below_model[~hit] if len(step_roots) or state.latest_step else below_model[:0]
+    unplaced_roots = below_model[~hit & (found < 0)] if len(step_roots) or state.latest_step else below_model[:0]
     running_steps = running_step_roots(step_roots, starts, ends, starts[unplaced_roots])
     for root, running in zip(unplaced_roots.tolist(), running_steps.tolist()):
-        prior = state.latest_step.get(int(threads[root]))
+        thread = int(threads[root])
+        prior = state.latest_step.get(thread)
         if prior is not None and prior[0] <= starts[root]:
-            step_of[root], trace_of[root] = prior[1], traces.code(prior[2])
+            if starts[root] <= state.request_step_ends.get(thread, starts[root]):
+                step_of[root], trace_of[root] = prior[1], traces.code(prior[2])
             continue
         if running >= 0:  # work on a helper thread (autograd, NCCL) during another thread's step
             step_of[root], trace_of[root] = step_of[running], trace_of[running]
@@ -228,9 +243,13 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     for root in latest.tolist():
         state.latest_step[int(threads[root])] = (int(starts[root]), int(step_of[root]),
                                                    traces.values[trace_of[root]])
+        if in_request[root]:
+            state.request_step_ends[int(threads[root])] = int(ends[root])
+        else:
+            state.request_step_ends.pop(int(threads[root]), None)
     if len(step_roots):
         state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
-    del threads, loose, below_model, found, hit
+    del threads, loose, below_model, found, hit, in_request
     inside = parents.copy()
     inside[inside == count] = NONE
     top = root_of(inside)

@@ -280,6 +280,7 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
         if (gate != NULL && PyLong_CheckExact(gate)) pause_operators = (operator_pause_function)PyLong_AsVoidPtr(gate);
         PyErr_Clear();
     }
+    plan.sampler = sampler;
     int laned = takes_lane(self, steps, module, plan.grad, plan.recording_dict, &plan);
     if (!laned) plan.step_start_ns = plan.step_end_ns = 0;
     int planned = laned ? laned : plan_call(self, buffer, module, &plan);

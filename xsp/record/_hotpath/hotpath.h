@@ -105,7 +105,7 @@ typedef struct {
     Py_ssize_t depth, steps, aside, roots, calls, descriptor_ids, module_ids, skipping, open_steps, marks,
         optimizer_starts, packed_calls, packed_roots, hot_module, hot_module_id, hot_inputs, hot_inputs_id, hot_outputs,
         hot_outputs_id, hot2_module, hot2_module_id, hot2_inputs, hot2_inputs_id, hot2_outputs, hot2_outputs_id, site_scopes, step_limit,
-        step_operators, decided_ns, step_notes, packed_notes;
+        step_operators, decided_ns, step_trace, step_notes, packed_notes;
 } BufferSlots;
 typedef struct {
     Py_ssize_t lane, lane_grad, start_ns, last_end_ns, type, closed_ns, leader, pieces, nested, trained, wait_ns,
@@ -285,6 +285,7 @@ typedef struct {
 
 typedef struct {
     PyObject *steps, *recording_dict;
+    PyObject *sampler;  /* the recording's (borrowed): None outside an always-on session */
     int grad;
     /* the plan */
     int finish, marked, opens, lane, joins;
@@ -447,6 +448,7 @@ extern PyTypeObject StepEventsType;
 extern PyTypeObject SamplerCoreType;
 int sampler_core_ready(void);
 int is_sampler_core(PyObject *obj);
+int sampler_other_request(PyObject *core, PyObject *buffer, const BufferSlots *slots);
 /* slots: where `buffer`, a ThreadBuffer, keeps what the sampler reads and writes; steps: the
  * buffer's steps, an AutoSteps whose slots are steps_slots. NULL, NULL, NULL: any object with
  * those attributes. */

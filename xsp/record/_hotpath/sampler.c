@@ -44,7 +44,7 @@ typedef struct {
     PyObject *on_slow;   /* (duration_ns, buffer) -> None */
 } SamplerCore;
 
-static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context,
+static PyObject *s_decided_ns, *s_step_limit, *s_step_operators, *s_step_trace, *s_step_notes, *s_steps, *s_start_ns, *s_get_span_context,
     *s_span_context_field;
 
 static uint64_t next_draw(SamplerCore *self) {  /* splitmix64 */
@@ -293,6 +293,13 @@ static long long decide(SamplerCore *self, PyObject *buffer, PyObject *time, int
     *failed = 0;
     *operators = 0;
     ambient_span(self, &trace, &span_id, &sampled);
+    /* the step's request, which another model's call must share to join the step (other_request) */
+    if (set_field(buffer, slots ? &slots->step_trace : NULL, s_step_trace, trace ? trace : Py_None) < 0) {
+        Py_XDECREF(trace);
+        Py_XDECREF(span_id);
+        *failed = 1;
+        return MODEL_ONLY_LIMIT;
+    }
     int reason = REASON_MODEL_ONLY;
     if (!sampled) {
         reason = REASON_NOT_SAMPLED;
@@ -403,6 +410,26 @@ int sampler_step_begins(PyObject *core, PyObject *buffer, PyObject *time, long l
 
 int is_sampler_core(PyObject *obj) { return Py_IS_TYPE(obj, &SamplerCoreType); }
 
+/* PySamplerCore.other_request: 1 when the request span current now is of another trace than
+ * buffer.step_trace (a probe that fails reads as no request), 0 when not, -1 on error. */
+int sampler_other_request(PyObject *core, PyObject *buffer, const BufferSlots *slots) {
+    PyObject *trace, *span_id;
+    int sampled;
+    ambient_span((SamplerCore *)core, &trace, &span_id, &sampled);
+    Py_XDECREF(span_id);
+    PyObject *stored = field(buffer, slots ? &slots->step_trace : NULL, s_step_trace);
+    if (stored == NULL) {
+        Py_XDECREF(trace);
+        return -1;
+    }
+    int other;
+    if (trace == NULL || stored == Py_None) other = (trace == NULL) != (stored == Py_None);
+    else other = PyObject_RichCompareBool(trace, stored, Py_NE);
+    Py_XDECREF(trace);
+    Py_DECREF(stored);
+    return other;
+}
+
 /* Python methods ------------------------------------------------------------------------ */
 
 static PyObject *core_step_begins(SamplerCore *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -467,6 +494,11 @@ static PyObject *core_note(SamplerCore *self, PyObject *const *argv, Py_ssize_t 
 
 static PyObject *core_draw(SamplerCore *self, PyObject *unused) { return PyFloat_FromDouble(draw_unit(self)); }
 
+static PyObject *core_other_request(SamplerCore *self, PyObject *buffer) {
+    int other = sampler_other_request((PyObject *)self, buffer, NULL);
+    return other < 0 ? NULL : PyBool_FromLong(other);
+}
+
 static PyObject *core_ambient_span(SamplerCore *self, PyObject *unused) {
     PyObject *trace, *span_id;
     int sampled;
@@ -507,6 +539,8 @@ static PyMethodDef core_methods[] = {
     {"note", (PyCFunction)(void (*)(void))core_note, METH_FASTCALL,
      "note(buffer, time_ns, reason, trace_id, span_id, plan): note and count a decision made elsewhere."},
     {"draw", (PyCFunction)core_draw, METH_NOARGS, "draw() -> the next uniform draw in [0, 1)."},
+    {"other_request", (PyCFunction)core_other_request, METH_O,
+     "other_request(buffer) -> whether the current OpenTelemetry span is of another trace than buffer.step_trace."},
     {"ambient_span", (PyCFunction)core_ambient_span, METH_NOARGS,
      "ambient_span() -> (trace id or None, span id or None, sampled) of the current OpenTelemetry span."},
     {"counts", (PyCFunction)core_counts, METH_NOARGS, "counts() -> steps decided so far, by reason code."},
@@ -620,6 +654,7 @@ int sampler_core_ready(void) {
     INTERN_OR_FAIL(s_decided_ns, "decided_ns");
     INTERN_OR_FAIL(s_step_limit, "step_limit");
     INTERN_OR_FAIL(s_step_operators, "step_operators");
+    INTERN_OR_FAIL(s_step_trace, "step_trace");
     INTERN_OR_FAIL(s_step_notes, "step_notes");
     INTERN_OR_FAIL(s_steps, "steps");
     INTERN_OR_FAIL(s_start_ns, "start_ns");

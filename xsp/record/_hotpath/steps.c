@@ -67,7 +67,7 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
     void *lane_module = PyLong_AsVoidPtr(lane);
     void *leader_module = leader == Py_None ? NULL : PyLong_AsVoidPtr(leader);
     if (PyErr_Occurred()) return -1;
-    int is_leader = leader_module == (void *)module, grad = plan->grad;
+    int is_leader = leader_module == (void *)module, grad = plan->grad, other = 0;
     if (!is_leader && lane_module != (void *)module) {
         PyObject *names = PyDict_GetItemWithError(dict, s_model_names);
         if (names == NULL || !PyDict_Check(names)) return PyErr_Occurred() ? -1 : 0;
@@ -93,6 +93,12 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
         }
     } else if (type == self->step_inference && (grad || is_leader)) {
         plan->finish = FINISH_AT_LAST_END;
+    } else if (type == self->step_inference && plan->sampler != Py_None
+               && (!is_sampler_core(plan->sampler)
+                   || (other = sampler_other_request(plan->sampler, buffer, &self->buffer_slots)) != 0)) {
+        if (other < 0) return -1;
+        if (!other) return 0;  /* a sampler C cannot ask: Python decides */
+        plan->finish = FINISH_AT_LAST_END;  /* under another request's span: a step of its own (AutoSteps._other_request) */
     } else if (type == self->step_inference) {
         /* another model joins the step (AutoSteps._joins): its first call since the leader's is
          * noted here; a second one in a row (the leader no longer called) is Python's to count */
