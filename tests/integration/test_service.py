@@ -44,10 +44,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def request(port: int, method: str, path: str, body: str | None = None) -> tuple[int, bytes]:
+def request(port: int, method: str, path: str, body: str | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
         answer = connection.getresponse()
         return answer.status, answer.read()
     finally:
@@ -231,6 +232,47 @@ def test_a_request_trace_pulled_from_jaeger_holds_the_file_spans_of_that_request
             root = mine[mine[col.PARENT_ID].isna()]
             assert int(root[col.REMOTE_PARENT_ID].iloc[0]) in set(others[col.SPAN_ID])  # the HTTP server span
             assert (others[col.KIND] == col.SpanKind.USER.value).all()
+
+
+@pytest.mark.heavy  # a service, and Jaeger's stand-in
+def test_a_services_requests_pulled_by_service_or_session_all_come_back_with_nothing_said_missing(tmp_path):
+    """Step roots sent into their requests' traces link to the session as other step roots do:
+    a pull of the service counts them as the session's (it once said nearly all were missing, and
+    kept the session's own trace alone), and a request whose client sent a traceparent is no cut
+    trace (its HTTP span's parent is the caller's)."""
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with JaegerStandIn() as jaeger:
+        server = Server(tmp_path, XSP_BENCH_SAMPLE="1.0", OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.query,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        try:
+            for i in range(6):
+                headers = {"traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01"} if i == 0 else None
+                assert request(server.port, "POST", "/predict" if i % 2 else "/predict_async", TOKENS,
+                               headers)[0] == 200
+        finally:
+            code, err = server.stop()
+        assert code == 0, err
+        spans = xsp.load(server.output).spans
+        roots = spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()]
+        assert len(roots) == 6 and caller_trace in set(roots[col.TRACE_ID].astype(str))
+        session_trace = str(spans.loc[spans[col.KIND] == col.SpanKind.SESSION.value, col.TRACE_ID].iloc[0])
+        for extra in ([], ["--session", session_trace]):
+            pulled_file = tmp_path / "pulled.xsp.parquet"
+            cli = subprocess.run([sys.executable, "-m", "xsp", "pull", "--service", "xsp-bench-service", "--jaeger",
+                                  jaeger.query, "--since", "1h", "-o", str(pulled_file), *extra],
+                                 capture_output=True, text=True, timeout=120)
+            assert cli.returncode == 0, cli.stderr
+            assert "missing" not in cli.stderr and "cut" not in cli.stderr, cli.stderr
+            pulled = xsp.load(pulled_file)
+            ours = pulled.spans[pulled.spans[col.SPAN_ID].isin(spans[col.SPAN_ID])]
+            assert len(ours) == len(spans)  # every span of the session, the requests' included
+            assert set(roots[col.TRACE_ID].astype(str)) <= set(pulled.spans[col.TRACE_ID].astype(str))
+            report = pulled.metadata["pulled_from"]["report"]
+            assert report["missing"] == {} and report["truncated_traces"] == 0
+            assert pulled.metadata["pulled_from"]["session"] == (extra[1] if extra else None)
+            entry = pulled.spans[(pulled.spans[col.TRACE_ID].astype(str) == caller_trace)
+                                 & pulled.spans[col.PARENT_ID].isna() & pulled.spans[col.STEP].isna()]
+            assert int(entry[col.REMOTE_PARENT_ID].iloc[0]) == 0x00F067AA0BA902B7  # the caller's span
 
 
 @pytest.mark.heavy  # a service and two captures

@@ -56,6 +56,16 @@ def field(tag: int, payload: bytes) -> bytes:
     return bytes([tag]) + varint(len(payload)) + payload
 
 
+def request_roots(spans: pd.DataFrame) -> np.ndarray:
+    """The step roots sent as a request span's children (:func:`xsp.export.otlp.under_request_spans`):
+    they link to the session span as every other step root does, so that a session's steps in its
+    requests' traces are found from it (``xsp pull --session``, and in Jaeger)."""
+    if col.REMOTE_PARENT_ID not in spans:
+        return np.zeros(len(spans), dtype=bool)
+    remote = spans[col.REMOTE_PARENT_ID]
+    return (remote.notna() & (spans[col.PARENT_ID] == remote)).to_numpy(dtype=bool, na_value=False)
+
+
 class SpanColumns:
     """A span table made ready for the C encoder: its columns as arrays, what repeats encoded once.
 
@@ -93,7 +103,8 @@ class SpanColumns:
         self.linked = np.zeros(count, dtype=np.uint8)
         if session is not None:
             self.link = self._link(session)
-            self.linked = ((self.has_parent == 0) & (kinds != col.SpanKind.SESSION.value)).astype(np.uint8)
+            self.linked = (((self.has_parent == 1) & request_roots(spans) | (self.has_parent == 0))
+                           & (kinds != col.SpanKind.SESSION.value)).astype(np.uint8)
         self.columns: list[tuple[bytes, int, np.ndarray, np.ndarray, list[bytes] | None]] = []
         """What the C encoder reads, per attribute: its KeyValue key field, type, values, presence, AnyValue table."""
         self.column_texts: list[tuple[str, list[str] | None]] = []

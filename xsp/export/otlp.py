@@ -45,7 +45,7 @@ from xsp.export.delivery import (
     make_exporter,
     sdk_messages_into,
 )
-from xsp.export.encoding import EncodedBatch, SpanColumns, resource_and_scope
+from xsp.export.encoding import EncodedBatch, SpanColumns, request_roots, resource_and_scope
 from xsp.export.target import OtlpTarget
 from xsp.table.walks import depth_of, parent_positions
 
@@ -205,6 +205,7 @@ def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[lis
     parent_ids = spans[col.PARENT_ID].astype(object).where(spans[col.PARENT_ID].notna(), None).tolist()
     errors = (spans[col.STATUS] == col.Status.ERROR.value).fillna(False).tolist()
     messages = spans[col.STATUS_MESSAGE].astype(object).where(spans[col.STATUS_MESSAGE].notna(), None).tolist()
+    joined = request_roots(spans)
     contexts: dict[int, Any] = {}
     for i in _parents_first(spans).tolist():
         trace_id = int(trace_ids[i], 16)
@@ -213,7 +214,7 @@ def build_sdk_spans(spans: pd.DataFrame, resource: Resource, sink: Callable[[lis
         if parent_id is None:
             parent_context, links = None, ([] if kinds[i] == col.SpanKind.SESSION.value else session_link)
         else:
-            parent_context, links = contexts.get(parent_id), []
+            parent_context, links = contexts.get(parent_id), session_link if joined[i] else []
             if parent_context is None:
                 parent = SpanContext(trace_id, int(parent_id), is_remote=False, trace_flags=sampled)
                 parent_context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))

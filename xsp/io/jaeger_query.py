@@ -229,7 +229,7 @@ class Collected:
 
     rows: dict[str, list[Any]] = field(default_factory=lambda: {name: [] for name in (
         col.TRACE_ID, col.SPAN_ID, col.PARENT_ID, col.NAME, col.START_NS, col.END_NS, col.STATUS,
-        col.STATUS_MESSAGE, "links", "attrs")})
+        col.STATUS_MESSAGE, "links", "attrs", "ours")})
     seen: set[int] = field(default_factory=set)
     resources: list[dict[str, Any]] = field(default_factory=list)
     report: PullReport = field(default_factory=PullReport)
@@ -276,6 +276,7 @@ class Collected:
                     if isinstance(sent, str):
                         self._note_sent(trace_id, sent, start_ns, end_ns)
                     rows["attrs"].append(attributes)
+                    rows["ours"].append(col.ATTR_LEVEL in attributes)
         return trace_ids
 
     def _note_sent(self, trace_id: str, text: str, start_ns: int, end_ns: int) -> None:
@@ -292,10 +293,12 @@ class Collected:
         return {link for links in self.rows["links"] for link in links if link is not None}
 
     def came_back(self, session: str) -> tuple[int, int]:
-        """Traces and spans read of one session: its own trace, and those that link to it."""
+        """Traces and spans read of one session: its own trace, and those that link to it (a
+        step's own trace, or the request's trace it joined); of the spans, xsp's alone (a request's
+        trace holds the application's too)."""
         rows = self.rows
         traces = {session} | {trace for trace, links in zip(rows[col.TRACE_ID], rows["links"]) if session in links}
-        return len(traces), sum(trace in traces for trace in rows[col.TRACE_ID])
+        return len(traces), sum(trace in traces and ours for trace, ours in zip(rows[col.TRACE_ID], rows["ours"]))
 
     def short(self, start_ns: int, end_ns: int) -> dict[str, tuple[int, int, int, int]]:
         """Sessions that ran within ``start_ns``..``end_ns`` of which fewer traces or spans came
@@ -349,11 +352,19 @@ class Collected:
 def _under_remote_parents(spans: pd.DataFrame, ours: np.ndarray) -> pd.DataFrame:
     """xsp's spans as their file holds them: a step's root exported as the child of a span of the
     application's own instrumentation (its request's span, :data:`~xsp.core.schema.REMOTE_PARENT_ID`)
-    is a root again, with that span as its remote parent; the application's spans stay, as they came."""
-    if ours.all() or not ours.any():
+    is a root again, with that span as its remote parent; the application's spans stay, as they
+    came, but for the first of a trace whose parent is not in it, whose parent is remote too."""
+    if ours.all():
         return spans
     parents = spans[col.PARENT_ID]
     remote = ours & parents.isin(spans.loc[~ours, col.SPAN_ID]).to_numpy(dtype=bool)
+    # the application's first span of a trace whose parent is not in it: the caller's span (a
+    # request whose client sent a traceparent), as much a remote parent as a request's for a step
+    missing = (~ours & parents.notna().to_numpy(dtype=bool)
+               & ~parents.isin(spans[col.SPAN_ID]).to_numpy(dtype=bool))
+    if missing.any():
+        first_start = spans.groupby(col.TRACE_ID, observed=True)[col.START_NS].transform("min")
+        remote |= missing & (spans[col.START_NS] == first_start).to_numpy(dtype=bool)
     if remote.any():
         spans[col.REMOTE_PARENT_ID] = spans[col.REMOTE_PARENT_ID].mask(remote, parents)
         spans[col.PARENT_ID] = parents.mask(remote)
@@ -427,11 +438,12 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
                 break
     spans, metadata = collected.table()
     short = collected.short(start, end) if trace_id is None and not attributes else {}
-    report.missing = {session: {"traces": sent - read, "spans": sent_spans - read_spans}
-                      for session, (read, sent, read_spans, sent_spans) in short.items()}
-    for session, (read, sent, read_spans, sent_spans) in short.items():
+    report.missing = {short_session: {"traces": sent - read, "spans": sent_spans - read_spans}
+                      for short_session, (read, sent, read_spans, sent_spans) in short.items()}
+    for short_session, (read, sent, read_spans, sent_spans) in short.items():
         warn(XspWarning(
-            f"only {read} of the {sent} traces ({read_spans} of {sent_spans} spans) session {session} sent came back "
+            f"only {read} of the {sent} traces ({read_spans} of {sent_spans} spans) session {short_session} sent "
+            "came back "
             f"from {jaeger}, even split into ranges of single answers: {sent - read} traces ({sent_spans - read_spans} "
             "spans) are missing (a server that caps its answers, or spans it dropped or has not stored yet); the "
             "trace file the run wrote has them all"))
