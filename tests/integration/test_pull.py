@@ -164,6 +164,18 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
         pull("pulled", "http://127.0.0.1:9")
     with _other_server() as address, pytest.raises(JaegerError, match="does not answer as Jaeger's query API"):
         pull("pulled", address)  # a 404 page of some other server is no "no traces"
+    for url in ("ftp://127.0.0.1:16686", "notaurl", "http://"):  # refused at once, not after a timeout
+        with pytest.raises(ValueError, match="an http:// or https:// URL with a host"):
+            pull("pulled", url)
+    for arguments, said in ((["--jaeger", "notaurl"], "an http:// or https:// URL with a host"),
+                            (["-o", str(tmp_path / "x.json")], "names a .json file")):
+        options = {"--jaeger": "http://127.0.0.1:9", "-o": str(tmp_path / "x.xsp.parquet")}
+        options.update(zip(arguments[::2], arguments[1::2]))
+        cli = subprocess.run([sys.executable, "-m", "xsp", "pull", "--service", "s",
+                              *(word for pair in options.items() for word in pair)],
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 2 and said in cli.stderr and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+        assert not list(tmp_path.glob("x.*"))
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from xsp.cli._common import CliError, check_output, error_console, progress
+from xsp.core.options import checked_output_name
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -76,6 +77,7 @@ def run(options: argparse.Namespace) -> int:
             raise CliError(f"--attr: KEY=VALUE, not {item!r}")
         attributes[key] = value
     check_output(options.output, "")
+    checked_output_name(options.output, "-o")  # (a ValueError: the one line main() says)
     with progress(f"reading from {options.jaeger}") as say:
         trace = pull(options.service, options.jaeger, start_ns=start_ns, end_ns=end_ns, since_s=since_s,
                      trace_id=options.trace, session=options.session, attributes=attributes)

@@ -390,8 +390,13 @@ def pull(service: str | None = None, jaeger: str = DEFAULT_JAEGER, *, start_ns: 
 
     Raises:
         JaegerError: Jaeger cannot be reached, or refused the query.
-        ValueError: a range or an id that cannot be asked for.
+        ValueError: a range or an id that cannot be asked for, or a URL that is no Jaeger's
+            (not http:// or https:// with a host).
     """
+    address = urllib.parse.urlsplit(jaeger)
+    if address.scheme.lower() not in ("http", "https") or not address.netloc:
+        raise ValueError(f"Jaeger's query API is an http:// or https:// URL with a host (such as {DEFAULT_JAEGER}), "
+                         f"not {jaeger!r}")
     collected = Collected()
     report = collected.report
     now_ns = int(datetime.now(tz=timezone.utc).timestamp() * 1e9)
