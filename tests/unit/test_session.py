@@ -435,6 +435,18 @@ def test_xsps_warnings_point_at_the_users_line(monkeypatch):
     assert [Path(w.filename).name for w in said] == [Path(__file__).name] * len(said)
 
 
+def test_a_warning_from_one_of_xsps_threads_names_no_line_of_pythons_threading_module():
+    from xsp.core.errors import NO_LINE_OF_YOURS, warn
+
+    with pytest.warns(xsp.XspWarning) as said:
+        thread = threading.Thread(target=warn, args=(xsp.XspWarning("xsp: said on a thread of xsp's"),))
+        thread.start()
+        thread.join()
+        warn(xsp.XspWarning("xsp: said on the program's thread"))
+    assert [(w.filename, w.lineno) for w in said][0] == NO_LINE_OF_YOURS
+    assert Path(said[1].filename).name == Path(__file__).name
+
+
 def test_the_options_the_api_and_the_cli_share_are_checked_once_and_defined_once(tmp_path, capsys):
     from xsp.cli.main import build_parser, main
 

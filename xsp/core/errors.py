@@ -103,12 +103,22 @@ OWN_PACKAGES = ("xsp", "xsp.tracers", "xsp.analysis")
 """xsp's packages (``tracers`` and ``analysis`` live in folders of their own)."""
 
 
+THREADS_FILE: Final = os.path.realpath(threading.__file__)
+NO_LINE_OF_YOURS: Final = ("xsp", 0)
+"""Where a warning from one of xsp's own threads is said (``xsp:0: XspWarning: ...``): no line of
+the program's made it, and Python's ``threading.py`` is no place to send the user to."""
+
+
 def warn(warning: XspWarning) -> None:
-    """Say ``warning`` at the user's line: the innermost calling frame outside xsp's packages (in
-    xsp's own threads, where there is none, the outermost)."""
+    """Say ``warning`` at the user's line: the innermost calling frame outside xsp's packages; in
+    xsp's own threads, where there is none, at :data:`NO_LINE_OF_YOURS`."""
     folders = tuple(os.path.join(os.path.realpath(folder), "") for name in OWN_PACKAGES
                     if (package := sys.modules.get(name)) is not None for folder in getattr(package, "__path__", ()))
     frame, level = sys._getframe(1), 2  # 1 is this function's caller, as warnings.warn counts
     while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(folders):
         frame, level = frame.f_back, level + 1
+    where = os.path.realpath(frame.f_code.co_filename)
+    if where == THREADS_FILE or (frame.f_back is None and where.startswith(folders)):
+        warnings.warn_explicit(warning, XspWarning, *NO_LINE_OF_YOURS, module="xsp")
+        return
     warnings.warn(warning, stacklevel=level)
