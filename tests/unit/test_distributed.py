@@ -447,6 +447,11 @@ def test_a_rank_file_with_no_spans_is_named_in_the_job_report(monkeypatch, tmp_p
         render(trace, console)
         text = " ".join(console.export_text().split())
         assert "the file of rank(s) 1 holds no spans" in text
+    from xsp.reports.html import render_html
+
+    assert "the file of rank(s) 1 holds no spans" in render_html(whole)  # `xsp report --html`
+    (tmp_path / "job.rank2.xsp.parquet").unlink()
+    assert "no file of rank(s) 2 of this job was found" in render_html(xsp.load(output))
     assert "empty_ranks" not in xsp.load(tmp_path / "job.rank0.xsp.parquet").metadata
 
 

@@ -29,7 +29,7 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import StepView, busy_machine_line, deep_steps, shorten, warmup_line
+from xsp.reports.terminal import StepView, busy_machine_line, deep_steps, job_file_lines, shorten, warmup_line
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -535,9 +535,10 @@ def summary_section(trace: Trace) -> str:
 def ranks_section(trace: Trace) -> str:
     """A distributed job: per rank, step latency and communication; per step, how late each
     rank entered the step's collectives."""
+    said = "".join(_note(line) for line in job_file_lines(trace.metadata))
     communication = analysis.communication(trace)
     if len(trace.ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
-        return ""
+        return said
     apart = bool(trace.metadata.get(RANKS_APART))  # files of different runs: no rank waited for another
     rows = "".join(
         f"<tr><td>{r.rank}</td><td>{r.steps}</td><td>{r.step_ms:,.3f}</td><td>{r.comm_ms:,.3f}</td>"
@@ -549,17 +550,17 @@ def ranks_section(trace: Trace) -> str:
              "</th><th>overlapped with compute</th><th>collectives per step</th><th>late ms</th></tr></thead>"
              f"<tbody>{rows}</tbody></table>")
     if apart:
-        return _note("The ranks' times do not overlap (files of different runs?): how late each rank was is not "
-                     "shown.") + table
+        return said + _note("The ranks' times do not overlap (files of different runs?): how late each rank was is "
+                            "not shown.") + table
     per_step = analysis.rank_steps(trace)
     if per_step.empty or per_step["late_ms"].isna().all():
-        return table
+        return said + table
     figure = go.Figure([go.Bar(x=group["step"], y=group["late_ms"], name=f"rank {rank}")
                         for rank, group in per_step.groupby("rank", observed=True)])
     figure.update_layout(barmode="group", title="How late each rank entered its step's collectives (ms the others "
                          "waited)", xaxis_title="step", yaxis_title="ms")
-    return _note("Medians over steps; late ms: how much later than the first rank this rank entered its "
-                 "collectives, summed over the step.") + table + _figure_html(figure, "chart-stragglers")
+    return said + _note("Medians over steps; late ms: how much later than the first rank this rank entered its "
+                        "collectives, summed over the step.") + table + _figure_html(figure, "chart-stragglers")
 
 
 def render_html(trace: Trace, rank: int | None = None) -> str:

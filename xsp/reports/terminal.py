@@ -987,22 +987,32 @@ def _ranks_section(trace: Trace, console: Console) -> None:
             ("next_late_ms", "next latest ms", number()), ("collectives", "collectives", number(0))])
 
 
+def job_file_lines(metadata: dict[str, Any]) -> list[str]:
+    """What a job's files leave out of its tables, a line each: ranks with no file, files of an
+    earlier job, files with no span."""
+    def listed(ranks: list[int]) -> str:
+        return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+    missing, ignored = metadata.get("missing_ranks") or [], metadata.get("ignored_files") or []
+    empty = metadata.get(EMPTY_RANKS) or []
+    lines = []
+    if missing:
+        lines.append(f"no file of rank(s) {listed(missing)} of this job was found: the tables leave them out")
+    if ignored:
+        lines.append(f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}")
+    if empty:
+        lines.append(f"the file of rank(s) {listed(empty)} holds no spans (its process ended before its first window "
+                     "was written, or recorded nothing): the tables have nothing of it")
+    return lines
+
+
 def _communication_section(metadata: dict[str, Any], ranks: list[int], per_step: pd.DataFrame,
                            console: Console) -> bool:
     """The ranks missing or left out, and each rank's step latency, communication and lateness
     (``per_step``: :func:`xsp.analysis.rank_steps`); whether the ranks' collectives can be put
     side by side (a table was shown and their times overlap)."""
-    missing, ignored = metadata.get("missing_ranks") or [], metadata.get("ignored_files") or []
-    if missing:
-        listed = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        _say(console, f"no file of rank(s) {listed} of this job was found: the tables leave them out", "yellow")
-    if ignored:
-        _say(console, f"{len(ignored)} rank file(s) of an earlier job left out: {', '.join(ignored)}", "yellow")
-    empty = metadata.get(EMPTY_RANKS) or []
-    if empty:
-        listed = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
-        _say(console, f"the file of rank(s) {listed} holds no spans (its process ended before its first window "
-                      "was written, or recorded nothing): the tables have nothing of it", "yellow")
+    for line in job_file_lines(metadata):
+        _say(console, line, "yellow")
     communication = analysis.communication_of_steps(per_step)
     if len(ranks) < 2 and (communication.empty or not communication["collectives_per_step"].sum()):
         return False
