@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +128,40 @@ def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_pat
     assert session[col.STATUS] == "error" and signal.Signals(signum).name in session[col.STATUS_MESSAGE]
     assert f"interrupted by {signal.Signals(signum).name}" in err
     assert no_partial(tmp_path)
+
+
+def _namespace_init_possible() -> bool:
+    """Whether this machine lets a test run a process as its own PID namespace's init."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    done = subprocess.run([unshare, "-fp", "--mount-proc", "true"], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _namespace_init_possible(), reason="no unshare, or no right to make a PID namespace here")
+@pytest.mark.parametrize("cli", [False, True], ids=["xsp.trace", "xsp run"])
+def test_a_sigterm_to_a_containers_pid_1_is_ignored_as_without_xsp(tmp_path, cli):
+    """A container's program run without an init is PID 1, to which the kernel delivers no SIGTERM
+    left at its default: plainly it runs on. xsp raised its own Terminated, and after writing the
+    file could not end the process by the signal either: a traceback and status 1."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP.format(setup="", condition="step < 400"))
+    output = tmp_path / "run.xsp.parquet"
+    argv = [sys.executable, str(script), str(output)]
+    if cli:
+        script.write_text(script.read_text().replace("with xsp.trace(output=sys.argv[1]):", "if True:"))
+        argv = [sys.executable, "-m", "xsp", "run", "-o", str(output), "--", str(script), str(output)]
+    process = subprocess.Popen([shutil.which("unshare") or "unshare", "-fp", "--mount-proc", *argv],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: _stop_signals_as(signal.SIG_DFL))
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    init = int(Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()[0])
+    os.kill(init, signal.SIGTERM)
+    status, out, err = finished(process)
+    assert status == 0 and "after the block" in out and "Traceback" not in err, err
+    trace = xsp.load(output)
+    assert len(trace.steps) == 400 and trace.metadata["signals"] == ["SIGTERM"]
 
 
 def test_the_programs_own_handler_still_decides(tmp_path):

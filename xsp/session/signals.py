@@ -7,7 +7,9 @@ session runs in the main thread, xsp handles these signals itself:
 * where the program left a signal's default action in place, the handler raises
   :class:`Terminated` in the main thread: the session's block unwinds, its file is written
   with everything recorded (the session span marked with the signal), and the session then
-  delivers the signal again with its default action, so the process ends as it would have;
+  delivers the signal again with its default action, so the process ends as it would have
+  (but in a PID namespace's init, a container's PID 1, where the default is to ignore the
+  signal: the handler does nothing, and the program goes on as it would have);
 * where the program installed its own handler, that handler runs, as it would have; the
   session only notes the signal in its metadata;
 * Ctrl-C keeps Python's behaviour (a ``KeyboardInterrupt``); while the session writes its
@@ -158,6 +160,8 @@ class StopSignals:
             self._held.append(signum)
             return None
         previous = self._saved.get(signum, signal.SIG_DFL)
+        if previous is signal.SIG_DFL and signum != signal.SIGINT and init_ignores_default():
+            return None  # the process is its namespace's init (a container's PID 1): its default is to go on
         if self._on_stop is not None and (previous is signal.SIG_DFL or previous is signal.default_int_handler):
             _children_unheard()
             self._on_stop(signum)
@@ -213,10 +217,20 @@ def _unheard(signum: int, frame: FrameType | None) -> None:
     """A child's end the program no longer listens for (see ``_children_unheard``)."""
 
 
+def init_ignores_default() -> bool:
+    """Whether this process is the init of its PID namespace (PID 1: a container's program run
+    without an init), to which the kernel delivers no signal whose action is the default: a
+    SIGTERM it leaves at its default is ignored, and the program goes on as if none came."""
+    return os.getpid() == 1
+
+
 def end_by_signal(signum: int) -> None:
-    """End the process by ``signum`` with its default action (after flushing Python's output)."""
+    """End the process by ``signum`` with its default action (after flushing Python's output);
+    where the kernel does not deliver it (:func:`init_ignores_default`), with the status a shell
+    gives a process that signal ended (128 + its number)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # reached only where the signal was not delivered
