@@ -393,6 +393,47 @@ def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
     assert session.output == output and output.exists() and not writer_file(output).exists()
 
 
+SERVES = """
+import sys, time, torch, xsp
+model = torch.nn.Linear(4, 4)
+with xsp.trace(output=sys.argv[1]):
+    began = time.monotonic()
+    while time.monotonic() - began < float(sys.argv[2]):  # windows close about once a second, streamed
+        model(torch.randn(2, 4))
+        time.sleep(0.002)
+"""
+
+
+@pytest.mark.skipif(not _namespace_init_possible(), reason="no unshare, or no right to make a PID namespace here")
+def test_a_run_restarted_with_the_killed_runs_process_id_keeps_its_windows_for_recover(tmp_path):
+    """A container restarted after an OOM kill runs its program as PID 1 again, with the same
+    output: the restarted run deleted the killed run's windows (its folder is named by the
+    process id), and `xsp recover` had nothing left."""
+    output, script = tmp_path / "svc.xsp.parquet", tmp_path / "serve.py"
+    script.write_text(SERVES)
+    as_init = [shutil.which("unshare") or "unshare", "-fp", "--mount-proc", sys.executable, str(script), str(output)]
+    killed = subprocess.Popen([*as_init, "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".svc.xsp.parquet.xsp-segments.1/window-*.arrow")):
+            assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()
+            time.sleep(0.1)
+        time.sleep(1.5)  # a window more
+    finally:  # an OOM kill, from outside (its own namespace cannot SIGKILL its init)
+        os.kill(int(Path(f"/proc/{killed.pid}/task/{killed.pid}/children").read_text().split()[0]), signal.SIGKILL)
+        killed.communicate(timeout=60)
+    restarted = subprocess.run([*as_init, "0.3"], capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "left its windows without writing it" in restarted.stderr, restarted.stderr
+    assert "svc-2.xsp.parquet instead" in restarted.stderr
+    assert not output.exists() and xsp.load(tmp_path / "svc-2.xsp.parquet").steps
+    cli = subprocess.run([sys.executable, "-m", "xsp", "recover", str(output)], capture_output=True, text=True,
+                         timeout=120)  # from outside the killed run's namespace, where process 1 is another
+    assert cli.returncode == 0, cli.stderr
+    recovered = xsp.load(output)
+    assert len(recovered.steps) > 10 and recovered.metadata["interrupted"] == "ended_before_session"
+
+
 def test_only_a_dead_holders_claim_is_forgotten(tmp_path):
     import socket
 

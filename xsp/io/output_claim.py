@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -47,6 +48,9 @@ class Claim:
     writer: Path | None
     other_pid: int | None = None
     """The live process that holds the name asked for, when the session writes another."""
+    awaiting: Path | None = None
+    """The name asked for, when the session writes another because a killed run's windows wait
+    there for ``xsp recover`` (the killed run's own file, which this run's would replace)."""
 
     def release(self) -> None:
         """Give the name up (only a claim that is still this process's)."""
@@ -111,20 +115,30 @@ def forget_dead_claim(output: Path) -> bool:
     return True
 
 
-def claim(output: Path) -> Claim:
-    """Claim ``output`` for this process, or the first free numbered name beside it.
+def claim(output: Path, awaits_recovery: Callable[[Path], bool] = lambda path: False) -> Claim:
+    """Claim ``output`` for this process, or the first free numbered name beside it: free of a
+    live claim, and of a killed run's windows waiting for ``xsp recover`` (``awaits_recovery``:
+    a process restarted with the same id, a container's PID 1, would otherwise take the name and
+    its windows' folder over).
 
     Never raises: where no claim can be made (a read-only folder: the file fails later, and
     says so), the session writes ``output`` unclaimed.
     """
     other: int | None = None
+    awaiting: Path | None = None
     for number in range(1, MAX_NUMBER):
         path = output if number == 1 else numbered(output, number)
+        try:
+            if awaits_recovery(path):
+                awaiting = awaiting or path
+                continue
+        except OSError:
+            pass
         writer = writer_file(path)
         for _ in range(3):  # a dead holder's claim is removed, then taken
             try:
                 if _take(writer):
-                    return Claim(output, path, writer, other)
+                    return Claim(output, path, writer, other, awaiting)
             except OSError:
                 return Claim(output, output, None)
             holder = _holder(writer)

@@ -258,7 +258,8 @@ class SegmentWriter:
         Raises:
             OSError: neither the folder nor the spool folder can be made.
         """
-        self._start_metadata = {**start_metadata, "output": str(self.output.absolute())}
+        self._start_metadata = {**start_metadata, "output": str(self.output.absolute()),
+                                PID_NAMESPACE_KEY: pid_namespace()}
         if self._to_a_device():
             self._make(self._spool_folder())
             self.started = True
@@ -591,10 +592,28 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
     return written, metadata
 
 
+PID_NAMESPACE_KEY: Final = "pid_namespace"
+
+
+def pid_namespace() -> int | None:
+    """This process's PID namespace (its inode; None where there is no telling): a process id
+    means the same process only inside one (a container's PID 1 is not the machine's)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def killed_run_left(output: Path) -> bool:
+    """Whether a run that no longer runs left windows for ``output`` (``xsp recover`` writes them there)."""
+    return any(still_running(folders) is None for folders in unfinished_sessions(output))
+
+
 def still_running(folders: list[Path]) -> int | None:
     """The process id of the session that left ``folders`` (one session's segment folders) where it
     still runs on this machine; None where it has ended, its id now being another process's (one
-    started after the session), or it ran on another machine (which cannot be asked)."""
+    started after the session), or it ran on another machine or in another PID namespace (another
+    container's: neither can be asked)."""
     pid = _pid_of(folders[0])
     if not pid.isdigit() or int(pid) == os.getpid():
         return None
@@ -605,6 +624,9 @@ def still_running(folders: list[Path]) -> int | None:
         except (OSError, ValueError, AttributeError, RecursionError):
             continue
         if isinstance(facts.get("host"), str) and facts["host"] != socket.gethostname():
+            return None
+        namespace = facts.get(PID_NAMESPACE_KEY)
+        if isinstance(namespace, int) and namespace != pid_namespace():
             return None
         if isinstance(facts.get("session_start_ns"), int):
             started_ns = facts["session_start_ns"]

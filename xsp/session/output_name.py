@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xsp.io.output_claim import Claim, claim
+from xsp.io.segments import killed_run_left
 
 
 class OutputName:
@@ -24,8 +25,12 @@ class OutputName:
     def take(self, output: Path, warn: Callable[[str], None]) -> Path:
         """Claim ``output`` for this run; returns the name to write (``output``, or a numbered
         one where another live session writes ``output``, which ``warn`` says)."""
-        self.claim = claim(output)
-        if self.claim.path != output:
+        self.claim = claim(output, killed_run_left)
+        if self.claim.awaiting is not None:
+            warn(f"a run writing {self.claim.awaiting} left its windows without writing it (it was killed, or runs "
+                 f"in another container); they wait for `xsp recover {self.claim.awaiting}`, and this run writes "
+                 f"{self.claim.path} instead")
+        elif self.claim.path != output:
             warn(f"another xsp session (process {self.claim.other_pid}) is writing {output}; "
                  f"this one writes {self.claim.path} instead")
         return self.claim.path
