@@ -203,6 +203,36 @@ def test_formats_parse_and_markdown_reaches_the_step_summary(tmp_path):
     assert step_summary.read_text().startswith("earlier step\n## xsp diff: **regressed**")
 
 
+@pytest.mark.heavy  # a subprocess run
+def test_the_example_workflows_diff_step_puts_one_report_in_the_step_summary(tmp_path):
+    """examples/ci/github-actions.yml's Diff step, run as Actions runs it (bash, its variables):
+    xsp diff writes the step summary itself, so the step must not append the report again."""
+    import os
+    import shutil
+
+    import yaml
+
+    workflow = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "ci" / "github-actions.yml").read_text())
+    step = next(s for s in workflow["jobs"]["diff"]["steps"] if s.get("name") == "Diff")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "new").mkdir()
+    base, slow = constructed(tmp_path, **{"net.b": 2.0})
+    shutil.move(base, tmp_path / "base" / "run1.xsp.parquet")
+    shutil.move(slow, tmp_path / "new" / "run1.xsp.parquet")
+    summary, output = tmp_path / "summary.md", tmp_path / "output.txt"
+    bin_folder = tmp_path / "bin"  # `xsp` on PATH, as `pip install` puts it
+    bin_folder.mkdir()
+    (bin_folder / "xsp").write_text(f"#!/bin/sh\nexec {sys.executable} -m xsp \"$@\"\n")
+    (bin_folder / "xsp").chmod(0o755)
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": f"{bin_folder}:{os.environ['PATH']}",
+                               "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output)})
+    assert done.returncode == 0, done.stderr
+    assert output.read_text().strip() in ("status=1", "status=3")
+    assert summary.read_text().count("## xsp diff") == 1
+    assert (tmp_path / "diff.md").read_text().startswith("## xsp diff")
+
+
 @pytest.mark.heavy
 def test_an_inconclusive_comparison_exits_3_in_every_format_and_says_what_would_settle_it(tmp_path):
     """A machine whose own timing varied by 150%: a layer 60% slower cannot be told from its
