@@ -212,7 +212,8 @@ def test_the_example_workflows_diff_step_puts_one_report_in_the_step_summary(tmp
 
     import yaml
 
-    workflow = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "ci" / "github-actions.yml").read_text())
+    example = Path(__file__).resolve().parents[2] / "examples" / "ci" / "github-actions.yml"
+    workflow = yaml.safe_load(example.read_text())
     step = next(s for s in workflow["jobs"]["diff"]["steps"] if s.get("name") == "Diff")
     (tmp_path / "base").mkdir()
     (tmp_path / "new").mkdir()
