@@ -1026,6 +1026,21 @@ def test_a_level_asked_for_that_neither_run_recorded_is_refused():
     assert not any("asked for but recorded" in w for w in diff(run(1), run(2), levels="model,layer").warnings)
 
 
+def test_a_level_asked_for_that_one_run_lacks_is_refused_not_read_as_removed_spans():
+    """Operators recorded in the base run only: every operator key read as removed, a change of
+    structure that --fail-on change failed on."""
+    base = run(1)
+    layers_only = run(2)
+    layers_only = xsp.Trace(spans=layers_only.spans[layers_only.spans[col.LEVEL] != "layer"].reset_index(drop=True),
+                            metadata=layers_only.metadata)
+    with pytest.raises(ValueError, match=r"level\(s\) layer asked for but recorded in the base run only "
+                                         r"\(the new run has model\)"):
+        diff(base, layers_only, levels="model,layer")
+    with pytest.raises(ValueError, match=r"recorded in the new run only"):
+        diff(layers_only, base, levels="model,layer")
+    assert "layer" not in set(diff(base, layers_only).table[col.LEVEL])  # unasked: left out, and said
+
+
 def test_a_verdict_reached_by_ranges_alone_says_so():
     """Two and three steps: a key is called changed only when its ranges do not overlap, and a
     warning says no rank test stood behind it."""

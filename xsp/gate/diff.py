@@ -180,6 +180,13 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
             raise ValueError(f"level(s) {', '.join(unrecorded)} asked for but recorded in neither run "
                              f"(they have {', '.join(sorted(recorded[0] | recorded[1])) or 'no spans'}): "
                              "record them (xsp run --levels) or leave them out of the levels compared")
+        for side, other, found in (("base", "new", recorded[0]), ("new", "base", recorded[1])):
+            one_sided = missing_levels(chosen, found)
+            if one_sided:
+                # its spans would all read as removed (or added): a change of structure, not of the program
+                raise ValueError(f"level(s) {', '.join(one_sided)} asked for but recorded in the {other} run only "
+                                 f"(the {side} run has {', '.join(sorted(found)) or 'no spans'}): record them in both "
+                                 "(xsp run --levels) or leave them out of the levels compared")
     base_keys = base_keys[base_keys[col.LEVEL].isin(kept)]
     new_keys = new_keys[new_keys[col.LEVEL].isin(kept)]
     measured_speed = speed_ratio(base_info.get(MACHINE_SPEED), new_info.get(MACHINE_SPEED))
