@@ -594,6 +594,19 @@ def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():
     assert diff(run(1), run(2, slower=uniform), machine_speed=False).verdict is dcol.Verdict.REGRESSED
 
 
+def test_a_correction_for_waits_never_says_the_machines_ran_at_the_same_speed_when_they_did_not():
+    """The new machine took 1.18x the base's time for the fixed work, and the runs waited for a CPU
+    for different shares: the waits corrected the times, and a warning said both machines ran at
+    the same speed (within 5%)."""
+    uniform = {name: 0.5 for name in LAYERS}
+    base, new = _on_machine(run(1), 0.002), _on_machine(run(2, slower=uniform), 0.00236)
+    base.metadata["contention"], new.metadata["contention"] = {"waited_share": 0.16}, {"waited_share": 0.09}
+    result = diff(base, new)
+    assert not any("at the same speed" in warning for warning in result.warnings), result.warnings
+    assert any("took 1.18x the base's time" in warning and "corrected by those waits" in warning
+               for warning in result.warnings), result.warnings
+
+
 def test_a_key_that_changed_by_less_than_a_step_waited_for_a_cpu_is_not_judged_from_one_run_a_side():
     # net.b (and so the model call) 60 µs slower a step; the new run's threads waited 100 µs a step for a CPU: a
     # preemption met inside net.b in every step of that process looks the same (up to 1.5x that: 150 µs). Both

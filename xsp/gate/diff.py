@@ -216,8 +216,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     shift = float(table.attrs.get(dcol.COMMON_SHIFT, 1.0))
     unjudged_shift = float(table.attrs.get(dcol.UNJUDGED_SHIFT, 1.0))
     one_run_a_side = min(int(base_info.get("runs") or 1), int(new_info.get("runs") or 1)) == 1
-    warnings += _speed_warnings(shift, measured_speed, 1.0 if busier else speed, normalize, unjudged_shift != 1.0,
-                                steady=not unsteady, one_run_a_side=one_run_a_side)
+    warnings += _speed_warnings(shift, measured_speed, speed, normalize, unjudged_shift != 1.0,
+                                steady=not unsteady, one_run_a_side=one_run_a_side, by_waits=busier)
     if busier:
         shares = [contention.waited_share(info.get(contention.METADATA_KEY)) for info in (base_info, new_info)]
         warnings.append(f"the runs' threads waited for a CPU {shares[0]:.0%} (base) and {shares[1]:.0%} (new) of the "
@@ -388,16 +388,24 @@ def _measured(value: float) -> float | None:
 
 
 def _speed_warnings(shift: float, measured: float | None, speed: float, normalize: bool,
-                    unjudged: bool = False, steady: bool = True, one_run_a_side: bool = False) -> list[str]:
+                    unjudged: bool = False, steady: bool = True, one_run_a_side: bool = False,
+                    by_waits: bool = False) -> list[str]:
     """What the reader must know of the two machines' speeds and of keys moving together
     (``unjudged``: the move was left unjudged, which its own warning says; ``steady``: both
     machines timed their fixed work steadily, so that ``measured`` can be trusted;
-    ``one_run_a_side``: no side pooled several runs, so the spread between processes is unknown)."""
+    ``one_run_a_side``: no side pooled several runs, so the spread between processes is unknown;
+    ``by_waits``: ``speed`` is the runs' CPU-wait factor, which its own warning says, not
+    ``measured``)."""
     said = []
-    if speed != 1.0:
+    same_speed = measured is not None and abs(math.log(measured)) < math.log1p(SAME_SPEED)
+    if speed != 1.0 and not by_waits:
         said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work "
                     f"(machine_speed in each run's metadata): the new run's times were divided by {measured:.2f} "
                     "before they were judged; the medians shown are as measured")
+    if by_waits and measured is not None and not same_speed:
+        said.append(f"the new run's machine took {measured:.2f}x the base's time for xsp's fixed work, but the runs "
+                    "also waited for a CPU for different shares of their time: the new run's times were corrected "
+                    "by those waits (below), not by that ratio")
     if abs(shift - 1.0) < 0.01 or unjudged:
         return said
     moved = f"most keys moved together by {_ratio(shift)} (the new run's common shift)"
@@ -410,6 +418,9 @@ def _speed_warnings(shift: float, measured: float | None, speed: float, normaliz
     elif not steady:
         said.append(f"{moved}; the machines were too busy to time their own speed, so a slower machine cannot be "
                     "told from slower code")
+    elif by_waits:
+        said.append(f"{moved}, after the correction for the runs' CPU waits: it is the program's, or how busy the "
+                    "machines were, or how one of these processes fell (compare several runs a side to tell)")
     elif speed == 1.0 and one_run_a_side:  # two processes of one program can sit apart as a whole
         said.append(f"{moved}, and both machines ran xsp's fixed work at the same speed (within "
                     f"{SAME_SPEED:.0%}): the machines do not explain it; it is the program's, or how one of these "
