@@ -594,6 +594,25 @@ def test_a_run_whose_threads_waited_longer_for_a_cpu_is_judged_at_equal_load():
     assert diff(run(1), run(2, slower=uniform), machine_speed=False).verdict is dcol.Verdict.REGRESSED
 
 
+def test_steps_chosen_against_a_summary_made_of_every_step_say_so_and_remove_no_session(tmp_path):
+    """A baseline summary of every step, a trace diffed with --skip-steps 5: the summary kept its
+    steps, silently, and the session's span (outside every step, left out of the trace's chosen
+    steps) read as removed, which --fail-on change failed on."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with xsp.trace(levels="model,layer", output=tmp_path / "run.xsp.parquet"):
+        for _ in range(20):
+            model(torch.randn(2, 8))
+    trace = xsp.load(tmp_path / "run.xsp.parquet")
+    assert (trace.spans[col.KIND] == "session").any()
+    baseline = summarize(trace).save(tmp_path / "base.xsp-summary.parquet")
+    result = diff(baseline, trace, steps=slice(5, None))
+    assert any("the base side is a summary, which keeps the steps it was made from" in w for w in result.warnings)
+    assert not (result.table[dcol.VERDICT].isin([dcol.Verdict.REMOVED.value, dcol.Verdict.ADDED.value])).any()
+    assert not any("steps it was made from" in w for w in diff(baseline, trace).warnings)  # no steps chosen
+
+
 def test_a_correction_for_waits_never_says_the_machines_ran_at_the_same_speed_when_they_did_not():
     """The new machine took 1.18x the base's time for the fixed work, and the runs waited for a CPU
     for different shares: the waits corrected the times, and a warning said both machines ran at

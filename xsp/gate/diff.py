@@ -165,6 +165,15 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     chosen = parse_levels(levels) if levels is not None else None
     (base_keys, base_info), (new_keys, new_info) = _side(base, steps, key_by), _side(new, steps, key_by)
     warnings: list[str] = []
+    if steps is not None and (base_info.get(SUMMARY_SIDE) or new_info.get(SUMMARY_SIDE)):
+        side = "base" if base_info.get(SUMMARY_SIDE) else "new"
+        warnings.append(f"the steps chosen (--skip-steps) leave steps out of traces only: the {side} side is a summary, "
+                        "which keeps the steps it was made from; make it with the same choice (xsp summary "
+                        "--skip-steps N) to compare like with like")
+        # the session's own span lies outside every step: a trace's chosen steps leave it out, a
+        # summary made of all of them keeps it, and it would read as removed (or added)
+        base_keys = base_keys[base_keys[col.KIND] != col.SpanKind.SESSION.value]
+        new_keys = new_keys[new_keys[col.KIND] != col.SpanKind.SESSION.value]
     recorded = [set(keys[col.LEVEL].dropna().tolist()) for keys in (base_keys, new_keys)]
     if chosen is None:
         only = recorded[0] ^ recorded[1]
@@ -431,6 +440,10 @@ def _speed_warnings(shift: float, measured: float | None, speed: float, normaliz
     return said
 
 
+SUMMARY_SIDE: Final = "summary_side"
+"""Key of a side's information: it holds a summary made before, which keeps the steps it was made from."""
+
+
 def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The key-samples frame of one side (its runs pooled) and what it was."""
     folder = None
@@ -448,9 +461,12 @@ def _side(side: Side, steps: slice | list[int] | None, by: KeyBy) -> tuple[pd.Da
     else:
         runs = [side]
     summaries = [_summary(run, steps, by) for run in runs]
+    made_before = any(isinstance(run, Summary) or (isinstance(run, (str, os.PathLike)) and is_summary_path(run))
+                      for run in runs)
     if len(summaries) == 1:
-        return summaries[0].keys[by], summaries[0].metadata
+        return summaries[0].keys[by], {**summaries[0].metadata, SUMMARY_SIDE: made_before}
     info = dict(summaries[0].metadata)
+    info[SUMMARY_SIDE] = made_before
     info["runs"] = len(summaries)
     info["source"] = folder.name if folder is not None else f"{info.get('source') or 'trace'} and others"
     info["steps"] = sum(int(summary.metadata.get("steps") or 0) for summary in summaries) or None
