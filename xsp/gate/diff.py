@@ -167,8 +167,8 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     warnings: list[str] = []
     if steps is not None and (base_info.get(SUMMARY_SIDE) or new_info.get(SUMMARY_SIDE)):
         side = "base" if base_info.get(SUMMARY_SIDE) else "new"
-        warnings.append(f"the steps chosen (--skip-steps) leave steps out of traces only: the {side} side is a summary, "
-                        "which keeps the steps it was made from; make it with the same choice (xsp summary "
+        warnings.append(f"the steps chosen (--skip-steps) leave steps out of traces only: the {side} side is a "
+                        "summary, which keeps the steps it was made from; make it with the same choice (xsp summary "
                         "--skip-steps N) to compare like with like")
         # the session's own span lies outside every step: a trace's chosen steps leave it out, a
         # summary made of all of them keeps it, and it would read as removed (or added)
