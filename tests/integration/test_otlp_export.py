@@ -195,6 +195,43 @@ def test_silent_collector_fails_the_export_within_its_timeout(monkeypatch, tmp_p
     assert report.exported == 0 and report.failed == report.submitted == len(session.trace.spans)
 
 
+def test_at_a_sessions_end_a_hanging_collector_gets_only_the_time_the_end_waits(monkeypatch):
+    """A collector that takes connections and never answers, with OTEL_EXPORTER_OTLP_TIMEOUT=30:
+    at the session's end each post (and the SDK's retries of it) ran its whole timeout, and each
+    window held was posted again, so a service's file came 14-54 s after its SIGTERM."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from xsp.export.delivery import OUT_OF_TIME, ExportReport, export_batch, hurry_posts, make_exporter
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    tracer = TracerProvider().get_tracer("test")
+    batch = []
+    for _ in range(3):
+        span = tracer.start_span("s")
+        span.end()
+        batch.append(span)
+    try:
+        exporter = make_exporter(OtlpTarget.resolve(f"http://127.0.0.1:{listener.getsockname()[1]}", "http/protobuf"))
+        report = ExportReport(target="silent")
+        report.hurry(1.0)
+        hurry_posts(exporter, 1.0)  # as a session's end does (EXIT_WAIT_S)
+        began = time.monotonic()
+        export_batch(batch, exporter, report)  # its post gets what is left of the second, and no retry after it
+        assert time.monotonic() - began < 10
+        assert (report.exported, report.failed) == (0, 3)
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
+        later = ExportReport(target="silent")
+        later.hurry(0.0)
+        export_batch(batch, exporter, later)  # past the end's time: not posted at all
+        assert (later.failed, later.error) == (3, OUT_OF_TIME)
+        exporter.shutdown()
+    finally:
+        listener.close()
+
+
 def test_the_file_records_how_the_export_went(tmp_path):
     with GrpcReceiver() as receiver:
         trace, report = trace_into(receiver, "grpc", tmp_path)

@@ -135,13 +135,42 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
             outcome = self._client.export(spans.payload())
             return sdk_export.SpanExportResult.SUCCESS if outcome.success else sdk_export.SpanExportResult.FAILURE
 
+    class DeadlineSession(requests.Session):
+        """requests' session whose posts end by :attr:`deadline` once one is set (the session is
+        ending): a collector that hangs holds the exit a timeout a post otherwise."""
+
+        deadline: float | None = None
+
+        def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            if self.deadline is not None:
+                if time.monotonic() >= self.deadline:  # no connection error: the SDK retries none of this
+                    raise requests.exceptions.RequestException(OUT_OF_TIME)
+                left = max(self.deadline - time.monotonic(), SHORTEST_POST_S)
+                given = kwargs.get("timeout")
+                kwargs["timeout"] = left if not isinstance(given, (int, float)) else min(float(given), left)
+            return super().request(method, url, *args, **kwargs)
+
     answers = CollectorAnswers()
-    session = requests.Session()
+    session = DeadlineSession()
     session.hooks["response"].append(answers.heard)
     exporter = HttpExporter(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
     exporter.xsp_answers = answers
     exporter.xsp_encoded = True
+    exporter.xsp_posts = session
     return exporter
+
+
+SHORTEST_POST_S: Final = 0.5
+"""The least time a post is given at a session's end, however little is left: a collector that
+answers at once still gets the last batch."""
+
+
+def hurry_posts(exporter: SpanExporter, seconds: float) -> None:
+    """Posts of ``exporter`` from now on end within ``seconds`` (over HTTP; a gRPC exporter keeps
+    its own timeout a call)."""
+    posts = getattr(exporter, "xsp_posts", None)
+    if posts is not None:
+        posts.deadline = time.monotonic() + seconds
 
 
 @dataclass
@@ -231,6 +260,11 @@ class ExportReport:
         until = time.monotonic() + seconds
         self.hurried_until = until if self.hurried_until is None else min(self.hurried_until, until)
         self.deadline = until if self.deadline is None else min(self.deadline, until)
+
+    def out_of_time(self) -> bool:
+        """The session is ending and the time :meth:`hurry` gave it is over: nothing more is sent
+        (a collector that hangs would otherwise hold the exit a timeout a batch)."""
+        return self.hurried_until is not None and time.monotonic() >= self.hurried_until
 
     def start_sending(self, budget_s: float) -> None:
         """A send begins, which may retry for ``budget_s`` (no later than :meth:`hurry` allows)."""
@@ -352,6 +386,9 @@ def sdk_messages_into(report: ExportReport) -> Iterator[None]:
             logger.removeFilter(catcher)
 
 
+OUT_OF_TIME: Final = "the session ended, and the time its end waits for the collector ran out"
+
+
 def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportReport) -> None:
     """Send one batch; after the first batch that fails for good the rest count as failed unsent
     (until ``report.try_again()``).
@@ -366,6 +403,9 @@ def export_batch(batch: Sequence[Any], exporter: SpanExporter, report: ExportRep
     waiting = [batch]
     backoff_s = 1.0
     while waiting and not report.stopped:
+        if report.out_of_time():
+            report.stop(OUT_OF_TIME)
+            break
         part = waiting.pop()
         outcome, pause_s = _send(part, exporter, report, backoff_s)
         if outcome == "sent":

@@ -22,7 +22,7 @@ from xsp.core.lazy import pyarrow as pa
 from xsp.core.metadata import environment
 from xsp.core.rank import RankInfo
 from xsp.core.threads import start_thread
-from xsp.export.delivery import ExportReport, make_exporter
+from xsp.export.delivery import ExportReport, hurry_posts, make_exporter
 from xsp.export.target import OtlpTarget, probe
 from xsp.io.segments import warm_up as warm_up_writing
 from xsp.record.recording import Recording
@@ -356,7 +356,8 @@ class WindowWorker:
         did not answer at the start), send again if the collector answers now (a collector that
         restarted gets the windows after it came back); else this window's spans count as
         failed unsent, at the cost of a connection attempt."""
-        if self.report.stopped and self.target is not None and probe(self.target) is None:
+        if (self.report.stopped and self.target is not None and not self.report.out_of_time()
+                and probe(self.target) is None):
             self.report.try_again()
 
     def finish_windows(self) -> None:
@@ -365,6 +366,7 @@ class WindowWorker:
         self.ending.set()
         if self.exporter is not None:
             self.report.hurry(EXIT_WAIT_S)
+            hurry_posts(self.exporter, EXIT_WAIT_S)
         if self.pause_wait is not None:
             self.pause_wait.hurry.set()
         with self.closing:
