@@ -6,6 +6,7 @@ import contextlib
 import gc
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -294,15 +295,20 @@ def test_a_collector_that_failed_a_window_gets_the_windows_after_it_came_back(tm
             model(torch.randn(2, 4))  # a step ends: the one before it is decided, its window sent
         return status in receiver.statuses[-1:]
 
-    with HttpReceiver() as receiver:
+    failing = "is failing (the collector rejected or did not acknowledge a batch)"
+    with HttpReceiver() as receiver, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         with xsp.trace(output=tmp_path / "run.xsp.parquet", otlp_endpoint=receiver.endpoint,
                        otlp_protocol="http/protobuf", service_name="xsp-test", long_step_s=0.0) as session:
             assert wait_for(lambda: step_answered(receiver, 200))
             receiver.rejecting = True  # the collector goes down (answers 400)
             assert wait_for(lambda: step_answered(receiver, 400))
+            # said while the service runs, not days later at its end
+            assert wait_for(lambda: any(failing in str(w.message) for w in said)), [str(w.message) for w in said]
             receiver.rejecting = False  # and comes back
             assert wait_for(lambda: step_answered(receiver, 200))
         report = session.wait_for_export(30)
+    assert sum(failing in str(w.message) for w in said) == 1  # once
     trace = xsp.load(tmp_path / "run.xsp.parquet")
     first_refusal = receiver.statuses.index(400)
     assert 200 in receiver.statuses[first_refusal:], receiver.statuses  # sent again after the failure

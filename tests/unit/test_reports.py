@@ -57,6 +57,25 @@ def test_names_that_look_like_markup_are_printed_as_they_are():
     assert "[param|cuda]" in console.export_text()
 
 
+def test_a_run_whose_export_failed_says_so_in_its_report_and_one_that_sent_everything_does_not():
+    from xsp.reports.html import render_html
+
+    rows = [(1, None, "model", "step", "s", 0, 100, {}), (2, 1, "model", "user", "u", 0, 50, {})]
+    trace = make_trace(rows)
+    trace.metadata["export"] = {"target": "http/protobuf http://collector:4318/v1/traces", "to_send": 4872,
+                                "exported": 2857, "failed": 2015, "error": "the collector rejected a batch"}
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    text = " ".join(console.export_text().split())
+    assert ("export to http/protobuf http://collector:4318/v1/traces: 2,015 of 4,872 spans not sent: the collector "
+            "rejected a batch") in text
+    assert "2,015 of 4,872 spans not sent" in render_html(trace)
+    trace.metadata["export"] = {"target": "t", "to_send": 10, "exported": 10, "failed": 0, "error": None}
+    console = Console(width=80, record=True, color_system=None)
+    render_report(trace, console)
+    assert "not sent" not in console.export_text()
+
+
 def test_numbered_kineto_steps_are_one_kind(shared_traces):
     trace = xsp.load(shared_traces / "kineto" / "v100_2rank_train_rank1.json.gz")
     summary = analysis.model_summary(trace)

@@ -29,7 +29,15 @@ from xsp.core.figures import counted
 from xsp.io.loading import RANKS_APART
 from xsp.io.outputs import write_text_output
 from xsp.io.trace import Trace
-from xsp.reports.terminal import StepView, busy_machine_line, deep_steps, job_file_lines, shorten, warmup_line
+from xsp.reports.terminal import (
+    StepView,
+    busy_machine_line,
+    deep_steps,
+    export_line,
+    job_file_lines,
+    shorten,
+    warmup_line,
+)
 from xsp.table.walks import depth_of, parent_positions
 
 TIMELINE_SPANS = 3000
@@ -515,6 +523,9 @@ def summary_section(trace: Trace) -> str:
         facts.append(("coverage", f"steps cover {100 * coverage['coverage']:.1f}% of the session "
                                   f"({coverage['session_ms']:,.3f} ms)"))
     facts.append(("device", str(meta.get("device", "?"))))
+    export = export_line(meta)
+    if export is not None:
+        facts.append(("export", export))
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     out = f'<table id="summary">{rows}</table>'
     levels = analysis.level_summary(trace)

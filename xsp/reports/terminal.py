@@ -385,6 +385,21 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
     busy = busy_machine_line(meta)
     if busy is not None:
         _say(console, busy, "yellow")
+    export = export_line(meta)
+    if export is not None:
+        _say(console, export, "yellow")
+
+
+def export_line(meta: dict[str, object]) -> str | None:
+    """What the run's export to a collector failed to send (``metadata["export"]``), in a line;
+    None where it sent everything or sent nothing anywhere."""
+    export = meta.get("export")
+    if not isinstance(export, dict) or not export.get("failed"):
+        return None
+    failed, exported, to_send = (int(export.get(key) or 0) for key in ("failed", "exported", "to_send"))
+    why = f": {export['error']}" if export.get("error") else ""
+    return (f"export to {export.get('target') or 'the collector'}: {failed:,} of {max(to_send, failed + exported):,} "
+            f"spans not sent{why} (this file has them all: `xsp push` sends them)")
 
 
 def _latency_tables(trace: Trace, console: Console) -> None:

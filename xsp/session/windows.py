@@ -106,6 +106,9 @@ class WindowWorker:
         self.report = ExportReport(target="" if target is None else f"{target.protocol.value} {target.endpoint}")
         if collector_down is not None:  # nothing is sent until the collector answers (_resume_if_answering)
             self.report.hold(collector_down)
+        self.said_failing = collector_down is not None
+        """The export's failing was said while the session ran (the start's line says a collector
+        that did not answer then): once, a service learns it then, not at its end days later."""
         self.queue: queue.SimpleQueue[Window | Wake | None] = queue.SimpleQueue()
         self.closing = threading.Lock()
         self.closed_ns = now_ns()
@@ -247,6 +250,7 @@ class WindowWorker:
                     self._resume_if_answering()
                     export_table(spans, resource, self.exporter, self.report, self.session_ids,
                                  self.options.span_budget)
+            self._say_if_failing()
             if self.after_window is not None:
                 try:
                     self.after_window()
@@ -350,6 +354,18 @@ class WindowWorker:
         if self.helper_failures == 1:
             self.warn(f"a helper process could not interpret a window ({why}); windows are interpreted in this "
                       f"process{'' if not self.forks else f', and a helper is tried again in {wait_s:g} s'}")
+
+    def _say_if_failing(self) -> None:
+        """The first time spans went unsent while the session runs, say so (once; its end's line
+        says how the whole export went)."""
+        report = self.report
+        if self.said_failing or self.ending.is_set() or not report.failed:
+            return
+        self.said_failing = True
+        why = report.error or "the collector did not take a batch"
+        self.warn(f"OTLP export to {report.target} is failing ({why}): {report.failed:,} spans not sent so far; the "
+                  "trace file keeps every span, each later window is sent again, and the session's end says how the "
+                  "export went")
 
     def _resume_if_answering(self) -> None:
         """Before a window's export: where an earlier batch failed for good (or the collector
