@@ -201,6 +201,15 @@ def test_formats_parse_and_markdown_reaches_the_step_summary(tmp_path):
     assert markdown.returncode == 0
     assert markdown.stdout.startswith("## xsp diff: **regressed**")
     assert step_summary.read_text().startswith("earlier step\n## xsp diff: **regressed**")
+    # a step summary that cannot be written: said, and the verdict's status stands (it was 2)
+    unwritable = xsp_cli("diff", base, slow, "--format", "markdown", "-o", "d.md", cwd=tmp_path,
+                         env={"GITHUB_STEP_SUMMARY": str(tmp_path)})
+    assert unwritable.returncode == 1, unwritable.stderr
+    assert f"could not be added to the step summary ($GITHUB_STEP_SUMMARY={tmp_path})" in unwritable.stderr
+    # a reader that went away (| head) is no regression: a shell's status for SIGPIPE, not 1
+    piped = subprocess.run(["bash", "-c", f"{sys.executable} -m xsp diff {base} {slow} | true; "
+                                          "echo ${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=300)
+    assert piped.stdout.strip() == "141", piped.stderr  # (the reader left long before xsp wrote)
 
 
 @pytest.mark.heavy  # a subprocess run

@@ -105,8 +105,12 @@ def run(options: argparse.Namespace) -> int:
     else:
         console().file.write(text)
     if form is Format.MARKDOWN and os.environ.get(STEP_SUMMARY):
-        with open(os.environ[STEP_SUMMARY], "a", encoding="utf-8") as summary:
-            summary.write(text if text.endswith("\n") else text + "\n")
+        try:
+            with open(os.environ[STEP_SUMMARY], "a", encoding="utf-8") as summary:
+                summary.write(text if text.endswith("\n") else text + "\n")
+        except OSError as exc:  # the verdict stands, and its status with it: the summary is a copy
+            error_console().print(f"xsp: warning: the report could not be added to the step summary "
+                                  f"(${STEP_SUMMARY}={os.environ[STEP_SUMMARY]}): {exc.strerror or exc}", markup=False)
     unjudged = result.nothing_judged()
     if unjudged is not None and FailOn(options.fail_on) is not FailOn.NEVER:
         # a gate that compared nothing must not pass: the report above says what there was

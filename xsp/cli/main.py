@@ -70,6 +70,11 @@ class _OneLineErrors(argparse.ArgumentParser):
         return known
 
 
+
+READER_GONE: Final = 128 + 13
+"""Exit status when the reader of xsp's output went away (``| head``): a shell's for SIGPIPE, none
+of xsp's own statuses (1 would read as ``xsp diff``'s regression)."""
+
 def _negative_value_joined(arguments: list[str]) -> list[str]:
     """The first ``--rotate -5s`` (or another of :data:`UNIT_VALUED`) before any ``--`` as
     ``--rotate=-5s`` (only where argparse found
@@ -110,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # the reader of our output went away (| head): nothing left to say
         _silence_stdout()
-        return 1
+        return READER_GONE
     except OSError as exc:  # writing to the terminal or a file failed (a full disk)
         _silence_stdout()
         error_console().print(f"xsp: error: {exc.strerror or exc}", markup=False, highlight=False)
