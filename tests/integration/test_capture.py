@@ -4,6 +4,7 @@ it runs on; the real CLI against real processes."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -117,7 +118,8 @@ def test_a_capture_that_times_out_writes_nothing_then_or_later(tmp_path):
         again = xsp_cli("capture", str(service.process.pid), "--steps", "2", "-o", str(tmp_path / "next.xsp.parquet"))
     finally:
         code, _, err = service.end()
-    assert done.returncode == 2 and "did not complete the capture in time (no file was written" in done.stderr
+    assert done.returncode == 2 and "did not complete the capture in time:" in done.stderr
+    assert re.search(r"[\d,]+ of the 5,000 steps asked for began in 1 s; no file was written", done.stderr), done.stderr
     assert again.returncode == 0, again.stderr  # the abandoned capture no longer holds the process
     assert code == 0, err
     assert not (tmp_path / "late.xsp.parquet").exists()
@@ -134,6 +136,16 @@ def test_capture_says_in_one_line_what_is_wrong(tmp_path):
     assert no_xsp.stderr.startswith(f"xsp: error: process {sleeper.pid} runs no xsp session (nothing listens at ")
     ended = xsp_cli("capture", str(sleeper.pid))
     assert ended.returncode == 2 and ended.stderr == f"xsp: error: no process {sleeper.pid} is running\n"
+    closed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "XSP_CONTROL": "0"})
+    try:  # it may run a session, one that opens no channel: not "runs no xsp session"
+        said = xsp_cli("capture", str(closed.pid))
+    finally:
+        closed.kill()
+        closed.wait()
+    assert said.returncode == 2 and said.stderr == (
+        f"xsp: error: process {closed.pid} was started with XSP_CONTROL=0: an xsp session there opens no channel for "
+        "xsp capture (start it without that setting to capture its steps)\n")
     bad = xsp_cli("capture", "1", "--steps", "0")
     assert bad.returncode == 2 and bad.stderr == "xsp: error: --steps must be 1 or more, not 0\n"
     for pid in ("0", "-5"):  # no process, said alike

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from xsp.cli._common import CliError, error_console
-from xsp.core.control import Op, Reply, socket_path
+from xsp.core.control import CONTROL_VARIABLE, Op, Reply, socket_path
 from xsp.core.figures import counted
 from xsp.core.options import checked_output_name
 
@@ -74,10 +74,10 @@ def run(options: argparse.Namespace) -> int:
     output = Path(options.output or f"capture-{options.pid}.xsp.parquet").absolute()
     levels = None if options.levels is None else [part.strip() for part in options.levels.split(",") if part.strip()]
     first = None
-    if len(targets) > 1:  # a job: every rank from the same step on
-        for target in targets:
-            status = ask(target, {"op": Op.STATUS.value})
-            target.rank, target.steps_begun = status.get("rank"), int(status.get("steps_begun", 0))
+    for target in targets:  # (for a job, every rank from the same step on; for any, what a timeout says)
+        status = ask(target, {"op": Op.STATUS.value})
+        target.rank, target.steps_begun = status.get("rank"), int(status.get("steps_begun", 0))
+    if len(targets) > 1:
         first = max(target.steps_begun for target in targets) + STEP_MARGIN
     from xsp.core.rank import rank_path
 
@@ -92,7 +92,7 @@ def run(options: argparse.Namespace) -> int:
         out = error_console()
         for target in targets:
             try:
-                done = wait_done(target, deadline)
+                done = wait_done(target, deadline, options.steps, options.timeout)
             except CliError as exc:
                 also = f" ({', '.join(written)} written)" if written else ""
                 raise CliError(f"{exc}{also}") from None
@@ -136,9 +136,16 @@ def find_targets(pid: int) -> list[Target]:
                            f"does: the child processes an xsp session follows answer a capture only where the session "
                            f"is always on (xsp run --sample, xsp.trace(sample=...)); `xsp capture {parent}` captures "
                            "that process's own steps")
+        try:
+            closed = process.environ().get(CONTROL_VARIABLE) == "0"
+        except psutil.Error:
+            closed = False
+        if closed:  # it may well run a session: one that opens no channel
+            raise CliError(f"process {pid} was started with {CONTROL_VARIABLE}=0: an xsp session there opens no "
+                           "channel for xsp capture (start it without that setting to capture its steps)")
         raise CliError(f"process {pid} runs no xsp session (nothing listens at {own}; a session listens unless "
-                       "XSP_CONTROL=0, from when the program's xsp.trace() starts), and is no launcher of a job's "
-                       "ranks that do")
+                       f"{CONTROL_VARIABLE}=0, from when the program's xsp.trace() starts), and is no launcher of a "
+                       "job's ranks that do")
     return found
 
 
@@ -222,10 +229,18 @@ def start(target: Target, steps: int, levels: list[str] | None, first: int | Non
         raise CliError(f"process {target.pid} did not answer in {CONNECT_TIMEOUT_S:g} s") from None
 
 
-def wait_done(target: Target, deadline: float) -> dict[str, Any]:
+def wait_done(target: Target, deadline: float, steps: int, timeout_s: float) -> dict[str, Any]:
+    """The reply that the capture's file is written; past ``deadline``, a line that says how many
+    of the ``steps`` asked for the process began meanwhile."""
     assert target.connection is not None
     try:
         return _read_reply(target, target.connection, deadline)
     except TimeoutError:
-        raise CliError(f"process {target.pid} did not complete the capture in time (no file was written; it may "
+        seen = ""
+        try:
+            began = int(ask(target, {"op": Op.STATUS.value}).get("steps_begun", 0)) - target.steps_begun
+            seen = f" {began:,} of the {steps:,} steps asked for began in {timeout_s:g} s;"
+        except (CliError, OSError, ValueError, TypeError):
+            pass
+        raise CliError(f"process {target.pid} did not complete the capture in time:{seen} no file was written (it may "
                        "serve too few steps: try a larger --timeout)") from None
