@@ -249,11 +249,11 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
                         f"changes under {scatter_floor:.0%} cannot be told from that and are not judged "
                         "(compare several runs a side for finer verdicts)")
     if unjudged_shift != 1.0:
-        warnings.append(f"the whole run moved alike by {unjudged_shift - 1:+.1%} (every key), which the machines' "
-                        f"own timing does not explain: separate processes of one program differ by that much on a "
-                        f"busy machine, so from one run a side a change of every key under "
-                        f"{dcol.UNIFORM_SHIFT_FLOOR:.0%} is not judged; it may be the program's (a library, a dtype): "
-                        "compare several runs a side to tell")
+        warnings.append(f"the whole run moved by {unjudged_shift - 1:+.1%} (its keys' common shift), which the "
+                        f"machines' own timing does not explain: separate processes of one program differ by that "
+                        f"much on a busy machine, so from one run a side the keys that moved with it (a run's move "
+                        f"under {dcol.UNIFORM_SHIFT_FLOOR:.0%}) are not judged; it may be the program's (a library, "
+                        "a dtype): compare several runs a side to tell")
     if waited_keys:
         limit_us = contention.PREEMPTION_FACTOR * max(waits_ns) / 1e3
         warnings.append(f"the runs' threads waited for a CPU {waits_ns[0] / 1e3:.0f} µs (base) and "
