@@ -16,10 +16,10 @@ from xsp.table.sampling import step_roots as step_root_positions
 from xsp.table.walks import nearest_marked, parent_positions
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
+"""Where input waits live (the model level in traces recorded before the input level)."""
 STEP_WORK_KINDS = (SpanKind.PREDICT.value, SpanKind.BACKWARD.value, SpanKind.OPTIMIZER.value)
 """The model-level parts of a step whose failure fails the step, caught by the program or not:
 a training step whose backward pass raised updated nothing."""
-"""Where input waits live (the model level in traces recorded before the input level)."""
 NUMBERED_STEP = re.compile(r"^(.*)#\d+$")
 """Names that number their step (Kineto's ``ProfilerStep#12``): steps of one kind."""
 TRIM_FRACTION = 0.2

@@ -70,10 +70,10 @@ class _OneLineErrors(argparse.ArgumentParser):
         return known
 
 
-
 READER_GONE: Final = 128 + 13
 """Exit status when the reader of xsp's output went away (``| head``): a shell's for SIGPIPE, none
 of xsp's own statuses (1 would read as ``xsp diff``'s regression)."""
+
 
 def _negative_value_joined(arguments: list[str]) -> list[str]:
     """The first ``--rotate -5s`` (or another of :data:`UNIT_VALUED`) before any ``--`` as

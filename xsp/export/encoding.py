@@ -103,7 +103,7 @@ class SpanColumns:
         self.linked = np.zeros(count, dtype=np.uint8)
         if session is not None:
             self.link = self._link(session)
-            self.linked = (((self.has_parent == 1) & request_roots(spans) | (self.has_parent == 0))
+            self.linked = (((self.has_parent == 0) | request_roots(spans))
                            & (kinds != col.SpanKind.SESSION.value)).astype(np.uint8)
         self.columns: list[tuple[bytes, int, np.ndarray, np.ndarray, list[bytes] | None]] = []
         """What the C encoder reads, per attribute: its KeyValue key field, type, values, presence, AnyValue table."""

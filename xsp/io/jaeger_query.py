@@ -323,11 +323,10 @@ class Collected:
                                            for p in rows[col.PARENT_ID]], dtype="Int64")
         columns[col.START_NS] = np.array(rows[col.START_NS], dtype=np.int64)
         columns[col.END_NS] = np.array(rows[col.END_NS], dtype=np.int64)
-        levels, kinds, others, ours = [], [], [], []
+        levels, kinds, others = [], [], []
         typed: dict[str, list[Any]] = {column: [None] * count for column in col.COLUMN_ATTRIBUTE_KEYS}
         metadata = None
         for row, attributes in enumerate(rows["attrs"]):
-            ours.append(col.ATTR_LEVEL in attributes)
             levels.append(attributes.pop(col.ATTR_LEVEL, col.Level.MODEL.value))
             kinds.append(attributes.pop(col.ATTR_KIND, col.SpanKind.USER.value))
             kept = attributes.pop(col.ATTR_SESSION_METADATA, None)
@@ -345,8 +344,9 @@ class Collected:
                 columns[column] = pd.array(values, dtype="Int64") if column in INT_COLUMNS else values
         frame = pd.DataFrame(columns)
         frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
-        self.report.other_spans = count - sum(ours)
-        return _under_remote_parents(conform(frame), np.array(ours, dtype=bool)), metadata
+        ours = np.array(rows["ours"], dtype=bool)  # (as each span came: its level is popped above)
+        self.report.other_spans = count - int(ours.sum())
+        return _under_remote_parents(conform(frame), ours), metadata
 
 
 def _under_remote_parents(spans: pd.DataFrame, ours: np.ndarray) -> pd.DataFrame:

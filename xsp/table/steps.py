@@ -218,12 +218,13 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
     # no part of the step's tree either; the session's trace keeps both
     in_request = np.zeros(count, dtype=bool)
     in_request[step_roots] = [request_trace is not None for request_trace in joined]
-    hit = (found >= 0) & ~(in_request[np.maximum(found, 0)] & (starts[below_model] > ends[np.maximum(found, 0)]))
+    found_at = np.maximum(found, 0)
+    hit = (found >= 0) & ~(in_request[found_at] & (starts[below_model] > ends[found_at]))
     step_of[below_model[hit]] = step_of[found[hit]]
     trace_of[below_model[hit]] = trace_of[found[hit]]
     # without a step anywhere (an import of a trace with none), no root below the model level
     # can be placed in one: skip the loop, one lookup a root
-    unplaced_roots = below_model[~hit & (found < 0)] if len(step_roots) or state.latest_step else below_model[:0]
+    unplaced_roots = below_model[found < 0] if len(step_roots) or state.latest_step else below_model[:0]
     running_steps = running_step_roots(step_roots, starts, ends, starts[unplaced_roots])
     for root, running in zip(unplaced_roots.tolist(), running_steps.tolist()):
         thread = int(threads[root])
@@ -249,7 +250,7 @@ def assign_steps(spans: pd.DataFrame, parents: np.ndarray, session_row: int | No
             state.request_step_ends.pop(int(threads[root]), None)
     if len(step_roots):
         state.steps = max(state.steps + len(step_roots), int(step_of[step_roots].max()) + 1)
-    del threads, loose, below_model, found, hit, in_request
+    del threads, loose, below_model, found, found_at, hit, in_request
     inside = parents.copy()
     inside[inside == count] = NONE
     top = root_of(inside)
