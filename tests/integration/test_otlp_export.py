@@ -195,10 +195,12 @@ def test_silent_collector_fails_the_export_within_its_timeout(monkeypatch, tmp_p
     assert report.exported == 0 and report.failed == report.submitted == len(session.trace.spans)
 
 
-def test_at_a_sessions_end_a_hanging_collector_gets_only_the_time_the_end_waits(monkeypatch):
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_at_a_sessions_end_a_hanging_collector_gets_only_the_time_the_end_waits(monkeypatch, protocol):
     """A collector that takes connections and never answers, with OTEL_EXPORTER_OTLP_TIMEOUT=30:
     at the session's end each post (and the SDK's retries of it) ran its whole timeout, and each
-    window held was posted again, so a service's file came 14-54 s after its SIGTERM."""
+    window held was posted again, so a service's file came 14-54 s after its SIGTERM. Over gRPC
+    each call (and its retries) kept the 30 s after the HTTP posts were bounded."""
     from opentelemetry.sdk.trace import TracerProvider
 
     from xsp.export.delivery import OUT_OF_TIME, ExportReport, export_batch, hurry_posts, make_exporter
@@ -214,7 +216,7 @@ def test_at_a_sessions_end_a_hanging_collector_gets_only_the_time_the_end_waits(
         span.end()
         batch.append(span)
     try:
-        exporter = make_exporter(OtlpTarget.resolve(f"http://127.0.0.1:{listener.getsockname()[1]}", "http/protobuf"))
+        exporter = make_exporter(OtlpTarget.resolve(f"http://127.0.0.1:{listener.getsockname()[1]}", protocol))
         report = ExportReport(target="silent")
         report.hurry(1.0)
         hurry_posts(exporter, 1.0)  # as a session's end does (EXIT_WAIT_S)

@@ -81,6 +81,7 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
     if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
         timeout["timeout"] = DEFAULT_TIMEOUT_S
     if target.protocol is Protocol.GRPC:
+        import grpc
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
@@ -88,9 +89,12 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
         )
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
+        grpc_posts = PostDeadline()
+
         class BytesOrMessageStub:
             """The trace service's stub on the SDK exporter's channel, whose ``Export`` also takes a
-            request already serialized (xsp's encoder's bytes, sent as they are)."""
+            request already serialized (xsp's encoder's bytes, sent as they are). Once the session
+            is ending (``grpc_posts.deadline``), a call ends by the deadline and is not retried."""
 
             def __init__(self, channel: Any) -> None:
                 self.message_call = TraceServiceStub(channel).Export
@@ -99,7 +103,16 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
 
             def Export(self, request: Any, **options: Any) -> Any:  # noqa: N802 - the stub's method name
                 call = self.bytes_call if isinstance(request, bytes) else self.message_call
-                return call(request, **options)
+                deadline = grpc_posts.deadline
+                if deadline is None:
+                    return call(request, **options)
+                options["timeout"] = grpc_posts.seconds_left(options.get("timeout"))
+                try:
+                    return call(request, **options)
+                except grpc.RpcError as error:  # not an RpcError: the SDK would retry it after a backoff
+                    if time.monotonic() >= deadline:
+                        raise PostsOutOfTime(OUT_OF_TIME) from error
+                    raise
 
         class GrpcExporter(Grpc):
             """Sends an encoded batch's bytes through the SDK exporter (its channel, headers,
@@ -119,6 +132,7 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
         url = target.endpoint if "://" in target.endpoint else f"http://{target.endpoint}"
         grpc_exporter = GrpcExporter(endpoint=url, insecure=url.startswith("http://"), **timeout)  # type: ignore[arg-type]
         grpc_exporter.xsp_encoded = True  # type: ignore[attr-defined]
+        grpc_exporter.xsp_posts = grpc_posts  # type: ignore[attr-defined]
         return grpc_exporter
     import requests
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
@@ -135,19 +149,17 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
             outcome = self._client.export(spans.payload())
             return sdk_export.SpanExportResult.SUCCESS if outcome.success else sdk_export.SpanExportResult.FAILURE
 
-    class DeadlineSession(requests.Session):
-        """requests' session whose posts end by :attr:`deadline` once one is set (the session is
-        ending): a collector that hangs holds the exit a timeout a post otherwise."""
+    http_posts = PostDeadline()
 
-        deadline: float | None = None
+    class DeadlineSession(requests.Session):
+        """requests' session whose posts end by ``http_posts.deadline`` once one is set (the
+        session is ending): a collector that hangs holds the exit a timeout a post otherwise."""
 
         def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-            if self.deadline is not None:
-                if time.monotonic() >= self.deadline:  # no connection error: the SDK retries none of this
+            if http_posts.deadline is not None:
+                if time.monotonic() >= http_posts.deadline:  # no connection error: the SDK retries none of this
                     raise requests.exceptions.RequestException(OUT_OF_TIME)
-                left = max(self.deadline - time.monotonic(), SHORTEST_POST_S)
-                given = kwargs.get("timeout")
-                kwargs["timeout"] = left if not isinstance(given, (int, float)) else min(float(given), left)
+                kwargs["timeout"] = http_posts.seconds_left(kwargs.get("timeout"))
             return super().request(method, url, *args, **kwargs)
 
     answers = CollectorAnswers()
@@ -156,7 +168,7 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
     exporter = HttpExporter(endpoint=target.endpoint, session=session, **timeout)  # type: ignore[call-overload]
     exporter.xsp_answers = answers
     exporter.xsp_encoded = True
-    exporter.xsp_posts = session
+    exporter.xsp_posts = http_posts
     return exporter
 
 
@@ -165,11 +177,30 @@ SHORTEST_POST_S: Final = 0.5
 answers at once still gets the last batch."""
 
 
+class PostsOutOfTime(Exception):
+    """A post not made, or cut short, because the session's end ran out of the time it waits."""
+
+
+@dataclass
+class PostDeadline:
+    """When an exporter's posts (HTTP) or calls (gRPC) must have ended: unset while the session
+    runs (the exporter's own timeout holds), set as it ends (:func:`hurry_posts`)."""
+
+    deadline: float | None = None
+
+    def seconds_left(self, timeout: Any) -> float:
+        """The timeout a post begun now is given: what is left (at least :data:`SHORTEST_POST_S`),
+        or the post's own ``timeout`` if that is shorter."""
+        assert self.deadline is not None
+        left = max(self.deadline - time.monotonic(), SHORTEST_POST_S)
+        return min(float(timeout), left) if isinstance(timeout, (int, float)) else left
+
+
 def hurry_posts(exporter: SpanExporter, seconds: float) -> None:
-    """Posts of ``exporter`` from now on end within ``seconds`` (over HTTP; a gRPC exporter keeps
-    its own timeout a call)."""
+    """Posts of ``exporter`` (HTTP or gRPC) from now on end within ``seconds``; once they are
+    over, a post is not begun, nor retried."""
     posts = getattr(exporter, "xsp_posts", None)
-    if posts is not None:
+    if isinstance(posts, PostDeadline):
         posts.deadline = time.monotonic() + seconds
 
 
