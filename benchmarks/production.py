@@ -122,8 +122,10 @@ class Load:
     round: int = 0
 
 
-def start_server(name: str, settings: dict[str, str], folder: Path, variant: str | None = None) -> Server:
-    """Start the service with ``settings`` in its environment (split_server.py's where they name a split)."""
+def start_server(name: str, settings: dict[str, str], folder: Path, variant: str | None = None,
+                 cpus: set[int] | None = None) -> Server:
+    """Start the service with ``settings`` in its environment (split_server.py's where they name a
+    split), on ``cpus`` alone where given (every thread and helper process it starts inherits them)."""
     tag = name.replace(" ", "_").replace("=", "").replace("#", "")
     trace_file = folder / f"{tag}.xsp.parquet" if settings[MODE_ENV] != PLAIN else None
     environment = {key: value for key, value in os.environ.items() if key not in CLEARED_ENV}
@@ -135,7 +137,8 @@ def start_server(name: str, settings: dict[str, str], folder: Path, variant: str
     with open(log, "wb") as stderr:  # a session of its own: a Ctrl-C reaches this script alone
         script = SPLIT_SERVER if SPLIT_ENV in settings else SERVER
         process = subprocess.Popen([sys.executable, str(script), str(port)], env=environment,
-                                   stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
+                                   stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     return Server(name, variant or name, process, port, log, trace_file)
 
 

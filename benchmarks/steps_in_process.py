@@ -31,13 +31,14 @@ Recorded in benchmarks/results/whole_in_process.md.
 
 Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
        [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence | --whole [--window-s S]]
-       [--settle-s S] [--keep]
+       [--settle-s S] [--pin] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import signal
 import sys
 import tempfile
@@ -139,8 +140,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=None,
                         help="after each switch, load the server this long unmeasured (with --whole, 0.5 s by "
                              "default: what a session's start costs, once in a service's life, is left out)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the servers on the last CPU alone, the clients on the others (as a service on "
+                             "a CPU of its own runs), so that the clients' threads do not queue the server's")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
     args = parser.parse_args(argv)
+    server_cpus: set[int] | None = None
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--pin needs 2 CPUs or more")
+        server_cpus = {cpus[-1]}
+        os.sched_setaffinity(0, set(cpus[:-1]))  # the clients' threads, made later, inherit it
     if args.settle_s is None:
         args.settle_s = 0.5 if args.whole else 0.0
     if args.presence and args.whole:
@@ -164,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     servers: list[Server] = []
     results: dict[tuple[str, str], list[Load]] = {}
     with servers_stopped(servers, folder):
-        servers += [start_server(f"{split} #{number + 1}", settings, folder, split) for number in range(args.servers)]
+        servers += [start_server(f"{split} #{number + 1}", settings, folder, split, server_cpus)
+                    for number in range(args.servers)]
         for server in servers:
             wait_ready(server)
             for on in (False, True):
@@ -193,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         last_run_line(command, began), "",
         f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
         f"thread) inside `xsp.trace(levels=(\"model\", \"layer\"), sample={args.sample:g})`, its windows never "
-        f"closing; {args.concurrency} closed-loop keep-alive clients on the same machine. {args.servers} "
+        f"closing; {args.concurrency} closed-loop keep-alive clients on the same machine{pinned(args.pin)}. "
+        f"{args.servers} "
         f"server process(es), each loaded in every round with xsp's module-call wrapper taken out (*off*: the "
         f"session present, no step recorded) and put back (*on*), {args.seconds:g} s each, in alternating "
         f"order; {args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over "
@@ -204,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     record(lines, RESULTS)
     leave_folder(folder, args.keep)
     return 0
+
+
+def pinned(pin: bool) -> str:
+    return " (the servers pinned to one CPU of their own, the clients to the other)" if pin else ""
 
 
 def session_lines(command: str, began: float, args: argparse.Namespace, results: dict[tuple[str, str], list[Load]],
@@ -231,8 +248,8 @@ def session_lines(command: str, began: float, args: argparse.Namespace, results:
         last_run_line(command, began), "",
         f"The example service (FastAPI + uvicorn + OpenTelemetry, a 2-layer transformer on CPU with 1 torch "
         f"thread), started with no xsp session; {args.concurrency} closed-loop keep-alive clients on the same "
-        f"machine. {args.servers} server process(es), each loaded in every round with no session (*off*; one "
-        f"ran and ended before the first round, so that every import is made) and with a live {on} "
+        f"machine{pinned(args.pin)}. {args.servers} server process(es), each loaded in every round with no "
+        f"session (*off*; one ran and ended before the first round, so that every import is made) and with a live {on} "
         f"{args.rounds} rounds. *on/off*: pooled percentiles, with a 95% bootstrap interval over rounds (each "
         f"round's *on* drawn with its *off*, of the same process). {cpu}", "",
         "```", *table(results, endpoints, "session"), "```",
