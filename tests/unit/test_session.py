@@ -242,6 +242,42 @@ def test_training_step_records_backward_spans():
     assert ids[fc0[col.PARENT_ID]] in {"model.encoder.0.backward", "model.encoder.backward"}
 
 
+@pytest.mark.parametrize("wrapper", ["c", "python"])
+@pytest.mark.parametrize("input_needs_grad", [True, False])
+def test_a_linear_on_a_3d_input_has_its_matrix_multiply_in_its_backward(monkeypatch, wrapper, input_needs_grad):
+    """As in every transformer: the Linear's output node is the view back to 3-D, and its backward
+    span (that node alone) held 0.1% of a backward whose matrix multiply, run after that node,
+    took 50% of the step; the multiply's time showed as its parents' own."""
+    from xsp.record import hotpath
+
+    if wrapper == "python":
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(16)
+            self.fc = nn.Linear(16, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.norm(x) if input_needs_grad else x)
+
+    model = Block()
+
+    def train() -> None:
+        for _ in range(2):
+            model(torch.randn(4, 8, 16)).sum().backward()
+
+    spans = trace_of(train, levels="model,layer,operator").spans
+    fc = spans[spans[col.NAME] == "model.fc.backward"]
+    multiplies = spans[spans[col.NAME].isin(["AddmmBackward0", "MmBackward0"])
+                       | spans[col.NAME].str.contains("evaluate_function: (?:Addmm|Mm)Backward0", regex=True)]
+    assert len(fc) == 2 and len(multiplies) >= 2
+    for _, multiply in multiplies.iterrows():
+        inside = fc[(fc[col.START_NS] <= multiply[col.START_NS]) & (multiply[col.END_NS] <= fc[col.END_NS])]
+        assert len(inside) == 1, multiply[col.NAME]
+
+
 def test_inference_under_no_grad_installs_no_backward_hooks():
     from torch.nn.modules import module as torch_module
 

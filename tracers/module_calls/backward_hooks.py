@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from torch import nn
 
@@ -23,14 +23,51 @@ def output_nodes(out: Any) -> set[Any]:
     return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
 
 
+LAST_NODE_SEARCH: Final = 16
+"""Most graph nodes looked at for where a leaf module's backward ends; past it (a module whose
+output depends on much it did not take as its first argument), its output's node ends it."""
+
+
+def last_node(node: Any, first_input: Any) -> Any:
+    """The node of a leaf module call's own part of the graph that autograd runs last: the one
+    made first in its forward (autograd runs the nodes of one device in the reverse of their
+    making, ``sequence_nr``). Its own part: the nodes reachable from its output's ``node`` made
+    after its first argument (a tensor's node; any node where the argument needs no gradient),
+    parameters' ``AccumulateGrad`` left out. A ``Linear`` on a 3-D input makes a view, a matrix
+    multiply and a view back: its output's node is the last view, whose backward is a reshape,
+    and the multiply's backward runs after it."""
+    made_after = -1
+    grad_fn = getattr(first_input, "grad_fn", None) if type(first_input) is TENSOR_TYPE else None
+    if grad_fn is not None:
+        made_after = grad_fn._sequence_nr()
+    first, first_made = node, node._sequence_nr()
+    waiting, seen = [node], {node}
+    while waiting:
+        for next_node, _ in waiting.pop().next_functions:
+            if next_node is None or next_node in seen or type(next_node).__name__ == "AccumulateGrad":
+                continue
+            made = next_node._sequence_nr()
+            if made <= made_after:
+                continue
+            seen.add(next_node)
+            if len(seen) > LAST_NODE_SEARCH:
+                return node
+            waiting.append(next_node)
+            if made < first_made:
+                first, first_made = next_node, made
+    return first
+
+
 def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = None,
-                    ) -> Callable[[ThreadBuffer, Any, nn.Module, int], None]:
-    """``hook(buffer, out, module, call_start)``: record the begin and end of the backward of one call.
+                    ) -> Callable[[ThreadBuffer, Any, nn.Module, int, Any], None]:
+    """``hook(buffer, out, module, call_start, first_input)``: record the begin and end of the
+    backward of one call.
 
     The backward of a module call begins when the node that produced its output is about to
-    run (its gradient is complete) and ends when that node has run; a module with submodules
-    is stretched over their backward when the layer spans are built. Events go to the buffer
-    of the thread that runs the backward (an autograd device thread on GPUs).
+    run (its gradient is complete). A leaf module's ends when the last node of its own part of
+    the graph has run (:func:`last_node`: for most, its output's node); a module with
+    submodules is stretched over their backward when the layer spans are built. Events go to
+    the buffer of the thread that runs the backward (an autograd device thread on GPUs).
 
     Hook registrations cost microseconds each, so they are spared where the span follows
     from others. A module with submodules gets no end hook: its backward ends with theirs (its
@@ -61,7 +98,7 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
         if ranges is not None:
             ranges.pop()
 
-    def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
+    def hook(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int, first_input: Any = None) -> None:
         node = out.grad_fn if type(out) is TENSOR_TYPE else None
         if node is None:
             nodes: Any = output_nodes(out)
@@ -76,7 +113,8 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
         for node in nodes:
             if leaf:
                 node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
-                node.register_hook(partial(end_ranged if ranges is not None else end, module, call))
+                last_node(node, first_input).register_hook(partial(end_ranged if ranges is not None else end,
+                                                                   module, call))
             else:
                 node.register_prehook(partial(begin, module, call))
 

@@ -202,13 +202,13 @@ def _record_failure(buffer: ThreadBuffer, module: nn.Module, args: tuple[Any, ..
         buffer.steps.call_ends(end)
 
 
-def _no_backward_hooks(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int) -> None:
+def _no_backward_hooks(buffer: ThreadBuffer, out: Any, module: nn.Module, call: int, first_input: Any) -> None:
     """The model level hooks no backward (its wrapper records no call inside a top-level one)."""
 
 
 def _with_hotpath(slow: Callable[..., Any], mode: Mode, recording: Recording, original: Callable[..., Any],
                   correlation: Correlation | None, on_read: Callable[[], None] | None, tracing_known: bool,
-                  hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int], None] = _no_backward_hooks,
+                  hook_backward: Callable[[ThreadBuffer, Any, nn.Module, int, Any], None] = _no_backward_hooks,
                   module_ranges: ModuleRanges | None = None) -> Callable[..., Any]:
     """What to install as ``nn.Module.__call__``: the wrapper ``slow`` (in Python), or, where xsp's
     C extension is built, an ``xsp.record._hotpath.FastCall`` that records the calls it knows how to and
@@ -420,7 +420,7 @@ def _make_all_wrapper(recording: Recording, original: Callable[..., Any], correl
         buffer.record_call(start, end, self, depth, in_desc, out_desc, None)
         calls = buffer.calls
         if grad_enabled() and recording.backward_hooks:
-            hook_backward(buffer, out, self, start)
+            hook_backward(buffer, out, self, start, args[0] if args else None)
         if depth < 2:
             if len(calls) >= COMPACT_AT:
                 buffer.compact()

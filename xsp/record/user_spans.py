@@ -52,11 +52,8 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         self._ranged = ranges is not None
         if ranges is not None:  # Nsight's range, named as the span
             ranges.push(ranges.message(self.name, self._range_kind))
-        if recording is not None:
-            try:
-                recording.local.b
-            except AttributeError:  # the thread's first: its buffer waits for the session's imports, untimed
-                recording.buffer()
+        if recording is not None and not hasattr(recording.local, "b"):
+            recording.buffer()  # the thread's first: its buffer waits for the session's imports, untimed
         self._start = now_ns()
         return self
 

@@ -195,8 +195,9 @@ int64_t nvtx_push(FastCall *self, PyObject *module, long long depth) {
 /* paths -------------------------------------------------------------------------------- */
 
 /* After the module ran with autograd on, at the layer level: hook the graph nodes of its output
- * for its backward span (a Python function, as the Python wrapper does). */
-int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *module, PyObject *out,
+ * for its backward span (a Python function, as the Python wrapper does), given its first
+ * positional argument (where the module's own part of the graph ends). */
+int hook_backward_if_grad(FastCall *self, PyObject *buffer, const Call *call, PyObject *out,
                                  PyObject *start) {
     int grad = grad_enabled(self);
     if (grad <= 0) return grad;
@@ -205,7 +206,9 @@ int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *module, Py
     int hooked = PyObject_IsTrue(hooks);
     Py_DECREF(hooks);
     if (hooked <= 0) return hooked;
-    PyObject *done_hooking = PyObject_CallFunctionObjArgs(self->hook_backward, buffer, out, module, start, NULL);
+    PyObject *first = call->nargs > 0 ? call->argv[1] : Py_None;
+    PyObject *done_hooking = PyObject_CallFunctionObjArgs(self->hook_backward, buffer, out, CALL_MODULE(call), start,
+                                                          first, NULL);
     if (done_hooking == NULL) return -1;
     Py_DECREF(done_hooking);
     return 0;
@@ -339,7 +342,7 @@ PyObject *top_call(FastCall *self, PyObject *buffer, const Call *call, uint64_t 
     if (paused) pause_operators(0);  /* after a failure too */
     if (running >= 0) self->running_threads[running] = 0;  /* after a failure too */
     if (out == NULL) goto done;
-    if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, module, out, start) < 0) goto done;
+    if (self->mode == MODE_ALL && hook_backward_if_grad(self, buffer, call, out, start) < 0) goto done;
     if (compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     if (end_step_piece(self, buffer, steps, end, end_ns) < 0) goto done;
     result = out;
@@ -361,7 +364,7 @@ PyObject *nested_call(FastCall *self, PyObject *buffer, const Call *call, long l
     if ((start = read_clock(self->now, &start_ns)) == NULL) goto done;
     if ((out = run_and_record(self, buffer, call, depth, start, start_ns, &end, &end_ns, &length)) == NULL)
         goto done;
-    if (hook_backward_if_grad(self, buffer, CALL_MODULE(call), out, start) < 0) goto done;
+    if (hook_backward_if_grad(self, buffer, call, out, start) < 0) goto done;
     if (depth < 2 && compact_if_full(buffer, length, self->compact_at) < 0) goto done;
     result = out;
     out = NULL;

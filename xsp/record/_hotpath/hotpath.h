@@ -187,7 +187,7 @@ typedef struct {
     PyObject *describe_inputs;
     PyObject *describe;
     PyObject *on_error;       /* (buffer, module, args, kwargs, start, end, exception, depth) */
-    PyObject *hook_backward;  /* (buffer, out, module, start), ALL mode */
+    PyObject *hook_backward;  /* (buffer, out, module, start, first argument), ALL mode */
     PyObject *buffer_type;    /* ThreadBuffer */
     PyObject *steps_type;     /* AutoSteps */
     PyObject *correlation_capsule;  /* xsp.record._activity.correlation, or NULL */
@@ -406,7 +406,7 @@ PyObject *run_and_record(FastCall *self, PyObject *buffer, const Call *call, lon
                                 PyObject *start, long long start_ns, PyObject **end, long long *end_ns,
                                 Py_ssize_t *calls_length);
 int64_t nvtx_push(FastCall *self, PyObject *module, long long depth);
-int hook_backward_if_grad(FastCall *self, PyObject *buffer, PyObject *module, PyObject *out,
+int hook_backward_if_grad(FastCall *self, PyObject *buffer, const Call *call, PyObject *out,
                                  PyObject *start);
 int record_root(const BufferSlots *slots, PyObject *buffer, PyObject *start, long long start_ns, long flags,
                        Py_ssize_t full_rows);
