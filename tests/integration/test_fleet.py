@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pyarrow.dataset as pads
@@ -94,3 +95,97 @@ def test_xsp_run_writes_into_the_dataset(tmp_path):
                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_a_rerun_with_the_same_run_id_takes_the_next_one_and_leaves_the_first_as_it_was(monkeypatch, tmp_path):
+    """A second run with the same XSP_RUN_ID (a rerun, a restarted container) wrote part-0 over the
+    first run's and left its later parts: two runs mixed in one folder, read as one, steps lost."""
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    first_folder = tmp_path / "run=svc" / "rank=0"
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path, rotate=0.2, window_s=0.05):
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and not (first_folder / "part-1.xsp.parquet").exists():
+            model(torch.randn(2, 16))
+            time.sleep(0.001)
+    first = {path.name: path.read_bytes() for path in first_folder.glob("*.xsp.parquet")}
+    assert len(first) >= 3
+    with pytest.warns(xsp.XspWarning, match=r"run=svc.* already holds a run's trace .* this run is svc-2"):
+        with xsp.trace(levels="model,layer", dataset=tmp_path, rotate=0.2, window_s=0.05) as second:
+            infer(2)
+    assert {path.name: path.read_bytes() for path in first_folder.glob("*.xsp.parquet")} == first
+    assert second.output == tmp_path / "run=svc-2" / "rank=0" / "part-0.xsp.parquet"
+    assert second.trace.metadata["run_id"] == "svc-2"
+    assert len(xsp.load(first_folder).steps) > 2 and len(xsp.load(second.output.parent).steps) == 2
+    with pytest.warns(xsp.XspWarning, match="this run is svc-3"):  # whole files too (no rotate): none replaced
+        with xsp.trace(levels="model", dataset=tmp_path) as third:
+            infer(1)
+    assert third.output.parent.parent.name == "run=svc-3" and third.output.is_file()
+
+
+def test_a_run_id_a_live_session_writes_is_not_shared(tmp_path):
+    """Two live sessions with one run id (workers of one server, each in parts) both wrote part-1,
+    part-2...: each one's parts replaced the other's."""
+    import socket
+
+    from xsp.io.output_claim import writer_file
+    from xsp.session.options import TraceOptions
+    from xsp.session.output_name import OutputName
+    from xsp.session.running import claim_dataset_place
+
+    options = TraceOptions.parse(levels="model", dataset=tmp_path, rotate=60)
+    first = tmp_path / "run=svc" / "rank=0" / "part-0.xsp.parquet"
+    first.parent.mkdir(parents=True)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
+        try:
+            writer_file(first).write_text(f"{socket.gethostname()}\n{other.pid}\n")  # its session's claim
+            said: list[str] = []
+            name = OutputName()
+            path, run = claim_dataset_place(options, None, "svc", name, said.append)
+            name.release()
+        finally:
+            other.kill()
+    assert run == "svc-2" and path == tmp_path / "run=svc-2" / "rank=0" / "part-0.xsp.parquet"
+    assert len(said) == 1 and "a live session" in said[0] and str(first.parent) in said[0]
+
+
+def test_an_elastic_jobs_restart_is_a_run_of_its_own():
+    from xsp.core.rank import rank_info, run_id
+
+    environ = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job7"}
+    assert run_id(rank_info(environ), environ) == "job7"
+    restarted = {**environ, "TORCHELASTIC_RESTART_COUNT": "2"}
+    assert run_id(rank_info(restarted), restarted) == "job7-restart2"
+    assert run_id(rank_info(restarted), {**restarted, "XSP_RUN_ID": "mine"}) == "mine"
+
+
+def test_a_sealed_part_whose_spans_hang_below_the_session_span_reads_without_a_cut_short_warning(
+        monkeypatch, tmp_path):
+    """Spans between steps (a `preprocess` span) hang below the session span, which only the last
+    part holds: every sealed part warned that it was cut short, at the end of the run and at
+    every `xsp report` of it."""
+    import warnings
+
+    from xsp.io.tree_windows import tree_windows
+
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    folder = tmp_path / "run=svc" / "rank=0"
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path, rotate=0.2, window_s=0.05):
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and not (folder / "part-1.xsp.parquet").exists():
+            with xsp.span("preprocess"):
+                batch = torch.randn(2, 16)
+            model(batch)
+            time.sleep(0.001)
+    sealed = folder / "part-0.xsp.parquet"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xsp.XspWarning)
+        part = xsp.load(sealed)
+        windows = tree_windows(sealed, window_spans=50)
+    preprocess = part.spans[part.spans[col.NAME] == "preprocess"]
+    assert len(preprocess) > 0 and preprocess[col.PARENT_ID].notna().all()  # below the session span, elsewhere
+    assert windows.spans == len(part.spans)
+    whole = xsp.load(folder)
+    session_span = whole.spans[whole.spans[col.KIND] == "session"][col.SPAN_ID].iloc[0]
+    assert (whole.spans[whole.spans[col.NAME] == "preprocess"][col.PARENT_ID] == session_span).all()

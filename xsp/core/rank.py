@@ -181,13 +181,24 @@ def session_trace_id(job: str) -> str:
 
 def run_id(rank: RankInfo | None, environ: Mapping[str, str] = os.environ) -> str:
     """The id of this run in a dataset of runs: ``XSP_RUN_ID`` when set, else the job's id (every
-    rank of a job is one run), else the time it started and a random suffix."""
+    rank of a job is one run; an elastic job's restart, ``-restart<N>`` after it, a run of its
+    own), else the time it started and a random suffix."""
     chosen = environ.get(RUN_ID_ENV, "").strip()
     if chosen:
         return chosen
     if rank is not None:
-        return rank.job_id
+        return rank.job_id if not rank.restart else f"{rank.job_id}{RESTART_INFIX}{rank.restart}"
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+RESTART_INFIX: Final = "-restart"
+"""Between a job's id and its restart count in the run id of a torchrun job that restarted."""
+
+
+def numbered_run(run: str, number: int) -> str:
+    """The id a run takes where ``run`` is taken in its dataset (an earlier run's files, a live
+    session's): ``run-2``, ``run-3``..."""
+    return run if number == 1 else f"{run}-{number}"
 
 
 def _partition_value(text: str) -> str:

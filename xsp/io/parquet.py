@@ -21,7 +21,7 @@ from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
 from xsp.core.lazy import pyarrow_parquet as pq
 from xsp.io.outputs import beside, describe_os_error, write_output
-from xsp.table.validation import impossible_spans, parents_not_in_the_table
+from xsp.table.validation import impossible_spans, parents_not_in_the_table, session_span_elsewhere
 from xsp.table.walks import arrow_strings, categorical, parent_positions
 
 if TYPE_CHECKING:
@@ -401,7 +401,7 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, An
     spans = spans_from_owned_arrow(source, owner)
     parents = parent_positions(spans)  # once, for both checks (an argsort of every id)
     refuse_impossible_spans(source, spans, parents)
-    orphans = parents_not_in_the_table(spans, parents)
+    orphans = parents_not_in_the_table(spans, parents, session_span_elsewhere(metadata))
     if orphans:
         warn(XspWarning(f"{source}: {orphans} spans name a parent that is not in the file (cut short, or "
                                  "spans left out of it): they are read as roots"))

@@ -42,6 +42,7 @@ from xsp.io.parquet import (
     refuse_impossible_spans,
     spans_from_owned_arrow,
 )
+from xsp.table.validation import session_span_elsewhere
 from xsp.table.walks import parent_positions
 
 WINDOW_SPANS: Final = 1 << 16
@@ -167,7 +168,7 @@ def tree_windows(path: str | os.PathLike[str], window_spans: int = WINDOW_SPANS,
         try:
             with duckdb_interrupts():
                 connection.execute("SET enable_progress_bar = false")
-                facts, up = _parents(connection, source, names)
+                facts, up = _parents(connection, source, names, session_span_elsewhere(metadata))
         except (duckdb.OutOfMemoryException, duckdb.IOException) as exc:  # the machine's, not the file's
             raise OutputError(f"{source} could not be cut into windows in {spill_name}: {first_line(exc)}") from None
         except duckdb.Error as exc:
@@ -188,9 +189,11 @@ def scratch_folder(source: Path) -> str | None:
     return str(folder) if os.access(folder, os.W_OK) else None
 
 
-def _parents(connection: Any, source: Path, names: list[str]) -> tuple[dict[str, Any], np.ndarray]:
+def _parents(connection: Any, source: Path, names: list[str],
+             elsewhere: int | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """What :class:`TreeWindows` says of the whole trace, and each span's parent's row (its own for
-    a root)."""
+    a root). ``elsewhere``: a parent known to be in another file (a sealed part's session span),
+    not said to be missing."""
     spans = "read_parquet($path, file_row_number = true)"
     given = {"path": str(source)}
     count = int(connection.execute(f"SELECT count(*) FROM {spans}", given).fetchall()[0][0])
@@ -206,8 +209,9 @@ def _parents(connection: Any, source: Path, names: list[str]) -> tuple[dict[str,
     relation = connection.sql(
         f"WITH s AS (SELECT file_row_number AS row, {col.SPAN_ID} AS id, {col.PARENT_ID} AS parent FROM {spans}), "
         "ids AS (SELECT id, min(row) AS row FROM s GROUP BY id) "
-        "SELECT s.row, coalesce(ids.row, s.row) AS up, (s.parent IS NOT NULL AND ids.row IS NULL) AS orphan "
-        "FROM s LEFT JOIN ids ON s.parent = ids.id", params=given)
+        "SELECT s.row, coalesce(ids.row, s.row) AS up, (s.parent IS NOT NULL AND ids.row IS NULL "
+        "AND s.parent IS DISTINCT FROM $elsewhere) AS orphan "
+        "FROM s LEFT JOIN ids ON s.parent = ids.id", params={**given, "elsewhere": elsewhere})
     up = np.zeros(count, dtype=np.int64 if count >= 1 << 31 else np.int32)
     orphans = 0
     reader = relation.to_arrow_reader() if hasattr(relation, "to_arrow_reader") else relation.fetch_arrow_reader()

@@ -35,6 +35,17 @@ class OutputName:
                  f"this one writes {self.claim.path} instead")
         return self.claim.path
 
+    def claim_exactly(self, output: Path) -> Path | None:
+        """Claim ``output`` itself for this run, or nothing (None: a live session writes it, or a
+        killed run's windows wait for ``xsp recover`` of it). Where no claim can be made at all (a
+        read-only folder), ``output`` unclaimed, as :meth:`take` gives it."""
+        claimed = claim(output, killed_run_left)
+        if claimed.path != output or claimed.awaiting is not None:
+            claimed.release()
+            return None
+        self.claim = claimed
+        return output
+
     def release(self) -> None:
         """Give the name back (the file, if written, stays)."""
         if self.claim is not None:

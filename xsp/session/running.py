@@ -15,13 +15,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from xsp.core import contention, machine_speed
 from xsp.core.clock import ClockSync, now_ns
 from xsp.core.metadata import environment
-from xsp.core.rank import RankInfo, current_backend, dataset_path, part_path, rank_info, rank_path
-from xsp.core.schema import Level
+from xsp.core.rank import (
+    RankInfo,
+    current_backend,
+    dataset_path,
+    numbered_run,
+    part_path,
+    rank_info,
+    rank_path,
+)
+from xsp.core.schema import FILE_SUFFIX, Level
 from xsp.export.target import OtlpTarget
 from xsp.record.recording import Recording
 from xsp.record.sampling import SamplingPolicy, StepSampler
@@ -48,9 +56,9 @@ def stop_quietly(tracer: Tracer, warn: Callable[[str], None]) -> None:
 
 def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
                warn: Callable[[str], None]) -> Path | None:
-    """The file a session starting now writes: the one asked for, or with ``dataset`` the
-    dataset's place for this run and rank (its folder made; None, said, where it cannot be);
-    one rank of a distributed job writes its own beside the name asked for."""
+    """The file a session starting now writes (before its name is claimed): the one asked for,
+    or with ``dataset`` the dataset's place for this run and rank (its folder made; None, said,
+    where it cannot be); one rank of a distributed job writes its own beside the name asked for."""
     if options.dataset is not None:
         assert run_id is not None
         path = dataset_path(options.dataset, run_id, 0 if rank is None else rank.rank, options.service_name)
@@ -66,6 +74,37 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
     if options.output is not None and rank is not None:
         return rank_path(options.output, rank.rank)
     return options.output
+
+
+MOST_RUN_NUMBERS: Final = 1000
+
+
+def claim_dataset_place(options: TraceOptions, rank: RankInfo | None, run: str, output_name: OutputName,
+                        warn: Callable[[str], None]) -> tuple[Path | None, str]:
+    """``(file, run id)`` of a session writing into a dataset, its name claimed in ``output_name``.
+
+    A run's rank folder holds one session's trace: its parts (``rotate``) are numbered from 0,
+    and a second session writing them would replace some and leave the others, two runs mixed
+    into one. So where this run's folder holds an earlier run's traces (a rerun with the same
+    ``XSP_RUN_ID``, a container restarted), a killed run's windows waiting for ``xsp recover``, or
+    a live session's claim, this run takes the next free id, ``<run>-2``, and says so."""
+    for number in range(1, MOST_RUN_NUMBERS):
+        numbered = numbered_run(run, number)
+        path = output_for(options, rank, numbered, warn)
+        if path is None:
+            return None, numbered
+        if number < MOST_RUN_NUMBERS - 1 and any(path.parent.glob(f"*{FILE_SUFFIX}")):
+            continue
+        claimed = output_name.claim_exactly(path)
+        if claimed is None and number < MOST_RUN_NUMBERS - 1:
+            continue
+        if number > 1:
+            assert options.dataset is not None
+            earlier = dataset_path(options.dataset, run, 0 if rank is None else rank.rank, options.service_name).parent
+            warn(f"{earlier} already holds a run's trace (or a live session, or a killed run's windows waiting for "
+                 f"`xsp recover`); this run is {numbered} and writes {path} instead, leaving it as it was")
+        return claimed or path, numbered
+    raise AssertionError("unreachable: the last number is taken whatever holds it")
 
 
 @dataclass(eq=False)
@@ -261,4 +300,5 @@ class RunningSession:
             "session_ids": {"trace_id": state.session_trace_id, "span_id": state.session_span_id},
             "session_start_ns": self.start_ns + self.clock.host_to_epoch_ns,
             "session_thread_id": self.thread_id,
+            "window_s": self.options.window_s,
         }

@@ -25,7 +25,7 @@ from xsp.session.leveled_plans import depth_plans
 from xsp.session.options import CAPTURE_WINDOW_S, TraceOptions
 from xsp.session.output_name import OutputName
 from xsp.session.pauses import WAIT_FRACTION, PauseWait
-from xsp.session.running import RunningSession, output_for, stop_quietly
+from xsp.session.running import RunningSession, claim_dataset_place, output_for, stop_quietly
 from xsp.session.scheduled import ScheduledSteps
 from xsp.session.signals import StopSignals
 from xsp.session.windows import WindowWorker
@@ -57,9 +57,12 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
     rank = rank_info()
     this_run = None if options.dataset is None else run_id(rank)
     output_name = OutputName()
-    output = output_for(options, rank, this_run, warn)
+    if this_run is not None:
+        output, this_run = claim_dataset_place(options, rank, this_run, output_name, warn)
+    else:
+        output = output_for(options, rank, this_run, warn)
     try:
-        if output is not None:
+        if output is not None and this_run is None:
             output = output_name.take(output, warn)
         target, collector_down = open_export(options, output, warn)
         tracers, unavailable = tracers_for(options.levels)

@@ -9,7 +9,7 @@ they are, they turn into a latency of -0.001 ms and steps that cover 300% of a r
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -95,10 +95,26 @@ def outside_their_parent(spans: pd.DataFrame, parents: np.ndarray) -> np.ndarray
     return outside
 
 
-def parents_not_in_the_table(spans: pd.DataFrame, parents: np.ndarray | None = None) -> int:
+def parents_not_in_the_table(spans: pd.DataFrame, parents: np.ndarray | None = None,
+                             elsewhere: int | None = None) -> int:
     """How many spans name a parent that no span of the table has (a file cut short, or spans
-    left out of it): they are read as roots."""
+    left out of it): they are read as roots. ``elsewhere``: a span id known to be in another
+    file (a sealed part's session span, written with the last part), not counted."""
     if col.PARENT_ID not in spans or not len(spans):
         return 0
     parents = parent_positions(spans) if parents is None else parents
-    return int((spans[col.PARENT_ID].notna().to_numpy() & (parents < 0)).sum())
+    missing = spans[col.PARENT_ID].notna().to_numpy() & (parents < 0)
+    if elsewhere is not None:
+        missing &= (spans[col.PARENT_ID] != elsewhere).fillna(True).to_numpy(dtype=bool)
+    return int(missing.sum())
+
+
+def session_span_elsewhere(metadata: dict[str, Any]) -> int | None:
+    """The session span's id where a file is a sealed part of a trace written in parts (the
+    session span is in its last part), else None."""
+    part = metadata.get("part")
+    ids = metadata.get("session_ids")
+    if not isinstance(part, dict) or part.get("last", True) or not isinstance(ids, dict):
+        return None
+    span_id = ids.get("span_id")
+    return span_id if isinstance(span_id, int) else None
