@@ -572,8 +572,12 @@ def test_the_report_of_a_killed_always_on_run_counts_the_steps_in_its_file(tmp_p
     script.write_text(KILLED_ALWAYS_ON)
     done = subprocess.run([sys.executable, str(script), str(output)], capture_output=True, text=True, timeout=120)
     assert done.returncode == -9, done.stderr
-    steps = len(xsp.load(output).steps)  # read from the windows written before the kill
+    loaded = xsp.load(output)  # read from the windows written before the kill
+    steps = len(loaded.steps)
     assert steps > 0
+    # what a kill loses, from its window interval (0.5 s, and half a window more always on): it said "about a second"
+    assert "the steps of its last window (up to about 0.75 s before it ended) are missing" in \
+        loaded.metadata["warnings"][-1], loaded.metadata["warnings"]
     report = subprocess.run([sys.executable, "-m", "xsp", "report", str(output)], capture_output=True, text=True,
                             timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert report.returncode == 0, report.stderr

@@ -145,3 +145,33 @@ def test_windows_no_folder_can_take_at_the_end_are_said_lost_with_their_count(fu
     messages = [str(w.message) for w in said]
     assert any(f"{lost:,} spans of its windows could be written nowhere and are lost" in m for m in messages), messages
     assert not any("its windows and metadata are kept in" in m for m in messages)
+
+
+def test_the_recover_command_said_for_a_run_in_parts_is_one_that_recovers(tmp_path, monkeypatch):
+    """It named the last part (`xsp recover .../part-1.xsp.parquet`), where recover found nothing:
+    a run in parts keeps its windows beside its first part."""
+    import re
+    import time
+
+    monkeypatch.setenv("XSP_RUN_ID", "full")
+    monkeypatch.setattr(xsp.session.ending, "write_trace_tables", _no_space)  # the last part only
+    folder = tmp_path / "runs" / "run=full" / "rank=0"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with pytest.warns(xsp.XspWarning) as said, torch.no_grad(), \
+            xsp.trace(levels="model,layer", dataset=tmp_path / "runs", rotate=0.2, window_s=0.05) as session:
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and not (folder / "part-1.xsp.parquet").exists():
+            model(torch.randn(2, 8))
+            time.sleep(0.001)
+        model(torch.randn(2, 8))
+    told = next(str(w.message) for w in said if "the trace file was not written" in str(w.message))
+    target = re.search(r"`xsp recover (\S+)`", told)
+    assert target is not None, told
+    monkeypatch.undo()
+    sealed = sorted(folder.glob("part-*.xsp.parquet"))
+    from xsp.cli.main import main
+
+    assert main(["recover", target.group(1)]) == 0  # as the warning says it
+    written = sorted(set(folder.glob("part-*.xsp.parquet")) - set(sealed))
+    assert len(written) == 1
+    assert _steps(written[0]) == int((session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value).sum())

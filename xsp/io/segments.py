@@ -545,10 +545,29 @@ def _recovered(folders: list[Path]) -> tuple[list[pa.Table], dict[str, Any]]:
     metadata.pop("output", None)
     metadata["recovered"] = recovered
     metadata["interrupted"] = UNFINISHED
+    window_s = metadata.pop("window_s", None)
+    windows_lost = ALWAYS_ON_WINDOWS_LOST if metadata.get("sampling") else WINDOWS_LOST
+    lost = (f"up to about {seconds_text(windows_lost * window_s)}" if isinstance(window_s, (int, float))
+            else "up to about a window")
     metadata.setdefault("warnings", []).append(
         f"recovered from {len(tables) - 1} closed windows: the process ended before the session did; "
-        "the steps of its last window (up to about a second before it ended) are missing")
+        f"the steps of its last window ({lost} before it ended) are missing")
     return tables, metadata
+
+
+WINDOWS_LOST: Final = 1.0
+"""What a killed run loses, in windows: the one open (those waiting to be written are written
+together, docs/cli.md)."""
+ALWAYS_ON_WINDOWS_LOST: Final = 1.5
+"""What a killed always-on run loses, in windows: the one open, and the one closed but waiting
+for a pause of its steps (at most half a window) to be written."""
+
+
+def seconds_text(seconds: float) -> str:
+    """``0.15 s``, ``1.5 s``, ``90 s``, ``2 h``."""
+    if seconds >= 7200:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:,.0f} s"
 
 
 def recovered_path(output: Path) -> Path:

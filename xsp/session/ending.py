@@ -23,7 +23,7 @@ from xsp.core.figures import counted
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.metadata import memory_peaks
-from xsp.core.rank import RankInfo
+from xsp.core.rank import PART_FILE, RankInfo
 from xsp.core.schema import Level, SpanKind, Status
 from xsp.core.threads import start_thread
 from xsp.io.parquet import arrow_table, spans_from_arrow, write_trace_tables
@@ -485,8 +485,10 @@ class TraceWriter:
             kept_where = (f"its windows and metadata are kept in {where}" if not lost else
                           f"{lost:,} spans of its windows could be written nowhere and are lost (counted in its "
                           f"dropped records); what was kept, and its metadata, are in {where}")
+            # a run in parts keeps every part's windows beside its first: recover finds them from the folder
+            recover = self.output.parent if PART_FILE.match(self.output.name) else self.output
             self.warn(f"the trace file was not written: {exc}; {kept_where} "
-                      f"(`xsp recover {self.output}` writes it once the cause is fixed)")
+                      f"(`xsp recover {recover}` writes it once the cause is fixed)")
             for note in segments.take_notes():
                 self.warn(note)
             left = list(segments.tables())
