@@ -110,7 +110,9 @@ def step_coverage(source: Trace | pd.DataFrame, extent_ns: tuple[int, int] | Non
     span), ``steps``, ``steps_ms`` (time inside at least one step), ``coverage`` (their
     ratio), ``outside_ms`` (the rest), and that rest by where: ``before_ms`` (before the first
     step: start-up, model construction), ``between_ms`` (between steps: input, evaluation outside
-    steps, the program's own work), ``after_ms`` (after the last step: the end of the run).
+    steps, the program's own work), ``after_ms`` (after the last step: the end of the run), and
+    ``compile_outside_ms``: of the time outside every step, what ``torch.compile`` spent compiling
+    (a compiled function's first call before its step began, a compiled optimizer step).
 
     ``extent_ns``: the first start and last end of every span of the trace, where ``source``
     holds only some of them (its session spans and steps' roots: a trace read a window at a time).
@@ -133,10 +135,17 @@ def step_coverage(source: Trace | pd.DataFrame, extent_ns: tuple[int, int] | Non
     before_ns = max(int(starts.min()) - start, 0) if len(roots) else outside_ns
     after_ns = max(end - int(ends.max()), 0) if len(roots) else 0
     session_ms, steps_ms = (end - start) / 1e6, inside / 1e6
+    compiles = spans[spans[col.KIND] == SpanKind.COMPILE.value]
+    compile_outside_ns = 0
+    if len(compiles):  # the union of compiles and steps, less the steps': compiling outside every step
+        both_starts = np.concatenate([starts, compiles[col.START_NS].to_numpy(dtype=np.int64)])
+        both_ends = np.concatenate([ends, compiles[col.END_NS].to_numpy(dtype=np.int64)])
+        compile_outside_ns = max(int(union_length(both_starts, both_ends)) - int(inside), 0)
     return pd.DataFrame([{"session_ms": session_ms, "steps": len(roots), "steps_ms": steps_ms,
                           "coverage": steps_ms / session_ms if session_ms else np.nan,
                           "outside_ms": outside_ns / 1e6, "before_ms": before_ns / 1e6, "after_ms": after_ns / 1e6,
-                          "between_ms": max(outside_ns - before_ns - after_ns, 0) / 1e6}])
+                          "between_ms": max(outside_ns - before_ns - after_ns, 0) / 1e6,
+                          "compile_outside_ms": compile_outside_ns / 1e6}])
 
 
 def user_spans(source: Trace | pd.DataFrame, extent_ns: tuple[int, int] | None = None) -> pd.DataFrame:

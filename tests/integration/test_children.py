@@ -474,6 +474,22 @@ def test_xsp_run_never_says_a_script_whose_children_ran_untraced_called_no_modul
     assert "called no torch.nn.Module in its own process, and 1 child process ran untraced" in result.stderr
 
 
+@pytest.mark.heavy  # a subprocess run: `python -m pytest -m heavy`
+def test_xsp_run_of_steps_that_call_no_module_reports_them_instead_of_saying_nothing_was_profiled(tmp_path):
+    """A compiled training function (its modules inside the graph) or a loop over raw tensors has
+    steps and no module call: `xsp run --report` said there was nothing to profile, and printed no
+    report."""
+    script = tmp_path / "functional.py"
+    script.write_text("import torch\nw = torch.randn(4, requires_grad=True)\nopt = torch.optim.SGD([w], lr=0.1)\n"
+                      "for _ in range(3):\n    (w * torch.randn(4)).sum().backward()\n    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    result = subprocess.run([sys.executable, "-m", "xsp", "run", "--report", "-o", str(tmp_path / "run.xsp.parquet"),
+                             "--", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to profile" not in result.stderr + result.stdout
+    assert "3 steps" in result.stderr and "Model latency over steps" in result.stdout + result.stderr
+
+
 def _sampling_of_children(trace: xsp.Trace) -> tuple[set[str], int, int]:
     """The ``sampling`` of the children's steps, how many there are, and the children's layer spans."""
     spans = trace.spans

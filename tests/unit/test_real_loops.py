@@ -658,3 +658,35 @@ def test_the_time_between_steps_is_whole_nanoseconds_not_a_rounding_error():
     coverage = analysis.step_coverage(conform(frame)).iloc[0]
     assert coverage["between_ms"] == 0.0 and coverage["steps"] == 1
     assert coverage["before_ms"] == 926.756583 and coverage["after_ms"] == 60.721575
+
+
+def test_compiling_outside_the_steps_is_named_as_such():
+    """A compiled training function's first call compiled for 2.2 s before its step began, and the
+    report called all of it 'start-up, model construction'."""
+    import numpy as np
+    import pandas as pd
+
+    from xsp.core import schema as col
+    from xsp.table.build import conform
+
+    kinds = [col.SpanKind.SESSION, col.SpanKind.COMPILE, col.SpanKind.PREDICT, col.SpanKind.COMPILE,
+             col.SpanKind.PREDICT]
+    frame = pd.DataFrame({col.NAME: ["session", "torch.compile", "model", "torch.compile", "model"],
+                          col.LEVEL: ["model"] * 5, col.KIND: [kind.value for kind in kinds],
+                          # a compile of 300 ms before the first step, and one of 50 ms half inside the second
+                          col.START_NS: [0, 100_000_000, 500_000_000, 575_000_000, 600_000_000],
+                          col.END_NS: [1_000_000_000, 400_000_000, 550_000_000, 625_000_000, 700_000_000],
+                          col.THREAD_ID: [1] * 5, col.STEP: pd.array([None, None, 0, None, 1], dtype="Int64")})
+    frame[col.SPAN_ID] = np.arange(1, 6)
+    frame[col.DURATION_NS] = frame[col.END_NS] - frame[col.START_NS]
+    coverage = analysis.step_coverage(conform(frame)).iloc[0]
+    assert coverage["compile_outside_ms"] == 325.0 and coverage["before_ms"] == 500.0
+    import io
+
+    from rich.console import Console
+
+    from xsp.reports.terminal import render_report
+
+    out = io.StringIO()
+    render_report(xsp.Trace(spans=conform(frame), metadata={}), Console(file=out, width=200))
+    assert "325.000 ms of the time outside the steps was torch.compile compiling" in out.getvalue()

@@ -823,7 +823,7 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
                       f"unfinished; the trace file keeps every span (send it with `xsp push`)", markup=False)
         elif report.error is None:  # a failure was the session's one warning, already shown
             out.print(f"xsp: {report.summary()}", markup=False)
-    if predicts == 0:
+    if predicts == 0 and steps == 0:  # (a compiled function's steps call no module xsp sees, and are steps)
         children = trace.metadata.get("child_processes") or {}
         untraced = len(children.get("untraced") or {})
         forked = int(children.get("forked_not_followed") or 0)

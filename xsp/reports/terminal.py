@@ -446,9 +446,13 @@ def _step_tables(trace: Trace, console: Console, extent_ns: tuple[int, int] | No
         rest = ", ".join(f"{coverage[key]:,.3f} ms {where}" for key, where in (
             ("before_ms", before), ("between_ms", "between steps"),
             ("after_ms", "after the last")) if coverage[key] > 0)
+        compiled = float(coverage["compile_outside_ms"])
+        compiling = (f"; {compiled:,.3f} ms of the time outside the steps was torch.compile compiling"
+                     if compiled >= 0.001 else "")
         _say(console, f"Steps cover {share(coverage['coverage'])} of the session "
               f"({coverage['steps_ms']:,.3f} of {coverage['session_ms']:,.3f} ms); "
-              f"{coverage['outside_ms']:,.3f} ms ran outside every step" + (f": {rest}" if rest else ""))
+              f"{coverage['outside_ms']:,.3f} ms ran outside every step" + (f": {rest}" if rest else "")
+             + compiling)
         summary = analysis.step_summary(trace, parts)
         shown = [p for p in ("forward", "backward", "optimizer", "input", "compile", "other")
                  if summary[f"{p}_ms"].sum() > 0]
