@@ -278,6 +278,37 @@ def test_a_linear_on_a_3d_input_has_its_matrix_multiply_in_its_backward(monkeypa
         assert len(inside) == 1, multiply[col.NAME]
 
 
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_a_compiled_models_backward_lasts_as_long_as_its_graphs(how):
+    """Its submodules run inside its compiled graph and have no backward of their own, so its
+    backward, stretched over theirs, was 0 ns in every step."""
+    torch._dynamo.reset()
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.act(self.fc1(x)))
+
+    model = MLP()
+    if how == "model.compile()":
+        model.compile(backend="aot_eager")
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend="aot_eager")
+
+    def train() -> None:
+        for _ in range(3):
+            compiled(torch.randn(4, 8)).sum().backward()
+
+    spans = trace_of(train, levels="model,layer").spans
+    torch._dynamo.reset()
+    backward = spans[(spans[col.KIND] == "backward") & (spans[col.CALL_DEPTH] == 0)]
+    assert len(backward) == 3 and (backward[col.DURATION_NS] > 0).all(), backward[[col.NAME, col.DURATION_NS]]
+
+
 def test_inference_under_no_grad_installs_no_backward_hooks():
     from torch.nn.modules import module as torch_module
 

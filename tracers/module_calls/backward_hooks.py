@@ -58,6 +58,16 @@ def last_node(node: Any, first_input: Any) -> Any:
     return first
 
 
+COMPILED_GRAPH_NODE: Final = "CompiledFunctionBackward"
+"""The one autograd node of a graph ``torch.compile`` made (AOTAutograd's)."""
+
+
+def compiled(module: nn.Module) -> bool:
+    """``torch.compile(module)`` (an ``OptimizedModule``) or ``module.compile()``: its calls run a
+    compiled graph, whose backward is one node, not its submodules' calls."""
+    return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
+
+
 def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = None,
                     ) -> Callable[[ThreadBuffer, Any, nn.Module, int, Any], None]:
     """``hook(buffer, out, module, call_start, first_input)``: record the begin and end of the
@@ -109,9 +119,11 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
                 return
             buffer.last_hooked = (node, call)
             nodes = (node,)
-        leaf = not module._modules  # a module with submodules ends with them: cover_submodules stretches it
+        # a module with submodules ends with them (cover_submodules stretches it), unless it is
+        # compiled: its submodules run inside its graph, and have no backward of their own
+        leaf = not module._modules or compiled(module)
         for node in nodes:
-            if leaf:
+            if leaf or type(node).__name__ == COMPILED_GRAPH_NODE:
                 node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
                 last_node(node, first_input).register_hook(partial(end_ranged if ranges is not None else end,
                                                                    module, call))
