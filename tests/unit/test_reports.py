@@ -515,6 +515,32 @@ def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
     assert "The first step took 3.200 ms" in layers_section(slow) and "first step" not in layers_section(steps(250))
 
 
+def test_warm_up_and_the_median_step_are_judged_among_steps_of_one_kind():
+    """Training steps beside evaluation steps 10x shorter: an ordinary first training step was
+    called 22x the median (of mostly evaluation steps) and its warm-up, with advice to skip it;
+    the HTML report's flame chart could show an evaluation step as the median one."""
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.reports.html import _median_step
+    from xsp.reports.terminal import warmup_line
+
+    def loop(first_train_us: int) -> xsp.Trace:
+        rows, span_id, at = [], 1, 0
+        plan = [("train", first_train_us), ("train", 1300), ("eval", 100), ("eval", 100), ("train", 1400),
+                ("train", 1200), ("eval", 90), ("eval", 110), ("train", 1250)]
+        for step, (name, length) in enumerate(plan):
+            rows.append((span_id, None, "model", "step", name, at, at + length, {"step": step}))
+            rows.append((span_id + 1, span_id, "model", "predict", "net", at + 1, at + length - 1, {"step": step}))
+            span_id, at = span_id + 2, at + length + 10
+        return make_trace(rows)
+
+    assert warmup_line(loop(2_500)) is None  # 1.9x the other training steps
+    line = warmup_line(loop(4_000))
+    assert line is not None and line.startswith("The first train step took 4.000 ms, 3.1x the median of the others")
+    assert "skip_first=1" in line
+    _, title = _median_step(loop(4_000))  # train: 5 steps, eval: 4
+    assert title == "Step 1 (the median latency of the train steps, 1.300 ms)"
+
+
 def test_the_report_shows_what_garbage_collection_took_per_generation_and_recommends_freezing():
     rows = [(1, None, "model", "step", "request", 0, 1000, {col.STEP: 0}),
             (2, 1, "model", "predict", "model", 0, 1000, {col.STEP: 0})]

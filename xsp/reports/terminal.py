@@ -511,23 +511,34 @@ def warmup_line(trace: Trace) -> str | None:
     latency = analysis.model_latency(trace)
     if len(latency) < 3:
         return None
-    times = latency["latency_ms"].to_numpy(dtype=np.float64)
+    # against steps of its own kind: training steps are no warm-up beside evaluation steps 10x shorter
+    names = latency["name"].astype(object)
+    kind = names.iloc[0]
+    alike = latency[(names == kind).to_numpy()]
+    if len(alike) < 3:
+        return None
+    times = alike["latency_ms"].to_numpy(dtype=np.float64)
     first, rest = float(times[0]), float(np.median(times[1:]))
     if not rest > 0 or first < WARMUP_FACTOR * rest:
         return None
+    mixed = len(alike) < len(latency)
+    steps_word = f"{kind} steps" if mixed else "steps"
     # the steps at the start that are as slow: skipping the first alone would leave the next (a
     # ResNet on a busy machine: 2,627 then 2,652 ms, then 580, 222, 40)
     slow = int(np.argmin(np.append(times, 0.0) >= WARMUP_FACTOR * rest))
+    skip = slow if not mixed else int(alike["step"].iloc[max(slow, 1) - 1]) + 1  # the schedule counts every step
     if slow > 1 and slow <= len(times) - 2:
         shown = (" and ".join(f"{ms:,.3f}" for ms in times[:slow]) if slow == 2
                  else f"{times[:slow].min():,.3f} to {times[:slow].max():,.3f}")
         others = float(np.median(times[slow:]))
-        return (f"The first {slow} steps took {shown} ms, each {WARMUP_FACTOR:g}x or more the median of the others "
-                f"({others:,.3f} ms): their warm-up is in these figures. To record without it: xsp run --schedule "
-                f"skip_first={slow} (or xsp.trace(schedule=\"skip_first={slow}\")), or run more steps")
-    return (f"The first step took {first:,.3f} ms, {first / rest:.1f}x the median of the others ({rest:,.3f} ms): its "
-            f"warm-up is in these figures. To record without it: xsp run --schedule skip_first=1 (or "
-            f"xsp.trace(schedule=\"skip_first=1\")), or run more steps")
+        return (f"The first {slow} {steps_word} took {shown} ms, each {WARMUP_FACTOR:g}x or more the median of the "
+                f"others ({others:,.3f} ms): their warm-up is in these figures. To record without it: xsp run "
+                f"--schedule skip_first={skip} (or xsp.trace(schedule=\"skip_first={skip}\")), or run more steps")
+    first_word = f"first {kind} step" if mixed else "first step"
+    skip = 1 if not mixed else int(alike["step"].iloc[0]) + 1
+    return (f"The {first_word} took {first:,.3f} ms, {first / rest:.1f}x the median of the others ({rest:,.3f} ms): "
+            f"its warm-up is in these figures. To record without it: xsp run --schedule skip_first={skip} (or "
+            f"xsp.trace(schedule=\"skip_first={skip}\")), or run more steps")
 
 
 BUSY_SHARE: Final = 0.10
