@@ -937,6 +937,21 @@ def test_a_change_beyond_the_scatter_is_found_and_one_moving_every_key_alike_too
     assert (everywhere.table[everywhere.table["level"] == "layer"]["verdict"] == dcol.Verdict.REGRESSED.value).all()
 
 
+def test_a_move_past_the_threshold_within_the_scatter_reads_unjudged_not_unchanged():
+    """One run a side: a layer +15%, under how far the keys of two processes sit apart (the scatter
+    floor, 21% here), was shown "unchanged" beside its ratio (a tester's +38% generate call read
+    "+38.2% (+20.3% judged) q=0.024 unchanged")."""
+    result = diff(run(1, layers=MANY_LAYERS, process=0.06),
+                  run(2, layers=MANY_LAYERS, process=0.06, slower={"net.l5": 0.10}))
+    moved = row(result, "net[0]/net.l5[0]")
+    assert moved[dcol.VERDICT] == "unchanged" and moved[dcol.RATIO] > 1.05  # not judged either way
+    assert moved[dcol.NOTE].startswith(dcol.WITHIN_SCATTER_NOTE)
+    assert f"({result.settings['scatter_floor']:.0%})" in moved[dcol.NOTE]
+    from types import SimpleNamespace
+
+    assert diff_formats.shown_verdict(SimpleNamespace(**moved.to_dict())) == "unjudged"
+
+
 def test_a_change_moving_every_key_by_different_amounts_is_not_hidden_by_the_scatter_it_makes():
     """float64 doubled an MLP's matrix products and moved its ReLUs by 1.2x to 2.5x (a CI run);
     the keys' scatter was then 0.35, a floor of 185% that hid the whole regression."""

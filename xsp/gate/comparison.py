@@ -70,6 +70,7 @@ from xsp.gate.diff_columns import (
     WAITED_KEYS,
     WAITED_NOTE,
     WITH_RUN_NOTE,
+    WITHIN_SCATTER_NOTE,
     Test,
     Verdict,
 )
@@ -198,7 +199,9 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     run_shift = shift / factor
     shift_measured = int(_below_model(levels, ratio, ranked).sum()) >= MIN_SHIFT_KEYS
     floor = 0.0 if scatter is None else min(SCATTER_FACTOR * scatter, float(np.log1p(MAX_SCATTER_FLOOR)))
+    past_threshold = large.copy()
     large[one_run_a_side] &= np.abs(logs[one_run_a_side]) >= floor
+    within_scatter = one_run_a_side & past_threshold & ~large
     # the whole run moved alike, by less than processes of one program can: from one run a side
     # no key that moved with it is judged (see UNIFORM_SHIFT_FLOOR)
     with_run = np.zeros(count, dtype=bool)
@@ -271,6 +274,9 @@ def compare_keys(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.05,
     not_shown = tested & reached & large & ~significant & (verdict == Verdict.UNCHANGED.value)
     note[not_shown] = [f"{NOT_SIGNIFICANT_NOTE} (q={q:.2g}; the smallest change it could show: {d:.0%})"
                        for q, d in zip(q_values[not_shown], detectable[not_shown])]
+    note[within_scatter & (verdict == Verdict.UNCHANGED.value)] = (
+        f"{WITHIN_SCATTER_NOTE} ({float(np.expm1(floor)):.0%}): one run a side cannot tell such a move from "
+        "another process of the same program")
     note[overlap] = "few samples: ranges compared"
     note[explained_only] = "unchanged as measured: the machine-speed correction alone never makes a change"
     note[waited] = (f"{WAITED_NOTE} {PREEMPTION_FACTOR:g}x what a run's threads waited for a CPU per step "

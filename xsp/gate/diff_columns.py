@@ -58,7 +58,11 @@ BELOW_UNCHANGED_NOTE: Final = "not judged: the key above it did not change"
 NOT_SIGNIFICANT_NOTE: Final = "moved past the threshold, but not significantly"
 """The note of a key whose median moved by more than the threshold without its test showing it
 (too few steps or too noisy a side): no evidence either way, never ``unchanged``."""
-UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE, BELOW_UNCHANGED_NOTE, NOT_SIGNIFICANT_NOTE)
+WITHIN_SCATTER_NOTE: Final = "moved past the threshold, by less than the keys of two runs scatter"
+"""The note of a key of one run a side whose move passed the threshold but not how far the keys
+of two processes of one program sit apart (the scatter floor): not judged either way."""
+UNJUDGED_NOTES: Final = (WAITED_NOTE, WITH_RUN_NOTE, ONE_SAMPLE_NOTE, BELOW_UNCHANGED_NOTE, NOT_SIGNIFICANT_NOTE,
+                         WITHIN_SCATTER_NOTE)
 """The notes of keys that are ``unchanged`` because they were not judged (reports show them so)."""
 
 
