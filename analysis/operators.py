@@ -35,10 +35,20 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``name``, ``count``, ``total_us`` (inclusive), ``self_us`` (minus the operators
     directly inside), ``mean_us``, ``share`` (of all self time, which adds up once).
+
+    What ``torch.compile`` did while compiling is not the model's: the operators it ran inside a
+    ``compile`` span (tracing with fake tensors) are left out, and a compile inside an operator
+    (the backward graph compiled at its first call) is not that operator's own time.
     """
     spans = spans_of(source)
     is_op = ((spans[col.LEVEL] == Level.OPERATOR.value) & (spans[col.KIND] == SpanKind.OPERATOR.value)).to_numpy()
-    own_ns = self_ns(spans, is_op)[is_op]
+    compiling = (spans[col.KIND] == SpanKind.COMPILE.value).to_numpy()
+    if compiling.any():
+        own_all = self_ns(spans, is_op) - compiles_inside_ns(spans, is_op, compiling)
+        is_op = is_op & (nearest_ancestor(spans, compiling, parent_positions(spans)) < 0)
+        own_ns = np.maximum(own_all[is_op], 0.0)
+    else:
+        own_ns = self_ns(spans, is_op)[is_op]
     ops = spans[is_op]
     duration = ops[col.DURATION_NS].to_numpy(dtype=np.float64)
     # sums of whole nanoseconds, exact in any order: the tables of parts of a trace add up to its own
@@ -52,6 +62,24 @@ def operator_table(source: Trace | pd.DataFrame) -> pd.DataFrame:
     total = table["self_us"].sum()
     table["share"] = table["self_us"] / total if total else np.nan
     return table.sort_values("self_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def compiles_inside_ns(spans: pd.DataFrame, within: np.ndarray, compiling: np.ndarray) -> np.ndarray:
+    """Per row, the time of the ``compiling`` spans that lie inside it on its thread, for the
+    innermost ``within`` span around each: by interval, not by parent (the backward graph
+    compiled at its first call hangs below the model's backward span, inside the
+    ``CompiledFunctionBackward`` operator only by its interval)."""
+    taken = np.zeros(len(spans), dtype=np.float64)
+    start = spans[col.START_NS].to_numpy(dtype=np.int64)
+    end = spans[col.END_NS].to_numpy(dtype=np.int64)
+    threads = spans[col.THREAD_ID].to_numpy(dtype=np.float64, na_value=np.nan)
+    candidates = np.flatnonzero(within)
+    for row in np.flatnonzero(compiling).tolist():
+        around = candidates[(threads[candidates] == threads[row]) & (start[candidates] <= start[row])
+                            & (end[candidates] >= end[row])]
+        if len(around):
+            taken[int(around[np.argmax(start[around])])] += end[row] - start[row]
+    return taken
 
 
 class _Autograd:

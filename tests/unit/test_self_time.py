@@ -123,3 +123,30 @@ def test_operator_and_tree_self_times_agree_with_the_layers_under_a_cut():
     assert (ops.loc[[f"op{i}" for i in range(1, depth)], "self_us"] * 1e3).round().eq(20).all()
     tree = aggregated_tree(spans)
     assert tree["self_ms"].sum() * 1e6 <= 20 * depth + 100 + 1e-6
+
+
+def test_what_torch_compile_did_is_neither_an_operators_time_nor_a_share_of_the_steps():
+    """A compiled training step: the operators run while compiling (fake tensors) led the table
+    (PythonDispatchMode 86%), the backward graph compiled at its first call was the self time of
+    CompiledFunctionBackward (84%, by interval only: its compile span hangs below the model's
+    backward span), and the layers' shares were taken of steps 98% compiling."""
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.analysis.layers import top_layers
+
+    rows = [
+        (1, None, "model", "predict", "net", 0, 1_000, {"step": 0}),
+        (2, 1, "layer", "forward", "net.fc", 10, 400, {"step": 0, col.MODULE_TYPE: "Linear"}),
+        (3, 2, "model", "compile", "torch.compile", 20, 380, {"step": 0}),  # the forward's compile
+        (4, 3, "operator", "operator", "PythonDispatchMode", 30, 370, {"step": 0}),
+        (5, 1, "model", "backward", "backward", 500, 990, {"step": 0}),
+        (6, 5, "operator", "operator", "CompiledFunctionBackward", 510, 980, {"step": 0}),
+        (7, 5, "model", "compile", "torch.compile", 520, 960, {"step": 0}),  # inside 6 by its interval only
+        (8, 6, "operator", "operator", "aten::mm", 965, 975, {"step": 0}),
+    ]
+    trace = make_trace(rows)
+    ops = operator_table(trace).set_index("name")
+    assert "PythonDispatchMode" not in ops.index
+    assert ops.loc["CompiledFunctionBackward", "self_us"] == pytest.approx(470 - 440 - 10)
+    # the step, less its 800 µs of compiling: 200 µs, of which the layer's own (390 less 360 compiling)
+    layers = top_layers(trace).set_index("name")
+    assert layers.loc["net.fc", "share"] == pytest.approx(30 / 200)
