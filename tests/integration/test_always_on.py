@@ -629,6 +629,46 @@ def test_recovering_a_killed_run_in_parts_writes_the_next_part_never_over_a_seal
     assert len(roots) > sum(len(step_roots(xsp.load(folder / name).spans)) for name in sealed)
 
 
+KILLED_AS_IT_SEALS = """
+import os, pathlib, signal, sys, time, torch, xsp
+folder = pathlib.Path(sys.argv[1])
+unlink = pathlib.Path.unlink
+
+def killed_as_windows_go(self, missing_ok=False):  # the part in place, its windows not deleted yet
+    if self.name.startswith("window-") and (self.parent.parent / "part-1.xsp.parquet").exists():
+        os.kill(os.getpid(), signal.SIGKILL)
+    return unlink(self, missing_ok=missing_ok)
+
+pathlib.Path.unlink = killed_as_windows_go
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+with torch.no_grad(), xsp.trace(levels="model,layer", dataset=folder, rotate=0.3, window_s=0.1):
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        model(torch.randn(2, 8))
+        time.sleep(0.001)
+"""
+
+
+@pytest.mark.heavy  # a subprocess run: `python -m pytest -m heavy`
+def test_a_run_killed_as_it_seals_a_part_is_recovered_without_writing_its_windows_twice(tmp_path):
+    """Killed after part-1 was in place and before its windows were deleted, a run's windows were
+    all written again by `xsp recover`: 2,204 spans twice, and the report counted their steps twice."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AS_IT_SEALS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
+    assert done.returncode == -9, done.stderr
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    assert (folder / "part-1.xsp.parquet").exists()
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(folder)], capture_output=True, text=True,
+                               timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    roots = step_roots(xsp.load(tmp_path / "runs").spans)
+    steps = roots[col.STEP].astype(int).tolist()
+    assert steps == sorted(set(steps)), "a step in two parts"
+    assert not list(folder.glob(".*.partial"))
+
+
 def test_a_dataset_whose_first_part_is_not_sealed_yet_loads_from_its_windows(monkeypatch, tmp_path):
     """Its only content was the hidden folder of windows, whose session.json was taken for a
     PyTorch profiler trace: 'session.json is JSON but not a Chrome trace', from load and report."""

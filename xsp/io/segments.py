@@ -52,6 +52,8 @@ from xsp.table.steps import SESSION_NAME
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
 FINAL_FILE: Final = "final.json"
+SEALING_FILE: Final = "sealing.json"
+"""In a segment folder while a part is sealed: the part's path and the windows it holds."""
 """The finished session's metadata, written when its trace file could not be: recover then
 writes the file as the session meant to, not as a killed one."""
 SEGMENT_PATTERN: Final = "window-*.arrow"
@@ -452,9 +454,22 @@ class SegmentWriter:
             for table in waiting:
                 yield canonical_table(table)
 
-        sealed = write_trace_tables(path, tables(), metadata)
+        # which windows the part holds, until they are gone: a kill after the part is in place and
+        # before its windows are deleted left them to `xsp recover`, which wrote them again
+        markers = [folder / SEALING_FILE for folder in self.folders()]
+        note = json.dumps({"part": str(path), "segments": [name for name, _ in written]})
+        for marker in markers:
+            _write_small(marker, note)
+        try:
+            sealed = write_trace_tables(path, tables(), metadata)
+        except BaseException:
+            for marker in markers:
+                marker.unlink(missing_ok=True)
+            raise
         for _, segment in written:
             segment.unlink(missing_ok=True)
+        for marker in markers:
+            marker.unlink(missing_ok=True)
         self.pending = self.pending[len(waiting):]
         return sealed
 
@@ -479,13 +494,36 @@ def segment_tables(directory: Path | list[Path], skipped: list[str] | None = Non
     """The segments of ``directory`` (or of several folders of one session, merged) in order,
     one at a time; unreadable ones are listed in ``skipped`` (or raise, when it is None)."""
     folders = [directory] if isinstance(directory, Path) else directory
-    for _, path in sorted((path.name, path) for folder in folders for path in folder.glob(SEGMENT_PATTERN)):
+    sealed = already_sealed(folders)
+    for _, path in sorted((path.name, path) for folder in folders for path in folder.glob(SEGMENT_PATTERN)
+                          if path.name not in sealed):
         try:
             yield read_segment(path)
         except (TraceFormatError, OSError) as exc:
             if skipped is None:
                 raise
             skipped.append(f"{path.name}: {exc}")
+
+
+def already_sealed(folders: list[Path]) -> set[str]:
+    """The windows of ``folders`` that a part already holds: a run killed as it sealed the part,
+    after the part was in place and before its windows were deleted (:data:`SEALING_FILE`)."""
+    names: set[str] = set()
+    for folder in folders:
+        sealing = _read_json(folder / SEALING_FILE)
+        if sealing is None:
+            continue
+        part, segments = sealing.get("part"), sealing.get("segments")
+        if isinstance(part, str) and isinstance(segments, list) and Path(part).is_file():
+            names.update(str(name) for name in segments)
+    return names
+
+
+def _write_small(path: Path, text: str) -> None:
+    """A small file written whole (a kill leaves the old one or the new one, never half)."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -607,6 +645,10 @@ def recover(output: str | os.PathLike[str], into: str | os.PathLike[str] | None 
     written = write_trace_tables(target, iter(tables), metadata)
     for folder in found[0]:
         shutil.rmtree(folder, ignore_errors=True)
+    killed = _pid_of(found[0][0])
+    if killed.isdigit():  # a file it was writing as it was killed (a part being sealed): never to be finished
+        for leftover in target.parent.glob(f".*.{killed}.*.partial"):
+            leftover.unlink(missing_ok=True)
     forget_dead_claim(Path(output))  # the killed run's claim on its name: nobody holds it now
     return written, metadata
 
