@@ -669,6 +669,30 @@ def test_a_run_killed_as_it_seals_a_part_is_recovered_without_writing_its_window
     assert not list(folder.glob(".*.partial"))
 
 
+@pytest.mark.heavy  # a subprocess run: `python -m pytest -m heavy`
+def test_a_killed_run_in_parts_reads_with_the_windows_after_its_last_part_and_says_so(tmp_path):
+    """Read before `xsp recover`, its folder left out the windows after its last sealed part
+    without a word (up to a part's worth: an hour with --rotate 1h)."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_PARTS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
+    assert done.returncode == -9, done.stderr
+    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    sealed = sorted(folder.glob("part-*.xsp.parquet"))
+    in_parts = sum(len(step_roots(xsp.load(path).spans)) for path in sealed)
+    before = xsp.load(folder)
+    assert len(step_roots(before.spans)) > in_parts
+    assert any("written after" in warning and f"`xsp recover {folder}`" in warning
+               for warning in before.metadata["warnings"]), before.metadata["warnings"]
+    recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(folder)], capture_output=True, text=True,
+                               timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    after = xsp.load(folder)
+    assert len(step_roots(after.spans)) == len(step_roots(before.spans))
+    assert not any("written after" in warning for warning in after.metadata.get("warnings", []))
+
+
 def test_a_dataset_whose_first_part_is_not_sealed_yet_loads_from_its_windows(monkeypatch, tmp_path):
     """Its only content was the hidden folder of windows, whose session.json was taken for a
     PyTorch profiler trace: 'session.json is JSON but not a Chrome trace', from load and report."""

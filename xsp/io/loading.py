@@ -15,10 +15,18 @@ import pandas as pd
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError, XspError, XspWarning, warn
+from xsp.core.figures import counted
 from xsp.core.rank import PART_FILE, rank_files
 from xsp.io.memory_needed import analysis_memory_bytes, check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
-from xsp.io.segments import SEGMENT_DIR_INFIX, load_unfinished, unfinished_outputs
+from xsp.io.segments import (
+    SEGMENT_DIR_INFIX,
+    load_unfinished,
+    still_running,
+    unfinished_outputs,
+    unfinished_sessions,
+    unsealed_windows,
+)
 from xsp.io.trace import Trace
 from xsp.table.build import concat_spans
 
@@ -120,10 +128,27 @@ def _parts_joined(files: list[Path]) -> list[Path | list[Path]]:
 
 def _in_parts(files: list[Path]) -> Trace:
     """The parts of one trace as one: their spans one after another, the last part's metadata
-    (which ends the session), every part's file in ``metadata["parts"]``."""
+    (which ends the session), every part's file in ``metadata["parts"]``. Where the last part is
+    not the session's last, the windows written after it (a run still running, or killed before
+    it wrote its last part) follow it, and a warning says where they come from."""
     traces = [_one(file) for file in files]
-    spans = concat_spans(trace.spans for trace in traces)
     metadata = {**traces[-1].metadata, "parts": [str(file) for file in files]}
+    last = traces[-1].metadata.get("part")
+    if isinstance(last, dict) and last.get("last") is False:
+        after = unsealed_windows(files[0])
+        if after is not None:
+            windows, later = after
+            traces.append(Trace(spans=windows, metadata=later))
+            running = still_running(unfinished_sessions(files[0])[0])
+            why = (f"the run (process {running}) is still running" if running is not None else
+                   f"the run was killed before it wrote them: `xsp recover {files[0].parent}` writes them as the "
+                   "next part")
+            count = int(later.get("recovered", {}).get("windows", 0))
+            metadata = {**later, "parts": metadata["parts"], "part": last,
+                        "warnings": [*later.get("warnings", []),
+                                     f"{counted(count, 'window')} written after {files[-1].name} are read from "
+                                     f"the windows beside {files[0].name}: {why}"]}
+    spans = concat_spans(trace.spans for trace in traces)
     return Trace(spans=spans.reset_index(drop=True), metadata=metadata)
 
 

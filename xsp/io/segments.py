@@ -704,6 +704,18 @@ def still_running(folders: list[Path]) -> int | None:
     return int(pid)
 
 
+def unsealed_windows(first_part: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """The windows of a run in parts written after its last sealed part (they all wait beside its
+    first part): a run still running, or killed before its last part; None where there are none."""
+    found = unfinished_sessions(first_part)
+    if not found:
+        return None
+    sealed = already_sealed(found[0])
+    if not any(path.name not in sealed for folder in found[0] for path in folder.glob(SEGMENT_PATTERN)):
+        return None
+    return load_unfinished(first_part)
+
+
 def load_unfinished(output: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]] | None:
     """The spans and metadata of the newest unfinished session that wrote ``output`` (None if none)."""
     found = unfinished_sessions(output)
