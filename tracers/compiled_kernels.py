@@ -16,6 +16,7 @@ from xsp.record.compiled_kernels import (
     LAYERS_KEY,
     METADATA_KEY,
     REBASED_KEY,
+    STALE_KEY,
     Frame,
     LayerHints,
     LayerShare,
@@ -66,6 +67,8 @@ class CompiledKernels:
         self._ambiguous: set[str] = set()
         self._rebased = 0
         """Stack traces of compiles FX's graph cache answered, taken from this program's graphs."""
+        self._stale = 0
+        """Stack traces FX's graph cache answered that match none of this program's code, left out."""
         self._restore: list[tuple[Any, str, Any, Any]] = []
 
     def install(self) -> None:
@@ -142,8 +145,9 @@ class CompiledKernels:
                 compile_id = str(getattr(compiled, "compile_id", ""))
                 # one FX's graph cache answered may name the files of the program that first
                 # compiled it: its traces become this program's (the same code on the same lines)
-                texts, replaced = rebased_provenance(list(texts), self._hints)
+                texts, replaced, dropped = rebased_provenance(list(texts), self._hints)
                 self._rebased += replaced
+                self._stale += dropped
                 # a compile's forward and backward come as two compiles of one id: each is read with
                 # the other's texts, so an operator called as it is in both has the lines and modules
                 # of both (the whole compile's, replacing what was read of it); a kernel name that
@@ -163,7 +167,7 @@ class CompiledKernels:
             layers = {name: [list(share) for share in shares]
                       for name, shares in sorted(self._layers.items()) if name not in self._ambiguous}
             ambiguous = sorted(self._ambiguous)
-            rebased = self._rebased
+            rebased, stale = self._rebased, self._stale
         details: dict[str, Any] = {}
         if sources:
             details[METADATA_KEY] = sources
@@ -173,4 +177,6 @@ class CompiledKernels:
             details[AMBIGUOUS_KEY] = ambiguous
         if rebased:
             details[REBASED_KEY] = rebased
+        if stale:
+            details[STALE_KEY] = stale
         return details

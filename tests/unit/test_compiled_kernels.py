@@ -616,17 +616,71 @@ def test_a_compile_the_graph_cache_answered_takes_this_programs_files():
     hints = {trace(mine): {"blocks.0": "Block", "blocks.1": "Block"}}
     cached = [json.dumps({"cpp_fused_mul_0:1": [trace(theirs)]})]
     assert layers_of_metrics(cached, hints) == {}  # as it was: nothing matched
-    texts, replaced = rebased_provenance(cached, hints)
-    assert replaced == 1
+    texts, replaced, dropped = rebased_provenance(cached, hints)
+    assert (replaced, dropped) == (1, 0)
     shares = [("blocks.0", "Block", 0.5), ("blocks.1", "Block", 0.5)]
     assert layers_of_metrics(texts, hints) == {"cpp_fused_mul_0": shares}
     assert {chain[-1][0] for chain in sources_of_metrics(texts)["cpp_fused_mul_0"]} == {mine}
-    # its own program's provenance, other code, and code run by exec (no code to compare) stay as they are
-    assert rebased_provenance([json.dumps({"k:1": [trace(mine)]})], hints) == ([json.dumps({"k:1": [trace(mine)]})], 0)
-    other = trace(theirs).replace("x * 2", "x * 3")
-    assert rebased_provenance([json.dumps({"k:1": [other]})], hints)[1] == 0
+    # its own program's provenance and code run by exec (no code to compare) stay as they are
+    assert rebased_provenance([json.dumps({"k:1": [trace(mine)]})], hints) == (
+        [json.dumps({"k:1": [trace(mine)]})], 0, 0)
     bare = '  File "<doc>", line 18, in forward\n  File "<doc>", line 9, in forward\n'
-    assert rebased_provenance([json.dumps({"k:1": [bare]})], hints)[1] == 0
+    assert rebased_provenance([json.dumps({"k:1": [bare]})], hints)[1:] == (0, 0)
+    # other code, of a file that is not here: left out, its kernel's time stays on the calling line
+    other = trace(theirs).replace("x * 2", "x * 3")
+    texts, replaced, dropped = rebased_provenance([json.dumps({"k:1": [other]})], hints)
+    assert (replaced, dropped) == (0, 1) and json.loads(texts[0]) == {"k:1": []}
     # two traces of this program alike but for their files: which one is meant, nothing says
     both = {**hints, trace("/home/me/copy.py"): {"blocks.0": "Block"}}
-    assert rebased_provenance(cached, both)[1] == 0
+    assert rebased_provenance(cached, both)[1:] == (0, 0)
+
+
+def test_a_compile_the_graph_cache_answered_after_the_script_was_edited_takes_its_lines_now(tmp_path):
+    """A line added at the top of the script, then a run the graph cache answered: its kernels'
+    lines were those of the first run (a blank line, a `def`), and no layer was found."""
+    import json
+
+    from xsp.record.compiled_kernels import layers_of_metrics, rebased_provenance
+
+    script = tmp_path / "net.py"
+    body = ["class Net:", "    def forward(self, x):", "        x = block(x)", "        return torch.relu(x * 2)"]
+    script.write_text("\n".join(["import torch", "import os", *body]) + "\n")  # now: two lines above it
+
+    def trace(first: int) -> str:
+        return (f'  File "{script}", line {first + 2}, in forward\n    x = block(x)\n'
+                f'  File "{script}", line {first + 3}, in forward\n    return torch.relu(x * 2)\n')
+
+    now, before = trace(3), trace(1)  # the code two lines further down than when it was cached
+    hints = {now: {"blocks.0": "Block"}}
+    texts, replaced, dropped = rebased_provenance([json.dumps({"cpp_fused_mul_0:1": [before]})], hints)
+    assert (replaced, dropped) == (1, 0)
+    assert layers_of_metrics(texts, hints) == {"cpp_fused_mul_0": [("blocks.0", "Block", 1.0)]}
+    edited = before.replace("x * 2", "x * 4")  # and code that is no longer there at all: left out
+    assert rebased_provenance([json.dumps({"k:1": [edited]})], hints)[1:] == (0, 1)
+
+
+def test_a_cached_trace_through_xsps_wrapper_matches_this_programs_frames(tmp_path):
+    """The compile that filled the graph cache ran with xsp's Python wrapper of module calls in
+    place: its traces held the wrapper's frames between the model's, which this program's graphs
+    do not, so they matched none, and another script's lines were kept."""
+    import json
+
+    import tracers.module_calls.interceptor as interceptor
+    from xsp.record.compiled_kernels import layers_of_metrics, rebased_provenance
+
+    wrapper = interceptor.__file__
+    script = tmp_path / "net.py"
+    script.write_text("import torch\nclass Net:\n    def forward(self, x):\n        return self.head(self.blocks(x))\n")
+
+    def trace(file: str, line: int, through_wrapper: bool) -> str:
+        middle = (f'  File "{wrapper}", line 254, in xsp_module_call\n    return _orig(self, *args, **kwargs)\n'
+                  if through_wrapper else "")
+        return (f'  File "{file}", line {line}, in forward\n    return self.head(self.blocks(x))\n'
+                "                     ^^^^^^^^^^^^^^^\n" + middle)
+
+    now = trace(str(script), 4, through_wrapper=False)
+    hints = {now: {"blocks": "Sequential"}}
+    cached = [json.dumps({"cpp_fused_0:1": [trace(str(tmp_path / "other.py"), 15, through_wrapper=True)]})]
+    texts, replaced, dropped = rebased_provenance(cached, hints)
+    assert (replaced, dropped) == (1, 0)
+    assert layers_of_metrics(texts, hints) == {"cpp_fused_0": [("blocks", "Sequential", 1.0)]}

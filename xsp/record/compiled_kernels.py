@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import linecache
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -41,6 +43,9 @@ AMBIGUOUS_KEY: Final = "compiled_kernels_ambiguous"
 """Kernel names that two compiles gave different sources: their time stays on the line that
 called the compiled code."""
 REBASED_KEY: Final = "compiled_kernels_rebased"
+STALE_KEY: Final = "compiled_kernels_stale"
+"""How many of the kernels' stack traces FX's graph cache gave matched none of this program's
+code (:func:`rebased_provenance`), and were left out."""
 """In the operator tracer's details: how many stack traces of compiles that FX's graph cache
 answered named another program's files and were taken from this program's graphs instead
 (:func:`rebased_provenance`)."""
@@ -133,13 +138,51 @@ def _functions_of(file: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found, key=lambda item: item[2] - item[1]))  # the narrowest (innermost) first
 
 
+def users_blocks(trace: str) -> list[tuple[str, str]]:
+    """A stack trace's frames as ``(file, text)``, each text its frame's lines (the ``File`` line,
+    its code, Python's marks of the columns that ran), library frames left out (torch's, and
+    xsp's wrapper of module calls, which a compile made while it was in place traced through)."""
+    folders = library_folders()
+    blocks: list[tuple[str, str]] = []
+    for line in trace.splitlines(keepends=True):
+        found = _FRAME.match(line)
+        if found is not None:
+            blocks.append((found["file"], line))
+        elif blocks:
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + line)
+    return [(file, text) for file, text in blocks if not library_file(file, folders)]
+
+
 def trace_shape(trace: str) -> str:
-    """A stack trace with its files left out: its frames' lines, functions and code (with Python's
-    marks of the columns that ran), as the same code in another file gives it."""
-    return _FILE_NAME.sub('File ""', trace)
+    """A stack trace's own frames (:func:`users_blocks`) with their files left out: their lines,
+    functions and code (with Python's marks of the columns that ran), as the same code in another
+    file gives it."""
+    return "".join(_FILE_NAME.sub('File ""', text) for _, text in users_blocks(trace))
 
 
-def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str]) -> tuple[list[str], int]:
+def names_code_not_there(trace: str) -> bool:
+    """Whether a stack trace's own frames name a file that is not here, or a line of a file whose
+    code is not the trace's (the file was edited since the trace was made). Frames of code run by
+    ``exec`` (``<string>``, a notebook's cell as ``<ipython-input-...>``) are not looked at."""
+    for file, text in users_blocks(trace):
+        for file_name, line, _, code in parse_stack_trace(text):
+            if file_name.startswith("<") or not code:
+                continue
+            if not os.path.isfile(file) or linecache.getline(file, line).strip() != code:
+                return True
+    return False
+
+
+_LINE_NUMBER: Final = re.compile(r", line \d+,")
+
+
+def code_shape(trace: str) -> str:
+    """A stack trace with its files and line numbers left out: its frames' functions and code, as
+    the same code moved to other lines (a line added above it) gives it."""
+    return _LINE_NUMBER.sub(", line ,", trace_shape(trace))
+
+
+def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str]) -> tuple[list[str], int, int]:
     """A compile's ``inductor_provenance`` with its stack traces as this program's graphs give them
     (``current_traces``, the traces of the graphs seen at compile time), and how many traces were
     replaced.
@@ -150,24 +193,32 @@ def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str
     their own), a script since moved. Their stack traces name that program's files, which no
     graph of this one has: the kernels' lines pointed there, and none of the compile's layers was
     found. A trace that the current graphs do not hold is replaced by the one current trace of
-    the same :func:`trace_shape` (the same code on the same lines, in another file); where none
-    or several have it, it stays as inductor gave it (a stack trace of code run by ``exec``
-    keeps no code to compare)."""
+    the same :func:`trace_shape` (the same code on the same lines, in another file), else by the
+    one of the same :func:`code_shape` (the same code on other lines: a line added above it since).
+    Where none has it and it names code that is not there (:func:`names_code_not_there`: a file
+    since edited, or another machine's), it is left out (returned third, counted), and the
+    kernel's time stays on the line that called the compiled code; where several have it, it
+    stays as inductor gave it, as does a stack trace of code run by ``exec`` (no code to compare)."""
     current = set(current_traces)
     by_shape: dict[str, list[str]] = {}
+    by_code: dict[str, list[str]] = {}
     for trace in current:
         by_shape.setdefault(trace_shape(trace), []).append(trace)
-    replaced = 0
+        by_code.setdefault(code_shape(trace), []).append(trace)
+    replaced = dropped = 0
 
     def rebased(trace: Any) -> Any:
-        nonlocal replaced
+        nonlocal replaced, dropped
         if not isinstance(trace, str) or trace in current:
             return trace
-        same = by_shape.get(trace_shape(trace), [])
-        if len(same) != 1:
-            return trace
-        replaced += 1
-        return same[0]
+        same = by_shape.get(trace_shape(trace)) or by_code.get(code_shape(trace), [])
+        if len(same) == 1:
+            replaced += 1
+            return same[0]
+        if not same and names_code_not_there(trace):
+            dropped += 1
+            return None
+        return trace
 
     texts: list[str] = []
     for text in provenance_texts:
@@ -178,11 +229,11 @@ def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str
         if not isinstance(mapping, dict):
             texts.append(text)
             continue
-        before = replaced
-        mapping = {key: [rebased(trace) for trace in traces] if isinstance(traces, list) else traces
-                   for key, traces in mapping.items()}
-        texts.append(json.dumps(mapping) if replaced > before else text)
-    return texts, replaced
+        before = replaced + dropped
+        mapping = {key: [trace for trace in map(rebased, traces) if trace is not None]
+                   if isinstance(traces, list) else traces for key, traces in mapping.items()}
+        texts.append(json.dumps(mapping) if replaced + dropped > before else text)
+    return texts, replaced, dropped
 
 
 def provenance_entries(provenance_texts: list[str], compile_id: str) -> Iterator[tuple[str, list[str], bool]]:
@@ -326,6 +377,14 @@ def kernel_layers(metadata: dict[str, Any]) -> dict[str, list[LayerShare]]:
         except (TypeError, ValueError):  # a damaged entry: that kernel stays on the calling layer
             continue
     return layers
+
+
+def stale_traces(metadata: dict[str, Any]) -> int:
+    """From a trace's metadata: how many of the kernels' stack traces FX's graph cache gave named
+    code that was not there, and were left out (:func:`rebased_provenance`)."""
+    details = (metadata.get("tracer_details") or {}).get("operator") or {}
+    found = details.get(STALE_KEY)
+    return found if isinstance(found, int) else 0
 
 
 def kernel_sources(metadata: dict[str, Any]) -> dict[str, list[list[Frame]]]:

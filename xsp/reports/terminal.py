@@ -31,7 +31,7 @@ from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.kineto_json import IGNORED_WITHOUT_LOSS
 from xsp.io.loading import EMPTY_RANKS, RANKS_APART
 from xsp.io.trace import Trace
-from xsp.record.compiled_kernels import kernel_layers, kernel_sources
+from xsp.record.compiled_kernels import kernel_layers, kernel_sources, stale_traces
 from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
@@ -567,6 +567,11 @@ def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView 
     step_ms = step_time_ms(trace.spans)
     _layer_section(warmup, analysis.layer_sums(table), analysis.module_sums(table), int(table["compiled"].sum()),
                    step_ms, which, console, top)
+    stale = stale_traces(trace.metadata)
+    if stale:
+        _say(console, f"{counted(stale, 'stack trace')} that torch.compile's cache gave its kernels named code that "
+                      "is not there (a file edited since it was compiled, or another machine's): left out, so those "
+                      "kernels' time stays on the layer and line that called the compiled code", "yellow")
 
 
 def _layer_section(warmup: str | None, layers: pd.DataFrame, modules: pd.DataFrame, compiled_calls: int,
