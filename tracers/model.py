@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import numpy as np
 
@@ -83,18 +83,38 @@ def _predict_rows(window: Window) -> pd.DataFrame:
 
 
 def _mark_generate_phases(predicts: pd.DataFrame, marks: pd.DataFrame) -> None:
-    """Model calls inside a ``generate()`` step: the first is the prefill, the rest decode
-    steps, each with the index of the token it produces."""
+    """Model calls inside a ``generate()`` step, by model: an encoder-decoder's encoder, called
+    once before the decoder, is the ``encode``; each decoding model's first call is its
+    ``prefill``, the rest ``decode`` calls. Where one model decodes, each call has the index of
+    the token it produces; an assistant model's calls (assisted generation: several tokens a call
+    of the target model) have none."""
     generates = marks[(marks[col.KIND] == SpanKind.STEP.value) & marks[col.NAME].str.endswith(GENERATE_SUFFIX)]
     for step in generates.itertuples(index=False):
         start, end, thread = getattr(step, col.START_NS), getattr(step, col.END_NS), getattr(step, col.THREAD_ID)
         inside = predicts[(predicts[col.THREAD_ID] == thread) & (predicts[col.START_NS] >= start)
-                          & (predicts[col.END_NS] <= end)].sort_values(col.START_NS)
-        for token, row in enumerate(inside.index.tolist()):
+                          & (predicts[col.END_NS] <= end)].sort_values(col.START_NS, kind="stable")
+        names = inside[col.NAME].astype(str).tolist()
+        rows = inside.index.tolist()
+        calls = {name: names.count(name) for name in names}
+        first = names[0] if names else None
+        encoder = first if first is not None and calls[first] == 1 and len(calls) > 1 else None
+        decoding = [name for name in calls if name != encoder]
+        seen: dict[str, int] = {}
+        for name, row in zip(names, rows):
             attributes = json.loads(predicts.at[row, col.ATTRIBUTES] or "{}")
-            attributes[col.ATTR_GENERATE_PHASE] = "prefill" if token == 0 else "decode"
-            attributes[col.ATTR_GENERATE_TOKEN] = token
+            if name == encoder:
+                attributes[col.ATTR_GENERATE_PHASE] = GENERATE_ENCODE
+            else:
+                index = seen.get(name, 0)
+                seen[name] = index + 1
+                attributes[col.ATTR_GENERATE_PHASE] = "prefill" if index == 0 else "decode"
+                if len(decoding) == 1:
+                    attributes[col.ATTR_GENERATE_TOKEN] = index
             predicts.at[row, col.ATTRIBUTES] = json.dumps(attributes)
+
+
+GENERATE_ENCODE: Final = "encode"
+"""The phase of an encoder-decoder's encoder call inside ``generate()``."""
 
 
 def _attributes_json(attributes: dict[str, Any] | None) -> str | None:

@@ -488,6 +488,26 @@ def test_generate_is_one_step_with_its_prefill_and_decode_calls():
     assert calls[col.STEP].tolist() == [0, 0, 0, 1, 1, 1]
 
 
+def test_an_encoder_decoders_generate_marks_its_encoder_apart_from_the_decoders_tokens():
+    """T5 and BART call their encoder once, then the decoder per token: the encoder was called
+    the prefill (token 0) and the decoder's calls counted from 1, one more than the tokens."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    t5 = transformers.T5ForConditionalGeneration(config).eval()
+    prompt = torch.tensor([[5, 6, 7]])
+
+    def work():
+        t5.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+
+    trace = traced(work, levels="model")
+    calls = model_calls(trace)
+    attributes = [json.loads(a) for a in calls[col.ATTRIBUTES]]
+    marked = [(a["xsp.generate.phase"], a.get("xsp.generate.token_index")) for a in attributes]
+    assert marked[0] == ("encode", None)
+    assert marked[1:] == [("prefill", 0)] + [("decode", token) for token in range(1, len(marked) - 1)]
+
+
 def test_a_library_imported_during_the_session_is_instrumented(tmp_path, monkeypatch):
     from xsp.tracers._post_import import forget, when_imported
 
