@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -154,7 +155,27 @@ def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
     own = predicts[predicts[col.PARENT_ID].isna() | predicts[col.PARENT_ID].isin(counted[col.SPAN_ID])]
     own = own[own[col.NAME].to_numpy() == own[col.STEP].map(first_name).to_numpy()]
     summed = own.groupby(col.STEP, observed=True)[col.BATCH_SIZE].sum(min_count=1)
-    return summed.reindex(first_batch.index).fillna(first_batch)
+    batches = summed.reindex(first_batch.index).fillna(first_batch)
+    # a generate() step's samples are the sequences it was given: its model calls run on one a
+    # beam (3x with 3 beams), and an encoder-decoder's encoder on the prompts alone
+    generates = roots[roots[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
+                      & roots[col.STEP].notna().to_numpy()]
+    for step, attributes in zip(generates[col.STEP].tolist(), generates[col.ATTRIBUTES].tolist()):
+        samples = _attribute(attributes, col.ATTR_GENERATE_SAMPLES)
+        if isinstance(samples, int) and step in batches.index:
+            batches.loc[step] = samples
+    return batches
+
+
+def _attribute(attributes: object, key: str) -> object:
+    """One attribute of a span's ``attributes`` (JSON text), or None."""
+    if not isinstance(attributes, str):
+        return None
+    try:
+        found = json.loads(attributes)
+    except ValueError:
+        return None
+    return found.get(key) if isinstance(found, dict) else None
 
 
 def step_kind(name: object) -> str:

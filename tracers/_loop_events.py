@@ -311,7 +311,7 @@ class LoopEvents:
                 return original(model, *args, **kwargs)
             buffer = recording.buffer()
             name = model_name(recording, model, sys._getframe(1))
-            buffer.steps.generate_begins(name, now_ns())
+            buffer.steps.generate_begins(name, now_ns(), _samples(args, kwargs))
             try:
                 return original(model, *args, **kwargs)
             finally:
@@ -371,3 +371,14 @@ class LoopEvents:
         for callbacks, callback in ((handler.start_callbacks, started), (handler.end_callbacks, ended)):
             if callback in callbacks:  # torch._dynamo.reset() may have cleared them already
                 callbacks.remove(callback)
+
+
+def _samples(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The input sequences a ``generate()`` call was given: the first dimension of its inputs
+    (``input_ids``, ``inputs``, ``inputs_embeds`` or its first argument), None where none is a tensor."""
+    given = (kwargs.get("input_ids"), kwargs.get("inputs"), kwargs.get("inputs_embeds"), args[0] if args else None)
+    for value in given:
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) >= 1:
+            return int(shape[0])
+    return None

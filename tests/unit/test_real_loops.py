@@ -488,6 +488,23 @@ def test_generate_is_one_step_with_its_prefill_and_decode_calls():
     assert calls[col.STEP].tolist() == [0, 0, 0, 1, 1, 1]
 
 
+def test_a_generate_steps_batch_is_the_sequences_it_was_given_not_its_beams():
+    """3 beams on 2 prompts: the model calls ran on 6 sequences, and the step's batch (and its
+    items/s) read 6; an encoder-decoder's read its encoder's 2 beside a decoder's 6."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+
+    def work():
+        lm.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=2, num_beams=3,
+                    do_sample=False, pad_token_id=0)
+
+    trace = traced(work, levels="model")
+    assert set(model_calls(trace)[col.BATCH_SIZE].tolist()) == {6}
+    assert analysis.model_latency(trace)["batch_size"].tolist() == [2]
+
+
 def test_an_encoder_decoders_generate_marks_its_encoder_apart_from_the_decoders_tokens():
     """T5 and BART call their encoder once, then the decoder per token: the encoder was called
     the prefill (token 0) and the decoder's calls counted from 1, one more than the tokens."""

@@ -46,7 +46,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from xsp.core.schema import ATTR_STEP_TYPE
+from xsp.core.schema import ATTR_GENERATE_SAMPLES, ATTR_STEP_TYPE
 from xsp.record.marks import MarkKind
 
 
@@ -112,7 +112,7 @@ class AutoSteps:
 
     __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
                  "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad",
-                 "closed_by", "tentative", "joiner", "joined", "python_decides", "waited")
+                 "closed_by", "tentative", "joiner", "joined", "python_decides", "waited", "samples")
 
     def __init__(self, buffer: StepsThread) -> None:
         self._buffer = buffer
@@ -158,6 +158,8 @@ class AutoSteps:
         """The last tentative end was an input wait, and the leading model has not been called
         since: its next call is the forward of the micro-batch that wait fetched, not a new
         iteration."""
+        self.samples: int | None = None
+        """An open ``generate()`` step's input sequences (its first argument's first dimension)."""
 
     @property
     def holding(self) -> bool:
@@ -318,7 +320,9 @@ class AutoSteps:
             return
         self._finish(self.last_end_ns)
 
-    def generate_begins(self, name: str, start_ns: int) -> None:
+    def generate_begins(self, name: str, start_ns: int, samples: int | None = None) -> None:
+        """A ``generate()`` call of model ``name`` begins, on ``samples`` input sequences (its
+        model calls run on more where it searches beams, or fewer: an encoder-decoder's)."""
         self.lane = 0
         if self._buffer.open_steps:
             return
@@ -331,6 +335,7 @@ class AutoSteps:
         self._open(_GENERATE, start_ns, None)
         self.name = name + GENERATE_SUFFIX
         self.nested = 1
+        self.samples = samples
 
     def generate_ends(self, end_ns: int) -> None:
         self.lane = 0
@@ -432,7 +437,10 @@ class AutoSteps:
             kind = _TRAIN if self.trained else _INFERENCE
         if kind is not _INFERENCE or self.pieces > 1:
             name = self.name or (TRAIN_STEP_NAME if kind is _TRAIN else INFERENCE_STEP_NAME)
-            buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, _ATTRIBUTES[kind], None))
+            attributes = _ATTRIBUTES[kind]
+            if kind is _GENERATE and self.samples is not None:
+                attributes = {**attributes, ATTR_GENERATE_SAMPLES: self.samples}
+            buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, attributes, None))
         self._reset()
         self.resume_ns = 0
         if thread_ended:
