@@ -37,6 +37,10 @@
 #include <unistd.h>
 
 #define KICK_INTERVAL_NS 100000000L
+/* How long a stopping signal whose action was the default waits for the main thread to run its
+ * Python handler before the process ends by it as without xsp (give_up_after). */
+#define GIVE_UP_NS 5000000000LL
+#define MESSAGE_BYTES 1024
 
 static pthread_t main_thread;
 /* CPython's action for each signal sent on, called on the main thread. */
@@ -51,6 +55,12 @@ static atomic_int kicks_in_flight;
 /* on_signal writes a byte here for each signal handed to CPython; the kicker waits on it. */
 static int kick_pipe[2] = {-1, -1};
 static int kicker_running;
+/* Signals whose action was the default: left unhandled for GIVE_UP_NS (a main thread waiting in
+ * native code that retries on EINTR: a process group's rendezvous, a collective), the process
+ * ends by them with the default action, as it would have at once without xsp, saying so first. */
+static atomic_int give_up[NSIG];
+static char give_up_message[NSIG][MESSAGE_BYTES];
+static atomic_size_t give_up_length[NSIG];
 
 static void call_python_action(int signum, siginfo_t *info, void *context) {
     const struct sigaction *action = &python_actions[signum];
@@ -103,6 +113,24 @@ static int ours(int signum) {
            current.sa_sigaction == on_signal;
 }
 
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* End the process by signum with its default action, as it would have ended without xsp. */
+static void end_as_without_xsp(int signum) {
+    size_t length = atomic_load(&give_up_length[signum]);
+    if (length > 0 && write(STDERR_FILENO, give_up_message[signum], length) < 0) { /* nowhere to say it */ }
+    struct sigaction fallback;
+    memset(&fallback, 0, sizeof fallback);
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(signum, &fallback, NULL);
+    kill(getpid(), signum);
+}
+
 static void *kick(void *unused) {
     (void)unused;
     sigset_t all;
@@ -115,6 +143,7 @@ static void *kick(void *unused) {
             continue;
         if (got <= 0)
             return NULL;
+        long long since_ns = monotonic_ns();
         for (;;) {
             struct timespec pause = {0, KICK_INTERVAL_NS};
             while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
@@ -123,6 +152,10 @@ static void *kick(void *unused) {
             int signum = atomic_load(&kick_signum);
             if (!ours(signum))
                 break;
+            if (atomic_load(&give_up[signum]) && monotonic_ns() - since_ns >= GIVE_UP_NS && getpid() != 1) {
+                end_as_without_xsp(signum);
+                break;
+            }
             atomic_fetch_add(&kicks_in_flight, 1);
             if (pthread_kill(main_thread, signum) != 0) {
                 atomic_fetch_sub(&kicks_in_flight, 1);
@@ -175,6 +208,8 @@ static void after_fork_in_child(void) {
     atomic_store(&delivered, 0);
     atomic_store(&handled, 0);
     atomic_store(&kicks_in_flight, 0);
+    for (int signum = 0; signum < NSIG; signum++)  /* the child's signals are its own (StopSignals.forget) */
+        atomic_store(&give_up[signum], 0);
 }
 
 static PyObject *send_to_main_thread(PyObject *module, PyObject *argument) {
@@ -208,6 +243,27 @@ static PyObject *send_to_main_thread(PyObject *module, PyObject *argument) {
     Py_RETURN_TRUE;
 }
 
+static PyObject *give_up_after(PyObject *module, PyObject *args) {
+    (void)module;
+    int signum;
+    const char *message = NULL;
+    Py_ssize_t length = 0;
+    if (!PyArg_ParseTuple(args, "iz#", &signum, &message, &length))
+        return NULL;
+    if (signum <= 0 || signum >= NSIG) {
+        PyErr_Format(PyExc_ValueError, "signal number %d out of range", signum);
+        return NULL;
+    }
+    if (message != NULL) {
+        size_t kept = (size_t)length < MESSAGE_BYTES ? (size_t)length : MESSAGE_BYTES;
+        atomic_store(&give_up_length[signum], 0);  /* (the kicker reads it only once a signal came) */
+        memcpy(give_up_message[signum], message, kept);
+        atomic_store(&give_up_length[signum], kept);
+    }
+    atomic_store(&give_up[signum], message != NULL);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mark_handled(PyObject *module, PyObject *Py_UNUSED(unused)) {
     (void)module;
     atomic_store(&handled, atomic_load(&delivered));
@@ -219,6 +275,10 @@ static PyMethodDef methods[] = {
      "send_to_main_thread(signum) -> bool\n\nCalled on the main thread, once signal.signal() gave signum a "
      "Python handler: the signal, where it lands on another thread, is sent on to this one. False where "
      "there is nothing to send on (no Python handler, or the signal blocked on this thread)."},
+    {"give_up_after", give_up_after, METH_VARARGS,
+     "give_up_after(signum, message)\n\nsignum's action was the default: where its Python handler has not run "
+     "5 s after it came (the main thread waits in native code), the process ends by it with the default "
+     "action, as without xsp, after writing message (bytes) to stderr. message None: no longer."},
     {"handled", mark_handled, METH_NOARGS,
      "handled()\n\nCalled by the Python handler of the signals sent on: it ran, so the main thread needs no "
      "more waking for the stopping signals that came so far."},

@@ -31,19 +31,30 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from xsp.core.threads import STOPPING_SIGNALS
 
 try:
-    from xsp.session._signals import handled, send_to_main_thread
+    from xsp.session._signals import give_up_after, handled, send_to_main_thread
 except ImportError:  # not built: a signal that lands on another thread than xsp's is only noted there
     def send_to_main_thread(signum: int, /) -> bool:
         return False
 
     def handled() -> None:
         pass
+
+    def give_up_after(signum: int, message: bytes | None, /) -> None:
+        pass
+
+GIVE_UP_S: Final = 5.0
+"""How long a stopping signal left at its default waits for the main thread (xsp.session._signals:
+its C code's ``GIVE_UP_NS``): a main thread waiting in native code that retries when a signal
+interrupts it (a process group's rendezvous, a collective, a C++ queue) never runs the Python
+handler; the process then ends by the signal as it would have at once without xsp, and not 125 s
+later, when the wait timed out (or by the SIGKILL a launcher sends after its grace period)."""
 
 
 class Terminated(BaseException):
@@ -85,8 +96,10 @@ class StopSignals:
         self._exiting = False
         self._on_stop: Callable[[int], None] | None = None
 
-    def install(self) -> None:
-        """Handle the stopping signals (main thread only; elsewhere a no-op)."""
+    def install(self, recover: Path | None = None) -> None:
+        """Handle the stopping signals (main thread only; elsewhere a no-op). ``recover``: the
+        trace file whose closed windows are on disk, which ``xsp recover`` writes where the process
+        ends by a signal before the session could (see :data:`GIVE_UP_S`)."""
         if threading.current_thread() is not threading.main_thread():
             return
         self.pid = os.getpid()
@@ -97,7 +110,13 @@ class StopSignals:
                     continue
                 signal.signal(signum, self._on_signal)
                 self._saved[signum] = previous
-                send_to_main_thread(signum)
+                if send_to_main_thread(signum) and previous is signal.SIG_DFL and signum != signal.SIGINT:
+                    give_up_after(signum, _give_up_message(signum, recover))
+
+    def _stop_giving_up(self) -> None:
+        for signum in self._saved:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                give_up_after(signum, None)
 
     def end_by(self, on_stop: Callable[[int], None]) -> None:
         """From now on, a stopping signal whose action was the default (Ctrl-C's included) calls
@@ -123,6 +142,7 @@ class StopSignals:
         process is already ending by that kind of signal (``ending_by``) or by its own exit
         (:meth:`hold_until_exit`); ``before_delivery`` is told the names of those delivered
         first (the process may end by them, before the caller could say anything)."""
+        self._stop_giving_up()
         for signum, previous in self._saved.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 if signal.getsignal(signum) == self._on_signal:  # the program may have replaced ours
@@ -142,6 +162,7 @@ class StopSignals:
     def forget(self) -> None:
         """In a child forked while these handlers were installed: put the program's own back
         (the child's stopping signals are its own, as in a plain run)."""
+        self._stop_giving_up()
         for signum, previous in self._saved.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 if signal.getsignal(signum) == self._on_signal:
@@ -176,6 +197,15 @@ class StopSignals:
         if callable(previous):
             return previous(signum, frame)
         return None
+
+
+def _give_up_message(signum: int, recover: Path | None) -> bytes:
+    """What is said where the process ends by ``signum`` before its handler could run."""
+    what = (f"the trace file is not written (`xsp recover {recover}` writes it from the windows closed before)"
+            if recover is not None else "its trace is lost")
+    return (f"xsp: {signal_name(signum)} came while the main thread waited in native code that did not come back "
+            f"within {GIVE_UP_S:g} s; the process ends by it now, as it would have without xsp, and {what}\n"
+            ).encode(errors="replace")
 
 
 _HANDLER_CODE = StopSignals._on_signal.__code__

@@ -123,7 +123,7 @@ def start(options: TraceOptions, thread_id: int, recording: Recording, warn: Cal
         # signals are handled in the main thread only (a forkserver's child: the thread that forked
         # it is named main, with the forkserver's thread id, until multiprocessing renames it)
         if thread_id == threading.get_native_id() and threading.current_thread() is threading.main_thread():
-            signals.install()
+            signals.install(recover=output if segments is not None else None)
         exit_guard.guard(on_os_exit)
     except BaseException:
         output_name.release()
