@@ -1220,3 +1220,31 @@ def test_runs_of_different_models_are_not_said_to_have_too_few_steps():
     result = diff(_with_session(run(1)), _with_session(run(2), model="other"))
     assert result.verdict is dcol.Verdict.NO_VERDICT
     assert not any("steps on a side" in warning for warning in result.warnings), result.warnings
+
+
+def test_a_level_both_runs_recorded_with_spans_in_one_only_is_said_as_such():
+    """Eager against compiled: both recorded the layer level, and the compiled run's code called
+    no module. The warning said the layer level was "recorded in one run only"."""
+    base, new = run(1), run(2)
+    new = xsp.Trace(spans=new.spans[new.spans[col.LEVEL] != "layer"].reset_index(drop=True),
+                    metadata=dict(new.metadata))
+    for trace in (base, new):
+        trace.metadata["levels"] = ["model", "layer"]
+    said = diff(base, new).warnings
+    assert not any("recorded in one run only" in warning for warning in said), said
+    assert any(warning.startswith("level(s) layer recorded in both runs, with spans in one only (the new run's")
+               for warning in said), said
+    new.metadata["levels"] = ["model"]  # asked for in one run only: as before
+    assert any("recorded in one run only" in warning for warning in diff(base, new).warnings)
+
+
+def test_a_change_far_past_its_parents_is_not_shown_as_a_share_of_it():
+    """A compile of 1.46 s below a model call whose latency (compiling left out) moved by 15 µs read
+    "-9953551% of parent"."""
+    breakdown = pd.DataFrame({"key": ["net[0]", "net[0]/torch.compile[0]", "net[0]/net.a[0]"], "depth": [0, 1, 1],
+                              "adjusted_delta_ns": [-15_000.0, 1.46e9, -12_000.0],
+                              "adjusted_ratio": [0.99, np.nan, 0.9],
+                              "explains": [np.nan, -97_333.0, 0.8], "verdict": ["unchanged", "added", "unchanged"],
+                              "note": [None, None, None]})
+    lines = diff_formats._tree_lines(breakdown, 100)
+    assert "of parent" not in lines[1] and "80% of parent" in lines[2], lines

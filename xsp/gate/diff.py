@@ -177,9 +177,17 @@ def diff(base: Side, new: Side, by: KeyBy | str = "path", levels: Iterable[str |
     recorded = [set(keys[col.LEVEL].dropna().tolist()) for keys in (base_keys, new_keys)]
     if chosen is None:
         only = recorded[0] ^ recorded[1]
-        if only:
-            warnings.append(f"level(s) {', '.join(sorted(only))} recorded in one run only: left out "
+        asked = [set(info.get("levels") or ()) for info in (base_info, new_info)]
+        # a level both runs recorded, whose spans only one has: compiled code runs no module call
+        empty = {level for level in only if all(level in levels for levels in asked)}
+        if only - empty:
+            warnings.append(f"level(s) {', '.join(sorted(only - empty))} recorded in one run only: left out "
                             f"(name them in levels= to compare them anyway)")
+        if empty:
+            side = "base" if all(level not in recorded[0] for level in empty) else "new"
+            warnings.append(f"level(s) {', '.join(sorted(empty))} recorded in both runs, with spans in one only (the "
+                            f"{side} run's code called no module there: torch.compile'd or scripted code runs none): "
+                            "left out (name them in levels= to compare them anyway)")
         kept = recorded[0] & recorded[1]
     else:
         kept = {level.value for level in chosen}

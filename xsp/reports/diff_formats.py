@@ -8,7 +8,7 @@ import math
 import re
 import textwrap
 import xml.etree.ElementTree as ET
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -211,6 +211,11 @@ def _judged_suffix(settings: dict[str, Any]) -> str:
     return "" if how == Judged.RAW.value or settings.get("judged_factor", 1.0) == 1.0 else f", {how}"
 
 
+MOST_SHOWN_SHARE: Final = 10.0
+"""The largest share of its parent's change a key's change is shown as (1,000%): past it the two
+moved apart, not one inside the other."""
+
+
 def _tree_lines(breakdown: pd.DataFrame, width: int) -> list[str]:
     """The breakdown as an indented tree in ``width`` columns, each key by its last part, shortened
     in the middle and kept apart from its neighbours'."""
@@ -218,7 +223,10 @@ def _tree_lines(breakdown: pd.DataFrame, width: int) -> list[str]:
     tails, indents = [], []
     for row in rows:
         depth = int(row.depth)
-        share = f"{_share(row.explains)} of parent" if depth else ""
+        # a child moved far more than its parent (a compile beside a model call's latency, which leaves
+        # compiling out): no share of the parent's change to speak of ("-9953551% of parent")
+        shown = depth and not (isinstance(row.explains, float) and abs(row.explains) > MOST_SHOWN_SHARE)
+        share = f"{_share(row.explains)} of parent" if shown else ""
         tails.append(f"{_signed_time(row.adjusted_delta_ns):>10} {_ratio(row.adjusted_ratio):>7} {share:>13} "
                      f"{shown_verdict(row):<9}")
         indents.append("  " * (depth - 1) + "└ " if depth else "")
