@@ -569,3 +569,71 @@ def test_a_sessions_options_are_one_frozen_object_made_once(tmp_path):
     assert calls[0] is calls[1] and calls[0].output is None and calls[0].levels == options.levels
     with pytest.raises(ValueError, match="span_budget must be 0"):
         TraceOptions.parse(span_budget=-1)
+
+
+def test_compiled_models_and_submodules_are_named_and_typed_as_the_models_own():
+    """A compiled model's type read `OptimizedModule (torch._dynamo.eval_frame)`, a compiled
+    submodule's call of the model inside it was a layer (`model.body._orig_mod`), and an exported
+    program's input check (`_guards_fn`) too."""
+    torch._dynamo.reset()
+
+    class Body(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.compile(Body(), backend="eager")
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(x))
+
+    model, whole = Net(), torch.compile(nn.Sequential(nn.Linear(8, 8)), backend="eager")
+
+    def infer() -> None:
+        with torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(2, 8))
+                whole(torch.randn(2, 8))
+
+    spans = trace_of(infer, levels="model,layer").spans
+    torch._dynamo.reset()
+    names = set(spans[col.NAME].astype(str))
+    assert not any("_orig_mod" in name for name in names), names
+    assert "model.body" in names
+    types = dict(zip(spans[col.NAME].astype(str), spans[col.MODULE_TYPE].astype(str)))
+    assert types["model.body"] == "Body" and types["whole"] == "Sequential", types
+
+
+def test_a_module_its_model_does_not_name_is_named_below_the_layer_that_called_it():
+    """transformers 5 keeps an attention kernel in a dict of each attention layer: every layer's
+    call of it was `model.<Func>`, pooled into one row across the layers (and nested in itself)."""
+
+    class Func(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.kernels = {"scale": Func()}  # not a submodule: no path of its own
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.kernels["scale"](self.proj(x))
+
+    model = nn.Sequential(Attention(), Attention())
+
+    def infer() -> None:
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+
+    names = set(trace_of(infer, levels="model,layer").spans[col.NAME].astype(str))
+    assert {"model.0.<Func>", "model.1.<Func>"} <= names, names
+    assert "model.<Func>" not in names

@@ -165,13 +165,20 @@ HIDDEN = ""
 """The name of calls left out of the layers: a compiled model's call of the model inside it."""
 
 
+GUARDS = "_guards_fn"
+"""The module ``torch.export`` puts in an exported program to check its inputs: no layer of the model."""
+
+
 def _layer_name(model: str, path: str, root: nn.Module) -> str:
-    """``<model>.<path>``; a compiled model's layers are named as the model's own, and its call
-    of the model inside is no layer (a compiled call is one span)."""
-    if path and hasattr(root, COMPILED_INNER) and type(root).__name__ == "OptimizedModule":
-        if path == COMPILED_INNER:
+    """``<model>.<path>``; a compiled model's (or compiled submodule's) layers are named as the
+    model's own, and its call of the model inside is no layer (a compiled call is one span), nor
+    is an exported program's check of its inputs."""
+    if path:
+        segments = path.split(".")
+        if segments[-1] in (COMPILED_INNER, GUARDS):
             return HIDDEN
-        path = path.removeprefix(COMPILED_INNER + ".")
+        if COMPILED_INNER in segments:
+            path = ".".join(segment for segment in segments if segment != COMPILED_INNER)
     return f"{model}.{path}" if path else model
 
 
@@ -194,6 +201,7 @@ def module_call_rows(window: Window) -> pd.DataFrame:
     rows = pieces.frame(window.sites)
     if len(rows):
         rows = rows[rows[col.NAME] != HIDDEN].reset_index(drop=True)
+        _name_by_caller(rows)
     if window.external_ids and len(rows):  # each call pushed its start to CUPTI as its external id
         rows[col.EXTERNAL_ID] = rows[col.START_NS].astype("Int64")
     window.derived["module_calls"] = rows
@@ -339,6 +347,34 @@ def _root_attributes(buffer: WindowBuffer, starts: np.ndarray, depth: np.ndarray
     return attributes
 
 
+def _name_by_caller(rows: pd.DataFrame) -> None:
+    """In place: a module that its model does not name (kept in a dict, a list, made in
+    ``forward()``), named below the layer that called it (``model.layers.0.self_attn.<Func>``)
+    instead of below the model alone, where one call of every layer pooled into one name."""
+    names = rows[col.NAME].to_numpy(dtype=object)
+    depths = rows[col.CALL_DEPTH].to_numpy(dtype=np.int64)
+    unnamed = np.flatnonzero(np.array([name.endswith(">") and ".<" in name for name in names], dtype=bool)
+                             & (depths > 1))
+    if not len(unnamed):
+        return
+    unnamed = unnamed[np.argsort(depths[unnamed], kind="stable")]
+    starts, ends = rows[col.START_NS].to_numpy(dtype=np.int64), rows[col.END_NS].to_numpy(dtype=np.int64)
+    threads = rows[col.THREAD_ID].to_numpy(dtype=np.int64)
+    by_place: dict[tuple[int, int], np.ndarray] = {}
+    renamed = names.copy()
+    for row in unnamed.tolist():  # outermost first: a caller renamed first names its callees
+        place = (int(threads[row]), int(depths[row]) - 1)
+        callers = by_place.get(place)
+        if callers is None:
+            callers = np.flatnonzero((threads == place[0]) & (depths == place[1]))
+            callers = callers[np.argsort(starts[callers], kind="stable")]
+            by_place[place] = callers
+        at = int(np.searchsorted(starts[callers], starts[row], side="right")) - 1
+        if at >= 0 and ends[callers[at]] >= ends[row]:
+            renamed[row] = f"{renamed[callers[at]]}.{names[row].rsplit('.', 1)[-1]}"
+    rows[col.NAME] = renamed
+
+
 def _call_name(modules: list[nn.Module], root_i: int, module_i: int, names: LayerNames) -> str:
     module = modules[module_i]
     if root_i == module_i:
@@ -368,6 +404,9 @@ def _module_facts(module: nn.Module) -> tuple[str, int, str | None]:
     except (KeyError, TypeError):
         pass
     cls = type(module)
+    inner = getattr(module, COMPILED_INNER, None)
+    if cls.__name__ == "OptimizedModule" and isinstance(inner, nn.Module):  # torch.compile(model): the model's
+        cls = type(inner)
     name = getattr(module, "original_name", None) if isinstance(module, torch.jit.ScriptModule) else None
     facts = (name or module_type_name(cls), parameter_count(module), class_source(cls))  # type: ignore[arg-type]
     try:
