@@ -583,6 +583,8 @@ def test_the_report_of_a_killed_always_on_run_counts_the_steps_in_its_file(tmp_p
     assert report.returncode == 0, report.stderr
     line = next(line for line in report.stdout.splitlines() if line.startswith("Always on"))
     assert "the session did not end" in line and f"{counted(steps, 'step')} timed" in line, line
+    # read from its windows: the report says so, and what that leaves out (it said nothing of it)
+    assert "recovered from" in report.stdout and "are missing" in report.stdout, report.stdout[:2000]
 
 
 KILLED_IN_PARTS = """

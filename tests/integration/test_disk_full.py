@@ -4,6 +4,7 @@ lost (kept in memory, then spooled elsewhere), and ``xsp recover`` brings every 
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import subprocess
 import sys
@@ -175,3 +176,56 @@ def test_the_recover_command_said_for_a_run_in_parts_is_one_that_recovers(tmp_pa
     written = sorted(set(folder.glob("part-*.xsp.parquet")) - set(sealed))
     assert len(written) == 1
     assert _steps(written[0]) == int((session.trace.spans[col.KIND] == col.SpanKind.PREDICT.value).sum())
+
+
+IN_PARTS_UNTIL_TWO_SEALED = """
+import pathlib, sys, time, torch
+folder = pathlib.Path(sys.argv[1]) / "run=full" / "rank=0"
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+give_up = time.monotonic() + 60
+with torch.no_grad():
+    while time.monotonic() < give_up and not (folder / "part-1.xsp.parquet").exists():
+        model(torch.randn(2, 8))
+        time.sleep(0.001)
+    model(torch.randn(2, 8))
+"""
+
+
+@pytest.mark.heavy  # a subprocess run: `python -m pytest -m heavy`
+def test_xsp_run_says_which_part_of_a_run_in_parts_it_counts_when_the_last_cannot_be_written(tmp_path):
+    """It printed "xsp: 9,749 spans, 2,437 steps", the last part's counts for a run of 3,049 steps,
+    and named no file."""
+    script = tmp_path / "loop.py"
+    script.write_text(IN_PARTS_UNTIL_TWO_SEALED)
+    code = ("import errno, sys, xsp.session.ending as ending\n"
+            "def full(*_, **__):\n    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+            "ending.write_trace_tables = full\n"
+            "from xsp.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "run", "--dataset", str(tmp_path / "runs"), "--rotate", "0.3",
+                           "--", str(script), str(tmp_path / "runs")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "XSP_RUN_ID": "full", "XSP_WINDOW_S": "0.1"})
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "runs" / "run=full" / "rank=0"
+    sealed = len(list(folder.glob("part-*.xsp.parquet")))
+    line = next(line for line in done.stderr.splitlines() if line.startswith("xsp: ") and " spans, " in line)
+    assert line.endswith(f"in the last of {sealed + 1} parts, not written (the {sealed} before it are in "
+                         f"runs{os.sep}run=full{os.sep}rank=0{os.sep})"), line
+
+
+def test_the_folders_said_to_keep_the_windows_are_those_that_hold_them(full_disk, monkeypatch, tmp_path):
+    """A disk full from the start: every window went to the spool, and the warning said they were
+    kept in the folder beside the output too, which held only the session's start."""
+    monkeypatch.setattr(segments, "MEMORY_BOUND_BYTES", 1)
+    output, fill = full_disk
+    fill()
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(10)])
+    with pytest.warns(xsp.XspWarning) as said, xsp.trace(levels="model,layer", output=output):
+        for _ in range(STEPS):
+            model(torch.randn(2, 16))
+    told = next(str(w.message) for w in said if "the trace file was not written" in str(w.message))
+    spooled = next((tmp_path / "spool" / "xsp-spool").iterdir())
+    beside = [folder for folder in output.parent.iterdir() if folder.is_dir()]
+    assert beside and not any(any(folder.glob(segments.SEGMENT_PATTERN)) for folder in beside)
+    assert f"kept in {spooled} (" in told and str(beside[0]) not in told, told
+    written, _ = recover(output)
+    assert _steps(written) == STEPS

@@ -189,3 +189,26 @@ def test_a_sealed_part_whose_spans_hang_below_the_session_span_reads_without_a_c
     whole = xsp.load(folder)
     session_span = whole.spans[whole.spans[col.KIND] == "session"][col.SPAN_ID].iloc[0]
     assert (whole.spans[whole.spans[col.NAME] == "preprocess"][col.PARENT_ID] == session_span).all()
+
+
+def test_a_part_due_within_half_a_window_is_sealed_at_that_window_not_the_next(monkeypatch, tmp_path):
+    """With windows as long as the parts (`--rotate 3s`, always-on windows of 3 s), a part is
+    checked as a window closes, a little less than its time after it began, and came out 6 s
+    long: twice what was asked."""
+    import xsp.session.running as running
+
+    monkeypatch.setenv("XSP_RUN_ID", "svc")
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    folder = tmp_path / "run=svc" / "rank=0"
+    with torch.no_grad(), xsp.trace(levels="model,layer", dataset=tmp_path, rotate=30, window_s=30) as session:
+        model(torch.randn(2, 16))
+        run = session.run
+        assert run is not None
+        began = run.part_started_ns or run.start_ns
+        monkeypatch.setattr(running, "now_ns", lambda: began + int(14 * 1e9))
+        run.rotate_if_due()  # 14 s of a 30 s part: not due
+        assert not (folder / "part-0.xsp.parquet").exists()
+        monkeypatch.setattr(running, "now_ns", lambda: began + int(29 * 1e9))
+        run.rotate_if_due()  # a window's close, 1 s short of the part's 30 s: sealed now
+        assert (folder / "part-0.xsp.parquet").exists()
+        monkeypatch.undo()

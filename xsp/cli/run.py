@@ -809,6 +809,9 @@ def _summarise(session: Session, script: Path, options: argparse.Namespace, stat
             where = f" in {parts} parts -> {_shown(written.parent, started_in)}{os.sep}"
         except Exception:  # the parts before could not be read back: the last one is named as such
             where = f" in the last of {parts} parts{where}"
+    elif written is None and session.output is not None and parts > 1:  # its counts are the last part's alone
+        where = (f" in the last of {parts} parts, not written (the {parts - 1} before it are in "
+                 f"{_shown(session.output.parent, started_in)}{os.sep})")
     predicts = int((counted[col.KIND] == SpanKind.PREDICT.value).sum())
     steps = int(counted[col.STEP].dropna().nunique())
     if where and getattr(options, "replaces", False) and os.path.abspath(options.output) == str(session.output):

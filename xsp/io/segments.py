@@ -429,13 +429,18 @@ class SegmentWriter:
             self.pending = []
             dropped = metadata.setdefault("dropped", {})
             dropped[LOST_AT_END] = dropped.get(LOST_AT_END, 0) + lost
+        written: list[Path] = []
         for folder in self.folders():
             try:
                 with atomic_output(folder / FINAL_FILE) as temporary:
                     temporary.write_text(json.dumps(metadata, default=str))
             except OSError:
                 continue
-        return self.folders()
+            written.append(folder)
+        # the folders that hold windows: one that took none (beside an output on a disk that
+        # became read-only) is not said to keep them
+        holding = [folder for folder in self.folders() if any(folder.glob(SEGMENT_PATTERN))]
+        return holding or written
 
     def seal(self, path: Path, metadata: dict[str, Any]) -> Path:
         """Write every window so far as the trace file ``path`` (one part of a long session's

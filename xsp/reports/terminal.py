@@ -382,12 +382,28 @@ def _header_of(meta: dict[str, object], levels: dict[str, int], spans: int, step
     if isinstance(dropped, dict) and dropped:
         counts = (f"{v:,} {k}" if isinstance(v, int) else f"{v} {k}" for k, v in dropped.items())
         _say(console, f"dropped: {', '.join(counts)}", "yellow")
+    for line in recovered_lines(meta):
+        _say(console, line, "yellow")
     busy = busy_machine_line(meta)
     if busy is not None:
         _say(console, busy, "yellow")
     export = export_line(meta)
     if export is not None:
         _say(console, export, "yellow")
+
+
+RECOVERED_SIGNS: Final = ("recovered from ", "written by xsp recover", " are read from the windows beside ")
+"""How the warnings a recovery (or a read of a run's windows) leaves in the metadata begin or say
+(:mod:`xsp.io.segments`, :mod:`xsp.io.loading`)."""
+
+
+def recovered_lines(meta: dict[str, object]) -> list[str]:
+    """That the trace was recovered from a killed run's windows, or holds windows not yet in a
+    part, and what that leaves out: its metadata's warnings that say so."""
+    warnings = meta.get("warnings")
+    if not meta.get("recovered") or not isinstance(warnings, list):
+        return []
+    return [str(warning) for warning in warnings if any(sign in str(warning) for sign in RECOVERED_SIGNS)]
 
 
 def export_line(meta: dict[str, object]) -> str | None:

@@ -188,7 +188,11 @@ class RunningSession:
         if segments is None or self.output is None or self.ending or not options.rotates:
             return
         started = self.part_started_ns or self.start_ns
-        aged = options.rotate_s is not None and now_ns() - started >= options.rotate_s * 1e9
+        # a part is sealed as a window closes, a little after the part's time: a part due within
+        # half a window is sealed now, not a window later (with windows as long as the parts, each
+        # part came out twice as long as asked)
+        due_ns = (options.rotate_s - options.window_s / 2) * 1e9 if options.rotate_s is not None else None
+        aged = due_ns is not None and now_ns() - started >= due_ns
         grown, written = False, 0
         if options.rotate_bytes is not None:
             # sealed before a next window of the part's mean size would take it past the size: a
