@@ -541,6 +541,25 @@ def test_warm_up_and_the_median_step_are_judged_among_steps_of_one_kind():
     assert title == "Step 1 (the median latency of the train steps, 1.300 ms)"
 
 
+def test_a_compiled_model_without_layers_is_told_how_to_see_them():
+    """At the default levels a compiled model has no layer span: the report showed no layer table
+    and said nothing of why."""
+    from tests.unit.test_gpu_analyses import make_trace
+    from xsp.reports.terminal import render_report
+
+    rows = [(1, None, "model", "predict", "net", 0, 1_000, {"step": 0}),
+            (2, 1, "model", "compile", "torch.compile", 10, 900, {"step": 0}),
+            (3, None, "model", "predict", "net", 1_100, 1_200, {"step": 1})]
+    trace = make_trace(rows, {"levels": ["model", "input", "layer"]})
+    console = Console(width=120, record=True, color_system=None)
+    render_report(trace, console)
+    assert "No layer table: torch.compile'd code calls no module" in console.export_text()
+    trace.metadata["levels"] = ["model", "layer", "operator"]  # operators recorded: nothing to add
+    console = Console(width=120, record=True, color_system=None)
+    render_report(trace, console)
+    assert "No layer table" not in console.export_text()
+
+
 def test_the_report_shows_what_garbage_collection_took_per_generation_and_recommends_freezing():
     rows = [(1, None, "model", "step", "request", 0, 1000, {col.STEP: 0}),
             (2, 1, "model", "predict", "model", 0, 1000, {col.STEP: 0})]

@@ -576,6 +576,14 @@ def busy_machine_line(metadata: dict[str, object]) -> str | None:
 def _layer_tables(trace: Trace, console: Console, top: int, step_view: StepView | None = None) -> None:
     layers = trace.spans[trace.spans[col.LEVEL] == Level.LAYER.value]
     if layers.empty and not kernel_layers(trace.metadata):
+        recorded = trace.metadata.get("levels")
+        compiled = bool((trace.spans[col.KIND] == SpanKind.COMPILE.value).any())
+        if compiled and isinstance(recorded, list) and Level.LAYER.value in recorded \
+                and Level.OPERATOR.value not in recorded:
+            _say(console, "No layer table: torch.compile'd code calls no module, so its layers are not seen at the "
+                          "layer level; record the operator level too (--levels model,layer,operator) and each "
+                          "layer gets its share of the kernels inductor made (docs/analyses.md, \"Compiled code\")",
+                 "yellow")
         return
     warmup = warmup_line(trace)
     trace, which = step_view or deep_steps(trace)
