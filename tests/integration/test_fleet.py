@@ -212,3 +212,18 @@ def test_a_part_due_within_half_a_window_is_sealed_at_that_window_not_the_next(m
         run.rotate_if_due()  # a window's close, 1 s short of the part's 30 s: sealed now
         assert (folder / "part-0.xsp.parquet").exists()
         monkeypatch.undo()
+
+
+def test_a_dataset_of_runs_in_parts_read_as_one_says_to_read_a_runs_folder(monkeypatch, tmp_path):
+    """Its advice was "load one file at a time", where one file of a run in parts is a part of it."""
+    model = nn.Linear(4, 4)
+    for run in ("a", "b"):
+        monkeypatch.setenv("XSP_RUN_ID", run)
+        with torch.no_grad(), xsp.trace(levels="model", dataset=tmp_path, rotate=0.2, window_s=0.05):
+            give_up = time.monotonic() + 60
+            while time.monotonic() < give_up and not (tmp_path / f"run={run}" / "rank=0" / "part-0.xsp.parquet").exists():
+                model(torch.randn(2, 4))
+                time.sleep(0.002)
+    with pytest.raises(xsp.TraceFormatError, match=r"2 separate runs.* load one run's folder at a time"):
+        xsp.load(tmp_path)
+    assert len(xsp.load(tmp_path / "run=a" / "rank=0").steps) > 0

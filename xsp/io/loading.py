@@ -264,9 +264,12 @@ def job_layout(members: list[JobMember], newest_job: bool = False) -> JobLayout:
     alone = [member for member in members if _recorded_alone(member)]
     if len(members) > 1 and alone:
         shown = ", ".join(str(member.file) for member in members[:3]) + (", ..." if len(members) > 3 else "")
+        in_parts = any(PART_FILE.match(Path(str(member.file)).name) for member in members)
+        one = ("load one run's folder at a time (run=<id>/rank=<r>: a run in parts is its folder)" if in_parts
+               else "load one file at a time")
         raise TraceFormatError(f"the files hold {len(members)} separate runs, not the ranks of one job ({shown}): "
-                               f"{alone[0].file} was recorded by a process of no distributed job; load one file "
-                               "at a time (xsp diff takes a folder of runs as one side)")
+                               f"{alone[0].file} was recorded by a process of no distributed job; {one} "
+                               "(xsp diff takes a folder of runs as one side)")
     jobs = {_job_of_metadata(member.metadata) for member in members}
     ignored: list[str] = []
     if len(jobs) > 1:
