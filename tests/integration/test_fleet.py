@@ -220,8 +220,8 @@ def test_a_dataset_of_runs_in_parts_read_as_one_says_to_read_a_runs_folder(monke
     for run in ("a", "b"):
         monkeypatch.setenv("XSP_RUN_ID", run)
         with torch.no_grad(), xsp.trace(levels="model", dataset=tmp_path, rotate=0.2, window_s=0.05):
-            give_up = time.monotonic() + 60
-            while time.monotonic() < give_up and not (tmp_path / f"run={run}" / "rank=0" / "part-0.xsp.parquet").exists():
+            give_up, first = time.monotonic() + 60, tmp_path / f"run={run}" / "rank=0" / "part-0.xsp.parquet"
+            while time.monotonic() < give_up and not first.exists():
                 model(torch.randn(2, 4))
                 time.sleep(0.002)
     with pytest.raises(xsp.TraceFormatError, match=r"2 separate runs.* load one run's folder at a time"):
