@@ -684,3 +684,27 @@ def test_a_cached_trace_through_xsps_wrapper_matches_this_programs_frames(tmp_pa
     texts, replaced, dropped = rebased_provenance(cached, hints)
     assert (replaced, dropped) == (1, 0)
     assert layers_of_metrics(texts, hints) == {"cpp_fused_0": [("blocks", "Sequential", 1.0)]}
+
+
+def test_two_traces_alike_in_the_programs_own_frames_are_told_apart_by_the_others(tmp_path):
+    """A Linear's operator has two traces in the graph, one through xsp's wrapper of module calls
+    and one without: alike in the program's own frames, so a cached trace from before a line was
+    added matched both, and kept its stale line (a `def`)."""
+    import json
+
+    import tracers.module_calls.interceptor as interceptor
+    from xsp.record.compiled_kernels import rebased_provenance
+
+    script = tmp_path / "lines.py"
+    script.write_text("# v2\\nclass Net:\\n    def forward(self, x):\\n        y = self.fc(x) * 2\\n")
+    wrapper = (f'  File "{interceptor.__file__}", line 254, in xsp_module_call\\n'
+               "    return _orig(self, *args, **kwargs)\\n")
+
+    def trace(line: int, through_wrapper: bool) -> str:
+        return (f'  File "{script}", line {line}, in forward\\n    y = self.fc(x) * 2\\n        ^^^^^^^^^^^^^^\\n'
+                + (wrapper if through_wrapper else ""))
+
+    through, direct = trace(4, True), trace(4, False)
+    texts, replaced, dropped = rebased_provenance([json.dumps({"extern_kernels.addmm:1": [trace(3, True)]})],
+                                                  {through: {"fc": "Linear"}, direct: {"fc": "Linear"}})
+    assert (replaced, dropped) == (1, 0) and json.loads(texts[0]) == {"extern_kernels.addmm:1": [through]}

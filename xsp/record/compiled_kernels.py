@@ -153,6 +153,11 @@ def users_blocks(trace: str) -> list[tuple[str, str]]:
     return [(file, text) for file, text in blocks if not library_file(file, folders)]
 
 
+def whole_shape(trace: str) -> str:
+    """A stack trace with its files left out, every frame kept (torch's and xsp's too)."""
+    return _FILE_NAME.sub('File ""', trace)
+
+
 def trace_shape(trace: str) -> str:
     """A stack trace's own frames (:func:`users_blocks`) with their files left out: their lines,
     functions and code (with Python's marks of the columns that ran), as the same code in another
@@ -200,22 +205,28 @@ def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str
     kernel's time stays on the line that called the compiled code; where several have it, it
     stays as inductor gave it, as does a stack trace of code run by ``exec`` (no code to compare)."""
     current = set(current_traces)
-    by_shape: dict[str, list[str]] = {}
-    by_code: dict[str, list[str]] = {}
+    # the closest first: every frame kept (files left out), then the program's own frames alone;
+    # the same lines, then the same code moved (two traces alike in their own frames, one of them
+    # through xsp's wrapper, are told apart by the first ways)
+    shapes = (whole_shape, lambda trace: _LINE_NUMBER.sub(", line ,", whole_shape(trace)), trace_shape, code_shape)
+    by_shape: list[dict[str, list[str]]] = [{} for _ in shapes]
     for trace in current:
-        by_shape.setdefault(trace_shape(trace), []).append(trace)
-        by_code.setdefault(code_shape(trace), []).append(trace)
+        for index, shape in enumerate(shapes):
+            by_shape[index].setdefault(shape(trace), []).append(trace)
     replaced = dropped = 0
 
     def rebased(trace: Any) -> Any:
         nonlocal replaced, dropped
         if not isinstance(trace, str) or trace in current:
             return trace
-        same = by_shape.get(trace_shape(trace)) or by_code.get(code_shape(trace), [])
-        if len(same) == 1:
-            replaced += 1
-            return same[0]
-        if not same and names_code_not_there(trace):
+        matched = False
+        for index, shape in enumerate(shapes):
+            same = by_shape[index].get(shape(trace), [])
+            matched = matched or bool(same)
+            if len(same) == 1:
+                replaced += 1
+                return same[0]
+        if not matched and names_code_not_there(trace):
             dropped += 1
             return None
         return trace
