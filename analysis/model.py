@@ -14,7 +14,7 @@ from xsp.core.schema import Level, SpanKind, Status
 from xsp.io.trace import Trace
 from xsp.record.steps import GENERATE_SUFFIX
 from xsp.table.sampling import step_roots as step_root_positions
-from xsp.table.walks import nearest_marked, parent_positions
+from xsp.table.walks import nearest_marked, parent_positions, union_length
 
 INPUT_LEVELS = (Level.INPUT.value, Level.MODEL.value)
 """Where input waits live (the model level in traces recorded before the input level)."""
@@ -70,12 +70,17 @@ class OutsideSteps:
 
 def outside_steps(starts_ns: np.ndarray, ends_ns: np.ndarray, first_ns: int, last_ns: int) -> OutsideSteps:
     """The spans outside every step (their starts and ends) by where they ran: before the steps'
-    work began at ``first_ns``, after it ended at ``last_ns``, or between steps."""
-    duration_ms = (ends_ns - starts_ns).astype(np.float64) / 1e6
-    before = float(duration_ms[starts_ns < first_ns].sum())
-    after = float(duration_ms[starts_ns >= last_ns].sum())
-    return OutsideSteps(count=len(starts_ns), before_ms=before, between_ms=float(duration_ms.sum()) - before - after,
-                        after_ms=after)
+    work began at ``first_ns``, after it ended at ``last_ns``, or between steps; the time of each
+    is the time they covered, spans inside others counted once (an operator's nested operators
+    added up to more than the whole session)."""
+    before, after = starts_ns < first_ns, starts_ns >= last_ns
+    between = ~before & ~after
+
+    def covered_ms(chosen: np.ndarray) -> float:
+        return float(union_length(starts_ns[chosen], ends_ns[chosen])) / 1e6 if chosen.any() else 0.0
+
+    return OutsideSteps(count=len(starts_ns), before_ms=covered_ms(before), between_ms=covered_ms(between),
+                        after_ms=covered_ms(after))
 
 
 def step_extents(spans: pd.DataFrame) -> pd.DataFrame:

@@ -473,6 +473,15 @@ def test_a_steps_work_is_what_runs_under_its_root_or_beside_it():
     assert outside_steps_line(trace, Level.OPERATOR, "operator") == (
         "Outside every step, not in these figures: 1 operator, 0.005 ms before the first step (model construction, "
         "start-up)")
+    # operators inside operators outside the steps (a compile's first call) are their time once: the three
+    # added up to more than the session
+    nested = make_trace([(1, None, "operator", "operator", "Torch-Compiled Region", 0, 40, {}),
+                         (2, 1, "operator", "operator", "CompiledFunction", 5, 35, {}),
+                         (3, 2, "operator", "operator", "aten::addmm", 10, 30, {}),
+                         (4, None, "model", "predict", "net", 50, 100, {})])
+    assert outside_steps_line(nested, Level.OPERATOR, "operator") == (
+        "Outside every step, not in these figures: 3 operators, 0.040 ms before the first step (model construction, "
+        "start-up)")
 
 
 def test_a_slow_first_step_is_called_warm_up_beside_the_layer_tables():
