@@ -9,13 +9,12 @@ known when the kernel level was recorded).
 
 from __future__ import annotations
 
-import json
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import pandas as pd
 
-from xsp.analysis.model import INPUT_LEVELS, spans_of
+from xsp.analysis.model import INPUT_LEVELS, span_attribute, spans_of
 from xsp.core import schema as col
 from xsp.core.schema import Level, SpanKind
 from xsp.io.trace import Trace
@@ -50,16 +49,6 @@ def epoch_turns(waits: pd.DataFrame) -> np.ndarray:
             if 0 <= near < len(order) and ordered_threads[near] == ordered_threads[at]:
                 turns[order[near]] = True
     return turns
-
-
-def _attribute(text: Any, key: str) -> Any:
-    if not isinstance(text, str):
-        return None
-    try:
-        found = json.loads(text)
-    except ValueError:
-        return None
-    return found.get(key) if isinstance(found, dict) else None
 
 
 def _batch_copies(spans: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
@@ -120,8 +109,8 @@ def input_waits(source: Trace | pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=INPUT_COLUMNS)
     copies = _batch_copies(spans, waits)
     attributes = waits[col.ATTRIBUTES] if col.ATTRIBUTES in waits else pd.Series([None] * len(waits))
-    workers = [_attribute(text, col.ATTR_INPUT_WORKERS) for text in attributes.tolist()]
-    pinned = [_attribute(text, col.ATTR_INPUT_PIN_MEMORY) for text in attributes.tolist()]
+    workers = [span_attribute(text, col.ATTR_INPUT_WORKERS) for text in attributes.tolist()]
+    pinned = [span_attribute(text, col.ATTR_INPUT_PIN_MEMORY) for text in attributes.tolist()]
     return pd.DataFrame({
         # Int64 arrays, not to_numpy(): with a null among them numpy made them floats (step 0.0)
         "step": waits[col.STEP].astype("Int64").array,
@@ -151,7 +140,7 @@ def input_workers(source: Trace | pd.DataFrame) -> pd.DataFrame:
     fetches = spans[spans[col.KIND] == SpanKind.FETCH.value]
     if fetches.empty or col.PROCESS_ID not in fetches:
         return pd.DataFrame(columns=WORKER_COLUMNS)
-    worker = [_attribute(text, col.ATTR_INPUT_WORKER) for text in fetches[col.ATTRIBUTES].tolist()]
+    worker = [span_attribute(text, col.ATTR_INPUT_WORKER) for text in fetches[col.ATTRIBUTES].tolist()]
     frame = pd.DataFrame({
         "process_id": fetches[col.PROCESS_ID].astype("int64").to_numpy(),
         "worker": pd.array(worker, dtype="Int64"),

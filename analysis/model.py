@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -166,14 +167,15 @@ def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
     generates = roots[roots[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
                       & roots[col.STEP].notna().to_numpy()]
     for step, attributes in zip(generates[col.STEP].tolist(), generates[col.ATTRIBUTES].tolist()):
-        samples = _attribute(attributes, col.ATTR_GENERATE_SAMPLES)
+        samples = span_attribute(attributes, col.ATTR_GENERATE_SAMPLES)
         if isinstance(samples, int) and step in batches.index:
             batches.loc[step] = samples
     return batches
 
 
-def _attribute(attributes: object, key: str) -> object:
-    """One attribute of a span's ``attributes`` (JSON text), or None."""
+def span_attribute(attributes: object, key: str) -> Any:
+    """One attribute of a span's ``attributes`` (its JSON text), or None (none there, or text
+    that is not a JSON object)."""
     if not isinstance(attributes, str):
         return None
     try:

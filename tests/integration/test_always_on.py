@@ -606,16 +606,22 @@ with torch.no_grad(), xsp.trace(levels="model,layer", dataset=folder, rotate=0.3
 """
 
 
+def killed_in_parts(tmp_path: Path, script_text: str) -> Path:
+    """Run ``script_text`` (a run in parts that kills itself) as run ``svc`` of a dataset in
+    ``tmp_path/runs``; its rank's folder."""
+    script = tmp_path / "killed.py"
+    script.write_text(script_text)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
+    assert done.returncode == -9, done.stderr
+    return tmp_path / "runs" / "run=svc" / "rank=0"
+
+
 @pytest.mark.parametrize("named", ["first part", "folder"])
 def test_recovering_a_killed_run_in_parts_writes_the_next_part_never_over_a_sealed_one(tmp_path, named):
     """A run in parts writes every window into its first part's hidden folder, so `xsp recover
     part-0.xsp.parquet` looked right, and wrote the windows after the last sealed part over part-0."""
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_IN_PARTS)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
-    assert done.returncode == -9, done.stderr
-    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    folder = killed_in_parts(tmp_path, KILLED_IN_PARTS)
     sealed = {path.name: path.read_bytes() for path in folder.glob("part-*.xsp.parquet")}
     assert len(sealed) >= 2
     target = folder / "part-0.xsp.parquet" if named == "first part" else folder
@@ -655,12 +661,7 @@ with torch.no_grad(), xsp.trace(levels="model,layer", dataset=folder, rotate=0.3
 def test_a_run_killed_as_it_seals_a_part_is_recovered_without_writing_its_windows_twice(tmp_path):
     """Killed after part-1 was in place and before its windows were deleted, a run's windows were
     all written again by `xsp recover`: 2,204 spans twice, and the report counted their steps twice."""
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_AS_IT_SEALS)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
-    assert done.returncode == -9, done.stderr
-    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    folder = killed_in_parts(tmp_path, KILLED_AS_IT_SEALS)
     assert (folder / "part-1.xsp.parquet").exists()
     recovered = subprocess.run([sys.executable, "-m", "xsp", "recover", str(folder)], capture_output=True, text=True,
                                timeout=120)
@@ -675,12 +676,7 @@ def test_a_run_killed_as_it_seals_a_part_is_recovered_without_writing_its_window
 def test_a_killed_run_in_parts_reads_with_the_windows_after_its_last_part_and_says_so(tmp_path):
     """Read before `xsp recover`, its folder left out the windows after its last sealed part
     without a word (up to a part's worth: an hour with --rotate 1h)."""
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_IN_PARTS)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "XSP_RUN_ID": "svc"})
-    assert done.returncode == -9, done.stderr
-    folder = tmp_path / "runs" / "run=svc" / "rank=0"
+    folder = killed_in_parts(tmp_path, KILLED_IN_PARTS)
     sealed = sorted(folder.glob("part-*.xsp.parquet"))
     in_parts = sum(len(step_roots(xsp.load(path).spans)) for path in sealed)
     before = xsp.load(folder)
