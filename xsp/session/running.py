@@ -77,6 +77,7 @@ def output_for(options: TraceOptions, rank: RankInfo | None, run_id: str | None,
 
 
 MOST_RUN_NUMBERS: Final = 1000
+"""The run ids tried (``<run>``, ``<run>-2``...) before the last is taken whatever its folder holds."""
 
 
 def claim_dataset_place(options: TraceOptions, rank: RankInfo | None, run: str, output_name: OutputName,
