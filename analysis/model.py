@@ -170,6 +170,15 @@ def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
         samples = span_attribute(attributes, col.ATTR_GENERATE_SAMPLES)
         if isinstance(samples, int) and step in batches.index:
             batches.loc[step] = samples
+    # generate() calls inside an xsp.step (spans of their own): the sequences they were given, not
+    # their model calls one a token added up
+    inside = spans[(spans[col.KIND] == SpanKind.USER.value).to_numpy()
+                   & spans[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
+                   & spans[col.STEP].notna().to_numpy()]
+    for step, group in inside.groupby(col.STEP, observed=True):
+        given = [span_attribute(text, col.ATTR_GENERATE_SAMPLES) for text in group[col.ATTRIBUTES].tolist()]
+        if step in batches.index and given and all(isinstance(samples, int) for samples in given):
+            batches.loc[step] = sum(given)
     return batches
 
 

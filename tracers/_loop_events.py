@@ -36,10 +36,12 @@ import torch
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.lazy import background_imports_done
+from xsp.core.schema import ATTR_GENERATE_SAMPLES
 from xsp.record import hotpath
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording, ThreadBuffer
-from xsp.record.steps import AutoSteps, hotpath_constants
+from xsp.record.steps import GENERATE_SUFFIX, AutoSteps, hotpath_constants
+from xsp.record.user_spans import span
 from xsp.tracers._post_import import forget, when_imported
 from xsp.tracers.module_calls.call_context import dynamo_compiling
 from xsp.tracers.module_calls.call_values import error_text
@@ -311,7 +313,12 @@ class LoopEvents:
                 return original(model, *args, **kwargs)
             buffer = recording.buffer()
             name = model_name(recording, model, sys._getframe(1))
-            buffer.steps.generate_begins(name, now_ns(), _samples(args, kwargs))
+            samples = _samples(args, kwargs)
+            if buffer.open_steps:  # inside an xsp.step (a request): a span of its own, not a step
+                attributes = {} if samples is None else {ATTR_GENERATE_SAMPLES: samples}
+                with span(name + GENERATE_SUFFIX, **attributes):
+                    return original(model, *args, **kwargs)
+            buffer.steps.generate_begins(name, now_ns(), samples)
             try:
                 return original(model, *args, **kwargs)
             finally:

@@ -88,7 +88,9 @@ def _mark_generate_phases(predicts: pd.DataFrame, marks: pd.DataFrame) -> None:
     ``prefill``, the rest ``decode`` calls. Where one model decodes, each call has the index of
     the token it produces; an assistant model's calls (assisted generation: several tokens a call
     of the target model) have none."""
-    generates = marks[(marks[col.KIND] == SpanKind.STEP.value) & marks[col.NAME].str.endswith(GENERATE_SUFFIX)]
+    # a generate() step, or (inside an xsp.step) a generate() span
+    generates = marks[marks[col.KIND].isin([SpanKind.STEP.value, SpanKind.USER.value])
+                      & marks[col.NAME].str.endswith(GENERATE_SUFFIX)]
     for step in generates.itertuples(index=False):
         start, end, thread = getattr(step, col.START_NS), getattr(step, col.END_NS), getattr(step, col.THREAD_ID)
         inside = predicts[(predicts[col.THREAD_ID] == thread) & (predicts[col.START_NS] >= start)

@@ -505,6 +505,30 @@ def test_a_generate_steps_batch_is_the_sequences_it_was_given_not_its_beams():
     assert analysis.model_latency(trace)["batch_size"].tolist() == [2]
 
 
+def test_generate_inside_an_xsp_step_is_a_span_whose_calls_are_marked_and_counted_once():
+    """A service's request step around generate(): its model calls had no prefill/decode marks,
+    and the step's batch added up its per-token calls (4 for one prompt)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def work():
+        for _ in range(2):
+            with xsp.step("request"):
+                lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, min_new_tokens=3,
+                            do_sample=False, pad_token_id=0)
+
+    trace = traced(work, levels="model")
+    spans = trace.spans
+    assert spans[spans[col.KIND] == SpanKind.STEP.value][col.NAME].tolist() == ["request"] * 2
+    assert spans[spans[col.KIND] == SpanKind.USER.value][col.NAME].tolist() == ["lm.generate"] * 2
+    attributes = [json.loads(a) for a in model_calls(trace)[col.ATTRIBUTES]]
+    assert [(a["xsp.generate.phase"], a["xsp.generate.token_index"]) for a in attributes] == [
+        ("prefill", 0), ("decode", 1), ("decode", 2)] * 2
+    assert analysis.model_latency(trace)["batch_size"].tolist() == [1, 1]
+
+
 def test_an_encoder_decoders_generate_marks_its_encoder_apart_from_the_decoders_tokens():
     """T5 and BART call their encoder once, then the decoder per token: the encoder was called
     the prefill (token 0) and the decoder's calls counted from 1, one more than the tokens."""
