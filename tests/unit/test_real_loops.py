@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -467,10 +468,15 @@ def test_a_compiled_training_step_breaks_where_it_breaks_plainly_and_is_still_re
     assert session.trace.spans[col.KIND].tolist().count(SpanKind.BACKWARD.value) == 3
 
 
-def test_generate_is_one_step_with_its_prefill_and_decode_calls():
+def tiny_gpt2() -> Any:
+    """A GPT-2 of one layer and random weights (the test skips without transformers)."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
-    lm = transformers.GPT2LMHeadModel(config).eval()
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_generate_is_one_step_with_its_prefill_and_decode_calls():
+    lm = tiny_gpt2()
     prompt = torch.tensor([[1, 2, 3]])
 
     def work():
@@ -491,9 +497,7 @@ def test_generate_is_one_step_with_its_prefill_and_decode_calls():
 def test_a_generate_steps_batch_is_the_sequences_it_was_given_not_its_beams():
     """3 beams on 2 prompts: the model calls ran on 6 sequences, and the step's batch (and its
     items/s) read 6; an encoder-decoder's read its encoder's 2 beside a decoder's 6."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
-    lm = transformers.GPT2LMHeadModel(config).eval()
+    lm = tiny_gpt2()
     prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
 
     def work():
@@ -508,9 +512,7 @@ def test_a_generate_steps_batch_is_the_sequences_it_was_given_not_its_beams():
 def test_generate_inside_an_xsp_step_is_a_span_whose_calls_are_marked_and_counted_once():
     """A service's request step around generate(): its model calls had no prefill/decode marks,
     and the step's batch added up its per-token calls (4 for one prompt)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
-    lm = transformers.GPT2LMHeadModel(config).eval()
+    lm = tiny_gpt2()
     prompt = torch.tensor([[1, 2, 3]])
 
     def work():
