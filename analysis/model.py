@@ -162,22 +162,15 @@ def _step_batches(spans: pd.DataFrame, roots: pd.DataFrame) -> pd.Series:
     own = own[own[col.NAME].to_numpy() == own[col.STEP].map(first_name).to_numpy()]
     summed = own.groupby(col.STEP, observed=True)[col.BATCH_SIZE].sum(min_count=1)
     batches = summed.reindex(first_batch.index).fillna(first_batch)
-    # a generate() step's samples are the sequences it was given: its model calls run on one a
-    # beam (3x with 3 beams), and an encoder-decoder's encoder on the prompts alone
-    generates = roots[roots[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
-                      & roots[col.STEP].notna().to_numpy()]
-    for step, attributes in zip(generates[col.STEP].tolist(), generates[col.ATTRIBUTES].tolist()):
-        samples = span_attribute(attributes, col.ATTR_GENERATE_SAMPLES)
-        if isinstance(samples, int) and step in batches.index:
-            batches.loc[step] = samples
-    # generate() calls inside an xsp.step (spans of their own): the sequences they were given, not
-    # their model calls one a token added up
-    inside = spans[(spans[col.KIND] == SpanKind.USER.value).to_numpy()
-                   & spans[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
-                   & spans[col.STEP].notna().to_numpy()]
-    for step, group in inside.groupby(col.STEP, observed=True):
+    # a step's generate() calls (the step itself, or spans of an xsp.step) count the sequences they
+    # were given: their model calls run on one a beam (3x with 3 beams), an encoder-decoder's
+    # encoder on the prompts alone, and one call a token
+    generates = spans[spans[col.KIND].isin([SpanKind.STEP.value, SpanKind.USER.value]).to_numpy()
+                      & spans[col.NAME].astype(str).str.endswith(GENERATE_SUFFIX).to_numpy()
+                      & spans[col.STEP].notna().to_numpy()]
+    for step, group in generates.groupby(col.STEP, observed=True):
         given = [span_attribute(text, col.ATTR_GENERATE_SAMPLES) for text in group[col.ATTRIBUTES].tolist()]
-        if step in batches.index and given and all(isinstance(samples, int) for samples in given):
+        if step in batches.index and all(isinstance(samples, int) for samples in given):
             batches.loc[step] = sum(given)
     return batches
 

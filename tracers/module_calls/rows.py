@@ -158,6 +158,11 @@ class LayerNames:
         prefix = f"{self.model(root)}." if root is not None else ""
         return f"{prefix}<{type(module).__name__}>"
 
+    @staticmethod
+    def is_fallback(name: str) -> bool:
+        """Whether ``name`` is one :meth:`fallback` gave below a model (``model.<Func>``)."""
+        return name.endswith(">") and ".<" in name
+
 
 COMPILED_INNER = "_orig_mod"
 """The model inside a ``torch.compile``d one (an ``OptimizedModule``)."""
@@ -353,8 +358,7 @@ def _name_by_caller(rows: pd.DataFrame) -> None:
     instead of below the model alone, where one call of every layer pooled into one name."""
     names = rows[col.NAME].to_numpy(dtype=object)
     depths = rows[col.CALL_DEPTH].to_numpy(dtype=np.int64)
-    unnamed = np.flatnonzero(np.array([name.endswith(">") and ".<" in name for name in names], dtype=bool)
-                             & (depths > 1))
+    unnamed = np.flatnonzero(np.array([LayerNames.is_fallback(name) for name in names], dtype=bool) & (depths > 1))
     if not len(unnamed):
         return
     unnamed = unnamed[np.argsort(depths[unnamed], kind="stable")]

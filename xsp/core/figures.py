@@ -33,6 +33,13 @@ def milliseconds(ms: float) -> str:
     return f"{three_digits(ms)} ms"
 
 
+def seconds_text(seconds: float) -> str:
+    """A duration in seconds, to three significant digits: ``0.15 s``, ``1.5 s``, ``90 s``, ``2 h``."""
+    if seconds >= 7200:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:,.0f} s"
+
+
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """``count`` and ``noun`` agreeing: "1 step", "3 steps" (``plural`` where it is not noun + "s")."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

@@ -109,8 +109,8 @@ def make_exporter(target: OtlpTarget, environ: Mapping[str, str] = os.environ) -
                 options["timeout"] = grpc_posts.seconds_left(options.get("timeout"))
                 try:
                     return call(request, **options)
-                except grpc.RpcError as error:  # not an RpcError: the SDK would retry it after a backoff
-                    if time.monotonic() >= deadline:
+                except grpc.RpcError as error:
+                    if time.monotonic() >= deadline:  # raised as no RpcError: the SDK would retry one after a backoff
                         raise PostsOutOfTime(OUT_OF_TIME) from error
                     raise
 

@@ -19,14 +19,7 @@ from xsp.core.figures import counted
 from xsp.core.rank import PART_FILE, rank_files
 from xsp.io.memory_needed import analysis_memory_bytes, check_fits, kineto_memory_bytes, parquet_memory_bytes
 from xsp.io.parquet import read_trace
-from xsp.io.segments import (
-    SEGMENT_DIR_INFIX,
-    load_unfinished,
-    still_running,
-    unfinished_outputs,
-    unfinished_sessions,
-    unsealed_windows,
-)
+from xsp.io.segments import SEGMENT_DIR_INFIX, load_unfinished, unfinished_outputs, unsealed_windows
 from xsp.io.trace import Trace
 from xsp.table.build import concat_spans
 
@@ -137,9 +130,8 @@ def _in_parts(files: list[Path]) -> Trace:
     if isinstance(last, dict) and last.get("last") is False:
         after = unsealed_windows(files[0])
         if after is not None:
-            windows, later = after
+            windows, later, running = after
             traces.append(Trace(spans=windows, metadata=later))
-            running = still_running(unfinished_sessions(files[0])[0])
             why = (f"the run (process {running}) is still running" if running is not None else
                    f"the run was killed before it wrote them: `xsp recover {files[0].parent}` writes them as the "
                    "next part")

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from xsp.core import schema as col
 from xsp.core.errors import TraceFormatError, TraceNotFoundError
+from xsp.core.figures import seconds_text
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
 from xsp.core.lazy import pyarrow_compute as pc
@@ -52,10 +53,10 @@ from xsp.table.steps import SESSION_NAME
 SEGMENT_DIR_INFIX: Final = ".xsp-segments."
 START_FILE: Final = "session.json"
 FINAL_FILE: Final = "final.json"
-SEALING_FILE: Final = "sealing.json"
-"""In a segment folder while a part is sealed: the part's path and the windows it holds."""
 """The finished session's metadata, written when its trace file could not be: recover then
 writes the file as the session meant to, not as a killed one."""
+SEALING_FILE: Final = "sealing.json"
+"""In a segment folder while a part is sealed: the part's path and the windows it holds."""
 SEGMENT_PATTERN: Final = "window-*.arrow"
 UNFINISHED_MESSAGE: Final = ("the process ended before its session did (a kill, a crash or os._exit: xsp cannot "
                              "tell which); recovered from its closed windows")
@@ -463,8 +464,9 @@ class SegmentWriter:
         # before its windows are deleted left them to `xsp recover`, which wrote them again
         markers = [folder / SEALING_FILE for folder in self.folders()]
         note = json.dumps({"part": str(path), "segments": [name for name, _ in written]})
-        for marker in markers:
-            _write_small(marker, note)
+        for marker in markers:  # each written whole: a kill leaves none, never half of one
+            with atomic_output(marker) as temporary:
+                temporary.write_text(note)
         try:
             sealed = write_trace_tables(path, tables(), metadata)
         except BaseException:
@@ -522,13 +524,6 @@ def already_sealed(folders: list[Path]) -> set[str]:
         if isinstance(part, str) and isinstance(segments, list) and Path(part).is_file():
             names.update(str(name) for name in segments)
     return names
-
-
-def _write_small(path: Path, text: str) -> None:
-    """A small file written whole (a kill leaves the old one or the new one, never half)."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -604,13 +599,6 @@ together, docs/cli.md)."""
 ALWAYS_ON_WINDOWS_LOST: Final = 1.5
 """What a killed always-on run loses, in windows: the one open, and the one closed but waiting
 for a pause of its steps (at most half a window) to be written."""
-
-
-def seconds_text(seconds: float) -> str:
-    """``0.15 s``, ``1.5 s``, ``90 s``, ``2 h``."""
-    if seconds >= 7200:
-        return f"{seconds / 3600:.3g} h"
-    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:,.0f} s"
 
 
 def recovered_path(output: Path) -> Path:
@@ -709,16 +697,18 @@ def still_running(folders: list[Path]) -> int | None:
     return int(pid)
 
 
-def unsealed_windows(first_part: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+def unsealed_windows(first_part: Path) -> tuple[pd.DataFrame, dict[str, Any], int | None] | None:
     """The windows of a run in parts written after its last sealed part (they all wait beside its
-    first part): a run still running, or killed before its last part; None where there are none."""
+    first part), their metadata, and the process that writes them where it still runs (else the
+    run was killed before its last part); None where there are none."""
     found = unfinished_sessions(first_part)
     if not found:
         return None
     sealed = already_sealed(found[0])
     if not any(path.name not in sealed for folder in found[0] for path in folder.glob(SEGMENT_PATTERN)):
         return None
-    return load_unfinished(first_part)
+    tables, metadata = _recovered(found[0])
+    return spans_from_arrow(found[0][0], pa.concat_tables(tables)), metadata, still_running(found[0])
 
 
 def load_unfinished(output: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]] | None:

@@ -43,12 +43,12 @@ AMBIGUOUS_KEY: Final = "compiled_kernels_ambiguous"
 """Kernel names that two compiles gave different sources: their time stays on the line that
 called the compiled code."""
 REBASED_KEY: Final = "compiled_kernels_rebased"
-STALE_KEY: Final = "compiled_kernels_stale"
-"""How many of the kernels' stack traces FX's graph cache gave matched none of this program's
-code (:func:`rebased_provenance`), and were left out."""
 """In the operator tracer's details: how many stack traces of compiles that FX's graph cache
 answered named another program's files and were taken from this program's graphs instead
 (:func:`rebased_provenance`)."""
+STALE_KEY: Final = "compiled_kernels_stale"
+"""How many of the kernels' stack traces FX's graph cache gave matched none of this program's
+code (:func:`rebased_provenance`), and were left out."""
 EXTERN_PREFIX: Final = "extern_kernels."
 """Inductor's name for an operator compiled code calls as it is (``extern_kernels.addmm``): it runs
 as the operator (``aten::addmm``), under no name of its own, so its source is not kept."""
@@ -158,6 +158,11 @@ def whole_shape(trace: str) -> str:
     return _FILE_NAME.sub('File ""', trace)
 
 
+def whole_code_shape(trace: str) -> str:
+    """:func:`whole_shape` with its line numbers left out too: every frame's function and code."""
+    return _LINE_NUMBER.sub(", line ,", whole_shape(trace))
+
+
 def trace_shape(trace: str) -> str:
     """A stack trace's own frames (:func:`users_blocks`) with their files left out: their lines,
     functions and code (with Python's marks of the columns that ran), as the same code in another
@@ -198,17 +203,18 @@ def rebased_provenance(provenance_texts: list[str], current_traces: Iterable[str
     their own), a script since moved. Their stack traces name that program's files, which no
     graph of this one has: the kernels' lines pointed there, and none of the compile's layers was
     found. A trace that the current graphs do not hold is replaced by the one current trace of
-    the same :func:`trace_shape` (the same code on the same lines, in another file), else by the
-    one of the same :func:`code_shape` (the same code on other lines: a line added above it since).
-    Where none has it and it names code that is not there (:func:`names_code_not_there`: a file
-    since edited, or another machine's), it is left out (returned third, counted), and the
-    kernel's time stays on the line that called the compiled code; where several have it, it
-    stays as inductor gave it, as does a stack trace of code run by ``exec`` (no code to compare)."""
+    the same shape, tried closest first: every frame on the same lines (:func:`whole_shape`: the
+    same code in another file), every frame's code (:func:`whole_code_shape`: on other lines, a
+    line added above it since), then the program's own frames alike (:func:`trace_shape`,
+    :func:`code_shape`: the cached compile traced through xsp's wrapper). Where none has it and
+    it names code that is not there (:func:`names_code_not_there`: a file since edited, or another
+    machine's), it is left out (returned third, counted), and the kernel's time stays on the line
+    that called the compiled code; where several have it, it stays as inductor gave it, as does a
+    stack trace of code run by ``exec`` (no code to compare)."""
     current = set(current_traces)
-    # the closest first: every frame kept (files left out), then the program's own frames alone;
-    # the same lines, then the same code moved (two traces alike in their own frames, one of them
-    # through xsp's wrapper, are told apart by the first ways)
-    shapes = (whole_shape, lambda trace: _LINE_NUMBER.sub(", line ,", whole_shape(trace)), trace_shape, code_shape)
+    # (two traces alike in the program's own frames, one of them through xsp's wrapper, are told
+    # apart by the first two shapes)
+    shapes = (whole_shape, whole_code_shape, trace_shape, code_shape)
     by_shape: list[dict[str, list[str]]] = [{} for _ in shapes]
     for trace in current:
         for index, shape in enumerate(shapes):

@@ -539,11 +539,17 @@ def warmup_line(trace: Trace) -> str | None:
         return None
     mixed = len(alike) < len(latency)
     steps_word = f"{kind} steps" if mixed else "steps"
+
+    def skipped(first: int) -> int:
+        """The schedule's skip_first that leaves out the first ``first`` steps of this kind (it
+        counts every step)."""
+        return int(alike["step"].iloc[first - 1]) + 1 if mixed else first
+
     # the steps at the start that are as slow: skipping the first alone would leave the next (a
     # ResNet on a busy machine: 2,627 then 2,652 ms, then 580, 222, 40)
     slow = int(np.argmin(np.append(times, 0.0) >= WARMUP_FACTOR * rest))
-    skip = slow if not mixed else int(alike["step"].iloc[max(slow, 1) - 1]) + 1  # the schedule counts every step
     if slow > 1 and slow <= len(times) - 2:
+        skip = skipped(slow)
         shown = (" and ".join(f"{ms:,.3f}" for ms in times[:slow]) if slow == 2
                  else f"{times[:slow].min():,.3f} to {times[:slow].max():,.3f}")
         others = float(np.median(times[slow:]))
@@ -551,7 +557,7 @@ def warmup_line(trace: Trace) -> str | None:
                 f"others ({others:,.3f} ms): their warm-up is in these figures. To record without it: xsp run "
                 f"--schedule skip_first={skip} (or xsp.trace(schedule=\"skip_first={skip}\")), or run more steps")
     first_word = f"first {kind} step" if mixed else "first step"
-    skip = 1 if not mixed else int(alike["step"].iloc[0]) + 1
+    skip = skipped(1)
     return (f"The {first_word} took {first:,.3f} ms, {first / rest:.1f}x the median of the others ({rest:,.3f} ms): "
             f"its warm-up is in these figures. To record without it: xsp run --schedule skip_first={skip} (or "
             f"xsp.trace(schedule=\"skip_first={skip}\")), or run more steps")
