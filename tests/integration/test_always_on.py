@@ -598,8 +598,10 @@ with torch.no_grad(), xsp.trace(levels="model,layer", dataset=folder, rotate=0.3
     while time.monotonic() < give_up and not (parts / "part-1.xsp.parquet").exists():
         model(torch.randn(2, 8))
         time.sleep(0.001)
-    end = time.monotonic() + 0.3  # windows past the last sealed part
-    while time.monotonic() < end:
+    # a window past the last sealed part, killed before a next part takes it in: a fixed time
+    # after part-1 could end just as a part was sealed (its windows, still there, are that part's)
+    segments = list(parts.glob(".part-0.xsp.parquet.xsp-segments.*"))[0]
+    while time.monotonic() < give_up and ((segments / "sealing.json").exists() or not list(segments.glob("window-*"))):
         model(torch.randn(2, 8))
         time.sleep(0.001)
     os.kill(os.getpid(), signal.SIGKILL)
