@@ -15,7 +15,9 @@ Reported per endpoint (*sync*: a ``def`` handler in FastAPI's thread pool; *asyn
 def`` one on the event loop): requests, throughput, p50, p90 and p99 latency and the server's CPU
 time a request with the steps off and on, and *on* over *off*: pooled percentiles with a 95%
 bootstrap interval over rounds (each round's *on* drawn with its *off*), and the CPU time a request
-the steps add. Prints a table and records it in benchmarks/results/steps_in_process.md.
+the steps add; and *paired*: the geometric mean of each round's percentile over its *off*'s, with a
+95% bootstrap interval over rounds (what moves a whole round cancels within its pair). Prints a
+table and records it in benchmarks/results/steps_in_process.md.
 
 With ``--presence``, what is switched is the session itself instead of its steps (split_server.py's
 ``presence``): each server starts with no session, and is loaded with none (*off*) and with one
@@ -31,13 +33,15 @@ Recorded in benchmarks/results/whole_in_process.md.
 
 Usage: python benchmarks/steps_in_process.py [--rounds 12] [--seconds 2] [--concurrency 4]
        [--sample 0.01] [--servers 2] [--endpoints sync,async] [--presence | --whole [--window-s S]]
-       [--settle-s S] [--pin] [--keep]
+       [--settle-s S] [--pin] [--keep] [--save FILE.json]
+       python benchmarks/steps_in_process.py --from FILE.json [FILE.json ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import os
 import signal
 import sys
@@ -57,12 +61,14 @@ from production import (
     SPLIT_ENV,
     WARMUP_SECONDS,
     WINDOW_ENV,
+    Cpu,
     Load,
     Server,
     cpu_ms_per_request,
     drive,
     last_run_line,
     leave_folder,
+    paired_ratio_interval,
     percentile_ms,
     ratio_interval,
     servers_stopped,
@@ -99,28 +105,57 @@ def states_in_order(round_index: int, server_index: int) -> tuple[str, str]:
     return (OFF, ON) if (round_index + server_index) % 2 == 0 else (ON, OFF)
 
 
-def table(results: dict[tuple[str, str], list[Load]], endpoints: Sequence[str], switched: str = "steps") -> list[str]:
-    lines = [f"{'api':<5} {switched:<7} {'requests':>8} {'req/s':>6} {'p50 ms':>6} {'p90 ms':>6} {'p99 ms':>6} "
-             f"{'CPU µs':>6}"]
+def table(results: dict[tuple[str, str], list[Load]], endpoints: Sequence[str], switched: str = "steps",
+          timed: bool = True) -> list[str]:
+    """The loads' percentiles by endpoint and state, and *on* over *off* pooled and paired; with
+    ``timed``, their throughput and the server's CPU a request too (not kept by ``--save``)."""
+    lines = [f"{'api':<5} {switched:<7} {'requests':>8} " + (f"{'req/s':>6} " if timed else "")
+             + f"{'p50 ms':>6} {'p90 ms':>6} {'p99 ms':>6}" + (f" {'CPU µs':>6}" if timed else "")]
     for endpoint in endpoints:
         for state in (OFF, ON):
             loads = results[(endpoint, state)]
             requests = sum(len(load.latency_ns) for load in loads)
-            throughput = requests / sum(load.seconds for load in loads)
-            lines.append(f"{endpoint:<5} {state:<7} {requests:>8,} {throughput:>6.0f} "
+            throughput = f"{requests / sum(load.seconds for load in loads):>6.0f} " if timed else ""
+            lines.append(f"{endpoint:<5} {state:<7} {requests:>8,} {throughput}"
                          + " ".join(f"{percentile_ms(loads, fraction):>6.2f}" for fraction in PERCENTILES)
-                         + f" {1e3 * cpu_ms_per_request(loads):>6.0f}")
+                         + (f" {1e3 * cpu_ms_per_request(loads):>6.0f}" if timed else ""))
     lines += ["", f"{'api':<5} " + " ".join(f"{f'p{round(100 * f)} on/off [95% CI]':>22}" for f in PERCENTILES)
-              + f" {'CPU µs a request on-off':>24}"]
+              + (f" {'CPU µs a request on-off':>24}" if timed else "")]
     for endpoint in endpoints:
         ons, offs = results[(endpoint, ON)], results[(endpoint, OFF)]
         ratios = []
         for fraction in PERCENTILES:
             pooled, low, high = ratio_interval(ons, offs, fraction)
             ratios.append(f"{pooled:.4f} [{low:.3f},{high:.3f}]")
-        added_us = 1e3 * (cpu_ms_per_request(ons) - cpu_ms_per_request(offs))
-        lines.append(f"{endpoint:<5} " + " ".join(f"{text:>22}" for text in ratios) + f" {added_us:>+24.1f}")
+        added_us = 1e3 * (cpu_ms_per_request(ons) - cpu_ms_per_request(offs)) if timed else 0.0
+        lines.append(f"{endpoint:<5} " + " ".join(f"{text:>22}" for text in ratios)
+                     + (f" {added_us:>+24.1f}" if timed else ""))
+    lines += ["", f"{'paired':<5} " + " ".join(f"{f'p{round(100 * f)} on/off [95% CI]':>22}" for f in PERCENTILES)]
+    for endpoint in endpoints:
+        ons, offs = results[(endpoint, ON)], results[(endpoint, OFF)]
+        paired = [paired_ratio_interval(ons, offs, fraction) for fraction in PERCENTILES]
+        lines.append(f"{endpoint:<5} " + " ".join(f"{f'{mean:.4f} [{low:.3f},{high:.3f}]':>22}"
+                                                   for mean, low, high in paired))
     return lines
+
+
+def save_latencies(results: dict[tuple[str, str], list[Load]], path: Path) -> None:
+    """Every load's latencies (ns), by endpoint and state, in round order: to read again with
+    other statistics than the table's."""
+    loads = {f"{endpoint} {state}": [load.latency_ns for load in each] for (endpoint, state), each in results.items()}
+    path.write_text(json.dumps(loads))
+
+
+def saved_latencies(paths: Sequence[Path]) -> dict[tuple[str, str], list[Load]]:
+    """The loads :func:`save_latencies` wrote, the files' rounds one after another (each round's
+    *on* still beside its *off*): their latencies only."""
+    results: dict[tuple[str, str], list[Load]] = {}
+    for path in paths:
+        for name, loads in json.loads(path.read_text()).items():
+            endpoint, state = name.split(" ")
+            results.setdefault((endpoint, state), []).extend(
+                Load(latency_ns, 0.0, Cpu(0.0, 0.0, 0.0)) for latency_ns in loads)
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,7 +179,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the servers on the last CPU alone, the clients on the others (as a service on "
                              "a CPU of its own runs), so that the clients' threads do not queue the server's")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs and trace files")
+    parser.add_argument("--save", type=Path, default=None, metavar="FILE.json",
+                        help="write every load's latencies (ns) here, by endpoint and state, in round order")
+    parser.add_argument("--from", dest="saved", type=Path, nargs="+", default=None, metavar="FILE.json",
+                        help="run nothing: print the tables of the latencies --save wrote, these files' rounds "
+                             "pooled")
     args = parser.parse_args(argv)
+    if args.saved is not None:
+        missing = [str(path) for path in args.saved if not path.is_file()]
+        if missing:
+            parser.error(f"no such file: {', '.join(missing)}")
+        saved = saved_latencies(args.saved)
+        print("\n".join(table(saved, [name for name in ENDPOINTS if (name, ON) in saved], "state", timed=False)))
+        return 0
     server_cpus: set[int] | None = None
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))
@@ -194,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         results.setdefault((endpoint, state), []).append(load)
                         print(f"round {round_index + 1}/{args.rounds} {server.name} {endpoint:<5} {state:<3} "
                               f"{len(load.latency_ns) / load.seconds:7.1f} req/s", file=sys.stderr)
+    if args.save is not None:
+        save_latencies(results, args.save)
     command = " ".join(["python benchmarks/steps_in_process.py", *(sys.argv[1:] if argv is None else argv)])
     if args.presence or args.whole:
         record(session_lines(command, began, args, results, endpoints),
