@@ -295,7 +295,7 @@ class LoopEvents:
                 end = now_ns()
                 site = site_of(sys._getframe(1))
                 buffer.marks.append((MarkKind.BACKWARD, start, end, BACKWARD_NAME, None, error, site))
-                buffer.steps.piece_ends(end, trains=True)
+                buffer.steps.piece_ends(end, trains=True, start_ns=start)
 
         return backward
 

@@ -85,6 +85,52 @@ def test_a_streamed_run_writes_the_same_spans_as_one_kept_in_memory(tmp_path, sh
         assert pa.default_memory_pool().backend_name == pool
 
 
+def _train_eager(steps: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        with xsp.span("prepare"):  # after the last optimizer step, before the model: the next step's
+            batch = torch.randn(4, 8)
+        optimizer.zero_grad()
+        model(batch).sum().backward()
+        optimizer.step()
+
+
+def _train_raw_tensors(steps: int) -> None:
+    """No module xsp sees (as a compiled training function, whose model runs in compiled code):
+    each iteration's first event is its backward pass."""
+    torch.manual_seed(0)
+    weight = torch.randn(8, 1, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        (torch.randn(4, 8) @ weight).sum().backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("train", [_train_eager, _train_raw_tensors])
+def test_a_training_loop_streamed_keeps_each_iteration_in_its_step(tmp_path, short_windows, train):
+    """A window taken as a training step is decided (the next iteration has begun: its input,
+    or its backward pass where no model call is seen) leaves that iteration's records with its
+    own step, as a run kept whole places them."""
+    with xsp.trace(levels="model,layer,operator", output=tmp_path / "run.xsp.parquet") as streamed:
+        train(4)
+    with xsp.trace(levels="model,layer,operator", output=None) as kept:
+        train(4)
+    assert streamed.trace.metadata["closed_windows"] >= 3
+    columns = [col.LEVEL, col.KIND, col.NAME, col.PATH, col.STEP]
+    a, b = (trace.spans.sort_values(col.START_NS, kind="stable").reset_index(drop=True)[columns]
+            for trace in (streamed.trace, kept.trace))
+    pd.testing.assert_frame_equal(a, b)
+    for spans in (a, b):
+        marked = spans[spans[col.NAME].isin(["prepare", "backward"]) | (spans[col.KIND] == "optimizer")]
+        assert marked[col.STEP].iloc[1 if train is _train_eager else 0:].notna().all()  # (the first step
+        # of a loop whose model xsp sees begins at its first call: the first "prepare" is before it)
+        assert sorted(spans[col.STEP].dropna().unique()) == [0, 1, 2, 3]
+        assert (marked[marked[col.NAME] == "backward"][col.STEP].tolist() == [0, 1, 2, 3])  # the first one too
+
+
 def test_windows_are_interpreted_in_this_process_when_asked_or_when_a_helper_fails(tmp_path, short_windows,
                                                                                   monkeypatch):
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])

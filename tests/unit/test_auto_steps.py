@@ -45,7 +45,8 @@ class Loop:
         self.steps.piece_ends(end)
 
     def backward(self, duration: int = 20) -> None:
-        self.steps.piece_ends(self.tick(duration)[1], trains=True)
+        start, end = self.tick(duration)
+        self.steps.piece_ends(end, trains=True, start_ns=start)
 
     def optimizer(self, duration: int = 4) -> None:
         self.steps.optimizer_ends(*self.tick(duration))
@@ -365,3 +366,34 @@ def test_a_quiet_threads_one_call_step_is_decided_from_another_thread_only_when_
     steps.call_begins(HEAD, later + 1, False)  # another model joins the step: not the lane any more
     steps.call_ends(later + 2)
     assert recording.decide_quiet_steps(quiet_ns=0) == 0 and steps.holding
+
+
+def test_a_loop_whose_model_xsp_never_sees_begins_its_first_step_at_its_backward_pass():
+    """A compiled training function (its model runs in compiled code) or raw tensors: the first
+    iteration's backward begins its step, not its optimizer step; later steps begin where the
+    step before them ended."""
+    loop = Loop()
+    for _ in range(3):
+        loop.idle(5)  # the forward, in no module call xsp sees
+        loop.backward()
+        loop.steps.optimizer_begins(0)  # (the same optimizer stepping again begins the next iteration)
+        loop.optimizer()
+    assert loop.end() == [("train_step", 5, 29), ("train_step", 29, 58), ("train_step", 58, 87)]
+
+
+def test_a_training_step_decided_after_its_next_iteration_began_keeps_that_iteration_held():
+    """Whoever hears of a decided step (a window taken then) finds the thread holding what it
+    recorded since the step ended: the next step, which begins there."""
+    loop = Loop()
+    held: list[tuple[bool, int]] = []
+    loop.buffer.recording.on_long_step = lambda duration: held.append((loop.steps.holding, loop.steps.resume_ns))
+    loop.call(MODEL, training=True)
+    loop.backward()
+    loop.optimizer()
+    closed = loop.now
+    loop.idle()
+    loop.call(MODEL, training=True)  # the next iteration decides the step before it
+    assert held == [(True, closed)]
+    loop.backward()
+    loop.optimizer()
+    assert loop.end() == [("train_step", 0, 34), ("train_step", 34, 71)]

@@ -679,9 +679,9 @@ class Recording:
 
 
 def _open_step_start(buffer: ThreadBuffer) -> int:
-    """Where the thread's open automatic step began (its input wait, if one came first), or 0
-    when that is not known. Read from another thread: if the step is decided meanwhile, the cut
-    falls before the next one, which then goes on whole too."""
+    """Where the thread's open automatic step began (its input wait, if one came first, or where
+    the training step before it ended), or 0 when that is not known. Read from another thread: if
+    the step is decided meanwhile, the cut falls before the next one, which then goes on whole too."""
     steps = buffer.steps
-    starts = [start for start in (steps.start_ns if steps.holding else 0, steps.wait_ns) if start]
+    starts = [start for start in (steps.start_ns if steps.holding else 0, steps.wait_ns, steps.resume_ns) if start]
     return min(starts) if starts else 0

@@ -163,8 +163,10 @@ class AutoSteps:
 
     @property
     def holding(self) -> bool:
-        """True while this thread has records that belong to a step not yet decided."""
-        return self.type is not _NONE or self.wait_ns != 0
+        """True while this thread has records that belong to a step not yet decided (an open
+        one, or the training step that begins where the last one ended, decided as its
+        iteration's work had begun)."""
+        return self.type is not _NONE or self.wait_ns != 0 or self.resume_ns != 0
 
     def _other_request(self) -> bool:
         """Another model's call is under another request's span than the open step (an
@@ -277,9 +279,15 @@ class AutoSteps:
         if self.wait_ns == start_ns:
             self.wait_ns = 0
 
-    def piece_ends(self, end_ns: int, trains: bool = False) -> None:
-        """An input wait (or, with ``trains``, a backward pass) of the open step ended."""
+    def piece_ends(self, end_ns: int, trains: bool = False, start_ns: int = 0) -> None:
+        """An input wait (or, with ``trains``, a backward pass from ``start_ns``) of the open step
+        ended. A backward pass with no step open begins a training step: its model ran where no
+        call of it is seen (a compiled training function, raw tensors), and its iteration's step
+        would otherwise begin at the optimizer step."""
         self.lane = 0
+        if (trains and start_ns and self.type is _NONE and not self._suspended()
+                and not self._buffer.optimizer_starts):
+            self._open(_TRAIN, start_ns, None)
         if self.type is not _NONE and not self._suspended():
             self.pieces += 1
             self.trained |= trains
@@ -381,10 +389,7 @@ class AutoSteps:
         self.wait_ns = self.resume_ns = 0
 
     def _finish_training(self) -> bool:
-        closed = self.closed_ns
-        handed_over = self._finish(closed)
-        self.resume_ns = closed
-        return handed_over
+        return self._finish(self.closed_ns, resumes=True)
 
     def _tentative_end(self, start_ns: int) -> bool:
         """The open training step would end here if no optimizer step came; past
@@ -428,7 +433,10 @@ class AutoSteps:
         self._open(_INFERENCE, start_ns, module_id)
         return told
 
-    def _finish(self, end_ns: int, thread_ended: bool = False) -> bool:
+    def _finish(self, end_ns: int, thread_ended: bool = False, resumes: bool = False) -> bool:
+        """Decide the open step as ending at ``end_ns``; ``resumes``: the next (training) step
+        begins there, and what the thread recorded since is that step's (a window taken as the
+        decided step is told of leaves it with the thread, see :attr:`holding`)."""
         if self.tentative and not self.closed_ns:  # no optimizer step: each iteration was a step
             self._split_tentative()
         kind, start_ns = self.type, self.start_ns
@@ -442,7 +450,7 @@ class AutoSteps:
                 attributes = {**attributes, ATTR_GENERATE_SAMPLES: self.samples}
             buffer.marks.append((MarkKind.STEP, start_ns, max(end_ns, start_ns), name, attributes, None))
         self._reset()
-        self.resume_ns = 0
+        self.resume_ns = end_ns if resumes else 0
         if thread_ended:
             listener = buffer.recording.on_ended_thread_step
             if listener is not None:

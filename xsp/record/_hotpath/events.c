@@ -32,7 +32,9 @@ static PyObject *caller_site(StepEvents *self) {
 }
 
 /* A piece of the open step ended at `end` (AutoSteps.piece_ends with trains, and the common
- * case of optimizer_ends); 1 when `optimizer` and no step is open: the caller asks Python. */
+ * case of optimizer_ends); 1 when no step is open and Python opens one: the caller asks it
+ * (an optimizer step; a backward pass outside xsp.step(), generate(), a module call and a
+ * closure optimizer's step). */
 int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end_ns, PyObject *optimizer) {
     const StepsSlots *ss = &self->steps_slots;
     PyObject *steps = SLOT(buffer, self->buffer_slots.steps);
@@ -47,6 +49,12 @@ int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end
     }
     if (optimizer != NULL && (type == self->step_none || SLOT(steps, ss->python_decides) != Py_False)) return 1;
     if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
+    if (optimizer == NULL && type == self->step_none && slot_is_zero(buffer, self->buffer_slots.open_steps)
+        && slot_is_zero(steps, ss->nested) && slot_is_zero(buffer, self->buffer_slots.depth)) {
+        PyObject *optimizer_starts = SLOT(buffer, self->buffer_slots.optimizer_starts);
+        if (optimizer_starts != NULL && PyList_Check(optimizer_starts) && PyList_GET_SIZE(optimizer_starts) == 0)
+            return 1;
+    }
     if (optimizer != NULL) slot_set(steps, ss->optimizer_seen, Py_True);
     if (type == self->step_none || !slot_is_zero(buffer, self->buffer_slots.open_steps)
         || !slot_is_zero(steps, ss->nested) || !slot_is_zero(buffer, self->buffer_slots.depth))
@@ -67,12 +75,24 @@ int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end
     return 0;
 }
 
+/* A backward pass from `start` to `end` with no step open: AutoSteps.piece_ends opens a training
+ * step at its start (its model ran where no call of it is seen: compiled code, raw tensors). */
+static int backward_opens_step(StepEvents *self, PyObject *buffer, PyObject *start, PyObject *end) {
+    PyObject *steps = SLOT(buffer, self->buffer_slots.steps);
+    if (steps == NULL) return -1;
+    PyObject *done = PyObject_CallMethod(steps, "piece_ends", "OOO", end, Py_True, start);
+    if (done == NULL) return -1;
+    Py_DECREF(done);
+    return 0;
+}
+
 /* torch.autograd.backward ran from `start` and gave `out` (NULL: it raised): its mark and its
  * effect on the steps recorded; returns `out`, or NULL with the user's exception (recording never
  * replaces it). Consumes `buffer` and `start`. */
 PyObject *backward_done(StepEvents *self, PyObject *buffer, PyObject *start, PyObject *out) {
     PyObject *end = NULL, *error = NULL;
     long long end_ns;
+    int opens = 0;
     PyObject *type = NULL, *value = NULL, *traceback = NULL;
     if (out == NULL) {
         PyErr_Fetch(&type, &value, &traceback);
@@ -85,10 +105,12 @@ PyObject *backward_done(StepEvents *self, PyObject *buffer, PyObject *start, PyO
     if ((end = read_clock(self->now, &end_ns)) == NULL
         || append_mark_at(&self->buffer_slots, buffer, self->mark_backward, start, end, self->backward_name, Py_None,
                           error ? error : Py_None, site) < 0
-        || piece_ended(self, buffer, end, end_ns, NULL) < 0) {
+        || (opens = piece_ended(self, buffer, end, end_ns, NULL)) < 0) {
         if (out == NULL) PyErr_Clear();
         else Py_CLEAR(out);
     }
+    if (opens == 1 && backward_opens_step(self, buffer, start, end) < 0)
+        PyErr_Clear();  /* the pass's step then begins at its optimizer step, as before: never the user's error */
     if (type != NULL) PyErr_Restore(type, value, traceback);
     Py_XDECREF(site);
     Py_DECREF(start);
