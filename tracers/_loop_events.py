@@ -119,7 +119,7 @@ class LoopEvents:
         self._handles = []
         self._unwatch_compiles()
 
-    def _stack(self, what: str) -> list[int]:
+    def _stack(self, what: str) -> list[Any]:
         stack = getattr(self._local, what, None)
         if stack is None:
             stack = []
@@ -339,15 +339,21 @@ class LoopEvents:
             # "dictionary changed size during iteration". A compile takes seconds; the imports'
             # rest is a fraction of one, so it waits for them.
             background_imports_done()
-            self._stack("compile").append(now_ns())
+            # the exception being handled as it starts (a compile inside the program's own
+            # `except` block): one still being handled as it ends is no error of the compile's
+            self._stack("compile").append((now_ns(), sys.exc_info()[1]))
 
         def ended(arguments: Any) -> None:
             end = now_ns()
+            # dynamo runs the end callbacks in a `finally`: a compile that raised (its error
+            # reaches the program, or a frame it gives up on) ends with that exception in flight
+            raised = sys.exc_info()[1]
             starts = self._stack("compile")
-            start = starts.pop() if starts else end
+            start, handled = starts.pop() if starts else (end, None)
+            error = error_text(raised) if raised is not None and raised is not handled else None
             trigger = getattr(getattr(arguments, "callback_trigger", None), "name", None)
             attributes = {ATTR_COMPILE_ID: str(getattr(arguments, "compile_id", "")), ATTR_COMPILE_TRIGGER: trigger}
-            buffer_of().marks.append((MarkKind.COMPILE, start, end, COMPILE_NAME, attributes, None))
+            buffer_of().marks.append((MarkKind.COMPILE, start, end, COMPILE_NAME, attributes, error))
 
         handler.register_start_callback(started)
         handler.register_end_callback(ended)

@@ -389,6 +389,24 @@ def test_torch_compile_compiles_the_same_frames_and_its_compile_time_is_no_laten
     assert latency["latency_ms"].iloc[0] * 1e6 < calls[col.DURATION_NS].iloc[0] - compiles[col.DURATION_NS].sum() + 1
 
 
+def test_a_compile_that_raised_is_an_error_and_one_inside_the_programs_except_block_is_not():
+    pytest.importorskip("torch._dynamo")
+    torch._dynamo.reset()
+    failing = torch.compile(lambda x: x @ torch.ones(5, 5), backend="eager")  # shapes that cannot multiply
+    working = torch.compile(lambda x: torch.relu(x) + 1, backend="eager")
+    with xsp.trace(output=None) as session:
+        with pytest.raises(Exception, match="same reduction dim"):
+            failing(torch.ones(3, 4))
+        try:
+            raise KeyError("handled by the program")
+        except KeyError:
+            assert torch.equal(working(torch.ones(2)), torch.full((2,), 2.0))  # compiled while it is handled
+    compiles = session.trace.spans[session.trace.spans[col.KIND] == SpanKind.COMPILE.value]
+    assert compiles[col.STATUS].tolist() == ["error", "ok"]
+    assert "same reduction dim" in compiles[col.STATUS_MESSAGE].iloc[0]
+    assert pd.isna(compiles[col.STATUS_MESSAGE].iloc[1]) or not compiles[col.STATUS_MESSAGE].iloc[1]
+
+
 def test_a_compile_waits_for_xsps_imports_beside_the_program():
     """Dynamo iterates numpy's module dicts while it traces; xsp's imports beside the program
     (pandas, pyarrow) grow them: a compile that overlapped them failed with "dictionary changed
