@@ -397,3 +397,33 @@ def test_a_training_step_decided_after_its_next_iteration_began_keeps_that_itera
     loop.backward()
     loop.optimizer()
     assert loop.end() == [("train_step", 0, 34), ("train_step", 34, 71)]
+
+
+def test_a_frozen_model_called_before_the_trained_one_is_part_of_each_iteration():
+    """Distillation: the teacher's call without autograd begins the iteration, the first one and
+    each after an optimizer step; an evaluation call of the trained model stays its own step."""
+    loop = Loop()
+    teacher, student = ENCODER, MODEL
+    for _ in range(3):
+        loop.call(teacher)
+        loop.call(student, training=True)
+        loop.backward()
+        loop.steps.optimizer_begins(0)
+        loop.optimizer()
+    loop.idle()
+    loop.call(student)
+    assert loop.end() == [("train_step", 0, 44), ("train_step", 44, 88), ("train_step", 88, 132)]
+    assert loop.decided == [44, 44, 44, 10]
+
+
+def test_another_models_call_without_autograd_after_training_then_more_of_them_are_their_own_steps():
+    """An evaluation of another model (an EMA copy) over several batches after training: steps of
+    its own, as before; only its first call could have begun an iteration."""
+    loop = Loop()
+    loop.call(MODEL, training=True)
+    loop.backward()
+    loop.optimizer()
+    for _ in range(3):
+        loop.call(HEAD)
+    assert loop.end() == [("train_step", 0, 34)]
+    assert loop.decided == [34, 10, 10, 10]

@@ -667,6 +667,36 @@ def test_a_gradient_only_loop_between_no_grad_calls_is_one_step_per_call(pure_py
     assert steps[col.NAME].tolist() == ["train_step"] * 4
 
 
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_a_frozen_teacher_called_before_the_student_is_in_each_training_step(pure_python, monkeypatch):
+    """Distillation (a frozen encoder, a target network called first): the model called without
+    autograd before the one trained is part of that iteration's step, the first one too; an
+    evaluation of the trained model after the loop is still a step of its own."""
+    if pure_python:
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    student = nn.Sequential(nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    with xsp.trace(levels="model", output=None) as session:
+        for _ in range(4):
+            batch = torch.randn(4, 8)
+            with torch.no_grad():
+                target = teacher(batch)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(student(batch), target).backward()
+            optimizer.step()
+        with torch.no_grad():
+            student(torch.randn(4, 8))
+    spans = session.trace.spans
+    steps = spans[spans[col.KIND] == SpanKind.STEP.value]
+    assert steps[col.NAME].tolist() == ["train_step"] * 4
+    calls = spans[spans[col.KIND] == SpanKind.PREDICT.value]
+    assert calls.groupby(col.STEP)[col.NAME].apply(list).tolist() == [["teacher", "student"]] * 4 + [["student"]]
+    breakdown = analysis.step_breakdown(session.trace)
+    assert breakdown["name"].tolist() == ["train_step"] * 4 + ["student"]
+
+
 # -- torch.compile: no frame of xsp's is dynamo's to compile ----------------------------------
 class Break(nn.Module):
     def forward(self, x):

@@ -28,6 +28,10 @@ step, so a step must be what they think of as one iteration:
 * a module first called from PyTorch's set-up code (quantization's observers, ``torch.export``,
   ONNX export) is no model: its calls are not recorded until the user's code calls it.
 * **generate()** (Hugging Face): one step per call; the model calls inside are its children.
+* a model called **without autograd before the model trained** in each iteration (a frozen
+  teacher in distillation, a frozen encoder, a target network) is part of that iteration's
+  training step: its call, the first of the thread or the first after a training step, is
+  joined by the training call of another model that follows it.
 * inside ``xsp.step()`` nothing automatic happens: the user's step is the step.
 
 A step that is one model call and nothing else is that call's own ``predict`` span (the step
@@ -112,7 +116,7 @@ class AutoSteps:
 
     __slots__ = ("_buffer", "type", "start_ns", "last_end_ns", "closed_ns", "leader", "pieces",
                  "trained", "wait_ns", "resume_ns", "nested", "name", "optimizer_seen", "lane", "lane_grad",
-                 "closed_by", "tentative", "joiner", "joined", "python_decides", "waited", "samples")
+                 "closed_by", "tentative", "joiner", "joined", "python_decides", "waited", "samples", "frozen")
 
     def __init__(self, buffer: StepsThread) -> None:
         self._buffer = buffer
@@ -160,6 +164,12 @@ class AutoSteps:
         iteration."""
         self.samples: int | None = None
         """An open ``generate()`` step's input sequences (its first argument's first dimension)."""
+        self.frozen: tuple[int, int] | None = None
+        """``(the open step's start, where its iteration began)`` while the open inference step is
+        one call without autograd that may begin a training iteration (a frozen teacher or
+        encoder called before the model trained on its output): the iteration's first, or the
+        first after a training step was decided. A training call of another model makes it that
+        iteration's training step (see :meth:`call_begins`)."""
 
     @property
     def holding(self) -> bool:
@@ -220,9 +230,12 @@ class AutoSteps:
             self.lane, self.lane_grad = module_id, True
             return handed_over
         decided = False
+        frozen_after = 0
         if kind is _TRAIN:
             leads = module_id == self.leader or self.leader is None
             if self.closed_ns and (not training or leads):  # the next iteration, or an evaluation
+                if not training and not leads:  # another model's: perhaps the next iteration's frozen one
+                    frozen_after = self.closed_ns
                 decided = self._finish_training()
             elif training and leads and not self.optimizer_seen:
                 if self.trained:  # after a backward: the next micro-batch, or the next iteration
@@ -235,6 +248,14 @@ class AutoSteps:
                 decided = self._finish(self.last_end_ns)
             if leads and self.waited:
                 self.waited, self.python_decides = False, bool(self.tentative)
+        elif kind is _INFERENCE and training and module_id != self.leader and self._frozen_iteration():
+            # the frozen model's call began this iteration: the model trained on its output
+            # leads the iteration's training step, from where the iteration began
+            began = self.frozen[1] if self.frozen is not None else self.start_ns
+            self.type, self.leader, self.start_ns = _TRAIN, module_id, min(self.start_ns, began)
+            self.frozen, self.python_decides = None, bool(self.tentative)
+            self.pieces += 1
+            return False
         elif kind is _INFERENCE and (training or module_id == self.leader or self._other_request()):
             decided = self._finish(self.last_end_ns)
         elif kind is _INFERENCE:
@@ -243,11 +264,24 @@ class AutoSteps:
                 return joined
         if self.type is _NONE:
             self._open(_TRAIN if training else _INFERENCE, start_ns, module_id)
-            if self.pieces == 1 and (not training or not self.optimizer_seen):
+            if frozen_after:  # its next call is Python's to decide (xsp's C wrapper hands it over)
+                self.frozen, self.python_decides = (self.start_ns, min(self.start_ns, frozen_after)), True
+            elif self.pieces == 1 and (not training or not self.optimizer_seen):
                 self.lane, self.lane_grad = module_id, training
         else:
             self.pieces += 1
         return decided
+
+    def _frozen_iteration(self) -> bool:
+        """The open inference step is one call without autograd that began an iteration: the
+        first after a training step (:attr:`frozen`), or, before any optimizer step, any such
+        step of one call (the first iteration's; xsp's C wrapper hands a training call of another
+        model over then), but none another call joined."""
+        if self.joined or self.pieces > 2:  # (2: the call and the input wait before it)
+            return False
+        if self.frozen is not None:
+            return self.frozen[0] == self.start_ns
+        return not self.optimizer_seen
 
     def call_ends(self, end_ns: int) -> None:
         if end_ns > self.last_end_ns and self.type is not _NONE and not self.nested and not self._buffer.open_steps:

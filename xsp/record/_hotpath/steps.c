@@ -83,6 +83,9 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
     plan->finish = FINISH_NONE;
     if (type == self->step_train) {
         int leads = is_leader || leader == Py_None;
+        /* another model's call without autograd after the optimizer step: it may begin the next
+         * iteration (a frozen teacher before the model trained: AutoSteps.frozen): Python */
+        if (closed_ns && !grad && !leads) return 0;
         if (closed_ns && (!grad || leads)) {
             plan->finish = FINISH_TRAINING;  /* the next iteration, or an evaluation */
         } else if (grad && leads && optimizer_seen != Py_True) {
@@ -91,6 +94,8 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
         } else if (leads && optimizer_seen != Py_True) {
             plan->finish = FINISH_AT_LAST_END;  /* an evaluation call of a loop with no optimizer */
         }
+    } else if (type == self->step_inference && grad && !is_leader && optimizer_seen != Py_True) {
+        return 0;  /* perhaps the first iteration's trained model after its frozen one (AutoSteps._frozen_iteration) */
     } else if (type == self->step_inference && (grad || is_leader)) {
         plan->finish = FINISH_AT_LAST_END;
     } else if (type == self->step_inference && plan->sampler != Py_None
