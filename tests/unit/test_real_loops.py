@@ -61,6 +61,43 @@ def test_models_are_named_by_the_variables_attributes_and_globals_that_hold_them
     assert calls[col.NAME].tolist() == ["encoder_global", "local_head", "encoder", "head"]
 
 
+FRAMEWORK = """
+class Strategy:
+    def __init__(self, module):
+        self._lightning_module = module
+
+    def training_step(self, x):
+        return self._lightning_module(x)
+
+
+def loop(strategy, x):
+    pl_module = strategy._lightning_module
+    return strategy.training_step(x)
+"""
+
+
+def test_a_model_a_framework_calls_by_its_private_attribute_is_named_by_the_users_own_code(tmp_path, monkeypatch):
+    """Lightning's strategy calls the user's module as ``self._lightning_module``, frames below
+    the user's ``trainer.fit(model)``: the user's name, found further up, names it; without one,
+    the framework's public name (``pl_module``), else the private one."""
+    import importlib.util
+
+    from xsp.tracers.module_calls import model_names
+
+    (tmp_path / "framework.py").write_text(FRAMEWORK)
+    monkeypatch.setattr(model_names, "_INSTALLED", (str(tmp_path) + "/",))  # as an installed package
+    spec = importlib.util.spec_from_file_location("framework", tmp_path / "framework.py")
+    assert spec is not None and spec.loader is not None
+    framework = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(framework)
+    my_model = nn.Sequential(nn.Linear(4, 4))
+    unnamed = [nn.Sequential(nn.Linear(4, 4))]  # bound to no name of the user's
+    with torch.no_grad():
+        calls = model_calls(traced(lambda: (framework.loop(framework.Strategy(my_model), torch.randn(1, 4)),
+                                            framework.loop(framework.Strategy(unnamed[0]), torch.randn(1, 4)))))
+    assert calls[col.NAME].tolist() == ["my_model", "pl_module"]
+
+
 class Holder:
     """Holds a model as an attribute; not a module, not callable."""
 

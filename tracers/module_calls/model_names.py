@@ -34,6 +34,11 @@ _NO_MEMBERS: Final = (type, ModuleType, FunctionType, MethodType, BuiltinFunctio
 program's definitions), functions."""
 FRAMES_SEARCHED: Final = 8
 """How far up the calling code a binding is looked for."""
+PUBLIC_FRAMES_SEARCHED: Final = 64
+"""How far up it is looked for where the frames within :data:`FRAMES_SEARCHED` bind the model to
+private names only (a framework's own attribute: Lightning's strategy calls the user's module
+as ``self._lightning_module``, many frames below the user's ``trainer.fit(model)``). Once a
+model: its name is made at its first call."""
 
 
 def _skipped(frame: FrameType, module: Any) -> bool:
@@ -87,15 +92,24 @@ def _members_bound_to(owner: Any, module: Any) -> list[str]:
 
 def binding_names(module: Any, frame: FrameType | None) -> list[str]:
     """Names ``module`` is bound to in the first calling frame that binds it (best first)."""
-    for _ in range(FRAMES_SEARCHED):
-        if frame is None:
+    private: list[str] = []
+    library: list[str] = []  # past private names: a framework's public one (Lightning's `pl_module`)
+    for depth in range(PUBLIC_FRAMES_SEARCHED):
+        if frame is None or (depth >= FRAMES_SEARCHED and not private):
             break
         if not _skipped(frame, module):
             names = _bound_names(module, frame)
-            if names:
-                return list(dict.fromkeys(names))
+            if any(not _private(name) for name in names):
+                if not private or not frame.f_code.co_filename.startswith(_INSTALLED):
+                    return list(dict.fromkeys(names))
+                library = library or names  # the user's own code, further up, may name it
+            private = private or names
         frame = frame.f_back
-    return []
+    return list(dict.fromkeys(library or private))
+
+
+def _private(name: str) -> bool:
+    return any(part.startswith("_") for part in name.split("."))
 
 
 def model_name(session_recording: Recording, module: Any, frame: FrameType | None) -> str:
