@@ -34,8 +34,9 @@ def input_spans(spans: pd.DataFrame) -> pd.DataFrame:
 def epoch_turns(waits: pd.DataFrame) -> np.ndarray:
     """Which of ``waits`` (:func:`input_spans` rows) turn from one epoch to the next, a boolean
     per row: each ``iter(loader)`` (``DataLoader.__iter__``: the epoch's workers start, where
-    they do not persist), the wait after it on its thread (their first batch) and the wait before
-    it (the last epoch's end, where its workers stop)."""
+    they do not persist) but a thread's first (its first epoch's workers start however they are
+    kept: nothing the workers' persisting saves), the wait after it on its thread (their first
+    batch) and the wait before it (the last epoch's end, where its workers stop)."""
     turns = np.zeros(len(waits), dtype=bool)
     if not len(waits):
         return turns
@@ -43,7 +44,11 @@ def epoch_turns(waits: pd.DataFrame) -> np.ndarray:
     order = np.lexsort((waits[col.START_NS].to_numpy(dtype=np.int64), threads))
     starts_epoch = (waits[col.NAME].astype(str) == col.INPUT_ITER_NAME).to_numpy()[order]
     ordered_threads = threads[order]
+    seen: set[float] = set()
     for at in np.flatnonzero(starts_epoch).tolist():
+        if ordered_threads[at] not in seen:  # the thread's first epoch start
+            seen.add(ordered_threads[at])
+            continue
         turns[order[at]] = True
         for near in (at - 1, at + 1):
             if 0 <= near < len(order) and ordered_threads[near] == ordered_threads[at]:

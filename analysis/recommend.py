@@ -153,17 +153,18 @@ class LoaderSettings:
         return cls(min(workers) if workers else None, all(pinned) if pinned else None,
                    all(persistent) if persistent else None, min(prefetch) if prefetch else None)
 
-    def changes(self, workers: int | None, on_gpu: bool) -> list[str]:
+    def changes(self, workers: int | None, on_gpu: bool, epochs_turn: bool = True) -> list[str]:
         """The DataLoader arguments that would change something: more workers than now
-        (``workers``), and with workers, keeping them across epochs and fetching further ahead;
-        pinned memory on a GPU. A setting not recorded is suggested as a default to check."""
+        (``workers``), and with workers, keeping them across epochs (where the loop turns from
+        one epoch to the next: ``epochs_turn``) and fetching further ahead; pinned memory on a
+        GPU. A setting not recorded is suggested as a default to check."""
         suggested = []
         if workers is not None and (self.workers is None or workers > self.workers):
             suggested.append(f"num_workers={workers}")
         with_workers = bool(workers or self.workers)
         if on_gpu and self.pin_memory is not True:
             suggested.append("pin_memory=True")
-        if with_workers and self.persistent_workers is not True:
+        if with_workers and epochs_turn and self.persistent_workers is not True:
             suggested.append("persistent_workers=True")
         if with_workers and (self.prefetch_factor is None or self.prefetch_factor < PREFETCH_AHEAD):
             suggested.append(f"prefetch_factor={PREFETCH_AHEAD}")
@@ -175,6 +176,14 @@ class LoaderSettings:
                                                    ("persistent_workers", self.persistent_workers),
                                                    ("prefetch_factor", self.prefetch_factor)) if value is not None]
         return ", ".join(f"{name}={value}" for name, value in known)
+
+
+def later_epochs(waits: pd.DataFrame) -> int | None:
+    """The epochs the loop began after each thread's first (whose workers start however they
+    are kept), from :func:`~xsp.analysis.inputs.input_spans` rows; None where the trace has no
+    ``iter(loader)`` (recorded before it was)."""
+    starts = waits[waits[col.NAME].astype(str) == col.INPUT_ITER_NAME]
+    return len(starts) - starts[col.THREAD_ID].nunique(dropna=False) if len(starts) else None
 
 
 PREFETCH_AHEAD: Final = 4
@@ -230,20 +239,21 @@ def input_bound(ctx: Context) -> Finding | None:
         cheaper = ("move per-sample work (decoding, augmentation) into the workers or onto the GPU" if on_gpu
                    else "move per-sample work (decoding, augmentation) into the workers")
     turns_ns = float(waits[col.DURATION_NS].to_numpy(dtype=np.float64)[epoch_turns(waits)].sum())
+    epochs = later_epochs(waits)
+    turn = epochs is None or epochs > 0
     if used and settings.persistent_workers is False and turns_ns >= EPOCH_TURNS_SHARE * waited_ns:
         # the workers stop at each epoch's end and start again: the waits are their start-up
-        epochs = int((waits[col.NAME].astype(str) == col.INPUT_ITER_NAME).sum())
         advice = ("keep the workers from one epoch to the next: DataLoader(..., persistent_workers=True); "
                   f"stopping and starting them where the epochs turn ({epochs} epoch start"
-                  f"{'s' if epochs != 1 else ''}) "
+                  f"{'s' if epochs != 1 else ''} after the first) "
                   f"took {milliseconds(turns_ns / 1e6)} of the {milliseconds(waited_ns / 1e6)} the loop waited")
     elif used and suggested <= used:  # more workers than CPUs only take turns: each batch must get cheaper
-        changes = [change for change in settings.changes(None, on_gpu)
+        changes = [change for change in settings.changes(None, on_gpu, turn)
                    if not (saturated and change.startswith("prefetch_factor"))]
         advice = (f"every CPU already runs a DataLoader worker (num_workers={used} of {cpus} CPUs): {cheaper}"
                   + (f"; and fetch further ahead: DataLoader(..., {', '.join(changes)})" if changes else ""))
     else:
-        changes = settings.changes(suggested, on_gpu)
+        changes = settings.changes(suggested, on_gpu, turn)
         advice = (f"prepare batches ahead of the loop: DataLoader(dataset, batch_size=..., {', '.join(changes)}); "
                   f"{cheaper}" if changes else cheaper)
     if saturated and used:
@@ -272,11 +282,12 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     if cpus and used >= cpus:
         return None  # every CPU already loads: the fix is in the input pipeline, not the worker count
     suggested = suggested_workers(used, cpus)
+    changes = settings.changes(suggested, bool(ctx.device()), later_epochs(waits) != 0)
     return Finding(
         Severity.HIGH if used == 0 and share >= INPUT_HIGH else Severity.MEDIUM, share,
         f"DataLoader with num_workers={used}{f' of {cpus} CPUs' if cpus else ''}; the loop waited for it "
         f"{_pct(share)} of {ctx.time_name} (> {DATALOADER_SHARE:.0%}){_worker_fetches(ctx)}",
-        f"DataLoader(dataset, ..., {', '.join(settings.changes(suggested, bool(ctx.device())))})",
+        f"DataLoader(dataset, ..., {', '.join(changes)})",
         _top(waits[col.NAME].astype(str).tolist()))
 
 
