@@ -13,7 +13,7 @@ import pandas as pd
 
 from xsp.analysis.model import spans_of, step_kind, step_roots
 from xsp.core import schema as col
-from xsp.core.schema import Level, SpanKind
+from xsp.core.schema import CLOSURE_SUFFIX, Level, SpanKind
 from xsp.io.trace import Trace
 from xsp.table.walks import nearest_marked, parent_positions, union_length
 
@@ -62,13 +62,17 @@ def step_breakdown(source: Trace | pd.DataFrame, parts: pd.DataFrame | None = No
 def part_times(spans: pd.DataFrame) -> pd.DataFrame:
     """Each model-level part span's own time: its duration less the part spans inside it (at
     any depth, through spans of other kinds). Made of whole trees each, these tables add up
-    (concatenated) to the whole trace's.
+    (concatenated) to the whole trace's. An optimizer step's closure (``SGD.step.closure``, kind
+    ``user``) is a part too: the program's own code, whose time outside the forwards and
+    backwards in it is no part's (``other`` in :func:`step_breakdown`), not the optimizer's.
 
     Columns: ``kind``, ``step``, ``ns``.
     """
     kinds = spans[col.KIND].to_numpy(dtype=object)
+    closures = (kinds == SpanKind.USER.value) & spans[col.NAME].astype(str).str.endswith(CLOSURE_SUFFIX).to_numpy()
     is_part = (spans[col.LEVEL].isin([Level.MODEL.value, Level.INPUT.value]).to_numpy()
-               & np.isin(kinds, [kind.value for kind in PARTS.values()]) & spans[col.STEP].notna().to_numpy())
+               & (np.isin(kinds, [kind.value for kind in PARTS.values()]) | closures)
+               & spans[col.STEP].notna().to_numpy())
     duration = spans[col.DURATION_NS].to_numpy(dtype=np.float64)
     outer = nearest_marked(parent_positions(spans), is_part)
     inside = np.zeros(len(spans))

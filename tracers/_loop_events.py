@@ -36,7 +36,7 @@ import torch
 from xsp.core import schema as col
 from xsp.core.clock import now_ns
 from xsp.core.lazy import background_imports_done
-from xsp.core.schema import ATTR_GENERATE_SAMPLES
+from xsp.core.schema import ATTR_GENERATE_SAMPLES, CLOSURE_SUFFIX
 from xsp.record import hotpath
 from xsp.record.marks import MarkKind
 from xsp.record.recording import Recording, ThreadBuffer
@@ -189,6 +189,31 @@ class LoopEvents:
         return wait
 
     # optimizer steps -----------------------------------------------------------------
+    def _closure_recorded(self, opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The step's arguments with its closure (``optimizer.step(closure)``) wrapped to record
+        its run as a ``user`` span (``<Optimizer>.step.closure``): the program's forward, loss
+        and backward, inside the optimizer span but not the optimizer's work. None: no closure."""
+        positional = len(args) > 1 and "closure" not in kwargs  # (args[0] is the optimizer)
+        closure = kwargs.get("closure") if not positional else args[1]
+        if closure is None or not callable(closure):
+            return None
+        buffer_of = self.recording.buffer
+        name = f"{self._optimizer_names.get(type(opt)) or type(opt).__name__ + '.step'}{CLOSURE_SUFFIX}"
+
+        def closure_recorded() -> Any:
+            start, error = now_ns(), None
+            try:
+                return closure()
+            except BaseException as exc:
+                error = error_text(exc)
+                raise
+            finally:
+                buffer_of().marks.append((MarkKind.USER, start, now_ns(), name, None, error))
+
+        if positional:
+            return (args[0], closure_recorded, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_recorded}
+
     def _hook_optimizers(self) -> None:
         from torch.optim import optimizer
 
@@ -196,12 +221,16 @@ class LoopEvents:
         names = self._optimizer_names
         fast = self._fast
         site_of = self.recording.sites.of_frame
+        closure_recorded = self._closure_recorded
         if fast is not None:
             begins, ends = fast.optimizer_begins, fast.optimizer_ends
 
-            def before_in_c(opt: Any, args: Any, kwargs: Any) -> None:
-                if not dynamo_compiling() and begins(opt):
+            def before_in_c(opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+                if dynamo_compiling():
+                    return None
+                if begins(opt):
                     buffer_of().steps.optimizer_begins(id(opt))
+                return closure_recorded(opt, args, kwargs)
 
             def after_in_c(opt: Any, args: Any, kwargs: Any) -> None:
                 if not dynamo_compiling():
@@ -214,11 +243,13 @@ class LoopEvents:
                               optimizer.register_optimizer_step_post_hook(after_in_c)]
             return
 
-        def before(opt: Any, args: Any, kwargs: Any) -> None:
-            if not dynamo_compiling():
-                buffer = buffer_of()
-                buffer.optimizer_starts.append(now_ns())
-                buffer.steps.optimizer_begins(id(opt))
+        def before(opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+            if dynamo_compiling():
+                return None
+            buffer = buffer_of()
+            buffer.optimizer_starts.append(now_ns())
+            buffer.steps.optimizer_begins(id(opt))
+            return closure_recorded(opt, args, kwargs)
 
         def after(opt: Any, args: Any, kwargs: Any) -> None:
             if dynamo_compiling():

@@ -734,6 +734,40 @@ def test_a_frozen_teacher_called_before_the_student_is_in_each_training_step(pur
     assert breakdown["name"].tolist() == ["train_step"] * 4 + ["student"]
 
 
+@pytest.mark.parametrize("pure_python", [False, True])
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_an_optimizer_closures_own_code_is_other_time_not_the_optimizers(pure_python, by_keyword, monkeypatch):
+    """``optimizer.step(closure)`` (LBFGS, PyTorch Lightning's automatic optimization): the
+    closure runs the program's training step inside the optimizer span; what it does besides
+    its forward and backward (its loss, logging: a sleep here) is ``other``, not ``optimizer``."""
+    import time
+
+    if pure_python:
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.randn(4, 8)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(batch).sum()
+        loss.backward()
+        time.sleep(0.005)  # the program's own code in its training step
+        return loss
+
+    with xsp.trace(levels="model", output=None) as session:
+        losses = [optimizer.step(closure=closure) if by_keyword else optimizer.step(closure) for _ in range(3)]
+    assert all(isinstance(loss, torch.Tensor) for loss in losses)  # the closure's value, as without xsp
+    spans = session.trace.spans
+    closures = spans[spans[col.NAME] == "SGD.step.closure"]
+    assert closures[col.KIND].tolist() == ["user"] * 3 and closures[col.STEP].tolist() == [0, 1, 2]
+    breakdown = analysis.step_breakdown(session.trace)
+    assert (breakdown["other_ms"] >= 5.0).all()
+    assert (breakdown["optimizer_ms"] < breakdown["other_ms"]).all()
+    assert (breakdown["forward_ms"] > 0).all() and (breakdown["backward_ms"] > 0).all()
+
+
 # -- torch.compile: no frame of xsp's is dynamo's to compile ----------------------------------
 class Break(nn.Module):
     def forward(self, x):

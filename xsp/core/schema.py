@@ -113,6 +113,12 @@ class SpanKind(str, enum.Enum):
     # operator that made it
 
 
+CLOSURE_SUFFIX: Final = ".closure"
+"""The end of the name of the ``user`` span of a closure an optimizer step ran
+(``optimizer.step(closure)``: LBFGS, PyTorch Lightning): ``SGD.step.closure``. The program's own
+code, inside the optimizer span: ``other`` in a step's breakdown, not ``optimizer``."""
+
+
 STEP_KINDS: Final = frozenset({SpanKind.STEP, SpanKind.PREDICT})
 """Kinds whose outermost occurrence starts a step."""
 GPU_ACTIVITY_KINDS: Final = frozenset({SpanKind.KERNEL, SpanKind.MEMCPY, SpanKind.MEMSET, SpanKind.SYNC})
