@@ -236,7 +236,10 @@ def check_lbfgs_closure(trace: xsp.Trace) -> None:
     optimizer = model_spans(trace, SpanKind.OPTIMIZER)
     assert optimizer.groupby(col.STEP).size().tolist() == [1] * 5 and set(optimizer[col.NAME]) == {"LBFGS.step"}
     calls = model_spans(trace, SpanKind.PREDICT)
-    assert calls[col.PARENT_ID].isin(optimizer[col.SPAN_ID]).all()  # every forward is the closure's
+    closures = model_spans(trace, SpanKind.USER)
+    assert set(closures[col.NAME]) == {"LBFGS.step.closure"}  # each run of the closure: the program's code
+    assert closures[col.PARENT_ID].isin(optimizer[col.SPAN_ID]).all()
+    assert calls[col.PARENT_ID].isin(closures[col.SPAN_ID]).all()  # every forward is the closure's
     assert sum(forwards_per_step(trace, "model")) >= 5
     assert analysis.model_latency(trace)["batch_size"].tolist() == [256] * 5
     breakdown = analysis.step_breakdown(trace)
