@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -254,6 +255,50 @@ class _Wrapper(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.module(x)
+
+
+@dataclasses.dataclass
+class HeadOutput:
+    logits: torch.Tensor
+
+
+class PackedAndDataclass(nn.Module):
+    """An LSTM on packed sequences (its output: a PackedSequence and its states) and a head
+    returning a dataclass: one level into a container finds no tensor in either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.head = Head()
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        _, (hidden, _) = self.lstm(packed)
+        return self.head(hidden[-1]).logits
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return HeadOutput(self.fc(x))
+
+
+def test_a_packed_sequence_or_a_dataclass_output_has_its_backward_span():
+    torch.manual_seed(0)
+    net = PackedAndDataclass()
+
+    def train():
+        net(torch.randn(3, 5, 4), torch.tensor([5, 3, 2])).sum().backward()
+
+    spans = traced(train).spans
+    backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == SpanKind.BACKWARD.value)]
+    names = set(backward[col.NAME])
+    assert {"net.lstm.backward", "net.head.backward", "net.head.fc.backward"} <= names
+    head, fc = (backward[backward[col.NAME] == name].iloc[0] for name in ("net.head.backward", "net.head.fc.backward"))
+    assert fc[col.PARENT_ID] == head[col.SPAN_ID]  # the head's backward holds its layer's, not the model's
 
 
 def test_a_wrapper_and_the_module_it_wraps_have_their_backward_nested_not_ambiguous():

@@ -4,7 +4,8 @@ while autograd records a graph, and gone with that graph."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -19,8 +20,24 @@ from xsp.tracers.module_calls.ranges import ModuleRanges
 
 
 def output_nodes(out: Any) -> set[Any]:
-    """The autograd graph nodes that produced the tensors of ``out`` (one level into containers)."""
-    return {tensor.grad_fn for tensor in top_tensors(out) if tensor.grad_fn is not None}
+    """The autograd graph nodes that produced the tensors of ``out``: one level into containers,
+    or, where that finds none, two (an ``nn.LSTM`` on packed input returns a ``PackedSequence``, a
+    named tuple, beside its states) and into a dataclass's fields (a head returning one)."""
+    tensors = top_tensors(out)
+    if not tensors:
+        tensors = [tensor for item in _members(out) for tensor in top_tensors(item)]
+    return {tensor.grad_fn for tensor in tensors if tensor.grad_fn is not None}
+
+
+def _members(value: Any) -> list[Any]:
+    """What ``value`` holds: a mapping's values, a tuple's or list's items, a dataclass's fields."""
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+    return []
 
 
 LAST_NODE_SEARCH: Final = 16
