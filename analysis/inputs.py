@@ -56,6 +56,14 @@ def epoch_turns(waits: pd.DataFrame) -> np.ndarray:
     return turns
 
 
+def later_epochs(waits: pd.DataFrame) -> int | None:
+    """The epochs the loop began after each thread's first (whose workers start however they
+    are kept), from :func:`~xsp.analysis.inputs.input_spans` rows; None where the trace has no
+    ``iter(loader)`` (recorded before it was)."""
+    starts = waits[waits[col.NAME].astype(str) == col.INPUT_ITER_NAME]
+    return len(starts) - starts[col.THREAD_ID].nunique(dropna=False) if len(starts) else None
+
+
 def _batch_copies(spans: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
     """Per wait (by row position): count, duration and bytes of the host-to-device copies its
     thread launched between the end of the wait and the start of its next model call."""

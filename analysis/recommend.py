@@ -71,7 +71,7 @@ from xsp.analysis.findings import (
     Severity,
     Threshold,
 )
-from xsp.analysis.inputs import epoch_turns, input_spans
+from xsp.analysis.inputs import epoch_turns, input_spans, later_epochs
 from xsp.analysis.model import step_roots
 from xsp.analysis.system import gc_spans, gc_time_within
 from xsp.core import schema as col
@@ -176,14 +176,6 @@ class LoaderSettings:
                                                    ("persistent_workers", self.persistent_workers),
                                                    ("prefetch_factor", self.prefetch_factor)) if value is not None]
         return ", ".join(f"{name}={value}" for name, value in known)
-
-
-def later_epochs(waits: pd.DataFrame) -> int | None:
-    """The epochs the loop began after each thread's first (whose workers start however they
-    are kept), from :func:`~xsp.analysis.inputs.input_spans` rows; None where the trace has no
-    ``iter(loader)`` (recorded before it was)."""
-    starts = waits[waits[col.NAME].astype(str) == col.INPUT_ITER_NAME]
-    return len(starts) - starts[col.THREAD_ID].nunique(dropna=False) if len(starts) else None
 
 
 PREFETCH_AHEAD: Final = 4

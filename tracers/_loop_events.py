@@ -198,7 +198,7 @@ class LoopEvents:
         if closure is None or not callable(closure):
             return None
         buffer_of = self.recording.buffer
-        name = f"{self._optimizer_names.get(type(opt)) or type(opt).__name__ + '.step'}{CLOSURE_SUFFIX}"
+        name = self._optimizer_name(opt) + CLOSURE_SUFFIX
 
         def closure_recorded() -> Any:
             start, error = now_ns(), None
@@ -214,11 +214,19 @@ class LoopEvents:
             return (args[0], closure_recorded, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_recorded}
 
+    def _optimizer_name(self, opt: Any) -> str:
+        """``SGD.step``: the name of an optimizer's step span, made once a type (xsp's C part
+        fills the same table)."""
+        name = self._optimizer_names.get(type(opt))
+        if name is None:
+            name = self._optimizer_names[type(opt)] = f"{type(opt).__name__}.step"
+        return name
+
     def _hook_optimizers(self) -> None:
         from torch.optim import optimizer
 
         buffer_of = self.recording.buffer
-        names = self._optimizer_names
+        optimizer_name = self._optimizer_name
         fast = self._fast
         site_of = self.recording.sites.of_frame
         closure_recorded = self._closure_recorded
@@ -258,10 +266,8 @@ class LoopEvents:
             buffer = buffer_of()
             starts = buffer.optimizer_starts
             start = starts.pop() if starts else end
-            name = names.get(type(opt))
-            if name is None:
-                name = names[type(opt)] = f"{type(opt).__name__}.step"
-            buffer.marks.append((MarkKind.OPTIMIZER, start, end, name, None, None, site_of(sys._getframe(1))))
+            buffer.marks.append((MarkKind.OPTIMIZER, start, end, optimizer_name(opt), None, None,
+                                 site_of(sys._getframe(1))))
             buffer.steps.optimizer_ends(start, end, id(opt))
 
         self._handles += [optimizer.register_optimizer_step_pre_hook(before),

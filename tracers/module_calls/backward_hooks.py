@@ -5,7 +5,7 @@ while autograd records a graph, and gone with that graph."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
@@ -15,7 +15,7 @@ from xsp.core.clock import now_ns
 from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END
 from xsp.record.recording import Recording, ThreadBuffer
 from xsp.tracers.module_calls.call_context import TENSOR_TYPE
-from xsp.tracers.module_calls.call_values import top_tensors
+from xsp.tracers.module_calls.call_values import items_of, top_tensors
 from xsp.tracers.module_calls.ranges import ModuleRanges
 
 
@@ -25,19 +25,10 @@ def output_nodes(out: Any) -> set[Any]:
     named tuple, beside its states) and into a dataclass's fields (a head returning one)."""
     tensors = top_tensors(out)
     if not tensors:
-        tensors = [tensor for item in _members(out) for tensor in top_tensors(item)]
+        held = ([getattr(out, field.name, None) for field in dataclasses.fields(out)]
+                if dataclasses.is_dataclass(out) and not isinstance(out, type) else items_of(out))
+        tensors = [tensor for item in held for tensor in top_tensors(item)]
     return {tensor.grad_fn for tensor in tensors if tensor.grad_fn is not None}
-
-
-def _members(value: Any) -> list[Any]:
-    """What ``value`` holds: a mapping's values, a tuple's or list's items, a dataclass's fields."""
-    if isinstance(value, Mapping):
-        return list(value.values())
-    if isinstance(value, (tuple, list)):
-        return list(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [getattr(value, field.name, None) for field in dataclasses.fields(value)]
-    return []
 
 
 LAST_NODE_SEARCH: Final = 16

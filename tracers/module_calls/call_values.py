@@ -14,17 +14,20 @@ from xsp.tracers.module_calls.call_context import (
 )
 
 
+def items_of(value: Any) -> Any:
+    """What a container holds: a mapping's values, a tuple's or list's items; none for anything else."""
+    if isinstance(value, Mapping):
+        return value.values()
+    if isinstance(value, (tuple, list)):
+        return value
+    return ()
+
+
 def top_tensors(value: Any) -> Any:
     """The tensors of ``value``: itself, or those one level into a tuple, list or dict."""
     if isinstance(value, TENSOR_TYPE):
         return (value,)
-    if isinstance(value, Mapping):
-        items: Any = value.values()
-    elif isinstance(value, (tuple, list)):
-        items = value
-    else:
-        return ()
-    return [item for item in items if isinstance(item, TENSOR_TYPE)]
+    return [item for item in items_of(value) if isinstance(item, TENSOR_TYPE)]
 
 
 def describe(value: Any) -> Descriptor:

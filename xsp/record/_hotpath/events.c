@@ -49,16 +49,15 @@ int piece_ended(StepEvents *self, PyObject *buffer, PyObject *end, long long end
     }
     if (optimizer != NULL && (type == self->step_none || SLOT(steps, ss->python_decides) != Py_False)) return 1;
     if (slot_set_ll(steps, ss->lane, 0) < 0) return -1;
-    if (optimizer == NULL && type == self->step_none && slot_is_zero(buffer, self->buffer_slots.open_steps)
-        && slot_is_zero(steps, ss->nested) && slot_is_zero(buffer, self->buffer_slots.depth)) {
+    int suspended = !slot_is_zero(buffer, self->buffer_slots.open_steps) || !slot_is_zero(steps, ss->nested)
+                    || !slot_is_zero(buffer, self->buffer_slots.depth);
+    if (optimizer == NULL && type == self->step_none && !suspended) {
         PyObject *optimizer_starts = SLOT(buffer, self->buffer_slots.optimizer_starts);
         if (optimizer_starts != NULL && PyList_Check(optimizer_starts) && PyList_GET_SIZE(optimizer_starts) == 0)
             return 1;
     }
     if (optimizer != NULL) slot_set(steps, ss->optimizer_seen, Py_True);
-    if (type == self->step_none || !slot_is_zero(buffer, self->buffer_slots.open_steps)
-        || !slot_is_zero(steps, ss->nested) || !slot_is_zero(buffer, self->buffer_slots.depth))
-        return 0;
+    if (type == self->step_none || suspended) return 0;
     long long pieces = slot_ll(steps, ss->pieces), last_end_ns = slot_ll(steps, ss->last_end_ns);
     if (PyErr_Occurred()) return -1;
     if (slot_set_ll(steps, ss->pieces, pieces + 1) < 0) return -1;
