@@ -278,6 +278,66 @@ def test_a_linear_on_a_3d_input_has_its_matrix_multiply_in_its_backward(monkeypa
         assert len(inside) == 1, multiply[col.NAME]
 
 
+class TwentyMatmuls(nn.Module):
+    """A leaf module whose own part of the graph is larger than xsp searches at each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(20, 16, 16) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(20):
+            x = torch.tanh(x @ self.weight[i])
+        return x
+
+
+@pytest.mark.parametrize("wrapper", ["c", "python"])
+@pytest.mark.parametrize("leaf", ["gru", "twenty_matmuls"])
+@pytest.mark.parametrize("input_needs_grad", [True, False])
+def test_a_leaf_with_hundreds_of_graph_nodes_has_its_whole_backward(monkeypatch, wrapper, leaf, input_needs_grad):
+    """An nn.GRU on CPU makes ~180 graph nodes a call: its backward span was its output's node
+    alone (0.01 ms), and the rest (4 ms) counted as its parent's own time."""
+    from xsp.record import hotpath
+
+    if wrapper == "python":
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = nn.Linear(16, 16)
+            self.body = nn.GRU(16, 16, batch_first=True) if leaf == "gru" else TwentyMatmuls()
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.body(self.pre(x) if input_needs_grad else x)
+            return self.head((out[0] if leaf == "gru" else out)[:, -1])
+
+    model = Net()
+
+    def train() -> None:
+        for _ in range(2):
+            model(torch.randn(4, 8, 16)).sum().backward()
+
+    spans = trace_of(train, levels="model,layer,operator").spans
+    body = spans[spans[col.NAME] == "model.body.backward"]
+    assert len(body) == 2
+    assert all(json.loads(a) == {col.ATTR_BACKWARD_END: col.BackwardEnd.NEXT_BACKWARD.value}
+               for a in body[col.ATTRIBUTES])
+    operators = spans[spans[col.LEVEL] == "operator"]
+    for _, span in body.iterrows():
+        own = operators[operators[col.PARENT_ID] == span[col.SPAN_ID]]
+        assert len(own) >= 40, len(own)  # the graph's nodes, not its output's alone
+        model_backward = spans[(spans[col.NAME] == "model.backward") & (spans[col.STEP] == span[col.STEP])].iloc[0]
+        parents_own = operators[operators[col.PARENT_ID] == model_backward[col.SPAN_ID]]
+        assert len(parents_own) < 10, parents_own[col.NAME].tolist()
+        passes = spans[(spans[col.NAME] == "backward") & (spans[col.STEP] == span[col.STEP])]
+        assert span[col.END_NS] <= passes[col.END_NS].max()
+        if input_needs_grad:  # it ends where the layer before it begins its backward
+            pre = spans[(spans[col.NAME] == "model.pre.backward") & (spans[col.STEP] == span[col.STEP])].iloc[0]
+            assert span[col.END_NS] <= pre[col.START_NS]
+
+
 @pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
 def test_a_compiled_models_backward_lasts_as_long_as_its_graphs(how):
     """Its submodules run inside its compiled graph and have no backward of their own, so its

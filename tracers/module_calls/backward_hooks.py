@@ -12,7 +12,7 @@ from typing import Any, Final
 from torch import nn
 
 from xsp.core.clock import now_ns
-from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END
+from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, BACKWARD_END_OPEN
 from xsp.record.recording import Recording, ThreadBuffer
 from xsp.tracers.module_calls.call_context import TENSOR_TYPE
 from xsp.tracers.module_calls.call_values import items_of, top_tensors
@@ -32,18 +32,19 @@ def output_nodes(out: Any) -> set[Any]:
 
 
 LAST_NODE_SEARCH: Final = 16
-"""Most graph nodes looked at for where a leaf module's backward ends; past it (a module whose
-output depends on much it did not take as its first argument), its output's node ends it."""
+"""Most graph nodes looked at for where a leaf module's backward ends; past it (an ``nn.GRU`` on
+CPU makes hundreds), the span's end is left open: the next layer's backward begin ends it."""
 
 
-def last_node(node: Any, first_input: Any) -> Any:
+def last_node(node: Any, first_input: Any) -> Any | None:
     """The node of a leaf module call's own part of the graph that autograd runs last: the one
     made first in its forward (autograd runs the nodes of one device in the reverse of their
     making, ``sequence_nr``). Its own part: the nodes reachable from its output's ``node`` made
     after its first argument (a tensor's node; any node where the argument needs no gradient),
     parameters' ``AccumulateGrad`` left out. A ``Linear`` on a 3-D input makes a view, a matrix
     multiply and a view back: its output's node is the last view, whose backward is a reshape,
-    and the multiply's backward runs after it."""
+    and the multiply's backward runs after it. None where that part has more than
+    :data:`LAST_NODE_SEARCH` nodes: walking them all would cost each call a millisecond."""
     made_after = -1
     grad_fn = getattr(first_input, "grad_fn", None) if type(first_input) is TENSOR_TYPE else None
     if grad_fn is not None:
@@ -59,7 +60,7 @@ def last_node(node: Any, first_input: Any) -> Any:
                 continue
             seen.add(next_node)
             if len(seen) > LAST_NODE_SEARCH:
-                return node
+                return None
             waiting.append(next_node)
             if made < first_made:
                 first, first_made = next_node, made
@@ -85,7 +86,10 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
     run (its gradient is complete). A leaf module's ends when the last node of its own part of
     the graph has run (:func:`last_node`: for most, its output's node); a module with
     submodules is stretched over their backward when the layer spans are built. Events go to
-    the buffer of the thread that runs the backward (an autograd device thread on GPUs).
+    the buffer of the thread that runs the backward (an autograd device thread on GPUs). Where
+    its own part of the graph is too large to search, the end is left open
+    (``BACKWARD_END_OPEN``, at its output's node): the spans are built with the next layer's
+    backward begin as its end.
 
     Hook registrations cost microseconds each, so they are spared where the span follows
     from others. A module with submodules gets no end hook: its backward ends with theirs (its
@@ -99,8 +103,8 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
     def begin(module: nn.Module, call: int, grad_outputs: Any) -> None:
         buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
 
-    def end(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
+    def end(module: nn.Module, call: int, phase: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), phase, call)
 
     # with NVTX, a leaf layer's backward (its node's pre-hook to its hook, on the thread that runs
     # the node) is a range; a container's backward is known only once its children's have ended
@@ -111,8 +115,8 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
             ranges.push(module_ranges.backward_message_of(module))  # type: ignore[union-attr]
         buffer_of().record_backward(module, now_ns(), BACKWARD_BEGIN, call)
 
-    def end_ranged(module: nn.Module, call: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        buffer_of().record_backward(module, now_ns(), BACKWARD_END, call)
+    def end_ranged(module: nn.Module, call: int, phase: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        buffer_of().record_backward(module, now_ns(), phase, call)
         if ranges is not None:
             ranges.pop()
 
@@ -133,8 +137,10 @@ def backward_hooks(recording: Recording, module_ranges: ModuleRanges | None = No
         for node in nodes:
             if leaf or type(node).__name__ == COMPILED_GRAPH_NODE:
                 node.register_prehook(partial(begin_ranged if ranges is not None else begin, module, call))
-                last_node(node, first_input).register_hook(partial(end_ranged if ranges is not None else end,
-                                                                   module, call))
+                last = last_node(node, first_input)
+                (node if last is None else last).register_hook(partial(
+                    end_ranged if ranges is not None else end, module, call,
+                    BACKWARD_END_OPEN if last is None else BACKWARD_END))
             else:
                 node.register_prehook(partial(begin, module, call))
 

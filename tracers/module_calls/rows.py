@@ -19,7 +19,16 @@ from torch import nn
 from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
 from xsp.core.lazy import pyarrow as pa
-from xsp.record.columns import BACKWARD_ALIAS, BACKWARD_BEGIN, BACKWARD_END, ROOT_GRAD, ROOT_MODE_UNKNOWN, ROOT_TRAINING
+from xsp.record.columns import (
+    BACKWARD_ALIAS,
+    BACKWARD_BEGIN,
+    BACKWARD_END,
+    BACKWARD_END_OPEN,
+    ROOT_GRAD,
+    ROOT_MODE_UNKNOWN,
+    ROOT_TRAINING,
+)
+from xsp.record.marks import MarkKind
 from xsp.record.sites import CallSites
 from xsp.record.window import Window, WindowBuffer
 from xsp.table.walks import arrow_strings, categories_at
@@ -437,7 +446,9 @@ def backward_rows(window: Window) -> pd.DataFrame:
 
     A call with a begin but no end, or an end but no begin (its output was changed in place
     after the call, so the hooked node never ran), is counted in the window's dropped counts
-    (``unpaired_backward_events``) rather than guessed.
+    (``unpaired_backward_events``) rather than guessed. A leaf whose end was left open (its own
+    part of the graph too large to search) ends at the next backward begin on its thread within
+    its backward pass (:func:`_open_ends`).
     """
     calls = module_call_rows(window)
     names: LayerNames = window.derived["module_names"]
@@ -451,6 +462,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
         # a wrapper and the module it wraps (DDP and its .module) share one output, so their
         # backward spans share an interval: the forward's depth says which is outside
         forward_depths = dict(zip(starts, calls[col.CALL_DEPTH].tolist()))
+    passes: tuple[np.ndarray, np.ndarray] | None = None
     frames = []
     for buffer in window.buffers:
         cols = buffer.backward_columns
@@ -459,18 +471,32 @@ def backward_rows(window: Window) -> pd.DataFrame:
         events = pd.DataFrame({"module": as_numpy(cols.module), "call": as_numpy(cols.call),
                                "time": as_numpy(cols.time), "phase": as_numpy(cols.phase)})
         keys = ["module", "call"]
-        begins = events[events["phase"] == BACKWARD_BEGIN].groupby(keys,
-                                                                   observed=True)["time"].min().rename(col.START_NS)
-        ends = events[events["phase"] == BACKWARD_END].groupby(keys, observed=True)["time"].max().rename(col.END_NS)
-        paired = pd.concat([begins, ends], axis=1, join="outer").reset_index()
+        phase = events["phase"]
+        begins = events[phase == BACKWARD_BEGIN].groupby(keys, observed=True)["time"].min().rename(col.START_NS)
+        ends = events[phase == BACKWARD_END].groupby(keys, observed=True)["time"].max().rename(col.END_NS)
+        open_ends = events[phase == BACKWARD_END_OPEN].groupby(keys, observed=True)["time"].max().rename("open_end")
+        paired = pd.concat([begins, ends, open_ends], axis=1, join="outer").reset_index()
         # a module with submodules has only a begin: it ends with them (see _cover_submodules)
         has_children = np.array([bool(buffer.modules.values[i]._modules) for i in paired["module"].tolist()],
                                 dtype=bool)
-        complete = paired[col.START_NS].notna() & (paired[col.END_NS].notna() | has_children)
+        complete = paired[col.START_NS].notna() & (paired[col.END_NS].notna() | paired["open_end"].notna()
+                                                   | has_children)
         unpaired = int((~complete).sum())
         paired = paired[complete.to_numpy()].copy()
+        opened = np.array(paired["open_end"].notna(), dtype=bool)
+        if opened.any():
+            if passes is None:
+                passes = _backward_passes(window)
+            resolved = _open_ends(paired["open_end"].to_numpy()[opened].astype(np.int64),
+                                  paired["call"].to_numpy()[opened].astype(np.int64), events, passes)
+            exact = np.array(paired[col.END_NS], dtype=float)[opened]
+            stretched = np.isnan(exact) | (resolved > exact)
+            paired.loc[opened, col.END_NS] = np.where(stretched, resolved, exact)
+            opened[opened] = stretched & (resolved > paired["open_end"].to_numpy()[opened])
         paired[col.END_NS] = paired[col.END_NS].fillna(paired[col.START_NS])
         paired[[col.START_NS, col.END_NS]] = paired[[col.START_NS, col.END_NS]].astype("int64")
+        paired["open"] = opened
+        paired = paired.drop(columns="open_end")
         if unpaired:
             window.dropped["unpaired_backward_events"] += unpaired
         if paired.empty:  # forward passes whose backward never ran (aliases of them included)
@@ -485,6 +511,7 @@ def backward_rows(window: Window) -> pd.DataFrame:
         frames.append(_cover_submodules(pd.DataFrame({
             "call": paired["call"].to_numpy(dtype=np.int64),
             "has_children": np.array([bool(modules[i]._modules) for i in which], dtype=bool),
+            "open": paired["open"].to_numpy(dtype=bool),
             col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
             col.END_NS: paired[col.END_NS].to_numpy(dtype=np.int64),
             col.THREAD_ID: buffer.thread_id,
@@ -498,6 +525,45 @@ def backward_rows(window: Window) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _backward_passes(window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and ends of the window's backward passes (``torch.autograd.backward`` calls),
+    on any thread: on a GPU the nodes run on an autograd device thread, not the caller's."""
+    starts, ends = [], []
+    for buffer in window.buffers:
+        marks = buffer.mark_columns
+        if len(marks):
+            backward = as_numpy(marks.kind) == MarkKind.BACKWARD
+            starts.append(as_numpy(marks.start)[backward])
+            ends.append(as_numpy(marks.end)[backward])
+    if not starts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def _open_ends(open_ns: np.ndarray, calls: np.ndarray, events: pd.DataFrame,
+               passes: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Where the backward of leaf calls whose end was left open at ``open_ns`` ends: at the first
+    backward begin of another call on the same thread (``events``) after it, no later than the
+    end of the innermost backward pass around it; with none after it in that pass, at the
+    pass's end. Outside every pass recorded (its caller's thread outside the window), where it
+    was left open."""
+    pass_starts, pass_ends = passes
+    begin_rows = events[events["phase"] == BACKWARD_BEGIN].sort_values("time", kind="stable")
+    begin_times = begin_rows["time"].to_numpy(dtype=np.int64)
+    begin_calls = begin_rows["call"].to_numpy(dtype=np.int64)
+    resolved = open_ns.copy()
+    for row, (open_at, call) in enumerate(zip(open_ns.tolist(), calls.tolist())):
+        around = (pass_starts <= open_at) & (pass_ends >= open_at)
+        if not around.any():
+            continue
+        bound = int(pass_ends[around].min())
+        at = int(np.searchsorted(begin_times, open_at, side="right"))
+        while at < len(begin_times) and begin_calls[at] == call:  # another output node of the same call
+            at += 1
+        resolved[row] = min(int(begin_times[at]), bound) if at < len(begin_times) else bound
+    return resolved
+
+
 def _aliases(aliases: pd.DataFrame, paired: pd.DataFrame) -> pd.DataFrame:
     """The backward of calls that share the node of another call (whose start is their ``time``)."""
     if aliases.empty:
@@ -509,6 +575,10 @@ def _aliases(aliases: pd.DataFrame, paired: pd.DataFrame) -> pd.DataFrame:
                          col.START_NS: times[col.START_NS].to_numpy(), col.END_NS: times[col.END_NS].to_numpy()})
 
 
+_BACKWARD_END_SUBMODULES = col.BACKWARD_END_ATTRIBUTES[col.BackwardEnd.SUBMODULES]
+_BACKWARD_END_NEXT = col.BACKWARD_END_ATTRIBUTES[col.BackwardEnd.NEXT_BACKWARD]
+
+
 def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     """Stretch each module's backward over its submodules' backward of the same call.
 
@@ -518,10 +588,11 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     backward contains its submodules' by construction, so it is stretched to cover theirs:
     those whose forward call lay inside its forward call (between its ``call`` start and the
     next call of the same module). Stretched rows are marked ``{"xsp.backward_end":
-    "submodules"}`` in ``attributes``; the ``call`` column is dropped.
+    "submodules"}`` in ``attributes``, those whose open end was closed (``open``)
+    ``"next_backward"``; the ``call``, ``has_children`` and ``open`` columns are dropped.
     """
     if rows.empty:
-        return rows.drop(columns=["call", "has_children"])
+        return rows.drop(columns=["call", "has_children", "open"])
     rows = rows.sort_values("call", kind="stable").reset_index(drop=True)
     names = rows[col.NAME].str.slice(stop=-len(BACKWARD_SUFFIX)).to_numpy(dtype=object)
     calls = rows["call"].to_numpy(dtype=np.int64)
@@ -542,8 +613,9 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
                     ends[row], extended[row] = latest, True
                 starts[row] = min(starts[row], earliest)
     rows[col.START_NS], rows[col.END_NS] = starts, ends
-    rows[col.ATTRIBUTES] = ['{"xsp.backward_end": "submodules"}' if e else None for e in extended.tolist()]
-    return rows.drop(columns=["call", "has_children"])
+    rows[col.ATTRIBUTES] = [_BACKWARD_END_SUBMODULES if e else _BACKWARD_END_NEXT if o else None
+                            for e, o in zip(extended.tolist(), rows["open"].to_numpy(dtype=bool).tolist())]
+    return rows.drop(columns=["call", "has_children", "open"])
 
 
 def _backward_name(module: nn.Module, call: int, names: LayerNames, forward_names: dict[int, str]) -> str | None:

@@ -20,6 +20,7 @@ layer is ``.../fc[0]/aten::addmm[0]``. Roots are ``name[k]`` counted within thei
 from __future__ import annotations
 
 import enum
+import json
 from typing import Final
 
 SCHEMA_VERSION: Final = 1
@@ -140,6 +141,18 @@ class StepSampling(str, enum.Enum):
     REQUEST_NOT_SAMPLED = "request_not_sampled"
     """Inside a request the application's OpenTelemetry sampler dropped: model level only, and
     not exported."""
+
+
+class BackwardEnd(str, enum.Enum):
+    """Where a backward layer span's end was taken from, where it is not the end of the module's
+    own last graph node (its ``xsp.backward_end`` attribute)."""
+
+    SUBMODULES = "submodules"
+    """Stretched over its submodules' backward spans."""
+    NEXT_BACKWARD = "next_backward"
+    """A leaf module whose own part of the graph is too large to search at each call (an
+    ``nn.GRU`` on CPU, hundreds of nodes): it ends where the next layer's backward begins on its
+    thread, within its backward pass."""
 
 
 class Status(str, enum.Enum):
@@ -359,6 +372,10 @@ ATTR_GC_COLLECTED: Final = "xsp.gc.collected"
 """Objects a garbage collection found unreachable and freed."""
 ATTR_GC_UNCOLLECTABLE: Final = "xsp.gc.uncollectable"
 """Objects a garbage collection found unreachable but could not free (``gc.garbage``)."""
+ATTR_BACKWARD_END: Final = "xsp.backward_end"
+"""On a backward layer span whose end is not its own last graph node's: a :class:`BackwardEnd`."""
+BACKWARD_END_ATTRIBUTES: Final = {end: json.dumps({ATTR_BACKWARD_END: end.value}) for end in BackwardEnd}
+"""The ``attributes`` of a backward layer span whose end is a :class:`BackwardEnd`, as built."""
 ATTR_RANK: Final = "xsp.rank"
 """On every span of a distributed job: the rank that recorded it."""
 ATTR_PROCESS_ID: Final = "process.pid"

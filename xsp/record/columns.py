@@ -34,7 +34,10 @@ NEVER: Final = sys.maxsize
 BACKWARD_BEGIN: Final = 0
 BACKWARD_END: Final = 1
 BACKWARD_ALIAS: Final = 2
-"""Phases of backward events; an alias's time is the start of the call whose backward it shares."""
+BACKWARD_END_OPEN: Final = 3
+"""Phases of backward events; an alias's time is the start of the call whose backward it shares.
+An open end is the end of a leaf's output node where its own part of the graph goes on past what
+was searched: it ends no earlier (the next layer's backward begin ends it)."""
 NO_ERROR: Final = -1
 """The error column of a module call that raised nothing (else the index of its error text)."""
 ROOT_TRAINING: Final = 1

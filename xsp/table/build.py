@@ -179,7 +179,9 @@ def widen_backward_layers(table: pd.DataFrame) -> None:
     operator level on, a backward layer span would begin (or end) inside that operator and
     end (begin) outside it, and could neither contain it nor sit inside it. Its bounds move
     out to the operator's. Outermost operators on one thread never overlap, so a span that
-    contained another still does.
+    contained another still does. A span that ends at the next layer's backward begin
+    (:attr:`~xsp.core.schema.BackwardEnd.NEXT_BACKWARD`) ends where that layer's node's operator
+    begins instead: the operator is the next layer's.
     """
     levels = table[col.LEVEL]  # compared by category: no text a row
     backward = np.flatnonzero(((levels == col.Level.LAYER.value)
@@ -190,6 +192,10 @@ def widen_backward_layers(table: pd.DataFrame) -> None:
     threads = table[col.THREAD_ID].to_numpy(dtype=np.int64, na_value=0)
     starts = table[col.START_NS].to_numpy(dtype=np.int64).copy()
     ends = table[col.END_NS].to_numpy(dtype=np.int64).copy()
+    ends_at_next = np.zeros(len(table), dtype=bool)
+    ends_at_next[backward] = (table[col.ATTRIBUTES].iloc[backward]
+                              == col.BACKWARD_END_ATTRIBUTES[col.BackwardEnd.NEXT_BACKWARD]).to_numpy(dtype=bool,
+                                                                                                 na_value=False)
     for thread in np.unique(threads[backward]).tolist():
         ops = operators[threads[operators] == thread]
         ops = ops[np.lexsort((-ends[ops], starts[ops]))]
@@ -201,7 +207,7 @@ def widen_backward_layers(table: pd.DataFrame) -> None:
                 starts[row] = op_starts[before]
             before = np.searchsorted(op_starts, ends[row], side="left") - 1
             if before >= 0 and op_ends[before] > ends[row]:
-                ends[row] = op_ends[before]
+                ends[row] = max(op_starts[before], starts[row]) if ends_at_next[row] else op_ends[before]
     table[col.START_NS], table[col.END_NS] = starts, ends
 
 
