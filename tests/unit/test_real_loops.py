@@ -301,6 +301,75 @@ def test_a_packed_sequence_or_a_dataclass_output_has_its_backward_span():
     assert fc[col.PARENT_ID] == head[col.SPAN_ID]  # the head's backward holds its layer's, not the model's
 
 
+class ReusesASubmodule(nn.Module):
+    """Calls ``block.fc`` again itself, after ``block``'s own call (weights shared across depths)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential()
+        self.block.fc, self.block.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.block.fc(torch.relu(self.block(x))))
+
+
+class Recursive(nn.Module):
+    """Calls itself on its own output (a tree or a recurrence written as recursion)."""
+
+    def __init__(self, depth: int, recurse_first: bool) -> None:
+        super().__init__()
+        self.fc, self.depth, self.recurse_first = nn.Linear(8, 8), depth, recurse_first
+
+    def forward(self, x, level=0):
+        if self.recurse_first:  # its own layer after the calls it made
+            return torch.relu(self.fc(self(x, level + 1) if level < self.depth else x))
+        y = torch.relu(self.fc(x))
+        return self(y, level + 1) + y if level < self.depth else y
+
+
+def _parent_names(rows, spans):
+    names = dict(zip(spans[col.SPAN_ID], spans[col.NAME]))
+    return [names.get(parent) for parent in rows[col.PARENT_ID]]
+
+
+def test_a_submodule_called_again_outside_its_parent_is_not_in_the_parents_backward():
+    model = ReusesASubmodule()
+
+    def train():
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+
+    spans = traced(train).spans
+    for _, step in spans[spans[col.LEVEL] == "layer"].groupby(col.STEP):
+        backward = step[step[col.KIND] == SpanKind.BACKWARD.value].sort_values(col.START_NS)
+        fc = backward[backward[col.NAME] == "model.block.fc.backward"]
+        block = backward[backward[col.NAME] == "model.block.backward"].iloc[0]
+        # the second call's backward runs first: it is the model's, the first call's the block's
+        assert _parent_names(fc, step) == ["model.backward", "model.block.backward"]
+        assert block[col.START_NS] >= fc.iloc[0][col.END_NS]
+
+
+@pytest.mark.parametrize("recurse_first", [True, False])
+def test_a_recursive_modules_backward_nests_as_its_calls_do(recurse_first):
+    model = Recursive(depth=2, recurse_first=recurse_first)
+
+    def train():
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+
+    spans = traced(train).spans
+    for _, step in spans[spans[col.LEVEL] == "layer"].groupby(col.STEP):
+        backward = step[step[col.KIND] == SpanKind.BACKWARD.value]
+        calls = backward[backward[col.NAME] == "model.backward"].sort_values(col.START_NS)
+        assert len(calls) == 3
+        outer, middle, inner = (calls.iloc[i] for i in range(3))
+        assert middle[col.PARENT_ID] == outer[col.SPAN_ID] and inner[col.PARENT_ID] == middle[col.SPAN_ID]
+        fc = backward[backward[col.NAME] == "model.fc.backward"]
+        # each call's own layer: one under each call's backward
+        assert sorted(fc[col.PARENT_ID].tolist()) == sorted(calls[col.SPAN_ID].tolist())
+
+
 def test_a_wrapper_and_the_module_it_wraps_have_their_backward_nested_not_ambiguous():
     model = _Wrapper(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
     with xsp.trace(levels=("model", "layer"), output=None) as session:

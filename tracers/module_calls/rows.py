@@ -456,12 +456,14 @@ def backward_rows(window: Window) -> pd.DataFrame:
     # path of its own); forward calls of earlier windows fall back to the module's path
     forward_names: dict[int, str] = {}
     forward_depths: dict[int, int] = {}
+    forward_ends: dict[int, int] = {}
     if len(calls) and any(len(buffer.backward_columns) for buffer in window.buffers):
         starts = calls[col.START_NS].tolist()
         forward_names = dict(zip(starts, calls[col.NAME].tolist()))
         # a wrapper and the module it wraps (DDP and its .module) share one output, so their
         # backward spans share an interval: the forward's depth says which is outside
         forward_depths = dict(zip(starts, calls[col.CALL_DEPTH].tolist()))
+        forward_ends = dict(zip(starts, calls[col.END_NS].tolist()))  # which calls a module's backward covers
     passes: tuple[np.ndarray, np.ndarray] | None = None
     frames = []
     for buffer in window.buffers:
@@ -510,6 +512,8 @@ def backward_rows(window: Window) -> pd.DataFrame:
         shown = [name is not None for name in backward_names]
         frames.append(_cover_submodules(pd.DataFrame({
             "call": paired["call"].to_numpy(dtype=np.int64),
+            "call_end": np.array([forward_ends.get(call, NO_CALL_END) for call in paired["call"].tolist()],
+                                 dtype=np.int64),
             "has_children": np.array([bool(modules[i]._modules) for i in which], dtype=bool),
             "open": paired["open"].to_numpy(dtype=bool),
             col.START_NS: paired[col.START_NS].to_numpy(dtype=np.int64),
@@ -575,6 +579,8 @@ def _aliases(aliases: pd.DataFrame, paired: pd.DataFrame) -> pd.DataFrame:
                          col.START_NS: times[col.START_NS].to_numpy(), col.END_NS: times[col.END_NS].to_numpy()})
 
 
+NO_CALL_END = -1
+"""``call_end`` of a backward row whose forward call is in an earlier window."""
 _BACKWARD_END_SUBMODULES = col.BACKWARD_END_ATTRIBUTES[col.BackwardEnd.SUBMODULES]
 _BACKWARD_END_NEXT = col.BACKWARD_END_ATTRIBUTES[col.BackwardEnd.NEXT_BACKWARD]
 
@@ -586,16 +592,20 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     first, and its hooks fire just after those of a submodule that produced the same output;
     the nodes of its other submodules (and of its first operators) run after it. A module's
     backward contains its submodules' by construction, so it is stretched to cover theirs:
-    those whose forward call lay inside its forward call (between its ``call`` start and the
-    next call of the same module). Stretched rows are marked ``{"xsp.backward_end":
-    "submodules"}`` in ``attributes``, those whose open end was closed (``open``)
-    ``"next_backward"``; the ``call``, ``has_children`` and ``open`` columns are dropped.
+    those whose forward call lay inside its forward call (``call`` to ``call_end``; where its
+    forward is in an earlier window, up to the next call of the same module). A submodule called
+    again outside it (its parent's parent reusing it) is not inside. Stretched rows are marked
+    ``{"xsp.backward_end": "submodules"}`` in ``attributes``, those whose open end was closed
+    (``open``) ``"next_backward"``; the ``call``, ``call_end``, ``has_children`` and ``open``
+    columns are dropped.
     """
+    helpers = ["call", "call_end", "has_children", "open"]
     if rows.empty:
-        return rows.drop(columns=["call", "has_children", "open"])
+        return rows.drop(columns=helpers)
     rows = rows.sort_values("call", kind="stable").reset_index(drop=True)
     names = rows[col.NAME].str.slice(stop=-len(BACKWARD_SUFFIX)).to_numpy(dtype=object)
     calls = rows["call"].to_numpy(dtype=np.int64)
+    call_ends = rows["call_end"].to_numpy(dtype=np.int64)
     starts = rows[col.START_NS].to_numpy(dtype=np.int64).copy()
     ends = rows[col.END_NS].to_numpy(dtype=np.int64).copy()
     extended = np.zeros(len(rows), dtype=bool)
@@ -604,8 +614,10 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
         inside = np.flatnonzero(pd.Series(names).str.startswith(name + ".").to_numpy())
         if not len(inside):
             continue
-        window_ends = np.append(calls[own][1:], np.iinfo(np.int64).max)
-        bounds = np.searchsorted(calls[inside], np.stack([calls[own], window_ends]), side="left")
+        next_calls = np.append(calls[own][1:], np.iinfo(np.int64).max)
+        window_ends = np.where(call_ends[own] != NO_CALL_END, call_ends[own], next_calls)
+        bounds = np.stack([np.searchsorted(calls[inside], calls[own], side="left"),
+                           np.searchsorted(calls[inside], window_ends, side="right")])
         for row, lo, hi in zip(own.tolist(), bounds[0].tolist(), bounds[1].tolist()):
             if hi > lo:
                 earliest, latest = int(starts[inside[lo:hi]].min()), int(ends[inside[lo:hi]].max())
@@ -615,7 +627,7 @@ def _cover_submodules(rows: pd.DataFrame) -> pd.DataFrame:
     rows[col.START_NS], rows[col.END_NS] = starts, ends
     rows[col.ATTRIBUTES] = [_BACKWARD_END_SUBMODULES if e else _BACKWARD_END_NEXT if o else None
                             for e, o in zip(extended.tolist(), rows["open"].to_numpy(dtype=bool).tolist())]
-    return rows.drop(columns=["call", "has_children", "open"])
+    return rows.drop(columns=helpers)
 
 
 def _backward_name(module: nn.Module, call: int, names: LayerNames, forward_names: dict[int, str]) -> str | None:
