@@ -10,10 +10,11 @@ import numpy as np
 from xsp.core import schema as col
 from xsp.core.lazy import pandas as pd
 from xsp.core.schema import Level, SpanKind, Status
+from xsp.record.columns import BACKWARD_BEGIN
 from xsp.record.marks import SPAN_KIND_OF_MARK, MarkKind
 from xsp.record.recording import Recording
-from xsp.record.steps import GENERATE_SUFFIX
-from xsp.record.window import Window
+from xsp.record.steps import GENERATE_SUFFIX, INFERENCE_STEP_NAME, TRAIN_STEP_NAME
+from xsp.record.window import Window, WindowBuffer
 from xsp.tracers._collectives import Collectives
 from xsp.tracers._ddp_buckets import DdpBuckets
 from xsp.tracers._loop_events import LoopEvents
@@ -146,10 +147,94 @@ def _nested_backward(mark_kinds: np.ndarray, starts: np.ndarray, ends: np.ndarra
     return nested
 
 
+def _backward_begins(window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """The backward begins of the window's module calls, on any thread (on a GPU the nodes run on
+    an autograd device thread): each one's forward call's start, and its time, by call start."""
+    calls, times = [], []
+    for buffer in window.buffers:
+        cols = buffer.backward_columns
+        if len(cols):
+            begin = as_numpy(cols.phase) == BACKWARD_BEGIN
+            calls.append(as_numpy(cols.call)[begin])
+            times.append(as_numpy(cols.time)[begin])
+    if not calls:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    call, time = np.concatenate(calls), np.concatenate(times)
+    order = np.argsort(call, kind="stable")
+    return call[order], time[order]
+
+
+def _joined_first_calls(buffer: WindowBuffer, begins: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of the thread's marks starts, and which it keeps: a training step takes in the
+    model calls just before it that were steps of their own (an inference step of one call, or
+    one with its input wait) when their backward ran in its time. The first iteration of a model
+    called several times before its first backward (a siamese encoder on two views, an
+    ``nn.LSTMCell`` stepped over a sequence) cannot be told, call by call, from an evaluation with
+    autograd left on, so its first calls were decided as steps of their own; the backward pass
+    says they were this step's: the backward of a call inside them began in its time."""
+    cols = buffer.mark_columns
+    starts, ends = as_numpy(cols.start), as_numpy(cols.end)
+    keep = np.ones(len(starts), dtype=bool)
+    kinds = as_numpy(cols.kind)
+    steps = np.flatnonzero(kinds == MarkKind.STEP)
+    roots = buffer.root_columns
+    begin_calls, begin_times = begins
+    if not len(begin_calls) or not len(steps) or not len(roots):
+        return starts, keep
+    name_of = as_numpy(cols.name)
+    names = {step: buffer.strings.values[name_of[step]] for step in steps.tolist()}
+    root_starts = np.sort(as_numpy(roots.start))
+    steps = steps[np.argsort(starts[steps], kind="stable")]
+    trains = np.array([names[step] == TRAIN_STEP_NAME for step in steps.tolist()], dtype=bool)
+    # each step's floor: the latest end of the steps before it, an inference step's left out (it
+    # may be one of those calls with its input wait)
+    bounding = np.where(np.array([names[step] != INFERENCE_STEP_NAME for step in steps.tolist()], dtype=bool),
+                        ends[steps], np.iinfo(np.int64).min)
+    floors = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], bounding[:-1])))
+    before = (np.searchsorted(root_starts, starts[steps], side="left")
+              - np.searchsorted(root_starts, floors, side="left"))
+    new_starts = starts.copy()
+    candidates = np.flatnonzero(trains & (before > 0))  # training steps with calls before them
+    if not len(candidates):
+        return starts, keep
+    calls = buffer.call_columns
+    top = as_numpy(calls.depth) == 0
+    root_ends = dict(zip(as_numpy(calls.start)[top].tolist(), as_numpy(calls.end)[top].tolist()))
+    for order in candidates.tolist():
+        step = int(steps[order])
+        step_start, step_end = int(starts[step]), int(ends[step])
+        earlier = steps[:order]
+        first = step_start
+        lo = int(np.searchsorted(root_starts, floors[order], side="left"))
+        for root in root_starts[lo:lo + int(before[order])][::-1].tolist():
+            end = root_ends.get(root)
+            if end is None or end > step_start:
+                break
+            inside = begin_times[np.searchsorted(begin_calls, root, side="left"):
+                                 np.searchsorted(begin_calls, end, side="right")]
+            if not ((inside >= step_start) & (inside <= step_end)).any():
+                break
+            first = root
+        if first == step_start:
+            continue
+        # an inference step that held only such calls (and its input wait) goes too
+        for other in earlier[::-1].tolist():
+            if names[other] != INFERENCE_STEP_NAME or ends[other] < first:
+                break
+            inside = root_starts[(root_starts >= starts[other]) & (root_starts <= ends[other])]
+            if not len(inside) or inside.min() < first:
+                break
+            keep[other] = False
+            first = int(starts[other])
+        new_starts[step] = first
+    return new_starts, keep
+
+
 def mark_rows(window: Window) -> pd.DataFrame:
     """The model-level records of every thread (user spans, steps, optimizer steps, backward
     passes and compilations) and its input waits (input level)."""
     frames = []
+    begins = _backward_begins(window)
     for buffer in window.buffers:
         cols = buffer.mark_columns
         if not len(cols):
@@ -158,10 +243,11 @@ def mark_rows(window: Window) -> pd.DataFrame:
         # a collective's payload has a typed column
         payloads = [None if a is None else a.get(col.BYTES) for a in cols.attributes]
         mark_kinds = as_numpy(cols.kind)
-        keep = ~_nested_backward(mark_kinds, as_numpy(cols.start), as_numpy(cols.end))
+        mark_starts, joined = _joined_first_calls(buffer, begins)
+        keep = ~_nested_backward(mark_kinds, mark_starts, as_numpy(cols.end)) & joined
         kinds = np.array([SPAN_KIND_OF_MARK[k] for k in mark_kinds.tolist()], dtype=object)
         frame = pd.DataFrame({
-            col.START_NS: as_numpy(cols.start),
+            col.START_NS: mark_starts,
             col.END_NS: as_numpy(cols.end),
             col.THREAD_ID: buffer.thread_id,
             col.LEVEL: np.where(mark_kinds == MarkKind.INPUT, Level.INPUT.value, Level.MODEL.value).astype(object),

@@ -301,6 +301,61 @@ def test_a_packed_sequence_or_a_dataclass_output_has_its_backward_span():
     assert fc[col.PARENT_ID] == head[col.SPAN_ID]  # the head's backward holds its layer's, not the model's
 
 
+def _step_roots(trace):
+    spans = trace.spans
+    return spans[spans[col.PARENT_ID].isna() & spans[col.STEP].notna()].sort_values(col.START_NS)
+
+
+@pytest.mark.parametrize("wrapper", ["c", "python"])
+@pytest.mark.parametrize("loop", ["siamese", "cell_over_time", "siamese_with_a_loader"])
+def test_a_model_called_several_times_before_its_first_backward_is_one_training_step(monkeypatch, wrapper, loop):
+    """Its first iteration's first calls were steps of their own (5 steps for 4 iterations):
+    they cannot be told from an evaluation with autograd on until the backward reaches them."""
+    if wrapper == "python":
+        monkeypatch.setattr(hotpath, "HOTPATH", None)
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    cell = nn.LSTMCell(8, 4)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *cell.parameters()], lr=0.01)
+    batches = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4)
+
+    def train():
+        for (x,) in (batches if loop == "siamese_with_a_loader" else [(torch.randn(4, 8),)] * 4):
+            if loop == "cell_over_time":
+                h = c = torch.zeros(4, 4)
+                for _ in range(5):
+                    h, c = cell(x, (h, c))
+                loss = h.pow(2).mean()
+            else:
+                loss = -nn.functional.cosine_similarity(encoder(x + 0.1), encoder(x - 0.1)).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():  # evaluation after training: steps of their own
+            encoder(torch.randn(4, 8))
+            encoder(torch.randn(4, 8))
+
+    roots = _step_roots(traced(train))
+    kinds = [name for name in roots[col.NAME]]
+    assert kinds == ["train_step"] * 4 + ["encoder"] * 2, kinds
+
+
+def test_an_evaluation_with_autograd_on_before_training_keeps_its_steps():
+    """Calls whose backward never ran stay steps of their own."""
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train():
+        for _ in range(3):
+            model(torch.randn(4, 8))  # no torch.no_grad(): autograd records a graph nobody uses
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+
+    roots = _step_roots(traced(train))
+    assert roots[col.NAME].tolist() == ["model"] * 3 + ["train_step"] * 2
+
+
 class ReusesASubmodule(nn.Module):
     """Calls ``block.fc`` again itself, after ``block``'s own call (weights shared across depths)."""
 
