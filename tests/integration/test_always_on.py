@@ -287,21 +287,29 @@ def test_requests_served_as_asyncio_tasks_each_land_in_their_own_trace():
     assert len(layers) == 30 * 4
 
 
-def test_two_endpoints_models_on_one_thread_never_share_a_step_across_requests(wrapper):
+@pytest.mark.parametrize("embed_grad", [False, True])
+def test_two_endpoints_models_on_one_thread_never_share_a_step_across_requests(wrapper, embed_grad):
     """A worker thread serves /classify and /embed in turn, each with its own model; a request
     that runs both is one step. (The second model once joined the step of the request before:
-    in that request's trace, with the time between the requests in its latency.)"""
+    in that request's trace, with the time between the requests in its latency. With autograd
+    left on for /embed, as a sync streaming response's generator resumed on another pool thread
+    has it, the embedder was read as the first iteration's model trained after a frozen one.)"""
     tracer = tracer_of()
     classifier, embedder, x = Net(), torch.nn.Sequential(torch.nn.Linear(8, 4)), torch.randn(2, 8)
     served = []
+
+    def embed(inputs):
+        with torch.set_grad_enabled(embed_grad):
+            return embedder(inputs)
+
     with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=1.0) as session:
         for i in range(12):
             with tracer.start_as_current_span("request") as request:
                 served.append(request.get_span_context().trace_id)
                 if i % 3 == 2:  # both models in one request
-                    embedder(classifier(x)[:, :1].expand(2, 8).contiguous())
+                    embed(classifier(x)[:, :1].expand(2, 8).contiguous())
                 else:
-                    (classifier if i % 3 == 0 else embedder)(x)
+                    classifier(x) if i % 3 == 0 else embed(x)
             time.sleep(0.002)  # between requests: no request's time
     spans = session.trace.spans
     roots = step_roots(spans).sort_values(col.START_NS)

@@ -231,7 +231,12 @@ class AutoSteps:
             return handed_over
         decided = False
         frozen_after = 0
-        if kind is _TRAIN:
+        if kind is not _NONE and module_id != self.leader and self._other_request():
+            # another model's call under another request's span: a step of its own, in its own
+            # request's trace, whatever the open step is (a model called with autograd on is no
+            # frozen model's trainee, nor one step's other model, across requests)
+            decided = self._finish_training() if kind is _TRAIN and self.closed_ns else self._finish(self.last_end_ns)
+        elif kind is _TRAIN:
             leads = module_id == self.leader or self.leader is None
             if self.closed_ns and (not training or leads):  # the next iteration, or an evaluation
                 if not training and not leads:  # another model's: perhaps the next iteration's frozen one

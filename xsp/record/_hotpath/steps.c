@@ -83,6 +83,9 @@ int plan_call(FastCall *self, PyObject *buffer, PyObject *module, CallPlan *plan
     plan->finish = FINISH_NONE;
     if (type == self->step_train) {
         int leads = is_leader || leader == Py_None;
+        /* another model's call in an always-on session: under another request's span it begins
+         * a step of its own (AutoSteps.call_begins asks the sampler): Python */
+        if (!is_leader && plan->sampler != Py_None) return 0;
         /* another model's call without autograd after the optimizer step: it may begin the next
          * iteration (a frozen teacher before the model trained: AutoSteps.frozen): Python */
         if (closed_ns && !grad && !leads) return 0;
