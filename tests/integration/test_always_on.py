@@ -415,6 +415,40 @@ def test_the_leveled_figures_come_from_the_drawn_steps_not_those_recorded_after_
     assert result.overhead.set_index("run")["steps"].to_dict() == expected
 
 
+def test_a_services_endpoints_are_leveled_each_over_its_own_models_steps(tmp_path):
+    """Two endpoints, two models, each request its own step: the leveled runs pooled both models'
+    steps and took their layers from one model's last step (the other's vanished from the
+    report, and the figures were off: a layer's leveled time above its raw one, an overhead
+    below zero)."""
+    from xsp.session.rotation import leveled_by_model, leveled_over_steps
+
+    tracer = tracer_of()
+    big = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    small = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    output = tmp_path / "two.xsp.parquet"
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=str(output), sample=0.3):
+        for _ in range(300):
+            with tracer.start_as_current_span("POST /classify"):
+                big(torch.randn(16, 64))
+            with tracer.start_as_current_span("POST /small"):
+                small(torch.randn(1, 8))
+    trace = xsp.load(output)
+    found = dict(leveled_by_model(trace))
+    assert list(found) == ["big", "small"]  # the busiest first
+    for model, result in found.items():
+        layers = result.trace.spans[result.trace.spans[col.LEVEL] == "layer"][col.NAME]
+        assert sorted(set(layers)) == [f"{model}.{i}" for i in range(3)]
+        model_steps = result.overhead.set_index("run")["steps"]
+        roots = step_roots(trace.spans)
+        assert model_steps.sum() == (roots[col.NAME] == model).sum()  # its own steps, all drawn or timed
+    assert leveled_over_steps(trace, "small").trace.spans[col.NAME].str.startswith("small").any()
+    report = subprocess.run([sys.executable, "-m", "xsp", "report", str(output)], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "100"})
+    assert report.returncode == 0, report.stderr
+    assert "Top 3 layers of big by self time, leveled" in report.stdout
+    assert "Top 3 layers of small by self time, leveled" in report.stdout
+
+
 def test_a_layer_failing_in_a_step_not_sampled_leaves_the_next_deep_steps_whole(wrapper):
     """In a step recorded at the model level only, xsp's C wrapper passes the calls inside
     straight through; a failure there must not leave them passed through in later steps."""

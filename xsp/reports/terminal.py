@@ -35,7 +35,7 @@ from xsp.record.compiled_kernels import kernel_layers, kernel_sources, stale_tra
 from xsp.record.sampling import DEEP_REASONS
 from xsp.reports.advice import recommendation_lines
 from xsp.reports.source import line_text
-from xsp.session.rotation import leveled_over_steps
+from xsp.session.rotation import leveled_by_model
 from xsp.table.sampling import deep_roots, step_roots
 
 STEPS_SHOWN = 20
@@ -875,27 +875,29 @@ def _always_on_section(trace: Trace, console: Console, top: int) -> None:
 
 def _leveled_over_steps_tables(trace: Trace, console: Console, top: int) -> None:
     """An always-on trace's layers leveled over its drawn steps (``trace``: the trace, or the spans
-    of the steps its leveled runs recorded)."""
-    result = leveled_over_steps(trace)
-    if result is None:
-        return
-    runs = result.overhead
-    runs = runs.assign(model_latency_ci_share=runs["model_latency_ci_ms"] / runs["model_latency_ms"])
-    _show(console, runs, "Leveled over the drawn steps (each depth a run of its own; nothing run twice)", [
-        ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model ms", number()),
-        ("model_latency_ci_share", CI_HEADING, plus_minus_share), ("overhead", "overhead vs model", share)])
-    best = analysis.top_layers(result.trace, k=top)
-    if best.empty:
-        return
-    spans = result.trace.spans
-    source = spans.drop_duplicates(col.NAME).set_index(col.NAME)[col.LEVELED_RUN].astype(str)
-    steps_of = dict(zip(runs["run"], runs["steps"]))
-    best = best.assign(run=best["name"].map(source), steps=best["name"].map(source).map(steps_of),
-                       mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
-    _show(console, best, f"Top {counted(len(best), 'layer')} by self time, leveled (free of xsp's own overhead)", [
-        ("name", "layer", text), ("mean_ms", "incl. ms/call", number()),
-        ("mean_ci_share", CI_HEADING, plus_minus_share), ("run", "from run", text), ("steps", "steps", number(0)),
-        ("share", "share", share)])
+    of the steps its leveled runs recorded), for each model that leads steps (a service's
+    endpoints), the busiest first."""
+    found = leveled_by_model(trace)
+    for model, result in found:
+        of = f" of {model}" if len(found) > 1 else ""
+        runs = result.overhead
+        runs = runs.assign(model_latency_ci_share=runs["model_latency_ci_ms"] / runs["model_latency_ms"])
+        _show(console, runs, f"Leveled over the drawn steps{of} (each depth a run of its own; nothing run twice)", [
+            ("run", "run", text), ("steps", "steps", number(0)), ("model_latency_ms", "model ms", number()),
+            ("model_latency_ci_share", CI_HEADING, plus_minus_share), ("overhead", "overhead vs model", share)])
+        best = analysis.top_layers(result.trace, k=top)
+        if best.empty:
+            continue
+        spans = result.trace.spans
+        source = spans.drop_duplicates(col.NAME).set_index(col.NAME)[col.LEVELED_RUN].astype(str)
+        steps_of = dict(zip(runs["run"], runs["steps"]))
+        best = best.assign(run=best["name"].map(source), steps=best["name"].map(source).map(steps_of),
+                           mean_ci_share=best["mean_ci_ms"] / best["mean_ms"])
+        _show(console, best, f"Top {counted(len(best), 'layer')}{of} by self time, leveled (free of xsp's own "
+                             "overhead)", [
+            ("name", "layer", text), ("mean_ms", "incl. ms/call", number()),
+            ("mean_ci_share", CI_HEADING, plus_minus_share), ("run", "from run", text), ("steps", "steps", number(0)),
+            ("share", "share", share)])
 
 
 def _leveled_table(metadata: dict[str, Any], top_level: TopLevelLayers, console: Console) -> None:
