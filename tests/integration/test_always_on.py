@@ -415,6 +415,21 @@ def test_the_leveled_figures_come_from_the_drawn_steps_not_those_recorded_after_
     assert result.overhead.set_index("run")["steps"].to_dict() == expected
 
 
+def test_a_model_that_goes_on_alone_after_joining_another_models_steps_has_each_step_sampled(wrapper):
+    """A pool thread that served one endpoint, then another: the second model's first calls
+    joined the first's step, then became steps of their own, and had no sampling (the report
+    counted fewer steps timed than the trace held)."""
+    first, second = Net(), torch.nn.Sequential(torch.nn.Linear(8, 4))
+    with torch.no_grad(), xsp.trace(levels="model,layer", output=None, sample=0.2) as session:
+        for _ in range(30):
+            first(torch.randn(1, 8))
+        for _ in range(20):
+            second(torch.randn(1, 8))
+    roots = step_roots(session.trace.spans)
+    assert roots[col.NAME].astype(str).value_counts().to_dict() == {"first": 30, "second": 20}
+    assert roots[col.SAMPLING].notna().all(), roots[roots[col.SAMPLING].isna()][[col.NAME, col.STEP]]
+
+
 def test_a_services_endpoints_are_leveled_each_over_its_own_models_steps(tmp_path):
     """Two endpoints, two models, each request its own step: the leveled runs pooled both models'
     steps and took their layers from one model's last step (the other's vanished from the

@@ -82,7 +82,10 @@ class StepNotes:
 
     def decision_of(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """For each step root (its thread, start and end), the position of its decision (the
-        first one on its thread from its start to its end: the step's first top-level call), or -1."""
+        first one on its thread from its start to its end: the step's first top-level call), or -1.
+        A step with no decision of its own (a model's calls that joined the step before, then
+        became steps of their own when that model went on alone) was recorded as the decision
+        before it on its thread said: that one."""
         found = np.full(len(threads), -1, dtype=np.int64)
         for thread in np.unique(threads).tolist():
             mine = np.flatnonzero(threads == thread)
@@ -94,6 +97,8 @@ class StepNotes:
             inside = at < len(notes)
             inside[inside] &= times[at[inside]] <= ends[mine][inside]
             found[mine[inside]] = notes[at[inside]]
+            before = ~inside & (at > 0)
+            found[mine[before]] = notes[at[before] - 1]
         return found
 
     def joined_trace_ids(self, threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str | None]:
