@@ -178,8 +178,9 @@ def test_step_notes_read_the_same_packed_or_as_tuples(as_packed):
     assert notes.slow_time_ns.tolist() == [1_200] and notes.slow_duration_ns.tolist() == [9_000]
     assert notes.slow_median_ns.tolist() == [3_000]
     starts, ends = np.array([1_050, 1_250, 1_350, 1_450]), np.array([1_150, 1_350, 1_450, 1_500])
+    # the last step has no decision of its own: it was recorded under the one before it
     assert notes.joined_trace_ids(np.full(4, 7), starts, ends) == [
-        "ffffffffffffffff" "fffffffffffffffd", None, f"{0x1F:016x}{7:016x}", None]
+        "ffffffffffffffff" "fffffffffffffffd", None, f"{0x1F:016x}{7:016x}", f"{0x1F:016x}{7:016x}"]
 
 
 def test_a_window_and_a_thread_split_their_packed_notes_at_a_time():
