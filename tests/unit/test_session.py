@@ -216,6 +216,37 @@ def test_exception_marks_open_spans_as_errors_writes_the_trace_and_reraises(tmp_
     assert spans.loc["Outer_0.ok", col.STATUS] == "ok"  # a model bound to no name: its class and an index
 
 
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_explicit_steps_of_asyncio_tasks_running_at_once_are_warned_about_once(concurrent):
+    """A thread's explicit steps nest: tasks that interleave their xsp.step() blocks on one event
+    loop each took the others' model calls, with nothing said."""
+    import asyncio
+
+    model = Net()
+
+    async def request():
+        with xsp.step("request"):
+            with xsp.step("inner"):  # nested in its own task: no warning
+                model(torch.randn(1, 4))
+            await asyncio.sleep(0)
+            model(torch.randn(1, 4))
+
+    async def serve():
+        if concurrent:
+            await asyncio.gather(*(request() for _ in range(4)))
+        else:
+            for _ in range(4):
+                await request()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), xsp.trace(output=None):
+            asyncio.run(serve())
+    messages = [str(w.message) for w in caught if issubclass(w.category, xsp.XspWarning)]
+    overlapped = [message for message in messages if "asyncio tasks that run at once" in message]
+    assert len(overlapped) == (1 if concurrent else 0), messages
+
+
 def test_training_step_records_backward_spans():
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

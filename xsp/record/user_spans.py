@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 from collections.abc import Callable
@@ -86,6 +87,35 @@ class span:  # noqa: N801 - used like a function: ``with xsp.span("preprocess"):
         return traced  # type: ignore[return-value]
 
 
+CONCURRENT_TASKS_NOTE = (
+    "xsp.step() blocks of asyncio tasks that run at once on one thread overlapped: a thread's "
+    "steps nest, so each took the model calls the others made meanwhile, and their steps are "
+    "not the requests. For a step per request of an asyncio server, leave the steps to an "
+    "always-on session (xsp.trace(sample=...): each model call under a request's OpenTelemetry "
+    "span is a step of that request, docs/production.md), or give each request a thread of its own")
+"""Said once, at the session's end, when an explicit step opened inside another one of another task."""
+
+_opened_in_task: dict[int, int] = {}
+"""Per thread's buffer (its ``id``) with an open explicit step: the asyncio task (its ``id``, 0
+for none) its outermost open step began in."""
+
+
+def _task_now() -> int:
+    """The ``id`` of the asyncio task running on this thread, or 0 outside any."""
+    try:
+        return id(asyncio.current_task())
+    except RuntimeError:  # no event loop runs on this thread
+        return 0
+
+
+def _note_if_tasks_overlap(recording: Any, buffer: Any) -> None:
+    """An explicit step opens inside another one of this thread: in another asyncio task, the
+    two are not nested, but interleaved; the user hears of it once."""
+    task = _task_now()
+    if task and task != _opened_in_task.get(id(buffer), task) and CONCURRENT_TASKS_NOTE not in recording.notes:
+        recording.notes.append(CONCURRENT_TASKS_NOTE)
+
+
 class step(span):  # noqa: N801
     """An explicit step: one training iteration or one request, with everything inside it.
 
@@ -112,6 +142,10 @@ class step(span):  # noqa: N801
             recording = self._recording
             buffer = recording.buffer()
             buffer.steps.finish()  # the automatic step before it ends here
+            if buffer.open_steps:
+                _note_if_tasks_overlap(recording, buffer)
+            else:
+                _opened_in_task[id(buffer)] = _task_now()
             buffer.open_steps += 1
             sampler = recording.sampler
             if sampler is not None and buffer.open_steps == 1 and not buffer.depth:
@@ -126,6 +160,8 @@ class step(span):  # noqa: N801
             return
         buffer = recording.buffer()
         buffer.open_steps -= 1
+        if not buffer.open_steps:
+            _opened_in_task.pop(id(buffer), None)
         end_ns = now_ns()
         duration_ns = end_ns - self._start
         outermost = not buffer.open_steps and not buffer.depth
