@@ -127,6 +127,8 @@ def test_a_stopping_signal_finishes_the_file_then_ends_the_process_by_it(tmp_pat
     session = trace.spans[trace.spans[col.KIND] == "session"].iloc[0]
     assert session[col.STATUS] == "error" and signal.Signals(signum).name in session[col.STATUS_MESSAGE]
     assert f"interrupted by {signal.Signals(signum).name}" in err
+    if cli:  # the closing line says what was written, as a run that ends by itself does
+        assert f"steps -> {tmp_path / 'run.xsp.parquet'}" in err or "steps -> run.xsp.parquet" in err, err
     assert no_partial(tmp_path)
 
 
@@ -674,6 +676,7 @@ def test_sigterm_to_the_process_group_changes_nothing_the_program_prints(tmp_pat
         status, out, err = finished(process)
         assert status == -signal.SIGTERM, err
         lines = [line for line in err.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith(f"warning: xsp: interrupted by SIGTERM: the trace ({output})"), \
+        assert len(lines) == 2 and lines[0].startswith(f"warning: xsp: interrupted by SIGTERM: the trace ({output})"), \
             f"attempt {attempt}: {err}"
+        assert lines[1].startswith("xsp: ") and f"steps -> {output}" in lines[1], err  # what was written
         assert len(xsp.load(output).steps) >= 6

@@ -538,8 +538,9 @@ def run(options: argparse.Namespace) -> int:
     started_in = os.getcwd()
     with xsp_warnings_to_stderr():
         session = Session(options=trace_options)
-        # a script ending with os._exit ends the session there: say what was written before it exits
-        session.on_os_exit.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
+        # a script ending with os._exit, or by a stopping signal, ends the session there: say what
+        # was written before it exits
+        session.on_exit_now.append(lambda code: _say_what_was_written(session, script, options, code, started_in))
         writing = ProgressLine()
         session.on_finishing.append(lambda busy: writing.show("xsp: writing the trace") if busy else writing.hide())
         status, left_open = _run_script(script, script_args, session)

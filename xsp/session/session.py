@@ -186,9 +186,10 @@ class Session:
         """True in a child process forked while this session ran: it leaves the file to the parent."""
         self.ended_by: str | None = None
         """How the program ended the session, when not by leaving its block (``os._exit(0)``)."""
-        self.on_os_exit: list[Callable[[int], None]] = []
-        """Called with the status after the session ended because the program called ``os._exit``
-        (the process then exits; the CLI says what was written)."""
+        self.on_exit_now: list[Callable[[int], None]] = []
+        """Called with the exit status after the session ended the process's way out itself: the
+        program called ``os._exit``, or a stopping signal (SIGTERM, SIGHUP) came whose default
+        action ends it (the process then exits; the CLI says what was written)."""
 
     def left_open(self, on_stop: Callable[[int], None]) -> None:
         """The main thread has left this session's block while the program's threads still run
@@ -328,6 +329,7 @@ class Session:
         if isinstance(exc, Terminated):  # end as the signal's default action would have ended the program
             if self.export is not None:
                 self.export.wait(EXIT_WAIT_S)
+            self._tell_exit_now(128 + exc.signum)
             end_by_signal(exc.signum)
 
     def abandon(self) -> None:
@@ -422,6 +424,11 @@ class Session:
             with contextlib.suppress(Exception):  # a listener's failure is no reason to lose the trace
                 listener(writing)
 
+    def _tell_exit_now(self, status: int) -> None:
+        for callback in self.on_exit_now:
+            with contextlib.suppress(Exception):  # the process exits all the same
+                callback(status)
+
     def end_by_os_exit(self, status: int) -> None:
         """``os._exit(status)`` was called while the session ran: end it now, as its block would
         have (no exit hook runs after ``os._exit``), then let the process exit."""
@@ -431,8 +438,7 @@ class Session:
         self._end(now_ns(), None if status == 0 else f"os._exit({status})", None, hand_over=False)
         if self.export is not None:
             self.export.wait(EXIT_WAIT_S)
-        for callback in self.on_os_exit:
-            callback(status)
+        self._tell_exit_now(status)
 
     def __call__(self, function: F) -> F:
         """Use as a decorator: each call of ``function`` is one session."""
