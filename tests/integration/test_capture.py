@@ -253,7 +253,9 @@ def test_a_torchrun_job_is_captured_on_every_rank_at_the_same_steps(tmp_path):
 
 
 @pytest.mark.heavy  # a parent and its child under xsp
-def test_a_parent_that_is_no_launcher_is_not_captured_through_its_children(tmp_path):
+def test_a_parent_that_is_no_launcher_is_not_captured_through_its_children_but_names_them(tmp_path):
+    """A pre-forking server's master (gunicorn's) whose workers each start a session: the
+    capture names the workers to capture instead."""
     stop = tmp_path / "stop"
     script = tmp_path / "service.py"
     script.write_text(SERVICE)
@@ -269,7 +271,8 @@ def test_a_parent_that_is_no_launcher_is_not_captured_through_its_children(tmp_p
         stop.touch()
         parent.wait(timeout=120)
     assert done.returncode == 2
-    assert f"process {parent.pid} runs no xsp session" in done.stderr and "no launcher of a job's ranks" in done.stderr
+    assert f"process {parent.pid} runs no xsp session, but its child process " in done.stderr, done.stderr
+    assert "capture one with `xsp capture " in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.glob("cap*.xsp.parquet"))
 
 

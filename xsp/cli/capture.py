@@ -130,6 +130,12 @@ def find_targets(pid: int) -> list[Target]:
     found = [Target(child.pid, socket_path(child.pid)) for child in children
              if socket_path(child.pid).exists() and _is_rank(child)]
     if not found:
+        listening = [child.pid for child in children if socket_path(child.pid).exists()]
+        if listening:  # a pre-forking server's workers, each with a session of its own (gunicorn)
+            shown = ", ".join(str(child) for child in listening[:8]) + (", ..." if len(listening) > 8 else "")
+            which = f"child processes {shown} do" if len(listening) > 1 else f"child process {shown} does"
+            raise CliError(f"process {pid} runs no xsp session, but its {which} (a server's workers, each a session "
+                           f"of its own): capture one with `xsp capture {listening[0]}`")
         parent = _listening_parent(process)
         if parent is not None:  # a worker its xsp session may follow: those listen where it is always on
             raise CliError(f"process {pid} runs no xsp session that listens, but process {parent}, which started it, "
