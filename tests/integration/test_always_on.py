@@ -428,6 +428,9 @@ def test_a_model_that_goes_on_alone_after_joining_another_models_steps_has_each_
     roots = step_roots(session.trace.spans)
     assert roots[col.NAME].astype(str).value_counts().to_dict() == {"first": 30, "second": 20}
     assert roots[col.SAMPLING].notna().all(), roots[roots[col.SAMPLING].isna()][[col.NAME, col.STEP]]
+    # the session counted them too: the report's "steps timed" is the trace's steps
+    counts = session.trace.metadata["sampling"]["steps"]
+    assert roots[col.SAMPLING].astype(str).value_counts().to_dict() == {k: v for k, v in counts.items() if v}
 
 
 def test_a_services_endpoints_are_leveled_each_over_its_own_models_steps(tmp_path):

@@ -42,6 +42,7 @@ from typing import Any, Final, Protocol
 from xsp.core.clock import now_ns
 from xsp.core.schema import Level, StepSampling
 from xsp.record import hotpath
+from xsp.record.columns import NOTE_FIELDS, NoteField, note_rows
 
 MEDIAN_STEPS: Final = 255
 """Steps the running median of step durations is taken over."""
@@ -73,6 +74,39 @@ REASONS: Final = (StepSampling.MODEL_ONLY, StepSampling.SAMPLED, StepSampling.AF
                   StepSampling.REQUEST_NOT_SAMPLED)
 """A decision's reason, by its code in a note."""
 _MODEL_ONLY, _SAMPLED, _AFTER_SLOW, _CAPTURE, _NOT_SAMPLED = range(len(REASONS))
+_LOW_BITS: Final = (1 << 64) - 1
+
+
+def note_as_before(core: StepCore, buffer: Any, time_ns: int) -> None:
+    """A step that began at ``time_ns`` as part of the one decided last on ``buffer``'s thread, and
+    was split off it (a model's calls that joined another model's step, then became steps of
+    their own as it went on alone: :meth:`xsp.record.steps.AutoSteps._joins`): noted and counted
+    as that one was decided, which its records followed. Nothing where that decision has left the
+    thread with a window."""
+    decision = _last_decision(buffer)
+    if decision is not None:
+        reason, trace_id, span_id, plan = decision
+        core.note(buffer, time_ns, reason, trace_id or None, span_id or None, plan)
+
+
+def _last_decision(buffer: Any) -> tuple[int, int, int, int] | None:
+    """``(reason, trace id, span id, plan)`` of the latest decision still in ``buffer``'s notes,
+    kept as tuples or packed."""
+    latest: tuple[int, int, int, int, int] | None = None
+    for note in reversed(buffer.step_notes):
+        if note[1] == NoteKind.DECISION:
+            latest = (note[0], note[2], note[3], note[4], note[5] - 1)
+            break
+    view = memoryview(note_rows(buffer.packed_notes)).cast("q")
+    for row in range(len(view) - NOTE_FIELDS, -1, -NOTE_FIELDS):
+        if view[row + NoteField.KIND] == NoteKind.DECISION:
+            if latest is None or view[row + NoteField.TIME_NS] > latest[0]:
+                high, low = view[row + NoteField.TRACE_HIGH] & _LOW_BITS, view[row + NoteField.TRACE_LOW] & _LOW_BITS
+                trace_id = high << 64 | low
+                latest = (view[row + NoteField.TIME_NS], view[row + NoteField.REASON], trace_id,
+                          view[row + NoteField.SPAN_ID] & _LOW_BITS, view[row + NoteField.PLAN_OR_DURATION_NS] - 1)
+            break
+    return None if latest is None else latest[1:]
 DEEP_REASONS: Final = frozenset({StepSampling.SAMPLED, StepSampling.AFTER_SLOW, StepSampling.CAPTURE})
 """Reasons of the steps recorded at every level the session asked for."""
 

@@ -52,6 +52,7 @@ from typing import Any, Final, Protocol
 
 from xsp.core.schema import ATTR_GENERATE_SAMPLES, ATTR_STEP_TYPE
 from xsp.record.marks import MarkKind
+from xsp.record.sampling import note_as_before
 
 
 class StepListeners(Protocol):
@@ -467,7 +468,10 @@ class AutoSteps:
             return None
         self.pieces = max(1, self.pieces - (len(calls) - 1))  # the leader's step, without this model's calls
         told = self._finish(calls[0][1])
+        sampler = self._buffer.recording.sampler
         for (first, _), (_, end_ns) in zip(calls, calls[1:]):  # one step per earlier call, no step span
+            if sampler is not None:  # recorded as the step they joined was decided
+                note_as_before(sampler, self._buffer, first)
             told = self._decided(first, end_ns) or told
         self._open(_INFERENCE, start_ns, module_id)
         return told
