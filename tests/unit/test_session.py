@@ -369,6 +369,21 @@ def test_a_leaf_with_hundreds_of_graph_nodes_has_its_whole_backward(monkeypatch,
             assert span[col.END_NS] <= pre[col.START_NS]
 
 
+def test_a_layer_sharing_another_layers_graph_node_is_not_marked_as_ending_at_the_next_backward():
+    """An nn.Identity (its output is the layer before's) and the Sequential around them share one
+    node: their backward is an alias of that layer's, which ended on its own node."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Identity())
+
+    def train() -> None:
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+
+    spans = trace_of(train).spans
+    backward = spans[(spans[col.LEVEL] == "layer") & (spans[col.KIND] == "backward")]
+    assert {"model.backward", "model.0.backward", "model.1.backward"} <= set(backward[col.NAME])
+    assert backward[col.ATTRIBUTES].isna().all(), backward[[col.NAME, col.ATTRIBUTES]]
+
+
 @pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
 def test_a_compiled_models_backward_lasts_as_long_as_its_graphs(how):
     """Its submodules run inside its compiled graph and have no backward of their own, so its

@@ -569,14 +569,16 @@ def _open_ends(open_ns: np.ndarray, calls: np.ndarray, events: pd.DataFrame,
 
 
 def _aliases(aliases: pd.DataFrame, paired: pd.DataFrame) -> pd.DataFrame:
-    """The backward of calls that share the node of another call (whose start is their ``time``)."""
+    """The backward of calls that share the node of another call (whose start is their ``time``):
+    its interval, and whether its end was an open one closed (``open``)."""
     if aliases.empty:
         return paired.iloc[:0]
-    shared = paired.drop_duplicates("call").set_index("call")[[col.START_NS, col.END_NS]]
+    shared = paired.drop_duplicates("call").set_index("call")[[col.START_NS, col.END_NS, "open"]]
     found = aliases[aliases["time"].isin(shared.index)]
     times = shared.loc[found["time"].to_numpy()]
     return pd.DataFrame({"module": found["module"].to_numpy(), "call": found["call"].to_numpy(),
-                         col.START_NS: times[col.START_NS].to_numpy(), col.END_NS: times[col.END_NS].to_numpy()})
+                         col.START_NS: times[col.START_NS].to_numpy(), col.END_NS: times[col.END_NS].to_numpy(),
+                         "open": times["open"].to_numpy(dtype=bool)})
 
 
 NO_CALL_END = -1
