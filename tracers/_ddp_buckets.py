@@ -16,7 +16,9 @@ For each bucket, on the thread that ran backward:
 
 * a ``collective`` span ``all_reduce``: the bucket's launch (the hook's call), with its bytes,
   dtype, bucket index, group and number among the group's collectives (as Python collectives
-  are numbered), and ``xsp.collective.work_ns``: how long from launch to completion;
+  are numbered), and ``xsp.collective.work_ns``: how long from launch to completion (to the end
+  of DDP's wait for it, when its completion callback had not yet run: a future wakes its waiters
+  before it calls its callbacks);
 * a ``collective_wait`` span ``wait all_reduce`` where backward, at its end, waited for the
   bucket (DDP's finalisation, after the last bucket was launched), when it had not completed
   by then: the communication that computation did not hide.
@@ -199,8 +201,11 @@ class DdpBuckets:
         waited_from = max(bucket.launched_ns for bucket in buckets)
         for bucket in buckets:
             attributes = bucket.attributes
-            if bucket.completed_ns:
-                attributes[col.ATTR_COLLECTIVE_WORK_NS] = bucket.completed_ns - bucket.start_ns
+            # DDP's finalisation waited for the bucket's future, and a future wakes its waiters
+            # before it runs its callbacks: when xsp's has not run yet, the work ended before this
+            completed_ns = min(bucket.completed_ns or finalised_ns, finalised_ns or bucket.completed_ns)
+            if completed_ns:
+                attributes[col.ATTR_COLLECTIVE_WORK_NS] = completed_ns - bucket.start_ns
             marks.append((MarkKind.COLLECTIVE, bucket.start_ns, bucket.launched_ns, ALL_REDUCE, attributes,
                           bucket.error))
         if not finalised_ns:

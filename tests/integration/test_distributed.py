@@ -129,6 +129,10 @@ def test_at_the_default_levels_ddp_s_gradient_all_reduces_find_the_rank_that_sle
     per_rank = analysis.communication(trace).set_index("rank")
     assert per_rank.loc[1, "late_ms"] > 25 and per_rank.loc[0, "late_ms"] < 10
     assert per_rank.loc[0, "comm_ms"] > per_rank.loc[1, "comm_ms"]  # rank 0 waits in its all-reduces
+    # every bucket has its work's end, though DDP's wait can wake before xsp's completion callback runs
+    buckets = trace.spans[trace.spans[col.ATTRIBUTES].str.contains(col.ATTR_COLLECTIVE_BUCKET, na=False)
+                          & (trace.spans[col.KIND] == "collective")]
+    assert len(buckets) == 2 * 6 and buckets[col.ATTRIBUTES].str.contains(col.ATTR_COLLECTIVE_WORK_NS).all()
     waits = trace.spans[(trace.spans[col.KIND] == "collective_wait") & (trace.spans[col.NAME] == "wait all_reduce")]
     waited = waits.groupby(col.RANK)[col.DURATION_NS].sum()
     assert waited.get(0, 0) > 5 * waited.get(1, 0) and waited.get(0, 0) > 100e6

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -458,3 +460,25 @@ def test_a_rank_file_with_no_spans_is_named_in_the_job_report(monkeypatch, tmp_p
 def test_ranks_that_enter_together_have_no_straggler():
     table = analysis.stragglers(job_table(late_rank=-1, delay_ms=0.0, ranks=3))
     assert table["straggler"].isna().all() and (table["late_ms"] == 0).all()
+
+
+def test_a_bucket_whose_completion_callback_runs_late_still_has_its_work_time(process_group):
+    # DDP's finalisation wakes when the bucket's future completes, before the future's callbacks
+    # run: xsp's completion callback can run after backward has finished (on a busy machine, most
+    # steps did), and the bucket then read as ending at its launch
+    def late_callbacks(state, bucket):
+        future: torch.futures.Future = torch.futures.Future()
+        future.add_done_callback(lambda _: time.sleep(0.3))  # runs before xsp's, which comes second
+        threading.Timer(0.05, future.set_result, args=(bucket.buffer(),)).start()
+        return future
+
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+    with xsp.trace(levels="model", output=None) as session:
+        ddp(torch.randn(3, 4)).sum().backward()  # xsp's hook goes on at the model's first call
+        ddp.register_comm_hook(None, late_callbacks)
+        ddp(torch.randn(3, 4)).sum().backward()
+    spans = session.trace.spans
+    buckets = spans[(spans[col.KIND] == "collective") & (spans[col.NAME] == "all_reduce")]
+    assert len(buckets) == 2
+    works = [json.loads(a).get(col.ATTR_COLLECTIVE_WORK_NS) for a in buckets[col.ATTRIBUTES]]
+    assert works[1] is not None and works[1] >= 50e6, works
