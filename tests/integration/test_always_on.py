@@ -588,6 +588,7 @@ def sealed_parts(folder: Path) -> list[Path]:
     return sorted(folder.glob("part-*.xsp.parquet"), key=lambda path: int(path.name.split("-")[1].split(".")[0]))
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_a_window_taken_in_a_burst_of_requests_is_interpreted_in_the_pause_after_it(tmp_path):
     # window_s=4: the window comes due at the burst's end and may wait 2 s for a pause; the
     # burst goes on 0.3 s past it, then the program pauses (a service between bursts)

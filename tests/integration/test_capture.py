@@ -436,6 +436,7 @@ def test_a_capture_of_exactly_as_many_requests_as_it_asks_for_completes_though_n
     assert (roots[col.SAMPLING].astype(str) == "capture").sum() == 2
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_a_capture_after_one_its_caller_gave_up_holds_only_its_own_steps(tmp_path):
     service = Bursts(tmp_path)
     try:
@@ -457,6 +458,7 @@ def test_a_capture_after_one_its_caller_gave_up_holds_only_its_own_steps(tmp_pat
     assert first >= 3 and captured.steps == list(range(first, first + 5)), (first, captured.steps)
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_a_capture_given_up_is_dropped_before_the_next_step_comes(tmp_path):
     """A quiet service learns that the caller hung up within a second or so, with no step to show
     it a window: its next request is not recorded deep for a file nobody will write."""

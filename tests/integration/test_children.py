@@ -537,6 +537,7 @@ def test_spawned_workers_of_xsp_run_sample_are_always_on(tmp_path):
     assert steps == 4 * CALLS and samplings == {"model_only"} and layers == 0
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_a_bare_forked_child_exits_as_it_would_and_the_forks_are_said(tmp_path):
     """A pre-forking server (gunicorn) under `xsp run`: each worker's `sys.exit(0)` became exit code 1
     (gunicorn logged every worker's stop as an error), and the warning said the script called no

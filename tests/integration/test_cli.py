@@ -852,6 +852,7 @@ entry_point()
     assert (done.returncode, done.stderr, done.stdout) == (130, "xsp: interrupted\n", "")
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_xsp_summary_of_a_run_in_parts_gives_its_share_of_every_part(tmp_path, capsys, monkeypatch):
     import time
 

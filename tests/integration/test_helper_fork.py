@@ -54,6 +54,7 @@ def test_helpers_never_wait_on_a_lock_the_program_held_when_they_were_forked(tmp
     assert helper_windows >= 1 and closed_windows >= 20  # helpers did the windows (those waiting together)
 
 
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_an_always_on_sessions_helpers_yield_the_cpu_and_other_sessions_helpers_do_not(tmp_path):
     """An always-on session serves requests: its helpers run at the lowest priority, so that a
     request thread that becomes runnable takes the CPU from them. A session of every step (a

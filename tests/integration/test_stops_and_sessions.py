@@ -407,6 +407,7 @@ with xsp.trace(output=sys.argv[1]):
 
 
 @pytest.mark.skipif(not _namespace_init_possible(), reason="no unshare, or no right to make a PID namespace here")
+@pytest.mark.heavy  # waits of seconds, by design: `python -m pytest -m heavy`
 def test_a_run_restarted_with_the_killed_runs_process_id_keeps_its_windows_for_recover(tmp_path):
     """A container restarted after an OOM kill runs its program as PID 1 again, with the same
     output: the restarted run deleted the killed run's windows (its folder is named by the

@@ -148,14 +148,21 @@ def test_a_streaming_sessions_threads_carry_their_names_in_the_operating_system(
         assert {"xsp-windows", "xsp-control"} <= {thread.name for thread in threads}
         for thread in threads:
             name, comm = thread.name, Path("/proc/self/task") / str(thread.native_id) / "comm"
-            deadline = time.monotonic() + 30  # a thread names itself as it begins: on a busy machine, later
-            while thread.is_alive() and comm.read_text().strip() != name[:15] and time.monotonic() < deadline:
-                time.sleep(0.01)
             # a pool's thread (a file's read-ahead) takes the name of the work it runs (xsp-trace-file),
             # and a short-lived one may have ended (its id then names another thread): each is xsp's
-            os_name = comm.read_text().strip()
-            assert os_name == name[:15] or (name not in ("xsp-windows", "xsp-control") and (
-                os_name.startswith("xsp-") or not thread.is_alive())), (name, os_name)
+            own = name in ("xsp-windows", "xsp-control")
+
+            def named(thread_name: str = name, path: Path = comm, own: bool = own) -> bool:
+                try:
+                    os_name = path.read_text().strip()
+                except OSError:  # ended
+                    return False
+                return os_name == thread_name[:15] or (not own and os_name.startswith("xsp-"))
+
+            deadline = time.monotonic() + 30  # a thread names itself as it begins: on a busy machine, later
+            while thread.is_alive() and not named() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert named() or (not own and not thread.is_alive()), (name, comm)
     names: list[str] = []
     start_thread(lambda: names.append(Path("/proc/thread-self/comm").read_text().strip()),
                  "xsp-a-name-longer-than-fifteen").join()
