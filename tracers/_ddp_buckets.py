@@ -164,6 +164,15 @@ class BucketHook:
             observer.record(running, 0)
 
 
+def _ended_ns(bucket: _Bucket, finalised_ns: int) -> int:
+    """When the bucket's all-reduce ended (0: not known). After DDP's finalisation
+    (``finalised_ns``), no later than it: DDP waited for the bucket's future, and a future wakes
+    its waiters before it runs its callbacks, so xsp's may not have run yet."""
+    if not finalised_ns:
+        return bucket.completed_ns
+    return min(bucket.completed_ns or finalised_ns, finalised_ns)
+
+
 def _completed(record: _Bucket, future: Any) -> None:
     """The bucket's all-reduce ended (a callback beside its future: its failure is the program's)."""
     record.completed_ns = now_ns()
@@ -199,19 +208,18 @@ class DdpBuckets:
             return
         marks = self.buffer_of().marks
         waited_from = max(bucket.launched_ns for bucket in buckets)
-        for bucket in buckets:
+        # read once: xsp's completion callback may be setting it on another thread meanwhile
+        ends = [_ended_ns(bucket, finalised_ns) for bucket in buckets]
+        for bucket, ended_ns in zip(buckets, ends):
             attributes = bucket.attributes
-            # DDP's finalisation waited for the bucket's future, and a future wakes its waiters
-            # before it runs its callbacks: when xsp's has not run yet, the work ended before this
-            completed_ns = min(bucket.completed_ns or finalised_ns, finalised_ns or bucket.completed_ns)
-            if completed_ns:
-                attributes[col.ATTR_COLLECTIVE_WORK_NS] = completed_ns - bucket.start_ns
+            if ended_ns:
+                attributes[col.ATTR_COLLECTIVE_WORK_NS] = ended_ns - bucket.start_ns
             marks.append((MarkKind.COLLECTIVE, bucket.start_ns, bucket.launched_ns, ALL_REDUCE, attributes,
                           bucket.error))
         if not finalised_ns:
             return
-        for bucket in sorted(buckets, key=lambda b: b.attributes.get(col.ATTR_COLLECTIVE_BUCKET, 0)):
-            done = min(bucket.completed_ns or finalised_ns, finalised_ns)
+        for bucket, done in sorted(zip(buckets, ends), key=lambda pair: pair[0].attributes.get(
+                col.ATTR_COLLECTIVE_BUCKET, 0)):
             if done <= waited_from:  # complete before backward got to it: hidden behind computation
                 continue
             waited = {key: bucket.attributes[key] for key in (col.ATTR_COLLECTIVE_OP, col.ATTR_COLLECTIVE_GROUP,
