@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import platform
 import shutil
@@ -46,9 +47,9 @@ from types import FrameType
 from typing import Any, Final
 
 from _results import record
+from request_instructions import SERVICE, app_requests
 
 RESULTS = Path(__file__).resolve().parent / "results" / "request_cpu_share.md"
-SERVICE = Path(__file__).resolve().parents[1] / "examples" / "service"
 PLACES: Final = {"app def": "/predict", "app async": "/predict_async"}
 SAMPLE: Final = 0.01
 WARM_REQUESTS: Final = 500
@@ -60,7 +61,6 @@ def _app(path: str) -> Any:
     import torch
 
     sys.path.insert(0, str(SERVICE))
-    from request_instructions import app_requests
     from serve import TinyTransformer
 
     torch.set_num_threads(1)
@@ -114,11 +114,18 @@ def traced_child(path: str, traced: bool, requests: int, out: Path) -> None:
     os._exit(0)
 
 
-def xsp_modules() -> set[str]:
-    """The file names of xsp's compiled modules (as perf names their DSOs)."""
+@functools.cache
+def xsp_root() -> Path:
+    """xsp's package folder (its ``tracers`` lie beside it, as ``xsp.tracers`` maps them)."""
     import xsp
 
-    return {path.name for path in Path(xsp.__file__).parent.rglob("*.so")}
+    return Path(xsp.__file__).resolve().parent
+
+
+@functools.cache
+def xsp_modules() -> frozenset[str]:
+    """The file names of xsp's compiled modules (as perf names their DSOs)."""
+    return frozenset(path.name for path in xsp_root().rglob("*.so"))
 
 
 def dso_shares(data: Path) -> dict[str, float]:
@@ -168,10 +175,7 @@ def bytecodes(path: str, traced: bool, requests: int, folder: Path) -> collectio
 
 
 def is_xsps(file: str) -> bool:
-    import xsp
-
-    root = Path(xsp.__file__).resolve().parents[1]
-    return file.startswith((str(root / "xsp"), str(root / "tracers")))
+    return file.startswith((str(xsp_root()), str(xsp_root().parent / "tracers")))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
